@@ -1,0 +1,76 @@
+# glmtrain — build, test, demo. `make` builds build/glmtrain (with the CUDA backend when nvcc is
+# present; CUDA=0 turns it off). `make test` runs the CPU suite and ends with "N passed, N failed".
+CC       ?= gcc
+NVCC     ?= nvcc
+PYTHON   ?= /usr/bin/python3
+ARCHFLAGS ?= -march=x86-64-v3
+CFLAGS   ?= -O3 $(ARCHFLAGS)
+CFLAGS   += -std=c11 -D_GNU_SOURCE -fopenmp -Isrc -Wall -Wextra -Wno-unused-parameter -MMD -MP
+LDLIBS   += -lcjson -lm -lpthread -ldl
+BUILD    ?= build
+
+NVCC_PATH := $(shell command -v $(NVCC) 2>/dev/null)
+ifeq ($(CUDA),0)
+  NVCC_PATH :=
+endif
+
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/main.c' | sort)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CU_SRC   := $(shell find src -name '*.cu' | sort)
+ifneq ($(NVCC_PATH),)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC_PATH))
+  CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+  CFLAGS   += -DGLM_HAVE_CUDA -I$(CUDA_HOME)/include
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
+  NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Isrc -Xcompiler -fPIC --expt-relaxed-constexpr
+endif
+
+TEST_SRC := $(sort $(wildcard tests/c/test_*.c tests/c/tool_*.c))
+TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+
+.PHONY: all test test-asan test-cuda demo bench-cpu bench-tokenizer clean deps
+all: $(BUILD)/glmtrain $(TEST_BIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libglm.a: $(LIB_OBJ) $(CU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/glmtrain: $(BUILD)/obj/src/cli/main.o $(BUILD)/libglm.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/c/%.c $(BUILD)/libglm.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/c $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
+
+# Everything CPU-side; the last line is "N passed, N failed, N skipped".
+test: all
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run.sh
+
+# The C tests again under AddressSanitizer + UBSan (CPU only).
+test-asan:
+	$(MAKE) BUILD=build-asan CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
+	    LDFLAGS="-fsanitize=address,undefined" all
+	@BUILD=build-asan PYTHON=$(PYTHON) ONLY_C=1 bash tests/run.sh
+
+# GPU tests: every CUDA op against its CPU twin (run on the GPU machine).
+test-cuda: all
+	@BUILD=$(BUILD) bash tests/run_cuda.sh
+
+bench-cpu: all
+	$(BUILD)/tests/tool_bench_cpu
+
+deps:
+	bash scripts/install-deps.sh
+
+clean:
+	rm -rf build build-asan
+
+-include $(LIB_OBJ:.o=.d) $(BUILD)/obj/src/cli/main.d

@@ -1,0 +1,62 @@
+#define _POSIX_C_SOURCE 200809L
+#include "core/fileutil.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+char *glm_read_file(const char *path, size_t *len, glm_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { glm_fail(err, "cannot open %s: %s", path, strerror(errno)); return NULL; }
+    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); glm_fail(err, "cannot seek %s", path); return NULL; }
+    long n = ftell(f);
+    if (n < 0) { fclose(f); glm_fail(err, "cannot size %s (is it a folder?)", path); return NULL; }
+    rewind(f);
+    char *buf = glm_malloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f); free(buf);
+        glm_fail(err, "cannot read %s: short read", path);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = 0;
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
+int glm_write_file_atomic(const char *path, const void *data, size_t len, glm_err *err) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return glm_fail(err, "cannot create %s: %s", tmp, strerror(errno));
+    int ok = fwrite(data, 1, len, f) == len;
+    ok &= fflush(f) == 0;
+    ok &= fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    if (!ok) { unlink(tmp); return glm_fail(err, "cannot write %s (disk full?)", tmp); }
+    if (rename(tmp, path) != 0) return glm_fail(err, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    return 0;
+}
+
+int glm_is_dir(const char *path) { struct stat st; return stat(path, &st) == 0 && S_ISDIR(st.st_mode); }
+int glm_is_file(const char *path) { struct stat st; return stat(path, &st) == 0 && S_ISREG(st.st_mode); }
+
+void glm_path_join(char *dst, size_t n, const char *a, const char *b) {
+    size_t la = strlen(a);
+    snprintf(dst, n, "%s%s%s", a, (la && a[la - 1] == '/') ? "" : "/", b);
+}
+
+int glm_mkdirs(const char *path, glm_err *err) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return glm_fail(err, "cannot create folder %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return glm_fail(err, "cannot create folder %s: %s", buf, strerror(errno));
+    return 0;
+}

@@ -1,0 +1,18 @@
+/* Small file helpers shared by every reader: slurp a file, test existence, join paths. */
+#ifndef GLM_FILEUTIL_H
+#define GLM_FILEUTIL_H
+#include <stddef.h>
+#include "core/err.h"
+
+/* Reads a whole file into a NUL-terminated buffer (caller frees). Returns NULL and fills err. */
+char *glm_read_file(const char *path, size_t *len, glm_err *err);
+/* Writes data to path atomically (path.tmp then rename). */
+int glm_write_file_atomic(const char *path, const void *data, size_t len, glm_err *err);
+int glm_is_dir(const char *path);
+int glm_is_file(const char *path);
+/* dst = a + "/" + b (truncated to n). */
+void glm_path_join(char *dst, size_t n, const char *a, const char *b);
+/* mkdir -p */
+int glm_mkdirs(const char *path, glm_err *err);
+
+#endif

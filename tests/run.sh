@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every test binary (build/tests/test_*) and script (tests/py/test_*.py, tests/sh/test_*.sh)
+# and counts their PASS/FAIL/SKIP lines. A program that exits non-zero without printing a FAIL
+# line (a crash, a timeout) counts as one failure. Ends with "N passed, N failed, N skipped".
+set -u
+BUILD=${BUILD:-build}
+PYTHON=${PYTHON:-/usr/bin/python3}
+TIMEOUT=${TEST_TIMEOUT:-600}
+export GLM_BUILD=$BUILD GLM_PYTHON=$PYTHON
+pass=0; fail=0; skip=0
+log=$(mktemp)
+run_one() {
+    local name=$1; shift
+    local t0=$SECONDS
+    timeout "$TIMEOUT" "$@" >"$log" 2>&1
+    local rc=$?
+    local p f s
+    p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log"); s=$(grep -c '^SKIP ' "$log")
+    grep -E '^(FAIL|SKIP) ' "$log" | sed "s|^|  $name: |"
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "  $name: FAIL exit code $rc (crash or timeout); last lines:"; tail -n 15 "$log" | sed 's/^/    /'
+        f=1
+    fi
+    if [ "$f" -gt 0 ]; then grep -B3 -A12 '^FAIL ' "$log" | grep -v '^PASS ' | head -40 | sed 's/^/    | /'; fi
+    printf '%-40s %3d passed %3d failed %3d skipped  (%ds)\n' "$name" "$p" "$f" "$s" $((SECONDS - t0))
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+}
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] || continue
+    run_one "$(basename "$t")" "$t"
+done
+if [ -z "${ONLY_C:-}" ]; then
+    for t in tests/py/test_*.py; do [ -f "$t" ] && run_one "$(basename "$t")" "$PYTHON" "$t"; done
+    for t in tests/sh/test_*.sh; do [ -f "$t" ] && run_one "$(basename "$t")" bash "$t"; done
+fi
+rm -f "$log"
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
