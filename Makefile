@@ -64,6 +64,9 @@ test-asan:
 test-cuda: all
 	@BUILD=$(BUILD) bash tests/run_cuda.sh
 
+bench-tokenizer: all
+	bash bench/bench_tokenizer.sh
+
 bench-cpu: all
 	$(BUILD)/tests/tool_bench_cpu
 
