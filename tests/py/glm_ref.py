@@ -1,0 +1,393 @@
+#!/usr/bin/env python3
+"""PyTorch reference of ChatGLM-6B (GLM v1), written from docs/chatglm-spec.md sections 1-5.
+
+It re-implements the semantics of THUDM's modeling_chatglm.py ChatGLMForConditionalGeneration
+(the model run in fp32, i.e. after `.float()`), for tests only:
+
+  * layout [s, b, H] inside, like the original; inputs/outputs [b, s, ...];
+  * QKV interleaved per head: view [s, b, NH, 3*HD], split into q | k | v of HD each;
+  * 2D rotary: first half of each head rotated with position_ids, second half with
+    block_position_ids; rotate-half pairing; inverse frequencies computed in fp32 then ROUNDED TO
+    FP16 (the original buffer is half), tables t*inv_freq then cos/sin in the compute dtype;
+  * query_key_layer_scaling: q / (sqrt(HD) * (l+1)), scores masked with -10000 BEFORE the
+    rescale by (l+1), softmax in fp32 (or the compute dtype when it is wider);
+    the mask fill is skipped when the mask has no True entry (like the original);
+  * alpha = sqrt(56) for every model size (GLMBlock's num_layers default 28 is never overridden);
+    the residual is the LayerNorm OUTPUT: h1 = alpha*LN_in(h) + attn, out = alpha*LN_post(h1) + mlp;
+  * tanh GELU; final LayerNorm; lm_head (tied to word_embeddings unless tie_word_embeddings is
+    false); shifted cross-entropy, ignore_index -100, mean over supervised targets of the batch;
+  * masks and 2D positions derived from input_ids per row exactly as the original:
+    ctx = index of the first <sop> (bos_token_id), mask_pos = first [gMASK] if the row has one,
+    else first [MASK]; position_ids = i (< ctx) else mask_pos; block = 0 (< ctx) else i-ctx+1;
+    allowed(i, j) = j < ctx or j <= i;
+  * KV cache (past_key_values, keys cached after rotation) for decode steps.
+
+Everything is functional over a dict {HF parameter name: tensor}, so the same code runs in
+float32 (comparisons with the C model) and float64 (gradcheck).
+"""
+import json
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+ALPHA = math.sqrt(56.0)  # sqrt(2 * 28), whatever num_layers is (spec section 3)
+MASK_FILL = -10000.0
+
+# ChatGLM-6B v1.1 config.json values; used for fields a config leaves out.
+DEFAULT_CONFIG = {
+    "vocab_size": 130528,
+    "hidden_size": 4096,
+    "num_layers": 28,
+    "num_attention_heads": 32,
+    "inner_hidden_size": None,  # None -> 4 * hidden_size
+    "layernorm_epsilon": 1e-5,
+    "max_sequence_length": 2048,
+    "bos_token_id": 130004,
+    "eos_token_id": 130005,
+    "mask_token_id": 130000,
+    "gmask_token_id": 130001,
+    "pad_token_id": 3,
+    "tie_word_embeddings": True,
+    "position_encoding_2d": True,
+}
+
+
+def load_config(src):
+    """Config dict from a config.json path, a folder holding one, or a dict (HF field names)."""
+    if isinstance(src, dict):
+        raw = dict(src)
+    else:
+        path = os.path.join(src, "config.json") if os.path.isdir(src) else src
+        with open(path) as f:
+            raw = json.load(f)
+    cfg = dict(DEFAULT_CONFIG)
+    cfg.update({k: v for k, v in raw.items() if v is not None or k not in cfg})
+    if cfg["inner_hidden_size"] is None:
+        cfg["inner_hidden_size"] = 4 * cfg["hidden_size"]
+    cfg["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    if not cfg.get("position_encoding_2d", True):
+        raise ValueError("glm_ref implements position_encoding_2d=true only (ChatGLM-6B)")
+    H, NH = cfg["hidden_size"], cfg["num_attention_heads"]
+    if H % NH or (H // NH) % 4:
+        raise ValueError("hidden_size / num_attention_heads must be a multiple of 4")
+    return cfg
+
+
+def config_json(cfg):
+    """HF-style config.json text for cfg."""
+    keys = ["vocab_size", "hidden_size", "num_layers", "num_attention_heads", "inner_hidden_size",
+            "layernorm_epsilon", "max_sequence_length", "position_encoding_2d", "tie_word_embeddings",
+            "bos_token_id", "eos_token_id", "mask_token_id", "gmask_token_id", "pad_token_id"]
+    out = {"architectures": ["ChatGLMModel"], "model_type": "chatglm"}
+    out.update({k: cfg[k] for k in keys})
+    out["torch_dtype"] = "float32"
+    out["use_cache"] = True
+    return json.dumps(out, indent=2) + "\n"
+
+
+def param_shapes(cfg):
+    """[(HF name, shape)] in state-dict order; lm_head.weight only when the head is untied."""
+    V, H, F4 = cfg["vocab_size"], cfg["hidden_size"], cfg["inner_hidden_size"]
+    out = [("transformer.word_embeddings.weight", (V, H))]
+    for l in range(cfg["num_layers"]):
+        p = "transformer.layers.%d." % l
+        out += [(p + "input_layernorm.weight", (H,)), (p + "input_layernorm.bias", (H,)),
+                (p + "attention.query_key_value.weight", (3 * H, H)),
+                (p + "attention.query_key_value.bias", (3 * H,)),
+                (p + "attention.dense.weight", (H, H)), (p + "attention.dense.bias", (H,)),
+                (p + "post_attention_layernorm.weight", (H,)), (p + "post_attention_layernorm.bias", (H,)),
+                (p + "mlp.dense_h_to_4h.weight", (F4, H)), (p + "mlp.dense_h_to_4h.bias", (F4,)),
+                (p + "mlp.dense_4h_to_h.weight", (H, F4)), (p + "mlp.dense_4h_to_h.bias", (H,))]
+    out += [("transformer.final_layernorm.weight", (H,)), ("transformer.final_layernorm.bias", (H,))]
+    if not cfg["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (V, H)))
+    return out
+
+
+def init_params(cfg, seed=0, std=0.02, dtype=torch.float32):
+    """Non-trivial random parameters: matrices N(0, std), LayerNorm weights 1 + N(0, 0.1),
+    LayerNorm biases and linear biases N(0, 0.02). Deterministic for a seed."""
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for name, shape in param_shapes(cfg):
+        if len(shape) >= 2:
+            t = torch.randn(shape, generator=g, dtype=torch.float64) * std
+        elif "layernorm" in name and name.endswith(".weight"):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
+        else:
+            t = 0.02 * torch.randn(shape, generator=g, dtype=torch.float64)
+        params[name] = t.to(dtype)
+    return params
+
+
+def save_model_dir(path, cfg, params):
+    """Writes path/config.json and path/model.safetensors (float32, HF names)."""
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        f.write(config_json(cfg))
+    save_file({k: v.detach().to(torch.float32).contiguous() for k, v in params.items()},
+              os.path.join(path, "model.safetensors"))
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs: masks and 2D positions derived from input_ids (spec 5.1-5.3)
+
+def context_length(row, cfg):
+    """Index of the first <sop> (bos_token_id) in a row (list of ints)."""
+    try:
+        return row.index(cfg["bos_token_id"])
+    except ValueError:
+        raise ValueError("row has no <sop> (bos_token_id %d): %r" % (cfg["bos_token_id"], row))
+
+
+def mask_position(row, cfg):
+    """First [gMASK] if the row has one, else the first [MASK] (the model's priority)."""
+    tok = cfg["gmask_token_id"] if cfg["gmask_token_id"] in row else cfg["mask_token_id"]
+    try:
+        return row.index(tok)
+    except ValueError:
+        raise ValueError("row has neither [gMASK] nor [MASK]: %r" % (row,))
+
+
+def get_masks(input_ids, cfg):
+    """Bool [b, 1, s, s], True = not allowed: allowed(i, j) = j < ctx or j <= i."""
+    b, s = input_ids.shape
+    m = torch.ones((b, s, s)).tril_()
+    for i, row in enumerate(input_ids.tolist()):
+        m[i, :, :context_length(row, cfg)] = 1
+    return (m.unsqueeze(1) < 0.5)
+
+
+def get_position_ids(input_ids, cfg):
+    """Long [b, 2, s]: row 0 position_ids, row 1 block_position_ids."""
+    b, s = input_ids.shape
+    pos = torch.arange(s, dtype=torch.long).unsqueeze(0).repeat(b, 1)
+    block = torch.zeros((b, s), dtype=torch.long)
+    for i, row in enumerate(input_ids.tolist()):
+        ctx, mp = context_length(row, cfg), mask_position(row, cfg)
+        pos[i, ctx:] = mp
+        block[i, ctx:] = torch.arange(s - ctx, dtype=torch.long) + 1
+    return torch.stack((pos, block), dim=1)
+
+
+def decode_position_ids(input_ids, cfg):
+    """Long [b, 2, 1] for a decode step (HF prepare_inputs_for_generation): input_ids [b, n] is
+    the whole sequence INCLUDING the new last token; returns (mask_pos, n - ctx)."""
+    rows = input_ids.tolist()
+    return torch.tensor([[[mask_position(r, cfg)], [len(r) - context_length(r, cfg)]] for r in rows],
+                        dtype=torch.long)
+
+
+def pad_batch(ids_rows, label_rows, pad_id):
+    """Right-pads ragged rows to the longest: ids with pad_id, labels with -100."""
+    T = max(len(r) for r in ids_rows)
+    ids = torch.tensor([list(r) + [pad_id] * (T - len(r)) for r in ids_rows], dtype=torch.long)
+    labels = None
+    if label_rows is not None:
+        labels = torch.tensor([list(r) + [-100] * (T - len(r)) for r in label_rows], dtype=torch.long)
+    return ids, labels
+
+
+def make_example(a, b, cfg):
+    """ptuning/main.py training example: ids = a + [gMASK, sop] + b + [eop],
+    labels = [-100]*ctx + ids[ctx:] with ctx = index of <sop>."""
+    ids = list(a) + [cfg["gmask_token_id"], cfg["bos_token_id"]] + list(b) + [cfg["eos_token_id"]]
+    ctx = len(a) + 1
+    labels = [-100] * ctx + ids[ctx:]
+    return ids, labels
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+
+def gelu(x):
+    """OpenAI tanh GELU, constants of the original."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)))
+
+
+def rotary_tables(rot_dim, n, dtype):
+    """cos, sin [n, rot_dim] for positions 0..n-1. inv_freq in fp32 then rounded to fp16 (the
+    original buffer is half), then used in `dtype` (the module after .float())."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rot_dim, 2).float() / rot_dim))
+    inv_freq = inv_freq.half().to(dtype)
+    t = torch.arange(n, dtype=dtype)
+    freqs = torch.einsum("i,j->ij", t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x, cos, sin, pos):
+    """x [s, b, nh, d]; pos [s, b] integer positions; cos/sin [n, d]."""
+    c = F.embedding(pos, cos).unsqueeze(2)
+    s = F.embedding(pos, sin).unsqueeze(2)
+    return x * c + rotate_half(x) * s
+
+
+def _softmax_dtype(dtype):
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def self_attention(cfg, p, x, position_ids, mask, layer_id, layer_past):
+    """x [s, b, H]; position_ids [b, 2, s]; mask bool broadcastable to [b, nh, s, s_k] or None.
+    Returns (out [s, b, H], present (K, V) each [s_k, b, nh, hd], post-rotary keys)."""
+    s, b, H = x.shape
+    nh = cfg["num_attention_heads"]
+    hd = H // nh
+    qkv = F.linear(x, p["attention.query_key_value.weight"], p["attention.query_key_value.bias"])
+    qkv = qkv.view(s, b, nh, 3 * hd)
+    q, k, v = torch.split(qkv, hd, dim=-1)  # interleaved per head
+    q1, q2 = q.chunk(2, dim=-1)
+    k1, k2 = k.chunk(2, dim=-1)
+    n = int(position_ids.max()) + 1
+    cos, sin = rotary_tables(hd // 2, n, x.dtype)
+    pos = position_ids[:, 0, :].transpose(0, 1).contiguous()
+    bpos = position_ids[:, 1, :].transpose(0, 1).contiguous()
+    q1, k1 = apply_rotary(q1, cos, sin, pos), apply_rotary(k1, cos, sin, pos)
+    q2, k2 = apply_rotary(q2, cos, sin, bpos), apply_rotary(k2, cos, sin, bpos)
+    q = torch.cat([q1, q2], dim=-1)
+    k = torch.cat([k1, k2], dim=-1)
+    if layer_past is not None:
+        k = torch.cat((layer_past[0], k), dim=0)
+        v = torch.cat((layer_past[1], v), dim=0)
+    present = (k, v)
+    sk = k.shape[0]
+
+    coeff = float(layer_id + 1)
+    q = q / (math.sqrt(hd) * coeff)
+    qb = q.reshape(s, b * nh, hd).transpose(0, 1)          # [b*nh, s, hd]
+    kb = k.reshape(sk, b * nh, hd).transpose(0, 1)         # [b*nh, sk, hd]
+    scores = torch.bmm(qb, kb.transpose(1, 2)).view(b, nh, s, sk)
+    if mask is not None and bool(mask.any()):
+        scores = scores.masked_fill(mask, MASK_FILL)
+    dtype = scores.dtype
+    scores = scores.to(_softmax_dtype(dtype)) * coeff
+    probs = F.softmax(scores, dim=-1).to(dtype)
+    vb = v.reshape(sk, b * nh, hd).transpose(0, 1)         # [b*nh, sk, hd]
+    ctx = torch.bmm(probs.view(b * nh, s, sk), vb).view(b, nh, s, hd)
+    ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, H)        # head-major columns
+    out = F.linear(ctx, p["attention.dense.weight"], p["attention.dense.bias"])
+    return out, present
+
+
+def glm_block(cfg, p, h, position_ids, mask, layer_id, layer_past, alpha):
+    H = cfg["hidden_size"]
+    eps = cfg["layernorm_epsilon"]
+    x = F.layer_norm(h, (H,), p["input_layernorm.weight"], p["input_layernorm.bias"], eps)
+    a, present = self_attention(cfg, p, x, position_ids, mask, layer_id, layer_past)
+    h1 = x * alpha + a
+    y = F.layer_norm(h1, (H,), p["post_attention_layernorm.weight"], p["post_attention_layernorm.bias"], eps)
+    m = F.linear(gelu(F.linear(y, p["mlp.dense_h_to_4h.weight"], p["mlp.dense_h_to_4h.bias"])),
+                 p["mlp.dense_4h_to_h.weight"], p["mlp.dense_4h_to_h.bias"])
+    return y * alpha + m, present
+
+
+def layer_params(params, l):
+    pre = "transformer.layers.%d." % l
+    return {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
+
+
+def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_mask=None,
+            past_key_values=None, use_cache=False, alpha=ALPHA, checkpoint=False):
+    """ChatGLMForConditionalGeneration.forward.
+
+    input_ids long [b, s]. Without past_key_values, attention_mask (bool [b,1,s,s], True = masked)
+    and position_ids ([b,2,s]) are derived from input_ids when not given. With past_key_values
+    (tuple per layer of (K, V) [s_past, b, nh, hd]), position_ids must be given and the mask
+    defaults to none (all allowed), as in the original decode path.
+    Returns dict: hidden [b,s,H] (after final_layernorm), logits [b,s,V], loss (or None),
+    presents (tuple per layer) when use_cache."""
+    H = cfg["hidden_size"]
+    L = cfg["num_layers"]
+    if past_key_values is None:
+        past_key_values = (None,) * L
+        if attention_mask is None:
+            attention_mask = get_masks(input_ids, cfg)
+        if position_ids is None:
+            position_ids = get_position_ids(input_ids, cfg)
+    elif position_ids is None:
+        raise ValueError("decode steps need explicit position_ids")
+    emb = params["transformer.word_embeddings.weight"]
+    h = F.embedding(input_ids, emb).transpose(0, 1)       # [s, b, H]
+    presents = []
+    for l in range(L):
+        lp = layer_params(params, l)
+        if checkpoint and past_key_values[l] is None:
+            import torch.utils.checkpoint as ckpt
+
+            def run(hh, _lp=lp, _l=l):
+                return glm_block(cfg, _lp, hh, position_ids, attention_mask, _l, None, alpha)[0]
+            h = ckpt.checkpoint(run, h, use_reentrant=False)
+            present = None
+        else:
+            h, present = glm_block(cfg, lp, h, position_ids, attention_mask, l, past_key_values[l], alpha)
+        presents.append(present)
+    h = F.layer_norm(h, (H,), params["transformer.final_layernorm.weight"],
+                     params["transformer.final_layernorm.bias"], cfg["layernorm_epsilon"])
+    head = emb if cfg["tie_word_embeddings"] else params["lm_head.weight"]
+    logits = F.linear(h, head).permute(1, 0, 2).contiguous()  # [b, s, V]
+    loss = None
+    if labels is not None:
+        lg = logits.to(_softmax_dtype(logits.dtype))
+        shift_logits = lg[..., :-1, :].contiguous()
+        shift_labels = labels[..., 1:].contiguous()
+        loss = F.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1),
+                               ignore_index=-100)
+    return {"hidden": h.transpose(0, 1), "logits": logits, "loss": loss,
+            "presents": tuple(presents) if use_cache else None}
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer, as glmtrain intends it
+
+def decay_groups(named_params, weight_decay):
+    """Two AdamW groups: weight_decay for tensors with ndim >= 2, 0.0 for biases / LayerNorm."""
+    decay = [p for _, p in named_params if p.ndim >= 2]
+    no_decay = [p for _, p in named_params if p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_adamw(named_params, lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8):
+    """torch.optim.AdamW over the two groups (constant learning rate)."""
+    return torch.optim.AdamW(decay_groups(named_params, weight_decay), lr=lr, betas=betas, eps=eps)
+
+
+def global_grad_norm(tensors):
+    return torch.norm(torch.stack([t.grad.detach().norm(2) for t in tensors if t.grad is not None]), 2)
+
+
+def train(cfg, params, input_ids, labels, steps=0, lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.999,
+          eps=1e-8, max_grad_norm=0.0, checkpoint=False):
+    """What tool_model_driver reports, computed with torch: returns dict with
+    loss (float, step 0), grad_norm (float, step 0, before clipping), grads {name: tensor} at
+    step 0, losses [K] (loss before each AdamW step), params {name: tensor} after K steps.
+    `params` is copied, not modified."""
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+    named = list(leaves.items())
+    opt = make_adamw(named, lr, weight_decay, (beta1, beta2), eps)
+    tensors = [p for _, p in named]
+    out = {"losses": []}
+    for step in range(max(steps, 1)):
+        opt.zero_grad(set_to_none=True)
+        loss = forward(cfg, leaves, input_ids, labels, checkpoint=checkpoint)["loss"]
+        loss.backward()
+        if step == 0:
+            out["loss"] = loss.item()
+            out["grad_norm"] = global_grad_norm(tensors).item()
+            out["grads"] = {k: v.grad.detach().clone() for k, v in named}
+        if steps == 0:
+            break
+        out["losses"].append(loss.item())
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(tensors, max_grad_norm)
+        opt.step()
+    out["params"] = {k: v.detach().clone() for k, v in named}
+    return out
