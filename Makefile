@@ -5,7 +5,7 @@ NVCC     ?= nvcc
 PYTHON   ?= /usr/bin/python3
 ARCHFLAGS ?= -march=x86-64-v3
 CFLAGS   ?= -O3 $(ARCHFLAGS)
-CFLAGS   += -std=c11 -D_GNU_SOURCE -fopenmp -Isrc -Wall -Wextra -Wno-unused-parameter -MMD -MP
+CFLAGS   += -std=c11 -D_GNU_SOURCE -fopenmp -Isrc -I/usr/include/cjson -Wall -Wextra -Wno-unused-parameter -MMD -MP
 LDLIBS   += -lcjson -lm -lpthread -ldl
 BUILD    ?= build
 

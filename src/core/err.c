@@ -25,13 +25,14 @@ int glm_hint(glm_err *err, const char *fmt, ...) {
 
 int glm_wrap(glm_err *err, const char *fmt, ...) {
     if (!err) return -1;
-    char prefix[GLM_ERR_LEN], old[GLM_ERR_LEN];
+    char old[GLM_ERR_LEN];
+    memcpy(old, err->msg, sizeof old);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
-    memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s%s", prefix, old);
+    if (n >= 0 && (size_t)n < sizeof err->msg)
+        snprintf(err->msg + n, sizeof err->msg - (size_t)n, "%.*s", (int)(sizeof err->msg - (size_t)n - 1), old);
     return -1;
 }
 

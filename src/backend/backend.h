@@ -1,0 +1,130 @@
+/* The ops interface. The model (src/model/glm.c) orchestrates forward and backward once, in
+ * terms of these operations; each backend implements them: cpu/ (fp32, OpenMP; the oracle)
+ * and cuda/ (bf16/fp16/fp32 storage, cuBLASLt). Every CUDA op has a CPU twin with the same
+ * signature and meaning, and `make test-cuda` compares them.
+ *
+ * Storage dtype: parameters, gradients and activations ("S" below) are stored in the
+ * backend's dtype (be->dtype: fp32 on the CPU; bf16/fp16/fp32 on CUDA). Statistics (LayerNorm
+ * mean/rstd, attention log-sum-exp, per-token losses) and optimizer state are always float.
+ * Integer inputs (ids, positions, key ranges, targets) are int32 in device memory.
+ * All pointers are device pointers of this backend (host pointers on the CPU).
+ * Shapes are given as [rows, cols] row-major; N = number of tokens = B*T.
+ *
+ * "+=" marks outputs that accumulate (gradients of parameters); "=" outputs are overwritten. */
+#ifndef GLM_BACKEND_H
+#define GLM_BACKEND_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum glm_dtype { GLM_F32 = 0, GLM_BF16 = 1, GLM_F16 = 2 } glm_dtype;
+static inline size_t glm_dtype_size(glm_dtype d) { return d == GLM_F32 ? 4 : 2; }
+
+/* Query/key/value views into a packed buffer (the attention op reads q, k, v in place).
+ * Element (b, t, h, d) is at base + b*batch_stride + t*tok_stride + h*head_stride + d. */
+typedef struct glm_qkv_view {
+    void *base;
+    long batch_stride, tok_stride, head_stride; /* in elements */
+} glm_qkv_view;
+
+typedef struct glm_backend glm_backend;
+struct glm_backend {
+    const char *name;   /* "cpu", "cuda:0" */
+    glm_dtype dtype;    /* storage dtype S */
+    void *impl;         /* backend-private state (CUDA handles, streams, workspace) */
+
+    /* ---- memory ---- */
+    void *(*alloc)(glm_backend *be, size_t bytes);         /* never NULL: fails loudly with the size */
+    void (*free)(glm_backend *be, void *p);
+    void (*zero)(glm_backend *be, void *p, size_t bytes);
+    void (*copy)(glm_backend *be, void *dst, const void *src, size_t bytes); /* device to device */
+    /* float host <-> S device, converting (n elements) */
+    void (*upload_f32)(glm_backend *be, void *dst, const float *src, size_t n);
+    void (*download_f32)(glm_backend *be, float *dst, const void *src, size_t n);
+    /* raw bytes host <-> device (int32 inputs, float statistics) */
+    void (*upload)(glm_backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(glm_backend *be, void *dst, const void *src, size_t bytes);
+    void (*sync)(glm_backend *be);
+
+    /* ---- forward/backward ops ---- */
+    /* out[N,H] = wte[ids[n], :] */
+    void (*embedding_fwd)(glm_backend *be, void *out, const int32_t *ids, const void *wte, int N, int H);
+    /* dwte[ids[n], :] += dout[n, :] (deterministic: each row of dwte summed in token order) */
+    void (*embedding_bwd)(glm_backend *be, void *dwte, const void *dout, const int32_t *ids, int N, int H, int V);
+
+    /* out = (x - mean) * rstd * w + b over rows of C; mean/rstd [N] float saved for backward */
+    void (*layernorm_fwd)(glm_backend *be, void *out, float *mean, float *rstd, const void *x,
+                          const void *w, const void *b, int N, int C, float eps);
+    /* dx = ; dw, db += */
+    void (*layernorm_bwd)(glm_backend *be, void *dx, void *dw, void *db, const void *dout, const void *x,
+                          const void *w, const float *mean, const float *rstd, int N, int C);
+
+    /* out[N,OC] = inp[N,C] @ w[OC,C]^T + bias[OC] (bias may be NULL) */
+    void (*matmul_fwd)(glm_backend *be, void *out, const void *inp, const void *w, const void *bias,
+                       int N, int C, int OC);
+    /* dinp[N,C] (= or += when accumulate_dinp) dout @ w; dw[OC,C] += dout^T @ inp; dbias += colsum(dout).
+     * dinp, dw, dbias may each be NULL (skipped). */
+    void (*matmul_bwd)(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
+                       const void *w, int N, int C, int OC, int accumulate_dinp);
+
+    /* 2D rotary, in place on the q and k parts of qkv [N, NH, 3, HD] (per-head interleaved q|k|v).
+     * First half of each head dim rotated by pos[n], second half by block_pos[n]; within a half of
+     * size R = HD/2, dim j pairs with j + R/2 at angle p * w_j, w_j = fp16(10000^(-2j/R)) (the
+     * original rounds inverse frequencies to fp16). inverse = 1 applies the transpose rotation
+     * (the backward of the forward). */
+    void (*rope)(glm_backend *be, void *qkv, const int32_t *pos, const int32_t *block_pos, int N, int NH,
+                 int HD, int inverse);
+
+    /* Attention with per-query key ranges: query (b, i) sees keys j with kv_lo[b*Tq+i] <= j < kv_hi[b*Tq+i]
+     * (key indices within the row, 0..Tk). out[B, Tq, NH*HD] (=), lse[B, NH, Tq] float (=) is the
+     * natural-log log-sum-exp of the scaled scores, saved for backward. scale = 1/sqrt(HD). */
+    void (*attention_fwd)(glm_backend *be, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                          const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale);
+    /* dq, dk, dv (=, through views of the same layout as q, k, v) from dout [B,Tq,NH*HD], out, lse. */
+    void (*attention_bwd)(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
+                          const void *out, const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                          const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale);
+
+    /* tanh GELU: out = 0.5 x (1 + tanh(0.7978845608028654 x (1 + 0.044715 x^2))) */
+    void (*gelu_fwd)(glm_backend *be, void *out, const void *x, size_t n);
+    /* dx = dout * gelu'(x); dx may alias dout */
+    void (*gelu_bwd)(glm_backend *be, void *dx, const void *x, const void *dout, size_t n);
+
+    /* out = alpha * x + y (out may alias y) */
+    void (*scale_add)(glm_backend *be, void *out, float alpha, const void *x, const void *y, size_t n);
+
+    /* Cross entropy over rows of logits[R, V] against targets[R] (all valid, 0 <= t < V):
+     * losses[r] = logsumexp(logits[r]) - logits[r, t] (float, =). If dscale != 0, logits are
+     * replaced in place by dscale * (softmax(logits[r]) - onehot(t)) — the gradient of
+     * dscale * sum(losses). */
+    void (*cross_entropy)(glm_backend *be, void *logits, float *losses, const int32_t *targets, int R, int V,
+                          float dscale);
+    /* out[r, :] = x[idx[r], :] for r < R */
+    void (*gather_rows)(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C);
+    /* out[idx[r], :] = x[r, :] for r < R (other rows untouched) */
+    void (*scatter_rows)(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C);
+
+    /* ---- optimizer ---- */
+    /* sum of squares of x[n] (S), accumulated in double; result returned to the host */
+    double (*sumsq)(glm_backend *be, const void *x, size_t n);
+    /* AdamW (PyTorch semantics) on n elements: g = grad * grad_scale; m = b1 m + (1-b1) g;
+     * v = b2 v + (1-b2) g^2; p -= lr * (wd * p + (m / bc1) / (sqrt(v / bc2) + eps)), where p is the
+     * fp32 master copy (master != NULL) written back to param in S, or param itself (fp32 backend,
+     * master == NULL). bc1 = 1 - b1^t, bc2 = 1 - b2^t. */
+    void (*adamw)(glm_backend *be, void *param, float *master, const void *grad, float *m, float *v, size_t n,
+                  float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float grad_scale);
+
+    void (*destroy)(glm_backend *be);
+};
+
+glm_backend *glm_backend_cpu(void);
+#ifdef GLM_HAVE_CUDA
+/* CUDA backend on `device` with storage dtype; NULL and a message when no GPU is usable. */
+glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t errlen);
+#endif
+
+/* Element pointer arithmetic on S buffers. */
+static inline void *glm_at(const glm_backend *be, const void *p, size_t elems) {
+    return (char *)p + elems * glm_dtype_size(be->dtype);
+}
+
+#endif

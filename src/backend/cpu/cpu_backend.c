@@ -1,0 +1,84 @@
+/* The CPU backend: fp32 storage, OpenMP threads. It is the oracle every other backend is
+ * tested against, so it favours clarity and determinism (no result depends on the number of
+ * threads) over the last bit of speed; GEMMs are cache-blocked (cpu_gemm.c). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/backend.h"
+#include "backend/cpu/cpu_gemm.h"
+#include "backend/cpu/cpu_ops.h"
+#include "core/err.h"
+
+static void *cpu_alloc(glm_backend *be, size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        GLM_FATAL("lower --per_device_train_batch_size or the sequence lengths; `glmtrain info` prints the memory plan",
+                  "out of host memory allocating %zu bytes (%.2f GiB)", bytes, bytes / 1073741824.0);
+    return p;
+}
+static void cpu_free(glm_backend *be, void *p) { free(p); }
+static void cpu_zero(glm_backend *be, void *p, size_t bytes) { memset(p, 0, bytes); }
+static void cpu_copy(glm_backend *be, void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+static void cpu_up_f32(glm_backend *be, void *dst, const float *src, size_t n) { memmove(dst, src, n * 4); }
+static void cpu_down_f32(glm_backend *be, float *dst, const void *src, size_t n) { memmove(dst, src, n * 4); }
+static void cpu_raw(glm_backend *be, void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+static void cpu_sync(glm_backend *be) {}
+static void cpu_destroy(glm_backend *be) { free(be); }
+
+static void mm_fwd(glm_backend *be, void *out, const void *inp, const void *w, const void *bias, int N, int C, int OC) {
+    cpu_matmul_fwd(out, inp, w, bias, N, C, OC);
+}
+static void mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
+                   const void *w, int N, int C, int OC, int acc) {
+    cpu_matmul_bwd(dinp, dw, dbias, dout, inp, w, N, C, OC, acc);
+}
+static void emb_fwd(glm_backend *be, void *out, const int32_t *ids, const void *wte, int N, int H) { cpu_embedding_fwd(out, ids, wte, N, H); }
+static void emb_bwd(glm_backend *be, void *dwte, const void *dout, const int32_t *ids, int N, int H, int V) { cpu_embedding_bwd(dwte, dout, ids, N, H, V); }
+static void ln_fwd(glm_backend *be, void *out, float *mean, float *rstd, const void *x, const void *w, const void *b, int N, int C, float eps) {
+    cpu_layernorm_fwd(out, mean, rstd, x, w, b, N, C, eps);
+}
+static void ln_bwd(glm_backend *be, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+                   const float *mean, const float *rstd, int N, int C) {
+    cpu_layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd, N, C);
+}
+static void rope(glm_backend *be, void *qkv, const int32_t *pos, const int32_t *bpos, int N, int NH, int HD, int inv) {
+    cpu_rope(qkv, pos, bpos, N, NH, HD, inv);
+}
+static void attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                     const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
+    cpu_attention_fwd(out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale);
+}
+static void attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout, const void *out,
+                     const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo, const int32_t *hi,
+                     int B, int Tq, int Tk, int NH, int HD, float scale) {
+    cpu_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale);
+}
+static void g_fwd(glm_backend *be, void *out, const void *x, size_t n) { cpu_gelu_fwd(out, x, n); }
+static void g_bwd(glm_backend *be, void *dx, const void *x, const void *dout, size_t n) { cpu_gelu_bwd(dx, x, dout, n); }
+static void sc_add(glm_backend *be, void *out, float alpha, const void *x, const void *y, size_t n) { cpu_scale_add(out, alpha, x, y, n); }
+static void ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
+    cpu_cross_entropy(logits, losses, t, R, V, dscale);
+}
+static void gather(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) { cpu_gather_rows(out, x, idx, R, C); }
+static void scatter(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) { cpu_scatter_rows(out, x, idx, R, C); }
+static double ssq(glm_backend *be, const void *x, size_t n) { return cpu_sumsq(x, n); }
+static void adamw(glm_backend *be, void *param, float *master, const void *grad, float *m, float *v, size_t n, float lr,
+                  float b1, float b2, float eps, float wd, float bc1, float bc2, float gs) {
+    cpu_adamw(param, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
+}
+
+glm_backend *glm_backend_cpu(void) {
+    glm_backend *be = glm_calloc(1, sizeof *be);
+    *be = (glm_backend){
+        .name = "cpu", .dtype = GLM_F32,
+        .alloc = cpu_alloc, .free = cpu_free, .zero = cpu_zero, .copy = cpu_copy,
+        .upload_f32 = cpu_up_f32, .download_f32 = cpu_down_f32, .upload = cpu_raw, .download = cpu_raw,
+        .sync = cpu_sync,
+        .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
+        .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,
+        .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add,
+        .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .adamw = adamw,
+        .destroy = cpu_destroy,
+    };
+    return be;
+}

@@ -1,0 +1,294 @@
+#include "backend/cpu/cpu_ops.h"
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cpu/cpu_gemm.h"
+#include "core/err.h"
+#include "core/half.h"
+
+void cpu_embedding_fwd(float *out, const int32_t *ids, const float *wte, int N, int H) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * H, wte + (size_t)ids[n] * H, sizeof(float) * H);
+}
+
+/* Threads split the columns, every thread walks the tokens in order: deterministic sums. */
+void cpu_embedding_bwd(float *dwte, const float *dout, const int32_t *ids, int N, int H, int V) {
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int c0 = (int)((long)H * t / nt), c1 = (int)((long)H * (t + 1) / nt);
+        for (int n = 0; n < N; n++) {
+            float *d = dwte + (size_t)ids[n] * H;
+            const float *g = dout + (size_t)n * H;
+            for (int c = c0; c < c1; c++) d[c] += g[c];
+        }
+    }
+}
+
+void cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                       int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        double s = 0, ss = 0;
+        for (int c = 0; c < C; c++) s += xr[c];
+        float m = (float)(s / C);
+        for (int c = 0; c < C; c++) { float d = xr[c] - m; ss += (double)d * d; }
+        float r = 1.0f / sqrtf((float)(ss / C) + eps);
+        for (int c = 0; c < C; c++) o[c] = (xr[c] - m) * r * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = r;
+    }
+}
+
+void cpu_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+                       const float *mean, const float *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C, *g = dout + (size_t)n * C;
+        float m = mean[n], r = rstd[n];
+        double sg = 0, sgx = 0;  /* sums of dxhat and dxhat*xhat */
+        for (int c = 0; c < C; c++) {
+            float xh = (xr[c] - m) * r, dxh = g[c] * w[c];
+            sg += dxh;
+            sgx += (double)dxh * xh;
+        }
+        float a = (float)(sg / C), bb = (float)(sgx / C);
+        float *d = dx + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            float xh = (xr[c] - m) * r;
+            d[c] = r * (g[c] * w[c] - a - xh * bb);
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        float sw = 0, sb = 0;
+        for (int n = 0; n < N; n++) {
+            float g = dout[(size_t)n * C + c];
+            sw += g * (x[(size_t)n * C + c] - mean[n]) * rstd[n];
+            sb += g;
+        }
+        dw[c] += sw;
+        db[c] += sb;
+    }
+}
+
+void cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
+    cpu_sgemm(0, 1, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
+    if (bias) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+    }
+}
+
+void cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+                    int N, int C, int OC, int accumulate_dinp) {
+    if (dinp) cpu_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, w, C, accumulate_dinp ? 1.0f : 0.0f, dinp, C);
+    if (dw) cpu_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dbias) {
+#pragma omp parallel for schedule(static)
+        for (int o = 0; o < OC; o++) {
+            float s = 0;
+            for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
+            dbias[o] += s;
+        }
+    }
+}
+
+float cpu_rope_inv_freq(int j, int R) {
+    /* inv_freq = 1 / 10000^(2j/R) in fp32, then .half() as the original RotaryEmbedding does */
+    float f = 1.0f / powf(10000.0f, (float)(2 * j) / (float)R);
+    return glm_f16_to_f32(glm_f32_to_f16(f));
+}
+
+/* Rotates one half (R dims) of a head vector: pairs (j, j + R/2), angle p * w_j. */
+static void rotate_half(float *x, int R, int p, const float *inv_freq, int inverse) {
+    int h = R / 2;
+    for (int j = 0; j < h; j++) {
+        float th = (float)p * inv_freq[j];
+        float c = cosf(th), s = inverse ? -sinf(th) : sinf(th);
+        float a = x[j], b = x[j + h];
+        x[j] = a * c - b * s;
+        x[j + h] = b * c + a * s;
+    }
+}
+
+void cpu_rope(float *qkv, const int32_t *pos, const int32_t *block_pos, int N, int NH, int HD, int inverse) {
+    int R = HD / 2;
+    float inv_freq[1024];
+    GLM_ASSERT(R / 2 <= 1024);
+    for (int j = 0; j < R / 2; j++) inv_freq[j] = cpu_rope_inv_freq(j, R);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < NH; h++)
+            for (int part = 0; part < 2; part++) { /* q then k; v is not rotated */
+                float *x = qkv + (size_t)n * NH * 3 * HD + (size_t)h * 3 * HD + part * HD;
+                rotate_half(x, R, pos[n], inv_freq, inverse);
+                rotate_half(x + R, R, block_pos[n], inv_freq, inverse);
+            }
+}
+
+static inline float *view_at(glm_qkv_view v, int b, int t, int h) {
+    return (float *)v.base + b * v.batch_stride + t * v.tok_stride + h * v.head_stride;
+}
+
+void cpu_attention_fwd(float *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                       const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
+#pragma omp parallel
+    {
+        float *p = glm_malloc(sizeof(float) * (Tk > 0 ? Tk : 1));
+#pragma omp for schedule(static) collapse(2)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++)
+                for (int i = 0; i < Tq; i++) {
+                    int lo = kv_lo[b * Tq + i], hi = kv_hi[b * Tq + i];
+                    const float *qi = view_at(q, b, i, h);
+                    float mx = -INFINITY;
+                    for (int j = lo; j < hi; j++) {
+                        const float *kj = view_at(k, b, j, h);
+                        float s = 0;
+                        for (int d = 0; d < HD; d++) s += qi[d] * kj[d];
+                        p[j] = s * scale;
+                        if (p[j] > mx) mx = p[j];
+                    }
+                    float sum = 0;
+                    for (int j = lo; j < hi; j++) { p[j] = expf(p[j] - mx); sum += p[j]; }
+                    float *o = out + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
+                    memset(o, 0, sizeof(float) * HD);
+                    float inv = sum > 0 ? 1.0f / sum : 0.0f;
+                    for (int j = lo; j < hi; j++) {
+                        const float *vj = view_at(v, b, j, h);
+                        float w = p[j] * inv;
+                        for (int d = 0; d < HD; d++) o[d] += w * vj[d];
+                    }
+                    lse[((size_t)b * NH + h) * Tq + i] = hi > lo ? mx + logf(sum) : -INFINITY;
+                }
+        free(p);
+    }
+}
+
+void cpu_attention_bwd(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const float *dout, const float *out,
+                       const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *kv_lo,
+                       const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
+    /* One (b, h) per thread: dk/dv sums over queries stay in one thread, in query order. */
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            for (int i = 0; i < Tq; i++) memset(view_at(dq, b, i, h), 0, sizeof(float) * HD);
+            for (int j = 0; j < Tk; j++) {
+                memset(view_at(dk, b, j, h), 0, sizeof(float) * HD);
+                memset(view_at(dv, b, j, h), 0, sizeof(float) * HD);
+            }
+            for (int i = 0; i < Tq; i++) {
+                int lo = kv_lo[b * Tq + i], hi = kv_hi[b * Tq + i];
+                const float *qi = view_at(q, b, i, h);
+                const float *doi = dout + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
+                const float *oi = out + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
+                float *dqi = view_at(dq, b, i, h);
+                float L = lse[((size_t)b * NH + h) * Tq + i], D = 0;
+                for (int d = 0; d < HD; d++) D += doi[d] * oi[d];
+                for (int j = lo; j < hi; j++) {
+                    const float *kj = view_at(k, b, j, h), *vj = view_at(v, b, j, h);
+                    float s = 0, dp = 0;
+                    for (int d = 0; d < HD; d++) { s += qi[d] * kj[d]; dp += doi[d] * vj[d]; }
+                    float pij = expf(s * scale - L);
+                    float ds = pij * (dp - D) * scale;
+                    float *dkj = view_at(dk, b, j, h), *dvj = view_at(dv, b, j, h);
+                    for (int d = 0; d < HD; d++) {
+                        dvj[d] += pij * doi[d];
+                        dqi[d] += ds * kj[d];
+                        dkj[d] += ds * qi[d];
+                    }
+                }
+            }
+        }
+}
+
+#define GELU_C 0.7978845608028654f
+void cpu_gelu_fwd(float *out, const float *x, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float a = x[i];
+        out[i] = 0.5f * a * (1.0f + tanhf(GELU_C * a * (1.0f + 0.044715f * a * a)));
+    }
+}
+
+void cpu_gelu_bwd(float *dx, const float *x, const float *dout, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float a = x[i];
+        float u = GELU_C * a * (1.0f + 0.044715f * a * a);
+        float t = tanhf(u);
+        float du = GELU_C * (1.0f + 3.0f * 0.044715f * a * a);
+        float g = 0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * du;
+        dx[i] = dout[i] * g;
+    }
+}
+
+void cpu_scale_add(float *out, float alpha, const float *x, const float *y, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = alpha * x[i] + y[i];
+}
+
+void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int R, int V, float dscale) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++) {
+        float *l = logits + (size_t)r * V;
+        float mx = -INFINITY;
+        for (int j = 0; j < V; j++) if (l[j] > mx) mx = l[j];
+        double sum = 0;
+        for (int j = 0; j < V; j++) sum += exp((double)l[j] - mx);
+        float lse = mx + (float)log(sum);
+        losses[r] = lse - l[targets[r]];
+        if (dscale != 0.0f) {
+            for (int j = 0; j < V; j++) l[j] = dscale * expf(l[j] - lse);
+            l[targets[r]] -= dscale;
+        }
+    }
+}
+
+void cpu_gather_rows(float *out, const float *x, const int32_t *idx, int R, int C) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++) memcpy(out + (size_t)r * C, x + (size_t)idx[r] * C, sizeof(float) * C);
+}
+
+void cpu_scatter_rows(float *out, const float *x, const int32_t *idx, int R, int C) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++) memcpy(out + (size_t)idx[r] * C, x + (size_t)r * C, sizeof(float) * C);
+}
+
+/* Fixed chunks summed in order: the result does not depend on the thread count. */
+double cpu_sumsq(const float *x, size_t n) {
+    enum { CH = 1 << 16 };
+    size_t nch = (n + CH - 1) / CH;
+    double *part = glm_calloc(nch ? nch : 1, sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < nch; c++) {
+        double s = 0;
+        size_t e = (c + 1) * CH < n ? (c + 1) * CH : n;
+        for (size_t i = c * CH; i < e; i++) s += (double)x[i] * x[i];
+        part[c] = s;
+    }
+    double s = 0;
+    for (size_t c = 0; c < nch; c++) s += part[c];
+    free(part);
+    return s;
+}
+
+void cpu_adamw(float *p, const float *grad, float *m, float *v, size_t n, float lr, float b1, float b2,
+               float eps, float wd, float bc1, float bc2, float grad_scale) {
+    /* the order of operations follows torch.optim.AdamW (single-tensor path) */
+    float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), decay = 1.0f - lr * wd;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i] * grad_scale;
+        p[i] *= decay;
+        m[i] = m[i] * b1 + (1.0f - b1) * g;  /* lerp form: m + (1-b1)(g-m) differs in the last bit */
+        v[i] = v[i] * b2 + (1.0f - b2) * g * g;
+        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+        p[i] -= step_size * m[i] / denom;
+    }
+}

@@ -1,0 +1,35 @@
+/* CPU fp32 kernels: the reference semantics of every op in backend/backend.h (see there for
+ * shapes and meaning). Exposed directly so the CUDA tests can call the CPU twin of each op. */
+#ifndef GLM_CPU_OPS_H
+#define GLM_CPU_OPS_H
+#include <stddef.h>
+#include <stdint.h>
+#include "backend/backend.h"
+
+void cpu_embedding_fwd(float *out, const int32_t *ids, const float *wte, int N, int H);
+void cpu_embedding_bwd(float *dwte, const float *dout, const int32_t *ids, int N, int H, int V);
+void cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                       int N, int C, float eps);
+void cpu_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+                       const float *mean, const float *rstd, int N, int C);
+void cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC);
+void cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+                    int N, int C, int OC, int accumulate_dinp);
+/* fp16-rounded inverse frequency w_j of the 2D rotary (R = rotary dim of one half = HD/2) */
+float cpu_rope_inv_freq(int j, int R);
+void cpu_rope(float *qkv, const int32_t *pos, const int32_t *block_pos, int N, int NH, int HD, int inverse);
+void cpu_attention_fwd(float *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                       const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale);
+void cpu_attention_bwd(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const float *dout, const float *out,
+                       const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *kv_lo,
+                       const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale);
+void cpu_gelu_fwd(float *out, const float *x, size_t n);
+void cpu_gelu_bwd(float *dx, const float *x, const float *dout, size_t n);
+void cpu_scale_add(float *out, float alpha, const float *x, const float *y, size_t n);
+void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int R, int V, float dscale);
+void cpu_gather_rows(float *out, const float *x, const int32_t *idx, int R, int C);
+void cpu_scatter_rows(float *out, const float *x, const int32_t *idx, int R, int C);
+double cpu_sumsq(const float *x, size_t n);
+void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float b1, float b2,
+               float eps, float wd, float bc1, float bc2, float grad_scale);
+#endif

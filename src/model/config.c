@@ -1,0 +1,149 @@
+#include "model/config.h"
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/fileutil.h"
+
+glm_config glm_config_chatglm6b(void) {
+    return (glm_config){
+        .vocab_size = 130528, .hidden_size = 4096, .num_layers = 28, .num_attention_heads = 32,
+        .inner_hidden_size = 16384, .max_sequence_length = 2048, .layernorm_epsilon = 1e-5f,
+        .position_encoding_2d = 1, .tie_word_embeddings = 1, .bos_token_id = 130004,
+        .eos_token_id = 130005, .mask_token_id = 130000, .gmask_token_id = 130001,
+        .pad_token_id = 3, .alpha = 7.483314773547883f,
+    };
+}
+
+/* Reads an integer field. required: missing is an error; optional: keeps *out. */
+static int get_int(const cJSON *o, const char *key, int required, int32_t *out, const char *src, glm_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (!required) return 0;
+        glm_fail(err, "%s: required field \"%s\" is missing", src, key);
+        return glm_hint(err, "a chatglm-6b config.json has %s; compare with the original model's config", key);
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2e9)
+        return glm_fail(err, "%s: field \"%s\" must be an integer", src, key);
+    *out = (int32_t)v->valuedouble;
+    return 0;
+}
+
+int glm_config_validate(const glm_config *c, const char *src, glm_err *err) {
+    if (c->vocab_size <= 0) return glm_fail(err, "%s: vocab_size must be positive", src);
+    if (c->hidden_size <= 0 || c->num_layers <= 0 || c->num_attention_heads <= 0 || c->inner_hidden_size <= 0)
+        return glm_fail(err, "%s: hidden_size, num_layers, num_attention_heads and inner_hidden_size must be positive", src);
+    if (c->hidden_size % c->num_attention_heads)
+        return glm_fail(err, "%s: hidden_size %d is not divisible by num_attention_heads %d", src, c->hidden_size, c->num_attention_heads);
+    if (glm_head_dim(c) % 4)
+        return glm_fail(err, "%s: head dim %d must be a multiple of 4 (2D rotary splits each head in two rotated halves)", src, glm_head_dim(c));
+    if (!c->position_encoding_2d)
+        return glm_fail(err, "%s: position_encoding_2d false is not supported (ChatGLM-6B uses 2D rotary)", src);
+    if (!(c->layernorm_epsilon > 0)) return glm_fail(err, "%s: layernorm_epsilon must be positive", src);
+    const struct { const char *name; int32_t id; } ids[] = {
+        {"bos_token_id", c->bos_token_id}, {"eos_token_id", c->eos_token_id}, {"mask_token_id", c->mask_token_id},
+        {"gmask_token_id", c->gmask_token_id}, {"pad_token_id", c->pad_token_id}};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        if (ids[i].id < 0 || ids[i].id >= c->vocab_size)
+            return glm_fail(err, "%s: %s %d is outside the vocabulary [0, %d)", src, ids[i].name, ids[i].id, c->vocab_size);
+    return 0;
+}
+
+int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *err) {
+    cJSON *o = cJSON_Parse(text);
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return glm_fail(err, "%s: not a JSON object (config.json of a chatglm model expected)", src);
+    }
+    glm_config d = glm_config_chatglm6b();
+    int32_t vocab = 0, hidden = 0, layers = 0, heads = 0, inner = -1, maxseq = d.max_sequence_length;
+    int32_t bos = d.bos_token_id, eos = d.eos_token_id, mask = d.mask_token_id, gmask = d.gmask_token_id, pad = d.pad_token_id;
+    int rc = 0;
+    rc |= get_int(o, "vocab_size", 1, &vocab, src, err);
+    if (!rc) rc |= get_int(o, "hidden_size", 1, &hidden, src, err);
+    if (!rc) rc |= get_int(o, "num_layers", 1, &layers, src, err);
+    if (!rc) rc |= get_int(o, "num_attention_heads", 1, &heads, src, err);
+    if (!rc) rc |= get_int(o, "inner_hidden_size", 0, &inner, src, err);
+    if (!rc) rc |= get_int(o, "max_sequence_length", 0, &maxseq, src, err);
+    if (!rc) rc |= get_int(o, "bos_token_id", 0, &bos, src, err);
+    if (!rc) rc |= get_int(o, "eos_token_id", 0, &eos, src, err);
+    if (!rc) rc |= get_int(o, "mask_token_id", 0, &mask, src, err);
+    if (!rc) rc |= get_int(o, "gmask_token_id", 0, &gmask, src, err);
+    if (!rc) rc |= get_int(o, "pad_token_id", 0, &pad, src, err);
+    if (rc) { cJSON_Delete(o); return -1; }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(o, "model_type");
+    if (mt && cJSON_IsString(mt) && strcmp(mt->valuestring, "chatglm") != 0) {
+        cJSON_Delete(o);
+        return glm_fail(err, "%s: model_type \"%s\" is not \"chatglm\"", src, mt->valuestring);
+    }
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(o, "layernorm_epsilon");
+    float epsv = 1e-5f;
+    if (eps) {
+        if (!cJSON_IsNumber(eps)) { cJSON_Delete(o); return glm_fail(err, "%s: field \"layernorm_epsilon\" must be a number", src); }
+        epsv = (float)eps->valuedouble;
+    }
+    int pe2d = 1, tie = 1;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "position_encoding_2d");
+    if (b) {
+        if (!cJSON_IsBool(b)) { cJSON_Delete(o); return glm_fail(err, "%s: field \"position_encoding_2d\" must be true or false", src); }
+        pe2d = cJSON_IsTrue(b);
+    }
+    b = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
+    if (b) {
+        if (!cJSON_IsBool(b)) { cJSON_Delete(o); return glm_fail(err, "%s: field \"tie_word_embeddings\" must be true or false", src); }
+        tie = cJSON_IsTrue(b);
+    }
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, "quantization_bit");
+    if (q && cJSON_IsNumber(q) && q->valueint != 0) {
+        cJSON_Delete(o);
+        glm_fail(err, "%s: quantization_bit %d: quantized checkpoints cannot be fine-tuned", src, q->valueint);
+        return glm_hint(err, "use the fp16 chatglm-6b weights, not chatglm-6b-int4/int8");
+    }
+    cJSON_Delete(o);
+    *c = (glm_config){
+        .vocab_size = vocab, .hidden_size = hidden, .num_layers = layers, .num_attention_heads = heads,
+        .inner_hidden_size = inner > 0 ? inner : 4 * hidden, .max_sequence_length = maxseq,
+        .layernorm_epsilon = epsv, .position_encoding_2d = pe2d, .tie_word_embeddings = tie,
+        .bos_token_id = bos, .eos_token_id = eos, .mask_token_id = mask, .gmask_token_id = gmask,
+        .pad_token_id = pad, .alpha = 7.483314773547883f,
+    };
+    return glm_config_validate(c, src, err);
+}
+
+int glm_config_load(glm_config *c, const char *path, glm_err *err) {
+    char file[4096];
+    if (glm_is_dir(path)) glm_path_join(file, sizeof file, path, "config.json");
+    else snprintf(file, sizeof file, "%s", path);
+    char *text = glm_read_file(file, NULL, err);
+    if (!text) return glm_hint(err, "--model_name_or_path must be a folder with config.json (a Hugging Face chatglm-6b folder)");
+    int rc = glm_config_parse(c, text, file, err);
+    free(text);
+    return rc;
+}
+
+char *glm_config_to_json(const glm_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("ChatGLMModel"));
+    cJSON_AddStringToObject(o, "model_type", "chatglm");
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(o, "num_layers", c->num_layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(o, "inner_hidden_size", c->inner_hidden_size);
+    cJSON_AddNumberToObject(o, "max_sequence_length", c->max_sequence_length);
+    cJSON_AddNumberToObject(o, "layernorm_epsilon", c->layernorm_epsilon);
+    cJSON_AddBoolToObject(o, "position_encoding_2d", c->position_encoding_2d);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
+    cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id);
+    cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id);
+    cJSON_AddNumberToObject(o, "mask_token_id", c->mask_token_id);
+    cJSON_AddNumberToObject(o, "gmask_token_id", c->gmask_token_id);
+    cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+    cJSON_AddBoolToObject(o, "use_cache", 1);
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}

@@ -1,0 +1,273 @@
+#include "model/glm.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- setup */
+
+static void bind_weights(glm_model *m, void *base, glm_weights *w) {
+    const glm_table *t = &m->tab;
+    int L = m->cfg.num_layers;
+#define AT(layer, kind) (glm_table_get(t, layer, kind) ? glm_at(m->be, base, glm_table_get(t, layer, kind)->offset) : NULL)
+    w->layer = glm_calloc(L, sizeof *w->layer);
+    for (int l = 0; l < L; l++) {
+        glm_layer_ptrs *p = &w->layer[l];
+        p->ln1_w = AT(l, T_LN1_W); p->ln1_b = AT(l, T_LN1_B);
+        p->qkv_w = AT(l, T_QKV_W); p->qkv_b = AT(l, T_QKV_B);
+        p->dense_w = AT(l, T_DENSE_W); p->dense_b = AT(l, T_DENSE_B);
+        p->ln2_w = AT(l, T_LN2_W); p->ln2_b = AT(l, T_LN2_B);
+        p->fc1_w = AT(l, T_FC1_W); p->fc1_b = AT(l, T_FC1_B);
+        p->fc2_w = AT(l, T_FC2_W); p->fc2_b = AT(l, T_FC2_B);
+    }
+    w->wte = AT(-1, T_WORD_EMB);
+    w->lnf_w = AT(-1, T_LNF_W); w->lnf_b = AT(-1, T_LNF_B);
+    w->head = m->cfg.tie_word_embeddings ? w->wte : AT(-1, T_LM_HEAD);
+#undef AT
+}
+
+void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be) {
+    *m = (glm_model){0};
+    m->cfg = *c;
+    m->be = be;
+    glm_table_build(&m->tab, c);
+    size_t bytes = m->tab.total * glm_dtype_size(be->dtype);
+    m->params = be->alloc(be, bytes);
+    m->grads = be->alloc(be, bytes);
+    be->zero(be, m->params, bytes);
+    be->zero(be, m->grads, bytes);
+    bind_weights(m, m->params, &m->w);
+    bind_weights(m, m->grads, &m->g);
+    m->head_chunk = 256;
+}
+
+static void free_acts(glm_model *m) {
+    glm_backend *be = m->be;
+    if (!m->acts) return;
+    int nsets = m->gradient_checkpointing ? 1 : m->cfg.num_layers;
+    for (int l = 0; l < nsets; l++) {
+        glm_layer_acts *a = &m->acts[l];
+        void *ptrs[] = {a->x, a->ln1_mean, a->ln1_rstd, a->qkv, a->ctx, a->lse, a->h1, a->ln2_mean, a->ln2_rstd, a->y, a->fc1, a->act};
+        for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) be->free(be, ptrs[i]);
+    }
+    free(m->acts);
+    for (int l = 0; l <= m->cfg.num_layers; l++) be->free(be, m->resid[l]);
+    free(m->resid);
+    void *ptrs[] = {m->lnf_out, m->lnf_mean, m->lnf_rstd, m->d_a, m->d_b, m->d_x, m->d_h1, m->d_ctx, m->d_qkv, m->d_ff,
+                    m->head_in, m->logits, m->d_head_in, m->losses, m->bd.ids, m->bd.pos, m->bd.block_pos,
+                    m->bd.kv_lo, m->bd.kv_hi, m->bd.sup_idx, m->bd.sup_tgt};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) be->free(be, ptrs[i]);
+    m->acts = NULL;
+    m->cap_tokens = 0;
+}
+
+void glm_model_free(glm_model *m) {
+    free_acts(m);
+    m->be->free(m->be, m->params);
+    m->be->free(m->be, m->grads);
+    free(m->w.layer);
+    free(m->g.layer);
+    glm_table_free(&m->tab);
+}
+
+void glm_zero_grads(glm_model *m) {
+    m->be->zero(m->be, m->grads, m->tab.total * glm_dtype_size(m->be->dtype));
+}
+
+void glm_model_get_params(glm_model *m, float *host) {
+    m->be->download_f32(m->be, host, m->params, m->tab.total);
+}
+
+void glm_model_set_params(glm_model *m, const float *host) {
+    m->be->upload_f32(m->be, m->params, host, m->tab.total);
+}
+
+/* (Re)allocates activation buffers when a batch needs more room than the last one. */
+static void ensure_acts(glm_model *m, int B, int T) {
+    if (m->acts && B * T <= m->cap_tokens && B <= m->cap_B && T <= m->cap_T) return;
+    free_acts(m);
+    glm_backend *be = m->be;
+    size_t es = glm_dtype_size(be->dtype);
+    int L = m->cfg.num_layers, H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size, NH = m->cfg.num_attention_heads;
+    int V = m->cfg.vocab_size;
+    size_t N = (size_t)B * T;
+#define S_BUF(n) be->alloc(be, (size_t)(n) * es)
+#define F_BUF(n) ((float *)be->alloc(be, (size_t)(n) * sizeof(float)))
+#define I_BUF(n) ((int32_t *)be->alloc(be, (size_t)(n) * sizeof(int32_t)))
+    int nsets = m->gradient_checkpointing ? 1 : L;
+    m->acts = glm_calloc(nsets, sizeof *m->acts);
+    for (int l = 0; l < nsets; l++) {
+        glm_layer_acts *a = &m->acts[l];
+        a->x = S_BUF(N * H); a->ln1_mean = F_BUF(N); a->ln1_rstd = F_BUF(N);
+        a->qkv = S_BUF(N * 3 * H); a->ctx = S_BUF(N * H); a->lse = F_BUF(N * NH);
+        a->h1 = S_BUF(N * H); a->ln2_mean = F_BUF(N); a->ln2_rstd = F_BUF(N); a->y = S_BUF(N * H);
+        a->fc1 = S_BUF(N * F); a->act = S_BUF(N * F);
+    }
+    m->resid = glm_calloc(L + 1, sizeof *m->resid);
+    for (int l = 0; l <= L; l++) m->resid[l] = S_BUF(N * H);
+    m->lnf_out = S_BUF(N * H); m->lnf_mean = F_BUF(N); m->lnf_rstd = F_BUF(N);
+    m->d_a = S_BUF(N * H); m->d_b = S_BUF(N * H); m->d_x = S_BUF(N * H); m->d_h1 = S_BUF(N * H);
+    m->d_ctx = S_BUF(N * H); m->d_qkv = S_BUF(N * 3 * H); m->d_ff = S_BUF(N * F);
+    int ch = m->head_chunk;
+    m->head_in = S_BUF((size_t)ch * H); m->logits = S_BUF((size_t)ch * V); m->d_head_in = S_BUF((size_t)ch * H);
+    m->losses = F_BUF(ch);
+    m->bd.ids = I_BUF(N); m->bd.pos = I_BUF(N); m->bd.block_pos = I_BUF(N);
+    m->bd.kv_lo = I_BUF(N); m->bd.kv_hi = I_BUF(N); m->bd.sup_idx = I_BUF(N); m->bd.sup_tgt = I_BUF(N);
+#undef S_BUF
+#undef F_BUF
+#undef I_BUF
+    m->cap_tokens = (int)N; m->cap_B = B; m->cap_T = T;
+}
+
+/* Uploads the batch; the supervised rows are compacted on the host. */
+static void upload_batch(glm_model *m, const glm_batch *b) {
+    glm_backend *be = m->be;
+    size_t N = (size_t)b->B * b->T, bytes = N * sizeof(int32_t);
+    be->upload(be, m->bd.ids, b->ids, bytes);
+    be->upload(be, m->bd.pos, b->pos, bytes);
+    be->upload(be, m->bd.block_pos, b->block_pos, bytes);
+    be->upload(be, m->bd.kv_lo, b->kv_lo, bytes);
+    be->upload(be, m->bd.kv_hi, b->kv_hi, bytes);
+    int32_t *idx = glm_malloc(bytes), *tgt = glm_malloc(bytes);
+    int n = 0;
+    for (size_t i = 0; i < N; i++)
+        if (b->targets[i] != -100) {
+            GLM_ASSERT(b->targets[i] >= 0 && b->targets[i] < m->cfg.vocab_size);
+            idx[n] = (int32_t)i; tgt[n] = b->targets[i]; n++;
+        }
+    if (n) {
+        be->upload(be, m->bd.sup_idx, idx, (size_t)n * sizeof(int32_t));
+        be->upload(be, m->bd.sup_tgt, tgt, (size_t)n * sizeof(int32_t));
+    }
+    free(idx); free(tgt);
+    m->bd.B = b->B; m->bd.T = b->T; m->bd.n_sup = n;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* Views of q, k, v inside a [B, T, NH, 3, HD] buffer. */
+static void qkv_views(const glm_model *m, void *qkv, int T, glm_qkv_view *q, glm_qkv_view *k, glm_qkv_view *v) {
+    int H = m->cfg.hidden_size, HD = glm_head_dim(&m->cfg);
+    glm_qkv_view base = {qkv, (long)T * 3 * H, 3L * H, 3L * HD};
+    *q = base;
+    *k = base; k->base = glm_at(m->be, qkv, HD);
+    *v = base; v->base = glm_at(m->be, qkv, 2 * HD);
+}
+
+static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *h_out) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size, F = c->inner_hidden_size;
+    int NH = c->num_attention_heads, HD = glm_head_dim(c);
+    be->layernorm_fwd(be, a->x, a->ln1_mean, a->ln1_rstd, h_in, p->ln1_w, p->ln1_b, N, H, c->layernorm_epsilon);
+    be->matmul_fwd(be, a->qkv, a->x, p->qkv_w, p->qkv_b, N, H, 3 * H);
+    be->rope(be, a->qkv, m->bd.pos, m->bd.block_pos, N, NH, HD, 0);
+    glm_qkv_view q, k, v;
+    qkv_views(m, a->qkv, T, &q, &k, &v);
+    be->attention_fwd(be, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD, 1.0f / sqrtf((float)HD));
+    be->matmul_fwd(be, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H);
+    be->scale_add(be, a->h1, c->alpha, a->x, a->h1, (size_t)N * H);
+    be->layernorm_fwd(be, a->y, a->ln2_mean, a->ln2_rstd, a->h1, p->ln2_w, p->ln2_b, N, H, c->layernorm_epsilon);
+    be->matmul_fwd(be, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
+    be->gelu_fwd(be, a->act, a->fc1, (size_t)N * F);
+    be->matmul_fwd(be, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H);
+    be->scale_add(be, h_out, c->alpha, a->y, h_out, (size_t)N * H);
+}
+
+static glm_layer_acts *acts_for(glm_model *m, int l) { return m->gradient_checkpointing ? &m->acts[0] : &m->acts[l]; }
+
+static void forward_trunk(glm_model *m) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    int N = m->bd.B * m->bd.T, H = c->hidden_size;
+    be->embedding_fwd(be, m->resid[0], m->bd.ids, m->w.wte, N, H);
+    for (int l = 0; l < c->num_layers; l++) layer_forward(m, l, acts_for(m, l), m->resid[l], m->resid[l + 1]);
+    be->layernorm_fwd(be, m->lnf_out, m->lnf_mean, m->lnf_rstd, m->resid[c->num_layers], m->w.lnf_w, m->w.lnf_b, N, H,
+                      c->layernorm_epsilon);
+}
+
+/* LM head + cross entropy over the supervised rows, chunk by chunk. With backward, also
+ * writes d(lnf_out) into dlnf (zeroed here) and accumulates the head's weight gradient. */
+static double head_loss(glm_model *m, float dscale, void *dlnf) {
+    glm_backend *be = m->be;
+    int H = m->cfg.hidden_size, V = m->cfg.vocab_size, N = m->bd.B * m->bd.T;
+    if (dlnf) be->zero(be, dlnf, (size_t)N * H * glm_dtype_size(be->dtype));
+    double total = 0;
+    float *host_losses = glm_malloc(sizeof(float) * m->head_chunk);
+    for (int r0 = 0; r0 < m->bd.n_sup; r0 += m->head_chunk) {
+        int R = m->bd.n_sup - r0 < m->head_chunk ? m->bd.n_sup - r0 : m->head_chunk;
+        be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
+        be->matmul_fwd(be, m->logits, m->head_in, m->w.head, NULL, R, H, V);
+        be->cross_entropy(be, m->logits, m->losses, m->bd.sup_tgt + r0, R, V, dlnf ? dscale : 0.0f);
+        if (dlnf) {
+            be->matmul_bwd(be, m->d_head_in, m->g.head, NULL, m->logits, m->head_in, m->w.head, R, H, V, 0);
+            be->scatter_rows(be, dlnf, m->d_head_in, m->bd.sup_idx + r0, R, H);
+        }
+        be->download(be, host_losses, m->losses, sizeof(float) * R);
+        for (int r = 0; r < R; r++) total += host_losses[r];
+    }
+    free(host_losses);
+    return total;
+}
+
+double glm_forward_loss(glm_model *m, const glm_batch *b) {
+    ensure_acts(m, b->B, b->T);
+    upload_batch(m, b);
+    forward_trunk(m);
+    return head_loss(m, 0.0f, NULL);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* Given dh_out (gradient w.r.t. the layer's output), writes dh_in (w.r.t. its input). */
+static void layer_backward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, const void *dh_out, void *dh_in) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
+    int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size, F = c->inner_hidden_size;
+    int NH = c->num_attention_heads, HD = glm_head_dim(c);
+    size_t NHs = (size_t)N * H;
+    /* h' = alpha*y + FC2(gelu(FC1(y))) */
+    be->matmul_bwd(be, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, N, F, H, 0);
+    be->gelu_bwd(be, m->d_ff, a->fc1, m->d_ff, (size_t)N * F);
+    void *dy = m->d_x; /* reused: dy is dead before dx is needed */
+    be->matmul_bwd(be, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F, 0);
+    be->scale_add(be, dy, c->alpha, dh_out, dy, NHs);
+    /* y = LN2(h1) */
+    be->layernorm_bwd(be, m->d_h1, g->ln2_w, g->ln2_b, dy, a->h1, p->ln2_w, a->ln2_mean, a->ln2_rstd, N, H);
+    /* h1 = alpha*x + Dense(ctx) */
+    be->matmul_bwd(be, m->d_ctx, g->dense_w, g->dense_b, m->d_h1, a->ctx, p->dense_w, N, H, H, 0);
+    glm_qkv_view q, k, v, dq, dk, dv;
+    qkv_views(m, a->qkv, T, &q, &k, &v);
+    qkv_views(m, m->d_qkv, T, &dq, &dk, &dv);
+    be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD,
+                      1.0f / sqrtf((float)HD));
+    be->rope(be, m->d_qkv, m->bd.pos, m->bd.block_pos, N, NH, HD, 1);
+    void *dx = m->d_x;
+    be->matmul_bwd(be, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H, 0);
+    be->scale_add(be, dx, c->alpha, m->d_h1, dx, NHs);
+    /* x = LN1(h_in): the residual branches leave from x, so h_in's gradient comes only through LN1 */
+    be->layernorm_bwd(be, dh_in, g->ln1_w, g->ln1_b, dx, h_in, p->ln1_w, a->ln1_mean, a->ln1_rstd, N, H);
+}
+
+double glm_forward_backward(glm_model *m, const glm_batch *b, float dscale) {
+    ensure_acts(m, b->B, b->T);
+    upload_batch(m, b);
+    forward_trunk(m);
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    int N = b->B * b->T, H = c->hidden_size, L = c->num_layers;
+    void *dlnf = m->d_a;
+    double loss = head_loss(m, dscale, dlnf);
+    /* LNf backward: d(h_L) into d_b */
+    be->layernorm_bwd(be, m->d_b, m->g.lnf_w, m->g.lnf_b, dlnf, m->resid[L], m->w.lnf_w, m->lnf_mean, m->lnf_rstd, N, H);
+    void *dcur = m->d_b, *dnext = m->d_a;
+    for (int l = L - 1; l >= 0; l--) {
+        glm_layer_acts *a = acts_for(m, l);
+        if (m->gradient_checkpointing) layer_forward(m, l, a, m->resid[l], m->resid[l + 1]); /* recompute */
+        layer_backward(m, l, a, m->resid[l], dcur, dnext);
+        void *t = dcur; dcur = dnext; dnext = t;
+    }
+    be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
+    return loss;
+}

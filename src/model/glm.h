@@ -1,0 +1,114 @@
+/* The ChatGLM-6B (GLM v1) model: parameters laid out by the tensor table in one flat buffer,
+ * forward + backward written once against the ops interface (backend/backend.h).
+ *
+ * Per layer (spec section 3):  x = LN1(h); h1 = alpha*x + Dense(Attn(RoPE2D(QKV(x))));
+ *                              y = LN2(h1); h' = alpha*y + FC2(gelu(FC1(y)))
+ * then LNf, the LM head, and the shifted cross entropy over supervised tokens. The head and
+ * loss run over compacted supervised rows in chunks, so full logits are never materialised. */
+#ifndef GLM_MODEL_H
+#define GLM_MODEL_H
+#include <stdint.h>
+#include "backend/backend.h"
+#include "core/err.h"
+#include "data/batch.h"
+#include "model/config.h"
+#include "model/tensors.h"
+
+/* Pointers to one layer's tensors, inside the params (or grads) buffer. */
+typedef struct glm_layer_ptrs {
+    void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *dense_w, *dense_b, *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+} glm_layer_ptrs;
+
+typedef struct glm_weights {
+    glm_layer_ptrs *layer; /* [L] */
+    void *wte;             /* [V, H] */
+    void *lnf_w, *lnf_b;   /* [H] */
+    void *head;            /* [V, H]: lm_head, or wte when tied */
+} glm_weights;
+
+/* Activations one layer saves for its backward pass. */
+typedef struct glm_layer_acts {
+    void *x;                     /* [N, H] LN1 output */
+    float *ln1_mean, *ln1_rstd;  /* [N] */
+    void *qkv;                   /* [N, 3H] after rotary (per-head q|k|v) */
+    void *ctx;                   /* [N, H] attention output */
+    float *lse;                  /* [B, NH, T] */
+    void *h1;                    /* [N, H] alpha*x + dense(ctx) */
+    float *ln2_mean, *ln2_rstd;  /* [N] */
+    void *y;                     /* [N, H] LN2 output */
+    void *fc1;                   /* [N, F] before gelu */
+    void *act;                   /* [N, F] gelu(fc1) */
+} glm_layer_acts;
+
+/* Device copy of a batch. */
+typedef struct glm_batch_dev {
+    int B, T, n_sup;
+    int32_t *ids, *pos, *block_pos, *kv_lo, *kv_hi; /* [B*T] */
+    int32_t *sup_idx, *sup_tgt;                     /* [n_sup] flat token index and its target */
+} glm_batch_dev;
+
+typedef struct glm_model {
+    glm_config cfg;
+    glm_table tab;
+    glm_backend *be;
+    void *params, *grads;   /* S [tab.total]; grads zeroed by glm_zero_grads */
+    glm_weights w, g;       /* views into params / grads */
+    int gradient_checkpointing;
+    int head_chunk;         /* rows of logits computed at once */
+    /* activation buffers, sized for cap_tokens tokens at cap_T per row */
+    int cap_tokens, cap_B, cap_T;
+    glm_layer_acts *acts;   /* [L], or [1] scratch with gradient checkpointing */
+    void **resid;           /* [L+1] layer inputs h_0..h_L, each [N, H] */
+    void *lnf_out;          /* [N, H] */
+    float *lnf_mean, *lnf_rstd;
+    /* backward scratch */
+    void *d_a, *d_b;        /* [N, H] gradient of the residual stream (ping-pong) */
+    void *d_x, *d_h1, *d_ctx; /* [N, H] */
+    void *d_qkv;            /* [N, 3H] */
+    void *d_ff;             /* [N, F] */
+    void *head_in, *logits, *d_head_in; /* [chunk, H], [chunk, V], [chunk, H] */
+    float *losses;          /* [chunk] */
+    glm_batch_dev bd;
+} glm_model;
+
+/* Builds the table and allocates parameters and gradients (zeroed) on the backend. */
+void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be);
+void glm_model_free(glm_model *m);
+void glm_zero_grads(glm_model *m);
+
+/* Forward, loss and backward on one micro-batch. Gradients ACCUMULATE (call glm_zero_grads at
+ * the start of an optimizer step). dscale multiplies d(sum of token losses): pass
+ * 1/(supervised tokens in the whole global batch) for a mean loss (times the fp16 loss scale).
+ * Returns the SUM of the token losses of this micro-batch. */
+double glm_forward_backward(glm_model *m, const glm_batch *b, float dscale);
+/* Forward and loss only (evaluation). Returns the sum of token losses. */
+double glm_forward_loss(glm_model *m, const glm_batch *b);
+
+/* ---- weights (model/weights.c) ---- */
+/* Normal(0, std) matrices, zero biases, LayerNorm weight 1 / bias 0 — HF-style init. */
+void glm_model_init_random(glm_model *m, uint64_t seed, float std);
+/* Loads every table tensor from safetensors (file, index, or folder), converting to S. */
+int glm_model_load(glm_model *m, const char *path, glm_err *err);
+/* Copies params (or grads) to a host float array [tab.total] and back. */
+void glm_model_get_params(glm_model *m, float *host);
+void glm_model_set_params(glm_model *m, const float *host);
+/* Writes the parameters as safetensors with HF names: file_dtype F32/F16/BF16; shard_bytes 0
+ * gives one model.safetensors. `dir` receives config.json too. */
+int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err);
+
+/* ---- incremental decoding (model/kvcache.c) ---- */
+typedef struct glm_kvcache {
+    int B, Tmax, len;   /* rows, capacity, tokens cached so far */
+    void **qkv;         /* [L] each [B, Tmax, 3H]: rotated q|k|v rows (q kept so one copy serves) */
+} glm_kvcache;
+void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
+void glm_kvcache_free(glm_model *m, glm_kvcache *kv);
+/* Runs Tq new tokens per row through the model with the cache; ids/pos/block_pos are
+ * [B*Tq] host arrays; kv_lo/kv_hi [B*Tq] are absolute key ranges in the cache. Writes the
+ * final hidden states (after LNf) of all new tokens to hidden_out [B*Tq*H] (host, may be NULL)
+ * and the logits of each row's LAST new token to logits_out [B*V] (host, may be NULL). */
+int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids, const int32_t *pos,
+                       const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi,
+                       float *hidden_out, float *logits_out, glm_err *err);
+
+#endif

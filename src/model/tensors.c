@@ -1,0 +1,75 @@
+#include "model/tensors.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/err.h"
+
+/* Each tensor starts on a 64-element boundary so vector loads and later shards stay aligned. */
+#define ALIGN_ELEMS 64
+
+static void add(glm_table *tab, glm_tkind kind, int layer, const char *name, int ndim, int64_t d0, int64_t d1) {
+    glm_tensor *t = &tab->t[tab->n];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->kind = kind;
+    t->layer = layer;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim > 1 ? d1 : 1;
+    t->numel = (size_t)d0 * (size_t)t->shape[1];
+    t->offset = tab->total;
+    t->decay = ndim >= 2;
+    tab->total += (t->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
+    tab->n_params += t->numel;
+    int slot = (layer < 0 ? tab->num_layers : layer) * T_NKINDS + kind;
+    tab->index[slot] = tab->n;
+    tab->n++;
+}
+
+void glm_table_build(glm_table *tab, const glm_config *c) {
+    int L = c->num_layers, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size;
+    *tab = (glm_table){0};
+    tab->num_layers = L;
+    tab->t = glm_calloc((size_t)L * 12 + 8, sizeof(glm_tensor));
+    tab->index = glm_malloc(sizeof(int) * (size_t)(L + 1) * T_NKINDS);
+    for (int i = 0; i < (L + 1) * T_NKINDS; i++) tab->index[i] = -1;
+    char n[96];
+    add(tab, T_WORD_EMB, -1, "transformer.word_embeddings.weight", 2, V, H);
+    for (int l = 0; l < L; l++) {
+#define LAYER(kind, suffix, nd, d0, d1) \
+        snprintf(n, sizeof n, "transformer.layers.%d.%s", l, suffix); add(tab, kind, l, n, nd, d0, d1)
+        LAYER(T_LN1_W, "input_layernorm.weight", 1, H, 1);
+        LAYER(T_LN1_B, "input_layernorm.bias", 1, H, 1);
+        LAYER(T_QKV_W, "attention.query_key_value.weight", 2, 3 * H, H);
+        LAYER(T_QKV_B, "attention.query_key_value.bias", 1, 3 * H, 1);
+        LAYER(T_DENSE_W, "attention.dense.weight", 2, H, H);
+        LAYER(T_DENSE_B, "attention.dense.bias", 1, H, 1);
+        LAYER(T_LN2_W, "post_attention_layernorm.weight", 1, H, 1);
+        LAYER(T_LN2_B, "post_attention_layernorm.bias", 1, H, 1);
+        LAYER(T_FC1_W, "mlp.dense_h_to_4h.weight", 2, F, H);
+        LAYER(T_FC1_B, "mlp.dense_h_to_4h.bias", 1, F, 1);
+        LAYER(T_FC2_W, "mlp.dense_4h_to_h.weight", 2, H, F);
+        LAYER(T_FC2_B, "mlp.dense_4h_to_h.bias", 1, H, 1);
+#undef LAYER
+    }
+    add(tab, T_LNF_W, -1, "transformer.final_layernorm.weight", 1, H, 1);
+    add(tab, T_LNF_B, -1, "transformer.final_layernorm.bias", 1, H, 1);
+    if (!c->tie_word_embeddings) add(tab, T_LM_HEAD, -1, "lm_head.weight", 2, V, H);
+}
+
+void glm_table_free(glm_table *tab) {
+    free(tab->t);
+    free(tab->index);
+    *tab = (glm_table){0};
+}
+
+const glm_tensor *glm_table_get(const glm_table *tab, int layer, glm_tkind kind) {
+    int slot = (layer < 0 ? tab->num_layers : layer) * T_NKINDS + kind;
+    int i = tab->index[slot];
+    return i < 0 ? NULL : &tab->t[i];
+}
+
+const glm_tensor *glm_table_find(const glm_table *tab, const char *name) {
+    for (int i = 0; i < tab->n; i++)
+        if (strcmp(tab->t[i].name, name) == 0) return &tab->t[i];
+    return NULL;
+}

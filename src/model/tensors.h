@@ -1,0 +1,50 @@
+/* The tensor table: one row per parameter tensor, in Hugging Face naming (spec 2.1). It is the
+ * single source of truth for allocation (offsets into one flat parameter buffer), checkpoint
+ * I/O (names and shapes), weight decay, and later ZeRO shards, gradient buckets and pipeline
+ * stages. Nothing else in the code hard-codes a tensor index: code asks the table by kind. */
+#ifndef GLM_TENSORS_H
+#define GLM_TENSORS_H
+#include <stddef.h>
+#include <stdint.h>
+#include "model/config.h"
+
+typedef enum glm_tkind {
+    T_WORD_EMB,      /* transformer.word_embeddings.weight        [V, H] */
+    T_LN1_W, T_LN1_B,/* transformer.layers.{l}.input_layernorm    [H] */
+    T_QKV_W, T_QKV_B,/* .attention.query_key_value                [3H, H] / [3H], per-head interleaved q|k|v */
+    T_DENSE_W, T_DENSE_B, /* .attention.dense                     [H, H] / [H] */
+    T_LN2_W, T_LN2_B,/* .post_attention_layernorm                 [H] */
+    T_FC1_W, T_FC1_B,/* .mlp.dense_h_to_4h                        [F, H] / [F] */
+    T_FC2_W, T_FC2_B,/* .mlp.dense_4h_to_h                        [H, F] / [H] */
+    T_LNF_W, T_LNF_B,/* transformer.final_layernorm               [H] */
+    T_LM_HEAD,       /* lm_head.weight                            [V, H] (untied models only) */
+    T_NKINDS
+} glm_tkind;
+
+typedef struct glm_tensor {
+    char name[96];    /* HF name */
+    glm_tkind kind;
+    int layer;        /* 0-based layer, -1 for embedding / final norm / head */
+    int ndim;
+    int64_t shape[2];
+    size_t numel;
+    size_t offset;    /* element offset in the flat parameter buffer (aligned to 64 elements) */
+    int decay;        /* AdamW weight decay applies (matrices yes; biases and LayerNorm no) */
+} glm_tensor;
+
+typedef struct glm_table {
+    glm_tensor *t;
+    int n;
+    size_t total;     /* elements in the flat buffer, padding included */
+    size_t n_params;  /* real parameters (no padding) */
+    int *index;       /* [(L+1) * T_NKINDS]: row of (layer, kind), -1 if absent; globals at layer L */
+    int num_layers;
+} glm_table;
+
+void glm_table_build(glm_table *tab, const glm_config *c);
+void glm_table_free(glm_table *tab);
+/* Row for (layer, kind), layer = -1 for globals; NULL when the model has no such tensor. */
+const glm_tensor *glm_table_get(const glm_table *tab, int layer, glm_tkind kind);
+const glm_tensor *glm_table_find(const glm_table *tab, const char *name);
+
+#endif

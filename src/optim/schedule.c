@@ -1,0 +1,28 @@
+#include "optim/schedule.h"
+#include <math.h>
+#include <string.h>
+
+static const char *names[] = {"linear", "cosine", "constant", "constant_with_warmup"};
+
+int glm_lr_kind_parse(const char *s, glm_lr_kind *out) {
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) { *out = (glm_lr_kind)i; return 0; }
+    return -1;
+}
+
+const char *glm_lr_kind_name(glm_lr_kind k) { return names[k]; }
+
+float glm_lr_at(glm_lr_kind k, float base_lr, long step, long warmup, long total) {
+    /* transformers' lambdas: warmup factor step/max(1,warmup) while step < warmup */
+    if (k == LR_CONSTANT) return base_lr;
+    if (step < warmup) return base_lr * (float)step / (float)(warmup > 1 ? warmup : 1);
+    if (k == LR_CONSTANT_WITH_WARMUP) return base_lr;
+    double progress = (double)(step - warmup) / (double)((total - warmup) > 1 ? (total - warmup) : 1);
+    if (k == LR_LINEAR) {
+        double f = (double)(total - step) / (double)((total - warmup) > 1 ? (total - warmup) : 1);
+        return base_lr * (float)(f > 0 ? f : 0);
+    }
+    /* cosine with num_cycles 0.5 */
+    double f = 0.5 * (1.0 + cos(M_PI * 0.5 * 2.0 * progress));
+    return base_lr * (float)(f > 0 ? f : 0);
+}
