@@ -1,0 +1,185 @@
+/* Model gradients without an external reference: central finite differences on a micro
+ * model, the training path against the KV-cache path, gradient checkpointing, and results
+ * that do not depend on the number of threads. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/backend.h"
+#include "core/rng.h"
+#include "model/glm.h"
+#include "test.h"
+
+static glm_config micro_config(int tie) {
+    return (glm_config){.vocab_size = 24, .hidden_size = 16, .num_layers = 2, .num_attention_heads = 2,
+                        .inner_hidden_size = 32, .max_sequence_length = 64, .layernorm_epsilon = 1e-5f,
+                        .position_encoding_2d = 1, .tie_word_embeddings = tie, .bos_token_id = 21,
+                        .eos_token_id = 22, .mask_token_id = 19, .gmask_token_id = 20, .pad_token_id = 3,
+                        .alpha = 7.483314773547883f};
+}
+
+/* Two rows: prompt + [gMASK] <sop> + answer + <eop>, different lengths, right padding. */
+static void make_batch(glm_batch *b, const glm_config *c, glm_rng *rng) {
+    int lens_a[2] = {4, 2}, lens_b[2] = {3, 5};
+    glm_batch_alloc(b, 2, 12);
+    for (int r = 0; r < 2; r++) {
+        int32_t ids[16], lab[16], n = 0;
+        for (int i = 0; i < lens_a[r]; i++) ids[n++] = 4 + (int)glm_rng_below(rng, 15);
+        ids[n++] = c->gmask_token_id;
+        int ctx = n;
+        ids[n++] = c->bos_token_id;
+        for (int i = 0; i < lens_b[r]; i++) ids[n++] = 4 + (int)glm_rng_below(rng, 15);
+        ids[n++] = c->eos_token_id;
+        for (int i = 0; i < n; i++) lab[i] = i < ctx ? -100 : ids[i];
+        glm_batch_set_row(b, r, ids, lab, n, c->pad_token_id, c->gmask_token_id, c->mask_token_id, c->bos_token_id);
+    }
+    glm_batch_count_targets(b);
+}
+
+/* Random weights with non-trivial LayerNorm parameters and biases. */
+static void randomize(glm_model *m, uint64_t seed) {
+    float *h = calloc(m->tab.total, sizeof(float));
+    glm_rng rng;
+    glm_rng_seed(&rng, seed);
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        int lnw = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W;
+        for (size_t j = 0; j < t->numel; j++)
+            h[t->offset + j] = lnw ? 1.0f + 0.2f * glm_rng_normal(&rng) : (t->ndim == 2 ? 0.3f : 0.1f) * glm_rng_normal(&rng);
+    }
+    glm_model_set_params(m, h);
+    free(h);
+}
+
+static double mean_loss(glm_model *m, const glm_batch *b) { return glm_forward_loss(m, b) / b->n_targets; }
+
+static void test_finite_differences(test_counts *tc, int tie) {
+    glm_config c = micro_config(tie);
+    glm_backend *be = glm_backend_cpu();
+    glm_model m;
+    glm_model_init(&m, &c, be);
+    randomize(&m, 7);
+    glm_rng rng;
+    glm_rng_seed(&rng, 11);
+    glm_batch b;
+    make_batch(&b, &c, &rng);
+    glm_zero_grads(&m);
+    glm_forward_backward(&m, &b, 1.0f / b.n_targets);
+    float *g = malloc(m.tab.total * sizeof(float)), *p = malloc(m.tab.total * sizeof(float));
+    be->download_f32(be, g, m.grads, m.tab.total);
+    glm_model_get_params(&m, p);
+    int bad = 0, checked = 0;
+    double worst = 0;
+    char worst_name[256] = "";
+    for (int i = 0; i < m.tab.n; i++) {
+        const glm_tensor *t = &m.tab.t[i];
+        for (int k = 0; k < 4; k++) {
+            size_t j = t->offset + glm_rng_below(&rng, t->numel);
+            float eps = 1e-2f, orig = p[j];
+            p[j] = orig + eps; glm_model_set_params(&m, p);
+            double lp = mean_loss(&m, &b);
+            p[j] = orig - eps; glm_model_set_params(&m, p);
+            double lm = mean_loss(&m, &b);
+            p[j] = orig;
+            double fd = (lp - lm) / (2 * eps), an = g[j];
+            double err = fabs(fd - an) / (1e-3 + 1e-2 * fabs(an)); /* <= 1 passes */
+            if (err > worst) { worst = err; snprintf(worst_name, sizeof worst_name, "%s (fd %.6g vs %.6g)", t->name, fd, an); }
+            bad += err > 1;
+            checked++;
+        }
+    }
+    glm_model_set_params(&m, p);
+    char name[64];
+    snprintf(name, sizeof name, "finite_differences_%s", tie ? "tied" : "untied");
+    TEST_CHECK(tc, name, bad == 0, "%d of %d coordinates off; worst %s", bad, checked, worst_name);
+    printf("  %s: %d coordinates, worst normalised error %.3f at %s\n", name, checked, worst, worst_name);
+    free(g); free(p);
+    glm_batch_free(&b);
+    glm_model_free(&m);
+    be->destroy(be);
+}
+
+/* The training forward and the KV-cache forward (prompt, then token by token) agree. */
+static void test_cached_matches_training(test_counts *tc) {
+    glm_config c = micro_config(0);
+    glm_backend *be = glm_backend_cpu();
+    glm_model m;
+    glm_model_init(&m, &c, be);
+    randomize(&m, 3);
+    glm_rng rng;
+    glm_rng_seed(&rng, 5);
+    glm_batch b;
+    make_batch(&b, &c, &rng);
+    glm_forward_loss(&m, &b); /* fills m.lnf_out for the whole batch */
+    int T = b.T, H = c.hidden_size, n = 0;
+    while (n < T && b.targets[n] != -100) n++; /* row 0 real length is where padding starts */
+    n = 0;
+    for (int i = 0; i < T; i++) if (b.kv_lo[i] == 0) n = i + 1;
+    float *ref = malloc(sizeof(float) * T * H);
+    be->download_f32(be, ref, m.lnf_out, (size_t)T * H);
+    int ctx = 0;
+    while (b.ids[ctx] != c.bos_token_id) ctx++;
+    glm_kvcache kv;
+    glm_kvcache_init(&m, &kv, 1, T);
+    float *out = malloc(sizeof(float) * T * H);
+    glm_err err;
+    /* prompt up to and including <sop> in one call, then one token at a time */
+    int rc = glm_forward_cached(&m, &kv, ctx + 1, b.ids, b.pos, b.block_pos, b.kv_lo, b.kv_hi, out, NULL, &err);
+    for (int i = ctx + 1; i < n && rc == 0; i++)
+        rc = glm_forward_cached(&m, &kv, 1, b.ids + i, b.pos + i, b.block_pos + i, b.kv_lo + i, b.kv_hi + i,
+                                out + (size_t)i * H, NULL, &err);
+    double e = rc ? 1e9 : test_max_abs(out, ref, (size_t)n * H);
+    TEST_CHECK(tc, "kv_cache_matches_training_forward", e < 1e-5, "max abs diff %.3g over %d tokens", e, n);
+    glm_kvcache_free(&m, &kv);
+    free(ref); free(out);
+    glm_batch_free(&b);
+    glm_model_free(&m);
+    be->destroy(be);
+}
+
+static float *grads_with(int ckpt, int threads) {
+    glm_config c = micro_config(0);
+    c.num_layers = 3;
+    glm_backend *be = glm_backend_cpu();
+    glm_model m;
+    glm_model_init(&m, &c, be);
+    m.gradient_checkpointing = ckpt;
+    randomize(&m, 9);
+    glm_rng rng;
+    glm_rng_seed(&rng, 13);
+    glm_batch b;
+    make_batch(&b, &c, &rng);
+    omp_set_num_threads(threads);
+    glm_zero_grads(&m);
+    glm_forward_backward(&m, &b, 1.0f / b.n_targets);
+    float *g = malloc(m.tab.total * sizeof(float));
+    be->download_f32(be, g, m.grads, m.tab.total);
+    glm_batch_free(&b);
+    glm_model_free(&m);
+    be->destroy(be);
+    return g;
+}
+
+static void test_determinism(test_counts *tc) {
+    int maxt = omp_get_max_threads();
+    float *a = grads_with(0, 1), *b = grads_with(1, 1), *c = grads_with(0, maxt > 1 ? maxt : 2);
+    glm_config cfg = micro_config(0);
+    cfg.num_layers = 3;
+    glm_table tab;
+    glm_table_build(&tab, &cfg);
+    size_t total = tab.total;
+    glm_table_free(&tab);
+    TEST_CHECK(tc, "gradient_checkpointing_bit_identical", memcmp(a, b, total * 4) == 0, "gradients differ");
+    TEST_CHECK(tc, "threads_do_not_change_results", memcmp(a, c, total * 4) == 0, "1 vs %d threads differ", maxt);
+    omp_set_num_threads(maxt);
+    free(a); free(b); free(c);
+}
+
+int main(void) {
+    test_counts tc = {0};
+    test_finite_differences(&tc, 0);
+    test_finite_differences(&tc, 1);
+    test_cached_matches_training(&tc);
+    test_determinism(&tc);
+    TEST_EXIT(&tc);
+}

@@ -1,0 +1,128 @@
+/* Test driver: runs the C model on a given model folder and batch so a PyTorch reference
+ * (tests/py/test_model_vs_torch.py) can compare loss, every gradient and AdamW steps.
+ *   tool_model_driver --model DIR --batch FILE.json --out OUT.safetensors [--steps K] [--lr F]
+ *     [--weight_decay F] [--beta1 F] [--beta2 F] [--eps F] [--max_grad_norm F] [--gradient_checkpointing]
+ * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>". */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/backend.h"
+#include "core/fileutil.h"
+#include "io/safetensors.h"
+#include "model/glm.h"
+#include "optim/adamw.h"
+
+static int die(glm_err *e) { glm_err_print(e); return 1; }
+
+/* Reads {"input_ids": [[..]], "labels": [[..]]} into a right-padded batch. */
+static int read_batch(const char *path, const glm_config *c, glm_batch *b, glm_err *err) {
+    char *text = glm_read_file(path, NULL, err);
+    if (!text) return -1;
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    cJSON *ids = cJSON_GetObjectItem(o, "input_ids"), *labels = cJSON_GetObjectItem(o, "labels");
+    if (!cJSON_IsArray(ids) || !cJSON_IsArray(labels) || cJSON_GetArraySize(ids) != cJSON_GetArraySize(labels)) {
+        cJSON_Delete(o);
+        return glm_fail(err, "%s: need input_ids and labels arrays of equal length", path);
+    }
+    int B = cJSON_GetArraySize(ids), T = 0;
+    for (int r = 0; r < B; r++) if (cJSON_GetArraySize(cJSON_GetArrayItem(ids, r)) > T) T = cJSON_GetArraySize(cJSON_GetArrayItem(ids, r));
+    glm_batch_alloc(b, B, T);
+    int32_t *row = glm_malloc(sizeof(int32_t) * T), *lab = glm_malloc(sizeof(int32_t) * T);
+    for (int r = 0; r < B; r++) {
+        cJSON *ri = cJSON_GetArrayItem(ids, r), *rl = cJSON_GetArrayItem(labels, r);
+        int n = cJSON_GetArraySize(ri);
+        for (int i = 0; i < n; i++) {
+            row[i] = cJSON_GetArrayItem(ri, i)->valueint;
+            lab[i] = cJSON_GetArrayItem(rl, i)->valueint;
+        }
+        glm_batch_set_row(b, r, row, lab, n, c->pad_token_id, c->gmask_token_id, c->mask_token_id, c->bos_token_id);
+    }
+    glm_batch_count_targets(b);
+    free(row); free(lab);
+    cJSON_Delete(o);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *model = NULL, *batch_path = NULL, *out = NULL;
+    int steps = 0, ckpt = 0;
+    float lr = 1e-3f, wd = 0.0f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, max_norm = 0.0f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
+        if (ARG("--model")) model = v;
+        else if (ARG("--batch")) batch_path = v;
+        else if (ARG("--out")) out = v;
+        else if (ARG("--steps")) steps = atoi(v);
+        else if (ARG("--lr")) lr = strtof(v, NULL);
+        else if (ARG("--weight_decay")) wd = strtof(v, NULL);
+        else if (ARG("--beta1")) b1 = strtof(v, NULL);
+        else if (ARG("--beta2")) b2 = strtof(v, NULL);
+        else if (ARG("--eps")) eps = strtof(v, NULL);
+        else if (ARG("--max_grad_norm")) max_norm = strtof(v, NULL);
+        else if (strcmp(a, "--gradient_checkpointing") == 0) ckpt = 1;
+        else { fprintf(stderr, "unknown argument %s\n", a); return 2; }
+#undef ARG
+    }
+    if (!model || !batch_path || !out) { fprintf(stderr, "usage: see the header of tool_model_driver.c\n"); return 2; }
+    glm_err err;
+    glm_config c;
+    if (glm_config_load(&c, model, &err)) return die(&err);
+    glm_backend *be = glm_backend_cpu();
+    glm_model m;
+    glm_model_init(&m, &c, be);
+    m.gradient_checkpointing = ckpt;
+    if (glm_model_load(&m, model, &err)) return die(&err);
+    glm_batch b;
+    if (read_batch(batch_path, &c, &b, &err)) return die(&err);
+
+    size_t total = m.tab.total;
+    float *grads = glm_malloc(total * sizeof(float)), *params = glm_malloc(total * sizeof(float));
+    float *losses = glm_calloc(steps > 0 ? steps : 1, sizeof(float));
+    float loss0 = 0, norm0 = 0;
+    glm_adamw opt;
+    glm_adamw_init(&opt, &m, lr, b1, b2, eps, wd);
+    int nsteps = steps > 0 ? steps : 1;
+    for (int s = 0; s < nsteps; s++) {
+        glm_zero_grads(&m);
+        double sum = glm_forward_backward(&m, &b, 1.0f / b.n_targets);
+        float loss = (float)(sum / b.n_targets);
+        double norm = glm_grad_norm(&m, 1.0f);
+        if (s == 0) {
+            loss0 = loss; norm0 = (float)norm;
+            be->download_f32(be, grads, m.grads, total);
+        }
+        losses[s] = loss;
+        if (steps > 0) glm_adamw_step(&opt, &m, lr, glm_clip_coef(norm, max_norm));
+    }
+    glm_model_get_params(&m, params);
+
+    int ne = 0;
+    st_entry *e = glm_calloc(2 * m.tab.n + 3, sizeof *e);
+    char (*names)[128] = glm_calloc(2 * m.tab.n, 128);
+    e[ne++] = (st_entry){.name = "loss", .ndim = 1, .shape = {1}, .data = &loss0, .data_dtype = ST_F32, .file_dtype = ST_F32};
+    e[ne++] = (st_entry){.name = "grad_norm", .ndim = 1, .shape = {1}, .data = &norm0, .data_dtype = ST_F32, .file_dtype = ST_F32};
+    if (steps > 0) e[ne++] = (st_entry){.name = "losses", .ndim = 1, .shape = {steps}, .data = losses, .data_dtype = ST_F32, .file_dtype = ST_F32};
+    for (int i = 0; i < m.tab.n; i++) {
+        const glm_tensor *t = &m.tab.t[i];
+        for (int k = 0; k < 2; k++) {
+            if (k == 1 && steps == 0) continue;
+            char *nm = names[2 * i + k];
+            snprintf(nm, 128, "%s%s", k ? "param/" : "grad/", t->name);
+            e[ne] = (st_entry){.name = nm, .ndim = t->ndim, .data = (k ? params : grads) + t->offset,
+                               .data_dtype = ST_F32, .file_dtype = ST_F32};
+            e[ne].shape[0] = t->shape[0]; e[ne].shape[1] = t->shape[1];
+            ne++;
+        }
+    }
+    if (st_save(out, e, ne, 0, &err)) return die(&err);
+    printf("loss %.8f grad_norm %.8f supervised %d\n", loss0, norm0, b.n_targets);
+    glm_adamw_free(&opt, &m);
+    glm_model_free(&m);
+    glm_batch_free(&b);
+    be->destroy(be);
+    free(grads); free(params); free(losses); free(e); free(names);
+    return 0;
+}
