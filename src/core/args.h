@@ -1,0 +1,36 @@
+/* Table-driven command-line flags with Hugging Face TrainingArguments names. One table per
+ * subcommand maps "--name" to a field of a settings struct (by offset); the same keys are
+ * accepted from a JSON file with --config, and the effective settings print as JSON.
+ * Accepted forms: --name value, --name=value, and for booleans --name alone, --name true|false.
+ * An unknown flag is an error suggesting the closest known name. */
+#ifndef GLM_CORE_ARGS_H
+#define GLM_CORE_ARGS_H
+#include <stddef.h>
+#include "core/err.h"
+
+typedef enum { ARG_STR, ARG_INT, ARG_LONG, ARG_FLOAT, ARG_BOOL } glm_arg_type;
+
+typedef struct glm_flag {
+    const char *name;       /* without the leading "--" */
+    glm_arg_type type;
+    size_t offset;          /* offsetof(settings struct, field) */
+    const char *def;        /* default as text (NULL: empty string / 0) */
+    const char *help;
+    const char *choices;    /* "a|b|c" for strings with a fixed set of values, or NULL */
+    const char *bare_value; /* value a string flag takes when given without one (e.g. "latest") */
+} glm_flag;
+
+/* Fills every field of dst with its default. */
+void glm_args_defaults(const glm_flag *f, int n, void *dst);
+/* Parses argv[0..argc) (flags only, no subcommand). "--config FILE" loads keys from JSON first,
+ * then the command line overrides them. Returns 0, or -1 with err naming the flag. */
+int glm_args_parse(const glm_flag *f, int n, void *dst, int argc, char **argv, glm_err *err);
+/* Sets one flag from text (used by the parser and by --config). */
+int glm_args_set(const glm_flag *f, void *dst, const char *value, const char *where, glm_err *err);
+/* Effective settings as a JSON object text (caller frees). */
+char *glm_args_to_json(const glm_flag *f, int n, const void *dst);
+void glm_args_usage(const glm_flag *f, int n, const char *cmd);
+/* The closest known flag name to `name` (Levenshtein), or NULL when nothing is close. */
+const char *glm_args_closest(const glm_flag *f, int n, const char *name);
+
+#endif

@@ -1,0 +1,224 @@
+#define _XOPEN_SOURCE 700
+#include "train/checkpoint.h"
+#include <cJSON.h>
+#include <dirent.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "core/fileutil.h"
+#include "io/safetensors.h"
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
+int glm_remove_tree(const char *path) { return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+static int copy_file(const char *src, const char *dst, glm_err *err) {
+    size_t n;
+    char *buf = glm_read_file(src, &n, err);
+    if (!buf) return -1;
+    int rc = glm_write_file_atomic(dst, buf, n, err);
+    free(buf);
+    return rc;
+}
+
+int glm_copy_tokenizer_files(const char *tok, const char *dir, glm_err *err) {
+    char src[4096], dst[4096];
+    if (!glm_is_dir(tok)) {
+        const char *base = strrchr(tok, '/');
+        glm_path_join(dst, sizeof dst, dir, base ? base + 1 : tok);
+        return copy_file(tok, dst, err);
+    }
+    const char *names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json"};
+    for (int i = 0; i < 3; i++) {
+        glm_path_join(src, sizeof src, tok, names[i]);
+        if (!glm_is_file(src)) continue;
+        glm_path_join(dst, sizeof dst, dir, names[i]);
+        if (copy_file(src, dst, err)) return -1;
+    }
+    return 0;
+}
+
+/* Optimizer state as named fp32 tensors, so it survives layout changes of the flat buffer. */
+static int save_optimizer(const char *path, glm_model *m, const glm_adamw *opt, glm_err *err) {
+    glm_backend *be = m->be;
+    size_t total = m->tab.total;
+    int kinds = opt->master ? 3 : 2;
+    float *host = glm_malloc(sizeof(float) * total * kinds);
+    be->download(be, host, opt->m, total * 4);
+    be->download(be, host + total, opt->v, total * 4);
+    if (opt->master) be->download(be, host + 2 * total, opt->master, total * 4);
+    st_entry *e = glm_calloc((size_t)m->tab.n * kinds + 1, sizeof *e);
+    char (*names)[128] = glm_calloc((size_t)m->tab.n * kinds, 128);
+    const char *prefix[] = {"exp_avg/", "exp_avg_sq/", "master/"};
+    int ne = 0;
+    for (int k = 0; k < kinds; k++)
+        for (int i = 0; i < m->tab.n; i++) {
+            const glm_tensor *t = &m->tab.t[i];
+            snprintf(names[ne], 128, "%s%s", prefix[k], t->name);
+            e[ne] = (st_entry){.name = names[ne], .ndim = t->ndim, .data = host + (size_t)k * total + t->offset,
+                               .data_dtype = ST_F32, .file_dtype = ST_F32};
+            e[ne].shape[0] = t->shape[0]; e[ne].shape[1] = t->shape[1];
+            ne++;
+        }
+    int rc = st_save(path, e, ne, 0, err);
+    free(e); free(names); free(host);
+    return rc;
+}
+
+static int load_optimizer(const char *path, glm_model *m, glm_adamw *opt, glm_err *err) {
+    st_reader *r;
+    if (st_open(&r, path, err)) return -1;
+    glm_backend *be = m->be;
+    size_t total = m->tab.total;
+    float *host = glm_calloc(total, sizeof(float));
+    const char *prefix[] = {"exp_avg/", "exp_avg_sq/", "master/"};
+    float *dst[] = {opt->m, opt->v, opt->master};
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        if (!dst[k]) continue;
+        char name[160];
+        snprintf(name, sizeof name, "%s%s", prefix[k], m->tab.t[0].name);
+        if (k == 2 && st_info(r, name, NULL, NULL, NULL) != 0) {
+            /* saved by an fp32 run: the master copy is the saved weights themselves */
+            float *p = glm_malloc(total * sizeof(float));
+            be->download_f32(be, p, m->params, total);
+            be->upload(be, opt->master, p, total * 4);
+            free(p);
+            continue;
+        }
+        for (int i = 0; i < m->tab.n && rc == 0; i++) {
+            const glm_tensor *t = &m->tab.t[i];
+            snprintf(name, sizeof name, "%s%s", prefix[k], t->name);
+            rc = st_read_f32(r, name, host + t->offset, t->ndim, t->shape, err);
+        }
+        if (rc == 0) be->upload(be, dst[k], host, total * 4);
+    }
+    st_close(r);
+    free(host);
+    return rc;
+}
+
+static int save_state(const char *path, const glm_train_state *st, long opt_step, glm_err *err) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "optimizer_step", (double)opt_step);
+    cJSON_AddNumberToObject(o, "global_step", (double)st->global_step);
+    cJSON_AddNumberToObject(o, "epoch", (double)st->epoch);
+    cJSON_AddNumberToObject(o, "data_cursor", (double)st->cursor);
+    cJSON_AddNumberToObject(o, "loss_scale", st->loss_scale);
+    cJSON_AddNumberToObject(o, "good_steps", (double)st->good_steps);
+    cJSON_AddNumberToObject(o, "skipped_steps", (double)st->skipped_steps);
+    cJSON_AddNumberToObject(o, "tokens_seen", st->tokens_seen);
+    cJSON *hist = st->log_history ? cJSON_Parse(st->log_history) : NULL;
+    cJSON_AddItemToObject(o, "log_history", hist ? hist : cJSON_CreateArray());
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    int rc = glm_write_file_atomic(path, s, strlen(s), err);
+    free(s);
+    return rc;
+}
+
+static int load_state(const char *path, glm_train_state *st, long *opt_step, glm_err *err) {
+    char *text = glm_read_file(path, NULL, err);
+    if (!text) return -1;
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(o)) { cJSON_Delete(o); return glm_fail(err, "%s: not a JSON object", path); }
+    const char *keys[] = {"global_step", "epoch", "data_cursor", "optimizer_step"};
+    for (int i = 0; i < 4; i++)
+        if (!cJSON_IsNumber(cJSON_GetObjectItem(o, keys[i]))) {
+            cJSON_Delete(o);
+            return glm_fail(err, "%s: field %s is missing or not a number", path, keys[i]);
+        }
+    st->global_step = (long)cJSON_GetObjectItem(o, "global_step")->valuedouble;
+    st->epoch = (long)cJSON_GetObjectItem(o, "epoch")->valuedouble;
+    st->cursor = (long)cJSON_GetObjectItem(o, "data_cursor")->valuedouble;
+    *opt_step = (long)cJSON_GetObjectItem(o, "optimizer_step")->valuedouble;
+    cJSON *v;
+    if ((v = cJSON_GetObjectItem(o, "loss_scale")) && cJSON_IsNumber(v)) st->loss_scale = v->valuedouble;
+    if ((v = cJSON_GetObjectItem(o, "good_steps")) && cJSON_IsNumber(v)) st->good_steps = (long)v->valuedouble;
+    if ((v = cJSON_GetObjectItem(o, "skipped_steps")) && cJSON_IsNumber(v)) st->skipped_steps = (long)v->valuedouble;
+    if ((v = cJSON_GetObjectItem(o, "tokens_seen")) && cJSON_IsNumber(v)) st->tokens_seen = v->valuedouble;
+    free(st->log_history);
+    st->log_history = NULL;
+    if ((v = cJSON_GetObjectItem(o, "log_history")) && cJSON_IsArray(v)) st->log_history = cJSON_PrintUnformatted(v);
+    cJSON_Delete(o);
+    return 0;
+}
+
+int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *opt, const glm_train_state *st,
+                        const char *tokenizer_path, const char *args_json, glm_err *err) {
+    char tmp[4096], fin[4096], path[4096];
+    snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", output_dir, st->global_step);
+    snprintf(fin, sizeof fin, "%s/checkpoint-%ld", output_dir, st->global_step);
+    if (glm_is_dir(tmp)) glm_remove_tree(tmp);
+    if (glm_mkdirs(tmp, err)) return -1;
+    int rc = glm_model_save(m, tmp, ST_F32, 0, err);
+    if (!rc) { glm_path_join(path, sizeof path, tmp, "optimizer.safetensors"); rc = save_optimizer(path, m, opt, err); }
+    if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
+    if (!rc && args_json) { glm_path_join(path, sizeof path, tmp, "training_args.json"); rc = glm_write_file_atomic(path, args_json, strlen(args_json), err); }
+    /* trainer_state.json last: its presence marks the checkpoint complete */
+    if (!rc) { glm_path_join(path, sizeof path, tmp, "trainer_state.json"); rc = save_state(path, st, opt->step, err); }
+    if (rc) return glm_wrap(err, "saving checkpoint %s: ", fin);
+    if (glm_is_dir(fin)) glm_remove_tree(fin);
+    if (rename(tmp, fin) != 0) return glm_fail(err, "cannot rename %s to %s", tmp, fin);
+    return 0;
+}
+
+int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train_state *st, glm_err *err) {
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "trainer_state.json");
+    if (!glm_is_file(path)) {
+        glm_fail(err, "%s is not a complete checkpoint (no trainer_state.json)", dir);
+        return glm_hint(err, "pass a checkpoint-N folder of a previous run, or --resume_from_checkpoint alone for the newest");
+    }
+    if (glm_model_load(m, dir, err)) return glm_wrap(err, "resuming from %s: ", dir);
+    glm_path_join(path, sizeof path, dir, "optimizer.safetensors");
+    if (load_optimizer(path, m, opt, err)) return glm_wrap(err, "resuming from %s: ", dir);
+    glm_path_join(path, sizeof path, dir, "trainer_state.json");
+    return load_state(path, st, &opt->step, err);
+}
+
+/* Lists complete checkpoints: steps[] sorted ascending. */
+static int list_checkpoints(const char *output_dir, long **steps) {
+    DIR *d = opendir(output_dir);
+    *steps = NULL;
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long s;
+        char tail;
+        if (sscanf(e->d_name, "checkpoint-%ld%c", &s, &tail) != 1) continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s/trainer_state.json", output_dir, e->d_name);
+        if (!glm_is_file(path)) continue;
+        if (n == cap) { cap = cap ? 2 * cap : 8; *steps = glm_realloc(*steps, sizeof(long) * cap); }
+        (*steps)[n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && (*steps)[j - 1] > (*steps)[j]; j--) { long t = (*steps)[j]; (*steps)[j] = (*steps)[j - 1]; (*steps)[j - 1] = t; }
+    return n;
+}
+
+int glm_checkpoint_latest(const char *output_dir, char *out, size_t n) {
+    long *steps;
+    int k = list_checkpoints(output_dir, &steps);
+    if (k > 0) snprintf(out, n, "%s/checkpoint-%ld", output_dir, steps[k - 1]);
+    free(steps);
+    return k > 0 ? 0 : -1;
+}
+
+int glm_checkpoint_rotate(const char *output_dir, int limit, glm_err *err) {
+    if (limit <= 0) return 0;
+    long *steps;
+    int k = list_checkpoints(output_dir, &steps);
+    for (int i = 0; i + limit < k; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/checkpoint-%ld", output_dir, steps[i]);
+        if (glm_remove_tree(path) != 0) { free(steps); return glm_fail(err, "cannot delete old checkpoint %s", path); }
+    }
+    free(steps);
+    return 0;
+}

@@ -1,0 +1,39 @@
+/* Checkpoints as Hugging Face Trainer lays them out: output_dir/checkpoint-N/ with
+ * config.json, model.safetensors, optimizer.safetensors (AdamW moments, fp32 master weights),
+ * trainer_state.json (step, epoch, data cursor, loss scaler, log history), the tokenizer files
+ * and training_args.json. A checkpoint is written under tmp-checkpoint-N and renamed when
+ * complete, so a crash never leaves a half checkpoint that resume would pick up. */
+#ifndef GLM_CHECKPOINT_H
+#define GLM_CHECKPOINT_H
+#include <stddef.h>
+#include "core/err.h"
+#include "model/glm.h"
+#include "optim/adamw.h"
+
+typedef struct glm_train_state {
+    long global_step;     /* optimizer steps done */
+    long epoch;           /* current epoch (0-based) */
+    long cursor;          /* micro-batches of this epoch already consumed */
+    double loss_scale;    /* fp16 dynamic loss scale (0 when unused) */
+    long good_steps;      /* fp16: clean steps since the last scale change */
+    long skipped_steps;   /* fp16: steps skipped for inf/nan */
+    double tokens_seen;   /* supervised tokens trained on */
+    char *log_history;    /* JSON array text of logged records (owned) */
+} glm_train_state;
+
+/* Writes output_dir/checkpoint-<step>. tokenizer_path may be NULL; args_json may be NULL. */
+int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *opt, const glm_train_state *st,
+                        const char *tokenizer_path, const char *args_json, glm_err *err);
+/* Restores weights, optimizer state and the train state from a checkpoint folder. */
+int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train_state *st, glm_err *err);
+/* The complete checkpoint with the highest step in output_dir; -1 when there is none. */
+int glm_checkpoint_latest(const char *output_dir, char *out, size_t n);
+/* Deletes the oldest complete checkpoints beyond `limit` (0 = keep all). */
+int glm_checkpoint_rotate(const char *output_dir, int limit, glm_err *err);
+/* Copies the tokenizer files (ice_text.model / tokenizer.model, tokenizer_config.json) of
+ * tokenizer_path (a folder or .model file) into dir. */
+int glm_copy_tokenizer_files(const char *tokenizer_path, const char *dir, glm_err *err);
+/* Removes a folder tree. */
+int glm_remove_tree(const char *path);
+
+#endif

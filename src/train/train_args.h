@@ -1,0 +1,36 @@
+/* Settings of `glmtrain train`, named as Hugging Face TrainingArguments (and THUDM
+ * ptuning/main.py's data arguments) so users can carry their flags over. The flag table that
+ * fills this struct lives in train_flags.c. */
+#ifndef GLM_TRAIN_ARGS_H
+#define GLM_TRAIN_ARGS_H
+#include "core/args.h"
+
+typedef struct glm_train_args {
+    /* model */
+    char *model_name_or_path, *init_from_config, *tokenizer_name, *device;
+    /* data */
+    char *train_file, *validation_file, *data_format, *prompt_column, *response_column, *history_column;
+    char *prompt_template, *history_template, *source_prefix, *cache_dir;
+    double val_size;
+    int max_source_length, max_target_length, train_on_prompt, skip_bad_samples, group_by_length, packing;
+    int dataloader_num_workers, max_train_samples;
+    /* schedule */
+    char *output_dir, *logging_dir, *report_to, *lr_scheduler_type, *eval_strategy, *save_strategy;
+    char *resume_from_checkpoint, *save_dtype;
+    int overwrite_output_dir;
+    double num_train_epochs, learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
+    double warmup_ratio, init_std;
+    long max_steps, warmup_steps, logging_steps, eval_steps, save_steps;
+    int per_device_train_batch_size, per_device_eval_batch_size, gradient_accumulation_steps;
+    int save_total_limit, seed, disable_tqdm, logging_first_step;
+    /* precision and memory */
+    int bf16, fp16, fp32, gradient_checkpointing;
+    /* how the run stops early (tests, demos) */
+    double max_train_seconds;
+} glm_train_args;
+
+extern const glm_flag glm_train_flags[];
+extern const int glm_train_nflags;
+void glm_train_args_free(glm_train_args *a);
+
+#endif
