@@ -1,0 +1,141 @@
+#include "io/io_util.h"
+#include <cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "core/fileutil.h"
+
+int io_pread_full(int fd, void *buf, size_t n, uint64_t off) {
+    char *p = buf;
+    while (n) {
+        /* Linux caps one read near 2 GiB; stay well under it. */
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        if (off > (uint64_t)INT64_MAX) { errno = EINVAL; return -1; }
+        ssize_t k = pread(fd, p, chunk, (off_t)off);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (k == 0) { errno = 0; return -1; }
+        p += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return 0;
+}
+
+int io_is_float(st_dtype d) { return d == ST_F32 || d == ST_F16 || d == ST_BF16 || d == ST_F64; }
+
+int io_to_f32(st_dtype d, const void *src, float *dst, size_t n) {
+    const unsigned char *s = src;
+    switch (d) {
+    case ST_F32: memmove(dst, src, n * 4); return 0;
+    case ST_F16:
+        for (size_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); dst[i] = st_f16_to_f32(h); }
+        return 0;
+    case ST_BF16:
+        for (size_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); dst[i] = st_bf16_to_f32(h); }
+        return 0;
+    case ST_F64:
+        for (size_t i = 0; i < n; i++) { double v; memcpy(&v, s + 8 * i, 8); dst[i] = (float)v; }
+        return 0;
+    default: return -1;
+    }
+}
+
+int io_read_f32(int fd, uint64_t off, st_dtype d, size_t n, float *dst) {
+    if (d == ST_F32) return io_pread_full(fd, dst, n * 4, off); /* straight into place */
+    if (!io_is_float(d)) { errno = EINVAL; return -1; }
+    size_t esz = st_dtype_size(d), chunk = (size_t)1 << 18;
+    unsigned char *buf = glm_malloc(chunk * esz);
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        if (io_pread_full(fd, buf, k * esz, off + (uint64_t)i * esz) != 0) { free(buf); return -1; }
+        io_to_f32(d, buf, dst + i, k);
+    }
+    free(buf);
+    return 0;
+}
+
+const char *io_shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+void io_index_free(io_index *ix) {
+    for (int i = 0; i < ix->n; i++) { free(ix->names[i]); free(ix->files[i]); }
+    free(ix->names);
+    free(ix->files);
+    memset(ix, 0, sizeof *ix);
+}
+
+/* A shard name from a downloaded index must stay inside the checkpoint folder. */
+static int safe_rel_name(const char *s) {
+    if (!s[0] || s[0] == '/') return 0;
+    for (const char *p = s; *p; ) {
+        const char *q = strchr(p, '/');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len == 2 && p[0] == '.' && p[1] == '.') return 0;
+        if (!q) break;
+        p = q + 1;
+    }
+    return 1;
+}
+
+int io_index_load(io_index *ix, const char *index_path, glm_err *err) {
+    memset(ix, 0, sizeof *ix);
+    size_t len;
+    char *text = glm_read_file(index_path, &len, err);
+    if (!text) return -1;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) {
+        long at = end ? (long)(end - text) : -1;
+        free(text);
+        glm_fail(err, "%s: not valid JSON (near byte %ld)", index_path, at);
+        return glm_hint(err, "re-download the index file; it should hold {\"metadata\": ..., \"weight_map\": {name: file}}");
+    }
+    free(text);
+    cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(wm)) {
+        cJSON_Delete(root);
+        return glm_fail(err, "%s: no \"weight_map\" object (expected {\"weight_map\": {tensor name: shard file}})", index_path);
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", index_path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+    int cap = cJSON_GetArraySize(wm);
+    ix->names = glm_calloc((size_t)cap + 1, sizeof(char *));
+    ix->files = glm_calloc((size_t)cap + 1, sizeof(char *));
+    for (cJSON *e = wm->child; e; e = e->next) {
+        if (!e->string || !cJSON_IsString(e) || !e->valuestring) {
+            glm_fail(err, "%s: weight_map entry '%s' is not a file name string", index_path, e->string ? e->string : "?");
+            goto fail;
+        }
+        if (!safe_rel_name(e->valuestring)) {
+            glm_fail(err, "%s: tensor '%s' maps to '%s', which is outside the checkpoint folder", index_path, e->string, e->valuestring);
+            goto fail;
+        }
+        char full[4096];
+        glm_path_join(full, sizeof full, dir, e->valuestring);
+        ix->names[ix->n] = glm_strdup(e->string);
+        ix->files[ix->n] = glm_strdup(full);
+        ix->n++;
+    }
+    cJSON_Delete(root);
+    if (ix->n == 0) {
+        io_index_free(ix);
+        return glm_fail(err, "%s: weight_map is empty", index_path);
+    }
+    return 0;
+fail:
+    cJSON_Delete(root);
+    io_index_free(ix);
+    return -1;
+}
