@@ -81,6 +81,27 @@ void glm_model_set_params(glm_model *m, const float *host) {
     m->be->upload_f32(m->be, m->params, host, m->tab.total);
 }
 
+glm_mem_plan glm_memory_plan(const glm_config *c, glm_dtype dtype, int B, int T, int ckpt, int head_chunk) {
+    glm_table tab;
+    glm_table_build(&tab, c);
+    double es = (double)glm_dtype_size(dtype), N = (double)B * T;
+    double H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, NH = c->num_attention_heads;
+    int L = c->num_layers, nsets = ckpt ? 1 : L;
+    glm_mem_plan p = {0};
+    p.params = p.grads = (double)tab.total * es;
+    p.master = dtype == GLM_F32 ? 0 : (double)tab.total * 4;
+    p.moments = 2.0 * tab.total * 4;
+    /* per layer set, as ensure_acts allocates: x, qkv(3), ctx, h1, y (7H) + fc1, act (2F) in S;
+     * LayerNorm statistics (4 floats) and the attention lse (NH floats) per token */
+    double per_set = N * ((7 * H + 2 * F) * es + (4 + NH) * 4);
+    p.activations = nsets * per_set + (L + 1) * N * H * es;
+    p.scratch = N * H * es * 6 /* lnf_out, d_a, d_b, d_x, d_h1, d_ctx */ + N * 3 * H * es + N * F * es + N * 2 * 4 +
+                head_chunk * (2 * H + V) * es + head_chunk * 4.0 + N * 7 * 4;
+    p.total = p.params + p.grads + p.master + p.moments + p.activations + p.scratch;
+    glm_table_free(&tab);
+    return p;
+}
+
 /* (Re)allocates activation buffers when a batch needs more room than the last one. */
 static void ensure_acts(glm_model *m, int B, int T) {
     if (m->acts && B * T <= m->cap_tokens && B <= m->cap_B && T <= m->cap_T) return;

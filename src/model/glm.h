@@ -111,4 +111,15 @@ int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids
                        const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi,
                        float *hidden_out, float *logits_out, glm_err *err);
 
+
+/* ---- memory plan (model/glm.c): bytes the model will allocate, from the tensor table ---- */
+typedef struct glm_mem_plan {
+    double params, grads, master, moments; /* weights, gradients, fp32 master copy, AdamW m+v */
+    double activations;                    /* saved for backward (+ recompute scratch) */
+    double scratch;                        /* backward buffers, head chunk, batch */
+    double total;
+} glm_mem_plan;
+glm_mem_plan glm_memory_plan(const glm_config *c, glm_dtype dtype, int B, int T, int gradient_checkpointing,
+                             int head_chunk);
+
 #endif

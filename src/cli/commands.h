@@ -1,0 +1,9 @@
+/* Subcommands of the glmtrain binary; each takes the arguments after its name. */
+#ifndef GLM_COMMANDS_H
+#define GLM_COMMANDS_H
+int glm_cmd_train(int argc, char **argv);
+int glm_cmd_generate(int argc, char **argv);
+int glm_cmd_chat(int argc, char **argv);
+int glm_cmd_info(int argc, char **argv);
+int glm_cmd_tokenize(int argc, char **argv); /* cli/cmd_tokenize.c */
+#endif

@@ -1,0 +1,32 @@
+/* glmtrain: fine-tune ChatGLM-6B on a CPU or GPUs. Dispatches to subcommands. */
+#include <stdio.h>
+#include <string.h>
+#include "cli/commands.h"
+
+static void usage(void) {
+    printf("glmtrain — fine-tune ChatGLM-6B models\n\n"
+           "usage: glmtrain <command> [flags]   (glmtrain <command> --help lists the flags)\n\n"
+           "  train      fine-tune a model on instruction data (Hugging Face TrainingArguments flag names)\n"
+           "  generate   one response to --prompt from a trained model\n"
+           "  chat       talk to a model in the terminal (history, streaming)\n"
+           "  tokenize   ids, pieces or text through the ChatGLM tokenizer\n"
+           "  info       model size and the memory plan for a training setup\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage();
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    int n = argc - 2;
+    char **rest = argv + 2;
+    if (!strcmp(cmd, "train")) return glm_cmd_train(n, rest);
+    if (!strcmp(cmd, "generate")) return glm_cmd_generate(n, rest);
+    if (!strcmp(cmd, "chat")) return glm_cmd_chat(n, rest);
+    if (!strcmp(cmd, "tokenize")) return glm_cmd_tokenize(n, rest);
+    if (!strcmp(cmd, "info")) return glm_cmd_info(n, rest);
+    fprintf(stderr, "error: unknown command \"%s\"\n", cmd);
+    usage();
+    return 2;
+}

@@ -1,0 +1,425 @@
+#include "train/train.h"
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/fileutil.h"
+#include "core/log.h"
+#include "data/data.h"
+#include "data/loader.h"
+#include "io/safetensors.h"
+#include "io/tensorboard.h"
+#include "model/glm.h"
+#include "optim/adamw.h"
+#include "optim/loss_scale.h"
+#include "optim/schedule.h"
+#include "tokenizer/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/progress.h"
+
+/* Everything one training run holds, passed explicitly. */
+typedef struct trainer {
+    glm_train_args *a;
+    glm_backend *be;
+    glm_model m;
+    glm_adamw opt;
+    glm_tokenizer *tok;
+    char tok_path[4096], cache_dir[4096];
+    glm_encoder enc;
+    glm_data_cfg dcfg;
+    glm_data data;
+    glm_loader *train_ld, *eval_ld;
+    glm_batch *micro;         /* [accum] host batches of one optimizer step */
+    glm_batch eval_batch;
+    tb_writer *tb;
+    glm_progress prog;
+    glm_train_state st;
+    glm_loss_scaler scaler;
+    glm_lr_kind sched;
+    long total_steps, warmup, steps_per_epoch, micro_per_epoch;
+    char *args_json;
+    cJSON *history;           /* log_history records */
+} trainer;
+
+int glm_train_check_args(glm_train_args *a, glm_err *err) {
+    if (!a->output_dir) return glm_fail(err, "--output_dir is required"), glm_hint(err, "e.g. --output_dir out/my-run");
+    if (!a->train_file) return glm_fail(err, "--train_file is required"), glm_hint(err, "a .json or .jsonl file of {\"instruction\", \"output\"} records");
+    if (!a->model_name_or_path && !a->init_from_config)
+        return glm_fail(err, "one of --model_name_or_path or --init_from_config is required"),
+               glm_hint(err, "--model_name_or_path takes a Hugging Face style chatglm-6b folder");
+    if (a->per_device_train_batch_size < 1) return glm_fail(err, "--per_device_train_batch_size must be at least 1");
+    if (a->per_device_eval_batch_size < 1) return glm_fail(err, "--per_device_eval_batch_size must be at least 1");
+    if (a->gradient_accumulation_steps < 1) return glm_fail(err, "--gradient_accumulation_steps must be at least 1");
+    if (a->learning_rate < 0) return glm_fail(err, "--learning_rate must not be negative");
+    if (a->num_train_epochs <= 0 && a->max_steps <= 0) return glm_fail(err, "--num_train_epochs must be positive (or set --max_steps)");
+    if (a->logging_steps < 1) return glm_fail(err, "--logging_steps must be at least 1");
+    if (a->bf16 + a->fp16 + a->fp32 > 1) return glm_fail(err, "choose one of --bf16, --fp16, --fp32");
+    if (a->warmup_ratio < 0 || a->warmup_ratio > 1) return glm_fail(err, "--warmup_ratio must be in [0, 1]");
+    if (a->save_total_limit < 0) return glm_fail(err, "--save_total_limit must not be negative");
+    if (strcmp(a->save_strategy, "steps") == 0 && a->save_steps < 1) return glm_fail(err, "--save_steps must be at least 1");
+    return 0;
+}
+
+static int pick_backend(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    int want_cuda = strcmp(a->device, "cuda") == 0;
+#ifdef GLM_HAVE_CUDA
+    if (strcmp(a->device, "cpu") != 0) {
+        char msg[512] = "";
+        glm_dtype dt = a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
+        t->be = glm_backend_cuda(0, dt, msg, sizeof msg);
+        if (t->be) return 0;
+        if (want_cuda) return glm_fail(err, "--device cuda: %s", msg);
+        glm_info("no usable GPU (%s); training on the CPU", msg);
+    }
+#else
+    if (want_cuda) {
+        glm_fail(err, "--device cuda: this glmtrain was built without CUDA");
+        return glm_hint(err, "rebuild on a machine with nvcc (make), or use --device cpu");
+    }
+#endif
+    if (a->bf16 || a->fp16) {
+        glm_fail(err, "--%s needs a GPU; the CPU backend trains in fp32", a->bf16 ? "bf16" : "fp16");
+        return glm_hint(err, "drop --%s (or pass --fp32) to train on the CPU", a->bf16 ? "bf16" : "fp16");
+    }
+    t->be = glm_backend_cpu();
+    return 0;
+}
+
+static int load_model(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    glm_config c;
+    const char *src = a->model_name_or_path ? a->model_name_or_path : a->init_from_config;
+    if (glm_config_load(&c, src, err)) return -1;
+    glm_model_init(&t->m, &c, t->be);
+    t->m.gradient_checkpointing = a->gradient_checkpointing;
+    if (a->model_name_or_path) {
+        if (glm_model_load(&t->m, a->model_name_or_path, err)) return -1;
+    } else {
+        glm_model_init_random(&t->m, (uint64_t)a->seed, (float)a->init_std);
+    }
+    glm_info("model: %d layers, hidden %d, %d heads, vocab %d, %.1fM parameters (%s head), backend %s",
+             c.num_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, t->m.tab.n_params / 1e6,
+             c.tie_word_embeddings ? "tied" : "untied", t->be->name);
+    return 0;
+}
+
+static int load_tokenizer(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    const char *p = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
+    char dir[4096];
+    if (!p) { /* random init: look beside the config */
+        snprintf(dir, sizeof dir, "%s", a->init_from_config);
+        char *slash = strrchr(dir, '/');
+        if (glm_is_file(dir)) { if (slash) *slash = 0; else snprintf(dir, sizeof dir, "."); }
+        p = dir;
+    }
+    snprintf(t->tok_path, sizeof t->tok_path, "%s", p);
+    if (glm_tokenizer_load(&t->tok, p, err)) return glm_hint(err, "pass --tokenizer_name with the folder holding ice_text.model");
+    if (glm_tokenizer_vocab_size(t->tok) > t->m.cfg.vocab_size) {
+        glm_fail(err, "tokenizer %s has %d pieces but the model's vocab_size is %d", p, glm_tokenizer_vocab_size(t->tok),
+                 t->m.cfg.vocab_size);
+        return glm_hint(err, "use the tokenizer that belongs to the model");
+    }
+    return glm_encoder_from_tokenizer(&t->enc, t->tok, p, err);
+}
+
+static int load_data(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    glm_data_cfg *d = &t->dcfg;
+    glm_data_cfg_init(d);
+    d->train_file = a->train_file;
+    d->validation_file = a->validation_file;
+    if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &d->read.schema))
+        return glm_fail(err, "--data_format %s is not known", a->data_format);
+    d->read.columns.prompt = a->prompt_column;
+    d->read.columns.response = a->response_column;
+    d->read.columns.history = a->history_column;
+    d->read.skip_bad_samples = a->skip_bad_samples;
+    d->example.max_source_length = a->max_source_length;
+    d->example.max_target_length = a->max_target_length;
+    d->example.source_prefix = a->source_prefix;
+    if (a->prompt_template) glm_unescape(a->prompt_template);
+    if (a->history_template) glm_unescape(a->history_template);
+    d->example.prompt_template = a->prompt_template;
+    d->example.history_template = a->history_template;
+    d->example.train_on_prompt = a->train_on_prompt;
+    if (glm_example_cfg_check(&d->example, err)) return -1;
+    d->val_size = a->val_size;
+    d->seed = (uint64_t)a->seed;
+    d->num_threads = a->dataloader_num_workers;
+    if (a->cache_dir) snprintf(t->cache_dir, sizeof t->cache_dir, "%s", a->cache_dir);
+    else glm_path_join(t->cache_dir, sizeof t->cache_dir, a->output_dir, ".cache");
+    d->cache_dir = t->cache_dir;
+    if (glm_data_load(&t->data, d, &t->enc, err)) return -1;
+    glm_data_print_summary(stderr, &t->data, d);
+    glm_loader_cfg lc;
+    glm_loader_cfg_init(&lc);
+    lc.batch_size = a->per_device_train_batch_size;
+    lc.group_by_length = a->group_by_length;
+    lc.packing = a->packing;
+    lc.seed = (uint64_t)a->seed;
+    if (lc.packing) lc.max_len = a->max_source_length + a->max_target_length;
+    if (glm_loader_open(&t->train_ld, &t->data.train, &lc, err)) return -1;
+    if (t->data.val.n > 0) {
+        glm_loader_cfg ec;
+        glm_loader_cfg_init(&ec);
+        ec.batch_size = a->per_device_eval_batch_size;
+        ec.shuffle = 0;
+        if (glm_loader_open(&t->eval_ld, &t->data.val, &ec, err)) return -1;
+        glm_loader_batch_alloc(t->eval_ld, &t->eval_batch);
+    }
+    t->micro = glm_calloc(a->gradient_accumulation_steps, sizeof(glm_batch));
+    for (int i = 0; i < a->gradient_accumulation_steps; i++) glm_loader_batch_alloc(t->train_ld, &t->micro[i]);
+    return 0;
+}
+
+static void plan_steps(trainer *t) {
+    glm_train_args *a = t->a;
+    t->micro_per_epoch = glm_loader_steps_per_epoch(t->train_ld);
+    t->steps_per_epoch = (t->micro_per_epoch + a->gradient_accumulation_steps - 1) / a->gradient_accumulation_steps;
+    if (t->steps_per_epoch < 1) t->steps_per_epoch = 1;
+    t->total_steps = a->max_steps > 0 ? a->max_steps : (long)ceil(a->num_train_epochs * t->steps_per_epoch);
+    t->warmup = a->warmup_steps > 0 ? a->warmup_steps : (long)ceil(a->warmup_ratio * t->total_steps);
+    glm_lr_kind_parse(a->lr_scheduler_type, &t->sched);
+}
+
+static double evaluate(trainer *t, double *ppl) {
+    glm_err err;
+    glm_loader_seek(t->eval_ld, (glm_data_cursor){0, 0}, &err);
+    int64_t n = glm_loader_steps_per_epoch(t->eval_ld);
+    double sum = 0, count = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (glm_loader_next(t->eval_ld, &t->eval_batch, &err)) break;
+        if (t->eval_batch.n_targets == 0) continue;
+        sum += glm_forward_loss(&t->m, &t->eval_batch);
+        count += t->eval_batch.n_targets;
+    }
+    double loss = count > 0 ? sum / count : NAN;
+    *ppl = exp(loss);
+    return loss;
+}
+
+static void log_record(trainer *t, const char *kind, double v1, double v2, double v3, double v4) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "step", (double)t->st.global_step);
+    cJSON_AddNumberToObject(r, "epoch", (double)t->st.global_step / t->steps_per_epoch);
+    if (strcmp(kind, "train") == 0) {
+        cJSON_AddNumberToObject(r, "loss", v1);
+        cJSON_AddNumberToObject(r, "learning_rate", v2);
+        cJSON_AddNumberToObject(r, "grad_norm", v3);
+        cJSON_AddNumberToObject(r, "tokens_per_second", v4);
+    } else {
+        cJSON_AddNumberToObject(r, "eval_loss", v1);
+        cJSON_AddNumberToObject(r, "eval_perplexity", v2);
+    }
+    cJSON_AddItemToArray(t->history, r);
+}
+
+static int save_checkpoint(trainer *t, glm_err *err) {
+    free(t->st.log_history);
+    t->st.log_history = cJSON_PrintUnformatted(t->history);
+    glm_data_cursor c = glm_loader_cursor(t->train_ld);
+    t->st.epoch = (long)c.epoch;
+    t->st.cursor = (long)c.step;
+    t->st.loss_scale = t->scaler.scale;
+    t->st.good_steps = t->scaler.good_steps;
+    t->st.skipped_steps = t->scaler.skipped;
+    if (glm_checkpoint_save(t->a->output_dir, &t->m, &t->opt, &t->st, t->tok_path, t->args_json, err)) return -1;
+    char line[256];
+    snprintf(line, sizeof line, "[glmtrain] saved %s/checkpoint-%ld", t->a->output_dir, t->st.global_step);
+    glm_progress_log(&t->prog, line);
+    return glm_checkpoint_rotate(t->a->output_dir, t->a->save_total_limit, err);
+}
+
+static int resume(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    char dir[4096];
+    if (strcmp(a->resume_from_checkpoint, "latest") == 0 || strcmp(a->resume_from_checkpoint, "true") == 0 ||
+        strcmp(a->resume_from_checkpoint, "True") == 0) {
+        if (glm_checkpoint_latest(a->output_dir, dir, sizeof dir) != 0) {
+            glm_fail(err, "--resume_from_checkpoint: no complete checkpoint-N folder in %s", a->output_dir);
+            return glm_hint(err, "check --output_dir, or start without --resume_from_checkpoint");
+        }
+    } else {
+        snprintf(dir, sizeof dir, "%s", a->resume_from_checkpoint);
+    }
+    if (glm_checkpoint_load(dir, &t->m, &t->opt, &t->st, err)) return -1;
+    if (t->st.log_history) {
+        cJSON_Delete(t->history);
+        t->history = cJSON_Parse(t->st.log_history);
+        if (!t->history) t->history = cJSON_CreateArray();
+    }
+    if (t->st.loss_scale > 0) { t->scaler.scale = t->st.loss_scale; t->scaler.good_steps = t->st.good_steps; t->scaler.skipped = t->st.skipped_steps; }
+    if (glm_loader_seek(t->train_ld, (glm_data_cursor){t->st.epoch, t->st.cursor}, err)) return -1;
+    glm_info("resumed from %s at step %ld (epoch %ld, batch %ld)", dir, t->st.global_step, t->st.epoch, t->st.cursor);
+    return 0;
+}
+
+static int check_output_dir(glm_train_args *a, glm_err *err) {
+    if (!glm_is_dir(a->output_dir)) return glm_mkdirs(a->output_dir, err);
+    char probe[4096];
+    glm_path_join(probe, sizeof probe, a->output_dir, "config.json");
+    char latest[4096];
+    int has = glm_is_file(probe) || glm_checkpoint_latest(a->output_dir, latest, sizeof latest) == 0;
+    if (has && !a->overwrite_output_dir && !a->resume_from_checkpoint) {
+        glm_fail(err, "output directory %s already holds a model or checkpoints", a->output_dir);
+        return glm_hint(err, "pass --resume_from_checkpoint to continue it, --overwrite_output_dir to start over, or another --output_dir");
+    }
+    return 0;
+}
+
+/* One optimizer step over up to gradient_accumulation_steps micro-batches (fewer at the end
+ * of an epoch). Returns the mean loss over the step's supervised tokens; sets *norm, *tokens. */
+static double train_step(trainer *t, float lr, double *norm, double *tokens, int *skipped, glm_err *err) {
+    glm_train_args *a = t->a;
+    glm_data_cursor c = glm_loader_cursor(t->train_ld);
+    long left = t->micro_per_epoch - (long)c.step;
+    int k = a->gradient_accumulation_steps < left ? a->gradient_accumulation_steps : (int)left;
+    long n_sup = 0;
+    *tokens = 0;
+    for (int i = 0; i < k; i++) {
+        if (glm_loader_next(t->train_ld, &t->micro[i], err)) return NAN;
+        n_sup += t->micro[i].n_targets;
+        *tokens += (double)glm_loader_last_tokens(t->train_ld);
+    }
+    glm_zero_grads(&t->m);
+    double scale = a->fp16 ? t->scaler.scale : 1.0;
+    double sum = 0;
+    if (n_sup > 0)
+        for (int i = 0; i < k; i++) sum += glm_forward_backward(&t->m, &t->micro[i], (float)(scale / n_sup));
+    *norm = glm_grad_norm(&t->m, (float)(1.0 / scale));
+    *skipped = 0;
+    if (a->fp16 && glm_scaler_update(&t->scaler, *norm)) { *skipped = 1; return n_sup ? sum / n_sup : NAN; }
+    if (n_sup > 0) {
+        float coef = glm_clip_coef(*norm, (float)a->max_grad_norm);
+        glm_adamw_step(&t->opt, &t->m, lr, (float)(coef / scale));
+    }
+    t->st.tokens_seen += (double)n_sup;
+    return n_sup ? sum / n_sup : NAN;
+}
+
+static int save_final(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    st_dtype dt = strcmp(a->save_dtype, "float16") == 0 ? ST_F16 : strcmp(a->save_dtype, "bfloat16") == 0 ? ST_BF16 : ST_F32;
+    if (glm_model_save(&t->m, a->output_dir, dt, 0, err)) return -1;
+    if (glm_copy_tokenizer_files(t->tok_path, a->output_dir, err)) return -1;
+    char path[4096];
+    glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
+    if (glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err)) return -1;
+    glm_info("saved the final model to %s", a->output_dir);
+    return 0;
+}
+
+static void trainer_free(trainer *t) {
+    if (t->micro) for (int i = 0; i < t->a->gradient_accumulation_steps; i++) glm_batch_free(&t->micro[i]);
+    free(t->micro);
+    if (t->eval_ld) glm_batch_free(&t->eval_batch);
+    if (t->train_ld) glm_loader_free(t->train_ld);
+    if (t->eval_ld) glm_loader_free(t->eval_ld);
+    if (t->data.train_ex) glm_data_free(&t->data);
+    if (t->tok) glm_tokenizer_free(t->tok);
+    if (t->tb) tb_close(t->tb);
+    if (t->opt.m) glm_adamw_free(&t->opt, &t->m);
+    if (t->m.params) glm_model_free(&t->m);
+    if (t->be) t->be->destroy(t->be);
+    free(t->args_json);
+    free(t->st.log_history);
+    cJSON_Delete(t->history);
+}
+
+static int run(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    if (glm_train_check_args(a, err) || check_output_dir(a, err)) return -1;
+    t->args_json = glm_args_to_json(glm_train_flags, glm_train_nflags, a);
+    fprintf(stderr, "[glmtrain] effective settings:\n%s\n", t->args_json);
+    char path[4096];
+    glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
+    if (glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err)) return -1;
+    if (pick_backend(t, err) || load_model(t, err) || load_tokenizer(t, err) || load_data(t, err)) return -1;
+    plan_steps(t);
+    glm_adamw_init(&t->opt, &t->m, (float)a->learning_rate, (float)a->adam_beta1, (float)a->adam_beta2,
+                   (float)a->adam_epsilon, (float)a->weight_decay);
+    glm_scaler_init(&t->scaler, 65536.0, 2000);
+    t->history = cJSON_CreateArray();
+    if (a->resume_from_checkpoint && resume(t, err)) return -1;
+    if (strcmp(a->report_to, "tensorboard") == 0) {
+        char logdir[4096];
+        if (a->logging_dir) snprintf(logdir, sizeof logdir, "%s", a->logging_dir);
+        else glm_path_join(logdir, sizeof logdir, a->output_dir, "runs");
+        if (tb_open(&t->tb, logdir, err)) return -1;
+    }
+    long eval_every = a->eval_steps > 0 ? a->eval_steps : a->logging_steps;
+    int eval_on = t->eval_ld && strcmp(a->eval_strategy, "no") != 0;
+    if (strcmp(a->eval_strategy, "no") != 0 && !t->eval_ld)
+        glm_warn("--eval_strategy %s but no validation data (--validation_file or --val_size): evaluation skipped", a->eval_strategy);
+    glm_info("training: %ld optimizer steps (%ld per epoch, %ld micro-batches of %d rows per epoch, accumulation %d), warmup %ld, schedule %s",
+             t->total_steps, t->steps_per_epoch, t->micro_per_epoch, a->per_device_train_batch_size,
+             a->gradient_accumulation_steps, t->warmup, a->lr_scheduler_type);
+    glm_progress_init(&t->prog, stderr, t->st.global_step, t->total_steps, a->disable_tqdm);
+    double t_start = glm_now(), t_log = t_start, loss_acc = 0, tok_acc = 0, last_loss = NAN;
+    long n_acc = 0;
+    char line[512];
+    while (t->st.global_step < t->total_steps) {
+        float lr = glm_lr_at(t->sched, (float)a->learning_rate, t->st.global_step, t->warmup, t->total_steps);
+        double norm = 0, tokens = 0;
+        int skipped = 0;
+        double loss = train_step(t, lr, &norm, &tokens, &skipped, err);
+        if (isnan(loss) && err->msg[0]) return -1;
+        t->st.global_step++;
+        if (isfinite(loss)) { loss_acc += loss; n_acc++; last_loss = loss; }
+        tok_acc += tokens;
+        if (skipped) {
+            snprintf(line, sizeof line, "[glmtrain] step %ld: inf/nan gradients, step skipped, loss scale now %.0f",
+                     t->st.global_step, t->scaler.scale);
+            glm_progress_log(&t->prog, line);
+        }
+        double now = glm_now();
+        if (t->st.global_step % a->logging_steps == 0 || (a->logging_first_step && t->st.global_step == 1) ||
+            t->st.global_step == t->total_steps) {
+            double avg = n_acc ? loss_acc / n_acc : NAN, tps = tok_acc / (now - t_log > 1e-9 ? now - t_log : 1e-9);
+            double epoch = (double)t->st.global_step / t->steps_per_epoch;
+            snprintf(line, sizeof line, "{'loss': %.4f, 'learning_rate': %.4g, 'grad_norm': %.4f, 'epoch': %.2f, 'step': %ld, 'tokens_per_second': %.0f}",
+                     avg, lr, norm, epoch, t->st.global_step, tps);
+            glm_progress_log(&t->prog, line);
+            if (t->tb) {
+                tb_scalar(t->tb, "train/loss", (float)avg, t->st.global_step);
+                tb_scalar(t->tb, "train/learning_rate", lr, t->st.global_step);
+                tb_scalar(t->tb, "train/grad_norm", (float)norm, t->st.global_step);
+                tb_scalar(t->tb, "train/epoch", (float)epoch, t->st.global_step);
+                tb_scalar(t->tb, "train/tokens_per_second", (float)tps, t->st.global_step);
+                if (a->fp16) tb_scalar(t->tb, "train/loss_scale", (float)t->scaler.scale, t->st.global_step);
+                tb_flush(t->tb);
+            }
+            log_record(t, "train", avg, lr, norm, tps);
+            loss_acc = 0; n_acc = 0; tok_acc = 0; t_log = now;
+        }
+        int epoch_end = t->st.global_step % t->steps_per_epoch == 0;
+        if (eval_on && ((strcmp(a->eval_strategy, "steps") == 0 && t->st.global_step % eval_every == 0) ||
+                        (strcmp(a->eval_strategy, "epoch") == 0 && epoch_end))) {
+            double ppl, el = evaluate(t, &ppl);
+            snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_perplexity': %.4f, 'step': %ld}", el, ppl, t->st.global_step);
+            glm_progress_log(&t->prog, line);
+            if (t->tb) { tb_scalar(t->tb, "eval/loss", (float)el, t->st.global_step); tb_scalar(t->tb, "eval/perplexity", (float)ppl, t->st.global_step); tb_flush(t->tb); }
+            log_record(t, "eval", el, ppl, 0, 0);
+        }
+        int out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
+        if ((strcmp(a->save_strategy, "steps") == 0 && t->st.global_step % a->save_steps == 0) ||
+            (strcmp(a->save_strategy, "epoch") == 0 && epoch_end) || out_of_time)
+            if (save_checkpoint(t, err)) return -1;
+        glm_progress_update(&t->prog, t->st.global_step, last_loss, tok_acc / (now - t_log > 1e-3 ? now - t_log : 1e-3));
+        if (out_of_time) { glm_progress_log(&t->prog, "[glmtrain] --max_train_seconds reached; stopping"); break; }
+    }
+    glm_progress_done(&t->prog);
+    glm_info("trained %ld steps in %.1f s", t->st.global_step, glm_now() - t_start);
+    return save_final(t, err);
+}
+
+int glm_train_run(glm_train_args *a, glm_err *err) {
+    trainer t = {.a = a};
+    err->msg[0] = 0;
+    int rc = run(&t, err);
+    trainer_free(&t);
+    return rc;
+}

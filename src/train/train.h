@@ -1,0 +1,15 @@
+/* `glmtrain train`: the training loop with Hugging Face Trainer semantics — epochs or
+ * max_steps, gradient accumulation (loss = mean over the supervised tokens of the whole
+ * optimizer step), LR schedule with warmup, clipping, logging/eval/save steps, checkpoint
+ * rotation, exact resume, TensorBoard, a progress bar, fp16 dynamic loss scaling. */
+#ifndef GLM_TRAIN_H
+#define GLM_TRAIN_H
+#include "core/err.h"
+#include "train/train_args.h"
+
+/* Runs training as configured. Returns 0, or -1 with err (the CLI prints it). */
+int glm_train_run(glm_train_args *a, glm_err *err);
+/* Checks flag combinations before anything heavy happens (exported for tests). */
+int glm_train_check_args(glm_train_args *a, glm_err *err);
+
+#endif
