@@ -12,6 +12,7 @@ void glm_batch_alloc(glm_batch *b, int B, int T) {
     b->kv_hi = glm_calloc(n, sizeof(int32_t));
     b->targets = glm_calloc(n, sizeof(int32_t));
     b->n_targets = 0;
+    b->cap = n;
 }
 
 void glm_batch_free(glm_batch *b) {
@@ -42,11 +43,8 @@ static void set_segment(glm_batch *b, int r, int start, const int32_t *ids, cons
     }
 }
 
-int glm_batch_set_row(glm_batch *b, int r, const int32_t *ids, const int32_t *labels, int n,
-                      int32_t pad_id, int32_t gmask_id, int32_t mask_id, int32_t sop_id) {
-    if (n > b->T || r >= b->B) return -1;
-    set_segment(b, r, 0, ids, labels, n, gmask_id, mask_id, sop_id);
-    /* padding: its own causal segment (never seen by real tokens), no loss */
+/* Positions [n, T) of row r: padding, its own causal segment (never seen by real tokens), no loss. */
+static void set_padding(glm_batch *b, int r, int n, int32_t pad_id) {
     for (int i = n; i < b->T; i++) {
         size_t k = (size_t)r * b->T + i;
         b->ids[k] = pad_id;
@@ -56,6 +54,32 @@ int glm_batch_set_row(glm_batch *b, int r, const int32_t *ids, const int32_t *la
         b->kv_hi[k] = i + 1;
         b->targets[k] = -100;
     }
+}
+
+int glm_batch_set_row(glm_batch *b, int r, const int32_t *ids, const int32_t *labels, int n,
+                      int32_t pad_id, int32_t gmask_id, int32_t mask_id, int32_t sop_id) {
+    if (n > b->T || r >= b->B) return -1;
+    set_segment(b, r, 0, ids, labels, n, gmask_id, mask_id, sop_id);
+    set_padding(b, r, n, pad_id);
+    return 0;
+}
+
+int glm_batch_set_row_packed(glm_batch *b, int r, const int32_t *ids, const int32_t *labels,
+                             const int *seg_len, int n_seg, int32_t pad_id, int32_t gmask_id,
+                             int32_t mask_id, int32_t sop_id) {
+    long total = 0;
+    for (int k = 0; k < n_seg; k++) {
+        if (seg_len[k] < 0) return -1;
+        total += seg_len[k];
+    }
+    if (total > b->T || r >= b->B) return -1;
+    int start = 0;
+    for (int k = 0; k < n_seg; k++) {
+        set_segment(b, r, start, ids + start, labels ? labels + start : NULL, seg_len[k],
+                    gmask_id, mask_id, sop_id);
+        start += seg_len[k];
+    }
+    set_padding(b, r, start, pad_id);
     return 0;
 }
 

@@ -16,6 +16,7 @@
  * targets[i] = label of token i+1 in the same segment (the shifted label), or -100. */
 #ifndef GLM_BATCH_H
 #define GLM_BATCH_H
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct glm_batch {
@@ -27,6 +28,9 @@ typedef struct glm_batch {
     int32_t *kv_hi;      /* [B*T] one past the last key index this query may see */
     int32_t *targets;    /* [B*T] next-token target, -100 = no loss */
     int n_targets;       /* number of targets != -100 in this batch */
+    size_t cap;          /* elements allocated per array (B*T at glm_batch_alloc). The data loader
+                          * allocates its largest shape once and lowers B and T per batch (dynamic
+                          * padding); the arrays are then [B*T] with the current T as row stride. */
 } glm_batch;
 
 void glm_batch_alloc(glm_batch *b, int B, int T);
@@ -38,6 +42,14 @@ void glm_batch_free(glm_batch *b);
  * with no <sop> is treated as all context (ctx = n). Returns 0, or -1 when n > T. */
 int glm_batch_set_row(glm_batch *b, int r, const int32_t *ids, const int32_t *labels, int n,
                       int32_t pad_id, int32_t gmask_id, int32_t mask_id, int32_t sop_id);
+/* Packing: several examples in one row, back to back. ids/labels hold the n_seg examples
+ * concatenated, seg_len[k] the length of example k. Each example gets the same positions, kv range
+ * and targets it would get alone in a row (positions restart at 0, attention never crosses into
+ * another example, no target crosses a boundary); the tail is padding as above. Returns 0, or -1
+ * when the examples do not fit in T. */
+int glm_batch_set_row_packed(glm_batch *b, int r, const int32_t *ids, const int32_t *labels,
+                             const int *seg_len, int n_seg, int32_t pad_id, int32_t gmask_id,
+                             int32_t mask_id, int32_t sop_id);
 /* Recounts n_targets. */
 void glm_batch_count_targets(glm_batch *b);
 

@@ -1,0 +1,267 @@
+/* Building tokenized examples (in parallel) and the cache file that keeps them. See data.h.
+ *
+ * File layout (little-endian, the host's): a 1024-byte header, then off u64[n+1], ids i32[n_tokens],
+ * sup u8[n_tokens]. The payload hash chains XXH64 over those three arrays. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "core/fileutil.h"
+#include "data/data.h"
+#include "data/hash.h"
+#ifdef _OPENMP
+#include <omp.h>
+static int omp_threads_default(void) { return omp_get_max_threads(); }
+#else
+static int omp_threads_default(void) { return 1; }
+#endif
+
+#define CACHE_MAGIC "GLMTOKC\x01"
+#define CACHE_VERSION 1
+#define HEADER_BYTES 1024
+#define CHUNK 4096 /* records encoded per parallel batch */
+
+typedef struct cache_header {
+    char magic[8];
+    uint32_t version, header_bytes;
+    uint64_t key, n, n_tokens, payload_hash, file_bytes;
+    int32_t pad, gmask, mask, sop, eop, reserved;
+    glm_data_summary summary;
+} cache_header;
+_Static_assert(sizeof(cache_header) <= HEADER_BYTES, "cache header grew past its reserved size");
+
+/* Growable arrays while building. */
+typedef struct { uint64_t *off; int32_t *ids; uint8_t *sup; int64_t n, n_tokens, cap_n, cap_t; } builder;
+
+static void builder_add(builder *b, const int32_t *ids, const int32_t *labels, int len) {
+    if (b->n + 2 > b->cap_n) { b->cap_n = b->cap_n ? 2 * b->cap_n : 1024; b->off = glm_realloc(b->off, (size_t)b->cap_n * 8); }
+    if (b->n_tokens + len > b->cap_t) {
+        while (b->n_tokens + len > b->cap_t) b->cap_t = b->cap_t ? 2 * b->cap_t : 65536;
+        b->ids = glm_realloc(b->ids, (size_t)b->cap_t * 4);
+        b->sup = glm_realloc(b->sup, (size_t)b->cap_t);
+    }
+    if (b->n == 0) b->off[0] = 0;
+    for (int i = 0; i < len; i++) { b->ids[b->n_tokens + i] = ids[i]; b->sup[b->n_tokens + i] = labels[i] != -100; }
+    b->n_tokens += len;
+    b->off[++b->n] = (uint64_t)b->n_tokens;
+}
+
+static uint64_t hash_str(uint64_t h, const char *s) {
+    int64_t len = s ? (int64_t)strlen(s) : -1; /* NULL and "" differ */
+    h = glm_xxh64(&len, sizeof len, h);
+    return s ? glm_xxh64(s, (size_t)len, h) : h;
+}
+
+/* Every setting that changes the examples, chained. */
+static uint64_t settings_hash(const glm_data_cfg *c, const glm_encoder *e) {
+    const glm_read_cfg *r = &c->read;
+    const glm_example_cfg *x = &c->example;
+    int64_t nums[] = {CACHE_VERSION, r->schema, r->container, r->skip_bad_samples, x->max_source_length,
+                      x->max_target_length, x->rounds, x->train_on_prompt, e->gmask, e->sop, e->eop, e->pad, e->mask};
+    uint64_t h = glm_xxh64(nums, sizeof nums, (uint64_t)e->fingerprint);
+    const char *strs[] = {r->columns.prompt, r->columns.response, r->columns.history, r->columns.input,
+                          r->columns.system, x->source_prefix, x->prompt_template, x->history_template};
+    for (size_t i = 0; i < sizeof strs / sizeof *strs; i++) h = hash_str(h, strs[i]);
+    return h;
+}
+
+static uint64_t payload_hash(const uint64_t *off, const int32_t *ids, const uint8_t *sup, int64_t n, int64_t nt) {
+    uint64_t h = glm_xxh64(off, (size_t)(n + 1) * 8, 0);
+    h = glm_xxh64(ids, (size_t)nt * 4, h);
+    return glm_xxh64(sup, (size_t)nt, h);
+}
+
+/* Reads and encodes the whole file into b, counting into s. */
+static int build(builder *b, glm_data_summary *s, const char *path, const glm_data_cfg *cfg,
+                 const glm_encoder *enc, glm_err *err) {
+    glm_reader *rd;
+    if (glm_reader_open(&rd, path, &cfg->read, err)) return -1;
+    glm_record *recs = glm_calloc(CHUNK, sizeof *recs);
+    glm_ids *ids = glm_calloc(CHUNK, sizeof *ids), *labels = glm_calloc(CHUNK, sizeof *labels);
+    glm_example_info *info = glm_calloc(CHUNK, sizeof *info);
+    int *rc = glm_calloc(CHUNK, sizeof *rc);
+    int ret = 0, nt = cfg->num_threads;
+    s->shortest = INT32_MAX;
+    for (int done = 0; !done && !ret;) {
+        int n = 0, r = 0;
+        while (n < CHUNK && (r = glm_reader_next(rd, &recs[n], err)) == 1) n++;
+        if (r < 0) ret = -1;
+        done = r <= 0;
+        int m = ret ? 0 : n; /* after a read error only free what was read */
+        #pragma omp parallel for schedule(dynamic, 16) num_threads(nt > 0 ? nt : omp_threads_default())
+        for (int i = 0; i < m; i++) {
+            glm_err local; /* per thread: the first failure is re-run below for its message */
+            rc[i] = glm_example_build(&cfg->example, enc, &recs[i], &ids[i], &labels[i], &info[i], &local);
+        }
+        for (int i = 0; i < m && !ret; i++) {
+            if (rc[i]) { ret = glm_example_build(&cfg->example, enc, &recs[i], &ids[i], &labels[i], &info[i], err); if (!ret) ret = -1; break; }
+            s->empty += info[i].status == GLM_EX_EMPTY;
+            s->no_answer_tokens += info[i].status == GLM_EX_NO_ANSWER_TOKENS;
+            if (info[i].status != GLM_EX_OK) continue;
+            s->truncated_prompt += info[i].truncated_prompt;
+            s->truncated_answer += info[i].truncated_answer;
+            builder_add(b, ids[i].data, labels[i].data, ids[i].n);
+            for (int k = 0; k < ids[i].n; k++) s->supervised += labels[i].data[k] != -100;
+            if (ids[i].n > s->longest) s->longest = ids[i].n;
+            if (ids[i].n < s->shortest) s->shortest = ids[i].n;
+        }
+        for (int i = 0; i < n; i++) glm_record_free(&recs[i]);
+    }
+    const glm_read_stats *st = glm_reader_stats(rd);
+    s->records = st->records; s->bad_json = st->bad_json; s->bad_record = st->bad_record; s->bom = st->bom;
+    s->schema = glm_reader_schema(rd);
+    memcpy(s->first_bad, st->first_bad, sizeof s->first_bad);
+    s->examples = b->n; s->tokens = b->n_tokens;
+    if (b->n == 0) s->shortest = 0;
+    for (int i = 0; i < CHUNK; i++) { glm_ids_free(&ids[i]); glm_ids_free(&labels[i]); }
+    free(recs); free(ids); free(labels); free(info); free(rc);
+    glm_reader_close(rd);
+    return ret;
+}
+
+static int write_cache(const char *path, const cache_header *h0, const builder *b, glm_err *err) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()); /* per process: ranks may race */
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return glm_fail(err, "cannot create the data cache %s: %s", tmp, strerror(errno));
+    char hdr[HEADER_BYTES] = {0};
+    memcpy(hdr, h0, sizeof *h0);
+    int ok = fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr;
+    ok &= fwrite(b->off, 8, (size_t)b->n + 1, f) == (size_t)b->n + 1;
+    ok &= fwrite(b->ids, 4, (size_t)b->n_tokens, f) == (size_t)b->n_tokens;
+    ok &= fwrite(b->sup, 1, (size_t)b->n_tokens, f) == (size_t)b->n_tokens;
+    ok &= fflush(f) == 0;
+    ok &= fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    if (!ok) {
+        unlink(tmp);
+        glm_fail(err, "cannot write the data cache %s (disk full?)", tmp);
+        return glm_hint(err, "free disk space or point --cache_dir elsewhere");
+    }
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        return glm_fail(err, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    }
+    return 0;
+}
+
+/* Maps a cache file and checks it. Returns 0, or -1 with the reason in why ("stale: ..." when
+ * the key differs, "corrupt: ..." otherwise); errno-style failures also land in why. */
+static int open_cache(glm_examples *ex, const char *path, uint64_t key, int verify, char *why, size_t n) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { snprintf(why, n, "%s", errno == ENOENT ? "absent" : strerror(errno)); return -1; }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < HEADER_BYTES) {
+        close(fd);
+        snprintf(why, n, "corrupt: %lld bytes, shorter than the header", (long long)st.st_size);
+        return -1;
+    }
+    size_t len = (size_t)st.st_size;
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) { snprintf(why, n, "mmap failed: %s", strerror(errno)); return -1; }
+    cache_header h;
+    memcpy(&h, map, sizeof h);
+    const char *bad = NULL;
+    if (memcmp(h.magic, CACHE_MAGIC, 8)) bad = "corrupt: bad magic";
+    else if (h.version != CACHE_VERSION || h.header_bytes != HEADER_BYTES) bad = "stale: older cache version";
+    else if (h.key != key) bad = "stale: the data, tokenizer or settings changed";
+    else if (h.n > (1ULL << 40) || h.n_tokens > (1ULL << 44) || h.file_bytes != len ||
+             HEADER_BYTES + 8 * (h.n + 1) + 5 * h.n_tokens != len) bad = "corrupt: sizes do not match";
+    const uint64_t *off = (const uint64_t *)((char *)map + HEADER_BYTES);
+    const int32_t *ids = (const int32_t *)(off + h.n + 1);
+    const uint8_t *sup = (const uint8_t *)(ids + h.n_tokens);
+    if (!bad) {
+        for (uint64_t i = 0; i < h.n && !bad; i++) if (off[i] > off[i + 1]) bad = "corrupt: offsets out of order";
+        if (!bad && (off[0] != 0 || off[h.n] != h.n_tokens)) bad = "corrupt: offsets do not cover the tokens";
+    }
+    if (!bad && verify && payload_hash(off, ids, sup, (int64_t)h.n, (int64_t)h.n_tokens) != h.payload_hash)
+        bad = "corrupt: payload hash mismatch";
+    if (bad) { munmap(map, len); snprintf(why, n, "%s", bad); return -1; }
+    ex->n = (int64_t)h.n; ex->n_tokens = (int64_t)h.n_tokens;
+    ex->off = off; ex->ids = ids; ex->sup = sup;
+    ex->pad = h.pad; ex->gmask = h.gmask; ex->mask = h.mask; ex->sop = h.sop; ex->eop = h.eop;
+    ex->summary = h.summary;
+    ex->map_ = map; ex->map_len_ = len;
+    return 0;
+}
+
+static void cache_file_name(char *dst, size_t n, const char *dir, const char *path, uint64_t settings) {
+    char real[4096];
+    const char *id = realpath(path, real) ? real : path;
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    char name[512];
+    snprintf(name, sizeof name, "%.200s-%016llx.glmcache", base,
+             (unsigned long long)glm_xxh64(id, strlen(id), settings));
+    glm_path_join(dst, n, dir, name);
+}
+
+int glm_examples_load(glm_examples **out, const char *path, const glm_data_cfg *cfg, const glm_encoder *enc,
+                      glm_err *err) {
+    if (glm_example_cfg_check(&cfg->example, err)) return -1;
+    glm_examples *ex = glm_calloc(1, sizeof *ex);
+    snprintf(ex->path, sizeof ex->path, "%s", path);
+    uint64_t settings = settings_hash(cfg, enc), key = 0;
+    if (cfg->cache_dir) {
+        if (glm_hash_file(path, settings, &key, err)) { free(ex); return glm_hint(err, "check --train_file / --validation_file"); }
+        cache_file_name(ex->cache_path, sizeof ex->cache_path, cfg->cache_dir, path, settings);
+        char why[200];
+        if (cfg->overwrite_cache) snprintf(ex->cache_note, sizeof ex->cache_note, "rebuilt: --overwrite_cache");
+        else if (open_cache(ex, ex->cache_path, key, 1, why, sizeof why) == 0) {
+            snprintf(ex->cache_note, sizeof ex->cache_note, "hit");
+            *out = ex;
+            return 0;
+        } else snprintf(ex->cache_note, sizeof ex->cache_note, strcmp(why, "absent") ? "rebuilt: %s" : "built", why);
+    }
+    builder b = {0};
+    glm_data_summary s = {0};
+    if (build(&b, &s, path, cfg, enc, err)) {
+        free(b.off); free(b.ids); free(b.sup); free(ex);
+        return -1;
+    }
+    if (!b.off) { b.off = glm_calloc(1, 8); }
+    cache_header h = {.version = CACHE_VERSION, .header_bytes = HEADER_BYTES, .key = key, .n = (uint64_t)b.n,
+                      .n_tokens = (uint64_t)b.n_tokens, .pad = enc->pad, .gmask = enc->gmask, .mask = enc->mask,
+                      .sop = enc->sop, .eop = enc->eop, .summary = s};
+    memcpy(h.magic, CACHE_MAGIC, 8);
+    h.payload_hash = payload_hash(b.off, b.ids, b.sup, b.n, b.n_tokens);
+    h.file_bytes = HEADER_BYTES + 8 * (h.n + 1) + 5 * h.n_tokens;
+    if (cfg->cache_dir) {
+        char why[200];
+        int rc = glm_mkdirs(cfg->cache_dir, err);
+        if (!rc) rc = write_cache(ex->cache_path, &h, &b, err);
+        if (!rc && open_cache(ex, ex->cache_path, key, 0, why, sizeof why))
+            rc = glm_fail(err, "data cache %s unreadable right after writing it: %s", ex->cache_path, why);
+        free(b.off); free(b.ids); free(b.sup);
+        if (rc) { free(ex); return -1; }
+        *out = ex;
+        return 0;
+    }
+    /* no cache: keep the arrays */
+    ex->n = b.n; ex->n_tokens = b.n_tokens;
+    ex->off = b.off; ex->ids = b.ids; ex->sup = b.sup;
+    ex->heap_[0] = b.off; ex->heap_[1] = b.ids; ex->heap_[2] = b.sup;
+    ex->pad = enc->pad; ex->gmask = enc->gmask; ex->mask = enc->mask; ex->sop = enc->sop; ex->eop = enc->eop;
+    ex->summary = s;
+    *out = ex;
+    return 0;
+}
+
+void glm_examples_free(glm_examples *ex) {
+    if (!ex) return;
+    if (ex->map_) munmap(ex->map_, ex->map_len_);
+    for (int i = 0; i < 3; i++) free(ex->heap_[i]);
+    free(ex);
+}
+
+int glm_examples_labels(const glm_examples *ex, int64_t i, int32_t *labels) {
+    int len = glm_examples_len(ex, i);
+    const int32_t *ids = ex->ids + ex->off[i];
+    const uint8_t *sup = ex->sup + ex->off[i];
+    for (int k = 0; k < len; k++) labels[k] = sup[k] ? ids[k] : -100;
+    return len;
+}

@@ -1,0 +1,40 @@
+/* glm_encoder over the real ChatGLM tokenizer. Kept apart from examples.c so the data layer's
+ * tests link without the tokenizer. */
+#include <stdio.h>
+#include "core/fileutil.h"
+#include "data/examples.h"
+#include "data/hash.h"
+#include "tokenizer/tokenizer.h"
+
+static int tok_encode(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err) {
+    return glm_tokenizer_encode((const glm_tokenizer *)ctx, text, len, out, err);
+}
+
+int glm_tokenizer_fingerprint(const char *path, uint64_t *out, glm_err *err) {
+    uint64_t h = 0x676c6d746f6b656eULL; /* "glmtoken" */
+    if (!glm_is_dir(path)) return glm_hash_file(path, h, out, err);
+    static const char *const files[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json"};
+    int found = 0;
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char p[4096];
+        glm_path_join(p, sizeof p, path, files[i]);
+        if (!glm_is_file(p)) continue;
+        if (glm_hash_file(p, h, &h, err)) return -1;
+        found++;
+    }
+    if (!found) return glm_fail(err, "no ice_text.model or tokenizer.model in %s", path);
+    *out = h;
+    return 0;
+}
+
+int glm_encoder_from_tokenizer(glm_encoder *e, const glm_tokenizer *t, const char *tokenizer_path, glm_err *err) {
+    glm_special_ids s = glm_tokenizer_specials(t);
+    *e = (glm_encoder){tok_encode, (void *)t, s.gmask, s.sop, s.eop, s.pad, s.mask, 0};
+    if (s.gmask < 0 || s.sop < 0 || s.eop < 0 || s.pad < 0) {
+        glm_fail(err, "tokenizer %s lacks a special token ([gMASK] %d, <sop> %d, <eop> %d, <pad> %d)",
+                 tokenizer_path ? tokenizer_path : "", s.gmask, s.sop, s.eop, s.pad);
+        return glm_hint(err, "a ChatGLM-6B tokenizer needs the control pieces [gMASK], <sop>, <eop> and <pad>");
+    }
+    if (tokenizer_path && glm_tokenizer_fingerprint(tokenizer_path, &e->fingerprint, err)) return -1;
+    return 0;
+}

@@ -1,0 +1,170 @@
+/* Prompt rendering and example construction (ptuning/main.py rules). See examples.h. */
+#include "data/examples.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_HISTORY "[Round {i}]\n问：{q}\n答：{r}\n"
+
+void glm_example_cfg_init(glm_example_cfg *c) {
+    *c = (glm_example_cfg){0};
+    c->max_source_length = 1024;
+    c->max_target_length = 128;
+    c->rounds = GLM_ROUNDS_COLUMN;
+}
+
+typedef struct { char *s; size_t n, cap; } sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        b->cap = (b->n + n + 1) * 2;
+        b->s = glm_realloc(b->s, b->cap);
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+static void sb_str(sbuf *b, const char *s) { if (s) sb_add(b, s, strlen(s)); }
+static void sb_int(sbuf *b, long v) { char t[32]; sb_add(b, t, (size_t)snprintf(t, sizeof t, "%ld", v)); }
+
+/* Expands tpl into b: "{name}" becomes values[k] where names[k] == name, "{{"/"}}" a brace.
+ * Returns -1 (with the bad placeholder in bad[]) for an unknown name or an unclosed brace. */
+static int expand(sbuf *b, const char *tpl, const char *const *names, const char *const *values, int n,
+                  char *bad, size_t bad_len) {
+    for (const char *p = tpl; *p;) {
+        if ((p[0] == '{' && p[1] == '{') || (p[0] == '}' && p[1] == '}')) { sb_add(b, p, 1); p += 2; continue; }
+        if (*p != '{') { const char *q = p; while (*q && *q != '{' && !(q[0] == '}' && q[1] == '}')) q++; sb_add(b, p, (size_t)(q - p)); p = q; continue; }
+        const char *e = strchr(p, '}');
+        if (!e) { snprintf(bad, bad_len, "%s", p); return -1; }
+        size_t len = (size_t)(e - p - 1);
+        int k = 0;
+        while (k < n && !(strlen(names[k]) == len && !memcmp(names[k], p + 1, len))) k++;
+        if (k == n) { snprintf(bad, bad_len, "%.*s", (int)(len + 2), p); return -1; }
+        sb_str(b, values[k]);
+        p = e + 1;
+    }
+    return 0;
+}
+
+/* 1 when the template has the placeholder {name} (not an escaped "{{name}}"). */
+static int uses(const char *tpl, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = tpl; p && *p; p++) {
+        if (p[0] == '{' && p[1] == '{') { p++; continue; }
+        if (p[0] == '{' && !strncmp(p + 1, name, n) && p[1 + n] == '}') return 1;
+    }
+    return 0;
+}
+
+static const char *const HIST_NAMES[] = {"i", "i1", "q", "r"};
+static const char *const PROMPT_NAMES[] = {"instruction", "query", "input", "system", "history", "round", "round1"};
+
+int glm_example_cfg_check(const glm_example_cfg *c, glm_err *err) {
+    if (c->max_source_length < 2)
+        return glm_fail(err, "--max_source_length %d is too small (the prompt keeps max_source_length-1 >= 1 tokens)",
+                        c->max_source_length);
+    if (c->max_target_length < 3)
+        return glm_fail(err, "--max_target_length %d is too small ([gMASK] <sop> ... <eop> leave max_target_length-2 >= 1 answer tokens)",
+                        c->max_target_length);
+    const char *empty[7] = {"", "", "", "", "", "", ""};
+    char bad[64];
+    sbuf b = {0};
+    int rc = 0;
+    if (c->history_template && expand(&b, c->history_template, HIST_NAMES, empty, 4, bad, sizeof bad)) {
+        glm_fail(err, "--history_template: unknown placeholder %s", bad);
+        rc = glm_hint(err, "history_template knows {i} {i1} {q} {r}; write {{ and }} for literal braces");
+    } else if (c->prompt_template && expand(&b, c->prompt_template, PROMPT_NAMES, empty, 7, bad, sizeof bad)) {
+        glm_fail(err, "--prompt_template: unknown placeholder %s", bad);
+        rc = glm_hint(err, "prompt_template knows {instruction} {query} {input} {system} {history} {round} {round1}; "
+                           "write {{ and }} for literal braces");
+    }
+    free(b.s);
+    return rc;
+}
+
+/* The history rounds with the history template ({i} {i1} {q} {r}). */
+static void render_history(sbuf *b, const glm_example_cfg *c, const glm_record *r) {
+    const char *tpl = c->history_template ? c->history_template : DEFAULT_HISTORY;
+    char bad[64];
+    for (int i = 0; i < r->n_hist; i++) {
+        char si[16], si1[16];
+        snprintf(si, sizeof si, "%d", i);
+        snprintf(si1, sizeof si1, "%d", i + 1);
+        const char *v[4] = {si, si1, r->hist[2 * i], r->hist[2 * i + 1]};
+        expand(b, tpl, HIST_NAMES, v, 4, bad, sizeof bad); /* checked by glm_example_cfg_check */
+    }
+}
+
+/* instruction + "\n" + input (alpaca), or the instruction alone. */
+static void render_query(sbuf *b, const glm_record *r, int with_input) {
+    sb_str(b, r->query);
+    if (with_input && r->input && r->input[0]) { sb_str(b, "\n"); sb_str(b, r->input); }
+}
+
+char *glm_example_prompt(const glm_example_cfg *c, const glm_record *r) {
+    sbuf b = {0};
+    sb_str(&b, c->source_prefix);
+    const char *tpl = c->prompt_template;
+    int has_system = r->system && r->system[0];
+    if (has_system && !(tpl && uses(tpl, "system"))) { sb_str(&b, r->system); sb_str(&b, "\n"); }
+    if (tpl) {
+        sbuf q = {0}, h = {0};
+        render_query(&q, r, !uses(tpl, "input"));
+        render_history(&h, c, r);
+        char n[16], n1[16], bad[64];
+        snprintf(n, sizeof n, "%d", r->n_hist);
+        snprintf(n1, sizeof n1, "%d", r->n_hist + 1);
+        const char *v[7] = {q.s ? q.s : "", q.s ? q.s : "", r->input ? r->input : "",
+                            has_system ? r->system : "", h.s ? h.s : "", n, n1};
+        expand(&b, tpl, PROMPT_NAMES, v, 7, bad, sizeof bad);
+        free(q.s); free(h.s);
+    } else if (c->rounds == GLM_ROUNDS_NONEMPTY ? r->n_hist > 0 : r->has_history || r->n_hist > 0) {
+        render_history(&b, c, r);
+        sb_str(&b, "[Round "); sb_int(&b, r->n_hist); sb_str(&b, "]\n问：");
+        render_query(&b, r, 1);
+        sb_str(&b, "\n答：");
+    } else {
+        render_query(&b, r, 1);
+    }
+    if (!b.s) sb_add(&b, "", 0);
+    return b.s;
+}
+
+int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
+                      glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err) {
+    *info = (glm_example_info){0};
+    ids->n = labels->n = 0;
+    int query_empty = !(r->query && r->query[0]) && !(r->input && r->input[0]);
+    if (query_empty || !(r->answer && r->answer[0])) { info->status = GLM_EX_EMPTY; return 0; }
+    char *prompt = glm_example_prompt(c, r);
+    int rc = enc->encode(enc->ctx, prompt, strlen(prompt), ids, err);
+    free(prompt);
+    if (rc) return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
+    info->prompt_tokens = ids->n;
+    if (ids->n > c->max_source_length - 1) { ids->n = c->max_source_length - 1; info->truncated_prompt = 1; }
+    int ctx = ids->n + 1; /* index of <sop> */
+    glm_ids_push(ids, enc->gmask);
+    glm_ids_push(ids, enc->sop);
+    int b0 = ids->n;
+    if (enc->encode(enc->ctx, r->answer, strlen(r->answer), ids, err))
+        return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
+    info->answer_tokens = ids->n - b0;
+    if (info->answer_tokens == 0) { info->status = GLM_EX_NO_ANSWER_TOKENS; ids->n = 0; return 0; }
+    if (info->answer_tokens > c->max_target_length - 2) { ids->n = b0 + c->max_target_length - 2; info->truncated_answer = 1; }
+    glm_ids_push(ids, enc->eop);
+    for (int i = 0; i < ids->n; i++) glm_ids_push(labels, c->train_on_prompt || i >= ctx ? ids->data[i] : -100);
+    return 0;
+}
+
+void glm_unescape(char *s) {
+    char *w = s;
+    for (char *p = s; *p; p++) {
+        if (*p == '\\' && (p[1] == 'n' || p[1] == 't' || p[1] == '\\')) {
+            *w++ = p[1] == 'n' ? '\n' : p[1] == 't' ? '\t' : '\\';
+            p++;
+        } else {
+            *w++ = *p;
+        }
+    }
+    *w = 0;
+}

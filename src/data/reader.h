@@ -1,0 +1,97 @@
+/* Reading instruction/chat data files into plain records (strings only, nothing tokenized).
+ *
+ * Containers: a JSON array of objects (.json) or JSON Lines, one object per line (.jsonl, and
+ * also .json files whose first character is '{', like THUDM's AdvertiseGen train.json).
+ * Schemas, each a mapping of JSON keys onto one record {system, query, input, answer, history}:
+ *   alpaca    {"instruction", "input"?, "output", "history"?: [[q, a], ...], "system"?}
+ *   columns   ChatGLM ptuning/main.py columns: prompt_column / response_column / history_column
+ *             (defaults "prompt", "response", "history"; AdvertiseGen's "content"/"summary" is
+ *             recognised automatically)
+ *   sharegpt  {"conversations": [{"from": "human"|"user", "value"}, {"from": "gpt"|"assistant",
+ *             "value"}, ...], "system"?}; also {"messages": [{"role", "content"}]}. The turns
+ *             before the last become the history, the last user/assistant pair query/answer.
+ * Auto-detection looks at the file's first character and at the keys of its first record.
+ *
+ * Bad input: a malformed JSON record, a record that is not an object, a missing or non-string
+ * field, a broken history/conversation, invalid UTF-8 — each stops the read with
+ * "file:line:column: reason", or with skip_bad_samples is skipped and counted (the first such
+ * message is kept for the summary). A structurally broken array (unterminated, not an array)
+ * always stops. A null prompt/answer is read as "" (ptuning/main.py then drops the example;
+ * see examples.h). A UTF-8 BOM is skipped; CRLF line ends are accepted. */
+#ifndef GLM_DATA_READER_H
+#define GLM_DATA_READER_H
+#include <stddef.h>
+#include <stdint.h>
+#include "core/err.h"
+
+typedef enum { GLM_SCHEMA_AUTO = 0, GLM_SCHEMA_ALPACA, GLM_SCHEMA_COLUMNS, GLM_SCHEMA_SHAREGPT } glm_schema;
+typedef enum { GLM_CONTAINER_AUTO = 0, GLM_CONTAINER_ARRAY, GLM_CONTAINER_LINES } glm_container;
+
+/* Column names for GLM_SCHEMA_COLUMNS (NULL = default/none). A history column named here is
+ * "present" for every record (a missing value reads as an empty history), as in ptuning. */
+typedef struct glm_columns {
+    const char *prompt, *response, *history, *input, *system;
+} glm_columns;
+
+typedef struct glm_read_cfg {
+    glm_schema schema;
+    glm_container container;
+    glm_columns columns;
+    int skip_bad_samples;
+} glm_read_cfg;
+
+/* One record. Strings are owned (glm_record_free); absent optional fields are NULL. */
+typedef struct glm_record {
+    char *system;     /* system prompt or NULL */
+    char *query;      /* the instruction / prompt / last user turn ("" when null) */
+    char *input;      /* alpaca "input" or NULL */
+    char *answer;     /* the response ("" when null) */
+    char **hist;      /* 2*n_hist strings: q0, r0, q1, r1, ... */
+    int n_hist;
+    int has_history;  /* the record has a history column (ptuning wraps rounds even when empty) */
+    int64_t index;    /* 0-based record number in the file */
+    int64_t line, col; /* where the record starts (1-based; col in characters) */
+} glm_record;
+void glm_record_free(glm_record *r);
+
+/* Counts while reading (added into the data summary). */
+typedef struct glm_read_stats {
+    int64_t records;     /* records seen, bad ones included */
+    int64_t bad_json;    /* skipped: malformed JSON */
+    int64_t bad_record;  /* skipped: not an object / missing or wrong-typed field / bad UTF-8 */
+    int bom;             /* the file started with a UTF-8 BOM */
+    char first_bad[256]; /* "file:line:col: reason" of the first skipped record */
+} glm_read_stats;
+
+typedef struct glm_reader glm_reader;
+int glm_reader_open(glm_reader **out, const char *path, const glm_read_cfg *cfg, glm_err *err);
+/* 1: *rec filled (free it with glm_record_free); 0: end of file; -1: error (err names
+ * file:line:col). Skipped records are counted in the stats, never returned. */
+int glm_reader_next(glm_reader *r, glm_record *rec, glm_err *err);
+const glm_read_stats *glm_reader_stats(const glm_reader *r);
+glm_schema glm_reader_schema(const glm_reader *r);   /* as detected (after the first record) */
+glm_container glm_reader_container(const glm_reader *r);
+void glm_reader_close(glm_reader *r);
+
+/* "auto", "alpaca", "columns" (alias "chatglm"), "sharegpt"; returns -1 for anything else. */
+int glm_schema_parse(const char *s, glm_schema *out);
+int glm_container_parse(const char *s, glm_container *out); /* "auto", "json", "jsonl" */
+const char *glm_schema_name(glm_schema s);
+
+/* Used by the reader (schema.c): the keys a schema reads, resolved from glm_columns. */
+struct cJSON;
+typedef struct glm_keys {
+    const char *prompt, *response, *input, *system, *history;
+    int history_always;  /* history column configured: present for every record */
+} glm_keys;
+/* Picks the schema from the first record's keys (cfg->schema when not AUTO) and the keys it
+ * reads. Returns 0, or -1 with a message in why (the record's keys and what to set). */
+int glm_schema_detect(const glm_read_cfg *cfg, const struct cJSON *obj, glm_schema *schema,
+                      glm_keys *keys, char *why, size_t why_len);
+/* Fills rec from one JSON value. Returns 0, or -1 with the reason in why (a bad record). */
+int glm_schema_extract(glm_schema schema, const glm_keys *keys, const struct cJSON *obj,
+                       glm_record *rec, char *why, size_t why_len);
+/* 1 when s[0..n) is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
+int glm_utf8_valid(const char *s, size_t n);
+
+#endif

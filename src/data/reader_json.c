@@ -1,0 +1,220 @@
+/* JSON array / JSON Lines reading with file:line:column errors. See reader.h.
+ *
+ * A JSON array is not parsed as one document: a small scanner finds each element's extent
+ * (strings and nesting tracked) and cJSON parses elements one at a time. That keeps memory at
+ * one element's tree, gives every record its own line number, and lets skip_bad_samples step
+ * over one malformed element without losing the rest of the file. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/fileutil.h"
+#include "data/reader.h"
+
+struct glm_reader {
+    char *path, *buf;
+    size_t len, pos;
+    glm_read_cfg cfg;
+    glm_schema schema;     /* AUTO until the first object is seen */
+    glm_keys keys;
+    glm_container container;
+    int done, closed;      /* closed: the array's ']' has been consumed */
+    int64_t n_elems;       /* array elements scanned */
+    size_t loc_off; int64_t loc_line; size_t loc_bol; /* line-counting cursor (see locate) */
+    glm_read_stats stats;
+};
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* 1-based line and column (in characters) of byte offset off. Counting resumes from the last
+ * query when it moves forward, which it nearly always does. */
+static void locate(glm_reader *r, size_t off, int64_t *line, int64_t *col) {
+    if (off < r->loc_off) { r->loc_off = 0; r->loc_line = 1; r->loc_bol = 0; }
+    for (size_t i = r->loc_off; i < off && i < r->len; i++)
+        if (r->buf[i] == '\n') { r->loc_line++; r->loc_bol = i + 1; }
+    r->loc_off = off;
+    int64_t c = 1;
+    for (size_t i = r->loc_bol; i < off && i < r->len; i++) c += ((unsigned char)r->buf[i] & 0xC0) != 0x80;
+    *line = r->loc_line;
+    *col = c;
+}
+
+static int fail_at(glm_reader *r, size_t off, glm_err *err, const char *what) {
+    int64_t line, col;
+    locate(r, off, &line, &col);
+    return glm_fail(err, "%s:%lld:%lld: %s", r->path, (long long)line, (long long)col, what);
+}
+
+static const char *ext_of(const char *path) {
+    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+    return dot && (!slash || dot > slash) ? dot + 1 : "";
+}
+
+int glm_reader_open(glm_reader **out, const char *path, const glm_read_cfg *cfg, glm_err *err) {
+    size_t len;
+    char *buf = glm_read_file(path, &len, err);
+    if (!buf) return glm_hint(err, "check --train_file / --validation_file");
+    glm_reader *r = glm_calloc(1, sizeof *r);
+    r->path = glm_strdup(path);
+    r->buf = buf; r->len = len;
+    r->cfg = *cfg;
+    r->schema = GLM_SCHEMA_AUTO;
+    r->loc_line = 1;
+    if (len >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) { r->pos = 3; r->stats.bom = 1; }
+    size_t p = r->pos;
+    while (p < len && is_ws(buf[p])) p++;
+    r->container = cfg->container;
+    if (r->container == GLM_CONTAINER_AUTO) {
+        if (!strcmp(ext_of(path), "jsonl")) r->container = GLM_CONTAINER_LINES;
+        else r->container = p < len && buf[p] == '[' ? GLM_CONTAINER_ARRAY : GLM_CONTAINER_LINES;
+    }
+    if (r->container == GLM_CONTAINER_ARRAY) {
+        if (p >= len) r->done = 1; /* an empty file is an empty dataset, judged by the caller */
+        else if (buf[p] != '[') {
+            fail_at(r, p, err, "expected a JSON array '[' of records");
+            glm_hint(err, "the file looks like JSON Lines (one object per line): rename it to .jsonl or set the data format to jsonl");
+            glm_reader_close(r);
+            return -1;
+        } else r->pos = p + 1;
+    }
+    *out = r;
+    return 0;
+}
+
+void glm_reader_close(glm_reader *r) {
+    if (!r) return;
+    free(r->path); free(r->buf); free(r);
+}
+
+const glm_read_stats *glm_reader_stats(const glm_reader *r) { return &r->stats; }
+glm_schema glm_reader_schema(const glm_reader *r) { return r->schema; }
+glm_container glm_reader_container(const glm_reader *r) { return r->container; }
+
+/* A bad record: an error, or with skip_bad_samples a count (and the first message kept). */
+static int bad(glm_reader *r, size_t off, int json, const char *why, glm_err *err) {
+    int64_t line, col;
+    locate(r, off, &line, &col);
+    if (!r->cfg.skip_bad_samples) {
+        glm_fail(err, "%s:%lld:%lld: %s%s", r->path, (long long)line, (long long)col,
+                 json ? "malformed JSON: " : "", why);
+        return glm_hint(err, "fix the record, or pass --skip_bad_samples to skip bad records (they are counted)");
+    }
+    if (json) r->stats.bad_json++; else r->stats.bad_record++;
+    if (!r->stats.first_bad[0])
+        snprintf(r->stats.first_bad, sizeof r->stats.first_bad, "%s:%lld:%lld: %s%s", r->path,
+                 (long long)line, (long long)col, json ? "malformed JSON: " : "", why);
+    return 0;
+}
+
+/* Parses one JSON value in [s, e) (offsets into buf) and turns it into a record.
+ * 1 = record, 0 = skipped, -1 = error. */
+static int parse_value(glm_reader *r, size_t s, size_t e, glm_record *rec, glm_err *err) {
+    r->stats.records++;
+    const char *end = NULL;
+    cJSON *v = cJSON_ParseWithLengthOpts(r->buf + s, e - s, &end, 0);
+    if (!v) {
+        size_t at = end ? (size_t)(end - r->buf) : s;
+        return bad(r, at < e ? at : e, 1, at >= e ? "unexpected end of the record" : "syntax error", err);
+    }
+    size_t after = (size_t)(end - r->buf);
+    while (after < e && is_ws(r->buf[after])) after++;
+    if (after < e) { cJSON_Delete(v); return bad(r, after, 1, "unexpected data after the JSON value", err); }
+    char why[200];
+    if (r->schema == GLM_SCHEMA_AUTO && cJSON_IsObject(v)) {
+        if (glm_schema_detect(&r->cfg, v, &r->schema, &r->keys, why, sizeof why)) {
+            cJSON_Delete(v);
+            fail_at(r, s, err, why);
+            return glm_hint(err, "set the data format (alpaca, columns, sharegpt) or --prompt_column/--response_column");
+        }
+    }
+    int rc = r->schema == GLM_SCHEMA_AUTO ? (snprintf(why, sizeof why, "record is not an object"), -1)
+                                          : glm_schema_extract(r->schema, &r->keys, v, rec, why, sizeof why);
+    cJSON_Delete(v);
+    if (rc) return bad(r, s, 0, why, err) ? -1 : 0;
+    rec->index = r->stats.records - 1;
+    locate(r, s, &rec->line, &rec->col);
+    return 1;
+}
+
+/* The end of the array element starting at s: the ',' or ']' that closes it at depth 0.
+ * Returns 0, or -1 on a structural error (reported at *at). */
+static int scan_element(const glm_reader *r, size_t s, size_t *end, size_t *at, const char **why) {
+    int depth = 0, in_str = 0;
+    size_t str_start = 0;
+    for (size_t i = s; i < r->len; i++) {
+        char c = r->buf[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = 0;
+            continue;
+        }
+        if (c == '"') { in_str = 1; str_start = i; }
+        else if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') { if (depth == 0) { *end = i; return 0; } depth--; }
+        else if (c == ',' && depth == 0) { *end = i; return 0; }
+    }
+    *at = in_str ? str_start : s;
+    *why = in_str ? "unterminated string" : "unterminated array (missing ']' at the end of the file?)";
+    return -1;
+}
+
+/* After the closing ']' only whitespace may follow. */
+static int finish_array(glm_reader *r, glm_err *err) {
+    r->done = 1;
+    for (size_t q = r->pos; q < r->len; q++)
+        if (!is_ws(r->buf[q])) return fail_at(r, q, err, "unexpected data after the closing ']'");
+    return 0;
+}
+
+static int next_array(glm_reader *r, glm_record *rec, glm_err *err) {
+    while (!r->closed) {
+        size_t p = r->pos;
+        while (p < r->len && is_ws(r->buf[p])) p++;
+        if (p >= r->len) return fail_at(r, r->len, err, "unterminated array (missing ']' at the end of the file?)");
+        if (r->buf[p] == ']' && r->n_elems == 0) { r->pos = p + 1; break; } /* [] */
+        size_t e, at;
+        const char *why;
+        if (scan_element(r, p, &e, &at, &why)) {
+            fail_at(r, at, err, why);
+            return glm_hint(err, "the file is not a complete JSON array; --skip_bad_samples cannot skip a broken file structure");
+        }
+        if (r->buf[e] == '}') return fail_at(r, e, err, "malformed JSON: unexpected '}'");
+        r->n_elems++;
+        r->closed = r->buf[e] == ']';
+        r->pos = e + 1;
+        int rc;
+        if (p == e) { /* "[,", ",," or a trailing ",]" */
+            r->stats.records++;
+            rc = bad(r, p, 1, "expected a record", err) ? -1 : 0;
+        } else {
+            rc = parse_value(r, p, e, rec, err);
+        }
+        if (rc) return rc;
+    }
+    return finish_array(r, err);
+}
+
+static int next_line(glm_reader *r, glm_record *rec, glm_err *err) {
+    while (r->pos < r->len) {
+        size_t s = r->pos;
+        char *nl = memchr(r->buf + s, '\n', r->len - s);
+        size_t e = nl ? (size_t)(nl - r->buf) : r->len;
+        r->pos = e + 1;
+        size_t a = s, b = e;
+        while (a < b && is_ws(r->buf[a])) a++;
+        while (b > a && is_ws(r->buf[b - 1])) b--; /* also drops the '\r' of CRLF files */
+        if (a == b) continue;                         /* blank lines are not records */
+        int rc = parse_value(r, a, b, rec, err);
+        if (rc < 0 && r->stats.records == 1 && r->buf[a] == '{' && strstr(err->msg, "malformed JSON"))
+            glm_hint(err, "JSON Lines needs one whole record per line; a pretty-printed file must be a JSON array "
+                          "[{...}, ...] (or pass --skip_bad_samples)");
+        if (rc) return rc;
+    }
+    r->done = 1;
+    return 0;
+}
+
+int glm_reader_next(glm_reader *r, glm_record *rec, glm_err *err) {
+    if (r->done) return 0;
+    return r->container == GLM_CONTAINER_ARRAY ? next_array(r, rec, err) : next_line(r, rec, err);
+}
