@@ -32,7 +32,31 @@ static void pack_b(float *bp, int tB, const float *B, int ldb, int k0, int kc, i
         }
 }
 
-/* acc[MR][NR] = sum_k ap[k][r] * bp[k][c] */
+/* acc[MR][NR] = sum_k ap[k][r] * bp[k][c]. With AVX2+FMA: 12 ymm accumulators (6 rows x 2
+ * vectors of 8), one broadcast of A per row and two loads of B per k. */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+static inline void micro_kernel(int kc, const float *restrict ap, const float *restrict bp, float acc[MR][NR]) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int k = 0; k < kc; k++) {
+        const float *a = ap + k * MR;
+        __m256 b0 = _mm256_loadu_ps(bp + k * NR), b1 = _mm256_loadu_ps(bp + k * NR + 8), av;
+        av = _mm256_broadcast_ss(a + 0); c00 = _mm256_fmadd_ps(av, b0, c00); c01 = _mm256_fmadd_ps(av, b1, c01);
+        av = _mm256_broadcast_ss(a + 1); c10 = _mm256_fmadd_ps(av, b0, c10); c11 = _mm256_fmadd_ps(av, b1, c11);
+        av = _mm256_broadcast_ss(a + 2); c20 = _mm256_fmadd_ps(av, b0, c20); c21 = _mm256_fmadd_ps(av, b1, c21);
+        av = _mm256_broadcast_ss(a + 3); c30 = _mm256_fmadd_ps(av, b0, c30); c31 = _mm256_fmadd_ps(av, b1, c31);
+        av = _mm256_broadcast_ss(a + 4); c40 = _mm256_fmadd_ps(av, b0, c40); c41 = _mm256_fmadd_ps(av, b1, c41);
+        av = _mm256_broadcast_ss(a + 5); c50 = _mm256_fmadd_ps(av, b0, c50); c51 = _mm256_fmadd_ps(av, b1, c51);
+    }
+    _mm256_storeu_ps(acc[0], c00); _mm256_storeu_ps(acc[0] + 8, c01);
+    _mm256_storeu_ps(acc[1], c10); _mm256_storeu_ps(acc[1] + 8, c11);
+    _mm256_storeu_ps(acc[2], c20); _mm256_storeu_ps(acc[2] + 8, c21);
+    _mm256_storeu_ps(acc[3], c30); _mm256_storeu_ps(acc[3] + 8, c31);
+    _mm256_storeu_ps(acc[4], c40); _mm256_storeu_ps(acc[4] + 8, c41);
+    _mm256_storeu_ps(acc[5], c50); _mm256_storeu_ps(acc[5] + 8, c51);
+}
+#else
 static inline void micro_kernel(int kc, const float *restrict ap, const float *restrict bp, float acc[MR][NR]) {
     float c[MR][NR] = {{0}};
     for (int k = 0; k < kc; k++) {
@@ -42,6 +66,7 @@ static inline void micro_kernel(int kc, const float *restrict ap, const float *r
     }
     memcpy(acc, c, sizeof c);
 }
+#endif
 
 void cpu_sgemm(int tA, int tB, int M, int N, int K, float alpha, const float *A, int lda,
                const float *B, int ldb, float beta, float *C, int ldc) {
