@@ -73,6 +73,10 @@ bench-cpu: all
 deps:
 	bash scripts/install-deps.sh
 
+# The main job on an embedded default: poems -> tokenizer -> small GLM -> generations.
+demo:
+	bash scripts/demo.sh
+
 clean:
 	rm -rf build build-asan
 
