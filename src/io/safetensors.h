@@ -21,7 +21,7 @@ typedef struct st_reader st_reader;
 int st_open(st_reader **out, const char *path, glm_err *err);
 void st_close(st_reader *r);
 int st_count(const st_reader *r);
-const char *st_name(const st_reader *r, int i);
+const char *st_name(const st_reader *r, int i); /* sorted by name */
 /* 0 and fills what is asked for (NULLs allowed) when the tensor exists; -1 when it does not. */
 int st_info(const st_reader *r, const char *name, st_dtype *dtype, int *ndim, int64_t shape[ST_MAX_DIMS]);
 /* Reads tensor `name` converted to float32 (from F32/F16/BF16/F64). Fails, naming file and

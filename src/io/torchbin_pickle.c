@@ -407,6 +407,9 @@ static int to_tensor(vm *v, const char *name, const obj *o, tp_tensor *t) {
         if (a->i > 0) ovf |= __builtin_mul_overflow((uint64_t)(a->i - 1), (uint64_t)b->i, &span) || __builtin_add_overflow(last, span, &last);
     }
     if (ovf) return glm_fail(v->err, "%s: tensor '%s' has an absurd shape or stride (element count overflows)", w, name);
+    if ((uint64_t)o->i > (uint64_t)s->i) /* even an empty view starts inside (or at the end of) its storage */
+        return glm_fail(v->err, "%s: tensor '%s' starts at element %lld of storage '%s', which holds only %lld elements", w, name,
+                        (long long)o->i, s->s, (long long)s->i);
     if (numel > 0 && last >= (uint64_t)s->i)
         return glm_fail(v->err, "%s: tensor '%s' reaches element %llu of storage '%s', which holds only %lld elements (lying sizes?)", w, name,
                         (unsigned long long)last, s->s, (long long)s->i);
