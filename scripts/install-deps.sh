@@ -3,7 +3,7 @@
 # Idempotent: skips what is already there. Run as root (CI and the dev machines are root).
 set -euo pipefail
 APT_PKGS="build-essential libcjson-dev python3 python3-numpy python3-torch python3-sentencepiece
-          sentencepiece fortunes-zh libopenmpi-dev openmpi-bin python3-pip"
+          sentencepiece fortunes-zh libopenmpi-dev openmpi-bin python3-pip clang"
 PIP_PKGS="safetensors tensorboard"
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
