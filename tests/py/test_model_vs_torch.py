@@ -66,30 +66,43 @@ def make_cfg(layers, hidden, heads, inner, tied):
 
 
 def make_rows(cfg, lengths, seed):
-    """ptuning/main.py examples: ids = a + [gMASK, sop] + b + [eop], labels = [-100]*ctx + ids[ctx:]."""
+    """ptuning/main.py examples: ids = a + [gMASK, sop] + b + [eop], labels = [-100]*ctx + ids[ctx:].
+    A row spec is (len(a), len(b)) or (len(a), len(b), kind): kind "mask_only" puts a [MASK] in the
+    middle of a and no [gMASK] (positions after <sop> then freeze at the [MASK]); "mask_and_gmask"
+    puts a [MASK] in a and keeps [gMASK] (the model prefers [gMASK])."""
     g = torch.Generator().manual_seed(seed)
     ids, labels = [], []
-    for la, lb in lengths:
+    for spec in lengths:
+        la, lb = spec[0], spec[1]
+        kind = spec[2] if len(spec) > 2 else "gmask"
         a = torch.randint(4, 90, (la,), generator=g).tolist()
         b = torch.randint(4, 90, (lb,), generator=g).tolist()
-        i, l = glm_ref.make_example(a, b, cfg)
+        if kind == "gmask":
+            i, l = glm_ref.make_example(a, b, cfg)
+        else:
+            k = la // 2
+            a = a[:k] + [cfg["mask_token_id"]] + a[k:]
+            mid = [cfg["gmask_token_id"]] if kind == "mask_and_gmask" else []
+            i = a + mid + [cfg["bos_token_id"]] + b + [cfg["eos_token_id"]]
+            ctx = i.index(cfg["bos_token_id"])
+            l = [-100] * ctx + i[ctx:]
         ids.append(i)
         labels.append(l)
     return ids, labels
 
 
-# name, model (layers, hidden, heads, inner), tied, rows (len(a), len(b)), options, also run with
+# name, model (layers, hidden, heads, inner), tied, rows (see make_rows), options, also run with
 # --gradient_checkpointing, init std of the weight matrices
 CASES = [
     ("A_tied", (2, 64, 4, 256), True, [(5, 4), (9, 1), (2, 7)],
      dict(steps=10, lr=1e-4, weight_decay=0.1, eps=1e-6, max_grad_norm=0.0), True, 0.02),
     # eps 1e-4 puts most elements in AdamW's linear regime (update ~ lr*m/eps), where the clip
     # coefficient (0.16 here) shows in the parameters; Adam is otherwise blind to a gradient scale
-    ("A_untied_clip", (2, 64, 4, 256), False, [(3, 6), (8, 2), (1, 1), (6, 5)],
+    ("A_untied_clip", (2, 64, 4, 256), False, [(3, 6), (8, 2), (1, 1), (6, 5, "mask_and_gmask")],
      dict(steps=10, lr=1e-3, weight_decay=0.1, beta1=0.8, beta2=0.95, eps=1e-4, max_grad_norm=0.5), False, 0.02),
     ("B_untied", (3, 96, 6, 320), False, [(7, 3), (0, 5), (4, 9)],
      dict(steps=10, lr=1e-4, weight_decay=0.1, eps=1e-6, max_grad_norm=0.0), True, 0.02),
-    ("B_tied_clip_eps1e-8", (3, 96, 6, 320), True, [(2, 2), (10, 4), (5, 1)],
+    ("B_tied_clip_eps1e-8", (3, 96, 6, 320), True, [(2, 2), (10, 4, "mask_only"), (5, 0)],
      dict(steps=10, lr=1e-4, weight_decay=0.1, max_grad_norm=1.0), False, 0.02),
     # long prompts (positions up to ~150) and larger weights (peaked attention): makes the fp16
     # rounding of the rotary inverse frequencies, and any position/mask slip, visible; clipping
