@@ -30,8 +30,8 @@ def make_tokenizer(d):
     blanks = ",".join("<|blank_%d|>" % n for n in range(2, 81))
     prefix = os.path.join(d, "tok", "ice_text")
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    subprocess.run(["spm_train", "--input=" + text, "--model_prefix=" + prefix, "--vocab_size=600",
-                    "--model_type=unigram", "--character_coverage=0.9995", "--byte_fallback=true",
+    subprocess.run(["spm_train", "--input=" + text, "--model_prefix=" + prefix, "--vocab_size=2500", "--hard_vocab_limit=false",
+                    "--model_type=unigram", "--character_coverage=0.98", "--byte_fallback=true",
                     "--unk_id=0", "--bos_id=1", "--eos_id=2", "--pad_id=3",
                     "--user_defined_symbols=<n>,<|tab|>," + blanks,
                     "--control_symbols=[MASK],[gMASK],[sMASK],<unused_0>,<sop>,<eop>,<ENC>,<dBLOCK>",
@@ -96,7 +96,7 @@ def main():
         train_file, val_file = write_data(d)
         base = ["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", train_file,
                 "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
-                "--learning_rate", "3e-3", "--warmup_steps", "2", "--logging_steps", "1", "--seed", "7",
+                "--learning_rate", "1e-2", "--warmup_steps", "2", "--logging_steps", "1", "--seed", "7",
                 "--max_source_length", "32", "--max_target_length", "16", "--disable_tqdm"]
 
         # 1. a full run: the loss falls
