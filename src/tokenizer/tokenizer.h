@@ -36,4 +36,51 @@ char *glm_tokenizer_decode(const glm_tokenizer *t, const int32_t *ids, int n);
  * ASCII , ! : ; ? next to a CJK character become full-width. Caller frees. */
 char *glm_chat_postprocess(const char *response);
 
+/* ---- Additions (issue 3) ---- */
+
+/* What kind of tokenizer was loaded, which decides pre/post-processing and special tokens. */
+typedef enum glm_tok_kind {
+    GLM_TOK_SPM = 0,      /* a plain SentencePiece model: no ChatGLM layer, no special tokens */
+    GLM_TOK_CHATGLM1 = 1, /* ChatGLM-6B ice_text.model: <n>/<|tab|>/<|blank_N|>, suffix [gMASK] <sop> */
+    GLM_TOK_CHATGLM2 = 2  /* ChatGLM2/3 tokenizer.model: plain SentencePiece, specials appended after
+                             the pieces ([MASK] [gMASK] [sMASK] sop eop (<|system|> ...)), prefix [gMASK] sop */
+} glm_tok_kind;
+glm_tok_kind glm_tokenizer_kind(const glm_tokenizer *t);
+
+/* The id that closes a (prompt, answer) pair: <eop> for ChatGLM-6B, </s> for ChatGLM2/3. */
+int32_t glm_tokenizer_eos(const glm_tokenizer *t);
+
+/* encode flags */
+#define GLM_TOK_SPM_ONLY    1 /* SentencePiece only: no ChatGLM pre-processing, no id offset */
+#define GLM_TOK_ADD_SPECIAL 2 /* apply build_inputs_with_special_tokens (single sequence) */
+
+/* glm_tokenizer_encode with flags. flags = 0 is exactly glm_tokenizer_encode. */
+int glm_tokenizer_encode_ex(const glm_tokenizer *t, const char *text, size_t len, int flags, glm_ids *out,
+                            glm_err *err);
+/* Like encode_ex but returns the pieces (as SentencePiece's EncodeAsPieces reports them: merged
+ * unknown runs keep their text) as *n NUL-terminated strings back to back in one malloc'd block
+ * (caller frees); NULL on error. */
+char *glm_tokenizer_encode_pieces(const glm_tokenizer *t, const char *text, size_t len, int flags, int *n,
+                                  glm_err *err);
+
+/* ChatGLM's build_inputs_with_special_tokens, appended to out. ChatGLM-6B: a + [gMASK, <sop>],
+ * with b: a + [gMASK, <sop>] + b + [<eop>]. ChatGLM2/3: [gMASK, sop] + a (+ b + [</s>]).
+ * A plain SentencePiece model: a (+ b). b may be NULL (nb ignored). */
+void glm_tokenizer_build_inputs(const glm_tokenizer *t, const int32_t *a, int na, const int32_t *b, int nb,
+                                glm_ids *out);
+
+/* Decode with flags: GLM_TOK_SPM_ONLY gives SentencePiece's DecodeIds alone (no pad removal, no
+ * <n>/<|tab|>/<|blank_N|> post-processing). Ids out of range are skipped. *len (optional) gets
+ * the byte length (the text may contain NUL bytes). Caller frees. */
+char *glm_tokenizer_decode_ex(const glm_tokenizer *t, const int32_t *ids, int n, int flags, size_t *len);
+
+/* Encodes n texts (texts[i] of lens[i] bytes; lens NULL: NUL-terminated) with up to n_threads
+ * threads (<= 0: all cores); ids (flags = 0 semantics, no special tokens) are appended to outs[i],
+ * which the caller zero-initialises. On error returns -1 with the first failing index in err. */
+int glm_tokenizer_encode_batch(const glm_tokenizer *t, const char **texts, const size_t *lens, int n, glm_ids *outs,
+                               int n_threads, glm_err *err);
+/* Same with flags (GLM_TOK_SPM_ONLY, GLM_TOK_ADD_SPECIAL). */
+int glm_tokenizer_encode_batch_ex(const glm_tokenizer *t, const char **texts, const size_t *lens, int n, int flags,
+                                  glm_ids *outs, int n_threads, glm_err *err);
+
 #endif
