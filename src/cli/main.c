@@ -10,7 +10,8 @@ static void usage(void) {
            "  generate   one response to --prompt from a trained model\n"
            "  chat       talk to a model in the terminal (history, streaming)\n"
            "  tokenize   ids, pieces or text through the ChatGLM tokenizer\n"
-           "  info       model size and the memory plan for a training setup\n");
+           "  info       model size and the memory plan for a training setup\n"
+           "  env        check CUDA, cuBLAS, NCCL, every GPU and the links between them\n");
 }
 
 int main(int argc, char **argv) {
@@ -26,6 +27,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "chat")) return glm_cmd_chat(n, rest);
     if (!strcmp(cmd, "tokenize")) return glm_cmd_tokenize(n, rest);
     if (!strcmp(cmd, "info")) return glm_cmd_info(n, rest);
+    if (!strcmp(cmd, "env")) return glm_cmd_env(n, rest);
     fprintf(stderr, "error: unknown command \"%s\"\n", cmd);
     usage();
     return 2;
