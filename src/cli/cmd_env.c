@@ -96,7 +96,7 @@ int glm_cmd_env(int argc, char **argv) {
     cudaRuntimeGetVersion(&rt);
     cudaDriverGetVersion(&drv);
     snprintf(d, sizeof d, "runtime %d.%d, driver supports %d.%d", rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
-    fails += line(drv >= rt && drv > 0, "CUDA", drv >= rt ? d : "driver older than the runtime: update the NVIDIA driver");
+    fails += line(drv >= rt && drv > 0, "CUDA", drv == 0 ? "no NVIDIA driver found (no GPU on this machine?)" : drv >= rt ? d : "driver older than the runtime: update the NVIDIA driver");
     size_t lt = cublasLtGetVersion();
     snprintf(d, sizeof d, "%zu", lt);
     line(1, "cuBLASLt", d);
@@ -114,7 +114,7 @@ int glm_cmd_env(int argc, char **argv) {
         cudaGetDeviceProperties(&p, i);
         snprintf(d, sizeof d, "%s, %.1f GiB, sm_%d%d, %d SMs, bf16 %s", p.name, p.totalGlobalMem / 1073741824.0, p.major,
                  p.minor, p.multiProcessorCount, p.major >= 8 ? "yes" : "no (use --fp16)");
-        char what[32];
+        char what[48];
         snprintf(what, sizeof what, "GPU %d", i);
         line(1, what, d);
         char msg[256];
@@ -129,7 +129,7 @@ int glm_cmd_env(int argc, char **argv) {
             if (i == j) continue;
             int can = 0;
             cudaDeviceCanAccessPeer(&can, i, j);
-            char what[32];
+            char what[48];
             snprintf(what, sizeof what, "peer access %d -> %d", i, j);
             line(1, what, can ? "yes" : "no (traffic goes through the host)");
         }
