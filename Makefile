@@ -14,28 +14,38 @@ ifeq ($(CUDA),0)
   NVCC_PATH :=
 endif
 
-LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/main.c' | sort)
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/main.c' ! -path 'src/backend/cuda/*' | sort)
 CU_SRC   := $(shell find src -name '*.cu' | sort)
 ifneq ($(NVCC_PATH),)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC_PATH))
   CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+  LIB_SRC  += $(shell find src/backend/cuda -name '*.c' | sort)
   CFLAGS   += -DGLM_HAVE_CUDA -I$(CUDA_HOME)/include
   LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
   NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Isrc -Xcompiler -fPIC --expt-relaxed-constexpr
+  NVCCFLAGS += -MMD -MP
+  # GPU tests and the training benchmark: built with the CUDA backend only (run on a GPU machine)
+  CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(sort $(wildcard tests/cuda/test_*.c)))
+  CUDA_BINS := $(CUDA_TEST_BIN) $(BUILD)/bench_train
 endif
 
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+# Objects are rebuilt when the flags change (e.g. CUDA=0 after a CUDA build in the same folder).
+FLAGS_STAMP := $(BUILD)/.flags-$(shell echo '$(CFLAGS) $(NVCCFLAGS) $(LDLIBS)' | md5sum | cut -c1-12)
 TEST_SRC := $(sort $(wildcard tests/c/test_*.c tests/c/tool_*.c))
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
 .PHONY: all test test-asan test-cuda demo bench-cpu bench-tokenizer clean deps
 all: $(BUILD)/glmtrain $(TEST_BIN)
 
-$(BUILD)/obj/%.o: %.c
+$(FLAGS_STAMP):
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/.flags-* && touch $@
+
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu
+$(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -50,6 +60,15 @@ $(BUILD)/tests/%: tests/c/%.c $(BUILD)/libglm.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
 
+all: $(CUDA_BINS)
+
+$(BUILD)/tests/cuda/%: tests/cuda/%.c tests/cuda/cuda_test_util.h $(BUILD)/libglm.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/c -Itests/cuda $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
+
+$(BUILD)/bench_train: bench/bench_train.c $(BUILD)/libglm.a
+	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
+
 # Everything CPU-side; the last line is "N passed, N failed, N skipped".
 test: all
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run.sh
@@ -60,7 +79,8 @@ test-asan:
 	    LDFLAGS="-fsanitize=address,undefined" all
 	@BUILD=build-asan PYTHON=$(PYTHON) ONLY_C=1 bash tests/run.sh
 
-# GPU tests: every CUDA op against its CPU twin (run on the GPU machine).
+# GPU tests (run on the GPU machine): every CUDA op against its CPU twin, the model on CUDA vs
+# the CPU, a 50-step training curve, compute-sanitizer memcheck/racecheck. docs/GPU-TESTS.md.
 test-cuda: all
 	@BUILD=$(BUILD) bash tests/run_cuda.sh
 
@@ -80,4 +100,4 @@ demo:
 clean:
 	rm -rf build build-asan
 
--include $(LIB_OBJ:.o=.d) $(BUILD)/obj/src/cli/main.d
+-include $(LIB_OBJ:.o=.d) $(BUILD)/obj/src/cli/main.d $(CU_OBJ:.o=.d)

@@ -114,6 +114,11 @@ struct glm_backend {
                   float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float grad_scale);
 
     void (*destroy)(glm_backend *be);
+
+    /* ---- optional (NULL where a backend lacks it; callers fall back) ---- */
+    /* dst[n] (float, device) = src[n] (S, device): e.g. the fp32 AdamW master copy made on the
+     * device instead of through a host round trip (27 GB each way for ChatGLM-6B). */
+    void (*to_f32)(glm_backend *be, float *dst, const void *src, size_t n);
 };
 
 glm_backend *glm_backend_cpu(void);

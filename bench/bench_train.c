@@ -1,0 +1,176 @@
+/* Training throughput of the CUDA backend on ChatGLM-6B shapes (glm_config_chatglm6b with an
+ * untied head), random init on the device, full fine-tune AdamW with fp32 master weights,
+ * rows of half prompt / half answer (labels on the answer half only).
+ *
+ *   bench_train [--fp32 | --fp16] [--runs 512x4,512x8,512x8c,2048x2] [--steps 6] [--warmup 2]
+ *               [--layers L] [--out FILE]
+ *
+ * A run "TxB" is seq T, micro-batch B; a trailing "c" turns on gradient checkpointing. Each run
+ * builds a fresh model and optimizer (checkpointing changes the activation layout) and times
+ * whole optimizer steps: zero grads, forward + backward, grad norm + clip, AdamW. Reported:
+ * tokens/s (all B*T tokens), MFU = tok/s * (6N + 12 L H T) / 989e12 (N = parameters, the
+ * formula of docs/PERF.md), peak GPU memory, time from the run's start (and from the process
+ * start) to the end of its first step, and the step-time split from one profiled step. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/rng.h"
+#include "model/glm.h"
+#include "optim/adamw.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Row: prompt of T/2-1 random tokens, [gMASK], <sop>, answer tokens, <eop> = T tokens. */
+static void make_batch(glm_batch *b, const glm_config *c, int B, int T, uint64_t seed) {
+    glm_rng r;
+    glm_rng_seed(&r, seed);
+    glm_batch_alloc(b, B, T);
+    int32_t *ids = malloc(sizeof(int32_t) * T), *lab = malloc(sizeof(int32_t) * T);
+    for (int row = 0; row < B; row++) {
+        int n = 0;
+        for (int i = 0; i < T / 2 - 1; i++) ids[n++] = 5 + (int)glm_rng_below(&r, 120000);
+        ids[n++] = c->gmask_token_id;
+        int ctx = n;
+        ids[n++] = c->bos_token_id;
+        while (n < T - 1) ids[n++] = 5 + (int)glm_rng_below(&r, 120000);
+        ids[n++] = c->eos_token_id;
+        for (int i = 0; i < T; i++) lab[i] = i < ctx ? -100 : ids[i];
+        glm_batch_set_row(b, row, ids, lab, T, c->pad_token_id, c->gmask_token_id, c->mask_token_id, c->bos_token_id);
+    }
+    glm_batch_count_targets(b);
+    free(ids);
+    free(lab);
+}
+
+/* HF-style init on the device: N(0, 0.02) matrices, LayerNorm weights 1, biases 0. */
+static void init_device(glm_model *m) {
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        void *p = glm_at(m->be, m->params, t->offset);
+        if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, 1000 + (uint64_t)i, 0.02f);
+        else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
+    }
+}
+
+/* glm_adamw_init without its host round trip of the master copy (27 GB each way here). */
+static void adamw_init_device(glm_adamw *o, glm_model *m) {
+    glm_backend *be = m->be;
+    size_t n = m->tab.total;
+    *o = (glm_adamw){.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+    o->m = be->alloc(be, n * sizeof(float));
+    o->v = be->alloc(be, n * sizeof(float));
+    be->zero(be, o->m, n * sizeof(float));
+    be->zero(be, o->v, n * sizeof(float));
+    if (be->dtype != GLM_F32) {
+        o->master = be->alloc(be, n * sizeof(float));
+        be->to_f32(be, o->master, m->params, n);
+    }
+}
+
+static double step(glm_model *m, glm_adamw *o, const glm_batch *b, double *loss) {
+    double t0 = now();
+    glm_zero_grads(m);
+    *loss = glm_forward_backward(m, b, 1.0f / b->n_targets) / b->n_targets;
+    double norm = glm_grad_norm(m, 1.0f);
+    glm_adamw_step(o, m, 1e-5f, glm_clip_coef(norm, 1.0f));
+    m->be->sync(m->be);
+    return now() - t0;
+}
+
+int main(int argc, char **argv) {
+    double t_proc = now();
+    glm_dtype dt = GLM_BF16;
+    const char *runs = "512x4,512x8,512x8c,2048x2", *out = NULL;
+    int steps = 6, warmup = 2, layers = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--fp32")) dt = GLM_F32;
+        else if (!strcmp(a, "--fp16")) dt = GLM_F16;
+        else if (!strcmp(a, "--bf16")) dt = GLM_BF16;
+        else if (!strcmp(a, "--runs")) { runs = v; i++; }
+        else if (!strcmp(a, "--steps")) { steps = atoi(v); i++; }
+        else if (!strcmp(a, "--warmup")) { warmup = atoi(v); i++; }
+        else if (!strcmp(a, "--layers")) { layers = atoi(v); i++; }
+        else if (!strcmp(a, "--out")) { out = v; i++; }
+        else { fprintf(stderr, "usage: see the header of bench/bench_train.c (unknown %s)\n", a); return 2; }
+    }
+    char err[256];
+    glm_backend *be = glm_backend_cuda(0, dt, err, sizeof err);
+    if (!be) { fprintf(stderr, "bench_train: %s\n", err); return 1; }
+    glm_config c = glm_config_chatglm6b();
+    c.tie_word_embeddings = 0;
+    if (layers > 0) c.num_layers = layers;
+    FILE *f = out ? fopen(out, "a") : NULL;
+    const char *dname = dt == GLM_F32 ? "fp32" : dt == GLM_BF16 ? "bf16" : "fp16";
+    printf("%-6s %-10s %9s %9s %6s %8s %8s %8s | %7s %7s %7s %7s  loss\n", "dtype", "run", "step_ms", "tok/s", "MFU",
+           "peakGiB", "first_s", "proc_s", "gemm", "attn", "other", "optim");
+    char spec[256];
+    snprintf(spec, sizeof spec, "%s", runs);
+    for (char *tok = strtok(spec, ","); tok; tok = strtok(NULL, ",")) {
+        int T = 0, B = 0;
+        char ck = 0;
+        if (sscanf(tok, "%dx%d%c", &T, &B, &ck) < 2) { fprintf(stderr, "bad run %s\n", tok); return 2; }
+        double t_run = now();
+        glm_cuda_memory_reset_peak(be);
+        glm_model m;
+        glm_model_init(&m, &c, be);
+        m.gradient_checkpointing = ck == 'c';
+        init_device(&m);
+        glm_adamw o;
+        adamw_init_device(&o, &m);
+        glm_batch b;
+        make_batch(&b, &c, B, T, 42);
+        double loss = 0, first = 0, *ts = calloc(steps > 0 ? steps : 1, sizeof(double));
+        for (int s = 0; s < warmup; s++) {
+            step(&m, &o, &b, &loss);
+            if (s == 0) first = now();
+        }
+        for (int s = 0; s < steps; s++) ts[s] = step(&m, &o, &b, &loss);
+        if (warmup == 0 && steps > 0) first = t_run + ts[0];
+        qsort(ts, steps, sizeof(double), cmp_d);
+        double med = steps ? ts[steps / 2] : 0;
+        /* one more step with per-category events */
+        double split[GLM_PROF_NCAT] = {0}, l2;
+        glm_cuda_profile(be, 1);
+        step(&m, &o, &b, &l2);
+        glm_cuda_profile_read(be, split);
+        glm_cuda_profile(be, 0);
+        size_t used, peak, total;
+        glm_cuda_memory(be, &used, &peak, &total);
+        double tok = (double)B * T / med;
+        double flops_tok = 6.0 * (double)m.tab.n_params + 12.0 * c.num_layers * c.hidden_size * (double)T;
+        double mfu = tok * flops_tok / 989e12;
+        char label[32];
+        snprintf(label, sizeof label, "%dx%d%s", T, B, ck == 'c' ? "+ckpt" : "");
+        printf("%-6s %-10s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
+               med * 1e3, tok, 100 * mfu, peak / 1073741824.0, first - t_run, first - t_proc, split[GLM_PROF_GEMM],
+               split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss);
+        fflush(stdout);
+        if (f)
+            fprintf(f, "{\"dtype\":\"%s\",\"run\":\"%s\",\"seq\":%d,\"batch\":%d,\"ckpt\":%d,\"step_ms\":%.2f,\"tok_s\":%.1f,"
+                       "\"mfu\":%.4f,\"peak_gib\":%.2f,\"first_step_s\":%.2f,\"from_process_start_s\":%.2f,\"gemm_ms\":%.1f,"
+                       "\"attn_ms\":%.1f,\"other_ms\":%.1f,\"optim_ms\":%.1f,\"loss\":%.5f,\"n_params\":%zu}\n",
+                    dname, label, T, B, ck == 'c', med * 1e3, tok, mfu, peak / 1073741824.0, first - t_run, first - t_proc,
+                    split[GLM_PROF_GEMM], split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss,
+                    m.tab.n_params);
+        free(ts);
+        glm_batch_free(&b);
+        glm_adamw_free(&o, &m);
+        glm_model_free(&m);
+    }
+    if (f) fclose(f);
+    be->destroy(be);
+    return 0;
+}

@@ -1,0 +1,496 @@
+/* The CUDA backend: storage dtype bf16, fp16 or fp32 (fp32 with TF32 off, so it matches the
+ * CPU oracle to ~1e-5). GEMMs go through cuBLASLt (fp32 accumulate, bias epilogue), the rest
+ * through the kernels of this folder (launchers in cuda_kernels.h). Every op is enqueued on
+ * one stream; only downloads and sumsq wait for it. All state lives in be->impl.
+ * Compiled to nothing without GLM_HAVE_CUDA (the Makefile sets it when nvcc exists). */
+#ifdef GLM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "core/err.h"
+
+#define GEMM_CACHE 256
+#define WORKSPACE_BYTES (32u << 20) /* cuBLASLt on Hopper wants 32 MiB */
+#define STAGE_ELEMS (16u << 20)     /* fp32 staging for host <-> S conversions */
+#define PROF_EVENTS 65536
+
+typedef struct gemm_plan {
+    int used;
+    int key[14];
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+    int have_algo; /* 0: no cuBLASLt algorithm fits; use cublasGemmEx */
+} gemm_plan;
+
+typedef struct cuda_impl {
+    int device;
+    char name[32];
+    cudaStream_t st;
+    cublasLtHandle_t lt;
+    cublasHandle_t blas; /* fallback for shapes cuBLASLt declines */
+    void *workspace;
+    void *scratch;
+    size_t scratch_bytes;
+    float *stage;
+    double *ssq; /* [GLMK_SUMSQ_BLOCKS + 1]: partials, then the result */
+    gemm_plan plans[GEMM_CACHE];
+    int next_evict;
+    int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
+    int debug_sync;  /* GLM_CUDA_SYNC=1: synchronise and check after every op */
+    size_t peak_used;
+    /* profiler */
+    int prof_on, prof_n, prof_cat;
+    cudaEvent_t *prof_ev;
+    int *prof_evcat;
+} cuda_impl;
+
+static cuda_impl *IM(glm_backend *be) { return (cuda_impl *)be->impl; }
+
+/* ---------------------------------------------------------------- checked calls */
+
+void glm_cuda_check_at(cudaError_t e, const char *what, const char *file, int line) {
+    if (e == cudaSuccess) return;
+    glm_fatal_at(file, line,
+                 "CUDA errors from kernels surface at the next synchronising call; rerun with GLM_CUDA_SYNC=1 to stop at "
+                 "the failing op, or under `compute-sanitizer` to find a bad access",
+                 "CUDA error %s (%s) in %s", cudaGetErrorName(e), cudaGetErrorString(e), what);
+}
+#define CUDA_CHECK(call) glm_cuda_check_at((call), #call, __FILE__, __LINE__)
+
+static void cublas_check_at(int status, const char *what, const char *file, int line) {
+    if (status == 0) return;
+    glm_fatal_at(file, line,
+                 "a cuBLAS failure is usually a bad shape or pointer alignment, or an earlier CUDA error; rerun with "
+                 "GLM_CUDA_SYNC=1",
+                 "cuBLAS status %d in %s", status, what);
+}
+#define CUBLAS_CHECK(call) cublas_check_at((int)(call), #call, __FILE__, __LINE__)
+
+/* After each op: in debug mode, wait and report the op by name. */
+static void op_done(glm_backend *be, const char *op) {
+    if (!IM(be)->debug_sync) return;
+    cudaError_t e = cudaStreamSynchronize(IM(be)->st);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    glm_cuda_check_at(e, op, __FILE__, __LINE__);
+}
+
+/* ---------------------------------------------------------------- profiler */
+
+static void prof(glm_backend *be, int cat) {
+    cuda_impl *im = IM(be);
+    if (!im->prof_on || cat == im->prof_cat || im->prof_n >= PROF_EVENTS) return;
+    CUDA_CHECK(cudaEventRecord(im->prof_ev[im->prof_n], im->st));
+    im->prof_evcat[im->prof_n++] = cat;
+    im->prof_cat = cat;
+}
+
+void glm_cuda_profile(glm_backend *be, int on) {
+    cuda_impl *im = IM(be);
+    if (on && !im->prof_ev) {
+        im->prof_ev = glm_calloc(PROF_EVENTS, sizeof(cudaEvent_t));
+        im->prof_evcat = glm_calloc(PROF_EVENTS, sizeof(int));
+        for (int i = 0; i < PROF_EVENTS; i++) CUDA_CHECK(cudaEventCreate(&im->prof_ev[i]));
+    }
+    im->prof_on = on;
+    im->prof_n = 0;
+    im->prof_cat = -1;
+}
+
+void glm_cuda_profile_read(glm_backend *be, double *ms) {
+    cuda_impl *im = IM(be);
+    if (!im->prof_on) return;
+    int last = im->prof_cat;
+    im->prof_cat = -1;
+    prof(be, GLM_PROF_NCAT); /* closing mark */
+    CUDA_CHECK(cudaStreamSynchronize(im->st));
+    for (int i = 0; i + 1 < im->prof_n; i++) {
+        float t = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&t, im->prof_ev[i], im->prof_ev[i + 1]));
+        if (im->prof_evcat[i] < GLM_PROF_NCAT) ms[im->prof_evcat[i]] += t;
+    }
+    (void)last;
+    im->prof_n = 0;
+    im->prof_cat = -1;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void note_peak(cuda_impl *im) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot - fr > im->peak_used) im->peak_used = tot - fr;
+}
+
+void glm_cuda_memory(glm_backend *be, size_t *used_now, size_t *peak_used, size_t *total) {
+    size_t fr = 0, tot = 0;
+    CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    note_peak(IM(be));
+    if (used_now) *used_now = tot - fr;
+    if (peak_used) *peak_used = IM(be)->peak_used;
+    if (total) *total = tot;
+}
+
+void glm_cuda_memory_reset_peak(glm_backend *be) {
+    IM(be)->peak_used = 0;
+    note_peak(IM(be));
+}
+
+static void *cu_alloc(glm_backend *be, size_t bytes) {
+    void *p = NULL;
+    if (bytes < 256) bytes = 256;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky-free allocation error */
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        GLM_FATAL("lower --per_device_train_batch_size (or the sequence lengths), add --gradient_checkpointing, "
+                  "spread optimizer state and gradients over GPUs with data parallel + ZeRO (--nproc_per_node N "
+                  "--zero_stage 1/2), or split the layers with --pipeline_parallel_size; `glmtrain info` prints the "
+                  "memory plan",
+                  "out of GPU memory on %s: asked for %zu bytes (%.2f GiB); %.2f GiB free of %.2f GiB (%s)",
+                  be->name, bytes, bytes / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0, cudaGetErrorString(e));
+    }
+    note_peak(IM(be));
+    return p;
+}
+static void cu_free(glm_backend *be, void *p) { if (p) CUDA_CHECK(cudaFree(p)); }
+static void cu_zero(glm_backend *be, void *p, size_t bytes) {
+    prof(be, GLM_PROF_OTHER);
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, IM(be)->st));
+}
+static void cu_copy(glm_backend *be, void *dst, const void *src, size_t bytes) {
+    prof(be, GLM_PROF_OTHER);
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, IM(be)->st));
+}
+/* Pageable host source: cudaMemcpyAsync returns once the bytes are staged, so `src` may be
+ * freed right after (upload_batch does). */
+static void cu_upload(glm_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, IM(be)->st));
+}
+static void cu_download(glm_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, IM(be)->st));
+    CUDA_CHECK(cudaStreamSynchronize(IM(be)->st));
+}
+static void cu_sync(glm_backend *be) { CUDA_CHECK(cudaStreamSynchronize(IM(be)->st)); }
+
+static float *stage(glm_backend *be) {
+    if (!IM(be)->stage) IM(be)->stage = cu_alloc(be, STAGE_ELEMS * sizeof(float));
+    return IM(be)->stage;
+}
+static void cu_up_f32(glm_backend *be, void *dst, const float *src, size_t n) {
+    if (be->dtype == GLM_F32) { cu_upload(be, dst, src, n * 4); return; }
+    float *s = stage(be);
+    for (size_t off = 0; off < n; off += STAGE_ELEMS) {
+        size_t c = n - off < STAGE_ELEMS ? n - off : STAGE_ELEMS;
+        cu_upload(be, s, src + off, c * 4);
+        glmk_convert(glm_at(be, dst, off), be->dtype, s, GLM_F32, c, IM(be)->st);
+    }
+    op_done(be, "upload_f32");
+}
+static void cu_down_f32(glm_backend *be, float *dst, const void *src, size_t n) {
+    if (be->dtype == GLM_F32) { cu_download(be, dst, src, n * 4); return; }
+    float *s = stage(be);
+    for (size_t off = 0; off < n; off += STAGE_ELEMS) {
+        size_t c = n - off < STAGE_ELEMS ? n - off : STAGE_ELEMS;
+        glmk_convert(s, GLM_F32, glm_at(be, src, off), be->dtype, c, IM(be)->st);
+        cu_download(be, dst + off, s, c * 4);
+    }
+}
+static void cu_to_f32(glm_backend *be, float *dst, const void *src, size_t n) {
+    glmk_convert(dst, GLM_F32, src, be->dtype, n, IM(be)->st);
+    op_done(be, "to_f32");
+}
+
+/* Device scratch for one op at a time (ops are stream-ordered); grows, never shrinks. */
+static void *scratch(glm_backend *be, size_t bytes) {
+    cuda_impl *im = IM(be);
+    if (bytes > im->scratch_bytes) {
+        cu_free(be, im->scratch); /* cudaFree waits for work that may still use it */
+        im->scratch_bytes = bytes + bytes / 4;
+        im->scratch = cu_alloc(be, im->scratch_bytes);
+    }
+    return im->scratch;
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+static cudaDataType_t cuda_type(glm_dtype d) { return d == GLM_F32 ? CUDA_R_32F : d == GLM_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+static int align_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 1 && (a & (uintptr_t)(al - 1))) al >>= 1;
+    return al;
+}
+
+static void plan_destroy(gemm_plan *p) {
+    if (!p->used) return;
+    cublasLtMatmulDescDestroy(p->op);
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->d);
+    p->used = 0;
+}
+
+/* Column-major D[m,n] = op(A) op(B) (+ bias[m] per row) + beta D, fp32 accumulate. The model's
+ * row-major products map onto this with swapped operands (see cu_mm_fwd / cu_mm_bwd). */
+static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B, int ldb,
+                 void *D, int ldd, float beta, const void *bias) {
+    if (m <= 0 || n <= 0) return;
+    cuda_impl *im = IM(be);
+    cudaDataType_t t = cuda_type(be->dtype);
+    float alpha = 1.0f;
+    if (k <= 0) { /* empty product: D = beta D (+ bias) */
+        if (beta == 0.0f) CUDA_CHECK(cudaMemsetAsync(D, 0, (size_t)ldd * n * glm_dtype_size(be->dtype), im->st));
+        if (bias) glmk_bias_add(be->dtype, D, bias, n, m, im->st);
+        return;
+    }
+    int key[14] = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, beta != 0.0f, align_of(A), align_of(B), align_of(D),
+                   bias ? align_of(bias) : 0};
+    gemm_plan *p = NULL;
+    for (int i = 0; i < GEMM_CACHE && !p; i++)
+        if (im->plans[i].used && memcmp(im->plans[i].key, key, sizeof key) == 0) p = &im->plans[i];
+    if (!p) {
+        for (int i = 0; i < GEMM_CACHE && !p; i++) if (!im->plans[i].used) p = &im->plans[i];
+        if (!p) { p = &im->plans[im->next_evict]; im->next_evict = (im->next_evict + 1) % GEMM_CACHE; plan_destroy(p); }
+        memset(p, 0, sizeof *p);
+        memcpy(p->key, key, sizeof key);
+        p->used = 1;
+        cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        /* fp32: CUBLAS_COMPUTE_32F never uses TF32 (only ..._FAST_TF32 would) */
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        if (bias) {
+            cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        }
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, ta ? k : m, ta ? m : k, lda));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, tb ? n : k, tb ? k : n, ldb));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, t, m, n, ldd));
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t ws = WORKSPACE_BYTES;
+        uint32_t al[4] = {(uint32_t)key[10], (uint32_t)key[11], (uint32_t)key[12], (uint32_t)key[12]};
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4));
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(im->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &nres);
+        cublasLtMatmulPreferenceDestroy(pref);
+        p->have_algo = s == CUBLAS_STATUS_SUCCESS && nres > 0;
+        if (p->have_algo) p->algo = res.algo;
+    }
+    if (p->have_algo) {
+        if (bias)
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        CUBLAS_CHECK(cublasLtMatmul(im->lt, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->d, D, p->d, &p->algo,
+                                    im->workspace, WORKSPACE_BYTES, im->st));
+    } else {
+        CUBLAS_CHECK(cublasGemmEx(im->blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
+                                  A, t, lda, B, t, ldb, &beta, D, t, ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (bias) glmk_bias_add(be->dtype, D, bias, n, m, im->st);
+    }
+}
+
+/* out[N,OC] = inp[N,C] w[OC,C]^T + bias: column-major out^T[OC,N] = (w^T)^T... i.e. op(A=w)=T, B=inp. */
+static void cu_mm_fwd(glm_backend *be, void *out, const void *inp, const void *w, const void *bias, int N, int C, int OC) {
+    prof(be, GLM_PROF_GEMM);
+    gemm(be, 1, 0, OC, N, C, w, C, inp, C, out, OC, 0.0f, bias);
+    op_done(be, "matmul_fwd");
+}
+
+static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
+                      const void *w, int N, int C, int OC, int acc) {
+    prof(be, GLM_PROF_GEMM);
+    /* dinp^T[C,N] = w^T[C,OC] dout^T[OC,N] */
+    if (dinp) gemm(be, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, acc ? 1.0f : 0.0f, NULL);
+    /* dw^T[C,OC] += inp^T[C,N] dout[N,OC] */
+    if (dw) gemm(be, 0, 1, C, OC, N, inp, C, dout, OC, dw, C, 1.0f, NULL);
+    if (dbias) glmk_bias_grad(be->dtype, dbias, dout, N, OC, scratch(be, glmk_colsum_scratch(N, OC) * sizeof(float)), IM(be)->st);
+    op_done(be, "matmul_bwd");
+}
+
+/* ---------------------------------------------------------------- other ops */
+
+static void cu_emb_fwd(glm_backend *be, void *out, const int32_t *ids, const void *wte, int N, int H) {
+    prof(be, GLM_PROF_OTHER);
+    glmk_embedding_fwd(be->dtype, out, ids, wte, N, H, IM(be)->st);
+    op_done(be, "embedding_fwd");
+}
+static void cu_emb_bwd(glm_backend *be, void *dwte, const void *dout, const int32_t *ids, int N, int H, int V) {
+    prof(be, GLM_PROF_OTHER);
+    glmk_embedding_bwd(be->dtype, dwte, dout, ids, N, H, IM(be)->st);
+    op_done(be, "embedding_bwd");
+}
+static void cu_ln_fwd(glm_backend *be, void *out, float *mean, float *rstd, const void *x, const void *w, const void *b,
+                      int N, int C, float eps) {
+    prof(be, GLM_PROF_OTHER);
+    glmk_layernorm_fwd(be->dtype, out, mean, rstd, x, w, b, N, C, eps, IM(be)->st);
+    op_done(be, "layernorm_fwd");
+}
+static void cu_ln_bwd(glm_backend *be, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+                      const float *mean, const float *rstd, int N, int C) {
+    prof(be, GLM_PROF_OTHER);
+    float *s = scratch(be, 2 * glmk_colsum_scratch(N, C) * sizeof(float));
+    glmk_layernorm_bwd(be->dtype, dx, dw, db, dout, x, w, mean, rstd, N, C, s, IM(be)->st);
+    op_done(be, "layernorm_bwd");
+}
+static void cu_rope(glm_backend *be, void *qkv, const int32_t *pos, const int32_t *bpos, int N, int NH, int HD, int inv) {
+    prof(be, GLM_PROF_OTHER);
+    int R = HD / 2;
+    float f[128];
+    GLM_ASSERT(R / 2 <= 128);
+    for (int j = 0; j < R / 2; j++) f[j] = cpu_rope_inv_freq(j, R); /* the CPU's fp16-rounded table */
+    glmk_rope(be->dtype, qkv, pos, bpos, N, NH, HD, inv, f, IM(be)->st);
+    op_done(be, "rope");
+}
+static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                        const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
+    prof(be, GLM_PROF_ATTN);
+    if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL))
+        glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    else
+        glmk_attention_fwd_simt(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    op_done(be, "attention_fwd");
+}
+static void cu_attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
+                        const void *out, const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                        const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
+    prof(be, GLM_PROF_ATTN);
+    float *D = scratch(be, (size_t)B * NH * Tq * sizeof(float));
+    glmk_attn_rowdot(be->dtype, D, dout, out, B, Tq, NH, HD, IM(be)->st);
+    if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, dout, NULL) &&
+        glmk_flash_supported(be->dtype, HD, dq, dk, dv, NULL, NULL))
+        glmk_flash_bwd(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    else
+        glmk_attention_bwd_simt(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    op_done(be, "attention_bwd");
+}
+static void cu_gelu_fwd(glm_backend *be, void *out, const void *x, size_t n) {
+    prof(be, GLM_PROF_OTHER);
+    glmk_gelu_fwd(be->dtype, out, x, n, IM(be)->st);
+    op_done(be, "gelu_fwd");
+}
+static void cu_gelu_bwd(glm_backend *be, void *dx, const void *x, const void *dout, size_t n) {
+    prof(be, GLM_PROF_OTHER);
+    glmk_gelu_bwd(be->dtype, dx, x, dout, n, IM(be)->st);
+    op_done(be, "gelu_bwd");
+}
+static void cu_scale_add(glm_backend *be, void *out, float alpha, const void *x, const void *y, size_t n) {
+    prof(be, GLM_PROF_OTHER);
+    glmk_scale_add(be->dtype, out, alpha, x, y, n, IM(be)->st);
+    op_done(be, "scale_add");
+}
+static void cu_ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
+    prof(be, GLM_PROF_OTHER);
+    glmk_cross_entropy(be->dtype, logits, losses, t, R, V, dscale, IM(be)->st);
+    op_done(be, "cross_entropy");
+}
+static void cu_gather(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) {
+    prof(be, GLM_PROF_OTHER);
+    glmk_gather_rows(be->dtype, out, x, idx, R, C, IM(be)->st);
+    op_done(be, "gather_rows");
+}
+static void cu_scatter(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) {
+    prof(be, GLM_PROF_OTHER);
+    glmk_scatter_rows(be->dtype, out, x, idx, R, C, IM(be)->st);
+    op_done(be, "scatter_rows");
+}
+static double cu_sumsq(glm_backend *be, const void *x, size_t n) {
+    prof(be, GLM_PROF_OPTIM);
+    cuda_impl *im = IM(be);
+    glmk_sumsq(be->dtype, x, n, im->ssq, im->ssq + GLMK_SUMSQ_BLOCKS, im->st);
+    double r = 0;
+    cu_download(be, &r, im->ssq + GLMK_SUMSQ_BLOCKS, sizeof r);
+    return r;
+}
+static void cu_adamw(glm_backend *be, void *param, float *master, const void *grad, float *m, float *v, size_t n,
+                     float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float gs) {
+    prof(be, GLM_PROF_OPTIM);
+    glmk_adamw(be->dtype, param, master, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs, IM(be)->st);
+    op_done(be, "adamw");
+}
+
+/* ---------------------------------------------------------------- extras, lifetime */
+
+void *glm_cuda_stream(glm_backend *be) { return (void *)IM(be)->st; }
+void glm_cuda_fill_normal(glm_backend *be, void *p, size_t n, uint64_t seed, float std) {
+    glmk_fill_normal(be->dtype, p, n, seed, std, IM(be)->st);
+    op_done(be, "fill_normal");
+}
+void glm_cuda_fill(glm_backend *be, void *p, size_t n, float value) {
+    glmk_fill(be->dtype, p, n, value, IM(be)->st);
+    op_done(be, "fill");
+}
+
+static void cu_destroy(glm_backend *be) {
+    cuda_impl *im = IM(be);
+    cudaStreamSynchronize(im->st);
+    for (int i = 0; i < GEMM_CACHE; i++) plan_destroy(&im->plans[i]);
+    if (im->prof_ev) {
+        for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(im->prof_ev[i]);
+        free(im->prof_ev);
+        free(im->prof_evcat);
+    }
+    cudaFree(im->workspace);
+    cudaFree(im->scratch);
+    cudaFree(im->stage);
+    cudaFree(im->ssq);
+    cublasLtDestroy(im->lt);
+    cublasDestroy(im->blas);
+    cudaStreamDestroy(im->st);
+    free(im);
+    free(be);
+}
+
+glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t errlen) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        if (errbuf) snprintf(errbuf, errlen, "no usable CUDA GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        cudaGetLastError();
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        if (errbuf) snprintf(errbuf, errlen, "CUDA device %d does not exist (%d visible)", device, count);
+        return NULL;
+    }
+    CUDA_CHECK(cudaSetDevice(device));
+    cuda_impl *im = glm_calloc(1, sizeof *im);
+    glm_backend *be = glm_calloc(1, sizeof *be);
+    im->device = device;
+    snprintf(im->name, sizeof im->name, "cuda:%d", device);
+    const char *a = getenv("GLM_CUDA_ATTN"), *s = getenv("GLM_CUDA_SYNC");
+    im->force_simt = a && strcmp(a, "simt") == 0;
+    im->debug_sync = s && strcmp(s, "0") != 0 && s[0];
+    CUDA_CHECK(cudaStreamCreateWithFlags(&im->st, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasLtCreate(&im->lt));
+    CUBLAS_CHECK(cublasCreate(&im->blas));
+    CUBLAS_CHECK(cublasSetStream(im->blas, im->st));
+    CUBLAS_CHECK(cublasSetMathMode(im->blas, CUBLAS_DEFAULT_MATH)); /* no TF32 */
+    *be = (glm_backend){
+        .name = im->name, .dtype = dtype, .impl = im,
+        .alloc = cu_alloc, .free = cu_free, .zero = cu_zero, .copy = cu_copy,
+        .upload_f32 = cu_up_f32, .download_f32 = cu_down_f32, .upload = cu_upload, .download = cu_download,
+        .sync = cu_sync,
+        .embedding_fwd = cu_emb_fwd, .embedding_bwd = cu_emb_bwd, .layernorm_fwd = cu_ln_fwd, .layernorm_bwd = cu_ln_bwd,
+        .matmul_fwd = cu_mm_fwd, .matmul_bwd = cu_mm_bwd, .rope = cu_rope, .attention_fwd = cu_attn_fwd,
+        .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add,
+        .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq,
+        .adamw = cu_adamw, .destroy = cu_destroy, .to_f32 = cu_to_f32,
+    };
+    im->workspace = cu_alloc(be, WORKSPACE_BYTES);
+    im->ssq = cu_alloc(be, (GLMK_SUMSQ_BLOCKS + 1) * sizeof(double));
+    return be;
+}
+#endif

@@ -1,0 +1,31 @@
+/* Extras of the CUDA backend beyond the ops interface (backend/backend.h), for benchmarks,
+ * tests and the NCCL communicator: the stream every op runs on, device-side random fills
+ * (a 6B-parameter model cannot be initialised on the host in reasonable time), memory
+ * figures and a coarse per-category timer. All take a backend made by glm_backend_cuda. */
+#ifndef GLM_CUDA_BACKEND_H
+#define GLM_CUDA_BACKEND_H
+#include <stddef.h>
+#include <stdint.h>
+#include "backend/backend.h"
+
+/* The cudaStream_t all ops of this backend are ordered on (as void *, so C callers need no CUDA headers). */
+void *glm_cuda_stream(glm_backend *be);
+/* p[n] (S) = std * N(0,1), counter-based from (seed, index): same values for any launch shape. */
+void glm_cuda_fill_normal(glm_backend *be, void *p, size_t n, uint64_t seed, float std);
+void glm_cuda_fill(glm_backend *be, void *p, size_t n, float value);
+/* Device memory: in use now and the largest seen at any allocation (cudaMemGetInfo: every
+ * process's use of the GPU, the CUDA context and library workspaces included), and the total. */
+void glm_cuda_memory(glm_backend *be, size_t *used_now, size_t *peak_used, size_t *total);
+/* Starts a new peak from the memory in use now. */
+void glm_cuda_memory_reset_peak(glm_backend *be);
+
+/* Step-time split. While on, every op records a CUDA event when its category differs from the
+ * previous op's, so a category is charged from its first op to the next category's first op
+ * (launch gaps inside a run of one category count for it). */
+enum { GLM_PROF_GEMM, GLM_PROF_ATTN, GLM_PROF_OTHER, GLM_PROF_OPTIM, GLM_PROF_NCAT };
+void glm_cuda_profile(glm_backend *be, int on);
+/* Synchronises, adds the milliseconds per category since the last read into ms[GLM_PROF_NCAT],
+ * and starts a new interval. */
+void glm_cuda_profile_read(glm_backend *be, double *ms);
+
+#endif

@@ -1,0 +1,82 @@
+/* Launchers of the CUDA kernels (extern "C", defined in the .cu files of this folder), called
+ * by the C host code in cuda_backend.c. Each one enqueues work on `st` and returns at once;
+ * shapes and meaning are those of the op of the same name in backend/backend.h. `dt` is the
+ * storage dtype S of every S pointer. Scratch buffers are device memory owned by the caller. */
+#ifndef GLM_CUDA_KERNELS_H
+#define GLM_CUDA_KERNELS_H
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Checked CUDA call failure: prints file:line, the call, the CUDA message and a HINT; exits. */
+void glm_cuda_check_at(cudaError_t e, const char *what, const char *file, int line);
+
+/* ---- elementwise / copies (k_elementwise.cu) ---- */
+/* dst[i] = (dst_dt) src[i] */
+void glmk_convert(void *dst, glm_dtype dst_dt, const void *src, glm_dtype src_dt, size_t n, cudaStream_t st);
+/* dst[i] = std * N(0,1) from a counter-based generator (seed, i): for benchmarks and tests */
+void glmk_fill_normal(glm_dtype dt, void *dst, size_t n, uint64_t seed, float std, cudaStream_t st);
+void glmk_fill(glm_dtype dt, void *dst, size_t n, float value, cudaStream_t st);
+void glmk_embedding_fwd(glm_dtype dt, void *out, const int32_t *ids, const void *wte, int N, int H, cudaStream_t st);
+void glmk_embedding_bwd(glm_dtype dt, void *dwte, const void *dout, const int32_t *ids, int N, int H, cudaStream_t st);
+void glmk_gelu_fwd(glm_dtype dt, void *out, const void *x, size_t n, cudaStream_t st);
+void glmk_gelu_bwd(glm_dtype dt, void *dx, const void *x, const void *dout, size_t n, cudaStream_t st);
+void glmk_scale_add(glm_dtype dt, void *out, float alpha, const void *x, const void *y, size_t n, cudaStream_t st);
+void glmk_gather_rows(glm_dtype dt, void *out, const void *x, const int32_t *idx, int R, int C, cudaStream_t st);
+void glmk_scatter_rows(glm_dtype dt, void *out, const void *x, const int32_t *idx, int R, int C, cudaStream_t st);
+/* inv_freq: the R/2 (<= 128) fp16-rounded inverse frequencies, computed on the host */
+void glmk_rope(glm_dtype dt, void *qkv, const int32_t *pos, const int32_t *bpos, int N, int NH, int HD, int inverse,
+               const float *inv_freq, cudaStream_t st);
+/* out[N, OC] += bias[OC] (used when the GEMM ran without the bias epilogue) */
+void glmk_bias_add(glm_dtype dt, void *out, const void *bias, int N, int OC, cudaStream_t st);
+
+/* ---- reductions (k_reduce.cu) ---- */
+/* Column sums of a [N, C] S matrix, deterministic: scratch holds glmk_colsum_scratch(N, C) floats.
+ * dst1 += colsum(a);  if b != NULL, dst2 += colsum(a * b ...) -- see k_reduce.cu for the two uses. */
+size_t glmk_colsum_scratch(int N, int C);
+void glmk_bias_grad(glm_dtype dt, void *dbias, const void *dout, int N, int OC, float *scratch, cudaStream_t st);
+void glmk_layernorm_fwd(glm_dtype dt, void *out, float *mean, float *rstd, const void *x, const void *w, const void *b,
+                        int N, int C, float eps, cudaStream_t st);
+/* scratch: 2 * glmk_colsum_scratch(N, C) floats */
+void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+                        const float *mean, const float *rstd, int N, int C, float *scratch, cudaStream_t st);
+void glmk_cross_entropy(glm_dtype dt, void *logits, float *losses, const int32_t *targets, int R, int V, float dscale,
+                        cudaStream_t st);
+/* *result (device double) = sum of squares; partial holds GLMK_SUMSQ_BLOCKS doubles */
+#define GLMK_SUMSQ_BLOCKS 1024
+void glmk_sumsq(glm_dtype dt, const void *x, size_t n, double *partial, double *result, cudaStream_t st);
+void glmk_adamw(glm_dtype dt, void *param, float *master, const void *grad, float *m, float *v, size_t n, float lr,
+                float b1, float b2, float eps, float wd, float bc1, float bc2, float grad_scale, cudaStream_t st);
+
+/* ---- attention (k_attention.cu: any head size, fp32 math; k_flash.cu: tensor cores) ---- */
+/* D[b, h, i] = sum_d dout * out (fp32 [B, NH, Tq]): the softmax-backward row term */
+void glmk_attn_rowdot(glm_dtype dt, float *D, const void *dout, const void *out, int B, int Tq, int NH, int HD,
+                      cudaStream_t st);
+void glmk_attention_fwd_simt(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                             const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                             cudaStream_t st);
+void glmk_attention_bwd_simt(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
+                             const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                             const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                             cudaStream_t st);
+/* Tensor-core path: bf16/fp16 storage, HD 64 or 128, 16-byte aligned rows. Returns 0 when the
+ * shapes do not qualify (the caller then uses the SIMT kernels). */
+int glmk_flash_supported(glm_dtype dt, int HD, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                         const void *o1, const void *o2);
+void glmk_flash_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                    const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                    cudaStream_t st);
+void glmk_flash_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
+                    const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                    const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                    cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,555 @@
+/* Flash attention on tensor cores (mma.sync m16n8k16, bf16/fp16 in, fp32 accumulate) for head
+ * size 64 or 128, with per-query key ranges [lo, hi). Same contract as the SIMT kernels of
+ * k_attention.cu (which the tests compare against, besides the CPU twin).
+ *
+ *  forward  : a block = 64 queries (4 warps x 16 rows); loops over 64-key tiles of K and V in
+ *             shared memory (cp.async, K of the next tile loads while P.V runs); online
+ *             softmax in exp2 units; writes out and the natural-log lse.
+ *  backward : two kernels, no atomics: dq (a block = 64 queries, loop over key tiles) and
+ *             dk/dv (a block = 64 keys, 4 warps x 16 keys, loop over 32-query tiles).
+ *             Probabilities are recomputed from lse; D = rowsum(dout * out) comes precomputed.
+ *
+ * Shared-memory tiles are [rows][HD] with 16-byte chunks XOR-swizzled by (row & 7), so the
+ * ldmatrix reads of 8 rows at one logical chunk hit 8 different bank groups.
+ * Fragment layouts (PTX ISA, mma.m16n8k16): g = lane/4, t = lane%4;
+ *   A (16x16, row): a0 (g, 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..)
+ *   B (16x8, col):  b0 (k=2t..2t+1, n=g) b1 (k=2t+8.., n=g)
+ *   C (16x8):       c0,c1 (g, 2t..2t+1) c2,c3 (g+8, 2t..2t+1) */
+#include "backend/cuda/cuda_common.cuh"
+
+#define FA_LOG2E 1.4426950408889634f
+
+/* ---------------------------------------------------------------- PTX wrappers */
+
+template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<bf16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<f16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+/* 16-byte async copy global -> shared; bytes = 0 writes zeros (rows past the end). */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* ---------------------------------------------------------------- tiles */
+
+/* byte offset of (row, 16-byte chunk) inside a swizzled [rows][HD] tile of 2-byte elements */
+template <int HD> __device__ __forceinline__ uint32_t swz(int row, int chunk) {
+    return (uint32_t)((row * HD + ((chunk ^ (row & 7)) << 3)) * 2);
+}
+
+/* Async load of rows t0..t0+ROWS-1 (zero-filled at or past `end`) of one head from a view. */
+template <typename T, int HD, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(uint32_t s, const T *g, long ts, int t0, int end) {
+    constexpr int CPR = HD / 8;
+    for (int e = threadIdx.x; e < ROWS * CPR; e += NT) {
+        int r = e / CPR, c = e % CPR, t = t0 + r;
+        bool in = t < end;
+        cp_async16(s + swz<HD>(r, c), g + (long)(in ? t : t0) * ts + c * 8, in ? 16 : 0);
+    }
+}
+
+/* ldmatrix addresses. A operand (16 rows x 16 k) at rows row0.., k-chunk pair kk:
+ * lanes 0-15 give rows 0-15 at chunk 2kk, lanes 16-31 rows 0-15 at chunk 2kk+1. */
+template <int HD> __device__ __forceinline__ uint32_t addr_a(uint32_t s, int row0, int kk, int lane) {
+    return s + swz<HD>(row0 + (lane & 15), 2 * kk + (lane >> 4));
+}
+/* B operand from a [n][k] tile (non-transposed): two n-tiles (rows n0..n0+15) x one k-step.
+ * Registers: r0,r1 = (b0,b1) of n-tile n0/8, r2,r3 = (b0,b1) of n-tile n0/8+1. */
+template <int HD> __device__ __forceinline__ uint32_t addr_bn(uint32_t s, int n0, int kk, int lane) {
+    return s + swz<HD>(n0 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1));
+}
+/* B operand from a [k][n] tile (transposed load): one k-step (rows k0..k0+15) x two n-tiles
+ * (chunks 2np, 2np+1). Registers: r0,r1 = (b0,b1) of n-tile 2np, r2,r3 of n-tile 2np+1. */
+template <int HD> __device__ __forceinline__ uint32_t addr_bt(uint32_t s, int k0, int np, int lane) {
+    return s + swz<HD>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * np + (lane >> 4));
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* Key-range summary of a group of rows: min lo / max hi over non-empty rows (the union), and
+ * max lo / min hi over all rows (a tile inside [maxlo, minhi) needs no per-element mask). */
+struct Range { int lo, hi, maxlo, minhi; };
+/* one row; rows past the end (valid = false) neither widen the union nor need a mask */
+__device__ __forceinline__ Range row_range(bool valid, int lo, int hi) {
+    if (!valid) return Range{0x7fffffff, -1, -0x7fffffff, 0x7fffffff};
+    bool ne = lo < hi;
+    return Range{ne ? lo : 0x7fffffff, ne ? hi : -1, lo, hi};
+}
+__device__ __forceinline__ Range range_merge(Range a, Range b) {
+    return Range{min(a.lo, b.lo), max(a.hi, b.hi), max(a.maxlo, b.maxlo), min(a.minhi, b.minhi)};
+}
+__device__ __forceinline__ Range warp_range(Range r) {
+    for (int o = 16; o > 0; o >>= 1) {
+        Range x{__shfl_xor_sync(0xffffffffu, r.lo, o), __shfl_xor_sync(0xffffffffu, r.hi, o),
+                __shfl_xor_sync(0xffffffffu, r.maxlo, o), __shfl_xor_sync(0xffffffffu, r.minhi, o)};
+        r = range_merge(r, x);
+    }
+    return r;
+}
+
+template <typename T>
+__device__ __forceinline__ const T *head_base(const glm_qkv_view &v, int b, int h) {
+    return (const T *)v.base + b * v.batch_stride + h * v.head_stride;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_qkv_view q, glm_qkv_view k,
+                                                        glm_qkv_view v, const int32_t *lo, const int32_t *hi, int Tq,
+                                                        int Tk, int NH, float scale_log2) {
+    constexpr int KS = HD / 16, ND = HD / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint32_t sQ = (uint32_t)__cvta_generic_to_shared(smem_raw), sK = sQ + 64 * HD * 2, sV = sK + 64 * HD * 2;
+    __shared__ Range wr[4];
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * 64;
+    int r0 = m0 + w * 16 + g, r1 = r0 + 8;
+    int lo0 = r0 < Tq ? lo[b * Tq + r0] : 0, hi0 = r0 < Tq ? hi[b * Tq + r0] : 0;
+    int lo1 = r1 < Tq ? lo[b * Tq + r1] : 0, hi1 = r1 < Tq ? hi[b * Tq + r1] : 0;
+    Range R = range_merge(row_range(r0 < Tq, lo0, hi0), row_range(r1 < Tq, lo1, hi1));
+    R = warp_range(R);
+    if (lane == 0) wr[w] = R;
+    const T *qb = head_base<T>(q, b, h), *kb = head_base<T>(k, b, h), *vb = head_base<T>(v, b, h);
+    load_tile<T, HD, 64, 128>(sQ, qb, q.tok_stride, m0, Tq);
+    cp_commit();
+    __syncthreads();
+    int klo = min(min(wr[0].lo, wr[1].lo), min(wr[2].lo, wr[3].lo));
+    int khi = max(max(wr[0].hi, wr[1].hi), max(wr[2].hi, wr[3].hi));
+    if (klo < khi) load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, klo, khi);
+    cp_commit();
+    cp_wait<1>(); /* Q has landed */
+    __syncthreads();
+    uint32_t qf[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) ldsm_x4(qf[kk], addr_a<HD>(sQ, w * 16, kk, lane));
+
+    float o[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    for (int n0 = klo; n0 < khi; n0 += 64) {
+        load_tile<T, HD, 64, 128>(sV, vb, v.tok_stride, n0, khi);
+        cp_commit();
+        cp_wait<1>(); /* K(n0) has landed */
+        __syncthreads();
+        bool active = n0 < R.hi && n0 + 64 > R.lo; /* this warp sees some key of the tile */
+        float s[8][4];
+        if (active) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t r[4];
+                    ldsm_x4(r, addr_bn<HD>(sK, np * 16, kk, lane));
+                    mma16816<T>(s[2 * np], qf[kk], r[0], r[1]);
+                    mma16816<T>(s[2 * np + 1], qf[kk], r[2], r[3]);
+                }
+            bool full = n0 >= R.maxlo && n0 + 64 <= R.minhi;
+            float tm0 = -INFINITY, tm1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = n0 + nt * 8 + 2 * t4 + (e & 1);
+                    float x = s[nt][e] * scale_log2;
+                    if (!full) {
+                        bool ok = e < 2 ? (key >= lo0 && key < hi0) : (key >= lo1 && key < hi1);
+                        if (!ok) x = -INFINITY;
+                    }
+                    s[nt][e] = x;
+                    if (e < 2) tm0 = fmaxf(tm0, x); else tm1 = fmaxf(tm1, x);
+                }
+            float nm0 = fmaxf(mx0, quad_max(tm0)), nm1 = fmaxf(mx1, quad_max(tm1));
+            float mu0 = nm0 == -INFINITY ? 0.0f : nm0, mu1 = nm1 == -INFINITY ? 0.0f : nm1;
+            float c0 = exp2f(mx0 - mu0), c1 = exp2f(mx1 - mu1);
+            mx0 = nm0;
+            mx1 = nm1;
+            float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                s[nt][0] = exp2f(s[nt][0] - mu0); s[nt][1] = exp2f(s[nt][1] - mu0);
+                s[nt][2] = exp2f(s[nt][2] - mu1); s[nt][3] = exp2f(s[nt][3] - mu1);
+                ps0 += s[nt][0] + s[nt][1];
+                ps1 += s[nt][2] + s[nt][3];
+            }
+            l0 = l0 * c0 + ps0;
+            l1 = l1 * c1 + ps1;
+#pragma unroll
+            for (int i = 0; i < ND; i++) { o[i][0] *= c0; o[i][1] *= c0; o[i][2] *= c1; o[i][3] *= c1; }
+        }
+        __syncthreads(); /* every warp is done with K(n0) */
+        bool next = n0 + 64 < khi;
+        if (next) load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, n0 + 64, khi);
+        cp_commit();
+        cp_wait<1>(); /* V(n0) has landed */
+        __syncthreads();
+        if (active) {
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                uint32_t a[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
+                                 pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]), pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
+#pragma unroll
+                for (int np = 0; np < ND / 2; np++) {
+                    uint32_t r[4];
+                    ldsm_x4_t(r, addr_bt<HD>(sV, c * 16, np, lane));
+                    mma16816<T>(o[2 * np], a, r[0], r[1]);
+                    mma16816<T>(o[2 * np + 1], a, r[2], r[3]);
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with V(n0) */
+    }
+    cp_wait<0>();
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+    float i0 = l0 > 0 ? 1.0f / l0 : 0.0f, i1 = l1 > 0 ? 1.0f / l1 : 0.0f;
+    size_t ld = (size_t)NH * HD;
+    if (r0 < Tq) {
+        T *orow = out + ((size_t)b * Tq + r0) * ld + (size_t)h * HD;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++)
+            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) = pack2<T>(o[nd][0] * i0, o[nd][1] * i0);
+        if (t4 == 0) lse[((size_t)b * NH + h) * Tq + r0] = l0 > 0 ? mx0 * 0.6931471805599453f + logf(l0) : -INFINITY;
+    }
+    if (r1 < Tq) {
+        T *orow = out + ((size_t)b * Tq + r1) * ld + (size_t)h * HD;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++)
+            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) = pack2<T>(o[nd][2] * i1, o[nd][3] * i1);
+        if (t4 == 0) lse[((size_t)b * NH + h) * Tq + r1] = l1 > 0 ? mx1 * 0.6931471805599453f + logf(l1) : -INFINITY;
+    }
+}
+
+/* ---------------------------------------------------------------- backward: dq */
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(128) flash_dq_kernel(glm_qkv_view dq, const T *dout, const float *lse, const float *D,
+                                                       glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                                                       const int32_t *lo, const int32_t *hi, int Tq, int Tk, int NH,
+                                                       float scale, float scale_log2) {
+    constexpr int KS = HD / 16, ND = HD / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint32_t sQ = (uint32_t)__cvta_generic_to_shared(smem_raw), sO = sQ + 64 * HD * 2, sK = sO + 64 * HD * 2,
+             sV = sK + 64 * HD * 2;
+    __shared__ Range wr[4];
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * 64;
+    int r0 = m0 + w * 16 + g, r1 = r0 + 8;
+    int lo0 = r0 < Tq ? lo[b * Tq + r0] : 0, hi0 = r0 < Tq ? hi[b * Tq + r0] : 0;
+    int lo1 = r1 < Tq ? lo[b * Tq + r1] : 0, hi1 = r1 < Tq ? hi[b * Tq + r1] : 0;
+    size_t srow = ((size_t)b * NH + h) * Tq;
+    float L0 = r0 < Tq ? lse[srow + r0] * FA_LOG2E : 0.0f, L1 = r1 < Tq ? lse[srow + r1] * FA_LOG2E : 0.0f;
+    float D0 = r0 < Tq ? D[srow + r0] : 0.0f, D1 = r1 < Tq ? D[srow + r1] : 0.0f;
+    Range R = warp_range(range_merge(row_range(r0 < Tq, lo0, hi0), row_range(r1 < Tq, lo1, hi1)));
+    if (lane == 0) wr[w] = R;
+    const T *qb = head_base<T>(q, b, h), *kb = head_base<T>(k, b, h), *vb = head_base<T>(v, b, h);
+    const T *ob = dout + (size_t)b * Tq * NH * HD + (size_t)h * HD;
+    load_tile<T, HD, 64, 128>(sQ, qb, q.tok_stride, m0, Tq);
+    load_tile<T, HD, 64, 128>(sO, ob, (long)NH * HD, m0, Tq);
+    cp_commit();
+    __syncthreads();
+    int klo = min(min(wr[0].lo, wr[1].lo), min(wr[2].lo, wr[3].lo));
+    int khi = max(max(wr[0].hi, wr[1].hi), max(wr[2].hi, wr[3].hi));
+    float acc[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int n0 = klo; n0 < khi; n0 += 64) {
+        load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, n0, khi);
+        load_tile<T, HD, 64, 128>(sV, vb, v.tok_stride, n0, khi);
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
+        if (n0 < R.hi && n0 + 64 > R.lo) {
+            float s[8][4], dp[8][4];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                uint32_t aq[4], ao[4];
+                ldsm_x4(aq, addr_a<HD>(sQ, w * 16, kk, lane));
+                ldsm_x4(ao, addr_a<HD>(sO, w * 16, kk, lane));
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t r[4];
+                    ldsm_x4(r, addr_bn<HD>(sK, np * 16, kk, lane));
+                    mma16816<T>(s[2 * np], aq, r[0], r[1]);
+                    mma16816<T>(s[2 * np + 1], aq, r[2], r[3]);
+                    ldsm_x4(r, addr_bn<HD>(sV, np * 16, kk, lane));
+                    mma16816<T>(dp[2 * np], ao, r[0], r[1]);
+                    mma16816<T>(dp[2 * np + 1], ao, r[2], r[3]);
+                }
+            }
+            bool full = n0 >= R.maxlo && n0 + 64 <= R.minhi;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = n0 + nt * 8 + 2 * t4 + (e & 1);
+                    bool ok = full || (e < 2 ? (key >= lo0 && key < hi0) : (key >= lo1 && key < hi1));
+                    float p = ok ? exp2f(s[nt][e] * scale_log2 - (e < 2 ? L0 : L1)) : 0.0f;
+                    s[nt][e] = p * (dp[nt][e] - (e < 2 ? D0 : D1)) * scale; /* ds */
+                }
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                uint32_t a[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
+                                 pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]), pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
+#pragma unroll
+                for (int np = 0; np < ND / 2; np++) {
+                    uint32_t r[4];
+                    ldsm_x4_t(r, addr_bt<HD>(sK, c * 16, np, lane));
+                    mma16816<T>(acc[2 * np], a, r[0], r[1]);
+                    mma16816<T>(acc[2 * np + 1], a, r[2], r[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    cp_wait<0>();
+    if (r0 < Tq) {
+        T *row = (T *)dq.base + b * dq.batch_stride + (long)r0 * dq.tok_stride + h * dq.head_stride;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) *reinterpret_cast<uint32_t *>(row + nd * 8 + 2 * t4) = pack2<T>(acc[nd][0], acc[nd][1]);
+    }
+    if (r1 < Tq) {
+        T *row = (T *)dq.base + b * dq.batch_stride + (long)r1 * dq.tok_stride + h * dq.head_stride;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) *reinterpret_cast<uint32_t *>(row + nd * 8 + 2 * t4) = pack2<T>(acc[nd][2], acc[nd][3]);
+    }
+}
+
+/* ---------------------------------------------------------------- backward: dk, dv */
+
+#define FA_QT 32        /* queries per step of the dk/dv loop */
+#define FA_MAXTILES 256 /* query tiles summarised in shared memory (Tq <= 8192); beyond: no skipping */
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qkv_view dv, const T *dout,
+                                                         const float *lse, const float *D, glm_qkv_view q,
+                                                         glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
+                                                         const int32_t *hi, int Tq, int Tk, int NH, float scale,
+                                                         float scale_log2) {
+    constexpr int KS = HD / 16, ND = HD / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint32_t sK = (uint32_t)__cvta_generic_to_shared(smem_raw), sV = sK + 64 * HD * 2, sQ = sV + 64 * HD * 2,
+             sO = sQ + FA_QT * HD * 2;
+    __shared__ float Ls[FA_QT], Ds[FA_QT];
+    __shared__ int los[FA_QT], his[FA_QT];
+    __shared__ Range tiles[FA_MAXTILES];
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * 64, kw0 = j0 + w * 16;
+    int kr0 = kw0 + g, kr1 = kr0 + 8;
+    const T *qb = head_base<T>(q, b, h), *kb = head_base<T>(k, b, h), *vb = head_base<T>(v, b, h);
+    const T *ob = dout + (size_t)b * Tq * NH * HD + (size_t)h * HD;
+    load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, j0, Tk);
+    load_tile<T, HD, 64, 128>(sV, vb, v.tok_stride, j0, Tk);
+    cp_commit();
+    int ntiles = (Tq + FA_QT - 1) / FA_QT;
+    bool summarised = ntiles <= FA_MAXTILES;
+    if (summarised)
+        for (int tt = threadIdx.x; tt < ntiles; tt += blockDim.x) {
+            Range r = row_range(false, 0, 0);
+            for (int i = tt * FA_QT; i < min(Tq, tt * FA_QT + FA_QT); i++)
+                r = range_merge(r, row_range(true, lo[b * Tq + i], hi[b * Tq + i]));
+            if (tt * FA_QT + FA_QT > Tq) r.minhi = -1; /* zero-filled rows past the end: always mask */
+            tiles[tt] = r;
+        }
+    float adk[ND][4], adv[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) adk[i][e] = adv[i][e] = 0.0f;
+    size_t srow = ((size_t)b * NH + h) * Tq;
+    __syncthreads();
+    for (int tt = 0; tt < ntiles; tt++) {
+        Range info = summarised ? tiles[tt] : Range{0, 0x7fffffff, 0x7fffffff, -1};
+        if (!(info.lo < j0 + 64 && info.hi > j0)) continue; /* block-uniform */
+        int i0 = tt * FA_QT;
+        load_tile<T, HD, FA_QT, 128>(sQ, qb, q.tok_stride, i0, Tq);
+        load_tile<T, HD, FA_QT, 128>(sO, ob, (long)NH * HD, i0, Tq);
+        cp_commit();
+        if (threadIdx.x < FA_QT) {
+            int i = i0 + threadIdx.x;
+            bool in = i < Tq;
+            Ls[threadIdx.x] = in ? lse[srow + i] * FA_LOG2E : 0.0f;
+            Ds[threadIdx.x] = in ? D[srow + i] : 0.0f;
+            los[threadIdx.x] = in ? lo[b * Tq + i] : 0;
+            his[threadIdx.x] = in ? hi[b * Tq + i] : 0;
+        }
+        cp_wait<0>();
+        __syncthreads();
+        if (info.lo < kw0 + 16 && info.hi > kw0) {
+            float s[4][4], dp[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                uint32_t ak[4], av[4];
+                ldsm_x4(ak, addr_a<HD>(sK, w * 16, kk, lane));
+                ldsm_x4(av, addr_a<HD>(sV, w * 16, kk, lane));
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    uint32_t r[4];
+                    ldsm_x4(r, addr_bn<HD>(sQ, np * 16, kk, lane));
+                    mma16816<T>(s[2 * np], ak, r[0], r[1]);
+                    mma16816<T>(s[2 * np + 1], ak, r[2], r[3]);
+                    ldsm_x4(r, addr_bn<HD>(sO, np * 16, kk, lane));
+                    mma16816<T>(dp[2 * np], av, r[0], r[1]);
+                    mma16816<T>(dp[2 * np + 1], av, r[2], r[3]);
+                }
+            }
+            bool full = kw0 >= info.maxlo && kw0 + 16 <= info.minhi;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int qi = nt * 8 + 2 * t4 + (e & 1), key = e < 2 ? kr0 : kr1;
+                    bool ok = full || (key >= los[qi] && key < his[qi]);
+                    float p = ok ? exp2f(s[nt][e] * scale_log2 - Ls[qi]) : 0.0f;
+                    s[nt][e] = p;
+                    dp[nt][e] = p * (dp[nt][e] - Ds[qi]) * scale; /* ds */
+                }
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                uint32_t ap[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
+                                  pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]), pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3])};
+                uint32_t ad[4] = {pack2<T>(dp[2 * c][0], dp[2 * c][1]), pack2<T>(dp[2 * c][2], dp[2 * c][3]),
+                                  pack2<T>(dp[2 * c + 1][0], dp[2 * c + 1][1]), pack2<T>(dp[2 * c + 1][2], dp[2 * c + 1][3])};
+#pragma unroll
+                for (int np = 0; np < ND / 2; np++) {
+                    uint32_t r[4];
+                    ldsm_x4_t(r, addr_bt<HD>(sO, c * 16, np, lane));
+                    mma16816<T>(adv[2 * np], ap, r[0], r[1]);
+                    mma16816<T>(adv[2 * np + 1], ap, r[2], r[3]);
+                    ldsm_x4_t(r, addr_bt<HD>(sQ, c * 16, np, lane));
+                    mma16816<T>(adk[2 * np], ad, r[0], r[1]);
+                    mma16816<T>(adk[2 * np + 1], ad, r[2], r[3]);
+                }
+            }
+        }
+        __syncthreads(); /* sQ, sO and the row data are rewritten next step */
+    }
+    cp_wait<0>();
+    if (kr0 < Tk) {
+        T *rk = (T *)dk.base + b * dk.batch_stride + (long)kr0 * dk.tok_stride + h * dk.head_stride;
+        T *rv = (T *)dv.base + b * dv.batch_stride + (long)kr0 * dv.tok_stride + h * dv.head_stride;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            *reinterpret_cast<uint32_t *>(rk + nd * 8 + 2 * t4) = pack2<T>(adk[nd][0], adk[nd][1]);
+            *reinterpret_cast<uint32_t *>(rv + nd * 8 + 2 * t4) = pack2<T>(adv[nd][0], adv[nd][1]);
+        }
+    }
+    if (kr1 < Tk) {
+        T *rk = (T *)dk.base + b * dk.batch_stride + (long)kr1 * dk.tok_stride + h * dk.head_stride;
+        T *rv = (T *)dv.base + b * dv.batch_stride + (long)kr1 * dv.tok_stride + h * dv.head_stride;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            *reinterpret_cast<uint32_t *>(rk + nd * 8 + 2 * t4) = pack2<T>(adk[nd][2], adk[nd][3]);
+            *reinterpret_cast<uint32_t *>(rv + nd * 8 + 2 * t4) = pack2<T>(adv[nd][2], adv[nd][3]);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+static bool view_ok(const glm_qkv_view &v) {
+    return aligned16(v.base) && v.batch_stride % 8 == 0 && v.tok_stride % 8 == 0 && v.head_stride % 8 == 0;
+}
+
+extern "C" int glmk_flash_supported(glm_dtype dt, int HD, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                                    const void *o1, const void *o2) {
+    return dt != GLM_F32 && (HD == 64 || HD == 128) && view_ok(q) && view_ok(k) && view_ok(v) &&
+           (!o1 || aligned16(o1)) && (!o2 || aligned16(o2));
+}
+
+template <typename K> static void smem_attr(K *fn, size_t bytes) {
+    GLMK_CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <typename T, int HD>
+static void fwd_t(void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
+                  const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
+    size_t smem = 3 * 64 * HD * 2;
+    smem_attr(flash_fwd_kernel<T, HD>, smem);
+    dim3 grid((Tq + 63) / 64, NH, B);
+    flash_fwd_kernel<T, HD><<<grid, 128, smem, st>>>((T *)out, lse, q, k, v, lo, hi, Tq, Tk, NH, scale * FA_LOG2E);
+    GLMK_CHECK_LAUNCH();
+}
+
+template <typename T, int HD>
+static void bwd_t(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout, const float *lse, const float *D,
+                  glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo, const int32_t *hi, int B, int Tq,
+                  int Tk, int NH, float scale, cudaStream_t st) {
+    size_t smem_q = 4 * 64 * HD * 2, smem_kv = (2 * 64 + 2 * FA_QT) * HD * 2;
+    smem_attr(flash_dq_kernel<T, HD>, smem_q);
+    smem_attr(flash_dkdv_kernel<T, HD>, smem_kv);
+    if (Tq > 0)
+        flash_dq_kernel<T, HD><<<dim3((Tq + 63) / 64, NH, B), 128, smem_q, st>>>(dq, (const T *)dout, lse, D, q, k, v, lo,
+                                                                                hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+    if (Tk > 0)
+        flash_dkdv_kernel<T, HD><<<dim3((Tk + 63) / 64, NH, B), 128, smem_kv, st>>>(
+            dk, dv, (const T *)dout, lse, D, q, k, v, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+    GLMK_CHECK_LAUNCH();
+}
+
+#define FA_DISPATCH(dt, HD, FN, ...)                                                   \
+    do {                                                                               \
+        if ((dt) == GLM_BF16) { if ((HD) == 128) FN<bf16, 128>(__VA_ARGS__); else FN<bf16, 64>(__VA_ARGS__); } \
+        else { if ((HD) == 128) FN<f16, 128>(__VA_ARGS__); else FN<f16, 64>(__VA_ARGS__); } \
+    } while (0)
+
+extern "C" void glmk_flash_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                               const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                               cudaStream_t st) {
+    if (B <= 0 || Tq <= 0) return;
+    FA_DISPATCH(dt, HD, fwd_t, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
+}
+
+extern "C" void glmk_flash_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
+                               const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                               const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                               cudaStream_t st) {
+    if (B <= 0) return;
+    FA_DISPATCH(dt, HD, bwd_t, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
+}

@@ -1,0 +1,250 @@
+/* The whole model on the CUDA backend against the CPU backend (the oracle):
+ *  - the THUDM oracle (glm_model.data, via GLM_SHARED) through the CUDA fp32 path + KV cache;
+ *  - forward + backward of a tiny and a medium config (head size 8 and 128: SIMT and
+ *    tensor-core attention): loss and every gradient tensor, CUDA fp32 / bf16 vs CPU fp32,
+ *    with gradient checkpointing bit-identical and repeated runs bit-identical on the GPU;
+ *  - a 50-step AdamW run (with clipping) whose loss follows the CPU fp32 curve. */
+#include <stdlib.h>
+#include "core/fileutil.h"
+#include "cuda_test_util.h"
+#include "model/glm.h"
+#include "optim/adamw.h"
+
+/* ---------------------------------------------------------------- oracle */
+
+static void test_oracle(test_counts *tc) {
+    const char *sh = getenv("GLM_SHARED");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/oracles/chatglm-cpp/glm_model.data", sh ? sh : "../shared");
+    glm_err err;
+    size_t len;
+    float *d = (float *)glm_read_file(path, &len, &err);
+    if (!d) { TEST_SKIP(tc, "cuda_oracle_glm_model", "%s not found (set GLM_SHARED)", path); return; }
+    glm_config c = {.vocab_size = 5, .hidden_size = 32, .num_layers = 1, .num_attention_heads = 8,
+                    .inner_hidden_size = 128, .max_sequence_length = 16, .layernorm_epsilon = 1e-5f,
+                    .position_encoding_2d = 1, .tie_word_embeddings = 1, .bos_token_id = 4, .eos_token_id = 4,
+                    .mask_token_id = 0, .gmask_token_id = 0, .pad_token_id = 0, .alpha = 7.483314773547883f};
+    glm_backend *be = glm_backend_cuda(0, GLM_F32, err.msg, sizeof err.msg);
+    glm_model m;
+    glm_model_init(&m, &c, be);
+    float *host = calloc(m.tab.total, sizeof(float));
+    const float *p = d;
+    for (int i = 0; i < m.tab.n; i++) {
+        memcpy(host + m.tab.t[i].offset, p, m.tab.t[i].numel * 4);
+        p += m.tab.t[i].numel;
+    }
+    glm_model_set_params(&m, host);
+    const int32_t *x1 = (const int32_t *)p; p += 3;
+    const float *y1 = p; p += 3 * 32;
+    const int32_t *x2 = (const int32_t *)p; p += 1;
+    const float *y2 = p; p += 32;
+    const int32_t *x3 = (const int32_t *)p; p += 1;
+    const float *y3 = p;
+    glm_kvcache kv;
+    glm_kvcache_init(&m, &kv, 1, 8);
+    float out[3 * 32];
+    int32_t pos1[] = {0, 1, 1}, bpos1[] = {0, 0, 1}, lo1[] = {0, 0, 0}, hi1[] = {2, 2, 3};
+    int rc = glm_forward_cached(&m, &kv, 3, x1, pos1, bpos1, lo1, hi1, out, NULL, &err);
+    double e1 = rc ? 1e9 : test_max_abs(out, y1, 3 * 32);
+    int32_t pos2[] = {1}, bpos2[] = {2}, lo2[] = {0}, hi2[] = {4};
+    rc |= glm_forward_cached(&m, &kv, 1, x2, pos2, bpos2, lo2, hi2, out, NULL, &err);
+    double e2 = rc ? 1e9 : test_max_abs(out, y2, 32);
+    int32_t pos3[] = {1}, bpos3[] = {3}, lo3[] = {0}, hi3[] = {5};
+    rc |= glm_forward_cached(&m, &kv, 1, x3, pos3, bpos3, lo3, hi3, out, NULL, &err);
+    double e3 = rc ? 1e9 : test_max_abs(out, y3, 32);
+    TEST_CHECK(tc, "cuda_f32_oracle_glm_prompt", e1 < 1e-5, "max abs err %.3g", e1);
+    TEST_CHECK(tc, "cuda_f32_oracle_glm_decode_step1", e2 < 1e-5, "max abs err %.3g", e2);
+    TEST_CHECK(tc, "cuda_f32_oracle_glm_decode_step2", e3 < 1e-5, "max abs err %.3g", e3);
+    printf("  cuda fp32 oracle max abs errors: prompt %.3g, step1 %.3g, step2 %.3g\n", e1, e2, e3);
+    glm_kvcache_free(&m, &kv);
+    glm_model_free(&m);
+    be->destroy(be);
+    free(host);
+    free(d);
+}
+
+/* ---------------------------------------------------------------- configs, batches, weights */
+
+static glm_config config(int medium) {
+    glm_config c = {.vocab_size = 24, .hidden_size = 16, .num_layers = 2, .num_attention_heads = 2,
+                    .inner_hidden_size = 32, .max_sequence_length = 512, .layernorm_epsilon = 1e-5f,
+                    .position_encoding_2d = 1, .tie_word_embeddings = 0, .bos_token_id = 21, .eos_token_id = 22,
+                    .mask_token_id = 19, .gmask_token_id = 20, .pad_token_id = 3, .alpha = 7.483314773547883f};
+    if (medium) {
+        c.vocab_size = 1000; c.hidden_size = 256; c.num_attention_heads = 2; c.inner_hidden_size = 1024;
+        c.mask_token_id = 995; c.gmask_token_id = 996; c.bos_token_id = 997; c.eos_token_id = 998;
+    }
+    return c;
+}
+
+/* Rows of prompt + [gMASK] <sop> answer <eop>, random lengths, right padding. */
+static void make_batch(glm_batch *b, const glm_config *c, glm_rng *r, int B, int T) {
+    glm_batch_alloc(b, B, T);
+    int32_t *ids = malloc(sizeof(int32_t) * T), *lab = malloc(sizeof(int32_t) * T);
+    int top = c->vocab_size < 100 ? 15 : c->vocab_size - 10;
+    for (int row = 0; row < B; row++) {
+        int n = 0, na = 1 + (int)glm_rng_below(r, (T - 4) / 2), np = 1 + (int)glm_rng_below(r, T - 4 - na);
+        for (int i = 0; i < np; i++) ids[n++] = 4 + (int)glm_rng_below(r, top);
+        ids[n++] = c->gmask_token_id;
+        int ctx = n;
+        ids[n++] = c->bos_token_id;
+        for (int i = 0; i < na; i++) ids[n++] = 4 + (int)glm_rng_below(r, top);
+        ids[n++] = c->eos_token_id;
+        for (int i = 0; i < n; i++) lab[i] = i < ctx ? -100 : ids[i];
+        glm_batch_set_row(b, row, ids, lab, n, c->pad_token_id, c->gmask_token_id, c->mask_token_id, c->bos_token_id);
+    }
+    glm_batch_count_targets(b);
+    free(ids);
+    free(lab);
+}
+
+/* Random weights with non-trivial LayerNorm parameters and biases, representable in dt. */
+static float *random_weights(const glm_table *tab, uint64_t seed, glm_dtype dt, float mat_std) {
+    float *h = calloc(tab->total, sizeof(float));
+    glm_rng rng;
+    glm_rng_seed(&rng, seed);
+    for (int i = 0; i < tab->n; i++) {
+        const glm_tensor *t = &tab->t[i];
+        int lnw = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W;
+        for (size_t j = 0; j < t->numel; j++)
+            h[t->offset + j] = round_one(dt, lnw ? 1.0f + 0.2f * glm_rng_normal(&rng)
+                                                 : (t->ndim == 2 ? mat_std : 0.05f) * glm_rng_normal(&rng));
+    }
+    return h;
+}
+
+/* ---------------------------------------------------------------- forward + backward */
+
+static float *grads_of(glm_model *m, const glm_batch *b, double *loss) {
+    glm_zero_grads(m);
+    *loss = glm_forward_backward(m, b, 1.0f / b->n_targets) / b->n_targets;
+    float *g = malloc(sizeof(float) * m->tab.total);
+    m->be->download_f32(m->be, g, m->grads, m->tab.total);
+    return g;
+}
+
+static void test_fwd_bwd(test_counts *tc, int medium, glm_dtype dt) {
+    char name[160], err[256];
+    glm_config c = config(medium);
+    int B = medium ? 3 : 2, T = medium ? 150 : 12;
+    const char *cfg = medium ? "medium" : "tiny";
+    glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
+    glm_model mc, mg;
+    glm_model_init(&mc, &c, cpu);
+    glm_model_init(&mg, &c, gpu);
+    float *w = random_weights(&mc.tab, 7, dt, medium ? 0.05f : 0.3f);
+    glm_model_set_params(&mc, w);
+    glm_model_set_params(&mg, w);
+    glm_rng rng;
+    glm_rng_seed(&rng, 11 + medium);
+    glm_batch b;
+    make_batch(&b, &c, &rng, B, T);
+    double lc, lg, lg2, lg3;
+    float *gc = grads_of(&mc, &b, &lc), *gg = grads_of(&mg, &b, &lg);
+    double tl = dt == GLM_F32 ? 1e-5 : 2e-2, tg = dt == GLM_F32 ? 1e-4 : 5e-2;
+    double el = fabs(lg - lc) / fabs(lc);
+    snprintf(name, sizeof name, "model_%s_%s_loss", cfg, dt_name(dt));
+    TEST_CHECK(tc, name, el <= tl, "cuda %.7f cpu %.7f rel %.3g > %.3g", lg, lc, el, tl);
+    printf("  %s: cuda %.7f cpu %.7f rel err %.3g\n", name, lg, lc, el);
+    double worst = 0;
+    const char *wname = "";
+    for (int i = 0; i < mc.tab.n; i++) {
+        const glm_tensor *t = &mc.tab.t[i];
+        double e = norm_rel_err(gg + t->offset, gc + t->offset, t->numel);
+        if (e > worst || e != e) { worst = e != e ? INFINITY : e; wname = t->name; }
+    }
+    snprintf(name, sizeof name, "model_%s_%s_grads", cfg, dt_name(dt));
+    TEST_CHECK(tc, name, worst <= tg, "worst tensor %s: ||cuda-cpu||/||cpu|| = %.3g > %.3g", wname, worst, tg);
+    printf("  %s: worst tensor %s, norm rel err %.3g (tol %.3g)\n", name, wname, worst, tg);
+    /* the GPU repeats itself, and checkpointing recomputes the same numbers */
+    float *g2 = grads_of(&mg, &b, &lg2);
+    snprintf(name, sizeof name, "model_%s_%s_deterministic", cfg, dt_name(dt));
+    TEST_CHECK(tc, name, memcmp(g2, gg, sizeof(float) * mg.tab.total) == 0 && lg2 == lg, "two runs differ");
+    mg.gradient_checkpointing = 1;
+    float *g3 = grads_of(&mg, &b, &lg3);
+    snprintf(name, sizeof name, "model_%s_%s_checkpointing_bit_identical", cfg, dt_name(dt));
+    TEST_CHECK(tc, name, memcmp(g3, gg, sizeof(float) * mg.tab.total) == 0 && lg3 == lg, "gradients differ");
+    free(w); free(gc); free(gg); free(g2); free(g3);
+    glm_batch_free(&b);
+    glm_model_free(&mc);
+    glm_model_free(&mg);
+    cpu->destroy(cpu);
+    gpu->destroy(gpu);
+}
+
+/* ---------------------------------------------------------------- training curve */
+
+static void train_curve(glm_backend *be, const glm_config *c, const float *w, glm_batch *batches, int nb, int steps,
+                        double *losses) {
+    glm_model m;
+    glm_model_init(&m, c, be);
+    glm_model_set_params(&m, w);
+    glm_adamw o;
+    glm_adamw_init(&o, &m, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.01f);
+    for (int s = 0; s < steps; s++) {
+        glm_batch *b = &batches[s % nb];
+        glm_zero_grads(&m);
+        losses[s] = glm_forward_backward(&m, b, 1.0f / b->n_targets) / b->n_targets;
+        double norm = glm_grad_norm(&m, 1.0f);
+        glm_adamw_step(&o, &m, 2e-3f, glm_clip_coef(norm, 1.0f));
+    }
+    glm_adamw_free(&o, &m);
+    glm_model_free(&m);
+}
+
+static void test_training(test_counts *tc) {
+    enum { STEPS = 50, NB = 4 };
+    char err[256];
+    glm_config c = config(1);
+    glm_table tab;
+    glm_table_build(&tab, &c);
+    float *w = random_weights(&tab, 21, GLM_BF16, 0.02f); /* bf16-representable: same start everywhere */
+    glm_table_free(&tab);
+    glm_rng rng;
+    glm_rng_seed(&rng, 5);
+    glm_batch bs[NB];
+    for (int i = 0; i < NB; i++) make_batch(&bs[i], &c, &rng, 4, 96);
+    double cpu[STEPS], f32[STEPS], b16[STEPS];
+    glm_backend *be = glm_backend_cpu();
+    train_curve(be, &c, w, bs, NB, STEPS, cpu);
+    be->destroy(be);
+    be = glm_backend_cuda(0, GLM_F32, err, sizeof err);
+    train_curve(be, &c, w, bs, NB, STEPS, f32);
+    be->destroy(be);
+    be = glm_backend_cuda(0, GLM_BF16, err, sizeof err);
+    train_curve(be, &c, w, bs, NB, STEPS, b16);
+    be->destroy(be);
+    double m32 = 0, m16 = 0, mean16 = 0;
+    printf("  step   cpu_f32    cuda_f32   cuda_bf16\n");
+    for (int s = 0; s < STEPS; s++) {
+        double e32 = fabs(f32[s] - cpu[s]) / cpu[s], e16 = fabs(b16[s] - cpu[s]) / cpu[s];
+        if (e32 > m32 || e32 != e32) m32 = e32 != e32 ? INFINITY : e32;
+        if (e16 > m16 || e16 != e16) m16 = e16 != e16 ? INFINITY : e16;
+        mean16 += e16 / STEPS;
+        if (s % 5 == 0 || s == STEPS - 1) printf("  %4d  %9.5f  %9.5f  %9.5f\n", s, cpu[s], f32[s], b16[s]);
+    }
+    TEST_CHECK(tc, "train50_cuda_f32_follows_cpu", m32 <= 1e-3, "max rel deviation %.3g", m32);
+    TEST_CHECK(tc, "train50_cuda_bf16_follows_cpu", m16 <= 5e-2 && mean16 <= 2e-2, "max rel deviation %.3g, mean %.3g", m16, mean16);
+    TEST_CHECK(tc, "train50_loss_decreases", cpu[STEPS - 1] < 0.7 * cpu[0] && b16[STEPS - 1] < 0.7 * b16[0],
+               "cpu %.4f -> %.4f, bf16 %.4f -> %.4f", cpu[0], cpu[STEPS - 1], b16[0], b16[STEPS - 1]);
+    printf("  train50: max rel deviation from cpu: f32 %.3g, bf16 %.3g (mean %.3g)\n", m32, m16, mean16);
+    for (int i = 0; i < NB; i++) glm_batch_free(&bs[i]);
+    free(w);
+}
+
+int main(void) {
+    test_counts tc = {0};
+    char err[256];
+    glm_backend *probe = glm_backend_cuda(0, GLM_F32, err, sizeof err);
+    if (!probe) { TEST_SKIP(&tc, "cuda_model", "%s", err); TEST_EXIT(&tc); }
+    probe->destroy(probe);
+    test_oracle(&tc);
+    for (int medium = 0; medium < 2; medium++) {
+        test_fwd_bwd(&tc, medium, GLM_F32);
+        test_fwd_bwd(&tc, medium, GLM_BF16);
+        test_fwd_bwd(&tc, medium, GLM_F16);
+    }
+    test_training(&tc);
+    printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
+    TEST_EXIT(&tc);
+}
