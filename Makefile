@@ -4,8 +4,8 @@ CC       ?= gcc
 NVCC     ?= nvcc
 PYTHON   ?= /usr/bin/python3
 ARCHFLAGS ?= -march=x86-64-v3
-CFLAGS   ?= -O3 $(ARCHFLAGS)
-CFLAGS   += -std=c11 -D_GNU_SOURCE -fopenmp -Isrc -I/usr/include/cjson -Wall -Wextra -Wno-unused-parameter -MMD -MP
+OPT      ?= -O3 $(ARCHFLAGS)
+CFLAGS   := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Isrc -I/usr/include/cjson -Wall -Wextra -Wno-unused-parameter -MMD -MP
 LDLIBS   += -lcjson -lm -lpthread -ldl
 BUILD    ?= build
 
@@ -75,8 +75,7 @@ test: all
 
 # The C tests again under AddressSanitizer + UBSan (CPU only).
 test-asan:
-	$(MAKE) BUILD=build-asan CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	    LDFLAGS="-fsanitize=address,undefined" all
+	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" all
 	@BUILD=build-asan PYTHON=$(PYTHON) ONLY_C=1 bash tests/run.sh
 
 # GPU tests (run on the GPU machine): every CUDA op against its CPU twin, the model on CUDA vs
