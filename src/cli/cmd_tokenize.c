@@ -134,20 +134,17 @@ static void emit_ids(const tok_args *a, const glm_ids *ids, obuf *o) {
 
 static int emit_pieces(const glm_tokenizer *t, const tok_args *a, int flags, const char *s, size_t n, obuf *o,
                        glm_err *err) {
-    int np;
-    char *ps = glm_tokenizer_encode_pieces(t, s, n, flags, &np, err);
-    if (!ps) return -1;
+    glm_pieces ps;
+    if (glm_tokenizer_encode_pieces(t, s, n, flags, &ps, err)) return -1;
     if (a->json) ob_put(o, "{\"pieces\":[", 11);
-    const char *p = ps;
-    for (int i = 0; i < np; i++) {
-        size_t l = strlen(p);
+    for (int i = 0; i < ps.n; i++) {
         if (i) ob_c(o, a->json ? ',' : ' ');
-        if (a->json) ob_json_str(o, p, l); else ob_put(o, p, l);
-        p += l + 1;
+        if (a->json) ob_json_str(o, ps.data + ps.off[i], ps.len[i]);
+        else ob_put(o, ps.data + ps.off[i], ps.len[i]);
     }
     if (a->json) ob_put(o, "]}", 2);
     ob_c(o, '\n');
-    free(ps);
+    glm_pieces_free(&ps);
     return 0;
 }
 

@@ -227,32 +227,51 @@ int glm_tokenizer_encode(const glm_tokenizer *t, const char *text, size_t len, g
     return glm_tokenizer_encode_ex(t, text, len, 0, out, err);
 }
 
-char *glm_tokenizer_encode_pieces(const glm_tokenizer *t, const char *text, size_t len, int flags, int *n,
-                                  glm_err *err) {
+static void piece_add(glm_pieces *o, spm_buf *b, int *cap, const char *s, size_t n) {
+    if (o->n == *cap) {
+        *cap = *cap ? *cap * 2 : 64;
+        o->off = glm_realloc(o->off, (size_t)*cap * sizeof *o->off);
+        o->len = glm_realloc(o->len, (size_t)*cap * sizeof *o->len);
+    }
+    o->off[o->n] = b->n;
+    o->len[o->n++] = n;
+    spm_buf_put(b, s, n);
+    spm_buf_put(b, "", 1);
+}
+
+int glm_tokenizer_encode_pieces(const glm_tokenizer *t, const char *text, size_t len, int flags, glm_pieces *out,
+                                glm_err *err) {
     spm_scratch sc = {0};
-    *n = 0;
-    if (encode_tokens(t, text, len, flags, &sc, err)) { spm_scratch_free(&sc); return NULL; }
-    spm_buf o = {0};
-    const char *pre[2] = {NULL, NULL};
+    memset(out, 0, sizeof *out);
+    if (encode_tokens(t, text, len, flags, &sc, err)) { spm_scratch_free(&sc); return -1; }
+    spm_buf b = {0};
+    int cap = 0;
+    const char *sp[2] = {NULL, NULL};
     if (flags & GLM_TOK_ADD_SPECIAL && t->kind != GLM_TOK_SPM) {
-        pre[0] = glm_tokenizer_piece(t, t->ids.gmask);
-        pre[1] = glm_tokenizer_piece(t, t->ids.sop);
+        sp[0] = glm_tokenizer_piece(t, t->ids.gmask);
+        sp[1] = glm_tokenizer_piece(t, t->ids.sop);
     }
     if (t->kind == GLM_TOK_CHATGLM2)
-        for (int k = 0; k < 2; k++) if (pre[k]) { spm_buf_put(&o, pre[k], strlen(pre[k]) + 1); (*n)++; }
+        for (int k = 0; k < 2; k++) if (sp[k]) piece_add(out, &b, &cap, sp[k], strlen(sp[k]));
     const spm_proto *p = &t->sp.p;
     for (int i = 0; i < sc.ntok; i++) {
         const spm_tok *k = &sc.tok[i];
-        if (p->type[k->id] == SPM_UNKNOWN) spm_buf_put(&o, sc.norm.s + k->off, k->len); /* its surface */
-        else spm_buf_put(&o, p->piece[k->id], (size_t)p->piece_len[k->id]);
-        spm_buf_put(&o, "", 1);
-        (*n)++;
+        if (p->type[k->id] == SPM_UNKNOWN) piece_add(out, &b, &cap, sc.norm.s + k->off, k->len); /* its surface */
+        else piece_add(out, &b, &cap, p->piece[k->id], (size_t)p->piece_len[k->id]);
     }
     if (t->kind == GLM_TOK_CHATGLM1)
-        for (int k = 0; k < 2; k++) if (pre[k]) { spm_buf_put(&o, pre[k], strlen(pre[k]) + 1); (*n)++; }
+        for (int k = 0; k < 2; k++) if (sp[k]) piece_add(out, &b, &cap, sp[k], strlen(sp[k]));
     spm_scratch_free(&sc);
-    if (!o.s) o.s = glm_calloc(1, 1);
-    return o.s;
+    if (!b.s) spm_buf_put(&b, "", 1);
+    out->data = b.s;
+    return 0;
+}
+
+void glm_pieces_free(glm_pieces *p) {
+    free(p->data);
+    free(p->off);
+    free(p->len);
+    memset(p, 0, sizeof *p);
 }
 
 char *glm_tokenizer_decode_ex(const glm_tokenizer *t, const int32_t *ids, int n, int flags, size_t *len) {

@@ -32,7 +32,7 @@ static int rd_varint(rd *r, uint64_t *v) {
 
 /* Reads a field key; wire types 3/4 (groups) never occur in SentencePiece protos. */
 static int rd_key(rd *r, uint32_t *field, int *wt) {
-    uint64_t k;
+    uint64_t k = 0;
     if (rd_varint(r, &k)) return -1;
     *field = (uint32_t)(k >> 3);
     *wt = (int)(k & 7);
@@ -41,7 +41,7 @@ static int rd_key(rd *r, uint32_t *field, int *wt) {
 }
 
 static int rd_bytes(rd *r, const uint8_t **s, size_t *n) {
-    uint64_t len;
+    uint64_t len = 0;
     if (rd_varint(r, &len)) return -1;
     if (len > (uint64_t)(r->end - r->p)) return rd_fail(r, "length-delimited field runs past the end of the file");
     *s = r->p;

@@ -57,11 +57,14 @@ int32_t glm_tokenizer_eos(const glm_tokenizer *t);
 /* glm_tokenizer_encode with flags. flags = 0 is exactly glm_tokenizer_encode. */
 int glm_tokenizer_encode_ex(const glm_tokenizer *t, const char *text, size_t len, int flags, glm_ids *out,
                             glm_err *err);
-/* Like encode_ex but returns the pieces (as SentencePiece's EncodeAsPieces reports them: merged
- * unknown runs keep their text) as *n NUL-terminated strings back to back in one malloc'd block
- * (caller frees); NULL on error. */
-char *glm_tokenizer_encode_pieces(const glm_tokenizer *t, const char *text, size_t len, int flags, int *n,
-                                  glm_err *err);
+/* Pieces of one encoding: piece i is data[off[i] .. off[i] + len[i]) (also NUL-terminated; a
+ * piece can itself contain a NUL byte when the text did). */
+typedef struct glm_pieces { char *data; size_t *off, *len; int n; } glm_pieces;
+/* Like encode_ex but gives the pieces as SentencePiece's EncodeAsPieces reports them (a merged
+ * run of unknown characters keeps its text). Fills *out (free with glm_pieces_free). */
+int glm_tokenizer_encode_pieces(const glm_tokenizer *t, const char *text, size_t len, int flags, glm_pieces *out,
+                                glm_err *err);
+void glm_pieces_free(glm_pieces *p);
 
 /* ChatGLM's build_inputs_with_special_tokens, appended to out. ChatGLM-6B: a + [gMASK, <sop>],
  * with b: a + [gMASK, <sop>] + b + [<eop>]. ChatGLM2/3: [gMASK, sop] + a (+ b + [</s>]).
