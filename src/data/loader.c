@@ -11,7 +11,8 @@
 struct glm_loader {
     glm_dataset ds;
     glm_loader_cfg cfg;
-    int cap_len;            /* row capacity, a multiple of pad_multiple */
+    int fill_len;           /* most tokens packed into a row (max_len, or the longest example) */
+    int cap_len;            /* row capacity: fill_len rounded up to pad_multiple */
     int64_t n_rows;
     int64_t *row_start;     /* [n_rows + 1] into ex_order: row r holds ex_order[row_start[r] .. row_start[r+1]) */
     int64_t *ex_order;      /* dataset positions, grouped by row */
@@ -55,7 +56,7 @@ static void make_rows(glm_loader *l) {
     for (int64_t i = 0; i < n; i++) {
         int len = ex_len(l, perm[i]);
         l->ex_order[i] = perm[i];
-        if (rows == 0 || !l->cfg.packing || fill + len > l->cap_len) {
+        if (rows == 0 || !l->cfg.packing || fill + len > l->fill_len) {
             l->row_start[rows++] = i;
             fill = 0;
         }
@@ -131,8 +132,8 @@ int glm_loader_open(glm_loader **out, const glm_dataset *ds, const glm_loader_cf
     l->ds = *ds;
     l->cfg = *c;
     int pm = c->pad_multiple > 1 ? c->pad_multiple : 1;
-    int cap = c->max_len ? c->max_len : longest;
-    l->cap_len = (cap + pm - 1) / pm * pm;
+    l->fill_len = c->max_len ? c->max_len : longest;
+    l->cap_len = (l->fill_len + pm - 1) / pm * pm;
     make_rows(l);
     int64_t W = c->world, n = l->n_rows;
     l->per_rank = c->drop_last ? n / W : (n + W - 1) / W;

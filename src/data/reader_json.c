@@ -60,7 +60,10 @@ int glm_reader_open(glm_reader **out, const char *path, const glm_read_cfg *cfg,
     r->cfg = *cfg;
     r->schema = GLM_SCHEMA_AUTO;
     r->loc_line = 1;
-    if (len >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) { r->pos = 3; r->stats.bom = 1; }
+    if (len >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) { /* columns count from after the BOM */
+        r->pos = r->loc_off = r->loc_bol = 3;
+        r->stats.bom = 1;
+    }
     size_t p = r->pos;
     while (p < len && is_ws(buf[p])) p++;
     r->container = cfg->container;

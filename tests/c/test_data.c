@@ -102,7 +102,11 @@ static void test_readers(test_counts *tc) {
     free_all(r, n);
     bom = write_file("bom3.json", "\xEF\xBB\xBF\r\n[{\"instruction\": \"a\",\r\n\"output\": \"b\"}]\r\n");
     rc = read_all(bom, &cfg, r, 8, &n, &st, &err);
-    TEST_CHECK(tc, "reader_bom_crlf_array", rc == 0 && n == 1 && st.bom && r[0].line == 2, "rc %d (%s)", rc, err.msg);
+    TEST_CHECK(tc, "reader_bom_crlf_array", rc == 0 && n == 1 && st.bom && r[0].line == 2 && r[0].col == 2, "rc %d (%s)", rc, err.msg);
+    free_all(r, n);
+    bom = write_file("bom4.jsonl", "\xEF\xBB\xBF{\"instruction\": 1, \"output\": \"b\"}\n");
+    rc = read_all(bom, &cfg, r, 8, &n, &st, &err);
+    TEST_CHECK(tc, "reader_bom_column", rc == -1 && strstr(err.msg, "bom4.jsonl:1:1: field 'instruction'"), "rc %d (%s)", rc, err.msg);
     free_all(r, n);
 }
 

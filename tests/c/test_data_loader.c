@@ -416,6 +416,23 @@ static void test_loader(test_counts *tc) {
                "rc %d (%s) steps %d/%d tokens %lld", rc, err.msg, s1, s2, (long long)tokens);
     glm_loader_free(l);
     glm_batch_free(&b);
+    /* rows fill up to max_len, not up to its rounding to pad_multiple */
+    lc.max_len = 60; lc.pad_multiple = 16;
+    rc = glm_loader_open(&l, &ds, &lc, &err);
+    glm_loader_batch_alloc(l, &b);
+    int fits = rc == 0, max_fill = 0;
+    for (int64_t s = 0; fits && s < glm_loader_steps_per_epoch(l); s++) {
+        int64_t exs[256];
+        int rows[256], fill[2] = {0, 0};
+        fits = glm_loader_next(l, &b, &err) == 0 && b.T % 16 == 0 && b.T <= 64;
+        int n = glm_loader_last_examples(l, exs, rows, 256);
+        for (int q = 0; q < n; q++) fill[rows[q]] += glm_examples_len(ex, exs[q]);
+        for (int r = 0; r < b.B; r++) { fits &= fill[r] <= 60; if (fill[r] > max_fill) max_fill = fill[r]; }
+    }
+    TEST_CHECK(tc, "loader_packing_fill_limit", fits && max_fill > 48, "fits %d max fill %d", fits, max_fill);
+    glm_loader_free(l);
+    glm_batch_free(&b);
+    lc.pad_multiple = 0;
     lc.max_len = 5;
     rc = glm_loader_open(&l, &ds, &lc, &err);
     TEST_CHECK(tc, "loader_max_len_too_small", rc == -1 && strstr(err.msg, "longest example"), "rc %d (%s)", rc, err.msg);
