@@ -28,7 +28,7 @@ static const glm_flag tok_flags[] = {
     F(tokenizer, ARG_STR, NULL, "model folder (ice_text.model / tokenizer.model [+ tokenizer_config.json]) or a .model file"),
     F(text, ARG_STR, NULL, "text to encode (one input, newlines included)"),
     F(file, ARG_STR, NULL, "file to encode line by line (default: stdin)"),
-    F(pieces, ARG_BOOL, "false", "print pieces instead of ids"),
+    F(pieces, ARG_BOOL, "false", "print pieces instead of ids (with --decode: the piece of each id)"),
     F(decode, ARG_STR, NULL, "ids to decode, e.g. \"5 74874 130001 130004\""),
     F(decode_lines, ARG_BOOL, "false", "each input line is a list of ids to decode"),
     F(json, ARG_BOOL, "false", "one JSON object per line"),
@@ -112,6 +112,19 @@ static int parse_ids(const char *s, size_t n, glm_ids *ids, glm_err *err) {
 static int emit_decode(const glm_tokenizer *t, const tok_args *a, const char *s, size_t n, obuf *o, glm_err *err) {
     glm_ids ids = {0};
     if (parse_ids(s, n, &ids, err)) { glm_ids_free(&ids); return -1; }
+    if (a->pieces) { /* the piece of each id (out of range: an empty piece) */
+        if (a->json) ob_put(o, "{\"pieces\":[", 11);
+        for (int i = 0; i < ids.n; i++) {
+            const char *p = glm_tokenizer_piece(t, ids.data[i]);
+            if (i) ob_c(o, a->json ? ',' : ' ');
+            if (a->json) ob_json_str(o, p ? p : "", p ? strlen(p) : 0);
+            else if (p) ob_put(o, p, strlen(p));
+        }
+        if (a->json) ob_put(o, "]}", 2);
+        ob_c(o, '\n');
+        glm_ids_free(&ids);
+        return 0;
+    }
     size_t len;
     char *txt = glm_tokenizer_decode_ex(t, ids.data, ids.n, a->spm ? GLM_TOK_SPM_ONLY : 0, &len);
     if (a->json) { ob_put(o, "{\"text\":", 8); ob_json_str(o, txt, len); ob_c(o, '}'); }

@@ -137,8 +137,12 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
         rc = setup_chatglm1(t, &c, have_cfg, model, err);
     else if (strcmp(base, "tokenizer.model") == 0 || c.is_chatglm)
         setup_chatglm2(t, &c);
-    else
+    else { /* plain SentencePiece: pad and eos from trainer_spec when they name control pieces */
         t->kind = GLM_TOK_SPM;
+        const spm_proto *p = &t->sp.p;
+        if (p->pad_id >= 0 && p->pad_id < p->n && p->type[p->pad_id] == SPM_CONTROL) t->ids.pad = p->pad_id;
+        if (p->eos_id >= 0 && p->eos_id < p->n && p->type[p->eos_id] == SPM_CONTROL) t->eos = p->eos_id;
+    }
     if (rc) { glm_tokenizer_free(t); return -1; }
     *out = t;
     return 0;

@@ -36,6 +36,7 @@ typedef struct spm_proto {
     uint8_t *type;
     char *arena;
     int model_type, vocab_size, byte_fallback, treat_ws_as_suffix;
+    int32_t unk_id, bos_id, eos_id, pad_id; /* trainer_spec's (defaults 0, 1, 2, -1); informational */
     char unk_surface[64];    /* trainer_spec.unk_surface or its default " \u2047 " */
     spm_normspec norm, denorm;
 } spm_proto;

@@ -123,6 +123,12 @@ static int parse_trainer(rd *r, spm_proto *p) {
         case 4: if (rd_expect(r, f, wt, 0) || rd_varint(r, &v)) return -1; p->vocab_size = (int)v; break;
         case 24: if (rd_expect(r, f, wt, 0) || rd_varint(r, &v)) return -1; p->treat_ws_as_suffix = v != 0; break;
         case 35: if (rd_expect(r, f, wt, 0) || rd_varint(r, &v)) return -1; p->byte_fallback = v != 0; break;
+        case 40: case 41: case 42: case 43: { /* unk/bos/eos/pad ids: int32, negative as 10-byte varints */
+            if (rd_expect(r, f, wt, 0) || rd_varint(r, &v)) return -1;
+            int32_t id = (int32_t)(uint32_t)v;
+            if (f == 40) p->unk_id = id; else if (f == 41) p->bos_id = id; else if (f == 42) p->eos_id = id; else p->pad_id = id;
+            break;
+        }
         case 44: /* unk_surface */
             if (rd_expect(r, f, wt, 2) || rd_bytes(r, &s, &n)) return -1;
             if (n >= sizeof p->unk_surface) n = sizeof p->unk_surface - 1;
@@ -211,6 +217,7 @@ int spm_proto_parse(spm_proto *p, uint8_t *buf, size_t len, const char *what, gl
     p->buf = buf;
     p->buf_len = len;
     p->model_type = SPM_UNIGRAM;
+    p->unk_id = 0; p->bos_id = 1; p->eos_id = 2; p->pad_id = -1;
     strcpy(p->unk_surface, " \xE2\x81\x87 ");
     normspec_defaults(&p->norm);
     normspec_defaults(&p->denorm);

@@ -47,7 +47,9 @@ typedef enum glm_tok_kind {
 } glm_tok_kind;
 glm_tok_kind glm_tokenizer_kind(const glm_tokenizer *t);
 
-/* The id that closes a (prompt, answer) pair: <eop> for ChatGLM-6B, </s> for ChatGLM2/3. */
+/* The id that closes a (prompt, answer) pair: <eop> for ChatGLM-6B, </s> for ChatGLM2/3; for a
+ * plain SentencePiece model trainer_spec's eos_id when that is a control piece, else -1. (Plain
+ * models also take glm_special_ids.pad from trainer_spec's pad_id.) */
 int32_t glm_tokenizer_eos(const glm_tokenizer *t);
 
 /* encode flags */
