@@ -1,7 +1,7 @@
 /* The public tokenizer (tokenizer.h): loads a SentencePiece model from a folder or file, decides
  * whether it is ChatGLM-6B (ice_text.model: the <n>/<|tab|>/<|blank_N|> layer and [gMASK] <sop>
- * suffix), ChatGLM2/3 (tokenizer.model: specials appended after the pieces, [gMASK] sop prefix)
- * or a plain SentencePiece model, resolves special ids (tokenizer_config.json may rename them) and
+ * suffix), ChatGLM2/3 (a tokenizer_config.json naming ChatGLMTokenizer next to a model without
+ * [gMASK]: specials appended after the pieces, [gMASK] sop prefix) or a plain SentencePiece model, resolves special ids (tokenizer_config.json may rename them) and
  * wraps encoding/decoding with the matching pre/post-processing. */
 #include "tokenizer/spm.h"
 #include "core/fileutil.h"
@@ -135,7 +135,7 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
     int rc = 0;
     if (strcmp(base, "ice_text.model") == 0 || (sp_id(t, "[gMASK]") >= 0 && sp_id(t, "<sop>") >= 0))
         rc = setup_chatglm1(t, &c, have_cfg, model, err);
-    else if (strcmp(base, "tokenizer.model") == 0 || c.is_chatglm)
+    else if (c.is_chatglm) /* a tokenizer.model alone may be any SentencePiece model (LLaMA...) */
         setup_chatglm2(t, &c);
     else { /* plain SentencePiece: pad and eos from trainer_spec when they name control pieces */
         t->kind = GLM_TOK_SPM;

@@ -150,7 +150,8 @@ int spm_charsmap_init(spm_charsmap *cm, const uint8_t *blob, size_t len, const c
     if (!blob || len == 0) return 0;
     if (len <= 4) return glm_fail(err, "%s: precompiled_charsmap is broken (%zu bytes)", what, len);
     uint32_t tsize = (uint32_t)blob[0] | (uint32_t)blob[1] << 8 | (uint32_t)blob[2] << 16 | (uint32_t)blob[3] << 24;
-    if ((size_t)tsize >= len - 4 + 1 || tsize % 4 != 0 || tsize == 0)
+    /* SentencePiece reads floor(tsize / 4) units; a trie without units cannot even hold a root */
+    if ((size_t)tsize > len - 4 || tsize < 4)
         return glm_fail(err, "%s: precompiled_charsmap is broken (trie size %u of %zu bytes)", what, tsize, len);
     cm->n = tsize / 4;
     cm->units = glm_malloc(cm->n * sizeof *cm->units);

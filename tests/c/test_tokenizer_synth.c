@@ -241,6 +241,13 @@ static void test_chatglm2(test_counts *tc) {
     add_pieces(&m, ps, 5);
     save("glm2/tokenizer.model", m.b, m.n);
     free(m.b);
+    char dir0[300];
+    snprintf(dir0, sizeof dir0, "%s/glm2", g_dir);
+    glm_tokenizer *t0 = NULL;
+    int rc0 = glm_tokenizer_load(&t0, dir0, NULL);
+    TEST_CHECK(tc, "tokenizer_tokenizer_model_without_config_is_plain", rc0 == 0 && glm_tokenizer_kind(t0) == GLM_TOK_SPM,
+               "rc %d kind %d", rc0, t0 ? (int)glm_tokenizer_kind(t0) : -1);
+    glm_tokenizer_free(t0);
     const char *cfg = "{\"name_or_path\": \"THUDM/chatglm2-6b\", \"tokenizer_class\": \"ChatGLMTokenizer\"}";
     save("glm2/tokenizer_config.json", cfg, strlen(cfg));
     char dir[300];
