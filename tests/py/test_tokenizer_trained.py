@@ -16,10 +16,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tokenizer_corpus as tc  # noqa: E402
 
 BASE = ["--vocab_size=2500", "--character_coverage=0.98", "--num_threads=2", "--minloglevel=2"]
-MODELS = {
+MODELS = {  # the full grid {unigram, bpe} x {nmt_nfkc, identity} x {byte_fallback, not}, then the rest
+    "unigram_nfkc": [],
     "unigram_nfkc_bytefallback": ["--byte_fallback=true"],
     "unigram_identity": ["--normalization_rule_name=identity"],
+    "unigram_identity_bytefallback": ["--normalization_rule_name=identity", "--byte_fallback=true"],
     "bpe_nfkc": ["--model_type=bpe"],
+    "bpe_nfkc_bytefallback": ["--model_type=bpe", "--byte_fallback=true"],
+    "bpe_identity": ["--model_type=bpe", "--normalization_rule_name=identity"],
     "bpe_identity_bytefallback": ["--model_type=bpe", "--normalization_rule_name=identity", "--byte_fallback=true"],
     "unigram_nfkccf_userdefined": ["--normalization_rule_name=nmt_nfkc_cf", "--user_defined_symbols=<n>,<sep>,@@,ab,▁▁",
                                    "--control_symbols=<ctrl>,[X]", "--add_dummy_prefix=false"],
