@@ -127,6 +127,7 @@ static int extract_sharegpt(const cJSON *obj, glm_record *r, char *why, size_t n
         const cJSON *from = cJSON_GetObjectItemCaseSensitive(m, "from");
         if (!from) from = cJSON_GetObjectItemCaseSensitive(m, "role");
         const char *vkey = cJSON_GetObjectItemCaseSensitive(m, "value") ? "value" : "content";
+        if (!cJSON_GetObjectItemCaseSensitive(m, vkey)) { snprintf(why, n, "%s[%d] has no 'value'/'content'", key, i); goto bad; }
         if (!cJSON_IsString(from)) { snprintf(why, n, "%s[%d] has no string 'from'/'role'", key, i); goto bad; }
         int role = role_of(from->valuestring);
         char *text = NULL;

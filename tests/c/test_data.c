@@ -167,6 +167,12 @@ static void test_bad_data(test_counts *tc) {
     snprintf(buf, sizeof buf, "{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"gpt\", \"value\": \"b\"}]}\n"
                               "{\"conversations\": [{\"from\": \"gpt\", \"value\": \"a\"}, {\"from\": \"human\", \"value\": \"b\"}]}\n");
     bad_case(tc, "bad_sharegpt_order", "b12.jsonl", buf, "out of turn", 1, 0, 1);
+    snprintf(buf, sizeof buf, "{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"gpt\", \"value\": \"b\"}]}\n"
+                              "{\"conversations\": [{\"from\": \"human\", \"text\": \"a\"}, {\"from\": \"tool\", \"value\": \"b\"}]}\n");
+    bad_case(tc, "bad_sharegpt_no_value", "b12b.jsonl", buf, "b12b.jsonl:2:1: conversations[0] has no 'value'/'content'", 1, 0, 1);
+    snprintf(buf, sizeof buf, "{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"gpt\", \"value\": \"b\"}]}\n"
+                              "{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"tool\", \"value\": \"b\"}]}\n");
+    bad_case(tc, "bad_sharegpt_role", "b12c.jsonl", buf, "conversations[1]: unknown role 'tool'", 1, 0, 1);
     snprintf(buf, sizeof buf, "%s trailing\n", ok);
     bad_case(tc, "bad_jsonl_trailing_data", "b13.jsonl", buf, "b13.jsonl:1:37: malformed JSON: unexpected data after", 0, 1, 0);
 
