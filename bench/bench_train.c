@@ -3,7 +3,8 @@
  * rows of half prompt / half answer (labels on the answer half only).
  *
  *   bench_train [--fp32 | --fp16] [--runs 512x4,512x8,512x8c,2048x2] [--steps 6] [--warmup 2]
- *               [--layers L] [--out FILE]
+ *               [--layers L] [--detail] [--out FILE]
+ * (--detail: one more step with an event at every op, printed as a per-op table)
  *
  * A run "TxB" is seq T, micro-batch B; a trailing "c" turns on gradient checkpointing. Each run
  * builds a fresh model and optimizer (checkpointing changes the activation layout) and times
@@ -93,7 +94,7 @@ int main(int argc, char **argv) {
     double t_proc = now();
     glm_dtype dt = GLM_BF16;
     const char *runs = "512x4,512x8,512x8c,2048x2", *out = NULL;
-    int steps = 6, warmup = 2, layers = 0;
+    int steps = 6, warmup = 2, layers = 0, detail = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--fp32")) dt = GLM_F32;
@@ -104,6 +105,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--warmup")) { warmup = atoi(v); i++; }
         else if (!strcmp(a, "--layers")) { layers = atoi(v); i++; }
         else if (!strcmp(a, "--out")) { out = v; i++; }
+        else if (!strcmp(a, "--detail")) detail = 1;
         else { fprintf(stderr, "usage: see the header of bench/bench_train.c (unknown %s)\n", a); return 2; }
     }
     char err[256];
@@ -147,6 +149,21 @@ int main(int argc, char **argv) {
         step(&m, &o, &b, &l2);
         glm_cuda_profile_read(be, split);
         glm_cuda_profile(be, 0);
+        if (detail) { /* per-op table, sorted by time */
+            double dsplit[GLM_PROF_NCAT] = {0}, ms[96], tot = 0;
+            const char *names[96];
+            glm_cuda_profile(be, 2);
+            step(&m, &o, &b, &l2);
+            glm_cuda_profile_read(be, dsplit);
+            glm_cuda_profile(be, 0);
+            int n = glm_cuda_profile_ops(be, names, ms, 96);
+            for (int i = 0; i < n; i++) tot += ms[i];
+            for (int i = 0; i < n; i++)
+                for (int j = i + 1; j < n; j++)
+                    if (ms[j] > ms[i]) { double t = ms[i]; ms[i] = ms[j]; ms[j] = t; const char *s = names[i]; names[i] = names[j]; names[j] = s; }
+            printf("  per-op (%dx%d%s, one step with an event per op: %.1f ms)\n", T, B, ck == 'c' ? "+ckpt" : "", tot);
+            for (int i = 0; i < n; i++) printf("    %-34s %8.2f ms %5.1f%%\n", names[i], ms[i], 100 * ms[i] / tot);
+        }
         size_t used, peak, total;
         glm_cuda_memory(be, &used, &peak, &total);
         double tok = (double)B * T / med;

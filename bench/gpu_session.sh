@@ -35,7 +35,7 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     LOGDIR="$OUT/tests" BUILD=$B bash tests/run_cuda.sh 2>&1 | tee "$OUT/test-cuda.txt"
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
-    timeout 300 $B/bench_train --runs "$runs" --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.txt"
+    timeout 300 $B/bench_train --runs "$runs" ${DETAIL:+--detail} --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.txt"
     timeout 120 $B/bench_train --fp16 --runs 512x8 --out "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.txt"
     timeout 120 $B/bench_train --fp32 --runs 512x4 --warmup 1 --steps 2 --out "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.txt"
 fi

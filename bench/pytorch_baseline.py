@@ -174,7 +174,10 @@ def main():
         if a.out:
             with open(a.out, "a") as f:
                 f.write(json.dumps(res) + "\n")
-        del model, opt, batch
+        del model, opt, batch, step
+        import gc
+        torch._dynamo.reset()  # compiled blocks hold the old parameters
+        gc.collect()
         torch.cuda.empty_cache()
 
 

@@ -36,7 +36,7 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ -x "$BUILD/tests/cuda/test_
     for tool in memcheck racecheck; do
         log="$LOGDIR/sanitizer_$tool.log"
         t0=$SECONDS
-        timeout "$TIMEOUT" compute-sanitizer --tool "$tool" --error-exitcode 99 "$BUILD/tests/cuda/test_cuda_ops" --quick >"$log" 2>&1
+        timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$BUILD/tests/cuda/test_cuda_ops" --quick >"$log" 2>&1
         rc=$?
         summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
         if [ "$rc" -eq 0 ] && ! grep -q '^FAIL ' "$log"; then

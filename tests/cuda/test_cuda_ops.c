@@ -403,6 +403,7 @@ static void run_all(ctx *c, int quick, int attention_only) {
         if (!quick) t_embedding(c, 1024, 4096, 3000);
         t_layernorm(c, 5, 32);
         t_layernorm(c, 33, 1000);
+        t_layernorm(c, 7, 37); /* odd width: the non-vector kernels */
         if (!quick) t_layernorm(c, 256, 4096);
         t_rope(c, 12, 2, 8);
         t_rope(c, 64, 4, 128);

@@ -19,6 +19,7 @@
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt on Hopper wants 32 MiB */
 #define STAGE_ELEMS (16u << 20)     /* fp32 staging for host <-> S conversions */
 #define PROF_EVENTS 65536
+#define PROF_OPS 96
 
 typedef struct gemm_plan {
     int used;
@@ -45,10 +46,17 @@ typedef struct cuda_impl {
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
     int debug_sync;  /* GLM_CUDA_SYNC=1: synchronise and check after every op */
     size_t peak_used;
-    /* profiler */
+    /* profiler (glm_cuda_profile): events at category changes, or at every op in detail mode */
     int prof_on, prof_n, prof_cat;
     cudaEvent_t *prof_ev;
     int *prof_evcat;
+    const char **prof_evop;
+    int n_ops;                 /* per-op totals of the last read (detail mode) */
+    const char *op_name[PROF_OPS];
+    double op_ms[PROF_OPS];
+    int n_labels;              /* "matmul_fwd 4096x12288"-style labels, owned here */
+    int label_key[PROF_OPS][3];
+    char label[PROF_OPS][48];
 } cuda_impl;
 
 static cuda_impl *IM(glm_backend *be) { return (cuda_impl *)be->impl; }
@@ -83,12 +91,28 @@ static void op_done(glm_backend *be, const char *op) {
 
 /* ---------------------------------------------------------------- profiler */
 
-static void prof(glm_backend *be, int cat) {
+static void prof(glm_backend *be, int cat, const char *op) {
     cuda_impl *im = IM(be);
-    if (!im->prof_on || cat == im->prof_cat || im->prof_n >= PROF_EVENTS) return;
+    if (!im->prof_on || (im->prof_on == 1 && cat == im->prof_cat) || im->prof_n >= PROF_EVENTS) return;
     CUDA_CHECK(cudaEventRecord(im->prof_ev[im->prof_n], im->st));
-    im->prof_evcat[im->prof_n++] = cat;
+    im->prof_evcat[im->prof_n] = cat;
+    im->prof_evop[im->prof_n++] = op;
     im->prof_cat = cat;
+}
+
+/* A persistent label for a GEMM of one shape class (kind 0 fwd, 1 dinp, 2 dw), so the detail
+ * profile tells the head from the MLP. */
+static const char *mm_label(glm_backend *be, int kind, int C, int OC) {
+    cuda_impl *im = IM(be);
+    if (im->prof_on < 2) return "matmul";
+    for (int i = 0; i < im->n_labels; i++)
+        if (im->label_key[i][0] == kind && im->label_key[i][1] == C && im->label_key[i][2] == OC) return im->label[i];
+    if (im->n_labels == PROF_OPS) return "matmul (other shapes)";
+    int i = im->n_labels++;
+    im->label_key[i][0] = kind; im->label_key[i][1] = C; im->label_key[i][2] = OC;
+    static const char *kinds[3] = {"matmul_fwd", "matmul_bwd_dinp", "matmul_bwd_dw"};
+    snprintf(im->label[i], sizeof im->label[i], "%s %dx%d", kinds[kind], C, OC);
+    return im->label[i];
 }
 
 void glm_cuda_profile(glm_backend *be, int on) {
@@ -96,6 +120,7 @@ void glm_cuda_profile(glm_backend *be, int on) {
     if (on && !im->prof_ev) {
         im->prof_ev = glm_calloc(PROF_EVENTS, sizeof(cudaEvent_t));
         im->prof_evcat = glm_calloc(PROF_EVENTS, sizeof(int));
+        im->prof_evop = glm_calloc(PROF_EVENTS, sizeof(char *));
         for (int i = 0; i < PROF_EVENTS; i++) CUDA_CHECK(cudaEventCreate(&im->prof_ev[i]));
     }
     im->prof_on = on;
@@ -106,18 +131,34 @@ void glm_cuda_profile(glm_backend *be, int on) {
 void glm_cuda_profile_read(glm_backend *be, double *ms) {
     cuda_impl *im = IM(be);
     if (!im->prof_on) return;
-    int last = im->prof_cat;
     im->prof_cat = -1;
-    prof(be, GLM_PROF_NCAT); /* closing mark */
+    prof(be, GLM_PROF_NCAT, "end"); /* closing mark */
     CUDA_CHECK(cudaStreamSynchronize(im->st));
+    im->n_ops = 0;
     for (int i = 0; i + 1 < im->prof_n; i++) {
         float t = 0;
         CUDA_CHECK(cudaEventElapsedTime(&t, im->prof_ev[i], im->prof_ev[i + 1]));
         if (im->prof_evcat[i] < GLM_PROF_NCAT) ms[im->prof_evcat[i]] += t;
+        if (im->prof_on < 2) continue;
+        int k = 0;
+        while (k < im->n_ops && strcmp(im->op_name[k], im->prof_evop[i]) != 0) k++;
+        if (k == im->n_ops) {
+            if (k == PROF_OPS) continue;
+            im->op_name[k] = im->prof_evop[i];
+            im->op_ms[k] = 0;
+            im->n_ops++;
+        }
+        im->op_ms[k] += t;
     }
-    (void)last;
     im->prof_n = 0;
     im->prof_cat = -1;
+}
+
+int glm_cuda_profile_ops(glm_backend *be, const char **names, double *ms, int max) {
+    cuda_impl *im = IM(be);
+    int n = im->n_ops < max ? im->n_ops : max;
+    for (int i = 0; i < n; i++) { names[i] = im->op_name[i]; ms[i] = im->op_ms[i]; }
+    return n;
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -161,11 +202,11 @@ static void *cu_alloc(glm_backend *be, size_t bytes) {
 }
 static void cu_free(glm_backend *be, void *p) { if (p) CUDA_CHECK(cudaFree(p)); }
 static void cu_zero(glm_backend *be, void *p, size_t bytes) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "zero");
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, IM(be)->st));
 }
 static void cu_copy(glm_backend *be, void *dst, const void *src, size_t bytes) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "copy");
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, IM(be)->st));
 }
 /* Pageable host source: cudaMemcpyAsync returns once the bytes are staged, so `src` may be
@@ -304,18 +345,24 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
 
 /* out[N,OC] = inp[N,C] w[OC,C]^T + bias: column-major out^T[OC,N] = (w^T)^T... i.e. op(A=w)=T, B=inp. */
 static void cu_mm_fwd(glm_backend *be, void *out, const void *inp, const void *w, const void *bias, int N, int C, int OC) {
-    prof(be, GLM_PROF_GEMM);
+    prof(be, GLM_PROF_GEMM, mm_label(be, 0, C, OC));
     gemm(be, 1, 0, OC, N, C, w, C, inp, C, out, OC, 0.0f, bias);
     op_done(be, "matmul_fwd");
 }
 
 static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
                       const void *w, int N, int C, int OC, int acc) {
-    prof(be, GLM_PROF_GEMM);
     /* dinp^T[C,N] = w^T[C,OC] dout^T[OC,N] */
-    if (dinp) gemm(be, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, acc ? 1.0f : 0.0f, NULL);
+    if (dinp) {
+        prof(be, GLM_PROF_GEMM, mm_label(be, 1, C, OC));
+        gemm(be, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, acc ? 1.0f : 0.0f, NULL);
+    }
     /* dw^T[C,OC] += inp^T[C,N] dout[N,OC] */
-    if (dw) gemm(be, 0, 1, C, OC, N, inp, C, dout, OC, dw, C, 1.0f, NULL);
+    if (dw) {
+        prof(be, GLM_PROF_GEMM, mm_label(be, 2, C, OC));
+        gemm(be, 0, 1, C, OC, N, inp, C, dout, OC, dw, C, 1.0f, NULL);
+    }
+    if (dbias) prof(be, GLM_PROF_GEMM, "bias_grad");
     if (dbias) glmk_bias_grad(be->dtype, dbias, dout, N, OC, scratch(be, glmk_colsum_scratch(N, OC) * sizeof(float)), IM(be)->st);
     op_done(be, "matmul_bwd");
 }
@@ -323,30 +370,30 @@ static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const 
 /* ---------------------------------------------------------------- other ops */
 
 static void cu_emb_fwd(glm_backend *be, void *out, const int32_t *ids, const void *wte, int N, int H) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "embedding_fwd");
     glmk_embedding_fwd(be->dtype, out, ids, wte, N, H, IM(be)->st);
     op_done(be, "embedding_fwd");
 }
 static void cu_emb_bwd(glm_backend *be, void *dwte, const void *dout, const int32_t *ids, int N, int H, int V) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "embedding_bwd");
     glmk_embedding_bwd(be->dtype, dwte, dout, ids, N, H, IM(be)->st);
     op_done(be, "embedding_bwd");
 }
 static void cu_ln_fwd(glm_backend *be, void *out, float *mean, float *rstd, const void *x, const void *w, const void *b,
                       int N, int C, float eps) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "layernorm_fwd");
     glmk_layernorm_fwd(be->dtype, out, mean, rstd, x, w, b, N, C, eps, IM(be)->st);
     op_done(be, "layernorm_fwd");
 }
 static void cu_ln_bwd(glm_backend *be, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
                       const float *mean, const float *rstd, int N, int C) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "layernorm_bwd");
     float *s = scratch(be, 2 * glmk_colsum_scratch(N, C) * sizeof(float));
     glmk_layernorm_bwd(be->dtype, dx, dw, db, dout, x, w, mean, rstd, N, C, s, IM(be)->st);
     op_done(be, "layernorm_bwd");
 }
 static void cu_rope(glm_backend *be, void *qkv, const int32_t *pos, const int32_t *bpos, int N, int NH, int HD, int inv) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "rope");
     int R = HD / 2;
     float f[128];
     GLM_ASSERT(R / 2 <= 128);
@@ -356,7 +403,7 @@ static void cu_rope(glm_backend *be, void *qkv, const int32_t *pos, const int32_
 }
 static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                         const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
-    prof(be, GLM_PROF_ATTN);
+    prof(be, GLM_PROF_ATTN, "attention_fwd");
     if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL))
         glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     else
@@ -366,9 +413,10 @@ static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, 
 static void cu_attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
                         const void *out, const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                         const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
-    prof(be, GLM_PROF_ATTN);
     float *D = scratch(be, (size_t)B * NH * Tq * sizeof(float));
+    prof(be, GLM_PROF_ATTN, "attention_bwd_rowdot");
     glmk_attn_rowdot(be->dtype, D, dout, out, B, Tq, NH, HD, IM(be)->st);
+    prof(be, GLM_PROF_ATTN, "attention_bwd");
     if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, dout, NULL) &&
         glmk_flash_supported(be->dtype, HD, dq, dk, dv, NULL, NULL))
         glmk_flash_bwd(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
@@ -377,37 +425,37 @@ static void cu_attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_q
     op_done(be, "attention_bwd");
 }
 static void cu_gelu_fwd(glm_backend *be, void *out, const void *x, size_t n) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "gelu_fwd");
     glmk_gelu_fwd(be->dtype, out, x, n, IM(be)->st);
     op_done(be, "gelu_fwd");
 }
 static void cu_gelu_bwd(glm_backend *be, void *dx, const void *x, const void *dout, size_t n) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "gelu_bwd");
     glmk_gelu_bwd(be->dtype, dx, x, dout, n, IM(be)->st);
     op_done(be, "gelu_bwd");
 }
 static void cu_scale_add(glm_backend *be, void *out, float alpha, const void *x, const void *y, size_t n) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "scale_add");
     glmk_scale_add(be->dtype, out, alpha, x, y, n, IM(be)->st);
     op_done(be, "scale_add");
 }
 static void cu_ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "cross_entropy");
     glmk_cross_entropy(be->dtype, logits, losses, t, R, V, dscale, IM(be)->st);
     op_done(be, "cross_entropy");
 }
 static void cu_gather(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "gather_rows");
     glmk_gather_rows(be->dtype, out, x, idx, R, C, IM(be)->st);
     op_done(be, "gather_rows");
 }
 static void cu_scatter(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) {
-    prof(be, GLM_PROF_OTHER);
+    prof(be, GLM_PROF_OTHER, "scatter_rows");
     glmk_scatter_rows(be->dtype, out, x, idx, R, C, IM(be)->st);
     op_done(be, "scatter_rows");
 }
 static double cu_sumsq(glm_backend *be, const void *x, size_t n) {
-    prof(be, GLM_PROF_OPTIM);
+    prof(be, GLM_PROF_OPTIM, "sumsq");
     cuda_impl *im = IM(be);
     glmk_sumsq(be->dtype, x, n, im->ssq, im->ssq + GLMK_SUMSQ_BLOCKS, im->st);
     double r = 0;
@@ -416,7 +464,7 @@ static double cu_sumsq(glm_backend *be, const void *x, size_t n) {
 }
 static void cu_adamw(glm_backend *be, void *param, float *master, const void *grad, float *m, float *v, size_t n,
                      float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float gs) {
-    prof(be, GLM_PROF_OPTIM);
+    prof(be, GLM_PROF_OPTIM, "adamw");
     glmk_adamw(be->dtype, param, master, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs, IM(be)->st);
     op_done(be, "adamw");
 }
@@ -441,6 +489,7 @@ static void cu_destroy(glm_backend *be) {
         for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(im->prof_ev[i]);
         free(im->prof_ev);
         free(im->prof_evcat);
+        free(im->prof_evop);
     }
     cudaFree(im->workspace);
     cudaFree(im->scratch);

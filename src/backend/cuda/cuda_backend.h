@@ -19,13 +19,16 @@ void glm_cuda_memory(glm_backend *be, size_t *used_now, size_t *peak_used, size_
 /* Starts a new peak from the memory in use now. */
 void glm_cuda_memory_reset_peak(glm_backend *be);
 
-/* Step-time split. While on, every op records a CUDA event when its category differs from the
+/* Step-time split. on = 1: every op records a CUDA event when its category differs from the
  * previous op's, so a category is charged from its first op to the next category's first op
- * (launch gaps inside a run of one category count for it). */
+ * (launch gaps inside a run of one category count for it). on = 2: an event at every op, and
+ * per-op totals too (GEMMs labelled by kind and shape); costs a little host time per op. */
 enum { GLM_PROF_GEMM, GLM_PROF_ATTN, GLM_PROF_OTHER, GLM_PROF_OPTIM, GLM_PROF_NCAT };
 void glm_cuda_profile(glm_backend *be, int on);
 /* Synchronises, adds the milliseconds per category since the last read into ms[GLM_PROF_NCAT],
  * and starts a new interval. */
 void glm_cuda_profile_read(glm_backend *be, double *ms);
+/* After a read in mode 2: up to max (op name, milliseconds) pairs, in first-seen order. */
+int glm_cuda_profile_ops(glm_backend *be, const char **names, double *ms, int max);
 
 #endif

@@ -132,8 +132,9 @@ template <typename T, int HD>
 __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_qkv_view q, glm_qkv_view k,
                                                         glm_qkv_view v, const int32_t *lo, const int32_t *hi, int Tq,
                                                         int Tk, int NH, float scale_log2) {
-    constexpr int KS = HD / 16, ND = HD / 8;
+    constexpr int KS = HD / 16, ND = HD / 8, KV_BYTES = 2 * 64 * HD * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
+    /* [Q][K0 V0][K1 V1] */
     uint32_t sQ = (uint32_t)__cvta_generic_to_shared(smem_raw), sK = sQ + 64 * HD * 2, sV = sK + 64 * HD * 2;
     __shared__ Range wr[4];
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -150,7 +151,10 @@ __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_
     __syncthreads();
     int klo = min(min(wr[0].lo, wr[1].lo), min(wr[2].lo, wr[3].lo));
     int khi = max(max(wr[0].hi, wr[1].hi), max(wr[2].hi, wr[3].hi));
-    if (klo < khi) load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, klo, khi);
+    if (klo < khi) {
+        load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, klo, khi);
+        load_tile<T, HD, 64, 128>(sV, vb, v.tok_stride, klo, khi);
+    }
     cp_commit();
     cp_wait<1>(); /* Q has landed */
     __syncthreads();
@@ -163,14 +167,18 @@ __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_
     for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
-    for (int n0 = klo; n0 < khi; n0 += 64) {
-        load_tile<T, HD, 64, 128>(sV, vb, v.tok_stride, n0, khi);
+    /* K/V tiles double-buffered: the next pair loads while this one is used */
+    for (int n0 = klo, buf = 0; n0 < khi; n0 += 64, buf ^= 1) {
+        uint32_t cK = sK + buf * KV_BYTES, cV = sV + buf * KV_BYTES;
+        if (n0 + 64 < khi) {
+            load_tile<T, HD, 64, 128>(sK + (buf ^ 1) * KV_BYTES, kb, k.tok_stride, n0 + 64, khi);
+            load_tile<T, HD, 64, 128>(sV + (buf ^ 1) * KV_BYTES, vb, v.tok_stride, n0 + 64, khi);
+        }
         cp_commit();
-        cp_wait<1>(); /* K(n0) has landed */
+        cp_wait<1>(); /* tile n0 has landed */
         __syncthreads();
-        bool active = n0 < R.hi && n0 + 64 > R.lo; /* this warp sees some key of the tile */
-        float s[8][4];
-        if (active) {
+        if (n0 < R.hi && n0 + 64 > R.lo) { /* this warp sees some key of the tile */
+            float s[8][4];
 #pragma unroll
             for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
@@ -178,7 +186,7 @@ __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_
 #pragma unroll
                 for (int np = 0; np < 4; np++) {
                     uint32_t r[4];
-                    ldsm_x4(r, addr_bn<HD>(sK, np * 16, kk, lane));
+                    ldsm_x4(r, addr_bn<HD>(cK, np * 16, kk, lane));
                     mma16816<T>(s[2 * np], qf[kk], r[0], r[1]);
                     mma16816<T>(s[2 * np + 1], qf[kk], r[2], r[3]);
                 }
@@ -214,14 +222,6 @@ __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_
             l1 = l1 * c1 + ps1;
 #pragma unroll
             for (int i = 0; i < ND; i++) { o[i][0] *= c0; o[i][1] *= c0; o[i][2] *= c1; o[i][3] *= c1; }
-        }
-        __syncthreads(); /* every warp is done with K(n0) */
-        bool next = n0 + 64 < khi;
-        if (next) load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, n0 + 64, khi);
-        cp_commit();
-        cp_wait<1>(); /* V(n0) has landed */
-        __syncthreads();
-        if (active) {
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 uint32_t a[4] = {pack2<T>(s[2 * c][0], s[2 * c][1]), pack2<T>(s[2 * c][2], s[2 * c][3]),
@@ -229,13 +229,13 @@ __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_
 #pragma unroll
                 for (int np = 0; np < ND / 2; np++) {
                     uint32_t r[4];
-                    ldsm_x4_t(r, addr_bt<HD>(sV, c * 16, np, lane));
+                    ldsm_x4_t(r, addr_bt<HD>(cV, c * 16, np, lane));
                     mma16816<T>(o[2 * np], a, r[0], r[1]);
                     mma16816<T>(o[2 * np + 1], a, r[2], r[3]);
                 }
             }
         }
-        __syncthreads(); /* every warp is done with V(n0) */
+        __syncthreads(); /* every warp is done with this buffer before it is refilled */
     }
     cp_wait<0>();
     l0 = quad_sum(l0);
@@ -265,8 +265,9 @@ __global__ void __launch_bounds__(128) flash_dq_kernel(glm_qkv_view dq, const T 
                                                        glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                                                        const int32_t *lo, const int32_t *hi, int Tq, int Tk, int NH,
                                                        float scale, float scale_log2) {
-    constexpr int KS = HD / 16, ND = HD / 8;
+    constexpr int KS = HD / 16, ND = HD / 8, KV_BYTES = 2 * 64 * HD * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
+    /* [Q][dout][K0 V0][K1 V1] */
     uint32_t sQ = (uint32_t)__cvta_generic_to_shared(smem_raw), sO = sQ + 64 * HD * 2, sK = sO + 64 * HD * 2,
              sV = sK + 64 * HD * 2;
     __shared__ Range wr[4];
@@ -291,11 +292,20 @@ __global__ void __launch_bounds__(128) flash_dq_kernel(glm_qkv_view dq, const T 
     float acc[ND][4];
 #pragma unroll
     for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    for (int n0 = klo; n0 < khi; n0 += 64) {
-        load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, n0, khi);
-        load_tile<T, HD, 64, 128>(sV, vb, v.tok_stride, n0, khi);
+    if (klo < khi) {
+        load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, klo, khi);
+        load_tile<T, HD, 64, 128>(sV, vb, v.tok_stride, klo, khi);
+    }
+    cp_commit();
+    /* K/V tiles double-buffered: the next pair loads while this one is used */
+    for (int n0 = klo, buf = 0; n0 < khi; n0 += 64, buf ^= 1) {
+        uint32_t cK = sK + buf * KV_BYTES, cV = sV + buf * KV_BYTES;
+        if (n0 + 64 < khi) {
+            load_tile<T, HD, 64, 128>(sK + (buf ^ 1) * KV_BYTES, kb, k.tok_stride, n0 + 64, khi);
+            load_tile<T, HD, 64, 128>(sV + (buf ^ 1) * KV_BYTES, vb, v.tok_stride, n0 + 64, khi);
+        }
         cp_commit();
-        cp_wait<0>();
+        cp_wait<1>(); /* Q, dout and tile n0 have landed */
         __syncthreads();
         if (n0 < R.hi && n0 + 64 > R.lo) {
             float s[8][4], dp[8][4];
@@ -311,10 +321,10 @@ __global__ void __launch_bounds__(128) flash_dq_kernel(glm_qkv_view dq, const T 
 #pragma unroll
                 for (int np = 0; np < 4; np++) {
                     uint32_t r[4];
-                    ldsm_x4(r, addr_bn<HD>(sK, np * 16, kk, lane));
+                    ldsm_x4(r, addr_bn<HD>(cK, np * 16, kk, lane));
                     mma16816<T>(s[2 * np], aq, r[0], r[1]);
                     mma16816<T>(s[2 * np + 1], aq, r[2], r[3]);
-                    ldsm_x4(r, addr_bn<HD>(sV, np * 16, kk, lane));
+                    ldsm_x4(r, addr_bn<HD>(cV, np * 16, kk, lane));
                     mma16816<T>(dp[2 * np], ao, r[0], r[1]);
                     mma16816<T>(dp[2 * np + 1], ao, r[2], r[3]);
                 }
@@ -336,13 +346,13 @@ __global__ void __launch_bounds__(128) flash_dq_kernel(glm_qkv_view dq, const T 
 #pragma unroll
                 for (int np = 0; np < ND / 2; np++) {
                     uint32_t r[4];
-                    ldsm_x4_t(r, addr_bt<HD>(sK, c * 16, np, lane));
+                    ldsm_x4_t(r, addr_bt<HD>(cK, c * 16, np, lane));
                     mma16816<T>(acc[2 * np], a, r[0], r[1]);
                     mma16816<T>(acc[2 * np + 1], a, r[2], r[3]);
                 }
             }
         }
-        __syncthreads();
+        __syncthreads(); /* every warp is done with this buffer before it is refilled */
     }
     cp_wait<0>();
     if (r0 < Tq) {
@@ -368,12 +378,13 @@ __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qk
                                                          glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
                                                          const int32_t *hi, int Tq, int Tk, int NH, float scale,
                                                          float scale_log2) {
-    constexpr int KS = HD / 16, ND = HD / 8;
+    constexpr int KS = HD / 16, ND = HD / 8, QO_BYTES = 2 * FA_QT * HD * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
+    /* [K][V][Q0 dout0][Q1 dout1]: query-side tiles double-buffered */
     uint32_t sK = (uint32_t)__cvta_generic_to_shared(smem_raw), sV = sK + 64 * HD * 2, sQ = sV + 64 * HD * 2,
              sO = sQ + FA_QT * HD * 2;
-    __shared__ float Ls[FA_QT], Ds[FA_QT];
-    __shared__ int los[FA_QT], his[FA_QT];
+    __shared__ float Ls[2][FA_QT], Ds[2][FA_QT];
+    __shared__ int los[2][FA_QT], his[2][FA_QT];
     __shared__ Range tiles[FA_MAXTILES];
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * 64, kw0 = j0 + w * 16;
@@ -400,23 +411,38 @@ __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qk
         for (int e = 0; e < 4; e++) adk[i][e] = adv[i][e] = 0.0f;
     size_t srow = ((size_t)b * NH + h) * Tq;
     __syncthreads();
-    for (int tt = 0; tt < ntiles; tt++) {
-        Range info = summarised ? tiles[tt] : Range{0, 0x7fffffff, 0x7fffffff, -1};
-        if (!(info.lo < j0 + 64 && info.hi > j0)) continue; /* block-uniform */
-        int i0 = tt * FA_QT;
-        load_tile<T, HD, FA_QT, 128>(sQ, qb, q.tok_stride, i0, Tq);
-        load_tile<T, HD, FA_QT, 128>(sO, ob, (long)NH * HD, i0, Tq);
+    /* query tile tt overlaps this block's keys [j0, j0 + 64) (block-uniform: tiles[] is shared) */
+#define FA_OVERLAP(tt) (!summarised || (tiles[tt].lo < j0 + 64 && tiles[tt].hi > j0))
+    /* cp.async of query tile tt's q and dout, plain loads of its lse, D and ranges, into buffer bf */
+#define FA_LOAD_Q(tt, bf)                                                                              \
+    do {                                                                                               \
+        int i0_ = (tt) * FA_QT;                                                                        \
+        load_tile<T, HD, FA_QT, 128>(sQ + (bf) * QO_BYTES, qb, q.tok_stride, i0_, Tq);                 \
+        load_tile<T, HD, FA_QT, 128>(sO + (bf) * QO_BYTES, ob, (long)NH * HD, i0_, Tq);                \
+        if (threadIdx.x < FA_QT) {                                                                     \
+            int i_ = i0_ + threadIdx.x;                                                                \
+            bool in_ = i_ < Tq;                                                                        \
+            Ls[bf][threadIdx.x] = in_ ? lse[srow + i_] * FA_LOG2E : 0.0f;                              \
+            Ds[bf][threadIdx.x] = in_ ? D[srow + i_] : 0.0f;                                           \
+            los[bf][threadIdx.x] = in_ ? lo[b * Tq + i_] : 0;                                          \
+            his[bf][threadIdx.x] = in_ ? hi[b * Tq + i_] : 0;                                          \
+        }                                                                                              \
+    } while (0)
+    int cur = 0;
+    while (cur < ntiles && !FA_OVERLAP(cur)) cur++;
+    if (cur < ntiles) FA_LOAD_Q(cur, 0);
+    cp_commit();
+    for (int buf = 0; cur < ntiles; buf ^= 1) {
+        int nxt = cur + 1;
+        while (nxt < ntiles && !FA_OVERLAP(nxt)) nxt++;
+        if (nxt < ntiles) FA_LOAD_Q(nxt, buf ^ 1); /* buffer buf^1 was released by the last barrier */
         cp_commit();
-        if (threadIdx.x < FA_QT) {
-            int i = i0 + threadIdx.x;
-            bool in = i < Tq;
-            Ls[threadIdx.x] = in ? lse[srow + i] * FA_LOG2E : 0.0f;
-            Ds[threadIdx.x] = in ? D[srow + i] : 0.0f;
-            los[threadIdx.x] = in ? lo[b * Tq + i] : 0;
-            his[threadIdx.x] = in ? hi[b * Tq + i] : 0;
-        }
-        cp_wait<0>();
+        cp_wait<1>(); /* K, V and query tile cur have landed */
         __syncthreads();
+        Range info = summarised ? tiles[cur] : Range{0, 0x7fffffff, 0x7fffffff, -1};
+        uint32_t cQ = sQ + buf * QO_BYTES, cO = sO + buf * QO_BYTES;
+        const float *cL = Ls[buf], *cD = Ds[buf];
+        const int *clo = los[buf], *chi = his[buf];
         if (info.lo < kw0 + 16 && info.hi > kw0) {
             float s[4][4], dp[4][4];
 #pragma unroll
@@ -431,10 +457,10 @@ __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qk
 #pragma unroll
                 for (int np = 0; np < 2; np++) {
                     uint32_t r[4];
-                    ldsm_x4(r, addr_bn<HD>(sQ, np * 16, kk, lane));
+                    ldsm_x4(r, addr_bn<HD>(cQ, np * 16, kk, lane));
                     mma16816<T>(s[2 * np], ak, r[0], r[1]);
                     mma16816<T>(s[2 * np + 1], ak, r[2], r[3]);
-                    ldsm_x4(r, addr_bn<HD>(sO, np * 16, kk, lane));
+                    ldsm_x4(r, addr_bn<HD>(cO, np * 16, kk, lane));
                     mma16816<T>(dp[2 * np], av, r[0], r[1]);
                     mma16816<T>(dp[2 * np + 1], av, r[2], r[3]);
                 }
@@ -445,10 +471,10 @@ __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qk
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int qi = nt * 8 + 2 * t4 + (e & 1), key = e < 2 ? kr0 : kr1;
-                    bool ok = full || (key >= los[qi] && key < his[qi]);
-                    float p = ok ? exp2f(s[nt][e] * scale_log2 - Ls[qi]) : 0.0f;
+                    bool ok = full || (key >= clo[qi] && key < chi[qi]);
+                    float p = ok ? exp2f(s[nt][e] * scale_log2 - cL[qi]) : 0.0f;
                     s[nt][e] = p;
-                    dp[nt][e] = p * (dp[nt][e] - Ds[qi]) * scale; /* ds */
+                    dp[nt][e] = p * (dp[nt][e] - cD[qi]) * scale; /* ds */
                 }
 #pragma unroll
             for (int c = 0; c < 2; c++) {
@@ -459,17 +485,20 @@ __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qk
 #pragma unroll
                 for (int np = 0; np < ND / 2; np++) {
                     uint32_t r[4];
-                    ldsm_x4_t(r, addr_bt<HD>(sO, c * 16, np, lane));
+                    ldsm_x4_t(r, addr_bt<HD>(cO, c * 16, np, lane));
                     mma16816<T>(adv[2 * np], ap, r[0], r[1]);
                     mma16816<T>(adv[2 * np + 1], ap, r[2], r[3]);
-                    ldsm_x4_t(r, addr_bt<HD>(sQ, c * 16, np, lane));
+                    ldsm_x4_t(r, addr_bt<HD>(cQ, c * 16, np, lane));
                     mma16816<T>(adk[2 * np], ad, r[0], r[1]);
                     mma16816<T>(adk[2 * np + 1], ad, r[2], r[3]);
                 }
             }
         }
-        __syncthreads(); /* sQ, sO and the row data are rewritten next step */
+        __syncthreads(); /* buffer buf (tiles and row data) is refilled next step */
+        cur = nxt;
     }
+#undef FA_OVERLAP
+#undef FA_LOAD_Q
     cp_wait<0>();
     if (kr0 < Tk) {
         T *rk = (T *)dk.base + b * dk.batch_stride + (long)kr0 * dk.tok_stride + h * dk.head_stride;
@@ -510,7 +539,7 @@ template <typename K> static void smem_attr(K *fn, size_t bytes) {
 template <typename T, int HD>
 static void fwd_t(void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
                   const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
-    size_t smem = 3 * 64 * HD * 2;
+    size_t smem = 5 * 64 * HD * 2;
     smem_attr(flash_fwd_kernel<T, HD>, smem);
     dim3 grid((Tq + 63) / 64, NH, B);
     flash_fwd_kernel<T, HD><<<grid, 128, smem, st>>>((T *)out, lse, q, k, v, lo, hi, Tq, Tk, NH, scale * FA_LOG2E);
@@ -521,7 +550,7 @@ template <typename T, int HD>
 static void bwd_t(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout, const float *lse, const float *D,
                   glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo, const int32_t *hi, int B, int Tq,
                   int Tk, int NH, float scale, cudaStream_t st) {
-    size_t smem_q = 4 * 64 * HD * 2, smem_kv = (2 * 64 + 2 * FA_QT) * HD * 2;
+    size_t smem_q = 6 * 64 * HD * 2, smem_kv = (2 * 64 + 4 * FA_QT) * HD * 2;
     smem_attr(flash_dq_kernel<T, HD>, smem_q);
     smem_attr(flash_dkdv_kernel<T, HD>, smem_kv);
     if (Tq > 0)

@@ -14,7 +14,10 @@ static int colsum_rb(int N, int C) {
     if (rb > 256) rb = 256;
     return rb < 1 ? 1 : rb;
 }
-extern "C" size_t glmk_colsum_scratch(int N, int C) { return (size_t)colsum_rb(N, C) * C; }
+extern "C" size_t glmk_colsum_scratch(int N, int C) {
+    int rb = colsum_rb(N, C);
+    return (size_t)(rb > 264 ? rb : 264) * C; /* also covers the LayerNorm backward's fixed grid */
+}
 
 /* LN = false: p1 = sum_n a[n,c].  LN = true: p1 = sum_n a*(x-mean)*rstd, p2 = sum_n a. */
 template <typename T, bool LN>
@@ -79,11 +82,132 @@ __global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *
     if (threadIdx.x == 0) { mean[blockIdx.x] = m; rstd[blockIdx.x] = r; }
 }
 
+/* Register-cached variants: each thread holds up to LN_NP 16-byte packs of its row (columns
+ * pk*P.. for pk = tid, tid + blockDim, ...), so every input is read from memory once. The
+ * backward block walks rows blockIdx.x, +gridDim.x, ... and keeps the dw/db partial sums of
+ * its fixed columns in registers, written once per block: no second pass over dout and x. */
+#define LN_NP 4
+template <typename T>
+__global__ void layernorm_fwd_vec(T *out, float *mean, float *rstd, const T *x, const T *w, const T *b, int C, float eps) {
+    constexpr int P = Pack<T>::N;
+    __shared__ float sh[32];
+    int packs = C / P;
+    const T *xr = x + (size_t)blockIdx.x * C;
+    float v[LN_NP][P], s = 0;
+#pragma unroll
+    for (int k = 0; k < LN_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+        if (pk < packs) {
+            Pack<T> a = ld_pack(xr + pk * P);
+#pragma unroll
+            for (int e = 0; e < P; e++) { v[k][e] = to_f(a.v[e]); s += v[k][e]; }
+        }
+    }
+    float m = block_sum(s, sh) / C, ss = 0;
+#pragma unroll
+    for (int k = 0; k < LN_NP; k++)
+        if (threadIdx.x + k * blockDim.x < packs)
+#pragma unroll
+            for (int e = 0; e < P; e++) { float d = v[k][e] - m; ss += d * d; }
+    float r = 1.0f / sqrtf(block_sum(ss, sh) / C + eps);
+    T *o = out + (size_t)blockIdx.x * C;
+#pragma unroll
+    for (int k = 0; k < LN_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+        if (pk < packs) {
+            Pack<T> pw = ld_pack(w + pk * P), pb = ld_pack(b + pk * P), po;
+#pragma unroll
+            for (int e = 0; e < P; e++) po.v[e] = from_f<T>((v[k][e] - m) * r * to_f(pw.v[e]) + to_f(pb.v[e]));
+            st_pack(o + pk * P, po);
+        }
+    }
+    if (threadIdx.x == 0) { mean[blockIdx.x] = m; rstd[blockIdx.x] = r; }
+}
+
+/* dx (may alias dout) for rows blockIdx.x + k*gridDim.x; partial[blockIdx.x] of dw and db. */
+template <typename T>
+__global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, const T *x, const T *w, const float *mean,
+                                  const float *rstd, int N, int C) {
+    constexpr int P = Pack<T>::N;
+    __shared__ float sh[32];
+    int packs = C / P;
+    float aw[LN_NP][P], ab[LN_NP][P], wv[LN_NP][P];
+#pragma unroll
+    for (int k = 0; k < LN_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+#pragma unroll
+        for (int e = 0; e < P; e++) { aw[k][e] = ab[k][e] = 0.0f; wv[k][e] = 0.0f; }
+        if (pk < packs) {
+            Pack<T> pw = ld_pack(w + pk * P);
+#pragma unroll
+            for (int e = 0; e < P; e++) wv[k][e] = to_f(pw.v[e]);
+        }
+    }
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        size_t off = (size_t)n * C;
+        float m = mean[n], r = rstd[n], sg = 0, sgx = 0;
+        float xh[LN_NP][P], g[LN_NP][P];
+#pragma unroll
+        for (int k = 0; k < LN_NP; k++) {
+            int pk = threadIdx.x + k * blockDim.x;
+            if (pk < packs) {
+                Pack<T> px = ld_pack(x + off + pk * P), pg = ld_pack(dout + off + pk * P);
+#pragma unroll
+                for (int e = 0; e < P; e++) {
+                    xh[k][e] = (to_f(px.v[e]) - m) * r;
+                    g[k][e] = to_f(pg.v[e]);
+                    float dxh = g[k][e] * wv[k][e];
+                    sg += dxh;
+                    sgx += dxh * xh[k][e];
+                    aw[k][e] += g[k][e] * xh[k][e];
+                    ab[k][e] += g[k][e];
+                }
+            }
+        }
+        float a = block_sum(sg, sh) / C, bb = block_sum(sgx, sh) / C;
+#pragma unroll
+        for (int k = 0; k < LN_NP; k++) {
+            int pk = threadIdx.x + k * blockDim.x;
+            if (pk < packs) {
+                Pack<T> po;
+#pragma unroll
+                for (int e = 0; e < P; e++) po.v[e] = from_f<T>(r * (g[k][e] * wv[k][e] - a - xh[k][e] * bb));
+                st_pack(dx + off + pk * P, po);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < LN_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+        if (pk < packs)
+#pragma unroll
+            for (int e = 0; e < P; e++) {
+                pdw[(size_t)blockIdx.x * C + pk * P + e] = aw[k][e];
+                pdb[(size_t)blockIdx.x * C + pk * P + e] = ab[k][e];
+            }
+    }
+}
+
+/* threads for the vector path (a multiple of 32 with at most LN_NP packs each), or 0 when the
+ * row does not split into 16-byte packs */
+static int ln_vec_threads(glm_dtype dt, int C, const void *a, const void *b, const void *c, const void *d) {
+    int P = (int)(16 / glm_dtype_size(dt));
+    if (C % P || !aligned16(a) || !aligned16(b) || !aligned16(c) || !aligned16(d)) return 0;
+    int packs = C / P, t = (packs + LN_NP - 1) / LN_NP;
+    t = (t + 31) / 32 * 32;
+    return t <= 1024 ? t : 0;
+}
+#define LN_BWD_BLOCKS 264 /* rows per block = N / 264: a fixed grid keeps the dw/db sums in a fixed order */
+
 extern "C" void glmk_layernorm_fwd(glm_dtype dt, void *out, float *mean, float *rstd, const void *x, const void *w,
                                    const void *b, int N, int C, float eps, cudaStream_t st) {
     if (N <= 0) return;
+    int vt = ln_vec_threads(dt, C, out, x, w, b);
     int threads = C >= 2048 ? 256 : C >= 512 ? 128 : 32;
-    GLMK_DISPATCH(dt, layernorm_fwd_kernel<T><<<N, threads, 0, st>>>((T *)out, mean, rstd, (const T *)x, (const T *)w, (const T *)b, C, eps));
+    GLMK_DISPATCH(dt, {
+        if (vt) layernorm_fwd_vec<T><<<N, vt, 0, st>>>((T *)out, mean, rstd, (const T *)x, (const T *)w, (const T *)b, C, eps);
+        else layernorm_fwd_kernel<T><<<N, threads, 0, st>>>((T *)out, mean, rstd, (const T *)x, (const T *)w, (const T *)b, C, eps);
+    });
     GLMK_CHECK_LAUNCH();
 }
 
@@ -109,6 +233,17 @@ extern "C" void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, c
                                    const void *w, const float *mean, const float *rstd, int N, int C, float *scratch,
                                    cudaStream_t st) {
     if (N <= 0) return;
+    int vt = ln_vec_threads(dt, C, dx, dout, x, w);
+    if (vt) {
+        int G = N < LN_BWD_BLOCKS ? N : LN_BWD_BLOCKS;
+        float *p1 = scratch, *p2 = scratch + (size_t)G * C;
+        GLMK_DISPATCH(dt, {
+            layernorm_bwd_vec<T><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, (const T *)w, mean, rstd, N, C);
+            colsum_final_kernel<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, (T *)db, p1, p2, G, C);
+        });
+        GLMK_CHECK_LAUNCH();
+        return;
+    }
     int rb = colsum_rb(N, C), rows_per = (N + rb - 1) / rb;
     float *p1 = scratch, *p2 = scratch + (size_t)rb * C;
     dim3 g((C + 255) / 256, rb);
@@ -163,12 +298,24 @@ extern "C" void glmk_cross_entropy(glm_dtype dt, void *logits, float *losses, co
 /* Fixed grid and fixed element-to-thread mapping, double accumulation: the same input gives
  * the same result on every run and every GPU. */
 template <typename T>
-__global__ void sumsq_partial_kernel(double *partial, const T *x, size_t n) {
+__global__ void sumsq_partial_kernel(double *partial, const T *__restrict__ x, size_t n, int vec) {
     __shared__ double sh[256];
     double s = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        double v = to_f(x[i]);
-        s += v * v;
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    size_t done = 0;
+    if (vec) { /* 16-byte packs; the n % P tail goes to block 0 below */
+        constexpr int P = Pack<T>::N;
+        size_t np = n / P;
+        for (size_t i = t; i < np; i += stride) {
+            Pack<T> p = ld_pack(x + i * P);
+#pragma unroll
+            for (int e = 0; e < P; e++) { double v = to_f(p.v[e]); s += v * v; }
+        }
+        done = np * P;
+        if (blockIdx.x == 0)
+            for (size_t i = done + threadIdx.x; i < n; i += blockDim.x) { double v = to_f(x[i]); s += v * v; }
+    } else {
+        for (size_t i = t; i < n; i += stride) { double v = to_f(x[i]); s += v * v; }
     }
     sh[threadIdx.x] = s;
     __syncthreads();
@@ -187,7 +334,8 @@ __global__ void sumsq_final_kernel(double *result, const double *partial, int nb
 }
 
 extern "C" void glmk_sumsq(glm_dtype dt, const void *x, size_t n, double *partial, double *result, cudaStream_t st) {
-    GLMK_DISPATCH(dt, sumsq_partial_kernel<T><<<GLMK_SUMSQ_BLOCKS, 256, 0, st>>>(partial, (const T *)x, n));
+    int vec = aligned16(x);
+    GLMK_DISPATCH(dt, sumsq_partial_kernel<T><<<GLMK_SUMSQ_BLOCKS, 256, 0, st>>>(partial, (const T *)x, n, vec));
     sumsq_final_kernel<<<1, 32, 0, st>>>(result, partial, GLMK_SUMSQ_BLOCKS);
     GLMK_CHECK_LAUNCH();
 }
@@ -212,19 +360,78 @@ __device__ __forceinline__ void adamw_one(T *param, float *master, const T *grad
     param[i] = from_f<T>(p);
 }
 
+template <typename T> struct alignas(4 * sizeof(T)) Vec4 { T v[4]; };
+
+/* Memory-bound (28 bytes per bf16 parameter, each touched once per step): four elements per
+ * group with 16-byte fp32 and 8-byte bf16 accesses, two groups in flight per thread, streaming
+ * (evict-first) cache hints; the n % 4 tail goes scalar. */
 template <typename T>
-__global__ void adamw_kernel(T *param, float *master, const T *grad, float *m, float *v, size_t n, float b1, float b2,
-                             float eps, float decay, float step_size, float bc2_sqrt, float gs) {
+__device__ __forceinline__ void adamw4(T *__restrict__ param, float *__restrict__ master, const T *__restrict__ grad,
+                                       float *__restrict__ m, float *__restrict__ v, size_t i, float b1, float b2,
+                                       float eps, float decay, float step_size, float bc2_sqrt, float gs) {
+    Vec4<T> g4 = reinterpret_cast<const Vec4<T> *>(grad)[i], p4;
+    float4 m4 = __ldcs(reinterpret_cast<const float4 *>(m) + i), v4 = __ldcs(reinterpret_cast<const float4 *>(v) + i), w4;
+    if (master) w4 = __ldcs(reinterpret_cast<const float4 *>(master) + i);
+    else {
+        p4 = reinterpret_cast<const Vec4<T> *>(param)[i];
+        w4 = make_float4(to_f(p4.v[0]), to_f(p4.v[1]), to_f(p4.v[2]), to_f(p4.v[3]));
+    }
+    float *mp = &m4.x, *vp = &v4.x, *wp = &w4.x;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float g = to_f(g4.v[k]) * gs, p = wp[k] * decay;
+        float mi = mp[k] * b1 + (1.0f - b1) * g;
+        float vi = vp[k] * b2 + (1.0f - b2) * g * g;
+        p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        mp[k] = mi;
+        vp[k] = vi;
+        wp[k] = p;
+        p4.v[k] = from_f<T>(p);
+    }
+    __stcs(reinterpret_cast<float4 *>(m) + i, m4);
+    __stcs(reinterpret_cast<float4 *>(v) + i, v4);
+    if (master) __stcs(reinterpret_cast<float4 *>(master) + i, w4);
+    reinterpret_cast<Vec4<T> *>(param)[i] = p4;
+}
+
+template <typename T>
+__global__ void adamw_kernel(T *__restrict__ param, float *__restrict__ master, const T *__restrict__ grad,
+                             float *__restrict__ m, float *__restrict__ v, size_t n, float b1, float b2, float eps,
+                             float decay, float step_size, float bc2_sqrt, float gs) {
+    size_t n4 = n / 4, stride = (size_t)gridDim.x * blockDim.x, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + stride < n4; i += 2 * stride) {
+        adamw4(param, master, grad, m, v, i, b1, b2, eps, decay, step_size, bc2_sqrt, gs);
+        adamw4(param, master, grad, m, v, i + stride, b1, b2, eps, decay, step_size, bc2_sqrt, gs);
+    }
+    if (i < n4) adamw4(param, master, grad, m, v, i, b1, b2, eps, decay, step_size, bc2_sqrt, gs);
+    if (blockIdx.x == 0)
+        for (size_t j = n4 * 4 + threadIdx.x; j < n; j += blockDim.x)
+            adamw_one(param, master, grad, m, v, j, b1, b2, eps, decay, step_size, bc2_sqrt, gs);
+}
+
+template <typename T>
+__global__ void adamw_scalar_kernel(T *param, float *master, const T *grad, float *m, float *v, size_t n, float b1,
+                                    float b2, float eps, float decay, float step_size, float bc2_sqrt, float gs) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         adamw_one(param, master, grad, m, v, i, b1, b2, eps, decay, step_size, bc2_sqrt, gs);
 }
+
+static bool al(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
 
 extern "C" void glmk_adamw(glm_dtype dt, void *param, float *master, const void *grad, float *m, float *v, size_t n,
                            float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float grad_scale,
                            cudaStream_t st) {
     if (n == 0) return;
     float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), decay = 1.0f - lr * wd;
-    GLMK_DISPATCH(dt, adamw_kernel<T><<<glmk_blocks(n, 256, 132 * 32), 256, 0, st>>>(
-        (T *)param, master, (const T *)grad, m, v, n, b1, b2, eps, decay, step_size, bc2_sqrt, grad_scale));
+    size_t es = glm_dtype_size(dt);
+    bool vec = al(param, 4 * es) && al(grad, 4 * es) && al(m, 16) && al(v, 16) && (!master || al(master, 16));
+    GLMK_DISPATCH(dt, {
+        if (vec)
+            adamw_kernel<T><<<glmk_blocks(n / 4 + 1, 256, 132 * 16), 256, 0, st>>>(
+                (T *)param, master, (const T *)grad, m, v, n, b1, b2, eps, decay, step_size, bc2_sqrt, grad_scale);
+        else
+            adamw_scalar_kernel<T><<<glmk_blocks(n, 256, 132 * 32), 256, 0, st>>>(
+                (T *)param, master, (const T *)grad, m, v, n, b1, b2, eps, decay, step_size, bc2_sqrt, grad_scale);
+    });
     GLMK_CHECK_LAUNCH();
 }
