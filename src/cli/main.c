@@ -7,10 +7,11 @@ static void usage(void) {
     printf("glmtrain — fine-tune ChatGLM-6B models\n\n"
            "usage: glmtrain <command> [flags]   (glmtrain <command> --help lists the flags)\n\n"
            "  train      fine-tune a model on instruction data (Hugging Face TrainingArguments flag names)\n"
-           "  generate   one response to --prompt from a trained model\n"
+           "  generate   one response to --prompt, or answers to a data file (--input_file) with BLEU/ROUGE\n"
            "  chat       talk to a model in the terminal (history, streaming)\n"
            "  tokenize   ids, pieces or text through the ChatGLM tokenizer\n"
            "  info       model size and the memory plan for a training setup\n"
+           "  convert    a checkpoint (.bin or safetensors) to a Hugging Face safetensors folder (fp16/bf16/fp32)\n"
            "  env        check CUDA, cuBLAS, NCCL, every GPU and the links between them\n");
 }
 
@@ -27,6 +28,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "chat")) return glm_cmd_chat(n, rest);
     if (!strcmp(cmd, "tokenize")) return glm_cmd_tokenize(n, rest);
     if (!strcmp(cmd, "info")) return glm_cmd_info(n, rest);
+    if (!strcmp(cmd, "convert")) return glm_cmd_convert(n, rest);
     if (!strcmp(cmd, "env")) return glm_cmd_env(n, rest);
     fprintf(stderr, "error: unknown command \"%s\"\n", cmd);
     usage();

@@ -87,7 +87,9 @@ double glm_forward_loss(glm_model *m, const glm_batch *b);
 /* ---- weights (model/weights.c) ---- */
 /* Normal(0, std) matrices, zero biases, LayerNorm weight 1 / bias 0 — HF-style init. */
 void glm_model_init_random(glm_model *m, uint64_t seed, float std);
-/* Loads every table tensor from safetensors (file, index, or folder), converting to S. */
+/* Loads every table tensor, converting to S, from safetensors or torch.save .bin (a file, an
+ * index json, or a folder; model/ckpt.h). A tied model reads word_embeddings (or lm_head when
+ * that is all the file has); an untied one needs lm_head. */
 int glm_model_load(glm_model *m, const char *path, glm_err *err);
 /* Copies params (or grads) to a host float array [tab.total] and back. */
 void glm_model_get_params(glm_model *m, float *host);

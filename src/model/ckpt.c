@@ -1,0 +1,99 @@
+/* One reader over safetensors and torch .bin checkpoints (model/ckpt.h). */
+#include "model/ckpt.h"
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include "core/fileutil.h"
+
+static int ends_with(const char *s, const char *suf) {
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && strcasecmp(s + n - k, suf) == 0;
+}
+
+/* 1 when path names a torch checkpoint, 0 for safetensors, -1 when a folder holds neither. */
+static int is_torch(const char *path) {
+    char buf[4096];
+    if (glm_is_dir(path)) {
+        const char *st[] = {"model.safetensors.index.json", "model.safetensors"};
+        const char *tb[] = {"pytorch_model.bin.index.json", "pytorch_model.bin"};
+        for (int i = 0; i < 2; i++) {
+            glm_path_join(buf, sizeof buf, path, st[i]);
+            if (glm_is_file(buf)) return 0;
+        }
+        for (int i = 0; i < 2; i++) {
+            glm_path_join(buf, sizeof buf, path, tb[i]);
+            if (glm_is_file(buf)) return 1;
+        }
+        return -1;
+    }
+    if (ends_with(path, ".safetensors") || ends_with(path, ".safetensors.index.json")) return 0;
+    if (ends_with(path, ".bin") || ends_with(path, ".bin.index.json") || ends_with(path, ".pt") ||
+        ends_with(path, ".pth"))
+        return 1;
+    return tbin_is_archive(path) ? 1 : 0;
+}
+
+int glm_ckpt_open(glm_ckpt *c, const char *path, glm_err *err) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->path, sizeof c->path, "%s", path);
+    if (!glm_is_dir(path) && !glm_is_file(path))
+        return glm_fail(err, "%s: no such file or folder", path);
+    int t = is_torch(path);
+    if (t < 0) {
+        glm_fail(err, "%s: no model weights in this folder", path);
+        return glm_hint(err, "expected model.safetensors(.index.json) or pytorch_model.bin(.index.json); "
+                             "a training checkpoint-N folder or a Hugging Face chatglm-6b download has them");
+    }
+    int rc = t ? tbin_open(&c->tb, path, err) : st_open(&c->st, path, err);
+    if (rc) return glm_wrap(err, "loading weights: ");
+    return 0;
+}
+
+void glm_ckpt_close(glm_ckpt *c) {
+    if (c->st) st_close(c->st);
+    if (c->tb) tbin_close(c->tb);
+    c->st = NULL;
+    c->tb = NULL;
+}
+
+const char *glm_ckpt_format(const glm_ckpt *c) { return c->tb ? "torch .bin" : "safetensors"; }
+int glm_ckpt_count(const glm_ckpt *c) { return c->tb ? tbin_count(c->tb) : st_count(c->st); }
+const char *glm_ckpt_name(const glm_ckpt *c, int i) { return c->tb ? tbin_name(c->tb, i) : st_name(c->st, i); }
+
+int glm_ckpt_info(const glm_ckpt *c, const char *name, st_dtype *dtype, int *ndim, int64_t shape[ST_MAX_DIMS]) {
+    return c->tb ? tbin_info(c->tb, name, dtype, ndim, shape) : st_info(c->st, name, dtype, ndim, shape);
+}
+
+int glm_ckpt_read_f32(glm_ckpt *c, const char *name, float *dst, int ndim, const int64_t *shape, glm_err *err) {
+    return c->tb ? tbin_read_f32(c->tb, name, dst, ndim, shape, err) : st_read_f32(c->st, name, dst, ndim, shape, err);
+}
+
+int glm_parse_size(const char *s, size_t *out) {
+    char *end;
+    if (!s || !isdigit((unsigned char)*s)) return -1;
+    double v = strtod(s, &end);
+    while (*end == ' ') end++;
+    static const struct { const char *suf; double mul; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcasecmp(end, units[i].suf) == 0) {
+            double b = v * units[i].mul;
+            if (b < 1 || b > 1e18) return -1;
+            *out = (size_t)b;
+            return 0;
+        }
+    return -1;
+}
+
+int glm_parse_st_dtype(const char *s, st_dtype *out) {
+    static const struct { const char *name; st_dtype d; } names[] = {
+        {"float16", ST_F16}, {"fp16", ST_F16}, {"f16", ST_F16}, {"half", ST_F16},
+        {"bfloat16", ST_BF16}, {"bf16", ST_BF16},
+        {"float32", ST_F32}, {"fp32", ST_F32}, {"f32", ST_F32}, {"float", ST_F32}};
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (strcasecmp(s, names[i].name) == 0) { *out = names[i].d; return 0; }
+    return -1;
+}

@@ -1,0 +1,66 @@
+/* Checkpoint interop: one reader over both on-disk formats (safetensors and torch.save .bin,
+ * single or sharded with an index), and export of a model (or a checkpoint) as a Hugging Face
+ * folder: config.json, safetensors shards with model.safetensors.index.json, tokenizer files.
+ *
+ * Export writes tensors in state-dict order with HF names. With `original_layout` it also
+ * writes what the original chatglm-6b checkpoint holds beyond our parameters: lm_head.weight
+ * for a tied model (a copy of word_embeddings, as the original ships it; chatglm.cpp's
+ * converter and HF both read it) and each layer's attention.rotary_emb.inv_freq buffer [HD/4]
+ * (fp16-rounded 1/10000^(2j/(HD/2)), the values the model uses). Loading ignores both. */
+#ifndef GLM_MODEL_CKPT_H
+#define GLM_MODEL_CKPT_H
+#include <stddef.h>
+#include <stdint.h>
+#include "core/err.h"
+#include "io/safetensors.h"
+#include "io/torchbin.h"
+#include "model/glm.h"
+
+/* ---- reading ---- */
+typedef struct glm_ckpt {
+    st_reader *st;       /* exactly one of st / tb is open */
+    tbin_reader *tb;
+    char path[4096];     /* as given, for messages */
+} glm_ckpt;
+
+/* path: a folder (safetensors preferred over .bin, as Hugging Face does), a .safetensors or
+ * .bin file, or either index json. */
+int glm_ckpt_open(glm_ckpt *c, const char *path, glm_err *err);
+void glm_ckpt_close(glm_ckpt *c);
+const char *glm_ckpt_format(const glm_ckpt *c); /* "safetensors" or "torch .bin" */
+int glm_ckpt_count(const glm_ckpt *c);
+const char *glm_ckpt_name(const glm_ckpt *c, int i);
+/* 0 when present (fills the NULL-able outputs), -1 when absent. */
+int glm_ckpt_info(const glm_ckpt *c, const char *name, st_dtype *dtype, int *ndim, int64_t shape[ST_MAX_DIMS]);
+int glm_ckpt_read_f32(glm_ckpt *c, const char *name, float *dst, int ndim, const int64_t *shape, glm_err *err);
+
+/* ---- export ---- */
+typedef struct glm_export_opts {
+    st_dtype dtype;          /* ST_F32, ST_F16 or ST_BF16 (round to nearest even) */
+    size_t max_shard_bytes;  /* 0: one model.safetensors; else HF-style greedy shards + index */
+    int original_layout;     /* see above */
+    int overwrite;           /* replace model*.safetensors* already in the folder */
+    const char *files_from;  /* folder to copy tokenizer / remote-code files from (NULL: none) */
+    const char *config_from; /* config.json to copy with torch_dtype updated (NULL: from the config) */
+} glm_export_opts;
+void glm_export_opts_init(glm_export_opts *o); /* F16, one file, original layout */
+
+/* Fills dst[numel] (float) with tensor `name`; the table row is given for parameters. */
+typedef int (*glm_tensor_reader)(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err);
+
+/* Export from any source of tensors (the model, a checkpoint). Every shard is complete on disk
+ * (written under a temporary name and renamed) before the index and config.json are written. */
+int glm_export(const glm_config *c, glm_tensor_reader rd, void *ctx, const char *dir, const glm_export_opts *o,
+               glm_err *err);
+/* The model's parameters. */
+int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err);
+/* A checkpoint converted (config.json of `from` decides the tensors) without building a model:
+ * memory stays at about one shard. */
+int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o, glm_err *err);
+
+/* "2GB" (10^9), "500MB", "1GiB" (2^30), "64KiB", "12345" (bytes). -1 when malformed. */
+int glm_parse_size(const char *s, size_t *out);
+/* "float16"/"fp16"/"F16", "bfloat16"/"bf16"/"BF16", "float32"/"fp32"/"F32". -1 otherwise. */
+int glm_parse_st_dtype(const char *s, st_dtype *out);
+
+#endif

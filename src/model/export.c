@@ -1,0 +1,273 @@
+/* Export as a Hugging Face folder (model/ckpt.h): safetensors shards in state-dict order,
+ * model.safetensors.index.json, config.json, tokenizer and remote-code files. */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "core/fileutil.h"
+#include "core/log.h"
+#include "model/ckpt.h"
+
+void glm_export_opts_init(glm_export_opts *o) {
+    *o = (glm_export_opts){.dtype = ST_F16, .max_shard_bytes = 0, .original_layout = 1};
+}
+
+/* One tensor of the output: a table row, the tied head (a copy of the embedding) or an
+ * inv_freq buffer. */
+typedef struct item {
+    char name[96];
+    const char *src;          /* name to read (table rows and the tied head) */
+    const glm_tensor *t;      /* table row, or NULL for inv_freq */
+    int ndim;
+    int64_t shape[2];
+    size_t numel;
+    int shard;
+} item;
+
+static int n_items_max(const glm_table *tab) { return tab->n + tab->num_layers + 1; }
+
+static int build_items(const glm_table *tab, const glm_config *c, int original, item *it) {
+    int n = 0, rot = glm_head_dim(c) / 4; /* rotary dim HD/2, one frequency per pair */
+    for (int i = 0; i < tab->n; i++) {
+        const glm_tensor *t = &tab->t[i];
+        it[n] = (item){.src = t->name, .t = t, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .numel = t->numel};
+        snprintf(it[n].name, sizeof it[n].name, "%s", t->name);
+        n++;
+        /* the original registers rotary_emb (and its buffer) between input_layernorm and qkv */
+        if (original && t->kind == T_LN1_B) {
+            it[n] = (item){.ndim = 1, .shape = {rot, 1}, .numel = (size_t)rot};
+            snprintf(it[n].name, sizeof it[n].name, "transformer.layers.%d.attention.rotary_emb.inv_freq", t->layer);
+            n++;
+        }
+    }
+    if (original && c->tie_word_embeddings) {
+        const glm_tensor *e = glm_table_get(tab, -1, T_WORD_EMB);
+        it[n] = (item){.src = e->name, .t = e, .ndim = 2, .shape = {e->shape[0], e->shape[1]}, .numel = e->numel};
+        snprintf(it[n].name, sizeof it[n].name, "lm_head.weight");
+        n++;
+    }
+    return n;
+}
+
+/* fp16(1 / 10000^(2j/R)), R = HD/2: the inverse frequencies the original computes in fp32 and
+ * stores as half (and the rope op uses). */
+static void inv_freq(float *dst, int n) {
+    int R = 2 * n;
+    for (int j = 0; j < n; j++) {
+        float v = (float)(1.0 / pow(10000.0, (double)(2 * j) / R));
+        dst[j] = st_f16_to_f32(st_f32_to_f16(v));
+    }
+}
+
+/* Model weight files a previous export (or training save) left in dir. */
+static int is_weight_file(const char *n) {
+    return strncmp(n, "model", 5) == 0 && (strstr(n, ".safetensors") != NULL);
+}
+
+static int prepare_dir(const char *dir, int overwrite, glm_err *err) {
+    if (glm_mkdirs(dir, err)) return -1;
+    DIR *d = opendir(dir);
+    if (!d) return glm_fail(err, "%s: cannot open the folder", dir);
+    struct dirent *e;
+    int rc = 0;
+    char path[4096];
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        if (!is_weight_file(e->d_name)) continue;
+        if (!overwrite) {
+            rc = glm_fail(err, "%s already holds model weights (%s)", dir, e->d_name);
+            glm_hint(err, "choose an empty folder or pass --overwrite_output_dir to replace them");
+            break;
+        }
+        glm_path_join(path, sizeof path, dir, e->d_name);
+        if (unlink(path)) rc = glm_fail(err, "%s: cannot remove the old weights file", path);
+    }
+    closedir(d);
+    return rc;
+}
+
+static int write_json(const char *path, cJSON *o, glm_err *err) {
+    char *s = cJSON_Print(o);
+    size_t n = strlen(s);
+    s = glm_realloc(s, n + 2);
+    s[n] = '\n';
+    int rc = glm_write_file_atomic(path, s, n + 1, err);
+    free(s);
+    return rc;
+}
+
+static const char *torch_dtype_name(st_dtype d) {
+    return d == ST_F16 ? "float16" : d == ST_BF16 ? "bfloat16" : "float32";
+}
+
+static int write_config(const glm_config *c, const char *dir, const glm_export_opts *o, glm_err *err) {
+    char *text = NULL;
+    if (o->config_from) {
+        text = glm_read_file(o->config_from, NULL, err);
+        if (!text) return -1;
+    } else {
+        text = glm_config_to_json(c);
+    }
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!j) return glm_fail(err, "%s: not valid JSON", o->config_from ? o->config_from : "config");
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "torch_dtype");
+    cJSON_AddStringToObject(j, "torch_dtype", torch_dtype_name(o->dtype));
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "config.json");
+    int rc = write_json(path, j, err);
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* Tokenizer and remote-code files travel with the weights, so the folder loads as it is
+ * (glmtrain, or transformers with trust_remote_code). */
+static int copy_files(const char *from, const char *dir, glm_err *err) {
+    static const char *names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json",
+                                  "special_tokens_map.json", "tokenization_chatglm.py", "configuration_chatglm.py",
+                                  "modeling_chatglm.py", "quantization.py", "generation_config.json"};
+    char src[4096], dst[4096];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        glm_path_join(src, sizeof src, from, names[i]);
+        if (!glm_is_file(src)) continue;
+        size_t n;
+        char *data = glm_read_file(src, &n, err);
+        if (!data) return -1;
+        glm_path_join(dst, sizeof dst, dir, names[i]);
+        int rc = glm_write_file_atomic(dst, data, n, err);
+        free(data);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static void shard_name(char *dst, size_t n, int i, int count) {
+    if (count == 1) snprintf(dst, n, "model.safetensors");
+    else snprintf(dst, n, "model-%05d-of-%05d.safetensors", i + 1, count);
+}
+
+int glm_export(const glm_config *c, glm_tensor_reader rd, void *ctx, const char *dir, const glm_export_opts *o,
+               glm_err *err) {
+    if (o->dtype != ST_F32 && o->dtype != ST_F16 && o->dtype != ST_BF16)
+        return glm_fail(err, "export dtype must be float32, float16 or bfloat16");
+    if (prepare_dir(dir, o->overwrite, err)) return -1;
+    glm_table tab;
+    glm_table_build(&tab, c);
+    item *it = glm_calloc((size_t)n_items_max(&tab), sizeof *it);
+    int n = build_items(&tab, c, o->original_layout, it);
+    /* Hugging Face's shard_checkpoint: a new shard starts when the next tensor would overflow
+     * the current one; a tensor larger than the limit gets a shard of its own. */
+    size_t es = st_dtype_size(o->dtype), cur = 0, total = 0;
+    int shards = 1;
+    for (int i = 0; i < n; i++) {
+        size_t b = it[i].numel * es;
+        if (o->max_shard_bytes && cur > 0 && cur + b > o->max_shard_bytes) { shards++; cur = 0; }
+        it[i].shard = shards - 1;
+        cur += b;
+        total += b;
+    }
+    int rc = 0;
+    char name[64], path[4096];
+    for (int s = 0; s < shards && rc == 0; s++) {
+        int k = 0;
+        st_entry *e = glm_calloc((size_t)n, sizeof *e);
+        float **bufs = glm_calloc((size_t)n, sizeof *bufs);
+        for (int i = 0; i < n && rc == 0; i++) {
+            if (it[i].shard != s) continue;
+            float *b = bufs[k] = glm_malloc(it[i].numel * sizeof(float));
+            if (it[i].t) rc = rd(ctx, it[i].src, it[i].t, b, err);
+            else inv_freq(b, (int)it[i].numel);
+            e[k] = (st_entry){.name = it[i].name, .ndim = it[i].ndim, .shape = {it[i].shape[0], it[i].shape[1]},
+                              .data = b, .data_dtype = ST_F32, .file_dtype = o->dtype};
+            k++;
+        }
+        shard_name(name, sizeof name, s, shards);
+        glm_path_join(path, sizeof path, dir, name);
+        if (rc == 0) rc = st_save(path, e, k, 0, err);
+        for (int i = 0; i < k; i++) free(bufs[i]);
+        free(bufs);
+        free(e);
+    }
+    if (rc == 0 && shards > 1) {
+        cJSON *ix = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(ix, "metadata");
+        cJSON_AddNumberToObject(meta, "total_size", (double)total);
+        cJSON *wm = cJSON_AddObjectToObject(ix, "weight_map");
+        for (int i = 0; i < n; i++) {
+            shard_name(name, sizeof name, it[i].shard, shards);
+            cJSON_AddStringToObject(wm, it[i].name, name);
+        }
+        glm_path_join(path, sizeof path, dir, "model.safetensors.index.json");
+        rc = write_json(path, ix, err);
+        cJSON_Delete(ix);
+    }
+    if (rc == 0) rc = write_config(c, dir, o, err);
+    if (rc == 0 && o->files_from) rc = copy_files(o->files_from, dir, err);
+    free(it);
+    glm_table_free(&tab);
+    return rc;
+}
+
+/* ---- sources ---- */
+
+static int read_model(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
+    glm_model *m = ctx;
+    /* by name in the model's own table: a pipeline stage's table holds only its layers */
+    const glm_tensor *mt = glm_table_find(&m->tab, name);
+    if (!mt) {
+        glm_fail(err, "tensor %s is not in this model (a pipeline stage holds only its own layers)", name);
+        return glm_hint(err, "export from a model that holds every layer");
+    }
+    m->be->download_f32(m->be, dst, glm_at(m->be, m->params, mt->offset), mt->numel);
+    return 0;
+}
+
+int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err) {
+    return glm_export(&m->cfg, read_model, m, dir, o, err);
+}
+
+static int read_ckpt(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
+    glm_ckpt *c = ctx;
+    /* a tied model's embedding may be stored only as lm_head (see glm_model_load) */
+    if (t->kind == T_WORD_EMB && glm_ckpt_info(c, name, NULL, NULL, NULL) != 0 &&
+        glm_ckpt_info(c, "lm_head.weight", NULL, NULL, NULL) == 0)
+        name = "lm_head.weight";
+    if (glm_ckpt_info(c, name, NULL, NULL, NULL) != 0) {
+        glm_fail(err, "%s: tensor %s is missing (%s checkpoint)", c->path, name, glm_ckpt_format(c));
+        return glm_hint(err, "the checkpoint does not match its config.json (num_layers? tie_word_embeddings?)");
+    }
+    return glm_ckpt_read_f32(c, name, dst, t->ndim, t->shape, err);
+}
+
+int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o, glm_err *err) {
+    char fa[4096], fb[4096];
+    if (realpath(from, fa) && realpath(dir, fb) && strcmp(fa, fb) == 0) {
+        glm_fail(err, "--from and --to are the same folder (%s)", from);
+        return glm_hint(err, "write the converted model to a new folder");
+    }
+    glm_config c;
+    if (glm_config_load(&c, from, err)) return -1;
+    glm_ckpt ck;
+    if (glm_ckpt_open(&ck, from, err)) return -1;
+    /* Tensors the model does not use (P-tuning prefix encoders, other families) are not
+     * exported; say so instead of dropping them silently. */
+    glm_table tab;
+    glm_table_build(&tab, &c);
+    int unused = 0;
+    for (int i = 0; i < glm_ckpt_count(&ck); i++) {
+        const char *nm = glm_ckpt_name(&ck, i);
+        if (glm_table_find(&tab, nm) || strstr(nm, "rotary_emb.inv_freq") || strcmp(nm, "lm_head.weight") == 0) continue;
+        if (unused++ < 5) glm_warn("%s: tensor %s is not part of the model and is not exported", from, nm);
+    }
+    if (unused > 5) glm_warn("... and %d more unused tensors", unused - 5);
+    glm_table_free(&tab);
+    char cfg[4096];
+    glm_path_join(cfg, sizeof cfg, from, "config.json");
+    glm_export_opts oo = *o;
+    if (!oo.config_from && glm_is_file(cfg)) oo.config_from = cfg;
+    if (!oo.files_from && glm_is_dir(from)) oo.files_from = from;
+    int rc = glm_export(&c, read_ckpt, &ck, dir, &oo, err);
+    glm_ckpt_close(&ck);
+    return rc;
+}
