@@ -26,10 +26,15 @@ static void bind_weights(glm_model *m, void *base, glm_weights *w) {
 }
 
 void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be) {
+    glm_model_init_stage(m, c, be, 0, c->num_layers, 1, 1);
+}
+
+void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last) {
     *m = (glm_model){0};
     m->cfg = *c;
     m->be = be;
-    glm_table_build(&m->tab, c);
+    m->layer_lo = l0; m->layer_hi = l1; m->first = first; m->last = last;
+    glm_table_build_range(&m->tab, c, l0, l1, first, last);
     size_t bytes = m->tab.total * glm_dtype_size(be->dtype);
     m->params = be->alloc(be, bytes);
     m->grads = be->alloc(be, bytes);
@@ -38,19 +43,39 @@ void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be) {
     bind_weights(m, m->params, &m->w);
     bind_weights(m, m->grads, &m->g);
     m->head_chunk = 256;
+    m->flat_cap = m->tab.total;
+}
+
+void glm_model_reserve_flat(glm_model *m, size_t elems) {
+    if (elems <= m->flat_cap) return;
+    glm_backend *be = m->be;
+    size_t es = glm_dtype_size(be->dtype), old = m->flat_cap * es, bytes = elems * es;
+    void **bufs[2] = {&m->params, &m->grads};
+    for (int i = 0; i < 2; i++) {
+        void *p = be->alloc(be, bytes);
+        be->copy(be, p, *bufs[i], old);
+        be->zero(be, (char *)p + old, bytes - old);
+        be->free(be, *bufs[i]);
+        *bufs[i] = p;
+    }
+    free(m->w.layer);
+    free(m->g.layer);
+    bind_weights(m, m->params, &m->w);
+    bind_weights(m, m->grads, &m->g);
+    m->flat_cap = elems;
 }
 
 static void free_acts(glm_model *m) {
     glm_backend *be = m->be;
     if (!m->acts) return;
-    int nsets = m->gradient_checkpointing ? 1 : m->cfg.num_layers;
+    int nsets = m->gradient_checkpointing ? 1 : m->layer_hi - m->layer_lo;
     for (int l = 0; l < nsets; l++) {
         glm_layer_acts *a = &m->acts[l];
         void *ptrs[] = {a->x, a->ln1_mean, a->ln1_rstd, a->qkv, a->ctx, a->lse, a->h1, a->ln2_mean, a->ln2_rstd, a->y, a->fc1, a->act};
         for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) be->free(be, ptrs[i]);
     }
     free(m->acts);
-    for (int l = 0; l <= m->cfg.num_layers; l++) be->free(be, m->resid[l]);
+    for (int l = 0; l <= m->layer_hi - m->layer_lo; l++) be->free(be, m->resid[l]);
     free(m->resid);
     void *ptrs[] = {m->lnf_out, m->lnf_mean, m->lnf_rstd, m->d_a, m->d_b, m->d_x, m->d_h1, m->d_ctx, m->d_qkv, m->d_ff,
                     m->head_in, m->logits, m->d_head_in, m->losses, m->bd.ids, m->bd.pos, m->bd.block_pos,
@@ -108,13 +133,13 @@ static void ensure_acts(glm_model *m, int B, int T) {
     free_acts(m);
     glm_backend *be = m->be;
     size_t es = glm_dtype_size(be->dtype);
-    int L = m->cfg.num_layers, H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size, NH = m->cfg.num_attention_heads;
+    int H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size, NH = m->cfg.num_attention_heads;
     int V = m->cfg.vocab_size;
     size_t N = (size_t)B * T;
 #define S_BUF(n) be->alloc(be, (size_t)(n) * es)
 #define F_BUF(n) ((float *)be->alloc(be, (size_t)(n) * sizeof(float)))
 #define I_BUF(n) ((int32_t *)be->alloc(be, (size_t)(n) * sizeof(int32_t)))
-    int nsets = m->gradient_checkpointing ? 1 : L;
+    int nl = m->layer_hi - m->layer_lo, nsets = m->gradient_checkpointing ? 1 : nl;
     m->acts = glm_calloc(nsets, sizeof *m->acts);
     for (int l = 0; l < nsets; l++) {
         glm_layer_acts *a = &m->acts[l];
@@ -123,8 +148,8 @@ static void ensure_acts(glm_model *m, int B, int T) {
         a->h1 = S_BUF(N * H); a->ln2_mean = F_BUF(N); a->ln2_rstd = F_BUF(N); a->y = S_BUF(N * H);
         a->fc1 = S_BUF(N * F); a->act = S_BUF(N * F);
     }
-    m->resid = glm_calloc(L + 1, sizeof *m->resid);
-    for (int l = 0; l <= L; l++) m->resid[l] = S_BUF(N * H);
+    m->resid = glm_calloc(nl + 1, sizeof *m->resid);
+    for (int l = 0; l <= nl; l++) m->resid[l] = S_BUF(N * H);
     m->lnf_out = S_BUF(N * H); m->lnf_mean = F_BUF(N); m->lnf_rstd = F_BUF(N);
     m->d_a = S_BUF(N * H); m->d_b = S_BUF(N * H); m->d_x = S_BUF(N * H); m->d_h1 = S_BUF(N * H);
     m->d_ctx = S_BUF(N * H); m->d_qkv = S_BUF(N * 3 * H); m->d_ff = S_BUF(N * F);
@@ -195,16 +220,25 @@ static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_
     be->scale_add(be, h_out, c->alpha, a->y, h_out, (size_t)N * H);
 }
 
-static glm_layer_acts *acts_for(glm_model *m, int l) { return m->gradient_checkpointing ? &m->acts[0] : &m->acts[l]; }
+static glm_layer_acts *acts_for(glm_model *m, int l) {
+    return m->gradient_checkpointing ? &m->acts[0] : &m->acts[l - m->layer_lo];
+}
+/* input of global layer l (l = layer_hi: the stage's output) */
+static void *resid(glm_model *m, int l) { return m->resid[l - m->layer_lo]; }
 
-static void forward_trunk(glm_model *m) {
+/* Embedding (first stage) or the given stage input, this stage's layers, and the final norm
+ * (last stage). */
+static void forward_trunk(glm_model *m, const void *h_in) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
     int N = m->bd.B * m->bd.T, H = c->hidden_size;
-    be->embedding_fwd(be, m->resid[0], m->bd.ids, m->w.wte, N, H);
-    for (int l = 0; l < c->num_layers; l++) layer_forward(m, l, acts_for(m, l), m->resid[l], m->resid[l + 1]);
-    be->layernorm_fwd(be, m->lnf_out, m->lnf_mean, m->lnf_rstd, m->resid[c->num_layers], m->w.lnf_w, m->w.lnf_b, N, H,
-                      c->layernorm_epsilon);
+    size_t bytes = (size_t)N * H * glm_dtype_size(be->dtype);
+    if (m->first) be->embedding_fwd(be, resid(m, m->layer_lo), m->bd.ids, m->w.wte, N, H);
+    else be->copy(be, resid(m, m->layer_lo), h_in, bytes);
+    for (int l = m->layer_lo; l < m->layer_hi; l++) layer_forward(m, l, acts_for(m, l), resid(m, l), resid(m, l + 1));
+    if (m->last)
+        be->layernorm_fwd(be, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), m->w.lnf_w, m->w.lnf_b, N, H,
+                          c->layernorm_epsilon);
 }
 
 /* LM head + cross entropy over the supervised rows, chunk by chunk. With backward, also
@@ -232,10 +266,24 @@ static double head_loss(glm_model *m, float dscale, void *dlnf) {
 }
 
 double glm_forward_loss(glm_model *m, const glm_batch *b) {
+    GLM_ASSERT(m->first && m->last);
+    return glm_stage_loss(m, b, NULL);
+}
+
+double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) {
+    GLM_ASSERT(m->last);
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
-    forward_trunk(m);
+    forward_trunk(m, h_in);
     return head_loss(m, 0.0f, NULL);
+}
+
+void glm_stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void *h_out) {
+    ensure_acts(m, b->B, b->T);
+    upload_batch(m, b);
+    forward_trunk(m, h_in);
+    if (h_out)
+        m->be->copy(m->be, h_out, resid(m, m->layer_hi), (size_t)b->B * b->T * m->cfg.hidden_size * glm_dtype_size(m->be->dtype));
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -272,23 +320,45 @@ static void layer_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
 }
 
 double glm_forward_backward(glm_model *m, const glm_batch *b, float dscale) {
+    GLM_ASSERT(m->first && m->last);
+    return glm_stage_backward(m, b, NULL, NULL, NULL, dscale);
+}
+
+/* Tells the data-parallel hook that every gradient from flat offset `first` on is final. */
+static void grads_final_from(glm_model *m, const glm_tensor *t) {
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, t ? t->offset : 0);
+}
+
+double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
+                          float dscale) {
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
-    forward_trunk(m);
+    forward_trunk(m, h_in);
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
-    int N = b->B * b->T, H = c->hidden_size, L = c->num_layers;
-    void *dlnf = m->d_a;
-    double loss = head_loss(m, dscale, dlnf);
-    /* LNf backward: d(h_L) into d_b */
-    be->layernorm_bwd(be, m->d_b, m->g.lnf_w, m->g.lnf_b, dlnf, m->resid[L], m->w.lnf_w, m->lnf_mean, m->lnf_rstd, N, H);
-    void *dcur = m->d_b, *dnext = m->d_a;
-    for (int l = L - 1; l >= 0; l--) {
-        glm_layer_acts *a = acts_for(m, l);
-        if (m->gradient_checkpointing) layer_forward(m, l, a, m->resid[l], m->resid[l + 1]); /* recompute */
-        layer_backward(m, l, a, m->resid[l], dcur, dnext);
-        void *t = dcur; dcur = dnext; dnext = t;
+    int N = b->B * b->T, H = c->hidden_size;
+    size_t bytes = (size_t)N * H * glm_dtype_size(be->dtype);
+    double loss = 0;
+    if (m->last) { /* loss, then LNf backward: d(h_hi) into d_b */
+        void *dlnf = m->d_a;
+        loss = head_loss(m, dscale, dlnf);
+        be->layernorm_bwd(be, m->d_b, m->g.lnf_w, m->g.lnf_b, dlnf, resid(m, m->layer_hi), m->w.lnf_w, m->lnf_mean,
+                          m->lnf_rstd, N, H);
+        /* the table orders wte, layers, LNf, (lm_head): gradients become final from the back */
+        grads_final_from(m, glm_table_get(&m->tab, -1, T_LNF_W));
+    } else {
+        be->copy(be, m->d_b, dh_out, bytes);
     }
-    be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
+    void *dcur = m->d_b, *dnext = m->d_a;
+    for (int l = m->layer_hi - 1; l >= m->layer_lo; l--) {
+        glm_layer_acts *a = acts_for(m, l);
+        if (m->gradient_checkpointing) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
+        layer_backward(m, l, a, resid(m, l), dcur, dnext);
+        void *t = dcur; dcur = dnext; dnext = t;
+        grads_final_from(m, glm_table_get(&m->tab, l, T_LN1_W));
+    }
+    if (m->first) be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
+    else be->copy(be, dh_in, dcur, bytes);
+    grads_final_from(m, NULL);
     return loss;
 }

@@ -55,10 +55,13 @@ typedef struct glm_model {
     glm_weights w, g;       /* views into params / grads */
     int gradient_checkpointing;
     int head_chunk;         /* rows of logits computed at once */
+    /* the layers this model holds: all of them, or one pipeline stage's [layer_lo, layer_hi);
+     * `first` holds the word embedding, `last` the final norm and the head */
+    int layer_lo, layer_hi, first, last;
     /* activation buffers, sized for cap_tokens tokens at cap_T per row */
     int cap_tokens, cap_B, cap_T;
-    glm_layer_acts *acts;   /* [L], or [1] scratch with gradient checkpointing */
-    void **resid;           /* [L+1] layer inputs h_0..h_L, each [N, H] */
+    glm_layer_acts *acts;   /* [layer_hi - layer_lo], or [1] scratch with gradient checkpointing */
+    void **resid;           /* [layer_hi - layer_lo + 1] inputs of layers lo..hi, each [N, H] */
     void *lnf_out;          /* [N, H] */
     float *lnf_mean, *lnf_rstd;
     /* backward scratch */
@@ -69,12 +72,24 @@ typedef struct glm_model {
     void *head_in, *logits, *d_head_in; /* [chunk, H], [chunk, V], [chunk, H] */
     float *losses;          /* [chunk] */
     glm_batch_dev bd;
+    /* Data-parallel hook (parallel/dp.c), NULL when unused: glm_forward_backward calls it each
+     * time the gradients from flat element `first` to the end of the buffer are final (after
+     * the final LayerNorm, after each layer, and with 0 after the embedding, which also holds
+     * the tied head), so their reduction can start while backward goes on. */
+    void (*grads_ready)(void *ctx, size_t first);
+    void *grads_ready_ctx;
+    size_t flat_cap;        /* elements allocated for params/grads (>= tab.total) */
 } glm_model;
 
 /* Builds the table and allocates parameters and gradients (zeroed) on the backend. */
 void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be);
+/* One pipeline stage: layers [l0, l1), with the embedding when first, the head when last. */
+void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last);
 void glm_model_free(glm_model *m);
 void glm_zero_grads(glm_model *m);
+/* Grows the params and grads buffers to `elems` elements (values kept, the tail zeroed), e.g. so
+ * ZeRO shards of equal size cover them; the weight views are re-bound. */
+void glm_model_reserve_flat(glm_model *m, size_t elems);
 
 /* Forward, loss and backward on one micro-batch. Gradients ACCUMULATE (call glm_zero_grads at
  * the start of an optimizer step). dscale multiplies d(sum of token losses): pass
@@ -83,6 +98,18 @@ void glm_zero_grads(glm_model *m);
 double glm_forward_backward(glm_model *m, const glm_batch *b, float dscale);
 /* Forward and loss only (evaluation). Returns the sum of token losses. */
 double glm_forward_loss(glm_model *m, const glm_batch *b);
+
+/* Pipeline stages. Hidden states between stages are backend buffers [B*T, H] in S.
+ * glm_stage_forward: a non-last stage's forward; h_in is NULL on the first stage (ids are
+ * embedded); writes h_out. Nothing is kept: glm_stage_backward recomputes the stage's forward
+ * from the same h_in (activation recompute), so only stage inputs are stashed per micro-batch.
+ * glm_stage_backward: dh_out is NULL on the last stage (the loss is computed there and its
+ * sum returned; 0 elsewhere); gradients accumulate; writes dh_in (NULL on the first stage).
+ * glm_stage_loss: the last stage's forward and loss without gradients (evaluation). */
+void glm_stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void *h_out);
+double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
+                          float dscale);
+double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in);
 
 /* ---- weights (model/weights.c) ---- */
 /* Normal(0, std) matrices, zero biases, LayerNorm weight 1 / bias 0 — HF-style init. */

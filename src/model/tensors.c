@@ -26,6 +26,10 @@ static void add(glm_table *tab, glm_tkind kind, int layer, const char *name, int
 }
 
 void glm_table_build(glm_table *tab, const glm_config *c) {
+    glm_table_build_range(tab, c, 0, c->num_layers, 1, 1);
+}
+
+void glm_table_build_range(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head) {
     int L = c->num_layers, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size;
     *tab = (glm_table){0};
     tab->num_layers = L;
@@ -33,8 +37,9 @@ void glm_table_build(glm_table *tab, const glm_config *c) {
     tab->index = glm_malloc(sizeof(int) * (size_t)(L + 1) * T_NKINDS);
     for (int i = 0; i < (L + 1) * T_NKINDS; i++) tab->index[i] = -1;
     char n[96];
-    add(tab, T_WORD_EMB, -1, "transformer.word_embeddings.weight", 2, V, H);
-    for (int l = 0; l < L; l++) {
+    if (with_embed || (with_head && c->tie_word_embeddings))
+        add(tab, T_WORD_EMB, -1, "transformer.word_embeddings.weight", 2, V, H);
+    for (int l = l0; l < l1; l++) {
 #define LAYER(kind, suffix, nd, d0, d1) \
         snprintf(n, sizeof n, "transformer.layers.%d.%s", l, suffix); add(tab, kind, l, n, nd, d0, d1)
         LAYER(T_LN1_W, "input_layernorm.weight", 1, H, 1);
@@ -51,6 +56,7 @@ void glm_table_build(glm_table *tab, const glm_config *c) {
         LAYER(T_FC2_B, "mlp.dense_4h_to_h.bias", 1, H, 1);
 #undef LAYER
     }
+    if (!with_head) return;
     add(tab, T_LNF_W, -1, "transformer.final_layernorm.weight", 1, H, 1);
     add(tab, T_LNF_B, -1, "transformer.final_layernorm.bias", 1, H, 1);
     if (!c->tie_word_embeddings) add(tab, T_LM_HEAD, -1, "lm_head.weight", 2, V, H);

@@ -42,6 +42,10 @@ typedef struct glm_table {
 } glm_table;
 
 void glm_table_build(glm_table *tab, const glm_config *c);
+/* The tensors of one pipeline stage: layers [l0, l1), the word embedding when with_embed (or
+ * when with_head and the head is tied to it), the final norm and lm_head when with_head.
+ * Layer numbers stay global; offsets are those of the stage's own flat buffer. */
+void glm_table_build_range(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head);
 void glm_table_free(glm_table *tab);
 /* Row for (layer, kind), layer = -1 for globals; NULL when the model has no such tensor. */
 const glm_tensor *glm_table_get(const glm_table *tab, int layer, glm_tkind kind);

@@ -175,11 +175,89 @@ static void test_determinism(test_counts *tc) {
     free(a); free(b); free(c);
 }
 
+/* Copies tensors by name between models with different tables (full model <-> stages). */
+static void copy_by_name(glm_model *dst, const float *src_host, const glm_table *src_tab, float *dst_host) {
+    for (int i = 0; i < dst->tab.n; i++) {
+        const glm_tensor *t = &dst->tab.t[i], *s = glm_table_find(src_tab, t->name);
+        memcpy(dst_host + t->offset, src_host + s->offset, t->numel * sizeof(float));
+    }
+}
+
+/* Three pipeline stages chained by hand give the full model's loss and every gradient. */
+static void test_stages_match_full(test_counts *tc, int tie) {
+    glm_config c = micro_config(tie);
+    c.num_layers = 3;
+    glm_backend *be = glm_backend_cpu();
+    glm_model full, st[3];
+    glm_model_init(&full, &c, be);
+    randomize(&full, 21);
+    glm_rng rng;
+    glm_rng_seed(&rng, 4);
+    glm_batch b;
+    make_batch(&b, &c, &rng);
+    float *fp = malloc(full.tab.total * 4), *fg = malloc(full.tab.total * 4);
+    glm_model_get_params(&full, fp);
+    glm_zero_grads(&full);
+    double loss_full = glm_forward_backward(&full, &b, 1.0f / b.n_targets);
+    be->download_f32(be, fg, full.grads, full.tab.total);
+    int lo[3] = {0, 1, 2}, hi[3] = {1, 2, 3};
+    for (int k = 0; k < 3; k++) {
+        glm_model_init_stage(&st[k], &c, be, lo[k], hi[k], k == 0, k == 2);
+        float *h = calloc(st[k].tab.total, 4);
+        copy_by_name(&st[k], fp, &full.tab, h);
+        glm_model_set_params(&st[k], h);
+        free(h);
+        glm_zero_grads(&st[k]);
+    }
+    size_t N = (size_t)b.B * b.T, H = c.hidden_size;
+    float *h1 = malloc(N * H * 4), *h2 = malloc(N * H * 4), *d2 = malloc(N * H * 4), *d1 = malloc(N * H * 4);
+    glm_stage_forward(&st[0], &b, NULL, h1);
+    glm_stage_forward(&st[1], &b, h1, h2);
+    double loss = glm_stage_backward(&st[2], &b, h2, NULL, d2, 1.0f / b.n_targets);
+    glm_stage_backward(&st[1], &b, h1, d2, d1, 1.0f / b.n_targets);
+    glm_stage_backward(&st[0], &b, NULL, d1, NULL, 1.0f / b.n_targets);
+    double worst = 0;
+    for (int k = 0; k < 3; k++) {
+        float *g = malloc(st[k].tab.total * 4);
+        be->download_f32(be, g, st[k].grads, st[k].tab.total);
+        for (int i = 0; i < st[k].tab.n; i++) {
+            const glm_tensor *t = &st[k].tab.t[i], *f = glm_table_find(&full.tab, t->name);
+            /* a tied embedding's gradient is split between the first and the last stage */
+            if (tie && t->kind == T_WORD_EMB) continue;
+            double e = test_rel_err(g + t->offset, fg + f->offset, (long)t->numel);
+            if (e > worst) worst = e;
+        }
+        free(g);
+    }
+    if (tie) { /* first + last stage word-embedding gradients sum to the full model's */
+        const glm_tensor *t0 = glm_table_get(&st[0].tab, -1, T_WORD_EMB), *t2 = glm_table_get(&st[2].tab, -1, T_WORD_EMB);
+        const glm_tensor *f = glm_table_get(&full.tab, -1, T_WORD_EMB);
+        float *g0 = malloc(st[0].tab.total * 4), *g2 = malloc(st[2].tab.total * 4);
+        be->download_f32(be, g0, st[0].grads, st[0].tab.total);
+        be->download_f32(be, g2, st[2].grads, st[2].tab.total);
+        for (size_t j = 0; j < t0->numel; j++) g0[t0->offset + j] += g2[t2->offset + j];
+        double e = test_rel_err(g0 + t0->offset, fg + f->offset, (long)t0->numel);
+        if (e > worst) worst = e;
+        free(g0); free(g2);
+    }
+    char name[64];
+    snprintf(name, sizeof name, "pipeline_stages_match_full_%s", tie ? "tied" : "untied");
+    TEST_CHECK(tc, name, fabs(loss - loss_full) <= 1e-6 * fabs(loss_full) && worst < 1e-6,
+               "loss %.8g vs %.8g, worst gradient rel err %.3g", loss, loss_full, worst);
+    for (int k = 0; k < 3; k++) glm_model_free(&st[k]);
+    glm_model_free(&full);
+    glm_batch_free(&b);
+    free(fp); free(fg); free(h1); free(h2); free(d1); free(d2);
+    be->destroy(be);
+}
+
 int main(void) {
     test_counts tc = {0};
     test_finite_differences(&tc, 0);
     test_finite_differences(&tc, 1);
     test_cached_matches_training(&tc);
     test_determinism(&tc);
+    test_stages_match_full(&tc, 0);
+    test_stages_match_full(&tc, 1);
     TEST_EXIT(&tc);
 }
