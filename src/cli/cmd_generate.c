@@ -1,157 +1,309 @@
-/* `glmtrain generate` (one response per prompt) and `glmtrain chat` (interactive, with
- * history and streaming). Both load a model folder written by `glmtrain train` or a Hugging
- * Face style chatglm-6b folder. */
-#include <stddef.h>
+/* `glmtrain generate`: one response to --prompt, or batch generation over a data file
+ * (--input_file, the training data schemas) to JSONL, for evaluating a fine-tune on held-out
+ * data: prompts are built as ptuning's evaluation builds them (source_prefix, "[Round i]"
+ * only with a non-empty history, or the training templates), rows are generated
+ * --per_device_eval_batch_size at a time in one KV cache, and when the records carry answers
+ * BLEU-4 and ROUGE-1/2/L are reported as ptuning's compute_metrics does (infer/metrics.h). */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli/commands.h"
-#include "core/args.h"
+#include "cli/gen_common.h"
 #include "core/fileutil.h"
 #include "core/log.h"
-#include "infer/generate.h"
+#include "data/examples.h"
+#include "data/reader.h"
+#include "infer/metrics.h"
 
-typedef struct gen_args {
-    char *model_name_or_path, *tokenizer_name, *prompt, *device;
-    int do_sample, max_length, max_new_tokens, top_k, seed;
-    double top_p, temperature, repetition_penalty;
-} gen_args;
-
-#define F(name, type, def, help) {#name, type, offsetof(gen_args, name), def, help, NULL, NULL}
 static const glm_flag gen_flags[] = {
-    F(model_name_or_path, ARG_STR, NULL, "model folder (config.json + safetensors + tokenizer)"),
-    F(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model (default: the model folder)"),
-    F(prompt, ARG_STR, NULL, "the query (generate)"),
-    {"device", ARG_STR, offsetof(gen_args, device), "cpu", "where to run", "auto|cpu|cuda", NULL},
-    F(do_sample, ARG_BOOL, "true", "sample (false = greedy)"),
-    F(max_length, ARG_INT, "2048", "prompt + response tokens"),
-    F(max_new_tokens, ARG_INT, "0", "response tokens (overrides max_length when > 0)"),
-    F(top_p, ARG_FLOAT, "0.7", "nucleus sampling mass"),
-    F(top_k, ARG_INT, "50", "sample among the k most likely tokens"),
-    F(temperature, ARG_FLOAT, "0.95", "softmax temperature"),
-    F(repetition_penalty, ARG_FLOAT, "1.0", "penalty for tokens already present (1 = none)"),
-    F(seed, ARG_INT, "42", "sampling seed"),
+    GEN_COMMON_FLAGS,
+    GEN_F(prompt, ARG_STR, NULL, "the query: print one response"),
+    GEN_F(input_file, ARG_STR, NULL, "JSON/JSONL records (training data schemas, or prompts only) to answer"),
+    GEN_F(output_file, ARG_STR, NULL, "JSONL of {index, prompt, predict, labels} (default: stdout)"),
+    GEN_F(metrics_file, ARG_STR, NULL, "write BLEU-4 / ROUGE of predict vs labels here as JSON"),
+    {"data_format", ARG_STR, offsetof(gen_args, data_format), "auto", "record schema", "auto|alpaca|columns|chatglm|sharegpt", NULL},
+    GEN_F(prompt_column, ARG_STR, NULL, "ptuning-style prompt column (e.g. content)"),
+    GEN_F(response_column, ARG_STR, NULL, "ptuning-style response column (e.g. summary)"),
+    GEN_F(history_column, ARG_STR, NULL, "ptuning-style history column"),
+    GEN_F(prompt_template, ARG_STR, NULL, "prompt body template (as in train)"),
+    GEN_F(history_template, ARG_STR, NULL, "one history round (as in train)"),
+    GEN_F(source_prefix, ARG_STR, NULL, "text prepended to every prompt"),
+    GEN_F(max_source_length, ARG_INT, "0", "keep the first N-2 prompt tokens, as ptuning's evaluation (0 = all)"),
+    GEN_F(per_device_eval_batch_size, ARG_INT, "8", "prompts generated together"),
+    GEN_F(max_predict_samples, ARG_INT, "0", "answer only the first N records (0 = all)"),
+    GEN_F(skip_bad_samples, ARG_BOOL, "false", "skip malformed records instead of stopping"),
+    GEN_F(postprocess, ARG_BOOL, "true", "model.chat's response post-processing (false: strip only, as ptuning's predictions)"),
 };
-#undef F
 static const int n_gen_flags = sizeof gen_flags / sizeof gen_flags[0];
 
-typedef struct session {
-    glm_backend *be;
-    glm_model m;
-    glm_tokenizer *tok;
-    glm_gen_cfg g;
+static void debug_ids(const char *what, int row, const glm_ids *v) {
+    fprintf(stderr, "[debug] %s ids (row %d):", what, row);
+    for (int i = 0; i < v->n; i++) fprintf(stderr, " %d", v->data[i]);
+    fprintf(stderr, "\n");
+}
+
+static int generate_one(gen_session *s, const gen_args *a, glm_err *err) {
+    glm_ids in = {0}, out = {0};
     glm_rng rng;
-} session;
-
-static int open_session(session *s, gen_args *a, glm_err *err) {
-    if (!a->model_name_or_path) return glm_fail(err, "--model_name_or_path is required");
-    glm_config c;
-    if (glm_config_load(&c, a->model_name_or_path, err)) return -1;
-    s->be = NULL;
-#ifdef GLM_HAVE_CUDA
-    if (strcmp(a->device, "cpu") != 0) {
-        char msg[512];
-        s->be = glm_backend_cuda(0, GLM_F32, msg, sizeof msg);
-        if (!s->be && strcmp(a->device, "cuda") == 0) return glm_fail(err, "--device cuda: %s", msg);
+    glm_rng_seed(&rng, (uint64_t)a->seed);
+    char *p = glm_chat_prompt(a->prompt, NULL, 0);
+    int rc = glm_prompt_inputs(s->tok, &s->m.cfg, p, 0, &in, err);
+    free(p);
+    if (rc == 0 && a->debug) debug_ids("prompt", 0, &in);
+    if (rc == 0) rc = glm_generate(&s->m, 1, &in, &s->g, &rng, &out, NULL, NULL, err);
+    if (rc == 0) {
+        if (a->debug) debug_ids("response", 0, &out);
+        char *res = glm_response_text(s->tok, out.data, out.n, a->postprocess);
+        printf("%s\n", res);
+        free(res);
     }
-#endif
-    if (!s->be) {
-        if (strcmp(a->device, "cuda") == 0) return glm_fail(err, "--device cuda: built without CUDA");
-        s->be = glm_backend_cpu();
+    glm_ids_free(&in);
+    glm_ids_free(&out);
+    return rc;
+}
+
+/* ---- records: the training readers, or a file of bare prompts ---- */
+
+/* A file whose first record has no answer field holds bare prompts: a JSON string per line,
+ * or objects with a prompt (and optionally a history) but nothing to compare against. */
+static int is_prompts_file(const char *path, const gen_args *a) {
+    size_t n;
+    glm_err e;
+    char *text = glm_read_file(path, &n, &e);
+    if (!text) return 0;
+    char *s = text + (strncmp(text, "\xef\xbb\xbf", 3) == 0 ? 3 : 0);
+    while (*s == ' ' || *s == '\n' || *s == '\r' || *s == '\t') s++;
+    if (*s == '[') { free(text); return 0; }
+    char *nl = strchr(s, '\n');
+    if (nl) *nl = 0;
+    cJSON *o = cJSON_Parse(s);
+    int bare = cJSON_IsString(o);
+    if (cJSON_IsObject(o)) {
+        const char *keys[] = {"output", "response", "summary", "conversations", "messages", a->response_column};
+        bare = 1;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            if (keys[i] && cJSON_GetObjectItemCaseSensitive(o, keys[i])) bare = 0;
     }
-    glm_model_init(&s->m, &c, s->be);
-    if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;
-    if (glm_tokenizer_load(&s->tok, a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path, err)) return -1;
-    s->g = (glm_gen_cfg){.do_sample = a->do_sample, .max_length = a->max_length, .max_new_tokens = a->max_new_tokens,
-                         .temperature = (float)a->temperature, .top_p = (float)a->top_p, .top_k = a->top_k,
-                         .repetition_penalty = (float)a->repetition_penalty, .seed = (uint64_t)a->seed};
-    glm_rng_seed(&s->rng, (uint64_t)a->seed);
-    return 0;
+    cJSON_Delete(o);
+    free(text);
+    return bare;
 }
 
-static void close_session(session *s) {
-    if (s->tok) glm_tokenizer_free(s->tok);
-    if (s->m.params) glm_model_free(&s->m);
-    if (s->be) s->be->destroy(s->be);
+typedef struct prompt_src {
+    glm_reader *rd;           /* training schemas */
+    FILE *f;                  /* bare prompts */
+    const char *path, *column;
+    long line;
+} prompt_src;
+
+/* 1: a record; 0: end; -1: error. Bare prompts fill query (+ history) and leave answer "". */
+static int next_record(prompt_src *p, glm_record *r, glm_err *err) {
+    if (p->rd) return glm_reader_next(p->rd, r, err);
+    char *line = NULL;
+    size_t cap = 0;
+    for (;;) {
+        ssize_t len = getline(&line, &cap, p->f);
+        if (len < 0) { free(line); return 0; }
+        p->line++;
+        char *s = line;
+        while (*s == ' ' || *s == '\t' || *s == '\r' || *s == '\n') s++;
+        if (*s) break;
+    }
+    cJSON *o = cJSON_Parse(line);
+    free(line);
+    memset(r, 0, sizeof *r);
+    r->line = p->line;
+    const cJSON *q = cJSON_IsString(o) ? o : NULL;
+    const char *keys[] = {p->column, "prompt", "instruction", "query", "content", "input"};
+    for (size_t i = 0; !q && cJSON_IsObject(o) && i < sizeof keys / sizeof keys[0]; i++)
+        if (keys[i] && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, keys[i])))
+            q = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
+    if (!q) {
+        cJSON_Delete(o);
+        glm_fail(err, "%s:%ld: expected a JSON string or an object with a \"prompt\" string", p->path, p->line);
+        return glm_hint(err, "name the field with --prompt_column");
+    }
+    r->query = glm_strdup(q->valuestring);
+    r->answer = glm_strdup("");
+    const cJSON *h = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "history") : NULL;
+    const cJSON *pair;
+    cJSON_ArrayForEach(pair, h) {
+        if (cJSON_GetArraySize(pair) != 2 || !cJSON_IsString(cJSON_GetArrayItem(pair, 0)) ||
+            !cJSON_IsString(cJSON_GetArrayItem(pair, 1)))
+            continue;
+        r->hist = glm_realloc(r->hist, sizeof(char *) * 2 * (size_t)(r->n_hist + 1));
+        r->hist[2 * r->n_hist] = glm_strdup(cJSON_GetArrayItem(pair, 0)->valuestring);
+        r->hist[2 * r->n_hist + 1] = glm_strdup(cJSON_GetArrayItem(pair, 1)->valuestring);
+        r->n_hist++;
+    }
+    cJSON_Delete(o);
+    return 1;
 }
 
-static int parse(gen_args *a, int argc, char **argv, const char *cmd, glm_err *err) {
-    glm_args_defaults(gen_flags, n_gen_flags, a);
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { glm_args_usage(gen_flags, n_gen_flags, cmd); exit(0); }
-    return glm_args_parse(gen_flags, n_gen_flags, a, argc, argv, err);
+static int open_src(prompt_src *p, const gen_args *a, glm_err *err) {
+    memset(p, 0, sizeof *p);
+    p->path = a->input_file;
+    p->column = a->prompt_column;
+    if (is_prompts_file(a->input_file, a)) {
+        p->f = fopen(a->input_file, "r");
+        return p->f ? 0 : glm_fail(err, "%s: cannot open", a->input_file);
+    }
+    glm_read_cfg rc = {.skip_bad_samples = a->skip_bad_samples};
+    if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &rc.schema))
+        return glm_fail(err, "--data_format %s is not known", a->data_format);
+    rc.columns.prompt = a->prompt_column;
+    rc.columns.response = a->response_column;
+    rc.columns.history = a->history_column;
+    return glm_reader_open(&p->rd, a->input_file, &rc, err);
 }
 
-static void free_args(gen_args *a) {
-    for (int i = 0; i < n_gen_flags; i++)
-        if (gen_flags[i].type == ARG_STR) free(*(char **)((char *)a + gen_flags[i].offset));
+static void close_src(prompt_src *p) {
+    if (p->rd) glm_reader_close(p->rd);
+    if (p->f) fclose(p->f);
+}
+
+/* ---- batch generation ---- */
+
+typedef struct pending {
+    glm_record rec;
+    char *prompt;
+    glm_ids in, out;
+    int skip;  /* prompt leaves no room under max_length: empty prediction */
+} pending;
+
+static int write_batch(FILE *o, gen_session *s, const gen_args *a, pending *p, int n, long base, glm_score_sum *sc) {
+    for (int i = 0; i < n; i++) {
+        char *res = glm_response_text(s->tok, p[i].out.data, p[i].out.n, a->postprocess);
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "index", (double)(base + i));
+        cJSON_AddStringToObject(j, "prompt", p[i].prompt);
+        cJSON_AddStringToObject(j, "predict", res);
+        if (p[i].rec.answer && p[i].rec.answer[0]) {
+            cJSON_AddStringToObject(j, "labels", p[i].rec.answer);
+            glm_text_scores t = glm_text_score(res, p[i].rec.answer);
+            glm_score_add(sc, &t);
+        }
+        char *line = cJSON_PrintUnformatted(j);
+        fprintf(o, "%s\n", line);
+        free(line);
+        cJSON_Delete(j);
+        free(res);
+    }
+    fflush(o);
+    return ferror(o) ? -1 : 0;
+}
+
+static void clear_pending(pending *p, int n) {
+    for (int i = 0; i < n; i++) {
+        glm_record_free(&p[i].rec);
+        free(p[i].prompt);
+        glm_ids_free(&p[i].in);
+        glm_ids_free(&p[i].out);
+        memset(&p[i], 0, sizeof p[i]);
+    }
+}
+
+static int report_metrics(const gen_args *a, const glm_score_sum *sc, glm_err *err) {
+    glm_text_scores m = glm_score_mean(sc);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "predict_bleu-4", m.bleu4);
+    cJSON_AddNumberToObject(j, "predict_rouge-1", m.rouge1);
+    cJSON_AddNumberToObject(j, "predict_rouge-2", m.rouge2);
+    cJSON_AddNumberToObject(j, "predict_rouge-l", m.rougel);
+    cJSON_AddNumberToObject(j, "predict_samples", (double)sc->n);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    glm_info("metrics (character-level ROUGE, see docs): %s", text);
+    int rc = a->metrics_file ? glm_write_file_atomic(a->metrics_file, text, strlen(text), err) : 0;
+    free(text);
+    return rc;
+}
+
+static int generate_file(gen_session *s, gen_args *a, glm_err *err) {
+    glm_example_cfg ex;
+    glm_example_cfg_init(&ex);
+    ex.source_prefix = a->source_prefix;
+    if (a->prompt_template) glm_unescape(a->prompt_template);
+    if (a->history_template) glm_unescape(a->history_template);
+    ex.prompt_template = a->prompt_template;
+    ex.history_template = a->history_template;
+    ex.rounds = GLM_ROUNDS_NONEMPTY; /* ptuning's preprocess_function_eval */
+    if (a->per_device_eval_batch_size < 1) return glm_fail(err, "--per_device_eval_batch_size must be >= 1");
+    if (a->max_source_length != 0 && a->max_source_length < 3) return glm_fail(err, "--max_source_length must be 0 or >= 3");
+    prompt_src src;
+    if (open_src(&src, a, err)) return -1;
+    FILE *o = a->output_file ? fopen(a->output_file, "w") : stdout;
+    if (!o) { close_src(&src); return glm_fail(err, "--output_file %s: cannot create", a->output_file); }
+    int B = a->per_device_eval_batch_size, rc = 0, more = 1;
+    pending *p = glm_calloc((size_t)B, sizeof *p);
+    glm_ids *ins = glm_calloc((size_t)B, sizeof *ins), *outs = glm_calloc((size_t)B, sizeof *outs);
+    glm_rng *rngs = glm_calloc((size_t)B, sizeof *rngs);
+    int *row_of = glm_calloc((size_t)B, sizeof *row_of);
+    glm_score_sum sc = {0};
+    long done = 0, skipped = 0, tokens = 0;
+    double t0 = glm_now();
+    while (rc == 0 && more) {
+        int n = 0;
+        while (n < B && (a->max_predict_samples <= 0 || done + n < a->max_predict_samples)) {
+            int k = next_record(&src, &p[n].rec, err);
+            if (k < 0) { rc = -1; break; }
+            if (k == 0) { more = 0; break; }
+            p[n].prompt = glm_example_prompt(&ex, &p[n].rec);
+            int max_text = a->max_source_length > 0 ? a->max_source_length - 2 : 0;
+            if (glm_prompt_inputs(s->tok, &s->m.cfg, p[n].prompt, max_text, &p[n].in, err)) { rc = -1; n++; break; }
+            p[n].skip = glm_gen_limit(&s->g, p[n].in.n) <= 0;
+            n++;
+        }
+        if (a->max_predict_samples > 0 && done + n >= a->max_predict_samples) more = 0;
+        int m = 0; /* rows that go to the model */
+        for (int i = 0; rc == 0 && i < n; i++) {
+            if (p[i].skip) {
+                glm_warn("record %ld: its %d-token prompt leaves no room under max_length %d; empty prediction",
+                         done + i, p[i].in.n, s->g.max_length);
+                skipped++;
+                continue;
+            }
+            ins[m] = p[i].in;
+            outs[m] = (glm_ids){0};
+            glm_rng_seed(&rngs[m], (uint64_t)a->seed * 1000003ULL + (uint64_t)(done + i));
+            row_of[m++] = i;
+        }
+        if (rc == 0 && m > 0) rc = glm_generate(&s->m, m, ins, &s->g, rngs, outs, NULL, NULL, err);
+        for (int j = 0; j < m; j++) {
+            p[row_of[j]].out = outs[j];
+            tokens += outs[j].n;
+            if (rc == 0 && a->debug) { debug_ids("prompt", (int)(done + row_of[j]), &ins[j]); debug_ids("response", (int)(done + row_of[j]), &outs[j]); }
+        }
+        if (rc == 0 && n > 0 && write_batch(o, s, a, p, n, done, &sc))
+            rc = glm_fail(err, "%s: write failed", a->output_file ? a->output_file : "stdout");
+        clear_pending(p, n);
+        done += n;
+        if (rc == 0 && n > 0)
+            glm_info("%ld responses, %ld tokens, %.1f tokens/s", done, tokens, tokens / (glm_now() - t0 + 1e-9));
+    }
+    if (rc == 0 && skipped) glm_warn("%ld prompts were too long for max_length %d", skipped, s->g.max_length);
+    if (rc == 0 && sc.n > 0) rc = report_metrics(a, &sc, err);
+    free(p); free(ins); free(outs); free(rngs); free(row_of);
+    if (o != stdout && fclose(o) != 0 && rc == 0) rc = glm_fail(err, "%s: write failed", a->output_file);
+    close_src(&src);
+    return rc;
 }
 
 int glm_cmd_generate(int argc, char **argv) {
     gen_args a;
     glm_err err = {0};
-    session s = {0};
-    int rc = parse(&a, argc, argv, "generate", &err);
-    if (!rc && !a.prompt) rc = glm_fail(&err, "--prompt is required");
-    if (!rc) rc = open_session(&s, &a, &err);
-    char *res = NULL;
-    if (!rc) {
-        char *p = glm_chat_prompt(a.prompt, NULL, 0);
-        res = glm_generate_text(&s.m, s.tok, p, &s.g, &s.rng, NULL, NULL, &err);
-        free(p);
-        if (!res) rc = -1;
+    gen_session s = {0};
+    int rc = gen_parse(gen_flags, n_gen_flags, &a, argc, argv, "generate", &err);
+    if (rc == 1) { gen_args_free(gen_flags, n_gen_flags, &a); return 0; }
+    if (!rc && !a.prompt == !a.input_file) {
+        rc = glm_fail(&err, a.prompt ? "--prompt and --input_file exclude each other" : "--prompt or --input_file is required");
+        glm_hint(&err, "--prompt TEXT prints one response; --input_file FILE answers every record of a data file");
     }
-    if (res) printf("%s\n", res);
+    if (!rc) rc = gen_open(&s, &a, &err);
+    if (!rc) rc = a.prompt ? generate_one(&s, &a, &err) : generate_file(&s, &a, &err);
     if (rc) glm_err_print(&err);
-    free(res);
-    close_session(&s);
-    free_args(&a);
+    gen_close(&s);
+    gen_args_free(gen_flags, n_gen_flags, &a);
     return rc ? 1 : 0;
-}
-
-static void stream_out(void *ctx, const char *text) {
-    fputs(text, stdout);
-    fflush(stdout);
-}
-
-int glm_cmd_chat(int argc, char **argv) {
-    gen_args a;
-    glm_err err = {0};
-    session s = {0};
-    int rc = parse(&a, argc, argv, "chat", &err);
-    if (!rc) rc = open_session(&s, &a, &err);
-    if (rc) { glm_err_print(&err); close_session(&s); free_args(&a); return 1; }
-    printf("glmtrain chat — type a message; 'clear' forgets the history, 'exit' quits.\n");
-    char **hist = NULL;
-    int n_hist = 0;
-    char line[16384];
-    while (1) {
-        printf("\n用户: ");
-        fflush(stdout);
-        if (!fgets(line, sizeof line, stdin)) break;
-        line[strcspn(line, "\r\n")] = 0;
-        if (!strcmp(line, "exit") || !strcmp(line, "quit")) break;
-        if (!strcmp(line, "clear")) {
-            for (int i = 0; i < 2 * n_hist; i++) free(hist[i]);
-            n_hist = 0;
-            printf("(history cleared)\n");
-            continue;
-        }
-        if (!line[0]) continue;
-        char *p = glm_chat_prompt(line, (const char *const *)hist, n_hist);
-        printf("\nChatGLM: ");
-        char *res = glm_generate_text(&s.m, s.tok, p, &s.g, &s.rng, stream_out, NULL, &err);
-        free(p);
-        printf("\n");
-        if (!res) { glm_err_print(&err); continue; }
-        hist = glm_realloc(hist, sizeof(char *) * 2 * (n_hist + 1));
-        hist[2 * n_hist] = glm_strdup(line);
-        hist[2 * n_hist + 1] = res;
-        n_hist++;
-    }
-    for (int i = 0; i < 2 * n_hist; i++) free(hist[i]);
-    free(hist);
-    close_session(&s);
-    free_args(&a);
-    return 0;
 }

@@ -1,3 +1,4 @@
+/* Batched generation with the KV cache and HF-order sampling (infer/generate.h). */
 #include "infer/generate.h"
 #include <math.h>
 #include <stdio.h>
@@ -6,7 +7,45 @@
 
 void glm_gen_cfg_chat_defaults(glm_gen_cfg *c) {
     *c = (glm_gen_cfg){.do_sample = 1, .max_length = 2048, .max_new_tokens = 0, .temperature = 0.95f,
-                       .top_p = 0.7f, .repetition_penalty = 1.0f, .top_k = 50, .seed = 42};
+                       .top_p = 0.7f, .repetition_penalty = 1.0f, .top_k = 50};
+}
+
+int glm_gen_cfg_check(const glm_gen_cfg *c, glm_err *err) {
+    if (c->max_new_tokens < 0) return glm_fail(err, "--max_new_tokens must be >= 0 (got %d)", c->max_new_tokens);
+    if (c->max_new_tokens == 0 && c->max_length < 2) return glm_fail(err, "--max_length must be >= 2 (got %d)", c->max_length);
+    if (!(c->repetition_penalty > 0)) return glm_fail(err, "--repetition_penalty must be > 0 (got %g)", c->repetition_penalty);
+    if (!c->do_sample) return 0;
+    if (!(c->temperature > 0)) {
+        glm_fail(err, "--temperature must be > 0 when sampling (got %g)", c->temperature);
+        return glm_hint(err, "for deterministic output use --do_sample false (greedy)");
+    }
+    if (!(c->top_p > 0 && c->top_p <= 1)) return glm_fail(err, "--top_p must be in (0, 1] (got %g)", c->top_p);
+    if (c->top_k < 0) return glm_fail(err, "--top_k must be >= 0 (got %d)", c->top_k);
+    return 0;
+}
+
+int glm_gen_limit(const glm_gen_cfg *c, int n_prompt) {
+    return c->max_new_tokens > 0 ? c->max_new_tokens : c->max_length - n_prompt;
+}
+
+/* ---------------------------------------------------------------- sampling */
+
+/* k-th largest of a[0..n) (1-based k), by quickselect on a scratch copy. */
+static float kth_largest(float *a, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        float pivot = a[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > pivot) i++;
+            while (a[j] < pivot) j--;
+            if (i <= j) { float t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else break;
+    }
+    return a[want];
 }
 
 typedef struct { float logit; int32_t id; } cand;
@@ -15,8 +54,39 @@ static int by_logit_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : ((const cand *)a)->id - ((const cand *)b)->id;
 }
 
-/* Picks the next token from logits[V] (modified in place). */
-static int32_t pick(float *logits, int V, const glm_gen_cfg *g, const glm_ids *seen, glm_rng *rng) {
+void glm_warp_logits(float *logits, int V, const glm_gen_cfg *g) {
+    if (g->temperature > 0 && g->temperature != 1.0f)
+        for (int j = 0; j < V; j++) logits[j] /= g->temperature;
+    if (g->top_k > 0 && g->top_k < V) {
+        float *tmp = glm_malloc(sizeof(float) * V);
+        memcpy(tmp, logits, sizeof(float) * V);
+        float kth = kth_largest(tmp, V, g->top_k);
+        free(tmp);
+        for (int j = 0; j < V; j++) if (logits[j] < kth) logits[j] = -INFINITY;
+    }
+    if (g->top_p < 1.0f) {
+        cand *c = glm_malloc(sizeof(cand) * V);
+        int n = 0;
+        for (int j = 0; j < V; j++) if (logits[j] > -INFINITY) c[n++] = (cand){logits[j], j};
+        qsort(c, (size_t)n, sizeof(cand), by_logit_desc);
+        double mx = c[0].logit, sum = 0;
+        for (int i = 0; i < n; i++) sum += exp(c[i].logit - mx);
+        /* HF removes the tokens whose ascending cumulative probability is <= 1 - top_p: token i
+         * (descending) stays iff the mass strictly before it is < top_p */
+        double acc = 0;
+        for (int i = 0; i < n; i++) {
+            if (i > 0 && acc >= g->top_p) logits[c[i].id] = -INFINITY;
+            acc += exp(c[i].logit - mx) / sum;
+        }
+        free(c);
+    }
+}
+
+int32_t glm_sample_next(float *logits, int V, const glm_gen_cfg *g, const uint8_t *seen, glm_rng *rng) {
+    /* HF applies the repetition penalty (a default processor) before the custom ones */
+    if (seen && g->repetition_penalty != 1.0f)
+        for (int j = 0; j < V; j++)
+            if (seen[j]) logits[j] = logits[j] < 0 ? logits[j] * g->repetition_penalty : logits[j] / g->repetition_penalty;
     /* the original's InvalidScoreLogitsProcessor: any NaN/Inf -> all zero, logit[5] = 5e4 */
     for (int j = 0; j < V; j++)
         if (!isfinite(logits[j])) {
@@ -24,118 +94,132 @@ static int32_t pick(float *logits, int V, const glm_gen_cfg *g, const glm_ids *s
             if (V > 5) logits[5] = 5e4f;
             break;
         }
-    if (g->repetition_penalty != 1.0f)
-        for (int i = 0; i < seen->n; i++) {
-            float *l = &logits[seen->data[i]];
-            *l = *l < 0 ? *l * g->repetition_penalty : *l / g->repetition_penalty;
-        }
-    if (!g->do_sample) {
+    if (!g->do_sample) { /* torch.argmax: the first maximum */
         int best = 0;
         for (int j = 1; j < V; j++) if (logits[j] > logits[best]) best = j;
         return best;
     }
-    float temp = g->temperature > 0 ? g->temperature : 1.0f;
-    cand *c = malloc(sizeof(cand) * V);
-    for (int j = 0; j < V; j++) c[j] = (cand){logits[j] / temp, j};
-    qsort(c, V, sizeof(cand), by_logit_desc);
-    int keep = g->top_k > 0 && g->top_k < V ? g->top_k : V;
-    double mx = c[0].logit, sum = 0;
-    for (int i = 0; i < keep; i++) sum += exp(c[i].logit - mx);
-    if (g->top_p < 1.0f) { /* smallest prefix whose probability mass reaches top_p (at least one) */
-        double acc = 0;
-        int n = 0;
-        while (n < keep) {
-            acc += exp(c[n].logit - mx) / sum;
-            n++;
-            if (acc >= g->top_p) break;
-        }
-        keep = n;
-        sum = 0;
-        for (int i = 0; i < keep; i++) sum += exp(c[i].logit - mx);
-    }
+    glm_warp_logits(logits, V, g);
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < V; j++) if (logits[j] > mx) mx = logits[j];
+    for (int j = 0; j < V; j++) if (logits[j] > -INFINITY) sum += exp(logits[j] - mx);
     double r = glm_rng_uniform(rng) * sum, acc = 0;
-    int32_t id = c[keep - 1].id;
-    for (int i = 0; i < keep; i++) {
-        acc += exp(c[i].logit - mx);
-        if (r < acc) { id = c[i].id; break; }
+    int32_t last = 0;
+    for (int j = 0; j < V; j++) {
+        if (!(logits[j] > -INFINITY)) continue;
+        last = j;
+        acc += exp(logits[j] - mx);
+        if (r < acc) return j;
     }
-    free(c);
-    return id;
+    return last;
 }
 
-int glm_generate_ids(glm_model *m, const glm_config *c, const int32_t *prompt, int n, const glm_gen_cfg *g,
-                     glm_rng *rng, glm_ids *out, const glm_tokenizer *tok, glm_stream_fn stream, void *sctx,
-                     glm_err *err) {
-    int ctx = -1, mask_pos = -1;
-    for (int i = 0; i < n; i++) if (prompt[i] == c->bos_token_id) { ctx = i; break; }
-    for (int i = 0; i < n && mask_pos < 0; i++) if (prompt[i] == c->gmask_token_id) mask_pos = i;
-    for (int i = 0; i < n && mask_pos < 0; i++) if (prompt[i] == c->mask_token_id) mask_pos = i;
-    if (ctx < 0 || mask_pos < 0) return glm_fail(err, "the prompt must contain [gMASK] (or [MASK]) and <sop>");
-    int max_len = g->max_new_tokens > 0 ? n + g->max_new_tokens : g->max_length;
-    if (max_len <= n) return glm_fail(err, "max_length %d leaves no room after a %d-token prompt", max_len, n);
-    int V = c->vocab_size;
-    int32_t *pos = malloc(sizeof(int32_t) * n * 4), *bpos = pos + n, *lo = pos + 2 * n, *hi = pos + 3 * n;
-    for (int i = 0; i < n; i++) {
-        pos[i] = i < ctx ? i : mask_pos;
-        bpos[i] = i < ctx ? 0 : i - ctx + 1;
-        lo[i] = 0;
-        hi[i] = ctx > i + 1 ? ctx : i + 1;
+/* ---------------------------------------------------------------- generation */
+
+/* Grows the cache to T tokens per row, keeping what it holds (the row stride changes). */
+static void kv_grow(glm_model *m, glm_kvcache *kv, int T) {
+    glm_backend *be = m->be;
+    size_t row = 3 * (size_t)m->cfg.hidden_size, es = glm_dtype_size(be->dtype);
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        void *n = be->alloc(be, (size_t)kv->B * T * row * es);
+        for (int b = 0; b < kv->B; b++)
+            be->copy(be, glm_at(be, n, (size_t)b * T * row), glm_at(be, kv->qkv[l], (size_t)b * kv->Tmax * row),
+                     (size_t)kv->len * row * es);
+        be->free(be, kv->qkv[l]);
+        kv->qkv[l] = n;
     }
-    glm_kvcache kv;
-    glm_kvcache_init(m, &kv, 1, max_len);
-    float *logits = malloc(sizeof(float) * V);
-    glm_ids seen = {0};
-    glm_ids_append(&seen, prompt, n);
-    int rc = glm_forward_cached(m, &kv, n, prompt, pos, bpos, lo, hi, NULL, logits, err);
-    char *prev = glm_strdup("");
-    for (int len = n; rc == 0 && len < max_len; len++) {
-        int32_t id = pick(logits, V, g, &seen, rng);
-        if (id == c->eos_token_id) break;
-        glm_ids_push(out, id);
-        glm_ids_push(&seen, id);
-        if (stream && tok) { /* print what the new token added to the decoded text */
-            char *now = glm_tokenizer_decode(tok, out->data, out->n);
-            size_t pl = strlen(prev);
-            if (strncmp(now, prev, pl) == 0) stream(sctx, now + pl);
-            free(prev);
-            prev = now;
+    kv->Tmax = T;
+}
+
+typedef struct row_state { int n, ctx, mask_pos, pad, limit, done; } row_state;
+
+int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
+                 glm_token_fn on_token, void *cbctx, glm_err *err) {
+    const glm_config *c = &m->cfg;
+    int V = c->vocab_size, P = 0, maxlim = 0;
+    row_state *rs = glm_calloc((size_t)B, sizeof *rs);
+    for (int b = 0; b < B; b++) {
+        row_state *r = &rs[b];
+        const int32_t *p = prompts[b].data;
+        r->n = prompts[b].n;
+        r->ctx = r->mask_pos = -1;
+        for (int i = 0; i < r->n && r->ctx < 0; i++) if (p[i] == c->bos_token_id) r->ctx = i;
+        for (int i = 0; i < r->n && r->mask_pos < 0; i++) if (p[i] == c->gmask_token_id) r->mask_pos = i;
+        for (int i = 0; i < r->n && r->mask_pos < 0; i++) if (p[i] == c->mask_token_id) r->mask_pos = i;
+        r->limit = glm_gen_limit(g, r->n);
+        int bad = r->ctx < 0 || r->mask_pos < 0 ? 1 : r->limit <= 0 ? 2 : 0;
+        if (bad) {
+            free(rs);
+            if (bad == 1) return glm_fail(err, "prompt %d has no [gMASK] (or [MASK]) and <sop>", b);
+            glm_fail(err, "prompt %d has %d tokens: max_length %d leaves no room for a response", b, prompts[b].n, g->max_length);
+            return glm_hint(err, "raise --max_length or set --max_new_tokens");
         }
-        if (len + 1 >= max_len) break;
-        int32_t p1 = mask_pos, b1 = len - ctx + 1, l1 = 0, h1 = len + 1;
-        rc = glm_forward_cached(m, &kv, 1, &id, &p1, &b1, &l1, &h1, NULL, logits, err);
+        if (r->n > P) P = r->n;
+        if (r->limit > maxlim) maxlim = r->limit;
     }
-    free(prev);
-    glm_ids_free(&seen);
+    for (int b = 0; b < B; b++) rs[b].pad = P - rs[b].n;
+    /* The cache starts small and doubles: max_length 2048 would otherwise reserve 2048 tokens
+     * per row up front (2.8 GB per row for ChatGLM-6B in fp32). */
+    int full = P + maxlim, cap = P + (maxlim < 128 ? maxlim : 128);
+    glm_kvcache kv;
+    glm_kvcache_init(m, &kv, B, cap);
+    size_t NP = (size_t)B * P;
+    int32_t *in = glm_malloc(sizeof(int32_t) * NP * 5), *pos = in + NP, *bpos = in + 2 * NP, *lo = in + 3 * NP, *hi = in + 4 * NP;
+    int32_t pad_id = c->pad_token_id >= 0 && c->pad_token_id < V ? c->pad_token_id : 0;
+    for (int b = 0; b < B; b++) {
+        const row_state *r = &rs[b];
+        for (int j = 0; j < P; j++) {
+            size_t k = (size_t)b * P + j;
+            int i = j - r->pad; /* index in the unpadded row */
+            if (i < 0) { /* padding: sees only itself, so its softmax stays defined */
+                in[k] = pad_id; pos[k] = 0; bpos[k] = 0; lo[k] = j; hi[k] = j + 1;
+                continue;
+            }
+            in[k] = prompts[b].data[i];
+            pos[k] = i < r->ctx ? i : r->mask_pos;
+            bpos[k] = i < r->ctx ? 0 : i - r->ctx + 1;
+            lo[k] = r->pad;
+            hi[k] = r->pad + (r->ctx > i + 1 ? r->ctx : i + 1);
+        }
+    }
+    float *logits = glm_malloc(sizeof(float) * (size_t)B * V);
+    uint8_t *seen = NULL;
+    if (g->repetition_penalty != 1.0f) {
+        seen = glm_calloc((size_t)B * V, 1);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < rs[b].n; i++) seen[(size_t)b * V + prompts[b].data[i]] = 1;
+    }
+    int rc = glm_forward_cached(m, &kv, P, in, pos, bpos, lo, hi, NULL, logits, err);
+    while (rc == 0) {
+        int live = 0;
+        for (int b = 0; b < B; b++) {
+            row_state *r = &rs[b];
+            if (r->done) continue;
+            int32_t id = glm_sample_next(logits + (size_t)b * V, V, g, seen ? seen + (size_t)b * V : NULL, &rngs[b]);
+            if (id == c->eos_token_id) { r->done = 1; continue; }
+            glm_ids_push(&outs[b], id);
+            if (seen) seen[(size_t)b * V + id] = 1;
+            if (on_token) on_token(cbctx, b, id);
+            if (outs[b].n >= r->limit) r->done = 1;
+            else live++;
+        }
+        if (!live) break;
+        if (kv.len + 1 > kv.Tmax) kv_grow(m, &kv, kv.Tmax * 2 < full ? kv.Tmax * 2 : full);
+        for (int b = 0; b < B; b++) { /* finished rows idle on a pad token */
+            const row_state *r = &rs[b];
+            int t = r->n + outs[b].n - 1; /* index of the fed token in the unpadded row */
+            in[b] = r->done ? pad_id : outs[b].data[outs[b].n - 1];
+            pos[b] = r->done ? 0 : r->mask_pos;
+            bpos[b] = r->done ? 0 : t - r->ctx + 1;
+            lo[b] = r->pad;
+            hi[b] = kv.len + 1;
+        }
+        rc = glm_forward_cached(m, &kv, 1, in, pos, bpos, lo, hi, NULL, logits, err);
+    }
+    free(seen);
     free(logits);
-    free(pos);
+    free(in);
+    free(rs);
     glm_kvcache_free(m, &kv);
     return rc;
-}
-
-char *glm_chat_prompt(const char *query, const char *const *hist, int n_hist) {
-    if (n_hist == 0) return glm_strdup(query);
-    size_t cap = strlen(query) + 64;
-    for (int i = 0; i < 2 * n_hist; i++) cap += strlen(hist[i]) + 32;
-    char *s = glm_malloc(cap), *p = s;
-    for (int i = 0; i < n_hist; i++) p += sprintf(p, "[Round %d]\n问：%s\n答：%s\n", i, hist[2 * i], hist[2 * i + 1]);
-    sprintf(p, "[Round %d]\n问：%s\n答：", n_hist, query);
-    return s;
-}
-
-char *glm_generate_text(glm_model *m, const glm_tokenizer *tok, const char *text, const glm_gen_cfg *g, glm_rng *rng,
-                        glm_stream_fn stream, void *sctx, glm_err *err) {
-    glm_ids ids = {0}, out = {0};
-    if (glm_tokenizer_encode(tok, text, strlen(text), &ids, err)) return NULL;
-    glm_ids_push(&ids, m->cfg.gmask_token_id);
-    glm_ids_push(&ids, m->cfg.bos_token_id);
-    int rc = glm_generate_ids(m, &m->cfg, ids.data, ids.n, g, rng, &out, tok, stream, sctx, err);
-    char *res = NULL;
-    if (rc == 0) {
-        char *raw = glm_tokenizer_decode(tok, out.data, out.n);
-        res = glm_chat_postprocess(raw);
-        free(raw);
-    }
-    glm_ids_free(&ids);
-    glm_ids_free(&out);
-    return res;
 }

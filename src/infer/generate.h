@@ -1,8 +1,16 @@
-/* Generation with the KV cache: ChatGLM-6B prompts (text + [gMASK] <sop>, 2D positions),
- * sampling with Hugging Face semantics (repetition penalty, temperature, top-k, top-p, in that
- * order, then a multinomial draw; or greedy), the NaN/Inf guard of the original, stop at <eop>. */
+/* Generation with the KV cache for ChatGLM-6B (spec section 7):
+ *  - inputs: text ids + [gMASK] <sop>; 2D positions (i, 0) in the context, (mask_pos, k) for
+ *    the k-th token from <sop> on; the context sees itself bidirectionally;
+ *  - a batch of prompts runs in one cache, left-padded: each row's keys are one contiguous
+ *    range [pad, now), so padding needs no mask beyond the per-query key ranges;
+ *  - each step: repetition penalty, the original's NaN/Inf guard, then greedy argmax or
+ *    Hugging Face sampling (temperature -> top-k -> top-p -> multinomial);
+ *  - a row stops at <eop> (not included in the output) or at its length limit.
+ * Chat: model.chat's prompt format with history, and a streamer that prints only text that
+ * can no longer change (post-processing and multi-byte characters are settled first). */
 #ifndef GLM_GENERATE_H
 #define GLM_GENERATE_H
+#include <stddef.h>
 #include <stdint.h>
 #include "core/err.h"
 #include "core/rng.h"
@@ -10,31 +18,70 @@
 #include "tokenizer/tokenizer.h"
 
 typedef struct glm_gen_cfg {
-    int do_sample;           /* 0 = greedy */
-    int max_length;          /* prompt + generated tokens (HF max_length), default 2048 */
-    int max_new_tokens;      /* overrides max_length when > 0 */
+    int do_sample;            /* 0 = greedy */
+    int max_length;           /* prompt + generated tokens per row (HF max_length), default 2048 */
+    int max_new_tokens;       /* overrides max_length when > 0 */
     float temperature, top_p, repetition_penalty;
-    int top_k;
-    uint64_t seed;
+    int top_k;                /* 0 = off */
 } glm_gen_cfg;
 
-/* The original model.chat defaults: sampling, top_p 0.7, temperature 0.95, top_k 50. */
+/* The original model.chat defaults: sampling, max_length 2048, top_p 0.7, temperature 0.95,
+ * and the HF defaults it leaves alone: top_k 50, repetition_penalty 1.0. */
 void glm_gen_cfg_chat_defaults(glm_gen_cfg *c);
+/* Checks ranges (temperature > 0 when sampling, 0 < top_p <= 1, ...); err names the flag. */
+int glm_gen_cfg_check(const glm_gen_cfg *c, glm_err *err);
+/* Tokens a row with an n-token prompt may generate (<= 0: none). */
+int glm_gen_limit(const glm_gen_cfg *c, int n_prompt);
 
-/* Called with each new token's text as it is decoded (may be NULL). */
-typedef void (*glm_stream_fn)(void *ctx, const char *piece_text);
+/* Called once per generated token (not for <eop>). */
+typedef void (*glm_token_fn)(void *ctx, int row, int32_t id);
 
-/* Generates from prompt ids (already including [gMASK] <sop>). Generated ids (without the
- * final <eop>) go to out. Returns 0 or -1. */
-int glm_generate_ids(glm_model *m, const glm_config *c, const int32_t *prompt, int n_prompt, const glm_gen_cfg *g,
-                     glm_rng *rng, glm_ids *out, const glm_tokenizer *tok, glm_stream_fn stream, void *stream_ctx,
-                     glm_err *err);
-/* ChatGLM-6B chat prompt: no history -> query; else "[Round i]\n问：q\n答：r\n"... + "[Round n]\n问：query\n答：".
- * hist holds 2*n_hist strings (q0, r0, ...). Caller frees. */
+/* Generates for B prompts (full model inputs, see glm_prompt_inputs) at once. rngs[B]: one
+ * sampling stream per row (so a row's result does not depend on its batch neighbours).
+ * outs[B] receive the generated ids. Every row must leave room (glm_gen_limit > 0). */
+int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
+                 glm_token_fn on_token, void *ctx, glm_err *err);
+
+/* One step's choice from logits[V] (modified in place). seen[V] (may be NULL) flags the ids
+ * already in the sequence, for the repetition penalty. */
+int32_t glm_sample_next(float *logits, int V, const glm_gen_cfg *g, const uint8_t *seen, glm_rng *rng);
+/* The HF warpers in place: temperature, then top-k (ties with the k-th value kept), then top-p
+ * (the most likely tokens up to mass top_p, at least one); removed entries become -inf. */
+void glm_warp_logits(float *logits, int V, const glm_gen_cfg *g);
+
+/* ---- prompts ---- */
+/* text ids (the first max_text of them when max_text > 0) + [gMASK] <sop>, appended to out. */
+int glm_prompt_inputs(const glm_tokenizer *tok, const glm_config *c, const char *text, int max_text, glm_ids *out,
+                      glm_err *err);
+/* model.chat's prompt: no history -> the query; else "[Round i]\n问：q\n答：r\n"... +
+ * "[Round n]\n问：query\n答：". hist holds 2*n_hist strings (q0, r0, ...). Caller frees. */
 char *glm_chat_prompt(const char *query, const char *const *hist, int n_hist);
-/* Encodes text + [gMASK] <sop>, generates, decodes and post-processes the response
- * (caller frees). */
-char *glm_generate_text(glm_model *m, const glm_tokenizer *tok, const char *prompt_text, const glm_gen_cfg *g,
-                        glm_rng *rng, glm_stream_fn stream, void *stream_ctx, glm_err *err);
+/* A chat turn's model inputs (cleared first). When they exceed max_prompt tokens the oldest
+ * rounds are left out until they fit (*dropped counts them); fails when the query alone does
+ * not fit. *prompt_text (may be NULL) receives the prompt used (caller frees). */
+int glm_chat_inputs(const glm_tokenizer *tok, const glm_config *c, const char *query, const char *const *hist,
+                    int n_hist, int max_prompt, glm_ids *out, int *dropped, char **prompt_text, glm_err *err);
+
+/* ---- streaming ---- */
+typedef struct glm_streamer {
+    const glm_tokenizer *tok;
+    int postprocess;       /* apply glm_chat_postprocess (model.chat) */
+    glm_ids ids;
+    char *shown;           /* text handed out so far */
+    size_t n_shown;
+    char *delta;           /* last piece handed out */
+    int diverged;          /* the text changed behind what was shown: stop streaming */
+} glm_streamer;
+void glm_streamer_init(glm_streamer *s, const glm_tokenizer *tok, int postprocess);
+/* Adds a token; returns the text that became final ("" when none; valid until the next call). */
+const char *glm_streamer_push(glm_streamer *s, int32_t id);
+/* The response (caller frees). *tail gets what the screen still needs (caller frees): the rest
+ * of the response, or "\n" + the whole response if the streamed text could not stay a prefix. */
+char *glm_streamer_finish(glm_streamer *s, char **tail);
+void glm_streamer_free(glm_streamer *s);
+
+/* Decoded response text (caller frees): glm_tokenizer_decode, then glm_chat_postprocess when
+ * postprocess, else Python's str.strip() only (what ptuning's predictions get). */
+char *glm_response_text(const glm_tokenizer *tok, const int32_t *ids, int n, int postprocess);
 
 #endif

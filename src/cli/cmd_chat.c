@@ -1,0 +1,123 @@
+/* `glmtrain chat`: an interactive conversation in the terminal, as THUDM's cli_demo.py: the
+ * history goes into model.chat's "[Round i]" prompt, tokens are printed as they come, 'clear'
+ * forgets the history, 'exit' / 'quit' / 'stop' (or end of input) leave. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli/commands.h"
+#include "cli/gen_common.h"
+#include "core/log.h"
+
+static const glm_flag chat_flags[] = {GEN_COMMON_FLAGS};
+static const int n_chat_flags = sizeof chat_flags / sizeof chat_flags[0];
+
+typedef struct turn_ctx {
+    glm_streamer st;
+    int debug;
+} turn_ctx;
+
+static void on_token(void *ctx, int row, int32_t id) {
+    turn_ctx *t = ctx;
+    if (t->debug) fprintf(stderr, "[debug] token %d\n", id);
+    const char *d = glm_streamer_push(&t->st, id);
+    if (d[0]) { fputs(d, stdout); fflush(stdout); }
+}
+
+/* Reads one line of any length (without the newline); NULL at end of input. */
+static char *read_line(FILE *f) {
+    size_t cap = 256, n = 0;
+    char *s = glm_malloc(cap);
+    int c;
+    while ((c = fgetc(f)) != EOF && c != '\n') {
+        if (n + 2 > cap) s = glm_realloc(s, cap *= 2);
+        s[n++] = (char)c;
+    }
+    if (c == EOF && n == 0) { free(s); return NULL; }
+    if (n > 0 && s[n - 1] == '\r') n--;
+    s[n] = 0;
+    return s;
+}
+
+static void free_hist(char **hist, int n_hist) {
+    for (int i = 0; i < 2 * n_hist; i++) free(hist[i]);
+}
+
+/* One turn: prompt, generate with streaming, history. Returns 0, or -1 (err) on failure. */
+static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *line, char ***hist, int *n_hist, glm_err *err) {
+    glm_ids in = {0}, out = {0};
+    int dropped = 0;
+    char *prompt = NULL;
+    /* leave room for at least one new token under max_length */
+    int max_prompt = s->g.max_new_tokens > 0 ? 1 << 30 : s->g.max_length - 1;
+    if (glm_chat_inputs(s->tok, &s->m.cfg, line, (const char *const *)*hist, *n_hist, max_prompt, &in, &dropped,
+                        &prompt, err))
+        return -1;
+    if (dropped) {
+        fprintf(stderr, "(the %d oldest round%s no longer fit in max_length %d and were left out)\n", dropped,
+                dropped > 1 ? "s" : "", s->g.max_length);
+        free_hist(*hist, dropped);
+        memmove(*hist, *hist + 2 * dropped, sizeof(char *) * 2 * (size_t)(*n_hist - dropped));
+        *n_hist -= dropped;
+    }
+    if (a->debug) {
+        char *e = gen_escape(prompt);
+        fprintf(stderr, "[debug] prompt (%d tokens): %s\n", in.n, e);
+        free(e);
+    }
+    free(prompt);
+    turn_ctx t = {.debug = a->debug};
+    glm_streamer_init(&t.st, s->tok, 1);
+    printf("\nChatGLM: ");
+    fflush(stdout);
+    int rc = glm_generate(&s->m, 1, &in, &s->g, rng, &out, on_token, &t, err);
+    if (rc == 0) {
+        char *tail, *res = glm_streamer_finish(&t.st, &tail);
+        fputs(tail, stdout);
+        free(tail);
+        *hist = glm_realloc(*hist, sizeof(char *) * 2 * (size_t)(*n_hist + 1));
+        (*hist)[2 * *n_hist] = glm_strdup(line);
+        (*hist)[2 * *n_hist + 1] = res;
+        (*n_hist)++;
+    }
+    printf("\n");
+    fflush(stdout);
+    glm_streamer_free(&t.st);
+    glm_ids_free(&in);
+    glm_ids_free(&out);
+    return rc;
+}
+
+int glm_cmd_chat(int argc, char **argv) {
+    gen_args a;
+    glm_err err = {0};
+    gen_session s = {0};
+    int rc = gen_parse(chat_flags, n_chat_flags, &a, argc, argv, "chat", &err);
+    if (rc == 1) { gen_args_free(chat_flags, n_chat_flags, &a); return 0; }
+    if (!rc) rc = gen_open(&s, &a, &err);
+    if (rc) { glm_err_print(&err); gen_close(&s); gen_args_free(chat_flags, n_chat_flags, &a); return 1; }
+    glm_rng rng;
+    glm_rng_seed(&rng, (uint64_t)a.seed);
+    printf("欢迎使用 ChatGLM-6B 模型 (glmtrain): type a message; 'clear' forgets the history, 'exit' quits.\n");
+    char **hist = NULL;
+    int n_hist = 0;
+    for (;;) {
+        printf("\n用户: ");
+        fflush(stdout);
+        char *line = read_line(stdin);
+        if (!line) { printf("\n"); break; }
+        if (!strcmp(line, "exit") || !strcmp(line, "quit") || !strcmp(line, "stop")) { free(line); break; }
+        if (!strcmp(line, "clear")) {
+            free_hist(hist, n_hist);
+            n_hist = 0;
+            printf("(history cleared)\n");
+        } else if (line[0] && turn(&s, &a, &rng, line, &hist, &n_hist, &err)) {
+            glm_err_print(&err); /* a failed turn (e.g. too long) does not end the session */
+        }
+        free(line);
+    }
+    free_hist(hist, n_hist);
+    free(hist);
+    gen_close(&s);
+    gen_args_free(chat_flags, n_chat_flags, &a);
+    return 0;
+}

@@ -1,0 +1,98 @@
+/* Shared set-up of `glmtrain generate` and `glmtrain chat` (cli/gen_common.h). */
+#include "cli/gen_common.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/log.h"
+
+int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, const char *cmd, glm_err *err) {
+    glm_args_defaults(f, n, a);
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { glm_args_usage(f, n, cmd); return 1; }
+    return glm_args_parse(f, n, a, argc, argv, err);
+}
+
+void gen_args_free(const glm_flag *f, int n, gen_args *a) {
+    for (int i = 0; i < n; i++)
+        if (f[i].type == ARG_STR) free(*(char **)((char *)a + f[i].offset));
+}
+
+static int pick_backend(gen_session *s, const gen_args *a, glm_err *err) {
+    int want_cuda = strcmp(a->device, "cpu") != 0;
+    glm_dtype dt = GLM_BF16;
+    if (!strcmp(a->dtype, "float32")) dt = GLM_F32;
+    else if (!strcmp(a->dtype, "float16")) dt = GLM_F16;
+#ifdef GLM_HAVE_CUDA
+    if (want_cuda) {
+        char msg[512] = "";
+        s->be = glm_backend_cuda(0, dt, msg, sizeof msg);
+        if (!s->be && !strcmp(a->device, "cuda")) {
+            glm_fail(err, "--device cuda: %s", msg);
+            return glm_hint(err, "use --device cpu, or check nvidia-smi");
+        }
+        if (!s->be) glm_warn("no usable GPU (%s); running on the CPU", msg);
+    }
+#else
+    (void)dt;
+    if (want_cuda && !strcmp(a->device, "cuda")) {
+        glm_fail(err, "--device cuda: this glmtrain was built without CUDA");
+        return glm_hint(err, "rebuild with nvcc on the PATH (make), or use --device cpu");
+    }
+#endif
+    if (!s->be) {
+        if (strcmp(a->dtype, "auto") && strcmp(a->dtype, "float32"))
+            glm_warn("--dtype %s ignored: the CPU backend computes in float32", a->dtype);
+        s->be = glm_backend_cpu();
+    }
+    return 0;
+}
+
+int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
+    memset(s, 0, sizeof *s);
+    if (!a->model_name_or_path) return glm_fail(err, "--model_name_or_path is required");
+    if (a->device_map && a->device_map[0]) {
+        glm_fail(err, "--device_map %s: splitting a model over GPUs needs model parallel, which glmtrain does not have yet",
+                 a->device_map);
+        return glm_hint(err, "run on one GPU (--device cuda) or on the CPU");
+    }
+    s->g = (glm_gen_cfg){.do_sample = a->do_sample, .max_length = a->max_length, .max_new_tokens = a->max_new_tokens,
+                         .temperature = (float)a->temperature, .top_p = (float)a->top_p, .top_k = a->top_k,
+                         .repetition_penalty = (float)a->repetition_penalty};
+    if (glm_gen_cfg_check(&s->g, err)) return -1;
+    glm_config c;
+    if (glm_config_load(&c, a->model_name_or_path, err)) return -1;
+    const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
+    if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");
+    if (glm_tokenizer_vocab_size(s->tok) > c.vocab_size) {
+        glm_fail(err, "tokenizer %s has %d pieces but the model's vocab_size is %d", tp, glm_tokenizer_vocab_size(s->tok),
+                 c.vocab_size);
+        return glm_hint(err, "use the tokenizer that belongs to the model (--tokenizer_name)");
+    }
+    if (pick_backend(s, a, err)) return -1;
+    double t0 = glm_now();
+    glm_model_init(&s->m, &c, s->be);
+    s->model_ok = 1;
+    if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;
+    glm_info("loaded %s on %s in %.1f s (%d layers, hidden %d, vocab %d)", a->model_name_or_path, s->be->name,
+             glm_now() - t0, c.num_layers, c.hidden_size, c.vocab_size);
+    return 0;
+}
+
+void gen_close(gen_session *s) {
+    if (s->tok) glm_tokenizer_free(s->tok);
+    if (s->model_ok) glm_model_free(&s->m);
+    if (s->be) s->be->destroy(s->be);
+    memset(s, 0, sizeof *s);
+}
+
+char *gen_escape(const char *s) {
+    size_t n = strlen(s);
+    char *o = glm_malloc(2 * n + 1), *p = o;
+    for (; *s; s++) {
+        if (*s == '\n') { *p++ = '\\'; *p++ = 'n'; }
+        else if (*s == '\t') { *p++ = '\\'; *p++ = 't'; }
+        else *p++ = *s;
+    }
+    *p = 0;
+    return o;
+}

@@ -1,0 +1,54 @@
+/* What `glmtrain generate` and `glmtrain chat` share: the generation flags (Hugging Face
+ * generation names), the device choice, and a loaded model + tokenizer. */
+#ifndef GLM_CLI_GEN_COMMON_H
+#define GLM_CLI_GEN_COMMON_H
+#include <stddef.h>
+#include "core/args.h"
+#include "infer/generate.h"
+
+typedef struct gen_args {
+    /* common */
+    char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map;
+    int do_sample, max_length, max_new_tokens, top_k, seed, debug;
+    double top_p, temperature, repetition_penalty;
+    /* generate */
+    char *prompt, *input_file, *output_file, *metrics_file, *data_format, *prompt_column, *response_column,
+        *history_column, *prompt_template, *history_template, *source_prefix;
+    int max_source_length, per_device_eval_batch_size, postprocess, max_predict_samples, skip_bad_samples;
+} gen_args;
+
+#define GEN_F(name, type, def, help) {#name, type, offsetof(gen_args, name), def, help, NULL, NULL}
+#define GEN_COMMON_FLAGS \
+    GEN_F(model_name_or_path, ARG_STR, NULL, "model folder: config.json + safetensors or pytorch_model*.bin (+ tokenizer)"), \
+    GEN_F(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model (default: the model folder)"), \
+    {"device", ARG_STR, offsetof(gen_args, device), "auto", "where to run (auto: a GPU when built with CUDA and one is usable)", "auto|cpu|cuda", NULL}, \
+    {"dtype", ARG_STR, offsetof(gen_args, dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL}, \
+    GEN_F(device_map, ARG_STR, NULL, "split layers over GPUs (needs model parallel: not available yet)"), \
+    GEN_F(do_sample, ARG_BOOL, "true", "sample (false = greedy)"), \
+    GEN_F(max_length, ARG_INT, "2048", "prompt + response tokens"), \
+    GEN_F(max_new_tokens, ARG_INT, "0", "response tokens (overrides max_length when > 0)"), \
+    GEN_F(top_p, ARG_FLOAT, "0.7", "nucleus sampling mass"), \
+    GEN_F(top_k, ARG_INT, "50", "sample among the k most likely tokens (0 = all)"), \
+    GEN_F(temperature, ARG_FLOAT, "0.95", "softmax temperature"), \
+    GEN_F(repetition_penalty, ARG_FLOAT, "1.0", "penalty for tokens already in the sequence (1 = none)"), \
+    GEN_F(seed, ARG_INT, "42", "sampling seed"), \
+    GEN_F(debug, ARG_BOOL, "false", "print prompts and token ids to stderr")
+
+typedef struct gen_session {
+    glm_backend *be;
+    glm_model m;
+    int model_ok;
+    glm_tokenizer *tok;
+    glm_gen_cfg g;
+} gen_session;
+
+/* Parses flags (prints usage and returns 1 for --help; -1 on error). */
+int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, const char *cmd, glm_err *err);
+void gen_args_free(const glm_flag *f, int n, gen_args *a);
+/* Backend, model, weights, tokenizer, generation settings. */
+int gen_open(gen_session *s, const gen_args *a, glm_err *err);
+void gen_close(gen_session *s);
+/* "a\nb" -> "a\\nb" for one-line debug output (caller frees). */
+char *gen_escape(const char *s);
+
+#endif
