@@ -1,0 +1,73 @@
+/* config.json parsing: the ChatGLM-6B fields, defaults, and clear errors naming the field. */
+#include <stdlib.h>
+#include <string.h>
+#include "model/config.h"
+#include "model/tensors.h"
+#include "test.h"
+
+static const char *GOOD =
+    "{\"architectures\": [\"ChatGLMModel\"], \"model_type\": \"chatglm\", \"vocab_size\": 130528,"
+    " \"hidden_size\": 4096, \"num_layers\": 28, \"num_attention_heads\": 32, \"inner_hidden_size\": 16384,"
+    " \"max_sequence_length\": 2048, \"layernorm_epsilon\": 1e-05, \"position_encoding_2d\": true,"
+    " \"bos_token_id\": 130004, \"eos_token_id\": 130005, \"mask_token_id\": 130000, \"gmask_token_id\": 130001,"
+    " \"pad_token_id\": 3, \"torch_dtype\": \"float16\", \"use_cache\": true, \"transformers_version\": \"4.23.1\","
+    " \"auto_map\": {\"AutoConfig\": \"configuration_chatglm.ChatGLMConfig\"}}";
+
+/* Parses GOOD with one key's value replaced (or the key removed when value is NULL). */
+static int parse_with(const char *key, const char *value, glm_err *err) {
+    char buf[4096], pat[128];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *at = strstr(GOOD, pat);
+    if (!at) return -2;
+    const char *v = at + strlen(pat), *end = v;
+    while (*end && *end != ',' && *end != '}') end++;
+    if (value) snprintf(buf, sizeof buf, "%.*s%s%s", (int)(v - GOOD), GOOD, value, end);
+    else snprintf(buf, sizeof buf, "%.*s%s", (int)(at - GOOD), GOOD, *end == ',' ? end + 1 : end);
+    glm_config c;
+    return glm_config_parse(&c, buf, "config.json", err);
+}
+
+int main(void) {
+    test_counts tc = {0};
+    glm_config c;
+    glm_err err;
+    int rc = glm_config_parse(&c, GOOD, "config.json", &err);
+    TEST_CHECK(&tc, "parse_chatglm6b", rc == 0 && c.vocab_size == 130528 && c.num_layers == 28 &&
+               c.gmask_token_id == 130001 && c.tie_word_embeddings == 1 && c.inner_hidden_size == 16384,
+               "rc %d: %s", rc, err.msg);
+    TEST_CHECK(&tc, "alpha_is_sqrt56_for_any_depth", parse_with("num_layers", "2", &err) == 0, "%s", err.msg);
+    glm_config_parse(&c, GOOD, "config.json", &err);
+    TEST_CHECK(&tc, "alpha_value", c.alpha == (float)sqrt(56.0), "alpha %.9g", c.alpha);
+    /* six-billion parameters as the spec counts them */
+    glm_table tab;
+    glm_table_build(&tab, &c);
+    TEST_CHECK(&tc, "param_count_tied", tab.n_params == 6173286400ULL, "%zu", tab.n_params);
+    glm_table_free(&tab);
+    struct { const char *key, *value, *must_mention; } bad[] = {
+        {"hidden_size", NULL, "hidden_size"},
+        {"vocab_size", "\"big\"", "vocab_size"},
+        {"num_layers", "2.5", "num_layers"},
+        {"num_attention_heads", "33", "num_attention_heads"},
+        {"position_encoding_2d", "false", "position_encoding_2d"},
+        {"gmask_token_id", "200000", "gmask_token_id"},
+        {"model_type", "\"llama\"", "model_type"},
+        {"layernorm_epsilon", "\"x\"", "layernorm_epsilon"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "rejects_bad_%s", bad[i].key);
+        err.msg[0] = 0;
+        rc = parse_with(bad[i].key, bad[i].value, &err);
+        TEST_CHECK(&tc, name, rc == -1 && strstr(err.msg, bad[i].must_mention) && strstr(err.msg, "config.json"),
+                   "rc %d msg \"%s\"", rc, err.msg);
+    }
+    rc = glm_config_parse(&c, "[1, 2]", "x.json", &err);
+    TEST_CHECK(&tc, "rejects_non_object", rc == -1 && strstr(err.msg, "x.json"), "%s", err.msg);
+    rc = glm_config_parse(&c, GOOD, "config.json", &err);
+    char *js = glm_config_to_json(&c);
+    glm_config c2;
+    rc = glm_config_parse(&c2, js, "written", &err);
+    TEST_CHECK(&tc, "round_trip", rc == 0 && memcmp(&c, &c2, sizeof c) == 0, "%s", err.msg);
+    free(js);
+    TEST_EXIT(&tc);
+}
