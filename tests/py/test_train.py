@@ -156,7 +156,31 @@ def main():
         except ImportError:
             skip("tensorboard_events", "python tensorboard package missing")
 
-        # 6. flag errors are clear
+        # 6. on a terminal a progress bar is redrawn in place; in a pipe only log lines appear
+        import pty
+        master, slave = pty.openpty()
+        out_p = os.path.join(d, "p")
+        proc = subprocess.Popen([GLM, "train"] + [x for x in base if x != "--disable_tqdm"] +
+                                ["--output_dir", out_p, "--max_steps", "6", "--save_steps", "100"],
+                                stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        proc.wait(timeout=120)
+        os.close(master)
+        tty_out = b"".join(chunks).decode("utf-8", "replace")
+        report("progress_bar_on_terminal", proc.returncode == 0 and "\r" in tty_out and "6/6 [" in tty_out and "tok/s" in tty_out,
+               repr(tty_out[-300:]))
+
+        # 7. flag errors are clear
         p = train(["--output_dir", os.path.join(d, "e"), "--learnig_rate", "1e-4"], check=False)
         report("misspelt_flag_suggests", p.returncode != 0 and "--learning_rate" in p.stderr, p.stderr.strip())
         p = train(base + ["--output_dir", os.path.join(d, "f"), "--bf16", "--device", "cpu"], check=False)
