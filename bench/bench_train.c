@@ -3,8 +3,9 @@
  * rows of half prompt / half answer (labels on the answer half only).
  *
  *   bench_train [--fp32 | --fp16] [--runs 512x4,512x8,512x8c,2048x2] [--steps 6] [--warmup 2]
- *               [--layers L] [--detail] [--out FILE]
- * (--detail: one more step with an event at every op, printed as a per-op table)
+ *               [--layers L] [--head_chunk R] [--detail] [--out FILE]
+ * (--detail: one more step with an event at every op, printed as a per-op table; --head_chunk:
+ * rows of logits per head/loss chunk, the model's default when absent)
  *
  * A run "TxB" is seq T, micro-batch B; a trailing "c" turns on gradient checkpointing. Each run
  * builds a fresh model and optimizer (checkpointing changes the activation layout) and times
@@ -94,7 +95,7 @@ int main(int argc, char **argv) {
     double t_proc = now();
     glm_dtype dt = GLM_BF16;
     const char *runs = "512x4,512x8,512x8c,2048x2", *out = NULL;
-    int steps = 6, warmup = 2, layers = 0, detail = 0;
+    int steps = 6, warmup = 2, layers = 0, detail = 0, head_chunk = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--fp32")) dt = GLM_F32;
@@ -106,6 +107,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--layers")) { layers = atoi(v); i++; }
         else if (!strcmp(a, "--out")) { out = v; i++; }
         else if (!strcmp(a, "--detail")) detail = 1;
+        else if (!strcmp(a, "--head_chunk")) { head_chunk = atoi(v); i++; }
         else { fprintf(stderr, "usage: see the header of bench/bench_train.c (unknown %s)\n", a); return 2; }
     }
     char err[256];
@@ -129,6 +131,7 @@ int main(int argc, char **argv) {
         glm_model m;
         glm_model_init(&m, &c, be);
         m.gradient_checkpointing = ck == 'c';
+        if (head_chunk > 0) m.head_chunk = head_chunk; /* before the first forward sizes the logits */
         init_device(&m);
         glm_adamw o;
         adamw_init_device(&o, &m);
@@ -170,7 +173,7 @@ int main(int argc, char **argv) {
         double flops_tok = 6.0 * (double)m.tab.n_params + 12.0 * c.num_layers * c.hidden_size * (double)T;
         double mfu = tok * flops_tok / 989e12;
         char label[32];
-        snprintf(label, sizeof label, "%dx%d%s", T, B, ck == 'c' ? "+ckpt" : "");
+        snprintf(label, sizeof label, "%dx%d%s%s", T, B, ck == 'c' ? "+ckpt" : "", m.head_chunk != 256 ? "+hc" : "");
         printf("%-6s %-10s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
                med * 1e3, tok, 100 * mfu, peak / 1073741824.0, first - t_run, first - t_proc, split[GLM_PROF_GEMM],
                split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss);
@@ -178,10 +181,10 @@ int main(int argc, char **argv) {
         if (f)
             fprintf(f, "{\"dtype\":\"%s\",\"run\":\"%s\",\"seq\":%d,\"batch\":%d,\"ckpt\":%d,\"step_ms\":%.2f,\"tok_s\":%.1f,"
                        "\"mfu\":%.4f,\"peak_gib\":%.2f,\"first_step_s\":%.2f,\"from_process_start_s\":%.2f,\"gemm_ms\":%.1f,"
-                       "\"attn_ms\":%.1f,\"other_ms\":%.1f,\"optim_ms\":%.1f,\"loss\":%.5f,\"n_params\":%zu}\n",
+                       "\"attn_ms\":%.1f,\"other_ms\":%.1f,\"optim_ms\":%.1f,\"loss\":%.5f,\"n_params\":%zu,\"head_chunk\":%d}\n",
                     dname, label, T, B, ck == 'c', med * 1e3, tok, mfu, peak / 1073741824.0, first - t_run, first - t_proc,
                     split[GLM_PROF_GEMM], split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss,
-                    m.tab.n_params);
+                    m.tab.n_params, m.head_chunk);
         free(ts);
         glm_batch_free(&b);
         glm_adamw_free(&o, &m);

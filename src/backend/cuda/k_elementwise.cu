@@ -231,24 +231,28 @@ extern "C" void glmk_bias_add(glm_dtype dt, void *out, const void *bias, int N, 
 
 struct InvFreq { float w[128]; };
 
-/* One thread per rotated pair: (token n, head h, q or k, first or second half, pair j). Angles
- * in fp32 with accurate sincosf (positions reach thousands of radians). */
+/* One block per token: the 2 x HD/4 distinct angles of the token (position, block position)
+ * are computed once into shared memory (fp32, accurate sincosf: positions reach thousands of
+ * radians), then the block rotates every (head, q|k, half, pair) with 32-bit index math.
+ * Consecutive threads take consecutive pairs j: 64 contiguous bytes per half-warp access. */
 template <typename T>
-__global__ void rope_kernel(T *qkv, const int32_t *pos, const int32_t *bpos, int N, int NH, int HD, int inverse,
-                            InvFreq f) {
-    int R = HD / 2, hp = R / 2;
-    size_t total = (size_t)N * NH * 4 * hp;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        int j = (int)(i % hp);
-        size_t r = i / hp;
-        int half = (int)(r & 1), part = (int)((r >> 1) & 1);
-        size_t nh = r >> 2;
-        int n = (int)(nh / NH), h = (int)(nh % NH);
-        T *x = qkv + ((size_t)n * NH + h) * 3 * HD + part * HD + half * R;
-        int p = half ? bpos[n] : pos[n];
+__global__ void rope_kernel(T *qkv, const int32_t *pos, const int32_t *bpos, int NH, int HD, int inverse, InvFreq f) {
+    __shared__ float cs[256], sn[256];
+    int n = blockIdx.x, R = HD / 2, hp = R / 2;
+    for (int t = threadIdx.x; t < 2 * hp; t += blockDim.x) {
+        int half = t / hp, j = t - half * hp;
         float s, c;
-        sincosf((float)p * f.w[j], &s, &c);
-        if (inverse) s = -s;
+        sincosf((float)(half ? bpos[n] : pos[n]) * f.w[j], &s, &c);
+        cs[t] = c;
+        sn[t] = inverse ? -s : s;
+    }
+    __syncthreads();
+    T *base = qkv + (size_t)n * NH * 3 * HD;
+    int total = NH * 4 * hp;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        int j = e % hp, r = e / hp, half = r & 1, part = (r >> 1) & 1, h = r >> 2;
+        T *x = base + h * 3 * HD + part * HD + half * R;
+        float c = cs[half * hp + j], s = sn[half * hp + j];
         float a = to_f(x[j]), b = to_f(x[j + hp]);
         x[j] = from_f<T>(a * c - b * s);
         x[j + hp] = from_f<T>(b * c + a * s);
@@ -259,9 +263,10 @@ extern "C" void glmk_rope(glm_dtype dt, void *qkv, const int32_t *pos, const int
                           int inverse, const float *inv_freq, cudaStream_t st) {
     int hp = HD / 4;
     if (N <= 0 || hp <= 0) return;
+    if (hp > 128) glm_cuda_check_at(cudaErrorInvalidValue, "rope: head size above 512", __FILE__, __LINE__);
     InvFreq f;
-    for (int j = 0; j < hp && j < 128; j++) f.w[j] = inv_freq[j];
-    size_t total = (size_t)N * NH * 4 * hp;
-    GLMK_DISPATCH(dt, rope_kernel<T><<<glmk_blocks(total, 256, 132 * 32), 256, 0, st>>>((T *)qkv, pos, bpos, N, NH, HD, inverse, f));
+    for (int j = 0; j < hp; j++) f.w[j] = inv_freq[j];
+    int work = NH * 4 * hp, threads = work >= 256 ? 256 : (work + 31) / 32 * 32;
+    GLMK_DISPATCH(dt, rope_kernel<T><<<N, threads, 0, st>>>((T *)qkv, pos, bpos, NH, HD, inverse, f));
     GLMK_CHECK_LAUNCH();
 }

@@ -124,16 +124,17 @@ __global__ void layernorm_fwd_vec(T *out, float *mean, float *rstd, const T *x, 
     if (threadIdx.x == 0) { mean[blockIdx.x] = m; rstd[blockIdx.x] = r; }
 }
 
-/* dx (may alias dout) for rows blockIdx.x + k*gridDim.x; partial[blockIdx.x] of dw and db. */
-template <typename T>
+/* dx (may alias dout) for rows blockIdx.x + k*gridDim.x; partial[blockIdx.x] of dw and db.
+ * NP packs per thread: 2 where the row allows it (half the registers of 4: more warps per SM). */
+template <typename T, int NP>
 __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, const T *x, const T *w, const float *mean,
                                   const float *rstd, int N, int C) {
     constexpr int P = Pack<T>::N;
     __shared__ float sh[32];
     int packs = C / P;
-    float aw[LN_NP][P], ab[LN_NP][P], wv[LN_NP][P];
+    float aw[NP][P], ab[NP][P], wv[NP][P];
 #pragma unroll
-    for (int k = 0; k < LN_NP; k++) {
+    for (int k = 0; k < NP; k++) {
         int pk = threadIdx.x + k * blockDim.x;
 #pragma unroll
         for (int e = 0; e < P; e++) { aw[k][e] = ab[k][e] = 0.0f; wv[k][e] = 0.0f; }
@@ -146,9 +147,9 @@ __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, 
     for (int n = blockIdx.x; n < N; n += gridDim.x) {
         size_t off = (size_t)n * C;
         float m = mean[n], r = rstd[n], sg = 0, sgx = 0;
-        float xh[LN_NP][P], g[LN_NP][P];
+        float xh[NP][P], g[NP][P];
 #pragma unroll
-        for (int k = 0; k < LN_NP; k++) {
+        for (int k = 0; k < NP; k++) {
             int pk = threadIdx.x + k * blockDim.x;
             if (pk < packs) {
                 Pack<T> px = ld_pack(x + off + pk * P), pg = ld_pack(dout + off + pk * P);
@@ -166,7 +167,7 @@ __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, 
         }
         float a = block_sum(sg, sh) / C, bb = block_sum(sgx, sh) / C;
 #pragma unroll
-        for (int k = 0; k < LN_NP; k++) {
+        for (int k = 0; k < NP; k++) {
             int pk = threadIdx.x + k * blockDim.x;
             if (pk < packs) {
                 Pack<T> po;
@@ -177,7 +178,7 @@ __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, 
         }
     }
 #pragma unroll
-    for (int k = 0; k < LN_NP; k++) {
+    for (int k = 0; k < NP; k++) {
         int pk = threadIdx.x + k * blockDim.x;
         if (pk < packs)
 #pragma unroll
@@ -190,10 +191,10 @@ __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, 
 
 /* threads for the vector path (a multiple of 32 with at most LN_NP packs each), or 0 when the
  * row does not split into 16-byte packs */
-static int ln_vec_threads(glm_dtype dt, int C, const void *a, const void *b, const void *c, const void *d) {
+static int ln_vec_threads(glm_dtype dt, int C, const void *a, const void *b, const void *c, const void *d, int np) {
     int P = (int)(16 / glm_dtype_size(dt));
     if (C % P || !aligned16(a) || !aligned16(b) || !aligned16(c) || !aligned16(d)) return 0;
-    int packs = C / P, t = (packs + LN_NP - 1) / LN_NP;
+    int packs = C / P, t = (packs + np - 1) / np;
     t = (t + 31) / 32 * 32;
     return t <= 1024 ? t : 0;
 }
@@ -202,7 +203,7 @@ static int ln_vec_threads(glm_dtype dt, int C, const void *a, const void *b, con
 extern "C" void glmk_layernorm_fwd(glm_dtype dt, void *out, float *mean, float *rstd, const void *x, const void *w,
                                    const void *b, int N, int C, float eps, cudaStream_t st) {
     if (N <= 0) return;
-    int vt = ln_vec_threads(dt, C, out, x, w, b);
+    int vt = ln_vec_threads(dt, C, out, x, w, b, LN_NP);
     int threads = C >= 2048 ? 256 : C >= 512 ? 128 : 32;
     GLMK_DISPATCH(dt, {
         if (vt) layernorm_fwd_vec<T><<<N, vt, 0, st>>>((T *)out, mean, rstd, (const T *)x, (const T *)w, (const T *)b, C, eps);
@@ -233,12 +234,13 @@ extern "C" void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, c
                                    const void *w, const float *mean, const float *rstd, int N, int C, float *scratch,
                                    cudaStream_t st) {
     if (N <= 0) return;
-    int vt = ln_vec_threads(dt, C, dx, dout, x, w);
+    int vt2 = ln_vec_threads(dt, C, dx, dout, x, w, 2), vt = vt2 ? vt2 : ln_vec_threads(dt, C, dx, dout, x, w, LN_NP);
     if (vt) {
         int G = N < LN_BWD_BLOCKS ? N : LN_BWD_BLOCKS;
         float *p1 = scratch, *p2 = scratch + (size_t)G * C;
         GLMK_DISPATCH(dt, {
-            layernorm_bwd_vec<T><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, (const T *)w, mean, rstd, N, C);
+            if (vt2) layernorm_bwd_vec<T, 2><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, (const T *)w, mean, rstd, N, C);
+            else layernorm_bwd_vec<T, LN_NP><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, (const T *)w, mean, rstd, N, C);
             colsum_final_kernel<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, (T *)db, p1, p2, G, C);
         });
         GLMK_CHECK_LAUNCH();
