@@ -30,7 +30,7 @@ static int pick_backend(gen_session *s, const gen_args *a, glm_err *err) {
             glm_fail(err, "--device cuda: %s", msg);
             return glm_hint(err, "use --device cpu, or check nvidia-smi");
         }
-        if (!s->be) glm_warn("no usable GPU (%s); running on the CPU", msg);
+        if (!s->be) glm_warn("%s; running on the CPU", msg);
     }
 #else
     (void)dt;
