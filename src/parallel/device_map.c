@@ -1,0 +1,312 @@
+#include "parallel/device_map.h"
+#include <cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/fileutil.h"
+
+void glm_stage_shape_init(glm_stage_shape *sh) {
+    *sh = (glm_stage_shape){.dtype = GLM_F32, .B = 1, .T = 512, .n_micro = 1, .training = 1, .dp = 1, .head_chunk = 256};
+}
+
+static int fail_empty(const glm_device_map *map, int k, glm_err *err) {
+    glm_fail(err, "device map %s: stage %d has nothing (no layer, embedding or head)", map->source, k);
+    return glm_hint(err, "use fewer stages (--pipeline_parallel_size) or give every stage at least one layer");
+}
+
+/* ---------------------------------------------------------------- THUDM's split */
+
+int glm_device_map_thudm(glm_device_map *map, int P, const glm_config *c, glm_err *err) {
+    *map = (glm_device_map){.n = P};
+    snprintf(map->source, sizeof map->source, "thudm");
+    if (P < 1 || P > GLM_MAX_STAGES) return glm_fail(err, "--pipeline_parallel_size %d: use 1 to %d", P, GLM_MAX_STAGES);
+    int L = c->num_layers;
+    /* utils.py: per_gpu = 30 / num_gpus (a float), GPU 0 starts with used = 2 for the embedding
+     * and final_layernorm + lm_head; a new GPU begins when used >= per_gpu. 30 = 28 layers + 2,
+     * so other depths get L + 2 units. */
+    double per_gpu = (double)(L + 2) / P, used = 2;
+    int gpu = 0;
+    for (int k = 0; k < P; k++) map->s[k].l0 = map->s[k].l1 = -1;
+    for (int i = 0; i < L; i++) {
+        if (used >= per_gpu) { gpu++; used = 0; }
+        if (gpu >= P) return glm_fail(err, "device map thudm: layer %d falls beyond GPU %d", i, P - 1);
+        if (map->s[gpu].l0 < 0) map->s[gpu].l0 = i;
+        map->s[gpu].l1 = i + 1;
+        used += 1;
+    }
+    map->s[0].embed = 1;
+    map->s[P - 1].head = 1;
+    map->head_moved = P > 1;
+    for (int k = 0; k < P; k++) {
+        if (map->s[k].l0 < 0) { /* no layer: an empty range where the previous stage ended */
+            map->s[k].l0 = map->s[k].l1 = k ? map->s[k - 1].l1 : 0;
+            if (!map->s[k].embed && !map->s[k].head) return fail_empty(map, k, err);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- memory plan */
+
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+
+/* Elements of a stage's flat buffer, as glm_table_build_range lays it out. */
+static size_t stage_elems(const glm_config *c, const glm_stage *st) {
+    size_t H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size;
+    size_t layer = 4 * round64(H) + round64(3 * H * H) + round64(3 * H) + round64(H * H) + round64(H) + round64(F * H) +
+                   round64(F) + round64(H * F) + round64(H);
+    size_t n = (size_t)(st->l1 - st->l0) * layer;
+    if (st->embed || (st->head && c->tie_word_embeddings)) n += round64(V * H);
+    if (st->head) n += 2 * round64(H) + (c->tie_word_embeddings ? 0 : round64(V * H));
+    return n;
+}
+
+glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *map, int k, const glm_stage_shape *sh) {
+    const glm_stage *st = &map->s[k];
+    double es = (double)glm_dtype_size(sh->dtype), total = (double)stage_elems(c, st), N = (double)sh->B * sh->T;
+    double H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, NH = c->num_attention_heads;
+    int nl = st->l1 - st->l0, nsets = sh->gradient_checkpointing ? (nl > 0) : nl;
+    int dp = sh->dp > 1 ? sh->dp : 1;
+    glm_mem_plan p = {0};
+    p.params = total * es;
+    if (!sh->training) { p.total = p.params; return p; }
+    p.grads = total * es;
+    p.master = sh->dtype == GLM_F32 ? 0 : total * 4 / dp;
+    p.moments = 2.0 * total * 4 / dp;
+    /* the model's buffers (glm.c ensure_acts): per layer set 7H + 2F in S, LayerNorm statistics
+     * and the attention lse in float; the inputs of the stage's layers and its output */
+    double per_set = N * ((7 * H + 2 * F) * es + (4 + NH) * 4), hid = N * H * es;
+    p.activations = nsets * per_set + (nl + 1) * hid;
+    if (map->n > 1) { /* parallel/pipeline.c: stashed inputs (1F1B: at most P - k in flight), send/recv */
+        int P = map->n, inflight = P - k < sh->n_micro ? P - k : sh->n_micro;
+        if (!st->embed) p.activations += inflight * hid + hid; /* + dh_in */
+        if (!st->head) p.activations += 2 * hid;               /* h_out, dh_out */
+    }
+    p.scratch = hid * 6 + N * 3 * H * es + N * F * es + N * 2 * 4 + sh->head_chunk * (2 * H + V) * es +
+                sh->head_chunk * 4.0 + N * 7 * 4;
+    p.total = p.params + p.grads + p.master + p.moments + p.activations + p.scratch;
+    return p;
+}
+
+/* ---------------------------------------------------------------- auto */
+
+/* Contiguous ranges minimising the largest stage's planned memory (dynamic programming over
+ * where each stage ends); every stage gets at least one layer. */
+int glm_device_map_auto(glm_device_map *map, int P, const glm_config *c, const glm_stage_shape *sh, glm_err *err) {
+    int L = c->num_layers;
+    *map = (glm_device_map){.n = P};
+    snprintf(map->source, sizeof map->source, "auto");
+    if (P < 1 || P > GLM_MAX_STAGES) return glm_fail(err, "--pipeline_parallel_size %d: use 1 to %d", P, GLM_MAX_STAGES);
+    if (P > L) {
+        glm_fail(err, "--pipeline_parallel_size %d: the model has only %d layers", P, L);
+        return glm_hint(err, "use at most one stage per layer");
+    }
+    /* best[k][j]: the smallest possible maximum over stages 0..k-1 covering layers [0, j) */
+    double *best = glm_malloc(sizeof(double) * (size_t)(P + 1) * (L + 1));
+    int *cut = glm_malloc(sizeof(int) * (size_t)(P + 1) * (L + 1));
+#define B_(k, j) best[(size_t)(k) * (L + 1) + (j)]
+#define C_(k, j) cut[(size_t)(k) * (L + 1) + (j)]
+    for (int i = 0; i < (P + 1) * (L + 1); i++) best[i] = INFINITY;
+    B_(0, 0) = 0;
+    glm_device_map probe = {.n = P};
+    for (int k = 1; k <= P; k++)
+        for (int j = k; j <= L - (P - k); j++)
+            for (int i = k - 1; i < j; i++) {
+                if (!isfinite(B_(k - 1, i))) continue;
+                probe.s[k - 1] = (glm_stage){.l0 = i, .l1 = j, .embed = k == 1, .head = k == P};
+                double m = glm_stage_memory_plan(c, &probe, k - 1, sh).total;
+                double v = m > B_(k - 1, i) ? m : B_(k - 1, i);
+                if (v < B_(k, j)) { B_(k, j) = v; C_(k, j) = i; }
+            }
+    for (int k = P, j = L; k >= 1; k--) {
+        int i = C_(k, j);
+        map->s[k - 1] = (glm_stage){.l0 = i, .l1 = j, .embed = k == 1, .head = k == P};
+        j = i;
+    }
+#undef B_
+#undef C_
+    free(best);
+    free(cut);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- JSON */
+
+/* Position of a module in pipeline order: 0 embedding, 1 + l layer l, L + 1 final norm, L + 2
+ * lm_head; -1 when the name is not one of them. */
+static int module_slot(const char *name, int L) {
+    if (!strcmp(name, "transformer.word_embeddings")) return 0;
+    if (!strcmp(name, "transformer.final_layernorm")) return L + 1;
+    if (!strcmp(name, "lm_head")) return L + 2;
+    const char *p = "transformer.layers.";
+    if (strncmp(name, p, strlen(p))) return -1;
+    const char *d = name + strlen(p);
+    char *end;
+    long l = strtol(d, &end, 10);
+    if (end == d || *end || l < 0 || l >= L || (d[0] == '0' && d[1])) return -1;
+    return 1 + (int)l;
+}
+
+static void slot_name(int slot, int L, char *out, size_t n) {
+    if (slot == 0) snprintf(out, n, "transformer.word_embeddings");
+    else if (slot == L + 1) snprintf(out, n, "transformer.final_layernorm");
+    else if (slot == L + 2) snprintf(out, n, "lm_head");
+    else snprintf(out, n, "transformer.layers.%d", slot - 1);
+}
+
+static int stage_value(const cJSON *v, const char *where, const char *name, int *out, glm_err *err) {
+    if (cJSON_IsNumber(v) && v->valuedouble == (double)(int)v->valuedouble && v->valueint >= 0) {
+        *out = v->valueint;
+        return 0;
+    }
+    if (cJSON_IsString(v) && !strncmp(v->valuestring, "cuda:", 5)) {
+        char *end;
+        long k = strtol(v->valuestring + 5, &end, 10);
+        if (end != v->valuestring + 5 && !*end && k >= 0 && k < 1 << 20) { *out = (int)k; return 0; }
+    }
+    char *s = cJSON_PrintUnformatted(v);
+    glm_fail(err, "device map %s: %s -> %s is not a stage", where, name, s ? s : "?");
+    free(s);
+    return glm_hint(err, "map each module to a stage number 0..P-1 (or \"cuda:N\"); cpu and disk offload are not supported");
+}
+
+int glm_device_map_parse(glm_device_map *map, const char *text, const char *where, int P, const glm_config *c,
+                         glm_err *err) {
+    int L = c->num_layers, nslots = L + 3;
+    *map = (glm_device_map){0};
+    snprintf(map->source, sizeof map->source, "%s", where);
+    cJSON *o = cJSON_Parse(text);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        glm_fail(err, "device map %s is not a JSON object", where);
+        return glm_hint(err, "write {\"transformer.word_embeddings\": 0, \"transformer.layers.0\": 0, ..., "
+                             "\"transformer.final_layernorm\": 1, \"lm_head\": 1}");
+    }
+    int *stage = glm_malloc(sizeof(int) * (size_t)nslots);
+    for (int i = 0; i < nslots; i++) stage[i] = -1;
+    char name[64];
+    int rc = 0, maxk = -1;
+    for (cJSON *it = o->child; it && rc == 0; it = it->next) {
+        int slot = module_slot(it->string, L), k = 0;
+        if (slot < 0) {
+            rc = glm_fail(err, "device map %s: unknown module '%s'", where, it->string);
+            glm_hint(err, "the modules are transformer.word_embeddings, transformer.layers.0..%d, "
+                          "transformer.final_layernorm and lm_head", L - 1);
+        } else if (stage[slot] >= 0) {
+            rc = glm_fail(err, "device map %s: %s appears twice", where, it->string);
+        } else if ((rc = stage_value(it, where, it->string, &k, err)) == 0) {
+            stage[slot] = k;
+            if (k > maxk) maxk = k;
+        }
+    }
+    cJSON_Delete(o);
+    if (rc == 0 && stage[L + 2] < 0) stage[L + 2] = stage[L + 1]; /* lm_head follows the final norm */
+    for (int i = 0; i < L + 2 && rc == 0; i++)
+        if (stage[i] < 0) {
+            slot_name(i, L, name, sizeof name);
+            rc = glm_fail(err, "device map %s: %s is missing", where, name);
+            glm_hint(err, "every layer, the embedding and the final LayerNorm must be given a stage");
+        }
+    if (rc == 0 && P > 0 && maxk >= P) {
+        for (int i = 0; i < nslots; i++) if (stage[i] == maxk) { slot_name(i, L, name, sizeof name); break; }
+        rc = glm_fail(err, "device map %s: %s is on stage %d but --pipeline_parallel_size is %d", where, name, maxk, P);
+    }
+    if (rc == 0 && stage[L + 2] != stage[L + 1])
+        rc = glm_fail(err, "device map %s: lm_head on stage %d but transformer.final_layernorm on stage %d", where,
+                      stage[L + 2], stage[L + 1]);
+    if (rc == 0 && stage[0] != 0)
+        rc = glm_fail(err, "device map %s: transformer.word_embeddings is on stage %d; the pipeline starts with it on stage 0",
+                      where, stage[0]);
+    int n = P > 0 ? P : maxk + 1;
+    if (rc == 0 && n > GLM_MAX_STAGES) rc = glm_fail(err, "device map %s: %d stages, at most %d", where, n, GLM_MAX_STAGES);
+    /* THUDM's placement: final norm and head with the embedding while layers go further */
+    int last_layer = L > 0 ? stage[L] : 0;
+    if (rc == 0 && stage[L + 1] == 0 && last_layer > 0) {
+        map->head_moved = 1;
+        stage[L + 1] = stage[L + 2] = last_layer;
+    }
+    for (int i = 1; i < L + 2 && rc == 0; i++)
+        if (stage[i] < stage[i - 1]) {
+            char prev[64];
+            slot_name(i, L, name, sizeof name);
+            slot_name(i - 1, L, prev, sizeof prev);
+            rc = glm_fail(err, "device map %s: %s on stage %d comes after %s on stage %d", where, name, stage[i], prev,
+                          stage[i - 1]);
+            glm_hint(err, "stages must follow the layer order: the embedding and the first layers on stage 0, the last "
+                          "layers, final_layernorm and lm_head on the last stage");
+        }
+    if (rc == 0) {
+        map->n = n;
+        for (int k = 0; k < n; k++) map->s[k] = (glm_stage){.l0 = -1, .l1 = -1};
+        map->s[0].embed = 1;
+        map->s[stage[L + 1]].head = 1;
+        for (int l = 0; l < L; l++) {
+            glm_stage *s = &map->s[stage[1 + l]];
+            if (s->l0 < 0) s->l0 = l;
+            s->l1 = l + 1;
+        }
+        for (int k = 0; k < n && rc == 0; k++) {
+            glm_stage *s = &map->s[k];
+            if (s->l0 < 0) s->l0 = s->l1 = k ? map->s[k - 1].l1 : 0;
+            if (s->l0 == s->l1 && !s->embed && !s->head) rc = fail_empty(map, k, err);
+        }
+        if (rc == 0 && !map->s[n - 1].head)
+            rc = glm_fail(err, "device map %s: transformer.final_layernorm is on stage %d, not on the last stage %d", where,
+                          stage[L + 1], n - 1);
+    }
+    free(stage);
+    return rc;
+}
+
+int glm_device_map_make(glm_device_map *map, const char *spec, int P, const glm_config *c, const glm_stage_shape *sh,
+                        glm_err *err) {
+    if (!spec || !*spec || !strcmp(spec, "auto")) {
+        if (glm_device_map_auto(map, P, c, sh, err)) return -1;
+    } else if (!strcmp(spec, "thudm")) {
+        if (glm_device_map_thudm(map, P, c, err)) return -1;
+    } else {
+        if (!glm_is_file(spec)) {
+            glm_fail(err, "--device_map %s: no such file", spec);
+            return glm_hint(err, "pass auto, thudm, or a JSON file mapping module names to stages");
+        }
+        char *text = glm_read_file(spec, NULL, err);
+        if (!text) return -1;
+        int rc = glm_device_map_parse(map, text, spec, P, c, err);
+        free(text);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+void glm_device_map_print(FILE *f, const glm_device_map *map) {
+    for (int k = 0; k < map->n; k++) {
+        const glm_stage *s = &map->s[k];
+        char layers[64] = "no layers";
+        if (s->l1 > s->l0) snprintf(layers, sizeof layers, "layers %d-%d (%d)", s->l0, s->l1 - 1, s->l1 - s->l0);
+        fprintf(f, "  stage %d: %s%s%s\n", k, s->embed ? "word_embeddings + " : "", layers,
+                s->head ? " + final_layernorm + lm_head" : "");
+    }
+    if (map->head_moved)
+        fprintf(f, "  (%s places final_layernorm and lm_head on GPU 0; the pipeline runs them on the last stage)\n",
+                map->source);
+}
+
+char *glm_device_map_to_json(const glm_device_map *map, const glm_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    char name[64];
+    for (int k = 0; k < map->n; k++) {
+        const glm_stage *s = &map->s[k];
+        if (s->embed) cJSON_AddNumberToObject(o, "transformer.word_embeddings", k);
+        for (int l = s->l0; l < s->l1; l++) {
+            snprintf(name, sizeof name, "transformer.layers.%d", l);
+            cJSON_AddNumberToObject(o, name, k);
+        }
+        if (s->head) {
+            cJSON_AddNumberToObject(o, "transformer.final_layernorm", k);
+            cJSON_AddNumberToObject(o, "lm_head", k);
+        }
+    }
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
