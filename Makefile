@@ -29,6 +29,21 @@ ifneq ($(NVCC_PATH),)
   CUDA_BINS := $(CUDA_TEST_BIN) $(BUILD)/bench_train
 endif
 
+# MPI for data parallelism on CPU ranks (OpenMPI; src/parallel/comm_mpi.c): on when mpicc is
+# found, MPI=0 builds without it. CUDA builds default to MPI=0: the GPU machines have no MPI
+# runtime (a binary linked with libmpi would not start there) and GPU ranks talk through NCCL.
+ifeq ($(NVCC_PATH),)
+  MPI ?= 1
+else
+  MPI ?= 0
+endif
+ifeq ($(MPI),1)
+  ifneq ($(shell command -v mpicc 2>/dev/null),)
+    CFLAGS += -DGLM_HAVE_MPI $(shell mpicc --showme:compile)
+    LDLIBS += $(shell mpicc --showme:link)
+  endif
+endif
+
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 # Objects are rebuilt when the flags change (e.g. CUDA=0 after a CUDA build in the same folder).
 FLAGS_STAMP := $(BUILD)/.flags-$(shell echo '$(CFLAGS) $(NVCCFLAGS) $(LDLIBS)' | md5sum | cut -c1-12)

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "cli/commands.h"
+#include "parallel/launch.h"
 #include "train/train.h"
 
 int glm_cmd_train(int argc, char **argv) {
@@ -15,6 +16,16 @@ int glm_cmd_train(int argc, char **argv) {
             return 0;
         }
     int rc = glm_args_parse(glm_train_flags, glm_train_nflags, &a, argc, argv, &err);
+    int launcher = rc ? 0 : glm_launch_wanted(&a, &err);
+    if (launcher < 0) rc = -1;
+    if (launcher > 0) {
+        /* this process only starts and watches the data-parallel workers (parallel/launch.h) */
+        rc = glm_train_preflight(&a, &err);
+        if (!rc) rc = glm_launch(&a, argc, argv, &err);
+        if (rc < 0) glm_err_print(&err);
+        glm_train_args_free(&a);
+        return rc < 0 ? 1 : rc;
+    }
     if (!rc) rc = glm_train_run(&a, &err);
     if (rc) glm_err_print(&err);
     glm_train_args_free(&a);

@@ -39,15 +39,11 @@ int glm_copy_tokenizer_files(const char *tok, const char *dir, glm_err *err) {
     return 0;
 }
 
-/* Optimizer state as named fp32 tensors, so it survives layout changes of the flat buffer. */
-static int save_optimizer(const char *path, glm_model *m, const glm_adamw *opt, glm_err *err) {
-    glm_backend *be = m->be;
-    size_t total = m->tab.total;
-    int kinds = opt->master ? 3 : 2;
-    float *host = glm_malloc(sizeof(float) * total * kinds);
-    be->download(be, host, opt->m, total * 4);
-    be->download(be, host + total, opt->v, total * 4);
-    if (opt->master) be->download(be, host + 2 * total, opt->master, total * 4);
+/* Optimizer state as named fp32 tensors, so it survives layout changes of the flat buffer and
+ * any number of ranks can read it back (each its own slice). o covers [0, tab.total). */
+static int save_optimizer(const char *path, glm_model *m, const glm_opt_state *o, glm_err *err) {
+    int kinds = o->master ? 3 : 2;
+    const float *src[] = {o->m, o->v, o->master};
     st_entry *e = glm_calloc((size_t)m->tab.n * kinds + 1, sizeof *e);
     char (*names)[128] = glm_calloc((size_t)m->tab.n * kinds, 128);
     const char *prefix[] = {"exp_avg/", "exp_avg_sq/", "master/"};
@@ -56,46 +52,57 @@ static int save_optimizer(const char *path, glm_model *m, const glm_adamw *opt, 
         for (int i = 0; i < m->tab.n; i++) {
             const glm_tensor *t = &m->tab.t[i];
             snprintf(names[ne], 128, "%s%s", prefix[k], t->name);
-            e[ne] = (st_entry){.name = names[ne], .ndim = t->ndim, .data = host + (size_t)k * total + t->offset,
+            e[ne] = (st_entry){.name = names[ne], .ndim = t->ndim, .data = src[k] + t->offset,
                                .data_dtype = ST_F32, .file_dtype = ST_F32};
             e[ne].shape[0] = t->shape[0]; e[ne].shape[1] = t->shape[1];
             ne++;
         }
     int rc = st_save(path, e, ne, 0, err);
-    free(e); free(names); free(host);
+    free(e); free(names);
     return rc;
 }
 
-static int load_optimizer(const char *path, glm_model *m, glm_adamw *opt, glm_err *err) {
+/* Fills o's slice [lo, hi) (elements outside every tensor stay zero). A tensor that lies wholly
+ * inside the slice is read in place; one cut by its edges goes through a scratch copy. */
+static int load_optimizer(const char *path, glm_model *m, glm_opt_state *o, glm_err *err) {
     st_reader *r;
     if (st_open(&r, path, err)) return -1;
-    glm_backend *be = m->be;
-    size_t total = m->tab.total;
-    float *host = glm_calloc(total, sizeof(float));
+    size_t lo = o->lo, hi = o->hi, n = hi - lo;
     const char *prefix[] = {"exp_avg/", "exp_avg_sq/", "master/"};
-    float *dst[] = {opt->m, opt->v, opt->master};
+    float *dst[] = {o->m, o->v, o->master};
+    float *scratch = NULL;
+    size_t scratch_n = 0;
     int rc = 0;
     for (int k = 0; k < 3 && rc == 0; k++) {
         if (!dst[k]) continue;
+        memset(dst[k], 0, n * sizeof(float));
         char name[160];
         snprintf(name, sizeof name, "%s%s", prefix[k], m->tab.t[0].name);
         if (k == 2 && st_info(r, name, NULL, NULL, NULL) != 0) {
             /* saved by an fp32 run: the master copy is the saved weights themselves */
-            float *p = glm_malloc(total * sizeof(float));
-            be->download_f32(be, p, m->params, total);
-            be->upload(be, opt->master, p, total * 4);
-            free(p);
+            for (int i = 0; i < m->tab.n; i++) {
+                const glm_tensor *t = &m->tab.t[i];
+                size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+                if (a < b) m->be->download_f32(m->be, dst[k] + (a - lo), glm_at(m->be, m->params, a), b - a);
+            }
             continue;
         }
         for (int i = 0; i < m->tab.n && rc == 0; i++) {
             const glm_tensor *t = &m->tab.t[i];
+            size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+            if (a >= b) continue;
             snprintf(name, sizeof name, "%s%s", prefix[k], t->name);
-            rc = st_read_f32(r, name, host + t->offset, t->ndim, t->shape, err);
+            if (a == t->offset && b - a == t->numel) {
+                rc = st_read_f32(r, name, dst[k] + (a - lo), t->ndim, t->shape, err);
+                continue;
+            }
+            if (scratch_n < t->numel) { free(scratch); scratch_n = t->numel; scratch = glm_malloc(scratch_n * sizeof(float)); }
+            rc = st_read_f32(r, name, scratch, t->ndim, t->shape, err);
+            if (rc == 0) memcpy(dst[k] + (a - lo), scratch + (a - t->offset), (b - a) * sizeof(float));
         }
-        if (rc == 0) be->upload(be, dst[k], host, total * 4);
     }
+    free(scratch);
     st_close(r);
-    free(host);
     return rc;
 }
 
@@ -146,26 +153,42 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
     return 0;
 }
 
-int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *opt, const glm_train_state *st,
-                        const char *tokenizer_path, const char *args_json, glm_err *err) {
+int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_opt_state *o, const glm_train_state *st,
+                              const char *tokenizer_path, const char *args_json, glm_err *err) {
     char tmp[4096], fin[4096], path[4096];
     snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", output_dir, st->global_step);
     snprintf(fin, sizeof fin, "%s/checkpoint-%ld", output_dir, st->global_step);
     if (glm_is_dir(tmp)) glm_remove_tree(tmp);
     if (glm_mkdirs(tmp, err)) return -1;
     int rc = glm_model_save(m, tmp, ST_F32, 0, err);
-    if (!rc) { glm_path_join(path, sizeof path, tmp, "optimizer.safetensors"); rc = save_optimizer(path, m, opt, err); }
+    if (!rc) { glm_path_join(path, sizeof path, tmp, "optimizer.safetensors"); rc = save_optimizer(path, m, o, err); }
     if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
     if (!rc && args_json) { glm_path_join(path, sizeof path, tmp, "training_args.json"); rc = glm_write_file_atomic(path, args_json, strlen(args_json), err); }
     /* trainer_state.json last: its presence marks the checkpoint complete */
-    if (!rc) { glm_path_join(path, sizeof path, tmp, "trainer_state.json"); rc = save_state(path, st, opt->step, err); }
+    if (!rc) { glm_path_join(path, sizeof path, tmp, "trainer_state.json"); rc = save_state(path, st, o->step, err); }
     if (rc) return glm_wrap(err, "saving checkpoint %s: ", fin);
     if (glm_is_dir(fin)) glm_remove_tree(fin);
     if (rename(tmp, fin) != 0) return glm_fail(err, "cannot rename %s to %s", tmp, fin);
     return 0;
 }
 
-int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train_state *st, glm_err *err) {
+int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *opt, const glm_train_state *st,
+                        const char *tokenizer_path, const char *args_json, glm_err *err) {
+    glm_backend *be = m->be;
+    size_t total = m->tab.total;
+    int kinds = opt->master ? 3 : 2;
+    float *host = glm_malloc(sizeof(float) * total * kinds);
+    be->download(be, host, opt->m, total * 4);
+    be->download(be, host + total, opt->v, total * 4);
+    if (opt->master) be->download(be, host + 2 * total, opt->master, total * 4);
+    glm_opt_state o = {.lo = 0, .hi = total, .m = host, .v = host + total, .master = opt->master ? host + 2 * total : NULL,
+                       .step = opt->step};
+    int rc = glm_checkpoint_save_state(output_dir, m, &o, st, tokenizer_path, args_json, err);
+    free(host);
+    return rc;
+}
+
+int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, glm_train_state *st, glm_err *err) {
     char path[4096];
     glm_path_join(path, sizeof path, dir, "trainer_state.json");
     if (!glm_is_file(path)) {
@@ -174,9 +197,25 @@ int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train
     }
     if (glm_model_load(m, dir, err)) return glm_wrap(err, "resuming from %s: ", dir);
     glm_path_join(path, sizeof path, dir, "optimizer.safetensors");
-    if (load_optimizer(path, m, opt, err)) return glm_wrap(err, "resuming from %s: ", dir);
+    if (load_optimizer(path, m, o, err)) return glm_wrap(err, "resuming from %s: ", dir);
     glm_path_join(path, sizeof path, dir, "trainer_state.json");
-    return load_state(path, st, &opt->step, err);
+    return load_state(path, st, &o->step, err);
+}
+
+int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train_state *st, glm_err *err) {
+    glm_backend *be = m->be;
+    size_t total = m->tab.total;
+    float *host = glm_malloc(sizeof(float) * total * 3);
+    glm_opt_state o = {.lo = 0, .hi = total, .m = host, .v = host + total, .master = opt->master ? host + 2 * total : NULL};
+    int rc = glm_checkpoint_load_state(dir, m, &o, st, err);
+    if (rc == 0) {
+        be->upload(be, opt->m, o.m, total * 4);
+        be->upload(be, opt->v, o.v, total * 4);
+        if (opt->master) be->upload(be, opt->master, o.master, total * 4);
+        opt->step = o.step;
+    }
+    free(host);
+    return rc;
 }
 
 /* Lists complete checkpoints: steps[] sorted ascending. */

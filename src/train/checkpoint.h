@@ -21,11 +21,27 @@ typedef struct glm_train_state {
     char *log_history;    /* JSON array text of logged records (owned) */
 } glm_train_state;
 
+/* Optimizer state in host memory over the flat elements [lo, hi) of the tensor table's layout:
+ * the whole model for one process, a ZeRO shard for one rank (parallel/dp.c). The file format
+ * is per tensor, so state saved by N ranks loads on M. */
+typedef struct glm_opt_state {
+    size_t lo, hi;
+    float *m, *v;        /* [hi - lo] AdamW moments */
+    float *master;       /* [hi - lo] fp32 master weights; NULL when the run keeps none */
+    long step;           /* optimizer steps taken */
+} glm_opt_state;
+
 /* Writes output_dir/checkpoint-<step>. tokenizer_path may be NULL; args_json may be NULL. */
 int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *opt, const glm_train_state *st,
                         const char *tokenizer_path, const char *args_json, glm_err *err);
 /* Restores weights, optimizer state and the train state from a checkpoint folder. */
 int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train_state *st, glm_err *err);
+/* The same with host optimizer state: save needs o over [0, tab.total); load fills o's slice
+ * (master from the saved weights when the checkpoint has none) and o->step, and loads every
+ * weight into m. */
+int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_opt_state *o, const glm_train_state *st,
+                              const char *tokenizer_path, const char *args_json, glm_err *err);
+int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, glm_train_state *st, glm_err *err);
 /* The complete checkpoint with the highest step in output_dir; -1 when there is none. */
 int glm_checkpoint_latest(const char *output_dir, char *out, size_t n);
 /* Deletes the oldest complete checkpoints beyond `limit` (0 = keep all). */

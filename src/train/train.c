@@ -14,6 +14,11 @@
 #include "optim/adamw.h"
 #include "optim/loss_scale.h"
 #include "optim/schedule.h"
+#include "parallel/dp.h"
+#include "parallel/dp_stats.h"
+#include "parallel/gpustat.h"
+#include "parallel/launch.h"
+#include "parallel/signals.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
@@ -40,6 +45,8 @@ typedef struct trainer {
     long total_steps, warmup, steps_per_epoch, micro_per_epoch;
     char *args_json;
     cJSON *history;           /* log_history records */
+    glm_dp *dp;               /* data parallel (a no-op with one process) */
+    glm_gpustat *gs;          /* NVML figures of this rank's GPU, NULL on the CPU */
 } trainer;
 
 int glm_train_check_args(glm_train_args *a, glm_err *err) {
@@ -68,7 +75,7 @@ static int pick_backend(trainer *t, glm_err *err) {
     if (strcmp(a->device, "cpu") != 0) {
         char msg[512] = "";
         glm_dtype dt = a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
-        t->be = glm_backend_cuda(0, dt, msg, sizeof msg);
+        t->be = glm_backend_cuda(glm_local_device(t->dp->dist.local_rank), dt, msg, sizeof msg);
         if (t->be) return 0;
         if (want_cuda) return glm_fail(err, "--device cuda: %s", msg);
         glm_info("no usable GPU (%s); training on the CPU", msg);
@@ -125,6 +132,23 @@ static int load_tokenizer(trainer *t, glm_err *err) {
     return glm_encoder_from_tokenizer(&t->enc, t->tok, p, err);
 }
 
+/* Rank 0 tokenizes (or validates) the cache first; the others wait without the collective
+ * timeout (that can take long on a big file), then read the cache it wrote. */
+static int load_data_ranked(trainer *t, glm_err *err) {
+    if (t->dp->rank > 0) {
+        double failed = 0;
+        if (glm_dp_sum_long(t->dp, &failed, 1, "data cache built by rank 0", err)) return -1;
+        if (failed > 0) return glm_fail(err, "rank %d: rank 0 could not load the data (see its error)", t->dp->rank);
+    }
+    int rc = glm_data_load(&t->data, &t->dcfg, &t->enc, err);
+    if (t->dp->rank == 0) {
+        double failed = rc != 0;
+        glm_err e2;
+        if (glm_dp_sum_long(t->dp, &failed, 1, "data cache built by rank 0", rc ? &e2 : err)) return -1;
+    }
+    return rc;
+}
+
 static int load_data(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     glm_data_cfg *d = &t->dcfg;
@@ -152,7 +176,7 @@ static int load_data(trainer *t, glm_err *err) {
     if (a->cache_dir) snprintf(t->cache_dir, sizeof t->cache_dir, "%s", a->cache_dir);
     else glm_path_join(t->cache_dir, sizeof t->cache_dir, a->output_dir, ".cache");
     d->cache_dir = t->cache_dir;
-    if (glm_data_load(&t->data, d, &t->enc, err)) return -1;
+    if (load_data_ranked(t, err)) return -1;
     glm_data_print_summary(stderr, &t->data, d);
     glm_loader_cfg lc;
     glm_loader_cfg_init(&lc);
@@ -160,6 +184,8 @@ static int load_data(trainer *t, glm_err *err) {
     lc.group_by_length = a->group_by_length;
     lc.packing = a->packing;
     lc.seed = (uint64_t)a->seed;
+    lc.rank = t->dp->rank;
+    lc.world = t->dp->world;
     if (lc.packing) lc.max_len = a->max_source_length + a->max_target_length;
     if (glm_loader_open(&t->train_ld, &t->data.train, &lc, err)) return -1;
     if (t->data.val.n > 0) {
@@ -167,6 +193,8 @@ static int load_data(trainer *t, glm_err *err) {
         glm_loader_cfg_init(&ec);
         ec.batch_size = a->per_device_eval_batch_size;
         ec.shuffle = 0;
+        ec.rank = t->dp->rank;
+        ec.world = t->dp->world;
         if (glm_loader_open(&t->eval_ld, &t->data.val, &ec, err)) return -1;
         glm_loader_batch_alloc(t->eval_ld, &t->eval_batch);
     }
@@ -185,20 +213,22 @@ static void plan_steps(trainer *t) {
     glm_lr_kind_parse(a->lr_scheduler_type, &t->sched);
 }
 
-static double evaluate(trainer *t, double *ppl) {
-    glm_err err;
-    glm_loader_seek(t->eval_ld, (glm_data_cursor){0, 0}, &err);
+/* Mean loss over the validation tokens of every rank's share. */
+static int evaluate(trainer *t, double *loss, double *ppl, glm_err *err) {
+    glm_err lerr;
+    glm_loader_seek(t->eval_ld, (glm_data_cursor){0, 0}, &lerr);
     int64_t n = glm_loader_steps_per_epoch(t->eval_ld);
-    double sum = 0, count = 0;
+    double v[2] = {0, 0}; /* loss sum, tokens */
     for (int64_t i = 0; i < n; i++) {
-        if (glm_loader_next(t->eval_ld, &t->eval_batch, &err)) break;
+        if (glm_loader_next(t->eval_ld, &t->eval_batch, &lerr)) break;
         if (t->eval_batch.n_targets == 0) continue;
-        sum += glm_forward_loss(&t->m, &t->eval_batch);
-        count += t->eval_batch.n_targets;
+        v[0] += glm_forward_loss(&t->m, &t->eval_batch);
+        v[1] += t->eval_batch.n_targets;
     }
-    double loss = count > 0 ? sum / count : NAN;
-    *ppl = exp(loss);
-    return loss;
+    if (glm_dp_sum(t->dp, v, 2, "evaluation loss", err)) return -1;
+    *loss = v[1] > 0 ? v[0] / v[1] : NAN;
+    *ppl = exp(*loss);
+    return 0;
 }
 
 static void log_record(trainer *t, const char *kind, double v1, double v2, double v3, double v4) {
@@ -226,7 +256,8 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     t->st.loss_scale = t->scaler.scale;
     t->st.good_steps = t->scaler.good_steps;
     t->st.skipped_steps = t->scaler.skipped;
-    if (glm_checkpoint_save(t->a->output_dir, &t->m, &t->opt, &t->st, t->tok_path, t->args_json, err)) return -1;
+    if (glm_dp_save(t->dp, t->a->output_dir, &t->st, t->tok_path, t->args_json, err)) return -1;
+    if (t->dp->rank != 0) return 0;
     char line[256];
     snprintf(line, sizeof line, "[glmtrain] saved %s/checkpoint-%ld", t->a->output_dir, t->st.global_step);
     glm_progress_log(&t->prog, line);
@@ -245,7 +276,7 @@ static int resume(trainer *t, glm_err *err) {
     } else {
         snprintf(dir, sizeof dir, "%s", a->resume_from_checkpoint);
     }
-    if (glm_checkpoint_load(dir, &t->m, &t->opt, &t->st, err)) return -1;
+    if (glm_dp_load(t->dp, dir, &t->st, err)) return -1;
     if (t->st.log_history) {
         cJSON_Delete(t->history);
         t->history = cJSON_Parse(t->st.log_history);
@@ -271,48 +302,102 @@ static int check_output_dir(glm_train_args *a, glm_err *err) {
 }
 
 /* One optimizer step over up to gradient_accumulation_steps micro-batches (fewer at the end
- * of an epoch). Returns the mean loss over the step's supervised tokens; sets *norm, *tokens. */
-static double train_step(trainer *t, float lr, double *norm, double *tokens, int *skipped, glm_err *err) {
+ * of an epoch). Returns the mean loss over the supervised tokens of the step's global batch
+ * (every rank's share); sets *norm, *tokens (global). With measure, *compute_s is this rank's
+ * forward+backward time (after a device sync). *stop: a rank got SIGINT/SIGTERM, and the step
+ * was not taken (the data cursor is back where it was, for the checkpoint). */
+static double train_step(trainer *t, float lr, int measure, double *norm, double *tokens, int *skipped, int *stop,
+                         double *compute_s, glm_err *err) {
     glm_train_args *a = t->a;
     glm_data_cursor c = glm_loader_cursor(t->train_ld);
     long left = t->micro_per_epoch - (long)c.step;
     int k = a->gradient_accumulation_steps < left ? a->gradient_accumulation_steps : (int)left;
     long n_sup = 0;
     *tokens = 0;
+    double t0 = glm_now();
     for (int i = 0; i < k; i++) {
         if (glm_loader_next(t->train_ld, &t->micro[i], err)) return NAN;
         n_sup += t->micro[i].n_targets;
         *tokens += (double)glm_loader_last_tokens(t->train_ld);
     }
+    /* every rank scales its gradients by 1/(supervised tokens of the whole global batch) */
+    double g[3] = {(double)n_sup, *tokens, glm_signal_pending() ? 1 : 0};
+    if (glm_dp_sum(t->dp, g, 3, "batch token counts", err)) return NAN;
+    if (g[2] > 0) {
+        if (glm_loader_seek(t->train_ld, c, err)) return NAN;
+        *stop = 1;
+        return NAN;
+    }
+    n_sup = (long)g[0];
+    *tokens = g[1];
     glm_zero_grads(&t->m);
     double scale = a->fp16 ? t->scaler.scale : 1.0;
     double sum = 0;
     if (n_sup > 0)
-        for (int i = 0; i < k; i++) sum += glm_forward_backward(&t->m, &t->micro[i], (float)(scale / n_sup));
-    *norm = glm_grad_norm(&t->m, (float)(1.0 / scale));
+        for (int i = 0; i < k; i++) {
+            glm_dp_micro_begin(t->dp, i == k - 1); /* gradients are reduced during the last backward */
+            sum += glm_forward_backward(&t->m, &t->micro[i], (float)(scale / n_sup));
+        }
+    if (measure) { t->be->sync(t->be); *compute_s = glm_now() - t0; }
+    if (glm_dp_reduce_grads(t->dp, err)) return NAN;
+    if (glm_dp_grad_norm(t->dp, (float)(1.0 / scale), &sum, norm, err)) return NAN;
     *skipped = 0;
     if (a->fp16 && glm_scaler_update(&t->scaler, *norm)) { *skipped = 1; return n_sup ? sum / n_sup : NAN; }
     if (n_sup > 0) {
         float coef = glm_clip_coef(*norm, (float)a->max_grad_norm);
-        glm_adamw_step(&t->opt, &t->m, lr, (float)(coef / scale));
+        if (glm_dp_optimizer_step(t->dp, lr, (float)(coef / scale), err)) return NAN;
     }
     t->st.tokens_seen += (double)n_sup;
     return n_sup ? sum / n_sup : NAN;
 }
 
-static int save_final(trainer *t, glm_err *err) {
-    glm_train_args *a = t->a;
-    st_dtype dt = strcmp(a->save_dtype, "float16") == 0 ? ST_F16 : strcmp(a->save_dtype, "bfloat16") == 0 ? ST_BF16 : ST_F32;
-    if (glm_model_save(&t->m, a->output_dir, dt, 0, err)) return -1;
-    if (glm_copy_tokenizer_files(t->tok_path, a->output_dir, err)) return -1;
-    char path[4096];
-    glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
-    if (glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err)) return -1;
-    glm_info("saved the final model to %s", a->output_dir);
-    return 0;
+/* At logging steps: every rank's forward+backward time and GPU figures (collective). */
+static int log_rank_stats(trainer *t, double compute_s, glm_err *err) {
+    int W = t->dp->world;
+    if (W == 1 && !t->gs) return 0;
+    glm_rank_stat *s = glm_calloc((size_t)W, sizeof *s);
+    int rc = glm_dp_stats(t->dp, t->gs, compute_s, s, err);
+    if (rc == 0 && t->dp->rank == 0) {
+        char line[4096], warn[2048];
+        glm_dp_stats_format(W, t->gs != NULL, s, line, sizeof line, warn, sizeof warn);
+        glm_progress_log(&t->prog, line);
+        if (warn[0]) { snprintf(line, sizeof line, "[glmtrain] warning: %s", warn); glm_progress_log(&t->prog, line); }
+        for (int r = 0; r < W && t->tb; r++) {
+            char tag[96];
+            long step = t->st.global_step;
+            snprintf(tag, sizeof tag, "system/rank%d/forward_backward_seconds", r); tb_scalar(t->tb, tag, (float)s[r].compute_s, step);
+            snprintf(tag, sizeof tag, "system/rank%d/memory_gib", r); tb_scalar(t->tb, tag, (float)(s[r].mem / 1073741824.0), step);
+            if (!t->gs) continue;
+            snprintf(tag, sizeof tag, "system/rank%d/gpu_utilization", r); tb_scalar(t->tb, tag, (float)s[r].util, step);
+            snprintf(tag, sizeof tag, "system/rank%d/power_watts", r); tb_scalar(t->tb, tag, (float)s[r].power, step);
+        }
+    }
+    free(s);
+    return rc;
 }
 
-static void trainer_free(trainer *t) {
+/* Rank 0 writes the final model; every rank learns whether that worked. */
+static int save_final(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    int rc = 0;
+    if (t->dp->rank == 0) {
+        st_dtype dt = strcmp(a->save_dtype, "float16") == 0 ? ST_F16 : strcmp(a->save_dtype, "bfloat16") == 0 ? ST_BF16 : ST_F32;
+        char path[4096];
+        glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
+        rc = glm_model_save(&t->m, a->output_dir, dt, 0, err) || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
+             glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
+        if (rc == 0) glm_info("saved the final model to %s", a->output_dir);
+    }
+    double failed = rc != 0;
+    glm_err e2;
+    if (glm_dp_sum_long(t->dp, &failed, 1, "final model written", rc ? &e2 : err)) return -1;
+    if (rc == 0 && failed > 0) return glm_fail(err, "rank %d: rank 0 could not write the final model", t->dp->rank);
+    return rc;
+}
+
+static void trainer_free(trainer *t, int ok) {
+    glm_dp_close(t->dp, ok); /* first: the communicator still uses the device */
+    glm_gpustat_close(t->gs);
     if (t->micro) for (int i = 0; i < t->a->gradient_accumulation_steps; i++) glm_batch_free(&t->micro[i]);
     free(t->micro);
     if (t->eval_ld) glm_batch_free(&t->eval_batch);
@@ -329,27 +414,66 @@ static void trainer_free(trainer *t) {
     cJSON_Delete(t->history);
 }
 
+static void log_train(trainer *t, double avg, float lr, double norm, double tps) {
+    char line[512];
+    double epoch = (double)t->st.global_step / t->steps_per_epoch;
+    snprintf(line, sizeof line, "{'loss': %.4f, 'learning_rate': %.4g, 'grad_norm': %.4f, 'epoch': %.2f, 'step': %ld, 'tokens_per_second': %.0f}",
+             avg, lr, norm, epoch, t->st.global_step, tps);
+    glm_progress_log(&t->prog, line);
+    if (t->tb) {
+        tb_scalar(t->tb, "train/loss", (float)avg, t->st.global_step);
+        tb_scalar(t->tb, "train/learning_rate", lr, t->st.global_step);
+        tb_scalar(t->tb, "train/grad_norm", (float)norm, t->st.global_step);
+        tb_scalar(t->tb, "train/epoch", (float)epoch, t->st.global_step);
+        tb_scalar(t->tb, "train/tokens_per_second", (float)tps, t->st.global_step);
+        if (t->a->fp16) tb_scalar(t->tb, "train/loss_scale", (float)t->scaler.scale, t->st.global_step);
+        tb_flush(t->tb);
+    }
+    log_record(t, "train", avg, lr, norm, tps);
+}
+
+/* SIGINT/SIGTERM reached a rank: every rank stops before the step (with --save_on_interrupt
+ * after writing a checkpoint of the steps done) and the run ends with an error. */
+static int stop_on_signal(trainer *t, glm_err *err) {
+    char line[256];
+    int sig = glm_signal_pending();
+    snprintf(line, sizeof line, "[glmtrain] %s%s: stopping at step %ld", sig ? "received " : "another rank received ",
+             sig ? glm_signal_name(sig) : "a stop signal", t->st.global_step);
+    glm_progress_log(&t->prog, line);
+    if (t->a->save_on_interrupt && t->st.global_step > 0 && save_checkpoint(t, err)) return -1;
+    glm_fail(err, "training stopped by a signal at step %ld%s", t->st.global_step,
+             t->a->save_on_interrupt && t->st.global_step > 0 ? " (checkpoint saved)" : "");
+    return glm_hint(err, "continue with --resume_from_checkpoint%s", t->a->save_on_interrupt ? "" : "; --save_on_interrupt saves one on Ctrl-C");
+}
+
 static int run(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     if (glm_train_check_args(a, err) || check_output_dir(a, err)) return -1;
+    glm_dp_cfg dc = {.zero_stage = a->zero_stage, .bucket_mb = a->bucket_size_mb, .timeout = a->ddp_timeout,
+                     .save_on_interrupt = a->save_on_interrupt};
+    if (glm_dp_open(&t->dp, &dc, err) || glm_dp_redirect_log(t->dp, a->output_dir, err)) return -1;
+    if (a->save_on_interrupt) glm_signals_install();
     t->args_json = glm_args_to_json(glm_train_flags, glm_train_nflags, a);
     fprintf(stderr, "[glmtrain] effective settings:\n%s\n", t->args_json);
     char path[4096];
     glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
-    if (glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err)) return -1;
-    if (pick_backend(t, err) || load_model(t, err) || load_tokenizer(t, err) || load_data(t, err)) return -1;
+    if (t->dp->rank == 0 && glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err)) return -1;
+    if (pick_backend(t, err) || load_model(t, err)) return -1;
+    if (glm_dp_attach(t->dp, &t->m, &t->opt, (float)a->learning_rate, (float)a->adam_beta1, (float)a->adam_beta2,
+                      (float)a->adam_epsilon, (float)a->weight_decay, err))
+        return -1;
+    if (load_tokenizer(t, err) || load_data(t, err)) return -1;
     plan_steps(t);
-    glm_adamw_init(&t->opt, &t->m, (float)a->learning_rate, (float)a->adam_beta1, (float)a->adam_beta2,
-                   (float)a->adam_epsilon, (float)a->weight_decay);
     glm_scaler_init(&t->scaler, 65536.0, 2000);
     t->history = cJSON_CreateArray();
     if (a->resume_from_checkpoint && resume(t, err)) return -1;
-    if (strcmp(a->report_to, "tensorboard") == 0) {
+    if (strcmp(a->report_to, "tensorboard") == 0 && t->dp->rank == 0) {
         char logdir[4096];
         if (a->logging_dir) snprintf(logdir, sizeof logdir, "%s", a->logging_dir);
         else glm_path_join(logdir, sizeof logdir, a->output_dir, "runs");
         if (tb_open(&t->tb, logdir, err)) return -1;
     }
+    if (strncmp(t->be->name, "cuda", 4) == 0) t->gs = glm_gpustat_open(glm_local_device(t->dp->dist.local_rank));
     long eval_every = a->eval_steps > 0 ? a->eval_steps : a->logging_steps;
     int eval_on = t->eval_ld && strcmp(a->eval_strategy, "no") != 0;
     if (strcmp(a->eval_strategy, "no") != 0 && !t->eval_ld)
@@ -362,10 +486,14 @@ static int run(trainer *t, glm_err *err) {
     long n_acc = 0;
     char line[512];
     while (t->st.global_step < t->total_steps) {
+        long next = t->st.global_step + 1;
+        int log_now = next % a->logging_steps == 0 || (a->logging_first_step && next == 1) || next == t->total_steps;
         float lr = glm_lr_at(t->sched, (float)a->learning_rate, t->st.global_step, t->warmup, t->total_steps);
-        double norm = 0, tokens = 0;
-        int skipped = 0;
-        double loss = train_step(t, lr, &norm, &tokens, &skipped, err);
+        double norm = 0, tokens = 0, compute_s = 0;
+        int skipped = 0, stop = 0;
+        glm_dp_set_step(t->dp, next);
+        double loss = train_step(t, lr, log_now, &norm, &tokens, &skipped, &stop, &compute_s, err);
+        if (stop) return stop_on_signal(t, err);
         if (isnan(loss) && err->msg[0]) return -1;
         t->st.global_step++;
         if (isfinite(loss)) { loss_acc += loss; n_acc++; last_loss = loss; }
@@ -376,50 +504,47 @@ static int run(trainer *t, glm_err *err) {
             glm_progress_log(&t->prog, line);
         }
         double now = glm_now();
-        if (t->st.global_step % a->logging_steps == 0 || (a->logging_first_step && t->st.global_step == 1) ||
-            t->st.global_step == t->total_steps) {
-            double avg = n_acc ? loss_acc / n_acc : NAN, tps = tok_acc / (now - t_log > 1e-9 ? now - t_log : 1e-9);
-            double epoch = (double)t->st.global_step / t->steps_per_epoch;
-            snprintf(line, sizeof line, "{'loss': %.4f, 'learning_rate': %.4g, 'grad_norm': %.4f, 'epoch': %.2f, 'step': %ld, 'tokens_per_second': %.0f}",
-                     avg, lr, norm, epoch, t->st.global_step, tps);
-            glm_progress_log(&t->prog, line);
-            if (t->tb) {
-                tb_scalar(t->tb, "train/loss", (float)avg, t->st.global_step);
-                tb_scalar(t->tb, "train/learning_rate", lr, t->st.global_step);
-                tb_scalar(t->tb, "train/grad_norm", (float)norm, t->st.global_step);
-                tb_scalar(t->tb, "train/epoch", (float)epoch, t->st.global_step);
-                tb_scalar(t->tb, "train/tokens_per_second", (float)tps, t->st.global_step);
-                if (a->fp16) tb_scalar(t->tb, "train/loss_scale", (float)t->scaler.scale, t->st.global_step);
-                tb_flush(t->tb);
-            }
-            log_record(t, "train", avg, lr, norm, tps);
+        if (log_now) {
+            log_train(t, n_acc ? loss_acc / n_acc : NAN, lr, norm, tok_acc / (now - t_log > 1e-9 ? now - t_log : 1e-9));
+            if (log_rank_stats(t, compute_s, err)) return -1;
             loss_acc = 0; n_acc = 0; tok_acc = 0; t_log = now;
         }
         int epoch_end = t->st.global_step % t->steps_per_epoch == 0;
         if (eval_on && ((strcmp(a->eval_strategy, "steps") == 0 && t->st.global_step % eval_every == 0) ||
                         (strcmp(a->eval_strategy, "epoch") == 0 && epoch_end))) {
-            double ppl, el = evaluate(t, &ppl);
+            double el, ppl;
+            if (evaluate(t, &el, &ppl, err)) return -1;
             snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_perplexity': %.4f, 'step': %ld}", el, ppl, t->st.global_step);
             glm_progress_log(&t->prog, line);
             if (t->tb) { tb_scalar(t->tb, "eval/loss", (float)el, t->st.global_step); tb_scalar(t->tb, "eval/perplexity", (float)ppl, t->st.global_step); tb_flush(t->tb); }
             log_record(t, "eval", el, ppl, 0, 0);
         }
-        int out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
+        /* ranks must agree on stopping: rank clocks differ, so they vote */
+        double out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
+        if (a->max_train_seconds > 0 && glm_dp_sum(t->dp, &out_of_time, 1, "time limit", err)) return -1;
         if ((strcmp(a->save_strategy, "steps") == 0 && t->st.global_step % a->save_steps == 0) ||
-            (strcmp(a->save_strategy, "epoch") == 0 && epoch_end) || out_of_time)
+            (strcmp(a->save_strategy, "epoch") == 0 && epoch_end) || out_of_time > 0)
             if (save_checkpoint(t, err)) return -1;
         glm_progress_update(&t->prog, t->st.global_step, last_loss, tok_acc / (now - t_log > 1e-3 ? now - t_log : 1e-3));
-        if (out_of_time) { glm_progress_log(&t->prog, "[glmtrain] --max_train_seconds reached; stopping"); break; }
+        if (out_of_time > 0) { glm_progress_log(&t->prog, "[glmtrain] --max_train_seconds reached; stopping"); break; }
     }
     glm_progress_done(&t->prog);
     glm_info("trained %ld steps in %.1f s", t->st.global_step, glm_now() - t_start);
     return save_final(t, err);
 }
 
+int glm_train_preflight(glm_train_args *a, glm_err *err) {
+    return glm_train_check_args(a, err) || check_output_dir(a, err) ? -1 : 0;
+}
+
 int glm_train_run(glm_train_args *a, glm_err *err) {
     trainer t = {.a = a};
     err->msg[0] = 0;
     int rc = run(&t, err);
-    trainer_free(&t);
+    if (rc && t.dp && t.dp->world > 1) {
+        if (strncmp(err->msg, "rank ", 5) != 0) glm_wrap(err, "rank %d: ", t.dp->rank);
+        if (t.dp->rank > 0) glm_err_print(err); /* into its log file; the CLI prints it on the terminal */
+    }
+    trainer_free(&t, rc == 0);
     return rc;
 }

@@ -11,5 +11,8 @@
 int glm_train_run(glm_train_args *a, glm_err *err);
 /* Checks flag combinations before anything heavy happens (exported for tests). */
 int glm_train_check_args(glm_train_args *a, glm_err *err);
+/* The checks a data-parallel launcher makes once before starting workers: flags and the
+ * output directory (created when missing). */
+int glm_train_preflight(glm_train_args *a, glm_err *err);
 
 #endif

@@ -27,6 +27,10 @@ typedef struct glm_train_args {
     int bf16, fp16, fp32, gradient_checkpointing;
     /* how the run stops early (tests, demos) */
     double max_train_seconds;
+    /* data parallel (parallel/): launch, ZeRO stage, gradient buckets, fault handling */
+    char *nproc_per_node, *master_addr;
+    int nnodes, node_rank, master_port, zero_stage, save_on_interrupt;
+    double bucket_size_mb, ddp_timeout;
 } glm_train_args;
 
 extern const glm_flag glm_train_flags[];

@@ -65,6 +65,17 @@ const glm_flag glm_train_flags[] = {
     F(fp32, ARG_BOOL, "false", "everything in fp32"),
     F(gradient_checkpointing, ARG_BOOL, "false", "recompute each layer in backward to save memory"),
     F(max_train_seconds, ARG_FLOAT, "0", "stop (and save) after this many seconds of training (0 = no limit)"),
+    {"nproc_per_node", ARG_STR, offsetof(glm_train_args, nproc_per_node), "1",
+     "data-parallel worker processes to start on this node: a number, or auto = one per visible GPU", NULL, "auto"},
+    F(nnodes, ARG_INT, "1", "nodes of a multi-node job (start glmtrain once per node)"),
+    F(node_rank, ARG_INT, "0", "this node's index in a multi-node job"),
+    F(master_addr, ARG_STR, NULL, "address of node 0 for the rendezvous (default 127.0.0.1 on one node)"),
+    F(master_port, ARG_INT, "0", "TCP port of the rendezvous on node 0 (0 = a free port on one node, 29500 across nodes)"),
+    F(zero_stage, ARG_INT, "0", "ZeRO: 0 = replicate everything, 1 = shard the optimizer state, 2 = also the reduced gradients"),
+    {"ddp_bucket_cap_mb", ARG_FLOAT, offsetof(glm_train_args, bucket_size_mb), "25", "Hugging Face's name for --bucket_size_mb", NULL, NULL},
+    F(bucket_size_mb, ARG_FLOAT, "25", "gradients are reduced in buckets of this many MiB as backward completes them"),
+    F(ddp_timeout, ARG_FLOAT, "1800", "seconds a collective may wait for the other ranks before every rank stops with an error"),
+    F(save_on_interrupt, ARG_BOOL, "false", "on Ctrl-C/SIGTERM finish the step and write a checkpoint before stopping"),
 };
 const int glm_train_nflags = sizeof glm_train_flags / sizeof glm_train_flags[0];
 

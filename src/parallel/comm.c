@@ -1,0 +1,75 @@
+/* The single-process communicator and what every implementation shares: the failure texts
+ * and the polling pause. */
+#include "parallel/comm.h"
+#include <stdlib.h>
+#include <time.h>
+#include "parallel/signals.h"
+
+int glm_comm_fail_timeout(glm_comm *c, const char *op, const char *what, double waited, glm_err *err) {
+    c->broken = 1;
+    glm_fail(err, "rank %d: %s '%s' at step %ld timed out after %.0f s waiting for peers", c->rank, op, what, c->step,
+             waited);
+    return glm_hint(err, "another rank died, hangs or is much slower; see its log (output_dir/logs/rank-N.log) "
+                         "and raise --ddp_timeout if a slow step is expected");
+}
+
+int glm_comm_fail_signal(glm_comm *c, const char *op, const char *what, int sig, glm_err *err) {
+    c->broken = 1;
+    glm_fail(err, "rank %d: %s '%s' at step %ld interrupted by %s", c->rank, op, what, c->step, glm_signal_name(sig));
+    return glm_hint(err, "the launcher stops every rank when one exits or on Ctrl-C; look for the first failing rank");
+}
+
+int glm_comm_fail_broken(glm_comm *c, const char *op, const char *what, glm_err *err) {
+    return glm_fail(err, "rank %d: %s '%s' at step %ld: the communicator failed earlier", c->rank, op, what, c->step);
+}
+
+void glm_comm_backoff(long tries) {
+    if (tries < 64) return;
+    struct timespec ts = {0, tries < 4096 ? 20000 : 200000}; /* 20 us, then 0.2 ms */
+    nanosleep(&ts, NULL);
+}
+
+int glm_comm_allreduce_sync(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
+    if (c->allreduce(c, buf, n, dt, what, err)) return -1;
+    return c->wait(c, -1, err);
+}
+
+int glm_comm_barrier(glm_comm *c, double timeout, const char *what, glm_err *err) {
+    double z = 0;
+    return c->sum_host(c, &z, 1, timeout, what, err);
+}
+
+/* ---------------------------------------------------------------- single process */
+
+static int s_allreduce(glm_comm *c, void *b, size_t n, glm_cdtype t, const char *w, glm_err *e) { return 0; }
+static int s_reduce(glm_comm *c, void *b, size_t n, glm_cdtype t, int root, const char *w, glm_err *e) { return 0; }
+static int s_allgather(glm_comm *c, void *b, size_t n, glm_cdtype t, const char *w, glm_err *e) { return 0; }
+static int s_bcast(glm_comm *c, void *b, size_t n, glm_cdtype t, int root, const char *w, glm_err *e) { return 0; }
+static int s_wait(glm_comm *c, double timeout, glm_err *e) { return 0; }
+static void s_poke(glm_comm *c) {}
+static int s_sum_host(glm_comm *c, double *v, int n, double timeout, const char *w, glm_err *e) { return 0; }
+static void s_close(glm_comm *c) { free(c); }
+
+/* Memory regions may not overlap in the gather: copy when they differ. */
+static int s_gather(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype t, int root, const char *w,
+                    glm_err *e) {
+    /* host or device pointers: only the MPI/NCCL versions know which; single-process callers
+     * pass send == recv (dp.c does), so there is nothing to move */
+    return send == recv ? 0 : glm_fail(e, "single-process gather needs send == recv");
+}
+
+glm_comm *glm_comm_single(void) {
+    glm_comm *c = glm_calloc(1, sizeof *c);
+    c->kind = "single";
+    c->world = 1;
+    c->allreduce = s_allreduce;
+    c->reduce = s_reduce;
+    c->allgather = s_allgather;
+    c->gather = s_gather;
+    c->bcast = s_bcast;
+    c->wait = s_wait;
+    c->poke = s_poke;
+    c->sum_host = s_sum_host;
+    c->close = s_close;
+    return c;
+}

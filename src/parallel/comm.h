@@ -1,0 +1,77 @@
+/* One small collectives interface for data parallelism, three implementations:
+ *   single  one process: every operation is a no-op (world 1);
+ *   mpi     CPU ranks under mpirun (host buffers; MPI_I* collectives polled with MPI_Test);
+ *   nccl    GPU ranks (device buffers, own stream; the unique id from a TCP rendezvous or MPI).
+ *
+ * Collectives on buffers are STARTED by the calls below and complete at comm->wait, so a
+ * gradient bucket's reduction can run while backward goes on. Every rank must start the same
+ * collectives in the same order. No wait blocks forever: after `timeout` seconds without
+ * completion (or when SIGINT/SIGTERM arrives and `interruptible` is set) it fails with
+ *   "rank R: allreduce 'grads' at step S timed out after T s waiting for peers"
+ * and the communicator is marked broken (later calls fail at once; closing it skips the
+ * collective shutdown that a dead peer would hang). Counts are elements of `dt`. */
+#ifndef GLM_PARALLEL_COMM_H
+#define GLM_PARALLEL_COMM_H
+#include <stddef.h>
+#include "core/err.h"
+
+typedef enum glm_cdtype { GLM_C_F32, GLM_C_BF16, GLM_C_F16, GLM_C_F64 } glm_cdtype;
+static inline size_t glm_cdtype_size(glm_cdtype t) { return t == GLM_C_F64 ? 8 : t == GLM_C_F32 ? 4 : 2; }
+
+typedef struct glm_comm glm_comm;
+struct glm_comm {
+    const char *kind;   /* "single", "mpi", "nccl" */
+    int rank, world;
+    double timeout;     /* seconds a wait may take; <= 0 waits without limit */
+    long step;          /* the training step, named in error messages */
+    int interruptible;  /* a pending SIGINT/SIGTERM ends a wait (off with --save_on_interrupt) */
+    int broken;         /* a collective failed or timed out */
+    void *impl;
+
+    /* sum over ranks, in place */
+    int (*allreduce)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err);
+    /* sum over ranks into buf on `root` (in place there; other ranks' buf is only read) */
+    int (*reduce)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, const char *what, glm_err *err);
+    /* in place: rank r contributes buf[r*n, (r+1)*n) and every rank receives all world*n */
+    int (*allgather)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err);
+    /* recv[r*n ...] on root = send of rank r (recv unused elsewhere) */
+    int (*gather)(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype dt, int root, const char *what,
+                  glm_err *err);
+    int (*bcast)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, const char *what, glm_err *err);
+    /* Completes everything started. timeout: < 0 uses c->timeout, 0 waits without limit. */
+    int (*wait)(glm_comm *c, double timeout, glm_err *err);
+    /* Lets started collectives progress without waiting (MPI has no progress thread). */
+    void (*poke)(glm_comm *c);
+    /* Host doubles summed over ranks, blocking (barrier = one zero). timeout as in wait. */
+    int (*sum_host)(glm_comm *c, double *v, int n, double timeout, const char *what, glm_err *err);
+    void (*close)(glm_comm *c);
+};
+
+glm_comm *glm_comm_single(void);
+#ifdef GLM_HAVE_MPI
+/* MPI_Init (thread level funneled) and MPI_COMM_WORLD with errors returned, not fatal. */
+int glm_comm_mpi(glm_comm **out, glm_err *err);
+#endif
+#ifdef GLM_HAVE_CUDA
+/* NCCL over `world` ranks of which this is `rank`; `id` is the 128-byte ncclUniqueId every rank
+ * got from rank 0; compute_stream the backend's stream (collectives start after the work queued
+ * there so far). Init itself is bounded by timeout. */
+int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *compute_stream, double timeout,
+                  glm_err *err);
+/* A fresh ncclUniqueId (on rank 0) into id[128]. */
+int glm_nccl_unique_id(void *id, glm_err *err);
+#endif
+
+/* Blocking forms: start + wait with c->timeout. */
+int glm_comm_allreduce_sync(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err);
+int glm_comm_barrier(glm_comm *c, double timeout, const char *what, glm_err *err);
+
+/* ---- for the implementations ---- */
+/* The uniform failure text; marks c broken. */
+int glm_comm_fail_timeout(glm_comm *c, const char *op, const char *what, double waited, glm_err *err);
+int glm_comm_fail_signal(glm_comm *c, const char *op, const char *what, int sig, glm_err *err);
+int glm_comm_fail_broken(glm_comm *c, const char *op, const char *what, glm_err *err);
+/* A polling loop's pause: nothing for the first tries, then short sleeps (ranks may share cores). */
+void glm_comm_backoff(long tries);
+
+#endif

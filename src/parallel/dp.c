@@ -1,0 +1,291 @@
+#include "parallel/dp.h"
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "core/fileutil.h"
+#include "core/log.h"
+#include "parallel/rendezvous.h"
+#include "parallel/signals.h"
+#ifdef GLM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+#define ALIGN 64 /* tensor offsets in the table are multiples of 64 elements; shards and buckets too */
+
+static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err) {
+    glm_dp *dp = glm_calloc(1, sizeof *dp);
+    dp->cfg = *cfg;
+    dp->saved_stderr = -1;
+    *out = dp;
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 2) return glm_fail(err, "--zero_stage %d: choose 0, 1 or 2", cfg->zero_stage);
+    if (cfg->bucket_mb <= 0) return glm_fail(err, "--bucket_size_mb must be positive");
+    if (glm_dist_from_env(&dp->dist, err)) return -1;
+    dp->rank = dp->dist.rank;
+    dp->world = dp->dist.world;
+    if (dp->world > 1) glm_signals_install();
+    if (dp->world > 1 && dp->dist.mpi) {
+#ifdef GLM_HAVE_MPI
+        if (glm_comm_mpi(&dp->boot, err)) return -1;
+        if (dp->boot->rank != dp->rank || dp->boot->world != dp->world)
+            return glm_fail(err, "MPI says rank %d of %d but the %s environment says rank %d of %d", dp->boot->rank,
+                            dp->boot->world, dp->dist.source, dp->rank, dp->world);
+        dp->boot->timeout = cfg->timeout;
+        dp->boot->interruptible = !cfg->save_on_interrupt;
+#endif
+    }
+    dp->comm = dp->boot ? dp->boot : glm_comm_single();
+    dp->comm->rank = dp->rank;
+    return 0;
+}
+
+int glm_dp_redirect_log(glm_dp *dp, const char *output_dir, glm_err *err) {
+    if (dp->rank == 0) {
+        if (dp->world > 1) glm_info("data parallel: %d ranks (%s), ZeRO stage %d; ranks 1..%d log to %s/logs/", dp->world,
+                                    dp->dist.source, dp->cfg.zero_stage, dp->world - 1, output_dir);
+        return 0;
+    }
+    char dir[4096], path[4200];
+    glm_path_join(dir, sizeof dir, output_dir, "logs");
+    if (glm_mkdirs(dir, err)) return -1;
+    snprintf(path, sizeof path, "%s/rank-%d.log", dir, dp->rank);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return glm_fail(err, "rank %d: cannot write its log %s", dp->rank, path);
+    fflush(stderr);
+    dp->saved_stderr = dup(2);
+    dup2(fd, 2);
+    close(fd);
+    glm_info("rank %d of %d (%s launch, local rank %d, pid %d)", dp->rank, dp->world, dp->dist.source,
+             dp->dist.local_rank, (int)getpid());
+    return 0;
+}
+
+/* ---------------------------------------------------------------- GPU communicator */
+
+static int open_nccl(glm_dp *dp, glm_err *err) {
+#ifdef GLM_HAVE_CUDA
+    unsigned char id[128] = {0};
+    if (dp->rank == 0 && glm_nccl_unique_id(id, err)) return -1;
+    if (dp->boot) {
+        /* launched by mpirun: the id travels over MPI (as 32 floats of raw bytes) */
+        float buf[32];
+        memcpy(buf, id, sizeof buf);
+        if (dp->boot->bcast(dp->boot, buf, 32, GLM_C_F32, 0, "nccl id", err) || dp->boot->wait(dp->boot, -1, err)) return -1;
+        memcpy(id, buf, sizeof buf);
+    } else {
+        const char *addr = dp->dist.master_addr[0] ? dp->dist.master_addr : "127.0.0.1";
+        if (dp->dist.master_port <= 0) {
+            glm_fail(err, "rank %d: MASTER_PORT is not set (%s launch)", dp->rank, dp->dist.source);
+            return glm_hint(err, "export MASTER_ADDR and MASTER_PORT, or start with glmtrain train --nproc_per_node N");
+        }
+        if (glm_rdzv_exchange(addr, dp->dist.master_port, dp->rank, dp->world, id, sizeof id, dp->cfg.timeout, err)) return -1;
+    }
+    glm_comm *nc;
+    if (glm_comm_nccl(&nc, dp->rank, dp->world, id, glm_cuda_stream(dp->m->be), dp->cfg.timeout, err)) return -1;
+    if (dp->comm != dp->boot) dp->comm->close(dp->comm);
+    dp->comm = nc;
+    return 0;
+#else
+    return glm_fail(err, "no GPU communicator in this build");
+#endif
+}
+
+/* ---------------------------------------------------------------- buckets */
+
+/* Starts the reduction of bucket i: one all-reduce, or (ZeRO-2) one reduce to the owner of
+ * each shard the bucket touches. Every rank starts the same calls in the same order. */
+static int start_bucket(glm_dp *dp, int i, glm_err *err) {
+    glm_dp_bucket *b = &dp->b[i];
+    glm_backend *be = dp->m->be;
+    b->started = 1;
+    char what[64];
+    snprintf(what, sizeof what, "gradient bucket %d", i);
+    if (dp->cfg.zero_stage < 2)
+        return dp->comm->allreduce(dp->comm, glm_at(be, dp->m->grads, b->lo), b->hi - b->lo, dp->gdt, what, err);
+    for (int r = (int)(b->lo / dp->shard); r < dp->world && (size_t)r * dp->shard < b->hi; r++) {
+        size_t a = (size_t)r * dp->shard > b->lo ? (size_t)r * dp->shard : b->lo;
+        size_t e = (size_t)(r + 1) * dp->shard < b->hi ? (size_t)(r + 1) * dp->shard : b->hi;
+        if (dp->comm->reduce(dp->comm, glm_at(be, dp->m->grads, a), e - a, dp->gdt, r, what, err)) return -1;
+    }
+    return 0;
+}
+
+static void on_grads_ready(void *ctx, size_t first) {
+    glm_dp *dp = ctx;
+    if (!dp->armed || dp->hook_failed) return;
+    for (int i = 0; i < dp->nb && dp->b[i].lo >= first; i++)
+        if (!dp->b[i].started && start_bucket(dp, i, &dp->hook_err)) { dp->hook_failed = 1; return; }
+    dp->comm->poke(dp->comm);
+}
+
+static void make_buckets(glm_dp *dp, size_t padded) {
+    size_t es = glm_cdtype_size(dp->gdt);
+    size_t cap = round_up((size_t)(dp->cfg.bucket_mb * 1048576.0 / es), ALIGN);
+    if (cap < ALIGN) cap = ALIGN;
+    if (cap > ((size_t)1 << 30)) cap = (size_t)1 << 30;
+    dp->nb = (int)((padded + cap - 1) / cap);
+    dp->b = glm_calloc((size_t)dp->nb, sizeof *dp->b);
+    for (int i = 0; i < dp->nb; i++) {
+        dp->b[i].hi = padded - (size_t)i * cap;
+        dp->b[i].lo = dp->b[i].hi > cap ? dp->b[i].hi - cap : 0;
+    }
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static void *alloc_zero(glm_backend *be, size_t bytes) {
+    void *p = be->alloc(be, bytes);
+    be->zero(be, p, bytes);
+    return p;
+}
+
+/* AdamW state for [lo, hi) only; the master copy starts from the (broadcast) weights. */
+static void init_sharded_opt(glm_dp *dp, glm_adamw *o, float lr, float b1, float b2, float eps, float wd) {
+    glm_backend *be = dp->m->be;
+    *o = (glm_adamw){.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd};
+    size_t bytes = dp->shard * sizeof(float);
+    o->m = alloc_zero(be, bytes);
+    o->v = alloc_zero(be, bytes);
+    if (be->dtype == GLM_F32) return;
+    o->master = be->alloc(be, bytes);
+    void *src = glm_at(be, dp->m->params, dp->lo);
+    if (be->to_f32) {
+        be->to_f32(be, o->master, src, dp->shard);
+    } else {
+        float *host = glm_malloc(bytes);
+        be->download_f32(be, host, src, dp->shard);
+        be->upload(be, o->master, host, bytes);
+        free(host);
+    }
+}
+
+int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, float b2, float eps, float wd,
+                  glm_err *err) {
+    dp->m = m;
+    dp->opt = opt;
+    glm_backend *be = m->be;
+    if (dp->world == 1) {
+        if (dp->cfg.zero_stage > 0) glm_info("--zero_stage %d has nothing to shard on one rank", dp->cfg.zero_stage);
+        glm_adamw_init(opt, m, lr, b1, b2, eps, wd);
+        return 0;
+    }
+    int gpu = strncmp(be->name, "cuda", 4) == 0;
+    if (gpu) {
+        if (open_nccl(dp, err)) return -1;
+    } else if (!dp->boot) {
+        glm_fail(err, "rank %d: CPU ranks communicate through MPI, but this %s launch is not an MPI job", dp->rank, dp->dist.source);
+#ifdef GLM_HAVE_MPI
+        return glm_hint(err, "start CPU ranks with mpirun, or with glmtrain train --nproc_per_node N (which uses mpirun)");
+#else
+        return glm_hint(err, "this glmtrain was built without MPI; rebuild with make MPI=1");
+#endif
+    }
+    dp->comm->timeout = dp->cfg.timeout;
+    dp->comm->interruptible = !dp->cfg.save_on_interrupt;
+    dp->gdt = be->dtype == GLM_F32 ? GLM_C_F32 : be->dtype == GLM_BF16 ? GLM_C_BF16 : GLM_C_F16;
+    dp->shard = round_up((m->tab.total + (size_t)dp->world - 1) / (size_t)dp->world, ALIGN);
+    size_t padded = dp->shard * (size_t)dp->world;
+    glm_model_reserve_flat(m, padded);
+    dp->lo = (size_t)dp->rank * dp->shard;
+    dp->hi = dp->lo + dp->shard;
+    make_buckets(dp, padded);
+    /* the same start on every rank, whatever each rank's initialisation did */
+    if (dp->comm->bcast(dp->comm, m->params, padded, dp->gdt, 0, "initial parameters", err) ||
+        dp->comm->wait(dp->comm, -1, err))
+        return -1;
+    m->grads_ready = on_grads_ready;
+    m->grads_ready_ctx = dp;
+    dp->sharded = dp->cfg.zero_stage >= 1;
+    if (dp->sharded) init_sharded_opt(dp, opt, lr, b1, b2, eps, wd);
+    else glm_adamw_init(opt, m, lr, b1, b2, eps, wd);
+    glm_info("data parallel: %s communicator, %d gradient buckets of <= %.1f MiB, shard %zu elements per rank%s",
+             dp->comm->kind, dp->nb, dp->cfg.bucket_mb, dp->shard, dp->sharded ? " (optimizer state sharded)" : "");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- per step */
+
+void glm_dp_set_step(glm_dp *dp, long step) {
+    dp->comm->step = step;
+    if (dp->boot) dp->boot->step = step;
+}
+
+int glm_dp_sum(glm_dp *dp, double *v, int n, const char *what, glm_err *err) {
+    if (dp->world == 1) return 0;
+    return dp->comm->sum_host(dp->comm, v, n, -1, what, err);
+}
+
+int glm_dp_sum_long(glm_dp *dp, double *v, int n, const char *what, glm_err *err) {
+    if (dp->world == 1) return 0;
+    /* rank 0 may be building the data cache or writing a checkpoint meanwhile */
+    double t = dp->cfg.timeout > 3600 ? dp->cfg.timeout : 3600;
+    return dp->comm->sum_host(dp->comm, v, n, t, what, err);
+}
+
+void glm_dp_micro_begin(glm_dp *dp, int last) { dp->armed = dp->world > 1 && last; }
+
+int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
+    if (dp->world == 1) return 0;
+    dp->armed = 0;
+    int rc = 0;
+    if (dp->hook_failed) { *err = dp->hook_err; rc = -1; }
+    for (int i = 0; i < dp->nb && rc == 0; i++)
+        if (!dp->b[i].started) rc = start_bucket(dp, i, err);
+    if (rc == 0) rc = dp->comm->wait(dp->comm, -1, err);
+    for (int i = 0; i < dp->nb; i++) dp->b[i].started = 0;
+    return rc;
+}
+
+int glm_dp_grad_norm(glm_dp *dp, float grad_scale, double *loss_sum, double *norm, glm_err *err) {
+    glm_model *m = dp->m;
+    if (dp->world == 1) { *norm = glm_grad_norm(m, grad_scale); return 0; }
+    /* each rank squares its shard (the only part ZeRO-2 reduced); padding is zero */
+    glm_backend *be = m->be;
+    double v[2] = {*loss_sum, be->sumsq(be, glm_at(be, m->grads, dp->lo), dp->shard)};
+    if (dp->comm->sum_host(dp->comm, v, 2, -1, "loss and gradient norm", err)) return -1;
+    *loss_sum = v[0];
+    *norm = sqrt(v[1]) * grad_scale;
+    return 0;
+}
+
+int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) {
+    glm_model *m = dp->m;
+    glm_adamw *o = dp->opt;
+    if (!dp->sharded) { glm_adamw_step(o, m, lr, grad_scale); return 0; }
+    glm_backend *be = m->be;
+    o->step++;
+    float bc1 = 1.0f - powf(o->beta1, (float)o->step), bc2 = 1.0f - powf(o->beta2, (float)o->step);
+    /* the same per-element update as glm_adamw_step, on each tensor's part inside the shard */
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        size_t a = t->offset > dp->lo ? t->offset : dp->lo, e = t->offset + t->numel < dp->hi ? t->offset + t->numel : dp->hi;
+        if (a >= e) continue;
+        size_t k = a - dp->lo;
+        be->adamw(be, glm_at(be, m->params, a), o->master ? o->master + k : NULL, glm_at(be, m->grads, a), o->m + k,
+                  o->v + k, e - a, lr, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2, grad_scale);
+    }
+    if (dp->comm->allgather(dp->comm, m->params, dp->shard, dp->gdt, "updated parameters", err)) return -1;
+    return dp->comm->wait(dp->comm, -1, err);
+}
+
+void glm_dp_close(glm_dp *dp, int ok) {
+    if (!dp) return;
+    if (!ok) {
+        if (dp->comm) dp->comm->broken = 1;
+        if (dp->boot) dp->boot->broken = 1;
+    }
+    if (dp->comm && dp->comm != dp->boot) dp->comm->close(dp->comm);
+    if (dp->boot) dp->boot->close(dp->boot);
+    if (dp->m) { dp->m->grads_ready = NULL; dp->m->grads_ready_ctx = NULL; }
+    if (dp->saved_stderr >= 0) {
+        fflush(stderr);
+        dup2(dp->saved_stderr, 2);
+        close(dp->saved_stderr);
+    }
+    free(dp->b);
+    free(dp);
+}

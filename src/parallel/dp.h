@@ -1,0 +1,85 @@
+/* Data parallelism for the training loop (train/train.c calls these in a few places).
+ *
+ * Every rank holds the whole model and trains on its share of each global batch (the loader's
+ * DistributedSampler split). The loss is the mean over the supervised tokens of the whole
+ * global batch: the loop sums the token count over ranks before backward and sets dscale to
+ * 1/global count, so summing the ranks' gradients gives exactly the gradient of that mean, and
+ * results do not depend on how the batch is split.
+ *
+ * Gradients are reduced in buckets: contiguous ranges of the flat gradient buffer, from its end
+ * backwards, because backward completes gradients in that order (the model's grads_ready hook).
+ * A bucket's reduction starts as soon as backward has passed its start, and only in the last
+ * micro-batch of an accumulation step.
+ *
+ * ZeRO: the flat buffer is cut into `world` equal contiguous shards (padded to a multiple of
+ * 64 * world elements, so any size shards). Stage 0 all-reduces gradients and every rank keeps
+ * the full AdamW state. Stage 1 keeps AdamW state (moments, fp32 master) for the rank's shard
+ * only, updates that shard and all-gathers the parameters. Stage 2 also reduces each gradient
+ * only to the rank that owns it (a reduce per bucket-shard piece), halving gradient traffic;
+ * the local full-size gradient buffer stays, since micro-batches accumulate into it.
+ * Checkpoints keep the single-process format: shards are gathered to rank 0 for saving and
+ * each rank reads its own slice on load, so N ranks' checkpoints resume on M ranks. */
+#ifndef GLM_PARALLEL_DP_H
+#define GLM_PARALLEL_DP_H
+#include "model/glm.h"
+#include "optim/adamw.h"
+#include "parallel/comm.h"
+#include "parallel/dist.h"
+#include "train/checkpoint.h"
+
+typedef struct glm_dp_cfg {
+    int zero_stage;        /* 0, 1, 2 */
+    double bucket_mb;      /* gradient bucket size in MiB */
+    double timeout;        /* --ddp_timeout: seconds a collective may wait */
+    int save_on_interrupt; /* collectives are then not cut short by SIGINT/SIGTERM */
+} glm_dp_cfg;
+
+typedef struct glm_dp_bucket { size_t lo, hi; int started; } glm_dp_bucket;
+
+typedef struct glm_dp {
+    glm_dp_cfg cfg;
+    glm_dist dist;
+    int rank, world;
+    glm_comm *comm;        /* the collectives of training: single, mpi or nccl */
+    glm_comm *boot;        /* MPI when an MPI launcher started us (== comm on CPU ranks) */
+    glm_model *m;
+    glm_adamw *opt;
+    int sharded;           /* ZeRO >= 1 with world > 1: opt->m/v/master hold [lo, hi) only */
+    size_t shard, lo, hi;  /* elements per rank; this rank's range of the flat buffer */
+    glm_cdtype gdt;        /* storage dtype of params/grads */
+    glm_dp_bucket *b;      /* b[0] ends at the end of the flat buffer */
+    int nb, armed, hook_failed;
+    glm_err hook_err;      /* a failure inside the backward hook, returned by reduce_grads */
+    int saved_stderr;      /* ranks > 0 log to a file; the terminal's stderr kept here (-1) */
+} glm_dp;
+
+/* Reads the launcher's environment and joins an MPI job when there is one. */
+int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err);
+/* Ranks > 0 send stderr to <output_dir>/logs/rank-R.log. */
+int glm_dp_redirect_log(glm_dp *dp, const char *output_dir, glm_err *err);
+/* After the model is built on its backend: the GPU communicator (NCCL), the shard layout,
+ * parameters broadcast from rank 0, buckets, the backward hook and the optimizer state (full,
+ * or sharded). Replaces glm_adamw_init. */
+int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, float b2, float eps, float wd,
+                  glm_err *err);
+/* The step named in collective error messages. */
+void glm_dp_set_step(glm_dp *dp, long step);
+/* Host doubles summed over ranks (timeout: --ddp_timeout; long = rank 0 may be doing I/O). */
+int glm_dp_sum(glm_dp *dp, double *v, int n, const char *what, glm_err *err);
+int glm_dp_sum_long(glm_dp *dp, double *v, int n, const char *what, glm_err *err);
+/* Before each micro-batch's forward_backward: buckets start during backward of the last one. */
+void glm_dp_micro_begin(glm_dp *dp, int last);
+/* Starts any bucket not started yet and waits for all gradient reductions. */
+int glm_dp_reduce_grads(glm_dp *dp, glm_err *err);
+/* The global gradient norm (times grad_scale); *loss_sum is summed over ranks on the way. */
+int glm_dp_grad_norm(glm_dp *dp, float grad_scale, double *loss_sum, double *norm, glm_err *err);
+/* AdamW (on this rank's shard when sharded) and the parameter all-gather. */
+int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err);
+/* Checkpoints (dp_ckpt.c): rank 0 writes; every rank returns its result. */
+int glm_dp_save(glm_dp *dp, const char *output_dir, const glm_train_state *st, const char *tokenizer_path,
+                const char *args_json, glm_err *err);
+int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err);
+/* ok = 0 after a failure: MPI/NCCL are then torn down without the collective shutdown. */
+void glm_dp_close(glm_dp *dp, int ok);
+
+#endif

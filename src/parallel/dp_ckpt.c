@@ -1,0 +1,83 @@
+/* Checkpoints under data parallelism, in the single-process format (train/checkpoint.h):
+ * without ZeRO every rank holds the same state and rank 0 writes it; with ZeRO the optimizer
+ * shards are gathered to rank 0's host memory chunk by chunk (so no rank needs a full-size
+ * device buffer), and on load each rank reads only its shard's slice of every tensor. */
+#include <stdlib.h>
+#include <string.h>
+#include "core/log.h"
+#include "parallel/dp.h"
+
+#define CHUNK ((size_t)16 << 20) /* elements per rank gathered at once */
+
+/* shard (device, dp->shard floats) of every rank -> host[r * shard ...] on rank 0. */
+static int gather_to_host(glm_dp *dp, const float *shard, float *host, float *tmp, glm_err *err) {
+    glm_backend *be = dp->m->be;
+    size_t S = dp->shard, C = S < CHUNK ? S : CHUNK;
+    for (size_t c0 = 0; c0 < S; c0 += C) {
+        size_t k = S - c0 < C ? S - c0 : C;
+        if (dp->comm->gather(dp->comm, shard + c0, tmp, k, GLM_C_F32, 0, "optimizer state for the checkpoint", err) ||
+            dp->comm->wait(dp->comm, -1, err))
+            return -1;
+        if (dp->rank == 0)
+            for (int r = 0; r < dp->world; r++) be->download(be, host + (size_t)r * S + c0, tmp + (size_t)r * k, k * sizeof(float));
+    }
+    return 0;
+}
+
+static int save_sharded(glm_dp *dp, const char *output_dir, const glm_train_state *st, const char *tok,
+                        const char *args, glm_err *err) {
+    glm_backend *be = dp->m->be;
+    glm_adamw *o = dp->opt;
+    size_t S = dp->shard, padded = S * (size_t)dp->world, C = S < CHUNK ? S : CHUNK;
+    int kinds = o->master ? 3 : 2;
+    float *host = NULL, *tmp = NULL;
+    if (dp->rank == 0) {
+        host = glm_malloc(padded * kinds * sizeof(float));
+        tmp = be->alloc(be, C * (size_t)dp->world * sizeof(float));
+    }
+    const float *src[] = {o->m, o->v, o->master};
+    int rc = 0;
+    for (int k = 0; k < kinds && rc == 0; k++) rc = gather_to_host(dp, src[k], host ? host + (size_t)k * padded : NULL, tmp, err);
+    if (rc == 0 && dp->rank == 0) {
+        glm_opt_state os = {.lo = 0, .hi = dp->m->tab.total, .m = host, .v = host + padded,
+                            .master = o->master ? host + 2 * padded : NULL, .step = o->step};
+        rc = glm_checkpoint_save_state(output_dir, dp->m, &os, st, tok, args, err);
+        if (rc) rc = 1; /* a local failure: the others still learn of it below */
+    }
+    if (tmp) be->free(be, tmp);
+    free(host);
+    return rc;
+}
+
+int glm_dp_save(glm_dp *dp, const char *output_dir, const glm_train_state *st, const char *tokenizer_path,
+                const char *args_json, glm_err *err) {
+    if (dp->world == 1) return glm_checkpoint_save(output_dir, dp->m, dp->opt, st, tokenizer_path, args_json, err);
+    int rc = 0;
+    if (dp->sharded) rc = save_sharded(dp, output_dir, st, tokenizer_path, args_json, err);
+    else if (dp->rank == 0 && glm_checkpoint_save(output_dir, dp->m, dp->opt, st, tokenizer_path, args_json, err)) rc = 1;
+    if (rc < 0) return -1; /* a collective failed: every rank fails the same way */
+    /* the other ranks wait here while rank 0 writes, and all learn whether it worked */
+    double failed = rc;
+    if (glm_dp_sum_long(dp, &failed, 1, "checkpoint written", err)) return -1;
+    if (failed > 0 && rc == 0)
+        return glm_fail(err, "rank %d: rank 0 could not write checkpoint-%ld (see rank 0's error)", dp->rank, st->global_step);
+    return rc ? -1 : 0;
+}
+
+int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) {
+    if (!dp->sharded) return glm_checkpoint_load(dir, dp->m, dp->opt, st, err);
+    glm_backend *be = dp->m->be;
+    glm_adamw *o = dp->opt;
+    size_t S = dp->shard;
+    float *host = glm_malloc(S * 3 * sizeof(float));
+    glm_opt_state os = {.lo = dp->lo, .hi = dp->hi, .m = host, .v = host + S, .master = o->master ? host + 2 * S : NULL};
+    int rc = glm_checkpoint_load_state(dir, dp->m, &os, st, err);
+    if (rc == 0) {
+        be->upload(be, o->m, os.m, S * sizeof(float));
+        be->upload(be, o->v, os.v, S * sizeof(float));
+        if (o->master) be->upload(be, o->master, os.master, S * sizeof(float));
+        o->step = os.step;
+    }
+    free(host);
+    return rc;
+}

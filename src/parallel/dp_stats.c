@@ -1,0 +1,60 @@
+#include "parallel/dp_stats.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define K 4 /* figures per rank */
+
+int glm_dp_stats(glm_dp *dp, glm_gpustat *gs, double compute_s, glm_rank_stat *out, glm_err *err) {
+    int W = dp->world;
+    double *v = glm_calloc((size_t)W * K, sizeof *v);
+    double *mine = v + (size_t)dp->rank * K;
+    mine[0] = compute_s;
+    glm_gpustat_read(gs, &mine[1], &mine[2], &mine[3]);
+    if (!gs) mine[2] = glm_rss_bytes();
+    /* every rank fills its own row; the sum over ranks is the gathered table */
+    int rc = glm_dp_sum(dp, v, W * K, "per-rank statistics", err);
+    for (int r = 0; r < W && rc == 0; r++)
+        out[r] = (glm_rank_stat){v[r * K], v[r * K + 1], v[r * K + 2], v[r * K + 3]};
+    free(v);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(int n, const glm_rank_stat *s, size_t field) {
+    double *x = glm_malloc(sizeof(double) * (size_t)n);
+    for (int i = 0; i < n; i++) x[i] = *(const double *)((const char *)&s[i] + field);
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    double m = n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+    free(x);
+    return m;
+}
+
+void glm_dp_stats_format(int world, int gpu, const glm_rank_stat *s, char *line, size_t n, char *warn, size_t wn) {
+    const double GiB = 1073741824.0;
+    size_t len = (size_t)snprintf(line, n, "[glmtrain] ranks (fwd+bwd s%s):", gpu ? ", GPU util, memory, power" : ", RSS");
+    for (int r = 0; r < world && len < n; r++) {
+        if (gpu)
+            len += (size_t)snprintf(line + len, n - len, "%s %d: %.3f %.0f%% %.1f GiB %.0f W", r ? " |" : "", r,
+                                    s[r].compute_s, s[r].util, s[r].mem / GiB, s[r].power);
+        else
+            len += (size_t)snprintf(line + len, n - len, "%s %d: %.3f %.2f GiB", r ? " |" : "", r, s[r].compute_s, s[r].mem / GiB);
+    }
+    warn[0] = 0;
+    if (world < 2) return;
+    double mt = median(world, s, offsetof(glm_rank_stat, compute_s)), mm = median(world, s, offsetof(glm_rank_stat, mem));
+    size_t wl = 0;
+    for (int r = 0; r < world && wl < wn; r++) {
+        if (s[r].compute_s > 1.2 * mt && s[r].compute_s - mt > 0.005)
+            wl += (size_t)snprintf(warn + wl, wn - wl, "%srank %d is slow: %.3f s forward+backward vs median %.3f s",
+                                   wl ? "; " : "", r, s[r].compute_s, mt);
+        if (wl < wn && s[r].mem > 1.15 * mm && s[r].mem - mm > GiB)
+            wl += (size_t)snprintf(warn + wl, wn - wl, "%srank %d uses %.1f GiB of %s memory vs median %.1f GiB",
+                                   wl ? "; " : "", r, s[r].mem / GiB, gpu ? "GPU" : "host", mm / GiB);
+    }
+}

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Data parallelism on CPU ranks under mpirun (OpenMPI), end to end with the tiny GLM and
+tokenizer of test_train.py:
+  - N ranks x micro-batch B reproduce 1 rank x micro-batch N*B (losses within 1e-6 relative
+    over 20 steps) for 2 and 4 ranks, ZeRO stages 0/1/2, with and without accumulation, with
+    small gradient buckets (many buckets; ZeRO-2 pieces cut by shard edges);
+  - a checkpoint written by 2 ranks (ZeRO-2) resumes on 1 and on 4 ranks on the same curve;
+  - a hung rank (SIGSTOP) makes rank 0 fail within --ddp_timeout naming the collective and
+    step; a killed rank (SIGKILL) makes the others exit within it too;
+  - `--nproc_per_node 2` starts the ranks itself (mpirun underneath), and Ctrl-C to it with
+    --save_on_interrupt stops every worker after writing a checkpoint;
+  - a torchrun environment on CPU without MPI is a clear error.
+Prints PASS/FAIL/SKIP lines; SKIP when mpirun or an MPI build is missing."""
+import json, os, shutil, signal, subprocess, sys, tempfile, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_train as T
+
+GLM = T.GLM
+MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
+results = []
+
+
+def report(name, ok, detail=""):
+    print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""))
+    sys.stdout.flush()
+    results.append(ok)
+
+
+def losses(out, step=20):
+    h = json.load(open(os.path.join(out, "checkpoint-%d" % step, "trainer_state.json")))["log_history"]
+    return {r["step"]: r["loss"] for r in h if "loss" in r}
+
+
+def run(args, np=1, check=True, timeout=120):
+    cmd = (MPIRUN + ["-np", str(np)] if np > 1 else []) + [GLM, "train"] + args
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    if check and p.returncode != 0:
+        raise RuntimeError("%s failed (%d):\n%s" % (" ".join(cmd[:8]), p.returncode, (p.stdout + p.stderr)[-3000:]))
+    return p
+
+
+def rel(a, b):
+    steps = sorted(set(a) & set(b))
+    return max(abs(a[s] - b[s]) / abs(b[s]) for s in steps) if steps else float("inf"), len(steps)
+
+
+def wait_for(path, text, timeout=60):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if os.path.exists(path) and text in open(path, errors="replace").read():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def rank_pid(out, r):
+    for line in open(os.path.join(out, "logs", "rank-%d.log" % r), errors="replace"):
+        if " pid " in line:
+            return int(line.split(" pid ")[1].split(")")[0])
+    return None
+
+
+def still_running(pid, grace=3.0):
+    """True when pid is still a live process (not a zombie) after grace seconds."""
+    t0 = time.time()
+    while time.time() - t0 < grace:
+        try:
+            state = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        if state == "Z":
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def main():
+    if not os.path.exists(GLM):
+        print("SKIP dp_all: %s not built" % GLM)
+        return
+    if not shutil.which("mpirun") or not shutil.which("spm_train"):
+        print("SKIP dp_all: mpirun (openmpi-bin) or spm_train (sentencepiece) not installed")
+        return
+    d = tempfile.mkdtemp(prefix="glmtrain-dp-")
+    try:
+        tok = T.make_tokenizer(d)
+        ids, vocab = T.piece_ids(tok)
+        cfg = T.write_config(d, ids, vocab)
+        train_file, _ = T.write_data(d)  # 32 records: every split below divides them evenly
+        base = ["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", train_file,
+                "--learning_rate", "1e-2", "--warmup_steps", "2", "--logging_steps", "1", "--seed", "7",
+                "--max_source_length", "32", "--max_target_length", "16", "--disable_tqdm", "--report_to", "none"]
+        steps20 = ["--max_steps", "20", "--save_steps", "10"]
+
+        probe = run(base + ["--output_dir", os.path.join(d, "probe"), "--max_steps", "1", "--save_strategy", "no"], np=2, check=False)
+        if "built without MPI" in probe.stdout + probe.stderr or "not an MPI job" in probe.stdout + probe.stderr:
+            print("SKIP dp_all: this glmtrain was built without MPI (MPI=0 or a CUDA build)")
+            return
+        if probe.returncode != 0:
+            raise RuntimeError("2-rank probe failed:\n" + (probe.stdout + probe.stderr)[-3000:])
+
+        # 1. N ranks x B == 1 rank x N*B, for every ZeRO stage, with and without accumulation
+        ref = {}
+        for acc in (1, 2):
+            out = os.path.join(d, "ref-acc%d" % acc)
+            run(base + steps20 + ["--output_dir", out, "--per_device_train_batch_size", "8",
+                                  "--gradient_accumulation_steps", str(acc)])
+            ref[acc] = losses(out)
+        for np_ in (2, 4):
+            for acc in (1, 2):
+                for zero in (0, 1, 2):
+                    out = os.path.join(d, "dp%d-acc%d-z%d" % (np_, acc, zero))
+                    bucket = "0.004" if zero == 2 else "0.02"  # ~1000 / ~5000 fp32 per bucket
+                    p = run(base + steps20 + ["--output_dir", out, "--per_device_train_batch_size", str(8 // np_),
+                                              "--gradient_accumulation_steps", str(acc), "--zero_stage", str(zero),
+                                              "--bucket_size_mb", bucket], np=np_)
+                    err, n = rel(losses(out), ref[acc])
+                    report("dp_%dranks_zero%d_accum%d_matches_1rank" % (np_, zero, acc), n == 20 and err < 1e-6,
+                           "max relative loss difference %.2e over %d steps" % (err, n))
+        # the run above logged every rank's figures and wrote the other ranks' logs
+        out = os.path.join(d, "dp4-acc2-z2")
+        report("dp_rank_logs_and_stats", all(os.path.exists(os.path.join(out, "logs", "rank-%d.log" % r)) for r in (1, 2, 3))
+               and "ranks (fwd+bwd s" in p.stderr and not os.path.exists(os.path.join(out, "logs", "rank-0.log")),
+               p.stderr[-300:])
+
+        # 2. a checkpoint of 2 ranks (ZeRO-2) continues on 1 rank and on 4 ranks (ZeRO-1)
+        src = os.path.join(d, "dp2-acc1-z2")
+        full = losses(src)
+        for np_, zero in ((1, 0), (4, 1)):
+            out = os.path.join(d, "resume-%d" % np_)
+            os.makedirs(out)
+            shutil.copytree(os.path.join(src, "checkpoint-10"), os.path.join(out, "checkpoint-10"))
+            run(base + steps20 + ["--output_dir", out, "--per_device_train_batch_size", str(8 // np_),
+                                  "--zero_stage", str(zero), "--resume_from_checkpoint"], np=np_)
+            got = {s: l for s, l in losses(out).items() if s > 10}
+            err, n = rel(got, full)
+            report("checkpoint_of_2_ranks_resumes_on_%d" % np_, n == 10 and err < 1e-6,
+                   "steps 11-20: max relative loss difference %.2e over %d steps" % (err, n))
+
+        # 3. faults: a hung rank, a killed rank
+        long_run = base + ["--max_steps", "1000000", "--save_strategy", "no", "--per_device_train_batch_size", "4",
+                           "--logging_steps", "100", "--ddp_timeout", "4"]
+        for how, sig in (("hung", signal.SIGSTOP), ("killed", signal.SIGKILL)):
+            out = os.path.join(d, "fault-" + how)
+            log = os.path.join(d, "fault-%s.txt" % how)
+            with open(log, "w") as f:
+                p = subprocess.Popen(MPIRUN + ["-np", "2", GLM, "train"] + long_run + ["--output_dir", out],
+                                     stdout=f, stderr=subprocess.STDOUT, env=ENV)
+            ok = wait_for(log, "'loss'") and wait_for(os.path.join(out, "logs", "rank-1.log"), "'loss'")
+            pid = rank_pid(out, 1) if ok else None
+            if pid is None:
+                p.kill(); p.wait()
+                report("fault_%s_rank" % how, False, "training did not start: " + open(log).read()[-800:])
+                continue
+            os.kill(pid, sig)
+            t0 = time.time()
+            try:
+                rc = p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill(); rc = p.wait()
+            dt = time.time() - t0
+            if sig == signal.SIGSTOP:
+                try: os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError: pass
+            text = open(log, errors="replace").read()
+            if how == "hung":
+                ok = "rank 0: " in text and "timed out after 4 s waiting for peers" in text and "at step" in text
+            else:  # mpirun itself stops the survivors at once: they say where they were
+                ok = "rank 0: " in text and "at step" in text and ("interrupted by SIGTERM" in text or "timed out" in text)
+            lines = [l for l in text.splitlines() if "rank 0:" in l]
+            report("fault_%s_rank" % how, rc != 0 and dt < 4 + 3 and ok, "exit %d after %.1f s: %s" % (rc, dt, lines[:1]))
+
+        # 4. own launcher (mpirun underneath), Ctrl-C with --save_on_interrupt
+        out = os.path.join(d, "launcher")
+        log = os.path.join(d, "launcher.txt")
+        with open(log, "w") as f:
+            p = subprocess.Popen([GLM, "train"] + long_run + ["--output_dir", out, "--nproc_per_node", "2",
+                                                            "--save_on_interrupt"], stdout=f, stderr=subprocess.STDOUT, env=ENV)
+        started = wait_for(log, "'loss'") and wait_for(os.path.join(out, "logs", "rank-1.log"), "'loss'")
+        pids = [rank_pid(out, 1)] if started else []
+        p.send_signal(signal.SIGINT)
+        try:
+            rc = p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill(); rc = p.wait()
+        text = open(log, errors="replace").read()
+        cks = [n for n in os.listdir(out) if n.startswith("checkpoint-")] if os.path.isdir(out) else []
+        complete = len(cks) == 1 and os.path.exists(os.path.join(out, cks[0], "trainer_state.json"))
+        alive = [q for q in pids if q and still_running(q)]
+        report("launcher_ctrl_c_saves_and_stops_workers",
+               started and rc != 0 and complete and not alive and "CPU ranks through" in text and "stopping at step" in text,
+               "exit %d, checkpoints %s, workers alive %s: %s" % (rc, cks, alive, text[-400:]))
+
+        # 5. torchrun's variables on CPU ranks without MPI: a clear error, not a hang
+        env = {k: v for k, v in ENV.items() if not k.startswith(("OMPI_", "PMIX_"))}
+        env.update(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
+        p = subprocess.run([GLM, "train"] + base + ["--output_dir", os.path.join(d, "trx"), "--max_steps", "1", "--device", "cpu"],
+                           capture_output=True, text=True, timeout=60, env=env)
+        report("torchrun_env_on_cpu_is_clear_error", p.returncode != 0 and "communicate through MPI" in p.stderr,
+               p.stderr.strip()[-300:])
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    try:
+        main()
+    except Exception as e:  # a crash is one failure with its reason
+        print("FAIL test_dp: %s" % e)
+        sys.exit(1)
+    print("# test_dp: %.0f s" % (time.time() - t0))
+    sys.exit(0 if all(results) else 1)
