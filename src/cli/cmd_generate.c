@@ -68,16 +68,18 @@ static int generate_one(gen_session *s, const gen_args *a, glm_err *err) {
 /* A file whose first record has no answer field holds bare prompts: a JSON string per line,
  * or objects with a prompt (and optionally a history) but nothing to compare against. */
 static int is_prompts_file(const char *path, const gen_args *a) {
-    size_t n;
-    glm_err e;
-    char *text = glm_read_file(path, &n, &e);
-    if (!text) return 0;
-    char *s = text + (strncmp(text, "\xef\xbb\xbf", 3) == 0 ? 3 : 0);
-    while (*s == ' ' || *s == '\n' || *s == '\r' || *s == '\t') s++;
-    if (*s == '[') { free(text); return 0; }
-    char *nl = strchr(s, '\n');
-    if (nl) *nl = 0;
-    cJSON *o = cJSON_Parse(s);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char *line = NULL, *s = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) { /* the first non-blank line */
+        s = line + (strncmp(line, "\xef\xbb\xbf", 3) == 0 ? 3 : 0);
+        while (*s == ' ' || *s == '\n' || *s == '\r' || *s == '\t') s++;
+        if (*s) break;
+        s = NULL;
+    }
+    fclose(f);
+    cJSON *o = s && *s != '[' ? cJSON_Parse(s) : NULL;
     int bare = cJSON_IsString(o);
     if (cJSON_IsObject(o)) {
         const char *keys[] = {"output", "response", "summary", "conversations", "messages", a->response_column};
@@ -86,7 +88,7 @@ static int is_prompts_file(const char *path, const gen_args *a) {
             if (keys[i] && cJSON_GetObjectItemCaseSensitive(o, keys[i])) bare = 0;
     }
     cJSON_Delete(o);
-    free(text);
+    free(line);
     return bare;
 }
 
