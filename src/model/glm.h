@@ -86,6 +86,9 @@ void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be);
 /* One pipeline stage: layers [l0, l1), with the embedding when first, the head when last. */
 void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last);
 void glm_model_free(glm_model *m);
+/* Turns gradient checkpointing on or off (frees activation buffers; they are re-made at the
+ * next batch). Set the field directly only before the first batch. */
+void glm_model_set_checkpointing(glm_model *m, int on);
 void glm_zero_grads(glm_model *m);
 /* Grows the params and grads buffers to `elems` elements (values kept, the tail zeroed), e.g. so
  * ZeRO shards of equal size cover them; the weight views are re-bound. */
@@ -129,6 +132,12 @@ int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_b
 typedef struct glm_kvcache {
     int B, Tmax, len;   /* rows, capacity, tokens cached so far */
     void **qkv;         /* [L] each [B, Tmax, 3H]: rotated q|k|v rows (q kept so one copy serves) */
+    /* work buffers for the new tokens of one call, kept between calls (a device free per
+     * decode step would wait for the GPU each time); sized for cap_tokens tokens */
+    int cap_tokens;
+    void *h, *h2, *x, *qkv_new, *ctx, *ff, *ff2, *rows, *logits;  /* S */
+    float *mean, *rstd, *lse;
+    int32_t *ints;      /* ids, pos, block_pos, kv_lo, kv_hi, last-row index: [6 * cap_tokens] */
 } glm_kvcache;
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
 void glm_kvcache_free(glm_model *m, glm_kvcache *kv);

@@ -14,7 +14,33 @@ void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax) {
     for (int l = 0; l < L; l++) kv->qkv[l] = be->alloc(be, (size_t)B * Tmax * 3 * H * glm_dtype_size(be->dtype));
 }
 
+static void free_scratch(glm_backend *be, glm_kvcache *kv) {
+    void *bufs[] = {kv->h, kv->h2, kv->x, kv->qkv_new, kv->ctx, kv->ff, kv->ff2, kv->rows, kv->logits,
+                    kv->mean, kv->rstd, kv->lse, kv->ints};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(be, bufs[i]);
+    kv->cap_tokens = 0;
+}
+
+/* Work buffers for n new tokens (B rows included). */
+static void ensure_scratch(glm_model *m, glm_kvcache *kv, int n) {
+    if (n <= kv->cap_tokens) return;
+    glm_backend *be = m->be;
+    free_scratch(be, kv);
+    const glm_config *c = &m->cfg;
+    size_t es = glm_dtype_size(be->dtype), N = (size_t)n, H = c->hidden_size, F = c->inner_hidden_size;
+    kv->h = be->alloc(be, N * H * es); kv->h2 = be->alloc(be, N * H * es); kv->x = be->alloc(be, N * H * es);
+    kv->qkv_new = be->alloc(be, N * 3 * H * es); kv->ctx = be->alloc(be, N * H * es);
+    kv->ff = be->alloc(be, N * F * es); kv->ff2 = be->alloc(be, N * F * es);
+    kv->rows = be->alloc(be, (size_t)kv->B * H * es);
+    kv->logits = be->alloc(be, (size_t)kv->B * c->vocab_size * es);
+    kv->mean = be->alloc(be, N * 4); kv->rstd = be->alloc(be, N * 4);
+    kv->lse = be->alloc(be, N * c->num_attention_heads * 4);
+    kv->ints = be->alloc(be, N * 6 * 4);
+    kv->cap_tokens = n;
+}
+
 void glm_kvcache_free(glm_model *m, glm_kvcache *kv) {
+    free_scratch(m->be, kv);
     for (int l = 0; l < m->cfg.num_layers; l++) m->be->free(m->be, kv->qkv[l]);
     free(kv->qkv);
     *kv = (glm_kvcache){0};
@@ -35,14 +61,13 @@ int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids
             return glm_fail(err, "key range [%d, %d) outside the cache (%d tokens)", kv_lo[i], kv_hi[i], kv->len + Tq);
     }
     size_t es = glm_dtype_size(be->dtype), Nb = (size_t)N;
-    int32_t *d_ids = be->alloc(be, Nb * 4), *d_pos = be->alloc(be, Nb * 4), *d_bpos = be->alloc(be, Nb * 4);
-    int32_t *d_lo = be->alloc(be, Nb * 4), *d_hi = be->alloc(be, Nb * 4);
+    ensure_scratch(m, kv, N);
+    int32_t *d_ids = kv->ints, *d_pos = d_ids + N, *d_bpos = d_pos + N, *d_lo = d_bpos + N, *d_hi = d_lo + N;
+    int32_t *d_last = d_hi + N;
     be->upload(be, d_ids, ids, Nb * 4); be->upload(be, d_pos, pos, Nb * 4); be->upload(be, d_bpos, block_pos, Nb * 4);
     be->upload(be, d_lo, kv_lo, Nb * 4); be->upload(be, d_hi, kv_hi, Nb * 4);
-    void *h = be->alloc(be, Nb * H * es), *h2 = be->alloc(be, Nb * H * es), *x = be->alloc(be, Nb * H * es);
-    void *qkv = be->alloc(be, Nb * 3 * H * es), *ctx = be->alloc(be, Nb * H * es), *ff = be->alloc(be, Nb * F * es);
-    void *ff2 = be->alloc(be, Nb * F * es);
-    float *mean = be->alloc(be, Nb * 4), *rstd = be->alloc(be, Nb * 4), *lse = be->alloc(be, Nb * NH * 4);
+    void *h = kv->h, *h2 = kv->h2, *x = kv->x, *qkv = kv->qkv_new, *ctx = kv->ctx, *ff = kv->ff, *ff2 = kv->ff2;
+    float *mean = kv->mean, *rstd = kv->rstd, *lse = kv->lse;
     be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
     float scale = 1.0f / sqrtf((float)HD);
     for (int l = 0; l < L; l++) {
@@ -71,17 +96,12 @@ int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids
     if (logits_out) {
         int32_t *last = glm_malloc(sizeof(int32_t) * B);
         for (int b = 0; b < B; b++) last[b] = b * Tq + Tq - 1;
-        int32_t *d_last = be->alloc(be, (size_t)B * 4);
         be->upload(be, d_last, last, (size_t)B * 4);
-        void *rows = be->alloc(be, (size_t)B * H * es), *lg = be->alloc(be, (size_t)B * V * es);
-        be->gather_rows(be, rows, x, d_last, B, H);
-        be->matmul_fwd(be, lg, rows, m->w.head, NULL, B, H, V);
-        be->download_f32(be, logits_out, lg, (size_t)B * V);
-        be->free(be, rows); be->free(be, lg); be->free(be, d_last);
+        be->gather_rows(be, kv->rows, x, d_last, B, H);
+        be->matmul_fwd(be, kv->logits, kv->rows, m->w.head, NULL, B, H, V);
+        be->download_f32(be, logits_out, kv->logits, (size_t)B * V);
         free(last);
     }
     kv->len += Tq;
-    void *bufs[] = {d_ids, d_pos, d_bpos, d_lo, d_hi, h, h2, x, qkv, ctx, ff, ff2, mean, rstd, lse};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
     return 0;
 }
