@@ -14,15 +14,19 @@
 void glm_model_init_random(glm_model *m, uint64_t seed, float std) {
     float *host = glm_calloc(m->tab.total, sizeof(float));
     glm_rng rng;
+    /* one stream per tensor, numbered by its row in the whole model's table, so a pipeline
+     * stage (a part of the table) gets the same values as the whole model */
+    glm_table full;
+    glm_table_build(&full, &m->cfg);
     for (int i = 0; i < m->tab.n; i++) {
         const glm_tensor *t = &m->tab.t[i];
         float *p = host + t->offset;
-        /* one stream per tensor, so a tensor's values do not depend on which others exist */
-        glm_rng_seed(&rng, seed * 1000003ULL + (uint64_t)i);
+        glm_rng_seed(&rng, seed * 1000003ULL + (uint64_t)(glm_table_find(&full, t->name) - full.t));
         int is_ln_w = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W;
         for (size_t j = 0; j < t->numel; j++)
             p[j] = t->ndim == 2 ? std * glm_rng_normal(&rng) : (is_ln_w ? 1.0f : 0.0f);
     }
+    glm_table_free(&full);
     glm_model_set_params(m, host);
     free(host);
 }

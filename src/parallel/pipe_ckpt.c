@@ -1,0 +1,162 @@
+#include "parallel/pipe_ckpt.h"
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/fileutil.h"
+#include "core/log.h"
+#include "io/safetensors.h"
+
+static void shard_name(char *out, size_t n, const char *kind, int k, int P) {
+    snprintf(out, n, "%s-%05d-of-%05d.safetensors", kind, k + 1, P);
+}
+
+/* The tensors stage k writes (its table without a tied copy of the embedding on a later stage). */
+static int stage_writes(const glm_config *c, const glm_stage *s, const glm_tensor *t) {
+    return !(t->kind == T_WORD_EMB && !s->embed);
+}
+
+int glm_pipe_save_stage(glm_pipe *p, const char *dir, int file_dtype, const glm_opt_state *o, glm_err *err) {
+    glm_model *m = p->m;
+    float *host = glm_malloc(m->tab.total * sizeof(float));
+    glm_model_get_params(m, host);
+    int kinds = o ? (o->master ? 3 : 2) : 0;
+    const char *prefix[] = {"exp_avg/", "exp_avg_sq/", "master/"};
+    const float *src[] = {o ? o->m : NULL, o ? o->v : NULL, o ? o->master : NULL};
+    st_entry *e = glm_calloc((size_t)m->tab.n * (kinds + 1), sizeof *e);
+    char (*names)[128] = glm_calloc((size_t)m->tab.n * (kinds + 1), 128);
+    int nw = 0, no = 0;
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        if (!glm_pipe_owns_tensor(p, t)) continue;
+        e[nw] = (st_entry){.name = t->name, .ndim = t->ndim, .data = host + t->offset, .data_dtype = ST_F32,
+                           .file_dtype = (st_dtype)file_dtype, .shape = {t->shape[0], t->shape[1]}};
+        nw++;
+    }
+    st_entry *eo = e + nw;
+    for (int k = 0; k < kinds; k++)
+        for (int i = 0; i < m->tab.n; i++) {
+            const glm_tensor *t = &m->tab.t[i];
+            if (!glm_pipe_owns_tensor(p, t)) continue;
+            snprintf(names[no], 128, "%s%s", prefix[k], t->name);
+            eo[no] = (st_entry){.name = names[no], .ndim = t->ndim, .data = src[k] + t->offset, .data_dtype = ST_F32,
+                                .file_dtype = ST_F32, .shape = {t->shape[0], t->shape[1]}};
+            no++;
+        }
+    char file[64], path[4096];
+    shard_name(file, sizeof file, "model", p->stage, p->P);
+    glm_path_join(path, sizeof path, dir, file);
+    int rc = st_save(path, e, nw, 0, err);
+    if (rc == 0 && o) {
+        shard_name(file, sizeof file, "optimizer", p->stage, p->P);
+        glm_path_join(path, sizeof path, dir, file);
+        rc = st_save(path, eo, no, 0, err);
+    }
+    free(e);
+    free(names);
+    free(host);
+    return rc ? glm_wrap(err, "stage %d: ", p->stage) : 0;
+}
+
+/* {"metadata": {"total_size": bytes}, "weight_map": {name: shard}} over every stage's tables. */
+static int write_index(const glm_device_map *map, const glm_config *c, const char *dir, int opt_kinds, int file_dtype,
+                       glm_err *err) {
+    int with_opt = opt_kinds > 0;
+    const char *prefix[] = {"", "exp_avg/", "exp_avg_sq/", "master/"};
+    cJSON *o = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(o, "metadata"), *wm = cJSON_AddObjectToObject(o, "weight_map");
+    double total = 0;
+    char file[64], name[160];
+    for (int k = 0; k < map->n; k++) {
+        const glm_stage *s = &map->s[k];
+        glm_table tab;
+        glm_table_build_range(&tab, c, s->l0, s->l1, s->embed, s->head);
+        shard_name(file, sizeof file, with_opt ? "optimizer" : "model", k, map->n);
+        for (int v = with_opt ? 1 : 0; v < (with_opt ? 1 + opt_kinds : 1); v++)
+            for (int i = 0; i < tab.n; i++) {
+                const glm_tensor *t = &tab.t[i];
+                if (!stage_writes(c, s, t)) continue;
+                snprintf(name, sizeof name, "%s%s", prefix[v], t->name);
+                cJSON_AddStringToObject(wm, name, file);
+                total += (double)t->numel * (with_opt ? 4 : st_dtype_size((st_dtype)file_dtype));
+            }
+        glm_table_free(&tab);
+    }
+    cJSON_AddNumberToObject(meta, "total_size", total);
+    char *text = cJSON_Print(o), path[4096];
+    cJSON_Delete(o);
+    glm_path_join(path, sizeof path, dir, with_opt ? "optimizer.safetensors.index.json" : "model.safetensors.index.json");
+    int rc = glm_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+int glm_pipe_save_index(const glm_device_map *map, const glm_config *c, const char *dir, int file_dtype, int opt_kinds,
+                        glm_err *err) {
+    if (write_index(map, c, dir, 0, file_dtype, err)) return -1;
+    /* master/ entries only when the shards hold them: a reader decides by asking for one */
+    if (opt_kinds && write_index(map, c, dir, opt_kinds, file_dtype, err)) return -1;
+    char *cfg = glm_config_to_json(c), path[4096];
+    glm_path_join(path, sizeof path, dir, "config.json");
+    int rc = glm_write_file_atomic(path, cfg, strlen(cfg), err);
+    free(cfg);
+    return rc;
+}
+
+/* A barrier that also tells every rank whether any rank failed. */
+static int agree(glm_pipe *p, int local_failed, const char *what, glm_err *err) {
+    double f = local_failed;
+    double keep = p->world->timeout;
+    if (p->world->timeout > 0 && p->world->timeout < 3600) p->world->timeout = 3600; /* rank 0 may be writing */
+    int rc = p->world->sum_host(p->world, &f, 1, what, err);
+    p->world->timeout = keep;
+    if (rc) return -1;
+    if (f > 0 && !local_failed) return glm_fail(err, "rank %d: another rank failed while %s (see its log)", p->world->rank, what);
+    return local_failed ? -1 : 0;
+}
+
+static int write_text(const char *dir, const char *name, const char *text, glm_err *err) {
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, name);
+    return glm_write_file_atomic(path, text, strlen(text), err);
+}
+
+int glm_pipe_checkpoint_save(glm_pipe *p, const char *output_dir, const glm_opt_state *o, const glm_train_state *st,
+                             const char *tokenizer_path, const char *args_json, glm_err *err) {
+    char tmp[4096], fin[4096], path[4096];
+    snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", output_dir, st->global_step);
+    snprintf(fin, sizeof fin, "%s/checkpoint-%ld", output_dir, st->global_step);
+    int rank0 = p->world->rank == 0, bad = 0;
+    if (rank0) {
+        if (glm_is_dir(tmp)) glm_remove_tree(tmp);
+        bad = glm_mkdirs(tmp, err) != 0;
+    }
+    if (agree(p, bad, "creating the checkpoint folder", err)) return -1;
+    if (p->replica == 0 && !o) bad = glm_fail(err, "rank %d: no optimizer state to save", p->world->rank) != 0;
+    else if (p->replica == 0) bad = glm_pipe_save_stage(p, tmp, ST_F32, o, err) != 0;
+    if (agree(p, bad, "writing the checkpoint shards", err)) return -1;
+    if (rank0) {
+        int rc = glm_pipe_save_index(&p->map, &p->m->cfg, tmp, ST_F32, o->master ? 3 : 2, err);
+        if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
+        if (!rc && args_json) rc = write_text(tmp, "training_args.json", args_json, err);
+        /* trainer_state.json last: its presence marks the checkpoint complete */
+        if (!rc) { glm_path_join(path, sizeof path, tmp, "trainer_state.json"); rc = glm_checkpoint_write_state(path, st, o->step, err); }
+        if (!rc && glm_is_dir(fin)) glm_remove_tree(fin);
+        if (!rc && rename(tmp, fin) != 0) rc = glm_fail(err, "cannot rename %s to %s", tmp, fin);
+        if (rc) glm_wrap(err, "saving checkpoint %s: ", fin);
+        bad = rc != 0;
+    }
+    return agree(p, bad, "completing the checkpoint", err);
+}
+
+int glm_pipe_save_final(glm_pipe *p, const char *output_dir, int file_dtype, const char *tokenizer_path,
+                        const char *args_json, glm_err *err) {
+    int bad = p->replica == 0 && glm_pipe_save_stage(p, output_dir, file_dtype, NULL, err) != 0;
+    if (agree(p, bad, "writing the model shards", err)) return -1;
+    if (p->world->rank == 0) {
+        int rc = glm_pipe_save_index(&p->map, &p->m->cfg, output_dir, file_dtype, 0, err);
+        if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, output_dir, err);
+        if (!rc && args_json) rc = write_text(output_dir, "training_args.json", args_json, err);
+        bad = rc != 0;
+    }
+    return agree(p, bad, "completing the final model", err);
+}
