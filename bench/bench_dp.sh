@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Data-parallel throughput: workload W1 (docs/DESIGN.md: ChatGLM-6B shapes with an untied head,
+# random init, full fine-tune AdamW, bf16, rows of 512 tokens = half prompt / half answer,
+# micro-batch 4 and 8) through `glmtrain train` itself on 1 and 2 GPUs of one machine
+# (--nproc_per_node N: NCCL, gradient buckets reduced during backward). Reports tokens/s per GPU
+# (median over the steps after the warm-up; every overhead of the real loop included: data,
+# reduction, clipping, AdamW, the parameter all-gather with ZeRO) and the scaling efficiency
+# against one GPU.
+#
+#   bash bench/bench_dp.sh                          # GPUS="1 2" BATCHES="4 8" ZERO="0 1"
+#   GPUS="2" BATCHES=8 ZERO=2 STEPS=16 bash bench/bench_dp.sh
+# Environment: GLM (default build/glmtrain, built with the CUDA backend; MPI is not needed),
+# TOKENIZER (a folder with ChatGLM-6B's ice_text.model; default ../shared/tokenizers/chatglm-6b,
+# else build/shared/tokenizers/chatglm-6b), OUT (logs and bench_dp.jsonl; default ./dp-out),
+# BUCKET_MB (default 25). Keep NCCL_NVLS_ENABLE=0 on the lent machines (set here).
+set -u
+export NCCL_NVLS_ENABLE=0
+GLM=${GLM:-build/glmtrain}
+OUT=${OUT:-dp-out}
+GPUS=${GPUS:-1 2}
+BATCHES=${BATCHES:-4 8}
+ZERO=${ZERO:-0 1}
+STEPS=${STEPS:-12}
+WARM=${WARM:-3}
+BUCKET_MB=${BUCKET_MB:-25}
+TOKENIZER=${TOKENIZER:-}
+for t in "$TOKENIZER" ../shared/tokenizers/chatglm-6b build/shared/tokenizers/chatglm-6b; do
+    if [ -n "$t" ] && [ -f "$t/ice_text.model" ]; then TOKENIZER=$t; break; fi
+done
+if [ ! -f "$TOKENIZER/ice_text.model" ]; then echo "bench_dp: no ChatGLM-6B tokenizer (set TOKENIZER)"; exit 1; fi
+if [ ! -x "$GLM" ]; then echo "bench_dp: $GLM not built"; exit 1; fi
+mkdir -p "$OUT"
+W="$OUT/work"
+mkdir -p "$W"
+
+# config: ChatGLM-6B shapes, untied head; data: records long enough that truncation to
+# 256 prompt + 256 answer tokens gives every row the same 512-token shape
+python3 - "$W" <<'EOF'
+import json, random, sys
+w = sys.argv[1]
+json.dump({"model_type": "chatglm", "vocab_size": 130528, "hidden_size": 4096, "num_layers": 28,
+           "num_attention_heads": 32, "inner_hidden_size": 16384, "max_sequence_length": 2048,
+           "layernorm_epsilon": 1e-5, "position_encoding_2d": True, "tie_word_embeddings": False,
+           "bos_token_id": 130004, "eos_token_id": 130005, "mask_token_id": 130000,
+           "gmask_token_id": 130001, "pad_token_id": 3}, open(w + "/config.json", "w"))
+rng = random.Random(0)
+common = "的一是不了人我在有他这为之大来以个中上们到说国和地也子时道出而要于就下得可你年生自会那后能对着事其里所去行过家十用发天如然作方成者多日都三小军二无同么经法当起与好看学进种将还分此心前面又定见只主没公从"
+with open(w + "/w1.jsonl", "w", encoding="utf-8") as f:
+    for i in range(2048):
+        q = "".join(rng.choice(common) for _ in range(700))
+        a = "".join(rng.choice(common) for _ in range(700))
+        f.write(json.dumps({"instruction": q, "output": a}, ensure_ascii=False) + "\n")
+EOF
+
+{
+    date -u
+    git log -1 --format='commit %H' 2>/dev/null
+    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv 2>&1
+} | tee "$OUT/env.txt"
+
+summary="$OUT/summary.txt"
+: >"$summary"
+for B in $BATCHES; do
+    for N in $GPUS; do
+        for Z in $ZERO; do
+            [ "$N" = 1 ] && [ "$Z" != "$(echo $ZERO | cut -d' ' -f1)" ] && continue # one 1-GPU run per batch size
+            name="w1-b${B}-n${N}-z${Z}"
+            rm -rf "$W/$name"
+            t0=$SECONDS
+            timeout 900 "$GLM" train --init_from_config "$W/config.json" --tokenizer_name "$TOKENIZER" \
+                --train_file "$W/w1.jsonl" --output_dir "$W/$name" --overwrite_output_dir --bf16 \
+                --per_device_train_batch_size "$B" --max_source_length 256 --max_target_length 256 \
+                --learning_rate 1e-5 --max_steps "$STEPS" --logging_steps 1 --save_strategy no --report_to none \
+                --disable_tqdm --nproc_per_node "$N" --zero_stage "$Z" --bucket_size_mb "$BUCKET_MB" \
+                >"$OUT/$name.log" 2>&1
+            rc=$?
+            python3 - "$OUT/$name.log" "$N" "$B" "$Z" "$WARM" "$rc" "$((SECONDS - t0))" >>"$summary" <<'EOF'
+import ast, json, statistics, sys
+log, n, b, z, warm, rc, wall = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+tps, ranks = [], ""
+for line in open(log, errors="replace"):
+    if line.startswith("{'loss'"):
+        r = ast.literal_eval(line.strip())
+        if r["step"] > warm: tps.append(r["tokens_per_second"])
+    elif "ranks (fwd+bwd" in line:
+        ranks = line.strip()
+med = statistics.median(tps) if tps else 0.0
+rec = {"workload": "W1", "gpus": n, "micro_batch": int(b), "zero": int(z), "exit": rc, "wall_s": int(wall),
+       "tokens_per_s": round(med), "tokens_per_s_per_gpu": round(med / n), "steps_timed": len(tps), "ranks": ranks}
+print(json.dumps(rec))
+EOF
+            tail -1 "$summary"
+        done
+    done
+done
+cp "$summary" "$OUT/bench_dp.jsonl"
+# per-GPU throughput and scaling against the 1-GPU run of the same micro-batch
+python3 - "$summary" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+one = {r["micro_batch"]: r["tokens_per_s_per_gpu"] for r in rows if r["gpus"] == 1}
+print("%-6s %4s %4s %12s %14s %10s" % ("batch", "gpus", "zero", "tok/s", "tok/s/GPU", "scaling"))
+for r in rows:
+    base = one.get(r["micro_batch"])
+    eff = "%.0f%%" % (100.0 * r["tokens_per_s_per_gpu"] / base) if base else "-"
+    print("%-6d %4d %4d %12d %14d %10s%s" % (r["micro_batch"], r["gpus"], r["zero"], r["tokens_per_s"],
+          r["tokens_per_s_per_gpu"], eff, "" if r["exit"] == 0 else "  (exit %d)" % r["exit"]))
+EOF
