@@ -70,7 +70,7 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
     }
     if (pick_backend(s, a, err)) return -1;
     double t0 = glm_now();
-    glm_model_init(&s->m, &c, s->be);
+    glm_model_init_inference(&s->m, &c, s->be);
     s->model_ok = 1;
     if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;
     glm_info("loaded %s on %s in %.1f s (%d layers, hidden %d, vocab %d)", a->model_name_or_path, s->be->name,

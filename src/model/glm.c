@@ -29,7 +29,8 @@ void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be) {
     glm_model_init_stage(m, c, be, 0, c->num_layers, 1, 1);
 }
 
-void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last) {
+static void init_common(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last,
+                        int with_grads) {
     *m = (glm_model){0};
     m->cfg = *c;
     m->be = be;
@@ -37,16 +38,26 @@ void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, in
     glm_table_build_range(&m->tab, c, l0, l1, first, last);
     size_t bytes = m->tab.total * glm_dtype_size(be->dtype);
     m->params = be->alloc(be, bytes);
-    m->grads = be->alloc(be, bytes);
     be->zero(be, m->params, bytes);
-    be->zero(be, m->grads, bytes);
     bind_weights(m, m->params, &m->w);
-    bind_weights(m, m->grads, &m->g);
+    if (with_grads) {
+        m->grads = be->alloc(be, bytes);
+        be->zero(be, m->grads, bytes);
+        bind_weights(m, m->grads, &m->g);
+    }
     /* Rows of logits per head chunk. Each chunk re-reads and re-writes the head's weight
      * gradient ([V, H]: 1 GB at ChatGLM-6B in bf16), so the GPU wants few, large chunks
      * (2048: 7.8 ms less per W1 step than 256); the CPU keeps its logits small. */
     m->head_chunk = strncmp(be->name, "cuda", 4) == 0 ? 2048 : 256;
     m->flat_cap = m->tab.total;
+}
+
+void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last) {
+    init_common(m, c, be, l0, l1, first, last, 1);
+}
+
+void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be) {
+    init_common(m, c, be, 0, c->num_layers, 1, 1, 0);
 }
 
 void glm_model_reserve_flat(glm_model *m, size_t elems) {
@@ -91,7 +102,7 @@ static void free_acts(glm_model *m) {
 void glm_model_free(glm_model *m) {
     free_acts(m);
     m->be->free(m->be, m->params);
-    m->be->free(m->be, m->grads);
+    if (m->grads) m->be->free(m->be, m->grads);
     free(m->w.layer);
     free(m->g.layer);
     glm_table_free(&m->tab);
@@ -103,6 +114,7 @@ void glm_model_set_checkpointing(glm_model *m, int on) {
 }
 
 void glm_zero_grads(glm_model *m) {
+    GLM_ASSERT(m->grads); /* an inference model has none */
     m->be->zero(m->be, m->grads, m->tab.total * glm_dtype_size(m->be->dtype));
 }
 

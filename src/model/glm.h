@@ -83,6 +83,8 @@ typedef struct glm_model {
 
 /* Builds the table and allocates parameters and gradients (zeroed) on the backend. */
 void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be);
+/* Weights only, no gradient buffer: for generation and chat (half the memory). */
+void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be);
 /* One pipeline stage: layers [l0, l1), with the embedding when first, the head when last. */
 void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last);
 void glm_model_free(glm_model *m);
@@ -131,7 +133,8 @@ int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_b
 /* ---- incremental decoding (model/kvcache.c) ---- */
 typedef struct glm_kvcache {
     int B, Tmax, len;   /* rows, capacity, tokens cached so far */
-    void **qkv;         /* [L] each [B, Tmax, 3H]: rotated q|k|v rows (q kept so one copy serves) */
+    void **qkv;         /* [L] each [B, Tmax, 3H]: rotated q|k|v rows (q kept so one copy serves);
+                         * NULL for the layers a pipeline stage does not hold */
     /* work buffers for the new tokens of one call, kept between calls (a device free per
      * decode step would wait for the GPU each time); sized for cap_tokens tokens */
     int cap_tokens;
@@ -148,6 +151,13 @@ void glm_kvcache_free(glm_model *m, glm_kvcache *kv);
 int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids, const int32_t *pos,
                        const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi,
                        float *hidden_out, float *logits_out, glm_err *err);
+/* The same for a pipeline stage (parallel/pipe_infer.h): layers [layer_lo, layer_hi) only; a
+ * stage after the first takes its input from h_in [B*Tq*H] (host floats) instead of the ids,
+ * a stage before the last writes its output to h_out and computes no hidden_out / logits.
+ * The cache must come from glm_kvcache_init on the same stage model. */
+int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids, const int32_t *pos,
+                             const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi, const float *h_in,
+                             float *h_out, float *hidden_out, float *logits_out, glm_err *err);
 
 
 /* ---- memory plan (model/glm.c): bytes the model will allocate, from the tensor table ---- */
