@@ -11,7 +11,9 @@ void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax) {
     int L = m->cfg.num_layers, H = m->cfg.hidden_size;
     *kv = (glm_kvcache){.B = B, .Tmax = Tmax, .len = 0};
     kv->qkv = glm_calloc(L, sizeof(void *));
-    for (int l = 0; l < L; l++) kv->qkv[l] = be->alloc(be, (size_t)B * Tmax * 3 * H * glm_dtype_size(be->dtype));
+    /* a pipeline stage caches only its own layers (NULL elsewhere) */
+    for (int l = m->layer_lo; l < m->layer_hi; l++)
+        kv->qkv[l] = be->alloc(be, (size_t)B * Tmax * 3 * H * glm_dtype_size(be->dtype));
 }
 
 static void free_scratch(glm_backend *be, glm_kvcache *kv) {
@@ -41,7 +43,7 @@ static void ensure_scratch(glm_model *m, glm_kvcache *kv, int n) {
 
 void glm_kvcache_free(glm_model *m, glm_kvcache *kv) {
     free_scratch(m->be, kv);
-    for (int l = 0; l < m->cfg.num_layers; l++) m->be->free(m->be, kv->qkv[l]);
+    for (int l = m->layer_lo; l < m->layer_hi; l++) m->be->free(m->be, kv->qkv[l]);
     free(kv->qkv);
     *kv = (glm_kvcache){0};
 }
@@ -49,10 +51,16 @@ void glm_kvcache_free(glm_model *m, glm_kvcache *kv) {
 int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids, const int32_t *pos,
                        const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi,
                        float *hidden_out, float *logits_out, glm_err *err) {
+    return glm_stage_forward_cached(m, kv, Tq, ids, pos, block_pos, kv_lo, kv_hi, NULL, NULL, hidden_out, logits_out, err);
+}
+
+int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids, const int32_t *pos,
+                             const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi, const float *h_in,
+                             float *h_out, float *hidden_out, float *logits_out, glm_err *err) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
     int B = kv->B, N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size;
-    int NH = c->num_attention_heads, HD = glm_head_dim(c), L = c->num_layers;
+    int NH = c->num_attention_heads, HD = glm_head_dim(c);
     if (kv->len + Tq > kv->Tmax)
         return glm_fail(err, "KV cache full: %d cached + %d new tokens > capacity %d", kv->len, Tq, kv->Tmax);
     for (int i = 0; i < N; i++) {
@@ -68,9 +76,10 @@ int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids
     be->upload(be, d_lo, kv_lo, Nb * 4); be->upload(be, d_hi, kv_hi, Nb * 4);
     void *h = kv->h, *h2 = kv->h2, *x = kv->x, *qkv = kv->qkv_new, *ctx = kv->ctx, *ff = kv->ff, *ff2 = kv->ff2;
     float *mean = kv->mean, *rstd = kv->rstd, *lse = kv->lse;
-    be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
+    if (m->first) be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
+    else be->upload_f32(be, h, h_in, Nb * H);
     float scale = 1.0f / sqrtf((float)HD);
-    for (int l = 0; l < L; l++) {
+    for (int l = m->layer_lo; l < m->layer_hi; l++) {
         const glm_layer_ptrs *p = &m->w.layer[l];
         be->layernorm_fwd(be, x, mean, rstd, h, p->ln1_w, p->ln1_b, N, H, c->layernorm_epsilon);
         be->matmul_fwd(be, qkv, x, p->qkv_w, p->qkv_b, N, H, 3 * H);
@@ -90,6 +99,11 @@ int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids
         be->gelu_fwd(be, ff2, ff, Nb * F);
         be->matmul_fwd(be, h, ff2, p->fc2_w, p->fc2_b, N, F, H);
         be->scale_add(be, h, c->alpha, x, h, Nb * H);
+    }
+    if (!m->last) { /* a stage before the last hands its output on */
+        be->download_f32(be, h_out, h, Nb * H);
+        kv->len += Tq;
+        return 0;
     }
     be->layernorm_fwd(be, x, mean, rstd, h, m->w.lnf_w, m->w.lnf_b, N, H, c->layernorm_epsilon);
     if (hidden_out) be->download_f32(be, hidden_out, x, Nb * H);

@@ -282,7 +282,8 @@ void glm_device_map_print(FILE *f, const glm_device_map *map) {
     for (int k = 0; k < map->n; k++) {
         const glm_stage *s = &map->s[k];
         char layers[64] = "no layers";
-        if (s->l1 > s->l0) snprintf(layers, sizeof layers, "layers %d-%d (%d)", s->l0, s->l1 - 1, s->l1 - s->l0);
+        if (s->l1 == s->l0 + 1) snprintf(layers, sizeof layers, "layer %d", s->l0);
+        else if (s->l1 > s->l0) snprintf(layers, sizeof layers, "layers %d-%d (%d)", s->l0, s->l1 - 1, s->l1 - s->l0);
         fprintf(f, "  stage %d: %s%s%s\n", k, s->embed ? "word_embeddings + " : "", layers,
                 s->head ? " + final_layernorm + lm_head" : "");
     }

@@ -197,6 +197,8 @@ int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, g
     }
     if (glm_model_load(m, dir, err)) return glm_wrap(err, "resuming from %s: ", dir);
     glm_path_join(path, sizeof path, dir, "optimizer.safetensors");
+    /* pipeline stages write shards and an index (parallel/pipe_ckpt.h) */
+    if (!glm_is_file(path)) glm_path_join(path, sizeof path, dir, "optimizer.safetensors.index.json");
     if (load_optimizer(path, m, o, err)) return glm_wrap(err, "resuming from %s: ", dir);
     glm_path_join(path, sizeof path, dir, "trainer_state.json");
     return load_state(path, st, &o->step, err);
@@ -260,4 +262,8 @@ int glm_checkpoint_rotate(const char *output_dir, int limit, glm_err *err) {
     }
     free(steps);
     return 0;
+}
+
+int glm_checkpoint_write_state(const char *path, const glm_train_state *st, long opt_step, glm_err *err) {
+    return save_state(path, st, opt_step, err);
 }

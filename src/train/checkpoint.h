@@ -51,5 +51,7 @@ int glm_checkpoint_rotate(const char *output_dir, int limit, glm_err *err);
 int glm_copy_tokenizer_files(const char *tokenizer_path, const char *dir, glm_err *err);
 /* Removes a folder tree. */
 int glm_remove_tree(const char *path);
+/* Writes trainer_state.json (for writers that lay out the rest themselves: parallel/pipe_ckpt.c). */
+int glm_checkpoint_write_state(const char *path, const glm_train_state *st, long opt_step, glm_err *err);
 
 #endif

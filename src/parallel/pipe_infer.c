@@ -1,0 +1,173 @@
+#include "parallel/pipe_infer.h"
+#include <stdlib.h>
+#include <string.h>
+#include "core/log.h"
+#ifdef GLM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* The CUDA backend binds its device when it is made; with several in one process, the device
+ * of the stage about to run (allocations included) must be made current first. */
+static void use(glm_backend *be) {
+#ifdef GLM_HAVE_CUDA
+    if (!strncmp(be->name, "cuda:", 5)) cudaSetDevice(atoi(be->name + 5));
+#else
+    (void)be;
+#endif
+}
+
+void glm_pipe_lm_init(glm_pipe_lm *lm, const glm_config *c, const glm_device_map *map, glm_backend **be) {
+    *lm = (glm_pipe_lm){.map = *map, .cfg = *c, .n = map->n};
+    lm->be = glm_calloc((size_t)lm->n, sizeof *lm->be);
+    lm->st = glm_calloc((size_t)lm->n, sizeof *lm->st);
+    for (int k = 0; k < lm->n; k++) {
+        const glm_stage *s = &map->s[k];
+        lm->be[k] = be[k];
+        use(be[k]);
+        glm_model_init_stage(&lm->st[k], c, be[k], s->l0, s->l1, s->embed, s->head);
+    }
+}
+
+int glm_pipe_lm_load(glm_pipe_lm *lm, const char *path, glm_err *err) {
+    for (int k = 0; k < lm->n; k++) {
+        use(lm->be[k]);
+        if (glm_model_load(&lm->st[k], path, err)) return glm_wrap(err, "stage %d: ", k);
+    }
+    return 0;
+}
+
+void glm_pipe_lm_free(glm_pipe_lm *lm) {
+    for (int k = 0; k < lm->n; k++) {
+        use(lm->be[k]);
+        if (lm->st[k].params) glm_model_free(&lm->st[k]);
+    }
+    if (lm->owns_backends)
+        for (int k = 0; k < lm->n; k++) {
+            int seen = 0; /* a backend shared by several stages is destroyed once */
+            for (int j = 0; j < k; j++) seen |= lm->be[j] == lm->be[k];
+            if (!seen && lm->be[k]) { use(lm->be[k]); lm->be[k]->destroy(lm->be[k]); }
+        }
+    free(lm->be);
+    free(lm->st);
+    *lm = (glm_pipe_lm){0};
+}
+
+static int gpu_count(void) {
+#ifdef GLM_HAVE_CUDA
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+#else
+    return 0;
+#endif
+}
+
+int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *device_map, int P, const char *device,
+                     glm_dtype dtype, glm_err *err) {
+    *lm = (glm_pipe_lm){0};
+    glm_config c;
+    if (glm_config_load(&c, model_path, err)) return -1;
+    int gpus = gpu_count(), cuda = !strcmp(device, "cuda") || (!strcmp(device, "auto") && gpus > 0);
+    if (cuda && gpus == 0) return glm_fail(err, "--device cuda: no GPU is visible");
+    int is_file = device_map && strcmp(device_map, "auto") && strcmp(device_map, "thudm");
+    if (P <= 0 && !is_file) P = cuda ? gpus : 1;
+    glm_stage_shape sh;
+    glm_stage_shape_init(&sh);
+    sh.training = 0;
+    sh.dtype = cuda ? dtype : GLM_F32;
+    glm_device_map map;
+    if (glm_device_map_make(&map, device_map, P, &c, &sh, err)) return -1;
+    if (cuda && map.n > gpus) {
+        glm_fail(err, "--device_map %s: %d stages but %d GPUs are visible", device_map, map.n, gpus);
+        return glm_hint(err, "one stage per GPU: lower --pipeline_parallel_size or set CUDA_VISIBLE_DEVICES");
+    }
+    glm_backend **be = glm_calloc((size_t)map.n, sizeof *be);
+    int rc = 0;
+    for (int k = 0; k < map.n && rc == 0; k++) {
+#ifdef GLM_HAVE_CUDA
+        if (cuda) {
+            char msg[512] = "";
+            be[k] = glm_backend_cuda(k, dtype, msg, sizeof msg);
+            if (!be[k]) rc = glm_fail(err, "stage %d on GPU %d: %s", k, k, msg);
+            continue;
+        }
+#endif
+        be[k] = k ? be[0] : glm_backend_cpu();
+    }
+    if (rc == 0) {
+        glm_pipe_lm_init(lm, &c, &map, be);
+        lm->owns_backends = 1;
+        rc = glm_pipe_lm_load(lm, model_path, err);
+        if (rc == 0) {
+            glm_info("model split over %d stages (%s):", map.n, map.source);
+            glm_device_map_print(stderr, &map);
+        }
+    } else {
+        for (int k = 0; k < map.n; k++) if (be[k]) be[k]->destroy(be[k]);
+    }
+    free(be);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- cache and forward */
+
+void glm_pipe_cache_init(glm_pipe_lm *lm, glm_pipe_cache *c, int B, int Tmax) {
+    *c = (glm_pipe_cache){.B = B, .Tmax = Tmax};
+    c->kv = glm_calloc((size_t)lm->n, sizeof *c->kv);
+    for (int k = 0; k < lm->n; k++) {
+        use(lm->be[k]);
+        glm_kvcache_init(&lm->st[k], &c->kv[k], B, Tmax);
+    }
+}
+
+void glm_pipe_cache_grow(glm_pipe_lm *lm, glm_pipe_cache *c, int T) {
+    if (T <= c->Tmax) return;
+    size_t row = 3 * (size_t)lm->cfg.hidden_size;
+    for (int k = 0; k < lm->n; k++) {
+        glm_backend *be = lm->be[k];
+        glm_kvcache *kv = &c->kv[k];
+        size_t es = glm_dtype_size(be->dtype);
+        use(be);
+        for (int l = lm->st[k].layer_lo; l < lm->st[k].layer_hi; l++) {
+            void *n = be->alloc(be, (size_t)kv->B * T * row * es);
+            for (int b = 0; b < kv->B; b++) /* rows keep their cached prefix; the row stride grows */
+                be->copy(be, glm_at(be, n, (size_t)b * T * row), glm_at(be, kv->qkv[l], (size_t)b * kv->Tmax * row),
+                         (size_t)kv->len * row * es);
+            be->free(be, kv->qkv[l]);
+            kv->qkv[l] = n;
+        }
+        kv->Tmax = T;
+    }
+    c->Tmax = T;
+}
+
+void glm_pipe_cache_free(glm_pipe_lm *lm, glm_pipe_cache *c) {
+    for (int k = 0; k < lm->n; k++) {
+        use(lm->be[k]);
+        glm_kvcache_free(&lm->st[k], &c->kv[k]);
+    }
+    free(c->kv);
+    free(c->h[0]);
+    free(c->h[1]);
+    *c = (glm_pipe_cache){0};
+}
+
+int glm_pipe_forward_cached(glm_pipe_lm *lm, glm_pipe_cache *c, int Tq, const int32_t *ids, const int32_t *pos,
+                            const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi, float *hidden_out,
+                            float *logits_out, glm_err *err) {
+    size_t need = (size_t)c->B * Tq * lm->cfg.hidden_size;
+    if (need > c->cap) {
+        for (int i = 0; i < 2; i++) { free(c->h[i]); c->h[i] = glm_malloc(need * sizeof(float)); }
+        c->cap = need;
+    }
+    for (int k = 0; k < lm->n; k++) {
+        int last = k == lm->n - 1;
+        use(lm->be[k]);
+        /* stage k reads h[(k+1)%2] (what stage k-1 wrote) and writes h[k%2] */
+        if (glm_stage_forward_cached(&lm->st[k], &c->kv[k], Tq, ids, pos, block_pos, kv_lo, kv_hi,
+                                     k ? c->h[(k + 1) % 2] : NULL, last ? NULL : c->h[k % 2], last ? hidden_out : NULL,
+                                     last ? logits_out : NULL, err))
+            return k ? glm_wrap(err, "stage %d: ", k) : -1;
+    }
+    c->len = c->kv[0].len;
+    return 0;
+}

@@ -1,0 +1,57 @@
+/* Generation across devices: the model split by a device map (parallel/device_map.h) into
+ * stages held by one process, each on its own backend (GPU k for stage k, or all on the CPU),
+ * run one after another for every decoding step — what THUDM's load_model_on_gpus does with
+ * accelerate. No pipelining between steps: decoding is sequential, so a stage waits while the
+ * others run; the point is to fit a model that one device cannot hold.
+ *
+ * glm_pipe_forward_cached has exactly glm_forward_cached's contract (model/glm.h), with a
+ * per-stage KV cache (each stage caches its own layers on its own device). The hidden states
+ * [B*Tq, H] travel between stages through host memory as floats (lossless for bf16/fp16).
+ * The final LayerNorm and the head run on the last stage (THUDM's map puts them on GPU 0;
+ * `thudm` keeps its layer ranges and moves them, as for training); a tied head means the last
+ * stage holds a copy of word_embeddings, read from the same checkpoint tensor. */
+#ifndef GLM_PARALLEL_PIPE_INFER_H
+#define GLM_PARALLEL_PIPE_INFER_H
+#include "model/glm.h"
+#include "parallel/device_map.h"
+
+typedef struct glm_pipe_lm {
+    glm_device_map map;
+    glm_config cfg;
+    int n;                 /* stages */
+    glm_backend **be;      /* [n]: stage k's backend (entries may repeat, e.g. one CPU backend) */
+    int owns_backends;     /* made by glm_pipe_lm_open: destroyed by glm_pipe_lm_free */
+    glm_model *st;         /* [n] stage models */
+} glm_pipe_lm;
+
+typedef struct glm_pipe_cache {
+    int B, Tmax, len;      /* as glm_kvcache, the same for every stage */
+    glm_kvcache *kv;       /* [n] */
+    float *h[2];           /* host staging between stages, [cap] floats each */
+    size_t cap;
+} glm_pipe_cache;
+
+/* Stage models on the given backends (be[k] for stage k), zero weights; load them next. */
+void glm_pipe_lm_init(glm_pipe_lm *lm, const glm_config *c, const glm_device_map *map, glm_backend **be);
+/* Each stage reads its tensors from a model folder / file (safetensors or torch .bin, single or
+ * sharded: glm_model_load). */
+int glm_pipe_lm_load(glm_pipe_lm *lm, const char *path, glm_err *err);
+/* The whole setup for `glmtrain generate/chat --device_map SPEC [--pipeline_parallel_size P]`:
+ * config.json of model_path, the map (P <= 0: the number of visible GPUs, or the map file's
+ * count), one backend per stage — GPU k (device "cuda" or "auto" with GPUs; dtype as given) or
+ * the CPU (fp32) — and the weights. */
+int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *device_map, int P, const char *device,
+                     glm_dtype dtype, glm_err *err);
+void glm_pipe_lm_free(glm_pipe_lm *lm);
+
+void glm_pipe_cache_init(glm_pipe_lm *lm, glm_pipe_cache *c, int B, int Tmax);
+/* Raises the capacity to Tmax tokens per row, keeping what is cached. */
+void glm_pipe_cache_grow(glm_pipe_lm *lm, glm_pipe_cache *c, int Tmax);
+void glm_pipe_cache_free(glm_pipe_lm *lm, glm_pipe_cache *c);
+
+/* glm_forward_cached through every stage. */
+int glm_pipe_forward_cached(glm_pipe_lm *lm, glm_pipe_cache *c, int Tq, const int32_t *ids, const int32_t *pos,
+                            const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi, float *hidden_out,
+                            float *logits_out, glm_err *err);
+
+#endif
