@@ -87,6 +87,9 @@ void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be);
 void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be);
 /* One pipeline stage: layers [l0, l1), with the embedding when first, the head when last. */
 void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last);
+/* A stage without a gradient buffer: generation across devices (parallel/pipe_infer.h). */
+void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first,
+                                    int last);
 void glm_model_free(glm_model *m);
 /* Turns gradient checkpointing on or off (frees activation buffers; they are re-made at the
  * next batch). Set the field directly only before the first batch. */

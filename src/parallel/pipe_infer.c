@@ -24,7 +24,7 @@ void glm_pipe_lm_init(glm_pipe_lm *lm, const glm_config *c, const glm_device_map
         const glm_stage *s = &map->s[k];
         lm->be[k] = be[k];
         use(be[k]);
-        glm_model_init_stage(&lm->st[k], c, be[k], s->l0, s->l1, s->embed, s->head);
+        glm_model_init_stage_inference(&lm->st[k], c, be[k], s->l0, s->l1, s->embed, s->head);
     }
 }
 
