@@ -50,12 +50,11 @@ static void s_poke(glm_comm *c) {}
 static int s_sum_host(glm_comm *c, double *v, int n, double timeout, const char *w, glm_err *e) { return 0; }
 static void s_close(glm_comm *c) { free(c); }
 
-/* Memory regions may not overlap in the gather: copy when they differ. */
+/* With one rank the gathered buffer is the sent one; the pointers may be device memory, which
+ * this file cannot copy, so callers with world 1 skip the gather (dp.c does). */
 static int s_gather(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype t, int root, const char *w,
                     glm_err *e) {
-    /* host or device pointers: only the MPI/NCCL versions know which; single-process callers
-     * pass send == recv (dp.c does), so there is nothing to move */
-    return send == recv ? 0 : glm_fail(e, "single-process gather needs send == recv");
+    return send == recv ? 0 : glm_fail(e, "gather '%s' on a single-process communicator", w);
 }
 
 glm_comm *glm_comm_single(void) {

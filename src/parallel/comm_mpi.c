@@ -180,7 +180,11 @@ static int m_sum_host(glm_comm *c, double *v, int n, double timeout, const char 
 static void m_close(glm_comm *c) {
     mpi_impl *im = IM(c);
     /* a broken job must not enter MPI_Finalize: it synchronises with peers that may be gone */
-    if (!c->broken) MPI_Finalize();
+    if (!c->broken) {
+        MPI_Type_free(&im->block64[0]);
+        MPI_Type_free(&im->block64[1]);
+        MPI_Finalize();
+    }
     free(im->p);
     free(im);
     free(c);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,9 +85,11 @@ static char **env_with(char **add, int nadd) {
 }
 
 static pid_t spawn(const char *path, char **args, char **envp, int own_group) {
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     if (pid != 0) return pid;
     if (own_group) setpgid(0, 0); /* the terminal's Ctrl-C reaches only the launcher, which forwards it */
+    prctl(PR_SET_PDEATHSIG, SIGTERM); /* a launcher killed outright takes its workers along */
+    if (getppid() != parent) _exit(1);
     execve(path, args, envp);
     _exit(127);
 }
