@@ -32,9 +32,9 @@ int glm_local_device(int local_rank) {
     return n > 0 ? local_rank % n : 0;
 }
 
-int glm_launch_nproc(const char *s, int *n, glm_err *err) {
+int glm_launch_nproc(const char *s, const char *device, int *n, glm_err *err) {
     if (!s || !strcmp(s, "auto") || !strcmp(s, "gpu")) {
-        int g = visible_gpus();
+        int g = device && !strcmp(device, "cpu") ? 0 : visible_gpus();
         *n = g > 0 ? g : 1;
         return 0;
     }
@@ -50,9 +50,9 @@ int glm_launch_wanted(const glm_train_args *a, glm_err *err) {
     glm_dist d;
     if (glm_dist_from_env(&d, err)) return -1;
     int n = 1;
-    if (glm_launch_nproc(a->nproc_per_node, &n, err)) return -1;
+    if (glm_launch_nproc(a->nproc_per_node, a->device, &n, err)) return -1;
     if (strcmp(d.source, "single") != 0) {
-        if (n > 1 && n != d.local_world)
+        if (n > 1 && n != d.local_world && strcmp(a->nproc_per_node, "auto") != 0)
             glm_warn("--nproc_per_node %d ignored: %s started %d processes on this node", n, d.source, d.local_world);
         return 0;
     }
@@ -310,7 +310,7 @@ static int launch_gpu(const glm_train_args *a, int nproc, int argc, char **argv,
 
 int glm_launch(const glm_train_args *a, int argc, char **argv, glm_err *err) {
     int nproc = 1;
-    if (glm_launch_nproc(a->nproc_per_node, &nproc, err)) return -1;
+    if (glm_launch_nproc(a->nproc_per_node, a->device, &nproc, err)) return -1;
     glm_signals_install();
     /* with --save_on_interrupt the workers need time for the last step and the checkpoint */
     double grace = a->save_on_interrupt ? (a->ddp_timeout > 600 ? a->ddp_timeout : 600) : 30;

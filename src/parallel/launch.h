@@ -20,7 +20,8 @@ int glm_launch(const glm_train_args *a, int argc, char **argv, glm_err *err);
 /* The CUDA device of a worker: its local rank, modulo the visible GPUs (a launcher that gives
  * each task one GPU through CUDA_VISIBLE_DEVICES leaves device 0 for every local rank). */
 int glm_local_device(int local_rank);
-/* --nproc_per_node as a count: a positive number, or auto/gpu = visible GPUs (1 without). */
-int glm_launch_nproc(const char *s, int *n, glm_err *err);
+/* --nproc_per_node as a count: a positive number, or auto/gpu = the visible GPUs (1 without
+ * GPUs or with --device cpu). */
+int glm_launch_nproc(const char *s, const char *device, int *n, glm_err *err);
 
 #endif
