@@ -193,6 +193,33 @@ def main():
                started and rc != 0 and complete and not alive and "CPU ranks through" in text and "stopping at step" in text,
                "exit %d, checkpoints %s, workers alive %s: %s" % (rc, cks, alive, text[-400:]))
 
+        # 4b. one process, Ctrl-C with --save_on_interrupt: the checkpoint holds the last completed
+        # step and its data cursor, so resuming reproduces an uninterrupted run bit for bit
+        const = ["--lr_scheduler_type", "constant_with_warmup", "--per_device_train_batch_size", "4",
+                 "--save_strategy", "no", "--logging_steps", "1"]
+        out = os.path.join(d, "sigint1")
+        log = os.path.join(d, "sigint1.txt")
+        with open(log, "w") as f:
+            p = subprocess.Popen([GLM, "train"] + base + const + ["--output_dir", out, "--max_steps", "1000000",
+                                                                  "--save_on_interrupt"], stdout=f, stderr=subprocess.STDOUT, env=ENV)
+        wait_for(log, "'step': 5,")
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=30)
+        cks = [n for n in os.listdir(out) if n.startswith("checkpoint-")]
+        k = int(cks[0].split("-")[1]) if len(cks) == 1 else 0
+        ok = rc != 0 and k >= 5 and "checkpoint saved" in open(log).read()
+        if ok:
+            ref_out, res_out = os.path.join(d, "sigint1-ref"), os.path.join(d, "sigint1-resumed")
+            run(base + const + ["--output_dir", ref_out, "--max_steps", str(k + 4), "--save_steps", str(k + 4),
+                                "--save_strategy", "steps"])
+            os.makedirs(res_out)
+            shutil.copytree(os.path.join(out, cks[0]), os.path.join(res_out, cks[0]))
+            run(base + const + ["--output_dir", res_out, "--max_steps", str(k + 4), "--save_steps", str(k + 4),
+                                "--save_strategy", "steps", "--resume_from_checkpoint"])
+            a, b = losses(ref_out, k + 4), losses(res_out, k + 4)
+            ok = all(a[s] == b[s] for s in range(k + 1, k + 5))
+        report("single_process_ctrl_c_checkpoint_resumes_exactly", ok, "exit %d, checkpoints %s" % (rc, cks))
+
         # 5. torchrun's variables on CPU ranks without MPI: a clear error, not a hang
         env = {k: v for k, v in ENV.items() if not k.startswith(("OMPI_", "PMIX_"))}
         env.update(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
