@@ -120,7 +120,7 @@ static int children_of(pid_t pid, pid_t *out, int max) {
 
 static void signal_workers(child *ch, int n, int via_mpirun, int sig) {
     for (int i = 0; i < n; i++) {
-        if (ch[i].done) continue;
+        if (ch[i].done || ch[i].pid <= 0) continue; /* never kill(-1, ...): that is every process */
         if (via_mpirun && sig != SIGKILL) {
             /* to the ranks themselves: mpirun would follow SIGTERM with SIGKILL within a second */
             pid_t w[4096];
@@ -302,8 +302,12 @@ static int launch_gpu(const glm_train_args *a, int nproc, int argc, char **argv,
         if (ch[i].pid < 0) { rc = glm_fail(err, "fork: %s", strerror(errno)); break; }
     }
     free(args);
-    if (rc == 0) rc = supervise(ch, nproc, 0, grace);
-    else signal_workers(ch, nproc, 0, SIGKILL);
+    if (rc == 0) {
+        rc = supervise(ch, nproc, 0, grace);
+    } else {
+        signal_workers(ch, nproc, 0, SIGKILL);
+        for (int i = 0; i < nproc; i++) if (ch[i].pid > 0) waitpid(ch[i].pid, NULL, 0);
+    }
     free(ch);
     return rc;
 }
