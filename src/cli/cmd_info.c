@@ -7,11 +7,14 @@
 #include "cli/commands.h"
 #include "core/args.h"
 #include "model/glm.h"
+#include "parallel/pipe_train.h"
 
 typedef struct info_args {
     char *model_name_or_path, *init_from_config;
     int per_device_train_batch_size, max_source_length, max_target_length, bf16, fp16, fp32, gradient_checkpointing;
     int chatglm6b;
+    char *device_map, *max_memory_per_gpu;
+    int pipeline_parallel_size, gradient_accumulation_steps, data_parallel_size, zero_stage;
 } info_args;
 
 #define F(name, type, def, help) {#name, type, offsetof(info_args, name), def, help, NULL, NULL}
@@ -26,10 +29,52 @@ static const glm_flag info_flags[] = {
     F(fp16, ARG_BOOL, "false", "fp16 storage"),
     F(fp32, ARG_BOOL, "false", "fp32 storage"),
     F(gradient_checkpointing, ARG_BOOL, "false", "recompute layers in backward"),
+    F(pipeline_parallel_size, ARG_INT, "1", "pipeline stages: the plan per stage"),
+    F(device_map, ARG_STR, "auto", "auto, thudm or a JSON file module -> stage"),
+    F(gradient_accumulation_steps, ARG_INT, "1", "micro-batches per step (inputs a pipeline stage stashes)"),
+    F(data_parallel_size, ARG_INT, "1", "data-parallel replicas (of each stage)"),
+    F(zero_stage, ARG_INT, "0", "ZeRO >= 1 divides the optimizer state by the replicas"),
+    F(max_memory_per_gpu, ARG_STR, NULL, "say whether every stage fits in this (e.g. 70GiB)"),
 };
 #undef F
 
 static void row(const char *what, double bytes) { printf("  %-28s %10.2f GiB\n", what, bytes / 1073741824.0); }
+
+/* With stages (or a memory cap): the plan of each stage for the device map. */
+static int stage_plans(const info_args *a, const glm_config *c, glm_err *err) {
+    if (a->pipeline_parallel_size <= 1 && !a->max_memory_per_gpu && (!a->device_map || !strcmp(a->device_map, "auto")))
+        return 0;
+    glm_train_args t = {.per_device_train_batch_size = a->per_device_train_batch_size,
+                        .max_source_length = a->max_source_length, .max_target_length = a->max_target_length,
+                        .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32,
+                        .bf16 = a->bf16, .gradient_accumulation_steps = a->gradient_accumulation_steps,
+                        .pipeline_parallel_size = a->pipeline_parallel_size, .device_map = a->device_map,
+                        .zero_stage = a->zero_stage, .max_memory_per_gpu = a->max_memory_per_gpu};
+    int cuda = a->bf16 || a->fp16, D = a->data_parallel_size > 1 ? a->data_parallel_size : 1;
+    glm_device_map map;
+    glm_stage_shape sh;
+    if (glm_pp_map(&t, c, cuda, &map, &sh, err)) return -1;
+    sh.dp = a->zero_stage >= 1 ? D : 1;
+    printf("pipeline: %d stage%s (%s) x %d data-parallel replica%s, %d micro-batches per step:\n", map.n,
+           map.n > 1 ? "s" : "", map.n > 1 ? map.source : "whole model", D, D > 1 ? "s" : "", sh.n_micro);
+    glm_device_map_print(stdout, &map);
+    double G = 1048576.0; /* small models in MiB, so the numbers say something */
+    for (int k = 0; k < map.n; k++)
+        if (glm_stage_memory_plan(c, &map, k, &sh).total >= 1073741824.0) G = 1073741824.0;
+    printf("  %-6s %9s %9s %9s %9s %11s %9s %9s  (%s)\n", "stage", "weights", "grads", "master", "moments",
+           "activations", "scratch", "total", G > 1048576.0 ? "GiB" : "MiB");
+    for (int k = 0; k < map.n; k++) {
+        glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
+        printf("  %-6d %9.2f %9.2f %9.2f %9.2f %11.2f %9.2f %9.2f\n", k, p.params / G, p.grads / G, p.master / G,
+               p.moments / G, p.activations / G, p.scratch / G, p.total / G);
+    }
+    if (!a->max_memory_per_gpu) return 0;
+    t.pipeline_parallel_size = map.n;
+    glm_err e2 = {0};
+    if (glm_pp_check_memory(&t, c, cuda, D * map.n, &e2) == 0) printf("every stage fits in %s\n", a->max_memory_per_gpu);
+    else printf("does not fit: %s\n%s%s\n", e2.msg, e2.hint[0] ? "hint: " : "", e2.hint);
+    return 0;
+}
 
 int glm_cmd_info(int argc, char **argv) {
     info_args a;
@@ -47,7 +92,7 @@ int glm_cmd_info(int argc, char **argv) {
     if (rc) { glm_err_print(&err); return 1; }
     glm_dtype dt = a.fp32 ? GLM_F32 : a.fp16 ? GLM_F16 : a.bf16 ? GLM_BF16 : GLM_F32;
     int T = a.max_source_length + a.max_target_length, B = a.per_device_train_batch_size;
-    glm_mem_plan p = glm_memory_plan(&c, dt, B, T, a.gradient_checkpointing, 256);
+    glm_mem_plan p = glm_memory_plan(&c, dt, B, T, a.gradient_checkpointing, a.bf16 || a.fp16 ? 2048 : 256);
     glm_table tab;
     glm_table_build(&tab, &c);
     printf("model: %d layers, hidden %d, heads %d, MLP %d, vocab %d, %s head: %.3fB parameters\n", c.num_layers,
@@ -63,6 +108,7 @@ int glm_cmd_info(int argc, char **argv) {
     row("backward scratch + head", p.scratch);
     row("total", p.total);
     glm_table_free(&tab);
+    if (stage_plans(&a, &c, &err)) { glm_err_print(&err); rc = 1; }
     for (int i = 0; i < n; i++) if (info_flags[i].type == ARG_STR) free(*(char **)((char *)&a + info_flags[i].offset));
-    return 0;
+    return rc;
 }

@@ -51,6 +51,10 @@ glm_comm *glm_comm_single(void);
 #ifdef GLM_HAVE_MPI
 /* MPI_Init (thread level funneled) and MPI_COMM_WORLD with errors returned, not fatal. */
 int glm_comm_mpi(glm_comm **out, glm_err *err);
+/* The ranks of parent with the same color >= 0 as a communicator of their own, ordered by key
+ * (MPI_Comm_split; every rank of parent calls it, color < 0 gets NULL): e.g. the data-parallel
+ * replicas of one pipeline stage. Closing it leaves MPI running. */
+int glm_comm_mpi_split(glm_comm *parent, int color, int key, glm_comm **out, glm_err *err);
 #endif
 #ifdef GLM_HAVE_CUDA
 /* NCCL over `world` ranks of which this is `rank`; `id` is the 128-byte ncclUniqueId every rank

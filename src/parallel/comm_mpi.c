@@ -24,6 +24,8 @@ typedef struct mpi_impl {
     pending *p;
     int n, cap;
     MPI_Datatype block64[2]; /* 64 floats / 64 doubles: counts above INT_MAX for allgather/gather */
+    MPI_Comm comm;           /* MPI_COMM_WORLD, or a part of it (glm_comm_mpi_split) */
+    int sub;                 /* comm is a split: closing frees it instead of finalising MPI */
 } mpi_impl;
 
 static mpi_impl *IM(glm_comm *c) { return (mpi_impl *)c->impl; }
@@ -79,7 +81,7 @@ static int m_allreduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const ch
     for (size_t i = 0; i < n; i += MAX_CHUNK) {
         int k = (int)(n - i < MAX_CHUNK ? n - i : MAX_CHUNK);
         MPI_Request r;
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + i * es, k, t, MPI_SUM, MPI_COMM_WORLD, &r);
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + i * es, k, t, MPI_SUM, IM(c)->comm, &r);
         if (rc != MPI_SUCCESS) return mpi_failed(c, "allreduce", what, rc, err);
         push(c, r, "allreduce", what);
     }
@@ -94,8 +96,8 @@ static int m_reduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, c
         int k = (int)(n - i < MAX_CHUNK ? n - i : MAX_CHUNK);
         char *p = (char *)buf + i * es;
         MPI_Request r;
-        int rc = c->rank == root ? MPI_Ireduce(MPI_IN_PLACE, p, k, t, MPI_SUM, root, MPI_COMM_WORLD, &r)
-                                 : MPI_Ireduce(p, NULL, k, t, MPI_SUM, root, MPI_COMM_WORLD, &r);
+        int rc = c->rank == root ? MPI_Ireduce(MPI_IN_PLACE, p, k, t, MPI_SUM, root, IM(c)->comm, &r)
+                                 : MPI_Ireduce(p, NULL, k, t, MPI_SUM, root, IM(c)->comm, &r);
         if (rc != MPI_SUCCESS) return mpi_failed(c, "reduce", what, rc, err);
         push(c, r, "reduce", what);
     }
@@ -108,7 +110,7 @@ static int m_allgather(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const ch
     if (check_start(c, "allgather", what, dt, &t, err)) return -1;
     if (big_count(c, n, dt, t, &cnt, &ct)) return glm_fail(err, "rank %d: allgather '%s': %zu elements per rank is too many for MPI", c->rank, what, n);
     MPI_Request r;
-    int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, ct, MPI_COMM_WORLD, &r);
+    int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, ct, IM(c)->comm, &r);
     if (rc != MPI_SUCCESS) return mpi_failed(c, "allgather", what, rc, err);
     return push(c, r, "allgather", what);
 }
@@ -120,7 +122,7 @@ static int m_gather(glm_comm *c, const void *send, void *recv, size_t n, glm_cdt
     if (check_start(c, "gather", what, dt, &t, err)) return -1;
     if (big_count(c, n, dt, t, &cnt, &ct)) return glm_fail(err, "rank %d: gather '%s': %zu elements per rank is too many for MPI", c->rank, what, n);
     MPI_Request r;
-    int rc = MPI_Igather(send, cnt, ct, c->rank == root ? recv : NULL, cnt, ct, root, MPI_COMM_WORLD, &r);
+    int rc = MPI_Igather(send, cnt, ct, c->rank == root ? recv : NULL, cnt, ct, root, IM(c)->comm, &r);
     if (rc != MPI_SUCCESS) return mpi_failed(c, "gather", what, rc, err);
     return push(c, r, "gather", what);
 }
@@ -132,7 +134,7 @@ static int m_bcast(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, co
     for (size_t i = 0; i < n; i += MAX_CHUNK) {
         int k = (int)(n - i < MAX_CHUNK ? n - i : MAX_CHUNK);
         MPI_Request r;
-        int rc = MPI_Ibcast((char *)buf + i * es, k, t, root, MPI_COMM_WORLD, &r);
+        int rc = MPI_Ibcast((char *)buf + i * es, k, t, root, IM(c)->comm, &r);
         if (rc != MPI_SUCCESS) return mpi_failed(c, "broadcast", what, rc, err);
         push(c, r, "broadcast", what);
     }
@@ -183,7 +185,8 @@ static void m_close(glm_comm *c) {
     if (!c->broken) {
         MPI_Type_free(&im->block64[0]);
         MPI_Type_free(&im->block64[1]);
-        MPI_Finalize();
+        if (im->sub) MPI_Comm_free(&im->comm); /* the world communicator finalises MPI */
+        else MPI_Finalize();
     }
     free(im->p);
     free(im);
@@ -202,6 +205,7 @@ int glm_comm_mpi(glm_comm **out, glm_err *err) {
     MPI_Type_contiguous(64, MPI_DOUBLE, &im->block64[1]);
     MPI_Type_commit(&im->block64[0]);
     MPI_Type_commit(&im->block64[1]);
+    im->comm = MPI_COMM_WORLD;
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->world);
     c->kind = "mpi";
@@ -216,6 +220,25 @@ int glm_comm_mpi(glm_comm **out, glm_err *err) {
     c->poke = m_poke;
     c->sum_host = m_sum_host;
     c->close = m_close;
+    *out = c;
+    return 0;
+}
+
+int glm_comm_mpi_split(glm_comm *parent, int color, int key, glm_comm **out, glm_err *err) {
+    MPI_Comm nc;
+    *out = NULL;
+    int rc = MPI_Comm_split(IM(parent)->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+    if (rc != MPI_SUCCESS) return mpi_failed(parent, "split", "communicator", rc, err);
+    if (nc == MPI_COMM_NULL) return 0;
+    glm_comm *c;
+    if (glm_comm_mpi(&c, err)) return -1; /* MPI is up: this only builds the object */
+    IM(c)->comm = nc;
+    IM(c)->sub = 1;
+    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(nc, &c->rank);
+    MPI_Comm_size(nc, &c->world);
+    c->timeout = parent->timeout;
+    c->interruptible = parent->interruptible;
     *out = c;
     return 0;
 }

@@ -281,11 +281,13 @@ int glm_device_map_make(glm_device_map *map, const char *spec, int P, const glm_
 void glm_device_map_print(FILE *f, const glm_device_map *map) {
     for (int k = 0; k < map->n; k++) {
         const glm_stage *s = &map->s[k];
-        char layers[64] = "no layers";
-        if (s->l1 == s->l0 + 1) snprintf(layers, sizeof layers, "layer %d", s->l0);
-        else if (s->l1 > s->l0) snprintf(layers, sizeof layers, "layers %d-%d (%d)", s->l0, s->l1 - 1, s->l1 - s->l0);
-        fprintf(f, "  stage %d: %s%s%s\n", k, s->embed ? "word_embeddings + " : "", layers,
-                s->head ? " + final_layernorm + lm_head" : "");
+        char line[160] = "";
+        size_t n = 0;
+        if (s->embed) n += (size_t)snprintf(line + n, sizeof line - n, " + word_embeddings");
+        if (s->l1 == s->l0 + 1) n += (size_t)snprintf(line + n, sizeof line - n, " + layer %d", s->l0);
+        else if (s->l1 > s->l0) n += (size_t)snprintf(line + n, sizeof line - n, " + layers %d-%d (%d)", s->l0, s->l1 - 1, s->l1 - s->l0);
+        if (s->head) snprintf(line + n, sizeof line - n, " + final_layernorm + lm_head");
+        fprintf(f, "  stage %d: %s\n", k, line + 3);
     }
     if (map->head_moved)
         fprintf(f, "  (%s places final_layernorm and lm_head on GPU 0; the pipeline runs them on the last stage)\n",

@@ -175,7 +175,8 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     }
     int gpu = strncmp(be->name, "cuda", 4) == 0;
     if (gpu) {
-        if (open_nccl(dp, err)) return -1;
+        /* a pipeline run hands in its stage's group communicator (parallel/pipe_train.c) */
+        if (strcmp(dp->comm->kind, "nccl") != 0 && open_nccl(dp, err)) return -1;
     } else if (!dp->boot) {
         glm_fail(err, "rank %d: CPU ranks communicate through MPI, but this %s launch is not an MPI job", dp->rank, dp->dist.source);
 #ifdef GLM_HAVE_MPI

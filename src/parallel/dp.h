@@ -81,5 +81,9 @@ int glm_dp_save(glm_dp *dp, const char *output_dir, const glm_train_state *st, c
 int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err);
 /* ok = 0 after a failure: MPI/NCCL are then torn down without the collective shutdown. */
 void glm_dp_close(glm_dp *dp, int ok);
+/* The whole optimizer state in host memory on rank 0 (o->m owns the block; free(o->m)), gathered
+ * from the shards under ZeRO; every rank calls it. For writers with their own layout
+ * (parallel/pipe_ckpt.c). */
+int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err);
 
 #endif

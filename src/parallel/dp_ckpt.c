@@ -81,3 +81,25 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) 
     free(host);
     return rc;
 }
+
+int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err) {
+    glm_backend *be = dp->m->be;
+    glm_adamw *a = dp->opt;
+    size_t total = dp->m->tab.total, S = dp->shard, C = S < CHUNK ? S : CHUNK;
+    int kinds = a->master ? 3 : 2, sharded = dp->sharded && dp->world > 1;
+    size_t n = sharded ? S * (size_t)dp->world : total; /* the gathered shards cover the padding too */
+    *o = (glm_opt_state){.lo = 0, .hi = total, .step = a->step};
+    float *host = dp->rank == 0 ? glm_malloc(n * kinds * sizeof(float)) : NULL;
+    const float *src[] = {a->m, a->v, a->master};
+    int rc = 0;
+    if (!sharded) {
+        for (int k = 0; k < kinds && host; k++) be->download(be, host + (size_t)k * n, src[k], total * sizeof(float));
+    } else {
+        float *tmp = dp->rank == 0 ? be->alloc(be, C * (size_t)dp->world * sizeof(float)) : NULL;
+        for (int k = 0; k < kinds && rc == 0; k++) rc = gather_to_host(dp, src[k], host ? host + (size_t)k * n : NULL, tmp, err);
+        if (tmp) be->free(be, tmp);
+    }
+    if (host) { o->m = host; o->v = host + n; o->master = a->master ? host + 2 * n : NULL; }
+    if (rc) { free(host); *o = (glm_opt_state){0}; }
+    return rc;
+}

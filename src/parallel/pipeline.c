@@ -87,6 +87,7 @@ typedef struct sched {
     float dscale;
     double loss;
     int K;           /* stash slots */
+    int k;           /* micro-batches */
     glm_err *err;
 } sched;
 
@@ -121,6 +122,7 @@ static void forward(sched *s, int i) {
 /* Backward of micro-batch i: dh_out holds its output gradient (nothing on the last stage). */
 static void backward(sched *s, int i) {
     glm_pipe *p = s->p;
+    if (p->before_backward) p->before_backward(p->hook_ctx, i == s->k - 1);
     double t0 = glm_now();
     s->loss += glm_stage_backward(p->m, &s->mb[i], slot(s, i), is_last(p) ? NULL : p->dh_out,
                                   is_first(p) ? NULL : p->dh_in, s->dscale);
@@ -137,7 +139,7 @@ int glm_pipe_forward_backward(glm_pipe *p, const glm_batch *mb, int k, float dsc
         if ((size_t)mb[i].B * mb[i].T > n) n = (size_t)mb[i].B * mb[i].T;
     int K = p->P - p->stage < k ? p->P - p->stage : k;
     ensure_bufs(p, K, n * p->m->cfg.hidden_size);
-    sched s = {.p = p, .mb = mb, .dscale = dscale, .K = K, .err = err};
+    sched s = {.p = p, .mb = mb, .dscale = dscale, .K = K, .k = k, .err = err};
     int up = p->stage - 1, down = p->stage + 1;
     int warm = p->P - p->stage - 1 < k ? p->P - p->stage - 1 : k, rem = k - warm, f = 0, b = 0;
     for (int w = 0; w < warm; w++, f++) {

@@ -41,6 +41,10 @@ typedef struct glm_pipe {
     /* the last step: seconds computing (forward/backward, synchronised) and in total */
     double busy_s, step_s;
     long step;                /* named in error messages */
+    /* called before each backward, last = 1 for the step's last micro-batch (data parallel
+     * reduces gradient buckets during that one: glm_dp_micro_begin); may be NULL */
+    void (*before_backward)(void *ctx, int last);
+    void *hook_ctx;
 } glm_pipe;
 
 /* The ranks and sub-communicators: world->world must be a multiple of map->n. Every rank calls

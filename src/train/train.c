@@ -18,6 +18,7 @@
 #include "parallel/dp_stats.h"
 #include "parallel/gpustat.h"
 #include "parallel/launch.h"
+#include "parallel/pipe_train.h"
 #include "parallel/signals.h"
 #include "tokenizer/tokenizer.h"
 #ifdef GLM_HAVE_CUDA
@@ -50,7 +51,11 @@ typedef struct trainer {
     cJSON *history;           /* log_history records */
     glm_dp *dp;               /* data parallel (a no-op with one process) */
     glm_gpustat *gs;          /* NVML figures of this rank's GPU, NULL on the CPU */
+    glm_pp *pp;               /* pipeline stages (--pipeline_parallel_size > 1), else NULL */
 } trainer;
+
+/* The job's first rank: with pipeline stages dp->rank is the replica within a stage. */
+static int lead(const trainer *t) { return t->pp ? t->pp->world_rank == 0 : t->dp->rank == 0; }
 
 int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (!a->output_dir) return glm_fail(err, "--output_dir is required"), glm_hint(err, "e.g. --output_dir out/my-run");
@@ -68,6 +73,9 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->warmup_ratio < 0 || a->warmup_ratio > 1) return glm_fail(err, "--warmup_ratio must be in [0, 1]");
     if (a->save_total_limit < 0) return glm_fail(err, "--save_total_limit must not be negative");
     if (strcmp(a->save_strategy, "steps") == 0 && a->save_steps < 1) return glm_fail(err, "--save_steps must be at least 1");
+    if (a->pipeline_parallel_size < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
+    if (a->num_microbatches < 0) return glm_fail(err, "--num_microbatches must not be negative");
+    if (a->num_microbatches > 0) a->gradient_accumulation_steps = a->num_microbatches; /* the same count, pipeline's name */
     return 0;
 }
 
@@ -102,12 +110,16 @@ static int pick_backend(trainer *t, glm_err *err) {
  * differ from the CPU's for the same seed. */
 static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
 #ifdef GLM_HAVE_CUDA
+    glm_table full; /* streams numbered by the whole model's rows: a pipeline stage draws the same values */
+    glm_table_build(&full, &m->cfg);
     for (int i = 0; i < m->tab.n; i++) {
         const glm_tensor *t = &m->tab.t[i];
         void *p = glm_at(m->be, m->params, t->offset);
-        if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, seed * 1000003ULL + (uint64_t)i, std);
+        uint64_t row = (uint64_t)(glm_table_find(&full, t->name) - full.t);
+        if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, seed * 1000003ULL + row, std);
         else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
     }
+    glm_table_free(&full);
 #else
     glm_model_init_random(m, seed, std);
 #endif
@@ -118,7 +130,14 @@ static int load_model(trainer *t, glm_err *err) {
     glm_config c;
     const char *src = a->model_name_or_path ? a->model_name_or_path : a->init_from_config;
     if (glm_config_load(&c, src, err)) return -1;
-    glm_model_init(&t->m, &c, t->be);
+    int cuda = strncmp(t->be->name, "cuda", 4) == 0;
+    if (glm_pp_check_memory(a, &c, cuda, t->dp->world, err)) return -1;
+    if (a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"))) {
+        if (glm_pp_open(&t->pp, t->dp, a, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */
+        glm_pp_model_init(t->pp, &t->m, &c, t->be);
+    } else {
+        glm_model_init(&t->m, &c, t->be);
+    }
     t->m.gradient_checkpointing = a->gradient_checkpointing;
     if (t->dp->world > 1 && t->dp->rank > 0) {
         /* nothing to read or draw: glm_dp_attach broadcasts rank 0's weights */
@@ -157,17 +176,22 @@ static int load_tokenizer(trainer *t, glm_err *err) {
 
 /* Rank 0 tokenizes (or validates) the cache first; the others wait without the collective
  * timeout (that can take long on a big file), then read the cache it wrote. */
+static int data_vote(trainer *t, double *failed, glm_err *err) {
+    const char *what = "data cache built by rank 0";
+    return t->pp ? glm_pp_sum(t->pp, failed, 1, 1, what, err) : glm_dp_sum_long(t->dp, failed, 1, what, err);
+}
+
 static int load_data_ranked(trainer *t, glm_err *err) {
-    if (t->dp->rank > 0) {
+    if (!lead(t)) {
         double failed = 0;
-        if (glm_dp_sum_long(t->dp, &failed, 1, "data cache built by rank 0", err)) return -1;
+        if (data_vote(t, &failed, err)) return -1;
         if (failed > 0) return glm_fail(err, "rank %d: rank 0 could not load the data (see its error)", t->dp->rank);
     }
     int rc = glm_data_load(&t->data, &t->dcfg, &t->enc, err);
-    if (t->dp->rank == 0) {
+    if (lead(t)) {
         double failed = rc != 0;
         glm_err e2;
-        if (glm_dp_sum_long(t->dp, &failed, 1, "data cache built by rank 0", rc ? &e2 : err)) return -1;
+        if (data_vote(t, &failed, rc ? &e2 : err)) return -1;
     }
     return rc;
 }
@@ -245,10 +269,15 @@ static int evaluate(trainer *t, double *loss, double *ppl, glm_err *err) {
     for (int64_t i = 0; i < n; i++) {
         if (glm_loader_next(t->eval_ld, &t->eval_batch, &lerr)) break;
         if (t->eval_batch.n_targets == 0) continue;
+        if (t->pp) {
+            if (glm_pp_eval(t->pp, &t->eval_batch, v, err)) return -1;
+            continue;
+        }
         v[0] += glm_forward_loss(&t->m, &t->eval_batch);
         v[1] += t->eval_batch.n_targets;
     }
-    if (glm_dp_sum(t->dp, v, 2, "evaluation loss", err)) return -1;
+    if (t->pp ? glm_pp_sum(t->pp, v, 2, 0, "evaluation loss", err) : glm_dp_sum(t->dp, v, 2, "evaluation loss", err))
+        return -1;
     *loss = v[1] > 0 ? v[0] / v[1] : NAN;
     *ppl = exp(*loss);
     return 0;
@@ -279,8 +308,10 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     t->st.loss_scale = t->scaler.scale;
     t->st.good_steps = t->scaler.good_steps;
     t->st.skipped_steps = t->scaler.skipped;
-    if (glm_dp_save(t->dp, t->a->output_dir, &t->st, t->tok_path, t->args_json, err)) return -1;
-    if (t->dp->rank != 0) return 0;
+    if (t->pp ? glm_pp_save(t->pp, t->a->output_dir, &t->st, t->tok_path, t->args_json, err)
+              : glm_dp_save(t->dp, t->a->output_dir, &t->st, t->tok_path, t->args_json, err))
+        return -1;
+    if (!lead(t)) return 0;
     char line[256];
     snprintf(line, sizeof line, "[glmtrain] saved %s/checkpoint-%ld", t->a->output_dir, t->st.global_step);
     glm_progress_log(&t->prog, line);
@@ -345,7 +376,13 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     }
     /* every rank scales its gradients by 1/(supervised tokens of the whole global batch) */
     double g[3] = {(double)n_sup, *tokens, glm_signal_pending() ? 1 : 0};
-    if (glm_dp_sum(t->dp, g, 3, "batch token counts", err)) return NAN;
+    if (t->pp) { /* over every rank: every stage of a replica counted the same batches */
+        if (glm_pp_sum(t->pp, g, 3, 0, "batch token counts", err)) return NAN;
+        g[0] /= t->pp->pipe.P;
+        g[1] /= t->pp->pipe.P;
+    } else if (glm_dp_sum(t->dp, g, 3, "batch token counts", err)) {
+        return NAN;
+    }
     if (g[2] > 0) {
         if (glm_loader_seek(t->train_ld, c, err)) return NAN;
         *stop = 1;
@@ -356,14 +393,19 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     glm_zero_grads(&t->m);
     double scale = a->fp16 ? t->scaler.scale : 1.0;
     double sum = 0;
-    if (n_sup > 0)
+    if (n_sup > 0 && t->pp) {
+        if (glm_pp_forward_backward(t->pp, t->micro, k, (float)(scale / n_sup), &sum, err)) return NAN;
+    } else if (n_sup > 0) {
         for (int i = 0; i < k; i++) {
             glm_dp_micro_begin(t->dp, i == k - 1); /* gradients are reduced during the last backward */
             sum += glm_forward_backward(&t->m, &t->micro[i], (float)(scale / n_sup));
         }
+    }
     if (measure) { t->be->sync(t->be); *compute_s = glm_now() - t0; }
     if (glm_dp_reduce_grads(t->dp, err)) return NAN;
-    if (glm_dp_grad_norm(t->dp, (float)(1.0 / scale), &sum, norm, err)) return NAN;
+    if (t->pp ? glm_pp_grad_norm(t->pp, (float)(1.0 / scale), &sum, norm, err)
+              : glm_dp_grad_norm(t->dp, (float)(1.0 / scale), &sum, norm, err))
+        return NAN;
     *skipped = 0;
     if (a->fp16 && glm_scaler_update(&t->scaler, *norm)) { *skipped = 1; return n_sup ? sum / n_sup : NAN; }
     if (n_sup > 0) {
@@ -403,6 +445,12 @@ static int log_rank_stats(trainer *t, double compute_s, glm_err *err) {
 static int save_final(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     int rc = 0;
+    if (t->pp) {
+        st_dtype dt = strcmp(a->save_dtype, "float16") == 0 ? ST_F16 : strcmp(a->save_dtype, "bfloat16") == 0 ? ST_BF16 : ST_F32;
+        rc = glm_pp_save_final(t->pp, a->output_dir, dt, t->tok_path, t->args_json, err);
+        if (rc == 0 && lead(t)) glm_info("saved the final model to %s", a->output_dir);
+        return rc;
+    }
     if (t->dp->rank == 0) {
         st_dtype dt = strcmp(a->save_dtype, "float16") == 0 ? ST_F16 : strcmp(a->save_dtype, "bfloat16") == 0 ? ST_BF16 : ST_F32;
         char path[4096];
@@ -419,6 +467,7 @@ static int save_final(trainer *t, glm_err *err) {
 }
 
 static void trainer_free(trainer *t, int ok) {
+    glm_pp_close(t->pp, ok); /* before the MPI world closes */
     glm_dp_close(t->dp, ok); /* first: the communicator still uses the device */
     glm_gpustat_close(t->gs);
     if (t->micro) for (int i = 0; i < t->a->gradient_accumulation_steps; i++) glm_batch_free(&t->micro[i]);
@@ -485,12 +534,13 @@ static int run(trainer *t, glm_err *err) {
     if (glm_dp_attach(t->dp, &t->m, &t->opt, (float)a->learning_rate, (float)a->adam_beta1, (float)a->adam_beta2,
                       (float)a->adam_epsilon, (float)a->weight_decay, err))
         return -1;
+    if (t->pp && glm_pp_ready(t->pp, err)) return -1;
     if (load_tokenizer(t, err) || load_data(t, err)) return -1;
     plan_steps(t);
     glm_scaler_init(&t->scaler, 65536.0, 2000);
     t->history = cJSON_CreateArray();
     if (a->resume_from_checkpoint && resume(t, err)) return -1;
-    if (strcmp(a->report_to, "tensorboard") == 0 && t->dp->rank == 0) {
+    if (strcmp(a->report_to, "tensorboard") == 0 && lead(t)) {
         char logdir[4096];
         if (a->logging_dir) snprintf(logdir, sizeof logdir, "%s", a->logging_dir);
         else glm_path_join(logdir, sizeof logdir, a->output_dir, "runs");
@@ -530,6 +580,11 @@ static int run(trainer *t, glm_err *err) {
         if (log_now) {
             log_train(t, n_acc ? loss_acc / n_acc : NAN, lr, norm, tok_acc / (now - t_log > 1e-9 ? now - t_log : 1e-9));
             if (log_rank_stats(t, compute_s, err)) return -1;
+            if (t->pp) {
+                char pl[1024];
+                if (glm_pp_stats(t->pp, a->gradient_accumulation_steps, pl, sizeof pl, err)) return -1;
+                if (pl[0]) glm_progress_log(&t->prog, pl);
+            }
             loss_acc = 0; n_acc = 0; tok_acc = 0; t_log = now;
         }
         int epoch_end = t->st.global_step % t->steps_per_epoch == 0;
@@ -544,7 +599,9 @@ static int run(trainer *t, glm_err *err) {
         }
         /* ranks must agree on stopping: rank clocks differ, so they vote */
         double out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
-        if (a->max_train_seconds > 0 && glm_dp_sum(t->dp, &out_of_time, 1, "time limit", err)) return -1;
+        if (a->max_train_seconds > 0 && (t->pp ? glm_pp_sum(t->pp, &out_of_time, 1, 0, "time limit", err)
+                                               : glm_dp_sum(t->dp, &out_of_time, 1, "time limit", err)))
+            return -1;
         if ((strcmp(a->save_strategy, "steps") == 0 && t->st.global_step % a->save_steps == 0) ||
             (strcmp(a->save_strategy, "epoch") == 0 && epoch_end) || out_of_time > 0)
             if (save_checkpoint(t, err)) return -1;
@@ -564,9 +621,10 @@ int glm_train_run(glm_train_args *a, glm_err *err) {
     trainer t = {.a = a};
     err->msg[0] = 0;
     int rc = run(&t, err);
-    if (rc && t.dp && t.dp->world > 1) {
-        if (strncmp(err->msg, "rank ", 5) != 0) glm_wrap(err, "rank %d: ", t.dp->rank);
-        if (t.dp->rank > 0) glm_err_print(err); /* into its log file; the CLI prints it on the terminal */
+    int rank = t.pp ? t.pp->world_rank : t.dp ? t.dp->rank : 0; /* the job's rank, also with stages */
+    if (rc && t.dp && (t.dp->world > 1 || (t.pp && t.pp->world_size > 1))) {
+        if (strncmp(err->msg, "rank ", 5) != 0) glm_wrap(err, "rank %d: ", rank);
+        if (rank > 0) glm_err_print(err); /* into its log file; the CLI prints it on the terminal */
     }
     trainer_free(&t, rc == 0);
     return rc;

@@ -76,6 +76,10 @@ const glm_flag glm_train_flags[] = {
     F(bucket_size_mb, ARG_FLOAT, "25", "gradients are reduced in buckets of this many MiB as backward completes them"),
     F(ddp_timeout, ARG_FLOAT, "1800", "seconds a collective may wait for the other ranks before every rank stops with an error"),
     F(save_on_interrupt, ARG_BOOL, "false", "on Ctrl-C/SIGTERM finish the step and write a checkpoint before stopping"),
+    F(pipeline_parallel_size, ARG_INT, "1", "pipeline stages: the layers are split over this many processes (ranks = stages x data-parallel replicas)"),
+    F(device_map, ARG_STR, "auto", "the layer split over the stages: auto (memory-balanced), thudm (THUDM utils.py ranges; final norm and head on the last stage) or a JSON file module -> stage"),
+    F(num_microbatches, ARG_INT, "0", "micro-batches per optimizer step in the pipeline's schedule (0: gradient_accumulation_steps; when given it sets that)"),
+    F(max_memory_per_gpu, ARG_STR, NULL, "refuse to start when a process's memory plan exceeds this, e.g. 70GiB (glmtrain info shows the plan)"),
 };
 const int glm_train_nflags = sizeof glm_train_flags / sizeof glm_train_flags[0];
 

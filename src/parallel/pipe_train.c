@@ -1,0 +1,275 @@
+#include "parallel/pipe_train.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/log.h"
+#include "model/ckpt.h"
+#include "parallel/rendezvous.h"
+#ifdef GLM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+/* "12.5 GiB", or MiB for small models (tests), so the numbers say something. */
+static const char *size_str(char *buf, size_t n, double bytes) {
+    if (bytes >= 1073741824.0) snprintf(buf, n, "%.1f GiB", bytes / 1073741824.0);
+    else snprintf(buf, n, "%.2f MiB", bytes / 1048576.0);
+    return buf;
+}
+
+static int is_spec(const char *s) { return !s || !*s || !strcmp(s, "auto") || !strcmp(s, "thudm"); }
+
+int glm_pp_map(const glm_train_args *a, const glm_config *c, int cuda, glm_device_map *map, glm_stage_shape *sh,
+               glm_err *err) {
+    glm_stage_shape_init(sh);
+    sh->dtype = !cuda || a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
+    sh->B = a->per_device_train_batch_size;
+    sh->T = a->max_source_length + a->max_target_length;
+    sh->gradient_checkpointing = a->gradient_checkpointing;
+    sh->n_micro = a->num_microbatches > 0 ? a->num_microbatches : a->gradient_accumulation_steps;
+    sh->head_chunk = cuda ? 2048 : 256; /* as glm_model_init_stage picks it */
+    int P = a->pipeline_parallel_size;
+    if (P < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
+    /* a map file alone says how many stages; the flag's default 1 does not contradict it */
+    if (!is_spec(a->device_map) && P == 1) P = 0;
+    if (P == 1) return glm_device_map_thudm(map, 1, c, err); /* the whole model as one stage */
+    return glm_device_map_make(map, a->device_map, P, c, sh, err);
+}
+
+int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, int D, glm_err *err) {
+    if (!a->max_memory_per_gpu) return 0;
+    size_t cap;
+    if (glm_parse_size(a->max_memory_per_gpu, &cap)) {
+        glm_fail(err, "--max_memory_per_gpu %s is not a size", a->max_memory_per_gpu);
+        return glm_hint(err, "write e.g. 70GiB, 80GB or 75000MB");
+    }
+    glm_device_map map;
+    glm_stage_shape sh;
+    if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;
+    int P = map.n;
+    sh.dp = a->zero_stage >= 1 ? D / P : 1;
+    for (int k = 0; k < P; k++) {
+        glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
+        if (p.total <= (double)cap) continue;
+        char who[64] = "the model";
+        if (P > 1) snprintf(who, sizeof who, "stage %d (layers %d-%d)", k, map.s[k].l0, map.s[k].l1 - 1);
+        char sz[7][32];
+        glm_fail(err, "--max_memory_per_gpu %s: %s plans %s (weights %s, gradients %s, master %s, moments %s, "
+                      "activations %s, scratch %s)", a->max_memory_per_gpu, who, size_str(sz[0], 32, p.total),
+                 size_str(sz[1], 32, p.params), size_str(sz[2], 32, p.grads), size_str(sz[3], 32, p.master),
+                 size_str(sz[4], 32, p.moments), size_str(sz[5], 32, p.activations), size_str(sz[6], 32, p.scratch));
+        /* the fewest stages that would fit, with the auto split */
+        glm_train_args b = *a;
+        b.device_map = "auto";
+        for (int q = P + 1; q <= c->num_layers && q <= GLM_MAX_STAGES; q++) {
+            glm_device_map m2;
+            glm_stage_shape s2;
+            glm_err e2;
+            b.pipeline_parallel_size = q;
+            if (glm_pp_map(&b, c, cuda, &m2, &s2, &e2)) break;
+            s2.dp = sh.dp;
+            double worst = 0;
+            for (int j = 0; j < q; j++) {
+                double t = glm_stage_memory_plan(c, &m2, j, &s2).total;
+                if (t > worst) worst = t;
+            }
+            if (worst <= (double)cap)
+                return glm_hint(err, "--pipeline_parallel_size %d --device_map auto plans at most %s per stage "
+                                     "(glmtrain info --pipeline_parallel_size %d shows it)", q, size_str(sz[0], 32, worst), q);
+        }
+        return glm_hint(err, "add --gradient_checkpointing, lower --per_device_train_batch_size, or use more stages / ZeRO");
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static void arm(void *ctx, int last) { glm_dp_micro_begin((glm_dp *)ctx, last); }
+
+#ifdef GLM_HAVE_CUDA
+/* GPU ranks: rank 0's P + 1 NCCL ids (the pipeline's, then each stage's replicas') to everyone. */
+static int nccl_ids(glm_pp *pp, int P, unsigned char *ids, glm_err *err) {
+    glm_dp *dp = pp->dp;
+    if (pp->world_rank == 0)
+        for (int i = 0; i <= P; i++) if (glm_nccl_unique_id(ids + 128 * i, err)) return -1;
+    if (dp->boot) { /* launched by mpirun: the ids travel over MPI (as floats of raw bytes) */
+        size_t nf = 32 * (size_t)(P + 1);
+        float *buf = glm_malloc(nf * sizeof(float));
+        memcpy(buf, ids, nf * sizeof(float));
+        int rc = dp->boot->bcast(dp->boot, buf, nf, GLM_C_F32, 0, "nccl ids", err) || dp->boot->wait(dp->boot, -1, err);
+        memcpy(ids, buf, nf * sizeof(float));
+        free(buf);
+        return rc ? -1 : 0;
+    }
+    const char *addr = dp->dist.master_addr[0] ? dp->dist.master_addr : "127.0.0.1";
+    if (dp->dist.master_port <= 0) {
+        glm_fail(err, "rank %d: MASTER_PORT is not set (%s launch)", pp->world_rank, dp->dist.source);
+        return glm_hint(err, "export MASTER_ADDR and MASTER_PORT, or start with glmtrain train --nproc_per_node N");
+    }
+    return glm_rdzv_exchange(addr, dp->dist.master_port, pp->world_rank, pp->world_size, ids, 128 * (size_t)(P + 1),
+                             dp->cfg.timeout, err);
+}
+#endif
+
+int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_train_args *a, const glm_config *c, glm_backend *be, glm_err *err) {
+    glm_pp *pp = glm_calloc(1, sizeof *pp);
+    *out = pp;
+    pp->dp = dp;
+    pp->world_rank = dp->rank;
+    pp->world_size = dp->world;
+    int cuda = strncmp(be->name, "cuda", 4) == 0;
+    glm_device_map map;
+    glm_stage_shape sh;
+    if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;
+    int P = map.n, W = dp->world;
+    if (W < P || W % P) {
+        glm_fail(err, "--pipeline_parallel_size %d needs a multiple of %d processes, this job has %d", P, P, W);
+        return glm_hint(err, "start P x (data-parallel replicas) ranks: --nproc_per_node %d, or mpirun -np %d", P, P);
+    }
+    int D = W / P, stage = dp->rank % P, replica = dp->rank / P;
+    unsigned char *ids = glm_calloc((size_t)(P + 1), 128);
+    int rc = 0;
+    glm_comm *group = NULL;
+    if (cuda) {
+#ifdef GLM_HAVE_CUDA
+        rc = nccl_ids(pp, P, ids, err);
+        if (!rc) rc = glm_p2p_nccl(&pp->world, dp->rank, W, ids, glm_cuda_stream(be), dp->cfg.timeout, err);
+        if (!rc && D > 1)
+            rc = glm_comm_nccl(&group, replica, D, ids + 128 * (1 + stage), glm_cuda_stream(be), dp->cfg.timeout, err);
+#endif
+    } else if (!dp->boot) {
+        rc = glm_fail(err, "--pipeline_parallel_size %d: CPU ranks communicate through MPI, but this is no MPI job", P);
+        glm_hint(err, "start the ranks with mpirun -np %d, or glmtrain train --nproc_per_node %d", W > 1 ? W : P, W > 1 ? W : P);
+    } else {
+#ifdef GLM_HAVE_MPI
+        rc = glm_p2p_mpi(&pp->world, err);
+        /* every rank takes part in the split (D is the same everywhere) */
+        if (!rc && D > 1) rc = glm_comm_mpi_split(dp->boot, stage, replica, &group, err);
+#endif
+    }
+    free(ids);
+    if (rc) return -1;
+    pp->world->timeout = dp->cfg.timeout;
+    pp->world->interruptible = !dp->cfg.save_on_interrupt;
+    if (glm_pipe_init(&pp->pipe, pp->world, &map, err)) return -1;
+    /* from here on dp speaks for this stage's replicas */
+    if (group) {
+        group->timeout = dp->cfg.timeout;
+        group->interruptible = !dp->cfg.save_on_interrupt;
+        if (dp->comm != dp->boot) dp->comm->close(dp->comm);
+        dp->comm = group;
+    }
+    dp->rank = replica;
+    dp->world = D;
+    /* Gradient buckets are reduced over the replicas during the last backward, except on the
+     * two stages holding a tied embedding: their copies' gradients must be summed first (with
+     * ZeRO-2 a reduced shard of one stage does not line up with the other stage's shard). */
+    int tied_end = c->tie_word_embeddings && P > 1 && (stage == 0 || stage == P - 1);
+    pp->pipe.before_backward = tied_end ? NULL : arm;
+    pp->pipe.hook_ctx = dp;
+    if (pp->world_rank == 0) {
+        glm_info("pipeline: %d stages x %d data-parallel replicas (%s), %d micro-batches per step:", P, D, map.source,
+                 sh.n_micro);
+        glm_device_map_print(stderr, &map);
+    }
+    glm_info("rank %d: stage %d, replica %d", pp->world_rank, stage, replica);
+    return 0;
+}
+
+void glm_pp_close(glm_pp *pp, int ok) {
+    if (!pp) return;
+    if (!ok) {
+        if (pp->world) pp->world->broken = 1;
+        if (pp->pipe.tied) pp->pipe.tied->broken = 1;
+        if (pp->pipe.dp) pp->pipe.dp->broken = 1;
+    }
+    glm_pipe_free(&pp->pipe);
+    if (pp->world) pp->world->close(pp->world);
+    free(pp);
+}
+
+void glm_pp_model_init(glm_pp *pp, glm_model *m, const glm_config *c, glm_backend *be) {
+    glm_pipe_model_init(&pp->pipe, m, c, be);
+}
+
+int glm_pp_ready(glm_pp *pp, glm_err *err) { return glm_pipe_sync_tied(&pp->pipe, err); }
+
+/* ---------------------------------------------------------------- per step */
+
+int glm_pp_sum(glm_pp *pp, double *v, int n, int long_wait, const char *what, glm_err *err) {
+    double keep = pp->world->timeout;
+    if (long_wait) pp->world->timeout = keep > 3600 ? keep : 3600; /* rank 0 may be doing I/O */
+    int rc = pp->world->sum_host(pp->world, v, n, what, err);
+    pp->world->timeout = keep;
+    return rc;
+}
+
+int glm_pp_forward_backward(glm_pp *pp, const glm_batch *mb, int k, float dscale, double *loss_sum, glm_err *err) {
+    pp->pipe.step = pp->dp->comm->step;
+    pp->world->step = pp->pipe.step;
+    if (glm_pipe_forward_backward(&pp->pipe, mb, k, dscale, loss_sum, err)) return -1;
+    if (glm_pipe_reduce_tied(&pp->pipe, err)) return -1; /* before glm_dp_reduce_grads (see glm_pp_open) */
+    pp->busy_acc += pp->pipe.busy_s;
+    pp->step_acc += pp->pipe.step_s;
+    pp->steps_acc++;
+    return 0;
+}
+
+int glm_pp_grad_norm(glm_pp *pp, float grad_scale, double *loss_sum, double *norm, glm_err *err) {
+    glm_dp *dp = pp->dp;
+    /* each replica squares its shard (all of it without data parallelism); ZeRO-2 reduced only
+     * that part, and the shards of a stage's replicas cover the stage once */
+    size_t lo = dp->world > 1 ? dp->lo : 0, hi = dp->world > 1 ? dp->hi : pp->pipe.m->tab.total;
+    double v[2] = {*loss_sum, glm_pipe_grad_sumsq(&pp->pipe, lo, hi, grad_scale)};
+    if (glm_pp_sum(pp, v, 2, 0, "loss and gradient norm", err)) return -1;
+    *loss_sum = v[0];
+    *norm = sqrt(v[1]);
+    return 0;
+}
+
+int glm_pp_eval(glm_pp *pp, const glm_batch *b, double v[2], glm_err *err) {
+    double loss;
+    if (glm_pipe_forward_loss(&pp->pipe, b, &loss, err)) return -1;
+    if (pp->pipe.stage == pp->pipe.P - 1) { v[0] += loss; v[1] += b->n_targets; }
+    return 0;
+}
+
+int glm_pp_save(glm_pp *pp, const char *output_dir, const glm_train_state *st, const char *tokenizer_path,
+                const char *args_json, glm_err *err) {
+    glm_opt_state o;
+    if (glm_dp_opt_state(pp->dp, &o, err)) return -1;
+    int rc = glm_pipe_checkpoint_save(&pp->pipe, output_dir, pp->pipe.replica == 0 ? &o : NULL, st, tokenizer_path,
+                                      args_json, err);
+    free(o.m);
+    return rc;
+}
+
+int glm_pp_save_final(glm_pp *pp, const char *output_dir, int file_dtype, const char *tokenizer_path,
+                      const char *args_json, glm_err *err) {
+    return glm_pipe_save_final(&pp->pipe, output_dir, file_dtype, tokenizer_path, args_json, err);
+}
+
+int glm_pp_stats(glm_pp *pp, int M, char *line, size_t n, glm_err *err) {
+    int P = pp->pipe.P;
+    double *v = glm_calloc((size_t)(2 * P + 1), sizeof(double));
+    if (pp->pipe.replica == 0 && pp->steps_acc > 0) {
+        v[2 * pp->pipe.stage] = pp->busy_acc / pp->steps_acc;
+        v[2 * pp->pipe.stage + 1] = pp->step_acc / pp->steps_acc;
+    }
+    pp->busy_acc = pp->step_acc = 0;
+    pp->steps_acc = 0;
+    int rc = glm_pp_sum(pp, v, 2 * P, 0, "pipeline statistics", err);
+    line[0] = 0;
+    if (rc == 0 && pp->world_rank == 0) {
+        size_t k = (size_t)snprintf(line, n, "[glmtrain] pipeline (%d stages x %d, %d micro-batches): compute s/step", P,
+                                    pp->pipe.D, M);
+        for (int s = 0; s < P && k < n; s++) k += (size_t)snprintf(line + k, n - k, " %.3f", v[2 * s]);
+        double step = 0, busy = 0;
+        for (int s = 0; s < P; s++) { busy += v[2 * s]; if (v[2 * s + 1] > step) step = v[2 * s + 1]; }
+        if (k < n)
+            snprintf(line + k, n - k, " of %.3f; bubble %.1f%% (1F1B ideal %.1f%%)", step,
+                     step > 0 ? 100.0 * (1 - busy / (P * step)) : 0.0, 100.0 * (P - 1) / (M + P - 1));
+    }
+    free(v);
+    return rc;
+}

@@ -1,0 +1,70 @@
+/* Pipeline parallelism inside `glmtrain train` (train/train.c calls these when
+ * --pipeline_parallel_size P > 1; parallel/pipeline.h has the schedule).
+ *
+ * The job's W = P x D ranks (mpirun, torchrun, or --nproc_per_node W) are laid out as
+ * rank = replica * P + stage. glm_pp_open turns the data-parallel object (parallel/dp.h) into
+ * the stage's data-parallel group: dp->rank is the replica, dp->world = D, dp->comm reaches
+ * the D replicas of this stage only — so everything dp.c does (loader shares, gradient buckets,
+ * ZeRO shards and their checkpoints) works per stage unchanged. What must span the whole job
+ * goes through glm_pp_sum (all W ranks): the loss (known on last stages), the gradient norm
+ * (every stage's part, the tied head's copy once), votes to stop, barriers around checkpoints.
+ *
+ * GPUs: one rendezvous at MASTER_ADDR:MASTER_PORT brings P + 1 NCCL ids from rank 0: the
+ * pipeline's send/receive communicator over all ranks and one per stage's replicas. CPU ranks:
+ * MPI, with the replicas split off MPI_COMM_WORLD. */
+#ifndef GLM_PARALLEL_PIPE_TRAIN_H
+#define GLM_PARALLEL_PIPE_TRAIN_H
+#include "parallel/dp.h"
+#include "parallel/pipe_ckpt.h"
+#include "parallel/pipeline.h"
+#include "train/train_args.h"
+
+typedef struct glm_pp {
+    glm_pipe pipe;
+    glm_p2p *world;      /* all ranks */
+    glm_dp *dp;          /* not owned */
+    int world_rank, world_size;
+    double busy_acc, step_acc; /* seconds since the last stats line */
+    long steps_acc;
+} glm_pp;
+
+/* The map the flags describe (also for P = 1: the whole model as one stage), for the memory
+ * check and `glmtrain info`. */
+int glm_pp_map(const glm_train_args *a, const glm_config *c, int cuda, glm_device_map *map, glm_stage_shape *sh,
+               glm_err *err);
+/* Refuses a run whose memory plan of any stage exceeds --max_memory_per_gpu (nothing to do
+ * without the flag). D: data-parallel replicas (ZeRO >= 1 divides the optimizer state). */
+int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, int D, glm_err *err);
+
+/* After glm_dp_open and the backend are made, before the model: see above. */
+int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_train_args *a, const glm_config *c, glm_backend *be, glm_err *err);
+/* Closes the pipeline's communicators (before glm_dp_close). */
+void glm_pp_close(glm_pp *pp, int ok);
+/* This stage's model. */
+void glm_pp_model_init(glm_pp *pp, glm_model *m, const glm_config *c, glm_backend *be);
+/* After glm_dp_attach (or a resume): the tied head's copy from the first stage. */
+int glm_pp_ready(glm_pp *pp, glm_err *err);
+
+/* Host doubles summed over every rank (long: without the usual timeout, e.g. while rank 0
+ * builds the data cache). */
+int glm_pp_sum(glm_pp *pp, double *v, int n, int long_wait, const char *what, glm_err *err);
+/* Forward and backward of the step's k micro-batches (1F1B) and the tied head's gradient sum;
+ * *loss_sum on last stages. glm_dp_reduce_grads follows. */
+int glm_pp_forward_backward(glm_pp *pp, const glm_batch *mb, int k, float dscale, double *loss_sum, glm_err *err);
+/* After glm_dp_reduce_grads: the loss and the global gradient norm (times grad_scale) over
+ * every rank. */
+int glm_pp_grad_norm(glm_pp *pp, float grad_scale, double *loss_sum, double *norm, glm_err *err);
+/* Evaluation of one batch: v[0] += loss sum, v[1] += supervised tokens (on last stages; sum
+ * over ranks afterwards). */
+int glm_pp_eval(glm_pp *pp, const glm_batch *b, double v[2], glm_err *err);
+/* Checkpoint / final model in the shared layout (parallel/pipe_ckpt.h). */
+int glm_pp_save(glm_pp *pp, const char *output_dir, const glm_train_state *st, const char *tokenizer_path,
+                const char *args_json, glm_err *err);
+int glm_pp_save_final(glm_pp *pp, const char *output_dir, int file_dtype, const char *tokenizer_path,
+                      const char *args_json, glm_err *err);
+/* A log line on rank 0 about the steps since the last call: each stage's compute time and
+ * the bubble (the share of the step a stage waits), next to 1F1B's (P - 1) / (M + P - 1).
+ * Collective; line is "" on other ranks. */
+int glm_pp_stats(glm_pp *pp, int M, char *line, size_t n, glm_err *err);
+
+#endif
