@@ -44,7 +44,7 @@ static void free_bufs(glm_pipe *p) {
     void *b[] = {p->h_out, p->dh_out, p->dh_in};
     for (int i = 0; i < 3; i++) if (b[i]) be->free(be, b[i]);
     p->stash = NULL;
-    p->n_stash = 0;
+    p->n_stash = p->slots = 0;
     p->h_out = p->dh_out = p->dh_in = NULL;
     p->cap = 0;
 }
@@ -58,11 +58,12 @@ void glm_pipe_free(glm_pipe *p) {
 
 /* Buffers for `slots` stashed inputs of up to n elements each (only what this stage uses). */
 static void ensure_bufs(glm_pipe *p, int slots, size_t n) {
-    if (n <= p->cap && slots <= p->n_stash) return;
+    if (n <= p->cap && slots <= p->slots) return;
     free_bufs(p);
     glm_backend *be = p->m->be;
     size_t bytes = n * glm_dtype_size(be->dtype);
     p->cap = n;
+    p->slots = slots;
     if (!is_first(p)) {
         p->n_stash = slots;
         p->stash = glm_calloc((size_t)slots, sizeof(void *));

@@ -35,7 +35,7 @@ typedef struct glm_pipe {
     glm_model *m;             /* this stage's model (not owned) */
     /* backend buffers sized for cap elements [N*H]: stashed stage inputs, send/recv */
     void **stash;
-    int n_stash;
+    int n_stash, slots;       /* stash buffers held (none on the first stage), slots asked for */
     void *h_out, *dh_out, *dh_in;
     size_t cap;
     /* the last step: seconds computing (forward/backward, synchronised) and in total */

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Pipeline parallelism on CPU ranks under mpirun, through tests/c/tool_pp_train (a tiny GLM,
 # synthetic micro-batches, 20 optimizer steps):
-#   - P=2, P=3, P=5 (thudm map), P=2 x D=2, untied head with gradient checkpointing, and one
+#   - P=2, P=5 (thudm map), untied head with gradient checkpointing (bit for bit), and one
 #     micro-batch per step reproduce the single-process loss curve within 1e-6 relative;
-#   - checkpoints resume across layouts: P=2 -> 1 process, P=2 -> P=3, 1 process -> P=2 x D=2,
-#     continuing the uninterrupted curve;
+#   - checkpoints resume across layouts: P=2 -> 1 process, P=2 -> P=3, continuing the
+#     uninterrupted curve;
+# (P=3 and P=2 x D=2 through glmtrain train itself: tests/py/test_pipeline.py)
 #   - a rank that stops answering makes its neighbour fail within the timeout naming both ranks.
 # SKIP when mpirun or the MPI build is missing.
 set -u
@@ -50,19 +51,15 @@ run() {
 }
 
 run ref 0
-PP_TEST_D=2 run ref_d2 0
 run ref_untied 0 --tie 0 --ckpt 1
 run ref_m1 0 --micro 1
 run p2 2 --pp 2;                      compare pipeline_p2_matches_single "$w/p2.txt" "$w/ref.txt"
-run p3 3 --pp 3;                      compare pipeline_p3_matches_single "$w/p3.txt" "$w/ref.txt"
 run p5 5 --pp 5 --map thudm;          compare pipeline_p5_thudm_matches_single "$w/p5.txt" "$w/ref.txt"
-run p2d2 4 --pp 2;                    compare pipeline_p2_x_dp2_matches_single "$w/p2d2.txt" "$w/ref_d2.txt"
 run p2u 2 --pp 2 --tie 0 --ckpt 1;    compare pipeline_p2_untied_checkpointing "$w/p2u.txt" "$w/ref_untied.txt"
 run p2m1 2 --pp 2 --micro 1;          compare pipeline_p2_one_microbatch "$w/p2m1.txt" "$w/ref_m1.txt"
 
 # resume across layouts from step 10
 run save2 2 --pp 2 --steps 10 --save_at 10 --out "$w/ck2"
-run save1 0 --steps 10 --save_at 10 --out "$w/ck1"
 if [ -f "$w/ck2/checkpoint-10/model.safetensors.index.json" ] && [ -f "$w/ck2/checkpoint-10/trainer_state.json" ]; then
     echo "PASS pipeline_checkpoint_is_one_hf_folder"
 else
@@ -70,13 +67,10 @@ else
 fi
 run r21 0 --resume "$w/ck2/checkpoint-10";        compare pipeline_resume_p2_on_one_process "$w/r21.txt" "$w/ref.txt"
 run r23 3 --pp 3 --resume "$w/ck2/checkpoint-10"; compare pipeline_resume_p2_on_p3 "$w/r23.txt" "$w/ref.txt"
-run r14 4 --pp 2 --resume "$w/ck1/checkpoint-10"
-PP_TEST_D=2 run r14ref 0 --resume "$w/ck1/checkpoint-10"
-compare pipeline_resume_single_on_p2_x_dp2 "$w/r14.txt" "$w/r14ref.txt"
 
 # a stage that stops answering: its neighbour gives up within the timeout, naming both ranks
 t0=$SECONDS
-timeout 60 $M -np 2 "$T" --pp 2 --timeout 2 --hang_rank 1 >"$w/hang.txt" 2>"$w/hang.err"
+timeout 60 $M -np 2 "$T" --pp 2 --timeout 1 --hang_rank 1 >"$w/hang.txt" 2>"$w/hang.err"
 rc=$?
 if [ $rc -ne 0 ] && [ $((SECONDS - t0)) -lt 30 ] && grep -q "rank 0: pipeline .*rank 1.* at step 2 timed out" "$w/hang.err"; then
     echo "PASS pipeline_stuck_neighbour_times_out"
