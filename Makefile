@@ -30,13 +30,10 @@ ifneq ($(NVCC_PATH),)
 endif
 
 # MPI for data parallelism on CPU ranks (OpenMPI; src/parallel/comm_mpi.c): on when mpicc is
-# found, MPI=0 builds without it. CUDA builds default to MPI=0: the GPU machines have no MPI
-# runtime (a binary linked with libmpi would not start there) and GPU ranks talk through NCCL.
-ifeq ($(NVCC_PATH),)
-  MPI ?= 1
-else
-  MPI ?= 0
-endif
+# found, so `make test` proves data parallel on CPU ranks wherever it runs (CI too, nvcc or
+# not). Binaries carried to the GPU machines are built with MPI=0: those have no MPI runtime
+# (a binary linked with libmpi would not start there) and GPU ranks talk through NCCL.
+MPI ?= 1
 ifeq ($(MPI),1)
   ifneq ($(shell command -v mpicc 2>/dev/null),)
     CFLAGS += -DGLM_HAVE_MPI $(shell mpicc --showme:compile)

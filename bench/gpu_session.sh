@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on the GPU machine, with binaries built on the CPU machine (see
-# docs/GPU-TESTS.md): `make BUILD=build/gpu ...`, then carry build/gpu/tests/cuda,
+# docs/GPU-TESTS.md): `make MPI=0 BUILD=build/gpu ...`, then carry build/gpu/tests/cuda,
 # build/gpu/bench_train, build/lib (libcjson, libgomp) and build/shared (the oracle).
 # Logs land in $OUT (or ./gpu-out).
 #   bash bench/gpu_session.sh first|tests|bench|torch|all  [bench_train runs]
