@@ -140,11 +140,18 @@ static int n_split(glm_p2p *c, int color, int key, glm_p2p **out, glm_err *err) 
     cfg.blocking = 0;
     ncclComm_t nc = NULL;
     ncclResult_t r = ncclCommSplit(IM(c)->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &nc, &cfg);
-    if (settle(c, r, "communicator split", err)) return -1;
-    if (!nc) return 0;
-    glm_p2p *s = make(0, 0, IM(c)->st, c->timeout, err);
-    if (!s) { ncclCommAbort(nc); return -1; }
-    IM(s)->comm = nc;
+    if (r != ncclSuccess && r != ncclInProgress) return failed(c, "communicator split", r, err);
+    /* a non-blocking split completes in the background: the child reports when it is ready,
+     * and the parent must be idle again before its next call */
+    glm_p2p *s = NULL;
+    if (nc) {
+        s = make(0, 0, IM(c)->st, c->timeout, err);
+        if (!s) { ncclCommAbort(nc); return -1; }
+        IM(s)->comm = nc;
+        if (settle(s, ncclInProgress, "communicator split", err)) { n_close(s); return -1; }
+    }
+    if (settle(c, ncclInProgress, "communicator split", err)) { if (s) n_close(s); return -1; }
+    if (!s) return 0;
     ncclCommUserRank(nc, &s->rank);
     ncclCommCount(nc, &s->world);
     s->step = c->step;
