@@ -9,6 +9,11 @@
 #   pp2-thudm-m8   the same with THUDM's layer ranges (13 / 15 layers)
 #   cap-p1 / cap-p2   --max_memory_per_gpu CAP (default 80GiB): the memory plan refuses one GPU
 #            (about 101 GiB planned) and lets 2 stages (about 51 GiB each) train
+# and two correctness checks first (fp32, a small model; a few seconds each):
+#   check-train   one GPU vs 2 stages on 2 GPUs through glmtrain train: the loss curves (NCCL
+#                 send/receive, the tied head's sum, the global norm) agree to ~1e-6
+#   check-infer   tests/c/tool_pp_infer: generation split over the 2 GPUs equals the whole
+#                 model on GPU 0 (fp32 bit for bit, bf16 within 1e-2), greedy tokens agree
 # Reports per run: tokens/s (whole job, median after the warm-up steps) and per GPU, each GPU's
 # memory (NVML, at the logging steps), the pipeline's bubble (share of the step a stage waits,
 # measured; 1F1B's ideal (P-1)/(M+P-1) beside it) and the memory plan (glmtrain info).
@@ -24,7 +29,8 @@ set -u
 export NCCL_NVLS_ENABLE=0
 GLM=${GLM:-build/glmtrain}
 OUT=${OUT:-pp-out}
-RUNS=${RUNS:-p1 dp2 pp2-m8 pp2-m16 pp2-thudm-m8 cap-p1 cap-p2}
+RUNS=${RUNS:-check-train check-infer p1 dp2 pp2-m8 pp2-m16 pp2-thudm-m8 cap-p1 cap-p2}
+TOOL=${TOOL:-$(dirname "$GLM")/tests/tool_pp_infer}
 STEPS=${STEPS:-8}
 WARM=${WARM:-2}
 CAP=${CAP:-80GiB}
@@ -74,9 +80,49 @@ common_flags() {
         --max_target_length 256 --learning_rate 1e-5 --logging_steps 1 --save_strategy no --report_to none --disable_tqdm
 }
 
+# check-train: the same small model (tied head, ChatGLM's vocabulary) on 1 GPU and as 2 stages
+python3 - "$W" <<'EOF'
+import json, sys
+json.dump({"model_type": "chatglm", "vocab_size": 130528, "hidden_size": 256, "num_layers": 4,
+           "num_attention_heads": 4, "inner_hidden_size": 1024, "max_sequence_length": 2048,
+           "layernorm_epsilon": 1e-5, "position_encoding_2d": True, "tie_word_embeddings": True,
+           "bos_token_id": 130004, "eos_token_id": 130005, "mask_token_id": 130000,
+           "gmask_token_id": 130001, "pad_token_id": 3}, open(sys.argv[1] + "/small.json", "w"))
+EOF
+check_train() {
+    local ok=1
+    for P in 1 2; do
+        rm -rf "$W/check-p$P"
+        timeout 300 "$GLM" train --init_from_config "$W/small.json" --tokenizer_name "$TOKENIZER" --train_file "$W/w1.jsonl" \
+            --output_dir "$W/check-p$P" --overwrite_output_dir --fp32 --per_device_train_batch_size 2 \
+            --max_source_length 64 --max_target_length 64 --gradient_accumulation_steps 4 --learning_rate 1e-3 \
+            --max_steps 12 --save_steps 12 --logging_steps 1 --report_to none --disable_tqdm --seed 3 \
+            --nproc_per_node "$P" --pipeline_parallel_size "$P" >"$OUT/check-train-p$P.log" 2>&1 || ok=0
+    done
+    python3 - "$W" "$ok" <<'EOF'
+import json, sys
+w, ok = sys.argv[1], sys.argv[2] == "1"
+try:
+    L = [{r["step"]: r["loss"] for r in json.load(open("%s/check-p%d/checkpoint-12/trainer_state.json" % (w, p)))["log_history"]
+          if "loss" in r} for p in (1, 2)]
+    worst = max(abs(L[1][s] - L[0][s]) / abs(L[0][s]) for s in L[0])
+    ok = ok and len(L[0]) == 12 and len(L[1]) == 12
+except Exception as e:
+    worst, ok = float("inf"), False
+print("%s check_train_p2_matches_one_gpu: 12 steps, max relative loss difference %.3g" %
+      ("PASS" if ok and worst < 1e-5 else "FAIL", worst))
+EOF
+}
+
 summary="$OUT/summary.jsonl"
 : >"$summary"
 for run in $RUNS; do
+    if [ "$run" = check-train ]; then check_train | tee "$OUT/check-train.txt"; continue; fi
+    if [ "$run" = check-infer ]; then
+        { timeout 300 "$TOOL" --device cuda --pp 2 --dtype f32; timeout 300 "$TOOL" --device cuda --pp 2 --dtype bf16 --map thudm; } \
+            2>"$OUT/check-infer.err" | tee "$OUT/check-infer.txt"
+        continue
+    fi
     case $run in
         p1)           n=1; extra="--max_steps $STEPS" ;;
         dp2)          n=2; extra="--max_steps $STEPS --zero_stage 1" ;;

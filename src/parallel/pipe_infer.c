@@ -7,7 +7,8 @@
 #endif
 
 /* The CUDA backend binds its device when it is made; with several in one process, the device
- * of the stage about to run (allocations included) must be made current first. */
+ * of the stage about to run (allocations included) must be made current first, and the
+ * caller's current device is given back at the end of every call here. */
 static void use(glm_backend *be) {
 #ifdef GLM_HAVE_CUDA
     if (!strncmp(be->name, "cuda:", 5)) cudaSetDevice(atoi(be->name + 5));
@@ -16,7 +17,24 @@ static void use(glm_backend *be) {
 #endif
 }
 
+static int current_device(void) {
+    int d = -1;
+#ifdef GLM_HAVE_CUDA
+    if (cudaGetDevice(&d) != cudaSuccess) d = -1;
+#endif
+    return d;
+}
+
+static void restore_device(int d) {
+#ifdef GLM_HAVE_CUDA
+    if (d >= 0) cudaSetDevice(d);
+#else
+    (void)d;
+#endif
+}
+
 void glm_pipe_lm_init(glm_pipe_lm *lm, const glm_config *c, const glm_device_map *map, glm_backend **be) {
+    int prev = current_device();
     *lm = (glm_pipe_lm){.map = *map, .cfg = *c, .n = map->n};
     lm->be = glm_calloc((size_t)lm->n, sizeof *lm->be);
     lm->st = glm_calloc((size_t)lm->n, sizeof *lm->st);
@@ -26,17 +44,21 @@ void glm_pipe_lm_init(glm_pipe_lm *lm, const glm_config *c, const glm_device_map
         use(be[k]);
         glm_model_init_stage_inference(&lm->st[k], c, be[k], s->l0, s->l1, s->embed, s->head);
     }
+    restore_device(prev);
 }
 
 int glm_pipe_lm_load(glm_pipe_lm *lm, const char *path, glm_err *err) {
-    for (int k = 0; k < lm->n; k++) {
+    int prev = current_device(), rc = 0;
+    for (int k = 0; k < lm->n && rc == 0; k++) {
         use(lm->be[k]);
-        if (glm_model_load(&lm->st[k], path, err)) return glm_wrap(err, "stage %d: ", k);
+        if (glm_model_load(&lm->st[k], path, err)) rc = glm_wrap(err, "stage %d: ", k);
     }
-    return 0;
+    restore_device(prev);
+    return rc;
 }
 
 void glm_pipe_lm_free(glm_pipe_lm *lm) {
+    int prev = current_device();
     for (int k = 0; k < lm->n; k++) {
         use(lm->be[k]);
         if (lm->st[k].params) glm_model_free(&lm->st[k]);
@@ -50,6 +72,7 @@ void glm_pipe_lm_free(glm_pipe_lm *lm) {
     free(lm->be);
     free(lm->st);
     *lm = (glm_pipe_lm){0};
+    restore_device(prev);
 }
 
 static int gpu_count(void) {
@@ -81,7 +104,7 @@ int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *device
         return glm_hint(err, "one stage per GPU: lower --pipeline_parallel_size or set CUDA_VISIBLE_DEVICES");
     }
     glm_backend **be = glm_calloc((size_t)map.n, sizeof *be);
-    int rc = 0;
+    int rc = 0, prev = current_device();
     for (int k = 0; k < map.n && rc == 0; k++) {
 #ifdef GLM_HAVE_CUDA
         if (cuda) {
@@ -105,22 +128,26 @@ int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *device
         for (int k = 0; k < map.n; k++) if (be[k]) be[k]->destroy(be[k]);
     }
     free(be);
+    restore_device(prev);
     return rc;
 }
 
 /* ---------------------------------------------------------------- cache and forward */
 
 void glm_pipe_cache_init(glm_pipe_lm *lm, glm_pipe_cache *c, int B, int Tmax) {
+    int prev = current_device();
     *c = (glm_pipe_cache){.B = B, .Tmax = Tmax};
     c->kv = glm_calloc((size_t)lm->n, sizeof *c->kv);
     for (int k = 0; k < lm->n; k++) {
         use(lm->be[k]);
         glm_kvcache_init(&lm->st[k], &c->kv[k], B, Tmax);
     }
+    restore_device(prev);
 }
 
 void glm_pipe_cache_grow(glm_pipe_lm *lm, glm_pipe_cache *c, int T) {
     if (T <= c->Tmax) return;
+    int prev = current_device();
     size_t row = 3 * (size_t)lm->cfg.hidden_size;
     for (int k = 0; k < lm->n; k++) {
         glm_backend *be = lm->be[k];
@@ -138,9 +165,11 @@ void glm_pipe_cache_grow(glm_pipe_lm *lm, glm_pipe_cache *c, int T) {
         kv->Tmax = T;
     }
     c->Tmax = T;
+    restore_device(prev);
 }
 
 void glm_pipe_cache_free(glm_pipe_lm *lm, glm_pipe_cache *c) {
+    int prev = current_device();
     for (int k = 0; k < lm->n; k++) {
         use(lm->be[k]);
         glm_kvcache_free(&lm->st[k], &c->kv[k]);
@@ -149,6 +178,7 @@ void glm_pipe_cache_free(glm_pipe_lm *lm, glm_pipe_cache *c) {
     free(c->h[0]);
     free(c->h[1]);
     *c = (glm_pipe_cache){0};
+    restore_device(prev);
 }
 
 int glm_pipe_forward_cached(glm_pipe_lm *lm, glm_pipe_cache *c, int Tq, const int32_t *ids, const int32_t *pos,
@@ -159,15 +189,17 @@ int glm_pipe_forward_cached(glm_pipe_lm *lm, glm_pipe_cache *c, int Tq, const in
         for (int i = 0; i < 2; i++) { free(c->h[i]); c->h[i] = glm_malloc(need * sizeof(float)); }
         c->cap = need;
     }
-    for (int k = 0; k < lm->n; k++) {
+    int prev = current_device(), rc = 0;
+    for (int k = 0; k < lm->n && rc == 0; k++) {
         int last = k == lm->n - 1;
         use(lm->be[k]);
         /* stage k reads h[(k+1)%2] (what stage k-1 wrote) and writes h[k%2] */
         if (glm_stage_forward_cached(&lm->st[k], &c->kv[k], Tq, ids, pos, block_pos, kv_lo, kv_hi,
                                      k ? c->h[(k + 1) % 2] : NULL, last ? NULL : c->h[k % 2], last ? hidden_out : NULL,
                                      last ? logits_out : NULL, err))
-            return k ? glm_wrap(err, "stage %d: ", k) : -1;
+            rc = k ? glm_wrap(err, "stage %d: ", k) : -1;
     }
-    c->len = c->kv[0].len;
-    return 0;
+    restore_device(prev);
+    if (rc == 0) c->len = c->kv[0].len;
+    return rc;
 }
