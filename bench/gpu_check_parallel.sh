@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Correctness of the parallel paths on GPUs (fp32, a small model on the demo data): one GPU
+# against 2 GPUs data parallel and 2 pipeline stages, tied and untied heads; prints the loss of
+# every step side by side and the largest relative difference to one GPU.
+set -u
+export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
+GLM=${GLM:-$PWD/build/gpu/glmtrain}
+OUT=${OUT:-/tmp/out}
+W=/tmp/gpucheck
+mkdir -p "$OUT" "$W"
+for tie in true false; do
+python3 - "$W" "$tie" <<'PY'
+import json, sys
+w, tie = sys.argv[1], sys.argv[2] == "true"
+json.dump({"model_type": "chatglm", "vocab_size": 4032, "hidden_size": 256, "num_layers": 4, "num_attention_heads": 4,
+           "inner_hidden_size": 1024, "max_sequence_length": 512, "layernorm_epsilon": 1e-5, "position_encoding_2d": True,
+           "tie_word_embeddings": tie, "mask_token_id": 4, "gmask_token_id": 5, "bos_token_id": 8, "eos_token_id": 9,
+           "pad_token_id": 3}, open("%s/cfg-%s.json" % (w, "tied" if tie else "untied"), "w"))
+PY
+done
+run() { # name, head, extra flags
+    local name=$1 head=$2; shift 2
+    rm -rf "$W/$name"
+    timeout 90 "$GLM" train --init_from_config "$W/cfg-$head.json" --tokenizer_name build/demo/tokenizer \
+        --train_file build/demo/train.json --output_dir "$W/$name" --overwrite_output_dir --fp32 \
+        --per_device_train_batch_size 4 --gradient_accumulation_steps 4 --max_source_length 48 --max_target_length 64 \
+        --learning_rate 1e-3 --max_steps 8 --save_steps 8 --logging_steps 1 --report_to none --disable_tqdm --seed 3 \
+        "$@" >"$OUT/$name.log" 2>&1
+    echo "$name rc $?"
+}
+for head in tied untied; do
+    run "p1-$head" $head --nproc_per_node 1
+    run "dp2-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2
+    run "pp2-$head" $head --nproc_per_node 2 --pipeline_parallel_size 2
+done
+python3 - "$W" <<'PY' | tee "$OUT/check.txt"
+import json, sys, os
+w = sys.argv[1]
+def losses(name):
+    p = "%s/%s/checkpoint-8/trainer_state.json" % (w, name)
+    if not os.path.exists(p): return None
+    return [r["loss"] for r in json.load(open(p))["log_history"] if "loss" in r]
+for head in ("tied", "untied"):
+    ref = losses("p1-" + head)
+    for v in ("dp2", "pp2"):
+        got = losses("%s-%s" % (v, head))
+        if ref is None or got is None:
+            print("%s-%s: missing (see logs)" % (v, head)); continue
+        worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+        print("%s-%s: max rel diff %.3g; first steps 1gpu %s vs %s" % (v, head, worst, ["%.6f" % x for x in ref[:3]], ["%.6f" % x for x in got[:3]]))
+PY
+grep -h -E "error|hint" "$OUT"/*.log | head -10
