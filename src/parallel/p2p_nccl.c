@@ -141,17 +141,17 @@ static int n_split(glm_p2p *c, int color, int key, glm_p2p **out, glm_err *err) 
     ncclComm_t nc = NULL;
     ncclResult_t r = ncclCommSplit(IM(c)->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &nc, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) return failed(c, "communicator split", r, err);
-    /* a non-blocking split completes in the background: the child reports when it is ready,
-     * and the parent must be idle again before its next call */
-    glm_p2p *s = NULL;
-    if (nc) {
-        s = make(0, 0, IM(c)->st, c->timeout, err);
-        if (!s) { ncclCommAbort(nc); return -1; }
-        IM(s)->comm = nc;
-        if (settle(s, ncclInProgress, "communicator split", err)) { n_close(s); return -1; }
-    }
-    if (settle(c, ncclInProgress, "communicator split", err)) { if (s) n_close(s); return -1; }
-    if (!s) return 0;
+    /* A non-blocking split completes in the background and may hand out the child's handle
+     * only then: wait until the parent is idle again (the split done) before looking at nc.
+     * (Looking first dropped the child on the GPUs: the tied embedding's gradients were then
+     * never summed between the first and last pipeline stage.) */
+    if (settle(c, ncclInProgress, "communicator split", err)) { if (nc) ncclCommAbort(nc); return -1; }
+    if (color >= 0 && !nc) return glm_fail(err, "rank %d: communicator split (color %d) gave no communicator", c->rank, color);
+    if (!nc) return 0;
+    glm_p2p *s = make(0, 0, IM(c)->st, c->timeout, err);
+    if (!s) { ncclCommAbort(nc); return -1; }
+    IM(s)->comm = nc;
+    if (settle(s, ncclInProgress, "communicator split", err)) { n_close(s); return -1; }
     ncclCommUserRank(nc, &s->rank);
     ncclCommCount(nc, &s->world);
     s->step = c->step;

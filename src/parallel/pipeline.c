@@ -191,7 +191,10 @@ int glm_pipe_forward_loss(glm_pipe *p, const glm_batch *b, double *loss_sum, glm
 /* ---------------------------------------------------------------- tied head, gradients */
 
 int glm_pipe_sync_tied(glm_pipe *p, glm_err *err) {
-    if (!tied_split(p) || !p->tied) return 0;
+    if (!tied_split(p) || !(is_first(p) || is_last(p))) return 0;
+    if (!p->tied)
+        return glm_fail(err, "rank %d: stage %d holds a tied embedding but has no communicator to copy it",
+                        p->world->rank, p->stage);
     const glm_tensor *t = glm_table_get(&p->m->tab, -1, T_WORD_EMB);
     void *w = glm_at(p->m->be, p->m->params, t->offset);
     size_t bytes = t->numel * glm_dtype_size(p->m->be->dtype);
@@ -201,7 +204,10 @@ int glm_pipe_sync_tied(glm_pipe *p, glm_err *err) {
 }
 
 int glm_pipe_reduce_tied(glm_pipe *p, glm_err *err) {
-    if (!tied_split(p) || !p->tied) return 0;
+    if (!tied_split(p) || !(is_first(p) || is_last(p))) return 0;
+    if (!p->tied) /* never silently: each copy would then train on half of its gradient */
+        return glm_fail(err, "rank %d: stage %d holds a tied embedding but has no communicator to sum its gradient",
+                        p->world->rank, p->stage);
     const glm_tensor *t = glm_table_get(&p->m->tab, -1, T_WORD_EMB);
     p->tied->step = p->step;
     return p->tied->allreduce(p->tied, glm_at(p->m->be, p->m->grads, t->offset), t->numel, cdtype(p->m->be),
