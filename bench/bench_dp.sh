@@ -12,7 +12,7 @@
 # Environment: GLM (default build/glmtrain, built with the CUDA backend; MPI is not needed),
 # TOKENIZER (a folder with ChatGLM-6B's ice_text.model; default ../shared/tokenizers/chatglm-6b,
 # else build/shared/tokenizers/chatglm-6b), OUT (logs and bench_dp.jsonl; default ./dp-out),
-# BUCKET_MB (default 25). Keep NCCL_NVLS_ENABLE=0 on the lent machines (set here).
+# BUCKET_MB (default 100). Keep NCCL_NVLS_ENABLE=0 on the lent machines (set here).
 set -u
 export NCCL_NVLS_ENABLE=0
 GLM=${GLM:-build/glmtrain}
@@ -22,7 +22,7 @@ BATCHES=${BATCHES:-4 8}
 ZERO=${ZERO:-0 1}
 STEPS=${STEPS:-12}
 WARM=${WARM:-3}
-BUCKET_MB=${BUCKET_MB:-25}
+BUCKET_MB=${BUCKET_MB:-100}
 TOKENIZER=${TOKENIZER:-}
 for t in "$TOKENIZER" ../shared/tokenizers/chatglm-6b build/shared/tokenizers/chatglm-6b; do
     if [ -n "$t" ] && [ -f "$t/ice_text.model" ]; then TOKENIZER=$t; break; fi
