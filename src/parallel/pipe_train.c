@@ -36,6 +36,23 @@ int glm_pp_map(const glm_train_args *a, const glm_config *c, int cuda, glm_devic
     return glm_device_map_make(map, a->device_map, P, c, sh, err);
 }
 
+void glm_pp_print_plan(const glm_train_args *a, const glm_config *c, int cuda, int D, FILE *out) {
+    glm_device_map map;
+    glm_stage_shape sh;
+    glm_err err;
+    if (glm_pp_map(a, c, cuda, &map, &sh, &err)) return;
+    sh.dp = a->zero_stage >= 1 ? D / map.n : 1;
+    for (int k = 0; k < map.n; k++) {
+        glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
+        char sz[7][32], who[48] = "";
+        if (map.n > 1) snprintf(who, sizeof who, " stage %d", k);
+        fprintf(out, "[glmtrain] memory plan per device%s: %s = weights %s + gradients %s + master %s + moments %s + "
+                     "activations %s + scratch %s\n", who, size_str(sz[0], 32, p.total), size_str(sz[1], 32, p.params),
+                size_str(sz[2], 32, p.grads), size_str(sz[3], 32, p.master), size_str(sz[4], 32, p.moments),
+                size_str(sz[5], 32, p.activations), size_str(sz[6], 32, p.scratch));
+    }
+}
+
 int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, int D, glm_err *err) {
     if (!a->max_memory_per_gpu) return 0;
     size_t cap;

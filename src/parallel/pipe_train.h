@@ -14,6 +14,7 @@
  * MPI, with the replicas split off MPI_COMM_WORLD. */
 #ifndef GLM_PARALLEL_PIPE_TRAIN_H
 #define GLM_PARALLEL_PIPE_TRAIN_H
+#include <stdio.h>
 #include "parallel/dp.h"
 #include "parallel/pipe_ckpt.h"
 #include "parallel/pipeline.h"
@@ -35,6 +36,9 @@ int glm_pp_map(const glm_train_args *a, const glm_config *c, int cuda, glm_devic
 /* Refuses a run whose memory plan of any stage exceeds --max_memory_per_gpu (nothing to do
  * without the flag). D: data-parallel replicas (ZeRO >= 1 divides the optimizer state). */
 int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, int D, glm_err *err);
+/* The memory plan of each stage (the whole model when there is no pipeline), one line each,
+ * computed from the tensor table before anything is allocated. */
+void glm_pp_print_plan(const glm_train_args *a, const glm_config *c, int cuda, int D, FILE *out);
 
 /* After glm_dp_open and the backend are made, before the model: see above. */
 int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_train_args *a, const glm_config *c, glm_backend *be, glm_err *err);

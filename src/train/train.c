@@ -131,6 +131,7 @@ static int load_model(trainer *t, glm_err *err) {
     const char *src = a->model_name_or_path ? a->model_name_or_path : a->init_from_config;
     if (glm_config_load(&c, src, err)) return -1;
     int cuda = strncmp(t->be->name, "cuda", 4) == 0;
+    if (t->dp->rank == 0) glm_pp_print_plan(a, &c, cuda, t->dp->world, stderr);
     if (glm_pp_check_memory(a, &c, cuda, t->dp->world, err)) return -1;
     if (a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"))) {
         if (glm_pp_open(&t->pp, t->dp, a, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */
