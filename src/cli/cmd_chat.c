@@ -49,7 +49,7 @@ static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *lin
     char *prompt = NULL;
     /* leave room for at least one new token under max_length */
     int max_prompt = s->g.max_new_tokens > 0 ? 1 << 30 : s->g.max_length - 1;
-    if (glm_chat_inputs(s->tok, &s->m.cfg, line, (const char *const *)*hist, *n_hist, max_prompt, &in, &dropped,
+    if (glm_chat_inputs(s->tok, gen_config(s), line, (const char *const *)*hist, *n_hist, max_prompt, &in, &dropped,
                         &prompt, err))
         return -1;
     if (dropped) {
@@ -69,7 +69,7 @@ static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *lin
     glm_streamer_init(&t.st, s->tok, 1);
     printf("\nChatGLM: ");
     fflush(stdout);
-    int rc = glm_generate(&s->m, 1, &in, &s->g, rng, &out, on_token, &t, err);
+    int rc = glm_generate_lm(gen_lm(s), 1, &in, &s->g, rng, &out, on_token, &t, err);
     if (rc == 0) {
         char *tail, *res = glm_streamer_finish(&t.st, &tail);
         fputs(tail, stdout);

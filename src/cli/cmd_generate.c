@@ -48,10 +48,10 @@ static int generate_one(gen_session *s, const gen_args *a, glm_err *err) {
     glm_rng rng;
     glm_rng_seed(&rng, (uint64_t)a->seed);
     char *p = glm_chat_prompt(a->prompt, NULL, 0);
-    int rc = glm_prompt_inputs(s->tok, &s->m.cfg, p, 0, &in, err);
+    int rc = glm_prompt_inputs(s->tok, gen_config(s), p, 0, &in, err);
     free(p);
     if (rc == 0 && a->debug) debug_ids("prompt", 0, &in);
-    if (rc == 0) rc = glm_generate(&s->m, 1, &in, &s->g, &rng, &out, NULL, NULL, err);
+    if (rc == 0) rc = glm_generate_lm(gen_lm(s), 1, &in, &s->g, &rng, &out, NULL, NULL, err);
     if (rc == 0) {
         if (a->debug) debug_ids("response", 0, &out);
         char *res = glm_response_text(s->tok, out.data, out.n, a->postprocess);
@@ -253,7 +253,7 @@ static int generate_file(gen_session *s, gen_args *a, glm_err *err) {
             if (k == 0) { more = 0; break; }
             p[n].prompt = glm_example_prompt(&ex, &p[n].rec);
             int max_text = a->max_source_length > 0 ? a->max_source_length - 2 : 0;
-            if (glm_prompt_inputs(s->tok, &s->m.cfg, p[n].prompt, max_text, &p[n].in, err)) { rc = -1; n++; break; }
+            if (glm_prompt_inputs(s->tok, gen_config(s), p[n].prompt, max_text, &p[n].in, err)) { rc = -1; n++; break; }
             p[n].skip = glm_gen_limit(&s->g, p[n].in.n) <= 0;
             n++;
         }
@@ -271,7 +271,7 @@ static int generate_file(gen_session *s, gen_args *a, glm_err *err) {
             glm_rng_seed(&rngs[m], (uint64_t)a->seed * 1000003ULL + (uint64_t)(done + i));
             row_of[m++] = i;
         }
-        if (rc == 0 && m > 0) rc = glm_generate(&s->m, m, ins, &s->g, rngs, outs, NULL, NULL, err);
+        if (rc == 0 && m > 0) rc = glm_generate_lm(gen_lm(s), m, ins, &s->g, rngs, outs, NULL, NULL, err);
         for (int j = 0; j < m; j++) {
             p[row_of[j]].out = outs[j];
             tokens += outs[j].n;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
+#include "parallel/pipe_infer.h"
 
 int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, const char *cmd, glm_err *err) {
     glm_args_defaults(f, n, a);
@@ -17,11 +18,13 @@ void gen_args_free(const glm_flag *f, int n, gen_args *a) {
         if (f[i].type == ARG_STR) free(*(char **)((char *)a + f[i].offset));
 }
 
+static glm_dtype gen_dtype(const gen_args *a) {
+    return !strcmp(a->dtype, "float32") ? GLM_F32 : !strcmp(a->dtype, "float16") ? GLM_F16 : GLM_BF16;
+}
+
 static int pick_backend(gen_session *s, const gen_args *a, glm_err *err) {
     int want_cuda = strcmp(a->device, "cpu") != 0;
-    glm_dtype dt = GLM_BF16;
-    if (!strcmp(a->dtype, "float32")) dt = GLM_F32;
-    else if (!strcmp(a->dtype, "float16")) dt = GLM_F16;
+    glm_dtype dt = gen_dtype(a);
 #ifdef GLM_HAVE_CUDA
     if (want_cuda) {
         char msg[512] = "";
@@ -50,11 +53,6 @@ static int pick_backend(gen_session *s, const gen_args *a, glm_err *err) {
 int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
     memset(s, 0, sizeof *s);
     if (!a->model_name_or_path) return glm_fail(err, "--model_name_or_path is required");
-    if (a->device_map && a->device_map[0]) {
-        glm_fail(err, "--device_map %s: splitting a model over GPUs needs model parallel, which glmtrain does not have yet",
-                 a->device_map);
-        return glm_hint(err, "run on one GPU (--device cuda) or on the CPU");
-    }
     s->g = (glm_gen_cfg){.do_sample = a->do_sample, .max_length = a->max_length, .max_new_tokens = a->max_new_tokens,
                          .temperature = (float)a->temperature, .top_p = (float)a->top_p, .top_k = a->top_k,
                          .repetition_penalty = (float)a->repetition_penalty};
@@ -68,8 +66,20 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
                  c.vocab_size);
         return glm_hint(err, "use the tokenizer that belongs to the model (--tokenizer_name)");
     }
-    if (pick_backend(s, a, err)) return -1;
     double t0 = glm_now();
+    if (a->device_map && a->device_map[0]) { /* stages on GPU 0..P-1 (or the CPU), one process */
+        s->pipe = glm_calloc(1, sizeof *s->pipe);
+        if (glm_pipe_lm_open(s->pipe, a->model_name_or_path, a->device_map, a->pipeline_parallel_size, a->device,
+                             gen_dtype(a), err)) {
+            free(s->pipe);
+            s->pipe = NULL;
+            return -1;
+        }
+        glm_info("loaded %s split into %d stages (--device_map %s) in %.1f s", a->model_name_or_path, s->pipe->n,
+                 a->device_map, glm_now() - t0);
+        return 0;
+    }
+    if (pick_backend(s, a, err)) return -1;
     glm_model_init_inference(&s->m, &c, s->be);
     s->model_ok = 1;
     if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;
@@ -78,7 +88,11 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
     return 0;
 }
 
+glm_lm gen_lm(gen_session *s) { return (glm_lm){s->pipe ? NULL : &s->m, s->pipe}; }
+const glm_config *gen_config(const gen_session *s) { return s->pipe ? &s->pipe->cfg : &s->m.cfg; }
+
 void gen_close(gen_session *s) {
+    if (s->pipe) { glm_pipe_lm_free(s->pipe); free(s->pipe); }
     if (s->tok) glm_tokenizer_free(s->tok);
     if (s->model_ok) glm_model_free(&s->m);
     if (s->be) s->be->destroy(s->be);

@@ -9,7 +9,7 @@
 typedef struct gen_args {
     /* common */
     char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map;
-    int do_sample, max_length, max_new_tokens, top_k, seed, debug;
+    int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
     double top_p, temperature, repetition_penalty;
     /* generate */
     char *prompt, *input_file, *output_file, *metrics_file, *data_format, *prompt_column, *response_column,
@@ -23,7 +23,8 @@ typedef struct gen_args {
     GEN_F(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model (default: the model folder)"), \
     {"device", ARG_STR, offsetof(gen_args, device), "auto", "where to run (auto: a GPU when built with CUDA and one is usable)", "auto|cpu|cuda", NULL}, \
     {"dtype", ARG_STR, offsetof(gen_args, dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL}, \
-    GEN_F(device_map, ARG_STR, NULL, "split layers over GPUs (needs model parallel: not available yet)"), \
+    GEN_F(device_map, ARG_STR, NULL, "split the layers over GPUs: auto, thudm, or a JSON map of module names to stages"), \
+    GEN_F(pipeline_parallel_size, ARG_INT, "0", "stages for --device_map auto|thudm (0: every visible GPU)"), \
     GEN_F(do_sample, ARG_BOOL, "true", "sample (false = greedy)"), \
     GEN_F(max_length, ARG_INT, "2048", "prompt + response tokens"), \
     GEN_F(max_new_tokens, ARG_INT, "0", "response tokens (overrides max_length when > 0)"), \
@@ -34,10 +35,12 @@ typedef struct gen_args {
     GEN_F(seed, ARG_INT, "42", "sampling seed"), \
     GEN_F(debug, ARG_BOOL, "false", "print prompts and token ids to stderr")
 
+struct glm_pipe_lm;
 typedef struct gen_session {
     glm_backend *be;
     glm_model m;
     int model_ok;
+    struct glm_pipe_lm *pipe; /* with --device_map: the model split over devices (m unused) */
     glm_tokenizer *tok;
     glm_gen_cfg g;
 } gen_session;
@@ -48,6 +51,9 @@ void gen_args_free(const glm_flag *f, int n, gen_args *a);
 /* Backend, model, weights, tokenizer, generation settings. */
 int gen_open(gen_session *s, const gen_args *a, glm_err *err);
 void gen_close(gen_session *s);
+/* The model generation runs on: the single model or the split one. */
+glm_lm gen_lm(gen_session *s);
+const glm_config *gen_config(const gen_session *s);
 /* "a\nb" -> "a\\nb" for one-line debug output (caller frees). */
 char *gen_escape(const char *s);
 

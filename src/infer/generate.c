@@ -1,5 +1,6 @@
 /* Batched generation with the KV cache and HF-order sampling (infer/generate.h). */
 #include "infer/generate.h"
+#include "parallel/pipe_infer.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,11 +132,43 @@ static void kv_grow(glm_model *m, glm_kvcache *kv, int T) {
     kv->Tmax = T;
 }
 
+/* The KV cache of either kind of model (glm_lm). */
+typedef struct gen_cache {
+    glm_lm lm;
+    glm_kvcache kv;
+    glm_pipe_cache pc;
+} gen_cache;
+
+static void cache_init(gen_cache *c, int B, int T) {
+    if (c->lm.pipe) glm_pipe_cache_init(c->lm.pipe, &c->pc, B, T);
+    else glm_kvcache_init(c->lm.m, &c->kv, B, T);
+}
+static int cache_len(const gen_cache *c) { return c->lm.pipe ? c->pc.len : c->kv.len; }
+static int cache_cap(const gen_cache *c) { return c->lm.pipe ? c->pc.Tmax : c->kv.Tmax; }
+static void cache_grow(gen_cache *c, int T) {
+    if (c->lm.pipe) glm_pipe_cache_grow(c->lm.pipe, &c->pc, T);
+    else kv_grow(c->lm.m, &c->kv, T);
+}
+static int cache_forward(gen_cache *c, int Tq, const int32_t *ids, const int32_t *pos, const int32_t *bpos,
+                         const int32_t *lo, const int32_t *hi, float *logits, glm_err *err) {
+    if (c->lm.pipe) return glm_pipe_forward_cached(c->lm.pipe, &c->pc, Tq, ids, pos, bpos, lo, hi, NULL, logits, err);
+    return glm_forward_cached(c->lm.m, &c->kv, Tq, ids, pos, bpos, lo, hi, NULL, logits, err);
+}
+static void cache_free(gen_cache *c) {
+    if (c->lm.pipe) glm_pipe_cache_free(c->lm.pipe, &c->pc);
+    else glm_kvcache_free(c->lm.m, &c->kv);
+}
+
 typedef struct row_state { int n, ctx, mask_pos, pad, limit, done; } row_state;
 
 int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
                  glm_token_fn on_token, void *cbctx, glm_err *err) {
-    const glm_config *c = &m->cfg;
+    return glm_generate_lm((glm_lm){m, NULL}, B, prompts, g, rngs, outs, on_token, cbctx, err);
+}
+
+int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
+                    glm_token_fn on_token, void *cbctx, glm_err *err) {
+    const glm_config *c = lm.pipe ? &lm.pipe->cfg : &lm.m->cfg;
     int V = c->vocab_size, P = 0, maxlim = 0;
     row_state *rs = glm_calloc((size_t)B, sizeof *rs);
     for (int b = 0; b < B; b++) {
@@ -161,8 +194,8 @@ int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg 
     /* The cache starts small and doubles: max_length 2048 would otherwise reserve 2048 tokens
      * per row up front (2.8 GB per row for ChatGLM-6B in fp32). */
     int full = P + maxlim, cap = P + (maxlim < 128 ? maxlim : 128);
-    glm_kvcache kv;
-    glm_kvcache_init(m, &kv, B, cap);
+    gen_cache kv = {.lm = lm};
+    cache_init(&kv, B, cap);
     size_t NP = (size_t)B * P;
     int32_t *in = glm_malloc(sizeof(int32_t) * NP * 5), *pos = in + NP, *bpos = in + 2 * NP, *lo = in + 3 * NP, *hi = in + 4 * NP;
     int32_t pad_id = c->pad_token_id >= 0 && c->pad_token_id < V ? c->pad_token_id : 0;
@@ -189,7 +222,7 @@ int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg 
         for (int b = 0; b < B; b++)
             for (int i = 0; i < rs[b].n; i++) seen[(size_t)b * V + prompts[b].data[i]] = 1;
     }
-    int rc = glm_forward_cached(m, &kv, P, in, pos, bpos, lo, hi, NULL, logits, err);
+    int rc = cache_forward(&kv, P, in, pos, bpos, lo, hi, logits, err);
     while (rc == 0) {
         int live = 0;
         for (int b = 0; b < B; b++) {
@@ -204,7 +237,7 @@ int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg 
             else live++;
         }
         if (!live) break;
-        if (kv.len + 1 > kv.Tmax) kv_grow(m, &kv, kv.Tmax * 2 < full ? kv.Tmax * 2 : full);
+        if (cache_len(&kv) + 1 > cache_cap(&kv)) cache_grow(&kv, cache_cap(&kv) * 2 < full ? cache_cap(&kv) * 2 : full);
         for (int b = 0; b < B; b++) { /* finished rows idle on a pad token */
             const row_state *r = &rs[b];
             int t = r->n + outs[b].n - 1; /* index of the fed token in the unpadded row */
@@ -212,14 +245,14 @@ int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg 
             pos[b] = r->done ? 0 : r->mask_pos;
             bpos[b] = r->done ? 0 : t - r->ctx + 1;
             lo[b] = r->pad;
-            hi[b] = kv.len + 1;
+            hi[b] = cache_len(&kv) + 1;
         }
-        rc = glm_forward_cached(m, &kv, 1, in, pos, bpos, lo, hi, NULL, logits, err);
+        rc = cache_forward(&kv, 1, in, pos, bpos, lo, hi, logits, err);
     }
     free(seen);
     free(logits);
     free(in);
     free(rs);
-    glm_kvcache_free(m, &kv);
+    cache_free(&kv);
     return rc;
 }

@@ -39,6 +39,17 @@ typedef void (*glm_token_fn)(void *ctx, int row, int32_t id);
 /* Generates for B prompts (full model inputs, see glm_prompt_inputs) at once. rngs[B]: one
  * sampling stream per row (so a row's result does not depend on its batch neighbours).
  * outs[B] receive the generated ids. Every row must leave room (glm_gen_limit > 0). */
+/* What generation runs on: one model with its KV cache, or (pipe != NULL) a model split into
+ * stages over several devices (parallel/pipe_infer.h), whose cached forward has the same
+ * contract. */
+struct glm_pipe_lm;
+typedef struct glm_lm {
+    glm_model *m;
+    struct glm_pipe_lm *pipe;
+} glm_lm;
+/* glm_generate on either kind of model. */
+int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
+                    glm_token_fn on_token, void *cbctx, glm_err *err);
 int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
                  glm_token_fn on_token, void *ctx, glm_err *err);
 
