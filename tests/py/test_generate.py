@@ -247,8 +247,10 @@ def main():
         p = run(["chat", "--model_name_or_path", model, "--temperature", "0"])
         check("temperature_zero_refused_with_hint", p.returncode == 1 and "temperature" in p.stderr and "greedy" in p.stderr,
               p.stderr[-200:])
-        p = run(["chat", "--model_name_or_path", model, "--device_map", "auto"])
-        check("device_map_not_yet", p.returncode == 1 and "model parallel" in p.stderr, p.stderr[-200:])
+        # --device_map splits the model (tests/sh/test_generate_device_map.sh checks the tokens);
+        # a map that names no stages is refused with the offending value
+        p = run(["chat", "--model_name_or_path", model, "--device_map", "/nonexistent/map.json"])
+        check("device_map_bad_file_refused", p.returncode == 1 and "map.json" in p.stderr, p.stderr[-200:])
         p = run(["generate", "--model_name_or_path", model, "--prompt", "x", "--max_lenght", "5"])
         check("unknown_flag_suggests", p.returncode == 1 and "max_length" in p.stderr, p.stderr[-200:])
     finally:
