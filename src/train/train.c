@@ -71,6 +71,7 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->logging_steps < 1) return glm_fail(err, "--logging_steps must be at least 1");
     if (a->bf16 + a->fp16 + a->fp32 > 1) return glm_fail(err, "choose one of --bf16, --fp16, --fp32");
     if (a->warmup_ratio < 0 || a->warmup_ratio > 1) return glm_fail(err, "--warmup_ratio must be in [0, 1]");
+    if (!(a->fp16_initial_scale > 0)) return glm_fail(err, "--fp16_initial_scale must be positive");
     if (a->save_total_limit < 0) return glm_fail(err, "--save_total_limit must not be negative");
     if (strcmp(a->save_strategy, "steps") == 0 && a->save_steps < 1) return glm_fail(err, "--save_steps must be at least 1");
     if (a->pipeline_parallel_size < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
@@ -538,7 +539,7 @@ static int run(trainer *t, glm_err *err) {
     if (t->pp && glm_pp_ready(t->pp, err)) return -1;
     if (load_tokenizer(t, err) || load_data(t, err)) return -1;
     plan_steps(t);
-    glm_scaler_init(&t->scaler, 65536.0, 2000);
+    glm_scaler_init(&t->scaler, a->fp16_initial_scale, 2000);
     t->history = cJSON_CreateArray();
     if (a->resume_from_checkpoint && resume(t, err)) return -1;
     if (strcmp(a->report_to, "tensorboard") == 0 && lead(t)) {

@@ -19,7 +19,7 @@ typedef struct glm_train_args {
     char *resume_from_checkpoint, *save_dtype;
     int overwrite_output_dir;
     double num_train_epochs, learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
-    double warmup_ratio, init_std;
+    double warmup_ratio, init_std, fp16_initial_scale;
     long max_steps, warmup_steps, logging_steps, eval_steps, save_steps;
     int per_device_train_batch_size, per_device_eval_batch_size, gradient_accumulation_steps;
     int save_total_limit, seed, disable_tqdm, logging_first_step;

@@ -63,6 +63,7 @@ const glm_flag glm_train_flags[] = {
     F(bf16, ARG_BOOL, "false", "bf16 mixed precision (GPU)"),
     F(fp16, ARG_BOOL, "false", "fp16 mixed precision with dynamic loss scaling (GPU)"),
     F(fp32, ARG_BOOL, "false", "everything in fp32"),
+    F(fp16_initial_scale, ARG_FLOAT, "65536", "fp16: the dynamic loss scale to start from (GradScaler's init_scale)"),
     F(gradient_checkpointing, ARG_BOOL, "false", "recompute each layer in backward to save memory"),
     F(max_train_seconds, ARG_FLOAT, "0", "stop (and save) after this many seconds of training (0 = no limit)"),
     {"nproc_per_node", ARG_STR, offsetof(glm_train_args, nproc_per_node), "auto",
