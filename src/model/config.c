@@ -74,8 +74,9 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
     if (rc) { cJSON_Delete(o); return -1; }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(o, "model_type");
     if (mt && cJSON_IsString(mt) && strcmp(mt->valuestring, "chatglm") != 0) {
+        glm_fail(err, "%s: model_type \"%s\" is not \"chatglm\"", src, mt->valuestring); /* before the delete frees it */
         cJSON_Delete(o);
-        return glm_fail(err, "%s: model_type \"%s\" is not \"chatglm\"", src, mt->valuestring);
+        return -1;
     }
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(o, "layernorm_epsilon");
     float epsv = 1e-5f;
