@@ -22,7 +22,9 @@ ifneq ($(NVCC_PATH),)
   LIB_SRC  += $(shell find src/backend/cuda -name '*.c' | sort)
   CFLAGS   += -DGLM_HAVE_CUDA -I$(CUDA_HOME)/include
   LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
-  NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Isrc -Xcompiler -fPIC --expt-relaxed-constexpr
+  # Hopper code for the H100/H200, and Ampere code that A100/A10/RTX 30xx/40xx (sm_80/86/89) run
+  NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80
+  NVCCFLAGS ?= -O3 $(NVCC_ARCH) -std=c++17 -Isrc -Xcompiler -fPIC --expt-relaxed-constexpr
   NVCCFLAGS += -MMD -MP
   # GPU tests and the training benchmark: built with the CUDA backend only (run on a GPU machine)
   CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(sort $(wildcard tests/cuda/test_*.c)))

@@ -515,6 +515,15 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         return NULL;
     }
     CUDA_CHECK(cudaSetDevice(device));
+    struct cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    if (prop.major < 8) { /* the kernels use sm_80 instructions (mma.sync, cp.async, bf16) */
+        if (errbuf)
+            snprintf(errbuf, errlen, "GPU %d (%s) has compute capability %d.%d; glmtrain's CUDA kernels need 8.0 or newer%s",
+                     device, prop.name, prop.major, prop.minor,
+                     dtype == GLM_BF16 ? " (and bf16 needs it too: on older GPUs --fp16 is what PyTorch would use)" : "");
+        return NULL;
+    }
     cuda_impl *im = glm_calloc(1, sizeof *im);
     glm_backend *be = glm_calloc(1, sizeof *be);
     im->device = device;
