@@ -1,0 +1,222 @@
+/* Set-up of a training run (train/trainer.h): backend, model (loaded or drawn), tokenizer,
+ * data and loaders, the step plan, and the output folder check. */
+#include "train/trainer.h"
+
+int glm_train_check_args(glm_train_args *a, glm_err *err) {
+    if (!a->output_dir) return glm_fail(err, "--output_dir is required"), glm_hint(err, "e.g. --output_dir out/my-run");
+    if (!a->train_file) return glm_fail(err, "--train_file is required"), glm_hint(err, "a .json or .jsonl file of {\"instruction\", \"output\"} records");
+    if (!a->model_name_or_path && !a->init_from_config)
+        return glm_fail(err, "one of --model_name_or_path or --init_from_config is required"),
+               glm_hint(err, "--model_name_or_path takes a Hugging Face style chatglm-6b folder");
+    if (a->per_device_train_batch_size < 1) return glm_fail(err, "--per_device_train_batch_size must be at least 1");
+    if (a->per_device_eval_batch_size < 1) return glm_fail(err, "--per_device_eval_batch_size must be at least 1");
+    if (a->gradient_accumulation_steps < 1) return glm_fail(err, "--gradient_accumulation_steps must be at least 1");
+    if (a->learning_rate < 0) return glm_fail(err, "--learning_rate must not be negative");
+    if (a->num_train_epochs <= 0 && a->max_steps <= 0) return glm_fail(err, "--num_train_epochs must be positive (or set --max_steps)");
+    if (a->logging_steps < 1) return glm_fail(err, "--logging_steps must be at least 1");
+    if (a->bf16 + a->fp16 + a->fp32 > 1) return glm_fail(err, "choose one of --bf16, --fp16, --fp32");
+    if (a->warmup_ratio < 0 || a->warmup_ratio > 1) return glm_fail(err, "--warmup_ratio must be in [0, 1]");
+    if (!(a->fp16_initial_scale > 0)) return glm_fail(err, "--fp16_initial_scale must be positive");
+    if (a->save_total_limit < 0) return glm_fail(err, "--save_total_limit must not be negative");
+    if (strcmp(a->save_strategy, "steps") == 0 && a->save_steps < 1) return glm_fail(err, "--save_steps must be at least 1");
+    if (a->pipeline_parallel_size < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
+    if (a->num_microbatches < 0) return glm_fail(err, "--num_microbatches must not be negative");
+    if (a->num_microbatches > 0) a->gradient_accumulation_steps = a->num_microbatches; /* the same count, pipeline's name */
+    return 0;
+}
+
+int trainer_pick_backend(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    int want_cuda = strcmp(a->device, "cuda") == 0;
+#ifdef GLM_HAVE_CUDA
+    if (strcmp(a->device, "cpu") != 0) {
+        char msg[512] = "";
+        glm_dtype dt = a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
+        t->be = glm_backend_cuda(glm_local_device(t->dp->dist.local_rank), dt, msg, sizeof msg);
+        if (t->be) return 0;
+        if (want_cuda) return glm_fail(err, "--device cuda: %s", msg);
+        glm_info("no usable GPU (%s); training on the CPU", msg);
+    }
+#else
+    if (want_cuda) {
+        glm_fail(err, "--device cuda: this glmtrain was built without CUDA");
+        return glm_hint(err, "rebuild on a machine with nvcc (make), or use --device cpu");
+    }
+#endif
+    if (a->bf16 || a->fp16) {
+        glm_fail(err, "--%s needs a GPU; the CPU backend trains in fp32", a->bf16 ? "bf16" : "fp16");
+        return glm_hint(err, "drop --%s (or pass --fp32) to train on the CPU", a->bf16 ? "bf16" : "fp16");
+    }
+    t->be = glm_backend_cpu();
+    return 0;
+}
+
+/* The same distribution as glm_model_init_random (normal matrices, LayerNorm weights 1, zero
+ * biases) drawn on the GPU: 6B normal samples take minutes on one host core. The numbers
+ * differ from the CPU's for the same seed. */
+static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
+#ifdef GLM_HAVE_CUDA
+    glm_table full; /* streams numbered by the whole model's rows: a pipeline stage draws the same values */
+    glm_table_build(&full, &m->cfg);
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        void *p = glm_at(m->be, m->params, t->offset);
+        uint64_t row = (uint64_t)(glm_table_find(&full, t->name) - full.t);
+        if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, seed * 1000003ULL + row, std);
+        else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
+    }
+    glm_table_free(&full);
+#else
+    glm_model_init_random(m, seed, std);
+#endif
+}
+
+int trainer_load_model(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    glm_config c;
+    const char *src = a->model_name_or_path ? a->model_name_or_path : a->init_from_config;
+    if (glm_config_load(&c, src, err)) return -1;
+    int cuda = strncmp(t->be->name, "cuda", 4) == 0;
+    if (t->dp->rank == 0) glm_pp_print_plan(a, &c, cuda, t->dp->world, stderr);
+    if (glm_pp_check_memory(a, &c, cuda, t->dp->world, err)) return -1;
+    if (a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"))) {
+        if (glm_pp_open(&t->pp, t->dp, a, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */
+        glm_pp_model_init(t->pp, &t->m, &c, t->be);
+    } else {
+        glm_model_init(&t->m, &c, t->be);
+    }
+    t->m.gradient_checkpointing = a->gradient_checkpointing;
+    if (t->dp->world > 1 && t->dp->rank > 0) {
+        /* nothing to read or draw: glm_dp_attach broadcasts rank 0's weights */
+    } else if (a->model_name_or_path) {
+        if (glm_model_load(&t->m, a->model_name_or_path, err)) return -1;
+    } else if (strncmp(t->be->name, "cuda", 4) == 0) {
+        init_random_on_device(&t->m, (uint64_t)a->seed, (float)a->init_std);
+    } else {
+        glm_model_init_random(&t->m, (uint64_t)a->seed, (float)a->init_std);
+    }
+    glm_info("model: %d layers, hidden %d, %d heads, vocab %d, %.1fM parameters (%s head), backend %s",
+             c.num_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, t->m.tab.n_params / 1e6,
+             c.tie_word_embeddings ? "tied" : "untied", t->be->name);
+    return 0;
+}
+
+int trainer_load_tokenizer(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    const char *p = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
+    char dir[4096];
+    if (!p) { /* random init: look beside the config */
+        snprintf(dir, sizeof dir, "%s", a->init_from_config);
+        char *slash = strrchr(dir, '/');
+        if (glm_is_file(dir)) { if (slash) *slash = 0; else snprintf(dir, sizeof dir, "."); }
+        p = dir;
+    }
+    snprintf(t->tok_path, sizeof t->tok_path, "%s", p);
+    if (glm_tokenizer_load(&t->tok, p, err)) return glm_hint(err, "pass --tokenizer_name with the folder holding ice_text.model");
+    if (glm_tokenizer_vocab_size(t->tok) > t->m.cfg.vocab_size) {
+        glm_fail(err, "tokenizer %s has %d pieces but the model's vocab_size is %d", p, glm_tokenizer_vocab_size(t->tok),
+                 t->m.cfg.vocab_size);
+        return glm_hint(err, "use the tokenizer that belongs to the model");
+    }
+    return glm_encoder_from_tokenizer(&t->enc, t->tok, p, err);
+}
+
+/* Rank 0 tokenizes (or validates) the cache first; the others wait without the collective
+ * timeout (that can take long on a big file), then read the cache it wrote. */
+static int data_vote(trainer *t, double *failed, glm_err *err) {
+    const char *what = "data cache built by rank 0";
+    return t->pp ? glm_pp_sum(t->pp, failed, 1, 1, what, err) : glm_dp_sum_long(t->dp, failed, 1, what, err);
+}
+
+static int load_data_ranked(trainer *t, glm_err *err) {
+    if (!lead(t)) {
+        double failed = 0;
+        if (data_vote(t, &failed, err)) return -1;
+        if (failed > 0) return glm_fail(err, "rank %d: rank 0 could not load the data (see its error)", t->dp->rank);
+    }
+    int rc = glm_data_load(&t->data, &t->dcfg, &t->enc, err);
+    if (lead(t)) {
+        double failed = rc != 0;
+        glm_err e2;
+        if (data_vote(t, &failed, rc ? &e2 : err)) return -1;
+    }
+    return rc;
+}
+
+int trainer_load_data(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    glm_data_cfg *d = &t->dcfg;
+    glm_data_cfg_init(d);
+    d->train_file = a->train_file;
+    d->validation_file = a->validation_file;
+    if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &d->read.schema))
+        return glm_fail(err, "--data_format %s is not known", a->data_format);
+    d->read.columns.prompt = a->prompt_column;
+    d->read.columns.response = a->response_column;
+    d->read.columns.history = a->history_column;
+    d->read.skip_bad_samples = a->skip_bad_samples;
+    d->example.max_source_length = a->max_source_length;
+    d->example.max_target_length = a->max_target_length;
+    d->example.source_prefix = a->source_prefix;
+    if (a->prompt_template) glm_unescape(a->prompt_template);
+    if (a->history_template) glm_unescape(a->history_template);
+    d->example.prompt_template = a->prompt_template;
+    d->example.history_template = a->history_template;
+    d->example.train_on_prompt = a->train_on_prompt;
+    if (glm_example_cfg_check(&d->example, err)) return -1;
+    d->val_size = a->val_size;
+    d->seed = (uint64_t)a->seed;
+    d->num_threads = a->dataloader_num_workers;
+    if (a->cache_dir) snprintf(t->cache_dir, sizeof t->cache_dir, "%s", a->cache_dir);
+    else glm_path_join(t->cache_dir, sizeof t->cache_dir, a->output_dir, ".cache");
+    d->cache_dir = t->cache_dir;
+    if (load_data_ranked(t, err)) return -1;
+    glm_data_print_summary(stderr, &t->data, d);
+    glm_loader_cfg lc;
+    glm_loader_cfg_init(&lc);
+    lc.batch_size = a->per_device_train_batch_size;
+    lc.group_by_length = a->group_by_length;
+    lc.packing = a->packing;
+    lc.seed = (uint64_t)a->seed;
+    lc.rank = t->dp->rank;
+    lc.world = t->dp->world;
+    if (lc.packing) lc.max_len = a->max_source_length + a->max_target_length;
+    if (glm_loader_open(&t->train_ld, &t->data.train, &lc, err)) return -1;
+    if (t->data.val.n > 0) {
+        glm_loader_cfg ec;
+        glm_loader_cfg_init(&ec);
+        ec.batch_size = a->per_device_eval_batch_size;
+        ec.shuffle = 0;
+        ec.rank = t->dp->rank;
+        ec.world = t->dp->world;
+        if (glm_loader_open(&t->eval_ld, &t->data.val, &ec, err)) return -1;
+        glm_loader_batch_alloc(t->eval_ld, &t->eval_batch);
+    }
+    t->micro = glm_calloc(a->gradient_accumulation_steps, sizeof(glm_batch));
+    for (int i = 0; i < a->gradient_accumulation_steps; i++) glm_loader_batch_alloc(t->train_ld, &t->micro[i]);
+    return 0;
+}
+
+void trainer_plan_steps(trainer *t) {
+    glm_train_args *a = t->a;
+    t->micro_per_epoch = glm_loader_steps_per_epoch(t->train_ld);
+    t->steps_per_epoch = (t->micro_per_epoch + a->gradient_accumulation_steps - 1) / a->gradient_accumulation_steps;
+    if (t->steps_per_epoch < 1) t->steps_per_epoch = 1;
+    t->total_steps = a->max_steps > 0 ? a->max_steps : (long)ceil(a->num_train_epochs * t->steps_per_epoch);
+    t->warmup = a->warmup_steps > 0 ? a->warmup_steps : (long)ceil(a->warmup_ratio * t->total_steps);
+    glm_lr_kind_parse(a->lr_scheduler_type, &t->sched);
+}
+
+int trainer_check_output_dir(glm_train_args *a, glm_err *err) {
+    if (!glm_is_dir(a->output_dir)) return glm_mkdirs(a->output_dir, err);
+    char probe[4096];
+    glm_path_join(probe, sizeof probe, a->output_dir, "config.json");
+    char latest[4096];
+    int has = glm_is_file(probe) || glm_checkpoint_latest(a->output_dir, latest, sizeof latest) == 0;
+    if (has && !a->overwrite_output_dir && !a->resume_from_checkpoint) {
+        glm_fail(err, "output directory %s already holds a model or checkpoints", a->output_dir);
+        return glm_hint(err, "pass --resume_from_checkpoint to continue it, --overwrite_output_dir to start over, or another --output_dir");
+    }
+    return 0;
+}
+

@@ -1,0 +1,71 @@
+/* The state of one training run and the set-up steps train.c calls (setup.c): backend,
+ * model, tokenizer, data, step plan, output folder. Internal to train/. */
+#ifndef GLM_TRAINER_H
+#define GLM_TRAINER_H
+#include "train/train.h"
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/fileutil.h"
+#include "core/log.h"
+#include "data/data.h"
+#include "data/loader.h"
+#include "io/safetensors.h"
+#include "io/tensorboard.h"
+#include "model/glm.h"
+#include "optim/adamw.h"
+#include "optim/loss_scale.h"
+#include "optim/schedule.h"
+#include "parallel/dp.h"
+#include "parallel/dp_stats.h"
+#include "parallel/gpustat.h"
+#include "parallel/launch.h"
+#include "parallel/pipe_train.h"
+#include "parallel/signals.h"
+#include "tokenizer/tokenizer.h"
+#ifdef GLM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+#include "train/checkpoint.h"
+#include "train/progress.h"
+
+/* Everything one training run holds, passed explicitly. */
+typedef struct trainer {
+    glm_train_args *a;
+    glm_backend *be;
+    glm_model m;
+    glm_adamw opt;
+    glm_tokenizer *tok;
+    char tok_path[4096], cache_dir[4096];
+    glm_encoder enc;
+    glm_data_cfg dcfg;
+    glm_data data;
+    glm_loader *train_ld, *eval_ld;
+    glm_batch *micro;         /* [accum] host batches of one optimizer step */
+    glm_batch eval_batch;
+    tb_writer *tb;
+    glm_progress prog;
+    glm_train_state st;
+    glm_loss_scaler scaler;
+    glm_lr_kind sched;
+    long total_steps, warmup, steps_per_epoch, micro_per_epoch;
+    char *args_json;
+    cJSON *history;           /* log_history records */
+    glm_dp *dp;               /* data parallel (a no-op with one process) */
+    glm_gpustat *gs;          /* NVML figures of this rank's GPU, NULL on the CPU */
+    glm_pp *pp;               /* pipeline stages (--pipeline_parallel_size > 1), else NULL */
+} trainer;
+
+/* The job's first rank: with pipeline stages dp->rank is the replica within a stage. */
+static inline int lead(const trainer *t) { return t->pp ? t->pp->world_rank == 0 : t->dp->rank == 0; }
+
+int trainer_pick_backend(trainer *t, glm_err *err);
+int trainer_load_model(trainer *t, glm_err *err);
+int trainer_load_tokenizer(trainer *t, glm_err *err);
+int trainer_load_data(trainer *t, glm_err *err);
+void trainer_plan_steps(trainer *t);
+int trainer_check_output_dir(glm_train_args *a, glm_err *err);
+
+#endif
