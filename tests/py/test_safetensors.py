@@ -12,18 +12,13 @@ import tempfile
 
 import numpy as np
 
-BUILD = os.environ.get("GLM_BUILD", "build")
-TOOL = os.path.join(BUILD, "tests", "tool_ckpt")
-fails = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
-
-def check(name, cond, why=""):
-    global fails
-    if cond:
-        print(f"PASS {name}")
-    else:
-        fails += 1
-        print(f"FAIL {name}: {why}")
+BUILD = harness.BUILD
+TOOL = harness.tool("tool_ckpt")
+_checks = harness.Checks()
+check = _checks.check
 
 
 def run(*args):
@@ -199,7 +194,7 @@ def main():
         open(bad, "wb").write(len(hdr).to_bytes(8, "little") + hdr + bytes(16))
         out = run("dump", "st", bad)
         check("st_c_rejects_lying_header", out.returncode == 1 and bad in out.stderr and "'w'" in out.stderr, out.stderr)
-    return 1 if fails else 0
+    return _checks.status()
 
 
 if __name__ == "__main__":

@@ -10,18 +10,13 @@ import tempfile
 
 import numpy as np
 
-BUILD = os.environ.get("GLM_BUILD", "build")
-TOOL = os.path.join(BUILD, "tests", "tool_tensorboard")
-fails = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
-
-def check(name, cond, why=""):
-    global fails
-    if cond:
-        print(f"PASS {name}")
-    else:
-        fails += 1
-        print(f"FAIL {name}: {why}")
+BUILD = harness.BUILD
+TOOL = harness.tool("tool_tensorboard")
+_checks = harness.Checks()
+check = _checks.check
 
 
 def expected():
@@ -90,7 +85,7 @@ def main():
             break
     else:
         check("tb_crc32c_matches_tensorboard", True)
-    return 1 if fails else 0
+    return _checks.status()
 
 
 if __name__ == "__main__":

@@ -12,18 +12,13 @@ import tempfile
 
 import numpy as np
 
-BUILD = os.environ.get("GLM_BUILD", "build")
-TOOL = os.path.join(BUILD, "tests", "tool_ckpt")
-fails = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
-
-def check(name, cond, why=""):
-    global fails
-    if cond:
-        print(f"PASS {name}")
-    else:
-        fails += 1
-        print(f"FAIL {name}: {why}")
+BUILD = harness.BUILD
+TOOL = harness.tool("tool_ckpt")
+_checks = harness.Checks()
+check = _checks.check
 
 
 def run(*args):
@@ -161,7 +156,7 @@ def main():
         open(cut, "wb").write(good[: len(good) // 2])
         out = run("dump", "bin", cut)
         check("tbin_truncated_real_file", out.returncode == 1 and cut in out.stderr and "truncated" in out.stderr, out.stderr)
-    return 1 if fails else 0
+    return _checks.status()
 
 
 if __name__ == "__main__":
