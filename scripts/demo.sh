@@ -31,10 +31,13 @@ build/glmtrain train --init_from_config "$OUT/config.json" --tokenizer_name "$OU
     --weight_decay 0.01 --max_source_length 48 --max_target_length 128 \
     --logging_steps 20 --eval_strategy steps --eval_steps 100 --save_steps 200 --save_total_limit 2
 echo
-echo "=== generations from $OUT/model (greedy) ==="
+# ChatGLM's own sampling (top_p 0.7, temperature 0.95) with a repetition penalty: a model this
+# small repeats itself under greedy decoding
+echo "=== generations from $OUT/model (sampling, seed 1, repetition penalty 1.3) ==="
 for p in "写一首王维的诗，题目是《送别》" "背诵李白的《静夜思》" "《春晓》的作者是谁？"; do
     echo "用户: $p"
     printf 'ChatGLM: '
-    build/glmtrain generate --model_name_or_path "$OUT/model" --prompt "$p" --do_sample false --max_new_tokens 96
+    build/glmtrain generate --model_name_or_path "$OUT/model" --prompt "$p" --seed 1 --repetition_penalty 1.3 \
+        --max_new_tokens 96 2>/dev/null
     echo
 done
