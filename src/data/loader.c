@@ -212,6 +212,10 @@ int glm_loader_next(glm_loader *l, glm_batch *b, glm_err *err) {
             l->last[l->n_last++] = k;
         }
         l->last_tokens += fill;
+        /* position of this row in the wrapped DistributedSampler order: past n it repeats one */
+        int wrapped = l->cfg.rank + (first + r) * l->cfg.world >= l->n_rows;
+        if (wrapped && l->cfg.no_loss_on_wrap)
+            for (int i = 0; i < fill; i++) l->lab[i] = -100;
         if (glm_batch_set_row_packed(b, r, l->ids, l->lab, l->seg, n_seg, ex->pad, ex->gmask, ex->mask, ex->sop))
             return glm_fail(err, "row of %d tokens does not fit T = %d (a bug)", fill, T);
     }

@@ -27,6 +27,8 @@ typedef struct glm_loader_cfg {
     int group_by_length;
     int packing;
     int drop_last;
+    int no_loss_on_wrap; /* rows repeated to pad the epoch to a multiple of world carry no targets
+                          * (evaluation: each example counted once over all ranks) */
     uint64_t seed;       /* default 42 */
     int rank, world;     /* default 0, 1 */
 } glm_loader_cfg;

@@ -187,6 +187,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
         glm_loader_cfg_init(&ec);
         ec.batch_size = a->per_device_eval_batch_size;
         ec.shuffle = 0;
+        ec.no_loss_on_wrap = 1; /* eval counts each example once over the ranks */
         ec.rank = t->dp->rank;
         ec.world = t->dp->world;
         if (glm_loader_open(&t->eval_ld, &t->data.val, &ec, err)) return -1;

@@ -375,6 +375,24 @@ static void test_loader(test_counts *tc) {
     for (int i = 0; i < 103; i++) { ones += cover[i] == 1; twos += cover[i] == 2; }
     TEST_CHECK(tc, "loader_ranks_disjoint", st[0] == 9 && st[1] == 9 && st[2] == 9 && na[0] == 35 && na[1] == 35 && na[2] == 35 &&
                ones == 101 && twos == 2, "steps %d %d %d, rows %d %d %d, once %d twice %d", st[0], st[1], st[2], na[0], na[1], na[2], ones, twos);
+    /* evaluation: the 2 rows repeated to pad 103 rows to 105 carry no targets, so the 3 ranks
+     * together count every example's targets exactly once (without the flag, more) */
+    long tg[3] = {0}; /* one rank; 3 ranks with no_loss_on_wrap; 3 ranks without */
+    for (int pass = 0; pass < 3; pass++) {
+        int W = pass == 0 ? 1 : 3;
+        lc.no_loss_on_wrap = pass == 1;
+        for (int r = 0; r < W; r++) {
+            lc.rank = r; lc.world = W;
+            glm_loader_open(&l, &ds, &lc, &err);
+            glm_loader_batch_alloc(l, &b);
+            for (int64_t k = 0; k < glm_loader_steps_per_epoch(l); k++) { glm_loader_next(l, &b, &err); tg[pass] += b.n_targets; }
+            glm_loader_free(l);
+            glm_batch_free(&b);
+        }
+    }
+    lc.no_loss_on_wrap = 0;
+    TEST_CHECK(tc, "loader_eval_wrapped_rows_counted_once", tg[0] > 0 && tg[1] == tg[0] && tg[2] > tg[0],
+               "targets: 1 rank %ld, 3 ranks %ld with the flag, %ld without", tg[0], tg[1], tg[2]);
     lc.rank = 0; lc.world = 1;
     lc.rank = 3; lc.world = 3;
     TEST_CHECK(tc, "loader_bad_rank", glm_loader_open(&l, &ds, &lc, &err) == -1, "accepted");
