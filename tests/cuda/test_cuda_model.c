@@ -7,60 +7,24 @@
 #include <stdlib.h>
 #include "core/fileutil.h"
 #include "cuda_test_util.h"
+#include "oracle.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
 
 /* ---------------------------------------------------------------- oracle */
 
 static void test_oracle(test_counts *tc) {
-    const char *sh = getenv("GLM_SHARED");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/oracles/chatglm-cpp/glm_model.data", sh ? sh : "../shared");
     glm_err err;
-    size_t len;
-    float *d = (float *)glm_read_file(path, &len, &err);
-    if (!d) { TEST_SKIP(tc, "cuda_oracle_glm_model", "%s not found (set GLM_SHARED)", path); return; }
-    glm_config c = {.vocab_size = 5, .hidden_size = 32, .num_layers = 1, .num_attention_heads = 8,
-                    .inner_hidden_size = 128, .max_sequence_length = 16, .layernorm_epsilon = 1e-5f,
-                    .position_encoding_2d = 1, .tie_word_embeddings = 1, .bos_token_id = 4, .eos_token_id = 4,
-                    .mask_token_id = 0, .gmask_token_id = 0, .pad_token_id = 0, .alpha = 7.483314773547883f};
     glm_backend *be = glm_backend_cuda(0, GLM_F32, err.msg, sizeof err.msg);
-    glm_model m;
-    glm_model_init(&m, &c, be);
-    float *host = calloc(m.tab.total, sizeof(float));
-    const float *p = d;
-    for (int i = 0; i < m.tab.n; i++) {
-        memcpy(host + m.tab.t[i].offset, p, m.tab.t[i].numel * 4);
-        p += m.tab.t[i].numel;
-    }
-    glm_model_set_params(&m, host);
-    const int32_t *x1 = (const int32_t *)p; p += 3;
-    const float *y1 = p; p += 3 * 32;
-    const int32_t *x2 = (const int32_t *)p; p += 1;
-    const float *y2 = p; p += 32;
-    const int32_t *x3 = (const int32_t *)p; p += 1;
-    const float *y3 = p;
-    glm_kvcache kv;
-    glm_kvcache_init(&m, &kv, 1, 8);
-    float out[3 * 32];
-    int32_t pos1[] = {0, 1, 1}, bpos1[] = {0, 0, 1}, lo1[] = {0, 0, 0}, hi1[] = {2, 2, 3};
-    int rc = glm_forward_cached(&m, &kv, 3, x1, pos1, bpos1, lo1, hi1, out, NULL, &err);
-    double e1 = rc ? 1e9 : test_max_abs(out, y1, 3 * 32);
-    int32_t pos2[] = {1}, bpos2[] = {2}, lo2[] = {0}, hi2[] = {4};
-    rc |= glm_forward_cached(&m, &kv, 1, x2, pos2, bpos2, lo2, hi2, out, NULL, &err);
-    double e2 = rc ? 1e9 : test_max_abs(out, y2, 32);
-    int32_t pos3[] = {1}, bpos3[] = {3}, lo3[] = {0}, hi3[] = {5};
-    rc |= glm_forward_cached(&m, &kv, 1, x3, pos3, bpos3, lo3, hi3, out, NULL, &err);
-    double e3 = rc ? 1e9 : test_max_abs(out, y3, 32);
-    TEST_CHECK(tc, "cuda_f32_oracle_glm_prompt", e1 < 1e-5, "max abs err %.3g", e1);
-    TEST_CHECK(tc, "cuda_f32_oracle_glm_decode_step1", e2 < 1e-5, "max abs err %.3g", e2);
-    TEST_CHECK(tc, "cuda_f32_oracle_glm_decode_step2", e3 < 1e-5, "max abs err %.3g", e3);
-    printf("  cuda fp32 oracle max abs errors: prompt %.3g, step1 %.3g, step2 %.3g\n", e1, e2, e3);
-    glm_kvcache_free(&m, &kv);
-    glm_model_free(&m);
+    if (!be) { TEST_FAIL(tc, "cuda_oracle_glm_model", "%s", err.msg); return; }
+    double e[3];
+    int rc = oracle_glm_model(be, e);
     be->destroy(be);
-    free(host);
-    free(d);
+    if (rc == 1) { TEST_SKIP(tc, "cuda_oracle_glm_model", "%s/oracles not found (set GLM_SHARED)", oracle_dir()); return; }
+    TEST_CHECK(tc, "cuda_f32_oracle_glm_prompt", rc == 0 && e[0] < 1e-5, "max abs err %.3g", e[0]);
+    TEST_CHECK(tc, "cuda_f32_oracle_glm_decode_step1", rc == 0 && e[1] < 1e-5, "max abs err %.3g", e[1]);
+    TEST_CHECK(tc, "cuda_f32_oracle_glm_decode_step2", rc == 0 && e[2] < 1e-5, "max abs err %.3g", e[2]);
+    printf("  cuda fp32 oracle max abs errors: prompt %.3g, step1 %.3g, step2 %.3g\n", e[0], e[1], e[2]);
 }
 
 /* ---------------------------------------------------------------- configs, batches, weights */

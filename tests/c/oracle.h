@@ -1,0 +1,78 @@
+/* The THUDM oracle (../shared/oracles/chatglm-cpp/glm_model.data, or $GLM_SHARED/oracles/...)
+ * run through any backend: a 1-layer model, a 3-token prompt, then two KV-cache decode steps.
+ * Shared by the CPU test (tests/c/test_model_oracle.c) and the CUDA one (tests/cuda/). */
+#ifndef GLM_TEST_ORACLE_H
+#define GLM_TEST_ORACLE_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/fileutil.h"
+#include "model/glm.h"
+#include "test.h"
+
+static inline const char *oracle_dir(void) {
+    const char *s = getenv("GLM_SHARED");
+    return s ? s : "../shared";
+}
+
+/* Reads an oracle file (raw little-endian floats); NULL when it is missing. */
+static inline float *oracle_load(const char *name, size_t *n_floats) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/oracles/chatglm-cpp/%s", oracle_dir(), name);
+    glm_err err;
+    size_t len;
+    char *buf = glm_read_file(path, &len, &err);
+    if (!buf) return NULL;
+    *n_floats = len / 4;
+    return (float *)buf;
+}
+
+/* Runs glm_model.data on `be`: 1 when the file is missing, -1 on a failure, else 0 with the
+ * max-abs errors of the prompt and the two decode steps in e[0..2]. */
+static inline int oracle_glm_model(glm_backend *be, double e[3]) {
+    size_t n;
+    float *d = oracle_load("glm_model.data", &n);
+    if (!d) return 1;
+    glm_config c = {.vocab_size = 5, .hidden_size = 32, .num_layers = 1, .num_attention_heads = 8,
+                    .inner_hidden_size = 128, .max_sequence_length = 16, .layernorm_epsilon = 1e-5f,
+                    .position_encoding_2d = 1, .tie_word_embeddings = 1, .bos_token_id = 4, .eos_token_id = 4,
+                    .mask_token_id = 0, .gmask_token_id = 0, .pad_token_id = 0, .alpha = 7.483314773547883f};
+    glm_model m;
+    glm_model_init(&m, &c, be);
+    /* the file holds the tensors in table order (embedding, layer 0, final norm), then the data */
+    float *host = calloc(m.tab.total, sizeof(float));
+    const float *p = d;
+    for (int i = 0; i < m.tab.n; i++) {
+        memcpy(host + m.tab.t[i].offset, p, m.tab.t[i].numel * 4);
+        p += m.tab.t[i].numel;
+    }
+    glm_model_set_params(&m, host);
+    const int32_t *x1 = (const int32_t *)p; p += 3;
+    const float *y1 = p; p += 3 * 32;
+    const int32_t *x2 = (const int32_t *)p; p += 1;
+    const float *y2 = p; p += 32;
+    const int32_t *x3 = (const int32_t *)p; p += 1;
+    const float *y3 = p; p += 32;
+    int rc = (size_t)(p - d) == n ? 0 : -1;
+    glm_kvcache kv;
+    glm_kvcache_init(&m, &kv, 1, 8);
+    glm_err err;
+    float out[3 * 32];
+    /* positions and the prefix mask as the oracle's README gives them */
+    int32_t pos1[] = {0, 1, 1}, bpos1[] = {0, 0, 1}, lo1[] = {0, 0, 0}, hi1[] = {2, 2, 3};
+    rc |= glm_forward_cached(&m, &kv, 3, x1, pos1, bpos1, lo1, hi1, out, NULL, &err);
+    e[0] = rc ? 1e9 : test_max_abs(out, y1, 3 * 32);
+    int32_t pos2[] = {1}, bpos2[] = {2}, lo2[] = {0}, hi2[] = {4};
+    rc |= glm_forward_cached(&m, &kv, 1, x2, pos2, bpos2, lo2, hi2, out, NULL, &err);
+    e[1] = rc ? 1e9 : test_max_abs(out, y2, 32);
+    int32_t pos3[] = {1}, bpos3[] = {3}, lo3[] = {0}, hi3[] = {5};
+    rc |= glm_forward_cached(&m, &kv, 1, x3, pos3, bpos3, lo3, hi3, out, NULL, &err);
+    e[2] = rc ? 1e9 : test_max_abs(out, y3, 32);
+    glm_kvcache_free(&m, &kv);
+    glm_model_free(&m);
+    free(host);
+    free(d);
+    return rc ? -1 : 0;
+}
+
+#endif
