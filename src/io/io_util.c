@@ -1,4 +1,5 @@
 #include "io/io_util.h"
+#include <fcntl.h>
 #include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -87,6 +88,26 @@ static int safe_rel_name(const char *s) {
     return 1;
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int io_shards_open(io_shards *s, const char *path, glm_err *err) {
+    for (int i = 0; i < s->n; i++) if (strcmp(s->paths[i], path) == 0) return i;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return glm_fail(err, "cannot open %s: %s", path, strerror(errno));
+    s->paths = glm_realloc(s->paths, (size_t)(s->n + 1) * sizeof *s->paths);
+    s->fds = glm_realloc(s->fds, (size_t)(s->n + 1) * sizeof *s->fds);
+    s->paths[s->n] = glm_strdup(path);
+    s->fds[s->n] = fd;
+    return s->n++;
+}
+
+void io_shards_close(io_shards *s) {
+    for (int i = 0; i < s->n; i++) { close(s->fds[i]); free(s->paths[i]); }
+    free(s->paths);
+    free(s->fds);
+    *s = (io_shards){0};
+}
+
 int io_index_load(io_index *ix, const char *index_path, glm_err *err) {
     memset(ix, 0, sizeof *ix);
     size_t len;
@@ -133,6 +154,18 @@ int io_index_load(io_index *ix, const char *index_path, glm_err *err) {
         io_index_free(ix);
         return glm_fail(err, "%s: weight_map is empty", index_path);
     }
+    /* a key repeated in the JSON object would make two tensors of one name */
+    char **sorted = glm_malloc((size_t)ix->n * sizeof *sorted);
+    memcpy(sorted, ix->names, (size_t)ix->n * sizeof *sorted);
+    qsort(sorted, (size_t)ix->n, sizeof *sorted, cmp_str);
+    for (int i = 1; i < ix->n; i++)
+        if (strcmp(sorted[i], sorted[i - 1]) == 0) {
+            glm_fail(err, "%s: tensor '%s' appears twice in weight_map", index_path, sorted[i]);
+            free(sorted);
+            io_index_free(ix);
+            return -1;
+        }
+    free(sorted);
     return 0;
 fail:
     cJSON_Delete(root);

@@ -35,7 +35,19 @@ typedef struct io_index {
     char **names;
     char **files;
 } io_index;
+/* Also refuses a tensor named twice (JSON objects may repeat a key). */
 int io_index_load(io_index *ix, const char *index_path, glm_err *err);
 void io_index_free(io_index *ix);
+
+/* The files a reader keeps open: a sharded checkpoint names each shard many times, and each is
+ * opened once. */
+typedef struct io_shards {
+    char **paths;
+    int *fds;
+    int n;
+} io_shards;
+/* Index of `path`, opening it on first use; -1 with err when it cannot be opened. */
+int io_shards_open(io_shards *s, const char *path, glm_err *err);
+void io_shards_close(io_shards *s);
 
 #endif

@@ -90,14 +90,8 @@ typedef struct st_tensor {
     int file;
 } st_tensor;
 
-typedef struct st_file {
-    char *path;
-    int fd;
-} st_file;
-
 struct st_reader {
-    st_file *files;
-    int nfiles;
+    io_shards sh;
     st_tensor *t; /* sorted by name */
     int n;
 };
@@ -242,15 +236,6 @@ fail:
     return -1;
 }
 
-static int add_file(st_reader *r, const char *path, glm_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return glm_fail(err, "cannot open %s: %s", path, strerror(errno));
-    r->files = glm_realloc(r->files, (size_t)(r->nfiles + 1) * sizeof *r->files);
-    r->files[r->nfiles].path = glm_strdup(path);
-    r->files[r->nfiles].fd = fd;
-    return r->nfiles++;
-}
-
 static const st_tensor *find_in(const st_tensor *t, int n, const char *name) {
     st_tensor key = {.name = (char *)name};
     return n ? bsearch(&key, t, (size_t)n, sizeof *t, cmp_name) : NULL;
@@ -264,21 +249,18 @@ static int open_index(st_reader *r, const char *index_path, glm_err *err) {
     int fn = 0, rc = -1, cur = -1;
     for (int i = 0; i < ix.n; i++) {
         /* Shards are opened once, in order of first mention; HF indexes list them grouped. */
-        int f = -1;
-        for (int j = 0; j < r->nfiles; j++) if (strcmp(r->files[j].path, ix.files[i]) == 0) f = j;
-        if (f < 0) {
-            if ((f = add_file(r, ix.files[i], err)) < 0) { glm_wrap(err, "%s lists tensor '%s' in a missing shard: ", index_path, ix.names[i]); goto done; }
-        }
+        int f = io_shards_open(&r->sh, ix.files[i], err);
+        if (f < 0) { glm_wrap(err, "%s lists tensor '%s' in a missing shard: ", index_path, ix.names[i]); goto done; }
         if (f != cur) {
             free_tensors(ft, fn);
             ft = NULL;
             fn = 0;
-            if (parse_file(r->files[f].path, r->files[f].fd, f, &ft, &fn, err) != 0) goto done;
+            if (parse_file(r->sh.paths[f], r->sh.fds[f], f, &ft, &fn, err) != 0) goto done;
             cur = f;
         }
         const st_tensor *t = find_in(ft, fn, ix.names[i]);
         if (!t) {
-            glm_fail(err, "%s: tensor '%s' is listed in %s but missing from that shard", r->files[f].path, ix.names[i], index_path);
+            glm_fail(err, "%s: tensor '%s' is listed in %s but missing from that shard", r->sh.paths[f], ix.names[i], index_path);
             glm_hint(err, "the index and the shards come from different saves; re-download them together");
             goto done;
         }
@@ -286,9 +268,7 @@ static int open_index(st_reader *r, const char *index_path, glm_err *err) {
         r->t[r->n].name = glm_strdup(t->name);
         r->n++;
     }
-    qsort(r->t, (size_t)r->n, sizeof *r->t, cmp_name);
-    for (int i = 1; i < r->n; i++)
-        if (strcmp(r->t[i].name, r->t[i - 1].name) == 0) { glm_fail(err, "%s: tensor '%s' appears twice in weight_map", index_path, r->t[i].name); goto done; }
+    qsort(r->t, (size_t)r->n, sizeof *r->t, cmp_name); /* names are unique: io_index_load checked */
     rc = 0;
 done:
     free_tensors(ft, fn);
@@ -315,7 +295,7 @@ int st_open(st_reader **out, const char *path, glm_err *err) {
     if (len >= 5 && strcmp(p + len - 5, ".json") == 0) {
         rc = open_index(r, p, err);
     } else {
-        rc = add_file(r, p, err) < 0 ? -1 : parse_file(p, r->files[0].fd, 0, &r->t, &r->n, err);
+        rc = io_shards_open(&r->sh, p, err) < 0 ? -1 : parse_file(p, r->sh.fds[0], 0, &r->t, &r->n, err);
     }
     if (rc != 0) { st_close(r); return -1; }
     *out = r;
@@ -324,8 +304,7 @@ int st_open(st_reader **out, const char *path, glm_err *err) {
 
 void st_close(st_reader *r) {
     if (!r) return;
-    for (int i = 0; i < r->nfiles; i++) { close(r->files[i].fd); free(r->files[i].path); }
-    free(r->files);
+    io_shards_close(&r->sh);
     free_tensors(r->t, r->n);
     free(r);
 }
@@ -345,7 +324,7 @@ int st_info(const st_reader *r, const char *name, st_dtype *dtype, int *ndim, in
 static const st_tensor *lookup(st_reader *r, const char *name, glm_err *err) {
     const st_tensor *t = find_in(r->t, r->n, name);
     if (!t) {
-        glm_fail(err, "%s: tensor '%s' not found (%d tensors in the checkpoint)", r->nfiles ? r->files[0].path : "?", name, r->n);
+        glm_fail(err, "%s: tensor '%s' not found (%d tensors in the checkpoint)", r->sh.n ? r->sh.paths[0] : "?", name, r->n);
         glm_hint(err, "is this a checkpoint of the right model? list its tensors with `glmtrain info`");
     }
     return t;
@@ -354,7 +333,7 @@ static const st_tensor *lookup(st_reader *r, const char *name, glm_err *err) {
 int st_read_f32(st_reader *r, const char *name, float *dst, int ndim, const int64_t *shape, glm_err *err) {
     const st_tensor *t = lookup(r, name, err);
     if (!t) return -1;
-    const char *path = r->files[t->file].path;
+    const char *path = r->sh.paths[t->file];
     int same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
     if (!same) {
@@ -364,7 +343,7 @@ int st_read_f32(st_reader *r, const char *name, float *dst, int ndim, const int6
     }
     if (!io_is_float(t->dtype)) return glm_fail(err, "%s: tensor '%s' has dtype %s, not a float type", path, name, k_names[t->dtype]);
     size_t n = (size_t)((t->end - t->begin) / st_dtype_size(t->dtype));
-    if (io_read_f32(r->files[t->file].fd, t->begin, t->dtype, n, dst) != 0)
+    if (io_read_f32(r->sh.fds[t->file], t->begin, t->dtype, n, dst) != 0)
         return glm_fail(err, "%s: tensor '%s': cannot read bytes [%llu, %llu): %s", path, name, (unsigned long long)t->begin,
                         (unsigned long long)t->end, errno ? strerror(errno) : "file is shorter than its header says (truncated?)");
     return 0;
@@ -373,11 +352,11 @@ int st_read_f32(st_reader *r, const char *name, float *dst, int ndim, const int6
 int st_read_raw(st_reader *r, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err) {
     const st_tensor *t = lookup(r, name, err);
     if (!t) return -1;
-    const char *path = r->files[t->file].path;
+    const char *path = r->sh.paths[t->file];
     if (t->dtype != dtype) return glm_fail(err, "%s: tensor '%s' has dtype %s, expected %s", path, name, k_names[t->dtype], st_dtype_name(dtype));
     if (t->end - t->begin != bytes)
         return glm_fail(err, "%s: tensor '%s' holds %llu bytes, expected %zu", path, name, (unsigned long long)(t->end - t->begin), bytes);
-    if (io_pread_full(r->files[t->file].fd, dst, bytes, t->begin) != 0)
+    if (io_pread_full(r->sh.fds[t->file], dst, bytes, t->begin) != 0)
         return glm_fail(err, "%s: tensor '%s': cannot read its data: %s", path, name, errno ? strerror(errno) : "file is truncated");
     return 0;
 }

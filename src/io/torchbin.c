@@ -25,9 +25,7 @@ typedef struct tbin_tensor {
 } tbin_tensor;
 
 struct tbin_reader {
-    char **paths;
-    int *fds;
-    int nfiles;
+    io_shards sh;
     tbin_tensor *t; /* sorted by name */
     int n;
 };
@@ -153,16 +151,6 @@ done:
     return rc;
 }
 
-static int add_file(tbin_reader *r, const char *path, glm_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return glm_fail(err, "cannot open %s: %s", path, strerror(errno));
-    r->paths = glm_realloc(r->paths, (size_t)(r->nfiles + 1) * sizeof *r->paths);
-    r->fds = glm_realloc(r->fds, (size_t)(r->nfiles + 1) * sizeof *r->fds);
-    r->paths[r->nfiles] = glm_strdup(path);
-    r->fds[r->nfiles] = fd;
-    return r->nfiles++;
-}
-
 static const tbin_tensor *find_in(const tbin_tensor *t, int n, const char *name) {
     tbin_tensor key = {.name = (char *)name};
     return n ? bsearch(&key, t, (size_t)n, sizeof *t, cmp_name) : NULL;
@@ -175,19 +163,18 @@ static int open_index(tbin_reader *r, const char *index_path, glm_err *err) {
     tbin_tensor *ft = NULL;
     int fn = 0, cur = -1, rc = -1;
     for (int i = 0; i < ix.n; i++) {
-        int f = -1;
-        for (int j = 0; j < r->nfiles; j++) if (strcmp(r->paths[j], ix.files[i]) == 0) f = j;
-        if (f < 0 && (f = add_file(r, ix.files[i], err)) < 0) { glm_wrap(err, "%s lists tensor '%s' in a missing shard: ", index_path, ix.names[i]); goto done; }
+        int f = io_shards_open(&r->sh, ix.files[i], err);
+        if (f < 0) { glm_wrap(err, "%s lists tensor '%s' in a missing shard: ", index_path, ix.names[i]); goto done; }
         if (f != cur) { /* shards are grouped in HF indexes: parse each once */
             free_tensors(ft, fn);
             ft = NULL;
             fn = 0;
-            if (parse_archive(r->paths[f], r->fds[f], f, &ft, &fn, err) != 0) goto done;
+            if (parse_archive(r->sh.paths[f], r->sh.fds[f], f, &ft, &fn, err) != 0) goto done;
             cur = f;
         }
         const tbin_tensor *t = find_in(ft, fn, ix.names[i]);
         if (!t) {
-            glm_fail(err, "%s: tensor '%s' is listed in %s but missing from that shard", r->paths[f], ix.names[i], index_path);
+            glm_fail(err, "%s: tensor '%s' is listed in %s but missing from that shard", r->sh.paths[f], ix.names[i], index_path);
             glm_hint(err, "the index and the shards come from different downloads; fetch them again together");
             goto done;
         }
@@ -195,9 +182,7 @@ static int open_index(tbin_reader *r, const char *index_path, glm_err *err) {
         r->t[r->n].name = glm_strdup(t->name);
         r->n++;
     }
-    qsort(r->t, (size_t)r->n, sizeof *r->t, cmp_name);
-    for (int i = 1; i < r->n; i++)
-        if (strcmp(r->t[i].name, r->t[i - 1].name) == 0) { glm_fail(err, "%s: tensor '%s' appears twice in weight_map", index_path, r->t[i].name); goto done; }
+    qsort(r->t, (size_t)r->n, sizeof *r->t, cmp_name); /* names are unique: io_index_load checked */
     rc = 0;
 done:
     free_tensors(ft, fn);
@@ -219,7 +204,7 @@ int tbin_open(tbin_reader **out, const char *path, glm_err *err) {
     size_t len = strlen(p);
     int rc;
     if (len >= 5 && strcmp(p + len - 5, ".json") == 0) rc = open_index(r, p, err);
-    else rc = add_file(r, p, err) < 0 ? -1 : parse_archive(p, r->fds[0], 0, &r->t, &r->n, err);
+    else rc = io_shards_open(&r->sh, p, err) < 0 ? -1 : parse_archive(p, r->sh.fds[0], 0, &r->t, &r->n, err);
     if (rc != 0) { tbin_close(r); return -1; }
     *out = r;
     return 0;
@@ -227,9 +212,7 @@ int tbin_open(tbin_reader **out, const char *path, glm_err *err) {
 
 void tbin_close(tbin_reader *r) {
     if (!r) return;
-    for (int i = 0; i < r->nfiles; i++) { close(r->fds[i]); free(r->paths[i]); }
-    free(r->paths);
-    free(r->fds);
+    io_shards_close(&r->sh);
     free_tensors(r->t, r->n);
     free(r);
 }
@@ -249,7 +232,7 @@ int tbin_info(const tbin_reader *r, const char *name, st_dtype *dtype, int *ndim
 static const tbin_tensor *lookup(tbin_reader *r, const char *name, glm_err *err) {
     const tbin_tensor *t = find_in(r->t, r->n, name);
     if (!t) {
-        glm_fail(err, "%s: tensor '%s' not found (%d tensors in the checkpoint)", r->nfiles ? r->paths[0] : "?", name, r->n);
+        glm_fail(err, "%s: tensor '%s' not found (%d tensors in the checkpoint)", r->sh.n ? r->sh.paths[0] : "?", name, r->n);
         glm_hint(err, "is this a checkpoint of the right model? list its tensors with `glmtrain info`");
     }
     return t;
@@ -272,7 +255,7 @@ static int gather(tbin_reader *r, const tbin_tensor *t, unsigned char *dst) {
     for (int d = 0; d < t->ndim; d++) last += (uint64_t)(t->shape[d] - 1) * (uint64_t)t->stride[d];
     unsigned char *span = malloc((size_t)((last + 1) * esz));
     if (!span) { errno = ENOMEM; return -1; }
-    if (io_pread_full(r->fds[t->file], span, (size_t)((last + 1) * esz), t->data_off) != 0) { free(span); return -1; }
+    if (io_pread_full(r->sh.fds[t->file], span, (size_t)((last + 1) * esz), t->data_off) != 0) { free(span); return -1; }
     int64_t idx[ST_MAX_DIMS] = {0};
     uint64_t off = 0;
     for (uint64_t i = 0; i < t->numel; i++) {
@@ -289,7 +272,7 @@ static int gather(tbin_reader *r, const tbin_tensor *t, unsigned char *dst) {
 }
 
 static int read_fail(tbin_reader *r, const tbin_tensor *t, glm_err *err) {
-    return glm_fail(err, "%s: tensor '%s': cannot read its data: %s", r->paths[t->file], t->name,
+    return glm_fail(err, "%s: tensor '%s': cannot read its data: %s", r->sh.paths[t->file], t->name,
                     errno ? strerror(errno) : "the file is shorter than its directory says (truncated?)");
 }
 
@@ -300,13 +283,13 @@ int tbin_read_f32(tbin_reader *r, const char *name, float *dst, int ndim, const 
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
     if (!same) {
         char a[160], b[160];
-        return glm_fail(err, "%s: tensor '%s' has shape %s, expected %s", r->paths[t->file], name, io_shape_str(a, sizeof a, t->ndim, t->shape),
+        return glm_fail(err, "%s: tensor '%s' has shape %s, expected %s", r->sh.paths[t->file], name, io_shape_str(a, sizeof a, t->ndim, t->shape),
                         io_shape_str(b, sizeof b, ndim, shape));
     }
-    if (!io_is_float(t->dtype)) return glm_fail(err, "%s: tensor '%s' has dtype %s, not a float type", r->paths[t->file], name, st_dtype_name(t->dtype));
+    if (!io_is_float(t->dtype)) return glm_fail(err, "%s: tensor '%s' has dtype %s, not a float type", r->sh.paths[t->file], name, st_dtype_name(t->dtype));
     if (t->numel == 0) return 0;
     errno = 0;
-    if (contiguous(t)) return io_read_f32(r->fds[t->file], t->data_off, t->dtype, (size_t)t->numel, dst) == 0 ? 0 : read_fail(r, t, err);
+    if (contiguous(t)) return io_read_f32(r->sh.fds[t->file], t->data_off, t->dtype, (size_t)t->numel, dst) == 0 ? 0 : read_fail(r, t, err);
     size_t esz = st_dtype_size(t->dtype);
     /* F32 gathers straight into dst; narrower types gather into the tail of dst, then widen
      * front to back (element i's source lies at or after byte i*4 of the output). */
@@ -322,10 +305,10 @@ int tbin_read_raw(tbin_reader *r, const char *name, st_dtype dtype, void *dst, s
     const tbin_tensor *t = lookup(r, name, err);
     if (!t) return -1;
     size_t esz = st_dtype_size(t->dtype);
-    if (t->dtype != dtype) return glm_fail(err, "%s: tensor '%s' has dtype %s, expected %s", r->paths[t->file], name, st_dtype_name(t->dtype), st_dtype_name(dtype));
-    if (t->numel * esz != bytes) return glm_fail(err, "%s: tensor '%s' holds %llu bytes, expected %zu", r->paths[t->file], name, (unsigned long long)(t->numel * esz), bytes);
+    if (t->dtype != dtype) return glm_fail(err, "%s: tensor '%s' has dtype %s, expected %s", r->sh.paths[t->file], name, st_dtype_name(t->dtype), st_dtype_name(dtype));
+    if (t->numel * esz != bytes) return glm_fail(err, "%s: tensor '%s' holds %llu bytes, expected %zu", r->sh.paths[t->file], name, (unsigned long long)(t->numel * esz), bytes);
     if (t->numel == 0) return 0;
     errno = 0;
-    int rc = contiguous(t) ? io_pread_full(r->fds[t->file], dst, bytes, t->data_off) : gather(r, t, dst);
+    int rc = contiguous(t) ? io_pread_full(r->sh.fds[t->file], dst, bytes, t->data_off) : gather(r, t, dst);
     return rc == 0 ? 0 : read_fail(r, t, err);
 }

@@ -285,6 +285,10 @@ static void test_bad_index(test_counts *tc) {
     j = "{\"weight_map\": [1]}";
     glm_write_file_atomic(p, j, strlen(j), &err);
     TEST_CHECK(tc, "st_err_index_no_weight_map", st_open(&r, p, &err) == -1 && strstr(err.msg, "weight_map"), "%s", err.msg);
+    j = "{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"a\": \"model-00002-of-00002.safetensors\"}}";
+    glm_write_file_atomic(p, j, strlen(j), &err);
+    TEST_CHECK(tc, "st_err_index_names_a_tensor_twice", st_open(&r, p, &err) == -1 && strstr(err.msg, "'a'") && strstr(err.msg, "twice"),
+               "%s", err.msg);
 }
 
 int main(void) {
