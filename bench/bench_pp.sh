@@ -44,23 +44,8 @@ if [ ! -x "$GLM" ]; then echo "bench_pp: $GLM not built"; exit 1; fi
 mkdir -p "$OUT/work"
 W="$OUT/work"
 
-# config and data as bench_dp.sh: every row truncates to the same 512-token shape
-python3 - "$W" <<'EOF'
-import json, random, sys
-w = sys.argv[1]
-json.dump({"model_type": "chatglm", "vocab_size": 130528, "hidden_size": 4096, "num_layers": 28,
-           "num_attention_heads": 32, "inner_hidden_size": 16384, "max_sequence_length": 2048,
-           "layernorm_epsilon": 1e-5, "position_encoding_2d": True, "tie_word_embeddings": False,
-           "bos_token_id": 130004, "eos_token_id": 130005, "mask_token_id": 130000,
-           "gmask_token_id": 130001, "pad_token_id": 3}, open(w + "/config.json", "w"))
-rng = random.Random(0)
-common = "的一是不了人我在有他这为之大来以个中上们到说国和地也子时道出而要于就下得可你年生自会那后能对着事其里所去行过家十用发天如然作方成者多日都三小军二无同么经法当起与好看学进种将还分此心前面又定见只主没公从"
-with open(w + "/w1.jsonl", "w", encoding="utf-8") as f:
-    for i in range(2048):
-        q = "".join(rng.choice(common) for _ in range(700))
-        a = "".join(rng.choice(common) for _ in range(700))
-        f.write(json.dumps({"instruction": q, "output": a}, ensure_ascii=False) + "\n")
-EOF
+# W1: ChatGLM-6B shapes (untied head) and rows that truncate to 256 + 256 tokens
+python3 "$(dirname "$0")/w1_data.py" "$W"
 
 {
     date -u

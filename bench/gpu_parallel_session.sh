@@ -19,8 +19,6 @@ timeout 30 "$GLM" env 2>&1 | tee "$OUT/env.txt" | tail -12
 demo_cfg() {
 python3 - <<'PY'
 import json
-tok = {}
-import re
 cfg = {"model_type": "chatglm", "vocab_size": 4032, "hidden_size": 512, "num_layers": 4, "num_attention_heads": 8,
        "inner_hidden_size": 2048, "max_sequence_length": 512, "layernorm_epsilon": 1e-5, "position_encoding_2d": True,
        "tie_word_embeddings": True, "mask_token_id": 4, "gmask_token_id": 5, "bos_token_id": 8, "eos_token_id": 9,
