@@ -84,15 +84,27 @@ void glm_model_reserve_flat(glm_model *m, size_t elems) {
     m->flat_cap = elems;
 }
 
+void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t N) {
+    glm_backend *be = m->be;
+    size_t es = glm_dtype_size(be->dtype), H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size;
+    size_t NH = m->cfg.num_attention_heads;
+    a->x = be->alloc(be, N * H * es); a->ln1_mean = be->alloc(be, N * 4); a->ln1_rstd = be->alloc(be, N * 4);
+    a->qkv = be->alloc(be, N * 3 * H * es); a->ctx = be->alloc(be, N * H * es); a->lse = be->alloc(be, N * NH * 4);
+    a->h1 = be->alloc(be, N * H * es); a->ln2_mean = be->alloc(be, N * 4); a->ln2_rstd = be->alloc(be, N * 4);
+    a->y = be->alloc(be, N * H * es); a->fc1 = be->alloc(be, N * F * es); a->act = be->alloc(be, N * F * es);
+}
+
+void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a) {
+    void *ptrs[] = {a->x, a->ln1_mean, a->ln1_rstd, a->qkv, a->ctx, a->lse, a->h1, a->ln2_mean, a->ln2_rstd, a->y, a->fc1, a->act};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) if (ptrs[i]) m->be->free(m->be, ptrs[i]);
+    *a = (glm_layer_acts){0};
+}
+
 static void free_acts(glm_model *m) {
     glm_backend *be = m->be;
     if (!m->acts) return;
     int nsets = m->gradient_checkpointing ? 1 : m->layer_hi - m->layer_lo;
-    for (int l = 0; l < nsets; l++) {
-        glm_layer_acts *a = &m->acts[l];
-        void *ptrs[] = {a->x, a->ln1_mean, a->ln1_rstd, a->qkv, a->ctx, a->lse, a->h1, a->ln2_mean, a->ln2_rstd, a->y, a->fc1, a->act};
-        for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) be->free(be, ptrs[i]);
-    }
+    for (int l = 0; l < nsets; l++) glm_layer_acts_free(m, &m->acts[l]);
     free(m->acts);
     for (int l = 0; l <= m->layer_hi - m->layer_lo; l++) be->free(be, m->resid[l]);
     free(m->resid);
@@ -158,21 +170,14 @@ static void ensure_acts(glm_model *m, int B, int T) {
     free_acts(m);
     glm_backend *be = m->be;
     size_t es = glm_dtype_size(be->dtype);
-    int H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size, NH = m->cfg.num_attention_heads;
-    int V = m->cfg.vocab_size;
+    int H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size, V = m->cfg.vocab_size;
     size_t N = (size_t)B * T;
 #define S_BUF(n) be->alloc(be, (size_t)(n) * es)
 #define F_BUF(n) ((float *)be->alloc(be, (size_t)(n) * sizeof(float)))
 #define I_BUF(n) ((int32_t *)be->alloc(be, (size_t)(n) * sizeof(int32_t)))
     int nl = m->layer_hi - m->layer_lo, nsets = m->gradient_checkpointing ? 1 : nl;
     m->acts = glm_calloc(nsets, sizeof *m->acts);
-    for (int l = 0; l < nsets; l++) {
-        glm_layer_acts *a = &m->acts[l];
-        a->x = S_BUF(N * H); a->ln1_mean = F_BUF(N); a->ln1_rstd = F_BUF(N);
-        a->qkv = S_BUF(N * 3 * H); a->ctx = S_BUF(N * H); a->lse = F_BUF(N * NH);
-        a->h1 = S_BUF(N * H); a->ln2_mean = F_BUF(N); a->ln2_rstd = F_BUF(N); a->y = S_BUF(N * H);
-        a->fc1 = S_BUF(N * F); a->act = S_BUF(N * F);
-    }
+    for (int l = 0; l < nsets; l++) glm_layer_acts_alloc(m, &m->acts[l], N);
     m->resid = glm_calloc(nl + 1, sizeof *m->resid);
     for (int l = 0; l <= nl; l++) m->resid[l] = S_BUF(N * H);
     m->lnf_out = S_BUF(N * H); m->lnf_mean = F_BUF(N); m->lnf_rstd = F_BUF(N);
@@ -224,18 +229,24 @@ static void qkv_views(const glm_model *m, void *qkv, int T, glm_qkv_view *q, glm
     *v = base; v->base = glm_at(m->be, qkv, 2 * HD);
 }
 
-static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *h_out) {
+void glm_block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
+                   const int32_t *block_pos) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
     const glm_layer_ptrs *p = &m->w.layer[l];
-    int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size, F = c->inner_hidden_size;
-    int NH = c->num_attention_heads, HD = glm_head_dim(c);
+    int H = c->hidden_size;
     be->layernorm_fwd(be, a->x, a->ln1_mean, a->ln1_rstd, h_in, p->ln1_w, p->ln1_b, N, H, c->layernorm_epsilon);
     be->matmul_fwd(be, a->qkv, a->x, p->qkv_w, p->qkv_b, N, H, 3 * H);
-    be->rope(be, a->qkv, m->bd.pos, m->bd.block_pos, N, NH, HD, 0);
-    glm_qkv_view q, k, v;
-    qkv_views(m, a->qkv, T, &q, &k, &v);
-    be->attention_fwd(be, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD, 1.0f / sqrtf((float)HD));
+    be->rope(be, a->qkv, pos, block_pos, N, c->num_attention_heads, glm_head_dim(c), 0);
+}
+
+void glm_block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                      const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
+    be->attention_fwd(be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
     be->matmul_fwd(be, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H);
     be->scale_add(be, a->h1, c->alpha, a->x, a->h1, (size_t)N * H);
     be->layernorm_fwd(be, a->y, a->ln2_mean, a->ln2_rstd, a->h1, p->ln2_w, p->ln2_b, N, H, c->layernorm_epsilon);
@@ -243,6 +254,14 @@ static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_
     be->gelu_fwd(be, a->act, a->fc1, (size_t)N * F);
     be->matmul_fwd(be, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H);
     be->scale_add(be, h_out, c->alpha, a->y, h_out, (size_t)N * H);
+}
+
+static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *h_out) {
+    int B = m->bd.B, T = m->bd.T;
+    glm_block_qkv(m, l, a, h_in, B * T, m->bd.pos, m->bd.block_pos);
+    glm_qkv_view q, k, v;
+    qkv_views(m, a->qkv, T, &q, &k, &v);
+    glm_block_finish(m, l, a, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, h_out);
 }
 
 static glm_layer_acts *acts_for(glm_model *m, int l) {

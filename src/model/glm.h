@@ -141,8 +141,8 @@ typedef struct glm_kvcache {
     /* work buffers for the new tokens of one call, kept between calls (a device free per
      * decode step would wait for the GPU each time); sized for cap_tokens tokens */
     int cap_tokens;
-    void *h, *h2, *x, *qkv_new, *ctx, *ff, *ff2, *rows, *logits;  /* S */
-    float *mean, *rstd, *lse;
+    glm_layer_acts a;   /* one block's buffers */
+    void *h, *h2, *rows, *logits;  /* S: block input/output (ping-pong), last rows, their logits */
     int32_t *ints;      /* ids, pos, block_pos, kv_lo, kv_hi, last-row index: [6 * cap_tokens] */
 } glm_kvcache;
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
@@ -162,6 +162,17 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
                              const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi, const float *h_in,
                              float *h_out, float *hidden_out, float *logits_out, glm_err *err);
 
+
+/* ---- one GLM block in two halves, shared by training (glm.c) and decoding (kvcache.c) ---- */
+void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t tokens);
+void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a);
+/* a->x = LN1(h_in); a->qkv = 2D-rotary(QKV(x)) for N tokens */
+void glm_block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
+                   const int32_t *block_pos);
+/* The rest from rotated q/k/v views (in a->qkv, or in a KV cache): attention over each query's
+ * [kv_lo, kv_hi) of Tk keys, dense, alpha residual, LN2, MLP, alpha residual into h_out. */
+void glm_block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                      const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out);
 
 /* ---- memory plan (model/glm.c): bytes the model will allocate, from the tensor table ---- */
 typedef struct glm_mem_plan {

@@ -16,10 +16,12 @@ void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax) {
         kv->qkv[l] = be->alloc(be, (size_t)B * Tmax * 3 * H * glm_dtype_size(be->dtype));
 }
 
-static void free_scratch(glm_backend *be, glm_kvcache *kv) {
-    void *bufs[] = {kv->h, kv->h2, kv->x, kv->qkv_new, kv->ctx, kv->ff, kv->ff2, kv->rows, kv->logits,
-                    kv->mean, kv->rstd, kv->lse, kv->ints};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(be, bufs[i]);
+static void free_scratch(const glm_model *m, glm_kvcache *kv) {
+    glm_layer_acts_free(m, &kv->a);
+    void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) m->be->free(m->be, bufs[i]);
+    kv->h = kv->h2 = kv->rows = kv->logits = NULL;
+    kv->ints = NULL;
     kv->cap_tokens = 0;
 }
 
@@ -27,22 +29,19 @@ static void free_scratch(glm_backend *be, glm_kvcache *kv) {
 static void ensure_scratch(glm_model *m, glm_kvcache *kv, int n) {
     if (n <= kv->cap_tokens) return;
     glm_backend *be = m->be;
-    free_scratch(be, kv);
+    free_scratch(m, kv);
     const glm_config *c = &m->cfg;
-    size_t es = glm_dtype_size(be->dtype), N = (size_t)n, H = c->hidden_size, F = c->inner_hidden_size;
-    kv->h = be->alloc(be, N * H * es); kv->h2 = be->alloc(be, N * H * es); kv->x = be->alloc(be, N * H * es);
-    kv->qkv_new = be->alloc(be, N * 3 * H * es); kv->ctx = be->alloc(be, N * H * es);
-    kv->ff = be->alloc(be, N * F * es); kv->ff2 = be->alloc(be, N * F * es);
+    size_t es = glm_dtype_size(be->dtype), N = (size_t)n, H = c->hidden_size;
+    glm_layer_acts_alloc(m, &kv->a, N);
+    kv->h = be->alloc(be, N * H * es); kv->h2 = be->alloc(be, N * H * es);
     kv->rows = be->alloc(be, (size_t)kv->B * H * es);
     kv->logits = be->alloc(be, (size_t)kv->B * c->vocab_size * es);
-    kv->mean = be->alloc(be, N * 4); kv->rstd = be->alloc(be, N * 4);
-    kv->lse = be->alloc(be, N * c->num_attention_heads * 4);
     kv->ints = be->alloc(be, N * 6 * 4);
     kv->cap_tokens = n;
 }
 
 void glm_kvcache_free(glm_model *m, glm_kvcache *kv) {
-    free_scratch(m->be, kv);
+    free_scratch(m, kv);
     for (int l = m->layer_lo; l < m->layer_hi; l++) m->be->free(m->be, kv->qkv[l]);
     free(kv->qkv);
     *kv = (glm_kvcache){0};
@@ -59,8 +58,8 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
                              float *h_out, float *hidden_out, float *logits_out, glm_err *err) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
-    int B = kv->B, N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size;
-    int NH = c->num_attention_heads, HD = glm_head_dim(c);
+    int B = kv->B, N = B * Tq, H = c->hidden_size, V = c->vocab_size;
+    int HD = glm_head_dim(c);
     if (kv->len + Tq > kv->Tmax)
         return glm_fail(err, "KV cache full: %d cached + %d new tokens > capacity %d", kv->len, Tq, kv->Tmax);
     for (int i = 0; i < N; i++) {
@@ -74,38 +73,30 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
     int32_t *d_last = d_hi + N;
     be->upload(be, d_ids, ids, Nb * 4); be->upload(be, d_pos, pos, Nb * 4); be->upload(be, d_bpos, block_pos, Nb * 4);
     be->upload(be, d_lo, kv_lo, Nb * 4); be->upload(be, d_hi, kv_hi, Nb * 4);
-    void *h = kv->h, *h2 = kv->h2, *x = kv->x, *qkv = kv->qkv_new, *ctx = kv->ctx, *ff = kv->ff, *ff2 = kv->ff2;
-    float *mean = kv->mean, *rstd = kv->rstd, *lse = kv->lse;
+    glm_layer_acts *a = &kv->a;
+    void *h = kv->h, *h2 = kv->h2;
     if (m->first) be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
     else be->upload_f32(be, h, h_in, Nb * H);
-    float scale = 1.0f / sqrtf((float)HD);
     for (int l = m->layer_lo; l < m->layer_hi; l++) {
-        const glm_layer_ptrs *p = &m->w.layer[l];
-        be->layernorm_fwd(be, x, mean, rstd, h, p->ln1_w, p->ln1_b, N, H, c->layernorm_epsilon);
-        be->matmul_fwd(be, qkv, x, p->qkv_w, p->qkv_b, N, H, 3 * H);
-        be->rope(be, qkv, d_pos, d_bpos, N, NH, HD, 0);
+        glm_block_qkv(m, l, a, h, N, d_pos, d_bpos);
         for (int b = 0; b < B; b++) /* append this row's new q|k|v rows to the cache */
             be->copy(be, glm_at(be, kv->qkv[l], ((size_t)b * kv->Tmax + kv->len) * 3 * H),
-                     glm_at(be, qkv, (size_t)b * Tq * 3 * H), (size_t)Tq * 3 * H * es);
+                     glm_at(be, a->qkv, (size_t)b * Tq * 3 * H), (size_t)Tq * 3 * H * es);
+        /* queries are the new rows; keys and values every cached row, read in place */
         long bs = (long)kv->Tmax * 3 * H;
         glm_qkv_view q = {glm_at(be, kv->qkv[l], (size_t)kv->len * 3 * H), bs, 3L * H, 3L * HD};
         glm_qkv_view k = {glm_at(be, kv->qkv[l], HD), bs, 3L * H, 3L * HD};
         glm_qkv_view v = {glm_at(be, kv->qkv[l], 2 * HD), bs, 3L * H, 3L * HD};
-        be->attention_fwd(be, ctx, lse, q, k, v, d_lo, d_hi, B, Tq, kv->len + Tq, NH, HD, scale);
-        be->matmul_fwd(be, h2, ctx, p->dense_w, p->dense_b, N, H, H);
-        be->scale_add(be, h2, c->alpha, x, h2, Nb * H);                      /* h1 */
-        be->layernorm_fwd(be, x, mean, rstd, h2, p->ln2_w, p->ln2_b, N, H, c->layernorm_epsilon); /* y */
-        be->matmul_fwd(be, ff, x, p->fc1_w, p->fc1_b, N, H, F);
-        be->gelu_fwd(be, ff2, ff, Nb * F);
-        be->matmul_fwd(be, h, ff2, p->fc2_w, p->fc2_b, N, F, H);
-        be->scale_add(be, h, c->alpha, x, h, Nb * H);
+        glm_block_finish(m, l, a, q, k, v, d_lo, d_hi, B, Tq, kv->len + Tq, h2);
+        void *t = h; h = h2; h2 = t;
     }
     if (!m->last) { /* a stage before the last hands its output on */
         be->download_f32(be, h_out, h, Nb * H);
         kv->len += Tq;
         return 0;
     }
-    be->layernorm_fwd(be, x, mean, rstd, h, m->w.lnf_w, m->w.lnf_b, N, H, c->layernorm_epsilon);
+    void *x = a->x; /* final norm output */
+    be->layernorm_fwd(be, x, a->ln1_mean, a->ln1_rstd, h, m->w.lnf_w, m->w.lnf_b, N, H, c->layernorm_epsilon);
     if (hidden_out) be->download_f32(be, hidden_out, x, Nb * H);
     if (logits_out) {
         int32_t *last = glm_malloc(sizeof(int32_t) * B);
