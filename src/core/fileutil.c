@@ -40,6 +40,26 @@ int glm_write_file_atomic(const char *path, const void *data, size_t len, glm_er
     return 0;
 }
 
+int glm_copy_file(const char *src, const char *dst, glm_err *err) {
+    size_t n;
+    char *buf = glm_read_file(src, &n, err);
+    if (!buf) return -1;
+    int rc = glm_write_file_atomic(dst, buf, n, err);
+    free(buf);
+    return rc;
+}
+
+int glm_copy_named_files(const char *from, const char *to, const char *const *names, int n, glm_err *err) {
+    char src[4096], dst[4096];
+    for (int i = 0; i < n; i++) {
+        glm_path_join(src, sizeof src, from, names[i]);
+        if (!glm_is_file(src)) continue;
+        glm_path_join(dst, sizeof dst, to, names[i]);
+        if (glm_copy_file(src, dst, err)) return -1;
+    }
+    return 0;
+}
+
 int glm_is_dir(const char *path) { struct stat st; return stat(path, &st) == 0 && S_ISDIR(st.st_mode); }
 int glm_is_file(const char *path) { struct stat st; return stat(path, &st) == 0 && S_ISREG(st.st_mode); }
 

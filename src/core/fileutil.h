@@ -8,6 +8,10 @@
 char *glm_read_file(const char *path, size_t *len, glm_err *err);
 /* Writes data to path atomically (path.tmp then rename). */
 int glm_write_file_atomic(const char *path, const void *data, size_t len, glm_err *err);
+/* Copies a file (atomically at dst). */
+int glm_copy_file(const char *src, const char *dst, glm_err *err);
+/* Copies those of names[0..n) that exist in folder `from` into folder `to`. */
+int glm_copy_named_files(const char *from, const char *to, const char *const *names, int n, glm_err *err);
 int glm_is_dir(const char *path);
 int glm_is_file(const char *path);
 /* dst = a + "/" + b (truncated to n). */

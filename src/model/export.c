@@ -125,22 +125,10 @@ static int write_config(const glm_config *c, const char *dir, const glm_export_o
 /* Tokenizer and remote-code files travel with the weights, so the folder loads as it is
  * (glmtrain, or transformers with trust_remote_code). */
 static int copy_files(const char *from, const char *dir, glm_err *err) {
-    static const char *names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json",
-                                  "special_tokens_map.json", "tokenization_chatglm.py", "configuration_chatglm.py",
-                                  "modeling_chatglm.py", "quantization.py", "generation_config.json"};
-    char src[4096], dst[4096];
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        glm_path_join(src, sizeof src, from, names[i]);
-        if (!glm_is_file(src)) continue;
-        size_t n;
-        char *data = glm_read_file(src, &n, err);
-        if (!data) return -1;
-        glm_path_join(dst, sizeof dst, dir, names[i]);
-        int rc = glm_write_file_atomic(dst, data, n, err);
-        free(data);
-        if (rc) return -1;
-    }
-    return 0;
+    static const char *const names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json",
+                                        "special_tokens_map.json", "tokenization_chatglm.py", "configuration_chatglm.py",
+                                        "modeling_chatglm.py", "quantization.py", "generation_config.json"};
+    return glm_copy_named_files(from, dir, names, (int)(sizeof names / sizeof names[0]), err);
 }
 
 static void shard_name(char *dst, size_t n, int i, int count) {

@@ -13,30 +13,15 @@
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
 int glm_remove_tree(const char *path) { return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
 
-static int copy_file(const char *src, const char *dst, glm_err *err) {
-    size_t n;
-    char *buf = glm_read_file(src, &n, err);
-    if (!buf) return -1;
-    int rc = glm_write_file_atomic(dst, buf, n, err);
-    free(buf);
-    return rc;
-}
-
 int glm_copy_tokenizer_files(const char *tok, const char *dir, glm_err *err) {
-    char src[4096], dst[4096];
     if (!glm_is_dir(tok)) {
+        char dst[4096];
         const char *base = strrchr(tok, '/');
         glm_path_join(dst, sizeof dst, dir, base ? base + 1 : tok);
-        return copy_file(tok, dst, err);
+        return glm_copy_file(tok, dst, err);
     }
-    const char *names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json"};
-    for (int i = 0; i < 3; i++) {
-        glm_path_join(src, sizeof src, tok, names[i]);
-        if (!glm_is_file(src)) continue;
-        glm_path_join(dst, sizeof dst, dir, names[i]);
-        if (copy_file(src, dst, err)) return -1;
-    }
-    return 0;
+    static const char *const names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json"};
+    return glm_copy_named_files(tok, dir, names, 3, err);
 }
 
 /* Optimizer state as named fp32 tensors, so it survives layout changes of the flat buffer and
