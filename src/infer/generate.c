@@ -117,20 +117,6 @@ int32_t glm_sample_next(float *logits, int V, const glm_gen_cfg *g, const uint8_
 
 /* ---------------------------------------------------------------- generation */
 
-/* Grows the cache to T tokens per row, keeping what it holds (the row stride changes). */
-static void kv_grow(glm_model *m, glm_kvcache *kv, int T) {
-    glm_backend *be = m->be;
-    size_t row = 3 * (size_t)m->cfg.hidden_size, es = glm_dtype_size(be->dtype);
-    for (int l = 0; l < m->cfg.num_layers; l++) {
-        void *n = be->alloc(be, (size_t)kv->B * T * row * es);
-        for (int b = 0; b < kv->B; b++)
-            be->copy(be, glm_at(be, n, (size_t)b * T * row), glm_at(be, kv->qkv[l], (size_t)b * kv->Tmax * row),
-                     (size_t)kv->len * row * es);
-        be->free(be, kv->qkv[l]);
-        kv->qkv[l] = n;
-    }
-    kv->Tmax = T;
-}
 
 /* The KV cache of either kind of model (glm_lm). */
 typedef struct gen_cache {
@@ -147,7 +133,7 @@ static int cache_len(const gen_cache *c) { return c->lm.pipe ? c->pc.len : c->kv
 static int cache_cap(const gen_cache *c) { return c->lm.pipe ? c->pc.Tmax : c->kv.Tmax; }
 static void cache_grow(gen_cache *c, int T) {
     if (c->lm.pipe) glm_pipe_cache_grow(c->lm.pipe, &c->pc, T);
-    else kv_grow(c->lm.m, &c->kv, T);
+    else glm_kvcache_grow(c->lm.m, &c->kv, T);
 }
 static int cache_forward(gen_cache *c, int Tq, const int32_t *ids, const int32_t *pos, const int32_t *bpos,
                          const int32_t *lo, const int32_t *hi, float *logits, glm_err *err) {

@@ -147,6 +147,8 @@ typedef struct glm_kvcache {
 } glm_kvcache;
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
 void glm_kvcache_free(glm_model *m, glm_kvcache *kv);
+/* Raises the capacity to Tmax tokens per row, keeping what is cached (the row stride changes). */
+void glm_kvcache_grow(glm_model *m, glm_kvcache *kv, int Tmax);
 /* Runs Tq new tokens per row through the model with the cache; ids/pos/block_pos are
  * [B*Tq] host arrays; kv_lo/kv_hi [B*Tq] are absolute key ranges in the cache. Writes the
  * final hidden states (after LNf) of all new tokens to hidden_out [B*Tq*H] (host, may be NULL)

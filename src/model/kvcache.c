@@ -6,6 +6,21 @@
 #include <string.h>
 #include "model/glm.h"
 
+void glm_kvcache_grow(glm_model *m, glm_kvcache *kv, int Tmax) {
+    if (Tmax <= kv->Tmax) return;
+    glm_backend *be = m->be;
+    size_t row = 3 * (size_t)m->cfg.hidden_size, es = glm_dtype_size(be->dtype);
+    for (int l = m->layer_lo; l < m->layer_hi; l++) {
+        void *n = be->alloc(be, (size_t)kv->B * Tmax * row * es);
+        for (int b = 0; b < kv->B; b++) /* rows keep their cached prefix; the row stride grows */
+            be->copy(be, glm_at(be, n, (size_t)b * Tmax * row), glm_at(be, kv->qkv[l], (size_t)b * kv->Tmax * row),
+                     (size_t)kv->len * row * es);
+        be->free(be, kv->qkv[l]);
+        kv->qkv[l] = n;
+    }
+    kv->Tmax = Tmax;
+}
+
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax) {
     glm_backend *be = m->be;
     int L = m->cfg.num_layers, H = m->cfg.hidden_size;

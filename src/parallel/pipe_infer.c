@@ -148,21 +148,9 @@ void glm_pipe_cache_init(glm_pipe_lm *lm, glm_pipe_cache *c, int B, int Tmax) {
 void glm_pipe_cache_grow(glm_pipe_lm *lm, glm_pipe_cache *c, int T) {
     if (T <= c->Tmax) return;
     int prev = current_device();
-    size_t row = 3 * (size_t)lm->cfg.hidden_size;
     for (int k = 0; k < lm->n; k++) {
-        glm_backend *be = lm->be[k];
-        glm_kvcache *kv = &c->kv[k];
-        size_t es = glm_dtype_size(be->dtype);
-        use(be);
-        for (int l = lm->st[k].layer_lo; l < lm->st[k].layer_hi; l++) {
-            void *n = be->alloc(be, (size_t)kv->B * T * row * es);
-            for (int b = 0; b < kv->B; b++) /* rows keep their cached prefix; the row stride grows */
-                be->copy(be, glm_at(be, n, (size_t)b * T * row), glm_at(be, kv->qkv[l], (size_t)b * kv->Tmax * row),
-                         (size_t)kv->len * row * es);
-            be->free(be, kv->qkv[l]);
-            kv->qkv[l] = n;
-        }
-        kv->Tmax = T;
+        use(lm->be[k]);
+        glm_kvcache_grow(&lm->st[k], &c->kv[k], T);
     }
     c->Tmax = T;
     restore_device(prev);
