@@ -12,7 +12,7 @@
 # Environment: GLM (default build/glmtrain, built with the CUDA backend; MPI is not needed),
 # TOKENIZER (a folder with ChatGLM-6B's ice_text.model; default ../shared/tokenizers/chatglm-6b,
 # else build/shared/tokenizers/chatglm-6b), OUT (logs and bench_dp.jsonl; default ./dp-out),
-# BUCKET_MB (default 100). Keep NCCL_NVLS_ENABLE=0 on the lent machines (set here).
+# BUCKET_MB (default 100), TAG (a label for the run names and records, e.g. for NCCL_* variants). Keep NCCL_NVLS_ENABLE=0 on the lent machines (set here).
 set -u
 export NCCL_NVLS_ENABLE=0
 GLM=${GLM:-build/glmtrain}
@@ -48,7 +48,7 @@ for B in $BATCHES; do
     for N in $GPUS; do
         for Z in $ZERO; do
             [ "$N" = 1 ] && [ "$Z" != "$(echo $ZERO | cut -d' ' -f1)" ] && continue # one 1-GPU run per batch size
-            name="w1-b${B}-n${N}-z${Z}"
+            name="w1-b${B}-n${N}-z${Z}${TAG:+-$TAG}"
             rm -rf "$W/$name"
             t0=$SECONDS
             timeout 900 "$GLM" train --init_from_config "$W/config.json" --tokenizer_name "$TOKENIZER" \
@@ -58,19 +58,25 @@ for B in $BATCHES; do
                 --disable_tqdm --nproc_per_node "$N" --zero_stage "$Z" --bucket_size_mb "$BUCKET_MB" \
                 >"$OUT/$name.log" 2>&1
             rc=$?
-            python3 - "$OUT/$name.log" "$N" "$B" "$Z" "$WARM" "$rc" "$((SECONDS - t0))" >>"$summary" <<'EOF'
+            python3 - "$OUT/$name.log" "$N" "$B" "$Z" "$WARM" "$rc" "$((SECONDS - t0))" "${TAG:-}" >>"$summary" <<'EOF'
 import ast, json, statistics, sys
-log, n, b, z, warm, rc, wall = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
-tps, ranks = [], ""
+log, n, b, z, warm, rc, wall, tag = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8]
+tps, ranks, step, phases = [], "", 0, []
 for line in open(log, errors="replace"):
     if line.startswith("{'loss'"):
         r = ast.literal_eval(line.strip())
-        if r["step"] > warm: tps.append(r["tokens_per_second"])
+        step = r["step"]
+        if step > warm: tps.append(r["tokens_per_second"])
     elif "ranks (fwd+bwd" in line:
         ranks = line.strip()
+    elif "step ms (" in line and step > warm:
+        # rank 0's phases: fwd+bwd / gradient reduction tail / norm / update
+        phases.append([float(x) for x in line.split("):", 1)[1].split("|")[0].split(":", 1)[1].split("/")])
 med = statistics.median(tps) if tps else 0.0
-rec = {"workload": "W1", "gpus": n, "micro_batch": int(b), "zero": int(z), "exit": rc, "wall_s": int(wall),
-       "tokens_per_s": round(med), "tokens_per_s_per_gpu": round(med / n), "steps_timed": len(tps), "ranks": ranks}
+ph = [round(statistics.median(p[i] for p in phases), 1) for i in range(4)] if phases else []
+rec = {"workload": "W1", "tag": tag, "gpus": n, "micro_batch": int(b), "zero": int(z), "exit": rc, "wall_s": int(wall),
+       "tokens_per_s": round(med), "tokens_per_s_per_gpu": round(med / n), "steps_timed": len(tps),
+       "rank0_ms_fwdbwd_tail_norm_update": ph, "ranks": ranks}
 print(json.dumps(rec))
 EOF
             tail -1 "$summary"

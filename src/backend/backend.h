@@ -26,6 +26,9 @@ typedef struct glm_qkv_view {
     long batch_stride, tok_stride, head_stride; /* in elements */
 } glm_qkv_view;
 
+/* A range of elements [lo, lo + n) of some buffer. */
+typedef struct glm_span { size_t lo, n; } glm_span;
+
 typedef struct glm_backend glm_backend;
 struct glm_backend {
     const char *name;   /* "cpu", "cuda:0" */
@@ -106,6 +109,9 @@ struct glm_backend {
     /* ---- optimizer ---- */
     /* sum of squares of x[n] (S), accumulated in double; result returned to the host */
     double (*sumsq)(glm_backend *be, const void *x, size_t n);
+    /* the same over k ranges x[s[i].lo, s[i].lo + s[i].n) with one wait for the host (e.g. a
+     * ZeRO shard: one piece of every gradient bucket); summed in the order given */
+    double (*sumsq_spans)(glm_backend *be, const void *x, const glm_span *s, int k);
     /* AdamW (PyTorch semantics) on n elements: g = grad * grad_scale; m = b1 m + (1-b1) g;
      * v = b2 v + (1-b2) g^2; p -= lr * (wd * p + (m / bc1) / (sqrt(v / bc2) + eps)), where p is the
      * fp32 master copy (master != NULL) written back to param in S, or param itself (fp32 backend,

@@ -42,7 +42,7 @@ int glm_comm_barrier(glm_comm *c, double timeout, const char *what, glm_err *err
 /* ---------------------------------------------------------------- single process */
 
 static int s_allreduce(glm_comm *c, void *b, size_t n, glm_cdtype t, const char *w, glm_err *e) { return 0; }
-static int s_reduce(glm_comm *c, void *b, size_t n, glm_cdtype t, int root, const char *w, glm_err *e) { return 0; }
+static int s_reduce_scatter(glm_comm *c, void *b, size_t n, glm_cdtype t, const char *w, glm_err *e) { return 0; }
 static int s_allgather(glm_comm *c, void *b, size_t n, glm_cdtype t, const char *w, glm_err *e) { return 0; }
 static int s_bcast(glm_comm *c, void *b, size_t n, glm_cdtype t, int root, const char *w, glm_err *e) { return 0; }
 static int s_wait(glm_comm *c, double timeout, glm_err *e) { return 0; }
@@ -62,7 +62,7 @@ glm_comm *glm_comm_single(void) {
     c->kind = "single";
     c->world = 1;
     c->allreduce = s_allreduce;
-    c->reduce = s_reduce;
+    c->reduce_scatter = s_reduce_scatter;
     c->allgather = s_allgather;
     c->gather = s_gather;
     c->bcast = s_bcast;

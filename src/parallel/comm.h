@@ -30,8 +30,9 @@ struct glm_comm {
 
     /* sum over ranks, in place */
     int (*allreduce)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err);
-    /* sum over ranks into buf on `root` (in place there; other ranks' buf is only read) */
-    int (*reduce)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, const char *what, glm_err *err);
+    /* in place over buf[world * n]: rank r's part buf[r*n, (r+1)*n) becomes the sum over ranks
+     * of that part; the rest of buf is left undefined */
+    int (*reduce_scatter)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err);
     /* in place: rank r contributes buf[r*n, (r+1)*n) and every rank receives all world*n */
     int (*allgather)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err);
     /* recv[r*n ...] on root = send of rank r (recv unused elsewhere) */
@@ -45,6 +46,9 @@ struct glm_comm {
     /* Host doubles summed over ranks, blocking (barrier = one zero). timeout as in wait. */
     int (*sum_host)(glm_comm *c, double *v, int n, double timeout, const char *what, glm_err *err);
     void (*close)(glm_comm *c);
+    /* optional (NULL: nothing to do): tells the library a long-lived buffer that collectives
+     * will use, so it can move data straight from and to it (NCCL user-buffer registration) */
+    void (*register_buffer)(glm_comm *c, void *buf, size_t bytes);
 };
 
 glm_comm *glm_comm_single(void);

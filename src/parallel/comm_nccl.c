@@ -30,6 +30,8 @@ typedef struct nccl_impl {
     op_rec *ops;
     int n, cap;
     double *dbuf, *hbuf; /* sum_host: device and pinned host */
+    void *reg[4];        /* user buffers registered with the communicator */
+    int nreg;
 } nccl_impl;
 
 static nccl_impl *IM(glm_comm *c) { return (nccl_impl *)c->impl; }
@@ -99,10 +101,11 @@ static int n_allreduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const ch
     return finish(c, r, "allreduce", what, err);
 }
 
-static int n_reduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, const char *what, glm_err *err) {
-    if (begin(c, "reduce", what, err)) return -1;
-    ncclResult_t r = ncclReduce(buf, buf, n, nccl_type(dt), ncclSum, root, IM(c)->comm, IM(c)->cs);
-    return finish(c, r, "reduce", what, err);
+static int n_reduce_scatter(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
+    if (begin(c, "reduce_scatter", what, err)) return -1;
+    char *mine = (char *)buf + (size_t)c->rank * n * glm_cdtype_size(dt);
+    ncclResult_t r = ncclReduceScatter(buf, mine, n, nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->cs);
+    return finish(c, r, "reduce_scatter", what, err);
 }
 
 static int n_allgather(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
@@ -136,6 +139,20 @@ static int n_bcast(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, co
 }
 
 static void n_poke(glm_comm *c) {} /* NCCL progresses on its own */
+
+/* User-buffer registration (GLMTRAIN_NCCL_REGISTER=1): lets NCCL's NVLink transport read and
+ * write the gradient and parameter buffers directly instead of through its own staging
+ * buffers. Off by default until measured better (docs/PERF.md); a failure only logs. */
+static void n_register(glm_comm *c, void *buf, size_t bytes) {
+    nccl_impl *im = IM(c);
+    const char *e = getenv("GLMTRAIN_NCCL_REGISTER");
+    if (!e || strcmp(e, "1") != 0 || c->broken || im->nreg == (int)(sizeof im->reg / sizeof im->reg[0])) return;
+    void *h = NULL;
+    ncclResult_t r = ncclCommRegister(im->comm, buf, bytes, &h);
+    for (double t0 = glm_now(); r == ncclInProgress && glm_now() - t0 < 60;) ncclCommGetAsyncError(im->comm, &r);
+    if (r != ncclSuccess) { glm_info("NCCL buffer registration: %s; continuing without", ncclGetErrorString(r)); return; }
+    im->reg[im->nreg++] = h;
+}
 
 static int n_wait(glm_comm *c, double timeout, glm_err *err) {
     nccl_impl *im = IM(c);
@@ -188,6 +205,7 @@ static void n_close(glm_comm *c) {
     if (c->broken) {
         abort_comm(c);
     } else {
+        for (int i = 0; i < im->nreg; i++) ncclCommDeregister(im->comm, im->reg[i]);
         ncclResult_t r = ncclCommFinalize(im->comm);
         glm_err e;
         if (settle(c, r, "finalize", "communicator", c->timeout, &e) == 0) ncclCommDestroy(im->comm);
@@ -234,7 +252,8 @@ int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *com
     cfg.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&im->comm, world, u, rank, &cfg);
     c->allreduce = n_allreduce;
-    c->reduce = n_reduce;
+    c->reduce_scatter = n_reduce_scatter;
+    c->register_buffer = n_register;
     c->allgather = n_allgather;
     c->gather = n_gather;
     c->bcast = n_bcast;

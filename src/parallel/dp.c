@@ -96,22 +96,45 @@ static int open_nccl(glm_dp *dp, glm_err *err) {
 
 /* ---------------------------------------------------------------- buckets */
 
-/* Starts the reduction of bucket i: one all-reduce, or (ZeRO-2) one reduce to the owner of
- * each shard the bucket touches. Every rank starts the same calls in the same order. */
+size_t glm_dp_piece(const glm_dp *dp, int rank, int i, size_t *lo, size_t *off) {
+    const glm_dp_bucket *b = &dp->b[i];
+    size_t n = (b->hi - b->lo) / (size_t)dp->world;
+    *lo = b->lo + (size_t)rank * n;
+    *off = b->lo / (size_t)dp->world; /* every bucket below this one gave 1/world of itself */
+    return n;
+}
+
+glm_span *glm_dp_shard_spans(const glm_dp *dp) {
+    glm_span *s = glm_malloc(sizeof *s * (size_t)dp->nb);
+    for (int i = dp->nb - 1, j = 0; i >= 0; i--, j++) {
+        size_t off;
+        s[j].n = glm_dp_piece(dp, dp->rank, i, &s[j].lo, &off);
+    }
+    return s;
+}
+
+double glm_dp_shard_sumsq(glm_dp *dp, size_t skip) {
+    glm_span *s = glm_dp_shard_spans(dp);
+    for (int j = 0; j < dp->nb; j++) {
+        size_t e = s[j].lo + s[j].n, lo = s[j].lo > skip ? s[j].lo : skip;
+        s[j] = (glm_span){lo, e > lo ? e - lo : 0};
+    }
+    double r = dp->m->be->sumsq_spans(dp->m->be, dp->m->grads, s, dp->nb);
+    free(s);
+    return r;
+}
+
+/* Starts the reduction of bucket i: an all-reduce (ZeRO-0) or a reduce-scatter that leaves
+ * each rank the sum of its own piece. Every rank starts the same calls in the same order. */
 static int start_bucket(glm_dp *dp, int i, glm_err *err) {
     glm_dp_bucket *b = &dp->b[i];
     glm_backend *be = dp->m->be;
     b->started = 1;
     char what[64];
     snprintf(what, sizeof what, "gradient bucket %d", i);
-    if (dp->cfg.zero_stage < 2)
-        return dp->comm->allreduce(dp->comm, glm_at(be, dp->m->grads, b->lo), b->hi - b->lo, dp->gdt, what, err);
-    for (int r = (int)(b->lo / dp->shard); r < dp->world && (size_t)r * dp->shard < b->hi; r++) {
-        size_t a = (size_t)r * dp->shard > b->lo ? (size_t)r * dp->shard : b->lo;
-        size_t e = (size_t)(r + 1) * dp->shard < b->hi ? (size_t)(r + 1) * dp->shard : b->hi;
-        if (dp->comm->reduce(dp->comm, glm_at(be, dp->m->grads, a), e - a, dp->gdt, r, what, err)) return -1;
-    }
-    return 0;
+    void *buf = glm_at(be, dp->m->grads, b->lo);
+    if (dp->cfg.zero_stage == 0) return dp->comm->allreduce(dp->comm, buf, b->hi - b->lo, dp->gdt, what, err);
+    return dp->comm->reduce_scatter(dp->comm, buf, (b->hi - b->lo) / (size_t)dp->world, dp->gdt, what, err);
 }
 
 static void on_grads_ready(void *ctx, size_t first) {
@@ -122,11 +145,13 @@ static void on_grads_ready(void *ctx, size_t first) {
     dp->comm->poke(dp->comm);
 }
 
+/* Buckets of at most bucket_mb from the end of the flat buffer; every size a multiple of
+ * ALIGN * world (padded is one), so each splits into world aligned pieces. */
 static void make_buckets(glm_dp *dp, size_t padded) {
-    size_t es = glm_cdtype_size(dp->gdt);
-    size_t cap = round_up((size_t)(dp->cfg.bucket_mb * 1048576.0 / es), ALIGN);
-    if (cap < ALIGN) cap = ALIGN;
-    if (cap > ((size_t)1 << 30)) cap = (size_t)1 << 30;
+    size_t es = glm_cdtype_size(dp->gdt), unit = ALIGN * (size_t)dp->world;
+    size_t cap = round_up((size_t)(dp->cfg.bucket_mb * 1048576.0 / es), unit);
+    if (cap > ((size_t)1 << 30)) cap = ((size_t)1 << 30) / unit * unit;
+    if (cap < unit) cap = unit;
     dp->nb = (int)((padded + cap - 1) / cap);
     dp->b = glm_calloc((size_t)dp->nb, sizeof *dp->b);
     for (int i = 0; i < dp->nb; i++) {
@@ -143,7 +168,7 @@ static void *alloc_zero(glm_backend *be, size_t bytes) {
     return p;
 }
 
-/* AdamW state for [lo, hi) only; the master copy starts from the (broadcast) weights. */
+/* AdamW state for this rank's shard only; the master copy starts from the (broadcast) weights. */
 static void init_sharded_opt(glm_dp *dp, glm_adamw *o, float lr, float b1, float b2, float eps, float wd) {
     glm_backend *be = dp->m->be;
     *o = (glm_adamw){.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd};
@@ -152,15 +177,14 @@ static void init_sharded_opt(glm_dp *dp, glm_adamw *o, float lr, float b1, float
     o->v = alloc_zero(be, bytes);
     if (be->dtype == GLM_F32) return;
     o->master = be->alloc(be, bytes);
-    void *src = glm_at(be, dp->m->params, dp->lo);
-    if (be->to_f32) {
-        be->to_f32(be, o->master, src, dp->shard);
-    } else {
-        float *host = glm_malloc(bytes);
-        be->download_f32(be, host, src, dp->shard);
-        be->upload(be, o->master, host, bytes);
-        free(host);
+    float *host = be->to_f32 ? NULL : glm_malloc(bytes);
+    for (int i = 0; i < dp->nb; i++) {
+        size_t lo, off, n = glm_dp_piece(dp, dp->rank, i, &lo, &off);
+        const void *src = glm_at(be, dp->m->params, lo);
+        if (host) be->download_f32(be, host + off, src, n);
+        else be->to_f32(be, o->master + off, src, n);
     }
+    if (host) { be->upload(be, o->master, host, bytes); free(host); }
 }
 
 int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, float b2, float eps, float wd,
@@ -188,12 +212,15 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     dp->comm->timeout = dp->cfg.timeout;
     dp->comm->interruptible = !dp->cfg.save_on_interrupt;
     dp->gdt = be->dtype == GLM_F32 ? GLM_C_F32 : be->dtype == GLM_BF16 ? GLM_C_BF16 : GLM_C_F16;
-    dp->shard = round_up((m->tab.total + (size_t)dp->world - 1) / (size_t)dp->world, ALIGN);
-    size_t padded = dp->shard * (size_t)dp->world;
+    size_t padded = round_up(m->tab.total, ALIGN * (size_t)dp->world);
+    dp->shard = padded / (size_t)dp->world;
     glm_model_reserve_flat(m, padded);
-    dp->lo = (size_t)dp->rank * dp->shard;
-    dp->hi = dp->lo + dp->shard;
     make_buckets(dp, padded);
+    if (dp->comm->register_buffer) {
+        size_t bytes = padded * glm_cdtype_size(dp->gdt);
+        dp->comm->register_buffer(dp->comm, m->params, bytes);
+        dp->comm->register_buffer(dp->comm, m->grads, bytes);
+    }
     /* the same start on every rank, whatever each rank's initialisation did */
     if (dp->comm->bcast(dp->comm, m->params, padded, dp->gdt, 0, "initial parameters", err) ||
         dp->comm->wait(dp->comm, -1, err))
@@ -244,9 +271,8 @@ int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
 int glm_dp_grad_norm(glm_dp *dp, float grad_scale, double *loss_sum, double *norm, glm_err *err) {
     glm_model *m = dp->m;
     if (dp->world == 1) { *norm = glm_grad_norm(m, grad_scale); return 0; }
-    /* each rank squares its shard (the only part ZeRO-2 reduced); padding is zero */
-    glm_backend *be = m->be;
-    double v[2] = {*loss_sum, be->sumsq(be, glm_at(be, m->grads, dp->lo), dp->shard)};
+    /* each rank squares its shard (under ZeRO the only part reduced there); padding is zero */
+    double v[2] = {*loss_sum, glm_dp_shard_sumsq(dp, 0)};
     if (dp->comm->sum_host(dp->comm, v, 2, -1, "loss and gradient norm", err)) return -1;
     *loss_sum = v[0];
     *norm = sqrt(v[1]) * grad_scale;
@@ -260,16 +286,23 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
     glm_backend *be = m->be;
     o->step++;
     float bc1 = 1.0f - powf(o->beta1, (float)o->step), bc2 = 1.0f - powf(o->beta2, (float)o->step);
-    /* the same per-element update as glm_adamw_step, on each tensor's part inside the shard */
-    for (int i = 0; i < m->tab.n; i++) {
-        const glm_tensor *t = &m->tab.t[i];
-        size_t a = t->offset > dp->lo ? t->offset : dp->lo, e = t->offset + t->numel < dp->hi ? t->offset + t->numel : dp->hi;
-        if (a >= e) continue;
-        size_t k = a - dp->lo;
-        be->adamw(be, glm_at(be, m->params, a), o->master ? o->master + k : NULL, glm_at(be, m->grads, a), o->m + k,
-                  o->v + k, e - a, lr, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2, grad_scale);
+    /* the same per-element update as glm_adamw_step on each tensor's part inside each piece, in
+     * flat order; a bucket's parameters are all-gathered as soon as its piece is updated */
+    for (int i = dp->nb - 1; i >= 0; i--) {
+        size_t lo, off, n = glm_dp_piece(dp, dp->rank, i, &lo, &off), hi = lo + n;
+        for (int j = 0; j < m->tab.n; j++) {
+            const glm_tensor *t = &m->tab.t[j];
+            size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+            if (a >= e) continue;
+            size_t k = off + (a - lo);
+            be->adamw(be, glm_at(be, m->params, a), o->master ? o->master + k : NULL, glm_at(be, m->grads, a), o->m + k,
+                      o->v + k, e - a, lr, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2,
+                      grad_scale);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "updated parameters of bucket %d", i);
+        if (dp->comm->allgather(dp->comm, glm_at(be, m->params, dp->b[i].lo), n, dp->gdt, what, err)) return -1;
     }
-    if (dp->comm->allgather(dp->comm, m->params, dp->shard, dp->gdt, "updated parameters", err)) return -1;
     return dp->comm->wait(dp->comm, -1, err);
 }
 

@@ -11,14 +11,16 @@
  * A bucket's reduction starts as soon as backward has passed its start, and only in the last
  * micro-batch of an accumulation step.
  *
- * ZeRO: the flat buffer is cut into `world` equal contiguous shards (padded to a multiple of
- * 64 * world elements, so any size shards). Stage 0 all-reduces gradients and every rank keeps
- * the full AdamW state. Stage 1 keeps AdamW state (moments, fp32 master) for the rank's shard
- * only, updates that shard and all-gathers the parameters. Stage 2 also reduces each gradient
- * only to the rank that owns it (a reduce per bucket-shard piece), halving gradient traffic;
- * the local full-size gradient buffer stays, since micro-batches accumulate into it.
+ * ZeRO: every bucket is cut into `world` equal pieces (buckets are padded to multiples of
+ * 64 * world elements, so any size shards) and rank r's shard is piece r of every bucket, so
+ * each bucket's reduction is spread over all ranks and links. Stage 0 all-reduces each bucket
+ * and every rank keeps the whole AdamW state. Stages 1 and 2 reduce-scatter each bucket (half
+ * the traffic of an all-reduce) and keep AdamW state (moments, fp32 master) for the shard only;
+ * the update runs piece by piece, each piece's parameter all-gather starting as soon as its
+ * update is done. Stage 2 is stage 1 here: the full-size local gradient buffer stays, since
+ * backward writes and micro-batches accumulate into it (docs/PARALLEL.md).
  * Checkpoints keep the single-process format: shards are gathered to rank 0 for saving and
- * each rank reads its own slice on load, so N ranks' checkpoints resume on M ranks. */
+ * each rank reads its own pieces on load, so N ranks' checkpoints resume on M ranks. */
 #ifndef GLM_PARALLEL_DP_H
 #define GLM_PARALLEL_DP_H
 #include "model/glm.h"
@@ -44,8 +46,8 @@ typedef struct glm_dp {
     glm_comm *boot;        /* MPI when an MPI launcher started us (== comm on CPU ranks) */
     glm_model *m;
     glm_adamw *opt;
-    int sharded;           /* ZeRO >= 1 with world > 1: opt->m/v/master hold [lo, hi) only */
-    size_t shard, lo, hi;  /* elements per rank; this rank's range of the flat buffer */
+    int sharded;           /* ZeRO >= 1 with world > 1: opt->m/v/master hold this rank's shard only */
+    size_t shard;          /* elements per rank: one piece of every bucket, in flat order */
     glm_cdtype gdt;        /* storage dtype of params/grads */
     glm_dp_bucket *b;      /* b[0] ends at the end of the flat buffer */
     int nb, armed, hook_failed;
@@ -53,6 +55,14 @@ typedef struct glm_dp {
     int saved_stderr;      /* ranks > 0 log to a file; the terminal's stderr kept here (-1) */
 } glm_dp;
 
+/* Piece `rank` of bucket i: flat elements [*lo, *lo + returned count), kept at offset *off of
+ * that rank's shard (pieces lie in the shard in flat order). */
+size_t glm_dp_piece(const glm_dp *dp, int rank, int i, size_t *lo, size_t *off);
+/* This rank's shard as flat ranges in ascending order (nb of them; free the result). */
+glm_span *glm_dp_shard_spans(const glm_dp *dp);
+/* Sum of squares of this rank's shard of the gradients, leaving out flat elements below skip
+ * (one wait for the host). */
+double glm_dp_shard_sumsq(glm_dp *dp, size_t skip);
 /* Reads the launcher's environment and joins an MPI job when there is one. */
 int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err);
 /* Ranks > 0 send stderr to <output_dir>/logs/rank-R.log. */

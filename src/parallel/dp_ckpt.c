@@ -1,7 +1,8 @@
 /* Checkpoints under data parallelism, in the single-process format (train/checkpoint.h):
  * without ZeRO every rank holds the same state and rank 0 writes it; with ZeRO the optimizer
  * shards are gathered to rank 0's host memory chunk by chunk (so no rank needs a full-size
- * device buffer), and on load each rank reads only its shard's slice of every tensor. */
+ * device buffer), each piece put back at its place in the flat layout, and on load each rank
+ * reads only its own pieces of every tensor. */
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
@@ -9,9 +10,18 @@
 
 #define CHUNK ((size_t)16 << 20) /* elements per rank gathered at once */
 
-/* shard (device, dp->shard floats) of every rank -> host[r * shard ...] on rank 0. */
-static int gather_to_host(glm_dp *dp, const float *shard, float *host, float *tmp, glm_err *err) {
+/* Rank r's shard elements [s0, s0 + n), found in src (device), to their flat places in host. */
+static void unshard(glm_dp *dp, int r, size_t s0, size_t n, const float *src, float *host) {
     glm_backend *be = dp->m->be;
+    for (int i = 0; i < dp->nb; i++) {
+        size_t lo, off, pn = glm_dp_piece(dp, r, i, &lo, &off);
+        size_t a = s0 > off ? s0 : off, e = s0 + n < off + pn ? s0 + n : off + pn;
+        if (a < e) be->download(be, host + lo + (a - off), src + (a - s0), (e - a) * sizeof(float));
+    }
+}
+
+/* shard (device, dp->shard floats) of every rank -> host (flat layout, dp->shard * world) on rank 0. */
+static int gather_to_host(glm_dp *dp, const float *shard, float *host, float *tmp, glm_err *err) {
     size_t S = dp->shard, C = S < CHUNK ? S : CHUNK;
     for (size_t c0 = 0; c0 < S; c0 += C) {
         size_t k = S - c0 < C ? S - c0 : C;
@@ -19,7 +29,7 @@ static int gather_to_host(glm_dp *dp, const float *shard, float *host, float *tm
             dp->comm->wait(dp->comm, -1, err))
             return -1;
         if (dp->rank == 0)
-            for (int r = 0; r < dp->world; r++) be->download(be, host + (size_t)r * S + c0, tmp + (size_t)r * k, k * sizeof(float));
+            for (int r = 0; r < dp->world; r++) unshard(dp, r, c0, k, tmp + (size_t)r * k, host);
     }
     return 0;
 }
@@ -70,8 +80,10 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) 
     glm_adamw *o = dp->opt;
     size_t S = dp->shard;
     float *host = glm_malloc(S * 3 * sizeof(float));
-    glm_opt_state os = {.lo = dp->lo, .hi = dp->hi, .m = host, .v = host + S, .master = o->master ? host + 2 * S : NULL};
+    glm_span *pieces = glm_dp_shard_spans(dp);
+    glm_opt_state os = {.span = pieces, .nspan = dp->nb, .m = host, .v = host + S, .master = o->master ? host + 2 * S : NULL};
     int rc = glm_checkpoint_load_state(dir, dp->m, &os, st, err);
+    free(pieces);
     if (rc == 0) {
         be->upload(be, o->m, os.m, S * sizeof(float));
         be->upload(be, o->v, os.v, S * sizeof(float));

@@ -4,19 +4,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define K 4 /* figures per rank */
+#define K 7 /* figures per rank */
 
-int glm_dp_stats(glm_dp *dp, glm_gpustat *gs, double compute_s, glm_rank_stat *out, glm_err *err) {
+int glm_dp_stats(glm_dp *dp, glm_gpustat *gs, const glm_step_phases *ph, glm_rank_stat *out, glm_err *err) {
     int W = dp->world;
     double *v = glm_calloc((size_t)W * K, sizeof *v);
     double *mine = v + (size_t)dp->rank * K;
-    mine[0] = compute_s;
+    mine[0] = ph->compute_s;
     glm_gpustat_read(gs, &mine[1], &mine[2], &mine[3]);
+    mine[4] = ph->tail_s;
+    mine[5] = ph->norm_s;
+    mine[6] = ph->update_s;
     if (!gs) mine[2] = glm_rss_bytes();
     /* every rank fills its own row; the sum over ranks is the gathered table */
     int rc = glm_dp_sum(dp, v, W * K, "per-rank statistics", err);
     for (int r = 0; r < W && rc == 0; r++)
-        out[r] = (glm_rank_stat){v[r * K], v[r * K + 1], v[r * K + 2], v[r * K + 3]};
+        out[r] = (glm_rank_stat){.compute_s = v[r * K], .util = v[r * K + 1], .mem = v[r * K + 2], .power = v[r * K + 3],
+                                 .tail_s = v[r * K + 4], .norm_s = v[r * K + 5], .update_s = v[r * K + 6]};
     free(v);
     return rc;
 }
@@ -57,4 +61,11 @@ void glm_dp_stats_format(int world, int gpu, const glm_rank_stat *s, char *line,
             wl += (size_t)snprintf(warn + wl, wn - wl, "%srank %d uses %.1f GiB of %s memory vs median %.1f GiB",
                                    wl ? "; " : "", r, s[r].mem / GiB, gpu ? "GPU" : "host", mm / GiB);
     }
+}
+
+void glm_dp_phases_format(int world, const glm_rank_stat *s, char *line, size_t n) {
+    size_t len = (size_t)snprintf(line, n, "[glmtrain] step ms (fwd+bwd / grad reduction tail / norm / update):");
+    for (int r = 0; r < world && len < n; r++)
+        len += (size_t)snprintf(line + len, n - len, "%s %d: %.1f / %.1f / %.1f / %.1f", r ? " |" : "", r, 1e3 * s[r].compute_s,
+                                1e3 * s[r].tail_s, 1e3 * s[r].norm_s, 1e3 * s[r].update_s);
 }

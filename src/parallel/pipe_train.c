@@ -236,8 +236,11 @@ int glm_pp_grad_norm(glm_pp *pp, float grad_scale, double *loss_sum, double *nor
     glm_dp *dp = pp->dp;
     /* each replica squares its shard (all of it without data parallelism); ZeRO-2 reduced only
      * that part, and the shards of a stage's replicas cover the stage once */
-    size_t lo = dp->world > 1 ? dp->lo : 0, hi = dp->world > 1 ? dp->hi : pp->pipe.m->tab.total;
-    double v[2] = {*loss_sum, glm_pipe_grad_sumsq(&pp->pipe, lo, hi, grad_scale)};
+    size_t skip = glm_pipe_grad_skip(&pp->pipe);
+    glm_backend *be = pp->pipe.m->be;
+    double ss = dp->world > 1 ? glm_dp_shard_sumsq(dp, skip)
+                              : be->sumsq(be, glm_at(be, pp->pipe.m->grads, skip), pp->pipe.m->tab.total - skip);
+    double v[2] = {*loss_sum, ss * (double)grad_scale * grad_scale};
     if (glm_pp_sum(pp, v, 2, 0, "loss and gradient norm", err)) return -1;
     *loss_sum = v[0];
     *norm = sqrt(v[1]);

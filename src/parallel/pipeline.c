@@ -224,13 +224,9 @@ int glm_pipe_owns_tensor(const glm_pipe *p, const glm_tensor *t) {
     return !(t->kind == T_WORD_EMB && tied_split(p) && !is_first(p));
 }
 
-double glm_pipe_grad_sumsq(glm_pipe *p, size_t lo, size_t hi, float grad_scale) {
-    glm_backend *be = p->m->be;
+size_t glm_pipe_grad_skip(const glm_pipe *p) {
     /* the last stage's tied copy is left out; it sits at the front of the flat buffer (the
      * table puts word_embeddings first) and the padding after it is zero */
     const glm_tensor *t = glm_table_get(&p->m->tab, -1, T_WORD_EMB);
-    size_t skip = t && !glm_pipe_owns_tensor(p, t) ? t->offset + t->numel : 0;
-    if (lo < skip) lo = skip;
-    double s = hi > lo ? be->sumsq(be, glm_at(be, p->m->grads, lo), hi - lo) : 0;
-    return s * (double)grad_scale * grad_scale;
+    return t && !glm_pipe_owns_tensor(p, t) ? t->offset + t->numel : 0;
 }

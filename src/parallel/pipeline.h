@@ -66,9 +66,9 @@ int glm_pipe_forward_backward(glm_pipe *p, const glm_batch *mb, int k, float dsc
 int glm_pipe_forward_loss(glm_pipe *p, const glm_batch *b, double *loss_sum, glm_err *err);
 /* Sums the tied head's gradient into both copies (no-op without a tied head split over stages). */
 int glm_pipe_reduce_tied(glm_pipe *p, glm_err *err);
-/* Sum of squares of this rank's gradients in flat elements [lo, hi) (times grad_scale^2),
- * leaving out the last stage's copy of a tied embedding. */
-double glm_pipe_grad_sumsq(glm_pipe *p, size_t lo, size_t hi, float grad_scale);
+/* The flat elements [0, skip) that the gradient norm leaves out: the last stage's copy of a
+ * tied embedding (0 otherwise). */
+size_t glm_pipe_grad_skip(const glm_pipe *p);
 /* Plain data parallel without ZeRO (tests, and the tool drivers): sums the gradients over this
  * stage's replicas. */
 int glm_pipe_dp_allreduce(glm_pipe *p, glm_err *err);

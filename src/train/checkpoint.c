@@ -47,12 +47,27 @@ static int save_optimizer(const char *path, glm_model *m, const glm_opt_state *o
     return rc;
 }
 
-/* Fills o's slice [lo, hi) (elements outside every tensor stay zero). A tensor that lies wholly
- * inside the slice is read in place; one cut by its edges goes through a scratch copy. */
+/* Copies the part of tensor t inside each of o's pieces from src (the whole tensor) into dst,
+ * where the pieces lie one after another. */
+static void copy_into_pieces(const glm_tensor *t, const glm_span *sp, int ns, const float *src, float *dst) {
+    size_t off = 0;
+    for (int j = 0; j < ns; off += sp[j].n, j++) {
+        size_t a = t->offset > sp[j].lo ? t->offset : sp[j].lo;
+        size_t e = t->offset + t->numel < sp[j].lo + sp[j].n ? t->offset + t->numel : sp[j].lo + sp[j].n;
+        if (a < e) memcpy(dst + off + (a - sp[j].lo), src + (a - t->offset), (e - a) * sizeof(float));
+    }
+}
+
+/* Fills o's pieces (elements outside every tensor stay zero). A tensor that lies wholly inside
+ * one piece is read in place; one cut by piece edges is read once into a scratch copy. */
 static int load_optimizer(const char *path, glm_model *m, glm_opt_state *o, glm_err *err) {
     st_reader *r;
     if (st_open(&r, path, err)) return -1;
-    size_t lo = o->lo, hi = o->hi, n = hi - lo;
+    glm_span one = {o->lo, o->hi - o->lo};
+    const glm_span *sp = o->nspan ? o->span : &one;
+    int ns = o->nspan ? o->nspan : 1;
+    size_t n = 0;
+    for (int j = 0; j < ns; j++) n += sp[j].n;
     const char *prefix[] = {"exp_avg/", "exp_avg_sq/", "master/"};
     float *dst[] = {o->m, o->v, o->master};
     float *scratch = NULL;
@@ -63,27 +78,23 @@ static int load_optimizer(const char *path, glm_model *m, glm_opt_state *o, glm_
         memset(dst[k], 0, n * sizeof(float));
         char name[160];
         snprintf(name, sizeof name, "%s%s", prefix[k], m->tab.t[0].name);
-        if (k == 2 && st_info(r, name, NULL, NULL, NULL) != 0) {
-            /* saved by an fp32 run: the master copy is the saved weights themselves */
-            for (int i = 0; i < m->tab.n; i++) {
-                const glm_tensor *t = &m->tab.t[i];
-                size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-                if (a < b) m->be->download_f32(m->be, dst[k] + (a - lo), glm_at(m->be, m->params, a), b - a);
-            }
-            continue;
-        }
+        int from_weights = k == 2 && st_info(r, name, NULL, NULL, NULL) != 0; /* saved by an fp32 run: master = weights */
         for (int i = 0; i < m->tab.n && rc == 0; i++) {
             const glm_tensor *t = &m->tab.t[i];
-            size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-            if (a >= b) continue;
-            snprintf(name, sizeof name, "%s%s", prefix[k], t->name);
-            if (a == t->offset && b - a == t->numel) {
-                rc = st_read_f32(r, name, dst[k] + (a - lo), t->ndim, t->shape, err);
-                continue;
+            int cut = 0, inside = -1;
+            size_t off = 0, at = 0;
+            for (int j = 0; j < ns; off += sp[j].n, j++) {
+                if (t->offset >= sp[j].lo + sp[j].n || t->offset + t->numel <= sp[j].lo) continue;
+                if (t->offset >= sp[j].lo && t->offset + t->numel <= sp[j].lo + sp[j].n) { inside = j; at = off + (t->offset - sp[j].lo); }
+                else cut = 1;
             }
+            if (inside < 0 && !cut) continue;
+            snprintf(name, sizeof name, "%s%s", prefix[k], t->name);
+            if (inside >= 0 && !from_weights) { rc = st_read_f32(r, name, dst[k] + at, t->ndim, t->shape, err); continue; }
             if (scratch_n < t->numel) { free(scratch); scratch_n = t->numel; scratch = glm_malloc(scratch_n * sizeof(float)); }
-            rc = st_read_f32(r, name, scratch, t->ndim, t->shape, err);
-            if (rc == 0) memcpy(dst[k] + (a - lo), scratch + (a - t->offset), (b - a) * sizeof(float));
+            if (from_weights) m->be->download_f32(m->be, scratch, glm_at(m->be, m->params, t->offset), t->numel);
+            else rc = st_read_f32(r, name, scratch, t->ndim, t->shape, err);
+            if (rc == 0) copy_into_pieces(t, sp, ns, scratch, dst[k]);
         }
     }
     free(scratch);

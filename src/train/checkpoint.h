@@ -21,13 +21,16 @@ typedef struct glm_train_state {
     char *log_history;    /* JSON array text of logged records (owned) */
 } glm_train_state;
 
-/* Optimizer state in host memory over the flat elements [lo, hi) of the tensor table's layout:
- * the whole model for one process, a ZeRO shard for one rank (parallel/dp.c). The file format
+/* Optimizer state in host memory over flat elements of the tensor table's layout: [lo, hi)
+ * (the whole model for one process), or when nspan > 0 the pieces span[0..nspan) one after
+ * another (a ZeRO shard: one piece of every gradient bucket, parallel/dp.h). The file format
  * is per tensor, so state saved by N ranks loads on M. */
 typedef struct glm_opt_state {
     size_t lo, hi;
-    float *m, *v;        /* [hi - lo] AdamW moments */
-    float *master;       /* [hi - lo] fp32 master weights; NULL when the run keeps none */
+    const glm_span *span; /* ascending, not overlapping; NULL: the one range [lo, hi) */
+    int nspan;
+    float *m, *v;        /* [elements held] AdamW moments */
+    float *master;       /* [elements held] fp32 master weights; NULL when the run keeps none */
     long step;           /* optimizer steps taken */
 } glm_opt_state;
 

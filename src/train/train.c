@@ -87,11 +87,13 @@ static int resume(trainer *t, glm_err *err) {
 
 /* One optimizer step over up to gradient_accumulation_steps micro-batches (fewer at the end
  * of an epoch). Returns the mean loss over the supervised tokens of the step's global batch
- * (every rank's share); sets *norm, *tokens (global). With measure, *compute_s is this rank's
- * forward+backward time (after a device sync). *stop: a rank got SIGINT/SIGTERM, and the step
- * was not taken (the data cursor is back where it was, for the checkpoint). */
+ * (every rank's share); sets *norm, *tokens (global). With measure, *ph gets this rank's
+ * phases of the step, each ended by a device sync: forward+backward, the gradient reduction
+ * still running after backward, the norm, the update (AdamW and ZeRO's parameter all-gather).
+ * *stop: a rank got SIGINT/SIGTERM, and the step was not taken (the data cursor is back where
+ * it was, for the checkpoint). */
 static double train_step(trainer *t, float lr, int measure, double *norm, double *tokens, int *skipped, int *stop,
-                         double *compute_s, glm_err *err) {
+                         glm_step_phases *ph, glm_err *err) {
     glm_train_args *a = t->a;
     glm_data_cursor c = glm_loader_cursor(t->train_ld);
     long left = t->micro_per_epoch - (long)c.step;
@@ -131,30 +133,36 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
             sum += glm_forward_backward(&t->m, &t->micro[i], (float)(scale / n_sup));
         }
     }
-    if (measure) { t->be->sync(t->be); *compute_s = glm_now() - t0; }
+    double t1 = 0, t2 = 0, t3 = 0;
+    if (measure) { t->be->sync(t->be); t1 = glm_now(); ph->compute_s = t1 - t0; }
     if (glm_dp_reduce_grads(t->dp, err)) return NAN;
+    if (measure) { t->be->sync(t->be); t2 = glm_now(); ph->tail_s = t2 - t1; }
     if (t->pp ? glm_pp_grad_norm(t->pp, (float)(1.0 / scale), &sum, norm, err)
               : glm_dp_grad_norm(t->dp, (float)(1.0 / scale), &sum, norm, err))
         return NAN;
+    if (measure) { t->be->sync(t->be); t3 = glm_now(); ph->norm_s = t3 - t2; }
     *skipped = 0;
     if (a->fp16 && glm_scaler_update(&t->scaler, *norm)) { *skipped = 1; return n_sup ? sum / n_sup : NAN; }
     if (n_sup > 0) {
         float coef = glm_clip_coef(*norm, (float)a->max_grad_norm);
         if (glm_dp_optimizer_step(t->dp, lr, (float)(coef / scale), err)) return NAN;
+        if (measure) { t->be->sync(t->be); ph->update_s = glm_now() - t3; }
     }
     t->st.tokens_seen += (double)n_sup;
     return n_sup ? sum / n_sup : NAN;
 }
 
-/* At logging steps: every rank's forward+backward time and GPU figures (collective). */
-static int log_rank_stats(trainer *t, double compute_s, glm_err *err) {
+/* At logging steps: every rank's step phases and GPU figures (collective). */
+static int log_rank_stats(trainer *t, const glm_step_phases *ph, glm_err *err) {
     int W = t->dp->world;
     if (W == 1 && !t->gs) return 0;
     glm_rank_stat *s = glm_calloc((size_t)W, sizeof *s);
-    int rc = glm_dp_stats(t->dp, t->gs, compute_s, s, err);
+    int rc = glm_dp_stats(t->dp, t->gs, ph, s, err);
     if (rc == 0 && t->dp->rank == 0) {
         char line[4096], warn[2048];
         glm_dp_stats_format(W, t->gs != NULL, s, line, sizeof line, warn, sizeof warn);
+        glm_progress_log(&t->prog, line);
+        glm_dp_phases_format(W, s, line, sizeof line);
         glm_progress_log(&t->prog, line);
         if (warn[0]) { snprintf(line, sizeof line, "[glmtrain] warning: %s", warn); glm_progress_log(&t->prog, line); }
         for (int r = 0; r < W && t->tb; r++) {
@@ -292,10 +300,11 @@ static int run(trainer *t, glm_err *err) {
         long next = t->st.global_step + 1;
         int log_now = next % a->logging_steps == 0 || (a->logging_first_step && next == 1) || next == t->total_steps;
         float lr = glm_lr_at(t->sched, (float)a->learning_rate, t->st.global_step, t->warmup, t->total_steps);
-        double norm = 0, tokens = 0, compute_s = 0;
+        double norm = 0, tokens = 0;
+        glm_step_phases ph = {0};
         int skipped = 0, stop = 0;
         glm_dp_set_step(t->dp, next);
-        double loss = train_step(t, lr, log_now, &norm, &tokens, &skipped, &stop, &compute_s, err);
+        double loss = train_step(t, lr, log_now, &norm, &tokens, &skipped, &stop, &ph, err);
         if (stop) return stop_on_signal(t, err);
         if (isnan(loss) && err->msg[0]) return -1;
         t->st.global_step++;
@@ -309,7 +318,7 @@ static int run(trainer *t, glm_err *err) {
         double now = glm_now();
         if (log_now) {
             log_train(t, n_acc ? loss_acc / n_acc : NAN, lr, norm, tok_acc / (now - t_log > 1e-9 ? now - t_log : 1e-9));
-            if (log_rank_stats(t, compute_s, err)) return -1;
+            if (log_rank_stats(t, &ph, err)) return -1;
             if (t->pp) {
                 char pl[1024];
                 if (glm_pp_stats(t->pp, a->gradient_accumulation_steps, pl, sizeof pl, err)) return -1;

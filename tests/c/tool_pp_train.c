@@ -187,7 +187,8 @@ static int run_pipeline(const opts *o, glm_comm *wc, glm_err *err) {
             glm_pipe_dp_allreduce(&p, err))
             return -1;
         /* replicas hold the same gradients now: replica 0 counts the norm, every last stage its loss */
-        double v[2] = {loss, p.replica == 0 ? glm_pipe_grad_sumsq(&p, 0, m.tab.total, 1.0f) : 0};
+        size_t skip = glm_pipe_grad_skip(&p);
+        double v[2] = {loss, p.replica == 0 ? m.be->sumsq(m.be, glm_at(m.be, m.grads, skip), m.tab.total - skip) : 0};
         if (world->sum_host(world, v, 2, "loss and norm", err)) return -1;
         double norm = sqrt(v[1]);
         glm_adamw_step(&opt, &m, LR, glm_clip_coef(norm, MAX_NORM));

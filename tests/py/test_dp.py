@@ -11,7 +11,7 @@ tokenizer of test_train.py:
     --save_on_interrupt stops every worker after writing a checkpoint;
   - a torchrun environment on CPU without MPI is a clear error.
 Prints PASS/FAIL/SKIP lines; SKIP when mpirun or an MPI build is missing."""
-import json, os, shutil, signal, subprocess, sys, tempfile, time
+import array, json, os, shutil, signal, struct, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
@@ -20,6 +20,21 @@ GLM = T.GLM
 MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
 results = []
+
+
+def st_read(path):
+    """The F32 tensors of a safetensors file as flat lists (format: u64 header size, JSON, data)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in head.items():
+        if name == "__metadata__" or info["dtype"] != "F32":
+            continue
+        a, b = info["data_offsets"]
+        out[name] = array.array("f", data[a:b]).tolist()
+    return out
 
 
 def report(name, ok, detail=""):
@@ -119,6 +134,20 @@ def main():
                     err, n = rel(losses(out), ref[acc])
                     report("dp_%dranks_zero%d_accum%d_matches_1rank" % (np_, zero, acc), n == 20 and err < 1e-6,
                            "max relative loss difference %.2e over %d steps" % (err, n))
+        # the optimizer state that ZeRO ranks gather for a checkpoint is the one-rank state, tensor
+        # by tensor (each rank's shard is one piece of every bucket: a wrong placement shows here)
+        want = st_read(os.path.join(d, "ref-acc1", "checkpoint-10", "optimizer.safetensors"))
+        for run_name in ("dp2-acc1-z1", "dp4-acc1-z2"):
+            got = st_read(os.path.join(d, run_name, "checkpoint-10", "optimizer.safetensors"))
+            worst, where = 0.0, ""
+            for name, ref_v in want.items():
+                g = got.get(name)
+                scale = max(max(abs(x) for x in ref_v), 1e-30)
+                e = float("inf") if g is None or len(g) != len(ref_v) else max(abs(a - b) for a, b in zip(g, ref_v)) / scale
+                if e > worst: worst, where = e, name
+            report("zero_checkpoint_state_matches_1rank_%s" % run_name, len(got) == len(want) and worst < 1e-4,
+                   "%d tensors, worst max-abs difference / max-abs %.2e (%s)" % (len(want), worst, where))
+
         # the run above logged every rank's figures and wrote the other ranks' logs
         out = os.path.join(d, "dp4-acc2-z2")
         report("dp_rank_logs_and_stats", all(os.path.exists(os.path.join(out, "logs", "rank-%d.log" % r)) for r in (1, 2, 3))

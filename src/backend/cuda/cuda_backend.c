@@ -20,6 +20,7 @@
 #define STAGE_ELEMS (16u << 20)     /* fp32 staging for host <-> S conversions */
 #define PROF_EVENTS 65536
 #define PROF_OPS 96
+#define SSQ_SPANS 256               /* sumsq_spans: result slots per download */
 
 typedef struct gemm_plan {
     int used;
@@ -40,7 +41,7 @@ typedef struct cuda_impl {
     void *scratch;
     size_t scratch_bytes;
     float *stage;
-    double *ssq; /* [GLMK_SUMSQ_BLOCKS + 1]: partials, then the result */
+    double *ssq; /* [GLMK_SUMSQ_BLOCKS + SSQ_SPANS]: partials, then one result per span */
     gemm_plan plans[GEMM_CACHE];
     int next_evict;
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
@@ -454,13 +455,25 @@ static void cu_scatter(glm_backend *be, void *out, const void *x, const int32_t 
     glmk_scatter_rows(be->dtype, out, x, idx, R, C, IM(be)->st);
     op_done(be, "scatter_rows");
 }
-static double cu_sumsq(glm_backend *be, const void *x, size_t n) {
+/* Each span's partials reduce into its own result slot (fixed order: deterministic); the
+ * slots come back in one download per SSQ_SPANS spans and are summed here in span order. */
+static double cu_sumsq_spans(glm_backend *be, const void *x, const glm_span *s, int k) {
     prof(be, GLM_PROF_OPTIM, "sumsq");
     cuda_impl *im = IM(be);
-    glmk_sumsq(be->dtype, x, n, im->ssq, im->ssq + GLMK_SUMSQ_BLOCKS, im->st);
-    double r = 0;
-    cu_download(be, &r, im->ssq + GLMK_SUMSQ_BLOCKS, sizeof r);
+    size_t es = glm_dtype_size(be->dtype);
+    double r = 0, part[SSQ_SPANS];
+    for (int i0 = 0; i0 < k; i0 += SSQ_SPANS) {
+        int n = k - i0 < SSQ_SPANS ? k - i0 : SSQ_SPANS;
+        for (int i = 0; i < n; i++)
+            glmk_sumsq(be->dtype, (const char *)x + s[i0 + i].lo * es, s[i0 + i].n, im->ssq, im->ssq + GLMK_SUMSQ_BLOCKS + i, im->st);
+        cu_download(be, part, im->ssq + GLMK_SUMSQ_BLOCKS, (size_t)n * sizeof(double));
+        for (int i = 0; i < n; i++) r += part[i];
+    }
     return r;
+}
+static double cu_sumsq(glm_backend *be, const void *x, size_t n) {
+    glm_span s = {0, n};
+    return cu_sumsq_spans(be, x, &s, 1);
 }
 static void cu_adamw(glm_backend *be, void *param, float *master, const void *grad, float *m, float *v, size_t n,
                      float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float gs) {
@@ -544,11 +557,11 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .embedding_fwd = cu_emb_fwd, .embedding_bwd = cu_emb_bwd, .layernorm_fwd = cu_ln_fwd, .layernorm_bwd = cu_ln_bwd,
         .matmul_fwd = cu_mm_fwd, .matmul_bwd = cu_mm_bwd, .rope = cu_rope, .attention_fwd = cu_attn_fwd,
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add,
-        .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq,
+        .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .adamw = cu_adamw, .destroy = cu_destroy, .to_f32 = cu_to_f32,
     };
     im->workspace = cu_alloc(be, WORKSPACE_BYTES);
-    im->ssq = cu_alloc(be, (GLMK_SUMSQ_BLOCKS + 1) * sizeof(double));
+    im->ssq = cu_alloc(be, (GLMK_SUMSQ_BLOCKS + SSQ_SPANS) * sizeof(double));
     return be;
 }
 #endif
