@@ -54,7 +54,7 @@ for B in $BATCHES; do
             timeout 900 "$GLM" train --init_from_config "$W/config.json" --tokenizer_name "$TOKENIZER" \
                 --train_file "$W/w1.jsonl" --output_dir "$W/$name" --overwrite_output_dir --bf16 \
                 --per_device_train_batch_size "$B" --max_source_length 256 --max_target_length 256 \
-                --learning_rate 1e-5 --max_steps "$STEPS" --logging_steps 1 --save_strategy no --report_to none \
+                --learning_rate 1e-5 --max_steps "$STEPS" --logging_steps 1 --save_strategy no --save_final_model false --report_to none \
                 --disable_tqdm --nproc_per_node "$N" --zero_stage "$Z" --bucket_size_mb "$BUCKET_MB" \
                 >"$OUT/$name.log" 2>&1
             rc=$?

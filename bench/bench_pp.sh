@@ -62,7 +62,7 @@ python3 "$(dirname "$0")/w1_data.py" "$W"
 common_flags() {
     echo --init_from_config "$W/config.json" --tokenizer_name "$TOKENIZER" --train_file "$W/w1.jsonl" \
         --overwrite_output_dir --bf16 --per_device_train_batch_size "$B" --max_source_length 256 \
-        --max_target_length 256 --learning_rate 1e-5 --logging_steps 1 --save_strategy no --report_to none --disable_tqdm
+        --max_target_length 256 --learning_rate 1e-5 --logging_steps 1 --save_strategy no --save_final_model false --report_to none --disable_tqdm
 }
 
 # check-train: the same small model (tied head, ChatGLM's vocabulary) on 1 GPU and as 2 stages

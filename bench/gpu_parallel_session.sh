@@ -54,7 +54,7 @@ for r in 0 1; do
     timeout 90 "$GLM" train --init_from_config "$W/config.json" --tokenizer_name build/shared/tokenizers/chatglm-6b \
         --train_file "$W/w1.jsonl" --output_dir "/tmp/w1-2node-r$r" --overwrite_output_dir --bf16 \
         --per_device_train_batch_size 8 --max_source_length 256 --max_target_length 256 --learning_rate 1e-5 \
-        --max_steps 10 --logging_steps 1 --save_strategy no --report_to none --disable_tqdm \
+        --max_steps 10 --logging_steps 1 --save_strategy no --save_final_model false --report_to none --disable_tqdm \
         --nnodes 2 --node_rank $r --nproc_per_node 1 --master_addr 127.0.0.1 --master_port 29533 \
         >"$OUT/w1-2node-r$r.log" 2>&1 &
 done

@@ -292,6 +292,8 @@ static int run(trainer *t, glm_err *err) {
     glm_info("training: %ld optimizer steps (%ld per epoch, %ld micro-batches of %d rows per epoch, accumulation %d), warmup %ld, schedule %s",
              t->total_steps, t->steps_per_epoch, t->micro_per_epoch, a->per_device_train_batch_size,
              a->gradient_accumulation_steps, t->warmup, a->lr_scheduler_type);
+    if (!a->save_final_model && strcmp(a->save_strategy, "no") == 0 && lead(t))
+        glm_info("--save_final_model false with --save_strategy no: nothing of this run will be saved");
     glm_progress_init(&t->prog, stderr, t->st.global_step, t->total_steps, a->disable_tqdm);
     double t_start = glm_now(), t_log = t_start, loss_acc = 0, tok_acc = 0, last_loss = NAN;
     long n_acc = 0;
@@ -349,6 +351,7 @@ static int run(trainer *t, glm_err *err) {
     }
     glm_progress_done(&t->prog);
     glm_info("trained %ld steps in %.1f s", t->st.global_step, glm_now() - t_start);
+    if (!a->save_final_model) return 0;
     return save_final(t, err);
 }
 

@@ -133,6 +133,16 @@ def main():
         train(base + ["--output_dir", out_c, "--max_steps", "8", "--save_steps", "2", "--save_total_limit", "2"])
         cks = sorted(n for n in os.listdir(out_c) if n.startswith("checkpoint-"))
         report("save_total_limit", cks == ["checkpoint-6", "checkpoint-8"], str(cks))
+        report("final_model_saved_beside_checkpoints", os.path.exists(os.path.join(out_c, "model.safetensors")))
+
+        # 3b. --save_final_model false: checkpoints only, and a note when nothing is saved at all
+        out_n = os.path.join(d, "n")
+        train(base + ["--output_dir", out_n, "--max_steps", "2", "--save_steps", "2", "--save_final_model", "false"])
+        p = train(base + ["--output_dir", os.path.join(d, "n2"), "--max_steps", "1", "--save_strategy", "no",
+                          "--save_final_model", "false"])
+        report("save_final_model_false", os.path.isdir(os.path.join(out_n, "checkpoint-2"))
+               and not os.path.exists(os.path.join(out_n, "model.safetensors")) and "nothing of this run will be saved" in p.stderr,
+               str(sorted(os.listdir(out_n))))
 
         # 4. an interrupted save (tmp folder, or a folder without trainer_state.json) is never resumed
         os.makedirs(os.path.join(out_c, "tmp-checkpoint-10"))
