@@ -12,7 +12,7 @@
 # Environment: GLM (default build/glmtrain, built with the CUDA backend; MPI is not needed),
 # TOKENIZER (a folder with ChatGLM-6B's ice_text.model; default ../shared/tokenizers/chatglm-6b,
 # else build/shared/tokenizers/chatglm-6b), OUT (logs and bench_dp.jsonl; default ./dp-out),
-# BUCKET_MB (default 100), TAG (a label for the run names and records, e.g. for NCCL_* variants). Keep NCCL_NVLS_ENABLE=0 on the lent machines (set here).
+# BUCKET_MB (default 400), RUN_TIMEOUT (seconds per run, default 900), TAG (a label for the run names and records, e.g. for NCCL_* variants). Keep NCCL_NVLS_ENABLE=0 on the lent machines (set here).
 set -u
 export NCCL_NVLS_ENABLE=0
 GLM=${GLM:-build/glmtrain}
@@ -22,7 +22,7 @@ BATCHES=${BATCHES:-4 8}
 ZERO=${ZERO:-0 1}
 STEPS=${STEPS:-12}
 WARM=${WARM:-3}
-BUCKET_MB=${BUCKET_MB:-100}
+BUCKET_MB=${BUCKET_MB:-400}
 TOKENIZER=${TOKENIZER:-}
 for t in "$TOKENIZER" ../shared/tokenizers/chatglm-6b build/shared/tokenizers/chatglm-6b; do
     if [ -n "$t" ] && [ -f "$t/ice_text.model" ]; then TOKENIZER=$t; break; fi
@@ -51,7 +51,7 @@ for B in $BATCHES; do
             name="w1-b${B}-n${N}-z${Z}${TAG:+-$TAG}"
             rm -rf "$W/$name"
             t0=$SECONDS
-            timeout 900 "$GLM" train --init_from_config "$W/config.json" --tokenizer_name "$TOKENIZER" \
+            timeout "${RUN_TIMEOUT:-900}" "$GLM" train --init_from_config "$W/config.json" --tokenizer_name "$TOKENIZER" \
                 --train_file "$W/w1.jsonl" --output_dir "$W/$name" --overwrite_output_dir --bf16 \
                 --per_device_train_batch_size "$B" --max_source_length 256 --max_target_length 256 \
                 --learning_rate 1e-5 --max_steps "$STEPS" --logging_steps 1 --save_strategy no --save_final_model false --report_to none \

@@ -114,6 +114,17 @@ def make_batch(B, T, dev):
     return [t.to(dev) for t in (ids, pos, bpos, mask, sup_idx, flat[sup_idx])]
 
 
+def train_step(model, opt, batch, device_type="cuda"):
+    """One optimizer step: bf16-autocast forward, backward, clip the grad norm to 1, AdamW."""
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        loss = model(*batch)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", default="512x8")
@@ -141,13 +152,7 @@ def main():
         batch = make_batch(B, T, dev)
 
         def step():
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(*batch)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            return loss
+            return train_step(model, opt, batch)
 
         first = None
         for i in range(a.warmup):

@@ -46,6 +46,7 @@ static int s_reduce_scatter(glm_comm *c, void *b, size_t n, glm_cdtype t, const 
 static int s_allgather(glm_comm *c, void *b, size_t n, glm_cdtype t, const char *w, glm_err *e) { return 0; }
 static int s_bcast(glm_comm *c, void *b, size_t n, glm_cdtype t, int root, const char *w, glm_err *e) { return 0; }
 static int s_wait(glm_comm *c, double timeout, glm_err *e) { return 0; }
+static int s_fence(glm_comm *c, int k, glm_err *e) { return 0; }
 static void s_poke(glm_comm *c) {}
 static int s_sum_host(glm_comm *c, double *v, int n, double timeout, const char *w, glm_err *e) { return 0; }
 static void s_close(glm_comm *c) { free(c); }
@@ -67,6 +68,7 @@ glm_comm *glm_comm_single(void) {
     c->gather = s_gather;
     c->bcast = s_bcast;
     c->wait = s_wait;
+    c->fence = s_fence;
     c->poke = s_poke;
     c->sum_host = s_sum_host;
     c->close = s_close;

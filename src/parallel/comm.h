@@ -26,6 +26,8 @@ struct glm_comm {
     long step;          /* the training step, named in error messages */
     int interruptible;  /* a pending SIGINT/SIGTERM ends a wait (off with --save_on_interrupt) */
     int broken;         /* a collective failed or timed out */
+    int detached;       /* collectives started now need nothing queued on the compute stream
+                         * since the last wait (their data is final): they may start at once */
     void *impl;
 
     /* sum over ranks, in place */
@@ -41,6 +43,10 @@ struct glm_comm {
     int (*bcast)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, const char *what, glm_err *err);
     /* Completes everything started. timeout: < 0 uses c->timeout, 0 waits without limit. */
     int (*wait)(glm_comm *c, double timeout, glm_err *err);
+    /* Work queued on the compute stream from now on runs after collective number k (counting
+     * from 0 since the last wait) has completed. NCCL: a device-side wait, the host does not
+     * block; MPI: completes everything started. Hangs are still caught by the next wait. */
+    int (*fence)(glm_comm *c, int k, glm_err *err);
     /* Lets started collectives progress without waiting (MPI has no progress thread). */
     void (*poke)(glm_comm *c);
     /* Host doubles summed over ranks, blocking (barrier = one zero). timeout as in wait. */

@@ -183,6 +183,8 @@ static int m_wait(glm_comm *c, double timeout, glm_err *err) {
     return rc;
 }
 
+static int m_fence(glm_comm *c, int k, glm_err *err) { return IM(c)->n ? m_wait(c, -1, err) : 0; }
+
 static int m_sum_host(glm_comm *c, double *v, int n, double timeout, const char *what, glm_err *err) {
     if (m_allreduce(c, v, (size_t)n, GLM_C_F64, what, err)) return -1;
     return m_wait(c, timeout, err);
@@ -226,6 +228,7 @@ int glm_comm_mpi(glm_comm **out, glm_err *err) {
     c->gather = m_gather;
     c->bcast = m_bcast;
     c->wait = m_wait;
+    c->fence = m_fence;
     c->poke = m_poke;
     c->sum_host = m_sum_host;
     c->close = m_close;

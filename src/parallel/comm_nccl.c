@@ -74,6 +74,7 @@ static int settle(glm_comm *c, ncclResult_t r, const char *op, const char *what,
 static int begin(glm_comm *c, const char *op, const char *what, glm_err *err) {
     if (c->broken) return glm_comm_fail_broken(c, op, what, err);
     nccl_impl *im = IM(c);
+    if (c->detached) return 0;
     cudaEventRecord(im->ready, im->compute);
     cudaStreamWaitEvent(im->cs, im->ready, 0);
     return 0;
@@ -140,13 +141,15 @@ static int n_bcast(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, co
 
 static void n_poke(glm_comm *c) {} /* NCCL progresses on its own */
 
-/* User-buffer registration (GLMTRAIN_NCCL_REGISTER=1): lets NCCL's NVLink transport read and
- * write the gradient and parameter buffers directly instead of through its own staging
- * buffers. Off by default until measured better (docs/PERF.md); a failure only logs. */
+/* User-buffer registration: lets NCCL's NVLink transport read and write the gradient and
+ * parameter buffers directly instead of through its own staging buffers (the ZeRO all-gather
+ * of a W1 step: 45 -> 39 ms, docs/PERF.md). cudaMalloc'd buffers need NCCL_LOCAL_REGISTER and
+ * NCCL_LEGACY_CUDA_REGISTER, set at communicator creation unless the user set them.
+ * GLMTRAIN_NCCL_REGISTER=0 turns it off; a failure only logs. */
 static void n_register(glm_comm *c, void *buf, size_t bytes) {
     nccl_impl *im = IM(c);
     const char *e = getenv("GLMTRAIN_NCCL_REGISTER");
-    if (!e || strcmp(e, "1") != 0 || c->broken || im->nreg == (int)(sizeof im->reg / sizeof im->reg[0])) return;
+    if ((e && strcmp(e, "0") == 0) || c->broken || im->nreg == (int)(sizeof im->reg / sizeof im->reg[0])) return;
     void *h = NULL;
     ncclResult_t r = ncclCommRegister(im->comm, buf, bytes, &h);
     for (double t0 = glm_now(); r == ncclInProgress && glm_now() - t0 < 60;) ncclCommGetAsyncError(im->comm, &r);
@@ -184,6 +187,13 @@ static int n_wait(glm_comm *c, double timeout, glm_err *err) {
     else if (im->n) cudaStreamWaitEvent(im->compute, im->ops[im->n - 1].done, 0);
     im->n = 0;
     return rc;
+}
+
+static int n_fence(glm_comm *c, int k, glm_err *err) {
+    nccl_impl *im = IM(c);
+    if (k < 0 || k >= im->n) return glm_fail(err, "rank %d: fence on collective %d of %d started", c->rank, k, im->n);
+    cudaStreamWaitEvent(im->compute, im->ops[k].done, 0);
+    return 0;
 }
 
 static int n_sum_host(glm_comm *c, double *v, int n, double timeout, const char *what, glm_err *err) {
@@ -231,6 +241,8 @@ int glm_nccl_unique_id(void *id, glm_err *err) {
 int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *compute_stream, double timeout,
                   glm_err *err) {
     setenv("NCCL_NVLS_ENABLE", "0", 0); /* never NVLink multicast on the lent machines (DESIGN.md) */
+    setenv("NCCL_LOCAL_REGISTER", "1", 0);       /* user buffers (n_register) ... */
+    setenv("NCCL_LEGACY_CUDA_REGISTER", "1", 0); /* ... allocated with cudaMalloc */
     glm_comm *c = glm_calloc(1, sizeof *c);
     nccl_impl *im = glm_calloc(1, sizeof *im);
     c->kind = "nccl";
@@ -239,7 +251,12 @@ int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *com
     c->timeout = timeout;
     c->impl = im;
     im->compute = (cudaStream_t)compute_stream;
-    if (cudaStreamCreateWithFlags(&im->cs, cudaStreamNonBlocking) != cudaSuccess ||
+    /* the collectives' stream has the highest priority: a collective kernel gets SMs as soon as
+     * any free up, so a ZeRO piece's all-gather runs beside the AdamW of the next piece
+     * (docs/PERF.md: -3 ms per W1 step) */
+    int lo_prio = 0, hi_prio = 0;
+    cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio);
+    if (cudaStreamCreateWithPriority(&im->cs, cudaStreamNonBlocking, hi_prio) != cudaSuccess ||
         cudaEventCreateWithFlags(&im->ready, cudaEventDisableTiming) != cudaSuccess ||
         cudaMalloc((void **)&im->dbuf, sizeof(double) * HOST_MAX) != cudaSuccess ||
         cudaMallocHost((void **)&im->hbuf, sizeof(double) * HOST_MAX) != cudaSuccess) {
@@ -258,6 +275,7 @@ int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *com
     c->gather = n_gather;
     c->bcast = n_bcast;
     c->wait = n_wait;
+    c->fence = n_fence;
     c->poke = n_poke;
     c->sum_host = n_sum_host;
     c->close = n_close;

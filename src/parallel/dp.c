@@ -124,25 +124,26 @@ double glm_dp_shard_sumsq(glm_dp *dp, size_t skip) {
     return r;
 }
 
-/* Starts the reduction of bucket i: an all-reduce (ZeRO-0) or a reduce-scatter that leaves
- * each rank the sum of its own piece. Every rank starts the same calls in the same order. */
+/* Starts the reduction of bucket i: a reduce-scatter that leaves each rank the sum of its own
+ * piece (ZeRO-0 all-gathers the sums back in the update, glm_dp_optimizer_step). Every rank
+ * starts the same calls in the same order. */
 static int start_bucket(glm_dp *dp, int i, glm_err *err) {
     glm_dp_bucket *b = &dp->b[i];
-    glm_backend *be = dp->m->be;
     b->started = 1;
     char what[64];
     snprintf(what, sizeof what, "gradient bucket %d", i);
-    void *buf = glm_at(be, dp->m->grads, b->lo);
-    if (dp->cfg.zero_stage == 0) return dp->comm->allreduce(dp->comm, buf, b->hi - b->lo, dp->gdt, what, err);
-    return dp->comm->reduce_scatter(dp->comm, buf, (b->hi - b->lo) / (size_t)dp->world, dp->gdt, what, err);
+    return dp->comm->reduce_scatter(dp->comm, glm_at(dp->m->be, dp->m->grads, b->lo), (b->hi - b->lo) / (size_t)dp->world,
+                                    dp->gdt, what, err);
 }
 
 static void on_grads_ready(void *ctx, size_t first) {
     glm_dp *dp = ctx;
     if (!dp->armed || dp->hook_failed) return;
+    double t0 = glm_now();
     for (int i = 0; i < dp->nb && dp->b[i].lo >= first; i++)
         if (!dp->b[i].started && start_bucket(dp, i, &dp->hook_err)) { dp->hook_failed = 1; return; }
     dp->comm->poke(dp->comm);
+    dp->hook_s += glm_now() - t0;
 }
 
 /* Buckets of at most bucket_mb from the end of the flat buffer; every size a multiple of
@@ -193,7 +194,6 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     dp->opt = opt;
     glm_backend *be = m->be;
     if (dp->world == 1) {
-        if (dp->cfg.zero_stage > 0) glm_info("--zero_stage %d has nothing to shard on one rank", dp->cfg.zero_stage);
         glm_adamw_init(opt, m, lr, b1, b2, eps, wd);
         return 0;
     }
@@ -259,6 +259,8 @@ void glm_dp_micro_begin(glm_dp *dp, int last) { dp->armed = dp->world > 1 && las
 int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
     if (dp->world == 1) return 0;
     dp->armed = 0;
+    if (getenv("GLMTRAIN_DP_DEBUG") && dp->rank == 0) glm_info("backward: host time in bucket starts %.2f ms", 1e3 * dp->hook_s);
+    dp->hook_s = 0;
     int rc = 0;
     if (dp->hook_failed) { *err = dp->hook_err; rc = -1; }
     for (int i = 0; i < dp->nb && rc == 0; i++)
@@ -279,31 +281,64 @@ int glm_dp_grad_norm(glm_dp *dp, float grad_scale, double *loss_sum, double *nor
     return 0;
 }
 
+/* AdamW (glm_adamw_step's per-element update) on each tensor's part inside flat [lo, hi); the
+ * optimizer state of flat element a sits at index k0 + (a - lo). */
+static void adamw_range(glm_dp *dp, size_t lo, size_t hi, size_t k0, float lr, float gs, float bc1, float bc2) {
+    glm_model *m = dp->m;
+    glm_adamw *o = dp->opt;
+    glm_backend *be = m->be;
+    for (int j = 0; j < m->tab.n; j++) {
+        const glm_tensor *t = &m->tab.t[j];
+        size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+        if (a >= e) continue;
+        size_t k = k0 + (a - lo);
+        be->adamw(be, glm_at(be, m->params, a), o->master ? o->master + k : NULL, glm_at(be, m->grads, a), o->m + k,
+                  o->v + k, e - a, lr, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2, gs);
+    }
+}
+
 int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) {
     glm_model *m = dp->m;
     glm_adamw *o = dp->opt;
-    if (!dp->sharded) { glm_adamw_step(o, m, lr, grad_scale); return 0; }
+    if (dp->world == 1) { glm_adamw_step(o, m, lr, grad_scale); return 0; }
     glm_backend *be = m->be;
     o->step++;
     float bc1 = 1.0f - powf(o->beta1, (float)o->step), bc2 = 1.0f - powf(o->beta2, (float)o->step);
-    /* the same per-element update as glm_adamw_step on each tensor's part inside each piece, in
-     * flat order; a bucket's parameters are all-gathered as soon as its piece is updated */
-    for (int i = dp->nb - 1; i >= 0; i--) {
-        size_t lo, off, n = glm_dp_piece(dp, dp->rank, i, &lo, &off), hi = lo + n;
-        for (int j = 0; j < m->tab.n; j++) {
-            const glm_tensor *t = &m->tab.t[j];
-            size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-            if (a >= e) continue;
-            size_t k = off + (a - lo);
-            be->adamw(be, glm_at(be, m->params, a), o->master ? o->master + k : NULL, glm_at(be, m->grads, a), o->m + k,
-                      o->v + k, e - a, lr, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2,
-                      grad_scale);
+    double t0 = glm_now();
+    char what[64];
+    if (!dp->sharded) {
+        /* ZeRO-0: backward left each rank the sum of its own pieces; the whole gradient comes back
+         * by an all-gather per bucket, and each bucket's AdamW waits (on the device) for its own,
+         * so the AdamW of the whole model hides the all-gathers. They need nothing from the
+         * compute stream (the sums are final), so each starts at once: AdamW never waits for the
+         * host to issue the next all-gather. */
+        dp->comm->detached = 1;
+        for (int i = dp->nb - 1, k = 0; i >= 0; i--, k++) {
+            snprintf(what, sizeof what, "gradient bucket %d", i);
+            if (dp->comm->allgather(dp->comm, glm_at(be, m->grads, dp->b[i].lo), (dp->b[i].hi - dp->b[i].lo) / (size_t)dp->world,
+                                    dp->gdt, what, err) ||
+                dp->comm->fence(dp->comm, k, err)) {
+                dp->comm->detached = 0;
+                return -1;
+            }
+            adamw_range(dp, dp->b[i].lo, dp->b[i].hi, dp->b[i].lo, lr, grad_scale, bc1, bc2);
         }
-        char what[64];
-        snprintf(what, sizeof what, "updated parameters of bucket %d", i);
-        if (dp->comm->allgather(dp->comm, glm_at(be, m->params, dp->b[i].lo), n, dp->gdt, what, err)) return -1;
+        dp->comm->detached = 0;
+    } else {
+        /* ZeRO-1/2: each rank updates its own pieces, in flat order, and a bucket's parameters are
+         * all-gathered as soon as its piece is updated */
+        for (int i = dp->nb - 1; i >= 0; i--) {
+            size_t lo, off, n = glm_dp_piece(dp, dp->rank, i, &lo, &off);
+            adamw_range(dp, lo, lo + n, off, lr, grad_scale, bc1, bc2);
+            snprintf(what, sizeof what, "updated parameters of bucket %d", i);
+            if (dp->comm->allgather(dp->comm, glm_at(be, m->params, dp->b[i].lo), n, dp->gdt, what, err)) return -1;
+        }
     }
-    return dp->comm->wait(dp->comm, -1, err);
+    double t1 = glm_now();
+    int rc = dp->comm->wait(dp->comm, -1, err);
+    if (getenv("GLMTRAIN_DP_DEBUG") && dp->rank == 0)
+        glm_info("update: host enqueue %.2f ms, wait %.2f ms", 1e3 * (t1 - t0), 1e3 * (glm_now() - t1));
+    return rc;
 }
 
 void glm_dp_close(glm_dp *dp, int ok) {

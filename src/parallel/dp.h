@@ -11,13 +11,15 @@
  * A bucket's reduction starts as soon as backward has passed its start, and only in the last
  * micro-batch of an accumulation step.
  *
- * ZeRO: every bucket is cut into `world` equal pieces (buckets are padded to multiples of
- * 64 * world elements, so any size shards) and rank r's shard is piece r of every bucket, so
- * each bucket's reduction is spread over all ranks and links. Stage 0 all-reduces each bucket
- * and every rank keeps the whole AdamW state. Stages 1 and 2 reduce-scatter each bucket (half
- * the traffic of an all-reduce) and keep AdamW state (moments, fp32 master) for the shard only;
- * the update runs piece by piece, each piece's parameter all-gather starting as soon as its
- * update is done. Stage 2 is stage 1 here: the full-size local gradient buffer stays, since
+ * Every bucket is cut into `world` equal pieces (buckets are padded to multiples of 64 * world
+ * elements, so any size shards); rank r's shard is piece r of every bucket, so each bucket's
+ * reduction is spread over all ranks and links. During backward each bucket is
+ * reduce-scattered: rank r gets the sum of its pieces (half the traffic of an all-reduce, so
+ * backward is slowed less). ZeRO-0 keeps the whole AdamW state on every rank: the update
+ * all-gathers the summed gradients bucket by bucket while AdamW runs over the buckets already
+ * there (an all-reduce split in two, its second half hidden under AdamW). ZeRO-1 and 2 keep
+ * AdamW state (moments, fp32 master) for the shard only; the update runs piece by piece, each
+ * piece's parameter all-gather starting as soon as its update is done. Stage 2 is stage 1 here: the full-size local gradient buffer stays, since
  * backward writes and micro-batches accumulate into it (docs/PARALLEL.md).
  * Checkpoints keep the single-process format: shards are gathered to rank 0 for saving and
  * each rank reads its own pieces on load, so N ranks' checkpoints resume on M ranks. */
@@ -51,6 +53,7 @@ typedef struct glm_dp {
     glm_cdtype gdt;        /* storage dtype of params/grads */
     glm_dp_bucket *b;      /* b[0] ends at the end of the flat buffer */
     int nb, armed, hook_failed;
+    double hook_s;         /* host time spent starting buckets in this backward (GLMTRAIN_DP_DEBUG) */
     glm_err hook_err;      /* a failure inside the backward hook, returned by reduce_grads */
     int saved_stderr;      /* ranks > 0 log to a file; the terminal's stderr kept here (-1) */
 } glm_dp;

@@ -362,6 +362,24 @@ static void t_optim(ctx *c, size_t n) {
     double e = fabs(got - ref) / ref;
     TEST_CHECK(c->tc, NAME("sumsq_%s_%zu", c->tag, n), e < 1e-9, "rel err %.3g", e);
     printf("  err %-48s %.3g (tol 1e-9)\n", name, e);
+    /* sumsq over spans: 300 random ranges (more than one batch of result slots), some of them
+     * at odd offsets (the scalar path) and some empty */
+    {
+        enum { K = 300 };
+        glm_span sp[K];
+        double want = 0;
+        for (int i = 0; i < K; i++) {
+            size_t lo = (size_t)(glm_rng_uniform(&c->rng) * (double)n), len = (size_t)(glm_rng_uniform(&c->rng) * (double)(n / 8));
+            if (i % 7 == 0) lo = lo / 64 * 64;
+            if (lo + len > n) len = n - lo;
+            if (i % 11 == 0) len = 0;
+            sp[i] = (glm_span){lo, len};
+            want += cpu_sumsq(x + lo, len);
+        }
+        double got_s = be->sumsq_spans(be, dx, sp, K), es = fabs(got_s - want) / (want > 0 ? want : 1);
+        TEST_CHECK(c->tc, NAME("sumsq_spans_%s_%zu", c->tag, n), es < 1e-9, "rel err %.3g", es);
+        printf("  err %-48s %.3g (tol 1e-9)\n", name, es);
+    }
     /* AdamW: fp32 master (bf16/fp16) or the fp32 param itself; two steps */
     float *p = rnd(&c->rng, GLM_F32, n, 0.5f), *m = rnd(&c->rng, GLM_F32, n, 0.01f), *v = rnd(&c->rng, GLM_F32, n, 0.01f);
     for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];

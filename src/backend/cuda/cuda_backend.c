@@ -21,6 +21,7 @@
 #define PROF_EVENTS 65536
 #define PROF_OPS 96
 #define SSQ_SPANS 256               /* sumsq_spans: result slots per download */
+#define SSQ_PARTIALS (SSQ_SPANS * GLMK_SUMSQ_SPAN_BLOCKS) /* >= GLMK_SUMSQ_BLOCKS too */
 
 typedef struct gemm_plan {
     int used;
@@ -41,7 +42,8 @@ typedef struct cuda_impl {
     void *scratch;
     size_t scratch_bytes;
     float *stage;
-    double *ssq; /* [GLMK_SUMSQ_BLOCKS + SSQ_SPANS]: partials, then one result per span */
+    double *ssq;         /* [SSQ_PARTIALS + SSQ_SPANS]: partials, then one result per span */
+    glm_span *ssq_spans; /* [SSQ_SPANS] the span table of sumsq_spans */
     gemm_plan plans[GEMM_CACHE];
     int next_evict;
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
@@ -455,25 +457,31 @@ static void cu_scatter(glm_backend *be, void *out, const void *x, const int32_t 
     glmk_scatter_rows(be->dtype, out, x, idx, R, C, IM(be)->st);
     op_done(be, "scatter_rows");
 }
-/* Each span's partials reduce into its own result slot (fixed order: deterministic); the
- * slots come back in one download per SSQ_SPANS spans and are summed here in span order. */
+/* Each span's partials reduce into its own result slot (fixed order: deterministic) in two
+ * launches per SSQ_SPANS spans; the slots come back in one download and are summed here in
+ * span order. The span table goes up in the same stream (small, pinned-free copy). */
 static double cu_sumsq_spans(glm_backend *be, const void *x, const glm_span *s, int k) {
     prof(be, GLM_PROF_OPTIM, "sumsq");
     cuda_impl *im = IM(be);
     size_t es = glm_dtype_size(be->dtype);
     double r = 0, part[SSQ_SPANS];
     for (int i0 = 0; i0 < k; i0 += SSQ_SPANS) {
-        int n = k - i0 < SSQ_SPANS ? k - i0 : SSQ_SPANS;
-        for (int i = 0; i < n; i++)
-            glmk_sumsq(be->dtype, (const char *)x + s[i0 + i].lo * es, s[i0 + i].n, im->ssq, im->ssq + GLMK_SUMSQ_BLOCKS + i, im->st);
-        cu_download(be, part, im->ssq + GLMK_SUMSQ_BLOCKS, (size_t)n * sizeof(double));
+        int n = k - i0 < SSQ_SPANS ? k - i0 : SSQ_SPANS, vec = ((uintptr_t)x & 15) == 0;
+        for (int i = 0; i < n; i++) vec &= (s[i0 + i].lo * es) % 16 == 0;
+        CUDA_CHECK(cudaMemcpyAsync(im->ssq_spans, s + i0, (size_t)n * sizeof *s, cudaMemcpyHostToDevice, im->st));
+        glmk_sumsq_spans(be->dtype, x, im->ssq_spans, n, vec, im->ssq, im->ssq + SSQ_PARTIALS, im->st);
+        cu_download(be, part, im->ssq + SSQ_PARTIALS, (size_t)n * sizeof(double));
         for (int i = 0; i < n; i++) r += part[i];
     }
     return r;
 }
 static double cu_sumsq(glm_backend *be, const void *x, size_t n) {
-    glm_span s = {0, n};
-    return cu_sumsq_spans(be, x, &s, 1);
+    prof(be, GLM_PROF_OPTIM, "sumsq");
+    cuda_impl *im = IM(be);
+    glmk_sumsq(be->dtype, x, n, im->ssq, im->ssq + SSQ_PARTIALS, im->st);
+    double r = 0;
+    cu_download(be, &r, im->ssq + SSQ_PARTIALS, sizeof r);
+    return r;
 }
 static void cu_adamw(glm_backend *be, void *param, float *master, const void *grad, float *m, float *v, size_t n,
                      float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float gs) {
@@ -485,6 +493,7 @@ static void cu_adamw(glm_backend *be, void *param, float *master, const void *gr
 /* ---------------------------------------------------------------- extras, lifetime */
 
 void *glm_cuda_stream(glm_backend *be) { return (void *)IM(be)->st; }
+
 void glm_cuda_fill_normal(glm_backend *be, void *p, size_t n, uint64_t seed, float std) {
     glmk_fill_normal(be->dtype, p, n, seed, std, IM(be)->st);
     op_done(be, "fill_normal");
@@ -508,6 +517,7 @@ static void cu_destroy(glm_backend *be) {
     cudaFree(im->scratch);
     cudaFree(im->stage);
     cudaFree(im->ssq);
+    cudaFree(im->ssq_spans);
     cublasLtDestroy(im->lt);
     cublasDestroy(im->blas);
     cudaStreamDestroy(im->st);
@@ -561,7 +571,8 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .adamw = cu_adamw, .destroy = cu_destroy, .to_f32 = cu_to_f32,
     };
     im->workspace = cu_alloc(be, WORKSPACE_BYTES);
-    im->ssq = cu_alloc(be, (GLMK_SUMSQ_BLOCKS + SSQ_SPANS) * sizeof(double));
+    im->ssq = cu_alloc(be, (SSQ_PARTIALS + SSQ_SPANS) * sizeof(double));
+    im->ssq_spans = cu_alloc(be, SSQ_SPANS * sizeof(glm_span));
     return be;
 }
 #endif

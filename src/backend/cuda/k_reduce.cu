@@ -342,6 +342,51 @@ extern "C" void glmk_sumsq(glm_dtype dt, const void *x, size_t n, double *partia
     GLMK_CHECK_LAUNCH();
 }
 
+/* One row of blocks per span (blockIdx.y); each span's partials then reduce in a fixed order. */
+template <typename T>
+__global__ void sumsq_spans_kernel(double *partial, const T *__restrict__ x, const glm_span *spans, int vec) {
+    glm_span s = spans[blockIdx.y];
+    __shared__ double sh[256];
+    double acc = 0;
+    const T *p = x + s.lo;
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x, done = 0;
+    if (vec) {
+        constexpr int P = Pack<T>::N;
+        size_t np = s.n / P;
+        for (size_t i = t; i < np; i += stride) {
+            Pack<T> q = ld_pack(p + i * P);
+#pragma unroll
+            for (int e = 0; e < P; e++) { double v = to_f(q.v[e]); acc += v * v; }
+        }
+        done = np * P;
+    }
+    if (blockIdx.x == 0 || !vec)
+        for (size_t i = done + (vec ? threadIdx.x : t); i < s.n; i += vec ? blockDim.x : stride) { double v = to_f(p[i]); acc += v * v; }
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.y * gridDim.x + blockIdx.x] = sh[0];
+}
+__global__ void sumsq_spans_final_kernel(double *result, const double *partial, int k, int nb) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= k) return;
+    double s = 0;
+    for (int j = 0; j < nb; j++) s += partial[(size_t)i * nb + j];
+    result[i] = s;
+}
+
+extern "C" void glmk_sumsq_spans(glm_dtype dt, const void *x, const glm_span *spans, int k, int vec, double *partial,
+                                 double *result, cudaStream_t st) {
+    if (k <= 0) return;
+    dim3 grid(GLMK_SUMSQ_SPAN_BLOCKS, k);
+    GLMK_DISPATCH(dt, sumsq_spans_kernel<T><<<grid, 256, 0, st>>>(partial, (const T *)x, spans, vec));
+    sumsq_spans_final_kernel<<<(k + 127) / 128, 128, 0, st>>>(result, partial, k, GLMK_SUMSQ_SPAN_BLOCKS);
+    GLMK_CHECK_LAUNCH();
+}
+
 /* ---------------------------------------------------------------- AdamW */
 
 /* The operation order of torch.optim.AdamW's single-tensor path, as cpu_adamw. p is the fp32
