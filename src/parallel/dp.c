@@ -21,6 +21,8 @@ int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err) {
     glm_dp *dp = glm_calloc(1, sizeof *dp);
     dp->cfg = *cfg;
     dp->saved_stderr = -1;
+    const char *no = getenv("GLMTRAIN_DP_NO_OVERLAP");
+    dp->no_overlap = no && strcmp(no, "1") == 0;
     *out = dp;
     if (cfg->zero_stage < 0 || cfg->zero_stage > 2) return glm_fail(err, "--zero_stage %d: choose 0, 1 or 2", cfg->zero_stage);
     if (cfg->bucket_mb <= 0) return glm_fail(err, "--bucket_size_mb must be positive");
@@ -254,7 +256,7 @@ int glm_dp_sum_long(glm_dp *dp, double *v, int n, const char *what, glm_err *err
     return dp->comm->sum_host(dp->comm, v, n, t, what, err);
 }
 
-void glm_dp_micro_begin(glm_dp *dp, int last) { dp->armed = dp->world > 1 && last; }
+void glm_dp_micro_begin(glm_dp *dp, int last) { dp->armed = dp->world > 1 && last && !dp->no_overlap; }
 
 int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
     if (dp->world == 1) return 0;
