@@ -23,6 +23,8 @@ int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err) {
     dp->saved_stderr = -1;
     const char *no = getenv("GLMTRAIN_DP_NO_OVERLAP");
     dp->no_overlap = no && strcmp(no, "1") == 0;
+    const char *sm = getenv("GLMTRAIN_DP_SM_MARGIN"); /* "SMS:GEMMS" (experiment) */
+    if (sm && sscanf(sm, "%d:%d", &dp->margin_sms, &dp->margin_gemms) != 2) dp->margin_sms = 0;
     *out = dp;
     if (cfg->zero_stage < 0 || cfg->zero_stage > 2) return glm_fail(err, "--zero_stage %d: choose 0, 1 or 2", cfg->zero_stage);
     if (cfg->bucket_mb <= 0) return glm_fail(err, "--bucket_size_mb must be positive");
@@ -142,8 +144,16 @@ static void on_grads_ready(void *ctx, size_t first) {
     glm_dp *dp = ctx;
     if (!dp->armed || dp->hook_failed) return;
     double t0 = glm_now();
-    for (int i = 0; i < dp->nb && dp->b[i].lo >= first; i++)
-        if (!dp->b[i].started && start_bucket(dp, i, &dp->hook_err)) { dp->hook_failed = 1; return; }
+    int started = 0;
+    for (int i = 0; i < dp->nb && dp->b[i].lo >= first; i++) {
+        if (dp->b[i].started) continue;
+        if (start_bucket(dp, i, &dp->hook_err)) { dp->hook_failed = 1; return; }
+        started++;
+    }
+    /* the GEMMs queued next run beside these reduce-scatters: plan them around the SMs the
+     * collective holds (a GEMM counting on every SM would wait for those) */
+    glm_backend *be = dp->m->be;
+    if (started && dp->margin_sms > 0 && be->leave_sms) be->leave_sms(be, dp->margin_sms, dp->margin_gemms * started);
     dp->comm->poke(dp->comm);
     dp->hook_s += glm_now() - t0;
 }

@@ -55,6 +55,7 @@ typedef struct glm_dp {
     int nb, armed, hook_failed;
     double hook_s;         /* host time spent starting buckets in this backward (GLMTRAIN_DP_DEBUG) */
     int no_overlap;        /* GLMTRAIN_DP_NO_OVERLAP=1, a diagnostic: buckets wait for the end of backward */
+    int margin_sms, margin_gemms; /* after a bucket starts, the next margin_gemms GEMMs leave margin_sms SMs */
     glm_err hook_err;      /* a failure inside the backward hook, returned by reduce_grads */
     int saved_stderr;      /* ranks > 0 log to a file; the terminal's stderr kept here (-1) */
 } glm_dp;
