@@ -65,6 +65,94 @@ void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backe
     init_common(m, c, be, l0, l1, first, last, 0);
 }
 
+int glm_model_units(const glm_model *m, glm_span *out) {
+    const glm_table *t = &m->tab;
+    int n = 0;
+    const glm_tensor *e = glm_table_get(t, -1, T_WORD_EMB), *f = glm_table_get(t, -1, T_LNF_W);
+    if (e) out[n++].lo = e->offset;
+    for (int l = m->layer_lo; l < m->layer_hi; l++) out[n++].lo = glm_table_get(t, l, T_LN1_W)->offset;
+    if (f) out[n++].lo = f->offset;
+    for (int i = 0; i < n; i++) out[i].n = (i + 1 < n ? out[i + 1].lo : t->total) - out[i].lo;
+    return n;
+}
+
+void glm_model_relayout(glm_model *m, size_t unit_align) {
+    glm_backend *be = m->be;
+    glm_table tab;
+    glm_table_build_units(&tab, &m->cfg, m->layer_lo, m->layer_hi, m->first, m->last, unit_align);
+    size_t es = glm_dtype_size(be->dtype), bytes = tab.total * es;
+    void **bufs[2] = {&m->params, &m->grads};
+    for (int b = 0; b < 2; b++) {
+        if (!*bufs[b]) continue;
+        void *p = be->alloc(be, bytes);
+        be->zero(be, p, bytes);
+        for (int i = 0; i < tab.n; i++)
+            be->copy(be, glm_at(be, p, tab.t[i].offset), glm_at(be, *bufs[b], m->tab.t[i].offset), tab.t[i].numel * es);
+        be->free(be, *bufs[b]);
+        *bufs[b] = p;
+    }
+    glm_table_free(&m->tab);
+    m->tab = tab;
+    free(m->w.layer);
+    free(m->g.layer);
+    m->g.layer = NULL;
+    bind_weights(m, m->params, &m->w);
+    if (m->grads) bind_weights(m, m->grads, &m->g);
+    m->flat_cap = tab.total;
+}
+
+void glm_model_drop_grads(glm_model *m) {
+    if (m->grads) m->be->free(m->be, m->grads);
+    m->grads = NULL;
+    free(m->g.layer);
+    m->g = (glm_weights){.layer = glm_calloc((size_t)m->cfg.num_layers, sizeof *m->g.layer)};
+}
+
+/* The gradient pointer of tensor t in w. */
+static void **grad_field(glm_weights *w, const glm_tensor *t) {
+    glm_layer_ptrs *p = t->layer >= 0 ? &w->layer[t->layer] : NULL;
+    switch (t->kind) {
+    case T_WORD_EMB: return &w->wte;
+    case T_LNF_W: return &w->lnf_w;
+    case T_LNF_B: return &w->lnf_b;
+    case T_LM_HEAD: return &w->head;
+    case T_LN1_W: return &p->ln1_w;
+    case T_LN1_B: return &p->ln1_b;
+    case T_QKV_W: return &p->qkv_w;
+    case T_QKV_B: return &p->qkv_b;
+    case T_DENSE_W: return &p->dense_w;
+    case T_DENSE_B: return &p->dense_b;
+    case T_LN2_W: return &p->ln2_w;
+    case T_LN2_B: return &p->ln2_b;
+    case T_FC1_W: return &p->fc1_w;
+    case T_FC1_B: return &p->fc1_b;
+    case T_FC2_W: return &p->fc2_w;
+    case T_FC2_B: return &p->fc2_b;
+    default: return NULL;
+    }
+}
+
+/* Before backward writes the gradients of the unit starting at flat offset lo: the grads_unit
+ * hook may send them elsewhere (ZeRO-2 staging); the unit's gradient views follow. */
+static void begin_unit(glm_model *m, size_t lo) {
+    if (!m->grads_unit) return;
+    glm_span *u = glm_malloc(sizeof *u * (size_t)(m->cfg.num_layers + 2));
+    int n = glm_model_units(m, u), i = 0;
+    while (i < n && u[i].lo != lo) i++;
+    GLM_ASSERT(i < n);
+    glm_span unit = u[i];
+    free(u);
+    void *base = m->grads_unit(m->grads_unit_ctx, unit.lo, unit.lo + unit.n);
+    if (!base) return;
+    for (int j = 0; j < m->tab.n; j++) {
+        const glm_tensor *t = &m->tab.t[j];
+        if (t->offset < unit.lo || t->offset >= unit.lo + unit.n) continue;
+        void **f = grad_field(&m->g, t);
+        if (f) *f = glm_at(m->be, base, t->offset - unit.lo);
+        if (t->kind == T_WORD_EMB && m->cfg.tie_word_embeddings) m->g.head = m->g.wte;
+    }
+}
+
 void glm_model_reserve_flat(glm_model *m, size_t elems) {
     if (elems <= m->flat_cap) return;
     glm_backend *be = m->be;
@@ -385,6 +473,8 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     double loss = 0;
     if (m->last) { /* loss, then LNf backward: d(h_hi) into d_b */
         void *dlnf = m->d_a;
+        begin_unit(m, glm_table_get(&m->tab, -1, T_LNF_W)->offset);
+        if (c->tie_word_embeddings) begin_unit(m, glm_table_get(&m->tab, -1, T_WORD_EMB)->offset); /* the head writes there */
         loss = head_loss(m, dscale, dlnf);
         be->layernorm_bwd(be, m->d_b, m->g.lnf_w, m->g.lnf_b, dlnf, resid(m, m->layer_hi), m->w.lnf_w, m->lnf_mean,
                           m->lnf_rstd, N, H);
@@ -397,11 +487,15 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     for (int l = m->layer_hi - 1; l >= m->layer_lo; l--) {
         glm_layer_acts *a = acts_for(m, l);
         if (m->gradient_checkpointing) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
+        begin_unit(m, glm_table_get(&m->tab, l, T_LN1_W)->offset);
         layer_backward(m, l, a, resid(m, l), dcur, dnext);
         void *t = dcur; dcur = dnext; dnext = t;
         grads_final_from(m, glm_table_get(&m->tab, l, T_LN1_W));
     }
-    if (m->first) be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
+    if (m->first) {
+        begin_unit(m, glm_table_get(&m->tab, -1, T_WORD_EMB)->offset);
+        be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
+    }
     else be->copy(be, dh_in, dcur, bytes);
     grads_final_from(m, NULL);
     return loss;

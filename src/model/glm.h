@@ -78,6 +78,12 @@ typedef struct glm_model {
      * the tied head), so their reduction can start while backward goes on. */
     void (*grads_ready)(void *ctx, size_t first);
     void *grads_ready_ctx;
+    /* ZeRO-2 hook (parallel/dp.c), NULL when unused: called before backward writes the
+     * gradients of the unit [lo, hi) (glm_model_units); returns where they go (element lo at
+     * the returned address, zeroed by the caller), or NULL for m->grads. A tied embedding's
+     * unit is asked for twice per backward (the head writes it first, the embedding last). */
+    void *(*grads_unit)(void *ctx, size_t lo, size_t hi);
+    void *grads_unit_ctx;
     size_t flat_cap;        /* elements allocated for params/grads (>= tab.total) */
 } glm_model;
 
@@ -98,6 +104,14 @@ void glm_zero_grads(glm_model *m);
 /* Grows the params and grads buffers to `elems` elements (values kept, the tail zeroed), e.g. so
  * ZeRO shards of equal size cover them; the weight views are re-bound. */
 void glm_model_reserve_flat(glm_model *m, size_t elems);
+/* The units of the flat buffer in order (the embedding, each layer, the final norm with the
+ * head; at most L + 2): backward finishes them from the last to the first. Returns the count. */
+int glm_model_units(const glm_model *m, glm_span *out);
+/* Lays the flat buffers out again with every unit starting at a multiple of unit_align
+ * elements (glm_table_build_units), values kept. */
+void glm_model_relayout(glm_model *m, size_t unit_align);
+/* Frees the gradient buffer (ZeRO-2 keeps its own shard; grads_unit then places every unit). */
+void glm_model_drop_grads(glm_model *m);
 
 /* Forward, loss and backward on one micro-batch. Gradients ACCUMULATE (call glm_zero_grads at
  * the start of an optimizer step). dscale multiplies d(sum of token losses): pass

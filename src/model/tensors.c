@@ -29,7 +29,15 @@ void glm_table_build(glm_table *tab, const glm_config *c) {
     glm_table_build_range(tab, c, 0, c->num_layers, 1, 1);
 }
 
+/* The next tensor starts a unit: the flat offset moves up to a multiple of unit_align. */
+static void unit_start(glm_table *tab, size_t unit_align) { tab->total = (tab->total + unit_align - 1) / unit_align * unit_align; }
+
 void glm_table_build_range(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head) {
+    glm_table_build_units(tab, c, l0, l1, with_embed, with_head, ALIGN_ELEMS);
+}
+
+void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head,
+                           size_t unit_align) {
     int L = c->num_layers, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size;
     *tab = (glm_table){0};
     tab->num_layers = L;
@@ -40,6 +48,7 @@ void glm_table_build_range(glm_table *tab, const glm_config *c, int l0, int l1, 
     if (with_embed || (with_head && c->tie_word_embeddings))
         add(tab, T_WORD_EMB, -1, "transformer.word_embeddings.weight", 2, V, H);
     for (int l = l0; l < l1; l++) {
+        unit_start(tab, unit_align);
 #define LAYER(kind, suffix, nd, d0, d1) \
         snprintf(n, sizeof n, "transformer.layers.%d.%s", l, suffix); add(tab, kind, l, n, nd, d0, d1)
         LAYER(T_LN1_W, "input_layernorm.weight", 1, H, 1);
@@ -56,10 +65,13 @@ void glm_table_build_range(glm_table *tab, const glm_config *c, int l0, int l1, 
         LAYER(T_FC2_B, "mlp.dense_4h_to_h.bias", 1, H, 1);
 #undef LAYER
     }
-    if (!with_head) return;
-    add(tab, T_LNF_W, -1, "transformer.final_layernorm.weight", 1, H, 1);
-    add(tab, T_LNF_B, -1, "transformer.final_layernorm.bias", 1, H, 1);
-    if (!c->tie_word_embeddings) add(tab, T_LM_HEAD, -1, "lm_head.weight", 2, V, H);
+    if (with_head) {
+        unit_start(tab, unit_align);
+        add(tab, T_LNF_W, -1, "transformer.final_layernorm.weight", 1, H, 1);
+        add(tab, T_LNF_B, -1, "transformer.final_layernorm.bias", 1, H, 1);
+        if (!c->tie_word_embeddings) add(tab, T_LM_HEAD, -1, "lm_head.weight", 2, V, H);
+    }
+    unit_start(tab, unit_align);
 }
 
 void glm_table_free(glm_table *tab) {

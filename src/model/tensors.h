@@ -46,6 +46,11 @@ void glm_table_build(glm_table *tab, const glm_config *c);
  * when with_head and the head is tied to it), the final norm and lm_head when with_head.
  * Layer numbers stay global; offsets are those of the stage's own flat buffer. */
 void glm_table_build_range(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head);
+/* The same with every unit (the embedding, each layer, the final norm with the head) starting
+ * at a multiple of unit_align elements and the total padded to one: ZeRO-2 cuts each unit into
+ * equal aligned pieces (parallel/dp.c). unit_align is a multiple of 64. */
+void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head,
+                           size_t unit_align);
 void glm_table_free(glm_table *tab);
 /* Row for (layer, kind), layer = -1 for globals; NULL when the model has no such tensor. */
 const glm_tensor *glm_table_get(const glm_table *tab, int layer, glm_tkind kind);

@@ -42,7 +42,11 @@ int glm_comm_barrier(glm_comm *c, double timeout, const char *what, glm_err *err
 /* ---------------------------------------------------------------- single process */
 
 static int s_allreduce(glm_comm *c, void *b, size_t n, glm_cdtype t, const char *w, glm_err *e) { return 0; }
-static int s_reduce_scatter(glm_comm *c, void *b, size_t n, glm_cdtype t, const char *w, glm_err *e) { return 0; }
+/* one rank: the sum is its own part, which callers reduce in place or copy themselves */
+static int s_reduce_scatter(glm_comm *c, const void *s, void *r, size_t n, glm_cdtype t, const char *w, glm_err *e) {
+    return s == r ? 0 : glm_fail(e, "reduce_scatter '%s' out of place on a single-process communicator", w);
+}
+static int s_started(glm_comm *c) { return 0; }
 static int s_allgather(glm_comm *c, void *b, size_t n, glm_cdtype t, const char *w, glm_err *e) { return 0; }
 static int s_bcast(glm_comm *c, void *b, size_t n, glm_cdtype t, int root, const char *w, glm_err *e) { return 0; }
 static int s_wait(glm_comm *c, double timeout, glm_err *e) { return 0; }
@@ -64,6 +68,7 @@ glm_comm *glm_comm_single(void) {
     c->world = 1;
     c->allreduce = s_allreduce;
     c->reduce_scatter = s_reduce_scatter;
+    c->started = s_started;
     c->allgather = s_allgather;
     c->gather = s_gather;
     c->bcast = s_bcast;

@@ -32,9 +32,12 @@ struct glm_comm {
 
     /* sum over ranks, in place */
     int (*allreduce)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err);
-    /* in place over buf[world * n]: rank r's part buf[r*n, (r+1)*n) becomes the sum over ranks
-     * of that part; the rest of buf is left undefined */
-    int (*reduce_scatter)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err);
+    /* recv[n] = the sum over ranks of part `rank` of send[world * n]; in place when recv is
+     * send + rank * n (the rest of send is then left undefined) */
+    int (*reduce_scatter)(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype dt, const char *what,
+                          glm_err *err);
+    /* collectives started since the last wait (the next one started gets this index) */
+    int (*started)(glm_comm *c);
     /* in place: rank r contributes buf[r*n, (r+1)*n) and every rank receives all world*n */
     int (*allgather)(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err);
     /* recv[r*n ...] on root = send of rank r (recv unused elsewhere) */

@@ -88,30 +88,39 @@ static int m_allreduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const ch
     return 0;
 }
 
-static int m_reduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, const char *what, glm_err *err) {
+/* One part: send[n] of every rank summed into recv[n] on root (recv may be send there). */
+static int m_reduce(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype dt, int root, const char *what,
+                    glm_err *err) {
     MPI_Datatype t;
     if (check_start(c, "reduce_scatter", what, dt, &t, err)) return -1;
     size_t es = glm_cdtype_size(dt);
     for (size_t i = 0; i < n; i += MAX_CHUNK) {
         int k = (int)(n - i < MAX_CHUNK ? n - i : MAX_CHUNK);
-        char *p = (char *)buf + i * es;
-        MPI_Request r;
-        int rc = c->rank == root ? MPI_Ireduce(MPI_IN_PLACE, p, k, t, MPI_SUM, root, IM(c)->comm, &r)
-                                 : MPI_Ireduce(p, NULL, k, t, MPI_SUM, root, IM(c)->comm, &r);
+        const char *s = (const char *)send + i * es;
+        char *r = (char *)recv + i * es;
+        MPI_Request q;
+        int rc = c->rank != root ? MPI_Ireduce(s, NULL, k, t, MPI_SUM, root, IM(c)->comm, &q)
+                 : s == r        ? MPI_Ireduce(MPI_IN_PLACE, r, k, t, MPI_SUM, root, IM(c)->comm, &q)
+                                 : MPI_Ireduce(s, r, k, t, MPI_SUM, root, IM(c)->comm, &q);
         if (rc != MPI_SUCCESS) return mpi_failed(c, "reduce_scatter", what, rc, err);
-        push(c, r, "reduce_scatter", what);
+        push(c, q, "reduce_scatter", what);
     }
     return 0;
 }
 
 /* As one reduce per part to the rank that keeps it: MPI_Reduce_scatter_block has no in-place
  * form that leaves rank r's part at r*n, and the parts' traffic is the same. */
-static int m_reduce_scatter(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
+static int m_reduce_scatter(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype dt, const char *what,
+                            glm_err *err) {
     size_t es = glm_cdtype_size(dt);
-    for (int r = 0; r < c->world; r++)
-        if (m_reduce(c, (char *)buf + (size_t)r * n * es, n, dt, r, what, err)) return -1;
+    for (int r = 0; r < c->world; r++) {
+        const char *part = (const char *)send + (size_t)r * n * es;
+        if (m_reduce(c, part, r == c->rank ? recv : NULL, n, dt, r, what, err)) return -1;
+    }
     return 0;
 }
+
+static int m_started(glm_comm *c) { return IM(c)->n; }
 
 static int m_allgather(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
     MPI_Datatype t = MPI_FLOAT, ct;
@@ -224,6 +233,7 @@ int glm_comm_mpi(glm_comm **out, glm_err *err) {
     c->timeout = 1800;
     c->allreduce = m_allreduce;
     c->reduce_scatter = m_reduce_scatter;
+    c->started = m_started;
     c->allgather = m_allgather;
     c->gather = m_gather;
     c->bcast = m_bcast;

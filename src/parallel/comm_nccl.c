@@ -102,12 +102,14 @@ static int n_allreduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const ch
     return finish(c, r, "allreduce", what, err);
 }
 
-static int n_reduce_scatter(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
+static int n_reduce_scatter(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype dt, const char *what,
+                            glm_err *err) {
     if (begin(c, "reduce_scatter", what, err)) return -1;
-    char *mine = (char *)buf + (size_t)c->rank * n * glm_cdtype_size(dt);
-    ncclResult_t r = ncclReduceScatter(buf, mine, n, nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->cs);
+    ncclResult_t r = ncclReduceScatter(send, recv, n, nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->cs);
     return finish(c, r, "reduce_scatter", what, err);
 }
+
+static int n_started(glm_comm *c) { return IM(c)->n; }
 
 static int n_allgather(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
     if (begin(c, "allgather", what, err)) return -1;
@@ -270,6 +272,7 @@ int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *com
     ncclResult_t r = ncclCommInitRankConfig(&im->comm, world, u, rank, &cfg);
     c->allreduce = n_allreduce;
     c->reduce_scatter = n_reduce_scatter;
+    c->started = n_started;
     c->register_buffer = n_register;
     c->allgather = n_allgather;
     c->gather = n_gather;

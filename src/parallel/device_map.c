@@ -71,6 +71,13 @@ glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *ma
     p.params = total * es;
     if (!sh->training) { p.total = p.params; return p; }
     p.grads = total * es;
+    if (sh->zero2 && map->n == 1 && dp > 1) {
+        /* the shard, two staging slots for the largest unit, and a tied embedding's own slot */
+        double layer = 4.0 * H * H + 2.0 * F * H + 9.0 * H + F, table = V * H, tail = 2 * H + (c->tie_word_embeddings ? 0 : table);
+        double ring = layer > tail ? layer : tail;
+        if (!c->tie_word_embeddings && table > ring) ring = table;
+        p.grads = (total / dp + 2 * ring + (c->tie_word_embeddings ? table : 0)) * es;
+    }
     p.master = sh->dtype == GLM_F32 ? 0 : total * 4 / dp;
     p.moments = 2.0 * total * 4 / dp;
     /* the model's buffers (glm.c ensure_acts): per layer set 7H + 2F in S, LayerNorm statistics

@@ -48,6 +48,7 @@ typedef struct glm_stage_shape {
     int n_micro;            /* micro-batches per step: how many inputs a stage stashes (1F1B) */
     int training;           /* 0: weights only (generation) */
     int dp;                 /* data-parallel replicas sharing the optimizer state (ZeRO >= 1), 1 = none */
+    int zero2;              /* ZeRO-2 (one stage only): gradients = shard + staging (parallel/dp_zero2.c) */
     int head_chunk;         /* rows of logits at once (256) */
 } glm_stage_shape;
 void glm_stage_shape_init(glm_stage_shape *sh); /* fp32, 1 x 512, training, 1 micro-batch, no ZeRO */

@@ -136,13 +136,15 @@ static int start_bucket(glm_dp *dp, int i, glm_err *err) {
     b->started = 1;
     char what[64];
     snprintf(what, sizeof what, "gradient bucket %d", i);
-    return dp->comm->reduce_scatter(dp->comm, glm_at(dp->m->be, dp->m->grads, b->lo), (b->hi - b->lo) / (size_t)dp->world,
-                                    dp->gdt, what, err);
+    size_t n = (b->hi - b->lo) / (size_t)dp->world;
+    void *buf = glm_at(dp->m->be, dp->m->grads, b->lo);
+    return dp->comm->reduce_scatter(dp->comm, buf, glm_at(dp->m->be, buf, (size_t)dp->rank * n), n, dp->gdt, what, err);
 }
 
 static void on_grads_ready(void *ctx, size_t first) {
     glm_dp *dp = ctx;
     if (!dp->armed || dp->hook_failed) return;
+    if (dp->zero2) { glm_dp_z2_ready(dp, first); return; }
     double t0 = glm_now();
     int started = 0;
     for (int i = 0; i < dp->nb && dp->b[i].lo >= first; i++) {
@@ -224,14 +226,19 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     dp->comm->timeout = dp->cfg.timeout;
     dp->comm->interruptible = !dp->cfg.save_on_interrupt;
     dp->gdt = be->dtype == GLM_F32 ? GLM_C_F32 : be->dtype == GLM_BF16 ? GLM_C_BF16 : GLM_C_F16;
-    size_t padded = round_up(m->tab.total, ALIGN * (size_t)dp->world);
-    dp->shard = padded / (size_t)dp->world;
-    glm_model_reserve_flat(m, padded);
-    make_buckets(dp, padded);
+    dp->zero2 = dp->cfg.zero_stage == 2 && m->first && m->last;
+    if (dp->cfg.zero_stage == 2 && !dp->zero2) glm_info("--zero_stage 2 with pipeline stages: gradients stay whole (stage 1)");
+    if (dp->zero2 && glm_dp_z2_attach(dp, err)) return -1;
+    size_t padded = dp->zero2 ? m->tab.total : round_up(m->tab.total, ALIGN * (size_t)dp->world);
+    if (!dp->zero2) {
+        dp->shard = padded / (size_t)dp->world;
+        glm_model_reserve_flat(m, padded);
+        make_buckets(dp, padded);
+    }
     if (dp->comm->register_buffer) {
         size_t bytes = padded * glm_cdtype_size(dp->gdt);
         dp->comm->register_buffer(dp->comm, m->params, bytes);
-        dp->comm->register_buffer(dp->comm, m->grads, bytes);
+        if (m->grads) dp->comm->register_buffer(dp->comm, m->grads, bytes);
     }
     /* the same start on every rank, whatever each rank's initialisation did */
     if (dp->comm->bcast(dp->comm, m->params, padded, dp->gdt, 0, "initial parameters", err) ||
@@ -266,7 +273,18 @@ int glm_dp_sum_long(glm_dp *dp, double *v, int n, const char *what, glm_err *err
     return dp->comm->sum_host(dp->comm, v, n, t, what, err);
 }
 
-void glm_dp_micro_begin(glm_dp *dp, int last) { dp->armed = dp->world > 1 && last && !dp->no_overlap; }
+void glm_dp_micro_begin(glm_dp *dp, int last) {
+    if (dp->zero2) { /* every micro-batch's gradients are reduce-scattered as backward makes them */
+        dp->armed = 1;
+        glm_dp_z2_micro_begin(dp);
+        return;
+    }
+    dp->armed = dp->world > 1 && last && !dp->no_overlap;
+}
+
+void glm_dp_zero_grads(glm_dp *dp) {
+    if (!dp->zero2) glm_zero_grads(dp->m);
+}
 
 int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
     if (dp->world == 1) return 0;
@@ -275,8 +293,12 @@ int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
     dp->hook_s = 0;
     int rc = 0;
     if (dp->hook_failed) { *err = dp->hook_err; rc = -1; }
-    for (int i = 0; i < dp->nb && rc == 0; i++)
-        if (!dp->b[i].started) rc = start_bucket(dp, i, err);
+    if (dp->zero2) {
+        if (rc == 0) rc = glm_dp_z2_finish(dp, err);
+    } else {
+        for (int i = 0; i < dp->nb && rc == 0; i++)
+            if (!dp->b[i].started) rc = start_bucket(dp, i, err);
+    }
     if (rc == 0) rc = dp->comm->wait(dp->comm, -1, err);
     for (int i = 0; i < dp->nb; i++) dp->b[i].started = 0;
     return rc;
@@ -286,7 +308,8 @@ int glm_dp_grad_norm(glm_dp *dp, float grad_scale, double *loss_sum, double *nor
     glm_model *m = dp->m;
     if (dp->world == 1) { *norm = glm_grad_norm(m, grad_scale); return 0; }
     /* each rank squares its shard (under ZeRO the only part reduced there); padding is zero */
-    double v[2] = {*loss_sum, glm_dp_shard_sumsq(dp, 0)};
+    glm_backend *be = m->be;
+    double v[2] = {*loss_sum, dp->zero2 ? be->sumsq(be, dp->z2.sg, dp->shard) : glm_dp_shard_sumsq(dp, 0)};
     if (dp->comm->sum_host(dp->comm, v, 2, -1, "loss and gradient norm", err)) return -1;
     *loss_sum = v[0];
     *norm = sqrt(v[1]) * grad_scale;
@@ -304,7 +327,8 @@ static void adamw_range(glm_dp *dp, size_t lo, size_t hi, size_t k0, float lr, f
         size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
         if (a >= e) continue;
         size_t k = k0 + (a - lo);
-        be->adamw(be, glm_at(be, m->params, a), o->master ? o->master + k : NULL, glm_at(be, m->grads, a), o->m + k,
+        const void *g = dp->zero2 ? glm_at(be, dp->z2.sg, k) : glm_at(be, m->grads, a); /* ZeRO-2: the shard's own */
+        be->adamw(be, glm_at(be, m->params, a), o->master ? o->master + k : NULL, g, o->m + k,
                   o->v + k, e - a, lr, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2, gs);
     }
 }
@@ -361,7 +385,8 @@ void glm_dp_close(glm_dp *dp, int ok) {
     }
     if (dp->comm && dp->comm != dp->boot) dp->comm->close(dp->comm);
     if (dp->boot) dp->boot->close(dp->boot);
-    if (dp->m) { dp->m->grads_ready = NULL; dp->m->grads_ready_ctx = NULL; }
+    glm_dp_z2_free(dp);
+    if (dp->m) { dp->m->grads_ready = NULL; dp->m->grads_ready_ctx = NULL; dp->m->grads_unit = NULL; dp->m->grads_unit_ctx = NULL; }
     if (dp->saved_stderr >= 0) {
         fflush(stderr);
         dup2(dp->saved_stderr, 2);

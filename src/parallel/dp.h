@@ -19,8 +19,10 @@
  * all-gathers the summed gradients bucket by bucket while AdamW runs over the buckets already
  * there (an all-reduce split in two, its second half hidden under AdamW). ZeRO-1 and 2 keep
  * AdamW state (moments, fp32 master) for the shard only; the update runs piece by piece, each
- * piece's parameter all-gather starting as soon as its update is done. Stage 2 is stage 1 here: the full-size local gradient buffer stays, since
- * backward writes and micro-batches accumulate into it (docs/PARALLEL.md).
+ * piece's parameter all-gather starting as soon as its update is done. ZeRO-2 also keeps only
+ * the shard of the gradients: the buckets are the model's units (embedding, layers, head),
+ * written into staging slots and reduce-scattered in every micro-batch (dp_zero2.c); with
+ * pipeline stages it falls back to stage 1.
  * Checkpoints keep the single-process format: shards are gathered to rank 0 for saving and
  * each rank reads its own pieces on load, so N ranks' checkpoints resume on M ranks. */
 #ifndef GLM_PARALLEL_DP_H
@@ -40,6 +42,20 @@ typedef struct glm_dp_cfg {
 
 typedef struct glm_dp_bucket { size_t lo, hi; int started; } glm_dp_bucket;
 
+/* ZeRO-2's gradient staging (parallel/dp_zero2.c). */
+typedef struct glm_dp_z2 {
+    void *sg;              /* [shard] this rank's summed gradients (S) */
+    void *slot[3];         /* staging: [0], [1] the units in turn, [2] a tied embedding's own */
+    void *tmp[3];          /* [slot/world] reduce-scatter output of later micro-batches */
+    size_t slot_elems[3];
+    size_t lo[3], n[3];    /* the unit in each slot */
+    int busy[3];           /* written by backward, not reduce-scattered yet */
+    int op[3];             /* index of the reduce-scatter reading the slot (-1: none) */
+    size_t add_off[3], add_n[3]; /* tmp to add into sg at add_off before the slot is reused */
+    int ring, begun, tied, wte_bound;
+    size_t wte_lo;
+} glm_dp_z2;
+
 typedef struct glm_dp {
     glm_dp_cfg cfg;
     glm_dist dist;
@@ -55,11 +71,22 @@ typedef struct glm_dp {
     int nb, armed, hook_failed;
     double hook_s;         /* host time spent starting buckets in this backward (GLMTRAIN_DP_DEBUG) */
     int no_overlap;        /* GLMTRAIN_DP_NO_OVERLAP=1, a diagnostic: buckets wait for the end of backward */
+    int zero2;             /* ZeRO-2 staging on (a whole model on world > 1 ranks) */
+    glm_dp_z2 z2;
     int margin_sms, margin_gemms; /* after a bucket starts, the next margin_gemms GEMMs leave margin_sms SMs */
     glm_err hook_err;      /* a failure inside the backward hook, returned by reduce_grads */
     int saved_stderr;      /* ranks > 0 log to a file; the terminal's stderr kept here (-1) */
 } glm_dp;
 
+/* ZeRO-2 (dp_zero2.c). */
+int glm_dp_z2_attach(glm_dp *dp, glm_err *err);
+void glm_dp_z2_micro_begin(glm_dp *dp);
+void glm_dp_z2_ready(glm_dp *dp, size_t first);
+int glm_dp_z2_finish(glm_dp *dp, glm_err *err);
+void glm_dp_z2_free(glm_dp *dp);
+/* Before a step's micro-batches: zeroes the gradients (the model's, or nothing under ZeRO-2,
+ * whose first micro-batch overwrites the shard). */
+void glm_dp_zero_grads(glm_dp *dp);
 /* Piece `rank` of bucket i: flat elements [*lo, *lo + returned count), kept at offset *off of
  * that rank's shard (pieces lie in the shard in flat order). */
 size_t glm_dp_piece(const glm_dp *dp, int rank, int i, size_t *lo, size_t *off);

@@ -42,6 +42,7 @@ void glm_pp_print_plan(const glm_train_args *a, const glm_config *c, int cuda, i
     glm_err err;
     if (glm_pp_map(a, c, cuda, &map, &sh, &err)) return;
     sh.dp = a->zero_stage >= 1 ? D / map.n : 1;
+    sh.zero2 = a->zero_stage == 2;
     for (int k = 0; k < map.n; k++) {
         glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
         char sz[7][32], who[48] = "";
@@ -65,6 +66,7 @@ int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, 
     if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;
     int P = map.n;
     sh.dp = a->zero_stage >= 1 ? D / P : 1;
+    sh.zero2 = a->zero_stage == 2;
     for (int k = 0; k < P; k++) {
         glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
         if (p.total <= (double)cap) continue;

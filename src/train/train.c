@@ -122,7 +122,7 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     }
     n_sup = (long)g[0];
     *tokens = g[1];
-    glm_zero_grads(&t->m);
+    glm_dp_zero_grads(t->dp);
     double scale = a->fp16 ? t->scaler.scale : 1.0;
     double sum = 0;
     if (n_sup > 0 && t->pp) {

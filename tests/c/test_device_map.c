@@ -109,8 +109,34 @@ static void test_plan(test_counts *tc) {
         if (glm_stage_memory_plan(&s, &m, k, &sh).params != st.tab.total * 4.0) same = 0;
         glm_model_free(&st);
     }
-    be->destroy(be);
     TEST_CHECK(tc, "stage_memory_plan_matches_stage_model", same, "weights differ from the stage model's buffer");
+    /* ZeRO-2 on 2 ranks: the planned gradients are the shard plus the staging slots that
+     * parallel/dp_zero2.c sizes from the model's units once laid out for 2 ranks (two for the
+     * largest unit, plus the tied embedding's own); within the units' alignment padding */
+    for (int tie = 0; tie < 2; tie++) {
+        s.tie_word_embeddings = tie;
+        glm_device_map one;
+        glm_device_map_thudm(&one, 1, &s, &err);
+        glm_stage_shape z = sh;
+        z.dp = 2;
+        z.zero2 = 1;
+        glm_model mm;
+        glm_model_init(&mm, &s, be);
+        glm_model_relayout(&mm, 64 * 2);
+        glm_span u[16];
+        int nu = glm_model_units(&mm, u);
+        double ring = 0, wte = 0;
+        for (int i = 0; i < nu; i++) {
+            if (tie && i == 0) wte = (double)u[i].n;
+            else if ((double)u[i].n > ring) ring = (double)u[i].n;
+        }
+        double want = ((double)mm.tab.total / 2 + 2 * ring + wte) * 4, got = glm_stage_memory_plan(&s, &one, 0, &z).grads;
+        glm_model_free(&mm);
+        char name[64];
+        snprintf(name, sizeof name, "stage_memory_plan_zero2_%s", tie ? "tied" : "untied");
+        TEST_CHECK(tc, name, fabs(got - want) <= 0.01 * want, "planned %.0f vs allocated %.0f bytes", got, want);
+    }
+    be->destroy(be);
 }
 
 /* A JSON map of `n` layers: stage of embedding, of each layer, of final norm, of lm_head (-1 = leave out). */

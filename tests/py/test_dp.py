@@ -11,7 +11,7 @@ tokenizer of test_train.py:
     --save_on_interrupt stops every worker after writing a checkpoint;
   - a torchrun environment on CPU without MPI is a clear error.
 Prints PASS/FAIL/SKIP lines; SKIP when mpirun or an MPI build is missing."""
-import array, json, os, shutil, signal, struct, subprocess, sys, tempfile, time
+import array, json, os, re, shutil, signal, struct, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
@@ -134,6 +134,26 @@ def main():
                     err, n = rel(losses(out), ref[acc])
                     report("dp_%dranks_zero%d_accum%d_matches_1rank" % (np_, zero, acc), n == 20 and err < 1e-6,
                            "max relative loss difference %.2e over %d steps" % (err, n))
+        # ZeRO-2 with an untied head (the head and the embedding are separate staging units), with
+        # accumulation; the log states the gradient memory per rank
+        untied = os.path.join(d, "config-untied.json")
+        c2 = json.load(open(cfg))
+        c2["tie_word_embeddings"] = False
+        json.dump(c2, open(untied, "w"))
+        ub = [x if x != cfg else untied for x in base]
+        out = os.path.join(d, "untied-ref")
+        run(ub + steps20 + ["--output_dir", out, "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"])
+        want_l = losses(out)
+        out = os.path.join(d, "untied-z2")
+        p = run(ub + steps20 + ["--output_dir", out, "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+                                "--zero_stage", "2"], np=2)
+        err, n = rel(losses(out), want_l)
+        mem = re.search(r"ZeRO-2: gradients ([0-9.]+) MiB per rank \(shard ([0-9.]+) \+ staging ([0-9.]+)\) instead of ([0-9.]+)",
+                        p.stdout + p.stderr)
+        report("dp_2ranks_zero2_untied_accum2_matches_1rank", n == 20 and err < 1e-6 and mem is not None
+               and abs(float(mem.group(2)) * 2 - float(mem.group(4))) <= 0.1 + 1e-9,
+               "max relative loss difference %.2e over %d steps; %s" % (err, n, mem.group(0) if mem else "no ZeRO-2 memory line"))
+
         # the optimizer state that ZeRO ranks gather for a checkpoint is the one-rank state, tensor
         # by tensor (each rank's shard is one piece of every bucket: a wrong placement shows here)
         want = st_read(os.path.join(d, "ref-acc1", "checkpoint-10", "optimizer.safetensors"))
