@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Correctness of the parallel paths on GPUs (fp32, a small model on the demo data): one GPU
-# against 2 GPUs data parallel (ZeRO 0, and ZeRO 1 with small buckets: many reduce-scatter
-# pieces) and 2 pipeline stages, tied and untied heads; prints the loss of
+# against 2 GPUs data parallel (ZeRO 0, ZeRO 1 with small buckets: many reduce-scatter pieces,
+# ZeRO 2: gradients staged per unit, with accumulation 4) and 2 pipeline stages, tied and untied heads; prints the loss of
 # every step side by side and the largest relative difference to one GPU.
 set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
@@ -33,6 +33,7 @@ for head in tied untied; do
     run "p1-$head" $head --nproc_per_node 1
     run "dp2-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2
     run "dp2z1-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 1 --bucket_size_mb 0.5
+    run "dp2z2-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 2
     run "pp2-$head" $head --nproc_per_node 2 --pipeline_parallel_size 2
 done
 python3 - "$W" <<'PY' | tee "$OUT/check.txt"
@@ -44,7 +45,7 @@ def losses(name):
     return [r["loss"] for r in json.load(open(p))["log_history"] if "loss" in r]
 for head in ("tied", "untied"):
     ref = losses("p1-" + head)
-    for v in ("dp2", "dp2z1", "pp2"):
+    for v in ("dp2", "dp2z1", "dp2z2", "pp2"):
         got = losses("%s-%s" % (v, head))
         if ref is None or got is None:
             print("%s-%s: missing (see logs)" % (v, head)); continue
