@@ -135,6 +135,24 @@ static inline float *view_at(glm_qkv_view v, int b, int t, int h) {
     return (float *)v.base + b * v.batch_stride + t * v.tok_stride + h * v.head_stride;
 }
 
+/* Dot product in a fixed order (8 interleaved partial sums, then pairwise), so the compiler can
+ * vectorize it (a plain running sum may not be reordered) and the result is the same on every
+ * run and thread count. */
+static inline float dot(const float *restrict a, const float *restrict b, int n) {
+    float acc[8] = {0};
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[d + k] * b[d + k];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; d < n; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* y[d] += a * x[d] */
+static inline void axpy(float *restrict y, float a, const float *restrict x, int n) {
+    for (int d = 0; d < n; d++) y[d] += a * x[d];
+}
+
 void cpu_attention_fwd(float *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                        const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
 #pragma omp parallel
@@ -148,10 +166,7 @@ void cpu_attention_fwd(float *out, float *lse, glm_qkv_view q, glm_qkv_view k, g
                     const float *qi = view_at(q, b, i, h);
                     float mx = -INFINITY;
                     for (int j = lo; j < hi; j++) {
-                        const float *kj = view_at(k, b, j, h);
-                        float s = 0;
-                        for (int d = 0; d < HD; d++) s += qi[d] * kj[d];
-                        p[j] = s * scale;
+                        p[j] = dot(qi, view_at(k, b, j, h), HD) * scale;
                         if (p[j] > mx) mx = p[j];
                     }
                     float sum = 0;
@@ -159,11 +174,7 @@ void cpu_attention_fwd(float *out, float *lse, glm_qkv_view q, glm_qkv_view k, g
                     float *o = out + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
                     memset(o, 0, sizeof(float) * HD);
                     float inv = sum > 0 ? 1.0f / sum : 0.0f;
-                    for (int j = lo; j < hi; j++) {
-                        const float *vj = view_at(v, b, j, h);
-                        float w = p[j] * inv;
-                        for (int d = 0; d < HD; d++) o[d] += w * vj[d];
-                    }
+                    for (int j = lo; j < hi; j++) axpy(o, p[j] * inv, view_at(v, b, j, h), HD);
                     lse[((size_t)b * NH + h) * Tq + i] = hi > lo ? mx + logf(sum) : -INFINITY;
                 }
         free(p);
@@ -188,20 +199,14 @@ void cpu_attention_bwd(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const 
                 const float *doi = dout + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
                 const float *oi = out + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
                 float *dqi = view_at(dq, b, i, h);
-                float L = lse[((size_t)b * NH + h) * Tq + i], D = 0;
-                for (int d = 0; d < HD; d++) D += doi[d] * oi[d];
+                float L = lse[((size_t)b * NH + h) * Tq + i], D = dot(doi, oi, HD);
                 for (int j = lo; j < hi; j++) {
                     const float *kj = view_at(k, b, j, h), *vj = view_at(v, b, j, h);
-                    float s = 0, dp = 0;
-                    for (int d = 0; d < HD; d++) { s += qi[d] * kj[d]; dp += doi[d] * vj[d]; }
-                    float pij = expf(s * scale - L);
-                    float ds = pij * (dp - D) * scale;
-                    float *dkj = view_at(dk, b, j, h), *dvj = view_at(dv, b, j, h);
-                    for (int d = 0; d < HD; d++) {
-                        dvj[d] += pij * doi[d];
-                        dqi[d] += ds * kj[d];
-                        dkj[d] += ds * qi[d];
-                    }
+                    float pij = expf(dot(qi, kj, HD) * scale - L);
+                    float ds = pij * (dot(doi, vj, HD) - D) * scale;
+                    axpy(view_at(dv, b, j, h), pij, doi, HD);
+                    axpy(dqi, ds, kj, HD);
+                    axpy(view_at(dk, b, j, h), ds, qi, HD);
                 }
             }
         }
