@@ -95,9 +95,9 @@ void glm_model_relayout(glm_model *m, size_t unit_align) {
     m->tab = tab;
     free(m->w.layer);
     free(m->g.layer);
-    m->g.layer = NULL;
     bind_weights(m, m->params, &m->w);
     if (m->grads) bind_weights(m, m->grads, &m->g);
+    else m->g = (glm_weights){.layer = glm_calloc((size_t)m->cfg.num_layers, sizeof *m->g.layer)}; /* placed by grads_unit */
     m->flat_cap = tab.total;
 }
 

@@ -92,8 +92,8 @@ int glm_dp_z2_attach(glm_dp *dp, glm_err *err) {
     glm_model *m = dp->m;
     glm_backend *be = m->be;
     glm_dp_z2 *z = &dp->z2;
+    glm_model_drop_grads(m); /* first: no moment with two copies of it */
     glm_model_relayout(m, ALIGN * (size_t)dp->world);
-    glm_model_drop_grads(m);
     glm_span *u = glm_malloc(sizeof *u * (size_t)(m->cfg.num_layers + 2));
     int nu = glm_model_units(m, u);
     /* the buckets are the units, from the end of the flat buffer (backward's order) */

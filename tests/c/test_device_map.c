@@ -122,9 +122,24 @@ static void test_plan(test_counts *tc) {
         z.zero2 = 1;
         glm_model mm;
         glm_model_init(&mm, &s, be);
+        glm_model_init_random(&mm, 5 + (uint64_t)tie, 0.02f);
+        float *before = malloc(sizeof(float) * mm.tab.total);
+        glm_model_get_params(&mm, before);
+        glm_table old = mm.tab;
+        size_t *old_off = malloc(sizeof(size_t) * (size_t)old.n);
+        for (int i = 0; i < old.n; i++) old_off[i] = old.t[i].offset;
         glm_model_relayout(&mm, 64 * 2);
+        float *after = malloc(sizeof(float) * mm.tab.total);
+        glm_model_get_params(&mm, after);
         glm_span u[16];
-        int nu = glm_model_units(&mm, u);
+        int nu = glm_model_units(&mm, u), kept = 1, aligned = mm.tab.total % 128 == 0;
+        for (int i = 0; i < mm.tab.n; i++)
+            if (memcmp(before + old_off[i], after + mm.tab.t[i].offset, mm.tab.t[i].numel * sizeof(float)) != 0) kept = 0;
+        for (int i = 0; i < nu; i++) if (u[i].lo % 128 || u[i].n % 128) aligned = 0;
+        free(before); free(after); free(old_off);
+        char rn[64];
+        snprintf(rn, sizeof rn, "model_relayout_keeps_values_aligns_units_%s", tie ? "tied" : "untied");
+        TEST_CHECK(tc, rn, kept && aligned && nu == s.num_layers + 2, "values kept %d, units aligned %d, %d units", kept, aligned, nu);
         double ring = 0, wte = 0;
         for (int i = 0; i < nu; i++) {
             if (tie && i == 0) wte = (double)u[i].n;
