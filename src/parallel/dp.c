@@ -23,6 +23,8 @@ int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err) {
     dp->saved_stderr = -1;
     const char *no = getenv("GLMTRAIN_DP_NO_OVERLAP");
     dp->no_overlap = no && strcmp(no, "1") == 0;
+    const char *fg = getenv("GLMTRAIN_DP_FG_MB"); /* buckets below this many MiB of the flat buffer skip the background lane */
+    dp->fg_mb = fg ? atof(fg) : 0;
     const char *sm = getenv("GLMTRAIN_DP_SM_MARGIN"); /* "SMS:GEMMS" (experiment) */
     if (sm && sscanf(sm, "%d:%d", &dp->margin_sms, &dp->margin_gemms) != 2) dp->margin_sms = 0;
     *out = dp;
@@ -144,7 +146,14 @@ static int start_bucket(glm_dp *dp, int i, glm_err *err) {
 static void on_grads_ready(void *ctx, size_t first) {
     glm_dp *dp = ctx;
     if (!dp->armed || dp->hook_failed) return;
-    if (dp->zero2) { glm_dp_z2_ready(dp, first); return; }
+    /* while backward goes on, the reductions may take the background lane; the last ones
+     * (the embedding's, after which nothing hides them) go at full speed */
+    dp->comm->background = first > dp->fg_elems;
+    if (dp->zero2) {
+        glm_dp_z2_ready(dp, first);
+        dp->comm->background = 0;
+        return;
+    }
     double t0 = glm_now();
     int started = 0;
     for (int i = 0; i < dp->nb && dp->b[i].lo >= first; i++) {
@@ -158,6 +167,7 @@ static void on_grads_ready(void *ctx, size_t first) {
     if (started && dp->margin_sms > 0 && be->leave_sms) be->leave_sms(be, dp->margin_sms, dp->margin_gemms * started);
     dp->comm->poke(dp->comm);
     dp->hook_s += glm_now() - t0;
+    dp->comm->background = 0;
 }
 
 /* Buckets of at most bucket_mb from the end of the flat buffer; every size a multiple of
@@ -235,6 +245,7 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
         glm_model_reserve_flat(m, padded);
         make_buckets(dp, padded);
     }
+    dp->fg_elems = (size_t)(dp->fg_mb * 1048576.0 / (double)glm_cdtype_size(dp->gdt));
     if (dp->comm->register_buffer) {
         size_t bytes = padded * glm_cdtype_size(dp->gdt);
         dp->comm->register_buffer(dp->comm, m->params, bytes);

@@ -74,6 +74,8 @@ typedef struct glm_dp {
     int zero2;             /* ZeRO-2 staging on (a whole model on world > 1 ranks) */
     glm_dp_z2 z2;
     int margin_sms, margin_gemms; /* after a bucket starts, the next margin_gemms GEMMs leave margin_sms SMs */
+    double fg_mb;          /* GLMTRAIN_DP_FG_MB: the first MiB of the flat buffer never take the background lane */
+    size_t fg_elems;
     glm_err hook_err;      /* a failure inside the backward hook, returned by reduce_grads */
     int saved_stderr;      /* ranks > 0 log to a file; the terminal's stderr kept here (-1) */
 } glm_dp;
