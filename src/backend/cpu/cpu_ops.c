@@ -212,12 +212,23 @@ void cpu_attention_bwd(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const 
         }
 }
 
+/* tanh as x * P(x^2) / Q(x^2): a (4,4) rational least-squares fit to tanh on [-9, 9] (fitted
+ * for this file; max relative error 4.1e-7 in float, a few ulp; beyond +-9 tanh is +-1 in
+ * float). Plain arithmetic, so GELU's loops vectorize: libm's tanhf was 13% of the CPU step. */
+static inline float tanh_rational(float x) {
+    float c = x < -9.0f ? -9.0f : x > 9.0f ? 9.0f : x, y = c * c;
+    float p = (((1.3683502e-08f * y + 2.0847756e-05f) * y + 3.5101555e-03f) * y + 0.13393314f) * y + 1.0f;
+    float q = (((7.9115409e-07f * y + 3.3094126e-04f) * y + 2.5932472e-02f) * y + 0.46726635f) * y + 1.0f;
+    float t = c * p / q;
+    return t > 1.0f ? 1.0f : t < -1.0f ? -1.0f : t;
+}
+
 #define GELU_C 0.7978845608028654f
 void cpu_gelu_fwd(float *out, const float *x, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         float a = x[i];
-        out[i] = 0.5f * a * (1.0f + tanhf(GELU_C * a * (1.0f + 0.044715f * a * a)));
+        out[i] = 0.5f * a * (1.0f + tanh_rational(GELU_C * a * (1.0f + 0.044715f * a * a)));
     }
 }
 
@@ -226,7 +237,7 @@ void cpu_gelu_bwd(float *dx, const float *x, const float *dout, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float a = x[i];
         float u = GELU_C * a * (1.0f + 0.044715f * a * a);
-        float t = tanhf(u);
+        float t = tanh_rational(u);
         float du = GELU_C * (1.0f + 3.0f * 0.044715f * a * a);
         float g = 0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * du;
         dx[i] = dout[i] * g;
