@@ -48,8 +48,35 @@ static void test_linear(test_counts *tc) {
     free(d);
 }
 
+/* GELU (tanh form, as ChatGLM) and its derivative on a dense grid of [-12, 12] against double
+ * precision: the CPU computes tanh from plain arithmetic (backend/cpu/cpu_ops.c), not libm. */
+static void test_gelu(test_counts *tc) {
+    enum { N = 240001 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N), *dy = malloc(sizeof(float) * N);
+    float *one = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) { x[i] = -12.0f + 1e-4f * (float)i; one[i] = 1.0f; }
+    cpu_gelu_fwd(y, x, N);
+    cpu_gelu_bwd(dy, x, one, N);
+    double ef = 0, eb = 0;
+    const double c = 0.7978845608028654;
+    for (int i = 0; i < N; i++) {
+        double a = x[i], u = c * a * (1 + 0.044715 * a * a), t = tanh(u);
+        double f = 0.5 * a * (1 + t), g = 0.5 * (1 + t) + 0.5 * a * (1 - t * t) * c * (1 + 3 * 0.044715 * a * a);
+        /* relative above 1, absolute below: in the negative tail 1 + tanh cancels, for libm too */
+        double e1 = fabs(y[i] - f) / (fabs(f) > 1 ? fabs(f) : 1), e2 = fabs(dy[i] - g) / (fabs(g) > 1 ? fabs(g) : 1);
+        if (e1 > ef) ef = e1;
+        if (e2 > eb) eb = e2;
+    }
+    free(x); free(y); free(dy); free(one);
+    /* libm's tanhf gives 1.3e-7 and 5.6e-7 here */
+    TEST_CHECK(tc, "cpu_gelu_fwd_vs_double", ef < 3e-7, "max err %.3g (limit 3e-7)", ef);
+    TEST_CHECK(tc, "cpu_gelu_bwd_vs_double", eb < 1.5e-6, "max err %.3g (limit 1.5e-6)", eb);
+    printf("  gelu max rel errors: forward %.3g, backward %.3g\n", ef, eb);
+}
+
 int main(void) {
     test_counts tc = {0};
+    test_gelu(&tc);
     test_glm_model(&tc);
     test_layer_norm(&tc);
     test_linear(&tc);
