@@ -158,7 +158,7 @@ static void on_grads_ready(void *ctx, size_t first) {
     int started = 0;
     for (int i = 0; i < dp->nb && dp->b[i].lo >= first; i++) {
         if (dp->b[i].started) continue;
-        if (start_bucket(dp, i, &dp->hook_err)) { dp->hook_failed = 1; return; }
+        if (start_bucket(dp, i, &dp->hook_err)) { dp->hook_failed = 1; dp->comm->background = 0; return; }
         started++;
     }
     /* the GEMMs queued next run beside these reduce-scatters: plan them around the SMs the
