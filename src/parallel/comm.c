@@ -66,6 +66,7 @@ glm_comm *glm_comm_single(void) {
     glm_comm *c = glm_calloc(1, sizeof *c);
     c->kind = "single";
     c->world = 1;
+    c->ordered = 1;
     c->allreduce = s_allreduce;
     c->reduce_scatter = s_reduce_scatter;
     c->started = s_started;

@@ -131,10 +131,11 @@ static int n_reduce_scatter(glm_comm *c, const void *send, void *recv, size_t n,
 static int n_started(glm_comm *c) { return IM(c)->n; }
 
 static int n_allgather(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
-    if (begin(c, "allgather", what, err)) return -1;
+    int lane = lane_of(c); /* after a reduce-scatter of the same lane it stays in order behind it */
+    if (begin_on(c, lane, "allgather", what, err)) return -1;
     const char *mine = (const char *)buf + (size_t)c->rank * n * glm_cdtype_size(dt);
-    ncclResult_t r = ncclAllGather(mine, buf, n, nccl_type(dt), IM(c)->comm, IM(c)->cs);
-    return finish(c, r, "allgather", what, err);
+    ncclResult_t r = ncclAllGather(mine, buf, n, nccl_type(dt), comm_of(c, lane), stream_of(c, lane));
+    return finish_on(c, lane, r, "allgather", what, err);
 }
 
 static int n_gather(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype dt, int root, const char *what,
@@ -307,6 +308,7 @@ int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *com
     glm_comm *c = glm_calloc(1, sizeof *c);
     nccl_impl *im = glm_calloc(1, sizeof *im);
     c->kind = "nccl";
+    c->ordered = 1;
     c->rank = rank;
     c->world = world;
     c->timeout = timeout;

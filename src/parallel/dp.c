@@ -23,6 +23,8 @@ int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err) {
     dp->saved_stderr = -1;
     const char *no = getenv("GLMTRAIN_DP_NO_OVERLAP");
     dp->no_overlap = no && strcmp(no, "1") == 0;
+    const char *ag = getenv("GLMTRAIN_DP_Z0_AG_BACKWARD");
+    dp->z0_ag_backward = ag && strcmp(ag, "1") == 0;
     const char *fg = getenv("GLMTRAIN_DP_FG_MB"); /* buckets below this many MiB of the flat buffer skip the background lane */
     dp->fg_mb = fg ? atof(fg) : 0;
     const char *sm = getenv("GLMTRAIN_DP_SM_MARGIN"); /* "SMS:GEMMS" (experiment) */
@@ -140,7 +142,15 @@ static int start_bucket(glm_dp *dp, int i, glm_err *err) {
     snprintf(what, sizeof what, "gradient bucket %d", i);
     size_t n = (b->hi - b->lo) / (size_t)dp->world;
     void *buf = glm_at(dp->m->be, dp->m->grads, b->lo);
-    return dp->comm->reduce_scatter(dp->comm, buf, glm_at(dp->m->be, buf, (size_t)dp->rank * n), n, dp->gdt, what, err);
+    if (dp->comm->reduce_scatter(dp->comm, buf, glm_at(dp->m->be, buf, (size_t)dp->rank * n), n, dp->gdt, what, err)) return -1;
+    /* GLMTRAIN_DP_Z0_AG_BACKWARD=1 (ZeRO-0, an experiment): the sums come back at once, on the
+     * same lane, so the update is AdamW alone */
+    if (dp->cfg.zero_stage == 0 && dp->z0_ag_backward) {
+        /* MPI requests on one buffer do not run in order: finish the reduce-scatter first */
+        if (!dp->comm->ordered && dp->comm->wait(dp->comm, -1, err)) return -1;
+        return dp->comm->allgather(dp->comm, buf, n, dp->gdt, what, err);
+    }
+    return 0;
 }
 
 static void on_grads_ready(void *ctx, size_t first) {
@@ -353,7 +363,9 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
     float bc1 = 1.0f - powf(o->beta1, (float)o->step), bc2 = 1.0f - powf(o->beta2, (float)o->step);
     double t0 = glm_now();
     char what[64];
-    if (!dp->sharded) {
+    if (!dp->sharded && dp->z0_ag_backward) {
+        for (int i = dp->nb - 1; i >= 0; i--) adamw_range(dp, dp->b[i].lo, dp->b[i].hi, dp->b[i].lo, lr, grad_scale, bc1, bc2);
+    } else if (!dp->sharded) {
         /* ZeRO-0: backward left each rank the sum of its own pieces; the whole gradient comes back
          * by an all-gather per bucket, and each bucket's AdamW waits (on the device) for its own,
          * so the AdamW of the whole model hides the all-gathers. They need nothing from the

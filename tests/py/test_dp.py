@@ -48,9 +48,11 @@ def losses(out, step=20):
     return {r["step"]: r["loss"] for r in h if "loss" in r}
 
 
-def run(args, np=1, check=True, timeout=120):
+def run(args, np=1, check=True, timeout=120, env=None):
     cmd = (MPIRUN + ["-np", str(np)] if np > 1 else []) + [GLM, "train"] + args
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    if env and np > 1:  # mpirun passes only what -x names
+        cmd = cmd[:len(MPIRUN)] + sum((["-x", "%s=%s" % kv] for kv in env.items()), []) + cmd[len(MPIRUN):]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(ENV, **(env or {})))
     if check and p.returncode != 0:
         raise RuntimeError("%s failed (%d):\n%s" % (" ".join(cmd[:8]), p.returncode, (p.stdout + p.stderr)[-3000:]))
     return p
@@ -153,6 +155,15 @@ def main():
         report("dp_2ranks_zero2_untied_accum2_matches_1rank", n == 20 and err < 1e-6 and mem is not None
                and abs(float(mem.group(2)) * 2 - float(mem.group(4))) <= 0.1 + 1e-9,
                "max relative loss difference %.2e over %d steps; %s" % (err, n, mem.group(0) if mem else "no ZeRO-2 memory line"))
+
+        # ZeRO-0 with each bucket's all-gather right after its reduce-scatter (an experiment
+        # switch): the same numbers
+        out = os.path.join(d, "z0-ag-backward")
+        run(base + steps20 + ["--output_dir", out, "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+                              "--zero_stage", "0", "--bucket_size_mb", "0.02"], np=2, env={"GLMTRAIN_DP_Z0_AG_BACKWARD": "1"})
+        err, n = rel(losses(out), ref[2])
+        report("dp_2ranks_zero0_allgather_in_backward_matches_1rank", n == 20 and err < 1e-6,
+               "max relative loss difference %.2e over %d steps" % (err, n))
 
         # the optimizer state that ZeRO ranks gather for a checkpoint is the one-rank state, tensor
         # by tensor (each rank's shard is one piece of every bucket: a wrong placement shows here)
