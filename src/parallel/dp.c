@@ -17,18 +17,24 @@
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
+static int env_on(const char *name) { const char *v = getenv(name); return v && strcmp(v, "1") == 0; }
+
+/* The diagnostics and experiments behind environment variables (docs/PARALLEL.md), read once. */
+static void read_experiments(glm_dp *dp) {
+    dp->debug = env_on("GLMTRAIN_DP_DEBUG");
+    dp->no_overlap = env_on("GLMTRAIN_DP_NO_OVERLAP");
+    dp->z0_ag_backward = env_on("GLMTRAIN_DP_Z0_AG_BACKWARD");
+    const char *fg = getenv("GLMTRAIN_DP_FG_MB");
+    dp->fg_mb = fg ? atof(fg) : 0;
+    const char *sm = getenv("GLMTRAIN_DP_SM_MARGIN"); /* "SMS:GEMMS" */
+    if (sm && sscanf(sm, "%d:%d", &dp->margin_sms, &dp->margin_gemms) != 2) dp->margin_sms = 0;
+}
+
 int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err) {
     glm_dp *dp = glm_calloc(1, sizeof *dp);
     dp->cfg = *cfg;
     dp->saved_stderr = -1;
-    const char *no = getenv("GLMTRAIN_DP_NO_OVERLAP");
-    dp->no_overlap = no && strcmp(no, "1") == 0;
-    const char *ag = getenv("GLMTRAIN_DP_Z0_AG_BACKWARD");
-    dp->z0_ag_backward = ag && strcmp(ag, "1") == 0;
-    const char *fg = getenv("GLMTRAIN_DP_FG_MB"); /* buckets below this many MiB of the flat buffer skip the background lane */
-    dp->fg_mb = fg ? atof(fg) : 0;
-    const char *sm = getenv("GLMTRAIN_DP_SM_MARGIN"); /* "SMS:GEMMS" (experiment) */
-    if (sm && sscanf(sm, "%d:%d", &dp->margin_sms, &dp->margin_gemms) != 2) dp->margin_sms = 0;
+    read_experiments(dp);
     *out = dp;
     if (cfg->zero_stage < 0 || cfg->zero_stage > 2) return glm_fail(err, "--zero_stage %d: choose 0, 1 or 2", cfg->zero_stage);
     if (cfg->bucket_mb <= 0) return glm_fail(err, "--bucket_size_mb must be positive");
@@ -310,7 +316,7 @@ void glm_dp_zero_grads(glm_dp *dp) {
 int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
     if (dp->world == 1) return 0;
     dp->armed = 0;
-    if (getenv("GLMTRAIN_DP_DEBUG") && dp->rank == 0) glm_info("backward: host time in bucket starts %.2f ms", 1e3 * dp->hook_s);
+    if (dp->debug && dp->rank == 0) glm_info("backward: host time in bucket starts %.2f ms", 1e3 * dp->hook_s);
     dp->hook_s = 0;
     int rc = 0;
     if (dp->hook_failed) { *err = dp->hook_err; rc = -1; }
@@ -395,7 +401,7 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
     }
     double t1 = glm_now();
     int rc = dp->comm->wait(dp->comm, -1, err);
-    if (getenv("GLMTRAIN_DP_DEBUG") && dp->rank == 0)
+    if (dp->debug && dp->rank == 0)
         glm_info("update: host enqueue %.2f ms, wait %.2f ms", 1e3 * (t1 - t0), 1e3 * (glm_now() - t1));
     return rc;
 }

@@ -69,6 +69,7 @@ typedef struct glm_dp {
     glm_cdtype gdt;        /* storage dtype of params/grads */
     glm_dp_bucket *b;      /* b[0] ends at the end of the flat buffer */
     int nb, armed, hook_failed;
+    int debug;             /* GLMTRAIN_DP_DEBUG=1: log the host time spent issuing collectives */
     double hook_s;         /* host time spent starting buckets in this backward (GLMTRAIN_DP_DEBUG) */
     int no_overlap;        /* GLMTRAIN_DP_NO_OVERLAP=1, a diagnostic: buckets wait for the end of backward */
     int zero2;             /* ZeRO-2 staging on (a whole model on world > 1 ranks) */
