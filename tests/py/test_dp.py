@@ -94,21 +94,13 @@ def still_running(pid, grace=3.0):
 
 
 def main():
-    if not os.path.exists(GLM):
-        print("SKIP dp_all: %s not built" % GLM)
-        return
-    if not shutil.which("mpirun") or not shutil.which("spm_train"):
-        print("SKIP dp_all: mpirun (openmpi-bin) or spm_train (sentencepiece) not installed")
+    why = T.parallel_missing()
+    if why:
+        print("SKIP dp_all: " + why)
         return
     d = tempfile.mkdtemp(prefix="glmtrain-dp-")
     try:
-        tok = T.make_tokenizer(d)
-        ids, vocab = T.piece_ids(tok)
-        cfg = T.write_config(d, ids, vocab)
-        train_file, _ = T.write_data(d)  # 32 records: every split below divides them evenly
-        base = ["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", train_file,
-                "--learning_rate", "1e-2", "--warmup_steps", "2", "--logging_steps", "1", "--seed", "7",
-                "--max_source_length", "32", "--max_target_length", "16", "--disable_tqdm", "--report_to", "none"]
+        cfg, base = T.parallel_setup(d)
         steps20 = ["--max_steps", "20", "--save_steps", "10"]
 
         probe = run(base + ["--output_dir", os.path.join(d, "probe"), "--max_steps", "1", "--save_strategy", "no"], np=2, check=False)

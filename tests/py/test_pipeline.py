@@ -54,25 +54,14 @@ def resume_from(d, name, src, args, np):
 
 
 def main():
-    if not os.path.exists(GLM):
-        print("SKIP pipeline_all: %s not built" % GLM)
-        return
-    if not shutil.which("mpirun") or not shutil.which("spm_train"):
-        print("SKIP pipeline_all: mpirun (openmpi-bin) or spm_train (sentencepiece) not installed")
+    why = T.parallel_missing()
+    if why:
+        print("SKIP pipeline_all: " + why)
         return
     d = tempfile.mkdtemp(prefix="glmtrain-pp-")
     try:
-        tok = T.make_tokenizer(d)
-        ids, vocab = T.piece_ids(tok)
-        cfg_path = T.write_config(d, ids, vocab)
-        cfg = json.load(open(cfg_path))
-        cfg["num_layers"] = 4
-        json.dump(cfg, open(cfg_path, "w"))
-        train_file, _ = T.write_data(d)
-        base = ["--init_from_config", cfg_path, "--tokenizer_name", tok, "--train_file", train_file,
-                "--learning_rate", "1e-2", "--warmup_steps", "2", "--logging_steps", "1", "--seed", "7",
-                "--max_source_length", "32", "--max_target_length", "16", "--disable_tqdm", "--report_to", "none",
-                "--max_steps", "20", "--save_steps", "10", "--gradient_accumulation_steps", "2"]
+        cfg_path, base = T.parallel_setup(d, num_layers=4)
+        base += ["--max_steps", "20", "--save_steps", "10", "--gradient_accumulation_steps", "2"]
         b4, b2 = ["--per_device_train_batch_size", "4"], ["--per_device_train_batch_size", "2"]
 
         probe = run(base + b4 + ["--output_dir", os.path.join(d, "probe"), "--max_steps", "1", "--save_strategy", "no",

@@ -66,6 +66,31 @@ def write_data(d):
     json.dump(recs[32:], open(val, "w"), ensure_ascii=False)
     return train, val
 
+def parallel_missing():
+    """Why the multi-rank tests cannot run here (None when they can)."""
+    if not os.path.exists(GLM):
+        return "%s not built" % GLM
+    if not shutil.which("mpirun") or not shutil.which("spm_train"):
+        return "mpirun (openmpi-bin) or spm_train (sentencepiece) not installed"
+    return None
+
+
+def parallel_setup(d, num_layers=None):
+    """Tokenizer, config (num_layers overridden if given) and the 32-record data set in d, and the
+    train flags the data- and pipeline-parallel tests share: (config path, flags)."""
+    tok = make_tokenizer(d)
+    ids, vocab = piece_ids(tok)
+    cfg_path = write_config(d, ids, vocab)
+    if num_layers:
+        cfg = json.load(open(cfg_path))
+        cfg["num_layers"] = num_layers
+        json.dump(cfg, open(cfg_path, "w"))
+    train_file, _ = write_data(d)  # 32 records: every rank split the tests use divides them evenly
+    return cfg_path, ["--init_from_config", cfg_path, "--tokenizer_name", tok, "--train_file", train_file,
+                      "--learning_rate", "1e-2", "--warmup_steps", "2", "--logging_steps", "1", "--seed", "7",
+                      "--max_source_length", "32", "--max_target_length", "16", "--disable_tqdm", "--report_to", "none"]
+
+
 def train(args, check=True):
     p = subprocess.run([GLM, "train"] + args, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
