@@ -16,10 +16,7 @@ import array, json, os, re, shutil, signal, struct, subprocess, sys, tempfile, t
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
 
-GLM = T.GLM
-MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none"]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
-results = []
+from mpi_runs import ENV, GLM, MPIRUN, losses, rel, report, run
 
 
 def st_read(path):
@@ -35,32 +32,6 @@ def st_read(path):
         a, b = info["data_offsets"]
         out[name] = array.array("f", data[a:b]).tolist()
     return out
-
-
-def report(name, ok, detail=""):
-    print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""))
-    sys.stdout.flush()
-    results.append(ok)
-
-
-def losses(out, step=20):
-    h = json.load(open(os.path.join(out, "checkpoint-%d" % step, "trainer_state.json")))["log_history"]
-    return {r["step"]: r["loss"] for r in h if "loss" in r}
-
-
-def run(args, np=1, check=True, timeout=120, env=None):
-    cmd = (MPIRUN + ["-np", str(np)] if np > 1 else []) + [GLM, "train"] + args
-    if env and np > 1:  # mpirun passes only what -x names
-        cmd = cmd[:len(MPIRUN)] + sum((["-x", "%s=%s" % kv] for kv in env.items()), []) + cmd[len(MPIRUN):]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(ENV, **(env or {})))
-    if check and p.returncode != 0:
-        raise RuntimeError("%s failed (%d):\n%s" % (" ".join(cmd[:8]), p.returncode, (p.stdout + p.stderr)[-3000:]))
-    return p
-
-
-def rel(a, b):
-    steps = sorted(set(a) & set(b))
-    return max(abs(a[s] - b[s]) / abs(b[s]) for s in steps) if steps else float("inf"), len(steps)
 
 
 def wait_for(path, text, timeout=60):
@@ -284,11 +255,5 @@ def main():
 
 
 if __name__ == "__main__":
-    t0 = time.time()
-    try:
-        main()
-    except Exception as e:  # a crash is one failure with its reason
-        print("FAIL test_dp: %s" % e)
-        sys.exit(1)
-    print("# test_dp: %.0f s" % (time.time() - t0))
-    sys.exit(0 if all(results) else 1)
+    import mpi_runs
+    mpi_runs.main_of("test_dp", main)

@@ -9,40 +9,12 @@ tiny GLM and tokenizer of test_train.py (4 layers here, tied head):
   - invalid device maps are rejected naming the module; --max_memory_per_gpu refuses P=1 when
     its plan (glmtrain info) is over the cap and lets P=2 train.
 Prints PASS/FAIL/SKIP lines; SKIP when mpirun or an MPI build is missing."""
-import json, os, re, shutil, subprocess, sys, tempfile, time
+import json, os, re, shutil, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
 
-GLM = T.GLM
-MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none"]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
-results = []
-
-
-def report(name, ok, detail=""):
-    detail = " | ".join(l.strip() for l in detail.strip().splitlines()[-3:])
-    print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""))
-    sys.stdout.flush()
-    results.append(ok)
-
-
-def losses(out, step=20):
-    h = json.load(open(os.path.join(out, "checkpoint-%d" % step, "trainer_state.json")))["log_history"]
-    return {r["step"]: r["loss"] for r in h if "loss" in r}
-
-
-def run(args, np=1, check=True, cmd="train"):
-    full = (MPIRUN + ["-np", str(np)] if np > 1 else []) + [GLM, cmd] + args
-    p = subprocess.run(full, capture_output=True, text=True, timeout=120, env=ENV)
-    if check and p.returncode != 0:
-        raise RuntimeError("%s failed (%d):\n%s" % (" ".join(full[:10]), p.returncode, (p.stdout + p.stderr)[-3000:]))
-    return p
-
-
-def rel(a, b, after=0):
-    steps = sorted(s for s in set(a) & set(b) if s > after)
-    return (max(abs(a[s] - b[s]) / abs(b[s]) for s in steps) if steps else float("inf")), len(steps)
+from mpi_runs import losses, rel, report, run
 
 
 def resume_from(d, name, src, args, np):
@@ -143,11 +115,5 @@ def main():
 
 
 if __name__ == "__main__":
-    t0 = time.time()
-    try:
-        main()
-    except Exception as e:  # a crash is one failure with its reason
-        print("FAIL test_pipeline: %s" % e)
-        sys.exit(1)
-    print("# test_pipeline: %.0f s" % (time.time() - t0))
-    sys.exit(0 if all(results) else 1)
+    import mpi_runs
+    mpi_runs.main_of("test_pipeline", main)

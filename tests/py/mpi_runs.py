@@ -1,0 +1,54 @@
+"""What the multi-rank tests (test_dp.py, test_pipeline.py) share: running `glmtrain` under
+mpirun on CPU ranks, reading a run's loss curve, comparing curves, and the PASS/FAIL lines
+with the process's exit status."""
+import json, os, subprocess, sys, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_train as T
+
+GLM = T.GLM
+MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
+results = []
+
+
+def report(name, ok, detail=""):
+    detail = " | ".join(l.strip() for l in detail.strip().splitlines()[-3:])
+    print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""))
+    sys.stdout.flush()
+    results.append(ok)
+
+
+def losses(out, step=20):
+    """Logged training loss by step, from checkpoint-<step>'s trainer state."""
+    h = json.load(open(os.path.join(out, "checkpoint-%d" % step, "trainer_state.json")))["log_history"]
+    return {r["step"]: r["loss"] for r in h if "loss" in r}
+
+
+def run(args, np=1, check=True, timeout=120, env=None, cmd="train"):
+    """glmtrain <cmd> args, on np ranks under mpirun when np > 1; env is added for every rank."""
+    full = (MPIRUN + ["-np", str(np)] if np > 1 else []) + [GLM, cmd] + args
+    if env and np > 1:  # mpirun passes only what -x names
+        full = full[:len(MPIRUN)] + sum((["-x", "%s=%s" % kv] for kv in env.items()), []) + full[len(MPIRUN):]
+    p = subprocess.run(full, capture_output=True, text=True, timeout=timeout, env=dict(ENV, **(env or {})))
+    if check and p.returncode != 0:
+        raise RuntimeError("%s failed (%d):\n%s" % (" ".join(full[:10]), p.returncode, (p.stdout + p.stderr)[-3000:]))
+    return p
+
+
+def rel(a, b, after=0):
+    """Largest relative difference of two loss curves over their common steps > after, and how many."""
+    steps = sorted(s for s in set(a) & set(b) if s > after)
+    return (max(abs(a[s] - b[s]) / abs(b[s]) for s in steps) if steps else float("inf")), len(steps)
+
+
+def main_of(name, main):
+    """Runs main(); a crash is one failure with its reason; exits 1 when any check failed."""
+    t0 = time.time()
+    try:
+        main()
+    except Exception as e:
+        print("FAIL %s: %s" % (name, e))
+        sys.exit(1)
+    print("# %s: %.0f s" % (name, time.time() - t0))
+    sys.exit(0 if all(results) else 1)
