@@ -65,47 +65,59 @@ void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backe
     init_common(m, c, be, l0, l1, first, last, 0);
 }
 
+/* The tensors that open a unit: the embedding, each layer's first, the final norm's first. */
+static int starts_unit(const glm_tensor *t) { return t->kind == T_WORD_EMB || t->kind == T_LN1_W || t->kind == T_LNF_W; }
+
 int glm_model_units(const glm_model *m, glm_span *out) {
     const glm_table *t = &m->tab;
     int n = 0;
-    const glm_tensor *e = glm_table_get(t, -1, T_WORD_EMB), *f = glm_table_get(t, -1, T_LNF_W);
-    if (e) out[n++].lo = e->offset;
-    for (int l = m->layer_lo; l < m->layer_hi; l++) out[n++].lo = glm_table_get(t, l, T_LN1_W)->offset;
-    if (f) out[n++].lo = f->offset;
+    for (int i = 0; i < t->n; i++) /* the table lists tensors in flat order */
+        if (starts_unit(&t->t[i])) out[n++].lo = t->t[i].offset;
     for (int i = 0; i < n; i++) out[i].n = (i + 1 < n ? out[i + 1].lo : t->total) - out[i].lo;
     return n;
 }
 
-void glm_model_relayout(glm_model *m, size_t unit_align) {
+/* The params and grads buffers (those that exist) re-made with `elems` elements, each tensor
+ * moved from its offset in m->tab to its offset in `to` (the rest zero). */
+static void move_flat(glm_model *m, const glm_table *to, size_t elems) {
     glm_backend *be = m->be;
-    glm_table tab;
-    glm_table_build_units(&tab, &m->cfg, m->layer_lo, m->layer_hi, m->first, m->last, unit_align);
-    size_t es = glm_dtype_size(be->dtype), bytes = tab.total * es;
+    size_t es = glm_dtype_size(be->dtype);
     void **bufs[2] = {&m->params, &m->grads};
     for (int b = 0; b < 2; b++) {
         if (!*bufs[b]) continue;
-        void *p = be->alloc(be, bytes);
-        be->zero(be, p, bytes);
-        for (int i = 0; i < tab.n; i++)
-            be->copy(be, glm_at(be, p, tab.t[i].offset), glm_at(be, *bufs[b], m->tab.t[i].offset), tab.t[i].numel * es);
+        void *p = be->alloc(be, elems * es);
+        be->zero(be, p, elems * es);
+        for (int i = 0; i < to->n; i++)
+            be->copy(be, glm_at(be, p, to->t[i].offset), glm_at(be, *bufs[b], m->tab.t[i].offset), to->t[i].numel * es);
         be->free(be, *bufs[b]);
         *bufs[b] = p;
     }
-    glm_table_free(&m->tab);
-    m->tab = tab;
+    m->flat_cap = elems;
+}
+
+/* The weight and gradient views follow the buffers; without a gradient buffer (ZeRO-2) the
+ * gradient views are placed unit by unit by grads_unit. */
+static void rebind(glm_model *m) {
     free(m->w.layer);
     free(m->g.layer);
     bind_weights(m, m->params, &m->w);
     if (m->grads) bind_weights(m, m->grads, &m->g);
-    else m->g = (glm_weights){.layer = glm_calloc((size_t)m->cfg.num_layers, sizeof *m->g.layer)}; /* placed by grads_unit */
-    m->flat_cap = tab.total;
+    else m->g = (glm_weights){.layer = glm_calloc((size_t)m->cfg.num_layers, sizeof *m->g.layer)};
+}
+
+void glm_model_relayout(glm_model *m, size_t unit_align) {
+    glm_table tab;
+    glm_table_build_units(&tab, &m->cfg, m->layer_lo, m->layer_hi, m->first, m->last, unit_align);
+    move_flat(m, &tab, tab.total);
+    glm_table_free(&m->tab);
+    m->tab = tab;
+    rebind(m);
 }
 
 void glm_model_drop_grads(glm_model *m) {
     if (m->grads) m->be->free(m->be, m->grads);
     m->grads = NULL;
-    free(m->g.layer);
-    m->g = (glm_weights){.layer = glm_calloc((size_t)m->cfg.num_layers, sizeof *m->g.layer)};
+    rebind(m);
 }
 
 /* The gradient pointer of tensor t in w. */
@@ -136,40 +148,24 @@ static void **grad_field(glm_weights *w, const glm_tensor *t) {
  * hook may send them elsewhere (ZeRO-2 staging); the unit's gradient views follow. */
 static void begin_unit(glm_model *m, size_t lo) {
     if (!m->grads_unit) return;
-    glm_span *u = glm_malloc(sizeof *u * (size_t)(m->cfg.num_layers + 2));
-    int n = glm_model_units(m, u), i = 0;
-    while (i < n && u[i].lo != lo) i++;
-    GLM_ASSERT(i < n);
-    glm_span unit = u[i];
-    free(u);
-    void *base = m->grads_unit(m->grads_unit_ctx, unit.lo, unit.lo + unit.n);
+    size_t hi = m->tab.total; /* the next unit's start */
+    for (int j = 0; j < m->tab.n; j++)
+        if (starts_unit(&m->tab.t[j]) && m->tab.t[j].offset > lo && m->tab.t[j].offset < hi) hi = m->tab.t[j].offset;
+    void *base = m->grads_unit(m->grads_unit_ctx, lo, hi);
     if (!base) return;
     for (int j = 0; j < m->tab.n; j++) {
         const glm_tensor *t = &m->tab.t[j];
-        if (t->offset < unit.lo || t->offset >= unit.lo + unit.n) continue;
+        if (t->offset < lo || t->offset >= hi) continue;
         void **f = grad_field(&m->g, t);
-        if (f) *f = glm_at(m->be, base, t->offset - unit.lo);
+        if (f) *f = glm_at(m->be, base, t->offset - lo);
         if (t->kind == T_WORD_EMB && m->cfg.tie_word_embeddings) m->g.head = m->g.wte;
     }
 }
 
 void glm_model_reserve_flat(glm_model *m, size_t elems) {
     if (elems <= m->flat_cap) return;
-    glm_backend *be = m->be;
-    size_t es = glm_dtype_size(be->dtype), old = m->flat_cap * es, bytes = elems * es;
-    void **bufs[2] = {&m->params, &m->grads};
-    for (int i = 0; i < 2; i++) {
-        void *p = be->alloc(be, bytes);
-        be->copy(be, p, *bufs[i], old);
-        be->zero(be, (char *)p + old, bytes - old);
-        be->free(be, *bufs[i]);
-        *bufs[i] = p;
-    }
-    free(m->w.layer);
-    free(m->g.layer);
-    bind_weights(m, m->params, &m->w);
-    bind_weights(m, m->grads, &m->g);
-    m->flat_cap = elems;
+    move_flat(m, &m->tab, elems);
+    rebind(m);
 }
 
 void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t N) {

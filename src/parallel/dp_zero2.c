@@ -101,10 +101,11 @@ int glm_dp_z2_attach(glm_dp *dp, glm_err *err) {
     dp->b = glm_calloc((size_t)nu, sizeof *dp->b);
     z->tied = m->cfg.tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB);
     z->wte_lo = z->tied ? glm_table_get(&m->tab, -1, T_WORD_EMB)->offset : 0;
-    size_t ring = 0;
+    size_t ring = 0, wte = 0;
     for (int i = 0; i < nu; i++) {
         dp->b[i] = (glm_dp_bucket){.lo = u[nu - 1 - i].lo, .hi = u[nu - 1 - i].lo + u[nu - 1 - i].n};
-        if (!(z->tied && u[i].lo == z->wte_lo) && u[i].n > ring) ring = u[i].n;
+        if (z->tied && u[i].lo == z->wte_lo) wte = u[i].n;
+        else if (u[i].n > ring) ring = u[i].n;
     }
     free(u);
     size_t es = glm_dtype_size(be->dtype);
@@ -112,8 +113,7 @@ int glm_dp_z2_attach(glm_dp *dp, glm_err *err) {
     z->sg = be->alloc(be, dp->shard * es);
     be->zero(be, z->sg, dp->shard * es);
     z->slot_elems[0] = z->slot_elems[1] = ring;
-    z->slot_elems[2] = z->tied ? glm_table_get(&m->tab, -1, T_WORD_EMB)->numel : 0;
-    z->slot_elems[2] = (z->slot_elems[2] + ALIGN * (size_t)dp->world - 1) / (ALIGN * (size_t)dp->world) * (ALIGN * (size_t)dp->world);
+    z->slot_elems[2] = wte; /* a tied embedding's unit (0 otherwise) */
     for (int s = 0; s < 3; s++) {
         z->slot[s] = z->slot_elems[s] ? be->alloc(be, z->slot_elems[s] * es) : NULL;
         z->op[s] = -1;
