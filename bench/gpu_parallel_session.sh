@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call on a 2-GPU machine for the parallel issues: the environment check, the train
 # command end to end on the demo data (1 GPU, 2 GPUs data parallel, 2 pipeline stages), W1 data
-# parallel against one GPU (bench_dp.sh), a "two nodes" run (two processes forced onto NCCL's
-# socket transport over loopback), and the pipeline runs (bench_pp.sh). Logs go to $OUT.
+# parallel against one GPU and a "two nodes" run (two processes forced onto NCCL's socket
+# transport over loopback), both through bench/gpu_dp_session.sh, and the pipeline runs
+# (bench_pp.sh). Logs go to $OUT.
 # Build here first: make -j2 MPI=0 BUILD=build/gpu build/gpu/glmtrain build/gpu/tests/tool_pp_infer
 # and carry build/gpu/glmtrain, build/gpu/tests/tool_pp_infer, build/lib (libcjson, libgomp),
 # build/shared (the ChatGLM-6B tokenizer), build/demo (scripts/make_demo_data.py build/demo).
@@ -41,25 +42,10 @@ timeout 30 "$GLM" generate --model_name_or_path /tmp/demo-n2 --prompt "写一首
     --max_new_tokens 48 --device cuda 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
 
 log "W1 data parallel (bench_dp.sh)"
-GLM=$GLM OUT=$OUT/dp GPUS="1 2" BATCHES=8 ZERO="0 1" STEPS=10 WARM=3 timeout 200 bash bench/bench_dp.sh >"$OUT/dp.log" 2>&1
+GLM=$GLM OUT=$OUT/dp ZERO="0 1" STEPS=10 VARIANTS="dflt:" TWO_NODES=1 timeout 300 bash bench/gpu_dp_session.sh >"$OUT/dp.log" 2>&1
 tail -8 "$OUT/dp.log" | tee -a "$OUT/summary.txt"
 
 log "pipeline (bench_pp.sh)"
 GLM=$GLM OUT=$OUT/pp RUNS="check-train check-infer pp2-m8 cap-p1 cap-p2" STEPS=6 WARM=2 timeout 170 bash bench/bench_pp.sh >"$OUT/pp.log" 2>&1
 tail -25 "$OUT/pp.log" | tee -a "$OUT/summary.txt"
-log "W1 two nodes over NCCL sockets (loopback)"
-W=$OUT/dp/work
-for r in 0 1; do
-    CUDA_VISIBLE_DEVICES=$r NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
-    timeout 90 "$GLM" train --init_from_config "$W/config.json" --tokenizer_name build/shared/tokenizers/chatglm-6b \
-        --train_file "$W/w1.jsonl" --output_dir "/tmp/w1-2node-r$r" --overwrite_output_dir --bf16 \
-        --per_device_train_batch_size 8 --max_source_length 256 --max_target_length 256 --learning_rate 1e-5 \
-        --max_steps 10 --logging_steps 1 --save_strategy no --save_final_model false --report_to none --disable_tqdm \
-        --nnodes 2 --node_rank $r --nproc_per_node 1 --master_addr 127.0.0.1 --master_port 29533 \
-        >"$OUT/w1-2node-r$r.log" 2>&1 &
-done
-wait
-grep -E "tokens_per_second" "$OUT/w1-2node-r0.log" | tail -3 | tee -a "$OUT/summary.txt"
-grep -E "error|NCCL INFO.*Socket|transport" "$OUT/w1-2node-r0.log" | head -5 | tee -a "$OUT/summary.txt"
-
 log done
