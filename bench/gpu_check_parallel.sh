@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Correctness of the parallel paths on GPUs (fp32, a small model on the demo data): one GPU
-# against 2 GPUs data parallel (ZeRO 0, ZeRO 1 with small buckets: many reduce-scatter pieces,
+# against 2 GPUs data parallel (ZeRO 0, ZeRO 1 with small buckets: many pieces; each by copy
+# engines (the default on one node), through NCCL only, and with only the reduce-scatter by copies;
 # ZeRO 2: gradients staged per unit, with accumulation 4) and 2 pipeline stages, tied and untied heads; prints the loss of
 # every step side by side and the largest relative difference to one GPU.
 set -u
@@ -22,7 +23,7 @@ done
 run() { # name, head, extra flags
     local name=$1 head=$2; shift 2
     rm -rf "$W/$name"
-    timeout 90 "$GLM" train --init_from_config "$W/cfg-$head.json" --tokenizer_name build/demo/tokenizer \
+    timeout "${RUN_TIMEOUT:-90}" "$GLM" train --init_from_config "$W/cfg-$head.json" --tokenizer_name build/demo/tokenizer \
         --train_file build/demo/train.json --output_dir "$W/$name" --overwrite_output_dir --fp32 \
         --per_device_train_batch_size 4 --gradient_accumulation_steps 4 --max_source_length 48 --max_target_length 64 \
         --learning_rate 1e-3 --max_steps 8 --save_steps 8 --logging_steps 1 --report_to none --disable_tqdm --seed 3 \
@@ -33,6 +34,11 @@ for head in tied untied; do
     run "p1-$head" $head --nproc_per_node 1
     run "dp2-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2
     run "dp2z1-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 1 --bucket_size_mb 0.5
+    # the same two through NCCL only, and with only the reduce-scatter by copies (parallel/dp_peer.c)
+    GLMTRAIN_DP_PEER=0 run "dp2nccl-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2
+    GLMTRAIN_DP_PEER=0 run "dp2z1nccl-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 1 --bucket_size_mb 0.5
+    GLMTRAIN_DP_PEER_AG=0 run "dp2rs-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2
+    GLMTRAIN_DP_PEER_AG=0 run "dp2z1rs-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 1 --bucket_size_mb 0.5
     run "dp2z2-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 2
     run "pp2-$head" $head --nproc_per_node 2 --pipeline_parallel_size 2
 done
@@ -45,7 +51,7 @@ def losses(name):
     return [r["loss"] for r in json.load(open(p))["log_history"] if "loss" in r]
 for head in ("tied", "untied"):
     ref = losses("p1-" + head)
-    for v in ("dp2", "dp2z1", "dp2z2", "pp2"):
+    for v in ("dp2", "dp2z1", "dp2nccl", "dp2z1nccl", "dp2rs", "dp2z1rs", "dp2z2", "pp2"):
         got = losses("%s-%s" % (v, head))
         if ref is None or got is None:
             print("%s-%s: missing (see logs)" % (v, head)); continue

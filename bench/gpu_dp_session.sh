@@ -8,7 +8,7 @@
 # build/lib (libcjson, libgomp) and build/shared (the ChatGLM-6B tokenizer).
 # TWO_NODES=1 adds W1 as "two nodes" (two processes, NCCL over TCP sockets on loopback);
 # DDP=512x8c adds PyTorch DDP (bench/pytorch_ddp.py) on 2 GPUs and on 1.
-#   VARIANTS="base: ctas8:NCCL_MAX_CTAS=8" bash bench/gpu_dp_session.sh
+#   VARIANTS="base: ctas8:NCCL_MAX_CTAS=8 z2@2: z0ag@0:GLMTRAIN_DP_Z0_AG_BACKWARD=1" bash bench/gpu_dp_session.sh
 set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}
@@ -24,15 +24,16 @@ grep -iE "NCCL version|GPU 1 " "$OUT/env.txt" | head -3
 bench() { # tag, gpus, zero stages, env...
     local tag=$1 n=$2 z=$3; shift 3
     echo "=== $tag on $n GPU(s) ($*) $(date -u +%H:%M:%S)"
-    env "$@" GLM=$GLM OUT=$WORK GPUS=$n BATCHES=8 ZERO="$z" STEPS=$STEPS WARM=3 TAG=$tag RUN_TIMEOUT=120 \
+    env "$@" GLM=$GLM OUT=$WORK GPUS=$n BATCHES=8 ZERO="$z" STEPS=$STEPS WARM=3 TAG=$tag RUN_TIMEOUT=${RUN_TIMEOUT:-120} \
         timeout 300 bash bench/bench_dp.sh >"$WORK/session-$tag.log" 2>&1
     pkill -f "$GLM train" 2>/dev/null; sleep 1 # nothing left holding the GPUs
     cat "$WORK/summary.txt" >>"$OUT/all.jsonl"
 }
 bench 1gpu 1 0
-for v in $VARIANTS; do
-    envs=${v#*:}
-    bench "${v%%:*}" 2 "$ZERO" ${envs//,/ }
+for v in $VARIANTS; do # tag[@stages]:ENV=v,ENV2=v; stages joined by '+' replace ZERO for that variant
+    envs=${v#*:} tag=${v%%:*} z=$ZERO
+    case $tag in *@*) z=${tag#*@}; z=${z//+/ }; tag=${tag%%@*} ;; esac
+    bench "$tag" 2 "$z" ${envs//,/ }
 done
 if [ "${TWO_NODES:-0}" = 1 ]; then # the multi-node path: 2 processes on NCCL's socket transport over loopback
     echo "=== two nodes over sockets $(date -u +%H:%M:%S)"

@@ -78,6 +78,7 @@ glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *ma
         if (!c->tie_word_embeddings && table > ring) ring = table;
         p.grads = (total / dp + 2 * ring + (c->tie_word_embeddings ? table : 0)) * es;
     }
+    if (sh->peer_ranks > 1 && map->n == 1 && !sh->zero2) p.grads += total * es * (sh->peer_ranks - 1) / sh->peer_ranks;
     p.master = sh->dtype == GLM_F32 ? 0 : total * 4 / dp;
     p.moments = 2.0 * total * 4 / dp;
     /* the model's buffers (glm.c ensure_acts): per layer set 7H + 2F in S, LayerNorm statistics

@@ -49,6 +49,8 @@ typedef struct glm_stage_shape {
     int training;           /* 0: weights only (generation) */
     int dp;                 /* data-parallel replicas sharing the optimizer state (ZeRO >= 1), 1 = none */
     int zero2;              /* ZeRO-2 (one stage only): gradients = shard + staging (parallel/dp_zero2.c) */
+    int peer_ranks;         /* GPU ranks exchanging gradients by copies (parallel/dp_peer.c, one stage, ZeRO 0/1):
+                             * gradients + a landing buffer of (peer_ranks - 1) shards; 0 = none */
     int head_chunk;         /* rows of logits at once (256) */
 } glm_stage_shape;
 void glm_stage_shape_init(glm_stage_shape *sh); /* fp32, 1 x 512, training, 1 micro-batch, no ZeRO */

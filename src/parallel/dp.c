@@ -144,6 +144,7 @@ double glm_dp_shard_sumsq(glm_dp *dp, size_t skip) {
 static int start_bucket(glm_dp *dp, int i, glm_err *err) {
     glm_dp_bucket *b = &dp->b[i];
     b->started = 1;
+    if (dp->peer) { glm_dp_peer_send(dp, i); return 0; }
     char what[64];
     snprintf(what, sizeof what, "gradient bucket %d", i);
     size_t n = (b->hi - b->lo) / (size_t)dp->world;
@@ -174,6 +175,7 @@ static void on_grads_ready(void *ctx, size_t first) {
     int started = 0;
     for (int i = 0; i < dp->nb && dp->b[i].lo >= first; i++) {
         if (dp->b[i].started) continue;
+        if (!started) dp->last_batch = i;
         if (start_bucket(dp, i, &dp->hook_err)) { dp->hook_failed = 1; dp->comm->background = 0; return; }
         started++;
     }
@@ -271,6 +273,7 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     if (dp->comm->bcast(dp->comm, m->params, padded, dp->gdt, 0, "initial parameters", err) ||
         dp->comm->wait(dp->comm, -1, err))
         return -1;
+    if (gpu && glm_dp_peer_open(dp, err)) return -1;
     m->grads_ready = on_grads_ready;
     m->grads_ready_ctx = dp;
     dp->sharded = dp->cfg.zero_stage >= 1;
@@ -323,8 +326,13 @@ int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
     if (dp->zero2) {
         if (rc == 0) rc = glm_dp_z2_finish(dp, err);
     } else {
-        for (int i = 0; i < dp->nb && rc == 0; i++)
-            if (!dp->b[i].started) rc = start_bucket(dp, i, err);
+        for (int i = 0, any = 0; i < dp->nb && rc == 0; i++)
+            if (!dp->b[i].started) {
+                if (!any++) dp->last_batch = i;
+                rc = start_bucket(dp, i, err);
+            }
+        /* the buckets before the last batch started are summed while that batch travels */
+        if (rc == 0 && dp->peer) rc = glm_dp_peer_reduce(dp, dp->last_batch, err);
     }
     if (rc == 0) rc = dp->comm->wait(dp->comm, -1, err);
     for (int i = 0; i < dp->nb; i++) dp->b[i].started = 0;
@@ -336,7 +344,9 @@ int glm_dp_grad_norm(glm_dp *dp, float grad_scale, double *loss_sum, double *nor
     if (dp->world == 1) { *norm = glm_grad_norm(m, grad_scale); return 0; }
     /* each rank squares its shard (under ZeRO the only part reduced there); padding is zero */
     glm_backend *be = m->be;
-    double v[2] = {*loss_sum, dp->zero2 ? be->sumsq(be, dp->z2.sg, dp->shard) : glm_dp_shard_sumsq(dp, 0)};
+    double v[2] = {*loss_sum, dp->zero2  ? be->sumsq(be, dp->z2.sg, dp->shard)
+                              : dp->peer ? glm_dp_peer_sumsq(dp) /* the adds computed it */
+                                         : glm_dp_shard_sumsq(dp, 0)};
     if (dp->comm->sum_host(dp->comm, v, 2, -1, "loss and gradient norm", err)) return -1;
     *loss_sum = v[0];
     *norm = sqrt(v[1]) * grad_scale;
@@ -360,6 +370,32 @@ static void adamw_range(glm_dp *dp, size_t lo, size_t hi, size_t k0, float lr, f
     }
 }
 
+/* The update when the all-gathers go by copies (dp_peer.c). ZeRO-0: each rank sends its summed
+ * pieces bucket by bucket and each bucket's AdamW waits for the peers' pieces of it; ZeRO-1:
+ * each piece's updated parameters go to the peers as soon as its AdamW is done. */
+static int peer_update(glm_dp *dp, float lr, float gs, float bc1, float bc2, glm_err *err) {
+    unsigned t = glm_dp_peer_step(dp), last;
+    if (!dp->sharded) {
+        unsigned v0 = (t - 1) * (unsigned)dp->nb;
+        for (int i = dp->nb - 1, k = 0; i >= 0; i--, k++) glm_dp_peer_put(dp, 0, i, v0 + (unsigned)k + 1);
+        for (int i = dp->nb - 1, k = 0; i >= 0; i--, k++) {
+            glm_dp_peer_wait_gathered(dp, v0 + (unsigned)k + 1);
+            adamw_range(dp, dp->b[i].lo, dp->b[i].hi, dp->b[i].lo, lr, gs, bc1, bc2);
+        }
+        last = v0 + (unsigned)dp->nb;
+    } else {
+        for (int i = dp->nb - 1; i >= 0; i--) {
+            size_t lo, off, n = glm_dp_piece(dp, dp->rank, i, &lo, &off);
+            adamw_range(dp, lo, lo + n, off, lr, gs, bc1, bc2);
+            glm_dp_peer_put(dp, 1, i, 0);
+        }
+        glm_dp_peer_put(dp, 1, -1, t);
+        glm_dp_peer_wait_gathered(dp, t);
+        last = t;
+    }
+    return glm_dp_peer_end_update(dp, last, err);
+}
+
 int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) {
     glm_model *m = dp->m;
     glm_adamw *o = dp->opt;
@@ -369,7 +405,8 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
     float bc1 = 1.0f - powf(o->beta1, (float)o->step), bc2 = 1.0f - powf(o->beta2, (float)o->step);
     double t0 = glm_now();
     char what[64];
-    if (!dp->sharded && dp->z0_ag_backward) {
+    if (glm_dp_peer_gathers(dp)) return peer_update(dp, lr, grad_scale, bc1, bc2, err);
+    if (!dp->sharded && dp->z0_ag_backward && !dp->peer) {
         for (int i = dp->nb - 1; i >= 0; i--) adamw_range(dp, dp->b[i].lo, dp->b[i].hi, dp->b[i].lo, lr, grad_scale, bc1, bc2);
     } else if (!dp->sharded) {
         /* ZeRO-0: backward left each rank the sum of its own pieces; the whole gradient comes back
@@ -377,8 +414,9 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
          * so the AdamW of the whole model hides the all-gathers. They need nothing from the
          * compute stream (the sums are final), so each starts at once: AdamW never waits for the
          * host to issue the next all-gather. */
-        dp->comm->detached = 1;
         for (int i = dp->nb - 1, k = 0; i >= 0; i--, k++) {
+            /* after copies, the sums come from adds on the compute stream: the first waits for them */
+            dp->comm->detached = !dp->peer || k > 0;
             snprintf(what, sizeof what, "gradient bucket %d", i);
             if (dp->comm->allgather(dp->comm, glm_at(be, m->grads, dp->b[i].lo), (dp->b[i].hi - dp->b[i].lo) / (size_t)dp->world,
                                     dp->gdt, what, err) ||
@@ -412,6 +450,7 @@ void glm_dp_close(glm_dp *dp, int ok) {
         if (dp->comm) dp->comm->broken = 1;
         if (dp->boot) dp->boot->broken = 1;
     }
+    glm_dp_peer_free(dp);
     if (dp->comm && dp->comm != dp->boot) dp->comm->close(dp->comm);
     if (dp->boot) dp->boot->close(dp->boot);
     glm_dp_z2_free(dp);

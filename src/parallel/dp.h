@@ -38,6 +38,7 @@ typedef struct glm_dp_cfg {
     double bucket_mb;      /* gradient bucket size in MiB */
     double timeout;        /* --ddp_timeout: seconds a collective may wait */
     int save_on_interrupt; /* collectives are then not cut short by SIGINT/SIGTERM */
+    double reserve_bytes;  /* device memory training still needs after attach (activations, scratch) */
 } glm_dp_cfg;
 
 typedef struct glm_dp_bucket { size_t lo, hi; int started; } glm_dp_bucket;
@@ -56,6 +57,9 @@ typedef struct glm_dp_z2 {
     size_t wte_lo;
 } glm_dp_z2;
 
+/* The copy-engine exchange between the GPUs of one node (parallel/dp_peer.c). */
+typedef struct glm_dp_peer glm_dp_peer;
+
 typedef struct glm_dp {
     glm_dp_cfg cfg;
     glm_dist dist;
@@ -69,11 +73,13 @@ typedef struct glm_dp {
     glm_cdtype gdt;        /* storage dtype of params/grads */
     glm_dp_bucket *b;      /* b[0] ends at the end of the flat buffer */
     int nb, armed, hook_failed;
+    int last_batch;        /* the first bucket of the latest batch started together (one hook call) */
     int debug;             /* GLMTRAIN_DP_DEBUG=1: log the host time spent issuing collectives */
     double hook_s;         /* host time spent starting buckets in this backward (GLMTRAIN_DP_DEBUG) */
     int no_overlap;        /* GLMTRAIN_DP_NO_OVERLAP=1, a diagnostic: buckets wait for the end of backward */
     int zero2;             /* ZeRO-2 staging on (a whole model on world > 1 ranks) */
     glm_dp_z2 z2;
+    glm_dp_peer *peer;     /* ZeRO 0/1 on the GPUs of one node: gradients move by copy engines (or NULL) */
     int margin_sms, margin_gemms; /* after a bucket starts, the next margin_gemms GEMMs leave margin_sms SMs */
     double fg_mb;          /* GLMTRAIN_DP_FG_MB: the first MiB of the flat buffer never take the background lane */
     int z0_ag_backward;    /* GLMTRAIN_DP_Z0_AG_BACKWARD=1: ZeRO-0 all-gathers each bucket's sums right after its reduce-scatter */
@@ -88,6 +94,30 @@ void glm_dp_z2_micro_begin(glm_dp *dp);
 void glm_dp_z2_ready(glm_dp *dp, size_t first);
 int glm_dp_z2_finish(glm_dp *dp, glm_err *err);
 void glm_dp_z2_free(glm_dp *dp);
+/* The copy-engine exchange (dp_peer.c; every call a no-op or 0 without CUDA). open: after the
+ * buckets exist; sets dp->peer when every rank of the group can use it, else leaves NCCL. */
+int glm_dp_peer_open(glm_dp *dp, glm_err *err);
+void glm_dp_peer_free(glm_dp *dp);
+/* Bucket i is final: copy each peer's piece of it into that peer's landing buffer. */
+void glm_dp_peer_send(glm_dp *dp, int i);
+/* After every bucket is sent (those before `early` in earlier batches): this rank's pieces
+ * become the sums over all ranks (waits). */
+int glm_dp_peer_reduce(glm_dp *dp, int early, glm_err *err);
+/* The sum of squares of this rank's pieces after glm_dp_peer_reduce (computed by its adds). */
+double glm_dp_peer_sumsq(const glm_dp *dp);
+/* The all-gathers go by copies too (unless GLMTRAIN_DP_PEER_AG=0). */
+int glm_dp_peer_gathers(const glm_dp *dp);
+/* Copies this rank's piece of bucket i (i < 0: none) of the gradients or parameters to the same
+ * place on every peer once the compute stream's work so far is done, then (v != 0) sets each
+ * peer's gathered flag for this rank to v. */
+void glm_dp_peer_put(glm_dp *dp, int params, int i, unsigned v);
+/* The compute stream goes on once every peer's gathered flag is >= v. */
+void glm_dp_peer_wait_gathered(glm_dp *dp, unsigned v);
+/* Steps exchanged so far (this step's number after glm_dp_peer_reduce). */
+unsigned glm_dp_peer_step(const glm_dp *dp);
+/* The update's copies are done before later work; waits (host) with --ddp_timeout, naming the
+ * peers whose gathered flag stays below v. */
+int glm_dp_peer_end_update(glm_dp *dp, unsigned v, glm_err *err);
 /* Before a step's micro-batches: zeroes the gradients (the model's, or nothing under ZeRO-2,
  * whose first micro-batch overwrites the shard). */
 void glm_dp_zero_grads(glm_dp *dp);

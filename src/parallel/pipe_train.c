@@ -36,6 +36,14 @@ int glm_pp_map(const glm_train_args *a, const glm_config *c, int cuda, glm_devic
     return glm_device_map_make(map, a->device_map, P, c, sh, err);
 }
 
+/* The data-parallel ranks that will exchange gradients by copies (parallel/dp_peer.c): GPU ranks
+ * of one node, ZeRO 0 or 1, unless GLMTRAIN_DP_PEER=0 (a stage count > 1 is excluded by the plan). */
+static int peer_ranks(const glm_train_args *a, int cuda, int D) {
+    const char *e = getenv("GLMTRAIN_DP_PEER");
+    if (!cuda || D < 2 || a->zero_stage == 2 || a->nnodes > 1 || (e && strcmp(e, "0") == 0)) return 0;
+    return D;
+}
+
 void glm_pp_print_plan(const glm_train_args *a, const glm_config *c, int cuda, int D, FILE *out) {
     glm_device_map map;
     glm_stage_shape sh;
@@ -43,6 +51,7 @@ void glm_pp_print_plan(const glm_train_args *a, const glm_config *c, int cuda, i
     if (glm_pp_map(a, c, cuda, &map, &sh, &err)) return;
     sh.dp = a->zero_stage >= 1 ? D / map.n : 1;
     sh.zero2 = a->zero_stage == 2;
+    sh.peer_ranks = peer_ranks(a, cuda, D);
     for (int k = 0; k < map.n; k++) {
         glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
         char sz[7][32], who[48] = "";
@@ -67,6 +76,7 @@ int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, 
     int P = map.n;
     sh.dp = a->zero_stage >= 1 ? D / P : 1;
     sh.zero2 = a->zero_stage == 2;
+    sh.peer_ranks = peer_ranks(a, cuda, D);
     for (int k = 0; k < P; k++) {
         glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
         if (p.total <= (double)cap) continue;

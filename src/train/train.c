@@ -269,6 +269,10 @@ static int run(trainer *t, glm_err *err) {
     glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
     if (t->dp->rank == 0 && glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err)) return -1;
     if (trainer_pick_backend(t, err) || trainer_load_model(t, err)) return -1;
+    /* what forward/backward will still allocate: an optional buffer (the P2P landing) must leave it */
+    glm_mem_plan mp = glm_memory_plan(&t->m.cfg, t->m.be->dtype, a->per_device_train_batch_size,
+                                      a->max_source_length + a->max_target_length, a->gradient_checkpointing, t->m.head_chunk);
+    t->dp->cfg.reserve_bytes = mp.activations + mp.scratch;
     if (glm_dp_attach(t->dp, &t->m, &t->opt, (float)a->learning_rate, (float)a->adam_beta1, (float)a->adam_beta2,
                       (float)a->adam_epsilon, (float)a->weight_decay, err))
         return -1;

@@ -380,6 +380,33 @@ static void t_optim(ctx *c, size_t n) {
         TEST_CHECK(c->tc, NAME("sumsq_spans_%s_%zu", c->tag, n), es < 1e-9, "rel err %.3g", es);
         printf("  err %-48s %.3g (tol 1e-9)\n", name, es);
     }
+    /* add_sumsq_spans: 40 disjoint ranges of a copy of x get ranges of y added (some at odd
+     * offsets: the scalar path; one empty); x outside them must stay as it was */
+    {
+        enum { K = 40 };
+        glm_span sp[K];
+        size_t yoff[K];
+        float *y = rnd(&c->rng, c->dt, n, 1.0f), *want_x = fcopy(x, n);
+        void *dx2 = up_s(be, x, n), *dy = up_s(be, y, n);
+        double want = 0;
+        for (int i = 0; i < K; i++) {
+            size_t lo = (size_t)i * (n / K) + (i % 5 == 0 ? 3 : 0), len = (size_t)(glm_rng_uniform(&c->rng) * (double)(n / K - 3));
+            size_t yo = (size_t)(glm_rng_uniform(&c->rng) * (double)(n - len)) / (i % 3 ? 8 : 1) * (i % 3 ? 8 : 1);
+            if (i == 7) len = 0;
+            sp[i] = (glm_span){lo, len};
+            yoff[i] = yo;
+            for (size_t j = 0; j < len; j++) want_x[lo + j] += y[yo + j];
+            round_dt(c->dt, want_x + lo, len);
+            want += cpu_sumsq(want_x + lo, len);
+        }
+        double got_a = be->add_sumsq_spans(be, dx2, dy, yoff, sp, K), ea = fabs(got_a - want) / (want > 0 ? want : 1);
+        TEST_CHECK(c->tc, NAME("add_sumsq_spans_%s_%zu", c->tag, n), ea < 1e-9, "rel err %.3g", ea);
+        printf("  err %-48s %.3g (tol 1e-9)\n", name, ea);
+        float *got_x = down_s(be, dx2, n);
+        check_close(c->tc, NAME("add_sumsq_spans_x_%s_%zu", c->tag, n), got_x, want_x, n, 0);
+        free(got_x); free(want_x); free(y);
+        be->free(be, dx2); be->free(be, dy);
+    }
     /* AdamW: fp32 master (bf16/fp16) or the fp32 param itself; two steps */
     float *p = rnd(&c->rng, GLM_F32, n, 0.5f), *m = rnd(&c->rng, GLM_F32, n, 0.01f), *v = rnd(&c->rng, GLM_F32, n, 0.01f);
     for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];

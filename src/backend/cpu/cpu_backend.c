@@ -67,6 +67,16 @@ static double ssq_spans(glm_backend *be, const void *x, const glm_span *s, int k
     for (int i = 0; i < k; i++) r += cpu_sumsq((const float *)x + s[i].lo, s[i].n);
     return r;
 }
+static double add_ssq_spans(glm_backend *be, void *x, const void *y, const size_t *yoff, const glm_span *s, int k) {
+    double r = 0;
+    for (int i = 0; i < k; i++) {
+        float *p = (float *)x + s[i].lo;
+        const float *q = (const float *)y + yoff[i];
+        for (size_t j = 0; j < s[i].n; j++) p[j] += q[j];
+        r += cpu_sumsq(p, s[i].n);
+    }
+    return r;
+}
 static void adamw(glm_backend *be, void *param, float *master, const void *grad, float *m, float *v, size_t n, float lr,
                   float b1, float b2, float eps, float wd, float bc1, float bc2, float gs) {
     cpu_adamw(param, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
@@ -82,7 +92,7 @@ glm_backend *glm_backend_cpu(void) {
         .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
         .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,
         .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add,
-        .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .adamw = adamw,
+        .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw,
         .destroy = cpu_destroy,
     };
     return be;

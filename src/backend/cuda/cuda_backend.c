@@ -46,6 +46,7 @@ typedef struct cuda_impl {
     float *stage;
     double *ssq;         /* [SSQ_PARTIALS + SSQ_SPANS]: partials, then one result per span */
     glm_span *ssq_spans; /* [SSQ_SPANS] the span table of sumsq_spans */
+    size_t *ssq_yoff;    /* [SSQ_SPANS] add_sumsq_spans: where each span's addend starts */
     gemm_plan plans[GEMM_CACHE];
     int next_evict;
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
@@ -197,8 +198,8 @@ static void *cu_alloc(glm_backend *be, size_t bytes) {
         cudaMemGetInfo(&fr, &tot);
         GLM_FATAL("lower --per_device_train_batch_size (or the sequence lengths), add --gradient_checkpointing, "
                   "spread optimizer state and gradients over GPUs with data parallel + ZeRO (--nproc_per_node N "
-                  "--zero_stage 1/2), or split the layers with --pipeline_parallel_size; `glmtrain info` prints the "
-                  "memory plan",
+                  "--zero_stage 1/2), or split the layers with --pipeline_parallel_size; under data parallel on one node "
+                  "GLMTRAIN_DP_PEER=0 frees the gradient landing buffer; `glmtrain info` prints the memory plan",
                   "out of GPU memory on %s: asked for %zu bytes (%.2f GiB); %.2f GiB free of %.2f GiB (%s)",
                   be->name, bytes, bytes / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0, cudaGetErrorString(e));
     }
@@ -467,21 +468,25 @@ static void cu_scatter(glm_backend *be, void *out, const void *x, const int32_t 
 }
 /* Each span's partials reduce into its own result slot (fixed order: deterministic) in two
  * launches per SSQ_SPANS spans; the slots come back in one download and are summed here in
- * span order. The span table goes up in the same stream (small, pinned-free copy). */
-static double cu_sumsq_spans(glm_backend *be, const void *x, const glm_span *s, int k) {
+ * span order. The span tables go up in the same stream (small, pinned-free copies). */
+static double cu_add_sumsq_spans(glm_backend *be, void *x, const void *y, const size_t *yoff, const glm_span *s, int k) {
     prof(be, GLM_PROF_OPTIM, "sumsq");
     cuda_impl *im = IM(be);
     size_t es = glm_dtype_size(be->dtype);
     double r = 0, part[SSQ_SPANS];
     for (int i0 = 0; i0 < k; i0 += SSQ_SPANS) {
-        int n = k - i0 < SSQ_SPANS ? k - i0 : SSQ_SPANS, vec = ((uintptr_t)x & 15) == 0;
-        for (int i = 0; i < n; i++) vec &= (s[i0 + i].lo * es) % 16 == 0;
+        int n = k - i0 < SSQ_SPANS ? k - i0 : SSQ_SPANS, vec = ((uintptr_t)x & 15) == 0 && ((uintptr_t)y & 15) == 0;
+        for (int i = 0; i < n; i++) vec &= (s[i0 + i].lo * es) % 16 == 0 && (!y || (yoff[i0 + i] * es) % 16 == 0);
         CUDA_CHECK(cudaMemcpyAsync(im->ssq_spans, s + i0, (size_t)n * sizeof *s, cudaMemcpyHostToDevice, im->st));
-        glmk_sumsq_spans(be->dtype, x, im->ssq_spans, n, vec, im->ssq, im->ssq + SSQ_PARTIALS, im->st);
+        if (y) CUDA_CHECK(cudaMemcpyAsync(im->ssq_yoff, yoff + i0, (size_t)n * sizeof *yoff, cudaMemcpyHostToDevice, im->st));
+        glmk_sumsq_spans(be->dtype, x, y, im->ssq_spans, im->ssq_yoff, n, vec, im->ssq, im->ssq + SSQ_PARTIALS, im->st);
         cu_download(be, part, im->ssq + SSQ_PARTIALS, (size_t)n * sizeof(double));
         for (int i = 0; i < n; i++) r += part[i];
     }
     return r;
+}
+static double cu_sumsq_spans(glm_backend *be, const void *x, const glm_span *s, int k) {
+    return cu_add_sumsq_spans(be, (void *)x, NULL, NULL, s, k); /* no y: x is only read */
 }
 static double cu_sumsq(glm_backend *be, const void *x, size_t n) {
     prof(be, GLM_PROF_OPTIM, "sumsq");
@@ -531,6 +536,7 @@ static void cu_destroy(glm_backend *be) {
     cudaFree(im->stage);
     cudaFree(im->ssq);
     cudaFree(im->ssq_spans);
+    cudaFree(im->ssq_yoff);
     cublasLtDestroy(im->lt);
     cublasDestroy(im->blas);
     cudaStreamDestroy(im->st);
@@ -582,11 +588,13 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .matmul_fwd = cu_mm_fwd, .matmul_bwd = cu_mm_bwd, .rope = cu_rope, .attention_fwd = cu_attn_fwd,
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add,
         .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
+        .add_sumsq_spans = cu_add_sumsq_spans,
         .adamw = cu_adamw, .destroy = cu_destroy, .to_f32 = cu_to_f32, .leave_sms = cu_leave_sms,
     };
     im->workspace = cu_alloc(be, WORKSPACE_BYTES);
     im->ssq = cu_alloc(be, (SSQ_PARTIALS + SSQ_SPANS) * sizeof(double));
     im->ssq_spans = cu_alloc(be, SSQ_SPANS * sizeof(glm_span));
+    im->ssq_yoff = cu_alloc(be, SSQ_SPANS * sizeof(size_t));
     return be;
 }
 #endif

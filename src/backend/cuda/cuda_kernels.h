@@ -51,10 +51,11 @@ void glmk_cross_entropy(glm_dtype dt, void *logits, float *losses, const int32_t
 #define GLMK_SUMSQ_BLOCKS 1024
 void glmk_sumsq(glm_dtype dt, const void *x, size_t n, double *partial, double *result, cudaStream_t st);
 /* result[i] (device doubles) = sum of squares of x[spans[i].lo, +spans[i].n) for i < k, in two
- * launches whatever k; spans is device memory; partial holds k * GLMK_SUMSQ_SPAN_BLOCKS doubles */
+ * launches whatever k; spans (and yoff) are device memory; partial holds k * GLMK_SUMSQ_SPAN_BLOCKS
+ * doubles. y != NULL: first x[spans[i].lo + j] += y[yoff[i] + j], and the squares are of the sums. */
 #define GLMK_SUMSQ_SPAN_BLOCKS 64
-void glmk_sumsq_spans(glm_dtype dt, const void *x, const glm_span *spans, int k, int vec, double *partial, double *result,
-                      cudaStream_t st);
+void glmk_sumsq_spans(glm_dtype dt, void *x, const void *y, const glm_span *spans, const size_t *yoff, int k, int vec,
+                      double *partial, double *result, cudaStream_t st);
 void glmk_adamw(glm_dtype dt, void *param, float *master, const void *grad, float *m, float *v, size_t n, float lr,
                 float b1, float b2, float eps, float wd, float bc1, float bc2, float grad_scale, cudaStream_t st);
 

@@ -342,26 +342,39 @@ extern "C" void glmk_sumsq(glm_dtype dt, const void *x, size_t n, double *partia
     GLMK_CHECK_LAUNCH();
 }
 
-/* One row of blocks per span (blockIdx.y); each span's partials then reduce in a fixed order. */
+/* One row of blocks per span (blockIdx.y); each span's partials then reduce in a fixed order.
+ * With y: first x[lo + j] += y[yoff + j] (rounded to T), and the squares are of the sums. */
 template <typename T>
-__global__ void sumsq_spans_kernel(double *partial, const T *__restrict__ x, const glm_span *spans, int vec) {
+__global__ void sumsq_spans_kernel(double *partial, T *__restrict__ x, const T *__restrict__ y, const glm_span *spans,
+                                   const size_t *yoff, int vec) {
     glm_span s = spans[blockIdx.y];
     __shared__ double sh[256];
     double acc = 0;
-    const T *p = x + s.lo;
+    T *p = x + s.lo;
+    const T *q = y ? y + yoff[blockIdx.y] : nullptr;
     size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x, done = 0;
     if (vec) {
         constexpr int P = Pack<T>::N;
         size_t np = s.n / P;
         for (size_t i = t; i < np; i += stride) {
-            Pack<T> q = ld_pack(p + i * P);
+            Pack<T> a = ld_pack(p + i * P);
+            if (q) {
+                Pack<T> b = ld_pack(q + i * P);
 #pragma unroll
-            for (int e = 0; e < P; e++) { double v = to_f(q.v[e]); acc += v * v; }
+                for (int e = 0; e < P; e++) a.v[e] = from_f<T>(to_f(a.v[e]) + to_f(b.v[e]));
+                st_pack(p + i * P, a);
+            }
+#pragma unroll
+            for (int e = 0; e < P; e++) { double v = to_f(a.v[e]); acc += v * v; }
         }
         done = np * P;
     }
     if (blockIdx.x == 0 || !vec)
-        for (size_t i = done + (vec ? threadIdx.x : t); i < s.n; i += vec ? blockDim.x : stride) { double v = to_f(p[i]); acc += v * v; }
+        for (size_t i = done + (vec ? threadIdx.x : t); i < s.n; i += vec ? blockDim.x : stride) {
+            if (q) p[i] = from_f<T>(to_f(p[i]) + to_f(q[i]));
+            double v = to_f(p[i]);
+            acc += v * v;
+        }
     sh[threadIdx.x] = acc;
     __syncthreads();
     for (int o = blockDim.x / 2; o > 0; o >>= 1) {
@@ -378,11 +391,11 @@ __global__ void sumsq_spans_final_kernel(double *result, const double *partial, 
     result[i] = s;
 }
 
-extern "C" void glmk_sumsq_spans(glm_dtype dt, const void *x, const glm_span *spans, int k, int vec, double *partial,
-                                 double *result, cudaStream_t st) {
+extern "C" void glmk_sumsq_spans(glm_dtype dt, void *x, const void *y, const glm_span *spans, const size_t *yoff, int k,
+                                 int vec, double *partial, double *result, cudaStream_t st) {
     if (k <= 0) return;
     dim3 grid(GLMK_SUMSQ_SPAN_BLOCKS, k);
-    GLMK_DISPATCH(dt, sumsq_spans_kernel<T><<<grid, 256, 0, st>>>(partial, (const T *)x, spans, vec));
+    GLMK_DISPATCH(dt, sumsq_spans_kernel<T><<<grid, 256, 0, st>>>(partial, (T *)x, (const T *)y, spans, yoff, vec));
     sumsq_spans_final_kernel<<<(k + 127) / 128, 128, 0, st>>>(result, partial, k, GLMK_SUMSQ_SPAN_BLOCKS);
     GLMK_CHECK_LAUNCH();
 }
