@@ -42,6 +42,29 @@ for head in tied untied; do
     run "dp2z2-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 2
     run "pp2-$head" $head --nproc_per_node 2 --pipeline_parallel_size 2
 done
+# a rank killed mid-run under the copy-engine exchange: the survivor must stop within
+# --ddp_timeout (10 s) naming the rank and the exchange (torchrun-style environment, 2 ranks on
+# this node)
+fault() {
+    local pids=() r t0
+    rm -rf "$W/fault"
+    for r in 0 1; do
+        RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29547 \
+        timeout 120 "$GLM" train --init_from_config "$W/cfg-tied.json" --tokenizer_name build/demo/tokenizer \
+            --train_file build/demo/train.json --output_dir "$W/fault" --overwrite_output_dir --fp32 \
+            --per_device_train_batch_size 2 --max_source_length 48 --max_target_length 64 --max_steps 1000000 \
+            --logging_steps 50 --save_strategy no --save_final_model false --report_to none --disable_tqdm --ddp_timeout 10 \
+            >"$OUT/fault-r$r.log" 2>&1 &
+        pids+=($!)
+    done
+    sleep 12
+    t0=$SECONDS
+    pkill -9 -P "${pids[1]}" # glmtrain itself, not the timeout wrapping it
+    wait "${pids[0]}"
+    echo "fault: rank 0 exit $? $((SECONDS - t0)) s after rank 1 was killed: $(grep -h -m1 -E 'timed out|error' "$OUT/fault-r0.log")" | tee "$OUT/fault.txt"
+    grep -h -m1 "copy engines\|through NCCL" "$OUT/fault-r0.log"
+}
+fault
 python3 - "$W" <<'PY' | tee "$OUT/check.txt"
 import json, sys, os
 w = sys.argv[1]

@@ -30,6 +30,9 @@ bench() { # tag, gpus, zero stages, env...
     cat "$WORK/summary.txt" >>"$OUT/all.jsonl"
 }
 bench 1gpu 1 0
+# BASE1=1: the 1-GPU run again on the second GPU (the GPUs of a pair differ in speed under
+# their power cap; the reference stays the first GPU's)
+[ "${BASE1:-0}" = 1 ] && bench 1gpu-dev1 1 0 CUDA_VISIBLE_DEVICES=1
 for v in $VARIANTS; do # tag[@stages]:ENV=v,ENV2=v; stages joined by '+' replace ZERO for that variant
     envs=${v#*:} tag=${v%%:*} z=$ZERO
     case $tag in *@*) z=${tag#*@}; z=${z//+/ }; tag=${tag%%@*} ;; esac

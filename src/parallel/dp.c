@@ -331,7 +331,6 @@ int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
                 if (!any++) dp->last_batch = i;
                 rc = start_bucket(dp, i, err);
             }
-        /* the buckets before the last batch started are summed while that batch travels */
         if (rc == 0 && dp->peer) rc = glm_dp_peer_reduce(dp, dp->last_batch, err);
     }
     if (rc == 0) rc = dp->comm->wait(dp->comm, -1, err);

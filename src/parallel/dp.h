@@ -100,9 +100,9 @@ int glm_dp_peer_open(glm_dp *dp, glm_err *err);
 void glm_dp_peer_free(glm_dp *dp);
 /* Bucket i is final: copy each peer's piece of it into that peer's landing buffer. */
 void glm_dp_peer_send(glm_dp *dp, int i);
-/* After every bucket is sent (those before `early` in earlier batches): this rank's pieces
+/* After every bucket is sent (the last batch from bucket `last_batch` on): this rank's pieces
  * become the sums over all ranks (waits). */
-int glm_dp_peer_reduce(glm_dp *dp, int early, glm_err *err);
+int glm_dp_peer_reduce(glm_dp *dp, int last_batch, glm_err *err);
 /* The sum of squares of this rank's pieces after glm_dp_peer_reduce (computed by its adds). */
 double glm_dp_peer_sumsq(const glm_dp *dp);
 /* The all-gathers go by copies too (unless GLMTRAIN_DP_PEER_AG=0). */

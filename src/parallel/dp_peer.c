@@ -23,9 +23,11 @@
  * peer's copy of its own parameter pieces only after that. A dead peer leaves a stream waiting:
  * the host polls an event against --ddp_timeout and names the ranks whose flags lag.
  *
- * Chosen when every rank of the group is a GPU of this node with P2P access to the others
- * (all ranks agree, or all keep NCCL); GLMTRAIN_DP_PEER=0 keeps NCCL, GLMTRAIN_DP_PEER_AG=0
- * keeps the all-gathers on NCCL. */
+ * Chosen for 2 ranks (the count measured; GLMTRAIN_DP_PEER=1 allows up to 16, =0 keeps NCCL)
+ * when both are GPUs of this node (the launcher's local world is the whole group) with P2P
+ * access, and the landing buffer leaves the memory forward/backward will need (all ranks agree,
+ * or all keep NCCL). GLMTRAIN_DP_PEER_AG=0 keeps the all-gathers on NCCL;
+ * GLMTRAIN_DP_PEER_EARLY_ADD=0 sums everything in one pass after the last copy. */
 #include "parallel/dp.h"
 #ifdef GLM_HAVE_CUDA
 #include <cuda.h>
@@ -57,6 +59,7 @@ struct glm_dp_peer {
     unsigned t;                 /* steps exchanged so far */
     double sumsq;               /* of this rank's summed pieces, from the adds */
     int begun, ag;              /* this step's first landing copy is queued; all-gathers by copies */
+    int early_add;              /* two add passes: earlier batches, then the last (GLMTRAIN_DP_PEER_EARLY_ADD=0: one) */
     wait32_fn wait32;
     write32_fn write32;
 };
@@ -134,8 +137,10 @@ void glm_dp_peer_free(glm_dp *dp) {
 int glm_dp_peer_open(glm_dp *dp, glm_err *err) {
     glm_model *m = dp->m;
     /* one node: the launcher says so (a "two nodes" test on one machine keeps NCCL's network path) */
-    if (!want("GLMTRAIN_DP_PEER") || dp->world > 16 || dp->zero2 || !m->first || !m->last || strcmp(dp->comm->kind, "nccl") != 0 ||
-        dp->dist.local_world < dp->world)
+    const char *mode = getenv("GLMTRAIN_DP_PEER"); /* unset: 2 ranks (measured); 1: any count; 0: never */
+    int forced = mode && strcmp(mode, "1") == 0;
+    if (!want("GLMTRAIN_DP_PEER") || (dp->world > 2 && !forced) || dp->world > 16 || dp->zero2 || !m->first || !m->last ||
+        strcmp(dp->comm->kind, "nccl") != 0 || dp->dist.local_world < dp->world)
         return 0;
     glm_dp_peer *p = glm_calloc(1, sizeof *p);
     p->rank = dp->rank;
@@ -145,6 +150,7 @@ int glm_dp_peer_open(glm_dp *dp, glm_err *err) {
     p->es = glm_cdtype_size(dp->gdt);
     p->compute = (cudaStream_t)glm_cuda_stream(m->be);
     p->ag = want("GLMTRAIN_DP_PEER_AG");
+    p->early_add = want("GLMTRAIN_DP_PEER_EARLY_ADD");
     peer_card mine = {0}, *all = glm_calloc((size_t)dp->world, sizeof *all);
     gethostname(mine.host, sizeof mine.host - 1);
     cudaGetDevice(&mine.device);
@@ -317,14 +323,20 @@ static int add_landed(glm_dp *dp, int i0, int i1, double *ssq, glm_err *err) {
     return 0;
 }
 
-int glm_dp_peer_reduce(glm_dp *dp, int early, glm_err *err) {
+int glm_dp_peer_reduce(glm_dp *dp, int last_batch, glm_err *err) {
     glm_dp_peer *p = dp->peer;
     p->t++;
     p->begun = 0;
-    /* the buckets sent during backward are summed while the last ones still travel */
-    double a = 0, b = 0;
-    if ((early > 0 && add_landed(dp, 0, early, &a, err)) || (early < p->nb && add_landed(dp, early, p->nb, &b, err))) return -1;
-    p->sumsq = a + b;
+    if (p->early_add && last_batch > 0 && last_batch < p->nb) {
+        /* the buckets of earlier batches are summed while the last batch (the embedding's, sent
+         * when backward ends) still travels: W1 ZeRO-0 95.2-95.6% of one GPU instead of 94.1-95.0
+         * in the same call (docs/PERF.md) */
+        double a = 0, b = 0;
+        if (add_landed(dp, 0, last_batch, &a, err) || add_landed(dp, last_batch, p->nb, &b, err)) return -1;
+        p->sumsq = a + b;
+    } else if (add_landed(dp, 0, p->nb, &p->sumsq, err)) {
+        return -1;
+    }
     for (int q = 0; q < p->world; q++)
         if (q != p->rank) put_flag(p, p->compute, q, F_CONSUMED, p->t);
     order(p, p->copy, p->compute); /* our gradients stay as they are until the copies have read them */
@@ -368,7 +380,7 @@ int glm_dp_peer_end_update(glm_dp *dp, unsigned v, glm_err *err) {
 int glm_dp_peer_open(glm_dp *dp, glm_err *err) { return 0; }
 void glm_dp_peer_free(glm_dp *dp) {}
 void glm_dp_peer_send(glm_dp *dp, int i) {}
-int glm_dp_peer_reduce(glm_dp *dp, int early, glm_err *err) { return 0; }
+int glm_dp_peer_reduce(glm_dp *dp, int last_batch, glm_err *err) { return 0; }
 double glm_dp_peer_sumsq(const glm_dp *dp) { return 0; }
 int glm_dp_peer_gathers(const glm_dp *dp) { return 0; }
 void glm_dp_peer_put(glm_dp *dp, int params, int i, unsigned v) {}
