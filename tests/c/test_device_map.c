@@ -151,6 +151,27 @@ static void test_plan(test_counts *tc) {
         snprintf(name, sizeof name, "stage_memory_plan_zero2_%s", tie ? "tied" : "untied");
         TEST_CHECK(tc, name, fabs(got - want) <= 0.01 * want, "planned %.0f vs allocated %.0f bytes", got, want);
     }
+    /* the copy-engine exchange (parallel/dp_peer.c) on N ranks adds a landing buffer of N-1
+     * shards to the gradients, at ZeRO 0 and 1 on one stage only */
+    {
+        glm_device_map one, two;
+        glm_device_map_thudm(&one, 1, &s, &err);
+        glm_device_map_thudm(&two, 2, &s, &err);
+        int ok = 1;
+        for (int n = 2; n <= 4; n += 2)
+            for (int zs = 0; zs <= 2; zs++) {
+                glm_stage_shape a = sh, b;
+                a.dp = zs ? n : 1;
+                a.zero2 = zs == 2;
+                b = a;
+                b.peer_ranks = n;
+                double g0 = glm_stage_memory_plan(&s, &one, 0, &a).grads, g1 = glm_stage_memory_plan(&s, &one, 0, &b).grads;
+                double want = zs == 2 ? g0 : g0 + (double)glm_stage_memory_plan(&s, &one, 0, &a).params * (n - 1) / n;
+                if (fabs(g1 - want) > 1e-6 * want) ok = 0;
+                if (glm_stage_memory_plan(&s, &two, 0, &b).grads != glm_stage_memory_plan(&s, &two, 0, &a).grads) ok = 0;
+            }
+        TEST_CHECK(tc, "stage_memory_plan_peer_landing", ok, "the landing buffer is planned wrongly");
+    }
     be->destroy(be);
 }
 
