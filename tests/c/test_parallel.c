@@ -1,14 +1,17 @@
 /* Data-parallel plumbing without MPI or GPUs: the launchers' environments (torchrun, SLURM,
  * OpenMPI) parsed by setting the variables, SLURM list forms, the TCP rendezvous between forked
  * ranks (and its timeout naming the missing rank), free and busy ports, the single-process
- * communicator. The MPI side runs end to end in tests/py/test_dp.py. */
+ * communicator, the CPU twin of the add that sums a shard from what peers copied in. The MPI
+ * side runs end to end in tests/py/test_dp.py. */
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "backend/backend.h"
 #include "core/log.h"
 #include "parallel/comm.h"
 #include "parallel/dist.h"
@@ -172,8 +175,31 @@ static void test_single_comm(test_counts *tc) {
     c->close(c);
 }
 
+/* add_sumsq_spans (parallel/dp_peer.c's reduce): ranges of x get ranges of y added, the rest
+ * of x stays, and the result is the sum of squares of the sums; against a double reference. */
+static void test_add_sumsq_spans(test_counts *tc) {
+    glm_backend *be = glm_backend_cpu();
+    enum { N = 1000, K = 4 };
+    float x[N], y[N], want[N];
+    for (int i = 0; i < N; i++) { x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f; y[i] = (float)((i * 53) % 97) / 40.0f - 1.2f; }
+    memcpy(want, x, sizeof x);
+    glm_span s[K] = {{0, 100}, {250, 0}, {300, 211}, {900, 100}};
+    size_t yoff[K] = {500, 0, 7, 0};
+    double ref = 0;
+    for (int k = 0; k < K; k++)
+        for (size_t j = 0; j < s[k].n; j++) {
+            want[s[k].lo + j] = x[s[k].lo + j] + y[yoff[k] + j];
+            ref += (double)want[s[k].lo + j] * want[s[k].lo + j];
+        }
+    double got = be->add_sumsq_spans(be, x, y, yoff, s, K);
+    TEST_CHECK(tc, "add_sumsq_spans_cpu", memcmp(x, want, sizeof x) == 0 && fabs(got - ref) <= 1e-9 * ref,
+               "sum of squares %.9g vs %.9g", got, ref);
+    be->destroy(be);
+}
+
 int main(void) {
     test_counts tc = {0};
+    test_add_sumsq_spans(&tc);
     test_env(&tc);
     test_ports(&tc);
     test_rendezvous(&tc);
