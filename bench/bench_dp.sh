@@ -23,11 +23,8 @@ ZERO=${ZERO:-0 1}
 STEPS=${STEPS:-12}
 WARM=${WARM:-3}
 BUCKET_MB=${BUCKET_MB:-400}
-TOKENIZER=${TOKENIZER:-}
-for t in "$TOKENIZER" ../shared/tokenizers/chatglm-6b build/shared/tokenizers/chatglm-6b; do
-    if [ -n "$t" ] && [ -f "$t/ice_text.model" ]; then TOKENIZER=$t; break; fi
-done
-if [ ! -f "$TOKENIZER/ice_text.model" ]; then echo "bench_dp: no ChatGLM-6B tokenizer (set TOKENIZER)"; exit 1; fi
+. "$(dirname "$0")/lib.sh"
+find_tokenizer bench_dp
 if [ ! -x "$GLM" ]; then echo "bench_dp: $GLM not built"; exit 1; fi
 mkdir -p "$OUT"
 W="$OUT/work"

@@ -35,11 +35,8 @@ STEPS=${STEPS:-8}
 WARM=${WARM:-2}
 CAP=${CAP:-80GiB}
 B=${B:-4}
-TOKENIZER=${TOKENIZER:-}
-for t in "$TOKENIZER" ../shared/tokenizers/chatglm-6b build/shared/tokenizers/chatglm-6b; do
-    if [ -n "$t" ] && [ -f "$t/ice_text.model" ]; then TOKENIZER=$t; break; fi
-done
-if [ ! -f "$TOKENIZER/ice_text.model" ]; then echo "bench_pp: no ChatGLM-6B tokenizer (set TOKENIZER)"; exit 1; fi
+. "$(dirname "$0")/lib.sh"
+find_tokenizer bench_pp
 if [ ! -x "$GLM" ]; then echo "bench_pp: $GLM not built"; exit 1; fi
 mkdir -p "$OUT/work"
 W="$OUT/work"

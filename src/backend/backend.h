@@ -128,10 +128,6 @@ struct glm_backend {
     /* dst[n] (float, device) = src[n] (S, device): e.g. the fp32 AdamW master copy made on the
      * device instead of through a host round trip (27 GB each way for ChatGLM-6B). */
     void (*to_f32)(glm_backend *be, float *dst, const void *src, size_t n);
-    /* The next n_gemms GEMMs are planned for all SMs but `sms`, which a collective that has just
-     * started on another stream holds: a GEMM whose grid counts on every SM would otherwise wait
-     * for them (parallel/dp.c, after each gradient bucket starts). */
-    void (*leave_sms)(glm_backend *be, int sms, int n_gemms);
 };
 
 glm_backend *glm_backend_cpu(void);

@@ -26,10 +26,7 @@ struct glm_comm {
     long step;          /* the training step, named in error messages */
     int interruptible;  /* a pending SIGINT/SIGTERM ends a wait (off with --save_on_interrupt) */
     int broken;         /* a collective failed or timed out */
-    int background;     /* collectives started now overlap compute: an implementation may run
-                         * them with a smaller footprint (NCCL with GLMTRAIN_NCCL_BG_CTAS) */
-    int ordered;        /* collectives run in the order started (NCCL: within a lane; a lane is
-                         * chosen by `background` at the start of each) */
+    int ordered;        /* collectives run in the order started (NCCL: one stream) */
     int detached;       /* collectives started now need nothing queued on the compute stream
                          * since the last wait (their data is final): they may start at once */
     void *impl;

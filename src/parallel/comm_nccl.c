@@ -18,17 +18,14 @@
 #define HOST_MAX 65536 /* doubles per sum_host */
 
 typedef struct op_rec {
-    cudaEvent_t done; /* recorded on the collective's stream after it */
-    int lane;         /* 0: the main stream, 1: the background lane */
+    cudaEvent_t done; /* recorded on the collectives' stream after it */
     const char *op;
     char what[80];
 } op_rec;
 
 typedef struct nccl_impl {
     ncclComm_t comm;
-    ncclComm_t bg;       /* GLMTRAIN_NCCL_BG_CTAS: the same ranks capped at few CTAs (or NULL) */
     cudaStream_t compute, cs;
-    cudaStream_t bgs;    /* the background lane's own stream, so main work does not queue behind it */
     cudaEvent_t ready;
     op_rec *ops;
     int n, cap;
@@ -41,9 +38,8 @@ static nccl_impl *IM(glm_comm *c) { return (nccl_impl *)c->impl; }
 
 /* Ends the communicator at once, unblocking kernels that wait for a peer. */
 static void abort_comm(glm_comm *c) {
-    if (IM(c)->bg) ncclCommAbort(IM(c)->bg);
     if (IM(c)->comm) ncclCommAbort(IM(c)->comm);
-    IM(c)->comm = IM(c)->bg = NULL;
+    IM(c)->comm = NULL;
     c->broken = 1;
 }
 
@@ -58,15 +54,9 @@ static int nccl_failed(glm_comm *c, const char *op, const char *what, ncclResult
     return glm_hint(err, "another rank probably died; see its log (output_dir/logs/rank-N.log); NCCL_DEBUG=WARN tells more");
 }
 
-/* The lane of the next collective: background work goes to the capped communicator, when there
- * is one. */
-static int lane_of(glm_comm *c) { return c->background && IM(c)->bg ? 1 : 0; }
-static ncclComm_t comm_of(glm_comm *c, int lane) { return lane ? IM(c)->bg : IM(c)->comm; }
-static cudaStream_t stream_of(glm_comm *c, int lane) { return lane ? IM(c)->bgs : IM(c)->cs; }
-
 /* A non-blocking call returns ncclInProgress while NCCL still sets it up (connections to
  * peers are made lazily); it is usable once the async state leaves that. */
-static int settle_on(glm_comm *c, int lane, ncclResult_t r, const char *op, const char *what, double timeout, glm_err *err) {
+static int settle(glm_comm *c, ncclResult_t r, const char *op, const char *what, double timeout, glm_err *err) {
     double t0 = glm_now();
     for (long tries = 0; r == ncclInProgress; tries++) {
         int sig = glm_signal_pending();
@@ -76,26 +66,21 @@ static int settle_on(glm_comm *c, int lane, ncclResult_t r, const char *op, cons
             return glm_comm_fail_timeout(c, op, what, glm_now() - t0, err);
         }
         glm_comm_backoff(tries);
-        ncclCommGetAsyncError(comm_of(c, lane), &r);
+        ncclCommGetAsyncError(IM(c)->comm, &r);
     }
     return r == ncclSuccess ? 0 : nccl_failed(c, op, what, r, err);
 }
-static int settle(glm_comm *c, ncclResult_t r, const char *op, const char *what, double timeout, glm_err *err) {
-    return settle_on(c, 0, r, op, what, timeout, err);
-}
-
-static int begin_on(glm_comm *c, int lane, const char *op, const char *what, glm_err *err) {
+static int begin(glm_comm *c, const char *op, const char *what, glm_err *err) {
     if (c->broken) return glm_comm_fail_broken(c, op, what, err);
     nccl_impl *im = IM(c);
     if (c->detached) return 0;
     cudaEventRecord(im->ready, im->compute);
-    cudaStreamWaitEvent(stream_of(c, lane), im->ready, 0);
+    cudaStreamWaitEvent(im->cs, im->ready, 0);
     return 0;
 }
-static int begin(glm_comm *c, const char *op, const char *what, glm_err *err) { return begin_on(c, 0, op, what, err); }
 
-static int finish_on(glm_comm *c, int lane, ncclResult_t r, const char *op, const char *what, glm_err *err) {
-    if (settle_on(c, lane, r, op, what, c->timeout, err)) return -1;
+static int finish(glm_comm *c, ncclResult_t r, const char *op, const char *what, glm_err *err) {
+    if (settle(c, r, op, what, c->timeout, err)) return -1;
     nccl_impl *im = IM(c);
     if (im->n == im->cap) {
         int cap = im->cap ? 2 * im->cap : 64;
@@ -105,13 +90,9 @@ static int finish_on(glm_comm *c, int lane, ncclResult_t r, const char *op, cons
     }
     op_rec *o = &im->ops[im->n++];
     o->op = op;
-    o->lane = lane;
     snprintf(o->what, sizeof o->what, "%s", what);
-    cudaEventRecord(o->done, stream_of(c, lane));
+    cudaEventRecord(o->done, im->cs);
     return 0;
-}
-static int finish(glm_comm *c, ncclResult_t r, const char *op, const char *what, glm_err *err) {
-    return finish_on(c, 0, r, op, what, err);
 }
 
 static int n_allreduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
@@ -122,20 +103,18 @@ static int n_allreduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const ch
 
 static int n_reduce_scatter(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype dt, const char *what,
                             glm_err *err) {
-    int lane = lane_of(c);
-    if (begin_on(c, lane, "reduce_scatter", what, err)) return -1;
-    ncclResult_t r = ncclReduceScatter(send, recv, n, nccl_type(dt), ncclSum, comm_of(c, lane), stream_of(c, lane));
-    return finish_on(c, lane, r, "reduce_scatter", what, err);
+    if (begin(c, "reduce_scatter", what, err)) return -1;
+    ncclResult_t r = ncclReduceScatter(send, recv, n, nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->cs);
+    return finish(c, r, "reduce_scatter", what, err);
 }
 
 static int n_started(glm_comm *c) { return IM(c)->n; }
 
 static int n_allgather(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
-    int lane = lane_of(c); /* after a reduce-scatter of the same lane it stays in order behind it */
-    if (begin_on(c, lane, "allgather", what, err)) return -1;
+    if (begin(c, "allgather", what, err)) return -1;
     const char *mine = (const char *)buf + (size_t)c->rank * n * glm_cdtype_size(dt);
-    ncclResult_t r = ncclAllGather(mine, buf, n, nccl_type(dt), comm_of(c, lane), stream_of(c, lane));
-    return finish_on(c, lane, r, "allgather", what, err);
+    ncclResult_t r = ncclAllGather(mine, buf, n, nccl_type(dt), IM(c)->comm, IM(c)->cs);
+    return finish(c, r, "allgather", what, err);
 }
 
 static int n_gather(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype dt, int root, const char *what,
@@ -195,10 +174,8 @@ static int n_wait(glm_comm *c, double timeout, glm_err *err) {
                               cudaGetErrorString(q));
                 break;
             }
-            ncclResult_t a = ncclSuccess, b = ncclSuccess;
+            ncclResult_t a = ncclSuccess;
             ncclCommGetAsyncError(im->comm, &a);
-            if (im->bg) ncclCommGetAsyncError(im->bg, &b);
-            if ((a == ncclSuccess || a == ncclInProgress) && b != ncclInProgress) a = b;
             if (a != ncclSuccess && a != ncclInProgress) { rc = nccl_failed(c, o->op, o->what, a, err); break; }
             int sig = glm_signal_pending();
             if (sig && c->interruptible) { rc = glm_comm_fail_signal(c, o->op, o->what, sig, err); break; }
@@ -208,10 +185,8 @@ static int n_wait(glm_comm *c, double timeout, glm_err *err) {
         }
     }
     if (rc) abort_comm(c); /* frees the kernels stuck waiting for the peer */
-    else
-        for (int lane = 0; lane < 2; lane++) /* the compute stream goes on after the last of each lane */
-            for (int i = im->n - 1; i >= 0; i--)
-                if (im->ops[i].lane == lane) { cudaStreamWaitEvent(im->compute, im->ops[i].done, 0); break; }
+    else if (im->n > 0) /* the compute stream goes on after the last (they run in order) */
+        cudaStreamWaitEvent(im->compute, im->ops[im->n - 1].done, 0);
     im->n = 0;
     return rc;
 }
@@ -243,12 +218,6 @@ static void n_close(glm_comm *c) {
         abort_comm(c);
     } else {
         for (int i = 0; i < im->nreg; i++) ncclCommDeregister(im->comm, im->reg[i]);
-        if (im->bg) {
-            glm_err e;
-            if (settle_on(c, 1, ncclCommFinalize(im->bg), "finalize", "background communicator", c->timeout, &e) == 0)
-                ncclCommDestroy(im->bg);
-            im->bg = NULL;
-        }
         ncclResult_t r = ncclCommFinalize(im->comm);
         glm_err e;
         if (settle(c, r, "finalize", "communicator", c->timeout, &e) == 0) ncclCommDestroy(im->comm);
@@ -256,40 +225,11 @@ static void n_close(glm_comm *c) {
     for (int i = 0; i < im->cap; i++) cudaEventDestroy(im->ops[i].done);
     cudaEventDestroy(im->ready);
     cudaStreamDestroy(im->cs);
-    if (im->bgs) cudaStreamDestroy(im->bgs);
     cudaFree(im->dbuf);
     cudaFreeHost(im->hbuf);
     free(im->ops);
     free(im);
     free(c);
-}
-
-/* GLMTRAIN_NCCL_BG_CTAS=N (an experiment, docs/PERF.md): collectives flagged background (the
- * gradient buckets while backward runs) go to a split of the communicator capped at N CTAs, on
- * a stream of their own, so they take few SMs from the GEMMs and the rest does not queue
- * behind them. */
-static int open_background(glm_comm *c, int rank, double timeout, glm_err *err) {
-    nccl_impl *im = IM(c);
-    const char *e = getenv("GLMTRAIN_NCCL_BG_CTAS");
-    if (!e || atoi(e) <= 0) return 0;
-    int lo_prio = 0, hi_prio = 0;
-    cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio);
-    if (cudaStreamCreateWithPriority(&im->bgs, cudaStreamNonBlocking, hi_prio) != cudaSuccess)
-        return glm_fail(err, "rank %d: cannot create the background collectives' stream", rank);
-    ncclConfig_t bc = NCCL_CONFIG_INITIALIZER;
-    bc.blocking = 0;
-    bc.minCTAs = 1;
-    bc.maxCTAs = atoi(e);
-    ncclComm_t nb = NULL;
-    ncclResult_t r = ncclCommSplit(im->comm, 0, rank, &nb, &bc);
-    if (r != ncclSuccess && r != ncclInProgress) return nccl_failed(c, "split", "background communicator", r, err);
-    /* non-blocking: the child's handle is valid once the parent is idle again */
-    if (settle(c, ncclInProgress, "split", "background communicator", timeout, err)) { if (nb) ncclCommAbort(nb); return -1; }
-    if (!nb) return glm_fail(err, "rank %d: NCCL split gave no background communicator", rank);
-    im->bg = nb;
-    if (settle_on(c, 1, ncclInProgress, "init", "background communicator", timeout, err)) return -1;
-    glm_info("NCCL: background reduce-scatters on a communicator of at most %d CTAs", bc.maxCTAs);
-    return 0;
 }
 
 int glm_nccl_unique_id(void *id, glm_err *err) {
@@ -344,7 +284,6 @@ int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *com
     c->sum_host = n_sum_host;
     c->close = n_close;
     if (settle(c, r, "init", "NCCL communicator", timeout, err)) { n_close(c); return -1; }
-    if (open_background(c, rank, timeout, err)) { n_close(c); return -1; }
     *out = c;
     return 0;
 }

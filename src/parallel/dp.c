@@ -24,10 +24,6 @@ static void read_experiments(glm_dp *dp) {
     dp->debug = env_on("GLMTRAIN_DP_DEBUG");
     dp->no_overlap = env_on("GLMTRAIN_DP_NO_OVERLAP");
     dp->z0_ag_backward = env_on("GLMTRAIN_DP_Z0_AG_BACKWARD");
-    const char *fg = getenv("GLMTRAIN_DP_FG_MB");
-    dp->fg_mb = fg ? atof(fg) : 0;
-    const char *sm = getenv("GLMTRAIN_DP_SM_MARGIN"); /* "SMS:GEMMS" */
-    if (sm && sscanf(sm, "%d:%d", &dp->margin_sms, &dp->margin_gemms) != 2) dp->margin_sms = 0;
 }
 
 int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err) {
@@ -163,12 +159,8 @@ static int start_bucket(glm_dp *dp, int i, glm_err *err) {
 static void on_grads_ready(void *ctx, size_t first) {
     glm_dp *dp = ctx;
     if (!dp->armed || dp->hook_failed) return;
-    /* while backward goes on, the reductions may take the background lane; the last ones
-     * (the embedding's, after which nothing hides them) go at full speed */
-    dp->comm->background = first > dp->fg_elems;
     if (dp->zero2) {
         glm_dp_z2_ready(dp, first);
-        dp->comm->background = 0;
         return;
     }
     double t0 = glm_now();
@@ -176,16 +168,11 @@ static void on_grads_ready(void *ctx, size_t first) {
     for (int i = 0; i < dp->nb && dp->b[i].lo >= first; i++) {
         if (dp->b[i].started) continue;
         if (!started) dp->last_batch = i;
-        if (start_bucket(dp, i, &dp->hook_err)) { dp->hook_failed = 1; dp->comm->background = 0; return; }
+        if (start_bucket(dp, i, &dp->hook_err)) { dp->hook_failed = 1; return; }
         started++;
     }
-    /* the GEMMs queued next run beside these reduce-scatters: plan them around the SMs the
-     * collective holds (a GEMM counting on every SM would wait for those) */
-    glm_backend *be = dp->m->be;
-    if (started && dp->margin_sms > 0 && be->leave_sms) be->leave_sms(be, dp->margin_sms, dp->margin_gemms * started);
     dp->comm->poke(dp->comm);
     dp->hook_s += glm_now() - t0;
-    dp->comm->background = 0;
 }
 
 /* Buckets of at most bucket_mb from the end of the flat buffer; every size a multiple of
@@ -263,7 +250,6 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
         glm_model_reserve_flat(m, padded);
         make_buckets(dp, padded);
     }
-    dp->fg_elems = (size_t)(dp->fg_mb * 1048576.0 / (double)glm_cdtype_size(dp->gdt));
     if (dp->comm->register_buffer) {
         size_t bytes = padded * glm_cdtype_size(dp->gdt);
         dp->comm->register_buffer(dp->comm, m->params, bytes);

@@ -80,10 +80,7 @@ typedef struct glm_dp {
     int zero2;             /* ZeRO-2 staging on (a whole model on world > 1 ranks) */
     glm_dp_z2 z2;
     glm_dp_peer *peer;     /* ZeRO 0/1 on the GPUs of one node: gradients move by copy engines (or NULL) */
-    int margin_sms, margin_gemms; /* after a bucket starts, the next margin_gemms GEMMs leave margin_sms SMs */
-    double fg_mb;          /* GLMTRAIN_DP_FG_MB: the first MiB of the flat buffer never take the background lane */
     int z0_ag_backward;    /* GLMTRAIN_DP_Z0_AG_BACKWARD=1: ZeRO-0 all-gathers each bucket's sums right after its reduce-scatter */
-    size_t fg_elems;
     glm_err hook_err;      /* a failure inside the backward hook, returned by reduce_grads */
     int saved_stderr;      /* ranks > 0 log to a file; the terminal's stderr kept here (-1) */
 } glm_dp;

@@ -58,6 +58,8 @@ struct glm_dp_peer {
     unsigned *hflags;           /* pinned: a copy of the flags, read when a wait times out */
     unsigned t;                 /* steps exchanged so far */
     double sumsq;               /* of this rank's summed pieces, from the adds */
+    glm_span *mine;             /* [nb] this rank's piece of each bucket (flat ranges) */
+    size_t *off;                /* [nb] where each piece sits in the shard, so in each landing slot */
     int begun, ag;              /* this step's first landing copy is queued; all-gathers by copies */
     int early_add;              /* two add passes: earlier batches, then the last (GLMTRAIN_DP_PEER_EARLY_ADD=0: one) */
     wait32_fn wait32;
@@ -130,6 +132,8 @@ void glm_dp_peer_free(glm_dp *dp) {
     if (p->done) cudaEventDestroy(p->done);
     if (p->hflags) cudaFreeHost(p->hflags);
     if (p->base) cudaFree(p->base);
+    free(p->mine);
+    free(p->off);
     free(p);
     dp->peer = NULL;
 }
@@ -149,6 +153,9 @@ int glm_dp_peer_open(glm_dp *dp, glm_err *err) {
     p->shard = dp->shard;
     p->es = glm_cdtype_size(dp->gdt);
     p->compute = (cudaStream_t)glm_cuda_stream(m->be);
+    p->mine = glm_malloc(sizeof *p->mine * (size_t)dp->nb);
+    p->off = glm_malloc(sizeof *p->off * (size_t)dp->nb);
+    for (int i = 0; i < dp->nb; i++) p->mine[i].n = glm_dp_piece(dp, dp->rank, i, &p->mine[i].lo, &p->off[i]);
     p->ag = want("GLMTRAIN_DP_PEER_AG");
     p->early_add = want("GLMTRAIN_DP_PEER_EARLY_ADD");
     peer_card mine = {0}, *all = glm_calloc((size_t)dp->world, sizeof *all);
@@ -306,20 +313,10 @@ static int add_landed(glm_dp *dp, int i0, int i1, double *ssq, glm_err *err) {
     for (int q = 0; q < p->world; q++)
         if (q != p->rank) wait_flag(p, p->compute, F_ARRIVED, q, want);
     if (finish_wait(dp, "gradients", F_ARRIVED, want, err)) return -1;
-    int k = i1 - i0;
-    glm_span *sp = glm_malloc(sizeof *sp * (size_t)k);
-    size_t *yoff = glm_malloc(sizeof *yoff * (size_t)k);
-    for (int q = 0; q < p->world; q++) {
-        if (q == p->rank) continue;
-        for (int i = i0; i < i1; i++) {
-            size_t off;
-            sp[i - i0].n = glm_dp_piece(dp, p->rank, i, &sp[i - i0].lo, &off);
-            yoff[i - i0] = slot_of(q, p->rank) * p->shard + off;
-        }
-        *ssq = be->add_sumsq_spans(be, dp->m->grads, p->base + FLAG_BYTES, yoff, sp, k);
-    }
-    free(sp);
-    free(yoff);
+    for (int q = 0; q < p->world; q++) /* each peer's slot of the landing buffer, in rank order */
+        if (q != p->rank)
+            *ssq = be->add_sumsq_spans(be, dp->m->grads, p->base + FLAG_BYTES + slot_of(q, p->rank) * p->shard * p->es,
+                                       p->off + i0, p->mine + i0, i1 - i0);
     return 0;
 }
 

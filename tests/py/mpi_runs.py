@@ -36,6 +36,22 @@ def run(args, np=1, check=True, timeout=120, env=None, cmd="train"):
     return p
 
 
+NO_MPI = ("built without MPI", "not an MPI job", "no MPI job")
+
+
+def probe(args, skip_name, what):
+    """A short 2-rank run before the real ones: False (after printing the SKIP line) when this
+    glmtrain cannot run MPI ranks; raises when it fails for another reason."""
+    p = run(args, np=2, check=False)
+    out = p.stdout + p.stderr
+    if any(m in out for m in NO_MPI):
+        print("SKIP %s: this glmtrain was built without MPI (MPI=0 or a CUDA build)" % skip_name)
+        return False
+    if p.returncode != 0:
+        raise RuntimeError("%s failed:\n%s" % (what, out[-3000:]))
+    return True
+
+
 def rel(a, b, after=0):
     """Largest relative difference of two loss curves over their common steps > after, and how many."""
     steps = sorted(s for s in set(a) & set(b) if s > after)

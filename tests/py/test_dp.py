@@ -16,7 +16,7 @@ import array, json, os, re, shutil, signal, struct, subprocess, sys, tempfile, t
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
 
-from mpi_runs import ENV, GLM, MPIRUN, losses, rel, report, run
+from mpi_runs import ENV, GLM, MPIRUN, losses, probe, rel, report, run
 
 
 def st_read(path):
@@ -74,12 +74,9 @@ def main():
         cfg, base = T.parallel_setup(d)
         steps20 = ["--max_steps", "20", "--save_steps", "10"]
 
-        probe = run(base + ["--output_dir", os.path.join(d, "probe"), "--max_steps", "1", "--save_strategy", "no"], np=2, check=False)
-        if "built without MPI" in probe.stdout + probe.stderr or "not an MPI job" in probe.stdout + probe.stderr:
-            print("SKIP dp_all: this glmtrain was built without MPI (MPI=0 or a CUDA build)")
+        if not probe(base + ["--output_dir", os.path.join(d, "probe"), "--max_steps", "1", "--save_strategy", "no"],
+                     "dp_all", "2-rank probe"):
             return
-        if probe.returncode != 0:
-            raise RuntimeError("2-rank probe failed:\n" + (probe.stdout + probe.stderr)[-3000:])
 
         # 1. N ranks x B == 1 rank x N*B, for every ZeRO stage, with and without accumulation
         ref = {}

@@ -14,7 +14,7 @@ import json, os, re, shutil, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
 
-from mpi_runs import losses, rel, report, run
+from mpi_runs import losses, probe, rel, report, run
 
 
 def resume_from(d, name, src, args, np):
@@ -36,13 +36,9 @@ def main():
         base += ["--max_steps", "20", "--save_steps", "10", "--gradient_accumulation_steps", "2"]
         b4, b2 = ["--per_device_train_batch_size", "4"], ["--per_device_train_batch_size", "2"]
 
-        probe = run(base + b4 + ["--output_dir", os.path.join(d, "probe"), "--max_steps", "1", "--save_strategy", "no",
-                                 "--pipeline_parallel_size", "2"], np=2, check=False)
-        if "not an MPI job" in probe.stdout + probe.stderr or "no MPI job" in probe.stdout + probe.stderr:
-            print("SKIP pipeline_all: this glmtrain was built without MPI (MPI=0 or a CUDA build)")
+        if not probe(base + b4 + ["--output_dir", os.path.join(d, "probe"), "--max_steps", "1", "--save_strategy", "no",
+                                  "--pipeline_parallel_size", "2"], "pipeline_all", "2-stage probe"):
             return
-        if probe.returncode != 0:
-            raise RuntimeError("2-stage probe failed:\n" + (probe.stdout + probe.stderr)[-3000:])
 
         # 1. the single-process curve, P=2, P=2 x D=2 with ZeRO-2, P=3 (thudm: stage 0 only embeds)
         ref = os.path.join(d, "ref")

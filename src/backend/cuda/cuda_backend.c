@@ -25,7 +25,7 @@
 
 typedef struct gemm_plan {
     int used;
-    int key[15];
+    int key[14];
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
@@ -35,8 +35,6 @@ typedef struct gemm_plan {
 typedef struct cuda_impl {
     int device;
     char name[32];
-    int sms;                  /* SMs of the device */
-    int margin, margin_left;  /* leave_sms: SMs to leave free, for this many more GEMMs */
     cudaStream_t st;
     cublasLtHandle_t lt;
     cublasHandle_t blas; /* fallback for shapes cuBLASLt declines */
@@ -298,10 +296,8 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
         if (bias) glmk_bias_add(be->dtype, D, bias, n, m, im->st);
         return;
     }
-    int margin = im->margin_left > 0 ? im->margin : 0;
-    if (im->margin_left > 0) im->margin_left--;
-    int key[15] = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, beta != 0.0f, align_of(A), align_of(B), align_of(D),
-                   bias ? align_of(bias) : 0, margin};
+    int key[14] = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, beta != 0.0f, align_of(A), align_of(B), align_of(D),
+                   bias ? align_of(bias) : 0};
     gemm_plan *p = NULL;
     for (int i = 0; i < GEMM_CACHE && !p; i++)
         if (im->plans[i].used && memcmp(im->plans[i].key, key, sizeof key) == 0) p = &im->plans[i];
@@ -316,10 +312,6 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
         CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-        if (margin > 0) {
-            int32_t target = im->sms - margin;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof target));
-        }
         if (bias) {
             cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -506,11 +498,6 @@ static void cu_adamw(glm_backend *be, void *param, float *master, const void *gr
 /* ---------------------------------------------------------------- extras, lifetime */
 
 void *glm_cuda_stream(glm_backend *be) { return (void *)IM(be)->st; }
-static void cu_leave_sms(glm_backend *be, int sms, int n_gemms) {
-    cuda_impl *im = IM(be);
-    im->margin = sms > 0 && sms < im->sms / 2 ? sms : 0;
-    im->margin_left = im->margin ? n_gemms : 0;
-}
 
 void glm_cuda_fill_normal(glm_backend *be, void *p, size_t n, uint64_t seed, float std) {
     glmk_fill_normal(be->dtype, p, n, seed, std, IM(be)->st);
@@ -569,7 +556,6 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     cuda_impl *im = glm_calloc(1, sizeof *im);
     glm_backend *be = glm_calloc(1, sizeof *be);
     im->device = device;
-    im->sms = prop.multiProcessorCount;
     snprintf(im->name, sizeof im->name, "cuda:%d", device);
     const char *a = getenv("GLM_CUDA_ATTN"), *s = getenv("GLM_CUDA_SYNC");
     im->force_simt = a && strcmp(a, "simt") == 0;
@@ -589,7 +575,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add,
         .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
-        .adamw = cu_adamw, .destroy = cu_destroy, .to_f32 = cu_to_f32, .leave_sms = cu_leave_sms,
+        .adamw = cu_adamw, .destroy = cu_destroy, .to_f32 = cu_to_f32,
     };
     im->workspace = cu_alloc(be, WORKSPACE_BYTES);
     im->ssq = cu_alloc(be, (SSQ_PARTIALS + SSQ_SPANS) * sizeof(double));
