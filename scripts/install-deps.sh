@@ -3,7 +3,8 @@
 # Idempotent: skips what is already there. Run as root (CI and the dev machines are root).
 set -euo pipefail
 APT_PKGS="build-essential libcjson-dev python3 python3-numpy python3-torch python3-sentencepiece
-          sentencepiece fortunes-zh libopenmpi-dev openmpi-bin python3-pip clang"
+          sentencepiece fortunes-zh libopenmpi-dev openmpi-bin python3-pip clang
+          python3-requests python3-yaml python3-typing-extensions"
 PIP_PKGS="safetensors tensorboard"
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
@@ -17,5 +18,20 @@ for p in $PIP_PKGS; do
     if ! /usr/bin/python3 -c "import $p" >/dev/null 2>&1; then
         echo "install-deps: pip install $p"
         /usr/bin/python3 -m pip install -q --break-system-packages "$p"
+    fi
+done
+# transformers (tests/py/test_folder_interop.py loads glmtrain's folders with AutoModel and
+# trust_remote_code) beside Debian's torch 1.13: pinned versions installed with --no-deps so pip
+# never replaces Debian's torch or numpy (requests, yaml and typing_extensions come from Debian
+# above; the ones below need nothing else). "module=package==version"; a module that already
+# imports is left alone.
+PIP_NODEPS="tqdm=tqdm==4.66.1 filelock=filelock==3.12.4 regex=regex==2023.8.8 fsspec=fsspec==2023.9.2
+            packaging=packaging==23.2 huggingface_hub=huggingface_hub==0.17.3 tokenizers=tokenizers==0.13.3
+            transformers=transformers==4.33.3"
+for mp in $PIP_NODEPS; do
+    m=${mp%%=*}; spec=${mp#*=}
+    if ! /usr/bin/python3 -c "import $m" >/dev/null 2>&1; then
+        echo "install-deps: pip install --no-deps $spec"
+        /usr/bin/python3 -m pip install -q --no-deps --break-system-packages "$spec"
     fi
 done

@@ -45,6 +45,21 @@ typedef struct glm_export_opts {
 } glm_export_opts;
 void glm_export_opts_init(glm_export_opts *o); /* F16, one file, original layout */
 
+/* config.json for weights written as `dtype` into dir: the text of config_from (NULL: made
+ * from c) with only torch_dtype set, every other byte as written (core/json_text.h), so
+ * auto_map, _name_or_path and number literals like 1e-05 reach the original loaders intact. */
+int glm_write_hf_config(const glm_config *c, const char *config_from, st_dtype dtype, const char *dir, glm_err *err);
+/* What the original loaders need from a source model folder beside the weights, copied byte
+ * for byte: its code files (*.py: THUDM's modeling/configuration/tokenization/quantization),
+ * tokenizer files (with their own auto_map) and generation_config.json. */
+int glm_copy_source_files(const char *from, const char *dir, glm_err *err);
+/* The config.json and the folder of a model's origin (glm_model.origin): "" where there is
+ * none (a config file has no folder to copy files from). */
+void glm_origin_paths(const char *origin, char *config, char *folder, size_t n);
+/* Whether dir has the code files transformers needs to load a chatglm folder with
+ * trust_remote_code; when not, logs what a user must add (once per folder written). */
+int glm_check_remote_code(const char *dir);
+
 /* Fills dst[numel] (float) with tensor `name`; the table row is given for parameters. */
 typedef int (*glm_tensor_reader)(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err);
 
@@ -52,7 +67,7 @@ typedef int (*glm_tensor_reader)(void *ctx, const char *name, const glm_tensor *
  * (written under a temporary name and renamed) before the index and config.json are written. */
 int glm_export(const glm_config *c, glm_tensor_reader rd, void *ctx, const char *dir, const glm_export_opts *o,
                glm_err *err);
-/* The model's parameters. */
+/* The model's parameters; config_from / files_from default to the model's origin. */
 int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err);
 /* A checkpoint converted (config.json of `from` decides the tensors) without building a model:
  * memory stays at about one shard. */

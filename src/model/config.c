@@ -127,6 +127,12 @@ char *glm_config_to_json(const glm_config *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("ChatGLMModel"));
+    /* the names of THUDM's code files, as the original config.json has them: a folder made from
+     * this config loads with trust_remote_code once those files are copied in */
+    cJSON *am = cJSON_AddObjectToObject(o, "auto_map");
+    cJSON_AddStringToObject(am, "AutoConfig", "configuration_chatglm.ChatGLMConfig");
+    cJSON_AddStringToObject(am, "AutoModel", "modeling_chatglm.ChatGLMForConditionalGeneration");
+    cJSON_AddStringToObject(am, "AutoModelForSeq2SeqLM", "modeling_chatglm.ChatGLMForConditionalGeneration");
     cJSON_AddStringToObject(o, "model_type", "chatglm");
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
@@ -134,7 +140,13 @@ char *glm_config_to_json(const glm_config *c) {
     cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(o, "inner_hidden_size", c->inner_hidden_size);
     cJSON_AddNumberToObject(o, "max_sequence_length", c->max_sequence_length);
-    cJSON_AddNumberToObject(o, "layernorm_epsilon", c->layernorm_epsilon);
+    /* the shortest decimal that reads back as the same float: 1e-05, not 9.99999974737875e-06 */
+    char eps[32];
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(eps, sizeof eps, "%.*g", digits, c->layernorm_epsilon);
+        if (strtof(eps, NULL) == c->layernorm_epsilon) break;
+    }
+    cJSON_AddRawToObject(o, "layernorm_epsilon", eps);
     cJSON_AddBoolToObject(o, "position_encoding_2d", c->position_encoding_2d);
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
     cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "core/fileutil.h"
+#include "core/json_text.h"
 #include "core/log.h"
 #include "model/ckpt.h"
 
@@ -102,33 +103,79 @@ static const char *torch_dtype_name(st_dtype d) {
     return d == ST_F16 ? "float16" : d == ST_BF16 ? "bfloat16" : "float32";
 }
 
-static int write_config(const glm_config *c, const char *dir, const glm_export_opts *o, glm_err *err) {
-    char *text = NULL;
-    if (o->config_from) {
-        text = glm_read_file(o->config_from, NULL, err);
-        if (!text) return -1;
-    } else {
-        text = glm_config_to_json(c);
-    }
-    cJSON *j = cJSON_Parse(text);
+int glm_write_hf_config(const glm_config *c, const char *config_from, st_dtype dtype, const char *dir, glm_err *err) {
+    char *text = config_from ? glm_read_file(config_from, NULL, err) : glm_config_to_json(c);
+    if (!text) return -1;
+    cJSON *j = cJSON_Parse(text); /* only to refuse a broken source before copying it */
+    int ok = cJSON_IsObject(j);
+    cJSON_Delete(j);
+    char value[32], *out = NULL;
+    snprintf(value, sizeof value, "\"%s\"", torch_dtype_name(dtype));
+    if (ok) out = glm_json_set_key(text, "torch_dtype", value);
     free(text);
-    if (!j) return glm_fail(err, "%s: not valid JSON", o->config_from ? o->config_from : "config");
-    cJSON_DeleteItemFromObjectCaseSensitive(j, "torch_dtype");
-    cJSON_AddStringToObject(j, "torch_dtype", torch_dtype_name(o->dtype));
+    if (!out) return glm_fail(err, "%s: not a JSON object", config_from ? config_from : "config");
+    size_t n = strlen(out);
+    if (n == 0 || out[n - 1] != '\n') { out = glm_realloc(out, n + 2); out[n++] = '\n'; out[n] = 0; }
     char path[4096];
     glm_path_join(path, sizeof path, dir, "config.json");
-    int rc = write_json(path, j, err);
-    cJSON_Delete(j);
+    int rc = glm_write_file_atomic(path, out, n, err);
+    free(out);
     return rc;
 }
 
-/* Tokenizer and remote-code files travel with the weights, so the folder loads as it is
- * (glmtrain, or transformers with trust_remote_code). */
-static int copy_files(const char *from, const char *dir, glm_err *err) {
+static int is_source_file(const char *n) {
     static const char *const names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json",
-                                        "special_tokens_map.json", "tokenization_chatglm.py", "configuration_chatglm.py",
-                                        "modeling_chatglm.py", "quantization.py", "generation_config.json"};
-    return glm_copy_named_files(from, dir, names, (int)(sizeof names / sizeof names[0]), err);
+                                        "special_tokens_map.json", "added_tokens.json", "generation_config.json"};
+    size_t len = strlen(n);
+    if (len > 3 && strcmp(n + len - 3, ".py") == 0) return 1;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(n, names[i]) == 0) return 1;
+    return 0;
+}
+
+int glm_copy_source_files(const char *from, const char *dir, glm_err *err) {
+    char fa[4096], fb[4096];
+    if (realpath(from, fa) && realpath(dir, fb) && strcmp(fa, fb) == 0) return 0; /* already there */
+    DIR *d = opendir(from);
+    if (!d) return glm_fail(err, "%s: cannot open the source folder", from);
+    struct dirent *e;
+    int rc = 0;
+    char src[4096], dst[4096];
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        if (!is_source_file(e->d_name)) continue;
+        glm_path_join(src, sizeof src, from, e->d_name);
+        if (!glm_is_file(src)) continue;
+        glm_path_join(dst, sizeof dst, dir, e->d_name);
+        rc = glm_copy_file(src, dst, err);
+    }
+    closedir(d);
+    return rc;
+}
+
+void glm_origin_paths(const char *origin, char *config, char *folder, size_t n) {
+    config[0] = folder[0] = 0;
+    if (!origin || !origin[0]) return;
+    if (glm_is_dir(origin)) {
+        snprintf(folder, n, "%s", origin);
+        glm_path_join(config, n, origin, "config.json");
+        if (!glm_is_file(config)) config[0] = 0;
+    } else if (glm_is_file(origin)) {
+        snprintf(config, n, "%s", origin);
+    }
+}
+
+int glm_check_remote_code(const char *dir) {
+    static const char *const need[] = {"configuration_chatglm.py", "modeling_chatglm.py", "tokenization_chatglm.py"};
+    char path[4096], missing[256] = "";
+    for (int i = 0; i < 3; i++) {
+        glm_path_join(path, sizeof path, dir, need[i]);
+        if (!glm_is_file(path)) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", missing[0] ? ", " : "", need[i]);
+    }
+    if (!missing[0]) return 1;
+    glm_info("%s loads in glmtrain; for transformers (trust_remote_code) it lacks %s: copy THUDM's code files "
+             "(and quantization.py) from a chatglm-6b download into it (config.json already names them in auto_map)",
+             dir, missing);
+    return 0;
 }
 
 static void shard_name(char *dst, size_t n, int i, int count) {
@@ -190,8 +237,9 @@ int glm_export(const glm_config *c, glm_tensor_reader rd, void *ctx, const char 
         rc = write_json(path, ix, err);
         cJSON_Delete(ix);
     }
-    if (rc == 0) rc = write_config(c, dir, o, err);
-    if (rc == 0 && o->files_from) rc = copy_files(o->files_from, dir, err);
+    if (rc == 0) rc = glm_write_hf_config(c, o->config_from, o->dtype, dir, err);
+    /* tokenizer and code files travel with the weights, so the folder loads as it is */
+    if (rc == 0 && o->files_from) rc = glm_copy_source_files(o->files_from, dir, err);
     free(it);
     glm_table_free(&tab);
     return rc;
@@ -212,7 +260,12 @@ static int read_model(void *ctx, const char *name, const glm_tensor *t, float *d
 }
 
 int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err) {
-    return glm_export(&m->cfg, read_model, m, dir, o, err);
+    char cfg[4096], folder[4096];
+    glm_origin_paths(m->origin, cfg, folder, sizeof cfg);
+    glm_export_opts oo = *o;
+    if (!oo.config_from && cfg[0]) oo.config_from = cfg;
+    if (!oo.files_from && folder[0]) oo.files_from = folder;
+    return glm_export(&m->cfg, read_model, m, dir, &oo, err);
 }
 
 static int read_ckpt(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
@@ -250,11 +303,11 @@ int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o
     }
     if (unused > 5) glm_warn("... and %d more unused tensors", unused - 5);
     glm_table_free(&tab);
-    char cfg[4096];
-    glm_path_join(cfg, sizeof cfg, from, "config.json");
+    char cfg[4096], folder[4096];
+    glm_origin_paths(from, cfg, folder, sizeof cfg);
     glm_export_opts oo = *o;
-    if (!oo.config_from && glm_is_file(cfg)) oo.config_from = cfg;
-    if (!oo.files_from && glm_is_dir(from)) oo.files_from = from;
+    if (!oo.config_from && cfg[0]) oo.config_from = cfg;
+    if (!oo.files_from && folder[0]) oo.files_from = folder;
     int rc = glm_export(&c, read_ckpt, &ck, dir, &oo, err);
     glm_ckpt_close(&ck);
     return rc;

@@ -85,6 +85,10 @@ typedef struct glm_model {
     void *(*grads_unit)(void *ctx, size_t lo, size_t hi);
     void *grads_unit_ctx;
     size_t flat_cap;        /* elements allocated for params/grads (>= tab.total) */
+    /* Where the config came from: a model folder or a config.json file ("" for none). Folders
+     * the model writes (model/ckpt.h) carry over that config.json as written and the folder's
+     * code and tokenizer files, so the original loaders read them. */
+    char origin[4096];
 } glm_model;
 
 /* Builds the table and allocates parameters and gradients (zeroed) on the backend. */
@@ -143,8 +147,9 @@ int glm_model_load(glm_model *m, const char *path, glm_err *err);
 /* Copies params (or grads) to a host float array [tab.total] and back. */
 void glm_model_get_params(glm_model *m, float *host);
 void glm_model_set_params(glm_model *m, const float *host);
-/* Writes the parameters as safetensors with HF names: file_dtype F32/F16/BF16; shard_bytes 0
- * gives one model.safetensors. `dir` receives config.json too. */
+/* Writes the parameters as safetensors with HF names (glm_model_export of model/ckpt.h):
+ * file_dtype F32/F16/BF16; shard_bytes 0 gives one model.safetensors, else HF-style shards
+ * and an index. `dir` receives config.json and the origin's code and tokenizer files too. */
 int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err);
 
 /* ---- incremental decoding (model/kvcache.c) ---- */

@@ -88,31 +88,11 @@ int glm_model_load(glm_model *m, const char *path, glm_err *err) {
 }
 
 int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err) {
-    if (glm_mkdirs(dir, err) != 0) return -1;
-    float *host = glm_malloc(m->tab.total * sizeof(float));
-    glm_model_get_params(m, host);
-    st_entry *e = glm_calloc(m->tab.n, sizeof *e);
-    for (int i = 0; i < m->tab.n; i++) {
-        const glm_tensor *t = &m->tab.t[i];
-        e[i] = (st_entry){.name = t->name, .ndim = t->ndim, .data = host + t->offset,
-                          .data_dtype = ST_F32, .file_dtype = (st_dtype)file_dtype};
-        e[i].shape[0] = t->shape[0];
-        e[i].shape[1] = t->shape[1];
-    }
-    char path[4096];
-    int rc;
-    if (shard_bytes == 0) {
-        glm_path_join(path, sizeof path, dir, "model.safetensors");
-        rc = st_save(path, e, m->tab.n, 0, err);
-    } else {
-        rc = st_save(dir, e, m->tab.n, shard_bytes, err);
-    }
-    free(e);
-    free(host);
-    if (rc != 0) return -1;
-    char *cfg = glm_config_to_json(&m->cfg);
-    glm_path_join(path, sizeof path, dir, "config.json");
-    rc = glm_write_file_atomic(path, cfg, strlen(cfg), err);
-    free(cfg);
-    return rc;
+    glm_export_opts o;
+    glm_export_opts_init(&o);
+    o.dtype = (st_dtype)file_dtype;
+    o.max_shard_bytes = shard_bytes;
+    o.original_layout = 0; /* only the parameters: what resume reads back */
+    o.overwrite = 1;       /* the caller's own folder (a checkpoint, the run's output) */
+    return glm_model_export(m, dir, &o, err);
 }

@@ -6,6 +6,7 @@
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "io/safetensors.h"
+#include "model/ckpt.h"
 
 static void shard_name(char *out, size_t n, const char *kind, int k, int P) {
     snprintf(out, n, "%s-%05d-of-%05d.safetensors", kind, k + 1, P);
@@ -90,16 +91,16 @@ static int write_index(const glm_device_map *map, const glm_config *c, const cha
     return rc;
 }
 
-int glm_pipe_save_index(const glm_device_map *map, const glm_config *c, const char *dir, int file_dtype, int opt_kinds,
+int glm_pipe_save_index(const glm_device_map *map, const glm_model *m, const char *dir, int file_dtype, int opt_kinds,
                         glm_err *err) {
+    const glm_config *c = &m->cfg;
     if (write_index(map, c, dir, 0, file_dtype, err)) return -1;
     /* master/ entries only when the shards hold them: a reader decides by asking for one */
     if (opt_kinds && write_index(map, c, dir, opt_kinds, file_dtype, err)) return -1;
-    char *cfg = glm_config_to_json(c), path[4096];
-    glm_path_join(path, sizeof path, dir, "config.json");
-    int rc = glm_write_file_atomic(path, cfg, strlen(cfg), err);
-    free(cfg);
-    return rc;
+    char cfg[4096], folder[4096];
+    glm_origin_paths(m->origin, cfg, folder, sizeof cfg);
+    if (glm_write_hf_config(c, cfg[0] ? cfg : NULL, (st_dtype)file_dtype, dir, err)) return -1;
+    return folder[0] ? glm_copy_source_files(folder, dir, err) : 0;
 }
 
 /* A barrier that also tells every rank whether any rank failed. */
@@ -135,7 +136,7 @@ int glm_pipe_checkpoint_save(glm_pipe *p, const char *output_dir, const glm_opt_
     else if (p->replica == 0) bad = glm_pipe_save_stage(p, tmp, ST_F32, o, err) != 0;
     if (agree(p, bad, "writing the checkpoint shards", err)) return -1;
     if (rank0) {
-        int rc = glm_pipe_save_index(&p->map, &p->m->cfg, tmp, ST_F32, o->master ? 3 : 2, err);
+        int rc = glm_pipe_save_index(&p->map, p->m, tmp, ST_F32, o->master ? 3 : 2, err);
         if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
         if (!rc && args_json) rc = write_text(tmp, "training_args.json", args_json, err);
         /* trainer_state.json last: its presence marks the checkpoint complete */
@@ -153,7 +154,7 @@ int glm_pipe_save_final(glm_pipe *p, const char *output_dir, int file_dtype, con
     int bad = p->replica == 0 && glm_pipe_save_stage(p, output_dir, file_dtype, NULL, err) != 0;
     if (agree(p, bad, "writing the model shards", err)) return -1;
     if (p->world->rank == 0) {
-        int rc = glm_pipe_save_index(&p->map, &p->m->cfg, output_dir, file_dtype, 0, err);
+        int rc = glm_pipe_save_index(&p->map, p->m, output_dir, file_dtype, 0, err);
         if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, output_dir, err);
         if (!rc && args_json) rc = write_text(output_dir, "training_args.json", args_json, err);
         bad = rc != 0;

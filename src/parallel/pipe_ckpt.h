@@ -18,9 +18,10 @@
 /* This stage's shard files in dir: weights as file_dtype (st_dtype), and the optimizer state
  * when o is given (host, over [0, tab.total)). */
 int glm_pipe_save_stage(glm_pipe *p, const char *dir, int file_dtype, const glm_opt_state *o, glm_err *err);
-/* The index files and config.json, from the map alone; opt_kinds: 0 no optimizer index, 2
- * moments, 3 moments and master weights. */
-int glm_pipe_save_index(const glm_device_map *map, const glm_config *c, const char *dir, int file_dtype, int opt_kinds,
+/* The index files from the map alone, config.json and the origin's code and tokenizer files
+ * (model/ckpt.h) from the stage model m; opt_kinds: 0 no optimizer index, 2 moments, 3
+ * moments and master weights. */
+int glm_pipe_save_index(const glm_device_map *map, const glm_model *m, const char *dir, int file_dtype, int opt_kinds,
                         glm_err *err);
 
 /* output_dir/checkpoint-<step>, every rank calls it; o is the stage's full optimizer state on

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "core/fileutil.h"
 #include "io/safetensors.h"
+#include "model/ckpt.h"
 
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
 int glm_remove_tree(const char *path) { return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
@@ -20,8 +21,7 @@ int glm_copy_tokenizer_files(const char *tok, const char *dir, glm_err *err) {
         glm_path_join(dst, sizeof dst, dir, base ? base + 1 : tok);
         return glm_copy_file(tok, dst, err);
     }
-    static const char *const names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json"};
-    return glm_copy_named_files(tok, dir, names, 3, err);
+    return glm_copy_source_files(tok, dir, err); /* with tokenization_chatglm.py, which its auto_map names */
 }
 
 /* Optimizer state as named fp32 tensors, so it survives layout changes of the flat buffer and

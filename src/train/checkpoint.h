@@ -49,8 +49,9 @@ int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, g
 int glm_checkpoint_latest(const char *output_dir, char *out, size_t n);
 /* Deletes the oldest complete checkpoints beyond `limit` (0 = keep all). */
 int glm_checkpoint_rotate(const char *output_dir, int limit, glm_err *err);
-/* Copies the tokenizer files (ice_text.model / tokenizer.model, tokenizer_config.json) of
- * tokenizer_path (a folder or .model file) into dir. */
+/* Copies the tokenizer files of tokenizer_path (a .model file, or a folder: ice_text.model /
+ * tokenizer.model, tokenizer_config.json, special_tokens_map.json and the code files its
+ * auto_map names, as glm_copy_source_files) into dir. */
 int glm_copy_tokenizer_files(const char *tokenizer_path, const char *dir, glm_err *err);
 /* Removes a folder tree. */
 int glm_remove_tree(const char *path);

@@ -22,6 +22,9 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->pipeline_parallel_size < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
     if (a->num_microbatches < 0) return glm_fail(err, "--num_microbatches must not be negative");
     if (a->num_microbatches > 0) a->gradient_accumulation_steps = a->num_microbatches; /* the same count, pipeline's name */
+    size_t shard;
+    if (strcmp(a->max_shard_size, "0") != 0 && glm_parse_size(a->max_shard_size, &shard))
+        return glm_fail(err, "--max_shard_size %s is not a size", a->max_shard_size), glm_hint(err, "e.g. 10GB, 500MB, 2GiB, or 0 for one file");
     return 0;
 }
 
@@ -86,6 +89,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
         glm_model_init(&t->m, &c, t->be);
     }
     t->m.gradient_checkpointing = a->gradient_checkpointing;
+    snprintf(t->m.origin, sizeof t->m.origin, "%s", src); /* what the folders it writes carry over */
     if (t->dp->world > 1 && t->dp->rank > 0) {
         /* nothing to read or draw: glm_dp_attach broadcasts rank 0's weights */
     } else if (a->model_name_or_path) {

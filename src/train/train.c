@@ -183,19 +183,25 @@ static int log_rank_stats(trainer *t, const glm_step_phases *ph, glm_err *err) {
 static int save_final(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     int rc = 0;
+    st_dtype dt = strcmp(a->save_dtype, "float16") == 0 ? ST_F16 : strcmp(a->save_dtype, "bfloat16") == 0 ? ST_BF16 : ST_F32;
     if (t->pp) {
-        st_dtype dt = strcmp(a->save_dtype, "float16") == 0 ? ST_F16 : strcmp(a->save_dtype, "bfloat16") == 0 ? ST_BF16 : ST_F32;
         rc = glm_pp_save_final(t->pp, a->output_dir, dt, t->tok_path, t->args_json, err);
-        if (rc == 0 && lead(t)) glm_info("saved the final model to %s", a->output_dir);
+        if (rc == 0 && lead(t)) { glm_info("saved the final model to %s", a->output_dir); glm_check_remote_code(a->output_dir); }
         return rc;
     }
     if (t->dp->rank == 0) {
-        st_dtype dt = strcmp(a->save_dtype, "float16") == 0 ? ST_F16 : strcmp(a->save_dtype, "bfloat16") == 0 ? ST_BF16 : ST_F32;
+        /* laid out as the original download (the tied head's copy, the rotary buffers), so
+         * every loader of chatglm-6b folders reads it */
+        glm_export_opts o;
+        glm_export_opts_init(&o);
+        o.dtype = dt;
+        o.overwrite = 1;
+        if (strcmp(a->max_shard_size, "0") != 0) glm_parse_size(a->max_shard_size, &o.max_shard_bytes); /* checked at start */
         char path[4096];
         glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
-        rc = glm_model_save(&t->m, a->output_dir, dt, 0, err) || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
+        rc = glm_model_export(&t->m, a->output_dir, &o, err) || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
              glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
-        if (rc == 0) glm_info("saved the final model to %s", a->output_dir);
+        if (rc == 0) { glm_info("saved the final model to %s", a->output_dir); glm_check_remote_code(a->output_dir); }
     }
     double failed = rc != 0;
     glm_err e2;

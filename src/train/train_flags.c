@@ -56,6 +56,7 @@ const glm_flag glm_train_flags[] = {
     F(save_steps, ARG_LONG, "500", "save a checkpoint every N steps"),
     F(save_total_limit, ARG_INT, "0", "keep at most N checkpoints (0 = all)"),
     C(save_dtype, "float32", "float32|float16|bfloat16", "dtype of the final model's safetensors"),
+    F(max_shard_size, ARG_STR, "10GB", "largest safetensors shard of the final model, as save_pretrained (10GB = 1e10 bytes, 1GiB = 2^30; 0 = one file)"),
     F(save_final_model, ARG_BOOL, "true", "write the trained model to output_dir at the end (false: checkpoints only, e.g. benchmarks)"),
     {"resume_from_checkpoint", ARG_STR, offsetof(glm_train_args, resume_from_checkpoint), NULL,
      "checkpoint folder, or alone / \"latest\" for the newest in output_dir", NULL, "latest"},
