@@ -23,8 +23,8 @@ static void on_token(void *ctx, int row, int32_t id) {
     if (d[0]) { fputs(d, stdout); fflush(stdout); }
 }
 
-/* Reads one line of any length (without the newline); NULL at end of input. */
-static char *read_line(FILE *f) {
+/* Reads one line of any length (without the newline; its length in *len); NULL at end of input. */
+static char *read_line(FILE *f, size_t *len) {
     size_t cap = 256, n = 0;
     char *s = glm_malloc(cap);
     int c;
@@ -35,6 +35,7 @@ static char *read_line(FILE *f) {
     if (c == EOF && n == 0) { free(s); return NULL; }
     if (n > 0 && s[n - 1] == '\r') n--;
     s[n] = 0;
+    *len = n;
     return s;
 }
 
@@ -50,8 +51,10 @@ static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *lin
     /* leave room for at least one new token under max_length */
     int max_prompt = s->g.max_new_tokens > 0 ? 1 << 30 : s->g.max_length - 1;
     if (glm_chat_inputs(s->tok, gen_config(s), line, (const char *const *)*hist, *n_hist, max_prompt, &in, &dropped,
-                        &prompt, err))
+                        &prompt, err)) {
+        glm_ids_free(&in); /* a message too long still left its tokens here */
         return -1;
+    }
     if (dropped) {
         fprintf(stderr, "(the %d oldest round%s no longer fit in max_length %d and were left out)\n", dropped,
                 dropped > 1 ? "s" : "", s->g.max_length);
@@ -103,8 +106,15 @@ int glm_cmd_chat(int argc, char **argv) {
     for (;;) {
         printf("\n用户: ");
         fflush(stdout);
-        char *line = read_line(stdin);
+        size_t len;
+        char *line = read_line(stdin, &len);
         if (!line) { printf("\n"); break; }
+        if (strlen(line) != len) { /* C strings end at a NUL: the rest would vanish unseen */
+            fprintf(stderr, "error: the message holds a NUL byte (at byte %zu); it was not sent. Type it again without it.\n",
+                    strlen(line) + 1);
+            free(line);
+            continue;
+        }
         if (!strcmp(line, "exit") || !strcmp(line, "quit") || !strcmp(line, "stop")) { free(line); break; }
         if (!strcmp(line, "clear")) {
             free_hist(hist, n_hist);

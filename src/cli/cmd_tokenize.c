@@ -109,10 +109,22 @@ static int parse_ids(const char *s, size_t n, glm_ids *ids, glm_err *err) {
     return 0;
 }
 
+/* An id the vocabulary does not have is an error: decoding would drop it without a trace. */
+static int check_id_range(const glm_tokenizer *t, const tok_args *a, const glm_ids *ids, glm_err *err) {
+    int v = a->spm ? glm_tokenizer_spm_size(t) : glm_tokenizer_vocab_size(t);
+    for (int i = 0; i < ids->n; i++)
+        if (ids->data[i] < 0 || ids->data[i] >= v) {
+            glm_fail(err, "--decode: id %d is out of range: the %svocabulary has %d ids (0 to %d)", (int)ids->data[i],
+                     a->spm ? "SentencePiece (--spm) " : "", v, v - 1);
+            return glm_hint(err, "the ids must come from this tokenizer (--tokenizer)");
+        }
+    return 0;
+}
+
 static int emit_decode(const glm_tokenizer *t, const tok_args *a, const char *s, size_t n, obuf *o, glm_err *err) {
     glm_ids ids = {0};
-    if (parse_ids(s, n, &ids, err)) { glm_ids_free(&ids); return -1; }
-    if (a->pieces) { /* the piece of each id (out of range: an empty piece) */
+    if (parse_ids(s, n, &ids, err) || check_id_range(t, a, &ids, err)) { glm_ids_free(&ids); return -1; }
+    if (a->pieces) { /* the piece of each id (ids below ChatGLM's offset, image tokens: an empty piece) */
         if (a->json) ob_put(o, "{\"pieces\":[", 11);
         for (int i = 0; i < ids.n; i++) {
             const char *p = glm_tokenizer_piece(t, ids.data[i]);

@@ -3,8 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/fileutil.h"
 #include "core/log.h"
 #include "parallel/pipe_infer.h"
+#include "train/checkpoint.h"
 
 int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, const char *cmd, glm_err *err) {
     glm_args_defaults(f, n, a);
@@ -50,6 +52,16 @@ static int pick_backend(gen_session *s, const gen_args *a, glm_err *err) {
     return 0;
 }
 
+/* A training checkpoint (checkpoint-N, sealed by train/checkpoint.h) is verified before its
+ * weights are read: a damaged one is refused with the file named. */
+static int check_sealed(const char *path, glm_err *err) {
+    char manifest[4096], why[1200];
+    glm_path_join(manifest, sizeof manifest, path, GLM_CKPT_MANIFEST);
+    if (!glm_is_file(manifest) || glm_checkpoint_verify(path, why, sizeof why) >= 0) return 0;
+    glm_fail(err, "--model_name_or_path %s: %s", path, why);
+    return glm_hint(err, "the checkpoint is damaged: use an older checkpoint-N of the run or its final model");
+}
+
 int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
     memset(s, 0, sizeof *s);
     if (!a->model_name_or_path) return glm_fail(err, "--model_name_or_path is required");
@@ -57,6 +69,7 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
                          .temperature = (float)a->temperature, .top_p = (float)a->top_p, .top_k = a->top_k,
                          .repetition_penalty = (float)a->repetition_penalty};
     if (glm_gen_cfg_check(&s->g, err)) return -1;
+    if (check_sealed(a->model_name_or_path, err)) return -1;
     glm_config c;
     if (glm_config_load(&c, a->model_name_or_path, err)) return -1;
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;

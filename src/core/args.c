@@ -42,10 +42,13 @@ int glm_args_set(const glm_flag *f, void *dst, const char *v, const char *where,
     case ARG_LONG: {
         errno = 0;
         double d = strtod(v, &end);
-        if (end == v || *end || errno || d != floor(d) || fabs(d) > 9e15)
+        int huge = end != v && !*end && ((errno == ERANGE && fabs(d) > 1) || fabs(d) > 9e15);
+        if (huge || (f->type == ARG_INT && end != v && !*end && !errno && fabs(d) > 2147483647.0))
+            return glm_fail(err, "%s--%s: %s is out of range (a whole number of at most %s)", where, f->name, v,
+                            f->type == ARG_INT ? "2147483647" : "9e15");
+        if (end == v || *end || errno || d != floor(d))
             return glm_fail(err, "%s--%s: \"%s\" is not a whole number", where, f->name, v);
         if (f->type == ARG_INT) {
-            if (fabs(d) > 2147483647.0) return glm_fail(err, "%s--%s: %s is too large", where, f->name, v);
             *(int *)field(f, dst) = (int)d;
         } else {
             *(long *)field(f, dst) = (long)d;
@@ -122,10 +125,33 @@ static int unknown(const glm_flag *f, int n, const char *name, const char *where
     return -1;
 }
 
+int glm_json_fail_at(const char *text, const char *at, const char *src, const char *expected, glm_err *err) {
+    /* A whole JSON document ends with '}' or ']': one that does not was cut off (a partial
+     * download or copy), and its end is the place to report, not where cJSON gave up (the
+     * start of the cut string, say). */
+    const char *end = text + strlen(text);
+    while (end > text && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r')) end--;
+    int cut = end == text || (end[-1] != '}' && end[-1] != ']');
+    if (cut) at = end;
+    int line = 1, col = 1;
+    for (const char *p = text; p < at && *p; p++) {
+        if (*p == '\n') { line++; col = 1; }
+        else if (((unsigned char)*p & 0xC0) != 0x80) col++; /* columns in characters */
+    }
+    if (cut) return glm_fail(err, "%s:%d:%d: the JSON ends early (cut off? %s expected)", src, line, col, expected);
+    return glm_fail(err, "%s:%d:%d: malformed JSON (%s expected)", src, line, col, expected);
+}
+
 static int load_config(const glm_flag *f, int n, void *dst, const char *path, glm_err *err) {
     char *text = glm_read_file(path, NULL, err);
     if (!text) return glm_hint(err, "--config takes a JSON file with the same keys as the flags");
-    cJSON *o = cJSON_Parse(text);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithOpts(text, &end, 0);
+    if (!o) {
+        glm_json_fail_at(text, end ? end : text, path, "--config JSON of flag names and values", err);
+        free(text);
+        return glm_hint(err, "--config takes a JSON object with the same keys as the flags");
+    }
     free(text);
     if (!cJSON_IsObject(o)) { cJSON_Delete(o); return glm_fail(err, "--config %s: not a JSON object", path); }
     char where[512];

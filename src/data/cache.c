@@ -130,9 +130,12 @@ static int write_cache(const char *path, const cache_header *h0, const builder *
     char hdr[HEADER_BYTES] = {0};
     memcpy(hdr, h0, sizeof *h0);
     int ok = fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr;
+    /* no tokens (every record bad or empty): ids and sup are NULL, which fwrite must not get */
     ok &= fwrite(b->off, 8, (size_t)b->n + 1, f) == (size_t)b->n + 1;
-    ok &= fwrite(b->ids, 4, (size_t)b->n_tokens, f) == (size_t)b->n_tokens;
-    ok &= fwrite(b->sup, 1, (size_t)b->n_tokens, f) == (size_t)b->n_tokens;
+    if (b->n_tokens > 0) {
+        ok &= fwrite(b->ids, 4, (size_t)b->n_tokens, f) == (size_t)b->n_tokens;
+        ok &= fwrite(b->sup, 1, (size_t)b->n_tokens, f) == (size_t)b->n_tokens;
+    }
     ok &= fflush(f) == 0;
     ok &= fsync(fileno(f)) == 0;
     ok &= fclose(f) == 0;

@@ -50,10 +50,30 @@ static const char *ext_of(const char *path) {
     return dot && (!slash || dot > slash) ? dot + 1 : "";
 }
 
+/* The name of a non-UTF-8 encoding the file starts like (BOM, or NUL bytes between the first
+ * characters: ASCII text in UTF-16/32), or NULL. */
+static const char *other_encoding(const char *buf, size_t len) {
+    const unsigned char *u = (const unsigned char *)buf;
+    if (len >= 4 && !memcmp(u, "\xFF\xFE\0\0", 4)) return "UTF-32 LE (it starts with the byte order mark FF FE 00 00)";
+    if (len >= 4 && !memcmp(u, "\0\0\xFE\xFF", 4)) return "UTF-32 BE (it starts with the byte order mark 00 00 FE FF)";
+    if (len >= 2 && u[0] == 0xFF && u[1] == 0xFE) return "UTF-16 LE (it starts with the byte order mark FF FE)";
+    if (len >= 2 && u[0] == 0xFE && u[1] == 0xFF) return "UTF-16 BE (it starts with the byte order mark FE FF)";
+    size_t n = len < 64 ? len : 64, zeros = 0;
+    for (size_t i = 0; i < n; i++) zeros += u[i] == 0;
+    if (n >= 4 && zeros * 4 >= n) return "UTF-16 or UTF-32 (it has NUL bytes between its first characters)";
+    return NULL;
+}
+
 int glm_reader_open(glm_reader **out, const char *path, const glm_read_cfg *cfg, glm_err *err) {
     size_t len;
     char *buf = glm_read_file(path, &len, err);
     if (!buf) return glm_hint(err, "check --train_file / --validation_file");
+    const char *enc = other_encoding(buf, len);
+    if (enc) {
+        free(buf);
+        glm_fail(err, "%s: the file is not UTF-8: it looks like %s", path, enc);
+        return glm_hint(err, "convert it to UTF-8, e.g. iconv -f UTF-16 -t UTF-8 %s > new.json", path);
+    }
     glm_reader *r = glm_calloc(1, sizeof *r);
     r->path = glm_strdup(path);
     r->buf = buf; r->len = len;
@@ -109,14 +129,48 @@ static int bad(glm_reader *r, size_t off, int json, const char *why, glm_err *er
     return 0;
 }
 
+/* The offset of the first NUL in [s, e), a raw byte or a \u0000 escape inside a string, or e.
+ * Text is C strings from here on: a NUL would cut it silently, so such a record is refused. */
+static size_t find_nul(const glm_reader *r, size_t s, size_t e) {
+    const char *b = r->buf;
+    for (size_t i = s; i < e; i++) {
+        if (b[i] == 0) return i;
+        if (b[i] != '\\' || i + 1 >= e) continue;
+        if (b[i + 1] == 'u' && i + 6 <= e && !memcmp(b + i + 2, "0000", 4)) return i;
+        i++; /* the escaped character ("\\\\u0000" is text, not a NUL) */
+    }
+    return e;
+}
+
+/* Whether the value in [s, e) nests arrays/objects deeper than cJSON parses (it then stops
+ * with what looks like a syntax error). Only asked after a failed parse. */
+static int too_deep(const glm_reader *r, size_t s, size_t e) {
+    int depth = 0, in_str = 0;
+    for (size_t i = s; i < e; i++) {
+        char c = r->buf[i];
+        if (in_str) { if (c == '\\') i++; else if (c == '"') in_str = 0; continue; }
+        if (c == '"') in_str = 1;
+        else if (c == '{' || c == '[') { if (++depth > CJSON_NESTING_LIMIT) return 1; }
+        else if (c == '}' || c == ']') depth--;
+    }
+    return 0;
+}
+
 /* Parses one JSON value in [s, e) (offsets into buf) and turns it into a record.
  * 1 = record, 0 = skipped, -1 = error. */
 static int parse_value(glm_reader *r, size_t s, size_t e, glm_record *rec, glm_err *err) {
     r->stats.records++;
+    size_t nul = find_nul(r, s, e);
+    if (nul < e)
+        return bad(r, nul, 0, r->buf[nul] ? "the record holds a \\u0000 (NUL) character: text with NUL is not supported"
+                                          : "the record holds a NUL byte: text with NUL is not supported", err) ? -1 : 0;
     const char *end = NULL;
     cJSON *v = cJSON_ParseWithLengthOpts(r->buf + s, e - s, &end, 0);
     if (!v) {
         size_t at = end ? (size_t)(end - r->buf) : s;
+        char why[96];
+        snprintf(why, sizeof why, "nesting deeper than %d levels of arrays/objects (the reader's limit)", CJSON_NESTING_LIMIT);
+        if (too_deep(r, s, e)) return bad(r, s, 0, why, err) ? -1 : 0;
         return bad(r, at < e ? at : e, 1, at >= e ? "unexpected end of the record" : "syntax error", err);
     }
     size_t after = (size_t)(end - r->buf);

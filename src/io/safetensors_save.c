@@ -111,7 +111,7 @@ static int write_file(const char *tmp, const st_entry *e, int a, int b, glm_err 
     if (bad) {
         unlink(tmp);
         glm_fail(err, "cannot write %s: %s", tmp, strerror(errno));
-        return glm_hint(err, "is the disk full? the checkpoint needs about %.2f GB", (double)off / 1e9);
+        return glm_hint(err, "is the disk full? this file alone needs about %.2f GB", (double)(off + h.n + 8) / 1e9);
     }
     return 0;
 }

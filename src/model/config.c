@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/args.h"
 #include "core/fileutil.h"
 
 glm_config glm_config_chatglm6b(void) {
@@ -24,8 +25,11 @@ static int get_int(const cJSON *o, const char *key, int required, int32_t *out, 
         glm_fail(err, "%s: required field \"%s\" is missing", src, key);
         return glm_hint(err, "a chatglm-6b config.json has %s; compare with the original model's config", key);
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2e9)
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
         return glm_fail(err, "%s: field \"%s\" must be an integer", src, key);
+    if (fabs(v->valuedouble) > 2147483647.0)
+        return glm_fail(err, "%s: field \"%s\" is %.17g: out of range (a 32-bit integer, at most 2147483647)", src, key,
+                        v->valuedouble);
     *out = (int32_t)v->valuedouble;
     return 0;
 }
@@ -51,8 +55,10 @@ int glm_config_validate(const glm_config *c, const char *src, glm_err *err) {
 }
 
 int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *err) {
-    cJSON *o = cJSON_Parse(text);
-    if (!o || !cJSON_IsObject(o)) {
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithOpts(text, &end, 0);
+    if (!o) return glm_json_fail_at(text, end ? end : text, src, "config.json of a chatglm model", err);
+    if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return glm_fail(err, "%s: not a JSON object (config.json of a chatglm model expected)", src);
     }

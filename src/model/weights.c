@@ -35,6 +35,13 @@ void glm_model_init_random(glm_model *m, uint64_t seed, float std) {
  * the largest tensor (the embedding) instead of a float copy of the whole model. */
 static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, const char *src_name, float *buf, glm_err *err) {
     if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) return -1;
+    /* training from a NaN/inf weight only yields NaN; a pass over what was just read is cheap */
+    for (size_t j = 0; j < t->numel; j++)
+        if (!isfinite(buf[j])) {
+            glm_fail(err, "%s: tensor %s holds %s at element %zu (%s checkpoint)", c->path, src_name,
+                     isnan(buf[j]) ? "NaN" : "inf", j, glm_ckpt_format(c));
+            return glm_hint(err, "the weights are damaged or came from a diverged run: use another checkpoint");
+        }
     m->be->upload_f32(m->be, glm_at(m->be, m->params, t->offset), buf, t->numel);
     return 0;
 }

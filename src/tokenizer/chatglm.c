@@ -157,6 +157,7 @@ void glm_tokenizer_free(glm_tokenizer *t) {
 glm_tok_kind glm_tokenizer_kind(const glm_tokenizer *t) { return t->kind; }
 int32_t glm_tokenizer_eos(const glm_tokenizer *t) { return t->eos; }
 int glm_tokenizer_vocab_size(const glm_tokenizer *t) { return t->offset + t->sp.p.n + t->n_extra; }
+int glm_tokenizer_spm_size(const glm_tokenizer *t) { return t->sp.p.n; }
 glm_special_ids glm_tokenizer_specials(const glm_tokenizer *t) { return t->ids; }
 
 const char *glm_tokenizer_piece(const glm_tokenizer *t, int32_t id) {

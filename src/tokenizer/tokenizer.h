@@ -21,6 +21,7 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err);
 void glm_tokenizer_free(glm_tokenizer *t);
 
 int glm_tokenizer_vocab_size(const glm_tokenizer *t);    /* number of pieces */
+int glm_tokenizer_spm_size(const glm_tokenizer *t);      /* pieces of the SentencePiece model alone (GLM_TOK_SPM_ONLY ids) */
 glm_special_ids glm_tokenizer_specials(const glm_tokenizer *t);
 const char *glm_tokenizer_piece(const glm_tokenizer *t, int32_t id); /* NULL when out of range */
 int32_t glm_tokenizer_piece_id(const glm_tokenizer *t, const char *piece); /* -1 when absent */

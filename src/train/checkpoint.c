@@ -2,6 +2,7 @@
 #include "train/checkpoint.h"
 #include <cJSON.h>
 #include <dirent.h>
+#include <errno.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +113,8 @@ static int save_state(const char *path, const glm_train_state *st, long opt_step
     cJSON_AddNumberToObject(o, "good_steps", (double)st->good_steps);
     cJSON_AddNumberToObject(o, "skipped_steps", (double)st->skipped_steps);
     cJSON_AddNumberToObject(o, "tokens_seen", st->tokens_seen);
+    if (st->run_id[0]) cJSON_AddStringToObject(o, "run_id", st->run_id);
+    if (st->world_size > 0) cJSON_AddNumberToObject(o, "world_size", (double)st->world_size);
     cJSON *hist = st->log_history ? cJSON_Parse(st->log_history) : NULL;
     cJSON_AddItemToObject(o, "log_history", hist ? hist : cJSON_CreateArray());
     char *s = cJSON_Print(o);
@@ -142,6 +145,9 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
     if ((v = cJSON_GetObjectItem(o, "good_steps")) && cJSON_IsNumber(v)) st->good_steps = (long)v->valuedouble;
     if ((v = cJSON_GetObjectItem(o, "skipped_steps")) && cJSON_IsNumber(v)) st->skipped_steps = (long)v->valuedouble;
     if ((v = cJSON_GetObjectItem(o, "tokens_seen")) && cJSON_IsNumber(v)) st->tokens_seen = v->valuedouble;
+    /* an earlier glmtrain's checkpoint has none: the run keeps the fresh id it drew */
+    st->world_size = (v = cJSON_GetObjectItem(o, "world_size")) && cJSON_IsNumber(v) ? (long)v->valuedouble : 0;
+    if ((v = cJSON_GetObjectItem(o, "run_id")) && cJSON_IsString(v)) snprintf(st->run_id, sizeof st->run_id, "%s", v->valuestring);
     free(st->log_history);
     st->log_history = NULL;
     if ((v = cJSON_GetObjectItem(o, "log_history")) && cJSON_IsArray(v)) st->log_history = cJSON_PrintUnformatted(v);
@@ -154,18 +160,26 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
     char tmp[4096], fin[4096], path[4096];
     snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", output_dir, st->global_step);
     snprintf(fin, sizeof fin, "%s/checkpoint-%ld", output_dir, st->global_step);
+    size_t text = (args_json ? strlen(args_json) : 0) + (st->log_history ? 2 * strlen(st->log_history) : 0) + 4096;
+    double need = glm_checkpoint_bytes(&m->cfg, o->master ? 3 : 2, tokenizer_path, text);
     if (glm_is_dir(tmp)) glm_remove_tree(tmp);
-    if (glm_mkdirs(tmp, err)) return -1;
+    if (access(tmp, F_OK) == 0 || glm_mkdirs(tmp, err)) { /* not ours to remove: something else is at that path */
+        if (access(tmp, F_OK) == 0) glm_fail(err, "%s exists and is not a folder (move it out of the way)", tmp);
+        glm_wrap(err, "saving checkpoint %s: ", fin);
+        return glm_checkpoint_abandon(output_dir, NULL, need, err);
+    }
     int rc = glm_model_save(m, tmp, ST_F32, 0, err);
     if (!rc) { glm_path_join(path, sizeof path, tmp, "optimizer.safetensors"); rc = save_optimizer(path, m, o, err); }
     if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
     if (!rc && args_json) { glm_path_join(path, sizeof path, tmp, "training_args.json"); rc = glm_write_file_atomic(path, args_json, strlen(args_json), err); }
     /* trainer_state.json last: its presence marks the checkpoint complete */
     if (!rc) { glm_path_join(path, sizeof path, tmp, "trainer_state.json"); rc = save_state(path, st, o->step, err); }
-    if (rc) return glm_wrap(err, "saving checkpoint %s: ", fin);
-    if (glm_is_dir(fin)) glm_remove_tree(fin);
-    if (rename(tmp, fin) != 0) return glm_fail(err, "cannot rename %s to %s", tmp, fin);
-    return 0;
+    if (!rc) rc = glm_checkpoint_seal(tmp, err); /* the manifest is the last file */
+    if (!rc && glm_is_dir(fin)) glm_remove_tree(fin);
+    if (!rc && rename(tmp, fin) != 0) rc = glm_fail(err, "cannot rename %s to %s: %s", tmp, fin, strerror(errno));
+    if (!rc) return 0;
+    glm_wrap(err, "saving checkpoint %s: ", fin);
+    return glm_checkpoint_abandon(output_dir, tmp, need, err);
 }
 
 int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *opt, const glm_train_state *st,
@@ -216,8 +230,8 @@ int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train
     return rc;
 }
 
-/* Lists complete checkpoints: steps[] sorted ascending. */
-static int list_checkpoints(const char *output_dir, long **steps) {
+/* Lists complete checkpoints (of run run_id when not NULL): steps[] sorted ascending. */
+static int list_checkpoints(const char *output_dir, const char *run_id, long **steps) {
     DIR *d = opendir(output_dir);
     *steps = NULL;
     if (!d) return 0;
@@ -230,6 +244,12 @@ static int list_checkpoints(const char *output_dir, long **steps) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s/trainer_state.json", output_dir, e->d_name);
         if (!glm_is_file(path)) continue;
+        if (run_id) {
+            char id[64];
+            snprintf(path, sizeof path, "%s/%s", output_dir, e->d_name);
+            glm_checkpoint_run_id(path, id, sizeof id);
+            if (strcmp(id, run_id) != 0) continue;
+        }
         if (n == cap) { cap = cap ? 2 * cap : 8; *steps = glm_realloc(*steps, sizeof(long) * cap); }
         (*steps)[n++] = s;
     }
@@ -239,18 +259,20 @@ static int list_checkpoints(const char *output_dir, long **steps) {
     return n;
 }
 
+int glm_checkpoint_list(const char *output_dir, long **steps) { return list_checkpoints(output_dir, NULL, steps); }
+
 int glm_checkpoint_latest(const char *output_dir, char *out, size_t n) {
     long *steps;
-    int k = list_checkpoints(output_dir, &steps);
+    int k = list_checkpoints(output_dir, NULL, &steps);
     if (k > 0) snprintf(out, n, "%s/checkpoint-%ld", output_dir, steps[k - 1]);
     free(steps);
     return k > 0 ? 0 : -1;
 }
 
-int glm_checkpoint_rotate(const char *output_dir, int limit, glm_err *err) {
+int glm_checkpoint_rotate(const char *output_dir, int limit, const char *run_id, glm_err *err) {
     if (limit <= 0) return 0;
     long *steps;
-    int k = list_checkpoints(output_dir, &steps);
+    int k = list_checkpoints(output_dir, run_id && run_id[0] ? run_id : NULL, &steps);
     for (int i = 0; i + limit < k; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/checkpoint-%ld", output_dir, steps[i]);

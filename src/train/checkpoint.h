@@ -1,8 +1,9 @@
 /* Checkpoints as Hugging Face Trainer lays them out: output_dir/checkpoint-N/ with
  * config.json, model.safetensors, optimizer.safetensors (AdamW moments, fp32 master weights),
  * trainer_state.json (step, epoch, data cursor, loss scaler, log history), the tokenizer files
- * and training_args.json. A checkpoint is written under tmp-checkpoint-N and renamed when
- * complete, so a crash never leaves a half checkpoint that resume would pick up. */
+ * and training_args.json, sealed by checksums.json (every file's size and XXH64). A checkpoint is
+ * written under tmp-checkpoint-N, sealed, and renamed when complete, so a crash never leaves a
+ * half checkpoint that resume would pick up; a failed save removes its tmp folder. */
 #ifndef GLM_CHECKPOINT_H
 #define GLM_CHECKPOINT_H
 #include <stddef.h>
@@ -19,6 +20,8 @@ typedef struct glm_train_state {
     long skipped_steps;   /* fp16: steps skipped for inf/nan */
     double tokens_seen;   /* supervised tokens trained on */
     char *log_history;    /* JSON array text of logged records (owned) */
+    char run_id[24];      /* random at a fresh start, kept when resuming: whose checkpoints are whose */
+    long world_size;      /* data-parallel ranks that wrote it (0: unknown, an earlier glmtrain) */
 } glm_train_state;
 
 /* Optimizer state in host memory over flat elements of the tensor table's layout: [lo, hi)
@@ -47,8 +50,11 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
 int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, glm_train_state *st, glm_err *err);
 /* The complete checkpoint with the highest step in output_dir; -1 when there is none. */
 int glm_checkpoint_latest(const char *output_dir, char *out, size_t n);
-/* Deletes the oldest complete checkpoints beyond `limit` (0 = keep all). */
-int glm_checkpoint_rotate(const char *output_dir, int limit, glm_err *err);
+/* The steps of output_dir's complete checkpoints, ascending (*steps: caller frees); their count. */
+int glm_checkpoint_list(const char *output_dir, long **steps);
+/* Deletes the oldest complete checkpoints of run run_id beyond `limit` (0 = keep all); another
+ * run's checkpoints (or an earlier glmtrain's, without a run id) are neither counted nor deleted. */
+int glm_checkpoint_rotate(const char *output_dir, int limit, const char *run_id, glm_err *err);
 /* Copies the tokenizer files of tokenizer_path (a .model file, or a folder: ice_text.model /
  * tokenizer.model, tokenizer_config.json, special_tokens_map.json and the code files its
  * auto_map names, as glm_copy_source_files) into dir. */
@@ -57,5 +63,31 @@ int glm_copy_tokenizer_files(const char *tokenizer_path, const char *dir, glm_er
 int glm_remove_tree(const char *path);
 /* Writes trainer_state.json (for writers that lay out the rest themselves: parallel/pipe_ckpt.c). */
 int glm_checkpoint_write_state(const char *path, const glm_train_state *st, long opt_step, glm_err *err);
+
+/* Integrity and clean-up (ckpt_seal.c). Every checkpoint writer calls glm_checkpoint_seal on its
+ * tmp folder as the last step before the rename, and glm_checkpoint_abandon when a save fails. */
+#define GLM_CKPT_MANIFEST "checksums.json"
+/* Writes dir/checksums.json: size and XXH64 of every file in dir. */
+int glm_checkpoint_seal(const char *dir, glm_err *err);
+/* 0: every file of the manifest has its size and hash. 1: no manifest (a checkpoint of an
+ * earlier glmtrain; why says it was not verified). -1: damaged; why names the file and how. */
+int glm_checkpoint_verify(const char *dir, char *why, size_t n);
+/* A fresh random run id (16 hex digits) into out. */
+void glm_run_id_new(char *out, size_t n);
+/* The run id in dir/trainer_state.json, "" when it has none. */
+void glm_checkpoint_run_id(const char *dir, char *out, size_t n);
+/* output_dir/run_id.txt: the run that last started or resumed in output_dir ("" when none). */
+int glm_output_run_id_write(const char *output_dir, const char *run_id, glm_err *err);
+void glm_output_run_id(const char *output_dir, char *out, size_t n);
+/* Removes tmp-checkpoint-* folders left by killed or failed saves, logging each. */
+int glm_checkpoint_clean_stale(const char *output_dir, glm_err *err);
+/* Removes every checkpoint-N folder of output_dir, logging each (--overwrite_output_dir). */
+int glm_checkpoint_remove_all(const char *output_dir, glm_err *err);
+/* Bytes a checkpoint of a model of config c takes: fp32 weights, opt_kinds fp32 optimizer
+ * tensors per weight, the tokenizer files and text_bytes of JSON. */
+double glm_checkpoint_bytes(const glm_config *c, int opt_kinds, const char *tokenizer_path, size_t text_bytes);
+/* After a failed save: removes tmp (when a folder) and sets a hint with the bytes the checkpoint
+ * needs and what the disk holding output_dir has free. Returns -1. */
+int glm_checkpoint_abandon(const char *output_dir, const char *tmp, double need, glm_err *err);
 
 #endif

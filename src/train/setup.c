@@ -2,6 +2,28 @@
  * data and loaders, the step plan, and the output folder check. */
 #include "train/trainer.h"
 
+/* torch.optim.AdamW's ranges, with its wording; written as !(ok) so that nan fails too. A value
+ * outside them does not crash: it trains to NaN (beta2 > 1) or quietly diverges. */
+static int check_optimizer_args(const glm_train_args *a, glm_err *err) {
+    const char *why = NULL, *flag = NULL;
+    double v = 0;
+    if (!(a->learning_rate >= 0 && isfinite(a->learning_rate))) why = "invalid learning rate", flag = "learning_rate", v = a->learning_rate;
+    else if (!(a->adam_epsilon >= 0)) why = "invalid epsilon value", flag = "adam_epsilon", v = a->adam_epsilon;
+    else if (!(a->adam_beta1 >= 0 && a->adam_beta1 < 1)) why = "invalid beta parameter at index 0", flag = "adam_beta1", v = a->adam_beta1;
+    else if (!(a->adam_beta2 >= 0 && a->adam_beta2 < 1)) why = "invalid beta parameter at index 1", flag = "adam_beta2", v = a->adam_beta2;
+    else if (!(a->weight_decay >= 0)) why = "invalid weight_decay value", flag = "weight_decay", v = a->weight_decay;
+    else if (!(a->max_grad_norm >= 0)) why = "must be >= 0 (0 = no clipping)", flag = "max_grad_norm", v = a->max_grad_norm;
+    if (why) {
+        glm_fail(err, "--%s %g: %s", flag, v, why);
+        return glm_hint(err, "AdamW (as torch.optim.AdamW) needs 0 <= learning_rate, 0 <= adam_epsilon, "
+                             "0 <= adam_beta1 < 1, 0 <= adam_beta2 < 1, 0 <= weight_decay");
+    }
+    if (a->max_bad_steps < 1)
+        return glm_fail(err, "--max_bad_steps %d: must be at least 1 (consecutive non-finite steps before the run stops)",
+                        a->max_bad_steps);
+    return 0;
+}
+
 int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (!a->output_dir) return glm_fail(err, "--output_dir is required"), glm_hint(err, "e.g. --output_dir out/my-run");
     if (!a->train_file) return glm_fail(err, "--train_file is required"), glm_hint(err, "a .json or .jsonl file of {\"instruction\", \"output\"} records");
@@ -11,7 +33,7 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->per_device_train_batch_size < 1) return glm_fail(err, "--per_device_train_batch_size must be at least 1");
     if (a->per_device_eval_batch_size < 1) return glm_fail(err, "--per_device_eval_batch_size must be at least 1");
     if (a->gradient_accumulation_steps < 1) return glm_fail(err, "--gradient_accumulation_steps must be at least 1");
-    if (a->learning_rate < 0) return glm_fail(err, "--learning_rate must not be negative");
+    if (check_optimizer_args(a, err)) return -1;
     if (a->num_train_epochs <= 0 && a->max_steps <= 0) return glm_fail(err, "--num_train_epochs must be positive (or set --max_steps)");
     if (a->logging_steps < 1) return glm_fail(err, "--logging_steps must be at least 1");
     if (a->bf16 + a->fp16 + a->fp32 > 1) return glm_fail(err, "choose one of --bf16, --fp16, --fp32");
@@ -78,7 +100,14 @@ int trainer_load_model(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     glm_config c;
     const char *src = a->model_name_or_path ? a->model_name_or_path : a->init_from_config;
-    if (glm_config_load(&c, src, err)) return -1;
+    if (glm_config_load(&c, src, err)) {
+        char file[4096]; /* the library's hint names --model_name_or_path: name the flag used */
+        if (glm_is_dir(src)) glm_path_join(file, sizeof file, src, "config.json");
+        else snprintf(file, sizeof file, "%s", src);
+        if (!a->model_name_or_path && !glm_is_file(file))
+            glm_hint(err, "--init_from_config takes a config.json file (or a folder holding one)");
+        return -1;
+    }
     int cuda = strncmp(t->be->name, "cuda", 4) == 0;
     if (t->dp->rank == 0) glm_pp_print_plan(a, &c, cuda, t->dp->world, stderr);
     if (glm_pp_check_memory(a, &c, cuda, t->dp->world, err)) return -1;
@@ -223,5 +252,21 @@ int trainer_check_output_dir(glm_train_args *a, glm_err *err) {
         return glm_hint(err, "pass --resume_from_checkpoint to continue it, --overwrite_output_dir to start over, or another --output_dir");
     }
     return 0;
+}
+
+/* Once per run, on the lead rank (every rank calls trainer_check_output_dir, so it cannot
+ * delete): the run's id, then what would make this run trip on another's files. A fresh start
+ * with --overwrite_output_dir removes the previous run's checkpoints, which resume and rotation
+ * would otherwise take for this run's; tmp-checkpoint-* of a killed save are removed always. */
+int trainer_prepare_output_dir(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    glm_run_id_new(t->st.run_id, sizeof t->st.run_id); /* resume replaces it with the checkpoint's */
+    if (!lead(t)) return 0;
+    if (a->overwrite_output_dir && a->resume_from_checkpoint)
+        glm_info("--overwrite_output_dir with --resume_from_checkpoint: keeping the checkpoints in %s to resume from", a->output_dir);
+    else if (a->overwrite_output_dir && glm_checkpoint_remove_all(a->output_dir, err))
+        return -1;
+    if (!a->resume_from_checkpoint && glm_output_run_id_write(a->output_dir, t->st.run_id, err)) return -1;
+    return glm_checkpoint_clean_stale(a->output_dir, err);
 }
 

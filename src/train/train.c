@@ -41,7 +41,60 @@ static void log_record(trainer *t, const char *kind, double v1, double v2, doubl
     cJSON_AddItemToArray(t->history, r);
 }
 
+/* The newest checkpoint-N in output_dir, or "none": where a failed run can go back to. */
+static void last_checkpoint(const trainer *t, char *out, size_t cap) {
+    if (glm_checkpoint_latest(t->a->output_dir, out, cap) != 0) snprintf(out, cap, "none");
+}
+
+/* The first tensor of this rank's model holding a NaN or inf, or NULL. One sum of squares over
+ * the flat buffer (one host wait; squares of floats cannot overflow its double sum); tensor by
+ * tensor only when that is not finite (padding, never saved, may be the culprit). */
+static const char *first_nonfinite_param(const glm_model *m) {
+    if (isfinite(m->be->sumsq(m->be, m->params, m->tab.total))) return NULL;
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *x = &m->tab.t[i];
+        if (!isfinite(m->be->sumsq(m->be, glm_at(m->be, m->params, x->offset), x->numel))) return x->name;
+    }
+    return NULL;
+}
+
+/* Before any save: a model with NaN/inf is refused, never written over a good one. Every rank
+ * checks its own parameters (a pipeline stage holds only its layers) and they vote, so all
+ * ranks take the same decision. */
+static int check_params_finite(trainer *t, const char *what, glm_err *err) {
+    const char *bad = first_nonfinite_param(&t->m);
+    double n_bad = bad != NULL;
+    if (t->pp ? glm_pp_sum(t->pp, &n_bad, 1, 0, "parameter check", err) : glm_dp_sum(t->dp, &n_bad, 1, "parameter check", err))
+        return -1;
+    if (n_bad == 0) return 0;
+    char ck[4096];
+    last_checkpoint(t, ck, sizeof ck);
+    if (bad) glm_fail(err, "not saving %s at step %ld: parameter %s holds NaN or inf", what, t->st.global_step, bad);
+    else glm_fail(err, "not saving %s at step %ld: another pipeline stage's parameters hold NaN or inf (see its log)", what,
+                  t->st.global_step);
+    return glm_hint(err, "the run diverged: lower --learning_rate (%g); the last good checkpoint: %s", t->a->learning_rate, ck);
+}
+
+/* A bf16/fp32 step whose global loss or gradient norm was not finite (the update was skipped):
+ * a log line, and after --max_bad_steps of them in a row an error. */
+static int on_bad_step(trainer *t, double loss, double norm, float lr, int in_a_row, glm_err *err) {
+    char line[512];
+    if (isnan(loss)) loss = NAN; /* "nan", not "-nan" */
+    if (isnan(norm)) norm = NAN;
+    snprintf(line, sizeof line, "[glmtrain] step %ld: loss %g, grad norm %g at learning rate %.4g: not finite, update skipped (%d of --max_bad_steps %d)",
+             t->st.global_step, loss, norm, lr, in_a_row, t->a->max_bad_steps);
+    glm_progress_log(&t->prog, line);
+    if (in_a_row < t->a->max_bad_steps) return 0;
+    char ck[4096];
+    last_checkpoint(t, ck, sizeof ck);
+    glm_fail(err, "training diverged: at step %ld the loss (%g) or gradient norm (%g) was not finite for %d steps in a row, "
+                  "at learning rate %.4g (their updates were skipped)", t->st.global_step, loss, norm, in_a_row, lr);
+    return glm_hint(err, "lower --learning_rate (now %g), check the data and the input model; the last good checkpoint: %s%s",
+                    t->a->learning_rate, ck, strcmp(ck, "none") ? " (--resume_from_checkpoint continues from it)" : "");
+}
+
 static int save_checkpoint(trainer *t, glm_err *err) {
+    if (check_params_finite(t, "a checkpoint", err)) return -1;
     free(t->st.log_history);
     t->st.log_history = cJSON_PrintUnformatted(t->history);
     glm_data_cursor c = glm_loader_cursor(t->train_ld);
@@ -50,6 +103,7 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     t->st.loss_scale = t->scaler.scale;
     t->st.good_steps = t->scaler.good_steps;
     t->st.skipped_steps = t->scaler.skipped;
+    t->st.world_size = t->dp->world; /* data replicas: what the data cursor counts in */
     if (t->pp ? glm_pp_save(t->pp, t->a->output_dir, &t->st, t->tok_path, t->args_json, err)
               : glm_dp_save(t->dp, t->a->output_dir, &t->st, t->tok_path, t->args_json, err))
         return -1;
@@ -57,22 +111,135 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     char line[256];
     snprintf(line, sizeof line, "[glmtrain] saved %s/checkpoint-%ld", t->a->output_dir, t->st.global_step);
     glm_progress_log(&t->prog, line);
-    return glm_checkpoint_rotate(t->a->output_dir, t->a->save_total_limit, err);
+    return glm_checkpoint_rotate(t->a->output_dir, t->a->save_total_limit, t->st.run_id, err);
+}
+
+static int resume_latest(const char *r) { return strcmp(r, "latest") == 0 || strcmp(r, "true") == 0 || strcmp(r, "True") == 0; }
+
+/* Whether checkpoint dir belongs to a run other than output_dir's current one (run_id.txt);
+ * checkpoints and folders of an earlier glmtrain have no ids and belong to any run. */
+static int foreign(const char *output_dir, const char *dir, char *why, size_t n) {
+    char run[64], id[64];
+    glm_output_run_id(output_dir, run, sizeof run);
+    glm_checkpoint_run_id(dir, id, sizeof id);
+    if (!run[0] || !id[0] || strcmp(run, id) == 0) return 0;
+    snprintf(why, n, "it belongs to run %s, not to run %s that last started in %s", id, run, output_dir);
+    return 1;
+}
+
+/* The newest checkpoint of output_dir other than `except` that is this folder's run's and
+ * verifies, or -1. With `say`, each one skipped is logged with its reason (and named in skipped[]). */
+static long newest_intact(const char *output_dir, const char *except, int say, char *skipped, size_t cap) {
+    long *steps, found = -1;
+    int k = glm_checkpoint_list(output_dir, &steps);
+    for (int i = k - 1; i >= 0 && found < 0; i--) {
+        char dir[4096], why[1200];
+        snprintf(dir, sizeof dir, "%s/checkpoint-%ld", output_dir, steps[i]);
+        if (except && strcmp(dir, except) == 0) continue;
+        int v = foreign(output_dir, dir, why, sizeof why) ? -1 : glm_checkpoint_verify(dir, why, sizeof why);
+        if (v >= 0) found = steps[i];
+        if (v > 0 && say) glm_info("%s: %s", dir, why);
+        if (v < 0 && say) {
+            glm_warn("not resuming from %s: %s", dir, why);
+            size_t u = strlen(skipped);
+            snprintf(skipped + u, cap - u, "%scheckpoint-%ld", u ? ", " : "", steps[i]);
+        }
+    }
+    free(steps);
+    return found;
+}
+
+/* The lead's choice of checkpoint (into dir): --resume_from_checkpoint alone takes the newest
+ * one that verifies; a named one must verify, else the error names the damaged file and the
+ * newest intact sibling. */
+static int pick_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
+    glm_train_args *a = t->a;
+    const char *r = a->resume_from_checkpoint;
+    char why[1200], skipped[1024] = "";
+    if (resume_latest(r)) {
+        long s = newest_intact(a->output_dir, NULL, 1, skipped, sizeof skipped);
+        if (s >= 0) { snprintf(dir, n, "%s/checkpoint-%ld", a->output_dir, s); return 0; }
+        if (skipped[0]) {
+            glm_fail(err, "--resume_from_checkpoint: no checkpoint of this run in %s is intact (skipped: %s)", a->output_dir, skipped);
+            return glm_hint(err, "the warnings above say why each was skipped; start over with --overwrite_output_dir");
+        }
+        glm_fail(err, "--resume_from_checkpoint: no complete checkpoint-N folder in %s", a->output_dir);
+        return glm_hint(err, "check --output_dir, or start without --resume_from_checkpoint");
+    }
+    snprintf(dir, n, "%s", r);
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') dir[--len] = 0;
+    int v = glm_checkpoint_verify(dir, why, sizeof why);
+    if (v > 0) glm_info("%s: %s", dir, why);
+    if (v >= 0) return 0;
+    glm_fail(err, "--resume_from_checkpoint %s: %s", dir, why);
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = 0; else snprintf(parent, sizeof parent, ".");
+    long s = newest_intact(parent, dir, 0, skipped, sizeof skipped);
+    if (s >= 0) return glm_hint(err, "%s/checkpoint-%ld is intact: resume from it (--resume_from_checkpoint alone takes the newest intact one)", parent, s);
+    return glm_hint(err, "no other checkpoint beside it is intact; start over with --overwrite_output_dir");
+}
+
+/* The lead verifies (one read of the checkpoint, not one per rank) and every rank learns its
+ * choice: the step, from which the others name the folder. */
+static int agree_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
+    glm_train_args *a = t->a;
+    int me = lead(t), bad = me && pick_checkpoint(t, dir, n, err) != 0;
+    long s = -1;
+    const char *tail = strrchr(dir, '/');
+    if (me && !bad && tail) sscanf(tail, "/checkpoint-%ld", &s);
+    double v[2] = {me && !bad, me ? (double)s : 0};
+    glm_err e2;
+    const char *what = "checkpoint chosen by rank 0";
+    if (t->pp ? glm_pp_sum(t->pp, v, 2, 1, what, bad ? &e2 : err) : glm_dp_sum_long(t->dp, v, 2, what, bad ? &e2 : err))
+        return -1;
+    if (bad) return -1;
+    if (v[0] == 0) return glm_fail(err, "cannot resume: rank 0 found no intact checkpoint (see its error)");
+    if (!me && resume_latest(a->resume_from_checkpoint)) snprintf(dir, n, "%s/checkpoint-%ld", a->output_dir, (long)v[1]);
+    else if (!me) snprintf(dir, n, "%s", a->resume_from_checkpoint);
+    return 0;
+}
+
+/* Warns (lead only) about settings that differ from the checkpoint's training_args.json and
+ * about a different number of data-parallel ranks: the data cursor counts micro-batches per
+ * rank, so on another rank count part of the epoch is trained twice or skipped. */
+static void warn_changes(trainer *t, const char *dir, long saved_world) {
+    if (!lead(t)) return;
+    if (saved_world > 0 && saved_world != t->dp->world && t->st.cursor > 0) /* at an epoch's start nothing is off */
+        glm_warn("%s was written by %ld data-parallel ranks and resumes on %d: the data position (batch %ld of the epoch) "
+                 "is not re-mapped, so examples of this epoch may be trained twice or skipped",
+                 dir, saved_world, t->dp->world, t->st.cursor);
+    char path[4096], diff[1024] = "";
+    glm_path_join(path, sizeof path, dir, "training_args.json");
+    glm_err e;
+    char *text = glm_is_file(path) ? glm_read_file(path, NULL, &e) : NULL;
+    cJSON *old = text ? cJSON_Parse(text) : NULL, *now = cJSON_Parse(t->args_json), *v;
+    free(text);
+    cJSON_ArrayForEach(v, now) {
+        if (!strcmp(v->string, "resume_from_checkpoint") || !strcmp(v->string, "overwrite_output_dir") ||
+            !strcmp(v->string, "output_dir")) /* a moved folder is the same run */
+            continue;
+        cJSON *o = cJSON_GetObjectItem(old, v->string);
+        if (!old || (o && cJSON_Compare(o, v, 1))) continue;
+        char *a = o ? cJSON_PrintUnformatted(o) : NULL, *b = cJSON_PrintUnformatted(v);
+        size_t u = strlen(diff);
+        snprintf(diff + u, sizeof diff - u, "%s--%s %s -> %s", u ? ", " : "", v->string, a ? a : "(unset)", b);
+        free(a); free(b);
+    }
+    if (diff[0]) glm_warn("resuming %s with settings that differ from its training_args.json: %s", dir, diff);
+    cJSON_Delete(old);
+    cJSON_Delete(now);
 }
 
 static int resume(trainer *t, glm_err *err) {
-    glm_train_args *a = t->a;
     char dir[4096];
-    if (strcmp(a->resume_from_checkpoint, "latest") == 0 || strcmp(a->resume_from_checkpoint, "true") == 0 ||
-        strcmp(a->resume_from_checkpoint, "True") == 0) {
-        if (glm_checkpoint_latest(a->output_dir, dir, sizeof dir) != 0) {
-            glm_fail(err, "--resume_from_checkpoint: no complete checkpoint-N folder in %s", a->output_dir);
-            return glm_hint(err, "check --output_dir, or start without --resume_from_checkpoint");
-        }
-    } else {
-        snprintf(dir, sizeof dir, "%s", a->resume_from_checkpoint);
+    if (agree_checkpoint(t, dir, sizeof dir, err)) return -1;
+    if (glm_dp_load(t->dp, dir, &t->st, err)) {
+        if (!err->hint[0]) glm_hint(err, "if %s is damaged, pass an older checkpoint-N to --resume_from_checkpoint", dir);
+        return -1;
     }
-    if (glm_dp_load(t->dp, dir, &t->st, err)) return -1;
     if (t->st.log_history) {
         cJSON_Delete(t->history);
         t->history = cJSON_Parse(t->st.log_history);
@@ -80,7 +247,10 @@ static int resume(trainer *t, glm_err *err) {
     }
     if (t->st.loss_scale > 0) { t->scaler.scale = t->st.loss_scale; t->scaler.good_steps = t->st.good_steps; t->scaler.skipped = t->st.skipped_steps; }
     if (glm_loader_seek(t->train_ld, (glm_data_cursor){t->st.epoch, t->st.cursor}, err)) return -1;
-    glm_info("resumed from %s at step %ld (epoch %ld, batch %ld)", dir, t->st.global_step, t->st.epoch, t->st.cursor);
+    warn_changes(t, dir, t->st.world_size);
+    if (lead(t) && glm_output_run_id_write(t->a->output_dir, t->st.run_id, err)) return -1; /* the folder's run is now this one */
+    glm_info("resumed from %s at step %ld (epoch %ld, batch %ld, run %s)", dir, t->st.global_step, t->st.epoch, t->st.cursor,
+             t->st.run_id);
     return 0;
 }
 
@@ -142,14 +312,18 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
         return NAN;
     if (measure) { t->be->sync(t->be); t3 = glm_now(); ph->norm_s = t3 - t2; }
     *skipped = 0;
-    if (a->fp16 && glm_scaler_update(&t->scaler, *norm)) { *skipped = 1; return n_sup ? sum / n_sup : NAN; }
+    double loss = n_sup ? sum / n_sup : NAN;
+    if (a->fp16 && glm_scaler_update(&t->scaler, *norm)) { *skipped = 1; return loss; }
+    /* bf16/fp32: a non-finite step is not applied, so the parameters stay finite. The loss
+     * and norm are global here (summed over ranks), so every rank skips the same steps. */
+    if (!a->fp16 && n_sup > 0 && !(isfinite(loss) && isfinite(*norm))) { *skipped = 1; return loss; }
     if (n_sup > 0) {
         float coef = glm_clip_coef(*norm, (float)a->max_grad_norm);
         if (glm_dp_optimizer_step(t->dp, lr, (float)(coef / scale), err)) return NAN;
         if (measure) { t->be->sync(t->be); ph->update_s = glm_now() - t3; }
     }
     t->st.tokens_seen += (double)n_sup;
-    return n_sup ? sum / n_sup : NAN;
+    return loss;
 }
 
 /* At logging steps: every rank's step phases and GPU figures (collective). */
@@ -268,6 +442,7 @@ static int run(trainer *t, glm_err *err) {
     glm_dp_cfg dc = {.zero_stage = a->zero_stage, .bucket_mb = a->bucket_size_mb, .timeout = a->ddp_timeout,
                      .save_on_interrupt = a->save_on_interrupt};
     if (glm_dp_open(&t->dp, &dc, err) || glm_dp_redirect_log(t->dp, a->output_dir, err)) return -1;
+    if (trainer_prepare_output_dir(t, err)) return -1;
     if (a->save_on_interrupt) glm_signals_install();
     t->args_json = glm_args_to_json(glm_train_flags, glm_train_nflags, a);
     fprintf(stderr, "[glmtrain] effective settings:\n%s\n", t->args_json);
@@ -307,6 +482,7 @@ static int run(trainer *t, glm_err *err) {
     glm_progress_init(&t->prog, stderr, t->st.global_step, t->total_steps, a->disable_tqdm);
     double t_start = glm_now(), t_log = t_start, loss_acc = 0, tok_acc = 0, last_loss = NAN;
     long n_acc = 0;
+    int bad_in_a_row = 0; /* bf16/fp32 steps skipped for a non-finite loss or norm */
     char line[512];
     while (t->st.global_step < t->total_steps) {
         long next = t->st.global_step + 1;
@@ -322,7 +498,9 @@ static int run(trainer *t, glm_err *err) {
         t->st.global_step++;
         if (isfinite(loss)) { loss_acc += loss; n_acc++; last_loss = loss; }
         tok_acc += tokens;
-        if (skipped) {
+        if (!skipped) bad_in_a_row = 0;
+        else if (!a->fp16 && on_bad_step(t, loss, norm, lr, ++bad_in_a_row, err)) return -1;
+        if (skipped && a->fp16) {
             snprintf(line, sizeof line, "[glmtrain] step %ld: inf/nan gradients, step skipped, loss scale now %.0f",
                      t->st.global_step, t->scaler.scale);
             glm_progress_log(&t->prog, line);
@@ -362,6 +540,7 @@ static int run(trainer *t, glm_err *err) {
     glm_progress_done(&t->prog);
     glm_info("trained %ld steps in %.1f s", t->st.global_step, glm_now() - t_start);
     if (!a->save_final_model) return 0;
+    if (check_params_finite(t, "the final model", err)) return -1;
     return save_final(t, err);
 }
 

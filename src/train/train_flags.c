@@ -45,6 +45,7 @@ const glm_flag glm_train_flags[] = {
     F(adam_beta2, ARG_FLOAT, "0.999", "AdamW beta2"),
     F(adam_epsilon, ARG_FLOAT, "1e-8", "AdamW epsilon"),
     F(max_grad_norm, ARG_FLOAT, "1.0", "clip the global gradient norm (0 = off)"),
+    F(max_bad_steps, ARG_INT, "3", "bf16/fp32: stop with an error after this many consecutive steps with a non-finite loss or gradient norm (each one skipped; fp16 skips them through the loss scaler)"),
     C(lr_scheduler_type, "linear", "linear|cosine|constant|constant_with_warmup", "learning-rate schedule"),
     F(warmup_steps, ARG_LONG, "0", "linear warmup steps"),
     F(warmup_ratio, ARG_FLOAT, "0", "warmup as a fraction of all steps (when warmup_steps is 0)"),

@@ -68,5 +68,7 @@ int trainer_load_tokenizer(trainer *t, glm_err *err);
 int trainer_load_data(trainer *t, glm_err *err);
 void trainer_plan_steps(trainer *t);
 int trainer_check_output_dir(glm_train_args *a, glm_err *err);
+/* After the ranks are known: the run id, and the lead removes what belongs to no live run. */
+int trainer_prepare_output_dir(trainer *t, glm_err *err);
 
 #endif

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Hostile input on a tiny model (issue 14): a run that turns non-finite stops with an error
+naming the step, the learning rate and the last good checkpoint, and never saves NaN; AdamW
+flags are range-checked as torch.optim.AdamW does; NaN input weights, NUL characters in data or
+chat input, UTF-16 files, too-deep JSON, out-of-range ids, cut-off JSON configs and out-of-range
+numbers are refused with a message naming the flag, tensor or file:line. Prints PASS/FAIL/SKIP."""
+import json, os, shutil, subprocess, sys, tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_train import GLM, make_tokenizer, piece_ids, write_config, write_data, train, skip, results
+import test_train
+
+
+def report(name, ok, detail=""):
+    test_train.report(name, ok, "" if ok else detail)  # the stderr tail only when it failed
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def run(args, stdin=None):
+    return subprocess.run([GLM] + args, input=stdin, capture_output=True, timeout=120, env=ENV)
+
+
+def failed_with(p, *subs):
+    """rc != 0 and every substring in stderr; the detail for the report."""
+    err = p.stderr.decode("utf-8", "replace") if isinstance(p.stderr, bytes) else p.stderr
+    ok = p.returncode != 0 and all(s in err for s in subs)
+    return ok, "rc %d, stderr tail: %s" % (p.returncode, err[-600:])
+
+
+def all_finite_safetensors(path):
+    import numpy as np
+    from safetensors.numpy import load_file
+    return all(np.isfinite(v).all() for v in load_file(path).values())
+
+
+def optimizer_flags(base, d):
+    cases = [("--adam_beta2", "1.5", "--adam_beta2 1.5: invalid beta parameter at index 1"),
+             ("--adam_beta1", "-0.5", "--adam_beta1 -0.5: invalid beta parameter at index 0"),
+             ("--adam_epsilon", "-1", "--adam_epsilon -1: invalid epsilon value"),
+             ("--weight_decay", "-5", "--weight_decay -5: invalid weight_decay value"),
+             ("--learning_rate", "-1e-3", "--learning_rate -0.001: invalid learning rate"),
+             ("--max_bad_steps", "0", "--max_bad_steps 0: must be at least 1")]
+    for flag, v, msg in cases:
+        out = os.path.join(d, "opt")
+        ok, why = failed_with(train(base + ["--output_dir", out, flag, v], check=False), msg)
+        report("optimizer_flag_range%s" % flag.replace("-", "_"), ok and not os.path.exists(os.path.join(out, "model.safetensors")), why)
+
+
+def diverging_runs(base, d):
+    # a huge learning rate: the loss turns NaN after the first update; bf16/fp32 skip the
+    # update, and after --max_bad_steps in a row the run stops naming step, lr and checkpoint
+    out = os.path.join(d, "lr1e30")
+    p = train(base + ["--output_dir", out, "--max_steps", "8", "--save_steps", "1", "--learning_rate", "1e30",
+                      "--lr_scheduler_type", "constant", "--max_bad_steps", "2"], check=False)
+    ok, why = failed_with(p, "training diverged: at step 3", "not finite for 2 steps in a row", "learning rate 1e+30",
+                          "lower --learning_rate", "the last good checkpoint: %s/checkpoint-2" % out)
+    report("nan_run_stops_after_max_bad_steps", ok and "step 2: loss nan, grad norm nan" in p.stderr, why)
+    cks = sorted(n for n in os.listdir(out) if n.startswith("checkpoint-"))
+    report("nan_run_writes_no_final_model", not os.path.exists(os.path.join(out, "model.safetensors"))
+           and cks == ["checkpoint-1", "checkpoint-2"], str(sorted(os.listdir(out))))
+    report("nan_run_checkpoints_finite", all(all_finite_safetensors(os.path.join(out, c, "model.safetensors")) for c in cks))
+
+    # a learning rate beyond float: the first update makes inf weights; the save is refused
+    out = os.path.join(d, "lr1e39")
+    p = train(base + ["--output_dir", out, "--max_steps", "2", "--save_steps", "1", "--learning_rate", "1e39"], check=False)
+    ok, why = failed_with(p, "not saving a checkpoint at step 1: parameter transformer.", "holds NaN or inf",
+                          "last good checkpoint: none")
+    report("nonfinite_model_never_saved", ok and not any(n.startswith("checkpoint-") for n in os.listdir(out))
+           and not os.path.exists(os.path.join(out, "model.safetensors")), why)
+    # the same with the final save only
+    out = os.path.join(d, "lr1e39f")
+    p = train(base + ["--output_dir", out, "--max_steps", "1", "--save_strategy", "no", "--learning_rate", "1e39"], check=False)
+    ok, why = failed_with(p, "not saving the final model at step 1: parameter transformer.")
+    report("nonfinite_final_model_never_saved", ok and not os.path.exists(os.path.join(out, "model.safetensors")), why)
+
+
+def diverging_two_ranks(d, cfg, common):
+    """Every rank takes the same decision (from the global loss and norm): both stop at step 3."""
+    why = test_train.parallel_missing()
+    if why:
+        skip("nan_run_two_ranks_agree", why)
+        return
+    out = os.path.join(d, "dp-nan")
+    flags = [a if a != "4" else "2" for a in common]  # 2 rows per rank
+    p = train(["--init_from_config", cfg] + flags + ["--output_dir", out, "--max_steps", "6", "--save_steps", "1",
+               "--learning_rate", "1e30", "--lr_scheduler_type", "constant", "--max_bad_steps", "2",
+               "--nproc_per_node", "2"], check=False)
+    stops = [l for l in p.stderr.splitlines() if "training diverged: at step 3" in l]
+    report("nan_run_two_ranks_agree", p.returncode != 0 and len(stops) == 2 and "rank 0:" in stops[-1] + stops[0]
+           and "rank 1:" in stops[0] + stops[-1] and not os.path.exists(os.path.join(out, "model.safetensors")),
+           p.stderr[-800:])
+
+
+def nan_weight_input(base_model, d, common):
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    bad = os.path.join(d, "bad-model")
+    shutil.copytree(base_model, bad)
+    w = load_file(os.path.join(bad, "model.safetensors"))
+    name = "transformer.layers.1.mlp.dense_h_to_4h.weight"
+    w[name] = w[name].copy()
+    w[name][3, 5] = np.nan
+    save_file(w, os.path.join(bad, "model.safetensors"))
+    out = os.path.join(d, "from-bad")
+    p = train(common + ["--model_name_or_path", bad, "--output_dir", out, "--max_steps", "1"], check=False)
+    ok, why = failed_with(p, "tensor %s holds NaN at element %d" % (name, 3 * w[name].shape[1] + 5), bad)
+    report("nan_input_weight_refused", ok and not os.path.exists(os.path.join(out, "model.safetensors")), why)
+
+
+def data_records(base, d):
+    def data_run(name, body, extra=()):
+        path = os.path.join(d, name)
+        open(path, "wb").write(body)
+        return train(base + ["--train_file", path, "--output_dir", os.path.join(d, "out-" + name), "--max_steps", "1",
+                             "--save_strategy", "no", "--save_final_model", "false", "--overwrite_output_dir"] + list(extra),
+                     check=False)
+    good = b"".join(json.dumps({"instruction": "q%d" % i, "output": "a%d" % i}).encode() + b"\n" for i in range(6))
+    p = data_run("esc.jsonl", good + b'{"instruction": "x\\u0000y", "output": "z"}\n')
+    ok, why = failed_with(p, "esc.jsonl:7:", "\\u0000 (NUL) character", "--skip_bad_samples")
+    report("data_nul_escape_refused", ok, why)
+    p = data_run("raw.jsonl", good[:40] + b'{"instruction": "x\x00y", "output": "z"}\n' + good)
+    ok, why = failed_with(p, "raw.jsonl:", "NUL byte")
+    report("data_nul_byte_refused", ok, why)
+    # a real "\\u0000" (backslash then u0000 as text) is not a NUL
+    p = data_run("text.jsonl", good + b'{"instruction": "x\\\\u0000y", "output": "z"}\n')
+    report("data_escaped_backslash_kept", p.returncode == 0, p.stderr[-400:])
+    p = data_run("skip.jsonl", good + b'{"instruction": "x\\u0000y", "output": "z"}\n', ["--skip_bad_samples"])
+    report("data_nul_skipped_counted", p.returncode == 0 and "1 bad records" in p.stderr and "skip.jsonl:7:" in p.stderr,
+           p.stderr[-600:])
+    recs = [{"instruction": "q%d" % i, "output": "a%d" % i} for i in range(6)]
+    p = data_run("u16.json", json.dumps(recs).encode("utf-16"))
+    ok, why = failed_with(p, "u16.json: the file is not UTF-8: it looks like UTF-16 LE")
+    report("data_utf16_named", ok, why)
+    p = data_run("u16nobom.json", json.dumps(recs).encode("utf-16-be"))
+    ok, why = failed_with(p, "looks like UTF-16 or UTF-32")
+    report("data_utf16_without_bom_named", ok, why)
+    p = data_run("bom.json", b"\xef\xbb\xbf" + json.dumps(recs).encode())
+    report("data_utf8_bom_accepted", p.returncode == 0, p.stderr[-400:])
+    p = data_run("deep.json", b"[" * 100000 + b"]" * 100000)
+    ok, why = failed_with(p, "deep.json:1:2: nesting deeper than 1000 levels")
+    report("data_deep_nesting_named", ok and "syntax error" not in p.stderr, why)
+
+
+def chat_and_tokenize(model, tok, vocab):
+    p = run(["chat", "--model_name_or_path", model, "--max_new_tokens", "2", "--do_sample", "false"],
+            stdin=b"he\x00llo\nexit\n")
+    err = p.stderr.decode("utf-8", "replace")
+    report("chat_nul_refused", "holds a NUL byte (at byte 3); it was not sent" in err and b"ChatGLM:" not in p.stdout.split(b"\x00")[-1],
+           err[-400:])
+    p = run(["tokenize", "--tokenizer", tok, "--decode", "5 %d" % (vocab + 7)])
+    ok, why = failed_with(p, "id %d is out of range" % (vocab + 7), "has %d ids" % vocab)
+    report("decode_out_of_range_id", ok, why)
+    p = run(["tokenize", "--tokenizer", tok, "--decode", "-1"])
+    ok, why = failed_with(p, "id -1 is out of range")
+    report("decode_negative_id", ok, why)
+
+
+def configs(base, d, cfg):
+    text = open(cfg).read()
+    cut = os.path.join(d, "cut", "config.json")
+    os.makedirs(os.path.dirname(cut), exist_ok=True)
+    open(cut, "w").write(text[: len(text) // 2])
+    p = train(base[2:] + ["--init_from_config", cut, "--output_dir", os.path.join(d, "cfg1")], check=False)
+    ok, why = failed_with(p, cut + ":1:", "ends early (cut off?")
+    report("config_cut_off_named", ok, why)
+    big = json.loads(text)
+    big["vocab_size"] = 1e12
+    open(cut, "w").write(json.dumps(big))
+    p = train(base[2:] + ["--init_from_config", cut, "--output_dir", os.path.join(d, "cfg2")], check=False)
+    ok, why = failed_with(p, "\"vocab_size\" is 1000000000000: out of range")
+    report("config_int_out_of_range", ok, why)
+    flags = os.path.join(d, "flags.json")
+    open(flags, "w").write('{"learning_rate": 1e-3,\n "max_steps": ')
+    p = train(["--config", flags] + base + ["--output_dir", os.path.join(d, "cfg3")], check=False)
+    ok, why = failed_with(p, flags + ":2:", "ends early")
+    report("flags_config_cut_off_named", ok, why)
+    p = train(base + ["--output_dir", os.path.join(d, "cfg4"), "--max_steps", "1e30"], check=False)
+    ok, why = failed_with(p, "--max_steps: 1e30 is out of range")
+    report("max_steps_out_of_range", ok, why)
+    p = train(base[2:] + ["--init_from_config", os.path.join(d, "nope.json"), "--output_dir", os.path.join(d, "cfg5")], check=False)
+    ok, why = failed_with(p, "nope.json", "--init_from_config takes a config.json")
+    report("init_from_config_missing_hint", ok and "--model_name_or_path must" not in p.stderr, why)
+
+
+def main():
+    if not os.path.exists(GLM):
+        skip("bad_input_all", "%s not built" % GLM)
+        return
+    if not shutil.which("spm_train"):
+        skip("bad_input_all", "spm_train (Debian sentencepiece) not installed")
+        return
+    d = tempfile.mkdtemp(prefix="glmtrain-bad-")
+    try:
+        tok = make_tokenizer(d)
+        ids, vocab = piece_ids(tok)
+        cfg = write_config(d, ids, vocab)
+        train_file, _ = write_data(d)
+        common = ["--tokenizer_name", tok, "--train_file", train_file, "--per_device_train_batch_size", "4",
+                  "--logging_steps", "1", "--max_source_length", "32", "--max_target_length", "16", "--disable_tqdm"]
+        base = ["--init_from_config", cfg] + common
+        optimizer_flags(base, d)
+        diverging_runs(base, d)
+        diverging_two_ranks(d, cfg, common)
+        model = os.path.join(d, "good")
+        train(base + ["--output_dir", model, "--max_steps", "1", "--save_strategy", "no"])
+        nan_weight_input(model, d, common)
+        data_records(base, d)
+        chat_and_tokenize(model, tok, vocab)
+        configs(base, d, cfg)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    sys.exit(0 if all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
