@@ -11,18 +11,6 @@
 static const glm_flag chat_flags[] = {GEN_COMMON_FLAGS};
 static const int n_chat_flags = sizeof chat_flags / sizeof chat_flags[0];
 
-typedef struct turn_ctx {
-    glm_streamer st;
-    int debug;
-} turn_ctx;
-
-static void on_token(void *ctx, int row, int32_t id) {
-    turn_ctx *t = ctx;
-    if (t->debug) fprintf(stderr, "[debug] token %d\n", id);
-    const char *d = glm_streamer_push(&t->st, id);
-    if (d[0]) { fputs(d, stdout); fflush(stdout); }
-}
-
 /* Reads one line of any length (without the newline; its length in *len); NULL at end of input. */
 static char *read_line(FILE *f, size_t *len) {
     size_t cap = 256, n = 0;
@@ -48,16 +36,19 @@ static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *lin
     glm_ids in = {0}, out = {0};
     int dropped = 0;
     char *prompt = NULL;
-    /* leave room for at least one new token under max_length */
-    int max_prompt = s->g.max_new_tokens > 0 ? 1 << 30 : s->g.max_length - 1;
+    /* room for the response under whichever limit is set: --max_new_tokens within the model's
+     * max_sequence_length, or max_length (capped at it) less one token */
+    int max_prompt = glm_gen_max_prompt(&s->g);
     if (glm_chat_inputs(s->tok, gen_config(s), line, (const char *const *)*hist, *n_hist, max_prompt, &in, &dropped,
                         &prompt, err)) {
         glm_ids_free(&in); /* a message too long still left its tokens here */
         return -1;
     }
     if (dropped) {
-        fprintf(stderr, "(the %d oldest round%s no longer fit in max_length %d and were left out)\n", dropped,
-                dropped > 1 ? "s" : "", s->g.max_length);
+        char lim[160];
+        glm_gen_limit_text(&s->g, lim, sizeof lim);
+        fprintf(stderr, "(the %d oldest round%s no longer fit and were left out: at most %d prompt tokens fit, %s)\n",
+                dropped, dropped > 1 ? "s" : "", max_prompt, lim);
         free_hist(*hist, dropped);
         memmove(*hist, *hist + 2 * dropped, sizeof(char *) * 2 * (size_t)(*n_hist - dropped));
         *n_hist -= dropped;
@@ -68,11 +59,11 @@ static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *lin
         free(e);
     }
     free(prompt);
-    turn_ctx t = {.debug = a->debug};
+    gen_stream t = {.show = 1, .debug = a->debug};
     glm_streamer_init(&t.st, s->tok, 1);
     printf("\nChatGLM: ");
     fflush(stdout);
-    int rc = glm_generate_lm(gen_lm(s), 1, &in, &s->g, rng, &out, on_token, &t, err);
+    int rc = glm_generate_lm(gen_lm(s), 1, &in, &s->g, rng, &out, gen_stream_token, &t, err);
     if (rc == 0) {
         char *tail, *res = glm_streamer_finish(&t.st, &tail);
         fputs(tail, stdout);

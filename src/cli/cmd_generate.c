@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli/commands.h"
 #include "cli/gen_common.h"
 #include "core/fileutil.h"
@@ -43,22 +44,66 @@ static void debug_ids(const char *what, int row, const glm_ids *v) {
     fprintf(stderr, "\n");
 }
 
-static int generate_one(gen_session *s, const gen_args *a, glm_err *err) {
-    glm_ids in = {0}, out = {0};
+/* A prompt's model inputs, cut as ptuning's evaluation cuts them (--max_source_length N keeps
+ * the first N-2 text tokens); *dropped counts the text tokens cut. */
+static int prompt_ids(gen_session *s, const gen_args *a, const char *text, glm_ids *in, int *dropped, glm_err *err) {
+    int max_text = a->max_source_length > 0 ? a->max_source_length - 2 : 0;
+    return glm_prompt_inputs_cut(s->tok, gen_config(s), text, max_text, in, dropped, err);
+}
+
+/* A prompt of n tokens that leaves no room for the response: says which limit and which flag
+ * (with a value that fits) truncates it; `also` adds another way out. */
+static int refuse_long(const gen_session *s, const gen_args *a, const char *what, int n, const char *also, glm_err *err) {
+    char lim[160];
+    int room = glm_gen_max_prompt(&s->g);
+    glm_gen_limit_text(&s->g, lim, sizeof lim);
+    glm_fail(err, "%s is %d tokens with [gMASK] <sop>; at most %d fit (%s)", what, n, room, lim);
+    if (room < 3) return glm_hint(err, "lower --max_new_tokens to leave room for a prompt");
+    if (a->max_source_length > 0)
+        return glm_hint(err, "lower --max_source_length to %d (it keeps the first N-2 prompt tokens) or --max_new_tokens%s", room,
+                        also);
+    return glm_hint(err, "pass --max_source_length %d to keep the first %d prompt tokens, or shorten the prompt%s", room,
+                    room - 2, also);
+}
+
+/* --prompt's inputs, checked against the limits before the weights are read. */
+static int prepare_prompt(gen_session *s, const gen_args *a, glm_ids *in, glm_err *err) {
+    char *p = glm_chat_prompt(a->prompt, NULL, 0);
+    int dropped = 0, rc = prompt_ids(s, a, p, in, &dropped, err);
+    free(p);
+    if (rc) return -1;
+    if (dropped)
+        glm_warn("--max_source_length %d: the prompt's %d text tokens were cut to the first %d (%d dropped)",
+                 a->max_source_length, a->max_source_length - 2 + dropped, a->max_source_length - 2, dropped);
+    if (in->n > glm_gen_max_prompt(&s->g)) return refuse_long(s, a, "--prompt", in->n, "", err);
+    return 0;
+}
+
+/* One response. On a terminal it is printed as its tokens arrive, as chat does; redirected,
+ * only the finished response is written (a file or pipe gets the same text either way). */
+static int generate_one(gen_session *s, const gen_args *a, const glm_ids *in, glm_err *err) {
+    glm_ids out = {0};
     glm_rng rng;
     glm_rng_seed(&rng, (uint64_t)a->seed);
-    char *p = glm_chat_prompt(a->prompt, NULL, 0);
-    int rc = glm_prompt_inputs(s->tok, gen_config(s), p, 0, &in, err);
-    free(p);
-    if (rc == 0 && a->debug) debug_ids("prompt", 0, &in);
-    if (rc == 0) rc = glm_generate_lm(gen_lm(s), 1, &in, &s->g, &rng, &out, NULL, NULL, err);
-    if (rc == 0) {
-        if (a->debug) debug_ids("response", 0, &out);
+    if (a->debug) debug_ids("prompt", 0, in);
+    gen_stream st = {.show = isatty(fileno(stdout)), .debug = a->debug};
+    if (st.show) glm_streamer_init(&st.st, s->tok, a->postprocess);
+    int rc = glm_generate_lm(gen_lm(s), 1, in, &s->g, &rng, &out, st.show || a->debug ? gen_stream_token : NULL, &st, err);
+    if (rc == 0 && a->debug) debug_ids("response", 0, &out);
+    if (rc == 0 && st.show) {
+        char *tail, *res = glm_streamer_finish(&st.st, &tail);
+        printf("%s\n", tail);
+        free(tail);
+        free(res);
+    } else if (rc == 0) {
         char *res = glm_response_text(s->tok, out.data, out.n, a->postprocess);
         printf("%s\n", res);
         free(res);
+    } else if (st.show && st.st.n_shown) {
+        printf("\n"); /* end the partial line before the error */
     }
-    glm_ids_free(&in);
+    fflush(stdout);
+    if (st.show) glm_streamer_free(&st.st);
     glm_ids_free(&out);
     return rc;
 }
@@ -167,14 +212,91 @@ static void close_src(prompt_src *p) {
 
 /* ---- batch generation ---- */
 
-typedef struct pending {
+typedef struct item {
     glm_record rec;
     char *prompt;
     glm_ids in, out;
-    int skip;  /* prompt leaves no room under max_length: empty prediction */
-} pending;
+    int skip;  /* prompt leaves no room for a response (--skip_bad_samples): empty prediction */
+} item;
 
-static int write_batch(FILE *o, gen_session *s, const gen_args *a, pending *p, int n, long base, glm_score_sum *sc) {
+typedef struct items {
+    item *v;
+    long n, cap;
+} items;
+
+static void items_free(items *L) {
+    for (long i = 0; i < L->n; i++) {
+        glm_record_free(&L->v[i].rec);
+        free(L->v[i].prompt);
+        glm_ids_free(&L->v[i].in);
+        glm_ids_free(&L->v[i].out);
+    }
+    free(L->v);
+    memset(L, 0, sizeof *L);
+}
+
+static item *items_push(items *L) {
+    if (L->n == L->cap) L->v = glm_realloc(L->v, sizeof(item) * (size_t)(L->cap = L->cap ? 2 * L->cap : 64));
+    memset(&L->v[L->n], 0, sizeof(item));
+    return &L->v[L->n++];
+}
+
+static void example_cfg(gen_args *a, glm_example_cfg *ex) {
+    glm_example_cfg_init(ex);
+    ex->source_prefix = a->source_prefix;
+    if (a->prompt_template) glm_unescape(a->prompt_template);
+    if (a->history_template) glm_unescape(a->history_template);
+    ex->prompt_template = a->prompt_template;
+    ex->history_template = a->history_template;
+    ex->rounds = GLM_ROUNDS_NONEMPTY; /* ptuning's preprocess_function_eval */
+}
+
+/* One record's prompt and inputs, checked against the limits (`index`: its number, for messages). */
+static int prepare_item(gen_session *s, const gen_args *a, const glm_example_cfg *ex, item *it, long index, long *cut,
+                        long *cut_tokens, glm_err *err) {
+    int dropped = 0;
+    it->prompt = glm_example_prompt(ex, &it->rec);
+    if (prompt_ids(s, a, it->prompt, &it->in, &dropped, err)) return -1;
+    if (dropped) { (*cut)++; *cut_tokens += dropped; }
+    if (it->in.n <= glm_gen_max_prompt(&s->g)) return 0;
+    char what[4300];
+    snprintf(what, sizeof what, "%s:%lld: record %ld's prompt", a->input_file, (long long)it->rec.line, index);
+    if (!a->skip_bad_samples)
+        return refuse_long(s, a, what, it->in.n, ", or --skip_bad_samples true to give it an empty prediction", err);
+    glm_warn("%s is %d tokens with [gMASK] <sop>, more than the %d that fit: empty prediction (--skip_bad_samples)", what,
+             it->in.n, glm_gen_max_prompt(&s->g));
+    it->skip = 1;
+    return 0;
+}
+
+/* Every record of --input_file, parsed, built into a prompt and checked before anything is
+ * generated or written: a cut or malformed file, or a prompt that cannot fit, fails with its
+ * file:line instead of after some predictions. Records past --max_predict_samples are parsed
+ * (the file is checked whole) but not kept. */
+static int read_items(gen_session *s, gen_args *a, items *L, glm_err *err) {
+    glm_example_cfg ex;
+    example_cfg(a, &ex);
+    prompt_src src;
+    if (open_src(&src, a, err)) return -1;
+    long cut = 0, cut_tokens = 0;
+    int rc = 0;
+    for (;;) {
+        glm_record r;
+        int k = next_record(&src, &r, err);
+        if (k <= 0) { rc = k; break; }
+        if (a->max_predict_samples > 0 && L->n >= a->max_predict_samples) { glm_record_free(&r); continue; }
+        item *it = items_push(L);
+        it->rec = r;
+        if ((rc = prepare_item(s, a, &ex, it, L->n - 1, &cut, &cut_tokens, err))) break;
+    }
+    close_src(&src);
+    if (rc == 0 && cut)
+        glm_warn("--max_source_length %d: %ld of %ld prompts were cut to their first %d tokens (%ld tokens dropped in all)",
+                 a->max_source_length, cut, L->n, a->max_source_length - 2, cut_tokens);
+    return rc;
+}
+
+static int write_batch(FILE *o, gen_session *s, const gen_args *a, item *p, int n, long base, glm_score_sum *sc) {
     for (int i = 0; i < n; i++) {
         char *res = glm_response_text(s->tok, p[i].out.data, p[i].out.n, a->postprocess);
         cJSON *j = cJSON_CreateObject();
@@ -196,16 +318,6 @@ static int write_batch(FILE *o, gen_session *s, const gen_args *a, pending *p, i
     return ferror(o) ? -1 : 0;
 }
 
-static void clear_pending(pending *p, int n) {
-    for (int i = 0; i < n; i++) {
-        glm_record_free(&p[i].rec);
-        free(p[i].prompt);
-        glm_ids_free(&p[i].in);
-        glm_ids_free(&p[i].out);
-        memset(&p[i], 0, sizeof p[i]);
-    }
-}
-
 static int report_metrics(const gen_args *a, const glm_score_sum *sc, glm_err *err) {
     glm_text_scores m = glm_score_mean(sc);
     cJSON *j = cJSON_CreateObject();
@@ -222,89 +334,83 @@ static int report_metrics(const gen_args *a, const glm_score_sum *sc, glm_err *e
     return rc;
 }
 
-static int generate_file(gen_session *s, gen_args *a, glm_err *err) {
-    glm_example_cfg ex;
-    glm_example_cfg_init(&ex);
-    ex.source_prefix = a->source_prefix;
-    if (a->prompt_template) glm_unescape(a->prompt_template);
-    if (a->history_template) glm_unescape(a->history_template);
-    ex.prompt_template = a->prompt_template;
-    ex.history_template = a->history_template;
-    ex.rounds = GLM_ROUNDS_NONEMPTY; /* ptuning's preprocess_function_eval */
-    if (a->per_device_eval_batch_size < 1) return glm_fail(err, "--per_device_eval_batch_size must be >= 1");
-    if (a->max_source_length != 0 && a->max_source_length < 3) return glm_fail(err, "--max_source_length must be 0 or >= 3");
-    prompt_src src;
-    if (open_src(&src, a, err)) return -1;
-    FILE *o = a->output_file ? fopen(a->output_file, "w") : stdout;
-    if (!o) { close_src(&src); return glm_fail(err, "--output_file %s: cannot create", a->output_file); }
-    int B = a->per_device_eval_batch_size, rc = 0, more = 1;
-    pending *p = glm_calloc((size_t)B, sizeof *p);
-    glm_ids *ins = glm_calloc((size_t)B, sizeof *ins), *outs = glm_calloc((size_t)B, sizeof *outs);
-    glm_rng *rngs = glm_calloc((size_t)B, sizeof *rngs);
-    int *row_of = glm_calloc((size_t)B, sizeof *row_of);
-    glm_score_sum sc = {0};
-    long done = 0, skipped = 0, tokens = 0;
-    double t0 = glm_now();
-    while (rc == 0 && more) {
-        int n = 0;
-        while (n < B && (a->max_predict_samples <= 0 || done + n < a->max_predict_samples)) {
-            int k = next_record(&src, &p[n].rec, err);
-            if (k < 0) { rc = -1; break; }
-            if (k == 0) { more = 0; break; }
-            p[n].prompt = glm_example_prompt(&ex, &p[n].rec);
-            int max_text = a->max_source_length > 0 ? a->max_source_length - 2 : 0;
-            if (glm_prompt_inputs(s->tok, gen_config(s), p[n].prompt, max_text, &p[n].in, err)) { rc = -1; n++; break; }
-            p[n].skip = glm_gen_limit(&s->g, p[n].in.n) <= 0;
-            n++;
-        }
-        if (a->max_predict_samples > 0 && done + n >= a->max_predict_samples) more = 0;
-        int m = 0; /* rows that go to the model */
-        for (int i = 0; rc == 0 && i < n; i++) {
-            if (p[i].skip) {
-                glm_warn("record %ld: its %d-token prompt leaves no room under max_length %d; empty prediction",
-                         done + i, p[i].in.n, s->g.max_length);
-                skipped++;
-                continue;
-            }
-            ins[m] = p[i].in;
-            outs[m] = (glm_ids){0};
-            glm_rng_seed(&rngs[m], (uint64_t)a->seed * 1000003ULL + (uint64_t)(done + i));
-            row_of[m++] = i;
-        }
-        if (rc == 0 && m > 0) rc = glm_generate_lm(gen_lm(s), m, ins, &s->g, rngs, outs, NULL, NULL, err);
-        for (int j = 0; j < m; j++) {
-            p[row_of[j]].out = outs[j];
-            tokens += outs[j].n;
-            if (rc == 0 && a->debug) { debug_ids("prompt", (int)(done + row_of[j]), &ins[j]); debug_ids("response", (int)(done + row_of[j]), &outs[j]); }
-        }
-        if (rc == 0 && n > 0 && write_batch(o, s, a, p, n, done, &sc))
-            rc = glm_fail(err, "%s: write failed", a->output_file ? a->output_file : "stdout");
-        clear_pending(p, n);
-        done += n;
-        if (rc == 0 && n > 0)
-            glm_info("%ld responses, %ld tokens, %.1f tokens/s", done, tokens, tokens / (glm_now() - t0 + 1e-9));
+/* Rows p[0..n) through the model in one batch (skipped rows stay empty). */
+static int generate_batch(gen_session *s, const gen_args *a, item *p, int n, long base, glm_err *err) {
+    glm_ids *ins = glm_calloc((size_t)n, sizeof *ins), *outs = glm_calloc((size_t)n, sizeof *outs);
+    glm_rng *rngs = glm_calloc((size_t)n, sizeof *rngs);
+    int *row_of = glm_calloc((size_t)n, sizeof *row_of), m = 0, rc = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i].skip) continue;
+        ins[m] = p[i].in;
+        glm_rng_seed(&rngs[m], (uint64_t)a->seed * 1000003ULL + (uint64_t)(base + i));
+        row_of[m++] = i;
     }
-    if (rc == 0 && skipped) glm_warn("%ld prompts were too long for max_length %d", skipped, s->g.max_length);
-    if (rc == 0 && sc.n > 0) rc = report_metrics(a, &sc, err);
-    free(p); free(ins); free(outs); free(rngs); free(row_of);
-    if (o != stdout && fclose(o) != 0 && rc == 0) rc = glm_fail(err, "%s: write failed", a->output_file);
-    close_src(&src);
+    if (m > 0) rc = glm_generate_lm(gen_lm(s), m, ins, &s->g, rngs, outs, NULL, NULL, err);
+    for (int j = 0; j < m; j++) {
+        p[row_of[j]].out = outs[j];
+        if (rc == 0 && a->debug) {
+            debug_ids("prompt", (int)(base + row_of[j]), &ins[j]);
+            debug_ids("response", (int)(base + row_of[j]), &outs[j]);
+        }
+    }
+    free(ins); free(outs); free(rngs); free(row_of);
     return rc;
+}
+
+static int generate_items(gen_session *s, const gen_args *a, items *L, glm_err *err) {
+    FILE *o = a->output_file ? fopen(a->output_file, "w") : stdout;
+    if (!o) return glm_fail(err, "--output_file %s: cannot create", a->output_file);
+    int B = a->per_device_eval_batch_size, rc = 0;
+    glm_score_sum sc = {0};
+    long tokens = 0, skipped = 0;
+    double t0 = glm_now();
+    for (long base = 0; rc == 0 && base < L->n; base += B) {
+        int n = L->n - base < B ? (int)(L->n - base) : B;
+        item *p = L->v + base;
+        rc = generate_batch(s, a, p, n, base, err);
+        for (int i = 0; i < n; i++) { tokens += p[i].out.n; skipped += p[i].skip; }
+        if (rc == 0 && write_batch(o, s, a, p, n, base, &sc))
+            rc = glm_fail(err, "%s: write failed", a->output_file ? a->output_file : "stdout");
+        for (int i = 0; i < n; i++) { glm_ids_free(&p[i].in); glm_ids_free(&p[i].out); }
+        if (rc == 0)
+            glm_info("%ld responses, %ld tokens, %.1f tokens/s", base + n, tokens, tokens / (glm_now() - t0 + 1e-9));
+    }
+    if (rc == 0 && skipped) glm_warn("%ld prompts were too long and got empty predictions (--skip_bad_samples)", skipped);
+    if (rc == 0 && sc.n > 0) rc = report_metrics(a, &sc, err);
+    if (o != stdout && fclose(o) != 0 && rc == 0) rc = glm_fail(err, "%s: write failed", a->output_file);
+    return rc;
+}
+
+/* Flag values that need no model, refused before anything is read. */
+static int check_flags(const gen_args *a, glm_err *err) {
+    if (!a->prompt == !a->input_file) {
+        glm_fail(err, a->prompt ? "--prompt and --input_file exclude each other" : "--prompt or --input_file is required");
+        return glm_hint(err, "--prompt TEXT prints one response; --input_file FILE answers every record of a data file");
+    }
+    if (a->per_device_eval_batch_size < 1) return glm_fail(err, "--per_device_eval_batch_size must be >= 1");
+    if (a->max_source_length != 0 && a->max_source_length < 3)
+        return glm_fail(err, "--max_source_length must be 0 or >= 3 (got %d)", a->max_source_length);
+    if (a->output_file && a->prompt) return glm_fail(err, "--output_file goes with --input_file (--prompt prints to stdout)");
+    return 0;
 }
 
 int glm_cmd_generate(int argc, char **argv) {
     gen_args a;
     glm_err err = {0};
     gen_session s = {0};
+    glm_ids in = {0};
+    items L = {0};
     int rc = gen_parse(gen_flags, n_gen_flags, &a, argc, argv, "generate", &err);
     if (rc == 1) { gen_args_free(gen_flags, n_gen_flags, &a); return 0; }
-    if (!rc && !a.prompt == !a.input_file) {
-        rc = glm_fail(&err, a.prompt ? "--prompt and --input_file exclude each other" : "--prompt or --input_file is required");
-        glm_hint(&err, "--prompt TEXT prints one response; --input_file FILE answers every record of a data file");
-    }
-    if (!rc) rc = gen_open(&s, &a, &err);
-    if (!rc) rc = a.prompt ? generate_one(&s, &a, &err) : generate_file(&s, &a, &err);
+    if (!rc) rc = check_flags(&a, &err);
+    /* the prompts are checked against the model's limits before its weights are read */
+    if (!rc) rc = gen_open_tokenizer(&s, &a, &err);
+    if (!rc) rc = a.prompt ? prepare_prompt(&s, &a, &in, &err) : read_items(&s, &a, &L, &err);
+    if (!rc) rc = gen_open_model(&s, &a, &err);
+    if (!rc) rc = a.prompt ? generate_one(&s, &a, &in, &err) : generate_items(&s, &a, &L, &err);
     if (rc) glm_err_print(&err);
+    glm_ids_free(&in);
+    items_free(&L);
     gen_close(&s);
     gen_args_free(gen_flags, n_gen_flags, &a);
     return rc ? 1 : 0;

@@ -1,5 +1,6 @@
 /* Shared set-up of `glmtrain generate` and `glmtrain chat` (cli/gen_common.h). */
 #include "cli/gen_common.h"
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,11 +9,27 @@
 #include "parallel/pipe_infer.h"
 #include "train/checkpoint.h"
 
+/* A value no flag can hold: what is still this after parsing was not given. */
+#define UNSET INT_MIN
+
 int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, const char *cmd, glm_err *err) {
     glm_args_defaults(f, n, a);
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { glm_args_usage(f, n, cmd); return 1; }
-    return glm_args_parse(f, n, a, argc, argv, err);
+    /* --max_new_tokens 0 is an error (HF's too), leaving it out is not; an explicit --max_length
+     * above the model's limit is worth a warning, the default is not */
+    int def_len = a->max_length;
+    a->max_length = a->max_new_tokens = UNSET;
+    int rc = glm_args_parse(f, n, a, argc, argv, err);
+    a->max_length_set = a->max_length != UNSET;
+    a->max_new_tokens_set = a->max_new_tokens != UNSET;
+    if (!a->max_length_set) a->max_length = def_len;
+    if (!a->max_new_tokens_set) a->max_new_tokens = 0;
+    if (rc == 0 && a->max_new_tokens_set && a->max_new_tokens < 1) {
+        glm_fail(err, "--max_new_tokens must be >= 1 (got %d)", a->max_new_tokens);
+        return glm_hint(err, "leave it out to generate up to --max_length tokens in all");
+    }
+    return rc;
 }
 
 void gen_args_free(const glm_flag *f, int n, gen_args *a) {
@@ -62,7 +79,20 @@ static int check_sealed(const char *path, glm_err *err) {
     return glm_hint(err, "the checkpoint is damaged: use an older checkpoint-N of the run or its final model");
 }
 
-int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
+/* The generation settings against config.json's max_sequence_length (HF meanings:
+ * max_length = prompt + new tokens, max_new_tokens wins over it). */
+static int fit_limits(gen_session *s, const gen_args *a, glm_err *err) {
+    char src[4200];
+    snprintf(src, sizeof src, "the config.json of %s", a->model_name_or_path);
+    if (glm_gen_cfg_fit(&s->g, s->cfg.max_sequence_length, src, err)) return -1;
+    int mm = s->g.model_max_length;
+    if (mm > 0 && a->max_length_set && !a->max_new_tokens_set && a->max_length > mm)
+        glm_warn("--max_length %d is above the model's max_sequence_length %d (%s): prompt + response stop at %d tokens",
+                 a->max_length, mm, src, mm);
+    return 0;
+}
+
+int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     memset(s, 0, sizeof *s);
     if (!a->model_name_or_path) return glm_fail(err, "--model_name_or_path is required");
     s->g = (glm_gen_cfg){.do_sample = a->do_sample, .max_length = a->max_length, .max_new_tokens = a->max_new_tokens,
@@ -70,15 +100,24 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
                          .repetition_penalty = (float)a->repetition_penalty};
     if (glm_gen_cfg_check(&s->g, err)) return -1;
     if (check_sealed(a->model_name_or_path, err)) return -1;
-    glm_config c;
-    if (glm_config_load(&c, a->model_name_or_path, err)) return -1;
+    if (glm_config_load(&s->cfg, a->model_name_or_path, err)) return -1;
+    if (fit_limits(s, a, err)) return -1;
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
     if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");
-    if (glm_tokenizer_vocab_size(s->tok) > c.vocab_size) {
+    if (glm_tokenizer_vocab_size(s->tok) > s->cfg.vocab_size) {
         glm_fail(err, "tokenizer %s has %d pieces but the model's vocab_size is %d", tp, glm_tokenizer_vocab_size(s->tok),
-                 c.vocab_size);
+                 s->cfg.vocab_size);
         return glm_hint(err, "use the tokenizer that belongs to the model (--tokenizer_name)");
     }
+    return 0;
+}
+
+int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
+    return gen_open_tokenizer(s, a, err) ? -1 : gen_open_model(s, a, err);
+}
+
+int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
+    const glm_config c = s->cfg;
     double t0 = glm_now();
     if (a->device_map && a->device_map[0]) { /* stages on GPU 0..P-1 (or the CPU), one process */
         s->pipe = glm_calloc(1, sizeof *s->pipe);
@@ -102,7 +141,9 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
 }
 
 glm_lm gen_lm(gen_session *s) { return (glm_lm){s->pipe ? NULL : &s->m, s->pipe}; }
-const glm_config *gen_config(const gen_session *s) { return s->pipe ? &s->pipe->cfg : &s->m.cfg; }
+const glm_config *gen_config(const gen_session *s) {
+    return s->pipe ? &s->pipe->cfg : s->model_ok ? &s->m.cfg : &s->cfg;
+}
 
 void gen_close(gen_session *s) {
     if (s->pipe) { glm_pipe_lm_free(s->pipe); free(s->pipe); }
@@ -122,4 +163,13 @@ char *gen_escape(const char *s) {
     }
     *p = 0;
     return o;
+}
+
+void gen_stream_token(void *ctx, int row, int32_t id) {
+    gen_stream *t = ctx;
+    (void)row;
+    if (t->debug) fprintf(stderr, "[debug] token %d\n", id);
+    if (!t->show) return;
+    const char *d = glm_streamer_push(&t->st, id);
+    if (d[0]) { fputs(d, stdout); fflush(stdout); }
 }

@@ -15,6 +15,8 @@ typedef struct gen_args {
     char *prompt, *input_file, *output_file, *metrics_file, *data_format, *prompt_column, *response_column,
         *history_column, *prompt_template, *history_template, *source_prefix;
     int max_source_length, per_device_eval_batch_size, postprocess, max_predict_samples, skip_bad_samples;
+    /* not flags: whether the command line or --config gave these (gen_parse) */
+    int max_length_set, max_new_tokens_set;
 } gen_args;
 
 #define GEN_F(name, type, def, help) {#name, type, offsetof(gen_args, name), def, help, NULL, NULL}
@@ -26,8 +28,8 @@ typedef struct gen_args {
     GEN_F(device_map, ARG_STR, NULL, "split the layers over GPUs: auto, thudm, or a JSON map of module names to stages"), \
     GEN_F(pipeline_parallel_size, ARG_INT, "0", "stages for --device_map auto|thudm (0: every visible GPU)"), \
     GEN_F(do_sample, ARG_BOOL, "true", "sample (false = greedy)"), \
-    GEN_F(max_length, ARG_INT, "2048", "prompt + response tokens"), \
-    GEN_F(max_new_tokens, ARG_INT, "0", "response tokens (overrides max_length when > 0)"), \
+    GEN_F(max_length, ARG_INT, "2048", "prompt + response tokens (capped at config.json's max_sequence_length)"), \
+    GEN_F(max_new_tokens, ARG_INT, NULL, "response tokens, >= 1 (overrides max_length; prompt + these must fit max_sequence_length)"), \
     GEN_F(top_p, ARG_FLOAT, "0.7", "nucleus sampling mass"), \
     GEN_F(top_k, ARG_INT, "50", "sample among the k most likely tokens (0 = all)"), \
     GEN_F(temperature, ARG_FLOAT, "0.95", "softmax temperature"), \
@@ -43,18 +45,33 @@ typedef struct gen_session {
     struct glm_pipe_lm *pipe; /* with --device_map: the model split over devices (m unused) */
     glm_tokenizer *tok;
     glm_gen_cfg g;
+    glm_config cfg; /* config.json, read before the weights */
 } gen_session;
 
 /* Parses flags (prints usage and returns 1 for --help; -1 on error). */
 int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, const char *cmd, glm_err *err);
 void gen_args_free(const glm_flag *f, int n, gen_args *a);
-/* Backend, model, weights, tokenizer, generation settings. */
+/* Backend, model, weights, tokenizer, generation settings: gen_open_tokenizer, then gen_open_model. */
 int gen_open(gen_session *s, const gen_args *a, glm_err *err);
+/* config.json, the tokenizer and the generation settings fitted to the model's
+ * max_sequence_length: enough to check prompts before the weights are read. */
+int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err);
+/* Backend and weights (after gen_open_tokenizer). */
+int gen_open_model(gen_session *s, const gen_args *a, glm_err *err);
 void gen_close(gen_session *s);
 /* The model generation runs on: the single model or the split one. */
 glm_lm gen_lm(gen_session *s);
 const glm_config *gen_config(const gen_session *s);
 /* "a\nb" -> "a\\nb" for one-line debug output (caller frees). */
 char *gen_escape(const char *s);
+
+/* Printing a response as its tokens arrive (chat, and generate --prompt on a terminal):
+ * gen_stream_token is a glm_token_fn over a gen_stream. */
+typedef struct gen_stream {
+    glm_streamer st;
+    int show;  /* print the text (else only the --debug token lines) */
+    int debug; /* "[debug] token ID" to stderr per token */
+} gen_stream;
+void gen_stream_token(void *ctx, int row, int32_t id);
 
 #endif

@@ -6,9 +6,16 @@
 
 int glm_prompt_inputs(const glm_tokenizer *tok, const glm_config *c, const char *text, int max_text, glm_ids *out,
                       glm_err *err) {
+    int dropped;
+    return glm_prompt_inputs_cut(tok, c, text, max_text, out, &dropped, err);
+}
+
+int glm_prompt_inputs_cut(const glm_tokenizer *tok, const glm_config *c, const char *text, int max_text, glm_ids *out,
+                          int *dropped, glm_err *err) {
     glm_ids a = {0};
+    *dropped = 0;
     if (glm_tokenizer_encode(tok, text, strlen(text), &a, err)) { glm_ids_free(&a); return -1; }
-    if (max_text > 0 && a.n > max_text) a.n = max_text; /* HF truncation keeps the start */
+    if (max_text > 0 && a.n > max_text) { *dropped = a.n - max_text; a.n = max_text; } /* HF truncation keeps the start */
     int n0 = out->n;
     if (glm_tokenizer_kind(tok) == GLM_TOK_CHATGLM1) {
         glm_tokenizer_build_inputs(tok, a.data, a.n, NULL, 0, out);
@@ -52,8 +59,9 @@ int glm_chat_inputs(const glm_tokenizer *tok, const glm_config *c, const char *q
         free(p);
         if (rc) return -1;
     }
-    glm_fail(err, "the message is %d tokens with the special tokens; at most %d fit before max_length", out->n, max_prompt);
-    return glm_hint(err, "send a shorter message or raise --max_length");
+    glm_fail(err, "the message is %d tokens with the special tokens; at most %d fit with room for the response", out->n,
+             max_prompt);
+    return glm_hint(err, "send a shorter message, or lower --max_new_tokens (prompt + response must fit the model's max_sequence_length)");
 }
 
 /* Python's str.strip() for the whitespace a response can start or end with. */

@@ -25,8 +25,41 @@ int glm_gen_cfg_check(const glm_gen_cfg *c, glm_err *err) {
     return 0;
 }
 
+/* A prompt is at least [gMASK] <sop>. */
+enum { MIN_PROMPT = 2 };
+
+int glm_gen_cfg_fit(glm_gen_cfg *c, int model_max, const char *source, glm_err *err) {
+    c->model_max_length = model_max > 0 ? model_max : 0;
+    if (c->model_max_length && c->max_new_tokens > c->model_max_length - MIN_PROMPT) {
+        glm_fail(err, "--max_new_tokens %d does not fit the model: %s has max_sequence_length %d and a prompt takes at least %d tokens ([gMASK] <sop>), so at most %d new tokens",
+                 c->max_new_tokens, source, c->model_max_length, MIN_PROMPT, c->model_max_length - MIN_PROMPT);
+        return glm_hint(err, "lower --max_new_tokens (prompt + new tokens must fit in max_sequence_length)");
+    }
+    return 0;
+}
+
 int glm_gen_limit(const glm_gen_cfg *c, int n_prompt) {
-    return c->max_new_tokens > 0 ? c->max_new_tokens : c->max_length - n_prompt;
+    int lim = c->max_new_tokens > 0 ? c->max_new_tokens : c->max_length - n_prompt;
+    if (c->model_max_length > 0 && lim > c->model_max_length - n_prompt) lim = c->model_max_length - n_prompt;
+    return lim;
+}
+
+int glm_gen_max_prompt(const glm_gen_cfg *c) {
+    int mm = c->model_max_length > 0 ? c->model_max_length : 1 << 30;
+    if (c->max_new_tokens > 0) return mm - c->max_new_tokens;
+    return (c->max_length < mm ? c->max_length : mm) - 1;
+}
+
+void glm_gen_limit_text(const glm_gen_cfg *c, char *buf, size_t cap) {
+    int mm = c->model_max_length;
+    if (c->max_new_tokens > 0 && mm > 0)
+        snprintf(buf, cap, "the model's max_sequence_length %d less --max_new_tokens %d", mm, c->max_new_tokens);
+    else if (c->max_new_tokens > 0)
+        snprintf(buf, cap, "--max_new_tokens %d", c->max_new_tokens);
+    else if (mm > 0 && mm <= c->max_length)
+        snprintf(buf, cap, "the model's max_sequence_length %d less 1 for the response", mm);
+    else
+        snprintf(buf, cap, "--max_length %d less 1 for the response", c->max_length);
 }
 
 /* ---------------------------------------------------------------- sampling */
@@ -170,8 +203,11 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
         if (bad) {
             free(rs);
             if (bad == 1) return glm_fail(err, "prompt %d has no [gMASK] (or [MASK]) and <sop>", b);
-            glm_fail(err, "prompt %d has %d tokens: max_length %d leaves no room for a response", b, prompts[b].n, g->max_length);
-            return glm_hint(err, "raise --max_length or set --max_new_tokens");
+            char lim[160];
+            glm_gen_limit_text(g, lim, sizeof lim);
+            glm_fail(err, "prompt %d has %d tokens: no room for a response (at most %d prompt tokens fit: %s)", b,
+                     prompts[b].n, glm_gen_max_prompt(g), lim);
+            return glm_hint(err, "shorten the prompt (--max_source_length) or lower --max_new_tokens");
         }
         if (r->n > P) P = r->n;
         if (r->limit > maxlim) maxlim = r->limit;

@@ -23,6 +23,8 @@ typedef struct glm_gen_cfg {
     int max_new_tokens;       /* overrides max_length when > 0 */
     float temperature, top_p, repetition_penalty;
     int top_k;                /* 0 = off */
+    int model_max_length;     /* the model's max_sequence_length: prompt + generated tokens never
+                               * exceed it (0 = no limit; glm_gen_cfg_fit sets it) */
 } glm_gen_cfg;
 
 /* The original model.chat defaults: sampling, max_length 2048, top_p 0.7, temperature 0.95,
@@ -30,8 +32,19 @@ typedef struct glm_gen_cfg {
 void glm_gen_cfg_chat_defaults(glm_gen_cfg *c);
 /* Checks ranges (temperature > 0 when sampling, 0 < top_p <= 1, ...); err names the flag. */
 int glm_gen_cfg_check(const glm_gen_cfg *c, glm_err *err);
-/* Tokens a row with an n-token prompt may generate (<= 0: none). */
+/* Fits the settings to a model whose config (`source`, for messages) has max_sequence_length
+ * model_max: sets model_max_length and refuses a max_new_tokens that no prompt leaves room for
+ * (a prompt is at least [gMASK] <sop>), naming the flag, its value and the limit. */
+int glm_gen_cfg_fit(glm_gen_cfg *c, int model_max, const char *source, glm_err *err);
+/* Tokens a row with an n-token prompt may generate (<= 0: none); never past model_max_length. */
 int glm_gen_limit(const glm_gen_cfg *c, int n_prompt);
+/* The longest prompt ([gMASK] <sop> included) that still leaves room for the response:
+ * model_max_length - max_new_tokens when max_new_tokens is set, else the smaller of max_length
+ * and model_max_length, less one token. */
+int glm_gen_max_prompt(const glm_gen_cfg *c);
+/* Which limit glm_gen_max_prompt comes from, for messages, e.g. "the model's
+ * max_sequence_length 64 less --max_new_tokens 8". */
+void glm_gen_limit_text(const glm_gen_cfg *c, char *buf, size_t cap);
 
 /* Called once per generated token (not for <eop>). */
 typedef void (*glm_token_fn)(void *ctx, int row, int32_t id);
@@ -64,12 +77,15 @@ void glm_warp_logits(float *logits, int V, const glm_gen_cfg *g);
 /* text ids (the first max_text of them when max_text > 0) + [gMASK] <sop>, appended to out. */
 int glm_prompt_inputs(const glm_tokenizer *tok, const glm_config *c, const char *text, int max_text, glm_ids *out,
                       glm_err *err);
+/* glm_prompt_inputs that also tells how many text tokens the truncation dropped (*dropped). */
+int glm_prompt_inputs_cut(const glm_tokenizer *tok, const glm_config *c, const char *text, int max_text, glm_ids *out,
+                          int *dropped, glm_err *err);
 /* model.chat's prompt: no history -> the query; else "[Round i]\n问：q\n答：r\n"... +
  * "[Round n]\n问：query\n答：". hist holds 2*n_hist strings (q0, r0, ...). Caller frees. */
 char *glm_chat_prompt(const char *query, const char *const *hist, int n_hist);
-/* A chat turn's model inputs (cleared first). When they exceed max_prompt tokens the oldest
- * rounds are left out until they fit (*dropped counts them); fails when the query alone does
- * not fit. *prompt_text (may be NULL) receives the prompt used (caller frees). */
+/* A chat turn's model inputs (cleared first). When they exceed max_prompt tokens (see
+ * glm_gen_max_prompt) the oldest rounds are left out until they fit (*dropped counts them);
+ * fails when the query alone does not fit. *prompt_text (may be NULL) receives the prompt used (caller frees). */
 int glm_chat_inputs(const glm_tokenizer *tok, const glm_config *c, const char *query, const char *const *hist,
                     int n_hist, int max_prompt, glm_ids *out, int *dropped, char **prompt_text, glm_err *err);
 
