@@ -57,7 +57,7 @@ struct glm_backend {
     /* out = (x - mean) * rstd * w + b over rows of C; mean/rstd [N] float saved for backward */
     void (*layernorm_fwd)(glm_backend *be, void *out, float *mean, float *rstd, const void *x,
                           const void *w, const void *b, int N, int C, float eps);
-    /* dx = ; dw, db += */
+    /* dx = ; dw, db += (both NULL for a frozen LayerNorm: skipped) */
     void (*layernorm_bwd)(glm_backend *be, void *dx, void *dw, void *db, const void *dout, const void *x,
                           const void *w, const float *mean, const float *rstd, int N, int C);
 
@@ -94,6 +94,10 @@ struct glm_backend {
 
     /* out = alpha * x + y (out may alias y) */
     void (*scale_add)(glm_backend *be, void *out, float alpha, const void *x, const void *y, size_t n);
+    /* out = x * scale * keep(i) / (1 - p): dropout with the counter-based mask of
+     * backend/mask_hash.h (the same elements on every backend, redrawn from the seed in
+     * backward); p = 0 is a plain scale. out may alias x. */
+    void (*mask_scale)(glm_backend *be, void *out, const void *x, size_t n, float scale, float p, uint64_t seed);
 
     /* Cross entropy over rows of logits[R, V] against targets[R] (all valid, 0 <= t < V):
      * losses[r] = logsumexp(logits[r]) - logits[r, t] (float, =). If dscale != 0, logits are

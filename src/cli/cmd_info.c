@@ -8,6 +8,7 @@
 #include "core/args.h"
 #include "model/glm.h"
 #include "parallel/pipe_train.h"
+#include "train/train.h"
 
 typedef struct info_args {
     char *model_name_or_path, *init_from_config;
@@ -15,6 +16,9 @@ typedef struct info_args {
     int chatglm6b;
     char *device_map, *max_memory_per_gpu;
     int pipeline_parallel_size, gradient_accumulation_steps, data_parallel_size, zero_stage;
+    char *finetuning_type, *lora_target;
+    int lora_rank, num_layer_trainable;
+    double lora_dropout;
 } info_args;
 
 #define F(name, type, def, help) {#name, type, offsetof(info_args, name), def, help, NULL, NULL}
@@ -35,6 +39,11 @@ static const glm_flag info_flags[] = {
     F(data_parallel_size, ARG_INT, "1", "data-parallel replicas (of each stage)"),
     F(zero_stage, ARG_INT, "0", "ZeRO >= 1 divides the optimizer state by the replicas"),
     F(max_memory_per_gpu, ARG_STR, NULL, "say whether every stage fits in this (e.g. 70GiB)"),
+    {"finetuning_type", ARG_STR, offsetof(info_args, finetuning_type), "full", "what trains (as train)", "full|lora|ptuning|freeze", NULL},
+    F(lora_rank, ARG_INT, "8", "LoRA rank"),
+    F(lora_dropout, ARG_FLOAT, "0.05", "LoRA dropout (its scratch buffer)"),
+    F(lora_target, ARG_STR, "query_key_value", "LoRA modules (as train)"),
+    F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train"),
 };
 #undef F
 
@@ -89,6 +98,10 @@ int glm_cmd_info(int argc, char **argv) {
     else if (!rc && (a.model_name_or_path || a.init_from_config))
         rc = glm_config_load(&c, a.model_name_or_path ? a.model_name_or_path : a.init_from_config, &err);
     else if (!rc) rc = glm_fail(&err, "--model_name_or_path, --init_from_config or --chatglm6b is required");
+    glm_train_args ta = {.finetuning_type = a.finetuning_type, .lora_target = a.lora_target, .lora_rank = a.lora_rank,
+                         .lora_dropout = a.lora_dropout, .num_layer_trainable = a.num_layer_trainable,
+                         .pipeline_parallel_size = a.pipeline_parallel_size};
+    if (!rc) rc = glm_train_peft(&ta, c.num_layers, &c.peft, &err);
     if (rc) { glm_err_print(&err); return 1; }
     glm_dtype dt = a.fp32 ? GLM_F32 : a.fp16 ? GLM_F16 : a.bf16 ? GLM_BF16 : GLM_F32;
     int T = a.max_source_length + a.max_target_length, B = a.per_device_train_batch_size;
@@ -98,6 +111,13 @@ int glm_cmd_info(int argc, char **argv) {
     printf("model: %d layers, hidden %d, heads %d, MLP %d, vocab %d, %s head: %.3fB parameters\n", c.num_layers,
            c.hidden_size, c.num_attention_heads, c.inner_hidden_size, c.vocab_size,
            c.tie_word_embeddings ? "tied" : "untied", tab.n_params / 1e9);
+    if (c.peft.kind != GLM_FT_FULL) {
+        glm_table tr;
+        glm_table_build_range(&tr, &c, 0, c.num_layers, 1, 1);
+        printf("finetuning %s: %.3fM trainable parameters (gradients, master weights and moments for those only)\n",
+               a.finetuning_type, tr.n_params / 1e6);
+        glm_table_free(&tr);
+    }
     printf("memory plan per device (%s, micro-batch %d x %d tokens%s):\n", dt == GLM_F32 ? "fp32" : dt == GLM_BF16 ? "bf16" : "fp16",
            B, T, a.gradient_checkpointing ? ", gradient checkpointing" : "");
     row("weights", p.params);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "core/fileutil.h"
 #include "core/log.h"
+#include "model/adapter.h"
 #include "parallel/pipe_infer.h"
 #include "train/checkpoint.h"
 
@@ -101,6 +102,7 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     if (glm_gen_cfg_check(&s->g, err)) return -1;
     if (check_sealed(a->model_name_or_path, err)) return -1;
     if (glm_config_load(&s->cfg, a->model_name_or_path, err)) return -1;
+    if (a->adapter && glm_adapter_read_config(a->adapter, &s->cfg.peft, err)) return -1; /* the model gets its rows */
     if (fit_limits(s, a, err)) return -1;
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
     if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");
@@ -119,6 +121,10 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
 int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     const glm_config c = s->cfg;
     double t0 = glm_now();
+    if (a->device_map && a->device_map[0] && a->adapter) {
+        glm_fail(err, "--adapter with --device_map: not supported yet");
+        return glm_hint(err, "merge the adapter first (glmtrain merge), then split the merged model with --device_map");
+    }
     if (a->device_map && a->device_map[0]) { /* stages on GPU 0..P-1 (or the CPU), one process */
         s->pipe = glm_calloc(1, sizeof *s->pipe);
         if (glm_pipe_lm_open(s->pipe, a->model_name_or_path, a->device_map, a->pipeline_parallel_size, a->device,
@@ -135,6 +141,9 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     glm_model_init_inference(&s->m, &c, s->be);
     s->model_ok = 1;
     if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;
+    if (a->adapter && glm_adapter_load(&s->m, a->adapter, err)) return -1;
+    if (a->adapter) glm_info("LoRA adapter %s: r %d, alpha %g on %d module kinds", a->adapter, s->cfg.peft.lora_rank,
+                             s->cfg.peft.lora_alpha, __builtin_popcount((unsigned)s->cfg.peft.lora_targets));
     glm_info("loaded %s on %s in %.1f s (%d layers, hidden %d, vocab %d)", a->model_name_or_path, s->be->name,
              glm_now() - t0, c.num_layers, c.hidden_size, c.vocab_size);
     return 0;

@@ -8,7 +8,7 @@
 
 typedef struct gen_args {
     /* common */
-    char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map;
+    char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map, *adapter;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
     double top_p, temperature, repetition_penalty;
     /* generate */
@@ -23,6 +23,7 @@ typedef struct gen_args {
 #define GEN_COMMON_FLAGS \
     GEN_F(model_name_or_path, ARG_STR, NULL, "model folder: config.json + safetensors or pytorch_model*.bin (+ tokenizer)"), \
     GEN_F(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model (default: the model folder)"), \
+    GEN_F(adapter, ARG_STR, NULL, "LoRA adapter folder on top of the model (glmtrain --finetuning_type lora, or peft's save_pretrained)"), \
     {"device", ARG_STR, offsetof(gen_args, device), "auto", "where to run (auto: a GPU when built with CUDA and one is usable)", "auto|cpu|cuda", NULL}, \
     {"dtype", ARG_STR, offsetof(gen_args, dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL}, \
     GEN_F(device_map, ARG_STR, NULL, "split the layers over GPUs: auto, thudm, or a JSON map of module names to stages"), \

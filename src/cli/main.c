@@ -12,6 +12,7 @@ static void usage(void) {
            "  tokenize   ids, pieces or text through the ChatGLM tokenizer\n"
            "  info       model size and the memory plan for a training setup\n"
            "  convert    a checkpoint (.bin or safetensors) to a Hugging Face safetensors folder (fp16/bf16/fp32)\n"
+           "  merge      a base model and a LoRA adapter into one Hugging Face folder\n"
            "  env        check CUDA, cuBLAS, NCCL, every GPU and the links between them\n");
 }
 
@@ -28,6 +29,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "chat")) return glm_cmd_chat(n, rest);
     if (!strcmp(cmd, "tokenize")) return glm_cmd_tokenize(n, rest);
     if (!strcmp(cmd, "info")) return glm_cmd_info(n, rest);
+    if (!strcmp(cmd, "merge")) return glm_cmd_merge(n, rest);
     if (!strcmp(cmd, "convert")) return glm_cmd_convert(n, rest);
     if (!strcmp(cmd, "env")) return glm_cmd_env(n, rest);
     fprintf(stderr, "error: unknown command \"%s\"\n", cmd);

@@ -44,7 +44,9 @@ int glm_config_validate(const glm_config *c, const char *src, glm_err *err) {
         return glm_fail(err, "%s: head dim %d must be a multiple of 4 (2D rotary splits each head in two rotated halves)", src, glm_head_dim(c));
     if (!c->position_encoding_2d)
         return glm_fail(err, "%s: position_encoding_2d false is not supported (ChatGLM-6B uses 2D rotary)", src);
-    if (!(c->layernorm_epsilon > 0)) return glm_fail(err, "%s: layernorm_epsilon must be positive", src);
+    /* finite too: a JSON 1e100 becomes an inf float, and inf would be written out as bare `inf` */
+    if (!(c->layernorm_epsilon > 0) || !isfinite(c->layernorm_epsilon))
+        return glm_fail(err, "%s: layernorm_epsilon must be a positive number within float range", src);
     const struct { const char *name; int32_t id; } ids[] = {
         {"bos_token_id", c->bos_token_id}, {"eos_token_id", c->eos_token_id}, {"mask_token_id", c->mask_token_id},
         {"gmask_token_id", c->gmask_token_id}, {"pad_token_id", c->pad_token_id}};
@@ -103,8 +105,9 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
     }
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, "quantization_bit");
     if (q && cJSON_IsNumber(q) && q->valueint != 0) {
+        int qbit = q->valueint; /* q dies with o */
         cJSON_Delete(o);
-        glm_fail(err, "%s: quantization_bit %d: quantized checkpoints cannot be fine-tuned", src, q->valueint);
+        glm_fail(err, "%s: quantization_bit %d: quantized checkpoints cannot be fine-tuned", src, qbit);
         return glm_hint(err, "use the fp16 chatglm-6b weights, not chatglm-6b-int4/int8");
     }
     cJSON_Delete(o);
@@ -165,4 +168,41 @@ char *glm_config_to_json(const glm_config *c) {
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     return s;
+}
+
+float glm_lora_scaling(const glm_peft *p) {
+    if (p->lora_rank <= 0) return 0;
+    return p->use_rslora ? p->lora_alpha / sqrtf((float)p->lora_rank) : p->lora_alpha / (float)p->lora_rank;
+}
+
+static const char *const lora_names[4] = {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+
+const char *glm_lora_target_name(int bit) {
+    for (int i = 0; i < 4; i++)
+        if (bit == 1 << i) return lora_names[i];
+    return "?";
+}
+
+int glm_lora_targets_parse(const char *list, int *bits, glm_err *err) {
+    *bits = 0;
+    const char *p = list;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        while (n && (*p == ' ')) { p++; n--; }
+        while (n && p[n - 1] == ' ') n--;
+        int bit = 0;
+        if (n == 3 && strncmp(p, "all", 3) == 0) bit = GLM_LORA_ALL;
+        for (int i = 0; i < 4 && !bit; i++)
+            if (strlen(lora_names[i]) == n && strncmp(p, lora_names[i], n) == 0) bit = 1 << i;
+        if (!bit && n) {
+            glm_fail(err, "--lora_target: \"%.*s\" is not a linear module of ChatGLM-6B", (int)n, p);
+            return glm_hint(err, "use a comma list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h, or all");
+        }
+        *bits |= bit;
+        if (!e) break;
+        p = e + 1;
+    }
+    if (!*bits) return glm_fail(err, "--lora_target is empty"), glm_hint(err, "e.g. --lora_target query_key_value");
+    return 0;
 }

@@ -4,6 +4,23 @@
 #include <stdint.h>
 #include "core/err.h"
 
+/* Which parameters train (the tensor table splits them into trainable and frozen rows). The
+ * zero value is full fine-tuning. */
+typedef enum glm_ft_kind { GLM_FT_FULL, GLM_FT_LORA, GLM_FT_PTUNING, GLM_FT_FREEZE } glm_ft_kind;
+/* LoRA targets, by Hugging Face module name (peft's target_modules) */
+enum { GLM_LORA_QKV = 1, GLM_LORA_DENSE = 2, GLM_LORA_FC1 = 4, GLM_LORA_FC2 = 8, GLM_LORA_ALL = 15 };
+typedef struct glm_peft {
+    glm_ft_kind kind;
+    /* LoRA as peft's LoraLayer: y = W x + b + scaling * B A dropout(x), A [r, in], B [out, r] */
+    int lora_rank;           /* r */
+    float lora_alpha;        /* scaling = alpha / r, or alpha / sqrt(r) with use_rslora */
+    float lora_dropout;      /* on the adapter's input, training only */
+    int lora_targets;        /* GLM_LORA_* bits */
+    int use_rslora;
+    /* freeze: the last num_layer_trainable layers train (LLaMA-Factory's freeze mode) */
+    int num_layer_trainable;
+} glm_peft;
+
 typedef struct glm_config {
     int vocab_size;          /* rows of word_embeddings (130528 for ChatGLM-6B) */
     int hidden_size;         /* H */
@@ -22,6 +39,7 @@ typedef struct glm_config {
     /* Residual scale. The original GLMBlock takes num_layers with a default of 28 that
      * ChatGLMModel never overrides, so alpha = sqrt(2*28) = sqrt(56) for every model size. */
     float alpha;
+    glm_peft peft;           /* not from config.json: set by the run (train flags, an adapter) */
 } glm_config;
 
 /* The ChatGLM-6B (v1.1) shapes and ids. */
@@ -34,5 +52,11 @@ int glm_config_load(glm_config *c, const char *path, glm_err *err); /* file or f
 char *glm_config_to_json(const glm_config *c);
 int glm_config_validate(const glm_config *c, const char *source, glm_err *err);
 static inline int glm_head_dim(const glm_config *c) { return c->hidden_size / c->num_attention_heads; }
+/* LoRA's output scale: alpha / r (peft), alpha / sqrt(r) with rslora. */
+float glm_lora_scaling(const glm_peft *p);
+/* "query_key_value,dense", "all", ... into GLM_LORA_* bits; -1 with the unknown name in err. */
+int glm_lora_targets_parse(const char *list, int *bits, glm_err *err);
+/* The Hugging Face module name of one target bit ("query_key_value", ...). */
+const char *glm_lora_target_name(int bit);
 
 #endif

@@ -19,7 +19,7 @@ void glm_export_opts_init(glm_export_opts *o) {
 /* One tensor of the output: a table row, the tied head (a copy of the embedding) or an
  * inv_freq buffer. */
 typedef struct item {
-    char name[96];
+    char name[128];
     const char *src;          /* name to read (table rows and the tied head) */
     const glm_tensor *t;      /* table row, or NULL for inv_freq */
     int ndim;
@@ -250,12 +250,13 @@ int glm_export(const glm_config *c, glm_tensor_reader rd, void *ctx, const char 
 static int read_model(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
     glm_model *m = ctx;
     /* by name in the model's own table: a pipeline stage's table holds only its layers */
-    const glm_tensor *mt = glm_table_find(&m->tab, name);
+    void *p;
+    const glm_tensor *mt = glm_model_find(m, name, &p); /* trainable or frozen */
     if (!mt) {
         glm_fail(err, "tensor %s is not in this model (a pipeline stage holds only its own layers)", name);
         return glm_hint(err, "export from a model that holds every layer");
     }
-    m->be->download_f32(m->be, dst, glm_at(m->be, m->params, mt->offset), mt->numel);
+    m->be->download_f32(m->be, dst, p, mt->numel);
     return 0;
 }
 

@@ -1,28 +1,31 @@
 #include "model/glm.h"
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- setup */
 
-static void bind_weights(glm_model *m, void *base, glm_weights *w) {
-    const glm_table *t = &m->tab;
-    int L = m->cfg.num_layers;
-#define AT(layer, kind) (glm_table_get(t, layer, kind) ? glm_at(m->be, base, glm_table_get(t, layer, kind)->offset) : NULL)
-    w->layer = glm_calloc(L, sizeof *w->layer);
-    for (int l = 0; l < L; l++) {
-        glm_layer_ptrs *p = &w->layer[l];
-        p->ln1_w = AT(l, T_LN1_W); p->ln1_b = AT(l, T_LN1_B);
-        p->qkv_w = AT(l, T_QKV_W); p->qkv_b = AT(l, T_QKV_B);
-        p->dense_w = AT(l, T_DENSE_W); p->dense_b = AT(l, T_DENSE_B);
-        p->ln2_w = AT(l, T_LN2_W); p->ln2_b = AT(l, T_LN2_B);
-        p->fc1_w = AT(l, T_FC1_W); p->fc1_b = AT(l, T_FC1_B);
-        p->fc2_w = AT(l, T_FC2_W); p->fc2_b = AT(l, T_FC2_B);
+static void **field_of(glm_weights *w, const glm_tensor *t);
+
+/* Points w's fields at table tab's rows inside base. */
+static void bind_rows(glm_model *m, const glm_table *tab, void *base, glm_weights *w) {
+    for (int i = 0; i < tab->n; i++) {
+        void **f = field_of(w, &tab->t[i]);
+        if (f) *f = glm_at(m->be, base, tab->t[i].offset);
     }
-    w->wte = AT(-1, T_WORD_EMB);
-    w->lnf_w = AT(-1, T_LNF_W); w->lnf_b = AT(-1, T_LNF_B);
-    w->head = m->cfg.tie_word_embeddings ? w->wte : AT(-1, T_LM_HEAD);
-#undef AT
+    w->head = m->cfg.tie_word_embeddings ? w->wte : w->head;
+}
+
+/* Weight views over both tables; gradient views over the trainable one only. */
+static void bind_weights(glm_model *m, glm_weights *w, int grads) {
+    *w = (glm_weights){.layer = glm_calloc((size_t)m->cfg.num_layers, sizeof *w->layer)};
+    if (grads) {
+        if (m->grads) bind_rows(m, &m->tab, m->grads, w);
+        return;
+    }
+    bind_rows(m, &m->tab, m->params, w);
+    if (m->fparams) bind_rows(m, &m->ftab, m->fparams, w);
 }
 
 void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be) {
@@ -36,15 +39,20 @@ static void init_common(glm_model *m, const glm_config *c, glm_backend *be, int 
     m->be = be;
     m->layer_lo = l0; m->layer_hi = l1; m->first = first; m->last = last;
     glm_table_build_range(&m->tab, c, l0, l1, first, last);
-    size_t bytes = m->tab.total * glm_dtype_size(be->dtype);
+    glm_table_build_part(&m->ftab, c, l0, l1, first, last, 64, GLM_PART_FROZEN);
+    size_t es = glm_dtype_size(be->dtype), bytes = m->tab.total * es;
     m->params = be->alloc(be, bytes);
     be->zero(be, m->params, bytes);
-    bind_weights(m, m->params, &m->w);
+    if (m->ftab.total) {
+        m->fparams = be->alloc(be, m->ftab.total * es);
+        be->zero(be, m->fparams, m->ftab.total * es);
+    }
     if (with_grads) {
         m->grads = be->alloc(be, bytes);
         be->zero(be, m->grads, bytes);
-        bind_weights(m, m->grads, &m->g);
     }
+    bind_weights(m, &m->w, 0);
+    bind_weights(m, &m->g, 1);
     /* Rows of logits per head chunk. Each chunk re-reads and re-writes the head's weight
      * gradient ([V, H]: 1 GB at ChatGLM-6B in bf16), so the GPU wants few, large chunks
      * (2048: 7.8 ms less per W1 step than 256); the CPU keeps its logits small. */
@@ -65,8 +73,21 @@ void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backe
     init_common(m, c, be, l0, l1, first, last, 0);
 }
 
-/* The tensors that open a unit: the embedding, each layer's first, the final norm's first. */
-static int starts_unit(const glm_tensor *t) { return t->kind == T_WORD_EMB || t->kind == T_LN1_W || t->kind == T_LNF_W; }
+/* The rows that open a unit (the embedding, a layer, the final norm with the head): the
+ * first trainable row of each, as the table builder marks them. */
+static int starts_unit(const glm_tensor *t) { return t->opens_unit; }
+
+/* Unit u's first flat offset in the trainable table (u = -1 the embedding, 0..L-1 a layer, L
+ * the final norm and head), or SIZE_MAX when none of its rows trains. */
+static size_t unit_lo(const glm_model *m, int u) {
+    int L = m->cfg.num_layers;
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        int tu = t->layer >= 0 ? t->layer : t->kind == T_WORD_EMB ? -1 : L;
+        if (tu == u && t->opens_unit) return t->offset;
+    }
+    return SIZE_MAX;
+}
 
 int glm_model_units(const glm_model *m, glm_span *out) {
     const glm_table *t = &m->tab;
@@ -100,9 +121,8 @@ static void move_flat(glm_model *m, const glm_table *to, size_t elems) {
 static void rebind(glm_model *m) {
     free(m->w.layer);
     free(m->g.layer);
-    bind_weights(m, m->params, &m->w);
-    if (m->grads) bind_weights(m, m->grads, &m->g);
-    else m->g = (glm_weights){.layer = glm_calloc((size_t)m->cfg.num_layers, sizeof *m->g.layer)};
+    bind_weights(m, &m->w, 0);
+    bind_weights(m, &m->g, 1);
 }
 
 void glm_model_relayout(glm_model *m, size_t unit_align) {
@@ -120,9 +140,13 @@ void glm_model_drop_grads(glm_model *m) {
     rebind(m);
 }
 
-/* The gradient pointer of tensor t in w. */
-static void **grad_field(glm_weights *w, const glm_tensor *t) {
+/* The field of tensor t in w (weights or gradients). */
+static void **field_of(glm_weights *w, const glm_tensor *t) {
     glm_layer_ptrs *p = t->layer >= 0 ? &w->layer[t->layer] : NULL;
+    if (t->kind >= T_QKV_LA && t->kind <= T_FC2_LB) {
+        int i = (t->kind - T_QKV_LA) / 2;
+        return (t->kind - T_QKV_LA) % 2 ? &p->lora_b[i] : &p->lora_a[i];
+    }
     switch (t->kind) {
     case T_WORD_EMB: return &w->wte;
     case T_LNF_W: return &w->lnf_w;
@@ -156,7 +180,7 @@ static void begin_unit(glm_model *m, size_t lo) {
     for (int j = 0; j < m->tab.n; j++) {
         const glm_tensor *t = &m->tab.t[j];
         if (t->offset < lo || t->offset >= hi) continue;
-        void **f = grad_field(&m->g, t);
+        void **f = field_of(&m->g, t);
         if (f) *f = glm_at(m->be, base, t->offset - lo);
         if (t->kind == T_WORD_EMB && m->cfg.tie_word_embeddings) m->g.head = m->g.wte;
     }
@@ -176,10 +200,14 @@ void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t N) {
     a->qkv = be->alloc(be, N * 3 * H * es); a->ctx = be->alloc(be, N * H * es); a->lse = be->alloc(be, N * NH * 4);
     a->h1 = be->alloc(be, N * H * es); a->ln2_mean = be->alloc(be, N * 4); a->ln2_rstd = be->alloc(be, N * 4);
     a->y = be->alloc(be, N * H * es); a->fc1 = be->alloc(be, N * F * es); a->act = be->alloc(be, N * F * es);
+    for (int i = 0; i < 4; i++) /* an adapter's middle, where any layer has one */
+        a->lora_t[i] = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.lora_targets >> i & 1)
+                           ? be->alloc(be, N * (size_t)m->cfg.peft.lora_rank * es) : NULL;
 }
 
 void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a) {
-    void *ptrs[] = {a->x, a->ln1_mean, a->ln1_rstd, a->qkv, a->ctx, a->lse, a->h1, a->ln2_mean, a->ln2_rstd, a->y, a->fc1, a->act};
+    void *ptrs[] = {a->x, a->ln1_mean, a->ln1_rstd, a->qkv, a->ctx, a->lse, a->h1, a->ln2_mean, a->ln2_rstd, a->y, a->fc1, a->act,
+                    a->lora_t[0], a->lora_t[1], a->lora_t[2], a->lora_t[3]};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) if (ptrs[i]) m->be->free(m->be, ptrs[i]);
     *a = (glm_layer_acts){0};
 }
@@ -204,9 +232,32 @@ void glm_model_free(glm_model *m) {
     free_acts(m);
     m->be->free(m->be, m->params);
     if (m->grads) m->be->free(m->be, m->grads);
+    if (m->fparams) m->be->free(m->be, m->fparams);
+    if (m->lora_tmp) m->be->free(m->be, m->lora_tmp);
+    if (m->lora_u) m->be->free(m->be, m->lora_u);
     free(m->w.layer);
     free(m->g.layer);
     glm_table_free(&m->tab);
+    glm_table_free(&m->ftab);
+}
+
+int glm_model_nrows(const glm_model *m) { return m->tab.n + m->ftab.n; }
+
+const glm_tensor *glm_model_row(const glm_model *m, int i, void **ptr) {
+    const glm_table *t = i < m->tab.n ? &m->tab : &m->ftab;
+    void *base = i < m->tab.n ? m->params : m->fparams;
+    const glm_tensor *r = &t->t[i < m->tab.n ? i : i - m->tab.n];
+    if (ptr) *ptr = glm_at(m->be, base, r->offset);
+    return r;
+}
+
+const glm_tensor *glm_model_find(const glm_model *m, const char *name, void **ptr) {
+    for (int i = 0; i < glm_model_nrows(m); i++) {
+        void *p;
+        const glm_tensor *t = glm_model_row(m, i, &p);
+        if (strcmp(t->name, name) == 0) { if (ptr) *ptr = p; return t; }
+    }
+    return NULL;
 }
 
 void glm_model_set_checkpointing(glm_model *m, int on) {
@@ -227,25 +278,49 @@ void glm_model_set_params(glm_model *m, const float *host) {
     m->be->upload_f32(m->be, m->params, host, m->tab.total);
 }
 
-glm_mem_plan glm_memory_plan(const glm_config *c, glm_dtype dtype, int B, int T, int ckpt, int head_chunk) {
-    glm_table tab;
-    glm_table_build(&tab, c);
+glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embed, int head, glm_dtype dtype, int B,
+                                   int T, int ckpt, int head_chunk, size_t *largest_unit) {
+    glm_table tab, frozen; /* the two tables glm_model_init_stage builds */
+    glm_table_build_range(&tab, c, l0, l1, embed, head);
+    glm_table_build_part(&frozen, c, l0, l1, embed, head, 64, GLM_PART_FROZEN);
     double es = (double)glm_dtype_size(dtype), N = (double)B * T;
     double H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, NH = c->num_attention_heads;
-    int L = c->num_layers, nsets = ckpt ? 1 : L;
+    int nl = l1 - l0, nsets = ckpt ? (nl > 0) : nl;
     glm_mem_plan p = {0};
-    p.params = p.grads = (double)tab.total * es;
+    /* gradients, master weights and moments for the trainable rows only */
+    p.params = (double)(tab.total + frozen.total) * es;
+    p.grads = (double)tab.total * es;
     p.master = dtype == GLM_F32 ? 0 : (double)tab.total * 4;
     p.moments = 2.0 * tab.total * 4;
-    /* per layer set, as ensure_acts allocates: x, qkv(3), ctx, h1, y (7H) + fc1, act (2F) in S;
-     * LayerNorm statistics (4 floats) and the attention lse (NH floats) per token */
-    double per_set = N * ((7 * H + 2 * F) * es + (4 + NH) * 4);
-    p.activations = nsets * per_set + (L + 1) * N * H * es;
+    if (largest_unit) { /* ZeRO-2 stages one unit at a time; a tied embedding has a slot of its own */
+        *largest_unit = 0;
+        for (int i = 0; i < tab.n; i++) {
+            if (!tab.t[i].opens_unit || (tab.t[i].kind == T_WORD_EMB && c->tie_word_embeddings)) continue;
+            int j = i + 1;
+            while (j < tab.n && !tab.t[j].opens_unit) j++;
+            size_t n = (j < tab.n ? tab.t[j].offset : tab.total) - tab.t[i].offset;
+            if (n > *largest_unit) *largest_unit = n;
+        }
+    }
+    /* per layer set, as ensure_acts allocates: x, qkv(3), ctx, h1, y (7H) + fc1, act (2F) + the
+     * adapters' middles in S; LayerNorm statistics (4 floats) and the attention lse (NH floats)
+     * per token; the inputs of the layers and the output */
+    int adapters = 0;
+    for (int i = 0; i < 4; i++) adapters += c->peft.kind == GLM_FT_LORA && (c->peft.lora_targets >> i & 1);
+    double per_set = N * ((7 * H + 2 * F + adapters * (double)c->peft.lora_rank) * es + (4 + NH) * 4);
+    p.activations = nsets * per_set + (nl + 1) * N * H * es;
     p.scratch = N * H * es * 6 /* lnf_out, d_a, d_b, d_x, d_h1, d_ctx */ + N * 3 * H * es + N * F * es + N * 2 * 4 +
                 head_chunk * (2 * H + V) * es + head_chunk * 4.0 + N * 7 * 4;
+    if (c->peft.kind == GLM_FT_LORA) /* lora_tmp, lora_u */
+        p.scratch += N * (F > 3 * H ? F : 3 * H) * es + (c->peft.lora_dropout > 0 ? N * F * es : 0);
     p.total = p.params + p.grads + p.master + p.moments + p.activations + p.scratch;
     glm_table_free(&tab);
+    glm_table_free(&frozen);
     return p;
+}
+
+glm_mem_plan glm_memory_plan(const glm_config *c, glm_dtype dtype, int B, int T, int ckpt, int head_chunk) {
+    return glm_memory_plan_stage(c, 0, c->num_layers, 1, 1, dtype, B, T, ckpt, head_chunk, NULL);
 }
 
 /* (Re)allocates activation buffers when a batch needs more room than the last one. */
@@ -313,6 +388,71 @@ static void qkv_views(const glm_model *m, void *qkv, int T, glm_qkv_view *q, glm
     *v = base; v->base = glm_at(m->be, qkv, 2 * HD);
 }
 
+/* ---- the linear modules, with their LoRA branch (peft's LoraLayer) where they have one:
+ * out = inp W^T + b + (s * dropout(inp) A^T) B^T, s = glm_lora_scaling. Target i: 0
+ * query_key_value, 1 dense, 2 dense_h_to_4h, 3 dense_4h_to_h. */
+
+/* The adapters' scratch for N tokens (training batches and decoding steps alike). */
+static void lora_scratch(glm_model *m, int N) {
+    if (N <= m->lora_cap) return;
+    glm_backend *be = m->be;
+    size_t es = glm_dtype_size(be->dtype), H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size;
+    if (m->lora_tmp) be->free(be, m->lora_tmp);
+    if (m->lora_u) be->free(be, m->lora_u);
+    m->lora_tmp = be->alloc(be, (size_t)N * (F > 3 * H ? F : 3 * H) * es);
+    m->lora_u = m->cfg.peft.lora_dropout > 0 ? be->alloc(be, (size_t)N * (F > H ? F : H) * es) : NULL;
+    m->lora_cap = N;
+}
+
+static uint64_t lora_seed(const glm_model *m, int l, int i) { return m->dropout_seed + (uint64_t)(l * 4 + i + 1) * 0x100000001b3ULL; }
+
+/* The adapter's input: inp itself, or its dropped-out copy in lora_u while training. */
+static const void *lora_input(glm_model *m, int l, int i, const void *inp, size_t n) {
+    float p = m->cfg.peft.lora_dropout;
+    if (!m->training || p <= 0) return inp;
+    m->be->mask_scale(m->be, m->lora_u, inp, n, 1.0f, p, lora_seed(m, l, i));
+    return m->lora_u;
+}
+
+static void linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
+                       const void *b, int N, int C, int OC) {
+    glm_backend *be = m->be;
+    be->matmul_fwd(be, out, inp, w, b, N, C, OC);
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    if (!p->lora_a[i]) return;
+    int r = m->cfg.peft.lora_rank;
+    lora_scratch(m, N);
+    const void *u = lora_input(m, l, i, inp, (size_t)N * C);
+    be->matmul_fwd(be, a->lora_t[i], u, p->lora_a[i], NULL, N, C, r);
+    be->mask_scale(be, a->lora_t[i], a->lora_t[i], (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
+    be->matmul_fwd(be, m->lora_tmp, a->lora_t[i], p->lora_b[i], NULL, N, r, OC);
+    be->scale_add(be, out, 1.0f, m->lora_tmp, out, (size_t)N * OC);
+}
+
+/* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */
+static void linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db,
+                       const void *dout, const void *inp, const void *w, int N, int C, int OC) {
+    glm_backend *be = m->be;
+    be->matmul_bwd(be, dinp, dw, db, dout, inp, w, N, C, OC, 0);
+    const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
+    if (!p->lora_a[i]) return;
+    int r = m->cfg.peft.lora_rank;
+    /* t = s A u, out += B t: dB += dout^T t, dt = s (dout B), dA += dt^T u, du = dt A */
+    void *dt = m->lora_tmp; /* [N, r] */
+    be->matmul_bwd(be, dt, g->lora_b[i], NULL, dout, a->lora_t[i], p->lora_b[i], N, r, OC, 0);
+    be->mask_scale(be, dt, dt, (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
+    const void *u = lora_input(m, l, i, inp, (size_t)N * C);
+    if (u == inp) { /* no dropout: du goes straight into dinp */
+        be->matmul_bwd(be, dinp, g->lora_a[i], NULL, dt, u, p->lora_a[i], N, C, r, 1);
+        return;
+    }
+    /* dropout: du through the same mask (lora_u, free again once dA is done) */
+    be->matmul_bwd(be, NULL, g->lora_a[i], NULL, dt, u, p->lora_a[i], N, C, r, 0);
+    be->matmul_bwd(be, m->lora_u, NULL, NULL, dt, NULL, p->lora_a[i], N, C, r, 0);
+    be->mask_scale(be, m->lora_u, m->lora_u, (size_t)N * C, 1.0f, m->cfg.peft.lora_dropout, lora_seed(m, l, i));
+    be->scale_add(be, dinp, 1.0f, m->lora_u, dinp, (size_t)N * C);
+}
+
 void glm_block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
                    const int32_t *block_pos) {
     glm_backend *be = m->be;
@@ -320,7 +460,7 @@ void glm_block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int
     const glm_layer_ptrs *p = &m->w.layer[l];
     int H = c->hidden_size;
     be->layernorm_fwd(be, a->x, a->ln1_mean, a->ln1_rstd, h_in, p->ln1_w, p->ln1_b, N, H, c->layernorm_epsilon);
-    be->matmul_fwd(be, a->qkv, a->x, p->qkv_w, p->qkv_b, N, H, 3 * H);
+    linear_fwd(m, l, 0, a, a->qkv, a->x, p->qkv_w, p->qkv_b, N, H, 3 * H);
     be->rope(be, a->qkv, pos, block_pos, N, c->num_attention_heads, glm_head_dim(c), 0);
 }
 
@@ -331,12 +471,12 @@ void glm_block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, gl
     const glm_layer_ptrs *p = &m->w.layer[l];
     int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
     be->attention_fwd(be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
-    be->matmul_fwd(be, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H);
+    linear_fwd(m, l, 1, a, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H);
     be->scale_add(be, a->h1, c->alpha, a->x, a->h1, (size_t)N * H);
     be->layernorm_fwd(be, a->y, a->ln2_mean, a->ln2_rstd, a->h1, p->ln2_w, p->ln2_b, N, H, c->layernorm_epsilon);
-    be->matmul_fwd(be, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
+    linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
     be->gelu_fwd(be, a->act, a->fc1, (size_t)N * F);
-    be->matmul_fwd(be, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H);
+    linear_fwd(m, l, 3, a, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H);
     be->scale_add(be, h_out, c->alpha, a->y, h_out, (size_t)N * H);
 }
 
@@ -400,6 +540,7 @@ double glm_forward_loss(glm_model *m, const glm_batch *b) {
 
 double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) {
     GLM_ASSERT(m->last);
+    m->training = 0;
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
     forward_trunk(m, h_in);
@@ -407,6 +548,7 @@ double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) {
 }
 
 void glm_stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void *h_out) {
+    m->training = 1; /* a training pipeline's forward, which its backward recomputes */
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
     forward_trunk(m, h_in);
@@ -425,15 +567,15 @@ static void layer_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
     int NH = c->num_attention_heads, HD = glm_head_dim(c);
     size_t NHs = (size_t)N * H;
     /* h' = alpha*y + FC2(gelu(FC1(y))) */
-    be->matmul_bwd(be, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, N, F, H, 0);
+    linear_bwd(m, l, 3, a, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, N, F, H);
     be->gelu_bwd(be, m->d_ff, a->fc1, m->d_ff, (size_t)N * F);
     void *dy = m->d_x; /* reused: dy is dead before dx is needed */
-    be->matmul_bwd(be, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F, 0);
+    linear_bwd(m, l, 2, a, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F);
     be->scale_add(be, dy, c->alpha, dh_out, dy, NHs);
     /* y = LN2(h1) */
     be->layernorm_bwd(be, m->d_h1, g->ln2_w, g->ln2_b, dy, a->h1, p->ln2_w, a->ln2_mean, a->ln2_rstd, N, H);
     /* h1 = alpha*x + Dense(ctx) */
-    be->matmul_bwd(be, m->d_ctx, g->dense_w, g->dense_b, m->d_h1, a->ctx, p->dense_w, N, H, H, 0);
+    linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, g->dense_b, m->d_h1, a->ctx, p->dense_w, N, H, H);
     glm_qkv_view q, k, v, dq, dk, dv;
     qkv_views(m, a->qkv, T, &q, &k, &v);
     qkv_views(m, m->d_qkv, T, &dq, &dk, &dv);
@@ -441,7 +583,7 @@ static void layer_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
                       1.0f / sqrtf((float)HD));
     be->rope(be, m->d_qkv, m->bd.pos, m->bd.block_pos, N, NH, HD, 1);
     void *dx = m->d_x;
-    be->matmul_bwd(be, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H, 0);
+    linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H);
     be->scale_add(be, dx, c->alpha, m->d_h1, dx, NHs);
     /* x = LN1(h_in): the residual branches leave from x, so h_in's gradient comes only through LN1 */
     be->layernorm_bwd(be, dh_in, g->ln1_w, g->ln1_b, dx, h_in, p->ln1_w, a->ln1_mean, a->ln1_rstd, N, H);
@@ -452,13 +594,22 @@ double glm_forward_backward(glm_model *m, const glm_batch *b, float dscale) {
     return glm_stage_backward(m, b, NULL, NULL, NULL, dscale);
 }
 
-/* Tells the data-parallel hook that every gradient from flat offset `first` on is final. */
-static void grads_final_from(glm_model *m, const glm_tensor *t) {
-    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, t ? t->offset : 0);
+/* Tells the data-parallel hook that every gradient from unit u's first flat offset on is final
+ * (u = -1: all of them); nothing when the unit has no trainable rows. */
+static void grads_final_from(glm_model *m, int u) {
+    size_t lo = u < 0 ? 0 : unit_lo(m, u);
+    if (m->grads_ready && lo != SIZE_MAX) m->grads_ready(m->grads_ready_ctx, lo);
+}
+
+/* begin_unit for unit u when it has trainable rows. */
+static void begin(glm_model *m, int u) {
+    size_t lo = unit_lo(m, u);
+    if (lo != SIZE_MAX) begin_unit(m, lo);
 }
 
 double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
                           float dscale) {
+    m->training = 1;
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
     forward_trunk(m, h_in);
@@ -469,13 +620,14 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     double loss = 0;
     if (m->last) { /* loss, then LNf backward: d(h_hi) into d_b */
         void *dlnf = m->d_a;
-        begin_unit(m, glm_table_get(&m->tab, -1, T_LNF_W)->offset);
-        if (c->tie_word_embeddings) begin_unit(m, glm_table_get(&m->tab, -1, T_WORD_EMB)->offset); /* the head writes there */
+        int L = c->num_layers;
+        begin(m, L);
+        if (c->tie_word_embeddings) begin(m, -1); /* the head writes there */
         loss = head_loss(m, dscale, dlnf);
         be->layernorm_bwd(be, m->d_b, m->g.lnf_w, m->g.lnf_b, dlnf, resid(m, m->layer_hi), m->w.lnf_w, m->lnf_mean,
                           m->lnf_rstd, N, H);
         /* the table orders wte, layers, LNf, (lm_head): gradients become final from the back */
-        grads_final_from(m, glm_table_get(&m->tab, -1, T_LNF_W));
+        grads_final_from(m, L);
     } else {
         be->copy(be, m->d_b, dh_out, bytes);
     }
@@ -483,16 +635,16 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     for (int l = m->layer_hi - 1; l >= m->layer_lo; l--) {
         glm_layer_acts *a = acts_for(m, l);
         if (m->gradient_checkpointing) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
-        begin_unit(m, glm_table_get(&m->tab, l, T_LN1_W)->offset);
+        begin(m, l);
         layer_backward(m, l, a, resid(m, l), dcur, dnext);
         void *t = dcur; dcur = dnext; dnext = t;
-        grads_final_from(m, glm_table_get(&m->tab, l, T_LN1_W));
+        grads_final_from(m, l);
     }
     if (m->first) {
-        begin_unit(m, glm_table_get(&m->tab, -1, T_WORD_EMB)->offset);
-        be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
+        begin(m, -1);
+        if (m->g.wte) be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
     }
     else be->copy(be, dh_in, dcur, bytes);
-    grads_final_from(m, NULL);
+    grads_final_from(m, -1);
     return loss;
 }

@@ -17,6 +17,9 @@
 /* Pointers to one layer's tensors, inside the params (or grads) buffer. */
 typedef struct glm_layer_ptrs {
     void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *dense_w, *dense_b, *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    /* LoRA adapters of the four linear modules (query_key_value, dense, dense_h_to_4h,
+     * dense_4h_to_h), NULL where there is none: A [r, in], B [out, r] */
+    void *lora_a[4], *lora_b[4];
 } glm_layer_ptrs;
 
 typedef struct glm_weights {
@@ -38,6 +41,7 @@ typedef struct glm_layer_acts {
     void *y;                     /* [N, H] LN2 output */
     void *fc1;                   /* [N, F] before gelu */
     void *act;                   /* [N, F] gelu(fc1) */
+    void *lora_t[4];             /* [N, r] scaling * A dropout(input) of each adapter (NULL: none) */
 } glm_layer_acts;
 
 /* Device copy of a batch. */
@@ -49,10 +53,20 @@ typedef struct glm_batch_dev {
 
 typedef struct glm_model {
     glm_config cfg;
+    /* The trainable rows (model/tensors.h): all of them for full fine-tuning; what gradients,
+     * the optimizer, data parallelism and checkpoints cover. */
     glm_table tab;
     glm_backend *be;
     void *params, *grads;   /* S [tab.total]; grads zeroed by glm_zero_grads */
-    glm_weights w, g;       /* views into params / grads */
+    /* The frozen rows (the base under LoRA / freeze), stored once in S, without gradients. */
+    glm_table ftab;
+    void *fparams;          /* S [ftab.total], NULL when nothing is frozen */
+    glm_weights w, g;       /* views into params and fparams / grads (NULL for frozen rows) */
+    int training;           /* dropout on (set by the forward/backward entry points) */
+    uint64_t dropout_seed;  /* this micro-batch's dropout masks (glm_model_set_dropout_seed) */
+    void *lora_tmp;         /* [N, max(3H, F)] an adapter's output or input gradient */
+    void *lora_u;           /* [N, F] an adapter's dropped-out input (lora_dropout > 0) */
+    int lora_cap;           /* tokens those two hold */
     int gradient_checkpointing;
     int head_chunk;         /* rows of logits computed at once */
     /* the layers this model holds: all of them, or one pipeline stage's [layer_lo, layer_hi);
@@ -101,6 +115,18 @@ void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, in
 void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first,
                                     int last);
 void glm_model_free(glm_model *m);
+/* Row i of every weight row (the trainable table's, then the frozen table's), i < glm_model_nrows,
+ * with its device address. */
+int glm_model_nrows(const glm_model *m);
+const glm_tensor *glm_model_row(const glm_model *m, int i, void **ptr);
+/* The row named `name` in either table (and its address), or NULL. */
+const glm_tensor *glm_model_find(const glm_model *m, const char *name, void **ptr);
+/* LoRA's initial values (peft's LoraLayer): A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform
+ * with a = sqrt(5)), B = 0, drawn from seed with one stream per row. */
+void glm_model_init_adapters(glm_model *m, uint64_t seed);
+/* The dropout masks of the next forward/backward (set per micro-batch from the step, so a
+ * resumed run draws the same masks). */
+static inline void glm_model_set_dropout_seed(glm_model *m, uint64_t seed) { m->dropout_seed = seed; }
 /* Turns gradient checkpointing on or off (frees activation buffers; they are re-made at the
  * next batch). Set the field directly only before the first batch. */
 void glm_model_set_checkpointing(glm_model *m, int on);
@@ -144,6 +170,13 @@ void glm_model_init_random(glm_model *m, uint64_t seed, float std);
  * index json, or a folder; model/ckpt.h). A tied model reads word_embeddings (or lm_head when
  * that is all the file has); an untied one needs lm_head. */
 int glm_model_load(glm_model *m, const char *path, glm_err *err);
+/* What a checkpoint holds of the model: every row for full fine-tuning (glm_model_save/load);
+ * the adapters in peft's files for LoRA (model/adapter.h); the rows that train for freeze
+ * (model.safetensors of those rows: the rest comes from the base model). */
+int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err);
+int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err);
+/* The LoRA rows from a tensor file where each is stored as prefix + its name. */
+int glm_model_load_adapter_file(glm_model *m, const char *path, const char *prefix, glm_err *err);
 /* Copies params (or grads) to a host float array [tab.total] and back. */
 void glm_model_get_params(glm_model *m, float *host);
 void glm_model_set_params(glm_model *m, const float *host);
@@ -204,5 +237,10 @@ typedef struct glm_mem_plan {
 } glm_mem_plan;
 glm_mem_plan glm_memory_plan(const glm_config *c, glm_dtype dtype, int B, int T, int gradient_checkpointing,
                              int head_chunk);
+/* One pipeline stage's (layers [l0, l1), embedding / head as glm_model_init_stage): the one
+ * formula every plan derives from (parallel/device_map.c adds sharding and pipelining). With
+ * largest_unit, the elements of the largest unit of its trainable table. */
+glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embed, int head, glm_dtype dtype, int B,
+                                   int T, int gradient_checkpointing, int head_chunk, size_t *largest_unit);
 
 #endif

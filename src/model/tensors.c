@@ -26,7 +26,7 @@ static void add(glm_table *tab, glm_tkind kind, int layer, const char *name, int
 }
 
 void glm_table_build(glm_table *tab, const glm_config *c) {
-    glm_table_build_range(tab, c, 0, c->num_layers, 1, 1);
+    glm_table_build_part(tab, c, 0, c->num_layers, 1, 1, ALIGN_ELEMS, GLM_PART_BASE);
 }
 
 /* The next tensor starts a unit: the flat offset moves up to a multiple of unit_align. */
@@ -38,19 +38,50 @@ void glm_table_build_range(glm_table *tab, const glm_config *c, int l0, int l1, 
 
 void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head,
                            size_t unit_align) {
-    int L = c->num_layers, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size;
+    glm_table_build_part(tab, c, l0, l1, with_embed, with_head, unit_align, GLM_PART_TRAINABLE);
+}
+
+static int is_lora(glm_tkind k) { return k >= T_QKV_LA && k <= T_FC2_LB; }
+
+int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
+    const glm_peft *p = &c->peft;
+    switch (p->kind) {
+    case GLM_FT_FULL: return !is_lora(kind);
+    case GLM_FT_LORA: return is_lora(kind) && (p->lora_targets >> ((kind - T_QKV_LA) / 2) & 1);
+    case GLM_FT_FREEZE: return !is_lora(kind) && layer >= 0 && layer >= c->num_layers - p->num_layer_trainable;
+    default: return 0;
+    }
+}
+
+/* Whether row (layer, kind) belongs in `part`; adapters exist only where they train. */
+static int in_part(const glm_config *c, int layer, glm_tkind kind, glm_part part) {
+    int trains = glm_tensor_trains(c, layer, kind);
+    if (is_lora(kind)) return trains && part == GLM_PART_TRAINABLE;
+    return part == GLM_PART_BASE || (part == GLM_PART_TRAINABLE) == trains;
+}
+
+void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head,
+                          size_t unit_align, glm_part part) {
+    int L = c->num_layers, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, r = c->peft.lora_rank;
     *tab = (glm_table){0};
     tab->num_layers = L;
-    tab->t = glm_calloc((size_t)L * 12 + 8, sizeof(glm_tensor));
+    tab->t = glm_calloc((size_t)L * 20 + 8, sizeof(glm_tensor));
     tab->index = glm_malloc(sizeof(int) * (size_t)(L + 1) * T_NKINDS);
     for (int i = 0; i < (L + 1) * T_NKINDS; i++) tab->index[i] = -1;
-    char n[96];
+    char n[128];
+    int opened = 0; /* rows of the current unit so far */
+#define ROW(kind, layer, name, nd, d0, d1) \
+    do { if (in_part(c, layer, kind, part)) { add(tab, kind, layer, name, nd, d0, d1); tab->t[tab->n - 1].opens_unit = !opened++; } } while (0)
     if (with_embed || (with_head && c->tie_word_embeddings))
-        add(tab, T_WORD_EMB, -1, "transformer.word_embeddings.weight", 2, V, H);
+        ROW(T_WORD_EMB, -1, "transformer.word_embeddings.weight", 2, V, H);
+    /* in_features and out_features of the four linear modules, in target order */
+    const int64_t lin[4][2] = {{H, 3 * H}, {H, H}, {H, F}, {F, H}};
+    const char *mod[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
     for (int l = l0; l < l1; l++) {
         unit_start(tab, unit_align);
+        opened = 0;
 #define LAYER(kind, suffix, nd, d0, d1) \
-        snprintf(n, sizeof n, "transformer.layers.%d.%s", l, suffix); add(tab, kind, l, n, nd, d0, d1)
+        snprintf(n, sizeof n, "transformer.layers.%d.%s", l, suffix); ROW(kind, l, n, nd, d0, d1)
         LAYER(T_LN1_W, "input_layernorm.weight", 1, H, 1);
         LAYER(T_LN1_B, "input_layernorm.bias", 1, H, 1);
         LAYER(T_QKV_W, "attention.query_key_value.weight", 2, 3 * H, H);
@@ -64,13 +95,21 @@ void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, 
         LAYER(T_FC2_W, "mlp.dense_4h_to_h.weight", 2, H, F);
         LAYER(T_FC2_B, "mlp.dense_4h_to_h.bias", 1, H, 1);
 #undef LAYER
+        for (int i = 0; i < 4; i++) {
+            snprintf(n, sizeof n, "transformer.layers.%d.%s.lora_A.weight", l, mod[i]);
+            ROW(glm_lora_kind(i, 0), l, n, 2, r, lin[i][0]);
+            snprintf(n, sizeof n, "transformer.layers.%d.%s.lora_B.weight", l, mod[i]);
+            ROW(glm_lora_kind(i, 1), l, n, 2, lin[i][1], r);
+        }
     }
     if (with_head) {
         unit_start(tab, unit_align);
-        add(tab, T_LNF_W, -1, "transformer.final_layernorm.weight", 1, H, 1);
-        add(tab, T_LNF_B, -1, "transformer.final_layernorm.bias", 1, H, 1);
-        if (!c->tie_word_embeddings) add(tab, T_LM_HEAD, -1, "lm_head.weight", 2, V, H);
+        opened = 0;
+        ROW(T_LNF_W, -1, "transformer.final_layernorm.weight", 1, H, 1);
+        ROW(T_LNF_B, -1, "transformer.final_layernorm.bias", 1, H, 1);
+        if (!c->tie_word_embeddings) ROW(T_LM_HEAD, -1, "lm_head.weight", 2, V, H);
     }
+#undef ROW
     unit_start(tab, unit_align);
 }
 

@@ -18,11 +18,14 @@ typedef enum glm_tkind {
     T_FC2_W, T_FC2_B,/* .mlp.dense_4h_to_h                        [H, F] / [H] */
     T_LNF_W, T_LNF_B,/* transformer.final_layernorm               [H] */
     T_LM_HEAD,       /* lm_head.weight                            [V, H] (untied models only) */
+    /* LoRA adapters of a layer's linear modules (config.h glm_peft), peft's names with the
+     * .lora_A/.lora_B infix: A [r, in], B [out, r] */
+    T_QKV_LA, T_QKV_LB, T_DENSE_LA, T_DENSE_LB, T_FC1_LA, T_FC1_LB, T_FC2_LA, T_FC2_LB,
     T_NKINDS
 } glm_tkind;
 
 typedef struct glm_tensor {
-    char name[96];    /* HF name */
+    char name[128];   /* HF name */
     glm_tkind kind;
     int layer;        /* 0-based layer, -1 for embedding / final norm / head */
     int ndim;
@@ -30,6 +33,7 @@ typedef struct glm_tensor {
     size_t numel;
     size_t offset;    /* element offset in the flat parameter buffer (aligned to 64 elements) */
     int decay;        /* AdamW weight decay applies (matrices yes; biases and LayerNorm no) */
+    int opens_unit;   /* the first row of its unit (the embedding, a layer, the final norm and head) */
 } glm_tensor;
 
 typedef struct glm_table {
@@ -41,10 +45,25 @@ typedef struct glm_table {
     int num_layers;
 } glm_table;
 
+/* Which rows a table holds. The base rows are the model's own weights (what a chatglm-6b
+ * folder holds); the trainable ones are what gets gradients, optimizer state, ZeRO shards and
+ * buckets (all base rows for full fine-tuning; the adapters for LoRA; the last layers for
+ * freeze); the frozen ones are the base rows that do not train (stored once, no gradient). */
+typedef enum glm_part { GLM_PART_BASE, GLM_PART_TRAINABLE, GLM_PART_FROZEN } glm_part;
+
+/* The base rows of the whole model. */
 void glm_table_build(glm_table *tab, const glm_config *c);
-/* The tensors of one pipeline stage: layers [l0, l1), the word embedding when with_embed (or
- * when with_head and the head is tied to it), the final norm and lm_head when with_head.
- * Layer numbers stay global; offsets are those of the stage's own flat buffer. */
+/* Any part of layers [l0, l1) (+ the embedding / the head as for glm_table_build_range), units
+ * aligned to unit_align. */
+void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head,
+                          size_t unit_align, glm_part part);
+/* Whether the base or adapter row (layer, kind) trains under c->peft. */
+int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind);
+/* The LoRA kind of target i (0 query_key_value .. 3 dense_4h_to_h): A (b = 0) or B (b = 1). */
+static inline glm_tkind glm_lora_kind(int i, int b) { return (glm_tkind)(T_QKV_LA + 2 * i + b); }
+/* The trainable tensors of one pipeline stage: layers [l0, l1), the word embedding when
+ * with_embed (or when with_head and the head is tied to it), the final norm and lm_head when
+ * with_head. Layer numbers stay global; offsets are those of the stage's own flat buffer. */
 void glm_table_build_range(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head);
 /* The same with every unit (the embedding, each layer, the final norm with the head) starting
  * at a multiple of unit_align elements and the total padded to one: ZeRO-2 cuts each unit into

@@ -8,32 +8,56 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "model/adapter.h"
 #include "model/ckpt.h"
 #include "model/glm.h"
 
+static int is_adapter(const glm_tensor *t) { return t->kind >= T_QKV_LA && t->kind <= T_FC2_LB; }
+
 void glm_model_init_random(glm_model *m, uint64_t seed, float std) {
-    float *host = glm_calloc(m->tab.total, sizeof(float));
+    size_t cap = 0;
+    for (int i = 0; i < glm_model_nrows(m); i++) cap = glm_model_row(m, i, NULL)->numel > cap ? glm_model_row(m, i, NULL)->numel : cap;
+    float *host = glm_malloc(cap * sizeof(float));
     glm_rng rng;
     /* one stream per tensor, numbered by its row in the whole model's table, so a pipeline
      * stage (a part of the table) gets the same values as the whole model */
     glm_table full;
     glm_table_build(&full, &m->cfg);
-    for (int i = 0; i < m->tab.n; i++) {
-        const glm_tensor *t = &m->tab.t[i];
-        float *p = host + t->offset;
+    for (int i = 0; i < glm_model_nrows(m); i++) {
+        void *dst;
+        const glm_tensor *t = glm_model_row(m, i, &dst);
+        if (is_adapter(t)) continue; /* glm_model_init_adapters */
         glm_rng_seed(&rng, seed * 1000003ULL + (uint64_t)(glm_table_find(&full, t->name) - full.t));
         int is_ln_w = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W;
         for (size_t j = 0; j < t->numel; j++)
-            p[j] = t->ndim == 2 ? std * glm_rng_normal(&rng) : (is_ln_w ? 1.0f : 0.0f);
+            host[j] = t->ndim == 2 ? std * glm_rng_normal(&rng) : (is_ln_w ? 1.0f : 0.0f);
+        m->be->upload_f32(m->be, dst, host, t->numel);
     }
     glm_table_free(&full);
-    glm_model_set_params(m, host);
     free(host);
 }
 
-/* Reads one table tensor into buf and uploads it: tensor by tensor, so host memory stays at
+void glm_model_init_adapters(glm_model *m, uint64_t seed) {
+    glm_rng rng;
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        if (!is_adapter(t)) continue;
+        float *host = glm_calloc(t->numel, sizeof(float));
+        int is_a = (t->kind - T_QKV_LA) % 2 == 0;
+        if (is_a) { /* kaiming_uniform_(a=sqrt(5)) over fan_in = in_features: bound 1/sqrt(in) */
+            float bound = 1.0f / sqrtf((float)t->shape[1]);
+            glm_rng_seed(&rng, seed * 1000003ULL + 7919ULL * (uint64_t)(i + 1));
+            for (size_t j = 0; j < t->numel; j++) host[j] = bound * (2.0f * glm_rng_uniform(&rng) - 1.0f);
+        }
+        m->be->upload_f32(m->be, glm_at(m->be, m->params, t->offset), host, t->numel);
+        free(host);
+    }
+}
+
+/* Reads one tensor into buf and uploads it to dst: tensor by tensor, so host memory stays at
  * the largest tensor (the embedding) instead of a float copy of the whole model. */
-static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, const char *src_name, float *buf, glm_err *err) {
+static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src_name, float *buf,
+                    glm_err *err) {
     if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) return -1;
     /* training from a NaN/inf weight only yields NaN; a pass over what was just read is cheap */
     for (size_t j = 0; j < t->numel; j++)
@@ -42,42 +66,62 @@ static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, const char *
                      isnan(buf[j]) ? "NaN" : "inf", j, glm_ckpt_format(c));
             return glm_hint(err, "the weights are damaged or came from a diverged run: use another checkpoint");
         }
-    m->be->upload_f32(m->be, glm_at(m->be, m->params, t->offset), buf, t->numel);
+    m->be->upload_f32(m->be, dst, buf, t->numel);
     return 0;
 }
 
-int glm_model_load(glm_model *m, const char *path, glm_err *err) {
+/* Loads rows [r0, r1) of glm_model_row's order from path, each under prefix + its name: the
+ * adapters only (`adapters`), or everything else. */
+static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapters, const char *prefix, glm_err *err) {
     glm_ckpt c;
     if (glm_ckpt_open(&c, path, err)) return -1;
     size_t cap = 0;
-    for (int i = 0; i < m->tab.n; i++) cap = m->tab.t[i].numel > cap ? m->tab.t[i].numel : cap;
-    float *buf = glm_malloc(cap * sizeof(float));
+    for (int i = r0; i < r1; i++) cap = glm_model_row(m, i, NULL)->numel > cap ? glm_model_row(m, i, NULL)->numel : cap;
+    float *buf = glm_malloc((cap ? cap : 1) * sizeof(float));
     const char *head = "lm_head.weight", *wte = "transformer.word_embeddings.weight";
     int has_head = glm_ckpt_info(&c, head, NULL, NULL, NULL) == 0;
     int rc = 0;
-    for (int i = 0; i < m->tab.n && rc == 0; i++) {
-        const glm_tensor *t = &m->tab.t[i];
-        const char *src = t->name;
+    char name[256];
+    for (int i = r0; i < r1 && rc == 0; i++) {
+        void *dst;
+        const glm_tensor *t = glm_model_row(m, i, &dst);
+        if (is_adapter(t) != adapters) continue;
+        snprintf(name, sizeof name, "%s%s", prefix, t->name);
+        const char *src = name;
         /* a tied model takes word_embeddings; a file holding only lm_head serves it too */
         if (t->kind == T_WORD_EMB && m->cfg.tie_word_embeddings && has_head && glm_ckpt_info(&c, wte, NULL, NULL, NULL))
             src = head;
         if (glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0) {
-            rc = glm_fail(err, "%s: tensor %s is missing (%s checkpoint)", path, t->name, glm_ckpt_format(&c));
+            rc = glm_fail(err, "%s: tensor %s is missing (%s checkpoint)", path, src, glm_ckpt_format(&c));
             if (t->kind == T_LM_HEAD)
                 glm_hint(err, "the checkpoint has no separate lm_head; set \"tie_word_embeddings\": true in config.json");
+            else if (is_adapter(t))
+                glm_hint(err, "the adapter was made for other modules or layers (its adapter_config.json's target_modules)");
             else
                 glm_hint(err, "the checkpoint does not match config.json (num_layers? model family?)");
             break;
         }
-        rc = load_one(m, &c, t, src, buf, err);
+        int nd;
+        int64_t shape[ST_MAX_DIMS];
+        glm_ckpt_info(&c, src, NULL, &nd, shape);
+        if (is_adapter(t) && (nd != 2 || shape[0] != t->shape[0] || shape[1] != t->shape[1])) {
+            rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, src,
+                          (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)t->shape[0], (long long)t->shape[1]);
+            glm_hint(err, "the adapter was made for another base model or another rank r (see its adapter_config.json)");
+            break;
+        }
+        rc = load_one(m, &c, t, dst, src, buf, err);
     }
     /* The original checkpoint stores lm_head as a copy of word_embeddings. A tied model keeps
      * one copy; if the two differ, the file came from an untied model and dropping lm_head
      * changes the outputs, which deserves a warning rather than silence. */
-    const glm_tensor *te = glm_table_get(&m->tab, -1, T_WORD_EMB);
-    if (rc == 0 && te && m->cfg.tie_word_embeddings && has_head && glm_ckpt_info(&c, wte, NULL, NULL, NULL) == 0) {
+    void *wte_p = NULL;
+    const glm_tensor *te = glm_model_find(m, wte, &wte_p);
+    int te_row = 0;
+    for (int i = r0; i < r1; i++) te_row |= glm_model_row(m, i, NULL) == te;
+    if (rc == 0 && te && te_row && m->cfg.tie_word_embeddings && has_head && glm_ckpt_info(&c, wte, NULL, NULL, NULL) == 0) {
         float *emb = glm_malloc(te->numel * sizeof(float));
-        m->be->download_f32(m->be, emb, m->w.wte, te->numel);
+        m->be->download_f32(m->be, emb, wte_p, te->numel);
         rc = glm_ckpt_read_f32(&c, head, buf, te->ndim, te->shape, err);
         double md = 0;
         for (size_t j = 0; rc == 0 && j < te->numel; j++) {
@@ -91,6 +135,40 @@ int glm_model_load(glm_model *m, const char *path, glm_err *err) {
     }
     free(buf);
     glm_ckpt_close(&c);
+    return rc;
+}
+
+int glm_model_load(glm_model *m, const char *path, glm_err *err) {
+    return load_rows(m, path, 0, glm_model_nrows(m), 0, "", err);
+}
+
+int glm_model_load_adapter_file(glm_model *m, const char *path, const char *prefix, glm_err *err) {
+    return load_rows(m, path, 0, m->tab.n, 1, prefix, err);
+}
+
+int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err) {
+    if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_load(m, path, err);
+    return load_rows(m, path, 0, m->tab.n, 0, "", err);
+}
+
+int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err) {
+    if (m->cfg.peft.kind == GLM_FT_FULL) return glm_model_save(m, dir, ST_F32, 0, err);
+    if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_save(m, dir, ST_F32, err);
+    /* freeze: the rows that train, under their own names (the base comes from the base model) */
+    float *host = glm_malloc(m->tab.total * sizeof(float));
+    m->be->download_f32(m->be, host, m->params, m->tab.total);
+    st_entry *e = glm_calloc((size_t)m->tab.n, sizeof *e);
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        e[i] = (st_entry){.name = t->name, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
+                          .data_dtype = ST_F32, .file_dtype = ST_F32};
+    }
+    char path[4096];
+    if (glm_mkdirs(dir, err)) { free(e); free(host); return -1; }
+    glm_path_join(path, sizeof path, dir, "model.safetensors");
+    int rc = st_save(path, e, m->tab.n, 0, err);
+    free(e);
+    free(host);
     return rc;
 }
 

@@ -48,50 +48,28 @@ int glm_device_map_thudm(glm_device_map *map, int P, const glm_config *c, glm_er
 
 /* ---------------------------------------------------------------- memory plan */
 
-static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
-
-/* Elements of a stage's flat buffer, as glm_table_build_range lays it out. */
-static size_t stage_elems(const glm_config *c, const glm_stage *st) {
-    size_t H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size;
-    size_t layer = 4 * round64(H) + round64(3 * H * H) + round64(3 * H) + round64(H * H) + round64(H) + round64(F * H) +
-                   round64(F) + round64(H * F) + round64(H);
-    size_t n = (size_t)(st->l1 - st->l0) * layer;
-    if (st->embed || (st->head && c->tie_word_embeddings)) n += round64(V * H);
-    if (st->head) n += 2 * round64(H) + (c->tie_word_embeddings ? 0 : round64(V * H));
-    return n;
-}
-
 glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *map, int k, const glm_stage_shape *sh) {
     const glm_stage *st = &map->s[k];
-    double es = (double)glm_dtype_size(sh->dtype), total = (double)stage_elems(c, st), N = (double)sh->B * sh->T;
-    double H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, NH = c->num_attention_heads;
-    int nl = st->l1 - st->l0, nsets = sh->gradient_checkpointing ? (nl > 0) : nl;
+    size_t unit = 0;
+    glm_mem_plan p = glm_memory_plan_stage(c, st->l0, st->l1, st->embed, st->head, sh->dtype, sh->B, sh->T,
+                                           sh->gradient_checkpointing, sh->head_chunk, &unit);
+    if (!sh->training) { p = (glm_mem_plan){.params = p.params, .total = p.params}; return p; }
+    double es = (double)glm_dtype_size(sh->dtype), trainable = p.grads / es, hid = (double)sh->B * sh->T * c->hidden_size * es;
     int dp = sh->dp > 1 ? sh->dp : 1;
-    glm_mem_plan p = {0};
-    p.params = total * es;
-    if (!sh->training) { p.total = p.params; return p; }
-    p.grads = total * es;
     if (sh->zero2 && map->n == 1 && dp > 1) {
         /* the shard, two staging slots for the largest unit, and a tied embedding's own slot */
-        double layer = 4.0 * H * H + 2.0 * F * H + 9.0 * H + F, table = V * H, tail = 2 * H + (c->tie_word_embeddings ? 0 : table);
-        double ring = layer > tail ? layer : tail;
-        if (!c->tie_word_embeddings && table > ring) ring = table;
-        p.grads = (total / dp + 2 * ring + (c->tie_word_embeddings ? table : 0)) * es;
+        double table = (double)c->vocab_size * c->hidden_size;
+        int tied_trains = c->tie_word_embeddings && glm_tensor_trains(c, -1, T_WORD_EMB);
+        p.grads = (trainable / dp + 2.0 * unit + (tied_trains ? table : 0)) * es;
     }
-    if (sh->peer_ranks > 1 && map->n == 1 && !sh->zero2) p.grads += total * es * (sh->peer_ranks - 1) / sh->peer_ranks;
-    p.master = sh->dtype == GLM_F32 ? 0 : total * 4 / dp;
-    p.moments = 2.0 * total * 4 / dp;
-    /* the model's buffers (glm.c ensure_acts): per layer set 7H + 2F in S, LayerNorm statistics
-     * and the attention lse in float; the inputs of the stage's layers and its output */
-    double per_set = N * ((7 * H + 2 * F) * es + (4 + NH) * 4), hid = N * H * es;
-    p.activations = nsets * per_set + (nl + 1) * hid;
+    if (sh->peer_ranks > 1 && map->n == 1 && !sh->zero2) p.grads += trainable * es * (sh->peer_ranks - 1) / sh->peer_ranks;
+    p.master /= dp;
+    p.moments /= dp;
     if (map->n > 1) { /* parallel/pipeline.c: stashed inputs (1F1B: at most P - k in flight), send/recv */
         int P = map->n, inflight = P - k < sh->n_micro ? P - k : sh->n_micro;
         if (!st->embed) p.activations += inflight * hid + hid; /* + dh_in */
         if (!st->head) p.activations += 2 * hid;               /* h_out, dh_out */
     }
-    p.scratch = hid * 6 + N * 3 * H * es + N * F * es + N * 2 * 4 + sh->head_chunk * (2 * H + V) * es +
-                sh->head_chunk * 4.0 + N * 7 * 4;
     p.total = p.params + p.grads + p.master + p.moments + p.activations + p.scratch;
     return p;
 }

@@ -168,7 +168,7 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
         glm_wrap(err, "saving checkpoint %s: ", fin);
         return glm_checkpoint_abandon(output_dir, NULL, need, err);
     }
-    int rc = glm_model_save(m, tmp, ST_F32, 0, err);
+    int rc = glm_model_save_trainable(m, tmp, err);
     if (!rc) { glm_path_join(path, sizeof path, tmp, "optimizer.safetensors"); rc = save_optimizer(path, m, o, err); }
     if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
     if (!rc && args_json) { glm_path_join(path, sizeof path, tmp, "training_args.json"); rc = glm_write_file_atomic(path, args_json, strlen(args_json), err); }
@@ -205,7 +205,7 @@ int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, g
         glm_fail(err, "%s is not a complete checkpoint (no trainer_state.json)", dir);
         return glm_hint(err, "pass a checkpoint-N folder of a previous run, or --resume_from_checkpoint alone for the newest");
     }
-    if (glm_model_load(m, dir, err)) return glm_wrap(err, "resuming from %s: ", dir);
+    if (glm_model_load_trainable(m, dir, err)) return glm_wrap(err, "resuming from %s: ", dir);
     glm_path_join(path, sizeof path, dir, "optimizer.safetensors");
     /* pipeline stages write shards and an index (parallel/pipe_ckpt.h) */
     if (!glm_is_file(path)) glm_path_join(path, sizeof path, dir, "optimizer.safetensors.index.json");

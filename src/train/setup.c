@@ -83,9 +83,10 @@ static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
 #ifdef GLM_HAVE_CUDA
     glm_table full; /* streams numbered by the whole model's rows: a pipeline stage draws the same values */
     glm_table_build(&full, &m->cfg);
-    for (int i = 0; i < m->tab.n; i++) {
-        const glm_tensor *t = &m->tab.t[i];
-        void *p = glm_at(m->be, m->params, t->offset);
+    for (int i = 0; i < glm_model_nrows(m); i++) {
+        void *p;
+        const glm_tensor *t = glm_model_row(m, i, &p);
+        if (t->kind >= T_QKV_LA) continue; /* adapters: glm_model_init_adapters */
         uint64_t row = (uint64_t)(glm_table_find(&full, t->name) - full.t);
         if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, seed * 1000003ULL + row, std);
         else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
@@ -94,6 +95,35 @@ static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
 #else
     glm_model_init_random(m, seed, std);
 #endif
+}
+
+/* What trains, from the flags (model/config.h glm_peft); L is the model's layer count. */
+int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
+    *p = (glm_peft){0};
+    const char *k = a->finetuning_type;
+    if (strcmp(k, "full") == 0) return 0;
+    if (strcmp(k, "ptuning") == 0) {
+        glm_fail(err, "--finetuning_type ptuning: P-Tuning v2 is not built yet");
+        return glm_hint(err, "use --finetuning_type lora (fits the same 24 GB cards) or freeze");
+    }
+    if (a->pipeline_parallel_size > 1) {
+        glm_fail(err, "--finetuning_type %s with --pipeline_parallel_size %d: not supported yet", k, a->pipeline_parallel_size);
+        return glm_hint(err, "train adapters with data parallelism (--nproc_per_node) instead: they need no pipeline");
+    }
+    if (strcmp(k, "freeze") == 0) {
+        if (a->num_layer_trainable < 1 || a->num_layer_trainable > L)
+            return glm_fail(err, "--num_layer_trainable %d: the model has %d layers (1..%d train)", a->num_layer_trainable, L, L);
+        *p = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = a->num_layer_trainable};
+        return 0;
+    }
+    /* lora */
+    if (a->lora_rank < 1) return glm_fail(err, "--lora_rank %d must be at least 1", a->lora_rank);
+    if (!(a->lora_dropout >= 0 && a->lora_dropout < 1)) return glm_fail(err, "--lora_dropout %g must be in [0, 1)", a->lora_dropout);
+    if (!(a->lora_alpha >= 0)) return glm_fail(err, "--lora_alpha %g must not be negative", a->lora_alpha);
+    *p = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = a->lora_rank, .use_rslora = a->use_rslora,
+                    .lora_alpha = (float)(a->lora_alpha > 0 ? a->lora_alpha : 2.0 * a->lora_rank),
+                    .lora_dropout = (float)a->lora_dropout};
+    return glm_lora_targets_parse(a->lora_target, &p->lora_targets, err);
 }
 
 int trainer_load_model(trainer *t, glm_err *err) {
@@ -108,6 +138,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
             glm_hint(err, "--init_from_config takes a config.json file (or a folder holding one)");
         return -1;
     }
+    if (glm_train_peft(a, c.num_layers, &c.peft, err)) return -1;
     int cuda = strncmp(t->be->name, "cuda", 4) == 0;
     if (t->dp->rank == 0) glm_pp_print_plan(a, &c, cuda, t->dp->world, stderr);
     if (glm_pp_check_memory(a, &c, cuda, t->dp->world, err)) return -1;
@@ -119,8 +150,9 @@ int trainer_load_model(trainer *t, glm_err *err) {
     }
     t->m.gradient_checkpointing = a->gradient_checkpointing;
     snprintf(t->m.origin, sizeof t->m.origin, "%s", src); /* what the folders it writes carry over */
-    if (t->dp->world > 1 && t->dp->rank > 0) {
-        /* nothing to read or draw: glm_dp_attach broadcasts rank 0's weights */
+    if (t->dp->world > 1 && t->dp->rank > 0 && c.peft.kind == GLM_FT_FULL) {
+        /* nothing to read or draw: glm_dp_attach broadcasts rank 0's weights (the trainable
+         * ones: a frozen base is read or drawn by every rank below) */
     } else if (a->model_name_or_path) {
         if (glm_model_load(&t->m, a->model_name_or_path, err)) return -1;
     } else if (strncmp(t->be->name, "cuda", 4) == 0) {
@@ -128,9 +160,15 @@ int trainer_load_model(trainer *t, glm_err *err) {
     } else {
         glm_model_init_random(&t->m, (uint64_t)a->seed, (float)a->init_std);
     }
+    if (c.peft.kind == GLM_FT_LORA) glm_model_init_adapters(&t->m, (uint64_t)a->seed); /* the same on every rank */
+    size_t base = t->m.ftab.n_params + (c.peft.kind == GLM_FT_LORA ? 0 : t->m.tab.n_params);
     glm_info("model: %d layers, hidden %d, %d heads, vocab %d, %.1fM parameters (%s head), backend %s",
-             c.num_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, t->m.tab.n_params / 1e6,
+             c.num_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, base / 1e6,
              c.tie_word_embeddings ? "tied" : "untied", t->be->name);
+    if (c.peft.kind != GLM_FT_FULL)
+        glm_info("%s: %.3fM trainable parameters (%.3f%% of %.1fM), the rest frozen", a->finetuning_type,
+                 t->m.tab.n_params / 1e6, 100.0 * t->m.tab.n_params / (t->m.tab.n_params + t->m.ftab.n_params),
+                 (t->m.tab.n_params + t->m.ftab.n_params) / 1e6);
     return 0;
 }
 

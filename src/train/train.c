@@ -300,6 +300,9 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     } else if (n_sup > 0) {
         for (int i = 0; i < k; i++) {
             glm_dp_micro_begin(t->dp, i == k - 1); /* gradients are reduced during the last backward */
+            /* dropout masks from the step, the rank and the micro-batch: a resumed run draws the same */
+            glm_model_set_dropout_seed(&t->m, ((uint64_t)a->seed << 40) ^ ((uint64_t)t->st.global_step * 1000003ULL +
+                                                                          (uint64_t)t->dp->rank * 4099ULL + (uint64_t)i) * 0x9e3779b97f4a7c15ULL);
             sum += glm_forward_backward(&t->m, &t->micro[i], (float)(scale / n_sup));
         }
     }
@@ -363,7 +366,14 @@ static int save_final(trainer *t, glm_err *err) {
         if (rc == 0 && lead(t)) { glm_info("saved the final model to %s", a->output_dir); glm_check_remote_code(a->output_dir); }
         return rc;
     }
-    if (t->dp->rank == 0) {
+    if (t->dp->rank == 0 && t->m.cfg.peft.kind == GLM_FT_LORA) {
+        /* the adapter, in peft's files (model/adapter.h), with the tokenizer beside it */
+        char path[4096];
+        glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
+        rc = glm_adapter_save(&t->m, a->output_dir, ST_F32, err) || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
+             glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
+        if (rc == 0) glm_info("saved the LoRA adapter to %s (load it with --adapter, or merge it into the base with glmtrain merge)", a->output_dir);
+    } else if (t->dp->rank == 0) {
         /* laid out as the original download (the tied head's copy, the rotary buffers), so
          * every loader of chatglm-6b folders reads it */
         glm_export_opts o;

@@ -26,6 +26,10 @@ typedef struct glm_train_args {
     int max_bad_steps;     /* consecutive non-finite steps (bf16/fp32) before the run stops */
     /* precision and memory */
     int bf16, fp16, fp32, gradient_checkpointing;
+    /* what trains (model/config.h glm_peft) */
+    char *finetuning_type, *lora_target;
+    int lora_rank, use_rslora, num_layer_trainable;
+    double lora_alpha, lora_dropout;
     /* how the run stops early (tests, demos) */
     double max_train_seconds;
     /* data parallel (parallel/): launch, ZeRO stage, gradient buckets, fault handling */

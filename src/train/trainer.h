@@ -14,6 +14,7 @@
 #include "data/loader.h"
 #include "io/safetensors.h"
 #include "io/tensorboard.h"
+#include "model/adapter.h"
 #include "model/ckpt.h"
 #include "model/glm.h"
 #include "optim/adamw.h"

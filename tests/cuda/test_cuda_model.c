@@ -196,6 +196,115 @@ static void test_training(test_counts *tc) {
     free(w);
 }
 
+/* ---------------------------------------------------------------- LoRA (frozen base + adapters) */
+
+/* The medium model with LoRA on every linear module (dropout on: the mask is the same on both
+ * backends) and its weights: a random base, then random A and non-zero B, representable in dt. */
+static void lora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    glm_config c = config(1);
+    c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL};
+    glm_model_init(m, &c, be);
+    glm_table base;
+    glm_table_build(&base, &c);
+    float *w = random_weights(&base, seed, dt, 0.05f);
+    for (int i = 0; i < base.n; i++) {
+        void *p;
+        GLM_ASSERT(glm_model_find(m, base.t[i].name, &p));
+        be->upload_f32(be, p, w + base.t[i].offset, base.t[i].numel);
+    }
+    free(w);
+    glm_table_free(&base);
+    float *a = random_weights(&m->tab, seed + 1, dt, 0.05f);
+    glm_model_set_params(m, a);
+    free(a);
+}
+
+static void test_lora(test_counts *tc, glm_dtype dt) {
+    char name[160], err[256];
+    glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
+    glm_model mc, mg;
+    lora_model(&mc, cpu, dt, 31);
+    lora_model(&mg, gpu, dt, 31);
+    glm_model_set_dropout_seed(&mc, 99);
+    glm_model_set_dropout_seed(&mg, 99);
+    glm_rng rng;
+    glm_rng_seed(&rng, 17);
+    glm_batch b;
+    make_batch(&b, &mc.cfg, &rng, 3, 150);
+    double lc, lg, lg3;
+    float *gc = grads_of(&mc, &b, &lc), *gg = grads_of(&mg, &b, &lg);
+    double tl = dt == GLM_F32 ? 1e-5 : 2e-2, tg = dt == GLM_F32 ? 1e-4 : 5e-2, el = fabs(lg - lc) / fabs(lc), worst = 0;
+    const char *wname = "";
+    for (int i = 0; i < mc.tab.n; i++) {
+        const glm_tensor *t = &mc.tab.t[i];
+        double e = norm_rel_err(gg + t->offset, gc + t->offset, t->numel);
+        if (e > worst || e != e) { worst = e != e ? INFINITY : e; wname = t->name; }
+    }
+    snprintf(name, sizeof name, "lora_%s_loss", dt_name(dt));
+    TEST_CHECK(tc, name, el <= tl, "cuda %.7f cpu %.7f rel %.3g > %.3g", lg, lc, el, tl);
+    snprintf(name, sizeof name, "lora_%s_adapter_grads", dt_name(dt));
+    TEST_CHECK(tc, name, worst <= tg && mc.tab.n == 2 * 4 * mc.cfg.num_layers, "worst tensor %s: %.3g > %.3g (%d rows)", wname,
+               worst, tg, mc.tab.n);
+    printf("  lora %s: loss rel err %.3g, worst adapter gradient %s %.3g
+", dt_name(dt), el, wname, worst);
+    mg.gradient_checkpointing = 1; /* the recompute draws the same dropout masks */
+    float *g3 = grads_of(&mg, &b, &lg3);
+    snprintf(name, sizeof name, "lora_%s_checkpointing_bit_identical", dt_name(dt));
+    TEST_CHECK(tc, name, memcmp(g3, gg, sizeof(float) * mg.tab.total) == 0 && lg3 == lg, "gradients differ");
+    free(gc); free(gg); free(g3);
+    glm_batch_free(&b);
+    glm_model_free(&mc);
+    glm_model_free(&mg);
+    cpu->destroy(cpu);
+    gpu->destroy(gpu);
+}
+
+/* 50 AdamW steps on the adapters: CUDA bf16 follows the CPU's fp32 curve. */
+static void lora_curve(glm_backend *be, glm_batch *bs, int nb, int steps, double *losses) {
+    glm_model m;
+    lora_model(&m, be, GLM_BF16, 41);
+    glm_adamw o;
+    glm_adamw_init(&o, &m, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.01f);
+    for (int s = 0; s < steps; s++) {
+        glm_batch *b = &bs[s % nb];
+        glm_model_set_dropout_seed(&m, 1000 + s);
+        glm_zero_grads(&m);
+        losses[s] = glm_forward_backward(&m, b, 1.0f / b->n_targets) / b->n_targets;
+        double norm = glm_grad_norm(&m, 1.0f);
+        glm_adamw_step(&o, &m, 2e-3f, glm_clip_coef(norm, 1.0f));
+    }
+    glm_adamw_free(&o, &m);
+    glm_model_free(&m);
+}
+
+static void test_lora_training(test_counts *tc) {
+    enum { STEPS = 50, NB = 4 };
+    char err[256];
+    glm_rng rng;
+    glm_rng_seed(&rng, 6);
+    glm_config c = config(1);
+    glm_batch bs[NB];
+    for (int i = 0; i < NB; i++) make_batch(&bs[i], &c, &rng, 4, 96);
+    double cpu[STEPS], b16[STEPS], m16 = 0, mean16 = 0;
+    glm_backend *be = glm_backend_cpu();
+    lora_curve(be, bs, NB, STEPS, cpu);
+    be->destroy(be);
+    be = glm_backend_cuda(0, GLM_BF16, err, sizeof err);
+    lora_curve(be, bs, NB, STEPS, b16);
+    be->destroy(be);
+    for (int s = 0; s < STEPS; s++) {
+        double e = fabs(b16[s] - cpu[s]) / cpu[s];
+        if (e > m16 || e != e) m16 = e != e ? INFINITY : e;
+        mean16 += e / STEPS;
+    }
+    TEST_CHECK(tc, "lora_train50_cuda_bf16_follows_cpu", m16 <= 5e-2 && mean16 <= 2e-2, "max rel deviation %.3g, mean %.3g", m16, mean16);
+    TEST_CHECK(tc, "lora_train50_loss_decreases", cpu[STEPS - 1] < 0.9 * cpu[0] && b16[STEPS - 1] < 0.9 * b16[0],
+               "cpu %.4f -> %.4f, bf16 %.4f -> %.4f", cpu[0], cpu[STEPS - 1], b16[0], b16[STEPS - 1]);
+    printf("  lora train50: cpu %.4f -> %.4f, bf16 %.4f -> %.4f, max rel deviation %.3g (mean %.3g)\n", cpu[0], cpu[STEPS - 1],
+           b16[0], b16[STEPS - 1], m16, mean16);
+    for (int i = 0; i < NB; i++) glm_batch_free(&bs[i]);
+}
+
 int main(void) {
     test_counts tc = {0};
     char err[256];
@@ -209,6 +318,9 @@ int main(void) {
         test_fwd_bwd(&tc, medium, GLM_F16);
     }
     test_training(&tc);
+    test_lora(&tc, GLM_F32);
+    test_lora(&tc, GLM_BF16);
+    test_lora_training(&tc);
     printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
     TEST_EXIT(&tc);
 }

@@ -145,6 +145,12 @@ static void t_layernorm(ctx *c, int N, int C) {
     check_close(c->tc, NAME("layernorm_bwd_dx_%s_%dx%d", c->tag, N, C), odx, rdx, (size_t)N * C, tol(c, 1e-5, 1e-2, 2e-3));
     check_close(c->tc, NAME("layernorm_bwd_dw_%s_%dx%d", c->tag, N, C), odw, rdw, C, tol(c, 1e-5, 1e-2, 2e-3));
     check_close(c->tc, NAME("layernorm_bwd_db_%s_%dx%d", c->tag, N, C), odb, rdb, C, tol(c, 1e-5, 1e-2, 2e-3));
+    /* a frozen LayerNorm (LoRA, freeze): no parameter gradients, the same dx */
+    poison(be, dout, (size_t)N * C, 0);
+    be->layernorm_bwd(be, dout, NULL, NULL, dg, dx, dw, dm, dr, N, C);
+    float *fdx = down_s(be, dout, (size_t)N * C);
+    check_close(c->tc, NAME("layernorm_bwd_frozen_dx_%s_%dx%d", c->tag, N, C), fdx, rdx, (size_t)N * C, tol(c, 1e-5, 1e-2, 2e-3));
+    free(fdx);
     void *bufs[] = {dx, dw, db, dout, dm, dr, dg, ddw, ddb};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
     float *hs[] = {x, w, b, ref, rm, rr, got, gm, gr, g, w0, b0, rdx, rdw, rdb, odx, odw, odb};
@@ -313,6 +319,20 @@ static void t_elementwise(ctx *c, size_t n) {
     got = down_s(be, dy, n);
     check_close(c->tc, NAME("scale_add_%s_%zu", c->tag, n), got, ref, n, tol(c, 1e-6, 1e-2, 2e-3));
     free(got);
+    /* mask_scale: dropout with the same mask as the CPU twin (exact zeros), and a plain scale */
+    for (int k = 0; k < 2; k++) {
+        float p = k ? 0.3f : 0.0f, sc = k ? 1.0f : 0.70710678f;
+        cpu_mask_scale(ref, x, n, sc, p, 1234567ULL + n);
+        poison(be, dout, n, 0);
+        be->mask_scale(be, dout, dx, n, sc, p, 1234567ULL + n);
+        got = down_s(be, dout, n);
+        size_t zeros_ref = 0, zeros_mismatch = 0;
+        for (size_t i = 0; i < n; i++) { zeros_ref += ref[i] == 0; zeros_mismatch += (ref[i] == 0) != (got[i] == 0); }
+        check_close(c->tc, NAME("mask_scale_%s_%s_%zu", k ? "dropout" : "scale", c->tag, n), got, ref, n, tol(c, 1e-6, 1e-2, 2e-3));
+        TEST_CHECK(c->tc, NAME("mask_scale_%s_same_mask_%s_%zu", k ? "dropout" : "scale", c->tag, n), zeros_mismatch == 0 &&
+                   (k == 0 || (zeros_ref > n * 0.25 && zeros_ref < n * 0.35)), "%zu of %zu zeros differ; %zu dropped", zeros_mismatch, n, zeros_ref);
+        free(got);
+    }
     /* to_f32 (optional op) */
     float *dev32 = be->alloc(be, n * sizeof(float));
     be->to_f32(be, dev32, dx, n);

@@ -56,6 +56,9 @@ static void attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_
 static void g_fwd(glm_backend *be, void *out, const void *x, size_t n) { cpu_gelu_fwd(out, x, n); }
 static void g_bwd(glm_backend *be, void *dx, const void *x, const void *dout, size_t n) { cpu_gelu_bwd(dx, x, dout, n); }
 static void sc_add(glm_backend *be, void *out, float alpha, const void *x, const void *y, size_t n) { cpu_scale_add(out, alpha, x, y, n); }
+static void msk(glm_backend *be, void *out, const void *x, size_t n, float scale, float p, uint64_t seed) {
+    cpu_mask_scale(out, x, n, scale, p, seed);
+}
 static void ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
     cpu_cross_entropy(logits, losses, t, R, V, dscale);
 }
@@ -91,7 +94,7 @@ glm_backend *glm_backend_cpu(void) {
         .sync = cpu_sync,
         .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
         .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,
-        .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add,
+        .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk,
         .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw,
         .destroy = cpu_destroy,
     };

@@ -1,4 +1,5 @@
 #include "backend/cpu/cpu_ops.h"
+#include "backend/mask_hash.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -62,6 +63,7 @@ void cpu_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const
             d[c] = r * (g[c] * w[c] - a - xh * bb);
         }
     }
+    if (!dw) return; /* a frozen LayerNorm */
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         float sw = 0, sb = 0;
@@ -319,4 +321,11 @@ void cpu_adamw(float *p, const float *grad, float *m, float *v, size_t n, float 
         float denom = sqrtf(v[i]) / bc2_sqrt + eps;
         p[i] -= step_size * m[i] / denom;
     }
+}
+
+void cpu_mask_scale(float *out, const float *x, size_t n, float scale, float p, uint64_t seed) {
+    uint32_t th = glm_mask_threshold(p);
+    float keep = p > 0 ? scale / (1.0f - p) : scale;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = p > 0 && !glm_mask_keep(seed, i, th) ? 0.0f : x[i] * keep;
 }

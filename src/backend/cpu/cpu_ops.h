@@ -26,6 +26,8 @@ void cpu_attention_bwd(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const 
 void cpu_gelu_fwd(float *out, const float *x, size_t n);
 void cpu_gelu_bwd(float *dx, const float *x, const float *dout, size_t n);
 void cpu_scale_add(float *out, float alpha, const float *x, const float *y, size_t n);
+/* backend.h mask_scale */
+void cpu_mask_scale(float *out, const float *x, size_t n, float scale, float p, uint64_t seed);
 void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int R, int V, float dscale);
 void cpu_gather_rows(float *out, const float *x, const int32_t *idx, int R, int C);
 void cpu_scatter_rows(float *out, const float *x, const int32_t *idx, int R, int C);

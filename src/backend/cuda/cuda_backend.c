@@ -443,6 +443,11 @@ static void cu_scale_add(glm_backend *be, void *out, float alpha, const void *x,
     glmk_scale_add(be->dtype, out, alpha, x, y, n, IM(be)->st);
     op_done(be, "scale_add");
 }
+static void cu_mask_scale(glm_backend *be, void *out, const void *x, size_t n, float scale, float p, uint64_t seed) {
+    prof(be, GLM_PROF_OTHER, "mask_scale");
+    glmk_mask_scale(be->dtype, out, x, n, scale, p, seed, IM(be)->st);
+    op_done(be, "mask_scale");
+}
 static void cu_ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
     prof(be, GLM_PROF_OTHER, "cross_entropy");
     glmk_cross_entropy(be->dtype, logits, losses, t, R, V, dscale, IM(be)->st);
@@ -572,7 +577,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .sync = cu_sync,
         .embedding_fwd = cu_emb_fwd, .embedding_bwd = cu_emb_bwd, .layernorm_fwd = cu_ln_fwd, .layernorm_bwd = cu_ln_bwd,
         .matmul_fwd = cu_mm_fwd, .matmul_bwd = cu_mm_bwd, .rope = cu_rope, .attention_fwd = cu_attn_fwd,
-        .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add,
+        .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale,
         .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
         .adamw = cu_adamw, .destroy = cu_destroy, .to_f32 = cu_to_f32,

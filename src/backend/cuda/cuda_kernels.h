@@ -27,6 +27,8 @@ void glmk_embedding_bwd(glm_dtype dt, void *dwte, const void *dout, const int32_
 void glmk_gelu_fwd(glm_dtype dt, void *out, const void *x, size_t n, cudaStream_t st);
 void glmk_gelu_bwd(glm_dtype dt, void *dx, const void *x, const void *dout, size_t n, cudaStream_t st);
 void glmk_scale_add(glm_dtype dt, void *out, float alpha, const void *x, const void *y, size_t n, cudaStream_t st);
+void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n, float scale, float p, uint64_t seed,
+                     cudaStream_t st);
 void glmk_gather_rows(glm_dtype dt, void *out, const void *x, const int32_t *idx, int R, int C, cudaStream_t st);
 void glmk_scatter_rows(glm_dtype dt, void *out, const void *x, const int32_t *idx, int R, int C, cudaStream_t st);
 /* inv_freq: the R/2 (<= 128) fp16-rounded inverse frequencies, computed on the host */

@@ -2,6 +2,7 @@
  * gather/scatter, 2D rotary, bias add. Each has a CPU twin in backend/cpu/cpu_ops.c.
  * Memory-bound: 16-byte packs where the pointers and sizes allow, scalar otherwise. */
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/mask_hash.h"
 
 /* ---------------------------------------------------------------- conversions, fills */
 
@@ -211,6 +212,22 @@ extern "C" void glmk_gelu_bwd(glm_dtype dt, void *dx, const void *x, const void 
 }
 extern "C" void glmk_scale_add(glm_dtype dt, void *out, float alpha, const void *x, const void *y, size_t n, cudaStream_t st) {
     ew<2>(dt, out, x, y, alpha, n, st);
+}
+
+/* ---------------------------------------------------------------- mask_scale (dropout) */
+
+template <typename T>
+__global__ void mask_scale_kernel(T *out, const T *x, size_t n, float keep_scale, uint32_t th, uint64_t seed, bool drop) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = from_f<T>(drop && !glm_mask_keep(seed, i, th) ? 0.0f : to_f(x[i]) * keep_scale);
+}
+extern "C" void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n, float scale, float p, uint64_t seed,
+                                cudaStream_t st) {
+    if (n == 0) return;
+    unsigned g = glmk_blocks(n, 256, 132 * 16);
+    float ks = p > 0 ? scale / (1.0f - p) : scale;
+    GLMK_DISPATCH(dt, mask_scale_kernel<T><<<g, 256, 0, st>>>((T *)out, (const T *)x, n, ks, glm_mask_threshold(p), seed, p > 0));
+    GLMK_CHECK_LAUNCH();
 }
 
 /* ---------------------------------------------------------------- bias add */

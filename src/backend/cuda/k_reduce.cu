@@ -241,7 +241,7 @@ extern "C" void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, c
         GLMK_DISPATCH(dt, {
             if (vt2) layernorm_bwd_vec<T, 2><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, (const T *)w, mean, rstd, N, C);
             else layernorm_bwd_vec<T, LN_NP><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, (const T *)w, mean, rstd, N, C);
-            colsum_final_kernel<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, (T *)db, p1, p2, G, C);
+            if (dw) colsum_final_kernel<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, (T *)db, p1, p2, G, C);
         });
         GLMK_CHECK_LAUNCH();
         return;
@@ -252,8 +252,10 @@ extern "C" void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, c
     int threads = C >= 2048 ? 256 : C >= 512 ? 128 : 32;
     GLMK_DISPATCH(dt, {
         /* parameter gradients first: dx may overwrite dout */
-        colsum_partial_kernel<T, true><<<g, 256, 0, st>>>(p1, p2, (const T *)dout, (const T *)x, mean, rstd, N, C, rows_per);
-        colsum_final_kernel<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, (T *)db, p1, p2, rb, C);
+        if (dw) { /* a frozen LayerNorm has no parameter gradients */
+            colsum_partial_kernel<T, true><<<g, 256, 0, st>>>(p1, p2, (const T *)dout, (const T *)x, mean, rstd, N, C, rows_per);
+            colsum_final_kernel<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, (T *)db, p1, p2, rb, C);
+        }
         layernorm_dx_kernel<T><<<N, threads, 0, st>>>((T *)dx, (const T *)dout, (const T *)x, (const T *)w, mean, rstd, C);
     });
     GLMK_CHECK_LAUNCH();

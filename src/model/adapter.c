@@ -1,0 +1,211 @@
+/* peft-format LoRA adapters (adapter.h). */
+#include "model/adapter.h"
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cpu/cpu_gemm.h"
+#include "core/fileutil.h"
+#include "model/ckpt.h"
+
+static int is_adapter(const glm_tensor *t) { return t->kind >= T_QKV_LA && t->kind <= T_FC2_LB; }
+
+int glm_is_adapter_dir(const char *dir) {
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "adapter_config.json");
+    return glm_is_file(path);
+}
+
+/* The keys peft 0.6's LoraConfig knows (a newer key would make an older peft refuse the
+ * file): use_rslora is written only when on. */
+static char *config_json(const glm_model *m) {
+    const glm_peft *p = &m->cfg.peft;
+    cJSON *o = cJSON_CreateObject();
+    char base[4096], folder[4096];
+    glm_origin_paths(m->origin, base, folder, sizeof base);
+    cJSON_AddStringToObject(o, "base_model_name_or_path", folder[0] ? folder : m->origin);
+    cJSON_AddStringToObject(o, "bias", "none");
+    cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
+    cJSON_AddBoolToObject(o, "inference_mode", 1);
+    cJSON_AddBoolToObject(o, "init_lora_weights", 1);
+    cJSON_AddNullToObject(o, "layers_pattern");
+    cJSON_AddNullToObject(o, "layers_to_transform");
+    cJSON_AddNumberToObject(o, "lora_alpha", p->lora_alpha);
+    cJSON_AddNumberToObject(o, "lora_dropout", p->lora_dropout);
+    cJSON_AddNullToObject(o, "modules_to_save");
+    cJSON_AddStringToObject(o, "peft_type", "LORA");
+    cJSON_AddNumberToObject(o, "r", p->lora_rank);
+    cJSON_AddNullToObject(o, "revision");
+    cJSON *tm = cJSON_AddArrayToObject(o, "target_modules");
+    for (int i = 0; i < 4; i++)
+        if (p->lora_targets >> i & 1) cJSON_AddItemToArray(tm, cJSON_CreateString(glm_lora_target_name(1 << i)));
+    cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
+    if (p->use_rslora) cJSON_AddBoolToObject(o, "use_rslora", 1);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err) {
+    if (glm_mkdirs(dir, err)) return -1;
+    float *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
+    m->be->download_f32(m->be, host, m->params, m->tab.total);
+    st_entry *e = glm_calloc((size_t)m->tab.n + 1, sizeof *e);
+    char (*names)[192] = glm_calloc((size_t)m->tab.n + 1, 192);
+    int n = 0;
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        if (!is_adapter(t)) continue;
+        snprintf(names[n], 192, "%s%s", GLM_ADAPTER_PREFIX, t->name);
+        e[n] = (st_entry){.name = names[n], .ndim = 2, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
+                          .data_dtype = ST_F32, .file_dtype = dtype};
+        n++;
+    }
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "adapter_model.safetensors");
+    int rc = st_save(path, e, n, 0, err);
+    free(e);
+    free(names);
+    free(host);
+    if (rc) return -1;
+    char *cfg = config_json(m);
+    glm_path_join(path, sizeof path, dir, "adapter_config.json");
+    size_t len = strlen(cfg);
+    cfg = glm_realloc(cfg, len + 2);
+    cfg[len++] = '\n';
+    rc = glm_write_file_atomic(path, cfg, len, err);
+    free(cfg);
+    return rc;
+}
+
+int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "adapter_config.json");
+    char *text = glm_read_file(path, NULL, err);
+    if (!text) return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    int rc = 0;
+    const cJSON *v;
+    *p = (glm_peft){.kind = GLM_FT_LORA, .lora_alpha = 8, .lora_rank = 8};
+    if (!cJSON_IsObject(o)) { rc = glm_fail(err, "%s: not a JSON object", path); goto done; }
+    v = cJSON_GetObjectItemCaseSensitive(o, "peft_type");
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "LORA") != 0) {
+        rc = glm_fail(err, "%s: peft_type %s: glmtrain reads LoRA adapters (P-Tuning v2 prefixes live in config.json)", path, v->valuestring);
+        goto done;
+    }
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "r"))) p->lora_rank = v->valueint;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha"))) p->lora_alpha = (float)v->valuedouble;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "lora_dropout"))) p->lora_dropout = (float)v->valuedouble;
+    p->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "use_rslora"));
+    if (p->lora_rank < 1) { rc = glm_fail(err, "%s: r must be at least 1", path); goto done; }
+    v = cJSON_GetObjectItemCaseSensitive(o, "bias");
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "none") != 0) {
+        rc = glm_fail(err, "%s: bias \"%s\": glmtrain's LoRA trains no biases", path, v->valuestring);
+        glm_hint(err, "train the adapter with bias \"none\"");
+        goto done;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
+    char list[512] = "";
+    if (cJSON_IsString(v)) snprintf(list, sizeof list, "%s", v->valuestring);
+    const cJSON *it, *arr = cJSON_IsArray(v) ? v : NULL;
+    cJSON_ArrayForEach(it, arr)
+        if (cJSON_IsString(it)) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? "," : "", it->valuestring);
+    if (glm_lora_targets_parse(list, &p->lora_targets, err)) { glm_wrap(err, "%s: target_modules: ", path); rc = -1; }
+done:
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* The tensor file of an adapter folder: safetensors, or the .bin older peft versions write. */
+static int adapter_file(const char *dir, char *path, size_t n) {
+    glm_path_join(path, n, dir, "adapter_model.safetensors");
+    if (glm_is_file(path)) return 0;
+    glm_path_join(path, n, dir, "adapter_model.bin");
+    return glm_is_file(path) ? 0 : -1;
+}
+
+int glm_adapter_load(glm_model *m, const char *dir, glm_err *err) {
+    char path[4096];
+    if (adapter_file(dir, path, sizeof path)) {
+        glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", dir);
+        return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");
+    }
+    return glm_model_load_adapter_file(m, path, GLM_ADAPTER_PREFIX, err);
+}
+
+/* ---- merge ---- */
+
+typedef struct merge_src {
+    glm_ckpt base, adapter;
+    glm_peft peft;
+    float *a, *b; /* scratch for one adapter's A and B */
+} merge_src;
+
+/* The base tensor, with scaling * B A added when its module has an adapter. */
+static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
+    merge_src *ms = ctx;
+    const char *src = name;
+    if (t->kind == T_WORD_EMB && glm_ckpt_info(&ms->base, name, NULL, NULL, NULL) != 0 &&
+        glm_ckpt_info(&ms->base, "lm_head.weight", NULL, NULL, NULL) == 0)
+        src = "lm_head.weight"; /* a tied model's embedding may be stored only as lm_head */
+    if (glm_ckpt_info(&ms->base, src, NULL, NULL, NULL) != 0) {
+        glm_fail(err, "%s: tensor %s is missing", ms->base.path, name);
+        return glm_hint(err, "the base does not match its config.json");
+    }
+    if (glm_ckpt_read_f32(&ms->base, src, dst, t->ndim, t->shape, err)) return -1;
+    const glm_tkind weights[4] = {T_QKV_W, T_DENSE_W, T_FC1_W, T_FC2_W};
+    int i = 0;
+    while (i < 4 && weights[i] != t->kind) i++;
+    if (i == 4 || !(ms->peft.lora_targets >> i & 1)) return 0;
+    const char *dot = strrchr(name, '.'); /* name is <module>.weight */
+    char an[256], bn[256];
+    snprintf(an, sizeof an, "%s%.*s.lora_A.weight", GLM_ADAPTER_PREFIX, (int)(dot - name), name);
+    snprintf(bn, sizeof bn, "%s%.*s.lora_B.weight", GLM_ADAPTER_PREFIX, (int)(dot - name), name);
+    int r = ms->peft.lora_rank;
+    int64_t ash[2] = {r, t->shape[1]}, bsh[2] = {t->shape[0], r};
+    if (glm_ckpt_info(&ms->adapter, an, NULL, NULL, NULL) || glm_ckpt_info(&ms->adapter, bn, NULL, NULL, NULL)) {
+        glm_fail(err, "%s: tensor %s is missing", ms->adapter.path, an);
+        return glm_hint(err, "the adapter was made for other modules or layers (its adapter_config.json's target_modules)");
+    }
+    if (glm_ckpt_read_f32(&ms->adapter, an, ms->a, 2, ash, err) || glm_ckpt_read_f32(&ms->adapter, bn, ms->b, 2, bsh, err))
+        return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
+    /* W[out, in] += s * B[out, r] A[r, in] */
+    cpu_sgemm(0, 0, (int)t->shape[0], (int)t->shape[1], r, glm_lora_scaling(&ms->peft), ms->b, r, ms->a,
+              (int)t->shape[1], 1.0f, dst, (int)t->shape[1]);
+    return 0;
+}
+
+int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir, const glm_export_opts *o, glm_err *err) {
+    char path[4096];
+    glm_path_join(path, sizeof path, adapter_dir, "config.json");
+    char *text = glm_is_dir(adapter_dir) && !glm_is_adapter_dir(adapter_dir) && glm_is_file(path) ? glm_read_file(path, NULL, err) : NULL;
+    int ptuning = text && strstr(text, "\"pre_seq_len\"") != NULL;
+    free(text);
+    if (ptuning) {
+        glm_fail(err, "%s is a P-Tuning v2 checkpoint: its prefix feeds every layer's attention and is not a weight change, so it cannot be merged", adapter_dir);
+        return glm_hint(err, "load it beside the base with --adapter (generate, chat), or fine-tune with --finetuning_type lora to get a mergeable adapter");
+    }
+    merge_src ms = {0};
+    if (glm_adapter_read_config(adapter_dir, &ms.peft, err)) return -1;
+    glm_config c;
+    if (glm_config_load(&c, base, err)) return -1;
+    if (adapter_file(adapter_dir, path, sizeof path)) return glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", adapter_dir);
+    if (glm_ckpt_open(&ms.base, base, err)) return -1;
+    if (glm_ckpt_open(&ms.adapter, path, err)) { glm_ckpt_close(&ms.base); return -1; }
+    size_t big = (size_t)(c.inner_hidden_size > 3 * c.hidden_size ? c.inner_hidden_size : 3 * c.hidden_size);
+    ms.a = glm_malloc(big * (size_t)ms.peft.lora_rank * sizeof(float));
+    ms.b = glm_malloc(big * (size_t)ms.peft.lora_rank * sizeof(float));
+    char cfg[4096], folder[4096];
+    glm_origin_paths(base, cfg, folder, sizeof cfg);
+    glm_export_opts oo = *o;
+    if (!oo.config_from && cfg[0]) oo.config_from = cfg;
+    if (!oo.files_from && folder[0]) oo.files_from = folder;
+    int rc = glm_export(&c, read_merged, &ms, dir, &oo, err); /* c.peft is zero: the base's own rows */
+    free(ms.a);
+    free(ms.b);
+    glm_ckpt_close(&ms.adapter);
+    glm_ckpt_close(&ms.base);
+    return rc;
+}

@@ -1,0 +1,34 @@
+/* LoRA adapters in peft's format, so they travel between glmtrain and Python: a folder with
+ * adapter_config.json (peft's LoraConfig: r, lora_alpha, lora_dropout, target_modules, ...)
+ * and adapter_model.safetensors holding
+ *   base_model.model.transformer.layers.N.<module>.lora_A.weight  [r, in]
+ *   base_model.model.transformer.layers.N.<module>.lora_B.weight  [out, r]
+ * (peft's PeftModel.from_pretrained(base, folder) loads it; glmtrain reads folders peft wrote,
+ * adapter_model.bin included). */
+#ifndef GLM_MODEL_ADAPTER_H
+#define GLM_MODEL_ADAPTER_H
+#include "core/err.h"
+#include "io/safetensors.h"
+#include "model/ckpt.h"
+#include "model/glm.h"
+
+#define GLM_ADAPTER_PREFIX "base_model.model."
+
+/* Writes adapter_config.json and adapter_model.safetensors (tensors as dtype) into dir. */
+int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err);
+/* Reads a folder's adapter_config.json into p (kind LoRA, rank, alpha, dropout, targets,
+ * rslora); an error names the file and the key for what glmtrain cannot use. */
+int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err);
+/* Loads the adapter tensors of dir into the model's LoRA rows (shapes checked, named). */
+int glm_adapter_load(glm_model *m, const char *dir, glm_err *err);
+/* Whether dir holds a LoRA adapter (adapter_config.json). */
+int glm_is_adapter_dir(const char *dir);
+
+
+/* Writes base + adapter as one Hugging Face folder at dir (W += scaling * B A for every adapted
+ * module), streaming tensor by tensor as glm_ckpt_convert does, with the base's config.json and
+ * code files. A P-Tuning v2 checkpoint cannot be merged (its prefix is not a weight change):
+ * an error says so. */
+int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir, const glm_export_opts *o, glm_err *err);
+
+#endif

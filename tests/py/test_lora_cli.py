@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""LoRA through the command line: `generate --adapter` and `merge` against a PyTorch reference
+of the merged weights (W + scaling * B A), a LoRA training run's files (peft's names, small
+checkpoints), and the errors users of peft/LLaMA-Factory hit (unknown --lora_target, an adapter
+for another base, merging a P-Tuning checkpoint). Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from test_generate import GLM, PENALTY, debug_ids, make_tokenizer, torch_greedy  # noqa: E402
+
+fails = 0
+
+
+def check(name, cond, why=""):
+    global fails
+    print(("PASS %s" % name) if cond else ("FAIL %s: %s" % (name, why)))
+    fails += 0 if cond else 1
+    return cond
+
+
+def run(args):
+    return subprocess.run([GLM] + args, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+MODULES = {"query_key_value": "attention.query_key_value", "dense": "attention.dense",
+           "dense_h_to_4h": "mlp.dense_h_to_4h", "dense_4h_to_h": "mlp.dense_4h_to_h"}
+
+
+def write_adapter(path, cfg, targets, r, alpha, seed, rslora=False):
+    """A peft-format adapter folder with random A and B (B non-zero, so it changes the model)."""
+    import torch
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(seed)
+    os.makedirs(path, exist_ok=True)
+    H, F = cfg["hidden_size"], cfg["inner_hidden_size"]
+    dims = {"query_key_value": (H, 3 * H), "dense": (H, H), "dense_h_to_4h": (H, F), "dense_4h_to_h": (F, H)}
+    tensors = {}
+    for l in range(cfg["num_layers"]):
+        for t in targets:
+            i, o = dims[t]
+            name = "base_model.model.transformer.layers.%d.%s" % (l, MODULES[t])
+            tensors[name + ".lora_A.weight"] = torch.randn(r, i, generator=g) * 0.3
+            tensors[name + ".lora_B.weight"] = torch.randn(o, r, generator=g) * 0.3
+    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+    conf = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha, "lora_dropout": 0.0,
+            "target_modules": targets, "bias": "none", "fan_in_fan_out": False, "inference_mode": True}
+    if rslora:
+        conf["use_rslora"] = True
+    json.dump(conf, open(os.path.join(path, "adapter_config.json"), "w"))
+    return tensors
+
+
+def merged_params(params, adapter, cfg, targets, r, alpha, rslora=False):
+    s = alpha / (r ** 0.5) if rslora else alpha / r
+    out = {k: v.clone() for k, v in params.items()}
+    for l in range(cfg["num_layers"]):
+        for t in targets:
+            name = "transformer.layers.%d.%s" % (l, MODULES[t])
+            a, b = adapter["base_model.model." + name + ".lora_A.weight"], adapter["base_model.model." + name + ".lora_B.weight"]
+            out[name + ".weight"] = out[name + ".weight"] + s * (b.double() @ a.double()).float()
+    return out
+
+
+def greedy(model, prompt, extra=()):
+    p = run(["generate", "--model_name_or_path", model, "--prompt", prompt, "--do_sample", "false",
+             "--repetition_penalty", str(PENALTY), "--max_new_tokens", "12", "--debug"] + list(extra))
+    return p, debug_ids(p.stderr, "prompt").get(0), debug_ids(p.stderr, "response").get(0)
+
+
+def main():
+    import torch
+    import glm_ref
+    if not os.path.exists(GLM):
+        print("SKIP lora_cli_all: %s not built" % GLM)
+        return 0
+    if not shutil.which("spm_train"):
+        print("SKIP lora_cli_all: spm_train (Debian sentencepiece) not installed")
+        return 0
+    tmp = tempfile.mkdtemp(prefix="glm-lora-")
+    try:
+        tok, ids, vocab = make_tokenizer(tmp)
+        cfg = glm_ref.load_config({"vocab_size": vocab, "hidden_size": 32, "num_layers": 2, "num_attention_heads": 4,
+                                   "inner_hidden_size": 64, "tie_word_embeddings": False,
+                                   "mask_token_id": ids["[MASK]"], "gmask_token_id": ids["[gMASK]"],
+                                   "bos_token_id": ids["<sop>"], "eos_token_id": ids["<eop>"], "pad_token_id": ids["<pad>"]})
+        params = glm_ref.init_params(cfg, seed=2, std=0.5)
+        glm_ref.save_model_dir(tok, cfg, params)
+        base = tok
+        prompt = "写一首关于春天的诗"
+
+        # 1. generate --adapter: the model with the adapter's branch equals the merged reference
+        for case, targets, r, alpha, rslora in [("qkv", ["query_key_value"], 4, 8, False),
+                                                ("all_rslora", list(MODULES), 2, 4, True)]:
+            ad = os.path.join(tmp, "adapter_" + case)
+            adapter = write_adapter(ad, cfg, targets, r, alpha, seed=len(case), rslora=rslora)
+            ref = merged_params(params, adapter, cfg, targets, r, alpha, rslora)
+            p, pin, pout = greedy(base, prompt, ["--adapter", ad])
+            ok = p.returncode == 0 and pin is not None and pout is not None
+            want, gap = torch_greedy(cfg, ref, pin, 12) if ok else (None, 0)
+            base_want, _ = torch_greedy(cfg, params, pin, 12) if ok else (None, 0)
+            check("adapter_%s_generate_equals_merged_reference" % case, ok and pout == want and gap > 1e-4,
+                  "rc %d: C %s vs torch %s (gap %.2g) %s" % (p.returncode, pout, want, gap, p.stderr[-600:]))
+            check("adapter_%s_changes_the_model" % case, ok and want != base_want, "the adapter left the greedy tokens as the base's")
+
+            # 2. merge: the written weights equal W + s B A; the merged folder generates the same
+            out = os.path.join(tmp, "merged_" + case)
+            p = run(["merge", "--model_name_or_path", base, "--adapter", ad, "--output_dir", out, "--dtype", "float32"])
+            if check("merge_%s_runs" % case, p.returncode == 0, p.stderr[-600:]):
+                from safetensors.torch import load_file
+                got = load_file(os.path.join(out, "model.safetensors"))
+                worst = max(float((got[k] - v).abs().max() / v.abs().max()) for k, v in ref.items())
+                check("merge_%s_weights_equal_reference" % case, worst < 1e-6, "max rel diff %.3g" % worst)
+                cfg_out = json.load(open(os.path.join(out, "config.json")))
+                check("merge_%s_config_of_base" % case, cfg_out.get("hidden_size") == 32 and cfg_out.get("torch_dtype") == "float32",
+                      str(cfg_out))
+                p2, _, mout = greedy(out, prompt)
+                check("merge_%s_generates_as_adapter" % case, p2.returncode == 0 and mout == pout, "merged %s vs adapter %s" % (mout, pout))
+
+        # 3. errors users hit
+        p = run(["train", "--model_name_or_path", base, "--train_file", "x.json", "--output_dir", os.path.join(tmp, "e"),
+                 "--finetuning_type", "lora", "--lora_target", "q_proj,v_proj"])
+        check("unknown_lora_target_lists_modules", p.returncode != 0 and "q_proj" in p.stderr and "dense_h_to_4h" in p.stderr,
+              p.stderr[-400:])
+        bad = os.path.join(tmp, "adapter_badrank")
+        write_adapter(bad, cfg, ["query_key_value"], 4, 8, seed=9)
+        conf = json.load(open(os.path.join(bad, "adapter_config.json")))
+        conf["r"] = 8  # the tensors have r = 4: an adapter made for another setup
+        json.dump(conf, open(os.path.join(bad, "adapter_config.json"), "w"))
+        p, _, _ = greedy(base, prompt, ["--adapter", bad])
+        check("adapter_shape_mismatch_names_tensor", p.returncode != 0 and "lora_A.weight" in p.stderr and "[4, 32]" in p.stderr,
+              p.stderr[-400:])
+        pt = os.path.join(tmp, "ptuning_ckpt")
+        os.makedirs(pt)
+        json.dump({"model_type": "chatglm", "pre_seq_len": 128, "prefix_projection": False}, open(os.path.join(pt, "config.json"), "w"))
+        p = run(["merge", "--model_name_or_path", base, "--adapter", pt, "--output_dir", os.path.join(tmp, "mp")])
+        check("merge_ptuning_refused", p.returncode != 0 and "cannot be merged" in p.stderr, p.stderr[-400:])
+
+        # 4. a LoRA training run: peft's files at the end, checkpoints of adapter size
+        data = os.path.join(tmp, "train.json")
+        json.dump([{"instruction": "写一句关于%s的诗" % w, "output": w * 3} for w in ["春", "风", "山", "水"] * 4],
+                  open(data, "w"), ensure_ascii=False)
+        out = os.path.join(tmp, "lora_run")
+        p = run(["train", "--model_name_or_path", base, "--train_file", data, "--output_dir", out, "--finetuning_type", "lora",
+                 "--lora_rank", "4", "--lora_target", "query_key_value,dense_4h_to_h", "--max_steps", "4", "--save_steps", "2",
+                 "--learning_rate", "1e-2", "--per_device_train_batch_size", "4", "--logging_steps", "1", "--disable_tqdm",
+                 "--report_to", "none", "--max_source_length", "32", "--max_target_length", "16"])
+        if check("lora_train_runs", p.returncode == 0, p.stderr[-800:]):
+            files = set(os.listdir(out))
+            check("lora_train_writes_peft_files", {"adapter_config.json", "adapter_model.safetensors"} <= files and
+                  "model.safetensors" not in files, str(sorted(files)))
+            conf = json.load(open(os.path.join(out, "adapter_config.json")))
+            check("lora_adapter_config", conf.get("r") == 4 and conf.get("lora_alpha") == 8 and conf.get("peft_type") == "LORA"
+                  and sorted(conf.get("target_modules", [])) == ["dense_4h_to_h", "query_key_value"], str(conf))
+            from safetensors import safe_open
+            with safe_open(os.path.join(out, "adapter_model.safetensors"), "pt") as f:
+                names = sorted(f.keys())
+            want = sorted("base_model.model.transformer.layers.%d.%s.lora_%s.weight" % (l, MODULES[m], ab)
+                          for l in range(2) for m in ["query_key_value", "dense_4h_to_h"] for ab in "AB")
+            check("lora_adapter_tensor_names", names == want, "%s" % names[:4])
+            ck = os.path.join(out, "checkpoint-4")
+            size = sum(os.path.getsize(os.path.join(ck, n)) for n in os.listdir(ck) if n != "ice_text.model")
+            base_size = os.path.getsize(os.path.join(base, "model.safetensors"))
+            check("lora_checkpoint_holds_only_adapter", "model.safetensors" not in os.listdir(ck) and size < base_size,
+                  "%s, %d bytes vs base %d" % (sorted(os.listdir(ck)), size, base_size))
+            p2, _, _ = greedy(base, prompt, ["--adapter", out])
+            check("lora_trained_adapter_loads", p2.returncode == 0, p2.stderr[-400:])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
