@@ -245,8 +245,7 @@ static void test_lora(test_counts *tc, glm_dtype dt) {
     snprintf(name, sizeof name, "lora_%s_adapter_grads", dt_name(dt));
     TEST_CHECK(tc, name, worst <= tg && mc.tab.n == 2 * 4 * mc.cfg.num_layers, "worst tensor %s: %.3g > %.3g (%d rows)", wname,
                worst, tg, mc.tab.n);
-    printf("  lora %s: loss rel err %.3g, worst adapter gradient %s %.3g
-", dt_name(dt), el, wname, worst);
+    printf("  lora %s: loss rel err %.3g, worst adapter gradient %s %.3g\n", dt_name(dt), el, wname, worst);
     mg.gradient_checkpointing = 1; /* the recompute draws the same dropout masks */
     float *g3 = grads_of(&mg, &b, &lg3);
     snprintf(name, sizeof name, "lora_%s_checkpointing_bit_identical", dt_name(dt));
