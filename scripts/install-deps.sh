@@ -4,7 +4,7 @@
 set -euo pipefail
 APT_PKGS="build-essential libcjson-dev python3 python3-numpy python3-torch python3-sentencepiece
           sentencepiece fortunes-zh libopenmpi-dev openmpi-bin python3-pip clang
-          python3-requests python3-yaml python3-typing-extensions"
+          python3-requests python3-yaml python3-typing-extensions python3-psutil python3-jinja2"
 PIP_PKGS="safetensors tensorboard"
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
@@ -24,10 +24,12 @@ done
 # trust_remote_code) beside Debian's torch 1.13: pinned versions installed with --no-deps so pip
 # never replaces Debian's torch or numpy (requests, yaml and typing_extensions come from Debian
 # above; the ones below need nothing else). "module=package==version"; a module that already
-# imports is left alone.
+# imports is left alone. peft and accelerate (tests/py/test_lora_ref.py: LoRA against peft's
+# own LoraLayer, and glmtrain's adapters loaded by PeftModel.from_pretrained) need psutil and
+# yaml from Debian above; peft's save_pretrained writes a model card through jinja2 (Debian too).
 PIP_NODEPS="tqdm=tqdm==4.66.1 filelock=filelock==3.12.4 regex=regex==2023.8.8 fsspec=fsspec==2023.9.2
             packaging=packaging==23.2 huggingface_hub=huggingface_hub==0.17.3 tokenizers=tokenizers==0.13.3
-            transformers=transformers==4.33.3"
+            transformers=transformers==4.33.3 accelerate=accelerate==0.24.1 peft=peft==0.6.2"
 for mp in $PIP_NODEPS; do
     m=${mp%%=*}; spec=${mp#*=}
     if ! /usr/bin/python3 -c "import $m" >/dev/null 2>&1; then

@@ -2,7 +2,13 @@
  * (tests/py/test_model_vs_torch.py) can compare loss, every gradient and AdamW steps.
  *   tool_model_driver --model DIR --batch FILE.json --out OUT.safetensors [--steps K] [--lr F]
  *     [--weight_decay F] [--beta1 F] [--beta2 F] [--eps F] [--max_grad_norm F] [--gradient_checkpointing]
- * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>". */
+ *     [--finetuning_type full|lora|freeze] [--lora_rank R] [--lora_alpha F (0 = 2R)] [--lora_target LIST]
+ *     [--use_rslora] [--num_layer_trainable N] [--adapter DIR_OR_FILE] [--adapter_seed S]
+ * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
+ * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab).
+ * LoRA adapters come from --adapter (a peft folder, or a safetensors file holding the row names
+ * without peft's prefix), else glm_model_init_adapters(adapter_seed). Dropout stays 0: the
+ * comparisons cannot draw torch's masks. */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +16,7 @@
 #include "backend/backend.h"
 #include "core/fileutil.h"
 #include "io/safetensors.h"
+#include "model/adapter.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
 
@@ -47,7 +54,10 @@ static int read_batch(const char *path, const glm_config *c, glm_batch *b, glm_e
 
 int main(int argc, char **argv) {
     const char *model = NULL, *batch_path = NULL, *out = NULL;
-    int steps = 0, ckpt = 0;
+    const char *ft = "full", *targets = "query_key_value", *adapter = NULL;
+    int steps = 0, ckpt = 0, rank = 8, rslora = 0, n_trainable = 2;
+    float alpha = 0.0f;
+    unsigned long long adapter_seed = 1;
     float lr = 1e-3f, wd = 0.0f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, max_norm = 0.0f;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -63,6 +73,14 @@ int main(int argc, char **argv) {
         else if (ARG("--eps")) eps = strtof(v, NULL);
         else if (ARG("--max_grad_norm")) max_norm = strtof(v, NULL);
         else if (strcmp(a, "--gradient_checkpointing") == 0) ckpt = 1;
+        else if (ARG("--finetuning_type")) ft = v;
+        else if (ARG("--lora_rank")) rank = atoi(v);
+        else if (ARG("--lora_alpha")) alpha = strtof(v, NULL);
+        else if (ARG("--lora_target")) targets = v;
+        else if (strcmp(a, "--use_rslora") == 0) rslora = 1;
+        else if (ARG("--num_layer_trainable")) n_trainable = atoi(v);
+        else if (ARG("--adapter")) adapter = v;
+        else if (ARG("--adapter_seed")) adapter_seed = strtoull(v, NULL, 10);
         else { fprintf(stderr, "unknown argument %s\n", a); return 2; }
 #undef ARG
     }
@@ -70,11 +88,28 @@ int main(int argc, char **argv) {
     glm_err err;
     glm_config c;
     if (glm_config_load(&c, model, &err)) return die(&err);
+    /* what trains decides the table, so it is set before glm_model_init */
+    if (strcmp(ft, "lora") == 0) {
+        c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = rank, .lora_alpha = alpha > 0 ? alpha : 2.0f * rank,
+                            .use_rslora = rslora};
+        if (glm_lora_targets_parse(targets, &c.peft.lora_targets, &err)) return die(&err);
+    } else if (strcmp(ft, "freeze") == 0) {
+        c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n_trainable};
+    } else if (strcmp(ft, "full") != 0) {
+        fprintf(stderr, "--finetuning_type %s: full, lora or freeze\n", ft);
+        return 2;
+    }
     glm_backend *be = glm_backend_cpu();
     glm_model m;
     glm_model_init(&m, &c, be);
     m.gradient_checkpointing = ckpt;
     if (glm_model_load(&m, model, &err)) return die(&err);
+    if (c.peft.kind == GLM_FT_LORA) {
+        int rc = !adapter ? (glm_model_init_adapters(&m, adapter_seed), 0)
+                 : glm_is_dir(adapter) ? glm_adapter_load(&m, adapter, &err)
+                                       : glm_model_load_adapter_file(&m, adapter, "", &err);
+        if (rc) return die(&err);
+    }
     glm_batch b;
     if (read_batch(batch_path, &c, &b, &err)) return die(&err);
 
@@ -98,10 +133,13 @@ int main(int argc, char **argv) {
         if (steps > 0) glm_adamw_step(&opt, &m, lr, glm_clip_coef(norm, max_norm));
     }
     glm_model_get_params(&m, params);
+    size_t ftotal = m.ftab.total;
+    float *fparams = glm_malloc((ftotal ? ftotal : 1) * sizeof(float));
+    if (ftotal) be->download_f32(be, fparams, m.fparams, ftotal);
 
     int ne = 0;
-    st_entry *e = glm_calloc(2 * m.tab.n + 3, sizeof *e);
-    char (*names)[128] = glm_calloc(2 * m.tab.n, 128);
+    st_entry *e = glm_calloc(2 * m.tab.n + m.ftab.n + 3, sizeof *e);
+    char (*names)[160] = glm_calloc(2 * m.tab.n + m.ftab.n, 160);
     e[ne++] = (st_entry){.name = "loss", .ndim = 1, .shape = {1}, .data = &loss0, .data_dtype = ST_F32, .file_dtype = ST_F32};
     e[ne++] = (st_entry){.name = "grad_norm", .ndim = 1, .shape = {1}, .data = &norm0, .data_dtype = ST_F32, .file_dtype = ST_F32};
     if (steps > 0) e[ne++] = (st_entry){.name = "losses", .ndim = 1, .shape = {steps}, .data = losses, .data_dtype = ST_F32, .file_dtype = ST_F32};
@@ -110,12 +148,20 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 2; k++) {
             if (k == 1 && steps == 0) continue;
             char *nm = names[2 * i + k];
-            snprintf(nm, 128, "%s%s", k ? "param/" : "grad/", t->name);
+            snprintf(nm, 160, "%s%s", k ? "param/" : "grad/", t->name);
             e[ne] = (st_entry){.name = nm, .ndim = t->ndim, .data = (k ? params : grads) + t->offset,
                                .data_dtype = ST_F32, .file_dtype = ST_F32};
             e[ne].shape[0] = t->shape[0]; e[ne].shape[1] = t->shape[1];
             ne++;
         }
+    }
+    for (int i = 0; i < m.ftab.n && steps > 0; i++) { /* frozen rows: must come out as they went in */
+        const glm_tensor *t = &m.ftab.t[i];
+        char *nm = names[2 * m.tab.n + i];
+        snprintf(nm, 160, "fparam/%s", t->name);
+        e[ne] = (st_entry){.name = nm, .ndim = t->ndim, .data = fparams + t->offset, .data_dtype = ST_F32, .file_dtype = ST_F32};
+        e[ne].shape[0] = t->shape[0]; e[ne].shape[1] = t->shape[1];
+        ne++;
     }
     if (st_save(out, e, ne, 0, &err)) return die(&err);
     printf("loss %.8f grad_norm %.8f supervised %d\n", loss0, norm0, b.n_targets);
@@ -123,6 +169,6 @@ int main(int argc, char **argv) {
     glm_model_free(&m);
     glm_batch_free(&b);
     be->destroy(be);
-    free(grads); free(params); free(losses); free(e); free(names);
+    free(grads); free(params); free(fparams); free(losses); free(e); free(names);
     return 0;
 }

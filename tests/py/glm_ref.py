@@ -235,13 +235,13 @@ def _softmax_dtype(dtype):
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def self_attention(cfg, p, x, position_ids, mask, layer_id, layer_past):
+def self_attention(cfg, p, x, position_ids, mask, layer_id, layer_past, lora=None):
     """x [s, b, H]; position_ids [b, 2, s]; mask bool broadcastable to [b, nh, s, s_k] or None.
     Returns (out [s, b, H], present (K, V) each [s_k, b, nh, hd], post-rotary keys)."""
     s, b, H = x.shape
     nh = cfg["num_attention_heads"]
     hd = H // nh
-    qkv = F.linear(x, p["attention.query_key_value.weight"], p["attention.query_key_value.bias"])
+    qkv = linear(p, "attention.query_key_value", x, lora)
     qkv = qkv.view(s, b, nh, 3 * hd)
     q, k, v = torch.split(qkv, hd, dim=-1)  # interleaved per head
     q1, q2 = q.chunk(2, dim=-1)
@@ -273,19 +273,30 @@ def self_attention(cfg, p, x, position_ids, mask, layer_id, layer_past):
     vb = v.reshape(sk, b * nh, hd).transpose(0, 1)         # [b*nh, sk, hd]
     ctx = torch.bmm(probs.view(b * nh, s, sk), vb).view(b, nh, s, hd)
     ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, H)        # head-major columns
-    out = F.linear(ctx, p["attention.dense.weight"], p["attention.dense.bias"])
+    out = linear(p, "attention.dense", ctx, lora)
     return out, present
 
 
-def glm_block(cfg, p, h, position_ids, mask, layer_id, layer_past, alpha):
+def linear(p, module, x, lora=None):
+    """One of the layer's four linear modules (module: "attention.query_key_value", ...).
+    lora = (adapters of this layer {"<module>.lora_A.weight": A [r, in], ".lora_B.weight":
+    B [out, r]}, scaling): a module with an adapter adds scaling * B A x, in peft's LoraLayer
+    order (lora_B(lora_A(x)) * scaling; dropout 0)."""
+    out = F.linear(x, p[module + ".weight"], p[module + ".bias"])
+    if lora is not None and module + ".lora_A.weight" in lora[0]:
+        ad, scaling = lora
+        out = out + F.linear(F.linear(x, ad[module + ".lora_A.weight"]), ad[module + ".lora_B.weight"]) * scaling
+    return out
+
+
+def glm_block(cfg, p, h, position_ids, mask, layer_id, layer_past, alpha, lora=None):
     H = cfg["hidden_size"]
     eps = cfg["layernorm_epsilon"]
     x = F.layer_norm(h, (H,), p["input_layernorm.weight"], p["input_layernorm.bias"], eps)
-    a, present = self_attention(cfg, p, x, position_ids, mask, layer_id, layer_past)
+    a, present = self_attention(cfg, p, x, position_ids, mask, layer_id, layer_past, lora)
     h1 = x * alpha + a
     y = F.layer_norm(h1, (H,), p["post_attention_layernorm.weight"], p["post_attention_layernorm.bias"], eps)
-    m = F.linear(gelu(F.linear(y, p["mlp.dense_h_to_4h.weight"], p["mlp.dense_h_to_4h.bias"])),
-                 p["mlp.dense_4h_to_h.weight"], p["mlp.dense_4h_to_h.bias"])
+    m = linear(p, "mlp.dense_4h_to_h", gelu(linear(p, "mlp.dense_h_to_4h", y, lora)), lora)
     return y * alpha + m, present
 
 
@@ -295,7 +306,7 @@ def layer_params(params, l):
 
 
 def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_mask=None,
-            past_key_values=None, use_cache=False, alpha=ALPHA, checkpoint=False):
+            past_key_values=None, use_cache=False, alpha=ALPHA, checkpoint=False, lora=None):
     """ChatGLMForConditionalGeneration.forward.
 
     input_ids long [b, s]. Without past_key_values, attention_mask (bool [b,1,s,s], True = masked)
@@ -303,7 +314,9 @@ def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_ma
     (tuple per layer of (K, V) [s_past, b, nh, hd]), position_ids must be given and the mask
     defaults to none (all allowed), as in the original decode path.
     Returns dict: hidden [b,s,H] (after final_layernorm), logits [b,s,V], loss (or None),
-    presents (tuple per layer) when use_cache."""
+    presents (tuple per layer) when use_cache.
+    lora = (adapters {"transformer.layers.N.<module>.lora_A.weight": A, ...lora_B...: B}, scaling)
+    adds peft's LoRA branches to the modules that have adapters (see linear, lora_scaling)."""
     H = cfg["hidden_size"]
     L = cfg["num_layers"]
     if past_key_values is None:
@@ -319,15 +332,16 @@ def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_ma
     presents = []
     for l in range(L):
         lp = layer_params(params, l)
+        ll = None if lora is None else (layer_params(lora[0], l), lora[1])
         if checkpoint and past_key_values[l] is None:
             import torch.utils.checkpoint as ckpt
 
-            def run(hh, _lp=lp, _l=l):
-                return glm_block(cfg, _lp, hh, position_ids, attention_mask, _l, None, alpha)[0]
+            def run(hh, _lp=lp, _l=l, _ll=ll):
+                return glm_block(cfg, _lp, hh, position_ids, attention_mask, _l, None, alpha, _ll)[0]
             h = ckpt.checkpoint(run, h, use_reentrant=False)
             present = None
         else:
-            h, present = glm_block(cfg, lp, h, position_ids, attention_mask, l, past_key_values[l], alpha)
+            h, present = glm_block(cfg, lp, h, position_ids, attention_mask, l, past_key_values[l], alpha, ll)
         presents.append(present)
     h = F.layer_norm(h, (H,), params["transformer.final_layernorm.weight"],
                      params["transformer.final_layernorm.bias"], cfg["layernorm_epsilon"])
@@ -390,4 +404,79 @@ def train(cfg, params, input_ids, labels, steps=0, lr=1e-3, weight_decay=0.0, be
             torch.nn.utils.clip_grad_norm_(tensors, max_grad_norm)
         opt.step()
     out["params"] = {k: v.detach().clone() for k, v in named}
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter-efficient fine-tuning: LoRA (peft's LoraLayer) and freeze (the last layers train)
+
+LORA_MODULES = ["attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"]
+
+
+def lora_scaling(alpha, r, rslora=False):
+    """peft's scaling: alpha / r, or alpha / sqrt(r) for rank-stabilised LoRA (peft >= 0.7)."""
+    return alpha / math.sqrt(r) if rslora else alpha / r
+
+
+def lora_shapes(cfg, r, targets):
+    """[(name, shape)] of the adapters, targets the HF module names ("query_key_value", ...;
+    peft's target_modules), A [r, in] and B [out, r], layer by layer in module order."""
+    H, F4 = cfg["hidden_size"], cfg["inner_hidden_size"]
+    dims = {"attention.query_key_value": (H, 3 * H), "attention.dense": (H, H),
+            "mlp.dense_h_to_4h": (H, F4), "mlp.dense_4h_to_h": (F4, H)}
+    out = []
+    for l in range(cfg["num_layers"]):
+        for mod in LORA_MODULES:
+            if mod.split(".")[1] in targets:
+                i, o = dims[mod]
+                pre = "transformer.layers.%d.%s." % (l, mod)
+                out += [(pre + "lora_A.weight", (r, i)), (pre + "lora_B.weight", (o, r))]
+    return out
+
+
+def init_lora(cfg, r, targets, seed=0, std_a=0.1, std_b=0.05, dtype=torch.float32):
+    """Random adapters with B != 0 too (peft starts from B = 0, where A gets no gradient)."""
+    g = torch.Generator().manual_seed(seed)
+    return {n: (torch.randn(s, generator=g, dtype=torch.float64) * (std_a if ".lora_A." in n else std_b)).to(dtype)
+            for n, s in lora_shapes(cfg, r, targets)}
+
+
+def freeze_trainable(cfg, n):
+    """Names that train in freeze mode: every tensor of the last n layers (the embedding, the
+    final norm and the head stay frozen)."""
+    first = cfg["num_layers"] - n
+    return [k for k, _ in param_shapes(cfg) if k.startswith("transformer.layers.") and int(k.split(".")[2]) >= first]
+
+
+def train_peft(cfg, params, input_ids, labels, trainable, adapters=None, scaling=0.0, steps=0, lr=1e-3,
+               weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=0.0):
+    """train() for LoRA or freeze: only the tensors named in `trainable` (names of params or of
+    adapters) get gradients and AdamW steps; the rest are constants. Returns the same dict as
+    train(), grads and params over the trainable names only, plus frozen {name: tensor}."""
+    every = dict(params, **(adapters or {}))
+    leaves = {k: every[k].detach().clone().requires_grad_(True) for k in trainable}
+    frozen = {k: v.detach().clone() for k, v in every.items() if k not in leaves}
+    named = list(leaves.items())
+    opt = make_adamw(named, lr, weight_decay, (beta1, beta2), eps)
+    tensors = [p for _, p in named]
+    out = {"losses": []}
+    for step in range(max(steps, 1)):
+        opt.zero_grad(set_to_none=True)
+        cur = dict(frozen, **leaves)
+        base = {k: cur[k] for k in params}
+        lora = None if adapters is None else ({k: cur[k] for k in adapters}, scaling)
+        loss = forward(cfg, base, input_ids, labels, lora=lora)["loss"]
+        loss.backward()
+        if step == 0:
+            out["loss"] = loss.item()
+            out["grad_norm"] = global_grad_norm(tensors).item()
+            out["grads"] = {k: (v.grad if v.grad is not None else torch.zeros_like(v)).detach().clone() for k, v in named}
+        if steps == 0:
+            break
+        out["losses"].append(loss.item())
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(tensors, max_grad_norm)
+        opt.step()
+    out["params"] = {k: v.detach().clone() for k, v in named}
+    out["frozen"] = frozen
     return out
