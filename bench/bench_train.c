@@ -1,18 +1,33 @@
 /* Training throughput of the CUDA backend on ChatGLM-6B shapes (glm_config_chatglm6b with an
- * untied head), random init on the device, full fine-tune AdamW with fp32 master weights,
- * rows of half prompt / half answer (labels on the answer half only).
+ * untied head), random init on the device, AdamW with fp32 master weights over the trainable
+ * rows, rows of half prompt / half answer (labels on the answer half only). Full fine-tuning by
+ * default; --lora R trains LoRA adapters of rank R on a frozen base (alpha 2R and dropout 0.05
+ * as `glmtrain train`'s defaults, targets query_key_value or all four linear modules), --freeze N
+ * the last N layers (LLaMA-Factory's freeze mode).
  *
  *   bench_train [--fp32 | --fp16] [--runs 512x4,512x8,512x8c,2048x2] [--steps 6] [--warmup 2]
  *               [--layers L] [--head_chunk R] [--detail] [--out FILE]
+ *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P]]
+ *               [--freeze N]
  * (--detail: one more step with an event at every op, printed as a per-op table; --head_chunk:
- * rows of logits per head/loss chunk, the model's default when absent)
+ * rows of logits per head/loss chunk, the model's default when absent; --lora_target also takes
+ * peft's comma-separated module names, e.g. query_key_value,dense)
  *
  * A run "TxB" is seq T, micro-batch B; a trailing "c" turns on gradient checkpointing. Each run
  * builds a fresh model and optimizer (checkpointing changes the activation layout) and times
  * whole optimizer steps: zero grads, forward + backward, grad norm + clip, AdamW. Reported:
- * tokens/s (all B*T tokens), MFU = tok/s * (6N + 12 L H T) / 989e12 (N = parameters, the
- * formula of docs/PERF.md), peak GPU memory, time from the run's start (and from the process
- * start) to the end of its first step, and the step-time split from one profiled step. */
+ * tokens/s (all B*T tokens), MFU = tok/s * F / 989e12 with N = all parameters of the model
+ * (trainable + frozen) and
+ *   full fine-tuning:  F = 6N + 12 L H T   (the formula of docs/PERF.md)
+ *   LoRA and freeze:   F = 4N + 12 L H T   (the work that is needed: forward 2N and the input
+ *                      gradients 2N; no weight gradients of the frozen base; attention's forward
+ *                      and backward are the same as for full fine-tuning; the adapters' own
+ *                      FLOPs, ~0.3% at r = 8, and freeze's weight gradients of its trainable
+ *                      layers are not counted),
+ * peak GPU memory, time from the run's start (and from the process start) to the end of its
+ * first step, and the step-time split from one profiled step. The label names the fine-tuning
+ * kind: 512x8+lora8 (query_key_value), 512x8+lora8all (all four), 512x4+ckpt+lora8,
+ * 512x8+freeze2. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,11 +71,14 @@ static void make_batch(glm_batch *b, const glm_config *c, int B, int T, uint64_t
     free(lab);
 }
 
-/* HF-style init on the device: N(0, 0.02) matrices, LayerNorm weights 1, biases 0. */
+/* HF-style init on the device: N(0, 0.02) matrices, LayerNorm weights 1, biases 0, for the rows
+ * of both tables (trainable, then the frozen base); the LoRA adapters are left to
+ * glm_model_init_adapters (A uniform, B = 0, as peft). */
 static void init_device(glm_model *m) {
-    for (int i = 0; i < m->tab.n; i++) {
-        const glm_tensor *t = &m->tab.t[i];
-        void *p = glm_at(m->be, m->params, t->offset);
+    for (int i = 0; i < glm_model_nrows(m); i++) {
+        void *p;
+        const glm_tensor *t = glm_model_row(m, i, &p);
+        if (t->kind >= T_QKV_LA) continue;
         if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, 1000 + (uint64_t)i, 0.02f);
         else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
     }
@@ -82,7 +100,9 @@ static void adamw_init_device(glm_adamw *o, glm_model *m) {
 }
 
 static double step(glm_model *m, glm_adamw *o, const glm_batch *b, double *loss) {
+    static uint64_t n_steps;
     double t0 = now();
+    glm_model_set_dropout_seed(m, 0x5eed0000ULL + n_steps++); /* fresh LoRA dropout masks per step */
     glm_zero_grads(m);
     *loss = glm_forward_backward(m, b, 1.0f / b->n_targets) / b->n_targets;
     double norm = glm_grad_norm(m, 1.0f);
@@ -96,6 +116,9 @@ int main(int argc, char **argv) {
     glm_dtype dt = GLM_BF16;
     const char *runs = "512x4,512x8,512x8c,2048x2", *out = NULL;
     int steps = 6, warmup = 2, layers = 0, detail = 0, head_chunk = 0;
+    int lora = 0, freeze = 0;
+    float lora_alpha = 0, lora_dropout = 0.05f;
+    const char *lora_target = "qkv";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--fp32")) dt = GLM_F32;
@@ -108,17 +131,38 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--out")) { out = v; i++; }
         else if (!strcmp(a, "--detail")) detail = 1;
         else if (!strcmp(a, "--head_chunk")) { head_chunk = atoi(v); i++; }
+        else if (!strcmp(a, "--lora")) { lora = atoi(v); i++; }
+        else if (!strcmp(a, "--lora_target")) { lora_target = v; i++; }
+        else if (!strcmp(a, "--lora_alpha")) { lora_alpha = (float)atof(v); i++; }
+        else if (!strcmp(a, "--lora_dropout")) { lora_dropout = (float)atof(v); i++; }
+        else if (!strcmp(a, "--freeze")) { freeze = atoi(v); i++; }
         else { fprintf(stderr, "usage: see the header of bench/bench_train.c (unknown %s)\n", a); return 2; }
     }
-    char err[256];
-    glm_backend *be = glm_backend_cuda(0, dt, err, sizeof err);
-    if (!be) { fprintf(stderr, "bench_train: %s\n", err); return 1; }
     glm_config c = glm_config_chatglm6b();
     c.tie_word_embeddings = 0;
     if (layers > 0) c.num_layers = layers;
+    char ftname[32] = "full"; /* the fine-tuning kind, for the label and the records */
+    if (lora > 0 && freeze > 0) { fprintf(stderr, "bench_train: --lora and --freeze exclude each other\n"); return 2; }
+    if (lora > 0) {
+        glm_err e = {0};
+        int bits = 0;
+        const char *names = !strcmp(lora_target, "qkv") ? "query_key_value" : lora_target;
+        if (glm_lora_targets_parse(names, &bits, &e)) { fprintf(stderr, "bench_train: --lora_target %s: %s\n", lora_target, e.msg); return 2; }
+        c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = lora, .lora_alpha = lora_alpha > 0 ? lora_alpha : 2.0f * lora,
+                            .lora_dropout = lora_dropout, .lora_targets = bits};
+        snprintf(ftname, sizeof ftname, "lora%d%s", lora, bits == GLM_LORA_QKV ? "" : bits == GLM_LORA_ALL ? "all" : "x");
+    } else if (freeze > 0) {
+        if (freeze > c.num_layers) { fprintf(stderr, "bench_train: --freeze %d > %d layers\n", freeze, c.num_layers); return 2; }
+        c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = freeze};
+        snprintf(ftname, sizeof ftname, "freeze%d", freeze);
+    }
+    int peft = c.peft.kind != GLM_FT_FULL;
+    char err[256];
+    glm_backend *be = glm_backend_cuda(0, dt, err, sizeof err);
+    if (!be) { fprintf(stderr, "bench_train: %s\n", err); return 1; }
     FILE *f = out ? fopen(out, "a") : NULL;
     const char *dname = dt == GLM_F32 ? "fp32" : dt == GLM_BF16 ? "bf16" : "fp16";
-    printf("%-6s %-10s %9s %9s %6s %8s %8s %8s | %7s %7s %7s %7s  loss\n", "dtype", "run", "step_ms", "tok/s", "MFU",
+    printf("%-6s %-18s %9s %9s %6s %8s %8s %8s | %7s %7s %7s %7s  loss\n", "dtype", "run", "step_ms", "tok/s", "MFU",
            "peakGiB", "first_s", "proc_s", "gemm", "attn", "other", "optim");
     char spec[256];
     snprintf(spec, sizeof spec, "%s", runs);
@@ -133,6 +177,7 @@ int main(int argc, char **argv) {
         m.gradient_checkpointing = ck == 'c';
         if (head_chunk > 0) m.head_chunk = head_chunk; /* before the first forward sizes the logits */
         init_device(&m);
+        if (c.peft.kind == GLM_FT_LORA) glm_model_init_adapters(&m, 1);
         glm_adamw o;
         adamw_init_device(&o, &m);
         glm_batch b;
@@ -170,21 +215,25 @@ int main(int argc, char **argv) {
         size_t used, peak, total;
         glm_cuda_memory(be, &used, &peak, &total);
         double tok = (double)B * T / med;
-        double flops_tok = 6.0 * (double)m.tab.n_params + 12.0 * c.num_layers * c.hidden_size * (double)T;
+        double n_all = (double)m.tab.n_params + (double)m.ftab.n_params; /* trainable + frozen */
+        double flops_tok = (peft ? 4.0 : 6.0) * n_all + 12.0 * c.num_layers * c.hidden_size * (double)T;
         double mfu = tok * flops_tok / 989e12;
-        char label[32];
-        snprintf(label, sizeof label, "%dx%d%s%s", T, B, ck == 'c' ? "+ckpt" : "", m.head_chunk != 256 ? "+hc" : "");
-        printf("%-6s %-10s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
+        char label[64];
+        snprintf(label, sizeof label, "%dx%d%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : "", m.head_chunk != 256 ? "+hc" : "",
+                 peft ? "+" : "", peft ? ftname : "");
+        printf("%-6s %-18s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
                med * 1e3, tok, 100 * mfu, peak / 1073741824.0, first - t_run, first - t_proc, split[GLM_PROF_GEMM],
                split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss);
         fflush(stdout);
         if (f)
             fprintf(f, "{\"dtype\":\"%s\",\"run\":\"%s\",\"seq\":%d,\"batch\":%d,\"ckpt\":%d,\"step_ms\":%.2f,\"tok_s\":%.1f,"
                        "\"mfu\":%.4f,\"peak_gib\":%.2f,\"first_step_s\":%.2f,\"from_process_start_s\":%.2f,\"gemm_ms\":%.1f,"
-                       "\"attn_ms\":%.1f,\"other_ms\":%.1f,\"optim_ms\":%.1f,\"loss\":%.5f,\"n_params\":%zu,\"head_chunk\":%d}\n",
+                       "\"attn_ms\":%.1f,\"other_ms\":%.1f,\"optim_ms\":%.1f,\"loss\":%.5f,\"n_params\":%.0f,\"n_trainable\":%zu,"
+                       "\"head_chunk\":%d,\"ft\":\"%s\",\"lora_rank\":%d,\"lora_targets\":%d,\"freeze\":%d,"
+                       "\"flops_per_token\":%.4g}\n",
                     dname, label, T, B, ck == 'c', med * 1e3, tok, mfu, peak / 1073741824.0, first - t_run, first - t_proc,
                     split[GLM_PROF_GEMM], split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss,
-                    m.tab.n_params, m.head_chunk);
+                    n_all, m.tab.n_params, m.head_chunk, peft ? ftname : "full", lora, c.peft.lora_targets, freeze, flops_tok);
         free(ts);
         glm_batch_free(&b);
         glm_adamw_free(&o, &m);
