@@ -126,6 +126,32 @@ struct glm_backend {
     void (*adamw)(glm_backend *be, void *param, float *master, const void *grad, float *m, float *v, size_t n,
                   float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float grad_scale);
 
+    /* ---- P-Tuning v2 (prefix keys/values; THUDM's PrefixEncoder) ---- */
+    /* H = NH*HD. pkv [P, 2L*H] is the prefix encoder's output for all L layers, per position laid
+     * out [2L, NH, HD]: slot 2l = layer l's keys, 2l+1 its values (not rotated).
+     * kv [B, P+T, NH, 2, HD] (=, per head k then v): for batch row b,
+     *   kv[b, j, h, s, d] = pkv[j, ((2*layer + s)*NH + h)*HD + d] * keep(i) / (1 - p)   (j < P)
+     *   kv[b, P+t, h, s, d] = qkv[b, t, h, 1 + s, d]                                   (t < T)
+     * qkv [B, T, NH, 3, HD] as in rope. keep(i) is glm_mask_keep(seed, i, glm_mask_threshold(p))
+     * (backend/mask_hash.h, as mask_scale) with i the flat index of the element in kv, so every
+     * batch row draws its own mask; a dropped element is 0; p = 0: no dropout (an exact copy).
+     * Attention then reads k at kv (batch stride (P+T)*2H, token stride 2H, head stride 2HD) and
+     * v at kv + HD with the same strides, Tk = P + T, key ranges shifted by P. */
+    void (*prefix_kv)(glm_backend *be, void *kv, const void *qkv, const void *pkv, int layer, int L, int B, int T,
+                      int P, int NH, int HD, float p, uint64_t seed);
+    /* The backward of prefix_kv from dkv [B, P+T, NH, 2, HD]:
+     *   dqkv[b, t, h, 1 + s, d] = dkv[b, P+t, h, s, d]       (=; dqkv's q slots are not touched)
+     *   dpkv[j, ((2*layer + s)*NH + h)*HD + d] += sum over b = 0..B-1 in order of
+     *                                            dkv[b, j, h, s, d] * keep(i) / (1 - p)
+     * with the forward's mask (same seed, i = the flat index in dkv); the sum is in fp32, added to
+     * dpkv once (other slots of dpkv untouched). Deterministic: bit-identical on every run. */
+    void (*prefix_kv_bwd)(glm_backend *be, void *dqkv, void *dpkv, const void *dkv, int layer, int L, int B, int T,
+                          int P, int NH, int HD, float p, uint64_t seed);
+    /* out = tanh(x) */
+    void (*tanh_fwd)(glm_backend *be, void *out, const void *x, size_t n);
+    /* dx = dout * (1 - out^2) from the forward's output; dx may alias dout */
+    void (*tanh_bwd)(glm_backend *be, void *dx, const void *out, const void *dout, size_t n);
+
     void (*destroy)(glm_backend *be);
 
     /* ---- optional (NULL where a backend lacks it; callers fall back) ---- */

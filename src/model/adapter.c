@@ -9,7 +9,7 @@
 #include "core/fileutil.h"
 #include "model/ckpt.h"
 
-static int is_adapter(const glm_tensor *t) { return t->kind >= T_QKV_LA && t->kind <= T_FC2_LB; }
+static int is_adapter(const glm_tensor *t) { return glm_is_lora(t->kind); }
 
 int glm_is_adapter_dir(const char *dir) {
     char path[4096];

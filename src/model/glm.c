@@ -143,7 +143,7 @@ void glm_model_drop_grads(glm_model *m) {
 /* The field of tensor t in w (weights or gradients). */
 static void **field_of(glm_weights *w, const glm_tensor *t) {
     glm_layer_ptrs *p = t->layer >= 0 ? &w->layer[t->layer] : NULL;
-    if (t->kind >= T_QKV_LA && t->kind <= T_FC2_LB) {
+    if (glm_is_lora(t->kind)) {
         int i = (t->kind - T_QKV_LA) / 2;
         return (t->kind - T_QKV_LA) % 2 ? &p->lora_b[i] : &p->lora_a[i];
     }

@@ -41,14 +41,13 @@ void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, 
     glm_table_build_part(tab, c, l0, l1, with_embed, with_head, unit_align, GLM_PART_TRAINABLE);
 }
 
-static int is_lora(glm_tkind k) { return k >= T_QKV_LA && k <= T_FC2_LB; }
 
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     const glm_peft *p = &c->peft;
     switch (p->kind) {
-    case GLM_FT_FULL: return !is_lora(kind);
-    case GLM_FT_LORA: return is_lora(kind) && (p->lora_targets >> ((kind - T_QKV_LA) / 2) & 1);
-    case GLM_FT_FREEZE: return !is_lora(kind) && layer >= 0 && layer >= c->num_layers - p->num_layer_trainable;
+    case GLM_FT_FULL: return !glm_is_lora(kind);
+    case GLM_FT_LORA: return glm_is_lora(kind) && (p->lora_targets >> ((kind - T_QKV_LA) / 2) & 1);
+    case GLM_FT_FREEZE: return !glm_is_lora(kind) && layer >= 0 && layer >= c->num_layers - p->num_layer_trainable;
     default: return 0;
     }
 }
@@ -56,7 +55,7 @@ int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
 /* Whether row (layer, kind) belongs in `part`; adapters exist only where they train. */
 static int in_part(const glm_config *c, int layer, glm_tkind kind, glm_part part) {
     int trains = glm_tensor_trains(c, layer, kind);
-    if (is_lora(kind)) return trains && part == GLM_PART_TRAINABLE;
+    if (glm_is_lora(kind)) return trains && part == GLM_PART_TRAINABLE;
     return part == GLM_PART_BASE || (part == GLM_PART_TRAINABLE) == trains;
 }
 

@@ -59,6 +59,8 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
                           size_t unit_align, glm_part part);
 /* Whether the base or adapter row (layer, kind) trains under c->peft. */
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind);
+/* Whether a kind is a LoRA adapter (a row that no base checkpoint holds). */
+static inline int glm_is_lora(glm_tkind k) { return k >= T_QKV_LA && k <= T_FC2_LB; }
 /* The LoRA kind of target i (0 query_key_value .. 3 dense_4h_to_h): A (b = 0) or B (b = 1). */
 static inline glm_tkind glm_lora_kind(int i, int b) { return (glm_tkind)(T_QKV_LA + 2 * i + b); }
 /* The trainable tensors of one pipeline stage: layers [l0, l1), the word embedding when

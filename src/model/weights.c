@@ -12,7 +12,7 @@
 #include "model/ckpt.h"
 #include "model/glm.h"
 
-static int is_adapter(const glm_tensor *t) { return t->kind >= T_QKV_LA && t->kind <= T_FC2_LB; }
+static int is_adapter(const glm_tensor *t) { return glm_is_lora(t->kind); }
 
 void glm_model_init_random(glm_model *m, uint64_t seed, float std) {
     size_t cap = 0;

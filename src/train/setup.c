@@ -86,7 +86,7 @@ static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
     for (int i = 0; i < glm_model_nrows(m); i++) {
         void *p;
         const glm_tensor *t = glm_model_row(m, i, &p);
-        if (t->kind >= T_QKV_LA) continue; /* adapters: glm_model_init_adapters */
+        if (glm_is_lora(t->kind)) continue; /* adapters: glm_model_init_adapters */
         uint64_t row = (uint64_t)(glm_table_find(&full, t->name) - full.t);
         if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, seed * 1000003ULL + row, std);
         else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);

@@ -457,6 +457,99 @@ static void t_optim(ctx *c, size_t n) {
     for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
 }
 
+/* ---------------------------------------------------------------- P-Tuning v2: prefix kv, tanh */
+
+/* prefix_kv and prefix_kv_bwd against the CPU twin, layer 2 of L = 3 (the pkv slot offsets):
+ * kv poisoned; the dropout mask equal (exact zeros in the same places, about p dropped); the
+ * sequence rows exact copies; dqkv's q slots kept bit for bit while its k|v slots (poisoned)
+ * are written; dpkv accumulated onto random values, other layers' slots untouched; a second
+ * run of the backward bit-identical (no atomics). */
+static void t_prefix(ctx *c, int B, int T, int P, int NH, int HD) {
+    glm_backend *be = c->be;
+    char name[160];
+    const int L = 3, layer = 2;
+    const size_t es = glm_dtype_size(c->dt), H = (size_t)NH * HD, nkv = (size_t)B * (P + T) * 2 * H;
+    const size_t nqkv = (size_t)B * T * 3 * H, npkv = (size_t)P * 2 * L * H, npre = (size_t)B * P * 2 * H;
+    float *qkv = rnd(&c->rng, c->dt, nqkv, 1.0f), *pkv = rnd(&c->rng, c->dt, npkv, 0.5f), *ref = malloc(sizeof(float) * nkv);
+    void *dq = up_s(be, qkv, nqkv), *dp = up_s(be, pkv, npkv), *dkvb = be->alloc(be, nkv * es);
+    for (int k = 0; k < 2; k++) {
+        float p = k ? 0.1f : 0.0f;
+        uint64_t seed = 0xabcdef12ULL + (uint64_t)B * 1000 + T;
+        cpu_prefix_kv(ref, qkv, pkv, layer, L, B, T, P, NH, HD, p, seed);
+        poison(be, dkvb, nkv, 0);
+        be->prefix_kv(be, dkvb, dq, dp, layer, L, B, T, P, NH, HD, p, seed);
+        float *got = down_s(be, dkvb, nkv);
+        size_t zeros_ref = 0, zeros_mismatch = 0, seq_bad = 0;
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < P + T; j++)
+                for (size_t e = 0; e < 2 * H; e++) {
+                    size_t i = ((size_t)b * (P + T) + j) * 2 * H + e;
+                    if (j < P) { zeros_ref += ref[i] == 0; zeros_mismatch += (ref[i] == 0) != (got[i] == 0); }
+                    else seq_bad += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+                }
+        check_close(c->tc, NAME("prefix_kv_%s_%s_B%dT%dP%dNH%dHD%d", k ? "dropout" : "copy", c->tag, B, T, P, NH, HD), got,
+                    ref, nkv, tol(c, 1e-6, 1e-2, 2e-3));
+        TEST_CHECK(c->tc, NAME("prefix_kv_%s_same_mask_%s_B%dT%dP%dNH%dHD%d", k ? "dropout" : "copy", c->tag, B, T, P, NH, HD),
+                   zeros_mismatch == 0 && (k == 0 ? zeros_ref == 0 : npre < 2000 || (zeros_ref > npre * 0.08 && zeros_ref < npre * 0.12)),
+                   "%zu of %zu zeros differ; %zu dropped", zeros_mismatch, npre, zeros_ref);
+        TEST_CHECK(c->tc, NAME("prefix_kv_%s_sequence_exact_%s_B%dT%dP%dNH%dHD%d", k ? "dropout" : "copy", c->tag, B, T, P, NH, HD),
+                   seq_bad == 0, "%zu sequence elements differ", seq_bad);
+        free(got);
+
+        /* backward */
+        float *g = rnd(&c->rng, c->dt, nkv, 1.0f), *dqkv0 = rnd(&c->rng, c->dt, nqkv, 1.0f), *dpkv0 = rnd(&c->rng, c->dt, npkv, 0.1f);
+        for (size_t r = 0; r < (size_t)B * T * NH; r++) /* k|v slots: written with =, so poisoned */
+            for (size_t e = HD; e < 3 * (size_t)HD; e++) dqkv0[r * 3 * HD + e] = NAN;
+        float *rq = fcopy(dqkv0, nqkv), *rp = fcopy(dpkv0, npkv);
+        cpu_prefix_kv_bwd(rq, rp, g, layer, L, B, T, P, NH, HD, p, seed);
+        void *dg = up_s(be, g, nkv), *ddq = up_s(be, dqkv0, nqkv), *ddp = up_s(be, dpkv0, npkv);
+        be->prefix_kv_bwd(be, ddq, ddp, dg, layer, L, B, T, P, NH, HD, p, seed);
+        float *oq = down_s(be, ddq, nqkv), *op = down_s(be, ddp, npkv);
+        size_t q_bad = 0;
+        for (size_t r = 0; r < (size_t)B * T * NH; r++)
+            for (int d = 0; d < HD; d++) q_bad += memcmp(&oq[r * 3 * HD + d], &dqkv0[r * 3 * HD + d], sizeof(float)) != 0;
+        TEST_CHECK(c->tc, NAME("prefix_kv_bwd_%s_q_untouched_%s_B%dT%dP%dNH%dHD%d", k ? "dropout" : "copy", c->tag, B, T, P, NH, HD),
+                   q_bad == 0, "%zu q elements changed", q_bad);
+        check_close(c->tc, NAME("prefix_kv_bwd_%s_dqkv_%s_B%dT%dP%dNH%dHD%d", k ? "dropout" : "copy", c->tag, B, T, P, NH, HD), oq,
+                    rq, nqkv, 0);
+        check_close(c->tc, NAME("prefix_kv_bwd_%s_dpkv_%s_B%dT%dP%dNH%dHD%d", k ? "dropout" : "copy", c->tag, B, T, P, NH, HD), op,
+                    rp, npkv, tol(c, 1e-6, 1e-2, 2e-3));
+        /* again from the same start: bit for bit */
+        be->upload_f32(be, ddq, dqkv0, nqkv);
+        be->upload_f32(be, ddp, dpkv0, npkv);
+        be->prefix_kv_bwd(be, ddq, ddp, dg, layer, L, B, T, P, NH, HD, p, seed);
+        float *oq2 = down_s(be, ddq, nqkv), *op2 = down_s(be, ddp, npkv);
+        TEST_CHECK(c->tc, NAME("prefix_kv_bwd_%s_deterministic_%s_B%dT%dP%dNH%dHD%d", k ? "dropout" : "copy", c->tag, B, T, P, NH, HD),
+                   memcmp(oq, oq2, sizeof(float) * nqkv) == 0 && memcmp(op, op2, sizeof(float) * npkv) == 0,
+                   "a second run differs");
+        be->free(be, dg); be->free(be, ddq); be->free(be, ddp);
+        free(g); free(dqkv0); free(dpkv0); free(rq); free(rp); free(oq); free(op); free(oq2); free(op2);
+    }
+    be->free(be, dq); be->free(be, dp); be->free(be, dkvb);
+    free(qkv); free(pkv); free(ref);
+}
+
+static void t_tanh(ctx *c, size_t n) {
+    glm_backend *be = c->be;
+    char name[128];
+    float *x = rnd(&c->rng, c->dt, n, 2.0f), *g = rnd(&c->rng, c->dt, n, 1.0f), *ref = malloc(sizeof(float) * n);
+    void *dx = up_s(be, x, n), *dg = up_s(be, g, n), *dout = be->alloc(be, n * glm_dtype_size(c->dt));
+    cpu_tanh_fwd(ref, x, n);
+    poison(be, dout, n, 0);
+    be->tanh_fwd(be, dout, dx, n);
+    float *got = down_s(be, dout, n);
+    check_close(c->tc, NAME("tanh_fwd_%s_%zu", c->tag, n), got, ref, n, tol(c, 1e-6, 1e-2, 2e-3));
+    /* backward from the GPU's (rounded) forward output, dx aliasing dout as the model calls it */
+    cpu_tanh_bwd(ref, got, g, n);
+    be->tanh_bwd(be, dg, dout, dg, n);
+    free(got);
+    got = down_s(be, dg, n);
+    check_close(c->tc, NAME("tanh_bwd_%s_%zu", c->tag, n), got, ref, n, tol(c, 1e-6, 1e-2, 2e-3));
+    free(got);
+    be->free(be, dx); be->free(be, dg); be->free(be, dout);
+    free(x); free(g); free(ref);
+}
+
 /* ---------------------------------------------------------------- driver */
 
 static void run_all(ctx *c, int quick, int attention_only) {
@@ -474,6 +567,11 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_rope(c, 64, 4, 128);
         t_elementwise(c, 1001);
         if (!quick) t_elementwise(c, 4096 * 64);
+        t_tanh(c, 1001);
+        if (!quick) t_tanh(c, 4096 * 64);
+        t_prefix(c, 2, 7, 3, 2, 8);
+        t_prefix(c, 3, 130, 16, 4, 64);
+        t_prefix(c, 2, 5, 4, 3, 6); /* head size 6: the scalar (unpacked) kernels */
         t_cross_entropy(c, 5, 50);
         if (!quick) t_cross_entropy(c, 64, 130528);
         t_optim(c, 10007);

@@ -59,6 +59,16 @@ static void sc_add(glm_backend *be, void *out, float alpha, const void *x, const
 static void msk(glm_backend *be, void *out, const void *x, size_t n, float scale, float p, uint64_t seed) {
     cpu_mask_scale(out, x, n, scale, p, seed);
 }
+static void pkv_fwd(glm_backend *be, void *kv, const void *qkv, const void *pkv, int layer, int L, int B, int T, int P,
+                    int NH, int HD, float p, uint64_t seed) {
+    cpu_prefix_kv(kv, qkv, pkv, layer, L, B, T, P, NH, HD, p, seed);
+}
+static void pkv_bwd(glm_backend *be, void *dqkv, void *dpkv, const void *dkv, int layer, int L, int B, int T, int P,
+                    int NH, int HD, float p, uint64_t seed) {
+    cpu_prefix_kv_bwd(dqkv, dpkv, dkv, layer, L, B, T, P, NH, HD, p, seed);
+}
+static void th_fwd(glm_backend *be, void *out, const void *x, size_t n) { cpu_tanh_fwd(out, x, n); }
+static void th_bwd(glm_backend *be, void *dx, const void *out, const void *dout, size_t n) { cpu_tanh_bwd(dx, out, dout, n); }
 static void ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
     cpu_cross_entropy(logits, losses, t, R, V, dscale);
 }
@@ -96,6 +106,7 @@ glm_backend *glm_backend_cpu(void) {
         .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,
         .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk,
         .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw,
+        .prefix_kv = pkv_fwd, .prefix_kv_bwd = pkv_bwd, .tanh_fwd = th_fwd, .tanh_bwd = th_bwd,
         .destroy = cpu_destroy,
     };
     return be;

@@ -329,3 +329,75 @@ void cpu_mask_scale(float *out, const float *x, size_t n, float scale, float p, 
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = p > 0 && !glm_mask_keep(seed, i, th) ? 0.0f : x[i] * keep;
 }
+
+/* ---- P-Tuning v2: prefix keys/values (backend.h prefix_kv, prefix_kv_bwd) ---- */
+
+/* kv row r = (b, j) of [B, P+T, NH, 2, HD]; element e = (h, s, d) within the row's 2H. */
+void cpu_prefix_kv(float *kv, const float *qkv, const float *pkv, int layer, int L, int B, int T, int P, int NH,
+                   int HD, float p, uint64_t seed) {
+    const size_t H = (size_t)NH * HD, row = 2 * H, pstride = 2 * (size_t)L * H;
+    const int PT = P + T;
+    const uint32_t th = glm_mask_threshold(p);
+    const float ks = p > 0 ? 1.0f / (1.0f - p) : 1.0f;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)B * PT; r++) {
+        int b = (int)(r / PT), j = (int)(r % PT);
+        float *o = kv + (size_t)r * row;
+        for (int h = 0; h < NH; h++)
+            for (int s = 0; s < 2; s++) {
+                float *od = o + ((size_t)h * 2 + s) * HD;
+                if (j < P) {
+                    const float *src = pkv + (size_t)j * pstride + ((size_t)(2 * layer + s) * NH + h) * HD;
+                    size_t i0 = (size_t)r * row + ((size_t)h * 2 + s) * HD;
+                    for (int d = 0; d < HD; d++)
+                        od[d] = p > 0 && !glm_mask_keep(seed, i0 + d, th) ? 0.0f : src[d] * ks;
+                } else {
+                    const float *src = qkv + ((size_t)b * T + (j - P)) * 3 * H + ((size_t)h * 3 + 1 + s) * HD;
+                    memcpy(od, src, sizeof(float) * HD);
+                }
+            }
+    }
+}
+
+/* Sequence rows copied back into dqkv's k|v slots; each prefix element of dpkv summed over b in
+ * order (one thread owns it): deterministic whatever the thread count. */
+void cpu_prefix_kv_bwd(float *dqkv, float *dpkv, const float *dkv, int layer, int L, int B, int T, int P, int NH,
+                       int HD, float p, uint64_t seed) {
+    const size_t H = (size_t)NH * HD, row = 2 * H, pstride = 2 * (size_t)L * H;
+    const int PT = P + T;
+    const uint32_t th = glm_mask_threshold(p);
+    const float ks = p > 0 ? 1.0f / (1.0f - p) : 1.0f;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)B * T; r++) {
+        int b = (int)(r / T), t = (int)(r % T);
+        const float *g = dkv + ((size_t)b * PT + P + t) * row;
+        float *o = dqkv + (size_t)r * 3 * H;
+        for (int h = 0; h < NH; h++)
+            memcpy(o + ((size_t)h * 3 + 1) * HD, g + (size_t)h * 2 * HD, sizeof(float) * 2 * HD);
+    }
+#pragma omp parallel for schedule(static)
+    for (long je = 0; je < (long)P * (long)row; je++) {
+        int j = (int)(je / (long)row);
+        size_t e = (size_t)(je % (long)row), h = e / (2 * (size_t)HD), s = (e / HD) & 1, d = e % HD;
+        float acc = 0.0f;
+        for (int b = 0; b < B; b++) {
+            size_t i = ((size_t)b * PT + j) * row + e;
+            acc += p > 0 && !glm_mask_keep(seed, i, th) ? 0.0f : dkv[i] * ks;
+        }
+        dpkv[(size_t)j * pstride + ((size_t)(2 * layer) + s) * H + h * HD + d] += acc;
+    }
+}
+
+/* libm tanhf (not tanh_arith): NaN propagates, as on CUDA */
+void cpu_tanh_fwd(float *out, const float *x, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = tanhf(x[i]);
+}
+
+void cpu_tanh_bwd(float *dx, const float *out, const float *dout, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float o = out[i];
+        dx[i] = dout[i] * (1.0f - o * o);
+    }
+}

@@ -28,6 +28,13 @@ void cpu_gelu_bwd(float *dx, const float *x, const float *dout, size_t n);
 void cpu_scale_add(float *out, float alpha, const float *x, const float *y, size_t n);
 /* backend.h mask_scale */
 void cpu_mask_scale(float *out, const float *x, size_t n, float scale, float p, uint64_t seed);
+/* backend.h prefix_kv, prefix_kv_bwd, tanh_fwd, tanh_bwd (P-Tuning v2) */
+void cpu_prefix_kv(float *kv, const float *qkv, const float *pkv, int layer, int L, int B, int T, int P, int NH,
+                   int HD, float p, uint64_t seed);
+void cpu_prefix_kv_bwd(float *dqkv, float *dpkv, const float *dkv, int layer, int L, int B, int T, int P, int NH,
+                       int HD, float p, uint64_t seed);
+void cpu_tanh_fwd(float *out, const float *x, size_t n);
+void cpu_tanh_bwd(float *dx, const float *out, const float *dout, size_t n);
 void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int R, int V, float dscale);
 void cpu_gather_rows(float *out, const float *x, const int32_t *idx, int R, int C);
 void cpu_scatter_rows(float *out, const float *x, const int32_t *idx, int R, int C);

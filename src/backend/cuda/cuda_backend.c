@@ -448,6 +448,28 @@ static void cu_mask_scale(glm_backend *be, void *out, const void *x, size_t n, f
     glmk_mask_scale(be->dtype, out, x, n, scale, p, seed, IM(be)->st);
     op_done(be, "mask_scale");
 }
+static void cu_prefix_kv(glm_backend *be, void *kv, const void *qkv, const void *pkv, int layer, int L, int B, int T,
+                         int P, int NH, int HD, float p, uint64_t seed) {
+    prof(be, GLM_PROF_OTHER, "prefix_kv");
+    glmk_prefix_kv(be->dtype, kv, qkv, pkv, layer, L, B, T, P, NH, HD, p, seed, IM(be)->st);
+    op_done(be, "prefix_kv");
+}
+static void cu_prefix_kv_bwd(glm_backend *be, void *dqkv, void *dpkv, const void *dkv, int layer, int L, int B, int T,
+                             int P, int NH, int HD, float p, uint64_t seed) {
+    prof(be, GLM_PROF_OTHER, "prefix_kv_bwd");
+    glmk_prefix_kv_bwd(be->dtype, dqkv, dpkv, dkv, layer, L, B, T, P, NH, HD, p, seed, IM(be)->st);
+    op_done(be, "prefix_kv_bwd");
+}
+static void cu_tanh_fwd(glm_backend *be, void *out, const void *x, size_t n) {
+    prof(be, GLM_PROF_OTHER, "tanh_fwd");
+    glmk_tanh_fwd(be->dtype, out, x, n, IM(be)->st);
+    op_done(be, "tanh_fwd");
+}
+static void cu_tanh_bwd(glm_backend *be, void *dx, const void *out, const void *dout, size_t n) {
+    prof(be, GLM_PROF_OTHER, "tanh_bwd");
+    glmk_tanh_bwd(be->dtype, dx, out, dout, n, IM(be)->st);
+    op_done(be, "tanh_bwd");
+}
 static void cu_ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
     prof(be, GLM_PROF_OTHER, "cross_entropy");
     glmk_cross_entropy(be->dtype, logits, losses, t, R, V, dscale, IM(be)->st);
@@ -580,7 +602,9 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale,
         .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
-        .adamw = cu_adamw, .destroy = cu_destroy, .to_f32 = cu_to_f32,
+        .adamw = cu_adamw,
+        .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,
+        .destroy = cu_destroy, .to_f32 = cu_to_f32,
     };
     im->workspace = cu_alloc(be, WORKSPACE_BYTES);
     im->ssq = cu_alloc(be, (SSQ_PARTIALS + SSQ_SPANS) * sizeof(double));

@@ -37,6 +37,14 @@ void glmk_rope(glm_dtype dt, void *qkv, const int32_t *pos, const int32_t *bpos,
 /* out[N, OC] += bias[OC] (used when the GEMM ran without the bias epilogue) */
 void glmk_bias_add(glm_dtype dt, void *out, const void *bias, int N, int OC, cudaStream_t st);
 
+/* ---- P-Tuning v2 (k_prefix.cu) ---- */
+void glmk_prefix_kv(glm_dtype dt, void *kv, const void *qkv, const void *pkv, int layer, int L, int B, int T, int P,
+                    int NH, int HD, float p, uint64_t seed, cudaStream_t st);
+void glmk_prefix_kv_bwd(glm_dtype dt, void *dqkv, void *dpkv, const void *dkv, int layer, int L, int B, int T, int P,
+                        int NH, int HD, float p, uint64_t seed, cudaStream_t st);
+void glmk_tanh_fwd(glm_dtype dt, void *out, const void *x, size_t n, cudaStream_t st);
+void glmk_tanh_bwd(glm_dtype dt, void *dx, const void *out, const void *dout, size_t n, cudaStream_t st);
+
 /* ---- reductions (k_reduce.cu) ---- */
 /* Column sums of a [N, C] S matrix, deterministic: scratch holds glmk_colsum_scratch(N, C) floats.
  * dst1 += colsum(a);  if b != NULL, dst2 += colsum(a * b ...) -- see k_reduce.cu for the two uses. */
