@@ -8,7 +8,7 @@
  *   bench_train [--fp32 | --fp16] [--runs 512x4,512x8,512x8c,2048x2] [--steps 6] [--warmup 2]
  *               [--layers L] [--head_chunk R] [--detail] [--out FILE]
  *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P]]
- *               [--freeze N]
+ *               [--freeze N] [--ptuning P [--prefix_projection]]
  * (--detail: one more step with an event at every op, printed as a per-op table; --head_chunk:
  * rows of logits per head/loss chunk, the model's default when absent; --lora_target also takes
  * peft's comma-separated module names, e.g. query_key_value,dense)
@@ -78,7 +78,7 @@ static void init_device(glm_model *m) {
     for (int i = 0; i < glm_model_nrows(m); i++) {
         void *p;
         const glm_tensor *t = glm_model_row(m, i, &p);
-        if (t->kind >= T_QKV_LA) continue;
+        if (glm_is_extra(t->kind)) continue; /* adapters and the prefix encoder: glm_model_init_adapters */
         if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, 1000 + (uint64_t)i, 0.02f);
         else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
     }
@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
     glm_dtype dt = GLM_BF16;
     const char *runs = "512x4,512x8,512x8c,2048x2", *out = NULL;
     int steps = 6, warmup = 2, layers = 0, detail = 0, head_chunk = 0;
-    int lora = 0, freeze = 0;
+    int lora = 0, freeze = 0, ptuning = 0, projection = 0;
     float lora_alpha = 0, lora_dropout = 0.05f;
     const char *lora_target = "qkv";
     for (int i = 1; i < argc; i++) {
@@ -136,6 +136,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--lora_alpha")) { lora_alpha = (float)atof(v); i++; }
         else if (!strcmp(a, "--lora_dropout")) { lora_dropout = (float)atof(v); i++; }
         else if (!strcmp(a, "--freeze")) { freeze = atoi(v); i++; }
+        else if (!strcmp(a, "--ptuning")) { ptuning = atoi(v); i++; }
+        else if (!strcmp(a, "--prefix_projection")) projection = 1;
         else { fprintf(stderr, "usage: see the header of bench/bench_train.c (unknown %s)\n", a); return 2; }
     }
     glm_config c = glm_config_chatglm6b();
@@ -151,6 +153,9 @@ int main(int argc, char **argv) {
         c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = lora, .lora_alpha = lora_alpha > 0 ? lora_alpha : 2.0f * lora,
                             .lora_dropout = lora_dropout, .lora_targets = bits};
         snprintf(ftname, sizeof ftname, "lora%d%s", lora, bits == GLM_LORA_QKV ? "" : bits == GLM_LORA_ALL ? "all" : "x");
+    } else if (ptuning > 0) { /* P-Tuning v2: a prefix of P tokens (THUDM's prefix dropout 0.1) */
+        c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = ptuning, .prefix_projection = projection, .prefix_dropout = 0.1f};
+        snprintf(ftname, sizeof ftname, "ptuning%d%s", ptuning, projection ? "proj" : "");
     } else if (freeze > 0) {
         if (freeze > c.num_layers) { fprintf(stderr, "bench_train: --freeze %d > %d layers\n", freeze, c.num_layers); return 2; }
         c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = freeze};
@@ -177,7 +182,7 @@ int main(int argc, char **argv) {
         m.gradient_checkpointing = ck == 'c';
         if (head_chunk > 0) m.head_chunk = head_chunk; /* before the first forward sizes the logits */
         init_device(&m);
-        if (c.peft.kind == GLM_FT_LORA) glm_model_init_adapters(&m, 1);
+        if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING) glm_model_init_adapters(&m, 1);
         glm_adamw o;
         adamw_init_device(&o, &m);
         glm_batch b;

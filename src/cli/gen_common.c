@@ -142,8 +142,12 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     s->model_ok = 1;
     if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;
     if (a->adapter && glm_adapter_load(&s->m, a->adapter, err)) return -1;
-    if (a->adapter) glm_info("LoRA adapter %s: r %d, alpha %g on %d module kinds", a->adapter, s->cfg.peft.lora_rank,
-                             s->cfg.peft.lora_alpha, __builtin_popcount((unsigned)s->cfg.peft.lora_targets));
+    if (a->adapter && s->cfg.peft.kind == GLM_FT_PTUNING)
+        glm_info("P-Tuning v2 prefix %s: %d tokens%s", a->adapter, s->cfg.peft.pre_seq_len,
+                 s->cfg.peft.prefix_projection ? ", projected" : "");
+    else if (a->adapter)
+        glm_info("LoRA adapter %s: r %d, alpha %g on %d module kinds", a->adapter, s->cfg.peft.lora_rank,
+                 s->cfg.peft.lora_alpha, __builtin_popcount((unsigned)s->cfg.peft.lora_targets));
     glm_info("loaded %s on %s in %.1f s (%d layers, hidden %d, vocab %d)", a->model_name_or_path, s->be->name,
              glm_now() - t0, c.num_layers, c.hidden_size, c.vocab_size);
     return 0;

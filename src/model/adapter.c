@@ -79,9 +79,34 @@ int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err
     return rc;
 }
 
+/* A P-Tuning v2 checkpoint (THUDM's ptuning output, or glmtrain's): config.json with
+ * pre_seq_len; 0 when it is one, 1 when it is not, -1 on a broken file. */
+static int read_ptuning(const char *dir, glm_peft *p, glm_err *err) {
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "config.json");
+    if (!glm_is_file(path)) return 1;
+    char *text = glm_read_file(path, NULL, err);
+    if (!text) return -1;
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "pre_seq_len");
+    int rc = 1;
+    if (cJSON_IsNumber(v) && v->valueint > 0) {
+        *p = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = v->valueint,
+                        .prefix_projection = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "prefix_projection"))};
+        rc = 0;
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
 int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     char path[4096];
     glm_path_join(path, sizeof path, dir, "adapter_config.json");
+    if (!glm_is_file(path)) {
+        int pt = read_ptuning(dir, p, err);
+        if (pt <= 0) return pt;
+    }
     char *text = glm_read_file(path, NULL, err);
     if (!text) return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");
     cJSON *o = cJSON_Parse(text);
@@ -127,6 +152,7 @@ static int adapter_file(const char *dir, char *path, size_t n) {
 }
 
 int glm_adapter_load(glm_model *m, const char *dir, glm_err *err) {
+    if (m->cfg.peft.kind == GLM_FT_PTUNING) return glm_model_load_trainable(m, dir, err); /* transformer.prefix_encoder.* */
     char path[4096];
     if (adapter_file(dir, path, sizeof path)) {
         glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", dir);

@@ -17,9 +17,12 @@
 /* Writes adapter_config.json and adapter_model.safetensors (tensors as dtype) into dir. */
 int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err);
 /* Reads a folder's adapter_config.json into p (kind LoRA, rank, alpha, dropout, targets,
- * rslora); an error names the file and the key for what glmtrain cannot use. */
+ * rslora), or, without one, a P-Tuning v2 checkpoint's config.json (pre_seq_len,
+ * prefix_projection: THUDM's ptuning layout); an error names the file and the key for what
+ * glmtrain cannot use. */
 int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err);
-/* Loads the adapter tensors of dir into the model's LoRA rows (shapes checked, named). */
+/* Loads the adapter tensors of dir into the model's LoRA rows (shapes checked, named), or a
+ * P-Tuning checkpoint's transformer.prefix_encoder.* (model.safetensors or pytorch_model.bin). */
 int glm_adapter_load(glm_model *m, const char *dir, glm_err *err);
 /* Whether dir holds a LoRA adapter (adapter_config.json). */
 int glm_is_adapter_dir(const char *dir);

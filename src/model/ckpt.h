@@ -46,8 +46,10 @@ typedef struct glm_export_opts {
 void glm_export_opts_init(glm_export_opts *o); /* F16, one file, original layout */
 
 /* config.json for weights written as `dtype` into dir: the text of config_from (NULL: made
- * from c) with only torch_dtype set, every other byte as written (core/json_text.h), so
- * auto_map, _name_or_path and number literals like 1e-05 reach the original loaders intact. */
+ * from c) with only torch_dtype set (and for a P-Tuning model pre_seq_len and
+ * prefix_projection, as THUDM's ptuning writes them), every other byte as written
+ * (core/json_text.h), so auto_map, _name_or_path and number literals like 1e-05 reach the
+ * original loaders intact. */
 int glm_write_hf_config(const glm_config *c, const char *config_from, st_dtype dtype, const char *dir, glm_err *err);
 /* What the original loaders need from a source model folder beside the weights, copied byte
  * for byte: its code files (*.py: THUDM's modeling/configuration/tokenization/quantization),

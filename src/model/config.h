@@ -19,6 +19,12 @@ typedef struct glm_peft {
     int use_rslora;
     /* freeze: the last num_layer_trainable layers train (LLaMA-Factory's freeze mode) */
     int num_layer_trainable;
+    /* P-Tuning v2 as THUDM's modeling_chatglm.py: a trainable prefix encoder gives every layer
+     * pre_seq_len keys and values that every query sees (not rotated); prefix_projection puts an
+     * MLP (Linear H->H, tanh, Linear H->2LH) after the [P, H] embedding; prefix_dropout (0.1 in
+     * the original) on the prefix keys/values while training, per batch row */
+    int pre_seq_len, prefix_projection;
+    float prefix_dropout;
 } glm_peft;
 
 typedef struct glm_config {

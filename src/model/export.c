@@ -113,6 +113,13 @@ int glm_write_hf_config(const glm_config *c, const char *config_from, st_dtype d
     snprintf(value, sizeof value, "\"%s\"", torch_dtype_name(dtype));
     if (ok) out = glm_json_set_key(text, "torch_dtype", value);
     free(text);
+    if (out && c->peft.kind == GLM_FT_PTUNING) { /* what THUDM's loader reads to build the prefix encoder */
+        snprintf(value, sizeof value, "%d", c->peft.pre_seq_len);
+        char *o2 = glm_json_set_key(out, "pre_seq_len", value);
+        free(out);
+        out = o2 ? glm_json_set_key(o2, "prefix_projection", c->peft.prefix_projection ? "true" : "false") : NULL;
+        free(o2);
+    }
     if (!out) return glm_fail(err, "%s: not a JSON object", config_from ? config_from : "config");
     size_t n = strlen(out);
     if (n == 0 || out[n - 1] != '\n') { out = glm_realloc(out, n + 2); out[n++] = '\n'; out[n] = 0; }

@@ -83,7 +83,7 @@ static size_t unit_lo(const glm_model *m, int u) {
     int L = m->cfg.num_layers;
     for (int i = 0; i < m->tab.n; i++) {
         const glm_tensor *t = &m->tab.t[i];
-        int tu = t->layer >= 0 ? t->layer : t->kind == T_WORD_EMB ? -1 : L;
+        int tu = t->layer >= 0 ? t->layer : t->kind == T_WORD_EMB || glm_is_prefix(t->kind) ? -1 : L;
         if (tu == u && t->opens_unit) return t->offset;
     }
     return SIZE_MAX;
@@ -148,6 +148,11 @@ static void **field_of(glm_weights *w, const glm_tensor *t) {
         return (t->kind - T_QKV_LA) % 2 ? &p->lora_b[i] : &p->lora_a[i];
     }
     switch (t->kind) {
+    case T_PREFIX_EMB: return &w->prefix_emb;
+    case T_PREFIX_W1: return &w->prefix_w1;
+    case T_PREFIX_B1: return &w->prefix_b1;
+    case T_PREFIX_W2: return &w->prefix_w2;
+    case T_PREFIX_B2: return &w->prefix_b2;
     case T_WORD_EMB: return &w->wte;
     case T_LNF_W: return &w->lnf_w;
     case T_LNF_B: return &w->lnf_b;
@@ -222,8 +227,10 @@ static void free_acts(glm_model *m) {
     free(m->resid);
     void *ptrs[] = {m->lnf_out, m->lnf_mean, m->lnf_rstd, m->d_a, m->d_b, m->d_x, m->d_h1, m->d_ctx, m->d_qkv, m->d_ff,
                     m->head_in, m->logits, m->d_head_in, m->losses, m->bd.ids, m->bd.pos, m->bd.block_pos,
-                    m->bd.kv_lo, m->bd.kv_hi, m->bd.sup_idx, m->bd.sup_tgt};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) be->free(be, ptrs[i]);
+                    m->bd.kv_lo, m->bd.kv_hi, m->bd.sup_idx, m->bd.sup_tgt, m->kvbuf, m->dkvbuf, m->pkv_lo, m->pkv_hi};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) if (ptrs[i]) be->free(be, ptrs[i]);
+    m->kvbuf = m->dkvbuf = NULL;
+    m->pkv_lo = m->pkv_hi = NULL;
     m->acts = NULL;
     m->cap_tokens = 0;
 }
@@ -235,6 +242,8 @@ void glm_model_free(glm_model *m) {
     if (m->fparams) m->be->free(m->be, m->fparams);
     if (m->lora_tmp) m->be->free(m->be, m->lora_tmp);
     if (m->lora_u) m->be->free(m->be, m->lora_u);
+    void *pre[] = {m->pkv, m->prefix_h, m->dpkv, m->dprefix_h};
+    for (int i = 0; i < 4; i++) if (pre[i]) m->be->free(m->be, pre[i]);
     free(m->w.layer);
     free(m->g.layer);
     glm_table_free(&m->tab);
@@ -347,6 +356,12 @@ static void ensure_acts(glm_model *m, int B, int T) {
     m->losses = F_BUF(ch);
     m->bd.ids = I_BUF(N); m->bd.pos = I_BUF(N); m->bd.block_pos = I_BUF(N);
     m->bd.kv_lo = I_BUF(N); m->bd.kv_hi = I_BUF(N); m->bd.sup_idx = I_BUF(N); m->bd.sup_tgt = I_BUF(N);
+    int P = m->cfg.peft.pre_seq_len;
+    if (P > 0) { /* one layer's prefix + sequence keys/values at a time, rebuilt in backward */
+        m->kvbuf = S_BUF((size_t)B * (P + T) * 2 * H);
+        m->dkvbuf = S_BUF((size_t)B * (P + T) * 2 * H);
+        m->pkv_lo = I_BUF(N); m->pkv_hi = I_BUF(N);
+    }
 #undef S_BUF
 #undef F_BUF
 #undef I_BUF
@@ -374,6 +389,19 @@ static void upload_batch(glm_model *m, const glm_batch *b) {
         be->upload(be, m->bd.sup_tgt, tgt, (size_t)n * sizeof(int32_t));
     }
     free(idx); free(tgt);
+    int P = m->cfg.peft.pre_seq_len;
+    if (P > 0) { /* every query also sees the P prefix keys in front: [0, P + hi). Real tokens'
+                  * ranges start at 0 (packing is refused with P-Tuning); a padding position's
+                  * own segment widens to its row's start, which no loss and no real token sees */
+        int32_t *lo = glm_malloc(bytes), *hi = glm_malloc(bytes);
+        for (size_t i = 0; i < N; i++) {
+            lo[i] = 0;
+            hi[i] = b->kv_hi[i] + P;
+        }
+        be->upload(be, m->pkv_lo, lo, bytes);
+        be->upload(be, m->pkv_hi, hi, bytes);
+        free(lo); free(hi);
+    }
     m->bd.B = b->B; m->bd.T = b->T; m->bd.n_sup = n;
 }
 
@@ -480,11 +508,71 @@ void glm_block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, gl
     be->scale_add(be, h_out, c->alpha, a->y, h_out, (size_t)N * H);
 }
 
+/* ---- P-Tuning v2: the prefix encoder (THUDM's PrefixEncoder) and the prefix keys/values */
+
+static void ensure_prefix(glm_model *m) {
+    if (m->dpkv) return;
+    glm_backend *be = m->be;
+    size_t es = glm_dtype_size(be->dtype), P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size;
+    size_t KV = 2 * (size_t)m->cfg.num_layers * H;
+    m->dpkv = be->alloc(be, P * KV * es);
+    if (m->cfg.peft.prefix_projection) {
+        m->pkv = be->alloc(be, P * KV * es);
+        m->prefix_h = be->alloc(be, P * H * es);
+        m->dprefix_h = be->alloc(be, P * H * es);
+    }
+}
+
+const void *glm_prefix_forward(glm_model *m) {
+    ensure_prefix(m);
+    const glm_weights *w = &m->w;
+    if (!m->cfg.peft.prefix_projection) return w->prefix_emb; /* the embedding is the output */
+    glm_backend *be = m->be;
+    int P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size, KV = 2 * m->cfg.num_layers * H;
+    be->matmul_fwd(be, m->prefix_h, w->prefix_emb, w->prefix_w1, w->prefix_b1, P, H, H);
+    be->tanh_fwd(be, m->prefix_h, m->prefix_h, (size_t)P * H);
+    be->matmul_fwd(be, m->pkv, m->prefix_h, w->prefix_w2, w->prefix_b2, P, H, KV);
+    return m->pkv;
+}
+
+/* The gradient of the prefix keys/values (summed in dpkv over the layers) into the encoder's. */
+static void prefix_backward(glm_model *m) {
+    glm_backend *be = m->be;
+    const glm_weights *w = &m->w, *g = &m->g;
+    int P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size, KV = 2 * m->cfg.num_layers * H;
+    if (!m->cfg.peft.prefix_projection) {
+        be->scale_add(be, g->prefix_emb, 1.0f, m->dpkv, g->prefix_emb, (size_t)P * KV);
+        return;
+    }
+    be->matmul_bwd(be, m->dprefix_h, g->prefix_w2, g->prefix_b2, m->dpkv, m->prefix_h, w->prefix_w2, P, H, KV, 0);
+    be->tanh_bwd(be, m->dprefix_h, m->prefix_h, m->dprefix_h, (size_t)P * H);
+    be->matmul_bwd(be, g->prefix_emb, g->prefix_w1, g->prefix_b1, m->dprefix_h, w->prefix_emb, w->prefix_w1, P, H, H, 1);
+}
+
+static uint64_t prefix_seed(const glm_model *m, int l) { return m->dropout_seed ^ ((uint64_t)(l + 1) * 0xd1b54a32d192ed03ULL); }
+
+/* Layer l's keys and values with the prefix in front, into kvbuf; k and v view them. */
+static void prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, const void *pkv, glm_qkv_view *k, glm_qkv_view *v) {
+    const glm_config *c = &m->cfg;
+    int B = m->bd.B, T = m->bd.T, P = c->peft.pre_seq_len, H = c->hidden_size, HD = glm_head_dim(c);
+    float p = m->training ? c->peft.prefix_dropout : 0.0f;
+    m->be->prefix_kv(m->be, m->kvbuf, a->qkv, pkv, l, c->num_layers, B, T, P, c->num_attention_heads, HD, p,
+                     prefix_seed(m, l));
+    *k = (glm_qkv_view){m->kvbuf, (long)(P + T) * 2 * H, 2L * H, 2L * HD};
+    *v = *k;
+    v->base = glm_at(m->be, m->kvbuf, HD);
+}
+
 static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *h_out) {
-    int B = m->bd.B, T = m->bd.T;
+    int B = m->bd.B, T = m->bd.T, P = m->cfg.peft.pre_seq_len;
     glm_block_qkv(m, l, a, h_in, B * T, m->bd.pos, m->bd.block_pos);
     glm_qkv_view q, k, v;
     qkv_views(m, a->qkv, T, &q, &k, &v);
+    if (P > 0) {
+        prefix_kv_views(m, l, a, m->cfg.peft.prefix_projection ? m->pkv : m->w.prefix_emb, &k, &v);
+        glm_block_finish(m, l, a, q, k, v, m->pkv_lo, m->pkv_hi, B, T, P + T, h_out);
+        return;
+    }
     glm_block_finish(m, l, a, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, h_out);
 }
 
@@ -503,6 +591,7 @@ static void forward_trunk(glm_model *m, const void *h_in) {
     size_t bytes = (size_t)N * H * glm_dtype_size(be->dtype);
     if (m->first) be->embedding_fwd(be, resid(m, m->layer_lo), m->bd.ids, m->w.wte, N, H);
     else be->copy(be, resid(m, m->layer_lo), h_in, bytes);
+    if (c->peft.pre_seq_len > 0) glm_prefix_forward(m); /* P-Tuning is refused with pipeline stages */
     for (int l = m->layer_lo; l < m->layer_hi; l++) layer_forward(m, l, acts_for(m, l), resid(m, l), resid(m, l + 1));
     if (m->last)
         be->layernorm_fwd(be, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), m->w.lnf_w, m->w.lnf_b, N, H,
@@ -579,8 +668,20 @@ static void layer_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
     glm_qkv_view q, k, v, dq, dk, dv;
     qkv_views(m, a->qkv, T, &q, &k, &v);
     qkv_views(m, m->d_qkv, T, &dq, &dk, &dv);
-    be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD,
-                      1.0f / sqrtf((float)HD));
+    int P = c->peft.pre_seq_len;
+    if (P > 0) { /* keys/values rebuilt with the same dropout; their gradient via dkvbuf */
+        prefix_kv_views(m, l, a, c->peft.prefix_projection ? m->pkv : m->w.prefix_emb, &k, &v);
+        dk = (glm_qkv_view){m->dkvbuf, k.batch_stride, k.tok_stride, k.head_stride};
+        dv = dk;
+        dv.base = glm_at(be, m->dkvbuf, HD);
+        be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->pkv_lo, m->pkv_hi, B, T, P + T, NH, HD,
+                          1.0f / sqrtf((float)HD));
+        be->prefix_kv_bwd(be, m->d_qkv, m->dpkv, m->dkvbuf, l, c->num_layers, B, T, P, NH, HD,
+                          m->training ? c->peft.prefix_dropout : 0.0f, prefix_seed(m, l));
+    } else {
+        be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD,
+                          1.0f / sqrtf((float)HD));
+    }
     be->rope(be, m->d_qkv, m->bd.pos, m->bd.block_pos, N, NH, HD, 1);
     void *dx = m->d_x;
     linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H);
@@ -618,6 +719,8 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     int N = b->B * b->T, H = c->hidden_size;
     size_t bytes = (size_t)N * H * glm_dtype_size(be->dtype);
     double loss = 0;
+    if (c->peft.pre_seq_len > 0) /* the layers add their prefix key/value gradients here */
+        be->zero(be, m->dpkv, (size_t)c->peft.pre_seq_len * 2 * c->num_layers * H * glm_dtype_size(be->dtype));
     if (m->last) { /* loss, then LNf backward: d(h_hi) into d_b */
         void *dlnf = m->d_a;
         int L = c->num_layers;
@@ -643,6 +746,7 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     if (m->first) {
         begin(m, -1);
         if (m->g.wte) be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
+        if (c->peft.pre_seq_len > 0) prefix_backward(m);
     }
     else be->copy(be, dh_in, dcur, bytes);
     grads_final_from(m, -1);

@@ -27,6 +27,9 @@ typedef struct glm_weights {
     void *wte;             /* [V, H] */
     void *lnf_w, *lnf_b;   /* [H] */
     void *head;            /* [V, H]: lm_head, or wte when tied */
+    /* P-Tuning v2's prefix encoder (NULL without it): embedding [P, 2LH] or [P, H], and with the
+     * projection trans.0 [H, H] + [H], trans.2 [2LH, H] + [2LH] */
+    void *prefix_emb, *prefix_w1, *prefix_b1, *prefix_w2, *prefix_b2;
 } glm_weights;
 
 /* Activations one layer saves for its backward pass. */
@@ -67,6 +70,12 @@ typedef struct glm_model {
     void *lora_tmp;         /* [N, max(3H, F)] an adapter's output or input gradient */
     void *lora_u;           /* [N, F] an adapter's dropped-out input (lora_dropout > 0) */
     int lora_cap;           /* tokens those two hold */
+    /* P-Tuning v2 (cfg.peft.pre_seq_len = P > 0) */
+    void *pkv;              /* [P, 2LH] the prefix encoder's output: layer l's keys at slot 2l, values 2l+1 */
+    void *prefix_h;         /* [P, H] tanh(trans.0(embedding)) with the projection */
+    void *dpkv, *dprefix_h; /* their gradients (projection only: without it dpkv is the embedding's) */
+    void *kvbuf, *dkvbuf;   /* [B, P+T, NH, 2, HD] one layer's prefix + sequence keys/values, and their gradient */
+    int32_t *pkv_lo, *pkv_hi; /* [N] the batch's key ranges over prefix + sequence */
     int gradient_checkpointing;
     int head_chunk;         /* rows of logits computed at once */
     /* the layers this model holds: all of them, or one pipeline stage's [layer_lo, layer_hi);
@@ -121,6 +130,9 @@ int glm_model_nrows(const glm_model *m);
 const glm_tensor *glm_model_row(const glm_model *m, int i, void **ptr);
 /* The row named `name` in either table (and its address), or NULL. */
 const glm_tensor *glm_model_find(const glm_model *m, const char *name, void **ptr);
+/* P-Tuning v2: runs the prefix encoder; returns its output [P, 2LH] (layer l's keys at slot 2l,
+ * values at 2l + 1), which stays valid until the next call. */
+const void *glm_prefix_forward(glm_model *m);
 /* LoRA's initial values (peft's LoraLayer): A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform
  * with a = sqrt(5)), B = 0, drawn from seed with one stream per row. */
 void glm_model_init_adapters(glm_model *m, uint64_t seed);
@@ -189,7 +201,10 @@ int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_b
 typedef struct glm_kvcache {
     int B, Tmax, len;   /* rows, capacity, tokens cached so far */
     void **qkv;         /* [L] each [B, Tmax, 3H]: rotated q|k|v rows (q kept so one copy serves);
-                         * NULL for the layers a pipeline stage does not hold */
+                         * NULL for the layers a pipeline stage does not hold. With a P-Tuning
+                         * prefix (P = cfg.peft.pre_seq_len > 0) each is [B, P + Tmax, NH, 2, HD]
+                         * instead: the prefix keys/values, then the tokens' k|v (as prefix_kv lays them) */
+    int prefix_ready;   /* the prefix rows are filled */
     /* work buffers for the new tokens of one call, kept between calls (a device free per
      * decode step would wait for the GPU each time); sized for cap_tokens tokens */
     int cap_tokens;

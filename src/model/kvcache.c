@@ -6,15 +6,20 @@
 #include <string.h>
 #include "model/glm.h"
 
+/* A cached token's elements (3H for q|k|v, 2H for k|v behind a prefix) and the cache rows in
+ * front of the tokens (the prefix's P). */
+static size_t row_elems(const glm_model *m) { return (m->cfg.peft.pre_seq_len > 0 ? 2 : 3) * (size_t)m->cfg.hidden_size; }
+static int front(const glm_model *m) { return m->cfg.peft.pre_seq_len; }
+
 void glm_kvcache_grow(glm_model *m, glm_kvcache *kv, int Tmax) {
     if (Tmax <= kv->Tmax) return;
     glm_backend *be = m->be;
-    size_t row = 3 * (size_t)m->cfg.hidden_size, es = glm_dtype_size(be->dtype);
+    size_t row = row_elems(m), es = glm_dtype_size(be->dtype), P = (size_t)front(m);
     for (int l = m->layer_lo; l < m->layer_hi; l++) {
-        void *n = be->alloc(be, (size_t)kv->B * Tmax * row * es);
+        void *n = be->alloc(be, (size_t)kv->B * (P + Tmax) * row * es);
         for (int b = 0; b < kv->B; b++) /* rows keep their cached prefix; the row stride grows */
-            be->copy(be, glm_at(be, n, (size_t)b * Tmax * row), glm_at(be, kv->qkv[l], (size_t)b * kv->Tmax * row),
-                     (size_t)kv->len * row * es);
+            be->copy(be, glm_at(be, n, (size_t)b * (P + Tmax) * row), glm_at(be, kv->qkv[l], (size_t)b * (P + kv->Tmax) * row),
+                     (P + kv->len) * row * es);
         be->free(be, kv->qkv[l]);
         kv->qkv[l] = n;
     }
@@ -23,12 +28,24 @@ void glm_kvcache_grow(glm_model *m, glm_kvcache *kv, int Tmax) {
 
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax) {
     glm_backend *be = m->be;
-    int L = m->cfg.num_layers, H = m->cfg.hidden_size;
+    int L = m->cfg.num_layers;
     *kv = (glm_kvcache){.B = B, .Tmax = Tmax, .len = 0};
     kv->qkv = glm_calloc(L, sizeof(void *));
     /* a pipeline stage caches only its own layers (NULL elsewhere) */
     for (int l = m->layer_lo; l < m->layer_hi; l++)
-        kv->qkv[l] = be->alloc(be, (size_t)B * Tmax * 3 * H * glm_dtype_size(be->dtype));
+        kv->qkv[l] = be->alloc(be, (size_t)B * (front(m) + Tmax) * row_elems(m) * glm_dtype_size(be->dtype));
+}
+
+/* P-Tuning: every row's cache starts with the prefix keys/values of each layer (no dropout). */
+static void fill_prefix(glm_model *m, glm_kvcache *kv) {
+    const glm_config *c = &m->cfg;
+    int P = front(m), HD = glm_head_dim(c);
+    const void *pkv = glm_prefix_forward(m);
+    for (int l = m->layer_lo; l < m->layer_hi; l++)
+        for (int b = 0; b < kv->B; b++)
+            m->be->prefix_kv(m->be, glm_at(m->be, kv->qkv[l], (size_t)b * (P + kv->Tmax) * row_elems(m)), kv->a.qkv, pkv, l,
+                             c->num_layers, 1, 0, P, c->num_attention_heads, HD, 0.0f, 0);
+    kv->prefix_ready = 1;
 }
 
 static void free_scratch(const glm_model *m, glm_kvcache *kv) {
@@ -77,32 +94,60 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
     int HD = glm_head_dim(c);
     if (kv->len + Tq > kv->Tmax)
         return glm_fail(err, "KV cache full: %d cached + %d new tokens > capacity %d", kv->len, Tq, kv->Tmax);
+    int P = front(m);
     for (int i = 0; i < N; i++) {
         if (ids[i] < 0 || ids[i] >= V) return glm_fail(err, "token id %d outside the vocabulary [0, %d)", ids[i], V);
         if (kv_lo[i] < 0 || kv_hi[i] > kv->len + Tq || kv_lo[i] > kv_hi[i])
             return glm_fail(err, "key range [%d, %d) outside the cache (%d tokens)", kv_lo[i], kv_hi[i], kv->len + Tq);
+        if (P > 0 && kv_lo[i] > 0) /* the prefix and a range not starting at 0 would be two ranges */
+            return glm_fail(err, "a P-Tuning prefix with left-padded rows (key range [%d, %d)) is not supported",
+                            kv_lo[i], kv_hi[i]),
+                   glm_hint(err, "generate one prompt at a time (--per_device_eval_batch_size 1) with a P-Tuning checkpoint");
     }
     size_t es = glm_dtype_size(be->dtype), Nb = (size_t)N;
     ensure_scratch(m, kv, N);
     int32_t *d_ids = kv->ints, *d_pos = d_ids + N, *d_bpos = d_pos + N, *d_lo = d_bpos + N, *d_hi = d_lo + N;
     int32_t *d_last = d_hi + N;
     be->upload(be, d_ids, ids, Nb * 4); be->upload(be, d_pos, pos, Nb * 4); be->upload(be, d_bpos, block_pos, Nb * 4);
-    be->upload(be, d_lo, kv_lo, Nb * 4); be->upload(be, d_hi, kv_hi, Nb * 4);
+    be->upload(be, d_lo, kv_lo, Nb * 4);
+    if (P > 0) { /* keys [0, P) are the prefix: every query sees them */
+        int32_t *hi = glm_malloc(Nb * 4);
+        for (size_t i = 0; i < Nb; i++) hi[i] = kv_hi[i] + P;
+        be->upload(be, d_hi, hi, Nb * 4);
+        free(hi);
+    } else {
+        be->upload(be, d_hi, kv_hi, Nb * 4);
+    }
     glm_layer_acts *a = &kv->a;
     void *h = kv->h, *h2 = kv->h2;
+    if (P > 0 && !kv->prefix_ready) fill_prefix(m, kv);
     if (m->first) be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
     else be->upload_f32(be, h, h_in, Nb * H);
     for (int l = m->layer_lo; l < m->layer_hi; l++) {
         glm_block_qkv(m, l, a, h, N, d_pos, d_bpos);
-        for (int b = 0; b < B; b++) /* append this row's new q|k|v rows to the cache */
-            be->copy(be, glm_at(be, kv->qkv[l], ((size_t)b * kv->Tmax + kv->len) * 3 * H),
-                     glm_at(be, a->qkv, (size_t)b * Tq * 3 * H), (size_t)Tq * 3 * H * es);
-        /* queries are the new rows; keys and values every cached row, read in place */
-        long bs = (long)kv->Tmax * 3 * H;
-        glm_qkv_view q = {glm_at(be, kv->qkv[l], (size_t)kv->len * 3 * H), bs, 3L * H, 3L * HD};
-        glm_qkv_view k = {glm_at(be, kv->qkv[l], HD), bs, 3L * H, 3L * HD};
-        glm_qkv_view v = {glm_at(be, kv->qkv[l], 2 * HD), bs, 3L * H, 3L * HD};
-        glm_block_finish(m, l, a, q, k, v, d_lo, d_hi, B, Tq, kv->len + Tq, h2);
+        glm_qkv_view q, k, v;
+        if (P > 0) { /* the new rows' k|v behind the prefix (and the tokens before); queries from a->qkv */
+            const glm_config *c = &m->cfg;
+            long bs = (long)(P + kv->Tmax) * 2 * H;
+            for (int b = 0; b < B; b++)
+                be->prefix_kv(be, glm_at(be, kv->qkv[l], (size_t)b * bs + (size_t)(P + kv->len) * 2 * H),
+                              glm_at(be, a->qkv, (size_t)b * Tq * 3 * H), NULL, l, c->num_layers, 1, Tq, 0,
+                              c->num_attention_heads, HD, 0.0f, 0);
+            q = (glm_qkv_view){a->qkv, (long)Tq * 3 * H, 3L * H, 3L * HD};
+            k = (glm_qkv_view){kv->qkv[l], bs, 2L * H, 2L * HD};
+            v = k;
+            v.base = glm_at(be, kv->qkv[l], HD);
+        } else {
+            for (int b = 0; b < B; b++) /* append this row's new q|k|v rows to the cache */
+                be->copy(be, glm_at(be, kv->qkv[l], ((size_t)b * kv->Tmax + kv->len) * 3 * H),
+                         glm_at(be, a->qkv, (size_t)b * Tq * 3 * H), (size_t)Tq * 3 * H * es);
+            /* queries are the new rows; keys and values every cached row, read in place */
+            long bs = (long)kv->Tmax * 3 * H;
+            q = (glm_qkv_view){glm_at(be, kv->qkv[l], (size_t)kv->len * 3 * H), bs, 3L * H, 3L * HD};
+            k = (glm_qkv_view){glm_at(be, kv->qkv[l], HD), bs, 3L * H, 3L * HD};
+            v = (glm_qkv_view){glm_at(be, kv->qkv[l], 2 * HD), bs, 3L * H, 3L * HD};
+        }
+        glm_block_finish(m, l, a, q, k, v, d_lo, d_hi, B, Tq, P + kv->len + Tq, h2);
         void *t = h; h = h2; h2 = t;
     }
     if (!m->last) { /* a stage before the last hands its output on */

@@ -45,9 +45,10 @@ void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, 
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     const glm_peft *p = &c->peft;
     switch (p->kind) {
-    case GLM_FT_FULL: return !glm_is_lora(kind);
+    case GLM_FT_FULL: return !glm_is_extra(kind);
     case GLM_FT_LORA: return glm_is_lora(kind) && (p->lora_targets >> ((kind - T_QKV_LA) / 2) & 1);
-    case GLM_FT_FREEZE: return !glm_is_lora(kind) && layer >= 0 && layer >= c->num_layers - p->num_layer_trainable;
+    case GLM_FT_PTUNING: return glm_is_prefix(kind) && (kind == T_PREFIX_EMB || p->prefix_projection);
+    case GLM_FT_FREEZE: return !glm_is_extra(kind) && layer >= 0 && layer >= c->num_layers - p->num_layer_trainable;
     default: return 0;
     }
 }
@@ -55,7 +56,7 @@ int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
 /* Whether row (layer, kind) belongs in `part`; adapters exist only where they train. */
 static int in_part(const glm_config *c, int layer, glm_tkind kind, glm_part part) {
     int trains = glm_tensor_trains(c, layer, kind);
-    if (glm_is_lora(kind)) return trains && part == GLM_PART_TRAINABLE;
+    if (glm_is_extra(kind)) return trains && part == GLM_PART_TRAINABLE;
     return part == GLM_PART_BASE || (part == GLM_PART_TRAINABLE) == trains;
 }
 
@@ -64,13 +65,21 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
     int L = c->num_layers, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, r = c->peft.lora_rank;
     *tab = (glm_table){0};
     tab->num_layers = L;
-    tab->t = glm_calloc((size_t)L * 20 + 8, sizeof(glm_tensor));
+    tab->t = glm_calloc((size_t)L * 20 + 16, sizeof(glm_tensor));
     tab->index = glm_malloc(sizeof(int) * (size_t)(L + 1) * T_NKINDS);
     for (int i = 0; i < (L + 1) * T_NKINDS; i++) tab->index[i] = -1;
     char n[128];
     int opened = 0; /* rows of the current unit so far */
 #define ROW(kind, layer, name, nd, d0, d1) \
     do { if (in_part(c, layer, kind, part)) { add(tab, kind, layer, name, nd, d0, d1); tab->t[tab->n - 1].opens_unit = !opened++; } } while (0)
+    if (with_embed) { /* the prefix encoder feeds every layer: its gradient is final last, with the embedding's */
+        int64_t P = c->peft.pre_seq_len, KV = 2LL * L * H, E = c->peft.prefix_projection ? H : KV;
+        ROW(T_PREFIX_EMB, -1, "transformer.prefix_encoder.embedding.weight", 2, P, E);
+        ROW(T_PREFIX_W1, -1, "transformer.prefix_encoder.trans.0.weight", 2, H, H);
+        ROW(T_PREFIX_B1, -1, "transformer.prefix_encoder.trans.0.bias", 1, H, 1);
+        ROW(T_PREFIX_W2, -1, "transformer.prefix_encoder.trans.2.weight", 2, KV, H);
+        ROW(T_PREFIX_B2, -1, "transformer.prefix_encoder.trans.2.bias", 1, KV, 1);
+    }
     if (with_embed || (with_head && c->tie_word_embeddings))
         ROW(T_WORD_EMB, -1, "transformer.word_embeddings.weight", 2, V, H);
     /* in_features and out_features of the four linear modules, in target order */

@@ -21,6 +21,9 @@ typedef enum glm_tkind {
     /* LoRA adapters of a layer's linear modules (config.h glm_peft), peft's names with the
      * .lora_A/.lora_B infix: A [r, in], B [out, r] */
     T_QKV_LA, T_QKV_LB, T_DENSE_LA, T_DENSE_LB, T_FC1_LA, T_FC1_LB, T_FC2_LA, T_FC2_LB,
+    /* P-Tuning v2's prefix encoder (transformer.prefix_encoder.*): embedding [P, 2LH], or
+     * [P, H] then trans.0 [H, H] + bias, tanh, trans.2 [2LH, H] + bias with prefix_projection */
+    T_PREFIX_EMB, T_PREFIX_W1, T_PREFIX_B1, T_PREFIX_W2, T_PREFIX_B2,
     T_NKINDS
 } glm_tkind;
 
@@ -59,8 +62,11 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
                           size_t unit_align, glm_part part);
 /* Whether the base or adapter row (layer, kind) trains under c->peft. */
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind);
-/* Whether a kind is a LoRA adapter (a row that no base checkpoint holds). */
+/* Whether a kind is a LoRA adapter, a prefix-encoder row, or either: the rows no base
+ * checkpoint holds (they exist only in the trainable part). */
 static inline int glm_is_lora(glm_tkind k) { return k >= T_QKV_LA && k <= T_FC2_LB; }
+static inline int glm_is_prefix(glm_tkind k) { return k >= T_PREFIX_EMB && k <= T_PREFIX_B2; }
+static inline int glm_is_extra(glm_tkind k) { return glm_is_lora(k) || glm_is_prefix(k); }
 /* The LoRA kind of target i (0 query_key_value .. 3 dense_4h_to_h): A (b = 0) or B (b = 1). */
 static inline glm_tkind glm_lora_kind(int i, int b) { return (glm_tkind)(T_QKV_LA + 2 * i + b); }
 /* The trainable tensors of one pipeline stage: layers [l0, l1), the word embedding when

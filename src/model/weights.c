@@ -12,7 +12,7 @@
 #include "model/ckpt.h"
 #include "model/glm.h"
 
-static int is_adapter(const glm_tensor *t) { return glm_is_lora(t->kind); }
+static int is_adapter(const glm_tensor *t) { return glm_is_extra(t->kind); } /* LoRA or prefix rows */
 
 void glm_model_init_random(glm_model *m, uint64_t seed, float std) {
     size_t cap = 0;
@@ -43,12 +43,16 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed) {
         const glm_tensor *t = &m->tab.t[i];
         if (!is_adapter(t)) continue;
         float *host = glm_calloc(t->numel, sizeof(float));
-        int is_a = (t->kind - T_QKV_LA) % 2 == 0;
-        if (is_a) { /* kaiming_uniform_(a=sqrt(5)) over fan_in = in_features: bound 1/sqrt(in) */
-            float bound = 1.0f / sqrtf((float)t->shape[1]);
-            glm_rng_seed(&rng, seed * 1000003ULL + 7919ULL * (uint64_t)(i + 1));
+        glm_rng_seed(&rng, seed * 1000003ULL + 7919ULL * (uint64_t)(i + 1));
+        if (t->kind == T_PREFIX_EMB) { /* torch's nn.Embedding: N(0, 1) */
+            for (size_t j = 0; j < t->numel; j++) host[j] = glm_rng_normal(&rng);
+        } else if (glm_is_prefix(t->kind)) { /* torch's nn.Linear: weight and bias U(-1/sqrt(in), 1/sqrt(in)) */
+            float bound = 1.0f / sqrtf((float)m->cfg.hidden_size); /* both Linear layers take H inputs */
             for (size_t j = 0; j < t->numel; j++) host[j] = bound * (2.0f * glm_rng_uniform(&rng) - 1.0f);
-        }
+        } else if ((t->kind - T_QKV_LA) % 2 == 0) { /* LoRA A: kaiming_uniform_(a=sqrt(5)) over fan_in: 1/sqrt(in) */
+            float bound = 1.0f / sqrtf((float)t->shape[1]);
+            for (size_t j = 0; j < t->numel; j++) host[j] = bound * (2.0f * glm_rng_uniform(&rng) - 1.0f);
+        } /* LoRA B: zero */
         m->be->upload_f32(m->be, glm_at(m->be, m->params, t->offset), host, t->numel);
         free(host);
     }
@@ -104,7 +108,7 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         int nd;
         int64_t shape[ST_MAX_DIMS];
         glm_ckpt_info(&c, src, NULL, &nd, shape);
-        if (is_adapter(t) && (nd != 2 || shape[0] != t->shape[0] || shape[1] != t->shape[1])) {
+        if (is_adapter(t) && (nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1]))) {
             rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, src,
                           (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)t->shape[0], (long long)t->shape[1]);
             glm_hint(err, "the adapter was made for another base model or another rank r (see its adapter_config.json)");
@@ -148,13 +152,15 @@ int glm_model_load_adapter_file(glm_model *m, const char *path, const char *pref
 
 int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err) {
     if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_load(m, path, err);
+    if (m->cfg.peft.kind == GLM_FT_PTUNING) return load_rows(m, path, 0, m->tab.n, 1, "", err);
     return load_rows(m, path, 0, m->tab.n, 0, "", err);
 }
 
 int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err) {
     if (m->cfg.peft.kind == GLM_FT_FULL) return glm_model_save(m, dir, ST_F32, 0, err);
     if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_save(m, dir, ST_F32, err);
-    /* freeze: the rows that train, under their own names (the base comes from the base model) */
+    /* freeze and P-Tuning: the rows that train, under their own names (the base comes from the
+     * base model): THUDM's ptuning checkpoints hold transformer.prefix_encoder.* the same way */
     float *host = glm_malloc(m->tab.total * sizeof(float));
     m->be->download_f32(m->be, host, m->params, m->tab.total);
     st_entry *e = glm_calloc((size_t)m->tab.n, sizeof *e);
@@ -169,6 +175,11 @@ int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err) {
     int rc = st_save(path, e, m->tab.n, 0, err);
     free(e);
     free(host);
+    if (rc == 0 && m->cfg.peft.kind == GLM_FT_PTUNING) { /* pre_seq_len and prefix_projection, as THUDM's checkpoints */
+        char cfg[4096], folder[4096];
+        glm_origin_paths(m->origin, cfg, folder, sizeof cfg);
+        rc = glm_write_hf_config(&m->cfg, cfg[0] ? cfg : NULL, ST_F32, dir, err);
+    }
     return rc;
 }
 

@@ -86,7 +86,7 @@ static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
     for (int i = 0; i < glm_model_nrows(m); i++) {
         void *p;
         const glm_tensor *t = glm_model_row(m, i, &p);
-        if (glm_is_lora(t->kind)) continue; /* adapters: glm_model_init_adapters */
+        if (glm_is_extra(t->kind)) continue; /* adapters, prefix: glm_model_init_adapters */
         uint64_t row = (uint64_t)(glm_table_find(&full, t->name) - full.t);
         if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, seed * 1000003ULL + row, std);
         else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
@@ -101,14 +101,24 @@ static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
 int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
     *p = (glm_peft){0};
     const char *k = a->finetuning_type;
+    if (strcmp(k, "full") == 0 && a->pre_seq_len > 0) k = "ptuning"; /* THUDM's ptuning/main.py selects it so */
     if (strcmp(k, "full") == 0) return 0;
-    if (strcmp(k, "ptuning") == 0) {
-        glm_fail(err, "--finetuning_type ptuning: P-Tuning v2 is not built yet");
-        return glm_hint(err, "use --finetuning_type lora (fits the same 24 GB cards) or freeze");
-    }
+    if (strcmp(k, "ptuning") != 0 && a->pre_seq_len > 0)
+        return glm_fail(err, "--pre_seq_len %d with --finetuning_type %s: the prefix is P-Tuning v2's", a->pre_seq_len, k),
+               glm_hint(err, "use --finetuning_type ptuning, or drop --pre_seq_len");
     if (a->pipeline_parallel_size > 1) {
         glm_fail(err, "--finetuning_type %s with --pipeline_parallel_size %d: not supported yet", k, a->pipeline_parallel_size);
         return glm_hint(err, "train adapters with data parallelism (--nproc_per_node) instead: they need no pipeline");
+    }
+    if (strcmp(k, "ptuning") == 0) {
+        if (a->pre_seq_len < 1)
+            return glm_fail(err, "--finetuning_type ptuning needs --pre_seq_len N (the prefix length)"), glm_hint(err, "THUDM's ptuning/train.sh uses --pre_seq_len 128");
+        if (a->packing)
+            return glm_fail(err, "--packing with P-Tuning v2: every query sees the prefix, which packed rows would share"),
+                   glm_hint(err, "drop --packing (dynamic padding keeps the batches tight)");
+        *p = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = a->pre_seq_len, .prefix_projection = a->prefix_projection,
+                        .prefix_dropout = 0.1f};
+        return 0;
     }
     if (strcmp(k, "freeze") == 0) {
         if (a->num_layer_trainable < 1 || a->num_layer_trainable > L)
@@ -160,13 +170,15 @@ int trainer_load_model(trainer *t, glm_err *err) {
     } else {
         glm_model_init_random(&t->m, (uint64_t)a->seed, (float)a->init_std);
     }
-    if (c.peft.kind == GLM_FT_LORA) glm_model_init_adapters(&t->m, (uint64_t)a->seed); /* the same on every rank */
+    if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING)
+        glm_model_init_adapters(&t->m, (uint64_t)a->seed); /* the same on every rank */
     size_t base = t->m.ftab.n_params + (c.peft.kind == GLM_FT_LORA ? 0 : t->m.tab.n_params);
     glm_info("model: %d layers, hidden %d, %d heads, vocab %d, %.1fM parameters (%s head), backend %s",
              c.num_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, base / 1e6,
              c.tie_word_embeddings ? "tied" : "untied", t->be->name);
+    static const char *const kinds[] = {"full", "lora", "ptuning", "freeze"};
     if (c.peft.kind != GLM_FT_FULL)
-        glm_info("%s: %.3fM trainable parameters (%.3f%% of %.1fM), the rest frozen", a->finetuning_type,
+        glm_info("%s: %.3fM trainable parameters (%.3f%% of %.1fM), the rest frozen", kinds[c.peft.kind],
                  t->m.tab.n_params / 1e6, 100.0 * t->m.tab.n_params / (t->m.tab.n_params + t->m.ftab.n_params),
                  (t->m.tab.n_params + t->m.ftab.n_params) / 1e6);
     return 0;

@@ -373,6 +373,18 @@ static int save_final(trainer *t, glm_err *err) {
         rc = glm_adapter_save(&t->m, a->output_dir, ST_F32, err) || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
              glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
         if (rc == 0) glm_info("saved the LoRA adapter to %s (load it with --adapter, or merge it into the base with glmtrain merge)", a->output_dir);
+    } else if (t->dp->rank == 0 && t->m.cfg.peft.kind == GLM_FT_PTUNING) {
+        /* THUDM's ptuning output: the prefix encoder's state dict and config.json with
+         * pre_seq_len / prefix_projection, beside the tokenizer and code files */
+        char path[4096], cfg[4096], folder[4096];
+        glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
+        glm_origin_paths(t->m.origin, cfg, folder, sizeof cfg);
+        rc = glm_model_save_trainable(&t->m, a->output_dir, err) ||
+             glm_write_hf_config(&t->m.cfg, cfg[0] ? cfg : NULL, dt, a->output_dir, err) ||
+             (folder[0] && glm_copy_source_files(folder, a->output_dir, err)) ||
+             glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
+             glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
+        if (rc == 0) glm_info("saved the P-Tuning v2 prefix encoder to %s (load it with --adapter beside the base model)", a->output_dir);
     } else if (t->dp->rank == 0) {
         /* laid out as the original download (the tied head's copy, the rotary buffers), so
          * every loader of chatglm-6b folders reads it */

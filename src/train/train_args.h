@@ -28,7 +28,7 @@ typedef struct glm_train_args {
     int bf16, fp16, fp32, gradient_checkpointing;
     /* what trains (model/config.h glm_peft) */
     char *finetuning_type, *lora_target;
-    int lora_rank, use_rslora, num_layer_trainable;
+    int lora_rank, use_rslora, num_layer_trainable, pre_seq_len, prefix_projection;
     double lora_alpha, lora_dropout;
     /* how the run stops early (tests, demos) */
     double max_train_seconds;

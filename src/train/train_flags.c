@@ -37,6 +37,8 @@ const glm_flag glm_train_flags[] = {
     F(lora_target, ARG_STR, "query_key_value", "LoRA: comma list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h, or all"),
     F(use_rslora, ARG_BOOL, "false", "LoRA: scaling alpha/sqrt(r) (rank-stabilised LoRA)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train, the rest stays frozen"),
+    F(pre_seq_len, ARG_INT, "0", "P-Tuning v2: prefix length (THUDM's ptuning uses 128); alone it selects --finetuning_type ptuning"),
+    F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2: an MLP (Linear, tanh, Linear) after the prefix embedding, as THUDM's PrefixEncoder"),
     F(output_dir, ARG_STR, NULL, "where checkpoints and the final model go"),
     F(overwrite_output_dir, ARG_BOOL, "false", "allow a non-empty output_dir"),
     F(logging_dir, ARG_STR, NULL, "TensorBoard folder (default: <output_dir>/runs)"),

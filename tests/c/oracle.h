@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/fileutil.h"
+#include "core/half.h"
 #include "model/glm.h"
 #include "test.h"
 
@@ -29,24 +30,47 @@ static inline float *oracle_load(const char *name, size_t *n_floats) {
 
 /* Runs glm_model.data on `be`: 1 when the file is missing, -1 on a failure, else 0 with the
  * max-abs errors of the prompt and the two decode steps in e[0..2]. */
-static inline int oracle_glm_model(glm_backend *be, double e[3]) {
+static inline int oracle_glm_run(glm_backend *be, const char *file, int P, double e[3]);
+static inline int oracle_glm_model(glm_backend *be, double e[3]) { return oracle_glm_run(be, "glm_model.data", 0, e); }
+/* glm_ptuning_v2_model.data: the same model behind a P-Tuning v2 prefix of 5 tokens, whose
+ * keys/values (fp16 [2L, NH, P, HD]) open the file; they become the prefix embedding. */
+static inline int oracle_glm_ptuning(glm_backend *be, double e[3]) { return oracle_glm_run(be, "glm_ptuning_v2_model.data", 5, e); }
+
+static inline int oracle_glm_run(glm_backend *be, const char *file, int P, double e[3]) {
     size_t n;
-    float *d = oracle_load("glm_model.data", &n);
+    float *d = oracle_load(file, &n);
     if (!d) return 1;
     glm_config c = {.vocab_size = 5, .hidden_size = 32, .num_layers = 1, .num_attention_heads = 8,
                     .inner_hidden_size = 128, .max_sequence_length = 16, .layernorm_epsilon = 1e-5f,
                     .position_encoding_2d = 1, .tie_word_embeddings = 1, .bos_token_id = 4, .eos_token_id = 4,
                     .mask_token_id = 0, .gmask_token_id = 0, .pad_token_id = 0, .alpha = 7.483314773547883f};
+    if (P) c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = P};
     glm_model m;
     glm_model_init(&m, &c, be);
-    /* the file holds the tensors in table order (embedding, layer 0, final norm), then the data */
-    float *host = calloc(m.tab.total, sizeof(float));
+    int NH = c.num_attention_heads, HD = c.hidden_size / NH, KV = 2 * c.num_layers * c.hidden_size;
     const float *p = d;
-    for (int i = 0; i < m.tab.n; i++) {
-        memcpy(host + m.tab.t[i].offset, p, m.tab.t[i].numel * 4);
-        p += m.tab.t[i].numel;
+    if (P) { /* [2L, NH, P, HD] fp16 -> the embedding [P, 2L, NH, HD] */
+        const uint16_t *h16 = (const uint16_t *)d;
+        float *emb = malloc(sizeof(float) * P * KV);
+        for (int s = 0; s < 2 * c.num_layers; s++)
+            for (int h = 0; h < NH; h++)
+                for (int j = 0; j < P; j++)
+                    for (int k = 0; k < HD; k++)
+                        emb[(size_t)j * KV + ((size_t)s * NH + h) * HD + k] = glm_f16_to_f32(h16[((s * NH + h) * P + j) * HD + k]);
+        be->upload_f32(be, m.w.prefix_emb, emb, (size_t)P * KV);
+        free(emb);
+        p = (const float *)(h16 + (size_t)P * KV);
     }
-    glm_model_set_params(&m, host);
+    /* the file holds the base tensors in table order (embedding, layer 0, final norm), then the data */
+    glm_table base;
+    glm_table_build(&base, &c);
+    for (int i = 0; i < base.n; i++) {
+        void *dst;
+        glm_model_find(&m, base.t[i].name, &dst);
+        be->upload_f32(be, dst, p, base.t[i].numel);
+        p += base.t[i].numel;
+    }
+    glm_table_free(&base);
     const int32_t *x1 = (const int32_t *)p; p += 3;
     const float *y1 = p; p += 3 * 32;
     const int32_t *x2 = (const int32_t *)p; p += 1;
@@ -70,7 +94,6 @@ static inline int oracle_glm_model(glm_backend *be, double e[3]) {
     e[2] = rc ? 1e9 : test_max_abs(out, y3, 32);
     glm_kvcache_free(&m, &kv);
     glm_model_free(&m);
-    free(host);
     free(d);
     return rc ? -1 : 0;
 }

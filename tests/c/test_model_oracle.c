@@ -22,6 +22,18 @@ static void test_glm_model(test_counts *tc) {
     printf("  oracle max abs errors: prompt %.3g, step1 %.3g, step2 %.3g\n", e[0], e[1], e[2]);
 }
 
+static void test_glm_ptuning(test_counts *tc) {
+    glm_backend *be = glm_backend_cpu();
+    double e[3];
+    int rc = oracle_glm_ptuning(be, e);
+    be->destroy(be);
+    if (rc == 1) { TEST_SKIP(tc, "oracle_ptuning", "%s/oracles/chatglm-cpp/glm_ptuning_v2_model.data not found", oracle_dir()); return; }
+    TEST_CHECK(tc, "oracle_ptuning_prompt", rc == 0 && e[0] < 1e-5, "max abs err %.3g (limit 1e-5)", e[0]);
+    TEST_CHECK(tc, "oracle_ptuning_decode_step1", rc == 0 && e[1] < 1e-5, "max abs err %.3g (limit 1e-5)", e[1]);
+    TEST_CHECK(tc, "oracle_ptuning_decode_step2", rc == 0 && e[2] < 1e-5, "max abs err %.3g (limit 1e-5)", e[2]);
+    printf("  ptuning oracle max abs errors: prompt %.3g, step1 %.3g, step2 %.3g\n", e[0], e[1], e[2]);
+}
+
 static void test_layer_norm(test_counts *tc) {
     size_t n;
     float *d = oracle_load("layer_norm.data", &n);
@@ -78,6 +90,7 @@ int main(void) {
     test_counts tc = {0};
     test_gelu(&tc);
     test_glm_model(&tc);
+    test_glm_ptuning(&tc);
     test_layer_norm(&tc);
     test_linear(&tc);
     TEST_EXIT(&tc);

@@ -4,11 +4,14 @@
  *     [--weight_decay F] [--beta1 F] [--beta2 F] [--eps F] [--max_grad_norm F] [--gradient_checkpointing]
  *     [--finetuning_type full|lora|freeze] [--lora_rank R] [--lora_alpha F (0 = 2R)] [--lora_target LIST]
  *     [--use_rslora] [--num_layer_trainable N] [--adapter DIR_OR_FILE] [--adapter_seed S]
+ *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
  * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab).
  * LoRA adapters come from --adapter (a peft folder, or a safetensors file holding the row names
- * without peft's prefix), else glm_model_init_adapters(adapter_seed). Dropout stays 0: the
- * comparisons cannot draw torch's masks. */
+ * without peft's prefix), else glm_model_init_adapters(adapter_seed). P-Tuning v2's prefix
+ * encoder (transformer.prefix_encoder.*) comes from --adapter FILE (a safetensors file with
+ * those row names), else glm_model_init_adapters(adapter_seed). Dropout stays 0 (LoRA's and the
+ * prefix's): the comparisons cannot draw torch's masks. */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +58,7 @@ static int read_batch(const char *path, const glm_config *c, glm_batch *b, glm_e
 int main(int argc, char **argv) {
     const char *model = NULL, *batch_path = NULL, *out = NULL;
     const char *ft = "full", *targets = "query_key_value", *adapter = NULL;
-    int steps = 0, ckpt = 0, rank = 8, rslora = 0, n_trainable = 2;
+    int steps = 0, ckpt = 0, rank = 8, rslora = 0, n_trainable = 2, pre_seq_len = 0, projection = 0;
     float alpha = 0.0f;
     unsigned long long adapter_seed = 1;
     float lr = 1e-3f, wd = 0.0f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, max_norm = 0.0f;
@@ -81,6 +84,8 @@ int main(int argc, char **argv) {
         else if (ARG("--num_layer_trainable")) n_trainable = atoi(v);
         else if (ARG("--adapter")) adapter = v;
         else if (ARG("--adapter_seed")) adapter_seed = strtoull(v, NULL, 10);
+        else if (ARG("--pre_seq_len")) pre_seq_len = atoi(v);
+        else if (strcmp(a, "--prefix_projection") == 0) projection = 1;
         else { fprintf(stderr, "unknown argument %s\n", a); return 2; }
 #undef ARG
     }
@@ -95,8 +100,12 @@ int main(int argc, char **argv) {
         if (glm_lora_targets_parse(targets, &c.peft.lora_targets, &err)) return die(&err);
     } else if (strcmp(ft, "freeze") == 0) {
         c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n_trainable};
+    } else if (strcmp(ft, "ptuning") == 0) {
+        if (pre_seq_len <= 0) { fprintf(stderr, "--finetuning_type ptuning needs --pre_seq_len P > 0\n"); return 2; }
+        c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = pre_seq_len, .prefix_projection = projection,
+                            .prefix_dropout = 0.0f};
     } else if (strcmp(ft, "full") != 0) {
-        fprintf(stderr, "--finetuning_type %s: full, lora or freeze\n", ft);
+        fprintf(stderr, "--finetuning_type %s: full, lora, ptuning or freeze\n", ft);
         return 2;
     }
     glm_backend *be = glm_backend_cpu();
@@ -109,6 +118,9 @@ int main(int argc, char **argv) {
                  : glm_is_dir(adapter) ? glm_adapter_load(&m, adapter, &err)
                                        : glm_model_load_adapter_file(&m, adapter, "", &err);
         if (rc) return die(&err);
+    } else if (c.peft.kind == GLM_FT_PTUNING) {
+        if (!adapter) glm_model_init_adapters(&m, adapter_seed);
+        else if (glm_model_load_adapter_file(&m, adapter, "", &err)) return die(&err);
     }
     glm_batch b;
     if (read_batch(batch_path, &c, &b, &err)) return die(&err);

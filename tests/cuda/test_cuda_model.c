@@ -219,6 +219,76 @@ static void lora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t see
     free(a);
 }
 
+/* P-Tuning v2 with the projection (prefix dropout on, the same mask on both backends). */
+static void ptuning_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    glm_config c = config(1);
+    c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 8, .prefix_projection = 1, .prefix_dropout = 0.1f};
+    glm_model_init(m, &c, be);
+    glm_table base;
+    glm_table_build(&base, &c);
+    float *w = random_weights(&base, seed, dt, 0.05f);
+    for (int i = 0; i < base.n; i++) {
+        void *p;
+        GLM_ASSERT(glm_model_find(m, base.t[i].name, &p));
+        be->upload_f32(be, p, w + base.t[i].offset, base.t[i].numel);
+    }
+    free(w);
+    glm_table_free(&base);
+    float *a = random_weights(&m->tab, seed + 1, dt, 0.3f);
+    glm_model_set_params(m, a);
+    free(a);
+}
+
+static void test_ptuning(test_counts *tc, glm_dtype dt) {
+    char name[160], err[256];
+    glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
+    glm_model mc, mg;
+    ptuning_model(&mc, cpu, dt, 51);
+    ptuning_model(&mg, gpu, dt, 51);
+    glm_model_set_dropout_seed(&mc, 7);
+    glm_model_set_dropout_seed(&mg, 7);
+    glm_rng rng;
+    glm_rng_seed(&rng, 19);
+    glm_batch b;
+    make_batch(&b, &mc.cfg, &rng, 3, 150);
+    double lc, lg, lg3;
+    float *gc = grads_of(&mc, &b, &lc), *gg = grads_of(&mg, &b, &lg);
+    double tl = dt == GLM_F32 ? 1e-5 : 2e-2, tg = dt == GLM_F32 ? 1e-4 : 5e-2, el = fabs(lg - lc) / fabs(lc), worst = 0;
+    const char *wname = "";
+    for (int i = 0; i < mc.tab.n; i++) {
+        const glm_tensor *t = &mc.tab.t[i];
+        double e = norm_rel_err(gg + t->offset, gc + t->offset, t->numel);
+        if (e > worst || e != e) { worst = e != e ? INFINITY : e; wname = t->name; }
+    }
+    snprintf(name, sizeof name, "ptuning_%s_loss", dt_name(dt));
+    TEST_CHECK(tc, name, el <= tl, "cuda %.7f cpu %.7f rel %.3g > %.3g", lg, lc, el, tl);
+    snprintf(name, sizeof name, "ptuning_%s_prefix_grads", dt_name(dt));
+    TEST_CHECK(tc, name, worst <= tg && mc.tab.n == 5, "worst tensor %s: %.3g > %.3g (%d rows)", wname, worst, tg, mc.tab.n);
+    printf("  ptuning %s: loss rel err %.3g, worst prefix-encoder gradient %s %.3g\n", dt_name(dt), el, wname, worst);
+    mg.gradient_checkpointing = 1;
+    float *g3 = grads_of(&mg, &b, &lg3);
+    snprintf(name, sizeof name, "ptuning_%s_checkpointing_bit_identical", dt_name(dt));
+    TEST_CHECK(tc, name, memcmp(g3, gg, sizeof(float) * mg.tab.total) == 0 && lg3 == lg, "gradients differ");
+    free(gc); free(gg); free(g3);
+    glm_batch_free(&b);
+    glm_model_free(&mc);
+    glm_model_free(&mg);
+    cpu->destroy(cpu);
+    gpu->destroy(gpu);
+}
+
+static void test_ptuning_oracle(test_counts *tc) {
+    char err[256];
+    glm_backend *be = glm_backend_cuda(0, GLM_F32, err, sizeof err);
+    double e[3];
+    int rc = oracle_glm_ptuning(be, e);
+    be->destroy(be);
+    if (rc == 1) { TEST_SKIP(tc, "cuda_oracle_ptuning", "glm_ptuning_v2_model.data not found"); return; }
+    TEST_CHECK(tc, "cuda_oracle_ptuning", rc == 0 && e[0] < 1e-5 && e[1] < 1e-5 && e[2] < 1e-5,
+               "max abs errors %.3g %.3g %.3g (limit 1e-5)", e[0], e[1], e[2]);
+    printf("  cuda fp32 ptuning oracle max abs errors: prompt %.3g, step1 %.3g, step2 %.3g\n", e[0], e[1], e[2]);
+}
+
 static void test_lora(test_counts *tc, glm_dtype dt) {
     char name[160], err[256];
     glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
@@ -320,6 +390,9 @@ int main(void) {
     test_lora(&tc, GLM_F32);
     test_lora(&tc, GLM_BF16);
     test_lora_training(&tc);
+    test_ptuning(&tc, GLM_F32);
+    test_ptuning(&tc, GLM_BF16);
+    test_ptuning_oracle(&tc);
     printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
     TEST_EXIT(&tc);
 }

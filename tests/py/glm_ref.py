@@ -21,6 +21,8 @@ It re-implements the semantics of THUDM's modeling_chatglm.py ChatGLMForConditio
     else first [MASK]; position_ids = i (< ctx) else mask_pos; block = 0 (< ctx) else i-ctx+1;
     allowed(i, j) = j < ctx or j <= i;
   * KV cache (past_key_values, keys cached after rotation) for decode steps.
+  * P-Tuning v2 (spec section 10): THUDM's PrefixEncoder (with and without prefix_projection) and
+    get_prompt's past key/values (prefix keys not rotated, visible to every query; dropout 0).
 
 Everything is functional over a dict {HF parameter name: tensor}, so the same code runs in
 float32 (comparisons with the C model) and float64 (gradcheck).
@@ -306,7 +308,7 @@ def layer_params(params, l):
 
 
 def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_mask=None,
-            past_key_values=None, use_cache=False, alpha=ALPHA, checkpoint=False, lora=None):
+            past_key_values=None, use_cache=False, alpha=ALPHA, checkpoint=False, lora=None, prefix=None):
     """ChatGLMForConditionalGeneration.forward.
 
     input_ids long [b, s]. Without past_key_values, attention_mask (bool [b,1,s,s], True = masked)
@@ -316,15 +318,27 @@ def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_ma
     Returns dict: hidden [b,s,H] (after final_layernorm), logits [b,s,V], loss (or None),
     presents (tuple per layer) when use_cache.
     lora = (adapters {"transformer.layers.N.<module>.lora_A.weight": A, ...lora_B...: B}, scaling)
-    adds peft's LoRA branches to the modules that have adapters (see linear, lora_scaling)."""
+    adds peft's LoRA branches to the modules that have adapters (see linear, lora_scaling).
+    prefix = P-Tuning v2's past key/values (prefix_past: per layer (K, V) [P, b or 1, nh, hd]),
+    used as THUDM's first forward uses get_prompt: the prefix is the layer past (keys NOT
+    rotated), P visible columns are prepended to the mask ([b, 1, s, P+s]) and the positions are
+    unchanged (real tokens start at 0). Not with past_key_values (the decode past holds it)."""
     H = cfg["hidden_size"]
     L = cfg["num_layers"]
+    if prefix is not None and past_key_values is not None:
+        raise ValueError("prefix is for the first forward; the decode past already holds it")
     if past_key_values is None:
         past_key_values = (None,) * L
         if attention_mask is None:
             attention_mask = get_masks(input_ids, cfg)
         if position_ids is None:
             position_ids = get_position_ids(input_ids, cfg)
+        if prefix is not None:
+            b, s = input_ids.shape
+            P = prefix[0][0].shape[0]
+            past_key_values = tuple((k.expand(P, b, *k.shape[2:]), v.expand(P, b, *v.shape[2:])) for k, v in prefix)
+            attention_mask = attention_mask.expand(b, 1, s, s)
+            attention_mask = torch.cat((torch.zeros((b, 1, s, P), dtype=torch.bool), attention_mask), dim=3)
     elif position_ids is None:
         raise ValueError("decode steps need explicit position_ids")
     emb = params["transformer.word_embeddings.weight"]
@@ -333,11 +347,11 @@ def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_ma
     for l in range(L):
         lp = layer_params(params, l)
         ll = None if lora is None else (layer_params(lora[0], l), lora[1])
-        if checkpoint and past_key_values[l] is None:
+        if checkpoint and (past_key_values[l] is None or prefix is not None):
             import torch.utils.checkpoint as ckpt
 
-            def run(hh, _lp=lp, _l=l, _ll=ll):
-                return glm_block(cfg, _lp, hh, position_ids, attention_mask, _l, None, alpha, _ll)[0]
+            def run(hh, _lp=lp, _l=l, _ll=ll, _past=past_key_values[l]):
+                return glm_block(cfg, _lp, hh, position_ids, attention_mask, _l, _past, alpha, _ll)[0]
             h = ckpt.checkpoint(run, h, use_reentrant=False)
             present = None
         else:
@@ -466,6 +480,95 @@ def train_peft(cfg, params, input_ids, labels, trainable, adapters=None, scaling
         base = {k: cur[k] for k in params}
         lora = None if adapters is None else ({k: cur[k] for k in adapters}, scaling)
         loss = forward(cfg, base, input_ids, labels, lora=lora)["loss"]
+        loss.backward()
+        if step == 0:
+            out["loss"] = loss.item()
+            out["grad_norm"] = global_grad_norm(tensors).item()
+            out["grads"] = {k: (v.grad if v.grad is not None else torch.zeros_like(v)).detach().clone() for k, v in named}
+        if steps == 0:
+            break
+        out["losses"].append(loss.item())
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(tensors, max_grad_norm)
+        opt.step()
+    out["params"] = {k: v.detach().clone() for k, v in named}
+    out["frozen"] = frozen
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# P-Tuning v2 (spec section 10): THUDM's PrefixEncoder and get_prompt (dropout 0)
+
+PREFIX = "transformer.prefix_encoder."
+
+
+def prefix_shapes(cfg, pre_seq_len, projection):
+    """[(name, shape)] of the prefix encoder, THUDM's PrefixEncoder order: without projection
+    embedding [P, 2LH]; with it embedding [P, H], trans.0 Linear(H -> H), trans.2 Linear(H -> 2LH)."""
+    P, H, L = pre_seq_len, cfg["hidden_size"], cfg["num_layers"]
+    KV = 2 * L * H
+    if not projection:
+        return [(PREFIX + "embedding.weight", (P, KV))]
+    return [(PREFIX + "embedding.weight", (P, H)), (PREFIX + "trans.0.weight", (H, H)), (PREFIX + "trans.0.bias", (H,)),
+            (PREFIX + "trans.2.weight", (KV, H)), (PREFIX + "trans.2.bias", (KV,))]
+
+
+def init_prefix(cfg, pre_seq_len, projection, seed=0, std_emb=0.5, dtype=torch.float32):
+    """Random prefix-encoder tensors: the embedding N(0, std_emb); Linear weights and biases as
+    torch's default (U(+-1/sqrt(in)))."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for n, s in prefix_shapes(cfg, pre_seq_len, projection):
+        if n.endswith("embedding.weight"):
+            t = torch.randn(s, generator=g, dtype=torch.float64) * std_emb
+        else:
+            b = 1.0 / math.sqrt(cfg["hidden_size"])
+            t = (torch.rand(s, generator=g, dtype=torch.float64) * 2 - 1) * b
+        out[n] = t.to(dtype)
+    return out
+
+
+def prefix_encoder(prefix_params, projection):
+    """PrefixEncoder.forward over prefix ids 0..P-1 (the rows of the embedding, in order):
+    [P, 2LH]. With projection: trans.2(tanh(trans.0(embedding)))."""
+    e = prefix_params[PREFIX + "embedding.weight"]
+    if not projection:
+        return e
+    t = torch.tanh(F.linear(e, prefix_params[PREFIX + "trans.0.weight"], prefix_params[PREFIX + "trans.0.bias"]))
+    return F.linear(t, prefix_params[PREFIX + "trans.2.weight"], prefix_params[PREFIX + "trans.2.bias"])
+
+
+def prefix_past(cfg, kv):
+    """get_prompt after the encoder (dropout 0, batch 1: forward expands it): kv [P, 2LH] viewed
+    [P, 2L, NH, HD], permuted to [2L, P, 1, NH, HD]; layer l's past is (slot 2l = keys, slot 2l+1
+    = values), each [P, 1, NH, HD]."""
+    L, NH = cfg["num_layers"], cfg["num_attention_heads"]
+    HD = cfg["hidden_size"] // NH
+    P = kv.shape[0]
+    x = kv.view(P, 1, 2 * L, NH, HD).permute(2, 0, 1, 3, 4)
+    return tuple((x[2 * l], x[2 * l + 1]) for l in range(L))
+
+
+def ptuning_prefix(cfg, prefix_params, projection):
+    """The prefix= argument of forward from the encoder's tensors."""
+    return prefix_past(cfg, prefix_encoder(prefix_params, projection))
+
+
+def train_ptuning(cfg, params, input_ids, labels, prefix_params, projection, steps=0, lr=1e-3, weight_decay=0.0,
+                  beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=0.0, checkpoint=False):
+    """train_peft for P-Tuning v2: only the prefix encoder's tensors train (AdamW groups by ndim
+    as always), every base tensor is a constant. Same dict as train_peft (grads/params over the
+    prefix tensors, frozen = the base tensors)."""
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in prefix_params.items()}
+    frozen = {k: v.detach().clone() for k, v in params.items()}
+    named = list(leaves.items())
+    opt = make_adamw(named, lr, weight_decay, (beta1, beta2), eps)
+    tensors = [p for _, p in named]
+    out = {"losses": []}
+    for step in range(max(steps, 1)):
+        opt.zero_grad(set_to_none=True)
+        loss = forward(cfg, frozen, input_ids, labels, checkpoint=checkpoint,
+                       prefix=ptuning_prefix(cfg, leaves, projection))["loss"]
         loss.backward()
         if step == 0:
             out["loss"] = loss.item()

@@ -170,6 +170,34 @@ def main():
                   "%s, %d bytes vs base %d" % (sorted(os.listdir(ck)), size, base_size))
             p2, _, _ = greedy(base, prompt, ["--adapter", out])
             check("lora_trained_adapter_loads", p2.returncode == 0, p2.stderr[-400:])
+
+        # 5. P-Tuning v2 through train: THUDM's layout (config.json with pre_seq_len, only the
+        # prefix encoder's tensors), checkpoints loadable with --adapter, merge refused
+        out = os.path.join(tmp, "ptuning_run")
+        common = ["--model_name_or_path", base, "--train_file", data, "--max_steps", "4", "--save_steps", "2",
+                  "--learning_rate", "1e-2", "--per_device_train_batch_size", "4", "--disable_tqdm", "--report_to", "none",
+                  "--max_source_length", "32", "--max_target_length", "16"]
+        p = run(["train", "--output_dir", out, "--pre_seq_len", "4", "--prefix_projection"] + common)
+        if check("ptuning_train_runs", p.returncode == 0, p.stderr[-800:]):
+            conf = json.load(open(os.path.join(out, "config.json")))
+            check("ptuning_config_has_pre_seq_len", conf.get("pre_seq_len") == 4 and conf.get("prefix_projection") is True
+                  and conf.get("hidden_size") == 32, str(conf))
+            from safetensors import safe_open
+            with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+                names = sorted(f.keys())
+            check("ptuning_saves_only_prefix_encoder", names == ["transformer.prefix_encoder.embedding.weight",
+                  "transformer.prefix_encoder.trans.0.bias", "transformer.prefix_encoder.trans.0.weight",
+                  "transformer.prefix_encoder.trans.2.bias", "transformer.prefix_encoder.trans.2.weight"], str(names))
+            for d in [out, os.path.join(out, "checkpoint-4")]:
+                p2, _, pout = greedy(base, prompt, ["--adapter", d])
+                check("ptuning_generate_adapter_%s" % os.path.basename(d), p2.returncode == 0 and pout and
+                      "P-Tuning v2 prefix" in p2.stderr, p2.stderr[-400:])
+            p2 = run(["merge", "--model_name_or_path", base, "--adapter", out, "--output_dir", os.path.join(tmp, "mp2")])
+            check("ptuning_merge_refused", p2.returncode != 0 and "cannot be merged" in p2.stderr, p2.stderr[-300:])
+        p = run(["train", "--output_dir", os.path.join(tmp, "pp"), "--pre_seq_len", "4", "--packing"] + common)
+        check("ptuning_packing_refused", p.returncode != 0 and "--packing" in p.stderr, p.stderr[-300:])
+        p = run(["train", "--output_dir", os.path.join(tmp, "pl"), "--pre_seq_len", "4", "--finetuning_type", "lora"] + common)
+        check("ptuning_with_lora_refused", p.returncode != 0 and "pre_seq_len" in p.stderr, p.stderr[-300:])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if fails else 0
