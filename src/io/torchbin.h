@@ -27,6 +27,10 @@ int tbin_read_f32(tbin_reader *r, const char *name, float *dst, int ndim, const 
  * into dst of exactly `bytes` = numel * st_dtype_size(dtype). */
 int tbin_read_raw(tbin_reader *r, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err);
 
+/* Writes float32 tensors as torch.save(OrderedDict) would (pytorch_model.bin that torch.load
+ * and THUDM's loaders read), atomically; under 4 GB (no zip64). */
+int tbin_save(const char *path, const st_entry *t, int n, glm_err *err);
+
 /* True when path looks like a torch.save zip archive (starts with "PK\3\4"). */
 int tbin_is_archive(const char *path);
 

@@ -187,6 +187,9 @@ int glm_model_load(glm_model *m, const char *path, glm_err *err);
  * (model.safetensors of those rows: the rest comes from the base model). */
 int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err);
 int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err);
+/* The trainable rows as a torch.save state dict (pytorch_model.bin): what THUDM's ptuning
+ * README loads with torch.load for a P-Tuning v2 checkpoint. */
+int glm_model_save_trainable_bin(glm_model *m, const char *path, glm_err *err);
 /* The LoRA rows from a tensor file where each is stored as prefix + its name. */
 int glm_model_load_adapter_file(glm_model *m, const char *path, const char *prefix, glm_err *err);
 /* Copies params (or grads) to a host float array [tab.total] and back. */

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "io/torchbin.h"
 #include "model/adapter.h"
 #include "model/ckpt.h"
 #include "model/glm.h"
@@ -154,6 +155,21 @@ int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err) {
     if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_load(m, path, err);
     if (m->cfg.peft.kind == GLM_FT_PTUNING) return load_rows(m, path, 0, m->tab.n, 1, "", err);
     return load_rows(m, path, 0, m->tab.n, 0, "", err);
+}
+
+int glm_model_save_trainable_bin(glm_model *m, const char *path, glm_err *err) {
+    float *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
+    m->be->download_f32(m->be, host, m->params, m->tab.total);
+    st_entry *e = glm_calloc((size_t)m->tab.n + 1, sizeof *e);
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        e[i] = (st_entry){.name = t->name, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
+                          .data_dtype = ST_F32, .file_dtype = ST_F32};
+    }
+    int rc = tbin_save(path, e, m->tab.n, err);
+    free(e);
+    free(host);
+    return rc;
 }
 
 int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err) {

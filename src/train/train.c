@@ -379,7 +379,9 @@ static int save_final(trainer *t, glm_err *err) {
         char path[4096], cfg[4096], folder[4096];
         glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
         glm_origin_paths(t->m.origin, cfg, folder, sizeof cfg);
-        rc = glm_model_save_trainable(&t->m, a->output_dir, err) ||
+        char bin[4096];
+        glm_path_join(bin, sizeof bin, a->output_dir, "pytorch_model.bin");
+        rc = glm_model_save_trainable(&t->m, a->output_dir, err) || glm_model_save_trainable_bin(&t->m, bin, err) ||
              glm_write_hf_config(&t->m.cfg, cfg[0] ? cfg : NULL, dt, a->output_dir, err) ||
              (folder[0] && glm_copy_source_files(folder, a->output_dir, err)) ||
              glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||

@@ -188,10 +188,20 @@ def main():
             check("ptuning_saves_only_prefix_encoder", names == ["transformer.prefix_encoder.embedding.weight",
                   "transformer.prefix_encoder.trans.0.bias", "transformer.prefix_encoder.trans.0.weight",
                   "transformer.prefix_encoder.trans.2.bias", "transformer.prefix_encoder.trans.2.weight"], str(names))
-            for d in [out, os.path.join(out, "checkpoint-4")]:
+            import torch
+            from safetensors.torch import load_file
+            sd, st = torch.load(os.path.join(out, "pytorch_model.bin")), load_file(os.path.join(out, "model.safetensors"))
+            check("ptuning_pytorch_model_bin_loads_in_torch", sorted(sd) == sorted(st) and all(torch.equal(sd[k], st[k]) for k in st),
+                  "torch.load keys %s" % sorted(sd))
+            thudm = os.path.join(tmp, "thudm_ptuning_ckpt")  # THUDM's checkpoint layout: config.json + pytorch_model.bin
+            os.makedirs(thudm)
+            for n in ["config.json", "pytorch_model.bin"]:
+                shutil.copy(os.path.join(out, n), thudm)
+            _, _, want_out = greedy(base, prompt, ["--adapter", out])
+            for d in [out, os.path.join(out, "checkpoint-4"), thudm]:
                 p2, _, pout = greedy(base, prompt, ["--adapter", d])
-                check("ptuning_generate_adapter_%s" % os.path.basename(d), p2.returncode == 0 and pout and
-                      "P-Tuning v2 prefix" in p2.stderr, p2.stderr[-400:])
+                check("ptuning_generate_adapter_%s" % os.path.basename(d), p2.returncode == 0 and pout == want_out and
+                      "P-Tuning v2 prefix" in p2.stderr, "%s vs %s: %s" % (pout, want_out, p2.stderr[-400:]))
             p2 = run(["merge", "--model_name_or_path", base, "--adapter", out, "--output_dir", os.path.join(tmp, "mp2")])
             check("ptuning_merge_refused", p2.returncode != 0 and "cannot be merged" in p2.stderr, p2.stderr[-300:])
         p = run(["train", "--output_dir", os.path.join(tmp, "pp"), "--pre_seq_len", "4", "--packing"] + common)
