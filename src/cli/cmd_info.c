@@ -17,7 +17,7 @@ typedef struct info_args {
     char *device_map, *max_memory_per_gpu;
     int pipeline_parallel_size, gradient_accumulation_steps, data_parallel_size, zero_stage;
     char *finetuning_type, *lora_target;
-    int lora_rank, num_layer_trainable;
+    int lora_rank, num_layer_trainable, pre_seq_len, prefix_projection;
     double lora_dropout;
 } info_args;
 
@@ -44,6 +44,8 @@ static const glm_flag info_flags[] = {
     F(lora_dropout, ARG_FLOAT, "0.05", "LoRA dropout (its scratch buffer)"),
     F(lora_target, ARG_STR, "query_key_value", "LoRA modules (as train)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train"),
+    F(pre_seq_len, ARG_INT, "0", "P-Tuning v2 prefix length (as train)"),
+    F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2 with the projection MLP"),
 };
 #undef F
 
@@ -100,6 +102,7 @@ int glm_cmd_info(int argc, char **argv) {
     else if (!rc) rc = glm_fail(&err, "--model_name_or_path, --init_from_config or --chatglm6b is required");
     glm_train_args ta = {.finetuning_type = a.finetuning_type, .lora_target = a.lora_target, .lora_rank = a.lora_rank,
                          .lora_dropout = a.lora_dropout, .num_layer_trainable = a.num_layer_trainable,
+                         .pre_seq_len = a.pre_seq_len, .prefix_projection = a.prefix_projection, .prefix_dropout = 0.1,
                          .pipeline_parallel_size = a.pipeline_parallel_size};
     if (!rc) rc = glm_train_peft(&ta, c.num_layers, &c.peft, &err);
     if (rc) { glm_err_print(&err); return 1; }

@@ -116,8 +116,10 @@ int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
         if (a->packing)
             return glm_fail(err, "--packing with P-Tuning v2: every query sees the prefix, which packed rows would share"),
                    glm_hint(err, "drop --packing (dynamic padding keeps the batches tight)");
+        if (!(a->prefix_dropout >= 0 && a->prefix_dropout < 1))
+            return glm_fail(err, "--prefix_dropout %g must be in [0, 1)", a->prefix_dropout);
         *p = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = a->pre_seq_len, .prefix_projection = a->prefix_projection,
-                        .prefix_dropout = 0.1f};
+                        .prefix_dropout = (float)a->prefix_dropout};
         return 0;
     }
     if (strcmp(k, "freeze") == 0) {

@@ -29,7 +29,7 @@ typedef struct glm_train_args {
     /* what trains (model/config.h glm_peft) */
     char *finetuning_type, *lora_target;
     int lora_rank, use_rslora, num_layer_trainable, pre_seq_len, prefix_projection;
-    double lora_alpha, lora_dropout;
+    double lora_alpha, lora_dropout, prefix_dropout;
     /* how the run stops early (tests, demos) */
     double max_train_seconds;
     /* data parallel (parallel/): launch, ZeRO stage, gradient buckets, fault handling */

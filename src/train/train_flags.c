@@ -39,6 +39,7 @@ const glm_flag glm_train_flags[] = {
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train, the rest stays frozen"),
     F(pre_seq_len, ARG_INT, "0", "P-Tuning v2: prefix length (THUDM's ptuning uses 128); alone it selects --finetuning_type ptuning"),
     F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2: an MLP (Linear, tanh, Linear) after the prefix embedding, as THUDM's PrefixEncoder"),
+    F(prefix_dropout, ARG_FLOAT, "0.1", "P-Tuning v2: dropout on the prefix keys/values while training (the original's 0.1)"),
     F(output_dir, ARG_STR, NULL, "where checkpoints and the final model go"),
     F(overwrite_output_dir, ARG_BOOL, "false", "allow a non-empty output_dir"),
     F(logging_dir, ARG_STR, NULL, "TensorBoard folder (default: <output_dir>/runs)"),

@@ -27,6 +27,7 @@ Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -342,6 +343,51 @@ def driver_case(driver, tmp, ci, name, shape, tied, lengths, P, projection, src,
                else "%d of %d outputs differ: %s" % (len(diff), len(got), diff[:3]))
 
 
+def train_2ranks(tmp):
+    """P-Tuning v2 through `glmtrain train`: 2 CPU ranks (ZeRO 0 and 1) equal 1 rank (prefix
+    dropout 0: its masks are drawn per micro-batch), and a resumed run reproduces the steps."""
+    import test_train as T
+    import mpi_runs as M
+    why = T.parallel_missing()
+    if why:
+        skip("train_ptuning_2ranks", why)
+        return
+    d = os.path.join(tmp, "train")
+    os.makedirs(d)
+    cfg_path, flags = T.parallel_setup(d)
+    cfg = glm_ref.load_config(cfg_path)
+    base = os.path.join(d, "base")
+    glm_ref.save_model_dir(base, cfg, glm_ref.init_params(cfg, seed=4, std=0.1))
+    i = flags.index("--init_from_config")
+    flags = flags[:i] + ["--model_name_or_path", base] + flags[i + 2:]
+    pt = ["--pre_seq_len", "4", "--prefix_projection", "--prefix_dropout", "0", "--max_steps", "8", "--save_steps", "4"]
+    one = os.path.join(d, "one")
+    M.run(flags + pt + ["--per_device_train_batch_size", "4", "--output_dir", one])
+    want = M.losses(one, 8)
+    from safetensors.torch import load_file
+    want_w = load_file(os.path.join(one, "model.safetensors"))
+    if not M.probe(flags + pt + ["--per_device_train_batch_size", "2", "--max_steps", "1", "--save_strategy", "no",
+                                 "--output_dir", os.path.join(d, "probe")], "train_ptuning_2ranks", "2-rank P-Tuning probe"):
+        return
+    for zero in (0, 1):
+        two = os.path.join(d, "two-z%d" % zero)
+        M.run(flags + pt + ["--per_device_train_batch_size", "2", "--zero_stage", str(zero), "--output_dir", two], np=2)
+        err, n = M.rel(M.losses(two, 8), want)
+        got_w = load_file(os.path.join(two, "model.safetensors"))
+        we = max(float((got_w[k] - v).abs().max() / v.abs().max()) for k, v in want_w.items())
+        report("train_ptuning_2ranks_zero%d_matches_1rank" % zero, n == 8 and err < 1e-6 and we < TOL,
+               "losses max rel %.1e over %d steps, prefix encoder max rel %.1e" % (err, n, we))
+    res = os.path.join(d, "resumed")
+    os.makedirs(res)
+    shutil.copytree(os.path.join(one, "checkpoint-4"), os.path.join(res, "checkpoint-4"))
+    M.run(flags + pt + ["--per_device_train_batch_size", "4", "--output_dir", res, "--resume_from_checkpoint"])
+    got = M.losses(res, 8)
+    same = all(s in got and got[s] == want[s] for s in range(5, 9))
+    fa, fb = (open(os.path.join(x, "model.safetensors"), "rb").read() for x in (one, res))
+    report("train_ptuning_resume_bit_exact", same and fa == fb, "steps 5-8 %s, prefix files %s" % (
+        "identical" if same else "differ", "byte-identical" if fa == fb else "differ"))
+
+
 def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="glm_ptuning_ref_") as tmp:
@@ -359,6 +405,10 @@ def main():
                     driver_case(driver, tmp, ci, *case)
                 except Exception as e:
                     report(case[0], False, "%s: %s" % (type(e).__name__, str(e)[:600]))
+        try:
+            train_2ranks(tmp)
+        except Exception as e:
+            report("train_ptuning_2ranks", False, "%s: %s" % (type(e).__name__, str(e)[:600]))
     print("# test_ptuning_ref: %.1f s" % (time.time() - t0))
     return 1 if failures else 0
 
