@@ -1,4 +1,5 @@
 #include "model/glm.h"
+#include "model/peft.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -416,71 +417,6 @@ static void qkv_views(const glm_model *m, void *qkv, int T, glm_qkv_view *q, glm
     *v = base; v->base = glm_at(m->be, qkv, 2 * HD);
 }
 
-/* ---- the linear modules, with their LoRA branch (peft's LoraLayer) where they have one:
- * out = inp W^T + b + (s * dropout(inp) A^T) B^T, s = glm_lora_scaling. Target i: 0
- * query_key_value, 1 dense, 2 dense_h_to_4h, 3 dense_4h_to_h. */
-
-/* The adapters' scratch for N tokens (training batches and decoding steps alike). */
-static void lora_scratch(glm_model *m, int N) {
-    if (N <= m->lora_cap) return;
-    glm_backend *be = m->be;
-    size_t es = glm_dtype_size(be->dtype), H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size;
-    if (m->lora_tmp) be->free(be, m->lora_tmp);
-    if (m->lora_u) be->free(be, m->lora_u);
-    m->lora_tmp = be->alloc(be, (size_t)N * (F > 3 * H ? F : 3 * H) * es);
-    m->lora_u = m->cfg.peft.lora_dropout > 0 ? be->alloc(be, (size_t)N * (F > H ? F : H) * es) : NULL;
-    m->lora_cap = N;
-}
-
-static uint64_t lora_seed(const glm_model *m, int l, int i) { return m->dropout_seed + (uint64_t)(l * 4 + i + 1) * 0x100000001b3ULL; }
-
-/* The adapter's input: inp itself, or its dropped-out copy in lora_u while training. */
-static const void *lora_input(glm_model *m, int l, int i, const void *inp, size_t n) {
-    float p = m->cfg.peft.lora_dropout;
-    if (!m->training || p <= 0) return inp;
-    m->be->mask_scale(m->be, m->lora_u, inp, n, 1.0f, p, lora_seed(m, l, i));
-    return m->lora_u;
-}
-
-static void linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
-                       const void *b, int N, int C, int OC) {
-    glm_backend *be = m->be;
-    be->matmul_fwd(be, out, inp, w, b, N, C, OC);
-    const glm_layer_ptrs *p = &m->w.layer[l];
-    if (!p->lora_a[i]) return;
-    int r = m->cfg.peft.lora_rank;
-    lora_scratch(m, N);
-    const void *u = lora_input(m, l, i, inp, (size_t)N * C);
-    be->matmul_fwd(be, a->lora_t[i], u, p->lora_a[i], NULL, N, C, r);
-    be->mask_scale(be, a->lora_t[i], a->lora_t[i], (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
-    be->matmul_fwd(be, m->lora_tmp, a->lora_t[i], p->lora_b[i], NULL, N, r, OC);
-    be->scale_add(be, out, 1.0f, m->lora_tmp, out, (size_t)N * OC);
-}
-
-/* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */
-static void linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db,
-                       const void *dout, const void *inp, const void *w, int N, int C, int OC) {
-    glm_backend *be = m->be;
-    be->matmul_bwd(be, dinp, dw, db, dout, inp, w, N, C, OC, 0);
-    const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
-    if (!p->lora_a[i]) return;
-    int r = m->cfg.peft.lora_rank;
-    /* t = s A u, out += B t: dB += dout^T t, dt = s (dout B), dA += dt^T u, du = dt A */
-    void *dt = m->lora_tmp; /* [N, r] */
-    be->matmul_bwd(be, dt, g->lora_b[i], NULL, dout, a->lora_t[i], p->lora_b[i], N, r, OC, 0);
-    be->mask_scale(be, dt, dt, (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
-    const void *u = lora_input(m, l, i, inp, (size_t)N * C);
-    if (u == inp) { /* no dropout: du goes straight into dinp */
-        be->matmul_bwd(be, dinp, g->lora_a[i], NULL, dt, u, p->lora_a[i], N, C, r, 1);
-        return;
-    }
-    /* dropout: du through the same mask (lora_u, free again once dA is done) */
-    be->matmul_bwd(be, NULL, g->lora_a[i], NULL, dt, u, p->lora_a[i], N, C, r, 0);
-    be->matmul_bwd(be, m->lora_u, NULL, NULL, dt, NULL, p->lora_a[i], N, C, r, 0);
-    be->mask_scale(be, m->lora_u, m->lora_u, (size_t)N * C, 1.0f, m->cfg.peft.lora_dropout, lora_seed(m, l, i));
-    be->scale_add(be, dinp, 1.0f, m->lora_u, dinp, (size_t)N * C);
-}
-
 void glm_block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
                    const int32_t *block_pos) {
     glm_backend *be = m->be;
@@ -488,7 +424,7 @@ void glm_block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int
     const glm_layer_ptrs *p = &m->w.layer[l];
     int H = c->hidden_size;
     be->layernorm_fwd(be, a->x, a->ln1_mean, a->ln1_rstd, h_in, p->ln1_w, p->ln1_b, N, H, c->layernorm_epsilon);
-    linear_fwd(m, l, 0, a, a->qkv, a->x, p->qkv_w, p->qkv_b, N, H, 3 * H);
+    glm_linear_fwd(m, l, 0, a, a->qkv, a->x, p->qkv_w, p->qkv_b, N, H, 3 * H);
     be->rope(be, a->qkv, pos, block_pos, N, c->num_attention_heads, glm_head_dim(c), 0);
 }
 
@@ -499,68 +435,13 @@ void glm_block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, gl
     const glm_layer_ptrs *p = &m->w.layer[l];
     int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
     be->attention_fwd(be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
-    linear_fwd(m, l, 1, a, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H);
+    glm_linear_fwd(m, l, 1, a, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H);
     be->scale_add(be, a->h1, c->alpha, a->x, a->h1, (size_t)N * H);
     be->layernorm_fwd(be, a->y, a->ln2_mean, a->ln2_rstd, a->h1, p->ln2_w, p->ln2_b, N, H, c->layernorm_epsilon);
-    linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
+    glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
     be->gelu_fwd(be, a->act, a->fc1, (size_t)N * F);
-    linear_fwd(m, l, 3, a, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H);
+    glm_linear_fwd(m, l, 3, a, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H);
     be->scale_add(be, h_out, c->alpha, a->y, h_out, (size_t)N * H);
-}
-
-/* ---- P-Tuning v2: the prefix encoder (THUDM's PrefixEncoder) and the prefix keys/values */
-
-static void ensure_prefix(glm_model *m) {
-    if (m->dpkv) return;
-    glm_backend *be = m->be;
-    size_t es = glm_dtype_size(be->dtype), P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size;
-    size_t KV = 2 * (size_t)m->cfg.num_layers * H;
-    m->dpkv = be->alloc(be, P * KV * es);
-    if (m->cfg.peft.prefix_projection) {
-        m->pkv = be->alloc(be, P * KV * es);
-        m->prefix_h = be->alloc(be, P * H * es);
-        m->dprefix_h = be->alloc(be, P * H * es);
-    }
-}
-
-const void *glm_prefix_forward(glm_model *m) {
-    ensure_prefix(m);
-    const glm_weights *w = &m->w;
-    if (!m->cfg.peft.prefix_projection) return w->prefix_emb; /* the embedding is the output */
-    glm_backend *be = m->be;
-    int P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size, KV = 2 * m->cfg.num_layers * H;
-    be->matmul_fwd(be, m->prefix_h, w->prefix_emb, w->prefix_w1, w->prefix_b1, P, H, H);
-    be->tanh_fwd(be, m->prefix_h, m->prefix_h, (size_t)P * H);
-    be->matmul_fwd(be, m->pkv, m->prefix_h, w->prefix_w2, w->prefix_b2, P, H, KV);
-    return m->pkv;
-}
-
-/* The gradient of the prefix keys/values (summed in dpkv over the layers) into the encoder's. */
-static void prefix_backward(glm_model *m) {
-    glm_backend *be = m->be;
-    const glm_weights *w = &m->w, *g = &m->g;
-    int P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size, KV = 2 * m->cfg.num_layers * H;
-    if (!m->cfg.peft.prefix_projection) {
-        be->scale_add(be, g->prefix_emb, 1.0f, m->dpkv, g->prefix_emb, (size_t)P * KV);
-        return;
-    }
-    be->matmul_bwd(be, m->dprefix_h, g->prefix_w2, g->prefix_b2, m->dpkv, m->prefix_h, w->prefix_w2, P, H, KV, 0);
-    be->tanh_bwd(be, m->dprefix_h, m->prefix_h, m->dprefix_h, (size_t)P * H);
-    be->matmul_bwd(be, g->prefix_emb, g->prefix_w1, g->prefix_b1, m->dprefix_h, w->prefix_emb, w->prefix_w1, P, H, H, 1);
-}
-
-static uint64_t prefix_seed(const glm_model *m, int l) { return m->dropout_seed ^ ((uint64_t)(l + 1) * 0xd1b54a32d192ed03ULL); }
-
-/* Layer l's keys and values with the prefix in front, into kvbuf; k and v view them. */
-static void prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, const void *pkv, glm_qkv_view *k, glm_qkv_view *v) {
-    const glm_config *c = &m->cfg;
-    int B = m->bd.B, T = m->bd.T, P = c->peft.pre_seq_len, H = c->hidden_size, HD = glm_head_dim(c);
-    float p = m->training ? c->peft.prefix_dropout : 0.0f;
-    m->be->prefix_kv(m->be, m->kvbuf, a->qkv, pkv, l, c->num_layers, B, T, P, c->num_attention_heads, HD, p,
-                     prefix_seed(m, l));
-    *k = (glm_qkv_view){m->kvbuf, (long)(P + T) * 2 * H, 2L * H, 2L * HD};
-    *v = *k;
-    v->base = glm_at(m->be, m->kvbuf, HD);
 }
 
 static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *h_out) {
@@ -569,7 +450,7 @@ static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_
     glm_qkv_view q, k, v;
     qkv_views(m, a->qkv, T, &q, &k, &v);
     if (P > 0) {
-        prefix_kv_views(m, l, a, m->cfg.peft.prefix_projection ? m->pkv : m->w.prefix_emb, &k, &v);
+        glm_prefix_kv_views(m, l, a, &k, &v);
         glm_block_finish(m, l, a, q, k, v, m->pkv_lo, m->pkv_hi, B, T, P + T, h_out);
         return;
     }
@@ -656,35 +537,34 @@ static void layer_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
     int NH = c->num_attention_heads, HD = glm_head_dim(c);
     size_t NHs = (size_t)N * H;
     /* h' = alpha*y + FC2(gelu(FC1(y))) */
-    linear_bwd(m, l, 3, a, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, N, F, H);
+    glm_linear_bwd(m, l, 3, a, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, N, F, H);
     be->gelu_bwd(be, m->d_ff, a->fc1, m->d_ff, (size_t)N * F);
     void *dy = m->d_x; /* reused: dy is dead before dx is needed */
-    linear_bwd(m, l, 2, a, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F);
+    glm_linear_bwd(m, l, 2, a, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F);
     be->scale_add(be, dy, c->alpha, dh_out, dy, NHs);
     /* y = LN2(h1) */
     be->layernorm_bwd(be, m->d_h1, g->ln2_w, g->ln2_b, dy, a->h1, p->ln2_w, a->ln2_mean, a->ln2_rstd, N, H);
     /* h1 = alpha*x + Dense(ctx) */
-    linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, g->dense_b, m->d_h1, a->ctx, p->dense_w, N, H, H);
+    glm_linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, g->dense_b, m->d_h1, a->ctx, p->dense_w, N, H, H);
     glm_qkv_view q, k, v, dq, dk, dv;
     qkv_views(m, a->qkv, T, &q, &k, &v);
     qkv_views(m, m->d_qkv, T, &dq, &dk, &dv);
     int P = c->peft.pre_seq_len;
     if (P > 0) { /* keys/values rebuilt with the same dropout; their gradient via dkvbuf */
-        prefix_kv_views(m, l, a, c->peft.prefix_projection ? m->pkv : m->w.prefix_emb, &k, &v);
+        glm_prefix_kv_views(m, l, a, &k, &v);
         dk = (glm_qkv_view){m->dkvbuf, k.batch_stride, k.tok_stride, k.head_stride};
         dv = dk;
         dv.base = glm_at(be, m->dkvbuf, HD);
         be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->pkv_lo, m->pkv_hi, B, T, P + T, NH, HD,
                           1.0f / sqrtf((float)HD));
-        be->prefix_kv_bwd(be, m->d_qkv, m->dpkv, m->dkvbuf, l, c->num_layers, B, T, P, NH, HD,
-                          m->training ? c->peft.prefix_dropout : 0.0f, prefix_seed(m, l));
+        glm_prefix_kv_grads(m, l);
     } else {
         be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD,
                           1.0f / sqrtf((float)HD));
     }
     be->rope(be, m->d_qkv, m->bd.pos, m->bd.block_pos, N, NH, HD, 1);
     void *dx = m->d_x;
-    linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H);
+    glm_linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H);
     be->scale_add(be, dx, c->alpha, m->d_h1, dx, NHs);
     /* x = LN1(h_in): the residual branches leave from x, so h_in's gradient comes only through LN1 */
     be->layernorm_bwd(be, dh_in, g->ln1_w, g->ln1_b, dx, h_in, p->ln1_w, a->ln1_mean, a->ln1_rstd, N, H);
@@ -746,7 +626,7 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     if (m->first) {
         begin(m, -1);
         if (m->g.wte) be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
-        if (c->peft.pre_seq_len > 0) prefix_backward(m);
+        if (c->peft.pre_seq_len > 0) glm_prefix_backward(m);
     }
     else be->copy(be, dh_in, dcur, bytes);
     grads_final_from(m, -1);

@@ -1,5 +1,5 @@
-/* The training loop of `glmtrain train` (train.h): steps, logging, evaluation, checkpoints,
- * resume; set-up lives in setup.c. */
+/* The training loop of `glmtrain train` (train.h): steps, logging, evaluation, checkpoints;
+ * set-up lives in setup.c, resume in resume.c. */
 #include "train/trainer.h"
 
 /* Mean loss over the validation tokens of every rank's share. */
@@ -100,6 +100,7 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     glm_data_cursor c = glm_loader_cursor(t->train_ld);
     t->st.epoch = (long)c.epoch;
     t->st.cursor = (long)c.step;
+    t->st.data_rows = (long)glm_loader_rows_consumed(t->train_ld); /* what another rank count resumes from */
     t->st.loss_scale = t->scaler.scale;
     t->st.good_steps = t->scaler.good_steps;
     t->st.skipped_steps = t->scaler.skipped;
@@ -114,147 +115,6 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     return glm_checkpoint_rotate(t->a->output_dir, t->a->save_total_limit, t->st.run_id, err);
 }
 
-static int resume_latest(const char *r) { return strcmp(r, "latest") == 0 || strcmp(r, "true") == 0 || strcmp(r, "True") == 0; }
-
-/* Whether checkpoint dir belongs to a run other than output_dir's current one (run_id.txt);
- * checkpoints and folders of an earlier glmtrain have no ids and belong to any run. */
-static int foreign(const char *output_dir, const char *dir, char *why, size_t n) {
-    char run[64], id[64];
-    glm_output_run_id(output_dir, run, sizeof run);
-    glm_checkpoint_run_id(dir, id, sizeof id);
-    if (!run[0] || !id[0] || strcmp(run, id) == 0) return 0;
-    snprintf(why, n, "it belongs to run %s, not to run %s that last started in %s", id, run, output_dir);
-    return 1;
-}
-
-/* The newest checkpoint of output_dir other than `except` that is this folder's run's and
- * verifies, or -1. With `say`, each one skipped is logged with its reason (and named in skipped[]). */
-static long newest_intact(const char *output_dir, const char *except, int say, char *skipped, size_t cap) {
-    long *steps, found = -1;
-    int k = glm_checkpoint_list(output_dir, &steps);
-    for (int i = k - 1; i >= 0 && found < 0; i--) {
-        char dir[4096], why[1200];
-        snprintf(dir, sizeof dir, "%s/checkpoint-%ld", output_dir, steps[i]);
-        if (except && strcmp(dir, except) == 0) continue;
-        int v = foreign(output_dir, dir, why, sizeof why) ? -1 : glm_checkpoint_verify(dir, why, sizeof why);
-        if (v >= 0) found = steps[i];
-        if (v > 0 && say) glm_info("%s: %s", dir, why);
-        if (v < 0 && say) {
-            glm_warn("not resuming from %s: %s", dir, why);
-            size_t u = strlen(skipped);
-            snprintf(skipped + u, cap - u, "%scheckpoint-%ld", u ? ", " : "", steps[i]);
-        }
-    }
-    free(steps);
-    return found;
-}
-
-/* The lead's choice of checkpoint (into dir): --resume_from_checkpoint alone takes the newest
- * one that verifies; a named one must verify, else the error names the damaged file and the
- * newest intact sibling. */
-static int pick_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
-    glm_train_args *a = t->a;
-    const char *r = a->resume_from_checkpoint;
-    char why[1200], skipped[1024] = "";
-    if (resume_latest(r)) {
-        long s = newest_intact(a->output_dir, NULL, 1, skipped, sizeof skipped);
-        if (s >= 0) { snprintf(dir, n, "%s/checkpoint-%ld", a->output_dir, s); return 0; }
-        if (skipped[0]) {
-            glm_fail(err, "--resume_from_checkpoint: no checkpoint of this run in %s is intact (skipped: %s)", a->output_dir, skipped);
-            return glm_hint(err, "the warnings above say why each was skipped; start over with --overwrite_output_dir");
-        }
-        glm_fail(err, "--resume_from_checkpoint: no complete checkpoint-N folder in %s", a->output_dir);
-        return glm_hint(err, "check --output_dir, or start without --resume_from_checkpoint");
-    }
-    snprintf(dir, n, "%s", r);
-    size_t len = strlen(dir);
-    while (len > 1 && dir[len - 1] == '/') dir[--len] = 0;
-    int v = glm_checkpoint_verify(dir, why, sizeof why);
-    if (v > 0) glm_info("%s: %s", dir, why);
-    if (v >= 0) return 0;
-    glm_fail(err, "--resume_from_checkpoint %s: %s", dir, why);
-    char parent[4096];
-    snprintf(parent, sizeof parent, "%s", dir);
-    char *slash = strrchr(parent, '/');
-    if (slash) *slash = 0; else snprintf(parent, sizeof parent, ".");
-    long s = newest_intact(parent, dir, 0, skipped, sizeof skipped);
-    if (s >= 0) return glm_hint(err, "%s/checkpoint-%ld is intact: resume from it (--resume_from_checkpoint alone takes the newest intact one)", parent, s);
-    return glm_hint(err, "no other checkpoint beside it is intact; start over with --overwrite_output_dir");
-}
-
-/* The lead verifies (one read of the checkpoint, not one per rank) and every rank learns its
- * choice: the step, from which the others name the folder. */
-static int agree_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
-    glm_train_args *a = t->a;
-    int me = lead(t), bad = me && pick_checkpoint(t, dir, n, err) != 0;
-    long s = -1;
-    const char *tail = strrchr(dir, '/');
-    if (me && !bad && tail) sscanf(tail, "/checkpoint-%ld", &s);
-    double v[2] = {me && !bad, me ? (double)s : 0};
-    glm_err e2;
-    const char *what = "checkpoint chosen by rank 0";
-    if (t->pp ? glm_pp_sum(t->pp, v, 2, 1, what, bad ? &e2 : err) : glm_dp_sum_long(t->dp, v, 2, what, bad ? &e2 : err))
-        return -1;
-    if (bad) return -1;
-    if (v[0] == 0) return glm_fail(err, "cannot resume: rank 0 found no intact checkpoint (see its error)");
-    if (!me && resume_latest(a->resume_from_checkpoint)) snprintf(dir, n, "%s/checkpoint-%ld", a->output_dir, (long)v[1]);
-    else if (!me) snprintf(dir, n, "%s", a->resume_from_checkpoint);
-    return 0;
-}
-
-/* Warns (lead only) about settings that differ from the checkpoint's training_args.json and
- * about a different number of data-parallel ranks: the data cursor counts micro-batches per
- * rank, so on another rank count part of the epoch is trained twice or skipped. */
-static void warn_changes(trainer *t, const char *dir, long saved_world) {
-    if (!lead(t)) return;
-    if (saved_world > 0 && saved_world != t->dp->world && t->st.cursor > 0) /* at an epoch's start nothing is off */
-        glm_warn("%s was written by %ld data-parallel ranks and resumes on %d: the data position (batch %ld of the epoch) "
-                 "is not re-mapped, so examples of this epoch may be trained twice or skipped",
-                 dir, saved_world, t->dp->world, t->st.cursor);
-    char path[4096], diff[1024] = "";
-    glm_path_join(path, sizeof path, dir, "training_args.json");
-    glm_err e;
-    char *text = glm_is_file(path) ? glm_read_file(path, NULL, &e) : NULL;
-    cJSON *old = text ? cJSON_Parse(text) : NULL, *now = cJSON_Parse(t->args_json), *v;
-    free(text);
-    cJSON_ArrayForEach(v, now) {
-        if (!strcmp(v->string, "resume_from_checkpoint") || !strcmp(v->string, "overwrite_output_dir") ||
-            !strcmp(v->string, "output_dir")) /* a moved folder is the same run */
-            continue;
-        cJSON *o = cJSON_GetObjectItem(old, v->string);
-        if (!old || (o && cJSON_Compare(o, v, 1))) continue;
-        char *a = o ? cJSON_PrintUnformatted(o) : NULL, *b = cJSON_PrintUnformatted(v);
-        size_t u = strlen(diff);
-        snprintf(diff + u, sizeof diff - u, "%s--%s %s -> %s", u ? ", " : "", v->string, a ? a : "(unset)", b);
-        free(a); free(b);
-    }
-    if (diff[0]) glm_warn("resuming %s with settings that differ from its training_args.json: %s", dir, diff);
-    cJSON_Delete(old);
-    cJSON_Delete(now);
-}
-
-static int resume(trainer *t, glm_err *err) {
-    char dir[4096];
-    if (agree_checkpoint(t, dir, sizeof dir, err)) return -1;
-    if (glm_dp_load(t->dp, dir, &t->st, err)) {
-        if (!err->hint[0]) glm_hint(err, "if %s is damaged, pass an older checkpoint-N to --resume_from_checkpoint", dir);
-        return -1;
-    }
-    if (t->st.log_history) {
-        cJSON_Delete(t->history);
-        t->history = cJSON_Parse(t->st.log_history);
-        if (!t->history) t->history = cJSON_CreateArray();
-    }
-    if (t->st.loss_scale > 0) { t->scaler.scale = t->st.loss_scale; t->scaler.good_steps = t->st.good_steps; t->scaler.skipped = t->st.skipped_steps; }
-    if (glm_loader_seek(t->train_ld, (glm_data_cursor){t->st.epoch, t->st.cursor}, err)) return -1;
-    warn_changes(t, dir, t->st.world_size);
-    if (lead(t) && glm_output_run_id_write(t->a->output_dir, t->st.run_id, err)) return -1; /* the folder's run is now this one */
-    glm_info("resumed from %s at step %ld (epoch %ld, batch %ld, run %s)", dir, t->st.global_step, t->st.epoch, t->st.cursor,
-             t->st.run_id);
-    return 0;
-}
-
-
 /* One optimizer step over up to gradient_accumulation_steps micro-batches (fewer at the end
  * of an epoch). Returns the mean loss over the supervised tokens of the step's global batch
  * (every rank's share); sets *norm, *tokens (global). With measure, *ph gets this rank's
@@ -266,7 +126,7 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
                          glm_step_phases *ph, glm_err *err) {
     glm_train_args *a = t->a;
     glm_data_cursor c = glm_loader_cursor(t->train_ld);
-    long left = t->micro_per_epoch - (long)c.step;
+    long left = (long)glm_loader_steps_left(t->train_ld); /* a re-mapped epoch is shorter */
     int k = a->gradient_accumulation_steps < left ? a->gradient_accumulation_steps : (int)left;
     long n_sup = 0;
     *tokens = 0;
@@ -486,7 +346,7 @@ static int run(trainer *t, glm_err *err) {
     trainer_plan_steps(t);
     glm_scaler_init(&t->scaler, a->fp16_initial_scale, 2000);
     t->history = cJSON_CreateArray();
-    if (a->resume_from_checkpoint && resume(t, err)) return -1;
+    if (a->resume_from_checkpoint && trainer_resume(t, err)) return -1;
     if (strcmp(a->report_to, "tensorboard") == 0 && lead(t)) {
         char logdir[4096];
         if (a->logging_dir) snprintf(logdir, sizeof logdir, "%s", a->logging_dir);
@@ -540,7 +400,7 @@ static int run(trainer *t, glm_err *err) {
             }
             loss_acc = 0; n_acc = 0; tok_acc = 0; t_log = now;
         }
-        int epoch_end = t->st.global_step % t->steps_per_epoch == 0;
+        int epoch_end = glm_loader_cursor(t->train_ld).step == 0; /* the last micro-batch rolled the cursor over */
         if (eval_on && ((strcmp(a->eval_strategy, "steps") == 0 && t->st.global_step % eval_every == 0) ||
                         (strcmp(a->eval_strategy, "epoch") == 0 && epoch_end))) {
             double el, ppl;

@@ -71,5 +71,8 @@ void trainer_plan_steps(trainer *t);
 int trainer_check_output_dir(glm_train_args *a, glm_err *err);
 /* After the ranks are known: the run id, and the lead removes what belongs to no live run. */
 int trainer_prepare_output_dir(trainer *t, glm_err *err);
+/* --resume_from_checkpoint: restores weights, optimizer, data position and log history from
+ * the newest intact checkpoint of this run (or the one named), on every rank (train/resume.c). */
+int trainer_resume(trainer *t, glm_err *err);
 
 #endif

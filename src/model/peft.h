@@ -1,0 +1,26 @@
+/* LoRA and P-Tuning v2 inside the model (model/glm.c calls these; config.h glm_peft says which):
+ *  - the four linear modules of a layer (target i: 0 query_key_value, 1 dense, 2 dense_h_to_4h,
+ *    3 dense_4h_to_h) as peft's LoraLayer where they have an adapter:
+ *    out = inp W^T + b + (s * dropout(inp) A^T) B^T, s = glm_lora_scaling;
+ *  - the prefix encoder's forward (glm_prefix_forward in glm.h) and backward, and each layer's
+ *    keys/values with the prefix in front (the original's per-row dropout while training). */
+#ifndef GLM_MODEL_PEFT_H
+#define GLM_MODEL_PEFT_H
+#include "model/glm.h"
+
+/* out = inp W^T + b (+ the adapter's branch); the adapter's middle goes to a->lora_t[i]. */
+void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
+                    const void *b, int N, int C, int OC);
+/* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */
+void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db, const void *dout,
+                    const void *inp, const void *w, int N, int C, int OC);
+/* Layer l's prefix + sequence keys/values into m->kvbuf (from a->qkv and the encoder's output),
+ * and the views attention reads them through (Tk = P + T). */
+void glm_prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *k, glm_qkv_view *v);
+/* From m->dkvbuf (attention's dk/dv over prefix + sequence): the sequence's into m->d_qkv, the
+ * prefix's summed over the batch into m->dpkv. */
+void glm_prefix_kv_grads(glm_model *m, int l);
+/* dpkv (the layers' sum) into the prefix encoder's gradients. */
+void glm_prefix_backward(glm_model *m);
+
+#endif

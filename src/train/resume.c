@@ -1,0 +1,157 @@
+/* Resuming a run (trainer.h trainer_resume): which checkpoint (the newest of this run that
+ * verifies, or the one named), every rank's agreement on it, the state it restores, and a
+ * warning for settings that changed since it was written. */
+#include "train/trainer.h"
+
+static int resume_latest(const char *r) { return strcmp(r, "latest") == 0 || strcmp(r, "true") == 0 || strcmp(r, "True") == 0; }
+
+/* Whether checkpoint dir belongs to a run other than output_dir's current one (run_id.txt);
+ * checkpoints and folders of an earlier glmtrain have no ids and belong to any run. */
+static int foreign(const char *output_dir, const char *dir, char *why, size_t n) {
+    char run[64], id[64];
+    glm_output_run_id(output_dir, run, sizeof run);
+    glm_checkpoint_run_id(dir, id, sizeof id);
+    if (!run[0] || !id[0] || strcmp(run, id) == 0) return 0;
+    snprintf(why, n, "it belongs to run %s, not to run %s that last started in %s", id, run, output_dir);
+    return 1;
+}
+
+/* The newest checkpoint of output_dir other than `except` that is this folder's run's and
+ * verifies, or -1. With `say`, each one skipped is logged with its reason (and named in skipped[]). */
+static long newest_intact(const char *output_dir, const char *except, int say, char *skipped, size_t cap) {
+    long *steps, found = -1;
+    int k = glm_checkpoint_list(output_dir, &steps);
+    for (int i = k - 1; i >= 0 && found < 0; i--) {
+        char dir[4096], why[1200];
+        snprintf(dir, sizeof dir, "%s/checkpoint-%ld", output_dir, steps[i]);
+        if (except && strcmp(dir, except) == 0) continue;
+        int v = foreign(output_dir, dir, why, sizeof why) ? -1 : glm_checkpoint_verify(dir, why, sizeof why);
+        if (v >= 0) found = steps[i];
+        if (v > 0 && say) glm_info("%s: %s", dir, why);
+        if (v < 0 && say) {
+            glm_warn("not resuming from %s: %s", dir, why);
+            size_t u = strlen(skipped);
+            snprintf(skipped + u, cap - u, "%scheckpoint-%ld", u ? ", " : "", steps[i]);
+        }
+    }
+    free(steps);
+    return found;
+}
+
+/* The lead's choice of checkpoint (into dir): --resume_from_checkpoint alone takes the newest
+ * one that verifies; a named one must verify, else the error names the damaged file and the
+ * newest intact sibling. */
+static int pick_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
+    glm_train_args *a = t->a;
+    const char *r = a->resume_from_checkpoint;
+    char why[1200], skipped[1024] = "";
+    if (resume_latest(r)) {
+        long s = newest_intact(a->output_dir, NULL, 1, skipped, sizeof skipped);
+        if (s >= 0) { snprintf(dir, n, "%s/checkpoint-%ld", a->output_dir, s); return 0; }
+        if (skipped[0]) {
+            glm_fail(err, "--resume_from_checkpoint: no checkpoint of this run in %s is intact (skipped: %s)", a->output_dir, skipped);
+            return glm_hint(err, "the warnings above say why each was skipped; start over with --overwrite_output_dir");
+        }
+        glm_fail(err, "--resume_from_checkpoint: no complete checkpoint-N folder in %s", a->output_dir);
+        return glm_hint(err, "check --output_dir, or start without --resume_from_checkpoint");
+    }
+    snprintf(dir, n, "%s", r);
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') dir[--len] = 0;
+    int v = glm_checkpoint_verify(dir, why, sizeof why);
+    if (v > 0) glm_info("%s: %s", dir, why);
+    if (v >= 0) return 0;
+    glm_fail(err, "--resume_from_checkpoint %s: %s", dir, why);
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = 0; else snprintf(parent, sizeof parent, ".");
+    long s = newest_intact(parent, dir, 0, skipped, sizeof skipped);
+    if (s >= 0) return glm_hint(err, "%s/checkpoint-%ld is intact: resume from it (--resume_from_checkpoint alone takes the newest intact one)", parent, s);
+    return glm_hint(err, "no other checkpoint beside it is intact; start over with --overwrite_output_dir");
+}
+
+/* The lead verifies (one read of the checkpoint, not one per rank) and every rank learns its
+ * choice: the step, from which the others name the folder. */
+static int agree_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
+    glm_train_args *a = t->a;
+    int me = lead(t), bad = me && pick_checkpoint(t, dir, n, err) != 0;
+    long s = -1;
+    const char *tail = strrchr(dir, '/');
+    if (me && !bad && tail) sscanf(tail, "/checkpoint-%ld", &s);
+    double v[2] = {me && !bad, me ? (double)s : 0};
+    glm_err e2;
+    const char *what = "checkpoint chosen by rank 0";
+    if (t->pp ? glm_pp_sum(t->pp, v, 2, 1, what, bad ? &e2 : err) : glm_dp_sum_long(t->dp, v, 2, what, bad ? &e2 : err))
+        return -1;
+    if (bad) return -1;
+    if (v[0] == 0) return glm_fail(err, "cannot resume: rank 0 found no intact checkpoint (see its error)");
+    if (!me && resume_latest(a->resume_from_checkpoint)) snprintf(dir, n, "%s/checkpoint-%ld", a->output_dir, (long)v[1]);
+    else if (!me) snprintf(dir, n, "%s", a->resume_from_checkpoint);
+    return 0;
+}
+
+/* Warns (lead only) about settings that differ from the checkpoint's training_args.json and,
+ * for a checkpoint of an earlier glmtrain that did not record the rows consumed, about a
+ * different number of data-parallel ranks (its cursor counts micro-batches per rank, so part
+ * of the epoch is trained twice or skipped). */
+static void warn_changes(trainer *t, const char *dir, long saved_world) {
+    if (!lead(t)) return;
+    if (saved_world > 0 && saved_world != t->dp->world && t->st.cursor > 0) /* at an epoch's start nothing is off */
+        glm_warn("%s was written by %ld data-parallel ranks and resumes on %d: the data position (batch %ld of the epoch) "
+                 "is not re-mapped, so examples of this epoch may be trained twice or skipped",
+                 dir, saved_world, t->dp->world, t->st.cursor);
+    char path[4096], diff[1024] = "";
+    glm_path_join(path, sizeof path, dir, "training_args.json");
+    glm_err e;
+    char *text = glm_is_file(path) ? glm_read_file(path, NULL, &e) : NULL;
+    cJSON *old = text ? cJSON_Parse(text) : NULL, *now = cJSON_Parse(t->args_json), *v;
+    free(text);
+    cJSON_ArrayForEach(v, now) {
+        if (!strcmp(v->string, "resume_from_checkpoint") || !strcmp(v->string, "overwrite_output_dir") ||
+            !strcmp(v->string, "output_dir")) /* a moved folder is the same run */
+            continue;
+        cJSON *o = cJSON_GetObjectItem(old, v->string);
+        if (!old || (o && cJSON_Compare(o, v, 1))) continue;
+        char *a = o ? cJSON_PrintUnformatted(o) : NULL, *b = cJSON_PrintUnformatted(v);
+        size_t u = strlen(diff);
+        snprintf(diff + u, sizeof diff - u, "%s--%s %s -> %s", u ? ", " : "", v->string, a ? a : "(unset)", b);
+        free(a); free(b);
+    }
+    if (diff[0]) glm_warn("resuming %s with settings that differ from its training_args.json: %s", dir, diff);
+    cJSON_Delete(old);
+    cJSON_Delete(now);
+}
+
+int trainer_resume(trainer *t, glm_err *err) {
+    char dir[4096];
+    if (agree_checkpoint(t, dir, sizeof dir, err)) return -1;
+    if (glm_dp_load(t->dp, dir, &t->st, err)) {
+        if (!err->hint[0]) glm_hint(err, "if %s is damaged, pass an older checkpoint-N to --resume_from_checkpoint", dir);
+        return -1;
+    }
+    if (t->st.log_history) {
+        cJSON_Delete(t->history);
+        t->history = cJSON_Parse(t->st.log_history);
+        if (!t->history) t->history = cJSON_CreateArray();
+    }
+    if (t->st.loss_scale > 0) { t->scaler.scale = t->st.loss_scale; t->scaler.good_steps = t->st.good_steps; t->scaler.skipped = t->st.skipped_steps; }
+    /* The cursor counts the writer's batches; the rows it consumed say where the data stands
+     * whatever the rank count or batch size now (the same rows when nothing changed). */
+    long rows_now = t->st.cursor * (long)t->a->per_device_train_batch_size * t->dp->world;
+    if (t->st.data_rows >= 0 && t->st.data_rows != rows_now) {
+        if (glm_loader_seek_rows(t->train_ld, t->st.epoch, t->st.data_rows, err)) return -1;
+        if (lead(t))
+            glm_info("%s: re-mapped the data position: %ld rows of epoch %ld were trained (by %ld ranks); the rest of the "
+                     "epoch goes on over %d ranks x %d rows, %ld micro-batches, no example twice", dir, t->st.data_rows,
+                     t->st.epoch, t->st.world_size, t->dp->world, t->a->per_device_train_batch_size,
+                     (long)glm_loader_steps_left(t->train_ld));
+    } else if (glm_loader_seek(t->train_ld, (glm_data_cursor){t->st.epoch, t->st.cursor}, err)) {
+        return -1;
+    }
+    warn_changes(t, dir, t->st.data_rows >= 0 ? t->dp->world : t->st.world_size);
+    if (lead(t) && glm_output_run_id_write(t->a->output_dir, t->st.run_id, err)) return -1; /* the folder's run is now this one */
+    glm_info("resumed from %s at step %ld (epoch %ld, batch %ld, run %s)", dir, t->st.global_step, t->st.epoch, t->st.cursor,
+             t->st.run_id);
+    return 0;
+}
