@@ -19,7 +19,10 @@ struct glm_loader {
     int32_t *row_len;       /* [n_rows] tokens per row */
     int64_t epoch_planned;  /* epoch whose rank_rows are computed, -1 none */
     int32_t *rank_rows;     /* [per_rank] row ids this rank visits this epoch, in order */
-    int64_t per_rank, steps;
+    int64_t per_rank, steps; /* a whole epoch's */
+    /* Resumed on another rank count or batch size (glm_loader_seek_rows): epoch skip_epoch starts
+     * skip_rows into its order and is that much shorter; every later epoch is whole. */
+    int64_t skip_epoch, skip_rows;
     glm_data_cursor cur;
     int32_t *ids, *lab; int *seg;          /* one row's scratch */
     int64_t *last; int *last_row; int n_last; int64_t last_tokens;
@@ -94,6 +97,20 @@ static void group_by_length(const glm_loader *l, int32_t *order, int64_t n) {
     free(k);
 }
 
+/* Rows of the epoch's order consumed before its first batch (non-zero only after a re-map). */
+static int64_t epoch_offset(const glm_loader *l, int64_t epoch) { return epoch == l->skip_epoch ? l->skip_rows : 0; }
+
+/* This rank's rows and batches in epoch e: the rest of the order after the offset, split as
+ * DistributedSampler splits a whole epoch. */
+static void epoch_shape(const glm_loader *l, int64_t e, int64_t *per_rank, int64_t *steps) {
+    int64_t rest = l->n_rows - epoch_offset(l, e), W = l->cfg.world, B = l->cfg.batch_size;
+    if (rest == l->n_rows) { *per_rank = l->per_rank; *steps = l->steps; return; }
+    *per_rank = l->cfg.drop_last ? rest / W : (rest + W - 1) / W;
+    *steps = l->cfg.drop_last ? *per_rank / B : (*per_rank + B - 1) / B;
+    if (*steps < 1) *steps = 1; /* a sliver left over still makes one (short) batch */
+    if (*per_rank < 1) *per_rank = 1;
+}
+
 static void plan_epoch(glm_loader *l, int64_t epoch) {
     int64_t n = l->n_rows;
     int32_t *order = glm_malloc((size_t)(n ? n : 1) * sizeof *order);
@@ -104,9 +121,12 @@ static void plan_epoch(glm_loader *l, int64_t epoch) {
         glm_rng_shuffle_i32(&r, order, (int)n);
     }
     if (l->cfg.group_by_length) group_by_length(l, order, n);
-    /* DistributedSampler: rank r takes r, r+W, ... of the order padded by wrapping (or trimmed) */
-    for (int64_t j = 0; j < l->per_rank; j++) {
-        int64_t k = l->cfg.rank + j * l->cfg.world;
+    /* DistributedSampler: rank r takes r, r+W, ... of the order (after a re-map's offset),
+     * padded by wrapping (or trimmed) */
+    int64_t off = epoch_offset(l, epoch), per_rank, steps;
+    epoch_shape(l, epoch, &per_rank, &steps);
+    for (int64_t j = 0; j < per_rank; j++) {
+        int64_t k = off + l->cfg.rank + j * l->cfg.world;
         l->rank_rows[j] = order[k % n];
     }
     l->epoch_planned = epoch;
@@ -145,6 +165,7 @@ int glm_loader_open(glm_loader **out, const glm_dataset *ds, const glm_loader_cf
     }
     l->rank_rows = glm_malloc((size_t)l->per_rank * sizeof *l->rank_rows);
     l->epoch_planned = -1;
+    l->skip_epoch = -1;
     l->ids = glm_malloc((size_t)l->cap_len * sizeof *l->ids);
     l->lab = glm_malloc((size_t)l->cap_len * sizeof *l->lab);
     l->seg = glm_malloc((size_t)l->cap_len * sizeof *l->seg);
@@ -168,12 +189,38 @@ int64_t glm_loader_last_tokens(const glm_loader *l) { return l->last_tokens; }
 void glm_loader_batch_alloc(const glm_loader *l, glm_batch *b) { glm_batch_alloc(b, l->cfg.batch_size, l->cap_len); }
 
 int glm_loader_seek(glm_loader *l, glm_data_cursor c, glm_err *err) {
-    if (c.epoch < 0 || c.step < 0 || c.step > l->steps)
+    int64_t per_rank, steps;
+    epoch_shape(l, c.epoch, &per_rank, &steps);
+    if (c.epoch < 0 || c.step < 0 || c.step > steps)
         return glm_fail(err, "data cursor (epoch %lld, step %lld) is outside 0..%lld steps per epoch",
-                        (long long)c.epoch, (long long)c.step, (long long)l->steps);
-    if (c.step == l->steps) { c.epoch++; c.step = 0; }
+                        (long long)c.epoch, (long long)c.step, (long long)steps);
+    if (c.step == steps) { c.epoch++; c.step = 0; }
     l->cur = c;
     return 0;
+}
+
+int glm_loader_seek_rows(glm_loader *l, int64_t epoch, int64_t rows, glm_err *err) {
+    if (epoch < 0 || rows < 0) return glm_fail(err, "data position (epoch %lld, %lld rows) is negative", (long long)epoch, (long long)rows);
+    l->epoch_planned = -1;
+    l->skip_epoch = -1;
+    if (rows >= l->n_rows) { l->cur = (glm_data_cursor){epoch + 1, 0}; return 0; }
+    l->skip_epoch = epoch;
+    l->skip_rows = rows;
+    l->cur = (glm_data_cursor){epoch, 0};
+    return 0;
+}
+
+int64_t glm_loader_rows_consumed(const glm_loader *l) {
+    int64_t per_rank, steps, e = l->cur.epoch;
+    epoch_shape(l, e, &per_rank, &steps);
+    int64_t r = epoch_offset(l, e) + l->cur.step * l->cfg.batch_size * l->cfg.world;
+    return r < l->n_rows ? r : l->n_rows;
+}
+
+int64_t glm_loader_steps_left(const glm_loader *l) {
+    int64_t per_rank, steps;
+    epoch_shape(l, l->cur.epoch, &per_rank, &steps);
+    return steps - l->cur.step;
 }
 
 int glm_loader_last_examples(const glm_loader *l, int64_t *out, int *row, int max) {
@@ -186,8 +233,9 @@ int glm_loader_last_examples(const glm_loader *l, int64_t *out, int *row, int ma
 
 int glm_loader_next(glm_loader *l, glm_batch *b, glm_err *err) {
     if (l->epoch_planned != l->cur.epoch) plan_epoch(l, l->cur.epoch);
-    int64_t first = l->cur.step * l->cfg.batch_size;
-    int rows = (int)(l->per_rank - first < l->cfg.batch_size ? l->per_rank - first : l->cfg.batch_size);
+    int64_t first = l->cur.step * l->cfg.batch_size, per_rank, steps, off = epoch_offset(l, l->cur.epoch);
+    epoch_shape(l, l->cur.epoch, &per_rank, &steps);
+    int rows = (int)(per_rank - first < l->cfg.batch_size ? per_rank - first : l->cfg.batch_size);
     int T = 0, pm = l->cfg.pad_multiple > 1 ? l->cfg.pad_multiple : 1;
     for (int r = 0; r < rows; r++) if (l->row_len[l->rank_rows[first + r]] > T) T = l->row_len[l->rank_rows[first + r]];
     T = (T + pm - 1) / pm * pm;
@@ -213,13 +261,13 @@ int glm_loader_next(glm_loader *l, glm_batch *b, glm_err *err) {
         }
         l->last_tokens += fill;
         /* position of this row in the wrapped DistributedSampler order: past n it repeats one */
-        int wrapped = l->cfg.rank + (first + r) * l->cfg.world >= l->n_rows;
+        int wrapped = off + l->cfg.rank + (first + r) * l->cfg.world >= l->n_rows;
         if (wrapped && l->cfg.no_loss_on_wrap)
             for (int i = 0; i < fill; i++) l->lab[i] = -100;
         if (glm_batch_set_row_packed(b, r, l->ids, l->lab, l->seg, n_seg, ex->pad, ex->gmask, ex->mask, ex->sop))
             return glm_fail(err, "row of %d tokens does not fit T = %d (a bug)", fill, T);
     }
     glm_batch_count_targets(b);
-    if (++l->cur.step == l->steps) { l->cur.epoch++; l->cur.step = 0; }
+    if (++l->cur.step == steps) { l->cur.epoch++; l->cur.step = 0; }
     return 0;
 }

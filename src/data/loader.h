@@ -50,6 +50,15 @@ void glm_loader_batch_alloc(const glm_loader *l, glm_batch *b);
 int glm_loader_next(glm_loader *l, glm_batch *b, glm_err *err);
 glm_data_cursor glm_loader_cursor(const glm_loader *l);
 int glm_loader_seek(glm_loader *l, glm_data_cursor c, glm_err *err);
+/* The position as rows of the epoch's order (every rank's together) that earlier batches took:
+ * what a checkpoint keeps so that a run resumed on another rank count or batch size goes on
+ * with exactly the rows not yet trained (the cursor counts this configuration's batches). */
+int64_t glm_loader_rows_consumed(const glm_loader *l);
+/* Continues epoch `epoch` after its first `rows` rows: that epoch is split over this loader's
+ * ranks and batches from there (and is shorter), the next ones are whole. */
+int glm_loader_seek_rows(glm_loader *l, int64_t epoch, int64_t rows, glm_err *err);
+/* Micro-batches left in the current epoch from the cursor. */
+int64_t glm_loader_steps_left(const glm_loader *l);
 /* Dataset positions (k < ds->n, not file indices) of the examples in the last batch, in row
  * order, and (row != NULL) the batch row of each; returns how many (at most max are written).
  * For tests and debugging. */

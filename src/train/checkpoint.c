@@ -115,6 +115,7 @@ static int save_state(const char *path, const glm_train_state *st, long opt_step
     cJSON_AddNumberToObject(o, "tokens_seen", st->tokens_seen);
     if (st->run_id[0]) cJSON_AddStringToObject(o, "run_id", st->run_id);
     if (st->world_size > 0) cJSON_AddNumberToObject(o, "world_size", (double)st->world_size);
+    if (st->data_rows >= 0) cJSON_AddNumberToObject(o, "data_rows_consumed", (double)st->data_rows);
     cJSON *hist = st->log_history ? cJSON_Parse(st->log_history) : NULL;
     cJSON_AddItemToObject(o, "log_history", hist ? hist : cJSON_CreateArray());
     char *s = cJSON_Print(o);
@@ -147,6 +148,7 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
     if ((v = cJSON_GetObjectItem(o, "tokens_seen")) && cJSON_IsNumber(v)) st->tokens_seen = v->valuedouble;
     /* an earlier glmtrain's checkpoint has none: the run keeps the fresh id it drew */
     st->world_size = (v = cJSON_GetObjectItem(o, "world_size")) && cJSON_IsNumber(v) ? (long)v->valuedouble : 0;
+    st->data_rows = (v = cJSON_GetObjectItem(o, "data_rows_consumed")) && cJSON_IsNumber(v) ? (long)v->valuedouble : -1;
     if ((v = cJSON_GetObjectItem(o, "run_id")) && cJSON_IsString(v)) snprintf(st->run_id, sizeof st->run_id, "%s", v->valuestring);
     free(st->log_history);
     st->log_history = NULL;

@@ -22,6 +22,7 @@ typedef struct glm_train_state {
     char *log_history;    /* JSON array text of logged records (owned) */
     char run_id[24];      /* random at a fresh start, kept when resuming: whose checkpoints are whose */
     long world_size;      /* data-parallel ranks that wrote it (0: unknown, an earlier glmtrain) */
+    long data_rows;       /* rows of the epoch's data order consumed, every rank's together (-1: unknown) */
 } glm_train_state;
 
 /* Optimizer state in host memory over flat elements of the tensor table's layout: [lo, hi)

@@ -245,12 +245,23 @@ def mpi_case(d, base):
     C.check("dp2_random_bytes_skipped", p.returncode == 0 and "not resuming from %s/checkpoint-4" % out in text and
             "resumed from %s/checkpoint-2 at step 2" % out in text and
             digest(os.path.join(out, "model.safetensors")) == digest(os.path.join(ref, "model.safetensors")), text[-800:])
-    # a checkpoint of 2 ranks in mid-epoch resumed on 1: the rank count change is warned about
+    # a checkpoint of 2 ranks in mid-epoch resumed on 1: the data position is re-mapped, so the
+    # epoch trains every example once (its supervised tokens equal an uninterrupted 1-rank epoch's)
     out = os.path.join(d, "dp-mid")
     p = M.run(base + ["--max_steps", "1", "--save_steps", "1", "--output_dir", out], np=2, check=False)
-    p = M.run(base + ["--max_steps", "2", "--save_steps", "1", "--output_dir", out, "--resume_from_checkpoint"], check=False)
-    C.check("dp2_to_1_warned", p.returncode == 0 and "written by 2 data-parallel ranks and resumes on 1" in p.stderr,
-            p.stderr[-600:])
+    p = M.run(base + ["--max_steps", "3", "--save_strategy", "epoch", "--output_dir", out, "--resume_from_checkpoint"],
+              check=False)
+    one = os.path.join(d, "one-rank-epoch")
+    p1 = M.run(base + ["--max_steps", "4", "--save_strategy", "epoch", "--output_dir", one], check=False)
+    st = lambda ck: json.load(open(os.path.join(ck, "trainer_state.json")))  # noqa: E731
+    ok = p.returncode == 0 and p1.returncode == 0 and os.path.isdir(os.path.join(out, "checkpoint-3"))
+    C.check("dp2_to_1_remapped", ok and "re-mapped the data position: 16 rows of epoch 0" in p.stderr and
+            "not re-mapped" not in p.stderr, p.stderr[-600:])
+    if ok:
+        a, b = st(os.path.join(out, "checkpoint-3")), st(os.path.join(one, "checkpoint-4"))
+        C.check("dp2_to_1_epoch_trains_each_example_once", a["tokens_seen"] == b["tokens_seen"] and a["epoch"] == 1 and
+                a["data_cursor"] == 0, "tokens %s vs %s, epoch %s cursor %s" % (a["tokens_seen"], b["tokens_seen"],
+                                                                               a["epoch"], a["data_cursor"]))
     # pipeline stages write shards through their own writer (parallel/pipe_ckpt.c): sealed the same way
     pp = args + ["--pipeline_parallel_size", "2"]
     out = os.path.join(d, "pp")
