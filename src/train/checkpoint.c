@@ -116,6 +116,9 @@ static int save_state(const char *path, const glm_train_state *st, long opt_step
     if (st->run_id[0]) cJSON_AddStringToObject(o, "run_id", st->run_id);
     if (st->world_size > 0) cJSON_AddNumberToObject(o, "world_size", (double)st->world_size);
     if (st->data_rows >= 0) cJSON_AddNumberToObject(o, "data_rows_consumed", (double)st->data_rows);
+    char hex[24];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)st->data_hash);
+    if (st->data_hash) cJSON_AddStringToObject(o, "data_hash", hex); /* a string: JSON numbers lose 64-bit values */
     cJSON *hist = st->log_history ? cJSON_Parse(st->log_history) : NULL;
     cJSON_AddItemToObject(o, "log_history", hist ? hist : cJSON_CreateArray());
     char *s = cJSON_Print(o);
@@ -149,6 +152,7 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
     /* an earlier glmtrain's checkpoint has none: the run keeps the fresh id it drew */
     st->world_size = (v = cJSON_GetObjectItem(o, "world_size")) && cJSON_IsNumber(v) ? (long)v->valuedouble : 0;
     st->data_rows = (v = cJSON_GetObjectItem(o, "data_rows_consumed")) && cJSON_IsNumber(v) ? (long)v->valuedouble : -1;
+    st->data_hash = (v = cJSON_GetObjectItem(o, "data_hash")) && cJSON_IsString(v) ? strtoull(v->valuestring, NULL, 16) : 0;
     if ((v = cJSON_GetObjectItem(o, "run_id")) && cJSON_IsString(v)) snprintf(st->run_id, sizeof st->run_id, "%s", v->valuestring);
     free(st->log_history);
     st->log_history = NULL;

@@ -7,6 +7,7 @@
 #ifndef GLM_CHECKPOINT_H
 #define GLM_CHECKPOINT_H
 #include <stddef.h>
+#include <stdint.h>
 #include "core/err.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
@@ -23,6 +24,7 @@ typedef struct glm_train_state {
     char run_id[24];      /* random at a fresh start, kept when resuming: whose checkpoints are whose */
     long world_size;      /* data-parallel ranks that wrote it (0: unknown, an earlier glmtrain) */
     long data_rows;       /* rows of the epoch's data order consumed, every rank's together (-1: unknown) */
+    uint64_t data_hash;   /* of the tokenized training examples (ids and supervision; 0: unknown) */
 } glm_train_state;
 
 /* Optimizer state in host memory over flat elements of the tensor table's layout: [lo, hi)

@@ -95,9 +95,9 @@ static int agree_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
  * for a checkpoint of an earlier glmtrain that did not record the rows consumed, about a
  * different number of data-parallel ranks (its cursor counts micro-batches per rank, so part
  * of the epoch is trained twice or skipped). */
-static void warn_changes(trainer *t, const char *dir, long saved_world) {
-    if (!lead(t)) return;
-    if (saved_world > 0 && saved_world != t->dp->world && t->st.cursor > 0) /* at an epoch's start nothing is off */
+static int warn_changes(trainer *t, const char *dir, long saved_world, glm_err *err) {
+    int strict = strcmp(t->a->resume_mismatch, "error") == 0;
+    if (lead(t) && saved_world > 0 && saved_world != t->dp->world && t->st.cursor > 0) /* at an epoch's start nothing is off */
         glm_warn("%s was written by %ld data-parallel ranks and resumes on %d: the data position (batch %ld of the epoch) "
                  "is not re-mapped, so examples of this epoch may be trained twice or skipped",
                  dir, saved_world, t->dp->world, t->st.cursor);
@@ -118,9 +118,19 @@ static void warn_changes(trainer *t, const char *dir, long saved_world) {
         snprintf(diff + u, sizeof diff - u, "%s--%s %s -> %s", u ? ", " : "", v->string, a ? a : "(unset)", b);
         free(a); free(b);
     }
-    if (diff[0]) glm_warn("resuming %s with settings that differ from its training_args.json: %s", dir, diff);
+    if (t->st.data_hash && t->st.data_hash != t->data_hash) {
+        size_t u = strlen(diff);
+        snprintf(diff + u, sizeof diff - u, "%sthe training data as tokenized (the file, the tokenizer or the data flags)", u ? ", " : "");
+    }
     cJSON_Delete(old);
     cJSON_Delete(now);
+    if (!diff[0]) return 0;
+    if (strict) { /* every rank sees the same files and flags, so every rank stops here */
+        glm_fail(err, "--resume_mismatch error: resuming %s with settings that differ from its checkpoint: %s", dir, diff);
+        return glm_hint(err, "resume with the checkpoint's settings, start over with --overwrite_output_dir, or --resume_mismatch warn");
+    }
+    if (lead(t)) glm_warn("resuming %s with settings that differ from its training_args.json: %s", dir, diff);
+    return 0;
 }
 
 int trainer_resume(trainer *t, glm_err *err) {
@@ -149,7 +159,7 @@ int trainer_resume(trainer *t, glm_err *err) {
     } else if (glm_loader_seek(t->train_ld, (glm_data_cursor){t->st.epoch, t->st.cursor}, err)) {
         return -1;
     }
-    warn_changes(t, dir, t->st.data_rows >= 0 ? t->dp->world : t->st.world_size);
+    if (warn_changes(t, dir, t->st.data_rows >= 0 ? t->dp->world : t->st.world_size, err)) return -1;
     if (lead(t) && glm_output_run_id_write(t->a->output_dir, t->st.run_id, err)) return -1; /* the folder's run is now this one */
     glm_info("resumed from %s at step %ld (epoch %ld, batch %ld, run %s)", dir, t->st.global_step, t->st.epoch, t->st.cursor,
              t->st.run_id);

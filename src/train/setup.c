@@ -1,6 +1,7 @@
 /* Set-up of a training run (train/trainer.h): backend, model (loaded or drawn), tokenizer,
  * data and loaders, the step plan, and the output folder check. */
 #include "train/trainer.h"
+#include "data/hash.h"
 
 /* torch.optim.AdamW's ranges, with its wording; written as !(ok) so that nan fails too. A value
  * outside them does not crash: it trains to NaN (beta2 > 1) or quietly diverges. */
@@ -257,6 +258,8 @@ int trainer_load_data(trainer *t, glm_err *err) {
     d->cache_dir = t->cache_dir;
     if (load_data_ranked(t, err)) return -1;
     glm_data_print_summary(stderr, &t->data, d);
+    const glm_examples *ex = t->data.train_ex; /* the examples as trained: file, tokenizer and settings together */
+    t->data_hash = glm_xxh64(ex->sup, (size_t)ex->n_tokens, glm_xxh64(ex->ids, (size_t)ex->n_tokens * 4, 0x5eed));
     glm_loader_cfg lc;
     glm_loader_cfg_init(&lc);
     lc.batch_size = a->per_device_train_batch_size;

@@ -101,6 +101,7 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     t->st.epoch = (long)c.epoch;
     t->st.cursor = (long)c.step;
     t->st.data_rows = (long)glm_loader_rows_consumed(t->train_ld); /* what another rank count resumes from */
+    t->st.data_hash = t->data_hash;
     t->st.loss_scale = t->scaler.scale;
     t->st.good_steps = t->scaler.good_steps;
     t->st.skipped_steps = t->scaler.skipped;

@@ -69,6 +69,7 @@ const glm_flag glm_train_flags[] = {
     C(save_dtype, "float32", "float32|float16|bfloat16", "dtype of the final model's safetensors"),
     F(max_shard_size, ARG_STR, "10GB", "largest safetensors shard of the final model, as save_pretrained (10GB = 1e10 bytes, 1GiB = 2^30; 0 = one file)"),
     F(save_final_model, ARG_BOOL, "true", "write the trained model to output_dir at the end (false: checkpoints only, e.g. benchmarks)"),
+    C(resume_mismatch, "warn", "warn|error", "when a resumed run's settings or tokenized data differ from its checkpoint's"),
     {"resume_from_checkpoint", ARG_STR, offsetof(glm_train_args, resume_from_checkpoint), NULL,
      "checkpoint folder, or alone / \"latest\" for the newest in output_dir", NULL, "latest"},
     F(seed, ARG_INT, "42", "seed for init, shuffling and splits"),

@@ -53,6 +53,7 @@ typedef struct trainer {
     glm_loss_scaler scaler;
     glm_lr_kind sched;
     long total_steps, warmup, steps_per_epoch, micro_per_epoch;
+    uint64_t data_hash;      /* of the tokenized training examples: resume compares it with the checkpoint's */
     char *args_json;
     cJSON *history;           /* log_history records */
     glm_dp *dp;               /* data parallel (a no-op with one process) */

@@ -170,6 +170,20 @@ def stale_case(d, base, ref):
                          "--resume_from_checkpoint"])
     C.check("changed_settings_warned", p.returncode == 0 and "settings that differ from its training_args.json" in p.stderr and
             "--learning_rate 0.01 -> 0.02" in p.stderr and '--report_to "none" -> "tensorboard"' in p.stderr, p.stderr[-600:])
+    # other training data (the same file name, one record changed): named; refused with --resume_mismatch error
+    i = base.index("--train_file")
+    recs = json.load(open(base[i + 1]))
+    recs[0]["output"] += "。"
+    other = os.path.join(d, "train-changed.json")
+    json.dump(recs, open(other, "w"), ensure_ascii=False)
+    changed = base[:i + 1] + [other] + base[i + 2:]
+    out = copy(d, ref, "changed-data")
+    p = run(changed + ["--output_dir", out, "--max_steps", "8", "--resume_from_checkpoint"])
+    C.check("changed_data_warned", p.returncode == 0 and "the training data as tokenized" in p.stderr, p.stderr[-600:])
+    out = copy(d, ref, "changed-data-strict")
+    p = run(changed + ["--output_dir", out, "--max_steps", "8", "--resume_from_checkpoint", "--resume_mismatch", "error"])
+    C.check("changed_data_refused_with_resume_mismatch_error", p.returncode != 0 and "--resume_mismatch error" in p.stderr and
+            "the training data as tokenized" in p.stderr and not os.path.isdir(os.path.join(out, "checkpoint-8")), p.stderr[-600:])
 
 
 def ckpt_bytes(ck):
