@@ -116,3 +116,10 @@ char *glm_json_remove_key(const char *text, const char *key) {
     if (a > text && a[-1] == ',') a--;
     return splice(text, (size_t)(a - text), (size_t)(hit.ve - text), "");
 }
+
+void glm_json_float(char *buf, size_t n, float v) {
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, n, "%.*g", digits, v);
+        if (strtof(buf, NULL) == v) return;
+    }
+}

@@ -7,6 +7,7 @@
 #include <string.h>
 #include "backend/cpu/cpu_gemm.h"
 #include "core/fileutil.h"
+#include "core/json_text.h"
 #include "model/ckpt.h"
 
 static int is_adapter(const glm_tensor *t) { return glm_is_lora(t->kind); }
@@ -31,8 +32,11 @@ static char *config_json(const glm_model *m) {
     cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     cJSON_AddNullToObject(o, "layers_pattern");
     cJSON_AddNullToObject(o, "layers_to_transform");
-    cJSON_AddNumberToObject(o, "lora_alpha", p->lora_alpha);
-    cJSON_AddNumberToObject(o, "lora_dropout", p->lora_dropout);
+    char num[32];
+    glm_json_float(num, sizeof num, p->lora_alpha);
+    cJSON_AddRawToObject(o, "lora_alpha", num);
+    glm_json_float(num, sizeof num, p->lora_dropout); /* 0.05 as peft writes it */
+    cJSON_AddRawToObject(o, "lora_dropout", num);
     cJSON_AddNullToObject(o, "modules_to_save");
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", p->lora_rank);

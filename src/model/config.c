@@ -6,6 +6,7 @@
 #include <string.h>
 #include "core/args.h"
 #include "core/fileutil.h"
+#include "core/json_text.h"
 
 glm_config glm_config_chatglm6b(void) {
     return (glm_config){
@@ -113,7 +114,9 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
     cJSON_Delete(o);
     *c = (glm_config){
         .vocab_size = vocab, .hidden_size = hidden, .num_layers = layers, .num_attention_heads = heads,
-        .inner_hidden_size = inner > 0 ? inner : 4 * hidden, .max_sequence_length = maxseq,
+        /* 4H would overflow int for a huge hidden_size: -1 then fails validation */
+        .inner_hidden_size = inner > 0 ? inner : hidden > 0 && hidden <= INT32_MAX / 4 ? 4 * hidden : -1,
+        .max_sequence_length = maxseq,
         .layernorm_epsilon = epsv, .position_encoding_2d = pe2d, .tie_word_embeddings = tie,
         .bos_token_id = bos, .eos_token_id = eos, .mask_token_id = mask, .gmask_token_id = gmask,
         .pad_token_id = pad, .alpha = 7.483314773547883f,
@@ -149,12 +152,8 @@ char *glm_config_to_json(const glm_config *c) {
     cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(o, "inner_hidden_size", c->inner_hidden_size);
     cJSON_AddNumberToObject(o, "max_sequence_length", c->max_sequence_length);
-    /* the shortest decimal that reads back as the same float: 1e-05, not 9.99999974737875e-06 */
     char eps[32];
-    for (int digits = 6; digits <= 9; digits++) {
-        snprintf(eps, sizeof eps, "%.*g", digits, c->layernorm_epsilon);
-        if (strtof(eps, NULL) == c->layernorm_epsilon) break;
-    }
+    glm_json_float(eps, sizeof eps, c->layernorm_epsilon); /* 1e-05, not 9.99999974737875e-06 */
     cJSON_AddRawToObject(o, "layernorm_epsilon", eps);
     cJSON_AddBoolToObject(o, "position_encoding_2d", c->position_encoding_2d);
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);

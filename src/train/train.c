@@ -328,6 +328,7 @@ static int run(trainer *t, glm_err *err) {
                      .save_on_interrupt = a->save_on_interrupt};
     if (glm_dp_open(&t->dp, &dc, err) || glm_dp_redirect_log(t->dp, a->output_dir, err)) return -1;
     if (trainer_prepare_output_dir(t, err)) return -1;
+    if (glm_presence_open(&t->pres, a->output_dir, t->dp->dist.rank, t->dp->dist.world, err)) return -1;
     if (a->save_on_interrupt) glm_signals_install();
     t->args_json = glm_args_to_json(glm_train_flags, glm_train_nflags, a);
     fprintf(stderr, "[glmtrain] effective settings:\n%s\n", t->args_json);
@@ -377,6 +378,7 @@ static int run(trainer *t, glm_err *err) {
         glm_step_phases ph = {0};
         int skipped = 0, stop = 0;
         glm_dp_set_step(t->dp, next);
+        glm_presence_step(&t->pres, next);
         double loss = train_step(t, lr, log_now, &norm, &tokens, &skipped, &stop, &ph, err);
         if (stop) return stop_on_signal(t, err);
         if (isnan(loss) && err->msg[0]) return -1;
@@ -437,6 +439,11 @@ int glm_train_run(glm_train_args *a, glm_err *err) {
     trainer t = {.a = a};
     err->msg[0] = 0;
     int rc = run(&t, err);
+    if (rc && strstr(err->msg, "timed out")) { /* name the ranks it waited for */
+        char behind[2048];
+        glm_presence_explain(&t.pres, t.st.global_step + 1, behind, sizeof behind);
+        if (behind[0]) glm_hint(err, "behind this rank: %s; see their logs (output_dir/logs/rank-N.log)", behind);
+    }
     int rank = t.pp ? t.pp->world_rank : t.dp ? t.dp->rank : 0; /* the job's rank, also with stages */
     if (rc && t.dp && (t.dp->world > 1 || (t.pp && t.pp->world_size > 1))) {
         if (strncmp(err->msg, "rank ", 5) != 0) glm_wrap(err, "rank %d: ", rank);

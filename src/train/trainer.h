@@ -25,6 +25,7 @@
 #include "parallel/gpustat.h"
 #include "parallel/launch.h"
 #include "parallel/pipe_train.h"
+#include "parallel/presence.h"
 #include "parallel/signals.h"
 #include "tokenizer/tokenizer.h"
 #ifdef GLM_HAVE_CUDA
@@ -54,6 +55,7 @@ typedef struct trainer {
     glm_lr_kind sched;
     long total_steps, warmup, steps_per_epoch, micro_per_epoch;
     uint64_t data_hash;      /* of the tokenized training examples: resume compares it with the checkpoint's */
+    glm_presence pres;       /* every rank's last step, for naming the ranks a timeout waited for */
     char *args_json;
     cJSON *history;           /* log_history records */
     glm_dp *dp;               /* data parallel (a no-op with one process) */

@@ -181,16 +181,26 @@ def main():
             except subprocess.TimeoutExpired:
                 p.kill(); rc = p.wait()
             dt = time.time() - t0
-            if sig == signal.SIGSTOP:
-                try: os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError: pass
             text = open(log, errors="replace").read()
-            if how == "hung":
-                ok = "rank 0: " in text and "timed out after 4 s waiting for peers" in text and "at step" in text
+            if how == "hung":  # the survivor names the stopped rank, and it is not left behind
+                ok = "rank 0: " in text and "timed out after 4 s waiting for peers" in text and "at step" in text and \
+                    ("rank 1 (pid %d" % pid) in text and "stopped (SIGSTOP or a debugger): killed" in text
+                def alive():  # a zombie waiting for its reaper counts as gone
+                    try:
+                        return open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] != "Z"
+                    except OSError:
+                        return False
+                t1 = time.time()
+                while alive() and time.time() - t1 < 5:
+                    time.sleep(0.1)
+                ok = ok and not alive()  # not left behind after mpirun returned
             else:  # mpirun itself stops the survivors at once: they say where they were
                 ok = "rank 0: " in text and "at step" in text and ("interrupted by SIGTERM" in text or "timed out" in text)
-            lines = [l for l in text.splitlines() if "rank 0:" in l]
-            report("fault_%s_rank" % how, rc != 0 and dt < 4 + 3 and ok, "exit %d after %.1f s: %s" % (rc, dt, lines[:1]))
+            if sig == signal.SIGSTOP:  # a safety net when the check above failed
+                try: os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError: pass
+            lines = [l for l in text.splitlines() if "rank 0:" in l or "behind this rank" in l]
+            report("fault_%s_rank" % how, rc != 0 and dt < 4 + 3 and ok, "exit %d after %.1f s: %s" % (rc, dt, lines[:2]))
 
         # 4. own launcher (mpirun underneath), Ctrl-C with --save_on_interrupt
         out = os.path.join(d, "launcher")

@@ -1,7 +1,13 @@
 """ChatGLM-6B (GLM v1) model: glmtrain's own small stand-in for THUDM's modeling_chatglm.py,
 written for tests/py/test_folder_interop.py from docs/chatglm-spec.md sections 3-5 (the same
 math as tests/py/glm_ref.py, here as nn.Modules whose parameter names are the checkpoint's;
-not THUDM's file). fp32 semantics; no KV cache, no quantization, no P-tuning.
+not THUDM's file). fp32 semantics; no KV cache, no quantization.
+
+P-Tuning v2 as the original has it (docs/chatglm-spec.md section 10): config.pre_seq_len /
+prefix_projection add a PrefixEncoder at transformer.prefix_encoder (`embedding`, and `trans`
+= Linear-Tanh-Linear with the projection), every other parameter frozen; the first forward
+makes each layer's past keys/values from it (get_prompt, dropout 0.1 while training), which
+go in front of the layer's own keys/values (not rotated) and are visible to every query.
 
 Like the original it imports `.configuration_chatglm` and `.quantization` relatively, so
 transformers' remote-code loader needs both files beside it. Attention scores use torch.bmm,
@@ -42,6 +48,25 @@ def rotate(x, cos, sin, pos):
     return x * F.embedding(pos, cos).unsqueeze(2) + rotate_half(x) * F.embedding(pos, sin).unsqueeze(2)
 
 
+class PrefixEncoder(nn.Module):
+    """THUDM's PrefixEncoder: prefix ids [b, P] -> [b, P, 2 * num_layers * hidden_size]."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.prefix_projection = config.prefix_projection
+        kv = config.num_layers * config.hidden_size * 2
+        if self.prefix_projection:
+            self.embedding = nn.Embedding(config.pre_seq_len, config.hidden_size)
+            self.trans = nn.Sequential(nn.Linear(config.hidden_size, config.hidden_size), nn.Tanh(),
+                                       nn.Linear(config.hidden_size, kv))
+        else:
+            self.embedding = nn.Embedding(config.pre_seq_len, kv)
+
+    def forward(self, prefix):
+        e = self.embedding(prefix)
+        return self.trans(e) if self.prefix_projection else e
+
+
 class SelfAttention(nn.Module):
     def __init__(self, config, layer_id):
         super().__init__()
@@ -51,7 +76,7 @@ class SelfAttention(nn.Module):
         self.query_key_value = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, x, position_ids, mask):
+    def forward(self, x, position_ids, mask, layer_past=None):
         s, b, H = x.shape
         nh, hd = self.num_heads, self.head_dim
         q, k, v = torch.split(self.query_key_value(x).view(s, b, nh, 3 * hd), hd, dim=-1)  # per head q|k|v
@@ -62,14 +87,18 @@ class SelfAttention(nn.Module):
         k1, k2 = k.chunk(2, dim=-1)
         q = torch.cat([rotate(q1, cos, sin, pos), rotate(q2, cos, sin, block)], dim=-1)
         k = torch.cat([rotate(k1, cos, sin, pos), rotate(k2, cos, sin, block)], dim=-1)
+        if layer_past is not None:  # the P-Tuning prefix: keys/values in front, not rotated
+            k = torch.cat((layer_past[0], k), dim=0)
+            v = torch.cat((layer_past[1], v), dim=0)
+        sk = k.shape[0]
         coeff = float(self.layer_id + 1)
         q = q / (math.sqrt(hd) * coeff)
         scores = torch.bmm(q.reshape(s, b * nh, hd).transpose(0, 1),
-                           k.reshape(s, b * nh, hd).permute(1, 2, 0)).view(b, nh, s, s)
+                           k.reshape(sk, b * nh, hd).permute(1, 2, 0)).view(b, nh, s, sk)
         if bool(mask.any()):
             scores = scores.masked_fill(mask, -10000.0)
         probs = F.softmax(scores.float() * coeff, dim=-1).to(x.dtype)
-        ctx = torch.bmm(probs.view(b * nh, s, s), v.reshape(s, b * nh, hd).transpose(0, 1))
+        ctx = torch.bmm(probs.view(b * nh, s, sk), v.reshape(sk, b * nh, hd).transpose(0, 1))
         ctx = ctx.view(b, nh, s, hd).permute(2, 0, 1, 3).reshape(s, b, H)
         return self.dense(ctx)
 
@@ -94,9 +123,9 @@ class GLMBlock(nn.Module):
         self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
         self.mlp = GLU(config)
 
-    def forward(self, h, position_ids, mask):
+    def forward(self, h, position_ids, mask, layer_past=None):
         x = self.input_layernorm(h)  # the residual branch is the LayerNorm output
-        h1 = x * ALPHA + self.attention(x, position_ids, mask)
+        h1 = x * ALPHA + self.attention(x, position_ids, mask, layer_past)
         y = self.post_attention_layernorm(h1)
         return y * ALPHA + self.mlp(y)
 
@@ -120,7 +149,24 @@ class ChatGLMModel(ChatGLMPreTrainedModel):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([GLMBlock(config, i) for i in range(config.num_layers)])
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.pre_seq_len = getattr(config, "pre_seq_len", None)
+        if self.pre_seq_len is not None:  # P-Tuning v2: only the prefix encoder trains
+            for param in self.parameters():
+                param.requires_grad = False
+            self.prefix_tokens = torch.arange(self.pre_seq_len).long()
+            self.prefix_encoder = PrefixEncoder(config)
+            self.dropout = nn.Dropout(0.1)
         self.post_init()
+
+    def get_prompt(self, batch_size, device, dtype):
+        """Per layer (keys, values) [P, b, nh, hd] from the prefix encoder, as the original."""
+        cfg = self.config
+        tokens = self.prefix_tokens.unsqueeze(0).expand(batch_size, -1).to(device)
+        pkv = self.prefix_encoder(tokens).type(dtype)
+        pkv = pkv.view(batch_size, self.pre_seq_len, cfg.num_layers * 2, cfg.num_attention_heads,
+                       cfg.hidden_size // cfg.num_attention_heads)
+        pkv = self.dropout(pkv)
+        return pkv.permute([2, 1, 0, 3, 4]).split(2)
 
     def get_input_embeddings(self):
         return self.word_embeddings
@@ -149,8 +195,13 @@ class ChatGLMModel(ChatGLMPreTrainedModel):
         position_ids = pos if position_ids is None else position_ids
         mask = mask if attention_mask is None else attention_mask
         h = self.word_embeddings(input_ids).transpose(0, 1)  # [s, b, H]
-        for layer in self.layers:
-            h = layer(h, position_ids, mask)
+        past = [None] * len(self.layers)
+        if self.pre_seq_len is not None:  # P visible prefix columns in front of the mask
+            b, s = input_ids.shape
+            past = self.get_prompt(b, input_ids.device, h.dtype)
+            mask = torch.cat((torch.zeros(b, 1, s, self.pre_seq_len, dtype=torch.bool), mask.expand(b, 1, s, s)), dim=3)
+        for layer, layer_past in zip(self.layers, past):
+            h = layer(h, position_ids, mask, layer_past)
         return self.final_layernorm(h)
 
 
@@ -172,7 +223,8 @@ class ChatGLMForConditionalGeneration(ChatGLMPreTrainedModel):
     def set_output_embeddings(self, value):
         self.lm_head = value
 
-    def forward(self, input_ids, position_ids=None, attention_mask=None, labels=None, return_dict=True, **kwargs):
+    def forward(self, input_ids, position_ids=None, attention_mask=None, labels=None, return_dict=None, **kwargs):
+        return_dict = return_dict if return_dict is not None else self.config.use_return_dict  # peft passes None
         h = self.transformer(input_ids, position_ids=position_ids, attention_mask=attention_mask)
         logits = self.lm_head(h).permute(1, 0, 2).contiguous()  # [b, s, V]
         loss = None
