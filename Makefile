@@ -51,7 +51,7 @@ FLAGS_STAMP := $(BUILD)/.flags-$(shell echo '$(CFLAGS) $(NVCCFLAGS) $(LDLIBS)' |
 TEST_SRC := $(sort $(wildcard tests/c/test_*.c tests/c/tool_*.c))
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test test-asan test-cuda demo bench-cpu bench-tokenizer clean deps
+.PHONY: all test test-asan test-cuda demo bench-cpu bench-tokenizer clean deps fuzz
 all: $(BUILD)/glmtrain $(TEST_BIN)
 
 $(FLAGS_STAMP):
@@ -97,6 +97,12 @@ test: all
 test-asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" all
 	@BUILD=build-asan PYTHON=$(PYTHON) ONLY_C=1 bash tests/run.sh
+
+# libFuzzer targets, one per parser (tests/fuzz, clang + ASan/UBSan), each run for FUZZ_SECONDS
+# from the seeds in tests/fuzz/seeds; `make test` runs them for 15 s each (docs/RELIABILITY.md).
+FUZZ_SECONDS ?= 60
+fuzz:
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD=$(BUILD)/fuzz bash tests/sh/test_fuzz.sh
 
 # GPU tests (run on the GPU machine): every CUDA op against its CPU twin, the model on CUDA vs
 # the CPU, a 50-step training curve, compute-sanitizer memcheck/racecheck. docs/GPU-TESTS.md.

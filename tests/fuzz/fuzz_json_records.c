@@ -1,0 +1,58 @@
+/* libFuzzer target: arbitrary bytes as a training data file read by data/reader_json.c and
+ * data/schema.c (JSON array or JSON Lines; alpaca, prompt/response columns, sharegpt).
+ * Input layout: byte 0 chooses the reader settings, the rest is the file:
+ *   bits 0-1 schema (auto, alpaca, columns, sharegpt), bits 2-3 container (auto, json, jsonl,
+ *   auto), bit 4 skip_bad_samples, bit 5 named columns (prompt "q", response "a", history "h",
+ *   input "i", system "s", as --prompt_column ... set them).
+ * Every outcome must be a clean error or records whose strings are all valid UTF-8. */
+#include <string.h>
+#include "data/reader.h"
+#include "fuzz_util.h"
+
+static void check_str(const char *s, int required, const char *what) {
+    if (!s) { FUZZ_CHECK(!required, "%s is NULL", what); return; }
+    FUZZ_CHECK(glm_utf8_valid(s, strlen(s)), "%s is not valid UTF-8", what);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    uint8_t opt = data[0];
+    glm_read_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.schema = (glm_schema)(opt & 3);
+    int cont = (opt >> 2) & 3;
+    cfg.container = cont == 3 ? GLM_CONTAINER_AUTO : (glm_container)cont;
+    cfg.skip_bad_samples = (opt >> 4) & 1;
+    if (opt & 32) cfg.columns = (glm_columns){"q", "a", "h", "i", "s"};
+    char path[64];
+    int fd = fuzz_memfile(data + 1, size - 1, path, sizeof path);
+    if (fd < 0) return 0;
+    glm_reader *r = NULL;
+    glm_err err;
+    if (glm_reader_open(&r, path, &cfg, &err) == 0) {
+        glm_record rec;
+        int rc;
+        int64_t n = 0;
+        while ((rc = glm_reader_next(r, &rec, &err)) == 1) {
+            check_str(rec.query, 1, "query");
+            check_str(rec.answer, 1, "answer");
+            check_str(rec.system, 0, "system");
+            check_str(rec.input, 0, "input");
+            FUZZ_CHECK(rec.n_hist >= 0, "n_hist %d", rec.n_hist);
+            for (int i = 0; i < 2 * rec.n_hist; i++) check_str(rec.hist[i], 1, "history turn");
+            FUZZ_CHECK(rec.index >= n && rec.line >= 1 && rec.col >= 1, "record %lld at %lld:%lld",
+                       (long long)rec.index, (long long)rec.line, (long long)rec.col);
+            n = rec.index + 1;
+            glm_record_free(&rec);
+        }
+        const glm_read_stats *st = glm_reader_stats(r);
+        FUZZ_CHECK(st->records >= n && st->bad_json >= 0 && st->bad_record >= 0, "stats");
+        FUZZ_CHECK(memchr(st->first_bad, 0, sizeof st->first_bad) != NULL, "first_bad is not terminated");
+        if (rc < 0) FUZZ_CHECK(err.msg[0], "an error without a message");
+        glm_reader_close(r);
+    } else {
+        FUZZ_CHECK(err.msg[0], "an error without a message");
+    }
+    close(fd);
+    return 0;
+}

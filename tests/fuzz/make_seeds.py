@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Writes the committed seed corpora under tests/fuzz/seeds/<target>/ (run from the repository
+root: python3 tests/fuzz/make_seeds.py). Plain Python only: the torch pickles are assembled by
+pickling stand-in classes registered under torch's names, the zip as torch.save lays it out.
+Tokenizer models come from spm_train (tiny vocabularies, so each file is a few KB)."""
+import collections, io, json, os, pickle, struct, subprocess, sys, tempfile, types, zipfile
+
+ROOT = os.path.join("tests", "fuzz", "seeds")
+
+
+def put(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---- safetensors ----
+def st_file(header, nbytes):
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(h)) + h + bytes(range(256))[:nbytes] + b"\0" * max(0, nbytes - 256)
+
+
+def safetensors():
+    put("safetensors", "ok", st_file({"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                                      "b": {"dtype": "F16", "shape": [4], "data_offsets": [16, 24]}}, 24))
+    put("safetensors", "bf16_i64", st_file({"w": {"dtype": "BF16", "shape": [3, 1], "data_offsets": [0, 6]},
+                                            "i": {"dtype": "I64", "shape": [], "data_offsets": [6, 14]}}, 14))
+    put("safetensors", "overlap", st_file({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                                           "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}, 16))
+    put("safetensors", "f64_u8_bool", st_file({"d": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]},
+                                               "u": {"dtype": "U8", "shape": [2, 2], "data_offsets": [16, 20]},
+                                               "k": {"dtype": "BOOL", "shape": [1], "data_offsets": [20, 21]},
+                                               "z": {"dtype": "F32", "shape": [0, 3], "data_offsets": [21, 21]}}, 21))
+    put("safetensors", "short_data", st_file({"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}}, 8))
+
+
+# ---- torch .bin: pickles with torch's globals, without torch ----
+def fake(modname, name):
+    mod = sys.modules.setdefault(modname, types.ModuleType(modname))
+    cls = type(name, (), {"__module__": modname, "__qualname__": name})
+    setattr(mod, name, cls)
+    return cls
+
+
+FloatStorage, HalfStorage, BFloat16Storage = fake("torch", "FloatStorage"), fake("torch", "HalfStorage"), fake("torch", "BFloat16Storage")
+_rt = fake("torch._utils", "_rebuild_tensor_v2")
+_rp = fake("torch._utils", "_rebuild_parameter")
+
+
+class Storage:
+    def __init__(self, cls, key, numel):
+        self.cls, self.key, self.numel = cls, key, numel
+
+
+class Tensor:
+    def __init__(self, st, offset, size, stride):
+        self.args = (st, offset, tuple(size), tuple(stride), False, collections.OrderedDict())
+
+    def __reduce__(self):
+        return (_rt, self.args)
+
+
+class Param:
+    def __init__(self, t):
+        self.t = t
+
+    def __reduce__(self):
+        return (_rp, (self.t, True, collections.OrderedDict()))
+
+
+class P(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, Storage):
+            return ("storage", obj.cls, obj.key, "cpu", obj.numel)
+        return None
+
+
+def pkl(obj):
+    b = io.BytesIO()
+    P(b, protocol=2).dump(obj)
+    return b.getvalue()
+
+
+def torch_zip(obj, stores):
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl(obj))
+        for k, data in stores.items():
+            z.writestr("archive/data/" + k, data)
+        z.writestr("archive/version", "3\n")
+    return b.getvalue()
+
+
+def torchbin():
+    s0, s1 = Storage(FloatStorage, "0", 16), Storage(HalfStorage, "1", 32)
+    plain = collections.OrderedDict(w=Tensor(s0, 0, [2, 3], [3, 1]), b=Tensor(s1, 4, [3], [1]))
+    views = collections.OrderedDict(a=Tensor(s0, 0, [12], [1]), v=Tensor(s0, 2, [4], [1]), t=Tensor(s0, 0, [4, 3], [1, 4]),
+                                    p=Param(Tensor(Storage(BFloat16Storage, "1", 32), 0, [2], [1])))
+    put("torchbin", "empty_dict_pkl", b"\x00\x80\x02}q\x00.")
+    put("torchbin", "plain_pkl", b"\x00" + pkl(plain))
+    put("torchbin", "views_pkl", b"\x00" + pkl(views))
+    put("torchbin", "nested_pkl", b"\x00" + pkl({"state_dict": plain, "epoch": 3, "x": [1.5, None, True, "s"]}))
+    stores = {"0": bytes(range(64)), "1": bytes(range(64, 128))}
+    put("torchbin", "plain_zip", b"\x01" + torch_zip(plain, stores))
+    put("torchbin", "views_zip", b"\x01" + torch_zip(views, stores))
+
+
+# ---- config.json ----
+CHATGLM6B = {
+    "_name_or_path": "THUDM/chatglm-6b", "architectures": ["ChatGLMModel"],
+    "auto_map": {"AutoConfig": "configuration_chatglm.ChatGLMConfig", "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration"},
+    "bos_token_id": 130004, "eos_token_id": 130005, "mask_token_id": 130000, "gmask_token_id": 130001, "pad_token_id": 3,
+    "hidden_size": 4096, "inner_hidden_size": 16384, "layernorm_epsilon": 1e-05, "max_sequence_length": 2048,
+    "model_type": "chatglm", "num_attention_heads": 32, "num_layers": 28, "position_encoding_2d": True,
+    "quantization_bit": 0, "pre_seq_len": None, "prefix_projection": False, "torch_dtype": "float16",
+    "transformers_version": "4.27.1", "use_cache": True, "vocab_size": 130528,
+}
+
+
+def config():
+    put("config", "chatglm6b.json", json.dumps(CHATGLM6B, indent=2))
+    small = dict(CHATGLM6B, hidden_size=64, inner_hidden_size=256, num_layers=2, num_attention_heads=4, vocab_size=1000,
+                 bos_token_id=4, eos_token_id=5, mask_token_id=6, gmask_token_id=7, max_sequence_length=128)
+    put("config", "small.json", json.dumps(small))
+    put("config", "untied_quant.json", json.dumps(dict(small, tie_word_embeddings=False, quantization_bit=8)))
+    put("config", "cut_off.json", json.dumps(small)[:120])
+    put("config", "bad_types.json", json.dumps(dict(small, hidden_size="64", num_layers=2.5, layernorm_epsilon=None,
+                                                    position_encoding_2d=1, vocab_size=3e9)))
+    put("config", "other_model.json", json.dumps({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32}))
+
+
+# ---- --config files (byte 0 even) and command lines (byte 0 odd, NUL-separated) ----
+def args_config():
+    put("args_config", "full.json", b"\x00" + json.dumps({
+        "model_name_or_path": "m", "train_file": "d.json", "output_dir": "out", "learning_rate": 2e-2,
+        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 100, "bf16": True,
+        "lr_scheduler_type": "cosine", "warmup_ratio": 0.1, "save_total_limit": 2, "seed": 42, "zero_stage": 2,
+        "resume_from_checkpoint": "latest", "max_memory_per_gpu": "70GiB", "report_to": "tensorboard",
+        "ddp_bucket_cap_mb": 25, "nproc_per_node": "2", "device_map": "auto", "skip_bad_samples": True}, indent=1).encode())
+    put("args_config", "types.json", b"\x00" + json.dumps({"max_steps": "12", "fp16": "false", "seed": 1.0, "warmup_steps": 1e14,
+                                                           "adam_epsilon": 1e-300, "prompt_column": None, "eval_steps": -1}).encode())
+    put("args_config", "bad.json", b"\x00{\"learnin_rate\": 1, \"bf16\": [true]}")
+    put("args_config", "cut.json", b"\x00{\"output_dir\": \"o\", \"max_st")
+    put("args_config", "empty.json", b"\x00{}")
+    argv = ["--model_name_or_path", "m", "--learning_rate=1e-4", "--bf16", "--fp16", "false", "--max_steps", "10",
+            "--lr_scheduler_type", "linear", "--resume_from_checkpoint", "--save_steps=5", "--seed", "-3"]
+    put("args_config", "argv", b"\x01" + b"\0".join(a.encode() for a in argv))
+    put("args_config", "argv_bad", b"\x01" + b"\0".join([b"--learning_rat", b"1", b"--max_steps", b"1e99", b"positional"]))
+
+
+# ---- data files: byte 0 = reader settings (fuzz_json_records.c), then the file ----
+def json_records():
+    def opt(schema=0, container=3, skip=0, cols=0):
+        return bytes([schema | container << 2 | skip << 4 | cols << 5])
+    alp = [{"instruction": "写一首诗", "input": "", "output": "床前明月光"},
+           {"instruction": "Translate", "input": "hello", "output": "你好", "history": [["q0", "a0"], ["q1", "a1"]], "system": "be brief"}]
+    put("json_records", "alpaca_array", opt() + json.dumps(alp, ensure_ascii=False, indent=1).encode())
+    put("json_records", "alpaca_jsonl", opt(1, 2) + "\n".join(json.dumps(r, ensure_ascii=False) for r in alp).encode() + b"\n")
+    put("json_records", "advertisegen", opt() + "\n".join(json.dumps(r, ensure_ascii=False) for r in [
+        {"content": "类型#上衣*颜色#红色", "summary": "一件红色上衣"}, {"content": "类型#裙", "summary": None}]).encode())
+    put("json_records", "prompt_response", opt(2) + json.dumps([{"prompt": "p", "response": "r", "history": []},
+                                                                 {"prompt": "p2", "response": "r2", "history": [["a", "b"]]}]).encode())
+    put("json_records", "named_columns", opt(2, 2, 0, 1) + b'{"q": "x", "a": "y", "h": [["1", "2"]], "i": "in", "s": "sys"}\n{"q": "z", "a": "w"}\n')
+    put("json_records", "sharegpt", opt(3) + json.dumps([{"conversations": [
+        {"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}, {"from": "human", "value": "how?"},
+        {"from": "gpt", "value": "fine"}], "system": "s"}]).encode())
+    put("json_records", "messages", opt() + json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                                                    {"role": "assistant", "content": "a"}]}).encode() + b"\n")
+    put("json_records", "bom_crlf", opt() + b"\xef\xbb\xbf" + b'{"instruction": "a", "output": "b"}\r\n{"instruction": "c", "output": "d"}\r\n')
+    put("json_records", "bad_skip", opt(1, 2, 1) + b'{"instruction": "a", "output": "b"}\n{"instruction": 1}\n[1]\n{"instruction": "\xff", "output": "x"}\n{bad\n{"instruction": "e", "output": "f"}\n')
+    put("json_records", "bad_array", opt(0, 1, 1) + b'[{"instruction": "a", "output": "b"}, {"instruction": "c", "output": ')
+    put("json_records", "utf16", opt() + "[{\"instruction\": \"a\", \"output\": \"b\"}]".encode("utf-16"))
+    put("json_records", "escapes", opt() + b'[{"instruction": "\\u4f60\\ud83d\\ude00\\n\\t\\u0000x", "output": "\\ud800"}]')
+
+
+# ---- SentencePiece models: tiny ones from spm_train (the charsmap from a small rule TSV, since
+# nmt_nfkc's is 240 KB) ----
+SPM_TEXT = ("The quick brown fox jumps over the lazy dog. 训练一个模型，你好世界。\n"
+            "Tabs\tand  double  spaces, numbers 12345 and ÀÉÎ ﬁ ①.\n") * 40
+
+
+def spm_model():
+    with tempfile.TemporaryDirectory() as d:
+        txt = os.path.join(d, "t.txt")
+        open(txt, "w").write(SPM_TEXT)
+        tsv = os.path.join(d, "rules.tsv")
+        # source code points (hex) -> target code points: fullwidth/ligature/circled forms
+        open(tsv, "w").write("41\t61\nFB01\t66 69\n2460\t31\nFF0C\t2C\n3000\t20\n")
+        common = ["--input=" + txt, "--character_coverage=1.0", "--minloglevel=2"]
+        runs = {
+            "unigram_identity": ["--model_type=unigram", "--vocab_size=60", "--normalization_rule_name=identity"],
+            "unigram_rules": ["--model_type=unigram", "--vocab_size=55", "--normalization_rule_tsv=" + tsv,
+                              "--remove_extra_whitespaces=false"],
+            "bpe_bytes": ["--model_type=bpe", "--vocab_size=350", "--byte_fallback=true", "--normalization_rule_name=identity"],
+            "char": ["--model_type=char", "--normalization_rule_name=identity", "--add_dummy_prefix=false"],
+            "word": ["--model_type=word", "--vocab_size=40", "--normalization_rule_name=identity", "--use_all_vocab=true"],
+            "chatglm_like": ["--model_type=unigram", "--vocab_size=64", "--normalization_rule_name=identity",
+                             "--user_defined_symbols=<n>,<|tab|>,<|blank_2|>,<|blank_3|>",
+                             "--control_symbols=[MASK],[gMASK],<sop>,<eop>", "--pad_id=3", "--pad_piece=<pad>"],
+            "suffix_ws": ["--model_type=bpe", "--vocab_size=80", "--normalization_rule_name=identity",
+                          "--treat_whitespace_as_suffix=true", "--split_digits=true"],
+        }
+        for name, extra in runs.items():
+            prefix = os.path.join(d, name)
+            r = subprocess.run(["spm_train", "--model_prefix=" + prefix] + common + extra, capture_output=True, text=True)
+            if r.returncode:
+                print(name, r.stderr[-500:], file=sys.stderr)
+                continue
+            put("spm_model", name + ".model", open(prefix + ".model", "rb").read())
+
+
+# ---- tokenizer input: byte 0 picks the tokenizer and flags (fuzz_tokenizer_text.c) ----
+def tokenizer_text():
+    texts = ["Hello world", "你好，世界！\n\n第二行\t制表符", "a    b" + " " * 90 + "c", "  leading and trailing  ",
+             "[gMASK]<sop> <eop> <n> <|tab|> <|blank_4|> [MASK]", "ÀÉÎ ﬁ ① Ｆｕｌｌ　ｗｉｄｔｈ", "emoji 😀👍 and é (e\u0301)",
+             "\x00nul\x00bytes", "1234567890 3.14159", "[[训练时间]] 问：你好?答：好!"]
+    for i, t in enumerate(texts):
+        for k, b0 in enumerate((0, 1 | 4, 2 | 8, 3)):
+            put("tokenizer_text", "text%d_%d" % (i, k), bytes([b0]) + t.encode())
+    put("tokenizer_text", "invalid_utf8", b"\x00\xff\xfe\xc0\x80\xed\xa0\x80abc\xf4\x90\x80\x80")
+    put("tokenizer_text", "decode_ids", bytes([16]) + struct.pack("<12i", 0, 1, 2, 3, 4, 5, 100, 130001, 130004, -1, 1 << 30, 20005))
+    put("tokenizer_text", "decode_ids_spm", bytes([16 | 4 | 1]) + struct.pack("<8i", 5, 6, 7, 8, 9, 10, 11, 12))
+
+
+if __name__ == "__main__":
+    which = sys.argv[1:] or ["safetensors", "torchbin", "json_records", "config", "args_config", "spm_model", "tokenizer_text"]
+    for w in which:
+        globals()[w]()
