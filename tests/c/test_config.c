@@ -52,15 +52,23 @@ int main(void) {
         {"gmask_token_id", "200000", "gmask_token_id"},
         {"model_type", "\"llama\"", "model_type"},
         {"layernorm_epsilon", "\"x\"", "layernorm_epsilon"},
+        {"layernorm_epsilon", "1e705", "layernorm_epsilon"},     /* inf: would be written back as bare inf */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char name[96];
-        snprintf(name, sizeof name, "rejects_bad_%s", bad[i].key);
+        snprintf(name, sizeof name, "rejects_bad_%s_%zu", bad[i].key, i);
         err.msg[0] = 0;
         rc = parse_with(bad[i].key, bad[i].value, &err);
         TEST_CHECK(&tc, name, rc == -1 && strstr(err.msg, bad[i].must_mention) && strstr(err.msg, "config.json"),
                    "rc %d msg \"%s\"", rc, err.msg);
     }
+    /* found by fuzz_config: 4H of a huge hidden_size overflowed int; the quantization_bit message
+     * read freed memory (test-asan sees it) */
+    rc = glm_config_parse(&c, "{\"vocab_size\": 8, \"hidden_size\": 1073741824, \"num_layers\": 1, \"num_attention_heads\": 1}",
+                          "config.json", &err);
+    TEST_CHECK(&tc, "rejects_overflowing_inner_hidden_size", rc == -1 && strstr(err.msg, "inner_hidden_size"), "rc %d: %s", rc, err.msg);
+    rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 4", &err);
+    TEST_CHECK(&tc, "rejects_quantized", rc == -1 && strstr(err.msg, "quantization_bit 4"), "rc %d: %s", rc, err.msg);
     rc = glm_config_parse(&c, "[1, 2]", "x.json", &err);
     TEST_CHECK(&tc, "rejects_non_object", rc == -1 && strstr(err.msg, "x.json"), "%s", err.msg);
     rc = glm_config_parse(&c, GOOD, "config.json", &err);
