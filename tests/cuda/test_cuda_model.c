@@ -239,16 +239,22 @@ static void ptuning_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t 
     free(a);
 }
 
-static void test_ptuning(test_counts *tc, glm_dtype dt) {
+
+/* The same model (trainable rows: LoRA adapters or the prefix encoder) on the CPU and on CUDA
+ * with the same dropout masks: loss and every trainable gradient, the row count, and gradient
+ * checkpointing bit-identical on CUDA. */
+typedef void (*peft_maker)(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed);
+
+static void check_peft(test_counts *tc, const char *kind, peft_maker make, uint64_t seed, int rows, glm_dtype dt) {
     char name[160], err[256];
     glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
     glm_model mc, mg;
-    ptuning_model(&mc, cpu, dt, 51);
-    ptuning_model(&mg, gpu, dt, 51);
-    glm_model_set_dropout_seed(&mc, 7);
-    glm_model_set_dropout_seed(&mg, 7);
+    make(&mc, cpu, dt, seed);
+    make(&mg, gpu, dt, seed);
+    glm_model_set_dropout_seed(&mc, seed * 3);
+    glm_model_set_dropout_seed(&mg, seed * 3);
     glm_rng rng;
-    glm_rng_seed(&rng, 19);
+    glm_rng_seed(&rng, seed + 7);
     glm_batch b;
     make_batch(&b, &mc.cfg, &rng, 3, 150);
     double lc, lg, lg3;
@@ -260,14 +266,15 @@ static void test_ptuning(test_counts *tc, glm_dtype dt) {
         double e = norm_rel_err(gg + t->offset, gc + t->offset, t->numel);
         if (e > worst || e != e) { worst = e != e ? INFINITY : e; wname = t->name; }
     }
-    snprintf(name, sizeof name, "ptuning_%s_loss", dt_name(dt));
+    snprintf(name, sizeof name, "%s_%s_loss", kind, dt_name(dt));
     TEST_CHECK(tc, name, el <= tl, "cuda %.7f cpu %.7f rel %.3g > %.3g", lg, lc, el, tl);
-    snprintf(name, sizeof name, "ptuning_%s_prefix_grads", dt_name(dt));
-    TEST_CHECK(tc, name, worst <= tg && mc.tab.n == 5, "worst tensor %s: %.3g > %.3g (%d rows)", wname, worst, tg, mc.tab.n);
-    printf("  ptuning %s: loss rel err %.3g, worst prefix-encoder gradient %s %.3g\n", dt_name(dt), el, wname, worst);
-    mg.gradient_checkpointing = 1;
+    snprintf(name, sizeof name, "%s_%s_trainable_grads", kind, dt_name(dt));
+    TEST_CHECK(tc, name, worst <= tg && mc.tab.n == rows, "worst tensor %s: %.3g > %.3g (%d rows, %d expected)", wname, worst,
+               tg, mc.tab.n, rows);
+    printf("  %s %s: loss rel err %.3g, worst trainable gradient %s %.3g\n", kind, dt_name(dt), el, wname, worst);
+    mg.gradient_checkpointing = 1; /* the recompute draws the same dropout masks */
     float *g3 = grads_of(&mg, &b, &lg3);
-    snprintf(name, sizeof name, "ptuning_%s_checkpointing_bit_identical", dt_name(dt));
+    snprintf(name, sizeof name, "%s_%s_checkpointing_bit_identical", kind, dt_name(dt));
     TEST_CHECK(tc, name, memcmp(g3, gg, sizeof(float) * mg.tab.total) == 0 && lg3 == lg, "gradients differ");
     free(gc); free(gg); free(g3);
     glm_batch_free(&b);
@@ -289,44 +296,6 @@ static void test_ptuning_oracle(test_counts *tc) {
     printf("  cuda fp32 ptuning oracle max abs errors: prompt %.3g, step1 %.3g, step2 %.3g\n", e[0], e[1], e[2]);
 }
 
-static void test_lora(test_counts *tc, glm_dtype dt) {
-    char name[160], err[256];
-    glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
-    glm_model mc, mg;
-    lora_model(&mc, cpu, dt, 31);
-    lora_model(&mg, gpu, dt, 31);
-    glm_model_set_dropout_seed(&mc, 99);
-    glm_model_set_dropout_seed(&mg, 99);
-    glm_rng rng;
-    glm_rng_seed(&rng, 17);
-    glm_batch b;
-    make_batch(&b, &mc.cfg, &rng, 3, 150);
-    double lc, lg, lg3;
-    float *gc = grads_of(&mc, &b, &lc), *gg = grads_of(&mg, &b, &lg);
-    double tl = dt == GLM_F32 ? 1e-5 : 2e-2, tg = dt == GLM_F32 ? 1e-4 : 5e-2, el = fabs(lg - lc) / fabs(lc), worst = 0;
-    const char *wname = "";
-    for (int i = 0; i < mc.tab.n; i++) {
-        const glm_tensor *t = &mc.tab.t[i];
-        double e = norm_rel_err(gg + t->offset, gc + t->offset, t->numel);
-        if (e > worst || e != e) { worst = e != e ? INFINITY : e; wname = t->name; }
-    }
-    snprintf(name, sizeof name, "lora_%s_loss", dt_name(dt));
-    TEST_CHECK(tc, name, el <= tl, "cuda %.7f cpu %.7f rel %.3g > %.3g", lg, lc, el, tl);
-    snprintf(name, sizeof name, "lora_%s_adapter_grads", dt_name(dt));
-    TEST_CHECK(tc, name, worst <= tg && mc.tab.n == 2 * 4 * mc.cfg.num_layers, "worst tensor %s: %.3g > %.3g (%d rows)", wname,
-               worst, tg, mc.tab.n);
-    printf("  lora %s: loss rel err %.3g, worst adapter gradient %s %.3g\n", dt_name(dt), el, wname, worst);
-    mg.gradient_checkpointing = 1; /* the recompute draws the same dropout masks */
-    float *g3 = grads_of(&mg, &b, &lg3);
-    snprintf(name, sizeof name, "lora_%s_checkpointing_bit_identical", dt_name(dt));
-    TEST_CHECK(tc, name, memcmp(g3, gg, sizeof(float) * mg.tab.total) == 0 && lg3 == lg, "gradients differ");
-    free(gc); free(gg); free(g3);
-    glm_batch_free(&b);
-    glm_model_free(&mc);
-    glm_model_free(&mg);
-    cpu->destroy(cpu);
-    gpu->destroy(gpu);
-}
 
 /* 50 AdamW steps on the adapters: CUDA bf16 follows the CPU's fp32 curve. */
 static void lora_curve(glm_backend *be, glm_batch *bs, int nb, int steps, double *losses) {
@@ -387,11 +356,11 @@ int main(void) {
         test_fwd_bwd(&tc, medium, GLM_F16);
     }
     test_training(&tc);
-    test_lora(&tc, GLM_F32);
-    test_lora(&tc, GLM_BF16);
+    check_peft(&tc, "lora", lora_model, 31, 2 * 4 * 2, GLM_F32);
+    check_peft(&tc, "lora", lora_model, 31, 2 * 4 * 2, GLM_BF16);
     test_lora_training(&tc);
-    test_ptuning(&tc, GLM_F32);
-    test_ptuning(&tc, GLM_BF16);
+    check_peft(&tc, "ptuning", ptuning_model, 51, 5, GLM_F32);
+    check_peft(&tc, "ptuning", ptuning_model, 51, 5, GLM_BF16);
     test_ptuning_oracle(&tc);
     printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
     TEST_EXIT(&tc);
