@@ -187,6 +187,11 @@ int glm_model_load(glm_model *m, const char *path, glm_err *err);
  * (model.safetensors of those rows: the rest comes from the base model). */
 int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err);
 int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err);
+/* What a training run leaves in output_dir: the whole model as the original download (full,
+ * freeze; safetensors in file_dtype, HF-style shards above shard_bytes, 0 = one file), peft's
+ * adapter files (LoRA), or THUDM's ptuning layout (P-Tuning v2), with config.json and the
+ * origin's code files where a model is written. */
+int glm_model_save_final(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err);
 /* The trainable rows as a torch.save state dict (pytorch_model.bin): what THUDM's ptuning
  * README loads with torch.load for a P-Tuning v2 checkpoint. */
 int glm_model_save_trainable_bin(glm_model *m, const char *path, glm_err *err);

@@ -157,15 +157,22 @@ int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err) {
     return load_rows(m, path, 0, m->tab.n, 0, "", err);
 }
 
-int glm_model_save_trainable_bin(glm_model *m, const char *path, glm_err *err) {
-    float *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
-    m->be->download_f32(m->be, host, m->params, m->tab.total);
+/* The trainable rows downloaded into *host, as safetensors/torch entries under their names. */
+static st_entry *trainable_entries(glm_model *m, float **host) {
+    *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
+    m->be->download_f32(m->be, *host, m->params, m->tab.total);
     st_entry *e = glm_calloc((size_t)m->tab.n + 1, sizeof *e);
     for (int i = 0; i < m->tab.n; i++) {
         const glm_tensor *t = &m->tab.t[i];
-        e[i] = (st_entry){.name = t->name, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
+        e[i] = (st_entry){.name = t->name, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = *host + t->offset,
                           .data_dtype = ST_F32, .file_dtype = ST_F32};
     }
+    return e;
+}
+
+int glm_model_save_trainable_bin(glm_model *m, const char *path, glm_err *err) {
+    float *host;
+    st_entry *e = trainable_entries(m, &host);
     int rc = tbin_save(path, e, m->tab.n, err);
     free(e);
     free(host);
@@ -177,14 +184,8 @@ int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err) {
     if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_save(m, dir, ST_F32, err);
     /* freeze and P-Tuning: the rows that train, under their own names (the base comes from the
      * base model): THUDM's ptuning checkpoints hold transformer.prefix_encoder.* the same way */
-    float *host = glm_malloc(m->tab.total * sizeof(float));
-    m->be->download_f32(m->be, host, m->params, m->tab.total);
-    st_entry *e = glm_calloc((size_t)m->tab.n, sizeof *e);
-    for (int i = 0; i < m->tab.n; i++) {
-        const glm_tensor *t = &m->tab.t[i];
-        e[i] = (st_entry){.name = t->name, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
-                          .data_dtype = ST_F32, .file_dtype = ST_F32};
-    }
+    float *host;
+    st_entry *e = trainable_entries(m, &host);
     char path[4096];
     if (glm_mkdirs(dir, err)) { free(e); free(host); return -1; }
     glm_path_join(path, sizeof path, dir, "model.safetensors");
@@ -206,5 +207,26 @@ int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_b
     o.max_shard_bytes = shard_bytes;
     o.original_layout = 0; /* only the parameters: what resume reads back */
     o.overwrite = 1;       /* the caller's own folder (a checkpoint, the run's output) */
+    return glm_model_export(m, dir, &o, err);
+}
+
+int glm_model_save_final(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err) {
+    if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_save(m, dir, ST_F32, err); /* peft's files */
+    char cfg[4096], folder[4096], bin[4096];
+    glm_origin_paths(m->origin, cfg, folder, sizeof cfg);
+    if (m->cfg.peft.kind == GLM_FT_PTUNING) { /* THUDM's ptuning output */
+        glm_path_join(bin, sizeof bin, dir, "pytorch_model.bin");
+        return glm_model_save_trainable(m, dir, err) || glm_model_save_trainable_bin(m, bin, err) ||
+                       glm_write_hf_config(&m->cfg, cfg[0] ? cfg : NULL, (st_dtype)file_dtype, dir, err) ||
+                       (folder[0] && glm_copy_source_files(folder, dir, err))
+                   ? -1 : 0;
+    }
+    /* full and freeze: the whole model, laid out as the original download (the tied head's copy,
+     * the rotary buffers), so every loader of chatglm-6b folders reads it */
+    glm_export_opts o;
+    glm_export_opts_init(&o);
+    o.dtype = (st_dtype)file_dtype;
+    o.overwrite = 1;
+    o.max_shard_bytes = shard_bytes;
     return glm_model_export(m, dir, &o, err);
 }

@@ -227,40 +227,18 @@ static int save_final(trainer *t, glm_err *err) {
         if (rc == 0 && lead(t)) { glm_info("saved the final model to %s", a->output_dir); glm_check_remote_code(a->output_dir); }
         return rc;
     }
-    if (t->dp->rank == 0 && t->m.cfg.peft.kind == GLM_FT_LORA) {
-        /* the adapter, in peft's files (model/adapter.h), with the tokenizer beside it */
+    if (t->dp->rank == 0) {
+        size_t shard = 0;
+        if (strcmp(a->max_shard_size, "0") != 0) glm_parse_size(a->max_shard_size, &shard); /* checked at start */
         char path[4096];
         glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
-        rc = glm_adapter_save(&t->m, a->output_dir, ST_F32, err) || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
+        rc = glm_model_save_final(&t->m, a->output_dir, dt, shard, err) || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
              glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
-        if (rc == 0) glm_info("saved the LoRA adapter to %s (load it with --adapter, or merge it into the base with glmtrain merge)", a->output_dir);
-    } else if (t->dp->rank == 0 && t->m.cfg.peft.kind == GLM_FT_PTUNING) {
-        /* THUDM's ptuning output: the prefix encoder's state dict and config.json with
-         * pre_seq_len / prefix_projection, beside the tokenizer and code files */
-        char path[4096], cfg[4096], folder[4096];
-        glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
-        glm_origin_paths(t->m.origin, cfg, folder, sizeof cfg);
-        char bin[4096];
-        glm_path_join(bin, sizeof bin, a->output_dir, "pytorch_model.bin");
-        rc = glm_model_save_trainable(&t->m, a->output_dir, err) || glm_model_save_trainable_bin(&t->m, bin, err) ||
-             glm_write_hf_config(&t->m.cfg, cfg[0] ? cfg : NULL, dt, a->output_dir, err) ||
-             (folder[0] && glm_copy_source_files(folder, a->output_dir, err)) ||
-             glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
-             glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
-        if (rc == 0) glm_info("saved the P-Tuning v2 prefix encoder to %s (load it with --adapter beside the base model)", a->output_dir);
-    } else if (t->dp->rank == 0) {
-        /* laid out as the original download (the tied head's copy, the rotary buffers), so
-         * every loader of chatglm-6b folders reads it */
-        glm_export_opts o;
-        glm_export_opts_init(&o);
-        o.dtype = dt;
-        o.overwrite = 1;
-        if (strcmp(a->max_shard_size, "0") != 0) glm_parse_size(a->max_shard_size, &o.max_shard_bytes); /* checked at start */
-        char path[4096];
-        glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
-        rc = glm_model_export(&t->m, a->output_dir, &o, err) || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
-             glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
-        if (rc == 0) { glm_info("saved the final model to %s", a->output_dir); glm_check_remote_code(a->output_dir); }
+        static const char *const what[] = {"the final model", "the LoRA adapter (load it with --adapter, or merge it with glmtrain merge)",
+                                           "the P-Tuning v2 prefix encoder (load it with --adapter beside the base model)",
+                                           "the final model"};
+        if (rc == 0) glm_info("saved %s to %s", what[t->m.cfg.peft.kind], a->output_dir);
+        if (rc == 0 && t->m.cfg.peft.kind != GLM_FT_LORA) glm_check_remote_code(a->output_dir);
     }
     double failed = rc != 0;
     glm_err e2;
