@@ -112,7 +112,15 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         if (is_adapter(t) && (nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1]))) {
             rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, src,
                           (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)t->shape[0], (long long)t->shape[1]);
-            glm_hint(err, "the adapter was made for another base model or another rank r (see its adapter_config.json)");
+            if (t->kind == T_PREFIX_EMB) /* [P, 2LH] or [P, H]: the two P-Tuning settings */
+                glm_hint(err, "the checkpoint has pre_seq_len %lld and prefix_projection %s, this run %d and %s: use the "
+                              "checkpoint's (--pre_seq_len, --prefix_projection)", (long long)shape[0],
+                         nd > 1 && shape[1] == m->cfg.hidden_size ? "true" : "false", m->cfg.peft.pre_seq_len,
+                         m->cfg.peft.prefix_projection ? "true" : "false");
+            else if (glm_is_prefix(t->kind))
+                glm_hint(err, "the checkpoint's prefix_projection or model differs from this run's");
+            else
+                glm_hint(err, "the adapter was made for another base model or another rank r (see its adapter_config.json)");
             break;
         }
         rc = load_one(m, &c, t, dst, src, buf, err);

@@ -204,6 +204,13 @@ def main():
                       "P-Tuning v2 prefix" in p2.stderr, "%s vs %s: %s" % (pout, want_out, p2.stderr[-400:]))
             p2 = run(["merge", "--model_name_or_path", base, "--adapter", out, "--output_dir", os.path.join(tmp, "mp2")])
             check("ptuning_merge_refused", p2.returncode != 0 and "cannot be merged" in p2.stderr, p2.stderr[-300:])
+        # resuming it with another pre_seq_len / prefix_projection names both settings
+        longer = [("6" if i and common[i - 1] == "--max_steps" else x) for i, x in enumerate(common)]
+        p2 = run(["train", "--output_dir", out, "--pre_seq_len", "6"] + longer + ["--resume_from_checkpoint"]) \
+            if os.path.isdir(out) else None
+        check("ptuning_resume_other_pre_seq_len_named", p2 is not None and p2.returncode != 0 and
+              "pre_seq_len 4 and prefix_projection true, this run 6 and false" in p2.stderr,
+              p2.stderr[-500:] if p2 else "no P-Tuning run")
         p = run(["train", "--output_dir", os.path.join(tmp, "pp"), "--pre_seq_len", "4", "--packing"] + common)
         check("ptuning_packing_refused", p.returncode != 0 and "--packing" in p.stderr, p.stderr[-300:])
         p = run(["train", "--output_dir", os.path.join(tmp, "pl"), "--pre_seq_len", "4", "--finetuning_type", "lora"] + common)
