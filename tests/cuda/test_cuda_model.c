@@ -198,47 +198,39 @@ static void test_training(test_counts *tc) {
 
 /* ---------------------------------------------------------------- LoRA (frozen base + adapters) */
 
-/* The medium model with LoRA on every linear module (dropout on: the mask is the same on both
- * backends) and its weights: a random base, then random A and non-zero B, representable in dt. */
+/* The medium model under c.peft on be: a random base, then random trainable rows (std
+ * trainable_std), all representable in dt so both backends start from the same numbers. */
+static void peft_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std) {
+    glm_config c = config(1);
+    c.peft = peft;
+    glm_model_init(m, &c, be);
+    glm_table base;
+    glm_table_build(&base, &c);
+    float *w = random_weights(&base, seed, dt, 0.05f);
+    for (int i = 0; i < base.n; i++) {
+        void *p;
+        GLM_ASSERT(glm_model_find(m, base.t[i].name, &p));
+        be->upload_f32(be, p, w + base.t[i].offset, base.t[i].numel);
+    }
+    free(w);
+    glm_table_free(&base);
+    float *a = random_weights(&m->tab, seed + 1, dt, trainable_std);
+    glm_model_set_params(m, a);
+    free(a);
+}
+
+/* LoRA on every linear module with dropout 0.1 (the mask is the same on both backends), B non-zero. */
 static void lora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
-    glm_config c = config(1);
-    c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL};
-    glm_model_init(m, &c, be);
-    glm_table base;
-    glm_table_build(&base, &c);
-    float *w = random_weights(&base, seed, dt, 0.05f);
-    for (int i = 0; i < base.n; i++) {
-        void *p;
-        GLM_ASSERT(glm_model_find(m, base.t[i].name, &p));
-        be->upload_f32(be, p, w + base.t[i].offset, base.t[i].numel);
-    }
-    free(w);
-    glm_table_free(&base);
-    float *a = random_weights(&m->tab, seed + 1, dt, 0.05f);
-    glm_model_set_params(m, a);
-    free(a);
+    peft_model(m, be, dt, seed,
+               (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL},
+               0.05f);
 }
 
-/* P-Tuning v2 with the projection (prefix dropout on, the same mask on both backends). */
+/* P-Tuning v2 with the projection and the prefix dropout 0.1. */
 static void ptuning_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
-    glm_config c = config(1);
-    c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 8, .prefix_projection = 1, .prefix_dropout = 0.1f};
-    glm_model_init(m, &c, be);
-    glm_table base;
-    glm_table_build(&base, &c);
-    float *w = random_weights(&base, seed, dt, 0.05f);
-    for (int i = 0; i < base.n; i++) {
-        void *p;
-        GLM_ASSERT(glm_model_find(m, base.t[i].name, &p));
-        be->upload_f32(be, p, w + base.t[i].offset, base.t[i].numel);
-    }
-    free(w);
-    glm_table_free(&base);
-    float *a = random_weights(&m->tab, seed + 1, dt, 0.3f);
-    glm_model_set_params(m, a);
-    free(a);
+    peft_model(m, be, dt, seed, (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 8, .prefix_projection = 1, .prefix_dropout = 0.1f},
+               0.3f);
 }
-
 
 /* The same model (trainable rows: LoRA adapters or the prefix encoder) on the CPU and on CUDA
  * with the same dropout masks: loss and every trainable gradient, the row count, and gradient

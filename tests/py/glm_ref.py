@@ -462,24 +462,16 @@ def freeze_trainable(cfg, n):
     return [k for k, _ in param_shapes(cfg) if k.startswith("transformer.layers.") and int(k.split(".")[2]) >= first]
 
 
-def train_peft(cfg, params, input_ids, labels, trainable, adapters=None, scaling=0.0, steps=0, lr=1e-3,
-               weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=0.0):
-    """train() for LoRA or freeze: only the tensors named in `trainable` (names of params or of
-    adapters) get gradients and AdamW steps; the rest are constants. Returns the same dict as
-    train(), grads and params over the trainable names only, plus frozen {name: tensor}."""
-    every = dict(params, **(adapters or {}))
-    leaves = {k: every[k].detach().clone().requires_grad_(True) for k in trainable}
-    frozen = {k: v.detach().clone() for k, v in every.items() if k not in leaves}
+def _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm):
+    """The AdamW loop train_peft and train_ptuning share: `leaves` {name: tensor} train, loss_of()
+    computes the loss from them. The dict train() returns, over the leaves, plus frozen."""
     named = list(leaves.items())
     opt = make_adamw(named, lr, weight_decay, (beta1, beta2), eps)
     tensors = [p for _, p in named]
     out = {"losses": []}
     for step in range(max(steps, 1)):
         opt.zero_grad(set_to_none=True)
-        cur = dict(frozen, **leaves)
-        base = {k: cur[k] for k in params}
-        lora = None if adapters is None else ({k: cur[k] for k in adapters}, scaling)
-        loss = forward(cfg, base, input_ids, labels, lora=lora)["loss"]
+        loss = loss_of()
         loss.backward()
         if step == 0:
             out["loss"] = loss.item()
@@ -494,6 +486,22 @@ def train_peft(cfg, params, input_ids, labels, trainable, adapters=None, scaling
     out["params"] = {k: v.detach().clone() for k, v in named}
     out["frozen"] = frozen
     return out
+
+
+def train_peft(cfg, params, input_ids, labels, trainable, adapters=None, scaling=0.0, steps=0, lr=1e-3,
+               weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=0.0):
+    """train() for LoRA or freeze: only the tensors named in `trainable` (names of params or of
+    adapters) get gradients and AdamW steps; the rest are constants. Returns the same dict as
+    train(), grads and params over the trainable names only, plus frozen {name: tensor}."""
+    every = dict(params, **(adapters or {}))
+    leaves = {k: every[k].detach().clone().requires_grad_(True) for k in trainable}
+    frozen = {k: v.detach().clone() for k, v in every.items() if k not in leaves}
+
+    def loss_of():
+        cur = dict(frozen, **leaves)
+        lora = None if adapters is None else ({k: cur[k] for k in adapters}, scaling)
+        return forward(cfg, {k: cur[k] for k in params}, input_ids, labels, lora=lora)["loss"]
+    return _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm)
 
 
 # --------------------------------------------------------------------------------------------
@@ -561,25 +569,8 @@ def train_ptuning(cfg, params, input_ids, labels, prefix_params, projection, ste
     prefix tensors, frozen = the base tensors)."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in prefix_params.items()}
     frozen = {k: v.detach().clone() for k, v in params.items()}
-    named = list(leaves.items())
-    opt = make_adamw(named, lr, weight_decay, (beta1, beta2), eps)
-    tensors = [p for _, p in named]
-    out = {"losses": []}
-    for step in range(max(steps, 1)):
-        opt.zero_grad(set_to_none=True)
-        loss = forward(cfg, frozen, input_ids, labels, checkpoint=checkpoint,
+
+    def loss_of():
+        return forward(cfg, frozen, input_ids, labels, checkpoint=checkpoint,
                        prefix=ptuning_prefix(cfg, leaves, projection))["loss"]
-        loss.backward()
-        if step == 0:
-            out["loss"] = loss.item()
-            out["grad_norm"] = global_grad_norm(tensors).item()
-            out["grads"] = {k: (v.grad if v.grad is not None else torch.zeros_like(v)).detach().clone() for k, v in named}
-        if steps == 0:
-            break
-        out["losses"].append(loss.item())
-        if max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(tensors, max_grad_norm)
-        opt.step()
-    out["params"] = {k: v.detach().clone() for k, v in named}
-    out["frozen"] = frozen
-    return out
+    return _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm)
