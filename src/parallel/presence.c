@@ -20,8 +20,14 @@ void glm_presence_step(const glm_presence *p, long step) {
     gethostname(host, sizeof host - 1);
     snprintf(path, sizeof path, "%s/rank-%d.step", p->dir, p->rank);
     int n = snprintf(line, sizeof line, "%ld %d %s %ld\n", step, (int)getpid(), host, (long)time(NULL));
-    glm_err e;
-    glm_write_file_atomic(path, line, (size_t)n, &e); /* best effort: the board only explains failures */
+    /* once per step: a rename keeps readers from seeing half a line, and no fsync (the board
+     * only explains failures of a live job, it need not survive a crash of the machine) */
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    int ok = fwrite(line, 1, (size_t)n, f) == (size_t)n;
+    if (fclose(f) == 0 && ok) rename(tmp, path);
 }
 
 /* 'T' when pid is stopped, 'R'/'S'/... otherwise, 0 when it is gone; cmd gets its command line. */

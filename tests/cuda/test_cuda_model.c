@@ -138,22 +138,29 @@ static void test_fwd_bwd(test_counts *tc, int medium, glm_dtype dt) {
 
 /* ---------------------------------------------------------------- training curve */
 
+/* steps AdamW steps of model m over the batches in turn (a dropout seed per step: the same
+ * masks on every backend), losses[s] before step s; frees m. */
+static void adamw_curve(glm_model *m, glm_batch *batches, int nb, int steps, double *losses) {
+    glm_adamw o;
+    glm_adamw_init(&o, m, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.01f);
+    for (int s = 0; s < steps; s++) {
+        glm_batch *b = &batches[s % nb];
+        glm_model_set_dropout_seed(m, 1000 + s);
+        glm_zero_grads(m);
+        losses[s] = glm_forward_backward(m, b, 1.0f / b->n_targets) / b->n_targets;
+        double norm = glm_grad_norm(m, 1.0f);
+        glm_adamw_step(&o, m, 2e-3f, glm_clip_coef(norm, 1.0f));
+    }
+    glm_adamw_free(&o, m);
+    glm_model_free(m);
+}
+
 static void train_curve(glm_backend *be, const glm_config *c, const float *w, glm_batch *batches, int nb, int steps,
                         double *losses) {
     glm_model m;
     glm_model_init(&m, c, be);
     glm_model_set_params(&m, w);
-    glm_adamw o;
-    glm_adamw_init(&o, &m, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.01f);
-    for (int s = 0; s < steps; s++) {
-        glm_batch *b = &batches[s % nb];
-        glm_zero_grads(&m);
-        losses[s] = glm_forward_backward(&m, b, 1.0f / b->n_targets) / b->n_targets;
-        double norm = glm_grad_norm(&m, 1.0f);
-        glm_adamw_step(&o, &m, 2e-3f, glm_clip_coef(norm, 1.0f));
-    }
-    glm_adamw_free(&o, &m);
-    glm_model_free(&m);
+    adamw_curve(&m, batches, nb, steps, losses);
 }
 
 static void test_training(test_counts *tc) {
@@ -293,18 +300,7 @@ static void test_ptuning_oracle(test_counts *tc) {
 static void lora_curve(glm_backend *be, glm_batch *bs, int nb, int steps, double *losses) {
     glm_model m;
     lora_model(&m, be, GLM_BF16, 41);
-    glm_adamw o;
-    glm_adamw_init(&o, &m, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.01f);
-    for (int s = 0; s < steps; s++) {
-        glm_batch *b = &bs[s % nb];
-        glm_model_set_dropout_seed(&m, 1000 + s);
-        glm_zero_grads(&m);
-        losses[s] = glm_forward_backward(&m, b, 1.0f / b->n_targets) / b->n_targets;
-        double norm = glm_grad_norm(&m, 1.0f);
-        glm_adamw_step(&o, &m, 2e-3f, glm_clip_coef(norm, 1.0f));
-    }
-    glm_adamw_free(&o, &m);
-    glm_model_free(&m);
+    adamw_curve(&m, bs, nb, steps, losses);
 }
 
 static void test_lora_training(test_counts *tc) {

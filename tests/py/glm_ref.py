@@ -399,25 +399,9 @@ def train(cfg, params, input_ids, labels, steps=0, lr=1e-3, weight_decay=0.0, be
     step 0, losses [K] (loss before each AdamW step), params {name: tensor} after K steps.
     `params` is copied, not modified."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
-    named = list(leaves.items())
-    opt = make_adamw(named, lr, weight_decay, (beta1, beta2), eps)
-    tensors = [p for _, p in named]
-    out = {"losses": []}
-    for step in range(max(steps, 1)):
-        opt.zero_grad(set_to_none=True)
-        loss = forward(cfg, leaves, input_ids, labels, checkpoint=checkpoint)["loss"]
-        loss.backward()
-        if step == 0:
-            out["loss"] = loss.item()
-            out["grad_norm"] = global_grad_norm(tensors).item()
-            out["grads"] = {k: v.grad.detach().clone() for k, v in named}
-        if steps == 0:
-            break
-        out["losses"].append(loss.item())
-        if max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(tensors, max_grad_norm)
-        opt.step()
-    out["params"] = {k: v.detach().clone() for k, v in named}
+    out = _train_leaves(leaves, {}, lambda: forward(cfg, leaves, input_ids, labels, checkpoint=checkpoint)["loss"],
+                        steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm)
+    del out["frozen"]
     return out
 
 
