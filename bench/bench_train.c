@@ -8,7 +8,7 @@
  *   bench_train [--fp32 | --fp16] [--runs 512x4,512x8,512x8c,2048x2] [--steps 6] [--warmup 2]
  *               [--layers L] [--head_chunk R] [--detail] [--out FILE]
  *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P]]
- *               [--freeze N] [--ptuning P [--prefix_projection]]
+ *               [--freeze N] [--ptuning P [--prefix_projection]] [--quant int8|int4|nf4] [--tied]
  * (--detail: one more step with an event at every op, printed as a per-op table; --head_chunk:
  * rows of logits per head/loss chunk, the model's default when absent; --lora_target also takes
  * peft's comma-separated module names, e.g. query_key_value,dense)
@@ -27,13 +27,16 @@
  * peak GPU memory, time from the run's start (and from the process start) to the end of its
  * first step, and the step-time split from one profiled step. The label names the fine-tuning
  * kind: 512x8+lora8 (query_key_value), 512x8+lora8all (all four), 512x4+ckpt+lora8,
- * 512x8+freeze2. */
+ * 512x8+freeze2. --quant stores the frozen linear weights quantized (random integers,
+ * bench_quant.h); --tied ties the head to the embedding as the chatglm-6b download does (the
+ * memory bars of issue 17 are for that model). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "bench_quant.h"
 #include "core/rng.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
@@ -79,7 +82,8 @@ static void init_device(glm_model *m) {
         void *p;
         const glm_tensor *t = glm_model_row(m, i, &p);
         if (glm_is_extra(t->kind)) continue; /* adapters and the prefix encoder: glm_model_init_adapters */
-        if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, 1000 + (uint64_t)i, 0.02f);
+        if (t->qtype) bench_fill_quantized(m, t, p, 1000 + (uint64_t)i);
+        else if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, 1000 + (uint64_t)i, 0.02f);
         else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
     }
 }
@@ -116,7 +120,7 @@ int main(int argc, char **argv) {
     glm_dtype dt = GLM_BF16;
     const char *runs = "512x4,512x8,512x8c,2048x2", *out = NULL;
     int steps = 6, warmup = 2, layers = 0, detail = 0, head_chunk = 0;
-    int lora = 0, freeze = 0, ptuning = 0, projection = 0;
+    int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0;
     float lora_alpha = 0, lora_dropout = 0.05f;
     const char *lora_target = "qkv";
     for (int i = 1; i < argc; i++) {
@@ -138,10 +142,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--freeze")) { freeze = atoi(v); i++; }
         else if (!strcmp(a, "--ptuning")) { ptuning = atoi(v); i++; }
         else if (!strcmp(a, "--prefix_projection")) projection = 1;
+        else if (!strcmp(a, "--tied")) tied = 1;
+        else if (!strcmp(a, "--quant")) {
+            quant = !strcmp(v, "int8") ? GLM_Q_INT8 : !strcmp(v, "int4") ? GLM_Q_INT4 : !strcmp(v, "nf4") ? GLM_Q_NF4 : -1;
+            if (quant < 0) { fprintf(stderr, "bench_train: --quant int8|int4|nf4\n"); return 2; }
+            i++;
+        }
         else { fprintf(stderr, "usage: see the header of bench/bench_train.c (unknown %s)\n", a); return 2; }
     }
     glm_config c = glm_config_chatglm6b();
-    c.tie_word_embeddings = 0;
+    c.tie_word_embeddings = tied;
     if (layers > 0) c.num_layers = layers;
     char ftname[32] = "full"; /* the fine-tuning kind, for the label and the records */
     if (lora > 0 && freeze > 0) { fprintf(stderr, "bench_train: --lora and --freeze exclude each other\n"); return 2; }
@@ -162,6 +172,13 @@ int main(int argc, char **argv) {
         snprintf(ftname, sizeof ftname, "freeze%d", freeze);
     }
     int peft = c.peft.kind != GLM_FT_FULL;
+    if (quant && !peft) { fprintf(stderr, "bench_train: --quant needs --lora, --ptuning or --freeze\n"); return 2; }
+    c.quant = quant;
+    if (quant || tied) {
+        size_t n = strlen(ftname);
+        snprintf(ftname + n, sizeof ftname - n, "%s%s%s", quant ? "+" : "", quant ? glm_qtype_name((glm_qtype)quant) : "",
+                 tied ? "+tied" : "");
+    }
     char err[256];
     glm_backend *be = glm_backend_cuda(0, dt, err, sizeof err);
     if (!be) { fprintf(stderr, "bench_train: %s\n", err); return 1; }
@@ -220,7 +237,7 @@ int main(int argc, char **argv) {
         size_t used, peak, total;
         glm_cuda_memory(be, &used, &peak, &total);
         double tok = (double)B * T / med;
-        double n_all = (double)m.tab.n_params + (double)m.ftab.n_params; /* trainable + frozen */
+        double n_all = (double)m.tab.n_params + (double)m.ftab.n_params + (double)m.qtab.n_params; /* all rows */
         double flops_tok = (peft ? 4.0 : 6.0) * n_all + 12.0 * c.num_layers * c.hidden_size * (double)T;
         double mfu = tok * flops_tok / 989e12;
         char label[64];

@@ -152,6 +152,16 @@ struct glm_backend {
     /* dx = dout * (1 - out^2) from the forward's output; dx may alias dout */
     void (*tanh_bwd)(glm_backend *be, void *dx, const void *out, const void *dout, size_t n);
 
+    /* ---- quantized weights (backend/quant.h lays out the bytes of one [OC, C] matrix) ---- */
+    /* w[OC, C] (S, =) = the dequantized matrix q of type qtype (int glm_qtype): each element's
+     * value in fp32 as glm_dequantize computes it, then rounded to S, so every backend holds the
+     * same weights */
+    void (*dequantize)(glm_backend *be, void *w, const void *q, int qtype, int OC, int C);
+    /* out[N, OC] (=) = inp[N, C] @ dequantized(q)^T + bias (bias may be NULL): the product
+     * reading the quantized bytes directly, for few rows (decoding), sums in fp32 */
+    void (*qmatmul_fwd)(glm_backend *be, void *out, const void *inp, const void *q, int qtype, const void *bias,
+                        int N, int C, int OC);
+
     void (*destroy)(glm_backend *be);
 
     /* ---- optional (NULL where a backend lacks it; callers fall back) ---- */

@@ -16,8 +16,8 @@ typedef struct info_args {
     int chatglm6b;
     char *device_map, *max_memory_per_gpu;
     int pipeline_parallel_size, gradient_accumulation_steps, data_parallel_size, zero_stage;
-    char *finetuning_type, *lora_target;
-    int lora_rank, num_layer_trainable, pre_seq_len, prefix_projection;
+    char *finetuning_type, *lora_target, *quantization_type;
+    int lora_rank, num_layer_trainable, pre_seq_len, prefix_projection, quantization_bit;
     double lora_dropout;
 } info_args;
 
@@ -46,6 +46,8 @@ static const glm_flag info_flags[] = {
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train"),
     F(pre_seq_len, ARG_INT, "0", "P-Tuning v2 prefix length (as train)"),
     F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2 with the projection MLP"),
+    F(quantization_bit, ARG_INT, "0", "4 or 8: the frozen linear weights quantized (as train)"),
+    {"quantization_type", ARG_STR, offsetof(info_args, quantization_type), "int", "int or nf4 (as train)", "int|nf4", NULL},
 };
 #undef F
 
@@ -105,6 +107,8 @@ int glm_cmd_info(int argc, char **argv) {
                          .pre_seq_len = a.pre_seq_len, .prefix_projection = a.prefix_projection, .prefix_dropout = 0.1,
                          .pipeline_parallel_size = a.pipeline_parallel_size};
     if (!rc) rc = glm_train_peft(&ta, c.num_layers, &c.peft, &err);
+    if (!rc) rc = glm_config_set_quant(&c, a.quantization_bit, a.quantization_type,
+                                       a.model_name_or_path ? a.model_name_or_path : "the model", &err);
     if (rc) { glm_err_print(&err); return 1; }
     glm_dtype dt = a.fp32 ? GLM_F32 : a.fp16 ? GLM_F16 : a.bf16 ? GLM_BF16 : GLM_F32;
     int T = a.max_source_length + a.max_target_length, B = a.per_device_train_batch_size;
@@ -120,6 +124,14 @@ int glm_cmd_info(int argc, char **argv) {
         printf("finetuning %s: %.3fM trainable parameters (gradients, master weights and moments for those only)\n",
                a.finetuning_type, tr.n_params / 1e6);
         glm_table_free(&tr);
+    }
+    if (c.quant != GLM_Q_NONE) {
+        glm_table q;
+        glm_table_build_part(&q, &c, 0, c.num_layers, 1, 1, 64, GLM_PART_QUANT);
+        printf("quantized %s: %d linear weights, %.3fB parameters in %.2f GiB (%.2f bytes each)\n",
+               glm_qtype_name((glm_qtype)c.quant), q.n, q.n_params / 1e9, q.total / 1073741824.0,
+               q.n_params ? (double)q.total / q.n_params : 0.0);
+        glm_table_free(&q);
     }
     printf("memory plan per device (%s, micro-batch %d x %d tokens%s):\n", dt == GLM_F32 ? "fp32" : dt == GLM_BF16 ? "bf16" : "fp16",
            B, T, a.gradient_checkpointing ? ", gradient checkpointing" : "");

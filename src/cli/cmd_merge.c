@@ -12,7 +12,7 @@
 
 typedef struct merge_args {
     char *model_name_or_path, *adapter, *output_dir, *dtype, *max_shard_size;
-    int overwrite_output_dir;
+    int overwrite_output_dir, quantization_bit;
 } merge_args;
 
 #define F(name, type, def, help) {#name, type, offsetof(merge_args, name), def, help, NULL, NULL}
@@ -23,6 +23,7 @@ static const glm_flag merge_flags[] = {
     {"dtype", ARG_STR, offsetof(merge_args, dtype), "float16", "dtype of the written tensors", "float16|bfloat16|float32", NULL},
     F(max_shard_size, ARG_STR, "10GB", "largest shard (10GB = 1e10 bytes, 1GiB = 2^30; 0 = one file)"),
     F(overwrite_output_dir, ARG_BOOL, "false", "replace model weights already in --output_dir"),
+    F(quantization_bit, ARG_INT, "0", "4 or 8: write the merged linear weights quantized (THUDM's chatglm-6b-int4/int8 layout); 0 = floats"),
 };
 #undef F
 
@@ -43,6 +44,10 @@ int glm_cmd_merge(int argc, char **argv) {
     if (!rc && strcmp(a.max_shard_size, "0") && glm_parse_size(a.max_shard_size, &o.max_shard_bytes))
         rc = glm_fail(&err, "--max_shard_size %s is not a size", a.max_shard_size), glm_hint(&err, "e.g. 10GB, 2GiB, or 0 for one file");
     o.overwrite = a.overwrite_output_dir;
+    if (!rc && a.quantization_bit != 0 && a.quantization_bit != 4 && a.quantization_bit != 8)
+        rc = glm_fail(&err, "--quantization_bit %d: only 4 and 8 are supported (THUDM's quantization_bit)", a.quantization_bit),
+        glm_hint(&err, "use --quantization_bit 4 (INT4) or 8 (INT8), or 0 for float weights");
+    o.quant = a.quantization_bit == 4 ? GLM_Q_INT4 : a.quantization_bit == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
     double t0 = glm_now();
     if (!rc) rc = glm_adapter_merge(a.model_name_or_path, a.adapter, a.output_dir, &o, &err);
     if (rc) glm_err_print(&err);

@@ -102,6 +102,11 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     if (glm_gen_cfg_check(&s->g, err)) return -1;
     if (check_sealed(a->model_name_or_path, err)) return -1;
     if (glm_config_load(&s->cfg, a->model_name_or_path, err)) return -1;
+    if (glm_config_set_quant(&s->cfg, a->quantization_bit, a->quantization_type, a->model_name_or_path, err)) return -1;
+    if (s->cfg.quant && a->device_map && a->device_map[0]) {
+        glm_fail(err, "a quantized model with --device_map: not supported yet");
+        return glm_hint(err, "a quantized 6B model fits one GPU: drop --device_map");
+    }
     if (a->adapter && glm_adapter_read_config(a->adapter, &s->cfg.peft, err)) return -1; /* the model gets its rows */
     if (fit_limits(s, a, err)) return -1;
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;

@@ -8,7 +8,8 @@
 
 typedef struct gen_args {
     /* common */
-    char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map, *adapter;
+    char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map, *adapter, *quantization_type;
+    int quantization_bit;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
     double top_p, temperature, repetition_penalty;
     /* generate */
@@ -26,6 +27,8 @@ typedef struct gen_args {
     GEN_F(adapter, ARG_STR, NULL, "LoRA adapter folder on top of the model (glmtrain --finetuning_type lora, or peft's save_pretrained)"), \
     {"device", ARG_STR, offsetof(gen_args, device), "auto", "where to run (auto: a GPU when built with CUDA and one is usable)", "auto|cpu|cuda", NULL}, \
     {"dtype", ARG_STR, offsetof(gen_args, dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL}, \
+    GEN_F(quantization_bit, ARG_INT, "0", "4 or 8: quantize the linear weights as they load (THUDM's INT4/INT8); 0 = as stored"), \
+    {"quantization_type", ARG_STR, offsetof(gen_args, quantization_type), "int", "int: THUDM's per-row INT8/INT4; nf4: QLoRA's NormalFloat4", "int|nf4", NULL}, \
     GEN_F(device_map, ARG_STR, NULL, "split the layers over GPUs: auto, thudm, or a JSON map of module names to stages"), \
     GEN_F(pipeline_parallel_size, ARG_INT, "0", "stages for --device_map auto|thudm (0: every visible GPU)"), \
     GEN_F(do_sample, ARG_BOOL, "true", "sample (false = greedy)"), \

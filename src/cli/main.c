@@ -13,6 +13,7 @@ static void usage(void) {
            "  info       model size and the memory plan for a training setup\n"
            "  convert    a checkpoint (.bin or safetensors) to a Hugging Face safetensors folder (fp16/bf16/fp32)\n"
            "  merge      a base model and a LoRA adapter into one Hugging Face folder\n"
+           "  quantize   a model's linear weights as INT8/INT4 (THUDM's chatglm-6b-int8/int4 layout)\n"
            "  env        check CUDA, cuBLAS, NCCL, every GPU and the links between them\n");
 }
 
@@ -30,6 +31,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return glm_cmd_tokenize(n, rest);
     if (!strcmp(cmd, "info")) return glm_cmd_info(n, rest);
     if (!strcmp(cmd, "merge")) return glm_cmd_merge(n, rest);
+    if (!strcmp(cmd, "quantize")) return glm_cmd_quantize(n, rest);
     if (!strcmp(cmd, "convert")) return glm_cmd_convert(n, rest);
     if (!strcmp(cmd, "env")) return glm_cmd_env(n, rest);
     fprintf(stderr, "error: unknown command \"%s\"\n", cmd);

@@ -184,7 +184,7 @@ static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *
         glm_fail(err, "%s: tensor %s is missing", ms->base.path, name);
         return glm_hint(err, "the base does not match its config.json");
     }
-    if (glm_ckpt_read_f32(&ms->base, src, dst, t->ndim, t->shape, err)) return -1;
+    if (glm_ckpt_read_values(&ms->base, src, t, dst, err)) return -1;
     const glm_tkind weights[4] = {T_QKV_W, T_DENSE_W, T_FC1_W, T_FC2_W};
     int i = 0;
     while (i < 4 && weights[i] != t->kind) i++;
@@ -232,7 +232,7 @@ int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir
     glm_export_opts oo = *o;
     if (!oo.config_from && cfg[0]) oo.config_from = cfg;
     if (!oo.files_from && folder[0]) oo.files_from = folder;
-    int rc = glm_export(&c, read_merged, &ms, dir, &oo, err); /* c.peft is zero: the base's own rows */
+    int rc = glm_export(&c, read_merged, NULL, &ms, dir, &oo, err); /* c.peft is zero: the base's own rows */
     free(ms.a);
     free(ms.b);
     glm_ckpt_close(&ms.adapter);

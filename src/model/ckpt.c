@@ -1,5 +1,6 @@
 /* One reader over safetensors and torch .bin checkpoints (model/ckpt.h). */
 #include "model/ckpt.h"
+#include "backend/quant.h"
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,31 @@ int glm_ckpt_info(const glm_ckpt *c, const char *name, st_dtype *dtype, int *ndi
 
 int glm_ckpt_read_f32(glm_ckpt *c, const char *name, float *dst, int ndim, const int64_t *shape, glm_err *err) {
     return c->tb ? tbin_read_f32(c->tb, name, dst, ndim, shape, err) : st_read_f32(c->st, name, dst, ndim, shape, err);
+}
+
+int glm_ckpt_read_raw(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err) {
+    return c->tb ? tbin_read_raw(c->tb, name, dtype, dst, bytes, err) : st_read_raw(c->st, name, dtype, dst, bytes, err);
+}
+
+int glm_ckpt_read_values(glm_ckpt *c, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
+    st_dtype dt;
+    int nd;
+    int64_t sh[ST_MAX_DIMS];
+    glm_ckpt_info(c, name, &dt, &nd, sh);
+    if (dt == ST_I8 && nd == 2 && t->ndim == 2 && sh[0] == t->shape[0] && (sh[1] == t->shape[1] || 2 * sh[1] == t->shape[1])) {
+        /* a THUDM-quantized weight (int8 + weight_scale): its values as the model computes with them */
+        glm_qtype q = sh[1] == t->shape[1] ? GLM_Q_INT8 : GLM_Q_INT4;
+        glm_qlayout L = glm_qlayout_of(q, (size_t)t->shape[0], (size_t)t->shape[1]);
+        char scale[300];
+        snprintf(scale, sizeof scale, "%s_scale", name);
+        uint8_t *b = glm_calloc(L.bytes, 1);
+        int rc = glm_ckpt_read_raw(c, name, ST_I8, b, L.q_bytes, err);
+        if (rc == 0) rc = glm_ckpt_read_raw(c, scale, ST_F16, b + L.scale, (size_t)t->shape[0] * 2, err);
+        if (rc == 0) glm_dequantize(q, dst, b, (size_t)t->shape[0], (size_t)t->shape[1]);
+        free(b);
+        return rc;
+    }
+    return glm_ckpt_read_f32(c, name, dst, t->ndim, t->shape, err);
 }
 
 int glm_parse_size(const char *s, size_t *out) {

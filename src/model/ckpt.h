@@ -33,6 +33,11 @@ const char *glm_ckpt_name(const glm_ckpt *c, int i);
 /* 0 when present (fills the NULL-able outputs), -1 when absent. */
 int glm_ckpt_info(const glm_ckpt *c, const char *name, st_dtype *dtype, int *ndim, int64_t shape[ST_MAX_DIMS]);
 int glm_ckpt_read_f32(glm_ckpt *c, const char *name, float *dst, int ndim, const int64_t *shape, glm_err *err);
+/* Table row t's values as float: read and converted, or a THUDM-quantized weight (int8 `name` +
+ * fp16 `name`_scale) dequantized (the values the model computes with). */
+int glm_ckpt_read_values(glm_ckpt *c, const char *name, const glm_tensor *t, float *dst, glm_err *err);
+/* The bytes of a tensor stored as `dtype` (bytes must be its size): int8 quantized weights. */
+int glm_ckpt_read_raw(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err);
 
 /* ---- export ---- */
 typedef struct glm_export_opts {
@@ -42,6 +47,10 @@ typedef struct glm_export_opts {
     int overwrite;           /* replace model*.safetensors* already in the folder */
     const char *files_from;  /* folder to copy tokenizer / remote-code files from (NULL: none) */
     const char *config_from; /* config.json to copy with torch_dtype updated (NULL: from the config) */
+    /* glm_qtype INT8 / INT4: the four linear weights of every layer written quantized as THUDM's
+     * chatglm-6b-int8/int4 hold them (`weight` int8 [OC, C] or [OC, C/2] packed, `weight_scale`
+     * float16 [OC] beside it) and config.json says quantization_bit; GLM_Q_NONE: floats */
+    int quant;
 } glm_export_opts;
 void glm_export_opts_init(glm_export_opts *o); /* F16, one file, original layout */
 
@@ -64,10 +73,15 @@ int glm_check_remote_code(const char *dir);
 
 /* Fills dst[numel] (float) with tensor `name`; the table row is given for parameters. */
 typedef int (*glm_tensor_reader)(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err);
+/* For a quantized export: fills dst with row t's bytes in backend/quant.h's layout of type q
+ * when the source stores it so (returns 1; copied, never re-quantized), else returns 0 and the
+ * floats are quantized; -1 on an error. NULL: always the floats. */
+typedef int (*glm_qtensor_reader)(void *ctx, const glm_tensor *t, int q, void *dst, glm_err *err);
 
 /* Export from any source of tensors (the model, a checkpoint). Every shard is complete on disk
  * (written under a temporary name and renamed) before the index and config.json are written. */
-int glm_export(const glm_config *c, glm_tensor_reader rd, void *ctx, const char *dir, const glm_export_opts *o,
+int glm_export(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd, void *ctx, const char *dir,
+               const glm_export_opts *o,
                glm_err *err);
 /* The model's parameters; config_from / files_from default to the model's origin. */
 int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err);

@@ -104,12 +104,18 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
         if (!cJSON_IsBool(b)) { cJSON_Delete(o); return glm_fail(err, "%s: field \"tie_word_embeddings\" must be true or false", src); }
         tie = cJSON_IsTrue(b);
     }
+    /* a THUDM pre-quantized folder (chatglm-6b-int4/int8): its linear weights are stored as
+     * int8 `weight` + fp16 `weight_scale` */
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, "quantization_bit");
-    if (q && cJSON_IsNumber(q) && q->valueint != 0) {
-        int qbit = q->valueint; /* q dies with o */
-        cJSON_Delete(o);
-        glm_fail(err, "%s: quantization_bit %d: quantized checkpoints cannot be fine-tuned", src, qbit);
-        return glm_hint(err, "use the fp16 chatglm-6b weights, not chatglm-6b-int4/int8");
+    int quant = GLM_Q_NONE;
+    if (q && !cJSON_IsNull(q)) {
+        int qbit = cJSON_IsNumber(q) ? q->valueint : -1; /* q dies with o */
+        if (!cJSON_IsNumber(q) || (qbit != 0 && qbit != 4 && qbit != 8)) {
+            cJSON_Delete(o);
+            glm_fail(err, "%s: quantization_bit must be 0, 4 or 8 (THUDM's values), not %d", src, qbit);
+            return glm_hint(err, "chatglm-6b-int4 folders say 4, chatglm-6b-int8 say 8, fp16 ones 0 or nothing");
+        }
+        quant = qbit == 4 ? GLM_Q_INT4 : qbit == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
     }
     cJSON_Delete(o);
     *c = (glm_config){
@@ -119,7 +125,7 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
         .max_sequence_length = maxseq,
         .layernorm_epsilon = epsv, .position_encoding_2d = pe2d, .tie_word_embeddings = tie,
         .bos_token_id = bos, .eos_token_id = eos, .mask_token_id = mask, .gmask_token_id = gmask,
-        .pad_token_id = pad, .alpha = 7.483314773547883f,
+        .pad_token_id = pad, .alpha = 7.483314773547883f, .quant = quant,
     };
     return glm_config_validate(c, src, err);
 }
@@ -203,5 +209,25 @@ int glm_lora_targets_parse(const char *list, int *bits, glm_err *err) {
         p = e + 1;
     }
     if (!*bits) return glm_fail(err, "--lora_target is empty"), glm_hint(err, "e.g. --lora_target query_key_value");
+    return 0;
+}
+
+int glm_config_set_quant(glm_config *c, int bits, const char *type, const char *src, glm_err *err) {
+    int nf4 = type && strcmp(type, "nf4") == 0;
+    if (type && !nf4 && strcmp(type, "int") != 0)
+        return glm_fail(err, "--quantization_type %s: not a quantization type", type), glm_hint(err, "use int (THUDM's INT8/INT4) or nf4 (QLoRA)");
+    if (bits != 0 && bits != 4 && bits != 8)
+        return glm_fail(err, "--quantization_bit %d: only 4 and 8 are supported (THUDM's quantization_bit)", bits),
+               glm_hint(err, "use --quantization_bit 4 (INT4) or 8 (INT8), or leave it out for the weights as stored");
+    if (nf4 && bits == 8)
+        return glm_fail(err, "--quantization_type nf4 is 4-bit: --quantization_bit 8 contradicts it"),
+               glm_hint(err, "use --quantization_bit 4 (or leave it out) with nf4");
+    int want = nf4 ? GLM_Q_NF4 : bits == 4 ? GLM_Q_INT4 : bits == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
+    if (c->quant != GLM_Q_NONE && want != GLM_Q_NONE && want != c->quant) {
+        glm_fail(err, "%s stores its weights as %s (config.json quantization_bit %d), but this run asks for %s", src,
+                 glm_qtype_name((glm_qtype)c->quant), glm_qtype_bits((glm_qtype)c->quant), glm_qtype_name((glm_qtype)want));
+        return glm_hint(err, "drop --quantization_bit/--quantization_type to use the folder's, or start from the float16 model");
+    }
+    if (want != GLM_Q_NONE) c->quant = want;
     return 0;
 }

@@ -2,6 +2,7 @@
 #ifndef GLM_CONFIG_H
 #define GLM_CONFIG_H
 #include <stdint.h>
+#include "backend/quant.h"
 #include "core/err.h"
 
 /* Which parameters train (the tensor table splits them into trainable and frozen rows). The
@@ -46,6 +47,10 @@ typedef struct glm_config {
      * ChatGLMModel never overrides, so alpha = sqrt(2*28) = sqrt(56) for every model size. */
     float alpha;
     glm_peft peft;           /* not from config.json: set by the run (train flags, an adapter) */
+    /* glm_qtype of the frozen linear weights (the four modules of every layer): from
+     * config.json's quantization_bit (a folder that stores them quantized) or the run's
+     * --quantization_bit / --quantization_type (quantized as they load) */
+    int quant;
 } glm_config;
 
 /* The ChatGLM-6B (v1.1) shapes and ids. */
@@ -58,6 +63,10 @@ int glm_config_load(glm_config *c, const char *path, glm_err *err); /* file or f
 char *glm_config_to_json(const glm_config *c);
 int glm_config_validate(const glm_config *c, const char *source, glm_err *err);
 static inline int glm_head_dim(const glm_config *c) { return c->hidden_size / c->num_attention_heads; }
+/* The run's --quantization_bit (0: not given, 4, 8) and --quantization_type (NULL, "int", "nf4")
+ * over what config.json said (c->quant): a folder stored as INT4 cannot be read as INT8 or NF4
+ * (errors name src). */
+int glm_config_set_quant(glm_config *c, int bits, const char *type, const char *src, glm_err *err);
 /* LoRA's output scale: alpha / r (peft), alpha / sqrt(r) with rslora. */
 float glm_lora_scaling(const glm_peft *p);
 /* "query_key_value,dense", "all", ... into GLM_LORA_* bits; -1 with the unknown name in err. */

@@ -26,17 +26,29 @@ typedef struct item {
     int64_t shape[2];
     size_t numel;
     int shard;
+    int qpart;                /* quantized export: 1 the weight's integers (int8), 2 its fp16 scales */
+    size_t bytes;             /* bytes of a quantized part */
 } item;
 
-static int n_items_max(const glm_table *tab) { return tab->n + tab->num_layers + 1; }
+static int n_items_max(const glm_table *tab) { return 2 * tab->n + tab->num_layers + 1; }
 
-static int build_items(const glm_table *tab, const glm_config *c, int original, item *it) {
+static int build_items(const glm_table *tab, const glm_config *c, int original, int quant, item *it) {
     int n = 0, rot = glm_head_dim(c) / 4; /* rotary dim HD/2, one frequency per pair */
     for (int i = 0; i < tab->n; i++) {
         const glm_tensor *t = &tab->t[i];
         it[n] = (item){.src = t->name, .t = t, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .numel = t->numel};
         snprintf(it[n].name, sizeof it[n].name, "%s", t->name);
         n++;
+        if (quant && t->layer >= 0 && glm_is_linear_w(t->kind)) { /* the integers, then the scales */
+            item *w = &it[n - 1];
+            w->qpart = 1;
+            w->shape[1] = t->shape[1] * glm_qtype_bits((glm_qtype)quant) / 8;
+            w->bytes = (size_t)(w->shape[0] * w->shape[1]);
+            it[n] = (item){.src = t->name, .t = t, .ndim = 1, .shape = {t->shape[0], 1}, .numel = (size_t)t->shape[0],
+                           .qpart = 2, .bytes = (size_t)t->shape[0] * 2};
+            snprintf(it[n].name, sizeof it[n].name, "%.120s_scale", t->name);
+            n++;
+        }
         /* the original registers rotary_emb (and its buffer) between input_layernorm and qkv */
         if (original && t->kind == T_LN1_B) {
             it[n] = (item){.ndim = 1, .shape = {rot, 1}, .numel = (size_t)rot};
@@ -120,6 +132,14 @@ int glm_write_hf_config(const glm_config *c, const char *config_from, st_dtype d
         out = o2 ? glm_json_set_key(o2, "prefix_projection", c->peft.prefix_projection ? "true" : "false") : NULL;
         free(o2);
     }
+    /* what THUDM's loader reads to build QuantizedLinear modules; 0 where a quantized source's
+     * weights were written as floats */
+    if (out && (c->quant == GLM_Q_INT8 || c->quant == GLM_Q_INT4 || strstr(out, "\"quantization_bit\""))) {
+        snprintf(value, sizeof value, "%d", c->quant == GLM_Q_INT8 || c->quant == GLM_Q_INT4 ? glm_qtype_bits((glm_qtype)c->quant) : 0);
+        char *o2 = glm_json_set_key(out, "quantization_bit", value);
+        free(out);
+        out = o2;
+    }
     if (!out) return glm_fail(err, "%s: not a JSON object", config_from ? config_from : "config");
     size_t n = strlen(out);
     if (n == 0 || out[n - 1] != '\n') { out = glm_realloc(out, n + 2); out[n++] = '\n'; out[n] = 0; }
@@ -190,22 +210,42 @@ static void shard_name(char *dst, size_t n, int i, int count) {
     else snprintf(dst, n, "model-%05d-of-%05d.safetensors", i + 1, count);
 }
 
-int glm_export(const glm_config *c, glm_tensor_reader rd, void *ctx, const char *dir, const glm_export_opts *o,
-               glm_err *err) {
+/* A quantized weight's bytes (backend/quant.h's layout): from the source as stored, or its
+ * floats quantized here. */
+static int quantized_bytes(const item *it, glm_tensor_reader rd, glm_qtensor_reader qrd, void *ctx, int quant, void *dst,
+                           glm_err *err) {
+    const glm_tensor *t = it->t;
+    int got = qrd ? qrd(ctx, t, quant, dst, err) : 0;
+    if (got) return got < 0 ? -1 : 0;
+    float *f = glm_malloc(t->numel * sizeof(float));
+    int rc = rd(ctx, it->src, t, f, err);
+    if (rc == 0) glm_quantize((glm_qtype)quant, dst, f, (size_t)t->shape[0], (size_t)t->shape[1]);
+    free(f);
+    return rc;
+}
+
+int glm_export(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd, void *ctx, const char *dir,
+               const glm_export_opts *o, glm_err *err) {
     if (o->dtype != ST_F32 && o->dtype != ST_F16 && o->dtype != ST_BF16)
         return glm_fail(err, "export dtype must be float32, float16 or bfloat16");
+    if (o->quant != GLM_Q_NONE && o->quant != GLM_Q_INT8 && o->quant != GLM_Q_INT4)
+        return glm_fail(err, "only int8 and int4 weights are written quantized (THUDM's layout), not %s",
+                        glm_qtype_name((glm_qtype)o->quant));
     if (prepare_dir(dir, o->overwrite, err)) return -1;
     glm_table tab;
-    glm_table_build(&tab, c);
+    glm_config cb = *c; /* the base rows: what the folder holds */
+    cb.quant = GLM_Q_NONE;
+    glm_table_build(&tab, &cb);
     item *it = glm_calloc((size_t)n_items_max(&tab), sizeof *it);
-    int n = build_items(&tab, c, o->original_layout, it);
+    int n = build_items(&tab, c, o->original_layout, o->quant, it);
     /* Hugging Face's shard_checkpoint: a new shard starts when the next tensor would overflow
-     * the current one; a tensor larger than the limit gets a shard of its own. */
+     * the current one; a tensor larger than the limit gets a shard of its own. A weight's
+     * scales stay in its shard. */
     size_t es = st_dtype_size(o->dtype), cur = 0, total = 0;
     int shards = 1;
     for (int i = 0; i < n; i++) {
-        size_t b = it[i].numel * es;
-        if (o->max_shard_bytes && cur > 0 && cur + b > o->max_shard_bytes) { shards++; cur = 0; }
+        size_t b = it[i].qpart ? it[i].bytes : it[i].numel * es;
+        if (o->max_shard_bytes && cur > 0 && cur + b > o->max_shard_bytes && it[i].qpart != 2) { shards++; cur = 0; }
         it[i].shard = shards - 1;
         cur += b;
         total += b;
@@ -215,14 +255,29 @@ int glm_export(const glm_config *c, glm_tensor_reader rd, void *ctx, const char 
     for (int s = 0; s < shards && rc == 0; s++) {
         int k = 0;
         st_entry *e = glm_calloc((size_t)n, sizeof *e);
-        float **bufs = glm_calloc((size_t)n, sizeof *bufs);
+        void **bufs = glm_calloc((size_t)n, sizeof *bufs);
         for (int i = 0; i < n && rc == 0; i++) {
             if (it[i].shard != s) continue;
-            float *b = bufs[k] = glm_malloc(it[i].numel * sizeof(float));
-            if (it[i].t) rc = rd(ctx, it[i].src, it[i].t, b, err);
-            else inv_freq(b, (int)it[i].numel);
             e[k] = (st_entry){.name = it[i].name, .ndim = it[i].ndim, .shape = {it[i].shape[0], it[i].shape[1]},
-                              .data = b, .data_dtype = ST_F32, .file_dtype = o->dtype};
+                              .data_dtype = ST_F32, .file_dtype = o->dtype};
+            if (it[i].qpart == 1) { /* the layout's bytes: integers first, the scales at L.scale */
+                glm_qlayout L = glm_qlayout_of((glm_qtype)o->quant, (size_t)it[i].t->shape[0], (size_t)it[i].t->shape[1]);
+                bufs[k] = glm_calloc(L.bytes, 1);
+                rc = quantized_bytes(&it[i], rd, qrd, ctx, o->quant, bufs[k], err);
+                e[k].data_dtype = e[k].file_dtype = ST_I8;
+            } else if (it[i].qpart == 2) { /* the scales of the weight just before */
+                glm_qlayout L = glm_qlayout_of((glm_qtype)o->quant, (size_t)it[i].t->shape[0], (size_t)it[i].t->shape[1]);
+                bufs[k] = NULL;
+                e[k].data = (char *)bufs[k - 1] + L.scale;
+                e[k].data_dtype = e[k].file_dtype = ST_F16;
+                k++;
+                continue;
+            } else {
+                float *b = bufs[k] = glm_malloc(it[i].numel * sizeof(float));
+                if (it[i].t) rc = rd(ctx, it[i].src, it[i].t, b, err);
+                else inv_freq(b, (int)it[i].numel);
+            }
+            e[k].data = bufs[k];
             k++;
         }
         shard_name(name, sizeof name, s, shards);
@@ -244,7 +299,9 @@ int glm_export(const glm_config *c, glm_tensor_reader rd, void *ctx, const char 
         rc = write_json(path, ix, err);
         cJSON_Delete(ix);
     }
-    if (rc == 0) rc = glm_write_hf_config(c, o->config_from, o->dtype, dir, err);
+    cb = *c;
+    cb.quant = o->quant; /* quantization_bit says what the folder holds */
+    if (rc == 0) rc = glm_write_hf_config(&cb, o->config_from, o->dtype, dir, err);
     /* tokenizer and code files travel with the weights, so the folder loads as it is */
     if (rc == 0 && o->files_from) rc = glm_copy_source_files(o->files_from, dir, err);
     free(it);
@@ -263,8 +320,17 @@ static int read_model(void *ctx, const char *name, const glm_tensor *t, float *d
         glm_fail(err, "tensor %s is not in this model (a pipeline stage holds only its own layers)", name);
         return glm_hint(err, "export from a model that holds every layer");
     }
-    m->be->download_f32(m->be, dst, p, mt->numel);
+    glm_model_row_download(m, mt, dst, p);
     return 0;
+}
+
+static int read_model_quantized(void *ctx, const glm_tensor *t, int q, void *dst, glm_err *err) {
+    glm_model *m = ctx;
+    void *p;
+    const glm_tensor *mt = glm_model_find(m, t->name, &p);
+    if (!mt || mt->qtype != q) return 0;
+    m->be->download(m->be, dst, p, glm_qlayout_of((glm_qtype)q, (size_t)t->shape[0], (size_t)t->shape[1]).bytes);
+    return 1;
 }
 
 int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err) {
@@ -273,7 +339,7 @@ int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, gl
     glm_export_opts oo = *o;
     if (!oo.config_from && cfg[0]) oo.config_from = cfg;
     if (!oo.files_from && folder[0]) oo.files_from = folder;
-    return glm_export(&m->cfg, read_model, m, dir, &oo, err);
+    return glm_export(&m->cfg, read_model, read_model_quantized, m, dir, &oo, err);
 }
 
 static int read_ckpt(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
@@ -286,7 +352,25 @@ static int read_ckpt(void *ctx, const char *name, const glm_tensor *t, float *ds
         glm_fail(err, "%s: tensor %s is missing (%s checkpoint)", c->path, name, glm_ckpt_format(c));
         return glm_hint(err, "the checkpoint does not match its config.json (num_layers? tie_word_embeddings?)");
     }
-    return glm_ckpt_read_f32(c, name, dst, t->ndim, t->shape, err);
+    return glm_ckpt_read_values(c, name, t, dst, err);
+}
+
+/* A pre-quantized source weight of the type asked for: its bytes as stored. */
+static int read_ckpt_quantized(void *ctx, const glm_tensor *t, int q, void *dst, glm_err *err) {
+    glm_ckpt *c = ctx;
+    st_dtype dt;
+    int nd;
+    int64_t sh[ST_MAX_DIMS];
+    if (glm_ckpt_info(c, t->name, &dt, &nd, sh) != 0 || dt != ST_I8 || nd != 2 ||
+        sh[1] * 8 != t->shape[1] * glm_qtype_bits((glm_qtype)q))
+        return 0;
+    glm_qlayout L = glm_qlayout_of((glm_qtype)q, (size_t)t->shape[0], (size_t)t->shape[1]);
+    char scale[300];
+    snprintf(scale, sizeof scale, "%s_scale", t->name);
+    if (glm_ckpt_read_raw(c, t->name, ST_I8, dst, L.q_bytes, err) ||
+        glm_ckpt_read_raw(c, scale, ST_F16, (char *)dst + L.scale, (size_t)t->shape[0] * 2, err))
+        return -1;
+    return 1;
 }
 
 int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o, glm_err *err) {
@@ -306,7 +390,8 @@ int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o
     int unused = 0;
     for (int i = 0; i < glm_ckpt_count(&ck); i++) {
         const char *nm = glm_ckpt_name(&ck, i);
-        if (glm_table_find(&tab, nm) || strstr(nm, "rotary_emb.inv_freq") || strcmp(nm, "lm_head.weight") == 0) continue;
+        if (glm_table_find(&tab, nm) || strstr(nm, "rotary_emb.inv_freq") || strcmp(nm, "lm_head.weight") == 0 ||
+            (strlen(nm) > 13 && strcmp(nm + strlen(nm) - 13, ".weight_scale") == 0)) continue; /* read with its weight */
         if (unused++ < 5) glm_warn("%s: tensor %s is not part of the model and is not exported", from, nm);
     }
     if (unused > 5) glm_warn("... and %d more unused tensors", unused - 5);
@@ -316,7 +401,7 @@ int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o
     glm_export_opts oo = *o;
     if (!oo.config_from && cfg[0]) oo.config_from = cfg;
     if (!oo.files_from && folder[0]) oo.files_from = folder;
-    int rc = glm_export(&c, read_ckpt, &ck, dir, &oo, err);
+    int rc = glm_export(&c, read_ckpt, read_ckpt_quantized, &ck, dir, &oo, err);
     glm_ckpt_close(&ck);
     return rc;
 }

@@ -27,6 +27,11 @@ static void bind_weights(glm_model *m, glm_weights *w, int grads) {
     }
     bind_rows(m, &m->tab, m->params, w);
     if (m->fparams) bind_rows(m, &m->ftab, m->fparams, w);
+    for (int i = 0; i < m->qtab.n; i++) { /* byte offsets */
+        const glm_tensor *t = &m->qtab.t[i];
+        int k = t->kind == T_QKV_W ? 0 : t->kind == T_DENSE_W ? 1 : t->kind == T_FC1_W ? 2 : 3;
+        w->layer[t->layer].qw[k] = (char *)m->qparams + t->offset;
+    }
 }
 
 void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be) {
@@ -47,6 +52,15 @@ static void init_common(glm_model *m, const glm_config *c, glm_backend *be, int 
     if (m->ftab.total) {
         m->fparams = be->alloc(be, m->ftab.total * es);
         be->zero(be, m->fparams, m->ftab.total * es);
+    }
+    glm_table_build_part(&m->qtab, c, l0, l1, first, last, 64, GLM_PART_QUANT);
+    if (m->qtab.n) {
+        if (!be->dequantize) GLM_FATAL("use the CPU or CUDA backend", "backend %s has no quantized weights", be->name);
+        m->qparams = be->alloc(be, m->qtab.total);
+        be->zero(be, m->qparams, m->qtab.total);
+        size_t big = 0;
+        for (int i = 0; i < m->qtab.n; i++) big = m->qtab.t[i].numel > big ? m->qtab.t[i].numel : big;
+        m->qscratch = be->alloc(be, big * es);
     }
     if (with_grads) {
         m->grads = be->alloc(be, bytes);
@@ -241,6 +255,8 @@ void glm_model_free(glm_model *m) {
     m->be->free(m->be, m->params);
     if (m->grads) m->be->free(m->be, m->grads);
     if (m->fparams) m->be->free(m->be, m->fparams);
+    if (m->qparams) m->be->free(m->be, m->qparams);
+    if (m->qscratch) m->be->free(m->be, m->qscratch);
     if (m->lora_tmp) m->be->free(m->be, m->lora_tmp);
     if (m->lora_u) m->be->free(m->be, m->lora_u);
     void *pre[] = {m->pkv, m->prefix_h, m->dpkv, m->dprefix_h};
@@ -249,16 +265,41 @@ void glm_model_free(glm_model *m) {
     free(m->g.layer);
     glm_table_free(&m->tab);
     glm_table_free(&m->ftab);
+    glm_table_free(&m->qtab);
 }
 
-int glm_model_nrows(const glm_model *m) { return m->tab.n + m->ftab.n; }
+int glm_model_nrows(const glm_model *m) { return m->tab.n + m->ftab.n + m->qtab.n; }
 
 const glm_tensor *glm_model_row(const glm_model *m, int i, void **ptr) {
+    if (i >= m->tab.n + m->ftab.n) { /* quantized: byte offsets */
+        const glm_tensor *r = &m->qtab.t[i - m->tab.n - m->ftab.n];
+        if (ptr) *ptr = (char *)m->qparams + r->offset;
+        return r;
+    }
     const glm_table *t = i < m->tab.n ? &m->tab : &m->ftab;
     void *base = i < m->tab.n ? m->params : m->fparams;
     const glm_tensor *r = &t->t[i < m->tab.n ? i : i - m->tab.n];
     if (ptr) *ptr = glm_at(m->be, base, r->offset);
     return r;
+}
+
+void glm_model_row_upload(glm_model *m, const glm_tensor *t, void *dst, const float *host) {
+    if (!t->qtype) { m->be->upload_f32(m->be, dst, host, t->numel); return; }
+    glm_qlayout L = glm_qlayout_of((glm_qtype)t->qtype, (size_t)t->shape[0], (size_t)t->shape[1]);
+    void *q = glm_malloc(L.bytes);
+    glm_quantize((glm_qtype)t->qtype, q, host, (size_t)t->shape[0], (size_t)t->shape[1]);
+    m->be->upload(m->be, dst, q, L.bytes);
+    free(q);
+    m->qscratch_of = NULL;
+}
+
+void glm_model_row_download(glm_model *m, const glm_tensor *t, float *host, const void *src) {
+    if (!t->qtype) { m->be->download_f32(m->be, host, src, t->numel); return; }
+    glm_qlayout L = glm_qlayout_of((glm_qtype)t->qtype, (size_t)t->shape[0], (size_t)t->shape[1]);
+    void *q = glm_malloc(L.bytes);
+    m->be->download(m->be, q, src, L.bytes);
+    glm_dequantize((glm_qtype)t->qtype, host, q, (size_t)t->shape[0], (size_t)t->shape[1]);
+    free(q);
 }
 
 const glm_tensor *glm_model_find(const glm_model *m, const char *name, void **ptr) {
@@ -290,15 +331,16 @@ void glm_model_set_params(glm_model *m, const float *host) {
 
 glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embed, int head, glm_dtype dtype, int B,
                                    int T, int ckpt, int head_chunk, size_t *largest_unit) {
-    glm_table tab, frozen; /* the two tables glm_model_init_stage builds */
+    glm_table tab, frozen, quant; /* the three tables glm_model_init_stage builds */
     glm_table_build_range(&tab, c, l0, l1, embed, head);
     glm_table_build_part(&frozen, c, l0, l1, embed, head, 64, GLM_PART_FROZEN);
+    glm_table_build_part(&quant, c, l0, l1, embed, head, 64, GLM_PART_QUANT);
     double es = (double)glm_dtype_size(dtype), N = (double)B * T;
     double H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, NH = c->num_attention_heads;
     int nl = l1 - l0, nsets = ckpt ? (nl > 0) : nl;
     glm_mem_plan p = {0};
     /* gradients, master weights and moments for the trainable rows only */
-    p.params = (double)(tab.total + frozen.total) * es;
+    p.params = (double)(tab.total + frozen.total) * es + (double)quant.total;
     p.grads = (double)tab.total * es;
     p.master = dtype == GLM_F32 ? 0 : (double)tab.total * 4;
     p.moments = 2.0 * tab.total * 4;
@@ -323,9 +365,13 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
                 head_chunk * (2 * H + V) * es + head_chunk * 4.0 + N * 7 * 4;
     if (c->peft.kind == GLM_FT_LORA) /* lora_tmp, lora_u */
         p.scratch += N * (F > 3 * H ? F : 3 * H) * es + (c->peft.lora_dropout > 0 ? N * F * es : 0);
+    size_t qbig = 0; /* qscratch: the largest quantized matrix dequantized */
+    for (int i = 0; i < quant.n; i++) qbig = quant.t[i].numel > qbig ? quant.t[i].numel : qbig;
+    p.scratch += (double)qbig * es;
     p.total = p.params + p.grads + p.master + p.moments + p.activations + p.scratch;
     glm_table_free(&tab);
     glm_table_free(&frozen);
+    glm_table_free(&quant);
     return p;
 }
 

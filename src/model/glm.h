@@ -20,6 +20,9 @@ typedef struct glm_layer_ptrs {
     /* LoRA adapters of the four linear modules (query_key_value, dense, dense_h_to_4h,
      * dense_4h_to_h), NULL where there is none: A [r, in], B [out, r] */
     void *lora_a[4], *lora_b[4];
+    /* The quantized weights of the four modules (backend/quant.h's bytes), NULL where the
+     * weight is not quantized; the module's *_w above is NULL where it is. */
+    void *qw[4];
 } glm_layer_ptrs;
 
 typedef struct glm_weights {
@@ -64,6 +67,11 @@ typedef struct glm_model {
     /* The frozen rows (the base under LoRA / freeze), stored once in S, without gradients. */
     glm_table ftab;
     void *fparams;          /* S [ftab.total], NULL when nothing is frozen */
+    /* The frozen linear weights stored quantized (cfg.quant): qtab's offsets are bytes */
+    glm_table qtab;
+    void *qparams;          /* [qtab.total] bytes, NULL without quantization */
+    void *qscratch;         /* S [largest quantized matrix]: one weight dequantized for a GEMM */
+    const void *qscratch_of;/* which quantized matrix qscratch holds (NULL: none) */
     glm_weights w, g;       /* views into params and fparams / grads (NULL for frozen rows) */
     int training;           /* dropout on (set by the forward/backward entry points) */
     uint64_t dropout_seed;  /* this micro-batch's dropout masks (glm_model_set_dropout_seed) */
@@ -124,11 +132,15 @@ void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, in
 void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first,
                                     int last);
 void glm_model_free(glm_model *m);
-/* Row i of every weight row (the trainable table's, then the frozen table's), i < glm_model_nrows,
- * with its device address. */
+/* Row i of every weight row (the trainable table's, then the frozen table's, then the quantized
+ * one's), i < glm_model_nrows, with its device address. */
 int glm_model_nrows(const glm_model *m);
 const glm_tensor *glm_model_row(const glm_model *m, int i, void **ptr);
-/* The row named `name` in either table (and its address), or NULL. */
+/* A row's values as float, host <-> device: converted to S, or quantized (dequantized) for a
+ * quantized row (its qtype). */
+void glm_model_row_upload(glm_model *m, const glm_tensor *t, void *dst, const float *host);
+void glm_model_row_download(glm_model *m, const glm_tensor *t, float *host, const void *src);
+/* The row named `name` in any table (and its address), or NULL. */
 const glm_tensor *glm_model_find(const glm_model *m, const char *name, void **ptr);
 /* P-Tuning v2: runs the prefix encoder; returns its output [P, 2LH] (layer l's keys at slot 2l,
  * values at 2l + 1), which stays valid until the next call. */

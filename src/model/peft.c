@@ -29,10 +29,30 @@ static const void *lora_input(glm_model *m, int l, int i, const void *inp, size_
     return m->lora_u;
 }
 
+/* Decoding steps (few rows) read a quantized weight directly; larger batches dequantize it
+ * once into qscratch for the GEMMs. */
+#define QMATMUL_MAX_ROWS 16
+
+/* The weight of module i of layer l in S: w itself, or its quantized bytes dequantized into
+ * qscratch (kept while the same matrix is asked for again, e.g. backward right after forward). */
+static const void *linear_weight(glm_model *m, int l, int i, const void *w, int C, int OC) {
+    if (w) return w;
+    const void *q = m->w.layer[l].qw[i];
+    GLM_ASSERT(q != NULL);
+    if (m->qscratch_of != q) {
+        m->be->dequantize(m->be, m->qscratch, q, m->cfg.quant, OC, C);
+        m->qscratch_of = q;
+    }
+    return m->qscratch;
+}
+
 void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
                        const void *b, int N, int C, int OC) {
     glm_backend *be = m->be;
-    be->matmul_fwd(be, out, inp, w, b, N, C, OC);
+    if (!w && N <= QMATMUL_MAX_ROWS && be->qmatmul_fwd)
+        be->qmatmul_fwd(be, out, inp, m->w.layer[l].qw[i], m->cfg.quant, b, N, C, OC);
+    else
+        be->matmul_fwd(be, out, inp, linear_weight(m, l, i, w, C, OC), b, N, C, OC);
     const glm_layer_ptrs *p = &m->w.layer[l];
     if (!p->lora_a[i]) return;
     int r = m->cfg.peft.lora_rank;
@@ -48,7 +68,7 @@ void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, co
 void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db,
                        const void *dout, const void *inp, const void *w, int N, int C, int OC) {
     glm_backend *be = m->be;
-    be->matmul_bwd(be, dinp, dw, db, dout, inp, w, N, C, OC, 0);
+    be->matmul_bwd(be, dinp, dw, db, dout, inp, linear_weight(m, l, i, w, C, OC), N, C, OC, 0);
     const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
     if (!p->lora_a[i]) return;
     int r = m->cfg.peft.lora_rank;

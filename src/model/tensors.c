@@ -7,7 +7,7 @@
 /* Each tensor starts on a 64-element boundary so vector loads and later shards stay aligned. */
 #define ALIGN_ELEMS 64
 
-static void add(glm_table *tab, glm_tkind kind, int layer, const char *name, int ndim, int64_t d0, int64_t d1) {
+static void add(glm_table *tab, glm_tkind kind, int layer, const char *name, int ndim, int64_t d0, int64_t d1, int qtype) {
     glm_tensor *t = &tab->t[tab->n];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->kind = kind;
@@ -18,7 +18,9 @@ static void add(glm_table *tab, glm_tkind kind, int layer, const char *name, int
     t->numel = (size_t)d0 * (size_t)t->shape[1];
     t->offset = tab->total;
     t->decay = ndim >= 2;
-    tab->total += (t->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
+    t->qtype = qtype;
+    if (qtype) tab->total += glm_qlayout_of((glm_qtype)qtype, (size_t)d0, (size_t)t->shape[1]).bytes;
+    else tab->total += (t->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
     tab->n_params += t->numel;
     int slot = (layer < 0 ? tab->num_layers : layer) * T_NKINDS + kind;
     tab->index[slot] = tab->n;
@@ -53,11 +55,20 @@ int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     }
 }
 
+int glm_tensor_quantized(const glm_config *c, int layer, glm_tkind kind) {
+    /* a model for generation says full fine-tuning: nothing trains there, so all are quantized */
+    return c->quant != GLM_Q_NONE && layer >= 0 && glm_is_linear_w(kind) &&
+           (c->peft.kind == GLM_FT_FULL || !glm_tensor_trains(c, layer, kind));
+}
+
 /* Whether row (layer, kind) belongs in `part`; adapters exist only where they train. */
 static int in_part(const glm_config *c, int layer, glm_tkind kind, glm_part part) {
     int trains = glm_tensor_trains(c, layer, kind);
     if (glm_is_extra(kind)) return trains && part == GLM_PART_TRAINABLE;
-    return part == GLM_PART_BASE || (part == GLM_PART_TRAINABLE) == trains;
+    if (part == GLM_PART_BASE) return 1;
+    int q = glm_tensor_quantized(c, layer, kind);
+    if (part == GLM_PART_QUANT) return q;
+    return !q && (part == GLM_PART_TRAINABLE) == trains;
 }
 
 void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head,
@@ -71,7 +82,7 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
     char n[128];
     int opened = 0; /* rows of the current unit so far */
 #define ROW(kind, layer, name, nd, d0, d1) \
-    do { if (in_part(c, layer, kind, part)) { add(tab, kind, layer, name, nd, d0, d1); tab->t[tab->n - 1].opens_unit = !opened++; } } while (0)
+    do { if (in_part(c, layer, kind, part)) { add(tab, kind, layer, name, nd, d0, d1, part == GLM_PART_QUANT ? c->quant : GLM_Q_NONE); tab->t[tab->n - 1].opens_unit = !opened++; } } while (0)
     if (with_embed) { /* the prefix encoder feeds every layer: its gradient is final last, with the embedding's */
         int64_t P = c->peft.pre_seq_len, KV = 2LL * L * H, E = c->peft.prefix_projection ? H : KV;
         ROW(T_PREFIX_EMB, -1, "transformer.prefix_encoder.embedding.weight", 2, P, E);

@@ -37,12 +37,13 @@ typedef struct glm_tensor {
     size_t offset;    /* element offset in the flat parameter buffer (aligned to 64 elements) */
     int decay;        /* AdamW weight decay applies (matrices yes; biases and LayerNorm no) */
     int opens_unit;   /* the first row of its unit (the embedding, a layer, the final norm and head) */
+    int qtype;        /* glm_qtype of a quantized row (GLM_PART_QUANT), else GLM_Q_NONE */
 } glm_tensor;
 
 typedef struct glm_table {
     glm_tensor *t;
     int n;
-    size_t total;     /* elements in the flat buffer, padding included */
+    size_t total;     /* elements in the flat buffer, padding included (bytes for GLM_PART_QUANT) */
     size_t n_params;  /* real parameters (no padding) */
     int *index;       /* [(L+1) * T_NKINDS]: row of (layer, kind), -1 if absent; globals at layer L */
     int num_layers;
@@ -52,7 +53,10 @@ typedef struct glm_table {
  * folder holds); the trainable ones are what gets gradients, optimizer state, ZeRO shards and
  * buckets (all base rows for full fine-tuning; the adapters for LoRA; the last layers for
  * freeze); the frozen ones are the base rows that do not train (stored once, no gradient). */
-typedef enum glm_part { GLM_PART_BASE, GLM_PART_TRAINABLE, GLM_PART_FROZEN } glm_part;
+/* With c->quant, the frozen linear weights of the layers (the four modules) are the quantized
+ * part instead: each row's offset and size in bytes (backend/quant.h's layout of its type),
+ * every row on a 256-byte boundary. */
+typedef enum glm_part { GLM_PART_BASE, GLM_PART_TRAINABLE, GLM_PART_FROZEN, GLM_PART_QUANT } glm_part;
 
 /* The base rows of the whole model. */
 void glm_table_build(glm_table *tab, const glm_config *c);
@@ -67,6 +71,11 @@ int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind);
 static inline int glm_is_lora(glm_tkind k) { return k >= T_QKV_LA && k <= T_FC2_LB; }
 static inline int glm_is_prefix(glm_tkind k) { return k >= T_PREFIX_EMB && k <= T_PREFIX_B2; }
 static inline int glm_is_extra(glm_tkind k) { return glm_is_lora(k) || glm_is_prefix(k); }
+/* The weight of one of the four linear modules of a layer (the rows quantization applies to). */
+static inline int glm_is_linear_w(glm_tkind k) { return k == T_QKV_W || k == T_DENSE_W || k == T_FC1_W || k == T_FC2_W; }
+/* Whether row (layer, kind) is stored quantized under c->quant: the linear weights that do not
+ * train (all of them in a model for generation). */
+int glm_tensor_quantized(const glm_config *c, int layer, glm_tkind kind);
 /* The LoRA kind of target i (0 query_key_value .. 3 dense_4h_to_h): A (b = 0) or B (b = 1). */
 static inline glm_tkind glm_lora_kind(int i, int b) { return (glm_tkind)(T_QKV_LA + 2 * i + b); }
 /* The trainable tensors of one pipeline stage: layers [l0, l1), the word embedding when

@@ -32,7 +32,7 @@ void glm_model_init_random(glm_model *m, uint64_t seed, float std) {
         int is_ln_w = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W;
         for (size_t j = 0; j < t->numel; j++)
             host[j] = t->ndim == 2 ? std * glm_rng_normal(&rng) : (is_ln_w ? 1.0f : 0.0f);
-        m->be->upload_f32(m->be, dst, host, t->numel);
+        glm_model_row_upload(m, t, dst, host);
     }
     glm_table_free(&full);
     free(host);
@@ -59,10 +59,61 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed) {
     }
 }
 
+/* A quantized row stored as THUDM's pre-quantized folders hold it: `name` int8 [OC, C] (int4:
+ * [OC, C/2], two per byte) and `name`_scale fp16 [OC]; copied as they are. */
+static int load_prequantized(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src_name,
+                             glm_err *err) {
+    int bits = glm_qtype_bits((glm_qtype)t->qtype), nd;
+    int64_t OC = t->shape[0], C = t->shape[1], shape[ST_MAX_DIMS], want = C * bits / 8;
+    st_dtype dt;
+    char scale[300];
+    snprintf(scale, sizeof scale, "%s_scale", src_name);
+    glm_ckpt_info(c, src_name, &dt, &nd, shape);
+    if (t->qtype == GLM_Q_NF4) {
+        glm_fail(err, "%s: tensor %s is stored quantized (int8), but this run asks for NF4", c->path, src_name);
+        return glm_hint(err, "NF4 quantizes a float16/bfloat16 base as it loads: give the float model, or drop --quantization_type nf4");
+    }
+    if (nd != 2 || shape[0] != OC || (shape[1] != want && (shape[1] == C || shape[1] == C / 2))) {
+        int fbits = nd == 2 && shape[1] == C ? 8 : 4;
+        glm_fail(err, "%s: tensor %s holds int%d weights ([%lld, %lld]) but this run quantizes to int%d", c->path, src_name,
+                 fbits, (long long)shape[0], (long long)(nd == 2 ? shape[1] : 0), bits);
+        return glm_hint(err, "use --quantization_bit %d (the folder's), or quantize the float16 model instead", fbits);
+    }
+    if (nd != 2 || shape[1] != want) {
+        glm_fail(err, "%s: tensor %s has shape [%lld, %lld], a %s weight of [%lld, %lld] needs [%lld, %lld]", c->path, src_name,
+                 (long long)shape[0], (long long)(nd == 2 ? shape[1] : 0), glm_qtype_name((glm_qtype)t->qtype), (long long)OC,
+                 (long long)C, (long long)OC, (long long)want);
+        return glm_hint(err, "the checkpoint does not match config.json (hidden_size? inner_hidden_size?)");
+    }
+    if (glm_ckpt_info(c, scale, &dt, &nd, shape) != 0 || nd != 1 || shape[0] != OC || dt != ST_F16) {
+        glm_fail(err, "%s: tensor %s is quantized, but %s (float16 [%lld]) is missing or malformed", c->path, src_name,
+                 scale, (long long)OC);
+        return glm_hint(err, "a chatglm-6b-int4/int8 folder stores each quantized weight with its weight_scale");
+    }
+    glm_qlayout L = glm_qlayout_of((glm_qtype)t->qtype, (size_t)OC, (size_t)C);
+    uint8_t *q = glm_calloc(L.bytes, 1);
+    int rc = glm_ckpt_read_raw(c, src_name, ST_I8, q, L.q_bytes, err);
+    if (rc == 0) rc = glm_ckpt_read_raw(c, scale, ST_F16, q + L.scale, (size_t)OC * 2, err);
+    if (rc == 0) {
+        m->be->upload(m->be, dst, q, L.bytes);
+        m->qscratch_of = NULL;
+    }
+    free(q);
+    return rc;
+}
+
 /* Reads one tensor into buf and uploads it to dst: tensor by tensor, so host memory stays at
- * the largest tensor (the embedding) instead of a float copy of the whole model. */
+ * the largest tensor (the embedding) instead of a float copy of the whole model. A quantized
+ * row is quantized on the way (or copied from a pre-quantized checkpoint). */
 static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src_name, float *buf,
                     glm_err *err) {
+    st_dtype dt;
+    if (t->qtype && glm_ckpt_info(c, src_name, &dt, NULL, NULL) == 0 && dt == ST_I8)
+        return load_prequantized(m, c, t, dst, src_name, err);
+    if (!t->qtype && glm_ckpt_info(c, src_name, &dt, NULL, NULL) == 0 && dt == ST_I8) {
+        glm_fail(err, "%s: tensor %s is stored quantized (int8) but this run does not quantize", c->path, src_name);
+        return glm_hint(err, "say quantization_bit in the folder's config.json, or pass --quantization_bit 4|8");
+    }
     if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) return -1;
     /* training from a NaN/inf weight only yields NaN; a pass over what was just read is cheap */
     for (size_t j = 0; j < t->numel; j++)
@@ -71,7 +122,7 @@ static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, c
                      isnan(buf[j]) ? "NaN" : "inf", j, glm_ckpt_format(c));
             return glm_hint(err, "the weights are damaged or came from a diverged run: use another checkpoint");
         }
-    m->be->upload_f32(m->be, dst, buf, t->numel);
+    glm_model_row_upload(m, t, dst, buf);
     return 0;
 }
 

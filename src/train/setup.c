@@ -89,7 +89,13 @@ static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
         const glm_tensor *t = glm_model_row(m, i, &p);
         if (glm_is_extra(t->kind)) continue; /* adapters, prefix: glm_model_init_adapters */
         uint64_t row = (uint64_t)(glm_table_find(&full, t->name) - full.t);
-        if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, seed * 1000003ULL + row, std);
+        if (t->qtype) { /* drawn in S, quantized on the host */
+            float *host = glm_malloc(t->numel * sizeof(float));
+            glm_cuda_fill_normal(m->be, m->qscratch, t->numel, seed * 1000003ULL + row, std);
+            m->be->download_f32(m->be, host, m->qscratch, t->numel);
+            glm_model_row_upload(m, t, p, host);
+            free(host);
+        } else if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, seed * 1000003ULL + row, std);
         else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
     }
     glm_table_free(&full);
@@ -152,6 +158,18 @@ int trainer_load_model(trainer *t, glm_err *err) {
         return -1;
     }
     if (glm_train_peft(a, c.num_layers, &c.peft, err)) return -1;
+    int nf4 = a->quantization_type && strcmp(a->quantization_type, "nf4") == 0;
+    if (glm_config_set_quant(&c, a->quantization_bit, a->quantization_type, src, err)) return -1;
+    if (c.quant != GLM_Q_NONE && c.peft.kind == GLM_FT_FULL) {
+        glm_fail(err, "%s weights with --finetuning_type full: a quantized weight cannot train",
+                 a->quantization_bit || nf4 ? "--quantization_bit/--quantization_type" : "quantized (config.json quantization_bit)");
+        return glm_hint(err, "use --finetuning_type lora, ptuning or freeze on a quantized base (THUDM's ptuning trains on INT4 so)");
+    }
+    if (c.quant != GLM_Q_NONE && (a->pipeline_parallel_size > 1 || (a->device_map && a->device_map[0] &&
+                                                                     strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm")))) {
+        glm_fail(err, "a quantized base with pipeline stages: not supported yet");
+        return glm_hint(err, "one GPU holds a quantized 6B model: drop --device_map / --pipeline_parallel_size");
+    }
     int cuda = strncmp(t->be->name, "cuda", 4) == 0;
     if (t->dp->rank == 0) glm_pp_print_plan(a, &c, cuda, t->dp->world, stderr);
     if (glm_pp_check_memory(a, &c, cuda, t->dp->world, err)) return -1;

@@ -27,7 +27,8 @@ typedef struct glm_train_args {
     /* precision and memory */
     int bf16, fp16, fp32, gradient_checkpointing;
     /* what trains (model/config.h glm_peft) */
-    char *finetuning_type, *lora_target;
+    char *finetuning_type, *lora_target, *quantization_type;
+    int quantization_bit;
     int lora_rank, use_rslora, num_layer_trainable, pre_seq_len, prefix_projection;
     double lora_alpha, lora_dropout, prefix_dropout;
     /* how the run stops early (tests, demos) */

@@ -40,6 +40,8 @@ const glm_flag glm_train_flags[] = {
     F(pre_seq_len, ARG_INT, "0", "P-Tuning v2: prefix length (THUDM's ptuning uses 128); alone it selects --finetuning_type ptuning"),
     F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2: an MLP (Linear, tanh, Linear) after the prefix embedding, as THUDM's PrefixEncoder"),
     F(prefix_dropout, ARG_FLOAT, "0.1", "P-Tuning v2: dropout on the prefix keys/values while training (the original's 0.1)"),
+    F(quantization_bit, ARG_INT, "0", "4 or 8: the frozen base's linear weights quantized as THUDM's INT4/INT8 (with lora, ptuning or freeze; 0 = as stored)"),
+    C(quantization_type, "int", "int|nf4", "int: THUDM's per-row INT8/INT4; nf4: QLoRA's NormalFloat4 (bitsandbytes, 4-bit)"),
     F(output_dir, ARG_STR, NULL, "where checkpoints and the final model go"),
     F(overwrite_output_dir, ARG_BOOL, "false", "allow a non-empty output_dir"),
     F(logging_dir, ARG_STR, NULL, "TensorBoard folder (default: <output_dir>/runs)"),

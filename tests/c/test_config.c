@@ -14,6 +14,8 @@ static const char *GOOD =
     " \"auto_map\": {\"AutoConfig\": \"configuration_chatglm.ChatGLMConfig\"}}";
 
 /* Parses GOOD with one key's value replaced (or the key removed when value is NULL). */
+static glm_config g_parsed; /* what the last parse_with read */
+
 static int parse_with(const char *key, const char *value, glm_err *err) {
     char buf[4096], pat[128];
     snprintf(pat, sizeof pat, "\"%s\": ", key);
@@ -23,8 +25,7 @@ static int parse_with(const char *key, const char *value, glm_err *err) {
     while (*end && *end != ',' && *end != '}') end++;
     if (value) snprintf(buf, sizeof buf, "%.*s%s%s", (int)(v - GOOD), GOOD, value, end);
     else snprintf(buf, sizeof buf, "%.*s%s", (int)(at - GOOD), GOOD, *end == ',' ? end + 1 : end);
-    glm_config c;
-    return glm_config_parse(&c, buf, "config.json", err);
+    return glm_config_parse(&g_parsed, buf, "config.json", err);
 }
 
 int main(void) {
@@ -67,8 +68,15 @@ int main(void) {
     rc = glm_config_parse(&c, "{\"vocab_size\": 8, \"hidden_size\": 1073741824, \"num_layers\": 1, \"num_attention_heads\": 1}",
                           "config.json", &err);
     TEST_CHECK(&tc, "rejects_overflowing_inner_hidden_size", rc == -1 && strstr(err.msg, "inner_hidden_size"), "rc %d: %s", rc, err.msg);
+    /* THUDM's pre-quantized folders say how their linear weights are stored */
     rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 4", &err);
-    TEST_CHECK(&tc, "rejects_quantized", rc == -1 && strstr(err.msg, "quantization_bit 4"), "rc %d: %s", rc, err.msg);
+    TEST_CHECK(&tc, "reads_quantization_bit_4", rc == 0 && g_parsed.quant == GLM_Q_INT4, "rc %d: %s", rc, err.msg);
+    rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 8", &err);
+    TEST_CHECK(&tc, "reads_quantization_bit_8", rc == 0 && g_parsed.quant == GLM_Q_INT8, "rc %d: %s", rc, err.msg);
+    rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 0", &err);
+    TEST_CHECK(&tc, "reads_quantization_bit_0", rc == 0 && g_parsed.quant == GLM_Q_NONE, "rc %d: %s", rc, err.msg);
+    rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 3", &err);
+    TEST_CHECK(&tc, "rejects_quantization_bit_3", rc == -1 && strstr(err.msg, "quantization_bit must be 0, 4 or 8"), "rc %d: %s", rc, err.msg);
     rc = glm_config_parse(&c, "[1, 2]", "x.json", &err);
     TEST_CHECK(&tc, "rejects_non_object", rc == -1 && strstr(err.msg, "x.json"), "%s", err.msg);
     rc = glm_config_parse(&c, GOOD, "config.json", &err);

@@ -5,6 +5,7 @@
  *     [--finetuning_type full|lora|freeze] [--lora_rank R] [--lora_alpha F (0 = 2R)] [--lora_target LIST]
  *     [--use_rslora] [--num_layer_trainable N] [--adapter DIR_OR_FILE] [--adapter_seed S]
  *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
+ *     [--quantization_bit 4|8] [--quantization_type int|nf4]  (the frozen linear weights quantized)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
  * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab).
  * LoRA adapters come from --adapter (a peft folder, or a safetensors file holding the row names
@@ -57,7 +58,8 @@ static int read_batch(const char *path, const glm_config *c, glm_batch *b, glm_e
 
 int main(int argc, char **argv) {
     const char *model = NULL, *batch_path = NULL, *out = NULL;
-    const char *ft = "full", *targets = "query_key_value", *adapter = NULL;
+    const char *ft = "full", *targets = "query_key_value", *adapter = NULL, *qtype = NULL;
+    int qbits = 0;
     int steps = 0, ckpt = 0, rank = 8, rslora = 0, n_trainable = 2, pre_seq_len = 0, projection = 0;
     float alpha = 0.0f;
     unsigned long long adapter_seed = 1;
@@ -86,6 +88,8 @@ int main(int argc, char **argv) {
         else if (ARG("--adapter_seed")) adapter_seed = strtoull(v, NULL, 10);
         else if (ARG("--pre_seq_len")) pre_seq_len = atoi(v);
         else if (strcmp(a, "--prefix_projection") == 0) projection = 1;
+        else if (ARG("--quantization_bit")) qbits = atoi(v);
+        else if (ARG("--quantization_type")) qtype = v;
         else { fprintf(stderr, "unknown argument %s\n", a); return 2; }
 #undef ARG
     }
@@ -108,6 +112,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--finetuning_type %s: full, lora, ptuning or freeze\n", ft);
         return 2;
     }
+    if (glm_config_set_quant(&c, qbits, qtype, model, &err)) return die(&err);
     glm_backend *be = glm_backend_cpu();
     glm_model m;
     glm_model_init(&m, &c, be);

@@ -69,6 +69,10 @@ static void pkv_bwd(glm_backend *be, void *dqkv, void *dpkv, const void *dkv, in
 }
 static void th_fwd(glm_backend *be, void *out, const void *x, size_t n) { cpu_tanh_fwd(out, x, n); }
 static void th_bwd(glm_backend *be, void *dx, const void *out, const void *dout, size_t n) { cpu_tanh_bwd(dx, out, dout, n); }
+static void deq(glm_backend *be, void *w, const void *q, int t, int OC, int C) { cpu_dequantize(w, q, t, OC, C); }
+static void qmm(glm_backend *be, void *out, const void *inp, const void *q, int t, const void *bias, int N, int C, int OC) {
+    cpu_qmatmul_fwd(out, inp, q, t, bias, N, C, OC);
+}
 static void ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
     cpu_cross_entropy(logits, losses, t, R, V, dscale);
 }
@@ -107,6 +111,7 @@ glm_backend *glm_backend_cpu(void) {
         .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk,
         .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw,
         .prefix_kv = pkv_fwd, .prefix_kv_bwd = pkv_bwd, .tanh_fwd = th_fwd, .tanh_bwd = th_bwd,
+        .dequantize = deq, .qmatmul_fwd = qmm,
         .destroy = cpu_destroy,
     };
     return be;

@@ -1,4 +1,6 @@
 #include "backend/cpu/cpu_ops.h"
+#include "backend/quant.h"
+#include "core/err.h"
 #include "backend/mask_hash.h"
 #include <math.h>
 #include <omp.h>
@@ -400,4 +402,29 @@ void cpu_tanh_bwd(float *dx, const float *out, const float *dout, size_t n) {
         float o = out[i];
         dx[i] = dout[i] * (1.0f - o * o);
     }
+}
+
+/* ---- quantized weights ---- */
+
+void cpu_dequantize(float *w, const void *q, int qtype, int OC, int C) {
+    glm_dequantize((glm_qtype)qtype, w, q, (size_t)OC, (size_t)C);
+}
+
+/* Rows of the weight are dequantized a slice at a time, so the float copy stays small. */
+void cpu_qmatmul_fwd(float *out, const float *inp, const void *q, int qtype, const float *bias, int N, int C, int OC) {
+    enum { SLICE = 64 };
+    float *w = glm_malloc((size_t)SLICE * (size_t)C * sizeof(float));
+    for (int r0 = 0; r0 < OC; r0 += SLICE) {
+        int r1 = r0 + SLICE < OC ? r0 + SLICE : OC;
+        glm_dequantize_rows((glm_qtype)qtype, w, q, (size_t)OC, (size_t)C, (size_t)r0, (size_t)r1);
+#pragma omp parallel for collapse(2) schedule(static)
+        for (int n = 0; n < N; n++)
+            for (int o = r0; o < r1; o++) {
+                const float *x = inp + (size_t)n * C, *wr = w + (size_t)(o - r0) * C;
+                float s = 0;
+                for (int j = 0; j < C; j++) s += x[j] * wr[j];
+                out[(size_t)n * OC + o] = s + (bias ? bias[o] : 0.0f);
+            }
+    }
+    free(w);
 }

@@ -1,7 +1,13 @@
 """ChatGLM-6B (GLM v1) model: glmtrain's own small stand-in for THUDM's modeling_chatglm.py,
 written for tests/py/test_folder_interop.py from docs/chatglm-spec.md sections 3-5 (the same
 math as tests/py/glm_ref.py, here as nn.Modules whose parameter names are the checkpoint's;
-not THUDM's file). fp32 semantics; no KV cache, no quantization.
+not THUDM's file). fp32 semantics; no KV cache.
+
+Quantization as the original (chatglm-6b-int4/int8): config.quantization_bit (4 or 8) makes
+ChatGLMForConditionalGeneration.__init__ call self.quantize(bits, empty_init=True) before the
+state dict loads, so the folder's int8 `weight` / fp16 `weight_scale` tensors load into
+quantization.py's QuantizedLinear; model.quantize(bits) quantizes a float model in place (see
+quantization.py: THUDM's formula, dequantized in fp32).
 
 P-Tuning v2 as the original has it (docs/chatglm-spec.md section 10): config.pre_seq_len /
 prefix_projection add a PrefixEncoder at transformer.prefix_encoder (`embedding`, and `trans`
@@ -22,7 +28,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import PreTrainedModel
 
 from .configuration_chatglm import ChatGLMConfig
-from .quantization import quantize  # noqa: F401  (the original imports it the same way)
+from .quantization import quantize
 
 ALPHA = math.sqrt(2 * 28)  # GLMBlock's num_layers default, never overridden by the original
 
@@ -213,6 +219,20 @@ class ChatGLMForConditionalGeneration(ChatGLMPreTrainedModel):
         self.transformer = ChatGLMModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+        self.quantized = False
+        if getattr(self.config, "quantization_bit", 0):
+            self.quantize(self.config.quantization_bit, empty_init=True)
+
+    def quantize(self, bits, empty_init=False, **kwargs):
+        """THUDM's ChatGLMForConditionalGeneration.quantize: the layers' linears to INT4/INT8."""
+        if bits == 0:
+            return
+        if self.quantized:
+            return self
+        self.quantized = True
+        self.config.quantization_bit = bits
+        self.transformer = quantize(self.transformer, bits, empty_init=empty_init, **kwargs)
+        return self
 
     def get_input_embeddings(self):
         return self.transformer.word_embeddings

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One device call on one H200 for the quantized-base benchmarks of issue 17, all runs on the
+# chatglm-6b shapes: each its own process under a timeout inside one budget (BUDGET s, default
+# 540); what does not fit is skipped and named. Modes (several may be given, in order):
+#   tests   the GPU tests (tests/run_cuda.sh, no sanitizers, <= TESTS_CAP s)
+#   train   bench_train: P-Tuning v2 with THUDM's INT4 train.sh shape (pre_seq_len 128, 64 + 64
+#           tokens, batch 1, checkpointing; tied head as the download) on bf16 / INT8 / INT4 /
+#           NF4, then LoRA r=8 W1 512x4 with checkpointing on the same four bases (--detail)
+#   decode  bench_decode: batch 1, a 1024-token prompt then 1024 decoded tokens (2048 in all) on
+#           bf16 / INT8 / INT4 / NF4
+#   torch   bench/pytorch_lora.py W1 512x4c r=8 on a bf16 base and on an INT4 / INT8 base
+#           (dequantize-then-matmul), the PyTorch baselines of the same call
+# Records go to $OUT/quant.jsonl, the console lines to $OUT/quant.txt, logs to $OUT/logs.
+# Build here first (docs/GPU-TESTS.md):
+#   make -j2 MPI=0 BUILD=build/gpu build/gpu/bench_train build/gpu/bench_decode build/gpu/tests/cuda/test_cuda_ops build/gpu/tests/cuda/test_cuda_model
+#   mkdir -p build/lib && cp -P /usr/lib/x86_64-linux-gnu/libcjson.so* /usr/lib/x86_64-linux-gnu/libgomp.so* build/lib/
+# device call, carry ["build/gpu/bench_train", "build/gpu/bench_decode", "build/gpu/tests/cuda", "build/lib", "build/shared"]:
+#   bash bench/gpu_quant_session.sh train decode
+set -u
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT/logs"
+export LD_LIBRARY_PATH="$PWD/build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export GLM_SHARED="$PWD/build/shared"
+B=${BUILD:-build/gpu}
+PY=${PY:-python3}
+BUDGET=${BUDGET:-540}
+T0=$SECONDS
+J="$OUT/quant.jsonl"
+left() { echo $((BUDGET - (SECONDS - T0))); }
+SKIPPED=""
+run_capped() { # name cap min cmd...
+    local name=$1 cap=$2 min=$3 t rc
+    shift 3
+    t=$(($(left) - 15))
+    [ "$t" -gt "$cap" ] && t=$cap
+    if [ "$t" -lt "$min" ]; then echo "=== $name: SKIPPED (${t}s left)"; SKIPPED="$SKIPPED $name"; return 0; fi
+    echo "=== $name ($((SECONDS - T0))s into the call)"
+    timeout -k 5 "$t" "$@" >"$OUT/logs/$name.txt" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && echo "    $name: exit $rc" && tail -n 8 "$OUT/logs/$name.txt" | sed 's/^/    /'
+    grep -hE "^(bf16|fp16|fp32) |^decode |^RESULT|per-op|^    [a-z_]+ .* ms " "$OUT/logs/$name.txt" | grep -v "^    .* 0\.[0-4][0-9] ms" | head -40 | tee -a "$OUT/quant.txt"
+    return 0
+}
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; git log -1 --format='commit %H' 2>/dev/null; } >"$OUT/env.txt" 2>&1
+for mode in "${@:-train decode}"; do
+    case $mode in
+    tests)
+        cap=${TESTS_CAP:-200}
+        LOGDIR="$OUT/logs/tests" BUILD=$B NO_SANITIZER=1 TEST_TIMEOUT=$cap timeout -k 5 "$cap" bash tests/run_cuda.sh >"$OUT/test-cuda.txt" 2>&1
+        echo "tests: exit $? after $((SECONDS - T0))s"
+        grep -E "passed|FAIL" "$OUT/test-cuda.txt" | tail -12 ;;
+    train)
+        for q in none int8 int4 nf4; do
+            qa=(); [ $q != none ] && qa=(--quant $q)
+            run_capped "ptuning-$q" 60 25 "$B/bench_train" --ptuning 128 --tied "${qa[@]}" --runs 128x1c --steps 6 --warmup 2 --out "$J"
+        done
+        for q in none int4 int8 nf4; do
+            qa=(); [ $q != none ] && qa=(--quant $q)
+            run_capped "lora-$q" 70 30 "$B/bench_train" --lora 8 "${qa[@]}" --runs 512x4c --detail --out "$J"
+        done ;;
+    decode)
+        for q in none int4 int8 nf4; do
+            qa=(); [ $q != none ] && qa=(--quant $q)
+            run_capped "decode-$q" 60 25 "$B/bench_decode" "${qa[@]}" --prompt 1024 --total 2048 --out "$J"
+        done ;;
+    torch)
+        for q in none int4 int8; do
+            run_capped "torch-$q" 150 80 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --runs 512x4c --lora 8 --base_quant $q --out "$J"
+        done ;;
+    *) echo "unknown mode $mode" ;;
+    esac
+done
+[ -n "$SKIPPED" ] && echo "skipped:$SKIPPED"
+echo "done after $((SECONDS - T0))s"
