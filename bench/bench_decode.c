@@ -3,7 +3,8 @@
  * KV cache, as `glmtrain chat` runs it (logits of the new token to the host every step).
  * Random weights on the device; --quant stores the linear weights quantized.
  *
- *   bench_decode [--quant int8|int4|nf4] [--prompt 1024] [--total 2048] [--layers L] [--out FILE]
+ *   bench_decode [--quant int8|int4|nf4] [--prompt 1024] [--total 2048] [--layers L] [--detail] [--out FILE]
+ * (--detail: one more decode step at the end with an event at every op, printed per op)
  *
  * Reported: prefill ms, decode tokens/s (median step over the decode), the weight bytes read per
  * token and what that is as GB/s, and peak GPU memory. */
@@ -24,7 +25,7 @@ static double now(void) {
 static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 
 int main(int argc, char **argv) {
-    int quant = 0, P = 1024, T = 2048, layers = 0;
+    int quant = 0, P = 1024, T = 2048, layers = 0, detail = 0;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--prompt")) { P = atoi(v); i++; }
         else if (!strcmp(a, "--total")) { T = atoi(v); i++; }
         else if (!strcmp(a, "--layers")) { layers = atoi(v); i++; }
+        else if (!strcmp(a, "--detail")) detail = 1;
         else if (!strcmp(a, "--out")) { out = v; i++; }
         else { fprintf(stderr, "usage: see the header of bench/bench_decode.c (unknown %s)\n", a); return 2; }
     }
@@ -81,6 +83,23 @@ int main(int argc, char **argv) {
         ts[s] = now() - a;
     }
     qsort(ts, n, sizeof(double), cmp_d);
+    if (detail) { /* the last step again (its cache slot rewritten), one event per op */
+        double split[GLM_PROF_NCAT] = {0}, ms[96], tot = 0;
+        const char *names[96];
+        int32_t id = 5, p = P - 1, bp = n, l = 0, h = T;
+        kv.len = T - 1;
+        glm_cuda_profile(be, 2);
+        glm_forward_cached(&m, &kv, 1, &id, &p, &bp, &l, &h, NULL, logits, &e);
+        glm_cuda_profile_read(be, split);
+        glm_cuda_profile(be, 0);
+        int k = glm_cuda_profile_ops(be, names, ms, 96);
+        for (int i = 0; i < k; i++) tot += ms[i];
+        for (int i = 0; i < k; i++)
+            for (int j = i + 1; j < k; j++)
+                if (ms[j] > ms[i]) { double t = ms[i]; ms[i] = ms[j]; ms[j] = t; const char *s = names[i]; names[i] = names[j]; names[j] = s; }
+        printf("  per-op (one decode step at position %d, an event per op: %.2f ms)\n", T - 1, tot);
+        for (int i = 0; i < k; i++) printf("    %-34s %8.3f ms %5.1f%%\n", names[i], ms[i], 100 * ms[i] / tot);
+    }
     double med = ts[n / 2];
     size_t used, peak, total;
     glm_cuda_memory(be, &used, &peak, &total);

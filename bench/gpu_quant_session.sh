@@ -8,6 +8,7 @@
 #           NF4, then LoRA r=8 W1 512x4 with checkpointing on the same four bases (--detail)
 #   decode  bench_decode: batch 1, a 1024-token prompt then 1024 decoded tokens (2048 in all) on
 #           bf16 / INT8 / INT4 / NF4
+#   kernels the quantized ops alone (test_cuda_ops --quant with GLM_QUANT_BENCH=1: GB/s)
 #   torch   bench/pytorch_lora.py W1 512x4c r=8 on a bf16 base and on an INT4 / INT8 base
 #           (dequantize-then-matmul), the PyTorch baselines of the same call
 # Records go to $OUT/quant.jsonl, the console lines to $OUT/quant.txt, logs to $OUT/logs.
@@ -59,10 +60,21 @@ for mode in "${@:-train decode}"; do
             qa=(); [ $q != none ] && qa=(--quant $q)
             run_capped "lora-$q" 70 30 "$B/bench_train" --lora 8 "${qa[@]}" --runs 512x4c --detail --out "$J"
         done ;;
+    kernels)
+        run_capped "kernels" 90 30 env GLM_QUANT_BENCH=1 "$B/tests/cuda/test_cuda_ops" --quant
+        grep -iE "GB/s|us " "$OUT/logs/kernels.txt" | head -40 >>"$OUT/quant.txt" ;;
     decode)
         for q in none int4 int8 nf4; do
             qa=(); [ $q != none ] && qa=(--quant $q)
-            run_capped "decode-$q" 60 25 "$B/bench_decode" "${qa[@]}" --prompt 1024 --total 2048 --out "$J"
+            run_capped "decode-$q" 60 25 "$B/bench_decode" "${qa[@]}" --prompt 1024 --total 2048 --detail --out "$J"
+            grep -A14 "per-op" "$OUT/logs/decode-$q.txt" >>"$OUT/quant.txt"
+        done ;;
+    ptuning4) # THUDM's INT4 train.sh shape alone
+        run_capped "ptuning-int4" 60 25 "$B/bench_train" --ptuning 128 --tied --quant int4 --runs 128x1c --steps 6 --warmup 2 --out "$J" ;;
+    lora3) # ours beside the PyTorch runs of the same call
+        for q in none int4 int8; do
+            qa=(); [ $q != none ] && qa=(--quant $q)
+            run_capped "lora-$q" 70 30 "$B/bench_train" --lora 8 "${qa[@]}" --runs 512x4c --out "$J"
         done ;;
     torch)
         for q in none int4 int8; do

@@ -362,7 +362,7 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     double per_set = N * ((7 * H + 2 * F + adapters * (double)c->peft.lora_rank) * es + (4 + NH) * 4);
     p.activations = nsets * per_set + (nl + 1) * N * H * es;
     p.scratch = N * H * es * 6 /* lnf_out, d_a, d_b, d_x, d_h1, d_ctx */ + N * 3 * H * es + N * F * es + N * 2 * 4 +
-                head_chunk * (2 * H + V) * es + head_chunk * 4.0 + N * 7 * 4;
+                (N < head_chunk ? N : head_chunk) * ((2 * H + V) * es + 4.0) + N * 7 * 4;
     if (c->peft.kind == GLM_FT_LORA) /* lora_tmp, lora_u */
         p.scratch += N * (F > 3 * H ? F : 3 * H) * es + (c->peft.lora_dropout > 0 ? N * F * es : 0);
     size_t qbig = 0; /* qscratch: the largest quantized matrix dequantized */
@@ -398,7 +398,7 @@ static void ensure_acts(glm_model *m, int B, int T) {
     m->lnf_out = S_BUF(N * H); m->lnf_mean = F_BUF(N); m->lnf_rstd = F_BUF(N);
     m->d_a = S_BUF(N * H); m->d_b = S_BUF(N * H); m->d_x = S_BUF(N * H); m->d_h1 = S_BUF(N * H);
     m->d_ctx = S_BUF(N * H); m->d_qkv = S_BUF(N * 3 * H); m->d_ff = S_BUF(N * F);
-    int ch = m->head_chunk;
+    int ch = m->head_chunk < (int)N ? m->head_chunk : (int)N; /* a chunk never holds more rows than the batch has tokens */
     m->head_in = S_BUF((size_t)ch * H); m->logits = S_BUF((size_t)ch * V); m->d_head_in = S_BUF((size_t)ch * H);
     m->losses = F_BUF(ch);
     m->bd.ids = I_BUF(N); m->bd.pos = I_BUF(N); m->bd.block_pos = I_BUF(N);
@@ -645,8 +645,7 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     int N = b->B * b->T, H = c->hidden_size;
     size_t bytes = (size_t)N * H * glm_dtype_size(be->dtype);
     double loss = 0;
-    if (c->peft.pre_seq_len > 0) /* the layers add their prefix key/value gradients here */
-        be->zero(be, m->dpkv, (size_t)c->peft.pre_seq_len * 2 * c->num_layers * H * glm_dtype_size(be->dtype));
+    if (c->peft.pre_seq_len > 0) glm_prefix_backward_begin(m); /* where the layers add their prefix gradients */
     if (m->last) { /* loss, then LNf backward: d(h_hi) into d_b */
         void *dlnf = m->d_a;
         int L = c->num_layers;

@@ -81,7 +81,8 @@ typedef struct glm_model {
     /* P-Tuning v2 (cfg.peft.pre_seq_len = P > 0) */
     void *pkv;              /* [P, 2LH] the prefix encoder's output: layer l's keys at slot 2l, values 2l+1 */
     void *prefix_h;         /* [P, H] tanh(trans.0(embedding)) with the projection */
-    void *dpkv, *dprefix_h; /* their gradients (projection only: without it dpkv is the embedding's) */
+    void *dpkv, *dprefix_h; /* their gradients, made at the first backward (without the projection dpkv
+                             * is only needed under ZeRO-2: otherwise the embedding's gradient takes them) */
     void *kvbuf, *dkvbuf;   /* [B, P+T, NH, 2, HD] one layer's prefix + sequence keys/values, and their gradient */
     int32_t *pkv_lo, *pkv_hi; /* [N] the batch's key ranges over prefix + sequence */
     int gradient_checkpointing;

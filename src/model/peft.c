@@ -30,8 +30,9 @@ static const void *lora_input(glm_model *m, int l, int i, const void *inp, size_
 }
 
 /* Decoding steps (few rows) read a quantized weight directly; larger batches dequantize it
- * once into qscratch for the GEMMs. */
-#define QMATMUL_MAX_ROWS 16
+ * once into qscratch for the GEMMs. On an H200 the direct product stays ahead of dequantize +
+ * GEMM up to 16 rows for INT4 (tensor cores) but only to about 8 for INT8 and NF4. */
+static int qmatmul_max_rows(int qtype) { return qtype == GLM_Q_INT4 ? 16 : 8; }
 
 /* The weight of module i of layer l in S: w itself, or its quantized bytes dequantized into
  * qscratch (kept while the same matrix is asked for again, e.g. backward right after forward). */
@@ -49,7 +50,7 @@ static const void *linear_weight(glm_model *m, int l, int i, const void *w, int 
 void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
                        const void *b, int N, int C, int OC) {
     glm_backend *be = m->be;
-    if (!w && N <= QMATMUL_MAX_ROWS && be->qmatmul_fwd)
+    if (!w && N <= qmatmul_max_rows(m->cfg.quant) && be->qmatmul_fwd)
         be->qmatmul_fwd(be, out, inp, m->w.layer[l].qw[i], m->cfg.quant, b, N, C, OC);
     else
         be->matmul_fwd(be, out, inp, linear_weight(m, l, i, w, C, OC), b, N, C, OC);
@@ -91,11 +92,10 @@ void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, v
 /* ---- P-Tuning v2: the prefix encoder (THUDM's PrefixEncoder) and the prefix keys/values */
 
 static void ensure_prefix(glm_model *m) {
-    if (m->dpkv) return;
+    if (!m->cfg.peft.prefix_projection || m->pkv) return;
     glm_backend *be = m->be;
     size_t es = glm_dtype_size(be->dtype), P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size;
     size_t KV = 2 * (size_t)m->cfg.num_layers * H;
-    m->dpkv = be->alloc(be, P * KV * es);
     if (m->cfg.peft.prefix_projection) {
         m->pkv = be->alloc(be, P * KV * es);
         m->prefix_h = be->alloc(be, P * H * es);
@@ -115,11 +115,32 @@ const void *glm_prefix_forward(glm_model *m) {
     return m->pkv;
 }
 
+/* Where the layers add their prefix key/value gradients: without the projection the prefix
+ * embedding IS the keys/values, so straight into its gradient (no [P, 2LH] buffer), unless
+ * ZeRO-2 places that gradient only when the embedding's unit begins (after the layers). */
+static int prefix_grads_direct(const glm_model *m) { return !m->cfg.peft.prefix_projection && !m->grads_unit; }
+
+static void *prefix_dkv(glm_model *m) {
+    if (prefix_grads_direct(m)) return m->g.prefix_emb;
+    if (!m->dpkv) {
+        size_t P = m->cfg.peft.pre_seq_len, KV = 2 * (size_t)m->cfg.num_layers * m->cfg.hidden_size;
+        m->dpkv = m->be->alloc(m->be, P * KV * glm_dtype_size(m->be->dtype));
+    }
+    return m->dpkv;
+}
+
+void glm_prefix_backward_begin(glm_model *m) {
+    if (prefix_grads_direct(m)) return; /* accumulates into the gradient itself */
+    size_t P = m->cfg.peft.pre_seq_len, KV = 2 * (size_t)m->cfg.num_layers * m->cfg.hidden_size;
+    m->be->zero(m->be, prefix_dkv(m), P * KV * glm_dtype_size(m->be->dtype));
+}
+
 /* The gradient of the prefix keys/values (summed in dpkv over the layers) into the encoder's. */
 void glm_prefix_backward(glm_model *m) {
     glm_backend *be = m->be;
     const glm_weights *w = &m->w, *g = &m->g;
     int P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size, KV = 2 * m->cfg.num_layers * H;
+    if (prefix_grads_direct(m)) return; /* already there */
     if (!m->cfg.peft.prefix_projection) {
         be->scale_add(be, g->prefix_emb, 1.0f, m->dpkv, g->prefix_emb, (size_t)P * KV);
         return;
@@ -146,7 +167,7 @@ void glm_prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *k
 
 void glm_prefix_kv_grads(glm_model *m, int l) {
     const glm_config *c = &m->cfg;
-    m->be->prefix_kv_bwd(m->be, m->d_qkv, m->dpkv, m->dkvbuf, l, c->num_layers, m->bd.B, m->bd.T, c->peft.pre_seq_len,
+    m->be->prefix_kv_bwd(m->be, m->d_qkv, prefix_dkv(m), m->dkvbuf, l, c->num_layers, m->bd.B, m->bd.T, c->peft.pre_seq_len,
                          c->num_attention_heads, glm_head_dim(c), m->training ? c->peft.prefix_dropout : 0.0f,
                          prefix_seed(m, l));
 }

@@ -17,8 +17,11 @@ void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, v
 /* Layer l's prefix + sequence keys/values into m->kvbuf (from a->qkv and the encoder's output),
  * and the views attention reads them through (Tk = P + T). */
 void glm_prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *k, glm_qkv_view *v);
+/* Before a backward: clears where the layers' prefix gradients go (m->dpkv; nothing when they
+ * go straight into the prefix embedding's gradient: no projection and no ZeRO-2 staging). */
+void glm_prefix_backward_begin(glm_model *m);
 /* From m->dkvbuf (attention's dk/dv over prefix + sequence): the sequence's into m->d_qkv, the
- * prefix's summed over the batch into m->dpkv. */
+ * prefix's summed over the batch into m->dpkv (or the embedding's gradient). */
 void glm_prefix_kv_grads(glm_model *m, int l);
 /* dpkv (the layers' sum) into the prefix encoder's gradients. */
 void glm_prefix_backward(glm_model *m);

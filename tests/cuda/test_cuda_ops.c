@@ -3,10 +3,17 @@
  * are rounded to the storage dtype first, so both sides compute on the same numbers; outputs
  * are poisoned with NaN first, so an element the kernel never writes fails the check.
  * Attention runs both the tensor-core path (bf16/fp16, head size 64/128) and the SIMT path.
- *   test_cuda_ops [--quick] [--only f32|bf16|f16|bf16simt]
- * (--quick: small shapes, for compute-sanitizer runs; --only: one variant, to isolate a crash) */
+ * Quantized weights (INT8/INT4/NF4): dequantize bit-identical to the CPU's weights rounded to S,
+ * qmatmul_fwd against its CPU twin.
+ *   test_cuda_ops [--quick] [--only f32|bf16|f16|bf16simt] [--quant]
+ * (--quick: small shapes, for compute-sanitizer runs; --only: one variant, to isolate a crash;
+ * --quant: the quantized-weight ops only. GLM_QUANT_BENCH=1: afterwards, the bandwidth of
+ * dequantize and of the decode GEMV on ChatGLM-6B's shapes, bf16, against cuBLAS's bf16 GEMV) */
 #include <stdlib.h>
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/quant.h"
 #include "cuda_test_util.h"
 
 typedef struct {
@@ -550,10 +557,294 @@ static void t_tanh(ctx *c, size_t n) {
     free(x); free(g); free(ref);
 }
 
+/* ---------------------------------------------------------------- quantized weights */
+
+/* A random [OC, C] float matrix with some structure for the quantizers: row 1 all zero (INT: a
+ * zero scale; NF4: all-zero blocks), a few large outliers, otherwise N(0, 0.05). */
+static float *quant_source(glm_rng *r, int OC, int C) {
+    size_t n = (size_t)OC * C;
+    float *w = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) w[i] = 0.05f * glm_rng_normal(r);
+    if (OC > 2)
+        for (int j = 0; j < C; j++) w[(size_t)C + j] = 0.0f;
+    for (int k = 0; k < 1 + (int)(n / 5000); k++) w[glm_rng_below(r, n)] = 2.0f * (glm_rng_uniform(r) - 0.5f);
+    return w;
+}
+
+/* (a) dequantize == the CPU's dequantized weights through upload_f32 (the backend's own float ->
+ * S rounding), byte for byte; (b) qmatmul_fwd against cpu_qmatmul_fwd for each N, with and
+ * without bias, output poisoned first. */
+static void t_quant(ctx *c, glm_qtype t, int OC, int C, const int *Ns, int nN) {
+    glm_backend *be = c->be;
+    char name[160];
+    const char *qn = glm_qtype_name(t);
+    const size_t n = (size_t)OC * C, es = glm_dtype_size(c->dt);
+    const glm_qlayout L = glm_qlayout_of(t, (size_t)OC, (size_t)C);
+    float *w = quant_source(&c->rng, OC, C), *ref = malloc(sizeof(float) * n);
+    uint8_t *hq = malloc(L.bytes);
+    glm_quantize(t, hq, w, (size_t)OC, (size_t)C);
+    cpu_dequantize(ref, hq, (int)t, OC, C);
+    void *dq = up_raw(be, hq, L.bytes), *dref = up_s(be, ref, n), *dw = be->alloc(be, n * es);
+    poison(be, dw, n, 0);
+    be->dequantize(be, dw, dq, (int)t, OC, C);
+    uint8_t *got = malloc(n * es), *want = malloc(n * es);
+    be->download(be, got, dw, n * es);
+    be->download(be, want, dref, n * es);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(got + i * es, want + i * es, es) != 0 && bad++ == 0) first = i;
+    TEST_CHECK(c->tc, NAME("dequantize_%s_%s_%dx%d", qn, c->tag, OC, C), bad == 0,
+               "%zu of %zu elements differ from the CPU's rounded to S (first at %zu)", bad, n, first);
+    /* each dequantize kernel on the same matrix: 1 (a 16-byte chunk a thread), 2 (eight weights a
+     * thread), 3 (scalar); shapes a kernel cannot take fall back */
+    for (int v = 1; v <= 3; v++) {
+        if (v == 3 && n > 100000) continue;
+        poison(be, dw, n, 0);
+        glmk_dequantize_cfg(c->dt, dw, dq, (int)t, OC, C, v, (cudaStream_t)glm_cuda_stream(be));
+        be->download(be, got, dw, n * es);
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(got + i * es, want + i * es, es) != 0 && bad++ == 0) first = i;
+        TEST_CHECK(c->tc, NAME("dequantize_v%d_%s_%s_%dx%d", v, qn, c->tag, OC, C), bad == 0,
+                   "%zu of %zu elements differ from the CPU's rounded to S (first at %zu)", bad, n, first);
+    }
+    /* the matrix 4 bytes off a 16-byte boundary: the scalar kernels, the same bytes */
+    uint8_t *dq4 = be->alloc(be, L.bytes + 16);
+    be->upload(be, dq4 + 4, hq, L.bytes);
+    if (n <= 100000) {
+        poison(be, dw, n, 0);
+        be->dequantize(be, dw, dq4 + 4, (int)t, OC, C);
+        be->download(be, got, dw, n * es);
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(got + i * es, want + i * es, es) != 0 && bad++ == 0) first = i;
+        TEST_CHECK(c->tc, NAME("dequantize_unaligned_%s_%s_%dx%d", qn, c->tag, OC, C), bad == 0,
+                   "%zu of %zu elements differ from the CPU's rounded to S (first at %zu)", bad, n, first);
+    }
+    free(got); free(want);
+    float *bias = rnd(&c->rng, c->dt, OC, 0.1f);
+    void *db = up_s(be, bias, OC);
+    for (int k = 0; k < nN; k++) {
+        const int N = Ns[k];
+        float *x = rnd(&c->rng, c->dt, (size_t)N * C, 1.0f), *r = malloc(sizeof(float) * N * OC);
+        void *dx = up_s(be, x, (size_t)N * C), *dout = be->alloc(be, (size_t)N * OC * es);
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            cpu_qmatmul_fwd(r, x, hq, (int)t, with_bias ? bias : NULL, N, C, OC);
+            poison(be, dout, (size_t)N * OC, 0);
+            be->qmatmul_fwd(be, dout, dx, dq, (int)t, with_bias ? db : NULL, N, C, OC);
+            float *o = down_s(be, dout, (size_t)N * OC);
+            check_close(c->tc, NAME("qmatmul_fwd%s_%s_%s_%dx%dx%d", with_bias ? "_bias" : "", qn, c->tag, N, C, OC), o, r,
+                        (size_t)N * OC, tol(c, 1e-5, 1e-2, 2e-3));
+            free(o);
+        }
+        /* each kernel choice of glmk_qmatmul_fwd_cfg, whichever the default takes: SIMT with the
+         * columns over 4 or 1 warps, 4 rows per warp group at N = 1, INT4 on tensor cores with
+         * 32- and 16-row tiles (fp32 storage: SIMT) */
+        static const int cfgs[6][3] = {{1, 4, 0}, {1, 1, 0}, {1, 4, 4}, {1, 1, 4}, {2, 0, 0}, {2, 0, 1}};
+        cpu_qmatmul_fwd(r, x, hq, (int)t, bias, N, C, OC);
+        for (int v = 0; v < 6; v++) {
+            if ((v == 2 || v == 3) && N != 1) continue;
+            if (v >= 4 && t != GLM_Q_INT4) continue;
+            poison(be, dout, (size_t)N * OC, 0);
+            glmk_qmatmul_fwd_cfg(c->dt, dout, dx, dq, (int)t, db, N, C, OC, cfgs[v][0], cfgs[v][1], cfgs[v][2],
+                                 (cudaStream_t)glm_cuda_stream(be));
+            float *o = down_s(be, dout, (size_t)N * OC);
+            check_close(c->tc, NAME("qmatmul_fwd_p%dkw%drb%d_%s_%s_%dx%dx%d", cfgs[v][0], cfgs[v][1], cfgs[v][2], qn, c->tag, N,
+                                    C, OC), o, r, (size_t)N * OC, tol(c, 1e-5, 1e-2, 2e-3));
+            free(o);
+        }
+        if (n <= 100000 && k == 1) { /* the scalar kernel on the unaligned copy */
+            cpu_qmatmul_fwd(r, x, hq, (int)t, bias, N, C, OC);
+            poison(be, dout, (size_t)N * OC, 0);
+            be->qmatmul_fwd(be, dout, dx, dq4 + 4, (int)t, db, N, C, OC);
+            float *o = down_s(be, dout, (size_t)N * OC);
+            check_close(c->tc, NAME("qmatmul_fwd_unaligned_%s_%s_%dx%dx%d", qn, c->tag, N, C, OC), o, r, (size_t)N * OC,
+                        tol(c, 1e-5, 1e-2, 2e-3));
+            free(o);
+        }
+        be->free(be, dx); be->free(be, dout);
+        free(x); free(r);
+    }
+    be->free(be, dq); be->free(be, dq4); be->free(be, dref); be->free(be, dw); be->free(be, db);
+    free(w); free(ref); free(hq); free(bias);
+}
+
+static void run_quant(ctx *c, int quick) {
+    static const int n_small[] = {1, 3, 16, 40}, n_fallback[] = {1, 3, 16}, n_long[] = {1, 2, 5, 8}, n_big[] = {1};
+    const glm_qtype ts[3] = {GLM_Q_INT8, GLM_Q_INT4, GLM_Q_NF4};
+    for (int i = 0; i < 3; i++) {
+        t_quant(c, ts[i], 37, 192, n_small, 4); /* OC not a multiple of the row blocks */
+        t_quant(c, ts[i], 37, 384, n_small, 4); /* INT4: the tensor-core kernel (C % 128 == 0), fewer steps than warps */
+        /* the scalar kernels: C not a multiple of a 16-byte chunk (NF4: blocks across rows) */
+        if (ts[i] == GLM_Q_NF4) t_quant(c, ts[i], 40, 40, n_fallback, 3);
+        else t_quant(c, ts[i], 37, 50, n_fallback, 3);
+        if (quick) continue;
+        t_quant(c, ts[i], 24, 16384, n_long, 4); /* many chunks per thread: the prefetch loop */
+        t_quant(c, ts[i], 4096, 4096, n_big, 1);  /* a decode shape */
+    }
+}
+
+/* ---- GLM_QUANT_BENCH=1: microseconds per call and GB/s, each call on another copy of the
+ * weights (copies spanning > 256 MiB, so they come from HBM, not from L2), in a CUDA graph of
+ * back-to-back calls (no launch gaps on the host). */
+typedef struct {
+    glm_backend *be;
+    int kind; /* 0 qmatmul, 1 dequantize, 2 cuBLAS bf16 matmul_fwd, 3 copy */
+    int qtype, N, C, OC, var; /* var: the kernel (qbench_call's table; dequantize: its variant) */
+    void **w; /* the copies */
+    void *x, *out;
+    size_t bytes;
+} qbench;
+
+static void qbench_call(qbench *b, int i) {
+    glm_backend *be = b->be;
+    static const int cf[7][3] = {{0, 0, 0}, {1, 4, 8}, {1, 4, 4}, {1, 1, 8}, {1, 1, 4}, {2, 0, 0}, {2, 0, 1}};
+    if (b->kind == 0)
+        glmk_qmatmul_fwd_cfg(be->dtype, b->out, b->x, b->w[i], b->qtype, NULL, b->N, b->C, b->OC, cf[b->var][0],
+                             cf[b->var][1], cf[b->var][2], (cudaStream_t)glm_cuda_stream(be));
+    else if (b->kind == 1)
+        glmk_dequantize_cfg(be->dtype, b->out, b->w[i], b->qtype, b->OC, b->C, b->var, (cudaStream_t)glm_cuda_stream(be));
+    else if (b->kind == 2) be->matmul_fwd(be, b->out, b->x, b->w[i], NULL, b->N, b->C, b->OC);
+    else be->copy(be, b->out, b->w[i], b->bytes);
+}
+
+/* microseconds per call */
+static double qbench_time(qbench *b, int ncopies) {
+    enum { PER_GRAPH = 48, REPS = 5 };
+    cudaStream_t st = (cudaStream_t)glm_cuda_stream(b->be);
+    for (int i = 0; i < ncopies; i++) qbench_call(b, i); /* warm-up (and cuBLAS plans) */
+    b->be->sync(b->be);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    int graph = cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed) == cudaSuccess;
+    if (graph) {
+        for (int i = 0; i < PER_GRAPH; i++) qbench_call(b, i % ncopies);
+        graph = cudaStreamEndCapture(st, &g) == cudaSuccess && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    }
+    if (!graph) { cudaGetLastError(); printf("  (no CUDA graph: plain launches)\n"); }
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    if (graph) cudaGraphLaunch(ge, st);
+    cudaEventRecord(e0, st);
+    for (int r = 0; r < REPS; r++) {
+        if (graph) cudaGraphLaunch(ge, st);
+        else for (int i = 0; i < PER_GRAPH; i++) qbench_call(b, i % ncopies);
+    }
+    cudaEventRecord(e1, st);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    return ms * 1e3 / (REPS * PER_GRAPH);
+}
+
+static void qbench_report(const char *what, double us, size_t bytes) {
+    printf("  bench %-52s %9.2f us %8.0f GB/s\n", what, us, (double)bytes / (us * 1e3));
+    fflush(stdout);
+}
+
+static int copies_for(size_t bytes) {
+    size_t k = ((size_t)256 << 20) / bytes + 1;
+    return (int)(k < 2 ? 2 : k > 64 ? 64 : k);
+}
+
+static void run_quant_bench(void) {
+    char err[256], what[128];
+    glm_backend *be = glm_backend_cuda(0, GLM_BF16, err, sizeof err);
+    if (!be) { printf("  bench: no GPU (%s)\n", err); return; }
+    const int shapes[4][2] = {{12288, 4096}, {4096, 4096}, {16384, 4096}, {4096, 16384}}; /* [OC, C] */
+    const glm_qtype ts[3] = {GLM_Q_INT8, GLM_Q_INT4, GLM_Q_NF4};
+    const size_t nmax = (size_t)16384 * 4096;
+    float *src = malloc(sizeof(float) * nmax);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nmax; i++) { /* about N(0, 0.05): a sum of 4 uniforms from a hash of i */
+        uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ULL;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        z ^= z >> 31;
+        float u = (float)(z & 0xffff) + (float)((z >> 16) & 0xffff) + (float)((z >> 32) & 0xffff) + (float)(z >> 48);
+        src[i] = (u / 65536.0f - 2.0f) * 0.087f;
+    }
+    /* the achievable: a device-to-device copy of 512 MiB (read + write) */
+    {
+        size_t bytes = (size_t)512 << 20;
+        void *a = be->alloc(be, bytes), *o = be->alloc(be, bytes);
+        be->zero(be, a, bytes);
+        qbench b = {be, 3, 0, 0, 0, 0, 0, &a, NULL, o, bytes};
+        qbench_report("copy 512 MiB (read + write)", qbench_time(&b, 1), 2 * bytes);
+        be->free(be, a); be->free(be, o);
+    }
+    for (int si = 0; si < 4; si++) {
+        const int OC = shapes[si][0], C = shapes[si][1];
+        const size_t n = (size_t)OC * C;
+        void *x = be->alloc(be, (size_t)16 * C * 2), *out = be->alloc(be, n * 2 > (size_t)16 * OC * 2 ? n * 2 : (size_t)16 * OC * 2);
+        glm_cuda_fill_normal(be, x, (size_t)16 * C, 7, 1.0f);
+        /* cuBLAS bf16 (cuBLASLt through matmul_fwd), N = 1 and 16 */
+        {
+            size_t bytes = n * 2;
+            int k = copies_for(bytes);
+            void **w = malloc(sizeof(void *) * k);
+            for (int i = 0; i < k; i++) { w[i] = be->alloc(be, bytes); glm_cuda_fill_normal(be, w[i], n, 11 + i, 0.05f); }
+            for (int N = 1; N <= 16; N += 15) {
+                qbench b = {be, 2, 0, N, C, OC, 0, w, x, out, 0};
+                snprintf(what, sizeof what, "cublas_bf16 N=%d [%dx%d]", N, OC, C);
+                qbench_report(what, qbench_time(&b, k), bytes + (size_t)N * (C + OC) * 2);
+            }
+            for (int i = 0; i < k; i++) be->free(be, w[i]);
+            free(w);
+        }
+        for (int ti = 0; ti < 3; ti++) {
+            const glm_qtype t = ts[ti];
+            const glm_qlayout L = glm_qlayout_of(t, (size_t)OC, (size_t)C);
+            uint8_t *hq = malloc(L.bytes);
+            glm_quantize(t, hq, src, (size_t)OC, (size_t)C);
+            int k = copies_for(L.bytes);
+            void **w = malloc(sizeof(void *) * k);
+            w[0] = up_raw(be, hq, L.bytes);
+            for (int i = 1; i < k; i++) { w[i] = be->alloc(be, L.bytes); be->copy(be, w[i], w[0], L.bytes); }
+            /* N = 1: the default, then each kernel */
+            static const int cf[7][3] = {{0, 0, 0}, {1, 4, 8}, {1, 4, 4}, {1, 1, 8}, {1, 1, 4}, {2, 0, 0}, {2, 0, 1}};
+            for (int v = 0; v < 7; v++) {
+                if (v >= 5 && t != GLM_Q_INT4) continue;
+                qbench b = {be, 0, (int)t, 1, C, OC, v, w, x, out, 0};
+                snprintf(what, sizeof what, "qmatmul_fwd %s N=1 [%dx%d] %s p%d kw%d rb%d", glm_qtype_name(t), OC, C,
+                         v ? "" : "default", cf[v][0], cf[v][1], cf[v][2]);
+                qbench_report(what, qbench_time(&b, k), L.bytes + (size_t)(C + OC) * 2);
+            }
+            const int Ns[4] = {2, 4, 8, 16};
+            for (int ni = 0; ni < 4; ni++)
+                for (int v = 0; v < 4; v++) { /* default, SIMT kw 4, SIMT kw 1, tensor cores 16-row tiles */
+                    const int N = Ns[ni], vv = v == 0 ? 0 : v == 1 ? 1 : v == 2 ? 3 : 6;
+                    if (vv == 6 && t != GLM_Q_INT4) continue;
+                    qbench b = {be, 0, (int)t, N, C, OC, vv, w, x, out, 0};
+                    snprintf(what, sizeof what, "qmatmul_fwd %s N=%d [%dx%d] %s p%d kw%d rb%d", glm_qtype_name(t), N, OC, C,
+                             vv ? "" : "default", cf[vv][0], cf[vv][1], cf[vv][2]);
+                    qbench_report(what, qbench_time(&b, k), L.bytes + (size_t)N * (C + OC) * 2);
+                }
+            if (si == 2 || si == 1)
+                for (int v = 1; v <= 2; v++) {
+                    qbench b = {be, 1, (int)t, 0, C, OC, v, w, NULL, out, 0};
+                    snprintf(what, sizeof what, "dequantize %s [%dx%d] -> bf16 v%d", glm_qtype_name(t), OC, C, v);
+                    qbench_report(what, qbench_time(&b, k), L.bytes + n * 2);
+                }
+            for (int i = 0; i < k; i++) be->free(be, w[i]);
+            free(w);
+            free(hq);
+        }
+        be->free(be, x); be->free(be, out);
+    }
+    free(src);
+    be->destroy(be);
+}
+
 /* ---------------------------------------------------------------- driver */
 
 static void run_all(ctx *c, int quick, int attention_only) {
+    if (attention_only == 2) { run_quant(c, quick); return; }
     if (!attention_only) {
+        run_quant(c, quick);
         t_matmul(c, 7, 16, 24);
         t_matmul(c, 64, 256, 384);
         if (!quick) t_matmul(c, 300, 512, 1000);
@@ -583,13 +874,21 @@ static void run_all(ctx *c, int quick, int attention_only) {
     if (!quick) t_attention(c, 1, 512, 2, 128, 0);
     t_attention_cached(c, 2, 3, 20, 2, 8);
     t_attention_cached(c, 2, 1, 70, 2, 128);
+    /* the decoding kernel (k_decode.cu: Tq <= 4, the keys split in chunks): long caches, ragged
+     * last chunks, several queries per row, head sizes 32..128 */
+    t_attention_cached(c, 1, 1, 2048, 4, 128);
+    t_attention_cached(c, 2, 2, 301, 3, 128);
+    t_attention_cached(c, 3, 4, 257, 2, 64);
+    t_attention_cached(c, 2, 1, 97, 2, 96);
+    t_attention_cached(c, 1, 3, 64, 2, 32);
 }
 
 int main(int argc, char **argv) {
-    int quick = 0;
+    int quick = 0, quant_only = 0;
     const char *only = NULL; /* f32, bf16, f16 or bf16simt: one variant (isolates a crash) */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
+        else if (strcmp(argv[i], "--quant") == 0) quant_only = 1;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     }
     test_counts tc = {0};
@@ -601,11 +900,13 @@ int main(int argc, char **argv) {
         if (!be) { TEST_SKIP(&tc, "cuda_ops", "%s", err); TEST_EXIT(&tc); }
         ctx c = {be, dts[i], dt_name(dts[i]), &tc, {{0}}};
         glm_rng_seed(&c.rng, 1234 + i);
-        run_all(&c, quick, 0);
+        run_all(&c, quick, quant_only ? 2 : 0);
         be->destroy(be);
     }
+    const char *qb = getenv("GLM_QUANT_BENCH");
+    if (qb && strcmp(qb, "0") != 0 && qb[0]) run_quant_bench();
     /* the SIMT attention kernels on bf16 storage too (bf16 normally takes the tensor-core path) */
-    if (only && strcmp(only, "bf16simt") != 0) {
+    if ((only && strcmp(only, "bf16simt") != 0) || quant_only) {
         printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
         TEST_EXIT(&tc);
     }

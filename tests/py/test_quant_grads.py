@@ -146,7 +146,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="glm-qgrad-")
     try:
         big = [(9, 7), (12, 5), (6, 9)]   # 3 rows, > 16 tokens: dequantize + GEMM
-        small = [(2, 2), (2, 1)]          # 2 rows of 7 tokens (padded): 14, the decoding product
+        small = [(1, 1), (1, 1)]          # 2 rows of 4 tokens: 8, the decoding product (<= 8 rows for every type)
         lora_qkv = dict(ft="lora", r=4, targets=["query_key_value"])
         lora_all = dict(ft="lora", r=2, targets=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])
         ci = 0

@@ -408,7 +408,10 @@ static void cu_rope(glm_backend *be, void *qkv, const int32_t *pos, const int32_
 static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                         const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
     prof(be, GLM_PROF_ATTN, "attention_fwd");
-    if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL))
+    if (glmk_decode_attention_supported(Tq, Tk, HD)) /* decoding: the keys split over many blocks */
+        glmk_decode_attention(be->dtype, out, lse, scratch(be, glmk_decode_attention_scratch(B, Tq, Tk, NH, HD)), q, k,
+                              v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    else if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL))
         glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     else
         glmk_attention_fwd_simt(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
@@ -469,6 +472,19 @@ static void cu_tanh_bwd(glm_backend *be, void *dx, const void *out, const void *
     prof(be, GLM_PROF_OTHER, "tanh_bwd");
     glmk_tanh_bwd(be->dtype, dx, out, dout, n, IM(be)->st);
     op_done(be, "tanh_bwd");
+}
+/* Quantized weights: dequantize feeds the GEMMs (a linear layer's weight in S, per use), qmatmul_fwd
+ * is the decode GEMV on the packed bytes; both charged to the GEMM category. */
+static void cu_dequantize(glm_backend *be, void *w, const void *q, int qtype, int OC, int C) {
+    prof(be, GLM_PROF_GEMM, "dequantize");
+    glmk_dequantize(be->dtype, w, q, qtype, OC, C, IM(be)->st);
+    op_done(be, "dequantize");
+}
+static void cu_qmatmul_fwd(glm_backend *be, void *out, const void *inp, const void *q, int qtype, const void *bias,
+                           int N, int C, int OC) {
+    prof(be, GLM_PROF_GEMM, "qmatmul_fwd");
+    glmk_qmatmul_fwd(be->dtype, out, inp, q, qtype, bias, N, C, OC, IM(be)->st);
+    op_done(be, "qmatmul_fwd");
 }
 static void cu_ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
     prof(be, GLM_PROF_OTHER, "cross_entropy");
@@ -604,6 +620,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .add_sumsq_spans = cu_add_sumsq_spans,
         .adamw = cu_adamw,
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,
+        .dequantize = cu_dequantize, .qmatmul_fwd = cu_qmatmul_fwd,
         .destroy = cu_destroy, .to_f32 = cu_to_f32,
     };
     im->workspace = cu_alloc(be, WORKSPACE_BYTES);

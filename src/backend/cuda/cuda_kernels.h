@@ -45,6 +45,22 @@ void glmk_prefix_kv_bwd(glm_dtype dt, void *dqkv, void *dpkv, const void *dkv, i
 void glmk_tanh_fwd(glm_dtype dt, void *out, const void *x, size_t n, cudaStream_t st);
 void glmk_tanh_bwd(glm_dtype dt, void *dx, const void *out, const void *dout, size_t n, cudaStream_t st);
 
+/* ---- quantized weights (k_quant.cu; byte layouts in backend/quant.h, qtype an int glm_qtype) ---- */
+/* w[OC, C] (S) = the dequantized matrix, bit-identical to glm_dequantize rounded to S */
+void glmk_dequantize(glm_dtype dt, void *w, const void *q, int qtype, int OC, int C, cudaStream_t st);
+/* out[N, OC] = inp[N, C] @ dequantized(q)^T + bias (bias may be NULL), from the packed bytes */
+void glmk_qmatmul_fwd(glm_dtype dt, void *out, const void *inp, const void *q, int qtype, const void *bias, int N,
+                      int C, int OC, cudaStream_t st);
+/* Tuning and test hooks, the same ops with the kernel chosen. dequantize variant: 0 default,
+ * 1 one 16-byte chunk per thread, 2 eight weights per thread (contiguous stores), 3 scalar.
+ * qmatmul path: 0 default, 1 SIMT (kw warps split a row group's columns: 1 or 4, 0 default;
+ * rb1 rows per warp group at N = 1: 4 or 8, 0 default), 2 tensor cores (INT4, bf16/fp16,
+ * C % 128 == 0; else SIMT; rb1 = 1: 16-row tiles per warp, else 32). Shapes or pointers a
+ * kernel cannot take fall back as by default. */
+void glmk_dequantize_cfg(glm_dtype dt, void *w, const void *q, int qtype, int OC, int C, int variant, cudaStream_t st);
+void glmk_qmatmul_fwd_cfg(glm_dtype dt, void *out, const void *inp, const void *q, int qtype, const void *bias, int N,
+                          int C, int OC, int path, int kw, int rb1, cudaStream_t st);
+
 /* ---- reductions (k_reduce.cu) ---- */
 /* Column sums of a [N, C] S matrix, deterministic: scratch holds glmk_colsum_scratch(N, C) floats.
  * dst1 += colsum(a);  if b != NULL, dst2 += colsum(a * b ...) -- see k_reduce.cu for the two uses. */
@@ -73,6 +89,13 @@ void glmk_adamw(glm_dtype dt, void *param, float *master, const void *grad, floa
 /* D[b, h, i] = sum_d dout * out (fp32 [B, NH, Tq]): the softmax-backward row term */
 void glmk_attn_rowdot(glm_dtype dt, float *D, const void *dout, const void *out, int B, int Tq, int NH, int HD,
                       cudaStream_t st);
+/* Decoding attention (k_decode.cu): a few queries (Tq <= 4) over at least 64 keys, HD <= 128 a
+ * multiple of 32; scratch holds glmk_decode_attention_scratch bytes. */
+int glmk_decode_attention_supported(int Tq, int Tk, int HD);
+size_t glmk_decode_attention_scratch(int B, int Tq, int Tk, int NH, int HD);
+void glmk_decode_attention(glm_dtype dt, void *out, float *lse, float *scratch, glm_qkv_view q, glm_qkv_view k,
+                           glm_qkv_view v, const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD,
+                           float scale, cudaStream_t st);
 void glmk_attention_fwd_simt(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                              const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
                              cudaStream_t st);
