@@ -207,23 +207,30 @@ static void test_training(test_counts *tc) {
 
 /* The medium model under c.peft on be: a random base, then random trainable rows (std
  * trainable_std), all representable in dt so both backends start from the same numbers. */
-static void peft_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std) {
+static void peft_model_q(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std,
+                         int quant) {
     glm_config c = config(1);
     c.peft = peft;
+    c.quant = quant; /* the frozen linear weights quantized as they upload (the same bytes on both backends) */
     glm_model_init(m, &c, be);
     glm_table base;
     glm_table_build(&base, &c);
     float *w = random_weights(&base, seed, dt, 0.05f);
     for (int i = 0; i < base.n; i++) {
         void *p;
-        GLM_ASSERT(glm_model_find(m, base.t[i].name, &p));
-        be->upload_f32(be, p, w + base.t[i].offset, base.t[i].numel);
+        const glm_tensor *t = glm_model_find(m, base.t[i].name, &p);
+        GLM_ASSERT(t);
+        glm_model_row_upload(m, t, p, w + base.t[i].offset);
     }
     free(w);
     glm_table_free(&base);
     float *a = random_weights(&m->tab, seed + 1, dt, trainable_std);
     glm_model_set_params(m, a);
     free(a);
+}
+
+static void peft_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std) {
+    peft_model_q(m, be, dt, seed, peft, trainable_std, GLM_Q_NONE);
 }
 
 /* LoRA on every linear module with dropout 0.1 (the mask is the same on both backends), B non-zero. */
@@ -239,12 +246,29 @@ static void ptuning_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t 
                0.3f);
 }
 
+/* The same on quantized bases: INT4 and INT8 (THUDM's), NF4 (bitsandbytes'). */
+static void lora_int4_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model_q(m, be, dt, seed,
+                 (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL},
+                 0.05f, GLM_Q_INT4);
+}
+static void lora_int8_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model_q(m, be, dt, seed,
+                 (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL},
+                 0.05f, GLM_Q_INT8);
+}
+static void ptuning_nf4_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model_q(m, be, dt, seed, (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 8, .prefix_projection = 1, .prefix_dropout = 0.1f},
+                 0.3f, GLM_Q_NF4);
+}
+
 /* The same model (trainable rows: LoRA adapters or the prefix encoder) on the CPU and on CUDA
  * with the same dropout masks: loss and every trainable gradient, the row count, and gradient
  * checkpointing bit-identical on CUDA. */
 typedef void (*peft_maker)(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed);
 
-static void check_peft(test_counts *tc, const char *kind, peft_maker make, uint64_t seed, int rows, glm_dtype dt) {
+static void check_peft_batch(test_counts *tc, const char *kind, peft_maker make, uint64_t seed, int rows, glm_dtype dt,
+                             int B, int T) {
     char name[160], err[256];
     glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
     glm_model mc, mg;
@@ -255,7 +279,7 @@ static void check_peft(test_counts *tc, const char *kind, peft_maker make, uint6
     glm_rng rng;
     glm_rng_seed(&rng, seed + 7);
     glm_batch b;
-    make_batch(&b, &mc.cfg, &rng, 3, 150);
+    make_batch(&b, &mc.cfg, &rng, B, T);
     double lc, lg, lg3;
     float *gc = grads_of(&mc, &b, &lc), *gg = grads_of(&mg, &b, &lg);
     double tl = dt == GLM_F32 ? 1e-5 : 2e-2, tg = dt == GLM_F32 ? 1e-4 : 5e-2, el = fabs(lg - lc) / fabs(lc), worst = 0;
@@ -281,6 +305,10 @@ static void check_peft(test_counts *tc, const char *kind, peft_maker make, uint6
     glm_model_free(&mg);
     cpu->destroy(cpu);
     gpu->destroy(gpu);
+}
+
+static void check_peft(test_counts *tc, const char *kind, peft_maker make, uint64_t seed, int rows, glm_dtype dt) {
+    check_peft_batch(tc, kind, make, seed, rows, dt, 3, 150);
 }
 
 static void test_ptuning_oracle(test_counts *tc) {
@@ -350,6 +378,15 @@ int main(void) {
     check_peft(&tc, "ptuning", ptuning_model, 51, 5, GLM_F32);
     check_peft(&tc, "ptuning", ptuning_model, 51, 5, GLM_BF16);
     test_ptuning_oracle(&tc);
+    /* quantized bases: 450 tokens dequantize each weight for the GEMMs; 8 tokens take the
+     * direct quantized product (qmatmul_fwd) in forward */
+    check_peft(&tc, "lora_int4", lora_int4_model, 61, 2 * 4 * 2, GLM_F32);
+    check_peft(&tc, "lora_int4", lora_int4_model, 61, 2 * 4 * 2, GLM_BF16);
+    check_peft_batch(&tc, "lora_int4_8tok", lora_int4_model, 62, 2 * 4 * 2, GLM_BF16, 1, 8);
+    check_peft(&tc, "lora_int8", lora_int8_model, 63, 2 * 4 * 2, GLM_BF16);
+    check_peft_batch(&tc, "lora_int8_8tok", lora_int8_model, 64, 2 * 4 * 2, GLM_F32, 1, 8);
+    check_peft(&tc, "ptuning_nf4", ptuning_nf4_model, 65, 5, GLM_BF16);
+    check_peft_batch(&tc, "ptuning_nf4_8tok", ptuning_nf4_model, 66, 5, GLM_F32, 1, 8);
     printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
     TEST_EXIT(&tc);
 }
