@@ -65,6 +65,16 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
         cJSON_Delete(o);
         return glm_fail(err, "%s: not a JSON object (config.json of a chatglm model expected)", src);
     }
+    /* ChatGLM2/3 and GLM-4 folders say model_type chatglm too, with other fields: name the
+     * family instead of a missing v1 field */
+    static const char *const later[] = {"padded_vocab_size", "multi_query_attention", "ffn_hidden_size", "kv_channels", "rmsnorm"};
+    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
+        if (cJSON_GetObjectItemCaseSensitive(o, later[i]) && !cJSON_GetObjectItemCaseSensitive(o, "inner_hidden_size")) {
+            glm_fail(err, "%s: a ChatGLM2-6B / ChatGLM3-6B / GLM-4 config (it has \"%s\"): glmtrain runs ChatGLM-6B (GLM v1) "
+                          "so far", src, later[i]);
+            cJSON_Delete(o);
+            return glm_hint(err, "use a THUDM/chatglm-6b folder; the later family is being added (issue 18)");
+        }
     glm_config d = glm_config_chatglm6b();
     int32_t vocab = 0, hidden = 0, layers = 0, heads = 0, inner = -1, maxseq = d.max_sequence_length;
     int32_t bos = d.bos_token_id, eos = d.eos_token_id, mask = d.mask_token_id, gmask = d.gmask_token_id, pad = d.pad_token_id;

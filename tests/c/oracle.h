@@ -16,10 +16,12 @@ static inline const char *oracle_dir(void) {
     return s ? s : "../shared";
 }
 
-/* Reads an oracle file (raw little-endian floats); NULL when it is missing. */
+/* Reads an oracle file (raw little-endian floats) by name in the oracle folder, or by path
+ * when `name` holds a '/'; NULL when it is missing. */
 static inline float *oracle_load(const char *name, size_t *n_floats) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/oracles/chatglm-cpp/%s", oracle_dir(), name);
+    if (strchr(name, '/')) snprintf(path, sizeof path, "%s", name);
+    else snprintf(path, sizeof path, "%s/oracles/chatglm-cpp/%s", oracle_dir(), name);
     glm_err err;
     size_t len;
     char *buf = glm_read_file(path, &len, &err);
@@ -28,8 +30,10 @@ static inline float *oracle_load(const char *name, size_t *n_floats) {
     return (float *)buf;
 }
 
-/* Runs glm_model.data on `be`: 1 when the file is missing, -1 on a failure, else 0 with the
- * max-abs errors of the prompt and the two decode steps in e[0..2]. */
+/* Runs a GLM v1 oracle file (glm_model.data's layout, `file` a name in the oracle folder or a
+ * path) behind a P-Tuning prefix of P tokens (0: none) on `be`: 1 when the file is missing, -1
+ * on a failure (a file of another size included), else 0 with the max-abs errors of the prompt
+ * and the two decode steps in e[0..2]. */
 static inline int oracle_glm_run(glm_backend *be, const char *file, int P, double e[3]);
 static inline int oracle_glm_model(glm_backend *be, double e[3]) { return oracle_glm_run(be, "glm_model.data", 0, e); }
 /* glm_ptuning_v2_model.data: the same model behind a P-Tuning v2 prefix of 5 tokens, whose

@@ -68,6 +68,12 @@ int main(void) {
     rc = glm_config_parse(&c, "{\"vocab_size\": 8, \"hidden_size\": 1073741824, \"num_layers\": 1, \"num_attention_heads\": 1}",
                           "config.json", &err);
     TEST_CHECK(&tc, "rejects_overflowing_inner_hidden_size", rc == -1 && strstr(err.msg, "inner_hidden_size"), "rc %d: %s", rc, err.msg);
+    /* a ChatGLM2/3 config is named as such, not reported as a v1 config missing vocab_size */
+    rc = glm_config_parse(&c, "{\"model_type\": \"chatglm\", \"padded_vocab_size\": 65024, \"hidden_size\": 4096, "
+                              "\"num_layers\": 28, \"num_attention_heads\": 32, \"multi_query_attention\": true, "
+                              "\"ffn_hidden_size\": 13696, \"kv_channels\": 128, \"rmsnorm\": true}", "config.json", &err);
+    TEST_CHECK(&tc, "names_chatglm2_family", rc == -1 && strstr(err.msg, "ChatGLM2-6B / ChatGLM3-6B") && strstr(err.hint, "issue 18"),
+               "rc %d: %s / %s", rc, err.msg, err.hint);
     /* THUDM's pre-quantized folders say how their linear weights are stored */
     rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 4", &err);
     TEST_CHECK(&tc, "reads_quantization_bit_4", rc == 0 && g_parsed.quant == GLM_Q_INT4, "rc %d: %s", rc, err.msg);
