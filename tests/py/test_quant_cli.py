@@ -479,6 +479,30 @@ def check_merge_quantized(base, lora, tmp):
         c.check("merge_quantized_greedy_equals_glm_ref", False, str(e))
 
 
+def check_two_ranks(q4, tmp, train_flags):
+    import mpi_runs as M
+    if not q4 or not shutil.which("mpirun"):
+        c.skip("train_lora_int4_2ranks", "mpirun (OpenMPI) not installed" if q4 else "no INT4 folder")
+        return
+    flags = [f for f in train_flags]
+    i = flags.index("--per_device_train_batch_size")
+    got = {}
+    for np_, bs, acc in ((1, "2", "2"), (2, "2", "1")):
+        flags[i + 1] = bs
+        out = os.path.join(tmp, "lora_int4_np%d" % np_)
+        p = M.run(["--model_name_or_path", q4, "--output_dir", out, "--finetuning_type", "lora", "--lora_dropout", "0",
+                   "--max_steps", "3", "--gradient_accumulation_steps", acc] + flags, np=np_, check=False, timeout=300)
+        if any(x in p.stdout + p.stderr for x in M.NO_MPI):
+            c.skip("train_lora_int4_2ranks", "glmtrain built without MPI")
+            return
+        if not c.check("train_lora_int4_np%d_runs" % np_, p.returncode == 0, (p.stdout + p.stderr)[-800:]):
+            return
+        got[np_] = [float(x) for x in re.findall(r"\{'loss': ([^,]+),", p.stdout + p.stderr)]
+    worst = max((abs(a - b) for a, b in zip(got[1], got[2])), default=float("inf"))
+    c.check("train_lora_int4_2ranks_equal_1rank", len(got[1]) == 3 and len(got[2]) == 3 and worst < 1e-6,
+            "1 rank %s, 2 ranks %s" % (got[1], got[2]))
+
+
 def have_load_why():
     return "glmtrain generate has no --quantization_bit yet (issue 17): quantized folders and quantize-at-load not testable"
 
@@ -622,6 +646,9 @@ def main():
                 # the same weights (the fp16 source quantized at load = the INT4 folder): the same losses
                 c.check("train_lora_int4_folder_equals_at_load", losses["folder"] and losses["folder"] == losses["at_load"],
                         "losses %s" % losses)
+            # data parallelism on an INT4 base: 2 CPU ranks (every rank quantizes the base itself)
+            # equal 1 rank with the same global batch (LoRA dropout 0: its masks are drawn per rank)
+            check_two_ranks(q4, d, train_flags)
             # chat on the INT4 folder, and on the float source with NF4 at load: generate's tokens
             for name, model, extra in (("int4_folder", q4, []),
                                        ("nf4_at_load", src, ["--quantization_bit", "4", "--quantization_type", "nf4"])):
