@@ -4,7 +4,9 @@
  * Random weights on the device; --quant stores the linear weights quantized.
  *
  *   bench_decode [--quant int8|int4|nf4] [--prompt 1024] [--total 2048] [--layers L] [--detail] [--out FILE]
- * (--detail: one more decode step at the end with an event at every op, printed per op)
+ * (--detail: one more decode step at the end with an event at every op, printed per op;
+ *  --attn_only: only the attention of one decode step over a 2048-key cache of the model's shape,
+ *  28 calls back to back, by kernel: the decoding kernel and the flash kernel)
  *
  * Reported: prefill ms, decode tokens/s (median step over the decode), the weight bytes read per
  * token and what that is as GB/s, and peak GPU memory. */
@@ -14,6 +16,7 @@
 #include <time.h>
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "bench_quant.h"
 #include "model/glm.h"
 
@@ -25,7 +28,7 @@ static double now(void) {
 static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 
 int main(int argc, char **argv) {
-    int quant = 0, P = 1024, T = 2048, layers = 0, detail = 0;
+    int quant = 0, P = 1024, T = 2048, layers = 0, detail = 0, attn_only = 0;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
@@ -37,6 +40,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--total")) { T = atoi(v); i++; }
         else if (!strcmp(a, "--layers")) { layers = atoi(v); i++; }
         else if (!strcmp(a, "--detail")) detail = 1;
+        else if (!strcmp(a, "--attn_only")) attn_only = 1;
         else if (!strcmp(a, "--out")) { out = v; i++; }
         else { fprintf(stderr, "usage: see the header of bench/bench_decode.c (unknown %s)\n", a); return 2; }
     }
@@ -47,6 +51,38 @@ int main(int argc, char **argv) {
     char err[256];
     glm_backend *be = glm_backend_cuda(0, GLM_BF16, err, sizeof err);
     if (!be) { fprintf(stderr, "bench_decode: %s\n", err); return 1; }
+    if (attn_only) { /* [1, T, NH, 3, HD] as the cache lays it out; one query at T - 1 */
+        int NH = c.num_attention_heads, HD = glm_head_dim(&c), H = c.hidden_size, L = 28;
+        void *cache = be->alloc(be, (size_t)T * 3 * H * 2 * L), *out = be->alloc(be, (size_t)H * 2);
+        float *lse = be->alloc(be, (size_t)NH * 4);
+        glm_cuda_fill_normal(be, cache, (size_t)T * 3 * H * L, 5, 1.0f);
+        int32_t lo0 = 0, hi0 = T, *dlo = be->alloc(be, 4), *dhi = be->alloc(be, 4);
+        be->upload(be, dlo, &lo0, 4);
+        be->upload(be, dhi, &hi0, 4);
+        float *ws = be->alloc(be, glmk_decode_attention_scratch(1, 1, T, NH, HD));
+        for (int kind = 0; kind < 2; kind++)
+            for (int rep = 0; rep < 3; rep++) {
+                be->sync(be);
+                double a = now();
+                for (int l = 0; l < L; l++) { /* each layer its own cache: from HBM, not L2 */
+                    char *base = (char *)cache + (size_t)l * T * 3 * H * 2;
+                    glm_qkv_view q = {base + (size_t)(T - 1) * 3 * H * 2, (long)T * 3 * H, 3L * H, 3L * HD}, k = q, v = q;
+                    k.base = base + (size_t)HD * 2;
+                    v.base = base + (size_t)2 * HD * 2;
+                    if (kind == 0)
+                        glmk_decode_attention(GLM_BF16, out, lse, ws, q, k, v, dlo, dhi, 1, 1, T, NH, HD, 0.088f,
+                                              (cudaStream_t)glm_cuda_stream(be));
+                    else
+                        glmk_flash_fwd(GLM_BF16, out, lse, q, k, v, dlo, dhi, 1, 1, T, NH, HD, 0.088f,
+                                       (cudaStream_t)glm_cuda_stream(be));
+                }
+                be->sync(be);
+                double t = (now() - a) / L;
+                printf("attention %s, 1 query over %d keys (NH %d, HD %d): %.1f us per layer, %.0f GB/s of keys+values\n",
+                       kind ? "flash" : "decode", T, NH, HD, t * 1e6, (double)T * 2 * H * 2 / t / 1e9);
+            }
+        return 0;
+    }
     glm_cuda_memory_reset_peak(be);
     glm_model m;
     glm_model_init_inference(&m, &c, be);

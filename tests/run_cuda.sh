@@ -31,7 +31,9 @@ for t in "$BUILD"/tests/cuda/test_*; do
     timeout "$TIMEOUT" "$t" >"$LOGDIR/$n.log" 2>&1
     count "$n ($((SECONDS - t0))s)" "$LOGDIR/$n.log" $?
 done
-# compute-sanitizer on the op tests (small shapes: the tools slow kernels 10-100x)
+# compute-sanitizer on the op tests (small shapes: the tools slow kernels 10-100x); the toolkit's
+# bin folder is often not on PATH where the driver is
+[ -d /usr/local/cuda/bin ] && PATH="$PATH:/usr/local/cuda/bin"
 if command -v compute-sanitizer >/dev/null 2>&1 && [ -x "$BUILD/tests/cuda/test_cuda_ops" ] && [ -z "${NO_SANITIZER:-}" ]; then
     for tool in memcheck racecheck; do
         log="$LOGDIR/sanitizer_$tool.log"

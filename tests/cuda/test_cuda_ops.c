@@ -879,8 +879,8 @@ static void run_all(ctx *c, int quick, int attention_only) {
     t_attention_cached(c, 1, 1, 2048, 4, 128);
     t_attention_cached(c, 2, 2, 301, 3, 128);
     t_attention_cached(c, 3, 4, 257, 2, 64);
-    t_attention_cached(c, 2, 1, 97, 2, 96);
-    t_attention_cached(c, 1, 3, 64, 2, 32);
+    t_attention_cached(c, 2, 1, 197, 2, 96);
+    t_attention_cached(c, 1, 3, 164, 2, 32);
 }
 
 int main(int argc, char **argv) {

@@ -2,14 +2,14 @@
  * cache of up to thousands of keys. The other kernels give each (query block, head) one thread
  * block, which for a single query leaves most of the GPU idle while it walks the keys. Here
  * each query's key range is cut into chunks of DEC_CHUNK keys, one block per (query, head,
- * chunk) stages its keys and values in shared memory and writes a partial result (max score,
+ * chunk) walks them a warp per quarter and writes a partial result (max score,
  * sum of exponentials, weighted values, fp32), and a second kernel combines the chunks of each
  * query (split-key "flash-decoding"). Same contract as attention_fwd (backend.h): natural-log
  * lse of the scaled scores, out 0 and lse -inf for an empty key range. CPU twin:
  * cpu_attention_fwd. */
 #include "backend/cuda/cuda_common.cuh"
 
-#define DEC_CHUNK 32   /* keys per block */
+#define DEC_CHUNK 64   /* keys per block: 16 per warp */
 #define DEC_THREADS 128
 #define DEC_MAXHD 128
 
@@ -19,71 +19,17 @@ __device__ __forceinline__ const T *drow(const glm_qkv_view &v, int b, int t, in
 }
 
 /* grid (chunks, NH, B*Tq); part[(bi*NH + h)*S + s] = {max, sum, values[HD]} */
-/* 16-byte pieces of a row: VEC elements of T */
-template <typename T> struct vec_of { static constexpr int n = 16 / sizeof(T); };
-
-__device__ __forceinline__ void unpack(const uint4 &u, float *dst, const float *) {
-    dst[0] = __uint_as_float(u.x); dst[1] = __uint_as_float(u.y); dst[2] = __uint_as_float(u.z); dst[3] = __uint_as_float(u.w);
-}
-__device__ __forceinline__ void unpack(const uint4 &u, float *dst, const bf16 *) {
-    const bf16 *e = (const bf16 *)&u;
-#pragma unroll
-    for (int j = 0; j < 8; j++) dst[j] = __bfloat162float(e[j]);
-}
-__device__ __forceinline__ void unpack(const uint4 &u, float *dst, const f16 *) {
-    const f16 *e = (const f16 *)&u;
-#pragma unroll
-    for (int j = 0; j < 8; j++) dst[j] = __half2float(e[j]);
-}
-
-/* The chunk's n keys and values into shared memory as floats. With VEC16 every row starts on a
- * 16-byte boundary: each thread issues all its 16-byte loads before it stores any (the loads
- * are in flight together instead of one load's latency per element). */
-template <typename T, bool VEC16>
-__device__ __forceinline__ void stage_chunk(float (*Ks)[DEC_MAXHD + 1], float (*Vs)[DEC_MAXHD], const glm_qkv_view &k,
-                                            const glm_qkv_view &v, int b, int h, int c0, int n, int HD) {
-    if (!VEC16) {
-        for (int e = threadIdx.x; e < n * HD; e += DEC_THREADS) {
-            int r = e / HD, d = e - r * HD;
-            Ks[r][d] = to_f(drow<T>(k, b, c0 + r, h)[d]);
-            Vs[r][d] = to_f(drow<T>(v, b, c0 + r, h)[d]);
-        }
-        return;
-    }
-    constexpr int VEC = vec_of<T>::n, MAXV = DEC_CHUNK * DEC_MAXHD / VEC / DEC_THREADS;
-    int vpr = HD / VEC, nv = n * vpr;
-    uint4 kr[MAXV], vr[MAXV];
-#pragma unroll
-    for (int u = 0; u < MAXV; u++) {
-        int e = threadIdx.x + u * DEC_THREADS;
-        if (e < nv) {
-            int r = e / vpr, c = e - r * vpr;
-            kr[u] = *(const uint4 *)(drow<T>(k, b, c0 + r, h) + c * VEC);
-            vr[u] = *(const uint4 *)(drow<T>(v, b, c0 + r, h) + c * VEC);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < MAXV; u++) {
-        int e = threadIdx.x + u * DEC_THREADS;
-        if (e < nv) {
-            int r = e / vpr, c = e - r * vpr;
-            float f[VEC];
-            unpack(kr[u], f, (const T *)nullptr);
-#pragma unroll
-            for (int j = 0; j < VEC; j++) Ks[r][c * VEC + j] = f[j];
-            unpack(vr[u], f, (const T *)nullptr);
-#pragma unroll
-            for (int j = 0; j < VEC; j++) Vs[r][c * VEC + j] = f[j];
-        }
-    }
-}
-
-/* grid (chunks, NH, B*Tq); part[(bi*NH + h)*S + s] = {max, sum, values[HD]} */
-template <typename T, bool VEC16>
+/* grid (chunks, NH, B*Tq); part[(bi*NH + h)*S + s] = {max, sum, values[HD]}. Each warp walks
+ * its own DEC_CHUNK / 4 keys of the chunk with its own running max, sum and weighted values
+ * (lane l holds head dims l*DPL .. l*DPL+DPL-1), DEC_UNROLL keys at a time with all their loads
+ * issued first; the four warps are merged once at the end. No barrier inside the key loop. */
+#define DEC_UNROLL 4
+template <typename T, int DPL>
 __global__ void __launch_bounds__(DEC_THREADS) decode_partial(float *part, glm_qkv_view q, glm_qkv_view k,
                                                                glm_qkv_view v, const int32_t *lo, const int32_t *hi,
                                                                int Tq, int NH, int HD, float scale, int S) {
-    __shared__ float Ks[DEC_CHUNK][DEC_MAXHD + 1], Vs[DEC_CHUNK][DEC_MAXHD], Qs[DEC_MAXHD], P[DEC_CHUNK], red[32];
+    constexpr int NW = DEC_THREADS / 32, KPW = DEC_CHUNK / NW;
+    __shared__ float wm[NW], wl[NW], wacc[NW][DEC_MAXHD];
     int s = blockIdx.x, h = blockIdx.y, bi = blockIdx.z, b = bi / Tq, i = bi - b * Tq;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int c0 = lo[bi] + s * DEC_CHUNK, c1 = min(hi[bi], c0 + DEC_CHUNK), n = c1 - c0;
@@ -93,30 +39,68 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_partial(float *part, glm_q
         if (threadIdx.x == 0) { dst[0] = -INFINITY; dst[1] = 0.0f; }
         return;
     }
-    const T *qr = drow<T>(q, b, i, h);
-    for (int d = threadIdx.x; d < HD; d += DEC_THREADS) Qs[d] = to_f(qr[d]);
-    stage_chunk<T, VEC16>(Ks, Vs, k, v, b, h, c0, n, HD);
-    __syncthreads();
-    /* scores: one warp per key, the head dims over the lanes */
-    for (int r = w; r < n; r += DEC_THREADS / 32) {
-        float dot = 0;
-        for (int d = lane; d < HD; d += 32) dot += Qs[d] * Ks[r][d];
-        dot = warp_sum(dot);
-        if (lane == 0) P[r] = dot * scale;
+    float qv[DPL], acc[DPL];
+    const T *qr = drow<T>(q, b, i, h) + lane * DPL;
+#pragma unroll
+    for (int e = 0; e < DPL; e++) { qv[e] = to_f(qr[e]) * scale; acc[e] = 0.0f; }
+    float m = -INFINITY, l = 0.0f;
+    int r0 = w * KPW; /* this warp's keys: c0 + r0 .. c0 + r0 + KPW - 1 */
+    for (int j0 = 0; j0 < KPW; j0 += DEC_UNROLL) {
+        float kf[DEC_UNROLL][DPL], vf[DEC_UNROLL][DPL], sc[DEC_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; u++) {
+            int r = r0 + j0 + u;
+            bool ok = r < n;
+            const T *kr = drow<T>(k, b, c0 + (ok ? r : 0), h) + lane * DPL;
+            const T *vr = drow<T>(v, b, c0 + (ok ? r : 0), h) + lane * DPL;
+#pragma unroll
+            for (int e = 0; e < DPL; e++) { kf[u][e] = to_f(kr[e]); vf[u][e] = to_f(vr[e]); }
+        }
+        float mn = m;
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; u++) {
+            float dot = 0;
+#pragma unroll
+            for (int e = 0; e < DPL; e++) dot += qv[e] * kf[u][e];
+            dot = warp_sum(dot);
+            sc[u] = r0 + j0 + u < n ? dot : -INFINITY;
+            mn = fmaxf(mn, sc[u]);
+        }
+        if (mn == -INFINITY) continue; /* nothing visible in this group */
+        float corr = expf(m - mn);
+        l *= corr;
+#pragma unroll
+        for (int e = 0; e < DPL; e++) acc[e] *= corr;
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; u++) {
+            float p = sc[u] == -INFINITY ? 0.0f : expf(sc[u] - mn);
+            l += p;
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[e] += p * vf[u][e];
+        }
+        m = mn;
     }
+    if (lane == 0) { wm[w] = m; wl[w] = l; }
+#pragma unroll
+    for (int e = 0; e < DPL; e++) wacc[w][lane * DPL + e] = acc[e];
     __syncthreads();
-    float m = -INFINITY;
-    for (int r = 0; r < n; r++) m = fmaxf(m, P[r]);
-    __syncthreads(); /* every thread has read the scores before they turn into weights */
-    if (threadIdx.x < n) P[threadIdx.x] = expf(P[threadIdx.x] - m);
-    __syncthreads();
-    float l = block_sum(threadIdx.x < n ? P[threadIdx.x] : 0.0f, red);
+    float M = -INFINITY;
+#pragma unroll
+    for (int x = 0; x < NW; x++) M = fmaxf(M, wm[x]);
     for (int d = threadIdx.x; d < HD; d += DEC_THREADS) {
-        float acc = 0;
-        for (int r = 0; r < n; r++) acc += P[r] * Vs[r][d];
-        dst[2 + d] = acc;
+        float a = 0;
+#pragma unroll
+        for (int x = 0; x < NW; x++)
+            if (wm[x] > -INFINITY) a += wacc[x][d] * expf(wm[x] - M);
+        dst[2 + d] = a;
     }
-    if (threadIdx.x == 0) { dst[0] = m; dst[1] = l; }
+    if (threadIdx.x == 0) {
+        float L = 0;
+        for (int x = 0; x < NW; x++)
+            if (wm[x] > -INFINITY) L += wl[x] * expf(wm[x] - M);
+        dst[0] = M;
+        dst[1] = L;
+    }
 }
 
 /* grid (NH, B*Tq), DEC_GROUPS * HD threads (HD a multiple of 32), S + DEC_GROUPS * HD floats of
@@ -172,14 +156,13 @@ extern "C" void glmk_decode_attention(glm_dtype dt, void *out, float *lse, float
     if (B <= 0 || Tq <= 0) return;
     int S = (Tk + DEC_CHUNK - 1) / DEC_CHUNK;
     GLMK_DISPATCH(dt, {
-        /* 16-byte rows: the bases aligned and every stride a whole number of 16-byte pieces */
-        long vec = 16 / (long)sizeof(T);
-        bool v16 = aligned16(k.base) && aligned16(v.base) && HD % vec == 0 && k.batch_stride % vec == 0 &&
-                   k.tok_stride % vec == 0 && k.head_stride % vec == 0 && v.batch_stride % vec == 0 &&
-                   v.tok_stride % vec == 0 && v.head_stride % vec == 0;
         dim3 grid(S, NH, B * Tq);
-        if (v16) decode_partial<T, true><<<grid, DEC_THREADS, 0, st>>>(scratch, q, k, v, lo, hi, Tq, NH, HD, scale, S);
-        else decode_partial<T, false><<<grid, DEC_THREADS, 0, st>>>(scratch, q, k, v, lo, hi, Tq, NH, HD, scale, S);
+        switch (HD / 32) {
+        case 1: decode_partial<T, 1><<<grid, DEC_THREADS, 0, st>>>(scratch, q, k, v, lo, hi, Tq, NH, HD, scale, S); break;
+        case 2: decode_partial<T, 2><<<grid, DEC_THREADS, 0, st>>>(scratch, q, k, v, lo, hi, Tq, NH, HD, scale, S); break;
+        case 3: decode_partial<T, 3><<<grid, DEC_THREADS, 0, st>>>(scratch, q, k, v, lo, hi, Tq, NH, HD, scale, S); break;
+        default: decode_partial<T, 4><<<grid, DEC_THREADS, 0, st>>>(scratch, q, k, v, lo, hi, Tq, NH, HD, scale, S); break;
+        }
         GLMK_CHECK_LAUNCH();
         decode_combine<T><<<dim3(NH, B * Tq), DEC_GROUPS * HD, sizeof(float) * (S + DEC_GROUPS * HD), st>>>(
             (T *)out, lse, scratch, Tq, NH, HD, S);
