@@ -127,6 +127,12 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
         }
         quant = qbit == 4 ? GLM_Q_INT4 : qbit == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
     }
+    const cJSON *qe = cJSON_GetObjectItemCaseSensitive(o, "quantization_embeddings");
+    if (quant != GLM_Q_NONE && cJSON_IsTrue(qe)) { /* chatglm-6b-int4-qe: the embedding quantized too */
+        cJSON_Delete(o);
+        glm_fail(err, "%s: quantization_embeddings true (chatglm-6b-int4-qe): a quantized embedding is not supported", src);
+        return glm_hint(err, "use chatglm-6b-int4 (embedding in float16), or the float16 chatglm-6b with --quantization_bit 4");
+    }
     cJSON_Delete(o);
     *c = (glm_config){
         .vocab_size = vocab, .hidden_size = hidden, .num_layers = layers, .num_attention_heads = heads,

@@ -81,6 +81,8 @@ int main(void) {
     TEST_CHECK(&tc, "reads_quantization_bit_8", rc == 0 && g_parsed.quant == GLM_Q_INT8, "rc %d: %s", rc, err.msg);
     rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 0", &err);
     TEST_CHECK(&tc, "reads_quantization_bit_0", rc == 0 && g_parsed.quant == GLM_Q_NONE, "rc %d: %s", rc, err.msg);
+    rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 4, \"quantization_embeddings\": true", &err);
+    TEST_CHECK(&tc, "rejects_quantized_embeddings", rc == -1 && strstr(err.msg, "quantization_embeddings"), "rc %d: %s", rc, err.msg);
     rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 3", &err);
     TEST_CHECK(&tc, "rejects_quantization_bit_3", rc == -1 && strstr(err.msg, "quantization_bit must be 0, 4 or 8"), "rc %d: %s", rc, err.msg);
     rc = glm_config_parse(&c, "[1, 2]", "x.json", &err);
