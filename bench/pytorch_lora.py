@@ -47,13 +47,38 @@ scalar loop, |w - dequant(q)| <= s/2, and a 2-layer fp32 model with --base_quant
 states and loss, and the LoRA gradients (B made nonzero), to 1e-4; without --no-compile also the
 compiled dequantize bit for bit and the compiled blocks against the float model.
 
+--ptuning P (instead of LoRA; with --lora it is an error): THUDM's P-Tuning v2 as
+modeling_chatglm.py's PrefixEncoder without prefix_projection. No adapters; the one trainable
+parameter is the prefix embedding [P, 2 L H] (fp32 under bf16 autocast, as THUDM's ptuning main.py
+keeps the prefix encoder in float; N(0, 1) as nn.Embedding), made after the base so the base's
+random stream is the LoRA runs'. Layer l's keys are its columns at slot 2l, its values at 2l + 1
+(each [P, NH, HD]): one view + split(2) of the embedding gives each layer its [P, 2, NH, HD] slice
+(the split's backward is one concatenation), passed as an input of the (compiled) block, which
+casts it to the compute dtype, expands it to the B rows, applies prefix dropout (--prefix_dropout,
+0.1, per batch row, training only) and concatenates the keys / values in front of the rotated
+(the prefix is not rotated) keys / values; SDPA takes the boolean GLM prefix mask extended with P
+always-visible columns, [B, 1, T, P + T]. Fused AdamW and clipping over the embedding only. The
+label ends "+ptuning{P}" as bench_train's (512x8+ptuning128, 512x4+ckpt+ptuning128; bench_train
+on CUDA also puts "+hc" before it, for its head chunk, which has no counterpart here); the records
+keep "impl": "pytorch-lora" and carry bench_train's "ft" ("lora8", "lora8all", "ptuning128"),
+"pre_seq_len" and "prefix_dropout"; n_trainable = P * 2 L H; MFU with the same 4N + 12 L H T (N
+includes the prefix embedding, as bench_train's; the attention over the P extra keys is not
+counted, as bench_train does not count it either).
+--selfcheck also checks P-Tuning (P = --ptuning or 8; selfcheck_ptuning): a 2-layer fp32 model,
+prefix dropout 0, against an explicit per-layer loop (torch.cat of the prefix keys / values,
+plain softmax attention): hidden states and loss to 1e-4 and the prefix gradient (finite,
+non-zero in every layer's key and value slot) against the loop's, eager with and without
+checkpointing (and compiled without --no-compile); with dropout 0.1 the training loss moves and
+the eval loss equals the reference.
+
   python3 bench/pytorch_lora.py --runs 512x8,2048x2,512x4c --lora 8 [--lora_target qkv|all]
       [--base_quant none|int8|int4 [--quant_eager]] [--steps 6] [--warmup 3] [--layers 28]
+      [--ptuning P [--prefix_dropout 0.1]] (instead of --lora)
       [--no-compile] [--out FILE] [--selfcheck]
 CPU smoke test (torch without compile or SDPA: --no-compile, tiny shapes):
   python3 bench/pytorch_lora.py --tiny --layers 2 --runs 64x2,64x2c --no-compile --steps 2 --warmup 1 \
-      [--base_quant int4]
-  python3 bench/pytorch_lora.py --tiny --no-compile --selfcheck
+      [--base_quant int4] [--ptuning 8]
+  python3 bench/pytorch_lora.py --tiny --no-compile --selfcheck [--ptuning 8]
 (on the GPU, `--tiny --selfcheck` also checks the compiled path, in about a minute)
 """
 import argparse
@@ -214,11 +239,15 @@ class FrozenLN(nn.Module):
 
 
 class Block(nn.Module):
-    """pytorch_baseline.Block with LoRA-capable linears (the same forward)."""
+    """pytorch_baseline.Block with LoRA-capable linears (the same forward). With pkv (P-Tuning v2,
+    this layer's [P, 2, NH, HD] slice of the prefix embedding, fp32) the P prefix keys and values
+    go in front of the rotated keys and values of every row, after prefix dropout (per batch row,
+    training only); the mask then has P + T columns."""
 
-    def __init__(self, dev, dtype, r, alpha, dropout, targets, bits=0, eager=False):
+    def __init__(self, dev, dtype, r, alpha, dropout, targets, bits=0, eager=False, prefix_dropout=0.0):
         super().__init__()
         H, FF = PB.H, PB.FF
+        self.prefix_dropout = prefix_dropout
 
         def lin(name, i, o):
             return LoraLinear(i, o, dev, dtype, r if name in targets else 0, alpha, dropout, bits=bits, eager=eager)
@@ -230,7 +259,7 @@ class Block(nn.Module):
         self.fc1 = lin("fc1", H, FF)
         self.fc2 = lin("fc2", FF, H)
 
-    def forward(self, h, mask, cos1, sin1, cos2, sin2):
+    def forward(self, h, mask, cos1, sin1, cos2, sin2, pkv=None):
         B, T, _ = h.shape
         H, NH, HD = PB.H, PB.NH, PB.HD
         x = self.ln1(h)
@@ -238,6 +267,13 @@ class Block(nn.Module):
         q, k, v = qkv.unbind(3)
         q = PB.apply_rope(q, cos1, sin1, cos2, sin2)
         k = PB.apply_rope(k, cos1, sin1, cos2, sin2)
+        if pkv is not None:  # P-Tuning v2: [P, 2, NH, HD] -> B rows of P keys and values, not rotated
+            P = pkv.shape[0]
+            pkv = pkv.to(k.dtype)[None].expand(B, P, 2, NH, HD)  # cast the [P, 2H] slice once, then rows
+            pkv = F.dropout(pkv, self.prefix_dropout, self.training)  # THUDM's prefix dropout, per row
+            pk, pv = pkv.unbind(2)
+            k = torch.cat((pk, k), dim=1)
+            v = torch.cat((pv, v), dim=1)
         a = SDPA(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         h1 = PB.ALPHA * x + self.dense(a.transpose(1, 2).reshape(B, T, H))
         y = self.ln2(h1)
@@ -245,23 +281,52 @@ class Block(nn.Module):
 
 
 class GLMLora(nn.Module):
-    def __init__(self, layers, dev, dtype, r, alpha, dropout, targets, bits=0, eager=False):
+    """The frozen base with LoRA adapters (r > 0) or, with pre_seq_len P > 0, THUDM's P-Tuning v2
+    prefix encoder without prefix_projection: a trainable fp32 embedding [P, 2 L H], N(0, 1) as
+    nn.Embedding, layer l's keys at slot 2l and values at 2l + 1 (each [P, NH, HD]); made after the
+    base so the base's random stream is the LoRA runs'."""
+
+    def __init__(self, layers, dev, dtype, r, alpha, dropout, targets, bits=0, eager=False,
+                 pre_seq_len=0, prefix_dropout=0.1):
         super().__init__()
+        assert not (r > 0 and pre_seq_len > 0), "LoRA and P-Tuning exclude each other"
         self.wte = frozen((PB.V, PB.H), dev, dtype, std=0.02)
-        self.blocks = nn.ModuleList(Block(dev, dtype, r, alpha, dropout, targets, bits, eager) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dev, dtype, r, alpha, dropout, targets, bits, eager, prefix_dropout)
+                                    for _ in range(layers))
         self.lnf = FrozenLN(PB.H, dev, dtype)
         self.head = frozen((PB.V, PB.H), dev, dtype, std=0.02)
         self.ckpt = False
+        self.pre_seq_len = pre_seq_len
+        self.prefix_embedding = None
+        if pre_seq_len > 0:
+            self.prefix_embedding = nn.Parameter(
+                torch.empty(pre_seq_len, 2 * layers * PB.H, device=dev, dtype=torch.float32).normal_(0.0, 1.0))
+
+    def prefix_kv(self):
+        """Per layer its [P, 2, NH, HD] view of the prefix embedding (keys, values): one split, whose
+        backward is one concatenation of the layers' gradients into the embedding's."""
+        if self.prefix_embedding is None:
+            return [None] * len(self.blocks)
+        P, L = self.pre_seq_len, len(self.blocks)
+        return self.prefix_embedding.view(P, 2 * L, PB.NH, PB.HD).split(2, dim=1)
+
+    def prefix_mask(self, mask):
+        """The GLM prefix mask [B, 1, T, T] with P always-visible columns in front: [B, 1, T, P + T]."""
+        if self.prefix_embedding is None:
+            return mask
+        B, _, T, _ = mask.shape
+        return torch.cat((mask.new_ones(B, 1, T, self.pre_seq_len), mask), dim=-1)
 
     def hidden(self, ids, pos, bpos, mask):
         h = F.embedding(ids, self.wte)
         cos1, sin1 = PB.rotary_tables(pos, PB.HD // 2)
         cos2, sin2 = PB.rotary_tables(bpos, PB.HD // 2)
-        for blk in self.blocks:
+        mask = self.prefix_mask(mask)
+        for blk, pkv in zip(self.blocks, self.prefix_kv()):
             if self.ckpt:
-                h = checkpoint(blk, h, mask, cos1, sin1, cos2, sin2, use_reentrant=False)
+                h = checkpoint(blk, h, mask, cos1, sin1, cos2, sin2, pkv, use_reentrant=False)
             else:
-                h = blk(h, mask, cos1, sin1, cos2, sin2)
+                h = blk(h, mask, cos1, sin1, cos2, sin2, pkv)
         return self.lnf(h)
 
     def forward(self, ids, pos, bpos, mask, sup_idx, sup_tgt):
@@ -300,7 +365,8 @@ def bench_run(a, run, dev, dtype, alpha, targets, cuda):
         torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
     bits = QBITS[a.base_quant]
-    model = GLMLora(a.layers, dev, dtype, a.lora, alpha, a.lora_dropout, targets, bits, a.quant_eager)
+    model = GLMLora(a.layers, dev, dtype, a.lora, alpha, a.lora_dropout, targets, bits, a.quant_eager,
+                    a.ptuning, a.prefix_dropout)
     model.ckpt = ck
     if not a.no_compile:
         for blk in model.blocks:
@@ -337,9 +403,14 @@ def bench_run(a, run, dev, dtype, alpha, targets, cuda):
     tok = B * T / med
     flops_tok = 4 * n_all + 12 * a.layers * PB.H * T
     mfu = tok * flops_tok / 989e12
-    res = dict(impl="pytorch-lora", run=f"{T}x{B}{'+ckpt' if ck else ''}+lora{a.lora}"
-               f"{'' if a.lora_target == 'qkv' else a.lora_target}{'+' + a.base_quant if bits else ''}",
-               seq=T, batch=B, ckpt=int(ck), lora_rank=a.lora, lora_target=a.lora_target, base_quant=a.base_quant,
+    # the fine-tuning kind as bench_train names it (its "ft" field and label suffix)
+    ft = f"ptuning{a.ptuning}" if a.ptuning else f"lora{a.lora}{'' if a.lora_target == 'qkv' else a.lora_target}"
+    if a.ptuning:
+        assert n_train == a.ptuning * 2 * a.layers * PB.H, n_train
+    res = dict(impl="pytorch-lora", run=f"{T}x{B}{'+ckpt' if ck else ''}+{ft}{'+' + a.base_quant if bits else ''}",
+               seq=T, batch=B, ckpt=int(ck), ft=ft, lora_rank=a.lora,
+               lora_target=None if a.ptuning else a.lora_target, pre_seq_len=a.ptuning,
+               prefix_dropout=a.prefix_dropout if a.ptuning else None, base_quant=a.base_quant,
                quant_eager=bool(bits and a.quant_eager), compile=not a.no_compile, step_ms=med * 1e3,
                tok_s=tok, mfu=mfu, flops_per_token=flops_tok, first_step_s=first, loss=float(loss),
                n_params=n_all, n_trainable=n_train, base_gib=base_bytes / 2**30, tiny=a.tiny, layers=a.layers)
@@ -360,8 +431,122 @@ def _close(name, got, ref, tol, rel=False):
         raise AssertionError(f"selfcheck {name}: max abs diff {d:.3g} >= {lim:.3g}")
 
 
+def ptuning_reference(m, ids, pos, bpos, mask, sup_idx, sup_tgt):
+    """P-Tuning v2 written out for --selfcheck (fp32, prefix dropout 0): a per-layer loop over the
+    frozen weights, layer l's prefix keys / values sliced from the embedding's columns
+    [2l H, (2l+1) H) / [(2l+1) H, (2l+2) H), torch.cat in front of the rotated keys / values, a
+    plain softmax attention over P + T keys with the GLM mask extended by P visible columns.
+    Returns the final hidden states and the loss."""
+    B, T = ids.shape
+    H, NH, HD, P = PB.H, PB.NH, PB.HD, m.pre_seq_len
+    E = m.prefix_embedding
+
+    def ln(x, mod):
+        return F.layer_norm(x, (H,), mod.weight, mod.bias, 1e-5)
+
+    def lin(x, mod):
+        assert mod.r == 0 and not mod.bits
+        return x @ mod.weight.t() + mod.bias
+
+    allowed = torch.zeros(B, T, P + T, dtype=torch.bool, device=ids.device)
+    allowed[:, :, :P] = True  # every query sees every prefix key
+    allowed[:, :, P:] = mask[:, 0]  # then its own GLM-mask keys
+    cos1, sin1 = PB.rotary_tables(pos, HD // 2)
+    cos2, sin2 = PB.rotary_tables(bpos, HD // 2)
+    h = m.wte[ids]
+    for l, blk in enumerate(m.blocks):
+        x = ln(h, blk.ln1)
+        qkv = lin(x, blk.qkv).view(B, T, NH, 3, HD)
+        q = PB.apply_rope(qkv[:, :, :, 0], cos1, sin1, cos2, sin2)
+        k = PB.apply_rope(qkv[:, :, :, 1], cos1, sin1, cos2, sin2)
+        v = qkv[:, :, :, 2]
+        pk = E[:, 2 * l * H:(2 * l + 1) * H].reshape(P, NH, HD)
+        pv = E[:, (2 * l + 1) * H:(2 * l + 2) * H].reshape(P, NH, HD)
+        kk = torch.cat([pk.unsqueeze(0).expand(B, P, NH, HD), k], dim=1)  # [B, P + T, NH, HD]
+        vv = torch.cat([pv.unsqueeze(0).expand(B, P, NH, HD), v], dim=1)
+        sc = torch.einsum("bqnd,bknd->bnqk", q, kk) / math.sqrt(HD)
+        sc = sc.masked_fill(~allowed[:, None], float("-inf"))
+        att = torch.einsum("bnqk,bknd->bqnd", sc.softmax(dim=-1), vv).reshape(B, T, H)
+        h1 = PB.ALPHA * x + lin(att, blk.dense)
+        y = ln(h1, blk.ln2)
+        h = PB.ALPHA * y + lin(F.gelu(lin(y, blk.fc1), approximate="tanh"), blk.fc2)
+    hid = ln(h, m.lnf)
+    logits = hid.reshape(-1, H)[sup_idx] @ m.head.t()
+    return hid, F.cross_entropy(logits, sup_tgt)
+
+
+def selfcheck_ptuning(a, dev):
+    """--selfcheck, P-Tuning v2: the model (eager, and compiled without --no-compile; with and
+    without checkpointing) against ptuning_reference, fp32, prefix dropout 0: hidden states and
+    loss to 1e-4, the prefix gradient (finite, non-zero in every layer's key and value slots)
+    against the reference's; then prefix dropout 0.1: training changes the loss, eval does not."""
+    B, T, layers, P = 2, 16, min(a.layers, 2), a.ptuning or 8
+    H = PB.H
+    batch = make_batch(B, T, dev, a.tiny)
+
+    def build(pdrop):
+        torch.manual_seed(0)
+        m = GLMLora(layers, dev, torch.float32, 0, 0.0, 0.0, (), 0, False, P, pdrop)
+        with torch.no_grad():  # sharper attention than std 0.02 gives at H 64, so the prefix keys matter
+            for blk in m.blocks:
+                blk.qkv.weight.mul_(8.0)
+        return m
+
+    mr = build(0.0)
+    train = [p_ for p_ in mr.parameters() if p_.requires_grad]
+    assert len(train) == 1 and train[0] is mr.prefix_embedding and train[0].numel() == P * 2 * layers * H
+    assert not any(isinstance(mod, LoraLinear) and mod.r for mod in mr.modules()), "LoRA adapters with --ptuning"
+    hr, lr = ptuning_reference(mr, *batch)
+    gr, = torch.autograd.grad(lr, mr.prefix_embedding)
+    hr, lr = hr.detach(), lr.detach()
+    assert torch.isfinite(gr).all(), "reference prefix gradient not finite"
+    print(f"  P-Tuning P={P}: 1 trainable tensor [{P}, {2 * layers * H}] = {P * 2 * layers * H} = P*2*L*H; "
+          f"reference loss {lr.item():.5f}", flush=True)
+
+    def fwd_bwd(m):
+        m.prefix_embedding.grad = None
+        with torch.no_grad():
+            hid = m.hidden(*batch[:4])
+        loss = m(*batch)
+        loss.backward()
+        return hid, loss.detach(), m.prefix_embedding.grad
+
+    variants = [("eager", build(0.0), False), ("eager + checkpointing", build(0.0), True)]
+    if not a.no_compile:
+        mc = build(0.0)
+        for blk in mc.blocks:
+            blk.compile()
+        variants.append(("compiled", mc, False))
+    for tag, m, ck in variants:
+        m.ckpt = ck
+        print(f"  P-Tuning {tag} vs the reference loop:", flush=True)
+        hq, lq, gq = fwd_bwd(m)
+        rel = tag == "compiled"  # inductor's fp32 kernels round differently from eager's
+        _close("hidden", hq, hr, 1e-4, rel)
+        _close("loss", lq, lr, 1e-4, rel)
+        assert gq is not None and torch.isfinite(gq).all(), "prefix gradient not finite"
+        slots = gq.view(P, 2 * layers, H).abs().amax(dim=(0, 2))
+        assert (slots > 0).all(), f"a layer's prefix key/value gradient is zero: {slots.tolist()}"
+        _close("prefix grad (relative)", gq, gr, 1e-4, True)
+        print(f"  prefix grad: finite, |g| max {gq.abs().max().item():.3g}, non-zero in all {2 * layers} slots",
+              flush=True)
+    md = build(0.1)
+    l0 = fwd_bwd(md)[1]
+    gd = md.prefix_embedding.grad
+    assert torch.isfinite(gd).all() and gd.abs().max() > 0, "prefix gradient with dropout"
+    md.eval()
+    with torch.no_grad():
+        le = md(*batch)
+    md.train()
+    _close("prefix dropout 0.1, eval: loss", le, lr, 1e-4)
+    d = abs(l0.item() - lr.item())
+    print(f"  prefix dropout 0.1, training: loss {l0.item():.5f} (differs by {d:.3g}), gradient finite", flush=True)
+    assert d > 1e-6, "prefix dropout had no effect in training"
+
+
 def selfcheck(a, dev, cuda):
-    """--selfcheck: the quantization and the quantized linears against plain float ones (fp32)."""
+    """--selfcheck: the quantization and the quantized linears against plain float ones (fp32);
+    then P-Tuning v2 against a reference loop (selfcheck_ptuning)."""
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator().manual_seed(1)
@@ -454,22 +639,27 @@ def selfcheck(a, dev, cuda):
                     _close(f"compiled dequantize int{bits} bf16", got, ref, 1e-2, True)
             print(f"  int{bits} compiled dequantize: fp32 bit-identical to eager", flush=True)
         del mq, mf
-    print(f"SELFCHECK ok (base_quant {','.join(f'int{b}' for b in bits_list)}, {layers} layers, "
+    selfcheck_ptuning(a, dev)
+    print(f"SELFCHECK ok (base_quant {','.join(f'int{b}' for b in bits_list)}, P-Tuning P={a.ptuning or 8}, {layers} layers, "
           f"{'compiled and eager' if not a.no_compile else 'eager'}, {dev.type})", flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="512x8", help="comma-separated TxB[c] (c: activation checkpointing)")
-    ap.add_argument("--lora", type=int, default=8, help="rank r")
+    ap.add_argument("--lora", type=int, default=None, help="rank r (default 8; not with --ptuning)")
     ap.add_argument("--lora_target", default="qkv", choices=sorted(TARGETS))
     ap.add_argument("--lora_alpha", type=float, default=0.0, help="default 2r")
     ap.add_argument("--lora_dropout", type=float, default=0.05)
+    ap.add_argument("--ptuning", type=int, default=0, metavar="P",
+                    help="P-Tuning v2 (THUDM, no prefix_projection) with pre_seq_len P instead of LoRA")
+    ap.add_argument("--prefix_dropout", type=float, default=0.1, help="P-Tuning's dropout on the prefix keys/values")
     ap.add_argument("--base_quant", default="none", choices=list(QBITS),
                     help="store the four linear weights of every layer int8 / int4 (THUDM's scheme)")
     ap.add_argument("--quant_eager", action="store_true",
                     help="keep the quantized linears out of torch.compile (torch._dynamo.disable)")
-    ap.add_argument("--selfcheck", action="store_true", help="check the quantized linears numerically, then exit")
+    ap.add_argument("--selfcheck", action="store_true",
+                    help="check the quantized linears and P-Tuning numerically, then exit")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--layers", type=int, default=PB.L)
@@ -477,7 +667,12 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="V 1024, H 64, 4 heads, FFN 256 (CPU smoke test)")
     ap.add_argument("--out", default=None, help="append one JSON record per run")
     a = ap.parse_args()
-    if a.steps < 1 or a.lora < 1:
+    if a.ptuning and a.lora is not None:
+        ap.error("--ptuning and --lora exclude each other")
+    if a.ptuning < 0 or not 0 <= a.prefix_dropout < 1:
+        ap.error("--ptuning must be >= 0 and --prefix_dropout in [0, 1)")
+    a.lora = 0 if a.ptuning else 8 if a.lora is None else a.lora
+    if a.steps < 1 or (not a.ptuning and a.lora < 1):
         ap.error("--steps and --lora must be >= 1")
     if not a.no_compile and not hasattr(nn.Module, "compile"):
         ap.error(f"torch {torch.__version__} has no nn.Module.compile; use --no-compile")
@@ -498,8 +693,10 @@ def main():
         for name in ("cache_size_limit", "recompile_limit"):  # the name moved between versions
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 2 * a.layers + 8))
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if cuda else 'CPU'}: LoRA r={a.lora} "
-          f"alpha={alpha:g} dropout={a.lora_dropout:g} on {','.join(targets)}, base "
+    peft = (f"P-Tuning v2 pre_seq_len={a.ptuning} prefix dropout={a.prefix_dropout:g} "
+            f"({a.ptuning * 2 * a.layers * PB.H} trainable)" if a.ptuning else
+            f"LoRA r={a.lora} alpha={alpha:g} dropout={a.lora_dropout:g} on {','.join(targets)}")
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if cuda else 'CPU'}: {peft}, base "
           f"{'bf16' if a.base_quant == 'none' else a.base_quant + ' (qkv,dense,fc1,fc2)'}"
           f"{' eager' if a.base_quant != 'none' and a.quant_eager and not a.no_compile else ''}", flush=True)
     if a.selfcheck:
