@@ -503,6 +503,30 @@ def check_two_ranks(q4, tmp, train_flags):
             "1 rank %s, 2 ranks %s" % (got[1], got[2]))
 
 
+def check_resume(q4, tmp, train_flags):
+    if not q4:
+        c.skip("train_lora_int4_resume", "no INT4 folder")
+        return
+    flags = [f for f in train_flags if f not in ("--save_strategy", "no")]
+    common = ["--model_name_or_path", q4, "--finetuning_type", "lora", "--max_steps", "4", "--save_steps", "2"] + flags
+    full, res = os.path.join(tmp, "lora_int4_full"), os.path.join(tmp, "lora_int4_resumed")
+    p = run_glm("train", "--output_dir", full, *common)
+    if not c.check("train_lora_int4_4_steps", p.returncode == 0, p.stderr[-800:]):
+        return
+    want = re.findall(r"\{'loss': ([^,]+),", p.stdout + p.stderr)
+    os.makedirs(res)
+    shutil.copytree(os.path.join(full, "checkpoint-2"), os.path.join(res, "checkpoint-2"))
+    p = run_glm("train", "--output_dir", res, "--overwrite_output_dir", "--resume_from_checkpoint",
+                os.path.join(res, "checkpoint-2"), *common)
+    if not c.check("train_lora_int4_resume_runs", p.returncode == 0, p.stderr[-800:]):
+        return
+    got = re.findall(r"\{'loss': ([^,]+),", p.stdout + p.stderr)
+    same = open(os.path.join(full, "adapter_model.safetensors"), "rb").read() == \
+        open(os.path.join(res, "adapter_model.safetensors"), "rb").read()
+    c.check("train_lora_int4_resume_exact", len(want) == 4 and got == want[2:] and same,
+            "steps 3-4 %s resumed %s; adapters equal %s" % (want[2:], got, same))
+
+
 def have_load_why():
     return "glmtrain generate has no --quantization_bit yet (issue 17): quantized folders and quantize-at-load not testable"
 
@@ -649,6 +673,9 @@ def main():
             # data parallelism on an INT4 base: 2 CPU ranks (every rank quantizes the base itself)
             # equal 1 rank with the same global batch (LoRA dropout 0: its masks are drawn per rank)
             check_two_ranks(q4, d, train_flags)
+            # exact resume on an INT4 base: 4 steps, against checkpoint-2 resumed (the base is
+            # quantized again on the way in; the adapter and optimizer state come from the checkpoint)
+            check_resume(q4, d, train_flags)
             # chat on the INT4 folder, and on the float source with NF4 at load: generate's tokens
             for name, model, extra in (("int4_folder", q4, []),
                                        ("nf4_at_load", src, ["--quantization_bit", "4", "--quantization_type", "nf4"])):
