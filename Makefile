@@ -82,10 +82,10 @@ $(BUILD)/tests/cuda/%: tests/cuda/%.c tests/cuda/cuda_test_util.h $(BUILD)/libgl
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c -Itests/cuda $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
 
-$(BUILD)/bench_train: bench/bench_train.c bench/bench_quant.h $(BUILD)/libglm.a
+$(BUILD)/bench_train: bench/bench_train.c bench/bench_common.h $(BUILD)/libglm.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
 
-$(BUILD)/bench_decode: bench/bench_decode.c bench/bench_quant.h $(BUILD)/libglm.a
+$(BUILD)/bench_decode: bench/bench_decode.c bench/bench_common.h $(BUILD)/libglm.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
 
 # 2 GPUs: how gradient traffic beside backward-shaped GEMMs slows them, by transport (docs/PERF.md)

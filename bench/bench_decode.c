@@ -17,7 +17,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "bench_quant.h"
+#include "bench_common.h"
 #include "model/glm.h"
 
 static double now(void) {
@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--quant")) {
-            quant = !strcmp(v, "int8") ? GLM_Q_INT8 : !strcmp(v, "int4") ? GLM_Q_INT4 : !strcmp(v, "nf4") ? GLM_Q_NF4 : -1;
+            quant = bench_parse_quant(v);
             if (quant < 0) { fprintf(stderr, "bench_decode: --quant int8|int4|nf4\n"); return 2; }
             i++;
         } else if (!strcmp(a, "--prompt")) { P = atoi(v); i++; }
@@ -119,24 +119,16 @@ int main(int argc, char **argv) {
         ts[s] = now() - a;
     }
     qsort(ts, n, sizeof(double), cmp_d);
+    double med = ts[n / 2];
     if (detail) { /* the last step again (its cache slot rewritten), one event per op */
-        double split[GLM_PROF_NCAT] = {0}, ms[96], tot = 0;
-        const char *names[96];
         int32_t id = 5, p = P - 1, bp = n, l = 0, h = T;
+        char what[64];
         kv.len = T - 1;
+        snprintf(what, sizeof what, "one decode step at position %d", T - 1);
         glm_cuda_profile(be, 2);
         glm_forward_cached(&m, &kv, 1, &id, &p, &bp, &l, &h, NULL, logits, &e);
-        glm_cuda_profile_read(be, split);
-        glm_cuda_profile(be, 0);
-        int k = glm_cuda_profile_ops(be, names, ms, 96);
-        for (int i = 0; i < k; i++) tot += ms[i];
-        for (int i = 0; i < k; i++)
-            for (int j = i + 1; j < k; j++)
-                if (ms[j] > ms[i]) { double t = ms[i]; ms[i] = ms[j]; ms[j] = t; const char *s = names[i]; names[i] = names[j]; names[j] = s; }
-        printf("  per-op (one decode step at position %d, an event per op: %.2f ms)\n", T - 1, tot);
-        for (int i = 0; i < k; i++) printf("    %-34s %8.3f ms %5.1f%%\n", names[i], ms[i], 100 * ms[i] / tot);
+        bench_print_ops(be, what);
     }
-    double med = ts[n / 2];
     size_t used, peak, total;
     glm_cuda_memory(be, &used, &peak, &total);
     const char *qn = quant ? glm_qtype_name((glm_qtype)quant) : "bf16";

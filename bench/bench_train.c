@@ -28,7 +28,7 @@
  * first step, and the step-time split from one profiled step. The label names the fine-tuning
  * kind: 512x8+lora8 (query_key_value), 512x8+lora8all (all four), 512x4+ckpt+lora8,
  * 512x8+freeze2. --quant stores the frozen linear weights quantized (random integers,
- * bench_quant.h); --tied ties the head to the embedding as the chatglm-6b download does (the
+ * bench_common.h); --tied ties the head to the embedding as the chatglm-6b download does (the
  * memory bars of issue 17 are for that model). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +36,7 @@
 #include <time.h>
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "bench_quant.h"
+#include "bench_common.h"
 #include "core/rng.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
@@ -144,7 +144,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--prefix_projection")) projection = 1;
         else if (!strcmp(a, "--tied")) tied = 1;
         else if (!strcmp(a, "--quant")) {
-            quant = !strcmp(v, "int8") ? GLM_Q_INT8 : !strcmp(v, "int4") ? GLM_Q_INT4 : !strcmp(v, "nf4") ? GLM_Q_NF4 : -1;
+            quant = bench_parse_quant(v);
             if (quant < 0) { fprintf(stderr, "bench_train: --quant int8|int4|nf4\n"); return 2; }
             i++;
         }
@@ -220,19 +220,11 @@ int main(int argc, char **argv) {
         glm_cuda_profile_read(be, split);
         glm_cuda_profile(be, 0);
         if (detail) { /* per-op table, sorted by time */
-            double dsplit[GLM_PROF_NCAT] = {0}, ms[96], tot = 0;
-            const char *names[96];
+            char what[64];
+            snprintf(what, sizeof what, "%dx%d%s, one step", T, B, ck == 'c' ? "+ckpt" : "");
             glm_cuda_profile(be, 2);
             step(&m, &o, &b, &l2);
-            glm_cuda_profile_read(be, dsplit);
-            glm_cuda_profile(be, 0);
-            int n = glm_cuda_profile_ops(be, names, ms, 96);
-            for (int i = 0; i < n; i++) tot += ms[i];
-            for (int i = 0; i < n; i++)
-                for (int j = i + 1; j < n; j++)
-                    if (ms[j] > ms[i]) { double t = ms[i]; ms[i] = ms[j]; ms[j] = t; const char *s = names[i]; names[i] = names[j]; names[j] = s; }
-            printf("  per-op (%dx%d%s, one step with an event per op: %.1f ms)\n", T, B, ck == 'c' ? "+ckpt" : "", tot);
-            for (int i = 0; i < n; i++) printf("    %-34s %8.2f ms %5.1f%%\n", names[i], ms[i], 100 * ms[i] / tot);
+            bench_print_ops(be, what);
         }
         size_t used, peak, total;
         glm_cuda_memory(be, &used, &peak, &total);

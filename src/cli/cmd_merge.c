@@ -9,6 +9,7 @@
 #include "core/args.h"
 #include "core/log.h"
 #include "model/adapter.h"
+#include "model/config.h"
 
 typedef struct merge_args {
     char *model_name_or_path, *adapter, *output_dir, *dtype, *max_shard_size;
@@ -44,10 +45,7 @@ int glm_cmd_merge(int argc, char **argv) {
     if (!rc && strcmp(a.max_shard_size, "0") && glm_parse_size(a.max_shard_size, &o.max_shard_bytes))
         rc = glm_fail(&err, "--max_shard_size %s is not a size", a.max_shard_size), glm_hint(&err, "e.g. 10GB, 2GiB, or 0 for one file");
     o.overwrite = a.overwrite_output_dir;
-    if (!rc && a.quantization_bit != 0 && a.quantization_bit != 4 && a.quantization_bit != 8)
-        rc = glm_fail(&err, "--quantization_bit %d: only 4 and 8 are supported (THUDM's quantization_bit)", a.quantization_bit),
-        glm_hint(&err, "use --quantization_bit 4 (INT4) or 8 (INT8), or 0 for float weights");
-    o.quant = a.quantization_bit == 4 ? GLM_Q_INT4 : a.quantization_bit == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
+    if (!rc) rc = glm_quant_parse(a.quantization_bit, NULL, &o.quant, &err);
     double t0 = glm_now();
     if (!rc) rc = glm_adapter_merge(a.model_name_or_path, a.adapter, a.output_dir, &o, &err);
     if (rc) glm_err_print(&err);

@@ -45,14 +45,13 @@ int glm_cmd_quantize(int argc, char **argv) {
     if (!rc && strcmp(a.quantization_type, "nf4") == 0)
         rc = glm_fail(&err, "--quantization_type nf4: NF4 folders are not written (THUDM's code cannot load them)"),
         glm_hint(&err, "pass --quantization_type nf4 to train/generate/chat instead: the float model is quantized as it loads");
-    if (!rc && a.quantization_bit != 4 && a.quantization_bit != 8)
-        rc = glm_fail(&err, "--quantization_bit %d: only 4 and 8 are supported (THUDM's quantization_bit)", a.quantization_bit),
-        glm_hint(&err, "use --quantization_bit 4 (INT4) or 8 (INT8)");
+    if (!rc && a.quantization_bit == 0)
+        rc = glm_fail(&err, "--quantization_bit 0: quantize needs 4 or 8"), glm_hint(&err, "use --quantization_bit 4 (INT4) or 8 (INT8)");
+    if (!rc) rc = glm_quant_parse(a.quantization_bit, NULL, &o.quant, &err);
     if (!rc && glm_parse_st_dtype(a.dtype, &o.dtype)) rc = glm_fail(&err, "--dtype %s: use float16, bfloat16 or float32", a.dtype);
     if (!rc && strcmp(a.max_shard_size, "0") && glm_parse_size(a.max_shard_size, &o.max_shard_bytes))
         rc = glm_fail(&err, "--max_shard_size %s is not a size", a.max_shard_size), glm_hint(&err, "e.g. 10GB, 2GiB, or 0 for one file");
     o.overwrite = a.overwrite_output_dir;
-    o.quant = a.quantization_bit == 4 ? GLM_Q_INT4 : GLM_Q_INT8;
     glm_config c;
     if (!rc && glm_config_load(&c, a.model_name_or_path, &err)) rc = -1;
     if (!rc && c.quant != GLM_Q_NONE && c.quant != o.quant) {

@@ -185,10 +185,8 @@ static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *
         return glm_hint(err, "the base does not match its config.json");
     }
     if (glm_ckpt_read_values(&ms->base, src, t, dst, err)) return -1;
-    const glm_tkind weights[4] = {T_QKV_W, T_DENSE_W, T_FC1_W, T_FC2_W};
-    int i = 0;
-    while (i < 4 && weights[i] != t->kind) i++;
-    if (i == 4 || !(ms->peft.lora_targets >> i & 1)) return 0;
+    int i = glm_linear_index(t->kind);
+    if (i < 0 || !(ms->peft.lora_targets >> i & 1)) return 0;
     const char *dot = strrchr(name, '.'); /* name is <module>.weight */
     char an[256], bn[256];
     snprintf(an, sizeof an, "%s%.*s.lora_A.weight", GLM_ADAPTER_PREFIX, (int)(dot - name), name);

@@ -75,25 +75,32 @@ int glm_ckpt_read_raw(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, 
     return c->tb ? tbin_read_raw(c->tb, name, dtype, dst, bytes, err) : st_read_raw(c->st, name, dtype, dst, bytes, err);
 }
 
-int glm_ckpt_read_values(glm_ckpt *c, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
+int glm_ckpt_quantized_type(const glm_ckpt *c, const char *name, int64_t OC, int64_t C) {
     st_dtype dt;
     int nd;
     int64_t sh[ST_MAX_DIMS];
-    glm_ckpt_info(c, name, &dt, &nd, sh);
-    if (dt == ST_I8 && nd == 2 && t->ndim == 2 && sh[0] == t->shape[0] && (sh[1] == t->shape[1] || 2 * sh[1] == t->shape[1])) {
-        /* a THUDM-quantized weight (int8 + weight_scale): its values as the model computes with them */
-        glm_qtype q = sh[1] == t->shape[1] ? GLM_Q_INT8 : GLM_Q_INT4;
-        glm_qlayout L = glm_qlayout_of(q, (size_t)t->shape[0], (size_t)t->shape[1]);
-        char scale[300];
-        snprintf(scale, sizeof scale, "%s_scale", name);
-        uint8_t *b = glm_calloc(L.bytes, 1);
-        int rc = glm_ckpt_read_raw(c, name, ST_I8, b, L.q_bytes, err);
-        if (rc == 0) rc = glm_ckpt_read_raw(c, scale, ST_F16, b + L.scale, (size_t)t->shape[0] * 2, err);
-        if (rc == 0) glm_dequantize(q, dst, b, (size_t)t->shape[0], (size_t)t->shape[1]);
-        free(b);
-        return rc;
-    }
-    return glm_ckpt_read_f32(c, name, dst, t->ndim, t->shape, err);
+    if (glm_ckpt_info(c, name, &dt, &nd, sh) != 0 || dt != ST_I8 || nd != 2 || sh[0] != OC) return GLM_Q_NONE;
+    return sh[1] == C ? GLM_Q_INT8 : 2 * sh[1] == C ? GLM_Q_INT4 : GLM_Q_NONE;
+}
+
+int glm_ckpt_read_quantized(glm_ckpt *c, const char *name, int q, int64_t OC, int64_t C, void *dst, glm_err *err) {
+    glm_qlayout L = glm_qlayout_of((glm_qtype)q, (size_t)OC, (size_t)C);
+    char scale[300];
+    snprintf(scale, sizeof scale, "%s_scale", name);
+    memset(dst, 0, L.bytes);
+    if (glm_ckpt_read_raw(c, name, ST_I8, dst, L.q_bytes, err)) return -1;
+    return glm_ckpt_read_raw(c, scale, ST_F16, (char *)dst + L.scale, (size_t)OC * 2, err);
+}
+
+int glm_ckpt_read_values(glm_ckpt *c, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
+    glm_qtype q = t->ndim == 2 ? (glm_qtype)glm_ckpt_quantized_type(c, name, t->shape[0], t->shape[1]) : GLM_Q_NONE;
+    if (q == GLM_Q_NONE) return glm_ckpt_read_f32(c, name, dst, t->ndim, t->shape, err);
+    /* a THUDM-quantized weight (int8 + weight_scale): its values as the model computes with them */
+    void *b = glm_malloc(glm_qlayout_of(q, (size_t)t->shape[0], (size_t)t->shape[1]).bytes);
+    int rc = glm_ckpt_read_quantized(c, name, q, t->shape[0], t->shape[1], b, err);
+    if (rc == 0) glm_dequantize(q, dst, b, (size_t)t->shape[0], (size_t)t->shape[1]);
+    free(b);
+    return rc;
 }
 
 int glm_parse_size(const char *s, size_t *out) {

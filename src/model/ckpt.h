@@ -33,6 +33,12 @@ const char *glm_ckpt_name(const glm_ckpt *c, int i);
 /* 0 when present (fills the NULL-able outputs), -1 when absent. */
 int glm_ckpt_info(const glm_ckpt *c, const char *name, st_dtype *dtype, int *ndim, int64_t shape[ST_MAX_DIMS]);
 int glm_ckpt_read_f32(glm_ckpt *c, const char *name, float *dst, int ndim, const int64_t *shape, glm_err *err);
+/* THUDM's pre-quantized weight layout: `name` int8 [OC, C] (INT8) or [OC, C/2] (INT4, two per
+ * byte) beside `name`_scale fp16 [OC]. The type a checkpoint stores `name` as (GLM_Q_NONE when
+ * it is not such an int8 tensor), and its two tensors read into backend/quant.h's layout of q
+ * (dst: glm_qlayout_of(q, OC, C).bytes). */
+int glm_ckpt_quantized_type(const glm_ckpt *c, const char *name, int64_t OC, int64_t C);
+int glm_ckpt_read_quantized(glm_ckpt *c, const char *name, int q, int64_t OC, int64_t C, void *dst, glm_err *err);
 /* Table row t's values as float: read and converted, or a THUDM-quantized weight (int8 `name` +
  * fp16 `name`_scale) dequantized (the values the model computes with). */
 int glm_ckpt_read_values(glm_ckpt *c, const char *name, const glm_tensor *t, float *dst, glm_err *err);

@@ -228,7 +228,7 @@ int glm_lora_targets_parse(const char *list, int *bits, glm_err *err) {
     return 0;
 }
 
-int glm_config_set_quant(glm_config *c, int bits, const char *type, const char *src, glm_err *err) {
+int glm_quant_parse(int bits, const char *type, int *q, glm_err *err) {
     int nf4 = type && strcmp(type, "nf4") == 0;
     if (type && !nf4 && strcmp(type, "int") != 0)
         return glm_fail(err, "--quantization_type %s: not a quantization type", type), glm_hint(err, "use int (THUDM's INT8/INT4) or nf4 (QLoRA)");
@@ -238,7 +238,13 @@ int glm_config_set_quant(glm_config *c, int bits, const char *type, const char *
     if (nf4 && bits == 8)
         return glm_fail(err, "--quantization_type nf4 is 4-bit: --quantization_bit 8 contradicts it"),
                glm_hint(err, "use --quantization_bit 4 (or leave it out) with nf4");
-    int want = nf4 ? GLM_Q_NF4 : bits == 4 ? GLM_Q_INT4 : bits == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
+    *q = nf4 ? GLM_Q_NF4 : bits == 4 ? GLM_Q_INT4 : bits == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
+    return 0;
+}
+
+int glm_config_set_quant(glm_config *c, int bits, const char *type, const char *src, glm_err *err) {
+    int want = GLM_Q_NONE;
+    if (glm_quant_parse(bits, type, &want, err)) return -1;
     if (c->quant != GLM_Q_NONE && want != GLM_Q_NONE && want != c->quant) {
         glm_fail(err, "%s stores its weights as %s (config.json quantization_bit %d), but this run asks for %s", src,
                  glm_qtype_name((glm_qtype)c->quant), glm_qtype_bits((glm_qtype)c->quant), glm_qtype_name((glm_qtype)want));

@@ -63,6 +63,9 @@ int glm_config_load(glm_config *c, const char *path, glm_err *err); /* file or f
 char *glm_config_to_json(const glm_config *c);
 int glm_config_validate(const glm_config *c, const char *source, glm_err *err);
 static inline int glm_head_dim(const glm_config *c) { return c->hidden_size / c->num_attention_heads; }
+/* --quantization_bit (0: not given, 4, 8) and --quantization_type (NULL, "int", "nf4") into a
+ * glm_qtype; -1 with the flag named in err. */
+int glm_quant_parse(int bits, const char *type, int *q, glm_err *err);
 /* The run's --quantization_bit (0: not given, 4, 8) and --quantization_type (NULL, "int", "nf4")
  * over what config.json said (c->quant): a folder stored as INT4 cannot be read as INT8 or NF4
  * (errors name src). */

@@ -358,19 +358,8 @@ static int read_ckpt(void *ctx, const char *name, const glm_tensor *t, float *ds
 /* A pre-quantized source weight of the type asked for: its bytes as stored. */
 static int read_ckpt_quantized(void *ctx, const glm_tensor *t, int q, void *dst, glm_err *err) {
     glm_ckpt *c = ctx;
-    st_dtype dt;
-    int nd;
-    int64_t sh[ST_MAX_DIMS];
-    if (glm_ckpt_info(c, t->name, &dt, &nd, sh) != 0 || dt != ST_I8 || nd != 2 ||
-        sh[1] * 8 != t->shape[1] * glm_qtype_bits((glm_qtype)q))
-        return 0;
-    glm_qlayout L = glm_qlayout_of((glm_qtype)q, (size_t)t->shape[0], (size_t)t->shape[1]);
-    char scale[300];
-    snprintf(scale, sizeof scale, "%s_scale", t->name);
-    if (glm_ckpt_read_raw(c, t->name, ST_I8, dst, L.q_bytes, err) ||
-        glm_ckpt_read_raw(c, scale, ST_F16, (char *)dst + L.scale, (size_t)t->shape[0] * 2, err))
-        return -1;
-    return 1;
+    if (glm_ckpt_quantized_type(c, t->name, t->shape[0], t->shape[1]) != q) return 0;
+    return glm_ckpt_read_quantized(c, t->name, q, t->shape[0], t->shape[1], dst, err) ? -1 : 1;
 }
 
 int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o, glm_err *err) {

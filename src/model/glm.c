@@ -29,8 +29,7 @@ static void bind_weights(glm_model *m, glm_weights *w, int grads) {
     if (m->fparams) bind_rows(m, &m->ftab, m->fparams, w);
     for (int i = 0; i < m->qtab.n; i++) { /* byte offsets */
         const glm_tensor *t = &m->qtab.t[i];
-        int k = t->kind == T_QKV_W ? 0 : t->kind == T_DENSE_W ? 1 : t->kind == T_FC1_W ? 2 : 3;
-        w->layer[t->layer].qw[k] = (char *)m->qparams + t->offset;
+        w->layer[t->layer].qw[glm_linear_index(t->kind)] = (char *)m->qparams + t->offset;
     }
 }
 

@@ -71,8 +71,12 @@ int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind);
 static inline int glm_is_lora(glm_tkind k) { return k >= T_QKV_LA && k <= T_FC2_LB; }
 static inline int glm_is_prefix(glm_tkind k) { return k >= T_PREFIX_EMB && k <= T_PREFIX_B2; }
 static inline int glm_is_extra(glm_tkind k) { return glm_is_lora(k) || glm_is_prefix(k); }
-/* The weight of one of the four linear modules of a layer (the rows quantization applies to). */
-static inline int glm_is_linear_w(glm_tkind k) { return k == T_QKV_W || k == T_DENSE_W || k == T_FC1_W || k == T_FC2_W; }
+/* Which of the four linear modules (0 query_key_value .. 3 dense_4h_to_h, the LoRA target
+ * order) a weight row is, -1 for any other row; the rows quantization applies to. */
+static inline int glm_linear_index(glm_tkind k) {
+    return k == T_QKV_W ? 0 : k == T_DENSE_W ? 1 : k == T_FC1_W ? 2 : k == T_FC2_W ? 3 : -1;
+}
+static inline int glm_is_linear_w(glm_tkind k) { return glm_linear_index(k) >= 0; }
 /* Whether row (layer, kind) is stored quantized under c->quant: the linear weights that do not
  * train (all of them in a model for generation). */
 int glm_tensor_quantized(const glm_config *c, int layer, glm_tkind kind);

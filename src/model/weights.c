@@ -63,39 +63,38 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed) {
  * [OC, C/2], two per byte) and `name`_scale fp16 [OC]; copied as they are. */
 static int load_prequantized(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src_name,
                              glm_err *err) {
-    int bits = glm_qtype_bits((glm_qtype)t->qtype), nd;
-    int64_t OC = t->shape[0], C = t->shape[1], shape[ST_MAX_DIMS], want = C * bits / 8;
+    int64_t OC = t->shape[0], C = t->shape[1], shape[ST_MAX_DIMS];
+    int stored = glm_ckpt_quantized_type(c, src_name, OC, C), nd;
     st_dtype dt;
-    char scale[300];
-    snprintf(scale, sizeof scale, "%s_scale", src_name);
-    glm_ckpt_info(c, src_name, &dt, &nd, shape);
     if (t->qtype == GLM_Q_NF4) {
         glm_fail(err, "%s: tensor %s is stored quantized (int8), but this run asks for NF4", c->path, src_name);
         return glm_hint(err, "NF4 quantizes a float16/bfloat16 base as it loads: give the float model, or drop --quantization_type nf4");
     }
-    if (nd != 2 || shape[0] != OC || (shape[1] != want && (shape[1] == C || shape[1] == C / 2))) {
-        int fbits = nd == 2 && shape[1] == C ? 8 : 4;
-        glm_fail(err, "%s: tensor %s holds int%d weights ([%lld, %lld]) but this run quantizes to int%d", c->path, src_name,
-                 fbits, (long long)shape[0], (long long)(nd == 2 ? shape[1] : 0), bits);
+    if (stored != GLM_Q_NONE && stored != t->qtype) {
+        int fbits = glm_qtype_bits((glm_qtype)stored);
+        glm_fail(err, "%s: tensor %s holds int%d weights but this run quantizes to int%d", c->path, src_name, fbits,
+                 glm_qtype_bits((glm_qtype)t->qtype));
         return glm_hint(err, "use --quantization_bit %d (the folder's), or quantize the float16 model instead", fbits);
     }
-    if (nd != 2 || shape[1] != want) {
+    if (stored == GLM_Q_NONE) {
+        glm_ckpt_info(c, src_name, &dt, &nd, shape);
         glm_fail(err, "%s: tensor %s has shape [%lld, %lld], a %s weight of [%lld, %lld] needs [%lld, %lld]", c->path, src_name,
                  (long long)shape[0], (long long)(nd == 2 ? shape[1] : 0), glm_qtype_name((glm_qtype)t->qtype), (long long)OC,
-                 (long long)C, (long long)OC, (long long)want);
+                 (long long)C, (long long)OC, (long long)(C * glm_qtype_bits((glm_qtype)t->qtype) / 8));
         return glm_hint(err, "the checkpoint does not match config.json (hidden_size? inner_hidden_size?)");
     }
+    char scale[300];
+    snprintf(scale, sizeof scale, "%s_scale", src_name);
     if (glm_ckpt_info(c, scale, &dt, &nd, shape) != 0 || nd != 1 || shape[0] != OC || dt != ST_F16) {
         glm_fail(err, "%s: tensor %s is quantized, but %s (float16 [%lld]) is missing or malformed", c->path, src_name,
                  scale, (long long)OC);
         return glm_hint(err, "a chatglm-6b-int4/int8 folder stores each quantized weight with its weight_scale");
     }
-    glm_qlayout L = glm_qlayout_of((glm_qtype)t->qtype, (size_t)OC, (size_t)C);
-    uint8_t *q = glm_calloc(L.bytes, 1);
-    int rc = glm_ckpt_read_raw(c, src_name, ST_I8, q, L.q_bytes, err);
-    if (rc == 0) rc = glm_ckpt_read_raw(c, scale, ST_F16, q + L.scale, (size_t)OC * 2, err);
+    size_t bytes = glm_qlayout_of((glm_qtype)t->qtype, (size_t)OC, (size_t)C).bytes;
+    void *q = glm_malloc(bytes);
+    int rc = glm_ckpt_read_quantized(c, src_name, t->qtype, OC, C, q, err);
     if (rc == 0) {
-        m->be->upload(m->be, dst, q, L.bytes);
+        m->be->upload(m->be, dst, q, bytes);
         m->qscratch_of = NULL;
     }
     free(q);

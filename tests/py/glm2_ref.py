@@ -45,9 +45,13 @@ gradients by autograd.
 import json
 import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glm_ref  # noqa: E402  (random_params)
 
 # ChatGLM2-6B config.json values (spec section 11); used for fields a config leaves out.
 # ChatGLM3-6B differs only in seq_length 8192.
@@ -160,18 +164,8 @@ def buffers(cfg, dtype=torch.float32):
 
 def init_params(cfg, seed=0, std=0.02, dtype=torch.float32):
     """Non-trivial random parameters: matrices N(0, std), norm weights 1 + N(0, 0.1), biases
-    N(0, 0.02). Deterministic for a seed."""
-    g = torch.Generator().manual_seed(seed)
-    params = {}
-    for name, shape in param_shapes(cfg):
-        if len(shape) >= 2:
-            t = torch.randn(shape, generator=g, dtype=torch.float64) * std
-        elif "layernorm" in name and name.endswith(".weight"):
-            t = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
-        else:
-            t = 0.02 * torch.randn(shape, generator=g, dtype=torch.float64)
-        params[name] = t.to(dtype)
-    return params
+    N(0, 0.02). Deterministic for a seed (glm_ref's recipe)."""
+    return glm_ref.random_params(param_shapes(cfg), seed, std, dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -111,9 +111,15 @@ def param_shapes(cfg):
 def init_params(cfg, seed=0, std=0.02, dtype=torch.float32):
     """Non-trivial random parameters: matrices N(0, std), LayerNorm weights 1 + N(0, 0.1),
     LayerNorm biases and linear biases N(0, 0.02). Deterministic for a seed."""
+    return random_params(param_shapes(cfg), seed, std, dtype)
+
+
+def random_params(shapes, seed=0, std=0.02, dtype=torch.float32):
+    """init_params over any [(name, shape)] list (the ChatGLM2 reference uses it too): a norm
+    weight is a 1-D tensor whose name holds "layernorm" and ends in .weight."""
     g = torch.Generator().manual_seed(seed)
     params = {}
-    for name, shape in param_shapes(cfg):
+    for name, shape in shapes:
         if len(shape) >= 2:
             t = torch.randn(shape, generator=g, dtype=torch.float64) * std
         elif "layernorm" in name and name.endswith(".weight"):

@@ -210,16 +210,23 @@ def peft_loss_grads(pm, ids, labels):
 # ---------------------------------------------------------------------------------------------
 # 1. the driver against glm_ref and peft
 
-def driver_case(driver, tmp, ci, name, shape, tied, lengths, o):
-    layers, hidden, heads, inner = shape
-    cfg = V.make_cfg(layers, hidden, heads, inner, tied)
-    ids_rows, label_rows = V.make_rows(cfg, lengths, seed=300 + ci)
-    params = glm_ref.init_params(cfg, seed=400 + ci)
+def write_case(tmp, name, cfg, params, ids_rows, label_rows):
+    """A driver case on disk: the model folder and the batch file (ragged rows), and the padded
+    batch for the reference. Returns (ids, labels, model_dir, batch_path)."""
     ids, labels = glm_ref.pad_batch(ids_rows, label_rows, cfg["pad_token_id"])
     mdir = os.path.join(tmp, name)
     glm_ref.save_model_dir(mdir, cfg, params)
     bpath = os.path.join(tmp, name + ".json")
     json.dump({"input_ids": ids_rows, "labels": label_rows}, open(bpath, "w"))
+    return ids, labels, mdir, bpath
+
+
+def driver_case(driver, tmp, ci, name, shape, tied, lengths, o):
+    layers, hidden, heads, inner = shape
+    cfg = V.make_cfg(layers, hidden, heads, inner, tied)
+    ids_rows, label_rows = V.make_rows(cfg, lengths, seed=300 + ci)
+    params = glm_ref.init_params(cfg, seed=400 + ci)
+    ids, labels, mdir, bpath = write_case(tmp, name, cfg, params, ids_rows, label_rows)
     flags = driver_flags(o)
     lora = o["kind"] == "lora"
     adapters, scaling = None, 0.0

@@ -24,7 +24,6 @@
    bit-identical. Each case checks that its fp32 reference agrees with float64 (< TOL/3) and
    that the prefix moves the loss (a model ignoring it cannot pass).
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
-import json
 import math
 import os
 import shutil
@@ -250,11 +249,7 @@ def driver_case(driver, tmp, ci, name, shape, tied, lengths, P, projection, src,
     # weights of std 0.1 (not 0.02): with alpha = sqrt(56) on the residual, a small model of std
     # 0.02 weights hardly feels its attention, prefix included
     params = glm_ref.init_params(cfg, seed=700 + ci, std=0.1)
-    ids, labels = glm_ref.pad_batch(ids_rows, label_rows, cfg["pad_token_id"])
-    mdir = os.path.join(tmp, name)
-    glm_ref.save_model_dir(mdir, cfg, params)
-    bpath = os.path.join(tmp, name + ".json")
-    json.dump({"input_ids": ids_rows, "labels": label_rows}, open(bpath, "w"))
+    ids, labels, mdir, bpath = LR.write_case(tmp, name, cfg, params, ids_rows, label_rows)
     flags = ["--finetuning_type", "ptuning", "--pre_seq_len", str(P)] + (["--prefix_projection"] if projection else [])
     base_names = [n for n, _ in glm_ref.param_shapes(cfg)]
     if src == "init":

@@ -12,7 +12,6 @@ relative. Batches of more than 16 tokens take the dequantize-then-GEMM path; a b
 matter: the reference on the float weights differs from the one on the dequantized weights (the
 loss or a gradient) by more than 10x the tolerance, so a driver that ignored the flag would fail.
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
-import json
 import os
 import sys
 import tempfile
@@ -73,11 +72,7 @@ def case(tmp, ci, name, kind, qtype, lengths, shape=(2, 64, 4, 128), tied=True):
     cfg = V.make_cfg(layers, hidden, heads, inner, tied)
     ids_rows, label_rows = V.make_rows(cfg, lengths, seed=900 + ci)
     params = glm_ref.init_params(cfg, seed=1000 + ci, std=0.1)
-    ids, labels = glm_ref.pad_batch(ids_rows, label_rows, cfg["pad_token_id"])
-    mdir = os.path.join(tmp, name)
-    glm_ref.save_model_dir(mdir, cfg, params)
-    bpath = os.path.join(tmp, name + ".json")
-    json.dump({"input_ids": ids_rows, "labels": label_rows}, open(bpath, "w"))
+    ids, labels, mdir, bpath = LR.write_case(tmp, name, cfg, params, ids_rows, label_rows)
     from safetensors.torch import save_file
     if kind["ft"] == "lora":
         adapters = glm_ref.init_lora(cfg, kind["r"], kind["targets"], seed=1100 + ci)

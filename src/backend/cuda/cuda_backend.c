@@ -408,7 +408,7 @@ static void cu_rope(glm_backend *be, void *qkv, const int32_t *pos, const int32_
 static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                         const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
     prof(be, GLM_PROF_ATTN, "attention_fwd");
-    if (glmk_decode_attention_supported(Tq, Tk, HD)) /* decoding: the keys split over many blocks */
+    if (!IM(be)->force_simt && glmk_decode_attention_supported(Tq, Tk, HD)) /* decoding: the keys split over many blocks */
         glmk_decode_attention(be->dtype, out, lse, scratch(be, glmk_decode_attention_scratch(B, Tq, Tk, NH, HD)), q, k,
                               v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     else if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL))

@@ -37,6 +37,12 @@ template <typename T> __device__ __forceinline__ void st_pack(T *p, const Pack<T
 /* True when p is 16-byte aligned (host side, before choosing a vector kernel). */
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+/* Row (b, t, h) of a query/key/value view (backend.h glm_qkv_view): its HD elements. */
+template <typename T>
+__device__ __forceinline__ const T *vrow(const glm_qkv_view &v, int b, int t, int h) {
+    return (const T *)v.base + b * v.batch_stride + (long)t * v.tok_stride + h * v.head_stride;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

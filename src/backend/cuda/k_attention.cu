@@ -11,10 +11,6 @@
 #define SA_WARPS 8  /* rows owned per block: one per warp */
 #define SA_MAXR 8   /* head dims per lane: HD <= 256 */
 
-template <typename T>
-__device__ __forceinline__ const T *vrow(const glm_qkv_view &v, int b, int t, int h) {
-    return (const T *)v.base + b * v.batch_stride + (long)t * v.tok_stride + h * v.head_stride;
-}
 
 /* Stages rows t0..t0+31 of a view (zeros past `end`) as floats, row stride `ld`. */
 template <typename T>

@@ -13,10 +13,6 @@
 #define DEC_THREADS 128
 #define DEC_MAXHD 128
 
-template <typename T>
-__device__ __forceinline__ const T *drow(const glm_qkv_view &v, int b, int t, int h) {
-    return (const T *)v.base + b * v.batch_stride + (long)t * v.tok_stride + h * v.head_stride;
-}
 
 /* grid (chunks, NH, B*Tq); part[(bi*NH + h)*S + s] = {max, sum, values[HD]} */
 /* grid (chunks, NH, B*Tq); part[(bi*NH + h)*S + s] = {max, sum, values[HD]}. Each warp walks
@@ -40,7 +36,7 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_partial(float *part, glm_q
         return;
     }
     float qv[DPL], acc[DPL];
-    const T *qr = drow<T>(q, b, i, h) + lane * DPL;
+    const T *qr = vrow<T>(q, b, i, h) + lane * DPL;
 #pragma unroll
     for (int e = 0; e < DPL; e++) { qv[e] = to_f(qr[e]) * scale; acc[e] = 0.0f; }
     float m = -INFINITY, l = 0.0f;
@@ -51,8 +47,8 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_partial(float *part, glm_q
         for (int u = 0; u < DEC_UNROLL; u++) {
             int r = r0 + j0 + u;
             bool ok = r < n;
-            const T *kr = drow<T>(k, b, c0 + (ok ? r : 0), h) + lane * DPL;
-            const T *vr = drow<T>(v, b, c0 + (ok ? r : 0), h) + lane * DPL;
+            const T *kr = vrow<T>(k, b, c0 + (ok ? r : 0), h) + lane * DPL;
+            const T *vr = vrow<T>(v, b, c0 + (ok ? r : 0), h) + lane * DPL;
 #pragma unroll
             for (int e = 0; e < DPL; e++) { kf[u][e] = to_f(kr[e]); vf[u][e] = to_f(vr[e]); }
         }
