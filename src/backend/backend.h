@@ -20,11 +20,15 @@ typedef enum glm_dtype { GLM_F32 = 0, GLM_BF16 = 1, GLM_F16 = 2 } glm_dtype;
 static inline size_t glm_dtype_size(glm_dtype d) { return d == GLM_F32 ? 4 : 2; }
 
 /* Query/key/value views into a packed buffer (the attention op reads q, k, v in place).
- * Element (b, t, h, d) is at base + b*batch_stride + t*tok_stride + h*head_stride + d. */
+ * Element (b, t, h, d) is at base + b*batch_stride + t*tok_stride + (h / group)*head_stride + d:
+ * with grouped-query attention (ChatGLM2's multi-query groups) `group` query heads share one
+ * key/value head; 0 or 1 means one each. */
 typedef struct glm_qkv_view {
     void *base;
     long batch_stride, tok_stride, head_stride; /* in elements */
+    int group;                                  /* query heads per head of this view (0 = 1) */
 } glm_qkv_view;
+static inline int glm_view_group(glm_qkv_view v) { return v.group > 1 ? v.group : 1; }
 
 /* A range of elements [lo, lo + n) of some buffer. */
 typedef struct glm_span { size_t lo, n; } glm_span;
@@ -40,6 +44,9 @@ struct glm_backend {
     void (*free)(glm_backend *be, void *p);
     void (*zero)(glm_backend *be, void *p, size_t bytes);
     void (*copy)(glm_backend *be, void *dst, const void *src, size_t bytes); /* device to device */
+    /* rows of S elements, device to device: dst[r*dst_stride + j] = src[r*src_stride + j], j < width */
+    void (*copy_rows)(glm_backend *be, void *dst, size_t dst_stride, const void *src, size_t src_stride, size_t width,
+                      size_t rows);
     /* float host <-> S device, converting (n elements) */
     void (*upload_f32)(glm_backend *be, void *dst, const float *src, size_t n);
     void (*download_f32)(glm_backend *be, float *dst, const void *src, size_t n);
@@ -82,10 +89,29 @@ struct glm_backend {
      * natural-log log-sum-exp of the scaled scores, saved for backward. scale = 1/sqrt(HD). */
     void (*attention_fwd)(glm_backend *be, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                           const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale);
-    /* dq, dk, dv (=, through views of the same layout as q, k, v) from dout [B,Tq,NH*HD], out, lse. */
+    /* dq, dk, dv (=, through views of the same layout as q, k, v) from dout [B,Tq,NH*HD], out, lse.
+     * With grouped views (dk.group = dv.group = g > 1) each key/value head's gradient is the sum
+     * over its g query heads, in head order. */
     void (*attention_bwd)(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
                           const void *out, const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                           const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale);
+
+    /* The ChatGLM2 family's ops (ChatGLM2/3, GLM-4). */
+    /* RMSNorm: rstd[n] = 1 / sqrt(mean(x[n]^2) + eps) (float, saved for backward); out = x * rstd * w */
+    void (*rmsnorm_fwd)(glm_backend *be, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps);
+    /* dx = ; dw += (NULL for a frozen norm: skipped) */
+    void (*rmsnorm_bwd)(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                        const float *rstd, int N, int C);
+    /* SwiGLU: x [N, 2F] = gate | up; out[N, F] = silu(gate) * up, silu(g) = g / (1 + e^-g) */
+    void (*swiglu_fwd)(glm_backend *be, void *out, const void *x, int N, int F);
+    /* dx [N, 2F] (=) from dout [N, F] and the forward's x */
+    void (*swiglu_bwd)(glm_backend *be, void *dx, const void *x, const void *dout, int N, int F);
+    /* Rotary on interleaved pairs, in place: for token n (row x + n*row_stride) and head h < nheads
+     * (x + n*row_stride + h*HD), dims [0, rot) rotate in pairs (2i, 2i+1) by angle pos[n] * w_i,
+     * w_i = 1 / theta^(2i/rot) (fp32), dims [rot, HD) pass through:
+     *   (a, b) -> (a cos - b sin, b cos + a sin). inverse = 1 applies the transpose (backward). */
+    void (*rope_pairs)(glm_backend *be, void *x, long row_stride, int N, int nheads, int HD, int rot,
+                       const int32_t *pos, float theta, int inverse);
 
     /* tanh GELU: out = 0.5 x (1 + tanh(0.7978845608028654 x (1 + 0.044715 x^2))) */
     void (*gelu_fwd)(glm_backend *be, void *out, const void *x, size_t n);

@@ -18,6 +18,16 @@ glm_config glm_config_chatglm6b(void) {
     };
 }
 
+glm_config glm_config_chatglm2_6b(void) {
+    return (glm_config){
+        .family = GLM_FAMILY_GLM2, .vocab_size = 65024, .hidden_size = 4096, .num_layers = 28,
+        .num_attention_heads = 32, .inner_hidden_size = 13696, .num_kv_heads = 2, .head_dim = 128,
+        .rope_theta = 10000.0f, .qkv_bias = 1, .max_sequence_length = 32768, .layernorm_epsilon = 1e-5f,
+        .tie_word_embeddings = 0, .bos_token_id = -1, .eos_token_id = 2, .mask_token_id = -1,
+        .gmask_token_id = -1, .pad_token_id = 0, .alpha = 1.0f,
+    };
+}
+
 /* Reads an integer field. required: missing is an error; optional: keeps *out. */
 static int get_int(const cJSON *o, const char *key, int required, int32_t *out, const char *src, glm_err *err) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -39,12 +49,23 @@ int glm_config_validate(const glm_config *c, const char *src, glm_err *err) {
     if (c->vocab_size <= 0) return glm_fail(err, "%s: vocab_size must be positive", src);
     if (c->hidden_size <= 0 || c->num_layers <= 0 || c->num_attention_heads <= 0 || c->inner_hidden_size <= 0)
         return glm_fail(err, "%s: hidden_size, num_layers, num_attention_heads and inner_hidden_size must be positive", src);
-    if (c->hidden_size % c->num_attention_heads)
-        return glm_fail(err, "%s: hidden_size %d is not divisible by num_attention_heads %d", src, c->hidden_size, c->num_attention_heads);
-    if (glm_head_dim(c) % 4)
-        return glm_fail(err, "%s: head dim %d must be a multiple of 4 (2D rotary splits each head in two rotated halves)", src, glm_head_dim(c));
-    if (!c->position_encoding_2d)
-        return glm_fail(err, "%s: position_encoding_2d false is not supported (ChatGLM-6B uses 2D rotary)", src);
+    if (c->family == GLM_FAMILY_GLM2) {
+        int NH = c->num_attention_heads, NKV = glm_kv_heads(c);
+        if (NKV <= 0 || NH % NKV)
+            return glm_fail(err, "%s: num_attention_heads %d is not a multiple of multi_query_group_num %d", src, NH, NKV);
+        if (glm_head_dim(c) % 4)
+            return glm_fail(err, "%s: kv_channels %d must be a multiple of 4 (rotary turns pairs in the first half)", src,
+                            glm_head_dim(c));
+        if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
+            return glm_fail(err, "%s: rope_ratio must be a positive number", src);
+    } else {
+        if (c->hidden_size % c->num_attention_heads)
+            return glm_fail(err, "%s: hidden_size %d is not divisible by num_attention_heads %d", src, c->hidden_size, c->num_attention_heads);
+        if (glm_head_dim(c) % 4)
+            return glm_fail(err, "%s: head dim %d must be a multiple of 4 (2D rotary splits each head in two rotated halves)", src, glm_head_dim(c));
+        if (!c->position_encoding_2d)
+            return glm_fail(err, "%s: position_encoding_2d false is not supported (ChatGLM-6B uses 2D rotary)", src);
+    }
     /* finite too: a JSON 1e100 becomes an inf float, and inf would be written out as bare `inf` */
     if (!(c->layernorm_epsilon > 0) || !isfinite(c->layernorm_epsilon))
         return glm_fail(err, "%s: layernorm_epsilon must be a positive number within float range", src);
@@ -52,8 +73,86 @@ int glm_config_validate(const glm_config *c, const char *src, glm_err *err) {
         {"bos_token_id", c->bos_token_id}, {"eos_token_id", c->eos_token_id}, {"mask_token_id", c->mask_token_id},
         {"gmask_token_id", c->gmask_token_id}, {"pad_token_id", c->pad_token_id}};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
-        if (ids[i].id < 0 || ids[i].id >= c->vocab_size)
+        if ((ids[i].id < 0 && !(c->family == GLM_FAMILY_GLM2 && ids[i].id == -1)) || ids[i].id >= c->vocab_size)
             return glm_fail(err, "%s: %s %d is outside the vocabulary [0, %d)", src, ids[i].name, ids[i].id, c->vocab_size);
+    return 0;
+}
+
+/* A boolean field: *out keeps its value when absent. */
+static int get_bool(const cJSON *o, const char *key, int *out, const char *src, glm_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return glm_fail(err, "%s: field \"%s\" must be true or false", src, key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* A number field: *out keeps its value when absent. */
+static int get_float(const cJSON *o, const char *key, float *out, const char *src, glm_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v)) return glm_fail(err, "%s: field \"%s\" must be a number", src, key);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+/* ChatGLM2-6B / ChatGLM3-6B / GLM-4-9B's config.json (spec 11-12): the ChatGLM2 block. Options
+ * THUDM's code has but no released model uses are refused by name rather than run wrong. */
+static int parse_glm2(glm_config *c, const cJSON *o, const char *src, glm_err *err) {
+    glm_config d = glm_config_chatglm2_6b();
+    int32_t vocab = -1, padded = -1, hidden = 0, layers = 0, heads = 0, ffn = 0, kvc = 0, groups = 1, seq = d.max_sequence_length;
+    int32_t eos = d.eos_token_id, pad = d.pad_token_id;
+    int mqa = 0, rms = 1, post_ln_resid = 0, qkv_bias = 0, bias_linear = 0, post_ln = 1, orig_rope = 1, tie = 0;
+    float eps = 1e-5f, rope_ratio = 1.0f;
+    int rc = get_int(o, "padded_vocab_size", 0, &padded, src, err);
+    if (!rc) rc |= get_int(o, "vocab_size", padded < 0, &vocab, src, err);
+    if (!rc) rc |= get_int(o, "hidden_size", 1, &hidden, src, err);
+    if (!rc) rc |= get_int(o, "num_layers", 1, &layers, src, err);
+    if (!rc) rc |= get_int(o, "num_attention_heads", 1, &heads, src, err);
+    if (!rc) rc |= get_int(o, "ffn_hidden_size", 1, &ffn, src, err);
+    if (!rc) rc |= get_int(o, "kv_channels", 0, &kvc, src, err);
+    if (!rc) rc |= get_int(o, "multi_query_group_num", 0, &groups, src, err);
+    if (!rc) rc |= get_int(o, "seq_length", 0, &seq, src, err);
+    /* GLM-4 lists several end ids: the first is the tokenizer's eos, the rest are chat stops */
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
+    if (!rc && cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(e, 0)))
+        eos = cJSON_GetArrayItem(e, 0)->valueint;
+    else if (!rc) rc |= get_int(o, "eos_token_id", 0, &eos, src, err);
+    if (!rc) rc |= get_int(o, "pad_token_id", 0, &pad, src, err);
+    if (!rc) rc |= get_bool(o, "multi_query_attention", &mqa, src, err);
+    if (!rc) rc |= get_bool(o, "rmsnorm", &rms, src, err);
+    if (!rc) rc |= get_bool(o, "apply_residual_connection_post_layernorm", &post_ln_resid, src, err);
+    if (!rc) rc |= get_bool(o, "add_qkv_bias", &qkv_bias, src, err);
+    if (!rc) rc |= get_bool(o, "add_bias_linear", &bias_linear, src, err);
+    if (!rc) rc |= get_bool(o, "post_layer_norm", &post_ln, src, err);
+    if (!rc) rc |= get_bool(o, "original_rope", &orig_rope, src, err);
+    if (!rc) rc |= get_bool(o, "tie_word_embeddings", &tie, src, err);
+    if (!rc) rc |= get_float(o, "layernorm_epsilon", &eps, src, err);
+    if (!rc) rc |= get_float(o, "rope_ratio", &rope_ratio, src, err);
+    if (rc) return -1;
+    const char *refused = !rms ? "rmsnorm false (LayerNorm)" : post_ln_resid ? "apply_residual_connection_post_layernorm true"
+                        : bias_linear ? "add_bias_linear true" : !post_ln ? "post_layer_norm false"
+                        : !orig_rope ? "original_rope false" : tie ? "tie_word_embeddings true" : NULL;
+    if (refused) {
+        glm_fail(err, "%s: %s: no ChatGLM2/3 or GLM-4 model uses this option, and glmtrain does not run it", src, refused);
+        return glm_hint(err, "compare with THUDM's config.json of chatglm2-6b, chatglm3-6b or glm-4-9b");
+    }
+    if (o && cJSON_GetObjectItemCaseSensitive(o, "quantization_bit") &&
+        cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "quantization_bit")) &&
+        cJSON_GetObjectItemCaseSensitive(o, "quantization_bit")->valueint != 0) {
+        glm_fail(err, "%s: a pre-quantized ChatGLM2/3 folder (quantization_bit): not read yet", src);
+        return glm_hint(err, "use the float16 folder with --quantization_bit 4 or 8 (quantized as it loads)");
+    }
+    *c = d;
+    c->vocab_size = padded > 0 ? padded : vocab;
+    c->hidden_size = hidden; c->num_layers = layers; c->num_attention_heads = heads; c->inner_hidden_size = ffn;
+    c->head_dim = kvc > 0 ? kvc : heads > 0 ? hidden / heads : 0;
+    c->num_kv_heads = mqa ? groups : heads;
+    c->qkv_bias = qkv_bias;
+    c->max_sequence_length = seq;
+    c->layernorm_epsilon = eps;
+    c->rope_theta = 10000.0f * rope_ratio;
+    c->eos_token_id = eos; c->pad_token_id = pad;
     return 0;
 }
 
@@ -65,15 +164,13 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
         cJSON_Delete(o);
         return glm_fail(err, "%s: not a JSON object (config.json of a chatglm model expected)", src);
     }
-    /* ChatGLM2/3 and GLM-4 folders say model_type chatglm too, with other fields: name the
-     * family instead of a missing v1 field */
+    /* ChatGLM2/3 and GLM-4 folders say model_type chatglm too, with the ChatGLM2 block's fields */
     static const char *const later[] = {"padded_vocab_size", "multi_query_attention", "ffn_hidden_size", "kv_channels", "rmsnorm"};
     for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
         if (cJSON_GetObjectItemCaseSensitive(o, later[i]) && !cJSON_GetObjectItemCaseSensitive(o, "inner_hidden_size")) {
-            glm_fail(err, "%s: a ChatGLM2-6B / ChatGLM3-6B / GLM-4 config (it has \"%s\"): glmtrain runs ChatGLM-6B (GLM v1) "
-                          "so far", src, later[i]);
+            int rc = parse_glm2(c, o, src, err);
             cJSON_Delete(o);
-            return glm_hint(err, "use a THUDM/chatglm-6b folder; the later family is being added (issue 18)");
+            return rc ? rc : glm_config_validate(c, src, err);
         }
     glm_config d = glm_config_chatglm6b();
     int32_t vocab = 0, hidden = 0, layers = 0, heads = 0, inner = -1, maxseq = d.max_sequence_length;
@@ -157,7 +254,59 @@ int glm_config_load(glm_config *c, const char *path, glm_err *err) {
     return rc;
 }
 
+/* ChatGLM2-6B's config.json keys (what its modeling_chatglm.py reads). */
+static char *glm2_config_json(const glm_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("ChatGLMModel"));
+    cJSON *am = cJSON_AddObjectToObject(o, "auto_map");
+    cJSON_AddStringToObject(am, "AutoConfig", "configuration_chatglm.ChatGLMConfig");
+    cJSON_AddStringToObject(am, "AutoModel", "modeling_chatglm.ChatGLMForConditionalGeneration");
+    cJSON_AddStringToObject(am, "AutoModelForCausalLM", "modeling_chatglm.ChatGLMForConditionalGeneration");
+    cJSON_AddStringToObject(am, "AutoModelForSeq2SeqLM", "modeling_chatglm.ChatGLMForConditionalGeneration");
+    cJSON_AddStringToObject(o, "model_type", "chatglm");
+    cJSON_AddBoolToObject(o, "add_bias_linear", 0);
+    cJSON_AddBoolToObject(o, "add_qkv_bias", c->qkv_bias);
+    cJSON_AddBoolToObject(o, "apply_query_key_layer_scaling", 1);
+    cJSON_AddBoolToObject(o, "apply_residual_connection_post_layernorm", 0);
+    cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
+    cJSON_AddBoolToObject(o, "attention_softmax_in_fp32", 1);
+    cJSON_AddBoolToObject(o, "bias_dropout_fusion", 1);
+    cJSON_AddNumberToObject(o, "ffn_hidden_size", c->inner_hidden_size);
+    cJSON_AddBoolToObject(o, "fp32_residual_connection", 0);
+    cJSON_AddNumberToObject(o, "hidden_dropout", 0.0);
+    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(o, "kv_channels", glm_head_dim(c));
+    char eps[32];
+    glm_json_float(eps, sizeof eps, c->layernorm_epsilon);
+    cJSON_AddRawToObject(o, "layernorm_epsilon", eps);
+    cJSON_AddBoolToObject(o, "multi_query_attention", glm_kv_heads(c) != c->num_attention_heads);
+    cJSON_AddNumberToObject(o, "multi_query_group_num", glm_kv_heads(c));
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(o, "num_layers", c->num_layers);
+    cJSON_AddBoolToObject(o, "original_rope", 1);
+    cJSON_AddNumberToObject(o, "padded_vocab_size", c->vocab_size);
+    cJSON_AddBoolToObject(o, "post_layer_norm", 1);
+    cJSON_AddBoolToObject(o, "rmsnorm", 1);
+    if (c->rope_theta != 10000.0f) {
+        char r[32];
+        glm_json_float(r, sizeof r, c->rope_theta / 10000.0f);
+        cJSON_AddRawToObject(o, "rope_ratio", r);
+    }
+    cJSON_AddNumberToObject(o, "seq_length", c->max_sequence_length);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", 0);
+    cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id);
+    cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+    cJSON_AddBoolToObject(o, "use_cache", 1);
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
+
 char *glm_config_to_json(const glm_config *c) {
+    if (c->family == GLM_FAMILY_GLM2) return glm2_config_json(c);
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("ChatGLMModel"));

@@ -28,12 +28,23 @@ typedef struct glm_peft {
     float prefix_dropout;
 } glm_peft;
 
+/* The block family (model/family.h): GLM v1 (ChatGLM-6B: LayerNorm, 2D rotary, alpha residuals,
+ * GELU, prefix-LM mask) or the ChatGLM2 block (ChatGLM2-6B, ChatGLM3-6B, GLM-4-9B: RMSNorm,
+ * grouped-query attention with rotary on half of each head, SwiGLU, plain pre-norm residuals,
+ * causal mask, untied output_layer). */
+typedef enum glm_family_id { GLM_FAMILY_GLM = 0, GLM_FAMILY_GLM2 = 1 } glm_family_id;
+
 typedef struct glm_config {
+    int family;              /* glm_family_id */
     int vocab_size;          /* rows of word_embeddings (130528 for ChatGLM-6B) */
     int hidden_size;         /* H */
     int num_layers;          /* L */
     int num_attention_heads; /* NH; head dim = H / NH */
-    int inner_hidden_size;   /* MLP width (4H) */
+    int inner_hidden_size;   /* MLP width (4H; ChatGLM2's ffn_hidden_size, the first linear then being 2x as wide) */
+    int num_kv_heads;        /* key/value heads (multi_query_group_num); 0 = num_attention_heads */
+    int head_dim;            /* kv_channels; 0 = hidden_size / num_attention_heads */
+    float rope_theta;        /* the ChatGLM2 family's rotary base: 10000 * rope_ratio */
+    int qkv_bias;            /* the ChatGLM2 family's add_qkv_bias (v1 has every bias) */
     int max_sequence_length;
     float layernorm_epsilon;
     int position_encoding_2d;/* must be true for GLM v1 */
@@ -62,7 +73,28 @@ int glm_config_load(glm_config *c, const char *path, glm_err *err); /* file or f
 /* Writes config.json text (caller frees) with the HF keys, so HF tools read our output. */
 char *glm_config_to_json(const glm_config *c);
 int glm_config_validate(const glm_config *c, const char *source, glm_err *err);
-static inline int glm_head_dim(const glm_config *c) { return c->hidden_size / c->num_attention_heads; }
+static inline int glm_head_dim(const glm_config *c) {
+    return c->head_dim > 0 ? c->head_dim : c->hidden_size / c->num_attention_heads;
+}
+static inline int glm_kv_heads(const glm_config *c) { return c->num_kv_heads > 0 ? c->num_kv_heads : c->num_attention_heads; }
+/* Elements per token of the query_key_value output: q (NH heads) then k and v (v1 interleaves
+ * them per head; the ChatGLM2 block has NKV heads each after all the queries) */
+static inline int glm_qkv_width(const glm_config *c) { return (c->num_attention_heads + 2 * glm_kv_heads(c)) * glm_head_dim(c); }
+/* Width of the attention output (the dense module's input): NH * HD */
+static inline int glm_attn_width(const glm_config *c) { return c->num_attention_heads * glm_head_dim(c); }
+/* Elements per token of dense_h_to_4h's output: F, or gate | up (2F) for SwiGLU */
+static inline int glm_fc1_width(const glm_config *c) { return (c->family == GLM_FAMILY_GLM2 ? 2 : 1) * c->inner_hidden_size; }
+/* The widest output and the widest input of the four linear modules (LoRA's scratch per token) */
+static inline int glm_lora_tmp_width(const glm_config *c) {
+    int w = glm_qkv_width(c), f = glm_fc1_width(c);
+    return w > f ? (w > c->hidden_size ? w : c->hidden_size) : (f > c->hidden_size ? f : c->hidden_size);
+}
+static inline int glm_lora_in_width(const glm_config *c) {
+    int a = glm_attn_width(c), f = c->inner_hidden_size, h = c->hidden_size;
+    return a > f ? (a > h ? a : h) : (f > h ? f : h);
+}
+/* The ChatGLM2/3 configuration (ChatGLM2-6B's config.json shapes and ids). */
+glm_config glm_config_chatglm2_6b(void);
 /* --quantization_bit (0: not given, 4, 8) and --quantization_type (NULL, "int", "nf4") into a
  * glm_qtype; -1 with the flag named in err. */
 int glm_quant_parse(int bits, const char *type, int *q, glm_err *err);

@@ -41,6 +41,7 @@ static void init_common(glm_model *m, const glm_config *c, glm_backend *be, int 
                         int with_grads) {
     *m = (glm_model){0};
     m->cfg = *c;
+    m->fam = glm_family_of(c);
     m->be = be;
     m->layer_lo = l0; m->layer_hi = l1; m->first = first; m->last = last;
     glm_table_build_range(&m->tab, c, l0, l1, first, last);
@@ -213,12 +214,13 @@ void glm_model_reserve_flat(glm_model *m, size_t elems) {
 
 void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t N) {
     glm_backend *be = m->be;
-    size_t es = glm_dtype_size(be->dtype), H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size;
-    size_t NH = m->cfg.num_attention_heads;
+    const glm_config *c = &m->cfg;
+    size_t es = glm_dtype_size(be->dtype), H = c->hidden_size, F = c->inner_hidden_size;
+    size_t NH = c->num_attention_heads, W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
     a->x = be->alloc(be, N * H * es); a->ln1_mean = be->alloc(be, N * 4); a->ln1_rstd = be->alloc(be, N * 4);
-    a->qkv = be->alloc(be, N * 3 * H * es); a->ctx = be->alloc(be, N * H * es); a->lse = be->alloc(be, N * NH * 4);
+    a->qkv = be->alloc(be, N * W * es); a->ctx = be->alloc(be, N * A * es); a->lse = be->alloc(be, N * NH * 4);
     a->h1 = be->alloc(be, N * H * es); a->ln2_mean = be->alloc(be, N * 4); a->ln2_rstd = be->alloc(be, N * 4);
-    a->y = be->alloc(be, N * H * es); a->fc1 = be->alloc(be, N * F * es); a->act = be->alloc(be, N * F * es);
+    a->y = be->alloc(be, N * H * es); a->fc1 = be->alloc(be, N * F1 * es); a->act = be->alloc(be, N * F * es);
     for (int i = 0; i < 4; i++) /* an adapter's middle, where any layer has one */
         a->lora_t[i] = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.lora_targets >> i & 1)
                            ? be->alloc(be, N * (size_t)m->cfg.peft.lora_rank * es) : NULL;
@@ -240,10 +242,10 @@ static void free_acts(glm_model *m) {
     for (int l = 0; l <= m->layer_hi - m->layer_lo; l++) be->free(be, m->resid[l]);
     free(m->resid);
     void *ptrs[] = {m->lnf_out, m->lnf_mean, m->lnf_rstd, m->d_a, m->d_b, m->d_x, m->d_h1, m->d_ctx, m->d_qkv, m->d_ff,
-                    m->head_in, m->logits, m->d_head_in, m->losses, m->bd.ids, m->bd.pos, m->bd.block_pos,
+                    m->d_act, m->head_in, m->logits, m->d_head_in, m->losses, m->bd.ids, m->bd.pos, m->bd.block_pos,
                     m->bd.kv_lo, m->bd.kv_hi, m->bd.sup_idx, m->bd.sup_tgt, m->kvbuf, m->dkvbuf, m->pkv_lo, m->pkv_hi};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) if (ptrs[i]) be->free(be, ptrs[i]);
-    m->kvbuf = m->dkvbuf = NULL;
+    m->kvbuf = m->dkvbuf = m->d_act = NULL;
     m->pkv_lo = m->pkv_hi = NULL;
     m->acts = NULL;
     m->cap_tokens = 0;
@@ -358,12 +360,15 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
      * per token; the inputs of the layers and the output */
     int adapters = 0;
     for (int i = 0; i < 4; i++) adapters += c->peft.kind == GLM_FT_LORA && (c->peft.lora_targets >> i & 1);
-    double per_set = N * ((7 * H + 2 * F + adapters * (double)c->peft.lora_rank) * es + (4 + NH) * 4);
+    /* the family's widths: q|k|v, the attention output, the first MLP linear (config.h) */
+    double W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
+    double per_set = N * ((3 * H + A + W + F1 + F + adapters * (double)c->peft.lora_rank) * es + (4 + NH) * 4);
     p.activations = nsets * per_set + (nl + 1) * N * H * es;
-    p.scratch = N * H * es * 6 /* lnf_out, d_a, d_b, d_x, d_h1, d_ctx */ + N * 3 * H * es + N * F * es + N * 2 * 4 +
+    p.scratch = N * H * es * 5 /* lnf_out, d_a, d_b, d_x, d_h1 */ + N * (A + W + F1) * es /* d_ctx, d_qkv, d_ff */ +
+                (c->family == GLM_FAMILY_GLM2 ? N * F * es : 0) /* d_act */ + N * 2 * 4 +
                 (N < head_chunk ? N : head_chunk) * ((2 * H + V) * es + 4.0) + N * 7 * 4;
     if (c->peft.kind == GLM_FT_LORA) /* lora_tmp, lora_u */
-        p.scratch += N * (F > 3 * H ? F : 3 * H) * es + (c->peft.lora_dropout > 0 ? N * F * es : 0);
+        p.scratch += N * glm_lora_tmp_width(c) * es + (c->peft.lora_dropout > 0 ? N * glm_lora_in_width(c) * es : 0);
     size_t qbig = 0; /* qscratch: the largest quantized matrix dequantized */
     for (int i = 0; i < quant.n; i++) qbig = quant.t[i].numel > qbig ? quant.t[i].numel : qbig;
     p.scratch += (double)qbig * es;
@@ -384,8 +389,9 @@ static void ensure_acts(glm_model *m, int B, int T) {
     free_acts(m);
     glm_backend *be = m->be;
     size_t es = glm_dtype_size(be->dtype);
-    int H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size, V = m->cfg.vocab_size;
-    size_t N = (size_t)B * T;
+    const glm_config *c = &m->cfg;
+    int H = c->hidden_size, V = c->vocab_size;
+    size_t N = (size_t)B * T, W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
 #define S_BUF(n) be->alloc(be, (size_t)(n) * es)
 #define F_BUF(n) ((float *)be->alloc(be, (size_t)(n) * sizeof(float)))
 #define I_BUF(n) ((int32_t *)be->alloc(be, (size_t)(n) * sizeof(int32_t)))
@@ -396,7 +402,8 @@ static void ensure_acts(glm_model *m, int B, int T) {
     for (int l = 0; l <= nl; l++) m->resid[l] = S_BUF(N * H);
     m->lnf_out = S_BUF(N * H); m->lnf_mean = F_BUF(N); m->lnf_rstd = F_BUF(N);
     m->d_a = S_BUF(N * H); m->d_b = S_BUF(N * H); m->d_x = S_BUF(N * H); m->d_h1 = S_BUF(N * H);
-    m->d_ctx = S_BUF(N * H); m->d_qkv = S_BUF(N * 3 * H); m->d_ff = S_BUF(N * F);
+    m->d_ctx = S_BUF(N * A); m->d_qkv = S_BUF(N * W); m->d_ff = S_BUF(N * F1);
+    if (c->family == GLM_FAMILY_GLM2) m->d_act = S_BUF(N * c->inner_hidden_size);
     int ch = m->head_chunk < (int)N ? m->head_chunk : (int)N; /* a chunk never holds more rows than the batch has tokens */
     m->head_in = S_BUF((size_t)ch * H); m->logits = S_BUF((size_t)ch * V); m->d_head_in = S_BUF((size_t)ch * H);
     m->losses = F_BUF(ch);
@@ -419,10 +426,13 @@ static void upload_batch(glm_model *m, const glm_batch *b) {
     glm_backend *be = m->be;
     size_t N = (size_t)b->B * b->T, bytes = N * sizeof(int32_t);
     be->upload(be, m->bd.ids, b->ids, bytes);
-    be->upload(be, m->bd.pos, b->pos, bytes);
-    be->upload(be, m->bd.block_pos, b->block_pos, bytes);
-    be->upload(be, m->bd.kv_lo, b->kv_lo, bytes);
-    be->upload(be, m->bd.kv_hi, b->kv_hi, bytes);
+    int32_t *rule = glm_malloc(4 * bytes); /* the family's positions and key ranges */
+    m->fam->batch_rule(b, rule, rule + N, rule + 2 * N, rule + 3 * N);
+    be->upload(be, m->bd.pos, rule, bytes);
+    be->upload(be, m->bd.block_pos, rule + N, bytes);
+    be->upload(be, m->bd.kv_lo, rule + 2 * N, bytes);
+    be->upload(be, m->bd.kv_hi, rule + 3 * N, bytes);
+    free(rule);
     int32_t *idx = glm_malloc(bytes), *tgt = glm_malloc(bytes);
     int n = 0;
     for (size_t i = 0; i < N; i++)
@@ -453,53 +463,17 @@ static void upload_batch(glm_model *m, const glm_batch *b) {
 
 /* ---------------------------------------------------------------- forward */
 
-/* Views of q, k, v inside a [B, T, NH, 3, HD] buffer. */
-static void qkv_views(const glm_model *m, void *qkv, int T, glm_qkv_view *q, glm_qkv_view *k, glm_qkv_view *v) {
-    int H = m->cfg.hidden_size, HD = glm_head_dim(&m->cfg);
-    glm_qkv_view base = {qkv, (long)T * 3 * H, 3L * H, 3L * HD};
-    *q = base;
-    *k = base; k->base = glm_at(m->be, qkv, HD);
-    *v = base; v->base = glm_at(m->be, qkv, 2 * HD);
-}
-
-void glm_block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
-                   const int32_t *block_pos) {
-    glm_backend *be = m->be;
-    const glm_config *c = &m->cfg;
-    const glm_layer_ptrs *p = &m->w.layer[l];
-    int H = c->hidden_size;
-    be->layernorm_fwd(be, a->x, a->ln1_mean, a->ln1_rstd, h_in, p->ln1_w, p->ln1_b, N, H, c->layernorm_epsilon);
-    glm_linear_fwd(m, l, 0, a, a->qkv, a->x, p->qkv_w, p->qkv_b, N, H, 3 * H);
-    be->rope(be, a->qkv, pos, block_pos, N, c->num_attention_heads, glm_head_dim(c), 0);
-}
-
-void glm_block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                      const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out) {
-    glm_backend *be = m->be;
-    const glm_config *c = &m->cfg;
-    const glm_layer_ptrs *p = &m->w.layer[l];
-    int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
-    be->attention_fwd(be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
-    glm_linear_fwd(m, l, 1, a, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H);
-    be->scale_add(be, a->h1, c->alpha, a->x, a->h1, (size_t)N * H);
-    be->layernorm_fwd(be, a->y, a->ln2_mean, a->ln2_rstd, a->h1, p->ln2_w, p->ln2_b, N, H, c->layernorm_epsilon);
-    glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
-    be->gelu_fwd(be, a->act, a->fc1, (size_t)N * F);
-    glm_linear_fwd(m, l, 3, a, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H);
-    be->scale_add(be, h_out, c->alpha, a->y, h_out, (size_t)N * H);
-}
-
 static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *h_out) {
     int B = m->bd.B, T = m->bd.T, P = m->cfg.peft.pre_seq_len;
-    glm_block_qkv(m, l, a, h_in, B * T, m->bd.pos, m->bd.block_pos);
+    m->fam->block_qkv(m, l, a, h_in, B * T, m->bd.pos, m->bd.block_pos);
     glm_qkv_view q, k, v;
-    qkv_views(m, a->qkv, T, &q, &k, &v);
+    m->fam->qkv_views(m, a->qkv, (long)T * glm_qkv_width(&m->cfg), &q, &k, &v);
     if (P > 0) {
         glm_prefix_kv_views(m, l, a, &k, &v);
-        glm_block_finish(m, l, a, q, k, v, m->pkv_lo, m->pkv_hi, B, T, P + T, h_out);
+        m->fam->block_finish(m, l, a, q, k, v, m->pkv_lo, m->pkv_hi, B, T, P + T, h_out);
         return;
     }
-    glm_block_finish(m, l, a, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, h_out);
+    m->fam->block_finish(m, l, a, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, h_out);
 }
 
 static glm_layer_acts *acts_for(glm_model *m, int l) {
@@ -519,9 +493,7 @@ static void forward_trunk(glm_model *m, const void *h_in) {
     else be->copy(be, resid(m, m->layer_lo), h_in, bytes);
     if (c->peft.pre_seq_len > 0) glm_prefix_forward(m); /* P-Tuning is refused with pipeline stages */
     for (int l = m->layer_lo; l < m->layer_hi; l++) layer_forward(m, l, acts_for(m, l), resid(m, l), resid(m, l + 1));
-    if (m->last)
-        be->layernorm_fwd(be, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), m->w.lnf_w, m->w.lnf_b, N, H,
-                          c->layernorm_epsilon);
+    if (m->last) m->fam->final_norm(m, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), N);
 }
 
 /* LM head + cross entropy over the supervised rows, chunk by chunk. With backward, also
@@ -573,48 +545,6 @@ void glm_stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void 
 
 /* ---------------------------------------------------------------- backward */
 
-/* Given dh_out (gradient w.r.t. the layer's output), writes dh_in (w.r.t. its input). */
-static void layer_backward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, const void *dh_out, void *dh_in) {
-    glm_backend *be = m->be;
-    const glm_config *c = &m->cfg;
-    const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
-    int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size, F = c->inner_hidden_size;
-    int NH = c->num_attention_heads, HD = glm_head_dim(c);
-    size_t NHs = (size_t)N * H;
-    /* h' = alpha*y + FC2(gelu(FC1(y))) */
-    glm_linear_bwd(m, l, 3, a, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, N, F, H);
-    be->gelu_bwd(be, m->d_ff, a->fc1, m->d_ff, (size_t)N * F);
-    void *dy = m->d_x; /* reused: dy is dead before dx is needed */
-    glm_linear_bwd(m, l, 2, a, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F);
-    be->scale_add(be, dy, c->alpha, dh_out, dy, NHs);
-    /* y = LN2(h1) */
-    be->layernorm_bwd(be, m->d_h1, g->ln2_w, g->ln2_b, dy, a->h1, p->ln2_w, a->ln2_mean, a->ln2_rstd, N, H);
-    /* h1 = alpha*x + Dense(ctx) */
-    glm_linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, g->dense_b, m->d_h1, a->ctx, p->dense_w, N, H, H);
-    glm_qkv_view q, k, v, dq, dk, dv;
-    qkv_views(m, a->qkv, T, &q, &k, &v);
-    qkv_views(m, m->d_qkv, T, &dq, &dk, &dv);
-    int P = c->peft.pre_seq_len;
-    if (P > 0) { /* keys/values rebuilt with the same dropout; their gradient via dkvbuf */
-        glm_prefix_kv_views(m, l, a, &k, &v);
-        dk = (glm_qkv_view){m->dkvbuf, k.batch_stride, k.tok_stride, k.head_stride};
-        dv = dk;
-        dv.base = glm_at(be, m->dkvbuf, HD);
-        be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->pkv_lo, m->pkv_hi, B, T, P + T, NH, HD,
-                          1.0f / sqrtf((float)HD));
-        glm_prefix_kv_grads(m, l);
-    } else {
-        be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD,
-                          1.0f / sqrtf((float)HD));
-    }
-    be->rope(be, m->d_qkv, m->bd.pos, m->bd.block_pos, N, NH, HD, 1);
-    void *dx = m->d_x;
-    glm_linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H);
-    be->scale_add(be, dx, c->alpha, m->d_h1, dx, NHs);
-    /* x = LN1(h_in): the residual branches leave from x, so h_in's gradient comes only through LN1 */
-    be->layernorm_bwd(be, dh_in, g->ln1_w, g->ln1_b, dx, h_in, p->ln1_w, a->ln1_mean, a->ln1_rstd, N, H);
-}
-
 double glm_forward_backward(glm_model *m, const glm_batch *b, float dscale) {
     GLM_ASSERT(m->first && m->last);
     return glm_stage_backward(m, b, NULL, NULL, NULL, dscale);
@@ -651,8 +581,7 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         begin(m, L);
         if (c->tie_word_embeddings) begin(m, -1); /* the head writes there */
         loss = head_loss(m, dscale, dlnf);
-        be->layernorm_bwd(be, m->d_b, m->g.lnf_w, m->g.lnf_b, dlnf, resid(m, m->layer_hi), m->w.lnf_w, m->lnf_mean,
-                          m->lnf_rstd, N, H);
+        m->fam->final_norm_bwd(m, m->d_b, dlnf, resid(m, m->layer_hi), m->lnf_mean, m->lnf_rstd, N);
         /* the table orders wte, layers, LNf, (lm_head): gradients become final from the back */
         grads_final_from(m, L);
     } else {
@@ -663,7 +592,7 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         glm_layer_acts *a = acts_for(m, l);
         if (m->gradient_checkpointing) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
         begin(m, l);
-        layer_backward(m, l, a, resid(m, l), dcur, dnext);
+        m->fam->block_backward(m, l, a, resid(m, l), dcur, dnext);
         void *t = dcur; dcur = dnext; dnext = t;
         grads_final_from(m, l);
     }

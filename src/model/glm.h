@@ -1,10 +1,10 @@
-/* The ChatGLM-6B (GLM v1) model: parameters laid out by the tensor table in one flat buffer,
- * forward + backward written once against the ops interface (backend/backend.h).
- *
- * Per layer (spec section 3):  x = LN1(h); h1 = alpha*x + Dense(Attn(RoPE2D(QKV(x))));
- *                              y = LN2(h1); h' = alpha*y + FC2(gelu(FC1(y)))
- * then LNf, the LM head, and the shifted cross entropy over supervised tokens. The head and
- * loss run over compacted supervised rows in chunks, so full logits are never materialised. */
+/* The ChatGLM model: parameters laid out by the tensor table in one flat buffer, forward +
+ * backward orchestrated once against the ops interface (backend/backend.h), the block itself
+ * belonging to the model's family (model/family.h: GLM v1 for ChatGLM-6B, the ChatGLM2 block for
+ * ChatGLM2/3 and GLM-4):
+ *   embedding, the layers' blocks, the final norm, the LM head, and the shifted cross entropy
+ *   over supervised tokens. The head and loss run over compacted supervised rows in chunks, so
+ *   full logits are never materialised. */
 #ifndef GLM_MODEL_H
 #define GLM_MODEL_H
 #include <stdint.h>
@@ -12,6 +12,7 @@
 #include "core/err.h"
 #include "data/batch.h"
 #include "model/config.h"
+#include "model/family.h"
 #include "model/tensors.h"
 
 /* Pointers to one layer's tensors, inside the params (or grads) buffer. */
@@ -37,16 +38,17 @@ typedef struct glm_weights {
 
 /* Activations one layer saves for its backward pass. */
 typedef struct glm_layer_acts {
+    const void *in;              /* [N, H] the block's input (not owned; the ChatGLM2 residual) */
     void *x;                     /* [N, H] LN1 output */
     float *ln1_mean, *ln1_rstd;  /* [N] */
-    void *qkv;                   /* [N, 3H] after rotary (per-head q|k|v) */
-    void *ctx;                   /* [N, H] attention output */
+    void *qkv;                   /* [N, W] after rotary (W = glm_qkv_width: v1 per-head q|k|v, 3H) */
+    void *ctx;                   /* [N, NH*HD] attention output */
     float *lse;                  /* [B, NH, T] */
     void *h1;                    /* [N, H] alpha*x + dense(ctx) */
     float *ln2_mean, *ln2_rstd;  /* [N] */
     void *y;                     /* [N, H] LN2 output */
-    void *fc1;                   /* [N, F] before gelu */
-    void *act;                   /* [N, F] gelu(fc1) */
+    void *fc1;                   /* [N, F1] before the activation (F1 = glm_fc1_width: F, or 2F gate|up) */
+    void *act;                   /* [N, F] gelu(fc1) or swiglu(fc1) */
     void *lora_t[4];             /* [N, r] scaling * A dropout(input) of each adapter (NULL: none) */
 } glm_layer_acts;
 
@@ -59,6 +61,7 @@ typedef struct glm_batch_dev {
 
 typedef struct glm_model {
     glm_config cfg;
+    const glm_family *fam;  /* glm_family_of(&cfg) */
     /* The trainable rows (model/tensors.h): all of them for full fine-tuning; what gradients,
      * the optimizer, data parallelism and checkpoints cover. */
     glm_table tab;
@@ -99,8 +102,9 @@ typedef struct glm_model {
     /* backward scratch */
     void *d_a, *d_b;        /* [N, H] gradient of the residual stream (ping-pong) */
     void *d_x, *d_h1, *d_ctx; /* [N, H] */
-    void *d_qkv;            /* [N, 3H] */
-    void *d_ff;             /* [N, F] */
+    void *d_qkv;            /* [N, W] */
+    void *d_ff;             /* [N, F1] */
+    void *d_act;            /* [N, F] the SwiGLU output's gradient (ChatGLM2 family; NULL for v1) */
     void *head_in, *logits, *d_head_in; /* [chunk, H], [chunk, V], [chunk, H] */
     float *losses;          /* [chunk] */
     glm_batch_dev bd;
@@ -253,16 +257,9 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
                              float *h_out, float *hidden_out, float *logits_out, glm_err *err);
 
 
-/* ---- one GLM block in two halves, shared by training (glm.c) and decoding (kvcache.c) ---- */
+/* ---- a layer's activation buffers (the family's block fills them) ---- */
 void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t tokens);
 void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a);
-/* a->x = LN1(h_in); a->qkv = 2D-rotary(QKV(x)) for N tokens */
-void glm_block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
-                   const int32_t *block_pos);
-/* The rest from rotated q/k/v views (in a->qkv, or in a KV cache): attention over each query's
- * [kv_lo, kv_hi) of Tk keys, dense, alpha residual, LN2, MLP, alpha residual into h_out. */
-void glm_block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                      const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out);
 
 /* ---- memory plan (model/glm.c): bytes the model will allocate, from the tensor table ---- */
 typedef struct glm_mem_plan {

@@ -1,6 +1,8 @@
 /* Incremental decoding with a KV cache. The cache keeps each layer's rotated q|k|v rows
- * [B, Tmax, 3H] (q included: one contiguous copy per row serves, at 1.5x the bytes of K and V
- * alone); the attention op then reads keys and values straight from it through views. */
+ * [B, Tmax, W] as the family lays them out (q included: one contiguous copy per row serves, at
+ * 1.5x the bytes of K and V alone for v1; ChatGLM2's 2 key/value groups make its rows mostly
+ * queries, so it keeps k|v only); the attention op then reads keys and values straight from it
+ * through views. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +10,11 @@
 
 /* A cached token's elements (3H for q|k|v, 2H for k|v behind a prefix) and the cache rows in
  * front of the tokens (the prefix's P). */
-static size_t row_elems(const glm_model *m) { return (m->cfg.peft.pre_seq_len > 0 ? 2 : 3) * (size_t)m->cfg.hidden_size; }
+static size_t row_elems(const glm_model *m) {
+    const glm_config *c = &m->cfg;
+    if (c->family == GLM_FAMILY_GLM2) return 2 * (size_t)glm_kv_heads(c) * glm_head_dim(c);
+    return (c->peft.pre_seq_len > 0 ? 2 : 3) * (size_t)c->hidden_size;
+}
 static int front(const glm_model *m) { return m->cfg.peft.pre_seq_len; }
 
 void glm_kvcache_grow(glm_model *m, glm_kvcache *kv, int Tmax) {
@@ -124,17 +130,28 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
     if (m->first) be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
     else be->upload_f32(be, h, h_in, Nb * H);
     for (int l = m->layer_lo; l < m->layer_hi; l++) {
-        glm_block_qkv(m, l, a, h, N, d_pos, d_bpos);
+        m->fam->block_qkv(m, l, a, h, N, d_pos, d_bpos);
         glm_qkv_view q, k, v;
-        if (P > 0) { /* the new rows' k|v behind the prefix (and the tokens before); queries from a->qkv */
-            const glm_config *c = &m->cfg;
+        if (c->family == GLM_FAMILY_GLM2) { /* the new rows' k|v appended; queries from a->qkv */
+            int W = glm_qkv_width(c), KV = (int)row_elems(m), NKV = glm_kv_heads(c);
+            for (int b = 0; b < B; b++)
+                be->copy_rows(be, glm_at(be, kv->qkv[l], ((size_t)b * kv->Tmax + kv->len) * KV), KV,
+                              glm_at(be, a->qkv, (size_t)b * Tq * W + (W - KV)), W, KV, Tq);
+            glm_qkv_view unused;
+            m->fam->qkv_views(m, a->qkv, (long)Tq * W, &q, &unused, &unused);
+            /* cached rows [NKV heads of k | NKV heads of v], each query head reading its group's */
+            long bs = (long)kv->Tmax * KV;
+            int g = c->num_attention_heads / NKV;
+            k = (glm_qkv_view){kv->qkv[l], bs, KV, HD, g};
+            v = (glm_qkv_view){glm_at(be, kv->qkv[l], (size_t)NKV * HD), bs, KV, HD, g};
+        } else if (P > 0) { /* the new rows' k|v behind the prefix (and the tokens before); queries from a->qkv */
             long bs = (long)(P + kv->Tmax) * 2 * H;
             for (int b = 0; b < B; b++)
                 be->prefix_kv(be, glm_at(be, kv->qkv[l], (size_t)b * bs + (size_t)(P + kv->len) * 2 * H),
                               glm_at(be, a->qkv, (size_t)b * Tq * 3 * H), NULL, l, c->num_layers, 1, Tq, 0,
                               c->num_attention_heads, HD, 0.0f, 0);
-            q = (glm_qkv_view){a->qkv, (long)Tq * 3 * H, 3L * H, 3L * HD};
-            k = (glm_qkv_view){kv->qkv[l], bs, 2L * H, 2L * HD};
+            q = (glm_qkv_view){a->qkv, (long)Tq * 3 * H, 3L * H, 3L * HD, 1};
+            k = (glm_qkv_view){kv->qkv[l], bs, 2L * H, 2L * HD, 1};
             v = k;
             v.base = glm_at(be, kv->qkv[l], HD);
         } else {
@@ -143,11 +160,10 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
                          glm_at(be, a->qkv, (size_t)b * Tq * 3 * H), (size_t)Tq * 3 * H * es);
             /* queries are the new rows; keys and values every cached row, read in place */
             long bs = (long)kv->Tmax * 3 * H;
-            q = (glm_qkv_view){glm_at(be, kv->qkv[l], (size_t)kv->len * 3 * H), bs, 3L * H, 3L * HD};
-            k = (glm_qkv_view){glm_at(be, kv->qkv[l], HD), bs, 3L * H, 3L * HD};
-            v = (glm_qkv_view){glm_at(be, kv->qkv[l], 2 * HD), bs, 3L * H, 3L * HD};
+            m->fam->qkv_views(m, kv->qkv[l], bs, &q, &k, &v);
+            q.base = glm_at(be, kv->qkv[l], (size_t)kv->len * 3 * H);
         }
-        glm_block_finish(m, l, a, q, k, v, d_lo, d_hi, B, Tq, P + kv->len + Tq, h2);
+        m->fam->block_finish(m, l, a, q, k, v, d_lo, d_hi, B, Tq, P + kv->len + Tq, h2);
         void *t = h; h = h2; h2 = t;
     }
     if (!m->last) { /* a stage before the last hands its output on */
@@ -156,7 +172,7 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
         return 0;
     }
     void *x = a->x; /* final norm output */
-    be->layernorm_fwd(be, x, a->ln1_mean, a->ln1_rstd, h, m->w.lnf_w, m->w.lnf_b, N, H, c->layernorm_epsilon);
+    m->fam->final_norm(m, x, a->ln1_mean, a->ln1_rstd, h, N);
     if (hidden_out) be->download_f32(be, hidden_out, x, Nb * H);
     if (logits_out) {
         int32_t *last = glm_malloc(sizeof(int32_t) * B);

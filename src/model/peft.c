@@ -11,11 +11,11 @@
 static void lora_scratch(glm_model *m, int N) {
     if (N <= m->lora_cap) return;
     glm_backend *be = m->be;
-    size_t es = glm_dtype_size(be->dtype), H = m->cfg.hidden_size, F = m->cfg.inner_hidden_size;
+    size_t es = glm_dtype_size(be->dtype);
     if (m->lora_tmp) be->free(be, m->lora_tmp);
     if (m->lora_u) be->free(be, m->lora_u);
-    m->lora_tmp = be->alloc(be, (size_t)N * (F > 3 * H ? F : 3 * H) * es);
-    m->lora_u = m->cfg.peft.lora_dropout > 0 ? be->alloc(be, (size_t)N * (F > H ? F : H) * es) : NULL;
+    m->lora_tmp = be->alloc(be, (size_t)N * glm_lora_tmp_width(&m->cfg) * es);
+    m->lora_u = m->cfg.peft.lora_dropout > 0 ? be->alloc(be, (size_t)N * glm_lora_in_width(&m->cfg) * es) : NULL;
     m->lora_cap = N;
 }
 
@@ -160,7 +160,7 @@ void glm_prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *k
     const void *pkv = c->peft.prefix_projection ? m->pkv : m->w.prefix_emb;
     m->be->prefix_kv(m->be, m->kvbuf, a->qkv, pkv, l, c->num_layers, B, T, P, c->num_attention_heads, HD, p,
                      prefix_seed(m, l));
-    *k = (glm_qkv_view){m->kvbuf, (long)(P + T) * 2 * H, 2L * H, 2L * HD};
+    *k = (glm_qkv_view){m->kvbuf, (long)(P + T) * 2 * H, 2L * H, 2L * HD, 1};
     *v = *k;
     v->base = glm_at(m->be, m->kvbuf, HD);
 }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/err.h"
+#include "model/family.h"
 
 /* Each tensor starts on a 64-element boundary so vector loads and later shards stay aligned. */
 #define ALIGN_ELEMS 64
@@ -91,42 +92,39 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
         ROW(T_PREFIX_W2, -1, "transformer.prefix_encoder.trans.2.weight", 2, KV, H);
         ROW(T_PREFIX_B2, -1, "transformer.prefix_encoder.trans.2.bias", 1, KV, 1);
     }
+    const glm_family *fam = glm_family_of(c);
     if (with_embed || (with_head && c->tie_word_embeddings))
-        ROW(T_WORD_EMB, -1, "transformer.word_embeddings.weight", 2, V, H);
+        ROW(T_WORD_EMB, -1, fam->embed, 2, V, H);
+    /* the widths of config.h: q|k|v, the attention output, the first MLP linear */
+    int64_t W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
     /* in_features and out_features of the four linear modules, in target order */
-    const int64_t lin[4][2] = {{H, 3 * H}, {H, H}, {H, F}, {F, H}};
-    const char *mod[4] = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"};
+    const int64_t lin[4][2] = {{H, W}, {A, H}, {H, F1}, {F, H}};
+    /* each layer row's shape by kind (T_LN1_W on); a NULL name in the family: no such row */
+    const int64_t shape[12][3] = {{1, H, 1}, {1, H, 1}, {2, W, H}, {1, W, 1}, {2, H, A}, {1, H, 1},
+                                  {1, H, 1}, {1, H, 1}, {2, F1, H}, {1, F1, 1}, {2, H, F}, {1, H, 1}};
     for (int l = l0; l < l1; l++) {
         unit_start(tab, unit_align);
         opened = 0;
-#define LAYER(kind, suffix, nd, d0, d1) \
-        snprintf(n, sizeof n, "transformer.layers.%d.%s", l, suffix); ROW(kind, l, n, nd, d0, d1)
-        LAYER(T_LN1_W, "input_layernorm.weight", 1, H, 1);
-        LAYER(T_LN1_B, "input_layernorm.bias", 1, H, 1);
-        LAYER(T_QKV_W, "attention.query_key_value.weight", 2, 3 * H, H);
-        LAYER(T_QKV_B, "attention.query_key_value.bias", 1, 3 * H, 1);
-        LAYER(T_DENSE_W, "attention.dense.weight", 2, H, H);
-        LAYER(T_DENSE_B, "attention.dense.bias", 1, H, 1);
-        LAYER(T_LN2_W, "post_attention_layernorm.weight", 1, H, 1);
-        LAYER(T_LN2_B, "post_attention_layernorm.bias", 1, H, 1);
-        LAYER(T_FC1_W, "mlp.dense_h_to_4h.weight", 2, F, H);
-        LAYER(T_FC1_B, "mlp.dense_h_to_4h.bias", 1, F, 1);
-        LAYER(T_FC2_W, "mlp.dense_4h_to_h.weight", 2, H, F);
-        LAYER(T_FC2_B, "mlp.dense_4h_to_h.bias", 1, H, 1);
-#undef LAYER
+        int np = snprintf(n, sizeof n, fam->layer_fmt, l);
+        for (int k = 0; k < 12; k++) {
+            glm_tkind kind = (glm_tkind)(T_LN1_W + k);
+            if (!fam->layer_row[k] || (kind == T_QKV_B && c->family == GLM_FAMILY_GLM2 && !c->qkv_bias)) continue;
+            snprintf(n + np, sizeof n - np, "%s", fam->layer_row[k]);
+            ROW(kind, l, n, (int)shape[k][0], shape[k][1], shape[k][2]);
+        }
         for (int i = 0; i < 4; i++) {
-            snprintf(n, sizeof n, "transformer.layers.%d.%s.lora_A.weight", l, mod[i]);
+            snprintf(n + np, sizeof n - np, "%s.lora_A.weight", fam->modules[i]);
             ROW(glm_lora_kind(i, 0), l, n, 2, r, lin[i][0]);
-            snprintf(n, sizeof n, "transformer.layers.%d.%s.lora_B.weight", l, mod[i]);
+            snprintf(n + np, sizeof n - np, "%s.lora_B.weight", fam->modules[i]);
             ROW(glm_lora_kind(i, 1), l, n, 2, lin[i][1], r);
         }
     }
     if (with_head) {
         unit_start(tab, unit_align);
         opened = 0;
-        ROW(T_LNF_W, -1, "transformer.final_layernorm.weight", 1, H, 1);
-        ROW(T_LNF_B, -1, "transformer.final_layernorm.bias", 1, H, 1);
-        if (!c->tie_word_embeddings) ROW(T_LM_HEAD, -1, "lm_head.weight", 2, V, H);
+        ROW(T_LNF_W, -1, fam->final_norm_w, 1, H, 1);
+        if (fam->final_norm_b) ROW(T_LNF_B, -1, fam->final_norm_b, 1, H, 1);
+        if (!c->tie_word_embeddings) ROW(T_LM_HEAD, -1, fam->head, 2, V, H);
     }
 #undef ROW
     unit_start(tab, unit_align);

@@ -102,4 +102,53 @@ static inline int oracle_glm_run(glm_backend *be, const char *file, int P, doubl
     return rc ? -1 : 0;
 }
 
+/* The ChatGLM2/3 oracle (glm2_model.data: the README's layout): one layer of THUDM's ChatGLM2
+ * code, a causal prompt of 3 tokens at positions 0..2, then two decode steps at 3 and 4. The
+ * file holds the base tensors in table order without the output layer (none is in the file). */
+static inline int oracle_glm2_run(glm_backend *be, const char *file, double e[3]) {
+    size_t n;
+    float *d = oracle_load(file, &n);
+    if (!d) return 1;
+    glm_config c = glm_config_chatglm2_6b();
+    c.vocab_size = 5; c.hidden_size = 32; c.num_layers = 1; c.num_attention_heads = 8; c.head_dim = 4;
+    c.num_kv_heads = 2; c.inner_hidden_size = 48; c.max_sequence_length = 16; c.pad_token_id = 0; c.eos_token_id = 4;
+    glm_model m;
+    glm_model_init(&m, &c, be);
+    const float *p = d;
+    glm_table base;
+    glm_table_build(&base, &c);
+    for (int i = 0; i < base.n; i++) {
+        if (base.t[i].kind == T_LM_HEAD) continue;
+        void *dst;
+        glm_model_find(&m, base.t[i].name, &dst);
+        be->upload_f32(be, dst, p, base.t[i].numel);
+        p += base.t[i].numel;
+    }
+    glm_table_free(&base);
+    const int32_t *x1 = (const int32_t *)p; p += 3;
+    const float *y1 = p; p += 3 * 32;
+    const int32_t *x2 = (const int32_t *)p; p += 1;
+    const float *y2 = p; p += 32;
+    const int32_t *x3 = (const int32_t *)p; p += 1;
+    const float *y3 = p; p += 32;
+    int rc = (size_t)(p - d) == n ? 0 : -1;
+    glm_kvcache kv;
+    glm_kvcache_init(&m, &kv, 1, 8);
+    glm_err err;
+    float out[3 * 32];
+    int32_t pos1[] = {0, 1, 2}, zero[] = {0, 0, 0}, hi1[] = {1, 2, 3};
+    rc |= glm_forward_cached(&m, &kv, 3, x1, pos1, zero, zero, hi1, out, NULL, &err);
+    e[0] = rc ? 1e9 : test_max_abs(out, y1, 3 * 32);
+    int32_t pos2[] = {3}, hi2[] = {4};
+    rc |= glm_forward_cached(&m, &kv, 1, x2, pos2, zero, zero, hi2, out, NULL, &err);
+    e[1] = rc ? 1e9 : test_max_abs(out, y2, 32);
+    int32_t pos3[] = {4}, hi3[] = {5};
+    rc |= glm_forward_cached(&m, &kv, 1, x3, pos3, zero, zero, hi3, out, NULL, &err);
+    e[2] = rc ? 1e9 : test_max_abs(out, y3, 32);
+    glm_kvcache_free(&m, &kv);
+    glm_model_free(&m);
+    free(d);
+    return rc ? -1 : 0;
+}
+
 #endif

@@ -69,11 +69,53 @@ int main(void) {
                           "config.json", &err);
     TEST_CHECK(&tc, "rejects_overflowing_inner_hidden_size", rc == -1 && strstr(err.msg, "inner_hidden_size"), "rc %d: %s", rc, err.msg);
     /* a ChatGLM2/3 config is named as such, not reported as a v1 config missing vocab_size */
-    rc = glm_config_parse(&c, "{\"model_type\": \"chatglm\", \"padded_vocab_size\": 65024, \"hidden_size\": 4096, "
-                              "\"num_layers\": 28, \"num_attention_heads\": 32, \"multi_query_attention\": true, "
-                              "\"ffn_hidden_size\": 13696, \"kv_channels\": 128, \"rmsnorm\": true}", "config.json", &err);
-    TEST_CHECK(&tc, "names_chatglm2_family", rc == -1 && strstr(err.msg, "ChatGLM2-6B / ChatGLM3-6B") && strstr(err.hint, "issue 18"),
-               "rc %d: %s / %s", rc, err.msg, err.hint);
+    /* ChatGLM2-6B's config.json as THUDM ships it (spec 11): the ChatGLM2 family */
+    static const char *GLM2 = "{\"model_type\": \"chatglm\", \"add_bias_linear\": false, \"add_qkv_bias\": true, "
+        "\"apply_query_key_layer_scaling\": true, \"apply_residual_connection_post_layernorm\": false, "
+        "\"attention_dropout\": 0.0, \"attention_softmax_in_fp32\": true, \"bias_dropout_fusion\": true, "
+        "\"ffn_hidden_size\": 13696, \"fp32_residual_connection\": false, \"hidden_dropout\": 0.0, \"hidden_size\": 4096, "
+        "\"kv_channels\": 128, \"layernorm_epsilon\": 1e-05, \"multi_query_attention\": true, \"multi_query_group_num\": 2, "
+        "\"num_attention_heads\": 32, \"num_layers\": 28, \"original_rope\": true, \"padded_vocab_size\": 65024, "
+        "\"post_layer_norm\": true, \"rmsnorm\": true, \"seq_length\": 32768, \"use_cache\": true, "
+        "\"torch_dtype\": \"float16\", \"transformers_version\": \"4.27.1\", \"tie_word_embeddings\": false, "
+        "\"eos_token_id\": 2, \"pad_token_id\": 0}";
+    rc = glm_config_parse(&c, GLM2, "config.json", &err);
+    TEST_CHECK(&tc, "reads_chatglm2_config", rc == 0 && c.family == GLM_FAMILY_GLM2 && c.vocab_size == 65024 &&
+                   c.num_kv_heads == 2 && glm_head_dim(&c) == 128 && c.inner_hidden_size == 13696 && c.qkv_bias &&
+                   !c.tie_word_embeddings && c.rope_theta == 10000.0f && c.eos_token_id == 2 && glm_qkv_width(&c) == 4608 &&
+                   glm_fc1_width(&c) == 27392, "rc %d: %s", rc, err.msg);
+    {
+        glm_table t;
+        glm_table_build(&t, &c);
+        TEST_CHECK(&tc, "chatglm2_table_is_thudms", t.n == 28 * 7 + 3 && t.n_params == 6243584000ULL &&
+                       glm_table_find(&t, "transformer.encoder.layers.27.self_attention.query_key_value.bias") &&
+                       glm_table_find(&t, "transformer.output_layer.weight") &&
+                       glm_table_find(&t, "transformer.embedding.word_embeddings.weight") &&
+                       glm_table_find(&t, "transformer.encoder.final_layernorm.weight"),
+                   "%d rows, %zu parameters (THUDM's 200 - inv_freq, 6,243,584,000)", t.n, t.n_params);
+        glm_table_free(&t);
+        char *js2 = glm_config_to_json(&c);
+        glm_config c3;
+        rc = glm_config_parse(&c3, js2, "written", &err);
+        TEST_CHECK(&tc, "chatglm2_round_trip", rc == 0 && memcmp(&c, &c3, sizeof c) == 0, "rc %d: %s", rc, err.msg);
+        free(js2);
+    }
+    /* GLM-4-9B lists its end ids; rope_ratio scales the rotary base */
+    static const char *GLM4 = "{\"model_type\": \"chatglm\", \"add_qkv_bias\": true, \"ffn_hidden_size\": 13696, "
+        "\"hidden_size\": 4096, \"kv_channels\": 128, \"multi_query_attention\": true, \"multi_query_group_num\": 2, "
+        "\"num_attention_heads\": 32, \"num_layers\": 40, \"padded_vocab_size\": 151552, \"rmsnorm\": true, "
+        "\"rope_ratio\": 500, \"seq_length\": 131072, \"eos_token_id\": [151329, 151336, 151338], \"pad_token_id\": 151329}";
+    rc = glm_config_parse(&c, GLM4, "config.json", &err);
+    TEST_CHECK(&tc, "reads_glm4_config", rc == 0 && c.family == GLM_FAMILY_GLM2 && c.num_layers == 40 &&
+                   c.vocab_size == 151552 && c.eos_token_id == 151329 && c.rope_theta == 5e6f, "rc %d: %s", rc, err.msg);
+    rc = glm_config_parse(&c, "{\"model_type\": \"chatglm\", \"padded_vocab_size\": 64, \"hidden_size\": 32, "
+                              "\"num_layers\": 1, \"num_attention_heads\": 8, \"ffn_hidden_size\": 48, \"rmsnorm\": false}",
+                          "config.json", &err);
+    TEST_CHECK(&tc, "refuses_chatglm2_layernorm", rc == -1 && strstr(err.msg, "rmsnorm false"), "rc %d: %s", rc, err.msg);
+    rc = glm_config_parse(&c, "{\"model_type\": \"chatglm\", \"padded_vocab_size\": 64, \"hidden_size\": 32, "
+                              "\"num_layers\": 1, \"num_attention_heads\": 8, \"ffn_hidden_size\": 48, "
+                              "\"multi_query_attention\": true, \"multi_query_group_num\": 3}", "config.json", &err);
+    TEST_CHECK(&tc, "refuses_uneven_groups", rc == -1 && strstr(err.msg, "multi_query_group_num 3"), "rc %d: %s", rc, err.msg);
     /* THUDM's pre-quantized folders say how their linear weights are stored */
     rc = parse_with("torch_dtype", "\"float16\", \"quantization_bit\": 4", &err);
     TEST_CHECK(&tc, "reads_quantization_bit_4", rc == 0 && g_parsed.quant == GLM_Q_INT4, "rc %d: %s", rc, err.msg);

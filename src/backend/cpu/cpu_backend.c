@@ -53,6 +53,21 @@ static void attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_
                      int B, int Tq, int Tk, int NH, int HD, float scale) {
     cpu_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale);
 }
+static void rms_fwd(glm_backend *be, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps) {
+    cpu_rmsnorm_fwd(out, rstd, x, w, N, C, eps);
+}
+static void rms_bwd(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w, const float *rstd,
+                    int N, int C) {
+    cpu_rmsnorm_bwd(dx, dw, dout, x, w, rstd, N, C);
+}
+static void sw_fwd(glm_backend *be, void *out, const void *x, int N, int F) { cpu_swiglu_fwd(out, x, N, F); }
+static void sw_bwd(glm_backend *be, void *dx, const void *x, const void *dout, int N, int F) { cpu_swiglu_bwd(dx, x, dout, N, F); }
+static void rope2(glm_backend *be, void *x, long rs, int N, int nh, int HD, int rot, const int32_t *pos, float theta, int inv) {
+    cpu_rope_pairs(x, rs, N, nh, HD, rot, pos, theta, inv);
+}
+static void cpu_copy_rows(glm_backend *be, void *dst, size_t ds, const void *src, size_t ss, size_t w, size_t rows) {
+    for (size_t r = 0; r < rows; r++) memcpy((float *)dst + r * ds, (const float *)src + r * ss, w * sizeof(float));
+}
 static void g_fwd(glm_backend *be, void *out, const void *x, size_t n) { cpu_gelu_fwd(out, x, n); }
 static void g_bwd(glm_backend *be, void *dx, const void *x, const void *dout, size_t n) { cpu_gelu_bwd(dx, x, dout, n); }
 static void sc_add(glm_backend *be, void *out, float alpha, const void *x, const void *y, size_t n) { cpu_scale_add(out, alpha, x, y, n); }
@@ -103,7 +118,7 @@ glm_backend *glm_backend_cpu(void) {
     glm_backend *be = glm_calloc(1, sizeof *be);
     *be = (glm_backend){
         .name = "cpu", .dtype = GLM_F32,
-        .alloc = cpu_alloc, .free = cpu_free, .zero = cpu_zero, .copy = cpu_copy,
+        .alloc = cpu_alloc, .free = cpu_free, .zero = cpu_zero, .copy = cpu_copy, .copy_rows = cpu_copy_rows,
         .upload_f32 = cpu_up_f32, .download_f32 = cpu_down_f32, .upload = cpu_raw, .download = cpu_raw,
         .sync = cpu_sync,
         .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
@@ -112,6 +127,7 @@ glm_backend *glm_backend_cpu(void) {
         .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw,
         .prefix_kv = pkv_fwd, .prefix_kv_bwd = pkv_bwd, .tanh_fwd = th_fwd, .tanh_bwd = th_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,
+        .rmsnorm_fwd = rms_fwd, .rmsnorm_bwd = rms_bwd, .swiglu_fwd = sw_fwd, .swiglu_bwd = sw_bwd, .rope_pairs = rope2,
         .destroy = cpu_destroy,
     };
     return be;

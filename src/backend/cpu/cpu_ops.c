@@ -136,7 +136,7 @@ void cpu_rope(float *qkv, const int32_t *pos, const int32_t *block_pos, int N, i
 }
 
 static inline float *view_at(glm_qkv_view v, int b, int t, int h) {
-    return (float *)v.base + b * v.batch_stride + t * v.tok_stride + h * v.head_stride;
+    return (float *)v.base + b * v.batch_stride + t * v.tok_stride + (h / glm_view_group(v)) * v.head_stride;
 }
 
 /* Dot product in a fixed order (8 interleaved partial sums, then pairwise), so the compiler can
@@ -188,30 +188,115 @@ void cpu_attention_fwd(float *out, float *lse, glm_qkv_view q, glm_qkv_view k, g
 void cpu_attention_bwd(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const float *dout, const float *out,
                        const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *kv_lo,
                        const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
-    /* One (b, h) per thread: dk/dv sums over queries stay in one thread, in query order. */
+    /* One (b, key/value head) per thread: dk/dv sums over the group's query heads and over
+     * queries stay in one thread, in head then query order. */
+    int g = glm_view_group(k), NKV = NH / g;
+    GLM_ASSERT(NKV * g == NH && glm_view_group(v) == g && glm_view_group(dk) == g && glm_view_group(dv) == g);
 #pragma omp parallel for schedule(static) collapse(2)
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            for (int i = 0; i < Tq; i++) memset(view_at(dq, b, i, h), 0, sizeof(float) * HD);
+        for (int hk = 0; hk < NKV; hk++) {
             for (int j = 0; j < Tk; j++) {
-                memset(view_at(dk, b, j, h), 0, sizeof(float) * HD);
-                memset(view_at(dv, b, j, h), 0, sizeof(float) * HD);
+                memset(view_at(dk, b, j, hk * g), 0, sizeof(float) * HD);
+                memset(view_at(dv, b, j, hk * g), 0, sizeof(float) * HD);
             }
-            for (int i = 0; i < Tq; i++) {
-                int lo = kv_lo[b * Tq + i], hi = kv_hi[b * Tq + i];
-                const float *qi = view_at(q, b, i, h);
-                const float *doi = dout + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
-                const float *oi = out + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
-                float *dqi = view_at(dq, b, i, h);
-                float L = lse[((size_t)b * NH + h) * Tq + i], D = dot(doi, oi, HD);
-                for (int j = lo; j < hi; j++) {
-                    const float *kj = view_at(k, b, j, h), *vj = view_at(v, b, j, h);
-                    float pij = expf(dot(qi, kj, HD) * scale - L);
-                    float ds = pij * (dot(doi, vj, HD) - D) * scale;
-                    axpy(view_at(dv, b, j, h), pij, doi, HD);
-                    axpy(dqi, ds, kj, HD);
-                    axpy(view_at(dk, b, j, h), ds, qi, HD);
+            for (int h = hk * g; h < hk * g + g; h++) {
+                for (int i = 0; i < Tq; i++) memset(view_at(dq, b, i, h), 0, sizeof(float) * HD);
+                for (int i = 0; i < Tq; i++) {
+                    int lo = kv_lo[b * Tq + i], hi = kv_hi[b * Tq + i];
+                    const float *qi = view_at(q, b, i, h);
+                    const float *doi = dout + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
+                    const float *oi = out + ((size_t)b * Tq + i) * NH * HD + (size_t)h * HD;
+                    float *dqi = view_at(dq, b, i, h);
+                    float L = lse[((size_t)b * NH + h) * Tq + i], D = dot(doi, oi, HD);
+                    for (int j = lo; j < hi; j++) {
+                        const float *kj = view_at(k, b, j, h), *vj = view_at(v, b, j, h);
+                        float pij = expf(dot(qi, kj, HD) * scale - L);
+                        float ds = pij * (dot(doi, vj, HD) - D) * scale;
+                        axpy(view_at(dv, b, j, h), pij, doi, HD);
+                        axpy(dqi, ds, kj, HD);
+                        axpy(view_at(dk, b, j, h), ds, qi, HD);
+                    }
                 }
+            }
+        }
+}
+
+/* ---- the ChatGLM2 family's ops ---- */
+
+void cpu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+        float r = 1.0f / sqrtf((float)(ss / C) + eps);
+        for (int c = 0; c < C; c++) o[c] = w[c] * (xr[c] * r);
+        rstd[n] = r;
+    }
+}
+
+void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd, int N,
+                     int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C, *g = dout + (size_t)n * C;
+        float r = rstd[n];
+        double sgx = 0; /* sum of dxhat * xhat */
+        for (int c = 0; c < C; c++) sgx += (double)(g[c] * w[c]) * (xr[c] * r);
+        float bb = (float)(sgx / C);
+        float *d = dx + (size_t)n * C;
+        for (int c = 0; c < C; c++) d[c] = r * (g[c] * w[c] - xr[c] * r * bb);
+    }
+    if (!dw) return;
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        float sw = 0;
+        for (int n = 0; n < N; n++) sw += dout[(size_t)n * C + c] * (x[(size_t)n * C + c] * rstd[n]);
+        dw[c] += sw;
+    }
+}
+
+void cpu_swiglu_fwd(float *out, const float *x, int N, int F) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int f = 0; f < F; f++) {
+            float g = x[(size_t)n * 2 * F + f], u = x[(size_t)n * 2 * F + F + f];
+            out[(size_t)n * F + f] = g / (1.0f + expf(-g)) * u;
+        }
+}
+
+void cpu_swiglu_bwd(float *dx, const float *x, const float *dout, int N, int F) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int f = 0; f < F; f++) {
+            float g = x[(size_t)n * 2 * F + f], u = x[(size_t)n * 2 * F + F + f], d = dout[(size_t)n * F + f];
+            float s = 1.0f / (1.0f + expf(-g));
+            dx[(size_t)n * 2 * F + f] = d * u * s * (1.0f + g * (1.0f - s));
+            dx[(size_t)n * 2 * F + F + f] = d * g * s;
+        }
+}
+
+float cpu_rope_pair_freq(int i, int rot, float theta) {
+    /* as ChatGLM2's RotaryEmbedding: 1 / theta ** (arange(0, rot, 2) / rot) in fp32 */
+    return 1.0f / powf(theta, (float)(2 * i) / (float)rot);
+}
+
+void cpu_rope_pairs(float *x, long row_stride, int N, int nheads, int HD, int rot, const int32_t *pos, float theta,
+                    int inverse) {
+    float w[512];
+    GLM_ASSERT(rot / 2 <= 512 && rot <= HD && rot % 2 == 0);
+    for (int i = 0; i < rot / 2; i++) w[i] = cpu_rope_pair_freq(i, rot, theta);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < nheads; h++) {
+            float *v = x + (size_t)n * row_stride + (size_t)h * HD;
+            for (int i = 0; i < rot / 2; i++) {
+                float th = (float)pos[n] * w[i];
+                float c = cosf(th), s = inverse ? -sinf(th) : sinf(th);
+                float a = v[2 * i], b = v[2 * i + 1];
+                v[2 * i] = a * c - b * s;
+                v[2 * i + 1] = b * c + a * s;
             }
         }
 }

@@ -23,6 +23,16 @@ void cpu_attention_fwd(float *out, float *lse, glm_qkv_view q, glm_qkv_view k, g
 void cpu_attention_bwd(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const float *dout, const float *out,
                        const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *kv_lo,
                        const int32_t *kv_hi, int B, int Tq, int Tk, int NH, int HD, float scale);
+/* backend.h rmsnorm_fwd/bwd, swiglu_fwd/bwd, rope_pairs (the ChatGLM2 family) */
+void cpu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd, int N,
+                     int C);
+void cpu_swiglu_fwd(float *out, const float *x, int N, int F);
+void cpu_swiglu_bwd(float *dx, const float *x, const float *dout, int N, int F);
+/* w_i of rope_pairs */
+float cpu_rope_pair_freq(int i, int rot, float theta);
+void cpu_rope_pairs(float *x, long row_stride, int N, int nheads, int HD, int rot, const int32_t *pos, float theta,
+                    int inverse);
 void cpu_gelu_fwd(float *out, const float *x, size_t n);
 void cpu_gelu_bwd(float *dx, const float *x, const float *dout, size_t n);
 void cpu_scale_add(float *out, float alpha, const float *x, const float *y, size_t n);

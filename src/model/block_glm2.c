@@ -1,0 +1,134 @@
+/* The ChatGLM2 block (ChatGLM2-6B, ChatGLM3-6B, GLM-4-9B; spec section 11) as a model family
+ * (model/family.h). Per layer, pre-norm residuals without scaling:
+ *   x = RMSNorm1(h); h1 = h + Dense(Attn(RoPE(QKV(x))));  y = RMSNorm2(h1); h' = h1 + FC2(SwiGLU(FC1(y)))
+ * QKV's output is q (NH heads) | k (NKV heads) | v (NKV heads), each head HD = kv_channels wide;
+ * query head h reads key/value head h / (NH / NKV). Rotary turns the first HD/2 dims of every q
+ * and k head in interleaved pairs at position ids 0, 1, ... of each sequence; the mask is causal. */
+#include <math.h>
+#include "model/family.h"
+#include "model/glm.h"
+#include "model/peft.h"
+
+static void qkv_views(const glm_model *m, void *qkv, long batch_stride, glm_qkv_view *q, glm_qkv_view *k,
+                      glm_qkv_view *v) {
+    const glm_config *c = &m->cfg;
+    int NH = c->num_attention_heads, NKV = glm_kv_heads(c), HD = glm_head_dim(c), W = glm_qkv_width(c);
+    *q = (glm_qkv_view){qkv, batch_stride, W, HD, 1};
+    *k = (glm_qkv_view){glm_at(m->be, qkv, (size_t)NH * HD), batch_stride, W, HD, NH / NKV};
+    *v = (glm_qkv_view){glm_at(m->be, qkv, (size_t)(NH + NKV) * HD), batch_stride, W, HD, NH / NKV};
+}
+
+/* Rotary on the q heads and the k heads of N rows of qkv (inverse: the backward). */
+static void rope(glm_model *m, void *qkv, int N, const int32_t *pos, int inverse) {
+    const glm_config *c = &m->cfg;
+    int NH = c->num_attention_heads, HD = glm_head_dim(c), W = glm_qkv_width(c);
+    m->be->rope_pairs(m->be, qkv, W, N, NH, HD, HD / 2, pos, c->rope_theta, inverse);
+    m->be->rope_pairs(m->be, glm_at(m->be, qkv, (size_t)NH * HD), W, N, glm_kv_heads(c), HD, HD / 2, pos, c->rope_theta,
+                      inverse);
+}
+
+static void block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
+                      const int32_t *block_pos) {
+    (void)block_pos;
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    int H = c->hidden_size;
+    a->in = h_in; /* the residual leaves from the block's input */
+    be->rmsnorm_fwd(be, a->x, a->ln1_rstd, h_in, p->ln1_w, N, H, c->layernorm_epsilon);
+    glm_linear_fwd(m, l, 0, a, a->qkv, a->x, p->qkv_w, p->qkv_b, N, H, glm_qkv_width(c));
+    rope(m, a->qkv, N, pos, 0);
+}
+
+static void block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                         const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
+    be->attention_fwd(be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
+    glm_linear_fwd(m, l, 1, a, a->h1, a->ctx, p->dense_w, NULL, N, NH * HD, H);
+    be->scale_add(be, a->h1, 1.0f, a->in, a->h1, (size_t)N * H);
+    be->rmsnorm_fwd(be, a->y, a->ln2_rstd, a->h1, p->ln2_w, N, H, c->layernorm_epsilon);
+    glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, NULL, N, H, 2 * F);
+    be->swiglu_fwd(be, a->act, a->fc1, N, F);
+    glm_linear_fwd(m, l, 3, a, h_out, a->act, p->fc2_w, NULL, N, F, H);
+    be->scale_add(be, h_out, 1.0f, a->h1, h_out, (size_t)N * H);
+}
+
+static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, const void *dh_out, void *dh_in) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
+    int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size, F = c->inner_hidden_size;
+    int NH = c->num_attention_heads, HD = glm_head_dim(c), W = glm_qkv_width(c);
+    size_t NHs = (size_t)N * H;
+    /* h' = h1 + FC2(SwiGLU(FC1(y))) */
+    glm_linear_bwd(m, l, 3, a, m->d_act, g->fc2_w, NULL, dh_out, a->act, p->fc2_w, N, F, H);
+    be->swiglu_bwd(be, m->d_ff, a->fc1, m->d_act, N, F);
+    void *dy = m->d_x; /* dead before dx is needed */
+    glm_linear_bwd(m, l, 2, a, dy, g->fc1_w, NULL, m->d_ff, a->y, p->fc1_w, N, H, 2 * F);
+    /* y = RMSNorm2(h1); h1 also feeds h' directly */
+    be->rmsnorm_bwd(be, m->d_h1, g->ln2_w, dy, a->h1, p->ln2_w, a->ln2_rstd, N, H);
+    be->scale_add(be, m->d_h1, 1.0f, dh_out, m->d_h1, NHs);
+    /* h1 = h_in + Dense(ctx) */
+    glm_linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, NULL, m->d_h1, a->ctx, p->dense_w, N, NH * HD, H);
+    glm_qkv_view q, k, v, dq, dk, dv;
+    qkv_views(m, a->qkv, (long)T * W, &q, &k, &v);
+    qkv_views(m, m->d_qkv, (long)T * W, &dq, &dk, &dv);
+    be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD,
+                      1.0f / sqrtf((float)HD));
+    rope(m, m->d_qkv, N, m->bd.pos, 1);
+    void *dx = m->d_x;
+    glm_linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, W);
+    /* x = RMSNorm1(h_in); h_in also feeds h1 directly */
+    be->rmsnorm_bwd(be, dh_in, g->ln1_w, dx, h_in, p->ln1_w, a->ln1_rstd, N, H);
+    be->scale_add(be, dh_in, 1.0f, m->d_h1, dh_in, NHs);
+}
+
+static void final_norm(glm_model *m, void *out, float *mean, float *rstd, const void *x, int N) {
+    (void)mean;
+    m->be->rmsnorm_fwd(m->be, out, rstd, x, m->w.lnf_w, N, m->cfg.hidden_size, m->cfg.layernorm_epsilon);
+}
+
+static void final_norm_bwd(glm_model *m, void *dx, const void *dout, const void *x, const float *mean, const float *rstd,
+                           int N) {
+    (void)mean;
+    m->be->rmsnorm_bwd(m->be, dx, m->g.lnf_w, dout, x, m->w.lnf_w, rstd, N, m->cfg.hidden_size);
+}
+
+/* Causal within each segment (an example, or the padding after the last one), positions
+ * counting from the segment's start: what ChatGLM2's position_ids = arange and its causal mask
+ * give an example alone in its row. */
+static void batch_rule(const glm_batch *b, int32_t *pos, int32_t *block_pos, int32_t *kv_lo, int32_t *kv_hi) {
+    for (int r = 0; r < b->B; r++)
+        for (int i = 0; i < b->T; i++) {
+            size_t k = (size_t)r * b->T + i;
+            int start = b->kv_lo[k];
+            pos[k] = i - start;
+            block_pos[k] = 0;
+            kv_lo[k] = start;
+            kv_hi[k] = i + 1;
+        }
+}
+
+const glm_family glm_family_glm2 = {
+    .name = "chatglm2",
+    .embed = "transformer.embedding.word_embeddings.weight",
+    .final_norm_w = "transformer.encoder.final_layernorm.weight",
+    .final_norm_b = NULL,
+    .head = "transformer.output_layer.weight",
+    .layer_fmt = "transformer.encoder.layers.%d.",
+    .layer_row = {
+        [T_LN1_W - T_LN1_W] = "input_layernorm.weight",
+        [T_QKV_W - T_LN1_W] = "self_attention.query_key_value.weight",
+        [T_QKV_B - T_LN1_W] = "self_attention.query_key_value.bias",
+        [T_DENSE_W - T_LN1_W] = "self_attention.dense.weight",
+        [T_LN2_W - T_LN1_W] = "post_attention_layernorm.weight",
+        [T_FC1_W - T_LN1_W] = "mlp.dense_h_to_4h.weight",
+        [T_FC2_W - T_LN1_W] = "mlp.dense_4h_to_h.weight",
+    },
+    .modules = {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
+    .block_qkv = block_qkv, .block_finish = block_finish, .block_backward = block_backward, .qkv_views = qkv_views,
+    .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
+};

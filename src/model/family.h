@@ -1,0 +1,63 @@
+/* Model families: what differs between GLM v1 (ChatGLM-6B) and the ChatGLM2 block (ChatGLM2-6B,
+ * ChatGLM3-6B, GLM-4-9B), in one place per family, as chatglm.cpp composes its models:
+ *   - the tensor names (the table builder in tensors.c lays out the rows; the shapes follow from
+ *     the config's widths in config.h, the same formulas for both);
+ *   - the block's forward in two halves (shared by training and KV-cache decoding) and its
+ *     backward, written over the ops interface;
+ *   - the q|k|v layout of the query_key_value output (views the attention op reads in place);
+ *   - the final norm;
+ *   - the positions/mask rule: how the data layer's segments become positions and key ranges.
+ * glm.c (orchestration), kvcache.c (decoding) and tensors.c ask the family; nothing else branches
+ * on it. model/block_glm.c is v1, model/block_glm2.c the ChatGLM2 block. */
+#ifndef GLM_MODEL_FAMILY_H
+#define GLM_MODEL_FAMILY_H
+#include <stdint.h>
+#include "backend/backend.h"
+#include "data/batch.h"
+#include "model/config.h"
+#include "model/tensors.h"
+
+struct glm_model;
+struct glm_layer_acts;
+
+typedef struct glm_family {
+    const char *name;       /* "chatglm" (GLM v1), "chatglm2" (ChatGLM2/3, GLM-4) */
+    /* Hugging Face names: the word embedding, the final norm's rows (bias NULL for RMSNorm), the
+     * LM head, a layer's prefix (printf with the layer number), the rows inside a layer by kind
+     * (NULL: the family has no such row), the linear modules in LoRA target order */
+    const char *embed, *final_norm_w, *final_norm_b, *head, *layer_fmt;
+    const char *layer_row[T_LN1_W + 12];
+    const char *modules[4];
+    /* x = norm1(h_in) and the rotated q|k|v rows (a->x, a->qkv) of N tokens */
+    void (*block_qkv)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
+                      const int32_t *block_pos);
+    /* the rest of the block from q/k/v views (in a->qkv or a KV cache): attention over each
+     * query's [kv_lo, kv_hi) of Tk keys, dense, residual, norm2, MLP, residual into h_out */
+    void (*block_finish)(struct glm_model *m, int l, struct glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k,
+                         glm_qkv_view v, const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out);
+    /* the block's backward on the model's batch (m->bd) from the saved activations: dh_in from
+     * dh_out; parameter gradients accumulate */
+    void (*block_backward)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, const void *dh_out,
+                           void *dh_in);
+    /* views of q, k, v inside rows of glm_qkv_width elements, row 0 at base, batch rows
+     * batch_stride elements apart */
+    void (*qkv_views)(const struct glm_model *m, void *base, long batch_stride, glm_qkv_view *q, glm_qkv_view *k,
+                      glm_qkv_view *v);
+    /* final norm: out = norm(x) (mean only for LayerNorm), and its backward (dw/db of the final
+     * norm's gradient views) */
+    void (*final_norm)(struct glm_model *m, void *out, float *mean, float *rstd, const void *x, int N);
+    void (*final_norm_bwd)(struct glm_model *m, void *dx, const void *dout, const void *x, const float *mean,
+                           const float *rstd, int N);
+    /* the positions/mask rule for a training batch: pos, block_pos, kv_lo, kv_hi [B*T] from the
+     * data layer's batch (which lays out GLM v1's prefix-LM rule; kv_lo is every token's segment
+     * start in both) */
+    void (*batch_rule)(const glm_batch *b, int32_t *pos, int32_t *block_pos, int32_t *kv_lo, int32_t *kv_hi);
+} glm_family;
+
+extern const glm_family glm_family_glm;  /* model/block_glm.c */
+extern const glm_family glm_family_glm2; /* model/block_glm2.c */
+static inline const glm_family *glm_family_of(const glm_config *c) {
+    return c->family == GLM_FAMILY_GLM2 ? &glm_family_glm2 : &glm_family_glm;
+}
+
+#endif
