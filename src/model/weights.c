@@ -133,7 +133,7 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
     size_t cap = 0;
     for (int i = r0; i < r1; i++) cap = glm_model_row(m, i, NULL)->numel > cap ? glm_model_row(m, i, NULL)->numel : cap;
     float *buf = glm_malloc((cap ? cap : 1) * sizeof(float));
-    const char *head = "lm_head.weight", *wte = "transformer.word_embeddings.weight";
+    const char *head = m->fam->head, *wte = m->fam->embed;
     int has_head = glm_ckpt_info(&c, head, NULL, NULL, NULL) == 0;
     int rc = 0;
     char name[256];

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""The C model's ChatGLM2 block (ChatGLM2-6B / ChatGLM3-6B / GLM-4) against the PyTorch fp32
+reference tests/py/glm2_ref.py (itself checked against THUDM's oracle by test_glm2_ref_oracle.py):
+loss and every trainable gradient within 1e-5 relative, for full fine-tuning and LoRA, on 2- and
+3-layer models with padded batches built as ChatGLM2's ptuning/main.py builds examples.
+
+Drives $GLM_BUILD/tests/tool_model_driver (see its header). Cases:
+  * full fine-tuning: A (kv_channels * heads != hidden, 2 groups), B (3 layers, 3 groups, no qkv
+    bias); with --gradient_checkpointing bit-identical to without; 3 AdamW steps (losses and
+    every parameter after them);
+  * LoRA: query_key_value only, and all four modules with rslora; the reference adds
+    scaling * B A to each targeted weight (peft's LoraLayer with dropout 0), gradients of A, B
+    by autograd; frozen rows unchanged after the steps.
+Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import glm2_ref  # noqa: E402
+import glm_ref  # noqa: E402
+
+torch.set_num_threads(2)
+TOL = 1e-5
+failures = 0
+GMASK, SOP, EOS, PAD = 60, 61, 2, 0
+
+
+def report(name, ok, detail):
+    global failures
+    if not ok:
+        failures += 1
+    print("%s %s%s %s" % ("PASS" if ok else "FAIL", name, "" if ok else ":", detail if not ok else "(%s)" % detail))
+    sys.stdout.flush()
+
+
+def find_driver():
+    build = os.environ.get("GLM_BUILD", "build")
+    for base in (os.getcwd(), REPO):
+        p = os.path.join(base, build, "tests", "tool_model_driver")
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return os.path.abspath(p)
+    return None
+
+
+def make_cfg(layers, hidden, heads, kc, groups, ffn, qkv_bias):
+    raw = {"model_type": "chatglm", "padded_vocab_size": 64, "hidden_size": hidden, "num_layers": layers,
+           "num_attention_heads": heads, "kv_channels": kc, "multi_query_attention": True,
+           "multi_query_group_num": groups, "ffn_hidden_size": ffn, "layernorm_epsilon": 1e-5, "rmsnorm": True,
+           "add_qkv_bias": qkv_bias, "add_bias_linear": False, "apply_residual_connection_post_layernorm": False,
+           "post_layer_norm": True, "original_rope": True, "seq_length": 256, "eos_token_id": EOS,
+           "pad_token_id": PAD, "tie_word_embeddings": False}
+    return raw, glm2_ref.load_config(raw)
+
+
+def make_rows(lengths, seed):
+    """ChatGLM2 ptuning/main.py examples: ids = [gMASK, sop] + a + b + [eos], labels -100 over
+    [gMASK, sop] + a, then b + [eos]."""
+    g = torch.Generator().manual_seed(seed)
+    ids, labels = [], []
+    for la, lb in lengths:
+        a = torch.randint(3, GMASK, (la,), generator=g).tolist()
+        b = torch.randint(3, GMASK, (lb,), generator=g).tolist()
+        i = [GMASK, SOP] + a + b + [EOS]
+        ids.append(i)
+        labels.append([-100] * (2 + la) + b + [EOS])
+    return ids, labels
+
+
+def write_case(tmp, name, raw, params, ids_rows, label_rows):
+    from safetensors.torch import save_file
+    mdir = os.path.join(tmp, name)
+    os.makedirs(mdir, exist_ok=True)
+    json.dump(raw, open(os.path.join(mdir, "config.json"), "w"))
+    save_file({k: v.detach().float().contiguous() for k, v in params.items()}, os.path.join(mdir, "model.safetensors"))
+    bpath = os.path.join(tmp, name + ".json")
+    json.dump({"input_ids": ids_rows, "labels": label_rows}, open(bpath, "w"))
+    ids, labels = glm_ref.pad_batch(ids_rows, label_rows, PAD)
+    return ids, labels, mdir, bpath
+
+
+def run_driver(driver, mdir, bpath, out, extra):
+    cmd = [driver, "--model", mdir, "--batch", bpath, "--out", out] + extra
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError("driver exit %d: %s" % (p.returncode, p.stdout.decode(errors="replace")[-800:]))
+    from safetensors.torch import load_file
+    return load_file(out)
+
+
+def rel(a, b):
+    m = b.abs().max().item()
+    d = (a.double() - b.double()).abs().max().item()
+    return float("inf") if d != d else (d / m if m > 0 else d)
+
+
+def ref_loss_grads(cfg, params, ids, labels, lora=None):
+    """Loss and gradients; with lora = {module path: (A, B, scaling)} the targeted weights are
+    W + scaling * B A and the gradients are those of A and B."""
+    leaves = {}
+    if lora is None:
+        p = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+        leaves = p
+    else:
+        p = dict(params)
+        for mod, (A, B, s) in lora.items():
+            A = A.clone().requires_grad_(True)
+            B = B.clone().requires_grad_(True)
+            leaves[mod + ".lora_A.weight"] = A
+            leaves[mod + ".lora_B.weight"] = B
+            p[mod + ".weight"] = params[mod + ".weight"] + s * (B @ A)
+    out = glm2_ref.forward(cfg, p, ids, labels)
+    out["loss"].backward()
+    return out["loss"].item(), {k: v.grad.detach() for k, v in leaves.items()}
+
+
+def adamw_ref(cfg, params, ids, labels, steps, lr, wd=0.1, b1=0.9, b2=0.999, eps=1e-6):
+    """torch.optim.AdamW steps on every parameter (decay on matrices, as glmtrain's groups)."""
+    p = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    decay = [v for k, v in p.items() if v.dim() >= 2]
+    no = [v for k, v in p.items() if v.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": no, "weight_decay": 0.0}],
+                            lr=lr, betas=(b1, b2), eps=eps)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = glm2_ref.forward(cfg, p, ids, labels)["loss"]
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return losses, {k: v.detach() for k, v in p.items()}
+
+
+def check_grads(name, got, ref_grads, key_prefix="grad/"):
+    errs = []
+    for n, g in ref_grads.items():
+        t = got.get(key_prefix + n)
+        if t is None or tuple(t.shape) != tuple(g.shape):
+            errs.append((float("inf"), n))
+        else:
+            errs.append((rel(t, g), n))
+    extra = sorted(k for k in got if k.startswith(key_prefix) and k[len(key_prefix):] not in ref_grads)
+    errs.sort(reverse=True)
+    report(name, errs[0][0] < TOL and not extra,
+           "%d tensors, worst %s rel %.1e%s" % (len(errs), errs[0][1], errs[0][0],
+                                                "; unexpected %s" % extra if extra else ""))
+
+
+FULL = [
+    # name, (layers, hidden, heads, kv_channels, groups, ffn, qkv_bias), rows (len a, len b)
+    ("A", (2, 32, 4, 16, 2, 48, True), [(5, 4), (9, 1), (2, 7)]),
+    ("B", (3, 48, 6, 8, 3, 40, False), [(7, 3), (0, 5), (4, 9), (12, 2)]),
+]
+LORA = [
+    # name, model of FULL, targets, r, alpha, rslora
+    ("qkv", 0, ["self_attention.query_key_value"], 4, 8.0, False),
+    ("all_rslora", 1, ["self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h",
+                       "mlp.dense_4h_to_h"], 2, 6.0, True),
+]
+
+
+def main():
+    driver = find_driver()
+    if not driver:
+        print("SKIP glm2_grads: tool_model_driver not built ($GLM_BUILD/tests)")
+        return 0
+    tmp = tempfile.mkdtemp(prefix="glm2_grads_")
+    models = []
+    for ci, (name, shape, lengths) in enumerate(FULL):
+        raw, cfg = make_cfg(*shape)
+        params = glm2_ref.init_params(cfg, seed=700 + ci)
+        ids_rows, label_rows = make_rows(lengths, seed=800 + ci)
+        ids, labels, mdir, bpath = write_case(tmp, "full_" + name, raw, params, ids_rows, label_rows)
+        models.append((raw, cfg, params, ids, labels, mdir, bpath))
+        loss, grads = ref_loss_grads(cfg, params, ids, labels)
+        got = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".st"), [])
+        e = abs(got["loss"].item() - loss) / abs(loss)
+        report("glm2_full_%s_loss" % name, e < TOL, "C %.7f torch %.7f rel %.1e" % (got["loss"].item(), loss, e))
+        check_grads("glm2_full_%s_grads" % name, got, grads)
+        ck = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".ck.st"), ["--gradient_checkpointing"])
+        same = all(torch.equal(ck[k], got[k]) for k in got if k.startswith("grad/")) and torch.equal(ck["loss"], got["loss"])
+        report("glm2_full_%s_checkpointing_bit_identical" % name, same, "loss and %d gradients" %
+               sum(k.startswith("grad/") for k in got))
+        # 3 AdamW steps
+        lr = 1e-4
+        losses, after = adamw_ref(cfg, params, ids, labels, 3, lr)
+        st = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".steps.st"),
+                        ["--steps", "3", "--lr", repr(lr), "--weight_decay", "0.1", "--eps", "1e-6",
+                         "--max_grad_norm", "0"])
+        el = max(abs(a - b) / abs(b) for a, b in zip(st["losses"].tolist(), losses))
+        perr = max((rel(st["param/" + k], v), k) for k, v in after.items())
+        report("glm2_full_%s_adamw_steps" % name, el < TOL and perr[0] < TOL,
+               "3 steps %.5f -> %.5f, losses rel %.1e, worst parameter %s rel %.1e" % (losses[0], losses[-1], el,
+                                                                                        perr[1], perr[0]))
+    for name, mi, targets, r, alpha, rslora in LORA:
+        raw, cfg, params, ids, labels, mdir, bpath = models[mi]
+        flags = ["--finetuning_type", "lora", "--lora_rank", str(r), "--lora_alpha", repr(alpha),
+                 "--lora_target", ",".join(t.split(".")[-1] for t in targets)]
+        if rslora:
+            flags.append("--use_rslora")
+        # glmtrain's own initial adapters (B = 0 would hide A's gradient): take them from a first
+        # run, give B values, and feed the same adapters to both sides
+        init = run_driver(driver, mdir, bpath, os.path.join(tmp, "lora_%s.init.st" % name),
+                          flags + ["--steps", "1", "--lr", "0"])
+        g = torch.Generator().manual_seed(900)
+        adapters = {}
+        for k, v in init.items():
+            if k.startswith("param/") and ".lora_" in k:
+                n = k[len("param/"):]
+                adapters[n] = v if ".lora_A." in n else 0.05 * torch.randn(v.shape, generator=g)
+        from safetensors.torch import save_file
+        apath = os.path.join(tmp, "lora_%s.adapters.safetensors" % name)
+        save_file({k: v.contiguous() for k, v in adapters.items()}, apath)
+        s = alpha / (r ** 0.5 if rslora else r)
+        L = cfg["num_layers"]
+        lora = {}
+        for l in range(L):
+            for t in targets:
+                mod = "transformer.encoder.layers.%d.%s" % (l, t)
+                lora[mod] = (adapters[mod + ".lora_A.weight"], adapters[mod + ".lora_B.weight"], s)
+        loss, grads = ref_loss_grads(cfg, params, ids, labels, lora)
+        got = run_driver(driver, mdir, bpath, os.path.join(tmp, "lora_%s.st" % name), flags + ["--adapter", apath])
+        e = abs(got["loss"].item() - loss) / abs(loss)
+        report("glm2_lora_%s_loss" % name, e < TOL, "C %.7f torch %.7f rel %.1e" % (got["loss"].item(), loss, e))
+        check_grads("glm2_lora_%s_grads" % name, got, grads)
+        st = run_driver(driver, mdir, bpath, os.path.join(tmp, "lora_%s.steps.st" % name),
+                        flags + ["--adapter", apath, "--steps", "2", "--lr", "1e-3"])
+        frozen = [k for k in st if k.startswith("fparam/")]
+        same = all(torch.equal(st[k], params[k[len("fparam/"):]].float()) for k in frozen)
+        report("glm2_lora_%s_frozen_unchanged" % name, same and len(frozen) == len(params),
+               "%d frozen rows bit-identical after 2 steps" % len(frozen))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
