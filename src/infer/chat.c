@@ -25,7 +25,9 @@ int glm_prompt_inputs_cut(const glm_tokenizer *tok, const glm_config *c, const c
         glm_ids_push(out, c->bos_token_id);
     }
     glm_ids_free(&a);
-    if (out->n < n0 + 2 || out->data[out->n - 2] != c->gmask_token_id || out->data[out->n - 1] != c->bos_token_id) {
+    /* a ChatGLM2-family config.json names no [gMASK] / <sop> (its tokenizer has them): nothing to check */
+    int named = c->gmask_token_id >= 0 && c->bos_token_id >= 0;
+    if (named && (out->n < n0 + 2 || out->data[out->n - 2] != c->gmask_token_id || out->data[out->n - 1] != c->bos_token_id)) {
         glm_fail(err, "the tokenizer's [gMASK] <sop> ids differ from config.json's (%d, %d)", c->gmask_token_id,
                  c->bos_token_id);
         return glm_hint(err, "use the tokenizer that belongs to the model (--tokenizer_name)");

@@ -178,7 +178,7 @@ static void cache_free(gen_cache *c) {
     else glm_kvcache_free(c->lm.m, &c->kv);
 }
 
-typedef struct row_state { int n, ctx, mask_pos, pad, limit, done; } row_state;
+typedef struct row_state { int n, state[2], pad, limit, done; } row_state;
 
 int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
                  glm_token_fn on_token, void *cbctx, glm_err *err) {
@@ -188,20 +188,24 @@ int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg 
 int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
                     glm_token_fn on_token, void *cbctx, glm_err *err) {
     const glm_config *c = lm.pipe ? &lm.pipe->cfg : &lm.m->cfg;
+    const glm_family *fam = glm_family_of(c); /* positions and key ranges follow the model's family */
     int V = c->vocab_size, P = 0, maxlim = 0;
     row_state *rs = glm_calloc((size_t)B, sizeof *rs);
+    for (int b = 0; b < B; b++) if (prompts[b].n > P) P = prompts[b].n;
+    size_t NP = (size_t)B * P;
+    int32_t *in = glm_malloc(sizeof(int32_t) * (NP * 5 + 3 * (size_t)(P > 0 ? P : 1)));
+    int32_t *pos = in + NP, *bpos = in + 2 * NP, *lo = in + 3 * NP, *hi = in + 4 * NP;
+    int32_t *rp = in + 5 * NP, *rb = rp + P, *rh = rb + P; /* one row's rule */
+    int32_t pad_id = c->pad_token_id >= 0 && c->pad_token_id < V ? c->pad_token_id : 0;
     for (int b = 0; b < B; b++) {
         row_state *r = &rs[b];
-        const int32_t *p = prompts[b].data;
         r->n = prompts[b].n;
-        r->ctx = r->mask_pos = -1;
-        for (int i = 0; i < r->n && r->ctx < 0; i++) if (p[i] == c->bos_token_id) r->ctx = i;
-        for (int i = 0; i < r->n && r->mask_pos < 0; i++) if (p[i] == c->gmask_token_id) r->mask_pos = i;
-        for (int i = 0; i < r->n && r->mask_pos < 0; i++) if (p[i] == c->mask_token_id) r->mask_pos = i;
+        r->pad = P - r->n;
         r->limit = glm_gen_limit(g, r->n);
-        int bad = r->ctx < 0 || r->mask_pos < 0 ? 1 : r->limit <= 0 ? 2 : 0;
+        int bad = fam->prompt_positions(c, prompts[b].data, r->n, rp, rb, rh, r->state) ? 1 : r->limit <= 0 ? 2 : 0;
         if (bad) {
             free(rs);
+            free(in);
             if (bad == 1) return glm_fail(err, "prompt %d has no [gMASK] (or [MASK]) and <sop>", b);
             char lim[160];
             glm_gen_limit_text(g, lim, sizeof lim);
@@ -209,20 +213,7 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
                      prompts[b].n, glm_gen_max_prompt(g), lim);
             return glm_hint(err, "shorten the prompt (--max_source_length) or lower --max_new_tokens");
         }
-        if (r->n > P) P = r->n;
         if (r->limit > maxlim) maxlim = r->limit;
-    }
-    for (int b = 0; b < B; b++) rs[b].pad = P - rs[b].n;
-    /* The cache starts small and doubles: max_length 2048 would otherwise reserve 2048 tokens
-     * per row up front (2.8 GB per row for ChatGLM-6B in fp32). */
-    int full = P + maxlim, cap = P + (maxlim < 128 ? maxlim : 128);
-    gen_cache kv = {.lm = lm};
-    cache_init(&kv, B, cap);
-    size_t NP = (size_t)B * P;
-    int32_t *in = glm_malloc(sizeof(int32_t) * NP * 5), *pos = in + NP, *bpos = in + 2 * NP, *lo = in + 3 * NP, *hi = in + 4 * NP;
-    int32_t pad_id = c->pad_token_id >= 0 && c->pad_token_id < V ? c->pad_token_id : 0;
-    for (int b = 0; b < B; b++) {
-        const row_state *r = &rs[b];
         for (int j = 0; j < P; j++) {
             size_t k = (size_t)b * P + j;
             int i = j - r->pad; /* index in the unpadded row */
@@ -231,12 +222,17 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
                 continue;
             }
             in[k] = prompts[b].data[i];
-            pos[k] = i < r->ctx ? i : r->mask_pos;
-            bpos[k] = i < r->ctx ? 0 : i - r->ctx + 1;
+            pos[k] = rp[i];
+            bpos[k] = rb[i];
             lo[k] = r->pad;
-            hi[k] = r->pad + (r->ctx > i + 1 ? r->ctx : i + 1);
+            hi[k] = r->pad + rh[i];
         }
     }
+    /* The cache starts small and doubles: max_length 2048 would otherwise reserve 2048 tokens
+     * per row up front (2.8 GB per row for ChatGLM-6B in fp32). */
+    int full = P + maxlim, cap = P + (maxlim < 128 ? maxlim : 128);
+    gen_cache kv = {.lm = lm};
+    cache_init(&kv, B, cap);
     float *logits = glm_malloc(sizeof(float) * (size_t)B * V);
     uint8_t *seen = NULL;
     if (g->repetition_penalty != 1.0f) {
@@ -251,7 +247,9 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
             row_state *r = &rs[b];
             if (r->done) continue;
             int32_t id = glm_sample_next(logits + (size_t)b * V, V, g, seen ? seen + (size_t)b * V : NULL, &rngs[b]);
-            if (id == c->eos_token_id) { r->done = 1; continue; }
+            int stop = id == c->eos_token_id;
+            for (int k = 0; k < g->n_stop; k++) stop |= id == g->stop_ids[k];
+            if (stop) { r->done = 1; continue; }
             glm_ids_push(&outs[b], id);
             if (seen) seen[(size_t)b * V + id] = 1;
             if (on_token) on_token(cbctx, b, id);
@@ -264,8 +262,8 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
             const row_state *r = &rs[b];
             int t = r->n + outs[b].n - 1; /* index of the fed token in the unpadded row */
             in[b] = r->done ? pad_id : outs[b].data[outs[b].n - 1];
-            pos[b] = r->done ? 0 : r->mask_pos;
-            bpos[b] = r->done ? 0 : t - r->ctx + 1;
+            if (r->done) pos[b] = bpos[b] = 0;
+            else fam->next_position(r->state, t, &pos[b], &bpos[b]);
             lo[b] = r->pad;
             hi[b] = cache_len(&kv) + 1;
         }

@@ -6,6 +6,8 @@
  *  - each step: repetition penalty, the original's NaN/Inf guard, then greedy argmax or
  *    Hugging Face sampling (temperature -> top-k -> top-p -> multinomial);
  *  - a row stops at <eop> (not included in the output) or at its length limit.
+ * The ChatGLM2 family (ChatGLM2/3, GLM-4): no [gMASK] <sop> rule, positions 0, 1, ... causal
+ * (the model's family decides: model/family.h); stops at eos or one of g->stop_ids.
  * Chat: model.chat's prompt format with history, and a streamer that prints only text that
  * can no longer change (post-processing and multi-byte characters are settled first). */
 #ifndef GLM_GENERATE_H
@@ -25,6 +27,9 @@ typedef struct glm_gen_cfg {
     int top_k;                /* 0 = off */
     int model_max_length;     /* the model's max_sequence_length: prompt + generated tokens never
                                * exceed it (0 = no limit; glm_gen_cfg_fit sets it) */
+    int32_t stop_ids[4];      /* further ids that end a row besides config.json's eos, as the
+                               * chat templates have them (ChatGLM3: <|user|>, <|observation|>) */
+    int n_stop;
 } glm_gen_cfg;
 
 /* The original model.chat defaults: sampling, max_length 2048, top_p 0.7, temperature 0.95,

@@ -106,6 +106,30 @@ static void batch_rule(const glm_batch *b, int32_t *pos, int32_t *block_pos, int
     memcpy(kv_hi, b->kv_hi, bytes);
 }
 
+/* The prompt ends in [gMASK] <sop> (spec 5.2): the context up to <sop> sees itself whole,
+ * positions freeze at the mask while block positions count the answer. */
+static int prompt_positions(const glm_config *c, const int32_t *ids, int n, int32_t *pos, int32_t *bpos, int32_t *hi,
+                            int state[2]) {
+    int ctx = -1, mask = -1;
+    for (int i = 0; i < n && ctx < 0; i++) if (ids[i] == c->bos_token_id) ctx = i;
+    for (int i = 0; i < n && mask < 0; i++) if (ids[i] == c->gmask_token_id) mask = i;
+    for (int i = 0; i < n && mask < 0; i++) if (ids[i] == c->mask_token_id) mask = i;
+    if (ctx < 0 || mask < 0) return -1;
+    for (int i = 0; i < n; i++) {
+        pos[i] = i < ctx ? i : mask;
+        bpos[i] = i < ctx ? 0 : i - ctx + 1;
+        hi[i] = ctx > i + 1 ? ctx : i + 1;
+    }
+    state[0] = ctx;
+    state[1] = mask;
+    return 0;
+}
+
+static void next_position(const int state[2], int t, int32_t *pos, int32_t *bpos) {
+    *pos = state[1];
+    *bpos = t - state[0] + 1;
+}
+
 const glm_family glm_family_glm = {
     .name = "chatglm",
     .embed = "transformer.word_embeddings.weight",
@@ -124,4 +148,5 @@ const glm_family glm_family_glm = {
     .modules = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
     .block_qkv = block_qkv, .block_finish = block_finish, .block_backward = block_backward, .qkv_views = qkv_views,
     .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
+    .prompt_positions = prompt_positions, .next_position = next_position,
 };

@@ -112,6 +112,22 @@ static void batch_rule(const glm_batch *b, int32_t *pos, int32_t *block_pos, int
         }
 }
 
+/* Causal, positions 0, 1, ... from the row's first real token (what THUDM's left-padding
+ * tokenizer gives); any prompt will do. */
+static int prompt_positions(const glm_config *c, const int32_t *ids, int n, int32_t *pos, int32_t *bpos, int32_t *hi,
+                            int state[2]) {
+    (void)c; (void)ids;
+    for (int i = 0; i < n; i++) { pos[i] = i; bpos[i] = 0; hi[i] = i + 1; }
+    state[0] = state[1] = 0;
+    return 0;
+}
+
+static void next_position(const int state[2], int t, int32_t *pos, int32_t *bpos) {
+    (void)state;
+    *pos = t;
+    *bpos = 0;
+}
+
 const glm_family glm_family_glm2 = {
     .name = "chatglm2",
     .embed = "transformer.embedding.word_embeddings.weight",
@@ -131,4 +147,5 @@ const glm_family glm_family_glm2 = {
     .modules = {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
     .block_qkv = block_qkv, .block_finish = block_finish, .block_backward = block_backward, .qkv_views = qkv_views,
     .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
+    .prompt_positions = prompt_positions, .next_position = next_position,
 };

@@ -102,6 +102,8 @@ int glm_quant_parse(int bits, const char *type, int *q, glm_err *err);
  * over what config.json said (c->quant): a folder stored as INT4 cannot be read as INT8 or NF4
  * (errors name src). */
 int glm_config_set_quant(glm_config *c, int bits, const char *type, const char *src, glm_err *err);
+/* What the model's family cannot train yet (c->peft against c->family): -1 naming it. */
+int glm_config_check_peft(const glm_config *c, const char *src, glm_err *err);
 /* LoRA's output scale: alpha / r (peft), alpha / sqrt(r) with rslora. */
 float glm_lora_scaling(const glm_peft *p);
 /* "query_key_value,dense", "all", ... into GLM_LORA_* bits; -1 with the unknown name in err. */

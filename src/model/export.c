@@ -49,6 +49,12 @@ static int build_items(const glm_table *tab, const glm_config *c, int original, 
             snprintf(it[n].name, sizeof it[n].name, "%.120s_scale", t->name);
             n++;
         }
+        /* ChatGLM2's rotary buffer follows the embedding (its forward recomputes the table) */
+        if (original && c->family == GLM_FAMILY_GLM2 && t->kind == T_WORD_EMB) {
+            it[n] = (item){.ndim = 1, .shape = {rot, 1}, .numel = (size_t)rot};
+            snprintf(it[n].name, sizeof it[n].name, "transformer.rotary_pos_emb.inv_freq");
+            n++;
+        }
         /* the original registers rotary_emb (and its buffer) between input_layernorm and qkv */
         if (original && t->kind == T_LN1_B) {
             it[n] = (item){.ndim = 1, .shape = {rot, 1}, .numel = (size_t)rot};
@@ -379,7 +385,7 @@ int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o
     int unused = 0;
     for (int i = 0; i < glm_ckpt_count(&ck); i++) {
         const char *nm = glm_ckpt_name(&ck, i);
-        if (glm_table_find(&tab, nm) || strstr(nm, "rotary_emb.inv_freq") || strcmp(nm, "lm_head.weight") == 0 ||
+        if (glm_table_find(&tab, nm) || strstr(nm, "rotary_emb.inv_freq") || strstr(nm, "rotary_pos_emb.inv_freq") || strcmp(nm, "lm_head.weight") == 0 ||
             (strlen(nm) > 13 && strcmp(nm + strlen(nm) - 13, ".weight_scale") == 0)) continue; /* read with its weight */
         if (unused++ < 5) glm_warn("%s: tensor %s is not part of the model and is not exported", from, nm);
     }

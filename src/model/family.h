@@ -52,6 +52,14 @@ typedef struct glm_family {
      * data layer's batch (which lays out GLM v1's prefix-LM rule; kv_lo is every token's segment
      * start in both) */
     void (*batch_rule)(const glm_batch *b, int32_t *pos, int32_t *block_pos, int32_t *kv_lo, int32_t *kv_hi);
+    /* generation's rule: for a prompt of n ids, each token's position, block position and the
+     * end of its key range (relative to the row's first token), state[2] keeping what the
+     * generated tokens need; -1 when the prompt lacks what the family needs (v1: [gMASK] or
+     * [MASK], and <sop>) */
+    int (*prompt_positions)(const glm_config *c, const int32_t *ids, int n, int32_t *pos, int32_t *block_pos,
+                            int32_t *hi, int state[2]);
+    /* the position and block position of the row's token at index t >= n */
+    void (*next_position)(const int state[2], int t, int32_t *pos, int32_t *block_pos);
 } glm_family;
 
 extern const glm_family glm_family_glm;  /* model/block_glm.c */

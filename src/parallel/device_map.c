@@ -118,13 +118,26 @@ int glm_device_map_auto(glm_device_map *map, int P, const glm_config *c, const g
 
 /* ---------------------------------------------------------------- JSON */
 
+/* The module names of a device map (Hugging Face's accelerate / THUDM's utils.py) per family:
+ * the embedding, a layer's prefix, the final norm, the head. */
+typedef struct map_names { const char *embed, *layer, *final_norm, *head, *extra; } map_names;
+static map_names names_of(const glm_config *c) {
+    if (c->family == GLM_FAMILY_GLM2) /* ChatGLM2's utils.py also places the rotary table: with the embedding */
+        return (map_names){"transformer.embedding", "transformer.encoder.layers.", "transformer.encoder.final_layernorm",
+                           "transformer.output_layer", "transformer.rotary_pos_emb"};
+    return (map_names){"transformer.word_embeddings", "transformer.layers.", "transformer.final_layernorm", "lm_head", NULL};
+}
+
 /* Position of a module in pipeline order: 0 embedding, 1 + l layer l, L + 1 final norm, L + 2
- * lm_head; -1 when the name is not one of them. */
-static int module_slot(const char *name, int L) {
-    if (!strcmp(name, "transformer.word_embeddings")) return 0;
-    if (!strcmp(name, "transformer.final_layernorm")) return L + 1;
-    if (!strcmp(name, "lm_head")) return L + 2;
-    const char *p = "transformer.layers.";
+ * the head; -1 when the name is not one of them. */
+static int module_slot(const char *name, const glm_config *c) {
+    int L = c->num_layers;
+    map_names nm = names_of(c);
+    if (!strcmp(name, nm.embed) || (nm.extra && !strcmp(name, nm.extra)) ||
+        (c->family == GLM_FAMILY_GLM2 && !strcmp(name, "transformer.embedding.word_embeddings"))) return 0;
+    if (!strcmp(name, nm.final_norm)) return L + 1;
+    if (!strcmp(name, nm.head)) return L + 2;
+    const char *p = nm.layer;
     if (strncmp(name, p, strlen(p))) return -1;
     const char *d = name + strlen(p);
     char *end;
@@ -133,11 +146,13 @@ static int module_slot(const char *name, int L) {
     return 1 + (int)l;
 }
 
-static void slot_name(int slot, int L, char *out, size_t n) {
-    if (slot == 0) snprintf(out, n, "transformer.word_embeddings");
-    else if (slot == L + 1) snprintf(out, n, "transformer.final_layernorm");
-    else if (slot == L + 2) snprintf(out, n, "lm_head");
-    else snprintf(out, n, "transformer.layers.%d", slot - 1);
+static void slot_name(int slot, const glm_config *c, char *out, size_t n) {
+    int L = c->num_layers;
+    map_names nm = names_of(c);
+    if (slot == 0) snprintf(out, n, "%s", nm.embed);
+    else if (slot == L + 1) snprintf(out, n, "%s", nm.final_norm);
+    else if (slot == L + 2) snprintf(out, n, "%s", nm.head);
+    else snprintf(out, n, "%s%d", nm.layer, slot - 1);
 }
 
 static int stage_value(const cJSON *v, const char *where, const char *name, int *out, glm_err *err) {
@@ -173,7 +188,7 @@ int glm_device_map_parse(glm_device_map *map, const char *text, const char *wher
     char name[64];
     int rc = 0, maxk = -1;
     for (cJSON *it = o->child; it && rc == 0; it = it->next) {
-        int slot = module_slot(it->string, L), k = 0;
+        int slot = module_slot(it->string, c), k = 0;
         if (slot < 0) {
             rc = glm_fail(err, "device map %s: unknown module '%s'", where, it->string);
             glm_hint(err, "the modules are transformer.word_embeddings, transformer.layers.0..%d, "
@@ -189,12 +204,12 @@ int glm_device_map_parse(glm_device_map *map, const char *text, const char *wher
     if (rc == 0 && stage[L + 2] < 0) stage[L + 2] = stage[L + 1]; /* lm_head follows the final norm */
     for (int i = 0; i < L + 2 && rc == 0; i++)
         if (stage[i] < 0) {
-            slot_name(i, L, name, sizeof name);
+            slot_name(i, c, name, sizeof name);
             rc = glm_fail(err, "device map %s: %s is missing", where, name);
             glm_hint(err, "every layer, the embedding and the final LayerNorm must be given a stage");
         }
     if (rc == 0 && P > 0 && maxk >= P) {
-        for (int i = 0; i < nslots; i++) if (stage[i] == maxk) { slot_name(i, L, name, sizeof name); break; }
+        for (int i = 0; i < nslots; i++) if (stage[i] == maxk) { slot_name(i, c, name, sizeof name); break; }
         rc = glm_fail(err, "device map %s: %s is on stage %d but --pipeline_parallel_size is %d", where, name, maxk, P);
     }
     if (rc == 0 && stage[L + 2] != stage[L + 1])
@@ -214,8 +229,8 @@ int glm_device_map_parse(glm_device_map *map, const char *text, const char *wher
     for (int i = 1; i < L + 2 && rc == 0; i++)
         if (stage[i] < stage[i - 1]) {
             char prev[64];
-            slot_name(i, L, name, sizeof name);
-            slot_name(i - 1, L, prev, sizeof prev);
+            slot_name(i, c, name, sizeof name);
+            slot_name(i - 1, c, prev, sizeof prev);
             rc = glm_fail(err, "device map %s: %s on stage %d comes after %s on stage %d", where, name, stage[i], prev,
                           stage[i - 1]);
             glm_hint(err, "stages must follow the layer order: the embedding and the first layers on stage 0, the last "
@@ -282,17 +297,20 @@ void glm_device_map_print(FILE *f, const glm_device_map *map) {
 
 char *glm_device_map_to_json(const glm_device_map *map, const glm_config *c) {
     cJSON *o = cJSON_CreateObject();
-    char name[64];
+    char name[96];
+    int L = c->num_layers;
     for (int k = 0; k < map->n; k++) {
         const glm_stage *s = &map->s[k];
-        if (s->embed) cJSON_AddNumberToObject(o, "transformer.word_embeddings", k);
+        if (s->embed) { slot_name(0, c, name, sizeof name); cJSON_AddNumberToObject(o, name, k); }
         for (int l = s->l0; l < s->l1; l++) {
-            snprintf(name, sizeof name, "transformer.layers.%d", l);
+            slot_name(1 + l, c, name, sizeof name);
             cJSON_AddNumberToObject(o, name, k);
         }
         if (s->head) {
-            cJSON_AddNumberToObject(o, "transformer.final_layernorm", k);
-            cJSON_AddNumberToObject(o, "lm_head", k);
+            slot_name(L + 1, c, name, sizeof name);
+            cJSON_AddNumberToObject(o, name, k);
+            slot_name(L + 2, c, name, sizeof name);
+            cJSON_AddNumberToObject(o, name, k);
         }
     }
     char *s = cJSON_Print(o);

@@ -27,7 +27,37 @@ static void test_oracle(test_counts *tc) {
     printf("  cuda fp32 oracle max abs errors: prompt %.3g, step1 %.3g, step2 %.3g\n", e[0], e[1], e[2]);
 }
 
+/* The ChatGLM2 oracle (glm2_model.data) through the CUDA fp32 path + its k|v cache. */
+static void test_oracle_glm2(test_counts *tc) {
+    glm_err err;
+    glm_backend *be = glm_backend_cuda(0, GLM_F32, err.msg, sizeof err.msg);
+    if (!be) { TEST_FAIL(tc, "cuda_oracle_glm2_model", "%s", err.msg); return; }
+    double e[3];
+    int rc = oracle_glm2_run(be, "glm2_model.data", e);
+    be->destroy(be);
+    if (rc == 1) { TEST_SKIP(tc, "cuda_oracle_glm2_model", "%s/oracles not found (set GLM_SHARED)", oracle_dir()); return; }
+    TEST_CHECK(tc, "cuda_f32_oracle_glm2", rc == 0 && e[0] < 1e-5 && e[1] < 1e-5 && e[2] < 1e-5,
+               "max abs err %.3g %.3g %.3g", e[0], e[1], e[2]);
+    printf("  cuda fp32 ChatGLM2 oracle max abs errors: prompt %.3g, step1 %.3g, step2 %.3g\n", e[0], e[1], e[2]);
+}
+
 /* ---------------------------------------------------------------- configs, batches, weights */
+
+static glm_config config(int medium);
+/* The ChatGLM2 block on the same sizes: attention width NH*HD != H, 2 key/value groups (the
+ * medium one takes the tensor-core attention at head size 128). */
+static glm_config config_glm2(int medium) {
+    glm_config c = config(medium);
+    c.family = GLM_FAMILY_GLM2;
+    c.num_attention_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = medium ? 128 : 8;
+    c.qkv_bias = 1;
+    c.rope_theta = 10000.0f;
+    c.alpha = 1.0f;
+    c.position_encoding_2d = 0;
+    return c;
+}
 
 static glm_config config(int medium) {
     glm_config c = {.vocab_size = 24, .hidden_size = 16, .num_layers = 2, .num_attention_heads = 2,
@@ -87,11 +117,11 @@ static float *grads_of(glm_model *m, const glm_batch *b, double *loss) {
     return g;
 }
 
-static void test_fwd_bwd(test_counts *tc, int medium, glm_dtype dt) {
+static void test_fwd_bwd(test_counts *tc, int medium, glm_dtype dt, int glm2) {
     char name[160], err[256];
-    glm_config c = config(medium);
+    glm_config c = glm2 ? config_glm2(medium) : config(medium);
     int B = medium ? 3 : 2, T = medium ? 150 : 12;
-    const char *cfg = medium ? "medium" : "tiny";
+    const char *cfg = glm2 ? (medium ? "glm2_medium" : "glm2_tiny") : medium ? "medium" : "tiny";
     glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
     glm_model mc, mg;
     glm_model_init(&mc, &c, cpu);
@@ -366,11 +396,13 @@ int main(void) {
     if (!probe) { TEST_SKIP(&tc, "cuda_model", "%s", err); TEST_EXIT(&tc); }
     probe->destroy(probe);
     test_oracle(&tc);
-    for (int medium = 0; medium < 2; medium++) {
-        test_fwd_bwd(&tc, medium, GLM_F32);
-        test_fwd_bwd(&tc, medium, GLM_BF16);
-        test_fwd_bwd(&tc, medium, GLM_F16);
-    }
+    test_oracle_glm2(&tc);
+    for (int glm2 = 0; glm2 < 2; glm2++)
+        for (int medium = 0; medium < 2; medium++) {
+            test_fwd_bwd(&tc, medium, GLM_F32, glm2);
+            test_fwd_bwd(&tc, medium, GLM_BF16, glm2);
+            test_fwd_bwd(&tc, medium, GLM_F16, glm2);
+        }
     test_training(&tc);
     check_peft(&tc, "lora", lora_model, 31, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "lora", lora_model, 31, 2 * 4 * 2, GLM_BF16);

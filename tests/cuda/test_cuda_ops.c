@@ -841,6 +841,8 @@ static void run_quant_bench(void) {
 
 /* ---------------------------------------------------------------- driver */
 
+#include "glm2_ops_cases.h"
+
 static void run_all(ctx *c, int quick, int attention_only) {
     if (attention_only == 2) { run_quant(c, quick); return; }
     if (!attention_only) {
@@ -867,7 +869,9 @@ static void run_all(ctx *c, int quick, int attention_only) {
         if (!quick) t_cross_entropy(c, 64, 130528);
         t_optim(c, 10007);
         if (!quick) t_optim(c, 3000017);
+        run_glm2_ops(c, quick);
     }
+    run_glm2_attention(c, quick);
     t_attention(c, 2, 12, 2, 8, 1);
     t_attention(c, 2, 77, 3, 64, 1);
     t_attention(c, 2, 130, 2, 128, 0);

@@ -41,6 +41,8 @@ typedef struct cuda_impl {
     void *workspace;
     void *scratch;
     size_t scratch_bytes;
+    void *kv_grad;       /* grouped attention's backward: per-query-head dk|dv before the group sum */
+    size_t kv_grad_bytes;
     float *stage;
     double *ssq;         /* [SSQ_PARTIALS + SSQ_SPANS]: partials, then one result per span */
     glm_span *ssq_spans; /* [SSQ_SPANS] the span table of sumsq_spans */
@@ -417,9 +419,30 @@ static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, 
         glmk_attention_fwd_simt(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     op_done(be, "attention_fwd");
 }
+/* The expanded gradient buffer of grouped attention (grows, never shrinks). */
+static void *kv_grad(glm_backend *be, size_t bytes) {
+    cuda_impl *im = IM(be);
+    if (bytes > im->kv_grad_bytes) {
+        cu_free(be, im->kv_grad);
+        im->kv_grad_bytes = bytes;
+        im->kv_grad = cu_alloc(be, bytes);
+    }
+    return im->kv_grad;
+}
 static void cu_attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
                         const void *out, const float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                         const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
+    /* grouped keys/values: the kernels write one gradient per query head into [B, Tk, NH, HD]
+     * buffers, summed over each group afterwards (the kernels never share an output row) */
+    int g = glm_view_group(dk);
+    glm_qkv_view dk_out = dk, dv_out = dv;
+    if (g > 1) {
+        size_t n = (size_t)B * Tk * NH * HD, es = glm_dtype_size(be->dtype);
+        char *buf = kv_grad(be, 2 * n * es);
+        dk = (glm_qkv_view){buf, (long)Tk * NH * HD, (long)NH * HD, HD, 1};
+        dv = dk;
+        dv.base = buf + n * es;
+    }
     float *D = scratch(be, (size_t)B * NH * Tq * sizeof(float));
     prof(be, GLM_PROF_ATTN, "attention_bwd_rowdot");
     glmk_attn_rowdot(be->dtype, D, dout, out, B, Tq, NH, HD, IM(be)->st);
@@ -429,7 +452,48 @@ static void cu_attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_q
         glmk_flash_bwd(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     else
         glmk_attention_bwd_simt(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    if (g > 1) {
+        glmk_group_sum(be->dtype, dk_out, dk.base, B, Tk, NH / g, g, HD, IM(be)->st);
+        glmk_group_sum(be->dtype, dv_out, dv.base, B, Tk, NH / g, g, HD, IM(be)->st);
+    }
     op_done(be, "attention_bwd");
+}
+static void cu_rms_fwd(glm_backend *be, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps) {
+    prof(be, GLM_PROF_OTHER, "rmsnorm_fwd");
+    glmk_rmsnorm_fwd(be->dtype, out, rstd, x, w, N, C, eps, IM(be)->st);
+    op_done(be, "rmsnorm_fwd");
+}
+static void cu_rms_bwd(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                       const float *rstd, int N, int C) {
+    prof(be, GLM_PROF_OTHER, "rmsnorm_bwd");
+    float *s = scratch(be, glmk_rmsnorm_bwd_scratch(N, C) * sizeof(float));
+    glmk_rmsnorm_bwd(be->dtype, dx, dw, dout, x, w, rstd, N, C, s, IM(be)->st);
+    op_done(be, "rmsnorm_bwd");
+}
+static void cu_swiglu_fwd(glm_backend *be, void *out, const void *x, int N, int F) {
+    prof(be, GLM_PROF_OTHER, "swiglu_fwd");
+    glmk_swiglu_fwd(be->dtype, out, x, N, F, IM(be)->st);
+    op_done(be, "swiglu_fwd");
+}
+static void cu_swiglu_bwd(glm_backend *be, void *dx, const void *x, const void *dout, int N, int F) {
+    prof(be, GLM_PROF_OTHER, "swiglu_bwd");
+    glmk_swiglu_bwd(be->dtype, dx, x, dout, N, F, IM(be)->st);
+    op_done(be, "swiglu_bwd");
+}
+static void cu_rope_pairs(glm_backend *be, void *x, long rs, int N, int nh, int HD, int rot, const int32_t *pos,
+                          float theta, int inv) {
+    prof(be, GLM_PROF_OTHER, "rope_pairs");
+    float w[256];
+    GLM_ASSERT(rot / 2 <= 256);
+    for (int i = 0; i < rot / 2; i++) w[i] = cpu_rope_pair_freq(i, rot, theta); /* the CPU's table */
+    glmk_rope_pairs(be->dtype, x, rs, N, nh, HD, rot, pos, w, inv, IM(be)->st);
+    op_done(be, "rope_pairs");
+}
+static void cu_copy_rows(glm_backend *be, void *dst, size_t ds, const void *src, size_t ss, size_t width, size_t rows) {
+    size_t es = glm_dtype_size(be->dtype);
+    if (!rows || !width) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, ds * es, src, ss * es, width * es, rows, cudaMemcpyDeviceToDevice, IM(be)->st));
+    op_done(be, "copy_rows");
 }
 static void cu_gelu_fwd(glm_backend *be, void *out, const void *x, size_t n) {
     prof(be, GLM_PROF_OTHER, "gelu_fwd");
@@ -563,6 +627,7 @@ static void cu_destroy(glm_backend *be) {
     }
     cudaFree(im->workspace);
     cudaFree(im->scratch);
+    cudaFree(im->kv_grad);
     cudaFree(im->stage);
     cudaFree(im->ssq);
     cudaFree(im->ssq_spans);
@@ -614,7 +679,9 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .upload_f32 = cu_up_f32, .download_f32 = cu_down_f32, .upload = cu_upload, .download = cu_download,
         .sync = cu_sync,
         .embedding_fwd = cu_emb_fwd, .embedding_bwd = cu_emb_bwd, .layernorm_fwd = cu_ln_fwd, .layernorm_bwd = cu_ln_bwd,
-        .matmul_fwd = cu_mm_fwd, .matmul_bwd = cu_mm_bwd, .rope = cu_rope, .attention_fwd = cu_attn_fwd,
+        .matmul_fwd = cu_mm_fwd, .matmul_bwd = cu_mm_bwd, .rope = cu_rope,
+        .rmsnorm_fwd = cu_rms_fwd, .rmsnorm_bwd = cu_rms_bwd, .swiglu_fwd = cu_swiglu_fwd, .swiglu_bwd = cu_swiglu_bwd,
+        .rope_pairs = cu_rope_pairs, .copy_rows = cu_copy_rows, .attention_fwd = cu_attn_fwd,
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale,
         .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,

@@ -37,10 +37,12 @@ template <typename T> __device__ __forceinline__ void st_pack(T *p, const Pack<T
 /* True when p is 16-byte aligned (host side, before choosing a vector kernel). */
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* Row (b, t, h) of a query/key/value view (backend.h glm_qkv_view): its HD elements. */
+/* The view's head of query head h: h itself, or its key/value group's (backend.h glm_qkv_view). */
+__device__ __forceinline__ int vhead(const glm_qkv_view &v, int h) { return v.group > 1 ? h / v.group : h; }
+/* Row (b, t, h) of a query/key/value view: its HD elements. */
 template <typename T>
 __device__ __forceinline__ const T *vrow(const glm_qkv_view &v, int b, int t, int h) {
-    return (const T *)v.base + b * v.batch_stride + (long)t * v.tok_stride + h * v.head_stride;
+    return (const T *)v.base + b * v.batch_stride + (long)t * v.tok_stride + vhead(v, h) * v.head_stride;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -37,6 +37,22 @@ void glmk_rope(glm_dtype dt, void *qkv, const int32_t *pos, const int32_t *bpos,
 /* out[N, OC] += bias[OC] (used when the GEMM ran without the bias epilogue) */
 void glmk_bias_add(glm_dtype dt, void *out, const void *bias, int N, int OC, cudaStream_t st);
 
+/* ---- the ChatGLM2 family (k_glm2.cu) ---- */
+void glmk_rmsnorm_fwd(glm_dtype dt, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps,
+                      cudaStream_t st);
+/* scratch: glmk_rmsnorm_bwd_scratch(N, C) floats */
+size_t glmk_rmsnorm_bwd_scratch(int N, int C);
+void glmk_rmsnorm_bwd(glm_dtype dt, void *dx, void *dw, const void *dout, const void *x, const void *w, const float *rstd,
+                      int N, int C, float *scratch, cudaStream_t st);
+void glmk_swiglu_fwd(glm_dtype dt, void *out, const void *x, int N, int F, cudaStream_t st);
+void glmk_swiglu_bwd(glm_dtype dt, void *dx, const void *x, const void *dout, int N, int F, cudaStream_t st);
+/* w: the rot/2 (<= 256) fp32 frequencies, host memory (passed by value to the kernel) */
+void glmk_rope_pairs(glm_dtype dt, void *x, long row_stride, int N, int nheads, int HD, int rot, const int32_t *pos,
+                     const float *w, int inverse, cudaStream_t st);
+/* dst (grouped view, NKV heads) = sum over each group's g heads of src [B, Tk, NKV*g, HD] */
+void glmk_group_sum(glm_dtype dt, glm_qkv_view dst, const void *src, int B, int Tk, int NKV, int g, int HD,
+                    cudaStream_t st);
+
 /* ---- P-Tuning v2 (k_prefix.cu) ---- */
 void glmk_prefix_kv(glm_dtype dt, void *kv, const void *qkv, const void *pkv, int layer, int L, int B, int T, int P,
                     int NH, int HD, float p, uint64_t seed, cudaStream_t st);

@@ -123,7 +123,7 @@ __device__ __forceinline__ Range warp_range(Range r) {
 
 template <typename T>
 __device__ __forceinline__ const T *head_base(const glm_qkv_view &v, int b, int h) {
-    return (const T *)v.base + b * v.batch_stride + h * v.head_stride;
+    return (const T *)v.base + b * v.batch_stride + vhead(v, h) * v.head_stride;
 }
 
 /* ---------------------------------------------------------------- forward */
