@@ -3,7 +3,9 @@
  * KV cache, as `glmtrain chat` runs it (logits of the new token to the host every step).
  * Random weights on the device; --quant stores the linear weights quantized.
  *
- *   bench_decode [--quant int8|int4|nf4] [--prompt 1024] [--total 2048] [--layers L] [--detail] [--out FILE]
+ *   bench_decode [--family chatglm|chatglm2] [--quant int8|int4|nf4] [--prompt 1024] [--total 2048] [--layers L]
+ *                [--detail] [--out FILE]
+ * (--family chatglm2: ChatGLM2-6B's shapes, 2 key/value groups, a causal prompt)
  * (--detail: one more decode step at the end with an event at every op, printed per op;
  *  --attn_only: only the attention of one decode step over a 2048-key cache of the model's shape,
  *  28 calls back to back, by kernel: the decoding kernel and the flash kernel)
@@ -28,7 +30,7 @@ static double now(void) {
 static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 
 int main(int argc, char **argv) {
-    int quant = 0, P = 1024, T = 2048, layers = 0, detail = 0, attn_only = 0;
+    int quant = 0, P = 1024, T = 2048, layers = 0, detail = 0, attn_only = 0, glm2 = 0;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
@@ -41,13 +43,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--layers")) { layers = atoi(v); i++; }
         else if (!strcmp(a, "--detail")) detail = 1;
         else if (!strcmp(a, "--attn_only")) attn_only = 1;
+        else if (!strcmp(a, "--family")) { glm2 = !strcmp(v, "chatglm2"); i++; }
         else if (!strcmp(a, "--out")) { out = v; i++; }
         else { fprintf(stderr, "usage: see the header of bench/bench_decode.c (unknown %s)\n", a); return 2; }
     }
     if (P < 1 || T <= P) { fprintf(stderr, "bench_decode: need 1 <= --prompt < --total\n"); return 2; }
-    glm_config c = glm_config_chatglm6b();
+    glm_config c = glm2 ? glm_config_chatglm2_6b() : glm_config_chatglm6b();
     if (layers > 0) c.num_layers = layers;
     c.quant = quant;
+    if (glm2 && attn_only) { fprintf(stderr, "bench_decode: --attn_only measures ChatGLM-6B's layout\n"); return 2; }
     char err[256];
     glm_backend *be = glm_backend_cuda(0, GLM_BF16, err, sizeof err);
     if (!be) { fprintf(stderr, "bench_decode: %s\n", err); return 1; }
@@ -66,7 +70,7 @@ int main(int argc, char **argv) {
                 double a = now();
                 for (int l = 0; l < L; l++) { /* each layer its own cache: from HBM, not L2 */
                     char *base = (char *)cache + (size_t)l * T * 3 * H * 2;
-                    glm_qkv_view q = {base + (size_t)(T - 1) * 3 * H * 2, (long)T * 3 * H, 3L * H, 3L * HD}, k = q, v = q;
+                    glm_qkv_view q = {base + (size_t)(T - 1) * 3 * H * 2, (long)T * 3 * H, 3L * H, 3L * HD, 1}, k = q, v = q;
                     k.base = base + (size_t)HD * 2;
                     v.base = base + (size_t)2 * HD * 2;
                     if (kind == 0)
@@ -102,7 +106,7 @@ int main(int argc, char **argv) {
     int32_t *ids = malloc(sizeof(int32_t) * P), *pos = malloc(sizeof(int32_t) * P), *bpos = malloc(sizeof(int32_t) * P);
     int32_t *lo = malloc(sizeof(int32_t) * P), *hi = malloc(sizeof(int32_t) * P);
     float *logits = malloc(sizeof(float) * c.vocab_size);
-    for (int i = 0; i < P; i++) { ids[i] = 5 + (i * 131) % 60000; pos[i] = i; bpos[i] = 0; lo[i] = 0; hi[i] = P; }
+    for (int i = 0; i < P; i++) { ids[i] = 5 + (i * 131) % 60000; pos[i] = i; bpos[i] = 0; lo[i] = 0; hi[i] = glm2 ? i + 1 : P; }
     glm_err e = {0};
     /* a warm-up pass of the prompt (first-call setup), then the timed one into an empty cache */
     if (glm_forward_cached(&m, &kv, P, ids, pos, bpos, lo, hi, NULL, logits, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; }
@@ -113,7 +117,7 @@ int main(int argc, char **argv) {
     int n = T - P;
     double *ts = malloc(sizeof(double) * n);
     for (int s = 0; s < n; s++) {
-        int32_t id = 5 + s % 1000, p = P - 1, bp = s + 1, l = 0, h = P + s + 1;
+        int32_t id = 5 + s % 1000, p = glm2 ? P + s : P - 1, bp = glm2 ? 0 : s + 1, l = 0, h = P + s + 1;
         double a = now();
         if (glm_forward_cached(&m, &kv, 1, &id, &p, &bp, &l, &h, NULL, logits, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; }
         ts[s] = now() - a;
@@ -121,7 +125,7 @@ int main(int argc, char **argv) {
     qsort(ts, n, sizeof(double), cmp_d);
     double med = ts[n / 2];
     if (detail) { /* the last step again (its cache slot rewritten), one event per op */
-        int32_t id = 5, p = P - 1, bp = n, l = 0, h = T;
+        int32_t id = 5, p = glm2 ? T - 1 : P - 1, bp = glm2 ? 0 : n, l = 0, h = T;
         char what[64];
         kv.len = T - 1;
         snprintf(what, sizeof what, "one decode step at position %d", T - 1);
@@ -132,6 +136,7 @@ int main(int argc, char **argv) {
     size_t used, peak, total;
     glm_cuda_memory(be, &used, &peak, &total);
     const char *qn = quant ? glm_qtype_name((glm_qtype)quant) : "bf16";
+    printf("%s", glm2 ? "chatglm2 " : "");
     printf("decode %-5s prompt %d -> %d tokens: prefill %.1f ms, decode %.2f ms/token = %.1f tokens/s, weights %.2f GiB "
            "(%.0f GB/s), peak %.2f GiB\n", qn, P, T, prefill * 1e3, med * 1e3, 1.0 / med, weight_bytes / 1073741824.0,
            weight_bytes / med / 1e9, peak / 1073741824.0);

@@ -9,6 +9,7 @@
  *               [--layers L] [--head_chunk R] [--detail] [--out FILE]
  *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P]]
  *               [--freeze N] [--ptuning P [--prefix_projection]] [--quant int8|int4|nf4] [--tied]
+ *               [--family chatglm|chatglm2]
  * (--detail: one more step with an event at every op, printed as a per-op table; --head_chunk:
  * rows of logits per head/loss chunk, the model's default when absent; --lora_target also takes
  * peft's comma-separated module names, e.g. query_key_value,dense)
@@ -29,7 +30,8 @@
  * kind: 512x8+lora8 (query_key_value), 512x8+lora8all (all four), 512x4+ckpt+lora8,
  * 512x8+freeze2. --quant stores the frozen linear weights quantized (random integers,
  * bench_common.h); --tied ties the head to the embedding as the chatglm-6b download does (the
- * memory bars of issue 17 are for that model). */
+ * memory bars of issue 17 are for that model); --family chatglm2 takes ChatGLM2-6B's shapes (the
+ * ChatGLM2 block; ids of its tokenizer), its label ending in "+glm2". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,11 +62,12 @@ static void make_batch(glm_batch *b, const glm_config *c, int B, int T, uint64_t
     int32_t *ids = malloc(sizeof(int32_t) * T), *lab = malloc(sizeof(int32_t) * T);
     for (int row = 0; row < B; row++) {
         int n = 0;
-        for (int i = 0; i < T / 2 - 1; i++) ids[n++] = 5 + (int)glm_rng_below(&r, 120000);
+        int top = c->vocab_size - 10 < 120000 ? c->vocab_size - 10 : 120000;
+        for (int i = 0; i < T / 2 - 1; i++) ids[n++] = 5 + (int)glm_rng_below(&r, top);
         ids[n++] = c->gmask_token_id;
         int ctx = n;
         ids[n++] = c->bos_token_id;
-        while (n < T - 1) ids[n++] = 5 + (int)glm_rng_below(&r, 120000);
+        while (n < T - 1) ids[n++] = 5 + (int)glm_rng_below(&r, top);
         ids[n++] = c->eos_token_id;
         for (int i = 0; i < T; i++) lab[i] = i < ctx ? -100 : ids[i];
         glm_batch_set_row(b, row, ids, lab, T, c->pad_token_id, c->gmask_token_id, c->mask_token_id, c->bos_token_id);
@@ -120,7 +123,7 @@ int main(int argc, char **argv) {
     glm_dtype dt = GLM_BF16;
     const char *runs = "512x4,512x8,512x8c,2048x2", *out = NULL;
     int steps = 6, warmup = 2, layers = 0, detail = 0, head_chunk = 0;
-    int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0;
+    int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0, glm2 = 0;
     float lora_alpha = 0, lora_dropout = 0.05f;
     const char *lora_target = "qkv";
     for (int i = 1; i < argc; i++) {
@@ -143,6 +146,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ptuning")) { ptuning = atoi(v); i++; }
         else if (!strcmp(a, "--prefix_projection")) projection = 1;
         else if (!strcmp(a, "--tied")) tied = 1;
+        else if (!strcmp(a, "--family")) { glm2 = !strcmp(v, "chatglm2"); i++; }
         else if (!strcmp(a, "--quant")) {
             quant = bench_parse_quant(v);
             if (quant < 0) { fprintf(stderr, "bench_train: --quant int8|int4|nf4\n"); return 2; }
@@ -150,8 +154,11 @@ int main(int argc, char **argv) {
         }
         else { fprintf(stderr, "usage: see the header of bench/bench_train.c (unknown %s)\n", a); return 2; }
     }
-    glm_config c = glm_config_chatglm6b();
-    c.tie_word_embeddings = tied;
+    glm_config c = glm2 ? glm_config_chatglm2_6b() : glm_config_chatglm6b();
+    if (glm2) { /* ChatGLM2's tokenizer: [gMASK] 64790, sop 64792, eos 2 (the config names none of the first two) */
+        c.gmask_token_id = 64790; c.bos_token_id = 64792; c.mask_token_id = 64789;
+    }
+    c.tie_word_embeddings = tied && !glm2;
     if (layers > 0) c.num_layers = layers;
     char ftname[32] = "full"; /* the fine-tuning kind, for the label and the records */
     if (lora > 0 && freeze > 0) { fprintf(stderr, "bench_train: --lora and --freeze exclude each other\n"); return 2; }
@@ -233,8 +240,8 @@ int main(int argc, char **argv) {
         double flops_tok = (peft ? 4.0 : 6.0) * n_all + 12.0 * c.num_layers * c.hidden_size * (double)T;
         double mfu = tok * flops_tok / 989e12;
         char label[64];
-        snprintf(label, sizeof label, "%dx%d%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : "", m.head_chunk != 256 ? "+hc" : "",
-                 peft ? "+" : "", peft ? ftname : "");
+        snprintf(label, sizeof label, "%dx%d%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : "", m.head_chunk != 256 ? "+hc" : "",
+                 peft ? "+" : "", peft ? ftname : "", glm2 ? "+glm2" : "");
         printf("%-6s %-18s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
                med * 1e3, tok, 100 * mfu, peak / 1073741824.0, first - t_run, first - t_proc, split[GLM_PROF_GEMM],
                split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss);

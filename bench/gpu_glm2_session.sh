@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device call on one H200 for the ChatGLM2 family (issue 18), ChatGLM2-6B's shapes: each run
+# its own process under a timeout inside one budget (BUDGET s, default 540); what does not fit
+# is skipped and named. Modes (several may be given, in order):
+#   tests   the GPU tests (tests/run_cuda.sh, no sanitizers, <= TESTS_CAP s)
+#   ours    bench_train --family chatglm2: full fine-tuning 512x8 and 2048x2, LoRA r=8 512x8
+#           (query_key_value), one profiled step each (--detail)
+#   decode  bench_decode --family chatglm2: batch 1, 1024-token prompt, 1024 decoded tokens
+#   torch   bench/pytorch_glm2.py, the PyTorch baseline of the same runs
+#   v1      bench_train 512x8 on ChatGLM-6B (that the seam changed nothing of v1's speed)
+# Records go to $OUT/glm2.jsonl, console lines to $OUT/glm2.txt, logs to $OUT/logs.
+# Build here first (docs/GPU-TESTS.md), then a device call with carry ["build/gpu/bench_train",
+# "build/gpu/bench_decode", "build/gpu/tests/cuda", "build/lib", "build/shared"]:
+#   bash bench/gpu_glm2_session.sh tests ours decode torch
+set -u
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT/logs"
+export LD_LIBRARY_PATH="$PWD/build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export GLM_SHARED="$PWD/build/shared"
+B=${BUILD:-build/gpu}
+PY=${PY:-python3}
+BUDGET=${BUDGET:-540}
+T0=$SECONDS
+J="$OUT/glm2.jsonl"
+left() { echo $((BUDGET - (SECONDS - T0))); }
+SKIPPED=""
+run_capped() { # name cap min cmd...
+    local name=$1 cap=$2 min=$3 t rc
+    shift 3
+    t=$(($(left) - 15))
+    [ "$t" -gt "$cap" ] && t=$cap
+    if [ "$t" -lt "$min" ]; then echo "=== $name: SKIPPED (${t}s left)"; SKIPPED="$SKIPPED $name"; return 0; fi
+    echo "=== $name ($((SECONDS - T0))s into the call)"
+    timeout -k 5 "$t" "$@" >"$OUT/logs/$name.txt" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && echo "    $name: exit $rc" && tail -n 8 "$OUT/logs/$name.txt" | sed 's/^/    /'
+    grep -hE "^(bf16|fp16|fp32) |decode |^RESULT|^torch|tokens/s|per-op|^    [a-z_]+ .* ms " "$OUT/logs/$name.txt" |
+        grep -v "^    .* 0\.[0-4][0-9] ms" | head -40 | tee -a "$OUT/glm2.txt"
+    return 0
+}
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; git log -1 --format='commit %H' 2>/dev/null; } >"$OUT/env.txt" 2>&1
+for mode in "${@:-ours decode}"; do
+    case $mode in
+    tests)
+        cap=${TESTS_CAP:-240}
+        LOGDIR="$OUT/logs/tests" BUILD=$B NO_SANITIZER=1 TEST_TIMEOUT=$cap timeout -k 5 "$cap" bash tests/run_cuda.sh >"$OUT/test-cuda.txt" 2>&1
+        echo "tests: exit $? after $((SECONDS - T0))s"
+        grep -E "passed|FAIL" "$OUT/test-cuda.txt" | tail -14 ;;
+    ours)
+        run_capped "glm2-full" 120 40 "$B/bench_train" --family chatglm2 --runs 512x8,2048x2 --detail --out "$J"
+        run_capped "glm2-lora" 70 30 "$B/bench_train" --family chatglm2 --lora 8 --runs 512x8 --out "$J" ;;
+    decode)
+        run_capped "glm2-decode" 60 25 "$B/bench_decode" --family chatglm2 --prompt 1024 --total 2048 --detail --out "$J" ;;
+    torch)
+        run_capped "torch-glm2-full" 200 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_glm2.py --runs 512x8,2048x2 --out "$J"
+        run_capped "torch-glm2-lora" 150 80 env PYTHONUNBUFFERED=1 $PY bench/pytorch_glm2.py --runs 512x8 --lora 8 --out "$J" ;;
+    v1)
+        run_capped "v1-full" 70 30 "$B/bench_train" --runs 512x8 --out "$J" ;;
+    *) echo "unknown mode $mode" ;;
+    esac
+done
+[ -n "$SKIPPED" ] && echo "skipped:$SKIPPED"
+echo "done after $((SECONDS - T0))s"
