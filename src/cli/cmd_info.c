@@ -107,7 +107,6 @@ int glm_cmd_info(int argc, char **argv) {
                          .pre_seq_len = a.pre_seq_len, .prefix_projection = a.prefix_projection, .prefix_dropout = 0.1,
                          .pipeline_parallel_size = a.pipeline_parallel_size};
     if (!rc) rc = glm_train_peft(&ta, c.num_layers, &c.peft, &err);
-    if (!rc) rc = glm_config_check_peft(&c, a.model_name_or_path, &err);
     if (!rc) rc = glm_config_set_quant(&c, a.quantization_bit, a.quantization_type,
                                        a.model_name_or_path ? a.model_name_or_path : "the model", &err);
     if (rc) { glm_err_print(&err); return 1; }

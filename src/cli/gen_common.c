@@ -108,7 +108,6 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
         return glm_hint(err, "a quantized 6B model fits one GPU: drop --device_map");
     }
     if (a->adapter && glm_adapter_read_config(a->adapter, &s->cfg.peft, err)) return -1; /* the model gets its rows */
-    if (glm_config_check_peft(&s->cfg, a->adapter, err)) return -1;
     if (fit_limits(s, a, err)) return -1;
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
     if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");

@@ -76,8 +76,20 @@ static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
     glm_qkv_view q, k, v, dq, dk, dv;
     qkv_views(m, a->qkv, (long)T * W, &q, &k, &v);
     qkv_views(m, m->d_qkv, (long)T * W, &dq, &dk, &dv);
-    be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD,
-                      1.0f / sqrtf((float)HD));
+    int P = c->peft.pre_seq_len;
+    if (P > 0) { /* keys/values rebuilt with the same dropout; their gradient via dkvbuf */
+        glm_prefix_kv_views(m, l, a, &k, &v);
+        dk = k;
+        dk.base = m->dkvbuf;
+        dv = dk;
+        dv.base = glm_at(be, m->dkvbuf, (size_t)glm_kv_heads(c) * HD);
+        be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->pkv_lo, m->pkv_hi, B, T, P + T, NH, HD,
+                          1.0f / sqrtf((float)HD));
+        glm_prefix_kv_grads(m, l); /* the sequence's k|v gradient into d_qkv, the prefix's summed over rows */
+    } else {
+        be->attention_bwd(be, dq, dk, dv, m->d_ctx, a->ctx, a->lse, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, NH, HD,
+                          1.0f / sqrtf((float)HD));
+    }
     rope(m, m->d_qkv, N, m->bd.pos, 1);
     void *dx = m->d_x;
     glm_linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, W);

@@ -340,15 +340,6 @@ char *glm_config_to_json(const glm_config *c) {
     return s;
 }
 
-int glm_config_check_peft(const glm_config *c, const char *src, glm_err *err) {
-    if (c->family == GLM_FAMILY_GLM2 && c->peft.kind == GLM_FT_PTUNING) {
-        glm_fail(err, "%s: P-Tuning v2 on a ChatGLM2/3 or GLM-4 model is not built yet (its prefix has %d key/value "
-                      "groups per layer)", src ? src : "the model", glm_kv_heads(c));
-        return glm_hint(err, "use --finetuning_type lora (or freeze) with this model");
-    }
-    return 0;
-}
-
 float glm_lora_scaling(const glm_peft *p) {
     if (p->lora_rank <= 0) return 0;
     return p->use_rslora ? p->lora_alpha / sqrtf((float)p->lora_rank) : p->lora_alpha / (float)p->lora_rank;

@@ -84,6 +84,16 @@ static inline int glm_qkv_width(const glm_config *c) { return (c->num_attention_
 static inline int glm_attn_width(const glm_config *c) { return c->num_attention_heads * glm_head_dim(c); }
 /* Elements per token of dense_h_to_4h's output: F, or gate | up (2F) for SwiGLU */
 static inline int glm_fc1_width(const glm_config *c) { return (c->family == GLM_FAMILY_GLM2 ? 2 : 1) * c->inner_hidden_size; }
+/* P-Tuning v2's prefix per position: every layer's keys and values, 2 L NKV HD (v1: 2 L H), laid
+ * out [2L, NKV, HD] with slot 2l layer l's keys; and the width of the prefix embedding: that
+ * itself, or with v1's prefix_projection H (ChatGLM2's PrefixEncoder keeps the full width and
+ * projects kv -> H -> kv). */
+static inline int glm_prefix_width(const glm_config *c) {
+    return 2 * c->num_layers * glm_kv_heads(c) * glm_head_dim(c);
+}
+static inline int glm_prefix_emb_width(const glm_config *c) {
+    return c->family == GLM_FAMILY_GLM2 || !c->peft.prefix_projection ? glm_prefix_width(c) : c->hidden_size;
+}
 /* The widest output and the widest input of the four linear modules (LoRA's scratch per token) */
 static inline int glm_lora_tmp_width(const glm_config *c) {
     int w = glm_qkv_width(c), f = glm_fc1_width(c);
@@ -102,8 +112,6 @@ int glm_quant_parse(int bits, const char *type, int *q, glm_err *err);
  * over what config.json said (c->quant): a folder stored as INT4 cannot be read as INT8 or NF4
  * (errors name src). */
 int glm_config_set_quant(glm_config *c, int bits, const char *type, const char *src, glm_err *err);
-/* What the model's family cannot train yet (c->peft against c->family): -1 naming it. */
-int glm_config_check_peft(const glm_config *c, const char *src, glm_err *err);
 /* LoRA's output scale: alpha / r (peft), alpha / sqrt(r) with rslora. */
 float glm_lora_scaling(const glm_peft *p);
 /* "query_key_value,dense", "all", ... into GLM_LORA_* bits; -1 with the unknown name in err. */

@@ -243,9 +243,10 @@ static void free_acts(glm_model *m) {
     free(m->resid);
     void *ptrs[] = {m->lnf_out, m->lnf_mean, m->lnf_rstd, m->d_a, m->d_b, m->d_x, m->d_h1, m->d_ctx, m->d_qkv, m->d_ff,
                     m->d_act, m->head_in, m->logits, m->d_head_in, m->losses, m->bd.ids, m->bd.pos, m->bd.block_pos,
-                    m->bd.kv_lo, m->bd.kv_hi, m->bd.sup_idx, m->bd.sup_tgt, m->kvbuf, m->dkvbuf, m->pkv_lo, m->pkv_hi};
+                    m->bd.kv_lo, m->bd.kv_hi, m->bd.sup_idx, m->bd.sup_tgt, m->kvbuf, m->dkvbuf, m->pkv_lo, m->pkv_hi,
+                    m->prefix_acc};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) if (ptrs[i]) be->free(be, ptrs[i]);
-    m->kvbuf = m->dkvbuf = m->d_act = NULL;
+    m->kvbuf = m->dkvbuf = m->d_act = m->prefix_acc = NULL;
     m->pkv_lo = m->pkv_hi = NULL;
     m->acts = NULL;
     m->cap_tokens = 0;
@@ -411,8 +412,10 @@ static void ensure_acts(glm_model *m, int B, int T) {
     m->bd.kv_lo = I_BUF(N); m->bd.kv_hi = I_BUF(N); m->bd.sup_idx = I_BUF(N); m->bd.sup_tgt = I_BUF(N);
     int P = m->cfg.peft.pre_seq_len;
     if (P > 0) { /* one layer's prefix + sequence keys/values at a time, rebuilt in backward */
-        m->kvbuf = S_BUF((size_t)B * (P + T) * 2 * H);
-        m->dkvbuf = S_BUF((size_t)B * (P + T) * 2 * H);
+        size_t KVW = c->family == GLM_FAMILY_GLM2 ? 2 * (size_t)glm_kv_heads(c) * glm_head_dim(c) : 2 * (size_t)H;
+        m->kvbuf = S_BUF((size_t)B * (P + T) * KVW);
+        m->dkvbuf = S_BUF((size_t)B * (P + T) * KVW);
+        if (c->family == GLM_FAMILY_GLM2) m->prefix_acc = S_BUF(2 * (size_t)P * KVW);
         m->pkv_lo = I_BUF(N); m->pkv_hi = I_BUF(N);
     }
 #undef S_BUF
@@ -432,7 +435,6 @@ static void upload_batch(glm_model *m, const glm_batch *b) {
     be->upload(be, m->bd.block_pos, rule + N, bytes);
     be->upload(be, m->bd.kv_lo, rule + 2 * N, bytes);
     be->upload(be, m->bd.kv_hi, rule + 3 * N, bytes);
-    free(rule);
     int32_t *idx = glm_malloc(bytes), *tgt = glm_malloc(bytes);
     int n = 0;
     for (size_t i = 0; i < N; i++)
@@ -452,12 +454,13 @@ static void upload_batch(glm_model *m, const glm_batch *b) {
         int32_t *lo = glm_malloc(bytes), *hi = glm_malloc(bytes);
         for (size_t i = 0; i < N; i++) {
             lo[i] = 0;
-            hi[i] = b->kv_hi[i] + P;
+            hi[i] = rule[3 * N + i] + P; /* the family's key range, behind the prefix */
         }
         be->upload(be, m->pkv_lo, lo, bytes);
         be->upload(be, m->pkv_hi, hi, bytes);
         free(lo); free(hi);
     }
+    free(rule);
     m->bd.B = b->B; m->bd.T = b->T; m->bd.n_sup = n;
 }
 

@@ -86,7 +86,9 @@ typedef struct glm_model {
     void *prefix_h;         /* [P, H] tanh(trans.0(embedding)) with the projection */
     void *dpkv, *dprefix_h; /* their gradients, made at the first backward (without the projection dpkv
                              * is only needed under ZeRO-2: otherwise the embedding's gradient takes them) */
-    void *kvbuf, *dkvbuf;   /* [B, P+T, NH, 2, HD] one layer's prefix + sequence keys/values, and their gradient */
+    void *kvbuf, *dkvbuf;   /* [B, P+T, NH, 2, HD] one layer's prefix + sequence keys/values, and their gradient
+                             * (ChatGLM2 block: [B, P+T, 2, NKV, HD]) */
+    void *prefix_acc;       /* [2, P, 2 NKV HD] the ChatGLM2 block's prefix gradient of one layer, and scratch */
     int32_t *pkv_lo, *pkv_hi; /* [N] the batch's key ranges over prefix + sequence */
     int gradient_checkpointing;
     int head_chunk;         /* rows of logits computed at once */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/glm.h"
+#include "model/peft.h"
 
 /* A cached token's elements (3H for q|k|v, 2H for k|v behind a prefix) and the cache rows in
  * front of the tokens (the prefix's P). */
@@ -48,9 +49,11 @@ static void fill_prefix(glm_model *m, glm_kvcache *kv) {
     int P = front(m), HD = glm_head_dim(c);
     const void *pkv = glm_prefix_forward(m);
     for (int l = m->layer_lo; l < m->layer_hi; l++)
-        for (int b = 0; b < kv->B; b++)
-            m->be->prefix_kv(m->be, glm_at(m->be, kv->qkv[l], (size_t)b * (P + kv->Tmax) * row_elems(m)), kv->a.qkv, pkv, l,
-                             c->num_layers, 1, 0, P, c->num_attention_heads, HD, 0.0f, 0);
+        for (int b = 0; b < kv->B; b++) {
+            void *row = glm_at(m->be, kv->qkv[l], (size_t)b * (P + kv->Tmax) * row_elems(m));
+            if (c->family == GLM_FAMILY_GLM2) glm_prefix_fill_cache(m, l, row);
+            else m->be->prefix_kv(m->be, row, kv->a.qkv, pkv, l, c->num_layers, 1, 0, P, c->num_attention_heads, HD, 0.0f, 0);
+        }
     kv->prefix_ready = 1;
 }
 
@@ -134,13 +137,13 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
         glm_qkv_view q, k, v;
         if (c->family == GLM_FAMILY_GLM2) { /* the new rows' k|v appended; queries from a->qkv */
             int W = glm_qkv_width(c), KV = (int)row_elems(m), NKV = glm_kv_heads(c);
-            for (int b = 0; b < B; b++)
-                be->copy_rows(be, glm_at(be, kv->qkv[l], ((size_t)b * kv->Tmax + kv->len) * KV), KV,
+            for (int b = 0; b < B; b++) /* behind the row's prefix (P-Tuning) and cached tokens */
+                be->copy_rows(be, glm_at(be, kv->qkv[l], ((size_t)b * (P + kv->Tmax) + P + kv->len) * KV), KV,
                               glm_at(be, a->qkv, (size_t)b * Tq * W + (W - KV)), W, KV, Tq);
             glm_qkv_view unused;
             m->fam->qkv_views(m, a->qkv, (long)Tq * W, &q, &unused, &unused);
             /* cached rows [NKV heads of k | NKV heads of v], each query head reading its group's */
-            long bs = (long)kv->Tmax * KV;
+            long bs = (long)(P + kv->Tmax) * KV;
             int g = c->num_attention_heads / NKV;
             k = (glm_qkv_view){kv->qkv[l], bs, KV, HD, g};
             v = (glm_qkv_view){glm_at(be, kv->qkv[l], (size_t)NKV * HD), bs, KV, HD, g};

@@ -95,7 +95,7 @@ static void ensure_prefix(glm_model *m) {
     if (!m->cfg.peft.prefix_projection || m->pkv) return;
     glm_backend *be = m->be;
     size_t es = glm_dtype_size(be->dtype), P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size;
-    size_t KV = 2 * (size_t)m->cfg.num_layers * H;
+    size_t KV = glm_prefix_width(&m->cfg);
     if (m->cfg.peft.prefix_projection) {
         m->pkv = be->alloc(be, P * KV * es);
         m->prefix_h = be->alloc(be, P * H * es);
@@ -108,8 +108,8 @@ const void *glm_prefix_forward(glm_model *m) {
     const glm_weights *w = &m->w;
     if (!m->cfg.peft.prefix_projection) return w->prefix_emb; /* the embedding is the output */
     glm_backend *be = m->be;
-    int P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size, KV = 2 * m->cfg.num_layers * H;
-    be->matmul_fwd(be, m->prefix_h, w->prefix_emb, w->prefix_w1, w->prefix_b1, P, H, H);
+    int P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size, KV = glm_prefix_width(&m->cfg), E = glm_prefix_emb_width(&m->cfg);
+    be->matmul_fwd(be, m->prefix_h, w->prefix_emb, w->prefix_w1, w->prefix_b1, P, E, H);
     be->tanh_fwd(be, m->prefix_h, m->prefix_h, (size_t)P * H);
     be->matmul_fwd(be, m->pkv, m->prefix_h, w->prefix_w2, w->prefix_b2, P, H, KV);
     return m->pkv;
@@ -123,7 +123,7 @@ static int prefix_grads_direct(const glm_model *m) { return !m->cfg.peft.prefix_
 static void *prefix_dkv(glm_model *m) {
     if (prefix_grads_direct(m)) return m->g.prefix_emb;
     if (!m->dpkv) {
-        size_t P = m->cfg.peft.pre_seq_len, KV = 2 * (size_t)m->cfg.num_layers * m->cfg.hidden_size;
+        size_t P = m->cfg.peft.pre_seq_len, KV = glm_prefix_width(&m->cfg);
         m->dpkv = m->be->alloc(m->be, P * KV * glm_dtype_size(m->be->dtype));
     }
     return m->dpkv;
@@ -131,7 +131,7 @@ static void *prefix_dkv(glm_model *m) {
 
 void glm_prefix_backward_begin(glm_model *m) {
     if (prefix_grads_direct(m)) return; /* accumulates into the gradient itself */
-    size_t P = m->cfg.peft.pre_seq_len, KV = 2 * (size_t)m->cfg.num_layers * m->cfg.hidden_size;
+    size_t P = m->cfg.peft.pre_seq_len, KV = glm_prefix_width(&m->cfg);
     m->be->zero(m->be, prefix_dkv(m), P * KV * glm_dtype_size(m->be->dtype));
 }
 
@@ -139,7 +139,7 @@ void glm_prefix_backward_begin(glm_model *m) {
 void glm_prefix_backward(glm_model *m) {
     glm_backend *be = m->be;
     const glm_weights *w = &m->w, *g = &m->g;
-    int P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size, KV = 2 * m->cfg.num_layers * H;
+    int P = m->cfg.peft.pre_seq_len, H = m->cfg.hidden_size, KV = glm_prefix_width(&m->cfg), E = glm_prefix_emb_width(&m->cfg);
     if (prefix_grads_direct(m)) return; /* already there */
     if (!m->cfg.peft.prefix_projection) {
         be->scale_add(be, g->prefix_emb, 1.0f, m->dpkv, g->prefix_emb, (size_t)P * KV);
@@ -147,16 +147,67 @@ void glm_prefix_backward(glm_model *m) {
     }
     be->matmul_bwd(be, m->dprefix_h, g->prefix_w2, g->prefix_b2, m->dpkv, m->prefix_h, w->prefix_w2, P, H, KV, 0);
     be->tanh_bwd(be, m->dprefix_h, m->prefix_h, m->dprefix_h, (size_t)P * H);
-    be->matmul_bwd(be, g->prefix_emb, g->prefix_w1, g->prefix_b1, m->dprefix_h, w->prefix_emb, w->prefix_w1, P, H, H, 1);
+    be->matmul_bwd(be, g->prefix_emb, g->prefix_w1, g->prefix_b1, m->dprefix_h, w->prefix_emb, w->prefix_w1, P, E, H, 1);
 }
 
 static uint64_t prefix_seed(const glm_model *m, int l) { return m->dropout_seed ^ ((uint64_t)(l + 1) * 0xd1b54a32d192ed03ULL); }
+
+/* The ChatGLM2 block's prefix + sequence keys/values, rows of KV = 2 NKV HD laid out [2, NKV,
+ * HD] (k heads then v heads, as the k|v tail of its q|k|v rows and as the prefix encoder's
+ * output per layer): batch row b's prefix is layer l's slice of the encoder output, dropped
+ * out with a mask of its own (seed per layer and row), then its tokens' k|v. Built from
+ * copy_rows and mask_scale, so every backend has it. */
+static uint64_t prefix_row_seed(const glm_model *m, int l, int b) {
+    return prefix_seed(m, l) + (uint64_t)(b + 1) * 0x9e3779b97f4a7c15ULL;
+}
+
+static void glm2_prefix_kv(glm_model *m, int l, const void *qkv, void *kv, int B, int T, float p) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    size_t P = c->peft.pre_seq_len, KVW = 2 * (size_t)glm_kv_heads(c) * glm_head_dim(c), W = glm_qkv_width(c);
+    const void *pkv = c->peft.prefix_projection ? m->pkv : m->w.prefix_emb;
+    for (int b = 0; b < B; b++) {
+        void *row = glm_at(be, kv, (size_t)b * (P + T) * KVW);
+        be->copy_rows(be, row, KVW, glm_at(be, pkv, (size_t)l * KVW), glm_prefix_width(c), KVW, P);
+        if (p > 0) be->mask_scale(be, row, row, P * KVW, 1.0f, p, prefix_row_seed(m, l, b));
+        if (T) be->copy_rows(be, glm_at(be, row, P * KVW), KVW, glm_at(be, qkv, (size_t)b * T * W + (W - KVW)), W, KVW, T);
+    }
+}
+
+static void glm2_prefix_kv_grads(glm_model *m, int l, float p) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    int B = m->bd.B, T = m->bd.T;
+    size_t P = c->peft.pre_seq_len, KVW = 2 * (size_t)glm_kv_heads(c) * glm_head_dim(c), W = glm_qkv_width(c);
+    size_t PW = glm_prefix_width(c);
+    void *acc = m->prefix_acc, *tmp = glm_at(be, m->prefix_acc, P * KVW);
+    be->zero(be, acc, P * KVW * glm_dtype_size(be->dtype));
+    for (int b = 0; b < B; b++) { /* the rows' prefix gradients summed in row order, each through its mask */
+        const void *row = glm_at(be, m->dkvbuf, (size_t)b * (P + T) * KVW);
+        be->mask_scale(be, tmp, row, P * KVW, 1.0f, p, prefix_row_seed(m, l, b));
+        be->scale_add(be, acc, 1.0f, tmp, acc, P * KVW);
+        be->copy_rows(be, glm_at(be, m->d_qkv, (size_t)b * T * W + (W - KVW)), W, glm_at(be, row, P * KVW), KVW, KVW, T);
+    }
+    void *dst = glm_at(be, prefix_dkv(m), (size_t)l * KVW); /* layer l's slice of [P, 2L NKV HD] */
+    be->copy_rows(be, tmp, KVW, dst, PW, KVW, P);
+    be->scale_add(be, tmp, 1.0f, acc, tmp, P * KVW);
+    be->copy_rows(be, dst, PW, tmp, KVW, KVW, P);
+}
 
 /* Layer l's keys and values with the prefix in front, into kvbuf; k and v view them. */
 void glm_prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *k, glm_qkv_view *v) {
     const glm_config *c = &m->cfg;
     int B = m->bd.B, T = m->bd.T, P = c->peft.pre_seq_len, H = c->hidden_size, HD = glm_head_dim(c);
     float p = m->training ? c->peft.prefix_dropout : 0.0f;
+    if (c->family == GLM_FAMILY_GLM2) {
+        int NKV = glm_kv_heads(c), g = c->num_attention_heads / NKV;
+        long KVW = 2L * NKV * HD;
+        glm2_prefix_kv(m, l, a->qkv, m->kvbuf, B, T, p);
+        *k = (glm_qkv_view){m->kvbuf, (long)(P + T) * KVW, KVW, HD, g};
+        *v = *k;
+        v->base = glm_at(m->be, m->kvbuf, (size_t)NKV * HD);
+        return;
+    }
     const void *pkv = c->peft.prefix_projection ? m->pkv : m->w.prefix_emb;
     m->be->prefix_kv(m->be, m->kvbuf, a->qkv, pkv, l, c->num_layers, B, T, P, c->num_attention_heads, HD, p,
                      prefix_seed(m, l));
@@ -167,7 +218,12 @@ void glm_prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *k
 
 void glm_prefix_kv_grads(glm_model *m, int l) {
     const glm_config *c = &m->cfg;
+    float p = m->training ? c->peft.prefix_dropout : 0.0f;
+    if (c->family == GLM_FAMILY_GLM2) { glm2_prefix_kv_grads(m, l, p); return; }
     m->be->prefix_kv_bwd(m->be, m->d_qkv, prefix_dkv(m), m->dkvbuf, l, c->num_layers, m->bd.B, m->bd.T, c->peft.pre_seq_len,
-                         c->num_attention_heads, glm_head_dim(c), m->training ? c->peft.prefix_dropout : 0.0f,
-                         prefix_seed(m, l));
+                         c->num_attention_heads, glm_head_dim(c), p, prefix_seed(m, l));
+}
+
+void glm_prefix_fill_cache(glm_model *m, int l, void *row) {
+    glm2_prefix_kv(m, l, NULL, row, 1, 0, 0.0f);
 }

@@ -23,6 +23,9 @@ void glm_prefix_backward_begin(glm_model *m);
 /* From m->dkvbuf (attention's dk/dv over prefix + sequence): the sequence's into m->d_qkv, the
  * prefix's summed over the batch into m->dpkv (or the embedding's gradient). */
 void glm_prefix_kv_grads(glm_model *m, int l);
+/* The ChatGLM2 block's KV cache: one row's prefix keys/values of layer l ([P, 2 NKV HD], k heads
+ * then v heads, no dropout) at row, from the encoder's output of glm_prefix_forward. */
+void glm_prefix_fill_cache(glm_model *m, int l, void *row);
 /* dpkv (the layers' sum) into the prefix encoder's gradients. */
 void glm_prefix_backward(glm_model *m);
 

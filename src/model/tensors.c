@@ -85,9 +85,9 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
 #define ROW(kind, layer, name, nd, d0, d1) \
     do { if (in_part(c, layer, kind, part)) { add(tab, kind, layer, name, nd, d0, d1, part == GLM_PART_QUANT ? c->quant : GLM_Q_NONE); tab->t[tab->n - 1].opens_unit = !opened++; } } while (0)
     if (with_embed) { /* the prefix encoder feeds every layer: its gradient is final last, with the embedding's */
-        int64_t P = c->peft.pre_seq_len, KV = 2LL * L * H, E = c->peft.prefix_projection ? H : KV;
+        int64_t P = c->peft.pre_seq_len, KV = glm_prefix_width(c), E = glm_prefix_emb_width(c);
         ROW(T_PREFIX_EMB, -1, "transformer.prefix_encoder.embedding.weight", 2, P, E);
-        ROW(T_PREFIX_W1, -1, "transformer.prefix_encoder.trans.0.weight", 2, H, H);
+        ROW(T_PREFIX_W1, -1, "transformer.prefix_encoder.trans.0.weight", 2, H, E);
         ROW(T_PREFIX_B1, -1, "transformer.prefix_encoder.trans.0.bias", 1, H, 1);
         ROW(T_PREFIX_W2, -1, "transformer.prefix_encoder.trans.2.weight", 2, KV, H);
         ROW(T_PREFIX_B2, -1, "transformer.prefix_encoder.trans.2.bias", 1, KV, 1);

@@ -158,7 +158,6 @@ int trainer_load_model(trainer *t, glm_err *err) {
         return -1;
     }
     if (glm_train_peft(a, c.num_layers, &c.peft, err)) return -1;
-    if (glm_config_check_peft(&c, a->model_name_or_path, err)) return -1;
     int nf4 = a->quantization_type && strcmp(a->quantization_type, "nf4") == 0;
     if (glm_config_set_quant(&c, a->quantization_bit, a->quantization_type, src, err)) return -1;
     if (c.quant != GLM_Q_NONE && c.peft.kind == GLM_FT_FULL) {

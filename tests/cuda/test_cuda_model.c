@@ -237,9 +237,9 @@ static void test_training(test_counts *tc) {
 
 /* The medium model under c.peft on be: a random base, then random trainable rows (std
  * trainable_std), all representable in dt so both backends start from the same numbers. */
-static void peft_model_q(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std,
-                         int quant) {
-    glm_config c = config(1);
+static void peft_model_fam(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std,
+                           int quant, int glm2) {
+    glm_config c = glm2 ? config_glm2(1) : config(1);
     c.peft = peft;
     c.quant = quant; /* the frozen linear weights quantized as they upload (the same bytes on both backends) */
     glm_model_init(m, &c, be);
@@ -259,6 +259,11 @@ static void peft_model_q(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t s
     free(a);
 }
 
+static void peft_model_q(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std,
+                         int quant) {
+    peft_model_fam(m, be, dt, seed, peft, trainable_std, quant, 0);
+}
+
 static void peft_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std) {
     peft_model_q(m, be, dt, seed, peft, trainable_std, GLM_Q_NONE);
 }
@@ -274,6 +279,23 @@ static void lora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t see
 static void ptuning_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     peft_model(m, be, dt, seed, (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 8, .prefix_projection = 1, .prefix_dropout = 0.1f},
                0.3f);
+}
+
+/* The ChatGLM2 block: LoRA on every module, P-Tuning v2 with ChatGLM2's projection (the
+ * prefix in 2 key/value groups per layer), and LoRA on an INT4 base. */
+static void lora_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model_fam(m, be, dt, seed,
+                   (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL},
+                   0.05f, GLM_Q_NONE, 1);
+}
+static void ptuning_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model_fam(m, be, dt, seed, (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 8, .prefix_projection = 1, .prefix_dropout = 0.1f},
+                   0.3f, GLM_Q_NONE, 1);
+}
+static void lora_int4_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model_fam(m, be, dt, seed,
+                   (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL},
+                   0.05f, GLM_Q_INT4, 1);
 }
 
 /* The same on quantized bases: INT4 and INT8 (THUDM's), NF4 (bitsandbytes'). */
@@ -419,6 +441,13 @@ int main(void) {
     check_peft_batch(&tc, "lora_int8_8tok", lora_int8_model, 64, 2 * 4 * 2, GLM_F32, 1, 8);
     check_peft(&tc, "ptuning_nf4", ptuning_nf4_model, 65, 5, GLM_BF16);
     check_peft_batch(&tc, "ptuning_nf4_8tok", ptuning_nf4_model, 66, 5, GLM_F32, 1, 8);
+    /* the ChatGLM2 block (2 layers: 8 adapter rows each; the prefix encoder's 5 rows) */
+    check_peft(&tc, "glm2_lora", lora_glm2_model, 71, 2 * 4 * 2, GLM_F32);
+    check_peft(&tc, "glm2_lora", lora_glm2_model, 71, 2 * 4 * 2, GLM_BF16);
+    check_peft(&tc, "glm2_ptuning", ptuning_glm2_model, 73, 5, GLM_F32);
+    check_peft(&tc, "glm2_ptuning", ptuning_glm2_model, 73, 5, GLM_BF16);
+    check_peft(&tc, "glm2_lora_int4", lora_int4_glm2_model, 75, 2 * 4 * 2, GLM_BF16);
+    check_peft_batch(&tc, "glm2_lora_int4_8tok", lora_int4_glm2_model, 76, 2 * 4 * 2, GLM_BF16, 1, 8);
     printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
     TEST_EXIT(&tc);
 }

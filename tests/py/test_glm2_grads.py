@@ -10,7 +10,10 @@ Drives $GLM_BUILD/tests/tool_model_driver (see its header). Cases:
     every parameter after them);
   * LoRA: query_key_value only, and all four modules with rslora; the reference adds
     scaling * B A to each targeted weight (peft's LoraLayer with dropout 0), gradients of A, B
-    by autograd; frozen rows unchanged after the steps.
+    by autograd; frozen rows unchanged after the steps;
+  * P-Tuning v2 as ChatGLM2's PrefixEncoder (embedding [P, 2 L G KC], or with prefix_projection
+    Linear(kv, H), tanh, Linear(H, kv)): its output as every layer's past keys/values
+    [P, b, G, KC] in the reference, gradients of the encoder's rows by autograd.
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
 import os
@@ -19,6 +22,7 @@ import sys
 import tempfile
 
 import torch
+import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -116,6 +120,24 @@ def ref_loss_grads(cfg, params, ids, labels, lora=None):
             leaves[mod + ".lora_B.weight"] = B
             p[mod + ".weight"] = params[mod + ".weight"] + s * (B @ A)
     out = glm2_ref.forward(cfg, p, ids, labels)
+    out["loss"].backward()
+    return out["loss"].item(), {k: v.grad.detach() for k, v in leaves.items()}
+
+
+def ref_ptuning(cfg, params, ids, labels, enc, proj):
+    leaves = {k: v.clone().requires_grad_(True) for k, v in enc.items()}
+    pre = "transformer.prefix_encoder."
+    pkv = leaves[pre + "embedding.weight"]
+    if proj:
+        pkv = F.linear(torch.tanh(F.linear(pkv, leaves[pre + "trans.0.weight"], leaves[pre + "trans.0.bias"])),
+                       leaves[pre + "trans.2.weight"], leaves[pre + "trans.2.bias"])
+    P, L, G, KC = pkv.shape[0], cfg["num_layers"], cfg["kv_groups"], cfg["kv_channels"]
+    b, s = ids.shape
+    kv = pkv.view(P, 2 * L, G, KC)
+    past = tuple((kv[:, 2 * l].unsqueeze(1).expand(P, b, G, KC), kv[:, 2 * l + 1].unsqueeze(1).expand(P, b, G, KC))
+                 for l in range(L))
+    pos = torch.arange(s).unsqueeze(0).repeat(b, 1)
+    out = glm2_ref.forward(cfg, params, ids, labels, position_ids=pos, past_key_values=past)
     out["loss"].backward()
     return out["loss"].item(), {k: v.grad.detach() for k, v in leaves.items()}
 
@@ -235,6 +257,25 @@ def main():
         same = all(torch.equal(st[k], params[k[len("fparam/"):]].float()) for k in frozen)
         report("glm2_lora_%s_frozen_unchanged" % name, same and len(frozen) == len(params),
                "%d frozen rows bit-identical after 2 steps" % len(frozen))
+    for name, mi, P, proj in (("ptuning", 0, 3, False), ("ptuning_proj", 1, 4, True)):
+        raw, cfg, params, ids, labels, mdir, bpath = models[mi]
+        H, L = cfg["hidden_size"], cfg["num_layers"]
+        KV = 2 * L * cfg["kv_groups"] * cfg["kv_channels"]
+        g = torch.Generator().manual_seed(950 + mi)
+        pre = "transformer.prefix_encoder."
+        enc = {pre + "embedding.weight": 0.5 * torch.randn(P, KV, generator=g)}
+        if proj:
+            enc.update({pre + "trans.0.weight": 0.1 * torch.randn(H, KV, generator=g), pre + "trans.0.bias": 0.1 * torch.randn(H, generator=g),
+                        pre + "trans.2.weight": 0.3 * torch.randn(KV, H, generator=g), pre + "trans.2.bias": 0.1 * torch.randn(KV, generator=g)})
+        from safetensors.torch import save_file
+        apath = os.path.join(tmp, name + ".prefix.safetensors")
+        save_file({k: v.contiguous() for k, v in enc.items()}, apath)
+        flags = ["--finetuning_type", "ptuning", "--pre_seq_len", str(P), "--adapter", apath] + (["--prefix_projection"] if proj else [])
+        loss, grads = ref_ptuning(cfg, params, ids, labels, enc, proj)
+        got = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".st"), flags)
+        e = abs(got["loss"].item() - loss) / abs(loss)
+        report("glm2_%s_loss" % name, e < TOL, "C %.7f torch %.7f rel %.1e" % (got["loss"].item(), loss, e))
+        check_grads("glm2_%s_grads" % name, got, grads)
     return 1 if failures else 0
 
 
