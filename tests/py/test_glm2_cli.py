@@ -2,7 +2,7 @@
 """`glmtrain` end to end on a tiny ChatGLM2-family model (ChatGLM2-6B's config.json keys,
 2 key/value groups) on CPU ranks:
   - full fine-tuning: the loss falls; 2 ranks x micro-batch 4 equal 1 rank x 8 (ZeRO 0 and 1,
-    losses within 1e-6 relative over 10 steps);
+    losses within 1e-6 relative over 10 steps), and so do 2 and 3 pipeline stages;
   - the saved folder holds THUDM's tensor names and a ChatGLM2 config.json, and the PyTorch
     reference (tests/py/glm2_ref.py) on those weights gives the greedy tokens `glmtrain
     generate` gives;
@@ -77,6 +77,14 @@ def main():
                 err, n = rel(losses(out, 10), lr)
                 report("glm2_dp_2ranks_zero%d_matches_1rank" % zero, n == 10 and err < 1e-6,
                        "max relative loss difference %.2e over %d steps" % (err, n))
+            # pipeline parallelism: 2 stages (1 layer each), then THUDM-style 3 stages
+            for name, np_, extra in (("p2", 2, ["--pipeline_parallel_size", "2"]),
+                                     ("p3_thudm", 3, ["--pipeline_parallel_size", "3", "--device_map", "thudm"])):
+                out = os.path.join(d, name)
+                run(base + extra + ["--output_dir", out, "--per_device_train_batch_size", "8"], np=np_, timeout=300)
+                err, n = rel(losses(out, 10), lr)
+                report("glm2_pipeline_%s_matches_single_process" % name, n == 10 and err < 1e-6,
+                       "max relative loss difference %.2e over %d steps" % (err, n))
         # 3. the saved folder: THUDM's names, ChatGLM2's config, greedy tokens as the reference's
         from safetensors.torch import load_file
         import torch
@@ -105,6 +113,33 @@ def main():
                 want.append(nxt)
                 seq.append(nxt)
         report("glm2_generate_equals_reference", got == want, "glmtrain %s, reference %s" % (got, want))
+        # the same weights as THUDM ships them: fp16 pytorch_model-0000N-of-00002.bin shards with
+        # an index and the rotary buffer, no safetensors
+        th = os.path.join(d, "thudm")
+        os.makedirs(th)
+        shutil.copy(os.path.join(ref, "config.json"), th)
+        names = list(st)
+        half = len(names) // 2
+        wmap = {}
+        for k, part in enumerate((names[:half], names[half:])):
+            fn = "pytorch_model-%05d-of-00002.bin" % (k + 1)
+            sd = {n: st[n].half() for n in part}
+            if k == 0:
+                sd["transformer.rotary_pos_emb.inv_freq"] = torch.ones(2)
+            torch.save(sd, os.path.join(th, fn))
+            wmap.update({n: fn for n in sd})
+        json.dump({"metadata": {}, "weight_map": wmap}, open(os.path.join(th, "pytorch_model.bin.index.json"), "w"))
+        got_th = gen(["--model_name_or_path", th] + q)[1]
+        params16 = {k: v.half().float() for k, v in params.items()}
+        seq, want16 = list(prompt_ids), []
+        with torch.no_grad():
+            for _ in range(8):
+                nxt = int(glm2_ref.forward(rc, params16, torch.tensor([seq]))["logits"][0, -1].argmax())
+                if nxt == ids["<eop>"]:
+                    break
+                want16.append(nxt)
+                seq.append(nxt)
+        report("glm2_loads_thudm_bin_shards", got_th == want16, "glmtrain %s, reference on the fp16 weights %s" % (got_th, want16))
         # 4. LoRA: peft files, generate --adapter == generate on the merged folder
         lo = os.path.join(d, "lora")
         run(base + ["--output_dir", lo, "--per_device_train_batch_size", "8", "--finetuning_type", "lora",
