@@ -8,7 +8,7 @@ OPT      ?= -O3 $(ARCHFLAGS)
 # -fno-trapping-math: no FP exception is ever enabled here, so gcc may vectorize loops with
 # comparisons and selects (GELU's tanh); no result changes (reassociation stays off).
 CFLAGS   := $(OPT) -fno-trapping-math -std=c11 -D_GNU_SOURCE -fopenmp -Isrc -I/usr/include/cjson -Wall -Wextra -Wno-unused-parameter -MMD -MP
-LDLIBS   += -lcjson -lm -lpthread -ldl
+LDLIBS   += -lcjson -lpcre2-8 -lm -lpthread -ldl
 BUILD    ?= build
 
 NVCC_PATH := $(shell command -v $(NVCC) 2>/dev/null)

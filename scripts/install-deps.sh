@@ -2,7 +2,7 @@
 # Installs everything glmtrain's build, tests and demo need on a fresh Debian machine.
 # Idempotent: skips what is already there. Run as root (CI and the dev machines are root).
 set -euo pipefail
-APT_PKGS="build-essential libcjson-dev python3 python3-numpy python3-torch python3-sentencepiece
+APT_PKGS="build-essential libcjson-dev libpcre2-dev python3 python3-numpy python3-torch python3-sentencepiece
           sentencepiece fortunes-zh libopenmpi-dev openmpi-bin python3-pip clang
           python3-requests python3-yaml python3-typing-extensions python3-psutil python3-jinja2"
 PIP_PKGS="safetensors tensorboard"
@@ -27,9 +27,12 @@ done
 # imports is left alone. peft and accelerate (tests/py/test_lora_ref.py: LoRA against peft's
 # own LoraLayer, and glmtrain's adapters loaded by PeftModel.from_pretrained) need psutil and
 # yaml from Debian above; peft's save_pretrained writes a model card through jinja2 (Debian too).
+# tiktoken (tests/py/test_tokenizer_glm4.py: GLM-4's byte-level BPE against the library THUDM's
+# tokenizer wraps) needs regex (above) and requests (Debian); 0.8.0 has a CPython 3.11 wheel.
 PIP_NODEPS="tqdm=tqdm==4.66.1 filelock=filelock==3.12.4 regex=regex==2023.8.8 fsspec=fsspec==2023.9.2
             packaging=packaging==23.2 huggingface_hub=huggingface_hub==0.17.3 tokenizers=tokenizers==0.13.3
-            transformers=transformers==4.33.3 accelerate=accelerate==0.24.1 peft=peft==0.6.2"
+            transformers=transformers==4.33.3 accelerate=accelerate==0.24.1 peft=peft==0.6.2
+            tiktoken=tiktoken==0.8.0"
 for mp in $PIP_NODEPS; do
     m=${mp%%=*}; spec=${mp#*=}
     if ! /usr/bin/python3 -c "import $m" >/dev/null 2>&1; then

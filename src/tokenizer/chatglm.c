@@ -2,7 +2,9 @@
  * whether it is ChatGLM-6B (ice_text.model: the <n>/<|tab|>/<|blank_N|> layer and [gMASK] <sop>
  * suffix), ChatGLM2/3 (a tokenizer_config.json naming ChatGLMTokenizer next to a model without
  * [gMASK]: specials appended after the pieces, [gMASK] sop prefix) or a plain SentencePiece model, resolves special ids (tokenizer_config.json may rename them) and
- * wraps encoding/decoding with the matching pre/post-processing. */
+ * wraps encoding/decoding with the matching pre/post-processing. A tokenizer.model that is a text
+ * rank file instead of a protobuf is GLM-4's byte-level BPE: every call for it goes to glm4.c. */
+#include "tokenizer/bpe_bytes.h"
 #include "tokenizer/spm.h"
 #include "core/fileutil.h"
 #include <cjson/cJSON.h>
@@ -129,6 +131,13 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
     char *buf = glm_read_file(model, &len, err);
     if (!buf) return -1;
     glm_tokenizer *t = glm_calloc(1, sizeof *t);
+    if (bpe_looks_like_ranks(buf, len)) { /* by content: a SentencePiece protobuf starts with 0x0a */
+        int rc = glm4_setup(t, buf, len, model, err);
+        free(buf);
+        if (rc) { glm_tokenizer_free(t); return -1; }
+        *out = t;
+        return 0;
+    }
     if (spm_model_load(&t->sp, (uint8_t *)buf, len, model, err)) { free(t); return -1; }
     t->ids = (glm_special_ids){-1, -1, -1, -1, -1, t->sp.unk_id};
     t->eos = -1;
@@ -150,17 +159,21 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
 
 void glm_tokenizer_free(glm_tokenizer *t) {
     if (!t) return;
+    if (t->bpe) { bpe_free(t->bpe); free(t->bpe); }
     spm_model_free(&t->sp);
     free(t);
 }
 
 glm_tok_kind glm_tokenizer_kind(const glm_tokenizer *t) { return t->kind; }
 int32_t glm_tokenizer_eos(const glm_tokenizer *t) { return t->eos; }
-int glm_tokenizer_vocab_size(const glm_tokenizer *t) { return t->offset + t->sp.p.n + t->n_extra; }
-int glm_tokenizer_spm_size(const glm_tokenizer *t) { return t->sp.p.n; }
+int glm_tokenizer_vocab_size(const glm_tokenizer *t) {
+    return t->bpe ? t->bpe->n + t->bpe->n_special : t->offset + t->sp.p.n + t->n_extra;
+}
+int glm_tokenizer_spm_size(const glm_tokenizer *t) { return t->bpe ? t->bpe->n : t->sp.p.n; }
 glm_special_ids glm_tokenizer_specials(const glm_tokenizer *t) { return t->ids; }
 
 const char *glm_tokenizer_piece(const glm_tokenizer *t, int32_t id) {
+    if (t->bpe) return glm4_piece(t, id);
     id -= t->offset; /* image-token ids (pre-slim) have no piece */
     if (id < 0) return NULL;
     if (id < t->sp.p.n) return t->sp.p.piece[id];
@@ -169,6 +182,7 @@ const char *glm_tokenizer_piece(const glm_tokenizer *t, int32_t id) {
 }
 
 int32_t glm_tokenizer_piece_id(const glm_tokenizer *t, const char *piece) {
+    if (t->bpe) return glm4_piece_id(t, piece);
     for (int i = 0; i < t->n_extra; i++)
         if (strcmp(piece, t->extra[i]) == 0) return t->sp.p.n + i;
     int32_t id = sp_id(t, piece);
@@ -177,7 +191,7 @@ int32_t glm_tokenizer_piece_id(const glm_tokenizer *t, const char *piece) {
 
 void glm_tokenizer_build_inputs(const glm_tokenizer *t, const int32_t *a, int na, const int32_t *b, int nb,
                                 glm_ids *out) {
-    if (t->kind == GLM_TOK_CHATGLM2) {
+    if (t->kind == GLM_TOK_CHATGLM2 || t->kind == GLM_TOK_GLM4) {
         glm_ids_push(out, t->ids.gmask);
         glm_ids_push(out, t->ids.sop);
     }
@@ -204,8 +218,18 @@ static int encode_tokens(const glm_tokenizer *t, const char *text, size_t len, i
     return spm_encode(&t->sp, text, len, sc, err);
 }
 
+/* A kind that cannot map special-token text to ids refuses GLM_TOK_ENCODE_SPECIAL rather than
+ * silently encoding the text as text. */
+static int refuse_encode_special(int flags, glm_err *err) {
+    if (!(flags & GLM_TOK_ENCODE_SPECIAL)) return 0;
+    glm_fail(err, "GLM_TOK_ENCODE_SPECIAL (special-token text as special ids) is not supported by this kind of tokenizer");
+    return glm_hint(err, "add special tokens as ids (glm_tokenizer_piece_id, glm_tokenizer_build_inputs)");
+}
+
 int glm_tok_encode_sc(const glm_tokenizer *t, const char *text, size_t len, int flags, spm_scratch *sc,
                       glm_ids *out, glm_err *err) {
+    if (t->bpe) return glm4_encode_sc(t, text, len, flags, sc, out, err);
+    if (refuse_encode_special(flags, err)) return -1;
     if (encode_tokens(t, text, len, flags, sc, err)) return -1;
     int32_t off = (flags & GLM_TOK_SPM_ONLY) ? 0 : t->offset;
     int prefix = (flags & GLM_TOK_ADD_SPECIAL) && t->kind == GLM_TOK_CHATGLM2;
@@ -246,8 +270,10 @@ static void piece_add(glm_pieces *o, spm_buf *b, int *cap, const char *s, size_t
 
 int glm_tokenizer_encode_pieces(const glm_tokenizer *t, const char *text, size_t len, int flags, glm_pieces *out,
                                 glm_err *err) {
+    if (t->bpe) return glm4_encode_pieces(t, text, len, flags, out, err);
     spm_scratch sc = {0};
     memset(out, 0, sizeof *out);
+    if (refuse_encode_special(flags, err)) return -1;
     if (encode_tokens(t, text, len, flags, &sc, err)) { spm_scratch_free(&sc); return -1; }
     spm_buf b = {0};
     int cap = 0;
@@ -280,6 +306,7 @@ void glm_pieces_free(glm_pieces *p) {
 }
 
 char *glm_tokenizer_decode_ex(const glm_tokenizer *t, const int32_t *ids, int n, int flags, size_t *len) {
+    if (t->bpe) return glm4_decode(t, ids, n, flags, len);
     spm_buf o = {0};
     if (flags & GLM_TOK_SPM_ONLY || t->kind == GLM_TOK_SPM) {
         spm_decode(&t->sp, ids, n, &o);
@@ -311,4 +338,15 @@ char *glm_tokenizer_decode_ex(const glm_tokenizer *t, const int32_t *ids, int n,
 
 char *glm_tokenizer_decode(const glm_tokenizer *t, const int32_t *ids, int n) {
     return glm_tokenizer_decode_ex(t, ids, n, 0, NULL);
+}
+
+int glm_tokenizer_stop_ids(const glm_tokenizer *t, int32_t ids[4]) {
+    if (t->bpe) return glm4_stop_ids(t, ids);
+    int n = 0;
+    if (t->eos >= 0) ids[n++] = t->eos;
+    if (t->kind == GLM_TOK_CHATGLM2 && t->n_extra == GLM_TOK_MAX_EXTRA) { /* ChatGLM3's role tokens */
+        ids[n++] = glm_tokenizer_piece_id(t, "<|user|>");
+        ids[n++] = glm_tokenizer_piece_id(t, "<|observation|>");
+    }
+    return n;
 }

@@ -153,8 +153,10 @@ int spm_utf8_valid_len(const uint8_t *s, size_t len);
 /* ---- the public tokenizer object (chatglm.c; shared with batch.c) ---- */
 #include "tokenizer/tokenizer.h"
 #define GLM_TOK_MAX_EXTRA 9
+struct bpe_bytes;
 struct glm_tokenizer {
-    spm_model sp;
+    spm_model sp;                /* unused (zero) for GLM_TOK_GLM4 */
+    struct bpe_bytes *bpe;       /* GLM_TOK_GLM4's byte-level BPE (bpe_bytes.h); NULL for the others */
     glm_tok_kind kind;
     glm_special_ids ids;
     int32_t eos;                 /* closes a training pair */

@@ -43,8 +43,11 @@ char *glm_chat_postprocess(const char *response);
 typedef enum glm_tok_kind {
     GLM_TOK_SPM = 0,      /* a plain SentencePiece model: no ChatGLM layer, no special tokens */
     GLM_TOK_CHATGLM1 = 1, /* ChatGLM-6B ice_text.model: <n>/<|tab|>/<|blank_N|>, suffix [gMASK] <sop> */
-    GLM_TOK_CHATGLM2 = 2  /* ChatGLM2/3 tokenizer.model: plain SentencePiece, specials appended after
+    GLM_TOK_CHATGLM2 = 2, /* ChatGLM2/3 tokenizer.model: plain SentencePiece, specials appended after
                              the pieces ([MASK] [gMASK] [sMASK] sop eop (<|system|> ...)), prefix [gMASK] sop */
+    GLM_TOK_GLM4 = 3      /* GLM-4 tokenizer.model: a tiktoken rank file ("<base64> <rank>" lines), byte-level
+                             BPE; 14 specials after the ranks (<|endoftext|> [MASK] [gMASK] [sMASK] <sop> <eop>
+                             <|system|> ...), prefix [gMASK] <sop>, pad and eos <|endoftext|>, no unk */
 } glm_tok_kind;
 glm_tok_kind glm_tokenizer_kind(const glm_tokenizer *t);
 
@@ -56,6 +59,11 @@ int32_t glm_tokenizer_eos(const glm_tokenizer *t);
 /* encode flags */
 #define GLM_TOK_SPM_ONLY    1 /* SentencePiece only: no ChatGLM pre-processing, no id offset */
 #define GLM_TOK_ADD_SPECIAL 2 /* apply build_inputs_with_special_tokens (single sequence) */
+
+/* Literal special-token text ("<|user|>", "[gMASK]"...) becomes the special's id; without it that
+ * text is plain text. GLM-4: ChatGLM4Tokenizer(encode_special_tokens=True), tiktoken's
+ * allowed_special="all". Kinds that cannot do it refuse the flag with an error. */
+#define GLM_TOK_ENCODE_SPECIAL 4
 
 /* glm_tokenizer_encode with flags. flags = 0 is exactly glm_tokenizer_encode. */
 int glm_tokenizer_encode_ex(const glm_tokenizer *t, const char *text, size_t len, int flags, glm_ids *out,
@@ -88,5 +96,15 @@ int glm_tokenizer_encode_batch(const glm_tokenizer *t, const char **texts, const
 /* Same with flags (GLM_TOK_SPM_ONLY, GLM_TOK_ADD_SPECIAL). */
 int glm_tokenizer_encode_batch_ex(const glm_tokenizer *t, const char **texts, const size_t *lens, int n, int flags,
                                   glm_ids *outs, int n_threads, glm_err *err);
+
+/* ---- Additions (issue 18: GLM-4) ----
+ * For GLM_TOK_GLM4: vocab_size counts ranks + specials, spm_size the ranks; a piece is a token's
+ * bytes (NUL-terminated; a special's text); encode needs valid UTF-8 (else an error naming the
+ * byte); decode drops specials and turns broken UTF-8 into U+FFFD, and with GLM_TOK_SPM_ONLY gives
+ * the ranks' raw bytes; build_inputs is ChatGLM2/3's with <|endoftext|> closing a pair. */
+
+/* The ids chat generation stops on, written to ids[0..return): eos, and for tokenizers with role
+ * tokens (ChatGLM3, GLM-4) also <|user|> and <|observation|>. A kind without eos gives 0. */
+int glm_tokenizer_stop_ids(const glm_tokenizer *t, int32_t ids[4]);
 
 #endif
