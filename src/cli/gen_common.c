@@ -116,6 +116,12 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
                  s->cfg.vocab_size);
         return glm_hint(err, "use the tokenizer that belongs to the model (--tokenizer_name)");
     }
+    /* the chat template's stops beyond config.json's eos (ChatGLM3 and GLM-4: <|user|>, <|observation|>) */
+    int32_t stop[4];
+    int n = glm_tokenizer_stop_ids(s->tok, stop);
+    s->g.n_stop = 0;
+    for (int i = 0; i < n; i++)
+        if (stop[i] >= 0 && stop[i] != s->cfg.eos_token_id && s->g.n_stop < 4) s->g.stop_ids[s->g.n_stop++] = stop[i];
     return 0;
 }
 
