@@ -6,6 +6,7 @@
  * rank file instead of a protobuf is GLM-4's byte-level BPE: every call for it goes to glm4.c. */
 #include "tokenizer/bpe_bytes.h"
 #include "tokenizer/spm.h"
+#include "tokenizer/chatglm2.h"
 #include "core/fileutil.h"
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -16,7 +17,8 @@ typedef struct glm_config {
     int num_image_tokens;     /* -1: not given */
     int remove_space, do_lower_case;
     int is_chatglm;           /* tokenizer_class == ChatGLMTokenizer */
-    int is_v2;                /* name_or_path mentions chatglm2 */
+    int version;              /* 2 or 3 as name_or_path / chat_template tell, 0: they do not */
+    int encode_special;       /* encode_special_tokens (a ChatGLM3 tokenizer argument) */
 } glm_config;
 
 /* A token entry is a string or an AddedToken object {"content": ...}. */
@@ -49,7 +51,11 @@ static int read_config(const char *path, glm_config *c, glm_err *err) {
     v = cJSON_GetObjectItemCaseSensitive(root, "tokenizer_class");
     c->is_chatglm = cJSON_IsString(v) && strcmp(v->valuestring, "ChatGLMTokenizer") == 0;
     v = cJSON_GetObjectItemCaseSensitive(root, "name_or_path");
-    c->is_v2 = cJSON_IsString(v) && strstr(v->valuestring, "chatglm2") != NULL;
+    if (cJSON_IsString(v) && (strstr(v->valuestring, "chatglm2") || strstr(v->valuestring, "codegeex2"))) c->version = 2;
+    if (cJSON_IsString(v) && strstr(v->valuestring, "chatglm3")) c->version = 3;
+    v = cJSON_GetObjectItemCaseSensitive(root, "chat_template"); /* ChatGLM3's writes <|{{ message['role'] }}|> */
+    if (!c->version && cJSON_IsString(v) && strstr(v->valuestring, "<|")) c->version = 3;
+    c->encode_special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "encode_special_tokens"));
     cJSON_Delete(root);
     return 0;
 }
@@ -81,15 +87,40 @@ static int setup_chatglm1(glm_tokenizer *t, const glm_config *c, int have_cfg, c
     return 0;
 }
 
-static void setup_chatglm2(glm_tokenizer *t, const glm_config *c) {
+/* ChatGLM2 (2) or ChatGLM3 (3). Both share tokenizer.model and hold the same tokenizer_config.json
+ * keys (name_or_path, remove_space, do_lower_case, tokenizer_class, auto_map; later ChatGLM3
+ * revisions add a chat_template); what differs is THUDM's tokenization_chatglm.py: ChatGLM2 appends
+ * 5 specials (vocab 64794), ChatGLM3 9, its role tokens included (64798). So that file decides when
+ * the folder has it (ChatGLM3's lists "<|observation|>"); else name_or_path ("THUDM/chatglm2-6b",
+ * "THUDM/chatglm3-6b"; CodeGeeX2 uses ChatGLM2's) or a ChatGLM3 chat_template; with neither,
+ * ChatGLM3, whose ids include all of ChatGLM2's. */
+static int chatglm_version(const char *folder, const glm_config *c) {
+    if (folder) {
+        char py[4096];
+        glm_path_join(py, sizeof py, folder, "tokenization_chatglm.py");
+        size_t len;
+        glm_err ignore;
+        char *src = glm_is_file(py) ? glm_read_file(py, &len, &ignore) : NULL;
+        if (src) {
+            int v3 = strstr(src, "<|observation|>") != NULL;
+            free(src);
+            return v3 ? 3 : 2;
+        }
+    }
+    return c->version ? c->version : 3;
+}
+
+static void setup_chatglm2(glm_tokenizer *t, const glm_config *c, int version) {
     static const char *names[GLM_TOK_MAX_EXTRA] = {"[MASK]", "[gMASK]", "[sMASK]", "sop", "eop",
                                                    "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"};
     t->kind = GLM_TOK_CHATGLM2;
-    t->n_extra = c->is_v2 ? 5 : GLM_TOK_MAX_EXTRA; /* ChatGLM2 has no role tokens */
+    t->n_extra = version == 2 ? 5 : GLM_TOK_MAX_EXTRA; /* ChatGLM2 has no role tokens */
     for (int i = 0; i < t->n_extra; i++) strcpy(t->extra[i], names[i]);
+    t->encode_special = version == 3 && c->encode_special;
     int32_t n = t->sp.p.n;
     t->ids = (glm_special_ids){n + 0, n + 1, n + 3, n + 4, t->sp.unk_id, t->sp.unk_id};
-    int32_t eos = sp_id(t, "</s>");
+    const spm_proto *p = &t->sp.p; /* SPTokenizer's eos_id(): trainer_spec's */
+    int32_t eos = p->eos_id >= 0 && p->eos_id < p->n ? p->eos_id : sp_id(t, "</s>");
     t->eos = eos >= 0 ? eos : 2;
 }
 
@@ -97,6 +128,8 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
     *out = NULL;
     char model[4096], cfg[4096];
     cfg[0] = 0;
+    char dir[4096];
+    const char *folder = NULL; /* where tokenization_chatglm.py may be */
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     if (glm_is_dir(path)) {
@@ -108,6 +141,7 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
         }
         glm_path_join(cfg, sizeof cfg, path, "tokenizer_config.json");
         base = strrchr(model, '/') + 1;
+        folder = path;
     } else if (glm_is_file(path)) {
         snprintf(model, sizeof model, "%s", path);
         /* Only the official file names pick up the config next to them. */
@@ -115,6 +149,8 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
             snprintf(cfg, sizeof cfg, "%.*s", (int)(base - path), path);
             size_t l = strlen(cfg);
             snprintf(cfg + l, sizeof cfg - l, "tokenizer_config.json");
+            snprintf(dir, sizeof dir, "%.*s", base > path ? (int)(base - path) : 1, base > path ? path : ".");
+            folder = dir;
         }
     } else {
         return glm_fail(err, "tokenizer %s does not exist", path);
@@ -145,7 +181,7 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
     if (strcmp(base, "ice_text.model") == 0 || (sp_id(t, "[gMASK]") >= 0 && sp_id(t, "<sop>") >= 0))
         rc = setup_chatglm1(t, &c, have_cfg, model, err);
     else if (c.is_chatglm) /* a tokenizer.model alone may be any SentencePiece model (LLaMA...) */
-        setup_chatglm2(t, &c);
+        setup_chatglm2(t, &c, chatglm_version(folder, &c));
     else { /* plain SentencePiece: pad and eos from trainer_spec when they name control pieces */
         t->kind = GLM_TOK_SPM;
         const spm_proto *p = &t->sp.p;
@@ -229,6 +265,7 @@ static int refuse_encode_special(int flags, glm_err *err) {
 int glm_tok_encode_sc(const glm_tokenizer *t, const char *text, size_t len, int flags, spm_scratch *sc,
                       glm_ids *out, glm_err *err) {
     if (t->bpe) return glm4_encode_sc(t, text, len, flags, sc, out, err);
+    if (t->kind == GLM_TOK_CHATGLM2) return glm2_encode_sc(t, text, len, flags, sc, out, err);
     if (refuse_encode_special(flags, err)) return -1;
     if (encode_tokens(t, text, len, flags, sc, err)) return -1;
     int32_t off = (flags & GLM_TOK_SPM_ONLY) ? 0 : t->offset;
@@ -271,6 +308,7 @@ static void piece_add(glm_pieces *o, spm_buf *b, int *cap, const char *s, size_t
 int glm_tokenizer_encode_pieces(const glm_tokenizer *t, const char *text, size_t len, int flags, glm_pieces *out,
                                 glm_err *err) {
     if (t->bpe) return glm4_encode_pieces(t, text, len, flags, out, err);
+    if (t->kind == GLM_TOK_CHATGLM2) return glm2_encode_pieces(t, text, len, flags, out, err);
     spm_scratch sc = {0};
     memset(out, 0, sizeof *out);
     if (refuse_encode_special(flags, err)) return -1;
@@ -307,6 +345,7 @@ void glm_pieces_free(glm_pieces *p) {
 
 char *glm_tokenizer_decode_ex(const glm_tokenizer *t, const int32_t *ids, int n, int flags, size_t *len) {
     if (t->bpe) return glm4_decode(t, ids, n, flags, len);
+    if (t->kind == GLM_TOK_CHATGLM2 && !(flags & GLM_TOK_SPM_ONLY)) return glm2_decode(t, ids, n, len);
     spm_buf o = {0};
     if (flags & GLM_TOK_SPM_ONLY || t->kind == GLM_TOK_SPM) {
         spm_decode(&t->sp, ids, n, &o);

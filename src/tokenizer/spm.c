@@ -213,7 +213,9 @@ static void flush_bytes(spm_buf *out, const uint8_t *b, size_t n) {
     }
 }
 
-void spm_decode(const spm_model *m, const int32_t *ids, int n, spm_buf *out) {
+void spm_decode(const spm_model *m, const int32_t *ids, int n, spm_buf *out) { spm_decode_lit(m, ids, NULL, n, out); }
+
+void spm_decode_lit(const spm_model *m, const int32_t *ids, const char *const *lit, int n, spm_buf *out) {
     const spm_proto *p = &m->p;
     size_t start = out->n;
     uint8_t bytes_small[256];
@@ -225,7 +227,7 @@ void spm_decode(const spm_model *m, const int32_t *ids, int n, spm_buf *out) {
     const int strip_ok = p->norm.add_dummy_prefix || p->norm.remove_extra_whitespaces;
     for (int i = 0; i <= n; i++) {
         int32_t id = -1;
-        if (i < n) {
+        if (i < n && !(lit && lit[i])) {
             id = ids[i];
             if (id < 0 || id >= p->n) continue;
             if (p->type[id] == SPM_BYTE) {
@@ -240,8 +242,9 @@ void spm_decode(const spm_model *m, const int32_t *ids, int n, spm_buf *out) {
         if (nb) { flush_bytes(out, bytes, nb); nb = 0; }
         if (i == n) break;
         if (bos_ws_seen || out->n > start) is_bos_ws = 0;
-        int t = p->type[id];
         bos_ws_seen = 0;
+        if (lit && lit[i]) { spm_buf_put(out, lit[i], strlen(lit[i])); continue; } /* copied as it is */
+        int t = p->type[id];
         if (t == SPM_CONTROL) continue;
         if (t == SPM_UNKNOWN) { spm_buf_put(out, p->unk_surface, strlen(p->unk_surface)); continue; }
         const char *s = p->piece[id];

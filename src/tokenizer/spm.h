@@ -143,6 +143,10 @@ void spm_unigram_encode(const spm_model *m, spm_scratch *sc);
 void spm_bpe_encode(const spm_model *m, spm_scratch *sc);
 /* Decodes ids (those out of range are skipped) into out (appended). */
 void spm_decode(const spm_model *m, const int32_t *ids, int n, spm_buf *out);
+/* DecodePieces where lit[i] (when lit and it are not NULL) stands for ids[i]: a piece the model
+ * lacks, whose text SentencePiece copies as it is; it ends a run of byte pieces, and text from
+ * it ends the stripping of the dummy-prefix space. */
+void spm_decode_lit(const spm_model *m, const int32_t *ids, const char *const *lit, int n, spm_buf *out);
 
 /* UTF-8 helpers with SentencePiece's exact rules. */
 static inline int spm_one_char_len(uint8_t c) { return "\1\1\1\1\1\1\1\1\1\1\1\1\2\2\3\4"[c >> 4]; }
@@ -164,6 +168,7 @@ struct glm_tokenizer {
     int remove_space;            /* tokenizer_config.json remove_space */
     int n_extra;                 /* ChatGLM2/3 specials appended after the pieces */
     char extra[GLM_TOK_MAX_EXTRA][16];
+    int encode_special;          /* ChatGLM3 tokenizer_config.json encode_special_tokens */
 };
 /* Encode with a caller-owned scratch (reused across texts by batch encoding and the CLI). */
 int glm_tok_encode_sc(const glm_tokenizer *t, const char *text, size_t len, int flags, spm_scratch *sc,

@@ -107,4 +107,18 @@ int glm_tokenizer_encode_batch_ex(const glm_tokenizer *t, const char **texts, co
  * tokens (ChatGLM3, GLM-4) also <|user|> and <|observation|>. A kind without eos gives 0. */
 int glm_tokenizer_stop_ids(const glm_tokenizer *t, int32_t ids[4]);
 
+/* ---- Additions (issue 18: ChatGLM2/3) ----
+ * GLM_TOK_CHATGLM2 is both: ChatGLM2's tokenizer appends 5 specials after the pieces (vocab 64794),
+ * ChatGLM3's 9, ending in its role tokens (64798); chatglm.c says how the two are told apart.
+ * Encoding (flags 0) is Hugging Face's tokenizer.encode: SentencePiece's pieces, a piece spelled
+ * like a special ("sop", "eop") becoming that special's id as convert_token_to_id maps it;
+ * GLM_TOK_SPM_ONLY is SPTokenizer.encode, SentencePiece's ids as they are (ChatGLM3's
+ * build_single_message). ChatGLM3 also takes GLM_TOK_ENCODE_SPECIAL (encode_special_tokens=True,
+ * which tokenizer_config.json can set for every encode): the 9 specials' names in the text become
+ * their ids; ChatGLM2 refuses it. Decoding drops pad/unk, bos and eos; ChatGLM2's specials vanish,
+ * ChatGLM3's are written as their names ("<|user|>"), as its _convert_id_to_token does. */
+typedef struct glm_role_ids { int32_t system, user, assistant, observation; } glm_role_ids;
+/* The role tokens' ids (ChatGLM3, GLM-4); -1 each where the tokenizer has none (ChatGLM2). */
+glm_role_ids glm_tokenizer_roles(const glm_tokenizer *t);
+
 #endif
