@@ -20,7 +20,7 @@ static int omp_threads_default(void) { return 1; }
 #endif
 
 #define CACHE_MAGIC "GLMTOKC\x01"
-#define CACHE_VERSION 1
+#define CACHE_VERSION 2 /* 2: sup code 2 (label eos), the layout and its ids in the key */
 #define HEADER_BYTES 1024
 #define CHUNK 4096 /* records encoded per parallel batch */
 
@@ -28,7 +28,7 @@ typedef struct cache_header {
     char magic[8];
     uint32_t version, header_bytes;
     uint64_t key, n, n_tokens, payload_hash, file_bytes;
-    int32_t pad, gmask, mask, sop, eop, reserved;
+    int32_t pad, gmask, mask, sop, eop, eos;
     glm_data_summary summary;
 } cache_header;
 _Static_assert(sizeof(cache_header) <= HEADER_BYTES, "cache header grew past its reserved size");
@@ -36,6 +36,7 @@ _Static_assert(sizeof(cache_header) <= HEADER_BYTES, "cache header grew past its
 /* Growable arrays while building. */
 typedef struct { uint64_t *off; int32_t *ids; uint8_t *sup; int64_t n, n_tokens, cap_n, cap_t; } builder;
 
+/* sup: 0 no label, 1 label = id, 2 label = eos (ChatGLM3's EOS convention; checked in build). */
 static void builder_add(builder *b, const int32_t *ids, const int32_t *labels, int len) {
     if (b->n + 2 > b->cap_n) { b->cap_n = b->cap_n ? 2 * b->cap_n : 1024; b->off = glm_realloc(b->off, (size_t)b->cap_n * 8); }
     if (b->n_tokens + len > b->cap_t) {
@@ -44,7 +45,10 @@ static void builder_add(builder *b, const int32_t *ids, const int32_t *labels, i
         b->sup = glm_realloc(b->sup, (size_t)b->cap_t);
     }
     if (b->n == 0) b->off[0] = 0;
-    for (int i = 0; i < len; i++) { b->ids[b->n_tokens + i] = ids[i]; b->sup[b->n_tokens + i] = labels[i] != -100; }
+    for (int i = 0; i < len; i++) {
+        b->ids[b->n_tokens + i] = ids[i];
+        b->sup[b->n_tokens + i] = labels[i] == -100 ? 0 : labels[i] == ids[i] ? 1 : 2;
+    }
     b->n_tokens += len;
     b->off[++b->n] = (uint64_t)b->n_tokens;
 }
@@ -60,7 +64,8 @@ static uint64_t settings_hash(const glm_data_cfg *c, const glm_encoder *e) {
     const glm_read_cfg *r = &c->read;
     const glm_example_cfg *x = &c->example;
     int64_t nums[] = {CACHE_VERSION, r->schema, r->container, r->skip_bad_samples, x->max_source_length,
-                      x->max_target_length, x->rounds, x->train_on_prompt, e->gmask, e->sop, e->eop, e->pad, e->mask};
+                      x->max_target_length, x->rounds, x->train_on_prompt, e->gmask, e->sop, e->eop, e->pad, e->mask,
+                      e->layout, e->eos, e->role[0], e->role[1], e->role[2], e->role[3], x->conv_labels};
     uint64_t h = glm_xxh64(nums, sizeof nums, (uint64_t)e->fingerprint);
     const char *strs[] = {r->columns.prompt, r->columns.response, r->columns.history, r->columns.input,
                           r->columns.system, x->source_prefix, x->prompt_template, x->history_template};
@@ -78,7 +83,9 @@ static uint64_t payload_hash(const uint64_t *off, const int32_t *ids, const uint
 static int build(builder *b, glm_data_summary *s, const char *path, const glm_data_cfg *cfg,
                  const glm_encoder *enc, glm_err *err) {
     glm_reader *rd;
-    if (glm_reader_open(&rd, path, &cfg->read, err)) return -1;
+    glm_read_cfg rcfg = cfg->read;
+    rcfg.conversations = enc->layout == GLM_LAYOUT_GLM3; /* ChatGLM3 trains on whole conversations */
+    if (glm_reader_open(&rd, path, &rcfg, err)) return -1;
     glm_record *recs = glm_calloc(CHUNK, sizeof *recs);
     glm_ids *ids = glm_calloc(CHUNK, sizeof *ids), *labels = glm_calloc(CHUNK, sizeof *labels);
     glm_example_info *info = glm_calloc(CHUNK, sizeof *info);
@@ -101,6 +108,11 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
             s->empty += info[i].status == GLM_EX_EMPTY;
             s->no_answer_tokens += info[i].status == GLM_EX_NO_ANSWER_TOKENS;
             if (info[i].status != GLM_EX_OK) continue;
+            for (int k = 0; k < ids[i].n && !ret; k++)
+                if (labels[i].data[k] != -100 && labels[i].data[k] != ids[i].data[k] && labels[i].data[k] != enc->eos)
+                    ret = glm_fail(err, "record %lld: label %d at token %d is neither the token nor eos (cannot be cached)",
+                                   (long long)recs[i].index, labels[i].data[k], k);
+            if (ret) break;
             s->truncated_prompt += info[i].truncated_prompt;
             s->truncated_answer += info[i].truncated_answer;
             builder_add(b, ids[i].data, labels[i].data, ids[i].n);
@@ -186,7 +198,7 @@ static int open_cache(glm_examples *ex, const char *path, uint64_t key, int veri
     if (bad) { munmap(map, len); snprintf(why, n, "%s", bad); return -1; }
     ex->n = (int64_t)h.n; ex->n_tokens = (int64_t)h.n_tokens;
     ex->off = off; ex->ids = ids; ex->sup = sup;
-    ex->pad = h.pad; ex->gmask = h.gmask; ex->mask = h.mask; ex->sop = h.sop; ex->eop = h.eop;
+    ex->pad = h.pad; ex->gmask = h.gmask; ex->mask = h.mask; ex->sop = h.sop; ex->eop = h.eop; ex->eos = h.eos;
     ex->summary = h.summary;
     ex->map_ = map; ex->map_len_ = len;
     return 0;
@@ -205,7 +217,7 @@ static void cache_file_name(char *dst, size_t n, const char *dir, const char *pa
 
 int glm_examples_load(glm_examples **out, const char *path, const glm_data_cfg *cfg, const glm_encoder *enc,
                       glm_err *err) {
-    if (glm_example_cfg_check(&cfg->example, err)) return -1;
+    if (glm_example_cfg_check_layout(&cfg->example, enc->layout, err)) return -1;
     glm_examples *ex = glm_calloc(1, sizeof *ex);
     snprintf(ex->path, sizeof ex->path, "%s", path);
     uint64_t settings = settings_hash(cfg, enc), key = 0;
@@ -229,7 +241,7 @@ int glm_examples_load(glm_examples **out, const char *path, const glm_data_cfg *
     if (!b.off) { b.off = glm_calloc(1, 8); }
     cache_header h = {.version = CACHE_VERSION, .header_bytes = HEADER_BYTES, .key = key, .n = (uint64_t)b.n,
                       .n_tokens = (uint64_t)b.n_tokens, .pad = enc->pad, .gmask = enc->gmask, .mask = enc->mask,
-                      .sop = enc->sop, .eop = enc->eop, .summary = s};
+                      .sop = enc->sop, .eop = enc->eop, .eos = enc->eos, .summary = s};
     memcpy(h.magic, CACHE_MAGIC, 8);
     h.payload_hash = payload_hash(b.off, b.ids, b.sup, b.n, b.n_tokens);
     h.file_bytes = HEADER_BYTES + 8 * (h.n + 1) + 5 * h.n_tokens;
@@ -249,6 +261,7 @@ int glm_examples_load(glm_examples **out, const char *path, const glm_data_cfg *
     ex->off = b.off; ex->ids = b.ids; ex->sup = b.sup;
     ex->heap_[0] = b.off; ex->heap_[1] = b.ids; ex->heap_[2] = b.sup;
     ex->pad = enc->pad; ex->gmask = enc->gmask; ex->mask = enc->mask; ex->sop = enc->sop; ex->eop = enc->eop;
+    ex->eos = enc->eos;
     ex->summary = s;
     *out = ex;
     return 0;
@@ -265,6 +278,6 @@ int glm_examples_labels(const glm_examples *ex, int64_t i, int32_t *labels) {
     int len = glm_examples_len(ex, i);
     const int32_t *ids = ex->ids + ex->off[i];
     const uint8_t *sup = ex->sup + ex->off[i];
-    for (int k = 0; k < len; k++) labels[k] = sup[k] ? ids[k] : -100;
+    for (int k = 0; k < len; k++) labels[k] = sup[k] == 0 ? -100 : sup[k] == 1 ? ids[k] : ex->eos;
     return len;
 }

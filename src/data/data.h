@@ -32,13 +32,15 @@ typedef struct glm_data_summary {
 } glm_data_summary;
 
 /* The tokenized examples of one data file: concatenated ids with offsets, plus a supervision
- * flag per token (label = id where sup = 1, else -100). Read-only; usually memory-mapped. */
+ * code per token (label = id where sup = 1, eos where sup = 2 (ChatGLM3's EOS label convention),
+ * else -100). Read-only; usually memory-mapped. */
 typedef struct glm_examples {
     int64_t n, n_tokens;
     const uint64_t *off;  /* [n + 1]: example i is ids[off[i] .. off[i+1]) */
     const int32_t *ids;   /* [n_tokens] */
     const uint8_t *sup;   /* [n_tokens] */
     int32_t pad, gmask, mask, sop, eop;
+    int32_t eos;          /* the label of sup code 2 */
     glm_data_summary summary;
     char path[1024];       /* the data file */
     char cache_path[1024]; /* "" when no cache was used */

@@ -1,6 +1,7 @@
 /* glm_encoder over the real ChatGLM tokenizer. Kept apart from examples.c so the data layer's
  * tests link without the tokenizer. */
 #include <stdio.h>
+#include <string.h>
 #include "core/fileutil.h"
 #include "data/examples.h"
 #include "data/hash.h"
@@ -8,6 +9,15 @@
 
 static int tok_encode(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err) {
     return glm_tokenizer_encode((const glm_tokenizer *)ctx, text, len, out, err);
+}
+
+static int tok_encode_sp(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err) {
+    return glm_tokenizer_encode_ex((const glm_tokenizer *)ctx, text, len, GLM_TOK_SPM_ONLY, out, err);
+}
+
+glm_layout glm_layout_of(const glm_tokenizer *t) {
+    if (glm_tokenizer_kind(t) != GLM_TOK_CHATGLM2) return GLM_LAYOUT_GLM;
+    return glm_tokenizer_roles(t).user >= 0 ? GLM_LAYOUT_GLM3 : GLM_LAYOUT_GLM2;
 }
 
 int glm_tokenizer_fingerprint(const char *path, uint64_t *out, glm_err *err) {
@@ -29,12 +39,27 @@ int glm_tokenizer_fingerprint(const char *path, uint64_t *out, glm_err *err) {
 
 int glm_encoder_from_tokenizer(glm_encoder *e, const glm_tokenizer *t, const char *tokenizer_path, glm_err *err) {
     glm_special_ids s = glm_tokenizer_specials(t);
-    *e = (glm_encoder){tok_encode, (void *)t, s.gmask, s.sop, s.eop, s.pad, s.mask, 0};
+    *e = (glm_encoder){.encode = tok_encode, .ctx = (void *)t, .gmask = s.gmask, .sop = s.sop, .eop = s.eop,
+                       .pad = s.pad, .mask = s.mask};
     if (s.gmask < 0 || s.sop < 0 || s.eop < 0 || s.pad < 0) {
         glm_fail(err, "tokenizer %s lacks a special token ([gMASK] %d, <sop> %d, <eop> %d, <pad> %d)",
                  tokenizer_path ? tokenizer_path : "", s.gmask, s.sop, s.eop, s.pad);
         return glm_hint(err, "a ChatGLM-6B tokenizer needs the control pieces [gMASK], <sop>, <eop> and <pad>");
     }
+    glm_tok_kind k = glm_tokenizer_kind(t);
+    if (k != GLM_TOK_SPM && k != GLM_TOK_CHATGLM1 && k != GLM_TOK_CHATGLM2) { /* GLM-4's byte-level BPE */
+        glm_fail(err, "tokenizer %s: its model's training examples are not built yet (ChatGLM-6B, ChatGLM2-6B and "
+                      "ChatGLM3-6B are)", tokenizer_path ? tokenizer_path : "");
+        return glm_hint(err, "train with a ChatGLM-6B/2/3 tokenizer; GLM-4's chat layout is still to come (issue 18)");
+    }
+    e->layout = glm_layout_of(t);
+    e->eos = glm_tokenizer_eos(t);
+    glm_role_ids r = glm_tokenizer_roles(t);
+    int32_t roles[4] = {r.system, r.user, r.assistant, r.observation};
+    memcpy(e->role, roles, sizeof roles);
+    e->encode_sp = tok_encode_sp;
+    if (e->layout != GLM_LAYOUT_GLM && e->eos < 0)
+        return glm_fail(err, "tokenizer %s: a %s tokenizer without </s>", tokenizer_path ? tokenizer_path : "", glm_layout_name(e->layout));
     if (tokenizer_path && glm_tokenizer_fingerprint(tokenizer_path, &e->fingerprint, err)) return -1;
     return 0;
 }

@@ -1,10 +1,12 @@
-/* Prompt rendering and example construction (ptuning/main.py rules). See examples.h. */
+/* Prompt rendering and example construction (ptuning/main.py rules of ChatGLM-6B and ChatGLM2-6B;
+ * ChatGLM3's in examples_glm3.c). See examples.h. */
 #include "data/examples.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define DEFAULT_HISTORY "[Round {i}]\n问：{q}\n答：{r}\n"
+#define GLM2_HISTORY "[Round {i1}]\n\n问：{q}\n\n答：{r}\n\n" /* ChatGLM2's build_prompt */
 
 void glm_example_cfg_init(glm_example_cfg *c) {
     *c = (glm_example_cfg){0};
@@ -83,8 +85,8 @@ int glm_example_cfg_check(const glm_example_cfg *c, glm_err *err) {
 }
 
 /* The history rounds with the history template ({i} {i1} {q} {r}). */
-static void render_history(sbuf *b, const glm_example_cfg *c, const glm_record *r) {
-    const char *tpl = c->history_template ? c->history_template : DEFAULT_HISTORY;
+static void render_history(sbuf *b, const glm_example_cfg *c, glm_layout layout, const glm_record *r) {
+    const char *tpl = c->history_template ? c->history_template : layout == GLM_LAYOUT_GLM2 ? GLM2_HISTORY : DEFAULT_HISTORY;
     char bad[64];
     for (int i = 0; i < r->n_hist; i++) {
         char si[16], si1[16];
@@ -102,6 +104,11 @@ static void render_query(sbuf *b, const glm_record *r, int with_input) {
 }
 
 char *glm_example_prompt(const glm_example_cfg *c, const glm_record *r) {
+    return glm_example_prompt_as(c, GLM_LAYOUT_GLM, r);
+}
+
+char *glm_example_prompt_as(const glm_example_cfg *c, glm_layout layout, const glm_record *r) {
+    if (layout == GLM_LAYOUT_GLM3) return NULL;
     sbuf b = {0};
     sb_str(&b, c->source_prefix);
     const char *tpl = c->prompt_template;
@@ -110,7 +117,7 @@ char *glm_example_prompt(const glm_example_cfg *c, const glm_record *r) {
     if (tpl) {
         sbuf q = {0}, h = {0};
         render_query(&q, r, !uses(tpl, "input"));
-        render_history(&h, c, r);
+        render_history(&h, c, layout, r);
         char n[16], n1[16], bad[64];
         snprintf(n, sizeof n, "%d", r->n_hist);
         snprintf(n1, sizeof n1, "%d", r->n_hist + 1);
@@ -118,8 +125,13 @@ char *glm_example_prompt(const glm_example_cfg *c, const glm_record *r) {
                             has_system ? r->system : "", h.s ? h.s : "", n, n1};
         expand(&b, tpl, PROMPT_NAMES, v, 7, bad, sizeof bad);
         free(q.s); free(h.s);
+    } else if (layout == GLM_LAYOUT_GLM2) { /* build_prompt: always in rounds, from 1 */
+        render_history(&b, c, layout, r);
+        sb_str(&b, "[Round "); sb_int(&b, r->n_hist + 1); sb_str(&b, "]\n\n问：");
+        render_query(&b, r, 1);
+        sb_str(&b, "\n\n答：");
     } else if (c->rounds == GLM_ROUNDS_NONEMPTY ? r->n_hist > 0 : r->has_history || r->n_hist > 0) {
-        render_history(&b, c, r);
+        render_history(&b, c, layout, r);
         sb_str(&b, "[Round "); sb_int(&b, r->n_hist); sb_str(&b, "]\n问：");
         render_query(&b, r, 1);
         sb_str(&b, "\n答：");
@@ -130,12 +142,38 @@ char *glm_example_prompt(const glm_example_cfg *c, const glm_record *r) {
     return b.s;
 }
 
+/* ChatGLM2's preprocess_function_train: a = [gMASK, sop] + prompt ids (HF truncation leaves room
+ * for the two), b = answer ids, ids = a + b + [eos]; labels on b and eos, none equal to pad. */
+static int build_glm2(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r, glm_ids *ids,
+                      glm_ids *labels, glm_example_info *info, glm_err *err) {
+    char *prompt = glm_example_prompt_as(c, GLM_LAYOUT_GLM2, r);
+    glm_ids_push(ids, enc->gmask);
+    glm_ids_push(ids, enc->sop);
+    int rc = enc->encode(enc->ctx, prompt, strlen(prompt), ids, err);
+    free(prompt);
+    if (rc) return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
+    info->prompt_tokens = ids->n - 2;
+    if (ids->n > c->max_source_length) { ids->n = c->max_source_length > 2 ? c->max_source_length : 2; info->truncated_prompt = 1; }
+    int ctx = ids->n;
+    if (enc->encode(enc->ctx, r->answer, strlen(r->answer), ids, err))
+        return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
+    info->answer_tokens = ids->n - ctx;
+    if (info->answer_tokens == 0) { info->status = GLM_EX_NO_ANSWER_TOKENS; ids->n = 0; return 0; }
+    if (info->answer_tokens > c->max_target_length) { ids->n = ctx + c->max_target_length; info->truncated_answer = 1; }
+    glm_ids_push(ids, enc->eos);
+    for (int i = 0; i < ids->n; i++)
+        glm_ids_push(labels, c->train_on_prompt || (i >= ctx && ids->data[i] != enc->pad) ? ids->data[i] : -100);
+    return 0;
+}
+
 int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
                       glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err) {
     *info = (glm_example_info){0};
     ids->n = labels->n = 0;
+    if (enc->layout == GLM_LAYOUT_GLM3) return glm_example_build_glm3(c, enc, r, ids, labels, info, err);
     int query_empty = !(r->query && r->query[0]) && !(r->input && r->input[0]);
     if (query_empty || !(r->answer && r->answer[0])) { info->status = GLM_EX_EMPTY; return 0; }
+    if (enc->layout == GLM_LAYOUT_GLM2) return build_glm2(c, enc, r, ids, labels, info, err);
     char *prompt = glm_example_prompt(c, r);
     int rc = enc->encode(enc->ctx, prompt, strlen(prompt), ids, err);
     free(prompt);
@@ -154,6 +192,24 @@ int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const gl
     glm_ids_push(ids, enc->eop);
     for (int i = 0; i < ids->n; i++) glm_ids_push(labels, c->train_on_prompt || i >= ctx ? ids->data[i] : -100);
     return 0;
+}
+
+int glm_conv_labels_parse(const char *s, glm_conv_labels *out) {
+    if (!strcmp(s, "thudm")) *out = GLM_LABELS_THUDM;
+    else if (!strcmp(s, "eos")) *out = GLM_LABELS_EOS;
+    else return -1;
+    return 0;
+}
+
+const char *glm_layout_name(glm_layout l) {
+    return l == GLM_LAYOUT_GLM3 ? "ChatGLM3-6B" : l == GLM_LAYOUT_GLM2 ? "ChatGLM2-6B" : "ChatGLM-6B";
+}
+
+int glm_example_cfg_check_layout(const glm_example_cfg *c, glm_layout layout, glm_err *err) {
+    if (glm_example_cfg_check(c, err)) return -1;
+    if (layout != GLM_LAYOUT_GLM3 || !(c->prompt_template || c->history_template)) return 0;
+    glm_fail(err, "--%s: ChatGLM3-6B's examples are role-token turns, not a text prompt", c->prompt_template ? "prompt_template" : "history_template");
+    return glm_hint(err, "drop the template: the tokenizer is ChatGLM3's, whose turns are <|user|> / <|assistant|> messages");
 }
 
 void glm_unescape(char *s) {

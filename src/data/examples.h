@@ -15,7 +15,46 @@
  *
  * Options beyond ptuning: a prompt_template replaces the body (placeholders below), the round
  * rule can follow model.chat (no wrapper for a first turn), train_on_prompt puts labels on the
- * prompt tokens too. Tokenization goes through glm_encoder so tests can use a fake one. */
+ * prompt tokens too. Tokenization goes through glm_encoder so tests can use a fake one.
+ *
+ * That is the layout of ChatGLM-6B. The tokenizer picks the layout (glm_encoder.layout, set by
+ * glm_encoder_from_tokenizer from its kind), so a ChatGLM2/3 tokenizer needs no flag:
+ *
+ * ChatGLM2-6B ptuning/main.py (spec 11): body = tokenizer.build_prompt(query, history), rounds
+ *   from 1 even without history ("[Round {i}]
+
+问：{q}
+
+答：{r}
+
+" per history round, then
+ *   "[Round {n+1}]
+
+问：{query}
+
+答："), the same prefix/system/template rules as above;
+ *   a = [gMASK, sop] + encode(prompt)[: max_source_length - 2]   (HF truncation counts the specials)
+ *   b = encode(answer)[: max_target_length]
+ *   ids = a + b + [eos]      labels = [-100] * len(a) + b + [eos], a label equal to pad -> -100
+ *
+ * ChatGLM3-6B finetune_demo (finetune_hf.py process_batch): the record's turns (conversation mode,
+ *   reader.h; an alpaca/columns record becomes [system] + history pairs + (query, answer) as
+ *   user/assistant turns, source_prefix before the first user turn);
+ *   ids = [gMASK, sop] + Σ (<|role|> + sp("
+") + sp(content)) + [eos], sp = SentencePiece's
+ *   ids alone (build_single_message), cut to max_source_length + max_target_length + 1.
+ *   Labels by glm_example_cfg.conv_labels:
+ *     THUDM: each token of a turn whose role is not system/user (assistant, and observation too,
+ *       as process_batch flags it) is marked, the marks shifted right by one: a turn's role token
+ *       is -100, its "
+" and content are targets, and so is the token after it (the next role
+ *       token, or the final eos);
+ *     EOS (LLaMA-Factory's efficient_eos): assistant turns only; their "
+" and content are
+ *       targets and the token after each assistant turn has the label eos (its id stays the next
+ *       role token), so every assistant turn learns to end with eos.
+ *   prompt_template / history_template do not apply (refused). An example left without any
+ *   target (no assistant turn, or cut before one) is dropped as GLM_EX_NO_ANSWER_TOKENS. */
 #ifndef GLM_DATA_EXAMPLES_H
 #define GLM_DATA_EXAMPLES_H
 #include <stddef.h>
@@ -26,16 +65,31 @@
 /* Tokenizer seen by the data layer. encode appends the ids of text (no special tokens) to out
  * and must be thread-safe (examples are encoded in parallel). fingerprint identifies the
  * vocabulary (a hash of the tokenizer files) and goes into the cache key. */
+typedef enum glm_layout {
+    GLM_LAYOUT_GLM = 0,  /* ChatGLM-6B (and a plain SentencePiece model) */
+    GLM_LAYOUT_GLM2 = 1, /* ChatGLM2-6B */
+    GLM_LAYOUT_GLM3 = 2, /* ChatGLM3-6B */
+} glm_layout;
+
 typedef struct glm_encoder {
     int (*encode)(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err);
     void *ctx;
     int32_t gmask, sop, eop, pad, mask;
     uint64_t fingerprint;
+    /* ChatGLM2/3 (a zeroed tail is ChatGLM-6B's layout) */
+    glm_layout layout;
+    int32_t eos;       /* closes GLM2/GLM3 examples; the EOS label convention's target */
+    int32_t role[4];   /* GLM3: <|system|> <|user|> <|assistant|> <|observation|> (glm_role order) */
+    /* GLM3: SentencePiece's ids alone (SPTokenizer.encode, as build_single_message). */
+    int (*encode_sp)(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err);
 } glm_encoder;
 
 /* Adapter for the real tokenizer (data/encoder_tok.c). tokenizer_path (the folder or .model
  * file given to glm_tokenizer_load) is hashed into the fingerprint; NULL leaves it 0. */
 struct glm_tokenizer;
+/* The layout a tokenizer's model trains with (GLM3 when it has ChatGLM3's role tokens). */
+glm_layout glm_layout_of(const struct glm_tokenizer *t);
+const char *glm_layout_name(glm_layout l); /* "ChatGLM-6B", "ChatGLM2-6B", "ChatGLM3-6B" */
 int glm_encoder_from_tokenizer(glm_encoder *e, const struct glm_tokenizer *t, const char *tokenizer_path,
                                glm_err *err);
 /* Hash of the tokenizer files at path (a .model file, or a folder's ice_text.model /
@@ -46,6 +100,10 @@ typedef enum {
     GLM_ROUNDS_COLUMN = 0, /* ptuning train: wrap in rounds whenever the record has a history column */
     GLM_ROUNDS_NONEMPTY,   /* model.chat / ptuning eval: wrap only when the history is non-empty */
 } glm_rounds_rule;
+
+/* ChatGLM3's label conventions (--conversation_labels thudm|eos). */
+typedef enum { GLM_LABELS_THUDM = 0, GLM_LABELS_EOS = 1 } glm_conv_labels;
+int glm_conv_labels_parse(const char *s, glm_conv_labels *out); /* "thudm", "eos"; -1 for anything else */
 
 typedef struct glm_example_cfg {
     int max_source_length;        /* default 1024 (ptuning arguments.py) */
@@ -67,6 +125,7 @@ typedef struct glm_example_cfg {
     const char *history_template;
     glm_rounds_rule rounds;       /* used without a prompt_template */
     int train_on_prompt;          /* labels on every token (the prompt too) */
+    glm_conv_labels conv_labels;  /* GLM3: which turns' tokens are targets (see above) */
 } glm_example_cfg;
 
 void glm_example_cfg_init(glm_example_cfg *c);
@@ -82,12 +141,19 @@ typedef struct glm_example_info {
     int prompt_tokens, answer_tokens;       /* before truncation */
 } glm_example_info;
 
-/* The prompt text for a record (caller frees). */
+/* The prompt text for a record (caller frees), ChatGLM-6B's rules. */
 char *glm_example_prompt(const glm_example_cfg *c, const glm_record *r);
-/* Builds ids and labels (cleared first) for one record. Returns 0 (see info->status: only
- * GLM_EX_OK filled ids/labels) or -1 when the encoder fails. */
+/* The same for a layout: GLM2's rounds; NULL for GLM3, whose prompt is role tokens, not text. */
+char *glm_example_prompt_as(const glm_example_cfg *c, glm_layout layout, const glm_record *r);
+/* Checks the settings against the layout (GLM3 refuses the text templates). */
+int glm_example_cfg_check_layout(const glm_example_cfg *c, glm_layout layout, glm_err *err);
+/* Builds ids and labels (cleared first) for one record in the encoder's layout. Returns 0 (see
+ * info->status: only GLM_EX_OK filled ids/labels) or -1 when the encoder fails. */
 int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
                       glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err);
+/* GLM3's build (examples_glm3.c), called by glm_example_build. */
+int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
+                           glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err);
 
 /* Turns the escapes \n \t \\ of a command-line template into characters, in place. */
 void glm_unescape(char *s);

@@ -17,7 +17,18 @@
  * "file:line:column: reason", or with skip_bad_samples is skipped and counted (the first such
  * message is kept for the summary). A structurally broken array (unterminated, not an array)
  * always stops. A null prompt/answer is read as "" (ptuning/main.py then drops the example;
- * see examples.h). A UTF-8 BOM is skipped; CRLF line ends are accepted. */
+ * see examples.h). A UTF-8 BOM is skipped; CRLF line ends are accepted.
+ *
+ * Conversation mode (glm_read_cfg.conversations, set for ChatGLM3's layout): a sharegpt record
+ * keeps every turn, in order, as ChatGLM3's finetune_demo reads {"conversations": [{"role":
+ * "system"|"user"|"assistant"|"observation", "content": "..."}, ...]} ("messages", "from"/"value"
+ * and sharegpt's role names are read too). Turns may come in any order. A system turn may carry
+ * "tools" (any JSON value): its content then gets "
+" + json.dumps(tools, indent=4,
+ * ensure_ascii=False), as ChatGLM3's build_chat_input writes it (data/pyjson.h). Refused as bad
+ * records: an unknown role (finetune_demo's "tool" turn is not implemented there either), a
+ * missing, null or non-string content, "tools" on another turn or beside "conversations" (the
+ * top-level column finetune_hf.py refuses), conversations that are not a list of objects. */
 #ifndef GLM_DATA_READER_H
 #define GLM_DATA_READER_H
 #include <stddef.h>
@@ -38,7 +49,17 @@ typedef struct glm_read_cfg {
     glm_container container;
     glm_columns columns;
     int skip_bad_samples;
+    int conversations;   /* conversation mode (see above): ChatGLM3's layout */
 } glm_read_cfg;
+
+/* One turn of a conversation-mode record. */
+typedef enum { GLM_ROLE_SYSTEM = 0, GLM_ROLE_USER, GLM_ROLE_ASSISTANT, GLM_ROLE_OBSERVATION } glm_role;
+typedef struct glm_msg {
+    glm_role role;
+    char *content;   /* owned; a system turn's tools dump already appended */
+    int tools;       /* while reading: 1 + this turn's index in the record's list when its
+                      * "tools" are still to be appended (reader_json.c), else 0 */
+} glm_msg;
 
 /* One record. Strings are owned (glm_record_free); absent optional fields are NULL. */
 typedef struct glm_record {
@@ -49,6 +70,9 @@ typedef struct glm_record {
     char **hist;      /* 2*n_hist strings: q0, r0, q1, r1, ... */
     int n_hist;
     int has_history;  /* the record has a history column (ptuning wraps rounds even when empty) */
+    glm_msg *msgs;    /* conversation mode, sharegpt records: every turn (n_msgs); else NULL */
+    int n_msgs;
+    const char *conv_key; /* the record's "conversations" or "messages" (static text) */
     int64_t index;    /* 0-based record number in the file */
     int64_t line, col; /* where the record starts (1-based; col in characters) */
 } glm_record;
@@ -83,6 +107,7 @@ struct cJSON;
 typedef struct glm_keys {
     const char *prompt, *response, *input, *system, *history;
     int history_always;  /* history column configured: present for every record */
+    int conversations;   /* glm_read_cfg.conversations */
 } glm_keys;
 /* Picks the schema from the first record's keys (cfg->schema when not AUTO) and the keys it
  * reads. Returns 0, or -1 with a message in why (the record's keys and what to set). */
@@ -91,6 +116,13 @@ int glm_schema_detect(const glm_read_cfg *cfg, const struct cJSON *obj, glm_sche
 /* Fills rec from one JSON value. Returns 0, or -1 with the reason in why (a bad record). */
 int glm_schema_extract(glm_schema schema, const glm_keys *keys, const struct cJSON *obj,
                        glm_record *rec, char *why, size_t why_len);
+/* "a string", "a list", ... for messages. */
+const char *glm_json_type_name(const struct cJSON *v);
+/* Conversation mode's sharegpt extraction (schema_conv.c): rec->msgs from obj. 0, or -1 with why. */
+int glm_schema_conversation(const struct cJSON *obj, glm_record *rec, char *why, size_t why_len);
+/* Appends the tools dump of each msgs[i] marked tools, read from the record's JSON text
+ * json[0..len). 0, or -1 with why. */
+int glm_conversation_tools(glm_record *rec, const char *json, size_t len, char *why, size_t why_len);
 /* 1 when s[0..n) is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
 int glm_utf8_valid(const char *s, size_t n);
 

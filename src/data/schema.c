@@ -9,6 +9,8 @@ void glm_record_free(glm_record *r) {
     free(r->system); free(r->query); free(r->input); free(r->answer);
     for (int i = 0; i < 2 * r->n_hist; i++) free(r->hist[i]);
     free(r->hist);
+    for (int i = 0; i < r->n_msgs; i++) free(r->msgs[i].content);
+    free(r->msgs);
     *r = (glm_record){0};
 }
 
@@ -32,7 +34,7 @@ int glm_utf8_valid(const char *str, size_t n) {
     return 1;
 }
 
-static const char *type_name(const cJSON *v) {
+const char *glm_json_type_name(const cJSON *v) {
     if (cJSON_IsNull(v)) return "null";
     if (cJSON_IsBool(v)) return "a boolean";
     if (cJSON_IsNumber(v)) return "a number";
@@ -51,7 +53,7 @@ static int get_str(const cJSON *obj, const char *key, int required, char **dst, 
     }
     if (cJSON_IsNull(v)) { if (required) *dst = glm_strdup(""); return 0; }
     if (!cJSON_IsString(v)) {
-        snprintf(why, n, "field '%s' is %s, not a string", key, type_name(v));
+        snprintf(why, n, "field '%s' is %s, not a string", key, glm_json_type_name(v));
         return -1;
     }
     if (!glm_utf8_valid(v->valuestring, strlen(v->valuestring))) {
@@ -75,7 +77,7 @@ static int get_history(const cJSON *obj, const glm_keys *k, glm_record *r, char 
     r->has_history = h != NULL || (k->history && k->history_always);
     if (!h || cJSON_IsNull(h)) return 0;
     if (!cJSON_IsArray(h)) {
-        snprintf(why, n, "field '%s' is %s, not a list of [query, response] pairs", k->history, type_name(h));
+        snprintf(why, n, "field '%s' is %s, not a list of [query, response] pairs", k->history, glm_json_type_name(h));
         return -1;
     }
     int i = 0;
@@ -118,12 +120,12 @@ static int extract_sharegpt(const cJSON *obj, glm_record *r, char *why, size_t n
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!c) c = cJSON_GetObjectItemCaseSensitive(obj, key = "messages");
     if (!c) { snprintf(why, n, "field 'conversations' is missing"); return -1; }
-    if (!cJSON_IsArray(c)) { snprintf(why, n, "field '%s' is %s, not a list", key, type_name(c)); return -1; }
+    if (!cJSON_IsArray(c)) { snprintf(why, n, "field '%s' is %s, not a list", key, glm_json_type_name(c)); return -1; }
     if (get_str(obj, "system", 0, &r->system, why, n)) return -1;
     int i = 0, expect = ROLE_USER;
     char *pending = NULL; /* user text waiting for its answer */
     for (const cJSON *m = c->child; m; m = m->next, i++) {
-        if (!cJSON_IsObject(m)) { snprintf(why, n, "%s[%d] is %s, not an object", key, i, type_name(m)); goto bad; }
+        if (!cJSON_IsObject(m)) { snprintf(why, n, "%s[%d] is %s, not an object", key, i, glm_json_type_name(m)); goto bad; }
         const cJSON *from = cJSON_GetObjectItemCaseSensitive(m, "from");
         if (!from) from = cJSON_GetObjectItemCaseSensitive(m, "role");
         const char *vkey = cJSON_GetObjectItemCaseSensitive(m, "value") ? "value" : "content";
@@ -168,11 +170,13 @@ int glm_schema_extract(glm_schema schema, const glm_keys *keys, const cJSON *obj
     *rec = (glm_record){0};
     int rc;
     if (!cJSON_IsObject(obj)) {
-        snprintf(why, why_len, "record is %s, not an object", type_name(obj));
+        snprintf(why, why_len, "record is %s, not an object", glm_json_type_name(obj));
         return -1;
     }
-    rc = schema == GLM_SCHEMA_SHAREGPT ? extract_sharegpt(obj, rec, why, why_len)
-                                       : extract_columns(keys, obj, rec, why, why_len);
+    if (schema == GLM_SCHEMA_SHAREGPT)
+        rc = keys->conversations ? glm_schema_conversation(obj, rec, why, why_len) : extract_sharegpt(obj, rec, why, why_len);
+    else
+        rc = extract_columns(keys, obj, rec, why, why_len);
     if (rc) glm_record_free(rec);
     return rc;
 }
@@ -203,9 +207,9 @@ int glm_schema_detect(const glm_read_cfg *cfg, const cJSON *obj, glm_schema *sch
     }
     *k = (glm_keys){0};
     if (s == GLM_SCHEMA_ALPACA) {
-        *k = (glm_keys){c->prompt ? c->prompt : "instruction", c->response ? c->response : "output",
-                        c->input ? c->input : "input", c->system ? c->system : "system",
-                        c->history ? c->history : "history", c->history != NULL};
+        *k = (glm_keys){.prompt = c->prompt ? c->prompt : "instruction", .response = c->response ? c->response : "output",
+                        .input = c->input ? c->input : "input", .system = c->system ? c->system : "system",
+                        .history = c->history ? c->history : "history", .history_always = c->history != NULL};
     } else if (s == GLM_SCHEMA_COLUMNS) {
         int adgen = !explicit_cols && !has(obj, "prompt") && has(obj, "content") && has(obj, "summary");
         k->prompt = c->prompt ? c->prompt : adgen ? "content" : "prompt";
@@ -215,6 +219,7 @@ int glm_schema_detect(const glm_read_cfg *cfg, const cJSON *obj, glm_schema *sch
         k->history = c->history ? c->history : "history";
         k->history_always = c->history != NULL;
     }
+    k->conversations = cfg->conversations;
     *schema = s;
     return 0;
 }

@@ -267,6 +267,8 @@ int trainer_load_data(trainer *t, glm_err *err) {
     d->example.prompt_template = a->prompt_template;
     d->example.history_template = a->history_template;
     d->example.train_on_prompt = a->train_on_prompt;
+    if (glm_conv_labels_parse(a->conversation_labels, &d->example.conv_labels))
+        return glm_fail(err, "--conversation_labels %s is not known (thudm or eos)", a->conversation_labels);
     if (glm_example_cfg_check(&d->example, err)) return -1;
     d->val_size = a->val_size;
     d->seed = (uint64_t)a->seed;

@@ -10,7 +10,7 @@ typedef struct glm_train_args {
     char *model_name_or_path, *init_from_config, *tokenizer_name, *device;
     /* data */
     char *train_file, *validation_file, *data_format, *prompt_column, *response_column, *history_column;
-    char *prompt_template, *history_template, *source_prefix, *cache_dir;
+    char *prompt_template, *history_template, *source_prefix, *cache_dir, *conversation_labels;
     double val_size;
     int max_source_length, max_target_length, train_on_prompt, skip_bad_samples, group_by_length, packing;
     int dataloader_num_workers, max_train_samples;

@@ -26,6 +26,7 @@ const glm_flag glm_train_flags[] = {
     F(max_target_length, ARG_INT, "128", "answer tokens kept (ptuning's max_target_length)"),
     F(max_train_samples, ARG_INT, "0", "use only the first N training records (0 = all)"),
     F(train_on_prompt, ARG_BOOL, "false", "put loss on the prompt tokens too"),
+    C(conversation_labels, "thudm", "thudm|eos", "ChatGLM3 turns: thudm = finetune_demo's (after-turn token a target), eos = LLaMA-Factory's (assistant turns end in eos)"),
     F(skip_bad_samples, ARG_BOOL, "false", "skip malformed records (counted) instead of stopping"),
     F(group_by_length, ARG_BOOL, "false", "batch examples of similar length together"),
     F(packing, ARG_BOOL, "false", "pack several examples per row (attention kept apart)"),

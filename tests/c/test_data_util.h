@@ -33,7 +33,8 @@ static int fake_encode(void *ctx, const char *text, size_t len, glm_ids *out, gl
 }
 
 static inline glm_encoder fake_encoder(void) {
-    return (glm_encoder){fake_encode, NULL, FAKE_GMASK, FAKE_SOP, FAKE_EOP, FAKE_PAD, FAKE_MASK, 0x1234};
+    return (glm_encoder){.encode = fake_encode, .gmask = FAKE_GMASK, .sop = FAKE_SOP, .eop = FAKE_EOP, .pad = FAKE_PAD,
+                         .mask = FAKE_MASK, .fingerprint = 0x1234};
 }
 
 static char test_dir[256];

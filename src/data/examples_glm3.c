@@ -1,0 +1,91 @@
+/* ChatGLM3-6B's training examples, as its finetune_demo builds them (finetune_hf.py process_batch
+ * over the tokenizer's build_single_message), with THUDM's or LLaMA-Factory's labels. See
+ * examples.h. */
+#include <stdlib.h>
+#include <string.h>
+#include "data/examples.h"
+
+/* A record's turns: its own (a conversation), or an instruction record's fields as [system] +
+ * history pairs + (query, answer). Strings are borrowed from r except the query turn's
+ * (instruction + "\n" + input: *owned, freed by the caller, as *out when it is not r->msgs). */
+static int turns_of(const glm_record *r, glm_msg **out, char **owned) {
+    *owned = NULL;
+    if (r->conv_key) { *out = r->msgs; return r->n_msgs; }
+    int n = 0;
+    glm_msg *m = glm_malloc(sizeof *m * (size_t)(2 * r->n_hist + 3));
+    if (r->system && r->system[0]) m[n++] = (glm_msg){GLM_ROLE_SYSTEM, r->system, 0};
+    for (int i = 0; i < r->n_hist; i++) {
+        m[n++] = (glm_msg){GLM_ROLE_USER, r->hist[2 * i], 0};
+        m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->hist[2 * i + 1], 0};
+    }
+    size_t ql = strlen(r->query), il = r->input && r->input[0] ? strlen(r->input) : 0;
+    char *q = glm_malloc(ql + il + 2);
+    memcpy(q, r->query, ql + 1);
+    if (il) { q[ql] = '\n'; memcpy(q + ql + 1, r->input, il + 1); } /* instruction + "\n" + input */
+    *owned = q;
+    m[n++] = (glm_msg){GLM_ROLE_USER, q, 0};
+    m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->answer, 0};
+    *out = m;
+    return n;
+}
+
+/* The content a turn is encoded from: source_prefix goes before the first user turn's. */
+static char *content_of(const glm_example_cfg *c, const glm_msg *m, int first_user) {
+    const char *p = first_user && c->source_prefix ? c->source_prefix : "";
+    size_t a = strlen(p), b = strlen(m->content);
+    char *s = glm_malloc(a + b + 1);
+    memcpy(s, p, a);
+    memcpy(s + a, m->content, b + 1);
+    return s;
+}
+
+int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
+                           glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err) {
+    if (!r->conv_key) { /* an instruction record: ptuning's "if prompt and answer" */
+        int query_empty = !(r->query && r->query[0]) && !(r->input && r->input[0]);
+        if (query_empty || !(r->answer && r->answer[0])) { info->status = GLM_EX_EMPTY; return 0; }
+    } else if (r->n_msgs == 0) {
+        info->status = GLM_EX_EMPTY;
+        return 0;
+    }
+    int (*sp)(void *, const char *, size_t, glm_ids *, glm_err *) = enc->encode_sp ? enc->encode_sp : enc->encode;
+    glm_msg *m;
+    char *owned;
+    int n = turns_of(r, &m, &owned);
+    int *start = glm_malloc(sizeof *start * (size_t)(n + 1)); /* turn k is ids [start[k], start[k+1]) */
+    glm_ids_push(ids, enc->gmask);
+    glm_ids_push(ids, enc->sop);
+    int rc = 0, seen_user = 0;
+    for (int k = 0; k < n && !rc; k++) {
+        start[k] = ids->n;
+        glm_ids_push(ids, enc->role[m[k].role]);
+        char *text = content_of(c, &m[k], m[k].role == GLM_ROLE_USER && !seen_user++);
+        rc = sp(enc->ctx, "\n", 1, ids, err) || sp(enc->ctx, text, strlen(text), ids, err); /* metadata "" + "\n" */
+        free(text);
+    }
+    start[n] = ids->n;
+    glm_ids_push(ids, enc->eos);
+    for (int i = 0; i < ids->n; i++) glm_ids_push(labels, c->train_on_prompt ? ids->data[i] : -100);
+    for (int k = 0; k < n && !rc && !c->train_on_prompt; k++) {
+        int a = start[k], e = start[k + 1];
+        if (c->conv_labels == GLM_LABELS_EOS) {
+            if (m[k].role != GLM_ROLE_ASSISTANT) continue;
+            for (int i = a + 1; i < e; i++) labels->data[i] = ids->data[i];
+            labels->data[e] = enc->eos; /* the next role token (or the final eos) is where the turn ends */
+        } else if (m[k].role != GLM_ROLE_SYSTEM && m[k].role != GLM_ROLE_USER) {
+            for (int i = a + 1; i <= e; i++) labels->data[i] = ids->data[i]; /* the marks shifted by one */
+        }
+    }
+    if (m != r->msgs) free(m);
+    free(owned);
+    free(start);
+    if (rc) return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
+    info->prompt_tokens = ids->n;
+    int max = c->max_source_length + c->max_target_length + 1;
+    if (ids->n > max) { ids->n = labels->n = max; info->truncated_answer = 1; }
+    int targets = 0;
+    for (int i = 0; i < labels->n; i++) targets += labels->data[i] != -100;
+    info->answer_tokens = targets;
+    if (targets == 0) { info->status = GLM_EX_NO_ANSWER_TOKENS; ids->n = labels->n = 0; }
+    return 0;
+}
