@@ -18,13 +18,12 @@ static void qkv_views(const glm_model *m, void *qkv, long batch_stride, glm_qkv_
     *v = (glm_qkv_view){glm_at(m->be, qkv, (size_t)(NH + NKV) * HD), batch_stride, W, HD, NH / NKV};
 }
 
-/* Rotary on the q heads and the k heads of N rows of qkv (inverse: the backward). */
+/* Rotary on the q heads and the k heads of N rows of qkv (inverse: the backward): the k heads
+ * follow the q heads in each row, so one call turns all NH + NKV of them. */
 static void rope(glm_model *m, void *qkv, int N, const int32_t *pos, int inverse) {
     const glm_config *c = &m->cfg;
-    int NH = c->num_attention_heads, HD = glm_head_dim(c), W = glm_qkv_width(c);
-    m->be->rope_pairs(m->be, qkv, W, N, NH, HD, HD / 2, pos, c->rope_theta, inverse);
-    m->be->rope_pairs(m->be, glm_at(m->be, qkv, (size_t)NH * HD), W, N, glm_kv_heads(c), HD, HD / 2, pos, c->rope_theta,
-                      inverse);
+    int HD = glm_head_dim(c), W = glm_qkv_width(c);
+    m->be->rope_pairs(m->be, qkv, W, N, c->num_attention_heads + glm_kv_heads(c), HD, HD / 2, pos, c->rope_theta, inverse);
 }
 
 static void block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,

@@ -212,8 +212,11 @@ static void t_copy_rows(ctx *c, int rows, int width, int sstride, int dstride) {
 static void run_glm2_ops(ctx *c, int quick) {
     t_rmsnorm(c, 5, 32);
     t_rmsnorm(c, 33, 1000);
-    if (!quick) t_rmsnorm(c, 256, 4096);
+    t_rmsnorm(c, 7, 37); /* odd width: the non-vector kernels */
+    t_rmsnorm(c, 300, 4096); /* more rows than the backward's fixed grid */
+    if (!quick) t_rmsnorm(c, 1024, 4096);
     t_swiglu(c, 7, 48);
+    t_swiglu(c, 5, 13); /* odd width: the non-vector kernels */
     if (!quick) t_swiglu(c, 512, 13696);
     t_rope_pairs(c, 9, 4, 2, 16, 10000.0f);
     t_rope_pairs(c, 64, 8, 2, 128, 5e6f);

@@ -211,7 +211,7 @@ static void make_ranges(glm_rng *r, int B, int T, int32_t *lo, int32_t *hi, int 
 }
 
 static glm_qkv_view view_at(void *base, size_t es, size_t off, long bs, long ts, long hs) {
-    return (glm_qkv_view){(char *)base + off * es, bs, ts, hs};
+    return (glm_qkv_view){(char *)base + off * es, bs, ts, hs, 1};
 }
 /* lse is -inf for a query that sees no key: equal infinities compare as 0, a lone one fails */
 static void match_inf(float *got, float *ref, size_t n) {

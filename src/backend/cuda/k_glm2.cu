@@ -16,11 +16,116 @@ __global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w, 
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
+/* Register-cached variants for rows of 16-byte packs (each thread up to RMS_NP packs of its row,
+ * columns pk*P.. for pk = tid, tid + blockDim, ...): every input read from memory once. */
+#define RMS_NP 4
+#define RMS_BWD_BLOCKS 264 /* rows per block = N / 264: a fixed grid keeps the dw sums in a fixed order */
+template <typename T>
+__global__ void rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *w, int C, float eps) {
+    constexpr int P = Pack<T>::N;
+    __shared__ float sh[32];
+    int packs = C / P;
+    const T *xr = x + (size_t)blockIdx.x * C;
+    float v[RMS_NP][P], ss = 0;
+#pragma unroll
+    for (int k = 0; k < RMS_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+        if (pk < packs) {
+            Pack<T> a = ld_pack(xr + pk * P);
+#pragma unroll
+            for (int e = 0; e < P; e++) { v[k][e] = to_f(a.v[e]); ss += v[k][e] * v[k][e]; }
+        }
+    }
+    float r = rsqrtf(block_sum(ss, sh) / C + eps);
+    T *o = out + (size_t)blockIdx.x * C;
+#pragma unroll
+    for (int k = 0; k < RMS_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+        if (pk < packs) {
+            Pack<T> pw = ld_pack(w + pk * P), po;
+#pragma unroll
+            for (int e = 0; e < P; e++) po.v[e] = from_f<T>(to_f(pw.v[e]) * (v[k][e] * r));
+            st_pack(o + pk * P, po);
+        }
+    }
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+/* dx (may alias dout) of rows blockIdx.x + k*gridDim.x, and partial[blockIdx.x] of dw (NULL: none). */
+template <typename T>
+__global__ void rmsnorm_bwd_vec(T *dx, float *pdw, const T *dout, const T *x, const T *w, const float *rstd, int N, int C) {
+    constexpr int P = Pack<T>::N;
+    __shared__ float sh[32];
+    int packs = C / P;
+    float aw[RMS_NP][P], wv[RMS_NP][P];
+#pragma unroll
+    for (int k = 0; k < RMS_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+#pragma unroll
+        for (int e = 0; e < P; e++) aw[k][e] = wv[k][e] = 0.0f;
+        if (pk < packs) {
+            Pack<T> pw = ld_pack(w + pk * P);
+#pragma unroll
+            for (int e = 0; e < P; e++) wv[k][e] = to_f(pw.v[e]);
+        }
+    }
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        size_t off = (size_t)n * C;
+        float r = rstd[n], sgx = 0, xh[RMS_NP][P], g[RMS_NP][P];
+#pragma unroll
+        for (int k = 0; k < RMS_NP; k++) {
+            int pk = threadIdx.x + k * blockDim.x;
+            if (pk < packs) {
+                Pack<T> px = ld_pack(x + off + pk * P), pg = ld_pack(dout + off + pk * P);
+#pragma unroll
+                for (int e = 0; e < P; e++) {
+                    xh[k][e] = to_f(px.v[e]) * r;
+                    g[k][e] = to_f(pg.v[e]);
+                    sgx += g[k][e] * wv[k][e] * xh[k][e];
+                    aw[k][e] += g[k][e] * xh[k][e];
+                }
+            }
+        }
+        float bb = block_sum(sgx, sh) / C;
+#pragma unroll
+        for (int k = 0; k < RMS_NP; k++) {
+            int pk = threadIdx.x + k * blockDim.x;
+            if (pk < packs) {
+                Pack<T> po;
+#pragma unroll
+                for (int e = 0; e < P; e++) po.v[e] = from_f<T>(r * (g[k][e] * wv[k][e] - xh[k][e] * bb));
+                st_pack(dx + off + pk * P, po);
+            }
+        }
+    }
+    if (!pdw) return;
+#pragma unroll
+    for (int k = 0; k < RMS_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+        if (pk < packs)
+#pragma unroll
+            for (int e = 0; e < P; e++) pdw[(size_t)blockIdx.x * C + pk * P + e] = aw[k][e];
+    }
+}
+
+/* threads for the vector path (a multiple of 32, at most RMS_NP packs each), or 0 */
+static int rms_vec_threads(glm_dtype dt, int C, const void *a, const void *b, const void *c, const void *d) {
+    int P = (int)(16 / glm_dtype_size(dt));
+    if (C % P || !aligned16(a) || !aligned16(b) || !aligned16(c) || !aligned16(d)) return 0;
+    int packs = C / P, t = (packs + RMS_NP - 1) / RMS_NP;
+    t = (t + 31) / 32 * 32;
+    return t <= 1024 ? t : 0;
+}
+
 extern "C" void glmk_rmsnorm_fwd(glm_dtype dt, void *out, float *rstd, const void *x, const void *w, int N, int C,
                                  float eps, cudaStream_t st) {
     if (N <= 0) return;
+    int vt = rms_vec_threads(dt, C, out, x, w, x);
     int threads = C >= 2048 ? 256 : C >= 512 ? 128 : 32;
-    GLMK_DISPATCH(dt, rmsnorm_fwd_kernel<T><<<N, threads, 0, st>>>((T *)out, rstd, (const T *)x, (const T *)w, C, eps));
+    GLMK_DISPATCH(dt, {
+        if (vt) rmsnorm_fwd_vec<T><<<N, vt, 0, st>>>((T *)out, rstd, (const T *)x, (const T *)w, C, eps);
+        else rmsnorm_fwd_kernel<T><<<N, threads, 0, st>>>((T *)out, rstd, (const T *)x, (const T *)w, C, eps);
+    });
     GLMK_CHECK_LAUNCH();
 }
 
@@ -59,13 +164,23 @@ __global__ void rmsnorm_dw_final(T *dw, const float *part, int RB, int C) {
 }
 
 extern "C" size_t glmk_rmsnorm_bwd_scratch(int N, int C) {
-    int rb = (N + 63) / 64;
-    return (size_t)(rb > 256 ? 256 : rb) * C;
+    return (size_t)RMS_BWD_BLOCKS * C; /* covers both paths (the plain one has at most 256 row blocks) */
 }
 
 extern "C" void glmk_rmsnorm_bwd(glm_dtype dt, void *dx, void *dw, const void *dout, const void *x, const void *w,
                                  const float *rstd, int N, int C, float *scratch, cudaStream_t st) {
     if (N <= 0) return;
+    int vt = rms_vec_threads(dt, C, dx, dout, x, w);
+    if (vt) {
+        int G = N < RMS_BWD_BLOCKS ? N : RMS_BWD_BLOCKS;
+        GLMK_DISPATCH(dt, {
+            rmsnorm_bwd_vec<T><<<G, vt, 0, st>>>((T *)dx, dw ? scratch : NULL, (const T *)dout, (const T *)x, (const T *)w,
+                                                 rstd, N, C);
+            if (dw) rmsnorm_dw_final<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, scratch, G, C);
+        });
+        GLMK_CHECK_LAUNCH();
+        return;
+    }
     int rb = (N + 63) / 64;
     if (rb > 256) rb = 256;
     int rows_per = (N + rb - 1) / rb;
@@ -105,18 +220,66 @@ __global__ void swiglu_bwd_kernel(T *dx, const T *x, const T *dout, int N, int F
     }
 }
 
+/* The same on 16-byte packs (F a multiple of the pack): one row index division per pack. */
+template <typename T>
+__global__ void swiglu_fwd_vec(T *out, const T *x, int N, int F) {
+    constexpr int P = Pack<T>::N;
+    size_t ppr = (size_t)F / P, n = (size_t)N * ppr;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / ppr, f = (i - r * ppr) * P;
+        Pack<T> g = ld_pack(x + r * 2 * F + f), u = ld_pack(x + r * 2 * F + F + f), o;
+#pragma unroll
+        for (int e = 0; e < P; e++) {
+            float a = to_f(g.v[e]);
+            o.v[e] = from_f<T>(a / (1.0f + expf(-a)) * to_f(u.v[e]));
+        }
+        st_pack(out + r * F + f, o);
+    }
+}
+
+template <typename T>
+__global__ void swiglu_bwd_vec(T *dx, const T *x, const T *dout, int N, int F) {
+    constexpr int P = Pack<T>::N;
+    size_t ppr = (size_t)F / P, n = (size_t)N * ppr;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / ppr, f = (i - r * ppr) * P;
+        Pack<T> g = ld_pack(x + r * 2 * F + f), u = ld_pack(x + r * 2 * F + F + f), d = ld_pack(dout + r * F + f), dg, du;
+#pragma unroll
+        for (int e = 0; e < P; e++) {
+            float a = to_f(g.v[e]), b = to_f(u.v[e]), c = to_f(d.v[e]);
+            float sg = 1.0f / (1.0f + expf(-a));
+            dg.v[e] = from_f<T>(c * b * sg * (1.0f + a * (1.0f - sg)));
+            du.v[e] = from_f<T>(c * a * sg);
+        }
+        st_pack(dx + r * 2 * F + f, dg);
+        st_pack(dx + r * 2 * F + F + f, du);
+    }
+}
+
+static bool swiglu_vec(glm_dtype dt, int F, const void *a, const void *b, const void *c) {
+    return F % (int)(16 / glm_dtype_size(dt)) == 0 && aligned16(a) && aligned16(b) && aligned16(c);
+}
+
 extern "C" void glmk_swiglu_fwd(glm_dtype dt, void *out, const void *x, int N, int F, cudaStream_t st) {
     size_t n = (size_t)N * F;
     if (!n) return;
-    GLMK_DISPATCH(dt, swiglu_fwd_kernel<T><<<glmk_blocks(n, 256, 65535), 256, 0, st>>>((T *)out, (const T *)x, N, F));
+    size_t np = n / (16 / glm_dtype_size(dt));
+    GLMK_DISPATCH(dt, {
+        if (swiglu_vec(dt, F, out, x, x)) swiglu_fwd_vec<T><<<glmk_blocks(np, 256, 65535), 256, 0, st>>>((T *)out, (const T *)x, N, F);
+        else swiglu_fwd_kernel<T><<<glmk_blocks(n, 256, 65535), 256, 0, st>>>((T *)out, (const T *)x, N, F);
+    });
     GLMK_CHECK_LAUNCH();
 }
 
 extern "C" void glmk_swiglu_bwd(glm_dtype dt, void *dx, const void *x, const void *dout, int N, int F, cudaStream_t st) {
     size_t n = (size_t)N * F;
     if (!n) return;
-    GLMK_DISPATCH(dt, swiglu_bwd_kernel<T><<<glmk_blocks(n, 256, 65535), 256, 0, st>>>((T *)dx, (const T *)x,
-                                                                                      (const T *)dout, N, F));
+    size_t np = n / (16 / glm_dtype_size(dt));
+    GLMK_DISPATCH(dt, {
+        if (swiglu_vec(dt, F, dx, x, dout))
+            swiglu_bwd_vec<T><<<glmk_blocks(np, 256, 65535), 256, 0, st>>>((T *)dx, (const T *)x, (const T *)dout, N, F);
+        else swiglu_bwd_kernel<T><<<glmk_blocks(n, 256, 65535), 256, 0, st>>>((T *)dx, (const T *)x, (const T *)dout, N, F);
+    });
     GLMK_CHECK_LAUNCH();
 }
 
@@ -125,30 +288,31 @@ extern "C" void glmk_swiglu_bwd(glm_dtype dt, void *dx, const void *x, const voi
 /* The frequencies travel as a kernel argument (at most 256 pairs: heads up to 512 wide). */
 struct RopeFreq { float w[256]; };
 
-/* One thread per (token, head, pair); f the host's fp32 frequencies (the CPU twin's). */
+/* One thread per (token, pair): its angle once, then the pair in every head (a warp's threads
+ * cover consecutive pairs of one head: contiguous bytes); f the host's fp32 frequencies (the
+ * CPU twin's). */
 template <typename T>
 __global__ void rope_pairs_kernel(T *x, long row_stride, int N, int nheads, int HD, int half, const int32_t *pos,
                                   const RopeFreq f, int inverse) {
-    const float *w = f.w;
-    size_t n = (size_t)N * nheads * half;
+    size_t n = (size_t)N * half;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int p = (int)(i % half);
-        size_t th = i / half;
-        int h = (int)(th % nheads), t = (int)(th / nheads);
-        T *v = x + (size_t)t * row_stride + (size_t)h * HD + 2 * p;
-        float ang = (float)pos[t] * w[p], c, s;
-        sincosf(ang, &s, &c);
+        int p = (int)(i % half), t = (int)(i / half);
+        float c, s;
+        sincosf((float)pos[t] * f.w[p], &s, &c);
         if (inverse) s = -s;
-        float a = to_f(v[0]), b = to_f(v[1]);
-        v[0] = from_f<T>(a * c - b * s);
-        v[1] = from_f<T>(b * c + a * s);
+        T *v = x + (size_t)t * row_stride + 2 * p;
+        for (int h = 0; h < nheads; h++, v += HD) {
+            float a = to_f(v[0]), b = to_f(v[1]);
+            v[0] = from_f<T>(a * c - b * s);
+            v[1] = from_f<T>(b * c + a * s);
+        }
     }
 }
 
 extern "C" void glmk_rope_pairs(glm_dtype dt, void *x, long row_stride, int N, int nheads, int HD, int rot,
                                 const int32_t *pos, const float *w, int inverse, cudaStream_t st) {
-    size_t n = (size_t)N * nheads * (rot / 2);
-    if (!n) return;
+    size_t n = (size_t)N * (rot / 2);
+    if (!n || !nheads) return;
     RopeFreq f;
     for (int i = 0; i < rot / 2 && i < 256; i++) f.w[i] = w[i];
     GLMK_DISPATCH(dt, rope_pairs_kernel<T><<<glmk_blocks(n, 256, 65535), 256, 0, st>>>((T *)x, row_stride, N, nheads, HD,
