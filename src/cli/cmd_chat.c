@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/gen_common.h"
 #include "core/log.h"
+#include "infer/chat.h"
 
 static const glm_flag chat_flags[] = {GEN_COMMON_FLAGS};
 static const int n_chat_flags = sizeof chat_flags / sizeof chat_flags[0];
@@ -39,8 +40,8 @@ static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *lin
     /* room for the response under whichever limit is set: --max_new_tokens within the model's
      * max_sequence_length, or max_length (capped at it) less one token */
     int max_prompt = glm_gen_max_prompt(&s->g);
-    if (glm_chat_inputs(s->tok, gen_config(s), line, (const char *const *)*hist, *n_hist, max_prompt, &in, &dropped,
-                        &prompt, err)) {
+    if (glm_chat_inputs_sys(s->tok, gen_config(s), a->system, line, (const char *const *)*hist, *n_hist, max_prompt, &in,
+                            &dropped, &prompt, err)) {
         glm_ids_free(&in); /* a message too long still left its tokens here */
         return -1;
     }

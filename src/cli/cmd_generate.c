@@ -5,12 +5,14 @@
  * --per_device_eval_batch_size at a time in one KV cache, and when the records carry answers
  * BLEU-4 and ROUGE-1/2/L are reported as ptuning's compute_metrics does (infer/metrics.h). */
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "cli/commands.h"
 #include "cli/gen_common.h"
+#include "infer/chat.h"
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "data/examples.h"
@@ -68,7 +70,20 @@ static int refuse_long(const gen_session *s, const gen_args *a, const char *what
 
 /* --prompt's inputs, checked against the limits before the weights are read. */
 static int prepare_prompt(gen_session *s, const gen_args *a, glm_ids *in, glm_err *err) {
-    char *p = glm_chat_prompt(a->prompt, NULL, 0);
+    /* the model's chat prompt of one turn: ChatGLM-6B the query, ChatGLM2 "[Round 1]..." text,
+     * ChatGLM3 / GLM-4 role tokens (no text form: built as chat builds them) */
+    char *p = glm_chat_prompt_for(s->tok, a->prompt, NULL, 0);
+    if (!p) {
+        int dropped;
+        return glm_chat_inputs_sys(s->tok, gen_config(s), a->system, a->prompt, NULL, 0, glm_gen_max_prompt(&s->g), in,
+                                   &dropped, NULL, err);
+    }
+    if (a->system && a->system[0]) { /* as the training examples put it */
+        char *q = glm_malloc(strlen(a->system) + strlen(p) + 2);
+        sprintf(q, "%s\n%s", a->system, p);
+        free(p);
+        p = q;
+    }
     int dropped = 0, rc = prompt_ids(s, a, p, in, &dropped, err);
     free(p);
     if (rc) return -1;
@@ -255,8 +270,19 @@ static void example_cfg(gen_args *a, glm_example_cfg *ex) {
 static int prepare_item(gen_session *s, const gen_args *a, const glm_example_cfg *ex, item *it, long index, long *cut,
                         long *cut_tokens, glm_err *err) {
     int dropped = 0;
-    it->prompt = glm_example_prompt(ex, &it->rec);
-    if (prompt_ids(s, a, it->prompt, &it->in, &dropped, err)) return -1;
+    it->prompt = glm_example_prompt_as(ex, glm_layout_of(s->tok), &it->rec);
+    if (!it->prompt) { /* ChatGLM3: role tokens as chat builds them (the query with its alpaca input) */
+        const glm_record *r = &it->rec;
+        size_t nq = strlen(r->query) + (r->input ? strlen(r->input) : 0) + 2;
+        char *q = glm_malloc(nq);
+        snprintf(q, nq, "%s%s%s", r->query, r->input && r->input[0] ? "\n" : "", r->input && r->input[0] ? r->input : "");
+        int rc = glm_chat_inputs_sys(s->tok, gen_config(s), r->system, q, (const char *const *)r->hist, r->n_hist, INT_MAX,
+                                     &it->in, NULL, &it->prompt, err);
+        free(q);
+        if (rc) return -1;
+    } else if (prompt_ids(s, a, it->prompt, &it->in, &dropped, err)) {
+        return -1;
+    }
     if (dropped) { (*cut)++; *cut_tokens += dropped; }
     if (it->in.n <= glm_gen_max_prompt(&s->g)) return 0;
     char what[4300];

@@ -1,11 +1,13 @@
 /* Shared set-up of `glmtrain generate` and `glmtrain chat` (cli/gen_common.h). */
 #include "cli/gen_common.h"
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/fileutil.h"
 #include "core/log.h"
+#include "infer/chat.h"
 #include "model/adapter.h"
 #include "parallel/pipe_infer.h"
 #include "train/checkpoint.h"
@@ -20,11 +22,17 @@ int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, cons
     /* --max_new_tokens 0 is an error (HF's too), leaving it out is not; an explicit --max_length
      * above the model's limit is worth a warning, the default is not */
     int def_len = a->max_length;
+    double def_top_p = a->top_p, def_temp = a->temperature;
     a->max_length = a->max_new_tokens = UNSET;
+    a->top_p = a->temperature = NAN; /* the model's chat defaults apply where these stay unset */
     int rc = glm_args_parse(f, n, a, argc, argv, err);
     a->max_length_set = a->max_length != UNSET;
     a->max_new_tokens_set = a->max_new_tokens != UNSET;
+    a->top_p_set = !isnan(a->top_p);
+    a->temperature_set = !isnan(a->temperature);
     if (!a->max_length_set) a->max_length = def_len;
+    if (!a->top_p_set) a->top_p = def_top_p;
+    if (!a->temperature_set) a->temperature = def_temp;
     if (!a->max_new_tokens_set) a->max_new_tokens = 0;
     if (rc == 0 && a->max_new_tokens_set && a->max_new_tokens < 1) {
         glm_fail(err, "--max_new_tokens must be >= 1 (got %d)", a->max_new_tokens);
@@ -108,7 +116,6 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
         return glm_hint(err, "a quantized 6B model fits one GPU: drop --device_map");
     }
     if (a->adapter && glm_adapter_read_config(a->adapter, &s->cfg.peft, err)) return -1; /* the model gets its rows */
-    if (fit_limits(s, a, err)) return -1;
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
     if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");
     if (glm_tokenizer_vocab_size(s->tok) > s->cfg.vocab_size) {
@@ -116,13 +123,16 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
                  s->cfg.vocab_size);
         return glm_hint(err, "use the tokenizer that belongs to the model (--tokenizer_name)");
     }
-    /* the chat template's stops beyond config.json's eos (ChatGLM3 and GLM-4: <|user|>, <|observation|>) */
-    int32_t stop[4];
-    int n = glm_tokenizer_stop_ids(s->tok, stop);
-    s->g.n_stop = 0;
-    for (int i = 0; i < n; i++)
-        if (stop[i] >= 0 && stop[i] != s->cfg.eos_token_id && s->g.n_stop < 4) s->g.stop_ids[s->g.n_stop++] = stop[i];
-    return 0;
+    /* the model's model.chat defaults where the flags were not given (ChatGLM2/3: max_length
+     * 8192, top_p 0.8, temperature 0.8), and its chat stops (ChatGLM3, GLM-4: <|user|>,
+     * <|observation|> besides eos) */
+    glm_gen_cfg d;
+    glm_gen_cfg_chat_defaults_for(&d, s->tok);
+    if (!a->max_length_set) s->g.max_length = d.max_length;
+    if (!a->top_p_set) s->g.top_p = d.top_p;
+    if (!a->temperature_set) s->g.temperature = d.temperature;
+    glm_gen_cfg_chat_stops(&s->g, s->tok);
+    return fit_limits(s, a, err);
 }
 
 int gen_open(gen_session *s, const gen_args *a, glm_err *err) {

@@ -8,7 +8,7 @@
 
 typedef struct gen_args {
     /* common */
-    char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map, *adapter, *quantization_type;
+    char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map, *adapter, *quantization_type, *system;
     int quantization_bit;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
     double top_p, temperature, repetition_penalty;
@@ -17,7 +17,7 @@ typedef struct gen_args {
         *history_column, *prompt_template, *history_template, *source_prefix;
     int max_source_length, per_device_eval_batch_size, postprocess, max_predict_samples, skip_bad_samples;
     /* not flags: whether the command line or --config gave these (gen_parse) */
-    int max_length_set, max_new_tokens_set;
+    int max_length_set, max_new_tokens_set, top_p_set, temperature_set;
 } gen_args;
 
 #define GEN_F(name, type, def, help) {#name, type, offsetof(gen_args, name), def, help, NULL, NULL}
@@ -32,14 +32,15 @@ typedef struct gen_args {
     GEN_F(device_map, ARG_STR, NULL, "split the layers over GPUs: auto, thudm, or a JSON map of module names to stages"), \
     GEN_F(pipeline_parallel_size, ARG_INT, "0", "stages for --device_map auto|thudm (0: every visible GPU)"), \
     GEN_F(do_sample, ARG_BOOL, "true", "sample (false = greedy)"), \
-    GEN_F(max_length, ARG_INT, "2048", "prompt + response tokens (capped at config.json's max_sequence_length)"), \
+    GEN_F(max_length, ARG_INT, "2048", "prompt + response tokens (ChatGLM2/3: 8192 unless given; capped at the model's length)"), \
     GEN_F(max_new_tokens, ARG_INT, NULL, "response tokens, >= 1 (overrides max_length; prompt + these must fit max_sequence_length)"), \
-    GEN_F(top_p, ARG_FLOAT, "0.7", "nucleus sampling mass"), \
+    GEN_F(top_p, ARG_FLOAT, "0.7", "nucleus sampling mass (ChatGLM2/3 models: 0.8 unless given)"), \
     GEN_F(top_k, ARG_INT, "50", "sample among the k most likely tokens (0 = all)"), \
-    GEN_F(temperature, ARG_FLOAT, "0.95", "softmax temperature"), \
+    GEN_F(temperature, ARG_FLOAT, "0.95", "softmax temperature (ChatGLM2/3 models: 0.8 unless given)"), \
     GEN_F(repetition_penalty, ARG_FLOAT, "1.0", "penalty for tokens already in the sequence (1 = none)"), \
     GEN_F(seed, ARG_INT, "42", "sampling seed"), \
-    GEN_F(debug, ARG_BOOL, "false", "print prompts and token ids to stderr")
+    GEN_F(debug, ARG_BOOL, "false", "print prompts and token ids to stderr"), \
+    GEN_F(system, ARG_STR, NULL, "system prompt (ChatGLM3/GLM-4: a <|system|> turn; others: \"system\\n\" before the prompt)")
 
 struct glm_pipe_lm;
 typedef struct gen_session {

@@ -10,8 +10,11 @@
     `generate` on the `merge`d folder;
   - P-Tuning v2: the loss falls, the prefix is saved in THUDM's layout, and `generate --adapter`
     (the prefix in front of the k|v cache) gives the reference's greedy tokens.
-The tokenizer is test_train.py's (ChatGLM-6B layout): what the model family changes is the
-model, not the data layer. Prints PASS/FAIL/SKIP lines."""
+The tokenizer is test_train.py's (ChatGLM-6B layout) for these: what the model family changes is
+the model, not the data layer. Then ChatGLM3 end to end: its tokenizer (trained with spm_train
+in the real file's layout), finetune_demo's conversation records, and `generate --prompt`
+building build_chat_input's role-token prompt (with --system: a <|system|> turn first).
+Prints PASS/FAIL/SKIP lines."""
 import json, os, shutil, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -200,9 +203,45 @@ def main():
             # the prefix must matter for this to prove anything: the base alone answers otherwise
             report("glm2_ptuning_generate_equals_reference", got_pt == want_pt and got_pt is not None and got_pt != got,
                    "glmtrain %s, reference %s (base alone %s)" % (got_pt, want_pt, got))
+        # 6. ChatGLM3 end to end: its tokenizer (spm_train in the real file's layout), conversation
+        # records in finetune_demo's format, the role-token prompt of build_chat_input
+        chatglm3(d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0
+
+
+def chatglm3(d):
+    import chatglm23_tok_ref as R
+    import tokenizer_corpus as tc
+    model = R.train_model(d, tc.corpus(seed=2023))
+    ref3 = R.ChatGLM3Tokenizer(model)
+    tok = R.write_folder(os.path.join(d, "chatglm3-tok"), model, R.CONFIG_V3)
+    vocab = (ref3.vocab_size + 63) // 64 * 64
+    cfg = write_glm2_config(d, {"<eop>": ref3.eos_token_id, "<pad>": 0}, vocab)
+    recs = []
+    for i in range(32):
+        conv = [{"role": "user", "content": "你好 %d" % i}, {"role": "assistant", "content": "你好，我是助手 %d。" % i}]
+        if i % 4 == 0:
+            conv = [{"role": "system", "content": "You are a helpful assistant."}] + conv
+        recs.append({"conversations": conv})
+    data = os.path.join(d, "conv.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    out = os.path.join(d, "glm3")
+    run(["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", data, "--learning_rate", "1e-2",
+         "--warmup_steps", "2", "--logging_steps", "1", "--seed", "7", "--max_source_length", "32",
+         "--max_target_length", "32", "--disable_tqdm", "--report_to", "none", "--max_steps", "10", "--save_steps", "10",
+         "--output_dir", out, "--per_device_train_batch_size", "8"], timeout=300)
+    l3 = losses(out, 10)
+    report("glm3_conversations_train", len(l3) == 10 and l3[10] < l3[1], "loss %.4f -> %.4f" % (l3[1], l3[10]))
+    pids, _ = gen(["--model_name_or_path", out, "--tokenizer_name", tok, "--prompt", "你好"])
+    want = list(ref3.build_chat_input("你好"))
+    report("glm3_generate_prompt_is_build_chat_input", pids == want, "glmtrain %s, reference %s" % (pids, want))
+    pids, _ = gen(["--model_name_or_path", out, "--tokenizer_name", tok, "--prompt", "你好", "--system", "Be brief."])
+    want = list(ref3.build_chat_input("你好", history=[{"role": "system", "content": "Be brief."}]))
+    report("glm3_generate_system_turn", pids == want, "glmtrain %s, reference %s" % (pids, want))
 
 
 if __name__ == "__main__":
