@@ -84,7 +84,7 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
                  const glm_encoder *enc, glm_err *err) {
     glm_reader *rd;
     glm_read_cfg rcfg = cfg->read;
-    rcfg.conversations = enc->layout == GLM_LAYOUT_GLM3; /* ChatGLM3 trains on whole conversations */
+    rcfg.conversations = glm_layout_turns(enc->layout); /* ChatGLM3 and GLM-4 train on whole conversations */
     if (glm_reader_open(&rd, path, &rcfg, err)) return -1;
     glm_record *recs = glm_calloc(CHUNK, sizeof *recs);
     glm_ids *ids = glm_calloc(CHUNK, sizeof *ids), *labels = glm_calloc(CHUNK, sizeof *labels);

@@ -16,6 +16,7 @@ static int tok_encode_sp(void *ctx, const char *text, size_t len, glm_ids *out, 
 }
 
 glm_layout glm_layout_of(const glm_tokenizer *t) {
+    if (glm_tokenizer_kind(t) == GLM_TOK_GLM4) return GLM_LAYOUT_GLM4;
     if (glm_tokenizer_kind(t) != GLM_TOK_CHATGLM2) return GLM_LAYOUT_GLM;
     return glm_tokenizer_roles(t).user >= 0 ? GLM_LAYOUT_GLM3 : GLM_LAYOUT_GLM2;
 }
@@ -46,18 +47,15 @@ int glm_encoder_from_tokenizer(glm_encoder *e, const glm_tokenizer *t, const cha
                  tokenizer_path ? tokenizer_path : "", s.gmask, s.sop, s.eop, s.pad);
         return glm_hint(err, "a ChatGLM-6B tokenizer needs the control pieces [gMASK], <sop>, <eop> and <pad>");
     }
-    glm_tok_kind k = glm_tokenizer_kind(t);
-    if (k != GLM_TOK_SPM && k != GLM_TOK_CHATGLM1 && k != GLM_TOK_CHATGLM2) { /* GLM-4's byte-level BPE */
-        glm_fail(err, "tokenizer %s: its model's training examples are not built yet (ChatGLM-6B, ChatGLM2-6B and "
-                      "ChatGLM3-6B are)", tokenizer_path ? tokenizer_path : "");
-        return glm_hint(err, "train with a ChatGLM-6B/2/3 tokenizer; GLM-4's chat layout is still to come (issue 18)");
-    }
     e->layout = glm_layout_of(t);
     e->eos = glm_tokenizer_eos(t);
     glm_role_ids r = glm_tokenizer_roles(t);
     int32_t roles[4] = {r.system, r.user, r.assistant, r.observation};
     memcpy(e->role, roles, sizeof roles);
-    e->encode_sp = tok_encode_sp;
+    e->encode_sp = e->layout == GLM_LAYOUT_GLM4 ? tok_encode : tok_encode_sp; /* GLM-4 has no SentencePiece layer */
+    /* GLM-4's finetune.py closes a conversation with <|user|> (151336, "EOS for chat"), what chat
+     * stops on, not <|endoftext|> */
+    if (e->layout == GLM_LAYOUT_GLM4) e->eos = r.user;
     if (e->layout != GLM_LAYOUT_GLM && e->eos < 0)
         return glm_fail(err, "tokenizer %s: a %s tokenizer without </s>", tokenizer_path ? tokenizer_path : "", glm_layout_name(e->layout));
     if (tokenizer_path && glm_tokenizer_fingerprint(tokenizer_path, &e->fingerprint, err)) return -1;

@@ -108,7 +108,7 @@ char *glm_example_prompt(const glm_example_cfg *c, const glm_record *r) {
 }
 
 char *glm_example_prompt_as(const glm_example_cfg *c, glm_layout layout, const glm_record *r) {
-    if (layout == GLM_LAYOUT_GLM3) return NULL;
+    if (glm_layout_turns(layout)) return NULL;
     sbuf b = {0};
     sb_str(&b, c->source_prefix);
     const char *tpl = c->prompt_template;
@@ -170,7 +170,7 @@ int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const gl
                       glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err) {
     *info = (glm_example_info){0};
     ids->n = labels->n = 0;
-    if (enc->layout == GLM_LAYOUT_GLM3) return glm_example_build_glm3(c, enc, r, ids, labels, info, err);
+    if (glm_layout_turns(enc->layout)) return glm_example_build_glm3(c, enc, r, ids, labels, info, err);
     int query_empty = !(r->query && r->query[0]) && !(r->input && r->input[0]);
     if (query_empty || !(r->answer && r->answer[0])) { info->status = GLM_EX_EMPTY; return 0; }
     if (enc->layout == GLM_LAYOUT_GLM2) return build_glm2(c, enc, r, ids, labels, info, err);
@@ -202,12 +202,12 @@ int glm_conv_labels_parse(const char *s, glm_conv_labels *out) {
 }
 
 const char *glm_layout_name(glm_layout l) {
-    return l == GLM_LAYOUT_GLM3 ? "ChatGLM3-6B" : l == GLM_LAYOUT_GLM2 ? "ChatGLM2-6B" : "ChatGLM-6B";
+    return l == GLM_LAYOUT_GLM4 ? "GLM-4" : l == GLM_LAYOUT_GLM3 ? "ChatGLM3-6B" : l == GLM_LAYOUT_GLM2 ? "ChatGLM2-6B" : "ChatGLM-6B";
 }
 
 int glm_example_cfg_check_layout(const glm_example_cfg *c, glm_layout layout, glm_err *err) {
     if (glm_example_cfg_check(c, err)) return -1;
-    if (layout != GLM_LAYOUT_GLM3 || !(c->prompt_template || c->history_template)) return 0;
+    if (!glm_layout_turns(layout) || !(c->prompt_template || c->history_template)) return 0;
     glm_fail(err, "--%s: ChatGLM3-6B's examples are role-token turns, not a text prompt", c->prompt_template ? "prompt_template" : "history_template");
     return glm_hint(err, "drop the template: the tokenizer is ChatGLM3's, whose turns are <|user|> / <|assistant|> messages");
 }

@@ -69,6 +69,8 @@ typedef enum glm_layout {
     GLM_LAYOUT_GLM = 0,  /* ChatGLM-6B (and a plain SentencePiece model) */
     GLM_LAYOUT_GLM2 = 1, /* ChatGLM2-6B */
     GLM_LAYOUT_GLM3 = 2, /* ChatGLM3-6B */
+    GLM_LAYOUT_GLM4 = 3, /* GLM-4-9B-chat: ChatGLM3's turns, each <|role|> + encode("\n" + content) as its
+                          * chat template tokenizes them, closed by <|user|> as its finetune.py does */
 } glm_layout;
 
 typedef struct glm_encoder {
@@ -89,7 +91,9 @@ typedef struct glm_encoder {
 struct glm_tokenizer;
 /* The layout a tokenizer's model trains with (GLM3 when it has ChatGLM3's role tokens). */
 glm_layout glm_layout_of(const struct glm_tokenizer *t);
-const char *glm_layout_name(glm_layout l); /* "ChatGLM-6B", "ChatGLM2-6B", "ChatGLM3-6B" */
+const char *glm_layout_name(glm_layout l); /* "ChatGLM-6B", "ChatGLM2-6B", "ChatGLM3-6B", "GLM-4" */
+/* Whether a layout's examples are role-token turns (ChatGLM3, GLM-4), not prompt text. */
+static inline int glm_layout_turns(glm_layout l) { return l == GLM_LAYOUT_GLM3 || l == GLM_LAYOUT_GLM4; }
 int glm_encoder_from_tokenizer(glm_encoder *e, const struct glm_tokenizer *t, const char *tokenizer_path,
                                glm_err *err);
 /* Hash of the tokenizer files at path (a .model file, or a folder's ice_text.model /

@@ -1,6 +1,8 @@
 /* ChatGLM3-6B's training examples, as its finetune_demo builds them (finetune_hf.py process_batch
- * over the tokenizer's build_single_message), with THUDM's or LLaMA-Factory's labels. See
- * examples.h. */
+ * over the tokenizer's build_single_message), with THUDM's or LLaMA-Factory's labels; GLM-4's the
+ * same way (its finetune.py process_batch over apply_chat_template: each turn <|role|> then
+ * "\n" + content tokenized as one text, [gMASK] <sop> in front, <|user|> at the end, the
+ * loss marks shifted by one as ChatGLM3's). See examples.h. */
 #include <stdlib.h>
 #include <string.h>
 #include "data/examples.h"
@@ -60,7 +62,16 @@ int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, con
         start[k] = ids->n;
         glm_ids_push(ids, enc->role[m[k].role]);
         char *text = content_of(c, &m[k], m[k].role == GLM_ROLE_USER && !seen_user++);
-        rc = sp(enc->ctx, "\n", 1, ids, err) || sp(enc->ctx, text, strlen(text), ids, err); /* metadata "" + "\n" */
+        if (enc->layout == GLM_LAYOUT_GLM4) { /* the template's "\n" + content, one text */
+            size_t n1 = strlen(text);
+            char *j = glm_malloc(n1 + 2);
+            j[0] = '\n';
+            memcpy(j + 1, text, n1 + 1);
+            rc = enc->encode(enc->ctx, j, n1 + 1, ids, err);
+            free(j);
+        } else {
+            rc = sp(enc->ctx, "\n", 1, ids, err) || sp(enc->ctx, text, strlen(text), ids, err); /* metadata "" + "\n" */
+        }
         free(text);
     }
     start[n] = ids->n;

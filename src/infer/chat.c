@@ -67,9 +67,19 @@ char *glm_chat_prompt_for(const glm_tokenizer *tok, const char *query, const cha
     return s;
 }
 
-/* ChatGLM3's build_single_message(role, "", text): <|role|> + sp("\n") + sp(text). */
+/* ChatGLM3's build_single_message(role, "", text): <|role|> + sp("\n") + sp(text); GLM-4's chat
+ * template: <|role|> + encode("\n" + text), one text. */
 static int glm3_message(const glm_tokenizer *tok, int32_t role, const char *text, glm_ids *out, glm_err *err) {
     glm_ids_push(out, role);
+    if (glm_tokenizer_kind(tok) == GLM_TOK_GLM4) {
+        size_t n = strlen(text);
+        char *j = glm_malloc(n + 2);
+        j[0] = '\n';
+        memcpy(j + 1, text, n + 1);
+        int rc = glm_tokenizer_encode(tok, j, n + 1, out, err);
+        free(j);
+        return rc;
+    }
     if (glm_tokenizer_encode_ex(tok, "\n", 1, GLM_TOK_SPM_ONLY, out, err)) return -1;
     return glm_tokenizer_encode_ex(tok, text, strlen(text), GLM_TOK_SPM_ONLY, out, err);
 }
