@@ -232,6 +232,9 @@ typedef struct glm_kvcache {
                          * prefix (P = cfg.peft.pre_seq_len > 0) each is [B, P + Tmax, NH, 2, HD]
                          * instead: the prefix keys/values, then the tokens' k|v (as prefix_kv lays them) */
     int prefix_ready;   /* the prefix rows are filled */
+    int *prefix_at;     /* [B] where each row's prefix starts in its cache row: its count of left
+                         * padding, so the prefix sits right before its first real token and a
+                         * real token's keys (prefix + tokens) stay one range [pad, P + now) */
     /* work buffers for the new tokens of one call, kept between calls (a device free per
      * decode step would wait for the GPU each time); sized for cap_tokens tokens */
     int cap_tokens;

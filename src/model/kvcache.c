@@ -38,23 +38,24 @@ void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax) {
     int L = m->cfg.num_layers;
     *kv = (glm_kvcache){.B = B, .Tmax = Tmax, .len = 0};
     kv->qkv = glm_calloc(L, sizeof(void *));
+    kv->prefix_at = glm_calloc((size_t)B, sizeof(int));
     /* a pipeline stage caches only its own layers (NULL elsewhere) */
     for (int l = m->layer_lo; l < m->layer_hi; l++)
         kv->qkv[l] = be->alloc(be, (size_t)B * (front(m) + Tmax) * row_elems(m) * glm_dtype_size(be->dtype));
 }
 
 /* P-Tuning: every row's cache starts with the prefix keys/values of each layer (no dropout). */
-static void fill_prefix(glm_model *m, glm_kvcache *kv) {
+/* P-Tuning: layer l's prefix keys/values (no dropout) into every row's cache at slots
+ * [prefix_at[b], prefix_at[b] + P): right before the row's first real token, over the left
+ * padding's own slots, after the prompt's k|v were written. */
+static void fill_prefix(glm_model *m, glm_kvcache *kv, int l, const void *pkv) {
     const glm_config *c = &m->cfg;
     int P = front(m), HD = glm_head_dim(c);
-    const void *pkv = glm_prefix_forward(m);
-    for (int l = m->layer_lo; l < m->layer_hi; l++)
-        for (int b = 0; b < kv->B; b++) {
-            void *row = glm_at(m->be, kv->qkv[l], (size_t)b * (P + kv->Tmax) * row_elems(m));
-            if (c->family == GLM_FAMILY_GLM2) glm_prefix_fill_cache(m, l, row);
-            else m->be->prefix_kv(m->be, row, kv->a.qkv, pkv, l, c->num_layers, 1, 0, P, c->num_attention_heads, HD, 0.0f, 0);
-        }
-    kv->prefix_ready = 1;
+    for (int b = 0; b < kv->B; b++) {
+        void *row = glm_at(m->be, kv->qkv[l], ((size_t)b * (P + kv->Tmax) + kv->prefix_at[b]) * row_elems(m));
+        if (c->family == GLM_FAMILY_GLM2) glm_prefix_fill_cache(m, l, row);
+        else m->be->prefix_kv(m->be, row, kv->a.qkv, pkv, l, c->num_layers, 1, 0, P, c->num_attention_heads, HD, 0.0f, 0);
+    }
 }
 
 static void free_scratch(const glm_model *m, glm_kvcache *kv) {
@@ -85,6 +86,7 @@ void glm_kvcache_free(glm_model *m, glm_kvcache *kv) {
     free_scratch(m, kv);
     for (int l = m->layer_lo; l < m->layer_hi; l++) m->be->free(m->be, kv->qkv[l]);
     free(kv->qkv);
+    free(kv->prefix_at);
     *kv = (glm_kvcache){0};
 }
 
@@ -108,18 +110,22 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
         if (ids[i] < 0 || ids[i] >= V) return glm_fail(err, "token id %d outside the vocabulary [0, %d)", ids[i], V);
         if (kv_lo[i] < 0 || kv_hi[i] > kv->len + Tq || kv_lo[i] > kv_hi[i])
             return glm_fail(err, "key range [%d, %d) outside the cache (%d tokens)", kv_lo[i], kv_hi[i], kv->len + Tq);
-        if (P > 0 && kv_lo[i] > 0) /* the prefix and a range not starting at 0 would be two ranges */
-            return glm_fail(err, "a P-Tuning prefix with left-padded rows (key range [%d, %d)) is not supported",
-                            kv_lo[i], kv_hi[i]),
-                   glm_hint(err, "generate one prompt at a time (--per_device_eval_batch_size 1) with a P-Tuning checkpoint");
     }
+    if (P > 0 && !kv->prefix_ready) /* each row's prefix goes where its real tokens' keys start: the
+                                     * range of its last prompt token (a pad's own range is inside it) */
+        for (int b = 0; b < B; b++) kv->prefix_at[b] = kv_lo[b * Tq + Tq - 1];
+    for (int i = 0; P > 0 && i < N; i++)
+        if (kv_lo[i] > kv->prefix_at[i / Tq]) /* it would see only part of the prefix */
+            return glm_fail(err, "row %d: key range [%d, %d) starts after the row's P-Tuning prefix (at %d)", i / Tq,
+                            kv_lo[i], kv_hi[i], kv->prefix_at[i / Tq]),
+                   glm_hint(err, "left padding only: every real token of a row starts its keys at the row's first one");
     size_t es = glm_dtype_size(be->dtype), Nb = (size_t)N;
     ensure_scratch(m, kv, N);
     int32_t *d_ids = kv->ints, *d_pos = d_ids + N, *d_bpos = d_pos + N, *d_lo = d_bpos + N, *d_hi = d_lo + N;
     int32_t *d_last = d_hi + N;
     be->upload(be, d_ids, ids, Nb * 4); be->upload(be, d_pos, pos, Nb * 4); be->upload(be, d_bpos, block_pos, Nb * 4);
     be->upload(be, d_lo, kv_lo, Nb * 4);
-    if (P > 0) { /* keys [0, P) are the prefix: every query sees them */
+    if (P > 0) { /* the prefix sits in front of the tokens: key k of the caller is cache slot P + k */
         int32_t *hi = glm_malloc(Nb * 4);
         for (size_t i = 0; i < Nb; i++) hi[i] = kv_hi[i] + P;
         be->upload(be, d_hi, hi, Nb * 4);
@@ -129,7 +135,7 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
     }
     glm_layer_acts *a = &kv->a;
     void *h = kv->h, *h2 = kv->h2;
-    if (P > 0 && !kv->prefix_ready) fill_prefix(m, kv);
+    const void *pkv = P > 0 && !kv->prefix_ready ? glm_prefix_forward(m) : NULL;
     if (m->first) be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
     else be->upload_f32(be, h, h_in, Nb * H);
     for (int l = m->layer_lo; l < m->layer_hi; l++) {
@@ -166,9 +172,11 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
             m->fam->qkv_views(m, kv->qkv[l], bs, &q, &k, &v);
             q.base = glm_at(be, kv->qkv[l], (size_t)kv->len * 3 * H);
         }
+        if (pkv) fill_prefix(m, kv, l, pkv); /* over the left padding's k|v just written */
         m->fam->block_finish(m, l, a, q, k, v, d_lo, d_hi, B, Tq, P + kv->len + Tq, h2);
         void *t = h; h = h2; h2 = t;
     }
+    if (pkv) kv->prefix_ready = 1;
     if (!m->last) { /* a stage before the last hands its output on */
         be->download_f32(be, h_out, h, Nb * H);
         kv->len += Tq;

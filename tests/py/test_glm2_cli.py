@@ -203,12 +203,38 @@ def main():
             # the prefix must matter for this to prove anything: the base alone answers otherwise
             report("glm2_ptuning_generate_equals_reference", got_pt == want_pt and got_pt is not None and got_pt != got,
                    "glmtrain %s, reference %s (base alone %s)" % (got_pt, want_pt, got))
+            batched_ptuning("glm2", ref, pt, tok, d)
         # 6. ChatGLM3 end to end: its tokenizer (spm_train in the real file's layout), conversation
         # records in finetune_demo's format, the role-token prompt of build_chat_input
         chatglm3(d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0
+
+
+def batched_ptuning(name, base, adapter, tok, d):
+    """P-Tuning prompts of different lengths generated together (left padding, each row's prefix
+    right before its first real token) give what each gives alone."""
+    recs = [{"instruction": q, "output": ""} for q in ("写一句关于春的诗", "风", "明月几时有，把酒问青天，不知天上宫阙")]
+    data = os.path.join(d, name + "-prompts.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    outs = {}
+    for bs in (1, 3):
+        out = os.path.join(d, "%s-pred-b%d.jsonl" % (name, bs))
+        p = subprocess.run([GLM, "generate", "--model_name_or_path", base, "--adapter", adapter, "--tokenizer_name", tok,
+                            "--input_file", data, "--output_file", out, "--per_device_eval_batch_size", str(bs),
+                            "--do_sample", "false", "--max_new_tokens", "6", "--debug"], capture_output=True, text=True,
+                           timeout=120, env=ENV)
+        rows = {}
+        for ln in p.stderr.splitlines():
+            if ln.startswith("[debug] response ids (row "):
+                head, ids_ = ln[len("[debug] response ids (row "):].split("):", 1)
+                rows[int(head)] = [int(x) for x in ids_.split()]
+        outs[bs] = [rows.get(i) for i in range(len(recs))] if p.returncode == 0 else (p.stdout + p.stderr)[-400:]
+    report("%s_ptuning_batched_generation_equals_one_at_a_time" % name, isinstance(outs[3], list) and outs[1] == outs[3]
+           and all(outs[1]), "batch 1 %s, batch 3 %s" % (outs[1], outs[3]))
 
 
 def chatglm3(d):
