@@ -73,12 +73,17 @@ int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err
     free(names);
     free(host);
     if (rc) return -1;
+    return glm_adapter_write_config(m, dir, err);
+}
+
+int glm_adapter_write_config(const glm_model *m, const char *dir, glm_err *err) {
+    char path[4096];
     char *cfg = config_json(m);
     glm_path_join(path, sizeof path, dir, "adapter_config.json");
     size_t len = strlen(cfg);
     cfg = glm_realloc(cfg, len + 2);
     cfg[len++] = '\n';
-    rc = glm_write_file_atomic(path, cfg, len, err);
+    int rc = glm_write_file_atomic(path, cfg, len, err);
     free(cfg);
     return rc;
 }

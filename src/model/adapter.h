@@ -16,6 +16,9 @@
 
 /* Writes adapter_config.json and adapter_model.safetensors (tensors as dtype) into dir. */
 int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err);
+/* adapter_config.json alone (m's peft settings and origin), e.g. when the adapter rows were
+ * written by pipeline stages. */
+int glm_adapter_write_config(const glm_model *m, const char *dir, glm_err *err);
 /* Reads a folder's adapter_config.json into p (kind LoRA, rank, alpha, dropout, targets,
  * rslora), or, without one, a P-Tuning v2 checkpoint's config.json (pre_seq_len,
  * prefix_projection: THUDM's ptuning layout); an error names the file and the key for what

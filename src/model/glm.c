@@ -537,13 +537,21 @@ double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) {
     return head_loss(m, 0.0f, NULL);
 }
 
-void glm_stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void *h_out) {
-    m->training = 1; /* a training pipeline's forward, which its backward recomputes */
+static void stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void *h_out, int training) {
+    m->training = training; /* dropout (LoRA's, the prefix's) only in training */
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
     forward_trunk(m, h_in);
     if (h_out)
         m->be->copy(m->be, h_out, resid(m, m->layer_hi), (size_t)b->B * b->T * m->cfg.hidden_size * glm_dtype_size(m->be->dtype));
+}
+
+void glm_stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void *h_out) {
+    stage_forward(m, b, h_in, h_out, 1); /* a training pipeline's forward, which its backward recomputes */
+}
+
+void glm_stage_forward_eval(glm_model *m, const glm_batch *b, const void *h_in, void *h_out) {
+    stage_forward(m, b, h_in, h_out, 0);
 }
 
 /* ---------------------------------------------------------------- backward */

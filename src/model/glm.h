@@ -158,6 +158,12 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed);
 /* The dropout masks of the next forward/backward (set per micro-batch from the step, so a
  * resumed run draws the same masks). */
 static inline void glm_model_set_dropout_seed(glm_model *m, uint64_t seed) { m->dropout_seed = seed; }
+/* The masks of micro-batch `micro` of optimizer step `step` (the steps done before it) on data-
+ * parallel rank `rank` of a run seeded `run_seed`: the one formula the training loop and the
+ * pipeline schedule use, so a resumed run and a pipeline stage draw the same masks. */
+static inline uint64_t glm_dropout_seed(uint64_t run_seed, long step, int rank, int micro) {
+    return (run_seed << 40) ^ (((uint64_t)step * 1000003ULL + (uint64_t)rank * 4099ULL + (uint64_t)micro) * 0x9e3779b97f4a7c15ULL);
+}
 /* Turns gradient checkpointing on or off (frees activation buffers; they are re-made at the
  * next batch). Set the field directly only before the first batch. */
 void glm_model_set_checkpointing(glm_model *m, int on);
@@ -193,6 +199,8 @@ void glm_stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void 
 double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
                           float dscale);
 double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in);
+/* A non-last stage's forward for evaluation (no dropout). */
+void glm_stage_forward_eval(glm_model *m, const glm_batch *b, const void *h_in, void *h_out);
 
 /* ---- weights (model/weights.c) ---- */
 /* Normal(0, std) matrices, zero biases, LayerNorm weight 1 / bias 0 — HF-style init. */

@@ -44,11 +44,15 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed) {
         const glm_tensor *t = &m->tab.t[i];
         if (!is_adapter(t)) continue;
         float *host = glm_calloc(t->numel, sizeof(float));
-        glm_rng_seed(&rng, seed * 1000003ULL + 7919ULL * (uint64_t)(i + 1));
+        /* one stream per (layer, kind): a pipeline stage draws the values the whole model would */
+        uint64_t id = (uint64_t)(t->layer + 1) * T_NKINDS + (uint64_t)t->kind + 1;
+        glm_rng_seed(&rng, seed * 1000003ULL + 7919ULL * id);
         if (t->kind == T_PREFIX_EMB) { /* torch's nn.Embedding: N(0, 1) */
             for (size_t j = 0; j < t->numel; j++) host[j] = glm_rng_normal(&rng);
         } else if (glm_is_prefix(t->kind)) { /* torch's nn.Linear: weight and bias U(-1/sqrt(in), 1/sqrt(in)) */
-            float bound = 1.0f / sqrtf((float)m->cfg.hidden_size); /* both Linear layers take H inputs */
+            /* trans.0 takes the embedding's width (v1: H; ChatGLM2: its kv width), trans.2 takes H */
+            int in = t->kind == T_PREFIX_W1 || t->kind == T_PREFIX_B1 ? glm_prefix_emb_width(&m->cfg) : m->cfg.hidden_size;
+            float bound = 1.0f / sqrtf((float)in);
             for (size_t j = 0; j < t->numel; j++) host[j] = bound * (2.0f * glm_rng_uniform(&rng) - 1.0f);
         } else if ((t->kind - T_QKV_LA) % 2 == 0) { /* LoRA A: kaiming_uniform_(a=sqrt(5)) over fan_in: 1/sqrt(in) */
             float bound = 1.0f / sqrtf((float)t->shape[1]);
@@ -210,7 +214,9 @@ int glm_model_load_adapter_file(glm_model *m, const char *path, const char *pref
 }
 
 int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err) {
-    if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_load(m, path, err);
+    /* LoRA: peft's files, or the rows under their own names where pipeline stages wrote them */
+    if (m->cfg.peft.kind == GLM_FT_LORA && (!glm_is_dir(path) || glm_is_adapter_dir(path))) return glm_adapter_load(m, path, err);
+    if (m->cfg.peft.kind == GLM_FT_LORA) return load_rows(m, path, 0, m->tab.n, 1, "", err);
     if (m->cfg.peft.kind == GLM_FT_PTUNING) return load_rows(m, path, 0, m->tab.n, 1, "", err);
     return load_rows(m, path, 0, m->tab.n, 0, "", err);
 }

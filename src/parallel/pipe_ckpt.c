@@ -6,6 +6,7 @@
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "io/safetensors.h"
+#include "model/adapter.h"
 #include "model/ckpt.h"
 
 static void shard_name(char *out, size_t n, const char *kind, int k, int P) {
@@ -160,12 +161,65 @@ fail:
     return -1;
 }
 
+/* LoRA: the stages' adapter rows (each stage's shard) in one peft adapter_model.safetensors with
+ * peft's names, and adapter_config.json; the shards are removed. Rank 0 only. */
+static int gather_adapter(glm_pipe *p, const char *dir, int file_dtype, glm_err *err) {
+    st_entry *e = NULL;
+    float **data = NULL;
+    char (*names)[192] = NULL;
+    int n = 0, cap = 0, rc = 0;
+    char file[64], path[4096];
+    for (int k = 0; k < p->P && !rc; k++) {
+        shard_name(file, sizeof file, "model", k, p->P);
+        glm_path_join(path, sizeof path, dir, file);
+        st_reader *r;
+        if ((rc = st_open(&r, path, err))) break;
+        for (int i = 0; i < st_count(r) && !rc; i++) {
+            int nd;
+            int64_t sh[ST_MAX_DIMS];
+            const char *nm = st_name(r, i);
+            st_info(r, nm, NULL, &nd, sh);
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                e = glm_realloc(e, sizeof *e * cap);
+                data = glm_realloc(data, sizeof *data * cap);
+                names = glm_realloc(names, sizeof *names * cap);
+            }
+            size_t numel = (size_t)sh[0] * (nd > 1 ? (size_t)sh[1] : 1);
+            data[n] = glm_malloc(numel * sizeof(float));
+            snprintf(names[n], sizeof names[n], "%s%s", GLM_ADAPTER_PREFIX, nm);
+            rc = st_read_f32(r, nm, data[n], nd, sh, err);
+            e[n] = (st_entry){.name = names[n], .ndim = nd, .shape = {sh[0], nd > 1 ? sh[1] : 1}, .data = data[n],
+                              .data_dtype = ST_F32, .file_dtype = (st_dtype)file_dtype};
+            n++;
+        }
+        st_close(r);
+    }
+    if (!rc) {
+        glm_path_join(path, sizeof path, dir, "adapter_model.safetensors");
+        rc = st_save(path, e, n, 0, err);
+    }
+    if (!rc) rc = glm_adapter_write_config(p->m, dir, err);
+    for (int k = 0; k < p->P && !rc; k++) { /* the shards are in the adapter file now */
+        shard_name(file, sizeof file, "model", k, p->P);
+        glm_path_join(path, sizeof path, dir, file);
+        remove(path);
+    }
+    for (int i = 0; i < n; i++) free(data[i]);
+    free(data);
+    free(e);
+    free(names);
+    return rc;
+}
+
 int glm_pipe_save_final(glm_pipe *p, const char *output_dir, int file_dtype, const char *tokenizer_path,
                         const char *args_json, glm_err *err) {
     int bad = p->replica == 0 && glm_pipe_save_stage(p, output_dir, file_dtype, NULL, err) != 0;
     if (agree(p, bad, "writing the model shards", err)) return -1;
     if (p->world->rank == 0) {
-        int rc = glm_pipe_save_index(&p->map, p->m, output_dir, file_dtype, 0, err);
+        int lora = p->m->cfg.peft.kind == GLM_FT_LORA;
+        int rc = lora ? gather_adapter(p, output_dir, file_dtype, err)
+                      : glm_pipe_save_index(&p->map, p->m, output_dir, file_dtype, 0, err);
         if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, output_dir, err);
         if (!rc && args_json) rc = write_text(output_dir, "training_args.json", args_json, err);
         bad = rc != 0;

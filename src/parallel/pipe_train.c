@@ -197,6 +197,7 @@ int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_train_args *a, const glm_con
     int tied_end = c->tie_word_embeddings && P > 1 && (stage == 0 || stage == P - 1);
     pp->pipe.before_backward = tied_end ? NULL : arm;
     pp->pipe.hook_ctx = dp;
+    pp->pipe.run_seed = (uint64_t)a->seed; /* dropout masks as one process draws them */
     if (pp->world_rank == 0) {
         glm_info("pipeline: %d stages x %d data-parallel replicas (%s), %d micro-batches per step:", P, D, map.source,
                  sh.n_micro);

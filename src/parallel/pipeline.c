@@ -114,8 +114,14 @@ static int recv_forward(sched *s, int i) {
 }
 
 /* A non-last stage's forward of micro-batch i (the input is in its slot). */
+/* Micro-batch i's dropout masks, as the training loop draws them for one process. */
+static void masks_for(glm_pipe *p, int i) {
+    glm_model_set_dropout_seed(p->m, glm_dropout_seed(p->run_seed, p->step - 1, p->replica, i));
+}
+
 static void forward(sched *s, int i) {
     double t0 = glm_now();
+    masks_for(s->p, i);
     glm_stage_forward(s->p->m, &s->mb[i], slot(s, i), s->p->h_out);
     compute_done(s, t0);
 }
@@ -125,6 +131,7 @@ static void backward(sched *s, int i) {
     glm_pipe *p = s->p;
     if (p->before_backward) p->before_backward(p->hook_ctx, i == s->k - 1);
     double t0 = glm_now();
+    masks_for(p, i); /* backward recomputes the forward: the same masks */
     s->loss += glm_stage_backward(p->m, &s->mb[i], slot(s, i), is_last(p) ? NULL : p->dh_out,
                                   is_first(p) ? NULL : p->dh_in, s->dscale);
     compute_done(s, t0);
@@ -184,7 +191,7 @@ int glm_pipe_forward_loss(glm_pipe *p, const glm_batch *b, double *loss_sum, glm
         *loss_sum = glm_stage_loss(p->m, b, slot(&s, 0));
         return 0;
     }
-    glm_stage_forward(p->m, b, slot(&s, 0), p->h_out);
+    glm_stage_forward_eval(p->m, b, slot(&s, 0), p->h_out);
     return xchg(&s, p->h_out, hid_bytes(p, b), p->stage + 1, NULL, 0, -1, "send activations");
 }
 
@@ -195,8 +202,14 @@ int glm_pipe_sync_tied(glm_pipe *p, glm_err *err) {
     if (!p->tied)
         return glm_fail(err, "rank %d: stage %d holds a tied embedding but has no communicator to copy it",
                         p->world->rank, p->stage);
+    /* trainable (full fine-tuning) or frozen (LoRA, freeze): either way both copies start equal */
     const glm_tensor *t = glm_table_get(&p->m->tab, -1, T_WORD_EMB);
-    void *w = glm_at(p->m->be, p->m->params, t->offset);
+    void *w = t ? glm_at(p->m->be, p->m->params, t->offset) : NULL;
+    if (!t) {
+        t = glm_table_get(&p->m->ftab, -1, T_WORD_EMB);
+        if (!t) return glm_fail(err, "rank %d: stage %d holds a tied embedding the model has no row for", p->world->rank, p->stage);
+        w = glm_at(p->m->be, p->m->fparams, t->offset);
+    }
     size_t bytes = t->numel * glm_dtype_size(p->m->be->dtype);
     /* in the two-rank communicator the first stage is rank 0 (split key = stage) */
     return is_first(p) ? p->tied->exchange(p->tied, w, bytes, 1, NULL, 0, -1, 0, "tied embedding copy", err)
@@ -209,6 +222,7 @@ int glm_pipe_reduce_tied(glm_pipe *p, glm_err *err) {
         return glm_fail(err, "rank %d: stage %d holds a tied embedding but has no communicator to sum its gradient",
                         p->world->rank, p->stage);
     const glm_tensor *t = glm_table_get(&p->m->tab, -1, T_WORD_EMB);
+    if (!t) return 0; /* a frozen embedding has no gradient to sum */
     p->tied->step = p->step;
     return p->tied->allreduce(p->tied, glm_at(p->m->be, p->m->grads, t->offset), t->numel, cdtype(p->m->be),
                               "tied embedding gradient", err);

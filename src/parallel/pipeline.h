@@ -40,7 +40,8 @@ typedef struct glm_pipe {
     size_t cap;
     /* the last step: seconds computing (forward/backward, synchronised) and in total */
     double busy_s, step_s;
-    long step;                /* named in error messages */
+    long step;                /* named in error messages (the step being made: steps done + 1) */
+    uint64_t run_seed;        /* the run's --seed: micro-batch i's dropout masks (glm_dropout_seed) */
     /* called before each backward, last = 1 for the step's last micro-batch (data parallel
      * reduces gradient buckets during that one: glm_dp_micro_begin); may be NULL */
     void (*before_backward)(void *ctx, int last);

@@ -162,8 +162,7 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
         for (int i = 0; i < k; i++) {
             glm_dp_micro_begin(t->dp, i == k - 1); /* gradients are reduced during the last backward */
             /* dropout masks from the step, the rank and the micro-batch: a resumed run draws the same */
-            glm_model_set_dropout_seed(&t->m, ((uint64_t)a->seed << 40) ^ ((uint64_t)t->st.global_step * 1000003ULL +
-                                                                          (uint64_t)t->dp->rank * 4099ULL + (uint64_t)i) * 0x9e3779b97f4a7c15ULL);
+            glm_model_set_dropout_seed(&t->m, glm_dropout_seed((uint64_t)a->seed, t->st.global_step, t->dp->rank, i));
             sum += glm_forward_backward(&t->m, &t->micro[i], (float)(scale / n_sup));
         }
     }

@@ -106,8 +106,38 @@ def main():
                p2 < p1 and r1.returncode != 0 and "the model plans" in r1.stderr and "--pipeline_parallel_size 2" in r1.stderr
                and r2.returncode == 0, "plans %.3f / %.3f MiB, cap %s: %s | %s" % (p1, p2, cap, r1.stderr.strip()[-200:],
                                                                                      r2.stderr.strip()[-200:]))
+        # 4. LoRA over pipeline stages (dropout 0.05 on: micro-batch masks as one process draws
+        # them): the same curve as one process, peft's adapter files out, resume on 2 stages
+        lb = base + b4 + ["--finetuning_type", "lora", "--lora_target", "all", "--learning_rate", "1e-2"]
+        lref = os.path.join(d, "lora_ref")
+        run(lb + ["--output_dir", lref])
+        lp2 = os.path.join(d, "lora_p2")
+        run(lb + ["--output_dir", lp2, "--pipeline_parallel_size", "2"], np=2)
+        err, n = rel(losses(lp2), losses(lref))
+        report("pipeline_lora_p2_matches_single_process", n == 20 and err < 1e-6,
+               "max relative loss difference %.2e over %d steps" % (err, n))
+        from safetensors.torch import load_file
+        a = load_file(os.path.join(lp2, "adapter_model.safetensors")) if os.path.exists(os.path.join(lp2, "adapter_model.safetensors")) else {}
+        b = load_file(os.path.join(lref, "adapter_model.safetensors"))
+        same = sorted(a) == sorted(b) and all(torch_equal(a[k], b[k]) for k in b)
+        report("pipeline_lora_p2_writes_peft_adapter", same and os.path.exists(os.path.join(lp2, "adapter_config.json"))
+               and not any(f.startswith("model-") for f in os.listdir(lp2)),
+               "%d adapter tensors (one process: %d), files %s" % (len(a), len(b), sorted(os.listdir(lp2))))
+        lres = resume_from(d, "lora_resumed", lp2, lb + ["--pipeline_parallel_size", "2"], 2)
+        err, n = rel(losses(lres), losses(lref), after=10)
+        report("pipeline_lora_p2_resumes_on_the_curve", n == 10 and err < 1e-6,
+               "max relative loss difference %.2e over steps 11-20" % err)
+        p = run(base + b4 + ["--output_dir", os.path.join(d, "freeze_p2"), "--finetuning_type", "freeze",
+                             "--num_layer_trainable", "1", "--pipeline_parallel_size", "2"], np=2, check=False)
+        report("pipeline_freeze_refused_clearly", p.returncode != 0 and "freeze with --pipeline_parallel_size 2" in p.stderr,
+               p.stderr.strip()[-200:])
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def torch_equal(x, y):
+    import torch
+    return torch.equal(x, y)
 
 
 if __name__ == "__main__":
