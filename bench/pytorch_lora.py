@@ -259,7 +259,7 @@ class Block(nn.Module):
         self.fc1 = lin("fc1", H, FF)
         self.fc2 = lin("fc2", FF, H)
 
-    def forward(self, h, mask, cos1, sin1, cos2, sin2, pkv=None):
+    def forward(self, h, mask, cos1, sin1, cos2, sin2, pkv=None, pmask=None):
         B, T, _ = h.shape
         H, NH, HD = PB.H, PB.NH, PB.HD
         x = self.ln1(h)
@@ -270,7 +270,8 @@ class Block(nn.Module):
         if pkv is not None:  # P-Tuning v2: [P, 2, NH, HD] -> B rows of P keys and values, not rotated
             P = pkv.shape[0]
             pkv = pkv.to(k.dtype)[None].expand(B, P, 2, NH, HD)  # cast the [P, 2H] slice once, then rows
-            pkv = F.dropout(pkv, self.prefix_dropout, self.training)  # THUDM's prefix dropout, per row
+            if pmask is not None:  # THUDM's prefix dropout, per row: the keep mask / (1 - p), drawn outside
+                pkv = (pkv * pmask).to(k.dtype)  # the compiled block (dropout inside it did not act under torch.compile)
             pk, pv = pkv.unbind(2)
             k = torch.cat((pk, k), dim=1)
             v = torch.cat((pv, v), dim=1)
@@ -322,11 +323,17 @@ class GLMLora(nn.Module):
         cos1, sin1 = PB.rotary_tables(pos, PB.HD // 2)
         cos2, sin2 = PB.rotary_tables(bpos, PB.HD // 2)
         mask = self.prefix_mask(mask)
+        p = self.blocks[0].prefix_dropout if len(self.blocks) else 0.0
         for blk, pkv in zip(self.blocks, self.prefix_kv()):
+            pmask = None
+            if pkv is not None and self.training and p > 0:  # eager, so compile cannot drop it
+                B = ids.shape[0]
+                keep = torch.rand((B,) + tuple(pkv.shape), device=h.device) >= p
+                pmask = keep.to(h.dtype if h.dtype != torch.float32 else torch.float32) / (1.0 - p)
             if self.ckpt:
-                h = checkpoint(blk, h, mask, cos1, sin1, cos2, sin2, pkv, use_reentrant=False)
+                h = checkpoint(blk, h, mask, cos1, sin1, cos2, sin2, pkv, pmask, use_reentrant=False)
             else:
-                h = blk(h, mask, cos1, sin1, cos2, sin2, pkv)
+                h = blk(h, mask, cos1, sin1, cos2, sin2, pkv, pmask)
         return self.lnf(h)
 
     def forward(self, ids, pos, bpos, mask, sup_idx, sup_tgt):
