@@ -8,6 +8,7 @@
 #   decode  bench_decode --family chatglm2: batch 1, 1024-token prompt, 1024 decoded tokens
 #   torch   bench/pytorch_glm2.py, the PyTorch baseline of the same runs
 #   v1      bench_train 512x8 on ChatGLM-6B (that the seam changed nothing of v1's speed)
+#   ptuning ChatGLM-6B P-Tuning v2 W1 (pre_seq_len 128): the PyTorch baseline's self-check, ours, PyTorch
 # Records go to $OUT/glm2.jsonl, console lines to $OUT/glm2.txt, logs to $OUT/logs.
 # Build here first (docs/GPU-TESTS.md), then a device call with carry ["build/gpu/bench_train",
 # "build/gpu/bench_decode", "build/gpu/tests/cuda", "build/lib", "build/shared"]:
@@ -35,7 +36,7 @@ run_capped() { # name cap min cmd...
     timeout -k 5 "$t" "$@" >"$OUT/logs/$name.txt" 2>&1
     rc=$?
     [ $rc -ne 0 ] && echo "    $name: exit $rc" && tail -n 8 "$OUT/logs/$name.txt" | sed 's/^/    /'
-    grep -hE "^(bf16|fp16|fp32) |decode |^RESULT|^torch|tokens/s|per-op|^    [a-z_]+ .* ms " "$OUT/logs/$name.txt" |
+    grep -hE "^(bf16|fp16|fp32) |decode |^RESULT|^SELFCHECK|AssertionError|^torch|tokens/s|per-op|^    [a-z_]+ .* ms " "$OUT/logs/$name.txt" |
         grep -v "^    .* 0\.[0-4][0-9] ms" | head -40 | tee -a "$OUT/glm2.txt"
     return 0
 }
@@ -59,6 +60,10 @@ for mode in "${@:-ours decode}"; do
         run_capped "torch-glm2-lora" 170 80 env PYTHONUNBUFFERED=1 $PY bench/pytorch_glm2.py --gqa expand --runs 512x8 --lora 8 --out "$J" ;;
     v1)
         run_capped "v1-full" 70 30 "$B/bench_train" --runs 512x8 --out "$J" ;;
+    ptuning) # issue 16's P-Tuning v2 comparison at W1 (ChatGLM-6B, pre_seq_len 128), the baseline's self-check first
+        run_capped "torch-ptuning-check" 150 60 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --tiny --selfcheck --ptuning 8
+        run_capped "ours-ptuning" 60 25 "$B/bench_train" --ptuning 128 --runs 512x8 --out "$J"
+        run_capped "torch-ptuning" 170 80 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --ptuning 128 --runs 512x8 --out "$J" ;;
     *) echo "unknown mode $mode" ;;
     esac
 done
