@@ -220,6 +220,7 @@ static void run_glm2_ops(ctx *c, int quick) {
     if (!quick) t_swiglu(c, 512, 13696);
     t_rope_pairs(c, 9, 4, 2, 16, 10000.0f);
     t_rope_pairs(c, 64, 8, 2, 128, 5e6f);
+    t_rope_pairs(c, 1100, 4, 2, 64, 10000.0f); /* enough tokens for one thread to take every head */
     t_copy_rows(c, 5, 24, 40, 32);
 }
 

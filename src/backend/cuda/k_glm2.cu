@@ -288,20 +288,25 @@ extern "C" void glmk_swiglu_bwd(glm_dtype dt, void *dx, const void *x, const voi
 /* The frequencies travel as a kernel argument (at most 256 pairs: heads up to 512 wide). */
 struct RopeFreq { float w[256]; };
 
-/* One thread per (token, pair): its angle once, then the pair in every head (a warp's threads
- * cover consecutive pairs of one head: contiguous bytes); f the host's fp32 frequencies (the
- * CPU twin's). */
+/* One thread per (token, pair, slice of hs heads): its angle once, then the pair in each head of
+ * its slice (a warp's threads cover consecutive pairs of one head: contiguous bytes). Many tokens
+ * take one slice of all heads; a decode step's one token splits the heads over threads. f: the
+ * host's fp32 frequencies (the CPU twin's). */
 template <typename T>
-__global__ void rope_pairs_kernel(T *x, long row_stride, int N, int nheads, int HD, int half, const int32_t *pos,
+__global__ void rope_pairs_kernel(T *x, long row_stride, int N, int nheads, int HD, int half, int hs, const int32_t *pos,
                                   const RopeFreq f, int inverse) {
-    size_t n = (size_t)N * half;
+    int slices = (nheads + hs - 1) / hs;
+    size_t n = (size_t)N * half * slices;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int p = (int)(i % half), t = (int)(i / half);
+        int p = (int)(i % half);
+        size_t r = i / half;
+        int sl = (int)(r % slices), t = (int)(r / slices);
         float c, s;
         sincosf((float)pos[t] * f.w[p], &s, &c);
         if (inverse) s = -s;
-        T *v = x + (size_t)t * row_stride + 2 * p;
-        for (int h = 0; h < nheads; h++, v += HD) {
+        int h0 = sl * hs, h1 = min(nheads, h0 + hs);
+        T *v = x + (size_t)t * row_stride + (size_t)h0 * HD + 2 * p;
+        for (int h = h0; h < h1; h++, v += HD) {
             float a = to_f(v[0]), b = to_f(v[1]);
             v[0] = from_f<T>(a * c - b * s);
             v[1] = from_f<T>(b * c + a * s);
@@ -315,8 +320,10 @@ extern "C" void glmk_rope_pairs(glm_dtype dt, void *x, long row_stride, int N, i
     if (!n || !nheads) return;
     RopeFreq f;
     for (int i = 0; i < rot / 2 && i < 256; i++) f.w[i] = w[i];
-    GLMK_DISPATCH(dt, rope_pairs_kernel<T><<<glmk_blocks(n, 256, 65535), 256, 0, st>>>((T *)x, row_stride, N, nheads, HD,
-                                                                                      rot / 2, pos, f, inverse));
+    int hs = n >= 32768 ? nheads : n >= 2048 ? 4 : 1; /* heads per thread: few tokens spread them */
+    size_t threads = n * (size_t)((nheads + hs - 1) / hs);
+    GLMK_DISPATCH(dt, rope_pairs_kernel<T><<<glmk_blocks(threads, 256, 65535), 256, 0, st>>>((T *)x, row_stride, N, nheads,
+                                                                                            HD, rot / 2, hs, pos, f, inverse));
     GLMK_CHECK_LAUNCH();
 }
 
