@@ -137,13 +137,19 @@ static int parse_glm2(glm_config *c, const cJSON *o, const char *src, glm_err *e
         glm_fail(err, "%s: %s: no ChatGLM2/3 or GLM-4 model uses this option, and glmtrain does not run it", src, refused);
         return glm_hint(err, "compare with THUDM's config.json of chatglm2-6b, chatglm3-6b or glm-4-9b");
     }
-    if (o && cJSON_GetObjectItemCaseSensitive(o, "quantization_bit") &&
-        cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "quantization_bit")) &&
-        cJSON_GetObjectItemCaseSensitive(o, "quantization_bit")->valueint != 0) {
-        glm_fail(err, "%s: a pre-quantized ChatGLM2/3 folder (quantization_bit): not read yet", src);
-        return glm_hint(err, "use the float16 folder with --quantization_bit 4 or 8 (quantized as it loads)");
+    /* THUDM's chatglm2-6b-int4 layout (and glmtrain quantize's): int8 weight + fp16 weight_scale */
+    int quant = GLM_Q_NONE;
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, "quantization_bit");
+    if (q && !cJSON_IsNull(q)) {
+        int qbit = cJSON_IsNumber(q) ? q->valueint : -1;
+        if (!cJSON_IsNumber(q) || (qbit != 0 && qbit != 4 && qbit != 8)) {
+            glm_fail(err, "%s: quantization_bit must be 0, 4 or 8 (THUDM's values), not %d", src, qbit);
+            return glm_hint(err, "chatglm2-6b-int4 folders say 4, fp16 ones 0 or nothing");
+        }
+        quant = qbit == 4 ? GLM_Q_INT4 : qbit == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
     }
     *c = d;
+    c->quant = quant;
     c->vocab_size = padded > 0 ? padded : vocab;
     c->hidden_size = hidden; c->num_layers = layers; c->num_attention_heads = heads; c->inner_hidden_size = ffn;
     c->head_dim = kvc > 0 ? kvc : heads > 0 ? hidden / heads : 0;

@@ -143,6 +143,18 @@ def main():
                 want16.append(nxt)
                 seq.append(nxt)
         report("glm2_loads_thudm_bin_shards", got_th == want16, "glmtrain %s, reference on the fp16 weights %s" % (got_th, want16))
+        # 3b. quantized: `quantize` writes THUDM's int4 layout, which loads and decodes as the fp16
+        # folder quantized as it loads; info plans a LoRA run on it
+        q4 = os.path.join(d, "q4")
+        p = subprocess.run([GLM, "quantize", "--model_name_or_path", ref, "--quantization_bit", "4", "--output_dir", q4],
+                           capture_output=True, text=True, timeout=120, env=ENV)
+        a4 = gen(["--model_name_or_path", q4] + q)[1] if p.returncode == 0 else None
+        b4 = gen(["--model_name_or_path", ref, "--quantization_bit", "4"] + q)[1]
+        report("glm2_int4_folder_equals_quantized_on_load", a4 is not None and a4 == b4,
+               "quantize rc %d; int4 folder %s, --quantization_bit 4 %s" % (p.returncode, a4, b4))
+        p = subprocess.run([GLM, "info", "--model_name_or_path", ref, "--finetuning_type", "lora", "--quantization_bit", "4"],
+                           capture_output=True, text=True, timeout=60, env=ENV)
+        report("glm2_info_plans_lora_on_int4", p.returncode == 0 and "total" in p.stdout, p.stdout.strip()[-160:])
         # 4. LoRA: peft files, generate --adapter == generate on the merged folder
         lo = os.path.join(d, "lora")
         run(base + ["--output_dir", lo, "--per_device_train_batch_size", "8", "--finetuning_type", "lora",
