@@ -18,20 +18,32 @@ static int stage_writes(const glm_config *c, const glm_stage *s, const glm_tenso
     return !(t->kind == T_WORD_EMB && !s->embed);
 }
 
+/* The final model of a freeze run is the whole model: its frozen rows go into the shards too. */
+static int final_with_frozen(const glm_model *m) { return m->cfg.peft.kind == GLM_FT_FREEZE; }
+
 int glm_pipe_save_stage(glm_pipe *p, const char *dir, int file_dtype, const glm_opt_state *o, glm_err *err) {
     glm_model *m = p->m;
     float *host = glm_malloc(m->tab.total * sizeof(float));
     glm_model_get_params(m, host);
-    int kinds = o ? (o->master ? 3 : 2) : 0;
+    int kinds = o ? (o->master ? 3 : 2) : 0, frozen = !o && final_with_frozen(m) ? m->ftab.n : 0;
+    float *fhost = frozen ? glm_malloc(m->ftab.total * sizeof(float)) : NULL;
+    if (frozen) m->be->download_f32(m->be, fhost, m->fparams, m->ftab.total);
     const char *prefix[] = {"exp_avg/", "exp_avg_sq/", "master/"};
     const float *src[] = {o ? o->m : NULL, o ? o->v : NULL, o ? o->master : NULL};
-    st_entry *e = glm_calloc((size_t)m->tab.n * (kinds + 1), sizeof *e);
-    char (*names)[128] = glm_calloc((size_t)m->tab.n * (kinds + 1), 128);
+    st_entry *e = glm_calloc((size_t)m->tab.n * (kinds + 1) + frozen, sizeof *e);
+    char (*names)[128] = glm_calloc((size_t)m->tab.n * (kinds + 1) + 1, 128);
     int nw = 0, no = 0;
     for (int i = 0; i < m->tab.n; i++) {
         const glm_tensor *t = &m->tab.t[i];
         if (!glm_pipe_owns_tensor(p, t)) continue;
         e[nw] = (st_entry){.name = t->name, .ndim = t->ndim, .data = host + t->offset, .data_dtype = ST_F32,
+                           .file_dtype = (st_dtype)file_dtype, .shape = {t->shape[0], t->shape[1]}};
+        nw++;
+    }
+    for (int i = 0; i < frozen; i++) {
+        const glm_tensor *t = &m->ftab.t[i];
+        if (!glm_pipe_owns_tensor(p, t)) continue;
+        e[nw] = (st_entry){.name = t->name, .ndim = t->ndim, .data = fhost + t->offset, .data_dtype = ST_F32,
                            .file_dtype = (st_dtype)file_dtype, .shape = {t->shape[0], t->shape[1]}};
         nw++;
     }
@@ -57,12 +69,13 @@ int glm_pipe_save_stage(glm_pipe *p, const char *dir, int file_dtype, const glm_
     free(e);
     free(names);
     free(host);
+    free(fhost);
     return rc ? glm_wrap(err, "stage %d: ", p->stage) : 0;
 }
 
 /* {"metadata": {"total_size": bytes}, "weight_map": {name: shard}} over every stage's tables. */
 static int write_index(const glm_device_map *map, const glm_config *c, const char *dir, int opt_kinds, int file_dtype,
-                       glm_err *err) {
+                       glm_part part, glm_err *err) {
     int with_opt = opt_kinds > 0;
     const char *prefix[] = {"", "exp_avg/", "exp_avg_sq/", "master/"};
     cJSON *o = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(o, "metadata"), *wm = cJSON_AddObjectToObject(o, "weight_map");
@@ -71,7 +84,7 @@ static int write_index(const glm_device_map *map, const glm_config *c, const cha
     for (int k = 0; k < map->n; k++) {
         const glm_stage *s = &map->s[k];
         glm_table tab;
-        glm_table_build_range(&tab, c, s->l0, s->l1, s->embed, s->head);
+        glm_table_build_part(&tab, c, s->l0, s->l1, s->embed, s->head, 64, part);
         shard_name(file, sizeof file, with_opt ? "optimizer" : "model", k, map->n);
         for (int v = with_opt ? 1 : 0; v < (with_opt ? 1 + opt_kinds : 1); v++)
             for (int i = 0; i < tab.n; i++) {
@@ -95,9 +108,11 @@ static int write_index(const glm_device_map *map, const glm_config *c, const cha
 int glm_pipe_save_index(const glm_device_map *map, const glm_model *m, const char *dir, int file_dtype, int opt_kinds,
                         glm_err *err) {
     const glm_config *c = &m->cfg;
-    if (write_index(map, c, dir, 0, file_dtype, err)) return -1;
+    /* a checkpoint's shards hold the trainable rows; a final freeze model every base row */
+    glm_part part = !opt_kinds && final_with_frozen(m) ? GLM_PART_BASE : GLM_PART_TRAINABLE;
+    if (write_index(map, c, dir, 0, file_dtype, part, err)) return -1;
     /* master/ entries only when the shards hold them: a reader decides by asking for one */
-    if (opt_kinds && write_index(map, c, dir, opt_kinds, file_dtype, err)) return -1;
+    if (opt_kinds && write_index(map, c, dir, opt_kinds, file_dtype, GLM_PART_TRAINABLE, err)) return -1;
     char cfg[4096], folder[4096];
     glm_origin_paths(m->origin, cfg, folder, sizeof cfg);
     if (glm_write_hf_config(c, cfg[0] ? cfg : NULL, (st_dtype)file_dtype, dir, err)) return -1;

@@ -127,9 +127,30 @@ def main():
         err, n = rel(losses(lres), losses(lref), after=10)
         report("pipeline_lora_p2_resumes_on_the_curve", n == 10 and err < 1e-6,
                "max relative loss difference %.2e over steps 11-20" % err)
-        p = run(base + b4 + ["--output_dir", os.path.join(d, "freeze_p2"), "--finetuning_type", "freeze",
-                             "--num_layer_trainable", "1", "--pipeline_parallel_size", "2"], np=2, check=False)
-        report("pipeline_freeze_refused_clearly", p.returncode != 0 and "freeze with --pipeline_parallel_size 2" in p.stderr,
+        # 5. freeze over stages: the same curve, and the final folder is the whole model (every
+        # stage's frozen rows too) with the weights one process writes
+        fb = base + b4 + ["--finetuning_type", "freeze", "--num_layer_trainable", "1"]
+        fref, fp2 = os.path.join(d, "freeze_ref"), os.path.join(d, "freeze_p2")
+        run(fb + ["--output_dir", fref])
+        run(fb + ["--output_dir", fp2, "--pipeline_parallel_size", "2"], np=2)
+        err, n = rel(losses(fp2), losses(fref))
+        report("pipeline_freeze_p2_matches_single_process", n == 20 and err < 1e-6,
+               "max relative loss difference %.2e over %d steps" % (err, n))
+
+        def weights(folder):
+            out = {}
+            for f in os.listdir(folder):
+                if f.startswith("model") and f.endswith(".safetensors"):
+                    out.update(load_file(os.path.join(folder, f)))
+            return out
+        wa, wb = weights(fp2), weights(fref)
+        # one process writes the original's layout (its rotary buffers and the tied lm_head copy too)
+        wb = {k: v for k, v in wb.items() if "inv_freq" not in k and k != "lm_head.weight"}
+        report("pipeline_freeze_p2_final_model_is_whole", sorted(wa) == sorted(wb) and all(torch_equal(wa[k], wb[k]) for k in wb),
+               "%d tensors from the stages, %d from one process (without its buffers)" % (len(wa), len(wb)))
+        p = run(base + b4 + ["--output_dir", os.path.join(d, "pt_p2"), "--finetuning_type", "ptuning", "--pre_seq_len", "4",
+                             "--pipeline_parallel_size", "2"], np=2, check=False)
+        report("pipeline_ptuning_refused_clearly", p.returncode != 0 and "ptuning with --pipeline_parallel_size 2" in p.stderr,
                p.stderr.strip()[-200:])
     finally:
         shutil.rmtree(d, ignore_errors=True)
