@@ -105,16 +105,30 @@ static inline int oracle_glm_run(glm_backend *be, const char *file, int P, doubl
 /* The ChatGLM2/3 oracle (glm2_model.data: the README's layout): one layer of THUDM's ChatGLM2
  * code, a causal prompt of 3 tokens at positions 0..2, then two decode steps at 3 and 4. The
  * file holds the base tensors in table order without the output layer (none is in the file). */
-static inline int oracle_glm2_run(glm_backend *be, const char *file, double e[3]) {
+static inline int oracle_glm2_run(glm_backend *be, const char *file, int P, double e[3]) {
     size_t n;
     float *d = oracle_load(file, &n);
     if (!d) return 1;
     glm_config c = glm_config_chatglm2_6b();
     c.vocab_size = 5; c.hidden_size = 32; c.num_layers = 1; c.num_attention_heads = 8; c.head_dim = 4;
     c.num_kv_heads = 2; c.inner_hidden_size = 48; c.max_sequence_length = 16; c.pad_token_id = 0; c.eos_token_id = 4;
+    if (P) c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = P};
     glm_model m;
     glm_model_init(&m, &c, be);
     const float *p = d;
+    if (P) { /* the README's P-Tuning variant: fp16 [2L, G, P, KC] first -> the embedding [P, 2L, G, KC] */
+        int G = glm_kv_heads(&c), KC = glm_head_dim(&c), S = 2 * c.num_layers, KV = glm_prefix_width(&c);
+        const uint16_t *h16 = (const uint16_t *)d;
+        float *emb = malloc(sizeof(float) * P * KV);
+        for (int s = 0; s < S; s++)
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < P; j++)
+                    for (int k = 0; k < KC; k++)
+                        emb[(size_t)j * KV + ((size_t)s * G + g) * KC + k] = glm_f16_to_f32(h16[((s * G + g) * P + j) * KC + k]);
+        be->upload_f32(be, m.w.prefix_emb, emb, (size_t)P * KV);
+        free(emb);
+        p = (const float *)(h16 + (size_t)P * KV);
+    }
     glm_table base;
     glm_table_build(&base, &c);
     for (int i = 0; i < base.n; i++) {
@@ -136,7 +150,7 @@ static inline int oracle_glm2_run(glm_backend *be, const char *file, double e[3]
     glm_kvcache_init(&m, &kv, 1, 8);
     glm_err err;
     float out[3 * 32];
-    int32_t pos1[] = {0, 1, 2}, zero[] = {0, 0, 0}, hi1[] = {1, 2, 3};
+    int32_t pos1[] = {0, 1, 2}, zero[] = {0, 0, 0}, hi1[] = {1, 2, 3}; /* token positions; the prefix is in front */
     rc |= glm_forward_cached(&m, &kv, 3, x1, pos1, zero, zero, hi1, out, NULL, &err);
     e[0] = rc ? 1e9 : test_max_abs(out, y1, 3 * 32);
     int32_t pos2[] = {3}, hi2[] = {4};

@@ -6,8 +6,8 @@
  *   test_oracle                                         the files in the shared oracle folder
  * Families: chatglm (GLM v1, with or without a P-Tuning v2 prefix); chatglm2 / chatglm3 (the
  * ChatGLM2 block, glm2_model.data; ChatGLM3 has the same code path); glm4 (the same block:
- * chatglm.cpp's glm4 files have its layout). A P-Tuning prefix in front of a ChatGLM2 oracle is
- * not read yet: a SKIP naming that, never a PASS. */
+ * chatglm.cpp's glm4 files have its layout), with or without a P-Tuning v2 prefix (the README's
+ * fp16 [2L, G, P, KC] cache in front). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,17 +18,13 @@ static void run_one(test_counts *tc, const char *family, int P, const char *file
     const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
     snprintf(name, sizeof name, "oracle_%s_%s_P%d", family, base, P);
     int v2 = strcmp(family, "chatglm2") == 0 || strcmp(family, "chatglm3") == 0 || strcmp(family, "glm4") == 0;
-    if (v2 && P > 0) {
-        TEST_SKIP(tc, name, "a P-Tuning v2 prefix on the ChatGLM2 family is not built yet (issue 18)");
-        return;
-    }
     if (!v2 && strcmp(family, "chatglm") != 0) {
         TEST_CHECK(tc, name, 0, "unknown family %s (chatglm, chatglm2, chatglm3, glm4)", family);
         return;
     }
     glm_backend *be = glm_backend_cpu();
     double e[3] = {0};
-    int rc = v2 ? oracle_glm2_run(be, file, e) : oracle_glm_run(be, file, P, e);
+    int rc = v2 ? oracle_glm2_run(be, file, P, e) : oracle_glm_run(be, file, P, e);
     be->destroy(be);
     if (rc == 1) { TEST_SKIP(tc, name, "%s not found", file); return; }
     printf("  %s: max abs error prompt %.3g, decode step 1 %.3g, step 2 %.3g\n", base, e[0], e[1], e[2]);

@@ -33,7 +33,7 @@ static void test_oracle_glm2(test_counts *tc) {
     glm_backend *be = glm_backend_cuda(0, GLM_F32, err.msg, sizeof err.msg);
     if (!be) { TEST_FAIL(tc, "cuda_oracle_glm2_model", "%s", err.msg); return; }
     double e[3];
-    int rc = oracle_glm2_run(be, "glm2_model.data", e);
+    int rc = oracle_glm2_run(be, "glm2_model.data", 0, e);
     be->destroy(be);
     if (rc == 1) { TEST_SKIP(tc, "cuda_oracle_glm2_model", "%s/oracles not found (set GLM_SHARED)", oracle_dir()); return; }
     TEST_CHECK(tc, "cuda_f32_oracle_glm2", rc == 0 && e[0] < 1e-5 && e[1] < 1e-5 && e[2] < 1e-5,
