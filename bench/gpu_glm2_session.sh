@@ -24,22 +24,10 @@ PY=${PY:-python3}
 BUDGET=${BUDGET:-540}
 T0=$SECONDS
 J="$OUT/glm2.jsonl"
-left() { echo $((BUDGET - (SECONDS - T0))); }
 SKIPPED=""
-run_capped() { # name cap min cmd...
-    local name=$1 cap=$2 min=$3 t rc
-    shift 3
-    t=$(($(left) - 15))
-    [ "$t" -gt "$cap" ] && t=$cap
-    if [ "$t" -lt "$min" ]; then echo "=== $name: SKIPPED (${t}s left)"; SKIPPED="$SKIPPED $name"; return 0; fi
-    echo "=== $name ($((SECONDS - T0))s into the call)"
-    timeout -k 5 "$t" "$@" >"$OUT/logs/$name.txt" 2>&1
-    rc=$?
-    [ $rc -ne 0 ] && echo "    $name: exit $rc" && tail -n 8 "$OUT/logs/$name.txt" | sed 's/^/    /'
-    grep -hE "^(bf16|fp16|fp32) |decode |^RESULT|^SELFCHECK|AssertionError|^torch|tokens/s|per-op|^    [a-z_]+ .* ms " "$OUT/logs/$name.txt" |
-        grep -v "^    .* 0\.[0-4][0-9] ms" | head -40 | tee -a "$OUT/glm2.txt"
-    return 0
-}
+KEEP='^(bf16|fp16|fp32) |decode |^RESULT|^SELFCHECK|AssertionError|^torch|tokens/s|per-op|^    [a-z_]+ .* ms '
+SUMMARY="$OUT/glm2.txt"
+. "$(dirname "$0")/lib.sh"
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; git log -1 --format='commit %H' 2>/dev/null; } >"$OUT/env.txt" 2>&1
 for mode in "${@:-ours decode}"; do
     case $mode in

@@ -1,4 +1,5 @@
-# Shared by the bench scripts (sourced): where the real ChatGLM-6B tokenizer is.
+# Shared by the bench scripts (sourced): where the real ChatGLM-6B tokenizer is, and the capped
+# runs of the one-call GPU sessions.
 # find_tokenizer NAME: sets TOKENIZER to the first folder holding ice_text.model among $TOKENIZER,
 # ../shared/tokenizers/chatglm-6b and build/shared/tokenizers/chatglm-6b (what the GPU runs carry),
 # or exits naming the script.
@@ -9,4 +10,22 @@ find_tokenizer() {
     done
     echo "$1: no ChatGLM-6B tokenizer (set TOKENIZER)"
     exit 1
+}
+
+# run_capped NAME CAP MIN CMD...: CMD's output into $OUT/logs/NAME.txt under a timeout of at most
+# CAP seconds, or what is left of $BUDGET (counted from $T0) less 15 s; skipped (and named in
+# $SKIPPED) when fewer than MIN seconds are left. The result lines (those matching $KEEP) go to
+# stdout and are appended to $SUMMARY.
+run_capped() {
+    local name=$1 cap=$2 min=$3 t rc
+    shift 3
+    t=$((BUDGET - (SECONDS - T0) - 15))
+    [ "$t" -gt "$cap" ] && t=$cap
+    if [ "$t" -lt "$min" ]; then echo "=== $name: SKIPPED (${t}s left)"; SKIPPED="$SKIPPED $name"; return 0; fi
+    echo "=== $name ($((SECONDS - T0))s into the call)"
+    timeout -k 5 "$t" "$@" >"$OUT/logs/$name.txt" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && echo "    $name: exit $rc" && tail -n 8 "$OUT/logs/$name.txt" | sed 's/^/    /'
+    grep -hE "$KEEP" "$OUT/logs/$name.txt" | grep -v "^    .* 0\.[0-4][0-9] ms" | head -40 | tee -a "$SUMMARY"
+    return 0
 }

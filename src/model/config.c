@@ -200,22 +200,12 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
         cJSON_Delete(o);
         return -1;
     }
-    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(o, "layernorm_epsilon");
     float epsv = 1e-5f;
-    if (eps) {
-        if (!cJSON_IsNumber(eps)) { cJSON_Delete(o); return glm_fail(err, "%s: field \"layernorm_epsilon\" must be a number", src); }
-        epsv = (float)eps->valuedouble;
-    }
     int pe2d = 1, tie = 1;
-    const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "position_encoding_2d");
-    if (b) {
-        if (!cJSON_IsBool(b)) { cJSON_Delete(o); return glm_fail(err, "%s: field \"position_encoding_2d\" must be true or false", src); }
-        pe2d = cJSON_IsTrue(b);
-    }
-    b = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
-    if (b) {
-        if (!cJSON_IsBool(b)) { cJSON_Delete(o); return glm_fail(err, "%s: field \"tie_word_embeddings\" must be true or false", src); }
-        tie = cJSON_IsTrue(b);
+    if (get_float(o, "layernorm_epsilon", &epsv, src, err) || get_bool(o, "position_encoding_2d", &pe2d, src, err) ||
+        get_bool(o, "tie_word_embeddings", &tie, src, err)) {
+        cJSON_Delete(o);
+        return -1;
     }
     /* a THUDM pre-quantized folder (chatglm-6b-int4/int8): its linear weights are stored as
      * int8 `weight` + fp16 `weight_scale` */

@@ -35,6 +35,23 @@ def write_glm2_config(d, ids, vocab):
     return path
 
 
+def greedy_ref(cfg, params, prompt, eos, past=None, n=8):
+    """The reference's greedy decode of up to n tokens (the whole sequence each step; with a
+    P-Tuning prefix as every layer's past, positions from 0 for the tokens)."""
+    import torch
+    import glm2_ref
+    seq, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            kw = {"position_ids": torch.arange(len(seq)).unsqueeze(0), "past_key_values": past} if past else {}
+            nxt = int(glm2_ref.forward(cfg, params, torch.tensor([seq]), **kw)["logits"][0, -1].argmax())
+            if nxt == eos:
+                break
+            out.append(nxt)
+            seq.append(nxt)
+    return out
+
+
 def gen(args):
     """Greedy generate of one prompt with --debug: (prompt ids, response ids)."""
     p = subprocess.run([GLM, "generate", "--do_sample", "false", "--debug", "--max_new_tokens", "8"] + args,
@@ -105,16 +122,7 @@ def main():
         prompt_ids, got = gen(["--model_name_or_path", ref] + q)
         rc = glm2_ref.load_config(saved)
         params = {k: v.float() for k, v in st.items() if "inv_freq" not in k}
-        seq = list(prompt_ids)
-        want = []
-        with torch.no_grad():
-            for _ in range(8):
-                lg = glm2_ref.forward(rc, params, torch.tensor([seq]))["logits"][0, -1]
-                nxt = int(lg.argmax())
-                if nxt == ids["<eop>"]:
-                    break
-                want.append(nxt)
-                seq.append(nxt)
+        want = greedy_ref(rc, params, prompt_ids, ids["<eop>"])
         report("glm2_generate_equals_reference", got == want, "glmtrain %s, reference %s" % (got, want))
         # the same weights as THUDM ships them: fp16 pytorch_model-0000N-of-00002.bin shards with
         # an index and the rotary buffer, no safetensors
@@ -133,15 +141,7 @@ def main():
             wmap.update({n: fn for n in sd})
         json.dump({"metadata": {}, "weight_map": wmap}, open(os.path.join(th, "pytorch_model.bin.index.json"), "w"))
         got_th = gen(["--model_name_or_path", th] + q)[1]
-        params16 = {k: v.half().float() for k, v in params.items()}
-        seq, want16 = list(prompt_ids), []
-        with torch.no_grad():
-            for _ in range(8):
-                nxt = int(glm2_ref.forward(rc, params16, torch.tensor([seq]))["logits"][0, -1].argmax())
-                if nxt == ids["<eop>"]:
-                    break
-                want16.append(nxt)
-                seq.append(nxt)
+        want16 = greedy_ref(rc, {k: v.half().float() for k, v in params.items()}, prompt_ids, ids["<eop>"])
         report("glm2_loads_thudm_bin_shards", got_th == want16, "glmtrain %s, reference on the fp16 weights %s" % (got_th, want16))
         # 3b. quantized: `quantize` writes THUDM's int4 layout, which loads and decodes as the fp16
         # folder quantized as it loads; info plans a LoRA run on it
@@ -201,17 +201,7 @@ def main():
             pids, got_pt = gen(["--model_name_or_path", ref, "--adapter", pt] + q)
             kv = emb.float().view(4, 4, 2, 8)
             past = tuple((kv[:, 2 * l].unsqueeze(1), kv[:, 2 * l + 1].unsqueeze(1)) for l in range(2))
-            seq, want_pt = list(pids), []
-            with torch.no_grad():
-                for _ in range(8):
-                    n = len(seq)
-                    lg = glm2_ref.forward(rc, params, torch.tensor([seq]), position_ids=torch.arange(n).unsqueeze(0),
-                                          past_key_values=past)["logits"][0, -1]
-                    nxt = int(lg.argmax())
-                    if nxt == ids["<eop>"]:
-                        break
-                    want_pt.append(nxt)
-                    seq.append(nxt)
+            want_pt = greedy_ref(rc, params, pids, ids["<eop>"], past)
             # the prefix must matter for this to prove anything: the base alone answers otherwise
             report("glm2_ptuning_generate_equals_reference", got_pt == want_pt and got_pt is not None and got_pt != got,
                    "glmtrain %s, reference %s (base alone %s)" % (got_pt, want_pt, got))
