@@ -494,7 +494,7 @@ static void forward_trunk(glm_model *m, const void *h_in) {
     size_t bytes = (size_t)N * H * glm_dtype_size(be->dtype);
     if (m->first) be->embedding_fwd(be, resid(m, m->layer_lo), m->bd.ids, m->w.wte, N, H);
     else be->copy(be, resid(m, m->layer_lo), h_in, bytes);
-    if (c->peft.pre_seq_len > 0) glm_prefix_forward(m); /* P-Tuning is refused with pipeline stages */
+    if (c->peft.pre_seq_len > 0) glm_prefix_forward(m); /* every stage runs the encoder for its own layers */
     for (int l = m->layer_lo; l < m->layer_hi; l++) layer_forward(m, l, acts_for(m, l), resid(m, l), resid(m, l + 1));
     if (m->last) m->fam->final_norm(m, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), N);
 }
@@ -610,9 +610,10 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     if (m->first) {
         begin(m, -1);
         if (m->g.wte) be->embedding_bwd(be, m->g.wte, dcur, m->bd.ids, N, H, c->vocab_size);
-        if (c->peft.pre_seq_len > 0) glm_prefix_backward(m);
+    } else {
+        be->copy(be, dh_in, dcur, bytes);
     }
-    else be->copy(be, dh_in, dcur, bytes);
+    if (c->peft.pre_seq_len > 0) glm_prefix_backward(m); /* every stage holds the prefix encoder for its layers */
     grads_final_from(m, -1);
     return loss;
 }

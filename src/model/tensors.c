@@ -84,7 +84,10 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
     int opened = 0; /* rows of the current unit so far */
 #define ROW(kind, layer, name, nd, d0, d1) \
     do { if (in_part(c, layer, kind, part)) { add(tab, kind, layer, name, nd, d0, d1, part == GLM_PART_QUANT ? c->quant : GLM_Q_NONE); tab->t[tab->n - 1].opens_unit = !opened++; } } while (0)
-    if (with_embed) { /* the prefix encoder feeds every layer: its gradient is final last, with the embedding's */
+    /* the prefix encoder feeds every layer: its gradient is final last, with the embedding's; a
+     * pipeline stage without the embedding keeps its own copy for its layers (parallel/pipeline.c
+     * sums the copies' gradients) */
+    if (with_embed || (c->peft.pre_seq_len > 0 && l1 > l0)) {
         int64_t P = c->peft.pre_seq_len, KV = glm_prefix_width(c), E = glm_prefix_emb_width(c);
         ROW(T_PREFIX_EMB, -1, "transformer.prefix_encoder.embedding.weight", 2, P, E);
         ROW(T_PREFIX_W1, -1, "transformer.prefix_encoder.trans.0.weight", 2, H, E);

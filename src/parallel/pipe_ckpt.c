@@ -13,9 +13,10 @@ static void shard_name(char *out, size_t n, const char *kind, int k, int P) {
     snprintf(out, n, "%s-%05d-of-%05d.safetensors", kind, k + 1, P);
 }
 
-/* The tensors stage k writes (its table without a tied copy of the embedding on a later stage). */
+/* The tensors stage k writes (its table without the copies a later stage holds: the tied
+ * embedding, the prefix encoder). */
 static int stage_writes(const glm_config *c, const glm_stage *s, const glm_tensor *t) {
-    return !(t->kind == T_WORD_EMB && !s->embed);
+    return s->embed || !(t->kind == T_WORD_EMB || glm_is_prefix(t->kind));
 }
 
 /* The final model of a freeze run is the whole model: its frozen rows go into the shards too. */
@@ -232,9 +233,20 @@ int glm_pipe_save_final(glm_pipe *p, const char *output_dir, int file_dtype, con
     int bad = p->replica == 0 && glm_pipe_save_stage(p, output_dir, file_dtype, NULL, err) != 0;
     if (agree(p, bad, "writing the model shards", err)) return -1;
     if (p->world->rank == 0) {
-        int lora = p->m->cfg.peft.kind == GLM_FT_LORA;
-        int rc = lora ? gather_adapter(p, output_dir, file_dtype, err)
+        int lora = p->m->cfg.peft.kind == GLM_FT_LORA, ptuning = p->m->cfg.peft.kind == GLM_FT_PTUNING;
+        int rc = 0;
+        if (ptuning) { /* stage 0 holds the whole prefix encoder: THUDM's ptuning layout as one process writes it */
+            for (int k = 0; k < p->P; k++) {
+                char file[64], path[4096];
+                shard_name(file, sizeof file, "model", k, p->P);
+                glm_path_join(path, sizeof path, output_dir, file);
+                remove(path);
+            }
+            rc = glm_model_save_final(p->m, output_dir, file_dtype, 0, err);
+        } else {
+            rc = lora ? gather_adapter(p, output_dir, file_dtype, err)
                       : glm_pipe_save_index(&p->map, p->m, output_dir, file_dtype, 0, err);
+        }
         if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, output_dir, err);
         if (!rc && args_json) rc = write_text(output_dir, "training_args.json", args_json, err);
         bad = rc != 0;

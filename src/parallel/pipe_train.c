@@ -181,7 +181,7 @@ int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_train_args *a, const glm_con
     if (rc) return -1;
     pp->world->timeout = dp->cfg.timeout;
     pp->world->interruptible = !dp->cfg.save_on_interrupt;
-    if (glm_pipe_init(&pp->pipe, pp->world, &map, err)) return -1;
+    if (glm_pipe_init(&pp->pipe, pp->world, &map, c, err)) return -1;
     /* from here on dp speaks for this stage's replicas */
     if (group) {
         group->timeout = dp->cfg.timeout;
@@ -240,6 +240,7 @@ int glm_pp_forward_backward(glm_pp *pp, const glm_batch *mb, int k, float dscale
     pp->world->step = pp->pipe.step;
     if (glm_pipe_forward_backward(&pp->pipe, mb, k, dscale, loss_sum, err)) return -1;
     if (glm_pipe_reduce_tied(&pp->pipe, err)) return -1; /* before glm_dp_reduce_grads (see glm_pp_open) */
+    if (glm_pipe_reduce_prefix(&pp->pipe, err)) return -1;
     pp->busy_acc += pp->pipe.busy_s;
     pp->step_acc += pp->pipe.step_s;
     pp->steps_acc++;

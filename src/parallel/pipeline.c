@@ -12,7 +12,7 @@ static int is_last(const glm_pipe *p) { return p->stage == p->P - 1; }
 /* the last stage holds its own copy of a tied embedding */
 static int tied_split(const glm_pipe *p) { return p->P > 1 && p->m && p->m->cfg.tie_word_embeddings; }
 
-int glm_pipe_init(glm_pipe *p, glm_p2p *world, const glm_device_map *map, glm_err *err) {
+int glm_pipe_init(glm_pipe *p, glm_p2p *world, const glm_device_map *map, const glm_config *c, glm_err *err) {
     *p = (glm_pipe){.map = *map, .P = map->n, .world = world};
     if (world->world % map->n) {
         glm_fail(err, "%d ranks cannot be split into pipelines of %d stages", world->world, map->n);
@@ -22,9 +22,10 @@ int glm_pipe_init(glm_pipe *p, glm_p2p *world, const glm_device_map *map, glm_er
     p->stage = world->rank % p->P;
     p->replica = world->rank / p->P;
     int ends = p->P > 1 && (is_first(p) || is_last(p));
-    /* both splits are collective over the world, so every rank makes both calls */
+    /* the splits are collective over the world, so every rank makes each call */
     if (world->split(world, ends ? p->replica : -1, p->stage, &p->tied, err)) return -1;
     if (world->split(world, p->D > 1 ? p->stage : -1, p->replica, &p->dp, err)) return -1;
+    if (world->split(world, p->P > 1 && c->peft.pre_seq_len > 0 ? p->replica : -1, p->stage, &p->stages, err)) return -1;
     return 0;
 }
 
@@ -53,7 +54,8 @@ void glm_pipe_free(glm_pipe *p) {
     free_bufs(p);
     if (p->tied) p->tied->close(p->tied);
     if (p->dp) p->dp->close(p->dp);
-    p->tied = p->dp = NULL;
+    if (p->stages) p->stages->close(p->stages);
+    p->tied = p->dp = p->stages = NULL;
 }
 
 /* Buffers for `slots` stashed inputs of up to n elements each (only what this stage uses). */
@@ -228,6 +230,23 @@ int glm_pipe_reduce_tied(glm_pipe *p, glm_err *err) {
                               "tied embedding gradient", err);
 }
 
+/* The prefix encoder's rows open the flat buffer of every stage (model/tensors.c). */
+static size_t prefix_end(const glm_model *m) {
+    size_t end = 0;
+    for (int i = 0; i < m->tab.n; i++)
+        if (glm_is_prefix(m->tab.t[i].kind)) end = m->tab.t[i].offset + m->tab.t[i].numel;
+    return end;
+}
+
+int glm_pipe_reduce_prefix(glm_pipe *p, glm_err *err) {
+    if (p->P < 2 || p->m->cfg.peft.pre_seq_len <= 0) return 0;
+    if (!p->stages)
+        return glm_fail(err, "rank %d: stage %d holds a prefix encoder copy but has no communicator to sum its gradient",
+                        p->world->rank, p->stage);
+    p->stages->step = p->step;
+    return p->stages->allreduce(p->stages, p->m->grads, prefix_end(p->m), cdtype(p->m->be), "prefix encoder gradient", err);
+}
+
 int glm_pipe_dp_allreduce(glm_pipe *p, glm_err *err) {
     if (!p->dp) return 0;
     p->dp->step = p->step;
@@ -235,12 +254,18 @@ int glm_pipe_dp_allreduce(glm_pipe *p, glm_err *err) {
 }
 
 int glm_pipe_owns_tensor(const glm_pipe *p, const glm_tensor *t) {
-    return !(t->kind == T_WORD_EMB && tied_split(p) && !is_first(p));
+    /* the first stage owns the tied embedding and the prefix encoder; later ones hold copies */
+    if (is_first(p) || p->P < 2) return 1;
+    return !((t->kind == T_WORD_EMB && tied_split(p)) || glm_is_prefix(t->kind));
 }
 
 size_t glm_pipe_grad_skip(const glm_pipe *p) {
-    /* the last stage's tied copy is left out; it sits at the front of the flat buffer (the
-     * table puts word_embeddings first) and the padding after it is zero */
-    const glm_tensor *t = glm_table_get(&p->m->tab, -1, T_WORD_EMB);
-    return t && !glm_pipe_owns_tensor(p, t) ? t->offset + t->numel : 0;
+    /* the copies a later stage holds (prefix encoder, tied embedding) sit at the front of the
+     * flat buffer (the table puts them first) and the padding after them is zero */
+    size_t skip = 0;
+    for (int i = 0; i < p->m->tab.n; i++) {
+        const glm_tensor *t = &p->m->tab.t[i];
+        if (!glm_pipe_owns_tensor(p, t) && t->offset + t->numel > skip) skip = t->offset + t->numel;
+    }
+    return skip;
 }

@@ -32,6 +32,7 @@ typedef struct glm_pipe {
     glm_p2p *world;           /* all P x D ranks (not owned) */
     glm_p2p *tied;            /* this replica's first and last stage (tied head, P > 1), else NULL */
     glm_p2p *dp;              /* this stage's D replicas (D > 1), else NULL */
+    glm_p2p *stages;          /* this replica's P stages (P-Tuning v2 over P > 1: the prefix copies), else NULL */
     glm_model *m;             /* this stage's model (not owned) */
     /* backend buffers sized for cap elements [N*H]: stashed stage inputs, send/recv */
     void **stash;
@@ -50,7 +51,7 @@ typedef struct glm_pipe {
 
 /* The ranks and sub-communicators: world->world must be a multiple of map->n. Every rank calls
  * it (the splits are collective). */
-int glm_pipe_init(glm_pipe *p, glm_p2p *world, const glm_device_map *map, glm_err *err);
+int glm_pipe_init(glm_pipe *p, glm_p2p *world, const glm_device_map *map, const glm_config *c, glm_err *err);
 /* This rank's part of the map. */
 const glm_stage *glm_pipe_my_stage(const glm_pipe *p);
 /* Builds this stage's model on be (the caller owns it and frees it with glm_model_free). */
@@ -67,6 +68,10 @@ int glm_pipe_forward_backward(glm_pipe *p, const glm_batch *mb, int k, float dsc
 int glm_pipe_forward_loss(glm_pipe *p, const glm_batch *b, double *loss_sum, glm_err *err);
 /* Sums the tied head's gradient into both copies (no-op without a tied head split over stages). */
 int glm_pipe_reduce_tied(glm_pipe *p, glm_err *err);
+/* P-Tuning v2: every stage runs its own copy of the prefix encoder for its layers; their
+ * gradients are summed over the stages (each then makes the same update), before the
+ * data-parallel reduction. Nothing without a prefix. */
+int glm_pipe_reduce_prefix(glm_pipe *p, glm_err *err);
 /* The flat elements [0, skip) that the gradient norm leaves out: the last stage's copy of a
  * tied embedding (0 otherwise). */
 size_t glm_pipe_grad_skip(const glm_pipe *p);

@@ -113,12 +113,6 @@ int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
     if (strcmp(k, "ptuning") != 0 && a->pre_seq_len > 0)
         return glm_fail(err, "--pre_seq_len %d with --finetuning_type %s: the prefix is P-Tuning v2's", a->pre_seq_len, k),
                glm_hint(err, "use --finetuning_type ptuning, or drop --pre_seq_len");
-    /* LoRA and freeze train over pipeline stages; P-Tuning's prefix feeds every stage's layers: not yet */
-    if (a->pipeline_parallel_size > 1 && strcmp(k, "ptuning") == 0) {
-        glm_fail(err, "--finetuning_type %s with --pipeline_parallel_size %d: not supported yet", k, a->pipeline_parallel_size);
-        return glm_hint(err, "train it with data parallelism (--nproc_per_node) instead: only the trainable gradients travel; "
-                             "LoRA and freeze run over pipeline stages");
-    }
     if (strcmp(k, "ptuning") == 0) {
         if (a->pre_seq_len < 1)
             return glm_fail(err, "--finetuning_type ptuning needs --pre_seq_len N (the prefix length)"), glm_hint(err, "THUDM's ptuning/train.sh uses --pre_seq_len 128");

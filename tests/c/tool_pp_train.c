@@ -149,7 +149,7 @@ static int run_pipeline(const opts *o, glm_comm *wc, glm_err *err) {
     sh.B = 2; sh.T = 16; sh.n_micro = o->micro; sh.gradient_checkpointing = o->ckpt;
     glm_device_map map;
     glm_pipe p;
-    if (glm_device_map_make(&map, o->map, o->pp, &c, &sh, err) || glm_pipe_init(&p, world, &map, err)) return -1;
+    if (glm_device_map_make(&map, o->map, o->pp, &c, &sh, err) || glm_pipe_init(&p, world, &map, &c, err)) return -1;
     glm_backend *be = glm_backend_cpu();
     glm_model m;
     glm_pipe_model_init(&p, &m, &c, be);

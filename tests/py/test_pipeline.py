@@ -148,10 +148,41 @@ def main():
         wb = {k: v for k, v in wb.items() if "inv_freq" not in k and k != "lm_head.weight"}
         report("pipeline_freeze_p2_final_model_is_whole", sorted(wa) == sorted(wb) and all(torch_equal(wa[k], wb[k]) for k in wb),
                "%d tensors from the stages, %d from one process (without its buffers)" % (len(wa), len(wb)))
-        p = run(base + b4 + ["--output_dir", os.path.join(d, "pt_p2"), "--finetuning_type", "ptuning", "--pre_seq_len", "4",
-                             "--pipeline_parallel_size", "2"], np=2, check=False)
-        report("pipeline_ptuning_refused_clearly", p.returncode != 0 and "ptuning with --pipeline_parallel_size 2" in p.stderr,
-               p.stderr.strip()[-200:])
+        # 6. P-Tuning v2 over stages (each stage runs a copy of the prefix encoder for its layers, the
+        # copies' gradients summed), with and without the projection, prefix dropout on: the same
+        # curve and the same THUDM-layout prefix as one process, and a resume on the curve
+        for proj in (False, True):
+            tag = "_proj" if proj else ""
+            pb = base + b4 + ["--finetuning_type", "ptuning", "--pre_seq_len", "4", "--learning_rate", "1e-2"] + \
+                (["--prefix_projection"] if proj else [])
+            pref, pp2 = os.path.join(d, "pt_ref" + tag), os.path.join(d, "pt_p2" + tag)
+            run(pb + ["--output_dir", pref])
+            run(pb + ["--output_dir", pp2, "--pipeline_parallel_size", "2"], np=2)
+            err, n = rel(losses(pp2), losses(pref))
+            report("pipeline_ptuning%s_p2_matches_single_process" % tag, n == 20 and err < 1e-6,
+                   "max relative loss difference %.2e over %d steps" % (err, n))
+            wa, wb = weights(pp2), weights(pref)
+            # with the projection each stage backpropagates its layers' share through the encoder
+            # and the shares are summed: the same gradient in another order (rounding only)
+            worst = max(((wa[k] - wb[k]).abs().max() / wb[k].abs().max().clamp(min=1e-30)).item() for k in wb) \
+                if sorted(wa) == sorted(wb) and wb else float("inf")
+            report("pipeline_ptuning%s_p2_writes_the_prefix" % tag, worst <= (1e-5 if proj else 0.0),
+                   "%d prefix tensors (one process: %d), worst relative difference %.2e, files %s" %
+                   (len(wa), len(wb), worst, sorted(f for f in os.listdir(pp2) if "." in f)))
+        # with data parallelism inside each stage too (2 stages x 2 replicas, ZeRO-1; prefix dropout 0,
+        # since the replicas draw their own masks)
+        pt0 = base + ["--finetuning_type", "ptuning", "--pre_seq_len", "4", "--learning_rate", "1e-2", "--prefix_dropout", "0"]
+        pr0, pd = os.path.join(d, "pt_ref0"), os.path.join(d, "pt_p2_x_dp2")
+        run(pt0 + b4 + ["--output_dir", pr0])
+        run(pt0 + b2 + ["--output_dir", pd, "--pipeline_parallel_size", "2", "--zero_stage", "1"], np=4)
+        err, n = rel(losses(pd), losses(pr0))
+        report("pipeline_ptuning_p2_x_dp2_zero1_matches_single_process", n == 20 and err < 1e-6,
+               "max relative loss difference %.2e over %d steps" % (err, n))
+        pres = resume_from(d, "pt_resumed", os.path.join(d, "pt_p2"), base + b4 + ["--finetuning_type", "ptuning",
+                           "--pre_seq_len", "4", "--learning_rate", "1e-2", "--pipeline_parallel_size", "2"], 2)
+        err, n = rel(losses(pres), losses(os.path.join(d, "pt_ref")), after=10)
+        report("pipeline_ptuning_p2_resumes_on_the_curve", n == 10 and err < 1e-6,
+               "max relative loss difference %.2e over steps 11-20" % err)
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
