@@ -1,5 +1,7 @@
-/* libFuzzer target: arbitrary bytes as a SentencePiece .model file (tokenizer/spm_model.c's
- * ModelProto reader, then the charsmap, tries and ChatGLM set-up of glm_tokenizer_load).
+/* libFuzzer target: arbitrary bytes as a tokenizer.model file: a SentencePiece ModelProto
+ * (tokenizer/spm_model.c's reader, then the charsmap, tries and ChatGLM set-up of
+ * glm_tokenizer_load) or, by its content, GLM-4's tiktoken rank file (tokenizer/bpe_ranks.c:
+ * base64 tokens and ranks; seeds ranks_*).
  * Loading must fail with a message or give a tokenizer that encodes and decodes a few fixed
  * texts with every id in range (a fuzzed charsmap or piece table is then really used). */
 #include <string.h>

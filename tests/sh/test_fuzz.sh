@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in tests/fuzz (one per parser: safetensors, torch .bin, JSON data
-# records, config.json, --config files and flags, SentencePiece .model, tokenizer input text)
+# records, config.json, --config files and flags, SentencePiece .model or GLM-4 rank file, tokenizer input text)
 # with clang (fuzzer + ASan + UBSan, leaks count as crashes) and runs each for FUZZ_SECONDS
 # (default 15; `make fuzz` runs 60) from the seed corpus committed in tests/fuzz/seeds/<target>/
 # plus seeds made here (Python's safetensors/torch.save files when installed, small tokenizer
@@ -77,6 +77,9 @@ if command -v spm_train >/dev/null 2>&1; then
         toks="$toks${toks:+:}$gen/bpe.model"
     fi
 fi
+# and a GLM-4-style rank file (the 256 bytes and a few merges), for the byte-level BPE's encoder
+mkdir -p "$gen/glm4" && cp tests/fuzz/seeds/spm_model/ranks_merges "$gen/glm4/tokenizer.model" &&
+    toks="$toks${toks:+:}$gen/glm4/tokenizer.model"
 shared_tok=../shared/tokenizers/chatglm-6b/ice_text.model
 [ -f "$shared_tok" ] && toks="$toks${toks:+:}$(realpath "$shared_tok")"
 export GLM_FUZZ_TOKENIZERS="$toks"
