@@ -48,6 +48,9 @@ int glm_schema_conversation(const cJSON *obj, glm_record *r, char *why, size_t n
         return -1;
     }
     r->conv_key = key;
+    /* the turns are the record; query and answer stay "" (never NULL) for readers of those fields */
+    if (!r->query) r->query = glm_strdup("");
+    if (!r->answer) r->answer = glm_strdup("");
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(obj, "system"); /* sharegpt's record-level system prompt */
     if (sys && !cJSON_IsNull(sys)) {
         if (!cJSON_IsString(sys) || !glm_utf8_valid(sys->valuestring, strlen(sys->valuestring))) {
@@ -106,6 +109,11 @@ int glm_conversation_tools(glm_record *r, const char *json, size_t len, char *wh
         char sub[160];
         char *dump = glm_pyjson_dumps(json + cs + ms + ts, te - ts, 4, sub, sizeof sub);
         if (!dump) { snprintf(why, n, "%s[%d]: 'tools': %s", r->conv_key, m->tools - 1, sub); return -1; }
+        if (!glm_utf8_valid(dump, strlen(dump))) { /* its strings are raw bytes of the file: one may not be text */
+            free(dump);
+            snprintf(why, n, "%s[%d]: 'tools' holds a string that is not valid UTF-8", r->conv_key, m->tools - 1);
+            return -1;
+        }
         size_t a = strlen(m->content), b = strlen(dump);
         m->content = glm_realloc(m->content, a + b + 2);
         m->content[a] = '\n';

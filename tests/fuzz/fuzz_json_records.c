@@ -3,7 +3,8 @@
  * Input layout: byte 0 chooses the reader settings, the rest is the file:
  *   bits 0-1 schema (auto, alpaca, columns, sharegpt), bits 2-3 container (auto, json, jsonl,
  *   auto), bit 4 skip_bad_samples, bit 5 named columns (prompt "q", response "a", history "h",
- *   input "i", system "s", as --prompt_column ... set them).
+ *   input "i", system "s", as --prompt_column ... set them), bit 6 conversation mode (ChatGLM3's
+ *   role/content turns, tools dumped into the system turn).
  * Every outcome must be a clean error or records whose strings are all valid UTF-8. */
 #include <string.h>
 #include "data/reader.h"
@@ -24,6 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cfg.container = cont == 3 ? GLM_CONTAINER_AUTO : (glm_container)cont;
     cfg.skip_bad_samples = (opt >> 4) & 1;
     if (opt & 32) cfg.columns = (glm_columns){"q", "a", "h", "i", "s"};
+    cfg.conversations = (opt >> 6) & 1;
     char path[64];
     int fd = fuzz_memfile(data + 1, size - 1, path, sizeof path);
     if (fd < 0) return 0;
@@ -40,6 +42,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check_str(rec.input, 0, "input");
             FUZZ_CHECK(rec.n_hist >= 0, "n_hist %d", rec.n_hist);
             for (int i = 0; i < 2 * rec.n_hist; i++) check_str(rec.hist[i], 1, "history turn");
+            FUZZ_CHECK(rec.n_msgs >= 0 && (rec.n_msgs == 0 || rec.msgs), "%d turns", rec.n_msgs);
+            for (int i = 0; i < rec.n_msgs; i++) {
+                check_str(rec.msgs[i].content, 1, "conversation turn");
+                FUZZ_CHECK(rec.msgs[i].role >= 0 && rec.msgs[i].role < 4, "role %d", (int)rec.msgs[i].role);
+            }
             FUZZ_CHECK(rec.index >= n && rec.line >= 1 && rec.col >= 1, "record %lld at %lld:%lld",
                        (long long)rec.index, (long long)rec.line, (long long)rec.col);
             n = rec.index + 1;

@@ -242,11 +242,15 @@ def check_bad_records(tmp, f2, f3):
              ("turn_not_object", '{"conversations": ["hi"]}', "conversations[0] is a string, not an object"),
              ("tools_on_user", '{"conversations": [{"role": "user", "content": "x", "tools": []}]}', "conversations[0]: 'tools' on a turn"),
              ("top_level_tools", '{"tools": [], "conversations": [{"role": "user", "content": "x"}]}', "a top-level 'tools'")]
+    # raw bytes that are not UTF-8 inside a system turn's tools (found by fuzz_json_records)
+    cases.append(("tools_not_utf8", b'{"conversations": [{"role": "system", "content": "s", "tools": [{"name": "ge\x8c\x9fw"}]}, '
+                  b'{"role": "user", "content": "q"}]}', "'tools' holds a string that is not valid UTF-8"))
     for name, line, why in cases:
         path = os.path.join(tmp, "bad_%s.jsonl" % name)
-        with open(path, "w") as f:
-            f.write(good + "\n" + good + "\n" + line + "\n")
+        with open(path, "wb") as f:
+            f.write((good + "\n" + good + "\n").encode() + (line if isinstance(line, bytes) else line.encode()) + b"\n")
         got, err = run(["--tokenizer", f3, "--train_file", path])
+        err = str(err)  # a summary (dict) when it wrongly read the file
         C.check("chatglm3_bad_" + name, got is None and ("%s:3:1:" % path) in err and why in err, err[-300:])
     # ChatGLM2 reads sharegpt as pairs: an observation turn is no role there
     path = os.path.join(tmp, "bad_glm2_observation.jsonl")
