@@ -18,21 +18,9 @@
 # device call, carry ["build/gpu/bench_train", "build/gpu/bench_decode", "build/gpu/tests/cuda", "build/lib", "build/shared"]:
 #   bash bench/gpu_quant_session.sh train decode
 set -u
-export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT/logs"
-export LD_LIBRARY_PATH="$PWD/build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export GLM_SHARED="$PWD/build/shared"
-B=${BUILD:-build/gpu}
-PY=${PY:-python3}
-BUDGET=${BUDGET:-540}
-T0=$SECONDS
-J="$OUT/quant.jsonl"
-SKIPPED=""
-KEEP='^(bf16|fp16|fp32) |^decode |^RESULT|per-op|^    [a-z_]+ .* ms '
-SUMMARY="$OUT/quant.txt"
 . "$(dirname "$0")/lib.sh"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; git log -1 --format='commit %H' 2>/dev/null; } >"$OUT/env.txt" 2>&1
+session_setup quant
+KEEP='^(bf16|fp16|fp32) |^decode |^RESULT|per-op|^    [a-z_]+ .* ms '
 for mode in "${@:-train decode}"; do
     case $mode in
     tests)

@@ -29,3 +29,23 @@ run_capped() {
     grep -hE "$KEEP" "$OUT/logs/$name.txt" | grep -v "^    .* 0\.[0-4][0-9] ms" | head -40 | tee -a "$SUMMARY"
     return 0
 }
+
+# session_setup NAME: what a one-call GPU session sets up first: NCCL without multicast, $OUT/logs,
+# the carried libraries and oracles, B (the build), PY, BUDGET (default 540 s) from T0 = now,
+# J = $OUT/NAME.jsonl and SUMMARY = $OUT/NAME.txt, and the machine in $OUT/env.txt.
+session_setup() {
+    export NCCL_NVLS_ENABLE=0
+    OUT=${OUT:-gpu-out}
+    mkdir -p "$OUT/logs"
+    export LD_LIBRARY_PATH="$PWD/build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    export GLM_SHARED="$PWD/build/shared"
+    B=${BUILD:-build/gpu}
+    PY=${PY:-python3}
+    BUDGET=${BUDGET:-540}
+    T0=$SECONDS
+    J="$OUT/$1.jsonl"
+    SUMMARY="$OUT/$1.txt"
+    SKIPPED=""
+    { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+      git log -1 --format='commit %H' 2>/dev/null; } >"$OUT/env.txt" 2>&1
+}

@@ -96,6 +96,21 @@ static int get_float(const cJSON *o, const char *key, float *out, const char *sr
     return 0;
 }
 
+/* quantization_bit of a THUDM pre-quantized folder (its linear weights stored as int8 `weight` +
+ * fp16 `weight_scale`): *quant a glm_qtype, GLM_Q_NONE when absent, null or 0. */
+static int get_quant_bit(const cJSON *o, int *quant, const char *src, const char *hint, glm_err *err) {
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, "quantization_bit");
+    *quant = GLM_Q_NONE;
+    if (!q || cJSON_IsNull(q)) return 0;
+    int qbit = cJSON_IsNumber(q) ? q->valueint : -1;
+    if (!cJSON_IsNumber(q) || (qbit != 0 && qbit != 4 && qbit != 8)) {
+        glm_fail(err, "%s: quantization_bit must be 0, 4 or 8 (THUDM's values), not %d", src, qbit);
+        return glm_hint(err, "%s", hint);
+    }
+    *quant = qbit == 4 ? GLM_Q_INT4 : qbit == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
+    return 0;
+}
+
 /* ChatGLM2-6B / ChatGLM3-6B / GLM-4-9B's config.json (spec 11-12): the ChatGLM2 block. Options
  * THUDM's code has but no released model uses are refused by name rather than run wrong. */
 static int parse_glm2(glm_config *c, const cJSON *o, const char *src, glm_err *err) {
@@ -138,16 +153,8 @@ static int parse_glm2(glm_config *c, const cJSON *o, const char *src, glm_err *e
         return glm_hint(err, "compare with THUDM's config.json of chatglm2-6b, chatglm3-6b or glm-4-9b");
     }
     /* THUDM's chatglm2-6b-int4 layout (and glmtrain quantize's): int8 weight + fp16 weight_scale */
-    int quant = GLM_Q_NONE;
-    const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, "quantization_bit");
-    if (q && !cJSON_IsNull(q)) {
-        int qbit = cJSON_IsNumber(q) ? q->valueint : -1;
-        if (!cJSON_IsNumber(q) || (qbit != 0 && qbit != 4 && qbit != 8)) {
-            glm_fail(err, "%s: quantization_bit must be 0, 4 or 8 (THUDM's values), not %d", src, qbit);
-            return glm_hint(err, "chatglm2-6b-int4 folders say 4, fp16 ones 0 or nothing");
-        }
-        quant = qbit == 4 ? GLM_Q_INT4 : qbit == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
-    }
+    int quant;
+    if (get_quant_bit(o, &quant, src, "chatglm2-6b-int4 folders say 4, fp16 ones 0 or nothing", err)) return -1;
     *c = d;
     c->quant = quant;
     c->vocab_size = padded > 0 ? padded : vocab;
@@ -209,16 +216,10 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
     }
     /* a THUDM pre-quantized folder (chatglm-6b-int4/int8): its linear weights are stored as
      * int8 `weight` + fp16 `weight_scale` */
-    const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, "quantization_bit");
-    int quant = GLM_Q_NONE;
-    if (q && !cJSON_IsNull(q)) {
-        int qbit = cJSON_IsNumber(q) ? q->valueint : -1; /* q dies with o */
-        if (!cJSON_IsNumber(q) || (qbit != 0 && qbit != 4 && qbit != 8)) {
-            cJSON_Delete(o);
-            glm_fail(err, "%s: quantization_bit must be 0, 4 or 8 (THUDM's values), not %d", src, qbit);
-            return glm_hint(err, "chatglm-6b-int4 folders say 4, chatglm-6b-int8 say 8, fp16 ones 0 or nothing");
-        }
-        quant = qbit == 4 ? GLM_Q_INT4 : qbit == 8 ? GLM_Q_INT8 : GLM_Q_NONE;
+    int quant;
+    if (get_quant_bit(o, &quant, src, "chatglm-6b-int4 folders say 4, chatglm-6b-int8 say 8, fp16 ones 0 or nothing", err)) {
+        cJSON_Delete(o);
+        return -1;
     }
     const cJSON *qe = cJSON_GetObjectItemCaseSensitive(o, "quantization_embeddings");
     if (quant != GLM_Q_NONE && cJSON_IsTrue(qe)) { /* chatglm-6b-int4-qe: the embedding quantized too */
@@ -251,16 +252,24 @@ int glm_config_load(glm_config *c, const char *path, glm_err *err) {
 }
 
 /* ChatGLM2-6B's config.json keys (what its modeling_chatglm.py reads). */
-static char *glm2_config_json(const glm_config *c) {
+/* What both families' config.json open with: the architecture and the names of THUDM's code
+ * files, as the original config.json has them (a folder made from this config loads with
+ * trust_remote_code once those files are copied in); ChatGLM2's maps AutoModelForCausalLM too. */
+static cJSON *config_object(int causal_lm) {
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("ChatGLMModel"));
     cJSON *am = cJSON_AddObjectToObject(o, "auto_map");
     cJSON_AddStringToObject(am, "AutoConfig", "configuration_chatglm.ChatGLMConfig");
     cJSON_AddStringToObject(am, "AutoModel", "modeling_chatglm.ChatGLMForConditionalGeneration");
-    cJSON_AddStringToObject(am, "AutoModelForCausalLM", "modeling_chatglm.ChatGLMForConditionalGeneration");
+    if (causal_lm) cJSON_AddStringToObject(am, "AutoModelForCausalLM", "modeling_chatglm.ChatGLMForConditionalGeneration");
     cJSON_AddStringToObject(am, "AutoModelForSeq2SeqLM", "modeling_chatglm.ChatGLMForConditionalGeneration");
     cJSON_AddStringToObject(o, "model_type", "chatglm");
+    return o;
+}
+
+static char *glm2_config_json(const glm_config *c) {
+    cJSON *o = config_object(1);
     cJSON_AddBoolToObject(o, "add_bias_linear", 0);
     cJSON_AddBoolToObject(o, "add_qkv_bias", c->qkv_bias);
     cJSON_AddBoolToObject(o, "apply_query_key_layer_scaling", 1);
@@ -303,16 +312,7 @@ static char *glm2_config_json(const glm_config *c) {
 
 char *glm_config_to_json(const glm_config *c) {
     if (c->family == GLM_FAMILY_GLM2) return glm2_config_json(c);
-    cJSON *o = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("ChatGLMModel"));
-    /* the names of THUDM's code files, as the original config.json has them: a folder made from
-     * this config loads with trust_remote_code once those files are copied in */
-    cJSON *am = cJSON_AddObjectToObject(o, "auto_map");
-    cJSON_AddStringToObject(am, "AutoConfig", "configuration_chatglm.ChatGLMConfig");
-    cJSON_AddStringToObject(am, "AutoModel", "modeling_chatglm.ChatGLMForConditionalGeneration");
-    cJSON_AddStringToObject(am, "AutoModelForSeq2SeqLM", "modeling_chatglm.ChatGLMForConditionalGeneration");
-    cJSON_AddStringToObject(o, "model_type", "chatglm");
+    cJSON *o = config_object(0);
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
     cJSON_AddNumberToObject(o, "num_layers", c->num_layers);

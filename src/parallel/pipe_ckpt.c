@@ -16,7 +16,7 @@ static void shard_name(char *out, size_t n, const char *kind, int k, int P) {
 /* The tensors stage k writes (its table without the copies a later stage holds: the tied
  * embedding, the prefix encoder). */
 static int stage_writes(const glm_config *c, const glm_stage *s, const glm_tensor *t) {
-    return s->embed || !(t->kind == T_WORD_EMB || glm_is_prefix(t->kind));
+    return !glm_stage_row_is_copy(s->embed, t->kind);
 }
 
 /* The final model of a freeze run is the whole model: its frozen rows go into the shards too. */

@@ -254,9 +254,7 @@ int glm_pipe_dp_allreduce(glm_pipe *p, glm_err *err) {
 }
 
 int glm_pipe_owns_tensor(const glm_pipe *p, const glm_tensor *t) {
-    /* the first stage owns the tied embedding and the prefix encoder; later ones hold copies */
-    if (is_first(p) || p->P < 2) return 1;
-    return !((t->kind == T_WORD_EMB && tied_split(p)) || glm_is_prefix(t->kind));
+    return !glm_stage_row_is_copy(is_first(p) || p->P < 2, t->kind);
 }
 
 size_t glm_pipe_grad_skip(const glm_pipe *p) {

@@ -82,5 +82,8 @@ int glm_pipe_dp_allreduce(glm_pipe *p, glm_err *err);
 /* 1 when this stage writes tensor t to checkpoints: all but the last stage's tied copy of
  * word_embeddings (the first stage writes it). */
 int glm_pipe_owns_tensor(const glm_pipe *p, const glm_tensor *t);
+/* Whether a stage holding the embedding (`first`) or not keeps only a copy of row kind k: a later
+ * stage's tied embedding and prefix encoder, which the first stage owns (checkpoints, the norm). */
+static inline int glm_stage_row_is_copy(int first, glm_tkind k) { return !first && (k == T_WORD_EMB || glm_is_prefix(k)); }
 
 #endif
