@@ -65,6 +65,11 @@ $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# serve: libmicrohttpd's header at build time (libmicrohttpd-dev); the library itself is opened
+# with dlopen when serve starts (src/serve/server.c), so no other command or GPU carry needs it.
+# The web chat page is embedded into this object (.incbin): rebuilt when the page changes.
+$(BUILD)/obj/src/serve/page.o: src/serve/chat_page.html
+
 $(BUILD)/libglm.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^

@@ -9,6 +9,7 @@ static void usage(void) {
            "  train      fine-tune a model on instruction data (Hugging Face TrainingArguments flag names)\n"
            "  generate   one response to --prompt, or answers to a data file (--input_file) with BLEU/ROUGE\n"
            "  chat       talk to a model in the terminal (history, streaming)\n"
+           "  serve      an OpenAI-compatible HTTP API and a web chat page (continuous batching, LoRA adapters)\n"
            "  tokenize   ids, pieces or text through the ChatGLM tokenizer\n"
            "  info       model size and the memory plan for a training setup\n"
            "  convert    a checkpoint (.bin or safetensors) to a Hugging Face safetensors folder (fp16/bf16/fp32)\n"
@@ -28,6 +29,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return glm_cmd_train(n, rest);
     if (!strcmp(cmd, "generate")) return glm_cmd_generate(n, rest);
     if (!strcmp(cmd, "chat")) return glm_cmd_chat(n, rest);
+    if (!strcmp(cmd, "serve")) return glm_cmd_serve(n, rest);
     if (!strcmp(cmd, "tokenize")) return glm_cmd_tokenize(n, rest);
     if (!strcmp(cmd, "info")) return glm_cmd_info(n, rest);
     if (!strcmp(cmd, "merge")) return glm_cmd_merge(n, rest);

@@ -268,6 +268,19 @@ int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids
 int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids, const int32_t *pos,
                              const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi, const float *h_in,
                              float *h_out, float *hidden_out, float *logits_out, glm_err *err);
+/* Continuous batching (serve/engine.c): the cache as a pool of kv->B slots of kv->Tmax tokens,
+ * each slot with its own length (kv->len is not used). Row b of the call is slot slot0 + b,
+ * holding len[b] tokens before it; its Tq new tokens go to [len[b], len[b] + Tq) and kv_lo/kv_hi
+ * [nrows*Tq] are key ranges inside the slot (hi <= len[b] + Tq), so a row's attention reads only
+ * its own slot. Rows compute as they would alone (glm_forward_cached with B = 1): on the CPU the
+ * results are bit-identical whatever the other rows hold. logits_out [nrows*V]: each row's last
+ * new token. Whole models without a P-Tuning prefix. */
+int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
+                             const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
+                             const int32_t *kv_hi, float *logits_out, glm_err *err);
+/* Makes the work buffers for calls of up to ntokens new tokens now (a LoRA adapter's middle
+ * buffers follow m->cfg.peft at this moment: set the widest rank and every target first). */
+void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens);
 
 
 /* ---- a layer's activation buffers (the family's block fills them) ---- */

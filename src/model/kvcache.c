@@ -197,3 +197,79 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
     kv->len += Tq;
     return 0;
 }
+
+/* ---- continuous batching (glm.h glm_forward_cached_slots): every row of a call is one cache
+ * slot with its own length, so requests of different lengths share the pool and the decode
+ * step; each row's keys are its own slot's [lo, hi), the other slots never in its range. */
+
+void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens) { ensure_scratch(m, kv, ntokens); }
+
+int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
+                             const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
+                             const int32_t *kv_hi, float *logits_out, glm_err *err) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    int N = nrows * Tq, H = c->hidden_size, V = c->vocab_size, HD = glm_head_dim(c);
+    if (front(m) > 0) return glm_fail(err, "cache slots: a P-Tuning prefix is not supported");
+    if (!m->first || !m->last) return glm_fail(err, "cache slots: a whole model is needed (not a pipeline stage)");
+    if (nrows <= 0 || Tq <= 0 || slot0 < 0 || slot0 + nrows > kv->B)
+        return glm_fail(err, "cache slots [%d, %d) x %d tokens outside the pool of %d slots", slot0, slot0 + nrows, Tq, kv->B);
+    int Tk = 0;
+    for (int b = 0; b < nrows; b++) {
+        if (len[b] < 0 || len[b] + Tq > kv->Tmax)
+            return glm_fail(err, "cache slot %d full: %d cached + %d new tokens > capacity %d", slot0 + b, len[b], Tq, kv->Tmax);
+        if (len[b] + Tq > Tk) Tk = len[b] + Tq;
+    }
+    for (int i = 0; i < N; i++) {
+        int b = i / Tq;
+        if (ids[i] < 0 || ids[i] >= V) return glm_fail(err, "token id %d outside the vocabulary [0, %d)", ids[i], V);
+        if (kv_lo[i] < 0 || kv_hi[i] > len[b] + Tq || kv_lo[i] > kv_hi[i])
+            return glm_fail(err, "slot %d: key range [%d, %d) outside its %d tokens", slot0 + b, kv_lo[i], kv_hi[i], len[b] + Tq);
+    }
+    size_t es = glm_dtype_size(be->dtype), Nb = (size_t)N, row = row_elems(m);
+    ensure_scratch(m, kv, N);
+    int32_t *d_ids = kv->ints, *d_pos = d_ids + N, *d_bpos = d_pos + N, *d_lo = d_bpos + N, *d_hi = d_lo + N;
+    int32_t *d_last = d_hi + N;
+    be->upload(be, d_ids, ids, Nb * 4); be->upload(be, d_pos, pos, Nb * 4); be->upload(be, d_bpos, block_pos, Nb * 4);
+    be->upload(be, d_lo, kv_lo, Nb * 4); be->upload(be, d_hi, kv_hi, Nb * 4);
+    glm_layer_acts *a = &kv->a;
+    void *h = kv->h, *h2 = kv->h2;
+    be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
+    long bs = (long)kv->Tmax * (long)row; /* one slot */
+    for (int l = m->layer_lo; l < m->layer_hi; l++) {
+        m->fam->block_qkv(m, l, a, h, N, d_pos, d_bpos);
+        void *pool = glm_at(be, kv->qkv[l], (size_t)slot0 * bs);
+        glm_qkv_view q, k, v, unused;
+        int W = glm_qkv_width(c);
+        if (c->family == GLM_FAMILY_GLM2) { /* k|v appended at each slot's length; queries from a->qkv */
+            int KV = (int)row, NKV = glm_kv_heads(c);
+            for (int b = 0; b < nrows; b++)
+                be->copy_rows(be, glm_at(be, pool, (size_t)b * bs + (size_t)len[b] * KV), KV,
+                              glm_at(be, a->qkv, (size_t)b * Tq * W + (W - KV)), W, KV, Tq);
+            m->fam->qkv_views(m, a->qkv, (long)Tq * W, &q, &unused, &unused);
+            int g = c->num_attention_heads / NKV;
+            k = (glm_qkv_view){pool, bs, KV, HD, g};
+            v = (glm_qkv_view){glm_at(be, pool, (size_t)NKV * HD), bs, KV, HD, g};
+        } else { /* the q|k|v rows appended at each slot's length; queries read from a->qkv */
+            for (int b = 0; b < nrows; b++)
+                be->copy(be, glm_at(be, pool, (size_t)b * bs + (size_t)len[b] * W), glm_at(be, a->qkv, (size_t)b * Tq * W),
+                         (size_t)Tq * W * es);
+            m->fam->qkv_views(m, a->qkv, (long)Tq * W, &q, &unused, &unused);
+            m->fam->qkv_views(m, pool, bs, &unused, &k, &v);
+        }
+        m->fam->block_finish(m, l, a, q, k, v, d_lo, d_hi, nrows, Tq, Tk, h2);
+        void *t = h; h = h2; h2 = t;
+    }
+    void *x = a->x;
+    m->fam->final_norm(m, x, a->ln1_mean, a->ln1_rstd, h, N);
+    if (logits_out) {
+        int32_t *last = glm_malloc(sizeof(int32_t) * (size_t)nrows);
+        for (int b = 0; b < nrows; b++) last[b] = b * Tq + Tq - 1;
+        be->upload(be, d_last, last, (size_t)nrows * 4);
+        be->gather_rows(be, kv->rows, x, d_last, nrows, H);
+        be->matmul_fwd(be, kv->logits, kv->rows, m->w.head, NULL, nrows, H, V);
+        be->download_f32(be, logits_out, kv->logits, (size_t)nrows * V);
+        free(last);
+    }
+    return 0;
+}

@@ -1,0 +1,456 @@
+/* The continuous-batching decode engine (serve/engine.h). */
+#include "serve/engine.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "core/log.h"
+#include "model/adapter.h"
+
+/* ---------------------------------------------------------------- adapters */
+
+int srv_adapter_load(srv_adapter *a, glm_backend *be, const glm_config *base, const char *name, const char *dir,
+                     glm_err *err) {
+    memset(a, 0, sizeof *a);
+    snprintf(a->name, sizeof a->name, "%s", name);
+    snprintf(a->dir, sizeof a->dir, "%s", dir);
+    if (glm_adapter_read_config(dir, &a->peft, err)) return glm_wrap(err, "--adapter %s=%s: ", name, dir);
+    if (a->peft.kind != GLM_FT_LORA) {
+        glm_fail(err, "--adapter %s=%s is a P-Tuning v2 checkpoint: serve runs LoRA adapters only", name, dir);
+        return glm_hint(err, "use glmtrain generate/chat --adapter for a P-Tuning prefix, or serve a LoRA adapter");
+    }
+    a->peft.lora_dropout = 0; /* inference: no dropout, and no dropout buffer */
+    /* A model shell holding only the adapter's rows (the trainable table under its LoRA config),
+     * so the adapter loader fills them exactly as it does for generate --adapter. */
+    glm_model *s = &a->shell;
+    s->cfg = *base;
+    s->cfg.peft = a->peft;
+    s->fam = glm_family_of(&s->cfg);
+    s->be = be;
+    s->layer_lo = 0;
+    s->layer_hi = base->num_layers;
+    s->first = s->last = 1;
+    glm_table_build_range(&s->tab, &s->cfg, 0, base->num_layers, 1, 1);
+    size_t bytes = (s->tab.total ? s->tab.total : 1) * glm_dtype_size(be->dtype);
+    s->params = be->alloc(be, bytes);
+    be->zero(be, s->params, bytes);
+    a->ptr = glm_calloc((size_t)base->num_layers, sizeof *a->ptr);
+    if (glm_adapter_load(s, dir, err)) return glm_wrap(err, "--adapter %s=%s: ", name, dir);
+    for (int i = 0; i < s->tab.n; i++) {
+        const glm_tensor *t = &s->tab.t[i];
+        if (!glm_is_lora(t->kind) || t->layer < 0) continue;
+        int k = t->kind - T_QKV_LA; /* A, B of module 0, then of module 1, ... */
+        a->ptr[t->layer][(k % 2) * 4 + k / 2] = glm_at(be, s->params, t->offset);
+    }
+    return 0;
+}
+
+void srv_adapter_free(srv_adapter *a, glm_backend *be) {
+    if (a->shell.params) be->free(be, a->shell.params);
+    glm_table_free(&a->shell.tab);
+    free(a->ptr);
+    memset(a, 0, sizeof *a);
+}
+
+/* The model's adapter views and settings for adapter k (-1: the base). */
+static void set_adapter(srv_engine *e, int k) {
+    if (k == e->cur) return;
+    glm_model *m = e->m;
+    for (int l = 0; l < m->cfg.num_layers; l++)
+        for (int i = 0; i < 4; i++) {
+            m->w.layer[l].lora_a[i] = k >= 0 ? e->ad[k].ptr[l][i] : NULL;
+            m->w.layer[l].lora_b[i] = k >= 0 ? e->ad[k].ptr[l][4 + i] : NULL;
+        }
+    m->cfg.peft = k >= 0 ? e->ad[k].peft : e->base_peft;
+    e->cur = k;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+srv_req *srv_req_new(void) {
+    srv_req *r = glm_calloc(1, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->refs = 1;
+    r->adapter = -1;
+    r->slot = -1;
+    atomic_init(&r->cancel, 0);
+    return r;
+}
+
+void srv_req_put(srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left > 0) return;
+    glm_ids_free(&r->prompt);
+    glm_ids_free(&r->out);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    if (r->admitted) glm_streamer_free(&r->st);
+    free(r->seen);
+    free(r->text);
+    free(r->final);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+/* Appends s[0..n) to the released text (r->mu held). */
+static void release(srv_req *r, const char *s, size_t n) {
+    if (!n) return;
+    if (r->n_text + n + 1 > r->cap_text) {
+        r->cap_text = (r->n_text + n + 1) * 2;
+        r->text = glm_realloc(r->text, r->cap_text);
+    }
+    memcpy(r->text + r->n_text, s, n);
+    r->n_text += n;
+    r->text[r->n_text] = 0;
+}
+
+/* The earliest stop string in t[0..n): its offset, or -1. */
+static long find_stop(const srv_req *r, const char *t) {
+    long best = -1;
+    for (int i = 0; i < r->n_stops; i++) {
+        const char *p = strstr(t, r->stops[i]);
+        if (p && (best < 0 || p - t < best)) best = p - t;
+    }
+    return best;
+}
+
+/* How many trailing bytes of t[0..n) could start a stop string (held back while streaming). */
+static size_t stop_hold(const srv_req *r, const char *t, size_t n) {
+    size_t hold = 0;
+    for (int i = 0; i < r->n_stops; i++) {
+        size_t k = strlen(r->stops[i]);
+        for (size_t j = k - 1 < n ? k - 1 : n; j > hold; j--)
+            if (memcmp(t + n - j, r->stops[i], j) == 0) { hold = j; break; }
+    }
+    return hold;
+}
+
+/* Ends a request: its final text, the rest of the stream, the slot back to the pool. cut >= 0:
+ * a stop string was found at that offset of the streamer's text. */
+static void finish(srv_engine *e, srv_req *r, const char *why, long cut, const char *errmsg) {
+    char *full;
+    int ok = !strcmp(why, "stop") || !strcmp(why, "length");
+    if (cut >= 0) {
+        full = glm_malloc((size_t)cut + 1);
+        memcpy(full, r->st.shown, (size_t)cut);
+        full[cut] = 0;
+    } else if (ok) {
+        pthread_mutex_lock(e->tok_mu);
+        full = glm_response_text(e->tok, r->out.data, r->out.n, r->postprocess);
+        pthread_mutex_unlock(e->tok_mu);
+        long k = find_stop(r, full);
+        if (k >= 0) { full[k] = 0; why = "stop"; }
+    } else {
+        full = NULL;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (!full) full = glm_strdup(r->text ? r->text : "");
+    size_t nf = strlen(full);
+    if (nf >= r->n_text && (r->n_text == 0 || memcmp(full, r->text, r->n_text) == 0))
+        release(r, full + r->n_text, nf - r->n_text);
+    r->final = full;
+    r->finish = why;
+    r->n_out = r->out.n;
+    if (errmsg) snprintf(r->error, sizeof r->error, "%s", errmsg);
+    r->done = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (e->debug)
+        glm_info("serve: request in slot %d done (%s): %d prompt + %d tokens, %.3f s to the first token, %.3f s in all", r->slot,
+                 why, r->prompt.n, r->out.n, r->t_first > 0 ? r->t_first - r->t_submit : 0.0, glm_now() - r->t_submit);
+    if (r->slot >= 0) {
+        e->slot[r->slot] = NULL;
+        e->slot_len[r->slot] = 0;
+        pthread_mutex_lock(&e->mu);
+        e->active--;
+        e->served++;
+        pthread_mutex_unlock(&e->mu);
+        r->slot = -1;
+    }
+    srv_req_put(r);
+}
+
+/* One sampled token of a row: glm_generate's stop rule and limit, then the text it settles. */
+static void row_token(srv_engine *e, srv_req *r, int32_t id) {
+    const glm_config *c = &e->m->cfg;
+    int stop = id == c->eos_token_id;
+    for (int k = 0; k < r->g.n_stop; k++) stop |= id == r->g.stop_ids[k];
+    if (r->ignore_eos) stop = 0;
+    if (stop) { finish(e, r, "stop", -1, NULL); return; }
+    glm_ids_push(&r->out, id);
+    if (r->seen) r->seen[id] = 1;
+    pthread_mutex_lock(e->tok_mu);
+    glm_streamer_push(&r->st, id);
+    pthread_mutex_unlock(e->tok_mu);
+    const char *t = r->st.shown;
+    size_t n = r->st.n_shown;
+    long cut = r->n_stops ? find_stop(r, t) : -1;
+    pthread_mutex_lock(&r->mu);
+    if (r->out.n == 1) r->t_first = glm_now();
+    r->n_out = r->out.n;
+    if (cut < 0) {
+        size_t keep = n - stop_hold(r, t, n);
+        if (keep > r->n_text && !r->st.diverged) release(r, t + r->n_text, keep - r->n_text);
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&e->mu);
+    e->tokens++;
+    pthread_mutex_unlock(&e->mu);
+    if (cut >= 0) finish(e, r, "stop", cut, NULL);
+    else if (r->out.n >= r->limit) finish(e, r, "length", -1, NULL);
+}
+
+/* ---------------------------------------------------------------- steps */
+
+static int32_t pad_id(const srv_engine *e) {
+    const glm_config *c = &e->m->cfg;
+    return c->pad_token_id >= 0 && c->pad_token_id < c->vocab_size ? c->pad_token_id : 0;
+}
+
+/* A new request's prompt through its slot (one forward), and its first token. */
+static void prefill(srv_engine *e, srv_req *r) {
+    const glm_config *c = &e->m->cfg;
+    int n = r->prompt.n, V = c->vocab_size, zero = 0;
+    glm_err err = {0};
+    r->admitted = 1;
+    glm_rng_seed(&r->rng, r->seed);
+    glm_streamer_init(&r->st, e->tok, r->postprocess);
+    if (r->g.repetition_penalty != 1.0f) {
+        r->seen = glm_calloc((size_t)V, 1);
+        for (int i = 0; i < n; i++) r->seen[r->prompt.data[i]] = 1;
+    }
+    r->limit = glm_gen_limit(&r->g, n);
+    if (r->limit <= 0 || n + r->limit > e->Tmax) { finish(e, r, "error", -1, "the prompt leaves no room for a response"); return; }
+    if (e->m->fam->prompt_positions(c, r->prompt.data, n, e->pos, e->bpos, e->rh, r->state)) {
+        finish(e, r, "error", -1, "the prompt has no [gMASK] (or [MASK]) and <sop>");
+        return;
+    }
+    for (int i = 0; i < n; i++) { e->lo[i] = 0; e->hi[i] = e->rh[i]; }
+    set_adapter(e, r->adapter);
+    if (glm_forward_cached_slots(e->m, &e->kv, r->slot, 1, n, &zero, r->prompt.data, e->pos, e->bpos, e->lo, e->hi,
+                                 e->logits, &err)) {
+        glm_warn("serve: prefill failed: %s", err.msg);
+        finish(e, r, "error", -1, err.msg);
+        return;
+    }
+    e->slot_len[r->slot] = n;
+    row_token(e, r, glm_sample_next(e->logits, V, &r->g, r->seen, &r->rng));
+}
+
+/* One decode forward for the rows of adapter k (-1: base) over the slot range they span. */
+static void decode_group(srv_engine *e, int k) {
+    const glm_config *c = &e->m->cfg;
+    int lo_s = e->nslots, hi_s = -1, V = c->vocab_size;
+    for (int s = 0; s < e->nslots; s++) {
+        srv_req *r = e->slot[s];
+        if (r && r->adapter == k && r->out.n > 0) { if (s < lo_s) lo_s = s; hi_s = s; }
+    }
+    if (hi_s < 0) return;
+    int nr = hi_s - lo_s + 1;
+    srv_req **mem = glm_calloc((size_t)nr, sizeof *mem);
+    for (int b = 0; b < nr; b++) {
+        int s = lo_s + b;
+        srv_req *r = e->slot[s];
+        e->lens[b] = e->slot_len[s];
+        if (r && r->adapter == k && r->out.n > 0) {
+            mem[b] = r;
+            int t = r->prompt.n + r->out.n - 1; /* the fed token's index in the row */
+            e->ids[b] = r->out.data[r->out.n - 1];
+            e->m->fam->next_position(r->state, t, &e->pos[b], &e->bpos[b]);
+            e->lo[b] = 0;
+            e->hi[b] = e->slot_len[s] + 1;
+        } else { /* a free slot or another adapter's row: idle, its result dropped */
+            e->ids[b] = pad_id(e);
+            e->pos[b] = e->bpos[b] = 0;
+            e->lo[b] = 0;
+            e->hi[b] = 1;
+        }
+    }
+    set_adapter(e, k);
+    glm_err err = {0};
+    if (glm_forward_cached_slots(e->m, &e->kv, lo_s, nr, 1, e->lens, e->ids, e->pos, e->bpos, e->lo, e->hi, e->logits,
+                                 &err)) {
+        glm_warn("serve: decode step failed: %s", err.msg);
+        for (int b = 0; b < nr; b++) if (mem[b]) finish(e, mem[b], "error", -1, err.msg);
+        free(mem);
+        return;
+    }
+    int32_t *next = glm_malloc(sizeof(int32_t) * (size_t)nr);
+    /* each row samples from its own stream: the rows are independent, in any order */
+#pragma omp parallel for schedule(dynamic)
+    for (int b = 0; b < nr; b++)
+        if (mem[b]) next[b] = glm_sample_next(e->logits + (size_t)b * V, V, &mem[b]->g, mem[b]->seen, &mem[b]->rng);
+    for (int b = 0; b < nr; b++) {
+        if (!mem[b]) continue;
+        e->slot_len[lo_s + b]++;
+        row_token(e, mem[b], next[b]);
+    }
+    free(next);
+    free(mem);
+}
+
+static void *engine_main(void *arg) {
+    srv_engine *e = arg;
+    srv_req **adm = glm_calloc((size_t)e->nslots, sizeof *adm);
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && !e->qhead && e->active == 0 && !e->draining) pthread_cond_wait(&e->cv, &e->mu);
+        if (e->stop || (e->draining && !e->qhead && e->active == 0)) { pthread_mutex_unlock(&e->mu); break; }
+        int nadm = 0;
+        for (int s = 0; s < e->nslots && e->qhead; s++) {
+            if (e->slot[s]) continue;
+            srv_req *r = e->qhead;
+            e->qhead = r->next;
+            if (!e->qhead) e->qtail = NULL;
+            e->qlen--;
+            e->slot[s] = r;
+            e->slot_len[s] = 0;
+            r->slot = s;
+            e->active++;
+            if (e->active > e->peak) e->peak = e->active;
+            adm[nadm++] = r;
+        }
+        pthread_mutex_unlock(&e->mu);
+        /* a client that went away frees its slot now */
+        for (int s = 0; s < e->nslots; s++)
+            if (e->slot[s] && atomic_load(&e->slot[s]->cancel)) {
+                srv_req *r = e->slot[s];
+                if (!r->admitted) { r->admitted = 1; glm_streamer_init(&r->st, e->tok, r->postprocess); }
+                finish(e, r, "cancelled", -1, NULL);
+            }
+        for (int i = 0; i < nadm; i++)
+            if (adm[i]->slot >= 0) prefill(e, adm[i]);
+        decode_group(e, -1);
+        for (int k = 0; k < e->n_ad; k++) decode_group(e, k);
+        pthread_mutex_lock(&e->mu);
+        e->steps++;
+        pthread_mutex_unlock(&e->mu);
+        if (e->step_delay_ms > 0) {
+            struct timespec ts = {e->step_delay_ms / 1000, (long)(e->step_delay_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    /* stopped: whatever still runs or waits is cancelled */
+    for (int s = 0; s < e->nslots; s++)
+        if (e->slot[s]) {
+            srv_req *r = e->slot[s];
+            if (!r->admitted) { r->admitted = 1; glm_streamer_init(&r->st, e->tok, r->postprocess); }
+            finish(e, r, "cancelled", -1, "the server is shutting down");
+        }
+    pthread_mutex_lock(&e->mu);
+    srv_req *q = e->qhead;
+    e->qhead = e->qtail = NULL;
+    e->qlen = 0;
+    pthread_mutex_unlock(&e->mu);
+    while (q) {
+        srv_req *nx = q->next;
+        q->admitted = 1;
+        glm_streamer_init(&q->st, e->tok, q->postprocess);
+        finish(e, q, "cancelled", -1, "the server is shutting down");
+        q = nx;
+    }
+    free(adm);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- life */
+
+int srv_engine_init(srv_engine *e, glm_model *m, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
+                    int Tmax, int max_queue, srv_adapter *ad, int n_ad, glm_err *err) {
+    memset(e, 0, sizeof *e);
+    if (m->cfg.peft.kind != GLM_FT_FULL)
+        return glm_fail(err, "serve: the base model must load without an adapter (adapters are chosen per request)");
+    e->m = m;
+    e->tok = tok;
+    e->tok_mu = tok_mu;
+    e->nslots = nslots;
+    e->Tmax = Tmax;
+    e->max_queue = max_queue;
+    e->ad = ad;
+    e->n_ad = n_ad;
+    e->cur = -1;
+    e->base_peft = m->cfg.peft;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    glm_kvcache_init(m, &e->kv, nslots, Tmax);
+    /* the work buffers once, wide enough for every adapter (the widest rank, every target) */
+    glm_peft wide = {.kind = GLM_FT_LORA};
+    for (int k = 0; k < n_ad; k++) {
+        if (ad[k].peft.lora_rank > wide.lora_rank) wide.lora_rank = ad[k].peft.lora_rank;
+        wide.lora_targets |= ad[k].peft.lora_targets;
+    }
+    if (n_ad) m->cfg.peft = wide;
+    glm_kvcache_reserve(m, &e->kv, Tmax > nslots ? Tmax : nslots);
+    m->cfg.peft = e->base_peft;
+    int T = Tmax > nslots ? Tmax : nslots;
+    e->logits = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.vocab_size);
+    e->ids = glm_malloc(sizeof(int32_t) * (size_t)T * 6);
+    e->pos = e->ids + T; e->bpos = e->pos + T; e->lo = e->bpos + T; e->hi = e->lo + T; e->rh = e->hi + T;
+    e->lens = glm_calloc((size_t)nslots, sizeof(int));
+    e->slot = glm_calloc((size_t)nslots, sizeof *e->slot);
+    e->slot_len = glm_calloc((size_t)nslots, sizeof(int));
+    return 0;
+}
+
+int srv_engine_start(srv_engine *e) {
+    if (pthread_create(&e->th, NULL, engine_main, e)) return -1;
+    e->started = 1;
+    return 0;
+}
+
+int srv_engine_submit(srv_engine *e, srv_req *r) {
+    pthread_mutex_lock(&e->mu);
+    if (e->draining || e->stop) { pthread_mutex_unlock(&e->mu); return 503; }
+    /* full when max_queue requests would wait even after the free slots take theirs */
+    if (e->qlen >= e->max_queue + (e->nslots - e->active)) { pthread_mutex_unlock(&e->mu); return 429; }
+    pthread_mutex_lock(&r->mu);
+    r->refs++; /* the engine's */
+    pthread_mutex_unlock(&r->mu);
+    r->t_submit = glm_now();
+    r->next = NULL;
+    if (e->qtail) e->qtail->next = r;
+    else e->qhead = r;
+    e->qtail = r;
+    e->qlen++;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void srv_engine_drain(srv_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->draining = 1;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int srv_engine_busy(srv_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    int n = e->active + e->qlen;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+void srv_engine_stop(srv_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (e->started) pthread_join(e->th, NULL);
+    e->started = 0;
+    set_adapter(e, -1);
+    glm_kvcache_free(e->m, &e->kv);
+    free(e->logits);
+    free(e->ids);
+    free(e->lens);
+    free(e->slot);
+    free(e->slot_len);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    e->logits = NULL;
+}

@@ -1,0 +1,118 @@
+/* The decode engine of `glmtrain serve` (docs/SERVE.md): one thread owns the model and a pool of
+ * KV-cache slots (glm_forward_cached_slots: each slot its own length and key range). Requests wait
+ * in a queue; every step the engine admits queued requests into free slots (one prefill forward
+ * each), drops cancelled ones, and runs one decode forward over the slots of each adapter that has
+ * rows, so requests join and leave the running batch at every step and none waits for another to
+ * finish. Sampling, stops and limits are glm_generate's (infer/generate.c), row by row with each
+ * request's own random stream, so a greedy row gives the tokens `glmtrain generate` gives.
+ *
+ * LoRA adapters: the base model is loaded once; each adapter's rows live in their own buffer and
+ * the engine points the model's adapter views at them (and sets cfg.peft) before a forward. Rows
+ * of different adapters therefore run in separate forwards within one step (grouped by adapter);
+ * rows of other adapters inside a group's slot range ride along as idle rows whose results are
+ * dropped (their cache slot is written only where its own next forward writes again). */
+#ifndef GLM_SERVE_ENGINE_H
+#define GLM_SERVE_ENGINE_H
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include "infer/generate.h"
+
+#define SRV_MAX_STOPS 4
+
+typedef struct srv_adapter {
+    char name[256], dir[4096];
+    glm_peft peft;
+    glm_model shell;      /* tab + params: the adapter's LoRA rows only (no base rows) */
+    void *(*ptr)[8];      /* [L] lora_a[0..4), lora_b[0..4) */
+} srv_adapter;
+
+typedef struct srv_req srv_req;
+struct srv_req {
+    /* set before srv_engine_submit */
+    glm_ids prompt;            /* full model inputs ([gMASK] <sop> included) */
+    int adapter;               /* -1: the base model */
+    glm_gen_cfg g;             /* sampling, max_new_tokens, model_max_length, stop ids */
+    uint64_t seed;
+    int postprocess;           /* model.chat's response post-processing (chat) or strip only */
+    int ignore_eos;            /* run to the limit: eos and the stop ids do not end the row */
+    char *stops[SRV_MAX_STOPS];/* stop strings (owned) */
+    int n_stops;
+    /* shared with the HTTP side, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char *text;                /* text released so far (settled, stop strings held back) */
+    size_t n_text, cap_text;
+    char *final;               /* the response when done (post-processed, cut at a stop string) */
+    int done;                  /* 1: finished (final, finish set) */
+    const char *finish;        /* "stop", "length", "cancelled", "error" */
+    char error[512];
+    int n_out;                 /* completion tokens */
+    int refs;                  /* the HTTP side and the engine */
+    atomic_int cancel;         /* the client went away */
+    double t_submit, t_first;
+    /* engine only */
+    glm_rng rng;
+    glm_ids out;
+    glm_streamer st;
+    uint8_t *seen;
+    int state[2], limit, slot, admitted;
+    srv_req *next;
+};
+
+typedef struct srv_engine {
+    glm_model *m;
+    const glm_tokenizer *tok;
+    pthread_mutex_t *tok_mu;   /* the tokenizer is shared with the HTTP threads */
+    int nslots, Tmax;
+    glm_kvcache kv;
+    srv_adapter *ad;
+    int n_ad, cur;             /* cur: the adapter the model's views point at (-1 base) */
+    glm_peft base_peft;
+    srv_req **slot;
+    int *slot_len;
+    int max_queue;
+    int step_delay_ms;         /* a pause after each step (tests and demos of streaming) */
+    int debug;                 /* log requests as they join and leave */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_req *qhead, *qtail;
+    int qlen, active;
+    int draining;              /* SIGTERM: no new requests; running ones finish */
+    int stop;                  /* end now: cancel what runs */
+    pthread_t th;
+    int started;
+    /* counters (under mu) */
+    long steps, tokens, served;
+    int peak;                  /* the most requests running at once */
+    /* buffers */
+    float *logits;
+    int32_t *ids, *pos, *bpos, *lo, *hi, *rh;
+    int *lens;
+} srv_engine;
+
+/* Reads a LoRA adapter folder (glm_adapter_read_config / glm_adapter_load) into its own rows on
+ * the backend, for a base with config base (P-Tuning checkpoints are refused). */
+int srv_adapter_load(srv_adapter *a, glm_backend *be, const glm_config *base, const char *name, const char *dir,
+                     glm_err *err);
+void srv_adapter_free(srv_adapter *a, glm_backend *be);
+
+/* The pool: nslots slots of Tmax tokens. ad[n_ad] stay owned by the caller. */
+int srv_engine_init(srv_engine *e, glm_model *m, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
+                    int Tmax, int max_queue, srv_adapter *ad, int n_ad, glm_err *err);
+int srv_engine_start(srv_engine *e);
+/* Queues r (the engine takes a reference): 0, or 429 when max_queue requests already wait beyond
+ * the free slots, 503 when draining. */
+int srv_engine_submit(srv_engine *e, srv_req *r);
+/* Stops taking requests; running ones go on until done or until srv_engine_stop. */
+void srv_engine_drain(srv_engine *e);
+/* Requests running or waiting. */
+int srv_engine_busy(srv_engine *e);
+/* Cancels whatever still runs, ends the thread and frees the pool. */
+void srv_engine_stop(srv_engine *e);
+
+srv_req *srv_req_new(void);
+/* Drops one reference (the last frees). */
+void srv_req_put(srv_req *r);
+
+#endif

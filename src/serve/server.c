@@ -1,0 +1,833 @@
+/* OpenAI-compatible HTTP endpoints over libmicrohttpd (serve/server.h). */
+#include "serve/server.h"
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include "core/log.h"
+#include "infer/chat.h"
+
+/* libmicrohttpd is opened when serve starts (dlopen), not linked: glmtrain's other commands and
+ * the binaries carried to GPU machines need neither it nor the TLS libraries it pulls in. */
+static struct {
+    void *h;
+    __typeof__(&MHD_create_response_from_buffer) create_response_from_buffer;
+    __typeof__(&MHD_add_response_header) add_response_header;
+    __typeof__(&MHD_queue_response) queue_response;
+    __typeof__(&MHD_destroy_response) destroy_response;
+    __typeof__(&MHD_get_connection_info) get_connection_info;
+    __typeof__(&MHD_create_response_from_callback) create_response_from_callback;
+    __typeof__(&MHD_lookup_connection_value) lookup_connection_value;
+    __typeof__(&MHD_start_daemon) start_daemon;
+    __typeof__(&MHD_get_daemon_info) get_daemon_info;
+    __typeof__(&MHD_quiesce_daemon) quiesce_daemon;
+    __typeof__(&MHD_stop_daemon) stop_daemon;
+} mhd;
+
+static int mhd_open(glm_err *err) {
+    if (mhd.h) return 0;
+    const char *names[] = {"libmicrohttpd.so.12", "libmicrohttpd.so"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !mhd.h; i++) mhd.h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!mhd.h) {
+        glm_fail(err, "serve needs libmicrohttpd: %s", dlerror());
+        return glm_hint(err, "install it (Debian: apt-get install libmicrohttpd12, or scripts/install-deps.sh), or put libmicrohttpd.so.12 on LD_LIBRARY_PATH");
+    }
+#define MHD_SYM(f) \
+    if (!(*(void **)&mhd.f = dlsym(mhd.h, "MHD_" #f))) return glm_fail(err, "libmicrohttpd lacks MHD_" #f ": %s", dlerror());
+    MHD_SYM(create_response_from_buffer)
+    MHD_SYM(add_response_header)
+    MHD_SYM(queue_response)
+    MHD_SYM(destroy_response)
+    MHD_SYM(get_connection_info)
+    MHD_SYM(create_response_from_callback)
+    MHD_SYM(lookup_connection_value)
+    MHD_SYM(start_daemon)
+    MHD_SYM(get_daemon_info)
+    MHD_SYM(quiesce_daemon)
+    MHD_SYM(stop_daemon)
+#undef MHD_SYM
+    return 0;
+}
+
+/* Bodies past max_body are read and dropped up to this much (so the client can read the 413);
+ * a Content-Length above it is answered at once and the connection closed. */
+#define DISCARD_CAP (64u << 20)
+
+enum { R_NONE, R_HEALTH, R_PAGE, R_MODELS, R_CHAT, R_COMPLETIONS };
+
+typedef struct conn_state {
+    int route;
+    int early_status;          /* an error known from the headers, answered after the body */
+    char early_msg[512];
+    const char *early_type, *early_code, *early_param;
+    char *body;
+    size_t n, cap;
+    int too_large;
+} conn_state;
+
+/* ---------------------------------------------------------------- small helpers */
+
+static enum MHD_Result send_buf(struct MHD_Connection *c, unsigned status, const char *type, const char *body, size_t n,
+                                int auth_header) {
+    struct MHD_Response *r = mhd.create_response_from_buffer(n, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    mhd.add_response_header(r, "Content-Type", type);
+    if (auth_header) mhd.add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result rc = mhd.queue_response(c, status, r);
+    mhd.destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    enum MHD_Result rc = send_buf(c, status, "application/json", s, strlen(s), 0);
+    free(s);
+    return rc;
+}
+
+/* OpenAI's error body: {"error": {"message", "type", "param", "code"}}. */
+static cJSON *error_body(const char *msg, const char *type, const char *param, const char *code) {
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", type);
+    if (param) cJSON_AddStringToObject(e, "param", param);
+    else cJSON_AddNullToObject(e, "param");
+    if (code) cJSON_AddStringToObject(e, "code", code);
+    else cJSON_AddNullToObject(e, "code");
+    return o;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *msg, const char *type,
+                                  const char *param, const char *code) {
+    char *s;
+    cJSON *o = error_body(msg, type, param, code);
+    s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    enum MHD_Result rc = send_buf(c, status, "application/json", s, strlen(s), status == 401);
+    free(s);
+    return rc;
+}
+
+/* A request's failure before it reaches the engine. */
+typedef struct api_err {
+    unsigned status;
+    char msg[700];
+    const char *type, *param, *code;
+} api_err;
+
+static int bad(api_err *e, unsigned status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int bad(api_err *e, unsigned status, const char *param, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    e->status = status;
+    e->param = param;
+    e->code = code;
+    e->type = status == 429 ? "rate_limit_error" : status >= 500 ? "server_error" : "invalid_request_error";
+    return -1;
+}
+
+/* Constant-time comparison of the Authorization header with "Bearer KEY". */
+static int key_ok(const char *hdr, const char *key) {
+    if (!hdr || strncmp(hdr, "Bearer ", 7) != 0) return 0;
+    hdr += 7;
+    size_t a = strlen(hdr), b = strlen(key);
+    unsigned char d = (unsigned char)(a != b);
+    for (size_t i = 0; i < b; i++) d |= (unsigned char)(key[i] ^ (i < a ? hdr[i] : 0));
+    return d == 0;
+}
+
+/* Whether the peer has closed its side (or the socket broke). */
+static int peer_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return 1;
+    if (p.revents & POLLIN) {
+        char c;
+        ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- requests -> engine */
+
+typedef struct api_req {
+    int chat, stream, include_usage;
+    char model[256];
+    srv_req *r;
+} api_req;
+
+static const cJSON *field(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+static int present(const cJSON *v) { return v && !cJSON_IsNull(v); }
+
+/* A message's content: a string, or OpenAI's list of {"type": "text", "text": ...} parts. */
+static char *content_text(const cJSON *c, const char *where, api_err *e) {
+    if (cJSON_IsString(c)) return glm_strdup(c->valuestring);
+    if (cJSON_IsArray(c)) {
+        size_t n = 1;
+        const cJSON *p;
+        cJSON_ArrayForEach(p, c) {
+            const cJSON *t = field(p, "text"), *ty = field(p, "type");
+            if (!cJSON_IsObject(p) || !cJSON_IsString(t) || (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "text")))) {
+                bad(e, 400, where, "invalid_type", "%s: only text content parts ({\"type\": \"text\", \"text\": ...}) are supported", where);
+                return NULL;
+            }
+            n += strlen(t->valuestring);
+        }
+        char *s = glm_malloc(n);
+        s[0] = 0;
+        cJSON_ArrayForEach(p, c) strcat(s, field(p, "text")->valuestring);
+        return s;
+    }
+    bad(e, 400, where, "invalid_type", "%s must be a string", where);
+    return NULL;
+}
+
+/* messages -> the model's chat prompt (glm_chat_inputs_sys: the same template generate/chat use). */
+static int chat_prompt(srv_server *S, const cJSON *msgs, glm_ids *ids, api_err *e) {
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return bad(e, 400, "messages", msgs ? "invalid_type" : "missing_required_parameter",
+                   msgs ? "messages must be a non-empty array of {\"role\", \"content\"} objects" : "messages is required");
+    int n = cJSON_GetArraySize(msgs), n_hist = 0, rc = -1;
+    char **hist = glm_calloc((size_t)n + 1, sizeof(char *));
+    char *system = NULL, *query = NULL, *pend_user = NULL;
+    for (int i = 0; i < n; i++) {
+        const cJSON *m = cJSON_GetArrayItem(msgs, i);
+        char w[48];
+        snprintf(w, sizeof w, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) { bad(e, 400, "messages", "invalid_type", "%s must be an object", w); goto out; }
+        const cJSON *role = field(m, "role"), *content = field(m, "content");
+        if (!cJSON_IsString(role)) { bad(e, 400, "messages", "invalid_type", "%s.role must be a string", w); goto out; }
+        const char *r = role->valuestring;
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+            bad(e, 400, "messages", "invalid_value", "%s.role \"%.40s\": expected system, user or assistant", w, r);
+            goto out;
+        }
+        char wc[64];
+        snprintf(wc, sizeof wc, "%s.content", w);
+        char *text = content_text(content, wc, e);
+        if (!text) { e->param = "messages"; goto out; }
+        if (!strcmp(r, "system")) {
+            if (n_hist || pend_user) { free(text); bad(e, 400, "messages", "invalid_value", "%s: a system message must come before the conversation", w); goto out; }
+            if (system) { /* several system messages: one, joined */
+                char *j = glm_malloc(strlen(system) + strlen(text) + 2);
+                sprintf(j, "%s\n%s", system, text);
+                free(system);
+                free(text);
+                system = j;
+            } else {
+                system = text;
+            }
+        } else if (!strcmp(r, "user")) {
+            if (pend_user) { free(text); bad(e, 400, "messages", "invalid_value", "%s: two user messages in a row (user and assistant turns alternate)", w); goto out; }
+            pend_user = text;
+        } else {
+            if (!pend_user) { free(text); bad(e, 400, "messages", "invalid_value", "%s: an assistant message must answer a user message", w); goto out; }
+            hist[2 * n_hist] = pend_user;
+            hist[2 * n_hist + 1] = text;
+            n_hist++;
+            pend_user = NULL;
+        }
+    }
+    if (!pend_user) { bad(e, 400, "messages", "invalid_value", "the last message must be the user's"); goto out; }
+    query = pend_user;
+    pend_user = NULL;
+    glm_err err = {0};
+    pthread_mutex_lock(S->tok_mu);
+    int k = glm_chat_inputs_sys(S->tok, S->cfg, system, query, (const char *const *)hist, n_hist, INT_MAX, ids, NULL, NULL, &err);
+    pthread_mutex_unlock(S->tok_mu);
+    if (k) { bad(e, 400, "messages", "invalid_value", "%s", err.msg); goto out; }
+    rc = 0;
+out:
+    for (int i = 0; i < 2 * n_hist; i++) free(hist[i]);
+    free(hist);
+    free(system);
+    free(query);
+    free(pend_user);
+    return rc;
+}
+
+static int completion_prompt(srv_server *S, const cJSON *p, glm_ids *ids, api_err *e) {
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0))) p = cJSON_GetArrayItem(p, 0);
+    if (!p) return bad(e, 400, "prompt", "missing_required_parameter", "prompt is required");
+    if (!cJSON_IsString(p)) return bad(e, 400, "prompt", "invalid_type", "prompt must be a string (or a list of one string)");
+    glm_err err = {0};
+    pthread_mutex_lock(S->tok_mu);
+    int k = glm_prompt_inputs(S->tok, S->cfg, p->valuestring, 0, ids, &err);
+    pthread_mutex_unlock(S->tok_mu);
+    return k ? bad(e, 400, "prompt", "invalid_value", "%s", err.msg) : 0;
+}
+
+static int number(const cJSON *o, const char *k, double lo, double hi, int lo_open, double *out, api_err *e) {
+    const cJSON *v = field(o, k);
+    if (!present(v)) return 0;
+    if (!cJSON_IsNumber(v)) return bad(e, 400, k, "invalid_type", "%s must be a number", k);
+    double x = v->valuedouble;
+    if (!(x >= lo && x <= hi) || (lo_open && x == lo))
+        return bad(e, 400, k, "invalid_value", "%s must be in %s%g, %g] (got %g)", k, lo_open ? "(" : "[", lo, hi, x);
+    *out = x;
+    return 1;
+}
+
+static int integer(const cJSON *o, const char *k, double lo, double hi, double *out, api_err *e) {
+    const cJSON *v = field(o, k);
+    if (!present(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return bad(e, 400, k, "invalid_type", "%s must be an integer", k);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return bad(e, 400, k, "invalid_value", "%s must be in [%.0f, %.0f] (got %.0f)", k, lo, hi, v->valuedouble);
+    *out = v->valuedouble;
+    return 1;
+}
+
+static uint64_t fresh_seed(void) {
+    static atomic_ulong n;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (atomic_fetch_add(&n, 1) * 0x9e3779b97f4a7c15ULL);
+    return x;
+}
+
+/* The request body -> a queued engine request, or an error to send. */
+static int parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e) {
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(body, n, &end, 0);
+    if (!o) {
+        long at = end ? (long)(end - body) : 0;
+        return bad(e, 400, NULL, "invalid_json", "the body is not valid JSON (error near byte %ld of %zu)", at, n);
+    }
+    int rc = -1;
+    srv_req *r = NULL;
+    if (!cJSON_IsObject(o)) { bad(e, 400, NULL, "invalid_json", "the body must be a JSON object"); goto out; }
+    /* model: the base or one of the adapters */
+    const cJSON *mv = field(o, "model");
+    int adapter = -1;
+    if (present(mv) && !cJSON_IsString(mv)) { bad(e, 400, "model", "invalid_type", "model must be a string"); goto out; }
+    if (present(mv) && strcmp(mv->valuestring, S->o.model_name) != 0) {
+        adapter = -2;
+        for (int k = 0; k < S->e->n_ad; k++)
+            if (!strcmp(S->e->ad[k].name, mv->valuestring)) adapter = k;
+        if (adapter == -2) {
+            bad(e, 404, "model", "model_not_found", "The model `%.200s` does not exist (GET /v1/models lists them)", mv->valuestring);
+            goto out;
+        }
+    }
+    snprintf(q->model, sizeof q->model, "%s", adapter >= 0 ? S->e->ad[adapter].name : S->o.model_name);
+    const cJSON *st = field(o, "stream");
+    if (present(st) && !cJSON_IsBool(st)) { bad(e, 400, "stream", "invalid_type", "stream must be a boolean"); goto out; }
+    q->stream = cJSON_IsTrue(st);
+    const cJSON *so = field(o, "stream_options");
+    if (present(so) && !cJSON_IsObject(so)) { bad(e, 400, "stream_options", "invalid_type", "stream_options must be an object"); goto out; }
+    q->include_usage = so && cJSON_IsTrue(field(so, "include_usage"));
+    double x;
+    if (integer(o, "n", 1, 1, &x, e) < 0) { bad(e, 400, "n", "invalid_value", "n must be 1 (one choice per request)"); goto out; }
+    if (!chat) {
+        const cJSON *v;
+        if (present(v = field(o, "echo")) && !cJSON_IsFalse(v)) { bad(e, 400, "echo", "unsupported_value", "echo is not supported"); goto out; }
+        if (present(v = field(o, "suffix"))) { bad(e, 400, "suffix", "unsupported_value", "suffix is not supported"); goto out; }
+        if (present(v = field(o, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1)) { bad(e, 400, "best_of", "unsupported_value", "best_of must be 1"); goto out; }
+        if (present(v = field(o, "logprobs"))) { bad(e, 400, "logprobs", "unsupported_value", "logprobs are not supported"); goto out; }
+    }
+    r = srv_req_new();
+    r->adapter = adapter;
+    r->g = S->o.defaults;
+    r->postprocess = chat;
+    int k;
+    if ((k = number(o, "temperature", 0, 2, 0, &x, e)) < 0) goto out;
+    if (k) { r->g.temperature = (float)x; r->g.do_sample = x > 0; }
+    if ((k = number(o, "top_p", 0, 1, 1, &x, e)) < 0) goto out;
+    if (k) r->g.top_p = (float)x;
+    if ((k = integer(o, "top_k", 0, 1e9, &x, e)) < 0) goto out;
+    if (k) r->g.top_k = (int)x;
+    if ((k = number(o, "repetition_penalty", 0, 100, 1, &x, e)) < 0) goto out;
+    if (k) r->g.repetition_penalty = (float)x;
+    for (int z = 0; z < 2; z++) { /* OpenAI's penalties: only their neutral value */
+        const char *pk = z ? "presence_penalty" : "frequency_penalty";
+        if ((k = number(o, pk, -2, 2, 0, &x, e)) < 0) goto out;
+        if (k && x != 0) { bad(e, 400, pk, "unsupported_value", "%s is not supported (use repetition_penalty)", pk); goto out; }
+    }
+    int max_tokens = 0;
+    const char *mk = present(field(o, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
+    if ((k = integer(o, mk, 1, 1e9, &x, e)) < 0) goto out;
+    if (k) max_tokens = (int)x;
+    if ((k = integer(o, "seed", -9.2e18, 1.8e19, &x, e)) < 0) goto out;
+    r->seed = k ? (x < 0 ? (uint64_t)(int64_t)x : (uint64_t)x) : fresh_seed();
+    const cJSON *sv = field(o, "stop");
+    if (cJSON_IsString(sv)) {
+        if (!sv->valuestring[0]) { bad(e, 400, "stop", "invalid_value", "stop strings must not be empty"); goto out; }
+        r->stops[r->n_stops++] = glm_strdup(sv->valuestring);
+    } else if (cJSON_IsArray(sv)) {
+        const cJSON *it;
+        if (cJSON_GetArraySize(sv) > SRV_MAX_STOPS) { bad(e, 400, "stop", "invalid_value", "at most %d stop strings", SRV_MAX_STOPS); goto out; }
+        cJSON_ArrayForEach(it, sv) {
+            if (!cJSON_IsString(it) || !it->valuestring[0]) { bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of non-empty strings"); goto out; }
+            r->stops[r->n_stops++] = glm_strdup(it->valuestring);
+        }
+    } else if (present(sv)) {
+        bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of strings");
+        goto out;
+    }
+    const cJSON *ie = field(o, "ignore_eos");
+    if (present(ie) && !cJSON_IsBool(ie)) { bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
+    r->ignore_eos = cJSON_IsTrue(ie);
+    glm_err gerr = {0};
+    if (glm_gen_cfg_check(&r->g, &gerr)) { bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
+    if (chat ? chat_prompt(S, field(o, "messages"), &r->prompt, e) : completion_prompt(S, field(o, "prompt"), &r->prompt, e)) goto out;
+    int np = r->prompt.n, room = S->o.Tmax - np;
+    if (room < 1) {
+        bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
+            "the prompt is %d tokens; this server's max_model_len is %d (prompt + response), so at most %d prompt tokens fit",
+            np, S->o.Tmax, S->o.Tmax - 1);
+        goto out;
+    }
+    if (max_tokens > room) {
+        bad(e, 400, mk, "context_length_exceeded",
+            "%s %d does not fit: the prompt is %d tokens and max_model_len is %d, so at most %d new tokens", mk, max_tokens,
+            np, S->o.Tmax, room);
+        goto out;
+    }
+    r->g.max_new_tokens = max_tokens; /* 0: up to max_length (capped at max_model_len) */
+    r->g.model_max_length = S->o.Tmax;
+    if (glm_gen_limit(&r->g, np) < 1) {
+        bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
+            "the prompt is %d tokens and leaves no room for a response under max_length %d", np, r->g.max_length);
+        goto out;
+    }
+    q->chat = chat;
+    q->r = r;
+    r = NULL;
+    rc = 0;
+out:
+    if (r) srv_req_put(r);
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- responses */
+
+typedef struct stream_ctx {
+    srv_server *S;
+    srv_req *r;
+    int fd;
+    int chat, stream, include_usage;
+    int phase;                 /* 0: first chunk not sent, 1: streaming, 2: ended */
+    size_t sent;               /* bytes of r->text sent */
+    char *pend;                /* formatted, not yet handed to MHD */
+    size_t npend, off;
+    char id[64], model[256];
+    long created;
+} stream_ctx;
+
+static void pend_add(stream_ctx *c, const char *s, size_t n) {
+    c->pend = glm_realloc(c->pend, c->npend + n + 1);
+    memcpy(c->pend + c->npend, s, n);
+    c->npend += n;
+    c->pend[c->npend] = 0;
+}
+
+static void pend_json(stream_ctx *c, cJSON *o, int sse) {
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (sse) pend_add(c, "data: ", 6);
+    pend_add(c, s, strlen(s));
+    if (sse) pend_add(c, "\n\n", 2);
+    free(s);
+}
+
+static cJSON *usage(const srv_req *r) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", r->prompt.n);
+    cJSON_AddNumberToObject(u, "completion_tokens", r->n_out);
+    cJSON_AddNumberToObject(u, "total_tokens", r->prompt.n + r->n_out);
+    return u;
+}
+
+static cJSON *head(stream_ctx *c, const char *object) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", c->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)c->created);
+    cJSON_AddStringToObject(o, "model", c->model);
+    return o;
+}
+
+/* One streamed chunk: a delta of text (delta != NULL), or the last one with finish. */
+static void chunk(stream_ctx *c, const char *delta, size_t n, const char *finish, int role) {
+    cJSON *o = head(c, c->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *x = cJSON_CreateObject();
+    cJSON_AddItemToArray(ch, x);
+    cJSON_AddNumberToObject(x, "index", 0);
+    char *t = glm_malloc(n + 1);
+    memcpy(t, delta ? delta : "", n);
+    t[n] = 0;
+    if (c->chat) {
+        cJSON *d = cJSON_AddObjectToObject(x, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        if (delta) cJSON_AddStringToObject(d, "content", t);
+    } else {
+        cJSON_AddStringToObject(x, "text", t);
+        cJSON_AddNullToObject(x, "logprobs");
+    }
+    free(t);
+    if (finish) cJSON_AddStringToObject(x, "finish_reason", finish);
+    else cJSON_AddNullToObject(x, "finish_reason");
+    pend_json(c, o, 1);
+}
+
+/* The whole (non-streamed) response. */
+static void whole(stream_ctx *c) {
+    srv_req *r = c->r;
+    if (strcmp(r->finish, "stop") && strcmp(r->finish, "length")) {
+        pend_json(c, error_body(r->error[0] ? r->error : "the request was cancelled", "server_error", NULL, r->finish), 0);
+        return;
+    }
+    cJSON *o = head(c, c->chat ? "chat.completion" : "text_completion");
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *x = cJSON_CreateObject();
+    cJSON_AddItemToArray(ch, x);
+    cJSON_AddNumberToObject(x, "index", 0);
+    if (c->chat) {
+        cJSON *m = cJSON_AddObjectToObject(x, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", r->final);
+    } else {
+        cJSON_AddStringToObject(x, "text", r->final);
+    }
+    cJSON_AddNullToObject(x, "logprobs");
+    cJSON_AddStringToObject(x, "finish_reason", r->finish);
+    cJSON_AddItemToObject(o, "usage", usage(r));
+    pend_json(c, o, 0);
+}
+
+/* MHD's content reader: waits for the engine's text (a keep-alive byte or SSE comment every
+ * interval, so the idle timeout never cuts a waiting response), drops the request when the
+ * client has gone. */
+static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream_ctx *c = cls;
+    srv_req *r = c->r;
+    (void)pos;
+    for (;;) {
+        if (c->off < c->npend) {
+            size_t k = c->npend - c->off < max ? c->npend - c->off : max;
+            memcpy(buf, c->pend + c->off, k);
+            c->off += k;
+            if (c->off == c->npend) c->off = c->npend = 0;
+            return (ssize_t)k;
+        }
+        if (c->phase == 2) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (c->stream && c->phase == 0) { /* the assistant role first, as OpenAI sends it */
+            if (c->chat) chunk(c, "", 0, NULL, 1);
+            c->phase = 1;
+            continue;
+        }
+        /* wait for news: slices of 50 ms, checking the peer */
+        double interval = c->S->o.timeout_s > 3 ? 1.0 : c->S->o.timeout_s / 3.0, waited = 0;
+        pthread_mutex_lock(&r->mu);
+        while (!r->done && r->n_text == c->sent && waited < interval) {
+            pthread_mutex_unlock(&r->mu);
+            if (peer_gone(c->fd)) {
+                atomic_store(&r->cancel, 1);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            pthread_mutex_lock(&r->mu);
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+            waited += 0.05;
+        }
+        int done = r->done;
+        size_t n = r->n_text;
+        char *text = NULL;
+        if (c->stream && n > c->sent) {
+            text = glm_malloc(n - c->sent + 1);
+            memcpy(text, r->text + c->sent, n - c->sent);
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (text) {
+            chunk(c, text, n - c->sent, NULL, 0);
+            c->sent = n;
+            free(text);
+            continue;
+        }
+        if (!done) { /* keep-alive */
+            if (c->stream) pend_add(c, ": keep-alive\n\n", 14);
+            else pend_add(c, " ", 1);
+            continue;
+        }
+        if (!c->stream) {
+            whole(c);
+        } else if (!strcmp(r->finish, "stop") || !strcmp(r->finish, "length")) {
+            chunk(c, NULL, 0, r->finish, 0);
+            if (c->include_usage) {
+                cJSON *o = head(c, c->chat ? "chat.completion.chunk" : "text_completion");
+                cJSON_AddArrayToObject(o, "choices");
+                cJSON_AddItemToObject(o, "usage", usage(r));
+                pend_json(c, o, 1);
+            }
+            pend_add(c, "data: [DONE]\n\n", 14);
+        } else { /* cancelled (shutdown) or failed: an error event, then the end */
+            pend_json(c, error_body(r->error[0] ? r->error : "the request was cancelled", "server_error", NULL, r->finish), 1);
+            pend_add(c, "data: [DONE]\n\n", 14);
+        }
+        c->phase = 2;
+    }
+}
+
+static void free_cb(void *cls) {
+    stream_ctx *c = cls;
+    pthread_mutex_lock(&c->r->mu);
+    int done = c->r->done;
+    pthread_mutex_unlock(&c->r->mu);
+    if (!done) atomic_store(&c->r->cancel, 1); /* the connection ended first */
+    srv_req_put(c->r);
+    free(c->pend);
+    free(c);
+}
+
+static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, int chat, conn_state *cs) {
+    api_req q = {0};
+    api_err e = {0};
+    if (parse_request(S, chat, cs->body ? cs->body : "", cs->n, &q, &e))
+        return send_error(conn, e.status, e.msg, e.type, e.param, e.code);
+    int st = srv_engine_submit(S->e, q.r);
+    if (st) {
+        srv_req_put(q.r);
+        return st == 429 ? send_error(conn, 429, "the request queue is full: try again later", "rate_limit_error", NULL, "queue_full")
+                         : send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
+    }
+    stream_ctx *c = glm_calloc(1, sizeof *c);
+    c->S = S;
+    c->r = q.r;
+    c->chat = chat;
+    c->stream = q.stream;
+    c->include_usage = q.include_usage;
+    c->created = (long)time(NULL);
+    snprintf(c->model, sizeof c->model, "%s", q.model);
+    static atomic_ulong seq;
+    snprintf(c->id, sizeof c->id, "%s-%lx%06lx", chat ? "chatcmpl" : "cmpl", (unsigned long)c->created,
+             (unsigned long)atomic_fetch_add(&seq, 1) & 0xffffff);
+    const union MHD_ConnectionInfo *ci = mhd.get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    c->fd = ci ? ci->connect_fd : -1;
+    struct MHD_Response *resp = mhd.create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, read_cb, c, free_cb);
+    if (!resp) { free_cb(c); return MHD_NO; }
+    mhd.add_response_header(resp, "Content-Type", q.stream ? "text/event-stream" : "application/json");
+    if (q.stream) mhd.add_response_header(resp, "Cache-Control", "no-cache");
+    enum MHD_Result rc = mhd.queue_response(conn, 200, resp);
+    mhd.destroy_response(resp);
+    return rc;
+}
+
+static enum MHD_Result models(srv_server *S, struct MHD_Connection *conn) {
+    cJSON *o = cJSON_CreateObject(), *d;
+    cJSON_AddStringToObject(o, "object", "list");
+    d = cJSON_AddArrayToObject(o, "data");
+    for (int k = -1; k < S->e->n_ad; k++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "id", k < 0 ? S->o.model_name : S->e->ad[k].name);
+        cJSON_AddStringToObject(m, "object", "model");
+        cJSON_AddNumberToObject(m, "created", (double)S->created);
+        cJSON_AddStringToObject(m, "owned_by", "glmtrain");
+        cJSON_AddStringToObject(m, "root", k < 0 ? S->o.model_name : S->e->ad[k].dir);
+        if (k >= 0) cJSON_AddStringToObject(m, "parent", S->o.model_name);
+        else cJSON_AddNullToObject(m, "parent");
+        cJSON_AddNumberToObject(m, "max_model_len", S->o.Tmax);
+        cJSON_AddItemToArray(d, m);
+    }
+    return send_json(conn, 200, o);
+}
+
+static enum MHD_Result health(srv_server *S, struct MHD_Connection *conn) {
+    cJSON *o = cJSON_CreateObject();
+    pthread_mutex_lock(&S->e->mu);
+    int active = S->e->active, queued = S->e->qlen;
+    long steps = S->e->steps, tokens = S->e->tokens, served = S->e->served, peak = S->e->peak;
+    pthread_mutex_unlock(&S->e->mu);
+    cJSON_AddStringToObject(o, "status", S->draining ? "draining" : "ok");
+    cJSON_AddNumberToObject(o, "running", active);
+    cJSON_AddNumberToObject(o, "queued", queued);
+    cJSON_AddNumberToObject(o, "slots", S->e->nslots);
+    cJSON_AddNumberToObject(o, "steps", (double)steps);
+    cJSON_AddNumberToObject(o, "tokens", (double)tokens);
+    cJSON_AddNumberToObject(o, "served", (double)served);
+    cJSON_AddNumberToObject(o, "peak_running", (double)peak);
+    return send_json(conn, S->draining ? 503 : 200, o);
+}
+
+/* ---------------------------------------------------------------- routing */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    srv_server *S = cls;
+    conn_state *cs = *con_cls;
+    (void)version;
+    if (!cs) { /* the headers: route, key, size */
+        cs = glm_calloc(1, sizeof *cs);
+        *con_cls = cs;
+        int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+        const char *path = url;
+        struct { const char *p; int route, post; } routes[] = {
+            {"/health", R_HEALTH, 0}, {"/", R_PAGE, 0}, {"/index.html", R_PAGE, 0}, {"/v1/models", R_MODELS, 0},
+            {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1}};
+        int found = 0;
+        for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+            if (strcmp(path, routes[i].p)) continue;
+            found = 1;
+            if (routes[i].post ? post : get) cs->route = routes[i].route;
+            else {
+                cs->early_status = 405;
+                snprintf(cs->early_msg, sizeof cs->early_msg, "%s %s: method not allowed (use %s)", method, path,
+                         routes[i].post ? "POST" : "GET");
+                cs->early_type = "invalid_request_error";
+                cs->early_code = "method_not_allowed";
+            }
+        }
+        if (!found) {
+            cs->early_status = 404;
+            snprintf(cs->early_msg, sizeof cs->early_msg, "%.100s %.150s: no such endpoint (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health)", method, path);
+            cs->early_type = "invalid_request_error";
+            cs->early_code = "not_found";
+        }
+        /* every endpoint but /health (and the page's static HTML) needs the key */
+        if (S->o.api_key && S->o.api_key[0] && cs->route != R_HEALTH && cs->route != R_PAGE) {
+            const char *h = mhd.lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+            if (!key_ok(h, S->o.api_key)) {
+                cs->early_status = 401;
+                snprintf(cs->early_msg, sizeof cs->early_msg, "%s", h ? "Incorrect API key provided" :
+                         "You didn't provide an API key: send the header Authorization: Bearer KEY");
+                cs->early_type = "invalid_request_error";
+                cs->early_code = "invalid_api_key";
+            }
+        }
+        const char *cl = mhd.lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            unsigned long long len = strtoull(cl, NULL, 10);
+            if (len > S->o.max_body) cs->too_large = 1;
+            if (len > DISCARD_CAP) /* not worth reading: answer now, the connection closes */
+                return send_error(conn, 413, "the request body is too large", "invalid_request_error", NULL, "request_too_large");
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) { /* the body, piece by piece */
+        size_t k = *upload_size;
+        *upload_size = 0;
+        if (cs->too_large || cs->n + k > S->o.max_body) {
+            cs->too_large = 1;
+            cs->n += k; /* counted, dropped */
+            free(cs->body);
+            cs->body = NULL;
+            cs->cap = 0;
+            if (cs->n > DISCARD_CAP)
+                return send_error(conn, 413, "the request body is too large", "invalid_request_error", NULL, "request_too_large");
+            return MHD_YES;
+        }
+        if (cs->n + k + 1 > cs->cap) cs->body = glm_realloc(cs->body, cs->cap = (cs->n + k + 1) * 2);
+        memcpy(cs->body + cs->n, upload, k);
+        cs->n += k;
+        cs->body[cs->n] = 0;
+        return MHD_YES;
+    }
+    if (cs->early_status) return send_error(conn, (unsigned)cs->early_status, cs->early_msg, cs->early_type, cs->early_param, cs->early_code);
+    if (cs->too_large) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the request body is %zu bytes; this server takes at most %zu (--max_body_bytes)", cs->n, S->o.max_body);
+        return send_error(conn, 413, msg, "invalid_request_error", NULL, "request_too_large");
+    }
+    switch (cs->route) {
+    case R_HEALTH: return health(S, conn);
+    case R_PAGE: return send_buf(conn, 200, "text/html; charset=utf-8", srv_chat_page, strlen(srv_chat_page), 0);
+    case R_MODELS: return models(S, conn);
+    case R_CHAT:
+    case R_COMPLETIONS:
+        if (S->draining) return send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
+        return completion(S, conn, cs->route == R_CHAT, cs);
+    default: return send_error(conn, 404, "not found", "invalid_request_error", NULL, "not_found");
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode why) {
+    (void)cls; (void)conn; (void)why;
+    conn_state *cs = *con_cls;
+    if (!cs) return;
+    free(cs->body);
+    free(cs);
+    *con_cls = NULL;
+}
+
+/* ---------------------------------------------------------------- life */
+
+int srv_server_start(srv_server *s, const srv_options *o, srv_engine *e, const glm_tokenizer *tok,
+                     const glm_config *cfg, pthread_mutex_t *tok_mu, glm_err *err) {
+    memset(s, 0, sizeof *s);
+    s->o = *o;
+    s->e = e;
+    s->tok = tok;
+    s->cfg = cfg;
+    s->tok_mu = tok_mu;
+    s->created = (long)time(NULL);
+    if (mhd_open(err)) return -1;
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+    const char *host = o->host && o->host[0] ? o->host : "127.0.0.1";
+    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)o->port);
+    } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)o->port);
+        flags |= MHD_USE_IPv6;
+    } else if (!strcmp(host, "localhost")) {
+        a4->sin_family = AF_INET;
+        a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a4->sin_port = htons((uint16_t)o->port);
+    } else {
+        glm_fail(err, "--host %s: not an IPv4 or IPv6 address", host);
+        return glm_hint(err, "127.0.0.1 (this machine only, the default), 0.0.0.0 (every interface) or ::1");
+    }
+    s->d = mhd.start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)o->timeout_s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)o->max_connections,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        glm_fail(err, "cannot listen on %s port %d: %s", host, o->port, strerror(errno));
+        return glm_hint(err, "is another server on that port? pick another with --port (0: any free port)");
+    }
+    const union MHD_DaemonInfo *di = mhd.get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o->port;
+    return 0;
+}
+
+void srv_server_quiesce(srv_server *s) {
+    s->draining = 1;
+    if (!s->d) return;
+    MHD_socket fd = mhd.quiesce_daemon(s->d);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+void srv_server_stop(srv_server *s) {
+    if (s->d) mhd.stop_daemon(s->d);
+    s->d = NULL;
+}
