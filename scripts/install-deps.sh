@@ -5,7 +5,7 @@ set -euo pipefail
 APT_PKGS="build-essential libcjson-dev libpcre2-dev python3 python3-numpy python3-torch python3-sentencepiece
           sentencepiece fortunes-zh libopenmpi-dev openmpi-bin python3-pip clang
           python3-requests python3-yaml python3-typing-extensions python3-psutil python3-jinja2
-          libmicrohttpd-dev chromium python3-httpx python3-pydantic python3-anyio python3-sniffio python3-distro"
+          libmicrohttpd-dev chromium fonts-wqy-microhei python3-httpx python3-pydantic python3-anyio python3-sniffio python3-distro"
 PIP_PKGS="safetensors tensorboard"
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
@@ -33,7 +33,8 @@ done
 # openai (tests/py/test_serve.py: `glmtrain serve` through the real client) runs on Debian's
 # httpx 0.23, pydantic 1.10, anyio 3.6, sniffio, distro and typing-extensions 4.4 (apt above) and
 # tqdm (here); 1.35.15 needs nothing newer (later 1.x import jiter). chromium (apt above) drives
-# tests/py/test_serve_page.py; libmicrohttpd-dev is the HTTP server library serve links with.
+# tests/py/test_serve_page.py (fonts-wqy-microhei: CJK text in its screenshot); libmicrohttpd-dev
+# is the HTTP server library serve opens.
 PIP_NODEPS="tqdm=tqdm==4.66.1 filelock=filelock==3.12.4 regex=regex==2023.8.8 fsspec=fsspec==2023.9.2
             packaging=packaging==23.2 huggingface_hub=huggingface_hub==0.17.3 tokenizers=tokenizers==0.13.3
             transformers=transformers==4.33.3 accelerate=accelerate==0.24.1 peft=peft==0.6.2
