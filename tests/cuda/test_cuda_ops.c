@@ -4,16 +4,19 @@
  * are poisoned with NaN first, so an element the kernel never writes fails the check.
  * Attention runs both the tensor-core path (bf16/fp16, head size 64/128) and the SIMT path.
  * Quantized weights (INT8/INT4/NF4): dequantize bit-identical to the CPU's weights rounded to S,
- * qmatmul_fwd against its CPU twin.
+ * qmatmul_fwd against its CPU twin. 8-bit blockwise AdamW (adamw8) bit for bit against its twin.
  *   test_cuda_ops [--quick] [--only f32|bf16|f16|bf16simt] [--quant]
  * (--quick: small shapes, for compute-sanitizer runs; --only: one variant, to isolate a crash;
  * --quant: the quantized-weight ops only. GLM_QUANT_BENCH=1: afterwards, the bandwidth of
- * dequantize and of the decode GEMV on ChatGLM-6B's shapes, bf16, against cuBLAS's bf16 GEMV) */
+ * dequantize and of the decode GEMV on ChatGLM-6B's shapes, bf16, against cuBLAS's bf16 GEMV;
+ * GLM_ADAM8_BENCH=1: the time of adamw8 and adamw on 2^28 bf16 parameters) */
 #include <stdlib.h>
+#include "backend/cpu/cpu_adam8.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/quant.h"
+#include "optim/quant8.h"
 #include "cuda_test_util.h"
 
 typedef struct {
@@ -464,6 +467,117 @@ static void t_optim(ctx *c, size_t n) {
     for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
 }
 
+/* ---------------------------------------------------------------- 8-bit blockwise AdamW */
+
+/* adamw8 against cpu_adamw8 (backend/cpu/cpu_adam8.c) for 3 steps from a fresh state: bf16/fp16
+ * storage with an fp32 master, fp32 storage without. Both run optim/quant8.h's per-element
+ * arithmetic as the same sequence of IEEE operations (the kernel through rounded intrinsics), so
+ * everything must agree bit for bit: master, the parameter (the CPU master rounded to S), every
+ * code (no ties to allow: a tie is decided by the same comparison of the same numbers) and every
+ * absmax. Gradients span magnitudes per block (1e-6 .. 1) with 1e3x outliers and zeros; decay
+ * bits are random at a flat offset of 192; grad_scale 0.5; n covers one element, partial last
+ * blocks and many blocks. */
+static void t_adam8(ctx *c, size_t n) {
+    glm_backend *be = c->be;
+    char name[128];
+    const size_t nb = glm_q8_blocks(n), flat0 = 192, nbits = ((flat0 + n + 63) / 64 + 7) / 8;
+    const int master = c->dt != GLM_F32, K = 3;
+    float *p = rnd(&c->rng, GLM_F32, n, 0.05f), *ps = fcopy(p, n);
+    round_dt(c->dt, ps, n); /* the S parameter; the master starts from it too (as glm_adamw_init) */
+    float *rp = fcopy(ps, n);
+    uint8_t *bits = malloc(nbits), *rqm = calloc(n, 1), *rqv = calloc(n, 1);
+    float *ram = calloc(nb, sizeof(float)), *rav = calloc(nb, sizeof(float));
+    for (size_t i = 0; i < nbits; i++) bits[i] = (uint8_t)glm_rng_below(&c->rng, 256);
+    void *dp = up_s(be, ps, n), *dbits = up_raw(be, bits, nbits);
+    float *dmaster = master ? up_raw(be, ps, n * 4) : NULL;
+    uint8_t *dqm = be->alloc(be, n), *dqv = be->alloc(be, n);
+    float *dam = be->alloc(be, nb * 4), *dav = be->alloc(be, nb * 4);
+    be->zero(be, dqm, n); be->zero(be, dqv, n); be->zero(be, dam, nb * 4); be->zero(be, dav, nb * 4); /* fresh */
+    void *dg = be->alloc(be, n * glm_dtype_size(c->dt));
+    float *g = malloc(n * sizeof(float));
+    for (int step = 1; step <= K; step++) {
+        for (size_t i = 0; i < n; i++) {
+            size_t b = i / GLM_ADAM8_BLOCK;
+            float mag = powf(10.0f, (float)((b * 5 + (size_t)step) % 7) - 6.0f); /* 1e-6 .. 1 by block */
+            float x = glm_rng_normal(&c->rng) * mag;
+            if (glm_rng_below(&c->rng, 5000) == 0) x *= 1e3f; /* (within fp16's range) */
+            if (glm_rng_below(&c->rng, 100) == 0) x = 0.0f;
+            g[i] = round_one(c->dt, x);
+        }
+        be->upload_f32(be, dg, g, n);
+        float lr = 1e-3f / (float)step, bc1 = 1.0f - powf(0.9f, (float)step), bc2 = 1.0f - powf(0.999f, (float)step);
+        cpu_adamw8(rp, NULL, g, rqm, rqv, ram, rav, n, bits, flat0, lr, 0.9f, 0.999f, 1e-8f, 0.1f, bc1, bc2, 0.5f);
+        be->adamw8(be, dp, dmaster, dg, dqm, dqv, dam, dav, n, dbits, flat0, lr, 0.9f, 0.999f, 1e-8f, 0.1f, bc1, bc2, 0.5f);
+    }
+    float *gp = down_s(be, dp, n), *gam = down_f(be, dam, nb), *gav = down_f(be, dav, nb), *rps = fcopy(rp, n);
+    uint8_t *gqm = malloc(n), *gqv = malloc(n);
+    be->download(be, gqm, dqm, n);
+    be->download(be, gqv, dqv, n);
+    round_dt(c->dt, rps, n);
+    check_close(c->tc, NAME("adamw8_param_%s_%zu", c->tag, n), gp, rps, n, 0);
+    if (master) {
+        float *gm = down_f(be, dmaster, n);
+        check_close(c->tc, NAME("adamw8_master_%s_%zu", c->tag, n), gm, rp, n, 0);
+        free(gm);
+        be->free(be, dmaster);
+    }
+    check_close(c->tc, NAME("adamw8_absm_%s_%zu", c->tag, n), gam, ram, nb, 0);
+    check_close(c->tc, NAME("adamw8_absv_%s_%zu", c->tag, n), gav, rav, nb, 0);
+    size_t dm = 0, dv = 0;
+    for (size_t i = 0; i < n; i++) { dm += gqm[i] != rqm[i]; dv += gqv[i] != rqv[i]; }
+    TEST_CHECK(c->tc, NAME("adamw8_codes_%s_%zu", c->tag, n), dm == 0 && dv == 0, "%zu m codes and %zu v codes differ of %zu",
+               dm, dv, n);
+    void *bufs[] = {dp, dbits, dqm, dqv, dam, dav, dg};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
+    void *hs[] = {p, ps, rp, bits, rqm, rqv, ram, rav, g, gp, gam, gav, rps, gqm, gqv};
+    for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
+}
+
+/* GLM_ADAM8_BENCH=1: the time of one adamw8 and one adamw step on 2^28 bf16 parameters with an
+ * fp32 master (bytes moved: 16 per element for adamw8, 28 for adamw) */
+static void run_adam8_bench(void) {
+    char err[256];
+    glm_backend *be = glm_backend_cuda(0, GLM_BF16, err, sizeof err);
+    if (!be) { printf("  bench: no GPU (%s)\n", err); return; }
+    const size_t n = (size_t)1 << 28, nb = glm_q8_blocks(n), nbits = n / 64 / 8 + 1;
+    void *p = be->alloc(be, n * 2), *g = be->alloc(be, n * 2);
+    float *master = be->alloc(be, n * 4), *m = be->alloc(be, n * 4), *v = be->alloc(be, n * 4);
+    uint8_t *qm = be->alloc(be, n), *qv = be->alloc(be, n), *bits = be->alloc(be, nbits);
+    float *am = be->alloc(be, nb * 4), *av = be->alloc(be, nb * 4);
+    glm_cuda_fill_normal(be, p, n, 3, 0.05f);
+    glm_cuda_fill_normal(be, g, n, 4, 1e-3f);
+    be->to_f32(be, master, p, n);
+    be->zero(be, qm, n); be->zero(be, qv, n); be->zero(be, am, nb * 4); be->zero(be, av, nb * 4);
+    be->zero(be, m, n * 4); be->zero(be, v, n * 4);
+    uint8_t *ones = malloc(nbits);
+    memset(ones, 0xff, nbits);
+    be->upload(be, bits, ones, nbits);
+    free(ones);
+    cudaStream_t st = (cudaStream_t)glm_cuda_stream(be);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    for (int which = 0; which < 2; which++) {
+        enum { REPS = 10 };
+        float ms = 0;
+        for (int r = -2; r < REPS; r++) {
+            if (r == 0) cudaEventRecord(e0, st);
+            if (which == 0)
+                be->adamw8(be, p, master, g, qm, qv, am, av, n, bits, 0, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.5f, 0.1f, 1.0f);
+            else be->adamw(be, p, master, g, m, v, n, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.5f, 0.1f, 1.0f);
+        }
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+        double us = ms * 1e3 / REPS, bytes = (double)n * (which == 0 ? 16 : 28);
+        printf("  bench %-52s %9.1f us %8.0f GB/s\n", which == 0 ? "adamw8 bf16 + fp32 master, 2^28 elements" : "adamw bf16 + fp32 master, 2^28 elements",
+               us, bytes / (us * 1e3));
+    }
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    void *bufs[] = {p, g, master, m, v, qm, qv, bits, am, av};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
+    be->destroy(be);
+}
+
 /* ---------------------------------------------------------------- P-Tuning v2: prefix kv, tanh */
 
 /* prefix_kv and prefix_kv_bwd against the CPU twin, layer 2 of L = 3 (the pkv slot offsets):
@@ -869,6 +983,10 @@ static void run_all(ctx *c, int quick, int attention_only) {
         if (!quick) t_cross_entropy(c, 64, 130528);
         t_optim(c, 10007);
         if (!quick) t_optim(c, 3000017);
+        t_adam8(c, 1);
+        t_adam8(c, 2049);
+        t_adam8(c, 10007);
+        if (!quick) t_adam8(c, 3000017);
         run_glm2_ops(c, quick);
     }
     run_glm2_attention(c, quick);
@@ -909,6 +1027,8 @@ int main(int argc, char **argv) {
     }
     const char *qb = getenv("GLM_QUANT_BENCH");
     if (qb && strcmp(qb, "0") != 0 && qb[0]) run_quant_bench();
+    const char *ab = getenv("GLM_ADAM8_BENCH");
+    if (ab && strcmp(ab, "0") != 0 && ab[0]) run_adam8_bench();
     /* the SIMT attention kernels on bf16 storage too (bf16 normally takes the tensor-core path) */
     if ((only && strcmp(only, "bf16simt") != 0) || quant_only) {
         printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/backend.h"
+#include "backend/cpu/cpu_adam8.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_ops.h"
 #include "core/err.h"
@@ -113,6 +114,11 @@ static void adamw(glm_backend *be, void *param, float *master, const void *grad,
                   float b1, float b2, float eps, float wd, float bc1, float bc2, float gs) {
     cpu_adamw(param, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
 }
+static void adamw8(glm_backend *be, void *param, float *master, const void *grad, uint8_t *qm, uint8_t *qv, float *absm,
+                   float *absv, size_t n, const uint8_t *bits, size_t flat0, float lr, float b1, float b2, float eps,
+                   float wd, float bc1, float bc2, float gs) {
+    cpu_adamw8(param, master, grad, qm, qv, absm, absv, n, bits, flat0, lr, b1, b2, eps, wd, bc1, bc2, gs);
+}
 
 glm_backend *glm_backend_cpu(void) {
     glm_backend *be = glm_calloc(1, sizeof *be);
@@ -124,7 +130,7 @@ glm_backend *glm_backend_cpu(void) {
         .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
         .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,
         .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk,
-        .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw,
+        .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw, .adamw8 = adamw8,
         .prefix_kv = pkv_fwd, .prefix_kv_bwd = pkv_bwd, .tanh_fwd = th_fwd, .tanh_bwd = th_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,
         .rmsnorm_fwd = rms_fwd, .rmsnorm_bwd = rms_bwd, .swiglu_fwd = sw_fwd, .swiglu_bwd = sw_bwd, .rope_pairs = rope2,

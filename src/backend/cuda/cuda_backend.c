@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/err.h"
+#include "optim/quant8.h"
 
 #define GEMM_CACHE 256
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt on Hopper wants 32 MiB */
@@ -601,6 +602,14 @@ static void cu_adamw(glm_backend *be, void *param, float *master, const void *gr
     glmk_adamw(be->dtype, param, master, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs, IM(be)->st);
     op_done(be, "adamw");
 }
+static void cu_adamw8(glm_backend *be, void *param, float *master, const void *grad, uint8_t *qm, uint8_t *qv,
+                      float *absm, float *absv, size_t n, const uint8_t *bits, size_t flat0, float lr, float b1, float b2,
+                      float eps, float wd, float bc1, float bc2, float gs) {
+    prof(be, GLM_PROF_OPTIM, "adamw8");
+    glm_adam8_scalars s = glm_adam8_prepare(lr, b1, b2, eps, wd, bc1, bc2); /* as the CPU op: same bits */
+    glmk_adamw8(be->dtype, param, master, grad, qm, qv, absm, absv, n, bits, flat0, &s, gs, IM(be)->st);
+    op_done(be, "adamw8");
+}
 
 /* ---------------------------------------------------------------- extras, lifetime */
 
@@ -685,7 +694,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale,
         .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
-        .adamw = cu_adamw,
+        .adamw = cu_adamw, .adamw8 = cu_adamw8,
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,
         .dequantize = cu_dequantize, .qmatmul_fwd = cu_qmatmul_fwd,
         .destroy = cu_destroy, .to_f32 = cu_to_f32,

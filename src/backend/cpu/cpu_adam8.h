@@ -1,0 +1,11 @@
+/* The CPU twin of backend.h's adamw8 (8-bit blockwise AdamW; optim/quant8.h), exposed for the
+ * CUDA tests and the test tools. param and grad are fp32; master may be NULL. */
+#ifndef GLM_CPU_ADAM8_H
+#define GLM_CPU_ADAM8_H
+#include <stddef.h>
+#include <stdint.h>
+
+void cpu_adamw8(float *param, float *master, const float *grad, uint8_t *qm, uint8_t *qv, float *absm, float *absv,
+                size_t n, const uint8_t *decay_bits, size_t flat0, float lr, float b1, float b2, float eps, float wd,
+                float bc1, float bc2, float grad_scale);
+#endif
