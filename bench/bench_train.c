@@ -9,7 +9,7 @@
  *               [--layers L] [--head_chunk R] [--detail] [--out FILE]
  *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P]]
  *               [--freeze N] [--ptuning P [--prefix_projection]] [--quant int8|int4|nf4] [--tied]
- *               [--family chatglm|chatglm2]
+ *               [--family chatglm|chatglm2] [--optim adamw_8bit] [--offload] [--in_backward]
  * (--detail: one more step with an event at every op, printed as a per-op table; --head_chunk:
  * rows of logits per head/loss chunk, the model's default when absent; --lora_target also takes
  * peft's comma-separated module names, e.g. query_key_value,dense)
@@ -31,7 +31,10 @@
  * 512x8+freeze2. --quant stores the frozen linear weights quantized (random integers,
  * bench_common.h); --tied ties the head to the embedding as the chatglm-6b download does (the
  * memory bars of issue 17 are for that model); --family chatglm2 takes ChatGLM2-6B's shapes (the
- * ChatGLM2 block; ids of its tokenizer), its label ending in "+glm2". */
+ * ChatGLM2 block; ids of its tokenizer), its label ending in "+glm2". --optim adamw_8bit,
+ * --offload (the optimizer state in host memory) and --in_backward (each unit updated inside
+ * backward; no clipping) run the step through parallel/dp.h as `glmtrain train` does with
+ * --optim, --offload_optimizer cpu and --optimizer_in_backward; the label adds +8bit, +off, +ib. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +45,7 @@
 #include "core/rng.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
+#include "parallel/dp.h"
 
 static double now(void) {
     struct timespec t;
@@ -106,6 +110,26 @@ static void adamw_init_device(glm_adamw *o, glm_model *m) {
     }
 }
 
+/* The step through parallel/dp.h (one process), for the optimizer's other layouts. */
+static double dp_step(glm_dp *dp, glm_model *m, const glm_batch *b, double *loss) {
+    static uint64_t n_steps;
+    double t0 = now();
+    glm_err e;
+    glm_model_set_dropout_seed(m, 0x5eed0000ULL + n_steps++);
+    glm_dp_begin_step(dp, 1e-5f, 1);
+    glm_dp_zero_grads(dp);
+    glm_dp_micro_begin(dp, 1);
+    *loss = glm_forward_backward(m, b, 1.0f / b->n_targets) / b->n_targets;
+    double norm = 0, sum = 0;
+    if (glm_dp_reduce_grads(dp, &e) || glm_dp_grad_norm(dp, 1.0f, &sum, &norm, &e) ||
+        glm_dp_optimizer_step(dp, 1e-5f, dp->cfg.in_backward ? 1.0f : glm_clip_coef(norm, 1.0f), &e)) {
+        fprintf(stderr, "bench_train: %s\n", e.msg);
+        exit(1);
+    }
+    m->be->sync(m->be);
+    return now() - t0;
+}
+
 static double step(glm_model *m, glm_adamw *o, const glm_batch *b, double *loss) {
     static uint64_t n_steps;
     double t0 = now();
@@ -126,6 +150,7 @@ int main(int argc, char **argv) {
     int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0, glm2 = 0;
     float lora_alpha = 0, lora_dropout = 0.05f;
     const char *lora_target = "qkv";
+    int optim8 = 0, offload = 0, in_bwd = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--fp32")) dt = GLM_F32;
@@ -146,6 +171,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ptuning")) { ptuning = atoi(v); i++; }
         else if (!strcmp(a, "--prefix_projection")) projection = 1;
         else if (!strcmp(a, "--tied")) tied = 1;
+        else if (!strcmp(a, "--optim")) { optim8 = glm_optim_parse(v) == GLM_OPTIM_ADAMW8; i++; }
+        else if (!strcmp(a, "--offload")) offload = 1;
+        else if (!strcmp(a, "--in_backward")) in_bwd = 1;
         else if (!strcmp(a, "--family")) { glm2 = !strcmp(v, "chatglm2"); i++; }
         else if (!strcmp(a, "--quant")) {
             quant = bench_parse_quant(v);
@@ -208,29 +236,42 @@ int main(int argc, char **argv) {
         init_device(&m);
         if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING) glm_model_init_adapters(&m, 1);
         glm_adamw o;
-        adamw_init_device(&o, &m);
+        glm_dp *dp = NULL;
+        int via_dp = optim8 || offload || in_bwd;
+        if (via_dp) {
+            glm_err e;
+            glm_dp_cfg dc = {.zero_stage = 1, .bucket_mb = 400, .timeout = 1800, .optim = optim8 ? GLM_OPTIM_ADAMW8 : 0,
+                             .offload = offload, .in_backward = in_bwd};
+            if (glm_dp_open(&dp, &dc, &e) || glm_dp_attach(dp, &m, &o, 1e-5f, 0.9f, 0.999f, 1e-8f, 0.01f, &e)) {
+                fprintf(stderr, "bench_train: %s\n", e.msg);
+                return 1;
+            }
+        } else {
+            adamw_init_device(&o, &m);
+        }
+#define STEP(l) (via_dp ? dp_step(dp, &m, &b, (l)) : step(&m, &o, &b, (l)))
         glm_batch b;
         make_batch(&b, &c, B, T, 42);
         double loss = 0, first = 0, *ts = calloc(steps > 0 ? steps : 1, sizeof(double));
         for (int s = 0; s < warmup; s++) {
-            step(&m, &o, &b, &loss);
+            STEP(&loss);
             if (s == 0) first = now();
         }
-        for (int s = 0; s < steps; s++) ts[s] = step(&m, &o, &b, &loss);
+        for (int s = 0; s < steps; s++) ts[s] = STEP(&loss);
         if (warmup == 0 && steps > 0) first = t_run + ts[0];
         qsort(ts, steps, sizeof(double), cmp_d);
         double med = steps ? ts[steps / 2] : 0;
         /* one more step with per-category events */
         double split[GLM_PROF_NCAT] = {0}, l2;
         glm_cuda_profile(be, 1);
-        step(&m, &o, &b, &l2);
+        STEP(&l2);
         glm_cuda_profile_read(be, split);
         glm_cuda_profile(be, 0);
         if (detail) { /* per-op table, sorted by time */
             char what[64];
             snprintf(what, sizeof what, "%dx%d%s, one step", T, B, ck == 'c' ? "+ckpt" : "");
             glm_cuda_profile(be, 2);
-            step(&m, &o, &b, &l2);
+            STEP(&l2);
             bench_print_ops(be, what);
         }
         size_t used, peak, total;
@@ -240,8 +281,9 @@ int main(int argc, char **argv) {
         double flops_tok = (peft ? 4.0 : 6.0) * n_all + 12.0 * c.num_layers * c.hidden_size * (double)T;
         double mfu = tok * flops_tok / 989e12;
         char label[64];
-        snprintf(label, sizeof label, "%dx%d%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : "", m.head_chunk != 256 ? "+hc" : "",
-                 peft ? "+" : "", peft ? ftname : "", glm2 ? "+glm2" : "");
+        snprintf(label, sizeof label, "%dx%d%s%s%s%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : "", m.head_chunk != 256 ? "+hc" : "",
+                 peft ? "+" : "", peft ? ftname : "", glm2 ? "+glm2" : "", optim8 ? "+8bit" : "", offload ? "+off" : "",
+                 in_bwd ? "+ib" : "");
         printf("%-6s %-18s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
                med * 1e3, tok, 100 * mfu, peak / 1073741824.0, first - t_run, first - t_proc, split[GLM_PROF_GEMM],
                split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss);
@@ -257,8 +299,10 @@ int main(int argc, char **argv) {
                     n_all, m.tab.n_params, m.head_chunk, peft ? ftname : "full", lora, c.peft.lora_targets, freeze, flops_tok);
         free(ts);
         glm_batch_free(&b);
+        glm_dp_close(dp, 1);
         glm_adamw_free(&o, &m);
         glm_model_free(&m);
+#undef STEP
     }
     if (f) fclose(f);
     be->destroy(be);

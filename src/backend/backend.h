@@ -223,6 +223,20 @@ struct glm_backend {
     /* dst[n] (float, device) = src[n] (S, device): e.g. the fp32 AdamW master copy made on the
      * device instead of through a host round trip (27 GB each way for ChatGLM-6B). */
     void (*to_f32)(glm_backend *be, float *dst, const void *src, size_t n);
+
+    /* ---- host staging for an offloaded optimizer (optional: NULL where the backend's memory is
+     * host memory; callers then copy with memcpy) ---- */
+    /* page-locked host memory, which the copy engines move at full speed; never NULL */
+    void *(*host_alloc)(glm_backend *be, size_t bytes);
+    void (*host_free)(glm_backend *be, void *p);
+    /* bytes device -> host (to_host) or host -> device, on a copy stream of that direction, after
+     * the work the compute stream has so far; the host goes on. Returns a ticket (> 0). Callable
+     * from any thread. */
+    long (*copy_async)(glm_backend *be, void *dst, const void *src, size_t bytes, int to_host);
+    /* the host waits until copy `ticket` is done */
+    void (*copy_wait)(glm_backend *be, long ticket);
+    /* compute work issued from now on waits (on the device) until copy `ticket` is done */
+    void (*compute_wait)(glm_backend *be, long ticket);
 };
 
 glm_backend *glm_backend_cpu(void);

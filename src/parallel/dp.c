@@ -13,7 +13,9 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
-#define ALIGN 64 /* tensor offsets in the table are multiples of 64 elements; shards and buckets too */
+/* Tensor offsets in the table are multiples of 64 elements; shards and buckets too, or of the
+ * 8-bit state's block, so a block never straddles two pieces of a shard (dp->align). */
+#define ALIGN 64
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -37,6 +39,15 @@ int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err) {
     if (glm_dist_from_env(&dp->dist, err)) return -1;
     dp->rank = dp->dist.rank;
     dp->world = dp->dist.world;
+    dp->align = cfg->optim == GLM_OPTIM_ADAMW8 ? GLM_ADAM8_BLOCK : ALIGN;
+    if (dp->world > 1 && cfg->offload && cfg->zero_stage == 0) {
+        glm_fail(err, "--offload_optimizer cpu with %d ranks needs --zero_stage 1 or 2", dp->world);
+        return glm_hint(err, "each rank then keeps its shard of the optimizer state on the host (as DeepSpeed's ZeRO-Offload)");
+    }
+    if (dp->world > 1 && cfg->in_backward) {
+        glm_fail(err, "--optimizer_in_backward runs in one process only (this launch has %d ranks)", dp->world);
+        return glm_hint(err, "several ranks share the memory of the model states with --zero_stage 1/2 and --offload_optimizer cpu");
+    }
     if (dp->world > 1) glm_signals_install();
     if (dp->world > 1 && dp->dist.mpi) {
 #ifdef GLM_HAVE_MPI
@@ -178,7 +189,7 @@ static void on_grads_ready(void *ctx, size_t first) {
 /* Buckets of at most bucket_mb from the end of the flat buffer; every size a multiple of
  * ALIGN * world (padded is one), so each splits into world aligned pieces. */
 static void make_buckets(glm_dp *dp, size_t padded) {
-    size_t es = glm_cdtype_size(dp->gdt), unit = ALIGN * (size_t)dp->world;
+    size_t es = glm_cdtype_size(dp->gdt), unit = dp->align * (size_t)dp->world;
     size_t cap = round_up((size_t)(dp->cfg.bucket_mb * 1048576.0 / es), unit);
     if (cap > ((size_t)1 << 30)) cap = ((size_t)1 << 30) / unit * unit;
     if (cap < unit) cap = unit;
@@ -192,29 +203,29 @@ static void make_buckets(glm_dp *dp, size_t padded) {
 
 /* ---------------------------------------------------------------- setup */
 
-static void *alloc_zero(glm_backend *be, size_t bytes) {
-    void *p = be->alloc(be, bytes);
-    be->zero(be, p, bytes);
-    return p;
-}
-
 /* AdamW state for this rank's shard only; the master copy starts from the (broadcast) weights. */
 static void init_sharded_opt(glm_dp *dp, glm_adamw *o, float lr, float b1, float b2, float eps, float wd) {
-    glm_backend *be = dp->m->be;
-    *o = (glm_adamw){.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd};
-    size_t bytes = dp->shard * sizeof(float);
-    o->m = alloc_zero(be, bytes);
-    o->v = alloc_zero(be, bytes);
-    if (be->dtype == GLM_F32) return;
-    o->master = be->alloc(be, bytes);
-    float *host = be->to_f32 ? NULL : glm_malloc(bytes);
+    glm_adamw_alloc(o, dp->m, dp->cfg.optim, dp->cfg.offload, dp->shard, lr, b1, b2, eps, wd);
     for (int i = 0; i < dp->nb; i++) {
         size_t lo, off, n = glm_dp_piece(dp, dp->rank, i, &lo, &off);
-        const void *src = glm_at(be, dp->m->params, lo);
-        if (host) be->download_f32(be, host + off, src, n);
-        else be->to_f32(be, o->master + off, src, n);
+        glm_adamw_master_from(o, dp->m, off, lo, n);
     }
-    if (host) { be->upload(be, o->master, host, bytes); free(host); }
+}
+
+/* One process: the whole model's state, and the staging the options ask for. */
+static int attach_single(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, float b2, float eps, float wd,
+                         glm_err *err) {
+    /* offloaded or updating in backward: units staged, no gradient buffer of the whole model */
+    int staged = dp->cfg.in_backward || dp->cfg.offload;
+    if (staged) glm_model_drop_grads(m); /* first: no moment with two copies of it */
+    /* 8-bit states: every unit starts a block, so a step inside backward cuts the blocks the whole
+     * model's step does (and either resumes the other's checkpoints exactly) */
+    if (dp->align > ALIGN) glm_model_relayout(m, dp->align);
+    glm_adamw_alloc(opt, m, dp->cfg.optim, dp->cfg.offload, m->tab.total, lr, b1, b2, eps, wd);
+    glm_adamw_master_from(opt, m, 0, 0, m->tab.total);
+    if (dp->cfg.offload) glm_dp_off_attach(dp, m->tab.total);
+    if (staged && glm_dp_ib_attach(dp, err)) return -1;
+    return 0;
 }
 
 int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, float b2, float eps, float wd,
@@ -222,10 +233,7 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     dp->m = m;
     dp->opt = opt;
     glm_backend *be = m->be;
-    if (dp->world == 1) {
-        glm_adamw_init(opt, m, lr, b1, b2, eps, wd);
-        return 0;
-    }
+    if (dp->world == 1) return attach_single(dp, m, opt, lr, b1, b2, eps, wd, err);
     int gpu = strncmp(be->name, "cuda", 4) == 0;
     if (gpu) {
         /* a pipeline run hands in its stage's group communicator (parallel/pipe_train.c) */
@@ -244,7 +252,7 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     dp->zero2 = dp->cfg.zero_stage == 2 && m->first && m->last;
     if (dp->cfg.zero_stage == 2 && !dp->zero2) glm_info("--zero_stage 2 with pipeline stages: gradients stay whole (stage 1)");
     if (dp->zero2 && glm_dp_z2_attach(dp, err)) return -1;
-    size_t padded = dp->zero2 ? m->tab.total : round_up(m->tab.total, ALIGN * (size_t)dp->world);
+    size_t padded = dp->zero2 ? m->tab.total : round_up(m->tab.total, dp->align * (size_t)dp->world);
     if (!dp->zero2) {
         dp->shard = padded / (size_t)dp->world;
         glm_model_reserve_flat(m, padded);
@@ -263,8 +271,13 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     m->grads_ready = on_grads_ready;
     m->grads_ready_ctx = dp;
     dp->sharded = dp->cfg.zero_stage >= 1;
-    if (dp->sharded) init_sharded_opt(dp, opt, lr, b1, b2, eps, wd);
-    else glm_adamw_init(opt, m, lr, b1, b2, eps, wd);
+    if (dp->sharded) {
+        init_sharded_opt(dp, opt, lr, b1, b2, eps, wd);
+        if (dp->cfg.offload) glm_dp_off_attach(dp, dp->shard);
+    } else {
+        glm_adamw_alloc(opt, m, dp->cfg.optim, 0, m->tab.total, lr, b1, b2, eps, wd);
+        glm_adamw_master_from(opt, m, 0, 0, m->tab.total);
+    }
     glm_info("data parallel: %s communicator, %d gradient buckets of <= %.1f MiB, shard %zu elements per rank%s",
              dp->comm->kind, dp->nb, dp->cfg.bucket_mb, dp->shard, dp->sharded ? " (optimizer state sharded)" : "");
     return 0;
@@ -290,6 +303,7 @@ int glm_dp_sum_long(glm_dp *dp, double *v, int n, const char *what, glm_err *err
 }
 
 void glm_dp_micro_begin(glm_dp *dp, int last) {
+    if (dp->ib) { glm_dp_ib_micro(dp); return; }
     if (dp->zero2) { /* every micro-batch's gradients are reduce-scattered as backward makes them */
         dp->armed = 1;
         glm_dp_z2_micro_begin(dp);
@@ -298,11 +312,16 @@ void glm_dp_micro_begin(glm_dp *dp, int last) {
     dp->armed = dp->world > 1 && last && !dp->no_overlap;
 }
 
+void glm_dp_begin_step(glm_dp *dp, float lr, int backward) {
+    if (dp->ib) glm_dp_ib_begin(dp, lr, backward);
+}
+
 void glm_dp_zero_grads(glm_dp *dp) {
-    if (!dp->zero2) glm_zero_grads(dp->m);
+    if (!dp->zero2 && !dp->ib) glm_zero_grads(dp->m);
 }
 
 int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
+    if (dp->ib) return glm_dp_ib_finish(dp, &dp->ib_ss, err);
     if (dp->world == 1) return 0;
     dp->armed = 0;
     if (dp->debug && dp->rank == 0) glm_info("backward: host time in bucket starts %.2f ms", 1e3 * dp->hook_s);
@@ -326,6 +345,7 @@ int glm_dp_reduce_grads(glm_dp *dp, glm_err *err) {
 
 int glm_dp_grad_norm(glm_dp *dp, float grad_scale, double *loss_sum, double *norm, glm_err *err) {
     glm_model *m = dp->m;
+    if (dp->ib) { *norm = sqrt(dp->ib_ss) * grad_scale; return 0; }
     if (dp->world == 1) { *norm = glm_grad_norm(m, grad_scale); return 0; }
     /* each rank squares its shard (under ZeRO the only part reduced there); padding is zero */
     glm_backend *be = m->be;
@@ -338,21 +358,14 @@ int glm_dp_grad_norm(glm_dp *dp, float grad_scale, double *loss_sum, double *nor
     return 0;
 }
 
-/* AdamW (glm_adamw_step's per-element update) on each tensor's part inside flat [lo, hi); the
- * optimizer state of flat element a sits at index k0 + (a - lo). */
+/* AdamW on flat [lo, hi), whose optimizer state sits at index k0 (on the device, or on the host
+ * when offloaded: the new weights then come back by a copy glm_dp_off_done orders). */
 static void adamw_range(glm_dp *dp, size_t lo, size_t hi, size_t k0, float lr, float gs, float bc1, float bc2) {
     glm_model *m = dp->m;
-    glm_adamw *o = dp->opt;
     glm_backend *be = m->be;
-    for (int j = 0; j < m->tab.n; j++) {
-        const glm_tensor *t = &m->tab.t[j];
-        size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-        if (a >= e) continue;
-        size_t k = k0 + (a - lo);
-        const void *g = dp->zero2 ? glm_at(be, dp->z2.sg, k) : glm_at(be, m->grads, a); /* ZeRO-2: the shard's own */
-        be->adamw(be, glm_at(be, m->params, a), o->master ? o->master + k : NULL, g, o->m + k,
-                  o->v + k, e - a, lr, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2, gs);
-    }
+    const void *g = dp->zero2 ? glm_at(be, dp->z2.sg, k0) : glm_at(be, m->grads, lo); /* ZeRO-2: the shard's own */
+    if (dp->opt->host) glm_dp_off_update(dp, lo, hi, k0, g, lr, gs, bc1, bc2);
+    else glm_adamw_update(dp->opt, m, lo, hi, k0, g, lr, gs, bc1, bc2);
 }
 
 /* The update when the all-gathers go by copies (dp_peer.c). ZeRO-0: each rank sends its summed
@@ -384,10 +397,14 @@ static int peer_update(glm_dp *dp, float lr, float gs, float bc1, float bc2, glm
 int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) {
     glm_model *m = dp->m;
     glm_adamw *o = dp->opt;
-    if (dp->world == 1) { glm_adamw_step(o, m, lr, grad_scale); return 0; }
+    if (dp->ib && dp->cfg.in_backward) return 0; /* done during backward */
+    if (dp->ib) return glm_dp_ib_step(dp, lr, grad_scale);
+    if (dp->world == 1 && !o->host) { glm_adamw_step(o, m, lr, grad_scale); return 0; }
     glm_backend *be = m->be;
     o->step++;
-    float bc1 = 1.0f - powf(o->beta1, (float)o->step), bc2 = 1.0f - powf(o->beta2, (float)o->step);
+    float bc1, bc2;
+    glm_adamw_corrections(o, &bc1, &bc2);
+
     double t0 = glm_now();
     char what[64];
     if (glm_dp_peer_gathers(dp)) return peer_update(dp, lr, grad_scale, bc1, bc2, err);
@@ -418,6 +435,7 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
         for (int i = dp->nb - 1; i >= 0; i--) {
             size_t lo, off, n = glm_dp_piece(dp, dp->rank, i, &lo, &off);
             adamw_range(dp, lo, lo + n, off, lr, grad_scale, bc1, bc2);
+            glm_dp_off_done(dp); /* offloaded: the all-gather reads what came back */
             snprintf(what, sizeof what, "updated parameters of bucket %d", i);
             if (dp->comm->allgather(dp->comm, glm_at(be, m->params, dp->b[i].lo), n, dp->gdt, what, err)) return -1;
         }
@@ -439,6 +457,8 @@ void glm_dp_close(glm_dp *dp, int ok) {
     if (dp->comm && dp->comm != dp->boot) dp->comm->close(dp->comm);
     if (dp->boot) dp->boot->close(dp->boot);
     glm_dp_z2_free(dp);
+    if (dp->m) glm_dp_ib_free(dp);
+    glm_dp_off_free(dp);
     if (dp->m) { dp->m->grads_ready = NULL; dp->m->grads_ready_ctx = NULL; dp->m->grads_unit = NULL; dp->m->grads_unit_ctx = NULL; }
     if (dp->saved_stderr >= 0) {
         fflush(stderr);

@@ -39,6 +39,9 @@ typedef struct glm_dp_cfg {
     double timeout;        /* --ddp_timeout: seconds a collective may wait */
     int save_on_interrupt; /* collectives are then not cut short by SIGINT/SIGTERM */
     double reserve_bytes;  /* device memory training still needs after attach (activations, scratch) */
+    int optim;             /* --optim: glm_optim_kind */
+    int offload;           /* --offload_optimizer cpu: the optimizer state in host memory */
+    int in_backward;       /* --optimizer_in_backward: each unit updated as soon as backward finishes it */
 } glm_dp_cfg;
 
 typedef struct glm_dp_bucket { size_t lo, hi; int started; } glm_dp_bucket;
@@ -59,6 +62,8 @@ typedef struct glm_dp_z2 {
 
 /* The copy-engine exchange between the GPUs of one node (parallel/dp_peer.c). */
 typedef struct glm_dp_peer glm_dp_peer;
+/* The update inside backward (parallel/dp_offload.c). */
+typedef struct glm_dp_ib glm_dp_ib;
 
 typedef struct glm_dp {
     glm_dp_cfg cfg;
@@ -81,6 +86,11 @@ typedef struct glm_dp {
     glm_dp_z2 z2;
     glm_dp_peer *peer;     /* ZeRO 0/1 on the GPUs of one node: gradients move by copy engines (or NULL) */
     int z0_ag_backward;    /* GLMTRAIN_DP_Z0_AG_BACKWARD=1: ZeRO-0 all-gathers each bucket's sums right after its reduce-scatter */
+    size_t align;          /* buckets, pieces and units start at multiples of align elements (x world) */
+    void *hbuf;            /* offloaded: page-locked staging of the shard's gradients, then its new weights (S) */
+    long off_ticket;       /* offloaded: the latest copy of new weights to the device */
+    glm_dp_ib *ib;         /* the update inside backward, or NULL */
+    double ib_ss;          /* its sum of squares of the step's gradients */
     glm_err hook_err;      /* a failure inside the backward hook, returned by reduce_grads */
     int saved_stderr;      /* ranks > 0 log to a file; the terminal's stderr kept here (-1) */
 } glm_dp;
@@ -115,6 +125,24 @@ unsigned glm_dp_peer_step(const glm_dp *dp);
 /* The update's copies are done before later work; waits (host) with --ddp_timeout, naming the
  * peers whose gathered flag stays below v. */
 int glm_dp_peer_end_update(glm_dp *dp, unsigned v, glm_err *err);
+/* Offload and the update inside backward (dp_offload.c). off_update: flat [lo, hi) with its state
+ * at k updated on the host from grad (device, S), the new weights on their way back (off_done:
+ * later compute waits for them); returns the gradients' sum of squares (times grad_scale^2). */
+void glm_dp_off_attach(glm_dp *dp, size_t elems);
+void glm_dp_off_free(glm_dp *dp);
+double glm_dp_off_update(glm_dp *dp, size_t lo, size_t hi, size_t k, const void *grad, float lr, float grad_scale,
+                         float bc1, float bc2);
+void glm_dp_off_done(glm_dp *dp);
+int glm_dp_ib_attach(glm_dp *dp, glm_err *err);
+void glm_dp_ib_free(glm_dp *dp);
+void glm_dp_ib_begin(glm_dp *dp, float lr, int backward);
+void glm_dp_ib_ready(glm_dp *dp, size_t first);
+void glm_dp_ib_micro(glm_dp *dp);
+int glm_dp_ib_finish(glm_dp *dp, double *sumsq, glm_err *err);
+int glm_dp_ib_step(glm_dp *dp, float lr, float grad_scale);
+/* Before a step's micro-batches, with the step's learning rate (the update inside backward needs
+ * it then); backward = 0: the step has nothing to train on (no backward runs, no update). */
+void glm_dp_begin_step(glm_dp *dp, float lr, int backward);
 /* Before a step's micro-batches: zeroes the gradients (the model's, or nothing under ZeRO-2,
  * whose first micro-batch overwrites the shard). */
 void glm_dp_zero_grads(glm_dp *dp);

@@ -20,18 +20,27 @@ static void unshard(glm_dp *dp, int r, size_t s0, size_t n, const float *src, fl
     }
 }
 
-/* shard (device, dp->shard floats) of every rank -> host (flat layout, dp->shard * world) on rank 0. */
-static int gather_to_host(glm_dp *dp, const float *shard, float *host, float *tmp, glm_err *err) {
+/* State kind k (0 m, 1 v, 2 master) of every rank's shard -> host (flat layout, dp->shard * world)
+ * on rank 0, chunk by chunk: each chunk read out of the state as fp32 (8-bit moments decoded,
+ * a host state copied), sent through a device buffer. */
+static int gather_to_host(glm_dp *dp, int kind, float *host, float *tmp, glm_err *err) {
+    glm_backend *be = dp->m->be;
     size_t S = dp->shard, C = S < CHUNK ? S : CHUNK;
-    for (size_t c0 = 0; c0 < S; c0 += C) {
+    float *h = glm_malloc(C * sizeof(float)), *d = be->alloc(be, C * sizeof(float));
+    int rc = 0;
+    for (size_t c0 = 0; c0 < S && rc == 0; c0 += C) {
         size_t k = S - c0 < C ? S - c0 : C;
-        if (dp->comm->gather(dp->comm, shard + c0, tmp, k, GLM_C_F32, 0, "optimizer state for the checkpoint", err) ||
+        glm_adamw_get(dp->opt, be, c0, k, kind == 0 ? h : NULL, kind == 1 ? h : NULL, kind == 2 ? h : NULL);
+        be->upload(be, d, h, k * sizeof(float));
+        if (dp->comm->gather(dp->comm, d, tmp, k, GLM_C_F32, 0, "optimizer state for the checkpoint", err) ||
             dp->comm->wait(dp->comm, -1, err))
-            return -1;
-        if (dp->rank == 0)
+            rc = -1;
+        if (rc == 0 && dp->rank == 0)
             for (int r = 0; r < dp->world; r++) unshard(dp, r, c0, k, tmp + (size_t)r * k, host);
     }
-    return 0;
+    be->free(be, d);
+    free(h);
+    return rc;
 }
 
 static int save_sharded(glm_dp *dp, const char *output_dir, const glm_train_state *st, const char *tok,
@@ -45,9 +54,8 @@ static int save_sharded(glm_dp *dp, const char *output_dir, const glm_train_stat
         host = glm_malloc(padded * kinds * sizeof(float));
         tmp = be->alloc(be, C * (size_t)dp->world * sizeof(float));
     }
-    const float *src[] = {o->m, o->v, o->master};
     int rc = 0;
-    for (int k = 0; k < kinds && rc == 0; k++) rc = gather_to_host(dp, src[k], host ? host + (size_t)k * padded : NULL, tmp, err);
+    for (int k = 0; k < kinds && rc == 0; k++) rc = gather_to_host(dp, k, host ? host + (size_t)k * padded : NULL, tmp, err);
     if (rc == 0 && dp->rank == 0) {
         glm_opt_state os = {.lo = 0, .hi = dp->m->tab.total, .m = host, .v = host + padded,
                             .master = o->master ? host + 2 * padded : NULL, .step = o->step};
@@ -85,9 +93,7 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) 
     int rc = glm_checkpoint_load_state(dir, dp->m, &os, st, err);
     free(pieces);
     if (rc == 0) {
-        be->upload(be, o->m, os.m, S * sizeof(float));
-        be->upload(be, o->v, os.v, S * sizeof(float));
-        if (o->master) be->upload(be, o->master, os.master, S * sizeof(float));
+        glm_adamw_put(o, be, 0, S, os.m, os.v, os.master);
         o->step = os.step;
     }
     free(host);
@@ -102,13 +108,12 @@ int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err) {
     size_t n = sharded ? S * (size_t)dp->world : total; /* the gathered shards cover the padding too */
     *o = (glm_opt_state){.lo = 0, .hi = total, .step = a->step};
     float *host = dp->rank == 0 ? glm_malloc(n * kinds * sizeof(float)) : NULL;
-    const float *src[] = {a->m, a->v, a->master};
     int rc = 0;
     if (!sharded) {
-        for (int k = 0; k < kinds && host; k++) be->download(be, host + (size_t)k * n, src[k], total * sizeof(float));
+        if (host) glm_adamw_get(a, be, 0, total, host, host + n, a->master ? host + 2 * n : NULL);
     } else {
         float *tmp = dp->rank == 0 ? be->alloc(be, C * (size_t)dp->world * sizeof(float)) : NULL;
-        for (int k = 0; k < kinds && rc == 0; k++) rc = gather_to_host(dp, src[k], host ? host + (size_t)k * n : NULL, tmp, err);
+        for (int k = 0; k < kinds && rc == 0; k++) rc = gather_to_host(dp, k, host ? host + (size_t)k * n : NULL, tmp, err);
         if (tmp) be->free(be, tmp);
     }
     if (host) { o->m = host; o->v = host + n; o->master = a->master ? host + 2 * n : NULL; }

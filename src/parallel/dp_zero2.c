@@ -19,7 +19,6 @@
 #include "core/log.h"
 #include "parallel/dp.h"
 
-#define ALIGN 64
 
 /* The slot's reduce-scatter has finished before the compute stream goes on, and a scratch
  * piece it wrote is added into the shard. */
@@ -93,7 +92,7 @@ int glm_dp_z2_attach(glm_dp *dp, glm_err *err) {
     glm_backend *be = m->be;
     glm_dp_z2 *z = &dp->z2;
     glm_model_drop_grads(m); /* first: no moment with two copies of it */
-    glm_model_relayout(m, ALIGN * (size_t)dp->world);
+    glm_model_relayout(m, dp->align * (size_t)dp->world);
     glm_span *u = glm_malloc(sizeof *u * (size_t)(m->cfg.num_layers + 2));
     int nu = glm_model_units(m, u);
     /* the buckets are the units, from the end of the flat buffer (backward's order) */

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "core/fileutil.h"
+#include "core/log.h"
 #include "io/safetensors.h"
 #include "model/ckpt.h"
 
@@ -103,6 +104,40 @@ static int load_optimizer(const char *path, glm_model *m, glm_opt_state *o, glm_
     return rc;
 }
 
+/* The 8-bit moments as stored (glm_opt_state's q8 fields). */
+static int save_optimizer_8bit(const char *path, const glm_opt_state *o, glm_err *err) {
+    int64_t n = (int64_t)o->q8_n, nb = (int64_t)((o->q8_n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK);
+    st_entry e[4] = {
+        {.name = "exp_avg.codes", .ndim = 1, .shape = {n}, .data = o->qm, .data_dtype = ST_U8, .file_dtype = ST_U8},
+        {.name = "exp_avg.absmax", .ndim = 1, .shape = {nb}, .data = o->am, .data_dtype = ST_F32, .file_dtype = ST_F32},
+        {.name = "exp_avg_sq.codes", .ndim = 1, .shape = {n}, .data = o->qv, .data_dtype = ST_U8, .file_dtype = ST_U8},
+        {.name = "exp_avg_sq.absmax", .ndim = 1, .shape = {nb}, .data = o->av, .data_dtype = ST_F32, .file_dtype = ST_F32},
+    };
+    return st_save(path, e, 4, 0, err);
+}
+
+/* Reads them when dir has them for a state of q8_n elements: 1 read, 0 none of that layout. */
+static int load_optimizer_8bit(const char *dir, glm_opt_state *o, glm_err *err) {
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "optimizer_8bit.safetensors");
+    if (!o->q8_n || !glm_is_file(path)) return 0;
+    st_reader *r;
+    if (st_open(&r, path, err)) return -1;
+    int64_t shape[ST_MAX_DIMS];
+    int ndim, rc = 0;
+    size_t nb = (o->q8_n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK;
+    if (st_info(r, "exp_avg.codes", NULL, &ndim, shape) == 0 && ndim == 1 && (size_t)shape[0] == o->q8_n) {
+        rc = st_read_raw(r, "exp_avg.codes", ST_U8, o->qm, o->q8_n, err) ||
+             st_read_raw(r, "exp_avg_sq.codes", ST_U8, o->qv, o->q8_n, err) ||
+             st_read_raw(r, "exp_avg.absmax", ST_F32, o->am, nb * 4, err) ||
+             st_read_raw(r, "exp_avg_sq.absmax", ST_F32, o->av, nb * 4, err) ? -1 : 1;
+    } else {
+        glm_info("%s: 8-bit moments of another layout; starting from their fp32 values", path);
+    }
+    st_close(r);
+    return rc;
+}
+
 static int save_state(const char *path, const glm_train_state *st, long opt_step, glm_err *err) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "optimizer_step", (double)opt_step);
@@ -176,6 +211,7 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
     }
     int rc = glm_model_save_trainable(m, tmp, err);
     if (!rc) { glm_path_join(path, sizeof path, tmp, "optimizer.safetensors"); rc = save_optimizer(path, m, o, err); }
+    if (!rc && o->q8_n) { glm_path_join(path, sizeof path, tmp, "optimizer_8bit.safetensors"); rc = save_optimizer_8bit(path, o, err); }
     if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
     if (!rc && args_json) { glm_path_join(path, sizeof path, tmp, "training_args.json"); rc = glm_write_file_atomic(path, args_json, strlen(args_json), err); }
     /* trainer_state.json last: its presence marks the checkpoint complete */
@@ -188,18 +224,33 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
     return glm_checkpoint_abandon(output_dir, tmp, need, err);
 }
 
+/* Host buffers for a whole 8-bit state (filled from opt when fill). */
+static void q8_alloc(glm_opt_state *o, const glm_adamw *opt, glm_backend *be, int fill) {
+    size_t nb = (opt->n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK;
+    o->q8_n = opt->n;
+    o->qm = glm_malloc(opt->n + 1);
+    o->qv = glm_malloc(opt->n + 1);
+    o->am = glm_malloc(nb * sizeof(float) + 1);
+    o->av = glm_malloc(nb * sizeof(float) + 1);
+    if (fill) glm_adamw_get_q8(opt, be, 0, opt->n, o->qm, o->qv, o->am, o->av);
+}
+static void q8_free(glm_opt_state *o) {
+    free(o->qm); free(o->qv); free(o->am); free(o->av);
+    o->qm = o->qv = NULL; o->am = o->av = NULL; o->q8_n = 0;
+}
+
 int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *opt, const glm_train_state *st,
                         const char *tokenizer_path, const char *args_json, glm_err *err) {
     glm_backend *be = m->be;
     size_t total = m->tab.total;
     int kinds = opt->master ? 3 : 2;
     float *host = glm_malloc(sizeof(float) * total * kinds);
-    be->download(be, host, opt->m, total * 4);
-    be->download(be, host + total, opt->v, total * 4);
-    if (opt->master) be->download(be, host + 2 * total, opt->master, total * 4);
+    glm_adamw_get(opt, be, 0, total, host, host + total, opt->master ? host + 2 * total : NULL);
     glm_opt_state o = {.lo = 0, .hi = total, .m = host, .v = host + total, .master = opt->master ? host + 2 * total : NULL,
                        .step = opt->step};
+    if (opt->kind == GLM_OPTIM_ADAMW8) q8_alloc(&o, opt, be, 1);
     int rc = glm_checkpoint_save_state(output_dir, m, &o, st, tokenizer_path, args_json, err);
+    q8_free(&o);
     free(host);
     return rc;
 }
@@ -227,10 +278,15 @@ int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train
     glm_opt_state o = {.lo = 0, .hi = total, .m = host, .v = host + total, .master = opt->master ? host + 2 * total : NULL};
     int rc = glm_checkpoint_load_state(dir, m, &o, st, err);
     if (rc == 0) {
-        be->upload(be, opt->m, o.m, total * 4);
-        be->upload(be, opt->v, o.v, total * 4);
-        if (opt->master) be->upload(be, opt->master, o.master, total * 4);
+        glm_adamw_put(opt, be, 0, total, o.m, o.v, o.master);
         opt->step = o.step;
+    }
+    if (rc == 0 && opt->kind == GLM_OPTIM_ADAMW8) {
+        q8_alloc(&o, opt, be, 0);
+        int got = load_optimizer_8bit(dir, &o, err);
+        if (got < 0) rc = -1;
+        if (got > 0) glm_adamw_put_q8(opt, be, 0, opt->n, o.qm, o.qv, o.am, o.av);
+        q8_free(&o);
     }
     free(host);
     return rc;

@@ -38,6 +38,12 @@ typedef struct glm_opt_state {
     float *m, *v;        /* [elements held] AdamW moments */
     float *master;       /* [elements held] fp32 master weights; NULL when the run keeps none */
     long step;           /* optimizer steps taken */
+    /* 8-bit moments as stored (--optim adamw_8bit), beside their fp32 values: a run of the same
+     * layout (q8_n state elements) resumes from these exactly; any other reads the fp32 values.
+     * q8_n = 0: none. Written to optimizer_8bit.safetensors. */
+    size_t q8_n;
+    uint8_t *qm, *qv;    /* [q8_n] */
+    float *am, *av;      /* [ceil(q8_n / GLM_ADAM8_BLOCK)] */
 } glm_opt_state;
 
 /* Writes output_dir/checkpoint-<step>. tokenizer_path may be NULL; args_json may be NULL. */

@@ -38,6 +38,32 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->num_train_epochs <= 0 && a->max_steps <= 0) return glm_fail(err, "--num_train_epochs must be positive (or set --max_steps)");
     if (a->logging_steps < 1) return glm_fail(err, "--logging_steps must be at least 1");
     if (a->bf16 + a->fp16 + a->fp32 > 1) return glm_fail(err, "choose one of --bf16, --fp16, --fp32");
+    if (glm_optim_parse(a->optim) < 0)
+        return glm_fail(err, "--optim %s is not an optimizer glmtrain has", a->optim),
+               glm_hint(err, "choose adamw_torch (also adamw_hf, adamw_torch_fused) or adamw_8bit (also adamw_bnb_8bit)");
+    if (strcmp(a->offload_optimizer, "none") && strcmp(a->offload_optimizer, "cpu"))
+        return glm_fail(err, "--offload_optimizer %s: choose cpu or none", a->offload_optimizer),
+               glm_hint(err, "nvme offload is not supported");
+    if (a->optimizer_in_backward) {
+        if (a->gradient_accumulation_steps > 1)
+            return glm_fail(err, "--optimizer_in_backward updates each layer from one micro-batch, so it cannot take "
+                                 "--gradient_accumulation_steps %d", a->gradient_accumulation_steps),
+                   glm_hint(err, "raise --per_device_train_batch_size instead (with --gradient_checkpointing to fit it), or drop --optimizer_in_backward");
+        if (a->max_grad_norm > 0)
+            return glm_fail(err, "--optimizer_in_backward cannot clip by the global gradient norm (--max_grad_norm %g): "
+                                 "each layer is updated before the norm of the whole model is known", a->max_grad_norm),
+                   glm_hint(err, "add --max_grad_norm 0 (torchtune's optimizer_in_bwd does the same), or drop --optimizer_in_backward");
+        if (a->fp16)
+            return glm_fail(err, "--optimizer_in_backward cannot take --fp16: the loss scaler skips steps whose gradients "
+                                 "overflow, which needs every gradient before any update"),
+                   glm_hint(err, "use --bf16");
+        if (a->pipeline_parallel_size > 1)
+            return glm_fail(err, "--optimizer_in_backward does not combine with --pipeline_parallel_size %d", a->pipeline_parallel_size);
+    }
+    if (strcmp(a->offload_optimizer, "cpu") == 0 && a->pipeline_parallel_size > 1)
+        return glm_fail(err, "--offload_optimizer cpu does not combine with --pipeline_parallel_size %d yet", a->pipeline_parallel_size);
+    if (glm_optim_parse(a->optim) == GLM_OPTIM_ADAMW8 && a->pipeline_parallel_size > 1)
+        return glm_fail(err, "--optim %s does not combine with --pipeline_parallel_size %d yet", a->optim, a->pipeline_parallel_size);
     if (a->warmup_ratio < 0 || a->warmup_ratio > 1) return glm_fail(err, "--warmup_ratio must be in [0, 1]");
     if (!(a->fp16_initial_scale > 0)) return glm_fail(err, "--fp16_initial_scale must be positive");
     if (a->save_total_limit < 0) return glm_fail(err, "--save_total_limit must not be negative");

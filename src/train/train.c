@@ -153,6 +153,7 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     }
     n_sup = (long)g[0];
     *tokens = g[1];
+    glm_dp_begin_step(t->dp, lr, n_sup > 0);
     glm_dp_zero_grads(t->dp);
     double scale = a->fp16 ? t->scaler.scale : 1.0;
     double sum = 0;
@@ -179,6 +180,13 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     if (a->fp16 && glm_scaler_update(&t->scaler, *norm)) { *skipped = 1; return loss; }
     /* bf16/fp32: a non-finite step is not applied, so the parameters stay finite. The loss
      * and norm are global here (summed over ranks), so every rank skips the same steps. */
+    if (a->optimizer_in_backward && n_sup > 0 && !(isfinite(loss) && isfinite(*norm))) {
+        glm_fail(err, "step %ld: the loss or the gradients are not finite (loss %g, grad_norm %g), and with "
+                      "--optimizer_in_backward the layers were already updated from them", t->st.global_step + 1, loss, *norm);
+        glm_hint(err, "resume from the last checkpoint with a lower --learning_rate (now %g), or train without "
+                      "--optimizer_in_backward, which skips such steps", a->learning_rate);
+        return NAN;
+    }
     if (!a->fp16 && n_sup > 0 && !(isfinite(loss) && isfinite(*norm))) { *skipped = 1; return loss; }
     if (n_sup > 0) {
         float coef = glm_clip_coef(*norm, (float)a->max_grad_norm);
@@ -258,7 +266,7 @@ static void trainer_free(trainer *t, int ok) {
     if (t->data.train_ex) glm_data_free(&t->data);
     if (t->tok) glm_tokenizer_free(t->tok);
     if (t->tb) tb_close(t->tb);
-    if (t->opt.m) glm_adamw_free(&t->opt, &t->m);
+    if (t->opt.n) glm_adamw_free(&t->opt, &t->m);
     if (t->m.params) glm_model_free(&t->m);
     if (t->be) t->be->destroy(t->be);
     free(t->args_json);
@@ -302,7 +310,8 @@ static int run(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     if (glm_train_check_args(a, err) || trainer_check_output_dir(a, err)) return -1;
     glm_dp_cfg dc = {.zero_stage = a->zero_stage, .bucket_mb = a->bucket_size_mb, .timeout = a->ddp_timeout,
-                     .save_on_interrupt = a->save_on_interrupt};
+                     .save_on_interrupt = a->save_on_interrupt, .optim = glm_optim_parse(a->optim),
+                     .offload = strcmp(a->offload_optimizer, "cpu") == 0, .in_backward = a->optimizer_in_backward};
     if (glm_dp_open(&t->dp, &dc, err) || glm_dp_redirect_log(t->dp, a->output_dir, err)) return -1;
     if (trainer_prepare_output_dir(t, err)) return -1;
     if (glm_presence_open(&t->pres, a->output_dir, t->dp->dist.rank, t->dp->dist.world, err)) return -1;

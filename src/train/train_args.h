@@ -26,6 +26,9 @@ typedef struct glm_train_args {
     int max_bad_steps;     /* consecutive non-finite steps (bf16/fp32) before the run stops */
     /* precision and memory */
     int bf16, fp16, fp32, gradient_checkpointing;
+    /* the optimizer: --optim (Hugging Face's names), where its state lives, when it steps */
+    char *optim, *offload_optimizer;
+    int optimizer_in_backward;
     /* what trains (model/config.h glm_peft) */
     char *finetuning_type, *lora_target, *quantization_type;
     int quantization_bit;

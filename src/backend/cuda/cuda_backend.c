@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_copy.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/err.h"
 #include "optim/quant8.h"
@@ -53,6 +54,7 @@ typedef struct cuda_impl {
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
     int debug_sync;  /* GLM_CUDA_SYNC=1: synchronise and check after every op */
     size_t peak_used;
+    glm_cuda_copies *copies; /* an offloaded optimizer's copy streams (made at first use) */
     /* profiler (glm_cuda_profile): events at category changes, or at every op in detail mode */
     int prof_on, prof_n, prof_cat;
     cudaEvent_t *prof_ev;
@@ -198,6 +200,7 @@ static void *cu_alloc(glm_backend *be, size_t bytes) {
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
         GLM_FATAL("lower --per_device_train_batch_size (or the sequence lengths), add --gradient_checkpointing, "
+                  "keep the optimizer state in host memory (--offload_optimizer cpu) or 8-bit (--optim adamw_8bit), "
                   "spread optimizer state and gradients over GPUs with data parallel + ZeRO (--nproc_per_node N "
                   "--zero_stage 1/2), or split the layers with --pipeline_parallel_size; under data parallel on one node "
                   "GLMTRAIN_DP_PEER=0 frees the gradient landing buffer; `glmtrain info` prints the memory plan",
@@ -615,6 +618,20 @@ static void cu_adamw8(glm_backend *be, void *param, float *master, const void *g
 
 void *glm_cuda_stream(glm_backend *be) { return (void *)IM(be)->st; }
 
+/* ---------------------------------------------------------------- host staging (cuda_copy.c) */
+
+static glm_cuda_copies *copies(glm_backend *be) {
+    if (!IM(be)->copies) IM(be)->copies = glm_cuda_copies_open();
+    return IM(be)->copies;
+}
+static void *cu_host_alloc(glm_backend *be, size_t bytes) { return glm_cuda_host_alloc(bytes); }
+static void cu_host_free(glm_backend *be, void *p) { glm_cuda_host_free(p); }
+static long cu_copy_async(glm_backend *be, void *dst, const void *src, size_t bytes, int to_host) {
+    return glm_cuda_copy_async(copies(be), IM(be)->st, dst, src, bytes, to_host);
+}
+static void cu_copy_wait(glm_backend *be, long t) { glm_cuda_copy_wait(copies(be), t); }
+static void cu_compute_wait(glm_backend *be, long t) { glm_cuda_compute_wait(copies(be), IM(be)->st, t); }
+
 void glm_cuda_fill_normal(glm_backend *be, void *p, size_t n, uint64_t seed, float std) {
     glmk_fill_normal(be->dtype, p, n, seed, std, IM(be)->st);
     op_done(be, "fill_normal");
@@ -627,6 +644,7 @@ void glm_cuda_fill(glm_backend *be, void *p, size_t n, float value) {
 static void cu_destroy(glm_backend *be) {
     cuda_impl *im = IM(be);
     cudaStreamSynchronize(im->st);
+    glm_cuda_copies_close(im->copies);
     for (int i = 0; i < GEMM_CACHE; i++) plan_destroy(&im->plans[i]);
     if (im->prof_ev) {
         for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(im->prof_ev[i]);
@@ -698,6 +716,8 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,
         .dequantize = cu_dequantize, .qmatmul_fwd = cu_qmatmul_fwd,
         .destroy = cu_destroy, .to_f32 = cu_to_f32,
+        .host_alloc = cu_host_alloc, .host_free = cu_host_free, .copy_async = cu_copy_async, .copy_wait = cu_copy_wait,
+        .compute_wait = cu_compute_wait,
     };
     im->workspace = cu_alloc(be, WORKSPACE_BYTES);
     im->ssq = cu_alloc(be, (SSQ_PARTIALS + SSQ_SPANS) * sizeof(double));
