@@ -14,7 +14,8 @@ typedef struct info_args {
     char *model_name_or_path, *init_from_config;
     int per_device_train_batch_size, max_source_length, max_target_length, bf16, fp16, fp32, gradient_checkpointing;
     int chatglm6b;
-    char *device_map, *max_memory_per_gpu;
+    char *device_map, *max_memory_per_gpu, *optim, *offload_optimizer;
+    int optimizer_in_backward;
     int pipeline_parallel_size, gradient_accumulation_steps, data_parallel_size, zero_stage;
     char *finetuning_type, *lora_target, *quantization_type;
     int lora_rank, num_layer_trainable, pre_seq_len, prefix_projection, quantization_bit;
@@ -38,7 +39,10 @@ static const glm_flag info_flags[] = {
     F(gradient_accumulation_steps, ARG_INT, "1", "micro-batches per step (inputs a pipeline stage stashes)"),
     F(data_parallel_size, ARG_INT, "1", "data-parallel replicas (of each stage)"),
     F(zero_stage, ARG_INT, "0", "ZeRO >= 1 divides the optimizer state by the replicas"),
-    F(max_memory_per_gpu, ARG_STR, NULL, "say whether every stage fits in this (e.g. 70GiB)"),
+    F(max_memory_per_gpu, ARG_STR, NULL, "say whether every stage fits in this (e.g. 70GiB), and if not which layouts do"),
+    F(optim, ARG_STR, "adamw_torch", "adamw_torch or adamw_8bit (as train)"),
+    F(offload_optimizer, ARG_STR, "none", "cpu: the optimizer state in host memory (as train)"),
+    F(optimizer_in_backward, ARG_BOOL, "false", "the update inside backward: no whole-model gradient buffer (as train)"),
     {"finetuning_type", ARG_STR, offsetof(info_args, finetuning_type), "full", "what trains (as train)", "full|lora|ptuning|freeze", NULL},
     F(lora_rank, ARG_INT, "8", "LoRA rank"),
     F(lora_dropout, ARG_FLOAT, "0.05", "LoRA dropout (its scratch buffer)"),
@@ -55,19 +59,22 @@ static void row(const char *what, double bytes) { printf("  %-28s %10.2f GiB\n",
 
 /* With stages (or a memory cap): the plan of each stage for the device map. */
 static int stage_plans(const info_args *a, const glm_config *c, glm_err *err) {
-    if (a->pipeline_parallel_size <= 1 && !a->max_memory_per_gpu && (!a->device_map || !strcmp(a->device_map, "auto")))
+    int states = strcmp(a->optim, "adamw_torch") || strcmp(a->offload_optimizer, "none") || a->optimizer_in_backward;
+    if (a->pipeline_parallel_size <= 1 && !a->max_memory_per_gpu && !states && (!a->device_map || !strcmp(a->device_map, "auto")))
         return 0;
     glm_train_args t = {.per_device_train_batch_size = a->per_device_train_batch_size,
                         .max_source_length = a->max_source_length, .max_target_length = a->max_target_length,
                         .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32,
                         .bf16 = a->bf16, .gradient_accumulation_steps = a->gradient_accumulation_steps,
                         .pipeline_parallel_size = a->pipeline_parallel_size, .device_map = a->device_map,
-                        .zero_stage = a->zero_stage, .max_memory_per_gpu = a->max_memory_per_gpu};
+                        .zero_stage = a->zero_stage, .max_memory_per_gpu = a->max_memory_per_gpu, .optim = a->optim,
+                        .offload_optimizer = a->offload_optimizer, .optimizer_in_backward = a->optimizer_in_backward};
     int cuda = a->bf16 || a->fp16, D = a->data_parallel_size > 1 ? a->data_parallel_size : 1;
     glm_device_map map;
     glm_stage_shape sh;
     if (glm_pp_map(&t, c, cuda, &map, &sh, err)) return -1;
     sh.dp = a->zero_stage >= 1 ? D : 1;
+    sh.zero2 = a->zero_stage == 2;
     printf("pipeline: %d stage%s (%s) x %d data-parallel replica%s, %d micro-batches per step:\n", map.n,
            map.n > 1 ? "s" : "", map.n > 1 ? map.source : "whole model", D, D > 1 ? "s" : "", sh.n_micro);
     glm_device_map_print(stdout, &map);
@@ -80,6 +87,7 @@ static int stage_plans(const info_args *a, const glm_config *c, glm_err *err) {
         glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
         printf("  %-6d %9.2f %9.2f %9.2f %9.2f %11.2f %9.2f %9.2f\n", k, p.params / G, p.grads / G, p.master / G,
                p.moments / G, p.activations / G, p.scratch / G, p.total / G);
+        if (p.host > 0) printf("  %-6s host memory %.2f (the offloaded optimizer state, master weights and staging)\n", "", p.host / G);
     }
     if (!a->max_memory_per_gpu) return 0;
     t.pipeline_parallel_size = map.n;

@@ -10,7 +10,7 @@
 
 typedef struct glm_err {
     char msg[GLM_ERR_LEN];  /* "what went wrong, naming the file/line/flag" */
-    char hint[512];         /* "what to do about it" (may be empty) */
+    char hint[1024];        /* "what to do about it" (may be empty) */
 } glm_err;
 
 /* Sets err->msg (printf style), clears the hint, returns -1 so callers can `return glm_fail(...)`.

@@ -292,7 +292,8 @@ typedef struct glm_mem_plan {
     double params, grads, master, moments; /* weights, gradients, fp32 master copy, AdamW m+v */
     double activations;                    /* saved for backward (+ recompute scratch) */
     double scratch;                        /* backward buffers, head chunk, batch */
-    double total;
+    double total;                          /* on the device: the sum of the above */
+    double host;                           /* in host memory: an offloaded optimizer and its staging */
 } glm_mem_plan;
 glm_mem_plan glm_memory_plan(const glm_config *c, glm_dtype dtype, int B, int T, int gradient_checkpointing,
                              int head_chunk);

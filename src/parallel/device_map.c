@@ -1,4 +1,5 @@
 #include "parallel/device_map.h"
+#include "optim/adamw.h"
 #include <cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -63,8 +64,21 @@ glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *ma
         p.grads = (trainable / dp + 2.0 * unit + (tied_trains ? table : 0)) * es;
     }
     if (sh->peer_ranks > 1 && map->n == 1 && !sh->zero2) p.grads += trainable * es * (sh->peer_ranks - 1) / sh->peer_ranks;
+    double slots = 0; /* parallel/dp_offload.c, one process offloaded or updating in backward: two unit
+                       * slots (+ a tied embedding's) instead of the gradient buffer */
+    if ((sh->in_backward || sh->offload) && map->n == 1 && dp == 1) {
+        double table = (double)c->vocab_size * c->hidden_size;
+        int tied_trains = c->tie_word_embeddings && glm_tensor_trains(c, -1, T_WORD_EMB);
+        slots = (2.0 * unit + (tied_trains ? table : 0)) * es;
+        p.grads = slots;
+    }
+    if (sh->optim == GLM_OPTIM_ADAMW8) p.moments = trainable * (glm_optim_state_bytes(GLM_OPTIM_ADAMW8, 0));
     p.master /= dp;
     p.moments /= dp;
+    if (sh->offload) { /* the host keeps an fp32 master copy in any case, and a staging copy of the shard in S */
+        p.host = trainable / dp * (glm_optim_state_bytes(sh->optim, 1) + es) + (sh->in_backward ? 0 : slots); /* + landing */
+        p.master = p.moments = 0;
+    }
     if (map->n > 1) { /* parallel/pipeline.c: stashed inputs (1F1B: at most P - k in flight), send/recv */
         int P = map->n, inflight = P - k < sh->n_micro ? P - k : sh->n_micro;
         if (!st->embed) p.activations += inflight * hid + hid; /* + dh_in */

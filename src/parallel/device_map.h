@@ -52,6 +52,9 @@ typedef struct glm_stage_shape {
     int peer_ranks;         /* GPU ranks exchanging gradients by copies (parallel/dp_peer.c, one stage, ZeRO 0/1):
                              * gradients + a landing buffer of (peer_ranks - 1) shards; 0 = none */
     int head_chunk;         /* rows of logits at once (256) */
+    int optim;              /* glm_optim_kind: fp32 or 8-bit moments */
+    int offload;            /* the optimizer state and master weights in host memory */
+    int in_backward;        /* one process, each unit updated in backward: gradients = staging slots */
 } glm_stage_shape;
 void glm_stage_shape_init(glm_stage_shape *sh); /* fp32, 1 x 512, training, 1 micro-batch, no ZeRO */
 

@@ -28,6 +28,9 @@ int glm_pp_map(const glm_train_args *a, const glm_config *c, int cuda, glm_devic
     sh->gradient_checkpointing = a->gradient_checkpointing;
     sh->n_micro = a->num_microbatches > 0 ? a->num_microbatches : a->gradient_accumulation_steps;
     sh->head_chunk = cuda ? 2048 : 256; /* as glm_model_init_stage picks it */
+    sh->optim = a->optim && glm_optim_parse(a->optim) == GLM_OPTIM_ADAMW8 ? GLM_OPTIM_ADAMW8 : GLM_OPTIM_ADAMW;
+    sh->offload = a->offload_optimizer && strcmp(a->offload_optimizer, "cpu") == 0;
+    sh->in_backward = a->optimizer_in_backward;
     int P = a->pipeline_parallel_size;
     if (P < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
     /* a map file alone says how many stages; the flag's default 1 does not contradict it */
@@ -61,7 +64,59 @@ void glm_pp_print_plan(const glm_train_args *a, const glm_config *c, int cuda, i
                      "activations %s + scratch %s\n", who, size_str(sz[0], 32, p.total), size_str(sz[1], 32, p.params),
                 size_str(sz[2], 32, p.grads), size_str(sz[3], 32, p.master), size_str(sz[4], 32, p.moments),
                 size_str(sz[5], 32, p.activations), size_str(sz[6], 32, p.scratch));
+        if (p.host > 0) fprintf(out, "[glmtrain] host memory%s: %s (the offloaded optimizer state, master weights and staging)\n",
+                                who, size_str(sz[0], 32, p.host));
     }
+}
+
+/* The layouts of one stage (no pipeline) that change only how the model states are kept, as
+ * flags, in the order to try them: each fits with less speed given up than the next. */
+typedef struct layout { const char *flags; int ckpt, optim, offload, in_backward, zero; } layout;
+static const layout layouts[] = {
+    {"--gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 0, 0, -1},
+    {"--optim adamw_8bit", 0, GLM_OPTIM_ADAMW8, 0, 0, -1},
+    {"--optim adamw_8bit --gradient_checkpointing", 1, GLM_OPTIM_ADAMW8, 0, 0, -1},
+    {"--zero_stage 2 --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 0, 0, 2},
+    {"--zero_stage 2 --optim adamw_8bit --gradient_checkpointing", 1, GLM_OPTIM_ADAMW8, 0, 0, 2},
+    {"--offload_optimizer cpu --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 1, 0, -1},
+    {"--zero_stage 2 --offload_optimizer cpu --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 1, 0, 2},
+    {"--offload_optimizer cpu --optimizer_in_backward --max_grad_norm 0 --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 1, 1, -1},
+    {"--offload_optimizer cpu --optim adamw_8bit --optimizer_in_backward --max_grad_norm 0 --gradient_checkpointing", 1,
+     GLM_OPTIM_ADAMW8, 1, 1, -1},
+};
+
+/* Writes into buf the layouts of one stage that fit in cap, with their planned peak and host
+ * memory; returns how many. */
+static int fitting_layouts(const glm_train_args *a, const glm_config *c, int cuda, int D, double cap, char *buf, size_t n) {
+    glm_device_map map;
+    glm_stage_shape sh;
+    glm_err e;
+    size_t at = 0;
+    int found = 0;
+    buf[0] = 0;
+    if (glm_pp_map(a, c, cuda, &map, &sh, &e) || map.n != 1) return 0;
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0] && found < 3; i++) {
+        const layout *l = &layouts[i];
+        if (l->zero >= 0 && D < 2) continue;
+        if (l->in_backward && (D > 1 || a->gradient_accumulation_steps > 1 || a->fp16)) continue;
+        glm_stage_shape s = sh;
+        s.gradient_checkpointing = l->ckpt || a->gradient_checkpointing;
+        s.optim = l->optim;
+        s.offload = l->offload;
+        s.in_backward = l->in_backward;
+        int zero = l->zero >= 0 ? l->zero : a->zero_stage;
+        s.dp = zero >= 1 ? D : 1;
+        s.zero2 = zero == 2;
+        glm_mem_plan p = glm_stage_memory_plan(c, &map, 0, &s);
+        if (p.total > cap) continue;
+        char t1[32], t2[32];
+        int w = snprintf(buf + at, n - at, "%s%s (plans %s%s%s)", found ? "; " : "", l->flags, size_str(t1, 32, p.total),
+                         p.host > 0 ? ", host " : "", p.host > 0 ? size_str(t2, 32, p.host) : "");
+        if (w < 0 || (size_t)w >= n - at) break;
+        at += (size_t)w;
+        found++;
+    }
+    return found;
 }
 
 int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, int D, glm_err *err) {
@@ -88,10 +143,13 @@ int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, 
                       "activations %s, scratch %s)", a->max_memory_per_gpu, who, size_str(sz[0], 32, p.total),
                  size_str(sz[1], 32, p.params), size_str(sz[2], 32, p.grads), size_str(sz[3], 32, p.master),
                  size_str(sz[4], 32, p.moments), size_str(sz[5], 32, p.activations), size_str(sz[6], 32, p.scratch));
-        /* the fewest stages that would fit, with the auto split */
+        /* the layouts of the model states that fit on one stage, and the fewest stages that would
+         * fit with the auto split */
+        char fits[2048] = "", stages[256] = "";
+        if (P == 1) fitting_layouts(a, c, cuda, D, (double)cap, fits, sizeof fits);
         glm_train_args b = *a;
         b.device_map = "auto";
-        for (int q = P + 1; q <= c->num_layers && q <= GLM_MAX_STAGES; q++) {
+        for (int q = P + 1; q <= c->num_layers && q <= GLM_MAX_STAGES && !stages[0]; q++) {
             glm_device_map m2;
             glm_stage_shape s2;
             glm_err e2;
@@ -104,9 +162,12 @@ int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, 
                 if (t > worst) worst = t;
             }
             if (worst <= (double)cap)
-                return glm_hint(err, "--pipeline_parallel_size %d --device_map auto plans at most %s per stage "
-                                     "(glmtrain info --pipeline_parallel_size %d shows it)", q, size_str(sz[0], 32, worst), q);
+                snprintf(stages, sizeof stages, "--pipeline_parallel_size %d --device_map auto plans at most %s per stage "
+                                                "(glmtrain info --pipeline_parallel_size %d shows it)", q, size_str(sz[0], 32, worst), q);
         }
+        if (fits[0] && stages[0]) return glm_hint(err, "layouts that fit: %s; or %s", fits, stages);
+        if (fits[0]) return glm_hint(err, "layouts that fit: %s", fits);
+        if (stages[0]) return glm_hint(err, "%s", stages);
         return glm_hint(err, "add --gradient_checkpointing, lower --per_device_train_batch_size, or use more stages / ZeRO");
     }
     return 0;
