@@ -80,6 +80,7 @@ static const layout layouts[] = {
     {"--zero_stage 2 --optim adamw_8bit --gradient_checkpointing", 1, GLM_OPTIM_ADAMW8, 0, 0, 2},
     {"--offload_optimizer cpu --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 1, 0, -1},
     {"--zero_stage 2 --offload_optimizer cpu --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 1, 0, 2},
+    {"--offload_optimizer cpu --optim adamw_8bit --gradient_checkpointing", 1, GLM_OPTIM_ADAMW8, 1, 0, -1},
     {"--offload_optimizer cpu --optimizer_in_backward --max_grad_norm 0 --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 1, 1, -1},
     {"--offload_optimizer cpu --optim adamw_8bit --optimizer_in_backward --max_grad_norm 0 --gradient_checkpointing", 1,
      GLM_OPTIM_ADAMW8, 1, 1, -1},

@@ -123,7 +123,28 @@ def main():
         worst = max(abs(c[s] - a[s]) / a[s] for s in range(11, 21))
         report("fp32_checkpoint_resumes_as_8bit", worst < 0.05, "max rel %.3g vs the fp32 curve" % worst)
 
-        # 4. refusals
+        # 4. the memory plan: ChatGLM-6B on the guide's cards
+        six = [T.GLM, "info", "--chatglm6b", "--bf16", "--per_device_train_batch_size", "8", "--max_source_length", "256",
+               "--max_target_length", "256", "--max_memory_per_gpu", "24GiB"]
+        import subprocess
+        out = subprocess.run(six, capture_output=True, text=True).stdout
+        report("plan_one_24gb_card_lists_offload", "does not fit" in out and "layouts that fit: --offload_optimizer cpu --gradient_checkpointing" in out,
+               out.strip().splitlines()[-1][:300] if out.strip() else "")
+        out = subprocess.run(six + ["--offload_optimizer", "cpu", "--gradient_checkpointing"], capture_output=True, text=True).stdout
+        report("plan_one_24gb_card_offload_fits", "every stage fits in 24GiB" in out and "host memory" in out, out.strip().splitlines()[-1])
+        out = subprocess.run(six + ["--data_parallel_size", "4", "--zero_stage", "1"], capture_output=True, text=True).stdout
+        report("plan_guide_4x24gb", "--zero_stage 2 --offload_optimizer cpu --gradient_checkpointing (plans 19.9 GiB" in out,
+               out.strip().splitlines()[-1][:300])
+        # a run refused by its plan names the layouts that fit (the tiny model plans 4.23 MiB), and
+        # one of them then runs under the same cap
+        _, p = go("capped", ["--max_memory_per_gpu", "3500KiB"], check=False)
+        txt = p.stdout + p.stderr
+        report("cap_refusal_lists_layouts", p.returncode != 0 and "layouts that fit:" in txt and
+               "--offload_optimizer cpu --gradient_checkpointing (plans" in txt, txt.strip().splitlines()[-1][:300] if txt.strip() else "")
+        _, p = go("capped_ok", ["--max_memory_per_gpu", "3500KiB", "--offload_optimizer", "cpu", "--gradient_checkpointing"], check=False)
+        report("cap_suggested_layout_runs", p.returncode == 0, (p.stdout + p.stderr).strip().splitlines()[-1][:200])
+
+        # 5. refusals
         def refused(name, extra, text, np_=1):
             _, p = go(name, extra, np_=np_, check=False)
             out = p.stdout + p.stderr
@@ -135,7 +156,7 @@ def main():
         refused("unknown_optim", ["--optim", "adafactor"], "--optim adafactor is not an optimizer")
         refused("offload_nvme", ["--offload_optimizer", "nvme"], "choose cpu or none")
 
-        # 5. 2 CPU ranks
+        # 6. 2 CPU ranks
         if why:
             print("SKIP optim_modes_mpi: " + why)
             return
