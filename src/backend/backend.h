@@ -30,7 +30,7 @@ typedef struct glm_qkv_view {
 } glm_qkv_view;
 static inline int glm_view_group(glm_qkv_view v) { return v.group > 1 ? v.group : 1; }
 
-/* The block of the 8-bit blockwise AdamW states (op adamw8, optim/quant8.h): one fp32 absmax
+/* The block of the 8-bit blockwise AdamW states (op adamw8, backend/quant8.h): one fp32 absmax
  * per GLM_ADAM8_BLOCK elements of each moment (bitsandbytes' blocksize of that era). */
 #define GLM_ADAM8_BLOCK 2048
 
@@ -159,7 +159,7 @@ struct glm_backend {
      * kOptimizerStatic8bit2StateBlockwise with ADAM and decoupled weight decay), block size
      * GLM_ADAM8_BLOCK. Element j of the call is in block b = j / GLM_ADAM8_BLOCK of this call
      * (the caller starts every call on a block boundary of its state arrays); qm, qv [n] are
-     * codes into optim/quant8.h's maps (signed for m, unsigned for v), absm, absv [ceil(n /
+     * codes into backend/quant8.h's maps (signed for m, unsigned for v), absm, absv [ceil(n /
      * GLM_ADAM8_BLOCK)] the blocks' fp32 absmax. Per element, in this order:
      *   g = grad * grad_scale
      *   m = (signed[qm] * absm[b]) * b1 + (1-b1) * g;  v = (unsigned[qv] * absv[b]) * b2 + ((1-b2) * g) * g
@@ -169,14 +169,14 @@ struct glm_backend {
      * then absm[b] = max |m| and absv[b] = max |v| over the block's elements (the updated,
      * unquantized moments; the parameter update also uses those), and qm, qv = the nearest code
      * of m / absm[b], v / absv[b] (bitsandbytes' quantize_2D search, its sign fix on m): the
-     * per-element helpers of optim/quant8.h, which both backends share, so fp32 results are
+     * per-element helpers of backend/quant8.h, which both backends share, so fp32 results are
      * equal bit for bit across backends. p is the fp32 master (master != NULL) written back to
      * param rounded to S, or param itself (master == NULL; read and written in S, fp32 on the
      * CPU backend). bc1 = 1 - b1^t, bc2 = 1 - b2^t. A fresh state is absmax 0 in every block
      * with any codes (absmax 0 decodes every code to +-0): be->zero on all four arrays is one
      * (bitsandbytes' torch.zeros); glm_q8_zero_code names the code of 0.0 of each map.
      * Deterministic. Unlike bitsandbytes, every tensor is quantized (it keeps fp32 states
-     * below min_8bit_size = 4096 elements); see optim/quant8.h for the other differences. */
+     * below min_8bit_size = 4096 elements); see backend/quant8.h for the other differences. */
     void (*adamw8)(glm_backend *be, void *param, float *master, const void *grad, uint8_t *qm, uint8_t *qv,
                    float *absm, float *absv, size_t n, const uint8_t *decay_bits, size_t flat0, float lr, float b1,
                    float b2, float eps, float wd, float bc1, float bc2, float grad_scale);

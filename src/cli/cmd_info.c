@@ -62,10 +62,10 @@ static int stage_plans(const info_args *a, const glm_config *c, glm_err *err) {
     int states = strcmp(a->optim, "adamw_torch") || strcmp(a->offload_optimizer, "none") || a->optimizer_in_backward;
     if (a->pipeline_parallel_size <= 1 && !a->max_memory_per_gpu && !states && (!a->device_map || !strcmp(a->device_map, "auto")))
         return 0;
-    glm_train_args t = {.per_device_train_batch_size = a->per_device_train_batch_size,
+    glm_par_opts t = {.per_device_train_batch_size = a->per_device_train_batch_size,
                         .max_source_length = a->max_source_length, .max_target_length = a->max_target_length,
                         .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32,
-                        .bf16 = a->bf16, .gradient_accumulation_steps = a->gradient_accumulation_steps,
+                        .gradient_accumulation_steps = a->gradient_accumulation_steps,
                         .pipeline_parallel_size = a->pipeline_parallel_size, .device_map = a->device_map,
                         .zero_stage = a->zero_stage, .max_memory_per_gpu = a->max_memory_per_gpu, .optim = a->optim,
                         .offload_optimizer = a->offload_optimizer, .optimizer_in_backward = a->optimizer_in_backward};

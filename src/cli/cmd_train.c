@@ -16,12 +16,13 @@ int glm_cmd_train(int argc, char **argv) {
             return 0;
         }
     int rc = glm_args_parse(glm_train_flags, glm_train_nflags, &a, argc, argv, &err);
-    int launcher = rc ? 0 : glm_launch_wanted(&a, &err);
+    glm_par_opts po = glm_train_par_opts(&a);
+    int launcher = rc ? 0 : glm_launch_wanted(&po, &err);
     if (launcher < 0) rc = -1;
     if (launcher > 0) {
         /* this process only starts and watches the data-parallel workers (parallel/launch.h) */
         rc = glm_train_preflight(&a, &err);
-        if (!rc) rc = glm_launch(&a, argc, argv, &err);
+        if (!rc) rc = glm_launch(&po, argc, argv, &err);
         if (rc < 0) glm_err_print(&err);
         glm_train_args_free(&a);
         return rc < 0 ? 1 : rc;

@@ -10,7 +10,7 @@
 #include "infer/chat.h"
 #include "model/adapter.h"
 #include "parallel/pipe_infer.h"
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 /* A value no flag can hold: what is still this after parsing was not given. */
 #define UNSET INT_MIN
@@ -78,7 +78,7 @@ static int pick_backend(gen_session *s, const gen_args *a, glm_err *err) {
     return 0;
 }
 
-/* A training checkpoint (checkpoint-N, sealed by train/checkpoint.h) is verified before its
+/* A training checkpoint (checkpoint-N, sealed by ckpt/checkpoint.h) is verified before its
  * weights are read: a damaged one is refused with the file named. */
 static int check_sealed(const char *path, glm_err *err) {
     char manifest[4096], why[1200];

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/half.h"
-#include "optim/quant8.h"
+#include "backend/quant8.h"
 
 /* Host updates go chunk by chunk, one chunk per thread at a time: its gradients converted to
  * fp32 into the thread's scratch, the CPU backend's op (serial inside a parallel region), the

@@ -6,7 +6,7 @@
  * shard of it) and comes in two kinds and two places:
  *   - kind: fp32 moments (--optim adamw_torch), or bitsandbytes' blockwise 8-bit moments
  *     (--optim adamw_8bit: codes u8 [n] and an fp32 absmax per GLM_ADAM8_BLOCK elements,
- *     optim/quant8.h), a quarter of the bytes;
+ *     backend/quant8.h), a quarter of the bytes;
  *   - place: on the backend (device), or in host memory (--offload_optimizer cpu), where the
  *     CPU backend's own ops update it from gradients copied to the host, and the new weights go
  *     back rounded to the backend's dtype.

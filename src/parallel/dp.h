@@ -31,7 +31,7 @@
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "parallel/dist.h"
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 typedef struct glm_dp_cfg {
     int zero_stage;        /* 0, 1, 2 */

@@ -1,4 +1,4 @@
-/* Checkpoints under data parallelism, in the single-process format (train/checkpoint.h):
+/* Checkpoints under data parallelism, in the single-process format (ckpt/checkpoint.h):
  * without ZeRO every rank holds the same state and rank 0 writes it; with ZeRO the optimizer
  * shards are gathered to rank 0's host memory chunk by chunk (so no rank needs a full-size
  * device buffer), each piece put back at its place in the flat layout, and on load each rank

@@ -46,7 +46,7 @@ int glm_launch_nproc(const char *s, const char *device, int *n, glm_err *err) {
     return 0;
 }
 
-int glm_launch_wanted(const glm_train_args *a, glm_err *err) {
+int glm_launch_wanted(const glm_par_opts *a, glm_err *err) {
     glm_dist d;
     if (glm_dist_from_env(&d, err)) return -1;
     int n = 1;
@@ -206,7 +206,7 @@ static int self_exe(char *buf, size_t n, glm_err *err) {
     return 0;
 }
 
-static int launch_mpirun(const glm_train_args *a, int nproc, int argc, char **argv, double grace, glm_err *err) {
+static int launch_mpirun(const glm_par_opts *a, int nproc, int argc, char **argv, double grace, glm_err *err) {
 #ifndef GLM_HAVE_MPI
     glm_fail(err, "--nproc_per_node %d on the CPU needs MPI, and this glmtrain was built without it", nproc);
     return glm_hint(err, "rebuild with `make MPI=1` (OpenMPI: scripts/install-deps.sh), or train on GPUs");
@@ -255,7 +255,7 @@ static int launch_mpirun(const glm_train_args *a, int nproc, int argc, char **ar
 #endif
 }
 
-static int launch_gpu(const glm_train_args *a, int nproc, int argc, char **argv, double grace, glm_err *err) {
+static int launch_gpu(const glm_par_opts *a, int nproc, int argc, char **argv, double grace, glm_err *err) {
     int world = nproc * a->nnodes, port = a->master_port;
     const char *addr = a->master_addr ? a->master_addr : "127.0.0.1";
     if (a->nnodes > 1 && !a->master_addr)
@@ -312,7 +312,7 @@ static int launch_gpu(const glm_train_args *a, int nproc, int argc, char **argv,
     return rc;
 }
 
-int glm_launch(const glm_train_args *a, int argc, char **argv, glm_err *err) {
+int glm_launch(const glm_par_opts *a, int argc, char **argv, glm_err *err) {
     int nproc = 1;
     if (glm_launch_nproc(a->nproc_per_node, a->device, &nproc, err)) return -1;
     glm_signals_install();

@@ -10,13 +10,13 @@
 #ifndef GLM_PARALLEL_LAUNCH_H
 #define GLM_PARALLEL_LAUNCH_H
 #include "core/err.h"
-#include "train/train_args.h"
+#include "parallel/par_opts.h"
 
 /* 1 when this process must start the workers, 0 when it is one (or the only) process, -1 err. */
-int glm_launch_wanted(const glm_train_args *a, glm_err *err);
+int glm_launch_wanted(const glm_par_opts *a, glm_err *err);
 /* Starts and supervises the workers; returns the job's exit status (>= 0), or -1 with err when
  * they could not be started. argv: the train subcommand's flags, passed on unchanged. */
-int glm_launch(const glm_train_args *a, int argc, char **argv, glm_err *err);
+int glm_launch(const glm_par_opts *a, int argc, char **argv, glm_err *err);
 /* The CUDA device of a worker: its local rank, modulo the visible GPUs (a launcher that gives
  * each task one GPU through CUDA_VISIBLE_DEVICES leaves device 0 for every local rank). */
 int glm_local_device(int local_rank);

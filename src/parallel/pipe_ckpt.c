@@ -139,7 +139,7 @@ static int write_text(const char *dir, const char *name, const char *text, glm_e
 }
 
 /* Every stage writes its shards into rank 0's tmp-checkpoint-N; rank 0 adds the rest, seals
- * the folder (train/checkpoint.h) and renames it. When any rank fails, rank 0 removes the tmp
+ * the folder (ckpt/checkpoint.h) and renames it. When any rank fails, rank 0 removes the tmp
  * folder, so nothing of a failed save is left for a later run to trip on. */
 int glm_pipe_checkpoint_save(glm_pipe *p, const char *output_dir, const glm_opt_state *o, const glm_train_state *st,
                              const char *tokenizer_path, const char *args_json, glm_err *err) {

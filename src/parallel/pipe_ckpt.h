@@ -13,7 +13,7 @@
 #ifndef GLM_PARALLEL_PIPE_CKPT_H
 #define GLM_PARALLEL_PIPE_CKPT_H
 #include "parallel/pipeline.h"
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 /* This stage's shard files in dir: weights as file_dtype (st_dtype), and the optimizer state
  * when o is given (host, over [0, tab.total)). */

@@ -19,7 +19,7 @@ static const char *size_str(char *buf, size_t n, double bytes) {
 
 static int is_spec(const char *s) { return !s || !*s || !strcmp(s, "auto") || !strcmp(s, "thudm"); }
 
-int glm_pp_map(const glm_train_args *a, const glm_config *c, int cuda, glm_device_map *map, glm_stage_shape *sh,
+int glm_pp_map(const glm_par_opts *a, const glm_config *c, int cuda, glm_device_map *map, glm_stage_shape *sh,
                glm_err *err) {
     glm_stage_shape_init(sh);
     sh->dtype = !cuda || a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
@@ -42,13 +42,13 @@ int glm_pp_map(const glm_train_args *a, const glm_config *c, int cuda, glm_devic
 /* The data-parallel ranks that will exchange gradients by copies (parallel/dp_peer.c): 2 GPU ranks
  * of one node (any count with GLMTRAIN_DP_PEER=1), ZeRO 0 or 1, unless GLMTRAIN_DP_PEER=0 (a
  * stage count > 1 is excluded by the plan). */
-static int peer_ranks(const glm_train_args *a, int cuda, int D) {
+static int peer_ranks(const glm_par_opts *a, int cuda, int D) {
     const char *e = getenv("GLMTRAIN_DP_PEER");
     if (!cuda || D < 2 || a->zero_stage == 2 || a->nnodes > 1 || (e && strcmp(e, "0") == 0)) return 0;
     return D == 2 || (e && strcmp(e, "1") == 0) ? D : 0;
 }
 
-void glm_pp_print_plan(const glm_train_args *a, const glm_config *c, int cuda, int D, FILE *out) {
+void glm_pp_print_plan(const glm_par_opts *a, const glm_config *c, int cuda, int D, FILE *out) {
     glm_device_map map;
     glm_stage_shape sh;
     glm_err err;
@@ -88,7 +88,7 @@ static const layout layouts[] = {
 
 /* Writes into buf the layouts of one stage that fit in cap, with their planned peak and host
  * memory; returns how many. */
-static int fitting_layouts(const glm_train_args *a, const glm_config *c, int cuda, int D, double cap, char *buf, size_t n) {
+static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda, int D, double cap, char *buf, size_t n) {
     glm_device_map map;
     glm_stage_shape sh;
     glm_err e;
@@ -120,7 +120,7 @@ static int fitting_layouts(const glm_train_args *a, const glm_config *c, int cud
     return found;
 }
 
-int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, int D, glm_err *err) {
+int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err) {
     if (!a->max_memory_per_gpu) return 0;
     size_t cap;
     if (glm_parse_size(a->max_memory_per_gpu, &cap)) {
@@ -148,7 +148,7 @@ int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, 
          * fit with the auto split */
         char fits[2048] = "", stages[256] = "";
         if (P == 1) fitting_layouts(a, c, cuda, D, (double)cap, fits, sizeof fits);
-        glm_train_args b = *a;
+        glm_par_opts b = *a;
         b.device_map = "auto";
         for (int q = P + 1; q <= c->num_layers && q <= GLM_MAX_STAGES && !stages[0]; q++) {
             glm_device_map m2;
@@ -203,7 +203,7 @@ static int nccl_ids(glm_pp *pp, int P, unsigned char *ids, glm_err *err) {
 }
 #endif
 
-int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_train_args *a, const glm_config *c, glm_backend *be, glm_err *err) {
+int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_par_opts *a, const glm_config *c, glm_backend *be, glm_err *err) {
     glm_pp *pp = glm_calloc(1, sizeof *pp);
     *out = pp;
     pp->dp = dp;

@@ -18,7 +18,7 @@
 #include "parallel/dp.h"
 #include "parallel/pipe_ckpt.h"
 #include "parallel/pipeline.h"
-#include "train/train_args.h"
+#include "parallel/par_opts.h"
 
 typedef struct glm_pp {
     glm_pipe pipe;
@@ -31,17 +31,17 @@ typedef struct glm_pp {
 
 /* The map the flags describe (also for P = 1: the whole model as one stage), for the memory
  * check and `glmtrain info`. */
-int glm_pp_map(const glm_train_args *a, const glm_config *c, int cuda, glm_device_map *map, glm_stage_shape *sh,
+int glm_pp_map(const glm_par_opts *a, const glm_config *c, int cuda, glm_device_map *map, glm_stage_shape *sh,
                glm_err *err);
 /* Refuses a run whose memory plan of any stage exceeds --max_memory_per_gpu (nothing to do
  * without the flag). D: data-parallel replicas (ZeRO >= 1 divides the optimizer state). */
-int glm_pp_check_memory(const glm_train_args *a, const glm_config *c, int cuda, int D, glm_err *err);
+int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err);
 /* The memory plan of each stage (the whole model when there is no pipeline), one line each,
  * computed from the tensor table before anything is allocated. */
-void glm_pp_print_plan(const glm_train_args *a, const glm_config *c, int cuda, int D, FILE *out);
+void glm_pp_print_plan(const glm_par_opts *a, const glm_config *c, int cuda, int D, FILE *out);
 
 /* After glm_dp_open and the backend are made, before the model: see above. */
-int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_train_args *a, const glm_config *c, glm_backend *be, glm_err *err);
+int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_par_opts *a, const glm_config *c, glm_backend *be, glm_err *err);
 /* Closes the pipeline's communicators (before glm_dp_close). */
 void glm_pp_close(glm_pp *pp, int ok);
 /* This stage's model. */

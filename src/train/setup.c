@@ -193,10 +193,11 @@ int trainer_load_model(trainer *t, glm_err *err) {
         return glm_hint(err, "one GPU holds a quantized 6B model: drop --device_map / --pipeline_parallel_size");
     }
     int cuda = strncmp(t->be->name, "cuda", 4) == 0;
-    if (t->dp->rank == 0) glm_pp_print_plan(a, &c, cuda, t->dp->world, stderr);
-    if (glm_pp_check_memory(a, &c, cuda, t->dp->world, err)) return -1;
+    glm_par_opts po = glm_train_par_opts(a);
+    if (t->dp->rank == 0) glm_pp_print_plan(&po, &c, cuda, t->dp->world, stderr);
+    if (glm_pp_check_memory(&po, &c, cuda, t->dp->world, err)) return -1;
     if (a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"))) {
-        if (glm_pp_open(&t->pp, t->dp, a, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */
+        if (glm_pp_open(&t->pp, t->dp, &po, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */
         glm_pp_model_init(t->pp, &t->m, &c, t->be);
     } else {
         glm_model_init(&t->m, &c, t->be);

@@ -4,6 +4,7 @@
 #ifndef GLM_TRAIN_ARGS_H
 #define GLM_TRAIN_ARGS_H
 #include "core/args.h"
+#include "parallel/par_opts.h"
 
 typedef struct glm_train_args {
     /* model */
@@ -48,5 +49,7 @@ typedef struct glm_train_args {
 extern const glm_flag glm_train_flags[];
 extern const int glm_train_nflags;
 void glm_train_args_free(glm_train_args *a);
+/* The settings the parallel layer reads (launch, memory plan, layout), pointing into a. */
+glm_par_opts glm_train_par_opts(const glm_train_args *a);
 
 #endif

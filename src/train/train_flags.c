@@ -108,3 +108,17 @@ void glm_train_args_free(glm_train_args *a) {
     for (int i = 0; i < glm_train_nflags; i++)
         if (glm_train_flags[i].type == ARG_STR) free(*(char **)((char *)a + glm_train_flags[i].offset));
 }
+
+glm_par_opts glm_train_par_opts(const glm_train_args *a) {
+    return (glm_par_opts){
+        .nproc_per_node = a->nproc_per_node, .master_addr = a->master_addr, .device = a->device, .nnodes = a->nnodes,
+        .node_rank = a->node_rank, .master_port = a->master_port, .save_on_interrupt = a->save_on_interrupt,
+        .ddp_timeout = a->ddp_timeout, .per_device_train_batch_size = a->per_device_train_batch_size,
+        .max_source_length = a->max_source_length, .max_target_length = a->max_target_length,
+        .gradient_accumulation_steps = a->gradient_accumulation_steps, .num_microbatches = a->num_microbatches,
+        .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32, .seed = a->seed,
+        .zero_stage = a->zero_stage, .pipeline_parallel_size = a->pipeline_parallel_size,
+        .optimizer_in_backward = a->optimizer_in_backward, .device_map = a->device_map,
+        .max_memory_per_gpu = a->max_memory_per_gpu, .optim = a->optim, .offload_optimizer = a->offload_optimizer,
+    };
+}

@@ -31,7 +31,7 @@
 #ifdef GLM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "train/progress.h"
 
 /* Everything one training run holds, passed explicitly. */

@@ -1,5 +1,5 @@
 /* Test tool: the CPU op of 8-bit blockwise AdamW (backend/cpu/cpu_adam8.c) and the maps and
- * state helpers of optim/quant8.h on raw little-endian files, for tests/py/test_adam8.py.
+ * state helpers of backend/quant8.h on raw little-endian files, for tests/py/test_adam8.py.
  *   tool_adam8 maps SIGNED.f32 UNSIGNED.f32        the two 256-entry maps
  *   tool_adam8 search signed|unsigned N X.f32 OUT.u8         glm_q8_search of normalised values
  *   tool_adam8 encode signed|unsigned N VAL.f32 AMAX.f32 OUT.u8  glm_q8_encode(value[j], amax[j])
@@ -19,7 +19,7 @@
 #include <string.h>
 #include "backend/cpu/cpu_adam8.h"
 #include "core/err.h"
-#include "optim/quant8.h"
+#include "backend/quant8.h"
 
 static void *read_all(const char *path, size_t want) {
     FILE *f = fopen(path, "rb");

@@ -22,7 +22,7 @@
 #include "optim/adamw.h"
 #include "parallel/pipe_ckpt.h"
 #include "parallel/pipeline.h"
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #ifdef GLM_HAVE_MPI
 #include "parallel/comm.h"
 #endif

@@ -16,7 +16,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/quant.h"
-#include "optim/quant8.h"
+#include "backend/quant8.h"
 #include "cuda_test_util.h"
 
 typedef struct {
@@ -470,7 +470,7 @@ static void t_optim(ctx *c, size_t n) {
 /* ---------------------------------------------------------------- 8-bit blockwise AdamW */
 
 /* adamw8 against cpu_adamw8 (backend/cpu/cpu_adam8.c) for 3 steps from a fresh state: bf16/fp16
- * storage with an fp32 master, fp32 storage without. Both run optim/quant8.h's per-element
+ * storage with an fp32 master, fp32 storage without. Both run backend/quant8.h's per-element
  * arithmetic as the same sequence of IEEE operations (the kernel through rounded intrinsics), so
  * everything must agree bit for bit: master, the parameter (the CPU master rounded to S), every
  * code (no ties to allow: a tie is decided by the same comparison of the same numbers) and every

@@ -18,7 +18,7 @@ with BLOCKSIZE_2STATE 2048), written from its source for tests/py/test_adam8.py:
         c1 = quantize_2d<1>(s1 / absmax1[b]), moved one code toward s1 where the code's sign
              differs from s1's (signbit); c2 = quantize_2d<0>(s2 / absmax2[b])
     All in float32, one IEEE operation at a time (no FMA). Where glmtrain deliberately differs
-    from the kernel (src/optim/quant8.h) the reference follows glmtrain, and says so:
+    from the kernel (src/backend/quant8.h) the reference follows glmtrain, and says so:
     exact division (the kernel's __fdividef), bias corrections given rather than __powf(beta, t),
     a partial block's absmax over its real elements only (the kernel's padding lanes also fold
     in qmap1[128] * absmax1 * beta1), every tensor quantized (bitsandbytes keeps fp32 states

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""8-bit blockwise AdamW (backend.h adamw8, src/backend/cpu/cpu_adam8.c, src/optim/quant8.[ch])
+"""8-bit blockwise AdamW (backend.h adamw8, src/backend/cpu/cpu_adam8.c, src/backend/quant8.[ch])
 against the bitsandbytes reference of tests/py/adam8_ref.py, through tests/c/tool_adam8:
 
   * the maps: C's signed and unsigned tables equal create_dynamic_map(signed=True/False) bit for

@@ -1,5 +1,5 @@
 /* backend.h adamw8 on the CPU: bitsandbytes' 8-bit blockwise AdamW, one OpenMP task per state
- * block (GLM_ADAM8_BLOCK elements), the per-element arithmetic of optim/quant8.h. A block is
+ * block (GLM_ADAM8_BLOCK elements), the per-element arithmetic of backend/quant8.h. A block is
  * done in passes over it (moments into a local buffer and their absmax, the parameter, the
  * codes), plain loops; nothing depends on the thread count. gcc vectorises the moments and the
  * codes (gathers from the maps); the parameter loop stays scalar while the build keeps
@@ -8,7 +8,7 @@
 #include "backend/cpu/cpu_adam8.h"
 #include <math.h>
 #include <string.h>
-#include "optim/quant8.h"
+#include "backend/quant8.h"
 
 typedef struct {
     float *param, *master;

@@ -1,4 +1,4 @@
-/* The CPU twin of backend.h's adamw8 (8-bit blockwise AdamW; optim/quant8.h), exposed for the
+/* The CPU twin of backend.h's adamw8 (8-bit blockwise AdamW; backend/quant8.h), exposed for the
  * CUDA tests and the test tools. param and grad are fp32; master may be NULL. */
 #ifndef GLM_CPU_ADAM8_H
 #define GLM_CPU_ADAM8_H

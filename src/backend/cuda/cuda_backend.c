@@ -15,7 +15,7 @@
 #include "backend/cuda/cuda_copy.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/err.h"
-#include "optim/quant8.h"
+#include "backend/quant8.h"
 
 #define GEMM_CACHE 256
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt on Hopper wants 32 MiB */

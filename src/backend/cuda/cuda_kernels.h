@@ -100,7 +100,7 @@ void glmk_sumsq_spans(glm_dtype dt, void *x, const void *y, const glm_span *span
                       double *partial, double *result, cudaStream_t st);
 void glmk_adamw(glm_dtype dt, void *param, float *master, const void *grad, float *m, float *v, size_t n, float lr,
                 float b1, float b2, float eps, float wd, float bc1, float bc2, float grad_scale, cudaStream_t st);
-/* backend.h adamw8 (k_adam8.cu); s: the step's scalars from glm_adam8_prepare (optim/quant8.h),
+/* backend.h adamw8 (k_adam8.cu); s: the step's scalars from glm_adam8_prepare (backend/quant8.h),
  * computed by the caller on the host as the CPU op computes them */
 struct glm_adam8_scalars;
 void glmk_adamw8(glm_dtype dt, void *param, float *master, const void *grad, uint8_t *qm, uint8_t *qv, float *absm,

@@ -4,11 +4,11 @@
  * block's max reduction (warp shuffles, then 8 warp maxima in shared memory: max is exact, so the
  * result does not depend on the order) and the parameter update and encoding. Both maps are
  * copied from constant memory into shared memory (the search's lookups diverge across a warp).
- * The per-element arithmetic is optim/quant8.h's, the same text the CPU op runs, with every
+ * The per-element arithmetic is backend/quant8.h's, the same text the CPU op runs, with every
  * product, sum, quotient and square root an explicitly rounded intrinsic (nothing contracts into
  * an FMA), so parameters, master, codes and absmax equal the CPU op's bit for bit. */
 #include "backend/cuda/cuda_common.cuh"
-#include "optim/quant8.h"
+#include "backend/quant8.h"
 
 __constant__ float c_q8_signed[256] = {GLM_DYN_CODE_INIT};
 __constant__ float c_q8_unsigned[256] = {GLM_Q8_UNSIGNED_INIT};

@@ -1,4 +1,4 @@
-/* Checkpoint integrity (train/checkpoint.h). Every writer (checkpoint.c for one process and
+/* Checkpoint integrity (ckpt/checkpoint.h). Every writer (checkpoint.c for one process and
  * data parallelism, parallel/pipe_ckpt.c for pipeline stages) seals its tmp-checkpoint-N folder
  * with checksums.json as the last file before the rename: each file's size and XXH64. Sizes
  * are checked first, so a truncated file costs no read; the hashes take one streaming pass at
@@ -6,7 +6,7 @@
  * keeps one run's checkpoints apart from another's, clean-up of what killed or failed saves
  * leave behind, and the size a checkpoint needs on disk. */
 #define _XOPEN_SOURCE 700
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include <cJSON.h>
 #include <dirent.h>
 #include <errno.h>

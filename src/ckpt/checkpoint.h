@@ -73,7 +73,7 @@ int glm_remove_tree(const char *path);
 /* Writes trainer_state.json (for writers that lay out the rest themselves: parallel/pipe_ckpt.c). */
 int glm_checkpoint_write_state(const char *path, const glm_train_state *st, long opt_step, glm_err *err);
 
-/* Integrity and clean-up (ckpt_seal.c). Every checkpoint writer calls glm_checkpoint_seal on its
+/* Integrity and clean-up (seal.c). Every checkpoint writer calls glm_checkpoint_seal on its
  * tmp folder as the last step before the rename, and glm_checkpoint_abandon when a save fails. */
 #define GLM_CKPT_MANIFEST "checksums.json"
 /* Writes dir/checksums.json: size and XXH64 of every file in dir. */

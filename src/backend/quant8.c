@@ -1,5 +1,5 @@
-/* bitsandbytes' dynamic maps and whole-state conversions (optim/quant8.h). */
-#include "optim/quant8.h"
+/* bitsandbytes' dynamic maps and whole-state conversions (backend/quant8.h). */
+#include "backend/quant8.h"
 
 const float glm_q8_signed_map[256] = {GLM_DYN_CODE_INIT};
 const float glm_q8_unsigned_map[256] = {GLM_Q8_UNSIGNED_INIT};

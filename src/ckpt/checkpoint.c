@@ -1,5 +1,5 @@
 #define _XOPEN_SOURCE 700
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include <cJSON.h>
 #include <dirent.h>
 #include <errno.h>
