@@ -177,6 +177,18 @@ def main():
         out, _ = go2("q8_z1", acc + ["--optim", "adamw_8bit", "--zero_stage", "1"])
         worst, n = rel(curve(out, 20), c8)
         report("adamw8_zero1_2ranks_tracks_1", n == 20 and worst < 0.02, "max rel %.3g over %d steps" % (worst, n))
+        # re-sharding between layouts and rank counts: 2 ranks ZeRO-2 offloaded -> 1 rank on the
+        # device; 1 rank 8-bit -> 2 ranks ZeRO-1 8-bit (its blocks cut per shard: quantized again)
+        x = os.path.join(d, "z2off_to_1")
+        shutil.copytree(os.path.join(d, "off_z2", "checkpoint-10"), os.path.join(x, "checkpoint-10"))
+        run(base + ["--output_dir", x, "--resume_from_checkpoint"] + acc)
+        worst = max(abs(curve(x, 20)[s] - a[s]) / a[s] for s in range(11, 21))
+        report("offload_zero2_2ranks_resumes_on_1_device", worst < 1e-6, "max rel %.3g vs the 1-rank curve, steps 11-20" % worst)
+        x = os.path.join(d, "q8_to_2")
+        shutil.copytree(os.path.join(q8, "checkpoint-10"), os.path.join(x, "checkpoint-10"))
+        run(half + ["--output_dir", x, "--resume_from_checkpoint", "--optim", "adamw_8bit", "--zero_stage", "1"] + acc, np=2)
+        worst = max(abs(curve(x, 20)[s] - c8[s]) / c8[s] for s in range(11, 21))
+        report("adamw8_1rank_resumes_on_2_ranks", worst < 0.02, "max rel %.3g vs the 1-rank 8-bit curve, steps 11-20" % worst)
         _, p = go2("off_z0", ["--offload_optimizer", "cpu", "--zero_stage", "0"], check=False)
         report("refuses_offload_zero0", p.returncode != 0 and "needs --zero_stage 1 or 2" in p.stdout + p.stderr, "")
     finally:
