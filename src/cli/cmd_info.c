@@ -74,7 +74,8 @@ static int stage_plans(const info_args *a, const glm_config *c, glm_err *err) {
     glm_stage_shape sh;
     if (glm_pp_map(&t, c, cuda, &map, &sh, err)) return -1;
     sh.dp = a->zero_stage >= 1 ? D : 1;
-    sh.zero2 = a->zero_stage == 2;
+    sh.zero2 = a->zero_stage >= 2;
+    sh.zero3 = a->zero_stage == 3;
     printf("pipeline: %d stage%s (%s) x %d data-parallel replica%s, %d micro-batches per step:\n", map.n,
            map.n > 1 ? "s" : "", map.n > 1 ? map.source : "whole model", D, D > 1 ? "s" : "", sh.n_micro);
     glm_device_map_print(stdout, &map);

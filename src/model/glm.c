@@ -149,6 +149,13 @@ void glm_model_relayout(glm_model *m, size_t unit_align) {
     rebind(m);
 }
 
+void *glm_model_swap_params(glm_model *m, void *p) {
+    void *old = m->params;
+    m->params = p;
+    rebind(m);
+    return old;
+}
+
 void glm_model_drop_grads(glm_model *m) {
     if (m->grads) m->be->free(m->be, m->grads);
     m->grads = NULL;
@@ -188,13 +195,32 @@ static void **field_of(glm_weights *w, const glm_tensor *t) {
     }
 }
 
+/* The end of the unit starting at flat offset lo (the next unit's start). */
+static size_t unit_end(const glm_model *m, size_t lo) {
+    size_t hi = m->tab.total;
+    for (int j = 0; j < m->tab.n; j++)
+        if (starts_unit(&m->tab.t[j]) && m->tab.t[j].offset > lo && m->tab.t[j].offset < hi) hi = m->tab.t[j].offset;
+    return hi;
+}
+
+/* ZeRO-3: unit u's weights are needed now / not for a while (u = -1 the embedding and the prefix
+ * encoder, 0..L-1 a layer, L the final norm and head); nothing for a unit with no trainable row. */
+static void need(glm_model *m, int u) {
+    size_t lo = m->params_need ? unit_lo(m, u) : SIZE_MAX;
+    if (lo != SIZE_MAX) m->params_need(m->params_ctx, lo, unit_end(m, lo));
+}
+static void done(glm_model *m, int u) {
+    size_t lo = m->params_done ? unit_lo(m, u) : SIZE_MAX;
+    if (lo != SIZE_MAX) m->params_done(m->params_ctx, lo, unit_end(m, lo));
+}
+/* The unit holding the head's weight: the embedding's when tied. */
+static int head_unit(const glm_model *m) { return m->cfg.tie_word_embeddings ? -1 : m->cfg.num_layers; }
+
 /* Before backward writes the gradients of the unit starting at flat offset lo: the grads_unit
  * hook may send them elsewhere (ZeRO-2 staging); the unit's gradient views follow. */
 static void begin_unit(glm_model *m, size_t lo) {
     if (!m->grads_unit) return;
-    size_t hi = m->tab.total; /* the next unit's start */
-    for (int j = 0; j < m->tab.n; j++)
-        if (starts_unit(&m->tab.t[j]) && m->tab.t[j].offset > lo && m->tab.t[j].offset < hi) hi = m->tab.t[j].offset;
+    size_t hi = unit_end(m, lo);
     void *base = m->grads_unit(m->grads_unit_ctx, lo, hi);
     if (!base) return;
     for (int j = 0; j < m->tab.n; j++) {
@@ -492,11 +518,21 @@ static void forward_trunk(glm_model *m, const void *h_in) {
     const glm_config *c = &m->cfg;
     int N = m->bd.B * m->bd.T, H = c->hidden_size;
     size_t bytes = (size_t)N * H * glm_dtype_size(be->dtype);
+    if (m->first || c->peft.pre_seq_len > 0) need(m, -1);
     if (m->first) be->embedding_fwd(be, resid(m, m->layer_lo), m->bd.ids, m->w.wte, N, H);
     else be->copy(be, resid(m, m->layer_lo), h_in, bytes);
     if (c->peft.pre_seq_len > 0) glm_prefix_forward(m); /* every stage runs the encoder for its own layers */
-    for (int l = m->layer_lo; l < m->layer_hi; l++) layer_forward(m, l, acts_for(m, l), resid(m, l), resid(m, l + 1));
-    if (m->last) m->fam->final_norm(m, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), N);
+    if (m->first || c->peft.pre_seq_len > 0) done(m, -1);
+    for (int l = m->layer_lo; l < m->layer_hi; l++) {
+        need(m, l);
+        layer_forward(m, l, acts_for(m, l), resid(m, l), resid(m, l + 1));
+        done(m, l);
+    }
+    if (m->last) {
+        need(m, c->num_layers);
+        m->fam->final_norm(m, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), N);
+        done(m, c->num_layers);
+    }
 }
 
 /* LM head + cross entropy over the supervised rows, chunk by chunk. With backward, also
@@ -505,6 +541,7 @@ static double head_loss(glm_model *m, float dscale, void *dlnf) {
     glm_backend *be = m->be;
     int H = m->cfg.hidden_size, V = m->cfg.vocab_size, N = m->bd.B * m->bd.T;
     if (dlnf) be->zero(be, dlnf, (size_t)N * H * glm_dtype_size(be->dtype));
+    need(m, head_unit(m));
     double total = 0;
     float *host_losses = glm_malloc(sizeof(float) * m->head_chunk);
     for (int r0 = 0; r0 < m->bd.n_sup; r0 += m->head_chunk) {
@@ -520,6 +557,7 @@ static double head_loss(glm_model *m, float dscale, void *dlnf) {
         for (int r = 0; r < R; r++) total += host_losses[r];
     }
     free(host_losses);
+    done(m, head_unit(m));
     return total;
 }
 
@@ -592,7 +630,9 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         begin(m, L);
         if (c->tie_word_embeddings) begin(m, -1); /* the head writes there */
         loss = head_loss(m, dscale, dlnf);
+        need(m, L);
         m->fam->final_norm_bwd(m, m->d_b, dlnf, resid(m, m->layer_hi), m->lnf_mean, m->lnf_rstd, N);
+        done(m, L);
         /* the table orders wte, layers, LNf, (lm_head): gradients become final from the back */
         grads_final_from(m, L);
     } else {
@@ -601,9 +641,11 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     void *dcur = m->d_b, *dnext = m->d_a;
     for (int l = m->layer_hi - 1; l >= m->layer_lo; l--) {
         glm_layer_acts *a = acts_for(m, l);
+        need(m, l);
         if (m->gradient_checkpointing) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
         begin(m, l);
         m->fam->block_backward(m, l, a, resid(m, l), dcur, dnext);
+        done(m, l);
         void *t = dcur; dcur = dnext; dnext = t;
         grads_final_from(m, l);
     }
@@ -613,7 +655,11 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     } else {
         be->copy(be, dh_in, dcur, bytes);
     }
-    if (c->peft.pre_seq_len > 0) glm_prefix_backward(m); /* every stage holds the prefix encoder for its layers */
+    if (c->peft.pre_seq_len > 0) {
+        need(m, -1);
+        glm_prefix_backward(m); /* every stage holds the prefix encoder for its layers */
+        done(m, -1);
+    }
     grads_final_from(m, -1);
     return loss;
 }

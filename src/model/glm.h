@@ -122,6 +122,12 @@ typedef struct glm_model {
      * unit is asked for twice per backward (the head writes it first, the embedding last). */
     void *(*grads_unit)(void *ctx, size_t lo, size_t hi);
     void *grads_unit_ctx;
+    /* ZeRO-3 hooks (parallel/dp_zero3.c), NULL when unused: params_need before forward or
+     * backward reads the weights of the unit [lo, hi) (they are gathered into m->params then),
+     * params_done when it is through with them for now (they may be released). */
+    void (*params_need)(void *ctx, size_t lo, size_t hi);
+    void (*params_done)(void *ctx, size_t lo, size_t hi);
+    void *params_ctx;
     size_t flat_cap;        /* elements allocated for params/grads (>= tab.total) */
     /* Where the config came from: a model folder or a config.json file ("" for none). Folders
      * the model writes (model/ckpt.h) carry over that config.json as written and the folder's
@@ -179,6 +185,9 @@ int glm_model_units(const glm_model *m, glm_span *out);
 void glm_model_relayout(glm_model *m, size_t unit_align);
 /* Frees the gradient buffer (ZeRO-2 keeps its own shard; grads_unit then places every unit). */
 void glm_model_drop_grads(glm_model *m);
+/* Puts p (elements as m->params, flat_cap of them) in place of the parameter buffer and binds the
+ * weight views to it; returns the old buffer, which the caller now owns (ZeRO-3's window). */
+void *glm_model_swap_params(glm_model *m, void *p);
 
 /* Forward, loss and backward on one micro-batch. Gradients ACCUMULATE (call glm_zero_grads at
  * the start of an optimizer step). dscale multiplies d(sum of token losses): pass

@@ -140,12 +140,12 @@ void glm_adamw_corrections(const glm_adamw *o, float *bc1, float *bc2) {
     *bc2 = 1.0f - powf(o->beta2, (float)o->step);
 }
 
-void glm_adamw_update(glm_adamw *o, glm_model *m, size_t lo, size_t hi, size_t k, const void *grad, float lr,
-                      float gs, float bc1, float bc2) {
+void glm_adamw_update(glm_adamw *o, glm_model *m, size_t lo, size_t hi, size_t k, void *param, const void *grad,
+                      float lr, float gs, float bc1, float bc2) {
     glm_backend *be = m->be;
     if (o->kind == GLM_OPTIM_ADAMW8) {
         size_t B = GLM_ADAM8_BLOCK;
-        be->adamw8(be, glm_at(be, m->params, lo), o->master ? o->master + k : NULL, grad, o->qm + k, o->qv + k,
+        be->adamw8(be, param, o->master ? o->master + k : NULL, grad, o->qm + k, o->qv + k,
                    o->am + k / B, o->av + k / B, hi - lo, o->decay, lo, lr, o->beta1, o->beta2, o->eps,
                    o->weight_decay, bc1, bc2, gs);
         return;
@@ -155,7 +155,7 @@ void glm_adamw_update(glm_adamw *o, glm_model *m, size_t lo, size_t hi, size_t k
         size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
         if (a >= e) continue;
         size_t kk = k + (a - lo);
-        be->adamw(be, glm_at(be, m->params, a), o->master ? o->master + kk : NULL, glm_at(be, grad, a - lo), o->m + kk,
+        be->adamw(be, glm_at(be, param, a - lo), o->master ? o->master + kk : NULL, glm_at(be, grad, a - lo), o->m + kk,
                   o->v + kk, e - a, lr, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2, gs);
     }
 }
@@ -164,7 +164,7 @@ void glm_adamw_step(glm_adamw *o, glm_model *m, float lr, float grad_scale) {
     o->step++;
     float bc1, bc2;
     glm_adamw_corrections(o, &bc1, &bc2);
-    glm_adamw_update(o, m, 0, m->tab.total, 0, m->grads, lr, grad_scale, bc1, bc2);
+    glm_adamw_update(o, m, 0, m->tab.total, 0, m->params, m->grads, lr, grad_scale, bc1, bc2);
 }
 
 static void to_f32(float *dst, const void *src, glm_dtype dt, size_t n) {

@@ -56,10 +56,11 @@ void glm_adamw_step(glm_adamw *o, glm_model *m, float lr, float grad_scale);
 /* Bias corrections of the step about to be taken (o->step already counts it). */
 void glm_adamw_corrections(const glm_adamw *o, float *bc1, float *bc2);
 /* The update of flat elements [lo, hi) whose state sits at [k, k + hi - lo): on the backend,
- * from grad (S, element lo's gradient at grad) into the model's weights. With 8-bit states k
- * and lo are multiples of GLM_ADAM8_BLOCK and 64 (a block never straddles two calls). */
-void glm_adamw_update(glm_adamw *o, glm_model *m, size_t lo, size_t hi, size_t k, const void *grad, float lr,
-                      float grad_scale, float bc1, float bc2);
+ * from grad (S, element lo's gradient at grad) into param (S, element lo's weight there: the
+ * model's flat buffer, or a ZeRO-3 shard). With 8-bit states k and lo are multiples of
+ * GLM_ADAM8_BLOCK and 64 (a block never straddles two calls). */
+void glm_adamw_update(glm_adamw *o, glm_model *m, size_t lo, size_t hi, size_t k, void *param, const void *grad,
+                      float lr, float grad_scale, float bc1, float bc2);
 /* The same for a host state: buf (host, S) holds the gradients of [lo, hi) on entry and the
  * updated weights, rounded to S, on return. Returns the sum of squares of the gradients read
  * (times grad_scale^2). */

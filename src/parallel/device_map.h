@@ -55,6 +55,7 @@ typedef struct glm_stage_shape {
     int optim;              /* glm_optim_kind: fp32 or 8-bit moments */
     int offload;            /* the optimizer state and master weights in host memory */
     int in_backward;        /* one process, each unit updated in backward: gradients = staging slots */
+    int zero3;              /* ZeRO-3 (one stage): weights = the shard + the units gathered at once */
 } glm_stage_shape;
 void glm_stage_shape_init(glm_stage_shape *sh); /* fp32, 1 x 512, training, 1 micro-batch, no ZeRO */
 

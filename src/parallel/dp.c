@@ -34,7 +34,7 @@ int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err) {
     dp->saved_stderr = -1;
     read_experiments(dp);
     *out = dp;
-    if (cfg->zero_stage < 0 || cfg->zero_stage > 2) return glm_fail(err, "--zero_stage %d: choose 0, 1 or 2", cfg->zero_stage);
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 3) return glm_fail(err, "--zero_stage %d: choose 0, 1, 2 or 3", cfg->zero_stage);
     if (cfg->bucket_mb <= 0) return glm_fail(err, "--bucket_size_mb must be positive");
     if (glm_dist_from_env(&dp->dist, err)) return -1;
     dp->rank = dp->dist.rank;
@@ -249,8 +249,12 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     dp->comm->timeout = dp->cfg.timeout;
     dp->comm->interruptible = !dp->cfg.save_on_interrupt;
     dp->gdt = be->dtype == GLM_F32 ? GLM_C_F32 : be->dtype == GLM_BF16 ? GLM_C_BF16 : GLM_C_F16;
-    dp->zero2 = dp->cfg.zero_stage == 2 && m->first && m->last;
+    dp->zero2 = dp->cfg.zero_stage >= 2 && m->first && m->last; /* ZeRO-3 stages gradients as ZeRO-2 */
+    if (dp->cfg.zero_stage == 3 && !dp->zero2)
+        return glm_fail(err, "--zero_stage 3 does not combine with pipeline stages"),
+               glm_hint(err, "use --zero_stage 1 or 2 with --pipeline_parallel_size");
     if (dp->cfg.zero_stage == 2 && !dp->zero2) glm_info("--zero_stage 2 with pipeline stages: gradients stay whole (stage 1)");
+    if (dp->cfg.zero_stage == 3) dp->align = glm_dp_z3_align(dp); /* the window's units start on pages */
     if (dp->zero2 && glm_dp_z2_attach(dp, err)) return -1;
     size_t padded = dp->zero2 ? m->tab.total : round_up(m->tab.total, dp->align * (size_t)dp->world);
     if (!dp->zero2) {
@@ -274,6 +278,7 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     if (dp->sharded) {
         init_sharded_opt(dp, opt, lr, b1, b2, eps, wd);
         if (dp->cfg.offload) glm_dp_off_attach(dp, dp->shard);
+        if (dp->cfg.zero_stage == 3 && glm_dp_z3_attach(dp, err)) return -1;
     } else {
         glm_adamw_alloc(opt, m, dp->cfg.optim, 0, m->tab.total, lr, b1, b2, eps, wd);
         glm_adamw_master_from(opt, m, 0, 0, m->tab.total);
@@ -311,6 +316,9 @@ void glm_dp_micro_begin(glm_dp *dp, int last) {
     }
     dp->armed = dp->world > 1 && last && !dp->no_overlap;
 }
+
+int glm_dp_gather_params(glm_dp *dp, glm_err *err) { return glm_dp_z3_gather_all(dp, err); }
+void glm_dp_release_params(glm_dp *dp) { glm_dp_z3_release_all(dp); }
 
 void glm_dp_begin_step(glm_dp *dp, float lr, int backward) {
     if (dp->ib) glm_dp_ib_begin(dp, lr, backward);
@@ -364,8 +372,9 @@ static void adamw_range(glm_dp *dp, size_t lo, size_t hi, size_t k0, float lr, f
     glm_model *m = dp->m;
     glm_backend *be = m->be;
     const void *g = dp->zero2 ? glm_at(be, dp->z2.sg, k0) : glm_at(be, m->grads, lo); /* ZeRO-2: the shard's own */
-    if (dp->opt->host) glm_dp_off_update(dp, lo, hi, k0, g, lr, gs, bc1, bc2);
-    else glm_adamw_update(dp->opt, m, lo, hi, k0, g, lr, gs, bc1, bc2);
+    void *p = dp->z3 ? glm_dp_z3_shard(dp, k0) : glm_at(be, m->params, lo); /* ZeRO-3: the weights' shard */
+    if (dp->opt->host) glm_dp_off_update(dp, lo, hi, k0, p, g, lr, gs, bc1, bc2);
+    else glm_adamw_update(dp->opt, m, lo, hi, k0, p, g, lr, gs, bc1, bc2);
 }
 
 /* The update when the all-gathers go by copies (dp_peer.c). ZeRO-0: each rank sends its summed
@@ -436,6 +445,7 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
             size_t lo, off, n = glm_dp_piece(dp, dp->rank, i, &lo, &off);
             adamw_range(dp, lo, lo + n, off, lr, grad_scale, bc1, bc2);
             glm_dp_off_done(dp); /* offloaded: the all-gather reads what came back */
+            if (dp->z3) continue; /* the weights stay sharded; each unit is gathered when it is needed */
             snprintf(what, sizeof what, "updated parameters of bucket %d", i);
             if (dp->comm->allgather(dp->comm, glm_at(be, m->params, dp->b[i].lo), n, dp->gdt, what, err)) return -1;
         }
@@ -456,6 +466,7 @@ void glm_dp_close(glm_dp *dp, int ok) {
     glm_dp_peer_free(dp);
     if (dp->comm && dp->comm != dp->boot) dp->comm->close(dp->comm);
     if (dp->boot) dp->boot->close(dp->boot);
+    if (dp->m) glm_dp_z3_free(dp);
     glm_dp_z2_free(dp);
     if (dp->m) glm_dp_ib_free(dp);
     glm_dp_off_free(dp);

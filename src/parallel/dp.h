@@ -34,7 +34,7 @@
 #include "ckpt/checkpoint.h"
 
 typedef struct glm_dp_cfg {
-    int zero_stage;        /* 0, 1, 2 */
+    int zero_stage;        /* 0, 1, 2, 3 */
     double bucket_mb;      /* gradient bucket size in MiB */
     double timeout;        /* --ddp_timeout: seconds a collective may wait */
     int save_on_interrupt; /* collectives are then not cut short by SIGINT/SIGTERM */
@@ -64,6 +64,8 @@ typedef struct glm_dp_z2 {
 typedef struct glm_dp_peer glm_dp_peer;
 /* The update inside backward (parallel/dp_offload.c). */
 typedef struct glm_dp_ib glm_dp_ib;
+/* ZeRO-3's sharded weights (parallel/dp_zero3.c). */
+typedef struct glm_dp_z3 glm_dp_z3;
 
 typedef struct glm_dp {
     glm_dp_cfg cfg;
@@ -90,6 +92,7 @@ typedef struct glm_dp {
     void *hbuf;            /* offloaded: page-locked staging of the shard's gradients, then its new weights (S) */
     long off_ticket;       /* offloaded: the latest copy of new weights to the device */
     glm_dp_ib *ib;         /* the update inside backward, or NULL */
+    glm_dp_z3 *z3;         /* ZeRO-3, or NULL */
     double ib_ss;          /* its sum of squares of the step's gradients */
     glm_err hook_err;      /* a failure inside the backward hook, returned by reduce_grads */
     int saved_stderr;      /* ranks > 0 log to a file; the terminal's stderr kept here (-1) */
@@ -126,12 +129,12 @@ unsigned glm_dp_peer_step(const glm_dp *dp);
  * peers whose gathered flag stays below v. */
 int glm_dp_peer_end_update(glm_dp *dp, unsigned v, glm_err *err);
 /* Offload and the update inside backward (dp_offload.c). off_update: flat [lo, hi) with its state
- * at k updated on the host from grad (device, S), the new weights on their way back (off_done:
+ * at k updated on the host from grad (device, S), the new weights on their way back to param (off_done:
  * later compute waits for them); returns the gradients' sum of squares (times grad_scale^2). */
 void glm_dp_off_attach(glm_dp *dp, size_t elems);
 void glm_dp_off_free(glm_dp *dp);
-double glm_dp_off_update(glm_dp *dp, size_t lo, size_t hi, size_t k, const void *grad, float lr, float grad_scale,
-                         float bc1, float bc2);
+double glm_dp_off_update(glm_dp *dp, size_t lo, size_t hi, size_t k, void *param, const void *grad, float lr,
+                         float grad_scale, float bc1, float bc2);
 void glm_dp_off_done(glm_dp *dp);
 int glm_dp_ib_attach(glm_dp *dp, glm_err *err);
 void glm_dp_ib_free(glm_dp *dp);
@@ -140,6 +143,20 @@ void glm_dp_ib_ready(glm_dp *dp, size_t first);
 void glm_dp_ib_micro(glm_dp *dp);
 int glm_dp_ib_finish(glm_dp *dp, double *sumsq, glm_err *err);
 int glm_dp_ib_step(glm_dp *dp, float lr, float grad_scale);
+/* ZeRO-3 (dp_zero3.c): the unit alignment its window needs; attach after the sharded optimizer
+ * state exists; the shard's weights at state index k; the whole model gathered into the window
+ * (pinned until release_all) and back into the shard (store_all, after loading a checkpoint). */
+size_t glm_dp_z3_align(const glm_dp *dp);
+int glm_dp_z3_attach(glm_dp *dp, glm_err *err);
+void glm_dp_z3_free(glm_dp *dp);
+void *glm_dp_z3_shard(glm_dp *dp, size_t k);
+int glm_dp_z3_gather_all(glm_dp *dp, glm_err *err);
+void glm_dp_z3_release_all(glm_dp *dp);
+void glm_dp_z3_store_all(glm_dp *dp);
+/* The whole model's weights in m->params on every rank until glm_dp_release_params (ZeRO-3 only;
+ * otherwise nothing): before the final save and evaluation. Collective. */
+int glm_dp_gather_params(glm_dp *dp, glm_err *err);
+void glm_dp_release_params(glm_dp *dp);
 /* Before a step's micro-batches, with the step's learning rate (the update inside backward needs
  * it then); backward = 0: the step has nothing to train on (no backward runs, no update). */
 void glm_dp_begin_step(glm_dp *dp, float lr, int backward);

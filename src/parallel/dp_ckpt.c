@@ -71,8 +71,10 @@ int glm_dp_save(glm_dp *dp, const char *output_dir, const glm_train_state *st, c
                 const char *args_json, glm_err *err) {
     if (dp->world == 1) return glm_checkpoint_save(output_dir, dp->m, dp->opt, st, tokenizer_path, args_json, err);
     int rc = 0;
+    if (glm_dp_z3_gather_all(dp, err)) return -1; /* ZeRO-3: the weights whole for the writer */
     if (dp->sharded) rc = save_sharded(dp, output_dir, st, tokenizer_path, args_json, err);
     else if (dp->rank == 0 && glm_checkpoint_save(output_dir, dp->m, dp->opt, st, tokenizer_path, args_json, err)) rc = 1;
+    glm_dp_z3_release_all(dp);
     if (rc < 0) return -1; /* a collective failed: every rank fails the same way */
     /* the other ranks wait here while rank 0 writes, and all learn whether it worked */
     double failed = rc;
@@ -90,7 +92,9 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) 
     float *host = glm_malloc(S * 3 * sizeof(float));
     glm_span *pieces = glm_dp_shard_spans(dp);
     glm_opt_state os = {.span = pieces, .nspan = dp->nb, .m = host, .v = host + S, .master = o->master ? host + 2 * S : NULL};
+    if (glm_dp_z3_gather_all(dp, err)) { free(pieces); free(host); return -1; } /* the window takes the weights read */
     int rc = glm_checkpoint_load_state(dir, dp->m, &os, st, err);
+    if (dp->z3) { if (rc == 0) glm_dp_z3_store_all(dp); glm_dp_z3_release_all(dp); }
     free(pieces);
     if (rc == 0) {
         glm_adamw_put(o, be, 0, S, os.m, os.v, os.master);

@@ -57,15 +57,15 @@ static void staging_free(glm_backend *be, void *p) {
 
 /* ---------------------------------------------------------------- offloaded updates */
 
-double glm_dp_off_update(glm_dp *dp, size_t lo, size_t hi, size_t k, const void *grad, float lr, float gs, float bc1,
-                         float bc2) {
+double glm_dp_off_update(glm_dp *dp, size_t lo, size_t hi, size_t k, void *param, const void *grad, float lr, float gs,
+                         float bc1, float bc2) {
     glm_model *m = dp->m;
     glm_backend *be = m->be;
     size_t es = glm_dtype_size(be->dtype), bytes = (hi - lo) * es;
     char *buf = (char *)dp->hbuf + k * es;
     host_waits(be, to_host(be, buf, grad, bytes));
     double ss = glm_adamw_update_host(dp->opt, m, lo, hi, k, buf, lr, gs, bc1, bc2);
-    dp->off_ticket = to_device(be, glm_at(be, m->params, lo), buf, bytes);
+    dp->off_ticket = to_device(be, param, buf, bytes);
     return ss;
 }
 
@@ -221,7 +221,7 @@ void glm_dp_ib_ready(glm_dp *dp, size_t first) {
         return;
     }
     ib->ss += be->sumsq(be, ib->slot[s], ib->n[s]);
-    glm_adamw_update(dp->opt, dp->m, lo, hi, lo, ib->slot[s], ib->lr, 1.0f, ib->bc1, ib->bc2);
+    glm_adamw_update(dp->opt, dp->m, lo, hi, lo, glm_at(be, dp->m->params, lo), ib->slot[s], ib->lr, 1.0f, ib->bc1, ib->bc2);
 }
 
 static void ib_on_ready(void *ctx, size_t first) { glm_dp_ib_ready(ctx, first); }

@@ -54,7 +54,8 @@ void glm_pp_print_plan(const glm_par_opts *a, const glm_config *c, int cuda, int
     glm_err err;
     if (glm_pp_map(a, c, cuda, &map, &sh, &err)) return;
     sh.dp = a->zero_stage >= 1 ? D / map.n : 1;
-    sh.zero2 = a->zero_stage == 2;
+    sh.zero2 = a->zero_stage >= 2;
+    sh.zero3 = a->zero_stage == 3;
     sh.peer_ranks = peer_ranks(a, cuda, D);
     for (int k = 0; k < map.n; k++) {
         glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
@@ -132,7 +133,8 @@ int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, in
     if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;
     int P = map.n;
     sh.dp = a->zero_stage >= 1 ? D / P : 1;
-    sh.zero2 = a->zero_stage == 2;
+    sh.zero2 = a->zero_stage >= 2;
+    sh.zero3 = a->zero_stage == 3;
     sh.peer_ranks = peer_ranks(a, cuda, D);
     for (int k = 0; k < P; k++) {
         glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);

@@ -8,6 +8,8 @@ static int evaluate(trainer *t, double *loss, double *ppl, glm_err *err) {
     glm_loader_seek(t->eval_ld, (glm_data_cursor){0, 0}, &lerr);
     int64_t n = glm_loader_steps_per_epoch(t->eval_ld);
     double v[2] = {0, 0}; /* loss sum, tokens */
+    /* ZeRO-3: the whole model first, since the ranks' evaluation batches need not match */
+    if (!t->pp && glm_dp_gather_params(t->dp, err)) return -1;
     for (int64_t i = 0; i < n; i++) {
         if (glm_loader_next(t->eval_ld, &t->eval_batch, &lerr)) break;
         if (t->eval_batch.n_targets == 0) continue;
@@ -18,6 +20,7 @@ static int evaluate(trainer *t, double *loss, double *ppl, glm_err *err) {
         v[0] += glm_forward_loss(&t->m, &t->eval_batch);
         v[1] += t->eval_batch.n_targets;
     }
+    if (!t->pp) glm_dp_release_params(t->dp);
     if (t->pp ? glm_pp_sum(t->pp, v, 2, 0, "evaluation loss", err) : glm_dp_sum(t->dp, v, 2, "evaluation loss", err))
         return -1;
     *loss = v[1] > 0 ? v[0] / v[1] : NAN;
@@ -234,6 +237,7 @@ static int save_final(trainer *t, glm_err *err) {
         if (rc == 0 && lead(t)) { glm_info("saved the final model to %s", a->output_dir); glm_check_remote_code(a->output_dir); }
         return rc;
     }
+    if (glm_dp_gather_params(t->dp, err)) return -1; /* ZeRO-3: every rank takes part */
     if (t->dp->rank == 0) {
         size_t shard = 0;
         if (strcmp(a->max_shard_size, "0") != 0) glm_parse_size(a->max_shard_size, &shard); /* checked at start */

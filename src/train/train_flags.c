@@ -92,7 +92,7 @@ const glm_flag glm_train_flags[] = {
     F(node_rank, ARG_INT, "0", "this node's index in a multi-node job"),
     F(master_addr, ARG_STR, NULL, "address of node 0 for the rendezvous (default 127.0.0.1 on one node)"),
     F(master_port, ARG_INT, "0", "TCP port of the rendezvous on node 0 (0 = a free port on one node, 29500 across nodes)"),
-    F(zero_stage, ARG_INT, "1", "ZeRO: 0 = every rank keeps the whole optimizer state (DDP), 1 = shard it (the same results with less memory, and faster), 2 = also shard the gradients (staged per layer)"),
+    F(zero_stage, ARG_INT, "1", "ZeRO: 0 = every rank keeps the whole optimizer state (DDP), 1 = shard it (the same results with less memory, and faster), 2 = also shard the gradients (staged per layer), 3 = also shard the weights (each layer gathered when it is needed; CPU ranks)"),
     {"ddp_bucket_cap_mb", ARG_FLOAT, offsetof(glm_train_args, bucket_size_mb), "400", "Hugging Face's name for --bucket_size_mb", NULL, NULL},
     F(bucket_size_mb, ARG_FLOAT, "400", "gradients are reduced in buckets of this many MiB as backward completes them"),
     F(ddp_timeout, ARG_FLOAT, "1800", "seconds a collective may wait for the other ranks before every rank stops with an error"),
