@@ -13,9 +13,19 @@ static void **field_of(glm_weights *w, const glm_tensor *t);
 static void bind_rows(glm_model *m, const glm_table *tab, void *base, glm_weights *w) {
     for (int i = 0; i < tab->n; i++) {
         void **f = field_of(w, &tab->t[i]);
-        if (f) *f = glm_at(m->be, base, tab->t[i].offset);
+        if (f) *f = base ? glm_at(m->be, base, tab->t[i].offset) : NULL;
     }
     w->head = m->cfg.tie_word_embeddings ? w->wte : w->head;
+}
+
+void glm_model_bind_unit(glm_model *m, size_t lo, size_t hi, void *base) {
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        if (t->offset < lo || t->offset >= hi) continue;
+        void **f = field_of(&m->w, t);
+        if (f) *f = glm_at(m->be, base, t->offset - lo);
+    }
+    if (m->cfg.tie_word_embeddings) m->w.head = m->w.wte;
 }
 
 /* Weight views over both tables; gradient views over the trainable one only. */

@@ -185,9 +185,12 @@ int glm_model_units(const glm_model *m, glm_span *out);
 void glm_model_relayout(glm_model *m, size_t unit_align);
 /* Frees the gradient buffer (ZeRO-2 keeps its own shard; grads_unit then places every unit). */
 void glm_model_drop_grads(glm_model *m);
-/* Puts p (elements as m->params, flat_cap of them) in place of the parameter buffer and binds the
- * weight views to it; returns the old buffer, which the caller now owns (ZeRO-3's window). */
+/* Puts p (elements as m->params, flat_cap of them; NULL: none) in place of the parameter buffer
+ * and binds the weight views to it; returns the old buffer, which the caller now owns (ZeRO-3). */
 void *glm_model_swap_params(glm_model *m, void *p);
+/* Binds the weight views of the trainable rows in the unit [lo, hi) to base (element lo there):
+ * ZeRO-3's gathered units, each in a slot of its own. */
+void glm_model_bind_unit(glm_model *m, size_t lo, size_t hi, void *base);
 
 /* Forward, loss and backward on one micro-batch. Gradients ACCUMULATE (call glm_zero_grads at
  * the start of an optimizer step). dscale multiplies d(sum of token losses): pass

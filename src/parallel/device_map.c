@@ -72,11 +72,10 @@ glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *ma
         slots = (2.0 * unit + (tied_trains ? table : 0)) * es;
         p.grads = slots;
     }
-    if (sh->zero3 && map->n == 1 && dp > 1) { /* parallel/dp_zero3.c: the shard + a unit gathered (+ a tied head's) */
-        double table = (double)c->vocab_size * c->hidden_size;
-        int tied_trains = c->tie_word_embeddings && glm_tensor_trains(c, -1, T_WORD_EMB);
+    if (sh->zero3 && map->n == 1 && dp > 1) { /* parallel/dp_zero3.c: the shard + two unit slots */
+        double largest = unit > (double)c->vocab_size * c->hidden_size ? unit : (double)c->vocab_size * c->hidden_size;
         p.params -= trainable * es * (1.0 - 1.0 / dp);
-        p.params += (unit + (tied_trains ? table : 0)) * es;
+        p.params += 2.0 * (glm_tensor_trains(c, -1, T_WORD_EMB) ? largest : unit) * es;
     }
     if (sh->optim == GLM_OPTIM_ADAMW8) p.moments = trainable * (glm_optim_state_bytes(GLM_OPTIM_ADAMW8, 0));
     p.master /= dp;

@@ -450,6 +450,7 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
             if (dp->comm->allgather(dp->comm, glm_at(be, m->params, dp->b[i].lo), n, dp->gdt, what, err)) return -1;
         }
     }
+    glm_dp_z3_updated(dp);
     double t1 = glm_now();
     int rc = dp->comm->wait(dp->comm, -1, err);
     if (dp->debug && dp->rank == 0)

@@ -153,6 +153,8 @@ void *glm_dp_z3_shard(glm_dp *dp, size_t k);
 int glm_dp_z3_gather_all(glm_dp *dp, glm_err *err);
 void glm_dp_z3_release_all(glm_dp *dp);
 void glm_dp_z3_store_all(glm_dp *dp);
+/* After the update of the shard: the gathered units are stale. */
+void glm_dp_z3_updated(glm_dp *dp);
 /* The whole model's weights in m->params on every rank until glm_dp_release_params (ZeRO-3 only;
  * otherwise nothing): before the final save and evaluation. Collective. */
 int glm_dp_gather_params(glm_dp *dp, glm_err *err);

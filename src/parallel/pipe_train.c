@@ -78,7 +78,9 @@ static const layout layouts[] = {
     {"--optim adamw_8bit", 0, GLM_OPTIM_ADAMW8, 0, 0, -1},
     {"--optim adamw_8bit --gradient_checkpointing", 1, GLM_OPTIM_ADAMW8, 0, 0, -1},
     {"--zero_stage 2 --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 0, 0, 2},
+    {"--zero_stage 3 --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 0, 0, 3},
     {"--zero_stage 2 --optim adamw_8bit --gradient_checkpointing", 1, GLM_OPTIM_ADAMW8, 0, 0, 2},
+    {"--zero_stage 3 --optim adamw_8bit --gradient_checkpointing", 1, GLM_OPTIM_ADAMW8, 0, 0, 3},
     {"--offload_optimizer cpu --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 1, 0, -1},
     {"--zero_stage 2 --offload_optimizer cpu --gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 1, 0, 2},
     {"--offload_optimizer cpu --optim adamw_8bit --gradient_checkpointing", 1, GLM_OPTIM_ADAMW8, 1, 0, -1},
@@ -108,7 +110,8 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
         s.in_backward = l->in_backward;
         int zero = l->zero >= 0 ? l->zero : a->zero_stage;
         s.dp = zero >= 1 ? D : 1;
-        s.zero2 = zero == 2;
+        s.zero2 = zero >= 2;
+        s.zero3 = zero == 3;
         glm_mem_plan p = glm_stage_memory_plan(c, &map, 0, &s);
         if (p.total > cap) continue;
         char t1[32], t2[32];

@@ -65,6 +65,8 @@ static const char *first_nonfinite_param(const glm_model *m) {
  * checks its own parameters (a pipeline stage holds only its layers) and they vote, so all
  * ranks take the same decision. */
 static int check_params_finite(trainer *t, const char *what, glm_err *err) {
+    /* ZeRO-3: the whole model (the save that follows keeps it gathered, and releases it) */
+    if (!t->pp && glm_dp_gather_params(t->dp, err)) return -1;
     const char *bad = first_nonfinite_param(&t->m);
     double n_bad = bad != NULL;
     if (t->pp ? glm_pp_sum(t->pp, &n_bad, 1, 0, "parameter check", err) : glm_dp_sum(t->dp, &n_bad, 1, "parameter check", err))
