@@ -12,7 +12,8 @@
 # Environment: GLM (default build/glmtrain, built with the CUDA backend; MPI is not needed),
 # TOKENIZER (a folder with ChatGLM-6B's ice_text.model; default ../shared/tokenizers/chatglm-6b,
 # else build/shared/tokenizers/chatglm-6b), OUT (logs and bench_dp.jsonl; default ./dp-out),
-# BUCKET_MB (default 400), RUN_TIMEOUT (seconds per run, default 900), TAG (a label for the run names and records, e.g. for NCCL_* variants). Keep NCCL_NVLS_ENABLE=0 on the lent machines (set here).
+# BUCKET_MB (default 400), RUN_TIMEOUT (seconds per run, default 900), TAG (a label for the run names and records, e.g. for NCCL_* variants),
+# EXTRA (more train flags for every run, e.g. "--max_memory_per_gpu 24GiB --optim adamw_8bit --gradient_checkpointing"). Keep NCCL_NVLS_ENABLE=0 on the lent machines (set here).
 set -u
 export NCCL_NVLS_ENABLE=0
 GLM=${GLM:-build/glmtrain}
@@ -52,7 +53,7 @@ for B in $BATCHES; do
                 --train_file "$W/w1.jsonl" --output_dir "$W/$name" --overwrite_output_dir --bf16 \
                 --per_device_train_batch_size "$B" --max_source_length 256 --max_target_length 256 \
                 --learning_rate 1e-5 --max_steps "$STEPS" --logging_steps 1 --save_strategy no --save_final_model false --report_to none \
-                --disable_tqdm --nproc_per_node "$N" --zero_stage "$Z" --bucket_size_mb "$BUCKET_MB" \
+                --disable_tqdm --nproc_per_node "$N" --zero_stage "$Z" --bucket_size_mb "$BUCKET_MB" ${EXTRA:-} \
                 >"$OUT/$name.log" 2>&1
             rc=$?
             python3 - "$OUT/$name.log" "$N" "$B" "$Z" "$WARM" "$rc" "$((SECONDS - t0))" "${TAG:-}" >>"$summary" <<'EOF'

@@ -2,7 +2,8 @@
 # Correctness of the parallel paths on GPUs (fp32, a small model on the demo data): one GPU
 # against 2 GPUs data parallel (ZeRO 0, ZeRO 1 with small buckets: many pieces; each by copy
 # engines (the default on one node), through NCCL only, and with only the reduce-scatter by copies;
-# ZeRO 2: gradients staged per unit, with accumulation 4) and 2 pipeline stages, tied and untied heads; prints the loss of
+# ZeRO 2: gradients staged per unit, with accumulation 4; ZeRO-3, ZeRO-2/3 with the optimizer offloaded, one GPU offloaded;
+# LoRA on 1 and 2 GPUs, with ZeRO-3) and 2 pipeline stages, tied and untied heads; prints the loss of
 # every step side by side and the largest relative difference to one GPU.
 set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
@@ -40,6 +41,14 @@ for head in tied untied; do
     GLMTRAIN_DP_PEER_AG=0 run "dp2rs-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2
     GLMTRAIN_DP_PEER_AG=0 run "dp2z1rs-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 1 --bucket_size_mb 0.5
     run "dp2z2-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 2
+    # the model states off the device and sharded further (docs/OPTIMIZER.md)
+    run "dp2z3-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 3
+    run "dp2z2off-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 2 --offload_optimizer cpu
+    run "dp2z3off-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 3 --offload_optimizer cpu
+    run "p1off-$head" $head --nproc_per_node 1 --offload_optimizer cpu
+    run "p1lora-$head" $head --nproc_per_node 1 --finetuning_type lora --lora_target all --lora_dropout 0
+    run "dp2lora-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --finetuning_type lora --lora_target all --lora_dropout 0
+    run "dp2z3lora-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 3 --finetuning_type lora --lora_target all --lora_dropout 0
     run "pp2-$head" $head --nproc_per_node 2 --pipeline_parallel_size 2
 done
 # a rank killed mid-run under the copy-engine exchange: the survivor must stop within
@@ -73,8 +82,9 @@ def losses(name):
     if not os.path.exists(p): return None
     return [r["loss"] for r in json.load(open(p))["log_history"] if "loss" in r]
 for head in ("tied", "untied"):
-    ref = losses("p1-" + head)
-    for v in ("dp2", "dp2z1", "dp2nccl", "dp2z1nccl", "dp2rs", "dp2z1rs", "dp2z2", "pp2"):
+    for v in ("dp2", "dp2z1", "dp2nccl", "dp2z1nccl", "dp2rs", "dp2z1rs", "dp2z2", "pp2", "dp2z3", "dp2z2off", "dp2z3off",
+              "p1off", "dp2lora", "dp2z3lora"):
+        ref = losses(("p1lora-" if "lora" in v else "p1-") + head)
         got = losses("%s-%s" % (v, head))
         if ref is None or got is None:
             print("%s-%s: missing (see logs)" % (v, head)); continue
