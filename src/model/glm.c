@@ -638,7 +638,8 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         void *dlnf = m->d_a;
         int L = c->num_layers;
         begin(m, L);
-        if (c->tie_word_embeddings) begin(m, -1); /* the head writes there */
+        /* the head writes into the tied embedding's gradient: its unit opens now when it trains */
+        if (c->tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB)) begin(m, -1);
         loss = head_loss(m, dscale, dlnf);
         need(m, L);
         m->fam->final_norm_bwd(m, m->d_b, dlnf, resid(m, m->layer_hi), m->lnf_mean, m->lnf_rstd, N);

@@ -208,6 +208,19 @@ def main():
         run(half + ["--output_dir", x, "--resume_from_checkpoint", "--zero_stage", "3"] + acc, np=2)
         worst = max(abs(curve(x, 20)[s] - a[s]) / a[s] for s in range(11, 21))
         report("one_rank_checkpoint_resumes_as_zero3", worst < 1e-6, "max rel %.3g, steps 11-20" % worst)
+        # without accumulation (every micro-batch's gradients reduce-scattered straight into the
+        # shard), and P-Tuning v2 (the prefix encoder sharded, gathered for its forward and backward)
+        out = os.path.join(d, "z3_noacc")
+        run(half + ["--output_dir", out, "--zero_stage", "3"] + clip, np=2)
+        worst, n = rel(curve(out, 20), a1)
+        report("zero3_no_accumulation_equals_1_rank", n == 20 and worst < 1e-6, "max rel %.3g over %d steps" % (worst, n))
+        pt = ["--finetuning_type", "ptuning", "--pre_seq_len", "4", "--prefix_projection", "--prefix_dropout", "0"] + acc
+        p1, _ = go("pt_1", pt)
+        for z in ("2", "3"):  # ZeRO-2 lost part of the prefix gradients of a tied model before this test
+            out = os.path.join(d, "pt_z" + z)
+            run(half + ["--output_dir", out, "--zero_stage", z] + pt, np=2)
+            worst, n = rel(curve(out, 20), curve(p1, 20))
+            report("zero%s_ptuning_equals_1_rank" % z, n == 20 and worst < 1e-6, "max rel %.3g over %d steps" % (worst, n))
         lora = ["--finetuning_type", "lora", "--lora_rank", "4", "--lora_target", "all", "--lora_dropout", "0"] + acc
         l1, _ = go("lora_1", lora)
         l3 = os.path.join(d, "lora_z3")
