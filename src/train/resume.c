@@ -82,8 +82,8 @@ static int agree_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
     double v[2] = {me && !bad, me ? (double)s : 0};
     glm_err e2;
     const char *what = "checkpoint chosen by rank 0";
-    if (t->pp ? glm_pp_sum(t->pp, v, 2, 1, what, bad ? &e2 : err) : glm_dp_sum_long(t->dp, v, 2, what, bad ? &e2 : err))
-        return -1;
+    glm_par p = {t->dp, t->pp};
+    if (glm_par_sum(&p, v, 2, 1, what, bad ? &e2 : err)) return -1;
     if (bad) return -1;
     if (v[0] == 0) return glm_fail(err, "cannot resume: rank 0 found no intact checkpoint (see its error)");
     if (!me && resume_latest(a->resume_from_checkpoint)) snprintf(dir, n, "%s/checkpoint-%ld", a->output_dir, (long)v[1]);

@@ -252,7 +252,8 @@ int trainer_load_tokenizer(trainer *t, glm_err *err) {
  * timeout (that can take long on a big file), then read the cache it wrote. */
 static int data_vote(trainer *t, double *failed, glm_err *err) {
     const char *what = "data cache built by rank 0";
-    return t->pp ? glm_pp_sum(t->pp, failed, 1, 1, what, err) : glm_dp_sum_long(t->dp, failed, 1, what, err);
+    glm_par p = {t->dp, t->pp};
+    return glm_par_sum(&p, failed, 1, 1, what, err);
 }
 
 static int load_data_ranked(trainer *t, glm_err *err) {

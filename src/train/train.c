@@ -3,26 +3,24 @@
 #include "train/trainer.h"
 
 /* Mean loss over the validation tokens of every rank's share. */
+/* The run's parallelism, as one interface (parallel/par.h). */
+static glm_par par(const trainer *t) { return (glm_par){t->dp, t->pp}; }
+
 static int evaluate(trainer *t, double *loss, double *ppl, glm_err *err) {
     glm_err lerr;
     glm_loader_seek(t->eval_ld, (glm_data_cursor){0, 0}, &lerr);
     int64_t n = glm_loader_steps_per_epoch(t->eval_ld);
     double v[2] = {0, 0}; /* loss sum, tokens */
+    glm_par p = par(t);
     /* ZeRO-3: the whole model first, since the ranks' evaluation batches need not match */
-    if (!t->pp && glm_dp_gather_params(t->dp, err)) return -1;
+    if (glm_par_gather_params(&p, err)) return -1;
     for (int64_t i = 0; i < n; i++) {
         if (glm_loader_next(t->eval_ld, &t->eval_batch, &lerr)) break;
         if (t->eval_batch.n_targets == 0) continue;
-        if (t->pp) {
-            if (glm_pp_eval(t->pp, &t->eval_batch, v, err)) return -1;
-            continue;
-        }
-        v[0] += glm_forward_loss(&t->m, &t->eval_batch);
-        v[1] += t->eval_batch.n_targets;
+        if (glm_par_eval_batch(&p, &t->m, &t->eval_batch, v, err)) return -1;
     }
-    if (!t->pp) glm_dp_release_params(t->dp);
-    if (t->pp ? glm_pp_sum(t->pp, v, 2, 0, "evaluation loss", err) : glm_dp_sum(t->dp, v, 2, "evaluation loss", err))
-        return -1;
+    glm_par_release_params(&p);
+    if (glm_par_sum(&p, v, 2, 0, "evaluation loss", err)) return -1;
     *loss = v[1] > 0 ? v[0] / v[1] : NAN;
     *ppl = exp(*loss);
     return 0;
@@ -65,12 +63,12 @@ static const char *first_nonfinite_param(const glm_model *m) {
  * checks its own parameters (a pipeline stage holds only its layers) and they vote, so all
  * ranks take the same decision. */
 static int check_params_finite(trainer *t, const char *what, glm_err *err) {
+    glm_par p = par(t);
     /* ZeRO-3: the whole model (the save that follows keeps it gathered, and releases it) */
-    if (!t->pp && glm_dp_gather_params(t->dp, err)) return -1;
+    if (glm_par_gather_params(&p, err)) return -1;
     const char *bad = first_nonfinite_param(&t->m);
     double n_bad = bad != NULL;
-    if (t->pp ? glm_pp_sum(t->pp, &n_bad, 1, 0, "parameter check", err) : glm_dp_sum(t->dp, &n_bad, 1, "parameter check", err))
-        return -1;
+    if (glm_par_sum(&p, &n_bad, 1, 0, "parameter check", err)) return -1;
     if (n_bad == 0) return 0;
     char ck[4096];
     last_checkpoint(t, ck, sizeof ck);
@@ -111,9 +109,8 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     t->st.good_steps = t->scaler.good_steps;
     t->st.skipped_steps = t->scaler.skipped;
     t->st.world_size = t->dp->world; /* data replicas: what the data cursor counts in */
-    if (t->pp ? glm_pp_save(t->pp, t->a->output_dir, &t->st, t->tok_path, t->args_json, err)
-              : glm_dp_save(t->dp, t->a->output_dir, &t->st, t->tok_path, t->args_json, err))
-        return -1;
+    glm_par p = par(t);
+    if (glm_par_save(&p, t->a->output_dir, &t->st, t->tok_path, t->args_json, err)) return -1;
     if (!lead(t)) return 0;
     char line[256];
     snprintf(line, sizeof line, "[glmtrain] saved %s/checkpoint-%ld", t->a->output_dir, t->st.global_step);
@@ -144,14 +141,9 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     }
     /* every rank scales its gradients by 1/(supervised tokens of the whole global batch) */
     double g[3] = {(double)n_sup, *tokens, glm_signal_pending() ? 1 : 0};
-    if (t->pp) { /* over every rank: every stage of a replica counted the same batches */
-        if (glm_pp_sum(t->pp, g, 3, 0, "batch token counts", err)) return NAN;
-        g[0] /= t->pp->pipe.P;
-        g[1] /= t->pp->pipe.P;
-    } else if (glm_dp_sum(t->dp, g, 3, "batch token counts", err)) {
-        return NAN;
-    }
-    if (g[2] > 0) {
+    glm_par p = par(t);
+    if (glm_par_sum_batch(&p, g, 3, err)) return NAN;
+    if (g[2] > 0) { /* a signal reached a rank (summed over a pipeline's stages too: > 0 either way) */
         if (glm_loader_seek(t->train_ld, c, err)) return NAN;
         *stop = 1;
         return NAN;
@@ -162,23 +154,14 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     glm_dp_zero_grads(t->dp);
     double scale = a->fp16 ? t->scaler.scale : 1.0;
     double sum = 0;
-    if (n_sup > 0 && t->pp) {
-        if (glm_pp_forward_backward(t->pp, t->micro, k, (float)(scale / n_sup), &sum, err)) return NAN;
-    } else if (n_sup > 0) {
-        for (int i = 0; i < k; i++) {
-            glm_dp_micro_begin(t->dp, i == k - 1); /* gradients are reduced during the last backward */
-            /* dropout masks from the step, the rank and the micro-batch: a resumed run draws the same */
-            glm_model_set_dropout_seed(&t->m, glm_dropout_seed((uint64_t)a->seed, t->st.global_step, t->dp->rank, i));
-            sum += glm_forward_backward(&t->m, &t->micro[i], (float)(scale / n_sup));
-        }
-    }
+    if (n_sup > 0 && glm_par_forward_backward(&p, &t->m, t->micro, k, (float)(scale / n_sup), (uint64_t)a->seed,
+                                              t->st.global_step, &sum, err))
+        return NAN;
     double t1 = 0, t2 = 0, t3 = 0;
     if (measure) { t->be->sync(t->be); t1 = glm_now(); ph->compute_s = t1 - t0; }
     if (glm_dp_reduce_grads(t->dp, err)) return NAN;
     if (measure) { t->be->sync(t->be); t2 = glm_now(); ph->tail_s = t2 - t1; }
-    if (t->pp ? glm_pp_grad_norm(t->pp, (float)(1.0 / scale), &sum, norm, err)
-              : glm_dp_grad_norm(t->dp, (float)(1.0 / scale), &sum, norm, err))
-        return NAN;
+    if (glm_par_grad_norm(&p, (float)(1.0 / scale), &sum, norm, err)) return NAN;
     if (measure) { t->be->sync(t->be); t3 = glm_now(); ph->norm_s = t3 - t2; }
     *skipped = 0;
     double loss = n_sup ? sum / n_sup : NAN;
@@ -239,7 +222,8 @@ static int save_final(trainer *t, glm_err *err) {
         if (rc == 0 && lead(t)) { glm_info("saved the final model to %s", a->output_dir); glm_check_remote_code(a->output_dir); }
         return rc;
     }
-    if (glm_dp_gather_params(t->dp, err)) return -1; /* ZeRO-3: every rank takes part */
+    glm_par p = par(t);
+    if (glm_par_gather_params(&p, err)) return -1; /* ZeRO-3: every rank takes part */
     if (t->dp->rank == 0) {
         size_t shard = 0;
         if (strcmp(a->max_shard_size, "0") != 0) glm_parse_size(a->max_shard_size, &shard); /* checked at start */
@@ -407,9 +391,8 @@ static int run(trainer *t, glm_err *err) {
         }
         /* ranks must agree on stopping: rank clocks differ, so they vote */
         double out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
-        if (a->max_train_seconds > 0 && (t->pp ? glm_pp_sum(t->pp, &out_of_time, 1, 0, "time limit", err)
-                                               : glm_dp_sum(t->dp, &out_of_time, 1, "time limit", err)))
-            return -1;
+        glm_par p = par(t);
+        if (a->max_train_seconds > 0 && glm_par_sum(&p, &out_of_time, 1, 0, "time limit", err)) return -1;
         if ((strcmp(a->save_strategy, "steps") == 0 && t->st.global_step % a->save_steps == 0) ||
             (strcmp(a->save_strategy, "epoch") == 0 && epoch_end) || out_of_time > 0)
             if (save_checkpoint(t, err)) return -1;

@@ -24,6 +24,7 @@
 #include "parallel/dp_stats.h"
 #include "parallel/gpustat.h"
 #include "parallel/launch.h"
+#include "parallel/par.h"
 #include "parallel/pipe_train.h"
 #include "parallel/presence.h"
 #include "parallel/signals.h"
