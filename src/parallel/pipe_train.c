@@ -89,8 +89,18 @@ static const layout layouts[] = {
      GLM_OPTIM_ADAMW8, 1, 1, -1},
 };
 
+/* Appends "; FLAGS (plans X[, host Y])" to buf at *at; 1 when it fitted in buf. */
+static int add_fit(char *buf, size_t n, size_t *at, int found, const char *flags, const glm_mem_plan *p) {
+    char t1[32], t2[32];
+    int w = snprintf(buf + *at, n - *at, "%s%s (plans %s%s%s)", found ? "; " : "", flags, size_str(t1, 32, p->total),
+                     p->host > 0 ? ", host " : "", p->host > 0 ? size_str(t2, 32, p->host) : "");
+    if (w < 0 || (size_t)w >= n - *at) return 0;
+    *at += (size_t)w;
+    return 1;
+}
+
 /* Writes into buf the layouts of one stage that fit in cap, with their planned peak and host
- * memory; returns how many. */
+ * memory (and LoRA's, for a full fine-tune); returns how many. */
 static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda, int D, double cap, char *buf, size_t n) {
     glm_device_map map;
     glm_stage_shape sh;
@@ -114,15 +124,27 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
         s.zero3 = zero == 3;
         glm_mem_plan p = glm_stage_memory_plan(c, &map, 0, &s);
         if (p.total > cap) continue;
-        char t1[32], t2[32];
-        int w = snprintf(buf + at, n - at, "%s%s (plans %s%s%s)", found ? "; " : "", l->flags, size_str(t1, 32, p.total),
-                         p.host > 0 ? ", host " : "", p.host > 0 ? size_str(t2, 32, p.host) : "");
-        if (w < 0 || (size_t)w >= n - at) break;
-        at += (size_t)w;
-        found++;
+        found += add_fit(buf, n, &at, found, l->flags, &p);
+    }
+    /* and LoRA (r = 8 on query_key_value, peft's example) */
+    if (c->peft.kind == GLM_FT_FULL) {
+        glm_config lc = *c;
+        lc.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.05f,
+                             .lora_targets = GLM_LORA_QKV};
+        glm_stage_shape s = sh;
+        for (int ck = a->gradient_checkpointing; ck <= 1; ck++) {
+            s.gradient_checkpointing = ck;
+            s.dp = a->zero_stage >= 1 ? D : 1;
+            glm_mem_plan p = glm_stage_memory_plan(&lc, &map, 0, &s);
+            if (p.total > cap) continue;
+            found += add_fit(buf, n, &at, found, ck && !a->gradient_checkpointing ? "--finetuning_type lora --gradient_checkpointing"
+                                                                                   : "--finetuning_type lora", &p);
+            break;
+        }
     }
     return found;
 }
+
 
 int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err) {
     if (!a->max_memory_per_gpu) return 0;

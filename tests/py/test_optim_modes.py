@@ -128,7 +128,8 @@ def main():
                "--max_target_length", "256", "--max_memory_per_gpu", "24GiB"]
         import subprocess
         out = subprocess.run(six, capture_output=True, text=True).stdout
-        report("plan_one_24gb_card_lists_offload", "does not fit" in out and "layouts that fit: --offload_optimizer cpu --gradient_checkpointing" in out,
+        report("plan_one_24gb_card_lists_offload", "does not fit" in out and "layouts that fit: --offload_optimizer cpu --gradient_checkpointing" in out
+               and "--finetuning_type lora" in out and "--pipeline_parallel_size" in out,
                out.strip().splitlines()[-1][:300] if out.strip() else "")
         out = subprocess.run(six + ["--offload_optimizer", "cpu", "--gradient_checkpointing"], capture_output=True, text=True).stdout
         report("plan_one_24gb_card_offload_fits", "every stage fits in 24GiB" in out and "host memory" in out, out.strip().splitlines()[-1])
