@@ -107,17 +107,19 @@ static int load_optimizer(const char *path, glm_model *m, glm_opt_state *o, glm_
 /* The 8-bit moments as stored (glm_opt_state's q8 fields). */
 static int save_optimizer_8bit(const char *path, const glm_opt_state *o, glm_err *err) {
     int64_t n = (int64_t)o->q8_n, nb = (int64_t)((o->q8_n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK);
-    st_entry e[4] = {
+    int64_t layout[2] = {o->q8_ranks > 1 ? o->q8_ranks : 1, n / (o->q8_ranks > 1 ? o->q8_ranks : 1)};
+    st_entry e[5] = {
         {.name = "exp_avg.codes", .ndim = 1, .shape = {n}, .data = o->qm, .data_dtype = ST_U8, .file_dtype = ST_U8},
         {.name = "exp_avg.absmax", .ndim = 1, .shape = {nb}, .data = o->am, .data_dtype = ST_F32, .file_dtype = ST_F32},
         {.name = "exp_avg_sq.codes", .ndim = 1, .shape = {n}, .data = o->qv, .data_dtype = ST_U8, .file_dtype = ST_U8},
         {.name = "exp_avg_sq.absmax", .ndim = 1, .shape = {nb}, .data = o->av, .data_dtype = ST_F32, .file_dtype = ST_F32},
+        /* ranks, state elements per rank: blocks are cut over each rank's own index space */
+        {.name = "layout", .ndim = 1, .shape = {2}, .data = layout, .data_dtype = ST_I64, .file_dtype = ST_I64},
     };
-    return st_save(path, e, 4, 0, err);
+    return st_save(path, e, 5, 0, err);
 }
 
-/* Reads them when dir has them for a state of q8_n elements: 1 read, 0 none of that layout. */
-static int load_optimizer_8bit(const char *dir, glm_opt_state *o, glm_err *err) {
+int glm_checkpoint_load_8bit(const char *dir, glm_opt_state *o, glm_err *err) {
     char path[4096];
     glm_path_join(path, sizeof path, dir, "optimizer_8bit.safetensors");
     if (!o->q8_n || !glm_is_file(path)) return 0;
@@ -126,7 +128,13 @@ static int load_optimizer_8bit(const char *dir, glm_opt_state *o, glm_err *err) 
     int64_t shape[ST_MAX_DIMS];
     int ndim, rc = 0;
     size_t nb = (o->q8_n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK;
-    if (st_info(r, "exp_avg.codes", NULL, &ndim, shape) == 0 && ndim == 1 && (size_t)shape[0] == o->q8_n) {
+    int64_t layout[2] = {1, (int64_t)o->q8_n}, want = o->q8_ranks > 1 ? o->q8_ranks : 1;
+    if (st_info(r, "layout", NULL, NULL, NULL) == 0 && st_read_raw(r, "layout", ST_I64, layout, sizeof layout, err)) {
+        st_close(r);
+        return -1;
+    }
+    if (layout[0] == want && (size_t)(layout[0] * layout[1]) == o->q8_n && st_info(r, "exp_avg.codes", NULL, &ndim, shape) == 0 &&
+        ndim == 1 && (size_t)shape[0] == o->q8_n) {
         rc = st_read_raw(r, "exp_avg.codes", ST_U8, o->qm, o->q8_n, err) ||
              st_read_raw(r, "exp_avg_sq.codes", ST_U8, o->qv, o->q8_n, err) ||
              st_read_raw(r, "exp_avg.absmax", ST_F32, o->am, nb * 4, err) ||
@@ -283,7 +291,7 @@ int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train
     }
     if (rc == 0 && opt->kind == GLM_OPTIM_ADAMW8) {
         q8_alloc(&o, opt, be, 0);
-        int got = load_optimizer_8bit(dir, &o, err);
+        int got = glm_checkpoint_load_8bit(dir, &o, err);
         if (got < 0) rc = -1;
         if (got > 0) glm_adamw_put_q8(opt, be, 0, opt->n, o.qm, o.qv, o.am, o.av);
         q8_free(&o);

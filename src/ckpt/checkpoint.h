@@ -42,6 +42,7 @@ typedef struct glm_opt_state {
      * layout (q8_n state elements) resumes from these exactly; any other reads the fp32 values.
      * q8_n = 0: none. Written to optimizer_8bit.safetensors. */
     size_t q8_n;
+    int q8_ranks;        /* the states of how many ranks' shards follow one another (0 or 1: one process's) */
     uint8_t *qm, *qv;    /* [q8_n] */
     float *am, *av;      /* [ceil(q8_n / GLM_ADAM8_BLOCK)] */
 } glm_opt_state;
@@ -57,6 +58,10 @@ int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train
 int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_opt_state *o, const glm_train_state *st,
                               const char *tokenizer_path, const char *args_json, glm_err *err);
 int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, glm_train_state *st, glm_err *err);
+/* The 8-bit moments as stored in dir, when they are of o's layout (o->q8_n elements from
+ * o->q8_ranks ranks; buffers allocated by the caller): 1 read, 0 none of that layout (the fp32
+ * moments then stand), -1 a damaged file. */
+int glm_checkpoint_load_8bit(const char *dir, glm_opt_state *o, glm_err *err);
 /* The complete checkpoint with the highest step in output_dir; -1 when there is none. */
 int glm_checkpoint_latest(const char *output_dir, char *out, size_t n);
 /* The steps of output_dir's complete checkpoints, ascending (*steps: caller frees); their count. */

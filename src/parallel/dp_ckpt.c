@@ -43,6 +43,51 @@ static int gather_to_host(glm_dp *dp, int kind, float *host, float *tmp, glm_err
     return rc;
 }
 
+/* bytes of every rank's host src to rank 0's dst (rank-major: rank r's at r * bytes), through a
+ * device buffer chunk by chunk as floats (bytes a multiple of 4). */
+static int gather_bytes(glm_dp *dp, const void *src, void *dst, size_t bytes, glm_err *err) {
+    glm_backend *be = dp->m->be;
+    size_t nf = bytes / 4, C = nf < CHUNK ? nf : CHUNK;
+    float *d = be->alloc(be, C * sizeof(float)), *all = dp->rank == 0 ? be->alloc(be, C * (size_t)dp->world * sizeof(float)) : NULL;
+    float *h = dp->rank == 0 ? glm_malloc(C * (size_t)dp->world * sizeof(float)) : NULL;
+    int rc = 0;
+    for (size_t c0 = 0; c0 < nf && rc == 0; c0 += C) {
+        size_t k = nf - c0 < C ? nf - c0 : C;
+        be->upload(be, d, (const float *)src + c0, k * sizeof(float));
+        if (dp->comm->gather(dp->comm, d, all, k, GLM_C_F32, 0, "8-bit optimizer state for the checkpoint", err) ||
+            dp->comm->wait(dp->comm, -1, err))
+            rc = -1;
+        if (rc == 0 && dp->rank == 0) {
+            be->download(be, h, all, k * (size_t)dp->world * sizeof(float));
+            for (int r = 0; r < dp->world; r++) memcpy((char *)dst + (size_t)r * bytes + c0 * 4, h + (size_t)r * k, k * 4);
+        }
+    }
+    be->free(be, d);
+    if (all) be->free(be, all);
+    free(h);
+    return rc;
+}
+
+/* The 8-bit states as stored, every rank's shard after the other on rank 0 (os's q8 fields). */
+static int gather_q8(glm_dp *dp, glm_opt_state *os, glm_err *err) {
+    glm_adamw *o = dp->opt;
+    size_t S = dp->shard, nb = S / GLM_ADAM8_BLOCK, W = (size_t)dp->world;
+    uint8_t *qm = glm_malloc(S), *qv = glm_malloc(S);
+    float *am = glm_malloc(nb * sizeof(float) + 4), *av = glm_malloc(nb * sizeof(float) + 4);
+    glm_adamw_get_q8(o, dp->m->be, 0, S, qm, qv, am, av);
+    if (dp->rank == 0) {
+        *os = (glm_opt_state){.q8_n = S * W, .q8_ranks = dp->world};
+        os->qm = glm_malloc(S * W);
+        os->qv = glm_malloc(S * W);
+        os->am = glm_malloc(nb * W * sizeof(float) + 4);
+        os->av = glm_malloc(nb * W * sizeof(float) + 4);
+    }
+    int rc = gather_bytes(dp, qm, os->qm, S, err) || gather_bytes(dp, qv, os->qv, S, err) ||
+             gather_bytes(dp, am, os->am, nb * sizeof(float), err) || gather_bytes(dp, av, os->av, nb * sizeof(float), err) ? -1 : 0;
+    free(qm); free(qv); free(am); free(av);
+    return rc;
+}
+
 static int save_sharded(glm_dp *dp, const char *output_dir, const glm_train_state *st, const char *tok,
                         const char *args, glm_err *err) {
     glm_backend *be = dp->m->be;
@@ -56,12 +101,16 @@ static int save_sharded(glm_dp *dp, const char *output_dir, const glm_train_stat
     }
     int rc = 0;
     for (int k = 0; k < kinds && rc == 0; k++) rc = gather_to_host(dp, k, host ? host + (size_t)k * padded : NULL, tmp, err);
+    glm_opt_state q8 = {0}; /* 8-bit: the codes as stored, so the same layout resumes exactly */
+    if (rc == 0 && o->kind == GLM_OPTIM_ADAMW8) rc = gather_q8(dp, &q8, err);
     if (rc == 0 && dp->rank == 0) {
         glm_opt_state os = {.lo = 0, .hi = dp->m->tab.total, .m = host, .v = host + padded,
-                            .master = o->master ? host + 2 * padded : NULL, .step = o->step};
+                            .master = o->master ? host + 2 * padded : NULL, .step = o->step, .q8_n = q8.q8_n,
+                            .q8_ranks = q8.q8_ranks, .qm = q8.qm, .qv = q8.qv, .am = q8.am, .av = q8.av};
         rc = glm_checkpoint_save_state(output_dir, dp->m, &os, st, tok, args, err);
         if (rc) rc = 1; /* a local failure: the others still learn of it below */
     }
+    free(q8.qm); free(q8.qv); free(q8.am); free(q8.av);
     if (tmp) be->free(be, tmp);
     free(host);
     return rc;
@@ -99,6 +148,17 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) 
     if (rc == 0) {
         glm_adamw_put(o, be, 0, S, os.m, os.v, os.master);
         o->step = os.step;
+    }
+    if (rc == 0 && o->kind == GLM_OPTIM_ADAMW8) { /* the same ranks and shards: this rank's codes as they were */
+        size_t W = (size_t)dp->world, nb = S / GLM_ADAM8_BLOCK;
+        glm_opt_state q = {.q8_n = S * W, .q8_ranks = dp->world, .qm = glm_malloc(S * W), .qv = glm_malloc(S * W),
+                           .am = glm_malloc(nb * W * sizeof(float) + 4), .av = glm_malloc(nb * W * sizeof(float) + 4)};
+        int got = glm_checkpoint_load_8bit(dir, &q, err);
+        if (got < 0) rc = -1;
+        if (got > 0)
+            glm_adamw_put_q8(o, be, 0, S, q.qm + (size_t)dp->rank * S, q.qv + (size_t)dp->rank * S, q.am + (size_t)dp->rank * nb,
+                             q.av + (size_t)dp->rank * nb);
+        free(q.qm); free(q.qv); free(q.am); free(q.av);
     }
     free(host);
     return rc;
