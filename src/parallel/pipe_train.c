@@ -146,6 +146,36 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
 }
 
 
+/* MemAvailable of /proc/meminfo in bytes, 0 when unknown. */
+static double host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024.0;
+}
+
+int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, int local_ranks, glm_err *err) {
+    glm_device_map map;
+    glm_stage_shape sh;
+    if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;
+    if (!sh.offload || map.n != 1) return 0;
+    sh.dp = a->zero_stage >= 1 ? D : 1;
+    sh.zero2 = a->zero_stage >= 2;
+    sh.zero3 = a->zero_stage == 3;
+    double need = glm_stage_memory_plan(c, &map, 0, &sh).host * (local_ranks > 1 ? local_ranks : 1), have = host_available();
+    if (have <= 0 || need <= have) return 0;
+    char s1[32], s2[32];
+    glm_fail(err, "--offload_optimizer cpu plans %s of host memory on this node (%d rank%s) but %s is available",
+             size_str(s1, 32, need), local_ranks > 1 ? local_ranks : 1, local_ranks > 1 ? "s" : "", size_str(s2, 32, have));
+    return glm_hint(err, "%s; or free host memory (the run would be killed for memory part-way)",
+                    sh.optim == GLM_OPTIM_ADAMW8 ? "shard it over more ranks with --zero_stage 2/3"
+                                                 : "--optim adamw_8bit keeps the moments in a quarter of the bytes, or shard them over more ranks with --zero_stage 2/3");
+}
+
 int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err) {
     if (!a->max_memory_per_gpu) return 0;
     size_t cap;

@@ -36,6 +36,9 @@ int glm_pp_map(const glm_par_opts *a, const glm_config *c, int cuda, glm_device_
 /* Refuses a run whose memory plan of any stage exceeds --max_memory_per_gpu (nothing to do
  * without the flag). D: data-parallel replicas (ZeRO >= 1 divides the optimizer state). */
 int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err);
+/* With --offload_optimizer cpu: refuses a plan whose host memory (times the ranks on this node)
+ * exceeds what the node has available, naming both and the layouts that need less. */
+int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, int local_ranks, glm_err *err);
 /* The memory plan of each stage (the whole model when there is no pipeline), one line each,
  * computed from the tensor table before anything is allocated. */
 void glm_pp_print_plan(const glm_par_opts *a, const glm_config *c, int cuda, int D, FILE *out);

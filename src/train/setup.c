@@ -196,6 +196,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
     glm_par_opts po = glm_train_par_opts(a);
     if (t->dp->rank == 0) glm_pp_print_plan(&po, &c, cuda, t->dp->world, stderr);
     if (glm_pp_check_memory(&po, &c, cuda, t->dp->world, err)) return -1;
+    if (glm_pp_check_host_memory(&po, &c, cuda, t->dp->world, t->dp->dist.local_world, err)) return -1;
     if (a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"))) {
         if (glm_pp_open(&t->pp, t->dp, &po, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */
         glm_pp_model_init(t->pp, &t->m, &c, t->be);

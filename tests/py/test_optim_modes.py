@@ -145,6 +145,19 @@ def main():
         _, p = go("capped_ok", ["--max_memory_per_gpu", "3500KiB", "--offload_optimizer", "cpu", "--gradient_checkpointing"], check=False)
         report("cap_suggested_layout_runs", p.returncode == 0, (p.stdout + p.stderr).strip().splitlines()[-1][:200])
 
+        # an offloaded plan that needs more host memory than the node has is refused before anything
+        # is allocated (a 280-layer ChatGLM-6B: about 850 GiB of host state)
+        huge = json.load(open(cfg))
+        huge.update(hidden_size=4096, num_layers=280, num_attention_heads=32, inner_hidden_size=16384, vocab_size=130528)
+        hcfg = os.path.join(d, "huge.json")
+        json.dump(huge, open(hcfg, "w"))
+        hb = list(base)
+        hb[hb.index("--init_from_config") + 1] = hcfg
+        p = run(hb + ["--output_dir", os.path.join(d, "huge"), "--offload_optimizer", "cpu"], check=False, timeout=60)
+        txt = p.stdout + p.stderr
+        report("offload_refuses_more_host_memory_than_available", p.returncode != 0 and "of host memory on this node" in txt
+               and "is available" in txt and "--optim adamw_8bit" in txt, txt.strip().splitlines()[-2][:200] if txt.strip() else "")
+
         # 5. refusals
         def refused(name, extra, text, np_=1):
             _, p = go(name, extra, np_=np_, check=False)
