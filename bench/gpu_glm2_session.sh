@@ -19,11 +19,7 @@ session_setup glm2
 KEEP='^(bf16|fp16|fp32) |decode |^RESULT|^SELFCHECK|AssertionError|^torch|tokens/s|per-op|^    [a-z_]+ .* ms '
 for mode in "${@:-ours decode}"; do
     case $mode in
-    tests)
-        cap=${TESTS_CAP:-240}
-        LOGDIR="$OUT/logs/tests" BUILD=$B NO_SANITIZER=1 TEST_TIMEOUT=$cap timeout -k 5 "$cap" bash tests/run_cuda.sh >"$OUT/test-cuda.txt" 2>&1
-        echo "tests: exit $? after $((SECONDS - T0))s"
-        grep -E "passed|FAIL" "$OUT/test-cuda.txt" | tail -14 ;;
+    tests) run_gpu_tests 240 ;;
     ours)
         run_capped "glm2-full" 120 40 "$B/bench_train" --family chatglm2 --runs 512x8,2048x2,512x8c --detail --out "$J"
         run_capped "glm2-lora" 70 30 "$B/bench_train" --family chatglm2 --lora 8 --runs 512x8 --out "$J" ;;

@@ -23,11 +23,7 @@ session_setup quant
 KEEP='^(bf16|fp16|fp32) |^decode |^RESULT|per-op|^    [a-z_]+ .* ms '
 for mode in "${@:-train decode}"; do
     case $mode in
-    tests)
-        cap=${TESTS_CAP:-200}
-        LOGDIR="$OUT/logs/tests" BUILD=$B NO_SANITIZER=1 TEST_TIMEOUT=$cap timeout -k 5 "$cap" bash tests/run_cuda.sh >"$OUT/test-cuda.txt" 2>&1
-        echo "tests: exit $? after $((SECONDS - T0))s"
-        grep -E "passed|FAIL" "$OUT/test-cuda.txt" | tail -12 ;;
+    tests) run_gpu_tests 200 ;;
     train)
         for q in none int8 int4 nf4; do
             qa=(); [ $q != none ] && qa=(--quant $q)

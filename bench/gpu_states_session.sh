@@ -26,11 +26,7 @@ KEEP='^(bf16|fp16|fp32) |^RESULT|^\{.loss|memory plan|host memory|fits|offloaded
 RUNS=${RUNS:-512x8c 512x16c 512x24c}
 for mode in "${@:-layouts capped}"; do
     case $mode in
-    tests)
-        cap=${TESTS_CAP:-200}
-        LOGDIR="$OUT/logs/tests" BUILD=$B NO_SANITIZER=1 TEST_TIMEOUT=$cap timeout -k 5 "$cap" bash tests/run_cuda.sh >"$OUT/test-cuda.txt" 2>&1
-        echo "tests: exit $? after $((SECONDS - T0))s"
-        grep -E "passed|FAIL" "$OUT/test-cuda.txt" | tail -12 ;;
+    tests) run_gpu_tests 200 ;;
     layouts)
         run_capped uncapped 60 30 "$B/bench_train" --runs 512x8 --steps 4 --warmup 1 --out "$J"
         for r in $RUNS; do

@@ -49,3 +49,12 @@ session_setup() {
     { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
       git log -1 --format='commit %H' 2>/dev/null; } >"$OUT/env.txt" 2>&1
 }
+
+# run_gpu_tests CAP: the GPU tests (tests/run_cuda.sh, no sanitizers) under a timeout of
+# $TESTS_CAP or CAP seconds, the output in $OUT/test-cuda.txt and its result lines on stdout.
+run_gpu_tests() {
+    local cap=${TESTS_CAP:-$1}
+    LOGDIR="$OUT/logs/tests" BUILD=$B NO_SANITIZER=1 TEST_TIMEOUT=$cap timeout -k 5 "$cap" bash tests/run_cuda.sh >"$OUT/test-cuda.txt" 2>&1
+    echo "tests: exit $? after $((SECONDS - T0))s"
+    grep -E "passed|FAIL" "$OUT/test-cuda.txt" | tail -14
+}

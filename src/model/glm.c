@@ -213,15 +213,11 @@ static size_t unit_end(const glm_model *m, size_t lo) {
     return hi;
 }
 
-/* ZeRO-3: unit u's weights are needed now / not for a while (u = -1 the embedding and the prefix
- * encoder, 0..L-1 a layer, L the final norm and head); nothing for a unit with no trainable row. */
+/* ZeRO-3: unit u's weights are needed now (u = -1 the embedding and the prefix encoder, 0..L-1 a
+ * layer, L the final norm and head); nothing for a unit with no trainable row. */
 static void need(glm_model *m, int u) {
     size_t lo = m->params_need ? unit_lo(m, u) : SIZE_MAX;
     if (lo != SIZE_MAX) m->params_need(m->params_ctx, lo, unit_end(m, lo));
-}
-static void done(glm_model *m, int u) {
-    size_t lo = m->params_done ? unit_lo(m, u) : SIZE_MAX;
-    if (lo != SIZE_MAX) m->params_done(m->params_ctx, lo, unit_end(m, lo));
 }
 /* The unit holding the head's weight: the embedding's when tied. */
 static int head_unit(const glm_model *m) { return m->cfg.tie_word_embeddings ? -1 : m->cfg.num_layers; }
@@ -532,16 +528,13 @@ static void forward_trunk(glm_model *m, const void *h_in) {
     if (m->first) be->embedding_fwd(be, resid(m, m->layer_lo), m->bd.ids, m->w.wte, N, H);
     else be->copy(be, resid(m, m->layer_lo), h_in, bytes);
     if (c->peft.pre_seq_len > 0) glm_prefix_forward(m); /* every stage runs the encoder for its own layers */
-    if (m->first || c->peft.pre_seq_len > 0) done(m, -1);
     for (int l = m->layer_lo; l < m->layer_hi; l++) {
         need(m, l);
         layer_forward(m, l, acts_for(m, l), resid(m, l), resid(m, l + 1));
-        done(m, l);
     }
     if (m->last) {
         need(m, c->num_layers);
         m->fam->final_norm(m, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), N);
-        done(m, c->num_layers);
     }
 }
 
@@ -567,7 +560,6 @@ static double head_loss(glm_model *m, float dscale, void *dlnf) {
         for (int r = 0; r < R; r++) total += host_losses[r];
     }
     free(host_losses);
-    done(m, head_unit(m));
     return total;
 }
 
@@ -643,7 +635,6 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         loss = head_loss(m, dscale, dlnf);
         need(m, L);
         m->fam->final_norm_bwd(m, m->d_b, dlnf, resid(m, m->layer_hi), m->lnf_mean, m->lnf_rstd, N);
-        done(m, L);
         /* the table orders wte, layers, LNf, (lm_head): gradients become final from the back */
         grads_final_from(m, L);
     } else {
@@ -656,7 +647,6 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         if (m->gradient_checkpointing) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
         begin(m, l);
         m->fam->block_backward(m, l, a, resid(m, l), dcur, dnext);
-        done(m, l);
         void *t = dcur; dcur = dnext; dnext = t;
         grads_final_from(m, l);
     }
@@ -669,7 +659,6 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     if (c->peft.pre_seq_len > 0) {
         need(m, -1);
         glm_prefix_backward(m); /* every stage holds the prefix encoder for its layers */
-        done(m, -1);
     }
     grads_final_from(m, -1);
     return loss;

@@ -122,11 +122,9 @@ typedef struct glm_model {
      * unit is asked for twice per backward (the head writes it first, the embedding last). */
     void *(*grads_unit)(void *ctx, size_t lo, size_t hi);
     void *grads_unit_ctx;
-    /* ZeRO-3 hooks (parallel/dp_zero3.c), NULL when unused: params_need before forward or
-     * backward reads the weights of the unit [lo, hi) (they are gathered into m->params then),
-     * params_done when it is through with them for now (they may be released). */
+    /* ZeRO-3 hook (parallel/dp_zero3.c), NULL when unused: called before forward or backward
+     * reads the weights of the unit [lo, hi), which it gathers and binds (glm_model_bind_unit). */
     void (*params_need)(void *ctx, size_t lo, size_t hi);
-    void (*params_done)(void *ctx, size_t lo, size_t hi);
     void *params_ctx;
     size_t flat_cap;        /* elements allocated for params/grads (>= tab.total) */
     /* Where the config came from: a model folder or a config.json file ("" for none). Folders

@@ -254,7 +254,6 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
         return glm_fail(err, "--zero_stage 3 does not combine with pipeline stages"),
                glm_hint(err, "use --zero_stage 1 or 2 with --pipeline_parallel_size");
     if (dp->cfg.zero_stage == 2 && !dp->zero2) glm_info("--zero_stage 2 with pipeline stages: gradients stay whole (stage 1)");
-    if (dp->cfg.zero_stage == 3) dp->align = glm_dp_z3_align(dp); /* the window's units start on pages */
     if (dp->zero2 && glm_dp_z2_attach(dp, err)) return -1;
     size_t padded = dp->zero2 ? m->tab.total : round_up(m->tab.total, dp->align * (size_t)dp->world);
     if (!dp->zero2) {
@@ -316,9 +315,6 @@ void glm_dp_micro_begin(glm_dp *dp, int last) {
     }
     dp->armed = dp->world > 1 && last && !dp->no_overlap;
 }
-
-int glm_dp_gather_params(glm_dp *dp, glm_err *err) { return glm_dp_z3_gather_all(dp, err); }
-void glm_dp_release_params(glm_dp *dp) { glm_dp_z3_release_all(dp); }
 
 void glm_dp_begin_step(glm_dp *dp, float lr, int backward) {
     if (dp->ib) glm_dp_ib_begin(dp, lr, backward);

@@ -143,10 +143,10 @@ void glm_dp_ib_ready(glm_dp *dp, size_t first);
 void glm_dp_ib_micro(glm_dp *dp);
 int glm_dp_ib_finish(glm_dp *dp, double *sumsq, glm_err *err);
 int glm_dp_ib_step(glm_dp *dp, float lr, float grad_scale);
-/* ZeRO-3 (dp_zero3.c): the unit alignment its window needs; attach after the sharded optimizer
- * state exists; the shard's weights at state index k; the whole model gathered into the window
- * (pinned until release_all) and back into the shard (store_all, after loading a checkpoint). */
-size_t glm_dp_z3_align(const glm_dp *dp);
+/* ZeRO-3 (dp_zero3.c): attach after the sharded optimizer state exists; the shard's weights at
+ * state index k; the whole model gathered into a buffer of its own on every rank (collective,
+ * kept until release_all: evaluation, saves; nothing without ZeRO-3) and back into the shard
+ * (store_all, after loading a checkpoint). */
 int glm_dp_z3_attach(glm_dp *dp, glm_err *err);
 void glm_dp_z3_free(glm_dp *dp);
 void *glm_dp_z3_shard(glm_dp *dp, size_t k);
@@ -155,10 +155,6 @@ void glm_dp_z3_release_all(glm_dp *dp);
 void glm_dp_z3_store_all(glm_dp *dp);
 /* After the update of the shard: the gathered units are stale. */
 void glm_dp_z3_updated(glm_dp *dp);
-/* The whole model's weights in m->params on every rank until glm_dp_release_params (ZeRO-3 only;
- * otherwise nothing): before the final save and evaluation. Collective. */
-int glm_dp_gather_params(glm_dp *dp, glm_err *err);
-void glm_dp_release_params(glm_dp *dp);
 /* Before a step's micro-batches, with the step's learning rate (the update inside backward needs
  * it then); backward = 0: the step has nothing to train on (no backward runs, no update). */
 void glm_dp_begin_step(glm_dp *dp, float lr, int backward);

@@ -141,7 +141,7 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) 
     float *host = glm_malloc(S * 3 * sizeof(float));
     glm_span *pieces = glm_dp_shard_spans(dp);
     glm_opt_state os = {.span = pieces, .nspan = dp->nb, .m = host, .v = host + S, .master = o->master ? host + 2 * S : NULL};
-    if (glm_dp_z3_gather_all(dp, err)) { free(pieces); free(host); return -1; } /* the window takes the weights read */
+    if (glm_dp_z3_gather_all(dp, err)) { free(pieces); free(host); return -1; } /* a whole buffer takes the weights read */
     int rc = glm_checkpoint_load_state(dir, dp->m, &os, st, err);
     if (dp->z3) { if (rc == 0) glm_dp_z3_store_all(dp); glm_dp_z3_release_all(dp); }
     free(pieces);

@@ -34,8 +34,6 @@ struct glm_dp_z3 {
     int pinned;         /* the whole model gathered into m->params (gather_all) */
 };
 
-size_t glm_dp_z3_align(const glm_dp *dp) { return dp->align; }
-
 void *glm_dp_z3_shard(glm_dp *dp, size_t k) { return glm_at(dp->m->be, dp->z3->ps, k); }
 
 static int unit_of(const glm_dp_z3 *z, size_t lo) {
@@ -70,8 +68,6 @@ static void on_need(void *ctx, size_t lo, size_t hi) {
     z->slot_lo[s] = lo;
     glm_model_bind_unit(dp->m, lo, hi, z->slot[s]);
 }
-
-static void on_done(void *ctx, size_t lo, size_t hi) { (void)ctx; (void)lo; (void)hi; /* the ring reuses the slot */ }
 
 void glm_dp_z3_updated(glm_dp *dp) {
     if (dp->z3) dp->z3->slot_lo[0] = dp->z3->slot_lo[1] = SIZE_MAX; /* what the slots hold is the old weights */
@@ -134,7 +130,6 @@ int glm_dp_z3_attach(glm_dp *dp, glm_err *err) {
     be->sync(be);
     be->free(be, glm_model_swap_params(m, NULL));
     m->params_need = on_need;
-    m->params_done = on_done;
     m->params_ctx = dp;
     double MiB = 1048576.0;
     glm_info("ZeRO-3: weights %.1f MiB per rank at rest (the shard) + two unit slots of %.1f MiB instead of %.1f MiB",
@@ -159,7 +154,6 @@ void glm_dp_z3_free(glm_dp *dp) {
         glm_model_swap_params(m, p);
     }
     m->params_need = NULL;
-    m->params_done = NULL;
     m->params_ctx = NULL;
     if (z->ps) be->free(be, z->ps);
     for (int s = 0; s < 2; s++)

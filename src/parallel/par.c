@@ -36,10 +36,10 @@ int glm_par_eval_batch(const glm_par *p, glm_model *m, const glm_batch *b, doubl
     return 0;
 }
 
-int glm_par_gather_params(const glm_par *p, glm_err *err) { return p->pp ? 0 : glm_dp_gather_params(p->dp, err); }
+int glm_par_gather_params(const glm_par *p, glm_err *err) { return p->pp ? 0 : glm_dp_z3_gather_all(p->dp, err); }
 
 void glm_par_release_params(const glm_par *p) {
-    if (!p->pp) glm_dp_release_params(p->dp);
+    if (!p->pp) glm_dp_z3_release_all(p->dp);
 }
 
 int glm_par_save(const glm_par *p, const char *output_dir, const glm_train_state *st, const char *tokenizer_path,
