@@ -54,6 +54,9 @@ struct glm_backend {
     /* float host <-> S device, converting (n elements) */
     void (*upload_f32)(glm_backend *be, void *dst, const float *src, size_t n);
     void (*download_f32)(glm_backend *be, float *dst, const void *src, size_t n);
+    /* n host elements stored as src_dtype (a checkpoint's bytes as read) into S device storage:
+     * the values upload_f32 gives for their floats, without a float copy on the host */
+    void (*upload_cast)(glm_backend *be, void *dst, const void *src, glm_dtype src_dtype, size_t n);
     /* raw bytes host <-> device (int32 inputs, float statistics) */
     void (*upload)(glm_backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(glm_backend *be, void *dst, const void *src, size_t bytes);

@@ -8,7 +8,7 @@
 #include <unistd.h>
 #include "core/fileutil.h"
 
-int io_pread_full(int fd, void *buf, size_t n, uint64_t off) {
+static int pread_serial(int fd, void *buf, size_t n, uint64_t off) {
     char *p = buf;
     while (n) {
         /* Linux caps one read near 2 GiB; stay well under it. */
@@ -25,6 +25,46 @@ int io_pread_full(int fd, void *buf, size_t n, uint64_t off) {
         off += (uint64_t)k;
     }
     return 0;
+}
+
+/* A model's tensors are 16-1000 MB each and sit in the page cache when a server restarts; one
+ * thread copies them out at a fraction of what the memory system gives, so large reads are
+ * split into pieces read by all threads (pread is positioned, so they share the descriptor). */
+int io_pread_full(int fd, void *buf, size_t n, uint64_t off) {
+    enum { PIECE = 8 << 20 };
+    if (n < 4 * (size_t)PIECE) return pread_serial(fd, buf, n, off);
+    long np = (long)((n + PIECE - 1) / PIECE);
+    int bad = 0, bad_errno = 0;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long i = 0; i < np; i++) {
+        size_t at = (size_t)i * PIECE, k = n - at < PIECE ? n - at : PIECE;
+        if (pread_serial(fd, (char *)buf + at, k, off + at) != 0) {
+            int e = errno;
+#pragma omp critical(io_pread_fail)
+            if (!bad) { bad = 1; bad_errno = e; }
+        }
+    }
+    if (bad) { errno = bad_errno; return -1; }
+    return 0;
+}
+
+static int nonfinite16(uint16_t h, st_dtype d) { return d == ST_F16 ? (h & 0x7c00) == 0x7c00 : (h & 0x7f80) == 0x7f80; }
+
+size_t st_first_nonfinite(st_dtype d, const void *src, size_t n) {
+    size_t first = n;
+    enum { CH = 1 << 20 };
+    long nch = (long)((n + CH - 1) / CH);
+#pragma omp parallel for schedule(static) reduction(min : first)
+    for (long c = 0; c < nch; c++) {
+        size_t lo = (size_t)c * CH, hi = lo + CH < n ? lo + CH : n;
+        for (size_t i = lo; i < hi; i++) {
+            int bad;
+            if (d == ST_F32) { uint32_t u; memcpy(&u, (const char *)src + 4 * i, 4); bad = (u & 0x7f800000u) == 0x7f800000u; }
+            else { uint16_t h; memcpy(&h, (const char *)src + 2 * i, 2); bad = nonfinite16(h, d); }
+            if (bad) { if (i < first) first = i; break; }
+        }
+    }
+    return first;
 }
 
 int io_is_float(st_dtype d) { return d == ST_F32 || d == ST_F16 || d == ST_BF16 || d == ST_F64; }

@@ -12,7 +12,7 @@
 #error "glmtrain's checkpoint readers assume a little-endian host (both file formats are little-endian)"
 #endif
 
-/* pread until n bytes arrived. 0 ok; -1 on error or end of file (errno 0 for a short file). */
+/* pread until n bytes arrived (large reads in pieces on all threads). 0 ok; -1 on error or end of file (errno 0 for a short file). */
 int io_pread_full(int fd, void *buf, size_t n, uint64_t off);
 
 /* Converts n elements of a float dtype (F32/F16/BF16/F64) to float32. -1 for other dtypes. */

@@ -349,6 +349,19 @@ int st_read_f32(st_reader *r, const char *name, float *dst, int ndim, const int6
     return 0;
 }
 
+int st_read_raw_at(st_reader *r, const char *name, st_dtype dtype, void *dst, uint64_t off, size_t bytes, glm_err *err) {
+    const st_tensor *t = lookup(r, name, err);
+    if (!t) return -1;
+    const char *path = r->sh.paths[t->file];
+    if (t->dtype != dtype) return glm_fail(err, "%s: tensor '%s' has dtype %s, expected %s", path, name, k_names[t->dtype], st_dtype_name(dtype));
+    if (off > t->end - t->begin || bytes > t->end - t->begin - off)
+        return glm_fail(err, "%s: tensor '%s' holds %llu bytes, asked for [%llu, +%zu)", path, name,
+                        (unsigned long long)(t->end - t->begin), (unsigned long long)off, bytes);
+    if (io_pread_full(r->sh.fds[t->file], dst, bytes, t->begin + off) != 0)
+        return glm_fail(err, "%s: tensor '%s': cannot read its data: %s", path, name, errno ? strerror(errno) : "file is truncated");
+    return 0;
+}
+
 int st_read_raw(st_reader *r, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err) {
     const st_tensor *t = lookup(r, name, err);
     if (!t) return -1;

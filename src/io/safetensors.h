@@ -30,6 +30,8 @@ int st_info(const st_reader *r, const char *name, st_dtype *dtype, int *ndim, in
 int st_read_f32(st_reader *r, const char *name, float *dst, int ndim, const int64_t *shape, glm_err *err);
 /* Reads the raw bytes of a tensor whose dtype must equal `dtype` (for int tensors, RNG state). */
 int st_read_raw(st_reader *r, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err);
+/* Bytes [off, off + bytes) of the tensor's data (a part of a large tensor). */
+int st_read_raw_at(st_reader *r, const char *name, st_dtype dtype, void *dst, uint64_t off, size_t bytes, glm_err *err);
 
 /* ---- writing ---- */
 typedef struct st_entry {
@@ -51,6 +53,9 @@ int st_save(const char *path, const st_entry *entries, int n, size_t max_shard_b
 /* Conversions (exported for the backends and tests): round to nearest even. */
 uint16_t st_f32_to_f16(float f);
 float st_f16_to_f32(uint16_t h);
+/* The index of the first NaN or infinity among n elements of dtype d (F32/F16/BF16, as stored),
+ * or n when all are finite. Uses every thread. */
+size_t st_first_nonfinite(st_dtype d, const void *src, size_t n);
 uint16_t st_f32_to_bf16(float f);
 float st_bf16_to_f32(uint16_t h);
 

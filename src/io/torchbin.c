@@ -301,6 +301,25 @@ int tbin_read_f32(tbin_reader *r, const char *name, float *dst, int ndim, const 
     return 0;
 }
 
+int tbin_contiguous(tbin_reader *r, const char *name) {
+    glm_err e = {0};
+    const tbin_tensor *t = lookup(r, name, &e);
+    return t && contiguous(t);
+}
+
+int tbin_read_raw_at(tbin_reader *r, const char *name, st_dtype dtype, void *dst, uint64_t off, size_t bytes, glm_err *err) {
+    const tbin_tensor *t = lookup(r, name, err);
+    if (!t) return -1;
+    size_t total = t->numel * st_dtype_size(t->dtype);
+    if (t->dtype != dtype) return glm_fail(err, "%s: tensor '%s' has dtype %s, expected %s", r->sh.paths[t->file], name, st_dtype_name(t->dtype), st_dtype_name(dtype));
+    if (!contiguous(t)) return glm_fail(err, "%s: tensor '%s' is a strided view: read it whole", r->sh.paths[t->file], name);
+    if (off > total || bytes > total - off)
+        return glm_fail(err, "%s: tensor '%s' holds %zu bytes, asked for [%llu, +%zu)", r->sh.paths[t->file], name, total,
+                        (unsigned long long)off, bytes);
+    errno = 0;
+    return io_pread_full(r->sh.fds[t->file], dst, bytes, t->data_off + off) == 0 ? 0 : read_fail(r, t, err);
+}
+
 int tbin_read_raw(tbin_reader *r, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err) {
     const tbin_tensor *t = lookup(r, name, err);
     if (!t) return -1;

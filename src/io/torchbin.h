@@ -26,6 +26,11 @@ int tbin_read_f32(tbin_reader *r, const char *name, float *dst, int ndim, const 
 /* Reads the elements of a tensor whose dtype must equal `dtype`, row-major and contiguous,
  * into dst of exactly `bytes` = numel * st_dtype_size(dtype). */
 int tbin_read_raw(tbin_reader *r, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err);
+/* Whether the tensor's elements lie in storage in order (what tbin_read_raw_at can read in
+ * parts; torch.save of a transposed view stores strides); 0 also when absent. */
+int tbin_contiguous(tbin_reader *r, const char *name);
+/* Bytes [off, off + bytes) of a contiguous tensor's data. */
+int tbin_read_raw_at(tbin_reader *r, const char *name, st_dtype dtype, void *dst, uint64_t off, size_t bytes, glm_err *err);
 
 /* Writes float32 tensors as torch.save(OrderedDict) would (pytorch_model.bin that torch.load
  * and THUDM's loaders read), atomically; under 4 GB (no zip64). */

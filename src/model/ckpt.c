@@ -75,6 +75,14 @@ int glm_ckpt_read_raw(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, 
     return c->tb ? tbin_read_raw(c->tb, name, dtype, dst, bytes, err) : st_read_raw(c->st, name, dtype, dst, bytes, err);
 }
 
+int glm_ckpt_partwise(glm_ckpt *c, const char *name) {
+    return c->tb ? tbin_contiguous(c->tb, name) : glm_ckpt_info(c, name, NULL, NULL, NULL) == 0;
+}
+
+int glm_ckpt_read_raw_at(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, uint64_t off, size_t bytes, glm_err *err) {
+    return c->tb ? tbin_read_raw_at(c->tb, name, dtype, dst, off, bytes, err) : st_read_raw_at(c->st, name, dtype, dst, off, bytes, err);
+}
+
 int glm_ckpt_quantized_type(const glm_ckpt *c, const char *name, int64_t OC, int64_t C) {
     st_dtype dt;
     int nd;

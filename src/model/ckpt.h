@@ -44,6 +44,10 @@ int glm_ckpt_read_quantized(glm_ckpt *c, const char *name, int q, int64_t OC, in
 int glm_ckpt_read_values(glm_ckpt *c, const char *name, const glm_tensor *t, float *dst, glm_err *err);
 /* The bytes of a tensor stored as `dtype` (bytes must be its size): int8 quantized weights. */
 int glm_ckpt_read_raw(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err);
+/* Whether `name`'s bytes can be read in parts (safetensors: always; .bin: unless stored as a
+ * strided view), and bytes [off, off + bytes) of them. */
+int glm_ckpt_partwise(glm_ckpt *c, const char *name);
+int glm_ckpt_read_raw_at(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, uint64_t off, size_t bytes, glm_err *err);
 
 /* ---- export ---- */
 typedef struct glm_export_opts {

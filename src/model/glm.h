@@ -258,7 +258,8 @@ typedef struct glm_kvcache {
     int cap_tokens;
     glm_layer_acts a;   /* one block's buffers */
     void *h, *h2, *rows, *logits;  /* S: block input/output (ping-pong), last rows, their logits */
-    int32_t *ints;      /* ids, pos, block_pos, kv_lo, kv_hi, last-row index: [6 * cap_tokens] */
+    int32_t *ints;      /* ids, pos, block_pos, kv_lo, kv_hi, last-row index, cache row: [7 * cap_tokens] */
+    void *kvrows;       /* S [cap_tokens, KV]: ChatGLM2's new k|v rows packed for the slot scatter */
 } glm_kvcache;
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
 void glm_kvcache_free(glm_model *m, glm_kvcache *kv);

@@ -60,9 +60,9 @@ static void fill_prefix(glm_model *m, glm_kvcache *kv, int l, const void *pkv) {
 
 static void free_scratch(const glm_model *m, glm_kvcache *kv) {
     glm_layer_acts_free(m, &kv->a);
-    void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints};
+    void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints, kv->kvrows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) m->be->free(m->be, bufs[i]);
-    kv->h = kv->h2 = kv->rows = kv->logits = NULL;
+    kv->h = kv->h2 = kv->rows = kv->logits = kv->kvrows = NULL;
     kv->ints = NULL;
     kv->cap_tokens = 0;
 }
@@ -78,7 +78,8 @@ static void ensure_scratch(glm_model *m, glm_kvcache *kv, int n) {
     kv->h = be->alloc(be, N * H * es); kv->h2 = be->alloc(be, N * H * es);
     kv->rows = be->alloc(be, (size_t)kv->B * H * es);
     kv->logits = be->alloc(be, (size_t)kv->B * c->vocab_size * es);
-    kv->ints = be->alloc(be, N * 6 * 4);
+    kv->ints = be->alloc(be, N * 7 * 4);
+    if (c->family == GLM_FAMILY_GLM2) kv->kvrows = be->alloc(be, N * row_elems(m) * es);
     kv->cap_tokens = n;
 }
 
@@ -226,12 +227,18 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
         if (kv_lo[i] < 0 || kv_hi[i] > len[b] + Tq || kv_lo[i] > kv_hi[i])
             return glm_fail(err, "slot %d: key range [%d, %d) outside its %d tokens", slot0 + b, kv_lo[i], kv_hi[i], len[b] + Tq);
     }
-    size_t es = glm_dtype_size(be->dtype), Nb = (size_t)N, row = row_elems(m);
+    size_t Nb = (size_t)N, row = row_elems(m);
     ensure_scratch(m, kv, N);
     int32_t *d_ids = kv->ints, *d_pos = d_ids + N, *d_bpos = d_pos + N, *d_lo = d_bpos + N, *d_hi = d_lo + N;
-    int32_t *d_last = d_hi + N;
+    int32_t *d_last = d_hi + N, *d_at = d_last + N;
     be->upload(be, d_ids, ids, Nb * 4); be->upload(be, d_pos, pos, Nb * 4); be->upload(be, d_bpos, block_pos, Nb * 4);
     be->upload(be, d_lo, kv_lo, Nb * 4); be->upload(be, d_hi, kv_hi, Nb * 4);
+    /* where each new token's cache row goes, counted in rows from the first slot of the call: one
+     * scatter per layer writes every row's k|v (a copy per row would be nrows launches a layer) */
+    int32_t *at = glm_malloc(sizeof(int32_t) * Nb);
+    for (int i = 0; i < N; i++) at[i] = (i / Tq) * kv->Tmax + len[i / Tq] + i % Tq;
+    be->upload(be, d_at, at, Nb * 4);
+    free(at);
     glm_layer_acts *a = &kv->a;
     void *h = kv->h, *h2 = kv->h2;
     be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
@@ -243,17 +250,14 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
         int W = glm_qkv_width(c);
         if (c->family == GLM_FAMILY_GLM2) { /* k|v appended at each slot's length; queries from a->qkv */
             int KV = (int)row, NKV = glm_kv_heads(c);
-            for (int b = 0; b < nrows; b++)
-                be->copy_rows(be, glm_at(be, pool, (size_t)b * bs + (size_t)len[b] * KV), KV,
-                              glm_at(be, a->qkv, (size_t)b * Tq * W + (W - KV)), W, KV, Tq);
+            be->copy_rows(be, kv->kvrows, KV, glm_at(be, a->qkv, (size_t)(W - KV)), W, KV, Nb);
+            be->scatter_rows(be, pool, kv->kvrows, d_at, N, KV);
             m->fam->qkv_views(m, a->qkv, (long)Tq * W, &q, &unused, &unused);
             int g = c->num_attention_heads / NKV;
             k = (glm_qkv_view){pool, bs, KV, HD, g};
             v = (glm_qkv_view){glm_at(be, pool, (size_t)NKV * HD), bs, KV, HD, g};
         } else { /* the q|k|v rows appended at each slot's length; queries read from a->qkv */
-            for (int b = 0; b < nrows; b++)
-                be->copy(be, glm_at(be, pool, (size_t)b * bs + (size_t)len[b] * W), glm_at(be, a->qkv, (size_t)b * Tq * W),
-                         (size_t)Tq * W * es);
+            be->scatter_rows(be, pool, a->qkv, d_at, N, W);
             m->fam->qkv_views(m, a->qkv, (long)Tq * W, &q, &unused, &unused);
             m->fam->qkv_views(m, pool, bs, &unused, &k, &v);
         }

@@ -105,27 +105,133 @@ static int load_prequantized(glm_model *m, glm_ckpt *c, const glm_tensor *t, voi
     return rc;
 }
 
-/* Reads one tensor into buf and uploads it to dst: tensor by tensor, so host memory stays at
- * the largest tensor (the embedding) instead of a float copy of the whole model. A quantized
- * row is quantized on the way (or copied from a pre-quantized checkpoint). */
-static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src_name, float *buf,
+/* Host buffers of a load: p[] grown to the largest tensor read so far (the float paths), and
+ * one part buffer of PART_BYTES for the stored bytes, page-locked where the backend has such
+ * memory (so each part's copy runs at the link's speed) and touched once for the whole load
+ * (fresh pages cost a fault each: a whole-tensor buffer would fault in a GB per model). */
+enum { PART_BYTES = 64 << 20 };
+typedef struct load_bufs {
+    void *p[2];
+    size_t cap[2];
+    void *part;
+    glm_backend *part_be;  /* the backend part came from (NULL: malloc) */
+} load_bufs;
+static void *part_buf(load_bufs *b, glm_backend *be) {
+    if (!b->part) {
+        b->part_be = be->host_alloc ? be : NULL;
+        b->part = b->part_be ? be->host_alloc(be, PART_BYTES) : glm_malloc(PART_BYTES);
+    }
+    return b->part;
+}
+static void free_bufs(load_bufs *b) {
+    free(b->p[0]);
+    free(b->p[1]);
+    if (b->part_be) { b->part_be->sync(b->part_be); b->part_be->host_free(b->part_be, b->part); }
+    else free(b->part);
+}
+static void *buf_at_least(load_bufs *b, int i, size_t bytes) {
+    if (bytes > b->cap[i]) {
+        free(b->p[i]);
+        b->p[i] = glm_malloc(bytes);
+        b->cap[i] = bytes;
+    }
+    return b->p[i];
+}
+
+static int same_shape(int nd, const int64_t *shape, const glm_tensor *t) {
+    if (nd != t->ndim) return 0;
+    for (int i = 0; i < nd; i++) if (shape[i] != t->shape[i]) return 0;
+    return 1;
+}
+
+/* The dtype a float tensor is stored as, in the backend's terms; -1 for others (F64, ints). */
+static int backend_dtype(st_dtype d) { return d == ST_F32 ? GLM_F32 : d == ST_BF16 ? GLM_BF16 : d == ST_F16 ? GLM_F16 : -1; }
+
+static int fail_nonfinite(glm_ckpt *c, const char *name, const char *what, size_t j, glm_err *err) {
+    /* training from a NaN/inf weight only yields NaN */
+    glm_fail(err, "%s: tensor %s holds %s at element %zu (%s checkpoint)", c->path, name, what, j, glm_ckpt_format(c));
+    return glm_hint(err, "the weights are damaged or came from a diverged run: use another checkpoint");
+}
+
+/* Reads one tensor and uploads it to dst, tensor by tensor, so host memory stays at the largest
+ * tensor (the embedding) instead of a copy of the whole model. A float tensor of the table's
+ * shape goes up as its stored bytes and the backend converts it (no float copy on the host: a
+ * 13 GB model loads at the speed the file is read); a quantized row is quantized on the way (or
+ * copied from a pre-quantized checkpoint). */
+static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src_name, load_bufs *b,
                     glm_err *err) {
     st_dtype dt;
-    if (t->qtype && glm_ckpt_info(c, src_name, &dt, NULL, NULL) == 0 && dt == ST_I8)
-        return load_prequantized(m, c, t, dst, src_name, err);
-    if (!t->qtype && glm_ckpt_info(c, src_name, &dt, NULL, NULL) == 0 && dt == ST_I8) {
+    int nd;
+    int64_t shape[ST_MAX_DIMS];
+    glm_ckpt_info(c, src_name, &dt, &nd, shape);
+    if (t->qtype && dt == ST_I8) return load_prequantized(m, c, t, dst, src_name, err);
+    if (!t->qtype && dt == ST_I8) {
         glm_fail(err, "%s: tensor %s is stored quantized (int8) but this run does not quantize", c->path, src_name);
         return glm_hint(err, "say quantization_bit in the folder's config.json, or pass --quantization_bit 4|8");
     }
-    if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) return -1;
-    /* training from a NaN/inf weight only yields NaN; a pass over what was just read is cheap */
-    for (size_t j = 0; j < t->numel; j++)
-        if (!isfinite(buf[j])) {
-            glm_fail(err, "%s: tensor %s holds %s at element %zu (%s checkpoint)", c->path, src_name,
-                     isnan(buf[j]) ? "NaN" : "inf", j, glm_ckpt_format(c));
-            return glm_hint(err, "the weights are damaged or came from a diverged run: use another checkpoint");
+    int bdt = backend_dtype(dt);
+    if (!t->qtype && bdt >= 0 && same_shape(nd, shape, t) && glm_ckpt_partwise(c, src_name)) {
+        size_t es = st_dtype_size(dt), per = PART_BYTES / es;
+        void *raw = part_buf(b, m->be);
+        for (size_t e0 = 0; e0 < t->numel; e0 += per) {
+            size_t k = t->numel - e0 < per ? t->numel - e0 : per;
+            m->be->sync(m->be); /* the previous part's copy has left the buffer */
+            if (glm_ckpt_read_raw_at(c, src_name, dt, raw, (uint64_t)e0 * es, k * es, err)) return -1;
+            size_t j = st_first_nonfinite(dt, raw, k);
+            if (j < k) {
+                const uint16_t *h = raw;
+                float v = dt == ST_F32 ? ((const float *)raw)[j] : dt == ST_F16 ? st_f16_to_f32(h[j]) : st_bf16_to_f32(h[j]);
+                return fail_nonfinite(c, src_name, isnan(v) ? "NaN" : "inf", e0 + j, err);
+            }
+            m->be->upload_cast(m->be, glm_at(m->be, dst, e0), raw, (glm_dtype)bdt, k);
         }
+        return 0;
+    }
+    float *buf = buf_at_least(b, 0, t->numel * sizeof(float));
+    if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) return -1;
+    for (size_t j = 0; j < t->numel; j++)
+        if (!isfinite(buf[j])) return fail_nonfinite(c, src_name, isnan(buf[j]) ? "NaN" : "inf", j, err);
     glm_model_row_upload(m, t, dst, buf);
+    return 0;
+}
+
+/* The original checkpoint stores lm_head as a copy of word_embeddings. A tied model keeps one
+ * copy; if the two differ in the file, it came from an untied model and dropping lm_head
+ * changes the outputs, which deserves a warning rather than silence. Two copies stored alike
+ * are compared as bytes; otherwise as floats. */
+static int check_tied_copy(glm_ckpt *c, const char *wte, const char *head, const glm_tensor *te, load_bufs *b,
+                           glm_err *err) {
+    st_dtype da, dh;
+    int na, nh;
+    int64_t sa[ST_MAX_DIMS], sh[ST_MAX_DIMS];
+    glm_ckpt_info(c, wte, &da, &na, sa);
+    glm_ckpt_info(c, head, &dh, &nh, sh);
+    if (da == dh && backend_dtype(da) >= 0 && same_shape(na, sa, te) && same_shape(nh, sh, te) &&
+        glm_ckpt_partwise(c, wte) && glm_ckpt_partwise(c, head)) {
+        size_t bytes = te->numel * st_dtype_size(da);
+        char *x = glm_malloc(PART_BYTES), *y = glm_malloc(PART_BYTES);
+        int same = 1, rc = 0;
+        for (size_t off = 0; off < bytes && same && rc == 0; off += PART_BYTES) {
+            size_t k = bytes - off < PART_BYTES ? bytes - off : PART_BYTES;
+            rc = glm_ckpt_read_raw_at(c, wte, da, x, off, k, err) || glm_ckpt_read_raw_at(c, head, dh, y, off, k, err);
+            same = rc == 0 && memcmp(x, y, k) == 0;
+        }
+        free(x);
+        free(y);
+        if (rc) return -1;
+        if (same) return 0;
+    }
+    float *x = buf_at_least(b, 0, te->numel * sizeof(float)), *y = buf_at_least(b, 1, te->numel * sizeof(float));
+    if (glm_ckpt_read_f32(c, wte, x, te->ndim, te->shape, err) || glm_ckpt_read_f32(c, head, y, te->ndim, te->shape, err))
+        return -1;
+    double md = 0;
+    for (size_t j = 0; j < te->numel; j++) {
+        double d = fabs((double)x[j] - y[j]);
+        if (d > md || d != d) md = d;
+    }
+    if (md > 0)
+        glm_warn("%s: lm_head.weight differs from word_embeddings (max |diff| %.3g) but config.json ties them; "
+                 "using word_embeddings (set \"tie_word_embeddings\": false to use both)", c->path, md);
     return 0;
 }
 
@@ -134,9 +240,7 @@ static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, c
 static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapters, const char *prefix, glm_err *err) {
     glm_ckpt c;
     if (glm_ckpt_open(&c, path, err)) return -1;
-    size_t cap = 0;
-    for (int i = r0; i < r1; i++) cap = glm_model_row(m, i, NULL)->numel > cap ? glm_model_row(m, i, NULL)->numel : cap;
-    float *buf = glm_malloc((cap ? cap : 1) * sizeof(float));
+    load_bufs bufs = {0};
     const char *head = m->fam->head, *wte = m->fam->embed;
     int has_head = glm_ckpt_info(&c, head, NULL, NULL, NULL) == 0;
     int rc = 0;
@@ -177,30 +281,14 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
                 glm_hint(err, "the adapter was made for another base model or another rank r (see its adapter_config.json)");
             break;
         }
-        rc = load_one(m, &c, t, dst, src, buf, err);
+        rc = load_one(m, &c, t, dst, src, &bufs, err);
     }
-    /* The original checkpoint stores lm_head as a copy of word_embeddings. A tied model keeps
-     * one copy; if the two differ, the file came from an untied model and dropping lm_head
-     * changes the outputs, which deserves a warning rather than silence. */
-    void *wte_p = NULL;
-    const glm_tensor *te = glm_model_find(m, wte, &wte_p);
+    const glm_tensor *te = glm_model_find(m, wte, NULL);
     int te_row = 0;
     for (int i = r0; i < r1; i++) te_row |= glm_model_row(m, i, NULL) == te;
-    if (rc == 0 && te && te_row && m->cfg.tie_word_embeddings && has_head && glm_ckpt_info(&c, wte, NULL, NULL, NULL) == 0) {
-        float *emb = glm_malloc(te->numel * sizeof(float));
-        m->be->download_f32(m->be, emb, wte_p, te->numel);
-        rc = glm_ckpt_read_f32(&c, head, buf, te->ndim, te->shape, err);
-        double md = 0;
-        for (size_t j = 0; rc == 0 && j < te->numel; j++) {
-            double d = fabs((double)buf[j] - emb[j]);
-            if (d > md || d != d) md = d;
-        }
-        if (rc == 0 && md > 0)
-            glm_warn("%s: lm_head.weight differs from word_embeddings (max |diff| %.3g) but config.json ties them; "
-                     "using word_embeddings (set \"tie_word_embeddings\": false to use both)", path, md);
-        free(emb);
-    }
-    free(buf);
+    if (rc == 0 && te && te_row && m->cfg.tie_word_embeddings && has_head && glm_ckpt_info(&c, wte, NULL, NULL, NULL) == 0)
+        rc = check_tied_copy(&c, wte, head, te, &bufs, err);
+    free_bufs(&bufs);
     glm_ckpt_close(&c);
     return rc;
 }

@@ -671,6 +671,45 @@ static void t_tanh(ctx *c, size_t n) {
     free(x); free(g); free(ref);
 }
 
+/* upload_cast (a checkpoint's stored bytes, converted on the GPU) == upload_f32 of the same
+ * values (the host's float copy, the path it replaces), byte for byte, for every stored dtype;
+ * n past the staging buffer crosses its chunks. Values span normals, subnormals and halfway
+ * cases of the roundings (random bit patterns, non-finite ones dropped). */
+static void t_upload_cast(ctx *c, size_t n) {
+    glm_backend *be = c->be;
+    char name[128];
+    size_t es = glm_dtype_size(c->dt);
+    static const glm_dtype srcs[] = {GLM_F32, GLM_BF16, GLM_F16};
+    for (int s = 0; s < 3; s++) {
+        glm_dtype sd = srcs[s];
+        size_t ss = glm_dtype_size(sd);
+        unsigned char *raw = malloc(n * ss);
+        float *f = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            do {
+                u = (uint32_t)glm_rng_u64(&c->rng);
+                if (sd == GLM_F32) f[i] = glm_bits_f32(u);
+                else f[i] = sd == GLM_BF16 ? glm_bf16_to_f32((uint16_t)u) : glm_f16_to_f32((uint16_t)u);
+            } while (!isfinite(f[i]) || fabsf(f[i]) > 6e4f); /* fp16 storage holds at most 65504 */
+            if (sd == GLM_F32) memcpy(raw + 4 * i, &u, 4);
+            else { uint16_t h = (uint16_t)u; memcpy(raw + 2 * i, &h, 2); }
+        }
+        void *a = be->alloc(be, n * es), *b = be->alloc(be, n * es);
+        be->upload_f32(be, a, f, n);
+        be->upload_cast(be, b, raw, sd, n);
+        unsigned char *ha = malloc(n * es), *hb = malloc(n * es);
+        be->download(be, ha, a, n * es);
+        be->download(be, hb, b, n * es);
+        size_t bad = 0;
+        for (size_t i = 0; i < n * es; i++) bad += ha[i] != hb[i];
+        TEST_CHECK(c->tc, NAME("upload_cast_from_%s_%s_%zu", sd == GLM_F32 ? "f32" : sd == GLM_BF16 ? "bf16" : "f16", c->tag, n),
+                   bad == 0, "%zu of %zu bytes differ from upload_f32's", bad, n * es);
+        be->free(be, a); be->free(be, b);
+        free(raw); free(f); free(ha); free(hb);
+    }
+}
+
 /* ---------------------------------------------------------------- quantized weights */
 
 /* A random [OC, C] float matrix with some structure for the quantizers: row 1 all zero (INT: a
@@ -976,6 +1015,8 @@ static void run_all(ctx *c, int quick, int attention_only) {
         if (!quick) t_elementwise(c, 4096 * 64);
         t_tanh(c, 1001);
         if (!quick) t_tanh(c, 4096 * 64);
+        t_upload_cast(c, 1003);
+        if (!quick) t_upload_cast(c, (40u << 20) + 7); /* past the 16M-float staging buffer */
         t_prefix(c, 2, 7, 3, 2, 8);
         t_prefix(c, 3, 130, 16, 4, 64);
         t_prefix(c, 2, 5, 4, 3, 6); /* head size 6: the scalar (unpacked) kernels */

@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_ops.h"
 #include "core/err.h"
+#include "core/half.h"
 
 static void *cpu_alloc(glm_backend *be, size_t bytes) {
     void *p = NULL;
@@ -21,6 +22,13 @@ static void cpu_free(glm_backend *be, void *p) { free(p); }
 static void cpu_zero(glm_backend *be, void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(glm_backend *be, void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 static void cpu_up_f32(glm_backend *be, void *dst, const float *src, size_t n) { memmove(dst, src, n * 4); }
+static void cpu_up_cast(glm_backend *be, void *dst, const void *src, glm_dtype sdt, size_t n) {
+    if (sdt == GLM_F32) { memmove(dst, src, n * 4); return; }
+    float *d = dst;
+    const uint16_t *h = src;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) d[i] = sdt == GLM_BF16 ? glm_bf16_to_f32(h[i]) : glm_f16_to_f32(h[i]);
+}
 static void cpu_down_f32(glm_backend *be, float *dst, const void *src, size_t n) { memmove(dst, src, n * 4); }
 static void cpu_raw(glm_backend *be, void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 static void cpu_sync(glm_backend *be) {}
@@ -125,7 +133,7 @@ glm_backend *glm_backend_cpu(void) {
     *be = (glm_backend){
         .name = "cpu", .dtype = GLM_F32,
         .alloc = cpu_alloc, .free = cpu_free, .zero = cpu_zero, .copy = cpu_copy, .copy_rows = cpu_copy_rows,
-        .upload_f32 = cpu_up_f32, .download_f32 = cpu_down_f32, .upload = cpu_raw, .download = cpu_raw,
+        .upload_f32 = cpu_up_f32, .download_f32 = cpu_down_f32, .upload_cast = cpu_up_cast, .upload = cpu_raw, .download = cpu_raw,
         .sync = cpu_sync,
         .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
         .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,

@@ -244,6 +244,20 @@ static void cu_up_f32(glm_backend *be, void *dst, const float *src, size_t n) {
     }
     op_done(be, "upload_f32");
 }
+/* The raw elements go up in the staging buffer's bytes and are converted there by the GPU
+ * (the same rounding as upload_f32's), so the host does no per-element work. */
+static void cu_up_cast(glm_backend *be, void *dst, const void *src, glm_dtype sdt, size_t n) {
+    size_t es = glm_dtype_size(sdt);
+    if (sdt == be->dtype) { cu_upload(be, dst, src, n * es); op_done(be, "upload_cast"); return; }
+    void *s = stage(be);
+    size_t per = STAGE_ELEMS * sizeof(float) / es;
+    for (size_t off = 0; off < n; off += per) {
+        size_t c = n - off < per ? n - off : per;
+        cu_upload(be, s, (const char *)src + off * es, c * es);
+        glmk_convert(glm_at(be, dst, off), be->dtype, s, sdt, c, IM(be)->st);
+    }
+    op_done(be, "upload_cast");
+}
 static void cu_down_f32(glm_backend *be, float *dst, const void *src, size_t n) {
     if (be->dtype == GLM_F32) { cu_download(be, dst, src, n * 4); return; }
     float *s = stage(be);
@@ -703,7 +717,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     *be = (glm_backend){
         .name = im->name, .dtype = dtype, .impl = im,
         .alloc = cu_alloc, .free = cu_free, .zero = cu_zero, .copy = cu_copy,
-        .upload_f32 = cu_up_f32, .download_f32 = cu_down_f32, .upload = cu_upload, .download = cu_download,
+        .upload_f32 = cu_up_f32, .download_f32 = cu_down_f32, .upload_cast = cu_up_cast, .upload = cu_upload, .download = cu_download,
         .sync = cu_sync,
         .embedding_fwd = cu_emb_fwd, .embedding_bwd = cu_emb_bwd, .layernorm_fwd = cu_ln_fwd, .layernorm_bwd = cu_ln_bwd,
         .matmul_fwd = cu_mm_fwd, .matmul_bwd = cu_mm_bwd, .rope = cu_rope,
