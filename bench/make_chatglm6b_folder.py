@@ -43,7 +43,15 @@ def main():
 
     # the values the original stores: fp16-rounded 1 / 10000^(2j / (HD/2)) for j < HD/4
     inv_freq = (1.0 / (10000 ** (torch.arange(0, HD // 2, 2).float() / (HD // 2)))).half()
-    order = [("transformer.word_embeddings.weight", lambda: normal(V, H))]
+    def embedding():
+        # ChatGLM-6B's first 20000 ids are image tokens and its last ones special: with their rows
+        # zero a random model's greedy choice is a text token, so streams carry text as a trained
+        # model's do (an image token decodes to nothing)
+        w = normal(V, H)
+        w[:20000] = 0
+        w[130000:] = 0
+        return w
+    order = [("transformer.word_embeddings.weight", embedding)]
     for l in range(L):
         p = "transformer.layers.%d." % l
         order += [(p + "input_layernorm.weight", lambda: torch.ones(H, dtype=torch.half)),

@@ -65,6 +65,8 @@ def stream_once(host, port, key, model, prompt, max_tokens, t_go):
                 if data == b"[DONE]":
                     res["end"] = time.time()
                     c.close()
+                    if res["first"] is None:
+                        res["error"] = "%d tokens but no text streamed (tokens that decode to nothing?)" % res["tokens"]
                     return res
                 j = json.loads(data)
                 if j.get("error"):
@@ -163,8 +165,12 @@ def main():
             h0 = get(host, port, "/health")[1]
             r = run_level(host, port, a.api_key, model, n, a.max_tokens)
             h1 = get(host, port, "/health")[1]
-            r.update({"what": "streams", "max_tokens": a.max_tokens, "engine_steps": h1.get("steps", 0) - h0.get("steps", 0),
-                      "peak_running": h1.get("peak_running")})
+            steps = h1.get("steps", 0) - h0.get("steps", 0)
+            r.update({"what": "streams", "max_tokens": a.max_tokens, "engine_steps": steps,
+                      "peak_running": h1.get("peak_running"),
+                      "step_ms": 1e3 * (h1.get("step_seconds", 0) - h0.get("step_seconds", 0)) / max(steps, 1),
+                      "forward_ms": 1e3 * (h1.get("forward_seconds", 0) - h0.get("forward_seconds", 0)) / max(steps, 1),
+                      "text_ms": 1e3 * (h1.get("text_seconds", 0) - h0.get("text_seconds", 0)) / max(steps, 1)})
             records.append(r)
             if "tokens" not in r:
                 print("%8d  all failed: %s" % (n, r["errors"][:2]))
@@ -172,6 +178,8 @@ def main():
             print("%8d %12.1f %16.1f %10.2f %9.3fs %9.3fs %8d" % (n, r["tokens_per_s_total"], r["tokens_per_s_per_stream"],
                                                                r["ms_per_token_per_stream"], r["ttft_mean_s"],
                                                                r["ttft_max_s"], len(r["errors"])), flush=True)
+            print("         engine: %d steps, %.2f ms a step, %.2f ms of it in the forward, %.2f in text" % (
+                r["engine_steps"], r["step_ms"], r["forward_ms"], r["text_ms"]), flush=True)
         one = next((r for r in records if r.get("streams") == 1 and "tokens" in r), None)
         for r in records:
             if one and r.get("streams", 1) > 1 and "tokens" in r:

@@ -78,6 +78,12 @@ struct glm_backend {
     /* out[N,OC] = inp[N,C] @ w[OC,C]^T + bias[OC] (bias may be NULL) */
     void (*matmul_fwd)(glm_backend *be, void *out, const void *inp, const void *w, const void *bias,
                        int N, int C, int OC);
+    /* out[N,OC] = inp @ w^T + bias + res_scale * res[N,OC] (res may be out itself): a block's
+     * residual, or an adapter's product added, in the product's epilogue instead of an
+     * elementwise pass. Optional: NULL where a backend lacks it (callers do matmul_fwd, then
+     * scale_add). */
+    void (*matmul_fwd_add)(glm_backend *be, void *out, const void *inp, const void *w, const void *bias,
+                           const void *res, float res_scale, int N, int C, int OC);
     /* dinp[N,C] (= or += when accumulate_dinp) dout @ w; dw[OC,C] += dout^T @ inp; dbias += colsum(dout).
      * dinp, dw, dbias may each be NULL (skipped). */
     void (*matmul_bwd)(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
@@ -138,6 +144,11 @@ struct glm_backend {
      * dscale * sum(losses). */
     void (*cross_entropy)(glm_backend *be, void *logits, float *losses, const int32_t *targets, int R, int V,
                           float dscale);
+    /* Greedy decoding of R rows of logits x [R, V] (S) into host ints: out[r] = the first index
+     * of row r's maximum, or 5 when the row holds a NaN or infinity (the original's
+     * InvalidScoreLogitsProcessor, as glm_sample_next) — so only R ints leave the device.
+     * Optional (NULL: download the logits and pick on the host). */
+    void (*argmax_rows)(glm_backend *be, int32_t *out, const void *x, int R, int V);
     /* out[r, :] = x[idx[r], :] for r < R */
     void (*gather_rows)(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C);
     /* out[idx[r], :] = x[r, :] for r < R (other rows untouched) */

@@ -16,6 +16,7 @@
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "infer/chat.h"
+#include "parallel/pipe_infer.h"
 #include "serve/engine.h"
 #include "serve/server.h"
 
@@ -35,8 +36,8 @@ static const glm_flag serve_flags[] = {
     {"dtype", ARG_STR, offsetof(serve_args, gen.dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL},
     SV_G(quantization_bit, ARG_INT, "0", "4 or 8: quantize the linear weights as they load (THUDM's INT4/INT8); 0 = as stored"),
     {"quantization_type", ARG_STR, offsetof(serve_args, gen.quantization_type), "int", "int: THUDM's per-row INT8/INT4; nf4: QLoRA's NormalFloat4", "int|nf4", NULL},
-    SV_G(device_map, ARG_STR, NULL, "not supported by serve yet (one device runs the engine)"),
-    SV_G(pipeline_parallel_size, ARG_INT, "0", "not supported by serve yet"),
+    SV_G(device_map, ARG_STR, NULL, "split the layers over GPUs: auto, thudm, or a JSON map of module names to stages (no --adapter)"),
+    SV_G(pipeline_parallel_size, ARG_INT, "0", "stages for --device_map auto|thudm (0: every visible GPU)"),
     SV_G(do_sample, ARG_BOOL, "true", "default for requests without temperature (false = greedy)"),
     SV_G(max_length, ARG_INT, "2048", "default prompt + response tokens for requests without max_tokens (ChatGLM2/3: 8192; capped at --max_model_len)"),
     SV_G(max_new_tokens, ARG_INT, NULL, "default response tokens for requests without max_tokens (overrides max_length)"),
@@ -133,10 +134,6 @@ int glm_cmd_serve(int argc, char **argv) {
         glm_args_defaults(serve_flags, n_serve_flags, &a);
     }
     free(args);
-    if (!rc && a.gen.device_map && a.gen.device_map[0]) {
-        rc = glm_fail(&err, "serve: --device_map is not supported yet (the engine runs the model on one device)");
-        glm_hint(&err, "a quantized model (--quantization_bit 4|8) fits one GPU");
-    }
     if (!rc && (a.max_batch_size < 1 || a.max_queue < 0 || a.timeout < 1 || a.max_connections < 1 || a.max_body_bytes < 64 ||
                 a.port < 0 || a.port > 65535 || a.max_model_len < 0 || a.shutdown_timeout < 0))
         rc = glm_fail(&err, "serve: --max_batch_size, --timeout and --max_connections must be >= 1, --max_queue, "
@@ -153,6 +150,11 @@ int glm_cmd_serve(int argc, char **argv) {
         }
     }
     if (!rc) rc = gen_open_model(&s, &a.gen, &err);
+    if (!rc && n_aa && s.pipe) {
+        rc = glm_fail(&err, "serve: --adapter with --device_map is not supported yet (the adapter's rows would have to "
+                            "follow the stages)");
+        glm_hint(&err, "merge the adapter into the base (glmtrain merge) and serve the merged folder with --device_map");
+    }
     if (!rc && n_aa) {
         ad = glm_calloc((size_t)n_aa, sizeof *ad);
         for (int i = 0; i < n_aa && !rc; i++) {
@@ -172,7 +174,7 @@ int glm_cmd_serve(int argc, char **argv) {
         if (!strcmp(ad[i].name, name)) rc = glm_fail(&err, "--adapter %s has the base model's name", name),
                                         glm_hint(&err, "rename the adapter (NAME=DIR) or the base (--served_model_name)");
     if (!rc) {
-        rc = srv_engine_init(&e, &s.m, s.tok, &tok_mu, a.max_batch_size, Tmax, a.max_queue, ad, n_ad, &err);
+        rc = srv_engine_init(&e, gen_lm(&s), s.tok, &tok_mu, a.max_batch_size, Tmax, a.max_queue, ad, n_ad, &err);
         engine_ok = rc == 0;
         e.step_delay_ms = a.step_delay_ms;
         e.debug = a.gen.debug;
@@ -191,12 +193,12 @@ int glm_cmd_serve(int argc, char **argv) {
         const char *envkey = getenv("GLMTRAIN_API_KEY");
         o.api_key = a.api_key && a.api_key[0] ? a.api_key : envkey && envkey[0] ? envkey : NULL;
         o.defaults.model_max_length = Tmax;
-        rc = srv_server_start(&S, &o, &e, s.tok, &s.m.cfg, &tok_mu, &err);
+        rc = srv_server_start(&S, &o, &e, s.tok, gen_config(&s), &tok_mu, &err);
         server_ok = rc == 0;
     }
     if (!rc) {
         size_t row = s.cfg.family == GLM_FAMILY_GLM2 ? 2 * (size_t)glm_kv_heads(&s.cfg) * glm_head_dim(&s.cfg) : 3 * (size_t)s.cfg.hidden_size;
-        double mib = (double)a.max_batch_size * Tmax * row * s.cfg.num_layers * glm_dtype_size(s.be->dtype) / 1048576.0;
+        double mib = (double)a.max_batch_size * Tmax * row * s.cfg.num_layers * glm_dtype_size((s.pipe ? s.pipe->be[0] : s.be)->dtype) / 1048576.0;
         glm_info("KV cache pool: %d slots x %d tokens (%.0f MiB); models: %s%s", a.max_batch_size, Tmax, mib, name,
                  n_ad ? " + adapters" : "");
         glm_info("serving %s on http://%s%s%s:%d/ (OpenAI API under /v1%s)", name, strchr(a.host, ':') ? "[" : "", a.host,

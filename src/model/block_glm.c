@@ -36,13 +36,11 @@ static void block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q,
     const glm_layer_ptrs *p = &m->w.layer[l];
     int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
     be->attention_fwd(be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
-    glm_linear_fwd(m, l, 1, a, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H);
-    be->scale_add(be, a->h1, c->alpha, a->x, a->h1, (size_t)N * H);
+    glm_linear_fwd_add(m, l, 1, a, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H, a->x, c->alpha); /* alpha x + attn */
     be->layernorm_fwd(be, a->y, a->ln2_mean, a->ln2_rstd, a->h1, p->ln2_w, p->ln2_b, N, H, c->layernorm_epsilon);
     glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
     be->gelu_fwd(be, a->act, a->fc1, (size_t)N * F);
-    glm_linear_fwd(m, l, 3, a, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H);
-    be->scale_add(be, h_out, c->alpha, a->y, h_out, (size_t)N * H);
+    glm_linear_fwd_add(m, l, 3, a, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H, a->y, c->alpha); /* alpha y + mlp */
 }
 
 /* Given dh_out (gradient w.r.t. the layer's output), writes dh_in (w.r.t. its input). */

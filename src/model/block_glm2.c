@@ -46,13 +46,11 @@ static void block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q,
     const glm_layer_ptrs *p = &m->w.layer[l];
     int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
     be->attention_fwd(be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
-    glm_linear_fwd(m, l, 1, a, a->h1, a->ctx, p->dense_w, NULL, N, NH * HD, H);
-    be->scale_add(be, a->h1, 1.0f, a->in, a->h1, (size_t)N * H);
+    glm_linear_fwd_add(m, l, 1, a, a->h1, a->ctx, p->dense_w, NULL, N, NH * HD, H, a->in, 1.0f); /* in + attn */
     be->rmsnorm_fwd(be, a->y, a->ln2_rstd, a->h1, p->ln2_w, N, H, c->layernorm_epsilon);
     glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, NULL, N, H, 2 * F);
     be->swiglu_fwd(be, a->act, a->fc1, N, F);
-    glm_linear_fwd(m, l, 3, a, h_out, a->act, p->fc2_w, NULL, N, F, H);
-    be->scale_add(be, h_out, 1.0f, a->h1, h_out, (size_t)N * H);
+    glm_linear_fwd_add(m, l, 3, a, h_out, a->act, p->fc2_w, NULL, N, F, H, a->h1, 1.0f); /* h1 + mlp */
 }
 
 static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, const void *dh_out, void *dh_in) {

@@ -260,6 +260,7 @@ typedef struct glm_kvcache {
     void *h, *h2, *rows, *logits;  /* S: block input/output (ping-pong), last rows, their logits */
     int32_t *ints;      /* ids, pos, block_pos, kv_lo, kv_hi, last-row index, cache row: [7 * cap_tokens] */
     void *kvrows;       /* S [cap_tokens, KV]: ChatGLM2's new k|v rows packed for the slot scatter */
+    int32_t *hints;     /* host [7 * cap_tokens] (page-locked where the backend has it): ints' upload */
 } glm_kvcache;
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
 void glm_kvcache_free(glm_model *m, glm_kvcache *kv);
@@ -289,6 +290,14 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
 int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
                              const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                              const int32_t *kv_hi, float *logits_out, glm_err *err);
+/* The same for a pipeline stage (as glm_stage_forward_cached): a stage after the first takes
+ * h_in [nrows*Tq*H] (host floats), a stage before the last writes h_out and no logits. On the
+ * last stage greedy_out [nrows] (may be NULL) gets each row's greedy token as glm_sample_next
+ * picks it without sampling (backend argmax_rows: the logits need not leave the device). */
+int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
+                                   const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
+                                   const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
+                                   int32_t *greedy_out, glm_err *err);
 /* Makes the work buffers for calls of up to ntokens new tokens now (a LoRA adapter's middle
  * buffers follow m->cfg.peft at this moment: set the widest rank and every target first). */
 void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens);

@@ -63,6 +63,11 @@ static void free_scratch(const glm_model *m, glm_kvcache *kv) {
     void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints, kv->kvrows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) m->be->free(m->be, bufs[i]);
     kv->h = kv->h2 = kv->rows = kv->logits = kv->kvrows = NULL;
+    if (kv->hints) {
+        if (m->be->host_free) m->be->host_free(m->be, kv->hints);
+        else free(kv->hints);
+    }
+    kv->hints = NULL;
     kv->ints = NULL;
     kv->cap_tokens = 0;
 }
@@ -79,6 +84,7 @@ static void ensure_scratch(glm_model *m, glm_kvcache *kv, int n) {
     kv->rows = be->alloc(be, (size_t)kv->B * H * es);
     kv->logits = be->alloc(be, (size_t)kv->B * c->vocab_size * es);
     kv->ints = be->alloc(be, N * 7 * 4);
+    kv->hints = be->host_alloc ? be->host_alloc(be, N * 7 * 4) : glm_malloc(N * 7 * 4);
     if (c->family == GLM_FAMILY_GLM2) kv->kvrows = be->alloc(be, N * row_elems(m) * es);
     kv->cap_tokens = n;
 }
@@ -208,11 +214,19 @@ void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens) { ensure_sc
 int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
                              const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                              const int32_t *kv_hi, float *logits_out, glm_err *err) {
+    if (!m->first || !m->last) return glm_fail(err, "cache slots: a whole model is needed (not a pipeline stage)");
+    return glm_stage_forward_cached_slots(m, kv, slot0, nrows, Tq, len, ids, pos, block_pos, kv_lo, kv_hi, NULL, NULL,
+                                          logits_out, NULL, err);
+}
+
+int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
+                                   const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
+                                   const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
+                                   int32_t *greedy_out, glm_err *err) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
     int N = nrows * Tq, H = c->hidden_size, V = c->vocab_size, HD = glm_head_dim(c);
     if (front(m) > 0) return glm_fail(err, "cache slots: a P-Tuning prefix is not supported");
-    if (!m->first || !m->last) return glm_fail(err, "cache slots: a whole model is needed (not a pipeline stage)");
     if (nrows <= 0 || Tq <= 0 || slot0 < 0 || slot0 + nrows > kv->B)
         return glm_fail(err, "cache slots [%d, %d) x %d tokens outside the pool of %d slots", slot0, slot0 + nrows, Tq, kv->B);
     int Tk = 0;
@@ -231,17 +245,21 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
     ensure_scratch(m, kv, N);
     int32_t *d_ids = kv->ints, *d_pos = d_ids + N, *d_bpos = d_pos + N, *d_lo = d_bpos + N, *d_hi = d_lo + N;
     int32_t *d_last = d_hi + N, *d_at = d_last + N;
-    be->upload(be, d_ids, ids, Nb * 4); be->upload(be, d_pos, pos, Nb * 4); be->upload(be, d_bpos, block_pos, Nb * 4);
-    be->upload(be, d_lo, kv_lo, Nb * 4); be->upload(be, d_hi, kv_hi, Nb * 4);
+    /* every input of the call in one upload from page-locked memory (a decode step is a few
+     * milliseconds: seven staged copies were a noticeable part of it). The buffer is free: the
+     * previous call ended with a download, which waits for the stream. */
+    int32_t *hb = kv->hints;
+    memcpy(hb, ids, Nb * 4); memcpy(hb + N, pos, Nb * 4); memcpy(hb + 2 * N, block_pos, Nb * 4);
+    memcpy(hb + 3 * N, kv_lo, Nb * 4); memcpy(hb + 4 * N, kv_hi, Nb * 4);
+    for (int b = 0; b < nrows; b++) hb[5 * N + b] = b * Tq + Tq - 1; /* each row's last token, for its logits */
     /* where each new token's cache row goes, counted in rows from the first slot of the call: one
      * scatter per layer writes every row's k|v (a copy per row would be nrows launches a layer) */
-    int32_t *at = glm_malloc(sizeof(int32_t) * Nb);
-    for (int i = 0; i < N; i++) at[i] = (i / Tq) * kv->Tmax + len[i / Tq] + i % Tq;
-    be->upload(be, d_at, at, Nb * 4);
-    free(at);
+    for (int i = 0; i < N; i++) hb[6 * N + i] = (i / Tq) * kv->Tmax + len[i / Tq] + i % Tq;
+    be->upload(be, d_ids, hb, Nb * 7 * 4);
     glm_layer_acts *a = &kv->a;
     void *h = kv->h, *h2 = kv->h2;
-    be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
+    if (m->first) be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
+    else be->upload_f32(be, h, h_in, Nb * H);
     long bs = (long)kv->Tmax * (long)row; /* one slot */
     for (int l = m->layer_lo; l < m->layer_hi; l++) {
         m->fam->block_qkv(m, l, a, h, N, d_pos, d_bpos);
@@ -264,16 +282,20 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
         m->fam->block_finish(m, l, a, q, k, v, d_lo, d_hi, nrows, Tq, Tk, h2);
         void *t = h; h = h2; h2 = t;
     }
+    if (!m->last) { /* a stage before the last hands its output on */
+        be->download_f32(be, h_out, h, Nb * H);
+        return 0;
+    }
     void *x = a->x;
     m->fam->final_norm(m, x, a->ln1_mean, a->ln1_rstd, h, N);
-    if (logits_out) {
-        int32_t *last = glm_malloc(sizeof(int32_t) * (size_t)nrows);
-        for (int b = 0; b < nrows; b++) last[b] = b * Tq + Tq - 1;
-        be->upload(be, d_last, last, (size_t)nrows * 4);
+    if (greedy_out && !be->argmax_rows) return glm_fail(err, "cache slots: backend %s has no argmax_rows", be->name);
+    if (logits_out || greedy_out) {
         be->gather_rows(be, kv->rows, x, d_last, nrows, H);
         be->matmul_fwd(be, kv->logits, kv->rows, m->w.head, NULL, nrows, H, V);
-        be->download_f32(be, logits_out, kv->logits, (size_t)nrows * V);
-        free(last);
+        if (greedy_out) be->argmax_rows(be, greedy_out, kv->logits, nrows, V); /* only nrows ints come back */
+        if (logits_out) be->download_f32(be, logits_out, kv->logits, (size_t)nrows * V);
+    } else {
+        be->sync(be); /* the inputs' buffer is reused by the next call */
     }
     return 0;
 }

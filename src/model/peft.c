@@ -61,8 +61,31 @@ void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, co
     const void *u = lora_input(m, l, i, inp, (size_t)N * C);
     be->matmul_fwd(be, a->lora_t[i], u, p->lora_a[i], NULL, N, C, r);
     be->mask_scale(be, a->lora_t[i], a->lora_t[i], (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
+    if (be->matmul_fwd_add) { /* out += B t in the product's epilogue */
+        be->matmul_fwd_add(be, out, a->lora_t[i], p->lora_b[i], NULL, out, 1.0f, N, r, OC);
+        return;
+    }
     be->matmul_fwd(be, m->lora_tmp, a->lora_t[i], p->lora_b[i], NULL, N, r, OC);
     be->scale_add(be, out, 1.0f, m->lora_tmp, out, (size_t)N * OC);
+}
+
+void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
+                        const void *b, int N, int C, int OC, const void *res, float res_scale) {
+    glm_backend *be = m->be;
+    if (!be->matmul_fwd_add || (!w && N <= qmatmul_max_rows(m->cfg.quant) && be->qmatmul_fwd)) {
+        glm_linear_fwd(m, l, i, a, out, inp, w, b, N, C, OC);
+        be->scale_add(be, out, res_scale, res, out, (size_t)N * OC);
+        return;
+    }
+    be->matmul_fwd_add(be, out, inp, linear_weight(m, l, i, w, C, OC), b, res, res_scale, N, C, OC);
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    if (!p->lora_a[i]) return;
+    int r = m->cfg.peft.lora_rank;
+    lora_scratch(m, N);
+    const void *u = lora_input(m, l, i, inp, (size_t)N * C);
+    be->matmul_fwd(be, a->lora_t[i], u, p->lora_a[i], NULL, N, C, r);
+    be->mask_scale(be, a->lora_t[i], a->lora_t[i], (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
+    be->matmul_fwd_add(be, out, a->lora_t[i], p->lora_b[i], NULL, out, 1.0f, N, r, OC); /* out += B t */
 }
 
 /* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */

@@ -11,6 +11,11 @@
 /* out = inp W^T + b (+ the adapter's branch); the adapter's middle goes to a->lora_t[i]. */
 void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
                     const void *b, int N, int C, int OC);
+/* out = inp W^T + b (+ the adapter's share) + res_scale * res: the block's residual in the
+ * product's epilogue where the backend has one (else the same sums as glm_linear_fwd followed by
+ * scale_add, in that order). */
+void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
+                        const void *b, int N, int C, int OC, const void *res, float res_scale);
 /* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */
 void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db, const void *dout,
                     const void *inp, const void *w, int N, int C, int OC);

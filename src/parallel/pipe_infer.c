@@ -191,3 +191,35 @@ int glm_pipe_forward_cached(glm_pipe_lm *lm, glm_pipe_cache *c, int Tq, const in
     if (rc == 0) c->len = c->kv[0].len;
     return rc;
 }
+
+/* ---------------------------------------------------------------- continuous batching */
+
+void glm_pipe_cache_reserve(glm_pipe_lm *lm, glm_pipe_cache *c, int ntokens) {
+    int prev = current_device();
+    for (int k = 0; k < lm->n; k++) {
+        use(lm->be[k]);
+        glm_kvcache_reserve(&lm->st[k], &c->kv[k], ntokens);
+    }
+    restore_device(prev);
+}
+
+int glm_pipe_forward_cached_slots(glm_pipe_lm *lm, glm_pipe_cache *c, int slot0, int nrows, int Tq, const int *len,
+                                  const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
+                                  const int32_t *kv_hi, float *logits_out, int32_t *greedy_out, glm_err *err) {
+    size_t need = (size_t)nrows * Tq * lm->cfg.hidden_size;
+    if (need > c->cap) {
+        for (int i = 0; i < 2; i++) { free(c->h[i]); c->h[i] = glm_malloc(need * sizeof(float)); }
+        c->cap = need;
+    }
+    int prev = current_device(), rc = 0;
+    for (int k = 0; k < lm->n && rc == 0; k++) {
+        int last = k == lm->n - 1;
+        use(lm->be[k]);
+        if (glm_stage_forward_cached_slots(&lm->st[k], &c->kv[k], slot0, nrows, Tq, len, ids, pos, block_pos, kv_lo, kv_hi,
+                                           k ? c->h[(k + 1) % 2] : NULL, last ? NULL : c->h[k % 2],
+                                           last ? logits_out : NULL, last ? greedy_out : NULL, err))
+            rc = k ? glm_wrap(err, "stage %d: ", k) : -1;
+    }
+    restore_device(prev);
+    return rc;
+}

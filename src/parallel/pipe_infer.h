@@ -54,4 +54,14 @@ int glm_pipe_forward_cached(glm_pipe_lm *lm, glm_pipe_cache *c, int Tq, const in
                             const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi, float *hidden_out,
                             float *logits_out, glm_err *err);
 
+/* Continuous batching across the stages (serve): glm_forward_cached_slots's contract
+ * (model/glm.h) over a cache made by glm_pipe_cache_init(lm, c, slots, Tmax) used as a pool of
+ * slots; each stage keeps its layers' slots on its own device (greedy_out as
+ * glm_stage_forward_cached_slots). */
+int glm_pipe_forward_cached_slots(glm_pipe_lm *lm, glm_pipe_cache *c, int slot0, int nrows, int Tq, const int *len,
+                                  const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
+                                  const int32_t *kv_hi, float *logits_out, int32_t *greedy_out, glm_err *err);
+/* Every stage's work buffers for calls of up to ntokens new tokens (glm_kvcache_reserve). */
+void glm_pipe_cache_reserve(glm_pipe_lm *lm, glm_pipe_cache *c, int ntokens);
+
 #endif

@@ -1,5 +1,6 @@
 /* The continuous-batching decode engine (serve/engine.h). */
 #include "serve/engine.h"
+#include "parallel/pipe_infer.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,10 +208,29 @@ static void row_token(srv_engine *e, srv_req *r, int32_t id) {
 
 /* ---------------------------------------------------------------- steps */
 
+/* One forward of rows [slot0, slot0 + nrows) of the pool, on the whole model or stage by stage. */
+/* greedy: every row decodes greedily without a repetition penalty, so the device picks the
+ * tokens (e->greedy) and the logits stay there; otherwise they come to e->logits. */
+static int forward_slots(srv_engine *e, int slot0, int nrows, int Tq, const int *len, const int32_t *ids, int greedy,
+                         glm_err *err) {
+    double t0 = glm_now();
+    float *lg = greedy ? NULL : e->logits;
+    int32_t *gr = greedy ? e->greedy : NULL;
+    int rc = e->pipe ? glm_pipe_forward_cached_slots(e->pipe, e->pc, slot0, nrows, Tq, len, ids, e->pos, e->bpos, e->lo,
+                                                     e->hi, lg, gr, err)
+                     : glm_stage_forward_cached_slots(e->m, &e->kv, slot0, nrows, Tq, len, ids, e->pos, e->bpos, e->lo,
+                                                      e->hi, NULL, NULL, lg, gr, err);
+    e->t_forward += glm_now() - t0; /* engine thread only; read under mu by /health after a step */
+    return rc;
+}
+
 static int32_t pad_id(const srv_engine *e) {
     const glm_config *c = &e->m->cfg;
     return c->pad_token_id >= 0 && c->pad_token_id < c->vocab_size ? c->pad_token_id : 0;
 }
+
+/* A request whose next token glm_sample_next would pick as the argmax of its logits. */
+static int is_greedy(const srv_req *r) { return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f); }
 
 /* A new request's prompt through its slot (one forward), and its first token. */
 static void prefill(srv_engine *e, srv_req *r) {
@@ -232,14 +252,14 @@ static void prefill(srv_engine *e, srv_req *r) {
     }
     for (int i = 0; i < n; i++) { e->lo[i] = 0; e->hi[i] = e->rh[i]; }
     set_adapter(e, r->adapter);
-    if (glm_forward_cached_slots(e->m, &e->kv, r->slot, 1, n, &zero, r->prompt.data, e->pos, e->bpos, e->lo, e->hi,
-                                 e->logits, &err)) {
+    int greedy = is_greedy(r);
+    if (forward_slots(e, r->slot, 1, n, &zero, r->prompt.data, greedy, &err)) {
         glm_warn("serve: prefill failed: %s", err.msg);
         finish(e, r, "error", -1, err.msg);
         return;
     }
     e->slot_len[r->slot] = n;
-    row_token(e, r, glm_sample_next(e->logits, V, &r->g, r->seen, &r->rng));
+    row_token(e, r, greedy ? e->greedy[0] : glm_sample_next(e->logits, V, &r->g, r->seen, &r->rng));
 }
 
 /* One decode forward for the rows of adapter k (-1: base) over the slot range they span. */
@@ -273,8 +293,9 @@ static void decode_group(srv_engine *e, int k) {
     }
     set_adapter(e, k);
     glm_err err = {0};
-    if (glm_forward_cached_slots(e->m, &e->kv, lo_s, nr, 1, e->lens, e->ids, e->pos, e->bpos, e->lo, e->hi, e->logits,
-                                 &err)) {
+    int greedy = 1;
+    for (int b = 0; b < nr; b++) if (mem[b] && !is_greedy(mem[b])) greedy = 0;
+    if (forward_slots(e, lo_s, nr, 1, e->lens, e->ids, greedy, &err)) {
         glm_warn("serve: decode step failed: %s", err.msg);
         for (int b = 0; b < nr; b++) if (mem[b]) finish(e, mem[b], "error", -1, err.msg);
         free(mem);
@@ -284,12 +305,15 @@ static void decode_group(srv_engine *e, int k) {
     /* each row samples from its own stream: the rows are independent, in any order */
 #pragma omp parallel for schedule(dynamic)
     for (int b = 0; b < nr; b++)
-        if (mem[b]) next[b] = glm_sample_next(e->logits + (size_t)b * V, V, &mem[b]->g, mem[b]->seen, &mem[b]->rng);
+        if (mem[b]) next[b] = greedy ? e->greedy[b] : glm_sample_next(e->logits + (size_t)b * V, V, &mem[b]->g, mem[b]->seen,
+                                                                      &mem[b]->rng);
+    double t0 = glm_now();
     for (int b = 0; b < nr; b++) {
         if (!mem[b]) continue;
         e->slot_len[lo_s + b]++;
         row_token(e, mem[b], next[b]);
     }
+    e->t_text += glm_now() - t0;
     free(next);
     free(mem);
 }
@@ -323,12 +347,16 @@ static void *engine_main(void *arg) {
                 if (!r->admitted) { r->admitted = 1; glm_streamer_init(&r->st, e->tok, r->postprocess); }
                 finish(e, r, "cancelled", -1, NULL);
             }
+        double t_step = glm_now();
         for (int i = 0; i < nadm; i++)
             if (adm[i]->slot >= 0) prefill(e, adm[i]);
         decode_group(e, -1);
         for (int k = 0; k < e->n_ad; k++) decode_group(e, k);
         pthread_mutex_lock(&e->mu);
         e->steps++;
+        e->busy_s += glm_now() - t_step;
+        e->forward_s = e->t_forward;
+        e->text_s = e->t_text;
         pthread_mutex_unlock(&e->mu);
         if (e->step_delay_ms > 0) {
             struct timespec ts = {e->step_delay_ms / 1000, (long)(e->step_delay_ms % 1000) * 1000000L};
@@ -360,12 +388,21 @@ static void *engine_main(void *arg) {
 
 /* ---------------------------------------------------------------- life */
 
-int srv_engine_init(srv_engine *e, glm_model *m, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
+int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
                     int Tmax, int max_queue, srv_adapter *ad, int n_ad, glm_err *err) {
     memset(e, 0, sizeof *e);
+    glm_model *m = lm.pipe ? &lm.pipe->st[0] : lm.m;
     if (m->cfg.peft.kind != GLM_FT_FULL)
         return glm_fail(err, "serve: the base model must load without an adapter (adapters are chosen per request)");
+    if (lm.pipe && n_ad) {
+        glm_fail(err, "serve: --adapter with --device_map is not supported yet (the adapter's rows would have to follow "
+                      "the stages)");
+        return glm_hint(err, "merge the adapter into the base (glmtrain merge) and serve the merged folder with --device_map");
+    }
+    if (lm.pipe && m->cfg.peft.pre_seq_len > 0)
+        return glm_fail(err, "serve: a P-Tuning v2 model cannot be served (use generate/chat)");
     e->m = m;
+    e->pipe = lm.pipe;
     e->tok = tok;
     e->tok_mu = tok_mu;
     e->nslots = nslots;
@@ -377,7 +414,13 @@ int srv_engine_init(srv_engine *e, glm_model *m, const glm_tokenizer *tok, pthre
     e->base_peft = m->cfg.peft;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    glm_kvcache_init(m, &e->kv, nslots, Tmax);
+    if (e->pipe) {
+        e->pc = glm_calloc(1, sizeof *e->pc);
+        glm_pipe_cache_init(e->pipe, e->pc, nslots, Tmax);
+        glm_pipe_cache_reserve(e->pipe, e->pc, Tmax > nslots ? Tmax : nslots);
+    } else {
+        glm_kvcache_init(m, &e->kv, nslots, Tmax);
+    }
     /* the work buffers once, wide enough for every adapter (the widest rank, every target) */
     glm_peft wide = {.kind = GLM_FT_LORA};
     for (int k = 0; k < n_ad; k++) {
@@ -385,10 +428,11 @@ int srv_engine_init(srv_engine *e, glm_model *m, const glm_tokenizer *tok, pthre
         wide.lora_targets |= ad[k].peft.lora_targets;
     }
     if (n_ad) m->cfg.peft = wide;
-    glm_kvcache_reserve(m, &e->kv, Tmax > nslots ? Tmax : nslots);
+    if (!e->pipe) glm_kvcache_reserve(m, &e->kv, Tmax > nslots ? Tmax : nslots);
     m->cfg.peft = e->base_peft;
     int T = Tmax > nslots ? Tmax : nslots;
     e->logits = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.vocab_size);
+    e->greedy = glm_malloc(sizeof(int32_t) * (size_t)nslots);
     e->ids = glm_malloc(sizeof(int32_t) * (size_t)T * 6);
     e->pos = e->ids + T; e->bpos = e->pos + T; e->lo = e->bpos + T; e->hi = e->lo + T; e->rh = e->hi + T;
     e->lens = glm_calloc((size_t)nslots, sizeof(int));
@@ -444,8 +488,15 @@ void srv_engine_stop(srv_engine *e) {
     if (e->started) pthread_join(e->th, NULL);
     e->started = 0;
     set_adapter(e, -1);
-    glm_kvcache_free(e->m, &e->kv);
+    if (e->pipe) {
+        glm_pipe_cache_free(e->pipe, e->pc);
+        free(e->pc);
+        e->pc = NULL;
+    } else {
+        glm_kvcache_free(e->m, &e->kv);
+    }
     free(e->logits);
+    free(e->greedy);
     free(e->ids);
     free(e->lens);
     free(e->slot);

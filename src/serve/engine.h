@@ -61,7 +61,9 @@ struct srv_req {
 };
 
 typedef struct srv_engine {
-    glm_model *m;
+    glm_model *m;              /* the whole model, or the first stage of pipe (config, family) */
+    struct glm_pipe_lm *pipe;  /* a model split by --device_map (NULL: m is whole) */
+    struct glm_pipe_cache *pc; /* its slots, one cache per stage */
     const glm_tokenizer *tok;
     pthread_mutex_t *tok_mu;   /* the tokenizer is shared with the HTTP threads */
     int nslots, Tmax;
@@ -84,9 +86,13 @@ typedef struct srv_engine {
     int started;
     /* counters (under mu) */
     long steps, tokens, served;
+    double busy_s, forward_s;  /* seconds in steps, and in their forwards (the model's own time) */
+    double text_s;             /* and in turning decoded tokens into released text */
+    double t_forward, t_text;  /* forward_s and text_s as the engine thread adds them up */
     int peak;                  /* the most requests running at once */
     /* buffers */
     float *logits;
+    int32_t *greedy;           /* [nslots]: the device's greedy picks when no row samples */
     int32_t *ids, *pos, *bpos, *lo, *hi, *rh;
     int *lens;
 } srv_engine;
@@ -97,8 +103,9 @@ int srv_adapter_load(srv_adapter *a, glm_backend *be, const glm_config *base, co
                      glm_err *err);
 void srv_adapter_free(srv_adapter *a, glm_backend *be);
 
-/* The pool: nslots slots of Tmax tokens. ad[n_ad] stay owned by the caller. */
-int srv_engine_init(srv_engine *e, glm_model *m, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
+/* The pool: nslots slots of Tmax tokens, on the model's device or split over the stages of a
+ * device map (lm.pipe; adapters are refused there). ad[n_ad] stay owned by the caller. */
+int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
                     int Tmax, int max_queue, srv_adapter *ad, int n_ad, glm_err *err);
 int srv_engine_start(srv_engine *e);
 /* Queues r (the engine takes a reference): 0, or 429 when max_queue requests already wait beyond

@@ -660,6 +660,7 @@ static enum MHD_Result health(srv_server *S, struct MHD_Connection *conn) {
     pthread_mutex_lock(&S->e->mu);
     int active = S->e->active, queued = S->e->qlen;
     long steps = S->e->steps, tokens = S->e->tokens, served = S->e->served, peak = S->e->peak;
+    double busy = S->e->busy_s, fwd = S->e->forward_s, text = S->e->text_s;
     pthread_mutex_unlock(&S->e->mu);
     cJSON_AddStringToObject(o, "status", S->draining ? "draining" : "ok");
     cJSON_AddNumberToObject(o, "running", active);
@@ -669,6 +670,9 @@ static enum MHD_Result health(srv_server *S, struct MHD_Connection *conn) {
     cJSON_AddNumberToObject(o, "tokens", (double)tokens);
     cJSON_AddNumberToObject(o, "served", (double)served);
     cJSON_AddNumberToObject(o, "peak_running", (double)peak);
+    cJSON_AddNumberToObject(o, "step_seconds", busy);    /* the engine's time in steps so far */
+    cJSON_AddNumberToObject(o, "forward_seconds", fwd);  /* of which in the model's forwards */
+    cJSON_AddNumberToObject(o, "text_seconds", text);    /* and in decoding tokens to text */
     return send_json(conn, S->draining ? 503 : 200, o);
 }
 

@@ -51,6 +51,24 @@ static void t_matmul(ctx *c, int N, int C, int OC) {
                     (size_t)N * OC, tol(c, 1e-5, 1e-2, 2e-3));
         free(got);
     }
+    /* out = inp w^T + bias + s res: res a separate tensor, and res = out (an adapter's add) */
+    float *res = rnd(&c->rng, c->dt, (size_t)N * OC, 1.0f);
+    void *dres = up_s(be, res, (size_t)N * OC);
+    for (int k = 0; k < 4; k++) {
+        int with_bias = k & 1, inplace = k >> 1;
+        float s = inplace ? 1.0f : 7.48331f; /* sqrt(56): GLM v1's residual scale */
+        cpu_matmul_fwd(ref, inp, w, with_bias ? bias : NULL, N, C, OC);
+        cpu_scale_add(ref, s, res, ref, (size_t)N * OC);
+        if (inplace) be->copy(be, dout, dres, (size_t)N * OC * glm_dtype_size(c->dt));
+        else poison(be, dout, (size_t)N * OC, 0);
+        be->matmul_fwd_add(be, dout, di, dw, with_bias ? db : NULL, inplace ? dout : dres, s, N, C, OC);
+        float *got = down_s(be, dout, (size_t)N * OC);
+        check_close(c->tc, NAME("matmul_fwd_add%s%s_%s_%dx%dx%d", with_bias ? "_bias" : "", inplace ? "_inplace" : "", c->tag,
+                                N, C, OC), got, ref, (size_t)N * OC, tol(c, 1e-5, 1e-2, 2e-3) * (inplace ? 1 : 4));
+        free(got);
+    }
+    be->free(be, dres);
+    free(res);
     /* backward, accumulating into random gradients */
     float *g = rnd(&c->rng, c->dt, (size_t)N * OC, 1.0f), *gi0 = rnd(&c->rng, c->dt, (size_t)N * C, 1.0f);
     float *gw0 = rnd(&c->rng, c->dt, (size_t)OC * C, 0.1f), *gb0 = rnd(&c->rng, c->dt, OC, 0.1f);
@@ -671,6 +689,30 @@ static void t_tanh(ctx *c, size_t n) {
     free(x); free(g); free(ref);
 }
 
+/* argmax_rows against its CPU twin: rows with ties (the first maximum wins), a NaN row and an
+ * infinite row (both answer 5), a row whose maximum is the last element. */
+static void t_argmax(ctx *c, int R, int V) {
+    glm_backend *be = c->be;
+    char name[128];
+    float *x = rnd(&c->rng, c->dt, (size_t)R * V, 3.0f);
+    if (R > 3) {
+        x[(size_t)1 * V + V / 3] = x[(size_t)1 * V + V / 2] = 100.0f;   /* a tie */
+        x[(size_t)2 * V + V - 1] = 1000.0f;                          /* the last element */
+        x[(size_t)3 * V + 7] = NAN;
+        x[(size_t)(R - 1) * V + 11] = INFINITY;
+    }
+    void *d = up_s(be, x, (size_t)R * V);
+    int32_t *got = malloc(sizeof(int32_t) * R), *ref = malloc(sizeof(int32_t) * R);
+    cpu_argmax_rows(ref, x, R, V);
+    be->argmax_rows(be, got, d, R, V);
+    int bad = 0;
+    for (int r = 0; r < R; r++) bad += got[r] != ref[r];
+    TEST_CHECK(c->tc, NAME("argmax_rows_%s_%dx%d", c->tag, R, V), bad == 0 && (R <= 3 || (ref[1] == V / 3 && ref[3] == 5)),
+               "%d of %d rows differ (row 1: %d vs %d)", bad, R, R > 1 ? got[1] : 0, R > 1 ? ref[1] : 0);
+    be->free(be, d);
+    free(x); free(got); free(ref);
+}
+
 /* upload_cast (a checkpoint's stored bytes, converted on the GPU) == upload_f32 of the same
  * values (the host's float copy, the path it replaces), byte for byte, for every stored dtype;
  * n past the staging buffer crosses its chunks. Values span normals, subnormals and halfway
@@ -1000,6 +1042,10 @@ static void run_all(ctx *c, int quick, int attention_only) {
     if (attention_only == 2) { run_quant(c, quick); return; }
     if (!attention_only) {
         run_quant(c, quick);
+        t_matmul(c, 1, 256, 384); /* decoding: one row */
+        t_matmul(c, 3, 4096, 1000);
+        t_matmul(c, 4, 200, 37);  /* odd output count */
+        t_matmul(c, 2, 12, 20);   /* C not a multiple of 8 */
         t_matmul(c, 7, 16, 24);
         t_matmul(c, 64, 256, 384);
         if (!quick) t_matmul(c, 300, 512, 1000);
@@ -1010,11 +1056,14 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_layernorm(c, 7, 37); /* odd width: the non-vector kernels */
         if (!quick) t_layernorm(c, 256, 4096);
         t_rope(c, 12, 2, 8);
+        t_rope(c, 1, 32, 128); /* decoding: one token, a block per head */
         t_rope(c, 64, 4, 128);
         t_elementwise(c, 1001);
         if (!quick) t_elementwise(c, 4096 * 64);
         t_tanh(c, 1001);
         if (!quick) t_tanh(c, 4096 * 64);
+        t_argmax(c, 1, 1000);
+        t_argmax(c, 9, 130528); /* ChatGLM-6B's vocabulary */
         t_upload_cast(c, 1003);
         if (!quick) t_upload_cast(c, (40u << 20) + 7); /* past the 16M-float staging buffer */
         t_prefix(c, 2, 7, 3, 2, 8);

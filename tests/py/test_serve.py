@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -310,6 +311,44 @@ def robustness(model, ref):
             S.stop(9)
 
 
+def device_map(model, ad1):
+    """--device_map: the model split into 2 stages (on the CPU here, GPU k for stage k on a
+    machine with GPUs) serves what the whole model generates, concurrent streams included."""
+    S = sc.Server(model, "--device_map", "auto", "--pipeline_parallel_size", "2", "--step_delay_ms", "4")
+    try:
+        c = S.client()
+        bad = []
+        for p in PROMPTS[:2]:
+            got, _ = chat(c, "model", p, 12)
+            want = sc.generate(model, p, "--do_sample", "false", "--max_new_tokens", "12")
+            if got != want:
+                bad.append((p, got, want))
+        T.check("device_map_2_stages_equals_generate", not bad and "split over 2 stages" in S.text(),
+                str(bad)[:400] + S.text()[-300:])
+        prompts = PROMPTS[:6]
+        alone = [chat(c, "model", p, 10)[0] for p in prompts]
+        res = [None] * len(prompts)
+
+        def one(i):
+            res[i] = chat(S.client(), "model", prompts[i], 10, stream=True)[0]
+        th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        peak = sc.http(S.port, "GET", "/health")[1].get("peak_running", 0)
+        T.check("device_map_concurrent_streams_equal_alone", res == alone and peak >= 2, "peak %s: %s" % (peak, str(
+            [(a, b) for a, b in zip(res, alone) if a != b])[:400]))
+    finally:
+        rc = S.stop()
+    T.check("device_map_clean_exit", rc == 0, S.text()[-300:])
+    p = subprocess.run([sc.GLM, "serve", "--model_name_or_path", model, "--device", "cpu", "--device_map", "auto",
+                        "--pipeline_parallel_size", "2", "--adapter", "ad1=" + ad1, "--port", "0"],
+                       capture_output=True, text=True, timeout=60, env=sc.ENV)
+    T.check("device_map_with_adapter_refused", p.returncode != 0 and "--adapter with --device_map" in p.stderr and
+            "glmtrain merge" in p.stderr, p.stderr[-300:])
+
+
 def main():
     if not os.path.exists(sc.GLM):
         T.skip("serve_all", "%s not built" % sc.GLM)
@@ -337,6 +376,7 @@ def main():
             concurrent(S2)
         finally:
             S2.stop()
+        device_map(model, ad1)
         robustness(model, S.client())
         rc = S.stop()
         T.check("clean_exit", rc == 0, "rc %s: %s" % (rc, S.text()[-300:]))

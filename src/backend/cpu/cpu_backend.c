@@ -79,6 +79,7 @@ static void cpu_copy_rows(glm_backend *be, void *dst, size_t ds, const void *src
 }
 static void g_fwd(glm_backend *be, void *out, const void *x, size_t n) { cpu_gelu_fwd(out, x, n); }
 static void g_bwd(glm_backend *be, void *dx, const void *x, const void *dout, size_t n) { cpu_gelu_bwd(dx, x, dout, n); }
+static void amax(glm_backend *be, int32_t *out, const void *x, int R, int V) { cpu_argmax_rows(out, x, R, V); }
 static void sc_add(glm_backend *be, void *out, float alpha, const void *x, const void *y, size_t n) { cpu_scale_add(out, alpha, x, y, n); }
 static void msk(glm_backend *be, void *out, const void *x, size_t n, float scale, float p, uint64_t seed) {
     cpu_mask_scale(out, x, n, scale, p, seed);
@@ -138,7 +139,7 @@ glm_backend *glm_backend_cpu(void) {
         .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
         .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,
         .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk,
-        .cross_entropy = ce, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw, .adamw8 = adamw8,
+        .cross_entropy = ce, .argmax_rows = amax, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw, .adamw8 = adamw8,
         .prefix_kv = pkv_fwd, .prefix_kv_bwd = pkv_bwd, .tanh_fwd = th_fwd, .tanh_bwd = th_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,
         .rmsnorm_fwd = rms_fwd, .rmsnorm_bwd = rms_bwd, .swiglu_fwd = sw_fwd, .swiglu_bwd = sw_bwd, .rope_pairs = rope2,

@@ -27,7 +27,7 @@
 
 typedef struct gemm_plan {
     int used;
-    int key[14];
+    int key[15];
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
@@ -303,21 +303,25 @@ static void plan_destroy(gemm_plan *p) {
     p->used = 0;
 }
 
-/* Column-major D[m,n] = op(A) op(B) (+ bias[m] per row) + beta D, fp32 accumulate. The model's
- * row-major products map onto this with swapped operands (see cu_mm_fwd / cu_mm_bwd). */
+/* Column-major D[m,n] = op(A) op(B) (+ bias[m] per row) + beta C, fp32 accumulate, where C is
+ * Cin (same layout as D; NULL: D itself). The model's row-major products map onto this with
+ * swapped operands (see cu_mm_fwd / cu_mm_bwd). */
 static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B, int ldb,
-                 void *D, int ldd, float beta, const void *bias) {
+                 void *D, int ldd, float beta, const void *bias, const void *Cin) {
     if (m <= 0 || n <= 0) return;
     cuda_impl *im = IM(be);
     cudaDataType_t t = cuda_type(be->dtype);
     float alpha = 1.0f;
-    if (k <= 0) { /* empty product: D = beta D (+ bias) */
-        if (beta == 0.0f) CUDA_CHECK(cudaMemsetAsync(D, 0, (size_t)ldd * n * glm_dtype_size(be->dtype), im->st));
+    size_t dbytes = (size_t)ldd * n * glm_dtype_size(be->dtype);
+    if (k <= 0) { /* empty product: D = beta C (+ bias) */
+        if (Cin && Cin != D && beta != 0.0f) CUDA_CHECK(cudaMemcpyAsync(D, Cin, dbytes, cudaMemcpyDeviceToDevice, im->st));
+        if (beta != 0.0f && beta != 1.0f) glmk_scale_add(be->dtype, D, beta - 1.0f, D, D, (size_t)ldd * n, im->st);
+        if (beta == 0.0f) CUDA_CHECK(cudaMemsetAsync(D, 0, dbytes, im->st));
         if (bias) glmk_bias_add(be->dtype, D, bias, n, m, im->st);
         return;
     }
-    int key[14] = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, beta != 0.0f, align_of(A), align_of(B), align_of(D),
-                   bias ? align_of(bias) : 0};
+    int key[15] = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, beta != 0.0f, align_of(A), align_of(B), align_of(D),
+                   bias ? align_of(bias) : 0, Cin ? align_of(Cin) : align_of(D)};
     gemm_plan *p = NULL;
     for (int i = 0; i < GEMM_CACHE && !p; i++)
         if (im->plans[i].used && memcmp(im->plans[i].key, key, sizeof key) == 0) p = &im->plans[i];
@@ -342,7 +346,8 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
         cublasLtMatmulPreference_t pref;
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         uint64_t ws = WORKSPACE_BYTES;
-        uint32_t al[4] = {(uint32_t)key[10], (uint32_t)key[11], (uint32_t)key[12], (uint32_t)key[12]};
+        uint32_t al[4] = {(uint32_t)key[10], (uint32_t)key[11], (uint32_t)(key[14] < key[12] ? key[14] : key[12]),
+                          (uint32_t)key[12]};
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
@@ -358,9 +363,10 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
     if (p->have_algo) {
         if (bias)
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-        CUBLAS_CHECK(cublasLtMatmul(im->lt, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->d, D, p->d, &p->algo,
+        CUBLAS_CHECK(cublasLtMatmul(im->lt, p->op, &alpha, A, p->a, B, p->b, &beta, Cin ? Cin : D, p->d, D, p->d, &p->algo,
                                     im->workspace, WORKSPACE_BYTES, im->st));
     } else {
+        if (Cin && Cin != D && beta != 0.0f) CUDA_CHECK(cudaMemcpyAsync(D, Cin, dbytes, cudaMemcpyDeviceToDevice, im->st));
         CUBLAS_CHECK(cublasGemmEx(im->blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
                                   A, t, lda, B, t, ldb, &beta, D, t, ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         if (bias) glmk_bias_add(be->dtype, D, bias, n, m, im->st);
@@ -370,8 +376,14 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
 /* out[N,OC] = inp[N,C] w[OC,C]^T + bias: column-major out^T[OC,N] = (w^T)^T... i.e. op(A=w)=T, B=inp. */
 static void cu_mm_fwd(glm_backend *be, void *out, const void *inp, const void *w, const void *bias, int N, int C, int OC) {
     prof(be, GLM_PROF_GEMM, mm_label(be, 0, C, OC));
-    gemm(be, 1, 0, OC, N, C, w, C, inp, C, out, OC, 0.0f, bias);
+    gemm(be, 1, 0, OC, N, C, w, C, inp, C, out, OC, 0.0f, bias, NULL);
     op_done(be, "matmul_fwd");
+}
+static void cu_mm_fwd_add(glm_backend *be, void *out, const void *inp, const void *w, const void *bias, const void *res,
+                          float res_scale, int N, int C, int OC) {
+    prof(be, GLM_PROF_GEMM, mm_label(be, 0, C, OC));
+    gemm(be, 1, 0, OC, N, C, w, C, inp, C, out, OC, res_scale, bias, res);
+    op_done(be, "matmul_fwd_add");
 }
 
 static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
@@ -379,12 +391,12 @@ static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const 
     /* dinp^T[C,N] = w^T[C,OC] dout^T[OC,N] */
     if (dinp) {
         prof(be, GLM_PROF_GEMM, mm_label(be, 1, C, OC));
-        gemm(be, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, acc ? 1.0f : 0.0f, NULL);
+        gemm(be, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, acc ? 1.0f : 0.0f, NULL, NULL);
     }
     /* dw^T[C,OC] += inp^T[C,N] dout[N,OC] */
     if (dw) {
         prof(be, GLM_PROF_GEMM, mm_label(be, 2, C, OC));
-        gemm(be, 0, 1, C, OC, N, inp, C, dout, OC, dw, C, 1.0f, NULL);
+        gemm(be, 0, 1, C, OC, N, inp, C, dout, OC, dw, C, 1.0f, NULL, NULL);
     }
     if (dbias) prof(be, GLM_PROF_GEMM, "bias_grad");
     if (dbias) glmk_bias_grad(be->dtype, dbias, dout, N, OC, scratch(be, glmk_colsum_scratch(N, OC) * sizeof(float)), IM(be)->st);
@@ -578,6 +590,13 @@ static void cu_gather(glm_backend *be, void *out, const void *x, const int32_t *
     glmk_gather_rows(be->dtype, out, x, idx, R, C, IM(be)->st);
     op_done(be, "gather_rows");
 }
+static void cu_argmax(glm_backend *be, int32_t *out, const void *x, int R, int V) {
+    prof(be, GLM_PROF_OTHER, "argmax_rows");
+    int32_t *d = scratch(be, (size_t)R * sizeof(int32_t));
+    glmk_argmax_rows(be->dtype, d, x, R, V, IM(be)->st);
+    cu_download(be, out, d, (size_t)R * sizeof(int32_t));
+    op_done(be, "argmax_rows");
+}
 static void cu_scatter(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) {
     prof(be, GLM_PROF_OTHER, "scatter_rows");
     glmk_scatter_rows(be->dtype, out, x, idx, R, C, IM(be)->st);
@@ -720,11 +739,11 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .upload_f32 = cu_up_f32, .download_f32 = cu_down_f32, .upload_cast = cu_up_cast, .upload = cu_upload, .download = cu_download,
         .sync = cu_sync,
         .embedding_fwd = cu_emb_fwd, .embedding_bwd = cu_emb_bwd, .layernorm_fwd = cu_ln_fwd, .layernorm_bwd = cu_ln_bwd,
-        .matmul_fwd = cu_mm_fwd, .matmul_bwd = cu_mm_bwd, .rope = cu_rope,
+        .matmul_fwd = cu_mm_fwd, .matmul_fwd_add = cu_mm_fwd_add, .matmul_bwd = cu_mm_bwd, .rope = cu_rope,
         .rmsnorm_fwd = cu_rms_fwd, .rmsnorm_bwd = cu_rms_bwd, .swiglu_fwd = cu_swiglu_fwd, .swiglu_bwd = cu_swiglu_bwd,
         .rope_pairs = cu_rope_pairs, .copy_rows = cu_copy_rows, .attention_fwd = cu_attn_fwd,
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale,
-        .cross_entropy = cu_ce, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
+        .cross_entropy = cu_ce, .argmax_rows = cu_argmax, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
         .adamw = cu_adamw, .adamw8 = cu_adamw8,
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,

@@ -87,6 +87,8 @@ void glmk_layernorm_fwd(glm_dtype dt, void *out, float *mean, float *rstd, const
 /* scratch: 2 * glmk_colsum_scratch(N, C) floats */
 void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
                         const float *mean, const float *rstd, int N, int C, float *scratch, cudaStream_t st);
+/* out[r] (device) = first index of row r's maximum of x [R, V], 5 if the row is not finite */
+void glmk_argmax_rows(glm_dtype dt, int32_t *out, const void *x, int R, int V, cudaStream_t st);
 void glmk_cross_entropy(glm_dtype dt, void *logits, float *losses, const int32_t *targets, int R, int V, float dscale,
                         cudaStream_t st);
 /* *result (device double) = sum of squares; partial holds GLMK_SUMSQ_BLOCKS doubles */

@@ -248,10 +248,12 @@ extern "C" void glmk_bias_add(glm_dtype dt, void *out, const void *bias, int N, 
 
 struct InvFreq { float w[128]; };
 
-/* One block per token: the 2 x HD/4 distinct angles of the token (position, block position)
- * are computed once into shared memory (fp32, accurate sincosf: positions reach thousands of
- * radians), then the block rotates every (head, q|k, half, pair) with 32-bit index math.
- * Consecutive threads take consecutive pairs j: 64 contiguous bytes per half-warp access. */
+/* One block per token (and per group of heads: gridDim.y groups): the 2 x HD/4 distinct angles
+ * of the token (position, block position) are computed once into shared memory (fp32, accurate
+ * sincosf: positions reach thousands of radians), then the block rotates every (head, q|k,
+ * half, pair) of its heads with 32-bit index math. Consecutive threads take consecutive pairs
+ * j: 64 contiguous bytes per half-warp access. Decoding has one token a row: there the heads are
+ * spread over blocks, or a single block would do all the work. */
 template <typename T>
 __global__ void rope_kernel(T *qkv, const int32_t *pos, const int32_t *bpos, int NH, int HD, int inverse, InvFreq f) {
     __shared__ float cs[256], sn[256];
@@ -264,8 +266,9 @@ __global__ void rope_kernel(T *qkv, const int32_t *pos, const int32_t *bpos, int
         sn[t] = inverse ? -s : s;
     }
     __syncthreads();
-    T *base = qkv + (size_t)n * NH * 3 * HD;
-    int total = NH * 4 * hp;
+    int per = NH / gridDim.y; /* heads of this block: [blockIdx.y * per, + per) */
+    T *base = qkv + (size_t)n * NH * 3 * HD + (size_t)blockIdx.y * per * 3 * HD;
+    int total = per * 4 * hp;
     for (int e = threadIdx.x; e < total; e += blockDim.x) {
         int j = e % hp, r = e / hp, half = r & 1, part = (r >> 1) & 1, h = r >> 2;
         T *x = base + h * 3 * HD + part * HD + half * R;
@@ -283,7 +286,9 @@ extern "C" void glmk_rope(glm_dtype dt, void *qkv, const int32_t *pos, const int
     if (hp > 128) glm_cuda_check_at(cudaErrorInvalidValue, "rope: head size above 512", __FILE__, __LINE__);
     InvFreq f;
     for (int j = 0; j < hp; j++) f.w[j] = inv_freq[j];
-    int work = NH * 4 * hp, threads = work >= 256 ? 256 : (work + 31) / 32 * 32;
-    GLMK_DISPATCH(dt, rope_kernel<T><<<N, threads, 0, st>>>((T *)qkv, pos, bpos, NH, HD, inverse, f));
+    int groups = N < 64 ? NH : 1; /* few tokens: a block per head */
+    int work = NH / groups * 4 * hp, threads = work >= 256 ? 256 : (work + 31) / 32 * 32;
+    dim3 grid(N, groups);
+    GLMK_DISPATCH(dt, rope_kernel<T><<<grid, threads, 0, st>>>((T *)qkv, pos, bpos, NH, HD, inverse, f));
     GLMK_CHECK_LAUNCH();
 }

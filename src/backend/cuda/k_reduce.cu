@@ -203,7 +203,8 @@ static int ln_vec_threads(glm_dtype dt, int C, const void *a, const void *b, con
 extern "C" void glmk_layernorm_fwd(glm_dtype dt, void *out, float *mean, float *rstd, const void *x, const void *w,
                                    const void *b, int N, int C, float eps, cudaStream_t st) {
     if (N <= 0) return;
-    int vt = ln_vec_threads(dt, C, out, x, w, b, LN_NP);
+    /* few rows (decoding) leave most of the GPU idle: one pack a thread shortens each row's chain */
+    int vt = ln_vec_threads(dt, C, out, x, w, b, N < 66 ? 1 : LN_NP);
     int threads = C >= 2048 ? 256 : C >= 512 ? 128 : 32;
     GLMK_DISPATCH(dt, {
         if (vt) layernorm_fwd_vec<T><<<N, vt, 0, st>>>((T *)out, mean, rstd, (const T *)x, (const T *)w, (const T *)b, C, eps);
@@ -495,5 +496,51 @@ extern "C" void glmk_adamw(glm_dtype dt, void *param, float *master, const void 
             adamw_scalar_kernel<T><<<glmk_blocks(n, 256, 132 * 32), 256, 0, st>>>(
                 (T *)param, master, (const T *)grad, m, v, n, b1, b2, eps, decay, step_size, bc2_sqrt, grad_scale);
     });
+    GLMK_CHECK_LAUNCH();
+}
+
+/* ---------------------------------------------------------------- greedy choice */
+
+/* One block per row: each thread keeps the first maximum of its strided elements, then the
+ * block keeps the smallest index among equal maxima (torch.argmax's first maximum); any NaN or
+ * infinity makes the row's answer 5 (glm_sample_next's rule). */
+template <typename T>
+__global__ void argmax_rows_kernel(int32_t *out, const T *x, int V) {
+    const T *row = x + (size_t)blockIdx.x * V;
+    float best = -INFINITY;
+    int bi = -1, bad = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = to_f(row[j]);
+        if (!isfinite(v)) bad = 1;
+        else if (bi < 0 || v > best) { best = v; bi = j; }
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32], sb[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_down_sync(0xffffffffu, best, o);
+        int oi = __shfl_down_sync(0xffffffffu, bi, o), ob = __shfl_down_sync(0xffffffffu, bad, o);
+        if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) { best = ov; bi = oi; }
+        bad |= ob;
+    }
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    if (lane == 0) { sv[w] = best; si[w] = bi; sb[w] = bad; }
+    __syncthreads();
+    if (w == 0) {
+        best = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : -1;
+        bad = lane < nw ? sb[lane] : 0;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_down_sync(0xffffffffu, best, o);
+            int oi = __shfl_down_sync(0xffffffffu, bi, o), ob = __shfl_down_sync(0xffffffffu, bad, o);
+            if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) { best = ov; bi = oi; }
+            bad |= ob;
+        }
+        if (lane == 0) out[blockIdx.x] = bad ? (V > 5 ? 5 : 0) : (bi < 0 ? 0 : bi);
+    }
+}
+
+extern "C" void glmk_argmax_rows(glm_dtype dt, int32_t *out, const void *x, int R, int V, cudaStream_t st) {
+    if (R <= 0 || V <= 0) return;
+    GLMK_DISPATCH(dt, argmax_rows_kernel<T><<<R, 1024, 0, st>>>(out, (const T *)x, V));
     GLMK_CHECK_LAUNCH();
 }
