@@ -5,7 +5,7 @@
  * as `glmtrain train`'s defaults, targets query_key_value or all four linear modules), --freeze N
  * the last N layers (LLaMA-Factory's freeze mode).
  *
- *   bench_train [--fp32 | --fp16] [--runs 512x4,512x8,512x8c,2048x2] [--steps 6] [--warmup 2]
+ *   bench_train [--fp32 [--tf32] | --fp16] [--runs 512x4,512x8,512x8c,2048x2] [--steps 6] [--warmup 2]
  *               [--layers L] [--head_chunk R] [--detail] [--out FILE]
  *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P]]
  *               [--freeze N] [--ptuning P [--prefix_projection]] [--quant int8|int4|nf4] [--tied]
@@ -150,10 +150,11 @@ int main(int argc, char **argv) {
     int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0, glm2 = 0;
     float lora_alpha = 0, lora_dropout = 0.05f;
     const char *lora_target = "qkv";
-    int optim8 = 0, offload = 0, in_bwd = 0;
+    int optim8 = 0, offload = 0, in_bwd = 0, tf32 = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--fp32")) dt = GLM_F32;
+        else if (!strcmp(a, "--tf32")) tf32 = 1;
         else if (!strcmp(a, "--fp16")) dt = GLM_F16;
         else if (!strcmp(a, "--bf16")) dt = GLM_BF16;
         else if (!strcmp(a, "--runs")) { runs = v; i++; }
@@ -216,9 +217,10 @@ int main(int argc, char **argv) {
     }
     char err[256];
     glm_backend *be = glm_backend_cuda(0, dt, err, sizeof err);
+    if (be) be->allow_tf32 = tf32;
     if (!be) { fprintf(stderr, "bench_train: %s\n", err); return 1; }
     FILE *f = out ? fopen(out, "a") : NULL;
-    const char *dname = dt == GLM_F32 ? "fp32" : dt == GLM_BF16 ? "bf16" : "fp16";
+    const char *dname = dt == GLM_F32 ? (tf32 ? "tf32" : "fp32") : dt == GLM_BF16 ? "bf16" : "fp16";
     printf("%-6s %-18s %9s %9s %6s %8s %8s %8s | %7s %7s %7s %7s  loss\n", "dtype", "run", "step_ms", "tok/s", "MFU",
            "peakGiB", "first_s", "proc_s", "gemm", "attn", "other", "optim");
     char spec[256];

@@ -10,6 +10,7 @@
 #   decode  bench_decode (the model alone): batch 1 at a 32-token prompt (+256, per-op profile) and at 1024 (+1024)
 #   train   bench_train W1 (512x8): full fine-tuning and LoRA r=8
 #   gemv    the decode-shaped products alone, GB/s (bf16 matmul_fwd beside the quantized ones)
+#   tf32    bench_train --fp32 W1 512x4 without and with --tf32
 #   tests   the GPU tests (tests/run_cuda.sh, no sanitizers)
 # Records go to $OUT/serve.jsonl, the console lines to $OUT/serve.txt, logs to $OUT/logs.
 # Build here first (docs/GPU-TESTS.md), with libmicrohttpd's chain in build/lib:
@@ -21,7 +22,7 @@ set -u
 session_setup serve
 MODEL=${MODEL:-/tmp/chatglm-6b}
 TOKENS=${TOKENS:-256}
-KEEP='^(bf16|fp16|fp32) |^decode |engine: |^start:|^ +[0-9]+ +[0-9.]+ |streams: [0-9.]+x|^pytorch decode|loaded .* in|KV cache pool|^wrote '
+KEEP='^(bf16|fp16|fp32|tf32) |^decode |engine: |^start:|^ +[0-9]+ +[0-9.]+ |streams: [0-9.]+x|^pytorch decode|loaded .* in|KV cache pool|^wrote '
 for mode in "${@:-folder serve torch}"; do
     case $mode in
     folder)
@@ -43,6 +44,9 @@ for mode in "${@:-folder serve torch}"; do
     gemv) # the decode-shaped products alone (test_cuda_ops --quant with GLM_QUANT_BENCH=1: GB/s; bf16 = matmul_fwd)
         run_capped "gemv" 90 30 env GLM_QUANT_BENCH=1 "$B/tests/cuda/test_cuda_ops" --quant
         grep -iE "GB/s|us " "$OUT/logs/gemv.txt" | head -40 >>"$SUMMARY" ;;
+    tf32) # --fp32 W1 (micro-batch 4) with and without TF32 products
+        run_capped "fp32-w1" 90 40 "$B/bench_train" --fp32 --runs 512x4 --out "$J"
+        run_capped "tf32-w1" 90 40 "$B/bench_train" --fp32 --tf32 --runs 512x4 --out "$J" ;;
     tests) run_gpu_tests 200 ;;
     *) echo "unknown mode $mode" ;;
     esac

@@ -41,6 +41,7 @@ typedef struct glm_backend glm_backend;
 struct glm_backend {
     const char *name;   /* "cpu", "cuda:0" */
     glm_dtype dtype;    /* storage dtype S */
+    int allow_tf32;     /* S = fp32: products on TF32 tensor cores (--tf32; the CUDA backend reads it) */
     void *impl;         /* backend-private state (CUDA handles, streams, workspace) */
 
     /* ---- memory ---- */

@@ -175,35 +175,53 @@ static void finish(srv_engine *e, srv_req *r, const char *why, long cut, const c
     srv_req_put(r);
 }
 
-/* One sampled token of a row: glm_generate's stop rule and limit, then the text it settles. */
-static void row_token(srv_engine *e, srv_req *r, int32_t id) {
+/* What a row's new token asks for once its text is out (row_text). */
+enum { ROW_GOES_ON, ROW_STOP_ID, ROW_STOP_TEXT, ROW_LENGTH };
+
+/* One sampled token of a row: glm_generate's stop rule, the text it settles (released to the
+ * request's stream) and whether a stop string or the limit ends the row (*cut: where the stop
+ * string starts). Touches only this request and reads the tokenizer, so rows run in parallel;
+ * finishing is left to row_apply. */
+static int row_text(srv_engine *e, srv_req *r, int32_t id, long *cut) {
     const glm_config *c = &e->m->cfg;
     int stop = id == c->eos_token_id;
     for (int k = 0; k < r->g.n_stop; k++) stop |= id == r->g.stop_ids[k];
     if (r->ignore_eos) stop = 0;
-    if (stop) { finish(e, r, "stop", -1, NULL); return; }
+    if (stop) return ROW_STOP_ID;
     glm_ids_push(&r->out, id);
     if (r->seen) r->seen[id] = 1;
-    pthread_mutex_lock(e->tok_mu);
-    glm_streamer_push(&r->st, id);
-    pthread_mutex_unlock(e->tok_mu);
+    glm_streamer_push(&r->st, id); /* decoding only reads the tokenizer */
     const char *t = r->st.shown;
     size_t n = r->st.n_shown;
-    long cut = r->n_stops ? find_stop(r, t) : -1;
+    *cut = r->n_stops ? find_stop(r, t) : -1;
     pthread_mutex_lock(&r->mu);
     if (r->out.n == 1) r->t_first = glm_now();
     r->n_out = r->out.n;
-    if (cut < 0) {
+    if (*cut < 0) {
         size_t keep = n - stop_hold(r, t, n);
         if (keep > r->n_text && !r->st.diverged) release(r, t + r->n_text, keep - r->n_text);
         pthread_cond_broadcast(&r->cv);
     }
     pthread_mutex_unlock(&r->mu);
-    pthread_mutex_lock(&e->mu);
-    e->tokens++;
-    pthread_mutex_unlock(&e->mu);
-    if (cut >= 0) finish(e, r, "stop", cut, NULL);
-    else if (r->out.n >= r->limit) finish(e, r, "length", -1, NULL);
+    return *cut >= 0 ? ROW_STOP_TEXT : r->out.n >= r->limit ? ROW_LENGTH : ROW_GOES_ON;
+}
+
+/* The engine's side of row_text's answer (one row at a time). */
+static void row_apply(srv_engine *e, srv_req *r, int what, long cut) {
+    if (what != ROW_STOP_ID) {
+        pthread_mutex_lock(&e->mu);
+        e->tokens++;
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (what == ROW_STOP_ID) finish(e, r, "stop", -1, NULL);
+    else if (what == ROW_STOP_TEXT) finish(e, r, "stop", cut, NULL);
+    else if (what == ROW_LENGTH) finish(e, r, "length", -1, NULL);
+}
+
+static void row_token(srv_engine *e, srv_req *r, int32_t id) {
+    long cut = -1;
+    int what = row_text(e, r, id, &cut);
+    row_apply(e, r, what, cut);
 }
 
 /* ---------------------------------------------------------------- steps */
@@ -308,11 +326,19 @@ static void decode_group(srv_engine *e, int k) {
         if (mem[b]) next[b] = greedy ? e->greedy[b] : glm_sample_next(e->logits + (size_t)b * V, V, &mem[b]->g, mem[b]->seen,
                                                                       &mem[b]->rng);
     double t0 = glm_now();
+    int *what = glm_calloc((size_t)nr, sizeof *what);
+    long *cut = glm_calloc((size_t)nr, sizeof *cut);
+    /* the rows' text in parallel: re-decoding a response grows with its length */
+#pragma omp parallel for schedule(dynamic)
+    for (int b = 0; b < nr; b++)
+        if (mem[b]) what[b] = row_text(e, mem[b], next[b], &cut[b]);
     for (int b = 0; b < nr; b++) {
         if (!mem[b]) continue;
         e->slot_len[lo_s + b]++;
-        row_token(e, mem[b], next[b]);
+        row_apply(e, mem[b], what[b], cut[b]);
     }
+    free(what);
+    free(cut);
     e->t_text += glm_now() - t0;
     free(next);
     free(mem);

@@ -85,7 +85,12 @@ int trainer_pick_backend(trainer *t, glm_err *err) {
         char msg[512] = "";
         glm_dtype dt = a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
         t->be = glm_backend_cuda(glm_local_device(t->dp->dist.local_rank), dt, msg, sizeof msg);
-        if (t->be) return 0;
+        if (t->be) {
+            t->be->allow_tf32 = a->tf32; /* every GPU the CUDA backend takes (sm_80 and newer) has TF32 */
+            if (a->tf32 && dt != GLM_F32)
+                glm_warn("--tf32 changes only fp32 products; this run's are %s (pass --fp32 with --tf32)", a->fp16 ? "fp16" : "bf16");
+            return 0;
+        }
         if (want_cuda) return glm_fail(err, "--device cuda: %s", msg);
         glm_info("no usable GPU (%s); training on the CPU", msg);
     }
@@ -95,6 +100,10 @@ int trainer_pick_backend(trainer *t, glm_err *err) {
         return glm_hint(err, "rebuild on a machine with nvcc (make), or use --device cpu");
     }
 #endif
+    if (a->tf32) {
+        glm_fail(err, "--tf32 needs an NVIDIA GPU (Ampere or newer): the CPU backend has no TF32");
+        return glm_hint(err, "drop --tf32 to train on the CPU in plain fp32");
+    }
     if (a->bf16 || a->fp16) {
         glm_fail(err, "--%s needs a GPU; the CPU backend trains in fp32", a->bf16 ? "bf16" : "fp16");
         return glm_hint(err, "drop --%s (or pass --fp32) to train on the CPU", a->bf16 ? "bf16" : "fp16");

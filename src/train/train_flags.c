@@ -80,6 +80,7 @@ const glm_flag glm_train_flags[] = {
     F(bf16, ARG_BOOL, "false", "bf16 mixed precision (GPU)"),
     F(fp16, ARG_BOOL, "false", "fp16 mixed precision with dynamic loss scaling (GPU)"),
     F(fp32, ARG_BOOL, "false", "everything in fp32"),
+    F(tf32, ARG_BOOL, "false", "with --fp32: the matrix products on TF32 tensor cores (10-bit mantissa inputs, fp32 sums; GPU)"),
     F(fp16_initial_scale, ARG_FLOAT, "65536", "fp16: the dynamic loss scale to start from (GradScaler's init_scale)"),
     F(gradient_checkpointing, ARG_BOOL, "false", "recompute each layer in backward to save memory"),
     F(optim, ARG_STR, "adamw_torch", "the optimizer: adamw_torch (fp32 moments) or adamw_8bit (bitsandbytes' blockwise 8-bit moments, a quarter of the bytes; adamw_bnb_8bit is the same)"),

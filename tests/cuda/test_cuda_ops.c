@@ -51,6 +51,21 @@ static void t_matmul(ctx *c, int N, int C, int OC) {
                     (size_t)N * OC, tol(c, 1e-5, 1e-2, 2e-3));
         free(got);
     }
+    if (c->dt == GLM_F32 && C >= 64) { /* --tf32: within TF32's rounding of the inputs, and not the fp32 result */
+        cpu_matmul_fwd(ref, inp, w, bias, N, C, OC);
+        be->matmul_fwd(be, dout, di, dw, db, N, C, OC);
+        float *strict = down_s(be, dout, (size_t)N * OC);
+        be->allow_tf32 = 1;
+        be->matmul_fwd(be, dout, di, dw, db, N, C, OC);
+        be->allow_tf32 = 0;
+        float *got = down_s(be, dout, (size_t)N * OC);
+        size_t differ = 0;
+        for (size_t i = 0; i < (size_t)N * OC; i++) differ += got[i] != strict[i];
+        check_close(c->tc, NAME("matmul_fwd_tf32_%dx%dx%d", N, C, OC), got, ref, (size_t)N * OC, 5e-3);
+        TEST_CHECK(c->tc, NAME("matmul_fwd_tf32_takes_effect_%dx%dx%d", N, C, OC), differ > 0,
+                   "all %d x %d outputs equal the fp32 product's", N, OC);
+        free(strict); free(got);
+    }
     /* out = inp w^T + bias + s res: res a separate tensor, and res = out (an adapter's add) */
     float *res = rnd(&c->rng, c->dt, (size_t)N * OC, 1.0f);
     void *dres = up_s(be, res, (size_t)N * OC);

@@ -47,6 +47,13 @@ def optimizer_flags(base, d):
         report("optimizer_flag_range%s" % flag.replace("-", "_"), ok and not os.path.exists(os.path.join(out, "model.safetensors")), why)
 
 
+def tf32_on_cpu(base, d):
+    out = os.path.join(d, "tf32")
+    p = train(base + ["--output_dir", out, "--tf32", "true", "--device", "cpu"], check=False)
+    ok, why = failed_with(p, "--tf32 needs an NVIDIA GPU", "drop --tf32")
+    report("tf32_refused_on_cpu", ok and not os.path.exists(os.path.join(out, "model.safetensors")), why)
+
+
 def diverging_runs(base, d):
     # a huge learning rate: the loss turns NaN after the first update; bf16/fp32 skip the
     # update, and after --max_bad_steps in a row the run stops naming step, lr and checkpoint
@@ -200,6 +207,7 @@ def main():
                   "--logging_steps", "1", "--max_source_length", "32", "--max_target_length", "16", "--disable_tqdm"]
         base = ["--init_from_config", cfg] + common
         optimizer_flags(base, d)
+        tf32_on_cpu(base, d)
         diverging_runs(base, d)
         diverging_two_ranks(d, cfg, common)
         model = os.path.join(d, "good")

@@ -27,7 +27,7 @@
 
 typedef struct gemm_plan {
     int used;
-    int key[15];
+    int key[16];
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
@@ -320,8 +320,9 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
         if (bias) glmk_bias_add(be->dtype, D, bias, n, m, im->st);
         return;
     }
-    int key[15] = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, beta != 0.0f, align_of(A), align_of(B), align_of(D),
-                   bias ? align_of(bias) : 0, Cin ? align_of(Cin) : align_of(D)};
+    int tf32 = be->dtype == GLM_F32 && be->allow_tf32;
+    int key[16] = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, beta != 0.0f, align_of(A), align_of(B), align_of(D),
+                   bias ? align_of(bias) : 0, Cin ? align_of(Cin) : align_of(D), tf32};
     gemm_plan *p = NULL;
     for (int i = 0; i < GEMM_CACHE && !p; i++)
         if (im->plans[i].used && memcmp(im->plans[i].key, key, sizeof key) == 0) p = &im->plans[i];
@@ -332,8 +333,8 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
         memcpy(p->key, key, sizeof key);
         p->used = 1;
         cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-        /* fp32: CUBLAS_COMPUTE_32F never uses TF32 (only ..._FAST_TF32 would) */
-        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        /* fp32: CUBLAS_COMPUTE_32F never uses TF32; ..._FAST_TF32 does (--tf32, as torch's allow_tf32) */
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
         if (bias) {
@@ -368,7 +369,8 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
     } else {
         if (Cin && Cin != D && beta != 0.0f) CUDA_CHECK(cudaMemcpyAsync(D, Cin, dbytes, cudaMemcpyDeviceToDevice, im->st));
         CUBLAS_CHECK(cublasGemmEx(im->blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
-                                  A, t, lda, B, t, ldb, &beta, D, t, ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                  A, t, lda, B, t, ldb, &beta, D, t, ldd,
+                                  tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         if (bias) glmk_bias_add(be->dtype, D, bias, n, m, im->st);
     }
 }
