@@ -11,6 +11,7 @@
 #   train   bench_train W1 (512x8): full fine-tuning and LoRA r=8
 #   gemv    the decode-shaped products alone, GB/s (bf16 matmul_fwd beside the quantized ones)
 #   tf32    bench_train --fp32 W1 512x4 without and with --tf32
+#   lora    bench_train --lora 8 W1 512x8 and bench/pytorch_lora.py the same
 #   tests   the GPU tests (tests/run_cuda.sh, no sanitizers)
 # Records go to $OUT/serve.jsonl, the console lines to $OUT/serve.txt, logs to $OUT/logs.
 # Build here first (docs/GPU-TESTS.md), with libmicrohttpd's chain in build/lib:
@@ -22,7 +23,7 @@ set -u
 session_setup serve
 MODEL=${MODEL:-/tmp/chatglm-6b}
 TOKENS=${TOKENS:-256}
-KEEP='^(bf16|fp16|fp32|tf32) |^decode |engine: |^start:|^ +[0-9]+ +[0-9.]+ |streams: [0-9.]+x|^pytorch decode|loaded .* in|KV cache pool|^wrote '
+KEEP='^RESULT|^(bf16|fp16|fp32|tf32) |^decode |engine: |^start:|^ +[0-9]+ +[0-9.]+ |streams: [0-9.]+x|^pytorch decode|loaded .* in|KV cache pool|^wrote '
 for mode in "${@:-folder serve torch}"; do
     case $mode in
     folder)
@@ -47,6 +48,10 @@ for mode in "${@:-folder serve torch}"; do
     tf32) # --fp32 W1 (micro-batch 4) with and without TF32 products
         run_capped "fp32-w1" 90 40 "$B/bench_train" --fp32 --runs 512x4 --out "$J"
         run_capped "tf32-w1" 90 40 "$B/bench_train" --fp32 --tf32 --runs 512x4 --out "$J" ;;
+    lora) # issue 16's W1: LoRA r=8 on query_key_value, ours and the PyTorch + peft-style baseline in one call
+        run_capped "lora-w1" 90 40 "$B/bench_train" --lora 8 --runs 512x8 --out "$J"
+        run_capped "torch-lora-w1" 200 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --runs 512x8 --lora 8 \
+            --lora_target qkv --out "$J" ;;
     tests) run_gpu_tests 200 ;;
     *) echo "unknown mode $mode" ;;
     esac

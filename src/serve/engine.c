@@ -328,8 +328,9 @@ static void decode_group(srv_engine *e, int k) {
     double t0 = glm_now();
     int *what = glm_calloc((size_t)nr, sizeof *what);
     long *cut = glm_calloc((size_t)nr, sizeof *cut);
-    /* the rows' text in parallel: re-decoding a response grows with its length */
-#pragma omp parallel for schedule(dynamic)
+    /* the rows' text in parallel (re-decoding a response grows with its length); a few rows are
+     * quicker on this thread than the team's start */
+#pragma omp parallel for schedule(dynamic) if (nr >= 8)
     for (int b = 0; b < nr; b++)
         if (mem[b]) what[b] = row_text(e, mem[b], next[b], &cut[b]);
     for (int b = 0; b < nr; b++) {

@@ -62,8 +62,9 @@ static void t_matmul(ctx *c, int N, int C, int OC) {
         size_t differ = 0;
         for (size_t i = 0; i < (size_t)N * OC; i++) differ += got[i] != strict[i];
         check_close(c->tc, NAME("matmul_fwd_tf32_%dx%dx%d", N, C, OC), got, ref, (size_t)N * OC, 5e-3);
-        TEST_CHECK(c->tc, NAME("matmul_fwd_tf32_takes_effect_%dx%dx%d", N, C, OC), differ > 0,
-                   "all %d x %d outputs equal the fp32 product's", N, OC);
+        if (N >= 64) /* a product of a row or two may run on a kernel without tensor cores: TF32 allows, not forces */
+            TEST_CHECK(c->tc, NAME("matmul_fwd_tf32_takes_effect_%dx%dx%d", N, C, OC), differ > 0,
+                       "all %d x %d outputs equal the fp32 product's", N, OC);
         free(strict); free(got);
     }
     /* out = inp w^T + bias + s res: res a separate tensor, and res = out (an adapter's add) */
