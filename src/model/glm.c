@@ -114,14 +114,7 @@ static size_t unit_lo(const glm_model *m, int u) {
     return SIZE_MAX;
 }
 
-int glm_model_units(const glm_model *m, glm_span *out) {
-    const glm_table *t = &m->tab;
-    int n = 0;
-    for (int i = 0; i < t->n; i++) /* the table lists tensors in flat order */
-        if (starts_unit(&t->t[i])) out[n++].lo = t->t[i].offset;
-    for (int i = 0; i < n; i++) out[i].n = (i + 1 < n ? out[i + 1].lo : t->total) - out[i].lo;
-    return n;
-}
+int glm_model_units(const glm_model *m, glm_span *out) { return glm_table_units(&m->tab, out); }
 
 /* The params and grads buffers (those that exist) re-made with `elems` elements, each tensor
  * moved from its offset in m->tab to its offset in `to` (the rest zero). */
@@ -364,7 +357,7 @@ void glm_model_set_params(glm_model *m, const float *host) {
 }
 
 glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embed, int head, glm_dtype dtype, int B,
-                                   int T, int ckpt, int head_chunk, size_t *largest_unit) {
+                                   int T, int ckpt, int head_chunk, size_t unit_slots[2]) {
     glm_table tab, frozen, quant; /* the three tables glm_model_init_stage builds */
     glm_table_build_range(&tab, c, l0, l1, embed, head);
     glm_table_build_part(&frozen, c, l0, l1, embed, head, 64, GLM_PART_FROZEN);
@@ -378,16 +371,8 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     p.grads = (double)tab.total * es;
     p.master = dtype == GLM_F32 ? 0 : (double)tab.total * 4;
     p.moments = 2.0 * tab.total * 4;
-    if (largest_unit) { /* ZeRO-2 stages one unit at a time; a tied embedding has a slot of its own */
-        *largest_unit = 0;
-        for (int i = 0; i < tab.n; i++) {
-            if (!tab.t[i].opens_unit || (tab.t[i].kind == T_WORD_EMB && c->tie_word_embeddings)) continue;
-            int j = i + 1;
-            while (j < tab.n && !tab.t[j].opens_unit) j++;
-            size_t n = (j < tab.n ? tab.t[j].offset : tab.total) - tab.t[i].offset;
-            if (n > *largest_unit) *largest_unit = n;
-        }
-    }
+    if (unit_slots) /* the unit-by-unit gradient paths' staging (parallel/unit_slots.h) */
+        glm_table_unit_slots(&tab, c->tie_word_embeddings, &unit_slots[0], &unit_slots[1]);
     /* per layer set, as ensure_acts allocates: x, qkv(3), ctx, h1, y (7H) + fc1, act (2F) + the
      * adapters' middles in S; LayerNorm statistics (4 floats) and the attention lse (NH floats)
      * per token; the inputs of the layers and the output */

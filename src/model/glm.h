@@ -319,8 +319,9 @@ glm_mem_plan glm_memory_plan(const glm_config *c, glm_dtype dtype, int B, int T,
                              int head_chunk);
 /* One pipeline stage's (layers [l0, l1), embedding / head as glm_model_init_stage): the one
  * formula every plan derives from (parallel/device_map.c adds sharding and pipelining). With
- * largest_unit, the elements of the largest unit of its trainable table. */
+ * unit_slots, the elements of the unit-by-unit gradient paths' slots for its trainable table
+ * (glm_table_unit_slots: [0] each of the two ring slots, [1] a tied embedding's own). */
 glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embed, int head, glm_dtype dtype, int B,
-                                   int T, int gradient_checkpointing, int head_chunk, size_t *largest_unit);
+                                   int T, int gradient_checkpointing, int head_chunk, size_t unit_slots[2]);
 
 #endif

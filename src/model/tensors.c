@@ -150,3 +150,23 @@ const glm_tensor *glm_table_find(const glm_table *tab, const char *name) {
         if (strcmp(tab->t[i].name, name) == 0) return &tab->t[i];
     return NULL;
 }
+
+int glm_table_units(const glm_table *tab, glm_span *out) {
+    int n = 0;
+    for (int i = 0; i < tab->n; i++) /* the table lists tensors in flat order */
+        if (tab->t[i].opens_unit) out[n++].lo = tab->t[i].offset;
+    for (int i = 0; i < n; i++) out[i].n = (i + 1 < n ? out[i + 1].lo : tab->total) - out[i].lo;
+    return n;
+}
+
+void glm_table_unit_slots(const glm_table *tab, int tie_word_embeddings, size_t *ring, size_t *tied) {
+    *ring = *tied = 0;
+    const glm_tensor *wte = tie_word_embeddings ? glm_table_get(tab, -1, T_WORD_EMB) : NULL;
+    glm_span *u = glm_malloc(sizeof *u * (size_t)(tab->n + 1));
+    int nu = glm_table_units(tab, u);
+    for (int i = 0; i < nu; i++) {
+        if (wte && u[i].lo == wte->offset) *tied = u[i].n;
+        else if (u[i].n > *ring) *ring = u[i].n;
+    }
+    free(u);
+}

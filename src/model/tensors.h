@@ -6,6 +6,7 @@
 #define GLM_TENSORS_H
 #include <stddef.h>
 #include <stdint.h>
+#include "backend/backend.h"
 #include "model/config.h"
 
 typedef enum glm_tkind {
@@ -95,5 +96,15 @@ void glm_table_free(glm_table *tab);
 /* Row for (layer, kind), layer = -1 for globals; NULL when the model has no such tensor. */
 const glm_tensor *glm_table_get(const glm_table *tab, int layer, glm_tkind kind);
 const glm_tensor *glm_table_find(const glm_table *tab, const char *name);
+
+/* The table's units (the embedding, each layer, the final norm with the head: the rows from one
+ * opens_unit row to the next, padding included) as flat spans in flat order; returns how many
+ * (at most num_layers + 2). */
+int glm_table_units(const glm_table *tab, glm_span *out);
+/* The staging slots of the unit-by-unit gradient paths for this table (parallel/unit_slots.h):
+ * *ring = the largest unit that is not a tied embedding (two slots of it take the units in
+ * turn), *tied = the tied embedding's unit (its own slot; 0 when the embedding is untied or
+ * does not train). The memory plan and the slots themselves both size from here. */
+void glm_table_unit_slots(const glm_table *tab, int tie_word_embeddings, size_t *ring, size_t *tied);
 
 #endif

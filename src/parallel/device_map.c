@@ -51,27 +51,18 @@ int glm_device_map_thudm(glm_device_map *map, int P, const glm_config *c, glm_er
 
 glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *map, int k, const glm_stage_shape *sh) {
     const glm_stage *st = &map->s[k];
-    size_t unit = 0;
+    size_t us[2] = {0, 0};
     glm_mem_plan p = glm_memory_plan_stage(c, st->l0, st->l1, st->embed, st->head, sh->dtype, sh->B, sh->T,
-                                           sh->gradient_checkpointing, sh->head_chunk, &unit);
+                                           sh->gradient_checkpointing, sh->head_chunk, us);
+    double unit = (double)us[0], slots = (2.0 * us[0] + us[1]) * (double)glm_dtype_size(sh->dtype); /* unit_slots.h */
     if (!sh->training) { p = (glm_mem_plan){.params = p.params, .total = p.params}; return p; }
     double es = (double)glm_dtype_size(sh->dtype), trainable = p.grads / es, hid = (double)sh->B * sh->T * c->hidden_size * es;
     int dp = sh->dp > 1 ? sh->dp : 1;
-    if (sh->zero2 && map->n == 1 && dp > 1) {
-        /* the shard, two staging slots for the largest unit, and a tied embedding's own slot */
-        double table = (double)c->vocab_size * c->hidden_size;
-        int tied_trains = c->tie_word_embeddings && glm_tensor_trains(c, -1, T_WORD_EMB);
-        p.grads = (trainable / dp + 2.0 * unit + (tied_trains ? table : 0)) * es;
-    }
+    if (sh->zero2 && map->n == 1 && dp > 1) /* the shard and the unit slots (parallel/dp_zero2.c) */
+        p.grads = trainable / dp * es + slots;
     if (sh->peer_ranks > 1 && map->n == 1 && !sh->zero2) p.grads += trainable * es * (sh->peer_ranks - 1) / sh->peer_ranks;
-    double slots = 0; /* parallel/dp_offload.c, one process offloaded or updating in backward: two unit
-                       * slots (+ a tied embedding's) instead of the gradient buffer */
-    if ((sh->in_backward || sh->offload) && map->n == 1 && dp == 1) {
-        double table = (double)c->vocab_size * c->hidden_size;
-        int tied_trains = c->tie_word_embeddings && glm_tensor_trains(c, -1, T_WORD_EMB);
-        slots = (2.0 * unit + (tied_trains ? table : 0)) * es;
-        p.grads = slots;
-    }
+    int unit_path = (sh->in_backward || sh->offload) && map->n == 1 && dp == 1;
+    if (unit_path) p.grads = slots; /* parallel/dp_offload.c, one process: the unit slots instead of the gradient buffer */
     if (sh->zero3 && map->n == 1 && dp > 1) { /* parallel/dp_zero3.c: the shard + two unit slots */
         double largest = unit > (double)c->vocab_size * c->hidden_size ? unit : (double)c->vocab_size * c->hidden_size;
         p.params -= trainable * es * (1.0 - 1.0 / dp);
@@ -81,7 +72,7 @@ glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *ma
     p.master /= dp;
     p.moments /= dp;
     if (sh->offload) { /* the host keeps an fp32 master copy in any case, and a staging copy of the shard in S */
-        p.host = trainable / dp * (glm_optim_state_bytes(sh->optim, 1) + es) + (sh->in_backward ? 0 : slots); /* + landing */
+        p.host = trainable / dp * (glm_optim_state_bytes(sh->optim, 1) + es) + (unit_path && !sh->in_backward ? slots : 0); /* + landing */
         p.master = p.moments = 0;
     }
     if (map->n > 1) { /* parallel/pipeline.c: stashed inputs (1F1B: at most P - k in flight), send/recv */

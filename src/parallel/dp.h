@@ -29,6 +29,7 @@
 #define GLM_PARALLEL_DP_H
 #include "model/glm.h"
 #include "optim/adamw.h"
+#include "parallel/unit_slots.h"
 #include "parallel/comm.h"
 #include "parallel/dist.h"
 #include "ckpt/checkpoint.h"
@@ -49,15 +50,11 @@ typedef struct glm_dp_bucket { size_t lo, hi; int started; } glm_dp_bucket;
 /* ZeRO-2's gradient staging (parallel/dp_zero2.c). */
 typedef struct glm_dp_z2 {
     void *sg;              /* [shard] this rank's summed gradients (S) */
-    void *slot[3];         /* staging: [0], [1] the units in turn, [2] a tied embedding's own */
+    glm_unit_slots us;     /* backward's staging, unit by unit (parallel/unit_slots.h) */
     void *tmp[3];          /* [slot/world] reduce-scatter output of later micro-batches */
-    size_t slot_elems[3];
-    size_t lo[3], n[3];    /* the unit in each slot */
-    int busy[3];           /* written by backward, not reduce-scattered yet */
     int op[3];             /* index of the reduce-scatter reading the slot (-1: none) */
     size_t add_off[3], add_n[3]; /* tmp to add into sg at add_off before the slot is reused */
-    int ring, begun, tied, wte_bound;
-    size_t wte_lo;
+    int begun;
 } glm_dp_z2;
 
 /* The copy-engine exchange between the GPUs of one node (parallel/dp_peer.c). */

@@ -83,15 +83,11 @@ typedef struct ib_job { size_t lo, hi; long ticket; int kind, slot; } ib_job;
 
 struct glm_dp_ib {
     int update;             /* 1: each unit updated inside backward; 0: its gradients collected on the host */
-    void *slot[3];          /* staging: [0], [1] the units in turn, [2] a tied embedding's own */
-    size_t slot_elems[3];
-    size_t lo[3], n[3];
-    int busy[3];
+    glm_unit_slots us;      /* backward's staging, unit by unit (parallel/unit_slots.h) */
     long slot_ticket[3];    /* offloaded: the copy that reads the slot */
     void *landing[3];       /* collecting, later micro-batches: the host copy of each slot before its add */
     int landing_busy[3];    /* its add has not run yet */
-    int ring, tied, wte_bound, micro;
-    size_t wte_lo;
+    int micro;
     float lr, bc1, bc2;
     double ss;              /* sum of squares of the step's gradients */
     long last_down;         /* the latest copy of gradients to the host */
@@ -175,17 +171,11 @@ static void *ib_on_unit(void *ctx, size_t lo, size_t hi) {
     glm_dp *dp = ctx;
     glm_dp_ib *ib = dp->ib;
     glm_backend *be = dp->m->be;
-    int wte = ib->tied && lo == ib->wte_lo;
-    if (wte && ib->wte_bound) return ib->slot[2]; /* the embedding adds to what the head wrote */
-    int s = wte ? 2 : ib->ring++ % 2;
+    int s;
+    if (!glm_unit_slots_pick(&ib->us, lo, &s)) return ib->us.slot[s]; /* the embedding adds to what the head wrote */
     device_waits(be, ib->slot_ticket[s]); /* the slot's previous unit has left for the host */
     ib->slot_ticket[s] = 0;
-    be->zero(be, ib->slot[s], (hi - lo) * glm_dtype_size(be->dtype));
-    ib->lo[s] = lo;
-    ib->n[s] = hi - lo;
-    ib->busy[s] = 1;
-    if (wte) ib->wte_bound = 1;
-    return ib->slot[s];
+    return glm_unit_slots_bind(&ib->us, be, s, lo, hi);
 }
 
 /* Backward is done with every unit from flat offset `first` on: the unit starting there is
@@ -194,20 +184,19 @@ static void *ib_on_unit(void *ctx, size_t lo, size_t hi) {
 void glm_dp_ib_ready(glm_dp *dp, size_t first) {
     glm_dp_ib *ib = dp->ib;
     glm_backend *be = dp->m->be;
-    int s = 0;
-    while (s < 3 && !(ib->busy[s] && ib->lo[s] == first)) s++;
-    if (s == 3) return;
-    ib->busy[s] = 0;
-    size_t lo = ib->lo[s], hi = lo + ib->n[s], es = glm_dtype_size(be->dtype), bytes = ib->n[s] * es;
+    int s = glm_unit_slots_take(&ib->us, first);
+    if (s < 0) return;
+    void *slot = ib->us.slot[s];
+    size_t lo = ib->us.lo[s], n = ib->us.n[s], hi = lo + n, es = glm_dtype_size(be->dtype), bytes = n * es;
     if (!ib->update) {
         long t;
         if (ib->micro <= 1) {
-            t = to_host(be, (char *)dp->hbuf + lo * es, ib->slot[s], bytes);
+            t = to_host(be, (char *)dp->hbuf + lo * es, slot, bytes);
         } else {
             pthread_mutex_lock(&ib->mu); /* the landing buffer's previous add is done */
             while (ib->landing_busy[s]) pthread_cond_wait(&ib->cv, &ib->mu);
             pthread_mutex_unlock(&ib->mu);
-            t = to_host(be, ib->landing[s], ib->slot[s], bytes);
+            t = to_host(be, ib->landing[s], slot, bytes);
             push_job(ib, (ib_job){lo, hi, t, JOB_ADD, s});
         }
         ib->slot_ticket[s] = t;
@@ -215,13 +204,13 @@ void glm_dp_ib_ready(glm_dp *dp, size_t first) {
         return;
     }
     if (dp->opt->host) {
-        long t = to_host(be, (char *)dp->hbuf + lo * es, ib->slot[s], bytes);
+        long t = to_host(be, (char *)dp->hbuf + lo * es, slot, bytes);
         ib->slot_ticket[s] = t;
         push_job(ib, (ib_job){lo, hi, t, JOB_UPDATE, s});
         return;
     }
-    ib->ss += be->sumsq(be, ib->slot[s], ib->n[s]);
-    glm_adamw_update(dp->opt, dp->m, lo, hi, lo, glm_at(be, dp->m->params, lo), ib->slot[s], ib->lr, 1.0f, ib->bc1, ib->bc2);
+    ib->ss += be->sumsq(be, slot, n);
+    glm_adamw_update(dp->opt, dp->m, lo, hi, lo, glm_at(be, dp->m->params, lo), slot, ib->lr, 1.0f, ib->bc1, ib->bc2);
 }
 
 static void ib_on_ready(void *ctx, size_t first) { glm_dp_ib_ready(ctx, first); }
@@ -240,7 +229,7 @@ void glm_dp_ib_begin(glm_dp *dp, float lr, int backward) {
 
 void glm_dp_ib_micro(glm_dp *dp) {
     dp->ib->micro++;
-    dp->ib->wte_bound = 0;
+    glm_unit_slots_micro(&dp->ib->us);
 }
 
 /* Sum of squares of n host values in S, in fp32 lanes per chunk summed in double. */
@@ -279,7 +268,7 @@ int glm_dp_ib_finish(glm_dp *dp, double *sumsq, glm_err *err) {
     glm_dp_ib *ib = dp->ib;
     glm_backend *be = dp->m->be;
     for (int s = 0; s < 3; s++)
-        if (ib->busy[s]) return glm_fail(err, "internal: unit at %zu was never finished by backward", ib->lo[s]);
+        if (ib->us.busy[s]) return glm_fail(err, "internal: unit at %zu was never finished by backward", ib->us.lo[s]);
     if (ib->started) {
         pthread_mutex_lock(&ib->mu);
         while (ib->qhead < ib->qn || ib->running) pthread_cond_wait(&ib->cv, &ib->mu);
@@ -328,23 +317,10 @@ int glm_dp_ib_attach(glm_dp *dp, glm_err *err) {
     glm_dp_ib *ib = glm_calloc(1, sizeof *ib);
     dp->ib = ib;
     ib->update = dp->cfg.in_backward;
-    glm_span *u = glm_malloc(sizeof *u * (size_t)(m->cfg.num_layers + 2));
-    int nu = glm_model_units(m, u);
-    ib->tied = m->cfg.tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB);
-    ib->wte_lo = ib->tied ? glm_table_get(&m->tab, -1, T_WORD_EMB)->offset : 0;
-    size_t ring = 0, wte = 0;
-    for (int i = 0; i < nu; i++) {
-        if (ib->tied && u[i].lo == ib->wte_lo) wte = u[i].n;
-        else if (u[i].n > ring) ring = u[i].n;
-    }
-    free(u);
     size_t es = glm_dtype_size(be->dtype);
-    ib->slot_elems[0] = ib->slot_elems[1] = ring;
-    ib->slot_elems[2] = wte;
-    for (int s = 0; s < 3; s++) {
-        ib->slot[s] = ib->slot_elems[s] ? be->alloc(be, ib->slot_elems[s] * es) : NULL;
-        if (!ib->update && ib->slot_elems[s]) ib->landing[s] = staging_alloc(be, ib->slot_elems[s] * es);
-    }
+    glm_unit_slots_init(&ib->us, m);
+    for (int s = 0; s < 3; s++)
+        if (!ib->update && ib->us.elems[s]) ib->landing[s] = staging_alloc(be, ib->us.elems[s] * es);
     m->grads_unit = ib_on_unit;
     m->grads_unit_ctx = dp;
     m->grads_ready = ib_on_ready;
@@ -355,7 +331,7 @@ int glm_dp_ib_attach(glm_dp *dp, glm_err *err) {
         if (pthread_create(&ib->th, NULL, worker, dp) != 0) return glm_fail(err, "cannot start the optimizer's host thread");
         ib->started = 1;
     }
-    double MiB = 1048576.0, staged = (double)(ib->slot_elems[0] + ib->slot_elems[1] + ib->slot_elems[2]) * es / MiB;
+    double MiB = 1048576.0, staged = (double)glm_unit_slots_elems(&ib->us) * es / MiB;
     if (ib->update)
         glm_info("optimizer in backward: each unit updated as soon as its gradients are final%s; gradients staged in %.1f MiB "
                  "instead of %.1f MiB", dp->opt->host ? " (on the host)" : "", staged, (double)m->tab.total * es / MiB);
@@ -378,10 +354,8 @@ void glm_dp_ib_free(glm_dp *dp) {
         pthread_cond_destroy(&ib->cv);
     }
     glm_backend *be = dp->m->be;
-    for (int s = 0; s < 3; s++) {
-        if (ib->slot[s]) be->free(be, ib->slot[s]);
-        staging_free(be, ib->landing[s]);
-    }
+    glm_unit_slots_free(&ib->us, be);
+    for (int s = 0; s < 3; s++) staging_free(be, ib->landing[s]);
     free(ib->q);
     free(ib);
     dp->ib = NULL;

@@ -38,17 +38,10 @@ static int release(glm_dp *dp, int s, glm_err *err) {
 static void *on_unit(void *ctx, size_t lo, size_t hi) {
     glm_dp *dp = ctx;
     glm_dp_z2 *z = &dp->z2;
-    glm_backend *be = dp->m->be;
-    int wte = z->tied && lo == z->wte_lo;
-    if (wte && z->wte_bound) return z->slot[2]; /* the embedding adds to what the head wrote */
-    int s = wte ? 2 : z->ring++ % 2;
+    int s;
+    if (!glm_unit_slots_pick(&z->us, lo, &s)) return z->us.slot[s]; /* the embedding adds to what the head wrote */
     if (!dp->hook_failed && release(dp, s, &dp->hook_err)) dp->hook_failed = 1;
-    be->zero(be, z->slot[s], (hi - lo) * glm_dtype_size(be->dtype));
-    z->lo[s] = lo;
-    z->n[s] = hi - lo;
-    z->busy[s] = 1;
-    if (wte) z->wte_bound = 1;
-    return z->slot[s];
+    return glm_unit_slots_bind(&z->us, dp->m->be, s, lo, hi);
 }
 
 /* Backward is done with every unit from flat offset `first` on: the unit starting there is
@@ -56,24 +49,22 @@ static void *on_unit(void *ctx, size_t lo, size_t hi) {
 void glm_dp_z2_ready(glm_dp *dp, size_t first) {
     glm_dp_z2 *z = &dp->z2;
     glm_backend *be = dp->m->be;
-    int s = 0;
-    while (s < 3 && !(z->busy[s] && z->lo[s] == first)) s++;
-    if (s == 3 || dp->hook_failed) return; /* not a unit start (never happens), or failed earlier */
-    z->busy[s] = 0;
-    size_t n = z->n[s] / (size_t)dp->world, off = first / (size_t)dp->world;
+    int s = glm_unit_slots_take(&z->us, first);
+    if (s < 0 || dp->hook_failed) return; /* not a unit start (never happens), or failed earlier */
+    size_t n = z->us.n[s] / (size_t)dp->world, off = first / (size_t)dp->world;
     int direct = z->begun == 1; /* the step's first micro-batch */
-    if (!direct && !z->tmp[s]) z->tmp[s] = be->alloc(be, z->slot_elems[s] / (size_t)dp->world * glm_dtype_size(be->dtype));
+    if (!direct && !z->tmp[s]) z->tmp[s] = be->alloc(be, z->us.elems[s] / (size_t)dp->world * glm_dtype_size(be->dtype));
     void *recv = direct ? glm_at(be, z->sg, off) : z->tmp[s];
     char what[64];
     snprintf(what, sizeof what, "gradients of unit at %zu", first);
     int k = dp->comm->started(dp->comm);
-    if (dp->comm->reduce_scatter(dp->comm, z->slot[s], recv, n, dp->gdt, what, &dp->hook_err)) { dp->hook_failed = 1; return; }
+    if (dp->comm->reduce_scatter(dp->comm, z->us.slot[s], recv, n, dp->gdt, what, &dp->hook_err)) { dp->hook_failed = 1; return; }
     z->op[s] = dp->comm->started(dp->comm) > k ? dp->comm->started(dp->comm) - 1 : -1;
     if (!direct) { z->add_off[s] = off; z->add_n[s] = n; }
 }
 
 void glm_dp_z2_micro_begin(glm_dp *dp) {
-    dp->z2.wte_bound = 0;
+    glm_unit_slots_micro(&dp->z2.us);
     dp->z2.begun++;
 }
 
@@ -83,7 +74,7 @@ int glm_dp_z2_finish(glm_dp *dp, glm_err *err) {
         if (release(dp, s, err)) return -1;
     if (z->begun == 0) dp->m->be->zero(dp->m->be, z->sg, dp->shard * glm_dtype_size(dp->m->be->dtype)); /* no backward ran */
     z->begun = 0;
-    z->ring = 0;
+    glm_unit_slots_rewind(&z->us);
     return 0;
 }
 
@@ -98,28 +89,18 @@ int glm_dp_z2_attach(glm_dp *dp, glm_err *err) {
     /* the buckets are the units, from the end of the flat buffer (backward's order) */
     dp->nb = nu;
     dp->b = glm_calloc((size_t)nu, sizeof *dp->b);
-    z->tied = m->cfg.tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB);
-    z->wte_lo = z->tied ? glm_table_get(&m->tab, -1, T_WORD_EMB)->offset : 0;
-    size_t ring = 0, wte = 0;
-    for (int i = 0; i < nu; i++) {
+    for (int i = 0; i < nu; i++)
         dp->b[i] = (glm_dp_bucket){.lo = u[nu - 1 - i].lo, .hi = u[nu - 1 - i].lo + u[nu - 1 - i].n};
-        if (z->tied && u[i].lo == z->wte_lo) wte = u[i].n;
-        else if (u[i].n > ring) ring = u[i].n;
-    }
     free(u);
     size_t es = glm_dtype_size(be->dtype);
     dp->shard = m->tab.total / (size_t)dp->world;
     z->sg = be->alloc(be, dp->shard * es);
     be->zero(be, z->sg, dp->shard * es);
-    z->slot_elems[0] = z->slot_elems[1] = ring;
-    z->slot_elems[2] = wte; /* a tied embedding's unit (0 otherwise) */
-    for (int s = 0; s < 3; s++) {
-        z->slot[s] = z->slot_elems[s] ? be->alloc(be, z->slot_elems[s] * es) : NULL;
-        z->op[s] = -1;
-    }
+    glm_unit_slots_init(&z->us, m);
+    for (int s = 0; s < 3; s++) z->op[s] = -1;
     m->grads_unit = on_unit;
     m->grads_unit_ctx = dp;
-    double MiB = 1048576.0, staging = (double)(z->slot_elems[0] + z->slot_elems[1] + z->slot_elems[2]);
+    double MiB = 1048576.0, staging = (double)glm_unit_slots_elems(&z->us);
     double mine = (double)dp->shard + staging, whole = (double)m->tab.total;
     glm_info("ZeRO-2: gradients %.1f MiB per rank (shard %.1f + staging %.1f) instead of %.1f", mine * es / MiB,
              (double)dp->shard * es / MiB, staging * es / MiB, whole * es / MiB);
@@ -135,9 +116,8 @@ void glm_dp_z2_free(glm_dp *dp) {
     if (!dp->m || !z->sg) return;
     glm_backend *be = dp->m->be;
     be->free(be, z->sg);
-    for (int s = 0; s < 3; s++) {
-        if (z->slot[s]) be->free(be, z->slot[s]);
+    glm_unit_slots_free(&z->us, be);
+    for (int s = 0; s < 3; s++)
         if (z->tmp[s]) be->free(be, z->tmp[s]);
-    }
     *z = (glm_dp_z2){0};
 }
