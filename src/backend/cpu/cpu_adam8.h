@@ -8,4 +8,7 @@
 void cpu_adamw8(float *param, float *master, const float *grad, uint8_t *qm, uint8_t *qv, float *absm, float *absv,
                 size_t n, const uint8_t *decay_bits, size_t flat0, float lr, float b1, float b2, float eps, float wd,
                 float bc1, float bc2, float grad_scale);
+/* codes[j] = glm_q8_encode(code, kind, x[j], amax) for j < n (backend/quant8.h): the encoder the
+ * op uses, in AVX2 lanes where the build has them (tests compare it with the scalar one). */
+void cpu_q8_encode_n(uint8_t *codes, const float *code, int kind, const float *x, float amax, size_t n);
 #endif
