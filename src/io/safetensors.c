@@ -365,11 +365,8 @@ int st_read_raw_at(st_reader *r, const char *name, st_dtype dtype, void *dst, ui
 int st_read_raw(st_reader *r, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err) {
     const st_tensor *t = lookup(r, name, err);
     if (!t) return -1;
-    const char *path = r->sh.paths[t->file];
-    if (t->dtype != dtype) return glm_fail(err, "%s: tensor '%s' has dtype %s, expected %s", path, name, k_names[t->dtype], st_dtype_name(dtype));
-    if (t->end - t->begin != bytes)
-        return glm_fail(err, "%s: tensor '%s' holds %llu bytes, expected %zu", path, name, (unsigned long long)(t->end - t->begin), bytes);
-    if (io_pread_full(r->sh.fds[t->file], dst, bytes, t->begin) != 0)
-        return glm_fail(err, "%s: tensor '%s': cannot read its data: %s", path, name, errno ? strerror(errno) : "file is truncated");
-    return 0;
+    if (t->dtype == dtype && t->end - t->begin != bytes)
+        return glm_fail(err, "%s: tensor '%s' holds %llu bytes, expected %zu", r->sh.paths[t->file], name,
+                        (unsigned long long)(t->end - t->begin), bytes);
+    return st_read_raw_at(r, name, dtype, dst, 0, bytes, err);
 }

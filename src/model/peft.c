@@ -47,13 +47,10 @@ static const void *linear_weight(glm_model *m, int l, int i, const void *w, int 
     return m->qscratch;
 }
 
-void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
-                       const void *b, int N, int C, int OC) {
+/* out += the adapter's share of linear i, s B dropout(A inp) (nothing without an adapter);
+ * B's product adds into out in its epilogue where the backend has one. */
+static void lora_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, int N, int C, int OC) {
     glm_backend *be = m->be;
-    if (!w && N <= qmatmul_max_rows(m->cfg.quant) && be->qmatmul_fwd)
-        be->qmatmul_fwd(be, out, inp, m->w.layer[l].qw[i], m->cfg.quant, b, N, C, OC);
-    else
-        be->matmul_fwd(be, out, inp, linear_weight(m, l, i, w, C, OC), b, N, C, OC);
     const glm_layer_ptrs *p = &m->w.layer[l];
     if (!p->lora_a[i]) return;
     int r = m->cfg.peft.lora_rank;
@@ -61,12 +58,22 @@ void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, co
     const void *u = lora_input(m, l, i, inp, (size_t)N * C);
     be->matmul_fwd(be, a->lora_t[i], u, p->lora_a[i], NULL, N, C, r);
     be->mask_scale(be, a->lora_t[i], a->lora_t[i], (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
-    if (be->matmul_fwd_add) { /* out += B t in the product's epilogue */
+    if (be->matmul_fwd_add) {
         be->matmul_fwd_add(be, out, a->lora_t[i], p->lora_b[i], NULL, out, 1.0f, N, r, OC);
         return;
     }
     be->matmul_fwd(be, m->lora_tmp, a->lora_t[i], p->lora_b[i], NULL, N, r, OC);
     be->scale_add(be, out, 1.0f, m->lora_tmp, out, (size_t)N * OC);
+}
+
+void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
+                       const void *b, int N, int C, int OC) {
+    glm_backend *be = m->be;
+    if (!w && N <= qmatmul_max_rows(m->cfg.quant) && be->qmatmul_fwd)
+        be->qmatmul_fwd(be, out, inp, m->w.layer[l].qw[i], m->cfg.quant, b, N, C, OC);
+    else
+        be->matmul_fwd(be, out, inp, linear_weight(m, l, i, w, C, OC), b, N, C, OC);
+    lora_add(m, l, i, a, out, inp, N, C, OC);
 }
 
 void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
@@ -78,14 +85,7 @@ void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out
         return;
     }
     be->matmul_fwd_add(be, out, inp, linear_weight(m, l, i, w, C, OC), b, res, res_scale, N, C, OC);
-    const glm_layer_ptrs *p = &m->w.layer[l];
-    if (!p->lora_a[i]) return;
-    int r = m->cfg.peft.lora_rank;
-    lora_scratch(m, N);
-    const void *u = lora_input(m, l, i, inp, (size_t)N * C);
-    be->matmul_fwd(be, a->lora_t[i], u, p->lora_a[i], NULL, N, C, r);
-    be->mask_scale(be, a->lora_t[i], a->lora_t[i], (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
-    be->matmul_fwd_add(be, out, a->lora_t[i], p->lora_b[i], NULL, out, 1.0f, N, r, OC); /* out += B t */
+    lora_add(m, l, i, a, out, inp, N, C, OC);
 }
 
 /* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */

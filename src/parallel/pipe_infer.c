@@ -169,19 +169,22 @@ void glm_pipe_cache_free(glm_pipe_lm *lm, glm_pipe_cache *c) {
     restore_device(prev);
 }
 
+/* The two host buffers the stages hand hidden states through, for `need` floats: stage k reads
+ * h[(k+1)%2] (what stage k-1 wrote) and writes h[k%2]. */
+static void host_stage(glm_pipe_cache *c, size_t need) {
+    if (need <= c->cap) return;
+    for (int i = 0; i < 2; i++) { free(c->h[i]); c->h[i] = glm_malloc(need * sizeof(float)); }
+    c->cap = need;
+}
+
 int glm_pipe_forward_cached(glm_pipe_lm *lm, glm_pipe_cache *c, int Tq, const int32_t *ids, const int32_t *pos,
                             const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi, float *hidden_out,
                             float *logits_out, glm_err *err) {
-    size_t need = (size_t)c->B * Tq * lm->cfg.hidden_size;
-    if (need > c->cap) {
-        for (int i = 0; i < 2; i++) { free(c->h[i]); c->h[i] = glm_malloc(need * sizeof(float)); }
-        c->cap = need;
-    }
+    host_stage(c, (size_t)c->B * Tq * lm->cfg.hidden_size);
     int prev = current_device(), rc = 0;
     for (int k = 0; k < lm->n && rc == 0; k++) {
         int last = k == lm->n - 1;
         use(lm->be[k]);
-        /* stage k reads h[(k+1)%2] (what stage k-1 wrote) and writes h[k%2] */
         if (glm_stage_forward_cached(&lm->st[k], &c->kv[k], Tq, ids, pos, block_pos, kv_lo, kv_hi,
                                      k ? c->h[(k + 1) % 2] : NULL, last ? NULL : c->h[k % 2], last ? hidden_out : NULL,
                                      last ? logits_out : NULL, err))
@@ -206,11 +209,7 @@ void glm_pipe_cache_reserve(glm_pipe_lm *lm, glm_pipe_cache *c, int ntokens) {
 int glm_pipe_forward_cached_slots(glm_pipe_lm *lm, glm_pipe_cache *c, int slot0, int nrows, int Tq, const int *len,
                                   const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                                   const int32_t *kv_hi, float *logits_out, int32_t *greedy_out, glm_err *err) {
-    size_t need = (size_t)nrows * Tq * lm->cfg.hidden_size;
-    if (need > c->cap) {
-        for (int i = 0; i < 2; i++) { free(c->h[i]); c->h[i] = glm_malloc(need * sizeof(float)); }
-        c->cap = need;
-    }
+    host_stage(c, (size_t)nrows * Tq * lm->cfg.hidden_size);
     int prev = current_device(), rc = 0;
     for (int k = 0; k < lm->n && rc == 0; k++) {
         int last = k == lm->n - 1;

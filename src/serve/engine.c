@@ -226,8 +226,8 @@ static void row_token(srv_engine *e, srv_req *r, int32_t id) {
 
 /* ---------------------------------------------------------------- steps */
 
-/* One forward of rows [slot0, slot0 + nrows) of the pool, on the whole model or stage by stage. */
-/* greedy: every row decodes greedily without a repetition penalty, so the device picks the
+/* One forward of rows [slot0, slot0 + nrows) of the pool, on the whole model or stage by stage.
+ * greedy: every row decodes greedily without a repetition penalty, so the device picks the
  * tokens (e->greedy) and the logits stay there; otherwise they come to e->logits. */
 static int forward_slots(srv_engine *e, int slot0, int nrows, int Tq, const int *len, const int32_t *ids, int greedy,
                          glm_err *err) {
@@ -320,8 +320,9 @@ static void decode_group(srv_engine *e, int k) {
         return;
     }
     int32_t *next = glm_malloc(sizeof(int32_t) * (size_t)nr);
-    /* each row samples from its own stream: the rows are independent, in any order */
-#pragma omp parallel for schedule(dynamic)
+    /* each row samples from its own stream: the rows are independent, in any order (greedy rows
+     * only take the device's picks: no team to start for that) */
+#pragma omp parallel for schedule(dynamic) if (!greedy && nr > 1)
     for (int b = 0; b < nr; b++)
         if (mem[b]) next[b] = greedy ? e->greedy[b] : glm_sample_next(e->logits + (size_t)b * V, V, &mem[b]->g, mem[b]->seen,
                                                                       &mem[b]->rng);

@@ -1,7 +1,7 @@
 """What the multi-rank tests (test_dp.py, test_pipeline.py) share: running `glmtrain` under
 mpirun on CPU ranks, reading a run's loss curve, comparing curves, and the PASS/FAIL lines
 with the process's exit status."""
-import json, os, subprocess, sys, time
+import array, json, os, struct, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
@@ -68,3 +68,19 @@ def main_of(name, main):
         sys.exit(1)
     print("# %s: %.0f s" % (name, time.time() - t0))
     sys.exit(0 if all(results) else 1)
+
+
+def st_read(path, others=False):
+    """The tensors of a safetensors file (u64 header size, JSON, data): F32 ones as flat lists;
+    the others as their bytes when `others`, else left out."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in head.items():
+        if name == "__metadata__" or (info["dtype"] != "F32" and not others):
+            continue
+        a, b = info["data_offsets"]
+        out[name] = array.array("f", data[a:b]).tolist() if info["dtype"] == "F32" else data[a:b]
+    return out

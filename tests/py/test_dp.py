@@ -11,27 +11,12 @@ tokenizer of test_train.py:
     --save_on_interrupt stops every worker after writing a checkpoint;
   - a torchrun environment on CPU without MPI is a clear error.
 Prints PASS/FAIL/SKIP lines; SKIP when mpirun or an MPI build is missing."""
-import array, json, os, re, shutil, signal, struct, subprocess, sys, tempfile, time
+import json, os, re, shutil, signal, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
 
-from mpi_runs import ENV, GLM, MPIRUN, losses, probe, rel, report, run
-
-
-def st_read(path):
-    """The F32 tensors of a safetensors file as flat lists (format: u64 header size, JSON, data)."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, info in head.items():
-        if name == "__metadata__" or info["dtype"] != "F32":
-            continue
-        a, b = info["data_offsets"]
-        out[name] = array.array("f", data[a:b]).tolist()
-    return out
+from mpi_runs import ENV, GLM, MPIRUN, losses, probe, rel, report, run, st_read
 
 
 def wait_for(path, text, timeout=60):

@@ -12,31 +12,33 @@ test_train.py on the CPU backend (fp32):
   - the refusals: --optimizer_in_backward with accumulation, with clipping, with fp16; an unknown
     --optim; --offload_optimizer with ZeRO-0 on 2 ranks.
 Prints PASS/FAIL/SKIP lines."""
-import array, json, os, shutil, struct, sys, tempfile
+import json, os, shutil, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
-from mpi_runs import losses, probe, rel, report, run
+from mpi_runs import losses, probe, rel, report, run, st_read
 
 
 def weights(out):
-    """The F32 tensors of out/model.safetensors (the final model) as flat lists."""
-    path = os.path.join(out, "model.safetensors")
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
-    res = {}
-    for name, info in head.items():
-        if name == "__metadata__":
-            continue
-        a, b = info["data_offsets"]
-        res[name] = array.array("f", data[a:b]).tolist() if info["dtype"] == "F32" else data[a:b]
-    return res
+    """The tensors of out/model.safetensors (the final model): F32 as flat lists, others as bytes."""
+    return st_read(os.path.join(out, "model.safetensors"), others=True)
 
 
 def curve(out, last):
     return losses(out, last)
+
+
+def resumed(d, src, name, args, np=1):
+    """A run that resumes from src's checkpoint-10 (copied into d/name) with args; its folder."""
+    x = os.path.join(d, name)
+    shutil.copytree(os.path.join(src, "checkpoint-10"), os.path.join(x, "checkpoint-10"))
+    run(args + ["--output_dir", x, "--resume_from_checkpoint"], np=np)
+    return x
+
+
+def worst_after_resume(c, ref):
+    """The largest relative loss gap over steps 11-20 (after a resume at step 10)."""
+    return max(abs(c[s] - ref[s]) / ref[s] for s in range(11, 21))
 
 
 def main():
@@ -88,9 +90,7 @@ def main():
             c = curve(out, 20)
             report("in_backward_equals_step_" + name, c == r0 and weights(out) == weights(ref0),
                    "max rel %.3g over %d steps" % rel(c, r0))
-        ibres = os.path.join(d, "ib_resume")
-        shutil.copytree(os.path.join(d, "ib_off", "checkpoint-10"), os.path.join(ibres, "checkpoint-10"))
-        run(base + ["--output_dir", ibres, "--resume_from_checkpoint", "--optimizer_in_backward", "--offload_optimizer", "cpu"] + noclip)
+        ibres = resumed(d, os.path.join(d, "ib_off"), "ib_resume", base + ["--optimizer_in_backward", "--offload_optimizer", "cpu"] + noclip)
         c = curve(ibres, 20)
         report("in_backward_resume_same_curve", all(c[s] == r0[s] for s in range(11, 21)), "steps 11-20")
 
@@ -109,16 +109,12 @@ def main():
         q8ib, _ = go("q8_ib", ["--optim", "adamw_8bit", "--optimizer_in_backward"] + noclip)
         q8n, _ = go("q8_noclip", ["--optim", "adamw_8bit"] + noclip)
         report("adamw8_in_backward_equals_step", curve(q8ib, 20) == curve(q8n, 20), "losses")
-        q8r = os.path.join(d, "q8_resume")
-        shutil.copytree(os.path.join(q8, "checkpoint-10"), os.path.join(q8r, "checkpoint-10"))
-        run(base + ["--output_dir", q8r, "--resume_from_checkpoint", "--optim", "adamw_8bit"] + acc)
+        q8r = resumed(d, q8, "q8_resume", base + ["--optim", "adamw_8bit"] + acc)
         c = curve(q8r, 20)
         report("adamw8_resume_same_curve", all(c[s] == c8[s] for s in range(11, 21)) and weights(q8r) == weights(q8),
                "steps 11-20 after resuming at 10")
         # an fp32 checkpoint continues under 8-bit (the moments quantized), close to the fp32 curve
-        x = os.path.join(d, "fp32_to_q8")
-        shutil.copytree(os.path.join(ref, "checkpoint-10"), os.path.join(x, "checkpoint-10"))
-        run(base + ["--output_dir", x, "--resume_from_checkpoint", "--optim", "adamw_8bit"] + acc)
+        x = resumed(d, ref, "fp32_to_q8", base + ["--optim", "adamw_8bit"] + acc)
         c = curve(x, 20)
         worst = max(abs(c[s] - a[s]) / a[s] for s in range(11, 21))
         report("fp32_checkpoint_resumes_as_8bit", worst < 0.05, "max rel %.3g vs the fp32 curve" % worst)
@@ -193,22 +189,16 @@ def main():
             worst, n = rel(curve(out, 20), c8)
             report("adamw8_zero%s_2ranks_tracks_1" % z, n == 20 and worst < 0.02, "max rel %.3g over %d steps" % (worst, n))
             # its own checkpoint on the same ranks resumes on its curve exactly (the codes as stored)
-            x = os.path.join(d, "q8_z%s_resume" % z)
-            shutil.copytree(os.path.join(out, "checkpoint-10"), os.path.join(x, "checkpoint-10"))
-            run(half + ["--output_dir", x, "--resume_from_checkpoint", "--optim", "adamw_8bit", "--zero_stage", z] + acc, np=2)
+            x = resumed(d, out, "q8_z%s_resume" % z, half + ["--optim", "adamw_8bit", "--zero_stage", z] + acc, np=2)
             c, r = curve(x, 20), curve(out, 20)
             report("adamw8_zero%s_resume_same_curve" % z, all(c[s] == r[s] for s in range(11, 21)), "steps 11-20 after resuming at 10")
         # re-sharding between layouts and rank counts: 2 ranks ZeRO-2 offloaded -> 1 rank on the
         # device; 1 rank 8-bit -> 2 ranks ZeRO-1 8-bit (its blocks cut per shard: quantized again)
-        x = os.path.join(d, "z2off_to_1")
-        shutil.copytree(os.path.join(d, "off_z2", "checkpoint-10"), os.path.join(x, "checkpoint-10"))
-        run(base + ["--output_dir", x, "--resume_from_checkpoint"] + acc)
-        worst = max(abs(curve(x, 20)[s] - a[s]) / a[s] for s in range(11, 21))
+        x = resumed(d, os.path.join(d, "off_z2"), "z2off_to_1", base + acc)
+        worst = worst_after_resume(curve(x, 20), a)
         report("offload_zero2_2ranks_resumes_on_1_device", worst < 1e-6, "max rel %.3g vs the 1-rank curve, steps 11-20" % worst)
-        x = os.path.join(d, "q8_to_2")
-        shutil.copytree(os.path.join(q8, "checkpoint-10"), os.path.join(x, "checkpoint-10"))
-        run(half + ["--output_dir", x, "--resume_from_checkpoint", "--optim", "adamw_8bit", "--zero_stage", "1"] + acc, np=2)
-        worst = max(abs(curve(x, 20)[s] - c8[s]) / c8[s] for s in range(11, 21))
+        x = resumed(d, q8, "q8_to_2", half + ["--optim", "adamw_8bit", "--zero_stage", "1"] + acc, np=2)
+        worst = worst_after_resume(curve(x, 20), c8)
         report("adamw8_1rank_resumes_on_2_ranks", worst < 0.02, "max rel %.3g vs the 1-rank 8-bit curve, steps 11-20" % worst)
         # ZeRO-3: the weights sharded too, each unit gathered when forward or backward needs it
         for name, extra, np_ in [("z3", [], 2), ("z3_ckpt", ["--gradient_checkpointing"], 2), ("z3_off", ["--offload_optimizer", "cpu"], 2),
@@ -219,15 +209,11 @@ def main():
             run(args + ["--output_dir", out, "--zero_stage", "3"] + acc + extra, np=np_)
             worst, n = rel(curve(out, 20), a)
             report("zero3_%s_equals_1_rank" % name, n == 20 and worst < 1e-6, "max rel %.3g over %d steps (%d ranks)" % (worst, n, np_))
-        x = os.path.join(d, "z3_to_1")
-        shutil.copytree(os.path.join(d, "z3", "checkpoint-10"), os.path.join(x, "checkpoint-10"))
-        run(base + ["--output_dir", x, "--resume_from_checkpoint"] + acc)
-        worst = max(abs(curve(x, 20)[s] - a[s]) / a[s] for s in range(11, 21))
+        x = resumed(d, os.path.join(d, "z3"), "z3_to_1", base + acc)
+        worst = worst_after_resume(curve(x, 20), a)
         report("zero3_checkpoint_resumes_on_1_rank", worst < 1e-6, "max rel %.3g, steps 11-20" % worst)
-        x = os.path.join(d, "one_to_z3")
-        shutil.copytree(os.path.join(ref, "checkpoint-10"), os.path.join(x, "checkpoint-10"))
-        run(half + ["--output_dir", x, "--resume_from_checkpoint", "--zero_stage", "3"] + acc, np=2)
-        worst = max(abs(curve(x, 20)[s] - a[s]) / a[s] for s in range(11, 21))
+        x = resumed(d, ref, "one_to_z3", half + ["--zero_stage", "3"] + acc, np=2)
+        worst = worst_after_resume(curve(x, 20), a)
         report("one_rank_checkpoint_resumes_as_zero3", worst < 1e-6, "max rel %.3g, steps 11-20" % worst)
         # without accumulation (every micro-batch's gradients reduce-scattered straight into the
         # shard), and P-Tuning v2 (the prefix encoder sharded, gathered for its forward and backward)

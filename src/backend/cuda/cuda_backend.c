@@ -234,16 +234,6 @@ static float *stage(glm_backend *be) {
     if (!IM(be)->stage) IM(be)->stage = cu_alloc(be, STAGE_ELEMS * sizeof(float));
     return IM(be)->stage;
 }
-static void cu_up_f32(glm_backend *be, void *dst, const float *src, size_t n) {
-    if (be->dtype == GLM_F32) { cu_upload(be, dst, src, n * 4); return; }
-    float *s = stage(be);
-    for (size_t off = 0; off < n; off += STAGE_ELEMS) {
-        size_t c = n - off < STAGE_ELEMS ? n - off : STAGE_ELEMS;
-        cu_upload(be, s, src + off, c * 4);
-        glmk_convert(glm_at(be, dst, off), be->dtype, s, GLM_F32, c, IM(be)->st);
-    }
-    op_done(be, "upload_f32");
-}
 /* The raw elements go up in the staging buffer's bytes and are converted there by the GPU
  * (the same rounding as upload_f32's), so the host does no per-element work. */
 static void cu_up_cast(glm_backend *be, void *dst, const void *src, glm_dtype sdt, size_t n) {
@@ -258,6 +248,7 @@ static void cu_up_cast(glm_backend *be, void *dst, const void *src, glm_dtype sd
     }
     op_done(be, "upload_cast");
 }
+static void cu_up_f32(glm_backend *be, void *dst, const float *src, size_t n) { cu_up_cast(be, dst, src, GLM_F32, n); }
 static void cu_down_f32(glm_backend *be, float *dst, const void *src, size_t n) {
     if (be->dtype == GLM_F32) { cu_download(be, dst, src, n * 4); return; }
     float *s = stage(be);

@@ -203,7 +203,8 @@ static int ln_vec_threads(glm_dtype dt, int C, const void *a, const void *b, con
 extern "C" void glmk_layernorm_fwd(glm_dtype dt, void *out, float *mean, float *rstd, const void *x, const void *w,
                                    const void *b, int N, int C, float eps, cudaStream_t st) {
     if (N <= 0) return;
-    /* few rows (decoding) leave most of the GPU idle: one pack a thread shortens each row's chain */
+    /* fewer rows than half the multiprocessors (decoding) leave most of the GPU idle: one pack a
+     * thread shortens each row's chain */
     int vt = ln_vec_threads(dt, C, out, x, w, b, N < 66 ? 1 : LN_NP);
     int threads = C >= 2048 ? 256 : C >= 512 ? 128 : 32;
     GLMK_DISPATCH(dt, {
