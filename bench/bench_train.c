@@ -14,7 +14,8 @@
  * rows of logits per head/loss chunk, the model's default when absent; --lora_target also takes
  * peft's comma-separated module names, e.g. query_key_value,dense)
  *
- * A run "TxB" is seq T, micro-batch B; a trailing "c" turns on gradient checkpointing. Each run
+ * A run "TxB" is seq T, micro-batch B; a trailing "c" turns on gradient checkpointing (full), "s"
+ * selective checkpointing (the norms, attention and activation rebuilt in backward). Each run
  * builds a fresh model and optimizer (checkpointing changes the activation layout) and times
  * whole optimizer steps: zero grads, forward + backward, grad norm + clip, AdamW. Reported:
  * tokens/s (all B*T tokens), MFU = tok/s * F / 989e12 with N = all parameters of the model
@@ -233,7 +234,7 @@ int main(int argc, char **argv) {
         glm_cuda_memory_reset_peak(be);
         glm_model m;
         glm_model_init(&m, &c, be);
-        m.gradient_checkpointing = ck == 'c';
+        m.gradient_checkpointing = ck == 'c' ? GLM_CKPT_FULL : ck == 's' ? GLM_CKPT_SELECTIVE : GLM_CKPT_NONE;
         if (head_chunk > 0) m.head_chunk = head_chunk; /* before the first forward sizes the logits */
         init_device(&m);
         if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING) glm_model_init_adapters(&m, 1);
@@ -271,7 +272,7 @@ int main(int argc, char **argv) {
         glm_cuda_profile(be, 0);
         if (detail) { /* per-op table, sorted by time */
             char what[64];
-            snprintf(what, sizeof what, "%dx%d%s, one step", T, B, ck == 'c' ? "+ckpt" : "");
+            snprintf(what, sizeof what, "%dx%d%s, one step", T, B, ck == 'c' ? "+ckpt" : ck == 's' ? "+sel" : "");
             glm_cuda_profile(be, 2);
             STEP(&l2);
             bench_print_ops(be, what);
@@ -283,7 +284,7 @@ int main(int argc, char **argv) {
         double flops_tok = (peft ? 4.0 : 6.0) * n_all + 12.0 * c.num_layers * c.hidden_size * (double)T;
         double mfu = tok * flops_tok / 989e12;
         char label[64];
-        snprintf(label, sizeof label, "%dx%d%s%s%s%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : "", m.head_chunk != 256 ? "+hc" : "",
+        snprintf(label, sizeof label, "%dx%d%s%s%s%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : ck == 's' ? "+sel" : "", m.head_chunk != 256 ? "+hc" : "",
                  peft ? "+" : "", peft ? ftname : "", glm2 ? "+glm2" : "", optim8 ? "+8bit" : "", offload ? "+off" : "",
                  in_bwd ? "+ib" : "");
         printf("%-6s %-18s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
@@ -296,7 +297,7 @@ int main(int argc, char **argv) {
                        "\"attn_ms\":%.1f,\"other_ms\":%.1f,\"optim_ms\":%.1f,\"loss\":%.5f,\"n_params\":%.0f,\"n_trainable\":%zu,"
                        "\"head_chunk\":%d,\"ft\":\"%s\",\"lora_rank\":%d,\"lora_targets\":%d,\"freeze\":%d,"
                        "\"flops_per_token\":%.4g}\n",
-                    dname, label, T, B, ck == 'c', med * 1e3, tok, mfu, peak / 1073741824.0, first - t_run, first - t_proc,
+                    dname, label, T, B, m.gradient_checkpointing, med * 1e3, tok, mfu, peak / 1073741824.0, first - t_run, first - t_proc,
                     split[GLM_PROF_GEMM], split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss,
                     n_all, m.tab.n_params, m.head_chunk, peft ? ftname : "full", lora, c.peft.lora_targets, freeze, flops_tok);
         free(ts);

@@ -85,6 +85,16 @@ struct glm_backend {
      * scale_add). */
     void (*matmul_fwd_add)(glm_backend *be, void *out, const void *inp, const void *w, const void *bias,
                            const void *res, float res_scale, int N, int C, int OC);
+    /* act[N,OC] = gelu(pre), pre[N,OC] = inp @ w^T + bias (bias may be NULL): the first MLP
+     * product and its activation in one pass (GEMM epilogue). Optional: NULL where a backend
+     * lacks it (callers do matmul_fwd, then gelu_fwd). */
+    void (*matmul_fwd_gelu)(glm_backend *be, void *act, void *pre, const void *inp, const void *w, const void *bias,
+                            int N, int C, int OC);
+    /* dinp[N,C] = (dout[N,OC] @ w[OC,C]) * gelu'(pre[N,C]): the second MLP product's input
+     * gradient through the activation, in one pass (GEMM epilogue). Optional as above (callers
+     * do matmul_bwd, then gelu_bwd). */
+    void (*matmul_bwd_dgelu)(glm_backend *be, void *dinp, const void *dout, const void *w, const void *pre, int N,
+                             int C, int OC);
     /* dinp[N,C] (= or += when accumulate_dinp) dout @ w; dw[OC,C] += dout^T @ inp; dbias += colsum(dout).
      * dinp, dw, dbias may each be NULL (skipped). */
     void (*matmul_bwd)(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,

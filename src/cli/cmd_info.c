@@ -6,6 +6,7 @@
 #include <string.h>
 #include "cli/commands.h"
 #include "core/args.h"
+#include "model/ckpt.h"
 #include "model/glm.h"
 #include "parallel/pipe_train.h"
 #include "train/train.h"
@@ -33,7 +34,9 @@ static const glm_flag info_flags[] = {
     F(bf16, ARG_BOOL, "false", "bf16 storage"),
     F(fp16, ARG_BOOL, "false", "fp16 storage"),
     F(fp32, ARG_BOOL, "false", "fp32 storage"),
-    F(gradient_checkpointing, ARG_BOOL, "false", "recompute layers in backward"),
+    {"gradient_checkpointing", ARG_BOOL, offsetof(info_args, gradient_checkpointing), "false",
+     "recompute in backward: true = full, selective, auto (the least recompute that fits --max_memory_per_gpu)",
+     GLM_CKPT_LEVELS, NULL},
     F(pipeline_parallel_size, ARG_INT, "1", "pipeline stages: the plan per stage"),
     F(device_map, ARG_STR, "auto", "auto, thudm or a JSON file module -> stage"),
     F(gradient_accumulation_steps, ARG_INT, "1", "micro-batches per step (inputs a pipeline stage stashes)"),
@@ -57,18 +60,22 @@ static const glm_flag info_flags[] = {
 
 static void row(const char *what, double bytes) { printf("  %-28s %10.2f GiB\n", what, bytes / 1073741824.0); }
 
+static glm_par_opts opts_of(const info_args *a) {
+    return (glm_par_opts){.per_device_train_batch_size = a->per_device_train_batch_size,
+                          .max_source_length = a->max_source_length, .max_target_length = a->max_target_length,
+                          .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32,
+                          .gradient_accumulation_steps = a->gradient_accumulation_steps,
+                          .pipeline_parallel_size = a->pipeline_parallel_size, .device_map = a->device_map,
+                          .zero_stage = a->zero_stage, .max_memory_per_gpu = a->max_memory_per_gpu, .optim = a->optim,
+                          .offload_optimizer = a->offload_optimizer, .optimizer_in_backward = a->optimizer_in_backward};
+}
+
 /* With stages (or a memory cap): the plan of each stage for the device map. */
 static int stage_plans(const info_args *a, const glm_config *c, glm_err *err) {
     int states = strcmp(a->optim, "adamw_torch") || strcmp(a->offload_optimizer, "none") || a->optimizer_in_backward;
     if (a->pipeline_parallel_size <= 1 && !a->max_memory_per_gpu && !states && (!a->device_map || !strcmp(a->device_map, "auto")))
         return 0;
-    glm_par_opts t = {.per_device_train_batch_size = a->per_device_train_batch_size,
-                        .max_source_length = a->max_source_length, .max_target_length = a->max_target_length,
-                        .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32,
-                        .gradient_accumulation_steps = a->gradient_accumulation_steps,
-                        .pipeline_parallel_size = a->pipeline_parallel_size, .device_map = a->device_map,
-                        .zero_stage = a->zero_stage, .max_memory_per_gpu = a->max_memory_per_gpu, .optim = a->optim,
-                        .offload_optimizer = a->offload_optimizer, .optimizer_in_backward = a->optimizer_in_backward};
+    glm_par_opts t = opts_of(a);
     int cuda = a->bf16 || a->fp16, D = a->data_parallel_size > 1 ? a->data_parallel_size : 1;
     glm_device_map map;
     glm_stage_shape sh;
@@ -119,6 +126,17 @@ int glm_cmd_info(int argc, char **argv) {
     if (!rc) rc = glm_config_set_quant(&c, a.quantization_bit, a.quantization_type,
                                        a.model_name_or_path ? a.model_name_or_path : "the model", &err);
     if (rc) { glm_err_print(&err); return 1; }
+    static const char *const levels[] = {"", ", gradient checkpointing", ", selective checkpointing"};
+    if (a.gradient_checkpointing == GLM_CKPT_AUTO) { /* the least recompute that fits the cap (none without one) */
+        size_t cap = 0;
+        if (a.max_memory_per_gpu && glm_parse_size(a.max_memory_per_gpu, &cap)) cap = 0; /* stage_plans reports it */
+        glm_par_opts t = opts_of(&a);
+        double plan = 0;
+        a.gradient_checkpointing = glm_pp_pick_checkpointing(&t, &c, a.bf16 || a.fp16, a.data_parallel_size > 1 ? a.data_parallel_size : 1,
+                                                             (double)cap, &plan);
+        printf("--gradient_checkpointing auto: %s\n", a.gradient_checkpointing == GLM_CKPT_NONE ? "none (everything kept)"
+                                                     : a.gradient_checkpointing == GLM_CKPT_FULL ? "full" : "selective");
+    }
     glm_dtype dt = a.fp32 ? GLM_F32 : a.fp16 ? GLM_F16 : a.bf16 ? GLM_BF16 : GLM_F32;
     int T = a.max_source_length + a.max_target_length, B = a.per_device_train_batch_size;
     glm_mem_plan p = glm_memory_plan(&c, dt, B, T, a.gradient_checkpointing, a.bf16 || a.fp16 ? 2048 : 256);
@@ -143,7 +161,7 @@ int glm_cmd_info(int argc, char **argv) {
         glm_table_free(&q);
     }
     printf("memory plan per device (%s, micro-batch %d x %d tokens%s):\n", dt == GLM_F32 ? "fp32" : dt == GLM_BF16 ? "bf16" : "fp16",
-           B, T, a.gradient_checkpointing ? ", gradient checkpointing" : "");
+           B, T, levels[a.gradient_checkpointing]);
     row("weights", p.params);
     row("gradients", p.grads);
     row("fp32 master weights", p.master);

@@ -18,15 +18,30 @@ static int parse_bool(const char *v, int *out) {
     return -1;
 }
 
-static int in_choices(const char *choices, const char *v) {
+/* Index of v in "a|b|c", or -1. */
+static int choice_index(const char *choices, const char *v) {
     size_t n = strlen(v);
-    for (const char *p = choices; p && *p;) {
+    int i = 0;
+    for (const char *p = choices; p && *p; i++) {
         const char *e = strchr(p, '|');
         size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && strncmp(p, v, n) == 0) return 1;
+        if (len == n && strncmp(p, v, n) == 0) return i;
         p = e ? e + 1 : NULL;
     }
-    return 0;
+    return -1;
+}
+static int in_choices(const char *choices, const char *v) { return choice_index(choices, v) >= 0; }
+
+/* The word for level k >= 2 of a boolean flag with levels ("full|selective|auto": 1 = full = true,
+ * 2 = selective, ...), written into buf. */
+static const char *level_word(const char *choices, int k, char *buf, size_t n) {
+    const char *p = choices;
+    for (int i = 1; i < k && p; i++) p = strchr(p, '|'), p = p ? p + 1 : NULL;
+    if (!p) return NULL;
+    const char *e = strchr(p, '|');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), p);
+    return buf;
 }
 
 int glm_args_set(const glm_flag *f, void *dst, const char *v, const char *where, glm_err *err) {
@@ -64,9 +79,10 @@ int glm_args_set(const glm_flag *f, void *dst, const char *v, const char *where,
     }
     case ARG_BOOL: {
         int b;
-        if (parse_bool(v, &b)) return glm_fail(err, "%s--%s: \"%s\" is not true or false", where, f->name, v);
-        *(int *)field(f, dst) = b;
-        return 0;
+        if (parse_bool(v, &b) == 0) { *(int *)field(f, dst) = b; return 0; }
+        if (f->choices && (b = choice_index(f->choices, v)) >= 0) { *(int *)field(f, dst) = b + 1; return 0; }
+        if (f->choices) return glm_fail(err, "%s--%s: \"%s\" is not true, false or one of %s", where, f->name, v, f->choices);
+        return glm_fail(err, "%s--%s: \"%s\" is not true or false", where, f->name, v);
     }
     }
     return -1;
@@ -202,7 +218,9 @@ int glm_args_parse(const glm_flag *f, int n, void *dst, int argc, char **argv, g
         if (eq) val = eq + 1;
         else if (fl->type == ARG_BOOL) {
             int b;
-            if (i + 1 < argc && parse_bool(argv[i + 1], &b) == 0) val = argv[++i];
+            /* a boolean with level words takes any next word as its value (a wrong one is named) */
+            if (i + 1 < argc && (parse_bool(argv[i + 1], &b) == 0 || (fl->choices && strncmp(argv[i + 1], "--", 2) != 0)))
+                val = argv[++i];
             else val = "true";
         } else if (i + 1 < argc && (strncmp(argv[i + 1], "--", 2) != 0 || fl->type == ARG_FLOAT || fl->type == ARG_INT)) {
             val = argv[++i];
@@ -225,7 +243,13 @@ char *glm_args_to_json(const glm_flag *f, int n, const void *dst) {
         case ARG_INT: cJSON_AddNumberToObject(o, f[i].name, *(const int *)p); break;
         case ARG_LONG: cJSON_AddNumberToObject(o, f[i].name, (double)*(const long *)p); break;
         case ARG_FLOAT: cJSON_AddNumberToObject(o, f[i].name, *(const double *)p); break;
-        case ARG_BOOL: cJSON_AddBoolToObject(o, f[i].name, *(const int *)p); break;
+        case ARG_BOOL: {
+            char w[32];
+            int k = *(const int *)p;
+            if (k >= 2 && f[i].choices && level_word(f[i].choices, k, w, sizeof w)) cJSON_AddStringToObject(o, f[i].name, w);
+            else cJSON_AddBoolToObject(o, f[i].name, k);
+            break;
+        }
         }
     }
     char *s = cJSON_Print(o);

@@ -1,7 +1,8 @@
 /* Table-driven command-line flags with Hugging Face TrainingArguments names. One table per
  * subcommand maps "--name" to a field of a settings struct (by offset); the same keys are
  * accepted from a JSON file with --config, and the effective settings print as JSON.
- * Accepted forms: --name value, --name=value, and for booleans --name alone, --name true|false.
+ * Accepted forms: --name value, --name=value, and for booleans --name alone, --name true|false
+ * (or one of its level words).
  * An unknown flag is an error suggesting the closest known name. */
 #ifndef GLM_CORE_ARGS_H
 #define GLM_CORE_ARGS_H
@@ -16,7 +17,9 @@ typedef struct glm_flag {
     size_t offset;          /* offsetof(settings struct, field) */
     const char *def;        /* default as text (NULL: empty string / 0) */
     const char *help;
-    const char *choices;    /* "a|b|c" for strings with a fixed set of values, or NULL */
+    const char *choices;    /* "a|b|c" for strings with a fixed set of values, or NULL; for a boolean,
+                             * the words of its levels: "full|selective" makes full = true = 1,
+                             * selective = 2 (false is 0) */
     const char *bare_value; /* value a string flag takes when given without one (e.g. "latest") */
 } glm_flag;
 

@@ -29,18 +29,49 @@ static void block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, 
     be->rope(be, a->qkv, pos, block_pos, N, c->num_attention_heads, glm_head_dim(c), 0);
 }
 
+static void attend(glm_model *m, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                   const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk) {
+    int NH = m->cfg.num_attention_heads, HD = glm_head_dim(&m->cfg);
+    m->be->attention_fwd(m->be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
+}
+
+static void norm2(glm_model *m, int l, glm_layer_acts *a, int N) {
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    m->be->layernorm_fwd(m->be, a->y, a->ln2_mean, a->ln2_rstd, a->h1, p->ln2_w, p->ln2_b, N, m->cfg.hidden_size,
+                         m->cfg.layernorm_epsilon);
+}
+
 static void block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                          const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out) {
-    glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
     const glm_layer_ptrs *p = &m->w.layer[l];
-    int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
-    be->attention_fwd(be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
+    int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size;
+    attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
     glm_linear_fwd_add(m, l, 1, a, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H, a->x, c->alpha); /* alpha x + attn */
-    be->layernorm_fwd(be, a->y, a->ln2_mean, a->ln2_rstd, a->h1, p->ln2_w, p->ln2_b, N, H, c->layernorm_epsilon);
-    glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
-    be->gelu_fwd(be, a->act, a->fc1, (size_t)N * F);
+    norm2(m, l, a, N);
+    if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE && glm_linear_reads_input(m, l, 3)) {
+        /* backward rebuilds act from fc1 with gelu_fwd: the forward makes it the same way (an
+         * epilogue's GELU of the unrounded sums would differ from it in the last bits) */
+        glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
+        m->be->gelu_fwd(m->be, a->act, a->fc1, (size_t)N * F);
+    } else {
+        glm_linear_fwd_gelu(m, l, 2, a, a->act, a->fc1, a->y, p->fc1_w, p->fc1_b, N, H, F);
+    }
     glm_linear_fwd_add(m, l, 3, a, h_out, a->act, p->fc2_w, p->fc2_b, N, F, H, a->y, c->alpha); /* alpha y + mlp */
+}
+
+static void block_recompute(glm_model *m, int l, glm_layer_acts *a, const void *h_in, glm_qkv_view q, glm_qkv_view k,
+                            glm_qkv_view v, const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk) {
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    int N = B * Tq, H = c->hidden_size;
+    /* only what backward reads: the norms' outputs and the activation are the inputs of products
+     * whose weights or adapters train; attention's output is read by its own backward */
+    if (glm_linear_reads_input(m, l, 0))
+        m->be->layernorm_fwd(m->be, a->x, a->ln1_mean, a->ln1_rstd, h_in, p->ln1_w, p->ln1_b, N, H, c->layernorm_epsilon);
+    attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
+    if (glm_linear_reads_input(m, l, 2)) norm2(m, l, a, N);
+    if (glm_linear_reads_input(m, l, 3)) m->be->gelu_fwd(m->be, a->act, a->fc1, (size_t)N * c->inner_hidden_size);
 }
 
 /* Given dh_out (gradient w.r.t. the layer's output), writes dh_in (w.r.t. its input). */
@@ -52,8 +83,7 @@ static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
     int NH = c->num_attention_heads, HD = glm_head_dim(c);
     size_t NHs = (size_t)N * H;
     /* h' = alpha*y + FC2(gelu(FC1(y))) */
-    glm_linear_bwd(m, l, 3, a, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, N, F, H);
-    be->gelu_bwd(be, m->d_ff, a->fc1, m->d_ff, (size_t)N * F);
+    glm_linear_bwd_dgelu(m, l, 3, a, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, a->fc1, N, F, H);
     void *dy = m->d_x; /* reused: dy is dead before dx is needed */
     glm_linear_bwd(m, l, 2, a, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F);
     be->scale_add(be, dy, c->alpha, dh_out, dy, NHs);
@@ -144,7 +174,7 @@ const glm_family glm_family_glm = {
         [T_FC2_W - T_LN1_W] = "mlp.dense_4h_to_h.weight", [T_FC2_B - T_LN1_W] = "mlp.dense_4h_to_h.bias",
     },
     .modules = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
-    .block_qkv = block_qkv, .block_finish = block_finish, .block_backward = block_backward, .qkv_views = qkv_views,
+    .block_qkv = block_qkv, .block_finish = block_finish, .block_recompute = block_recompute, .block_backward = block_backward, .qkv_views = qkv_views,
     .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
     .prompt_positions = prompt_positions, .next_position = next_position,
 };

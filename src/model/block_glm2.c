@@ -39,18 +39,40 @@ static void block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, 
     rope(m, a->qkv, N, pos, 0);
 }
 
+static void attend(glm_model *m, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                   const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk) {
+    int NH = m->cfg.num_attention_heads, HD = glm_head_dim(&m->cfg);
+    m->be->attention_fwd(m->be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
+}
+
+static void norm2(glm_model *m, int l, glm_layer_acts *a, int N) {
+    m->be->rmsnorm_fwd(m->be, a->y, a->ln2_rstd, a->h1, m->w.layer[l].ln2_w, N, m->cfg.hidden_size, m->cfg.layernorm_epsilon);
+}
+
 static void block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                          const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
     const glm_layer_ptrs *p = &m->w.layer[l];
     int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
-    be->attention_fwd(be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
+    attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
     glm_linear_fwd_add(m, l, 1, a, a->h1, a->ctx, p->dense_w, NULL, N, NH * HD, H, a->in, 1.0f); /* in + attn */
-    be->rmsnorm_fwd(be, a->y, a->ln2_rstd, a->h1, p->ln2_w, N, H, c->layernorm_epsilon);
+    norm2(m, l, a, N);
     glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, NULL, N, H, 2 * F);
     be->swiglu_fwd(be, a->act, a->fc1, N, F);
     glm_linear_fwd_add(m, l, 3, a, h_out, a->act, p->fc2_w, NULL, N, F, H, a->h1, 1.0f); /* h1 + mlp */
+}
+
+static void block_recompute(glm_model *m, int l, glm_layer_acts *a, const void *h_in, glm_qkv_view q, glm_qkv_view k,
+                            glm_qkv_view v, const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk) {
+    const glm_config *c = &m->cfg;
+    int N = B * Tq;
+    /* only what backward reads (as v1's block_recompute) */
+    if (glm_linear_reads_input(m, l, 0))
+        m->be->rmsnorm_fwd(m->be, a->x, a->ln1_rstd, h_in, m->w.layer[l].ln1_w, N, c->hidden_size, c->layernorm_epsilon);
+    attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
+    if (glm_linear_reads_input(m, l, 2)) norm2(m, l, a, N);
+    if (glm_linear_reads_input(m, l, 3)) m->be->swiglu_fwd(m->be, a->act, a->fc1, N, c->inner_hidden_size);
 }
 
 static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, const void *dh_out, void *dh_in) {
@@ -154,7 +176,7 @@ const glm_family glm_family_glm2 = {
         [T_FC2_W - T_LN1_W] = "mlp.dense_4h_to_h.weight",
     },
     .modules = {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
-    .block_qkv = block_qkv, .block_finish = block_finish, .block_backward = block_backward, .qkv_views = qkv_views,
+    .block_qkv = block_qkv, .block_finish = block_finish, .block_recompute = block_recompute, .block_backward = block_backward, .qkv_views = qkv_views,
     .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
     .prompt_positions = prompt_positions, .next_position = next_position,
 };

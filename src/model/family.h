@@ -35,6 +35,12 @@ typedef struct glm_family {
      * query's [kv_lo, kv_hi) of Tk keys, dense, residual, norm2, MLP, residual into h_out */
     void (*block_finish)(struct glm_model *m, int l, struct glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k,
                          glm_qkv_view v, const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out);
+    /* selective checkpointing: rebuild what the layer did not keep, as block_qkv and block_finish
+     * made it: a->x from h_in, a->ctx (and a->lse) by attention over the views, a->y from a->h1,
+     * a->act from a->fc1 */
+    void (*block_recompute)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, glm_qkv_view q,
+                            glm_qkv_view k, glm_qkv_view v, const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq,
+                            int Tk);
     /* the block's backward on the model's batch (m->bd) from the saved activations: dh_in from
      * dh_out; parameter gradients accumulate */
     void (*block_backward)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, const void *dh_out,

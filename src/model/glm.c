@@ -237,18 +237,33 @@ void glm_model_reserve_flat(glm_model *m, size_t elems) {
     rebind(m);
 }
 
-void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t N) {
+/* The buffers selective checkpointing rebuilds in backward (x, ctx, y, act)... */
+static void acts_alloc_rebuilt(const glm_model *m, glm_layer_acts *a, size_t N) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
-    size_t es = glm_dtype_size(be->dtype), H = c->hidden_size, F = c->inner_hidden_size;
-    size_t NH = c->num_attention_heads, W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
-    a->x = be->alloc(be, N * H * es); a->ln1_mean = be->alloc(be, N * 4); a->ln1_rstd = be->alloc(be, N * 4);
-    a->qkv = be->alloc(be, N * W * es); a->ctx = be->alloc(be, N * A * es); a->lse = be->alloc(be, N * NH * 4);
+    size_t es = glm_dtype_size(be->dtype), H = c->hidden_size, F = c->inner_hidden_size, A = glm_attn_width(c);
+    a->x = be->alloc(be, N * H * es); a->ctx = be->alloc(be, N * A * es);
+    a->y = be->alloc(be, N * H * es); a->act = be->alloc(be, N * F * es);
+}
+
+/* ... and the ones every level keeps per layer. */
+static void acts_alloc_kept(const glm_model *m, glm_layer_acts *a, size_t N) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    size_t es = glm_dtype_size(be->dtype), H = c->hidden_size, NH = c->num_attention_heads, W = glm_qkv_width(c);
+    size_t F1 = glm_fc1_width(c);
+    a->ln1_mean = be->alloc(be, N * 4); a->ln1_rstd = be->alloc(be, N * 4);
+    a->qkv = be->alloc(be, N * W * es); a->lse = be->alloc(be, N * NH * 4);
     a->h1 = be->alloc(be, N * H * es); a->ln2_mean = be->alloc(be, N * 4); a->ln2_rstd = be->alloc(be, N * 4);
-    a->y = be->alloc(be, N * H * es); a->fc1 = be->alloc(be, N * F1 * es); a->act = be->alloc(be, N * F * es);
+    a->fc1 = be->alloc(be, N * F1 * es);
     for (int i = 0; i < 4; i++) /* an adapter's middle, where any layer has one */
         a->lora_t[i] = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.lora_targets >> i & 1)
                            ? be->alloc(be, N * (size_t)m->cfg.peft.lora_rank * es) : NULL;
+}
+
+void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t N) {
+    acts_alloc_kept(m, a, N);
+    acts_alloc_rebuilt(m, a, N);
 }
 
 void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a) {
@@ -258,10 +273,19 @@ void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a) {
     *a = (glm_layer_acts){0};
 }
 
+/* Activation sets: one per layer without checkpointing, one reused by every layer with full
+ * checkpointing, and with selective checkpointing one per layer plus the shared set at the end. */
+static int act_sets(const glm_model *m) {
+    int nl = m->layer_hi - m->layer_lo;
+    return m->gradient_checkpointing == GLM_CKPT_FULL ? 1 : m->gradient_checkpointing == GLM_CKPT_SELECTIVE ? nl + 1 : nl;
+}
+
 static void free_acts(glm_model *m) {
     glm_backend *be = m->be;
     if (!m->acts) return;
-    int nsets = m->gradient_checkpointing ? 1 : m->layer_hi - m->layer_lo;
+    int nsets = act_sets(m);
+    if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE) /* the shared buffers are freed once, with the last set */
+        for (int l = 0; l < nsets - 1; l++) m->acts[l].x = m->acts[l].ctx = m->acts[l].y = m->acts[l].act = NULL;
     for (int l = 0; l < nsets; l++) glm_layer_acts_free(m, &m->acts[l]);
     free(m->acts);
     for (int l = 0; l <= m->layer_hi - m->layer_lo; l++) be->free(be, m->resid[l]);
@@ -338,9 +362,10 @@ const glm_tensor *glm_model_find(const glm_model *m, const char *name, void **pt
     return NULL;
 }
 
-void glm_model_set_checkpointing(glm_model *m, int on) {
+void glm_model_set_checkpointing(glm_model *m, int level) {
+    GLM_ASSERT(level >= GLM_CKPT_NONE && level <= GLM_CKPT_SELECTIVE);
     free_acts(m); /* the number of saved activation sets changes with it */
-    m->gradient_checkpointing = on;
+    m->gradient_checkpointing = level;
 }
 
 void glm_zero_grads(glm_model *m) {
@@ -364,7 +389,7 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     glm_table_build_part(&quant, c, l0, l1, embed, head, 64, GLM_PART_QUANT);
     double es = (double)glm_dtype_size(dtype), N = (double)B * T;
     double H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, NH = c->num_attention_heads;
-    int nl = l1 - l0, nsets = ckpt ? (nl > 0) : nl;
+    int nl = l1 - l0;
     glm_mem_plan p = {0};
     /* gradients, master weights and moments for the trainable rows only */
     p.params = (double)(tab.total + frozen.total) * es + (double)quant.total;
@@ -381,7 +406,10 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     /* the family's widths: q|k|v, the attention output, the first MLP linear (config.h) */
     double W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
     double per_set = N * ((3 * H + A + W + F1 + F + adapters * (double)c->peft.lora_rank) * es + (4 + NH) * 4);
-    p.activations = nsets * per_set + (nl + 1) * N * H * es;
+    double rebuilt = N * (2 * H + A + F) * es; /* x, ctx, y, act: what selective checkpointing shares */
+    double sets = ckpt == GLM_CKPT_FULL ? (nl > 0) * per_set
+                  : ckpt == GLM_CKPT_SELECTIVE ? nl * (per_set - rebuilt) + (nl > 0) * rebuilt : nl * per_set;
+    p.activations = sets + (nl + 1) * N * H * es;
     p.scratch = N * H * es * 5 /* lnf_out, d_a, d_b, d_x, d_h1 */ + N * (A + W + F1) * es /* d_ctx, d_qkv, d_ff */ +
                 (c->family == GLM_FAMILY_GLM2 ? N * F * es : 0) /* d_act */ + N * 2 * 4 +
                 (N < head_chunk ? N : head_chunk) * ((2 * H + V) * es + 4.0) + N * 7 * 4;
@@ -413,9 +441,19 @@ static void ensure_acts(glm_model *m, int B, int T) {
 #define S_BUF(n) be->alloc(be, (size_t)(n) * es)
 #define F_BUF(n) ((float *)be->alloc(be, (size_t)(n) * sizeof(float)))
 #define I_BUF(n) ((int32_t *)be->alloc(be, (size_t)(n) * sizeof(int32_t)))
-    int nl = m->layer_hi - m->layer_lo, nsets = m->gradient_checkpointing ? 1 : nl;
+    int nl = m->layer_hi - m->layer_lo, nsets = act_sets(m);
     m->acts = glm_calloc(nsets, sizeof *m->acts);
-    for (int l = 0; l < nsets; l++) glm_layer_acts_alloc(m, &m->acts[l], N);
+    if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE) {
+        glm_layer_acts *shared = &m->acts[nsets - 1];
+        acts_alloc_rebuilt(m, shared, N);
+        for (int l = 0; l < nl; l++) {
+            glm_layer_acts *a = &m->acts[l];
+            acts_alloc_kept(m, a, N);
+            a->x = shared->x; a->ctx = shared->ctx; a->y = shared->y; a->act = shared->act;
+        }
+    } else {
+        for (int l = 0; l < nsets; l++) glm_layer_acts_alloc(m, &m->acts[l], N);
+    }
     m->resid = glm_calloc(nl + 1, sizeof *m->resid);
     for (int l = 0; l <= nl; l++) m->resid[l] = S_BUF(N * H);
     m->lnf_out = S_BUF(N * H); m->lnf_mean = F_BUF(N); m->lnf_rstd = F_BUF(N);
@@ -483,21 +521,42 @@ static void upload_batch(glm_model *m, const glm_batch *b) {
 
 /* ---------------------------------------------------------------- forward */
 
+/* Layer l's attention inputs on the model's batch: q, k, v views of a->qkv (behind the P-Tuning
+ * prefix, rebuilt into kvbuf with the same dropout, when there is one), the key ranges and the
+ * number of keys. */
+static int attention_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *q, glm_qkv_view *k, glm_qkv_view *v,
+                           const int32_t **lo, const int32_t **hi) {
+    int T = m->bd.T, P = m->cfg.peft.pre_seq_len;
+    m->fam->qkv_views(m, a->qkv, (long)T * glm_qkv_width(&m->cfg), q, k, v);
+    if (P > 0) {
+        glm_prefix_kv_views(m, l, a, k, v);
+        *lo = m->pkv_lo; *hi = m->pkv_hi;
+        return P + T;
+    }
+    *lo = m->bd.kv_lo; *hi = m->bd.kv_hi;
+    return T;
+}
+
 static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *h_out) {
-    int B = m->bd.B, T = m->bd.T, P = m->cfg.peft.pre_seq_len;
+    int B = m->bd.B, T = m->bd.T;
     m->fam->block_qkv(m, l, a, h_in, B * T, m->bd.pos, m->bd.block_pos);
     glm_qkv_view q, k, v;
-    m->fam->qkv_views(m, a->qkv, (long)T * glm_qkv_width(&m->cfg), &q, &k, &v);
-    if (P > 0) {
-        glm_prefix_kv_views(m, l, a, &k, &v);
-        m->fam->block_finish(m, l, a, q, k, v, m->pkv_lo, m->pkv_hi, B, T, P + T, h_out);
-        return;
-    }
-    m->fam->block_finish(m, l, a, q, k, v, m->bd.kv_lo, m->bd.kv_hi, B, T, T, h_out);
+    const int32_t *lo, *hi;
+    int Tk = attention_views(m, l, a, &q, &k, &v, &lo, &hi);
+    m->fam->block_finish(m, l, a, q, k, v, lo, hi, B, T, Tk, h_out);
+}
+
+/* Selective checkpointing: rebuilds layer l's shared activations (x, ctx, y, act) from what it
+ * kept (its input, qkv, h1, fc1), as its forward made them. */
+static void layer_recompute(glm_model *m, int l, glm_layer_acts *a, const void *h_in) {
+    glm_qkv_view q, k, v;
+    const int32_t *lo, *hi;
+    int Tk = attention_views(m, l, a, &q, &k, &v, &lo, &hi);
+    m->fam->block_recompute(m, l, a, h_in, q, k, v, lo, hi, m->bd.B, m->bd.T, Tk);
 }
 
 static glm_layer_acts *acts_for(glm_model *m, int l) {
-    return m->gradient_checkpointing ? &m->acts[0] : &m->acts[l - m->layer_lo];
+    return m->gradient_checkpointing == GLM_CKPT_FULL ? &m->acts[0] : &m->acts[l - m->layer_lo];
 }
 /* input of global layer l (l = layer_hi: the stage's output) */
 static void *resid(glm_model *m, int l) { return m->resid[l - m->layer_lo]; }
@@ -629,7 +688,8 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     for (int l = m->layer_hi - 1; l >= m->layer_lo; l--) {
         glm_layer_acts *a = acts_for(m, l);
         need(m, l);
-        if (m->gradient_checkpointing) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
+        if (m->gradient_checkpointing == GLM_CKPT_FULL) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
+        if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE) layer_recompute(m, l, a, resid(m, l));
         begin(m, l);
         m->fam->block_backward(m, l, a, resid(m, l), dcur, dnext);
         void *t = dcur; dcur = dnext; dnext = t;

@@ -36,6 +36,14 @@ typedef struct glm_weights {
     void *prefix_emb, *prefix_w1, *prefix_b1, *prefix_w2, *prefix_b2;
 } glm_weights;
 
+/* Gradient checkpointing levels (--gradient_checkpointing): none keeps every layer's activations;
+ * full keeps only the layers' inputs and reruns each layer's forward in backward; selective keeps
+ * each layer's qkv, h1 and fc1 (the products' outputs, costly to redo) and rebuilds the rest (the
+ * norms' outputs, the attention output, the MLP's activation) in backward. auto is the flag's
+ * word for "the least recompute the memory plan fits" (resolved before the model is built). */
+typedef enum { GLM_CKPT_NONE, GLM_CKPT_FULL, GLM_CKPT_SELECTIVE, GLM_CKPT_AUTO } glm_ckpt_level;
+#define GLM_CKPT_LEVELS "full|selective|auto" /* the flag's words for levels 1, 2, 3 (core/args.h) */
+
 /* Activations one layer saves for its backward pass. */
 typedef struct glm_layer_acts {
     const void *in;              /* [N, H] the block's input (not owned; the ChatGLM2 residual) */
@@ -90,7 +98,7 @@ typedef struct glm_model {
                              * (ChatGLM2 block: [B, P+T, 2, NKV, HD]) */
     void *prefix_acc;       /* [2, P, 2 NKV HD] the ChatGLM2 block's prefix gradient of one layer, and scratch */
     int32_t *pkv_lo, *pkv_hi; /* [N] the batch's key ranges over prefix + sequence */
-    int gradient_checkpointing;
+    int gradient_checkpointing; /* glm_ckpt_level */
     int head_chunk;         /* rows of logits computed at once */
     /* the layers this model holds: all of them, or one pipeline stage's [layer_lo, layer_hi);
      * `first` holds the word embedding, `last` the final norm and the head */
@@ -168,9 +176,9 @@ static inline void glm_model_set_dropout_seed(glm_model *m, uint64_t seed) { m->
 static inline uint64_t glm_dropout_seed(uint64_t run_seed, long step, int rank, int micro) {
     return (run_seed << 40) ^ (((uint64_t)step * 1000003ULL + (uint64_t)rank * 4099ULL + (uint64_t)micro) * 0x9e3779b97f4a7c15ULL);
 }
-/* Turns gradient checkpointing on or off (frees activation buffers; they are re-made at the
- * next batch). Set the field directly only before the first batch. */
-void glm_model_set_checkpointing(glm_model *m, int on);
+/* Sets the gradient checkpointing level (GLM_CKPT_NONE/FULL/SELECTIVE; frees activation
+ * buffers, re-made at the next batch). Set the field directly only before the first batch. */
+void glm_model_set_checkpointing(glm_model *m, int level);
 void glm_zero_grads(glm_model *m);
 /* Grows the params and grads buffers to `elems` elements (values kept, the tail zeroed), e.g. so
  * ZeRO shards of equal size cover them; the weight views are re-bound. */

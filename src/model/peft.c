@@ -112,6 +112,41 @@ void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, v
     be->scale_add(be, dinp, 1.0f, m->lora_u, dinp, (size_t)N * C);
 }
 
+/* the product runs as a plain matmul_fwd (not the few-row quantized kernel) */
+static int plain_product(const glm_model *m, const void *w, int N) {
+    return w || N > qmatmul_max_rows(m->cfg.quant) || !m->be->qmatmul_fwd;
+}
+
+void glm_linear_fwd_gelu(glm_model *m, int l, int i, glm_layer_acts *a, void *act, void *pre, const void *inp,
+                         const void *w, const void *b, int N, int C, int OC) {
+    glm_backend *be = m->be;
+    if (be->matmul_fwd_gelu && !m->w.layer[l].lora_a[i] && plain_product(m, w, N)) {
+        be->matmul_fwd_gelu(be, act, pre, inp, linear_weight(m, l, i, w, C, OC), b, N, C, OC);
+        return;
+    }
+    glm_linear_fwd(m, l, i, a, pre, inp, w, b, N, C, OC);
+    be->gelu_fwd(be, act, pre, (size_t)N * OC);
+}
+
+void glm_linear_bwd_dgelu(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db, const void *dout,
+                          const void *inp, const void *w, const void *pre, int N, int C, int OC) {
+    glm_backend *be = m->be;
+    if (be->matmul_bwd_dgelu && !m->w.layer[l].lora_a[i]) {
+        const void *W = linear_weight(m, l, i, w, C, OC);
+        if (dw || db) be->matmul_bwd(be, NULL, dw, db, dout, inp, W, N, C, OC, 0);
+        be->matmul_bwd_dgelu(be, dinp, dout, W, pre, N, C, OC);
+        return;
+    }
+    glm_linear_bwd(m, l, i, a, dinp, dw, db, dout, inp, w, N, C, OC);
+    be->gelu_bwd(be, dinp, pre, dinp, (size_t)N * C);
+}
+
+int glm_linear_reads_input(const glm_model *m, int l, int i) {
+    const glm_layer_ptrs *g = &m->g.layer[l];
+    const void *dw[4] = {g->qkv_w, g->dense_w, g->fc1_w, g->fc2_w};
+    return dw[i] || m->w.layer[l].lora_a[i];
+}
+
 /* ---- P-Tuning v2: the prefix encoder (THUDM's PrefixEncoder) and the prefix keys/values */
 
 static void ensure_prefix(glm_model *m) {

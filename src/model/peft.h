@@ -19,6 +19,18 @@ void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out
 /* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */
 void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db, const void *dout,
                     const void *inp, const void *w, int N, int C, int OC);
+/* act = gelu(pre), pre = inp W^T + b (+ the adapter's branch): in the product's epilogue where
+ * the backend has one and no adapter comes between the product and the activation (else
+ * glm_linear_fwd, then gelu_fwd). */
+void glm_linear_fwd_gelu(glm_model *m, int l, int i, glm_layer_acts *a, void *act, void *pre, const void *inp,
+                         const void *w, const void *b, int N, int C, int OC);
+/* dinp = (dout W + the adapter's share) * gelu'(pre), and the weight, bias and adapter gradients
+ * as glm_linear_bwd: the derivative in the input-gradient product's epilogue where it can be. */
+void glm_linear_bwd_dgelu(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db, const void *dout,
+                          const void *inp, const void *w, const void *pre, int N, int C, int OC);
+/* Whether module i's backward reads its input (its weight trains or it has an adapter): what
+ * selective checkpointing must rebuild before it. */
+int glm_linear_reads_input(const glm_model *m, int l, int i);
 /* Layer l's prefix + sequence keys/values into m->kvbuf (from a->qkv and the encoder's output),
  * and the views attention reads them through (Tk = P + T). */
 void glm_prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *k, glm_qkv_view *v);

@@ -74,6 +74,7 @@ void glm_pp_print_plan(const glm_par_opts *a, const glm_config *c, int cuda, int
  * flags, in the order to try them: each fits with less speed given up than the next. */
 typedef struct layout { const char *flags; int ckpt, optim, offload, in_backward, zero; } layout;
 static const layout layouts[] = {
+    {"--gradient_checkpointing selective", GLM_CKPT_SELECTIVE, GLM_OPTIM_ADAMW, 0, 0, -1},
     {"--gradient_checkpointing", 1, GLM_OPTIM_ADAMW, 0, 0, -1},
     {"--optim adamw_8bit", 0, GLM_OPTIM_ADAMW8, 0, 0, -1},
     {"--optim adamw_8bit --gradient_checkpointing", 1, GLM_OPTIM_ADAMW8, 0, 0, -1},
@@ -88,6 +89,12 @@ static const layout layouts[] = {
     {"--offload_optimizer cpu --optim adamw_8bit --optimizer_in_backward --max_grad_norm 0 --gradient_checkpointing", 1,
      GLM_OPTIM_ADAMW8, 1, 1, -1},
 };
+
+/* The checkpointing level that keeps the fewer activations of a and b (none > selective > full). */
+static int thriftier(int a, int b) {
+    static const int saving[] = {[GLM_CKPT_NONE] = 0, [GLM_CKPT_FULL] = 2, [GLM_CKPT_SELECTIVE] = 1, [GLM_CKPT_AUTO] = 0};
+    return saving[a] >= saving[b] ? a : b;
+}
 
 /* Appends "; FLAGS (plans X[, host Y])" to buf at *at; 1 when it fitted in buf. */
 static int add_fit(char *buf, size_t n, size_t *at, int found, const char *flags, const glm_mem_plan *p) {
@@ -113,8 +120,10 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
         const layout *l = &layouts[i];
         if (l->zero >= 0 && D < 2) continue;
         if (l->in_backward && (D > 1 || a->gradient_accumulation_steps > 1 || a->fp16)) continue;
+        /* a level the run already has (or a thriftier one) is not a new layout */
+        if (l->ckpt == GLM_CKPT_SELECTIVE && a->gradient_checkpointing != GLM_CKPT_NONE) continue;
         glm_stage_shape s = sh;
-        s.gradient_checkpointing = l->ckpt || a->gradient_checkpointing;
+        s.gradient_checkpointing = thriftier(l->ckpt, a->gradient_checkpointing);
         s.optim = l->optim;
         s.offload = l->offload;
         s.in_backward = l->in_backward;
@@ -132,13 +141,14 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
         lc.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.05f,
                              .lora_targets = GLM_LORA_QKV};
         glm_stage_shape s = sh;
-        for (int ck = a->gradient_checkpointing; ck <= 1; ck++) {
+        for (int pass = 0; pass < 2; pass++) { /* as asked, then with full checkpointing */
+            int ck = pass ? GLM_CKPT_FULL : a->gradient_checkpointing;
             s.gradient_checkpointing = ck;
             s.dp = a->zero_stage >= 1 ? D : 1;
             glm_mem_plan p = glm_stage_memory_plan(&lc, &map, 0, &s);
             if (p.total > cap) continue;
-            found += add_fit(buf, n, &at, found, ck && !a->gradient_checkpointing ? "--finetuning_type lora --gradient_checkpointing"
-                                                                                   : "--finetuning_type lora", &p);
+            found += add_fit(buf, n, &at, found, pass && ck != a->gradient_checkpointing ? "--finetuning_type lora --gradient_checkpointing"
+                                                                                          : "--finetuning_type lora", &p);
             break;
         }
     }
@@ -174,6 +184,35 @@ int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cud
     return glm_hint(err, "%s; or free host memory (the run would be killed for memory part-way)",
                     sh.optim == GLM_OPTIM_ADAMW8 ? "shard it over more ranks with --zero_stage 2/3"
                                                  : "--optim adamw_8bit keeps the moments in a quarter of the bytes, or shard them over more ranks with --zero_stage 2/3");
+}
+
+/* The largest plan over the stages, 0 when the map cannot be made (the check reports it). */
+static double worst_stage(const glm_par_opts *a, const glm_config *c, int cuda, int D) {
+    glm_device_map map;
+    glm_stage_shape sh;
+    glm_err e;
+    if (glm_pp_map(a, c, cuda, &map, &sh, &e)) return 0;
+    sh.dp = a->zero_stage >= 1 ? D / map.n : 1;
+    sh.zero2 = a->zero_stage >= 2;
+    sh.zero3 = a->zero_stage == 3;
+    sh.peer_ranks = peer_ranks(a, cuda, D);
+    double worst = 0;
+    for (int k = 0; k < map.n; k++) {
+        double t = glm_stage_memory_plan(c, &map, k, &sh).total;
+        worst = t > worst ? t : worst;
+    }
+    return worst;
+}
+
+int glm_pp_pick_checkpointing(const glm_par_opts *a, const glm_config *c, int cuda, int D, double cap, double *plan) {
+    static const int order[] = {GLM_CKPT_NONE, GLM_CKPT_SELECTIVE, GLM_CKPT_FULL};
+    glm_par_opts b = *a;
+    for (int i = 0; i < 3; i++) {
+        b.gradient_checkpointing = order[i];
+        *plan = worst_stage(&b, c, cuda, D);
+        if (cap <= 0 || *plan <= cap || i == 2) return order[i];
+    }
+    return GLM_CKPT_FULL;
 }
 
 int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err) {

@@ -36,6 +36,10 @@ int glm_pp_map(const glm_par_opts *a, const glm_config *c, int cuda, glm_device_
 /* Refuses a run whose memory plan of any stage exceeds --max_memory_per_gpu (nothing to do
  * without the flag). D: data-parallel replicas (ZeRO >= 1 divides the optimizer state). */
 int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err);
+/* --gradient_checkpointing auto: the level with the least recompute (none, then selective, then
+ * full) whose plan fits every stage in cap bytes (cap <= 0: none); full when nothing fits (the
+ * memory check then says what would). *plan: that level's largest stage plan. */
+int glm_pp_pick_checkpointing(const glm_par_opts *a, const glm_config *c, int cuda, int D, double cap, double *plan);
 /* With --offload_optimizer cpu: refuses a plan whose host memory (times the ranks on this node)
  * exceeds what the node has available, naming both and the layouts that need less. */
 int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, int local_ranks, glm_err *err);

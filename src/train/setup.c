@@ -176,6 +176,32 @@ int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
     return glm_lora_targets_parse(a->lora_target, &p->lora_targets, err);
 }
 
+/* --gradient_checkpointing auto: the level the memory plan fits under --max_memory_per_gpu, or
+ * under the GPU's memory without the flag (a CPU run without it keeps everything). */
+static void pick_checkpointing(trainer *t, glm_par_opts *po, const glm_config *c, int cuda) {
+    static const char *const names[] = {"none", "full", "selective"};
+    size_t capb = 0;
+    double cap = 0;
+    const char *from = "no memory cap";
+    if (po->max_memory_per_gpu && glm_parse_size(po->max_memory_per_gpu, &capb) == 0) {
+        cap = (double)capb;
+        from = "--max_memory_per_gpu";
+    }
+#ifdef GLM_HAVE_CUDA
+    else if (cuda) {
+        glm_cuda_memory(t->be, NULL, NULL, &capb);
+        cap = (double)capb;
+        from = "the GPU's memory";
+    }
+#endif
+    double plan = 0;
+    int level = glm_pp_pick_checkpointing(po, c, cuda, t->dp->world, cap, &plan);
+    t->a->gradient_checkpointing = po->gradient_checkpointing = level;
+    if (t->dp->rank == 0)
+        glm_info("--gradient_checkpointing auto: %s (plans %.2f GiB%s%s)", names[level], plan / 1073741824.0,
+                 cap > 0 ? " under " : ", ", from);
+}
+
 int trainer_load_model(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     glm_config c;
@@ -203,6 +229,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
     }
     int cuda = strncmp(t->be->name, "cuda", 4) == 0;
     glm_par_opts po = glm_train_par_opts(a);
+    if (a->gradient_checkpointing == GLM_CKPT_AUTO) pick_checkpointing(t, &po, &c, cuda);
     if (t->dp->rank == 0) glm_pp_print_plan(&po, &c, cuda, t->dp->world, stderr);
     if (glm_pp_check_memory(&po, &c, cuda, t->dp->world, err)) return -1;
     if (glm_pp_check_host_memory(&po, &c, cuda, t->dp->world, t->dp->dist.local_world, err)) return -1;

@@ -1,5 +1,6 @@
 #include <stddef.h>
 #include <stdlib.h>
+#include "model/glm.h"
 #include "train/train_args.h"
 
 #define F(name, type, def, help) {#name, type, offsetof(glm_train_args, name), def, help, NULL, NULL}
@@ -82,7 +83,10 @@ const glm_flag glm_train_flags[] = {
     F(fp32, ARG_BOOL, "false", "everything in fp32"),
     F(tf32, ARG_BOOL, "false", "with --fp32: the matrix products on TF32 tensor cores (10-bit mantissa inputs, fp32 sums; GPU)"),
     F(fp16_initial_scale, ARG_FLOAT, "65536", "fp16: the dynamic loss scale to start from (GradScaler's init_scale)"),
-    F(gradient_checkpointing, ARG_BOOL, "false", "recompute each layer in backward to save memory"),
+    {"gradient_checkpointing", ARG_BOOL, offsetof(glm_train_args, gradient_checkpointing), "false",
+     "recompute in backward to save memory: true = full (each layer's forward again), selective (the norms, attention "
+     "and activation only), auto (the least recompute the memory plan fits under --max_memory_per_gpu or the GPU)",
+     GLM_CKPT_LEVELS, NULL},
     F(optim, ARG_STR, "adamw_torch", "the optimizer: adamw_torch (fp32 moments) or adamw_8bit (bitsandbytes' blockwise 8-bit moments, a quarter of the bytes; adamw_bnb_8bit is the same)"),
     F(offload_optimizer, ARG_STR, "none", "cpu: keep the optimizer state and master weights in host memory and update them on the host's cores (DeepSpeed's ZeRO-Offload); none: on the device"),
     F(optimizer_in_backward, ARG_BOOL, "false", "update each layer as soon as backward finishes its gradients, so no gradient buffer of the whole model exists (no gradient accumulation or clipping then)"),

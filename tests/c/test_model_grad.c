@@ -137,7 +137,17 @@ static void test_cached_matches_training(test_counts *tc) {
     be->destroy(be);
 }
 
-static float *grads_with(int ckpt, int threads) {
+/* Bytes the backend hands out (the original alloc is kept in a static: tests only). */
+static void *(*real_alloc)(glm_backend *, size_t);
+static double alloc_bytes;
+static void *counting_alloc(glm_backend *be, size_t bytes) {
+    alloc_bytes += (double)bytes;
+    return real_alloc(be, bytes);
+}
+
+/* Gradients of one micro-batch at checkpointing level ckpt; *acts_bytes: what the first
+ * forward/backward allocated (the activation sets and the backward's scratch). */
+static float *grads_at(int ckpt, int threads, double *acts_bytes) {
     glm_config c = micro_config(0);
     c.num_layers = 3;
     glm_backend *be = glm_backend_cpu();
@@ -151,7 +161,12 @@ static float *grads_with(int ckpt, int threads) {
     make_batch(&b, &c, &rng);
     omp_set_num_threads(threads);
     glm_zero_grads(&m);
+    real_alloc = be->alloc;
+    be->alloc = counting_alloc;
+    alloc_bytes = 0;
     glm_forward_backward(&m, &b, 1.0f / b.n_targets);
+    be->alloc = real_alloc;
+    if (acts_bytes) *acts_bytes = alloc_bytes;
     float *g = malloc(m.tab.total * sizeof(float));
     be->download_f32(be, g, m.grads, m.tab.total);
     glm_batch_free(&b);
@@ -160,9 +175,13 @@ static float *grads_with(int ckpt, int threads) {
     return g;
 }
 
+static float *grads_with(int ckpt, int threads) { return grads_at(ckpt, threads, NULL); }
+
 static void test_determinism(test_counts *tc) {
     int maxt = omp_get_max_threads();
-    float *a = grads_with(0, 1), *b = grads_with(1, 1), *c = grads_with(0, maxt > 1 ? maxt : 2);
+    double bytes[3];
+    float *a = grads_at(GLM_CKPT_NONE, 1, &bytes[0]), *b = grads_at(GLM_CKPT_FULL, 1, &bytes[1]);
+    float *c = grads_with(0, maxt > 1 ? maxt : 2), *s = grads_at(GLM_CKPT_SELECTIVE, 1, &bytes[2]);
     glm_config cfg = micro_config(0);
     cfg.num_layers = 3;
     glm_table tab;
@@ -170,9 +189,18 @@ static void test_determinism(test_counts *tc) {
     size_t total = tab.total;
     glm_table_free(&tab);
     TEST_CHECK(tc, "gradient_checkpointing_bit_identical", memcmp(a, b, total * 4) == 0, "gradients differ");
+    TEST_CHECK(tc, "selective_checkpointing_bit_identical", memcmp(a, s, total * 4) == 0, "gradients differ");
+    /* the plan's activations differ between the levels by what the model allocates */
+    glm_mem_plan p[3];
+    for (int k = 0; k < 3; k++) p[k] = glm_memory_plan(&cfg, GLM_F32, 2, 12, k == 0 ? GLM_CKPT_NONE : k == 1 ? GLM_CKPT_FULL : GLM_CKPT_SELECTIVE, 256);
+    int ok = 1;
+    for (int k = 1; k < 3; k++) ok &= fabs((bytes[0] - bytes[k]) - (p[0].activations - p[k].activations)) < 1;
+    TEST_CHECK(tc, "checkpointing_levels_plan_what_is_allocated", ok && bytes[1] < bytes[2] && bytes[2] < bytes[0],
+               "allocated none %.0f full %.0f selective %.0f; planned activations %.0f %.0f %.0f", bytes[0], bytes[1],
+               bytes[2], p[0].activations, p[1].activations, p[2].activations);
     TEST_CHECK(tc, "threads_do_not_change_results", memcmp(a, c, total * 4) == 0, "1 vs %d threads differ", maxt);
     omp_set_num_threads(maxt);
-    free(a); free(b); free(c);
+    free(a); free(b); free(c); free(s);
 }
 
 /* Copies tensors by name between models with different tables (full model <-> stages). */

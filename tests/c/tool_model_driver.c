@@ -1,7 +1,7 @@
 /* Test driver: runs the C model on a given model folder and batch so a PyTorch reference
  * (tests/py/test_model_vs_torch.py) can compare loss, every gradient and AdamW steps.
  *   tool_model_driver --model DIR --batch FILE.json --out OUT.safetensors [--steps K] [--lr F]
- *     [--weight_decay F] [--beta1 F] [--beta2 F] [--eps F] [--max_grad_norm F] [--gradient_checkpointing]
+ *     [--weight_decay F] [--beta1 F] [--beta2 F] [--eps F] [--max_grad_norm F] [--gradient_checkpointing [selective]]
  *     [--finetuning_type full|lora|freeze] [--lora_rank R] [--lora_alpha F (0 = 2R)] [--lora_target LIST]
  *     [--use_rslora] [--num_layer_trainable N] [--adapter DIR_OR_FILE] [--adapter_seed S]
  *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
@@ -77,7 +77,8 @@ int main(int argc, char **argv) {
         else if (ARG("--beta2")) b2 = strtof(v, NULL);
         else if (ARG("--eps")) eps = strtof(v, NULL);
         else if (ARG("--max_grad_norm")) max_norm = strtof(v, NULL);
-        else if (strcmp(a, "--gradient_checkpointing") == 0) ckpt = 1;
+        else if (strcmp(a, "--gradient_checkpointing") == 0)
+            ckpt = v && strcmp(v, "selective") == 0 ? (i++, GLM_CKPT_SELECTIVE) : GLM_CKPT_FULL;
         else if (ARG("--finetuning_type")) ft = v;
         else if (ARG("--lora_rank")) rank = atoi(v);
         else if (ARG("--lora_alpha")) alpha = strtof(v, NULL);

@@ -1,7 +1,7 @@
 /* Driver for the pipeline tests (tests/sh/test_pipeline.sh): trains a tiny random GLM on
  * synthetic micro-batches and prints "step S loss L norm N" per optimizer step (rank 0).
  *
- *   tool_pp_train [--pp P] [--steps N] [--micro K] [--tie 0|1] [--ckpt 0|1] [--map SPEC]
+ *   tool_pp_train [--pp P] [--steps N] [--micro K] [--tie 0|1] [--ckpt 0|1|2 (none, full, selective)] [--map SPEC]
  *                 [--save_at S --out DIR] [--resume DIR] [--timeout SEC --hang_rank R]
  *
  * Alone (no mpirun) it is the single-process reference: the whole model, every micro-batch of

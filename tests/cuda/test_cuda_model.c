@@ -9,6 +9,7 @@
 #include "cuda_test_util.h"
 #include "oracle.h"
 #include "model/glm.h"
+#include "model/peft.h"
 #include "optim/adamw.h"
 
 /* ---------------------------------------------------------------- oracle */
@@ -117,6 +118,22 @@ static float *grads_of(glm_model *m, const glm_batch *b, double *loss) {
     return g;
 }
 
+/* Gradients with selective checkpointing (*gs) and without checkpointing (*gn), the second with
+ * the first MLP product's GELU epilogue off: a selective run whose backward rebuilds the
+ * activation makes it with gelu_fwd in forward too, so the two then run the same sums. */
+static void selective_and_none(glm_model *m, const glm_batch *b, float **gs, double *ls, float **gn, double *ln) {
+    glm_model_set_checkpointing(m, GLM_CKPT_SELECTIVE);
+    *gs = grads_of(m, b, ls);
+    void (*fused)(glm_backend *, void *, void *, const void *, const void *, const void *, int, int, int) =
+        m->be->matmul_fwd_gelu;
+    glm_model_set_checkpointing(m, GLM_CKPT_NONE);
+    int rebuilds_act = 0;
+    for (int l = 0; l < m->cfg.num_layers; l++) rebuilds_act |= glm_linear_reads_input(m, l, 3);
+    if (rebuilds_act) m->be->matmul_fwd_gelu = NULL;
+    *gn = grads_of(m, b, ln);
+    m->be->matmul_fwd_gelu = fused;
+}
+
 static void test_fwd_bwd(test_counts *tc, int medium, glm_dtype dt, int glm2) {
     char name[160], err[256];
     glm_config c = glm2 ? config_glm2(medium) : config(medium);
@@ -154,11 +171,16 @@ static void test_fwd_bwd(test_counts *tc, int medium, glm_dtype dt, int glm2) {
     float *g2 = grads_of(&mg, &b, &lg2);
     snprintf(name, sizeof name, "model_%s_%s_deterministic", cfg, dt_name(dt));
     TEST_CHECK(tc, name, memcmp(g2, gg, sizeof(float) * mg.tab.total) == 0 && lg2 == lg, "two runs differ");
-    mg.gradient_checkpointing = 1;
+    glm_model_set_checkpointing(&mg, GLM_CKPT_FULL);
     float *g3 = grads_of(&mg, &b, &lg3);
     snprintf(name, sizeof name, "model_%s_%s_checkpointing_bit_identical", cfg, dt_name(dt));
     TEST_CHECK(tc, name, memcmp(g3, gg, sizeof(float) * mg.tab.total) == 0 && lg3 == lg, "gradients differ");
-    free(w); free(gc); free(gg); free(g2); free(g3);
+    float *g4, *g5;
+    double lg5;
+    selective_and_none(&mg, &b, &g4, &lg3, &g5, &lg5);
+    snprintf(name, sizeof name, "model_%s_%s_selective_checkpointing_bit_identical", cfg, dt_name(dt));
+    TEST_CHECK(tc, name, memcmp(g4, g5, sizeof(float) * mg.tab.total) == 0 && lg3 == lg5, "gradients differ");
+    free(w); free(gc); free(gg); free(g2); free(g3); free(g4); free(g5);
     glm_batch_free(&b);
     glm_model_free(&mc);
     glm_model_free(&mg);
@@ -347,11 +369,16 @@ static void check_peft_batch(test_counts *tc, const char *kind, peft_maker make,
     TEST_CHECK(tc, name, worst <= tg && mc.tab.n == rows, "worst tensor %s: %.3g > %.3g (%d rows, %d expected)", wname, worst,
                tg, mc.tab.n, rows);
     printf("  %s %s: loss rel err %.3g, worst trainable gradient %s %.3g\n", kind, dt_name(dt), el, wname, worst);
-    mg.gradient_checkpointing = 1; /* the recompute draws the same dropout masks */
+    glm_model_set_checkpointing(&mg, GLM_CKPT_FULL); /* the recompute draws the same dropout masks */
     float *g3 = grads_of(&mg, &b, &lg3);
     snprintf(name, sizeof name, "%s_%s_checkpointing_bit_identical", kind, dt_name(dt));
     TEST_CHECK(tc, name, memcmp(g3, gg, sizeof(float) * mg.tab.total) == 0 && lg3 == lg, "gradients differ");
-    free(gc); free(gg); free(g3);
+    float *g4, *g5;
+    double lg5;
+    selective_and_none(&mg, &b, &g4, &lg3, &g5, &lg5);
+    snprintf(name, sizeof name, "%s_%s_selective_checkpointing_bit_identical", kind, dt_name(dt));
+    TEST_CHECK(tc, name, memcmp(g4, g5, sizeof(float) * mg.tab.total) == 0 && lg3 == lg5, "gradients differ");
+    free(gc); free(gg); free(g3); free(g4); free(g5);
     glm_batch_free(&b);
     glm_model_free(&mc);
     glm_model_free(&mg);

@@ -85,6 +85,42 @@ static void t_matmul(ctx *c, int N, int C, int OC) {
     }
     be->free(be, dres);
     free(res);
+    /* the first MLP product with its GELU in the epilogue (act, and the pre-activation kept):
+     * the CPU's product, then its GELU on the unrounded sums */
+    float *rpre = malloc(sizeof(float) * N * OC);
+    void *dpre = be->alloc(be, (size_t)N * OC * glm_dtype_size(c->dt));
+    for (int with_bias = 0; with_bias < 2 && be->matmul_fwd_gelu; with_bias++) {
+        cpu_matmul_fwd(rpre, inp, w, with_bias ? bias : NULL, N, C, OC);
+        cpu_gelu_fwd(ref, rpre, (size_t)N * OC);
+        poison(be, dout, (size_t)N * OC, 0);
+        poison(be, dpre, (size_t)N * OC, 0);
+        be->matmul_fwd_gelu(be, dout, dpre, di, dw, with_bias ? db : NULL, N, C, OC);
+        float *got = down_s(be, dout, (size_t)N * OC), *gotp = down_s(be, dpre, (size_t)N * OC);
+        check_close(c->tc, NAME("matmul_fwd_gelu%s_%s_%dx%dx%d", with_bias ? "_bias" : "", c->tag, N, C, OC), got, ref,
+                    (size_t)N * OC, tol(c, 1e-5, 1e-2, 2e-3));
+        check_close(c->tc, NAME("matmul_fwd_gelu%s_pre_%s_%dx%dx%d", with_bias ? "_bias" : "", c->tag, N, C, OC), gotp, rpre,
+                    (size_t)N * OC, tol(c, 1e-5, 1e-2, 2e-3));
+        free(got); free(gotp);
+    }
+    be->free(be, dpre);
+    free(rpre);
+    /* the second MLP product's input gradient through GELU's derivative at pre [N, C] */
+    if (be->matmul_bwd_dgelu) {
+        float *g = rnd(&c->rng, c->dt, (size_t)N * OC, 1.0f), *pre = rnd(&c->rng, c->dt, (size_t)N * C, 1.5f);
+        float *ri = malloc(sizeof(float) * N * C);
+        cpu_matmul_bwd(ri, NULL, NULL, g, inp, w, N, C, OC, 0);
+        cpu_gelu_bwd(ri, pre, ri, (size_t)N * C);
+        void *dg = up_s(be, g, (size_t)N * OC), *dp = up_s(be, pre, (size_t)N * C);
+        void *dgi = be->alloc(be, (size_t)N * C * glm_dtype_size(c->dt));
+        poison(be, dgi, (size_t)N * C, 0);
+        be->matmul_bwd_dgelu(be, dgi, dg, dw, dp, N, C, OC);
+        float *got = down_s(be, dgi, (size_t)N * C);
+        /* fp32: the epilogue's derivative rounds a little apart from the CPU's (1.1e-5 seen) */
+        check_close(c->tc, NAME("matmul_bwd_dgelu_%s_%dx%dx%d", c->tag, N, C, OC), got, ri, (size_t)N * C,
+                    tol(c, 3e-5, 1e-2, 2e-3));
+        be->free(be, dg); be->free(be, dp); be->free(be, dgi);
+        free(g); free(pre); free(ri); free(got);
+    }
     /* backward, accumulating into random gradients */
     float *g = rnd(&c->rng, c->dt, (size_t)N * OC, 1.0f), *gi0 = rnd(&c->rng, c->dt, (size_t)N * C, 1.0f);
     float *gw0 = rnd(&c->rng, c->dt, (size_t)OC * C, 0.1f), *gb0 = rnd(&c->rng, c->dt, OC, 0.1f);

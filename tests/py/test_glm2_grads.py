@@ -6,7 +6,7 @@ loss and every trainable gradient within 1e-5 relative, for full fine-tuning and
 
 Drives $GLM_BUILD/tests/tool_model_driver (see its header). Cases:
   * full fine-tuning: A (kv_channels * heads != hidden, 2 groups), B (3 layers, 3 groups, no qkv
-    bias); with --gradient_checkpointing bit-identical to without; 3 AdamW steps (losses and
+    bias); with --gradient_checkpointing (full and selective) bit-identical to without; 3 AdamW steps (losses and
     every parameter after them);
   * LoRA: query_key_value only, and all four modules with rslora; the reference adds
     scaling * B A to each targeted weight (peft's LoraLayer with dropout 0), gradients of A, B
@@ -205,10 +205,12 @@ def main():
         e = abs(got["loss"].item() - loss) / abs(loss)
         report("glm2_full_%s_loss" % name, e < TOL, "C %.7f torch %.7f rel %.1e" % (got["loss"].item(), loss, e))
         check_grads("glm2_full_%s_grads" % name, got, grads)
-        ck = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".ck.st"), ["--gradient_checkpointing"])
-        same = all(torch.equal(ck[k], got[k]) for k in got if k.startswith("grad/")) and torch.equal(ck["loss"], got["loss"])
-        report("glm2_full_%s_checkpointing_bit_identical" % name, same, "loss and %d gradients" %
-               sum(k.startswith("grad/") for k in got))
+        for level, label in (("", "checkpointing"), ("selective", "selective_checkpointing")):
+            ck = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".ck%s.st" % level),
+                            ["--gradient_checkpointing"] + ([level] if level else []))
+            same = all(torch.equal(ck[k], got[k]) for k in got if k.startswith("grad/")) and torch.equal(ck["loss"], got["loss"])
+            report("glm2_full_%s_%s_bit_identical" % (name, label), same, "loss and %d gradients" %
+                   sum(k.startswith("grad/") for k in got))
         # 3 AdamW steps
         lr = 1e-4
         losses, after = adamw_ref(cfg, params, ids, labels, 3, lr)

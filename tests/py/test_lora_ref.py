@@ -24,7 +24,7 @@
    - freeze resume: the same, the final models' tensors equal;
    - LoRA on 2 CPU ranks (mpirun), ZeRO 0, 1 and 2, equal 1 rank (dropout 0: its masks are drawn
      per micro-batch): losses within 1e-6 (test_dp's bar), adapters within 1e-5 relative.
-   Gradient checkpointing leaves a LoRA and a freeze case bit-identical.
+   Gradient checkpointing (full and selective) leaves a LoRA and a freeze case bit-identical.
 peft is optional: its checks SKIP when `import peft` fails (scripts/install-deps.sh installs it).
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
@@ -308,11 +308,13 @@ def driver_case(driver, tmp, ci, name, shape, tied, lengths, o):
     report(name + "_frozen_bit_identical", not diff,
            "%d frozen tensors unchanged after %d steps" % (len(want_frozen), opts["steps"]) if not diff
            else "%d changed, first %s" % (len(diff), diff[:3]))
-    if o.get("ckpt"):  # gradient checkpointing recomputes the adapters' activations: the same bits
-        got2 = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".ckpt.safetensors"),
-                          flags + ["--gradient_checkpointing"], opts)
+    # gradient checkpointing (full, then selective) recomputes the adapters' activations: the same bits
+    for level, label in ([("", "_checkpointing_identical"), ("selective", "_selective_checkpointing_identical")]
+                         if o.get("ckpt") else []):
+        got2 = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".ckpt%s.safetensors" % level),
+                          flags + ["--gradient_checkpointing"] + ([level] if level else []), opts)
         diff = sorted(k for k in set(got) | set(got2) if k not in got or k not in got2 or not torch.equal(got[k], got2[k]))
-        report(name + "_checkpointing_identical", not diff, "%d outputs bit-identical" % len(got) if not diff
+        report(name + label, not diff, "%d outputs bit-identical" % len(got) if not diff
                else "%d of %d outputs differ: %s" % (len(diff), len(got), diff[:3]))
     if lora and o["src"] == "init":
         za = [k for k in trainable if ".lora_A." in k and bool(got["grad/" + k].abs().max() != 0)]

@@ -326,15 +326,16 @@ def driver_case(driver, tmp, ci, name, shape, tied, lengths, P, projection, src,
     report(name + "_frozen_bit_identical", not diff,
            "%d frozen tensors unchanged after %d steps" % (len(base_names), OPTS["steps"]) if not diff
            else "%d changed or missing, first %s" % (len(diff), diff[:3]))
-    if ckpt:
+    for level, label in ([("", "_checkpointing_identical"), ("selective", "_selective_checkpointing_identical")]
+                         if ckpt else []):
         try:
-            got2 = LR.run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".ckpt.safetensors"),
-                                 flags + ["--gradient_checkpointing"], OPTS)
+            got2 = LR.run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".ckpt%s.safetensors" % level),
+                                 flags + ["--gradient_checkpointing"] + ([level] if level else []), OPTS)
         except Exception as e:
-            report(name + "_checkpointing_identical", False, str(e)[:500])
-            return
+            report(name + label, False, str(e)[:500])
+            continue
         diff = sorted(k for k in set(got) | set(got2) if k not in got or k not in got2 or not torch.equal(got[k], got2[k]))
-        report(name + "_checkpointing_identical", not diff, "%d outputs bit-identical" % len(got) if not diff
+        report(name + label, not diff, "%d outputs bit-identical" % len(got) if not diff
                else "%d of %d outputs differ: %s" % (len(diff), len(got), diff[:3]))
 
 

@@ -56,6 +56,7 @@ run ref_m1 0 --micro 1
 run p2 2 --pp 2;                      compare pipeline_p2_matches_single "$w/p2.txt" "$w/ref.txt"
 run p5 5 --pp 5 --map thudm;          compare pipeline_p5_thudm_matches_single "$w/p5.txt" "$w/ref.txt"
 run p2u 2 --pp 2 --tie 0 --ckpt 1;    compare pipeline_p2_untied_checkpointing "$w/p2u.txt" "$w/ref_untied.txt"
+run p2s 2 --pp 2 --tie 0 --ckpt 2;    compare pipeline_p2_untied_selective_checkpointing "$w/p2s.txt" "$w/ref_untied.txt"
 run p2m1 2 --pp 2 --micro 1;          compare pipeline_p2_one_microbatch "$w/p2m1.txt" "$w/ref_m1.txt"
 
 # resume across layouts from step 10

@@ -27,7 +27,7 @@
 
 typedef struct gemm_plan {
     int used;
-    int key[16];
+    int key[18];
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
@@ -294,16 +294,27 @@ static void plan_destroy(gemm_plan *p) {
     p->used = 0;
 }
 
+/* What the product's epilogue does besides bias and beta C: nothing; GELU (D = gelu(P), the
+ * pre-activation P written to aux, same layout as D); or GELU's derivative (D = P * gelu'(aux)). */
+enum { EPI_NONE, EPI_GELU_AUX, EPI_DGELU };
+
 /* Column-major D[m,n] = op(A) op(B) (+ bias[m] per row) + beta C, fp32 accumulate, where C is
- * Cin (same layout as D; NULL: D itself). The model's row-major products map onto this with
- * swapped operands (see cu_mm_fwd / cu_mm_bwd). */
-static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B, int ldb,
-                 void *D, int ldd, float beta, const void *bias, const void *Cin) {
+ * Cin (same layout as D; NULL: D itself), then the epilogue epi with aux. The model's row-major
+ * products map onto this with swapped operands (see cu_mm_fwd / cu_mm_bwd). */
+static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B, int ldb,
+                     void *D, int ldd, float beta, const void *bias, const void *Cin, int epi, void *aux) {
     if (m <= 0 || n <= 0) return;
     cuda_impl *im = IM(be);
     cudaDataType_t t = cuda_type(be->dtype);
     float alpha = 1.0f;
     size_t dbytes = (size_t)ldd * n * glm_dtype_size(be->dtype);
+    if (epi != EPI_NONE && (k <= 0 || ldd % 8)) { /* no epilogue for these: the product, then the pass */
+        void *P = epi == EPI_GELU_AUX ? aux : D;
+        gemm_epi(be, ta, tb, m, n, k, A, lda, B, ldb, P, ldd, beta, bias, Cin, EPI_NONE, NULL);
+        if (epi == EPI_GELU_AUX) glmk_gelu_fwd(be->dtype, D, aux, (size_t)ldd * n, im->st);
+        else glmk_gelu_bwd(be->dtype, D, aux, D, (size_t)ldd * n, im->st);
+        return;
+    }
     if (k <= 0) { /* empty product: D = beta C (+ bias) */
         if (Cin && Cin != D && beta != 0.0f) CUDA_CHECK(cudaMemcpyAsync(D, Cin, dbytes, cudaMemcpyDeviceToDevice, im->st));
         if (beta != 0.0f && beta != 1.0f) glmk_scale_add(be->dtype, D, beta - 1.0f, D, D, (size_t)ldd * n, im->st);
@@ -312,8 +323,8 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
         return;
     }
     int tf32 = be->dtype == GLM_F32 && be->allow_tf32;
-    int key[16] = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, beta != 0.0f, align_of(A), align_of(B), align_of(D),
-                   bias ? align_of(bias) : 0, Cin ? align_of(Cin) : align_of(D), tf32};
+    int key[18] = {ta, tb, m, n, k, lda, ldb, ldd, bias != NULL, beta != 0.0f, align_of(A), align_of(B), align_of(D),
+                   bias ? align_of(bias) : 0, Cin ? align_of(Cin) : align_of(D), tf32, epi, aux ? align_of(aux) : 0};
     gemm_plan *p = NULL;
     for (int i = 0; i < GEMM_CACHE && !p; i++)
         if (im->plans[i].used && memcmp(im->plans[i].key, key, sizeof key) == 0) p = &im->plans[i];
@@ -328,9 +339,14 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
         CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-        if (bias) {
-            cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        cublasLtEpilogue_t e = epi == EPI_GELU_AUX ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                               : epi == EPI_DGELU ? CUBLASLT_EPILOGUE_DGELU
+                               : bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        if (e != CUBLASLT_EPILOGUE_DEFAULT)
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
+        if (epi != EPI_NONE) { /* aux is laid out as D; its pointer is set per call */
+            int64_t ld = ldd;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
         }
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, ta ? k : m, ta ? m : k, lda));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, tb ? n : k, tb ? k : n, ldb));
@@ -352,9 +368,18 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
         p->have_algo = s == CUBLAS_STATUS_SUCCESS && nres > 0;
         if (p->have_algo) p->algo = res.algo;
     }
+    if (!p->have_algo && epi != EPI_NONE) { /* no kernel with this epilogue: the product, then the pass */
+        void *P = epi == EPI_GELU_AUX ? aux : D;
+        gemm_epi(be, ta, tb, m, n, k, A, lda, B, ldb, P, ldd, beta, bias, Cin, EPI_NONE, NULL);
+        if (epi == EPI_GELU_AUX) glmk_gelu_fwd(be->dtype, D, aux, (size_t)ldd * n, im->st);
+        else glmk_gelu_bwd(be->dtype, D, aux, D, (size_t)ldd * n, im->st);
+        return;
+    }
     if (p->have_algo) {
-        if (bias)
+        if (bias && epi != EPI_DGELU)
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        if (epi != EPI_NONE)
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
         CUBLAS_CHECK(cublasLtMatmul(im->lt, p->op, &alpha, A, p->a, B, p->b, &beta, Cin ? Cin : D, p->d, D, p->d, &p->algo,
                                     im->workspace, WORKSPACE_BYTES, im->st));
     } else {
@@ -364,6 +389,11 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
                                   tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         if (bias) glmk_bias_add(be->dtype, D, bias, n, m, im->st);
     }
+}
+
+static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B, int ldb,
+                 void *D, int ldd, float beta, const void *bias, const void *Cin) {
+    gemm_epi(be, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta, bias, Cin, EPI_NONE, NULL);
 }
 
 /* out[N,OC] = inp[N,C] w[OC,C]^T + bias: column-major out^T[OC,N] = (w^T)^T... i.e. op(A=w)=T, B=inp. */
@@ -377,6 +407,19 @@ static void cu_mm_fwd_add(glm_backend *be, void *out, const void *inp, const voi
     prof(be, GLM_PROF_GEMM, mm_label(be, 0, C, OC));
     gemm(be, 1, 0, OC, N, C, w, C, inp, C, out, OC, res_scale, bias, res);
     op_done(be, "matmul_fwd_add");
+}
+
+static void cu_mm_fwd_gelu(glm_backend *be, void *act, void *pre, const void *inp, const void *w, const void *bias, int N,
+                           int C, int OC) {
+    prof(be, GLM_PROF_GEMM, mm_label(be, 0, C, OC));
+    gemm_epi(be, 1, 0, OC, N, C, w, C, inp, C, act, OC, 0.0f, bias, NULL, EPI_GELU_AUX, pre);
+    op_done(be, "matmul_fwd_gelu");
+}
+static void cu_mm_bwd_dgelu(glm_backend *be, void *dinp, const void *dout, const void *w, const void *pre, int N, int C,
+                            int OC) {
+    prof(be, GLM_PROF_GEMM, mm_label(be, 1, C, OC));
+    gemm_epi(be, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, 0.0f, NULL, NULL, EPI_DGELU, (void *)pre);
+    op_done(be, "matmul_bwd_dgelu");
 }
 
 static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
@@ -732,7 +775,8 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .upload_f32 = cu_up_f32, .download_f32 = cu_down_f32, .upload_cast = cu_up_cast, .upload = cu_upload, .download = cu_download,
         .sync = cu_sync,
         .embedding_fwd = cu_emb_fwd, .embedding_bwd = cu_emb_bwd, .layernorm_fwd = cu_ln_fwd, .layernorm_bwd = cu_ln_bwd,
-        .matmul_fwd = cu_mm_fwd, .matmul_fwd_add = cu_mm_fwd_add, .matmul_bwd = cu_mm_bwd, .rope = cu_rope,
+        .matmul_fwd = cu_mm_fwd, .matmul_fwd_add = cu_mm_fwd_add, .matmul_fwd_gelu = cu_mm_fwd_gelu,
+        .matmul_bwd_dgelu = cu_mm_bwd_dgelu, .matmul_bwd = cu_mm_bwd, .rope = cu_rope,
         .rmsnorm_fwd = cu_rms_fwd, .rmsnorm_bwd = cu_rms_bwd, .swiglu_fwd = cu_swiglu_fwd, .swiglu_bwd = cu_swiglu_bwd,
         .rope_pairs = cu_rope_pairs, .copy_rows = cu_copy_rows, .attention_fwd = cu_attn_fwd,
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale,
