@@ -142,9 +142,10 @@ void glm_linear_bwd_dgelu(glm_model *m, int l, int i, glm_layer_acts *a, void *d
 }
 
 int glm_linear_reads_input(const glm_model *m, int l, int i) {
-    const glm_layer_ptrs *g = &m->g.layer[l];
-    const void *dw[4] = {g->qkv_w, g->dense_w, g->fc1_w, g->fc2_w};
-    return dw[i] || m->w.layer[l].lora_a[i];
+    /* from the tables, not the gradient views: ZeRO-2/3 bind those only when the unit's
+     * backward begins */
+    static const int kinds[4] = {T_QKV_W, T_DENSE_W, T_FC1_W, T_FC2_W};
+    return glm_table_get(&m->tab, l, kinds[i]) != NULL || m->w.layer[l].lora_a[i] != NULL;
 }
 
 /* ---- P-Tuning v2: the prefix encoder (THUDM's PrefixEncoder) and the prefix keys/values */

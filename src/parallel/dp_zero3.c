@@ -11,12 +11,18 @@
  * stays gathered until the next but one is needed. The same code runs on CPU ranks (MPI) and
  * GPU ranks (NCCL, in place on the slot).
  *
+ * While a unit computes, the unit expected next (the next one in the direction of the last two
+ * needs: up through forward, down through backward) is already being all-gathered into the other
+ * slot, so its transfer runs beside the compute (NCCL's stream; MPI progresses it at each
+ * poll). A wrong guess costs only the transfer: the unit needed is then gathered as before. A
+ * slot's contents are bound to the model's views only when its unit is needed, after its gather
+ * completed; both slots are forgotten after each update.
+ *
  * Checkpoints, the final model, the parameter check before a save and evaluation (whose batches
  * need not be the same on every rank) gather the whole model into a buffer of its own first and
  * free it after (glm_dp_z3_gather_all / release_all).
  *
- * Not yet: prefetching the next unit while the current one computes (each gather waits), pipeline
- * stages. */
+ * Not yet: pipeline stages. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +34,10 @@ struct glm_dp_z3 {
     void *slot[2];      /* [largest unit] the gathered units, in turn */
     size_t slot_lo[2];  /* the unit in each slot (SIZE_MAX: none) */
     size_t slot_elems;
-    int ring;
+    int pending;        /* the slot whose gather is started and not yet waited for (-1: none) */
+    int cur;            /* the slot of the unit needed last (-1: none) */
+    int last, prev;     /* the units needed last and before (-1: none): the direction of the next */
+    long gathers, prefetched; /* unit gathers since attach, and how many of them were started ahead */
     glm_span *u;        /* the units */
     int nu;
     int pinned;         /* the whole model gathered into m->params (gather_all) */
@@ -42,40 +51,73 @@ static int unit_of(const glm_dp_z3 *z, size_t lo) {
     return -1;
 }
 
-/* Unit i's pieces from every rank's shard into dst (the unit's first element at dst). */
-static int gather_into(glm_dp *dp, int i, void *dst, glm_err *err) {
+/* Starts the all-gather of unit i's pieces from every rank's shard into dst (the unit's first
+ * element at dst); the next comm->wait completes it. */
+static int start_gather(glm_dp *dp, int i, void *dst, glm_err *err) {
     glm_dp_z3 *z = dp->z3;
     glm_backend *be = dp->m->be;
     size_t lo = z->u[i].lo, n = z->u[i].n / (size_t)dp->world, off = lo / (size_t)dp->world;
     be->copy(be, glm_at(be, dst, (size_t)dp->rank * n), glm_at(be, z->ps, off), n * glm_dtype_size(be->dtype));
     char what[64];
     snprintf(what, sizeof what, "weights of unit at %zu", lo);
-    if (dp->comm->allgather(dp->comm, dst, n, dp->gdt, what, err) || dp->comm->wait(dp->comm, -1, err)) return -1;
-    return 0;
+    z->gathers++;
+    return dp->comm->allgather(dp->comm, dst, n, dp->gdt, what, err);
+}
+
+static int gather_into(glm_dp *dp, int i, void *dst, glm_err *err) {
+    return start_gather(dp, i, dst, err) || dp->comm->wait(dp->comm, -1, err) ? -1 : 0;
+}
+
+/* Completes a prefetch in flight (its slot then holds its unit). */
+static int finish_pending(glm_dp *dp, glm_err *err) {
+    glm_dp_z3 *z = dp->z3;
+    if (z->pending < 0) return 0;
+    z->pending = -1;
+    return dp->comm->wait(dp->comm, -1, err);
 }
 
 static void on_need(void *ctx, size_t lo, size_t hi) {
     glm_dp *dp = ctx;
     glm_dp_z3 *z = dp->z3;
     if (z->pinned || dp->hook_failed) return;
-    for (int s = 0; s < 2; s++)
-        if (z->slot_lo[s] == lo) return; /* still gathered, views bound there */
     int i = unit_of(z, lo);
     if (i < 0) return;
-    int s = z->ring++ % 2;
-    z->slot_lo[s] = SIZE_MAX;
-    if (gather_into(dp, i, z->slot[s], &dp->hook_err)) { dp->hook_failed = 1; return; }
-    z->slot_lo[s] = lo;
+    int s = z->slot_lo[0] == lo ? 0 : z->slot_lo[1] == lo ? 1 : -1;
+    if (s >= 0 && s == z->pending && finish_pending(dp, &dp->hook_err)) { dp->hook_failed = 1; return; }
+    if (s < 0) { /* not there: gather it into the slot the last unit is not in */
+        if (finish_pending(dp, &dp->hook_err)) { dp->hook_failed = 1; return; }
+        s = z->cur == 0 ? 1 : 0;
+        z->slot_lo[s] = SIZE_MAX;
+        if (gather_into(dp, i, z->slot[s], &dp->hook_err)) { dp->hook_failed = 1; return; }
+        z->slot_lo[s] = lo;
+    }
     glm_model_bind_unit(dp->m, lo, hi, z->slot[s]);
+    z->cur = s;
+    if (i != z->last) { z->prev = z->last; z->last = i; }
+    /* the next unit in the direction of the last two, into the other slot */
+    int next = z->prev < 0 ? -1 : i + (i > z->prev ? 1 : -1), o = 1 - s;
+    if (next < 0 || next >= z->nu || z->pending >= 0 || z->slot_lo[o] == z->u[next].lo) return;
+    z->slot_lo[o] = SIZE_MAX;
+    if (start_gather(dp, next, z->slot[o], &dp->hook_err)) { dp->hook_failed = 1; return; }
+    z->slot_lo[o] = z->u[next].lo;
+    z->pending = o;
+    z->prefetched++;
+}
+
+/* Both slots forgotten (a prefetch in flight is completed by the caller's next wait). */
+static void forget_slots(glm_dp_z3 *z) {
+    z->slot_lo[0] = z->slot_lo[1] = SIZE_MAX;
+    z->pending = z->cur = -1;
 }
 
 void glm_dp_z3_updated(glm_dp *dp) {
-    if (dp->z3) dp->z3->slot_lo[0] = dp->z3->slot_lo[1] = SIZE_MAX; /* what the slots hold is the old weights */
+    if (dp->z3) forget_slots(dp->z3); /* what the slots hold is the old weights */
 }
 
 int glm_dp_z3_gather_all(glm_dp *dp, glm_err *err) {
     glm_dp_z3 *z = dp->z3;
     if (!z || z->pinned) return 0;
+    if (finish_pending(dp, err)) return -1;
     glm_model *m = dp->m;
     glm_backend *be = m->be;
     size_t bytes = m->flat_cap * glm_dtype_size(be->dtype);
@@ -93,7 +135,7 @@ void glm_dp_z3_release_all(glm_dp *dp) {
     if (!z || !z->pinned) return;
     dp->m->be->free(dp->m->be, glm_model_swap_params(dp->m, NULL));
     z->pinned = 0;
-    z->slot_lo[0] = z->slot_lo[1] = SIZE_MAX; /* the views point nowhere until the next need */
+    forget_slots(z); /* the views point nowhere until the next need */
 }
 
 void glm_dp_z3_store_all(glm_dp *dp) {
@@ -117,10 +159,9 @@ int glm_dp_z3_attach(glm_dp *dp, glm_err *err) {
     z->nu = glm_model_units(m, z->u);
     for (int i = 0; i < z->nu; i++) z->slot_elems = z->u[i].n > z->slot_elems ? z->u[i].n : z->slot_elems;
     z->ps = be->alloc(be, dp->shard * es);
-    for (int s = 0; s < 2; s++) {
-        z->slot[s] = be->alloc(be, z->slot_elems * es);
-        z->slot_lo[s] = SIZE_MAX;
-    }
+    for (int s = 0; s < 2; s++) z->slot[s] = be->alloc(be, z->slot_elems * es);
+    forget_slots(z);
+    z->last = z->prev = -1;
     /* this rank's pieces of the (broadcast) weights; then the whole buffer goes */
     for (int i = 0; i < z->nu; i++) {
         size_t n = z->u[i].n / (size_t)dp->world;
@@ -155,6 +196,8 @@ void glm_dp_z3_free(glm_dp *dp) {
     }
     m->params_need = NULL;
     m->params_ctx = NULL;
+    if (z->gathers > 0)
+        glm_info("ZeRO-3: %ld unit gathers, %ld of them started ahead while the unit before computed", z->gathers, z->prefetched);
     if (z->ps) be->free(be, z->ps);
     for (int s = 0; s < 2; s++)
         if (z->slot[s]) be->free(be, z->slot[s]);

@@ -12,7 +12,7 @@ test_train.py on the CPU backend (fp32):
   - the refusals: --optimizer_in_backward with accumulation, with clipping, with fp16; an unknown
     --optim; --offload_optimizer with ZeRO-0 on 2 ranks.
 Prints PASS/FAIL/SKIP lines."""
-import json, os, shutil, sys, tempfile
+import json, os, re, shutil, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_train as T
@@ -202,7 +202,7 @@ def main():
         report("adamw8_1rank_resumes_on_2_ranks", worst < 0.02, "max rel %.3g vs the 1-rank 8-bit curve, steps 11-20" % worst)
         # ZeRO-3: the weights sharded too, each unit gathered when forward or backward needs it
         for name, extra, np_ in [("z3", [], 2), ("z3_ckpt", ["--gradient_checkpointing"], 2), ("z3_off", ["--offload_optimizer", "cpu"], 2),
-                                 ("z3_4", [], 4)]:
+                                 ("z3_sel", ["--gradient_checkpointing", "selective"], 2), ("z3_4", [], 4)]:
             args = list(half) if np_ == 2 else [x if x != "2" or i != half.index("--per_device_train_batch_size") + 1 else "1"
                                                 for i, x in enumerate(half)]
             out = os.path.join(d, name)
@@ -228,6 +228,13 @@ def main():
             run(half + ["--output_dir", out, "--zero_stage", z] + pt, np=2)
             worst, n = rel(curve(out, 20), curve(p1, 20))
             report("zero%s_ptuning_equals_1_rank" % z, n == 20 and worst < 1e-6, "max rel %.3g over %d steps" % (worst, n))
+        # without the projection every layer reads the prefix embedding itself, while its own unit is gathered
+        ptn = ["--finetuning_type", "ptuning", "--pre_seq_len", "4", "--prefix_dropout", "0"] + acc
+        pn1, _ = go("ptn_1", ptn)
+        out = os.path.join(d, "ptn_z3")
+        run(half + ["--output_dir", out, "--zero_stage", "3"] + ptn, np=2)
+        worst, n = rel(curve(out, 20), curve(pn1, 20))
+        report("zero3_ptuning_without_projection_equals_1_rank", n == 20 and worst < 1e-6, "max rel %.3g over %d steps" % (worst, n))
         lora = ["--finetuning_type", "lora", "--lora_rank", "4", "--lora_target", "all", "--lora_dropout", "0"] + acc
         l1, _ = go("lora_1", lora)
         l3 = os.path.join(d, "lora_z3")
@@ -237,6 +244,9 @@ def main():
         log = open(os.path.join(d, "z3", "logs", "rank-1.log"), errors="replace").read()
         report("zero3_shards_the_weights", "ZeRO-3: weights" in log and "per rank at rest" in log,
                "".join([l for l in log.splitlines() if "ZeRO-3" in l][:1]))
+        m = re.search(r"ZeRO-3: (\d+) unit gathers, (\d+) of them started ahead", log)
+        report("zero3_prefetches_the_next_unit", bool(m) and int(m.group(2)) > int(m.group(1)) // 2,
+               m.group(0) if m else "no prefetch count in rank 1's log")
         fin_ref, fin_z3 = weights(ref), weights(os.path.join(d, "z3"))
         close = all(max(abs(u - v) for u, v in zip(fin_ref[k], fin_z3[k])) < 1e-5 for k in fin_ref if isinstance(fin_ref[k], list))
         report("zero3_final_model_equals_1_rank", set(fin_ref) == set(fin_z3) and close, "every tensor within 1e-5")
