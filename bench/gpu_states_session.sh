@@ -3,6 +3,7 @@
 # each run its own process under a timeout inside one budget (BUDGET s, default 540). Modes, in
 # the order given:
 #   tests   the GPU tests (tests/run_cuda.sh, no sanitizers, <= TESTS_CAP s)
+#   uncapped bench_train W1 (512x8) full fine-tuning with AdamW on the device: the capped run's reference
 #   layouts bench_train W1 (seq 512) full fine-tuning: the uncapped run (512x8, fp32 AdamW on the
 #           device) and the layouts that fit 24 GiB (the optimizer offloaded to the host and
 #           updated inside backward, checkpointing) at the runs in $RUNS; 8-bit moments on the
@@ -27,6 +28,7 @@ RUNS=${RUNS:-512x8c 512x16c 512x24c}
 for mode in "${@:-layouts capped}"; do
     case $mode in
     tests) run_gpu_tests 200 ;;
+    uncapped) run_capped uncapped 60 30 "$B/bench_train" --runs 512x8 --steps 4 --warmup 1 --out "$J" ;;
     layouts)
         run_capped uncapped 60 30 "$B/bench_train" --runs 512x8 --steps 4 --warmup 1 --out "$J"
         for r in $RUNS; do
@@ -60,6 +62,8 @@ for mode in "${@:-layouts capped}"; do
         mkdir -p $W
         $PY bench/w1_data.py $W
         find_tokenizer gpu_states_session.sh
+        # what the GPU holds before the run (an earlier process's memory still being released shows here)
+        echo "RESULT GPU memory in use before the capped run: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits) MiB" | tee -a "$SUMMARY"
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$OUT/logs/capped-mem.csv" 2>/dev/null &
         smi=$!
         run_capped capped "${CAPPED_CAP:-420}" 120 "$B/glmtrain" train --init_from_config $W/config.json \
@@ -68,7 +72,8 @@ for mode in "${@:-layouts capped}"; do
             --max_steps "${CAPPED_STEPS:-100}" --learning_rate 1e-5 --warmup_steps 5 --logging_steps 10 --save_strategy no \
             --save_final_model false --disable_tqdm --report_to none
         kill $smi 2>/dev/null
-        echo "RESULT capped peak GPU memory $(sort -n "$OUT/logs/capped-mem.csv" | tail -1) MiB (nvidia-smi, whole GPU)" | tee -a "$SUMMARY" ;;
+        echo "RESULT capped peak GPU memory $(sort -n "$OUT/logs/capped-mem.csv" | tail -1) MiB (nvidia-smi, whole GPU)" | tee -a "$SUMMARY"
+        echo "RESULT capped peak GPU memory from 5 s on $(tail -n +26 "$OUT/logs/capped-mem.csv" | sort -n | tail -1) MiB" | tee -a "$SUMMARY" ;;
     esac
 done
 [ -n "$SKIPPED" ] && echo "skipped:$SKIPPED"

@@ -93,6 +93,10 @@ void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be
     init_common(m, c, be, 0, c->num_layers, 1, 1, 0);
 }
 
+void glm_model_init_staged(glm_model *m, const glm_config *c, glm_backend *be) {
+    init_common(m, c, be, 0, c->num_layers, 1, 1, 0);
+}
+
 void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first,
                                     int last) {
     init_common(m, c, be, l0, l1, first, last, 0);

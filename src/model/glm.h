@@ -145,6 +145,11 @@ typedef struct glm_model {
 void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be);
 /* Weights only, no gradient buffer: for generation and chat (half the memory). */
 void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be);
+/* For training whose gradients are staged unit by unit (ZeRO-2/3, an offloaded optimizer, the
+ * update inside backward: parallel/dp.h glm_dp_whole_grads): no whole-model gradient buffer is
+ * ever made, not even for a moment before the data-parallel layer attaches (a 24 GB card could
+ * not hold it beside the weights). */
+void glm_model_init_staged(glm_model *m, const glm_config *c, glm_backend *be);
 /* One pipeline stage: layers [l0, l1), with the embedding when first, the head when last. */
 void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last);
 /* A stage without a gradient buffer: generation across devices (parallel/pipe_infer.h). */

@@ -212,6 +212,11 @@ static void init_sharded_opt(glm_dp *dp, glm_adamw *o, float lr, float b1, float
     }
 }
 
+int glm_dp_whole_grads(const glm_dp *dp, int whole_model) {
+    if (dp->world == 1) return !(dp->cfg.in_backward || dp->cfg.offload); /* as attach_single */
+    return !(dp->cfg.zero_stage >= 2 && whole_model);                      /* as glm_dp_attach's zero2 */
+}
+
 /* One process: the whole model's state, and the staging the options ask for. */
 static int attach_single(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, float b2, float eps, float wd,
                          glm_err *err) {

@@ -168,6 +168,11 @@ glm_span *glm_dp_shard_spans(const glm_dp *dp);
 double glm_dp_shard_sumsq(glm_dp *dp, size_t skip);
 /* Reads the launcher's environment and joins an MPI job when there is one. */
 int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err);
+/* Whether glm_dp_attach keeps a gradient buffer of the model (or of a pipeline stage, when
+ * whole_model is 0): 0 when it stages the gradients unit by unit (one process offloaded or
+ * updating inside backward; ZeRO-2/3 over several ranks of a whole model), so the model is built
+ * without one (glm_model_init_staged). */
+int glm_dp_whole_grads(const glm_dp *dp, int whole_model);
 /* Ranks > 0 send stderr to <output_dir>/logs/rank-R.log. */
 int glm_dp_redirect_log(glm_dp *dp, const char *output_dir, glm_err *err);
 /* After the model is built on its backend: the GPU communicator (NCCL), the shard layout,

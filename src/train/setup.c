@@ -236,8 +236,10 @@ int trainer_load_model(trainer *t, glm_err *err) {
     if (a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"))) {
         if (glm_pp_open(&t->pp, t->dp, &po, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */
         glm_pp_model_init(t->pp, &t->m, &c, t->be);
-    } else {
+    } else if (glm_dp_whole_grads(t->dp, 1)) {
         glm_model_init(&t->m, &c, t->be);
+    } else {
+        glm_model_init_staged(&t->m, &c, t->be); /* the layout stages gradients: no buffer of them, ever */
     }
     t->m.gradient_checkpointing = a->gradient_checkpointing;
     snprintf(t->m.origin, sizeof t->m.origin, "%s", src); /* what the folders it writes carry over */
