@@ -1,7 +1,14 @@
-/* One small collectives interface for data parallelism, three implementations:
- *   single  one process: every operation is a no-op (world 1);
- *   mpi     CPU ranks under mpirun (host buffers; MPI_I* collectives polled with MPI_Test);
- *   nccl    GPU ranks (device buffers, own stream; the unique id from a TCP rendezvous or MPI).
+/* One communicator interface for data and pipeline parallelism, four implementations:
+ *   single     one process: every operation is a no-op (world 1);
+ *   mpi        CPU ranks under mpirun (host buffers; MPI_I* collectives and sends polled with
+ *              MPI_Test): the data-parallel collectives and the pipeline's transport alike (the
+ *              pipeline takes a split of its own, so its messages never match the collectives');
+ *   nccl       GPU ranks' data-parallel collectives (device buffers, own stream; the unique id
+ *              from a TCP rendezvous or MPI);
+ *   nccl-pipe  GPU ranks' pipeline transport (comm_nccl_pipe.c: sends, receives and sums queued
+ *              on the backend's stream so they are ordered with the compute, on a non-blocking
+ *              NCCL communicator polled against a deadline and aborted on timeout; its
+ *              operations complete before they return).
  *
  * Collectives on buffers are STARTED by the calls below and complete at comm->wait, so a
  * gradient bucket's reduction can run while backward goes on. Every rank must start the same
@@ -59,6 +66,21 @@ struct glm_comm {
     /* optional (NULL: nothing to do): tells the library a long-lived buffer that collectives
      * will use, so it can move data straight from and to it (NCCL user-buffer registration) */
     void (*register_buffer)(glm_comm *c, void *buf, size_t bytes);
+
+    /* ---- point to point (the pipeline's stages; NULL on the nccl data-parallel communicator,
+     * whose ranks are replicas, and only exchange, allreduce, wait, sum_host, split and close
+     * on nccl-pipe) ---- */
+    /* Sends sbuf[sbytes] to rank `to` and receives rbuf[rbytes] from rank `from` (-1: none),
+     * both in flight at once; returns when both are complete, which is what the 1F1B schedule
+     * needs to stay deadlock-free (a stage's "send activations forward, receive gradients back"
+     * pairs with the next stage's "send gradients back, receive the next activations"). tag
+     * tells messages between the same pair apart (MPI; NCCL matches in order). A wait past the
+     * timeout fails naming both peers and the step (glm_comm_fail_exchange_timeout). */
+    int (*exchange)(glm_comm *c, const void *sbuf, size_t sbytes, int to, void *rbuf, size_t rbytes, int from, int tag,
+                    const char *what, glm_err *err);
+    /* Every rank calls it: ranks with the same color >= 0 form *out (ordered by key); color < 0
+     * takes part and gets NULL. The result keeps c's timeout, step and interruptible. */
+    int (*split)(glm_comm *c, int color, int key, glm_comm **out, glm_err *err);
 };
 
 glm_comm *glm_comm_single(void);
@@ -78,6 +100,10 @@ int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *com
                   glm_err *err);
 /* A fresh ncclUniqueId (on rank 0) into id[128]. */
 int glm_nccl_unique_id(void *id, glm_err *err);
+/* The pipeline's transport over `world` GPU ranks (kind "nccl-pipe", see above) from a
+ * 128-byte ncclUniqueId every rank got from rank 0; stream is the backend's (glm_cuda_stream). */
+int glm_comm_nccl_pipe(glm_comm **out, int rank, int world, const void *id, void *stream, double timeout,
+                       glm_err *err);
 #endif
 
 /* Blocking forms: start + wait with c->timeout. */
@@ -89,6 +115,10 @@ int glm_comm_barrier(glm_comm *c, double timeout, const char *what, glm_err *err
 int glm_comm_fail_timeout(glm_comm *c, const char *op, const char *what, double waited, glm_err *err);
 int glm_comm_fail_signal(glm_comm *c, const char *op, const char *what, int sig, glm_err *err);
 int glm_comm_fail_broken(glm_comm *c, const char *op, const char *what, glm_err *err);
+/* The pipeline's texts: "rank R: pipeline WHAT (to rank X, from rank Y) at step S timed out after
+ * T s" (to/from -1: not named), and the same for a signal; they mark c broken. */
+int glm_comm_fail_exchange_timeout(glm_comm *c, const char *what, int to, int from, double waited, glm_err *err);
+int glm_comm_fail_exchange_signal(glm_comm *c, const char *what, int sig, glm_err *err);
 /* A polling loop's pause: nothing for the first tries, then short sleeps (ranks may share cores). */
 void glm_comm_backoff(long tries);
 

@@ -1,7 +1,8 @@
-/* Collectives over MPI for CPU ranks (host buffers, fp32/fp64). Each call posts MPI_I*
- * requests; wait polls them with MPI_Test against a deadline, so a dead or hung peer becomes
- * an error naming this rank, the collective and the step instead of a hang. Errors are
- * returned (MPI_ERRORS_RETURN), never fatal inside MPI. */
+/* Collectives and the pipeline's sends over MPI for CPU ranks (host buffers, fp32/fp64). Each
+ * collective posts MPI_I* requests; wait polls them with MPI_Test against a deadline, so a dead
+ * or hung peer becomes an error naming this rank, the collective and the step instead of a
+ * hang. exchange posts its sends and receives and polls them at once. Errors are returned
+ * (MPI_ERRORS_RETURN), never fatal inside MPI. */
 #ifdef GLM_HAVE_MPI
 #include <limits.h>
 #include <mpi.h>
@@ -199,6 +200,58 @@ static int m_sum_host(glm_comm *c, double *v, int n, double timeout, const char 
     return m_wait(c, timeout, err);
 }
 
+/* ---- point to point ---- */
+
+#define BYTE_CHUNK ((size_t)1 << 30) /* bytes per MPI send: counts are int */
+
+/* Waits for an exchange's n requests; to/from name the peers in a timeout message. */
+static int wait_exchange(glm_comm *c, MPI_Request *r, int n, const char *what, int to, int from, glm_err *err) {
+    double t0 = glm_now();
+    for (long tries = 0;; tries++) {
+        int done = 0, e = MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE);
+        if (e != MPI_SUCCESS) return mpi_failed(c, "pipeline", what, e, err);
+        if (done) return 0;
+        int sig = glm_signal_pending();
+        if (sig && c->interruptible) return glm_comm_fail_exchange_signal(c, what, sig, err);
+        double waited = glm_now() - t0;
+        if (c->timeout > 0 && waited > c->timeout) return glm_comm_fail_exchange_timeout(c, what, to, from, waited, err);
+        glm_comm_backoff(tries);
+    }
+}
+
+/* Posts a message as pieces of at most BYTE_CHUNK bytes (one empty piece for 0 bytes). */
+static int post(glm_comm *c, int send, void *buf, size_t bytes, int peer, int tag, MPI_Request *r, int *n) {
+    size_t o = 0;
+    do {
+        int k = (int)(bytes - o < BYTE_CHUNK ? bytes - o : BYTE_CHUNK), e;
+        e = send ? MPI_Isend((char *)buf + o, k, MPI_BYTE, peer, tag, IM(c)->comm, &r[(*n)++])
+                 : MPI_Irecv((char *)buf + o, k, MPI_BYTE, peer, tag, IM(c)->comm, &r[(*n)++]);
+        if (e != MPI_SUCCESS) return e;
+        o += (size_t)k;
+    } while (o < bytes);
+    return MPI_SUCCESS;
+}
+
+static int m_exchange(glm_comm *c, const void *sbuf, size_t sbytes, int to, void *rbuf, size_t rbytes, int from, int tag,
+                      const char *what, glm_err *err) {
+    if (c->broken) return glm_fail(err, "rank %d: pipeline %s: the transport failed earlier", c->rank, what);
+    size_t nreq = (to >= 0 ? sbytes / BYTE_CHUNK + 1 : 0) + (from >= 0 ? rbytes / BYTE_CHUNK + 1 : 0);
+    MPI_Request *r = glm_malloc(sizeof *r * (nreq ? nreq : 1));
+    int n = 0, e = MPI_SUCCESS;
+    tag &= 0x7fff; /* MPI guarantees tags up to 32767 */
+    if (from >= 0) e = post(c, 0, rbuf, rbytes, from, tag, r, &n);
+    if (to >= 0 && e == MPI_SUCCESS) e = post(c, 1, (void *)sbuf, sbytes, to, tag, r, &n);
+    int rc = e != MPI_SUCCESS ? mpi_failed(c, "pipeline", what, e, err) : wait_exchange(c, r, n, what, to, from, err);
+    free(r);
+    return rc;
+}
+
+static int m_split(glm_comm *c, int color, int key, glm_comm **out, glm_err *err) {
+    if (glm_comm_mpi_split(c, color, key, out, err)) return -1;
+    if (*out) (*out)->step = c->step;
+    return 0;
+}
+
 static void m_close(glm_comm *c) {
     mpi_impl *im = IM(c);
     /* a broken job must not enter MPI_Finalize: it synchronises with peers that may be gone */
@@ -242,6 +295,8 @@ int glm_comm_mpi(glm_comm **out, glm_err *err) {
     c->poke = m_poke;
     c->sum_host = m_sum_host;
     c->close = m_close;
+    c->exchange = m_exchange;
+    c->split = m_split;
     *out = c;
     return 0;
 }

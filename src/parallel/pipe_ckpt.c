@@ -125,7 +125,7 @@ static int agree(glm_pipe *p, int local_failed, const char *what, glm_err *err) 
     double f = local_failed;
     double keep = p->world->timeout;
     if (p->world->timeout > 0 && p->world->timeout < 3600) p->world->timeout = 3600; /* rank 0 may be writing */
-    int rc = p->world->sum_host(p->world, &f, 1, what, err);
+    int rc = p->world->sum_host(p->world, &f, 1, -1, what, err);
     p->world->timeout = keep;
     if (rc) return -1;
     if (f > 0 && !local_failed) return glm_fail(err, "rank %d: another rank failed while %s (see its log)", p->world->rank, what);

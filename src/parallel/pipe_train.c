@@ -321,7 +321,7 @@ int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_par_opts *a, const glm_confi
     if (cuda) {
 #ifdef GLM_HAVE_CUDA
         rc = nccl_ids(pp, P, ids, err);
-        if (!rc) rc = glm_p2p_nccl(&pp->world, dp->rank, W, ids, glm_cuda_stream(be), dp->cfg.timeout, err);
+        if (!rc) rc = glm_comm_nccl_pipe(&pp->world, dp->rank, W, ids, glm_cuda_stream(be), dp->cfg.timeout, err);
         if (!rc && D > 1)
             rc = glm_comm_nccl(&group, replica, D, ids + 128 * (1 + stage), glm_cuda_stream(be), dp->cfg.timeout, err);
 #endif
@@ -330,7 +330,9 @@ int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_par_opts *a, const glm_confi
         glm_hint(err, "start the ranks with mpirun -np %d, or glmtrain train --nproc_per_node %d", W > 1 ? W : P, W > 1 ? W : P);
     } else {
 #ifdef GLM_HAVE_MPI
-        rc = glm_p2p_mpi(&pp->world, err);
+        /* a communicator of the pipeline's own (every rank in it), so its messages never match
+         * the data-parallel collectives' */
+        rc = glm_comm_mpi_split(dp->boot, 0, dp->rank, &pp->world, err);
         /* every rank takes part in the split (D is the same everywhere) */
         if (!rc && D > 1) rc = glm_comm_mpi_split(dp->boot, stage, replica, &group, err);
 #endif
@@ -388,7 +390,7 @@ int glm_pp_ready(glm_pp *pp, glm_err *err) { return glm_pipe_sync_tied(&pp->pipe
 int glm_pp_sum(glm_pp *pp, double *v, int n, int long_wait, const char *what, glm_err *err) {
     double keep = pp->world->timeout;
     if (long_wait) pp->world->timeout = keep > 3600 ? keep : 3600; /* rank 0 may be doing I/O */
-    int rc = pp->world->sum_host(pp->world, v, n, what, err);
+    int rc = pp->world->sum_host(pp->world, v, n, -1, what, err);
     pp->world->timeout = keep;
     return rc;
 }

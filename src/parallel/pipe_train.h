@@ -22,7 +22,7 @@
 
 typedef struct glm_pp {
     glm_pipe pipe;
-    glm_p2p *world;      /* all ranks */
+    glm_comm *world;      /* all ranks */
     glm_dp *dp;          /* not owned */
     int world_rank, world_size;
     double busy_acc, step_acc; /* seconds since the last stats line */

@@ -12,7 +12,7 @@ static int is_last(const glm_pipe *p) { return p->stage == p->P - 1; }
 /* the last stage holds its own copy of a tied embedding */
 static int tied_split(const glm_pipe *p) { return p->P > 1 && p->m && p->m->cfg.tie_word_embeddings; }
 
-int glm_pipe_init(glm_pipe *p, glm_p2p *world, const glm_device_map *map, const glm_config *c, glm_err *err) {
+int glm_pipe_init(glm_pipe *p, glm_comm *world, const glm_device_map *map, const glm_config *c, glm_err *err) {
     *p = (glm_pipe){.map = *map, .P = map->n, .world = world};
     if (world->world % map->n) {
         glm_fail(err, "%d ranks cannot be split into pipelines of %d stages", world->world, map->n);
@@ -226,7 +226,7 @@ int glm_pipe_reduce_tied(glm_pipe *p, glm_err *err) {
     const glm_tensor *t = glm_table_get(&p->m->tab, -1, T_WORD_EMB);
     if (!t) return 0; /* a frozen embedding has no gradient to sum */
     p->tied->step = p->step;
-    return p->tied->allreduce(p->tied, glm_at(p->m->be, p->m->grads, t->offset), t->numel, cdtype(p->m->be),
+    return glm_comm_allreduce_sync(p->tied, glm_at(p->m->be, p->m->grads, t->offset), t->numel, cdtype(p->m->be),
                               "tied embedding gradient", err);
 }
 
@@ -244,13 +244,13 @@ int glm_pipe_reduce_prefix(glm_pipe *p, glm_err *err) {
         return glm_fail(err, "rank %d: stage %d holds a prefix encoder copy but has no communicator to sum its gradient",
                         p->world->rank, p->stage);
     p->stages->step = p->step;
-    return p->stages->allreduce(p->stages, p->m->grads, prefix_end(p->m), cdtype(p->m->be), "prefix encoder gradient", err);
+    return glm_comm_allreduce_sync(p->stages, p->m->grads, prefix_end(p->m), cdtype(p->m->be), "prefix encoder gradient", err);
 }
 
 int glm_pipe_dp_allreduce(glm_pipe *p, glm_err *err) {
     if (!p->dp) return 0;
     p->dp->step = p->step;
-    return p->dp->allreduce(p->dp, p->m->grads, p->m->tab.total, cdtype(p->m->be), "data-parallel gradients", err);
+    return glm_comm_allreduce_sync(p->dp, p->m->grads, p->m->tab.total, cdtype(p->m->be), "data-parallel gradients", err);
 }
 
 int glm_pipe_owns_tensor(const glm_pipe *p, const glm_tensor *t) {

@@ -5,7 +5,7 @@
  * runs the 1F1B schedule over the optimizer step's micro-batches: stage s first runs
  * min(P - s - 1, M) forwards, then alternates one forward and one backward, then drains the
  * remaining backwards; the last stage does each micro-batch's forward, loss and backward at
- * once. Hidden states [B*T, H] go forward and their gradients back through parallel/p2p.h.
+ * once. Hidden states [B*T, H] go forward and their gradients back through parallel/comm.h.
  * glm_stage_backward recomputes the stage's forward from its input, so a stage stashes only the
  * inputs of its in-flight micro-batches (at most P - s of them); with gradient_checkpointing
  * the recompute also keeps one layer's activations at a time.
@@ -23,16 +23,16 @@
 #include "data/batch.h"
 #include "model/glm.h"
 #include "parallel/device_map.h"
-#include "parallel/p2p.h"
+#include "parallel/comm.h"
 
 typedef struct glm_pipe {
     glm_device_map map;
     int P, D;                 /* stages, replicas */
     int stage, replica;       /* this rank's */
-    glm_p2p *world;           /* all P x D ranks (not owned) */
-    glm_p2p *tied;            /* this replica's first and last stage (tied head, P > 1), else NULL */
-    glm_p2p *dp;              /* this stage's D replicas (D > 1), else NULL */
-    glm_p2p *stages;          /* this replica's P stages (P-Tuning v2 over P > 1: the prefix copies), else NULL */
+    glm_comm *world;           /* all P x D ranks (not owned) */
+    glm_comm *tied;            /* this replica's first and last stage (tied head, P > 1), else NULL */
+    glm_comm *dp;              /* this stage's D replicas (D > 1), else NULL */
+    glm_comm *stages;          /* this replica's P stages (P-Tuning v2 over P > 1: the prefix copies), else NULL */
     glm_model *m;             /* this stage's model (not owned) */
     /* backend buffers sized for cap elements [N*H]: stashed stage inputs, send/recv */
     void **stash;
@@ -51,7 +51,7 @@ typedef struct glm_pipe {
 
 /* The ranks and sub-communicators: world->world must be a multiple of map->n. Every rank calls
  * it (the splits are collective). */
-int glm_pipe_init(glm_pipe *p, glm_p2p *world, const glm_device_map *map, const glm_config *c, glm_err *err);
+int glm_pipe_init(glm_pipe *p, glm_comm *world, const glm_device_map *map, const glm_config *c, glm_err *err);
 /* This rank's part of the map. */
 const glm_stage *glm_pipe_my_stage(const glm_pipe *p);
 /* Builds this stage's model on be (the caller owns it and frees it with glm_model_free). */

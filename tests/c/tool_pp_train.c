@@ -141,8 +141,8 @@ static int host_opt_state(glm_model *m, const glm_adamw *a, glm_opt_state *o) {
 
 static int run_pipeline(const opts *o, glm_comm *wc, glm_err *err) {
     glm_config c = tiny_config(o->tie);
-    glm_p2p *world;
-    if (glm_p2p_mpi(&world, err)) return -1;
+    glm_comm *world;
+    if (glm_comm_mpi_split(wc, 0, wc->rank, &world, err)) return -1; /* the pipeline's own communicator */
     world->timeout = o->timeout;
     glm_stage_shape sh;
     glm_stage_shape_init(&sh);
@@ -189,7 +189,7 @@ static int run_pipeline(const opts *o, glm_comm *wc, glm_err *err) {
         /* replicas hold the same gradients now: replica 0 counts the norm, every last stage its loss */
         size_t skip = glm_pipe_grad_skip(&p);
         double v[2] = {loss, p.replica == 0 ? m.be->sumsq(m.be, glm_at(m.be, m.grads, skip), m.tab.total - skip) : 0};
-        if (world->sum_host(world, v, 2, "loss and norm", err)) return -1;
+        if (world->sum_host(world, v, 2, -1, "loss and norm", err)) return -1;
         double norm = sqrt(v[1]);
         glm_adamw_step(&opt, &m, LR, glm_clip_coef(norm, MAX_NORM));
         if (world->rank == 0) printf("step %ld loss %.10e norm %.10e\n", s + 1, v[0] / n_sup, norm);

@@ -1,4 +1,6 @@
-/* Pipeline point-to-point over NCCL for GPU ranks (parallel/p2p.h). Sends and receives are
+/* The pipeline's transport over NCCL for GPU ranks (parallel/comm.h, kind "nccl-pipe"): exchange,
+ * allreduce, sum_host and split, each complete when it returns (wait has nothing left to do).
+ * Sends and receives are
  * queued on the backend's own stream, so they follow the compute that produced the data and
  * precede the compute that uses it without extra events. The communicator is non-blocking
  * (ncclConfig_t.blocking = 0), so no call can block on a dead peer: each operation records an
@@ -12,21 +14,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
-#include "parallel/p2p.h"
+#include "parallel/comm.h"
 #include "parallel/signals.h"
 
 #define HOST_MAX 4096 /* doubles per sum_host */
 
-typedef struct nccl_p2p {
+typedef struct nccl_pipe {
     ncclComm_t comm;
     cudaStream_t st;   /* the backend's stream (not owned) */
     cudaEvent_t done;
     double *dbuf, *hbuf; /* sum_host: device and pinned host */
-} nccl_p2p;
+} nccl_pipe;
 
-static nccl_p2p *IM(glm_p2p *c) { return (nccl_p2p *)c->impl; }
+static nccl_pipe *IM(glm_comm *c) { return (nccl_pipe *)c->impl; }
 
-static void abort_comm(glm_p2p *c) {
+static void abort_comm(glm_comm *c) {
     if (IM(c)->comm) ncclCommAbort(IM(c)->comm);
     IM(c)->comm = NULL;
     c->broken = 1;
@@ -36,21 +38,21 @@ static ncclDataType_t nccl_type(glm_cdtype dt) {
     return dt == GLM_C_F32 ? ncclFloat32 : dt == GLM_C_BF16 ? ncclBfloat16 : dt == GLM_C_F16 ? ncclFloat16 : ncclFloat64;
 }
 
-static int failed(glm_p2p *c, const char *what, ncclResult_t r, glm_err *err) {
+static int failed(glm_comm *c, const char *what, ncclResult_t r, glm_err *err) {
     glm_fail(err, "rank %d: pipeline %s at step %ld failed: NCCL %s", c->rank, what, c->step, ncclGetErrorString(r));
     abort_comm(c);
     return glm_hint(err, "another rank probably died; see its log (output_dir/logs/rank-N.log); NCCL_DEBUG=WARN tells more");
 }
 
 /* Waits until NCCL has accepted a non-blocking call (it returns ncclInProgress meanwhile). */
-static int settle(glm_p2p *c, ncclResult_t r, const char *what, glm_err *err) {
+static int settle(glm_comm *c, ncclResult_t r, const char *what, glm_err *err) {
     double t0 = glm_now();
     for (long tries = 0; r == ncclInProgress; tries++) {
         int sig = glm_signal_pending();
-        if (sig && c->interruptible) { abort_comm(c); return glm_p2p_fail_signal(c, what, sig, err); }
+        if (sig && c->interruptible) { abort_comm(c); return glm_comm_fail_exchange_signal(c, what, sig, err); }
         if (c->timeout > 0 && glm_now() - t0 > c->timeout) {
             abort_comm(c);
-            return glm_p2p_fail_timeout(c, what, -1, -1, glm_now() - t0, err);
+            return glm_comm_fail_exchange_timeout(c, what, -1, -1, glm_now() - t0, err);
         }
         glm_comm_backoff(tries);
         ncclCommGetAsyncError(IM(c)->comm, &r);
@@ -59,8 +61,8 @@ static int settle(glm_p2p *c, ncclResult_t r, const char *what, glm_err *err) {
 }
 
 /* Polls the event recorded after the queued operation. */
-static int wait_done(glm_p2p *c, const char *what, int to, int from, glm_err *err) {
-    nccl_p2p *im = IM(c);
+static int wait_done(glm_comm *c, const char *what, int to, int from, glm_err *err) {
+    nccl_pipe *im = IM(c);
     cudaEventRecord(im->done, im->st);
     double t0 = glm_now();
     for (long tries = 0;; tries++) {
@@ -75,20 +77,20 @@ static int wait_done(glm_p2p *c, const char *what, int to, int from, glm_err *er
         ncclCommGetAsyncError(im->comm, &a);
         if (a != ncclSuccess && a != ncclInProgress) return failed(c, what, a, err);
         int sig = glm_signal_pending();
-        if (sig && c->interruptible) { abort_comm(c); return glm_p2p_fail_signal(c, what, sig, err); }
+        if (sig && c->interruptible) { abort_comm(c); return glm_comm_fail_exchange_signal(c, what, sig, err); }
         double waited = glm_now() - t0;
         if (c->timeout > 0 && waited > c->timeout) {
             abort_comm(c);
-            return glm_p2p_fail_timeout(c, what, to, from, waited, err);
+            return glm_comm_fail_exchange_timeout(c, what, to, from, waited, err);
         }
         glm_comm_backoff(tries);
     }
 }
 
-static int n_exchange(glm_p2p *c, const void *sbuf, size_t sbytes, int to, void *rbuf, size_t rbytes, int from, int tag,
+static int n_exchange(glm_comm *c, const void *sbuf, size_t sbytes, int to, void *rbuf, size_t rbytes, int from, int tag,
                       const char *what, glm_err *err) {
     if (c->broken) return glm_fail(err, "rank %d: pipeline %s: the transport failed earlier", c->rank, what);
-    nccl_p2p *im = IM(c);
+    nccl_pipe *im = IM(c);
     ncclResult_t r = ncclGroupStart();
     if (r == ncclSuccess && to >= 0) r = ncclSend(sbuf, sbytes, ncclInt8, to, im->comm, im->st);
     if ((r == ncclSuccess || r == ncclInProgress) && from >= 0) r = ncclRecv(rbuf, rbytes, ncclInt8, from, im->comm, im->st);
@@ -97,15 +99,29 @@ static int n_exchange(glm_p2p *c, const void *sbuf, size_t sbytes, int to, void 
     return wait_done(c, what, to, from, err);
 }
 
-static int n_allreduce(glm_p2p *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
+static int sum_values(glm_comm *c, double *v, int n, const char *what, glm_err *err);
+
+static int n_allreduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
     if (c->broken) return glm_fail(err, "rank %d: pipeline %s: the transport failed earlier", c->rank, what);
     ncclResult_t r = ncclAllReduce(buf, buf, n, nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->st);
     if (settle(c, r, what, err)) return -1;
     return wait_done(c, what, -1, -1, err);
 }
 
-static int n_sum_host(glm_p2p *c, double *v, int n, const char *what, glm_err *err) {
-    nccl_p2p *im = IM(c);
+static int n_sum_host(glm_comm *c, double *v, int n, double timeout, const char *what, glm_err *err) {
+    double keep = c->timeout;
+    if (timeout >= 0) c->timeout = timeout; /* 0: no limit, as comm.h's wait */
+    int rc = sum_values(c, v, n, what, err);
+    c->timeout = keep;
+    return rc;
+}
+
+static int n_wait(glm_comm *c, double timeout, glm_err *err) {
+    return c->broken ? glm_fail(err, "rank %d: pipeline transport: it failed earlier", c->rank) : 0;
+}
+
+static int sum_values(glm_comm *c, double *v, int n, const char *what, glm_err *err) {
+    nccl_pipe *im = IM(c);
     if (n > HOST_MAX) return glm_fail(err, "pipeline %s: %d values (at most %d)", what, n, HOST_MAX);
     memcpy(im->hbuf, v, sizeof(double) * (size_t)n);
     cudaMemcpyAsync(im->dbuf, im->hbuf, sizeof(double) * (size_t)n, cudaMemcpyHostToDevice, im->st);
@@ -116,8 +132,8 @@ static int n_sum_host(glm_p2p *c, double *v, int n, const char *what, glm_err *e
     return 0;
 }
 
-static void n_close(glm_p2p *c) {
-    nccl_p2p *im = IM(c);
+static void n_close(glm_comm *c) {
+    nccl_pipe *im = IM(c);
     if (c->broken || !im->comm) {
         abort_comm(c);
     } else {
@@ -132,9 +148,9 @@ static void n_close(glm_p2p *c) {
     free(c);
 }
 
-static glm_p2p *make(int rank, int world, cudaStream_t st, double timeout, glm_err *err);
+static glm_comm *make(int rank, int world, cudaStream_t st, double timeout, glm_err *err);
 
-static int n_split(glm_p2p *c, int color, int key, glm_p2p **out, glm_err *err) {
+static int n_split(glm_comm *c, int color, int key, glm_comm **out, glm_err *err) {
     *out = NULL;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
@@ -148,7 +164,7 @@ static int n_split(glm_p2p *c, int color, int key, glm_p2p **out, glm_err *err) 
     if (settle(c, ncclInProgress, "communicator split", err)) { if (nc) ncclCommAbort(nc); return -1; }
     if (color >= 0 && !nc) return glm_fail(err, "rank %d: communicator split (color %d) gave no communicator", c->rank, color);
     if (!nc) return 0;
-    glm_p2p *s = make(0, 0, IM(c)->st, c->timeout, err);
+    glm_comm *s = make(0, 0, IM(c)->st, c->timeout, err);
     if (!s) { ncclCommAbort(nc); return -1; }
     IM(s)->comm = nc;
     if (settle(s, ncclInProgress, "communicator split", err)) { n_close(s); return -1; }
@@ -160,10 +176,10 @@ static int n_split(glm_p2p *c, int color, int key, glm_p2p **out, glm_err *err) 
     return 0;
 }
 
-static glm_p2p *make(int rank, int world, cudaStream_t st, double timeout, glm_err *err) {
-    glm_p2p *c = glm_calloc(1, sizeof *c);
-    nccl_p2p *im = glm_calloc(1, sizeof *im);
-    c->kind = "nccl";
+static glm_comm *make(int rank, int world, cudaStream_t st, double timeout, glm_err *err) {
+    glm_comm *c = glm_calloc(1, sizeof *c);
+    nccl_pipe *im = glm_calloc(1, sizeof *im);
+    c->kind = "nccl-pipe";
     c->rank = rank;
     c->world = world;
     c->timeout = timeout;
@@ -180,15 +196,16 @@ static glm_p2p *make(int rank, int world, cudaStream_t st, double timeout, glm_e
     }
     c->exchange = n_exchange;
     c->allreduce = n_allreduce;
+    c->wait = n_wait;
     c->sum_host = n_sum_host;
     c->split = n_split;
     c->close = n_close;
     return c;
 }
 
-int glm_p2p_nccl(glm_p2p **out, int rank, int world, const void *id, void *stream, double timeout, glm_err *err) {
+int glm_comm_nccl_pipe(glm_comm **out, int rank, int world, const void *id, void *stream, double timeout, glm_err *err) {
     setenv("NCCL_NVLS_ENABLE", "0", 0);
-    glm_p2p *c = make(rank, world, (cudaStream_t)stream, timeout, err);
+    glm_comm *c = make(rank, world, (cudaStream_t)stream, timeout, err);
     if (!c) return -1;
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
