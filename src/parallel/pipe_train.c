@@ -141,14 +141,18 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
         lc.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.05f,
                              .lora_targets = GLM_LORA_QKV};
         glm_stage_shape s = sh;
-        for (int pass = 0; pass < 2; pass++) { /* as asked, then with full checkpointing */
-            int ck = pass ? GLM_CKPT_FULL : a->gradient_checkpointing;
+        /* as asked, then with selective, then with full checkpointing: the first that fits */
+        const int levels[3] = {a->gradient_checkpointing, GLM_CKPT_SELECTIVE, GLM_CKPT_FULL};
+        static const char *const with[] = {"--finetuning_type lora", "--finetuning_type lora --gradient_checkpointing",
+                                           "--finetuning_type lora --gradient_checkpointing selective"};
+        for (int pass = 0; pass < 3; pass++) {
+            int ck = levels[pass];
+            if (pass && thriftier(ck, a->gradient_checkpointing) != ck) continue; /* keeps more than asked */
             s.gradient_checkpointing = ck;
             s.dp = a->zero_stage >= 1 ? D : 1;
             glm_mem_plan p = glm_stage_memory_plan(&lc, &map, 0, &s);
             if (p.total > cap) continue;
-            found += add_fit(buf, n, &at, found, pass && ck != a->gradient_checkpointing ? "--finetuning_type lora --gradient_checkpointing"
-                                                                                          : "--finetuning_type lora", &p);
+            found += add_fit(buf, n, &at, found, pass == 0 || ck == a->gradient_checkpointing ? with[0] : with[ck], &p);
             break;
         }
     }

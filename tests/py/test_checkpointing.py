@@ -6,6 +6,7 @@
     (0.1), where the recompute must draw the same masks;
   - the memory plan orders the levels none > selective > full (glmtrain info), and for ChatGLM-6B
     W1 selective stays within full's plan + 10%;
+  - a full fine-tune refused under 24 GiB is told LoRA with selective checkpointing fits;
   - auto picks the least recompute that fits --max_memory_per_gpu: none under a roomy cap,
     selective between the two plans, full under a tight one, and a cap below every level is
     refused naming the layouts that fit;
@@ -71,6 +72,12 @@ def main():
         p6 = {lv: info_total(w1 + ["--gradient_checkpointing", lv]) for lv in ("false", "selective", "true")}
         report("plan_w1_selective_within_full_plus_10pct", p6["selective"] <= 1.1 * p6["true"] and p6["selective"] < p6["false"],
                "ChatGLM-6B W1: none %.2f, selective %.2f, full %.2f GiB" % tuple(p6[k] / 2 ** 30 for k in ("false", "selective", "true")))
+
+        # the refusal's hint for one 24 GB card names LoRA with the least recompute that fits
+        p = subprocess.run([T.GLM, "info"] + w1 + ["--max_memory_per_gpu", "24GiB"], capture_output=True, text=True, timeout=60)
+        hint = [l for l in p.stdout.splitlines() if l.startswith("hint:")]
+        report("plan_24gb_hint_lora_selective", bool(hint) and "--finetuning_type lora --gradient_checkpointing selective (plans" in hint[0],
+               hint[0][:300] if hint else p.stdout[-300:])
 
         # 3. auto under caps: roomy, between none and selective, between selective and full, below full
         def auto(cap):
