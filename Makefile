@@ -32,7 +32,7 @@ ifneq ($(NVCC_PATH),)
   NVCCFLAGS += -MMD -MP
   # GPU tests and the training benchmark: built with the CUDA backend only (run on a GPU machine)
   CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(sort $(wildcard tests/cuda/test_*.c)))
-  CUDA_BINS := $(CUDA_TEST_BIN) $(BUILD)/bench_train $(BUILD)/bench_decode $(BUILD)/overlap_probe
+  CUDA_BINS := $(CUDA_TEST_BIN) $(BUILD)/bench_train $(BUILD)/bench_decode $(BUILD)/bench_attn $(BUILD)/overlap_probe
 endif
 
 # MPI for data parallelism on CPU ranks (OpenMPI; src/parallel/comm_mpi.c): on when mpicc is
@@ -93,6 +93,9 @@ $(BUILD)/bench_train: bench/bench_train.c bench/bench_common.h $(BUILD)/libglm.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
 
 $(BUILD)/bench_decode: bench/bench_decode.c bench/bench_common.h $(BUILD)/libglm.a
+	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
+
+$(BUILD)/bench_attn: bench/bench_attn.c $(BUILD)/libglm.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
 
 # 2 GPUs: how gradient traffic beside backward-shaped GEMMs slows them, by transport (docs/PERF.md)
