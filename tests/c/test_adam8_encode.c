@@ -2,8 +2,9 @@
  * against the scalar text of backend/quant8.h (glm_q8_encode, which tests/py/test_adam8.py
  * checks against bitsandbytes' code), code for code, on the values where a search can go
  * wrong: every map value, the float32 midpoints between neighbours and the floats either side,
- * +-0, values beyond the map's ends, NaN (a block whose absmax is 0), subnormals, random values;
- * both maps, and lengths that leave a scalar tail. */
+ * +-0, values beyond the map's ends, NaN (a block whose absmax is 0), subnormals, random values,
+ * the ends, middle and random floats of every range of the threshold tables (all 65536 patterns
+ * of the top 16 bits); both maps, and lengths that leave a scalar tail. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +68,26 @@ int main(void) {
         bad = check(code, kind, r, amax, R);
         TEST_CHECK(&tc, name, bad == 0, "%zu of %zu codes differ", bad, R);
         free(r);
+        /* every range of floats sharing their top 16 bits (the tables' ranges): both ends, the
+         * middle and random floats inside, NaN and inf patterns included, at absmax 1 */
+        size_t S = (size_t)65536 * 8, k = 0;
+        float *sw = malloc(sizeof(float) * S);
+        for (uint32_t top = 0; top < 65536; top++) {
+            uint32_t lows[8] = {0, 1, 0x7fff, 0x8000, 0xfffe, 0xffff, (uint32_t)glm_rng_below(&rng, 65536),
+                                (uint32_t)glm_rng_below(&rng, 65536)};
+            for (int e = 0; e < 8; e++) {
+                uint32_t b = top << 16 | lows[e];
+                memcpy(&sw[k++], &b, 4);
+            }
+        }
+        snprintf(name, sizeof name, "q8_encode_every_table_range_%s", kn);
+        bad = check(code, kind, sw, 1.0f, S);
+        TEST_CHECK(&tc, name, bad == 0, "%zu of %zu codes differ", bad, S);
+        free(sw);
     }
+#ifdef __AVX2__
+    /* the tables must pass their own checks, or the sweep above tested only the search */
+    TEST_CHECK(&tc, "q8_encode_tables_in_use", cpu_q8_encode_tables_ok(), "a table check failed: the lanes search instead");
+#endif
     TEST_EXIT(&tc);
 }

@@ -11,4 +11,7 @@ void cpu_adamw8(float *param, float *master, const float *grad, uint8_t *qm, uin
 /* codes[j] = glm_q8_encode(code, kind, x[j], amax) for j < n (backend/quant8.h): the encoder the
  * op uses, in AVX2 lanes where the build has them (tests compare it with the scalar one). */
 void cpu_q8_encode_n(uint8_t *codes, const float *code, int kind, const float *x, float amax, size_t n);
+/* Whether the encoder counts thresholds by its tables (1; built once and checked against
+ * glm_q8_search) or searches (0: no AVX2, or a check failed). */
+int cpu_q8_encode_tables_ok(void);
 #endif
