@@ -105,36 +105,43 @@ static int load_optimizer(const char *path, glm_model *m, glm_opt_state *o, glm_
 }
 
 /* The 8-bit moments as stored (glm_opt_state's q8 fields). */
-static int save_optimizer_8bit(const char *path, const glm_opt_state *o, glm_err *err) {
+int glm_checkpoint_save_8bit(const char *path, const glm_opt_state *o, glm_err *err) {
     int64_t n = (int64_t)o->q8_n, nb = (int64_t)((o->q8_n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK);
-    int64_t layout[2] = {o->q8_ranks > 1 ? o->q8_ranks : 1, n / (o->q8_ranks > 1 ? o->q8_ranks : 1)};
+    int64_t layout[3] = {o->q8_ranks > 1 ? o->q8_ranks : 1, n / (o->q8_ranks > 1 ? o->q8_ranks : 1), (int64_t)o->q8_table};
     st_entry e[5] = {
         {.name = "exp_avg.codes", .ndim = 1, .shape = {n}, .data = o->qm, .data_dtype = ST_U8, .file_dtype = ST_U8},
         {.name = "exp_avg.absmax", .ndim = 1, .shape = {nb}, .data = o->am, .data_dtype = ST_F32, .file_dtype = ST_F32},
         {.name = "exp_avg_sq.codes", .ndim = 1, .shape = {n}, .data = o->qv, .data_dtype = ST_U8, .file_dtype = ST_U8},
         {.name = "exp_avg_sq.absmax", .ndim = 1, .shape = {nb}, .data = o->av, .data_dtype = ST_F32, .file_dtype = ST_F32},
-        /* ranks, state elements per rank: blocks are cut over each rank's own index space */
-        {.name = "layout", .ndim = 1, .shape = {2}, .data = layout, .data_dtype = ST_I64, .file_dtype = ST_I64},
+        /* ranks, state elements per rank (blocks are cut over each rank's own index space), and
+         * the table's fingerprint */
+        {.name = "layout", .ndim = 1, .shape = {3}, .data = layout, .data_dtype = ST_I64, .file_dtype = ST_I64},
     };
     return st_save(path, e, 5, 0, err);
 }
 
-int glm_checkpoint_load_8bit(const char *dir, glm_opt_state *o, glm_err *err) {
+int glm_checkpoint_load_8bit(const char *dir, const char *file, glm_opt_state *o, glm_err *err) {
     char path[4096];
-    glm_path_join(path, sizeof path, dir, "optimizer_8bit.safetensors");
+    glm_path_join(path, sizeof path, dir, file ? file : "optimizer_8bit.safetensors");
     if (!o->q8_n || !glm_is_file(path)) return 0;
     st_reader *r;
     if (st_open(&r, path, err)) return -1;
     int64_t shape[ST_MAX_DIMS];
     int ndim, rc = 0;
     size_t nb = (o->q8_n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK;
-    int64_t layout[2] = {1, (int64_t)o->q8_n}, want = o->q8_ranks > 1 ? o->q8_ranks : 1;
-    if (st_info(r, "layout", NULL, NULL, NULL) == 0 && st_read_raw(r, "layout", ST_I64, layout, sizeof layout, err)) {
-        st_close(r);
-        return -1;
+    /* ranks, elements per rank, the table's fingerprint (files of earlier versions: the first two) */
+    int64_t layout[3] = {1, (int64_t)o->q8_n, 0}, want = o->q8_ranks > 1 ? o->q8_ranks : 1;
+    int64_t ln = 0;
+    if (st_info(r, "layout", NULL, &ndim, shape) == 0) {
+        ln = ndim == 1 && shape[0] >= 2 && shape[0] <= 3 ? shape[0] : 0;
+        if (!ln || st_read_raw(r, "layout", ST_I64, layout, (size_t)ln * sizeof(int64_t), err)) {
+            st_close(r);
+            return ln ? -1 : glm_fail(err, "%s: its layout entry is not 2 or 3 numbers", path);
+        }
     }
-    if (layout[0] == want && (size_t)(layout[0] * layout[1]) == o->q8_n && st_info(r, "exp_avg.codes", NULL, &ndim, shape) == 0 &&
-        ndim == 1 && (size_t)shape[0] == o->q8_n) {
+    int same_table = ln < 3 || !layout[2] || !o->q8_table || (uint64_t)layout[2] == o->q8_table;
+    if (same_table && layout[0] == want && (size_t)(layout[0] * layout[1]) == o->q8_n &&
+        st_info(r, "exp_avg.codes", NULL, &ndim, shape) == 0 && ndim == 1 && (size_t)shape[0] == o->q8_n) {
         rc = st_read_raw(r, "exp_avg.codes", ST_U8, o->qm, o->q8_n, err) ||
              st_read_raw(r, "exp_avg_sq.codes", ST_U8, o->qv, o->q8_n, err) ||
              st_read_raw(r, "exp_avg.absmax", ST_F32, o->am, nb * 4, err) ||
@@ -219,7 +226,7 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
     }
     int rc = glm_model_save_trainable(m, tmp, err);
     if (!rc) { glm_path_join(path, sizeof path, tmp, "optimizer.safetensors"); rc = save_optimizer(path, m, o, err); }
-    if (!rc && o->q8_n) { glm_path_join(path, sizeof path, tmp, "optimizer_8bit.safetensors"); rc = save_optimizer_8bit(path, o, err); }
+    if (!rc && o->q8_n) { glm_path_join(path, sizeof path, tmp, "optimizer_8bit.safetensors"); rc = glm_checkpoint_save_8bit(path, o, err); }
     if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
     if (!rc && args_json) { glm_path_join(path, sizeof path, tmp, "training_args.json"); rc = glm_write_file_atomic(path, args_json, strlen(args_json), err); }
     /* trainer_state.json last: its presence marks the checkpoint complete */
@@ -233,9 +240,11 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
 }
 
 /* Host buffers for a whole 8-bit state (filled from opt when fill). */
-static void q8_alloc(glm_opt_state *o, const glm_adamw *opt, glm_backend *be, int fill) {
+static void q8_alloc(glm_opt_state *o, const glm_adamw *opt, const glm_model *m, int fill) {
+    glm_backend *be = m->be;
     size_t nb = (opt->n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK;
     o->q8_n = opt->n;
+    o->q8_table = glm_table_fingerprint(&m->tab);
     o->qm = glm_malloc(opt->n + 1);
     o->qv = glm_malloc(opt->n + 1);
     o->am = glm_malloc(nb * sizeof(float) + 1);
@@ -256,7 +265,7 @@ int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *o
     glm_adamw_get(opt, be, 0, total, host, host + total, opt->master ? host + 2 * total : NULL);
     glm_opt_state o = {.lo = 0, .hi = total, .m = host, .v = host + total, .master = opt->master ? host + 2 * total : NULL,
                        .step = opt->step};
-    if (opt->kind == GLM_OPTIM_ADAMW8) q8_alloc(&o, opt, be, 1);
+    if (opt->kind == GLM_OPTIM_ADAMW8) q8_alloc(&o, opt, m, 1);
     int rc = glm_checkpoint_save_state(output_dir, m, &o, st, tokenizer_path, args_json, err);
     q8_free(&o);
     free(host);
@@ -280,6 +289,11 @@ int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, g
 }
 
 int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train_state *st, glm_err *err) {
+    return glm_checkpoint_load_as(dir, m, opt, NULL, st, err);
+}
+
+int glm_checkpoint_load_as(const char *dir, glm_model *m, glm_adamw *opt, const char *q8_file, glm_train_state *st,
+                           glm_err *err) {
     glm_backend *be = m->be;
     size_t total = m->tab.total;
     float *host = glm_malloc(sizeof(float) * total * 3);
@@ -290,8 +304,8 @@ int glm_checkpoint_load(const char *dir, glm_model *m, glm_adamw *opt, glm_train
         opt->step = o.step;
     }
     if (rc == 0 && opt->kind == GLM_OPTIM_ADAMW8) {
-        q8_alloc(&o, opt, be, 0);
-        int got = glm_checkpoint_load_8bit(dir, &o, err);
+        q8_alloc(&o, opt, m, 0);
+        int got = glm_checkpoint_load_8bit(dir, q8_file, &o, err);
         if (got < 0) rc = -1;
         if (got > 0) glm_adamw_put_q8(opt, be, 0, opt->n, o.qm, o.qv, o.am, o.av);
         q8_free(&o);

@@ -45,6 +45,9 @@ typedef struct glm_opt_state {
     int q8_ranks;        /* the states of how many ranks' shards follow one another (0 or 1: one process's) */
     uint8_t *qm, *qv;    /* [q8_n] */
     float *am, *av;      /* [ceil(q8_n / GLM_ADAM8_BLOCK)] */
+    /* the trainable table the codes follow (glm_table_fingerprint; 0: not known): a checkpoint
+     * of another table with as many elements (another pipeline split) is not taken for this one */
+    uint64_t q8_table;
 } glm_opt_state;
 
 /* Writes output_dir/checkpoint-<step>. tokenizer_path may be NULL; args_json may be NULL. */
@@ -61,7 +64,13 @@ int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, g
 /* The 8-bit moments as stored in dir, when they are of o's layout (o->q8_n elements from
  * o->q8_ranks ranks; buffers allocated by the caller): 1 read, 0 none of that layout (the fp32
  * moments then stand), -1 a damaged file. */
-int glm_checkpoint_load_8bit(const char *dir, glm_opt_state *o, glm_err *err);
+int glm_checkpoint_load_8bit(const char *dir, const char *file, glm_opt_state *o, glm_err *err);
+/* Writes o's 8-bit moments (codes, absmax, layout) to path: optimizer_8bit.safetensors, or a
+ * pipeline stage's optimizer_8bit-0000K-of-0000P.safetensors (file NULL above: the former). */
+int glm_checkpoint_save_8bit(const char *path, const glm_opt_state *o, glm_err *err);
+/* glm_checkpoint_load with the 8-bit moments read from `q8_file` in dir (NULL: the default). */
+int glm_checkpoint_load_as(const char *dir, glm_model *m, glm_adamw *opt, const char *q8_file, glm_train_state *st,
+                           glm_err *err);
 /* The complete checkpoint with the highest step in output_dir; -1 when there is none. */
 int glm_checkpoint_latest(const char *output_dir, char *out, size_t n);
 /* The steps of output_dir's complete checkpoints, ascending (*steps: caller frees); their count. */

@@ -170,3 +170,15 @@ void glm_table_unit_slots(const glm_table *tab, int tie_word_embeddings, size_t 
     }
     free(u);
 }
+
+uint64_t glm_table_fingerprint(const glm_table *tab) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a, 64 bits */
+    for (int i = 0; i < tab->n; i++) {
+        const glm_tensor *t = &tab->t[i];
+        for (const char *c = t->name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+        uint64_t v[2] = {t->offset, t->numel};
+        for (int k = 0; k < 2; k++)
+            for (int b = 0; b < 8; b++) h = (h ^ ((v[k] >> (8 * b)) & 0xff)) * 1099511628211ULL;
+    }
+    return h & 0x7fffffffffffffffULL; /* stored as int64 */
+}

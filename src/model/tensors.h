@@ -94,6 +94,9 @@ void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, 
                            size_t unit_align);
 void glm_table_free(glm_table *tab);
 /* Row for (layer, kind), layer = -1 for globals; NULL when the model has no such tensor. */
+/* A fingerprint of the table's layout (every row's name, offset and size, in order): what a
+ * checkpoint of per-element state laid out by it (8-bit optimizer codes) is matched against. */
+uint64_t glm_table_fingerprint(const glm_table *tab);
 const glm_tensor *glm_table_get(const glm_table *tab, int layer, glm_tkind kind);
 const glm_tensor *glm_table_find(const glm_table *tab, const char *name);
 

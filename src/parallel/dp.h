@@ -82,6 +82,8 @@ typedef struct glm_dp {
     double hook_s;         /* host time spent starting buckets in this backward (GLMTRAIN_DP_DEBUG) */
     int no_overlap;        /* GLMTRAIN_DP_NO_OVERLAP=1, a diagnostic: buckets wait for the end of backward */
     int zero2;             /* ZeRO-2 staging on (a whole model on world > 1 ranks) */
+    char q8_file[64];      /* where checkpoints keep this model's 8-bit moments ("": optimizer_8bit.safetensors;
+                            * a pipeline stage's own file, set by parallel/pipe_train.c) */
     glm_dp_z2 z2;
     glm_dp_peer *peer;     /* ZeRO 0/1 on the GPUs of one node: gradients move by copy engines (or NULL) */
     int z0_ag_backward;    /* GLMTRAIN_DP_Z0_AG_BACKWARD=1: ZeRO-0 all-gathers each bucket's sums right after its reduce-scatter */
@@ -200,8 +202,10 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err);
 /* ok = 0 after a failure: MPI/NCCL are then torn down without the collective shutdown. */
 void glm_dp_close(glm_dp *dp, int ok);
 /* The whole optimizer state in host memory on rank 0 (o->m owns the block; free(o->m)), gathered
- * from the shards under ZeRO; every rank calls it. For writers with their own layout
+ * from the shards under ZeRO, with 8-bit moments' codes as stored (free them with
+ * glm_opt_state_free_q8); every rank calls it. For writers with their own layout
  * (parallel/pipe_ckpt.c). */
 int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err);
+void glm_opt_state_free_q8(glm_opt_state *o);
 
 #endif

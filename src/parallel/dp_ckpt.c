@@ -76,7 +76,7 @@ static int gather_q8(glm_dp *dp, glm_opt_state *os, glm_err *err) {
     float *am = glm_malloc(nb * sizeof(float) + 4), *av = glm_malloc(nb * sizeof(float) + 4);
     glm_adamw_get_q8(o, dp->m->be, 0, S, qm, qv, am, av);
     if (dp->rank == 0) {
-        *os = (glm_opt_state){.q8_n = S * W, .q8_ranks = dp->world};
+        *os = (glm_opt_state){.q8_n = S * W, .q8_ranks = dp->world, .q8_table = glm_table_fingerprint(&dp->m->tab)};
         os->qm = glm_malloc(S * W);
         os->qv = glm_malloc(S * W);
         os->am = glm_malloc(nb * W * sizeof(float) + 4);
@@ -134,7 +134,7 @@ int glm_dp_save(glm_dp *dp, const char *output_dir, const glm_train_state *st, c
 }
 
 int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) {
-    if (!dp->sharded) return glm_checkpoint_load(dir, dp->m, dp->opt, st, err);
+    if (!dp->sharded) return glm_checkpoint_load_as(dir, dp->m, dp->opt, dp->q8_file[0] ? dp->q8_file : NULL, st, err);
     glm_backend *be = dp->m->be;
     glm_adamw *o = dp->opt;
     size_t S = dp->shard;
@@ -152,8 +152,9 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) 
     if (rc == 0 && o->kind == GLM_OPTIM_ADAMW8) { /* the same ranks and shards: this rank's codes as they were */
         size_t W = (size_t)dp->world, nb = S / GLM_ADAM8_BLOCK;
         glm_opt_state q = {.q8_n = S * W, .q8_ranks = dp->world, .qm = glm_malloc(S * W), .qv = glm_malloc(S * W),
-                           .am = glm_malloc(nb * W * sizeof(float) + 4), .av = glm_malloc(nb * W * sizeof(float) + 4)};
-        int got = glm_checkpoint_load_8bit(dir, &q, err);
+                           .am = glm_malloc(nb * W * sizeof(float) + 4), .av = glm_malloc(nb * W * sizeof(float) + 4),
+                           .q8_table = glm_table_fingerprint(&dp->m->tab)};
+        int got = glm_checkpoint_load_8bit(dir, dp->q8_file[0] ? dp->q8_file : NULL, &q, err);
         if (got < 0) rc = -1;
         if (got > 0)
             glm_adamw_put_q8(o, be, 0, S, q.qm + (size_t)dp->rank * S, q.qv + (size_t)dp->rank * S, q.am + (size_t)dp->rank * nb,
@@ -181,6 +182,27 @@ int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err) {
         if (tmp) be->free(be, tmp);
     }
     if (host) { o->m = host; o->v = host + n; o->master = a->master ? host + 2 * n : NULL; }
-    if (rc) { free(host); *o = (glm_opt_state){0}; }
+    if (rc == 0 && a->kind == GLM_OPTIM_ADAMW8) { /* and the codes as stored (rank 0), for an exact resume */
+        glm_opt_state q = {0};
+        if (sharded) {
+            rc = gather_q8(dp, &q, err);
+        } else if (dp->rank == 0) {
+            size_t nb = (a->n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK;
+            q = (glm_opt_state){.q8_n = a->n, .q8_ranks = 1, .qm = glm_malloc(a->n + 1), .qv = glm_malloc(a->n + 1),
+                                .am = glm_malloc(nb * sizeof(float) + 4), .av = glm_malloc(nb * sizeof(float) + 4),
+                                .q8_table = glm_table_fingerprint(&dp->m->tab)};
+            glm_adamw_get_q8(a, be, 0, a->n, q.qm, q.qv, q.am, q.av);
+        }
+        o->q8_n = q.q8_n; o->q8_ranks = q.q8_ranks; o->q8_table = q.q8_table;
+        o->qm = q.qm; o->qv = q.qv; o->am = q.am; o->av = q.av;
+    }
+    if (rc) { free(host); glm_opt_state_free_q8(o); *o = (glm_opt_state){0}; }
     return rc;
+}
+
+void glm_opt_state_free_q8(glm_opt_state *o) {
+    free(o->qm); free(o->qv); free(o->am); free(o->av);
+    o->qm = o->qv = NULL;
+    o->am = o->av = NULL;
+    o->q8_n = 0;
 }

@@ -13,6 +13,8 @@ static void shard_name(char *out, size_t n, const char *kind, int k, int P) {
     snprintf(out, n, "%s-%05d-of-%05d.safetensors", kind, k + 1, P);
 }
 
+void glm_pipe_q8_file(char *out, size_t n, int k, int P) { shard_name(out, n, "optimizer_8bit", k, P); }
+
 /* The tensors stage k writes (its table without the copies a later stage holds: the tied
  * embedding, the prefix encoder). */
 static int stage_writes(const glm_config *c, const glm_stage *s, const glm_tensor *t) {
@@ -66,6 +68,11 @@ int glm_pipe_save_stage(glm_pipe *p, const char *dir, int file_dtype, const glm_
         shard_name(file, sizeof file, "optimizer", p->stage, p->P);
         glm_path_join(path, sizeof path, dir, file);
         rc = st_save(path, eo, no, 0, err);
+    }
+    if (rc == 0 && o && o->q8_n) { /* the codes as stored: this layout resumes from them exactly */
+        glm_pipe_q8_file(file, sizeof file, p->stage, p->P);
+        glm_path_join(path, sizeof path, dir, file);
+        rc = glm_checkpoint_save_8bit(path, o, err);
     }
     free(e);
     free(names);

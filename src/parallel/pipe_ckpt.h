@@ -17,6 +17,9 @@
 
 /* This stage's shard files in dir: weights as file_dtype (st_dtype), and the optimizer state
  * when o is given (host, over [0, tab.total)). */
+/* The file of stage k's 8-bit moments in a checkpoint: optimizer_8bit-0000K-of-0000P.safetensors
+ * (K from 1). */
+void glm_pipe_q8_file(char *out, size_t n, int k, int P);
 int glm_pipe_save_stage(glm_pipe *p, const char *dir, int file_dtype, const glm_opt_state *o, glm_err *err);
 /* The index files from the map alone, config.json and the origin's code and tokenizer files
  * (model/ckpt.h) from the stage model m; opt_kinds: 0 no optimizer index, 2 moments, 3

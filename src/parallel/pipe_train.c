@@ -355,6 +355,7 @@ int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_par_opts *a, const glm_confi
     }
     dp->rank = replica;
     dp->world = D;
+    glm_pipe_q8_file(dp->q8_file, sizeof dp->q8_file, stage, P); /* each stage's 8-bit moments in a file of its own */
     /* Gradient buckets are reduced over the replicas during the last backward, except on the
      * two stages holding a tied embedding: their copies' gradients must be summed first (with
      * ZeRO-2 a reduced shard of one stage does not line up with the other stage's shard). */
@@ -440,6 +441,7 @@ int glm_pp_save(glm_pp *pp, const char *output_dir, const glm_train_state *st, c
     int rc = glm_pipe_checkpoint_save(&pp->pipe, output_dir, pp->pipe.replica == 0 ? &o : NULL, st, tokenizer_path,
                                       args_json, err);
     free(o.m);
+    glm_opt_state_free_q8(&o);
     return rc;
 }
 

@@ -62,8 +62,6 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     }
     if (strcmp(a->offload_optimizer, "cpu") == 0 && a->pipeline_parallel_size > 1)
         return glm_fail(err, "--offload_optimizer cpu does not combine with --pipeline_parallel_size %d yet", a->pipeline_parallel_size);
-    if (glm_optim_parse(a->optim) == GLM_OPTIM_ADAMW8 && a->pipeline_parallel_size > 1)
-        return glm_fail(err, "--optim %s does not combine with --pipeline_parallel_size %d yet", a->optim, a->pipeline_parallel_size);
     if (a->warmup_ratio < 0 || a->warmup_ratio > 1) return glm_fail(err, "--warmup_ratio must be in [0, 1]");
     if (!(a->fp16_initial_scale > 0)) return glm_fail(err, "--fp16_initial_scale must be positive");
     if (a->save_total_limit < 0) return glm_fail(err, "--save_total_limit must not be negative");

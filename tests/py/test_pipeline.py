@@ -6,6 +6,8 @@ tiny GLM and tokenizer of test_train.py (4 layers here, tied head):
   - checkpoints resume across P: P=2 -> one process, one process -> P=2 x D=2 (ZeRO-1),
     P=2 x D=2 -> P=3; the final model is one HF folder (shards + index) that a single process
     reads back;
+  - 8-bit AdamW over P=2 tracks one process's 8-bit run, and its checkpoint resumes on P=2 bit
+    for bit (each stage's codes kept) and on one process near the curve;
   - invalid device maps are rejected naming the module; --max_memory_per_gpu refuses P=1 when
     its plan (glmtrain info) is over the cap and lets P=2 train.
 Prints PASS/FAIL/SKIP lines; SKIP when mpirun or an MPI build is missing."""
@@ -127,6 +129,44 @@ def main():
         err, n = rel(losses(lres), losses(lref), after=10)
         report("pipeline_lora_p2_resumes_on_the_curve", n == 10 and err < 1e-6,
                "max relative loss difference %.2e over steps 11-20" % err)
+        # 4b. 8-bit AdamW over stages: each stage's moments in 8 bits (blocks cut per unit, as one
+        # process cuts them). With an untied head the stages' gradients are one process's bit for
+        # bit, so the 8-bit curve is too (a tied head sums its two copies' gradients in another
+        # order, and 8-bit codes then round apart). A P=2 checkpoint keeps each stage's codes
+        # (optimizer_8bit-0000K-of-00002) and resumes on P=2 bit for bit; on one process (another
+        # layout) it resumes from the fp32 moments, near the curve
+        cu = json.load(open(cfg_path))
+        cu["tie_word_embeddings"] = False
+        cfg_untied = os.path.join(d, "config_untied.json")
+        json.dump(cu, open(cfg_untied, "w"))
+        qb = [cfg_untied if x == cfg_path else x for x in base] + b4 + ["--optim", "adamw_8bit"]
+        q1 = os.path.join(d, "q8_ref")
+        run(qb + ["--output_dir", q1])
+        q2 = os.path.join(d, "q8_p2")
+        run(qb + ["--output_dir", q2, "--pipeline_parallel_size", "2"], np=2)
+        a_, b_ = losses(q2), losses(q1)
+        report("pipeline_adamw8_p2_equals_single_process", len(a_) == 20 and a_ == b_,
+               "20 losses identical (untied head)" if a_ == b_ else "max relative difference %.2e" % rel(a_, b_)[0])
+        ck = os.path.join(q2, "checkpoint-10")
+        files = sorted(f for f in os.listdir(ck) if f.startswith("optimizer_8bit")) if os.path.isdir(ck) else []
+        report("pipeline_adamw8_checkpoint_keeps_each_stage_codes",
+               files == ["optimizer_8bit-00001-of-00002.safetensors", "optimizer_8bit-00002-of-00002.safetensors"], str(files))
+        qres = resume_from(d, "q8_p2_resumed", q2, qb + ["--pipeline_parallel_size", "2"], 2)
+        a_, b_ = losses(qres), losses(q2)
+        report("pipeline_adamw8_p2_resumes_bit_for_bit", all(a_.get(k) == b_[k] for k in range(11, 21)),
+               "steps 11-20: %s" % ("identical" if all(a_.get(k) == b_[k] for k in range(11, 21)) else "%s vs %s" % (a_, b_)))
+        qd = os.path.join(d, "q8_p2_x_dp2")  # the stages' replicas shard the 8-bit state (ZeRO-1)
+        qd_args = [x if x != "4" or i != qb.index("--per_device_train_batch_size") + 1 else "2" for i, x in enumerate(qb)]
+        qd_args += ["--pipeline_parallel_size", "2", "--zero_stage", "1"]
+        run(qd_args + ["--output_dir", qd], np=4)
+        qdr = resume_from(d, "q8_p2_x_dp2_resumed", qd, qd_args, 4)
+        a_, b_ = losses(qdr), losses(qd)
+        report("pipeline_adamw8_p2_x_dp2_zero1_resumes_bit_for_bit", all(a_.get(k) == b_[k] for k in range(11, 21)),
+               "steps 11-20 %s" % ("identical" if all(a_.get(k) == b_[k] for k in range(11, 21)) else "differ: %s vs %s" % (a_, b_)))
+        q21 = resume_from(d, "q8_p2_on_one", q2, qb, 1)
+        err, n = rel(losses(q21), losses(q2), after=10)
+        report("pipeline_adamw8_p2_resumes_on_one_process_near_the_curve", n == 10 and err < 0.02,
+               "steps 11-20: max relative loss difference %.2e (from the fp32 moments)" % err)
         # 5. freeze over stages: the same curve, and the final folder is the whole model (every
         # stage's frozen rows too) with the weights one process writes
         fb = base + b4 + ["--finetuning_type", "freeze", "--num_layer_trainable", "1"]
