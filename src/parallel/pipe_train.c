@@ -190,6 +190,31 @@ int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cud
                                                  : "--optim adamw_8bit keeps the moments in a quarter of the bytes, or shard them over more ranks with --zero_stage 2/3");
 }
 
+/* The fewest stages above P (the auto split) whose every plan fits cap with a's other flags; 0
+ * when none does. With D > 1 ranks the stages split those ranks (q divides D, D / q replicas
+ * of each stage share the optimizer state under ZeRO >= 1); one process is told how many it
+ * would need. *worst: that split's largest stage plan. */
+static int fewest_stages(const glm_par_opts *a, const glm_config *c, int cuda, int P, int D, double cap, double *worst) {
+    glm_par_opts b = *a;
+    b.device_map = "auto";
+    for (int q = P + 1; q <= c->num_layers && q <= GLM_MAX_STAGES && (D == 1 || q <= D); q++) {
+        if (D > 1 && D % q) continue;
+        glm_device_map m2;
+        glm_stage_shape s2;
+        glm_err e2;
+        b.pipeline_parallel_size = q;
+        if (glm_pp_map(&b, c, cuda, &m2, &s2, &e2)) return 0;
+        s2.dp = D > 1 && a->zero_stage >= 1 ? D / q : 1;
+        *worst = 0;
+        for (int j = 0; j < q; j++) {
+            double t = glm_stage_memory_plan(c, &m2, j, &s2).total;
+            if (t > *worst) *worst = t;
+        }
+        if (*worst <= cap) return q;
+    }
+    return 0;
+}
+
 /* The largest plan over the stages, 0 when the map cannot be made (the check reports it). */
 static double worst_stage(const glm_par_opts *a, const glm_config *c, int cuda, int D) {
     glm_device_map map;
@@ -246,25 +271,28 @@ int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, in
                  size_str(sz[4], 32, p.moments), size_str(sz[5], 32, p.activations), size_str(sz[6], 32, p.scratch));
         /* the layouts of the model states that fit on one stage, and the fewest stages that would
          * fit with the auto split */
-        char fits[2048] = "", stages[256] = "";
+        char fits[2048] = "", stages[512] = "";
         if (P == 1) fitting_layouts(a, c, cuda, D, (double)cap, fits, sizeof fits);
-        glm_par_opts b = *a;
-        b.device_map = "auto";
-        for (int q = P + 1; q <= c->num_layers && q <= GLM_MAX_STAGES && !stages[0]; q++) {
-            glm_device_map m2;
-            glm_stage_shape s2;
-            glm_err e2;
-            b.pipeline_parallel_size = q;
-            if (glm_pp_map(&b, c, cuda, &m2, &s2, &e2)) break;
-            s2.dp = sh.dp;
-            double worst = 0;
-            for (int j = 0; j < q; j++) {
-                double t = glm_stage_memory_plan(c, &m2, j, &s2).total;
-                if (t > worst) worst = t;
-            }
-            if (worst <= (double)cap)
-                snprintf(stages, sizeof stages, "--pipeline_parallel_size %d --device_map auto plans at most %s per stage "
-                                                "(glmtrain info --pipeline_parallel_size %d shows it)", q, size_str(sz[0], 32, worst), q);
+        /* pipeline stages take neither offload nor the update inside backward */
+        int pipe_ok = !(a->offload_optimizer && strcmp(a->offload_optimizer, "cpu") == 0) && !a->optimizer_in_backward;
+        double worst = 0;
+        int q = pipe_ok ? fewest_stages(a, c, cuda, P, D, (double)cap, &worst) : 0;
+        if (q)
+            snprintf(stages, sizeof stages, "--pipeline_parallel_size %d --device_map auto plans at most %s per stage "
+                                            "(glmtrain info --pipeline_parallel_size %d shows it)", q, size_str(sz[0], 32, worst), q);
+        /* and with 8-bit states, where that takes fewer stages (the guide's 4 x 24 GB: 4 stages) */
+        glm_par_opts b8 = *a;
+        b8.optim = "adamw_8bit";
+        b8.gradient_checkpointing = thriftier(a->gradient_checkpointing, GLM_CKPT_SELECTIVE);
+        double worst8 = 0;
+        int q8 = pipe_ok && glm_optim_parse(a->optim) != GLM_OPTIM_ADAMW8
+                     ? fewest_stages(&b8, c, cuda, P, D, (double)cap, &worst8) : 0;
+        if (q8 && (!q || q8 < q)) {
+            size_t k = strlen(stages);
+            snprintf(stages + k, sizeof stages - k, "%s--pipeline_parallel_size %d --device_map auto --optim adamw_8bit%s "
+                                                    "plans at most %s per stage", k ? "; or " : "", q8,
+                     b8.gradient_checkpointing == GLM_CKPT_FULL ? " --gradient_checkpointing" : " --gradient_checkpointing selective",
+                     size_str(sz[1], 32, worst8));
         }
         if (fits[0] && stages[0]) return glm_hint(err, "layouts that fit: %s; or %s", fits, stages);
         if (fits[0]) return glm_hint(err, "layouts that fit: %s", fits);

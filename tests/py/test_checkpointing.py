@@ -6,7 +6,8 @@
     (0.1), where the recompute must draw the same masks;
   - the memory plan orders the levels none > selective > full (glmtrain info), and for ChatGLM-6B
     W1 selective stays within full's plan + 10%;
-  - a full fine-tune refused under 24 GiB is told LoRA with selective checkpointing fits;
+  - a full fine-tune refused under 24 GiB is told LoRA with selective checkpointing fits, and on
+    the guide's 4 x 24 GB that 4 pipeline stages with 8-bit states and selective checkpointing do;
   - auto picks the least recompute that fits --max_memory_per_gpu: none under a roomy cap,
     selective between the two plans, full under a tight one, and a cap below every level is
     refused naming the layouts that fit;
@@ -78,6 +79,17 @@ def main():
         hint = [l for l in p.stdout.splitlines() if l.startswith("hint:")]
         report("plan_24gb_hint_lora_selective", bool(hint) and "--finetuning_type lora --gradient_checkpointing selective (plans" in hint[0],
                hint[0][:300] if hint else p.stdout[-300:])
+
+        # the guide's 4 x 24 GB: the hint names 4 stages with 8-bit states and selective checkpointing,
+        # and that layout's plan fits
+        p = subprocess.run([T.GLM, "info"] + w1 + ["--data_parallel_size", "4", "--zero_stage", "1", "--max_memory_per_gpu", "24GiB"],
+                           capture_output=True, text=True, timeout=60)
+        hint = [l for l in p.stdout.splitlines() if l.startswith("hint:")]
+        named = bool(hint) and "--pipeline_parallel_size 4 --device_map auto --optim adamw_8bit --gradient_checkpointing selective" in hint[0]
+        q = subprocess.run([T.GLM, "info"] + w1 + ["--pipeline_parallel_size", "4", "--optim", "adamw_8bit", "--gradient_checkpointing",
+                                                    "selective", "--max_memory_per_gpu", "24GiB"], capture_output=True, text=True, timeout=60)
+        report("plan_guide_4x24gb_pipeline_8bit_selective", named and "every stage fits in 24GiB" in q.stdout,
+               (hint[0][-200:] if hint else p.stdout[-200:]) + " | " + q.stdout.strip().splitlines()[-1])
 
         # 3. auto under caps: roomy, between none and selective, between selective and full, below full
         def auto(cap):
