@@ -81,7 +81,7 @@ static int read_string(reader *r, jbuf *out) {
         char e = r->s[r->i++];
         const char *simple = strchr("\"\\/bfnrt", e);
         if (simple && e) { put(out, &"\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"], 1); continue; }
-        unsigned cp, lo;
+        unsigned cp = 0, lo = 0; /* set by hex4 where it succeeds */
         if (e != 'u' || hex4(r, &cp)) { rc = fail(r, "a bad escape in a string"); break; }
         if (cp >= 0xD800 && cp <= 0xDBFF && r->i + 6 <= r->n && r->s[r->i] == '\\' && r->s[r->i + 1] == 'u') {
             size_t save = r->i;
