@@ -196,7 +196,8 @@ static void pick_checkpointing(trainer *t, glm_par_opts *po, const glm_config *c
     int level = glm_pp_pick_checkpointing(po, c, cuda, t->dp->world, cap, &plan);
     t->a->gradient_checkpointing = po->gradient_checkpointing = level;
     if (t->dp->rank == 0)
-        glm_info("--gradient_checkpointing auto: %s (plans %.2f GiB%s%s)", names[level], plan / 1073741824.0,
+        glm_info("--gradient_checkpointing auto: %s (plans %.2f %s%s%s)", names[level],
+                 plan >= 1073741824.0 ? plan / 1073741824.0 : plan / 1048576.0, plan >= 1073741824.0 ? "GiB" : "MiB",
                  cap > 0 ? " under " : ", ", from);
 }
 

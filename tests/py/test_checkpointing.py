@@ -104,6 +104,11 @@ def main():
             got, p = auto(cap)
             report("auto_picks_%s" % want, got == want and p.returncode == 0,
                    "cap %d bytes: %s (rc %d)%s" % (cap, got, p.returncode, "" if p.returncode == 0 else " " + p.stderr[-300:]))
+        # without a cap on the CPU there is nothing to fit: auto keeps everything
+        p = run(base + ["--output_dir", os.path.join(d, "auto_nocap"), "--max_steps", "1", "--gradient_checkpointing", "auto"])
+        m = re.search(r"--gradient_checkpointing auto: (\w+) \(plans [0-9.]+ [MG]iB, no memory cap\)", p.stderr + p.stdout)
+        report("auto_without_cap_on_cpu_keeps_everything", bool(m) and m.group(1) == "none",
+               m.group(0) if m else (p.stderr + p.stdout)[-300:])
         got, p = auto(plan["true"] * 0.9)
         txt = p.stdout + p.stderr
         report("auto_below_every_level_refused", p.returncode != 0 and got == "full" and "--max_memory_per_gpu" in txt
