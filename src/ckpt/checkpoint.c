@@ -239,21 +239,22 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
     return glm_checkpoint_abandon(output_dir, tmp, need, err);
 }
 
-/* Host buffers for a whole 8-bit state (filled from opt when fill). */
-static void q8_alloc(glm_opt_state *o, const glm_adamw *opt, const glm_model *m, int fill) {
-    glm_backend *be = m->be;
-    size_t nb = (opt->n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK;
-    o->q8_n = opt->n;
-    o->q8_table = glm_table_fingerprint(&m->tab);
-    o->qm = glm_malloc(opt->n + 1);
-    o->qv = glm_malloc(opt->n + 1);
-    o->am = glm_malloc(nb * sizeof(float) + 1);
-    o->av = glm_malloc(nb * sizeof(float) + 1);
-    if (fill) glm_adamw_get_q8(opt, be, 0, opt->n, o->qm, o->qv, o->am, o->av);
+void glm_opt_state_alloc_q8(glm_opt_state *o, size_t n, int ranks, const glm_table *tab) {
+    size_t nb = (n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK;
+    o->q8_n = n;
+    o->q8_ranks = ranks;
+    o->q8_table = glm_table_fingerprint(tab);
+    o->qm = glm_malloc(n + 1);
+    o->qv = glm_malloc(n + 1);
+    o->am = glm_malloc(nb * sizeof(float) + 4);
+    o->av = glm_malloc(nb * sizeof(float) + 4);
 }
-static void q8_free(glm_opt_state *o) {
+
+void glm_opt_state_free_q8(glm_opt_state *o) {
     free(o->qm); free(o->qv); free(o->am); free(o->av);
-    o->qm = o->qv = NULL; o->am = o->av = NULL; o->q8_n = 0;
+    o->qm = o->qv = NULL;
+    o->am = o->av = NULL;
+    o->q8_n = 0;
 }
 
 int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *opt, const glm_train_state *st,
@@ -265,9 +266,12 @@ int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *o
     glm_adamw_get(opt, be, 0, total, host, host + total, opt->master ? host + 2 * total : NULL);
     glm_opt_state o = {.lo = 0, .hi = total, .m = host, .v = host + total, .master = opt->master ? host + 2 * total : NULL,
                        .step = opt->step};
-    if (opt->kind == GLM_OPTIM_ADAMW8) q8_alloc(&o, opt, m, 1);
+    if (opt->kind == GLM_OPTIM_ADAMW8) {
+        glm_opt_state_alloc_q8(&o, opt->n, 1, &m->tab);
+        glm_adamw_get_q8(opt, be, 0, opt->n, o.qm, o.qv, o.am, o.av);
+    }
     int rc = glm_checkpoint_save_state(output_dir, m, &o, st, tokenizer_path, args_json, err);
-    q8_free(&o);
+    glm_opt_state_free_q8(&o);
     free(host);
     return rc;
 }
@@ -304,11 +308,11 @@ int glm_checkpoint_load_as(const char *dir, glm_model *m, glm_adamw *opt, const 
         opt->step = o.step;
     }
     if (rc == 0 && opt->kind == GLM_OPTIM_ADAMW8) {
-        q8_alloc(&o, opt, m, 0);
+        glm_opt_state_alloc_q8(&o, opt->n, 1, &m->tab);
         int got = glm_checkpoint_load_8bit(dir, q8_file, &o, err);
         if (got < 0) rc = -1;
         if (got > 0) glm_adamw_put_q8(opt, be, 0, opt->n, o.qm, o.qv, o.am, o.av);
-        q8_free(&o);
+        glm_opt_state_free_q8(&o);
     }
     free(host);
     return rc;

@@ -65,6 +65,10 @@ int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, g
  * o->q8_ranks ranks; buffers allocated by the caller): 1 read, 0 none of that layout (the fp32
  * moments then stand), -1 a damaged file. */
 int glm_checkpoint_load_8bit(const char *dir, const char *file, glm_opt_state *o, glm_err *err);
+/* Host buffers for o's 8-bit moments: `ranks` shards (0 or 1: one process's state) of n elements
+ * in all, laid out by table tab (its fingerprint); glm_opt_state_free_q8 frees them. */
+void glm_opt_state_alloc_q8(glm_opt_state *o, size_t n, int ranks, const glm_table *tab);
+void glm_opt_state_free_q8(glm_opt_state *o);
 /* Writes o's 8-bit moments (codes, absmax, layout) to path: optimizer_8bit.safetensors, or a
  * pipeline stage's optimizer_8bit-0000K-of-0000P.safetensors (file NULL above: the former). */
 int glm_checkpoint_save_8bit(const char *path, const glm_opt_state *o, glm_err *err);

@@ -134,8 +134,7 @@ int glm_cmd_info(int argc, char **argv) {
         double plan = 0;
         a.gradient_checkpointing = glm_pp_pick_checkpointing(&t, &c, a.bf16 || a.fp16, a.data_parallel_size > 1 ? a.data_parallel_size : 1,
                                                              (double)cap, &plan);
-        printf("--gradient_checkpointing auto: %s\n", a.gradient_checkpointing == GLM_CKPT_NONE ? "none (everything kept)"
-                                                     : a.gradient_checkpointing == GLM_CKPT_FULL ? "full" : "selective");
+        printf("--gradient_checkpointing auto: %s\n", glm_ckpt_level_name(a.gradient_checkpointing));
     }
     glm_dtype dt = a.fp32 ? GLM_F32 : a.fp16 ? GLM_F16 : a.bf16 ? GLM_BF16 : GLM_F32;
     int T = a.max_source_length + a.max_target_length, B = a.per_device_train_batch_size;

@@ -93,9 +93,7 @@ void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be
     init_common(m, c, be, 0, c->num_layers, 1, 1, 0);
 }
 
-void glm_model_init_staged(glm_model *m, const glm_config *c, glm_backend *be) {
-    init_common(m, c, be, 0, c->num_layers, 1, 1, 0);
-}
+void glm_model_init_staged(glm_model *m, const glm_config *c, glm_backend *be) { glm_model_init_inference(m, c, be); }
 
 void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first,
                                     int last) {

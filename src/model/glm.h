@@ -43,6 +43,9 @@ typedef struct glm_weights {
  * word for "the least recompute the memory plan fits" (resolved before the model is built). */
 typedef enum { GLM_CKPT_NONE, GLM_CKPT_FULL, GLM_CKPT_SELECTIVE, GLM_CKPT_AUTO } glm_ckpt_level;
 #define GLM_CKPT_LEVELS "full|selective|auto" /* the flag's words for levels 1, 2, 3 (core/args.h) */
+static inline const char *glm_ckpt_level_name(int level) {
+    return level == GLM_CKPT_FULL ? "full" : level == GLM_CKPT_SELECTIVE ? "selective" : level == GLM_CKPT_AUTO ? "auto" : "none";
+}
 
 /* Activations one layer saves for its backward pass. */
 typedef struct glm_layer_acts {
@@ -145,7 +148,7 @@ typedef struct glm_model {
 void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be);
 /* Weights only, no gradient buffer: for generation and chat (half the memory). */
 void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be);
-/* For training whose gradients are staged unit by unit (ZeRO-2/3, an offloaded optimizer, the
+/* The same buffers, for training whose gradients are staged unit by unit (ZeRO-2/3, an offloaded optimizer, the
  * update inside backward: parallel/dp.h glm_dp_whole_grads): no whole-model gradient buffer is
  * ever made, not even for a moment before the data-parallel layer attaches (a 24 GB card could
  * not hold it beside the weights). */

@@ -66,10 +66,15 @@ static void lora_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, c
     be->scale_add(be, out, 1.0f, m->lora_tmp, out, (size_t)N * OC);
 }
 
+/* the product runs as a plain matmul_fwd (not the few-row quantized kernel) */
+static int plain_product(const glm_model *m, const void *w, int N) {
+    return w || N > qmatmul_max_rows(m->cfg.quant) || !m->be->qmatmul_fwd;
+}
+
 void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
                        const void *b, int N, int C, int OC) {
     glm_backend *be = m->be;
-    if (!w && N <= qmatmul_max_rows(m->cfg.quant) && be->qmatmul_fwd)
+    if (!plain_product(m, w, N))
         be->qmatmul_fwd(be, out, inp, m->w.layer[l].qw[i], m->cfg.quant, b, N, C, OC);
     else
         be->matmul_fwd(be, out, inp, linear_weight(m, l, i, w, C, OC), b, N, C, OC);
@@ -79,7 +84,7 @@ void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, co
 void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
                         const void *b, int N, int C, int OC, const void *res, float res_scale) {
     glm_backend *be = m->be;
-    if (!be->matmul_fwd_add || (!w && N <= qmatmul_max_rows(m->cfg.quant) && be->qmatmul_fwd)) {
+    if (!be->matmul_fwd_add || !plain_product(m, w, N)) {
         glm_linear_fwd(m, l, i, a, out, inp, w, b, N, C, OC);
         be->scale_add(be, out, res_scale, res, out, (size_t)N * OC);
         return;
@@ -110,11 +115,6 @@ void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, v
     be->matmul_bwd(be, m->lora_u, NULL, NULL, dt, NULL, p->lora_a[i], N, C, r, 0);
     be->mask_scale(be, m->lora_u, m->lora_u, (size_t)N * C, 1.0f, m->cfg.peft.lora_dropout, lora_seed(m, l, i));
     be->scale_add(be, dinp, 1.0f, m->lora_u, dinp, (size_t)N * C);
-}
-
-/* the product runs as a plain matmul_fwd (not the few-row quantized kernel) */
-static int plain_product(const glm_model *m, const void *w, int N) {
-    return w || N > qmatmul_max_rows(m->cfg.quant) || !m->be->qmatmul_fwd;
 }
 
 void glm_linear_fwd_gelu(glm_model *m, int l, int i, glm_layer_acts *a, void *act, void *pre, const void *inp,

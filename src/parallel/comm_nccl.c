@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
-#include "parallel/comm.h"
+#include "parallel/comm_nccl.h"
 #include "parallel/signals.h"
 
 #define HOST_MAX 65536 /* doubles per sum_host */
@@ -43,9 +43,6 @@ static void abort_comm(glm_comm *c) {
     c->broken = 1;
 }
 
-static ncclDataType_t nccl_type(glm_cdtype dt) {
-    return dt == GLM_C_F32 ? ncclFloat32 : dt == GLM_C_BF16 ? ncclBfloat16 : dt == GLM_C_F16 ? ncclFloat16 : ncclFloat64;
-}
 
 static int nccl_failed(glm_comm *c, const char *op, const char *what, ncclResult_t r, glm_err *err) {
     glm_fail(err, "rank %d: %s '%s' at step %ld failed: NCCL %s (%s)", c->rank, op, what, c->step, ncclGetErrorString(r),
@@ -97,14 +94,14 @@ static int finish(glm_comm *c, ncclResult_t r, const char *op, const char *what,
 
 static int n_allreduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
     if (begin(c, "allreduce", what, err)) return -1;
-    ncclResult_t r = ncclAllReduce(buf, buf, n, nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->cs);
+    ncclResult_t r = ncclAllReduce(buf, buf, n, glm_nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->cs);
     return finish(c, r, "allreduce", what, err);
 }
 
 static int n_reduce_scatter(glm_comm *c, const void *send, void *recv, size_t n, glm_cdtype dt, const char *what,
                             glm_err *err) {
     if (begin(c, "reduce_scatter", what, err)) return -1;
-    ncclResult_t r = ncclReduceScatter(send, recv, n, nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->cs);
+    ncclResult_t r = ncclReduceScatter(send, recv, n, glm_nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->cs);
     return finish(c, r, "reduce_scatter", what, err);
 }
 
@@ -113,7 +110,7 @@ static int n_started(glm_comm *c) { return IM(c)->n; }
 static int n_allgather(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
     if (begin(c, "allgather", what, err)) return -1;
     const char *mine = (const char *)buf + (size_t)c->rank * n * glm_cdtype_size(dt);
-    ncclResult_t r = ncclAllGather(mine, buf, n, nccl_type(dt), IM(c)->comm, IM(c)->cs);
+    ncclResult_t r = ncclAllGather(mine, buf, n, glm_nccl_type(dt), IM(c)->comm, IM(c)->cs);
     return finish(c, r, "allgather", what, err);
 }
 
@@ -126,9 +123,9 @@ static int n_gather(glm_comm *c, const void *send, void *recv, size_t n, glm_cdt
     if (c->rank == root) {
         cudaMemcpyAsync((char *)recv + (size_t)root * bytes, send, bytes, cudaMemcpyDeviceToDevice, im->cs);
         for (int p = 0; p < c->world && r == ncclSuccess; p++)
-            if (p != root) r = ncclRecv((char *)recv + (size_t)p * bytes, n, nccl_type(dt), p, im->comm, im->cs);
+            if (p != root) r = ncclRecv((char *)recv + (size_t)p * bytes, n, glm_nccl_type(dt), p, im->comm, im->cs);
     } else {
-        r = ncclSend(send, n, nccl_type(dt), root, im->comm, im->cs);
+        r = ncclSend(send, n, glm_nccl_type(dt), root, im->comm, im->cs);
     }
     ncclResult_t e = ncclGroupEnd();
     return finish(c, r == ncclSuccess || r == ncclInProgress ? e : r, "gather", what, err);
@@ -136,7 +133,7 @@ static int n_gather(glm_comm *c, const void *send, void *recv, size_t n, glm_cdt
 
 static int n_bcast(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, const char *what, glm_err *err) {
     if (begin(c, "broadcast", what, err)) return -1;
-    ncclResult_t r = ncclBroadcast(buf, buf, n, nccl_type(dt), root, IM(c)->comm, IM(c)->cs);
+    ncclResult_t r = ncclBroadcast(buf, buf, n, glm_nccl_type(dt), root, IM(c)->comm, IM(c)->cs);
     return finish(c, r, "broadcast", what, err);
 }
 

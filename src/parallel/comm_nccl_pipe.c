@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
-#include "parallel/comm.h"
+#include "parallel/comm_nccl.h"
 #include "parallel/signals.h"
 
 #define HOST_MAX 4096 /* doubles per sum_host */
@@ -34,9 +34,6 @@ static void abort_comm(glm_comm *c) {
     c->broken = 1;
 }
 
-static ncclDataType_t nccl_type(glm_cdtype dt) {
-    return dt == GLM_C_F32 ? ncclFloat32 : dt == GLM_C_BF16 ? ncclBfloat16 : dt == GLM_C_F16 ? ncclFloat16 : ncclFloat64;
-}
 
 static int failed(glm_comm *c, const char *what, ncclResult_t r, glm_err *err) {
     glm_fail(err, "rank %d: pipeline %s at step %ld failed: NCCL %s", c->rank, what, c->step, ncclGetErrorString(r));
@@ -103,7 +100,7 @@ static int sum_values(glm_comm *c, double *v, int n, const char *what, glm_err *
 
 static int n_allreduce(glm_comm *c, void *buf, size_t n, glm_cdtype dt, const char *what, glm_err *err) {
     if (c->broken) return glm_fail(err, "rank %d: pipeline %s: the transport failed earlier", c->rank, what);
-    ncclResult_t r = ncclAllReduce(buf, buf, n, nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->st);
+    ncclResult_t r = ncclAllReduce(buf, buf, n, glm_nccl_type(dt), ncclSum, IM(c)->comm, IM(c)->st);
     if (settle(c, r, what, err)) return -1;
     return wait_done(c, what, -1, -1, err);
 }

@@ -206,6 +206,5 @@ void glm_dp_close(glm_dp *dp, int ok);
  * glm_opt_state_free_q8); every rank calls it. For writers with their own layout
  * (parallel/pipe_ckpt.c). */
 int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err);
-void glm_opt_state_free_q8(glm_opt_state *o);
 
 #endif

@@ -75,13 +75,7 @@ static int gather_q8(glm_dp *dp, glm_opt_state *os, glm_err *err) {
     uint8_t *qm = glm_malloc(S), *qv = glm_malloc(S);
     float *am = glm_malloc(nb * sizeof(float) + 4), *av = glm_malloc(nb * sizeof(float) + 4);
     glm_adamw_get_q8(o, dp->m->be, 0, S, qm, qv, am, av);
-    if (dp->rank == 0) {
-        *os = (glm_opt_state){.q8_n = S * W, .q8_ranks = dp->world, .q8_table = glm_table_fingerprint(&dp->m->tab)};
-        os->qm = glm_malloc(S * W);
-        os->qv = glm_malloc(S * W);
-        os->am = glm_malloc(nb * W * sizeof(float) + 4);
-        os->av = glm_malloc(nb * W * sizeof(float) + 4);
-    }
+    if (dp->rank == 0) glm_opt_state_alloc_q8(os, S * W, dp->world, &dp->m->tab);
     int rc = gather_bytes(dp, qm, os->qm, S, err) || gather_bytes(dp, qv, os->qv, S, err) ||
              gather_bytes(dp, am, os->am, nb * sizeof(float), err) || gather_bytes(dp, av, os->av, nb * sizeof(float), err) ? -1 : 0;
     free(qm); free(qv); free(am); free(av);
@@ -110,7 +104,7 @@ static int save_sharded(glm_dp *dp, const char *output_dir, const glm_train_stat
         rc = glm_checkpoint_save_state(output_dir, dp->m, &os, st, tok, args, err);
         if (rc) rc = 1; /* a local failure: the others still learn of it below */
     }
-    free(q8.qm); free(q8.qv); free(q8.am); free(q8.av);
+    glm_opt_state_free_q8(&q8);
     if (tmp) be->free(be, tmp);
     free(host);
     return rc;
@@ -151,15 +145,14 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) 
     }
     if (rc == 0 && o->kind == GLM_OPTIM_ADAMW8) { /* the same ranks and shards: this rank's codes as they were */
         size_t W = (size_t)dp->world, nb = S / GLM_ADAM8_BLOCK;
-        glm_opt_state q = {.q8_n = S * W, .q8_ranks = dp->world, .qm = glm_malloc(S * W), .qv = glm_malloc(S * W),
-                           .am = glm_malloc(nb * W * sizeof(float) + 4), .av = glm_malloc(nb * W * sizeof(float) + 4),
-                           .q8_table = glm_table_fingerprint(&dp->m->tab)};
+        glm_opt_state q = {0};
+        glm_opt_state_alloc_q8(&q, S * W, dp->world, &dp->m->tab);
         int got = glm_checkpoint_load_8bit(dir, dp->q8_file[0] ? dp->q8_file : NULL, &q, err);
         if (got < 0) rc = -1;
         if (got > 0)
             glm_adamw_put_q8(o, be, 0, S, q.qm + (size_t)dp->rank * S, q.qv + (size_t)dp->rank * S, q.am + (size_t)dp->rank * nb,
                              q.av + (size_t)dp->rank * nb);
-        free(q.qm); free(q.qv); free(q.am); free(q.av);
+        glm_opt_state_free_q8(&q);
     }
     free(host);
     return rc;
@@ -187,10 +180,7 @@ int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err) {
         if (sharded) {
             rc = gather_q8(dp, &q, err);
         } else if (dp->rank == 0) {
-            size_t nb = (a->n + GLM_ADAM8_BLOCK - 1) / GLM_ADAM8_BLOCK;
-            q = (glm_opt_state){.q8_n = a->n, .q8_ranks = 1, .qm = glm_malloc(a->n + 1), .qv = glm_malloc(a->n + 1),
-                                .am = glm_malloc(nb * sizeof(float) + 4), .av = glm_malloc(nb * sizeof(float) + 4),
-                                .q8_table = glm_table_fingerprint(&dp->m->tab)};
+            glm_opt_state_alloc_q8(&q, a->n, 1, &dp->m->tab);
             glm_adamw_get_q8(a, be, 0, a->n, q.qm, q.qv, q.am, q.av);
         }
         o->q8_n = q.q8_n; o->q8_ranks = q.q8_ranks; o->q8_table = q.q8_table;
@@ -200,9 +190,3 @@ int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err) {
     return rc;
 }
 
-void glm_opt_state_free_q8(glm_opt_state *o) {
-    free(o->qm); free(o->qv); free(o->am); free(o->av);
-    o->qm = o->qv = NULL;
-    o->am = o->av = NULL;
-    o->q8_n = 0;
-}

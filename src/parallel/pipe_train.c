@@ -10,8 +10,7 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
-/* "12.5 GiB", or MiB for small models (tests), so the numbers say something. */
-static const char *size_str(char *buf, size_t n, double bytes) {
+const char *glm_plan_size_str(char *buf, size_t n, double bytes) {
     if (bytes >= 1073741824.0) snprintf(buf, n, "%.1f GiB", bytes / 1073741824.0);
     else snprintf(buf, n, "%.2f MiB", bytes / 1048576.0);
     return buf;
@@ -62,11 +61,11 @@ void glm_pp_print_plan(const glm_par_opts *a, const glm_config *c, int cuda, int
         char sz[7][32], who[48] = "";
         if (map.n > 1) snprintf(who, sizeof who, " stage %d", k);
         fprintf(out, "[glmtrain] memory plan per device%s: %s = weights %s + gradients %s + master %s + moments %s + "
-                     "activations %s + scratch %s\n", who, size_str(sz[0], 32, p.total), size_str(sz[1], 32, p.params),
-                size_str(sz[2], 32, p.grads), size_str(sz[3], 32, p.master), size_str(sz[4], 32, p.moments),
-                size_str(sz[5], 32, p.activations), size_str(sz[6], 32, p.scratch));
+                     "activations %s + scratch %s\n", who, glm_plan_size_str(sz[0], 32, p.total), glm_plan_size_str(sz[1], 32, p.params),
+                glm_plan_size_str(sz[2], 32, p.grads), glm_plan_size_str(sz[3], 32, p.master), glm_plan_size_str(sz[4], 32, p.moments),
+                glm_plan_size_str(sz[5], 32, p.activations), glm_plan_size_str(sz[6], 32, p.scratch));
         if (p.host > 0) fprintf(out, "[glmtrain] host memory%s: %s (the offloaded optimizer state, master weights and staging)\n",
-                                who, size_str(sz[0], 32, p.host));
+                                who, glm_plan_size_str(sz[0], 32, p.host));
     }
 }
 
@@ -99,8 +98,8 @@ static int thriftier(int a, int b) {
 /* Appends "; FLAGS (plans X[, host Y])" to buf at *at; 1 when it fitted in buf. */
 static int add_fit(char *buf, size_t n, size_t *at, int found, const char *flags, const glm_mem_plan *p) {
     char t1[32], t2[32];
-    int w = snprintf(buf + *at, n - *at, "%s%s (plans %s%s%s)", found ? "; " : "", flags, size_str(t1, 32, p->total),
-                     p->host > 0 ? ", host " : "", p->host > 0 ? size_str(t2, 32, p->host) : "");
+    int w = snprintf(buf + *at, n - *at, "%s%s (plans %s%s%s)", found ? "; " : "", flags, glm_plan_size_str(t1, 32, p->total),
+                     p->host > 0 ? ", host " : "", p->host > 0 ? glm_plan_size_str(t2, 32, p->host) : "");
     if (w < 0 || (size_t)w >= n - *at) return 0;
     *at += (size_t)w;
     return 1;
@@ -184,44 +183,21 @@ int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cud
     if (have <= 0 || need <= have) return 0;
     char s1[32], s2[32];
     glm_fail(err, "--offload_optimizer cpu plans %s of host memory on this node (%d rank%s) but %s is available",
-             size_str(s1, 32, need), local_ranks > 1 ? local_ranks : 1, local_ranks > 1 ? "s" : "", size_str(s2, 32, have));
+             glm_plan_size_str(s1, 32, need), local_ranks > 1 ? local_ranks : 1, local_ranks > 1 ? "s" : "", glm_plan_size_str(s2, 32, have));
     return glm_hint(err, "%s; or free host memory (the run would be killed for memory part-way)",
                     sh.optim == GLM_OPTIM_ADAMW8 ? "shard it over more ranks with --zero_stage 2/3"
                                                  : "--optim adamw_8bit keeps the moments in a quarter of the bytes, or shard them over more ranks with --zero_stage 2/3");
 }
 
-/* The fewest stages above P (the auto split) whose every plan fits cap with a's other flags; 0
- * when none does. With D > 1 ranks the stages split those ranks (q divides D, D / q replicas
- * of each stage share the optimizer state under ZeRO >= 1); one process is told how many it
- * would need. *worst: that split's largest stage plan. */
-static int fewest_stages(const glm_par_opts *a, const glm_config *c, int cuda, int P, int D, double cap, double *worst) {
-    glm_par_opts b = *a;
-    b.device_map = "auto";
-    for (int q = P + 1; q <= c->num_layers && q <= GLM_MAX_STAGES && (D == 1 || q <= D); q++) {
-        if (D > 1 && D % q) continue;
-        glm_device_map m2;
-        glm_stage_shape s2;
-        glm_err e2;
-        b.pipeline_parallel_size = q;
-        if (glm_pp_map(&b, c, cuda, &m2, &s2, &e2)) return 0;
-        s2.dp = D > 1 && a->zero_stage >= 1 ? D / q : 1;
-        *worst = 0;
-        for (int j = 0; j < q; j++) {
-            double t = glm_stage_memory_plan(c, &m2, j, &s2).total;
-            if (t > *worst) *worst = t;
-        }
-        if (*worst <= cap) return q;
-    }
-    return 0;
-}
-
-/* The largest plan over the stages, 0 when the map cannot be made (the check reports it). */
+/* The largest plan over the stages of a's map (0 when the map cannot be made: the check reports
+ * it) for a job of D ranks: D / stages replicas of each stage share its optimizer state under
+ * ZeRO >= 1. */
 static double worst_stage(const glm_par_opts *a, const glm_config *c, int cuda, int D) {
     glm_device_map map;
     glm_stage_shape sh;
     glm_err e;
     if (glm_pp_map(a, c, cuda, &map, &sh, &e)) return 0;
-    sh.dp = a->zero_stage >= 1 ? D / map.n : 1;
+    sh.dp = a->zero_stage >= 1 && D > map.n ? D / map.n : 1;
     sh.zero2 = a->zero_stage >= 2;
     sh.zero3 = a->zero_stage == 3;
     sh.peer_ranks = peer_ranks(a, cuda, D);
@@ -233,15 +209,30 @@ static double worst_stage(const glm_par_opts *a, const glm_config *c, int cuda, 
     return worst;
 }
 
+/* The fewest stages above P (the auto split) whose every plan fits cap with a's other flags; 0
+ * when none does. With D > 1 ranks the stages split those ranks (q divides D, the rest are
+ * replicas); one process is told how many it would need. *worst: that split's largest plan. */
+static int fewest_stages(const glm_par_opts *a, const glm_config *c, int cuda, int P, int D, double cap, double *worst) {
+    glm_par_opts b = *a;
+    b.device_map = "auto";
+    for (int q = P + 1; q <= c->num_layers && q <= GLM_MAX_STAGES && (D == 1 || q <= D); q++) {
+        if (D > 1 && D % q) continue;
+        b.pipeline_parallel_size = q;
+        *worst = worst_stage(&b, c, cuda, D);
+        if (*worst <= 0) return 0;
+        if (*worst <= cap) return q;
+    }
+    return 0;
+}
+
 int glm_pp_pick_checkpointing(const glm_par_opts *a, const glm_config *c, int cuda, int D, double cap, double *plan) {
     static const int order[] = {GLM_CKPT_NONE, GLM_CKPT_SELECTIVE, GLM_CKPT_FULL};
     glm_par_opts b = *a;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0;; i++) { /* the last level is taken when nothing fits: the memory check then says what would */
         b.gradient_checkpointing = order[i];
         *plan = worst_stage(&b, c, cuda, D);
         if (cap <= 0 || *plan <= cap || i == 2) return order[i];
     }
-    return GLM_CKPT_FULL;
 }
 
 int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err) {
@@ -266,9 +257,9 @@ int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, in
         if (P > 1) snprintf(who, sizeof who, "stage %d (layers %d-%d)", k, map.s[k].l0, map.s[k].l1 - 1);
         char sz[7][32];
         glm_fail(err, "--max_memory_per_gpu %s: %s plans %s (weights %s, gradients %s, master %s, moments %s, "
-                      "activations %s, scratch %s)", a->max_memory_per_gpu, who, size_str(sz[0], 32, p.total),
-                 size_str(sz[1], 32, p.params), size_str(sz[2], 32, p.grads), size_str(sz[3], 32, p.master),
-                 size_str(sz[4], 32, p.moments), size_str(sz[5], 32, p.activations), size_str(sz[6], 32, p.scratch));
+                      "activations %s, scratch %s)", a->max_memory_per_gpu, who, glm_plan_size_str(sz[0], 32, p.total),
+                 glm_plan_size_str(sz[1], 32, p.params), glm_plan_size_str(sz[2], 32, p.grads), glm_plan_size_str(sz[3], 32, p.master),
+                 glm_plan_size_str(sz[4], 32, p.moments), glm_plan_size_str(sz[5], 32, p.activations), glm_plan_size_str(sz[6], 32, p.scratch));
         /* the layouts of the model states that fit on one stage, and the fewest stages that would
          * fit with the auto split */
         char fits[2048] = "", stages[512] = "";
@@ -279,7 +270,7 @@ int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, in
         int q = pipe_ok ? fewest_stages(a, c, cuda, P, D, (double)cap, &worst) : 0;
         if (q)
             snprintf(stages, sizeof stages, "--pipeline_parallel_size %d --device_map auto plans at most %s per stage "
-                                            "(glmtrain info --pipeline_parallel_size %d shows it)", q, size_str(sz[0], 32, worst), q);
+                                            "(glmtrain info --pipeline_parallel_size %d shows it)", q, glm_plan_size_str(sz[0], 32, worst), q);
         /* and with 8-bit states, where that takes fewer stages (the guide's 4 x 24 GB: 4 stages) */
         glm_par_opts b8 = *a;
         b8.optim = "adamw_8bit";
@@ -292,7 +283,7 @@ int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, in
             snprintf(stages + k, sizeof stages - k, "%s--pipeline_parallel_size %d --device_map auto --optim adamw_8bit%s "
                                                     "plans at most %s per stage", k ? "; or " : "", q8,
                      b8.gradient_checkpointing == GLM_CKPT_FULL ? " --gradient_checkpointing" : " --gradient_checkpointing selective",
-                     size_str(sz[1], 32, worst8));
+                     glm_plan_size_str(sz[1], 32, worst8));
         }
         if (fits[0] && stages[0]) return glm_hint(err, "layouts that fit: %s; or %s", fits, stages);
         if (fits[0]) return glm_hint(err, "layouts that fit: %s", fits);

@@ -36,6 +36,8 @@ int glm_pp_map(const glm_par_opts *a, const glm_config *c, int cuda, glm_device_
 /* Refuses a run whose memory plan of any stage exceeds --max_memory_per_gpu (nothing to do
  * without the flag). D: data-parallel replicas (ZeRO >= 1 divides the optimizer state). */
 int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err);
+/* "12.5 GiB", or MiB below 1 GiB (tiny models), so the plans' numbers say something. */
+const char *glm_plan_size_str(char *buf, size_t n, double bytes);
 /* --gradient_checkpointing auto: the level with the least recompute (none, then selective, then
  * full) whose plan fits every stage in cap bytes (cap <= 0: none); full when nothing fits (the
  * memory check then says what would). *plan: that level's largest stage plan. */

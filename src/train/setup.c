@@ -177,7 +177,6 @@ int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
 /* --gradient_checkpointing auto: the level the memory plan fits under --max_memory_per_gpu, or
  * under the GPU's memory without the flag (a CPU run without it keeps everything). */
 static void pick_checkpointing(trainer *t, glm_par_opts *po, const glm_config *c, int cuda) {
-    static const char *const names[] = {"none", "full", "selective"};
     size_t capb = 0;
     double cap = 0;
     const char *from = "no memory cap";
@@ -195,9 +194,9 @@ static void pick_checkpointing(trainer *t, glm_par_opts *po, const glm_config *c
     double plan = 0;
     int level = glm_pp_pick_checkpointing(po, c, cuda, t->dp->world, cap, &plan);
     t->a->gradient_checkpointing = po->gradient_checkpointing = level;
+    char sz[32];
     if (t->dp->rank == 0)
-        glm_info("--gradient_checkpointing auto: %s (plans %.2f %s%s%s)", names[level],
-                 plan >= 1073741824.0 ? plan / 1073741824.0 : plan / 1048576.0, plan >= 1073741824.0 ? "GiB" : "MiB",
+        glm_info("--gradient_checkpointing auto: %s (plans %s%s%s)", glm_ckpt_level_name(level), glm_plan_size_str(sz, sizeof sz, plan),
                  cap > 0 ? " under " : ", ", from);
 }
 

@@ -16,6 +16,17 @@
 #endif
 
 #ifdef __AVX2__
+/* glm_q8_encode's sign fix on the signed map, in lanes: a code whose sign differs from the
+ * value's moves one code toward the value (uint8 wrap-around kept). */
+static inline __m256i q8_sign_fix(__m256i c, __m256 value) {
+    const __m256i neg_code = _mm256_cmpgt_epi32(_mm256_set1_epi32(127), c);
+    const __m256i neg_val = _mm256_srai_epi32(_mm256_castps_si256(value), 31); /* signbit: all ones */
+    const __m256i fix = _mm256_xor_si256(neg_code, neg_val);
+    const __m256 pos = _mm256_cmp_ps(value, _mm256_setzero_ps(), _CMP_GT_OQ);
+    const __m256i delta = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_set1_epi32(1), _mm256_castps_si256(pos));
+    return _mm256_and_si256(_mm256_blendv_epi8(c, _mm256_add_epi32(c, delta), fix), _mm256_set1_epi32(255));
+}
+
 /* glm_q8_encode of 8 values against one block's absmax, in AVX2 lanes: the same comparisons,
  * selects and float operations in the same order (so the same codes bit for bit, NaN included:
  * every "x > val" is false for it, as in the scalar search), without the scalar code's
@@ -41,15 +52,7 @@ static inline __m256i q8_encode8(const float *code, int kind, __m256 value, __m2
     const __m256i r_gt = _mm256_blendv_epi8(pivot, up, _mm256_castps_si256(above));
     const __m256i r_le = _mm256_blendv_epi8(pivot, lp, _mm256_castps_si256(below));
     __m256i c = _mm256_blendv_epi8(r_le, r_gt, _mm256_castps_si256(gt));
-    if (kind == GLM_Q8_SIGNED) { /* the sign fix: one code toward the value where the signs differ */
-        const __m256i neg_code = _mm256_cmpgt_epi32(_mm256_set1_epi32(127), c);
-        const __m256i neg_val = _mm256_srai_epi32(_mm256_castps_si256(value), 31); /* signbit: all ones */
-        const __m256i fix = _mm256_xor_si256(neg_code, neg_val);
-        const __m256 pos = _mm256_cmp_ps(value, _mm256_setzero_ps(), _CMP_GT_OQ);
-        const __m256i delta = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_set1_epi32(1), _mm256_castps_si256(pos));
-        c = _mm256_and_si256(_mm256_blendv_epi8(c, _mm256_add_epi32(c, delta), fix), _mm256_set1_epi32(255)); /* uint8 wrap */
-    }
-    return c;
+    return kind == GLM_Q8_SIGNED ? q8_sign_fix(c, value) : c;
 }
 
 /* The search's result as a count of thresholds. glm_q8_search gives the code nearest to x, an
@@ -121,18 +124,10 @@ static inline __m256i q8_count8(const q8_table *q, __m256 x) {
     return _mm256_blendv_epi8(c, _mm256_set1_epi32(255), _mm256_castps_si256(pinf));
 }
 
-/* glm_q8_encode of 8 values by the tables: the count, then the sign fix as in q8_encode8. */
+/* glm_q8_encode of 8 values by the tables: the count, then the sign fix. */
 static inline __m256i q8_fast8(const q8_table *q, int kind, __m256 value, __m256 amax) {
-    __m256i c = q8_count8(q, _mm256_div_ps(value, amax));
-    if (kind == GLM_Q8_SIGNED) {
-        const __m256i neg_code = _mm256_cmpgt_epi32(_mm256_set1_epi32(127), c);
-        const __m256i neg_val = _mm256_srai_epi32(_mm256_castps_si256(value), 31);
-        const __m256i fix = _mm256_xor_si256(neg_code, neg_val);
-        const __m256 pos = _mm256_cmp_ps(value, _mm256_setzero_ps(), _CMP_GT_OQ);
-        const __m256i delta = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_set1_epi32(1), _mm256_castps_si256(pos));
-        c = _mm256_and_si256(_mm256_blendv_epi8(c, _mm256_add_epi32(c, delta), fix), _mm256_set1_epi32(255));
-    }
-    return c;
+    const __m256i c = q8_count8(q, _mm256_div_ps(value, amax));
+    return kind == GLM_Q8_SIGNED ? q8_sign_fix(c, value) : c;
 }
 
 /* codes[j] = glm_q8_encode(code, kind, x[j], amax), j < n */

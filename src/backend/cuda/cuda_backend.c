@@ -298,6 +298,17 @@ static void plan_destroy(gemm_plan *p) {
  * pre-activation P written to aux, same layout as D); or GELU's derivative (D = P * gelu'(aux)). */
 enum { EPI_NONE, EPI_GELU_AUX, EPI_DGELU };
 
+static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B, int ldb,
+                     void *D, int ldd, float beta, const void *bias, const void *Cin, int epi, void *aux);
+
+/* An epilogue as two steps: the plain product (into aux for GELU_AUX), then GELU's pass. */
+static void epi_unfused(glm_backend *be, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+                        int ldb, void *D, int ldd, float beta, const void *bias, const void *Cin, int epi, void *aux) {
+    gemm_epi(be, ta, tb, m, n, k, A, lda, B, ldb, epi == EPI_GELU_AUX ? aux : D, ldd, beta, bias, Cin, EPI_NONE, NULL);
+    if (epi == EPI_GELU_AUX) glmk_gelu_fwd(be->dtype, D, aux, (size_t)ldd * n, IM(be)->st);
+    else glmk_gelu_bwd(be->dtype, D, aux, D, (size_t)ldd * n, IM(be)->st);
+}
+
 /* Column-major D[m,n] = op(A) op(B) (+ bias[m] per row) + beta C, fp32 accumulate, where C is
  * Cin (same layout as D; NULL: D itself), then the epilogue epi with aux. The model's row-major
  * products map onto this with swapped operands (see cu_mm_fwd / cu_mm_bwd). */
@@ -309,10 +320,7 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
     float alpha = 1.0f;
     size_t dbytes = (size_t)ldd * n * glm_dtype_size(be->dtype);
     if (epi != EPI_NONE && (k <= 0 || ldd % 8)) { /* no epilogue for these: the product, then the pass */
-        void *P = epi == EPI_GELU_AUX ? aux : D;
-        gemm_epi(be, ta, tb, m, n, k, A, lda, B, ldb, P, ldd, beta, bias, Cin, EPI_NONE, NULL);
-        if (epi == EPI_GELU_AUX) glmk_gelu_fwd(be->dtype, D, aux, (size_t)ldd * n, im->st);
-        else glmk_gelu_bwd(be->dtype, D, aux, D, (size_t)ldd * n, im->st);
+        epi_unfused(be, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta, bias, Cin, epi, aux);
         return;
     }
     if (k <= 0) { /* empty product: D = beta C (+ bias) */
@@ -369,10 +377,7 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         if (p->have_algo) p->algo = res.algo;
     }
     if (!p->have_algo && epi != EPI_NONE) { /* no kernel with this epilogue: the product, then the pass */
-        void *P = epi == EPI_GELU_AUX ? aux : D;
-        gemm_epi(be, ta, tb, m, n, k, A, lda, B, ldb, P, ldd, beta, bias, Cin, EPI_NONE, NULL);
-        if (epi == EPI_GELU_AUX) glmk_gelu_fwd(be->dtype, D, aux, (size_t)ldd * n, im->st);
-        else glmk_gelu_bwd(be->dtype, D, aux, D, (size_t)ldd * n, im->st);
+        epi_unfused(be, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta, bias, Cin, epi, aux);
         return;
     }
     if (p->have_algo) {
