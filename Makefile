@@ -67,6 +67,10 @@ $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# the wgmma attention kernels exist only as sm_90a code (wgmma is not in plain sm_90 or PTX);
+# the backend runs them on 9.0 devices alone, every other GPU takes k_flash.cu
+$(BUILD)/obj/src/backend/cuda/k_flash90.o: NVCC_ARCH = -gencode arch=compute_90a,code=sm_90a
+
 # serve: libmicrohttpd's header at build time (libmicrohttpd-dev); the library itself is opened
 # with dlopen when serve starts (src/serve/server.c), so no other command or GPU carry needs it.
 # The web chat page is embedded into this object (.incbin): rebuilt when the page changes.

@@ -5,7 +5,7 @@
  * Attention runs both the tensor-core path (bf16/fp16, head size 64/128) and the SIMT path.
  * Quantized weights (INT8/INT4/NF4): dequantize bit-identical to the CPU's weights rounded to S,
  * qmatmul_fwd against its CPU twin. 8-bit blockwise AdamW (adamw8) bit for bit against its twin.
- *   test_cuda_ops [--quick] [--only f32|bf16|f16|bf16simt] [--quant]
+ *   test_cuda_ops [--quick] [--only f32|bf16|f16|bf16simt] [--quant] [--attention]
  * (--quick: small shapes, for compute-sanitizer runs; --only: one variant, to isolate a crash;
  * --quant: the quantized-weight ops only. GLM_QUANT_BENCH=1: afterwards, the bandwidth of
  * dequantize and of the decode GEMV on ChatGLM-6B's shapes, bf16, against cuBLAS's bf16 GEMV;
@@ -1136,6 +1136,9 @@ static void run_all(ctx *c, int quick, int attention_only) {
     t_attention(c, 2, 77, 3, 64, 1);
     t_attention(c, 2, 130, 2, 128, 0);
     if (!quick) t_attention(c, 1, 512, 2, 128, 0);
+    /* the wgmma kernels' tile edges: 128-query / 128-key blocks, 64-row steps, ragged ends */
+    t_attention(c, 1, 300, 2, 64, 1);
+    if (!quick) t_attention(c, 2, 1100, 1, 128, 0);
     t_attention_cached(c, 2, 3, 20, 2, 8);
     t_attention_cached(c, 2, 1, 70, 2, 128);
     /* the decoding kernel (k_decode.cu: Tq <= 4, the keys split in chunks): long caches, ragged
@@ -1148,11 +1151,12 @@ static void run_all(ctx *c, int quick, int attention_only) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, quant_only = 0;
+    int quick = 0, quant_only = 0, attn_only = 0;
     const char *only = NULL; /* f32, bf16, f16 or bf16simt: one variant (isolates a crash) */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strcmp(argv[i], "--quant") == 0) quant_only = 1;
+        else if (strcmp(argv[i], "--attention") == 0) attn_only = 1; /* the attention cases alone, every path */
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     }
     test_counts tc = {0};
@@ -1164,7 +1168,7 @@ int main(int argc, char **argv) {
         if (!be) { TEST_SKIP(&tc, "cuda_ops", "%s", err); TEST_EXIT(&tc); }
         ctx c = {be, dts[i], dt_name(dts[i]), &tc, {{0}}};
         glm_rng_seed(&c.rng, 1234 + i);
-        run_all(&c, quick, quant_only ? 2 : 0);
+        run_all(&c, quick, quant_only ? 2 : attn_only);
         be->destroy(be);
     }
     const char *qb = getenv("GLM_QUANT_BENCH");
@@ -1183,6 +1187,20 @@ int main(int argc, char **argv) {
     glm_rng_seed(&c.rng, 99);
     run_all(&c, quick, 1);
     be->destroy(be);
+    /* on a 9.0 device bf16/fp16 attention above took the wgmma kernels: the mma.sync pair too */
+    if (glmk_flash90_available(0)) {
+        const char *tags[2] = {"bf16mma", "f16mma"};
+        glm_dtype mdt[2] = {GLM_BF16, GLM_F16};
+        for (int i = 0; i < 2; i++) {
+            setenv("GLM_CUDA_ATTN", "mma", 1);
+            be = glm_backend_cuda(0, mdt[i], err, sizeof err);
+            unsetenv("GLM_CUDA_ATTN");
+            c = (ctx){be, mdt[i], tags[i], &tc, {{0}}};
+            glm_rng_seed(&c.rng, 77 + i);
+            run_all(&c, quick, 1);
+            be->destroy(be);
+        }
+    }
     printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
     TEST_EXIT(&tc);
 }

@@ -52,6 +52,7 @@ typedef struct cuda_impl {
     gemm_plan plans[GEMM_CACHE];
     int next_evict;
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
+    int use_wgmma;   /* the sm_90a attention kernels (k_flash90.cu): a 9.0 device, unless GLM_CUDA_ATTN=mma */
     int debug_sync;  /* GLM_CUDA_SYNC=1: synchronise and check after every op */
     size_t peak_used;
     glm_cuda_copies *copies; /* an offloaded optimizer's copy streams (made at first use) */
@@ -484,8 +485,10 @@ static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, 
     if (!IM(be)->force_simt && glmk_decode_attention_supported(Tq, Tk, HD)) /* decoding: the keys split over many blocks */
         glmk_decode_attention(be->dtype, out, lse, scratch(be, glmk_decode_attention_scratch(B, Tq, Tk, NH, HD)), q, k,
                               v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
-    else if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL))
-        glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    else if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL)) {
+        if (!IM(be)->use_wgmma || !glmk_flash90_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st))
+            glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    }
     else
         glmk_attention_fwd_simt(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     op_done(be, "attention_fwd");
@@ -519,8 +522,11 @@ static void cu_attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_q
     glmk_attn_rowdot(be->dtype, D, dout, out, B, Tq, NH, HD, IM(be)->st);
     prof(be, GLM_PROF_ATTN, "attention_bwd");
     if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, dout, NULL) &&
-        glmk_flash_supported(be->dtype, HD, dq, dk, dv, NULL, NULL))
-        glmk_flash_bwd(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+        glmk_flash_supported(be->dtype, HD, dq, dk, dv, NULL, NULL)) {
+        if (!IM(be)->use_wgmma ||
+            !glmk_flash90_bwd(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st))
+            glmk_flash_bwd(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    }
     else
         glmk_attention_bwd_simt(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     if (g > 1) {
@@ -768,6 +774,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     snprintf(im->name, sizeof im->name, "cuda:%d", device);
     const char *a = getenv("GLM_CUDA_ATTN"), *s = getenv("GLM_CUDA_SYNC");
     im->force_simt = a && strcmp(a, "simt") == 0;
+    im->use_wgmma = !im->force_simt && !(a && strcmp(a, "mma") == 0) && glmk_flash90_available(device);
     im->debug_sync = s && strcmp(s, "0") != 0 && s[0];
     CUDA_CHECK(cudaStreamCreateWithFlags(&im->st, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&im->lt));

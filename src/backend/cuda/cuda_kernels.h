@@ -138,6 +138,18 @@ void glmk_flash_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view
                     const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                     const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
                     cudaStream_t st);
+/* The same two operations on wgmma and the bulk tensor copy engine (k_flash90.cu, sm_90a) for
+ * compute capability 9.0 devices, where glmk_flash_supported holds; glmk_flash90_available says
+ * whether the build carries them and the device runs them. They return 0, having done nothing,
+ * for views the copy engine cannot describe (the caller then takes glmk_flash_*). */
+int glmk_flash90_available(int device);
+int glmk_flash90_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                      const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                      cudaStream_t st);
+int glmk_flash90_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
+                      const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                      const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                      cudaStream_t st);
 
 #ifdef __cplusplus
 }

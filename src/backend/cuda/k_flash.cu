@@ -15,47 +15,7 @@
  *   A (16x16, row): a0 (g, 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..)
  *   B (16x8, col):  b0 (k=2t..2t+1, n=g) b1 (k=2t+8.., n=g)
  *   C (16x8):       c0,c1 (g, 2t..2t+1) c2,c3 (g+8, 2t..2t+1) */
-#include "backend/cuda/cuda_common.cuh"
-
-#define FA_LOG2E 1.4426950408889634f
-
-/* ---------------------------------------------------------------- PTX wrappers */
-
-template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void mma16816<bf16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma16816<f16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-/* 16-byte async copy global -> shared; bytes = 0 writes zeros (rows past the end). */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
+#include "backend/cuda/flash_common.cuh"
 
 /* ---------------------------------------------------------------- tiles */
 
@@ -89,41 +49,6 @@ template <int HD> __device__ __forceinline__ uint32_t addr_bn(uint32_t s, int n0
  * (chunks 2np, 2np+1). Registers: r0,r1 = (b0,b1) of n-tile 2np, r2,r3 of n-tile 2np+1. */
 template <int HD> __device__ __forceinline__ uint32_t addr_bt(uint32_t s, int k0, int np, int lane) {
     return s + swz<HD>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * np + (lane >> 4));
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-/* Key-range summary of a group of rows: min lo / max hi over non-empty rows (the union), and
- * max lo / min hi over all rows (a tile inside [maxlo, minhi) needs no per-element mask). */
-struct Range { int lo, hi, maxlo, minhi; };
-/* one row; rows past the end (valid = false) neither widen the union nor need a mask */
-__device__ __forceinline__ Range row_range(bool valid, int lo, int hi) {
-    if (!valid) return Range{0x7fffffff, -1, -0x7fffffff, 0x7fffffff};
-    bool ne = lo < hi;
-    return Range{ne ? lo : 0x7fffffff, ne ? hi : -1, lo, hi};
-}
-__device__ __forceinline__ Range range_merge(Range a, Range b) {
-    return Range{min(a.lo, b.lo), max(a.hi, b.hi), max(a.maxlo, b.maxlo), min(a.minhi, b.minhi)};
-}
-__device__ __forceinline__ Range warp_range(Range r) {
-    for (int o = 16; o > 0; o >>= 1) {
-        Range x{__shfl_xor_sync(0xffffffffu, r.lo, o), __shfl_xor_sync(0xffffffffu, r.hi, o),
-                __shfl_xor_sync(0xffffffffu, r.maxlo, o), __shfl_xor_sync(0xffffffffu, r.minhi, o)};
-        r = range_merge(r, x);
-    }
-    return r;
-}
-
-template <typename T>
-__device__ __forceinline__ const T *head_base(const glm_qkv_view &v, int b, int h) {
-    return (const T *)v.base + b * v.batch_stride + vhead(v, h) * v.head_stride;
 }
 
 /* ---------------------------------------------------------------- forward */

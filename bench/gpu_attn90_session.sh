@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call on one H200 for issue 20's wgmma attention (k_flash90.cu), each run its own
+# process under a timeout inside one budget (BUDGET s, default 540). Modes, in order given:
+#   check   test_cuda_ops --attention: every attention case on every path (wgmma, mma.sync, SIMT)
+#           against the CPU twin
+#   tests   the GPU tests (tests/run_cuda.sh, no sanitizers)
+#   attn    attention alone, fwd/bwd TFLOP/s at seq 512 (b 8), 2048 (b 2), 8192 (b 1), masks
+#           prefix/causal/full: bench_attn on the wgmma path, on the mma.sync path
+#           (GLM_CUDA_ATTN=mma), then bench/pytorch_attn.py (SDPA) in the same call
+#   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail, wgmma then mma
+#   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
+#   torch   bench/pytorch_baseline.py W1 and W2 (the PyTorch baseline of the same jobs)
+#   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops --quick --attention
+# Records: $OUT/attn90-*.jsonl; console lines $OUT/attn90.txt; logs $OUT/logs.
+# Build here first (docs/GPU-TESTS.md):
+#   make -j2 MPI=0 BUILD=build/gpu build/gpu/bench_train build/gpu/bench_attn build/gpu/tests/cuda/test_cuda_ops build/gpu/tests/cuda/test_cuda_model
+# device call, carry ["build/gpu/bench_train", "build/gpu/bench_attn", "build/gpu/tests/cuda", "build/lib", "build/shared"]:
+#   bash bench/gpu_attn90_session.sh check attn
+set -u
+. "$(dirname "$0")/lib.sh"
+session_setup attn90
+KEEP='^RESULT|^(bf16|fp16|fp32|tf32) |^ +[0-9]+ +[0-9.]+ |^pytorch|tok/s|^[0-9]+x[0-9]+ |^run |passed|FAIL|TFLOP|ERROR SUMMARY|RACECHECK SUMMARY'
+for mode in "${@:-check attn}"; do
+    case $mode in
+    check) run_capped "check" 150 20 "$B/tests/cuda/test_cuda_ops" --attention ;;
+    tests) run_gpu_tests 240 ;;
+    attn)
+        run_capped "attn-wgmma" 90 20 "$B/bench_attn" --out "$OUT/attn90-wgmma.jsonl"
+        run_capped "attn-mma" 90 20 env GLM_CUDA_ATTN=mma "$B/bench_attn" --out "$OUT/attn90-mma.jsonl"
+        run_capped "attn-torch" 150 30 env PYTHONUNBUFFERED=1 $PY bench/pytorch_attn.py --out "$OUT/attn90-torch.jsonl" ;;
+    train)
+        run_capped "train-wgmma" 120 40 "$B/bench_train" --runs 512x8,2048x2 --detail --out "$OUT/attn90-train-wgmma.jsonl"
+        run_capped "train-mma" 120 40 env GLM_CUDA_ATTN=mma "$B/bench_train" --runs 512x8,2048x2 --out "$OUT/attn90-train-mma.jsonl" ;;
+    lora) run_capped "lora" 120 40 "$B/bench_train" --lora 8 --runs 512x8,2048x2 --out "$OUT/attn90-lora.jsonl" ;;
+    torch) run_capped "torch" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_baseline.py --runs 512x8,2048x2 --out "$OUT/attn90-torch-train.jsonl" ;;
+    sanitize)
+        for tool in memcheck racecheck; do
+            run_capped "san-$tool" 150 30 compute-sanitizer --tool $tool "$B/tests/cuda/test_cuda_ops" --quick --attention
+        done ;;
+    *) echo "unknown mode $mode" ;;
+    esac
+done
+[ -n "$SKIPPED" ] && echo "skipped:$SKIPPED"
+echo "done after $((SECONDS - T0))s"

@@ -1,0 +1,739 @@
+/* Flash attention for sm_90a (H100/H200) on warpgroup MMA (wgmma): the same contract as the
+ * mma.sync kernels of k_flash.cu (bf16/fp16, head size 64 or 128, per-query key ranges
+ * [lo, hi), grouped key/value views), which stay the path of every other GPU. Picked at run time
+ * (cuda_backend.c) when the device is compute capability 9.0.
+ *
+ * A block is two warpgroups (256 threads). Each warpgroup owns 64 rows of the block's fixed
+ * side and issues its own wgmma; the streamed side's tiles are shared and double-buffered
+ * through cp.async while the previous tile computes.
+ *  forward  : 128 queries per block, 128-key tiles. S = Q K^T from shared memory (both operands
+ *             K-major), online softmax in registers, O += P V with P from registers and V read
+ *             N-major from the same tile layout.
+ *  backward : dq (128 queries, 64-key tiles: S, dP, dS in registers, dQ += dS K) and dk/dv
+ *             (128 keys, 64-query tiles: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q),
+ *             probabilities recomputed from lse, no atomics, as the sm_80 pair does.
+ *
+ * Shared tiles: a [ROWS][HD] tile is stored as HD/64 column blocks of [ROWS][64] elements, each
+ * row 128 bytes with its 16-byte chunks XOR-swizzled by (row & 7): wgmma's 128-byte swizzle,
+ * so one tile serves as a K-major operand (rows = M or N) and as an N-major one (rows = K).
+ * Fragments (PTX ISA, wgmma m64nNk16): warp w of a warpgroup holds rows 16w..16w+15; with
+ * g = lane/4, t = lane%4 the accumulator's d[4i + e] is (row g + 8(e/2), column 8i + 2t + e%2),
+ * and an A operand from registers is mma.m16n8k16's A layout, so an accumulator's 16 columns
+ * 16c.. pack into the A registers of one k-step. */
+#include <cuda.h> /* CUtensorMap and its encoder's types; the encoder itself comes through the runtime */
+#include "backend/cuda/flash_common.cuh"
+
+#define FA90_MAXTILES 256 /* query tiles summarised in shared memory by dk/dv (Tq <= 16384) */
+
+/* ---------------------------------------------------------------- wgmma wrappers */
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA90_HAVE 1
+#endif
+
+#define WG_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define WG_F16(i) WG_F4(i), WG_F4(i + 4), WG_F4(i + 8), WG_F4(i + 12)
+#define WG_D32 WG_F16(0), WG_F16(16)
+#define WG_D64 WG_D32, WG_F16(32), WG_F16(48)
+#define WG_R32                                                                                              \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+    "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_R64                                                                                                     \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "   \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "    \
+    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+/* d (64 x N, fp32) (+)= A (64 x 16, shared, K-major) * B (16 x N, shared, K-major) */
+template <typename T, int N> __device__ __forceinline__ void wg_ss(float *d, uint64_t a, uint64_t b, int acc);
+/* d (64 x N) += A (64 x 16, registers) * B (16 x N, shared, N-major) */
+template <typename T, int N> __device__ __forceinline__ void wg_rs(float *d, const uint32_t *a, uint64_t b);
+
+#ifdef FA90_HAVE
+#define WG_SS(TY, N, RSTR, DL, IA, IB, IS)                                                                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS ", 0;\n"                                           \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " RSTR ", %" IA ", %" IB      \
+                 ", p, 1, 1, 0, 0;\n}\n"                                                                       \
+                 : DL                                                                                          \
+                 : "l"(a), "l"(b), "r"(acc))
+#define WG_RS(TY, N, RSTR, DL, A0, A1, A2, A3, IB, IS)                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS ", 0;\n"                                           \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " RSTR ", {%" A0 ", %" A1 ", %" \
+                 A2 ", %" A3 "}, %" IB ", p, 1, 1, 1;\n}\n"                                                   \
+                 : DL                                                                                          \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+#else /* host pass, or a device pass without sm_90a: never launched there */
+#define WG_SS(...) __trap()
+#define WG_RS(...) __trap()
+#endif
+
+template <> __device__ __forceinline__ void wg_ss<bf16, 64>(float *d, uint64_t a, uint64_t b, int acc) {
+    WG_SS("bf16", 64, WG_R32, WG_D32, "32", "33", "34");
+}
+template <> __device__ __forceinline__ void wg_ss<f16, 64>(float *d, uint64_t a, uint64_t b, int acc) {
+    WG_SS("f16", 64, WG_R32, WG_D32, "32", "33", "34");
+}
+template <> __device__ __forceinline__ void wg_ss<bf16, 128>(float *d, uint64_t a, uint64_t b, int acc) {
+    WG_SS("bf16", 128, WG_R64, WG_D64, "64", "65", "66");
+}
+template <> __device__ __forceinline__ void wg_ss<f16, 128>(float *d, uint64_t a, uint64_t b, int acc) {
+    WG_SS("f16", 128, WG_R64, WG_D64, "64", "65", "66");
+}
+template <> __device__ __forceinline__ void wg_rs<bf16, 64>(float *d, const uint32_t *a, uint64_t b) {
+    WG_RS("bf16", 64, WG_R32, WG_D32, "32", "33", "34", "35", "36", "37");
+}
+template <> __device__ __forceinline__ void wg_rs<f16, 64>(float *d, const uint32_t *a, uint64_t b) {
+    WG_RS("f16", 64, WG_R32, WG_D32, "32", "33", "34", "35", "36", "37");
+}
+template <> __device__ __forceinline__ void wg_rs<bf16, 128>(float *d, const uint32_t *a, uint64_t b) {
+    WG_RS("bf16", 128, WG_R64, WG_D64, "64", "65", "66", "67", "68", "69");
+}
+template <> __device__ __forceinline__ void wg_rs<f16, 128>(float *d, const uint32_t *a, uint64_t b) {
+    WG_RS("f16", 128, WG_R64, WG_D64, "64", "65", "66", "67", "68", "69");
+}
+
+__device__ __forceinline__ void wg_fence() {
+#ifdef FA90_HAVE
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#ifdef FA90_HAVE
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait0() {
+#ifdef FA90_HAVE
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+/* The registers of an asynchronous MMA are read only after its wait: this empty asm "writes"
+ * them, so the compiler cannot move a use above the (volatile, ordered) wait. */
+template <int N> __device__ __forceinline__ void fence_regs(float *d) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* cp.async's shared-memory writes become visible to the tensor cores' (async proxy) reads */
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef FA90_HAVE
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* ---------------------------------------------------------------- tiles and descriptors */
+
+/* byte offset of (row, 16-byte chunk) in a [ROWS][HD] tile of 2-byte elements (layout above) */
+template <int ROWS> __device__ __forceinline__ uint32_t t90(int row, int chunk) {
+    return (uint32_t)((chunk >> 3) * ROWS * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+/* wgmma shared-memory descriptor, 128-byte swizzle; 8-row groups 1024 bytes apart */
+__device__ __forceinline__ uint64_t gdesc(uint32_t addr, uint32_t lbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+/* K-major operand: rows row0.. (a multiple of 8) of a [ROWS][HD] tile, columns 16ks..16ks+15 */
+template <int ROWS> __device__ __forceinline__ uint64_t desc_k(uint32_t tile, int row0, int ks) {
+    return gdesc(tile + (ks >> 2) * ROWS * 128 + row0 * 128 + (ks & 3) * 32, 16);
+}
+/* N-major operand: rows k0..k0+15 (the reduction) of a [ROWS][HD] tile, all HD columns; the
+ * 64-column blocks lie ROWS * 128 bytes apart */
+template <int ROWS> __device__ __forceinline__ uint64_t desc_mn(uint32_t tile, int k0) {
+    return gdesc(tile + k0 * 128, ROWS * 128);
+}
+/* the dynamic shared memory, rounded up to the 1024-byte boundary the swizzle repeats on */
+__device__ __forceinline__ uint32_t smem_base1k() {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    return ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+}
+/* The range summary of warps w0..w0+n-1 (wr[] in shared memory). */
+__device__ __forceinline__ Range ranges_of(const Range *wr, int w0, int n) {
+    Range r = wr[w0];
+    for (int i = 1; i < n; i++) r = range_merge(r, wr[w0 + i]);
+    return r;
+}
+/* 16 accumulator columns 16c.. as the A registers of one k-step */
+template <typename T> __device__ __forceinline__ void acc_to_a(uint32_t *a, const float *d, int c) {
+    a[0] = pack2<T>(d[8 * c + 0], d[8 * c + 1]);
+    a[1] = pack2<T>(d[8 * c + 2], d[8 * c + 3]);
+    a[2] = pack2<T>(d[8 * c + 4], d[8 * c + 5]);
+    a[3] = pack2<T>(d[8 * c + 6], d[8 * c + 7]);
+}
+
+/* ---------------------------------------------------------------- copy engine and barriers */
+
+/* A block is three warpgroups: warpgroup 0 loads (one thread issues the bulk tensor copies; in
+ * dk/dv its first warp also stages the query rows' scalars), warpgroups 1 and 2 compute. Loads
+ * and compute meet on mbarriers: full[s] completes when stage s has landed (the copies' byte
+ * count), empty[s] when all 256 computing threads are done with it. */
+#define FA90_NT 384
+#define FA90_CONSUMERS 256
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+#ifdef FA90_HAVE
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#ifdef FA90_HAVE
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+/* one arrival that also announces `bytes` still to come from copies completing on this barrier */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef FA90_HAVE
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#ifdef FA90_HAVE
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+/* waits for the completion of the barrier's phase of this parity */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+#ifdef FA90_HAVE
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+#endif
+}
+template <int R> __device__ __forceinline__ void regs_dec() {
+#ifdef FA90_HAVE
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+#endif
+}
+template <int R> __device__ __forceinline__ void regs_inc() {
+#ifdef FA90_HAVE
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+#endif
+}
+/* Bulk tensor copy of one box (64 columns x rows, 128-byte swizzle) at (col, head, row, batch). */
+__device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *m, int col, int head, int row, int b,
+                                        uint32_t bar) {
+#ifdef FA90_HAVE
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+        "[%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(m)), "r"(col), "r"(head), "r"(row), "r"(b), "r"(bar)
+        : "memory");
+#endif
+}
+/* Rows row0..row0+ROWS-1 of one head into a [ROWS][HD] tile (rows past the end land as zeros). */
+template <int ROWS, int HD>
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap *m, int head, int row0, int b, uint32_t bar) {
+#pragma unroll
+    for (int c = 0; c < HD / 64; c++) tma_box(dst + c * ROWS * 128, m, c * 64, head, row0, b, bar);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(FA90_NT, 1)
+    flash90_fwd_kernel(T *out, float *lse, const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                       const __grid_constant__ CUtensorMap tv, int kgroup, const int32_t *lo, const int32_t *hi, int Tq,
+                       int Tk, int NH, float scale_log2) {
+    constexpr int BM = 128, BN = 128, NST = 2, KS = HD / 16, NA = BN / 2, NO = HD / 2;
+    constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2;
+    /* [Q][K stages][V stages] */
+    uint32_t sQ = smem_base1k(), sK = sQ + QB, sV = sK + NST * KB;
+    __shared__ __align__(8) uint64_t bars[1 + 2 * NST]; /* Q landed, full[NST], empty[NST] */
+    __shared__ Range wr[8];
+    uint32_t bq = smem_addr(&bars[0]), bfull = bq + 8, bempty = bfull + 8 * NST;
+    int tid = threadIdx.x, wg = tid >> 7, ct = tid - 128, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * BM;
+    int r0 = m0 + (ct >> 5) * 16 + g, r1 = r0 + 8; /* a computing thread's two rows */
+    int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+    Range R = row_range(false, 0, 0);
+    if (wg > 0) {
+        lo0 = r0 < Tq ? lo[b * Tq + r0] : 0, hi0 = r0 < Tq ? hi[b * Tq + r0] : 0;
+        lo1 = r1 < Tq ? lo[b * Tq + r1] : 0, hi1 = r1 < Tq ? hi[b * Tq + r1] : 0;
+        R = warp_range(range_merge(row_range(r0 < Tq, lo0, hi0), row_range(r1 < Tq, lo1, hi1)));
+        if (lane == 0) wr[ct >> 5] = R;
+    }
+    if (tid == 0) {
+        mbar_init(bq, 1);
+        for (int i = 0; i < NST; i++) { mbar_init(bfull + 8 * i, 1); mbar_init(bempty + 8 * i, FA90_CONSUMERS); }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    Range A = ranges_of(wr, 0, 8);
+    int klo = A.lo, khi = A.hi;
+    if (wg == 0) { /* loads */
+        regs_dec<24>();
+        if (tid == 0) {
+            mbar_expect_tx(bq, QB);
+            tma_tile<BM, HD>(sQ, &tq, h, m0, b, bq);
+            for (int it = 0, n0 = klo; n0 < khi; n0 += BN, it++) {
+                int st = it % NST;
+                mbar_wait(bempty + 8 * st, ((it / NST) & 1) ^ 1);
+                mbar_expect_tx(bfull + 8 * st, 2 * KB);
+                tma_tile<BN, HD>(sK + st * KB, &tk, h / kgroup, n0, b, bfull + 8 * st);
+                tma_tile<BN, HD>(sV + st * KB, &tv, h / kgroup, n0, b, bfull + 8 * st);
+            }
+        }
+        return;
+    }
+    regs_inc<240>();
+    int cw = wg - 1;
+    Range G = ranges_of(wr, 4 * cw, 4);
+    float o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.0f;
+    float mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    mbar_wait(bq, 0); /* always: the block may not end while its copy is in flight */
+    for (int it = 0, n0 = klo; n0 < khi; n0 += BN, it++) {
+        int st = it % NST;
+        uint32_t cK = sK + st * KB, cV = sV + st * KB;
+        mbar_wait(bfull + 8 * st, (it / NST) & 1);
+        if (n0 < G.hi && n0 + BN > G.lo) { /* some row of this warpgroup sees a key of the tile */
+            float s[NA];
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) wg_ss<T, BN>(s, desc_k<BM>(sQ, cw * 64, ks), desc_k<BN>(cK, 0, ks), ks);
+            wg_commit();
+            wg_wait0();
+            fence_regs<NA>(s);
+            bool full = n0 >= R.maxlo && n0 + BN <= R.minhi;
+            float tm0 = -INFINITY, tm1 = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < NA; i++) {
+                int e = i & 3, key = n0 + (i >> 2) * 8 + 2 * t4 + (e & 1);
+                float x = s[i] * scale_log2;
+                if (!full) {
+                    bool ok = e < 2 ? (key >= lo0 && key < hi0) : (key >= lo1 && key < hi1);
+                    if (!ok) x = -INFINITY;
+                }
+                s[i] = x;
+                if (e < 2) tm0 = fmaxf(tm0, x); else tm1 = fmaxf(tm1, x);
+            }
+            float nm0 = fmaxf(mx0, quad_max(tm0)), nm1 = fmaxf(mx1, quad_max(tm1));
+            float mu0 = nm0 == -INFINITY ? 0.0f : nm0, mu1 = nm1 == -INFINITY ? 0.0f : nm1;
+            float c0 = exp2f(mx0 - mu0), c1 = exp2f(mx1 - mu1);
+            mx0 = nm0;
+            mx1 = nm1;
+            float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NA; i++) {
+                bool first = (i & 3) < 2;
+                s[i] = exp2f(s[i] - (first ? mu0 : mu1));
+                if (first) ps0 += s[i]; else ps1 += s[i];
+            }
+            l0 = l0 * c0 + ps0;
+            l1 = l1 * c1 + ps1;
+#pragma unroll
+            for (int i = 0; i < NO; i++) o[i] *= (i & 3) < 2 ? c0 : c1;
+            uint32_t pa[BN / 16][4];
+#pragma unroll
+            for (int c = 0; c < BN / 16; c++) acc_to_a<T>(pa[c], s, c);
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < BN / 16; c++) wg_rs<T, HD>(o, pa[c], desc_mn<BN>(cV, c * 16));
+            wg_commit();
+            wg_wait0();
+            fence_regs<NO>(o);
+        }
+        mbar_arrive(bempty + 8 * st);
+    }
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+    float i0 = l0 > 0 ? 1.0f / l0 : 0.0f, i1 = l1 > 0 ? 1.0f / l1 : 0.0f;
+    size_t ld = (size_t)NH * HD;
+    if (r0 < Tq) {
+        T *orow = out + ((size_t)b * Tq + r0) * ld + (size_t)h * HD;
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; nd++)
+            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) = pack2<T>(o[4 * nd] * i0, o[4 * nd + 1] * i0);
+        if (t4 == 0) lse[((size_t)b * NH + h) * Tq + r0] = l0 > 0 ? mx0 * 0.6931471805599453f + logf(l0) : -INFINITY;
+    }
+    if (r1 < Tq) {
+        T *orow = out + ((size_t)b * Tq + r1) * ld + (size_t)h * HD;
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; nd++)
+            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) = pack2<T>(o[4 * nd + 2] * i1, o[4 * nd + 3] * i1);
+        if (t4 == 0) lse[((size_t)b * NH + h) * Tq + r1] = l1 > 0 ? mx1 * 0.6931471805599453f + logf(l1) : -INFINITY;
+    }
+}
+
+/* ---------------------------------------------------------------- backward: dq */
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(FA90_NT, 1)
+    flash90_dq_kernel(glm_qkv_view dq, const float *lse, const float *D, const __grid_constant__ CUtensorMap tq,
+                      const __grid_constant__ CUtensorMap tdo, const __grid_constant__ CUtensorMap tk,
+                      const __grid_constant__ CUtensorMap tv, int kgroup, const int32_t *lo, const int32_t *hi, int Tq,
+                      int Tk, int NH, float scale, float scale_log2) {
+    constexpr int BM = 128, BN = 64, NST = 3, KS = HD / 16, NA = BN / 2, NO = HD / 2;
+    constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2;
+    /* [Q][dout][K stages][V stages] */
+    uint32_t sQ = smem_base1k(), sO = sQ + QB, sK = sO + QB, sV = sK + NST * KB;
+    __shared__ __align__(8) uint64_t bars[1 + 2 * NST];
+    __shared__ Range wr[8];
+    uint32_t bq = smem_addr(&bars[0]), bfull = bq + 8, bempty = bfull + 8 * NST;
+    int tid = threadIdx.x, wg = tid >> 7, ct = tid - 128, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * BM;
+    int r0 = m0 + (ct >> 5) * 16 + g, r1 = r0 + 8;
+    int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+    Range R = row_range(false, 0, 0);
+    if (wg > 0) {
+        lo0 = r0 < Tq ? lo[b * Tq + r0] : 0, hi0 = r0 < Tq ? hi[b * Tq + r0] : 0;
+        lo1 = r1 < Tq ? lo[b * Tq + r1] : 0, hi1 = r1 < Tq ? hi[b * Tq + r1] : 0;
+        R = warp_range(range_merge(row_range(r0 < Tq, lo0, hi0), row_range(r1 < Tq, lo1, hi1)));
+        if (lane == 0) wr[ct >> 5] = R;
+    }
+    if (tid == 0) {
+        mbar_init(bq, 1);
+        for (int i = 0; i < NST; i++) { mbar_init(bfull + 8 * i, 1); mbar_init(bempty + 8 * i, FA90_CONSUMERS); }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    Range A = ranges_of(wr, 0, 8);
+    int klo = A.lo, khi = A.hi;
+    if (wg == 0) {
+        regs_dec<24>();
+        if (tid == 0) {
+            mbar_expect_tx(bq, 2 * QB);
+            tma_tile<BM, HD>(sQ, &tq, h, m0, b, bq);
+            tma_tile<BM, HD>(sO, &tdo, h, m0, b, bq);
+            for (int it = 0, n0 = klo; n0 < khi; n0 += BN, it++) {
+                int st = it % NST;
+                mbar_wait(bempty + 8 * st, ((it / NST) & 1) ^ 1);
+                mbar_expect_tx(bfull + 8 * st, 2 * KB);
+                tma_tile<BN, HD>(sK + st * KB, &tk, h / kgroup, n0, b, bfull + 8 * st);
+                tma_tile<BN, HD>(sV + st * KB, &tv, h / kgroup, n0, b, bfull + 8 * st);
+            }
+        }
+        return;
+    }
+    regs_inc<240>();
+    int cw = wg - 1;
+    Range G = ranges_of(wr, 4 * cw, 4);
+    size_t srow = ((size_t)b * NH + h) * Tq;
+    float L0 = r0 < Tq ? lse[srow + r0] * FA_LOG2E : 0.0f, L1 = r1 < Tq ? lse[srow + r1] * FA_LOG2E : 0.0f;
+    float D0 = r0 < Tq ? D[srow + r0] : 0.0f, D1 = r1 < Tq ? D[srow + r1] : 0.0f;
+    float acc[NO];
+#pragma unroll
+    for (int i = 0; i < NO; i++) acc[i] = 0.0f;
+    mbar_wait(bq, 0);
+    for (int it = 0, n0 = klo; n0 < khi; n0 += BN, it++) {
+        int st = it % NST;
+        uint32_t cK = sK + st * KB, cV = sV + st * KB;
+        mbar_wait(bfull + 8 * st, (it / NST) & 1);
+        if (n0 < G.hi && n0 + BN > G.lo) {
+            float s[NA], dp[NA];
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                wg_ss<T, BN>(s, desc_k<BM>(sQ, cw * 64, ks), desc_k<BN>(cK, 0, ks), ks);
+                wg_ss<T, BN>(dp, desc_k<BM>(sO, cw * 64, ks), desc_k<BN>(cV, 0, ks), ks);
+            }
+            wg_commit();
+            wg_wait0();
+            fence_regs<NA>(s);
+            fence_regs<NA>(dp);
+            bool full = n0 >= R.maxlo && n0 + BN <= R.minhi;
+#pragma unroll
+            for (int i = 0; i < NA; i++) {
+                int e = i & 3, key = n0 + (i >> 2) * 8 + 2 * t4 + (e & 1);
+                bool ok = full || (e < 2 ? (key >= lo0 && key < hi0) : (key >= lo1 && key < hi1));
+                float p = ok ? exp2f(s[i] * scale_log2 - (e < 2 ? L0 : L1)) : 0.0f;
+                s[i] = p * (dp[i] - (e < 2 ? D0 : D1)) * scale; /* ds */
+            }
+            uint32_t da[BN / 16][4];
+#pragma unroll
+            for (int c = 0; c < BN / 16; c++) acc_to_a<T>(da[c], s, c);
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < BN / 16; c++) wg_rs<T, HD>(acc, da[c], desc_mn<BN>(cK, c * 16));
+            wg_commit();
+            wg_wait0();
+            fence_regs<NO>(acc);
+        }
+        mbar_arrive(bempty + 8 * st);
+    }
+    if (r0 < Tq) {
+        T *row = (T *)dq.base + b * dq.batch_stride + (long)r0 * dq.tok_stride + h * dq.head_stride;
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; nd++)
+            *reinterpret_cast<uint32_t *>(row + nd * 8 + 2 * t4) = pack2<T>(acc[4 * nd], acc[4 * nd + 1]);
+    }
+    if (r1 < Tq) {
+        T *row = (T *)dq.base + b * dq.batch_stride + (long)r1 * dq.tok_stride + h * dq.head_stride;
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; nd++)
+            *reinterpret_cast<uint32_t *>(row + nd * 8 + 2 * t4) = pack2<T>(acc[4 * nd + 2], acc[4 * nd + 3]);
+    }
+}
+
+/* ---------------------------------------------------------------- backward: dk, dv */
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(FA90_NT, 1)
+    flash90_dkdv_kernel(glm_qkv_view dk, glm_qkv_view dv, const float *lse, const float *D,
+                        const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, int kgroup,
+                        const int32_t *lo, const int32_t *hi, int Tq, int Tk, int NH, float scale, float scale_log2) {
+    constexpr int BN = 128, BM = 64, NST = 3, KS = HD / 16, NA = BM / 2, NO = HD / 2;
+    constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2;
+    /* [K][V][Q stages][dout stages] */
+    uint32_t sK = smem_base1k(), sV = sK + KB, sQ = sV + KB, sO = sQ + NST * QB;
+    __shared__ __align__(8) uint64_t bars[1 + 2 * NST];
+    __shared__ __align__(8) float Ls[NST][BM], Ds[NST][BM];
+    __shared__ __align__(8) int los[NST][BM], his[NST][BM];
+    __shared__ Range tiles[FA90_MAXTILES];
+    uint32_t bkv = smem_addr(&bars[0]), bfull = bkv + 8, bempty = bfull + 8 * NST;
+    int tid = threadIdx.x, wg = tid >> 7, ct = tid - 128, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BN;
+    int ntiles = (Tq + BM - 1) / BM;
+    bool summarised = ntiles <= FA90_MAXTILES;
+    if (summarised)
+        for (int tt = tid; tt < ntiles; tt += blockDim.x) {
+            Range r = row_range(false, 0, 0);
+            for (int i = tt * BM; i < min(Tq, tt * BM + BM); i++)
+                r = range_merge(r, row_range(true, lo[b * Tq + i], hi[b * Tq + i]));
+            if (tt * BM + BM > Tq) r.minhi = -1; /* zero-filled rows past the end: always mask */
+            tiles[tt] = r;
+        }
+    if (tid == 0) {
+        mbar_init(bkv, 1);
+        for (int i = 0; i < NST; i++) { mbar_init(bfull + 8 * i, 1); mbar_init(bempty + 8 * i, FA90_CONSUMERS); }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    /* query tile tt overlaps this block's keys [j0, j0 + BN) (block-uniform: tiles[] is shared) */
+#define FA90_OVERLAP(tt) (!summarised || (tiles[tt].lo < j0 + BN && tiles[tt].hi > j0))
+    if (wg == 0) {
+        regs_dec<24>();
+        if (tid < 32) { /* one warp: its lanes stage the row scalars, lane 0 issues the copies */
+            size_t srow = ((size_t)b * NH + h) * Tq;
+            if (lane == 0) {
+                mbar_expect_tx(bkv, 2 * KB);
+                tma_tile<BN, HD>(sK, &tk, h / kgroup, j0, b, bkv);
+                tma_tile<BN, HD>(sV, &tv, h / kgroup, j0, b, bkv);
+            }
+            int it = 0;
+            for (int cur = 0; cur < ntiles; cur++) {
+                if (!FA90_OVERLAP(cur)) continue;
+                int st = it % NST, i0 = cur * BM;
+                mbar_wait(bempty + 8 * st, ((it / NST) & 1) ^ 1);
+                for (int r = lane; r < BM; r += 32) {
+                    int i = i0 + r;
+                    bool in = i < Tq;
+                    Ls[st][r] = in ? lse[srow + i] * FA_LOG2E : 0.0f;
+                    Ds[st][r] = in ? D[srow + i] : 0.0f;
+                    los[st][r] = in ? lo[b * Tq + i] : 0;
+                    his[st][r] = in ? hi[b * Tq + i] : 0;
+                }
+                __syncwarp();
+                if (lane == 0) {
+                    mbar_expect_tx(bfull + 8 * st, 2 * QB);
+                    tma_tile<BM, HD>(sQ + st * QB, &tq, h, i0, b, bfull + 8 * st);
+                    tma_tile<BM, HD>(sO + st * QB, &tdo, h, i0, b, bfull + 8 * st);
+                }
+                it++;
+            }
+        }
+        return;
+    }
+    regs_inc<240>();
+    int cw = wg - 1, kg0 = j0 + cw * 64, kw0 = j0 + (ct >> 5) * 16;
+    int kr0 = kw0 + g, kr1 = kr0 + 8;
+    float adk[NO], adv[NO];
+#pragma unroll
+    for (int i = 0; i < NO; i++) adk[i] = adv[i] = 0.0f;
+    mbar_wait(bkv, 0);
+    int it = 0;
+    for (int cur = 0; cur < ntiles; cur++) {
+        if (!FA90_OVERLAP(cur)) continue;
+        int st = it % NST;
+        mbar_wait(bfull + 8 * st, (it / NST) & 1);
+        Range info = summarised ? tiles[cur] : Range{0, 0x7fffffff, 0x7fffffff, -1};
+        uint32_t cQ = sQ + st * QB, cO = sO + st * QB;
+        if (info.lo < kg0 + 64 && info.hi > kg0) { /* warpgroup-uniform */
+            float s[NA], dp[NA];
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                wg_ss<T, BM>(s, desc_k<BN>(sK, cw * 64, ks), desc_k<BM>(cQ, 0, ks), ks);
+                wg_ss<T, BM>(dp, desc_k<BN>(sV, cw * 64, ks), desc_k<BM>(cO, 0, ks), ks);
+            }
+            wg_commit();
+            wg_wait0();
+            fence_regs<NA>(s);
+            fence_regs<NA>(dp);
+            bool full = kw0 >= info.maxlo && kw0 + 16 <= info.minhi;
+#pragma unroll
+            for (int nt = 0; nt < NA / 4; nt++) {
+                int q0 = nt * 8 + 2 * t4; /* this thread's two queries of the 8-column group */
+                float2 Lq = *reinterpret_cast<const float2 *>(&Ls[st][q0]), Dq = *reinterpret_cast<const float2 *>(&Ds[st][q0]);
+                int2 lq = make_int2(0, 0), hq = make_int2(0x7fffffff, 0x7fffffff);
+                if (!full) {
+                    lq = *reinterpret_cast<const int2 *>(&los[st][q0]);
+                    hq = *reinterpret_cast<const int2 *>(&his[st][q0]);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = nt * 4 + e, key = e < 2 ? kr0 : kr1;
+                    bool odd = e & 1;
+                    bool ok = key >= (odd ? lq.y : lq.x) && key < (odd ? hq.y : hq.x);
+                    float p = ok ? exp2f(s[i] * scale_log2 - (odd ? Lq.y : Lq.x)) : 0.0f;
+                    s[i] = p;
+                    dp[i] = p * (dp[i] - (odd ? Dq.y : Dq.x)) * scale; /* ds */
+                }
+            }
+            uint32_t pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+            for (int c = 0; c < BM / 16; c++) {
+                acc_to_a<T>(pa[c], s, c);
+                acc_to_a<T>(da[c], dp, c);
+            }
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < BM / 16; c++) {
+                wg_rs<T, HD>(adv, pa[c], desc_mn<BM>(cO, c * 16));
+                wg_rs<T, HD>(adk, da[c], desc_mn<BM>(cQ, c * 16));
+            }
+            wg_commit();
+            wg_wait0();
+            fence_regs<NO>(adv);
+            fence_regs<NO>(adk);
+        }
+        mbar_arrive(bempty + 8 * st);
+        it++;
+    }
+#undef FA90_OVERLAP
+    if (kr0 < Tk) {
+        T *rk = (T *)dk.base + b * dk.batch_stride + (long)kr0 * dk.tok_stride + h * dk.head_stride;
+        T *rv = (T *)dv.base + b * dv.batch_stride + (long)kr0 * dv.tok_stride + h * dv.head_stride;
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; nd++) {
+            *reinterpret_cast<uint32_t *>(rk + nd * 8 + 2 * t4) = pack2<T>(adk[4 * nd], adk[4 * nd + 1]);
+            *reinterpret_cast<uint32_t *>(rv + nd * 8 + 2 * t4) = pack2<T>(adv[4 * nd], adv[4 * nd + 1]);
+        }
+    }
+    if (kr1 < Tk) {
+        T *rk = (T *)dk.base + b * dk.batch_stride + (long)kr1 * dk.tok_stride + h * dk.head_stride;
+        T *rv = (T *)dv.base + b * dv.batch_stride + (long)kr1 * dv.tok_stride + h * dv.head_stride;
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; nd++) {
+            *reinterpret_cast<uint32_t *>(rk + nd * 8 + 2 * t4) = pack2<T>(adk[4 * nd + 2], adk[4 * nd + 3]);
+            *reinterpret_cast<uint32_t *>(rv + nd * 8 + 2 * t4) = pack2<T>(adv[4 * nd + 2], adv[4 * nd + 3]);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                   const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+/* the driver's tensor-map encoder, looked up once (no link against libcuda) */
+static tmap_encode_fn tmap_encoder() {
+    static const tmap_encode_fn fn = [] {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            p = NULL;
+        (void)cudaGetLastError();
+        return (tmap_encode_fn)p;
+    }();
+    return fn;
+}
+/* The rows of a view (or of dout: [B, T, NH, HD]) as a 4-d tensor (HD, heads, T, B) read in boxes
+ * of 64 columns x `rows` rows with the 128-byte swizzle. False when the view does not qualify
+ * (the caller then takes the mma.sync kernels). */
+static bool tmap_rows(CUtensorMap *m, glm_dtype dt, const void *base, long bs, long ts, long hs, int heads, int T, int B,
+                      int HD, int rows) {
+    tmap_encode_fn enc = tmap_encoder();
+    if (!enc || T <= 0) return false;
+    cuuint64_t dims[4] = {(cuuint64_t)HD, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[3] = {(cuuint64_t)(heads > 1 ? hs : HD) * 2, (cuuint64_t)ts * 2, (cuuint64_t)(B > 1 ? bs : (long)T * ts) * 2};
+    for (int i = 0; i < 3; i++)
+        if (strides[i] == 0 || strides[i] % 16) return false;
+    cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, es[4] = {1, 1, 1, 1};
+    return enc(m, dt == GLM_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)base, dims,
+               strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+static bool tmap_view(CUtensorMap *m, glm_dtype dt, const glm_qkv_view &v, int NH, int T, int B, int HD, int rows) {
+    return tmap_rows(m, dt, v.base, v.batch_stride, v.tok_stride, v.head_stride, NH / glm_view_group(v), T, B, HD, rows);
+}
+
+template <typename K> static void smem_attr90(K *fn, size_t bytes) {
+    GLMK_CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <typename T, int HD>
+static int fwd90_t(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                   const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
+    CUtensorMap tq, tk, tv;
+    if (!tmap_view(&tq, dt, q, NH, Tq, B, HD, 128) || !tmap_view(&tk, dt, k, NH, Tk, B, HD, 128) ||
+        !tmap_view(&tv, dt, v, NH, Tk, B, HD, 128))
+        return 0;
+    size_t smem = (size_t)(128 + 4 * 128) * HD * 2 + 1024;
+    smem_attr90(flash90_fwd_kernel<T, HD>, smem);
+    flash90_fwd_kernel<T, HD><<<dim3((Tq + 127) / 128, NH, B), FA90_NT, smem, st>>>(
+        (T *)out, lse, tq, tk, tv, glm_view_group(k), lo, hi, Tq, Tk, NH, scale * FA_LOG2E);
+    GLMK_CHECK_LAUNCH();
+    return 1;
+}
+
+template <typename T, int HD>
+static int bwd90_t(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout, const float *lse,
+                   const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo, const int32_t *hi,
+                   int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
+    long ld = (long)NH * HD;
+    CUtensorMap tq, tdo, tk, tv, tq64, tdo64, tk128, tv128;
+    if (!tmap_view(&tq, dt, q, NH, Tq, B, HD, 128) || !tmap_rows(&tdo, dt, dout, (long)Tq * ld, ld, HD, NH, Tq, B, HD, 128) ||
+        !tmap_view(&tk, dt, k, NH, Tk, B, HD, 64) || !tmap_view(&tv, dt, v, NH, Tk, B, HD, 64) ||
+        !tmap_view(&tq64, dt, q, NH, Tq, B, HD, 64) ||
+        !tmap_rows(&tdo64, dt, dout, (long)Tq * ld, ld, HD, NH, Tq, B, HD, 64) ||
+        !tmap_view(&tk128, dt, k, NH, Tk, B, HD, 128) || !tmap_view(&tv128, dt, v, NH, Tk, B, HD, 128))
+        return 0;
+    size_t smem_q = (size_t)(2 * 128 + 6 * 64) * HD * 2 + 1024, smem_kv = (size_t)(2 * 128 + 6 * 64) * HD * 2 + 1024;
+    smem_attr90(flash90_dq_kernel<T, HD>, smem_q);
+    smem_attr90(flash90_dkdv_kernel<T, HD>, smem_kv);
+    int g = glm_view_group(k);
+    flash90_dq_kernel<T, HD><<<dim3((Tq + 127) / 128, NH, B), FA90_NT, smem_q, st>>>(
+        dq, lse, D, tq, tdo, tk, tv, g, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+    GLMK_CHECK_LAUNCH();
+    flash90_dkdv_kernel<T, HD><<<dim3((Tk + 127) / 128, NH, B), FA90_NT, smem_kv, st>>>(
+        dk, dv, lse, D, tq64, tdo64, tk128, tv128, g, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+    GLMK_CHECK_LAUNCH();
+    return 1;
+}
+
+#define FA90_DISPATCH(dt, HD, FN, ...)                                                                                     \
+    ((dt) == GLM_BF16 ? ((HD) == 128 ? FN<bf16, 128>(__VA_ARGS__) : FN<bf16, 64>(__VA_ARGS__))                             \
+                      : ((HD) == 128 ? FN<f16, 128>(__VA_ARGS__) : FN<f16, 64>(__VA_ARGS__)))
+
+/* 1 when this build carries the sm_90a kernels and `device` can run them */
+extern "C" int glmk_flash90_available(int device) {
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return 0;
+    if (p.major != 9 || p.minor != 0 || !tmap_encoder()) return 0;
+    cudaFuncAttributes fa;
+    int ok = cudaFuncGetAttributes(&fa, (const void *)flash90_fwd_kernel<bf16, 128>) == cudaSuccess;
+    (void)cudaGetLastError(); /* a missing image is an answer here, not an error for the next launch */
+    return ok;
+}
+
+extern "C" int glmk_flash90_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                                const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                                cudaStream_t st) {
+    if (B <= 0 || Tq <= 0) return 1;
+    if (Tk <= 0) return 0;
+    return FA90_DISPATCH(dt, HD, fwd90_t, dt, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
+}
+
+extern "C" int glmk_flash90_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
+                                const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                                const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                                cudaStream_t st) {
+    if (B <= 0 || Tq <= 0 || Tk <= 0) return 0; /* the mma.sync pair handles the degenerate shapes */
+    return FA90_DISPATCH(dt, HD, bwd90_t, dt, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
+}
