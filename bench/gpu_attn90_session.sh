@@ -7,7 +7,8 @@
 #   attn    attention alone, fwd/bwd TFLOP/s at seq 512 (b 8), 2048 (b 2), 8192 (b 1), masks
 #           prefix/causal/full: bench_attn on the wgmma path, on the mma.sync path
 #           (GLM_CUDA_ATTN=mma), then bench/pytorch_attn.py (SDPA) in the same call
-#   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail, wgmma then mma
+#   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail (the per-op profile)
+#   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
 #   torch   bench/pytorch_baseline.py W1 and W2 (the PyTorch baseline of the same jobs)
 #   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops --quick --attention
@@ -29,8 +30,9 @@ for mode in "${@:-check attn}"; do
         run_capped "attn-mma" 90 20 env GLM_CUDA_ATTN=mma "$B/bench_attn" --out "$OUT/attn90-mma.jsonl"
         run_capped "attn-torch" 150 30 env PYTHONUNBUFFERED=1 $PY bench/pytorch_attn.py --out "$OUT/attn90-torch.jsonl" ;;
     train)
-        run_capped "train-wgmma" 120 40 "$B/bench_train" --runs 512x8,2048x2 --detail --out "$OUT/attn90-train-wgmma.jsonl"
-        run_capped "train-mma" 120 40 env GLM_CUDA_ATTN=mma "$B/bench_train" --runs 512x8,2048x2 --out "$OUT/attn90-train-mma.jsonl" ;;
+        run_capped "train-wgmma" 150 40 "$B/bench_train" --runs 512x8,2048x2 --detail --out "$OUT/attn90-train-wgmma.jsonl"
+        grep -A45 "per-op" "$OUT/logs/train-wgmma.txt" >"$OUT/logs/profile-train-wgmma.txt" ;;
+    train-mma) run_capped "train-mma" 120 40 env GLM_CUDA_ATTN=mma "$B/bench_train" --runs 512x8,2048x2 --out "$OUT/attn90-train-mma.jsonl" ;;
     lora) run_capped "lora" 120 40 "$B/bench_train" --lora 8 --runs 512x8,2048x2 --out "$OUT/attn90-lora.jsonl" ;;
     torch) run_capped "torch" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_baseline.py --runs 512x8,2048x2 --out "$OUT/attn90-torch-train.jsonl" ;;
     sanitize)

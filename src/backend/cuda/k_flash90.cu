@@ -1,25 +1,28 @@
-/* Flash attention for sm_90a (H100/H200) on warpgroup MMA (wgmma): the same contract as the
- * mma.sync kernels of k_flash.cu (bf16/fp16, head size 64 or 128, per-query key ranges
- * [lo, hi), grouped key/value views), which stay the path of every other GPU. Picked at run time
- * (cuda_backend.c) when the device is compute capability 9.0.
+/* Flash attention for sm_90a (H100/H200) on warpgroup MMA (wgmma) and the bulk tensor copy
+ * engine (TMA): the same contract as the mma.sync kernels of k_flash.cu (bf16/fp16, head size 64
+ * or 128, per-query key ranges [lo, hi), grouped key/value views), which stay the path of every
+ * other GPU. Picked at run time (cuda_backend.c) when the device is compute capability 9.0.
  *
- * A block is two warpgroups (256 threads). Each warpgroup owns 64 rows of the block's fixed
- * side and issues its own wgmma; the streamed side's tiles are shared and double-buffered
- * through cp.async while the previous tile computes.
- *  forward  : 128 queries per block, 128-key tiles. S = Q K^T from shared memory (both operands
- *             K-major), online softmax in registers, O += P V with P from registers and V read
- *             N-major from the same tile layout.
- *  backward : dq (128 queries, 64-key tiles: S, dP, dS in registers, dQ += dS K) and dk/dv
- *             (128 keys, 64-query tiles: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q),
- *             probabilities recomputed from lse, no atomics, as the sm_80 pair does.
+ * A block is three warpgroups: one loads, two compute (producer / consumer). The loading
+ * warpgroup gives its registers to the others (setmaxnreg) and one of its threads issues the
+ * tile copies; copies and compute meet on mbarriers, so each computing warpgroup runs at its
+ * own pace and the tensor cores of one overlap the softmax of the other.
+ *  forward  : 128 queries per block (64 per computing warpgroup), 128-key tiles in two stages.
+ *             S = Q K^T from shared memory (both operands K-major), online softmax in
+ *             registers, O += P V with P from registers and V read N-major from the same tile.
+ *  backward : one kernel per 128 keys (64 per warpgroup) over 64-query tiles in three stages:
+ *             S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q in registers, and dS^T
+ *             through shared memory into dQ += dS K, summed over key blocks in fp32 by
+ *             reductions in global memory (then one pass writes dq). Probabilities are
+ *             recomputed from lse; D = rowsum(dout * out) comes precomputed.
  *
  * Shared tiles: a [ROWS][HD] tile is stored as HD/64 column blocks of [ROWS][64] elements, each
- * row 128 bytes with its 16-byte chunks XOR-swizzled by (row & 7): wgmma's 128-byte swizzle,
- * so one tile serves as a K-major operand (rows = M or N) and as an N-major one (rows = K).
- * Fragments (PTX ISA, wgmma m64nNk16): warp w of a warpgroup holds rows 16w..16w+15; with
- * g = lane/4, t = lane%4 the accumulator's d[4i + e] is (row g + 8(e/2), column 8i + 2t + e%2),
- * and an A operand from registers is mma.m16n8k16's A layout, so an accumulator's 16 columns
- * 16c.. pack into the A registers of one k-step. */
+ * row 128 bytes with its 16-byte chunks XOR-swizzled by (row & 7): wgmma's 128-byte swizzle and
+ * the copy engine's, so one tile serves as a K-major operand (rows = M or N) and as an MN-major
+ * one (rows = K). Fragments (PTX ISA, wgmma m64nNk16): warp w of a warpgroup holds rows
+ * 16w..16w+15; with g = lane/4, t = lane%4 the accumulator's d[4i + e] is (row g + 8(e/2),
+ * column 8i + 2t + e%2), and an A operand from registers is mma.m16n8k16's A layout, so an
+ * accumulator's 16 columns 16c.. pack into the A registers of one k-step. */
 #include <cuda.h> /* CUtensorMap and its encoder's types; the encoder itself comes through the runtime */
 #include "backend/cuda/flash_common.cuh"
 
@@ -45,6 +48,8 @@
 
 /* d (64 x N, fp32) (+)= A (64 x 16, shared, K-major) * B (16 x N, shared, K-major) */
 template <typename T, int N> __device__ __forceinline__ void wg_ss(float *d, uint64_t a, uint64_t b, int acc);
+/* d (64 x N) (+)= A (64 x 16, shared, M-major) * B (16 x N, shared, N-major) */
+template <typename T, int N> __device__ __forceinline__ void wg_ss_t(float *d, uint64_t a, uint64_t b, int acc);
 /* d (64 x N) += A (64 x 16, registers) * B (16 x N, shared, N-major) */
 template <typename T, int N> __device__ __forceinline__ void wg_rs(float *d, const uint32_t *a, uint64_t b);
 
@@ -55,6 +60,12 @@ template <typename T, int N> __device__ __forceinline__ void wg_rs(float *d, con
                  ", p, 1, 1, 0, 0;\n}\n"                                                                       \
                  : DL                                                                                          \
                  : "l"(a), "l"(b), "r"(acc))
+#define WG_SS_TA(TY, N, RSTR, DL, IA, IB, IS)                                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS ", 0;\n"                                           \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " RSTR ", %" IA ", %" IB      \
+                 ", p, 1, 1, 1, 1;\n}\n"                                                                       \
+                 : DL                                                                                          \
+                 : "l"(a), "l"(b), "r"(acc))
 #define WG_RS(TY, N, RSTR, DL, A0, A1, A2, A3, IB, IS)                                                           \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS ", 0;\n"                                           \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " RSTR ", {%" A0 ", %" A1 ", %" \
@@ -63,6 +74,7 @@ template <typename T, int N> __device__ __forceinline__ void wg_rs(float *d, con
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 #else /* host pass, or a device pass without sm_90a: never launched there */
 #define WG_SS(...) __trap()
+#define WG_SS_TA(...) __trap()
 #define WG_RS(...) __trap()
 #endif
 
@@ -77,6 +89,12 @@ template <> __device__ __forceinline__ void wg_ss<bf16, 128>(float *d, uint64_t 
 }
 template <> __device__ __forceinline__ void wg_ss<f16, 128>(float *d, uint64_t a, uint64_t b, int acc) {
     WG_SS("f16", 128, WG_R64, WG_D64, "64", "65", "66");
+}
+template <> __device__ __forceinline__ void wg_ss_t<bf16, 64>(float *d, uint64_t a, uint64_t b, int acc) {
+    WG_SS_TA("bf16", 64, WG_R32, WG_D32, "32", "33", "34");
+}
+template <> __device__ __forceinline__ void wg_ss_t<f16, 64>(float *d, uint64_t a, uint64_t b, int acc) {
+    WG_SS_TA("f16", 64, WG_R32, WG_D32, "32", "33", "34");
 }
 template <> __device__ __forceinline__ void wg_rs<bf16, 64>(float *d, const uint32_t *a, uint64_t b) {
     WG_RS("bf16", 64, WG_R32, WG_D32, "32", "33", "34", "35", "36", "37");
@@ -209,6 +227,14 @@ template <int R> __device__ __forceinline__ void regs_dec() {
 template <int R> __device__ __forceinline__ void regs_inc() {
 #ifdef FA90_HAVE
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+#endif
+}
+/* the 256 computing threads alone (barrier 0 is the whole block's) */
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(FA90_CONSUMERS) : "memory"); }
+/* p[0] += x, p[1] += y in global memory, no result */
+__device__ __forceinline__ void red_add2(float *p, float x, float y) {
+#ifdef FA90_HAVE
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 #endif
 }
 /* Bulk tensor copy of one box (64 columns x rows, 128-byte swizzle) at (col, head, row, batch). */
@@ -358,128 +384,20 @@ __global__ void __launch_bounds__(FA90_NT, 1)
     }
 }
 
-/* ---------------------------------------------------------------- backward: dq */
-
-template <typename T, int HD>
-__global__ void __launch_bounds__(FA90_NT, 1)
-    flash90_dq_kernel(glm_qkv_view dq, const float *lse, const float *D, const __grid_constant__ CUtensorMap tq,
-                      const __grid_constant__ CUtensorMap tdo, const __grid_constant__ CUtensorMap tk,
-                      const __grid_constant__ CUtensorMap tv, int kgroup, const int32_t *lo, const int32_t *hi, int Tq,
-                      int Tk, int NH, float scale, float scale_log2) {
-    constexpr int BM = 128, BN = 64, NST = 3, KS = HD / 16, NA = BN / 2, NO = HD / 2;
-    constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2;
-    /* [Q][dout][K stages][V stages] */
-    uint32_t sQ = smem_base1k(), sO = sQ + QB, sK = sO + QB, sV = sK + NST * KB;
-    __shared__ __align__(8) uint64_t bars[1 + 2 * NST];
-    __shared__ Range wr[8];
-    uint32_t bq = smem_addr(&bars[0]), bfull = bq + 8, bempty = bfull + 8 * NST;
-    int tid = threadIdx.x, wg = tid >> 7, ct = tid - 128, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * BM;
-    int r0 = m0 + (ct >> 5) * 16 + g, r1 = r0 + 8;
-    int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
-    Range R = row_range(false, 0, 0);
-    if (wg > 0) {
-        lo0 = r0 < Tq ? lo[b * Tq + r0] : 0, hi0 = r0 < Tq ? hi[b * Tq + r0] : 0;
-        lo1 = r1 < Tq ? lo[b * Tq + r1] : 0, hi1 = r1 < Tq ? hi[b * Tq + r1] : 0;
-        R = warp_range(range_merge(row_range(r0 < Tq, lo0, hi0), row_range(r1 < Tq, lo1, hi1)));
-        if (lane == 0) wr[ct >> 5] = R;
-    }
-    if (tid == 0) {
-        mbar_init(bq, 1);
-        for (int i = 0; i < NST; i++) { mbar_init(bfull + 8 * i, 1); mbar_init(bempty + 8 * i, FA90_CONSUMERS); }
-        mbar_init_fence();
-    }
-    __syncthreads();
-    Range A = ranges_of(wr, 0, 8);
-    int klo = A.lo, khi = A.hi;
-    if (wg == 0) {
-        regs_dec<24>();
-        if (tid == 0) {
-            mbar_expect_tx(bq, 2 * QB);
-            tma_tile<BM, HD>(sQ, &tq, h, m0, b, bq);
-            tma_tile<BM, HD>(sO, &tdo, h, m0, b, bq);
-            for (int it = 0, n0 = klo; n0 < khi; n0 += BN, it++) {
-                int st = it % NST;
-                mbar_wait(bempty + 8 * st, ((it / NST) & 1) ^ 1);
-                mbar_expect_tx(bfull + 8 * st, 2 * KB);
-                tma_tile<BN, HD>(sK + st * KB, &tk, h / kgroup, n0, b, bfull + 8 * st);
-                tma_tile<BN, HD>(sV + st * KB, &tv, h / kgroup, n0, b, bfull + 8 * st);
-            }
-        }
-        return;
-    }
-    regs_inc<240>();
-    int cw = wg - 1;
-    Range G = ranges_of(wr, 4 * cw, 4);
-    size_t srow = ((size_t)b * NH + h) * Tq;
-    float L0 = r0 < Tq ? lse[srow + r0] * FA_LOG2E : 0.0f, L1 = r1 < Tq ? lse[srow + r1] * FA_LOG2E : 0.0f;
-    float D0 = r0 < Tq ? D[srow + r0] : 0.0f, D1 = r1 < Tq ? D[srow + r1] : 0.0f;
-    float acc[NO];
-#pragma unroll
-    for (int i = 0; i < NO; i++) acc[i] = 0.0f;
-    mbar_wait(bq, 0);
-    for (int it = 0, n0 = klo; n0 < khi; n0 += BN, it++) {
-        int st = it % NST;
-        uint32_t cK = sK + st * KB, cV = sV + st * KB;
-        mbar_wait(bfull + 8 * st, (it / NST) & 1);
-        if (n0 < G.hi && n0 + BN > G.lo) {
-            float s[NA], dp[NA];
-            wg_fence();
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                wg_ss<T, BN>(s, desc_k<BM>(sQ, cw * 64, ks), desc_k<BN>(cK, 0, ks), ks);
-                wg_ss<T, BN>(dp, desc_k<BM>(sO, cw * 64, ks), desc_k<BN>(cV, 0, ks), ks);
-            }
-            wg_commit();
-            wg_wait0();
-            fence_regs<NA>(s);
-            fence_regs<NA>(dp);
-            bool full = n0 >= R.maxlo && n0 + BN <= R.minhi;
-#pragma unroll
-            for (int i = 0; i < NA; i++) {
-                int e = i & 3, key = n0 + (i >> 2) * 8 + 2 * t4 + (e & 1);
-                bool ok = full || (e < 2 ? (key >= lo0 && key < hi0) : (key >= lo1 && key < hi1));
-                float p = ok ? exp2f(s[i] * scale_log2 - (e < 2 ? L0 : L1)) : 0.0f;
-                s[i] = p * (dp[i] - (e < 2 ? D0 : D1)) * scale; /* ds */
-            }
-            uint32_t da[BN / 16][4];
-#pragma unroll
-            for (int c = 0; c < BN / 16; c++) acc_to_a<T>(da[c], s, c);
-            wg_fence();
-#pragma unroll
-            for (int c = 0; c < BN / 16; c++) wg_rs<T, HD>(acc, da[c], desc_mn<BN>(cK, c * 16));
-            wg_commit();
-            wg_wait0();
-            fence_regs<NO>(acc);
-        }
-        mbar_arrive(bempty + 8 * st);
-    }
-    if (r0 < Tq) {
-        T *row = (T *)dq.base + b * dq.batch_stride + (long)r0 * dq.tok_stride + h * dq.head_stride;
-#pragma unroll
-        for (int nd = 0; nd < HD / 8; nd++)
-            *reinterpret_cast<uint32_t *>(row + nd * 8 + 2 * t4) = pack2<T>(acc[4 * nd], acc[4 * nd + 1]);
-    }
-    if (r1 < Tq) {
-        T *row = (T *)dq.base + b * dq.batch_stride + (long)r1 * dq.tok_stride + h * dq.head_stride;
-#pragma unroll
-        for (int nd = 0; nd < HD / 8; nd++)
-            *reinterpret_cast<uint32_t *>(row + nd * 8 + 2 * t4) = pack2<T>(acc[4 * nd + 2], acc[4 * nd + 3]);
-    }
-}
-
 /* ---------------------------------------------------------------- backward: dk, dv */
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(FA90_NT, 1)
-    flash90_dkdv_kernel(glm_qkv_view dk, glm_qkv_view dv, const float *lse, const float *D,
+    flash90_dkdv_kernel(glm_qkv_view dk, glm_qkv_view dv, float *dqacc, const float *lse, const float *D,
                         const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                         const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, int kgroup,
                         const int32_t *lo, const int32_t *hi, int Tq, int Tk, int NH, float scale, float scale_log2) {
     constexpr int BN = 128, BM = 64, NST = 3, KS = HD / 16, NA = BM / 2, NO = HD / 2;
-    constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2;
-    /* [K][V][Q stages][dout stages] */
-    uint32_t sK = smem_base1k(), sV = sK + KB, sQ = sV + KB, sO = sQ + NST * QB;
+    constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2, SB = BN * BM * 2;
+    /* dQ of a query tile: warpgroup cw sums keys [kq0, kq0 + KQ) into columns [64 cq, 64 cq + 64) */
+    constexpr int KQ = HD == 128 ? BN : BN / 2;
+    /* [K][V][Q stages][dout stages][dS^T x 2] */
+    uint32_t sK = smem_base1k(), sV = sK + KB, sQ = sV + KB, sO = sQ + NST * QB, sS = sO + NST * QB;
     __shared__ __align__(8) uint64_t bars[1 + 2 * NST];
     __shared__ __align__(8) float Ls[NST][BM], Ds[NST][BM];
     __shared__ __align__(8) int los[NST][BM], his[NST][BM];
@@ -540,7 +458,8 @@ __global__ void __launch_bounds__(FA90_NT, 1)
     }
     regs_inc<240>();
     int cw = wg - 1, kg0 = j0 + cw * 64, kw0 = j0 + (ct >> 5) * 16;
-    int kr0 = kw0 + g, kr1 = kr0 + 8;
+    int kr0 = kw0 + g, kr1 = kr0 + 8, wq = (ct >> 5) & 3; /* wq: the warp within its warpgroup */
+    int kq0 = HD == 128 ? 0 : cw * 64, cq = HD == 128 ? cw : 0;
     float adk[NO], adv[NO];
 #pragma unroll
     for (int i = 0; i < NO; i++) adk[i] = adv[i] = 0.0f;
@@ -551,7 +470,7 @@ __global__ void __launch_bounds__(FA90_NT, 1)
         int st = it % NST;
         mbar_wait(bfull + 8 * st, (it / NST) & 1);
         Range info = summarised ? tiles[cur] : Range{0, 0x7fffffff, 0x7fffffff, -1};
-        uint32_t cQ = sQ + st * QB, cO = sO + st * QB;
+        uint32_t cQ = sQ + st * QB, cO = sO + st * QB, cS = sS + (it & 1) * SB;
         if (info.lo < kg0 + 64 && info.hi > kg0) { /* warpgroup-uniform */
             float s[NA], dp[NA];
             wg_fence();
@@ -597,11 +516,48 @@ __global__ void __launch_bounds__(FA90_NT, 1)
                 wg_rs<T, HD>(adk, da[c], desc_mn<BM>(cQ, c * 16));
             }
             wg_commit();
-            wg_wait0();
-            fence_regs<NO>(adv);
-            fence_regs<NO>(adk);
+            /* dS^T rows of this warpgroup's keys, [128 keys][64 queries] in the tile layout, the
+             * A operand (M-major) of dQ */
+            int k0 = cw * 64 + wq * 16 + g;
+#pragma unroll
+            for (int c = 0; c < BM / 16; c++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    int key = k0 + (r & 1) * 8, q = c * 16 + (r >> 1) * 8 + 2 * t4;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(cS + t90<BN>(key, q >> 3) + (q & 7) * 2), "r"(da[c][r])
+                                 : "memory");
+                }
+        } else { /* no key of this warpgroup is seen: its dS^T rows are zeros */
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int e = (ct & 127) + 128 * j, key = cw * 64 + e / 8;
+                asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(cS + t90<BN>(key, e & 7)), "r"(0) : "memory");
+            }
         }
+        fence_proxy_async();
+        consumers_sync(); /* both halves of dS^T written (and the other buffer free: see below) */
+        /* dQ[64 queries][64 columns] += dS (queries x keys kq0..) K[keys][columns]; the other dS^T
+         * buffer is rewritten next step only after both warpgroups passed this step's barrier,
+         * so after their dQ products of the previous step completed */
+        float dqa[32];
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KQ / 16; ks++)
+            wg_ss_t<T, 64>(dqa, desc_mn<BN>(cS, kq0 + ks * 16), desc_mn<BN>(sK + cq * BN * 128, kq0 + ks * 16), ks);
+        wg_commit();
+        wg_wait0();
+        fence_regs<NO>(adv);
+        fence_regs<NO>(adk);
+        fence_regs<32>(dqa);
         mbar_arrive(bempty + 8 * st);
+        int qr0 = cur * BM + wq * 16 + g, qr1 = qr0 + 8;
+        float *d0 = dqacc + (((size_t)b * Tq + qr0) * NH + h) * HD + cq * 64 + 2 * t4;
+        float *d1 = d0 + (size_t)8 * NH * HD;
+#pragma unroll
+        for (int nd = 0; nd < 8; nd++) {
+            if (qr0 < Tq) red_add2(d0 + nd * 8, dqa[4 * nd], dqa[4 * nd + 1]);
+            if (qr1 < Tq) red_add2(d1 + nd * 8, dqa[4 * nd + 2], dqa[4 * nd + 3]);
+        }
         it++;
     }
 #undef FA90_OVERLAP
@@ -682,27 +638,38 @@ static int fwd90_t(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_
     return 1;
 }
 
+/* dq (a view) = the fp32 sums of the dk/dv blocks, [B, Tq, NH, HD] */
 template <typename T, int HD>
-static int bwd90_t(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout, const float *lse,
-                   const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo, const int32_t *hi,
-                   int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
+__global__ void flash90_dq_store(glm_qkv_view dq, const float *acc, int B, int Tq, int NH) {
+    size_t n = (size_t)B * Tq * NH * (HD / 8);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = i / (HD / 8);
+        int c = (int)(i % (HD / 8)) * 8, h = (int)(row % NH), t = (int)(row / NH % Tq), b = (int)(row / NH / Tq);
+        const float4 *src = reinterpret_cast<const float4 *>(acc + row * HD + c);
+        float4 x = src[0], y = src[1];
+        uint4 o = make_uint4(pack2<T>(x.x, x.y), pack2<T>(x.z, x.w), pack2<T>(y.x, y.y), pack2<T>(y.z, y.w));
+        T *dst = (T *)dq.base + b * dq.batch_stride + (long)t * dq.tok_stride + h * dq.head_stride + c;
+        *reinterpret_cast<uint4 *>(dst) = o;
+    }
+}
+
+template <typename T, int HD>
+static int bwd90_t(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, float *dqacc, const void *dout,
+                   const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
+                   const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
     long ld = (long)NH * HD;
-    CUtensorMap tq, tdo, tk, tv, tq64, tdo64, tk128, tv128;
-    if (!tmap_view(&tq, dt, q, NH, Tq, B, HD, 128) || !tmap_rows(&tdo, dt, dout, (long)Tq * ld, ld, HD, NH, Tq, B, HD, 128) ||
-        !tmap_view(&tk, dt, k, NH, Tk, B, HD, 64) || !tmap_view(&tv, dt, v, NH, Tk, B, HD, 64) ||
-        !tmap_view(&tq64, dt, q, NH, Tq, B, HD, 64) ||
-        !tmap_rows(&tdo64, dt, dout, (long)Tq * ld, ld, HD, NH, Tq, B, HD, 64) ||
-        !tmap_view(&tk128, dt, k, NH, Tk, B, HD, 128) || !tmap_view(&tv128, dt, v, NH, Tk, B, HD, 128))
+    CUtensorMap tq, tdo, tk, tv;
+    if (!tmap_view(&tq, dt, q, NH, Tq, B, HD, 64) || !tmap_rows(&tdo, dt, dout, (long)Tq * ld, ld, HD, NH, Tq, B, HD, 64) ||
+        !tmap_view(&tk, dt, k, NH, Tk, B, HD, 128) || !tmap_view(&tv, dt, v, NH, Tk, B, HD, 128))
         return 0;
-    size_t smem_q = (size_t)(2 * 128 + 6 * 64) * HD * 2 + 1024, smem_kv = (size_t)(2 * 128 + 6 * 64) * HD * 2 + 1024;
-    smem_attr90(flash90_dq_kernel<T, HD>, smem_q);
-    smem_attr90(flash90_dkdv_kernel<T, HD>, smem_kv);
-    int g = glm_view_group(k);
-    flash90_dq_kernel<T, HD><<<dim3((Tq + 127) / 128, NH, B), FA90_NT, smem_q, st>>>(
-        dq, lse, D, tq, tdo, tk, tv, g, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+    size_t smem = (size_t)(2 * 128 + 6 * 64) * HD * 2 + 2 * 128 * 64 * 2 + 1024;
+    smem_attr90(flash90_dkdv_kernel<T, HD>, smem);
+    GLMK_CHECK(cudaMemsetAsync(dqacc, 0, (size_t)B * Tq * NH * HD * sizeof(float), st));
+    flash90_dkdv_kernel<T, HD><<<dim3((Tk + 127) / 128, NH, B), FA90_NT, smem, st>>>(
+        dk, dv, dqacc, lse, D, tq, tdo, tk, tv, glm_view_group(k), lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
     GLMK_CHECK_LAUNCH();
-    flash90_dkdv_kernel<T, HD><<<dim3((Tk + 127) / 128, NH, B), FA90_NT, smem_kv, st>>>(
-        dk, dv, lse, D, tq64, tdo64, tk128, tv128, g, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+    size_t n = (size_t)B * Tq * NH * (HD / 8);
+    flash90_dq_store<T, HD><<<glmk_blocks(n, 256, 4096), 256, 0, st>>>(dq, dqacc, B, Tq, NH);
     GLMK_CHECK_LAUNCH();
     return 1;
 }
@@ -730,10 +697,16 @@ extern "C" int glmk_flash90_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_vie
     return FA90_DISPATCH(dt, HD, fwd90_t, dt, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
 }
 
-extern "C" int glmk_flash90_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
-                                const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                                const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
-                                cudaStream_t st) {
-    if (B <= 0 || Tq <= 0 || Tk <= 0) return 0; /* the mma.sync pair handles the degenerate shapes */
-    return FA90_DISPATCH(dt, HD, bwd90_t, dt, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
+extern "C" size_t glmk_flash90_bwd_scratch(int B, int Tq, int NH, int HD) {
+    return (size_t)B * Tq * NH * HD * sizeof(float);
+}
+
+extern "C" int glmk_flash90_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, float *scratch,
+                                const void *dout, const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k,
+                                glm_qkv_view v, const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH,
+                                int HD, float scale, cudaStream_t st) {
+    if (B <= 0 || Tq <= 0 || Tk <= 0 || !aligned16(dq.base) || dq.tok_stride % 8 || dq.head_stride % 8 ||
+        dq.batch_stride % 8)
+        return 0; /* the mma.sync pair handles the degenerate shapes */
+    return FA90_DISPATCH(dt, HD, bwd90_t, dt, dq, dk, dv, scratch, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
 }
