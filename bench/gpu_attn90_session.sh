@@ -10,8 +10,10 @@
 #   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail (the per-op profile)
 #   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
-#   torch   bench/pytorch_baseline.py W1 and W2 (the PyTorch baseline of the same jobs)
+#   glm2    bench_train --family chatglm2: W1 and W2 full fine-tuning, W1 LoRA r=8
+#   torch, torch-lora, torch-glm2   the PyTorch baselines of train, lora and glm2 (same runs)
 #   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops --quick --attention
+#   racecheck  racecheck alone over the bf16 attention cases (--quick --attention --only bf16)
 # Records: $OUT/attn90-*.jsonl; console lines $OUT/attn90.txt; logs $OUT/logs.
 # Build here first (docs/GPU-TESTS.md):
 #   make -j2 MPI=0 BUILD=build/gpu build/gpu/bench_train build/gpu/bench_attn build/gpu/tests/cuda/test_cuda_ops build/gpu/tests/cuda/test_cuda_model
@@ -34,7 +36,18 @@ for mode in "${@:-check attn}"; do
         grep -A45 "per-op" "$OUT/logs/train-wgmma.txt" >"$OUT/logs/profile-train-wgmma.txt" ;;
     train-mma) run_capped "train-mma" 120 40 env GLM_CUDA_ATTN=mma "$B/bench_train" --runs 512x8,2048x2 --out "$OUT/attn90-train-mma.jsonl" ;;
     lora) run_capped "lora" 120 40 "$B/bench_train" --lora 8 --runs 512x8,2048x2 --out "$OUT/attn90-lora.jsonl" ;;
+    glm2)
+        run_capped "glm2" 120 40 "$B/bench_train" --family chatglm2 --runs 512x8,2048x2 --out "$OUT/attn90-glm2.jsonl"
+        run_capped "glm2-lora" 120 40 "$B/bench_train" --family chatglm2 --lora 8 --runs 512x8 --out "$OUT/attn90-glm2.jsonl" ;;
     torch) run_capped "torch" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_baseline.py --runs 512x8,2048x2 --out "$OUT/attn90-torch-train.jsonl" ;;
+    torch-lora) run_capped "torch-lora" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --runs 512x8,2048x2 --lora 8 \
+        --lora_target qkv --out "$OUT/attn90-torch-lora.jsonl" ;;
+    torch-glm2)
+        run_capped "torch-glm2" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_glm2.py --gqa expand --runs 512x8,2048x2 \
+            --out "$OUT/attn90-torch-glm2.jsonl"
+        run_capped "torch-glm2-lora" 200 80 env PYTHONUNBUFFERED=1 $PY bench/pytorch_glm2.py --gqa expand --runs 512x8 --lora 8 \
+            --out "$OUT/attn90-torch-glm2.jsonl" ;;
+    racecheck) run_capped "san-racecheck" 120 30 compute-sanitizer --tool racecheck "$B/tests/cuda/test_cuda_ops" --quick --attention --only bf16 ;;
     sanitize)
         for tool in memcheck racecheck; do
             run_capped "san-$tool" 150 30 compute-sanitizer --tool $tool "$B/tests/cuda/test_cuda_ops" --quick --attention

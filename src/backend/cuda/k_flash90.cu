@@ -6,7 +6,8 @@
  * A block is three warpgroups: one loads, two compute (producer / consumer). The loading
  * warpgroup gives its registers to the others (setmaxnreg) and one of its threads issues the
  * tile copies; copies and compute meet on mbarriers, so each computing warpgroup runs at its
- * own pace and the tensor cores of one overlap the softmax of the other.
+ * own pace and the tensor cores of one overlap the softmax of the other. An mbarrier arrival
+ * releases only the arriving thread's own stores, so every thread that writes a stage arrives.
  *  forward  : 128 queries per block (64 per computing warpgroup), 128-key tiles in two stages.
  *             S = Q K^T from shared memory (both operands K-major), online softmax in
  *             registers, O += P V with P from registers and V read N-major from the same tile.
@@ -415,9 +416,9 @@ __global__ void __launch_bounds__(FA90_NT, 1)
             if (tt * BM + BM > Tq) r.minhi = -1; /* zero-filled rows past the end: always mask */
             tiles[tt] = r;
         }
-    if (tid == 0) {
+    if (tid == 0) { /* a stage is full when the loading warp's 32 lanes wrote its scalars and its tiles landed */
         mbar_init(bkv, 1);
-        for (int i = 0; i < NST; i++) { mbar_init(bfull + 8 * i, 1); mbar_init(bempty + 8 * i, FA90_CONSUMERS); }
+        for (int i = 0; i < NST; i++) { mbar_init(bfull + 8 * i, 32); mbar_init(bempty + 8 * i, FA90_CONSUMERS); }
         mbar_init_fence();
     }
     __syncthreads();
@@ -445,12 +446,12 @@ __global__ void __launch_bounds__(FA90_NT, 1)
                     los[st][r] = in ? lo[b * Tq + i] : 0;
                     his[st][r] = in ? hi[b * Tq + i] : 0;
                 }
-                __syncwarp();
                 if (lane == 0) {
                     mbar_expect_tx(bfull + 8 * st, 2 * QB);
                     tma_tile<BM, HD>(sQ + st * QB, &tq, h, i0, b, bfull + 8 * st);
                     tma_tile<BM, HD>(sO + st * QB, &tdo, h, i0, b, bfull + 8 * st);
-                }
+                } else
+                    mbar_arrive(bfull + 8 * st); /* after this lane's own stores (release) */
                 it++;
             }
         }
