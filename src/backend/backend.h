@@ -42,6 +42,8 @@ struct glm_backend {
     const char *name;   /* "cpu", "cuda:0" */
     glm_dtype dtype;    /* storage dtype S */
     int allow_tf32;     /* S = fp32: products on TF32 tensor cores (--tf32; the CUDA backend reads it) */
+    int deterministic;  /* every sum in a fixed order, run to run (--full_determinism; the CPU backend always
+                           is; CUDA: the attention backward without atomics) */
     void *impl;         /* backend-private state (CUDA handles, streams, workspace) */
 
     /* ---- memory ---- */

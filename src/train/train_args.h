@@ -26,7 +26,7 @@ typedef struct glm_train_args {
     int save_total_limit, seed, disable_tqdm, logging_first_step, save_final_model;
     int max_bad_steps;     /* consecutive non-finite steps (bf16/fp32) before the run stops */
     /* precision and memory */
-    int bf16, fp16, fp32, tf32, gradient_checkpointing;
+    int bf16, fp16, fp32, tf32, gradient_checkpointing, full_determinism;
     /* the optimizer: --optim (Hugging Face's names), where its state lives, when it steps */
     char *optim, *offload_optimizer;
     int optimizer_in_backward;

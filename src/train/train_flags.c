@@ -82,6 +82,7 @@ const glm_flag glm_train_flags[] = {
     F(fp16, ARG_BOOL, "false", "fp16 mixed precision with dynamic loss scaling (GPU)"),
     F(fp32, ARG_BOOL, "false", "everything in fp32"),
     F(tf32, ARG_BOOL, "false", "with --fp32: the matrix products on TF32 tensor cores (10-bit mantissa inputs, fp32 sums; GPU)"),
+    F(full_determinism, ARG_BOOL, "false", "bit-identical GPU runs: every sum in a fixed order (on H100/H200 the attention backward then takes the mma.sync kernels, ~2x slower, instead of summing dq by atomics); the CPU always is"),
     F(fp16_initial_scale, ARG_FLOAT, "65536", "fp16: the dynamic loss scale to start from (GradScaler's init_scale)"),
     {"gradient_checkpointing", ARG_BOOL, offsetof(glm_train_args, gradient_checkpointing), "false",
      "recompute in backward to save memory: true = full (each layer's forward again), selective (the norms, attention "

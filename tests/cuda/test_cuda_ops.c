@@ -330,6 +330,16 @@ static void t_attention(ctx *c, int B, int T, int NH, int HD, int empty) {
     be->attention_bwd(be, view_at(dd, es, 0, bs, ts, hs), view_at(dd, es, HD, bs, ts, hs), view_at(dd, es, 2 * HD, bs, ts, hs),
                       dg, dout, dlse, q, k, v, dlo, dhi, B, T, T, NH, HD, scale);
     float *gd = down_s(be, dd, nq);
+    if (be->deterministic) { /* --full_determinism: the same inputs give the same bits again */
+        be->attention_bwd(be, view_at(dd, es, 0, bs, ts, hs), view_at(dd, es, HD, bs, ts, hs), view_at(dd, es, 2 * HD, bs, ts, hs),
+                          dg, dout, dlse, q, k, v, dlo, dhi, B, T, T, NH, HD, scale);
+        float *again = down_s(be, dd, nq);
+        size_t diff = 0;
+        for (size_t i = 0; i < nq; i++) diff += memcmp(&again[i], &gd[i], sizeof(float)) != 0;
+        TEST_CHECK(c->tc, NAME("attention_bwd_repeats_bitwise_%s_B%dT%dNH%dHD%d", c->tag, B, T, NH, HD), diff == 0,
+                   "%zu of %zu gradient elements differ between two identical calls", diff, nq);
+        free(again);
+    }
     /* split the packed gradient into dq, dk, dv for separate errors */
     const char *part[3] = {"dq", "dk", "dv"};
     float *a = malloc(sizeof(float) * no), *r = malloc(sizeof(float) * no);
@@ -1185,6 +1195,13 @@ int main(int argc, char **argv) {
     unsetenv("GLM_CUDA_ATTN");
     ctx c = {be, GLM_BF16, "bf16simt", &tc, {{0}}};
     glm_rng_seed(&c.rng, 99);
+    run_all(&c, quick, 1);
+    be->destroy(be);
+    /* --full_determinism (be->deterministic): bit-identical repeats of the backward */
+    be = glm_backend_cuda(0, GLM_BF16, err, sizeof err);
+    be->deterministic = 1;
+    c = (ctx){be, GLM_BF16, "bf16det", &tc, {{0}}};
+    glm_rng_seed(&c.rng, 55);
     run_all(&c, quick, 1);
     be->destroy(be);
     /* on a 9.0 device bf16/fp16 attention above took the wgmma kernels: the mma.sync pair too */

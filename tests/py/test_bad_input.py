@@ -54,6 +54,17 @@ def tf32_on_cpu(base, d):
     report("tf32_refused_on_cpu", ok and not os.path.exists(os.path.join(out, "model.safetensors")), why)
 
 
+def determinism_on_cpu(base, d):
+    """--full_determinism (Hugging Face's flag) is accepted on the CPU, which always is, and changes no bit."""
+    outs = []
+    for name, extra in (("plain", []), ("det", ["--full_determinism", "true"])):
+        out = os.path.join(d, "fd_" + name)
+        p = train(base + ["--output_dir", out, "--device", "cpu"] + extra, check=False)
+        outs.append(os.path.join(out, "model.safetensors") if p.returncode == 0 else None)
+    same = all(outs) and open(outs[0], "rb").read() == open(outs[1], "rb").read()
+    report("full_determinism_accepted_on_cpu", same, "runs: %s" % outs)
+
+
 def diverging_runs(base, d):
     # a huge learning rate: the loss turns NaN after the first update; bf16/fp32 skip the
     # update, and after --max_bad_steps in a row the run stops naming step, lr and checkpoint
@@ -208,6 +219,7 @@ def main():
         base = ["--init_from_config", cfg] + common
         optimizer_flags(base, d)
         tf32_on_cpu(base, d)
+        determinism_on_cpu(base, d)
         diverging_runs(base, d)
         diverging_two_ranks(d, cfg, common)
         model = os.path.join(d, "good")

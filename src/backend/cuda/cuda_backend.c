@@ -519,14 +519,15 @@ static void cu_attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_q
     }
     /* D, then (wgmma kernels) the fp32 sums of dq */
     size_t dbytes = ((size_t)B * NH * Tq * sizeof(float) + 255) & ~(size_t)255;
-    char *scr = scratch(be, dbytes + (IM(be)->use_wgmma ? glmk_flash90_bwd_scratch(B, Tq, NH, HD) : 0));
+    int wgmma = IM(be)->use_wgmma && !be->deterministic; /* its dq sums arrive in any order */
+    char *scr = scratch(be, dbytes + (wgmma ? glmk_flash90_bwd_scratch(B, Tq, NH, HD) : 0));
     float *D = (float *)scr;
     prof(be, GLM_PROF_ATTN, "attention_bwd_rowdot");
     glmk_attn_rowdot(be->dtype, D, dout, out, B, Tq, NH, HD, IM(be)->st);
     prof(be, GLM_PROF_ATTN, "attention_bwd");
     if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, dout, NULL) &&
         glmk_flash_supported(be->dtype, HD, dq, dk, dv, NULL, NULL)) {
-        if (!IM(be)->use_wgmma ||
+        if (!wgmma ||
             !glmk_flash90_bwd(be->dtype, dq, dk, dv, (float *)(scr + dbytes), dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH,
                               HD, scale, IM(be)->st))
             glmk_flash_bwd(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
