@@ -75,6 +75,46 @@ __device__ __forceinline__ Range warp_range(Range r) {
     return r;
 }
 
+/* One key tile of the forward's online softmax, for a thread's two rows (g and g + 8 of its
+ * 16-row slice). s holds the tile's N scores in the accumulator layout shared by mma.m16n8k16
+ * and wgmma (s[4j + e]: row g + 8(e/2), column 8j + 2t + e%2, key n0 + that column). Keys
+ * outside a row's [lo, hi) are masked unless `full`; the scores become exp2-unit probabilities
+ * against the new running maxima mx0/mx1, the running sums l0/l1 take them, and c0/c1 return
+ * the factors the output accumulators of the two rows are rescaled by. */
+template <int N>
+__device__ __forceinline__ void softmax_tile(float *s, int n0, int t4, bool full, int lo0, int hi0, int lo1, int hi1,
+                                             float scale_log2, float &mx0, float &mx1, float &l0, float &l1, float &c0,
+                                             float &c1) {
+    float tm0 = -INFINITY, tm1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        int e = i & 3, key = n0 + (i >> 2) * 8 + 2 * t4 + (e & 1);
+        float x = s[i] * scale_log2;
+        if (!full) {
+            bool ok = e < 2 ? (key >= lo0 && key < hi0) : (key >= lo1 && key < hi1);
+            if (!ok) x = -INFINITY;
+        }
+        s[i] = x;
+        if (e < 2) tm0 = fmaxf(tm0, x); else tm1 = fmaxf(tm1, x);
+    }
+    float nm0 = fmaxf(mx0, quad_max(tm0)), nm1 = fmaxf(mx1, quad_max(tm1));
+    float mu0 = nm0 == -INFINITY ? 0.0f : nm0, mu1 = nm1 == -INFINITY ? 0.0f : nm1;
+    c0 = exp2f(mx0 - mu0);
+    c1 = exp2f(mx1 - mu1);
+    mx0 = nm0;
+    mx1 = nm1;
+    float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < N / 4; j++) {
+        s[4 * j] = exp2f(s[4 * j] - mu0); s[4 * j + 1] = exp2f(s[4 * j + 1] - mu0);
+        s[4 * j + 2] = exp2f(s[4 * j + 2] - mu1); s[4 * j + 3] = exp2f(s[4 * j + 3] - mu1);
+        ps0 += s[4 * j] + s[4 * j + 1];
+        ps1 += s[4 * j + 2] + s[4 * j + 3];
+    }
+    l0 = l0 * c0 + ps0;
+    l1 = l1 * c1 + ps1;
+}
+
 template <typename T>
 __device__ __forceinline__ const T *head_base(const glm_qkv_view &v, int b, int h) {
     return (const T *)v.base + b * v.batch_stride + vhead(v, h) * v.head_stride;

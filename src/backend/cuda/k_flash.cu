@@ -116,35 +116,8 @@ __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_
                     mma16816<T>(s[2 * np + 1], qf[kk], r[2], r[3]);
                 }
             bool full = n0 >= R.maxlo && n0 + 64 <= R.minhi;
-            float tm0 = -INFINITY, tm1 = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = n0 + nt * 8 + 2 * t4 + (e & 1);
-                    float x = s[nt][e] * scale_log2;
-                    if (!full) {
-                        bool ok = e < 2 ? (key >= lo0 && key < hi0) : (key >= lo1 && key < hi1);
-                        if (!ok) x = -INFINITY;
-                    }
-                    s[nt][e] = x;
-                    if (e < 2) tm0 = fmaxf(tm0, x); else tm1 = fmaxf(tm1, x);
-                }
-            float nm0 = fmaxf(mx0, quad_max(tm0)), nm1 = fmaxf(mx1, quad_max(tm1));
-            float mu0 = nm0 == -INFINITY ? 0.0f : nm0, mu1 = nm1 == -INFINITY ? 0.0f : nm1;
-            float c0 = exp2f(mx0 - mu0), c1 = exp2f(mx1 - mu1);
-            mx0 = nm0;
-            mx1 = nm1;
-            float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                s[nt][0] = exp2f(s[nt][0] - mu0); s[nt][1] = exp2f(s[nt][1] - mu0);
-                s[nt][2] = exp2f(s[nt][2] - mu1); s[nt][3] = exp2f(s[nt][3] - mu1);
-                ps0 += s[nt][0] + s[nt][1];
-                ps1 += s[nt][2] + s[nt][3];
-            }
-            l0 = l0 * c0 + ps0;
-            l1 = l1 * c1 + ps1;
+            float c0, c1;
+            softmax_tile<32>(&s[0][0], n0, t4, full, lo0, hi0, lo1, hi1, scale_log2, mx0, mx1, l0, l1, c0, c1);
 #pragma unroll
             for (int i = 0; i < ND; i++) { o[i][0] *= c0; o[i][1] *= c0; o[i][2] *= c1; o[i][3] *= c1; }
 #pragma unroll

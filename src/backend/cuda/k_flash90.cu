@@ -325,32 +325,8 @@ __global__ void __launch_bounds__(FA90_NT, 1)
             wg_wait0();
             fence_regs<NA>(s);
             bool full = n0 >= R.maxlo && n0 + BN <= R.minhi;
-            float tm0 = -INFINITY, tm1 = -INFINITY;
-#pragma unroll
-            for (int i = 0; i < NA; i++) {
-                int e = i & 3, key = n0 + (i >> 2) * 8 + 2 * t4 + (e & 1);
-                float x = s[i] * scale_log2;
-                if (!full) {
-                    bool ok = e < 2 ? (key >= lo0 && key < hi0) : (key >= lo1 && key < hi1);
-                    if (!ok) x = -INFINITY;
-                }
-                s[i] = x;
-                if (e < 2) tm0 = fmaxf(tm0, x); else tm1 = fmaxf(tm1, x);
-            }
-            float nm0 = fmaxf(mx0, quad_max(tm0)), nm1 = fmaxf(mx1, quad_max(tm1));
-            float mu0 = nm0 == -INFINITY ? 0.0f : nm0, mu1 = nm1 == -INFINITY ? 0.0f : nm1;
-            float c0 = exp2f(mx0 - mu0), c1 = exp2f(mx1 - mu1);
-            mx0 = nm0;
-            mx1 = nm1;
-            float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NA; i++) {
-                bool first = (i & 3) < 2;
-                s[i] = exp2f(s[i] - (first ? mu0 : mu1));
-                if (first) ps0 += s[i]; else ps1 += s[i];
-            }
-            l0 = l0 * c0 + ps0;
-            l1 = l1 * c1 + ps1;
+            float c0, c1;
+            softmax_tile<NA>(s, n0, t4, full, lo0, hi0, lo1, hi1, scale_log2, mx0, mx1, l0, l1, c0, c1);
 #pragma unroll
             for (int i = 0; i < NO; i++) o[i] *= (i & 3) < 2 ? c0 : c1;
             uint32_t pa[BN / 16][4];
