@@ -39,7 +39,10 @@ for mode in "${@:-check attn}"; do
     glm2)
         run_capped "glm2" 120 40 "$B/bench_train" --family chatglm2 --runs 512x8,2048x2 --out "$OUT/attn90-glm2.jsonl"
         run_capped "glm2-lora" 120 40 "$B/bench_train" --family chatglm2 --lora 8 --runs 512x8 --out "$OUT/attn90-glm2.jsonl" ;;
-    torch) run_capped "torch" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_baseline.py --runs 512x8,2048x2 --out "$OUT/attn90-torch-train.jsonl" ;;
+    torch) # one process a run: W2 after W1 in one process ran out of memory (2026-12-02)
+        for r in 512x8 2048x2; do
+            run_capped "torch-$r" 200 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_baseline.py --runs $r --out "$OUT/attn90-torch-train.jsonl"
+        done ;;
     torch-lora) run_capped "torch-lora" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --runs 512x8,2048x2 --lora 8 \
         --lora_target qkv --out "$OUT/attn90-torch-lora.jsonl" ;;
     torch-glm2)
