@@ -14,7 +14,7 @@
 #   torch, torch-lora, torch-glm2   the PyTorch baselines of train, lora and glm2 (same runs)
 #   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops --quick --attention
 #   racecheck  racecheck alone over the bf16 attention cases (--quick --attention --only bf16)
-# Records: $OUT/attn90-*.jsonl; console lines $OUT/attn90.txt; logs $OUT/logs.
+# Records: $OUT/attn90-*.jsonl; console lines $OUT/attn90.txt; logs in $OUT/logs.tgz.
 # Build here first (docs/GPU-TESTS.md):
 #   make -j2 MPI=0 BUILD=build/gpu build/gpu/bench_train build/gpu/bench_attn build/gpu/tests/cuda/test_cuda_ops build/gpu/tests/cuda/test_cuda_model
 # device call, carry ["build/gpu/bench_train", "build/gpu/bench_attn", "build/gpu/tests/cuda", "build/lib", "build/shared"]:
@@ -60,3 +60,4 @@ for mode in "${@:-check attn}"; do
 done
 [ -n "$SKIPPED" ] && echo "skipped:$SKIPPED"
 echo "done after $((SECONDS - T0))s"
+session_pack

@@ -58,3 +58,9 @@ run_gpu_tests() {
     echo "tests: exit $? after $((SECONDS - T0))s"
     grep -E "passed|FAIL" "$OUT/test-cuda.txt" | tail -14
 }
+
+# session_pack: the logs folder as one archive ($OUT/logs.tgz): a call brings back only a few
+# files, and a folder of many logs came back empty ("count") on 2026-12-02
+session_pack() {
+    tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null && rm -rf "$OUT/logs"
+}
