@@ -212,3 +212,73 @@ fail:
     io_index_free(ix);
     return -1;
 }
+
+static int cmp_first_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+void io_table_free(void *table, int n, size_t size) {
+    for (int i = 0; i < n; i++) free(*(char **)((char *)table + (size_t)i * size));
+    free(table);
+}
+
+void io_table_sort(void *table, int n, size_t size) { qsort(table, (size_t)n, size, cmp_first_name); }
+
+const void *io_table_find(const void *table, int n, size_t size, const char *name) {
+    return n ? bsearch(&name, table, (size_t)n, size, cmp_first_name) : NULL;
+}
+
+int io_index_gather(io_shards *sh, const char *index_path, const io_table_format *fmt, void **table, int *n,
+                    glm_err *err) {
+    *table = NULL;
+    *n = 0;
+    io_index ix;
+    if (io_index_load(&ix, index_path, err) != 0) return -1;
+    char *all = glm_calloc((size_t)ix.n + 1, fmt->size);
+    void *ft = NULL;
+    int fn = 0, m = 0, cur = -1, rc = -1;
+    for (int i = 0; i < ix.n; i++) {
+        int f = io_shards_open(sh, ix.files[i], err);
+        if (f < 0) { glm_wrap(err, "%s lists tensor '%s' in a missing shard: ", index_path, ix.names[i]); goto done; }
+        if (f != cur) {
+            io_table_free(ft, fn, fmt->size);
+            ft = NULL;
+            fn = 0;
+            if (fmt->parse(sh->paths[f], sh->fds[f], f, &ft, &fn, err) != 0) goto done;
+            cur = f;
+        }
+        const void *t = io_table_find(ft, fn, fmt->size, ix.names[i]);
+        if (!t) {
+            glm_fail(err, "%s: tensor '%s' is listed in %s but missing from that shard", sh->paths[f], ix.names[i], index_path);
+            glm_hint(err, "%s", fmt->mismatch_hint);
+            goto done;
+        }
+        char *e = all + (size_t)m * fmt->size;
+        memcpy(e, t, fmt->size);
+        *(char **)e = glm_strdup(*(char *const *)t);
+        m++;
+    }
+    qsort(all, (size_t)m, fmt->size, cmp_first_name); /* names are unique: io_index_load checked */
+    rc = 0;
+done:
+    io_table_free(ft, fn, fmt->size);
+    io_index_free(&ix);
+    if (rc != 0) io_table_free(all, m, fmt->size);
+    else { *table = all; *n = m; }
+    return rc;
+}
+
+const char *io_checkpoint_file(const char *path, const char *index_name, const char *file_name, char *buf, size_t n,
+                               glm_err *err) {
+    if (!glm_is_dir(path)) return path;
+    glm_path_join(buf, n, path, index_name);
+    if (!glm_is_file(buf)) glm_path_join(buf, n, path, file_name);
+    if (glm_is_file(buf)) return buf;
+    glm_fail(err, "%s: no %s or %s in this folder", path, index_name, file_name);
+    glm_hint(err, "point at the checkpoint folder or at the %s file itself", file_name);
+    return NULL;
+}
+
+int io_is_index(const char *path) {
+    size_t len = strlen(path);
+    return len >= 5 && strcmp(path + len - 5, ".json") == 0;
+}
+

@@ -50,4 +50,28 @@ typedef struct io_shards {
 int io_shards_open(io_shards *s, const char *path, glm_err *err);
 void io_shards_close(io_shards *s);
 
+/* A reader's tensor table: n elements of `size` bytes, sorted by name, each starting with its
+ * own (allocated) char *name. parse reads one file's table (shard = its index in io_shards). */
+typedef struct io_table_format {
+    size_t size;
+    int (*parse)(const char *path, int fd, int shard, void **table, int *n, glm_err *err);
+    const char *mismatch_hint; /* what to do when an index names a tensor its shard lacks */
+} io_table_format;
+/* Frees each element's name, then the table. */
+void io_table_free(void *table, int n, size_t size);
+/* Sorts a table by name. */
+void io_table_sort(void *table, int n, size_t size);
+/* The element named `name` in a sorted table, or NULL. */
+const void *io_table_find(const void *table, int n, size_t size, const char *name);
+/* The tensors a sharding index names, gathered from its shards (each opened into sh and parsed
+ * once, in order of first mention: HF indexes list them grouped) into one table sorted by name. */
+int io_index_gather(io_shards *sh, const char *index_path, const io_table_format *fmt, void **table, int *n, glm_err *err);
+/* The file a checkpoint path names: a file as given; for a folder its index (index_name) when
+ * present, else its single file (file_name), joined into buf. NULL with err when the folder has
+ * neither. */
+const char *io_checkpoint_file(const char *path, const char *index_name, const char *file_name, char *buf, size_t n,
+                               glm_err *err);
+/* True when path names a sharding index (*.json). */
+int io_is_index(const char *path);
+
 #endif

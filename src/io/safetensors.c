@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -89,6 +90,7 @@ typedef struct st_tensor {
     uint64_t begin, end; /* absolute file offsets */
     int file;
 } st_tensor;
+_Static_assert(offsetof(st_tensor, name) == 0, "io_table_* read the name first");
 
 struct st_reader {
     io_shards sh;
@@ -96,15 +98,9 @@ struct st_reader {
     int n;
 };
 
-static int cmp_name(const void *a, const void *b) { return strcmp(((const st_tensor *)a)->name, ((const st_tensor *)b)->name); }
 static int cmp_begin(const void *a, const void *b) {
     uint64_t x = (*(const st_tensor *const *)a)->begin, y = (*(const st_tensor *const *)b)->begin;
     return x < y ? -1 : x > y;
-}
-
-static void free_tensors(st_tensor *t, int n) {
-    for (int i = 0; i < n; i++) free(t[i].name);
-    free(t);
 }
 
 static int json_uint(const cJSON *v, uint64_t *out) {
@@ -224,7 +220,7 @@ static int parse_file(const char *path, int fd, int file_idx, st_tensor **out, i
         if (!last || by[i]->end > last->end) last = by[i];
     }
     free(by);
-    qsort(t, (size_t)n, sizeof *t, cmp_name);
+    io_table_sort(t, n, sizeof *t);
     for (int i = 1; i < n; i++)
         if (strcmp(t[i].name, t[i - 1].name) == 0) { glm_fail(err, "%s: tensor '%s' appears twice in the header", path, t[i].name); goto fail; }
     *out = t;
@@ -232,68 +228,30 @@ static int parse_file(const char *path, int fd, int file_idx, st_tensor **out, i
     return 0;
 fail:
     cJSON_Delete(root);
-    free_tensors(t, n);
+    io_table_free(t, n, sizeof *t);
     return -1;
 }
 
-static const st_tensor *find_in(const st_tensor *t, int n, const char *name) {
-    st_tensor key = {.name = (char *)name};
-    return n ? bsearch(&key, t, (size_t)n, sizeof *t, cmp_name) : NULL;
-}
-
-static int open_index(st_reader *r, const char *index_path, glm_err *err) {
-    io_index ix;
-    if (io_index_load(&ix, index_path, err) != 0) return -1;
-    r->t = glm_calloc((size_t)ix.n, sizeof *r->t);
-    st_tensor *ft = NULL;
-    int fn = 0, rc = -1, cur = -1;
-    for (int i = 0; i < ix.n; i++) {
-        /* Shards are opened once, in order of first mention; HF indexes list them grouped. */
-        int f = io_shards_open(&r->sh, ix.files[i], err);
-        if (f < 0) { glm_wrap(err, "%s lists tensor '%s' in a missing shard: ", index_path, ix.names[i]); goto done; }
-        if (f != cur) {
-            free_tensors(ft, fn);
-            ft = NULL;
-            fn = 0;
-            if (parse_file(r->sh.paths[f], r->sh.fds[f], f, &ft, &fn, err) != 0) goto done;
-            cur = f;
-        }
-        const st_tensor *t = find_in(ft, fn, ix.names[i]);
-        if (!t) {
-            glm_fail(err, "%s: tensor '%s' is listed in %s but missing from that shard", r->sh.paths[f], ix.names[i], index_path);
-            glm_hint(err, "the index and the shards come from different saves; re-download them together");
-            goto done;
-        }
-        r->t[r->n] = *t;
-        r->t[r->n].name = glm_strdup(t->name);
-        r->n++;
-    }
-    qsort(r->t, (size_t)r->n, sizeof *r->t, cmp_name); /* names are unique: io_index_load checked */
-    rc = 0;
-done:
-    free_tensors(ft, fn);
-    io_index_free(&ix);
+static int parse_table(const char *path, int fd, int shard, void **table, int *n, glm_err *err) {
+    st_tensor *t = NULL;
+    int rc = parse_file(path, fd, shard, &t, n, err);
+    *table = t;
     return rc;
 }
+static const io_table_format st_format = {sizeof(st_tensor), parse_table,
+                                          "the index and the shards come from different saves; re-download them together"};
 
 int st_open(st_reader **out, const char *path, glm_err *err) {
     *out = NULL;
     char buf[4096];
-    const char *p = path;
-    if (glm_is_dir(path)) {
-        glm_path_join(buf, sizeof buf, path, "model.safetensors.index.json");
-        if (!glm_is_file(buf)) glm_path_join(buf, sizeof buf, path, "model.safetensors");
-        if (!glm_is_file(buf)) {
-            glm_fail(err, "%s: no model.safetensors.index.json or model.safetensors in this folder", path);
-            return glm_hint(err, "point at the checkpoint folder or a .safetensors file");
-        }
-        p = buf;
-    }
+    const char *p = io_checkpoint_file(path, "model.safetensors.index.json", "model.safetensors", buf, sizeof buf, err);
+    if (!p) return -1;
     st_reader *r = glm_calloc(1, sizeof *r);
-    size_t len = strlen(p);
     int rc;
-    if (len >= 5 && strcmp(p + len - 5, ".json") == 0) {
-        rc = open_index(r, p, err);
+    if (io_is_index(p)) {
+        void *t = NULL;
+        rc = io_index_gather(&r->sh, p, &st_format, &t, &r->n, err);
+        r->t = t;
     } else {
         rc = io_shards_open(&r->sh, p, err) < 0 ? -1 : parse_file(p, r->sh.fds[0], 0, &r->t, &r->n, err);
     }
@@ -305,7 +263,7 @@ int st_open(st_reader **out, const char *path, glm_err *err) {
 void st_close(st_reader *r) {
     if (!r) return;
     io_shards_close(&r->sh);
-    free_tensors(r->t, r->n);
+    io_table_free(r->t, r->n, sizeof *r->t);
     free(r);
 }
 
@@ -313,7 +271,7 @@ int st_count(const st_reader *r) { return r->n; }
 const char *st_name(const st_reader *r, int i) { return i >= 0 && i < r->n ? r->t[i].name : NULL; }
 
 int st_info(const st_reader *r, const char *name, st_dtype *dtype, int *ndim, int64_t shape[ST_MAX_DIMS]) {
-    const st_tensor *t = find_in(r->t, r->n, name);
+    const st_tensor *t = io_table_find(r->t, r->n, sizeof *r->t, name);
     if (!t) return -1;
     if (dtype) *dtype = t->dtype;
     if (ndim) *ndim = t->ndim;
@@ -322,7 +280,7 @@ int st_info(const st_reader *r, const char *name, st_dtype *dtype, int *ndim, in
 }
 
 static const st_tensor *lookup(st_reader *r, const char *name, glm_err *err) {
-    const st_tensor *t = find_in(r->t, r->n, name);
+    const st_tensor *t = io_table_find(r->t, r->n, sizeof *r->t, name);
     if (!t) {
         glm_fail(err, "%s: tensor '%s' not found (%d tensors in the checkpoint)", r->sh.n ? r->sh.paths[0] : "?", name, r->n);
         glm_hint(err, "is this a checkpoint of the right model? list its tensors with `glmtrain info`");

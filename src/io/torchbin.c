@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 #include "core/fileutil.h"
@@ -23,6 +24,7 @@ typedef struct tbin_tensor {
     uint64_t numel;
     int file;
 } tbin_tensor;
+_Static_assert(offsetof(tbin_tensor, name) == 0, "io_table_* read the name first");
 
 struct tbin_reader {
     io_shards sh;
@@ -30,12 +32,6 @@ struct tbin_reader {
     int n;
 };
 
-static int cmp_name(const void *a, const void *b) { return strcmp(((const tbin_tensor *)a)->name, ((const tbin_tensor *)b)->name); }
-
-static void free_tensors(tbin_tensor *t, int n) {
-    for (int i = 0; i < n; i++) free(t[i].name);
-    free(t);
-}
 
 int tbin_is_archive(const char *path) {
     unsigned char m[4];
@@ -136,7 +132,7 @@ static int parse_archive(const char *path, int fd, int file_idx, tbin_tensor **o
         for (int d = 0; d < q->ndim; d++) q->numel *= (uint64_t)q->shape[d];
         q->file = file_idx;
     }
-    qsort(t, (size_t)n, sizeof *t, cmp_name);
+    io_table_sort(t, n, sizeof *t);
     for (int i = 1; i < n; i++)
         if (strcmp(t[i].name, t[i - 1].name) == 0) { glm_fail(err, "%s: tensor '%s' appears twice", path, t[i].name); goto done; }
     *out = t;
@@ -145,66 +141,34 @@ static int parse_archive(const char *path, int fd, int file_idx, tbin_tensor **o
     n = 0;
     rc = 0;
 done:
-    free_tensors(t, n);
+    io_table_free(t, n, sizeof *t);
     tp_free(pt, np);
     tz_free(&z);
     return rc;
 }
 
-static const tbin_tensor *find_in(const tbin_tensor *t, int n, const char *name) {
-    tbin_tensor key = {.name = (char *)name};
-    return n ? bsearch(&key, t, (size_t)n, sizeof *t, cmp_name) : NULL;
-}
-
-static int open_index(tbin_reader *r, const char *index_path, glm_err *err) {
-    io_index ix;
-    if (io_index_load(&ix, index_path, err) != 0) return -1;
-    r->t = glm_calloc((size_t)ix.n, sizeof *r->t);
-    tbin_tensor *ft = NULL;
-    int fn = 0, cur = -1, rc = -1;
-    for (int i = 0; i < ix.n; i++) {
-        int f = io_shards_open(&r->sh, ix.files[i], err);
-        if (f < 0) { glm_wrap(err, "%s lists tensor '%s' in a missing shard: ", index_path, ix.names[i]); goto done; }
-        if (f != cur) { /* shards are grouped in HF indexes: parse each once */
-            free_tensors(ft, fn);
-            ft = NULL;
-            fn = 0;
-            if (parse_archive(r->sh.paths[f], r->sh.fds[f], f, &ft, &fn, err) != 0) goto done;
-            cur = f;
-        }
-        const tbin_tensor *t = find_in(ft, fn, ix.names[i]);
-        if (!t) {
-            glm_fail(err, "%s: tensor '%s' is listed in %s but missing from that shard", r->sh.paths[f], ix.names[i], index_path);
-            glm_hint(err, "the index and the shards come from different downloads; fetch them again together");
-            goto done;
-        }
-        r->t[r->n] = *t;
-        r->t[r->n].name = glm_strdup(t->name);
-        r->n++;
-    }
-    qsort(r->t, (size_t)r->n, sizeof *r->t, cmp_name); /* names are unique: io_index_load checked */
-    rc = 0;
-done:
-    free_tensors(ft, fn);
-    io_index_free(&ix);
+static int parse_table(const char *path, int fd, int shard, void **table, int *n, glm_err *err) {
+    tbin_tensor *t = NULL;
+    int rc = parse_archive(path, fd, shard, &t, n, err);
+    *table = t;
     return rc;
 }
+static const io_table_format tbin_format = {sizeof(tbin_tensor), parse_table,
+                                            "the index and the shards come from different downloads; fetch them again together"};
 
 int tbin_open(tbin_reader **out, const char *path, glm_err *err) {
     *out = NULL;
     char buf[4096];
-    const char *p = path;
-    if (glm_is_dir(path)) {
-        glm_path_join(buf, sizeof buf, path, "pytorch_model.bin.index.json");
-        if (!glm_is_file(buf)) glm_path_join(buf, sizeof buf, path, "pytorch_model.bin");
-        if (!glm_is_file(buf)) return glm_fail(err, "%s: no pytorch_model.bin.index.json or pytorch_model.bin in this folder", path);
-        p = buf;
-    }
+    const char *p = io_checkpoint_file(path, "pytorch_model.bin.index.json", "pytorch_model.bin", buf, sizeof buf, err);
+    if (!p) return -1;
     tbin_reader *r = glm_calloc(1, sizeof *r);
-    size_t len = strlen(p);
     int rc;
-    if (len >= 5 && strcmp(p + len - 5, ".json") == 0) rc = open_index(r, p, err);
-    else rc = io_shards_open(&r->sh, p, err) < 0 ? -1 : parse_archive(p, r->sh.fds[0], 0, &r->t, &r->n, err);
+    if (io_is_index(p)) {
+        void *t = NULL;
+        rc = io_index_gather(&r->sh, p, &tbin_format, &t, &r->n, err);
+        r->t = t;
+    } else
+        rc = io_shards_open(&r->sh, p, err) < 0 ? -1 : parse_archive(p, r->sh.fds[0], 0, &r->t, &r->n, err);
     if (rc != 0) { tbin_close(r); return -1; }
     *out = r;
     return 0;
@@ -213,7 +177,7 @@ int tbin_open(tbin_reader **out, const char *path, glm_err *err) {
 void tbin_close(tbin_reader *r) {
     if (!r) return;
     io_shards_close(&r->sh);
-    free_tensors(r->t, r->n);
+    io_table_free(r->t, r->n, sizeof *r->t);
     free(r);
 }
 
@@ -221,7 +185,7 @@ int tbin_count(const tbin_reader *r) { return r->n; }
 const char *tbin_name(const tbin_reader *r, int i) { return i >= 0 && i < r->n ? r->t[i].name : NULL; }
 
 int tbin_info(const tbin_reader *r, const char *name, st_dtype *dtype, int *ndim, int64_t shape[ST_MAX_DIMS]) {
-    const tbin_tensor *t = find_in(r->t, r->n, name);
+    const tbin_tensor *t = io_table_find(r->t, r->n, sizeof *r->t, name);
     if (!t) return -1;
     if (dtype) *dtype = t->dtype;
     if (ndim) *ndim = t->ndim;
@@ -230,7 +194,7 @@ int tbin_info(const tbin_reader *r, const char *name, st_dtype *dtype, int *ndim
 }
 
 static const tbin_tensor *lookup(tbin_reader *r, const char *name, glm_err *err) {
-    const tbin_tensor *t = find_in(r->t, r->n, name);
+    const tbin_tensor *t = io_table_find(r->t, r->n, sizeof *r->t, name);
     if (!t) {
         glm_fail(err, "%s: tensor '%s' not found (%d tensors in the checkpoint)", r->sh.n ? r->sh.paths[0] : "?", name, r->n);
         glm_hint(err, "is this a checkpoint of the right model? list its tensors with `glmtrain info`");
