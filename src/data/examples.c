@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/strbuf.h"
 
 #define DEFAULT_HISTORY "[Round {i}]\n问：{q}\n答：{r}\n"
 #define GLM2_HISTORY "[Round {i1}]\n\n问：{q}\n\n答：{r}\n\n" /* ChatGLM2's build_prompt */
@@ -15,34 +16,22 @@ void glm_example_cfg_init(glm_example_cfg *c) {
     c->rounds = GLM_ROUNDS_COLUMN;
 }
 
-typedef struct { char *s; size_t n, cap; } sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->s = glm_realloc(b->s, b->cap);
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { if (s) sb_add(b, s, strlen(s)); }
-static void sb_int(sbuf *b, long v) { char t[32]; sb_add(b, t, (size_t)snprintf(t, sizeof t, "%ld", v)); }
+static void sb_int(glm_strbuf *b, long v) { char t[32]; glm_strbuf_put(b, t, (size_t)snprintf(t, sizeof t, "%ld", v)); }
 
 /* Expands tpl into b: "{name}" becomes values[k] where names[k] == name, "{{"/"}}" a brace.
  * Returns -1 (with the bad placeholder in bad[]) for an unknown name or an unclosed brace. */
-static int expand(sbuf *b, const char *tpl, const char *const *names, const char *const *values, int n,
+static int expand(glm_strbuf *b, const char *tpl, const char *const *names, const char *const *values, int n,
                   char *bad, size_t bad_len) {
     for (const char *p = tpl; *p;) {
-        if ((p[0] == '{' && p[1] == '{') || (p[0] == '}' && p[1] == '}')) { sb_add(b, p, 1); p += 2; continue; }
-        if (*p != '{') { const char *q = p; while (*q && *q != '{' && !(q[0] == '}' && q[1] == '}')) q++; sb_add(b, p, (size_t)(q - p)); p = q; continue; }
+        if ((p[0] == '{' && p[1] == '{') || (p[0] == '}' && p[1] == '}')) { glm_strbuf_put(b, p, 1); p += 2; continue; }
+        if (*p != '{') { const char *q = p; while (*q && *q != '{' && !(q[0] == '}' && q[1] == '}')) q++; glm_strbuf_put(b, p, (size_t)(q - p)); p = q; continue; }
         const char *e = strchr(p, '}');
         if (!e) { snprintf(bad, bad_len, "%s", p); return -1; }
         size_t len = (size_t)(e - p - 1);
         int k = 0;
         while (k < n && !(strlen(names[k]) == len && !memcmp(names[k], p + 1, len))) k++;
         if (k == n) { snprintf(bad, bad_len, "%.*s", (int)(len + 2), p); return -1; }
-        sb_str(b, values[k]);
+        glm_strbuf_str(b, values[k]);
         p = e + 1;
     }
     return 0;
@@ -70,7 +59,7 @@ int glm_example_cfg_check(const glm_example_cfg *c, glm_err *err) {
                         c->max_target_length);
     const char *empty[7] = {"", "", "", "", "", "", ""};
     char bad[64];
-    sbuf b = {0};
+    glm_strbuf b = {0};
     int rc = 0;
     if (c->history_template && expand(&b, c->history_template, HIST_NAMES, empty, 4, bad, sizeof bad)) {
         glm_fail(err, "--history_template: unknown placeholder %s", bad);
@@ -85,7 +74,7 @@ int glm_example_cfg_check(const glm_example_cfg *c, glm_err *err) {
 }
 
 /* The history rounds with the history template ({i} {i1} {q} {r}). */
-static void render_history(sbuf *b, const glm_example_cfg *c, glm_layout layout, const glm_record *r) {
+static void render_history(glm_strbuf *b, const glm_example_cfg *c, glm_layout layout, const glm_record *r) {
     const char *tpl = c->history_template ? c->history_template : layout == GLM_LAYOUT_GLM2 ? GLM2_HISTORY : DEFAULT_HISTORY;
     char bad[64];
     for (int i = 0; i < r->n_hist; i++) {
@@ -98,9 +87,9 @@ static void render_history(sbuf *b, const glm_example_cfg *c, glm_layout layout,
 }
 
 /* instruction + "\n" + input (alpaca), or the instruction alone. */
-static void render_query(sbuf *b, const glm_record *r, int with_input) {
-    sb_str(b, r->query);
-    if (with_input && r->input && r->input[0]) { sb_str(b, "\n"); sb_str(b, r->input); }
+static void render_query(glm_strbuf *b, const glm_record *r, int with_input) {
+    glm_strbuf_str(b, r->query);
+    if (with_input && r->input && r->input[0]) { glm_strbuf_str(b, "\n"); glm_strbuf_str(b, r->input); }
 }
 
 char *glm_example_prompt(const glm_example_cfg *c, const glm_record *r) {
@@ -109,13 +98,13 @@ char *glm_example_prompt(const glm_example_cfg *c, const glm_record *r) {
 
 char *glm_example_prompt_as(const glm_example_cfg *c, glm_layout layout, const glm_record *r) {
     if (glm_layout_turns(layout)) return NULL;
-    sbuf b = {0};
-    sb_str(&b, c->source_prefix);
+    glm_strbuf b = {0};
+    glm_strbuf_str(&b, c->source_prefix);
     const char *tpl = c->prompt_template;
     int has_system = r->system && r->system[0];
-    if (has_system && !(tpl && uses(tpl, "system"))) { sb_str(&b, r->system); sb_str(&b, "\n"); }
+    if (has_system && !(tpl && uses(tpl, "system"))) { glm_strbuf_str(&b, r->system); glm_strbuf_str(&b, "\n"); }
     if (tpl) {
-        sbuf q = {0}, h = {0};
+        glm_strbuf q = {0}, h = {0};
         render_query(&q, r, !uses(tpl, "input"));
         render_history(&h, c, layout, r);
         char n[16], n1[16], bad[64];
@@ -127,18 +116,18 @@ char *glm_example_prompt_as(const glm_example_cfg *c, glm_layout layout, const g
         free(q.s); free(h.s);
     } else if (layout == GLM_LAYOUT_GLM2) { /* build_prompt: always in rounds, from 1 */
         render_history(&b, c, layout, r);
-        sb_str(&b, "[Round "); sb_int(&b, r->n_hist + 1); sb_str(&b, "]\n\n问：");
+        glm_strbuf_str(&b, "[Round "); sb_int(&b, r->n_hist + 1); glm_strbuf_str(&b, "]\n\n问：");
         render_query(&b, r, 1);
-        sb_str(&b, "\n\n答：");
+        glm_strbuf_str(&b, "\n\n答：");
     } else if (c->rounds == GLM_ROUNDS_NONEMPTY ? r->n_hist > 0 : r->has_history || r->n_hist > 0) {
         render_history(&b, c, layout, r);
-        sb_str(&b, "[Round "); sb_int(&b, r->n_hist); sb_str(&b, "]\n问：");
+        glm_strbuf_str(&b, "[Round "); sb_int(&b, r->n_hist); glm_strbuf_str(&b, "]\n问：");
         render_query(&b, r, 1);
-        sb_str(&b, "\n答：");
+        glm_strbuf_str(&b, "\n答：");
     } else {
         render_query(&b, r, 1);
     }
-    if (!b.s) sb_add(&b, "", 0);
+    if (!b.s) glm_strbuf_put(&b, "", 0);
     return b.s;
 }
 

@@ -9,20 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/err.h"
+#include "core/strbuf.h"
 #include "data/pyjson.h"
 
-typedef struct jbuf { char *s; size_t n, cap; } jbuf;
-
-static void put(jbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->s = glm_realloc(b->s, b->cap);
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-static void puts_(jbuf *b, const char *s) { put(b, s, strlen(s)); }
 
 typedef struct reader {
     const char *s;
@@ -57,18 +46,18 @@ static int hex4(reader *r, unsigned *v) {
     return 0;
 }
 
-static void put_utf8(jbuf *b, unsigned cp) {
+static void put_utf8(glm_strbuf *b, unsigned cp) {
     char u[4];
     size_t n;
     if (cp < 0x80) { u[0] = (char)cp; n = 1; }
     else if (cp < 0x800) { u[0] = (char)(0xC0 | cp >> 6); u[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
     else if (cp < 0x10000) { u[0] = (char)(0xE0 | cp >> 12); u[1] = (char)(0x80 | (cp >> 6 & 0x3F)); u[2] = (char)(0x80 | (cp & 0x3F)); n = 3; }
     else { u[0] = (char)(0xF0 | cp >> 18); u[1] = (char)(0x80 | (cp >> 12 & 0x3F)); u[2] = (char)(0x80 | (cp >> 6 & 0x3F)); u[3] = (char)(0x80 | (cp & 0x3F)); n = 4; }
-    put(b, u, n);
+    glm_strbuf_put(b, u, n);
 }
 
 /* The string at r->i (on its '"'), decoded to UTF-8 into out (left empty on an error). */
-static int read_string(reader *r, jbuf *out) {
+static int read_string(reader *r, glm_strbuf *out) {
     int rc = 0;
     r->i++;
     for (;;) {
@@ -76,11 +65,11 @@ static int read_string(reader *r, jbuf *out) {
         unsigned char c = (unsigned char)r->s[r->i];
         if (c == '"') { r->i++; break; }
         if (c < 0x20) { rc = fail(r, "a raw control character in a string"); break; }
-        if (c != '\\') { put(out, r->s + r->i++, 1); continue; }
+        if (c != '\\') { glm_strbuf_put(out, r->s + r->i++, 1); continue; }
         if (++r->i >= r->n) { rc = fail(r, "unterminated string"); break; }
         char e = r->s[r->i++];
         const char *simple = strchr("\"\\/bfnrt", e);
-        if (simple && e) { put(out, &"\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"], 1); continue; }
+        if (simple && e) { glm_strbuf_put(out, &"\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"], 1); continue; }
         unsigned cp = 0, lo = 0; /* set by hex4 where it succeeds */
         if (e != 'u' || hex4(r, &cp)) { rc = fail(r, "a bad escape in a string"); break; }
         if (cp >= 0xD800 && cp <= 0xDBFF && r->i + 6 <= r->n && r->s[r->i] == '\\' && r->s[r->i + 1] == 'u') {
@@ -93,29 +82,29 @@ static int read_string(reader *r, jbuf *out) {
         if (cp >= 0xD800 && cp <= 0xDFFF) { rc = fail(r, "a lone UTF-16 surrogate \\u%04x (no UTF-8 text)", cp); break; }
         put_utf8(out, cp);
     }
-    if (rc) { free(out->s); *out = (jbuf){0}; }
+    if (rc) { free(out->s); *out = (glm_strbuf){0}; }
     return rc;
 }
 
 /* Python's ensure_ascii=False string: only " \ and characters below U+0020 are escaped. */
-static void dump_string(jbuf *b, const char *s, size_t n) {
-    put(b, "\"", 1);
+static void dump_string(glm_strbuf *b, const char *s, size_t n) {
+    glm_strbuf_put(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t"
                       : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
         char u[8];
         if (!e && c < 0x20) { snprintf(u, sizeof u, "\\u%04x", c); e = u; }
-        if (e) puts_(b, e); else put(b, s + i, 1);
+        if (e) glm_strbuf_str(b, e); else glm_strbuf_put(b, s + i, 1);
     }
-    put(b, "\"", 1);
+    glm_strbuf_put(b, "\"", 1);
 }
 
 /* repr(float): the shortest digits that read back, fixed notation for exponents -4 .. 15. */
-static void dump_float(jbuf *b, double v) {
-    if (isnan(v)) { puts_(b, "NaN"); return; }
-    if (isinf(v)) { puts_(b, v < 0 ? "-Infinity" : "Infinity"); return; }
-    if (v == 0) { puts_(b, signbit(v) ? "-0.0" : "0.0"); return; }
+static void dump_float(glm_strbuf *b, double v) {
+    if (isnan(v)) { glm_strbuf_str(b, "NaN"); return; }
+    if (isinf(v)) { glm_strbuf_str(b, v < 0 ? "-Infinity" : "Infinity"); return; }
+    if (v == 0) { glm_strbuf_str(b, signbit(v) ? "-0.0" : "0.0"); return; }
     char e[40];
     for (int p = 1; p <= 17; p++) {
         snprintf(e, sizeof e, "%.*e", p - 1, v);
@@ -127,30 +116,30 @@ static void dump_float(jbuf *b, double v) {
     while (nd > 1 && digits[nd - 1] == '0') nd--;
     digits[nd] = 0;
     int decpt = atoi(strchr(e, 'e') + 1) + 1;
-    if (v < 0) put(b, "-", 1);
+    if (v < 0) glm_strbuf_put(b, "-", 1);
     if (decpt <= -4 || decpt > 16) { /* d.ddde+XX */
         char ex[16];
-        put(b, digits, 1);
-        if (nd > 1) { put(b, ".", 1); put(b, digits + 1, nd - 1); }
+        glm_strbuf_put(b, digits, 1);
+        if (nd > 1) { glm_strbuf_put(b, ".", 1); glm_strbuf_put(b, digits + 1, nd - 1); }
         snprintf(ex, sizeof ex, "e%c%02d", decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
-        puts_(b, ex);
+        glm_strbuf_str(b, ex);
     } else if (decpt <= 0) { /* 0.000ddd */
-        puts_(b, "0.");
-        for (int k = 0; k < -decpt; k++) put(b, "0", 1);
-        put(b, digits, nd);
+        glm_strbuf_str(b, "0.");
+        for (int k = 0; k < -decpt; k++) glm_strbuf_put(b, "0", 1);
+        glm_strbuf_put(b, digits, nd);
     } else if ((size_t)decpt >= nd) { /* ddd000.0 */
-        put(b, digits, nd);
-        for (size_t k = nd; k < (size_t)decpt; k++) put(b, "0", 1);
-        puts_(b, ".0");
+        glm_strbuf_put(b, digits, nd);
+        for (size_t k = nd; k < (size_t)decpt; k++) glm_strbuf_put(b, "0", 1);
+        glm_strbuf_str(b, ".0");
     } else { /* dd.ddd */
-        put(b, digits, (size_t)decpt);
-        put(b, ".", 1);
-        put(b, digits + decpt, nd - (size_t)decpt);
+        glm_strbuf_put(b, digits, (size_t)decpt);
+        glm_strbuf_put(b, ".", 1);
+        glm_strbuf_put(b, digits + decpt, nd - (size_t)decpt);
     }
 }
 
 /* A number as JSON writes it (Python's NUMBER_RE): an int keeps its digits, else a float. */
-static int dump_number(reader *r, jbuf *b) {
+static int dump_number(reader *r, glm_strbuf *b) {
     size_t s = r->i, i = s;
     int is_float = 0;
     if (i < r->n && r->s[i] == '-') i++;
@@ -175,24 +164,24 @@ static int dump_number(reader *r, jbuf *b) {
         snprintf(tmp, sizeof tmp, "%.*s", (int)(i - s < sizeof tmp ? i - s : sizeof tmp - 1), r->s + s);
         dump_float(b, strtod(tmp, NULL));
     } else if (i - s == 2 && r->s[s] == '-' && r->s[s + 1] == '0') {
-        puts_(b, "0");
+        glm_strbuf_str(b, "0");
     } else {
-        put(b, r->s + s, i - s);
+        glm_strbuf_put(b, r->s + s, i - s);
     }
     return 0;
 }
 
-static void newline(jbuf *b, int indent, int level) {
-    put(b, "\n", 1);
-    for (int k = 0; k < indent * level; k++) put(b, " ", 1);
+static void newline(glm_strbuf *b, int indent, int level) {
+    glm_strbuf_put(b, "\n", 1);
+    for (int k = 0; k < indent * level; k++) glm_strbuf_put(b, " ", 1);
 }
 
 /* One object member: its key and its value's dump. */
-typedef struct member { jbuf key, val; } member;
+typedef struct member { glm_strbuf key, val; } member;
 
-static int dump_value(reader *r, jbuf *b, int indent, int level);
+static int dump_value(reader *r, glm_strbuf *b, int indent, int level);
 
-static int dump_object(reader *r, jbuf *b, int indent, int level) {
+static int dump_object(reader *r, glm_strbuf *b, int indent, int level) {
     member *m = NULL;
     int nm = 0, rc = 0;
     r->i++;
@@ -201,7 +190,7 @@ static int dump_object(reader *r, jbuf *b, int indent, int level) {
     else for (;;) {
         ws(r);
         if (r->i >= r->n || r->s[r->i] != '"') { rc = fail(r, "an object key is not a string"); break; }
-        jbuf key = {0}, val = {0};
+        glm_strbuf key = {0}, val = {0};
         if (read_string(r, &key)) { rc = -1; break; }
         ws(r);
         if (r->i >= r->n || r->s[r->i] != ':') { free(key.s); rc = fail(r, "':' missing after an object key"); break; }
@@ -217,27 +206,27 @@ static int dump_object(reader *r, jbuf *b, int indent, int level) {
         rc = fail(r, "',' or '}' missing in an object");
         break;
     }
-    if (!rc && nm == 0) puts_(b, "{}");
+    if (!rc && nm == 0) glm_strbuf_str(b, "{}");
     for (int k = 0; !rc && k < nm; k++) {
-        put(b, k ? "," : "{", 1);
+        glm_strbuf_put(b, k ? "," : "{", 1);
         newline(b, indent, level + 1);
         dump_string(b, m[k].key.s ? m[k].key.s : "", m[k].key.n);
-        puts_(b, ": ");
-        put(b, m[k].val.s ? m[k].val.s : "", m[k].val.n);
+        glm_strbuf_str(b, ": ");
+        glm_strbuf_put(b, m[k].val.s ? m[k].val.s : "", m[k].val.n);
     }
-    if (!rc && nm) { newline(b, indent, level); put(b, "}", 1); }
+    if (!rc && nm) { newline(b, indent, level); glm_strbuf_put(b, "}", 1); }
     for (int k = 0; k < nm; k++) { free(m[k].key.s); free(m[k].val.s); }
     free(m);
     return rc;
 }
 
-static int dump_array(reader *r, jbuf *b, int indent, int level) {
+static int dump_array(reader *r, glm_strbuf *b, int indent, int level) {
     r->i++;
     ws(r);
-    if (r->i < r->n && r->s[r->i] == ']') { r->i++; puts_(b, "[]"); return 0; }
-    put(b, "[", 1);
+    if (r->i < r->n && r->s[r->i] == ']') { r->i++; glm_strbuf_str(b, "[]"); return 0; }
+    glm_strbuf_put(b, "[", 1);
     for (int k = 0;; k++) {
-        if (k) put(b, ",", 1);
+        if (k) glm_strbuf_put(b, ",", 1);
         newline(b, indent, level + 1);
         if (dump_value(r, b, indent, level + 1)) return -1;
         ws(r);
@@ -246,26 +235,26 @@ static int dump_array(reader *r, jbuf *b, int indent, int level) {
         return fail(r, "',' or ']' missing in a list");
     }
     newline(b, indent, level);
-    put(b, "]", 1);
+    glm_strbuf_put(b, "]", 1);
     return 0;
 }
 
-static int literal(reader *r, jbuf *b, const char *word) {
+static int literal(reader *r, glm_strbuf *b, const char *word) {
     size_t n = strlen(word);
     if (r->i + n > r->n || memcmp(r->s + r->i, word, n)) return fail(r, "an unknown word");
     r->i += n;
-    if (b) put(b, word, n);
+    if (b) glm_strbuf_put(b, word, n);
     return 0;
 }
 
-static int dump_value(reader *r, jbuf *b, int indent, int level) {
+static int dump_value(reader *r, glm_strbuf *b, int indent, int level) {
     ws(r);
     if (r->i >= r->n) return fail(r, "a value is missing");
     char c = r->s[r->i];
     if (c == '{') return dump_object(r, b, indent, level);
     if (c == '[') return dump_array(r, b, indent, level);
     if (c == '"') {
-        jbuf s = {0};
+        glm_strbuf s = {0};
         if (read_string(r, &s)) return -1;
         dump_string(b, s.s ? s.s : "", s.n);
         free(s.s);
@@ -280,17 +269,17 @@ static int dump_value(reader *r, jbuf *b, int indent, int level) {
 char *glm_pyjson_dumps(const char *text, size_t len, int indent, char *why, size_t why_len) {
     reader r = {text, len, 0, why, why_len};
     if (why && why_len) why[0] = 0;
-    jbuf b = {0};
+    glm_strbuf b = {0};
     if (dump_value(&r, &b, indent, 0)) { free(b.s); return NULL; }
     ws(&r);
     if (r.i < r.n) { fail(&r, "data after the value"); free(b.s); return NULL; }
-    if (!b.s) put(&b, "", 0);
+    if (!b.s) glm_strbuf_put(&b, "", 0);
     return b.s;
 }
 
 int glm_json_locate(const char *text, size_t len, const char *key, int idx, size_t *vs, size_t *ve) {
     reader r = {text, len, 0, NULL, 0};
-    jbuf skip = {0};
+    glm_strbuf skip = {0};
     ws(&r);
     char open = key ? '{' : '[', close = key ? '}' : ']';
     if (r.i >= r.n || r.s[r.i] != open) return -1;
@@ -300,7 +289,7 @@ int glm_json_locate(const char *text, size_t len, const char *key, int idx, size
     for (int k = 0; r.i < r.n && r.s[r.i] != close; k++) {
         int hit = !key && k == idx;
         if (key) {
-            jbuf name = {0};
+            glm_strbuf name = {0};
             if (r.s[r.i] != '"' || read_string(&r, &name)) break;
             hit = name.n == strlen(key) && !memcmp(name.s, key, name.n);
             free(name.s);

@@ -8,31 +8,20 @@
 #include <string.h>
 #include <unistd.h>
 #include "core/fileutil.h"
+#include "core/strbuf.h"
 #include "io/safetensors.h"
 
-typedef struct sbuf { char *s; size_t n, cap; } sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->s = glm_realloc(b->s, b->cap);
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-static void sb_u64(sbuf *b, uint64_t v) { char t[32]; sb_put(b, t, (size_t)snprintf(t, sizeof t, "%llu", (unsigned long long)v)); }
+static void sb_u64(glm_strbuf *b, uint64_t v) { char t[32]; glm_strbuf_put(b, t, (size_t)snprintf(t, sizeof t, "%llu", (unsigned long long)v)); }
 /* A JSON string literal: quotes, backslashes and control characters escaped. */
-static void sb_json(sbuf *b, const char *s) {
-    sb_put(b, "\"", 1);
+static void sb_json(glm_strbuf *b, const char *s) {
+    glm_strbuf_put(b, "\"", 1);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') { char e[2] = {'\\', (char)c}; sb_put(b, e, 2); }
-        else if (c < 0x20) { char e[8]; sb_put(b, e, (size_t)snprintf(e, sizeof e, "\\u%04x", c)); }
-        else sb_put(b, (const char *)&c, 1);
+        if (c == '"' || c == '\\') { char e[2] = {'\\', (char)c}; glm_strbuf_put(b, e, 2); }
+        else if (c < 0x20) { char e[8]; glm_strbuf_put(b, e, (size_t)snprintf(e, sizeof e, "\\u%04x", c)); }
+        else glm_strbuf_put(b, (const char *)&c, 1);
     }
-    sb_put(b, "\"", 1);
+    glm_strbuf_put(b, "\"", 1);
 }
 
 static uint64_t numel_of(const st_entry *e) {
@@ -79,25 +68,25 @@ static int write_data(FILE *f, const st_entry *e) {
 
 /* Writes entries [a, b) to tmp. */
 static int write_file(const char *tmp, const st_entry *e, int a, int b, glm_err *err) {
-    sbuf h = {0};
-    sb_str(&h, "{\"__metadata__\":{\"format\":\"pt\"}"); /* transformers refuses files without format=pt */
+    glm_strbuf h = {0};
+    glm_strbuf_str(&h, "{\"__metadata__\":{\"format\":\"pt\"}"); /* transformers refuses files without format=pt */
     uint64_t off = 0;
     for (int i = a; i < b; i++) {
-        sb_str(&h, ",");
+        glm_strbuf_str(&h, ",");
         sb_json(&h, e[i].name);
-        sb_str(&h, ":{\"dtype\":\"");
-        sb_str(&h, st_dtype_name(e[i].file_dtype));
-        sb_str(&h, "\",\"shape\":[");
-        for (int d = 0; d < e[i].ndim; d++) { if (d) sb_str(&h, ","); sb_u64(&h, (uint64_t)e[i].shape[d]); }
-        sb_str(&h, "],\"data_offsets\":[");
+        glm_strbuf_str(&h, ":{\"dtype\":\"");
+        glm_strbuf_str(&h, st_dtype_name(e[i].file_dtype));
+        glm_strbuf_str(&h, "\",\"shape\":[");
+        for (int d = 0; d < e[i].ndim; d++) { if (d) glm_strbuf_str(&h, ","); sb_u64(&h, (uint64_t)e[i].shape[d]); }
+        glm_strbuf_str(&h, "],\"data_offsets\":[");
         sb_u64(&h, off);
-        sb_str(&h, ",");
+        glm_strbuf_str(&h, ",");
         off += file_bytes(&e[i]);
         sb_u64(&h, off);
-        sb_str(&h, "]}");
+        glm_strbuf_str(&h, "]}");
     }
-    sb_str(&h, "}");
-    while (h.n % 8) sb_str(&h, " "); /* keeps the data region 8-byte aligned, as the reference writer does */
+    glm_strbuf_str(&h, "}");
+    while (h.n % 8) glm_strbuf_str(&h, " "); /* keeps the data region 8-byte aligned, as the reference writer does */
     unsigned char len[8];
     for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)h.n >> (8 * i));
     FILE *f = fopen(tmp, "wb");
@@ -159,18 +148,18 @@ int st_save(const char *path, const st_entry *entries, int n, size_t max_shard_b
     written = 0; /* renamed: nothing left to clean up */
     /* The index goes last so it never names shards that are not in place yet. */
     if (ns > 1) {
-        sbuf ix = {0};
-        sb_str(&ix, "{\n  \"metadata\": {\"total_size\": ");
+        glm_strbuf ix = {0};
+        glm_strbuf_str(&ix, "{\n  \"metadata\": {\"total_size\": ");
         sb_u64(&ix, total);
-        sb_str(&ix, "},\n  \"weight_map\": {");
+        glm_strbuf_str(&ix, "},\n  \"weight_map\": {");
         for (int s = 0; s < ns; s++)
             for (int i = start[s]; i < start[s + 1]; i++) {
-                sb_str(&ix, i ? ",\n    " : "\n    ");
+                glm_strbuf_str(&ix, i ? ",\n    " : "\n    ");
                 sb_json(&ix, entries[i].name);
-                sb_str(&ix, ": ");
+                glm_strbuf_str(&ix, ": ");
                 sb_json(&ix, strrchr(names[s], '/') ? strrchr(names[s], '/') + 1 : names[s]);
             }
-        sb_str(&ix, "\n  }\n}\n");
+        glm_strbuf_str(&ix, "\n  }\n}\n");
         char ipath[4200];
         glm_path_join(ipath, sizeof ipath, dir, "model.safetensors.index.json");
         int irc = glm_write_file_atomic(ipath, ix.s, ix.n, err);
