@@ -90,7 +90,7 @@ void srv_req_put(srv_req *r) {
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     if (r->admitted) glm_streamer_free(&r->st);
     free(r->seen);
-    free(r->text);
+    free(r->text.s);
     free(r->final);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -99,14 +99,7 @@ void srv_req_put(srv_req *r) {
 
 /* Appends s[0..n) to the released text (r->mu held). */
 static void release(srv_req *r, const char *s, size_t n) {
-    if (!n) return;
-    if (r->n_text + n + 1 > r->cap_text) {
-        r->cap_text = (r->n_text + n + 1) * 2;
-        r->text = glm_realloc(r->text, r->cap_text);
-    }
-    memcpy(r->text + r->n_text, s, n);
-    r->n_text += n;
-    r->text[r->n_text] = 0;
+    if (n) glm_strbuf_put(&r->text, s, n);
 }
 
 /* The earliest stop string in t[0..n): its offset, or -1. */
@@ -149,10 +142,10 @@ static void finish(srv_engine *e, srv_req *r, const char *why, long cut, const c
         full = NULL;
     }
     pthread_mutex_lock(&r->mu);
-    if (!full) full = glm_strdup(r->text ? r->text : "");
+    if (!full) full = glm_strdup(r->text.s ? r->text.s : "");
     size_t nf = strlen(full);
-    if (nf >= r->n_text && (r->n_text == 0 || memcmp(full, r->text, r->n_text) == 0))
-        release(r, full + r->n_text, nf - r->n_text);
+    if (nf >= r->text.n && (r->text.n == 0 || memcmp(full, r->text.s, r->text.n) == 0))
+        release(r, full + r->text.n, nf - r->text.n);
     r->final = full;
     r->finish = why;
     r->n_out = r->out.n;
@@ -199,7 +192,7 @@ static int row_text(srv_engine *e, srv_req *r, int32_t id, long *cut) {
     r->n_out = r->out.n;
     if (*cut < 0) {
         size_t keep = n - stop_hold(r, t, n);
-        if (keep > r->n_text && !r->st.diverged) release(r, t + r->n_text, keep - r->n_text);
+        if (keep > r->text.n && !r->st.diverged) release(r, t + r->text.n, keep - r->text.n);
         pthread_cond_broadcast(&r->cv);
     }
     pthread_mutex_unlock(&r->mu);

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include "core/strbuf.h"
 #include "infer/generate.h"
 
 #define SRV_MAX_STOPS 4
@@ -41,8 +42,7 @@ struct srv_req {
     /* shared with the HTTP side, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char *text;                /* text released so far (settled, stop strings held back) */
-    size_t n_text, cap_text;
+    glm_strbuf text;           /* text released so far (settled, stop strings held back) */
     char *final;               /* the response when done (post-processed, cut at a stop string) */
     int done;                  /* 1: finished (final, finish set) */
     const char *finish;        /* "stop", "length", "cancelled", "error" */

@@ -540,7 +540,7 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         /* wait for news: slices of 50 ms, checking the peer */
         double interval = c->S->o.timeout_s > 3 ? 1.0 : c->S->o.timeout_s / 3.0, waited = 0;
         pthread_mutex_lock(&r->mu);
-        while (!r->done && r->n_text == c->sent && waited < interval) {
+        while (!r->done && r->text.n == c->sent && waited < interval) {
             pthread_mutex_unlock(&r->mu);
             if (peer_gone(c->fd)) {
                 atomic_store(&r->cancel, 1);
@@ -555,11 +555,11 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             waited += 0.05;
         }
         int done = r->done;
-        size_t n = r->n_text;
+        size_t n = r->text.n;
         char *text = NULL;
         if (c->stream && n > c->sent) {
             text = glm_malloc(n - c->sent + 1);
-            memcpy(text, r->text + c->sent, n - c->sent);
+            memcpy(text, r->text.s + c->sent, n - c->sent);
         }
         pthread_mutex_unlock(&r->mu);
         if (text) {
