@@ -293,7 +293,7 @@ int glm_tokenizer_encode(const glm_tokenizer *t, const char *text, size_t len, g
     return glm_tokenizer_encode_ex(t, text, len, 0, out, err);
 }
 
-static void piece_add(glm_pieces *o, spm_buf *b, int *cap, const char *s, size_t n) {
+void glm_pieces_add(glm_pieces *o, spm_buf *b, int *cap, const char *s, size_t n) {
     if (o->n == *cap) {
         *cap = *cap ? *cap * 2 : 64;
         o->off = glm_realloc(o->off, (size_t)*cap * sizeof *o->off);
@@ -321,15 +321,15 @@ int glm_tokenizer_encode_pieces(const glm_tokenizer *t, const char *text, size_t
         sp[1] = glm_tokenizer_piece(t, t->ids.sop);
     }
     if (t->kind == GLM_TOK_CHATGLM2)
-        for (int k = 0; k < 2; k++) if (sp[k]) piece_add(out, &b, &cap, sp[k], strlen(sp[k]));
+        for (int k = 0; k < 2; k++) if (sp[k]) glm_pieces_add(out, &b, &cap, sp[k], strlen(sp[k]));
     const spm_proto *p = &t->sp.p;
     for (int i = 0; i < sc.ntok; i++) {
         const spm_tok *k = &sc.tok[i];
-        if (p->type[k->id] == SPM_UNKNOWN) piece_add(out, &b, &cap, sc.norm.s + k->off, k->len); /* its surface */
-        else piece_add(out, &b, &cap, p->piece[k->id], (size_t)p->piece_len[k->id]);
+        if (p->type[k->id] == SPM_UNKNOWN) glm_pieces_add(out, &b, &cap, sc.norm.s + k->off, k->len); /* its surface */
+        else glm_pieces_add(out, &b, &cap, p->piece[k->id], (size_t)p->piece_len[k->id]);
     }
     if (t->kind == GLM_TOK_CHATGLM1)
-        for (int k = 0; k < 2; k++) if (sp[k]) piece_add(out, &b, &cap, sp[k], strlen(sp[k]));
+        for (int k = 0; k < 2; k++) if (sp[k]) glm_pieces_add(out, &b, &cap, sp[k], strlen(sp[k]));
     spm_scratch_free(&sc);
     if (!b.s) spm_buf_put(&b, "", 1);
     out->data = b.s;

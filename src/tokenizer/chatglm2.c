@@ -72,18 +72,6 @@ int glm2_encode_sc(const glm_tokenizer *t, const char *text, size_t len, int fla
     return 0;
 }
 
-static void piece_add(glm_pieces *o, spm_buf *b, int *cap, const char *s, size_t n) {
-    if (o->n == *cap) {
-        *cap = *cap ? *cap * 2 : 64;
-        o->off = glm_realloc(o->off, (size_t)*cap * sizeof *o->off);
-        o->len = glm_realloc(o->len, (size_t)*cap * sizeof *o->len);
-    }
-    o->off[o->n] = b->n;
-    o->len[o->n++] = n;
-    spm_buf_put(b, s, n);
-    spm_buf_put(b, "", 1);
-}
-
 /* EncodeAsPieces of one segment (an unknown piece keeps its surface, as SentencePiece reports it). */
 static int segment_pieces(const glm_tokenizer *t, const char *s, size_t n, spm_scratch *sc, glm_pieces *o, spm_buf *b,
                           int *cap, glm_err *err) {
@@ -91,8 +79,8 @@ static int segment_pieces(const glm_tokenizer *t, const char *s, size_t n, spm_s
     const spm_proto *p = &t->sp.p;
     for (int i = 0; i < sc->ntok; i++) {
         const spm_tok *k = &sc->tok[i];
-        if (p->type[k->id] == SPM_UNKNOWN) piece_add(o, b, cap, sc->norm.s + k->off, k->len);
-        else piece_add(o, b, cap, p->piece[k->id], (size_t)p->piece_len[k->id]);
+        if (p->type[k->id] == SPM_UNKNOWN) glm_pieces_add(o, b, cap, sc->norm.s + k->off, k->len);
+        else glm_pieces_add(o, b, cap, p->piece[k->id], (size_t)p->piece_len[k->id]);
     }
     return 0;
 }
@@ -108,8 +96,8 @@ int glm2_encode_pieces(const glm_tokenizer *t, const char *text, size_t len, int
     spm_buf b = {0};
     int cap = 0, rc = 0;
     if (flags & GLM_TOK_ADD_SPECIAL) {
-        piece_add(out, &b, &cap, t->extra[1], strlen(t->extra[1])); /* [gMASK] */
-        piece_add(out, &b, &cap, t->extra[3], strlen(t->extra[3])); /* sop */
+        glm_pieces_add(out, &b, &cap, t->extra[1], strlen(t->extra[1])); /* [gMASK] */
+        glm_pieces_add(out, &b, &cap, t->extra[3], strlen(t->extra[3])); /* sop */
     }
     size_t a = 0;
     for (size_t i = 0; split && i < len && !rc;) {
@@ -117,7 +105,7 @@ int glm2_encode_pieces(const glm_tokenizer *t, const char *text, size_t len, int
         int k = special_at(t, text + i, len - i, &l);
         if (k < 0) { i++; continue; }
         if (i > a) rc = segment_pieces(t, text + a, i - a, &sc, out, &b, &cap, err);
-        piece_add(out, &b, &cap, t->extra[k], l);
+        glm_pieces_add(out, &b, &cap, t->extra[k], l);
         a = i += l;
     }
     if (!rc && (a < len || !split)) rc = segment_pieces(t, text + a, len - a, &sc, out, &b, &cap, err);

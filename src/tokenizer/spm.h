@@ -170,6 +170,9 @@ struct glm_tokenizer {
     char extra[GLM_TOK_MAX_EXTRA][16];
     int encode_special;          /* ChatGLM3 tokenizer_config.json encode_special_tokens */
 };
+/* Appends piece s[0..n) to o, its bytes and a NUL into b (o->off counts in b); cap is o's
+ * capacity: the EncodeAsPieces output of the SentencePiece families (chatglm.c). */
+void glm_pieces_add(glm_pieces *o, spm_buf *b, int *cap, const char *s, size_t n);
 /* Encode with a caller-owned scratch (reused across texts by batch encoding and the CLI). */
 int glm_tok_encode_sc(const glm_tokenizer *t, const char *text, size_t len, int flags, spm_scratch *sc,
                       glm_ids *out, glm_err *err);
