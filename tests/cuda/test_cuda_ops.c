@@ -5,7 +5,7 @@
  * Attention runs both the tensor-core path (bf16/fp16, head size 64/128) and the SIMT path.
  * Quantized weights (INT8/INT4/NF4): dequantize bit-identical to the CPU's weights rounded to S,
  * qmatmul_fwd against its CPU twin. 8-bit blockwise AdamW (adamw8) bit for bit against its twin.
- *   test_cuda_ops [--quick] [--only f32|bf16|f16|bf16simt] [--quant] [--attention]
+ *   test_cuda_ops [--quick] [--only f32|bf16|f16|bf16simt|bf16det|bf16mma|f16mma] [--quant] [--attention]
  * (--quick: small shapes, for compute-sanitizer runs; --only: one variant, to isolate a crash;
  * --quant: the quantized-weight ops only. GLM_QUANT_BENCH=1: afterwards, the bandwidth of
  * dequantize and of the decode GEMV on ChatGLM-6B's shapes, bf16, against cuBLAS's bf16 GEMV;
@@ -22,7 +22,7 @@
 typedef struct {
     glm_backend *be;
     glm_dtype dt;
-    const char *tag; /* dtype name, or "bf16simt" */
+    const char *tag; /* dtype name, or an attention path's variant ("bf16simt", "bf16det", "bf16mma", "f16mma") */
     test_counts *tc;
     glm_rng rng;
 } ctx;
@@ -1162,7 +1162,7 @@ static void run_all(ctx *c, int quick, int attention_only) {
 
 int main(int argc, char **argv) {
     int quick = 0, quant_only = 0, attn_only = 0;
-    const char *only = NULL; /* f32, bf16, f16 or bf16simt: one variant (isolates a crash) */
+    const char *only = NULL; /* one variant (a dtype or an attention path's tag): isolates a crash */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strcmp(argv[i], "--quant") == 0) quant_only = 1;
@@ -1185,38 +1185,28 @@ int main(int argc, char **argv) {
     if (qb && strcmp(qb, "0") != 0 && qb[0]) run_quant_bench();
     const char *ab = getenv("GLM_ADAM8_BENCH");
     if (ab && strcmp(ab, "0") != 0 && ab[0]) run_adam8_bench();
-    /* the SIMT attention kernels on bf16 storage too (bf16 normally takes the tensor-core path) */
-    if ((only && strcmp(only, "bf16simt") != 0) || quant_only) {
+    if (quant_only) {
         printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
         TEST_EXIT(&tc);
     }
-    setenv("GLM_CUDA_ATTN", "simt", 1);
-    glm_backend *be = glm_backend_cuda(0, GLM_BF16, err, sizeof err);
-    unsetenv("GLM_CUDA_ATTN");
-    ctx c = {be, GLM_BF16, "bf16simt", &tc, {{0}}};
-    glm_rng_seed(&c.rng, 99);
-    run_all(&c, quick, 1);
-    be->destroy(be);
-    /* --full_determinism (be->deterministic): bit-identical repeats of the backward */
-    be = glm_backend_cuda(0, GLM_BF16, err, sizeof err);
-    be->deterministic = 1;
-    c = (ctx){be, GLM_BF16, "bf16det", &tc, {{0}}};
-    glm_rng_seed(&c.rng, 55);
-    run_all(&c, quick, 1);
-    be->destroy(be);
-    /* on a 9.0 device bf16/fp16 attention above took the wgmma kernels: the mma.sync pair too */
-    if (glmk_flash90_available(0)) {
-        const char *tags[2] = {"bf16mma", "f16mma"};
-        glm_dtype mdt[2] = {GLM_BF16, GLM_F16};
-        for (int i = 0; i < 2; i++) {
-            setenv("GLM_CUDA_ATTN", "mma", 1);
-            be = glm_backend_cuda(0, mdt[i], err, sizeof err);
-            unsetenv("GLM_CUDA_ATTN");
-            c = (ctx){be, mdt[i], tags[i], &tc, {{0}}};
-            glm_rng_seed(&c.rng, 77 + i);
-            run_all(&c, quick, 1);
-            be->destroy(be);
-        }
+    /* the attention cases again on the other paths: the SIMT kernels on bf16 storage (bf16
+     * normally takes tensor cores), --full_determinism's backend flag (bit-identical repeats of
+     * the backward), and on a 9.0 device, where bf16/fp16 took the wgmma kernels above, the
+     * mma.sync pair */
+    const struct { const char *tag, *attn; glm_dtype dt; int deterministic, hopper_only; uint64_t seed; } alt[] = {
+        {"bf16simt", "simt", GLM_BF16, 0, 0, 99}, {"bf16det", NULL, GLM_BF16, 1, 0, 55},
+        {"bf16mma", "mma", GLM_BF16, 0, 1, 77},   {"f16mma", "mma", GLM_F16, 0, 1, 78},
+    };
+    for (size_t i = 0; i < sizeof alt / sizeof *alt; i++) {
+        if ((alt[i].hopper_only && !glmk_flash90_available(0)) || (only && strcmp(only, alt[i].tag) != 0)) continue;
+        if (alt[i].attn) setenv("GLM_CUDA_ATTN", alt[i].attn, 1);
+        glm_backend *be = glm_backend_cuda(0, alt[i].dt, err, sizeof err);
+        unsetenv("GLM_CUDA_ATTN");
+        be->deterministic = alt[i].deterministic;
+        ctx c = {be, alt[i].dt, alt[i].tag, &tc, {{0}}};
+        glm_rng_seed(&c.rng, alt[i].seed);
+        run_all(&c, quick, 1);
+        be->destroy(be);
     }
     printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
     TEST_EXIT(&tc);

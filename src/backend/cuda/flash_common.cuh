@@ -1,39 +1,14 @@
 /* Pieces shared by the two tensor-core attention files (k_flash.cu: mma.sync for sm_80 and
- * newer; k_flash90.cu: wgmma for sm_90a): PTX wrappers, fp32 -> 16-bit packs, quad reductions and
- * the key-range summaries that let a block skip tiles no row of it sees. */
+ * newer; k_flash90.cu: wgmma for sm_90a): fp32 -> 16-bit packs, quad reductions, the key-range
+ * summaries that let a block skip tiles no row of it sees, and the accumulator-layout steps both
+ * forwards share (the online softmax, the rows written out). */
 #ifndef GLM_FLASH_COMMON_CUH
 #define GLM_FLASH_COMMON_CUH
 #include "backend/cuda/cuda_common.cuh"
 
 #define FA_LOG2E 1.4426950408889634f
 
-/* ---------------------------------------------------------------- PTX wrappers */
-
-template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void mma16816<bf16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma16816<f16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-/* 16-byte async copy global -> shared; bytes = 0 writes zeros (rows past the end). */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+/* ---------------------------------------------------------------- packs and reductions */
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
@@ -115,9 +90,28 @@ __device__ __forceinline__ void softmax_tile(float *s, int n0, int t4, bool full
     l1 = l1 * c1 + ps1;
 }
 
-template <typename T>
-__device__ __forceinline__ const T *head_base(const glm_qkv_view &v, int b, int h) {
-    return (const T *)v.base + b * v.batch_stride + vhead(v, h) * v.head_stride;
+
+/* Row g + 8 half of a thread's accumulator (the layout of softmax_tile, HD columns) times mul,
+ * as 16-bit pairs into dst[0..HD): the thread's columns 8j + 2t, 8j + 2t + 1. */
+template <typename T, int HD>
+__device__ __forceinline__ void store_acc_row(T *dst, const float *acc, int half, int t4, float mul) {
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+        *reinterpret_cast<uint32_t *>(dst + j * 8 + 2 * t4) =
+            pack2<T>(acc[4 * j + 2 * half] * mul, acc[4 * j + 2 * half + 1] * mul);
+}
+/* The forward's end for one row (half as above; rows past Tq write nothing): out = o / l and
+ * the natural-log lse (-inf for a row that saw no key). l is the row's quad-summed total. */
+template <typename T, int HD>
+__device__ __forceinline__ void store_fwd_row(T *out, float *lse, const float *o, int half, int t4, int b, int h,
+                                              int row, int Tq, int NH, float mx, float l) {
+    if (row >= Tq) return;
+    store_acc_row<T, HD>(out + ((size_t)b * Tq + row) * NH * HD + (size_t)h * HD, o, half, t4, l > 0 ? 1.0f / l : 0.0f);
+    if (t4 == 0) lse[((size_t)b * NH + h) * Tq + row] = l > 0 ? mx * 0.6931471805599453f + logf(l) : -INFINITY;
+}
+/* Row t of head h of batch b in a writable view. */
+template <typename T> __device__ __forceinline__ T *view_row(const glm_qkv_view &v, int b, int t, int h) {
+    return (T *)v.base + b * v.batch_stride + (long)t * v.tok_stride + h * v.head_stride;
 }
 
 #endif

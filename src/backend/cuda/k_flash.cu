@@ -17,6 +17,39 @@
  *   C (16x8):       c0,c1 (g, 2t..2t+1) c2,c3 (g+8, 2t..2t+1) */
 #include "backend/cuda/flash_common.cuh"
 
+/* ---------------------------------------------------------------- PTX wrappers */
+
+template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<bf16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<f16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+/* 16-byte async copy global -> shared; bytes = 0 writes zeros (rows past the end). */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <typename T>
+__device__ __forceinline__ const T *head_base(const glm_qkv_view &v, int b, int h) {
+    return (const T *)v.base + b * v.batch_stride + vhead(v, h) * v.head_stride;
+}
+
 /* ---------------------------------------------------------------- tiles */
 
 /* byte offset of (row, 16-byte chunk) inside a swizzled [rows][HD] tile of 2-byte elements */
@@ -136,24 +169,8 @@ __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
     }
     cp_wait<0>();
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-    float i0 = l0 > 0 ? 1.0f / l0 : 0.0f, i1 = l1 > 0 ? 1.0f / l1 : 0.0f;
-    size_t ld = (size_t)NH * HD;
-    if (r0 < Tq) {
-        T *orow = out + ((size_t)b * Tq + r0) * ld + (size_t)h * HD;
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++)
-            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) = pack2<T>(o[nd][0] * i0, o[nd][1] * i0);
-        if (t4 == 0) lse[((size_t)b * NH + h) * Tq + r0] = l0 > 0 ? mx0 * 0.6931471805599453f + logf(l0) : -INFINITY;
-    }
-    if (r1 < Tq) {
-        T *orow = out + ((size_t)b * Tq + r1) * ld + (size_t)h * HD;
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++)
-            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) = pack2<T>(o[nd][2] * i1, o[nd][3] * i1);
-        if (t4 == 0) lse[((size_t)b * NH + h) * Tq + r1] = l1 > 0 ? mx1 * 0.6931471805599453f + logf(l1) : -INFINITY;
-    }
+    store_fwd_row<T, HD>(out, lse, &o[0][0], 0, t4, b, h, r0, Tq, NH, mx0, quad_sum(l0));
+    store_fwd_row<T, HD>(out, lse, &o[0][0], 1, t4, b, h, r1, Tq, NH, mx1, quad_sum(l1));
 }
 
 /* ---------------------------------------------------------------- backward: dq */
@@ -253,16 +270,8 @@ __global__ void __launch_bounds__(128) flash_dq_kernel(glm_qkv_view dq, const T 
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
     }
     cp_wait<0>();
-    if (r0 < Tq) {
-        T *row = (T *)dq.base + b * dq.batch_stride + (long)r0 * dq.tok_stride + h * dq.head_stride;
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++) *reinterpret_cast<uint32_t *>(row + nd * 8 + 2 * t4) = pack2<T>(acc[nd][0], acc[nd][1]);
-    }
-    if (r1 < Tq) {
-        T *row = (T *)dq.base + b * dq.batch_stride + (long)r1 * dq.tok_stride + h * dq.head_stride;
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++) *reinterpret_cast<uint32_t *>(row + nd * 8 + 2 * t4) = pack2<T>(acc[nd][2], acc[nd][3]);
-    }
+    if (r0 < Tq) store_acc_row<T, HD>(view_row<T>(dq, b, r0, h), &acc[0][0], 0, t4, 1.0f);
+    if (r1 < Tq) store_acc_row<T, HD>(view_row<T>(dq, b, r1, h), &acc[0][0], 1, t4, 1.0f);
 }
 
 /* ---------------------------------------------------------------- backward: dk, dv */
@@ -399,22 +408,12 @@ __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qk
 #undef FA_LOAD_Q
     cp_wait<0>();
     if (kr0 < Tk) {
-        T *rk = (T *)dk.base + b * dk.batch_stride + (long)kr0 * dk.tok_stride + h * dk.head_stride;
-        T *rv = (T *)dv.base + b * dv.batch_stride + (long)kr0 * dv.tok_stride + h * dv.head_stride;
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++) {
-            *reinterpret_cast<uint32_t *>(rk + nd * 8 + 2 * t4) = pack2<T>(adk[nd][0], adk[nd][1]);
-            *reinterpret_cast<uint32_t *>(rv + nd * 8 + 2 * t4) = pack2<T>(adv[nd][0], adv[nd][1]);
-        }
+        store_acc_row<T, HD>(view_row<T>(dk, b, kr0, h), &adk[0][0], 0, t4, 1.0f);
+        store_acc_row<T, HD>(view_row<T>(dv, b, kr0, h), &adv[0][0], 0, t4, 1.0f);
     }
     if (kr1 < Tk) {
-        T *rk = (T *)dk.base + b * dk.batch_stride + (long)kr1 * dk.tok_stride + h * dk.head_stride;
-        T *rv = (T *)dv.base + b * dv.batch_stride + (long)kr1 * dv.tok_stride + h * dv.head_stride;
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++) {
-            *reinterpret_cast<uint32_t *>(rk + nd * 8 + 2 * t4) = pack2<T>(adk[nd][2], adk[nd][3]);
-            *reinterpret_cast<uint32_t *>(rv + nd * 8 + 2 * t4) = pack2<T>(adv[nd][2], adv[nd][3]);
-        }
+        store_acc_row<T, HD>(view_row<T>(dk, b, kr1, h), &adk[0][0], 1, t4, 1.0f);
+        store_acc_row<T, HD>(view_row<T>(dv, b, kr1, h), &adv[0][0], 1, t4, 1.0f);
     }
 }
 

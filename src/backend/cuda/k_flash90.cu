@@ -262,7 +262,7 @@ template <typename T, int HD>
 __global__ void __launch_bounds__(FA90_NT, 1)
     flash90_fwd_kernel(T *out, float *lse, const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, int kgroup, const int32_t *lo, const int32_t *hi, int Tq,
-                       int Tk, int NH, float scale_log2) {
+                       int NH, float scale_log2) {
     constexpr int BM = 128, BN = 128, NST = 2, KS = HD / 16, NA = BN / 2, NO = HD / 2;
     constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2;
     /* [Q][K stages][V stages] */
@@ -341,24 +341,8 @@ __global__ void __launch_bounds__(FA90_NT, 1)
         }
         mbar_arrive(bempty + 8 * st);
     }
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-    float i0 = l0 > 0 ? 1.0f / l0 : 0.0f, i1 = l1 > 0 ? 1.0f / l1 : 0.0f;
-    size_t ld = (size_t)NH * HD;
-    if (r0 < Tq) {
-        T *orow = out + ((size_t)b * Tq + r0) * ld + (size_t)h * HD;
-#pragma unroll
-        for (int nd = 0; nd < HD / 8; nd++)
-            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) = pack2<T>(o[4 * nd] * i0, o[4 * nd + 1] * i0);
-        if (t4 == 0) lse[((size_t)b * NH + h) * Tq + r0] = l0 > 0 ? mx0 * 0.6931471805599453f + logf(l0) : -INFINITY;
-    }
-    if (r1 < Tq) {
-        T *orow = out + ((size_t)b * Tq + r1) * ld + (size_t)h * HD;
-#pragma unroll
-        for (int nd = 0; nd < HD / 8; nd++)
-            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) = pack2<T>(o[4 * nd + 2] * i1, o[4 * nd + 3] * i1);
-        if (t4 == 0) lse[((size_t)b * NH + h) * Tq + r1] = l1 > 0 ? mx1 * 0.6931471805599453f + logf(l1) : -INFINITY;
-    }
+    store_fwd_row<T, HD>(out, lse, o, 0, t4, b, h, r0, Tq, NH, mx0, quad_sum(l0));
+    store_fwd_row<T, HD>(out, lse, o, 1, t4, b, h, r1, Tq, NH, mx1, quad_sum(l1));
 }
 
 /* ---------------------------------------------------------------- backward: dk, dv */
@@ -539,22 +523,12 @@ __global__ void __launch_bounds__(FA90_NT, 1)
     }
 #undef FA90_OVERLAP
     if (kr0 < Tk) {
-        T *rk = (T *)dk.base + b * dk.batch_stride + (long)kr0 * dk.tok_stride + h * dk.head_stride;
-        T *rv = (T *)dv.base + b * dv.batch_stride + (long)kr0 * dv.tok_stride + h * dv.head_stride;
-#pragma unroll
-        for (int nd = 0; nd < HD / 8; nd++) {
-            *reinterpret_cast<uint32_t *>(rk + nd * 8 + 2 * t4) = pack2<T>(adk[4 * nd], adk[4 * nd + 1]);
-            *reinterpret_cast<uint32_t *>(rv + nd * 8 + 2 * t4) = pack2<T>(adv[4 * nd], adv[4 * nd + 1]);
-        }
+        store_acc_row<T, HD>(view_row<T>(dk, b, kr0, h), adk, 0, t4, 1.0f);
+        store_acc_row<T, HD>(view_row<T>(dv, b, kr0, h), adv, 0, t4, 1.0f);
     }
     if (kr1 < Tk) {
-        T *rk = (T *)dk.base + b * dk.batch_stride + (long)kr1 * dk.tok_stride + h * dk.head_stride;
-        T *rv = (T *)dv.base + b * dv.batch_stride + (long)kr1 * dv.tok_stride + h * dv.head_stride;
-#pragma unroll
-        for (int nd = 0; nd < HD / 8; nd++) {
-            *reinterpret_cast<uint32_t *>(rk + nd * 8 + 2 * t4) = pack2<T>(adk[4 * nd + 2], adk[4 * nd + 3]);
-            *reinterpret_cast<uint32_t *>(rv + nd * 8 + 2 * t4) = pack2<T>(adv[4 * nd + 2], adv[4 * nd + 3]);
-        }
+        store_acc_row<T, HD>(view_row<T>(dk, b, kr1, h), adk, 1, t4, 1.0f);
+        store_acc_row<T, HD>(view_row<T>(dv, b, kr1, h), adv, 1, t4, 1.0f);
     }
 }
 
@@ -610,7 +584,7 @@ static int fwd90_t(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_
     size_t smem = (size_t)(128 + 4 * 128) * HD * 2 + 1024;
     smem_attr90(flash90_fwd_kernel<T, HD>, smem);
     flash90_fwd_kernel<T, HD><<<dim3((Tq + 127) / 128, NH, B), FA90_NT, smem, st>>>(
-        (T *)out, lse, tq, tk, tv, glm_view_group(k), lo, hi, Tq, Tk, NH, scale * FA_LOG2E);
+        (T *)out, lse, tq, tk, tv, glm_view_group(k), lo, hi, Tq, NH, scale * FA_LOG2E);
     GLMK_CHECK_LAUNCH();
     return 1;
 }
@@ -625,8 +599,7 @@ __global__ void flash90_dq_store(glm_qkv_view dq, const float *acc, int B, int T
         const float4 *src = reinterpret_cast<const float4 *>(acc + row * HD + c);
         float4 x = src[0], y = src[1];
         uint4 o = make_uint4(pack2<T>(x.x, x.y), pack2<T>(x.z, x.w), pack2<T>(y.x, y.y), pack2<T>(y.z, y.w));
-        T *dst = (T *)dq.base + b * dq.batch_stride + (long)t * dq.tok_stride + h * dq.head_stride + c;
-        *reinterpret_cast<uint4 *>(dst) = o;
+        *reinterpret_cast<uint4 *>(view_row<T>(dq, b, t, h) + c) = o;
     }
 }
 
@@ -682,8 +655,6 @@ extern "C" int glmk_flash90_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, 
                                 const void *dout, const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k,
                                 glm_qkv_view v, const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH,
                                 int HD, float scale, cudaStream_t st) {
-    if (B <= 0 || Tq <= 0 || Tk <= 0 || !aligned16(dq.base) || dq.tok_stride % 8 || dq.head_stride % 8 ||
-        dq.batch_stride % 8)
-        return 0; /* the mma.sync pair handles the degenerate shapes */
+    if (B <= 0 || Tq <= 0 || Tk <= 0) return 0; /* the mma.sync pair handles the degenerate shapes */
     return FA90_DISPATCH(dt, HD, bwd90_t, dt, dq, dk, dv, scratch, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
 }
