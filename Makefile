@@ -32,7 +32,7 @@ ifneq ($(NVCC_PATH),)
   NVCCFLAGS += -MMD -MP
   # GPU tests and the training benchmark: built with the CUDA backend only (run on a GPU machine)
   CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(sort $(wildcard tests/cuda/test_*.c)))
-  CUDA_BINS := $(CUDA_TEST_BIN) $(BUILD)/bench_train $(BUILD)/bench_decode $(BUILD)/bench_attn $(BUILD)/overlap_probe
+  CUDA_BINS := $(CUDA_TEST_BIN) $(BUILD)/bench_train $(BUILD)/bench_decode $(BUILD)/bench_attn $(BUILD)/bench_gemm $(BUILD)/overlap_probe
 endif
 
 # MPI for data parallelism on CPU ranks (OpenMPI; src/parallel/comm_mpi.c): on when mpicc is
@@ -101,6 +101,10 @@ $(BUILD)/bench_decode: bench/bench_decode.c bench/bench_common.h $(BUILD)/libglm
 
 $(BUILD)/bench_attn: bench/bench_attn.c $(BUILD)/libglm.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
+
+# cuBLASLt's first heuristic pick against its fastest candidate, per product of a step
+$(BUILD)/bench_gemm: bench/bench_gemm.c $(FLAGS_STAMP)
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # 2 GPUs: how gradient traffic beside backward-shaped GEMMs slows them, by transport (docs/PERF.md)
 $(BUILD)/overlap_probe: bench/overlap_probe.cu $(FLAGS_STAMP)

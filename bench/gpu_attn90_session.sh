@@ -10,8 +10,10 @@
 #   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail (the per-op profile)
 #   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
+#   lora-detail, glm2-detail   the per-op profile of LoRA r=8 W1 / ChatGLM2 full W1
 #   glm2    bench_train --family chatglm2: W1 and W2 full fine-tuning, W1 LoRA r=8
 #   torch, torch-lora, torch-glm2   the PyTorch baselines of train, lora and glm2 (same runs)
+#   torch-w2  the PyTorch baseline of W2 full fine-tuning alone
 #   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops --quick --attention
 #   racecheck  racecheck alone over the bf16 attention cases (--quick --attention --only bf16)
 # Records: $OUT/attn90-*.jsonl; console lines $OUT/attn90.txt; logs in $OUT/logs.tgz.
@@ -36,6 +38,12 @@ for mode in "${@:-check attn}"; do
         grep -A45 "per-op" "$OUT/logs/train-wgmma.txt" >"$OUT/logs/profile-train-wgmma.txt" ;;
     train-mma) run_capped "train-mma" 120 40 env GLM_CUDA_ATTN=mma "$B/bench_train" --runs 512x8,2048x2 --out "$OUT/attn90-train-mma.jsonl" ;;
     lora) run_capped "lora" 120 40 "$B/bench_train" --lora 8 --runs 512x8,2048x2 --out "$OUT/attn90-lora.jsonl" ;;
+    lora-detail)
+        run_capped "lora-detail" 120 40 "$B/bench_train" --lora 8 --runs 512x8 --detail --out "$OUT/attn90-lora.jsonl"
+        grep -A45 "per-op" "$OUT/logs/lora-detail.txt" >"$OUT/logs/profile-lora.txt" ;;
+    glm2-detail)
+        run_capped "glm2-detail" 120 40 "$B/bench_train" --family chatglm2 --runs 512x8 --detail --out "$OUT/attn90-glm2.jsonl"
+        grep -A45 "per-op" "$OUT/logs/glm2-detail.txt" >"$OUT/logs/profile-glm2.txt" ;;
     glm2)
         run_capped "glm2" 120 40 "$B/bench_train" --family chatglm2 --runs 512x8,2048x2 --out "$OUT/attn90-glm2.jsonl"
         run_capped "glm2-lora" 120 40 "$B/bench_train" --family chatglm2 --lora 8 --runs 512x8 --out "$OUT/attn90-glm2.jsonl" ;;
@@ -43,6 +51,7 @@ for mode in "${@:-check attn}"; do
         for r in 512x8 2048x2; do
             run_capped "torch-$r" 200 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_baseline.py --runs $r --out "$OUT/attn90-torch-train.jsonl"
         done ;;
+    torch-w2) run_capped "torch-2048x2" 200 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_baseline.py --runs 2048x2 --out "$OUT/attn90-torch-train.jsonl" ;;
     torch-lora) run_capped "torch-lora" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --runs 512x8,2048x2 --lora 8 \
         --lora_target qkv --out "$OUT/attn90-torch-lora.jsonl" ;;
     torch-glm2)
