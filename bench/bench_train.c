@@ -218,8 +218,9 @@ int main(int argc, char **argv) {
     }
     char err[256];
     glm_backend *be = glm_backend_cuda(0, dt, err, sizeof err);
-    if (be) be->allow_tf32 = tf32;
     if (!be) { fprintf(stderr, "bench_train: %s\n", err); return 1; }
+    be->allow_tf32 = tf32;
+    be->tune_products = 1; /* as glmtrain train */
     FILE *f = out ? fopen(out, "a") : NULL;
     const char *dname = dt == GLM_F32 ? (tf32 ? "tf32" : "fp32") : dt == GLM_BF16 ? "bf16" : "fp16";
     printf("%-6s %-18s %9s %9s %6s %8s %8s %8s | %7s %7s %7s %7s  loss\n", "dtype", "run", "step_ms", "tok/s", "MFU",

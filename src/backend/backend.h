@@ -44,6 +44,8 @@ struct glm_backend {
     int allow_tf32;     /* S = fp32: products on TF32 tensor cores (--tf32; the CUDA backend reads it) */
     int deterministic;  /* every sum in a fixed order, run to run (--full_determinism; the CPU backend always
                            is; CUDA: the attention backward without atomics) */
+    int tune_products;  /* the products' shapes repeat (training steps): CUDA times cuBLAS's candidate
+                           kernels at a product's first call and keeps the fastest */
     void *impl;         /* backend-private state (CUDA handles, streams, workspace) */
 
     /* ---- memory ---- */
@@ -97,6 +99,11 @@ struct glm_backend {
      * do matmul_bwd, then gelu_bwd). */
     void (*matmul_bwd_dgelu)(glm_backend *be, void *dinp, const void *dout, const void *w, const void *pre, int N,
                              int C, int OC);
+    /* dinp[N,C] = dout[N,OC] @ w[OC,C] + res_scale * res[N,C] (res may be dinp): the gradient a
+     * block's residual carries past the product, added in the product's epilogue. Optional as
+     * above (callers do matmul_bwd, then scale_add). */
+    void (*matmul_bwd_add)(glm_backend *be, void *dinp, const void *dout, const void *w, const void *res, float res_scale,
+                           int N, int C, int OC);
     /* dinp[N,C] (= or += when accumulate_dinp) dout @ w; dw[OC,C] += dout^T @ inp; dbias += colsum(dout).
      * dinp, dw, dbias may each be NULL (skipped). */
     void (*matmul_bwd)(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
@@ -150,6 +157,17 @@ struct glm_backend {
      * backend/mask_hash.h (the same elements on every backend, redrawn from the seed in
      * backward); p = 0 is a plain scale. out may alias x. */
     void (*mask_scale)(glm_backend *be, void *out, const void *x, size_t n, float scale, float p, uint64_t seed);
+    /* LoRA's down-projection of its dropped-out input (peft's lora_A(dropout(x))) in one pass:
+     * t[N,r] = scale * (mask_scale(x, 1, p, seed) @ a[r,C]^T), the mask over x's N*C elements.
+     * Optional (NULL), and returns 0 without doing anything for shapes it does not take: the
+     * caller then runs mask_scale and matmul_fwd. */
+    int (*lora_down)(glm_backend *be, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,
+                     uint64_t seed);
+    /* Its backward, dt[N,r] the gradient of mask_scale(x, 1, p, seed) @ a^T: da[r,C] += dt^T
+     * u and dx[N,C] += mask_scale(dt @ a, 1, p, seed) (either may be NULL: skipped), u the
+     * dropped-out x as above. Optional and 0 as lora_down. */
+    int (*lora_down_bwd)(glm_backend *be, void *da, void *dx, const void *dt, const void *x, const void *a, int N, int C,
+                         int r, float p, uint64_t seed);
 
     /* Cross entropy over rows of logits[R, V] against targets[R] (all valid, 0 <= t < V):
      * losses[r] = logsumexp(logits[r]) - logits[r, t] (float, =). If dscale != 0, logits are

@@ -81,12 +81,10 @@ static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
     const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
     int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size, F = c->inner_hidden_size;
     int NH = c->num_attention_heads, HD = glm_head_dim(c);
-    size_t NHs = (size_t)N * H;
     /* h' = alpha*y + FC2(gelu(FC1(y))) */
     glm_linear_bwd_dgelu(m, l, 3, a, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, a->fc1, N, F, H);
     void *dy = m->d_x; /* reused: dy is dead before dx is needed */
-    glm_linear_bwd(m, l, 2, a, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F);
-    be->scale_add(be, dy, c->alpha, dh_out, dy, NHs);
+    glm_linear_bwd_add(m, l, 2, a, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F, dh_out, c->alpha);
     /* y = LN2(h1) */
     be->layernorm_bwd(be, m->d_h1, g->ln2_w, g->ln2_b, dy, a->h1, p->ln2_w, a->ln2_mean, a->ln2_rstd, N, H);
     /* h1 = alpha*x + Dense(ctx) */
@@ -109,8 +107,7 @@ static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
     }
     be->rope(be, m->d_qkv, m->bd.pos, m->bd.block_pos, N, NH, HD, 1);
     void *dx = m->d_x;
-    glm_linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H);
-    be->scale_add(be, dx, c->alpha, m->d_h1, dx, NHs);
+    glm_linear_bwd_add(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H, m->d_h1, c->alpha);
     /* x = LN1(h_in): the residual branches leave from x, so h_in's gradient comes only through LN1 */
     be->layernorm_bwd(be, dh_in, g->ln1_w, g->ln1_b, dx, h_in, p->ln1_w, a->ln1_mean, a->ln1_rstd, N, H);
 }

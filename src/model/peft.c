@@ -21,10 +21,13 @@ static void lora_scratch(glm_model *m, int N) {
 
 static uint64_t lora_seed(const glm_model *m, int l, int i) { return m->dropout_seed + (uint64_t)(l * 4 + i + 1) * 0x100000001b3ULL; }
 
+/* The dropout of the adapters' inputs: lora_dropout while training, else none. */
+static float lora_dropout(const glm_model *m) { return m->training ? m->cfg.peft.lora_dropout : 0.0f; }
+
 /* The adapter's input: inp itself, or its dropped-out copy in lora_u while training. */
 static const void *lora_input(glm_model *m, int l, int i, const void *inp, size_t n) {
-    float p = m->cfg.peft.lora_dropout;
-    if (!m->training || p <= 0) return inp;
+    float p = lora_dropout(m);
+    if (p <= 0) return inp;
     m->be->mask_scale(m->be, m->lora_u, inp, n, 1.0f, p, lora_seed(m, l, i));
     return m->lora_u;
 }
@@ -55,9 +58,12 @@ static void lora_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, c
     if (!p->lora_a[i]) return;
     int r = m->cfg.peft.lora_rank;
     lora_scratch(m, N);
-    const void *u = lora_input(m, l, i, inp, (size_t)N * C);
-    be->matmul_fwd(be, a->lora_t[i], u, p->lora_a[i], NULL, N, C, r);
-    be->mask_scale(be, a->lora_t[i], a->lora_t[i], (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
+    float s = glm_lora_scaling(&m->cfg.peft);
+    if (!be->lora_down || !be->lora_down(be, a->lora_t[i], inp, p->lora_a[i], N, C, r, s, lora_dropout(m), lora_seed(m, l, i))) {
+        const void *u = lora_input(m, l, i, inp, (size_t)N * C);
+        be->matmul_fwd(be, a->lora_t[i], u, p->lora_a[i], NULL, N, C, r);
+        be->mask_scale(be, a->lora_t[i], a->lora_t[i], (size_t)N * r, s, 0.0f, 0);
+    }
     if (be->matmul_fwd_add) {
         be->matmul_fwd_add(be, out, a->lora_t[i], p->lora_b[i], NULL, out, 1.0f, N, r, OC);
         return;
@@ -93,11 +99,37 @@ void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out
     lora_add(m, l, i, a, out, inp, N, C, OC);
 }
 
+static void lora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp, int N,
+                     int C, int OC);
+
 /* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */
 void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db,
                        const void *dout, const void *inp, const void *w, int N, int C, int OC) {
     glm_backend *be = m->be;
     be->matmul_bwd(be, dinp, dw, db, dout, inp, linear_weight(m, l, i, w, C, OC), N, C, OC, 0);
+    lora_bwd(m, l, i, a, dinp, dout, inp, N, C, OC);
+}
+
+/* glm_linear_bwd with res_scale * res added to dinp (a residual's gradient), in the input
+ * gradient's epilogue where the backend has one. */
+void glm_linear_bwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db, const void *dout,
+                        const void *inp, const void *w, int N, int C, int OC, const void *res, float res_scale) {
+    glm_backend *be = m->be;
+    if (!be->matmul_bwd_add) {
+        glm_linear_bwd(m, l, i, a, dinp, dw, db, dout, inp, w, N, C, OC);
+        be->scale_add(be, dinp, res_scale, res, dinp, (size_t)N * C);
+        return;
+    }
+    const void *W = linear_weight(m, l, i, w, C, OC);
+    if (dw || db) be->matmul_bwd(be, NULL, dw, db, dout, inp, W, N, C, OC, 0);
+    be->matmul_bwd_add(be, dinp, dout, W, res, res_scale, N, C, OC);
+    lora_bwd(m, l, i, a, dinp, dout, inp, N, C, OC);
+}
+
+/* the adapter's share of linear i's backward: dA, dB +=, dinp += (nothing without an adapter) */
+static void lora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp, int N,
+                     int C, int OC) {
+    glm_backend *be = m->be;
     const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
     if (!p->lora_a[i]) return;
     int r = m->cfg.peft.lora_rank;
@@ -105,6 +137,9 @@ void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, v
     void *dt = m->lora_tmp; /* [N, r] */
     be->matmul_bwd(be, dt, g->lora_b[i], NULL, dout, a->lora_t[i], p->lora_b[i], N, r, OC, 0);
     be->mask_scale(be, dt, dt, (size_t)N * r, glm_lora_scaling(&m->cfg.peft), 0.0f, 0);
+    if (be->lora_down_bwd && be->lora_down_bwd(be, g->lora_a[i], dinp, dt, inp, p->lora_a[i], N, C, r, lora_dropout(m),
+                                               lora_seed(m, l, i)))
+        return;
     const void *u = lora_input(m, l, i, inp, (size_t)N * C);
     if (u == inp) { /* no dropout: du goes straight into dinp */
         be->matmul_bwd(be, dinp, g->lora_a[i], NULL, dt, u, p->lora_a[i], N, C, r, 1);

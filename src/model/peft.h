@@ -19,6 +19,10 @@ void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out
 /* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */
 void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db, const void *dout,
                     const void *inp, const void *w, int N, int C, int OC);
+/* glm_linear_bwd, then dinp += res_scale * res (a residual's gradient: in the product's epilogue
+ * where the backend has matmul_bwd_add). */
+void glm_linear_bwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db, const void *dout,
+                        const void *inp, const void *w, int N, int C, int OC, const void *res, float res_scale);
 /* act = gelu(pre), pre = inp W^T + b (+ the adapter's branch): in the product's epilogue where
  * the backend has one and no adapter comes between the product and the activation (else
  * glm_linear_fwd, then gelu_fwd). */

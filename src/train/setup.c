@@ -86,6 +86,7 @@ int trainer_pick_backend(trainer *t, glm_err *err) {
         if (t->be) {
             t->be->allow_tf32 = a->tf32; /* every GPU the CUDA backend takes (sm_80 and newer) has TF32 */
             t->be->deterministic = a->full_determinism;
+            t->be->tune_products = 1;
             if (a->tf32 && dt != GLM_F32)
                 glm_warn("--tf32 changes only fp32 products; this run's are %s (pass --fp32 with --tf32)", a->fp16 ? "fp16" : "bf16");
             return 0;

@@ -121,6 +121,25 @@ static void t_matmul(ctx *c, int N, int C, int OC) {
         be->free(be, dg); be->free(be, dp); be->free(be, dgi);
         free(g); free(pre); free(ri); free(got);
     }
+    /* the input gradient with a residual's gradient added in the epilogue: res a separate
+     * tensor, and res = dinp itself */
+    for (int inplace = 0; inplace < 2 && be->matmul_bwd_add; inplace++) {
+        float s = inplace ? 1.0f : 7.48331f;
+        float *g = rnd(&c->rng, c->dt, (size_t)N * OC, 1.0f), *res = rnd(&c->rng, c->dt, (size_t)N * C, 1.0f);
+        float *ri = malloc(sizeof(float) * N * C);
+        cpu_matmul_bwd(ri, NULL, NULL, g, inp, w, N, C, OC, 0);
+        cpu_scale_add(ri, s, res, ri, (size_t)N * C);
+        void *dg = up_s(be, g, (size_t)N * OC), *dres = up_s(be, res, (size_t)N * C);
+        void *dgi = inplace ? dres : be->alloc(be, (size_t)N * C * glm_dtype_size(c->dt));
+        if (!inplace) poison(be, dgi, (size_t)N * C, 0);
+        be->matmul_bwd_add(be, dgi, dg, dw, dres, s, N, C, OC);
+        float *got = down_s(be, dgi, (size_t)N * C);
+        check_close(c->tc, NAME("matmul_bwd_add%s_%s_%dx%dx%d", inplace ? "_inplace" : "", c->tag, N, C, OC), got, ri,
+                    (size_t)N * C, tol(c, 1e-5, 1e-2, 2e-3) * (inplace ? 1 : 4));
+        if (!inplace) be->free(be, dgi);
+        be->free(be, dg); be->free(be, dres);
+        free(g); free(res); free(ri); free(got);
+    }
     /* backward, accumulating into random gradients */
     float *g = rnd(&c->rng, c->dt, (size_t)N * OC, 1.0f), *gi0 = rnd(&c->rng, c->dt, (size_t)N * C, 1.0f);
     float *gw0 = rnd(&c->rng, c->dt, (size_t)OC * C, 0.1f), *gb0 = rnd(&c->rng, c->dt, OC, 0.1f);
@@ -143,6 +162,72 @@ static void t_matmul(ctx *c, int N, int C, int OC) {
     void *bufs[] = {di, dw, db, dout, dg, dgi, dgw, dgb};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
     float *hs[] = {inp, w, bias, ref, g, gi0, gw0, gb0, ri, rw, rb, oi, ow, ob};
+    for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
+}
+
+/* LoRA's down-projection with its input dropout (lora_down, lora_down_bwd) against the CPU's
+ * mask_scale + matmul_fwd / matmul_bwd + mask_scale + scale_add it replaces; shapes it does not
+ * take must return 0 and leave the outputs alone. */
+static void t_lora(ctx *c, int N, int C, int r) {
+    glm_backend *be = c->be;
+    char name[128];
+    size_t nx = (size_t)N * C, nt = (size_t)N * r, na = (size_t)r * C;
+    float *x = rnd(&c->rng, c->dt, nx, 1.0f), *a = rnd(&c->rng, c->dt, na, 0.05f), *dt = rnd(&c->rng, c->dt, nt, 1.0f);
+    float *da0 = rnd(&c->rng, c->dt, na, 0.1f), *dx0 = rnd(&c->rng, c->dt, nx, 1.0f);
+    float *u = malloc(sizeof(float) * nx), *tref = malloc(sizeof(float) * nt), *du = malloc(sizeof(float) * nx);
+    void *dx_ = up_s(be, x, nx), *da_ = up_s(be, a, na), *ddt = up_s(be, dt, nt);
+    void *dt_out = be->alloc(be, nt * glm_dtype_size(c->dt));
+    int P = (int)(16 / glm_dtype_size(c->dt)), takes = r <= 16 && C % P == 0;
+    for (int k = 0; k < 2; k++) {
+        float p = k ? 0.3f : 0.0f, s = 2.0f;
+        uint64_t seed = 777ULL + (uint64_t)N * 31 + k;
+        cpu_mask_scale(u, x, nx, 1.0f, p, seed);
+        cpu_matmul_fwd(tref, u, a, NULL, N, C, r);
+        for (size_t i = 0; i < nt; i++) tref[i] *= s;
+        poison(be, dt_out, nt, 0);
+        int done = be->lora_down(be, dt_out, dx_, da_, N, C, r, s, p, seed);
+        TEST_CHECK(c->tc, NAME("lora_down_takes_%s_%dx%dx%d", c->tag, N, C, r), done == takes, "returned %d", done);
+        if (done) {
+            float *got = down_s(be, dt_out, nt);
+            check_close(c->tc, NAME("lora_down_%s_%s_%dx%dx%d", k ? "dropout" : "plain", c->tag, N, C, r), got, tref, nt,
+                        tol(c, 1e-5, 1e-2, 2e-3));
+            free(got);
+        }
+        /* backward: da += dt^T u; dx += mask(dt a) */
+        float *rda = fcopy(da0, na), *rdx = fcopy(dx0, nx);
+        cpu_matmul_bwd(du, rda, NULL, dt, u, a, N, C, r, 0);
+        cpu_mask_scale(du, du, nx, 1.0f, p, seed);
+        for (size_t i = 0; i < nx; i++) rdx[i] += du[i];
+        void *dda = up_s(be, da0, na), *ddx = up_s(be, dx0, nx);
+        done = be->lora_down_bwd(be, dda, ddx, ddt, dx_, da_, N, C, r, p, seed);
+        TEST_CHECK(c->tc, NAME("lora_down_bwd_takes_%s_%dx%dx%d", c->tag, N, C, r), done == takes, "returned %d", done);
+        float *gda = down_s(be, dda, na), *gdx = down_s(be, ddx, nx);
+        if (done) {
+            check_close(c->tc, NAME("lora_down_bwd_da_%s_%s_%dx%dx%d", k ? "dropout" : "plain", c->tag, N, C, r), gda, rda, na,
+                        tol(c, 1e-5, 1e-2, 2e-3));
+            check_close(c->tc, NAME("lora_down_bwd_dx_%s_%s_%dx%dx%d", k ? "dropout" : "plain", c->tag, N, C, r), gdx, rdx, nx,
+                        tol(c, 1e-5, 1e-2, 2e-3));
+        } else { /* untouched */
+            check_close(c->tc, NAME("lora_down_bwd_untouched_%s_%dx%dx%d", c->tag, N, C, r), gda, da0, na, 0);
+        }
+        free(gda); free(gdx);
+        /* da alone, then dx alone (NULL skips) */
+        if (takes) {
+            be->upload_f32(be, dda, da0, na);
+            be->upload_f32(be, ddx, dx0, nx);
+            be->lora_down_bwd(be, dda, NULL, ddt, dx_, da_, N, C, r, p, seed);
+            be->lora_down_bwd(be, NULL, ddx, ddt, dx_, da_, N, C, r, p, seed);
+            gda = down_s(be, dda, na);
+            gdx = down_s(be, ddx, nx);
+            check_close(c->tc, NAME("lora_down_bwd_da_alone_%s_%dx%dx%d_%d", c->tag, N, C, r, k), gda, rda, na, tol(c, 1e-5, 1e-2, 2e-3));
+            check_close(c->tc, NAME("lora_down_bwd_dx_alone_%s_%dx%dx%d_%d", c->tag, N, C, r, k), gdx, rdx, nx, tol(c, 1e-5, 1e-2, 2e-3));
+            free(gda); free(gdx);
+        }
+        be->free(be, dda); be->free(be, ddx);
+        free(rda); free(rdx);
+    }
+    be->free(be, dx_); be->free(be, da_); be->free(be, ddt); be->free(be, dt_out);
+    float *hs[] = {x, a, dt, da0, dx0, u, tref, du};
     for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
 }
 
@@ -1111,6 +1196,12 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_matmul(c, 7, 16, 24);
         t_matmul(c, 64, 256, 384);
         if (!quick) t_matmul(c, 300, 512, 1000);
+        t_lora(c, 37, 256, 4);
+        t_lora(c, 64, 1024, 16);
+        t_lora(c, 300, 4096, 8);   /* ChatGLM-6B's hidden size, rows past one block of the backward */
+        t_lora(c, 5, 20, 8);       /* a row not in 16-byte packs: not taken */
+        t_lora(c, 9, 64, 24);      /* rank above 16: not taken */
+        if (!quick) t_lora(c, 2048, 4096, 8);
         t_embedding(c, 37, 64, 20);
         if (!quick) t_embedding(c, 1024, 4096, 3000);
         t_layernorm(c, 5, 32);
@@ -1120,6 +1211,7 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_rope(c, 12, 2, 8);
         t_rope(c, 1, 32, 128); /* decoding: one token, a block per head */
         t_rope(c, 64, 4, 128);
+        t_rope(c, 70, 3, 64);  /* head 64: quarter-heads of 16 (two bf16 packs)  */
         t_elementwise(c, 1001);
         if (!quick) t_elementwise(c, 4096 * 64);
         t_tanh(c, 1001);
@@ -1132,6 +1224,7 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_prefix(c, 3, 130, 16, 4, 64);
         t_prefix(c, 2, 5, 4, 3, 6); /* head size 6: the scalar (unpacked) kernels */
         t_cross_entropy(c, 5, 50);
+        t_cross_entropy(c, 7, 4096);  /* rows in 16-byte packs */
         if (!quick) t_cross_entropy(c, 64, 130528);
         t_optim(c, 10007);
         if (!quick) t_optim(c, 3000017);
@@ -1176,6 +1269,7 @@ int main(int argc, char **argv) {
         if ((quick && dts[i] == GLM_F16) || (only && strcmp(only, dt_name(dts[i])) != 0)) continue;
         glm_backend *be = glm_backend_cuda(0, dts[i], err, sizeof err);
         if (!be) { TEST_SKIP(&tc, "cuda_ops", "%s", err); TEST_EXIT(&tc); }
+        be->tune_products = 1; /* the products on the kernels training would time and pick */
         ctx c = {be, dts[i], dt_name(dts[i]), &tc, {{0}}};
         glm_rng_seed(&c.rng, 1234 + i);
         run_all(&c, quick, quant_only ? 2 : attn_only);

@@ -54,6 +54,7 @@ typedef struct cuda_impl {
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
     int use_wgmma;   /* the sm_90a attention kernels (k_flash90.cu): a 9.0 device, unless GLM_CUDA_ATTN=mma */
     int debug_sync;  /* GLM_CUDA_SYNC=1: synchronise and check after every op */
+    int gemm_tune;   /* time the heuristic's candidates at a product's first call (GLM_CUDA_GEMM_TUNE=0: off) */
     size_t peak_used;
     glm_cuda_copies *copies; /* an offloaded optimizer's copy streams (made at first use) */
     /* profiler (glm_cuda_profile): events at category changes, or at every op in detail mode */
@@ -310,6 +311,63 @@ static void epi_unfused(glm_backend *be, int ta, int tb, int m, int n, int k, co
     else glmk_gelu_bwd(be->dtype, D, aux, D, (size_t)ldd * n, IM(be)->st);
 }
 
+/* cuBLASLt's heuristic ranks its kernels without running them; on an H200 its first pick is up
+ * to ~10% slower than the fastest of its next few for some of a step's products (the input
+ * gradient of query_key_value, the weight gradient of dense_4h_to_h). So a product's first call
+ * times up to GEMM_TUNE_CANDIDATES of them on the call's own operands and keeps the fastest,
+ * but the first pick unless another beats it by 3%: a margin meant to keep timing noise from
+ * making two runs (or a run and its resumption) pick differently; --full_determinism is what
+ * guarantees it. A product that accumulates into D is timed
+ * on a copy of D put back afterwards: a transient allocation of at most GEMM_TUNE_SAVE_MAX
+ * during the first step (skipped, with the first pick, for a larger D or when no memory is free
+ * for it). Only where the shapes repeat (be->tune_products: training; a server's prompts come in
+ * every length); off under --full_determinism (the heuristic's pick alone) and with
+ * GLM_CUDA_GEMM_TUNE=0. */
+#define GEMM_TUNE_CANDIDATES 8
+#define GEMM_TUNE_SAVE_MAX ((size_t)256 << 20) /* the largest D copied aside (a weight gradient of dense_h_to_4h: 128 MiB) */
+#define GEMM_TUNE_REPS 3
+static int gemm_tune(glm_backend *be, gemm_plan *p, const cublasLtMatmulHeuristicResult_t *res, int nres, const void *A,
+                     const void *B, const void *C, void *D, size_t dbytes, float beta) {
+    cuda_impl *im = IM(be);
+    float alpha = 1.0f, t0 = 0, best = 0;
+    void *save = NULL;
+    if (beta != 0.0f && (!C || C == D)) {
+        if (dbytes > GEMM_TUNE_SAVE_MAX || cudaMalloc(&save, dbytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(save, D, dbytes, cudaMemcpyDeviceToDevice, im->st));
+    }
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    int pick = 0;
+    for (int i = 0; i < nres; i++) {
+        const cublasLtMatmulAlgo_t *al = &res[i].algo;
+        if (cublasLtMatmul(im->lt, p->op, &alpha, A, p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d, al, im->workspace,
+                           WORKSPACE_BYTES, im->st) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        CUDA_CHECK(cudaEventRecord(e0, im->st));
+        for (int k = 0; k < GEMM_TUNE_REPS; k++)
+            cublasLtMatmul(im->lt, p->op, &alpha, A, p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d, al, im->workspace,
+                           WORKSPACE_BYTES, im->st);
+        CUDA_CHECK(cudaEventRecord(e1, im->st));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i == 0) t0 = best = ms;
+        else if (ms < best) { best = ms; pick = i; }
+    }
+    if (pick && best > 0.97f * t0) pick = 0;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    if (save) {
+        CUDA_CHECK(cudaMemcpyAsync(D, save, dbytes, cudaMemcpyDeviceToDevice, im->st));
+        CUDA_CHECK(cudaFree(save)); /* waits for the copy */
+    }
+    return pick;
+}
+
 /* Column-major D[m,n] = op(A) op(B) (+ bias[m] per row) + beta C, fp32 accumulate, where C is
  * Cin (same layout as D; NULL: D itself), then the epilogue epi with aux. The model's row-major
  * products map onto this with swapped operands (see cu_mm_fwd / cu_mm_bwd). */
@@ -370,12 +428,21 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4));
-        cublasLtMatmulHeuristicResult_t res;
-        int nres = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(im->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &nres);
+        cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_CANDIDATES];
+        int nres = 0, tune = im->gemm_tune && be->tune_products && !be->deterministic;
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(im->lt, p->op, p->a, p->b, p->d, p->d, pref,
+                                                          tune ? GEMM_TUNE_CANDIDATES : 1, res, &nres);
         cublasLtMatmulPreferenceDestroy(pref);
         p->have_algo = s == CUBLAS_STATUS_SUCCESS && nres > 0;
-        if (p->have_algo) p->algo = res.algo;
+        if (p->have_algo && nres > 1) {
+            if (bias && epi != EPI_DGELU)
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+            if (epi != EPI_NONE)
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+            p->algo = res[gemm_tune(be, p, res, nres, A, B, Cin, D, dbytes, beta)].algo;
+        } else if (p->have_algo) {
+            p->algo = res[0].algo;
+        }
     }
     if (!p->have_algo && epi != EPI_NONE) { /* no kernel with this epilogue: the product, then the pass */
         epi_unfused(be, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta, bias, Cin, epi, aux);
@@ -426,6 +493,13 @@ static void cu_mm_bwd_dgelu(glm_backend *be, void *dinp, const void *dout, const
     prof(be, GLM_PROF_GEMM, mm_label(be, 1, C, OC));
     gemm_epi(be, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, 0.0f, NULL, NULL, EPI_DGELU, (void *)pre);
     op_done(be, "matmul_bwd_dgelu");
+}
+
+static void cu_mm_bwd_add(glm_backend *be, void *dinp, const void *dout, const void *w, const void *res, float res_scale,
+                          int N, int C, int OC) {
+    prof(be, GLM_PROF_GEMM, mm_label(be, 1, C, OC));
+    gemm(be, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, res_scale, NULL, res);
+    op_done(be, "matmul_bwd_add");
 }
 
 static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
@@ -596,6 +670,21 @@ static void cu_mask_scale(glm_backend *be, void *out, const void *x, size_t n, f
     prof(be, GLM_PROF_OTHER, "mask_scale");
     glmk_mask_scale(be->dtype, out, x, n, scale, p, seed, IM(be)->st);
     op_done(be, "mask_scale");
+}
+static int cu_lora_down(glm_backend *be, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,
+                        uint64_t seed) {
+    prof(be, GLM_PROF_GEMM, "lora_down");
+    int done = glmk_lora_down(be->dtype, t, x, a, N, C, r, scale, p, seed, IM(be)->st);
+    op_done(be, "lora_down");
+    return done;
+}
+static int cu_lora_down_bwd(glm_backend *be, void *da, void *dx, const void *dt, const void *x, const void *a, int N, int C,
+                            int r, float p, uint64_t seed) {
+    prof(be, GLM_PROF_GEMM, "lora_down_bwd");
+    float *s = da ? scratch(be, glmk_lora_down_bwd_scratch(N, C, r) * sizeof(float)) : NULL;
+    int done = glmk_lora_down_bwd(be->dtype, da, dx, dt, x, a, N, C, r, p, seed, s, IM(be)->st);
+    op_done(be, "lora_down_bwd");
+    return done;
 }
 static void cu_prefix_kv(glm_backend *be, void *kv, const void *qkv, const void *pkv, int layer, int L, int B, int T,
                          int P, int NH, int HD, float p, uint64_t seed) {
@@ -781,6 +870,8 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     im->force_simt = a && strcmp(a, "simt") == 0;
     im->use_wgmma = !im->force_simt && !(a && strcmp(a, "mma") == 0) && glmk_flash90_available(device);
     im->debug_sync = s && strcmp(s, "0") != 0 && s[0];
+    const char *tn = getenv("GLM_CUDA_GEMM_TUNE");
+    im->gemm_tune = !(tn && strcmp(tn, "0") == 0);
     CUDA_CHECK(cudaStreamCreateWithFlags(&im->st, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&im->lt));
     CUBLAS_CHECK(cublasCreate(&im->blas));
@@ -793,10 +884,11 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .sync = cu_sync,
         .embedding_fwd = cu_emb_fwd, .embedding_bwd = cu_emb_bwd, .layernorm_fwd = cu_ln_fwd, .layernorm_bwd = cu_ln_bwd,
         .matmul_fwd = cu_mm_fwd, .matmul_fwd_add = cu_mm_fwd_add, .matmul_fwd_gelu = cu_mm_fwd_gelu,
-        .matmul_bwd_dgelu = cu_mm_bwd_dgelu, .matmul_bwd = cu_mm_bwd, .rope = cu_rope,
+        .matmul_bwd_dgelu = cu_mm_bwd_dgelu, .matmul_bwd = cu_mm_bwd, .matmul_bwd_add = cu_mm_bwd_add, .rope = cu_rope,
         .rmsnorm_fwd = cu_rms_fwd, .rmsnorm_bwd = cu_rms_bwd, .swiglu_fwd = cu_swiglu_fwd, .swiglu_bwd = cu_swiglu_bwd,
         .rope_pairs = cu_rope_pairs, .copy_rows = cu_copy_rows, .attention_fwd = cu_attn_fwd,
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale,
+        .lora_down = cu_lora_down, .lora_down_bwd = cu_lora_down_bwd,
         .cross_entropy = cu_ce, .argmax_rows = cu_argmax, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
         .adamw = cu_adamw, .adamw8 = cu_adamw8,

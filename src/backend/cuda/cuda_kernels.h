@@ -29,6 +29,13 @@ void glmk_gelu_bwd(glm_dtype dt, void *dx, const void *x, const void *dout, size
 void glmk_scale_add(glm_dtype dt, void *out, float alpha, const void *x, const void *y, size_t n, cudaStream_t st);
 void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n, float scale, float p, uint64_t seed,
                      cudaStream_t st);
+/* ---- LoRA's down-projection with its dropout (k_lora.cu): 1 when done, 0 for shapes they do not
+ * take (rank above 16, rows not in 16-byte packs); scratch: glmk_lora_down_bwd_scratch floats ---- */
+int glmk_lora_down(glm_dtype dt, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,
+                   uint64_t seed, cudaStream_t st);
+size_t glmk_lora_down_bwd_scratch(int N, int C, int r);
+int glmk_lora_down_bwd(glm_dtype dt, void *da, void *dx, const void *dtv, const void *x, const void *a, int N, int C,
+                       int r, float p, uint64_t seed, float *scratch, cudaStream_t st);
 void glmk_gather_rows(glm_dtype dt, void *out, const void *x, const int32_t *idx, int R, int C, cudaStream_t st);
 void glmk_scatter_rows(glm_dtype dt, void *out, const void *x, const int32_t *idx, int R, int C, cudaStream_t st);
 /* inv_freq: the R/2 (<= 128) fp16-rounded inverse frequencies, computed on the host */

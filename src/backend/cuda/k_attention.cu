@@ -133,11 +133,38 @@ __global__ void rowdot_kernel(float *D, const T *dout, const T *out, int B, int 
     if (lane == 0) D[((size_t)b * NH + h) * Tq + i] = s;
 }
 
+/* The same with a 16-byte pack a thread, tpr = HD / pack threads a row (a power of two <= 32). */
+template <typename T>
+__global__ void rowdot_vec_kernel(float *D, const T *dout, const T *out, int B, int Tq, int NH, int HD, int tpr) {
+    constexpr int P = Pack<T>::N;
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, row = t / tpr, rows = (size_t)B * Tq * NH;
+    int k = (int)(t % tpr);
+    float s = 0;
+    if (row < rows) {
+        Pack<T> a = ld_pack(dout + row * HD + k * P), c = ld_pack(out + row * HD + k * P);
+#pragma unroll
+        for (int e = 0; e < P; e++) s += to_f(a.v[e]) * to_f(c.v[e]);
+    }
+    for (int o = tpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (k == 0 && row < rows) {
+        int h = (int)(row % NH);
+        size_t bi = row / NH;
+        int b = (int)(bi / Tq), i = (int)(bi % Tq);
+        D[((size_t)b * NH + h) * Tq + i] = s;
+    }
+}
+
 extern "C" void glmk_attn_rowdot(glm_dtype dt, float *D, const void *dout, const void *out, int B, int Tq, int NH,
                                  int HD, cudaStream_t st) {
     size_t rows = (size_t)B * Tq * NH;
     if (rows == 0) return;
-    GLMK_DISPATCH(dt, rowdot_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(D, (const T *)dout, (const T *)out, B, Tq, NH, HD));
+    int P = (int)(16 / glm_dtype_size(dt)), tpr = HD / P;
+    if (HD % P == 0 && tpr <= 32 && (tpr & (tpr - 1)) == 0 && aligned16(dout) && aligned16(out)) {
+        size_t threads = rows * tpr;
+        GLMK_DISPATCH(dt, rowdot_vec_kernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(D, (const T *)dout, (const T *)out, B, Tq, NH, HD, tpr));
+    } else {
+        GLMK_DISPATCH(dt, rowdot_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(D, (const T *)dout, (const T *)out, B, Tq, NH, HD));
+    }
     GLMK_CHECK_LAUNCH();
 }
 

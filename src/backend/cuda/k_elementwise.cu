@@ -216,17 +216,42 @@ extern "C" void glmk_scale_add(glm_dtype dt, void *out, float alpha, const void 
 
 /* ---------------------------------------------------------------- mask_scale (dropout) */
 
-template <typename T>
+/* VEC: 16-byte packs, one hash per four elements (n a multiple of the pack) */
+template <typename T, bool VEC>
 __global__ void mask_scale_kernel(T *out, const T *x, size_t n, float keep_scale, uint32_t th, uint64_t seed, bool drop) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = from_f<T>(drop && !glm_mask_keep(seed, i, th) ? 0.0f : to_f(x[i]) * keep_scale);
+    size_t stride = (size_t)gridDim.x * blockDim.x, t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (VEC) {
+        constexpr int P = Pack<T>::N;
+        for (size_t i = t * P; i < n; i += stride * P) {
+            Pack<T> px = ld_pack(x + i), po;
+#pragma unroll
+            for (int q = 0; q < P / 4; q++) {
+                uint64_t b = drop ? glm_mask_bits(seed, (i >> 2) + q) : 0;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = to_f(px.v[4 * q + e]) * keep_scale;
+                    po.v[4 * q + e] = from_f<T>(drop && !glm_mask_bits_keep(b, e, th) ? 0.0f : v);
+                }
+            }
+            st_pack(out + i, po);
+        }
+    } else {
+        for (size_t i = t; i < n; i += stride)
+            out[i] = from_f<T>(drop && !glm_mask_keep(seed, i, th) ? 0.0f : to_f(x[i]) * keep_scale);
+    }
 }
 extern "C" void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n, float scale, float p, uint64_t seed,
                                 cudaStream_t st) {
     if (n == 0) return;
-    unsigned g = glmk_blocks(n, 256, 132 * 16);
+    size_t P = 16 / glm_dtype_size(dt);
+    bool vec = aligned16(out) && aligned16(x) && n % P == 0;
+    unsigned g = glmk_blocks(vec ? n / P : n, 256, 132 * 16);
     float ks = p > 0 ? scale / (1.0f - p) : scale;
-    GLMK_DISPATCH(dt, mask_scale_kernel<T><<<g, 256, 0, st>>>((T *)out, (const T *)x, n, ks, glm_mask_threshold(p), seed, p > 0));
+    uint32_t th = glm_mask_threshold(p);
+    GLMK_DISPATCH(dt, {
+        if (vec) mask_scale_kernel<T, true><<<g, 256, 0, st>>>((T *)out, (const T *)x, n, ks, th, seed, p > 0);
+        else mask_scale_kernel<T, false><<<g, 256, 0, st>>>((T *)out, (const T *)x, n, ks, th, seed, p > 0);
+    });
     GLMK_CHECK_LAUNCH();
 }
 
@@ -254,7 +279,7 @@ struct InvFreq { float w[128]; };
  * half, pair) of its heads with 32-bit index math. Consecutive threads take consecutive pairs
  * j: 64 contiguous bytes per half-warp access. Decoding has one token a row: there the heads are
  * spread over blocks, or a single block would do all the work. */
-template <typename T>
+template <typename T, bool VEC>
 __global__ void rope_kernel(T *qkv, const int32_t *pos, const int32_t *bpos, int NH, int HD, int inverse, InvFreq f) {
     __shared__ float cs[256], sn[256];
     int n = blockIdx.x, R = HD / 2, hp = R / 2;
@@ -268,6 +293,25 @@ __global__ void rope_kernel(T *qkv, const int32_t *pos, const int32_t *bpos, int
     __syncthreads();
     int per = NH / gridDim.y; /* heads of this block: [blockIdx.y * per, + per) */
     T *base = qkv + (size_t)n * NH * 3 * HD + (size_t)blockIdx.y * per * 3 * HD;
+    if (VEC) { /* a pack of pairs j .. j + P - 1 a thread: 16-byte loads and stores */
+        constexpr int P = Pack<T>::N;
+        int hpp = hp / P, total = per * 4 * hpp;
+        for (int e = threadIdx.x; e < total; e += blockDim.x) {
+            int j = e % hpp * P, r = e / hpp, half = r & 1, part = (r >> 1) & 1, h = r >> 2;
+            T *x = base + h * 3 * HD + part * HD + half * R;
+            Pack<T> pa = ld_pack(x + j), pb = ld_pack(x + j + hp), oa, ob;
+#pragma unroll
+            for (int k = 0; k < P; k++) {
+                float c = cs[half * hp + j + k], s = sn[half * hp + j + k];
+                float a = to_f(pa.v[k]), b = to_f(pb.v[k]);
+                oa.v[k] = from_f<T>(a * c - b * s);
+                ob.v[k] = from_f<T>(b * c + a * s);
+            }
+            st_pack(x + j, oa);
+            st_pack(x + j + hp, ob);
+        }
+        return;
+    }
     int total = per * 4 * hp;
     for (int e = threadIdx.x; e < total; e += blockDim.x) {
         int j = e % hp, r = e / hp, half = r & 1, part = (r >> 1) & 1, h = r >> 2;
@@ -286,9 +330,14 @@ extern "C" void glmk_rope(glm_dtype dt, void *qkv, const int32_t *pos, const int
     if (hp > 128) glm_cuda_check_at(cudaErrorInvalidValue, "rope: head size above 512", __FILE__, __LINE__);
     InvFreq f;
     for (int j = 0; j < hp; j++) f.w[j] = inv_freq[j];
+    int P = (int)(16 / glm_dtype_size(dt));
+    bool vec = hp % P == 0 && aligned16(qkv); /* every quarter-head starts on a pack */
     int groups = N < 64 ? NH : 1; /* few tokens: a block per head */
-    int work = NH / groups * 4 * hp, threads = work >= 256 ? 256 : (work + 31) / 32 * 32;
+    int work = NH / groups * 4 * (vec ? hp / P : hp), threads = work >= 256 ? 256 : (work + 31) / 32 * 32;
     dim3 grid(N, groups);
-    GLMK_DISPATCH(dt, rope_kernel<T><<<grid, threads, 0, st>>>((T *)qkv, pos, bpos, NH, HD, inverse, f));
+    GLMK_DISPATCH(dt, {
+        if (vec) rope_kernel<T, true><<<grid, threads, 0, st>>>((T *)qkv, pos, bpos, NH, HD, inverse, f);
+        else rope_kernel<T, false><<<grid, threads, 0, st>>>((T *)qkv, pos, bpos, NH, HD, inverse, f);
+    });
     GLMK_CHECK_LAUNCH();
 }

@@ -172,7 +172,8 @@ extern "C" void glmk_rmsnorm_bwd(glm_dtype dt, void *dx, void *dw, const void *d
     if (N <= 0) return;
     int vt = rms_vec_threads(dt, C, dx, dout, x, w);
     if (vt) {
-        int G = N < RMS_BWD_BLOCKS ? N : RMS_BWD_BLOCKS;
+        /* a frozen norm (no dw) a row a block: no rows waiting on one block's loop */
+        int G = !dw || N < RMS_BWD_BLOCKS ? N : RMS_BWD_BLOCKS;
         GLMK_DISPATCH(dt, {
             rmsnorm_bwd_vec<T><<<G, vt, 0, st>>>((T *)dx, dw ? scratch : NULL, (const T *)dout, (const T *)x, (const T *)w,
                                                  rstd, N, C);

@@ -124,9 +124,11 @@ __global__ void layernorm_fwd_vec(T *out, float *mean, float *rstd, const T *x, 
     if (threadIdx.x == 0) { mean[blockIdx.x] = m; rstd[blockIdx.x] = r; }
 }
 
-/* dx (may alias dout) for rows blockIdx.x + k*gridDim.x; partial[blockIdx.x] of dw and db.
- * NP packs per thread: 2 where the row allows it (half the registers of 4: more warps per SM). */
-template <typename T, int NP>
+/* dx (may alias dout) for rows blockIdx.x + k*gridDim.x; with GRADS, partial[blockIdx.x] of
+ * dw and db. NP packs per thread: 2 where the row allows it (half the registers of 4: more
+ * warps per SM). A frozen LayerNorm (no GRADS) runs a row a block: nothing carried between
+ * rows, so every block's loads are in flight at once. */
+template <typename T, int NP, bool GRADS>
 __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, const T *x, const T *w, const float *mean,
                                   const float *rstd, int N, int C) {
     constexpr int P = Pack<T>::N;
@@ -160,8 +162,10 @@ __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, 
                     float dxh = g[k][e] * wv[k][e];
                     sg += dxh;
                     sgx += dxh * xh[k][e];
-                    aw[k][e] += g[k][e] * xh[k][e];
-                    ab[k][e] += g[k][e];
+                    if (GRADS) {
+                        aw[k][e] += g[k][e] * xh[k][e];
+                        ab[k][e] += g[k][e];
+                    }
                 }
             }
         }
@@ -180,7 +184,7 @@ __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, 
 #pragma unroll
     for (int k = 0; k < NP; k++) {
         int pk = threadIdx.x + k * blockDim.x;
-        if (pk < packs)
+        if (GRADS && pk < packs)
 #pragma unroll
             for (int e = 0; e < P; e++) {
                 pdw[(size_t)blockIdx.x * C + pk * P + e] = aw[k][e];
@@ -238,13 +242,18 @@ extern "C" void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, c
     if (N <= 0) return;
     int vt2 = ln_vec_threads(dt, C, dx, dout, x, w, 2), vt = vt2 ? vt2 : ln_vec_threads(dt, C, dx, dout, x, w, LN_NP);
     if (vt) {
-        int G = N < LN_BWD_BLOCKS ? N : LN_BWD_BLOCKS;
+        int G = !dw ? N : N < LN_BWD_BLOCKS ? N : LN_BWD_BLOCKS;
         float *p1 = scratch, *p2 = scratch + (size_t)G * C;
+#define LN_BWD(NP, GRADS) layernorm_bwd_vec<T, NP, GRADS><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, \
+                                                                         (const T *)w, mean, rstd, N, C)
         GLMK_DISPATCH(dt, {
-            if (vt2) layernorm_bwd_vec<T, 2><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, (const T *)w, mean, rstd, N, C);
-            else layernorm_bwd_vec<T, LN_NP><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, (const T *)w, mean, rstd, N, C);
+            if (dw && vt2) LN_BWD(2, true);
+            else if (dw) LN_BWD(LN_NP, true);
+            else if (vt2) LN_BWD(2, false);
+            else LN_BWD(LN_NP, false);
             if (dw) colsum_final_kernel<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, (T *)db, p1, p2, G, C);
         });
+#undef LN_BWD
         GLMK_CHECK_LAUNCH();
         return;
     }
@@ -266,16 +275,32 @@ extern "C" void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, c
 /* ---------------------------------------------------------------- cross entropy */
 
 /* One block per row: an online max/sum pass, the loss, then (dscale != 0) the gradient written
- * over the logits. fp32 throughout; the target's entry is computed and stored by one thread. */
-template <typename T>
+ * over the logits. fp32 throughout; the target's entry is computed and stored by one thread.
+ * VEC: 16-byte packs (V a multiple of the pack, rows aligned), the running maximum moved once a
+ * pack. */
+template <typename T, bool VEC>
 __global__ void cross_entropy_kernel(T *logits, float *losses, const int32_t *targets, int V, float dscale) {
+    constexpr int P = Pack<T>::N;
     __shared__ float sh[32];
     T *l = logits + (size_t)blockIdx.x * V;
     float m = -INFINITY, s = 0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float v = to_f(l[j]);
-        if (v > m) { s = s * expf(m - v) + 1.0f; m = v; }
-        else s += expf(v - m);
+    if (VEC) {
+        for (int j = threadIdx.x * P; j < V; j += blockDim.x * P) {
+            Pack<T> pv = ld_pack(l + j);
+            float v[P], pm = -INFINITY;
+#pragma unroll
+            for (int e = 0; e < P; e++) { v[e] = to_f(pv.v[e]); pm = fmaxf(pm, v[e]); }
+            if (pm > m) { s = m == -INFINITY ? 0.0f : s * expf(m - pm); m = pm; }
+            if (m != -INFINITY)
+#pragma unroll
+                for (int e = 0; e < P; e++) s += expf(v[e] - m);
+        }
+    } else {
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            float v = to_f(l[j]);
+            if (v > m) { s = s * expf(m - v) + 1.0f; m = v; }
+            else s += expf(v - m);
+        }
     }
     float M = block_max(m, sh);
     float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sh);
@@ -284,10 +309,23 @@ __global__ void cross_entropy_kernel(T *logits, float *losses, const int32_t *ta
     if (threadIdx.x == 0) losses[blockIdx.x] = lse - to_f(l[t]);
     if (dscale == 0.0f) return;
     __syncthreads(); /* l[t] is read above before any thread overwrites it */
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float g = dscale * expf(to_f(l[j]) - lse);
-        if (j == t) g -= dscale;
-        l[j] = from_f<T>(g);
+    if (VEC) {
+        for (int j = threadIdx.x * P; j < V; j += blockDim.x * P) {
+            Pack<T> pv = ld_pack(l + j);
+#pragma unroll
+            for (int e = 0; e < P; e++) {
+                float g = dscale * expf(to_f(pv.v[e]) - lse);
+                if (j + e == t) g -= dscale;
+                pv.v[e] = from_f<T>(g);
+            }
+            st_pack(l + j, pv);
+        }
+    } else {
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            float g = dscale * expf(to_f(l[j]) - lse);
+            if (j == t) g -= dscale;
+            l[j] = from_f<T>(g);
+        }
     }
 }
 
@@ -295,7 +333,11 @@ extern "C" void glmk_cross_entropy(glm_dtype dt, void *logits, float *losses, co
                                    float dscale, cudaStream_t st) {
     if (R <= 0) return;
     int threads = V >= 8192 ? 1024 : V >= 1024 ? 256 : 32;
-    GLMK_DISPATCH(dt, cross_entropy_kernel<T><<<R, threads, 0, st>>>((T *)logits, losses, targets, V, dscale));
+    bool vec = V % (int)(16 / glm_dtype_size(dt)) == 0 && aligned16(logits);
+    GLMK_DISPATCH(dt, {
+        if (vec) cross_entropy_kernel<T, true><<<R, threads, 0, st>>>((T *)logits, losses, targets, V, dscale);
+        else cross_entropy_kernel<T, false><<<R, threads, 0, st>>>((T *)logits, losses, targets, V, dscale);
+    });
     GLMK_CHECK_LAUNCH();
 }
 
