@@ -10,7 +10,7 @@
 #include "backend/mask_hash.h"
 
 #define LORA_MAX_RANK 16
-#define LORA_BATCH 8 /* rows a backward thread loads at once */
+#define LORA_BATCH 4 /* rows a backward thread loads at once (8: more registers, fewer warps, slower) */
 
 /* Bit e set: element off + e of the P from off (a multiple of 4) is kept. */
 template <int P>
