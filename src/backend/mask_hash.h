@@ -24,6 +24,13 @@ GLM_HD uint64_t glm_mask_bits(uint64_t seed, uint64_t q) {
 GLM_HD int glm_mask_bits_keep(uint64_t bits, int k, uint32_t threshold) {
     return (uint32_t)(bits >> (16 * k) & 0xffffu) >= threshold;
 }
+/* bit k (0..3) set: element 4q + k kept (a pack's elements from one hash) */
+GLM_HD uint32_t glm_mask_keep4(uint64_t seed, uint64_t q, uint32_t threshold) {
+    uint64_t b = glm_mask_bits(seed, q);
+    uint32_t k = 0;
+    for (int e = 0; e < 4; e++) k |= (uint32_t)glm_mask_bits_keep(b, e, threshold) << e;
+    return k;
+}
 GLM_HD int glm_mask_keep(uint64_t seed, uint64_t i, uint32_t threshold) {
     return glm_mask_bits_keep(glm_mask_bits(seed, i >> 2), (int)(i & 3), threshold);
 }

@@ -15,8 +15,17 @@ static void lora_scratch(glm_model *m, int N) {
     if (m->lora_tmp) be->free(be, m->lora_tmp);
     if (m->lora_u) be->free(be, m->lora_u);
     m->lora_tmp = be->alloc(be, (size_t)N * glm_lora_tmp_width(&m->cfg) * es);
-    m->lora_u = m->cfg.peft.lora_dropout > 0 ? be->alloc(be, (size_t)N * glm_lora_in_width(&m->cfg) * es) : NULL;
+    m->lora_u = NULL; /* made by dropped_copy when first needed */
     m->lora_cap = N;
+}
+
+/* lora_u [lora_cap, the widest adapter input]: the dropped-out copy of an adapter's input, used
+ * only where the backend has no lora_down / lora_down_bwd for the shape (the memory plan counts
+ * it either way) */
+static void *dropped_copy(glm_model *m) {
+    if (!m->lora_u)
+        m->lora_u = m->be->alloc(m->be, (size_t)m->lora_cap * glm_lora_in_width(&m->cfg) * glm_dtype_size(m->be->dtype));
+    return m->lora_u;
 }
 
 static uint64_t lora_seed(const glm_model *m, int l, int i) { return m->dropout_seed + (uint64_t)(l * 4 + i + 1) * 0x100000001b3ULL; }
@@ -28,8 +37,9 @@ static float lora_dropout(const glm_model *m) { return m->training ? m->cfg.peft
 static const void *lora_input(glm_model *m, int l, int i, const void *inp, size_t n) {
     float p = lora_dropout(m);
     if (p <= 0) return inp;
-    m->be->mask_scale(m->be, m->lora_u, inp, n, 1.0f, p, lora_seed(m, l, i));
-    return m->lora_u;
+    void *u = dropped_copy(m);
+    m->be->mask_scale(m->be, u, inp, n, 1.0f, p, lora_seed(m, l, i));
+    return u;
 }
 
 /* Decoding steps (few rows) read a quantized weight directly; larger batches dequantize it

@@ -323,6 +323,14 @@ static void epi_unfused(glm_backend *be, int ta, int tb, int m, int n, int k, co
  * for it). Only where the shapes repeat (be->tune_products: training; a server's prompts come in
  * every length); off under --full_determinism (the heuristic's pick alone) and with
  * GLM_CUDA_GEMM_TUNE=0. */
+/* The per-call pointers of a plan's epilogue: its bias (DGELU takes none) and aux matrix. */
+static void set_epilogue_ptrs(gemm_plan *p, const void *bias, int epi, const void *aux) {
+    if (bias && epi != EPI_DGELU)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (epi != EPI_NONE)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+}
+
 #define GEMM_TUNE_CANDIDATES 8
 #define GEMM_TUNE_SAVE_MAX ((size_t)256 << 20) /* the largest D copied aside (a weight gradient of dense_h_to_4h: 128 MiB) */
 #define GEMM_TUNE_REPS 3
@@ -435,10 +443,7 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         cublasLtMatmulPreferenceDestroy(pref);
         p->have_algo = s == CUBLAS_STATUS_SUCCESS && nres > 0;
         if (p->have_algo && nres > 1) {
-            if (bias && epi != EPI_DGELU)
-                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-            if (epi != EPI_NONE)
-                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+            set_epilogue_ptrs(p, bias, epi, aux);
             p->algo = res[gemm_tune(be, p, res, nres, A, B, Cin, D, dbytes, beta)].algo;
         } else if (p->have_algo) {
             p->algo = res[0].algo;
@@ -449,10 +454,7 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         return;
     }
     if (p->have_algo) {
-        if (bias && epi != EPI_DGELU)
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-        if (epi != EPI_NONE)
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        set_epilogue_ptrs(p, bias, epi, aux);
         CUBLAS_CHECK(cublasLtMatmul(im->lt, p->op, &alpha, A, p->a, B, p->b, &beta, Cin ? Cin : D, p->d, D, p->d, &p->algo,
                                     im->workspace, WORKSPACE_BYTES, im->st));
     } else {

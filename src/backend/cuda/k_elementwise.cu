@@ -226,12 +226,9 @@ __global__ void mask_scale_kernel(T *out, const T *x, size_t n, float keep_scale
             Pack<T> px = ld_pack(x + i), po;
 #pragma unroll
             for (int q = 0; q < P / 4; q++) {
-                uint64_t b = drop ? glm_mask_bits(seed, (i >> 2) + q) : 0;
+                uint32_t kb = drop ? glm_mask_keep4(seed, (i >> 2) + q, th) : 0xfu;
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = to_f(px.v[4 * q + e]) * keep_scale;
-                    po.v[4 * q + e] = from_f<T>(drop && !glm_mask_bits_keep(b, e, th) ? 0.0f : v);
-                }
+                for (int e = 0; e < 4; e++) po.v[4 * q + e] = from_f<T>(kb >> e & 1 ? to_f(px.v[4 * q + e]) * keep_scale : 0.0f);
             }
             st_pack(out + i, po);
         }

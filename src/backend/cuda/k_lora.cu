@@ -18,11 +18,7 @@ __device__ __forceinline__ uint32_t keep_bits(uint64_t seed, size_t off, uint32_
     if (!drop) return ~0u;
     uint32_t k = 0;
 #pragma unroll
-    for (int q = 0; q < P / 4; q++) {
-        uint64_t b = glm_mask_bits(seed, (off >> 2) + q);
-#pragma unroll
-        for (int e = 0; e < 4; e++) k |= (uint32_t)glm_mask_bits_keep(b, e, th) << (4 * q + e);
-    }
+    for (int q = 0; q < P / 4; q++) k |= glm_mask_keep4(seed, (off >> 2) + q, th) << (4 * q);
     return k;
 }
 /* x as the adapter sees it: dropped (0) or kept and scaled by 1/(1-p), rounded to S */
