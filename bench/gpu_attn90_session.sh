@@ -7,6 +7,7 @@
 #   attn    attention alone, fwd/bwd TFLOP/s at seq 512 (b 8), 2048 (b 2), 8192 (b 1), masks
 #           prefix/causal/full: bench_attn on the wgmma path, on the mma.sync path
 #           (GLM_CUDA_ATTN=mma), then bench/pytorch_attn.py (SDPA) in the same call
+#   attn-wgmma  bench_attn on the wgmma path alone
 #   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail (the per-op profile)
 #   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
@@ -33,6 +34,7 @@ for mode in "${@:-check attn}"; do
         run_capped "attn-wgmma" 90 20 "$B/bench_attn" --out "$OUT/attn90-wgmma.jsonl"
         run_capped "attn-mma" 90 20 env GLM_CUDA_ATTN=mma "$B/bench_attn" --out "$OUT/attn90-mma.jsonl"
         run_capped "attn-torch" 150 30 env PYTHONUNBUFFERED=1 $PY bench/pytorch_attn.py --out "$OUT/attn90-torch.jsonl" ;;
+    attn-wgmma) run_capped "attn-wgmma" 90 20 "$B/bench_attn" --out "$OUT/attn90-wgmma.jsonl" ;;
     train)
         run_capped "train-wgmma" 150 40 "$B/bench_train" --runs 512x8,2048x2 --detail --out "$OUT/attn90-train-wgmma.jsonl"
         grep -A45 "per-op" "$OUT/logs/train-wgmma.txt" >"$OUT/logs/profile-train-wgmma.txt" ;;

@@ -106,6 +106,10 @@ static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
                           1.0f / sqrtf((float)HD));
     }
     be->rope(be, m->d_qkv, m->bd.pos, m->bd.block_pos, N, NH, HD, 1);
+    if (!dh_in) { /* the lowest layer that trains, over a frozen embedding */
+        glm_linear_bwd(m, l, 0, a, NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H);
+        return;
+    }
     void *dx = m->d_x;
     glm_linear_bwd_add(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, 3 * H, m->d_h1, c->alpha);
     /* x = LN1(h_in): the residual branches leave from x, so h_in's gradient comes only through LN1 */

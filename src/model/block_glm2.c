@@ -110,6 +110,10 @@ static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
                           1.0f / sqrtf((float)HD));
     }
     rope(m, m->d_qkv, N, m->bd.pos, 1);
+    if (!dh_in) { /* the lowest layer that trains, over a frozen embedding */
+        glm_linear_bwd(m, l, 0, a, NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, W);
+        return;
+    }
     void *dx = m->d_x;
     glm_linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, W);
     /* x = RMSNorm1(h_in); h_in also feeds h1 directly */

@@ -42,7 +42,8 @@ typedef struct glm_family {
                             glm_qkv_view k, glm_qkv_view v, const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq,
                             int Tk);
     /* the block's backward on the model's batch (m->bd) from the saved activations: dh_in from
-     * dh_out; parameter gradients accumulate */
+     * dh_out; parameter gradients accumulate. dh_in NULL: nothing below wants the input's
+     * gradient and the input norm does not train (its products' input gradients are skipped) */
     void (*block_backward)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, const void *dh_out,
                            void *dh_in);
     /* views of q, k, v inside rows of glm_qkv_width elements, row 0 at base, batch rows

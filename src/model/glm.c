@@ -660,6 +660,30 @@ static void begin(glm_model *m, int u) {
     if (lo != SIZE_MAX) begin_unit(m, lo);
 }
 
+/* Whether any tensor of layer l trains (a weight, a norm or an adapter). */
+static int layer_trains(const glm_model *m, int l) {
+    for (int i = 0; i < m->tab.n; i++)
+        if (m->tab.t[i].layer == l) return 1;
+    return 0;
+}
+
+/* The lowest layer whose backward matters. On the first stage over a frozen embedding, nothing
+ * below the lowest trainable layer wants a gradient (freeze mode: the last N layers), unless
+ * P-Tuning's prefix, which every layer's attention feeds, trains. */
+static int backward_floor(const glm_model *m) {
+    if (!m->first || glm_table_get(&m->tab, -1, T_WORD_EMB) || m->cfg.peft.pre_seq_len > 0) return m->layer_lo;
+    int l = m->layer_lo;
+    while (l < m->layer_hi && !layer_trains(m, l)) l++;
+    return l;
+}
+
+/* Layer l's input gradient is wanted: by the layer below, the embedding or the previous stage,
+ * or by the layer's own input norm when it trains. */
+static int wants_input_grad(const glm_model *m, int l, int floor) {
+    return l > floor || !m->first || glm_table_get(&m->tab, -1, T_WORD_EMB) || glm_table_get(&m->tab, l, T_LN1_W) ||
+           glm_table_get(&m->tab, l, T_LN1_B);
+}
+
 double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
                           float dscale) {
     m->training = 1;
@@ -687,13 +711,14 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         be->copy(be, m->d_b, dh_out, bytes);
     }
     void *dcur = m->d_b, *dnext = m->d_a;
-    for (int l = m->layer_hi - 1; l >= m->layer_lo; l--) {
+    int floor = backward_floor(m);
+    for (int l = m->layer_hi - 1; l >= floor; l--) {
         glm_layer_acts *a = acts_for(m, l);
         need(m, l);
         if (m->gradient_checkpointing == GLM_CKPT_FULL) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
         if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE) layer_recompute(m, l, a, resid(m, l));
         begin(m, l);
-        m->fam->block_backward(m, l, a, resid(m, l), dcur, dnext);
+        m->fam->block_backward(m, l, a, resid(m, l), dcur, wants_input_grad(m, l, floor) ? dnext : NULL);
         void *t = dcur; dcur = dnext; dnext = t;
         grads_final_from(m, l);
     }

@@ -60,12 +60,10 @@ static const void *linear_weight(glm_model *m, int l, int i, const void *w, int 
     return m->qscratch;
 }
 
-/* out += the adapter's share of linear i, s B dropout(A inp) (nothing without an adapter);
- * B's product adds into out in its epilogue where the backend has one. */
-static void lora_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, int N, int C, int OC) {
+/* The adapter's down-projection of linear i: a->lora_t[i] = s dropout(inp) A^T [N, r]. */
+static void lora_down(glm_model *m, int l, int i, glm_layer_acts *a, const void *inp, int N, int C) {
     glm_backend *be = m->be;
     const glm_layer_ptrs *p = &m->w.layer[l];
-    if (!p->lora_a[i]) return;
     int r = m->cfg.peft.lora_rank;
     lora_scratch(m, N);
     float s = glm_lora_scaling(&m->cfg.peft);
@@ -74,6 +72,16 @@ static void lora_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, c
         be->matmul_fwd(be, a->lora_t[i], u, p->lora_a[i], NULL, N, C, r);
         be->mask_scale(be, a->lora_t[i], a->lora_t[i], (size_t)N * r, s, 0.0f, 0);
     }
+}
+
+/* out += the adapter's share of linear i, s B dropout(A inp) (nothing without an adapter);
+ * B's product adds into out in its epilogue where the backend has one. */
+static void lora_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, int N, int C, int OC) {
+    glm_backend *be = m->be;
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    if (!p->lora_a[i]) return;
+    int r = m->cfg.peft.lora_rank;
+    lora_down(m, l, i, a, inp, N, C);
     if (be->matmul_fwd_add) {
         be->matmul_fwd_add(be, out, a->lora_t[i], p->lora_b[i], NULL, out, 1.0f, N, r, OC);
         return;
@@ -90,6 +98,15 @@ static int plain_product(const glm_model *m, const void *w, int N) {
 void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
                        const void *b, int N, int C, int OC) {
     glm_backend *be = m->be;
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    if (p->lora_a[i] && be->matmul_fwd_add && plain_product(m, w, N)) {
+        /* the adapter's small product first, written once; the base product adds it in its
+         * epilogue (rather than a second pass reading and writing the whole output) */
+        lora_down(m, l, i, a, inp, N, C);
+        be->matmul_fwd(be, out, a->lora_t[i], p->lora_b[i], NULL, N, m->cfg.peft.lora_rank, OC);
+        be->matmul_fwd_add(be, out, inp, linear_weight(m, l, i, w, C, OC), b, out, 1.0f, N, C, OC);
+        return;
+    }
     if (!plain_product(m, w, N))
         be->qmatmul_fwd(be, out, inp, m->w.layer[l].qw[i], m->cfg.quant, b, N, C, OC);
     else
@@ -112,7 +129,8 @@ void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out
 static void lora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp, int N,
                      int C, int OC);
 
-/* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter. */
+/* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter.
+ * dinp NULL: no input gradient (the products for it are skipped). */
 void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db,
                        const void *dout, const void *inp, const void *w, int N, int C, int OC) {
     glm_backend *be = m->be;
@@ -157,6 +175,7 @@ static void lora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, 
     }
     /* dropout: du through the same mask (lora_u, free again once dA is done) */
     be->matmul_bwd(be, NULL, g->lora_a[i], NULL, dt, u, p->lora_a[i], N, C, r, 0);
+    if (!dinp) return;
     be->matmul_bwd(be, m->lora_u, NULL, NULL, dt, NULL, p->lora_a[i], N, C, r, 0);
     be->mask_scale(be, m->lora_u, m->lora_u, (size_t)N * C, 1.0f, m->cfg.peft.lora_dropout, lora_seed(m, l, i));
     be->scale_add(be, dinp, 1.0f, m->lora_u, dinp, (size_t)N * C);

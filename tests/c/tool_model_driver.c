@@ -7,7 +7,9 @@
  *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
  *     [--quantization_bit 4|8] [--quantization_type int|nf4]  (the frozen linear weights quantized)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
- * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab).
+ * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab);
+ * "norm_bwd" [1] counts the first step's norm backward calls (the backward stops at the lowest
+ * layer that trains, and skips that layer's input gradient over a frozen embedding).
  * LoRA adapters come from --adapter (a peft folder, or a safetensors file holding the row names
  * without peft's prefix), else glm_model_init_adapters(adapter_seed). P-Tuning v2's prefix
  * encoder (transformer.prefix_encoder.*) comes from --adapter FILE (a safetensors file with
@@ -25,6 +27,24 @@
 #include "optim/adamw.h"
 
 static int die(glm_err *e) { glm_err_print(e); return 1; }
+
+/* The CPU backend's norm backward ops, wrapped to count their calls (this tool only). */
+static struct {
+    void (*ln)(glm_backend *, void *, void *, void *, const void *, const void *, const void *, const float *,
+               const float *, int, int);
+    void (*rms)(glm_backend *, void *, void *, const void *, const void *, const void *, const float *, int, int);
+    int calls;
+} norm_count;
+static void counted_ln_bwd(glm_backend *be, void *dx, void *dw, void *db, const void *dout, const void *x,
+                           const void *w, const float *mean, const float *rstd, int N, int C) {
+    norm_count.calls++;
+    norm_count.ln(be, dx, dw, db, dout, x, w, mean, rstd, N, C);
+}
+static void counted_rms_bwd(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                            const float *rstd, int N, int C) {
+    norm_count.calls++;
+    norm_count.rms(be, dx, dw, dout, x, w, rstd, N, C);
+}
 
 /* Reads {"input_ids": [[..]], "labels": [[..]]} into a right-padded batch. */
 static int read_batch(const char *path, const glm_config *c, glm_batch *b, glm_err *err) {
@@ -115,6 +135,10 @@ int main(int argc, char **argv) {
     }
     if (glm_config_set_quant(&c, qbits, qtype, model, &err)) return die(&err);
     glm_backend *be = glm_backend_cpu();
+    norm_count.ln = be->layernorm_bwd;
+    norm_count.rms = be->rmsnorm_bwd;
+    be->layernorm_bwd = counted_ln_bwd;
+    be->rmsnorm_bwd = counted_rms_bwd;
     glm_model m;
     glm_model_init(&m, &c, be);
     m.gradient_checkpointing = ckpt;
@@ -134,7 +158,7 @@ int main(int argc, char **argv) {
     size_t total = m.tab.total;
     float *grads = glm_malloc(total * sizeof(float)), *params = glm_malloc(total * sizeof(float));
     float *losses = glm_calloc(steps > 0 ? steps : 1, sizeof(float));
-    float loss0 = 0, norm0 = 0;
+    float loss0 = 0, norm0 = 0, norm_bwd = 0;
     glm_adamw opt;
     glm_adamw_init(&opt, &m, lr, b1, b2, eps, wd);
     int nsteps = steps > 0 ? steps : 1;
@@ -144,7 +168,7 @@ int main(int argc, char **argv) {
         float loss = (float)(sum / b.n_targets);
         double norm = glm_grad_norm(&m, 1.0f);
         if (s == 0) {
-            loss0 = loss; norm0 = (float)norm;
+            loss0 = loss; norm0 = (float)norm; norm_bwd = (float)norm_count.calls;
             be->download_f32(be, grads, m.grads, total);
         }
         losses[s] = loss;
@@ -156,10 +180,11 @@ int main(int argc, char **argv) {
     if (ftotal) be->download_f32(be, fparams, m.fparams, ftotal);
 
     int ne = 0;
-    st_entry *e = glm_calloc(2 * m.tab.n + m.ftab.n + 3, sizeof *e);
+    st_entry *e = glm_calloc(2 * m.tab.n + m.ftab.n + 4, sizeof *e);
     char (*names)[160] = glm_calloc(2 * m.tab.n + m.ftab.n, 160);
     e[ne++] = (st_entry){.name = "loss", .ndim = 1, .shape = {1}, .data = &loss0, .data_dtype = ST_F32, .file_dtype = ST_F32};
     e[ne++] = (st_entry){.name = "grad_norm", .ndim = 1, .shape = {1}, .data = &norm0, .data_dtype = ST_F32, .file_dtype = ST_F32};
+    e[ne++] = (st_entry){.name = "norm_bwd", .ndim = 1, .shape = {1}, .data = &norm_bwd, .data_dtype = ST_F32, .file_dtype = ST_F32};
     if (steps > 0) e[ne++] = (st_entry){.name = "losses", .ndim = 1, .shape = {steps}, .data = losses, .data_dtype = ST_F32, .file_dtype = ST_F32};
     for (int i = 0; i < m.tab.n; i++) {
         const glm_tensor *t = &m.tab.t[i];

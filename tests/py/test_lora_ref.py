@@ -292,6 +292,16 @@ def driver_case(driver, tmp, ci, name, shape, tied, lengths, o):
            else "trainable extra %s missing %s; frozen extra %s missing %s" % (
                sorted(set(have) - set(trainable))[:3], sorted(set(trainable) - set(have))[:3],
                sorted(set(fro) - set(want_frozen))[:3], sorted(set(want_frozen) - set(fro))[:3]))
+    # the backward stops where nothing below trains: at the lowest trainable layer, whose input
+    # gradient (and input LayerNorm's backward) only a trainable embedding or LayerNorm would need
+    emb = "transformer.word_embeddings.weight" in trainable
+    lt = sorted({int(k.split(".")[2]) for k in trainable if k.startswith("transformer.layers.")})
+    floor = 0 if emb else (lt[0] if lt else layers)
+    ln1 = emb or any(k.startswith("transformer.layers.%d.input_layernorm." % floor) for k in trainable)
+    want_norms = 1 + 2 * (layers - floor) - (0 if ln1 or floor == layers else 1)
+    report(name + "_backward_stops_at_lowest_trainable", int(got["norm_bwd"].item()) == want_norms,
+           "%d norm backward calls, want %d (lowest trainable layer %d of %d)" % (
+               int(got["norm_bwd"].item()), want_norms, floor, layers))
     e = abs(got["loss"].item() - ref["loss"]) / abs(ref["loss"])
     report(name + "_loss", e < TOL, "C %.7f torch %.7f rel %.1e" % (got["loss"].item(), ref["loss"], e))
     ok, txt = worst([(V.rel(got["grad/" + k], ref["grads"][k]) if "grad/" + k in got else float("inf"), k)

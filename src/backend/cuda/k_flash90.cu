@@ -368,13 +368,14 @@ __global__ void __launch_bounds__(FA90_NT, 1)
     int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BN;
     int ntiles = (Tq + BM - 1) / BM;
     bool summarised = ntiles <= FA90_MAXTILES;
-    if (summarised)
-        for (int tt = tid; tt < ntiles; tt += blockDim.x) {
-            Range r = row_range(false, 0, 0);
-            for (int i = tt * BM; i < min(Tq, tt * BM + BM); i++)
-                r = range_merge(r, row_range(true, lo[b * Tq + i], hi[b * Tq + i]));
+    if (summarised) /* a warp a tile, two rows a lane: the loads of all tiles in flight at once */
+        for (int tt = tid >> 5; tt < ntiles; tt += blockDim.x >> 5) {
+            int i0 = tt * BM + lane, i1 = i0 + 32;
+            Range r = range_merge(row_range(i0 < Tq, i0 < Tq ? lo[b * Tq + i0] : 0, i0 < Tq ? hi[b * Tq + i0] : 0),
+                                  row_range(i1 < Tq, i1 < Tq ? lo[b * Tq + i1] : 0, i1 < Tq ? hi[b * Tq + i1] : 0));
+            r = warp_range(r);
             if (tt * BM + BM > Tq) r.minhi = -1; /* zero-filled rows past the end: always mask */
-            tiles[tt] = r;
+            if (lane == 0) tiles[tt] = r;
         }
     if (tid == 0) { /* a stage is full when the loading warp's 32 lanes wrote its scalars and its tiles landed */
         mbar_init(bkv, 1);
