@@ -271,7 +271,9 @@ __global__ void __launch_bounds__(FA90_NT, 1)
     __shared__ Range wr[8];
     uint32_t bq = smem_addr(&bars[0]), bfull = bq + 8, bempty = bfull + 8 * NST;
     int tid = threadIdx.x, wg = tid >> 7, ct = tid - 128, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * BM;
+    /* query blocks from the last (under causal and prefix masks the longest) to the first, so
+     * the grid's tail is the short blocks */
+    int h = blockIdx.x, b = blockIdx.y, m0 = (int)(gridDim.z - 1 - blockIdx.z) * BM;
     int r0 = m0 + (ct >> 5) * 16 + g, r1 = r0 + 8; /* a computing thread's two rows */
     int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
     Range R = row_range(false, 0, 0);
@@ -365,7 +367,8 @@ __global__ void __launch_bounds__(FA90_NT, 1)
     __shared__ Range tiles[FA90_MAXTILES];
     uint32_t bkv = smem_addr(&bars[0]), bfull = bkv + 8, bempty = bfull + 8 * NST;
     int tid = threadIdx.x, wg = tid >> 7, ct = tid - 128, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    int b = blockIdx.z, h = blockIdx.y, j0 = blockIdx.x * BN;
+    /* key blocks from the first (under causal and prefix masks seen by the most queries) on */
+    int h = blockIdx.x, b = blockIdx.y, j0 = blockIdx.z * BN;
     int ntiles = (Tq + BM - 1) / BM;
     bool summarised = ntiles <= FA90_MAXTILES;
     if (summarised) /* a warp a tile, two rows a lane: the loads of all tiles in flight at once */
@@ -584,7 +587,7 @@ static int fwd90_t(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_
         return 0;
     size_t smem = (size_t)(128 + 4 * 128) * HD * 2 + 1024;
     smem_attr90(flash90_fwd_kernel<T, HD>, smem);
-    flash90_fwd_kernel<T, HD><<<dim3((Tq + 127) / 128, NH, B), FA90_NT, smem, st>>>(
+    flash90_fwd_kernel<T, HD><<<dim3(NH, B, (Tq + 127) / 128), FA90_NT, smem, st>>>(
         (T *)out, lse, tq, tk, tv, glm_view_group(k), lo, hi, Tq, NH, scale * FA_LOG2E);
     GLMK_CHECK_LAUNCH();
     return 1;
@@ -616,7 +619,7 @@ static int bwd90_t(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view 
     size_t smem = (size_t)(2 * 128 + 6 * 64) * HD * 2 + 2 * 128 * 64 * 2 + 1024;
     smem_attr90(flash90_dkdv_kernel<T, HD>, smem);
     GLMK_CHECK(cudaMemsetAsync(dqacc, 0, (size_t)B * Tq * NH * HD * sizeof(float), st));
-    flash90_dkdv_kernel<T, HD><<<dim3((Tk + 127) / 128, NH, B), FA90_NT, smem, st>>>(
+    flash90_dkdv_kernel<T, HD><<<dim3(NH, B, (Tk + 127) / 128), FA90_NT, smem, st>>>(
         dk, dv, dqacc, lse, D, tq, tdo, tk, tv, glm_view_group(k), lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
     GLMK_CHECK_LAUNCH();
     size_t n = (size_t)B * Tq * NH * (HD / 8);
