@@ -11,7 +11,6 @@
 
 #define LORA_MAX_RANK 16
 #define LORA_BATCH 4 /* rows a backward thread loads at once (8: more registers, fewer warps, slower) */
-#define LORA_RG 4    /* row groups of a backward block: the threads of a pack of columns split a block's rows */
 
 /* Bit e set: element off + e of the P from off (a multiple of 4) is kept. */
 template <int P>
@@ -103,6 +102,7 @@ __global__ void __launch_bounds__(512) lora_down_rows_kernel(T *__restrict__ t, 
     static_assert(P == 8, "a pack is 16 bytes of a 2-byte type");
     extern __shared__ float4 sa4[];
     int packs = C / P;
+#pragma unroll 8 /* several of a's loads in flight at once */
     for (int k = threadIdx.x; k < R * packs; k += blockDim.x) {
         int j = k / packs, pk = k % packs;
         float v[P];
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(512) lora_down_rows_kernel(T *__restrict__ t, 
 #define LORA_ROWS_SMEM (160 * 1024)
 
 /* The backward, one pack of columns a thread (thread k of the grid's x) over the rows
- * [blockIdx.y * rows, + rows), every LORA_RG-th of them (threadIdx.y the first);
+ * [blockIdx.y * rows, + rows);
  *   DA: part[blockIdx.y][j][c] = sum over the rows of dt[n, j] u[n, c] (fp32 partial sums of da)
  *   DX: dx[n, c] += (kept ? 1/(1-p) : 0) * sum_j dt[n, j] a[j, c] */
 template <typename T, int R, bool DA, bool DX>
@@ -166,8 +166,6 @@ __global__ void lora_bwd_kernel(float *__restrict__ part, T *__restrict__ dx, co
                                 float ks, uint32_t th, uint64_t seed, bool drop) {
     constexpr int P = Pack<T>::N;
     __shared__ float sdt[32][R];
-    __shared__ float red[LORA_RG - 1][P][64]; /* the other row groups' da sums, a rank at a time */
-    int ty = threadIdx.y, tid = ty * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
     int pk = blockIdx.x * blockDim.x + threadIdx.x, c = pk * P;
     int nb = blockIdx.y * rows, ne = min(N, nb + rows);
     float acc[DA ? R : 1][P];
@@ -183,7 +181,7 @@ __global__ void lora_bwd_kernel(float *__restrict__ part, T *__restrict__ dx, co
     }
     for (int n0 = nb; n0 < ne; n0 += 32) {
         __syncthreads();
-        for (int k = tid; k < 32 * R; k += nt) {
+        for (int k = threadIdx.x; k < 32 * R; k += blockDim.x) {
             int i = k / R, j = k % R, n = n0 + i;
             sdt[i][j] = n < ne && j < r ? to_f(dt[(size_t)n * r + j]) : 0.0f;
         }
@@ -192,18 +190,17 @@ __global__ void lora_bwd_kernel(float *__restrict__ part, T *__restrict__ dx, co
         int m = min(32, ne - n0);
         /* LORA_BATCH rows' packs loaded before any is used (dx's stores would otherwise wait
          * each next row's loads) */
-        for (int i0 = ty; i0 < m; i0 += LORA_BATCH * LORA_RG) {
+        for (int i0 = 0; i0 < m; i0 += LORA_BATCH) {
             Pack<T> px[LORA_BATCH], pd[LORA_BATCH];
 #pragma unroll
             for (int u = 0; u < LORA_BATCH; u++) {
-                int i = i0 + u * LORA_RG;
-                size_t off = (size_t)(n0 + i) * C + c;
-                if (i < m && DA) px[u] = ld_pack(x + off);
-                if (i < m && DX) pd[u] = ld_pack(dx + off);
+                size_t off = (size_t)(n0 + i0 + u) * C + c;
+                if (i0 + u < m && DA) px[u] = ld_pack(x + off);
+                if (i0 + u < m && DX) pd[u] = ld_pack(dx + off);
             }
 #pragma unroll
             for (int u = 0; u < LORA_BATCH; u++) {
-                int i = i0 + u * LORA_RG;
+                int i = i0 + u;
                 if (i >= m) break;
                 size_t off = (size_t)(n0 + i) * C + c;
                 uint32_t kb = keep_bits<P>(seed, off, th, drop);
@@ -226,26 +223,12 @@ __global__ void lora_bwd_kernel(float *__restrict__ part, T *__restrict__ dx, co
             }
         }
     }
-    /* the row groups' sums into group 0's, then its partial sums out */
-    if constexpr (DA) {
 #pragma unroll
-        for (int j = 0; j < R; j++) {
-            if (j >= r) break; /* block-uniform */
-            __syncthreads();
-            if (ty > 0)
+    for (int j = 0; j < R; j++) {
+        if (!DA || c >= C || j >= r) break;
+        float *p = part + ((size_t)blockIdx.y * r + j) * C + c;
 #pragma unroll
-                for (int e = 0; e < P; e++) red[ty - 1][e][threadIdx.x] = acc[j][e];
-            __syncthreads();
-            if (ty > 0 || c >= C) continue;
-            float *p = part + ((size_t)blockIdx.y * r + j) * C + c;
-#pragma unroll
-            for (int e = 0; e < P; e++) {
-                float v = acc[j][e];
-#pragma unroll
-                for (int g = 0; g < LORA_RG - 1; g++) v += red[g][e][threadIdx.x];
-                p[e] = v;
-            }
-        }
+        for (int e = 0; e < P; e++) p[e] = acc[j][e];
     }
 }
 
@@ -320,7 +303,7 @@ extern "C" int glmk_lora_down_bwd(glm_dtype dt, void *da, void *dx, const void *
     G = (N + rows - 1) / rows;
     dim3 grid((unsigned)cb, (unsigned)G);
 #define LORA_BWD(R, DA, DX)                                                                                           \
-    lora_bwd_kernel<T, R, DA, DX><<<grid, dim3(64, LORA_RG), 0, st>>>(scratch, (T *)dx, (const T *)dtv, (const T *)x, (const T *)a, N, C, \
+    lora_bwd_kernel<T, R, DA, DX><<<grid, 64, 0, st>>>(scratch, (T *)dx, (const T *)dtv, (const T *)x, (const T *)a, N, C, \
                                                        r, rows, ks, th, seed, p > 0)
     /* da's pass, then dx's: one pass doing both would hold a's columns and da's sums in one
      * thread's registers (about 230 at rank 8: a quarter of the warps a multiprocessor holds) */
