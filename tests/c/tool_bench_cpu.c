@@ -1,9 +1,11 @@
 /* make bench-cpu: forward+backward (+ AdamW) tokens/s of a small GLM on the CPU backend
  * (hidden 256, 4 layers, 8 heads, MLP 1024, vocab 8192, batch 4 x seq 128, half prompt /
- * half answer), so later changes to the CPU kernels can be compared. */
+ * half answer), so later changes to the CPU kernels can be compared.
+ *   tool_bench_cpu [ITERS] [freeze N]   (freeze: the last N layers train, LLaMA-Factory's mode) */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "backend/backend.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -16,6 +18,7 @@ int main(int argc, char **argv) {
     c.vocab_size = 8192; c.hidden_size = 256; c.num_layers = 4; c.num_attention_heads = 8; c.inner_hidden_size = 1024;
     c.bos_token_id = 8004; c.eos_token_id = 8005; c.mask_token_id = 8000; c.gmask_token_id = 8001; c.pad_token_id = 3;
     c.tie_word_embeddings = 0;
+    if (argc > 3 && strcmp(argv[2], "freeze") == 0) c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = atoi(argv[3])};
     glm_backend *be = glm_backend_cpu();
     glm_model m;
     glm_model_init(&m, &c, be);
