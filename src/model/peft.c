@@ -134,7 +134,8 @@ static void lora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, 
 void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db,
                        const void *dout, const void *inp, const void *w, int N, int C, int OC) {
     glm_backend *be = m->be;
-    be->matmul_bwd(be, dinp, dw, db, dout, inp, linear_weight(m, l, i, w, C, OC), N, C, OC, 0);
+    if (dinp || dw || db) /* else a quantized weight is not even dequantized */
+        be->matmul_bwd(be, dinp, dw, db, dout, inp, linear_weight(m, l, i, w, C, OC), N, C, OC, 0);
     lora_bwd(m, l, i, a, dinp, dout, inp, N, C, OC);
 }
 
