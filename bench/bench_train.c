@@ -21,11 +21,14 @@
  * tokens/s (all B*T tokens), MFU = tok/s * F / 989e12 with N = all parameters of the model
  * (trainable + frozen) and
  *   full fine-tuning:  F = 6N + 12 L H T   (the formula of docs/PERF.md)
- *   LoRA and freeze:   F = 4N + 12 L H T   (the work that is needed: forward 2N and the input
+ *   LoRA, P-Tuning:    F = 4N + 12 L H T   (the work that is needed: forward 2N and the input
  *                      gradients 2N; no weight gradients of the frozen base; attention's forward
  *                      and backward are the same as for full fine-tuning; the adapters' own
- *                      FLOPs, ~0.3% at r = 8, and freeze's weight gradients of its trainable
- *                      layers are not counted),
+ *                      FLOPs, ~0.3% at r = 8, are not counted),
+ *   freeze (last n):   F = 2N + 4 N_l + 2 N_head + (4 L + 8 n) H T   (forward; backward only
+ *                      through the n trainable layers, N_l their parameters: input and weight
+ *                      gradients; the head's input gradient; attention forward in every layer,
+ *                      backward in the n),
  * peak GPU memory, time from the run's start (and from the process start) to the end of its
  * first step, and the step-time split from one profiled step. The label names the fine-tuning
  * kind: 512x8+lora8 (query_key_value), 512x8+lora8all (all four), 512x4+ckpt+lora8,
@@ -283,6 +286,13 @@ int main(int argc, char **argv) {
         double tok = (double)B * T / med;
         double n_all = (double)m.tab.n_params + (double)m.ftab.n_params + (double)m.qtab.n_params; /* all rows */
         double flops_tok = (peft ? 4.0 : 6.0) * n_all + 12.0 * c.num_layers * c.hidden_size * (double)T;
+        if (freeze > 0) {
+            double n_l = 0;
+            for (int i = 0; i < m.tab.n; i++)
+                if (m.tab.t[i].layer >= 0) n_l += (double)m.tab.t[i].numel;
+            flops_tok = 2.0 * n_all + 4.0 * n_l + 2.0 * (double)c.vocab_size * c.hidden_size +
+                        (4.0 * c.num_layers + 8.0 * freeze) * c.hidden_size * (double)T;
+        }
         double mfu = tok * flops_tok / 989e12;
         char label[64];
         snprintf(label, sizeof label, "%dx%d%s%s%s%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : ck == 's' ? "+sel" : "", m.head_chunk != 256 ? "+hc" : "",

@@ -11,6 +11,7 @@
 #   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail (the per-op profile)
 #   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
+#   freeze  bench_train --freeze 2 W1 and bench/pytorch_lora.py --freeze 2 in the same call
 #   lora-detail, glm2-detail   the per-op profile of LoRA r=8 W1 / ChatGLM2 full W1
 #   glm2    bench_train --family chatglm2: W1 and W2 full fine-tuning, W1 LoRA r=8
 #   torch, torch-lora, torch-glm2   the PyTorch baselines of train, lora and glm2 (same runs)
@@ -41,6 +42,10 @@ for mode in "${@:-check attn}"; do
         grep -A45 "per-op" "$OUT/logs/train-wgmma.txt" >"$OUT/logs/profile-train-wgmma.txt" ;;
     train-mma) run_capped "train-mma" 120 40 env GLM_CUDA_ATTN=mma "$B/bench_train" --runs 512x8,2048x2 --out "$OUT/attn90-train-mma.jsonl" ;;
     lora) run_capped "lora" 120 40 "$B/bench_train" --lora 8 --runs 512x8,2048x2 --out "$OUT/attn90-lora.jsonl" ;;
+    freeze) # the last 2 layers train (LLaMA-Factory's freeze), ours then PyTorch's, W1
+        run_capped "freeze" 90 20 "$B/bench_train" --freeze 2 --runs 512x8 --out "$OUT/attn90-freeze.jsonl"
+        run_capped "torch-freeze" 150 60 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --freeze 2 --runs 512x8 \
+            --out "$OUT/attn90-torch-freeze.jsonl" ;;
     lora-detail)
         run_capped "lora-detail" 120 40 "$B/bench_train" --lora 8 --runs 512x8 --detail --out "$OUT/attn90-lora.jsonl"
         grep -A45 "per-op" "$OUT/logs/lora-detail.txt" >"$OUT/logs/profile-lora.txt" ;;

@@ -47,6 +47,11 @@ scalar loop, |w - dequant(q)| <= s/2, and a 2-layer fp32 model with --base_quant
 states and loss, and the LoRA gradients (B made nonzero), to 1e-4; without --no-compile also the
 compiled dequantize bit for bit and the compiled blocks against the float model.
 
+--freeze N (instead of LoRA): LLaMA-Factory's freeze mode for `bench_train --freeze N`: every
+tensor of the last N layers trains, upcast to fp32 (as LLaMA-Factory upcasts trainable
+parameters), under the same bf16 autocast; the rest stays frozen bf16, so autograd's backward
+ends at the lowest trainable layer. MFU uses the LoRA formula (tokens/s is the comparison).
+
 --ptuning P (instead of LoRA; with --lora it is an error): THUDM's P-Tuning v2 as
 modeling_chatglm.py's PrefixEncoder without prefix_projection. No adapters; the one trainable
 parameter is the prefix embedding [P, 2 L H] (fp32 under bf16 autocast, as THUDM's ptuning main.py
@@ -235,7 +240,10 @@ class FrozenLN(nn.Module):
         self.bias = frozen((n,), dev, dtype, fill=0.0)
 
     def forward(self, x):
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, 1e-5)
+        w, b = self.weight, self.bias
+        if w.dtype != x.dtype and not x.is_cuda:  # --freeze's fp32 norms: CPU autocast leaves layer_norm alone
+            w, b = w.to(x.dtype), b.to(x.dtype)
+        return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
 
 
 class Block(nn.Module):
@@ -375,6 +383,11 @@ def bench_run(a, run, dev, dtype, alpha, targets, cuda):
     model = GLMLora(a.layers, dev, dtype, a.lora, alpha, a.lora_dropout, targets, bits, a.quant_eager,
                     a.ptuning, a.prefix_dropout)
     model.ckpt = ck
+    if a.freeze:  # LLaMA-Factory's freeze: every tensor of the last N layers trains, upcast to fp32
+        for blk in model.blocks[-a.freeze:]:
+            for mod in blk.modules():
+                for name, p in list(mod.named_parameters(recurse=False)):
+                    setattr(mod, name, nn.Parameter(p.detach().float(), requires_grad=True))
     if not a.no_compile:
         for blk in model.blocks:
             blk.compile()
@@ -411,12 +424,13 @@ def bench_run(a, run, dev, dtype, alpha, targets, cuda):
     flops_tok = 4 * n_all + 12 * a.layers * PB.H * T
     mfu = tok * flops_tok / 989e12
     # the fine-tuning kind as bench_train names it (its "ft" field and label suffix)
-    ft = f"ptuning{a.ptuning}" if a.ptuning else f"lora{a.lora}{'' if a.lora_target == 'qkv' else a.lora_target}"
+    ft = (f"ptuning{a.ptuning}" if a.ptuning else f"freeze{a.freeze}" if a.freeze
+          else f"lora{a.lora}{'' if a.lora_target == 'qkv' else a.lora_target}")
     if a.ptuning:
         assert n_train == a.ptuning * 2 * a.layers * PB.H, n_train
     res = dict(impl="pytorch-lora", run=f"{T}x{B}{'+ckpt' if ck else ''}+{ft}{'+' + a.base_quant if bits else ''}",
                seq=T, batch=B, ckpt=int(ck), ft=ft, lora_rank=a.lora,
-               lora_target=None if a.ptuning else a.lora_target, pre_seq_len=a.ptuning,
+               lora_target=None if a.ptuning or a.freeze else a.lora_target, freeze=a.freeze, pre_seq_len=a.ptuning,
                prefix_dropout=a.prefix_dropout if a.ptuning else None, base_quant=a.base_quant,
                quant_eager=bool(bits and a.quant_eager), compile=not a.no_compile, step_ms=med * 1e3,
                tok_s=tok, mfu=mfu, flops_per_token=flops_tok, first_step_s=first, loss=float(loss),
@@ -660,6 +674,8 @@ def main():
     ap.add_argument("--lora_dropout", type=float, default=0.05)
     ap.add_argument("--ptuning", type=int, default=0, metavar="P",
                     help="P-Tuning v2 (THUDM, no prefix_projection) with pre_seq_len P instead of LoRA")
+    ap.add_argument("--freeze", type=int, default=0, metavar="N",
+                    help="instead of LoRA: the last N layers train (LLaMA-Factory's freeze mode, fp32 masters)")
     ap.add_argument("--prefix_dropout", type=float, default=0.1, help="P-Tuning's dropout on the prefix keys/values")
     ap.add_argument("--base_quant", default="none", choices=list(QBITS),
                     help="store the four linear weights of every layer int8 / int4 (THUDM's scheme)")
@@ -678,8 +694,12 @@ def main():
         ap.error("--ptuning and --lora exclude each other")
     if a.ptuning < 0 or not 0 <= a.prefix_dropout < 1:
         ap.error("--ptuning must be >= 0 and --prefix_dropout in [0, 1)")
-    a.lora = 0 if a.ptuning else 8 if a.lora is None else a.lora
-    if a.steps < 1 or (not a.ptuning and a.lora < 1):
+    if a.freeze and (a.ptuning or a.lora is not None or a.base_quant != "none"):
+        ap.error("--freeze excludes --lora, --ptuning and --base_quant")
+    if not 0 <= a.freeze <= a.layers:
+        ap.error("--freeze N needs 0 <= N <= --layers")
+    a.lora = 0 if a.ptuning or a.freeze else 8 if a.lora is None else a.lora
+    if a.steps < 1 or (not a.ptuning and not a.freeze and a.lora < 1):
         ap.error("--steps and --lora must be >= 1")
     if not a.no_compile and not hasattr(nn.Module, "compile"):
         ap.error(f"torch {torch.__version__} has no nn.Module.compile; use --no-compile")
@@ -702,6 +722,7 @@ def main():
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 2 * a.layers + 8))
     peft = (f"P-Tuning v2 pre_seq_len={a.ptuning} prefix dropout={a.prefix_dropout:g} "
             f"({a.ptuning * 2 * a.layers * PB.H} trainable)" if a.ptuning else
+            f"freeze: the last {a.freeze} layers train" if a.freeze else
             f"LoRA r={a.lora} alpha={alpha:g} dropout={a.lora_dropout:g} on {','.join(targets)}")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if cuda else 'CPU'}: {peft}, base "
           f"{'bf16' if a.base_quant == 'none' else a.base_quant + ' (qkv,dense,fc1,fc2)'}"

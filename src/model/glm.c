@@ -275,19 +275,46 @@ void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a) {
     *a = (glm_layer_acts){0};
 }
 
-/* Activation sets: one per layer without checkpointing, one reused by every layer with full
- * checkpointing, and with selective checkpointing one per layer plus the shared set at the end. */
+/* Whether any row of trainable table tab belongs to layer l (a weight, a norm or an adapter). */
+static int table_layer_trains(const glm_table *tab, int l) {
+    for (int i = 0; i < tab->n; i++)
+        if (tab->t[i].layer == l) return 1;
+    return 0;
+}
+
+/* The lowest of layers [l0, l1) whose backward matters, for trainable table tab. On the first
+ * stage over a frozen embedding, nothing below the lowest trainable layer wants a gradient
+ * (freeze mode: the last N layers), unless P-Tuning's prefix, which every layer's attention
+ * feeds, trains. The model and its memory plan both ask this. */
+static int table_backward_floor(const glm_table *tab, const glm_config *c, int l0, int l1, int first) {
+    if (!first || glm_table_get(tab, -1, T_WORD_EMB) || c->peft.pre_seq_len > 0) return l0;
+    int l = l0;
+    while (l < l1 && !table_layer_trains(tab, l)) l++;
+    return l;
+}
+static int backward_floor(const glm_model *m) {
+    return table_backward_floor(&m->tab, &m->cfg, m->layer_lo, m->layer_hi, m->first);
+}
+
+/* Activation sets, for the floor f = m->act_floor: without checkpointing one per layer of
+ * [f, layer_hi); with selective checkpointing those plus the set they share (index
+ * layer_hi - f); one reused by every layer with full checkpointing. Below the floor, where no
+ * backward runs, the layers share one more set, the last. */
+static int below_floor(const glm_model *m) {
+    return m->gradient_checkpointing != GLM_CKPT_FULL && m->act_floor > m->layer_lo;
+}
 static int act_sets(const glm_model *m) {
-    int nl = m->layer_hi - m->layer_lo;
-    return m->gradient_checkpointing == GLM_CKPT_FULL ? 1 : m->gradient_checkpointing == GLM_CKPT_SELECTIVE ? nl + 1 : nl;
+    int nk = m->layer_hi - m->act_floor;
+    if (m->gradient_checkpointing == GLM_CKPT_FULL) return 1;
+    return (m->gradient_checkpointing == GLM_CKPT_SELECTIVE ? nk + 1 : nk) + below_floor(m);
 }
 
 static void free_acts(glm_model *m) {
     glm_backend *be = m->be;
     if (!m->acts) return;
-    int nsets = act_sets(m);
-    if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE) /* the shared buffers are freed once, with the last set */
-        for (int l = 0; l < nsets - 1; l++) m->acts[l].x = m->acts[l].ctx = m->acts[l].y = m->acts[l].act = NULL;
+    int nsets = act_sets(m), nk = m->layer_hi - m->act_floor;
+    if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE) /* the shared buffers are freed once, with their set */
+        for (int l = 0; l < nk; l++) m->acts[l].x = m->acts[l].ctx = m->acts[l].y = m->acts[l].act = NULL;
     for (int l = 0; l < nsets; l++) glm_layer_acts_free(m, &m->acts[l]);
     free(m->acts);
     for (int l = 0; l <= m->layer_hi - m->layer_lo; l++) be->free(be, m->resid[l]);
@@ -409,8 +436,11 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     double W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
     double per_set = N * ((3 * H + A + W + F1 + F + adapters * (double)c->peft.lora_rank) * es + (4 + NH) * 4);
     double rebuilt = N * (2 * H + A + F) * es; /* x, ctx, y, act: what selective checkpointing shares */
+    /* as act_sets: the layers from the backward's floor up keep theirs; those below share one */
+    int nk = l1 - table_backward_floor(&tab, c, l0, l1, embed), below = nk < nl;
     double sets = ckpt == GLM_CKPT_FULL ? (nl > 0) * per_set
-                  : ckpt == GLM_CKPT_SELECTIVE ? nl * (per_set - rebuilt) + (nl > 0) * rebuilt : nl * per_set;
+                  : (ckpt == GLM_CKPT_SELECTIVE ? nk * (per_set - rebuilt) + (nk > 0) * rebuilt : nk * per_set) +
+                        below * per_set;
     p.activations = sets + (nl + 1) * N * H * es;
     p.scratch = N * H * es * 5 /* lnf_out, d_a, d_b, d_x, d_h1 */ + N * (A + W + F1) * es /* d_ctx, d_qkv, d_ff */ +
                 (c->family == GLM_FAMILY_GLM2 ? N * F * es : 0) /* d_act */ + N * 2 * 4 +
@@ -443,16 +473,18 @@ static void ensure_acts(glm_model *m, int B, int T) {
 #define S_BUF(n) be->alloc(be, (size_t)(n) * es)
 #define F_BUF(n) ((float *)be->alloc(be, (size_t)(n) * sizeof(float)))
 #define I_BUF(n) ((int32_t *)be->alloc(be, (size_t)(n) * sizeof(int32_t)))
-    int nl = m->layer_hi - m->layer_lo, nsets = act_sets(m);
+    m->act_floor = backward_floor(m);
+    int nl = m->layer_hi - m->layer_lo, nk = m->layer_hi - m->act_floor, nsets = act_sets(m);
     m->acts = glm_calloc(nsets, sizeof *m->acts);
     if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE) {
-        glm_layer_acts *shared = &m->acts[nsets - 1];
+        glm_layer_acts *shared = &m->acts[nk];
         acts_alloc_rebuilt(m, shared, N);
-        for (int l = 0; l < nl; l++) {
+        for (int l = 0; l < nk; l++) {
             glm_layer_acts *a = &m->acts[l];
             acts_alloc_kept(m, a, N);
             a->x = shared->x; a->ctx = shared->ctx; a->y = shared->y; a->act = shared->act;
         }
+        if (below_floor(m)) glm_layer_acts_alloc(m, &m->acts[nsets - 1], N);
     } else {
         for (int l = 0; l < nsets; l++) glm_layer_acts_alloc(m, &m->acts[l], N);
     }
@@ -558,7 +590,8 @@ static void layer_recompute(glm_model *m, int l, glm_layer_acts *a, const void *
 }
 
 static glm_layer_acts *acts_for(glm_model *m, int l) {
-    return m->gradient_checkpointing == GLM_CKPT_FULL ? &m->acts[0] : &m->acts[l - m->layer_lo];
+    if (m->gradient_checkpointing == GLM_CKPT_FULL) return &m->acts[0];
+    return l < m->act_floor ? &m->acts[act_sets(m) - 1] : &m->acts[l - m->act_floor];
 }
 /* input of global layer l (l = layer_hi: the stage's output) */
 static void *resid(glm_model *m, int l) { return m->resid[l - m->layer_lo]; }
@@ -660,23 +693,6 @@ static void begin(glm_model *m, int u) {
     if (lo != SIZE_MAX) begin_unit(m, lo);
 }
 
-/* Whether any tensor of layer l trains (a weight, a norm or an adapter). */
-static int layer_trains(const glm_model *m, int l) {
-    for (int i = 0; i < m->tab.n; i++)
-        if (m->tab.t[i].layer == l) return 1;
-    return 0;
-}
-
-/* The lowest layer whose backward matters. On the first stage over a frozen embedding, nothing
- * below the lowest trainable layer wants a gradient (freeze mode: the last N layers), unless
- * P-Tuning's prefix, which every layer's attention feeds, trains. */
-static int backward_floor(const glm_model *m) {
-    if (!m->first || glm_table_get(&m->tab, -1, T_WORD_EMB) || m->cfg.peft.pre_seq_len > 0) return m->layer_lo;
-    int l = m->layer_lo;
-    while (l < m->layer_hi && !layer_trains(m, l)) l++;
-    return l;
-}
-
 /* Layer l's input gradient is wanted: by the layer below, the embedding or the previous stage,
  * or by the layer's own input norm when it trains. */
 static int wants_input_grad(const glm_model *m, int l, int floor) {
@@ -711,7 +727,7 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         be->copy(be, m->d_b, dh_out, bytes);
     }
     void *dcur = m->d_b, *dnext = m->d_a;
-    int floor = backward_floor(m);
+    int floor = m->act_floor; /* backward_floor(m), as ensure_acts found it */
     for (int l = m->layer_hi - 1; l >= floor; l--) {
         glm_layer_acts *a = acts_for(m, l);
         need(m, l);

@@ -108,7 +108,10 @@ typedef struct glm_model {
     int layer_lo, layer_hi, first, last;
     /* activation buffers, sized for cap_tokens tokens at cap_T per row */
     int cap_tokens, cap_B, cap_T;
-    glm_layer_acts *acts;   /* [layer_hi - layer_lo], or [1] scratch with gradient checkpointing */
+    /* activation sets (glm.c act_sets): one per layer from the backward's floor up, the layers
+     * below it (whose backward never runs) sharing one more; [1] with full checkpointing */
+    glm_layer_acts *acts;
+    int act_floor;          /* the backward's floor the sets were made for (glm.c backward_floor) */
     void **resid;           /* [layer_hi - layer_lo + 1] inputs of layers lo..hi, each [N, H] */
     void *lnf_out;          /* [N, H] */
     float *lnf_mean, *lnf_rstd;
