@@ -298,15 +298,16 @@ static int backward_floor(const glm_model *m) {
 
 /* Activation sets, for the floor f = m->act_floor: without checkpointing one per layer of
  * [f, layer_hi); with selective checkpointing those plus the set they share (index
- * layer_hi - f); one reused by every layer with full checkpointing. Below the floor, where no
- * backward runs, the layers share one more set, the last. */
+ * layer_hi - f, when there are such layers); one reused by every layer with full
+ * checkpointing. Below the floor, where no backward runs, the layers share one more set, the
+ * last (a pipeline's first stage may hold no trainable layer at all). */
 static int below_floor(const glm_model *m) {
     return m->gradient_checkpointing != GLM_CKPT_FULL && m->act_floor > m->layer_lo;
 }
 static int act_sets(const glm_model *m) {
     int nk = m->layer_hi - m->act_floor;
     if (m->gradient_checkpointing == GLM_CKPT_FULL) return 1;
-    return (m->gradient_checkpointing == GLM_CKPT_SELECTIVE ? nk + 1 : nk) + below_floor(m);
+    return (m->gradient_checkpointing == GLM_CKPT_SELECTIVE ? nk + (nk > 0) : nk) + below_floor(m);
 }
 
 static void free_acts(glm_model *m) {
@@ -477,12 +478,14 @@ static void ensure_acts(glm_model *m, int B, int T) {
     int nl = m->layer_hi - m->layer_lo, nk = m->layer_hi - m->act_floor, nsets = act_sets(m);
     m->acts = glm_calloc(nsets, sizeof *m->acts);
     if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE) {
-        glm_layer_acts *shared = &m->acts[nk];
-        acts_alloc_rebuilt(m, shared, N);
-        for (int l = 0; l < nk; l++) {
-            glm_layer_acts *a = &m->acts[l];
-            acts_alloc_kept(m, a, N);
-            a->x = shared->x; a->ctx = shared->ctx; a->y = shared->y; a->act = shared->act;
+        if (nk > 0) {
+            glm_layer_acts *shared = &m->acts[nk];
+            acts_alloc_rebuilt(m, shared, N);
+            for (int l = 0; l < nk; l++) {
+                glm_layer_acts *a = &m->acts[l];
+                acts_alloc_kept(m, a, N);
+                a->x = shared->x; a->ctx = shared->ctx; a->y = shared->y; a->act = shared->act;
+            }
         }
         if (below_floor(m)) glm_layer_acts_alloc(m, &m->acts[nsets - 1], N);
     } else {

@@ -325,6 +325,45 @@ static void test_freeze_activations(test_counts *tc) {
     }
 }
 
+/* Bytes the backward of a pipeline's first stage [0, 2) allocates when freeze mode trains only
+ * the last of 3 layers: the stage holds no trainable layer, every layer lies below the floor. */
+static double frozen_stage_bytes(int ckpt) {
+    glm_config c = micro_config(0);
+    c.num_layers = 3;
+    c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = 1};
+    glm_backend *be = glm_backend_cpu();
+    glm_model st;
+    glm_model_init_stage(&st, &c, be, 0, 2, 1, 0);
+    st.gradient_checkpointing = ckpt;
+    glm_model_init_random(&st, 9, 0.02f);
+    glm_rng rng;
+    glm_rng_seed(&rng, 13);
+    glm_batch b;
+    make_batch(&b, &c, &rng);
+    float *dh = calloc((size_t)b.B * b.T * c.hidden_size, sizeof(float));
+    real_alloc = be->alloc;
+    be->alloc = counting_alloc;
+    alloc_bytes = 0;
+    glm_stage_backward(&st, &b, NULL, dh, NULL, 1.0f / b.n_targets);
+    be->alloc = real_alloc;
+    free(dh);
+    glm_batch_free(&b);
+    glm_model_free(&st);
+    be->destroy(be);
+    return alloc_bytes;
+}
+
+static void test_frozen_stage(test_counts *tc) {
+    double none = frozen_stage_bytes(GLM_CKPT_NONE), sel = frozen_stage_bytes(GLM_CKPT_SELECTIVE);
+    glm_config c = micro_config(0);
+    c.num_layers = 3;
+    c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = 1};
+    double pn = glm_memory_plan_stage(&c, 0, 2, 1, 0, GLM_F32, 2, 12, GLM_CKPT_NONE, 256, NULL).activations;
+    double ps = glm_memory_plan_stage(&c, 0, 2, 1, 0, GLM_F32, 2, 12, GLM_CKPT_SELECTIVE, 256, NULL).activations;
+    TEST_CHECK(tc, "frozen_first_stage_one_activation_set", none > 0 && none == sel && pn == ps,
+               "allocated without checkpointing %.0f, selective %.0f; planned %.0f, %.0f", none, sel, pn, ps);
+}
+
 int main(void) {
     test_counts tc = {0};
     test_finite_differences(&tc, 0);
@@ -332,6 +371,7 @@ int main(void) {
     test_cached_matches_training(&tc);
     test_determinism(&tc);
     test_freeze_activations(&tc);
+    test_frozen_stage(&tc);
     test_stages_match_full(&tc, 0);
     test_stages_match_full(&tc, 1);
     TEST_EXIT(&tc);
