@@ -304,6 +304,13 @@ static int backward_floor(const glm_model *m) {
 static int below_floor(const glm_model *m) {
     return m->gradient_checkpointing != GLM_CKPT_FULL && m->act_floor > m->layer_lo;
 }
+/* The layer inputs resid[0 .. layer_hi - layer_lo]: one buffer each from the floor up; below
+ * it, where nothing reads them after the forward, resid[i] is buffer i % 2 of two taking turns
+ * (layer l reads one and writes the other). Returns how many distinct buffers there are. */
+static int resid_buffers(int l0, int l1, int floor) {
+    int below = floor - l0;
+    return l1 - floor + 1 + (below < 2 ? below : 2);
+}
 static int act_sets(const glm_model *m) {
     int nk = m->layer_hi - m->act_floor;
     if (m->gradient_checkpointing == GLM_CKPT_FULL) return 1;
@@ -318,7 +325,8 @@ static void free_acts(glm_model *m) {
         for (int l = 0; l < nk; l++) m->acts[l].x = m->acts[l].ctx = m->acts[l].y = m->acts[l].act = NULL;
     for (int l = 0; l < nsets; l++) glm_layer_acts_free(m, &m->acts[l]);
     free(m->acts);
-    for (int l = 0; l <= m->layer_hi - m->layer_lo; l++) be->free(be, m->resid[l]);
+    for (int i = 0; i <= m->layer_hi - m->layer_lo; i++)
+        if (i < 2 || i >= m->act_floor - m->layer_lo) be->free(be, m->resid[i]); /* the rest alias 0 and 1 */
     free(m->resid);
     void *ptrs[] = {m->lnf_out, m->lnf_mean, m->lnf_rstd, m->d_a, m->d_b, m->d_x, m->d_h1, m->d_ctx, m->d_qkv, m->d_ff,
                     m->d_act, m->head_in, m->logits, m->d_head_in, m->losses, m->bd.ids, m->bd.pos, m->bd.block_pos,
@@ -442,7 +450,7 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     double sets = ckpt == GLM_CKPT_FULL ? (nl > 0) * per_set
                   : (ckpt == GLM_CKPT_SELECTIVE ? nk * (per_set - rebuilt) + (nk > 0) * rebuilt : nk * per_set) +
                         below * per_set;
-    p.activations = sets + (nl + 1) * N * H * es;
+    p.activations = sets + resid_buffers(l0, l1, l1 - nk) * N * H * es;
     p.scratch = N * H * es * 5 /* lnf_out, d_a, d_b, d_x, d_h1 */ + N * (A + W + F1) * es /* d_ctx, d_qkv, d_ff */ +
                 (c->family == GLM_FAMILY_GLM2 ? N * F * es : 0) /* d_act */ + N * 2 * 4 +
                 (N < head_chunk ? N : head_chunk) * ((2 * H + V) * es + 4.0) + N * 7 * 4;
@@ -492,7 +500,8 @@ static void ensure_acts(glm_model *m, int B, int T) {
         for (int l = 0; l < nsets; l++) glm_layer_acts_alloc(m, &m->acts[l], N);
     }
     m->resid = glm_calloc(nl + 1, sizeof *m->resid);
-    for (int l = 0; l <= nl; l++) m->resid[l] = S_BUF(N * H);
+    for (int i = 0; i <= nl; i++)
+        m->resid[i] = i >= 2 && i < m->act_floor - m->layer_lo ? m->resid[i % 2] : S_BUF(N * H);
     m->lnf_out = S_BUF(N * H); m->lnf_mean = F_BUF(N); m->lnf_rstd = F_BUF(N);
     m->d_a = S_BUF(N * H); m->d_b = S_BUF(N * H); m->d_x = S_BUF(N * H); m->d_h1 = S_BUF(N * H);
     m->d_ctx = S_BUF(N * A); m->d_qkv = S_BUF(N * W); m->d_ff = S_BUF(N * F1);

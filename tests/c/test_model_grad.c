@@ -279,10 +279,10 @@ static void test_stages_match_full(test_counts *tc, int tie) {
     be->destroy(be);
 }
 
-/* Bytes the first forward/backward allocates when freeze mode trains the last n of 3 layers. */
+/* Bytes the first forward/backward allocates when freeze mode trains the last n of 5 layers. */
 static double freeze_alloc_bytes(int n, int ckpt) {
     glm_config c = micro_config(0);
-    c.num_layers = 3;
+    c.num_layers = 5;
     c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n};
     glm_backend *be = glm_backend_cpu();
     glm_model m;
@@ -306,21 +306,21 @@ static double freeze_alloc_bytes(int n, int ckpt) {
 }
 
 /* Below the lowest trainable layer no backward runs, so those layers share one activation
- * set; the plan counts what the model allocates. */
+ * set and two layer inputs; the plan counts what the model allocates. */
 static void test_freeze_activations(test_counts *tc) {
     const char *names[2] = {"freeze_below_floor_shares_activations", "freeze_below_floor_shares_activations_selective"};
     for (int k = 0; k < 2; k++) {
         int ckpt = k ? GLM_CKPT_SELECTIVE : GLM_CKPT_NONE;
-        double b1 = freeze_alloc_bytes(1, ckpt), b3 = freeze_alloc_bytes(3, ckpt);
+        double b1 = freeze_alloc_bytes(1, ckpt), b3 = freeze_alloc_bytes(5, ckpt);
         glm_config c = micro_config(0);
-        c.num_layers = 3;
+        c.num_layers = 5;
         c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = 1};
         glm_mem_plan p1 = glm_memory_plan(&c, GLM_F32, 2, 12, ckpt, 256);
-        c.peft.num_layer_trainable = 3;
+        c.peft.num_layer_trainable = 5;
         glm_mem_plan p3 = glm_memory_plan(&c, GLM_F32, 2, 12, ckpt, 256);
         double per_set = p3.activations - p1.activations;
         TEST_CHECK(tc, names[k], b3 > b1 && fabs((b3 - b1) - per_set) < 1 && per_set > 0,
-                   "allocated: 3 layers training %.0f, 1 layer %.0f; planned activations %.0f, %.0f", b3, b1,
+                   "allocated: 5 layers training %.0f, 1 layer %.0f; planned activations %.0f, %.0f", b3, b1,
                    p3.activations, p1.activations);
     }
 }
