@@ -110,12 +110,9 @@ static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
                           1.0f / sqrtf((float)HD));
     }
     rope(m, m->d_qkv, N, m->bd.pos, 1);
-    if (!dh_in) { /* the lowest layer that trains, over a frozen embedding */
-        glm_linear_bwd(m, l, 0, a, NULL, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, W);
-        return;
-    }
-    void *dx = m->d_x;
+    void *dx = dh_in ? m->d_x : NULL; /* none for the lowest layer that trains, over a frozen embedding */
     glm_linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, W);
+    if (!dh_in) return;
     /* x = RMSNorm1(h_in); h_in also feeds h1 directly */
     be->rmsnorm_bwd(be, dh_in, g->ln1_w, dx, h_in, p->ln1_w, a->ln1_rstd, N, H);
     be->scale_add(be, dh_in, 1.0f, m->d_h1, dh_in, NHs);

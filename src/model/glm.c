@@ -304,12 +304,15 @@ static int backward_floor(const glm_model *m) {
 static int below_floor(const glm_model *m) {
     return m->gradient_checkpointing != GLM_CKPT_FULL && m->act_floor > m->layer_lo;
 }
-/* The layer inputs resid[0 .. layer_hi - layer_lo]: one buffer each from the floor up; below
- * it, where nothing reads them after the forward, resid[i] is buffer i % 2 of two taking turns
- * (layer l reads one and writes the other). Returns how many distinct buffers there are. */
+/* The buffer layer input resid[i] uses (below = floor - layer_lo): its own from the floor up;
+ * below it, where nothing reads them after the forward, one of the first two in turn (layer l
+ * reads one and writes the other). */
+static int resid_slot(int i, int below) { return i >= 2 && i < below ? i % 2 : i; }
+/* how many distinct layer-input buffers layers [l0, l1) with that floor have */
 static int resid_buffers(int l0, int l1, int floor) {
-    int below = floor - l0;
-    return l1 - floor + 1 + (below < 2 ? below : 2);
+    int n = 0;
+    for (int i = 0; i <= l1 - l0; i++) n += resid_slot(i, floor - l0) == i;
+    return n;
 }
 static int act_sets(const glm_model *m) {
     int nk = m->layer_hi - m->act_floor;
@@ -326,7 +329,7 @@ static void free_acts(glm_model *m) {
     for (int l = 0; l < nsets; l++) glm_layer_acts_free(m, &m->acts[l]);
     free(m->acts);
     for (int i = 0; i <= m->layer_hi - m->layer_lo; i++)
-        if (i < 2 || i >= m->act_floor - m->layer_lo) be->free(be, m->resid[i]); /* the rest alias 0 and 1 */
+        if (resid_slot(i, m->act_floor - m->layer_lo) == i) be->free(be, m->resid[i]);
     free(m->resid);
     void *ptrs[] = {m->lnf_out, m->lnf_mean, m->lnf_rstd, m->d_a, m->d_b, m->d_x, m->d_h1, m->d_ctx, m->d_qkv, m->d_ff,
                     m->d_act, m->head_in, m->logits, m->d_head_in, m->losses, m->bd.ids, m->bd.pos, m->bd.block_pos,
@@ -500,8 +503,8 @@ static void ensure_acts(glm_model *m, int B, int T) {
         for (int l = 0; l < nsets; l++) glm_layer_acts_alloc(m, &m->acts[l], N);
     }
     m->resid = glm_calloc(nl + 1, sizeof *m->resid);
-    for (int i = 0; i <= nl; i++)
-        m->resid[i] = i >= 2 && i < m->act_floor - m->layer_lo ? m->resid[i % 2] : S_BUF(N * H);
+    for (int i = 0, s; i <= nl; i++)
+        m->resid[i] = (s = resid_slot(i, m->act_floor - m->layer_lo)) == i ? S_BUF(N * H) : m->resid[s];
     m->lnf_out = S_BUF(N * H); m->lnf_mean = F_BUF(N); m->lnf_rstd = F_BUF(N);
     m->d_a = S_BUF(N * H); m->d_b = S_BUF(N * H); m->d_x = S_BUF(N * H); m->d_h1 = S_BUF(N * H);
     m->d_ctx = S_BUF(N * A); m->d_qkv = S_BUF(N * W); m->d_ff = S_BUF(N * F1);

@@ -145,8 +145,28 @@ static void *counting_alloc(glm_backend *be, size_t bytes) {
     return real_alloc(be, bytes);
 }
 
+/* What the first forward/backward of m on make_batch's rows allocates (the activation sets and
+ * the backward's scratch): the whole model's, or a first stage's from a zero output gradient. */
+static double first_backward_bytes(glm_model *m, const glm_config *c) {
+    glm_backend *be = m->be;
+    glm_rng rng;
+    glm_rng_seed(&rng, 13);
+    glm_batch b;
+    make_batch(&b, c, &rng);
+    float *dh = m->last ? NULL : calloc((size_t)b.B * b.T * c->hidden_size, sizeof(float));
+    real_alloc = be->alloc;
+    be->alloc = counting_alloc;
+    alloc_bytes = 0;
+    if (m->last) glm_forward_backward(m, &b, 1.0f / b.n_targets);
+    else glm_stage_backward(m, &b, NULL, dh, NULL, 1.0f / b.n_targets);
+    be->alloc = real_alloc;
+    free(dh);
+    glm_batch_free(&b);
+    return alloc_bytes;
+}
+
 /* Gradients of one micro-batch at checkpointing level ckpt; *acts_bytes: what the first
- * forward/backward allocated (the activation sets and the backward's scratch). */
+ * forward/backward allocated. */
 static float *grads_at(int ckpt, int threads, double *acts_bytes) {
     glm_config c = micro_config(0);
     c.num_layers = 3;
@@ -155,21 +175,12 @@ static float *grads_at(int ckpt, int threads, double *acts_bytes) {
     glm_model_init(&m, &c, be);
     m.gradient_checkpointing = ckpt;
     randomize(&m, 9);
-    glm_rng rng;
-    glm_rng_seed(&rng, 13);
-    glm_batch b;
-    make_batch(&b, &c, &rng);
     omp_set_num_threads(threads);
     glm_zero_grads(&m);
-    real_alloc = be->alloc;
-    be->alloc = counting_alloc;
-    alloc_bytes = 0;
-    glm_forward_backward(&m, &b, 1.0f / b.n_targets);
-    be->alloc = real_alloc;
-    if (acts_bytes) *acts_bytes = alloc_bytes;
+    double bytes = first_backward_bytes(&m, &c);
+    if (acts_bytes) *acts_bytes = bytes;
     float *g = malloc(m.tab.total * sizeof(float));
     be->download_f32(be, g, m.grads, m.tab.total);
-    glm_batch_free(&b);
     glm_model_free(&m);
     be->destroy(be);
     return g;
@@ -289,20 +300,11 @@ static double freeze_alloc_bytes(int n, int ckpt) {
     glm_model_init(&m, &c, be);
     m.gradient_checkpointing = ckpt;
     glm_model_init_random(&m, 9, 0.02f);
-    glm_rng rng;
-    glm_rng_seed(&rng, 13);
-    glm_batch b;
-    make_batch(&b, &c, &rng);
     glm_zero_grads(&m);
-    real_alloc = be->alloc;
-    be->alloc = counting_alloc;
-    alloc_bytes = 0;
-    glm_forward_backward(&m, &b, 1.0f / b.n_targets);
-    be->alloc = real_alloc;
-    glm_batch_free(&b);
+    double bytes = first_backward_bytes(&m, &c);
     glm_model_free(&m);
     be->destroy(be);
-    return alloc_bytes;
+    return bytes;
 }
 
 /* Below the lowest trainable layer no backward runs, so those layers share one activation
@@ -336,21 +338,10 @@ static double frozen_stage_bytes(int ckpt) {
     glm_model_init_stage(&st, &c, be, 0, 2, 1, 0);
     st.gradient_checkpointing = ckpt;
     glm_model_init_random(&st, 9, 0.02f);
-    glm_rng rng;
-    glm_rng_seed(&rng, 13);
-    glm_batch b;
-    make_batch(&b, &c, &rng);
-    float *dh = calloc((size_t)b.B * b.T * c.hidden_size, sizeof(float));
-    real_alloc = be->alloc;
-    be->alloc = counting_alloc;
-    alloc_bytes = 0;
-    glm_stage_backward(&st, &b, NULL, dh, NULL, 1.0f / b.n_targets);
-    be->alloc = real_alloc;
-    free(dh);
-    glm_batch_free(&b);
+    double bytes = first_backward_bytes(&st, &c);
     glm_model_free(&st);
     be->destroy(be);
-    return alloc_bytes;
+    return bytes;
 }
 
 static void test_frozen_stage(test_counts *tc) {

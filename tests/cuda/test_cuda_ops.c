@@ -1200,7 +1200,7 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_lora(c, 64, 1024, 16);
         t_lora(c, 300, 4096, 8);   /* ChatGLM-6B's hidden size, rows past one block of the backward */
         t_lora(c, 33, 1000, 7);    /* packs not a multiple of a warp's, rank 7 */
-        t_lora(c, 40, 16384, 8);   /* dense_4h_to_h's input: a too wide for shared memory whole */
+        t_lora(c, 40, 16384, 8);   /* dense_4h_to_h's input width */
         t_lora(c, 5, 20, 8);       /* a row not in 16-byte packs: not taken */
         t_lora(c, 9, 64, 24);      /* rank above 16: not taken */
         if (!quick) t_lora(c, 2048, 4096, 8);

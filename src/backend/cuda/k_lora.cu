@@ -89,73 +89,6 @@ __global__ void lora_down_kernel(T *__restrict__ t, const T *__restrict__ x, con
     }
 }
 
-/* lora_down_kernel where all of a (r <= 8, as fp32) fits in shared memory: loaded once per
- * block, then a warp a row, each lane holding up to LORA_SEG packs of the row at once (all loads in
- * flight before any product) and reading a's columns of its packs as floats, conflict-free:
- * sa[(j * 2 + half) * packs + pack][4] holds a[j][pack * P + 4 * half .. + 4). */
-#define LORA_SEG 8 /* packs of a row a lane loads at once (16 spill at 128 registers) */
-template <typename T>
-__global__ void __launch_bounds__(512) lora_down_rows_kernel(T *__restrict__ t, const T *__restrict__ x,
-                                                             const T *__restrict__ a, int N, int C, int r, float scale,
-                                                             float ks, uint32_t th, uint64_t seed, bool drop) {
-    constexpr int P = Pack<T>::N, R = 8;
-    static_assert(P == 8, "a pack is 16 bytes of a 2-byte type");
-    extern __shared__ float4 sa4[];
-    int packs = C / P;
-#pragma unroll 8 /* several of a's loads in flight at once */
-    for (int k = threadIdx.x; k < R * packs; k += blockDim.x) {
-        int j = k / packs, pk = k % packs;
-        float v[P];
-        if (j < r) {
-            Pack<T> pa = ld_pack(a + (size_t)j * C + pk * P);
-#pragma unroll
-            for (int e = 0; e < P; e++) v[e] = to_f(pa.v[e]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < P; e++) v[e] = 0.0f;
-        }
-        sa4[(j * 2) * packs + pk] = make_float4(v[0], v[1], v[2], v[3]);
-        sa4[(j * 2 + 1) * packs + pk] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-    __syncthreads();
-    int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int n = blockIdx.x * nw + (threadIdx.x >> 5); n < N; n += gridDim.x * nw) {
-        float acc[R];
-#pragma unroll
-        for (int j = 0; j < R; j++) acc[j] = 0.0f;
-        for (int s0 = 0; s0 < packs; s0 += 32 * LORA_SEG) {
-            Pack<T> px[LORA_SEG];
-#pragma unroll
-            for (int q = 0; q < LORA_SEG; q++) {
-                int pk = s0 + lane + 32 * q;
-                if (pk < packs) px[q] = ld_pack(x + (size_t)n * C + pk * P);
-            }
-#pragma unroll
-            for (int q = 0; q < LORA_SEG; q++) {
-                int pk = s0 + lane + 32 * q;
-                if (pk >= packs) continue;
-                uint32_t kb = keep_bits<P>(seed, (size_t)n * C + (size_t)pk * P, th, drop);
-                float u[P];
-#pragma unroll
-                for (int e = 0; e < P; e++) u[e] = dropped(px[q].v[e], kb >> e & 1, ks);
-#pragma unroll
-                for (int j = 0; j < R; j++) {
-                    float4 lo = sa4[(j * 2) * packs + pk], hi = sa4[(j * 2 + 1) * packs + pk];
-                    acc[j] += u[0] * lo.x + u[1] * lo.y + u[2] * lo.z + u[3] * lo.w + u[4] * hi.x + u[5] * hi.y +
-                              u[6] * hi.z + u[7] * hi.w;
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            float s = warp_sum(acc[j]);
-            if (lane == j && j < r) t[(size_t)n * r + j] = from_f<T>(scale * s);
-        }
-    }
-}
-/* a as floats in shared memory, at most this much (one block of 16 warps a multiprocessor) */
-#define LORA_ROWS_SMEM (160 * 1024)
-
 /* The backward, one pack of columns a thread (thread k of the grid's x) over the rows
  * [blockIdx.y * rows, + rows);
  *   DA: part[blockIdx.y][j][c] = sum over the rows of dt[n, j] u[n, c] (fp32 partial sums of da)
@@ -255,20 +188,6 @@ extern "C" int glmk_lora_down(glm_dtype dt, void *t, const void *x, const void *
     unsigned g = (unsigned)((N + 15) / 16);
     float ks = p > 0 ? 1.0f / (1.0f - p) : 1.0f;
     uint32_t th = glm_mask_threshold(p);
-    size_t smem = (size_t)8 * C * sizeof(float);
-    if (r <= 8 && dt != GLM_F32 && smem <= LORA_ROWS_SMEM) {
-        unsigned blocks = (unsigned)((N + 15) / 16);
-        blocks = blocks < 132 ? blocks : 132; /* one block of 16 warps a multiprocessor */
-#define LORA_ROWS(T)                                                                                                \
-    GLMK_CHECK(cudaFuncSetAttribute((const void *)lora_down_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                    (int)smem));                                                                    \
-    lora_down_rows_kernel<T><<<blocks, 512, smem, st>>>((T *)t, (const T *)x, (const T *)a, N, C, r, scale, ks, th, seed, p > 0)
-        if (dt == GLM_BF16) { LORA_ROWS(bf16); }
-        else { LORA_ROWS(f16); }
-#undef LORA_ROWS
-        GLMK_CHECK_LAUNCH();
-        return 1;
-    }
     GLMK_DISPATCH(dt, {
         if (r <= 8) lora_down_kernel<T, 8><<<g, 256, 0, st>>>((T *)t, (const T *)x, (const T *)a, N, C, r, scale, ks, th, seed, p > 0);
         else lora_down_kernel<T, 16><<<g, 256, 0, st>>>((T *)t, (const T *)x, (const T *)a, N, C, r, scale, ks, th, seed, p > 0);
