@@ -12,22 +12,27 @@
 #   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
 #   freeze  bench_train --freeze 2 W1 and bench/pytorch_lora.py --freeze 2 in the same call
+#   freeze-ours  the first half of freeze alone
 #   lora-detail, glm2-detail   the per-op profile of LoRA r=8 W1 / ChatGLM2 full W1
 #   glm2    bench_train --family chatglm2: W1 and W2 full fine-tuning, W1 LoRA r=8
 #   torch, torch-lora, torch-glm2   the PyTorch baselines of train, lora and glm2 (same runs)
 #   torch-w2  the PyTorch baseline of W2 full fine-tuning alone
+#   ops-full  bench_ops without dropout, then ncu's full set on one launch of each LoRA and
+#           LayerNorm kernel (in the logs)
+#   ops     bench_ops (LoRA's A and B sides, LayerNorm, rotary at W1's shapes against the copy
+#           speed), then ncu's duration of each kernel of its LoRA ops (one pass each)
 #   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops --quick --attention
 #   sanitize-all  memcheck and racecheck over every op of test_cuda_ops --quick --only bf16
 #   racecheck  racecheck alone over the bf16 attention cases (--quick --attention --only bf16)
 # Records: $OUT/attn90-*.jsonl; console lines $OUT/attn90.txt; logs in $OUT/logs.tgz.
 # Build here first (docs/GPU-TESTS.md):
-#   make -j2 MPI=0 BUILD=build/gpu build/gpu/bench_train build/gpu/bench_attn build/gpu/tests/cuda/test_cuda_ops build/gpu/tests/cuda/test_cuda_model
-# device call, carry ["build/gpu/bench_train", "build/gpu/bench_attn", "build/gpu/tests/cuda", "build/lib", "build/shared"]:
+#   make -j2 MPI=0 BUILD=build/gpu build/gpu/bench_train build/gpu/bench_attn build/gpu/bench_ops build/gpu/tests/cuda/test_cuda_ops build/gpu/tests/cuda/test_cuda_model
+# device call, carry ["build/gpu/bench_train", "build/gpu/bench_attn", "build/gpu/bench_ops", "build/gpu/tests/cuda", "build/lib", "build/shared"]:
 #   bash bench/gpu_attn90_session.sh check attn
 set -u
 . "$(dirname "$0")/lib.sh"
 session_setup attn90
-KEEP='^RESULT|^(bf16|fp16|fp32|tf32) |^ +[0-9]+ +[0-9.]+ |^pytorch|tok/s|^[0-9]+x[0-9]+ |^run |passed|FAIL|TFLOP|ERROR SUMMARY|RACECHECK SUMMARY'
+KEEP='^RESULT|GB/s|gpu__time_duration|lora_|^(bf16|fp16|fp32|tf32) |^ +[0-9]+ +[0-9.]+ |^pytorch|tok/s|^[0-9]+x[0-9]+ |^run |passed|FAIL|TFLOP|ERROR SUMMARY|RACECHECK SUMMARY'
 for mode in "${@:-check attn}"; do
     case $mode in
     check) run_capped "check" 150 20 "$B/tests/cuda/test_cuda_ops" --attention ;;
@@ -46,6 +51,7 @@ for mode in "${@:-check attn}"; do
         run_capped "freeze" 90 20 "$B/bench_train" --freeze 2 --runs 512x8 --out "$OUT/attn90-freeze.jsonl"
         run_capped "torch-freeze" 150 60 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --freeze 2 --runs 512x8 \
             --out "$OUT/attn90-torch-freeze.jsonl" ;;
+    freeze-ours) run_capped "freeze" 90 20 "$B/bench_train" --freeze 2 --runs 512x8 --out "$OUT/attn90-freeze.jsonl" ;;
     lora-detail)
         run_capped "lora-detail" 120 40 "$B/bench_train" --lora 8 --runs 512x8 --detail --out "$OUT/attn90-lora.jsonl"
         grep -A45 "per-op" "$OUT/logs/lora-detail.txt" >"$OUT/logs/profile-lora.txt" ;;
@@ -67,6 +73,15 @@ for mode in "${@:-check attn}"; do
             --out "$OUT/attn90-torch-glm2.jsonl"
         run_capped "torch-glm2-lora" 200 80 env PYTHONUNBUFFERED=1 $PY bench/pytorch_glm2.py --gqa expand --runs 512x8 --lora 8 \
             --out "$OUT/attn90-torch-glm2.jsonl" ;;
+    ops)
+        run_capped "ops" 60 10 "$B/bench_ops" --out "$OUT/attn90-ops.jsonl"
+        run_capped "ops-ncu" 120 20 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:lora \
+            "$B/bench_ops" --reps 1 ;;
+    ops-full) # ncu's full set on one launch of each small kernel (the logs hold the sections)
+        run_capped "ops-p0" 60 10 "$B/bench_ops" --dropout 0
+        for k in lora_down_tc lora_bwd_tc layernorm_fwd layernorm_bwd; do
+            run_capped "ncu-$k" 90 20 ncu --clock-control none --set full -k regex:$k -c 1 "$B/bench_ops" --reps 1
+        done ;;
     racecheck) run_capped "san-racecheck" 120 30 compute-sanitizer --tool racecheck "$B/tests/cuda/test_cuda_ops" --quick --attention --only bf16 ;;
     sanitize)
         for tool in memcheck racecheck; do

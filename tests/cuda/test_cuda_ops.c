@@ -1195,6 +1195,10 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_matmul(c, 2, 12, 20);   /* C not a multiple of 8 */
         t_matmul(c, 7, 16, 24);
         t_matmul(c, 64, 256, 384);
+        t_matmul(c, 37, 8, 1000);  /* LoRA's B product (a sum of rank terms): the small-K kernel, a partial chunk */
+        t_matmul(c, 33, 7, 64);    /* odd rank */
+        t_matmul(c, 40, 16, 520);  /* rank 16 */
+        if (!quick) t_matmul(c, 300, 8, 12288);
         if (!quick) t_matmul(c, 300, 512, 1000);
         t_lora(c, 37, 256, 4);
         t_lora(c, 64, 1024, 16);
@@ -1210,6 +1214,7 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_layernorm(c, 33, 1000);
         t_layernorm(c, 7, 37); /* odd width: the non-vector kernels */
         if (!quick) t_layernorm(c, 256, 4096);
+        if (!quick) t_layernorm(c, 9, 16384); /* wider than the register-held rows: a block a row */
         t_rope(c, 12, 2, 8);
         t_rope(c, 1, 32, 128); /* decoding: one token, a block per head */
         t_rope(c, 64, 4, 128);

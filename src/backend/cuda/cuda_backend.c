@@ -474,7 +474,9 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
 /* out[N,OC] = inp[N,C] w[OC,C]^T + bias: column-major out^T[OC,N] = (w^T)^T... i.e. op(A=w)=T, B=inp. */
 static void cu_mm_fwd(glm_backend *be, void *out, const void *inp, const void *w, const void *bias, int N, int C, int OC) {
     prof(be, GLM_PROF_GEMM, mm_label(be, 0, C, OC));
-    gemm(be, 1, 0, OC, N, C, w, C, inp, C, out, OC, 0.0f, bias, NULL);
+    /* a sum of a few terms (LoRA's B product): a write of out, at memory speed off cuBLAS */
+    if (bias || !glmk_small_k_fwd(be->dtype, out, inp, w, N, C, OC, IM(be)->st))
+        gemm(be, 1, 0, OC, N, C, w, C, inp, C, out, OC, 0.0f, bias, NULL);
     op_done(be, "matmul_fwd");
 }
 static void cu_mm_fwd_add(glm_backend *be, void *out, const void *inp, const void *w, const void *bias, const void *res,
@@ -683,7 +685,7 @@ static int cu_lora_down(glm_backend *be, void *t, const void *x, const void *a, 
 static int cu_lora_down_bwd(glm_backend *be, void *da, void *dx, const void *dt, const void *x, const void *a, int N, int C,
                             int r, float p, uint64_t seed) {
     prof(be, GLM_PROF_GEMM, "lora_down_bwd");
-    float *s = da ? scratch(be, glmk_lora_down_bwd_scratch(N, C, r) * sizeof(float)) : NULL;
+    float *s = da ? scratch(be, glmk_lora_down_bwd_scratch(be->dtype, N, C, r) * sizeof(float)) : NULL;
     int done = glmk_lora_down_bwd(be->dtype, da, dx, dt, x, a, N, C, r, p, seed, s, IM(be)->st);
     op_done(be, "lora_down_bwd");
     return done;

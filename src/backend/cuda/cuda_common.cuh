@@ -34,6 +34,17 @@ template <typename T> __device__ __forceinline__ Pack<T> ld_pack(const T *p) {
 template <typename T> __device__ __forceinline__ void st_pack(T *p, const Pack<T> &r) {
     *reinterpret_cast<int4 *>(p) = *reinterpret_cast<const int4 *>(&r);
 }
+/* Two floats rounded to a 16-bit type, lo in the low half: one register of a tensor-core operand. */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
 /* True when p is 16-byte aligned (host side, before choosing a vector kernel). */
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 

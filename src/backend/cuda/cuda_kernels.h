@@ -33,7 +33,10 @@ void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n, float sca
  * take (rank above 16, rows not in 16-byte packs); scratch: glmk_lora_down_bwd_scratch floats ---- */
 int glmk_lora_down(glm_dtype dt, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,
                    uint64_t seed, cudaStream_t st);
-size_t glmk_lora_down_bwd_scratch(int N, int C, int r);
+size_t glmk_lora_down_bwd_scratch(glm_dtype dt, int N, int C, int r);
+/* out[N,OC] = t[N,K] w[OC,K]^T for K <= 16 (LoRA's B product), 16-bit storage, OC a multiple of 8,
+ * out 16-byte aligned; 0 (nothing done) for other shapes */
+int glmk_small_k_fwd(glm_dtype dt, void *out, const void *t, const void *w, int N, int K, int OC, cudaStream_t st);
 int glmk_lora_down_bwd(glm_dtype dt, void *da, void *dx, const void *dtv, const void *x, const void *a, int N, int C,
                        int r, float p, uint64_t seed, float *scratch, cudaStream_t st);
 void glmk_gather_rows(glm_dtype dt, void *out, const void *x, const int32_t *idx, int R, int C, cudaStream_t st);

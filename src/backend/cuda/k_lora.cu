@@ -1,11 +1,12 @@
 /* LoRA's down-projection with its input dropout in one pass (backend.h lora_down,
  * lora_down_bwd): peft's lora_A(dropout(x)) without the dropped-out copy of x written and read
  * back, in forward and in backward. The rank is small (<= 16), so these are reads of x (and of
- * dx) at memory speed with the products on CUDA cores, not tensor-core GEMMs. The mask is
- * mask_scale's (backend/mask_hash.h: element i = n * C + c of x, the same seed; one hash per
- * four elements, as C is a multiple of the pack and so of 4), the dropped-out
- * value rounded to S as mask_scale stores it, so the results are those of mask_scale + the
- * GEMMs up to the rounding of the products' sums. */
+ * dx): for 16-bit storage the products run on tensor cores (mma.sync), which leaves the passes
+ * bound by memory; fp32 storage takes CUDA-core kernels. The mask is mask_scale's
+ * (backend/mask_hash.h: element i = n * C + c of x, the same seed; one hash per four elements,
+ * as C is a multiple of the pack and so of 4), the dropped-out value rounded to S as mask_scale
+ * stores it, so the results are those of mask_scale + the GEMMs up to the rounding of the
+ * products' sums. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/mask_hash.h"
 
@@ -165,14 +166,265 @@ __global__ void lora_bwd_kernel(float *__restrict__ part, T *__restrict__ dx, co
     }
 }
 
-/* da[r, C] += the partial sums, in a fixed order (the same bits on every run) */
+/* da[r, C] += mul * the partial sums, in a fixed order (the same bits on every run) */
 template <typename T>
-__global__ void lora_da_final_kernel(T *da, const float *part, int G, int rC) {
+__global__ void lora_da_final_kernel(T *da, const float *part, int G, int rC, float mul) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rC; i += gridDim.x * blockDim.x) {
-        float s = to_f(da[i]);
+        float s = 0.0f;
         for (int g = 0; g < G; g++) s += part[(size_t)g * rC + i];
-        da[i] = from_f<T>(s);
+        da[i] = from_f<T>(to_f(da[i]) + mul * s);
     }
+}
+
+/* ---------------------------------------------------------------- tensor cores (bf16, fp16)
+ *
+ * The products on mma.sync (16-bit in, fp32 sums), so the passes run at the speed of their
+ * reads and writes rather than of their multiply-adds. The kept elements enter the products
+ * unscaled and the sums are scaled by 1/(1-p) after (mask_scale rounds each scaled element to S
+ * first: the results agree up to that rounding). A lane loads 16-byte packs of x (and dx):
+ * row n, columns c .. c + 7 with c = c0 + 8 t4 in a chunk of 32 columns at c0 (lane = 4 g + t4).
+ * The sums over columns (forward) and over rows (dA) may take their terms in any order, so the
+ * operands' k positions are laid where the packs put them; the columns of dx's product (n
+ * positions) are laid so each lane's outputs land on its own pack. Register q of a pack holds
+ * columns c + 2q, c + 2q + 1. */
+
+template <typename T> __device__ __forceinline__ void mma_k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                              uint32_t a3, uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma_k16<bf16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                          uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma_k16<f16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <typename T> __device__ __forceinline__ void mma_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0);
+template <> __device__ __forceinline__ void mma_k8<bf16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+template <> __device__ __forceinline__ void mma_k8<f16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+/* the 8 x 8 matrix of 16-bit values the warp holds one register a lane (lane 4 i + k: row i,
+ * columns 2k, 2k + 1), transposed */
+__device__ __forceinline__ uint32_t trans8(uint32_t v) {
+    uint32_t o;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(o) : "r"(v));
+    return o;
+}
+template <typename T> __device__ __forceinline__ uint32_t bits16(T v) { return (uint32_t)*reinterpret_cast<uint16_t *>(&v); }
+/* The keep masks of a pack of 8 at element off (a multiple of 8): m[q] has 0xffff in the half of
+ * each kept element of register q (all kept without dropout). Two hashes a pack, as mask_scale. */
+__device__ __forceinline__ void keep_masks8(uint32_t (&m)[4], uint64_t seed, size_t off, uint32_t th, bool drop) {
+    if (!drop) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) m[q] = 0xffffffffu;
+        return;
+    }
+    uint64_t h0 = glm_mask_bits(seed, off >> 2), h1 = glm_mask_bits(seed, (off >> 2) + 1);
+    uint32_t w[4] = {(uint32_t)h0, (uint32_t)(h0 >> 32), (uint32_t)h1, (uint32_t)(h1 >> 32)};
+#pragma unroll
+    for (int q = 0; q < 4; q++) m[q] = ((w[q] & 0xffffu) >= th ? 0xffffu : 0u) | ((w[q] >> 16) >= th ? 0xffff0000u : 0u);
+}
+/* a pack's kept elements (dropped ones zero), unscaled, as 4 registers */
+template <typename T> __device__ __forceinline__ void kept_pack(uint32_t (&w)[4], const Pack<T> &p, const uint32_t (&m)[4]) {
+    const uint32_t *raw = reinterpret_cast<const uint32_t *>(&p);
+#pragma unroll
+    for (int q = 0; q < 4; q++) w[q] = raw[q] & m[q];
+}
+template <typename T> __device__ __forceinline__ Pack<T> zero_pack() {
+    Pack<T> z;
+    *reinterpret_cast<int4 *>(&z) = make_int4(0, 0, 0, 0);
+    return z;
+}
+
+#define LORA_TC_UNROLL 4 /* chunks whose packs a forward lane loads before it multiplies */
+
+/* t[N, r] = scale * (dropout(x) a^T): a block takes 16 rows (lanes' rows g and g + 8), its 8
+ * warps the 32-column chunks in turn (chunk k to warp k mod 8). Per chunk and 8 values of j, two
+ * m16n8k16 products: k positions 2 t4 + e and 2 t4 + 8 + e hold columns c + e and c + 2 + e
+ * (the first), c + 4 + e and c + 6 + e (the second), e = 0, 1; a's rows j give the other operand
+ * from a pack of their own at the same columns. The warps' sums meet in shared memory, added in
+ * warp order (the same bits on every run). */
+template <typename T, int R>
+__global__ void __launch_bounds__(256) lora_down_tc(T *__restrict__ t, const T *__restrict__ x, const T *__restrict__ a,
+                                                    int N, int C, int r, float scale, float ks, uint32_t th, uint64_t seed,
+                                                    bool drop) {
+    constexpr int NT = R / 8, U = LORA_TC_UNROLL;
+    __shared__ float part[8][16][R];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    int n0 = blockIdx.x * 16, ra = n0 + g, rb = ra + 8, chunks = (C + 31) / 32;
+    float d[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) d[nt][e] = 0.0f;
+    for (int k0 = warp; k0 < chunks; k0 += 8 * U) {
+        Pack<T> xa[U], xb[U], pa[U][NT];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = (k0 + 8 * u) * 32 + 8 * t4;
+            bool in = k0 + 8 * u < chunks && c < C;
+            xa[u] = in && ra < N ? ld_pack(x + (size_t)ra * C + c) : zero_pack<T>();
+            xb[u] = in && rb < N ? ld_pack(x + (size_t)rb * C + c) : zero_pack<T>();
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int j = nt * 8 + g;
+                pa[u][nt] = in && j < r ? ld_pack(a + (size_t)j * C + c) : zero_pack<T>();
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = (k0 + 8 * u) * 32 + 8 * t4;
+            uint32_t wa[4], wb[4], ma[4], mb[4];
+            keep_masks8(ma, seed, (size_t)ra * C + c, th, drop);
+            keep_masks8(mb, seed, (size_t)rb * C + c, th, drop);
+            kept_pack<T>(wa, xa[u], ma);
+            kept_pack<T>(wb, xb[u], mb);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const uint32_t *b = reinterpret_cast<const uint32_t *>(&pa[u][nt]);
+                mma_k16<T>(d[nt], wa[0], wb[0], wa[1], wb[1], b[0], b[1]);
+                mma_k16<T>(d[nt], wa[2], wb[2], wa[3], wb[3], b[2], b[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        int j = nt * 8 + 2 * t4;
+        part[warp][g][j] = d[nt][0];
+        part[warp][g][j + 1] = d[nt][1];
+        part[warp][g + 8][j] = d[nt][2];
+        part[warp][g + 8][j + 1] = d[nt][3];
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < 16 * r; k += blockDim.x) {
+        int i = k / r, j = k % r;
+        if (n0 + i >= N) break;
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) s += part[w][i][j];
+        t[(size_t)(n0 + i) * r + j] = from_f<T>(scale * ks * s);
+    }
+}
+
+/* The backward on tensor cores: a warp takes one 32-column chunk (block x: 8 chunks, warp w the
+ * w-th) over the rows [blockIdx.y * rows, + rows), 16 rows at a time.
+ *   DA: the transposes of the lanes' dropped-out packs (register q of rows g and g + 8: two 8 x 8
+ *       matrices each) are the A operand of m16n8k16 products over those 16 rows, m positions g and
+ *       g + 8 the columns col(q, g) = c0 + 8 (g / 2) + 2 q + g % 2 of registers q = 0 and 1 (the
+ *       first product) or 2 and 3 (the second); dt the other operand. The fp32 sums go to
+ *       part[blockIdx.y][j][c].
+ *   DX: dt's rows times a's columns, m16n8k8 (rank 8) or m16n8k16 (rank 16) per 8 columns q:
+ *       n position 2 t4 + e holds column c + 2 q + e, so the 8 columns of a lane's outputs are its
+ *       pack's; dx += (kept ? 1/(1-p) : 0) * that. */
+template <typename T, int R, bool DA, bool DX>
+__global__ void __launch_bounds__(256) lora_bwd_tc(float *__restrict__ part, T *__restrict__ dx, const T *__restrict__ dt,
+                                                   const T *__restrict__ x, const T *__restrict__ a, int N, int C, int r,
+                                                   int rows, float ks, uint32_t th, uint64_t seed, bool drop) {
+    constexpr int NT = R / 8;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    int c0 = (blockIdx.x * 8 + warp) * 32, c = c0 + 8 * t4;
+    if (c0 >= C) return; /* no barrier below: a warp past the last chunk may leave */
+    bool in = c < C;
+    int nb = blockIdx.y * rows, ne = min(N, nb + rows);
+    auto dtv = [&](int n, int j) -> uint32_t { return n < ne && j < r ? bits16(dt[(size_t)n * r + j]) : 0u; };
+    /* DX's B operand: a's rows j = 2 t4 + e (+ 8 for the second k half) at column col(q, g) */
+    uint32_t bx[4][NT];
+    if (DX)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int col = c0 + 8 * (g >> 1) + 2 * q + (g & 1);
+#pragma unroll
+            for (int h = 0; h < NT; h++) {
+                int j = 2 * t4 + 8 * h;
+                uint32_t lo = col < C && j < r ? bits16(a[(size_t)j * C + col]) : 0u;
+                uint32_t hi = col < C && j + 1 < r ? bits16(a[(size_t)(j + 1) * C + col]) : 0u;
+                bx[q][h] = lo | hi << 16;
+            }
+        }
+    float da[2][NT][4];
+#pragma unroll
+    for (int p = 0; p < 2; p++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) da[p][nt][e] = 0.0f;
+    /* the next 16 rows' packs load while the current ones are used */
+    auto load = [&](int n0, Pack<T> &xa, Pack<T> &xb, Pack<T> &pa, Pack<T> &pb) {
+        int ra = n0 + g, rb = ra + 8;
+        size_t oa = (size_t)ra * C + c, ob = (size_t)rb * C + c;
+        if (DA) {
+            xa = in && ra < ne ? ld_pack(x + oa) : zero_pack<T>();
+            xb = in && rb < ne ? ld_pack(x + ob) : zero_pack<T>();
+        }
+        if (DX) {
+            pa = in && ra < ne ? ld_pack(dx + oa) : zero_pack<T>();
+            pb = in && rb < ne ? ld_pack(dx + ob) : zero_pack<T>();
+        }
+    };
+    Pack<T> xa, xb, pa, pb;
+    if (nb < ne) load(nb, xa, xb, pa, pb);
+    for (int n0 = nb; n0 < ne; n0 += 16) {
+        Pack<T> nxa, nxb, npa, npb;
+        if (n0 + 16 < ne) load(n0 + 16, nxa, nxb, npa, npb);
+        int ra = n0 + g, rb = ra + 8;
+        size_t oa = (size_t)ra * C + c, ob = (size_t)rb * C + c;
+        uint32_t ma[4], mb[4];
+        keep_masks8(ma, seed, oa, th, drop);
+        keep_masks8(mb, seed, ob, th, drop);
+        if (DA) {
+            uint32_t wa[4], wb[4];
+            kept_pack<T>(wa, xa, ma);
+            kept_pack<T>(wb, xb, mb);
+#pragma unroll
+            for (int q = 0; q < 4; q++) { wa[q] = trans8(wa[q]); wb[q] = trans8(wb[q]); }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int j = nt * 8 + g, k = n0 + 2 * t4;
+                uint32_t b0 = dtv(k, j) | dtv(k + 1, j) << 16, b1 = dtv(k + 8, j) | dtv(k + 9, j) << 16;
+#pragma unroll
+                for (int p = 0; p < 2; p++) mma_k16<T>(da[p][nt], wa[2 * p], wa[2 * p + 1], wb[2 * p], wb[2 * p + 1], b0, b1);
+            }
+        }
+        if (DX) {
+            uint32_t a0 = dtv(ra, 2 * t4) | dtv(ra, 2 * t4 + 1) << 16, a1 = dtv(rb, 2 * t4) | dtv(rb, 2 * t4 + 1) << 16;
+            uint32_t a2 = dtv(ra, 2 * t4 + 8) | dtv(ra, 2 * t4 + 9) << 16, a3 = dtv(rb, 2 * t4 + 8) | dtv(rb, 2 * t4 + 9) << 16;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (NT == 1) mma_k8<T>(v, a0, a1, bx[q][0]);
+                else mma_k16<T>(v, a0, a1, a2, a3, bx[q][0], bx[q][NT - 1]);
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int el = 2 * q + e;
+                    pa.v[el] = from_f<T>(to_f(pa.v[el]) + (ma[q] >> (16 * e) & 1 ? v[e] * ks : 0.0f));
+                    pb.v[el] = from_f<T>(to_f(pb.v[el]) + (mb[q] >> (16 * e) & 1 ? v[2 + e] * ks : 0.0f));
+                }
+            }
+            if (in && ra < ne) st_pack(dx + oa, pa);
+            if (in && rb < ne) st_pack(dx + ob, pb);
+        }
+        xa = nxa; xb = nxb; pa = npa; pb = npb;
+    }
+    if (DA)
+#pragma unroll
+        for (int p = 0; p < 2; p++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int j = nt * 8 + 2 * t4 + (e & 1), col = c0 + 8 * (g >> 1) + 2 * (2 * p + (e >> 1)) + (g & 1);
+                    if (j < r && col < C) part[((size_t)blockIdx.y * r + j) * C + col] = da[p][nt][e];
+                }
 }
 
 /* the packs these kernels read: rows of C in 16-byte packs, x, a (and dx) 16-byte aligned */
@@ -188,32 +440,74 @@ extern "C" int glmk_lora_down(glm_dtype dt, void *t, const void *x, const void *
     unsigned g = (unsigned)((N + 15) / 16);
     float ks = p > 0 ? 1.0f / (1.0f - p) : 1.0f;
     uint32_t th = glm_mask_threshold(p);
-    GLMK_DISPATCH(dt, {
-        if (r <= 8) lora_down_kernel<T, 8><<<g, 256, 0, st>>>((T *)t, (const T *)x, (const T *)a, N, C, r, scale, ks, th, seed, p > 0);
-        else lora_down_kernel<T, 16><<<g, 256, 0, st>>>((T *)t, (const T *)x, (const T *)a, N, C, r, scale, ks, th, seed, p > 0);
-    });
+#define LORA_FWD(K, T, R) K<T, R><<<g, 256, 0, st>>>((T *)t, (const T *)x, (const T *)a, N, C, r, scale, ks, th, seed, p > 0)
+    if (dt == GLM_F32) {
+        if (r <= 8) LORA_FWD(lora_down_kernel, float, 8);
+        else LORA_FWD(lora_down_kernel, float, 16);
+    } else if (dt == GLM_BF16) {
+        if (r <= 8) LORA_FWD(lora_down_tc, bf16, 8);
+        else LORA_FWD(lora_down_tc, bf16, 16);
+    } else {
+        if (r <= 8) LORA_FWD(lora_down_tc, f16, 8);
+        else LORA_FWD(lora_down_tc, f16, 16);
+    }
+#undef LORA_FWD
     GLMK_CHECK_LAUNCH();
     return 1;
 }
 
-/* row blocks of da's partial sums: at least 32 rows each, at most LORA_DA_PARTS of them (the
- * fp32 scratch: parts * r * C floats) */
+/* fp32 (CUDA cores): row blocks of da's partial sums, at least 32 rows each, at most
+ * LORA_DA_PARTS of them (the fp32 scratch: parts * r * C floats) */
 #define LORA_DA_PARTS 128
 static int da_parts(int N) {
     int g = (N + 31) / 32;
     return g < LORA_DA_PARTS ? g : LORA_DA_PARTS;
 }
-extern "C" size_t glmk_lora_down_bwd_scratch(int N, int C, int r) {
-    return r <= LORA_MAX_RANK ? (size_t)da_parts(N) * r * C : 0;
+/* 16-bit (tensor cores): row groups of a multiple of 16 rows, as many as give about 16 warps
+ * (one per 32-column chunk and group) to each multiprocessor of an H100/H200 (one wave: a second,
+ * partial wave would leave most of the GPU idle), at least 64 rows each */
+static int tc_rows(int N, int C) {
+    int chunks = (C + 31) / 32, G = (132 * 16 + chunks - 1) / chunks, Gmax = (N + 63) / 64;
+    if (G > Gmax) G = Gmax;
+    if (G < 1) G = 1;
+    int rows = (N + G - 1) / G;
+    return (rows + 15) / 16 * 16;
+}
+extern "C" size_t glmk_lora_down_bwd_scratch(glm_dtype dt, int N, int C, int r) {
+    if (r > LORA_MAX_RANK || N <= 0) return 0;
+    int G = dt == GLM_F32 ? da_parts(N) : (N + tc_rows(N, C) - 1) / tc_rows(N, C);
+    return (size_t)G * r * C;
+}
+
+template <typename T>
+static void lora_bwd_tc_launch(float *scratch, void *da, void *dx, const void *dtv, const void *x, const void *a, int N,
+                               int C, int r, float ks, uint32_t th, uint64_t seed, bool drop, cudaStream_t st) {
+    int rows = tc_rows(N, C), G = (N + rows - 1) / rows, chunks = (C + 31) / 32;
+    dim3 grid((unsigned)((chunks + 7) / 8), (unsigned)G);
+#define LORA_BWD_TC(R, DA, DX)                                                                                        \
+    lora_bwd_tc<T, R, DA, DX><<<grid, 256, 0, st>>>(scratch, (T *)dx, (const T *)dtv, (const T *)x, (const T *)a, N, C, r, \
+                                                    rows, ks, th, seed, drop)
+    if (da && dx) { if (r <= 8) LORA_BWD_TC(8, true, true); else LORA_BWD_TC(16, true, true); }
+    else if (da) { if (r <= 8) LORA_BWD_TC(8, true, false); else LORA_BWD_TC(16, true, false); }
+    else { if (r <= 8) LORA_BWD_TC(8, false, true); else LORA_BWD_TC(16, false, true); }
+#undef LORA_BWD_TC
+    if (da) lora_da_final_kernel<T><<<glmk_blocks((size_t)r * C, 256, 264), 256, 0, st>>>((T *)da, scratch, G, r * C, ks);
 }
 
 extern "C" int glmk_lora_down_bwd(glm_dtype dt, void *da, void *dx, const void *dtv, const void *x, const void *a, int N,
                                   int C, int r, float p, uint64_t seed, float *scratch, cudaStream_t st) {
     if (!lora_vec_ok(dt, C, r, x, a, dx)) return 0;
-    if (N <= 0) return 1;
-    int P = (int)(16 / glm_dtype_size(dt));
+    if (N <= 0 || (!da && !dx)) return 1;
     float ks = p > 0 ? 1.0f / (1.0f - p) : 1.0f;
     uint32_t th = glm_mask_threshold(p);
+    if (dt != GLM_F32) {
+        if (dt == GLM_BF16) lora_bwd_tc_launch<bf16>(scratch, da, dx, dtv, x, a, N, C, r, ks, th, seed, p > 0, st);
+        else lora_bwd_tc_launch<f16>(scratch, da, dx, dtv, x, a, N, C, r, ks, th, seed, p > 0, st);
+        GLMK_CHECK_LAUNCH();
+        return 1;
+    }
+    typedef float T;
+    int P = (int)(16 / glm_dtype_size(dt));
     /* row blocks: da's partial sums fix their number (at most LORA_DA_PARTS); dx alone takes
      * enough of them to fill the GPU */
     int cb = (C / P + 63) / 64, G = da ? da_parts(N) : (N + 15) / 16;
@@ -226,14 +520,87 @@ extern "C" int glmk_lora_down_bwd(glm_dtype dt, void *da, void *dx, const void *
                                                        r, rows, ks, th, seed, p > 0)
     /* da's pass, then dx's: one pass doing both would hold a's columns and da's sums in one
      * thread's registers (about 230 at rank 8: a quarter of the warps a multiprocessor holds) */
-    GLMK_DISPATCH(dt, {
-        if (da && r <= 8) LORA_BWD(8, true, false);
-        else if (da) LORA_BWD(16, true, false);
-        if (dx && r <= 8) LORA_BWD(8, false, true);
-        else if (dx) LORA_BWD(16, false, true);
-        if (da) lora_da_final_kernel<T><<<glmk_blocks((size_t)r * C, 256, 264), 256, 0, st>>>((T *)da, scratch, G, r * C);
-    });
+    if (da && r <= 8) LORA_BWD(8, true, false);
+    else if (da) LORA_BWD(16, true, false);
+    if (dx && r <= 8) LORA_BWD(8, false, true);
+    else if (dx) LORA_BWD(16, false, true);
+    if (da) lora_da_final_kernel<T><<<glmk_blocks((size_t)r * C, 256, 264), 256, 0, st>>>((T *)da, scratch, G, r * C, 1.0f);
 #undef LORA_BWD
+    GLMK_CHECK_LAUNCH();
+    return 1;
+}
+
+/* out[N, OC] = t[N, K] w[OC, K]^T for K <= 16 (LoRA's B product: K is the rank), 16-bit storage:
+ * a pure write of out at memory speed, where a GEMM library's kernels for so short a sum run
+ * well below it. A warp takes a 32-column chunk (block x: 8 chunks) over a group of rows (block
+ * y), 16 rows at a time: per 8 columns q one m16n8k8 (K <= 8) or m16n8k16 product, n position
+ * 2 t4 + e holding column c0 + 8 t4 + 2 q + e (so a lane's outputs are one 16-byte pack of each
+ * of its rows g and g + 8), w's entries beyond K and t's read as zeros. */
+template <typename T, int KP>
+__global__ void __launch_bounds__(256) small_k_fwd(T *__restrict__ out, const T *__restrict__ t, const T *__restrict__ w, int N,
+                                                   int K, int OC, int rows) {
+    constexpr int NK = KP / 8;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    int c0 = (blockIdx.x * 8 + warp) * 32, c = c0 + 8 * t4;
+    if (c0 >= OC) return;
+    int nb = blockIdx.y * rows, ne = min(N, nb + rows);
+    auto tv = [&](int n, int k) -> uint32_t { return n < ne && k < K ? bits16(t[(size_t)n * K + k]) : 0u; };
+    uint32_t bw[4][NK];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        int col = c0 + 8 * (g >> 1) + 2 * q + (g & 1);
+#pragma unroll
+        for (int h = 0; h < NK; h++) {
+            int k = 2 * t4 + 8 * h;
+            uint32_t lo = col < OC && k < K ? bits16(w[(size_t)col * K + k]) : 0u;
+            uint32_t hi = col < OC && k + 1 < K ? bits16(w[(size_t)col * K + k + 1]) : 0u;
+            bw[q][h] = lo | hi << 16;
+        }
+    }
+    /* four 16-row tiles at a time, t's entries of all four loaded before the products: the loop
+     * is otherwise a chain of short loads */
+    for (int n00 = nb; n00 < ne; n00 += 64) {
+        uint32_t fa[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int ra = n00 + 16 * u + g, rb = ra + 8;
+            fa[u][0] = tv(ra, 2 * t4) | tv(ra, 2 * t4 + 1) << 16;
+            fa[u][1] = tv(rb, 2 * t4) | tv(rb, 2 * t4 + 1) << 16;
+            fa[u][2] = NK > 1 ? tv(ra, 2 * t4 + 8) | tv(ra, 2 * t4 + 9) << 16 : 0u;
+            fa[u][3] = NK > 1 ? tv(rb, 2 * t4 + 8) | tv(rb, 2 * t4 + 9) << 16 : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int ra = n00 + 16 * u + g, rb = ra + 8;
+            Pack<T> oa, ob;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (NK == 1) mma_k8<T>(v, fa[u][0], fa[u][1], bw[q][0]);
+                else mma_k16<T>(v, fa[u][0], fa[u][1], fa[u][2], fa[u][3], bw[q][0], bw[q][NK - 1]);
+                oa.v[2 * q] = from_f<T>(v[0]);
+                oa.v[2 * q + 1] = from_f<T>(v[1]);
+                ob.v[2 * q] = from_f<T>(v[2]);
+                ob.v[2 * q + 1] = from_f<T>(v[3]);
+            }
+            if (c < OC && ra < ne) st_pack(out + (size_t)ra * OC + c, oa);
+            if (c < OC && rb < ne) st_pack(out + (size_t)rb * OC + c, ob);
+        }
+    }
+}
+
+extern "C" int glmk_small_k_fwd(glm_dtype dt, void *out, const void *t, const void *w, int N, int K, int OC, cudaStream_t st) {
+    if (dt == GLM_F32 || K < 1 || K > 16 || OC % 8 || !aligned16(out)) return 0;
+    if (N <= 0) return 1;
+    int chunks = (OC + 31) / 32, G = (132 * 16 + chunks - 1) / chunks, Gmax = (N + 15) / 16;
+    if (G > Gmax) G = Gmax;
+    int rows = ((N + G - 1) / G + 63) / 64 * 64; /* whole groups of four tiles */
+    G = (N + rows - 1) / rows;
+    dim3 grid((unsigned)((chunks + 7) / 8), (unsigned)G);
+#define SMALL_K(T, KP) small_k_fwd<T, KP><<<grid, 256, 0, st>>>((T *)out, (const T *)t, (const T *)w, N, K, OC, rows)
+    if (dt == GLM_BF16) { if (K <= 8) SMALL_K(bf16, 8); else SMALL_K(bf16, 16); }
+    else { if (K <= 8) SMALL_K(f16, 8); else SMALL_K(f16, 16); }
+#undef SMALL_K
     GLMK_CHECK_LAUNCH();
     return 1;
 }

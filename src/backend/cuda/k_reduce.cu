@@ -193,6 +193,79 @@ __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, 
     }
 }
 
+/* A frozen LayerNorm's backward, a row to a group of S warps (S = 1, 2 or 4; 8 / S rows a block
+ * of 256 threads): lane k of the group holds packs k, k + 32 S, ... (up to NP) of its row's x
+ * and dout in registers as stored, so they are read once and the row's sums are warp shuffles
+ * (and, for S > 1, one exchange through shared memory): no block-wide reduction sits between a
+ * row's loads and its stores. Rows past N load nothing and store nothing (they still reach the
+ * barrier). (The forward gained nothing this way over layernorm_fwd_vec's block a row.) */
+template <int S>
+__device__ __forceinline__ float2 group_sum2(float2 v, float2 *sh) {
+    v.x = warp_sum(v.x);
+    v.y = warp_sum(v.y);
+    if (S == 1) return v;
+    int w = threadIdx.x >> 5, w0 = w / S * S;
+    __syncthreads(); /* sh may still be read by the previous exchange */
+    if ((threadIdx.x & 31) == 0) sh[w] = v;
+    __syncthreads();
+    float2 o = sh[w0]; /* the group's warps in order: every warp of the group gets the same bits */
+#pragma unroll
+    for (int i = 1; i < S; i++) { o.x += sh[w0 + i].x; o.y += sh[w0 + i].y; }
+    return o;
+}
+/* dx = rstd * (g w - mean(g w) - xhat mean(g w xhat)); dx may alias dout */
+template <typename T, int S, int NP>
+__global__ void __launch_bounds__(256, 2) layernorm_dx_rows(T *dx, const T *dout, const T *x, const T *w, const float *mean,
+                                                         const float *rstd, int N, int C) {
+    constexpr int P = Pack<T>::N;
+    __shared__ float2 sh[8];
+    int lane = (threadIdx.x & 31) + 32 * ((threadIdx.x >> 5) % S), row = blockIdx.x * (8 / S) + (threadIdx.x >> 5) / S;
+    int packs = C / P;
+    bool in = row < N;
+    size_t off = (size_t)row * C;
+    float m = in ? mean[row] : 0.0f, r = in ? rstd[row] : 0.0f, sg = 0.0f, sgx = 0.0f;
+    Pack<T> px[NP], pg[NP];
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        int pk = lane + 32 * S * k;
+        if (in && pk < packs) { px[k] = ld_pack(x + off + pk * P); pg[k] = ld_pack(dout + off + pk * P); }
+    }
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        int pk = lane + 32 * S * k;
+        if (in && pk < packs) {
+            Pack<T> pw = ld_pack(w + pk * P);
+#pragma unroll
+            for (int e = 0; e < P; e++) {
+                float dxh = to_f(pg[k].v[e]) * to_f(pw.v[e]);
+                sg += dxh;
+                sgx += dxh * ((to_f(px[k].v[e]) - m) * r);
+            }
+        }
+    }
+    float2 t = group_sum2<S>(make_float2(sg, sgx), sh);
+    float a = t.x / C, bb = t.y / C;
+    if (!in) return;
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        int pk = lane + 32 * S * k;
+        if (pk < packs) {
+            Pack<T> pw = ld_pack(w + pk * P), po;
+#pragma unroll
+            for (int e = 0; e < P; e++)
+                po.v[e] = from_f<T>(r * (to_f(pg[k].v[e]) * to_f(pw.v[e]) - a - (to_f(px[k].v[e]) - m) * r * bb));
+            st_pack(dx + off + pk * P, po);
+        }
+    }
+}
+/* a row of C in 16-byte packs that four warps hold at LN_ROWS_NP packs a lane (wider rows, or
+ * rows not in packs, take the block-a-row kernels) */
+#define LN_ROWS_NP 4
+static bool ln_rows_fit(glm_dtype dt, int C, const void *a, const void *b, const void *c, const void *d) {
+    int P = (int)(16 / glm_dtype_size(dt));
+    return C % P == 0 && C / P <= 4 * 32 * LN_ROWS_NP && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
+}
+
 /* threads for the vector path (a multiple of 32 with at most LN_NP packs each), or 0 when the
  * row does not split into 16-byte packs */
 static int ln_vec_threads(glm_dtype dt, int C, const void *a, const void *b, const void *c, const void *d, int np) {
@@ -240,16 +313,28 @@ extern "C" void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, c
                                    const void *w, const float *mean, const float *rstd, int N, int C, float *scratch,
                                    cudaStream_t st) {
     if (N <= 0) return;
-    int vt2 = ln_vec_threads(dt, C, dx, dout, x, w, 2), vt = vt2 ? vt2 : ln_vec_threads(dt, C, dx, dout, x, w, LN_NP);
+    if (!dw && ln_rows_fit(dt, C, dx, dout, x, w)) { /* frozen: a row four warps, x and dout held */
+        unsigned g = (unsigned)((N + 1) / 2);
+        GLMK_DISPATCH(dt, layernorm_dx_rows<T, 4, LN_ROWS_NP><<<g, 256, 0, st>>>((T *)dx, (const T *)dout, (const T *)x,
+                                                                               (const T *)w, mean, rstd, N, C));
+        GLMK_CHECK_LAUNCH();
+        return;
+    }
+    /* the register-cached kernels hold up to ~190 registers a thread (4 packs with dw, db): at most
+     * 512 threads of 2 packs, 256 of 4, or the launch asks for more registers than a
+     * multiprocessor has; wider rows take the two-pass kernels below */
+    int vt2 = ln_vec_threads(dt, C, dx, dout, x, w, 2), vt4 = ln_vec_threads(dt, C, dx, dout, x, w, LN_NP);
+    bool two = vt2 && vt2 <= 512;
+    int vt = two ? vt2 : vt4 && vt4 <= 256 ? vt4 : 0;
     if (vt) {
         int G = !dw ? N : N < LN_BWD_BLOCKS ? N : LN_BWD_BLOCKS;
         float *p1 = scratch, *p2 = scratch + (size_t)G * C;
 #define LN_BWD(NP, GRADS) layernorm_bwd_vec<T, NP, GRADS><<<G, vt, 0, st>>>((T *)dx, p1, p2, (const T *)dout, (const T *)x, \
                                                                          (const T *)w, mean, rstd, N, C)
         GLMK_DISPATCH(dt, {
-            if (dw && vt2) LN_BWD(2, true);
+            if (dw && two) LN_BWD(2, true);
             else if (dw) LN_BWD(LN_NP, true);
-            else if (vt2) LN_BWD(2, false);
+            else if (two) LN_BWD(2, false);
             else LN_BWD(LN_NP, false);
             if (dw) colsum_final_kernel<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, (T *)db, p1, p2, G, C);
         });
