@@ -15,6 +15,7 @@
 #   freeze-ours  the first half of freeze alone
 #   lora-detail, glm2-detail   the per-op profile of LoRA r=8 W1 / ChatGLM2 full W1
 #   glm2    bench_train --family chatglm2: W1 and W2 full fine-tuning, W1 LoRA r=8
+#   glm2-lora, torch-glm2-lora   the ChatGLM2 W1 LoRA r=8 run alone, ours and PyTorch's
 #   torch, torch-lora, torch-glm2   the PyTorch baselines of train, lora and glm2 (same runs)
 #   torch-w2  the PyTorch baseline of W2 full fine-tuning alone
 #   ops-full  bench_ops without dropout, then ncu's full set on one launch of each LoRA and
@@ -61,6 +62,9 @@ for mode in "${@:-check attn}"; do
     glm2)
         run_capped "glm2" 120 40 "$B/bench_train" --family chatglm2 --runs 512x8,2048x2 --out "$OUT/attn90-glm2.jsonl"
         run_capped "glm2-lora" 120 40 "$B/bench_train" --family chatglm2 --lora 8 --runs 512x8 --out "$OUT/attn90-glm2.jsonl" ;;
+    glm2-lora) run_capped "glm2-lora" 120 40 "$B/bench_train" --family chatglm2 --lora 8 --runs 512x8 --out "$OUT/attn90-glm2.jsonl" ;;
+    torch-glm2-lora) run_capped "torch-glm2-lora" 200 80 env PYTHONUNBUFFERED=1 $PY bench/pytorch_glm2.py --gqa expand --runs 512x8 \
+        --lora 8 --out "$OUT/attn90-torch-glm2.jsonl" ;;
     torch) # one process a run: W2 after W1 in one process ran out of memory (2026-12-02)
         for r in 512x8 2048x2; do
             run_capped "torch-$r" 200 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_baseline.py --runs $r --out "$OUT/attn90-torch-train.jsonl"

@@ -159,6 +159,20 @@ static void t_matmul(ctx *c, int N, int C, int OC) {
     be->matmul_bwd(be, dgi, NULL, NULL, dg, di, dw, N, C, OC, 0);
     oi = down_s(be, dgi, (size_t)N * C);
     check_close(c->tc, NAME("matmul_bwd_dinp_%s_%dx%dx%d", c->tag, N, C, OC), oi, ri, (size_t)N * C, tol(c, 1e-5, 1e-2, 2e-3));
+    /* both gradients, no bias (LoRA's B side: one pass over dout for the two where C is small) */
+    for (int acc = 0; acc < 2; acc++) {
+        float *ri2 = fcopy(gi0, (size_t)N * C), *rw2 = fcopy(gw0, (size_t)OC * C);
+        cpu_matmul_bwd(ri2, rw2, NULL, g, inp, w, N, C, OC, acc);
+        be->upload_f32(be, dgi, gi0, (size_t)N * C);
+        be->upload_f32(be, dgw, gw0, (size_t)OC * C);
+        be->matmul_bwd(be, dgi, dgw, NULL, dg, di, dw, N, C, OC, acc);
+        float *oi2 = down_s(be, dgi, (size_t)N * C), *ow2 = down_s(be, dgw, (size_t)OC * C);
+        check_close(c->tc, NAME("matmul_bwd_both%s_dinp_%s_%dx%dx%d", acc ? "_acc" : "", c->tag, N, C, OC), oi2, ri2,
+                    (size_t)N * C, tol(c, 1e-5, 1e-2, 2e-3));
+        check_close(c->tc, NAME("matmul_bwd_both%s_dw_%s_%dx%dx%d", acc ? "_acc" : "", c->tag, N, C, OC), ow2, rw2,
+                    (size_t)OC * C, tol(c, 1e-5, 1e-2, 2e-3));
+        free(ri2); free(rw2); free(oi2); free(ow2);
+    }
     void *bufs[] = {di, dw, db, dout, dg, dgi, dgw, dgb};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
     float *hs[] = {inp, w, bias, ref, g, gi0, gw0, gb0, ri, rw, rb, oi, ow, ob};

@@ -508,6 +508,16 @@ static void cu_mm_bwd_add(glm_backend *be, void *dinp, const void *dout, const v
 
 static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const void *dout, const void *inp,
                       const void *w, int N, int C, int OC, int acc) {
+    /* sums over a few columns (LoRA's B side, C the rank): both products in one read of dout,
+     * where cuBLAS reads it once for each (nothing is launched when the kernel does not take it) */
+    if (dinp && dw && !dbias && C <= 16) {
+        prof(be, GLM_PROF_GEMM, mm_label(be, 1, C, OC));
+        float *s = scratch(be, glmk_small_k_bwd_scratch(N, C, OC) * sizeof(float));
+        if (glmk_small_k_bwd(be->dtype, dinp, dw, dout, inp, w, N, C, OC, acc, s, IM(be)->st)) {
+            op_done(be, "matmul_bwd");
+            return;
+        }
+    }
     /* dinp^T[C,N] = w^T[C,OC] dout^T[OC,N] */
     if (dinp) {
         prof(be, GLM_PROF_GEMM, mm_label(be, 1, C, OC));

@@ -37,6 +37,11 @@ size_t glmk_lora_down_bwd_scratch(glm_dtype dt, int N, int C, int r);
 /* out[N,OC] = t[N,K] w[OC,K]^T for K <= 16 (LoRA's B product), 16-bit storage, OC a multiple of 8,
  * out 16-byte aligned; 0 (nothing done) for other shapes */
 int glmk_small_k_fwd(glm_dtype dt, void *out, const void *t, const void *w, int N, int K, int OC, cudaStream_t st);
+/* its backward: dinp[N,K] (= or += with accumulate) dout w, dw[OC,K] += dout^T t, in one read of
+ * dout (both outputs wanted, same shapes; scratch: glmk_small_k_bwd_scratch floats) */
+size_t glmk_small_k_bwd_scratch(int N, int K, int OC);
+int glmk_small_k_bwd(glm_dtype dt, void *dinp, void *dw, const void *dout, const void *t, const void *w, int N, int K, int OC,
+                     int accumulate, float *scratch, cudaStream_t st);
 int glmk_lora_down_bwd(glm_dtype dt, void *da, void *dx, const void *dtv, const void *x, const void *a, int N, int C,
                        int r, float p, uint64_t seed, float *scratch, cudaStream_t st);
 void glmk_gather_rows(glm_dtype dt, void *out, const void *x, const int32_t *idx, int R, int C, cudaStream_t st);

@@ -604,3 +604,164 @@ extern "C" int glmk_small_k_fwd(glm_dtype dt, void *out, const void *t, const vo
     GLMK_CHECK_LAUNCH();
     return 1;
 }
+
+/* Its backward in one read of dout [N, OC]: dinp[N, K] (= or +=) dout w and dw[OC, K] += dout^T t,
+ * for K <= 16, 16-bit storage. A warp takes SKB_CG 32-column chunks (block x: 8 warps) over a
+ * group of rows (block y), 16 rows at a time:
+ *   dinp: per chunk two m16n8k16 products as lora_down_tc's (k positions the pack's columns, w's
+ *         columns j the other operand), summed over the warp's chunks, then over the block's 8
+ *         warps in shared memory, written as fp32 partial sums part_in[block x][n][j];
+ *   dw:   the transposes of the packs against t's rows, as lora_bwd_tc's dA, summed over the
+ *         warp's rows into part_w[row group][o][j].
+ * Two final passes add the partial sums in a fixed order (the same bits on every run). */
+#define SKB_CG 4
+template <typename T, int KP>
+__global__ void __launch_bounds__(256) small_k_bwd(float *__restrict__ part_in, float *__restrict__ part_w,
+                                                   const T *__restrict__ dout, const T *__restrict__ t, const T *__restrict__ w,
+                                                   int N, int K, int OC, int rows) {
+    constexpr int NT = KP / 8, CG = SKB_CG;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    __shared__ float sdi[8][16][KP];
+    int c0 = (blockIdx.x * 8 + warp) * CG * 32; /* a warp past OC computes zeros: the block's barriers */
+    int nb = blockIdx.y * rows, ne = min(N, nb + rows);
+    auto tv = [&](int n, int k) -> uint32_t { return n < ne && k < K ? bits16(t[(size_t)n * K + k]) : 0u; };
+    /* dinp's B operand: w's column j = nt 8 + g at the columns of each chunk's pack */
+    uint32_t bw[CG][NT][4];
+#pragma unroll
+    for (int u = 0; u < CG; u++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                int c = c0 + u * 32 + 8 * t4 + 2 * q, j = nt * 8 + g;
+                uint32_t lo = c < OC && j < K ? bits16(w[(size_t)c * K + j]) : 0u;
+                uint32_t hi = c + 1 < OC && j < K ? bits16(w[(size_t)(c + 1) * K + j]) : 0u;
+                bw[u][nt][q] = lo | hi << 16;
+            }
+    float dw[CG][2][NT][4];
+#pragma unroll
+    for (int u = 0; u < CG; u++)
+#pragma unroll
+        for (int p = 0; p < 2; p++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dw[u][p][nt][e] = 0.0f;
+    for (int n0 = nb; n0 < ne; n0 += 16) {
+        int ra = n0 + g, rb = ra + 8;
+        Pack<T> xa[CG], xb[CG];
+#pragma unroll
+        for (int u = 0; u < CG; u++) {
+            int c = c0 + u * 32 + 8 * t4;
+            xa[u] = c < OC && ra < ne ? ld_pack(dout + (size_t)ra * OC + c) : zero_pack<T>();
+            xb[u] = c < OC && rb < ne ? ld_pack(dout + (size_t)rb * OC + c) : zero_pack<T>();
+        }
+        float di[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) di[nt][e] = 0.0f;
+        uint32_t bt[NT][2]; /* dw's B operand: t's rows n0 + 2 t4 (+ 1, + 8, + 9) at column j = nt 8 + g */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            int j = nt * 8 + g, k = n0 + 2 * t4;
+            bt[nt][0] = tv(k, j) | tv(k + 1, j) << 16;
+            bt[nt][1] = tv(k + 8, j) | tv(k + 9, j) << 16;
+        }
+#pragma unroll
+        for (int u = 0; u < CG; u++) {
+            const uint32_t *wa = reinterpret_cast<const uint32_t *>(&xa[u]), *wb = reinterpret_cast<const uint32_t *>(&xb[u]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                mma_k16<T>(di[nt], wa[0], wb[0], wa[1], wb[1], bw[u][nt][0], bw[u][nt][1]);
+                mma_k16<T>(di[nt], wa[2], wb[2], wa[3], wb[3], bw[u][nt][2], bw[u][nt][3]);
+            }
+            uint32_t ta[4], tb[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) { ta[q] = trans8(wa[q]); tb[q] = trans8(wb[q]); }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int p = 0; p < 2; p++)
+                    mma_k16<T>(dw[u][p][nt], ta[2 * p], ta[2 * p + 1], tb[2 * p], tb[2 * p + 1], bt[nt][0], bt[nt][1]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            int j = nt * 8 + 2 * t4;
+            sdi[warp][g][j] = di[nt][0];
+            sdi[warp][g][j + 1] = di[nt][1];
+            sdi[warp][g + 8][j] = di[nt][2];
+            sdi[warp][g + 8][j + 1] = di[nt][3];
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < 16 * K; i += blockDim.x) {
+            int r = i / K, j = i % K;
+            float v = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 8; q++) v += sdi[q][r][j];
+            if (n0 + r < ne) part_in[((size_t)blockIdx.x * N + n0 + r) * K + j] = v;
+        }
+        __syncthreads(); /* sdi is rewritten by the next tile */
+    }
+#pragma unroll
+    for (int u = 0; u < CG; u++)
+#pragma unroll
+        for (int p = 0; p < 2; p++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int j = nt * 8 + 2 * t4 + (e & 1), col = c0 + u * 32 + 8 * (g >> 1) + 2 * (2 * p + (e >> 1)) + (g & 1);
+                    if (j < K && col < OC) part_w[((size_t)blockIdx.y * OC + col) * K + j] = dw[u][p][nt][e];
+                }
+}
+/* dinp[n, j] (= or +=) the column groups' sums; dw[o, j] += the row groups' sums */
+template <typename T>
+__global__ void small_k_bwd_final(T *dinp, T *dw, const float *part_in, const float *part_w, int N, int K, int OC, int groups,
+                                  int G, int accumulate) {
+    size_t nin = (size_t)N * K, nw = (size_t)OC * K;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nin + nw; i += (size_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        if (i < nin) {
+            for (int q = 0; q < groups; q++) s += part_in[(size_t)q * nin + i];
+            dinp[i] = from_f<T>(accumulate ? to_f(dinp[i]) + s : s);
+        } else {
+            for (int q = 0; q < G; q++) s += part_w[(size_t)q * nw + (i - nin)];
+            dw[i - nin] = from_f<T>(to_f(dw[i - nin]) + s);
+        }
+    }
+}
+
+/* small_k_bwd's grid: blocks of 8 column groups (dinp's partial sums, one per block x), row
+ * groups of a multiple of 16 rows, enough warps for about one wave */
+static void small_k_bwd_grid(int N, int OC, int *groups, int *G, int *rows) {
+    *groups = (OC + 8 * SKB_CG * 32 - 1) / (8 * SKB_CG * 32);
+    int g = (132 * 2 + *groups - 1) / *groups, gmax = (N + 15) / 16;
+    if (g > gmax) g = gmax;
+    *rows = ((N + g - 1) / g + 15) / 16 * 16;
+    *G = (N + *rows - 1) / *rows;
+}
+extern "C" size_t glmk_small_k_bwd_scratch(int N, int K, int OC) {
+    int groups, G, rows;
+    if (N <= 0 || K < 1 || K > 16) return 0;
+    small_k_bwd_grid(N, OC, &groups, &G, &rows);
+    return ((size_t)groups * N + (size_t)G * OC) * K;
+}
+extern "C" int glmk_small_k_bwd(glm_dtype dt, void *dinp, void *dw, const void *dout, const void *t, const void *w, int N, int K,
+                                int OC, int accumulate, float *scratch, cudaStream_t st) {
+    if (dt == GLM_F32 || K < 1 || K > 16 || OC % 8 || !dinp || !dw || !aligned16(dout)) return 0;
+    if (N <= 0) return 1;
+    int groups, G, rows;
+    small_k_bwd_grid(N, OC, &groups, &G, &rows);
+    float *part_in = scratch, *part_w = scratch + (size_t)groups * N * K;
+    dim3 grid((unsigned)groups, (unsigned)G);
+#define SMALL_K_BWD(T, KP)                                                                                               \
+    small_k_bwd<T, KP><<<grid, 256, 0, st>>>(part_in, part_w, (const T *)dout, (const T *)t, (const T *)w, N, K, OC, rows); \
+    small_k_bwd_final<T><<<glmk_blocks((size_t)(N + OC) * K, 256, 1024), 256, 0, st>>>((T *)dinp, (T *)dw, part_in, part_w, N, \
+                                                                                       K, OC, groups, G, accumulate)
+    if (dt == GLM_BF16) { if (K <= 8) { SMALL_K_BWD(bf16, 8); } else { SMALL_K_BWD(bf16, 16); } }
+    else { if (K <= 8) { SMALL_K_BWD(f16, 8); } else { SMALL_K_BWD(f16, 16); } }
+#undef SMALL_K_BWD
+    GLMK_CHECK_LAUNCH();
+    return 1;
+}
