@@ -135,6 +135,11 @@ struct glm_backend {
     /* dx = ; dw += (NULL for a frozen norm: skipped) */
     void (*rmsnorm_bwd)(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w,
                         const float *rstd, int N, int C);
+    /* the same with dx = the norm's input gradient + res (a residual branch's gradient; res is
+     * neither dx nor dout): one pass instead of rmsnorm_bwd, then scale_add. Optional (NULL:
+     * callers run the two). */
+    void (*rmsnorm_bwd_add)(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                            const float *rstd, const void *res, int N, int C);
     /* SwiGLU: x [N, 2F] = gate | up; out[N, F] = silu(gate) * up, silu(g) = g / (1 + e^-g) */
     void (*swiglu_fwd)(glm_backend *be, void *out, const void *x, int N, int F);
     /* dx [N, 2F] (=) from dout [N, F] and the forward's x */

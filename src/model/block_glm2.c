@@ -75,21 +75,32 @@ static void block_recompute(glm_model *m, int l, glm_layer_acts *a, const void *
     if (glm_linear_reads_input(m, l, 3)) m->be->swiglu_fwd(m->be, a->act, a->fc1, N, c->inner_hidden_size);
 }
 
+/* dx = RMSNorm's input gradient + res (the residual branch's): one pass where the backend fuses it */
+static void norm_bwd_add(glm_model *m, void *dx, void *dw, const void *dout, const void *x, const void *w, const float *rstd,
+                         const void *res, int N) {
+    glm_backend *be = m->be;
+    int H = m->cfg.hidden_size;
+    if (be->rmsnorm_bwd_add) {
+        be->rmsnorm_bwd_add(be, dx, dw, dout, x, w, rstd, res, N, H);
+        return;
+    }
+    be->rmsnorm_bwd(be, dx, dw, dout, x, w, rstd, N, H);
+    be->scale_add(be, dx, 1.0f, res, dx, (size_t)N * H);
+}
+
 static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, const void *dh_out, void *dh_in) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
     const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
     int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size, F = c->inner_hidden_size;
     int NH = c->num_attention_heads, HD = glm_head_dim(c), W = glm_qkv_width(c);
-    size_t NHs = (size_t)N * H;
     /* h' = h1 + FC2(SwiGLU(FC1(y))) */
     glm_linear_bwd(m, l, 3, a, m->d_act, g->fc2_w, NULL, dh_out, a->act, p->fc2_w, N, F, H);
     be->swiglu_bwd(be, m->d_ff, a->fc1, m->d_act, N, F);
     void *dy = m->d_x; /* dead before dx is needed */
     glm_linear_bwd(m, l, 2, a, dy, g->fc1_w, NULL, m->d_ff, a->y, p->fc1_w, N, H, 2 * F);
     /* y = RMSNorm2(h1); h1 also feeds h' directly */
-    be->rmsnorm_bwd(be, m->d_h1, g->ln2_w, dy, a->h1, p->ln2_w, a->ln2_rstd, N, H);
-    be->scale_add(be, m->d_h1, 1.0f, dh_out, m->d_h1, NHs);
+    norm_bwd_add(m, m->d_h1, g->ln2_w, dy, a->h1, p->ln2_w, a->ln2_rstd, dh_out, N);
     /* h1 = h_in + Dense(ctx) */
     glm_linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, NULL, m->d_h1, a->ctx, p->dense_w, N, NH * HD, H);
     glm_qkv_view q, k, v, dq, dk, dv;
@@ -114,8 +125,7 @@ static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
     glm_linear_bwd(m, l, 0, a, dx, g->qkv_w, g->qkv_b, m->d_qkv, a->x, p->qkv_w, N, H, W);
     if (!dh_in) return;
     /* x = RMSNorm1(h_in); h_in also feeds h1 directly */
-    be->rmsnorm_bwd(be, dh_in, g->ln1_w, dx, h_in, p->ln1_w, a->ln1_rstd, N, H);
-    be->scale_add(be, dh_in, 1.0f, m->d_h1, dh_in, NHs);
+    norm_bwd_add(m, dh_in, g->ln1_w, dx, h_in, p->ln1_w, a->ln1_rstd, m->d_h1, N);
 }
 
 static void final_norm(glm_model *m, void *out, float *mean, float *rstd, const void *x, int N) {

@@ -33,6 +33,25 @@ static void t_rmsnorm(ctx *c, int N, int C) {
     be->rmsnorm_bwd(be, dout, NULL, dg, dx, dw, dr, N, C);
     float *fdx = down_s(be, dout, (size_t)N * C);
     check_close(c->tc, NAME("rmsnorm_bwd_frozen_dx_%s_%dx%d", c->tag, N, C), fdx, rdx, (size_t)N * C, tol(c, 1e-5, 1e-2, 2e-3));
+    if (be->rmsnorm_bwd_add) { /* dx + a residual branch's gradient in the same pass, with dw and frozen */
+        float *res = rnd(&c->rng, c->dt, (size_t)N * C, 1.0f), *rsum = malloc(sizeof(float) * N * C);
+        for (size_t i = 0; i < (size_t)N * C; i++) rsum[i] = rdx[i] + res[i];
+        void *dres = up_s(be, res, (size_t)N * C);
+        for (int frozen = 0; frozen < 2; frozen++) {
+            float *rw2 = fcopy(w0, C);
+            cpu_rmsnorm_bwd(rdx, rw2, g, x, w, rr, N, C);
+            be->upload_f32(be, ddw, w0, C);
+            poison(be, dout, (size_t)N * C, 0);
+            be->rmsnorm_bwd_add(be, dout, frozen ? NULL : ddw, dg, dx, dw, dr, dres, N, C);
+            float *adx = down_s(be, dout, (size_t)N * C), *adw = down_s(be, ddw, C);
+            check_close(c->tc, NAME("rmsnorm_bwd_add%s_dx_%s_%dx%d", frozen ? "_frozen" : "", c->tag, N, C), adx, rsum,
+                        (size_t)N * C, tol(c, 1e-5, 1e-2, 2e-3));
+            if (!frozen) check_close(c->tc, NAME("rmsnorm_bwd_add_dw_%s_%dx%d", c->tag, N, C), adw, rw2, C, tol(c, 1e-5, 1e-2, 2e-3));
+            free(rw2); free(adx); free(adw);
+        }
+        be->free(be, dres);
+        free(res); free(rsum);
+    }
     void *bufs[] = {dx, dw, dout, dr, dg, ddw};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
     float *hs[] = {x, w, ref, rr, got, gr, g, w0, rdx, rdw, odx, odw, fdx};

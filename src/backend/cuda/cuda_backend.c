@@ -637,7 +637,14 @@ static void cu_rms_bwd(glm_backend *be, void *dx, void *dw, const void *dout, co
                        const float *rstd, int N, int C) {
     prof(be, GLM_PROF_OTHER, "rmsnorm_bwd");
     float *s = scratch(be, glmk_rmsnorm_bwd_scratch(N, C) * sizeof(float));
-    glmk_rmsnorm_bwd(be->dtype, dx, dw, dout, x, w, rstd, N, C, s, IM(be)->st);
+    glmk_rmsnorm_bwd(be->dtype, dx, dw, dout, x, w, rstd, NULL, N, C, s, IM(be)->st);
+    op_done(be, "rmsnorm_bwd");
+}
+static void cu_rms_bwd_add(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                           const float *rstd, const void *res, int N, int C) {
+    prof(be, GLM_PROF_OTHER, "rmsnorm_bwd");
+    float *s = scratch(be, glmk_rmsnorm_bwd_scratch(N, C) * sizeof(float));
+    glmk_rmsnorm_bwd(be->dtype, dx, dw, dout, x, w, rstd, res, N, C, s, IM(be)->st);
     op_done(be, "rmsnorm_bwd");
 }
 static void cu_swiglu_fwd(glm_backend *be, void *out, const void *x, int N, int F) {
@@ -899,7 +906,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .embedding_fwd = cu_emb_fwd, .embedding_bwd = cu_emb_bwd, .layernorm_fwd = cu_ln_fwd, .layernorm_bwd = cu_ln_bwd,
         .matmul_fwd = cu_mm_fwd, .matmul_fwd_add = cu_mm_fwd_add, .matmul_fwd_gelu = cu_mm_fwd_gelu,
         .matmul_bwd_dgelu = cu_mm_bwd_dgelu, .matmul_bwd = cu_mm_bwd, .matmul_bwd_add = cu_mm_bwd_add, .rope = cu_rope,
-        .rmsnorm_fwd = cu_rms_fwd, .rmsnorm_bwd = cu_rms_bwd, .swiglu_fwd = cu_swiglu_fwd, .swiglu_bwd = cu_swiglu_bwd,
+        .rmsnorm_fwd = cu_rms_fwd, .rmsnorm_bwd = cu_rms_bwd, .rmsnorm_bwd_add = cu_rms_bwd_add, .swiglu_fwd = cu_swiglu_fwd, .swiglu_bwd = cu_swiglu_bwd,
         .rope_pairs = cu_rope_pairs, .copy_rows = cu_copy_rows, .attention_fwd = cu_attn_fwd,
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale,
         .lora_down = cu_lora_down, .lora_down_bwd = cu_lora_down_bwd,

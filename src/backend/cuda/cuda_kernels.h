@@ -55,10 +55,10 @@ void glmk_bias_add(glm_dtype dt, void *out, const void *bias, int N, int OC, cud
 /* ---- the ChatGLM2 family (k_glm2.cu) ---- */
 void glmk_rmsnorm_fwd(glm_dtype dt, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps,
                       cudaStream_t st);
-/* scratch: glmk_rmsnorm_bwd_scratch(N, C) floats */
+/* scratch: glmk_rmsnorm_bwd_scratch(N, C) floats; res (NULL: none) is added to dx */
 size_t glmk_rmsnorm_bwd_scratch(int N, int C);
 void glmk_rmsnorm_bwd(glm_dtype dt, void *dx, void *dw, const void *dout, const void *x, const void *w, const float *rstd,
-                      int N, int C, float *scratch, cudaStream_t st);
+                      const void *res, int N, int C, float *scratch, cudaStream_t st);
 void glmk_swiglu_fwd(glm_dtype dt, void *out, const void *x, int N, int F, cudaStream_t st);
 void glmk_swiglu_bwd(glm_dtype dt, void *dx, const void *x, const void *dout, int N, int F, cudaStream_t st);
 /* w: the rot/2 (<= 256) fp32 frequencies, host memory (passed by value to the kernel) */

@@ -51,9 +51,11 @@ __global__ void rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *w, int
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
-/* dx (may alias dout) of rows blockIdx.x + k*gridDim.x, and partial[blockIdx.x] of dw (NULL: none). */
+/* dx (may alias dout) of rows blockIdx.x + k*gridDim.x, plus res (NULL: none; not dx), and
+ * partial[blockIdx.x] of dw (NULL: none). */
 template <typename T>
-__global__ void rmsnorm_bwd_vec(T *dx, float *pdw, const T *dout, const T *x, const T *w, const float *rstd, int N, int C) {
+__global__ void rmsnorm_bwd_vec(T *dx, float *pdw, const T *dout, const T *x, const T *w, const float *rstd, const T *res,
+                                int N, int C) {
     constexpr int P = Pack<T>::N;
     __shared__ float sh[32];
     int packs = C / P;
@@ -91,9 +93,11 @@ __global__ void rmsnorm_bwd_vec(T *dx, float *pdw, const T *dout, const T *x, co
         for (int k = 0; k < RMS_NP; k++) {
             int pk = threadIdx.x + k * blockDim.x;
             if (pk < packs) {
-                Pack<T> po;
+                Pack<T> po, pr;
+                if (res) pr = ld_pack(res + off + pk * P);
 #pragma unroll
-                for (int e = 0; e < P; e++) po.v[e] = from_f<T>(r * (g[k][e] * wv[k][e] - xh[k][e] * bb));
+                for (int e = 0; e < P; e++)
+                    po.v[e] = from_f<T>(r * (g[k][e] * wv[k][e] - xh[k][e] * bb) + (res ? to_f(pr.v[e]) : 0.0f));
                 st_pack(dx + off + pk * P, po);
             }
         }
@@ -129,9 +133,9 @@ extern "C" void glmk_rmsnorm_fwd(glm_dtype dt, void *out, float *rstd, const voi
     GLMK_CHECK_LAUNCH();
 }
 
-/* dx = rstd * (g*w - xhat * mean(g*w*xhat)), row by row; dx may alias dout. */
+/* dx = rstd * (g*w - xhat * mean(g*w*xhat)) (+ res), row by row; dx may alias dout. */
 template <typename T>
-__global__ void rmsnorm_dx_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int C) {
+__global__ void rmsnorm_dx_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd, const T *res, int C) {
     __shared__ float sh[32];
     size_t off = (size_t)blockIdx.x * C;
     float r = rstd[blockIdx.x], sgx = 0;
@@ -139,7 +143,7 @@ __global__ void rmsnorm_dx_kernel(T *dx, const T *dout, const T *x, const T *w, 
     float bb = block_sum(sgx, sh) / C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float xh = to_f(x[off + c]) * r;
-        dx[off + c] = from_f<T>(r * (to_f(dout[off + c]) * to_f(w[c]) - xh * bb));
+        dx[off + c] = from_f<T>(r * (to_f(dout[off + c]) * to_f(w[c]) - xh * bb) + (res ? to_f(res[off + c]) : 0.0f));
     }
 }
 
@@ -168,15 +172,15 @@ extern "C" size_t glmk_rmsnorm_bwd_scratch(int N, int C) {
 }
 
 extern "C" void glmk_rmsnorm_bwd(glm_dtype dt, void *dx, void *dw, const void *dout, const void *x, const void *w,
-                                 const float *rstd, int N, int C, float *scratch, cudaStream_t st) {
+                                 const float *rstd, const void *res, int N, int C, float *scratch, cudaStream_t st) {
     if (N <= 0) return;
-    int vt = rms_vec_threads(dt, C, dx, dout, x, w);
+    int vt = !res || aligned16(res) ? rms_vec_threads(dt, C, dx, dout, x, w) : 0;
     if (vt) {
         /* a frozen norm (no dw) a row a block: no rows waiting on one block's loop */
         int G = !dw || N < RMS_BWD_BLOCKS ? N : RMS_BWD_BLOCKS;
         GLMK_DISPATCH(dt, {
             rmsnorm_bwd_vec<T><<<G, vt, 0, st>>>((T *)dx, dw ? scratch : NULL, (const T *)dout, (const T *)x, (const T *)w,
-                                                 rstd, N, C);
+                                                 rstd, (const T *)res, N, C);
             if (dw) rmsnorm_dw_final<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, scratch, G, C);
         });
         GLMK_CHECK_LAUNCH();
@@ -192,7 +196,8 @@ extern "C" void glmk_rmsnorm_bwd(glm_dtype dt, void *dx, void *dw, const void *d
                                                                             rows_per);
             rmsnorm_dw_final<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, scratch, rb, C);
         }
-        rmsnorm_dx_kernel<T><<<N, threads, 0, st>>>((T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd, C);
+        rmsnorm_dx_kernel<T><<<N, threads, 0, st>>>((T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd,
+                                                    (const T *)res, C);
     });
     GLMK_CHECK_LAUNCH();
 }
