@@ -30,7 +30,8 @@ typedef struct {
 
 /* the bytes an op must move at least, and its name; fn runs it once */
 typedef void (*op_fn)(glm_backend *be, void **buf, int N);
-static void time_op(bench *b, const char *name, op_fn fn, void **buf, int N, double bytes) {
+/* the op's mean time in us; printed with the GB/s of `bytes` against the copy speed */
+static double time_op(bench *b, const char *name, op_fn fn, void **buf, int N, double bytes) {
     fn(b->be, buf, N); /* warm-up */
     b->be->sync(b->be);
     double t0 = now();
@@ -41,6 +42,7 @@ static void time_op(bench *b, const char *name, op_fn fn, void **buf, int N, dou
     if (b->out)
         fprintf(b->out, "{\"op\":\"%s\",\"tokens\":%d,\"us\":%.2f,\"gbs\":%.1f,\"copy_gbs\":%.1f}\n", name, N, us, gbs,
                 b->copy_gbs);
+    return us;
 }
 
 /* the shapes: C = 4096 input width, OC = 12288 (query_key_value), rank r, dropout p */
@@ -108,13 +110,7 @@ int main(int argc, char **argv) {
     bench b = {be, reps, outp ? fopen(outp, "a") : NULL, 0};
     printf("bench_ops: %d tokens, C %d, OC %d, rank %d, dropout %.2f, bf16, mean of %d\n", N, C, OC, R, P, reps);
     double xb = (double)n * C * es, ob = (double)n * OC * es;
-    time_op(&b, "copy N x OC", op_copy, buf, N, 2 * ob); /* the ceiling the others are measured against */
-    op_copy(be, buf, N);
-    be->sync(be);
-    double t0 = now();
-    for (int r = 0; r < reps; r++) op_copy(be, buf, N);
-    be->sync(be);
-    b.copy_gbs = 2 * ob / ((now() - t0) / reps) / 1e9;
+    b.copy_gbs = 2 * ob / (time_op(&b, "copy N x OC", op_copy, buf, N, 2 * ob) * 1e-6) / 1e9; /* the others' ceiling */
     time_op(&b, "lora_down", op_lora_down, buf, N, xb);
     time_op(&b, "lora_down_bwd dA", op_lora_bwd_da, buf, N, xb);
     time_op(&b, "lora_down_bwd dx", op_lora_bwd_dx, buf, N, 2 * xb);

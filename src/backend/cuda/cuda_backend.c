@@ -633,19 +633,16 @@ static void cu_rms_fwd(glm_backend *be, void *out, float *rstd, const void *x, c
     glmk_rmsnorm_fwd(be->dtype, out, rstd, x, w, N, C, eps, IM(be)->st);
     op_done(be, "rmsnorm_fwd");
 }
-static void cu_rms_bwd(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w,
-                       const float *rstd, int N, int C) {
-    prof(be, GLM_PROF_OTHER, "rmsnorm_bwd");
-    float *s = scratch(be, glmk_rmsnorm_bwd_scratch(N, C) * sizeof(float));
-    glmk_rmsnorm_bwd(be->dtype, dx, dw, dout, x, w, rstd, NULL, N, C, s, IM(be)->st);
-    op_done(be, "rmsnorm_bwd");
-}
 static void cu_rms_bwd_add(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w,
                            const float *rstd, const void *res, int N, int C) {
     prof(be, GLM_PROF_OTHER, "rmsnorm_bwd");
     float *s = scratch(be, glmk_rmsnorm_bwd_scratch(N, C) * sizeof(float));
     glmk_rmsnorm_bwd(be->dtype, dx, dw, dout, x, w, rstd, res, N, C, s, IM(be)->st);
     op_done(be, "rmsnorm_bwd");
+}
+static void cu_rms_bwd(glm_backend *be, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                       const float *rstd, int N, int C) {
+    cu_rms_bwd_add(be, dx, dw, dout, x, w, rstd, NULL, N, C);
 }
 static void cu_swiglu_fwd(glm_backend *be, void *out, const void *x, int N, int F) {
     prof(be, GLM_PROF_OTHER, "swiglu_fwd");

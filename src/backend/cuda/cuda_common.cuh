@@ -45,6 +45,40 @@ template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* mma.sync (sm_80 and newer), 16-bit inputs, fp32 sums, lane = 4 g + t:
+ *   m16n8k16: A a0 (g, k 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..); B b0 (k 2t..2t+1,
+ *             n g) b1 (k 2t+8.., n g); C c0,c1 (g, n 2t..2t+1) c2,c3 (g+8, 2t..2t+1)
+ *   m16n8k8:  A a0, a1 and B b0 as the first halves above */
+template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<bf16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<f16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <typename T> __device__ __forceinline__ void mma1688(float *c, const uint32_t *a, uint32_t b0);
+template <> __device__ __forceinline__ void mma1688<bf16>(float *c, const uint32_t *a, uint32_t b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b0));
+}
+template <> __device__ __forceinline__ void mma1688<f16>(float *c, const uint32_t *a, uint32_t b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b0));
+}
+/* the 8 x 8 matrix of 16-bit values the warp holds one register a lane (lane 4 i + k: row i,
+ * columns 2k, 2k + 1), transposed */
+__device__ __forceinline__ uint32_t trans8(uint32_t v) {
+    uint32_t o;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(o) : "r"(v));
+    return o;
+}
+
 /* True when p is 16-byte aligned (host side, before choosing a vector kernel). */
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 

@@ -2,11 +2,13 @@
  * lora_down_bwd): peft's lora_A(dropout(x)) without the dropped-out copy of x written and read
  * back, in forward and in backward. The rank is small (<= 16), so these are reads of x (and of
  * dx): for 16-bit storage the products run on tensor cores (mma.sync), which leaves the passes
- * bound by memory; fp32 storage takes CUDA-core kernels. The mask is mask_scale's
- * (backend/mask_hash.h: element i = n * C + c of x, the same seed; one hash per four elements,
- * as C is a multiple of the pack and so of 4), the dropped-out value rounded to S as mask_scale
- * stores it, so the results are those of mask_scale + the GEMMs up to the rounding of the
- * products' sums. */
+ * bound by memory and the mask's hash; fp32 storage takes CUDA-core kernels. The mask is
+ * mask_scale's (backend/mask_hash.h: element i = n * C + c of x, the same seed; one hash per four
+ * elements, as C is a multiple of the pack and so of 4). The CUDA-core kernels round each kept,
+ * scaled value to S as mask_scale stores it; the tensor-core ones scale the sums instead (see
+ * below): either way the results are those of mask_scale + the GEMMs up to rounding. The file
+ * also holds the products whose inner size is at most 16 (LoRA's B side, K the rank):
+ * glmk_small_k_fwd and glmk_small_k_bwd, on the same tensor-core operand helpers. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/mask_hash.h"
 
@@ -188,38 +190,6 @@ __global__ void lora_da_final_kernel(T *da, const float *part, int G, int rC, fl
  * positions) are laid so each lane's outputs land on its own pack. Register q of a pack holds
  * columns c + 2q, c + 2q + 1. */
 
-template <typename T> __device__ __forceinline__ void mma_k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                              uint32_t a3, uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void mma_k16<bf16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                          uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma_k16<f16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                         uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-template <typename T> __device__ __forceinline__ void mma_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0);
-template <> __device__ __forceinline__ void mma_k8<bf16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b0));
-}
-template <> __device__ __forceinline__ void mma_k8<f16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b0));
-}
-/* the 8 x 8 matrix of 16-bit values the warp holds one register a lane (lane 4 i + k: row i,
- * columns 2k, 2k + 1), transposed */
-__device__ __forceinline__ uint32_t trans8(uint32_t v) {
-    uint32_t o;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(o) : "r"(v));
-    return o;
-}
 template <typename T> __device__ __forceinline__ uint32_t bits16(T v) { return (uint32_t)*reinterpret_cast<uint16_t *>(&v); }
 /* The keep masks of a pack of 8 at element off (a multiple of 8): m[q] has 0xffff in the half of
  * each kept element of register q (all kept without dropout). Two hashes a pack, as mask_scale. */
@@ -244,6 +214,62 @@ template <typename T> __device__ __forceinline__ Pack<T> zero_pack() {
     Pack<T> z;
     *reinterpret_cast<int4 *>(&z) = make_int4(0, 0, 0, 0);
     return z;
+}
+/* The column that position g (m or n) of register q's 8 x 8 matrices stands for, in the chunk at
+ * c0: lane (g, t) holds columns c0 + 8 t + 2 q + 0, 1 of register q */
+__device__ __forceinline__ int pack_col(int c0, int q, int g) { return c0 + 8 * (g >> 1) + 2 * q + (g & 1); }
+/* k positions over a pack's columns: registers q0 and q0 + 1 of rows g (wa) and g + 8 (wb) */
+template <typename T>
+__device__ __forceinline__ void mma_cols(float (&d)[4], const uint32_t *wa, const uint32_t *wb, int q0, uint32_t b0, uint32_t b1) {
+    uint32_t a[4] = {wa[q0], wb[q0], wa[q0 + 1], wb[q0 + 1]};
+    mma16816<T>(d, a, b0, b1);
+}
+/* k positions over 16 rows, m positions the columns of registers q0 and q0 + 1: the transposes
+ * of rows 0-7 (ta) and 8-15 (tb) */
+template <typename T>
+__device__ __forceinline__ void mma_rows(float (&d)[4], const uint32_t *ta, const uint32_t *tb, int q0, uint32_t b0, uint32_t b1) {
+    uint32_t a[4] = {ta[q0], ta[q0 + 1], tb[q0], tb[q0 + 1]};
+    mma16816<T>(d, a, b0, b1);
+}
+/* The operands read from a small row-major matrix through f(n, k) (its 16-bit entry, 0 outside):
+ * A over rows ra, rb and k = 2 t4 (+ 8); B over k = rows n0 + 2 t4 (+ 1, + 8, + 9) at column j */
+template <class F> __device__ __forceinline__ void small_rows_a(uint32_t (&a)[4], F f, int ra, int rb, int t4) {
+    a[0] = f(ra, 2 * t4) | f(ra, 2 * t4 + 1) << 16;
+    a[1] = f(rb, 2 * t4) | f(rb, 2 * t4 + 1) << 16;
+    a[2] = f(ra, 2 * t4 + 8) | f(ra, 2 * t4 + 9) << 16;
+    a[3] = f(rb, 2 * t4 + 8) | f(rb, 2 * t4 + 9) << 16;
+}
+template <class F> __device__ __forceinline__ void small_rows_b(uint32_t (&b)[2], F f, int n0, int t4, int j) {
+    int k = n0 + 2 * t4;
+    b[0] = f(k, j) | f(k + 1, j) << 16;
+    b[1] = f(k + 8, j) | f(k + 9, j) << 16;
+}
+/* The B operand of small_k_tile for the 8 columns q of a chunk at c0: f(col, k) the K-deep
+ * matrix's 16-bit entry (0 outside), k = 2 t4 (+ 8) at column pack_col(c0, q, g) */
+template <int NK, class F> __device__ __forceinline__ void small_k_cols(uint32_t (&b)[4][NK], F f, int c0, int g, int t4) {
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int h = 0; h < NK; h++) {
+            int col = pack_col(c0, q, g), k = 2 * t4 + 8 * h;
+            b[q][h] = f(col, k) | f(col, k + 1) << 16;
+        }
+}
+/* a 16-row tile of the small matrix (a) times 8 columns q of a K-deep one (b: its B operand):
+ * m16n8k8 for K <= 8, else m16n8k16; v = the lane's values of rows g, g + 8 at pack elements
+ * 2q, 2q + 1 */
+template <typename T, int NK> __device__ __forceinline__ void small_k_tile(float (&v)[4], const uint32_t (&a)[4], const uint32_t *b) {
+    v[0] = v[1] = v[2] = v[3] = 0.0f;
+    if (NK == 1) mma1688<T>(v, a, b[0]);
+    else mma16816<T>(v, a, b[0], b[1]);
+}
+/* an accumulator tile (rows g, g + 8; columns j0 + 2 t4, + 1) into a warp's [16][R] slice */
+template <int R> __device__ __forceinline__ void tile_to_shared(float (*sh)[R], const float (&d)[4], int g, int t4, int j0) {
+    int j = j0 + 2 * t4;
+    sh[g][j] = d[0];
+    sh[g][j + 1] = d[1];
+    sh[g + 8][j] = d[2];
+    sh[g + 8][j + 1] = d[3];
 }
 
 #define LORA_TC_UNROLL 4 /* chunks whose packs a forward lane loads before it multiplies */
@@ -292,19 +318,13 @@ __global__ void __launch_bounds__(256) lora_down_tc(T *__restrict__ t, const T *
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const uint32_t *b = reinterpret_cast<const uint32_t *>(&pa[u][nt]);
-                mma_k16<T>(d[nt], wa[0], wb[0], wa[1], wb[1], b[0], b[1]);
-                mma_k16<T>(d[nt], wa[2], wb[2], wa[3], wb[3], b[2], b[3]);
+                mma_cols<T>(d[nt], wa, wb, 0, b[0], b[1]);
+                mma_cols<T>(d[nt], wa, wb, 2, b[2], b[3]);
             }
         }
     }
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        int j = nt * 8 + 2 * t4;
-        part[warp][g][j] = d[nt][0];
-        part[warp][g][j + 1] = d[nt][1];
-        part[warp][g + 8][j] = d[nt][2];
-        part[warp][g + 8][j + 1] = d[nt][3];
-    }
+    for (int nt = 0; nt < NT; nt++) tile_to_shared<R>(part[warp], d[nt], g, t4, nt * 8);
     __syncthreads();
     for (int k = threadIdx.x; k < 16 * r; k += blockDim.x) {
         int i = k / r, j = k % r;
@@ -337,20 +357,11 @@ __global__ void __launch_bounds__(256) lora_bwd_tc(float *__restrict__ part, T *
     bool in = c < C;
     int nb = blockIdx.y * rows, ne = min(N, nb + rows);
     auto dtv = [&](int n, int j) -> uint32_t { return n < ne && j < r ? bits16(dt[(size_t)n * r + j]) : 0u; };
-    /* DX's B operand: a's rows j = 2 t4 + e (+ 8 for the second k half) at column col(q, g) */
+    /* DX's B operand: a's rows j = 2 t4 + e (+ 8 for the second k half) at column pack_col(c0, q, g) */
     uint32_t bx[4][NT];
     if (DX)
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            int col = c0 + 8 * (g >> 1) + 2 * q + (g & 1);
-#pragma unroll
-            for (int h = 0; h < NT; h++) {
-                int j = 2 * t4 + 8 * h;
-                uint32_t lo = col < C && j < r ? bits16(a[(size_t)j * C + col]) : 0u;
-                uint32_t hi = col < C && j + 1 < r ? bits16(a[(size_t)(j + 1) * C + col]) : 0u;
-                bx[q][h] = lo | hi << 16;
-            }
-        }
+        small_k_cols<NT>(bx, [&](int col, int j) -> uint32_t { return col < C && j < r ? bits16(a[(size_t)j * C + col]) : 0u; },
+                         c0, g, t4);
     float da[2][NT][4];
 #pragma unroll
     for (int p = 0; p < 2; p++)
@@ -389,20 +400,19 @@ __global__ void __launch_bounds__(256) lora_bwd_tc(float *__restrict__ part, T *
             for (int q = 0; q < 4; q++) { wa[q] = trans8(wa[q]); wb[q] = trans8(wb[q]); }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                int j = nt * 8 + g, k = n0 + 2 * t4;
-                uint32_t b0 = dtv(k, j) | dtv(k + 1, j) << 16, b1 = dtv(k + 8, j) | dtv(k + 9, j) << 16;
+                uint32_t b[2];
+                small_rows_b(b, dtv, n0, t4, nt * 8 + g);
 #pragma unroll
-                for (int p = 0; p < 2; p++) mma_k16<T>(da[p][nt], wa[2 * p], wa[2 * p + 1], wb[2 * p], wb[2 * p + 1], b0, b1);
+                for (int p = 0; p < 2; p++) mma_rows<T>(da[p][nt], wa, wb, 2 * p, b[0], b[1]);
             }
         }
         if (DX) {
-            uint32_t a0 = dtv(ra, 2 * t4) | dtv(ra, 2 * t4 + 1) << 16, a1 = dtv(rb, 2 * t4) | dtv(rb, 2 * t4 + 1) << 16;
-            uint32_t a2 = dtv(ra, 2 * t4 + 8) | dtv(ra, 2 * t4 + 9) << 16, a3 = dtv(rb, 2 * t4 + 8) | dtv(rb, 2 * t4 + 9) << 16;
+            uint32_t af[4];
+            small_rows_a(af, dtv, ra, rb, t4);
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (NT == 1) mma_k8<T>(v, a0, a1, bx[q][0]);
-                else mma_k16<T>(v, a0, a1, a2, a3, bx[q][0], bx[q][NT - 1]);
+                float v[4];
+                small_k_tile<T, NT>(v, af, bx[q]);
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     int el = 2 * q + e;
@@ -422,7 +432,7 @@ __global__ void __launch_bounds__(256) lora_bwd_tc(float *__restrict__ part, T *
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int j = nt * 8 + 2 * t4 + (e & 1), col = c0 + 8 * (g >> 1) + 2 * (2 * p + (e >> 1)) + (g & 1);
+                    int j = nt * 8 + 2 * t4 + (e & 1), col = pack_col(c0, 2 * p + (e >> 1), g);
                     if (j < r && col < C) part[((size_t)blockIdx.y * r + j) * C + col] = da[p][nt][e];
                 }
 }
@@ -546,38 +556,22 @@ __global__ void __launch_bounds__(256) small_k_fwd(T *__restrict__ out, const T 
     int nb = blockIdx.y * rows, ne = min(N, nb + rows);
     auto tv = [&](int n, int k) -> uint32_t { return n < ne && k < K ? bits16(t[(size_t)n * K + k]) : 0u; };
     uint32_t bw[4][NK];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        int col = c0 + 8 * (g >> 1) + 2 * q + (g & 1);
-#pragma unroll
-        for (int h = 0; h < NK; h++) {
-            int k = 2 * t4 + 8 * h;
-            uint32_t lo = col < OC && k < K ? bits16(w[(size_t)col * K + k]) : 0u;
-            uint32_t hi = col < OC && k + 1 < K ? bits16(w[(size_t)col * K + k + 1]) : 0u;
-            bw[q][h] = lo | hi << 16;
-        }
-    }
+    small_k_cols<NK>(bw, [&](int col, int k) -> uint32_t { return col < OC && k < K ? bits16(w[(size_t)col * K + k]) : 0u; },
+                     c0, g, t4);
     /* four 16-row tiles at a time, t's entries of all four loaded before the products: the loop
      * is otherwise a chain of short loads */
     for (int n00 = nb; n00 < ne; n00 += 64) {
         uint32_t fa[4][4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int ra = n00 + 16 * u + g, rb = ra + 8;
-            fa[u][0] = tv(ra, 2 * t4) | tv(ra, 2 * t4 + 1) << 16;
-            fa[u][1] = tv(rb, 2 * t4) | tv(rb, 2 * t4 + 1) << 16;
-            fa[u][2] = NK > 1 ? tv(ra, 2 * t4 + 8) | tv(ra, 2 * t4 + 9) << 16 : 0u;
-            fa[u][3] = NK > 1 ? tv(rb, 2 * t4 + 8) | tv(rb, 2 * t4 + 9) << 16 : 0u;
-        }
+        for (int u = 0; u < 4; u++) small_rows_a(fa[u], tv, n00 + 16 * u + g, n00 + 16 * u + g + 8, t4);
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int ra = n00 + 16 * u + g, rb = ra + 8;
             Pack<T> oa, ob;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (NK == 1) mma_k8<T>(v, fa[u][0], fa[u][1], bw[q][0]);
-                else mma_k16<T>(v, fa[u][0], fa[u][1], fa[u][2], fa[u][3], bw[q][0], bw[q][NK - 1]);
+                float v[4];
+                small_k_tile<T, NK>(v, fa[u], bw[q]);
                 oa.v[2 * q] = from_f<T>(v[0]);
                 oa.v[2 * q + 1] = from_f<T>(v[1]);
                 ob.v[2 * q] = from_f<T>(v[2]);
@@ -661,20 +655,16 @@ __global__ void __launch_bounds__(256) small_k_bwd(float *__restrict__ part_in, 
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) di[nt][e] = 0.0f;
-        uint32_t bt[NT][2]; /* dw's B operand: t's rows n0 + 2 t4 (+ 1, + 8, + 9) at column j = nt 8 + g */
+        uint32_t bt[NT][2]; /* dw's B operand: t's rows at column j = nt 8 + g */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            int j = nt * 8 + g, k = n0 + 2 * t4;
-            bt[nt][0] = tv(k, j) | tv(k + 1, j) << 16;
-            bt[nt][1] = tv(k + 8, j) | tv(k + 9, j) << 16;
-        }
+        for (int nt = 0; nt < NT; nt++) small_rows_b(bt[nt], tv, n0, t4, nt * 8 + g);
 #pragma unroll
         for (int u = 0; u < CG; u++) {
             const uint32_t *wa = reinterpret_cast<const uint32_t *>(&xa[u]), *wb = reinterpret_cast<const uint32_t *>(&xb[u]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                mma_k16<T>(di[nt], wa[0], wb[0], wa[1], wb[1], bw[u][nt][0], bw[u][nt][1]);
-                mma_k16<T>(di[nt], wa[2], wb[2], wa[3], wb[3], bw[u][nt][2], bw[u][nt][3]);
+                mma_cols<T>(di[nt], wa, wb, 0, bw[u][nt][0], bw[u][nt][1]);
+                mma_cols<T>(di[nt], wa, wb, 2, bw[u][nt][2], bw[u][nt][3]);
             }
             uint32_t ta[4], tb[4];
 #pragma unroll
@@ -683,16 +673,10 @@ __global__ void __launch_bounds__(256) small_k_bwd(float *__restrict__ part_in, 
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int p = 0; p < 2; p++)
-                    mma_k16<T>(dw[u][p][nt], ta[2 * p], ta[2 * p + 1], tb[2 * p], tb[2 * p + 1], bt[nt][0], bt[nt][1]);
+                    mma_rows<T>(dw[u][p][nt], ta, tb, 2 * p, bt[nt][0], bt[nt][1]);
         }
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            int j = nt * 8 + 2 * t4;
-            sdi[warp][g][j] = di[nt][0];
-            sdi[warp][g][j + 1] = di[nt][1];
-            sdi[warp][g + 8][j] = di[nt][2];
-            sdi[warp][g + 8][j + 1] = di[nt][3];
-        }
+        for (int nt = 0; nt < NT; nt++) tile_to_shared<KP>(sdi[warp], di[nt], g, t4, nt * 8);
         __syncthreads();
         for (int i = threadIdx.x; i < 16 * K; i += blockDim.x) {
             int r = i / K, j = i % K;
@@ -711,7 +695,7 @@ __global__ void __launch_bounds__(256) small_k_bwd(float *__restrict__ part_in, 
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int j = nt * 8 + 2 * t4 + (e & 1), col = c0 + u * 32 + 8 * (g >> 1) + 2 * (2 * p + (e >> 1)) + (g & 1);
+                    int j = nt * 8 + 2 * t4 + (e & 1), col = pack_col(c0 + u * 32, 2 * p + (e >> 1), g);
                     if (j < K && col < OC) part_w[((size_t)blockIdx.y * OC + col) * K + j] = dw[u][p][nt][e];
                 }
 }

@@ -193,33 +193,20 @@ __global__ void layernorm_bwd_vec(T *dx, float *pdw, float *pdb, const T *dout, 
     }
 }
 
-/* A frozen LayerNorm's backward, a row to a group of S warps (S = 1, 2 or 4; 8 / S rows a block
- * of 256 threads): lane k of the group holds packs k, k + 32 S, ... (up to NP) of its row's x
- * and dout in registers as stored, so they are read once and the row's sums are warp shuffles
- * (and, for S > 1, one exchange through shared memory): no block-wide reduction sits between a
- * row's loads and its stores. Rows past N load nothing and store nothing (they still reach the
- * barrier). (The forward gained nothing this way over layernorm_fwd_vec's block a row.) */
-template <int S>
-__device__ __forceinline__ float2 group_sum2(float2 v, float2 *sh) {
-    v.x = warp_sum(v.x);
-    v.y = warp_sum(v.y);
-    if (S == 1) return v;
-    int w = threadIdx.x >> 5, w0 = w / S * S;
-    __syncthreads(); /* sh may still be read by the previous exchange */
-    if ((threadIdx.x & 31) == 0) sh[w] = v;
-    __syncthreads();
-    float2 o = sh[w0]; /* the group's warps in order: every warp of the group gets the same bits */
-#pragma unroll
-    for (int i = 1; i < S; i++) { o.x += sh[w0 + i].x; o.y += sh[w0 + i].y; }
-    return o;
-}
+/* A frozen LayerNorm's backward, a row to four warps (two rows a block of 256 threads): lane k of
+ * the row's 128 threads holds packs k, k + 128, ... (LN_ROWS_NP of them) of its row's x and dout
+ * in registers as loaded, so they are read once and the row's sums are warp shuffles and one
+ * exchange through shared memory: no block-wide reduction sits between a row's loads and its
+ * stores. A row past N loads and stores nothing (it still reaches the barrier). (The forward
+ * gained nothing this way over layernorm_fwd_vec's block a row.) */
+#define LN_ROWS_NP 4
 /* dx = rstd * (g w - mean(g w) - xhat mean(g w xhat)); dx may alias dout */
-template <typename T, int S, int NP>
+template <typename T>
 __global__ void __launch_bounds__(256, 2) layernorm_dx_rows(T *dx, const T *dout, const T *x, const T *w, const float *mean,
-                                                         const float *rstd, int N, int C) {
-    constexpr int P = Pack<T>::N;
+                                                            const float *rstd, int N, int C) {
+    constexpr int P = Pack<T>::N, NP = LN_ROWS_NP;
     __shared__ float2 sh[8];
-    int lane = (threadIdx.x & 31) + 32 * ((threadIdx.x >> 5) % S), row = blockIdx.x * (8 / S) + (threadIdx.x >> 5) / S;
+    int warp = threadIdx.x >> 5, lane = (threadIdx.x & 127), row = blockIdx.x * 2 + (warp >> 2);
     int packs = C / P;
     bool in = row < N;
     size_t off = (size_t)row * C;
@@ -227,12 +214,12 @@ __global__ void __launch_bounds__(256, 2) layernorm_dx_rows(T *dx, const T *dout
     Pack<T> px[NP], pg[NP];
 #pragma unroll
     for (int k = 0; k < NP; k++) {
-        int pk = lane + 32 * S * k;
+        int pk = lane + 128 * k;
         if (in && pk < packs) { px[k] = ld_pack(x + off + pk * P); pg[k] = ld_pack(dout + off + pk * P); }
     }
 #pragma unroll
     for (int k = 0; k < NP; k++) {
-        int pk = lane + 32 * S * k;
+        int pk = lane + 128 * k;
         if (in && pk < packs) {
             Pack<T> pw = ld_pack(w + pk * P);
 #pragma unroll
@@ -243,12 +230,20 @@ __global__ void __launch_bounds__(256, 2) layernorm_dx_rows(T *dx, const T *dout
             }
         }
     }
-    float2 t = group_sum2<S>(make_float2(sg, sgx), sh);
+    /* the row's four warps' sums, added in warp order (every warp of the row gets the same bits) */
+    sg = warp_sum(sg);
+    sgx = warp_sum(sgx);
+    if ((threadIdx.x & 31) == 0) sh[warp] = make_float2(sg, sgx);
+    __syncthreads();
+    int w0 = warp & ~3;
+    float2 t = sh[w0];
+#pragma unroll
+    for (int i = 1; i < 4; i++) { t.x += sh[w0 + i].x; t.y += sh[w0 + i].y; }
     float a = t.x / C, bb = t.y / C;
     if (!in) return;
 #pragma unroll
     for (int k = 0; k < NP; k++) {
-        int pk = lane + 32 * S * k;
+        int pk = lane + 128 * k;
         if (pk < packs) {
             Pack<T> pw = ld_pack(w + pk * P), po;
 #pragma unroll
@@ -260,10 +255,9 @@ __global__ void __launch_bounds__(256, 2) layernorm_dx_rows(T *dx, const T *dout
 }
 /* a row of C in 16-byte packs that four warps hold at LN_ROWS_NP packs a lane (wider rows, or
  * rows not in packs, take the block-a-row kernels) */
-#define LN_ROWS_NP 4
 static bool ln_rows_fit(glm_dtype dt, int C, const void *a, const void *b, const void *c, const void *d) {
     int P = (int)(16 / glm_dtype_size(dt));
-    return C % P == 0 && C / P <= 4 * 32 * LN_ROWS_NP && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
+    return C % P == 0 && C / P <= 128 * LN_ROWS_NP && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
 }
 
 /* threads for the vector path (a multiple of 32 with at most LN_NP packs each), or 0 when the
@@ -315,8 +309,8 @@ extern "C" void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, c
     if (N <= 0) return;
     if (!dw && ln_rows_fit(dt, C, dx, dout, x, w)) { /* frozen: a row four warps, x and dout held */
         unsigned g = (unsigned)((N + 1) / 2);
-        GLMK_DISPATCH(dt, layernorm_dx_rows<T, 4, LN_ROWS_NP><<<g, 256, 0, st>>>((T *)dx, (const T *)dout, (const T *)x,
-                                                                               (const T *)w, mean, rstd, N, C));
+        GLMK_DISPATCH(dt, layernorm_dx_rows<T><<<g, 256, 0, st>>>((T *)dx, (const T *)dout, (const T *)x, (const T *)w, mean,
+                                                                 rstd, N, C));
         GLMK_CHECK_LAUNCH();
         return;
     }
