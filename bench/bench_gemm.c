@@ -3,7 +3,13 @@
  * cuda_backend.c's gemm_epi uses). For each product: the candidates the heuristic returns (up to
  * --algos), each timed over --reps launches after warm-up; prints the first pick's time, the
  * fastest, its rank, and TFLOP/s.
- *   bench_gemm [--tokens N] [--algos K] [--reps R] [--out FILE.jsonl] */
+ * --sustain MS: each candidate also runs back to back for MS ms after an idle pause of --cool MS
+ * (default 400), and prints its speed in the first 10 launches (clocks not yet lowered by the
+ * power limit) and over the last quarter of the MS (held at the limit), with its tile and
+ * cluster ids: a step of back-to-back products runs at the second figure, and the ranking of
+ * the two can differ. --only SUBSTR limits the products to names holding SUBSTR.
+ *   bench_gemm [--tokens N] [--algos K] [--reps R] [--sustain MS [--cool MS]] [--only SUBSTR] [--out FILE.jsonl] */
+#include <unistd.h>
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -39,26 +45,64 @@ static float time_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t op, cublasLtMat
     return ms / reps;
 }
 
+/* Launches of one candidate for `ms` ms after `cool` ms idle: the speed of the first 10 and of
+ * the launches in the last quarter (both ms a launch) */
+static void sustain_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                         cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo, const void *A, const void *B, void *D,
+                         float beta, void *ws, size_t wsb, int ms, int cool, cudaStream_t st, float *burst, float *held) {
+    float alpha = 1.0f, el = 0, tail = 0;
+    int tail_n = 0;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    usleep(cool * 1000);
+    *burst = *held = -1;
+    for (int w = 0; el < ms; w++) {
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < 10; i++)
+            if (cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, algo, ws, wsb, st) != CUBLAS_STATUS_SUCCESS)
+                goto done;
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float t;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        if (w == 0) *burst = t / 10;
+        el += t;
+        if (el > 0.75f * ms) { tail += t; tail_n += 10; }
+    }
+    if (tail_n) *held = tail / tail_n;
+done:
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 int main(int argc, char **argv) {
-    int N = 4096, K = 16, reps = 20;
-    const char *out = NULL;
+    int N = 4096, K = 16, reps = 20, sustain = 0, cool = 400;
+    const char *out = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) N = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--algos") && i + 1 < argc) K = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
-        else { fprintf(stderr, "usage: bench_gemm [--tokens N] [--algos K] [--reps R] [--out FILE]\n"); return 2; }
+        else if (!strcmp(argv[i], "--sustain") && i + 1 < argc) sustain = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--cool") && i + 1 < argc) cool = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else {
+            fprintf(stderr, "usage: bench_gemm [--tokens N] [--algos K] [--reps R] [--sustain MS [--cool MS]] [--only SUBSTR] [--out FILE]\n");
+            return 2;
+        }
     }
     if (K > 64) K = 64;
     int H = 4096, F = 16384, Q = 12288, V = 130528, HC = 2048;
     /* column-major D[m,n] = op(A) op(B), as gemm_epi: forward (1,0,OC,N,C), input gradient
      * (0,0,C,N,OC), weight gradient (0,1,C,OC,N) accumulating (beta 1) */
     prod ps[] = {
-        {"fwd qkv", 1, 0, Q, N, H, EPI_BIAS, 0}, {"fwd dense+res", 1, 0, H, N, H, EPI_BIAS, 1},
+        {"fwd qkv", 1, 0, Q, N, H, EPI_BIAS, 0}, {"fwd qkv+lora", 1, 0, Q, N, H, EPI_BIAS, 1}, {"fwd dense+res", 1, 0, H, N, H, EPI_BIAS, 1},
         {"fwd fc1 gelu", 1, 0, F, N, H, EPI_GELU_AUX_BIAS, 0}, {"fwd fc1 plain", 1, 0, F, N, H, EPI_BIAS, 0},
         {"fwd fc2+res", 1, 0, H, N, F, EPI_BIAS, 1}, {"fwd head chunk", 1, 0, V, HC, H, EPI_NONE, 0},
         {"dinp qkv", 0, 0, H, N, Q, EPI_NONE, 0}, {"dinp dense", 0, 0, H, N, H, EPI_NONE, 0},
-        {"dinp fc1", 0, 0, H, N, F, EPI_NONE, 0}, {"dinp fc2 dgelu", 0, 0, F, N, H, EPI_DGELU, 0},
+        {"dinp fc1", 0, 0, H, N, F, EPI_NONE, 0}, {"dinp fc1+res", 0, 0, H, N, F, EPI_NONE, 1},
+        {"dinp dense+res", 0, 0, H, N, H, EPI_NONE, 1}, {"dinp fc2 dgelu", 0, 0, F, N, H, EPI_DGELU, 0},
         {"dinp fc2 plain", 0, 0, F, N, H, EPI_NONE, 0}, {"dinp head chunk", 0, 0, H, HC, V, EPI_NONE, 0},
         {"dw qkv", 0, 1, H, Q, N, EPI_NONE, 1}, {"dw dense", 0, 1, H, H, N, EPI_NONE, 1},
         {"dw fc1", 0, 1, H, F, N, EPI_NONE, 1}, {"dw fc2", 0, 1, F, H, N, EPI_NONE, 1},
@@ -95,6 +139,7 @@ int main(int argc, char **argv) {
     double tot1 = 0, totb = 0;
     for (size_t p = 0; p < sizeof ps / sizeof ps[0]; p++) {
         prod *q = &ps[p];
+        if (only && !strstr(q->name, only)) continue;
         cublasLtMatmulDesc_t op;
         cublasLtMatrixLayout_t la, lb, ld;
         LK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -129,6 +174,21 @@ int main(int argc, char **argv) {
             float t = time_algo(lt, op, la, lb, ld, &res[i].algo, A, B, D, q->beta, ws, wsb, reps, st);
             if (i == 0) first = t;
             if (t > 0 && t < best) { best = t; rank = i; }
+        }
+        for (int i = 0; sustain > 0 && i < nres; i++) {
+            float b, hd;
+            int tile = -1, cl = -1, stages = -1;
+            size_t sz;
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &sz);
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &sz);
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof cl, &sz);
+            sustain_algo(lt, op, la, lb, ld, &res[i].algo, A, B, D, q->beta, ws, wsb, sustain, cool, st, &b, &hd);
+            printf("  %-16s cand %2d tile %3d stages %3d cluster %2d: burst %7.0f TF/s, held %7.0f TF/s\n", q->name, i, tile,
+                   stages, cl, b > 0 ? flop / b / 1e9 : 0, hd > 0 ? flop / hd / 1e9 : 0);
+            if (fo)
+                fprintf(fo, "{\"product\": \"%s\", \"candidate\": %d, \"tile\": %d, \"stages\": %d, \"cluster\": %d, "
+                            "\"burst_ms\": %.4f, \"held_ms\": %.4f, \"sustain_ms\": %d}\n",
+                        q->name, i, tile, stages, cl, b, hd, sustain);
         }
         tot1 += first;
         totb += best;

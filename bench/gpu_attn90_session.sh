@@ -8,6 +8,7 @@
 #           prefix/causal/full: bench_attn on the wgmma path, on the mma.sync path
 #           (GLM_CUDA_ATTN=mma), then bench/pytorch_attn.py (SDPA) in the same call
 #   attn-wgmma  bench_attn on the wgmma path alone
+#   attn-diag  each build/diag/bench_attn_NAME (a diagnostic variant, not the tree's kernels)
 #   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail (the per-op profile)
 #   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
@@ -18,6 +19,14 @@
 #   glm2-lora, torch-glm2-lora   the ChatGLM2 W1 LoRA r=8 run alone, ours and PyTorch's
 #   torch, torch-lora, torch-glm2   the PyTorch baselines of train, lora and glm2 (same runs)
 #   torch-w2  the PyTorch baseline of W2 full fine-tuning alone
+#   torch-lora-prof  bench/pytorch_lora.py W1 LoRA r=8 with --profile (one step's kernels by time)
+#   lora-torchblas  bench_train LoRA r=8 W1 --detail with the cuBLAS of the machine's torch
+#           (LD_LIBRARY_PATH), which may be another release than the CUDA install's
+#   gemm-names  the products' kernels by name and mean time (ncu, 2 layers of LoRA r=8 W1), tuned and
+#           with the heuristic's first picks (GLM_CUDA_GEMM_TUNE=0); then the W1 LoRA profile untuned
+#   tune-ab  LoRA r=8 W1 four times, the GEMM candidates timed and not (GLM_CUDA_GEMM_TUNE=0) in turn
+#   clk-lora, clk-torch-lora  LoRA r=8 W1, ours / PyTorch's, with the GPU's clock, power and
+#           throttle reasons sampled every 50 ms (logs/clk-*.csv; the summary line: medians while busy)
 #   ops-full  bench_ops without dropout, then ncu's full set on one launch of each LoRA and
 #           LayerNorm kernel (in the logs)
 #   ops     bench_ops (LoRA's A and B sides, LayerNorm, rotary at W1's shapes against the copy
@@ -43,6 +52,8 @@ for mode in "${@:-check attn}"; do
         run_capped "attn-mma" 90 20 env GLM_CUDA_ATTN=mma "$B/bench_attn" --out "$OUT/attn90-mma.jsonl"
         run_capped "attn-torch" 150 30 env PYTHONUNBUFFERED=1 $PY bench/pytorch_attn.py --out "$OUT/attn90-torch.jsonl" ;;
     attn-wgmma) run_capped "attn-wgmma" 90 20 "$B/bench_attn" --out "$OUT/attn90-wgmma.jsonl" ;;
+    attn-diag) # bench_attn builds of diagnostic variants carried in build/diag (bench_attn_NAME), each alone
+        for d in build/diag/bench_attn_*; do run_capped "attn-${d##*_}" 90 20 "$d"; done ;;
     train)
         run_capped "train-wgmma" 150 40 "$B/bench_train" --runs 512x8,2048x2 --detail --out "$OUT/attn90-train-wgmma.jsonl"
         grep -A45 "per-op" "$OUT/logs/train-wgmma.txt" >"$OUT/logs/profile-train-wgmma.txt" ;;
@@ -72,6 +83,39 @@ for mode in "${@:-check attn}"; do
     torch-w2) run_capped "torch-2048x2" 200 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_baseline.py --runs 2048x2 --out "$OUT/attn90-torch-train.jsonl" ;;
     torch-lora) run_capped "torch-lora" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --runs 512x8,2048x2 --lora 8 \
         --lora_target qkv --out "$OUT/attn90-torch-lora.jsonl" ;;
+    tune-ab)
+        for r in 1 2; do
+            for tune in 1 0; do
+                run_capped "lora-tune$tune-$r" 60 15 env GLM_CUDA_GEMM_TUNE=$tune "$B/bench_train" --lora 8 --runs 512x8 \
+                    --out "$OUT/attn90-lora.jsonl"
+            done
+        done ;;
+    clk-lora) with_clocks clk-lora run_capped "clk-lora" 120 30 "$B/bench_train" --lora 8 --runs 512x8 \
+        --out "$OUT/attn90-lora.jsonl" ;;
+    clk-torch-lora) with_clocks clk-torch-lora run_capped "clk-torch-lora" 200 80 env PYTHONUNBUFFERED=1 $PY \
+        bench/pytorch_lora.py --runs 512x8 --lora 8 --lora_target qkv --out "$OUT/attn90-torch-lora.jsonl" ;;
+    torch-lora-prof) run_capped "torch-lora-prof" 200 80 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --runs 512x8 --lora 8 \
+        --lora_target qkv --profile --out "$OUT/attn90-torch-lora.jsonl" ;;
+    lora-torchblas)
+        TL=$($PY -c "import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+        BL=$(dirname "$(find "$TL/nvidia" -name 'libcublasLt.so*' | head -1)")
+        echo "torch's cuBLAS: $BL ($(ls "$BL" | tr '\n' ' ')); pip: $($PY -m pip list 2>/dev/null | grep -i cublas | tr -s ' ')" |
+            tee -a "$SUMMARY"
+        echo "the CUDA install's: $(ls -l /usr/local/cuda/lib64/libcublasLt.so* 2>/dev/null | awk '{print $NF}' | tr '\n' ' ')" |
+            tee -a "$SUMMARY"
+        env LD_LIBRARY_PATH="$BL:${LD_LIBRARY_PATH:-}" ldd "$B/bench_train" | grep -i cublas | tee -a "$SUMMARY"
+        run_capped "lora-torchblas" 120 40 env LD_LIBRARY_PATH="$BL:${LD_LIBRARY_PATH:-}" "$B/bench_train" --lora 8 \
+            --runs 512x8 --detail --out "$OUT/attn90-lora.jsonl"
+        grep -A45 "per-op" "$OUT/logs/lora-torchblas.txt" >"$OUT/logs/profile-lora-torchblas.txt" ;;
+    gemm-names)
+        for tune in 1 0; do
+            run_capped "gemm-ncu-tune$tune" 150 30 env GLM_CUDA_GEMM_TUNE=$tune ncu --clock-control none --cache-control none \
+                --metrics gpu__time_duration.sum -k regex:'nvjet|gemm|cutlass|xmma' --print-summary per-kernel \
+                "$B/bench_train" --lora 8 --runs 512x8 --layers 2 --steps 1 --warmup 1
+        done
+        run_capped "lora-notune" 120 40 env GLM_CUDA_GEMM_TUNE=0 "$B/bench_train" --lora 8 --runs 512x8 --detail \
+            --out "$OUT/attn90-lora.jsonl"
+        grep -A45 "per-op" "$OUT/logs/lora-notune.txt" >"$OUT/logs/profile-lora-notune.txt" ;;
     torch-glm2)
         run_capped "torch-glm2" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_glm2.py --gqa expand --runs 512x8,2048x2 \
             --out "$OUT/attn90-torch-glm2.jsonl"

@@ -64,3 +64,24 @@ run_gpu_tests() {
 session_pack() {
     tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null && rm -rf "$OUT/logs"
 }
+
+# with_clocks NAME CMD...: CMD with nvidia-smi sampling the SM clock, power and throttle reasons
+# every 50 ms into $OUT/logs/NAME.csv; then one line: the medians over the samples drawing over
+# 300 W (the busy ones) and the throttle reasons seen there
+with_clocks() {
+    local name=$1 pid
+    shift
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+        --format=csv,noheader,nounits -lms 50 >"$OUT/logs/$name.csv" 2>/dev/null &
+    pid=$!
+    "$@"
+    kill $pid 2>/dev/null; wait $pid 2>/dev/null
+    local busy="$OUT/logs/$name.busy"
+    awk -F', *' '$3 > 300' "$OUT/logs/$name.csv" >"$busy"
+    local k; k=$(wc -l <"$busy")
+    if [ "$k" -eq 0 ]; then echo "$name: no busy samples" | tee -a "$SUMMARY"; return 0; fi
+    echo "$name: $k busy samples, SM clock median $(cut -d, -f2 "$busy" | sort -n | sed -n "$(((k + 1) / 2))p" | tr -d ' ') MHz" \
+        "(min $(cut -d, -f2 "$busy" | sort -n | head -1 | tr -d ' ')), power median" \
+        "$(cut -d, -f3 "$busy" | sort -n | sed -n "$(((k + 1) / 2))p" | tr -d ' ') W, throttle reasons:" \
+        "$(cut -d, -f5 "$busy" | sort | uniq -c | awk '{printf " %s x%s", $2, $1}')" | tee -a "$SUMMARY"
+}

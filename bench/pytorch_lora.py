@@ -367,6 +367,39 @@ def model_sizes(model):
     return n, base
 
 
+def kernel_kind(name):
+    """A CUDA kernel's category for --profile: the products, attention, or the rest."""
+    n = name.lower()  # attention first: cuDNN's attention kernels' names hold "sm90_" too
+    if any(k in n for k in ("fmha", "attention", "flash", "sdpa", "dot_do_o", "convert_dq")):
+        return "attention"
+    if any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")):
+        return "products"
+    return "other"
+
+
+def profile_step(step, sync):
+    """--profile: one more step under torch.profiler; prints the CUDA kernels by total time and
+    the sums by category, to set beside bench_train --detail."""
+    from torch.profiler import profile, ProfilerActivity
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        sync()
+    rows, kinds = [], {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = e.cuda_time_total
+        if us <= 0:
+            continue
+        rows.append((us, e.count, e.key))
+        kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + us
+    rows.sort(reverse=True)
+    print(f"  profile: one step, CUDA kernels {sum(r[0] for r in rows) / 1e3:.2f} ms; " +
+          ", ".join(f"{k} {v / 1e3:.2f} ms" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])), flush=True)
+    for us, n, key in rows[:40]:
+        print(f"    {us / 1e3:9.3f} ms {n:5d}x  {key[:110]}", flush=True)
+
+
 def bench_run(a, run, dev, dtype, alpha, targets, cuda):
     """One run "TxB[c]": a fresh model and optimizer, warm-up steps, then the timed ones; its record."""
     def sync():
@@ -428,6 +461,8 @@ def bench_run(a, run, dev, dtype, alpha, targets, cuda):
           else f"lora{a.lora}{'' if a.lora_target == 'qkv' else a.lora_target}")
     if a.ptuning:
         assert n_train == a.ptuning * 2 * a.layers * PB.H, n_train
+    if a.profile and cuda:
+        profile_step(step, sync)
     res = dict(impl="pytorch-lora", run=f"{T}x{B}{'+ckpt' if ck else ''}+{ft}{'+' + a.base_quant if bits else ''}",
                seq=T, batch=B, ckpt=int(ck), ft=ft, lora_rank=a.lora,
                lora_target=None if a.ptuning or a.freeze else a.lora_target, freeze=a.freeze, pre_seq_len=a.ptuning,
@@ -687,6 +722,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--layers", type=int, default=PB.L)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: its kernels by time")
     ap.add_argument("--tiny", action="store_true", help="V 1024, H 64, 4 heads, FFN 256 (CPU smoke test)")
     ap.add_argument("--out", default=None, help="append one JSON record per run")
     a = ap.parse_args()
