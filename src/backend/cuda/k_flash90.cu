@@ -234,12 +234,6 @@ template <int R> __device__ __forceinline__ void regs_inc() {
 }
 /* the 256 computing threads alone (barrier 0 is the whole block's) */
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(FA90_CONSUMERS) : "memory"); }
-/* p[0] += x, p[1] += y in global memory, no result */
-__device__ __forceinline__ void red_add2(float *p, float x, float y) {
-#ifdef FA90_HAVE
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
-#endif
-}
 /* Bulk tensor copy of one box (64 columns x rows, 128-byte swizzle) at (col, head, row, batch). */
 __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *m, int col, int head, int row, int b,
                                         uint32_t bar) {
@@ -256,6 +250,34 @@ template <int ROWS, int HD>
 __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap *m, int head, int row0, int b, uint32_t bar) {
 #pragma unroll
     for (int c = 0; c < HD / 64; c++) tma_box(dst + c * ROWS * 128, m, c * 64, head, row0, b, bar);
+}
+
+/* The bulk tensor reduction: the box at (col, head, row, batch) of an fp32 tensor += a box in
+ * shared memory (128-byte swizzle), done by the copy engine and the L2 instead of a reduction
+ * instruction per pair of elements. commit closes a group of them; wait_read returns once the
+ * issuing thread's groups have read their shared memory, wait_all once they have completed. */
+__device__ __forceinline__ void tma_reduce_add(const CUtensorMap *m, uint32_t src, int col, int head, int row, int b) {
+#ifdef FA90_HAVE
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(m)),
+                 "r"(src), "r"(col), "r"(head), "r"(row), "r"(b)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#ifdef FA90_HAVE
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_read() {
+#ifdef FA90_HAVE
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_all() {
+#ifdef FA90_HAVE
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -392,16 +414,18 @@ __global__ void __launch_bounds__(FA90_NT, 1)
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(FA90_NT, 1)
-    flash90_dkdv_kernel(glm_qkv_view dk, glm_qkv_view dv, float *dqacc, const float *lse, const float *D,
+    flash90_dkdv_kernel(glm_qkv_view dk, glm_qkv_view dv, const float *lse, const float *D,
                         const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
-                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, int kgroup,
-                        const int32_t *lo, const int32_t *hi, int Tq, int Tk, int NH, float scale, float scale_log2) {
-    constexpr int BN = 128, BM = 64, NST = 3, KS = HD / 16, NA = BM / 2, NO = HD / 2;
-    constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2, SB = BN * BM * 2;
+                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                        const __grid_constant__ CUtensorMap tdq, int kgroup, const int32_t *lo, const int32_t *hi, int Tq,
+                        int Tk, int NH, float scale, float scale_log2) {
+    constexpr int BN = 128, BM = 64, NST = 2, KS = HD / 16, NA = BM / 2, NO = HD / 2;
+    constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2, SB = BN * BM * 2, DQB = BM * 64 * 4;
     /* dQ of a query tile: warpgroup cw sums keys [kq0, kq0 + KQ) into columns [64 cq, 64 cq + 64) */
     constexpr int KQ = HD == 128 ? BN : BN / 2;
-    /* [K][V][Q stages][dout stages][dS^T x 2] */
-    uint32_t sK = smem_base1k(), sV = sK + KB, sQ = sV + KB, sO = sQ + NST * QB, sS = sO + NST * QB;
+    /* [K][V][Q stages][dout stages][dS^T x 2][dQ x 2: a warpgroup's 64 x 64 fp32 sums, two boxes
+     * of 32 columns in the 128-byte swizzle] */
+    uint32_t sK = smem_base1k(), sV = sK + KB, sQ = sV + KB, sO = sQ + NST * QB, sS = sO + NST * QB, sDQ = sS + 2 * SB;
     __shared__ __align__(8) uint64_t bars[1 + 2 * NST];
     __shared__ __align__(8) float Ls[NST][BM], Ds[NST][BM];
     __shared__ __align__(8) int los[NST][BM], his[NST][BM];
@@ -541,7 +565,8 @@ __global__ void __launch_bounds__(FA90_NT, 1)
             }
         }
         fence_proxy_async();
-        consumers_sync(); /* both halves of dS^T written (and the other buffer free: see below) */
+        if ((ct & 127) == 0) bulk_wait_read(); /* the last tile's dQ box has been read: its buffer is free */
+        consumers_sync(); /* both halves of dS^T written (and the other buffer free: see below); dQ's free */
         /* dQ[64 queries][64 columns] += dS (queries x keys kq0..) K[keys][columns]; the other dS^T
          * buffer is rewritten next step only after both warpgroups passed this step's barrier,
          * so after their dQ products of the previous step completed */
@@ -556,17 +581,29 @@ __global__ void __launch_bounds__(FA90_NT, 1)
         fence_regs<NO>(adk);
         fence_regs<32>(dqa);
         mbar_arrive(bempty + 8 * st);
-        int qr0 = cur * BM + wq * 16 + g, qr1 = qr0 + 8;
-        float *d0 = dqacc + (((size_t)b * Tq + qr0) * NH + h) * HD + cq * 64 + 2 * t4;
-        float *d1 = d0 + (size_t)8 * NH * HD;
+        /* dQ's 64 x 64 sums into shared memory in the box layout (rows 128 bytes, 16-byte chunks
+         * XOR-swizzled by row & 7; this thread's rows are 16 wq + g and + 8, so row & 7 = g), then
+         * one thread of the warpgroup has the copy engine add them into dqacc (rows past Tq are
+         * clipped by the tensor map) */
+        uint32_t cD = sDQ + cw * DQB;
 #pragma unroll
         for (int nd = 0; nd < 8; nd++) {
-            if (qr0 < Tq) red_add2(d0 + nd * 8, dqa[4 * nd], dqa[4 * nd + 1]);
-            if (qr1 < Tq) red_add2(d1 + nd * 8, dqa[4 * nd + 2], dqa[4 * nd + 3]);
+            uint32_t at = cD + (nd >> 2) * (DQB / 2) + (wq * 16 + g) * 128 + (((((nd & 3) << 1) | (t4 >> 1)) ^ g) << 4) + (t4 & 1) * 8;
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dqa[4 * nd]), "f"(dqa[4 * nd + 1]) : "memory");
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + 8 * 128), "f"(dqa[4 * nd + 2]), "f"(dqa[4 * nd + 3])
+                         : "memory");
+        }
+        fence_proxy_async();
+        wg_sync(cw);
+        if ((ct & 127) == 0) {
+            tma_reduce_add(&tdq, cD, cq * 64, h, cur * BM, b);
+            tma_reduce_add(&tdq, cD + DQB / 2, cq * 64 + 32, h, cur * BM, b);
+            bulk_commit();
         }
         it++;
     }
 #undef FA90_OVERLAP
+    if ((ct & 127) == 0) bulk_wait_all(); /* the shared memory stays until the last box is added */
     if (kr0 < Tk) {
         store_acc_row<T, HD>(view_row<T>(dk, b, kr0, h), adk, 0, t4, 1.0f);
         store_acc_row<T, HD>(view_row<T>(dv, b, kr0, h), adv, 0, t4, 1.0f);
@@ -610,6 +647,17 @@ static bool tmap_rows(CUtensorMap *m, glm_dtype dt, const void *base, long bs, l
     return enc(m, dt == GLM_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)base, dims,
                strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+/* dq's fp32 sums [B, T, NH, HD] as a 4-d tensor (HD, heads, T, B), the target of the bulk
+ * reductions: boxes of 32 columns (128 bytes) x 64 rows in the 128-byte swizzle */
+static bool tmap_sums(CUtensorMap *m, float *acc, int NH, int T, int B, int HD) {
+    tmap_encode_fn enc = tmap_encoder();
+    if (!enc || T <= 0) return false;
+    cuuint64_t dims[4] = {(cuuint64_t)HD, (cuuint64_t)NH, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[3] = {(cuuint64_t)HD * 4, (cuuint64_t)NH * HD * 4, (cuuint64_t)T * NH * HD * 4};
+    cuuint32_t box[4] = {32, 1, 64, 1}, es[4] = {1, 1, 1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, (void *)acc, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 static bool tmap_view(CUtensorMap *m, glm_dtype dt, const glm_qkv_view &v, int NH, int T, int B, int HD, int rows) {
     return tmap_rows(m, dt, v.base, v.batch_stride, v.tok_stride, v.head_stride, NH / glm_view_group(v), T, B, HD, rows);
@@ -662,15 +710,16 @@ static int bwd90_t(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view 
                    const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
                    const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
     long ld = (long)NH * HD;
-    CUtensorMap tq, tdo, tk, tv;
+    CUtensorMap tq, tdo, tk, tv, tdq;
     if (!tmap_view(&tq, dt, q, NH, Tq, B, HD, 64) || !tmap_rows(&tdo, dt, dout, (long)Tq * ld, ld, HD, NH, Tq, B, HD, 64) ||
-        !tmap_view(&tk, dt, k, NH, Tk, B, HD, 128) || !tmap_view(&tv, dt, v, NH, Tk, B, HD, 128))
+        !tmap_view(&tk, dt, k, NH, Tk, B, HD, 128) || !tmap_view(&tv, dt, v, NH, Tk, B, HD, 128) ||
+        !tmap_sums(&tdq, dqacc, NH, Tq, B, HD))
         return 0;
-    size_t smem = (size_t)(2 * 128 + 6 * 64) * HD * 2 + 2 * 128 * 64 * 2 + 1024;
+    size_t smem = (size_t)(2 * 128 + 4 * 64) * HD * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 64 * 4 + 1024;
     smem_attr90(flash90_dkdv_kernel<T, HD>, smem);
     GLMK_CHECK(cudaMemsetAsync(dqacc, 0, (size_t)B * Tq * NH * HD * sizeof(float), st));
     flash90_dkdv_kernel<T, HD><<<dim3(NH, B, (Tk + 127) / 128), FA90_NT, smem, st>>>(
-        dk, dv, dqacc, lse, D, tq, tdo, tk, tv, glm_view_group(k), lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+        dk, dv, lse, D, tq, tdo, tk, tv, tdq, glm_view_group(k), lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
     GLMK_CHECK_LAUNCH();
     size_t n = (size_t)B * Tq * NH * (HD / 8);
     flash90_dq_store<T, HD><<<glmk_blocks(n, 256, 4096), 256, 0, st>>>(dq, dqacc, B, Tq, NH);
