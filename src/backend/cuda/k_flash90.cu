@@ -13,11 +13,11 @@
  *             item's lands during this one), 128-key tiles in two stages.
  *             S = Q K^T from shared memory (both operands K-major), online softmax in
  *             registers, O += P V with P from registers and V read N-major from the same tile.
- *  backward : one block per 128 keys (64 per warpgroup) over 64-query tiles in three stages:
+ *  backward : one block per 128 keys (64 per warpgroup) over 64-query tiles in two stages:
  *             S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q in registers, and dS^T
- *             through shared memory into dQ += dS K, summed over key blocks in fp32 by
- *             reductions in global memory (then one pass writes dq). Probabilities are
- *             recomputed from lse; D = rowsum(dout * out) comes precomputed.
+ *             through shared memory into dQ += dS K, summed over key blocks in fp32 by the
+ *             copy engine's bulk reductions from shared memory (then one pass writes dq).
+ *             Probabilities are recomputed from lse; D = rowsum(dout * out) comes precomputed.
  *
  * Shared tiles: a [ROWS][HD] tile is stored as HD/64 column blocks of [ROWS][64] elements, each
  * row 128 bytes with its 16-byte chunks XOR-swizzled by (row & 7): wgmma's 128-byte swizzle and
