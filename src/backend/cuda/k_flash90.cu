@@ -112,21 +112,17 @@ template <> __device__ __forceinline__ void wg_rs<f16, 128>(float *d, const uint
     WG_RS("f16", 128, WG_R64, WG_D64, "64", "65", "66", "67", "68", "69");
 }
 
-__device__ __forceinline__ void wg_fence() {
+/* an instruction of no operands (nothing where this build has no sm_90a code) */
 #ifdef FA90_HAVE
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#define FA90_INSN(name, text) \
+    __device__ __forceinline__ void name() { asm volatile(text "\n" ::: "memory"); }
+#else
+#define FA90_INSN(name, text) \
+    __device__ __forceinline__ void name() {}
 #endif
-}
-__device__ __forceinline__ void wg_commit() {
-#ifdef FA90_HAVE
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_wait0() {
-#ifdef FA90_HAVE
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
+FA90_INSN(wg_fence, "wgmma.fence.sync.aligned;")
+FA90_INSN(wg_commit, "wgmma.commit_group.sync.aligned;")
+FA90_INSN(wg_wait0, "wgmma.wait_group.sync.aligned 0;")
 /* The registers of an asynchronous MMA are read only after its wait: this empty asm "writes"
  * them, so the compiler cannot move a use above the (volatile, ordered) wait. */
 template <int N> __device__ __forceinline__ void fence_regs(float *d) {
@@ -264,21 +260,9 @@ __device__ __forceinline__ void tma_reduce_add(const CUtensorMap *m, uint32_t sr
                  : "memory");
 #endif
 }
-__device__ __forceinline__ void bulk_commit() {
-#ifdef FA90_HAVE
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_wait_read() {
-#ifdef FA90_HAVE
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_wait_all() {
-#ifdef FA90_HAVE
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#endif
-}
+FA90_INSN(bulk_commit, "cp.async.bulk.commit_group;")
+FA90_INSN(bulk_wait_read, "cp.async.bulk.wait_group.read 0;")
+FA90_INSN(bulk_wait_all, "cp.async.bulk.wait_group 0;")
 
 /* ---------------------------------------------------------------- forward */
 
