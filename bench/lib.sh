@@ -80,8 +80,8 @@ with_clocks() {
     awk -F', *' '$3 > 300' "$OUT/logs/$name.csv" >"$busy"
     local k; k=$(wc -l <"$busy")
     if [ "$k" -eq 0 ]; then echo "$name: no busy samples" | tee -a "$SUMMARY"; return 0; fi
-    echo "$name: $k busy samples, SM clock median $(cut -d, -f2 "$busy" | sort -n | sed -n "$(((k + 1) / 2))p" | tr -d ' ') MHz" \
-        "(min $(cut -d, -f2 "$busy" | sort -n | head -1 | tr -d ' ')), power median" \
-        "$(cut -d, -f3 "$busy" | sort -n | sed -n "$(((k + 1) / 2))p" | tr -d ' ') W, throttle reasons:" \
+    col() { cut -d, -f"$1" "$busy" | tr -d ' ' | sort -n; } # column N of the busy samples, ascending
+    echo "$name: $k busy samples, SM clock median $(col 2 | sed -n "$(((k + 1) / 2))p") MHz (min $(col 2 | head -1))," \
+        "power median $(col 3 | sed -n "$(((k + 1) / 2))p") W, throttle reasons:" \
         "$(cut -d, -f5 "$busy" | sort | uniq -c | awk '{printf " %s x%s", $2, $1}')" | tee -a "$SUMMARY"
 }

@@ -36,6 +36,7 @@ typedef struct gemm_plan {
 
 typedef struct cuda_impl {
     int device;
+    int sms;         /* its multiprocessors (the persistent attention forward's grid) */
     char name[32];
     cudaStream_t st;
     cublasLtHandle_t lt;
@@ -351,45 +352,43 @@ static int gemm_tune(glm_backend *be, gemm_plan *p, const cublasLtMatmulHeuristi
         }
         CUDA_CHECK(cudaMemcpyAsync(save, D, dbytes, cudaMemcpyDeviceToDevice, im->st));
     }
-    /* events around each launch, the launches back to back (as in a step), read after the last */
-    cudaEvent_t ev[GEMM_TUNE_CANDIDATES][GEMM_TUNE_ROUNDS][2];
-    float tms[GEMM_TUNE_CANDIDATES][GEMM_TUNE_ROUNDS];
-    int ok[GEMM_TUNE_CANDIDATES];
+    /* the launches back to back (as in a step), an event between each two, read after the last:
+     * launch j of the sequence takes ev[j] -> ev[j + 1] */
+    cudaEvent_t ev[GEMM_TUNE_CANDIDATES * GEMM_TUNE_ROUNDS + 1];
+    int ok[GEMM_TUNE_CANDIDATES], nok = 0, nev = 0;
     for (int i = 0; i < nres; i++) { /* a first launch of each: the ones that run, and warm */
         ok[i] = cublasLtMatmul(im->lt, p->op, &alpha, A, p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d, &res[i].algo,
                                im->workspace, WORKSPACE_BYTES, im->st) == CUBLAS_STATUS_SUCCESS;
-        for (int r = 0; r < GEMM_TUNE_ROUNDS; r++) {
-            CUDA_CHECK(cudaEventCreate(&ev[i][r][0]));
-            CUDA_CHECK(cudaEventCreate(&ev[i][r][1]));
-        }
+        nok += ok[i];
     }
+    for (int j = 0; j <= nok * GEMM_TUNE_ROUNDS; j++) CUDA_CHECK(cudaEventCreate(&ev[j]));
+    CUDA_CHECK(cudaEventRecord(ev[nev++], im->st));
     for (int r = 0; r < GEMM_TUNE_ROUNDS; r++)
         for (int i = 0; i < nres; i++) {
             if (!ok[i]) continue;
-            CUDA_CHECK(cudaEventRecord(ev[i][r][0], im->st));
             cublasLtMatmul(im->lt, p->op, &alpha, A, p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d, &res[i].algo,
                            im->workspace, WORKSPACE_BYTES, im->st);
-            CUDA_CHECK(cudaEventRecord(ev[i][r][1], im->st));
+            CUDA_CHECK(cudaEventRecord(ev[nev++], im->st));
         }
-    CUDA_CHECK(cudaStreamSynchronize(im->st));
+    CUDA_CHECK(cudaEventSynchronize(ev[nev - 1]));
     int pick = 0;
     float t0 = 0, best = 0;
-    for (int i = 0; i < nres; i++) {
+    for (int i = 0, k = 0; i < nres; i++) { /* k: candidate i's place among those that run */
         if (!ok[i]) continue;
-        float *t = tms[i];
-        for (int r = 0; r < GEMM_TUNE_ROUNDS; r++) CUDA_CHECK(cudaEventElapsedTime(&t[r], ev[i][r][0], ev[i][r][1]));
+        float t[GEMM_TUNE_ROUNDS];
+        for (int r = 0; r < GEMM_TUNE_ROUNDS; r++) {
+            int j = r * nok + k;
+            CUDA_CHECK(cudaEventElapsedTime(&t[r], ev[j], ev[j + 1]));
+        }
+        k++;
         for (int a = 1; a < GEMM_TUNE_ROUNDS; a++) /* the median: an insertion sort of five */
             for (int b = a; b > 0 && t[b] < t[b - 1]; b--) { float x = t[b]; t[b] = t[b - 1]; t[b - 1] = x; }
         float med = t[GEMM_TUNE_ROUNDS / 2];
         if (i == 0) t0 = best = med;
-        else if (ok[0] && med < best) { best = med; pick = i; }
+        else if (med < best) { best = med; pick = i; }
     }
     if (pick && best > 0.97f * t0) pick = 0;
-    for (int i = 0; i < nres; i++)
-        for (int r = 0; r < GEMM_TUNE_ROUNDS; r++) {
-            cudaEventDestroy(ev[i][r][0]);
-            cudaEventDestroy(ev[i][r][1]);
-        }
+    for (int j = 0; j < nev; j++) cudaEventDestroy(ev[j]);
     if (save) {
         CUDA_CHECK(cudaMemcpyAsync(D, save, dbytes, cudaMemcpyDeviceToDevice, im->st));
         CUDA_CHECK(cudaFree(save)); /* waits for the copy */
@@ -595,7 +594,7 @@ static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, 
         glmk_decode_attention(be->dtype, out, lse, scratch(be, glmk_decode_attention_scratch(B, Tq, Tk, NH, HD)), q, k,
                               v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     else if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL)) {
-        if (!IM(be)->use_wgmma || !glmk_flash90_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st))
+        if (!IM(be)->use_wgmma || !glmk_flash90_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->sms, IM(be)->st))
             glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     }
     else
@@ -904,6 +903,10 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     cuda_impl *im = glm_calloc(1, sizeof *im);
     glm_backend *be = glm_calloc(1, sizeof *be);
     im->device = device;
+    if (cudaDeviceGetAttribute(&im->sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        im->sms = 1; /* still correct: the grid's blocks take every item in turn */
+    }
     snprintf(im->name, sizeof im->name, "cuda:%d", device);
     const char *a = getenv("GLM_CUDA_ATTN"), *s = getenv("GLM_CUDA_SYNC");
     im->force_simt = a && strcmp(a, "simt") == 0;

@@ -160,7 +160,7 @@ void glmk_flash_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view
 int glmk_flash90_available(int device);
 int glmk_flash90_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                       const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
-                      cudaStream_t st);
+                      int sms, cudaStream_t st); /* sms: the device's multiprocessors (its grid is one block each) */
 /* the backward sums dq in fp32 over key blocks: scratch holds glmk_flash90_bwd_scratch bytes */
 size_t glmk_flash90_bwd_scratch(int B, int Tq, int NH, int HD);
 int glmk_flash90_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, float *scratch, const void *dout,

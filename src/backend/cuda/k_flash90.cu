@@ -616,44 +616,34 @@ static tmap_encode_fn tmap_encoder() {
     }();
     return fn;
 }
-/* The rows of a view (or of dout: [B, T, NH, HD]) as a 4-d tensor (HD, heads, T, B) read in boxes
- * of 64 columns x `rows` rows with the 128-byte swizzle. False when the view does not qualify
- * (the caller then takes the mma.sync kernels). */
-static bool tmap_rows(CUtensorMap *m, glm_dtype dt, const void *base, long bs, long ts, long hs, int heads, int T, int B,
-                      int HD, int rows) {
+/* A 4-d tensor (HD, heads, T, B) of `es`-byte elements, byte strides of its last three
+ * dimensions, read or written in boxes of 128 bytes of columns x `rows` rows with the 128-byte
+ * swizzle. False when the strides do not qualify (the caller then takes the mma.sync kernels). */
+static bool tmap_4d(CUtensorMap *m, CUtensorMapDataType type, int es, const void *base, int HD, int heads, int T, int B,
+                    const cuuint64_t strides[3], int rows) {
     tmap_encode_fn enc = tmap_encoder();
     if (!enc || T <= 0) return false;
-    cuuint64_t dims[4] = {(cuuint64_t)HD, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
-    cuuint64_t strides[3] = {(cuuint64_t)(heads > 1 ? hs : HD) * 2, (cuuint64_t)ts * 2, (cuuint64_t)(B > 1 ? bs : (long)T * ts) * 2};
     for (int i = 0; i < 3; i++)
         if (strides[i] == 0 || strides[i] % 16) return false;
-    cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, es[4] = {1, 1, 1, 1};
-    return enc(m, dt == GLM_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, (void *)base, dims,
-               strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+    cuuint64_t dims[4] = {(cuuint64_t)HD, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint32_t box[4] = {(cuuint32_t)(128 / es), 1, (cuuint32_t)rows, 1}, one[4] = {1, 1, 1, 1};
+    return enc(m, type, 4, (void *)base, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
-/* dq's fp32 sums [B, T, NH, HD] as a 4-d tensor (HD, heads, T, B), the target of the bulk
- * reductions: boxes of 32 columns (128 bytes) x 64 rows in the 128-byte swizzle */
+/* The rows of a view (or of dout: [B, T, NH, HD]), 16-bit, in boxes of 64 columns x `rows` */
+static bool tmap_rows(CUtensorMap *m, glm_dtype dt, const void *base, long bs, long ts, long hs, int heads, int T, int B,
+                      int HD, int rows) {
+    cuuint64_t strides[3] = {(cuuint64_t)(heads > 1 ? hs : HD) * 2, (cuuint64_t)ts * 2, (cuuint64_t)(B > 1 ? bs : (long)T * ts) * 2};
+    return tmap_4d(m, dt == GLM_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, base, HD, heads,
+                   T, B, strides, rows);
+}
+/* dq's fp32 sums [B, T, NH, HD], the target of the bulk reductions: boxes of 32 columns x 64 rows */
 static bool tmap_sums(CUtensorMap *m, float *acc, int NH, int T, int B, int HD) {
-    tmap_encode_fn enc = tmap_encoder();
-    if (!enc || T <= 0) return false;
-    cuuint64_t dims[4] = {(cuuint64_t)HD, (cuuint64_t)NH, (cuuint64_t)T, (cuuint64_t)B};
     cuuint64_t strides[3] = {(cuuint64_t)HD * 4, (cuuint64_t)NH * HD * 4, (cuuint64_t)T * NH * HD * 4};
-    cuuint32_t box[4] = {32, 1, 64, 1}, es[4] = {1, 1, 1, 1};
-    return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, (void *)acc, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return tmap_4d(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, acc, HD, NH, T, B, strides, 64);
 }
 static bool tmap_view(CUtensorMap *m, glm_dtype dt, const glm_qkv_view &v, int NH, int T, int B, int HD, int rows) {
     return tmap_rows(m, dt, v.base, v.batch_stride, v.tok_stride, v.head_stride, NH / glm_view_group(v), T, B, HD, rows);
-}
-
-/* one block a multiprocessor of the current device (the kernels take a whole one), or one an
- * item where there are fewer */
-static unsigned persistent_grid(long items) {
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        (void)cudaGetLastError();
-    return (unsigned)(items < sms ? items : sms);
 }
 
 template <typename K> static void smem_attr90(K *fn, size_t bytes) {
@@ -662,14 +652,15 @@ template <typename K> static void smem_attr90(K *fn, size_t bytes) {
 
 template <typename T, int HD>
 static int fwd90_t(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                   const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
+                   const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, int sms, cudaStream_t st) {
     CUtensorMap tq, tk, tv;
     if (!tmap_view(&tq, dt, q, NH, Tq, B, HD, 128) || !tmap_view(&tk, dt, k, NH, Tk, B, HD, 128) ||
         !tmap_view(&tv, dt, v, NH, Tk, B, HD, 128))
         return 0;
     size_t smem = (size_t)(2 * 128 + 4 * 128) * HD * 2 + 1024;
     smem_attr90(flash90_fwd_kernel<T, HD>, smem);
-    flash90_fwd_kernel<T, HD><<<persistent_grid((long)((Tq + 127) / 128) * NH * B), FA90_NT, smem, st>>>(
+    long items = (long)((Tq + 127) / 128) * NH * B; /* a block a multiprocessor (each takes a whole one) */
+    flash90_fwd_kernel<T, HD><<<(unsigned)(items < sms ? items : sms), FA90_NT, smem, st>>>(
         (T *)out, lse, tq, tk, tv, glm_view_group(k), lo, hi, B, Tq, NH, scale * FA_LOG2E);
     GLMK_CHECK_LAUNCH();
     return 1;
@@ -728,10 +719,10 @@ extern "C" int glmk_flash90_available(int device) {
 
 extern "C" int glmk_flash90_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                                 const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
-                                cudaStream_t st) {
+                                int sms, cudaStream_t st) {
     if (B <= 0 || Tq <= 0) return 1;
     if (Tk <= 0) return 0;
-    return FA90_DISPATCH(dt, HD, fwd90_t, dt, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
+    return FA90_DISPATCH(dt, HD, fwd90_t, dt, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, scale, sms, st);
 }
 
 extern "C" size_t glmk_flash90_bwd_scratch(int B, int Tq, int NH, int HD) {
