@@ -123,6 +123,7 @@ template <> __device__ __forceinline__ void wg_rs<f16, 128>(float *d, const uint
 FA90_INSN(wg_fence, "wgmma.fence.sync.aligned;")
 FA90_INSN(wg_commit, "wgmma.commit_group.sync.aligned;")
 FA90_INSN(wg_wait0, "wgmma.wait_group.sync.aligned 0;")
+FA90_INSN(wg_wait1, "wgmma.wait_group.sync.aligned 1;")
 /* The registers of an asynchronous MMA are read only after its wait: this empty asm "writes"
  * them, so the compiler cannot move a use above the (volatile, ordered) wait. */
 template <int N> __device__ __forceinline__ void fence_regs(float *d) {
@@ -255,6 +256,16 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap *m, int
 __device__ __forceinline__ void tma_reduce_add(const CUtensorMap *m, uint32_t src, int col, int head, int row, int b) {
 #ifdef FA90_HAVE
     asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(m)),
+                 "r"(src), "r"(col), "r"(head), "r"(row), "r"(b)
+                 : "memory");
+#endif
+}
+/* The bulk tensor copy the other way: a box in shared memory (layout as tma_box) to (col, head,
+ * row, batch); rows past the tensor's end are not written. */
+__device__ __forceinline__ void tma_store(const CUtensorMap *m, uint32_t src, int col, int head, int row, int b) {
+#ifdef FA90_HAVE
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
                      reinterpret_cast<uint64_t>(m)),
                  "r"(src), "r"(col), "r"(head), "r"(row), "r"(b)
                  : "memory");
@@ -398,11 +409,11 @@ __global__ void __launch_bounds__(FA90_NT, 1)
 
 template <typename T, int HD>
 __global__ void __launch_bounds__(FA90_NT, 1)
-    flash90_dkdv_kernel(glm_qkv_view dk, glm_qkv_view dv, const float *lse, const float *D,
-                        const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
-                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                        const __grid_constant__ CUtensorMap tdq, int kgroup, const int32_t *lo, const int32_t *hi, int Tq,
-                        int Tk, int NH, float scale, float scale_log2) {
+    flash90_dkdv_kernel(const float *lse, const float *D, const __grid_constant__ CUtensorMap tq,
+                        const __grid_constant__ CUtensorMap tdo, const __grid_constant__ CUtensorMap tk,
+                        const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdq,
+                        const __grid_constant__ CUtensorMap tdk, const __grid_constant__ CUtensorMap tdv, int kgroup,
+                        const int32_t *lo, const int32_t *hi, int Tq, int NH, float scale, float scale_log2) {
     constexpr int BN = 128, BM = 64, NST = 2, KS = HD / 16, NA = BM / 2, NO = HD / 2;
     constexpr uint32_t QB = BM * HD * 2, KB = BN * HD * 2, SB = BN * BM * 2, DQB = BM * 64 * 4;
     /* dQ of a query tile: warpgroup cw sums keys [kq0, kq0 + KQ) into columns [64 cq, 64 cq + 64) */
@@ -418,6 +429,15 @@ __global__ void __launch_bounds__(FA90_NT, 1)
     int tid = threadIdx.x, wg = tid >> 7, ct = tid - 128, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     /* key blocks from the first (under causal and prefix masks seen by the most queries) on */
     int h = blockIdx.x, b = blockIdx.y, j0 = blockIdx.z * BN;
+    if (tid == 0) { /* a stage is full when the loading warp's 32 lanes wrote its scalars and its tiles landed */
+        mbar_init(bkv, 1);
+        for (int i = 0; i < NST; i++) { mbar_init(bfull + 8 * i, 32); mbar_init(bempty + 8 * i, FA90_CONSUMERS); }
+        mbar_init_fence();
+        /* K and V first: they do not wait for the query tiles' summaries */
+        mbar_expect_tx(bkv, 2 * KB);
+        tma_tile<BN, HD>(sK, &tk, h / kgroup, j0, b, bkv);
+        tma_tile<BN, HD>(sV, &tv, h / kgroup, j0, b, bkv);
+    }
     int ntiles = (Tq + BM - 1) / BM;
     bool summarised = ntiles <= FA90_MAXTILES;
     if (summarised) /* a warp a tile, two rows a lane: the loads of all tiles in flight at once */
@@ -429,11 +449,6 @@ __global__ void __launch_bounds__(FA90_NT, 1)
             if (tt * BM + BM > Tq) r.minhi = -1; /* zero-filled rows past the end: always mask */
             if (lane == 0) tiles[tt] = r;
         }
-    if (tid == 0) { /* a stage is full when the loading warp's 32 lanes wrote its scalars and its tiles landed */
-        mbar_init(bkv, 1);
-        for (int i = 0; i < NST; i++) { mbar_init(bfull + 8 * i, 32); mbar_init(bempty + 8 * i, FA90_CONSUMERS); }
-        mbar_init_fence();
-    }
     __syncthreads();
     /* query tile tt overlaps this block's keys [j0, j0 + BN) (block-uniform: tiles[] is shared) */
 #define FA90_OVERLAP(tt) (!summarised || (tiles[tt].lo < j0 + BN && tiles[tt].hi > j0))
@@ -441,11 +456,6 @@ __global__ void __launch_bounds__(FA90_NT, 1)
         regs_dec<24>();
         if (tid < 32) { /* one warp: its lanes stage the row scalars, lane 0 issues the copies */
             size_t srow = ((size_t)b * NH + h) * Tq;
-            if (lane == 0) {
-                mbar_expect_tx(bkv, 2 * KB);
-                tma_tile<BN, HD>(sK, &tk, h / kgroup, j0, b, bkv);
-                tma_tile<BN, HD>(sV, &tv, h / kgroup, j0, b, bkv);
-            }
             int it = 0;
             for (int cur = 0; cur < ntiles; cur++) {
                 if (!FA90_OVERLAP(cur)) continue;
@@ -560,11 +570,14 @@ __global__ void __launch_bounds__(FA90_NT, 1)
         for (int ks = 0; ks < KQ / 16; ks++)
             wg_ss_t<T, 64>(dqa, desc_mn<BN>(cS, kq0 + ks * 16), desc_mn<BN>(sK + cq * BN * 128, kq0 + ks * 16), ks);
         wg_commit();
-        wg_wait0();
+        /* dV and dK (the group before) complete first: the stage (Q, dout, its scalars) is then
+         * released while dQ's product still runs */
+        wg_wait1();
         fence_regs<NO>(adv);
         fence_regs<NO>(adk);
-        fence_regs<32>(dqa);
         mbar_arrive(bempty + 8 * st);
+        wg_wait0();
+        fence_regs<32>(dqa);
         /* dQ's 64 x 64 sums into shared memory in the box layout (rows 128 bytes, 16-byte chunks
          * XOR-swizzled by row & 7; this thread's rows are 16 wq + g and + 8, so row & 7 = g), then
          * one thread of the warpgroup has the copy engine add them into dqacc (rows past Tq are
@@ -587,14 +600,32 @@ __global__ void __launch_bounds__(FA90_NT, 1)
         it++;
     }
 #undef FA90_OVERLAP
-    if ((ct & 127) == 0) bulk_wait_all(); /* the shared memory stays until the last box is added */
-    if (kr0 < Tk) {
-        store_acc_row<T, HD>(view_row<T>(dk, b, kr0, h), adk, 0, t4, 1.0f);
-        store_acc_row<T, HD>(view_row<T>(dv, b, kr0, h), adv, 0, t4, 1.0f);
-    }
-    if (kr1 < Tk) {
-        store_acc_row<T, HD>(view_row<T>(dk, b, kr1, h), adk, 1, t4, 1.0f);
-        store_acc_row<T, HD>(view_row<T>(dv, b, kr1, h), adv, 1, t4, 1.0f);
+    /* dK and dV leave through shared memory by the copy engine (rows past Tk are not written):
+     * the Q and dout stages, 64 KiB, take a warpgroup's [64 keys][HD] of each, once both
+     * warpgroups' last products (which read them) are done */
+    asm volatile("bar.sync 1, %0;\n" ::"n"(FA90_CONSUMERS) : "memory");
+    uint32_t sdk = sQ + cw * 2 * (64 * HD * 2), sdv = sdk + 64 * HD * 2;
+    int rw = wq * 16 + g; /* this thread's rows rw and rw + 8 of the warpgroup's 64 */
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            uint32_t at = t90<64>(rw + 8 * half, i) + 4 * t4;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdk + at), "r"(pack2<T>(adk[4 * i + 2 * half], adk[4 * i + 2 * half + 1]))
+                         : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdv + at), "r"(pack2<T>(adv[4 * i + 2 * half], adv[4 * i + 2 * half + 1]))
+                         : "memory");
+        }
+    fence_proxy_async();
+    wg_sync(cw);
+    if ((ct & 127) == 0) {
+#pragma unroll
+        for (int c = 0; c < HD / 64; c++) {
+            tma_store(&tdk, sdk + c * 64 * 128, c * 64, h, kg0, b);
+            tma_store(&tdv, sdv + c * 64 * 128, c * 64, h, kg0, b);
+        }
+        bulk_commit();
+        bulk_wait_all(); /* the shared memory stays until the dQ boxes are added and dK, dV read */
     }
 }
 
@@ -685,16 +716,17 @@ static int bwd90_t(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view 
                    const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
                    const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
     long ld = (long)NH * HD;
-    CUtensorMap tq, tdo, tk, tv, tdq;
+    CUtensorMap tq, tdo, tk, tv, tdq, tdk, tdv;
     if (!tmap_view(&tq, dt, q, NH, Tq, B, HD, 64) || !tmap_rows(&tdo, dt, dout, (long)Tq * ld, ld, HD, NH, Tq, B, HD, 64) ||
         !tmap_view(&tk, dt, k, NH, Tk, B, HD, 128) || !tmap_view(&tv, dt, v, NH, Tk, B, HD, 128) ||
-        !tmap_sums(&tdq, dqacc, NH, Tq, B, HD))
+        !tmap_sums(&tdq, dqacc, NH, Tq, B, HD) || !tmap_view(&tdk, dt, dk, NH, Tk, B, HD, 64) ||
+        !tmap_view(&tdv, dt, dv, NH, Tk, B, HD, 64))
         return 0;
     size_t smem = (size_t)(2 * 128 + 4 * 64) * HD * 2 + 2 * 128 * 64 * 2 + 2 * 64 * 64 * 4 + 1024;
     smem_attr90(flash90_dkdv_kernel<T, HD>, smem);
     GLMK_CHECK(cudaMemsetAsync(dqacc, 0, (size_t)B * Tq * NH * HD * sizeof(float), st));
     flash90_dkdv_kernel<T, HD><<<dim3(NH, B, (Tk + 127) / 128), FA90_NT, smem, st>>>(
-        dk, dv, lse, D, tq, tdo, tk, tv, tdq, glm_view_group(k), lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+        lse, D, tq, tdo, tk, tv, tdq, tdk, tdv, glm_view_group(k), lo, hi, Tq, NH, scale, scale * FA_LOG2E);
     GLMK_CHECK_LAUNCH();
     size_t n = (size_t)B * Tq * NH * (HD / 8);
     flash90_dq_store<T, HD><<<glmk_blocks(n, 256, 4096), 256, 0, st>>>(dq, dqacc, B, Tq, NH);
