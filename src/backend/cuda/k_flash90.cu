@@ -202,6 +202,12 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 #endif
 }
+/* `bytes` still to come from copies completing on this barrier, without an arrival */
+__device__ __forceinline__ void mbar_expect_bytes(uint32_t bar, uint32_t bytes) {
+#ifdef FA90_HAVE
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 #ifdef FA90_HAVE
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
@@ -252,7 +258,7 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap *m, int
 /* The bulk tensor reduction: the box at (col, head, row, batch) of an fp32 tensor += a box in
  * shared memory (128-byte swizzle), done by the copy engine and the L2 instead of a reduction
  * instruction per pair of elements. commit closes a group of them; wait_read returns once the
- * issuing thread's groups have read their shared memory, wait_all once they have completed. */
+ * issuing thread's groups have read their shared memory. */
 __device__ __forceinline__ void tma_reduce_add(const CUtensorMap *m, uint32_t src, int col, int head, int row, int b) {
 #ifdef FA90_HAVE
     asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
@@ -273,7 +279,6 @@ __device__ __forceinline__ void tma_store(const CUtensorMap *m, uint32_t src, in
 }
 FA90_INSN(bulk_commit, "cp.async.bulk.commit_group;")
 FA90_INSN(bulk_wait_read, "cp.async.bulk.wait_group.read 0;")
-FA90_INSN(bulk_wait_all, "cp.async.bulk.wait_group 0;")
 
 /* ---------------------------------------------------------------- forward */
 
@@ -461,6 +466,11 @@ __global__ void __launch_bounds__(FA90_NT, 1)
                 if (!FA90_OVERLAP(cur)) continue;
                 int st = it % NST, i0 = cur * BM;
                 mbar_wait(bempty + 8 * st, ((it / NST) & 1) ^ 1);
+                if (lane == 0) { /* the tiles first: their copies run while the scalars are fetched */
+                    mbar_expect_bytes(bfull + 8 * st, 2 * QB);
+                    tma_tile<BM, HD>(sQ + st * QB, &tq, h, i0, b, bfull + 8 * st);
+                    tma_tile<BM, HD>(sO + st * QB, &tdo, h, i0, b, bfull + 8 * st);
+                }
                 for (int r = lane; r < BM; r += 32) {
                     int i = i0 + r;
                     bool in = i < Tq;
@@ -469,12 +479,7 @@ __global__ void __launch_bounds__(FA90_NT, 1)
                     los[st][r] = in ? lo[b * Tq + i] : 0;
                     his[st][r] = in ? hi[b * Tq + i] : 0;
                 }
-                if (lane == 0) {
-                    mbar_expect_tx(bfull + 8 * st, 2 * QB);
-                    tma_tile<BM, HD>(sQ + st * QB, &tq, h, i0, b, bfull + 8 * st);
-                    tma_tile<BM, HD>(sO + st * QB, &tdo, h, i0, b, bfull + 8 * st);
-                } else
-                    mbar_arrive(bfull + 8 * st); /* after this lane's own stores (release) */
+                mbar_arrive(bfull + 8 * st); /* after this lane's own stores (release) */
                 it++;
             }
         }
@@ -625,7 +630,10 @@ __global__ void __launch_bounds__(FA90_NT, 1)
             tma_store(&tdv, sdv + c * 64 * 128, c * 64, h, kg0, b);
         }
         bulk_commit();
-        bulk_wait_all(); /* the shared memory stays until the dQ boxes are added and dK, dV read */
+        /* the shared memory stays until the copy engine has read the last dQ boxes and dK, dV;
+         * their writes need not land before the block ends (the grid's completion covers them),
+         * so the block leaves its multiprocessor to the next one without waiting for them */
+        bulk_wait_read();
     }
 }
 
