@@ -266,14 +266,18 @@ int main(int argc, char **argv) {
         }
         for (int s = 0; s < steps; s++) ts[s] = STEP(&loss);
         if (warmup == 0 && steps > 0) first = t_run + ts[0];
+        char order[256] = ""; /* the timed steps in the order they ran */
+        for (int s = 0, at = 0; s < steps && at < (int)sizeof order - 12; s++)
+            at += snprintf(order + at, sizeof order - at, "%s%.1f", s ? "," : "", ts[s] * 1e3);
         qsort(ts, steps, sizeof(double), cmp_d);
         double med = steps ? ts[steps / 2] : 0;
         /* one more step with per-category events */
         double split[GLM_PROF_NCAT] = {0}, l2;
         glm_cuda_profile(be, 1);
-        STEP(&l2);
+        double prof_wall = STEP(&l2), prof_gpu = 0;
         glm_cuda_profile_read(be, split);
         glm_cuda_profile(be, 0);
+        for (int k = 0; k < GLM_PROF_NCAT; k++) prof_gpu += split[k];
         if (detail) { /* per-op table, sorted by time */
             char what[64];
             snprintf(what, sizeof what, "%dx%d%s, one step", T, B, ck == 'c' ? "+ckpt" : ck == 's' ? "+sel" : "");
@@ -301,16 +305,21 @@ int main(int argc, char **argv) {
         printf("%-6s %-18s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
                med * 1e3, tok, 100 * mfu, peak / 1073741824.0, first - t_run, first - t_proc, split[GLM_PROF_GEMM],
                split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss);
+        /* the split's step: its wall time against the span of its events on the GPU (from its
+         * first op to its end): the difference is time the GPU waited for the host */
+        printf("       steps (ms, in order): %s; the split's step %.1f ms, %.1f ms of it on the GPU\n", order, prof_wall * 1e3,
+               prof_gpu);
         fflush(stdout);
         if (f)
             fprintf(f, "{\"dtype\":\"%s\",\"run\":\"%s\",\"seq\":%d,\"batch\":%d,\"ckpt\":%d,\"step_ms\":%.2f,\"tok_s\":%.1f,"
                        "\"mfu\":%.4f,\"peak_gib\":%.2f,\"first_step_s\":%.2f,\"from_process_start_s\":%.2f,\"gemm_ms\":%.1f,"
                        "\"attn_ms\":%.1f,\"other_ms\":%.1f,\"optim_ms\":%.1f,\"loss\":%.5f,\"n_params\":%.0f,\"n_trainable\":%zu,"
                        "\"head_chunk\":%d,\"ft\":\"%s\",\"lora_rank\":%d,\"lora_targets\":%d,\"freeze\":%d,"
-                       "\"flops_per_token\":%.4g}\n",
+                       "\"flops_per_token\":%.4g,\"steps_ms\":[%s],\"split_step_ms\":%.2f,\"split_gpu_ms\":%.2f}\n",
                     dname, label, T, B, m.gradient_checkpointing, med * 1e3, tok, mfu, peak / 1073741824.0, first - t_run, first - t_proc,
                     split[GLM_PROF_GEMM], split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss,
-                    n_all, m.tab.n_params, m.head_chunk, peft ? ftname : "full", lora, c.peft.lora_targets, freeze, flops_tok);
+                    n_all, m.tab.n_params, m.head_chunk, peft ? ftname : "full", lora, c.peft.lora_targets, freeze, flops_tok,
+                    order, prof_wall * 1e3, prof_gpu);
         free(ts);
         glm_batch_free(&b);
         glm_dp_close(dp, 1);
