@@ -16,8 +16,10 @@
  *  backward : one block per 128 keys (64 per warpgroup) over 64-query tiles in two stages:
  *             S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q in registers, and dS^T
  *             through shared memory into dQ += dS K, summed over key blocks in fp32 by the
- *             copy engine's bulk reductions from shared memory (then one pass writes dq).
- *             Probabilities are recomputed from lse; D = rowsum(dout * out) comes precomputed.
+ *             copy engine's bulk reductions from shared memory (then one pass writes dq);
+ *             dK and dV leave the same way at the block's end, by bulk copies out of the
+ *             then free Q/dout stages. Probabilities are recomputed from lse; D = rowsum(dout
+ *             * out) comes precomputed.
  *
  * Shared tiles: a [ROWS][HD] tile is stored as HD/64 column blocks of [ROWS][64] elements, each
  * row 128 bytes with its 16-byte chunks XOR-swizzled by (row & 7): wgmma's 128-byte swizzle and
