@@ -168,12 +168,13 @@ def main():
             e1.record()
             torch.cuda.synchronize()
             times.append(e0.elapsed_time(e1) / 1e3)
+        in_order = [round(t * 1e3, 2) for t in times]  # the steps as they ran
         times.sort()
         med = times[len(times) // 2]
         tok = B * T / med
         mfu = tok * (6 * n_params + 12 * a.layers * H * T) / 989e12
         peak = torch.cuda.max_memory_allocated() / 2**30
-        res = dict(impl="pytorch", run=f"{T}x{B}{'+ckpt' if ck else ''}", compile=not a.no_compile, step_ms=med * 1e3,
+        res = dict(impl="pytorch", run=f"{T}x{B}{'+ckpt' if ck else ''}", compile=not a.no_compile, step_ms=med * 1e3, step_ms_all=in_order,
                    tok_s=tok, mfu=mfu, peak_alloc_gib=peak, first_step_s=first, loss=float(loss), n_params=n_params)
         print("RESULT " + json.dumps(res), flush=True)
         if a.out:

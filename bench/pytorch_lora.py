@@ -451,6 +451,7 @@ def bench_run(a, run, dev, dtype, alpha, targets, cuda):
         loss = step()
         sync()
         times.append(time.perf_counter() - t0)
+    in_order = [round(t * 1e3, 2) for t in times]  # the steps as they ran (the GPU's clock moves between them)
     times.sort()
     med = times[len(times) // 2]
     tok = B * T / med
@@ -467,7 +468,7 @@ def bench_run(a, run, dev, dtype, alpha, targets, cuda):
                seq=T, batch=B, ckpt=int(ck), ft=ft, lora_rank=a.lora,
                lora_target=None if a.ptuning or a.freeze else a.lora_target, freeze=a.freeze, pre_seq_len=a.ptuning,
                prefix_dropout=a.prefix_dropout if a.ptuning else None, base_quant=a.base_quant,
-               quant_eager=bool(bits and a.quant_eager), compile=not a.no_compile, step_ms=med * 1e3,
+               quant_eager=bool(bits and a.quant_eager), compile=not a.no_compile, step_ms=med * 1e3, step_ms_all=in_order,
                tok_s=tok, mfu=mfu, flops_per_token=flops_tok, first_step_s=first, loss=float(loss),
                n_params=n_all, n_trainable=n_train, base_gib=base_bytes / 2**30, tiny=a.tiny, layers=a.layers)
     if cuda:
