@@ -47,7 +47,11 @@ session_setup() {
     SUMMARY="$OUT/$1.txt"
     SKIPPED=""
     { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-      git log -1 --format='commit %H' 2>/dev/null; } >"$OUT/env.txt" 2>&1
+      # the device's copy of the tree may carry an older .git (2026-12-04: it named the commit of
+      # the session before), so the caller passes the hash it built: GLM_COMMIT=$(git rev-parse HEAD)
+      if [ -n "${GLM_COMMIT:-}" ]; then echo "commit $GLM_COMMIT"
+      else echo "commit $(git log -1 --format=%H 2>/dev/null) (the device copy's git: may lag; set GLM_COMMIT)"; fi
+    } >"$OUT/env.txt" 2>&1
 }
 
 # run_gpu_tests CAP: the GPU tests (tests/run_cuda.sh, no sanitizers) under a timeout of
