@@ -257,28 +257,27 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap *m, int
     for (int c = 0; c < HD / 64; c++) tma_box(dst + c * ROWS * 128, m, c * 64, head, row0, b, bar);
 }
 
-/* The bulk tensor reduction: the box at (col, head, row, batch) of an fp32 tensor += a box in
- * shared memory (128-byte swizzle), done by the copy engine and the L2 instead of a reduction
- * instruction per pair of elements. commit closes a group of them; wait_read returns once the
- * issuing thread's groups have read their shared memory. */
-__device__ __forceinline__ void tma_reduce_add(const CUtensorMap *m, uint32_t src, int col, int head, int row, int b) {
+/* Bulk tensor operations from a box in shared memory (layout as tma_box) to the box at (col,
+ * head, row, batch) of a tensor map, issued by one thread and done by the copy engine (rows
+ * past the tensor's end are left alone):
+ *   tma_reduce_add: fp32 += the box, summed in the L2 instead of a reduction instruction per
+ *                   pair of elements from every thread;
+ *   tma_store:      a plain copy out.
+ * commit closes a group of them; wait_read returns once the issuing thread's groups have read
+ * their shared memory. */
 #ifdef FA90_HAVE
-    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
-                     reinterpret_cast<uint64_t>(m)),
-                 "r"(src), "r"(col), "r"(head), "r"(row), "r"(b)
-                 : "memory");
+#define FA90_BULK_OUT(name, insn)                                                                                    \
+    __device__ __forceinline__ void name(const CUtensorMap *m, uint32_t src, int col, int head, int row, int b) {      \
+        asm volatile(insn " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(m)), "r"(src), "r"(col), \
+                     "r"(head), "r"(row), "r"(b)                                                                    \
+                     : "memory");                                                                                   \
+    }
+#else
+#define FA90_BULK_OUT(name, insn) \
+    __device__ __forceinline__ void name(const CUtensorMap *, uint32_t, int, int, int, int) {}
 #endif
-}
-/* The bulk tensor copy the other way: a box in shared memory (layout as tma_box) to (col, head,
- * row, batch); rows past the tensor's end are not written. */
-__device__ __forceinline__ void tma_store(const CUtensorMap *m, uint32_t src, int col, int head, int row, int b) {
-#ifdef FA90_HAVE
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
-                     reinterpret_cast<uint64_t>(m)),
-                 "r"(src), "r"(col), "r"(head), "r"(row), "r"(b)
-                 : "memory");
-#endif
-}
+FA90_BULK_OUT(tma_reduce_add, "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group")
+FA90_BULK_OUT(tma_store, "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group")
 FA90_INSN(bulk_commit, "cp.async.bulk.commit_group;")
 FA90_INSN(bulk_wait_read, "cp.async.bulk.wait_group.read 0;")
 
