@@ -99,7 +99,7 @@ static int gemm_tune(glm_backend *be, gemm_plan *p, const cublasLtMatmulHeuristi
             CUDA_CHECK(cudaEventRecord(ev[nev++], im->st));
         }
     CUDA_CHECK(cudaEventSynchronize(ev[nev - 1]));
-    int pick = 0;
+    int pick = 0, first = -1; /* first: the heuristic's best-ranked candidate that runs */
     float t0 = 0, best = 0;
     for (int i = 0, k = 0; i < nres; i++) { /* k: candidate i's place among those that run */
         if (!ok[i]) continue;
@@ -112,10 +112,10 @@ static int gemm_tune(glm_backend *be, gemm_plan *p, const cublasLtMatmulHeuristi
         for (int a = 1; a < GEMM_TUNE_ROUNDS; a++) /* the median: an insertion sort of five */
             for (int b = a; b > 0 && t[b] < t[b - 1]; b--) { float x = t[b]; t[b] = t[b - 1]; t[b - 1] = x; }
         float med = t[GEMM_TUNE_ROUNDS / 2];
-        if (i == 0) t0 = best = med;
+        if (first < 0) { first = pick = i; t0 = best = med; }
         else if (med < best) { best = med; pick = i; }
     }
-    if (pick && best > 0.97f * t0) pick = 0;
+    if (pick != first && best > 0.97f * t0) pick = first;
     for (int j = 0; j < nev; j++) cudaEventDestroy(ev[j]);
     if (save) {
         CUDA_CHECK(cudaMemcpyAsync(D, save, dbytes, cudaMemcpyDeviceToDevice, im->st));

@@ -188,6 +188,13 @@ template <typename T> __device__ __forceinline__ void acc_to_a(uint32_t *a, cons
 #define FA90_CONSUMERS 256
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+/* stores to shared memory at a 32-bit address (the swizzled tiles are addressed, not indexed) */
+__device__ __forceinline__ void sts_b32(uint32_t at, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+}
+__device__ __forceinline__ void sts_f32x2(uint32_t at, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+}
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 #ifdef FA90_HAVE
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -554,8 +561,7 @@ __global__ void __launch_bounds__(FA90_NT, 1)
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
                     int key = k0 + (r & 1) * 8, q = c * 16 + (r >> 1) * 8 + 2 * t4;
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(cS + t90<BN>(key, q >> 3) + (q & 7) * 2), "r"(da[c][r])
-                                 : "memory");
+                    sts_b32(cS + t90<BN>(key, q >> 3) + (q & 7) * 2, da[c][r]);
                 }
         } else { /* no key of this warpgroup is seen: its dS^T rows are zeros */
 #pragma unroll
@@ -592,9 +598,8 @@ __global__ void __launch_bounds__(FA90_NT, 1)
 #pragma unroll
         for (int nd = 0; nd < 8; nd++) {
             uint32_t at = cD + (nd >> 2) * (DQB / 2) + (wq * 16 + g) * 128 + (((((nd & 3) << 1) | (t4 >> 1)) ^ g) << 4) + (t4 & 1) * 8;
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dqa[4 * nd]), "f"(dqa[4 * nd + 1]) : "memory");
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + 8 * 128), "f"(dqa[4 * nd + 2]), "f"(dqa[4 * nd + 3])
-                         : "memory");
+            sts_f32x2(at, dqa[4 * nd], dqa[4 * nd + 1]);
+            sts_f32x2(at + 8 * 128, dqa[4 * nd + 2], dqa[4 * nd + 3]);
         }
         fence_proxy_async();
         wg_sync(cw);
@@ -609,26 +614,24 @@ __global__ void __launch_bounds__(FA90_NT, 1)
     /* dK and dV leave through shared memory by the copy engine (rows past Tk are not written):
      * the Q and dout stages, 64 KiB, take a warpgroup's [64 keys][HD] of each, once both
      * warpgroups' last products (which read them) are done */
-    asm volatile("bar.sync 1, %0;\n" ::"n"(FA90_CONSUMERS) : "memory");
-    uint32_t sdk = sQ + cw * 2 * (64 * HD * 2), sdv = sdk + 64 * HD * 2;
+    consumers_sync();
+    uint32_t sdk = sQ + cw * 2 * QB, sdv = sdk + QB; /* a warpgroup's 64 rows: a Q tile's size */
     int rw = wq * 16 + g; /* this thread's rows rw and rw + 8 of the warpgroup's 64 */
 #pragma unroll
     for (int i = 0; i < HD / 8; i++)
 #pragma unroll
         for (int half = 0; half < 2; half++) {
-            uint32_t at = t90<64>(rw + 8 * half, i) + 4 * t4;
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdk + at), "r"(pack2<T>(adk[4 * i + 2 * half], adk[4 * i + 2 * half + 1]))
-                         : "memory");
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdv + at), "r"(pack2<T>(adv[4 * i + 2 * half], adv[4 * i + 2 * half + 1]))
-                         : "memory");
+            uint32_t at = t90<BM>(rw + 8 * half, i) + 4 * t4;
+            sts_b32(sdk + at, pack2<T>(adk[4 * i + 2 * half], adk[4 * i + 2 * half + 1]));
+            sts_b32(sdv + at, pack2<T>(adv[4 * i + 2 * half], adv[4 * i + 2 * half + 1]));
         }
     fence_proxy_async();
     wg_sync(cw);
     if ((ct & 127) == 0) {
 #pragma unroll
         for (int c = 0; c < HD / 64; c++) {
-            tma_store(&tdk, sdk + c * 64 * 128, c * 64, h, kg0, b);
-            tma_store(&tdv, sdv + c * 64 * 128, c * 64, h, kg0, b);
+            tma_store(&tdk, sdk + c * BM * 128, c * 64, h, kg0, b);
+            tma_store(&tdv, sdv + c * BM * 128, c * 64, h, kg0, b);
         }
         bulk_commit();
         /* the shared memory stays until the copy engine has read the last dQ boxes and dK, dV;
