@@ -26,8 +26,12 @@ ifneq ($(NVCC_PATH),)
   LIB_SRC  += $(shell find src/backend/cuda -name '*.c' | sort)
   CFLAGS   += -DGLM_HAVE_CUDA -I$(CUDA_HOME)/include
   LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
-  # Hopper code for the H100/H200, and Ampere code that A100/A10/RTX 30xx/40xx (sm_80/86/89) run
-  NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80
+  # Hopper code for the H100/H200, Ampere code that A100/A10/RTX 30xx/40xx (sm_80/86/89) run,
+  # Turing code (T4, RTX 20xx: sm_75, the oldest CUDA 13 builds for; no bf16 there), and the
+  # Ampere PTX, which the driver compiles on first use for GPUs newer than all of them
+  # (Blackwell: B200 sm_100, RTX 50xx sm_120), whose devices run none of the machine code
+  NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_75,code=sm_75 \
+               -gencode arch=compute_80,code=compute_80
   NVCCFLAGS ?= -O3 $(NVCC_ARCH) -std=c++17 -Isrc -Xcompiler -fPIC --expt-relaxed-constexpr
   NVCCFLAGS += -MMD -MP
   # GPU tests and the training benchmark: built with the CUDA backend only (run on a GPU machine)
@@ -68,8 +72,9 @@ $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # the wgmma attention kernels exist only as sm_90a code (wgmma is not in plain sm_90 or PTX);
-# the backend runs them on 9.0 devices alone, every other GPU takes k_flash.cu
-$(BUILD)/obj/src/backend/cuda/k_flash90.o: NVCC_ARCH = -gencode arch=compute_90a,code=sm_90a
+# the backend runs them on 9.0 devices alone, every other GPU takes k_flash.cu. `override`: an
+# NVCC_ARCH given on the command line (a build for one's own GPU) must not replace it here
+$(BUILD)/obj/src/backend/cuda/k_flash90.o: override NVCC_ARCH = -gencode arch=compute_90a,code=sm_90a
 
 # serve: libmicrohttpd's header at build time (libmicrohttpd-dev); the library itself is opened
 # with dlopen when serve starts (src/serve/server.c), so no other command or GPU carry needs it.

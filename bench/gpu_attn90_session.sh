@@ -34,6 +34,16 @@
 #   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops --quick --attention
 #   sanitize-all  memcheck and racecheck over every op of test_cuda_ops --quick --only bf16
 #   racecheck  racecheck alone over the bf16 attention cases (--quick --attention --only bf16)
+#   turing  the GPU tests built as Turing PTX alone (build/ptx75: make BUILD=build/ptx75
+#           NVCC_ARCH='-gencode arch=compute_75,code=compute_75'), so every kernel runs as compiled
+#           for 7.5 (sm_80 instructions are traps there), with GLM_CUDA_TURING=1 sending the GPU
+#           down Turing's paths (no bf16, SIMT attention, products on cuBLAS); then the native
+#           build's tests under GLM_CUDA_TURING=1 too
+#   ptx-jit  the GPU tests built as PTX alone (build/ptx: make BUILD=build/ptx
+#           NVCC_ARCH='-gencode arch=compute_80,code=compute_80'), so the driver compiles every
+#           kernel for this GPU as it must on GPUs newer than a build (Blackwell), with the
+#           mma.sync attention those GPUs take (GLM_CUDA_ATTN=mma); cuBLAS keeps its own code.
+#           A fresh CUDA_CACHE_PATH: the first binary's time includes the compilation
 # Records: $OUT/attn90-*.jsonl; console lines $OUT/attn90.txt; logs in $OUT/logs.tgz.
 # Build here first (docs/GPU-TESTS.md):
 #   make -j2 MPI=0 BUILD=build/gpu build/gpu/bench_train build/gpu/bench_attn build/gpu/bench_ops build/gpu/tests/cuda/test_cuda_ops build/gpu/tests/cuda/test_cuda_model
@@ -47,6 +57,21 @@ for mode in "${@:-check attn}"; do
     case $mode in
     check) run_capped "check" 150 20 "$B/tests/cuda/test_cuda_ops" --attention ;;
     tests) run_gpu_tests 240 ;;
+    turing)
+        P=${TURING_BUILD:-build/ptx75}
+        rm -rf /tmp/glm-jit75
+        run_capped "turing-model" 200 40 env CUDA_CACHE_PATH=/tmp/glm-jit75 GLM_CUDA_TURING=1 "$P/tests/cuda/test_cuda_model"
+        run_capped "turing-ops" 240 40 env CUDA_CACHE_PATH=/tmp/glm-jit75 GLM_CUDA_TURING=1 "$P/tests/cuda/test_cuda_ops"
+        run_capped "turing-native-model" 120 30 env GLM_CUDA_TURING=1 "$B/tests/cuda/test_cuda_model"
+        grep -h "^SKIP" "$OUT/logs/turing-model.txt" "$OUT/logs/turing-ops.txt" | head -5 | sed 's/^/    /' ;;
+    ptx-jit)
+        P=${PTX_BUILD:-build/ptx}
+        rm -rf /tmp/glm-jit-cache
+        run_capped "ptx-jit-model" 200 40 env CUDA_CACHE_PATH=/tmp/glm-jit-cache GLM_CUDA_ATTN=mma "$P/tests/cuda/test_cuda_model"
+        run_capped "ptx-jit-ops" 240 40 env CUDA_CACHE_PATH=/tmp/glm-jit-cache GLM_CUDA_ATTN=mma "$P/tests/cuda/test_cuda_ops"
+        du -sh /tmp/glm-jit-cache 2>/dev/null | sed 's/^/    JIT cache: /'
+        # the same binary with the driver's PTX compiler off: the start must say so, not launch
+        env CUDA_DISABLE_PTX_JIT=1 "$P/tests/cuda/test_cuda_model" 2>&1 | grep -m1 -i "cannot run this build" | sed 's/^/    no-JIT start: /' ;;
     attn)
         run_capped "attn-wgmma" 90 20 "$B/bench_attn" --out "$OUT/attn90-wgmma.jsonl"
         run_capped "attn-mma" 90 20 env GLM_CUDA_ATTN=mma "$B/bench_attn" --out "$OUT/attn90-mma.jsonl"

@@ -293,6 +293,9 @@ glm_backend *glm_backend_cpu(void);
 #ifdef GLM_HAVE_CUDA
 /* CUDA backend on `device` with storage dtype; NULL and a message when no GPU is usable. */
 glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t errlen);
+/* The GPUs this process sees (0 without a driver): a NULL backend on a machine with GPUs is a
+ * configuration to fix, not a reason to fall back to the CPU. */
+int glm_cuda_device_count(void);
 #endif
 
 /* Element pointer arithmetic on S buffers. */

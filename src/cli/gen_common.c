@@ -57,6 +57,12 @@ static int pick_backend(gen_session *s, const gen_args *a, glm_err *err) {
     if (want_cuda) {
         char msg[512] = "";
         s->be = glm_backend_cuda(0, dt, msg, sizeof msg);
+        if (!s->be && dt == GLM_BF16 && !strcmp(a->dtype, "auto") && glm_cuda_device_count() > 0) {
+            /* a GPU without bf16 (Turing): fp16, as THUDM's own chat code runs the model */
+            char msg16[512] = "";
+            s->be = glm_backend_cuda(0, GLM_F16, msg16, sizeof msg16);
+            if (s->be) glm_info("this GPU has no bf16; running in float16 (--dtype float32 for full precision)");
+        }
         if (!s->be && !strcmp(a->device, "cuda")) {
             glm_fail(err, "--device cuda: %s", msg);
             return glm_hint(err, "use --device cpu, or check nvidia-smi");

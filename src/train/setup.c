@@ -92,6 +92,10 @@ int trainer_pick_backend(trainer *t, glm_err *err) {
             return 0;
         }
         if (want_cuda) return glm_fail(err, "--device cuda: %s", msg);
+        if (glm_cuda_device_count() > 0) { /* a GPU this run cannot use as asked: say so, do not crawl on the CPU */
+            glm_fail(err, "%s", msg);
+            return glm_hint(err, "or pass --device cpu to train on the CPU");
+        }
         glm_info("no usable GPU (%s); training on the CPU", msg);
     }
 #else

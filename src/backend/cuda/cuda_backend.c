@@ -147,7 +147,7 @@ static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, 
     if (!IM(be)->force_simt && glmk_decode_attention_supported(Tq, Tk, HD)) /* decoding: the keys split over many blocks */
         glmk_decode_attention(be->dtype, out, lse, glm_cuda_scratch(be, glmk_decode_attention_scratch(B, Tq, Tk, NH, HD)), q, k,
                               v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
-    else if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL)) {
+    else if (!IM(be)->force_simt && IM(be)->sm80 && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL)) {
         if (!IM(be)->use_wgmma || !glmk_flash90_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->sms, IM(be)->st))
             glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     }
@@ -187,7 +187,7 @@ static void cu_attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_q
     glm_cuda_prof(be, GLM_PROF_ATTN, "attention_bwd_rowdot");
     glmk_attn_rowdot(be->dtype, D, dout, out, B, Tq, NH, HD, IM(be)->st);
     glm_cuda_prof(be, GLM_PROF_ATTN, "attention_bwd");
-    if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, dout, NULL) &&
+    if (!IM(be)->force_simt && IM(be)->sm80 && glmk_flash_supported(be->dtype, HD, q, k, v, dout, NULL) &&
         glmk_flash_supported(be->dtype, HD, dq, dk, dv, NULL, NULL)) {
         if (!wgmma ||
             !glmk_flash90_bwd(be->dtype, dq, dk, dv, (float *)(scr + dbytes), dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH,
@@ -266,15 +266,19 @@ static void cu_mask_scale(glm_backend *be, void *out, const void *x, size_t n, f
 static int cu_lora_down(glm_backend *be, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,
                         uint64_t seed) {
     glm_cuda_prof(be, GLM_PROF_GEMM, "lora_down");
-    int done = glmk_lora_down(be->dtype, t, x, a, N, C, r, scale, p, seed, IM(be)->st);
+    /* 16-bit storage takes tensor-core kernels: not on Turing, where the caller composes the op */
+    int done = (IM(be)->sm80 || be->dtype == GLM_F32) && glmk_lora_down(be->dtype, t, x, a, N, C, r, scale, p, seed, IM(be)->st);
     glm_cuda_op_done(be, "lora_down");
     return done;
 }
 static int cu_lora_down_bwd(glm_backend *be, void *da, void *dx, const void *dt, const void *x, const void *a, int N, int C,
                             int r, float p, uint64_t seed) {
     glm_cuda_prof(be, GLM_PROF_GEMM, "lora_down_bwd");
-    float *s = da ? glm_cuda_scratch(be, glmk_lora_down_bwd_scratch(be->dtype, N, C, r) * sizeof(float)) : NULL;
-    int done = glmk_lora_down_bwd(be->dtype, da, dx, dt, x, a, N, C, r, p, seed, s, IM(be)->st);
+    int done = 0;
+    if (IM(be)->sm80 || be->dtype == GLM_F32) {
+        float *s = da ? glm_cuda_scratch(be, glmk_lora_down_bwd_scratch(be->dtype, N, C, r) * sizeof(float)) : NULL;
+        done = glmk_lora_down_bwd(be->dtype, da, dx, dt, x, a, N, C, r, p, seed, s, IM(be)->st);
+    }
     glm_cuda_op_done(be, "lora_down_bwd");
     return done;
 }
@@ -310,7 +314,8 @@ static void cu_dequantize(glm_backend *be, void *w, const void *q, int qtype, in
 static void cu_qmatmul_fwd(glm_backend *be, void *out, const void *inp, const void *q, int qtype, const void *bias,
                            int N, int C, int OC) {
     glm_cuda_prof(be, GLM_PROF_GEMM, "qmatmul_fwd");
-    glmk_qmatmul_fwd(be->dtype, out, inp, q, qtype, bias, N, C, OC, IM(be)->st);
+    if (IM(be)->sm80) glmk_qmatmul_fwd(be->dtype, out, inp, q, qtype, bias, N, C, OC, IM(be)->st);
+    else glmk_qmatmul_fwd_cfg(be->dtype, out, inp, q, qtype, bias, N, C, OC, 1, 0, 0, IM(be)->st); /* SIMT */
     glm_cuda_op_done(be, "qmatmul_fwd");
 }
 static void cu_ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
@@ -383,6 +388,7 @@ static void cu_adamw8(glm_backend *be, void *param, float *master, const void *g
 /* ---------------------------------------------------------------- extras, lifetime */
 
 void *glm_cuda_stream(glm_backend *be) { return (void *)IM(be)->st; }
+int glm_cuda_sm80(glm_backend *be) { return IM(be)->sm80; }
 
 /* ---------------------------------------------------------------- host staging (cuda_copy.c) */
 
@@ -432,6 +438,15 @@ static void cu_destroy(glm_backend *be) {
     free(be);
 }
 
+int glm_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t errlen) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -447,11 +462,35 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     CUDA_CHECK(cudaSetDevice(device));
     struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    if (prop.major < 8) { /* the kernels use sm_80 instructions (mma.sync, cp.async, bf16) */
+    /* Turing (7.5: T4, RTX 20xx) runs every op, with SIMT attention and the products on cuBLAS
+     * where newer GPUs take kernels on sm_80 instructions; CUDA 13 has no code for older GPUs.
+     * GLM_CUDA_TURING=1 sends a newer GPU down the same paths (tests). */
+    int cc = prop.major * 10 + prop.minor;
+    const char *tu = getenv("GLM_CUDA_TURING");
+    int turing = cc < 80 || (tu && tu[0] && strcmp(tu, "0") != 0);
+    if (cc < 75) {
         if (errbuf)
-            snprintf(errbuf, errlen, "GPU %d (%s) has compute capability %d.%d; glmtrain's CUDA kernels need 8.0 or newer%s",
-                     device, prop.name, prop.major, prop.minor,
-                     dtype == GLM_BF16 ? " (and bf16 needs it too: on older GPUs --fp16 is what PyTorch would use)" : "");
+            snprintf(errbuf, errlen, "GPU %d (%s) has compute capability %d.%d; glmtrain's CUDA kernels need 7.5 (Turing: "
+                     "T4, RTX 20xx) or newer (CUDA 13 builds no code for older GPUs); or run on the CPU (--device cpu)",
+                     device, prop.name, prop.major, prop.minor);
+        return NULL;
+    }
+    if (turing && dtype == GLM_BF16) {
+        if (errbuf)
+            snprintf(errbuf, errlen, "GPU %d (%s, compute capability %d.%d%s) has no bf16 tensor cores (8.0 or newer); use "
+                     "float16 (training: --fp16, with loss scaling as PyTorch there; chat/generate/serve: --dtype float16) "
+                     "or float32",
+                     device, prop.name, prop.major, prop.minor, cc < 80 ? "" : ", treated as 7.5 by GLM_CUDA_TURING=1");
+        return NULL;
+    }
+    char why[160] = "";
+    if (!glmk_image_ok(why, sizeof why)) {
+        if (errbuf)
+            snprintf(errbuf, errlen,
+                     "GPU %d (%s, compute capability %d.%d) cannot run this build's CUDA kernels (%s); rebuild with "
+                     "code for it, e.g. make NVCC_ARCH='-gencode arch=compute_%d%d,code=sm_%d%d', or with a CUDA "
+                     "toolkit and driver that know this GPU",
+                     device, prop.name, prop.major, prop.minor, why, prop.major, prop.minor, prop.major, prop.minor);
         return NULL;
     }
     cuda_impl *im = glm_calloc(1, sizeof *im);
@@ -463,8 +502,9 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     }
     snprintf(im->name, sizeof im->name, "cuda:%d", device);
     const char *a = getenv("GLM_CUDA_ATTN"), *s = getenv("GLM_CUDA_SYNC");
+    im->sm80 = !turing;
     im->force_simt = a && strcmp(a, "simt") == 0;
-    im->use_wgmma = !im->force_simt && !(a && strcmp(a, "mma") == 0) && glmk_flash90_available(device);
+    im->use_wgmma = im->sm80 && !im->force_simt && !(a && strcmp(a, "mma") == 0) && glmk_flash90_available(device);
     im->debug_sync = s && strcmp(s, "0") != 0 && s[0];
     const char *tn = getenv("GLM_CUDA_GEMM_TUNE");
     im->gemm_tune = !(tn && strcmp(tn, "0") == 0);

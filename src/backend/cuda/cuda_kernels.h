@@ -17,6 +17,9 @@ extern "C" {
 void glm_cuda_check_at(cudaError_t e, const char *what, const char *file, int line);
 
 /* ---- elementwise / copies (k_elementwise.cu) ---- */
+/* 1 when the build has code this device runs (its machine code, or PTX the driver compiles);
+ * 0 with the CUDA message in why otherwise */
+int glmk_image_ok(char *why, size_t whylen);
 /* dst[i] = (dst_dt) src[i] */
 void glmk_convert(void *dst, glm_dtype dst_dt, const void *src, glm_dtype src_dt, size_t n, cudaStream_t st);
 /* dst[i] = std * N(0,1) from a counter-based generator (seed, i): for benchmarks and tests */

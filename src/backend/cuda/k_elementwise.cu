@@ -2,6 +2,7 @@
  * gather/scatter, 2D rotary, bias add. Each has a CPU twin in backend/cpu/cpu_ops.c.
  * Memory-bound: 16-byte packs where the pointers and sizes allow, scalar otherwise. */
 #include "backend/cuda/cuda_common.cuh"
+#include <stdio.h>
 #include "backend/mask_hash.h"
 
 /* ---------------------------------------------------------------- conversions, fills */
@@ -20,6 +21,17 @@ extern "C" void glmk_convert(void *dst, glm_dtype ddt, const void *src, glm_dtyp
         GLMK_DISPATCH(sdt, convert_kernel<DT, T><<<g, 256, 0, st>>>((DT *)dst, (const T *)src, n));
     });
     GLMK_CHECK_LAUNCH();
+}
+
+/* Whether this build carries code the device runs: machine code for its architecture or PTX the
+ * driver can compile for it (cudaFuncGetAttributes loads the module, compiling PTX if need be).
+ * Asked once at start, so a GPU newer than the build gets one clear error, not a failed launch. */
+extern "C" int glmk_image_ok(char *why, size_t whylen) {
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, (const void *)convert_kernel<float, float>);
+    (void)cudaGetLastError(); /* an answer here, not an error for the next launch */
+    if (e != cudaSuccess && why) snprintf(why, whylen, "%s", cudaGetErrorString(e));
+    return e == cudaSuccess;
 }
 
 /* splitmix64 finaliser: a counter-based generator, so any element can be drawn independently */

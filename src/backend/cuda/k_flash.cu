@@ -29,10 +29,10 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
 }
 /* 16-byte async copy global -> shared; bytes = 0 writes zeros (rows past the end). */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    GLMK_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_commit() { GLMK_SM80_ASM("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { GLMK_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 template <typename T>
 __device__ __forceinline__ const T *head_base(const glm_qkv_view &v, int b, int h) {

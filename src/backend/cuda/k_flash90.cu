@@ -758,7 +758,8 @@ extern "C" int glmk_flash90_available(int device) {
     cudaFuncAttributes fa;
     int ok = cudaFuncGetAttributes(&fa, (const void *)flash90_fwd_kernel<bf16, 128>) == cudaSuccess;
     (void)cudaGetLastError(); /* a missing image is an answer here, not an error for the next launch */
-    return ok;
+    /* and the image is sm_90a code: one compiled from older PTX has the wgmma steps as traps */
+    return ok && fa.ptxVersion >= 90;
 }
 
 extern "C" int glmk_flash90_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,

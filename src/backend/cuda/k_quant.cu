@@ -385,8 +385,12 @@ template <> struct I4Magic<f16> { /* 1024 + u, 1.0, -1032 */
 };
 template <typename T> __device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c);
 template <> __device__ __forceinline__ uint32_t hfma2_u<bf16>(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
+    uint32_t d = 0;
+#ifdef GLMK_SM80
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+#else
+    __trap();
+#endif
     return d;
 }
 template <> __device__ __forceinline__ uint32_t hfma2_u<f16>(uint32_t a, uint32_t b, uint32_t c) {
@@ -402,14 +406,14 @@ template <typename T> __device__ __forceinline__ void mma_16816(float *d, uint32
                                                                  uint32_t a3, uint32_t b0, uint32_t b1);
 template <> __device__ __forceinline__ void mma_16816<bf16>(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                             uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    GLMK_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 template <> __device__ __forceinline__ void mma_16816<f16>(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                            uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    GLMK_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -680,8 +684,8 @@ extern "C" void glmk_qmatmul_fwd_cfg(glm_dtype dt, void *out, const void *inp, c
     if (path == 0) {
         path = mma ? 2 : 1;
         if (path == 2 && rb1 == 0) rb1 = N <= 8 && OC < 8192 ? 1 : 2;
-        if (path == 1 && kw == 0) kw = qtype != GLM_Q_INT8 && N >= 4 ? 1 : 4;
     }
+    if (path == 1 && kw == 0) kw = qtype != GLM_Q_INT8 && N >= 4 ? 1 : 4;
     GLMK_DISPATCH(dt, {
         T *o = (T *)out;
         const T *x = (const T *)inp, *b = (const T *)bias;
