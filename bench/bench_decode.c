@@ -64,6 +64,8 @@ int main(int argc, char **argv) {
         be->upload(be, dlo, &lo0, 4);
         be->upload(be, dhi, &hi0, 4);
         float *ws = be->alloc(be, glmk_decode_attention_scratch(1, 1, T, NH, HD));
+        int smem_max = 48 << 10;
+        cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
         for (int kind = 0; kind < 2; kind++)
             for (int rep = 0; rep < 3; rep++) {
                 be->sync(be);
@@ -77,7 +79,7 @@ int main(int argc, char **argv) {
                         glmk_decode_attention(GLM_BF16, out, lse, ws, q, k, v, dlo, dhi, 1, 1, T, NH, HD, 0.088f,
                                               (cudaStream_t)glm_cuda_stream(be));
                     else
-                        glmk_flash_fwd(GLM_BF16, out, lse, q, k, v, dlo, dhi, 1, 1, T, NH, HD, 0.088f,
+                        glmk_flash_fwd(GLM_BF16, out, lse, q, k, v, dlo, dhi, 1, 1, T, NH, HD, 0.088f, smem_max,
                                        (cudaStream_t)glm_cuda_stream(be));
                 }
                 be->sync(be);

@@ -37,7 +37,7 @@
 #   turing  the GPU tests built as Turing PTX alone (build/ptx75: make BUILD=build/ptx75
 #           NVCC_ARCH='-gencode arch=compute_75,code=compute_75'), so every kernel runs as compiled
 #           for 7.5 (sm_80 instructions are traps there), with GLM_CUDA_TURING=1 sending the GPU
-#           down Turing's paths (no bf16, SIMT attention, products on cuBLAS); then the native
+#           down Turing's paths (no bf16, 64 KiB of shared memory a block); then the native
 #           build's tests under GLM_CUDA_TURING=1 too
 #   ptx-jit  the GPU tests built as PTX alone (build/ptx: make BUILD=build/ptx
 #           NVCC_ARCH='-gencode arch=compute_80,code=compute_80'), so the driver compiles every

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Turing's paths through `glmtrain` itself, on a newer GPU sent down them by GLM_CUDA_TURING=1
-# (no bf16; SIMT attention; LoRA's small products on cuBLAS): a run without a precision flag
+# (no bf16; fp16 tensor-core kernels on m16n8k8, single-buffered in 64 KiB): a run without a precision flag
 # stops with the message instead of training on the CPU; a ChatGLM-6B-shaped LoRA run in fp16
 # (loss scaling) trains, loss falling; generate on a saved model picks float16 by itself.
 # Build here: make -j2 MPI=0 BUILD=build/gpu build/gpu/glmtrain; carry build/gpu/glmtrain,

@@ -191,8 +191,7 @@ static void t_lora(ctx *c, int N, int C, int r) {
     float *u = malloc(sizeof(float) * nx), *tref = malloc(sizeof(float) * nt), *du = malloc(sizeof(float) * nx);
     void *dx_ = up_s(be, x, nx), *da_ = up_s(be, a, na), *ddt = up_s(be, dt, nt);
     void *dt_out = be->alloc(be, nt * glm_dtype_size(c->dt));
-    /* 16-bit storage takes tensor-core kernels, which a Turing GPU does not run (the caller then composes the op) */
-    int P = (int)(16 / glm_dtype_size(c->dt)), takes = r <= 16 && C % P == 0 && (c->dt == GLM_F32 || glm_cuda_sm80(be));
+    int P = (int)(16 / glm_dtype_size(c->dt)), takes = r <= 16 && C % P == 0;
     for (int k = 0; k < 2; k++) {
         float p = k ? 0.3f : 0.0f, s = 2.0f;
         uint64_t seed = 777ULL + (uint64_t)N * 31 + k;
@@ -1001,7 +1000,7 @@ static void t_quant(ctx *c, glm_qtype t, int OC, int C, const int *Ns, int nN) {
         cpu_qmatmul_fwd(r, x, hq, (int)t, bias, N, C, OC);
         for (int v = 0; v < 6; v++) {
             if ((v == 2 || v == 3) && N != 1) continue;
-            if (v >= 4 && (t != GLM_Q_INT4 || !glm_cuda_sm80(be))) continue; /* tensor cores: sm_80 instructions */
+            if (v >= 4 && t != GLM_Q_INT4) continue;
             poison(be, dout, (size_t)N * OC, 0);
             glmk_qmatmul_fwd_cfg(c->dt, dout, dx, dq, (int)t, db, N, C, OC, cfgs[v][0], cfgs[v][1], cfgs[v][2],
                                  (cudaStream_t)glm_cuda_stream(be));

@@ -147,10 +147,10 @@ static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, 
     if (!IM(be)->force_simt && glmk_decode_attention_supported(Tq, Tk, HD)) /* decoding: the keys split over many blocks */
         glmk_decode_attention(be->dtype, out, lse, glm_cuda_scratch(be, glmk_decode_attention_scratch(B, Tq, Tk, NH, HD)), q, k,
                               v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
-    else if (!IM(be)->force_simt && IM(be)->sm80 && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL)) {
-        if (!IM(be)->use_wgmma || !glmk_flash90_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->sms, IM(be)->st))
-            glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
-    }
+    else if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL) &&
+             ((IM(be)->use_wgmma && glmk_flash90_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->sms, IM(be)->st)) ||
+              glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->smem_max, IM(be)->st)))
+        ; /* done on tensor cores */
     else
         glmk_attention_fwd_simt(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
     glm_cuda_op_done(be, "attention_fwd");
@@ -187,15 +187,20 @@ static void cu_attn_bwd(glm_backend *be, glm_qkv_view dq, glm_qkv_view dk, glm_q
     glm_cuda_prof(be, GLM_PROF_ATTN, "attention_bwd_rowdot");
     glmk_attn_rowdot(be->dtype, D, dout, out, B, Tq, NH, HD, IM(be)->st);
     glm_cuda_prof(be, GLM_PROF_ATTN, "attention_bwd");
-    if (!IM(be)->force_simt && IM(be)->sm80 && glmk_flash_supported(be->dtype, HD, q, k, v, dout, NULL) &&
+    int done = 0; /* the gradients written on tensor cores; the SIMT kernels write the rest */
+    if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, dout, NULL) &&
         glmk_flash_supported(be->dtype, HD, dq, dk, dv, NULL, NULL)) {
-        if (!wgmma ||
-            !glmk_flash90_bwd(be->dtype, dq, dk, dv, (float *)(scr + dbytes), dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH,
-                              HD, scale, IM(be)->st))
-            glmk_flash_bwd(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+        if (wgmma && glmk_flash90_bwd(be->dtype, dq, dk, dv, (float *)(scr + dbytes), dout, lse, D, q, k, v, lo, hi, B, Tq,
+                                      Tk, NH, HD, scale, IM(be)->st))
+            done = GLMK_ATTN_DQ | GLMK_ATTN_DKV;
+        else
+            done = glmk_flash_bwd(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale,
+                                  IM(be)->smem_max, IM(be)->st);
     }
-    else
-        glmk_attention_bwd_simt(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+    int rest = (GLMK_ATTN_DQ | GLMK_ATTN_DKV) & ~done;
+    if (rest)
+        glmk_attention_bwd_simt(be->dtype, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, rest,
+                                IM(be)->st);
     if (g > 1) {
         glmk_group_sum(be->dtype, dk_out, dk.base, B, Tk, NH / g, g, HD, IM(be)->st);
         glmk_group_sum(be->dtype, dv_out, dv.base, B, Tk, NH / g, g, HD, IM(be)->st);
@@ -266,19 +271,15 @@ static void cu_mask_scale(glm_backend *be, void *out, const void *x, size_t n, f
 static int cu_lora_down(glm_backend *be, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,
                         uint64_t seed) {
     glm_cuda_prof(be, GLM_PROF_GEMM, "lora_down");
-    /* 16-bit storage takes tensor-core kernels: not on Turing, where the caller composes the op */
-    int done = (IM(be)->sm80 || be->dtype == GLM_F32) && glmk_lora_down(be->dtype, t, x, a, N, C, r, scale, p, seed, IM(be)->st);
+    int done = glmk_lora_down(be->dtype, t, x, a, N, C, r, scale, p, seed, IM(be)->st);
     glm_cuda_op_done(be, "lora_down");
     return done;
 }
 static int cu_lora_down_bwd(glm_backend *be, void *da, void *dx, const void *dt, const void *x, const void *a, int N, int C,
                             int r, float p, uint64_t seed) {
     glm_cuda_prof(be, GLM_PROF_GEMM, "lora_down_bwd");
-    int done = 0;
-    if (IM(be)->sm80 || be->dtype == GLM_F32) {
-        float *s = da ? glm_cuda_scratch(be, glmk_lora_down_bwd_scratch(be->dtype, N, C, r) * sizeof(float)) : NULL;
-        done = glmk_lora_down_bwd(be->dtype, da, dx, dt, x, a, N, C, r, p, seed, s, IM(be)->st);
-    }
+    float *s = da ? glm_cuda_scratch(be, glmk_lora_down_bwd_scratch(be->dtype, N, C, r) * sizeof(float)) : NULL;
+    int done = glmk_lora_down_bwd(be->dtype, da, dx, dt, x, a, N, C, r, p, seed, s, IM(be)->st);
     glm_cuda_op_done(be, "lora_down_bwd");
     return done;
 }
@@ -314,8 +315,7 @@ static void cu_dequantize(glm_backend *be, void *w, const void *q, int qtype, in
 static void cu_qmatmul_fwd(glm_backend *be, void *out, const void *inp, const void *q, int qtype, const void *bias,
                            int N, int C, int OC) {
     glm_cuda_prof(be, GLM_PROF_GEMM, "qmatmul_fwd");
-    if (IM(be)->sm80) glmk_qmatmul_fwd(be->dtype, out, inp, q, qtype, bias, N, C, OC, IM(be)->st);
-    else glmk_qmatmul_fwd_cfg(be->dtype, out, inp, q, qtype, bias, N, C, OC, 1, 0, 0, IM(be)->st); /* SIMT */
+    glmk_qmatmul_fwd(be->dtype, out, inp, q, qtype, bias, N, C, OC, IM(be)->st);
     glm_cuda_op_done(be, "qmatmul_fwd");
 }
 static void cu_ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
@@ -388,7 +388,6 @@ static void cu_adamw8(glm_backend *be, void *param, float *master, const void *g
 /* ---------------------------------------------------------------- extras, lifetime */
 
 void *glm_cuda_stream(glm_backend *be) { return (void *)IM(be)->st; }
-int glm_cuda_sm80(glm_backend *be) { return IM(be)->sm80; }
 
 /* ---------------------------------------------------------------- host staging (cuda_copy.c) */
 
@@ -503,6 +502,11 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     snprintf(im->name, sizeof im->name, "cuda:%d", device);
     const char *a = getenv("GLM_CUDA_ATTN"), *s = getenv("GLM_CUDA_SYNC");
     im->sm80 = !turing;
+    if (cudaDeviceGetAttribute(&im->smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        im->smem_max = 48 << 10; /* what every GPU gives a block without opting in */
+    }
+    if (turing && im->smem_max > (64 << 10)) im->smem_max = 64 << 10;
     im->force_simt = a && strcmp(a, "simt") == 0;
     im->use_wgmma = im->sm80 && !im->force_simt && !(a && strcmp(a, "mma") == 0) && glmk_flash90_available(device);
     im->debug_sync = s && strcmp(s, "0") != 0 && s[0];

@@ -13,10 +13,6 @@ void *glm_cuda_stream(glm_backend *be);
 /* p[n] (S) = std * N(0,1), counter-based from (seed, index): same values for any launch shape. */
 void glm_cuda_fill_normal(glm_backend *be, void *p, size_t n, uint64_t seed, float std);
 void glm_cuda_fill(glm_backend *be, void *p, size_t n, float value);
-/* 1 when the kernels built on sm_80 instructions (mma.sync attention, LoRA's tensor-core passes,
- * INT4 on tensor cores) run on this backend's GPU; 0 on Turing (7.5) or under GLM_CUDA_TURING=1,
- * which sends an 8.0+ GPU down Turing's paths so that tests can run them. */
-int glm_cuda_sm80(glm_backend *be);
 /* Device memory: in use now and the largest seen at any allocation (cudaMemGetInfo: every
  * process's use of the GPU, the CUDA context and library workspaces included), and the total. */
 void glm_cuda_memory(glm_backend *be, size_t *used_now, size_t *peak_used, size_t *total);

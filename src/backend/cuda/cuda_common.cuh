@@ -45,10 +45,11 @@ template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* The sm_80 instructions some kernels use (mma.sync m16n8k16 and bf16 m16n8k8, cp.async,
- * bf16x2 fma) exist in the device passes for 8.0 and newer; the Turing pass (7.5) gets a trap
- * in their place, and the backend never launches those kernels on a 7.x device (cuda_backend.c,
- * `sm80`): they take the SIMT attention, the products on cuBLAS, the scalar INT4 kernels. */
+/* The sm_80 instructions some kernels use (mma.sync m16n8k16, bf16 mma, cp.async, bf16x2 fma)
+ * exist in the device passes for 8.0 and newer. The Turing pass (7.5) does fp16's m16n8k16 as
+ * two m16n8k8 (the same sums: k 0-7, then 8-15) and k_flash.cu's copies as plain loads and
+ * stores; what is left (bf16 arithmetic) is a trap there, never launched: a 7.5 device refuses
+ * bf16 (cuda_backend.c). */
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define GLMK_SM80 1
 #define GLMK_SM80_ASM(...) asm volatile(__VA_ARGS__)
@@ -56,21 +57,10 @@ template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
 #define GLMK_SM80_ASM(...) __trap()
 #endif
 
-/* mma.sync (sm_80 and newer), 16-bit inputs, fp32 sums, lane = 4 g + t:
+/* mma.sync, 16-bit inputs, fp32 sums, lane = 4 g + t:
  *   m16n8k16: A a0 (g, k 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..); B b0 (k 2t..2t+1,
  *             n g) b1 (k 2t+8.., n g); C c0,c1 (g, n 2t..2t+1) c2,c3 (g+8, 2t..2t+1)
- *   m16n8k8:  A a0, a1 and B b0 as the first halves above */
-template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void mma16816<bf16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    GLMK_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma16816<f16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    GLMK_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+ *   m16n8k8:  A a0, a1 and B b0 as the first halves above (fp16: sm_75 and newer) */
 template <typename T> __device__ __forceinline__ void mma1688(float *c, const uint32_t *a, uint32_t b0);
 template <> __device__ __forceinline__ void mma1688<bf16>(float *c, const uint32_t *a, uint32_t b0) {
     GLMK_SM80_ASM("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
@@ -78,9 +68,25 @@ template <> __device__ __forceinline__ void mma1688<bf16>(float *c, const uint32
                  : "r"(a[0]), "r"(a[1]), "r"(b0));
 }
 template <> __device__ __forceinline__ void mma1688<f16>(float *c, const uint32_t *a, uint32_t b0) {
-    GLMK_SM80_ASM("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(b0));
+}
+template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<bf16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    GLMK_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<f16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+#ifdef GLMK_SM80
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    mma1688<f16>(c, a, b0);
+    mma1688<f16>(c, a + 2, b1);
+#endif
 }
 /* the 8 x 8 matrix of 16-bit values the warp holds one register a lane (lane 4 i + k: row i,
  * columns 2k, 2k + 1), transposed */

@@ -223,7 +223,7 @@ static void gemm(glm_backend *be, int ta, int tb, int m, int n, int k, const voi
 static void cu_mm_fwd(glm_backend *be, void *out, const void *inp, const void *w, const void *bias, int N, int C, int OC) {
     glm_cuda_prof(be, GLM_PROF_GEMM, glm_cuda_mm_label(be, 0, C, OC));
     /* a sum of a few terms (LoRA's B product): a write of out, at memory speed off cuBLAS */
-    if (bias || !IM(be)->sm80 || !glmk_small_k_fwd(be->dtype, out, inp, w, N, C, OC, IM(be)->st))
+    if (bias || !glmk_small_k_fwd(be->dtype, out, inp, w, N, C, OC, IM(be)->st))
         gemm(be, 1, 0, OC, N, C, w, C, inp, C, out, OC, 0.0f, bias, NULL);
     glm_cuda_op_done(be, "matmul_fwd");
 }
@@ -258,7 +258,7 @@ static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const 
                       const void *w, int N, int C, int OC, int acc) {
     /* sums over a few columns (LoRA's B side, C the rank): both products in one read of dout,
      * where cuBLAS reads it once for each (nothing is launched when the kernel does not take it) */
-    if (dinp && dw && !dbias && C <= 16 && IM(be)->sm80) { /* tensor-core passes (sm_80 instructions) */
+    if (dinp && dw && !dbias && C <= 16) {
         glm_cuda_prof(be, GLM_PROF_GEMM, glm_cuda_mm_label(be, 1, C, OC));
         float *s = glm_cuda_scratch(be, glmk_small_k_bwd_scratch(N, C, OC) * sizeof(float));
         if (glmk_small_k_bwd(be->dtype, dinp, dw, dout, inp, w, N, C, OC, acc, s, IM(be)->st)) {

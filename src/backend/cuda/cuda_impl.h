@@ -46,9 +46,8 @@ typedef struct cuda_impl {
     size_t *ssq_yoff;    /* [SSQ_SPANS] add_sumsq_spans: where each span's addend starts */
     gemm_plan plans[GEMM_CACHE];
     int next_evict;
-    int sm80;        /* the kernels on sm_80 instructions run here (compute capability 8.0 or newer,
-                      * and not GLM_CUDA_TURING=1); 0 on Turing: the SIMT (or decoding) attention,
-                      * LoRA's small products on cuBLAS, INT4 products on the SIMT kernels */
+    int sm80;        /* compute capability 8.0 or newer, and not GLM_CUDA_TURING=1 (0: Turing, no bf16) */
+    int smem_max;    /* shared memory a block may take (Turing: 64 KiB, also under GLM_CUDA_TURING=1) */
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
     int use_wgmma;   /* the sm_90a attention kernels (k_flash90.cu): a 9.0 device, unless GLM_CUDA_ATTN=mma */
     int debug_sync;  /* GLM_CUDA_SYNC=1: synchronise and check after every op */

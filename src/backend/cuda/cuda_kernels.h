@@ -141,21 +141,28 @@ void glmk_decode_attention(glm_dtype dt, void *out, float *lse, float *scratch, 
 void glmk_attention_fwd_simt(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                              const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
                              cudaStream_t st);
+/* parts: which gradients the backward kernels write, dq (GLMK_ATTN_DQ), dk and dv (GLMK_ATTN_DKV) */
+#define GLMK_ATTN_DQ 1
+#define GLMK_ATTN_DKV 2
 void glmk_attention_bwd_simt(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
                              const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                              const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
-                             cudaStream_t st);
+                             int parts, cudaStream_t st);
 /* Tensor-core path: bf16/fp16 storage, HD 64 or 128, 16-byte aligned rows. Returns 0 when the
  * shapes do not qualify (the caller then uses the SIMT kernels). */
 int glmk_flash_supported(glm_dtype dt, int HD, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                          const void *o1, const void *o2);
-void glmk_flash_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                    const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
-                    cudaStream_t st);
-void glmk_flash_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
-                    const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                    const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
-                    cudaStream_t st);
+/* smem_max: the shared memory a block may take on the device (cudaDevAttrMaxSharedMemoryPerBlockOptin);
+ * each kernel runs double-buffered where that fits, else single-buffered (Turing's 64 KiB), else
+ * not: the forward returns 0 and does nothing then, the backward returns the parts it wrote
+ * (GLMK_ATTN_DQ | GLMK_ATTN_DKV: at head size 128 on Turing dq does not fit) */
+int glmk_flash_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                   const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                   int smem_max, cudaStream_t st);
+int glmk_flash_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
+                   const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                   const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                   int smem_max, cudaStream_t st);
 /* The same two operations on wgmma and the bulk tensor copy engine (k_flash90.cu, sm_90a) for
  * compute capability 9.0 devices, where glmk_flash_supported holds; glmk_flash90_available says
  * whether the build carries them and the device runs them. They return 0, having done nothing,

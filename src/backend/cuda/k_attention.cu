@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(256) attn_dkv_simt(glm_qkv_view dk, glm_qkv_vi
 extern "C" void glmk_attention_bwd_simt(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv,
                                         const void *dout, const float *lse, const float *D, glm_qkv_view q,
                                         glm_qkv_view k, glm_qkv_view v, const int32_t *lo, const int32_t *hi, int B,
-                                        int Tq, int Tk, int NH, int HD, float scale, cudaStream_t st) {
+                                        int Tq, int Tk, int NH, int HD, float scale, int parts, cudaStream_t st) {
     if (B <= 0) return;
     check_hd(HD);
     size_t smem_q = sizeof(float) * (2 * SA_TILE * (HD + 1) + 2 * SA_WARPS * HD);
@@ -303,8 +303,8 @@ extern "C" void glmk_attention_bwd_simt(glm_dtype dt, glm_qkv_view dq, glm_qkv_v
     GLMK_DISPATCH(dt, {
         set_smem((const void *)attn_dq_simt<T>, smem_q);
         set_smem((const void *)attn_dkv_simt<T>, smem_kv);
-        if (Tq > 0) attn_dq_simt<T><<<gq, 32 * SA_WARPS, smem_q, st>>>(dq, (const T *)dout, lse, D, q, k, v, lo, hi, Tq, Tk, NH, HD, scale);
-        if (Tk > 0) attn_dkv_simt<T><<<gk, 32 * SA_WARPS, smem_kv, st>>>(dk, dv, (const T *)dout, lse, D, q, k, v, lo, hi, Tq, Tk, NH, HD, scale);
+        if (Tq > 0 && (parts & GLMK_ATTN_DQ)) attn_dq_simt<T><<<gq, 32 * SA_WARPS, smem_q, st>>>(dq, (const T *)dout, lse, D, q, k, v, lo, hi, Tq, Tk, NH, HD, scale);
+        if (Tk > 0 && (parts & GLMK_ATTN_DKV)) attn_dkv_simt<T><<<gk, 32 * SA_WARPS, smem_kv, st>>>(dk, dv, (const T *)dout, lse, D, q, k, v, lo, hi, Tq, Tk, NH, HD, scale);
     });
     GLMK_CHECK_LAUNCH();
 }

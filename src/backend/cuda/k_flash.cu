@@ -27,12 +27,23 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-/* 16-byte async copy global -> shared; bytes = 0 writes zeros (rows past the end). */
+/* 16-byte async copy global -> shared; bytes = 0 writes zeros (rows past the end). Turing has
+ * no cp.async: a load and a store, done when the thread goes on (its kernels single-buffer). */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
-    GLMK_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+#ifdef GLMK_SM80
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+#else
+    uint4 x = bytes ? *reinterpret_cast<const uint4 *>(src) : make_uint4(0, 0, 0, 0);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(x.x), "r"(x.y), "r"(x.z), "r"(x.w) : "memory");
+#endif
 }
-__device__ __forceinline__ void cp_commit() { GLMK_SM80_ASM("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { GLMK_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(N)); }
+#ifdef GLMK_SM80
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#else
+__device__ __forceinline__ void cp_commit() {}
+template <int N> __device__ __forceinline__ void cp_wait() {}
+#endif
 
 template <typename T>
 __device__ __forceinline__ const T *head_base(const glm_qkv_view &v, int b, int h) {
@@ -75,13 +86,13 @@ template <int HD> __device__ __forceinline__ uint32_t addr_bt(uint32_t s, int k0
 
 /* ---------------------------------------------------------------- forward */
 
-template <typename T, int HD>
+template <typename T, int HD, int NB>
 __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_qkv_view q, glm_qkv_view k,
                                                         glm_qkv_view v, const int32_t *lo, const int32_t *hi, int Tq,
                                                         int Tk, int NH, float scale_log2) {
     constexpr int KS = HD / 16, ND = HD / 8, KV_BYTES = 2 * 64 * HD * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    /* [Q][K0 V0][K1 V1] */
+    /* [Q][K0 V0][K1 V1] (NB = 2), [Q][K V] (NB = 1) */
     uint32_t sQ = (uint32_t)__cvta_generic_to_shared(smem_raw), sK = sQ + 64 * HD * 2, sV = sK + 64 * HD * 2;
     __shared__ Range wr[4];
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -114,15 +125,19 @@ __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_
     for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
-    /* K/V tiles double-buffered: the next pair loads while this one is used */
-    for (int n0 = klo, buf = 0; n0 < khi; n0 += 64, buf ^= 1) {
+    /* K/V tiles double-buffered (NB 2): the next pair loads while this one is used; in one
+     * buffer (NB 1, where two do not fit a block's shared memory: Turing) after the last is done */
+    for (int n0 = klo, buf = 0; n0 < khi; n0 += 64, buf ^= NB - 1) {
         uint32_t cK = sK + buf * KV_BYTES, cV = sV + buf * KV_BYTES;
-        if (n0 + 64 < khi) {
+        if (NB == 2 && n0 + 64 < khi) {
             load_tile<T, HD, 64, 128>(sK + (buf ^ 1) * KV_BYTES, kb, k.tok_stride, n0 + 64, khi);
             load_tile<T, HD, 64, 128>(sV + (buf ^ 1) * KV_BYTES, vb, v.tok_stride, n0 + 64, khi);
+        } else if (NB == 1 && n0 > klo) {
+            load_tile<T, HD, 64, 128>(cK, kb, k.tok_stride, n0, khi);
+            load_tile<T, HD, 64, 128>(cV, vb, v.tok_stride, n0, khi);
         }
         cp_commit();
-        cp_wait<1>(); /* tile n0 has landed */
+        cp_wait<NB - 1>(); /* tile n0 has landed */
         __syncthreads();
         if (n0 < R.hi && n0 + 64 > R.lo) { /* this warp sees some key of the tile */
             float s[8][4];
@@ -164,19 +179,20 @@ __global__ void __launch_bounds__(128) flash_fwd_kernel(T *out, float *lse, glm_
 
 /* ---------------------------------------------------------------- backward: dq */
 
-template <typename T, int HD>
-__global__ void __launch_bounds__(128) flash_dq_kernel(glm_qkv_view dq, const T *dout, const float *lse, const float *D,
+/* NW warps of 16 query rows each: 4, or 2 where a block's shared memory is small (Turing) */
+template <typename T, int HD, int NB, int NW>
+__global__ void __launch_bounds__(32 * NW) flash_dq_kernel(glm_qkv_view dq, const T *dout, const float *lse, const float *D,
                                                        glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                                                        const int32_t *lo, const int32_t *hi, int Tq, int Tk, int NH,
                                                        float scale, float scale_log2) {
-    constexpr int KS = HD / 16, ND = HD / 8, KV_BYTES = 2 * 64 * HD * 2;
+    constexpr int KS = HD / 16, ND = HD / 8, KV_BYTES = 2 * 64 * HD * 2, QR = 16 * NW, NT = 32 * NW;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    /* [Q][dout][K0 V0][K1 V1] */
-    uint32_t sQ = (uint32_t)__cvta_generic_to_shared(smem_raw), sO = sQ + 64 * HD * 2, sK = sO + 64 * HD * 2,
+    /* [Q][dout][K0 V0][K1 V1] (NB = 2), [Q][dout][K V] (NB = 1) */
+    uint32_t sQ = (uint32_t)__cvta_generic_to_shared(smem_raw), sO = sQ + QR * HD * 2, sK = sO + QR * HD * 2,
              sV = sK + 64 * HD * 2;
-    __shared__ Range wr[4];
+    __shared__ Range wr[NW];
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * 64;
+    int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * QR;
     int r0 = m0 + w * 16 + g, r1 = r0 + 8;
     int lo0 = r0 < Tq ? lo[b * Tq + r0] : 0, hi0 = r0 < Tq ? hi[b * Tq + r0] : 0;
     int lo1 = r1 < Tq ? lo[b * Tq + r1] : 0, hi1 = r1 < Tq ? hi[b * Tq + r1] : 0;
@@ -187,29 +203,38 @@ __global__ void __launch_bounds__(128) flash_dq_kernel(glm_qkv_view dq, const T 
     if (lane == 0) wr[w] = R;
     const T *qb = head_base<T>(q, b, h), *kb = head_base<T>(k, b, h), *vb = head_base<T>(v, b, h);
     const T *ob = dout + (size_t)b * Tq * NH * HD + (size_t)h * HD;
-    load_tile<T, HD, 64, 128>(sQ, qb, q.tok_stride, m0, Tq);
-    load_tile<T, HD, 64, 128>(sO, ob, (long)NH * HD, m0, Tq);
+    load_tile<T, HD, QR, NT>(sQ, qb, q.tok_stride, m0, Tq);
+    load_tile<T, HD, QR, NT>(sO, ob, (long)NH * HD, m0, Tq);
     cp_commit();
     __syncthreads();
-    int klo = min(min(wr[0].lo, wr[1].lo), min(wr[2].lo, wr[3].lo));
-    int khi = max(max(wr[0].hi, wr[1].hi), max(wr[2].hi, wr[3].hi));
+    int klo, khi;
+    if constexpr (NW == 4) {
+        klo = min(min(wr[0].lo, wr[1].lo), min(wr[2].lo, wr[3].lo));
+        khi = max(max(wr[0].hi, wr[1].hi), max(wr[2].hi, wr[3].hi));
+    } else {
+        klo = min(wr[0].lo, wr[1].lo);
+        khi = max(wr[0].hi, wr[1].hi);
+    }
     float acc[ND][4];
 #pragma unroll
     for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     if (klo < khi) {
-        load_tile<T, HD, 64, 128>(sK, kb, k.tok_stride, klo, khi);
-        load_tile<T, HD, 64, 128>(sV, vb, v.tok_stride, klo, khi);
+        load_tile<T, HD, 64, NT>(sK, kb, k.tok_stride, klo, khi);
+        load_tile<T, HD, 64, NT>(sV, vb, v.tok_stride, klo, khi);
     }
     cp_commit();
-    /* K/V tiles double-buffered: the next pair loads while this one is used */
-    for (int n0 = klo, buf = 0; n0 < khi; n0 += 64, buf ^= 1) {
+    /* K/V tiles in two buffers or one, as the forward's */
+    for (int n0 = klo, buf = 0; n0 < khi; n0 += 64, buf ^= NB - 1) {
         uint32_t cK = sK + buf * KV_BYTES, cV = sV + buf * KV_BYTES;
-        if (n0 + 64 < khi) {
-            load_tile<T, HD, 64, 128>(sK + (buf ^ 1) * KV_BYTES, kb, k.tok_stride, n0 + 64, khi);
-            load_tile<T, HD, 64, 128>(sV + (buf ^ 1) * KV_BYTES, vb, v.tok_stride, n0 + 64, khi);
+        if (NB == 2 && n0 + 64 < khi) {
+            load_tile<T, HD, 64, NT>(sK + (buf ^ 1) * KV_BYTES, kb, k.tok_stride, n0 + 64, khi);
+            load_tile<T, HD, 64, NT>(sV + (buf ^ 1) * KV_BYTES, vb, v.tok_stride, n0 + 64, khi);
+        } else if (NB == 1 && n0 > klo) {
+            load_tile<T, HD, 64, NT>(cK, kb, k.tok_stride, n0, khi);
+            load_tile<T, HD, 64, NT>(cV, vb, v.tok_stride, n0, khi);
         }
         cp_commit();
-        cp_wait<1>(); /* Q, dout and tile n0 have landed */
+        cp_wait<NB - 1>(); /* Q, dout and tile n0 have landed */
         __syncthreads();
         if (n0 < R.hi && n0 + 64 > R.lo) {
             float s[8][4], dp[8][4];
@@ -268,7 +293,7 @@ __global__ void __launch_bounds__(128) flash_dq_kernel(glm_qkv_view dq, const T 
 #define FA_QT 32        /* queries per step of the dk/dv loop */
 #define FA_MAXTILES 256 /* query tiles summarised in shared memory (Tq <= 8192); beyond: no skipping */
 
-template <typename T, int HD>
+template <typename T, int HD, int NB>
 __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qkv_view dv, const T *dout,
                                                          const float *lse, const float *D, glm_qkv_view q,
                                                          glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
@@ -276,7 +301,7 @@ __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qk
                                                          float scale_log2) {
     constexpr int KS = HD / 16, ND = HD / 8, QO_BYTES = 2 * FA_QT * HD * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    /* [K][V][Q0 dout0][Q1 dout1]: query-side tiles double-buffered */
+    /* [K][V][Q0 dout0][Q1 dout1]: query-side tiles double-buffered (NB 2), or one [Q dout] (NB 1) */
     uint32_t sK = (uint32_t)__cvta_generic_to_shared(smem_raw), sV = sK + 64 * HD * 2, sQ = sV + 64 * HD * 2,
              sO = sQ + FA_QT * HD * 2;
     __shared__ float Ls[2][FA_QT], Ds[2][FA_QT];
@@ -328,12 +353,12 @@ __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qk
     while (cur < ntiles && !FA_OVERLAP(cur)) cur++;
     if (cur < ntiles) FA_LOAD_Q(cur, 0);
     cp_commit();
-    for (int buf = 0; cur < ntiles; buf ^= 1) {
+    for (int buf = 0; cur < ntiles; buf ^= NB - 1) {
         int nxt = cur + 1;
         while (nxt < ntiles && !FA_OVERLAP(nxt)) nxt++;
-        if (nxt < ntiles) FA_LOAD_Q(nxt, buf ^ 1); /* buffer buf^1 was released by the last barrier */
+        if (NB == 2 && nxt < ntiles) FA_LOAD_Q(nxt, buf ^ 1); /* buffer buf^1 was released by the last barrier */
         cp_commit();
-        cp_wait<1>(); /* K, V and query tile cur have landed */
+        cp_wait<NB - 1>(); /* K, V and query tile cur have landed */
         __syncthreads();
         Range info = summarised ? tiles[cur] : Range{0, 0x7fffffff, 0x7fffffff, -1};
         uint32_t cQ = sQ + buf * QO_BYTES, cO = sO + buf * QO_BYTES;
@@ -391,6 +416,7 @@ __global__ void __launch_bounds__(128) flash_dkdv_kernel(glm_qkv_view dk, glm_qk
             }
         }
         __syncthreads(); /* buffer buf (tiles and row data) is refilled next step */
+        if (NB == 1 && nxt < ntiles) FA_LOAD_Q(nxt, 0); /* one buffer: refilled once it is free */
         cur = nxt;
     }
 #undef FA_OVERLAP
@@ -421,50 +447,83 @@ extern "C" int glmk_flash_supported(glm_dtype dt, int HD, glm_qkv_view q, glm_qk
 template <typename K> static void smem_attr(K *fn, size_t bytes) {
     GLMK_CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
-
-template <typename T, int HD>
-static void fwd_t(void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
-                  const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, cudaStream_t st) {
-    size_t smem = 5 * 64 * HD * 2;
-    smem_attr(flash_fwd_kernel<T, HD>, smem);
-    dim3 grid((Tq + 63) / 64, NH, B);
-    flash_fwd_kernel<T, HD><<<grid, 128, smem, st>>>((T *)out, lse, q, k, v, lo, hi, Tq, Tk, NH, scale * FA_LOG2E);
-    GLMK_CHECK_LAUNCH();
+/* The kernel's static shared memory and `dyn` bytes of dynamic fit in smem_max, what a block may
+ * take on the device (64 KiB on Turing, 99 KiB on sm_86/89, 163 or 227 KiB on A100 or H100):
+ * each kernel runs double-buffered where that fits, else single-buffered, else not at all. */
+template <typename K> static bool fits(K *fn, size_t dyn, int smem_max) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, (const void *)fn) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return fa.sharedSizeBytes + dyn <= (size_t)smem_max;
 }
 
 template <typename T, int HD>
-static void bwd_t(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout, const float *lse, const float *D,
-                  glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo, const int32_t *hi, int B, int Tq,
-                  int Tk, int NH, float scale, cudaStream_t st) {
-    size_t smem_q = 6 * 64 * HD * 2, smem_kv = (2 * 64 + 4 * FA_QT) * HD * 2;
-    smem_attr(flash_dq_kernel<T, HD>, smem_q);
-    smem_attr(flash_dkdv_kernel<T, HD>, smem_kv);
-    if (Tq > 0)
-        flash_dq_kernel<T, HD><<<dim3((Tq + 63) / 64, NH, B), 128, smem_q, st>>>(dq, (const T *)dout, lse, D, q, k, v, lo,
-                                                                                hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
-    if (Tk > 0)
-        flash_dkdv_kernel<T, HD><<<dim3((Tk + 63) / 64, NH, B), 128, smem_kv, st>>>(
-            dk, dv, (const T *)dout, lse, D, q, k, v, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+static int fwd_t(void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo,
+                 const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, int smem_max, cudaStream_t st) {
+    size_t s2 = 5 * 64 * HD * 2, s1 = 3 * 64 * HD * 2; /* Q and two or one K/V pairs */
+    dim3 grid((Tq + 63) / 64, NH, B);
+    if (fits(flash_fwd_kernel<T, HD, 2>, s2, smem_max)) {
+        smem_attr(flash_fwd_kernel<T, HD, 2>, s2);
+        flash_fwd_kernel<T, HD, 2><<<grid, 128, s2, st>>>((T *)out, lse, q, k, v, lo, hi, Tq, Tk, NH, scale * FA_LOG2E);
+    } else if (fits(flash_fwd_kernel<T, HD, 1>, s1, smem_max)) {
+        smem_attr(flash_fwd_kernel<T, HD, 1>, s1);
+        flash_fwd_kernel<T, HD, 1><<<grid, 128, s1, st>>>((T *)out, lse, q, k, v, lo, hi, Tq, Tk, NH, scale * FA_LOG2E);
+    } else
+        return 0;
     GLMK_CHECK_LAUNCH();
+    return 1;
+}
+
+template <typename T, int HD>
+static int bwd_t(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout, const float *lse, const float *D,
+                 glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *lo, const int32_t *hi, int B, int Tq,
+                 int Tk, int NH, float scale, int smem_max, cudaStream_t st) {
+    int done = 0;
+    size_t q2 = 6 * 64 * HD * 2, q1 = (2 * 32 + 2 * 64) * HD * 2;                 /* Q, dout, K/V pairs */
+    size_t kv2 = (2 * 64 + 4 * FA_QT) * HD * 2, kv1 = (2 * 64 + 2 * FA_QT) * HD * 2; /* K, V, Q/dout pairs */
+    dim3 gq((Tq + 63) / 64, NH, B), gk((Tk + 63) / 64, NH, B);
+    const T *o = (const T *)dout;
+    if (fits(flash_dq_kernel<T, HD, 2, 4>, q2, smem_max)) {
+        smem_attr(flash_dq_kernel<T, HD, 2, 4>, q2);
+        if (Tq > 0) flash_dq_kernel<T, HD, 2, 4><<<gq, 128, q2, st>>>(dq, o, lse, D, q, k, v, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+        done |= GLMK_ATTN_DQ;
+    } else if (fits(flash_dq_kernel<T, HD, 1, 2>, q1, smem_max)) { /* 32 query rows a block */
+        smem_attr(flash_dq_kernel<T, HD, 1, 2>, q1);
+        if (Tq > 0)
+            flash_dq_kernel<T, HD, 1, 2><<<dim3((Tq + 31) / 32, NH, B), 64, q1, st>>>(dq, o, lse, D, q, k, v, lo, hi, Tq, Tk, NH,
+                                                                                     scale, scale * FA_LOG2E);
+        done |= GLMK_ATTN_DQ;
+    }
+    if (fits(flash_dkdv_kernel<T, HD, 2>, kv2, smem_max)) {
+        smem_attr(flash_dkdv_kernel<T, HD, 2>, kv2);
+        if (Tk > 0) flash_dkdv_kernel<T, HD, 2><<<gk, 128, kv2, st>>>(dk, dv, o, lse, D, q, k, v, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+        done |= GLMK_ATTN_DKV;
+    } else if (fits(flash_dkdv_kernel<T, HD, 1>, kv1, smem_max)) {
+        smem_attr(flash_dkdv_kernel<T, HD, 1>, kv1);
+        if (Tk > 0) flash_dkdv_kernel<T, HD, 1><<<gk, 128, kv1, st>>>(dk, dv, o, lse, D, q, k, v, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
+        done |= GLMK_ATTN_DKV;
+    }
+    GLMK_CHECK_LAUNCH();
+    return done;
 }
 
 #define FA_DISPATCH(dt, HD, FN, ...)                                                   \
-    do {                                                                               \
-        if ((dt) == GLM_BF16) { if ((HD) == 128) FN<bf16, 128>(__VA_ARGS__); else FN<bf16, 64>(__VA_ARGS__); } \
-        else { if ((HD) == 128) FN<f16, 128>(__VA_ARGS__); else FN<f16, 64>(__VA_ARGS__); } \
-    } while (0)
+    ((dt) == GLM_BF16 ? ((HD) == 128 ? FN<bf16, 128>(__VA_ARGS__) : FN<bf16, 64>(__VA_ARGS__))       \
+                      : ((HD) == 128 ? FN<f16, 128>(__VA_ARGS__) : FN<f16, 64>(__VA_ARGS__)))
 
-extern "C" void glmk_flash_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                               const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
-                               cudaStream_t st) {
-    if (B <= 0 || Tq <= 0) return;
-    FA_DISPATCH(dt, HD, fwd_t, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
+extern "C" int glmk_flash_fwd(glm_dtype dt, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                              const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
+                              int smem_max, cudaStream_t st) {
+    if (B <= 0 || Tq <= 0) return 1;
+    return FA_DISPATCH(dt, HD, fwd_t, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, scale, smem_max, st);
 }
 
-extern "C" void glmk_flash_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
+extern "C" int glmk_flash_bwd(glm_dtype dt, glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *dout,
                                const float *lse, const float *D, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                                const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale,
-                               cudaStream_t st) {
-    if (B <= 0) return;
-    FA_DISPATCH(dt, HD, bwd_t, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, scale, st);
+                               int smem_max, cudaStream_t st) {
+    if (B <= 0) return GLMK_ATTN_DQ | GLMK_ATTN_DKV;
+    return FA_DISPATCH(dt, HD, bwd_t, dq, dk, dv, dout, lse, D, q, k, v, lo, hi, B, Tq, Tk, NH, scale, smem_max, st);
 }

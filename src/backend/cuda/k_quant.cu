@@ -403,20 +403,9 @@ template <typename T, int SH> __device__ __forceinline__ uint32_t i4_pair(uint32
     return hfma2_u<T>(((w >> SH) & 0x000f000fu) ^ I4Magic<T>::OR, I4Magic<T>::ONE, I4Magic<T>::SUB);
 }
 template <typename T> __device__ __forceinline__ void mma_16816(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
-                                                                 uint32_t a3, uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void mma_16816<bf16>(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                            uint32_t b0, uint32_t b1) {
-    GLMK_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma_16816<f16>(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                           uint32_t b0, uint32_t b1) {
-    GLMK_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                                                                 uint32_t a3, uint32_t b0, uint32_t b1) {
+    const uint32_t a[4] = {a0, a1, a2, a3};
+    mma16816<T>(d, a, b0, b1);
 }
 
 /* grid.x = ceil(OC / (16 * MT)) * ngroups (input group fastest), 32 * MMA_KS threads */
