@@ -144,15 +144,17 @@ static void cu_rope(glm_backend *be, void *qkv, const int32_t *pos, const int32_
 static void cu_attn_fwd(glm_backend *be, void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
                         const int32_t *lo, const int32_t *hi, int B, int Tq, int Tk, int NH, int HD, float scale) {
     glm_cuda_prof(be, GLM_PROF_ATTN, "attention_fwd");
-    if (!IM(be)->force_simt && glmk_decode_attention_supported(Tq, Tk, HD)) /* decoding: the keys split over many blocks */
+    cuda_impl *im = IM(be);
+    int done = 0; /* the decoding kernel (the keys split over many blocks), else tensor cores, else SIMT */
+    if (!im->force_simt && glmk_decode_attention_supported(Tq, Tk, HD)) {
         glmk_decode_attention(be->dtype, out, lse, glm_cuda_scratch(be, glmk_decode_attention_scratch(B, Tq, Tk, NH, HD)), q, k,
-                              v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
-    else if (!IM(be)->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL) &&
-             ((IM(be)->use_wgmma && glmk_flash90_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->sms, IM(be)->st)) ||
-              glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->smem_max, IM(be)->st)))
-        ; /* done on tensor cores */
-    else
-        glmk_attention_fwd_simt(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, IM(be)->st);
+                              v, lo, hi, B, Tq, Tk, NH, HD, scale, im->st);
+        done = 1;
+    } else if (!im->force_simt && glmk_flash_supported(be->dtype, HD, q, k, v, out, NULL)) {
+        done = im->use_wgmma && glmk_flash90_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, im->sms, im->st);
+        if (!done) done = glmk_flash_fwd(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, im->smem_max, im->st);
+    }
+    if (!done) glmk_attention_fwd_simt(be->dtype, out, lse, q, k, v, lo, hi, B, Tq, Tk, NH, HD, scale, im->st);
     glm_cuda_op_done(be, "attention_fwd");
 }
 /* The expanded gradient buffer of grouped attention (grows, never shrinks). */
