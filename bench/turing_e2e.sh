@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Turing's paths through `glmtrain` itself, on a newer GPU sent down them by GLM_CUDA_TURING=1
 # (no bf16; fp16 tensor-core kernels on m16n8k8, single-buffered in 64 KiB): a run without a precision flag
-# stops with the message instead of training on the CPU; a ChatGLM-6B-shaped LoRA run in fp16
+# stops with the message instead of training on the CPU, as does --tf32; a ChatGLM-6B-shaped LoRA run in fp16
 # (loss scaling) trains, loss falling; generate on a saved model picks float16 by itself.
 # Build here: make -j2 MPI=0 BUILD=build/gpu build/gpu/glmtrain; carry build/gpu/glmtrain,
 # build/lib and build/shared (with tokenizers/chatglm-6b/ice_text.model copied in).
@@ -29,6 +29,8 @@ run() { # config, output dir, steps, flags...
 }
 echo "== 1. no precision flag (bf16) on Turing: stops, names --fp16"
 run tiny.json a 2 | grep -iE "error|hint|training on the CPU" | head -4
+echo "== 1b. --fp32 --tf32 on Turing: stops (no TF32 before Ampere), as Hugging Face's Trainer"
+run tiny.json a 2 --fp32 --tf32 | grep -iE "error|hint" | head -2
 echo "== 2. ChatGLM-6B shapes, --fp16 LoRA r8 on query_key_value, 30 steps"
 run config.json b 30 --fp16 --finetuning_type lora --lora_rank 8 --lora_target query_key_value --save_final_model false |
     grep -E "'loss'|loss|tok/s|tokens/s|error|warn" | tail -n 9

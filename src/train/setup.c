@@ -2,6 +2,9 @@
  * data and loaders, the step plan, and the output folder check. */
 #include "train/trainer.h"
 #include "data/hash.h"
+#ifdef GLM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 /* torch.optim.AdamW's ranges, with its wording; written as !(ok) so that nan fails too. A value
  * outside them does not crash: it trains to NaN (beta2 > 1) or quietly diverges. */
@@ -83,8 +86,14 @@ int trainer_pick_backend(trainer *t, glm_err *err) {
         char msg[512] = "";
         glm_dtype dt = a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
         t->be = glm_backend_cuda(glm_local_device(t->dp->dist.local_rank), dt, msg, sizeof msg);
+        if (t->be && a->tf32 && glm_cuda_capability(t->be) < 80) { /* as Hugging Face's Trainer: TF32 is Ampere's */
+            t->be->destroy(t->be);
+            t->be = NULL;
+            glm_fail(err, "--tf32 needs an Ampere or newer GPU (compute capability 8.0+); this one has no TF32");
+            return glm_hint(err, "drop --tf32: the fp32 products then run in plain fp32");
+        }
         if (t->be) {
-            t->be->allow_tf32 = a->tf32; /* every GPU the CUDA backend takes (sm_80 and newer) has TF32 */
+            t->be->allow_tf32 = a->tf32; /* Ampere and newer (checked above) */
             t->be->deterministic = a->full_determinism;
             t->be->tune_products = 1;
             if (a->tf32 && dt != GLM_F32)

@@ -439,6 +439,8 @@ static void cu_destroy(glm_backend *be) {
     free(be);
 }
 
+int glm_cuda_capability(glm_backend *be) { return IM(be)->cc; }
+
 int glm_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -503,14 +505,14 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     }
     snprintf(im->name, sizeof im->name, "cuda:%d", device);
     const char *a = getenv("GLM_CUDA_ATTN"), *s = getenv("GLM_CUDA_SYNC");
-    im->sm80 = !turing;
+    im->cc = turing ? 75 : cc;
     if (cudaDeviceGetAttribute(&im->smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         (void)cudaGetLastError();
         im->smem_max = 48 << 10; /* what every GPU gives a block without opting in */
     }
     if (turing && im->smem_max > (64 << 10)) im->smem_max = 64 << 10;
     im->force_simt = a && strcmp(a, "simt") == 0;
-    im->use_wgmma = im->sm80 && !im->force_simt && !(a && strcmp(a, "mma") == 0) && glmk_flash90_available(device);
+    im->use_wgmma = im->cc >= 80 && !im->force_simt && !(a && strcmp(a, "mma") == 0) && glmk_flash90_available(device);
     im->debug_sync = s && strcmp(s, "0") != 0 && s[0];
     const char *tn = getenv("GLM_CUDA_GEMM_TUNE");
     im->gemm_tune = !(tn && strcmp(tn, "0") == 0);

@@ -13,6 +13,8 @@ void *glm_cuda_stream(glm_backend *be);
 /* p[n] (S) = std * N(0,1), counter-based from (seed, index): same values for any launch shape. */
 void glm_cuda_fill_normal(glm_backend *be, void *p, size_t n, uint64_t seed, float std);
 void glm_cuda_fill(glm_backend *be, void *p, size_t n, float value);
+/* The device's compute capability as 10 * major + minor (75 under GLM_CUDA_TURING=1). */
+int glm_cuda_capability(glm_backend *be);
 /* Device memory: in use now and the largest seen at any allocation (cudaMemGetInfo: every
  * process's use of the GPU, the CUDA context and library workspaces included), and the total. */
 void glm_cuda_memory(glm_backend *be, size_t *used_now, size_t *peak_used, size_t *total);

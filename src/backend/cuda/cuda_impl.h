@@ -46,7 +46,7 @@ typedef struct cuda_impl {
     size_t *ssq_yoff;    /* [SSQ_SPANS] add_sumsq_spans: where each span's addend starts */
     gemm_plan plans[GEMM_CACHE];
     int next_evict;
-    int sm80;        /* compute capability 8.0 or newer, and not GLM_CUDA_TURING=1 (0: Turing, no bf16) */
+    int cc;          /* compute capability, 10 * major + minor (75 under GLM_CUDA_TURING=1: no bf16, no TF32) */
     int smem_max;    /* shared memory a block may take (Turing: 64 KiB, also under GLM_CUDA_TURING=1) */
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
     int use_wgmma;   /* the sm_90a attention kernels (k_flash90.cu): a 9.0 device, unless GLM_CUDA_ATTN=mma */
