@@ -8,6 +8,9 @@
  *  backward : two kernels, no atomics: dq (a block = 64 queries, loop over key tiles) and
  *             dk/dv (a block = 64 keys, 4 warps x 16 keys, loop over 32-query tiles).
  *             Probabilities are recomputed from lse; D = rowsum(dout * out) comes precomputed.
+ *  buffers  : the tiles that stream through a loop are double-buffered (NB 2) where the device
+ *             gives a block enough shared memory, else single-buffered (NB 1: Turing's 64 KiB,
+ *             where the dq kernel also takes 32 queries a block); the launchers pick.
  *
  * Shared-memory tiles are [rows][HD] with 16-byte chunks XOR-swizzled by (row & 7), so the
  * ldmatrix reads of 8 rows at one logical chunk hit 8 different bank groups.
