@@ -293,9 +293,13 @@ glm_backend *glm_backend_cpu(void);
 #ifdef GLM_HAVE_CUDA
 /* CUDA backend on `device` with storage dtype; NULL and a message when no GPU is usable. */
 glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t errlen);
-/* The GPUs this process sees (0 without a driver): a NULL backend on a machine with GPUs is a
- * configuration to fix, not a reason to fall back to the CPU. */
+#endif
+/* The GPUs this process sees (0 without a driver, or in a build without CUDA): a NULL backend
+ * on a machine with GPUs is a configuration to fix, not a reason to fall back to the CPU. */
+#ifdef GLM_HAVE_CUDA
 int glm_cuda_device_count(void);
+#else
+static inline int glm_cuda_device_count(void) { return 0; }
 #endif
 
 /* Element pointer arithmetic on S buffers. */

@@ -13,28 +13,18 @@
 #include "parallel/dist.h"
 #include "parallel/rendezvous.h"
 #include "parallel/signals.h"
-#ifdef GLM_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "backend/backend.h"
 
 extern char **environ;
 
-static int visible_gpus(void) {
-#ifdef GLM_HAVE_CUDA
-    int n = 0;
-    if (cudaGetDeviceCount(&n) == cudaSuccess) return n;
-#endif
-    return 0;
-}
-
 int glm_local_device(int local_rank) {
-    int n = visible_gpus();
+    int n = glm_cuda_device_count();
     return n > 0 ? local_rank % n : 0;
 }
 
 int glm_launch_nproc(const char *s, const char *device, int *n, glm_err *err) {
     if (!s || !strcmp(s, "auto") || !strcmp(s, "gpu")) {
-        int g = device && !strcmp(device, "cpu") ? 0 : visible_gpus();
+        int g = device && !strcmp(device, "cpu") ? 0 : glm_cuda_device_count();
         *n = g > 0 ? g : 1;
         return 0;
     }
@@ -266,7 +256,7 @@ static int launch_gpu(const glm_par_opts *a, int nproc, int argc, char **argv, d
     } else if (a->node_rank == 0 && glm_port_check(port, err)) {
         return -1;
     }
-    int gpus = visible_gpus();
+    int gpus = glm_cuda_device_count();
     if (nproc > gpus) {
         glm_fail(err, "--nproc_per_node %d but %d GPU(s) are visible", nproc, gpus);
         return glm_hint(err, "use --nproc_per_node auto (one per GPU), or --device cpu for CPU ranks");
@@ -318,7 +308,7 @@ int glm_launch(const glm_par_opts *a, int argc, char **argv, glm_err *err) {
     glm_signals_install();
     /* with --save_on_interrupt the workers need time for the last step and the checkpoint */
     double grace = a->save_on_interrupt ? (a->ddp_timeout > 600 ? a->ddp_timeout : 600) : 30;
-    int gpu = strcmp(a->device, "cpu") != 0 && visible_gpus() > 0;
+    int gpu = strcmp(a->device, "cpu") != 0 && glm_cuda_device_count() > 0;
     if (!gpu && !strcmp(a->device, "cuda")) return glm_fail(err, "--device cuda but no GPU is visible");
     return gpu ? launch_gpu(a, nproc, argc, argv, grace, err) : launch_mpirun(a, nproc, argc, argv, grace, err);
 }

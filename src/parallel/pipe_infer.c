@@ -75,21 +75,12 @@ void glm_pipe_lm_free(glm_pipe_lm *lm) {
     restore_device(prev);
 }
 
-static int gpu_count(void) {
-#ifdef GLM_HAVE_CUDA
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-#else
-    return 0;
-#endif
-}
-
 int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *device_map, int P, const char *device,
                      glm_dtype dtype, glm_err *err) {
     *lm = (glm_pipe_lm){0};
     glm_config c;
     if (glm_config_load(&c, model_path, err)) return -1;
-    int gpus = gpu_count(), cuda = !strcmp(device, "cuda") || (!strcmp(device, "auto") && gpus > 0);
+    int gpus = glm_cuda_device_count(), cuda = !strcmp(device, "cuda") || (!strcmp(device, "auto") && gpus > 0);
     if (cuda && gpus == 0) return glm_fail(err, "--device cuda: no GPU is visible");
     int is_file = device_map && strcmp(device_map, "auto") && strcmp(device_map, "thudm");
     if (P <= 0 && !is_file) P = cuda ? gpus : 1;

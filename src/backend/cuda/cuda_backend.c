@@ -465,9 +465,10 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     CUDA_CHECK(cudaSetDevice(device));
     struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    /* Turing (7.5: T4, RTX 20xx) runs every op, with SIMT attention and the products on cuBLAS
-     * where newer GPUs take kernels on sm_80 instructions; CUDA 13 has no code for older GPUs.
-     * GLM_CUDA_TURING=1 sends a newer GPU down the same paths (tests). */
+    /* Turing (7.5: T4, RTX 20xx) runs every op in fp16 or fp32: no bf16 (nor TF32) there, 64 KiB
+     * of shared memory a block (k_flash.cu single-buffers), fp16's m16n8k16 as two m16n8k8
+     * (cuda_common.cuh); CUDA 13 has no code for older GPUs. GLM_CUDA_TURING=1 sends a newer GPU
+     * down the same paths (tests). */
     int cc = prop.major * 10 + prop.minor;
     const char *tu = getenv("GLM_CUDA_TURING");
     int turing = cc < 80 || (tu && tu[0] && strcmp(tu, "0") != 0);

@@ -447,19 +447,21 @@ extern "C" int glmk_flash_supported(glm_dtype dt, int HD, glm_qkv_view q, glm_qk
            (!o1 || aligned16(o1)) && (!o2 || aligned16(o2));
 }
 
-template <typename K> static void smem_attr(K *fn, size_t bytes) {
-    GLMK_CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-/* The kernel's static shared memory and `dyn` bytes of dynamic fit in smem_max, what a block may
- * take on the device (64 KiB on Turing, 99 KiB on sm_86/89, 163 or 227 KiB on A100 or H100):
- * each kernel runs double-buffered where that fits, else single-buffered, else not at all. */
-template <typename K> static bool fits(K *fn, size_t dyn, int smem_max) {
+/* Readies kernel fn for `dyn` bytes of dynamic shared memory when those and its static ones fit
+ * in smem_max, what a block may take on the device (64 KiB on Turing, 99 KiB on sm_86/89, 163 or
+ * 227 KiB on A100 or H100); false, nothing done, when they do not. Each kernel runs
+ * double-buffered where that fits, else single-buffered, else not at all. One attribute query a
+ * launch; the dynamic limit is raised at the first launch only. */
+template <typename K> static bool ready(K *fn, size_t dyn, int smem_max) {
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, (const void *)fn) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
     }
-    return fa.sharedSizeBytes + dyn <= (size_t)smem_max;
+    if (fa.sharedSizeBytes + dyn > (size_t)smem_max) return false;
+    if ((size_t)fa.maxDynamicSharedSizeBytes < dyn)
+        GLMK_CHECK(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    return true;
 }
 
 template <typename T, int HD>
@@ -467,11 +469,9 @@ static int fwd_t(void *out, float *lse, glm_qkv_view q, glm_qkv_view k, glm_qkv_
                  const int32_t *hi, int B, int Tq, int Tk, int NH, float scale, int smem_max, cudaStream_t st) {
     size_t s2 = 5 * 64 * HD * 2, s1 = 3 * 64 * HD * 2; /* Q and two or one K/V pairs */
     dim3 grid((Tq + 63) / 64, NH, B);
-    if (fits(flash_fwd_kernel<T, HD, 2>, s2, smem_max)) {
-        smem_attr(flash_fwd_kernel<T, HD, 2>, s2);
+    if (ready(flash_fwd_kernel<T, HD, 2>, s2, smem_max)) {
         flash_fwd_kernel<T, HD, 2><<<grid, 128, s2, st>>>((T *)out, lse, q, k, v, lo, hi, Tq, Tk, NH, scale * FA_LOG2E);
-    } else if (fits(flash_fwd_kernel<T, HD, 1>, s1, smem_max)) {
-        smem_attr(flash_fwd_kernel<T, HD, 1>, s1);
+    } else if (ready(flash_fwd_kernel<T, HD, 1>, s1, smem_max)) {
         flash_fwd_kernel<T, HD, 1><<<grid, 128, s1, st>>>((T *)out, lse, q, k, v, lo, hi, Tq, Tk, NH, scale * FA_LOG2E);
     } else
         return 0;
@@ -488,23 +488,19 @@ static int bwd_t(glm_qkv_view dq, glm_qkv_view dk, glm_qkv_view dv, const void *
     size_t kv2 = (2 * 64 + 4 * FA_QT) * HD * 2, kv1 = (2 * 64 + 2 * FA_QT) * HD * 2; /* K, V, Q/dout pairs */
     dim3 gq((Tq + 63) / 64, NH, B), gk((Tk + 63) / 64, NH, B);
     const T *o = (const T *)dout;
-    if (fits(flash_dq_kernel<T, HD, 2, 4>, q2, smem_max)) {
-        smem_attr(flash_dq_kernel<T, HD, 2, 4>, q2);
+    if (ready(flash_dq_kernel<T, HD, 2, 4>, q2, smem_max)) {
         if (Tq > 0) flash_dq_kernel<T, HD, 2, 4><<<gq, 128, q2, st>>>(dq, o, lse, D, q, k, v, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
         done |= GLMK_ATTN_DQ;
-    } else if (fits(flash_dq_kernel<T, HD, 1, 2>, q1, smem_max)) { /* 32 query rows a block */
-        smem_attr(flash_dq_kernel<T, HD, 1, 2>, q1);
+    } else if (ready(flash_dq_kernel<T, HD, 1, 2>, q1, smem_max)) { /* 32 query rows a block */
         if (Tq > 0)
             flash_dq_kernel<T, HD, 1, 2><<<dim3((Tq + 31) / 32, NH, B), 64, q1, st>>>(dq, o, lse, D, q, k, v, lo, hi, Tq, Tk, NH,
                                                                                      scale, scale * FA_LOG2E);
         done |= GLMK_ATTN_DQ;
     }
-    if (fits(flash_dkdv_kernel<T, HD, 2>, kv2, smem_max)) {
-        smem_attr(flash_dkdv_kernel<T, HD, 2>, kv2);
+    if (ready(flash_dkdv_kernel<T, HD, 2>, kv2, smem_max)) {
         if (Tk > 0) flash_dkdv_kernel<T, HD, 2><<<gk, 128, kv2, st>>>(dk, dv, o, lse, D, q, k, v, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
         done |= GLMK_ATTN_DKV;
-    } else if (fits(flash_dkdv_kernel<T, HD, 1>, kv1, smem_max)) {
-        smem_attr(flash_dkdv_kernel<T, HD, 1>, kv1);
+    } else if (ready(flash_dkdv_kernel<T, HD, 1>, kv1, smem_max)) {
         if (Tk > 0) flash_dkdv_kernel<T, HD, 1><<<gk, 128, kv1, st>>>(dk, dv, o, lse, D, q, k, v, lo, hi, Tq, Tk, NH, scale, scale * FA_LOG2E);
         done |= GLMK_ATTN_DKV;
     }
