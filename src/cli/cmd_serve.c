@@ -150,17 +150,12 @@ int glm_cmd_serve(int argc, char **argv) {
         }
     }
     if (!rc) rc = gen_open_model(&s, &a.gen, &err);
-    if (!rc && n_aa && s.pipe) {
-        rc = glm_fail(&err, "serve: --adapter with --device_map is not supported yet (the adapter's rows would have to "
-                            "follow the stages)");
-        glm_hint(&err, "merge the adapter into the base (glmtrain merge) and serve the merged folder with --device_map");
-    }
     if (!rc && n_aa) {
         ad = glm_calloc((size_t)n_aa, sizeof *ad);
         for (int i = 0; i < n_aa && !rc; i++) {
             for (int j = 0; j < i; j++)
                 if (!strcmp(aa[i].name, aa[j].name)) rc = glm_fail(&err, "--adapter: the name %s is given twice", aa[i].name);
-            if (!rc) rc = srv_adapter_load(&ad[i], s.be, &s.cfg, aa[i].name, aa[i].dir, &err);
+            if (!rc) rc = srv_adapter_load(&ad[i], gen_lm(&s), aa[i].name, aa[i].dir, &err);
             if (!rc) {
                 n_ad++;
                 glm_info("adapter %s: %s (LoRA r %d, alpha %g)", ad[i].name, ad[i].dir, ad[i].peft.lora_rank, ad[i].peft.lora_alpha);
@@ -221,7 +216,7 @@ int glm_cmd_serve(int argc, char **argv) {
     if (server_ok) srv_server_stop(&S);
     if (rc) glm_err_print(&err);
     else glm_info("serve: stopped (%ld requests, %ld tokens)", e.served, e.tokens);
-    for (int i = 0; i < n_ad; i++) srv_adapter_free(&ad[i], s.be);
+    for (int i = 0; i < n_ad; i++) srv_adapter_free(&ad[i]);
     free(ad);
     for (int i = 0; i < n_aa; i++) { free(aa[i].name); free(aa[i].dir); }
     free(aa);

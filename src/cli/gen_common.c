@@ -145,21 +145,27 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
     return gen_open_tokenizer(s, a, err) ? -1 : gen_open_model(s, a, err);
 }
 
+static void adapter_info(const gen_session *s, const gen_args *a) {
+    if (a->adapter && s->cfg.peft.kind == GLM_FT_PTUNING)
+        glm_info("P-Tuning v2 prefix %s: %d tokens%s", a->adapter, s->cfg.peft.pre_seq_len,
+                 s->cfg.peft.prefix_projection ? ", projected" : "");
+    else if (a->adapter)
+        glm_info("LoRA adapter %s: r %d, alpha %g on %d module kinds", a->adapter, s->cfg.peft.lora_rank,
+                 s->cfg.peft.lora_alpha, __builtin_popcount((unsigned)s->cfg.peft.lora_targets));
+}
+
 int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     const glm_config c = s->cfg;
     double t0 = glm_now();
-    if (a->device_map && a->device_map[0] && a->adapter) {
-        glm_fail(err, "--adapter with --device_map: not supported yet");
-        return glm_hint(err, "merge the adapter first (glmtrain merge), then split the merged model with --device_map");
-    }
     if (a->device_map && a->device_map[0]) { /* stages on GPU 0..P-1 (or the CPU), one process */
         s->pipe = glm_calloc(1, sizeof *s->pipe);
-        if (glm_pipe_lm_open(s->pipe, a->model_name_or_path, a->device_map, a->pipeline_parallel_size, a->device,
-                             gen_dtype(a), err)) {
+        if (glm_pipe_lm_open(s->pipe, a->model_name_or_path, a->adapter, a->device_map, a->pipeline_parallel_size,
+                             a->device, gen_dtype(a), err)) {
             free(s->pipe);
             s->pipe = NULL;
             return -1;
         }
+        adapter_info(s, a);
         glm_info("loaded %s split into %d stages (--device_map %s) in %.1f s", a->model_name_or_path, s->pipe->n,
                  a->device_map, glm_now() - t0);
         return 0;
@@ -169,12 +175,7 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     s->model_ok = 1;
     if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;
     if (a->adapter && glm_adapter_load(&s->m, a->adapter, err)) return -1;
-    if (a->adapter && s->cfg.peft.kind == GLM_FT_PTUNING)
-        glm_info("P-Tuning v2 prefix %s: %d tokens%s", a->adapter, s->cfg.peft.pre_seq_len,
-                 s->cfg.peft.prefix_projection ? ", projected" : "");
-    else if (a->adapter)
-        glm_info("LoRA adapter %s: r %d, alpha %g on %d module kinds", a->adapter, s->cfg.peft.lora_rank,
-                 s->cfg.peft.lora_alpha, __builtin_popcount((unsigned)s->cfg.peft.lora_targets));
+    adapter_info(s, a);
     glm_info("loaded %s on %s in %.1f s (%d layers, hidden %d, vocab %d)", a->model_name_or_path, s->be->name,
              glm_now() - t0, c.num_layers, c.hidden_size, c.vocab_size);
     return 0;

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
+#include "model/adapter.h"
 #ifdef GLM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -33,6 +34,13 @@ static void restore_device(int d) {
 #endif
 }
 
+int glm_pipe_enter(const glm_pipe_lm *lm, int k) {
+    int prev = current_device();
+    use(lm->be[k]);
+    return prev;
+}
+void glm_pipe_restore(int prev) { restore_device(prev); }
+
 void glm_pipe_lm_init(glm_pipe_lm *lm, const glm_config *c, const glm_device_map *map, glm_backend **be) {
     int prev = current_device();
     *lm = (glm_pipe_lm){.map = *map, .cfg = *c, .n = map->n};
@@ -57,6 +65,16 @@ int glm_pipe_lm_load(glm_pipe_lm *lm, const char *path, glm_err *err) {
     return rc;
 }
 
+int glm_pipe_lm_load_adapter(glm_pipe_lm *lm, const char *dir, glm_err *err) {
+    int prev = current_device(), rc = 0;
+    for (int k = 0; k < lm->n && rc == 0; k++) {
+        use(lm->be[k]);
+        if (glm_adapter_load(&lm->st[k], dir, err)) rc = glm_wrap(err, "stage %d: ", k);
+    }
+    restore_device(prev);
+    return rc;
+}
+
 void glm_pipe_lm_free(glm_pipe_lm *lm) {
     int prev = current_device();
     for (int k = 0; k < lm->n; k++) {
@@ -75,11 +93,14 @@ void glm_pipe_lm_free(glm_pipe_lm *lm) {
     restore_device(prev);
 }
 
-int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *device_map, int P, const char *device,
-                     glm_dtype dtype, glm_err *err) {
+int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *adapter, const char *device_map, int P,
+                     const char *device, glm_dtype dtype, glm_err *err) {
     *lm = (glm_pipe_lm){0};
     glm_config c;
     if (glm_config_load(&c, model_path, err)) return -1;
+    /* the stages get the adapter's rows (each its layers' LoRA pairs, or its copy of the prefix
+     * encoder) before the map is made, so the map's memory estimate counts them */
+    if (adapter && glm_adapter_read_config(adapter, &c.peft, err)) return -1;
     int gpus = glm_cuda_device_count(), cuda = !strcmp(device, "cuda") || (!strcmp(device, "auto") && gpus > 0);
     if (cuda && gpus == 0) return glm_fail(err, "--device cuda: no GPU is visible");
     int is_file = device_map && strcmp(device_map, "auto") && strcmp(device_map, "thudm");
@@ -111,6 +132,7 @@ int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *device
         glm_pipe_lm_init(lm, &c, &map, be);
         lm->owns_backends = 1;
         rc = glm_pipe_lm_load(lm, model_path, err);
+        if (rc == 0 && adapter) rc = glm_pipe_lm_load_adapter(lm, adapter, err);
         if (rc == 0) {
             glm_info("model split over %d stages (%s):", map.n, map.source);
             glm_device_map_print(stderr, &map);

@@ -36,13 +36,22 @@ void glm_pipe_lm_init(glm_pipe_lm *lm, const glm_config *c, const glm_device_map
 /* Each stage reads its tensors from a model folder / file (safetensors or torch .bin, single or
  * sharded: glm_model_load). */
 int glm_pipe_lm_load(glm_pipe_lm *lm, const char *path, glm_err *err);
-/* The whole setup for `glmtrain generate/chat --device_map SPEC [--pipeline_parallel_size P]`:
- * config.json of model_path, the map (P <= 0: the number of visible GPUs, or the map file's
- * count), one backend per stage — GPU k (device "cuda" or "auto" with GPUs; dtype as given) or
- * the CPU (fp32) — and the weights. */
-int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *device_map, int P, const char *device,
-                     glm_dtype dtype, glm_err *err);
+/* Each stage reads its rows of an adapter folder (glm_adapter_load: LoRA pairs of its layers, or
+ * a P-Tuning v2 prefix encoder, which every stage holding layers keeps a copy of); the stages
+ * were made with the adapter's settings in cfg.peft (glm_adapter_read_config). */
+int glm_pipe_lm_load_adapter(glm_pipe_lm *lm, const char *dir, glm_err *err);
+/* The whole setup for `glmtrain generate/chat --device_map SPEC [--pipeline_parallel_size P]
+ * [--adapter DIR]`: config.json of model_path (with the adapter's settings when adapter is not
+ * NULL), the map (P <= 0: the number of visible GPUs, or the map file's count), one backend per
+ * stage — GPU k (device "cuda" or "auto" with GPUs; dtype as given) or the CPU (fp32) — and the
+ * weights, then the adapter's. */
+int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *adapter, const char *device_map, int P,
+                     const char *device, glm_dtype dtype, glm_err *err);
 void glm_pipe_lm_free(glm_pipe_lm *lm);
+/* Makes stage k's device current, for work on its backend outside these calls (allocations,
+ * uploads); returns the caller's device, which glm_pipe_restore makes current again. */
+int glm_pipe_enter(const glm_pipe_lm *lm, int k);
+void glm_pipe_restore(int prev);
 
 void glm_pipe_cache_init(glm_pipe_lm *lm, glm_pipe_cache *c, int B, int Tmax);
 /* Raises the capacity to Tmax tokens per row, keeping what is cached. */

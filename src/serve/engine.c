@@ -11,8 +11,43 @@
 
 /* ---------------------------------------------------------------- adapters */
 
-int srv_adapter_load(srv_adapter *a, glm_backend *be, const glm_config *base, const char *name, const char *dir,
-                     glm_err *err) {
+/* Shell k: a model holding only the adapter's rows of layers [l0, l1) (the trainable table
+ * under its LoRA config), so the adapter loader fills them exactly as for generate --adapter. */
+static int load_shell(srv_adapter *a, int k, glm_backend *be, const glm_config *base, int l0, int l1, glm_err *err) {
+    glm_model *s = &a->shell[k];
+    s->cfg = *base;
+    s->cfg.peft = a->peft;
+    s->fam = glm_family_of(&s->cfg);
+    s->be = be;
+    s->layer_lo = l0;
+    s->layer_hi = l1;
+    s->first = s->last = 1;
+    glm_table_build_range(&s->tab, &s->cfg, l0, l1, 1, 1);
+    size_t bytes = (s->tab.total ? s->tab.total : 1) * glm_dtype_size(be->dtype);
+    s->params = be->alloc(be, bytes);
+    be->zero(be, s->params, bytes);
+    if (glm_adapter_load(s, a->dir, err)) return -1;
+    for (int i = 0; i < s->tab.n; i++) {
+        const glm_tensor *t = &s->tab.t[i];
+        if (!glm_is_lora(t->kind) || t->layer < 0) continue;
+        int j = t->kind - T_QKV_LA; /* A, B of module 0, then of module 1, ... */
+        a->ptr[t->layer][(j % 2) * 4 + j / 2] = glm_at(be, s->params, t->offset);
+    }
+    return 0;
+}
+
+void srv_adapter_free(srv_adapter *a) {
+    for (int k = 0; k < a->n; k++) {
+        glm_model *s = &a->shell[k];
+        if (s->params) s->be->free(s->be, s->params);
+        glm_table_free(&s->tab);
+    }
+    free(a->shell);
+    free(a->ptr);
+    memset(a, 0, sizeof *a);
+}
+
+int srv_adapter_load(srv_adapter *a, glm_lm lm, const char *name, const char *dir, glm_err *err) {
     memset(a, 0, sizeof *a);
     snprintf(a->name, sizeof a->name, "%s", name);
     snprintf(a->dir, sizeof a->dir, "%s", dir);
@@ -22,48 +57,39 @@ int srv_adapter_load(srv_adapter *a, glm_backend *be, const glm_config *base, co
         return glm_hint(err, "use glmtrain generate/chat --adapter for a P-Tuning prefix, or serve a LoRA adapter");
     }
     a->peft.lora_dropout = 0; /* inference: no dropout, and no dropout buffer */
-    /* A model shell holding only the adapter's rows (the trainable table under its LoRA config),
-     * so the adapter loader fills them exactly as it does for generate --adapter. */
-    glm_model *s = &a->shell;
-    s->cfg = *base;
-    s->cfg.peft = a->peft;
-    s->fam = glm_family_of(&s->cfg);
-    s->be = be;
-    s->layer_lo = 0;
-    s->layer_hi = base->num_layers;
-    s->first = s->last = 1;
-    glm_table_build_range(&s->tab, &s->cfg, 0, base->num_layers, 1, 1);
-    size_t bytes = (s->tab.total ? s->tab.total : 1) * glm_dtype_size(be->dtype);
-    s->params = be->alloc(be, bytes);
-    be->zero(be, s->params, bytes);
+    const glm_config *base = lm.pipe ? &lm.pipe->cfg : &lm.m->cfg;
+    a->n = lm.pipe ? lm.pipe->n : 1;
+    a->shell = glm_calloc((size_t)a->n, sizeof *a->shell);
     a->ptr = glm_calloc((size_t)base->num_layers, sizeof *a->ptr);
-    if (glm_adapter_load(s, dir, err)) return glm_wrap(err, "--adapter %s=%s: ", name, dir);
-    for (int i = 0; i < s->tab.n; i++) {
-        const glm_tensor *t = &s->tab.t[i];
-        if (!glm_is_lora(t->kind) || t->layer < 0) continue;
-        int k = t->kind - T_QKV_LA; /* A, B of module 0, then of module 1, ... */
-        a->ptr[t->layer][(k % 2) * 4 + k / 2] = glm_at(be, s->params, t->offset);
+    int rc = 0;
+    for (int k = 0; k < a->n && rc == 0; k++) {
+        if (!lm.pipe) { rc = load_shell(a, k, lm.m->be, base, 0, base->num_layers, err); break; }
+        const glm_model *st = &lm.pipe->st[k];
+        int prev = glm_pipe_enter(lm.pipe, k); /* the stage's device holds its rows */
+        rc = load_shell(a, k, lm.pipe->be[k], base, st->layer_lo, st->layer_hi, err);
+        glm_pipe_restore(prev);
     }
-    return 0;
+    if (rc == 0) return 0;
+    srv_adapter_free(a);
+    return glm_wrap(err, "--adapter %s=%s: ", name, dir);
 }
 
-void srv_adapter_free(srv_adapter *a, glm_backend *be) {
-    if (a->shell.params) be->free(be, a->shell.params);
-    glm_table_free(&a->shell.tab);
-    free(a->ptr);
-    memset(a, 0, sizeof *a);
-}
+/* The models the engine runs: the whole one, or each stage of a device map. */
+static int stages(const srv_engine *e) { return e->pipe ? e->pipe->n : 1; }
+static glm_model *stage(srv_engine *e, int s) { return e->pipe ? &e->pipe->st[s] : e->m; }
 
-/* The model's adapter views and settings for adapter k (-1: the base). */
+/* The model's adapter views and settings for adapter k (-1: the base), in every stage. */
 static void set_adapter(srv_engine *e, int k) {
     if (k == e->cur) return;
-    glm_model *m = e->m;
-    for (int l = 0; l < m->cfg.num_layers; l++)
-        for (int i = 0; i < 4; i++) {
-            m->w.layer[l].lora_a[i] = k >= 0 ? e->ad[k].ptr[l][i] : NULL;
-            m->w.layer[l].lora_b[i] = k >= 0 ? e->ad[k].ptr[l][4 + i] : NULL;
-        }
-    m->cfg.peft = k >= 0 ? e->ad[k].peft : e->base_peft;
+    for (int s = 0; s < stages(e); s++) {
+        glm_model *m = stage(e, s);
+        for (int l = m->layer_lo; l < m->layer_hi; l++)
+            for (int i = 0; i < 4; i++) {
+                m->w.layer[l].lora_a[i] = k >= 0 ? e->ad[k].ptr[l][i] : NULL;
+                m->w.layer[l].lora_b[i] = k >= 0 ? e->ad[k].ptr[l][4 + i] : NULL;
+            }
+        m->cfg.peft = k >= 0 ? e->ad[k].peft : e->base_peft;
+    }
     e->cur = k;
 }
 
@@ -415,11 +441,6 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
     glm_model *m = lm.pipe ? &lm.pipe->st[0] : lm.m;
     if (m->cfg.peft.kind != GLM_FT_FULL)
         return glm_fail(err, "serve: the base model must load without an adapter (adapters are chosen per request)");
-    if (lm.pipe && n_ad) {
-        glm_fail(err, "serve: --adapter with --device_map is not supported yet (the adapter's rows would have to follow "
-                      "the stages)");
-        return glm_hint(err, "merge the adapter into the base (glmtrain merge) and serve the merged folder with --device_map");
-    }
     if (lm.pipe && m->cfg.peft.pre_seq_len > 0)
         return glm_fail(err, "serve: a P-Tuning v2 model cannot be served (use generate/chat)");
     e->m = m;
@@ -435,22 +456,22 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
     e->base_peft = m->cfg.peft;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    if (e->pipe) {
-        e->pc = glm_calloc(1, sizeof *e->pc);
-        glm_pipe_cache_init(e->pipe, e->pc, nslots, Tmax);
-        glm_pipe_cache_reserve(e->pipe, e->pc, Tmax > nslots ? Tmax : nslots);
-    } else {
-        glm_kvcache_init(m, &e->kv, nslots, Tmax);
-    }
     /* the work buffers once, wide enough for every adapter (the widest rank, every target) */
     glm_peft wide = {.kind = GLM_FT_LORA};
     for (int k = 0; k < n_ad; k++) {
         if (ad[k].peft.lora_rank > wide.lora_rank) wide.lora_rank = ad[k].peft.lora_rank;
         wide.lora_targets |= ad[k].peft.lora_targets;
     }
-    if (n_ad) m->cfg.peft = wide;
-    if (!e->pipe) glm_kvcache_reserve(m, &e->kv, Tmax > nslots ? Tmax : nslots);
-    m->cfg.peft = e->base_peft;
+    for (int s = 0; s < stages(e) && n_ad; s++) stage(e, s)->cfg.peft = wide;
+    if (e->pipe) {
+        e->pc = glm_calloc(1, sizeof *e->pc);
+        glm_pipe_cache_init(e->pipe, e->pc, nslots, Tmax);
+        glm_pipe_cache_reserve(e->pipe, e->pc, Tmax > nslots ? Tmax : nslots);
+    } else {
+        glm_kvcache_init(m, &e->kv, nslots, Tmax);
+        glm_kvcache_reserve(m, &e->kv, Tmax > nslots ? Tmax : nslots);
+    }
+    for (int s = 0; s < stages(e); s++) stage(e, s)->cfg.peft = e->base_peft;
     int T = Tmax > nslots ? Tmax : nslots;
     e->logits = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.vocab_size);
     e->greedy = glm_malloc(sizeof(int32_t) * (size_t)nslots);

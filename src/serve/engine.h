@@ -24,8 +24,10 @@
 typedef struct srv_adapter {
     char name[256], dir[4096];
     glm_peft peft;
-    glm_model shell;      /* tab + params: the adapter's LoRA rows only (no base rows) */
-    void *(*ptr)[8];      /* [L] lora_a[0..4), lora_b[0..4) */
+    int n;                /* shells: 1 for a whole model, one per stage of a device map */
+    glm_model *shell;     /* [n] tab + params: the adapter's LoRA rows of the stage's layers (no
+                           * base rows), on the stage's backend */
+    void *(*ptr)[8];      /* [L] lora_a[0..4), lora_b[0..4), in the shell of the layer's stage */
 } srv_adapter;
 
 typedef struct srv_req srv_req;
@@ -98,13 +100,13 @@ typedef struct srv_engine {
 } srv_engine;
 
 /* Reads a LoRA adapter folder (glm_adapter_read_config / glm_adapter_load) into its own rows on
- * the backend, for a base with config base (P-Tuning checkpoints are refused). */
-int srv_adapter_load(srv_adapter *a, glm_backend *be, const glm_config *base, const char *name, const char *dir,
-                     glm_err *err);
-void srv_adapter_free(srv_adapter *a, glm_backend *be);
+ * the model's backend, or on each stage's for the layers it holds when lm is split by a device
+ * map (P-Tuning checkpoints are refused). */
+int srv_adapter_load(srv_adapter *a, glm_lm lm, const char *name, const char *dir, glm_err *err);
+void srv_adapter_free(srv_adapter *a);
 
 /* The pool: nslots slots of Tmax tokens, on the model's device or split over the stages of a
- * device map (lm.pipe; adapters are refused there). ad[n_ad] stay owned by the caller. */
+ * device map (lm.pipe). ad[n_ad] (loaded for lm) stay owned by the caller. */
 int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
                     int Tmax, int max_queue, srv_adapter *ad, int n_ad, glm_err *err);
 int srv_engine_start(srv_engine *e);

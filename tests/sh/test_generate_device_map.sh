@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `glmtrain generate` / `chat` with --device_map: a small model trained here, split into 2 and 3
 # stages (auto, thudm, a JSON map), must sample the single model's tokens (same seed, so any logit difference shows); a bad map is
-# refused naming the module. Prints PASS/FAIL/SKIP lines.
+# refused naming the module; with --adapter (a LoRA adapter and a P-Tuning v2 prefix trained here) the
+# stages sample the single model's tokens with the same adapter. Prints PASS/FAIL/SKIP lines.
 set -u
 GLM=${GLM_BUILD:-build}/glmtrain
 PY=${GLM_PYTHON:-/usr/bin/python3}
@@ -37,6 +38,20 @@ for spec in "--device_map auto --pipeline_parallel_size 2" "--device_map thudm -
     got=$(gen $spec)
     name="generate_device_map_$(echo "$spec" | awk '{print $2}' | sed 's|.*/||')"
     if [ -n "$ref" ] && [ "$got" = "$ref" ]; then echo "PASS $name: $got"; else echo "FAIL $name: '$got' vs single model '$ref'"; fail=1; fi
+done
+for ft in "lora --lora_rank 4 --lora_target all" "ptuning --pre_seq_len 4 --prefix_projection"; do
+    kind=${ft%% *}
+    OMP_NUM_THREADS=1 "$GLM" train --model_name_or_path "$D/model" --train_file "$D/data/train.json" --output_dir "$D/$kind" \
+        --finetuning_type $ft --max_steps 8 --per_device_train_batch_size 8 --learning_rate 2e-2 --save_strategy no \
+        --report_to none --disable_tqdm --device cpu --max_source_length 32 --max_target_length 48 >"$D/$kind.log" 2>&1 ||
+        { echo "FAIL generate_device_map_$kind: adapter training failed"; tail -5 "$D/$kind.log"; fail=1; continue; }
+    ref_a=$(gen --adapter "$D/$kind")
+    [ -n "$ref_a" ] && [ "$ref_a" != "$ref" ] || { echo "FAIL generate_device_map_${kind}_changes_output: '$ref_a'"; fail=1; }
+    for spec in "--device_map auto --pipeline_parallel_size 2" "--device_map thudm --pipeline_parallel_size 3"; do
+        got=$(gen --adapter "$D/$kind" $spec)
+        name="generate_device_map_adapter_${kind}_$(echo "$spec" | awk '{print $2 "_" $4}')"
+        if [ -n "$ref_a" ] && [ "$got" = "$ref_a" ]; then echo "PASS $name: $got"; else echo "FAIL $name: '$got' vs single model '$ref_a'"; fail=1; fi
+    done
 done
 out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --device_map "$D/bad_map.json" 2>&1)
 if echo "$out" | grep -q "transformer.layers.1"; then echo "PASS generate_bad_map_names_module"; else echo "FAIL generate_bad_map_names_module: $out"; fail=1; fi
