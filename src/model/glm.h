@@ -278,10 +278,14 @@ typedef struct glm_kvcache {
     glm_layer_acts a;   /* one block's buffers */
     void *h, *h2, *rows, *logits;  /* S: block input/output (ping-pong), last rows, their logits */
     int32_t *ints;      /* ids, pos, block_pos, kv_lo, kv_hi, last-row index, cache row: [7 * cap_tokens] */
-    void *kvrows;       /* S [cap_tokens, KV]: ChatGLM2's new k|v rows packed for the slot scatter */
+    void *kvrows;       /* S [cap_tokens, KV]: new k|v rows packed for the slot scatter (ChatGLM2, or
+                         * behind a P-Tuning prefix) */
     int32_t *hints;     /* host [7 * cap_tokens] (page-locked where the backend has it): ints' upload */
 } glm_kvcache;
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
+/* The bytes glm_kvcache_init allocates for B rows of Tmax tokens over all layers of a model of
+ * config c (a P-Tuning prefix included), with elements of es bytes. */
+double glm_kvcache_bytes(const glm_config *c, size_t es, int B, int Tmax);
 void glm_kvcache_free(glm_model *m, glm_kvcache *kv);
 /* Raises the capacity to Tmax tokens per row, keeping what is cached (the row stride changes). */
 void glm_kvcache_grow(glm_model *m, glm_kvcache *kv, int Tmax);

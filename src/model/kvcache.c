@@ -11,12 +11,16 @@
 
 /* A cached token's elements (3H for q|k|v, 2H for k|v behind a prefix) and the cache rows in
  * front of the tokens (the prefix's P). */
-static size_t row_elems(const glm_model *m) {
-    const glm_config *c = &m->cfg;
+static size_t cfg_row_elems(const glm_config *c) {
     if (c->family == GLM_FAMILY_GLM2) return 2 * (size_t)glm_kv_heads(c) * glm_head_dim(c);
     return (c->peft.pre_seq_len > 0 ? 2 : 3) * (size_t)c->hidden_size;
 }
+static size_t row_elems(const glm_model *m) { return cfg_row_elems(&m->cfg); }
 static int front(const glm_model *m) { return m->cfg.peft.pre_seq_len; }
+
+double glm_kvcache_bytes(const glm_config *c, size_t es, int B, int Tmax) {
+    return (double)c->num_layers * B * (c->peft.pre_seq_len + Tmax) * cfg_row_elems(c) * es;
+}
 
 void glm_kvcache_grow(glm_model *m, glm_kvcache *kv, int Tmax) {
     if (Tmax <= kv->Tmax) return;
@@ -85,7 +89,7 @@ static void ensure_scratch(glm_model *m, glm_kvcache *kv, int n) {
     kv->logits = be->alloc(be, (size_t)kv->B * c->vocab_size * es);
     kv->ints = be->alloc(be, N * 7 * 4);
     kv->hints = be->host_alloc ? be->host_alloc(be, N * 7 * 4) : glm_malloc(N * 7 * 4);
-    if (c->family == GLM_FAMILY_GLM2) kv->kvrows = be->alloc(be, N * row_elems(m) * es);
+    if (c->family == GLM_FAMILY_GLM2 || front(m) > 0) kv->kvrows = be->alloc(be, N * row_elems(m) * es);
     kv->cap_tokens = n;
 }
 
@@ -225,8 +229,7 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
                                    int32_t *greedy_out, glm_err *err) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
-    int N = nrows * Tq, H = c->hidden_size, V = c->vocab_size, HD = glm_head_dim(c);
-    if (front(m) > 0) return glm_fail(err, "cache slots: a P-Tuning prefix is not supported");
+    int N = nrows * Tq, H = c->hidden_size, V = c->vocab_size, HD = glm_head_dim(c), P = front(m);
     if (nrows <= 0 || Tq <= 0 || slot0 < 0 || slot0 + nrows > kv->B)
         return glm_fail(err, "cache slots [%d, %d) x %d tokens outside the pool of %d slots", slot0, slot0 + nrows, Tq, kv->B);
     int Tk = 0;
@@ -240,6 +243,9 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
         if (ids[i] < 0 || ids[i] >= V) return glm_fail(err, "token id %d outside the vocabulary [0, %d)", ids[i], V);
         if (kv_lo[i] < 0 || kv_hi[i] > len[b] + Tq || kv_lo[i] > kv_hi[i])
             return glm_fail(err, "slot %d: key range [%d, %d) outside its %d tokens", slot0 + b, kv_lo[i], kv_hi[i], len[b] + Tq);
+        if (P > 0 && kv_lo[i] > 0) /* it would see only part of the prefix */
+            return glm_fail(err, "slot %d: key range [%d, %d) starts after the slot's P-Tuning prefix", slot0 + b,
+                            kv_lo[i], kv_hi[i]);
     }
     size_t Nb = (size_t)N, row = row_elems(m);
     ensure_scratch(m, kv, N);
@@ -253,15 +259,20 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
     memcpy(hb + 3 * N, kv_lo, Nb * 4); memcpy(hb + 4 * N, kv_hi, Nb * 4);
     for (int b = 0; b < nrows; b++) hb[5 * N + b] = b * Tq + Tq - 1; /* each row's last token, for its logits */
     /* where each new token's cache row goes, counted in rows from the first slot of the call: one
-     * scatter per layer writes every row's k|v (a copy per row would be nrows launches a layer) */
-    for (int i = 0; i < N; i++) hb[6 * N + i] = (i / Tq) * kv->Tmax + len[i / Tq] + i % Tq;
+     * scatter per layer writes every row's k|v (a copy per row would be nrows launches a layer);
+     * a P-Tuning prefix holds each slot's first P rows, and key k of the caller is row P + k */
+    for (int i = 0; i < N; i++) hb[6 * N + i] = (i / Tq) * (P + kv->Tmax) + P + len[i / Tq] + i % Tq;
+    for (int i = 0; P > 0 && i < N; i++) hb[4 * N + i] += P;
     be->upload(be, d_ids, hb, Nb * 7 * 4);
     glm_layer_acts *a = &kv->a;
     void *h = kv->h, *h2 = kv->h2;
+    /* every slot's prefix keys/values, once for the pool: the same prefix serves every request */
+    const void *pkv = P > 0 && !kv->prefix_ready ? glm_prefix_forward(m) : NULL;
     if (m->first) be->embedding_fwd(be, h, d_ids, m->w.wte, N, H);
     else be->upload_f32(be, h, h_in, Nb * H);
-    long bs = (long)kv->Tmax * (long)row; /* one slot */
+    long bs = (long)(P + kv->Tmax) * (long)row; /* one slot */
     for (int l = m->layer_lo; l < m->layer_hi; l++) {
+        if (pkv) fill_prefix(m, kv, l, pkv);
         m->fam->block_qkv(m, l, a, h, N, d_pos, d_bpos);
         void *pool = glm_at(be, kv->qkv[l], (size_t)slot0 * bs);
         glm_qkv_view q, k, v, unused;
@@ -274,14 +285,22 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
             int g = c->num_attention_heads / NKV;
             k = (glm_qkv_view){pool, bs, KV, HD, g};
             v = (glm_qkv_view){glm_at(be, pool, (size_t)NKV * HD), bs, KV, HD, g};
+        } else if (P > 0) { /* behind a prefix the slots keep k|v only (prefix_kv's layout) */
+            be->prefix_kv(be, kv->kvrows, a->qkv, NULL, l, c->num_layers, 1, N, 0, c->num_attention_heads, HD, 0.0f, 0);
+            be->scatter_rows(be, pool, kv->kvrows, d_at, N, (int)row);
+            m->fam->qkv_views(m, a->qkv, (long)Tq * W, &q, &unused, &unused);
+            k = (glm_qkv_view){pool, bs, (long)row, 2L * HD, 1};
+            v = k;
+            v.base = glm_at(be, pool, HD);
         } else { /* the q|k|v rows appended at each slot's length; queries read from a->qkv */
             be->scatter_rows(be, pool, a->qkv, d_at, N, W);
             m->fam->qkv_views(m, a->qkv, (long)Tq * W, &q, &unused, &unused);
             m->fam->qkv_views(m, pool, bs, &unused, &k, &v);
         }
-        m->fam->block_finish(m, l, a, q, k, v, d_lo, d_hi, nrows, Tq, Tk, h2);
+        m->fam->block_finish(m, l, a, q, k, v, d_lo, d_hi, nrows, Tq, P + Tk, h2);
         void *t = h; h = h2; h2 = t;
     }
+    if (pkv) kv->prefix_ready = 1;
     if (!m->last) { /* a stage before the last hands its output on */
         be->download_f32(be, h_out, h, Nb * H);
         return 0;

@@ -53,8 +53,8 @@ int srv_adapter_load(srv_adapter *a, glm_lm lm, const char *name, const char *di
     snprintf(a->dir, sizeof a->dir, "%s", dir);
     if (glm_adapter_read_config(dir, &a->peft, err)) return glm_wrap(err, "--adapter %s=%s: ", name, dir);
     if (a->peft.kind != GLM_FT_LORA) {
-        glm_fail(err, "--adapter %s=%s is a P-Tuning v2 checkpoint: serve runs LoRA adapters only", name, dir);
-        return glm_hint(err, "use glmtrain generate/chat --adapter for a P-Tuning prefix, or serve a LoRA adapter");
+        glm_fail(err, "--adapter %s=%s is a P-Tuning v2 checkpoint: --adapter takes LoRA adapters", name, dir);
+        return glm_hint(err, "serve the base with its prefix as the model: --ptuning_checkpoint %s", dir);
     }
     a->peft.lora_dropout = 0; /* inference: no dropout, and no dropout buffer */
     const glm_config *base = lm.pipe ? &lm.pipe->cfg : &lm.m->cfg;
@@ -439,10 +439,12 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
                     int Tmax, int max_queue, srv_adapter *ad, int n_ad, glm_err *err) {
     memset(e, 0, sizeof *e);
     glm_model *m = lm.pipe ? &lm.pipe->st[0] : lm.m;
-    if (m->cfg.peft.kind != GLM_FT_FULL)
-        return glm_fail(err, "serve: the base model must load without an adapter (adapters are chosen per request)");
-    if (lm.pipe && m->cfg.peft.pre_seq_len > 0)
-        return glm_fail(err, "serve: a P-Tuning v2 model cannot be served (use generate/chat)");
+    if (m->cfg.peft.kind == GLM_FT_PTUNING && n_ad) { /* LoRA adapters were trained without the prefix */
+        glm_fail(err, "serve: LoRA adapters (--adapter) over a P-Tuning v2 model (--ptuning_checkpoint)");
+        return glm_hint(err, "serve the P-Tuning model alone, or the base with its LoRA adapters (two servers)");
+    }
+    if (m->cfg.peft.kind != GLM_FT_FULL && m->cfg.peft.kind != GLM_FT_PTUNING)
+        return glm_fail(err, "serve: the base model must load without a LoRA adapter (adapters are chosen per request)");
     e->m = m;
     e->pipe = lm.pipe;
     e->tok = tok;

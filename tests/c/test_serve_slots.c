@@ -2,7 +2,8 @@
  * of different lengths join and leave a shared decode batch (a prefill per joining row, one
  * decode call over a slot range with idle rows in between, a freed slot reused with stale keys
  * past its new length), and every row's logits at every step are bit for bit those of the same
- * prompt run alone through glm_forward_cached (B = 1), on GLM v1 and the ChatGLM2 block. */
+ * prompt run alone through glm_forward_cached (B = 1), on GLM v1 and the ChatGLM2 block, each
+ * also behind a P-Tuning v2 prefix (every slot's first rows, filled once for the pool). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,12 +26,16 @@ static glm_config config(int glm2) {
     return c;
 }
 
+/* Each tensor from its own stream, seeded by its name: a model with a prefix encoder gets the
+ * same base weights as one without. */
 static void random_model(glm_model *m, uint64_t seed) {
     glm_rng r;
-    glm_rng_seed(&r, seed);
     for (int i = 0; i < glm_model_nrows(m); i++) {
         void *p;
         const glm_tensor *t = glm_model_row(m, i, &p);
+        uint64_t hsh = seed;
+        for (const char *q = t->name; *q; q++) hsh = hsh * 1099511628211ULL ^ (unsigned char)*q;
+        glm_rng_seed(&r, hsh);
         float *h = malloc(sizeof(float) * t->numel);
         float sd = t->ndim == 2 ? 0.3f : 0.1f;
         for (size_t j = 0; j < t->numel; j++) h[j] = (t->ndim == 1 && t->kind != T_QKV_B ? 1.0f : 0.0f) + sd * glm_rng_normal(&r);
@@ -118,8 +123,13 @@ static int pooled(glm_model *m, const int32_t (*pr)[6], float *logits, glm_err *
 int main(void) {
     test_counts tc = {0};
     glm_backend *be = glm_backend_cpu();
-    for (int glm2 = 0; glm2 < 2; glm2++) {
+    for (int variant = 0; variant < 5; variant++) {
+        int glm2 = variant & 1; /* 0, 1: plain; 2, 3: a prefix of 3; 4: v1's projected prefix of 2 */
         glm_config c = config(glm2);
+        if (variant >= 2) c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = variant == 4 ? 2 : 3,
+                                              .prefix_projection = variant == 4};
+        char nm[96];
+        const char *vn[] = {"glm", "glm2", "glm_ptuning", "glm2_ptuning", "glm_ptuning_projected"};
         glm_model m;
         glm_model_init_inference(&m, &c, be);
         random_model(&m, 11 + glm2);
@@ -139,8 +149,22 @@ int main(void) {
                 checked++;
             }
         }
-        TEST_CHECK(&tc, glm2 ? "glm2_slots_bit_identical_to_alone" : "glm_slots_bit_identical_to_alone", same && finite && checked == 16,
-                   "rc %d (%s), %d steps compared, finite %d", rc, err.msg, checked, finite);
+        snprintf(nm, sizeof nm, "%s_slots_bit_identical_to_alone", vn[variant]);
+        TEST_CHECK(&tc, nm, same && finite && checked == 16, "rc %d (%s), %d steps compared, finite %d", rc, err.msg, checked,
+                   finite);
+        if (variant >= 2) { /* the prefix changes what the rows see: the base model differs */
+            glm_config cb = config(glm2);
+            glm_model b;
+            glm_model_init_inference(&b, &cb, be);
+            random_model(&b, 11 + glm2);
+            float *base = calloc((size_t)(STEPS + 1) * V, sizeof(float));
+            int rb = alone(&b, pr[1], plen[1], 1, base, &err);
+            snprintf(nm, sizeof nm, "%s_prefix_changes_logits", vn[variant]);
+            TEST_CHECK(&tc, nm, rb == 0 && test_max_abs(base, want + (size_t)(STEPS + 1) * V, (STEPS + 1) * V) > 1e-3,
+                       "rc %d, max diff %.3g", rb, rb == 0 ? test_max_abs(base, want + (size_t)(STEPS + 1) * V, (STEPS + 1) * V) : -1.0);
+            free(base);
+            glm_model_free(&b);
+        }
         /* a key range past the slot's tokens and a slot past the pool are refused */
         glm_kvcache kv;
         glm_kvcache_init(&m, &kv, 2, 8);
@@ -150,7 +174,17 @@ int main(void) {
         int r2 = glm_forward_cached_slots(&m, &kv, 2, 1, 1, &len, &id, &ps, &bs, &lo, &lo, lg, &err);
         len = 8;
         int r3 = glm_forward_cached_slots(&m, &kv, 0, 1, 1, &len, &id, &ps, &bs, &lo, &lo, lg, &err);
-        TEST_CHECK(&tc, glm2 ? "glm2_slots_refuse_bad_ranges" : "glm_slots_refuse_bad_ranges", r1 && r2 && r3, "%d %d %d", r1, r2, r3);
+        int r4 = 0;
+        if (c.peft.pre_seq_len > 0) { /* a key range that skips part of the slot's prefix */
+            len = 2;
+            int32_t lo1 = 1, hi1 = 3;
+            r4 = glm_forward_cached_slots(&m, &kv, 0, 1, 1, &len, &id, &ps, &bs, &lo1, &hi1, lg, &err) &&
+                 strstr(err.msg, "prefix") != NULL;
+        } else {
+            r4 = 1;
+        }
+        snprintf(nm, sizeof nm, "%s_slots_refuse_bad_ranges", vn[variant]);
+        TEST_CHECK(&tc, nm, r1 && r2 && r3 && r4, "%d %d %d %d", r1, r2, r3, r4);
         free(lg);
         glm_kvcache_free(&m, &kv);
         free(want);

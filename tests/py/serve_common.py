@@ -42,6 +42,20 @@ def make_adapter(path, cfg, r, targets, seed, alpha=16.0):
     return path
 
 
+def make_ptuning(path, cfg, pre_seq_len, seed):
+    """A THUDM-layout P-Tuning v2 checkpoint without projection: config.json with pre_seq_len and
+    model.safetensors holding transformer.prefix_encoder.embedding.weight [P, 2 * layers * hidden]."""
+    import torch
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(pre_seq_len, 2 * cfg["num_layers"] * cfg["hidden_size"], generator=g)
+    save_file({"transformer.prefix_encoder.embedding.weight": emb}, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"model_type": "chatglm", "pre_seq_len": pre_seq_len, "prefix_projection": False}, f)
+    return path
+
+
 def generate(model, prompt, *flags):
     """`glmtrain generate --prompt` (stdout without its final newline)."""
     p = subprocess.run([GLM, "generate", "--model_name_or_path", model, "--prompt", prompt, "--device", "cpu"] + list(flags),

@@ -369,6 +369,42 @@ def device_map(model, ad1, ad2):
     T.check("device_map_adapter_clean_exit", rc == 0, S.text()[-300:])
 
 
+def ptuning(model, cfg, ad1, tmp):
+    """--ptuning_checkpoint: the base with a P-Tuning v2 prefix served as the model (THUDM's
+    ptuning deployment): what generate --adapter gives, whole and split over 2 stages, concurrent
+    streams included; LoRA adapters beside it and a LoRA folder given as the checkpoint are refused."""
+    pt = sc.make_ptuning(os.path.join(tmp, "pt"), cfg, 4, seed=3)
+    for spec in ([], ["--device_map", "auto", "--pipeline_parallel_size", "2"]):
+        S = sc.Server(model, "--ptuning_checkpoint", pt, "--step_delay_ms", "4", *spec)
+        tag = "ptuning" + ("_device_map" if spec else "")
+        try:
+            c = S.client()
+            bad = []
+            for p in PROMPTS[:3]:
+                got, _ = chat(c, "model", p, 12)
+                want = sc.generate(model, p, "--do_sample", "false", "--max_new_tokens", "12", "--adapter", pt)
+                if got != want:
+                    bad.append((p, got, want))
+            base = sc.generate(model, PROMPTS[0], "--do_sample", "false", "--max_new_tokens", "12")
+            T.check(tag + "_equals_generate_adapter", not bad and base != chat(c, "model", PROMPTS[0], 12)[0] and
+                    "P-Tuning v2 prefix" in S.text(), str(bad)[:400] + S.text()[-300:])
+            jobs = [("model", PROMPTS[i % len(PROMPTS)], 6 + i % 5) for i in range(6)]
+            alone = [chat(c, m, p, n) for m, p, n in jobs]
+            res = streams_at_once(c, jobs)
+            bad = [(j, a, b) for j, a, b in zip(jobs, res, alone) if not a or a[:2] != b]
+            T.check(tag + "_concurrent_streams_equal_alone", not bad, str(bad)[:400])
+        finally:
+            rc = S.stop()
+        T.check(tag + "_clean_exit", rc == 0, S.text()[-300:])
+    for flags, want, name in (
+            (["--ptuning_checkpoint", pt, "--adapter", "ad1=" + ad1], "over a P-Tuning v2 model", "ptuning_with_lora_refused"),
+            (["--ptuning_checkpoint", ad1], "is a LoRA adapter", "ptuning_checkpoint_lora_refused"),
+            (["--adapter", "p=" + pt], "--ptuning_checkpoint", "adapter_ptuning_names_ptuning_checkpoint")):
+        p = subprocess.run([sc.GLM, "serve", "--model_name_or_path", model, "--device", "cpu", "--port", "0"] + flags,
+                           capture_output=True, text=True, timeout=60, env=sc.ENV)
+        T.check(name, p.returncode != 0 and want in p.stderr, p.stderr[-300:])
+
+
 def main():
     if not os.path.exists(sc.GLM):
         T.skip("serve_all", "%s not built" % sc.GLM)
@@ -397,6 +433,7 @@ def main():
         finally:
             S2.stop()
         device_map(model, ad1, ad2)
+        ptuning(model, cfg, ad1, tmp)
         robustness(model, S.client())
         rc = S.stop()
         T.check("clean_exit", rc == 0, "rc %s: %s" % (rc, S.text()[-300:]))
