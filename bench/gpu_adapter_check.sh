@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Adapters on a GPU through the paths the CPU tests prove (tests/sh/test_generate_device_map.sh,
+# tests/py/test_serve.py): a small model with ChatGLM-6B's vocabulary trained here in bf16, a LoRA
+# adapter and a P-Tuning v2 prefix trained on it, then
+#   - generate --adapter on the whole model and through --device_map (one stage per GPU) agree;
+#   - serve --ptuning_checkpoint and serve --adapter NAME=DIR --device_map answer what
+#     generate --adapter gives (greedy).
+# Prints PASS/FAIL lines. Build here: make -j2 MPI=0 BUILD=build/gpu build/gpu/glmtrain; carry
+# build/gpu/glmtrain, build/lib and build/shared (with tokenizers/chatglm-6b/ice_text.model copied in).
+set -u
+. "$(dirname "$0")/lib.sh"
+find_tokenizer adapter_check
+export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+GLM=${GLM:-build/gpu/glmtrain}
+W=${WORK:-/tmp/adapter-check}
+rm -rf "$W" && mkdir -p "$W"
+python3 "$(dirname "$0")/w1_data.py" "$W"
+python3 - "$W" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1] + "/config.json"))
+c.update(hidden_size=256, num_layers=4, num_attention_heads=4, inner_hidden_size=1024)
+json.dump(c, open(sys.argv[1] + "/tiny.json", "w"))
+PY
+train() { # output dir, flags...
+    local out=$1
+    shift
+    timeout 300 "$GLM" train --tokenizer_name "$TOKENIZER" --train_file "$W/w1.jsonl" --output_dir "$W/$out" \
+        --overwrite_output_dir --per_device_train_batch_size 4 --max_source_length 64 --max_target_length 64 \
+        --max_steps 20 --save_strategy no --report_to none --disable_tqdm "$@" >"$W/$out.log" 2>&1 ||
+        { echo "FAIL adapter_check_train_$out"; tail -4 "$W/$out.log"; }
+}
+train base --init_from_config "$W/tiny.json" --learning_rate 1e-3
+cp "$TOKENIZER"/* "$W/base/" 2>/dev/null
+train lora --model_name_or_path "$W/base" --finetuning_type lora --lora_rank 8 --lora_target all --learning_rate 2e-3
+train pt --model_name_or_path "$W/base" --finetuning_type ptuning --pre_seq_len 8 --learning_rate 2e-2
+gen() { timeout 120 "$GLM" generate --model_name_or_path "$W/base" --prompt "你好" --do_sample false --max_new_tokens 12 "$@" 2>"$W/gen.err"; }
+fail=0
+base=$(gen)
+for ad in lora pt; do
+    whole=$(gen --adapter "$W/$ad")
+    split=$(gen --adapter "$W/$ad" --device_map auto --pipeline_parallel_size 1)
+    note=""; [ "$whole" = "$base" ] && note=" (the base's greedy text too)"
+    if [ -n "$whole" ] && [ "$whole" = "$split" ]; then echo "PASS generate_device_map_adapter_$ad: $whole$note"
+    else echo "FAIL generate_device_map_adapter_$ad: '$split' vs '$whole'"; tail -3 "$W/gen.err"; fail=1; fi
+done
+serve_check() { # name, model field, what generate --adapter gave, serve flags...
+    local name=$1 field=$2 want=$3
+    shift 3
+    "$GLM" serve --model_name_or_path "$W/base" --port 18777 "$@" >"$W/$name.log" 2>&1 &
+    local pid=$! got
+    for _ in $(seq 120); do grep -q "serving" "$W/$name.log" && break; sleep 0.5; done
+    got=$(python3 - "$field" <<'PY'
+import json, sys, urllib.request
+body = {"model": sys.argv[1], "messages": [{"role": "user", "content": "你好"}], "temperature": 0, "max_tokens": 12}
+req = urllib.request.Request("http://127.0.0.1:18777/v1/chat/completions", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"])
+PY
+)
+    kill -TERM $pid; wait $pid
+    if [ -n "$want" ] && [ "$got" = "$want" ]; then echo "PASS $name: $got"
+    else echo "FAIL $name: '$got' vs generate '$want'"; tail -4 "$W/$name.log"; fail=1; fi
+}
+serve_check serve_ptuning_checkpoint base "$(gen --adapter "$W/pt")" --ptuning_checkpoint "$W/pt"
+serve_check serve_ptuning_device_map base "$(gen --adapter "$W/pt")" --ptuning_checkpoint "$W/pt" --device_map auto --pipeline_parallel_size 1
+serve_check serve_lora_device_map l "$(gen --adapter "$W/lora")" --adapter "l=$W/lora" --device_map auto --pipeline_parallel_size 1
+exit $fail
