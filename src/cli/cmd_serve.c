@@ -193,6 +193,7 @@ int glm_cmd_serve(int argc, char **argv) {
         const char *envkey = getenv("GLMTRAIN_API_KEY");
         o.api_key = a.api_key && a.api_key[0] ? a.api_key : envkey && envkey[0] ? envkey : NULL;
         o.defaults.model_max_length = Tmax;
+        o.debug = a.gen.debug;
         rc = srv_server_start(&S, &o, &e, s.tok, gen_config(&s), &tok_mu, &err);
         server_ok = rc == 0;
     }

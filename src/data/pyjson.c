@@ -87,7 +87,7 @@ static int read_string(reader *r, glm_strbuf *out) {
 }
 
 /* Python's ensure_ascii=False string: only " \ and characters below U+0020 are escaped. */
-static void dump_string(glm_strbuf *b, const char *s, size_t n) {
+void glm_py_json_string(glm_strbuf *b, const char *s, size_t n) {
     glm_strbuf_put(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -101,7 +101,7 @@ static void dump_string(glm_strbuf *b, const char *s, size_t n) {
 }
 
 /* repr(float): the shortest digits that read back, fixed notation for exponents -4 .. 15. */
-static void dump_float(glm_strbuf *b, double v) {
+void glm_py_float_repr(glm_strbuf *b, double v) {
     if (isnan(v)) { glm_strbuf_str(b, "NaN"); return; }
     if (isinf(v)) { glm_strbuf_str(b, v < 0 ? "-Infinity" : "Infinity"); return; }
     if (v == 0) { glm_strbuf_str(b, signbit(v) ? "-0.0" : "0.0"); return; }
@@ -162,7 +162,7 @@ static int dump_number(reader *r, glm_strbuf *b) {
     if (is_float) {
         char tmp[512];
         snprintf(tmp, sizeof tmp, "%.*s", (int)(i - s < sizeof tmp ? i - s : sizeof tmp - 1), r->s + s);
-        dump_float(b, strtod(tmp, NULL));
+        glm_py_float_repr(b, strtod(tmp, NULL));
     } else if (i - s == 2 && r->s[s] == '-' && r->s[s + 1] == '0') {
         glm_strbuf_str(b, "0");
     } else {
@@ -171,9 +171,16 @@ static int dump_number(reader *r, glm_strbuf *b) {
     return 0;
 }
 
+/* Before a member or element: its separator (the opening bracket for the first) and, with an
+ * indent, a new line at the level; without one (indent < 0) json.dumps' default ", ". */
 static void newline(glm_strbuf *b, int indent, int level) {
+    if (indent < 0) return;
     glm_strbuf_put(b, "\n", 1);
     for (int k = 0; k < indent * level; k++) glm_strbuf_put(b, " ", 1);
+}
+static void item_sep(glm_strbuf *b, int indent, int first, const char *open) {
+    if (first) glm_strbuf_str(b, open);
+    else glm_strbuf_str(b, indent < 0 ? ", " : ",");
 }
 
 /* One object member: its key and its value's dump. */
@@ -208,9 +215,9 @@ static int dump_object(reader *r, glm_strbuf *b, int indent, int level) {
     }
     if (!rc && nm == 0) glm_strbuf_str(b, "{}");
     for (int k = 0; !rc && k < nm; k++) {
-        glm_strbuf_put(b, k ? "," : "{", 1);
+        item_sep(b, indent, k == 0, "{");
         newline(b, indent, level + 1);
-        dump_string(b, m[k].key.s ? m[k].key.s : "", m[k].key.n);
+        glm_py_json_string(b, m[k].key.s ? m[k].key.s : "", m[k].key.n);
         glm_strbuf_str(b, ": ");
         glm_strbuf_put(b, m[k].val.s ? m[k].val.s : "", m[k].val.n);
     }
@@ -224,9 +231,8 @@ static int dump_array(reader *r, glm_strbuf *b, int indent, int level) {
     r->i++;
     ws(r);
     if (r->i < r->n && r->s[r->i] == ']') { r->i++; glm_strbuf_str(b, "[]"); return 0; }
-    glm_strbuf_put(b, "[", 1);
     for (int k = 0;; k++) {
-        if (k) glm_strbuf_put(b, ",", 1);
+        item_sep(b, indent, k == 0, "[");
         newline(b, indent, level + 1);
         if (dump_value(r, b, indent, level + 1)) return -1;
         ws(r);
@@ -256,7 +262,7 @@ static int dump_value(reader *r, glm_strbuf *b, int indent, int level) {
     if (c == '"') {
         glm_strbuf s = {0};
         if (read_string(r, &s)) return -1;
-        dump_string(b, s.s ? s.s : "", s.n);
+        glm_py_json_string(b, s.s ? s.s : "", s.n);
         free(s.s);
         return 0;
     }
@@ -274,6 +280,98 @@ char *glm_pyjson_dumps(const char *text, size_t len, int indent, char *why, size
     ws(&r);
     if (r.i < r.n) { fail(&r, "data after the value"); free(b.s); return NULL; }
     if (!b.s) glm_strbuf_put(&b, "", 0);
+    return b.s;
+}
+
+/* ---- repr(json.loads(text)) ---- */
+
+/* The format characters and separators of U+2000..U+2FFF and U+FEFF that Python's repr escapes
+ * (\u200b..\u200f, \u2028..\u202e, \u2060..\u2064, \ufeff), from their UTF-8 bytes. */
+static int unprintable3(unsigned char a, unsigned char b, unsigned char c) {
+    if (a == 0xEF) return b == 0xBB && c == 0xBF;
+    if (b == 0x80) return (c >= 0x8B && c <= 0x8F) || (c >= 0xA8 && c <= 0xAE);
+    return b == 0x81 && c >= 0xA0 && c <= 0xA4;
+}
+
+/* Python's repr(str): single quotes unless the text holds ' and no ", backslash escapes for the
+ * quote, \\, \t \n \r and other control characters (\xNN), the rest as is (Python keeps printable
+ * non-ASCII text; U+0080..U+00A0 and U+00AD, which it does not, become \xNN). */
+static void repr_string(glm_strbuf *b, const char *s, size_t n) {
+    char q = memchr(s, '\'', n) && !memchr(s, '"', n) ? '"' : '\'';
+    glm_strbuf_put(b, &q, 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char u[8];
+        if (c == '\\' || c == (unsigned char)q) { u[0] = '\\'; u[1] = (char)c; glm_strbuf_put(b, u, 2); }
+        else if (c == '\t') glm_strbuf_str(b, "\\t");
+        else if (c == '\n') glm_strbuf_str(b, "\\n");
+        else if (c == '\r') glm_strbuf_str(b, "\\r");
+        else if (c < 0x20 || c == 0x7f) { snprintf(u, sizeof u, "\\x%02x", c); glm_strbuf_str(b, u); }
+        else if (c == 0xC2 && i + 1 < n && (((unsigned char)s[i + 1] >= 0x80 && (unsigned char)s[i + 1] <= 0xA0) ||
+                                            (unsigned char)s[i + 1] == 0xAD)) {
+            snprintf(u, sizeof u, "\\x%02x", (unsigned char)s[++i]);
+            glm_strbuf_str(b, u);
+        } else if ((c == 0xE2 || c == 0xEF) && i + 2 < n && unprintable3(c, (unsigned char)s[i + 1], (unsigned char)s[i + 2])) {
+            unsigned cp = (c & 0x0Fu) << 12 | ((unsigned char)s[i + 1] & 0x3Fu) << 6 | ((unsigned char)s[i + 2] & 0x3Fu);
+            snprintf(u, sizeof u, "\\u%04x", cp);
+            glm_strbuf_str(b, u);
+            i += 2;
+        } else glm_strbuf_put(b, s + i, 1);
+    }
+    glm_strbuf_put(b, &q, 1);
+}
+
+static int repr_value(reader *r, glm_strbuf *b) {
+    ws(r);
+    if (r->i >= r->n) return fail(r, "a value is missing");
+    char c = r->s[r->i];
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        glm_strbuf_put(b, &c, 1);
+        r->i++;
+        ws(r);
+        for (int k = 0; r->i < r->n && r->s[r->i] != close; k++) {
+            if (k) glm_strbuf_str(b, ", ");
+            if (c == '{') {
+                glm_strbuf key = {0};
+                if (r->s[r->i] != '"' || read_string(r, &key)) { free(key.s); return fail(r, "an object key is not a string"); }
+                repr_string(b, key.s ? key.s : "", key.n);
+                free(key.s);
+                ws(r);
+                if (r->i >= r->n || r->s[r->i] != ':') return fail(r, "':' missing after an object key");
+                r->i++;
+                glm_strbuf_str(b, ": ");
+            }
+            if (repr_value(r, b)) return -1;
+            ws(r);
+            if (r->i < r->n && r->s[r->i] == ',') { r->i++; ws(r); }
+            else if (r->i >= r->n || r->s[r->i] != close) return fail(r, "',' or '%c' missing", close);
+        }
+        if (r->i >= r->n) return fail(r, "'%c' missing", close);
+        r->i++;
+        glm_strbuf_put(b, &close, 1);
+        return 0;
+    }
+    if (c == '"') {
+        glm_strbuf s = {0};
+        if (read_string(r, &s)) return -1;
+        repr_string(b, s.s ? s.s : "", s.n);
+        free(s.s);
+        return 0;
+    }
+    if (c == 't') return literal(r, NULL, "true") ? -1 : (glm_strbuf_str(b, "True"), 0);
+    if (c == 'f') return literal(r, NULL, "false") ? -1 : (glm_strbuf_str(b, "False"), 0);
+    if (c == 'n') return literal(r, NULL, "null") ? -1 : (glm_strbuf_str(b, "None"), 0);
+    return dump_number(r, b); /* an int as written, a float as repr(float) */
+}
+
+char *glm_pyjson_repr(const char *text, size_t len, char *why, size_t why_len) {
+    reader r = {text, len, 0, why, why_len};
+    if (why && why_len) why[0] = 0;
+    glm_strbuf b = {0};
+    if (repr_value(&r, &b)) { free(b.s); return NULL; }
+    ws(&r);
+    if (r.i < r.n) { fail(&r, "data after the value"); free(b.s); return NULL; }
     return b.s;
 }
 

@@ -67,21 +67,38 @@ char *glm_chat_prompt_for(const glm_tokenizer *tok, const char *query, const cha
     return s;
 }
 
-/* ChatGLM3's build_single_message(role, "", text): <|role|> + sp("\n") + sp(text); GLM-4's chat
- * template: <|role|> + encode("\n" + text), one text. */
-static int glm3_message(const glm_tokenizer *tok, int32_t role, const char *text, glm_ids *out, glm_err *err) {
+/* ChatGLM3's build_single_message(role, metadata, text): <|role|> + sp(metadata + "\n") +
+ * sp(text); GLM-4's chat template: <|role|> + encode(metadata + "\n" + text), one text. */
+static int turn_message(const glm_tokenizer *tok, int32_t role, const char *metadata, const char *text, glm_ids *out,
+                        glm_err *err) {
     glm_ids_push(out, role);
-    if (glm_tokenizer_kind(tok) == GLM_TOK_GLM4) {
-        size_t n = strlen(text);
-        char *j = glm_malloc(n + 2);
-        j[0] = '\n';
-        memcpy(j + 1, text, n + 1);
-        int rc = glm_tokenizer_encode(tok, j, n + 1, out, err);
-        free(j);
-        return rc;
-    }
-    if (glm_tokenizer_encode_ex(tok, "\n", 1, GLM_TOK_SPM_ONLY, out, err)) return -1;
-    return glm_tokenizer_encode_ex(tok, text, strlen(text), GLM_TOK_SPM_ONLY, out, err);
+    size_t m = metadata ? strlen(metadata) : 0, n = strlen(text);
+    char *j = glm_malloc(m + n + 2);
+    if (m) memcpy(j, metadata, m);
+    j[m] = '\n';
+    memcpy(j + m + 1, text, n + 1);
+    int rc = glm_tokenizer_kind(tok) == GLM_TOK_GLM4
+                 ? glm_tokenizer_encode(tok, j, m + n + 1, out, err)
+                 : glm_tokenizer_encode_ex(tok, j, m + 1, GLM_TOK_SPM_ONLY, out, err) ||
+                       glm_tokenizer_encode_ex(tok, text, n, GLM_TOK_SPM_ONLY, out, err);
+    free(j);
+    return rc;
+}
+static int glm3_message(const glm_tokenizer *tok, int32_t role, const char *text, glm_ids *out, glm_err *err) {
+    return turn_message(tok, role, NULL, text, out, err);
+}
+
+int glm_chat_inputs_turns(const glm_tokenizer *tok, const glm_chat_turn *t, int n, glm_ids *out, glm_err *err) {
+    glm_role_ids r = glm_tokenizer_roles(tok);
+    if (r.user < 0) return glm_fail(err, "this model's tokenizer has no role tokens (ChatGLM3 and GLM-4 have them)");
+    glm_special_ids s = glm_tokenizer_specials(tok);
+    const int32_t ids[] = {r.system, r.user, r.assistant, r.observation};
+    glm_ids_push(out, s.gmask);
+    glm_ids_push(out, s.sop);
+    for (int i = 0; i < n; i++)
+        if (turn_message(tok, ids[t[i].role], t[i].metadata, t[i].content, out, err)) return -1;
+    glm_ids_push(out, r.assistant);
+    return 0;
 }
 
 /* ChatGLM3's build_chat_input(query, history): [gMASK] sop, the optional system turn, each round's

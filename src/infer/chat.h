@@ -26,6 +26,19 @@ int glm_chat_inputs_sys(const glm_tokenizer *tok, const glm_config *c, const cha
                         const char *const *hist, int n_hist, int max_prompt, glm_ids *out, int *dropped,
                         char **prompt_text, glm_err *err);
 
+/* A turn of a ChatGLM3 / GLM-4 conversation: its role, its metadata line (NULL: empty; a tool
+ * call's is the tool's name) and its content. */
+typedef enum { GLM_TURN_SYSTEM, GLM_TURN_USER, GLM_TURN_ASSISTANT, GLM_TURN_OBSERVATION } glm_turn_role;
+typedef struct glm_chat_turn {
+    glm_turn_role role;
+    const char *metadata, *content;
+} glm_chat_turn;
+/* build_chat_input over the turns as given (the last one the query, whatever its role, e.g. a
+ * tool's observation), then <|assistant|>: [gMASK] sop and each turn <|role|> + sp(metadata +
+ * "\n") + sp(content) (GLM-4: encode(metadata + "\n" + content)). Only for tokenizers with role
+ * tokens; a conversation without metadata gives glm_chat_inputs_sys's ids. */
+int glm_chat_inputs_turns(const glm_tokenizer *tok, const glm_chat_turn *t, int n, glm_ids *out, glm_err *err);
+
 /* Sets g->stop_ids / n_stop to the ids model.chat stops at (glm_tokenizer_stop_ids: eos, <eop>
  * for ChatGLM-6B, and with ChatGLM3's role tokens <|user|> and <|observation|>). */
 void glm_gen_cfg_chat_stops(glm_gen_cfg *g, const glm_tokenizer *tok);

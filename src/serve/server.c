@@ -1,5 +1,6 @@
 /* OpenAI-compatible HTTP endpoints over libmicrohttpd (serve/server.h). */
 #include "serve/server.h"
+#include "serve/api.h"
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <cJSON.h>
@@ -19,6 +20,8 @@
 #include <unistd.h>
 #include "core/log.h"
 #include "infer/chat.h"
+#include "infer/tools.h"
+#include "core/strbuf.h"
 
 /* libmicrohttpd is opened when serve starts (dlopen), not linked: glmtrain's other commands and
  * the binaries carried to GPU machines need neither it nor the TLS libraries it pulls in. */
@@ -122,16 +125,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, con
     return rc;
 }
 
-/* A request's failure before it reaches the engine. */
-typedef struct api_err {
-    unsigned status;
-    char msg[700];
-    const char *type, *param, *code;
-} api_err;
-
-static int bad(api_err *e, unsigned status, const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int bad(api_err *e, unsigned status, const char *param, const char *code, const char *fmt, ...) {
+int srv_bad(api_err *e, unsigned status, const char *param, const char *code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
@@ -173,127 +167,39 @@ typedef struct api_req {
     int chat, stream, include_usage;
     char model[256];
     srv_req *r;
+    srv_tools tools;
 } api_req;
 
-static const cJSON *field(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
-static int present(const cJSON *v) { return v && !cJSON_IsNull(v); }
-
-/* A message's content: a string, or OpenAI's list of {"type": "text", "text": ...} parts. */
-static char *content_text(const cJSON *c, const char *where, api_err *e) {
-    if (cJSON_IsString(c)) return glm_strdup(c->valuestring);
-    if (cJSON_IsArray(c)) {
-        size_t n = 1;
-        const cJSON *p;
-        cJSON_ArrayForEach(p, c) {
-            const cJSON *t = field(p, "text"), *ty = field(p, "type");
-            if (!cJSON_IsObject(p) || !cJSON_IsString(t) || (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "text")))) {
-                bad(e, 400, where, "invalid_type", "%s: only text content parts ({\"type\": \"text\", \"text\": ...}) are supported", where);
-                return NULL;
-            }
-            n += strlen(t->valuestring);
-        }
-        char *s = glm_malloc(n);
-        s[0] = 0;
-        cJSON_ArrayForEach(p, c) strcat(s, field(p, "text")->valuestring);
-        return s;
-    }
-    bad(e, 400, where, "invalid_type", "%s must be a string", where);
-    return NULL;
-}
-
-/* messages -> the model's chat prompt (glm_chat_inputs_sys: the same template generate/chat use). */
-static int chat_prompt(srv_server *S, const cJSON *msgs, glm_ids *ids, api_err *e) {
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return bad(e, 400, "messages", msgs ? "invalid_type" : "missing_required_parameter",
-                   msgs ? "messages must be a non-empty array of {\"role\", \"content\"} objects" : "messages is required");
-    int n = cJSON_GetArraySize(msgs), n_hist = 0, rc = -1;
-    char **hist = glm_calloc((size_t)n + 1, sizeof(char *));
-    char *system = NULL, *query = NULL, *pend_user = NULL;
-    for (int i = 0; i < n; i++) {
-        const cJSON *m = cJSON_GetArrayItem(msgs, i);
-        char w[48];
-        snprintf(w, sizeof w, "messages[%d]", i);
-        if (!cJSON_IsObject(m)) { bad(e, 400, "messages", "invalid_type", "%s must be an object", w); goto out; }
-        const cJSON *role = field(m, "role"), *content = field(m, "content");
-        if (!cJSON_IsString(role)) { bad(e, 400, "messages", "invalid_type", "%s.role must be a string", w); goto out; }
-        const char *r = role->valuestring;
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-            bad(e, 400, "messages", "invalid_value", "%s.role \"%.40s\": expected system, user or assistant", w, r);
-            goto out;
-        }
-        char wc[64];
-        snprintf(wc, sizeof wc, "%s.content", w);
-        char *text = content_text(content, wc, e);
-        if (!text) { e->param = "messages"; goto out; }
-        if (!strcmp(r, "system")) {
-            if (n_hist || pend_user) { free(text); bad(e, 400, "messages", "invalid_value", "%s: a system message must come before the conversation", w); goto out; }
-            if (system) { /* several system messages: one, joined */
-                char *j = glm_malloc(strlen(system) + strlen(text) + 2);
-                sprintf(j, "%s\n%s", system, text);
-                free(system);
-                free(text);
-                system = j;
-            } else {
-                system = text;
-            }
-        } else if (!strcmp(r, "user")) {
-            if (pend_user) { free(text); bad(e, 400, "messages", "invalid_value", "%s: two user messages in a row (user and assistant turns alternate)", w); goto out; }
-            pend_user = text;
-        } else {
-            if (!pend_user) { free(text); bad(e, 400, "messages", "invalid_value", "%s: an assistant message must answer a user message", w); goto out; }
-            hist[2 * n_hist] = pend_user;
-            hist[2 * n_hist + 1] = text;
-            n_hist++;
-            pend_user = NULL;
-        }
-    }
-    if (!pend_user) { bad(e, 400, "messages", "invalid_value", "the last message must be the user's"); goto out; }
-    query = pend_user;
-    pend_user = NULL;
-    glm_err err = {0};
-    pthread_mutex_lock(S->tok_mu);
-    int k = glm_chat_inputs_sys(S->tok, S->cfg, system, query, (const char *const *)hist, n_hist, INT_MAX, ids, NULL, NULL, &err);
-    pthread_mutex_unlock(S->tok_mu);
-    if (k) { bad(e, 400, "messages", "invalid_value", "%s", err.msg); goto out; }
-    rc = 0;
-out:
-    for (int i = 0; i < 2 * n_hist; i++) free(hist[i]);
-    free(hist);
-    free(system);
-    free(query);
-    free(pend_user);
-    return rc;
-}
 
 static int completion_prompt(srv_server *S, const cJSON *p, glm_ids *ids, api_err *e) {
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0))) p = cJSON_GetArrayItem(p, 0);
-    if (!p) return bad(e, 400, "prompt", "missing_required_parameter", "prompt is required");
-    if (!cJSON_IsString(p)) return bad(e, 400, "prompt", "invalid_type", "prompt must be a string (or a list of one string)");
+    if (!p) return srv_bad(e, 400, "prompt", "missing_required_parameter", "prompt is required");
+    if (!cJSON_IsString(p)) return srv_bad(e, 400, "prompt", "invalid_type", "prompt must be a string (or a list of one string)");
     glm_err err = {0};
     pthread_mutex_lock(S->tok_mu);
     int k = glm_prompt_inputs(S->tok, S->cfg, p->valuestring, 0, ids, &err);
     pthread_mutex_unlock(S->tok_mu);
-    return k ? bad(e, 400, "prompt", "invalid_value", "%s", err.msg) : 0;
+    return k ? srv_bad(e, 400, "prompt", "invalid_value", "%s", err.msg) : 0;
 }
 
 static int number(const cJSON *o, const char *k, double lo, double hi, int lo_open, double *out, api_err *e) {
-    const cJSON *v = field(o, k);
-    if (!present(v)) return 0;
-    if (!cJSON_IsNumber(v)) return bad(e, 400, k, "invalid_type", "%s must be a number", k);
+    const cJSON *v = srv_field(o, k);
+    if (!srv_present(v)) return 0;
+    if (!cJSON_IsNumber(v)) return srv_bad(e, 400, k, "invalid_type", "%s must be a number", k);
     double x = v->valuedouble;
     if (!(x >= lo && x <= hi) || (lo_open && x == lo))
-        return bad(e, 400, k, "invalid_value", "%s must be in %s%g, %g] (got %g)", k, lo_open ? "(" : "[", lo, hi, x);
+        return srv_bad(e, 400, k, "invalid_value", "%s must be in %s%g, %g] (got %g)", k, lo_open ? "(" : "[", lo, hi, x);
     *out = x;
     return 1;
 }
 
 static int integer(const cJSON *o, const char *k, double lo, double hi, double *out, api_err *e) {
-    const cJSON *v = field(o, k);
-    if (!present(v)) return 0;
+    const cJSON *v = srv_field(o, k);
+    if (!srv_present(v)) return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
-        return bad(e, 400, k, "invalid_type", "%s must be an integer", k);
+        return srv_bad(e, 400, k, "invalid_type", "%s must be an integer", k);
     if (!(v->valuedouble >= lo && v->valuedouble <= hi))
-        return bad(e, 400, k, "invalid_value", "%s must be in [%.0f, %.0f] (got %.0f)", k, lo, hi, v->valuedouble);
+        return srv_bad(e, 400, k, "invalid_value", "%s must be in [%.0f, %.0f] (got %.0f)", k, lo, hi, v->valuedouble);
     *out = v->valuedouble;
     return 1;
 }
@@ -312,39 +218,39 @@ static int parse_request(srv_server *S, int chat, const char *body, size_t n, ap
     cJSON *o = cJSON_ParseWithLengthOpts(body, n, &end, 0);
     if (!o) {
         long at = end ? (long)(end - body) : 0;
-        return bad(e, 400, NULL, "invalid_json", "the body is not valid JSON (error near byte %ld of %zu)", at, n);
+        return srv_bad(e, 400, NULL, "invalid_json", "the body is not valid JSON (error near byte %ld of %zu)", at, n);
     }
     int rc = -1;
     srv_req *r = NULL;
-    if (!cJSON_IsObject(o)) { bad(e, 400, NULL, "invalid_json", "the body must be a JSON object"); goto out; }
+    if (!cJSON_IsObject(o)) { srv_bad(e, 400, NULL, "invalid_json", "the body must be a JSON object"); goto out; }
     /* model: the base or one of the adapters */
-    const cJSON *mv = field(o, "model");
+    const cJSON *mv = srv_field(o, "model");
     int adapter = -1;
-    if (present(mv) && !cJSON_IsString(mv)) { bad(e, 400, "model", "invalid_type", "model must be a string"); goto out; }
-    if (present(mv) && strcmp(mv->valuestring, S->o.model_name) != 0) {
+    if (srv_present(mv) && !cJSON_IsString(mv)) { srv_bad(e, 400, "model", "invalid_type", "model must be a string"); goto out; }
+    if (srv_present(mv) && strcmp(mv->valuestring, S->o.model_name) != 0) {
         adapter = -2;
         for (int k = 0; k < S->e->n_ad; k++)
             if (!strcmp(S->e->ad[k].name, mv->valuestring)) adapter = k;
         if (adapter == -2) {
-            bad(e, 404, "model", "model_not_found", "The model `%.200s` does not exist (GET /v1/models lists them)", mv->valuestring);
+            srv_bad(e, 404, "model", "model_not_found", "The model `%.200s` does not exist (GET /v1/models lists them)", mv->valuestring);
             goto out;
         }
     }
     snprintf(q->model, sizeof q->model, "%s", adapter >= 0 ? S->e->ad[adapter].name : S->o.model_name);
-    const cJSON *st = field(o, "stream");
-    if (present(st) && !cJSON_IsBool(st)) { bad(e, 400, "stream", "invalid_type", "stream must be a boolean"); goto out; }
+    const cJSON *st = srv_field(o, "stream");
+    if (srv_present(st) && !cJSON_IsBool(st)) { srv_bad(e, 400, "stream", "invalid_type", "stream must be a boolean"); goto out; }
     q->stream = cJSON_IsTrue(st);
-    const cJSON *so = field(o, "stream_options");
-    if (present(so) && !cJSON_IsObject(so)) { bad(e, 400, "stream_options", "invalid_type", "stream_options must be an object"); goto out; }
-    q->include_usage = so && cJSON_IsTrue(field(so, "include_usage"));
+    const cJSON *so = srv_field(o, "stream_options");
+    if (srv_present(so) && !cJSON_IsObject(so)) { srv_bad(e, 400, "stream_options", "invalid_type", "stream_options must be an object"); goto out; }
+    q->include_usage = so && cJSON_IsTrue(srv_field(so, "include_usage"));
     double x;
-    if (integer(o, "n", 1, 1, &x, e) < 0) { bad(e, 400, "n", "invalid_value", "n must be 1 (one choice per request)"); goto out; }
+    if (integer(o, "n", 1, 1, &x, e) < 0) { srv_bad(e, 400, "n", "invalid_value", "n must be 1 (one choice per request)"); goto out; }
     if (!chat) {
         const cJSON *v;
-        if (present(v = field(o, "echo")) && !cJSON_IsFalse(v)) { bad(e, 400, "echo", "unsupported_value", "echo is not supported"); goto out; }
-        if (present(v = field(o, "suffix"))) { bad(e, 400, "suffix", "unsupported_value", "suffix is not supported"); goto out; }
-        if (present(v = field(o, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1)) { bad(e, 400, "best_of", "unsupported_value", "best_of must be 1"); goto out; }
-        if (present(v = field(o, "logprobs"))) { bad(e, 400, "logprobs", "unsupported_value", "logprobs are not supported"); goto out; }
+        if (srv_present(v = srv_field(o, "echo")) && !cJSON_IsFalse(v)) { srv_bad(e, 400, "echo", "unsupported_value", "echo is not supported"); goto out; }
+        if (srv_present(v = srv_field(o, "suffix"))) { srv_bad(e, 400, "suffix", "unsupported_value", "suffix is not supported"); goto out; }
+        if (srv_present(v = srv_field(o, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1)) { srv_bad(e, 400, "best_of", "unsupported_value", "best_of must be 1"); goto out; }
+        if (srv_present(v = srv_field(o, "logprobs"))) { srv_bad(e, 400, "logprobs", "unsupported_value", "logprobs are not supported"); goto out; }
     }
     r = srv_req_new();
     r->adapter = adapter;
@@ -362,44 +268,54 @@ static int parse_request(srv_server *S, int chat, const char *body, size_t n, ap
     for (int z = 0; z < 2; z++) { /* OpenAI's penalties: only their neutral value */
         const char *pk = z ? "presence_penalty" : "frequency_penalty";
         if ((k = number(o, pk, -2, 2, 0, &x, e)) < 0) goto out;
-        if (k && x != 0) { bad(e, 400, pk, "unsupported_value", "%s is not supported (use repetition_penalty)", pk); goto out; }
+        if (k && x != 0) { srv_bad(e, 400, pk, "unsupported_value", "%s is not supported (use repetition_penalty)", pk); goto out; }
     }
     int max_tokens = 0;
-    const char *mk = present(field(o, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
+    const char *mk = srv_present(srv_field(o, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
     if ((k = integer(o, mk, 1, 1e9, &x, e)) < 0) goto out;
     if (k) max_tokens = (int)x;
     if ((k = integer(o, "seed", -9.2e18, 1.8e19, &x, e)) < 0) goto out;
     r->seed = k ? (x < 0 ? (uint64_t)(int64_t)x : (uint64_t)x) : fresh_seed();
-    const cJSON *sv = field(o, "stop");
+    const cJSON *sv = srv_field(o, "stop");
     if (cJSON_IsString(sv)) {
-        if (!sv->valuestring[0]) { bad(e, 400, "stop", "invalid_value", "stop strings must not be empty"); goto out; }
+        if (!sv->valuestring[0]) { srv_bad(e, 400, "stop", "invalid_value", "stop strings must not be empty"); goto out; }
         r->stops[r->n_stops++] = glm_strdup(sv->valuestring);
     } else if (cJSON_IsArray(sv)) {
         const cJSON *it;
-        if (cJSON_GetArraySize(sv) > SRV_MAX_STOPS) { bad(e, 400, "stop", "invalid_value", "at most %d stop strings", SRV_MAX_STOPS); goto out; }
+        if (cJSON_GetArraySize(sv) > SRV_MAX_STOPS) { srv_bad(e, 400, "stop", "invalid_value", "at most %d stop strings", SRV_MAX_STOPS); goto out; }
         cJSON_ArrayForEach(it, sv) {
-            if (!cJSON_IsString(it) || !it->valuestring[0]) { bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of non-empty strings"); goto out; }
+            if (!cJSON_IsString(it) || !it->valuestring[0]) { srv_bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of non-empty strings"); goto out; }
             r->stops[r->n_stops++] = glm_strdup(it->valuestring);
         }
-    } else if (present(sv)) {
-        bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of strings");
+    } else if (srv_present(sv)) {
+        srv_bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of strings");
         goto out;
     }
-    const cJSON *ie = field(o, "ignore_eos");
-    if (present(ie) && !cJSON_IsBool(ie)) { bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
+    const cJSON *ie = srv_field(o, "ignore_eos");
+    if (srv_present(ie) && !cJSON_IsBool(ie)) { srv_bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
     r->ignore_eos = cJSON_IsTrue(ie);
     glm_err gerr = {0};
-    if (glm_gen_cfg_check(&r->g, &gerr)) { bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
-    if (chat ? chat_prompt(S, field(o, "messages"), &r->prompt, e) : completion_prompt(S, field(o, "prompt"), &r->prompt, e)) goto out;
+    if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
+    if (chat ? srv_chat_prompt(S, o, &r->prompt, &q->tools, e) : completion_prompt(S, srv_field(o, "prompt"), &r->prompt, e)) goto out;
+    if (S->o.debug) {
+        glm_strbuf b = {0};
+        for (int i = 0; i < r->prompt.n; i++) {
+            char t[16];
+            snprintf(t, sizeof t, i ? " %d" : "%d", r->prompt.data[i]);
+            glm_strbuf_str(&b, t);
+        }
+        glm_info("serve: prompt ids: %s", b.s ? b.s : "");
+        free(b.s);
+    }
     int np = r->prompt.n, room = S->o.Tmax - np;
     if (room < 1) {
-        bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
+        srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
             "the prompt is %d tokens; this server's max_model_len is %d (prompt + response), so at most %d prompt tokens fit",
             np, S->o.Tmax, S->o.Tmax - 1);
         goto out;
     }
     if (max_tokens > room) {
-        bad(e, 400, mk, "context_length_exceeded",
+        srv_bad(e, 400, mk, "context_length_exceeded",
             "%s %d does not fit: the prompt is %d tokens and max_model_len is %d, so at most %d new tokens", mk, max_tokens,
             np, S->o.Tmax, room);
         goto out;
@@ -407,7 +323,7 @@ static int parse_request(srv_server *S, int chat, const char *body, size_t n, ap
     r->g.max_new_tokens = max_tokens; /* 0: up to max_length (capped at max_model_len) */
     r->g.model_max_length = S->o.Tmax;
     if (glm_gen_limit(&r->g, np) < 1) {
-        bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
+        srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
             "the prompt is %d tokens and leaves no room for a response under max_length %d", np, r->g.max_length);
         goto out;
     }
@@ -417,6 +333,7 @@ static int parse_request(srv_server *S, int chat, const char *body, size_t n, ap
     rc = 0;
 out:
     if (r) srv_req_put(r);
+    if (rc) srv_tools_free(&q->tools);
     cJSON_Delete(o);
     return rc;
 }
@@ -430,10 +347,13 @@ typedef struct stream_ctx {
     int chat, stream, include_usage;
     int phase;                 /* 0: first chunk not sent, 1: streaming, 2: ended */
     size_t sent;               /* bytes of r->text sent */
+    size_t seen;               /* bytes of r->text looked at (sent, or held back) */
     char *pend;                /* formatted, not yet handed to MHD */
     size_t npend, off;
     char id[64], model[256];
     long created;
+    srv_tools tools;           /* a chat request's tools: its answer may be a call */
+    int holding;               /* streamed text held back while it may still begin a call */
 } stream_ctx;
 
 static void pend_add(stream_ctx *c, const char *s, size_t n) {
@@ -492,6 +412,42 @@ static void chunk(stream_ctx *c, const char *delta, size_t n, const char *finish
     pend_json(c, o, 1);
 }
 
+/* A chat response that is a call of one of the request's tools (ChatGLM3's text, infer/tools.h):
+ * OpenAI's tool_calls list of one (stream: with its index), or the older function_call object;
+ * *finish becomes "tool_calls" / "function_call". NULL when the text is an answer. */
+static cJSON *tool_call(stream_ctx *c, const char *text, const char **finish) {
+    char *name, *args;
+    if (!c->tools.on || !glm_tool_call_read(text, &name, &args)) return NULL;
+    cJSON *fn = cJSON_CreateObject();
+    cJSON_AddStringToObject(fn, "name", name);
+    cJSON_AddStringToObject(fn, "arguments", args);
+    free(name);
+    free(args);
+    *finish = c->tools.legacy ? "function_call" : "tool_calls";
+    if (c->tools.legacy) return fn;
+    cJSON *list = cJSON_CreateArray(), *call = cJSON_CreateObject();
+    if (c->stream) cJSON_AddNumberToObject(call, "index", 0);
+    char id[80];
+    snprintf(id, sizeof id, "call_%s", c->id);
+    cJSON_AddStringToObject(call, "id", id);
+    cJSON_AddStringToObject(call, "type", "function");
+    cJSON_AddItemToObject(call, "function", fn);
+    cJSON_AddItemToArray(list, call);
+    return list;
+}
+
+/* A streamed tool call: one chunk whose delta holds it. */
+static void call_chunk(stream_ctx *c, cJSON *call) {
+    cJSON *o = head(c, "chat.completion.chunk");
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *x = cJSON_CreateObject();
+    cJSON_AddItemToArray(ch, x);
+    cJSON_AddNumberToObject(x, "index", 0);
+    cJSON *d = cJSON_AddObjectToObject(x, "delta");
+    cJSON_AddItemToObject(d, c->tools.legacy ? "function_call" : "tool_calls", call);
+    cJSON_AddNullToObject(x, "finish_reason");
+    pend_json(c, o, 1);
+}
+
 /* The whole (non-streamed) response. */
 static void whole(stream_ctx *c) {
     srv_req *r = c->r;
@@ -503,15 +459,22 @@ static void whole(stream_ctx *c) {
     cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *x = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, x);
     cJSON_AddNumberToObject(x, "index", 0);
+    const char *finish = r->finish;
     if (c->chat) {
         cJSON *m = cJSON_AddObjectToObject(x, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", r->final);
+        cJSON *call = tool_call(c, r->final, &finish);
+        if (call) {
+            cJSON_AddNullToObject(m, "content");
+            cJSON_AddItemToObject(m, c->tools.legacy ? "function_call" : "tool_calls", call);
+        } else {
+            cJSON_AddStringToObject(m, "content", r->final);
+        }
     } else {
         cJSON_AddStringToObject(x, "text", r->final);
     }
     cJSON_AddNullToObject(x, "logprobs");
-    cJSON_AddStringToObject(x, "finish_reason", r->finish);
+    cJSON_AddStringToObject(x, "finish_reason", finish);
     cJSON_AddItemToObject(o, "usage", usage(r));
     pend_json(c, o, 0);
 }
@@ -540,7 +503,7 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         /* wait for news: slices of 50 ms, checking the peer */
         double interval = c->S->o.timeout_s > 3 ? 1.0 : c->S->o.timeout_s / 3.0, waited = 0;
         pthread_mutex_lock(&r->mu);
-        while (!r->done && r->text.n == c->sent && waited < interval) {
+        while (!r->done && r->text.n == c->seen && waited < interval) {
             pthread_mutex_unlock(&r->mu);
             if (peer_gone(c->fd)) {
                 atomic_store(&r->cancel, 1);
@@ -557,9 +520,14 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         int done = r->done;
         size_t n = r->text.n;
         char *text = NULL;
-        if (c->stream && n > c->sent) {
-            text = glm_malloc(n - c->sent + 1);
-            memcpy(text, r->text.s + c->sent, n - c->sent);
+        if (c->stream && n > c->seen) {
+            /* a response that may still begin a call of one of the tools is held back whole */
+            c->holding = c->chat && c->sent == 0 && srv_tools_may_call(&c->tools, r->text.s, n);
+            if (!c->holding) {
+                text = glm_malloc(n - c->sent + 1);
+                memcpy(text, r->text.s + c->sent, n - c->sent);
+            }
+            c->seen = n;
         }
         pthread_mutex_unlock(&r->mu);
         if (text) {
@@ -576,7 +544,11 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         if (!c->stream) {
             whole(c);
         } else if (!strcmp(r->finish, "stop") || !strcmp(r->finish, "length")) {
-            chunk(c, NULL, 0, r->finish, 0);
+            const char *finish = r->finish;
+            cJSON *call = c->holding ? tool_call(c, r->final, &finish) : NULL;
+            if (call) call_chunk(c, call);
+            else if (c->holding && r->final[0]) chunk(c, r->final, strlen(r->final), NULL, 0); /* held, not a call after all */
+            chunk(c, NULL, 0, finish, 0);
             if (c->include_usage) {
                 cJSON *o = head(c, c->chat ? "chat.completion.chunk" : "text_completion");
                 cJSON_AddArrayToObject(o, "choices");
@@ -599,6 +571,7 @@ static void free_cb(void *cls) {
     pthread_mutex_unlock(&c->r->mu);
     if (!done) atomic_store(&c->r->cancel, 1); /* the connection ended first */
     srv_req_put(c->r);
+    srv_tools_free(&c->tools);
     free(c->pend);
     free(c);
 }
@@ -611,6 +584,7 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
     int st = srv_engine_submit(S->e, q.r);
     if (st) {
         srv_req_put(q.r);
+        srv_tools_free(&q.tools);
         return st == 429 ? send_error(conn, 429, "the request queue is full: try again later", "rate_limit_error", NULL, "queue_full")
                          : send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
     }
@@ -620,6 +594,7 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
     c->chat = chat;
     c->stream = q.stream;
     c->include_usage = q.include_usage;
+    c->tools = q.tools; /* the context owns them now */
     c->created = (long)time(NULL);
     snprintf(c->model, sizeof c->model, "%s", q.model);
     static atomic_ulong seq;

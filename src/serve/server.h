@@ -19,6 +19,7 @@ typedef struct srv_options {
     int max_connections;
     int Tmax;                  /* max_model_len: prompt + response tokens */
     glm_gen_cfg defaults;      /* what a request leaves out (the model's chat defaults and the flags) */
+    int debug;                 /* log each request's prompt ids */
 } srv_options;
 
 typedef struct srv_server {

@@ -1,0 +1,284 @@
+/* Python literals to JSON text (pyliteral.h): a small recursive reader of the literal subset of
+ * Python's grammar, writing each value as json.dumps(ensure_ascii=False) would. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/err.h"
+#include "core/strbuf.h"
+#include "data/pyjson.h"
+#include "data/pyliteral.h"
+
+typedef struct lit {
+    const char *s;
+    size_t n, i;
+    char *why;
+    size_t why_len;
+} lit;
+
+static int fail(lit *r, const char *fmt, ...) {
+    if (r->why && !r->why[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->why, r->why_len, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static void ws(lit *r) {
+    while (r->i < r->n && strchr(" \t\r\n", r->s[r->i])) r->i++;
+}
+
+static int is_ident(char c, int first) {
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9') ||
+           (unsigned char)c >= 0x80;
+}
+
+static void put_utf8(glm_strbuf *b, unsigned cp) {
+    char u[4];
+    size_t n;
+    if (cp < 0x80) { u[0] = (char)cp; n = 1; }
+    else if (cp < 0x800) { u[0] = (char)(0xC0 | cp >> 6); u[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
+    else if (cp < 0x10000) { u[0] = (char)(0xE0 | cp >> 12); u[1] = (char)(0x80 | (cp >> 6 & 0x3F)); u[2] = (char)(0x80 | (cp & 0x3F)); n = 3; }
+    else { u[0] = (char)(0xF0 | cp >> 18); u[1] = (char)(0x80 | (cp >> 12 & 0x3F)); u[2] = (char)(0x80 | (cp >> 6 & 0x3F)); u[3] = (char)(0x80 | (cp & 0x3F)); n = 4; }
+    glm_strbuf_put(b, u, n);
+}
+
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* A str literal ('...' or "...", a u prefix allowed), its text decoded into out. */
+static int read_str(lit *r, glm_strbuf *out) {
+    if (r->s[r->i] == 'u' || r->s[r->i] == 'U') r->i++;
+    char q = r->s[r->i++];
+    if (r->i + 1 < r->n && r->s[r->i] == q && r->s[r->i + 1] == q) return fail(r, "a triple-quoted string");
+    while (r->i < r->n && r->s[r->i] != q) {
+        char c = r->s[r->i++];
+        if (c == '\n') return fail(r, "a string broken by a new line");
+        if (c != '\\') { glm_strbuf_put(out, &c, 1); continue; }
+        if (r->i >= r->n) break;
+        char e = r->s[r->i++];
+        static const char names[] = "\\'\"abfnrtv\n", map[] = "\\'\"\a\b\f\n\r\t\v";
+        const char *simple = e ? strchr(names, e) : NULL;
+        if (simple) {
+            if (e != '\n') glm_strbuf_put(out, &map[simple - names], 1); /* \<newline>: nothing */
+        } else if (e >= '0' && e <= '7') {
+            unsigned v = (unsigned)(e - '0');
+            for (int k = 0; k < 2 && r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '7'; k++) v = v * 8 + (unsigned)(r->s[r->i++] - '0');
+            put_utf8(out, v);
+        } else if (e == 'x' || e == 'u' || e == 'U') {
+            int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+            unsigned v = 0;
+            for (int k = 0; k < digits; k++) {
+                int d = r->i < r->n ? hexval(r->s[r->i++]) : -1;
+                if (d < 0) return fail(r, "a \\%c escape without its %d hex digits", e, digits);
+                v = v * 16 + (unsigned)d;
+            }
+            if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return fail(r, "a \\%c escape outside Unicode's text", e);
+            put_utf8(out, v);
+        } else { /* an unknown escape keeps its backslash, as Python does */
+            glm_strbuf_put(out, "\\", 1);
+            glm_strbuf_put(out, &e, 1);
+        }
+    }
+    if (r->i >= r->n) return fail(r, "a string without its closing quote");
+    r->i++;
+    return 0;
+}
+
+/* A number: int (written back as its digits) or float (as repr(float)); a sign in front. */
+static int read_number(lit *r, glm_strbuf *b) {
+    size_t s = r->i;
+    int neg = 0;
+    while (r->i < r->n && (r->s[r->i] == '-' || r->s[r->i] == '+')) { neg ^= r->s[r->i] == '-'; r->i++; ws(r); }
+    size_t d = r->i;
+    int is_float = 0, digits = 0;
+    while (r->i < r->n && ((r->s[r->i] >= '0' && r->s[r->i] <= '9') || r->s[r->i] == '_')) { r->i++; digits++; }
+    if (r->i < r->n && r->s[r->i] == '.') {
+        is_float = 1;
+        r->i++;
+        while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9') { r->i++; digits++; }
+    }
+    if (digits && r->i < r->n && (r->s[r->i] == 'e' || r->s[r->i] == 'E')) {
+        is_float = 1;
+        r->i++;
+        if (r->i < r->n && (r->s[r->i] == '+' || r->s[r->i] == '-')) r->i++;
+        if (r->i >= r->n || r->s[r->i] < '0' || r->s[r->i] > '9') return fail(r, "a bad number");
+        while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9') r->i++;
+    }
+    if (!digits) { r->i = s; return fail(r, "not a literal at byte %zu", s); }
+    char tmp[128];
+    size_t k = 0;
+    for (size_t j = d; j < r->i && k + 1 < sizeof tmp; j++) if (r->s[j] != '_') tmp[k++] = r->s[j];
+    tmp[k] = 0;
+    if (is_float) {
+        glm_py_float_repr(b, (neg ? -1 : 1) * strtod(tmp, NULL));
+        return 0;
+    }
+    if (k > 1 && tmp[0] == '0') { /* Python 3 refuses 007; 0x.. and the like are not handled */
+        for (size_t j = 0; j < k; j++) if (tmp[j] != '0') return fail(r, "an int with leading zeros");
+        k = 1;
+    }
+    if (neg && !(k == 1 && tmp[0] == '0')) glm_strbuf_put(b, "-", 1);
+    glm_strbuf_put(b, tmp, k);
+    return 0;
+}
+
+static int word(lit *r, const char *w) {
+    size_t n = strlen(w);
+    return r->i + n <= r->n && !memcmp(r->s + r->i, w, n) && (r->i + n == r->n || !is_ident(r->s[r->i + n], 0));
+}
+
+static int read_value(lit *r, glm_strbuf *b, int depth);
+
+/* [a, b], (a, b) and (a,) as a JSON array; (a) is a itself. */
+static int read_seq(lit *r, glm_strbuf *b, int depth) {
+    char open = r->s[r->i++], close = open == '[' ? ']' : ')';
+    glm_strbuf items = {0};
+    int k = 0, comma = 0;
+    ws(r);
+    while (r->i < r->n && r->s[r->i] != close) {
+        if (k) glm_strbuf_str(&items, ", ");
+        if (read_value(r, &items, depth + 1)) { free(items.s); return -1; }
+        k++;
+        ws(r);
+        comma = r->i < r->n && r->s[r->i] == ',';
+        if (comma) { r->i++; ws(r); }
+        else if (r->i < r->n && r->s[r->i] != close) { free(items.s); return fail(r, "',' or '%c' missing", close); }
+    }
+    if (r->i >= r->n) { free(items.s); return fail(r, "'%c' missing", close); }
+    r->i++;
+    if (open == '(' && k == 1 && !comma) glm_strbuf_put(b, items.s, items.n); /* a parenthesised value */
+    else { glm_strbuf_put(b, "[", 1); if (items.n) glm_strbuf_put(b, items.s, items.n); glm_strbuf_put(b, "]", 1); }
+    free(items.s);
+    return 0;
+}
+
+/* {k: v, ...}: str keys, or ints, which json.dumps writes as strings ({} empty; a set is refused). */
+static int read_dict(lit *r, glm_strbuf *b, int depth) {
+    r->i++;
+    ws(r);
+    glm_strbuf_put(b, "{", 1);
+    for (int k = 0; r->i < r->n && r->s[r->i] != '}'; k++) {
+        if (k) glm_strbuf_str(b, ", ");
+        char c = r->s[r->i];
+        if (c == '\'' || c == '"' || ((c == 'u' || c == 'U') && r->i + 1 < r->n && (r->s[r->i + 1] == '\'' || r->s[r->i + 1] == '"'))) {
+            glm_strbuf key = {0};
+            if (read_str(r, &key)) { free(key.s); return -1; }
+            glm_py_json_string(b, key.s ? key.s : "", key.n);
+            free(key.s);
+        } else {
+            glm_strbuf num = {0};
+            if (read_number(r, &num) || strchr(num.s, '.') || strchr(num.s, 'e')) {
+                free(num.s);
+                return fail(r, "a dict key that is not a str or an int");
+            }
+            glm_py_json_string(b, num.s, num.n);
+            free(num.s);
+        }
+        ws(r);
+        if (r->i >= r->n || r->s[r->i] != ':') return fail(r, "':' missing in a dict (a set has no JSON form)");
+        r->i++;
+        glm_strbuf_str(b, ": ");
+        if (read_value(r, b, depth + 1)) return -1;
+        ws(r);
+        if (r->i < r->n && r->s[r->i] == ',') { r->i++; ws(r); }
+        else if (r->i < r->n && r->s[r->i] != '}') return fail(r, "',' or '}' missing in a dict");
+    }
+    if (r->i >= r->n) return fail(r, "'}' missing");
+    r->i++;
+    glm_strbuf_put(b, "}", 1);
+    return 0;
+}
+
+static int read_value(lit *r, glm_strbuf *b, int depth) {
+    ws(r);
+    if (depth > 64) return fail(r, "nested too deeply");
+    if (r->i >= r->n) return fail(r, "a value is missing");
+    char c = r->s[r->i];
+    if (c == '\'' || c == '"' || ((c == 'u' || c == 'U') && r->i + 1 < r->n && (r->s[r->i + 1] == '\'' || r->s[r->i + 1] == '"'))) {
+        glm_strbuf s = {0};
+        if (read_str(r, &s)) { free(s.s); return -1; }
+        glm_py_json_string(b, s.s ? s.s : "", s.n);
+        free(s.s);
+        return 0;
+    }
+    if (c == '[' || c == '(') return read_seq(r, b, depth);
+    if (c == '{') return read_dict(r, b, depth);
+    const char *w[] = {"True", "False", "None"}, *j[] = {"true", "false", "null"};
+    for (int k = 0; k < 3; k++)
+        if (word(r, w[k])) { r->i += strlen(w[k]); glm_strbuf_str(b, j[k]); return 0; }
+    return read_number(r, b);
+}
+
+char *glm_py_call_kwargs_json(const char *text, size_t len, const char *fn, char *why, size_t why_len) {
+    lit r = {text, len, 0, why, why_len};
+    if (why && why_len) why[0] = 0;
+    glm_strbuf b = {0};
+    ws(&r);
+    if (!word(&r, fn)) { fail(&r, "not a call of %s", fn); return NULL; }
+    r.i += strlen(fn);
+    ws(&r);
+    if (r.i >= r.n || r.s[r.i] != '(') { fail(&r, "'(' missing after %s", fn); return NULL; }
+    r.i++;
+    ws(&r);
+    glm_strbuf_put(&b, "{", 1);
+    char **names = NULL;
+    int k = 0, rc = 0;
+    int members = 0; /* written into the object so far */
+    for (; rc == 0 && r.i < r.n && r.s[r.i] != ')'; k++) {
+        if (r.i + 1 < r.n && r.s[r.i] == '*' && r.s[r.i + 1] == '*') { /* **{...}: its items are keyword arguments */
+            r.i += 2;
+            ws(&r);
+            glm_strbuf d = {0};
+            if (r.i >= r.n || r.s[r.i] != '{' || read_dict(&r, &d, 0)) { free(d.s); rc = fail(&r, "** takes a dict"); break; }
+            if (d.n > 2) { /* "{...}": its members go in as they are */
+                if (members) glm_strbuf_str(&b, ", ");
+                glm_strbuf_put(&b, d.s + 1, d.n - 2);
+                members++;
+            }
+            free(d.s);
+            ws(&r);
+            if (r.i < r.n && r.s[r.i] == ',') { r.i++; ws(&r); }
+            else if (r.i < r.n && r.s[r.i] != ')') rc = fail(&r, "',' or ')' missing in the call");
+            k--;
+            continue;
+        }
+        size_t s = r.i;
+        while (r.i < r.n && is_ident(r.s[r.i], r.i == s)) r.i++;
+        size_t e = r.i;
+        ws(&r);
+        if (e == s || r.i >= r.n || r.s[r.i] != '=' || (r.i + 1 < r.n && r.s[r.i + 1] == '=')) {
+            rc = fail(&r, "argument %d is not keyword=value", k + 1);
+            break;
+        }
+        r.i++;
+        names = glm_realloc(names, sizeof *names * (size_t)(k + 1));
+        names[k] = glm_malloc(e - s + 1);
+        memcpy(names[k], text + s, e - s);
+        names[k][e - s] = 0;
+        for (int j = 0; j < k && rc == 0; j++)
+            if (!strcmp(names[j], names[k])) rc = fail(&r, "keyword argument %s repeated", names[k]);
+        if (rc) { k++; break; }
+        if (members++) glm_strbuf_str(&b, ", ");
+        glm_py_json_string(&b, names[k], strlen(names[k]));
+        glm_strbuf_str(&b, ": ");
+        if (read_value(&r, &b, 0)) { rc = -1; k++; break; }
+        ws(&r);
+        if (r.i < r.n && r.s[r.i] == ',') { r.i++; ws(&r); }
+        else if (r.i < r.n && r.s[r.i] != ')') rc = fail(&r, "',' or ')' missing in the call");
+    }
+    for (int j = 0; j < k; j++) free(names[j]);
+    free(names);
+    if (rc == 0 && r.i >= r.n) rc = fail(&r, "')' missing");
+    if (rc == 0) {
+        r.i++;
+        ws(&r);
+        if (r.i < r.n) rc = fail(&r, "text after the call");
+    }
+    if (rc) { free(b.s); return NULL; }
+    glm_strbuf_put(&b, "}", 1);
+    return b.s;
+}

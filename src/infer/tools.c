@@ -1,0 +1,94 @@
+/* ChatGLM3's tool calls (infer/tools.h). */
+#include "infer/tools.h"
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/err.h"
+#include "core/strbuf.h"
+#include "data/pyjson.h"
+#include "data/pyliteral.h"
+
+char *glm_tools_system_text(const char *tools_json, size_t len, char *why, size_t why_len) {
+    char *dump = glm_pyjson_dumps(tools_json, len, 4, why, why_len);
+    if (!dump) return NULL;
+    glm_strbuf b = {0};
+    glm_strbuf_str(&b, GLM_TOOLS_PREAMBLE "\n");
+    glm_strbuf_str(&b, dump);
+    free(dump);
+    return b.s;
+}
+
+int glm_tool_call_read(const char *text, char **name, char **args) {
+    *name = *args = NULL;
+    const char *seg = text, *a;
+    while ((a = strstr(seg, "<|assistant|>"))) seg = a + strlen("<|assistant|>");
+    const char *nl = strchr(seg, '\n');
+    if (!nl) return 0; /* response.split("\n", maxsplit=1) has no second part: the demo fails */
+    /* metadata = the first line; blank: an answer, not a call */
+    const char *m0 = seg, *m1 = nl;
+    while (m0 < m1 && strchr(" \t\r", *m0)) m0++;
+    while (m1 > m0 && strchr(" \t\r", m1[-1])) m1--;
+    if (m0 == m1) return 0;
+    /* content.split("\n")[1:-1]: the lines between the first and the last */
+    const char *body = nl + 1, *first_end = strchr(body, '\n');
+    if (!first_end) return 0;
+    const char *last_start = strrchr(body, '\n') + 1;
+    if (last_start <= first_end + 1) return 0; /* fewer than three lines: nothing between */
+    char why[128];
+    char *kw = glm_py_call_kwargs_json(first_end + 1, (size_t)(last_start - 1 - (first_end + 1)), "tool_call", why, sizeof why);
+    if (!kw) return 0;
+    *name = glm_malloc((size_t)(m1 - m0) + 1);
+    memcpy(*name, m0, (size_t)(m1 - m0));
+    (*name)[m1 - m0] = 0;
+    *args = kw;
+    return 1;
+}
+
+static int is_identifier(const char *s) {
+    if (!*s || (*s >= '0' && *s <= '9')) return 0;
+    for (; *s; s++)
+        if (!(*s == '_' || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              (unsigned char)*s >= 0x80))
+            return 0;
+    return 1;
+}
+
+char *glm_tool_call_write(const char *args_json, char *why, size_t why_len) {
+    if (why && why_len) why[0] = 0;
+    size_t len = strlen(args_json);
+    cJSON *o = cJSON_ParseWithLength(args_json, len);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        if (why) snprintf(why, why_len, "the arguments are not a JSON object");
+        return NULL;
+    }
+    int plain = 1; /* every key a Python identifier: k=v, else tool_call(**{...}) */
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) plain &= is_identifier(it->string);
+    glm_strbuf b = {0};
+    glm_strbuf_str(&b, "```python\ntool_call(");
+    int rc = 0;
+    if (plain) {
+        int k = 0;
+        cJSON_ArrayForEach(it, o) {
+            size_t vs, ve;
+            if (glm_json_locate(args_json, len, it->string, 0, &vs, &ve)) { rc = -1; break; }
+            char *v = glm_pyjson_repr(args_json + vs, ve - vs, why, why_len);
+            if (!v) { rc = -1; break; }
+            if (k++) glm_strbuf_str(&b, ", ");
+            glm_strbuf_str(&b, it->string);
+            glm_strbuf_str(&b, "=");
+            glm_strbuf_str(&b, v);
+            free(v);
+        }
+    } else {
+        char *v = glm_pyjson_repr(args_json, len, why, why_len);
+        if (!v) rc = -1;
+        else { glm_strbuf_str(&b, "**"); glm_strbuf_str(&b, v); free(v); }
+    }
+    cJSON_Delete(o);
+    if (rc) { free(b.s); return NULL; }
+    glm_strbuf_str(&b, ")\n```");
+    return b.s;
+}

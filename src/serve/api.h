@@ -1,0 +1,39 @@
+/* What the HTTP side's files share (server.c, messages.c): a request's failure before it reaches
+ * the engine (OpenAI's error fields), cJSON lookups, and the tools a chat request offers. */
+#ifndef GLM_SERVE_API_H
+#define GLM_SERVE_API_H
+#include <cJSON.h>
+#include "serve/server.h"
+
+typedef struct api_err {
+    unsigned status;
+    char msg[700];
+    const char *type, *param, *code;
+} api_err;
+
+/* Fills e (the type from the status) and returns -1. */
+int srv_bad(api_err *e, unsigned status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static inline const cJSON *srv_field(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+static inline int srv_present(const cJSON *v) { return v && !cJSON_IsNull(v); }
+
+/* The tools a chat request offers to a ChatGLM3 model (OpenAI's tools, or the older functions). */
+typedef struct srv_tools {
+    int on;                    /* tools given and tool_choice not "none": a response may be a call */
+    int legacy;                /* given as functions: a call is answered as function_call */
+    char **names;              /* [n_names] the tools' names (a streamed response that may still */
+    int n_names;               /* become a call is held back) */
+} srv_tools;
+void srv_tools_free(srv_tools *t);
+
+/* The request's messages (and tools, tool_choice, functions) -> the model's chat prompt: each
+ * model's template (infer/chat.h); for ChatGLM3, tool calls and tool results in the history
+ * and the tools' system turn as its openai_api_demo builds them (infer/tools.h). */
+int srv_chat_prompt(srv_server *S, const cJSON *body, glm_ids *ids, srv_tools *t, api_err *e);
+
+/* The first of the tools' names that text (released so far) could still begin a call of: 1
+ * while text is a prefix of "NAME\n" or starts with it, else 0. */
+int srv_tools_may_call(const srv_tools *t, const char *text, size_t n);
+
+#endif

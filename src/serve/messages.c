@@ -1,0 +1,279 @@
+/* A chat request's messages -> the model's prompt (serve/api.h): the template generate and
+ * chat use (infer/chat.h) for a plain conversation; for ChatGLM3 with tools, tool calls or tool
+ * results, the turns its openai_api_demo (utils.py process_chatglm_messages) builds. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "infer/chat.h"
+#include "infer/tools.h"
+#include "serve/api.h"
+
+/* A message's content: a string, or OpenAI's list of {"type": "text", "text": ...} parts. */
+static char *content_text(const cJSON *c, const char *where, api_err *e) {
+    if (cJSON_IsString(c)) return glm_strdup(c->valuestring);
+    if (cJSON_IsArray(c)) {
+        size_t n = 1;
+        const cJSON *p;
+        cJSON_ArrayForEach(p, c) {
+            const cJSON *t = srv_field(p, "text"), *ty = srv_field(p, "type");
+            if (!cJSON_IsObject(p) || !cJSON_IsString(t) || (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "text")))) {
+                srv_bad(e, 400, where, "invalid_type", "%s: only text content parts ({\"type\": \"text\", \"text\": ...}) are supported", where);
+                return NULL;
+            }
+            n += strlen(t->valuestring);
+        }
+        char *s = glm_malloc(n);
+        s[0] = 0;
+        cJSON_ArrayForEach(p, c) strcat(s, srv_field(p, "text")->valuestring);
+        return s;
+    }
+    srv_bad(e, 400, where, "invalid_type", "%s must be a string", where);
+    return NULL;
+}
+
+void srv_tools_free(srv_tools *t) {
+    for (int i = 0; i < t->n_names; i++) free(t->names[i]);
+    free(t->names);
+    *t = (srv_tools){0};
+}
+
+int srv_tools_may_call(const srv_tools *t, const char *text, size_t n) {
+    for (int i = 0; t->on && i < t->n_names; i++) {
+        size_t k = strlen(t->names[i]);
+        if (n <= k ? !memcmp(text, t->names[i], n) : !memcmp(text, t->names[i], k) && text[k] == '\n') return 1;
+    }
+    return 0;
+}
+
+/* A plain conversation (system, then user and assistant in turn, ending with the user's) ->
+ * glm_chat_inputs_sys, the template generate and chat use. */
+static int plain_prompt(srv_server *S, const cJSON *msgs, glm_ids *ids, api_err *e) {
+    int n = cJSON_GetArraySize(msgs), n_hist = 0, rc = -1;
+    char **hist = glm_calloc((size_t)n + 1, sizeof(char *));
+    char *system = NULL, *query = NULL, *pend_user = NULL;
+    for (int i = 0; i < n; i++) {
+        const cJSON *m = cJSON_GetArrayItem(msgs, i);
+        char w[48];
+        snprintf(w, sizeof w, "messages[%d]", i);
+        const char *r = srv_field(m, "role")->valuestring;
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+            srv_bad(e, 400, "messages", "invalid_value", "%s.role \"%.40s\": expected system, user or assistant%s", w, r,
+                    glm_tokenizer_roles(S->tok).user < 0 ? " (this model has no tool turns; ChatGLM3 has)" : "");
+            goto out;
+        }
+        char wc[64];
+        snprintf(wc, sizeof wc, "%s.content", w);
+        char *text = content_text(srv_field(m, "content"), wc, e);
+        if (!text) { e->param = "messages"; goto out; }
+        if (!strcmp(r, "system")) {
+            if (n_hist || pend_user) { free(text); srv_bad(e, 400, "messages", "invalid_value", "%s: a system message must come before the conversation", w); goto out; }
+            if (system) { /* several system messages: one, joined */
+                char *j = glm_malloc(strlen(system) + strlen(text) + 2);
+                sprintf(j, "%s\n%s", system, text);
+                free(system);
+                free(text);
+                system = j;
+            } else {
+                system = text;
+            }
+        } else if (!strcmp(r, "user")) {
+            if (pend_user) { free(text); srv_bad(e, 400, "messages", "invalid_value", "%s: two user messages in a row (user and assistant turns alternate)", w); goto out; }
+            pend_user = text;
+        } else {
+            if (!pend_user) { free(text); srv_bad(e, 400, "messages", "invalid_value", "%s: an assistant message must answer a user message", w); goto out; }
+            hist[2 * n_hist] = pend_user;
+            hist[2 * n_hist + 1] = text;
+            n_hist++;
+            pend_user = NULL;
+        }
+    }
+    if (!pend_user) { srv_bad(e, 400, "messages", "invalid_value", "the last message must be the user's"); goto out; }
+    query = pend_user;
+    pend_user = NULL;
+    glm_err err = {0};
+    pthread_mutex_lock(S->tok_mu);
+    int k = glm_chat_inputs_sys(S->tok, S->cfg, system, query, (const char *const *)hist, n_hist, INT_MAX, ids, NULL, NULL, &err);
+    pthread_mutex_unlock(S->tok_mu);
+    if (k) { srv_bad(e, 400, "messages", "invalid_value", "%s", err.msg); goto out; }
+    rc = 0;
+out:
+    for (int i = 0; i < 2 * n_hist; i++) free(hist[i]);
+    free(hist);
+    free(system);
+    free(query);
+    free(pend_user);
+    return rc;
+}
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = glm_malloc(n + 1);
+    memcpy(d, s, n);
+    d[n] = 0;
+    return d;
+}
+
+/* The turns being built: each turn's strings are owned (metadata may be NULL). */
+typedef struct turns {
+    glm_chat_turn *t;
+    int n, cap;
+} turns;
+static void add(turns *ts, glm_turn_role role, char *metadata, char *content) {
+    if (ts->n == ts->cap) { ts->cap = ts->cap ? 2 * ts->cap : 8; ts->t = glm_realloc(ts->t, sizeof *ts->t * (size_t)ts->cap); }
+    ts->t[ts->n++] = (glm_chat_turn){role, metadata, content};
+}
+static void turns_free(turns *ts) {
+    for (int i = 0; i < ts->n; i++) { free((char *)ts->t[i].metadata); free((char *)ts->t[i].content); }
+    free(ts->t);
+}
+
+/* One call {name, arguments} (a tool_calls entry's function, or function_call) as an assistant
+ * turn: metadata the name, content the tool_call(...) text the model writes. */
+static int call_turn(turns *ts, const cJSON *fn, const char *where, api_err *e) {
+    const cJSON *name = srv_field(fn, "name"), *args = srv_field(fn, "arguments");
+    if (!cJSON_IsString(name) || !name->valuestring[0] || strchr(name->valuestring, '\n'))
+        return srv_bad(e, 400, "messages", "invalid_value", "%s: a tool call needs its function's name", where);
+    char why[160];
+    char *content = glm_tool_call_write(cJSON_IsString(args) ? args->valuestring : "{}", why, sizeof why);
+    if (!content) return srv_bad(e, 400, "messages", "invalid_value", "%s: the call's arguments: %s", where, why);
+    add(ts, GLM_TURN_ASSISTANT, glm_strdup(name->valuestring), content);
+    return 0;
+}
+
+/* An assistant message with tool_calls or function_call: its calls' turns. A function_call
+ * message whose content is the model's own text (what ChatGLM3's demo sends back) is split as
+ * the demo splits it: each "<|assistant|>" part a turn, its first line the metadata. */
+static int assistant_calls(turns *ts, const cJSON *m, const char *text, const char *where, api_err *e) {
+    const cJSON *tc = srv_field(m, "tool_calls"), *fc = srv_field(m, "function_call"), *it;
+    if (srv_present(tc)) {
+        if (!cJSON_IsArray(tc)) return srv_bad(e, 400, "messages", "invalid_type", "%s.tool_calls must be an array", where);
+        cJSON_ArrayForEach(it, tc) if (call_turn(ts, srv_field(it, "function"), where, e)) return -1;
+        return 0;
+    }
+    if (text && strchr(text, '\n')) {
+        for (const char *p = text;;) {
+            const char *a = strstr(p, "<|assistant|>"), *end = a ? a : p + strlen(p), *nl = memchr(p, '\n', (size_t)(end - p));
+            if (!nl) return srv_bad(e, 400, "messages", "invalid_value", "%s: a tool call's text needs its name on the first line", where);
+            const char *c0 = nl + 1, *c1 = end;
+            while (c0 < c1 && strchr(" \t\r\n", *c0)) c0++; /* sub_content.strip() */
+            while (c1 > c0 && strchr(" \t\r\n", c1[-1])) c1--;
+            add(ts, GLM_TURN_ASSISTANT, dup_n(p, (size_t)(nl - p)), dup_n(c0, (size_t)(c1 - c0)));
+            if (!a) return 0;
+            p = a + strlen("<|assistant|>");
+        }
+    }
+    return call_turn(ts, fc, where, e);
+}
+
+/* The request's tools: the list (tools, or functions), their names, and tool_choice. */
+static int read_tools(const cJSON *body, srv_tools *t, const cJSON **list, api_err *e) {
+    const cJSON *tools = srv_field(body, "tools"), *fns = srv_field(body, "functions"), *tc = srv_field(body, "tool_choice");
+    *list = NULL;
+    if (srv_present(tools) && srv_present(fns)) return srv_bad(e, 400, "tools", "invalid_value", "give tools or functions, not both");
+    t->legacy = !srv_present(tools) && srv_present(fns);
+    const cJSON *l = t->legacy ? fns : tools;
+    if (!srv_present(l)) return 0;
+    const char *what = t->legacy ? "functions" : "tools";
+    if (!cJSON_IsArray(l)) return srv_bad(e, 400, what, "invalid_type", "%s must be an array", what);
+    if (srv_present(tc) && !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none"))))
+        return srv_bad(e, 400, "tool_choice", "unsupported_value",
+                       "tool_choice: \"auto\" or \"none\" (ChatGLM3 chooses by itself whether to call a tool)");
+    if (cJSON_GetArraySize(l) == 0 || (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none"))) return 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, l) {
+        const cJSON *f = t->legacy ? it : srv_field(it, "function"), *name = srv_field(f, "name");
+        if (!cJSON_IsObject(it) || !cJSON_IsString(name) || !name->valuestring[0])
+            return srv_bad(e, 400, what, "invalid_value", "%s: each entry needs %s", what,
+                           t->legacy ? "a name" : "{\"type\": \"function\", \"function\": {\"name\", ...}}");
+        t->names = glm_realloc(t->names, sizeof *t->names * (size_t)(t->n_names + 1));
+        t->names[t->n_names++] = glm_strdup(name->valuestring);
+    }
+    t->on = 1;
+    *list = l;
+    return 0;
+}
+
+/* The tool-aware path (ChatGLM3): every message a turn, in order. */
+static int turns_prompt(srv_server *S, const cJSON *msgs, const cJSON *tools, glm_ids *ids, api_err *e) {
+    turns ts = {0};
+    int rc = -1, n = cJSON_GetArraySize(msgs), skip_system = 0;
+    if (tools) { /* the demo's system turn with the tools; the request's own system message gives way to it */
+        char *list = cJSON_PrintUnformatted(tools), why[160];
+        char *sys = glm_tools_system_text(list, strlen(list), why, sizeof why);
+        free(list);
+        if (!sys) { srv_bad(e, 400, "tools", "invalid_value", "tools: %s", why); goto out; }
+        add(&ts, GLM_TURN_SYSTEM, NULL, sys);
+        skip_system = 1;
+    }
+    for (int i = 0; i < n; i++) {
+        const cJSON *m = cJSON_GetArrayItem(msgs, i);
+        char w[48], wc[64];
+        snprintf(w, sizeof w, "messages[%d]", i);
+        snprintf(wc, sizeof wc, "%s.content", w);
+        const char *r = srv_field(m, "role")->valuestring;
+        const cJSON *c = srv_field(m, "content");
+        int calls = !strcmp(r, "assistant") && (srv_present(srv_field(m, "tool_calls")) || srv_present(srv_field(m, "function_call")));
+        char *text = calls && !srv_present(c) ? NULL : content_text(c, wc, e);
+        if (!text && !calls) { e->param = "messages"; goto out; }
+        if (!strcmp(r, "system")) {
+            if (skip_system) { skip_system = 0; free(text); continue; }
+            add(&ts, GLM_TURN_SYSTEM, NULL, text);
+        } else if (!strcmp(r, "user")) {
+            add(&ts, GLM_TURN_USER, NULL, text);
+        } else if (!strcmp(r, "assistant")) {
+            if (!calls) { add(&ts, GLM_TURN_ASSISTANT, NULL, text); continue; }
+            int k = assistant_calls(&ts, m, text, w, e);
+            free(text);
+            if (k) goto out;
+        } else if (!strcmp(r, "tool") || !strcmp(r, "function") || !strcmp(r, "observation")) {
+            add(&ts, GLM_TURN_OBSERVATION, NULL, text); /* the tool's result */
+        } else {
+            free(text);
+            srv_bad(e, 400, "messages", "invalid_value", "%s.role \"%.40s\": expected system, user, assistant or tool", w, r);
+            goto out;
+        }
+    }
+    if (ts.n == 0 || (ts.t[ts.n - 1].role != GLM_TURN_USER && ts.t[ts.n - 1].role != GLM_TURN_OBSERVATION)) {
+        srv_bad(e, 400, "messages", "invalid_value", "the last message must be the user's or a tool's result");
+        goto out;
+    }
+    glm_err err = {0};
+    pthread_mutex_lock(S->tok_mu);
+    int k = glm_chat_inputs_turns(S->tok, ts.t, ts.n, ids, &err);
+    pthread_mutex_unlock(S->tok_mu);
+    if (k) { srv_bad(e, 400, "messages", "invalid_value", "%s", err.msg); goto out; }
+    rc = 0;
+out:
+    turns_free(&ts);
+    return rc;
+}
+
+int srv_chat_prompt(srv_server *S, const cJSON *body, glm_ids *ids, srv_tools *t, api_err *e) {
+    const cJSON *msgs = srv_field(body, "messages"), *tools;
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return srv_bad(e, 400, "messages", msgs ? "invalid_type" : "missing_required_parameter",
+                       msgs ? "messages must be a non-empty array of {\"role\", \"content\"} objects" : "messages is required");
+    int tool_turns = 0, i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        char w[48];
+        snprintf(w, sizeof w, "messages[%d]", i++);
+        if (!cJSON_IsObject(m)) return srv_bad(e, 400, "messages", "invalid_type", "%s must be an object", w);
+        const cJSON *role = srv_field(m, "role");
+        if (!cJSON_IsString(role)) return srv_bad(e, 400, "messages", "invalid_type", "%s.role must be a string", w);
+        tool_turns |= !strcmp(role->valuestring, "tool") || !strcmp(role->valuestring, "function") ||
+                      !strcmp(role->valuestring, "observation") || srv_present(srv_field(m, "tool_calls")) ||
+                      srv_present(srv_field(m, "function_call"));
+    }
+    if (read_tools(body, t, &tools, e)) return -1;
+    int roles = glm_tokenizer_roles(S->tok).user >= 0, glm3 = roles && glm_tokenizer_kind(S->tok) != GLM_TOK_GLM4;
+    if ((t->on || tool_turns) && !glm3) {
+        const char *p = t->on ? (t->legacy ? "functions" : "tools") : "messages";
+        srv_bad(e, 400, p, "unsupported_value", "%s: %s", t->on ? p : "tool calls and tool results",
+                roles ? "GLM-4's tool prompt is not implemented here; ChatGLM3-6B's is"
+                      : "this model has no tool-calling format (ChatGLM3-6B has)");
+        srv_tools_free(t);
+        return -1;
+    }
+    return t->on || tool_turns ? turns_prompt(S, msgs, tools, ids, e) : plain_prompt(S, msgs, ids, e);
+}
