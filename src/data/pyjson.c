@@ -204,7 +204,7 @@ static int dump_object(reader *r, glm_strbuf *b, int indent, int level) {
         r->i++;
         if (dump_value(r, &val, indent, level + 1)) { free(key.s); free(val.s); rc = -1; break; }
         int k = 0; /* a repeated key keeps its place, with the last value (a dict) */
-        while (k < nm && !(m[k].key.n == key.n && !memcmp(m[k].key.s, key.s, key.n))) k++;
+        while (k < nm && !(m[k].key.n == key.n && (key.n == 0 || !memcmp(m[k].key.s, key.s, key.n)))) k++;
         if (k < nm) { free(m[k].val.s); m[k].val = val; free(key.s); }
         else { m = glm_realloc(m, sizeof *m * (size_t)(nm + 1)); m[nm++] = (member){key, val}; }
         ws(r);
@@ -321,35 +321,67 @@ static void repr_string(glm_strbuf *b, const char *s, size_t n) {
     glm_strbuf_put(b, &q, 1);
 }
 
+static int repr_value(reader *r, glm_strbuf *b);
+
+/* {'k': v, ...}, a repeated key merged as json.loads' dict merges it (first place, last value). */
+static int repr_object(reader *r, glm_strbuf *b) {
+    member *m = NULL;
+    int nm = 0, rc = 0;
+    r->i++;
+    ws(r);
+    for (int comma = 0; rc == 0 && r->i < r->n && (comma || r->s[r->i] != '}');) {
+        glm_strbuf key = {0}, val = {0};
+        if (r->s[r->i] != '"' || read_string(r, &key)) { free(key.s); rc = fail(r, "an object key is not a string"); break; }
+        ws(r);
+        if (r->i >= r->n || r->s[r->i] != ':') { free(key.s); rc = fail(r, "':' missing after an object key"); break; }
+        r->i++;
+        if (repr_value(r, &val)) { free(key.s); free(val.s); rc = -1; break; }
+        int k = 0;
+        while (k < nm && !(m[k].key.n == key.n && (key.n == 0 || !memcmp(m[k].key.s, key.s, key.n)))) k++;
+        if (k < nm) { free(m[k].val.s); m[k].val = val; free(key.s); }
+        else { m = glm_realloc(m, sizeof *m * (size_t)(nm + 1)); m[nm++] = (member){key, val}; }
+        ws(r);
+        comma = r->i < r->n && r->s[r->i] == ',';
+        if (comma) { r->i++; ws(r); }
+        else if (r->i >= r->n || r->s[r->i] != '}') rc = fail(r, "',' or '}' missing");
+    }
+    if (rc == 0 && r->i >= r->n) rc = fail(r, "'}' missing");
+    if (rc == 0) {
+        r->i++;
+        glm_strbuf_put(b, "{", 1);
+        for (int k = 0; k < nm; k++) {
+            if (k) glm_strbuf_str(b, ", ");
+            repr_string(b, m[k].key.s ? m[k].key.s : "", m[k].key.n);
+            glm_strbuf_str(b, ": ");
+            glm_strbuf_put(b, m[k].val.s ? m[k].val.s : "", m[k].val.n);
+        }
+        glm_strbuf_put(b, "}", 1);
+    }
+    for (int k = 0; k < nm; k++) { free(m[k].key.s); free(m[k].val.s); }
+    free(m);
+    return rc;
+}
+
 static int repr_value(reader *r, glm_strbuf *b) {
     ws(r);
     if (r->i >= r->n) return fail(r, "a value is missing");
     char c = r->s[r->i];
-    if (c == '{' || c == '[') {
-        char close = c == '{' ? '}' : ']';
-        glm_strbuf_put(b, &c, 1);
+    if (c == '{') return repr_object(r, b);
+    if (c == '[') {
+        glm_strbuf_put(b, "[", 1);
         r->i++;
         ws(r);
-        for (int k = 0; r->i < r->n && r->s[r->i] != close; k++) {
+        for (int k = 0, comma = 0; r->i < r->n && (comma || r->s[r->i] != ']'); k++) {
             if (k) glm_strbuf_str(b, ", ");
-            if (c == '{') {
-                glm_strbuf key = {0};
-                if (r->s[r->i] != '"' || read_string(r, &key)) { free(key.s); return fail(r, "an object key is not a string"); }
-                repr_string(b, key.s ? key.s : "", key.n);
-                free(key.s);
-                ws(r);
-                if (r->i >= r->n || r->s[r->i] != ':') return fail(r, "':' missing after an object key");
-                r->i++;
-                glm_strbuf_str(b, ": ");
-            }
             if (repr_value(r, b)) return -1;
             ws(r);
-            if (r->i < r->n && r->s[r->i] == ',') { r->i++; ws(r); }
-            else if (r->i >= r->n || r->s[r->i] != close) return fail(r, "',' or '%c' missing", close);
+            comma = r->i < r->n && r->s[r->i] == ',';
+            if (comma) { r->i++; ws(r); }
+            else if (r->i >= r->n || r->s[r->i] != ']') return fail(r, "',' or ']' missing");
         }
-        if (r->i >= r->n) return fail(r, "'%c' missing", close);
+        if (r->i >= r->n) return fail(r, "']' missing");
         r->i++;
-        glm_strbuf_put(b, &close, 1);
+        glm_strbuf_put(b, "]", 1);
         return 0;
     }
     if (c == '"') {
@@ -362,7 +394,13 @@ static int repr_value(reader *r, glm_strbuf *b) {
     if (c == 't') return literal(r, NULL, "true") ? -1 : (glm_strbuf_str(b, "True"), 0);
     if (c == 'f') return literal(r, NULL, "false") ? -1 : (glm_strbuf_str(b, "False"), 0);
     if (c == 'n') return literal(r, NULL, "null") ? -1 : (glm_strbuf_str(b, "None"), 0);
-    return dump_number(r, b); /* an int as written, a float as repr(float) */
+    glm_strbuf num = {0}; /* an int as written, a float as repr(float) */
+    if (dump_number(r, &num)) { free(num.s); return -1; }
+    const char *word = !strcmp(num.s, "Infinity") ? "inf" : !strcmp(num.s, "-Infinity") ? "-inf" : NULL;
+    if (word) glm_strbuf_str(b, word); /* an out-of-range literal reads as inf: repr's spelling */
+    else glm_strbuf_put(b, num.s, num.n);
+    free(num.s);
+    return 0;
 }
 
 char *glm_pyjson_repr(const char *text, size_t len, char *why, size_t why_len) {

@@ -95,7 +95,12 @@ static int read_number(lit *r, glm_strbuf *b) {
     while (r->i < r->n && (r->s[r->i] == '-' || r->s[r->i] == '+')) { neg ^= r->s[r->i] == '-'; r->i++; ws(r); }
     size_t d = r->i;
     int is_float = 0, digits = 0;
-    while (r->i < r->n && ((r->s[r->i] >= '0' && r->s[r->i] <= '9') || r->s[r->i] == '_')) { r->i++; digits++; }
+    /* digits, with single underscores between them (1_000) */
+    while (r->i < r->n && ((r->s[r->i] >= '0' && r->s[r->i] <= '9') ||
+                           (r->s[r->i] == '_' && digits && r->i + 1 < r->n && r->s[r->i + 1] >= '0' && r->s[r->i + 1] <= '9'))) {
+        digits += r->s[r->i] != '_';
+        r->i++;
+    }
     if (r->i < r->n && r->s[r->i] == '.') {
         is_float = 1;
         r->i++;
@@ -109,21 +114,25 @@ static int read_number(lit *r, glm_strbuf *b) {
         while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9') r->i++;
     }
     if (!digits) { r->i = s; return fail(r, "not a literal at byte %zu", s); }
-    char tmp[128];
-    size_t k = 0;
-    for (size_t j = d; j < r->i && k + 1 < sizeof tmp; j++) if (r->s[j] != '_') tmp[k++] = r->s[j];
-    tmp[k] = 0;
+    glm_strbuf t = {0}; /* the digits without underscores: ints keep every one */
+    for (size_t j = d; j < r->i; j++) if (r->s[j] != '_') glm_strbuf_put(&t, r->s + j, 1);
+    char *tmp = t.s;
+    size_t k = t.n;
+    int rc = 0;
     if (is_float) {
         glm_py_float_repr(b, (neg ? -1 : 1) * strtod(tmp, NULL));
-        return 0;
+    } else {
+        if (k > 1 && tmp[0] == '0') { /* Python 3 refuses 007; 0x.. and the like are not handled */
+            for (size_t j = 0; j < k && rc == 0; j++) if (tmp[j] != '0') rc = fail(r, "an int with leading zeros");
+            k = 1;
+        }
+        if (rc == 0) {
+            if (neg && !(k == 1 && tmp[0] == '0')) glm_strbuf_put(b, "-", 1);
+            glm_strbuf_put(b, tmp, k);
+        }
     }
-    if (k > 1 && tmp[0] == '0') { /* Python 3 refuses 007; 0x.. and the like are not handled */
-        for (size_t j = 0; j < k; j++) if (tmp[j] != '0') return fail(r, "an int with leading zeros");
-        k = 1;
-    }
-    if (neg && !(k == 1 && tmp[0] == '0')) glm_strbuf_put(b, "-", 1);
-    glm_strbuf_put(b, tmp, k);
-    return 0;
+    free(t.s);
+    return rc;
 }
 
 static int word(lit *r, const char *w) {
@@ -156,40 +165,80 @@ static int read_seq(lit *r, glm_strbuf *b, int depth) {
     return 0;
 }
 
-/* {k: v, ...}: str keys, or ints, which json.dumps writes as strings ({} empty; a set is refused). */
-static int read_dict(lit *r, glm_strbuf *b, int depth) {
+/* A dict's members as read: each key's identity (s + the text for a str, i + the digits for an
+ * int: 1 and '1' are two keys, which json.dumps both writes as "1"), its JSON text and value. */
+typedef struct member { glm_strbuf id, key, val; } member;
+static void members_free(member *m, int n) {
+    for (int k = 0; k < n; k++) { free(m[k].id.s); free(m[k].key.s); free(m[k].val.s); }
+    free(m);
+}
+
+/* {k: v, ...}: str or int keys (a set is refused), a repeated key merged as a dict merges it
+ * (its first place, its last value). */
+static int read_members(lit *r, member **out, int *nout, int depth) {
+    member *m = NULL;
+    int nm = 0, rc = 0;
     r->i++;
     ws(r);
-    glm_strbuf_put(b, "{", 1);
-    for (int k = 0; r->i < r->n && r->s[r->i] != '}'; k++) {
-        if (k) glm_strbuf_str(b, ", ");
+    while (rc == 0 && r->i < r->n && r->s[r->i] != '}') {
+        member x = {0};
         char c = r->s[r->i];
         if (c == '\'' || c == '"' || ((c == 'u' || c == 'U') && r->i + 1 < r->n && (r->s[r->i + 1] == '\'' || r->s[r->i + 1] == '"'))) {
-            glm_strbuf key = {0};
-            if (read_str(r, &key)) { free(key.s); return -1; }
-            glm_py_json_string(b, key.s ? key.s : "", key.n);
-            free(key.s);
+            glm_strbuf t = {0};
+            if (read_str(r, &t)) { free(t.s); rc = -1; break; }
+            glm_strbuf_put(&x.id, "s", 1);
+            if (t.n) glm_strbuf_put(&x.id, t.s, t.n);
+            glm_py_json_string(&x.key, t.s ? t.s : "", t.n);
+            free(t.s);
         } else {
             glm_strbuf num = {0};
-            if (read_number(r, &num) || strchr(num.s, '.') || strchr(num.s, 'e')) {
+            if (read_number(r, &num) || strchr(num.s, '.') || strchr(num.s, 'e') || strchr(num.s, 'n') || strchr(num.s, 'N')) {
                 free(num.s);
-                return fail(r, "a dict key that is not a str or an int");
+                rc = fail(r, "a dict key that is not a str or an int");
+                break;
             }
-            glm_py_json_string(b, num.s, num.n);
+            glm_strbuf_put(&x.id, "i", 1);
+            glm_strbuf_put(&x.id, num.s, num.n);
+            glm_py_json_string(&x.key, num.s, num.n);
             free(num.s);
         }
         ws(r);
-        if (r->i >= r->n || r->s[r->i] != ':') return fail(r, "':' missing in a dict (a set has no JSON form)");
+        if (r->i >= r->n || r->s[r->i] != ':') { free(x.id.s); free(x.key.s); rc = fail(r, "':' missing in a dict (a set has no JSON form)"); break; }
         r->i++;
-        glm_strbuf_str(b, ": ");
-        if (read_value(r, b, depth + 1)) return -1;
+        if (read_value(r, &x.val, depth + 1)) { free(x.id.s); free(x.key.s); free(x.val.s); rc = -1; break; }
+        int k = 0;
+        while (k < nm && !(m[k].id.n == x.id.n && !memcmp(m[k].id.s, x.id.s, x.id.n))) k++;
+        if (k < nm) { free(m[k].val.s); m[k].val = x.val; free(x.id.s); free(x.key.s); }
+        else { m = glm_realloc(m, sizeof *m * (size_t)(nm + 1)); m[nm++] = x; }
         ws(r);
         if (r->i < r->n && r->s[r->i] == ',') { r->i++; ws(r); }
-        else if (r->i < r->n && r->s[r->i] != '}') return fail(r, "',' or '}' missing in a dict");
+        else if (r->i < r->n && r->s[r->i] != '}') rc = fail(r, "',' or '}' missing in a dict");
     }
-    if (r->i >= r->n) return fail(r, "'}' missing");
+    if (rc == 0 && r->i >= r->n) rc = fail(r, "'}' missing");
+    if (rc) { members_free(m, nm); return -1; }
     r->i++;
+    *out = m;
+    *nout = nm;
+    return 0;
+}
+
+static void put_members(glm_strbuf *b, const member *m, int nm, int *written) {
+    for (int k = 0; k < nm; k++) {
+        if ((*written)++) glm_strbuf_str(b, ", ");
+        glm_strbuf_put(b, m[k].key.s, m[k].key.n);
+        glm_strbuf_str(b, ": ");
+        glm_strbuf_put(b, m[k].val.s, m[k].val.n);
+    }
+}
+
+static int read_dict(lit *r, glm_strbuf *b, int depth) {
+    member *m;
+    int nm, written = 0;
+    if (read_members(r, &m, &nm, depth)) return -1;
+    glm_strbuf_put(b, "{", 1);
+    put_members(b, m, nm, &written);
     glm_strbuf_put(b, "}", 1);
+    members_free(m, nm);
     return 0;
 }
 
@@ -213,6 +262,45 @@ static int read_value(lit *r, glm_strbuf *b, int depth) {
     return read_number(r, b);
 }
 
+/* The length of the valid UTF-8 sequence of two to four bytes at s (n bytes left), else 0. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    size_t k = s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC2 && s[0] < 0xE0 ? 2 : 0;
+    if (!k || k > n) return 0;
+    for (size_t i = 1; i < k; i++) if ((s[i] & 0xC0) != 0x80) return 0;
+    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) || (s[0] == 0xF0 && s[1] < 0x90) ||
+        (s[0] == 0xF4 && s[1] >= 0x90))
+        return 0; /* overlong, a surrogate, or past U+10FFFF */
+    return k;
+}
+
+/* Python's reserved words, which cannot name a keyword argument. */
+static int is_keyword(const char *w, size_t n) {
+    static const char *const kw[] = {"False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
+                                     "continue", "def", "del", "elif", "else", "except", "finally", "for", "from",
+                                     "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass",
+                                     "raise", "return", "try", "while", "with", "yield"};
+    for (size_t k = 0; k < sizeof kw / sizeof kw[0]; k++)
+        if (strlen(kw[k]) == n && !memcmp(kw[k], w, n)) return 1;
+    return 0;
+}
+
+int glm_py_is_identifier(const char *s, size_t n) {
+    if (n == 0 || (s[0] >= '0' && s[0] <= '9') || is_keyword(s, n)) return 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x80) {
+            size_t k = utf8_len((const unsigned char *)s + i, n - i);
+            if (!k) return 0;
+            i += k;
+        } else if (c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) {
+            i++;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 char *glm_py_call_kwargs_json(const char *text, size_t len, const char *fn, char *why, size_t why_len) {
     lit r = {text, len, 0, why, why_len};
     if (why && why_len) why[0] = 0;
@@ -232,25 +320,33 @@ char *glm_py_call_kwargs_json(const char *text, size_t len, const char *fn, char
         if (r.i + 1 < r.n && r.s[r.i] == '*' && r.s[r.i + 1] == '*') { /* **{...}: its items are keyword arguments */
             r.i += 2;
             ws(&r);
-            glm_strbuf d = {0};
-            if (r.i >= r.n || r.s[r.i] != '{' || read_dict(&r, &d, 0)) { free(d.s); rc = fail(&r, "** takes a dict"); break; }
-            if (d.n > 2) { /* "{...}": its members go in as they are */
-                if (members) glm_strbuf_str(&b, ", ");
-                glm_strbuf_put(&b, d.s + 1, d.n - 2);
-                members++;
+            member *m = NULL;
+            int nm = 0;
+            if (r.i >= r.n || r.s[r.i] != '{' || read_members(&r, &m, &nm, 0)) { rc = fail(&r, "** takes a dict"); break; }
+            for (int j = 0; j < nm && rc == 0; j++) {
+                if (m[j].id.s[0] != 's') { rc = fail(&r, "keywords must be strings"); break; }
+                char *nmj = glm_malloc(m[j].id.n);
+                memcpy(nmj, m[j].id.s + 1, m[j].id.n - 1);
+                nmj[m[j].id.n - 1] = 0;
+                for (int q = 0; q < k && rc == 0; q++)
+                    if (!strcmp(names[q], nmj)) rc = fail(&r, "keyword argument %s repeated", nmj);
+                names = glm_realloc(names, sizeof *names * (size_t)(k + 1));
+                names[k++] = nmj;
             }
-            free(d.s);
+            if (rc == 0) put_members(&b, m, nm, &members);
+            members_free(m, nm);
+            if (rc) break;
             ws(&r);
             if (r.i < r.n && r.s[r.i] == ',') { r.i++; ws(&r); }
             else if (r.i < r.n && r.s[r.i] != ')') rc = fail(&r, "',' or ')' missing in the call");
-            k--;
+            k--; /* the loop's k++ */
             continue;
         }
         size_t s = r.i;
         while (r.i < r.n && is_ident(r.s[r.i], r.i == s)) r.i++;
         size_t e = r.i;
         ws(&r);
-        if (e == s || r.i >= r.n || r.s[r.i] != '=' || (r.i + 1 < r.n && r.s[r.i + 1] == '=')) {
+        if (e == s || r.i >= r.n || r.s[r.i] != '=' || (r.i + 1 < r.n && r.s[r.i + 1] == '=') || !glm_py_is_identifier(text + s, e - s)) {
             rc = fail(&r, "argument %d is not keyword=value", k + 1);
             break;
         }

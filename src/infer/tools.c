@@ -45,15 +45,6 @@ int glm_tool_call_read(const char *text, char **name, char **args) {
     return 1;
 }
 
-static int is_identifier(const char *s) {
-    if (!*s || (*s >= '0' && *s <= '9')) return 0;
-    for (; *s; s++)
-        if (!(*s == '_' || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
-              (unsigned char)*s >= 0x80))
-            return 0;
-    return 1;
-}
-
 char *glm_tool_call_write(const char *args_json, char *why, size_t why_len) {
     if (why && why_len) why[0] = 0;
     size_t len = strlen(args_json);
@@ -65,7 +56,7 @@ char *glm_tool_call_write(const char *args_json, char *why, size_t why_len) {
     }
     int plain = 1; /* every key a Python identifier: k=v, else tool_call(**{...}) */
     const cJSON *it;
-    cJSON_ArrayForEach(it, o) plain &= is_identifier(it->string);
+    cJSON_ArrayForEach(it, o) plain &= glm_py_is_identifier(it->string, strlen(it->string));
     glm_strbuf b = {0};
     glm_strbuf_str(&b, "```python\ntool_call(");
     int rc = 0;

@@ -27,10 +27,12 @@ typedef struct srv_tools {
 } srv_tools;
 void srv_tools_free(srv_tools *t);
 
-/* The request's messages (and tools, tool_choice, functions) -> the model's chat prompt: each
+/* The request's messages (and tools, tool_choice, functions) -> the model's chat prompt (body is
+ * the request parsed, text[0..len) as sent): each
  * model's template (infer/chat.h); for ChatGLM3, tool calls and tool results in the history
  * and the tools' system turn as its openai_api_demo builds them (infer/tools.h). */
-int srv_chat_prompt(srv_server *S, const cJSON *body, glm_ids *ids, srv_tools *t, api_err *e);
+int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t len, glm_ids *ids, srv_tools *t,
+                    api_err *e);
 
 /* The first of the tools' names that text (released so far) could still begin a call of: 1
  * while text is a prefix of "NAME\n" or starts with it, else 0. */

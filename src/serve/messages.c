@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "infer/chat.h"
+#include "data/pyjson.h"
 #include "infer/tools.h"
 #include "serve/api.h"
 
@@ -193,15 +194,18 @@ static int read_tools(const cJSON *body, srv_tools *t, const cJSON **list, api_e
     return 0;
 }
 
-/* The tool-aware path (ChatGLM3): every message a turn, in order. */
-static int turns_prompt(srv_server *S, const cJSON *msgs, const cJSON *tools, glm_ids *ids, api_err *e) {
+/* The tool-aware path (ChatGLM3): every message a turn, in order. tools: the list's key in the
+ * body, whose own text is dumped (cJSON's tree would lose what Python keeps: 7.0 a float). */
+static int turns_prompt(srv_server *S, const cJSON *msgs, const char *tools, const char *body, size_t len, glm_ids *ids,
+                        api_err *e) {
     turns ts = {0};
     int rc = -1, n = cJSON_GetArraySize(msgs), skip_system = 0;
-    if (tools) { /* the demo's system turn with the tools; the request's own system message gives way to it */
-        char *list = cJSON_PrintUnformatted(tools), why[160];
-        char *sys = glm_tools_system_text(list, strlen(list), why, sizeof why);
-        free(list);
-        if (!sys) { srv_bad(e, 400, "tools", "invalid_value", "tools: %s", why); goto out; }
+    size_t vs, ve;
+    if (tools && glm_json_locate(body, len, tools, -1, &vs, &ve) == 0) {
+        /* the demo's system turn with the tools; the request's own system message gives way to it */
+        char why[160];
+        char *sys = glm_tools_system_text(body + vs, ve - vs, why, sizeof why);
+        if (!sys) { srv_bad(e, 400, tools, "invalid_value", "%s: %s", tools, why); goto out; }
         add(&ts, GLM_TURN_SYSTEM, NULL, sys);
         skip_system = 1;
     }
@@ -248,7 +252,8 @@ out:
     return rc;
 }
 
-int srv_chat_prompt(srv_server *S, const cJSON *body, glm_ids *ids, srv_tools *t, api_err *e) {
+int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t len, glm_ids *ids, srv_tools *t,
+                    api_err *e) {
     const cJSON *msgs = srv_field(body, "messages"), *tools;
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
         return srv_bad(e, 400, "messages", msgs ? "invalid_type" : "missing_required_parameter",
@@ -275,5 +280,6 @@ int srv_chat_prompt(srv_server *S, const cJSON *body, glm_ids *ids, srv_tools *t
         srv_tools_free(t);
         return -1;
     }
-    return t->on || tool_turns ? turns_prompt(S, msgs, tools, ids, e) : plain_prompt(S, msgs, ids, e);
+    const char *key = !tools ? NULL : t->legacy ? "functions" : "tools";
+    return t->on || tool_turns ? turns_prompt(S, msgs, key, text, len, ids, e) : plain_prompt(S, msgs, ids, e);
 }

@@ -296,7 +296,7 @@ static int parse_request(srv_server *S, int chat, const char *body, size_t n, ap
     r->ignore_eos = cJSON_IsTrue(ie);
     glm_err gerr = {0};
     if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
-    if (chat ? srv_chat_prompt(S, o, &r->prompt, &q->tools, e) : completion_prompt(S, srv_field(o, "prompt"), &r->prompt, e)) goto out;
+    if (chat ? srv_chat_prompt(S, o, body, n, &r->prompt, &q->tools, e) : completion_prompt(S, srv_field(o, "prompt"), &r->prompt, e)) goto out;
     if (S->o.debug) {
         glm_strbuf b = {0};
         for (int i = 0; i < r->prompt.n; i++) {

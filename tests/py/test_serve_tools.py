@@ -4,7 +4,8 @@
 until it answers one question with a tool call and another with text, then
 
   * the prompt of a request with tools is build_chat_input's with the demo's system turn
-    (preamble + json.dumps(tools, indent=4)), by the Python reference tokenizer (--debug ids);
+    (preamble + json.dumps(tools, indent=4), a float 1.0 kept as Python keeps it), by the Python
+    reference tokenizer (--debug ids);
   * the tool call comes back as tool_calls (finish_reason "tool_calls"), content null, its
     arguments json.dumps of the call's keyword arguments; the older `functions` get function_call;
   * streamed, the call arrives as one tool_calls delta (nothing of its text as content), while
@@ -27,7 +28,8 @@ import serve_common as sc  # noqa: E402
 PREAMBLE = "Answer the following questions as best as you can. You have access to the following tools:"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "查询城市的天气",
                                             "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string", "description": "城市名"}},
+                                                "city": {"type": "string", "description": "城市名"},
+                                                "days": {"type": "integer", "minimum": 1.0, "maximum": 7}},
                                                 "required": ["city"]}}}]
 CALL = "get_weather\n```python\ntool_call(city='北京')\n```"
 ANSWER = "你好，我是助手。"

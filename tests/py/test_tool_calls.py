@@ -119,7 +119,8 @@ def main():
     bad = [(t, g, w) for t, g, w in zip(texts, got, want) if g == "ERR" or json.loads(g) != w]
     check("call_kwargs_as_json_dumps_of_eval", len(got) == 400 and not bad, "%d lines; %s" % (len(got), bad[:3]))
     refused = ["tool_call(1)", "tool_call(x=foo)", "tool_call(x={1, 2})", "other(x=1)", "tool_call(x=1", "tool_call(x=1) + 1",
-               "tool_call(x=1, x=2)", "tool_call(x=1.5j)", "tool_call(x=007)", "tool_call(x=[1 2])", "tool_call(**[1])"]
+               "tool_call(x=1, x=2)", "tool_call(x=1.5j)", "tool_call(x=007)", "tool_call(x=[1 2])", "tool_call(**[1])",
+               "tool_call(None=1)", "tool_call(x=1, **{'x': 2})", "tool_call(**{1: 2})"]
     for t in refused:  # each one eval() or json.dumps refuses, as the demo's parse then fails
         try:
             json.dumps(eval(t, {"tool_call": tool_call}))
@@ -128,7 +129,8 @@ def main():
             pass
     got = run("call", "\n".join(refused) + "\n")
     check("call_texts_eval_refuses_are_refused", got == ["ERR"] * len(refused), str(list(zip(refused, got))))
-    starred = ["tool_call(**{'a b': 1, 'c': [True]})", "tool_call(x=1, **{'y': None})", "tool_call(**{})"]
+    starred = ["tool_call(**{'a b': 1, 'c': [True]})", "tool_call(x=1, **{'y': None})", "tool_call(**{})",
+               "tool_call(x={'k': 1, 'k': 2, 1: 3, '1': 4})", "tool_call(**{'a': 1, 'a': 2}, b=3)"]
     got = run("call", "\n".join(starred) + "\n")
     want = [json.dumps(eval(t, {"tool_call": tool_call}), ensure_ascii=False) for t in starred]
     check("call_with_a_starred_dict", [json.loads(g) if g != "ERR" else g for g in got] == want, "%s vs %s" % (got, want))

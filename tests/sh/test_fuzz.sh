@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in tests/fuzz (one per parser: safetensors, torch .bin, JSON data
-# records, config.json, --config files and flags, SentencePiece .model or GLM-4 rank file, tokenizer input text)
+# records, config.json, --config files and flags, SentencePiece .model or GLM-4 rank file, tokenizer input text,
+# ChatGLM3's tool-call texts)
 # with clang (fuzzer + ASan + UBSan, leaks count as crashes) and runs each for FUZZ_SECONDS
 # (default 15; `make fuzz` runs 60) from the seed corpus committed in tests/fuzz/seeds/<target>/
 # plus seeds made here (Python's safetensors/torch.save files when installed, small tokenizer
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/../.."
 SECS=${FUZZ_SECONDS:-15}
 ART=${FUZZ_ARTIFACTS:-/tmp}
 PY=${GLM_PYTHON:-/usr/bin/python3}
-ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text"
+ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 if ! command -v clang >/dev/null 2>&1; then
     for t in $TARGETS; do echo "SKIP fuzz_$t: clang is not installed (apt-get install clang)"; done
@@ -90,7 +91,7 @@ echo "$toks" >"$work/tokenizers.txt"
 CFLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fno-sanitize-recover=all -Isrc -I/usr/include/cjson -Itests/c -Itests/fuzz"
 SAN="address,undefined"
 LIBSRC="$(ls src/core/*.c src/io/*.c src/tokenizer/*.c | grep -v 'src/tokenizer/batch.c')
-src/data/reader_json.c src/data/schema.c src/data/schema_conv.c src/data/pyjson.c src/model/config.c src/backend/quant.c src/train/train_flags.c"
+src/data/reader_json.c src/data/schema.c src/data/schema_conv.c src/data/pyjson.c src/data/pyliteral.c src/infer/tools.c src/model/config.c src/backend/quant.c src/train/train_flags.c"
 : >"$work/build.log"
 i=0
 for src in $LIBSRC; do
