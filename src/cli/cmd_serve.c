@@ -36,7 +36,7 @@ static const glm_flag serve_flags[] = {
     {"dtype", ARG_STR, offsetof(serve_args, gen.dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL},
     SV_G(quantization_bit, ARG_INT, "0", "4 or 8: quantize the linear weights as they load (THUDM's INT4/INT8); 0 = as stored"),
     {"quantization_type", ARG_STR, offsetof(serve_args, gen.quantization_type), "int", "int: THUDM's per-row INT8/INT4; nf4: QLoRA's NormalFloat4", "int|nf4", NULL},
-    {"ptuning_checkpoint", ARG_STR, offsetof(serve_args, gen.adapter), NULL, "a P-Tuning v2 checkpoint on top of the model, served as the model (THUDM's ptuning output or --finetuning_type ptuning; no --adapter then)", NULL, NULL},
+    SV_G(ptuning_checkpoint, ARG_STR, NULL, "a P-Tuning v2 checkpoint on top of the model, served as the model (THUDM's ptuning output or --finetuning_type ptuning; no --adapter then)"),
     SV_G(device_map, ARG_STR, NULL, "split the layers over GPUs: auto, thudm, or a JSON map of module names to stages"),
     SV_G(pipeline_parallel_size, ARG_INT, "0", "stages for --device_map auto|thudm (0: every visible GPU)"),
     SV_G(do_sample, ARG_BOOL, "true", "default for requests without temperature (false = greedy)"),
@@ -140,10 +140,6 @@ int glm_cmd_serve(int argc, char **argv) {
         rc = glm_fail(&err, "serve: --max_batch_size, --timeout and --max_connections must be >= 1, --max_queue, "
                             "--max_model_len and --shutdown_timeout >= 0, --max_body_bytes >= 64, --port in [0, 65535]");
     if (!rc) rc = gen_open_tokenizer(&s, &a.gen, &err);
-    if (!rc && a.gen.adapter && s.cfg.peft.kind != GLM_FT_PTUNING) {
-        rc = glm_fail(&err, "--ptuning_checkpoint %s is a LoRA adapter, not a P-Tuning v2 checkpoint", a.gen.adapter);
-        glm_hint(&err, "serve LoRA adapters with --adapter NAME=%s (chosen per request by the model field)", a.gen.adapter);
-    }
     int Tmax = 0;
     if (!rc) {
         int mm = s.cfg.max_sequence_length > 0 ? s.cfg.max_sequence_length : 2048;

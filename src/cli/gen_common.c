@@ -34,6 +34,12 @@ int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, cons
     if (!a->top_p_set) a->top_p = def_top_p;
     if (!a->temperature_set) a->temperature = def_temp;
     if (!a->max_new_tokens_set) a->max_new_tokens = 0;
+    if (rc == 0 && a->ptuning_checkpoint) {
+        if (a->adapter) return glm_fail(err, "--adapter and --ptuning_checkpoint both given: one adapter at a time");
+        int owned = 0; /* whether gen_args_free frees adapter too (a table with --adapter): then a copy */
+        for (int i = 0; i < n; i++) owned |= !strcmp(f[i].name, "adapter");
+        a->adapter = owned ? glm_strdup(a->ptuning_checkpoint) : a->ptuning_checkpoint;
+    }
     if (rc == 0 && a->max_new_tokens_set && a->max_new_tokens < 1) {
         glm_fail(err, "--max_new_tokens must be >= 1 (got %d)", a->max_new_tokens);
         return glm_hint(err, "leave it out to generate up to --max_length tokens in all");
@@ -122,6 +128,10 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
         return glm_hint(err, "a quantized 6B model fits one GPU: drop --device_map");
     }
     if (a->adapter && glm_adapter_read_config(a->adapter, &s->cfg.peft, err)) return -1; /* the model gets its rows */
+    if (a->ptuning_checkpoint && s->cfg.peft.kind != GLM_FT_PTUNING) {
+        glm_fail(err, "--ptuning_checkpoint %s is a LoRA adapter, not a P-Tuning v2 checkpoint", a->ptuning_checkpoint);
+        return glm_hint(err, "pass it as --adapter %s", a->ptuning_checkpoint);
+    }
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
     if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");
     if (glm_tokenizer_vocab_size(s->tok) > s->cfg.vocab_size) {

@@ -9,6 +9,7 @@
 typedef struct gen_args {
     /* common */
     char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map, *adapter, *quantization_type, *system;
+    char *ptuning_checkpoint; /* THUDM's name: --adapter's value, which must then be a P-Tuning v2 checkpoint */
     int quantization_bit;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
     double top_p, temperature, repetition_penalty;
@@ -24,7 +25,8 @@ typedef struct gen_args {
 #define GEN_COMMON_FLAGS \
     GEN_F(model_name_or_path, ARG_STR, NULL, "model folder: config.json + safetensors or pytorch_model*.bin (+ tokenizer)"), \
     GEN_F(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model (default: the model folder)"), \
-    GEN_F(adapter, ARG_STR, NULL, "LoRA adapter folder on top of the model (glmtrain --finetuning_type lora, or peft's save_pretrained)"), \
+    GEN_F(adapter, ARG_STR, NULL, "LoRA adapter folder or P-Tuning v2 checkpoint on top of the model (glmtrain --finetuning_type lora|ptuning, peft's save_pretrained, THUDM's ptuning output)"), \
+    GEN_F(ptuning_checkpoint, ARG_STR, NULL, "a P-Tuning v2 checkpoint on top of the model (THUDM's flag name; as --adapter)"), \
     {"device", ARG_STR, offsetof(gen_args, device), "auto", "where to run (auto: a GPU when built with CUDA and one is usable)", "auto|cpu|cuda", NULL}, \
     {"dtype", ARG_STR, offsetof(gen_args, dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL}, \
     GEN_F(quantization_bit, ARG_INT, "0", "4 or 8: quantize the linear weights as they load (THUDM's INT4/INT8); 0 = as stored"), \

@@ -53,6 +53,14 @@ for ft in "lora --lora_rank 4 --lora_target all" "ptuning --pre_seq_len 4 --pref
         if [ -n "$ref_a" ] && [ "$got" = "$ref_a" ]; then echo "PASS $name: $got"; else echo "FAIL $name: '$got' vs single model '$ref_a'"; fail=1; fi
     done
 done
+# THUDM's flag name for a P-Tuning checkpoint: the same tokens; a LoRA folder or both flags refused
+if [ -d "$D/ptuning" ] && [ "$(gen --ptuning_checkpoint "$D/ptuning")" = "$(gen --adapter "$D/ptuning")" ]; then
+    echo "PASS generate_ptuning_checkpoint_flag"; else echo "FAIL generate_ptuning_checkpoint_flag"; fail=1; fi
+out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --ptuning_checkpoint "$D/lora" 2>&1)
+if echo "$out" | grep -q "is a LoRA adapter" && echo "$out" | grep -q -- "--adapter"; then echo "PASS ptuning_checkpoint_lora_refused"
+else echo "FAIL ptuning_checkpoint_lora_refused: $out"; fail=1; fi
+out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --adapter "$D/lora" --ptuning_checkpoint "$D/ptuning" 2>&1)
+if echo "$out" | grep -q "both given"; then echo "PASS adapter_and_ptuning_checkpoint_refused"; else echo "FAIL adapter_and_ptuning_checkpoint_refused: $out"; fail=1; fi
 out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --device_map "$D/bad_map.json" 2>&1)
 if echo "$out" | grep -q "transformer.layers.1"; then echo "PASS generate_bad_map_names_module"; else echo "FAIL generate_bad_map_names_module: $out"; fail=1; fi
 chat=$(printf '背诵李白的《静夜思》\nexit\n' | "$GLM" chat --model_name_or_path "$D/model" --do_sample false --max_new_tokens 8 \
