@@ -115,6 +115,10 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     if (!glm_is_file(path)) {
         int pt = read_ptuning(dir, p, err);
         if (pt <= 0) return pt;
+        glm_fail(err, "%s holds neither adapter_config.json (a LoRA adapter) nor a config.json with pre_seq_len (a P-Tuning v2 "
+                      "checkpoint)", dir);
+        return glm_hint(err, "pass the folder glmtrain wrote (--finetuning_type lora or ptuning: the output_dir or a "
+                             "checkpoint-N in it), peft's save_pretrained folder, or THUDM's ptuning output");
     }
     char *text = glm_read_file(path, NULL, err);
     if (!text) return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");

@@ -59,6 +59,10 @@ if [ -d "$D/ptuning" ] && [ "$(gen --ptuning_checkpoint "$D/ptuning")" = "$(gen 
 out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --ptuning_checkpoint "$D/lora" 2>&1)
 if echo "$out" | grep -q "is a LoRA adapter" && echo "$out" | grep -q -- "--adapter"; then echo "PASS ptuning_checkpoint_lora_refused"
 else echo "FAIL ptuning_checkpoint_lora_refused: $out"; fail=1; fi
+mkdir -p "$D/empty"
+out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --ptuning_checkpoint "$D/empty" 2>&1)
+if echo "$out" | grep -q "holds neither adapter_config.json" && echo "$out" | grep -q "pre_seq_len"; then echo "PASS adapter_folder_without_configs_named"
+else echo "FAIL adapter_folder_without_configs_named: $out"; fail=1; fi
 out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --adapter "$D/lora" --ptuning_checkpoint "$D/ptuning" 2>&1)
 if echo "$out" | grep -q "both given"; then echo "PASS adapter_and_ptuning_checkpoint_refused"; else echo "FAIL adapter_and_ptuning_checkpoint_refused: $out"; fail=1; fi
 out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --device_map "$D/bad_map.json" 2>&1)
