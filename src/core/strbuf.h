@@ -16,4 +16,6 @@ void glm_strbuf_put(glm_strbuf *b, const char *s, size_t n);
 static inline void glm_strbuf_str(glm_strbuf *b, const char *s) {
     if (s) glm_strbuf_put(b, s, strlen(s));
 }
+/* Appends code point cp (at most U+10FFFF) as UTF-8. */
+void glm_strbuf_utf8(glm_strbuf *b, unsigned cp);
 #endif

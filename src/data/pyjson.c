@@ -1,4 +1,4 @@
-/* Python-compatible json.dumps over raw JSON text (pyjson.h). A small recursive reader that
+/* Python-compatible json.dumps over raw JSON text (pyjson.h). A small recursive py_reader that
  * writes each value the way CPython's json module would after json.loads: strings re-escaped
  * (ensure_ascii=False: only " \ and control characters), ints as written ("-0" is 0), floats
  * through repr() (the shortest digits that read back, "1.0", "1e-05", "Infinity"), objects with
@@ -11,67 +11,37 @@
 #include "core/err.h"
 #include "core/strbuf.h"
 #include "data/pyjson.h"
+#include "data/pyreader.h"
 
 
-typedef struct reader {
-    const char *s;
-    size_t n, i;
-    char *why;
-    size_t why_len;
-} reader;
-
-static int fail(reader *r, const char *fmt, ...) {
-    if (r->why && !r->why[0]) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(r->why, r->why_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
-static void ws(reader *r) {
-    while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r')) r->i++;
-}
-
-static int hex4(reader *r, unsigned *v) {
-    if (r->i + 4 > r->n) return fail(r, "a \\u escape is cut short");
+static int hex4(py_reader *r, unsigned *v) {
+    if (r->i + 4 > r->n) return py_fail(r, "a \\u escape is cut short");
     *v = 0;
     for (int k = 0; k < 4; k++) {
         char c = r->s[r->i++];
         int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0) return fail(r, "a \\u escape with a non-hex digit");
+        if (d < 0) return py_fail(r, "a \\u escape with a non-hex digit");
         *v = *v * 16 + (unsigned)d;
     }
     return 0;
 }
 
-static void put_utf8(glm_strbuf *b, unsigned cp) {
-    char u[4];
-    size_t n;
-    if (cp < 0x80) { u[0] = (char)cp; n = 1; }
-    else if (cp < 0x800) { u[0] = (char)(0xC0 | cp >> 6); u[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
-    else if (cp < 0x10000) { u[0] = (char)(0xE0 | cp >> 12); u[1] = (char)(0x80 | (cp >> 6 & 0x3F)); u[2] = (char)(0x80 | (cp & 0x3F)); n = 3; }
-    else { u[0] = (char)(0xF0 | cp >> 18); u[1] = (char)(0x80 | (cp >> 12 & 0x3F)); u[2] = (char)(0x80 | (cp >> 6 & 0x3F)); u[3] = (char)(0x80 | (cp & 0x3F)); n = 4; }
-    glm_strbuf_put(b, u, n);
-}
-
 /* The string at r->i (on its '"'), decoded to UTF-8 into out (left empty on an error). */
-static int read_string(reader *r, glm_strbuf *out) {
+static int read_string(py_reader *r, glm_strbuf *out) {
     int rc = 0;
     r->i++;
     for (;;) {
-        if (r->i >= r->n) { rc = fail(r, "unterminated string"); break; }
+        if (r->i >= r->n) { rc = py_fail(r, "unterminated string"); break; }
         unsigned char c = (unsigned char)r->s[r->i];
         if (c == '"') { r->i++; break; }
-        if (c < 0x20) { rc = fail(r, "a raw control character in a string"); break; }
+        if (c < 0x20) { rc = py_fail(r, "a raw control character in a string"); break; }
         if (c != '\\') { glm_strbuf_put(out, r->s + r->i++, 1); continue; }
-        if (++r->i >= r->n) { rc = fail(r, "unterminated string"); break; }
+        if (++r->i >= r->n) { rc = py_fail(r, "unterminated string"); break; }
         char e = r->s[r->i++];
         const char *simple = strchr("\"\\/bfnrt", e);
         if (simple && e) { glm_strbuf_put(out, &"\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"], 1); continue; }
         unsigned cp = 0, lo = 0; /* set by hex4 where it succeeds */
-        if (e != 'u' || hex4(r, &cp)) { rc = fail(r, "a bad escape in a string"); break; }
+        if (e != 'u' || hex4(r, &cp)) { rc = py_fail(r, "a bad escape in a string"); break; }
         if (cp >= 0xD800 && cp <= 0xDBFF && r->i + 6 <= r->n && r->s[r->i] == '\\' && r->s[r->i + 1] == 'u') {
             size_t save = r->i;
             r->i += 2;
@@ -79,8 +49,8 @@ static int read_string(reader *r, glm_strbuf *out) {
             if (lo >= 0xDC00 && lo <= 0xDFFF) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
             else r->i = save;
         }
-        if (cp >= 0xD800 && cp <= 0xDFFF) { rc = fail(r, "a lone UTF-16 surrogate \\u%04x (no UTF-8 text)", cp); break; }
-        put_utf8(out, cp);
+        if (cp >= 0xD800 && cp <= 0xDFFF) { rc = py_fail(r, "a lone UTF-16 surrogate \\u%04x (no UTF-8 text)", cp); break; }
+        glm_strbuf_utf8(out, cp);
     }
     if (rc) { free(out->s); *out = (glm_strbuf){0}; }
     return rc;
@@ -139,22 +109,22 @@ void glm_py_float_repr(glm_strbuf *b, double v) {
 }
 
 /* A number as JSON writes it (Python's NUMBER_RE): an int keeps its digits, else a float. */
-static int dump_number(reader *r, glm_strbuf *b) {
+static int dump_number(py_reader *r, glm_strbuf *b) {
     size_t s = r->i, i = s;
     int is_float = 0;
     if (i < r->n && r->s[i] == '-') i++;
     if (i < r->n && r->s[i] == '0') i++;
     else if (i < r->n && r->s[i] >= '1' && r->s[i] <= '9') while (i < r->n && r->s[i] >= '0' && r->s[i] <= '9') i++;
-    else return fail(r, "a bad number");
+    else return py_fail(r, "a bad number");
     if (i < r->n && r->s[i] == '.') {
         is_float = 1;
-        if (++i >= r->n || r->s[i] < '0' || r->s[i] > '9') return fail(r, "a bad number");
+        if (++i >= r->n || r->s[i] < '0' || r->s[i] > '9') return py_fail(r, "a bad number");
         while (i < r->n && r->s[i] >= '0' && r->s[i] <= '9') i++;
     }
     if (i < r->n && (r->s[i] == 'e' || r->s[i] == 'E')) {
         is_float = 1;
         if (++i < r->n && (r->s[i] == '+' || r->s[i] == '-')) i++;
-        if (i >= r->n || r->s[i] < '0' || r->s[i] > '9') return fail(r, "a bad number");
+        if (i >= r->n || r->s[i] < '0' || r->s[i] > '9') return py_fail(r, "a bad number");
         while (i < r->n && r->s[i] >= '0' && r->s[i] <= '9') i++;
     }
     r->i = i;
@@ -186,31 +156,31 @@ static void item_sep(glm_strbuf *b, int indent, int first, const char *open) {
 /* One object member: its key and its value's dump. */
 typedef struct member { glm_strbuf key, val; } member;
 
-static int dump_value(reader *r, glm_strbuf *b, int indent, int level);
+static int dump_value(py_reader *r, glm_strbuf *b, int indent, int level);
 
-static int dump_object(reader *r, glm_strbuf *b, int indent, int level) {
+static int dump_object(py_reader *r, glm_strbuf *b, int indent, int level) {
     member *m = NULL;
     int nm = 0, rc = 0;
     r->i++;
-    ws(r);
+    py_ws(r);
     if (r->i < r->n && r->s[r->i] == '}') r->i++;
     else for (;;) {
-        ws(r);
-        if (r->i >= r->n || r->s[r->i] != '"') { rc = fail(r, "an object key is not a string"); break; }
+        py_ws(r);
+        if (r->i >= r->n || r->s[r->i] != '"') { rc = py_fail(r, "an object key is not a string"); break; }
         glm_strbuf key = {0}, val = {0};
         if (read_string(r, &key)) { rc = -1; break; }
-        ws(r);
-        if (r->i >= r->n || r->s[r->i] != ':') { free(key.s); rc = fail(r, "':' missing after an object key"); break; }
+        py_ws(r);
+        if (r->i >= r->n || r->s[r->i] != ':') { free(key.s); rc = py_fail(r, "':' missing after an object key"); break; }
         r->i++;
         if (dump_value(r, &val, indent, level + 1)) { free(key.s); free(val.s); rc = -1; break; }
         int k = 0; /* a repeated key keeps its place, with the last value (a dict) */
         while (k < nm && !(m[k].key.n == key.n && (key.n == 0 || !memcmp(m[k].key.s, key.s, key.n)))) k++;
         if (k < nm) { free(m[k].val.s); m[k].val = val; free(key.s); }
         else { m = glm_realloc(m, sizeof *m * (size_t)(nm + 1)); m[nm++] = (member){key, val}; }
-        ws(r);
+        py_ws(r);
         if (r->i < r->n && r->s[r->i] == ',') { r->i++; continue; }
         if (r->i < r->n && r->s[r->i] == '}') { r->i++; break; }
-        rc = fail(r, "',' or '}' missing in an object");
+        rc = py_fail(r, "',' or '}' missing in an object");
         break;
     }
     if (!rc && nm == 0) glm_strbuf_str(b, "{}");
@@ -227,35 +197,35 @@ static int dump_object(reader *r, glm_strbuf *b, int indent, int level) {
     return rc;
 }
 
-static int dump_array(reader *r, glm_strbuf *b, int indent, int level) {
+static int dump_array(py_reader *r, glm_strbuf *b, int indent, int level) {
     r->i++;
-    ws(r);
+    py_ws(r);
     if (r->i < r->n && r->s[r->i] == ']') { r->i++; glm_strbuf_str(b, "[]"); return 0; }
     for (int k = 0;; k++) {
         item_sep(b, indent, k == 0, "[");
         newline(b, indent, level + 1);
         if (dump_value(r, b, indent, level + 1)) return -1;
-        ws(r);
+        py_ws(r);
         if (r->i < r->n && r->s[r->i] == ',') { r->i++; continue; }
         if (r->i < r->n && r->s[r->i] == ']') { r->i++; break; }
-        return fail(r, "',' or ']' missing in a list");
+        return py_fail(r, "',' or ']' missing in a list");
     }
     newline(b, indent, level);
     glm_strbuf_put(b, "]", 1);
     return 0;
 }
 
-static int literal(reader *r, glm_strbuf *b, const char *word) {
+static int literal(py_reader *r, glm_strbuf *b, const char *word) {
     size_t n = strlen(word);
-    if (r->i + n > r->n || memcmp(r->s + r->i, word, n)) return fail(r, "an unknown word");
+    if (r->i + n > r->n || memcmp(r->s + r->i, word, n)) return py_fail(r, "an unknown word");
     r->i += n;
     if (b) glm_strbuf_put(b, word, n);
     return 0;
 }
 
-static int dump_value(reader *r, glm_strbuf *b, int indent, int level) {
-    ws(r);
-    if (r->i >= r->n) return fail(r, "a value is missing");
+static int dump_value(py_reader *r, glm_strbuf *b, int indent, int level) {
+    py_ws(r);
+    if (r->i >= r->n) return py_fail(r, "a value is missing");
     char c = r->s[r->i];
     if (c == '{') return dump_object(r, b, indent, level);
     if (c == '[') return dump_array(r, b, indent, level);
@@ -273,12 +243,12 @@ static int dump_value(reader *r, glm_strbuf *b, int indent, int level) {
 }
 
 char *glm_pyjson_dumps(const char *text, size_t len, int indent, char *why, size_t why_len) {
-    reader r = {text, len, 0, why, why_len};
+    py_reader r = {text, len, 0, why, why_len};
     if (why && why_len) why[0] = 0;
     glm_strbuf b = {0};
     if (dump_value(&r, &b, indent, 0)) { free(b.s); return NULL; }
-    ws(&r);
-    if (r.i < r.n) { fail(&r, "data after the value"); free(b.s); return NULL; }
+    py_ws(&r);
+    if (r.i < r.n) { py_fail(&r, "data after the value"); free(b.s); return NULL; }
     if (!b.s) glm_strbuf_put(&b, "", 0);
     return b.s;
 }
@@ -321,31 +291,31 @@ static void repr_string(glm_strbuf *b, const char *s, size_t n) {
     glm_strbuf_put(b, &q, 1);
 }
 
-static int repr_value(reader *r, glm_strbuf *b);
+static int repr_value(py_reader *r, glm_strbuf *b);
 
 /* {'k': v, ...}, a repeated key merged as json.loads' dict merges it (first place, last value). */
-static int repr_object(reader *r, glm_strbuf *b) {
+static int repr_object(py_reader *r, glm_strbuf *b) {
     member *m = NULL;
     int nm = 0, rc = 0;
     r->i++;
-    ws(r);
+    py_ws(r);
     for (int comma = 0; rc == 0 && r->i < r->n && (comma || r->s[r->i] != '}');) {
         glm_strbuf key = {0}, val = {0};
-        if (r->s[r->i] != '"' || read_string(r, &key)) { free(key.s); rc = fail(r, "an object key is not a string"); break; }
-        ws(r);
-        if (r->i >= r->n || r->s[r->i] != ':') { free(key.s); rc = fail(r, "':' missing after an object key"); break; }
+        if (r->s[r->i] != '"' || read_string(r, &key)) { free(key.s); rc = py_fail(r, "an object key is not a string"); break; }
+        py_ws(r);
+        if (r->i >= r->n || r->s[r->i] != ':') { free(key.s); rc = py_fail(r, "':' missing after an object key"); break; }
         r->i++;
         if (repr_value(r, &val)) { free(key.s); free(val.s); rc = -1; break; }
         int k = 0;
         while (k < nm && !(m[k].key.n == key.n && (key.n == 0 || !memcmp(m[k].key.s, key.s, key.n)))) k++;
         if (k < nm) { free(m[k].val.s); m[k].val = val; free(key.s); }
         else { m = glm_realloc(m, sizeof *m * (size_t)(nm + 1)); m[nm++] = (member){key, val}; }
-        ws(r);
+        py_ws(r);
         comma = r->i < r->n && r->s[r->i] == ',';
-        if (comma) { r->i++; ws(r); }
-        else if (r->i >= r->n || r->s[r->i] != '}') rc = fail(r, "',' or '}' missing");
+        if (comma) { r->i++; py_ws(r); }
+        else if (r->i >= r->n || r->s[r->i] != '}') rc = py_fail(r, "',' or '}' missing");
     }
-    if (rc == 0 && r->i >= r->n) rc = fail(r, "'}' missing");
+    if (rc == 0 && r->i >= r->n) rc = py_fail(r, "'}' missing");
     if (rc == 0) {
         r->i++;
         glm_strbuf_put(b, "{", 1);
@@ -362,24 +332,24 @@ static int repr_object(reader *r, glm_strbuf *b) {
     return rc;
 }
 
-static int repr_value(reader *r, glm_strbuf *b) {
-    ws(r);
-    if (r->i >= r->n) return fail(r, "a value is missing");
+static int repr_value(py_reader *r, glm_strbuf *b) {
+    py_ws(r);
+    if (r->i >= r->n) return py_fail(r, "a value is missing");
     char c = r->s[r->i];
     if (c == '{') return repr_object(r, b);
     if (c == '[') {
         glm_strbuf_put(b, "[", 1);
         r->i++;
-        ws(r);
+        py_ws(r);
         for (int k = 0, comma = 0; r->i < r->n && (comma || r->s[r->i] != ']'); k++) {
             if (k) glm_strbuf_str(b, ", ");
             if (repr_value(r, b)) return -1;
-            ws(r);
+            py_ws(r);
             comma = r->i < r->n && r->s[r->i] == ',';
-            if (comma) { r->i++; ws(r); }
-            else if (r->i >= r->n || r->s[r->i] != ']') return fail(r, "',' or ']' missing");
+            if (comma) { r->i++; py_ws(r); }
+            else if (r->i >= r->n || r->s[r->i] != ']') return py_fail(r, "',' or ']' missing");
         }
-        if (r->i >= r->n) return fail(r, "']' missing");
+        if (r->i >= r->n) return py_fail(r, "']' missing");
         r->i++;
         glm_strbuf_put(b, "]", 1);
         return 0;
@@ -404,23 +374,23 @@ static int repr_value(reader *r, glm_strbuf *b) {
 }
 
 char *glm_pyjson_repr(const char *text, size_t len, char *why, size_t why_len) {
-    reader r = {text, len, 0, why, why_len};
+    py_reader r = {text, len, 0, why, why_len};
     if (why && why_len) why[0] = 0;
     glm_strbuf b = {0};
     if (repr_value(&r, &b)) { free(b.s); return NULL; }
-    ws(&r);
-    if (r.i < r.n) { fail(&r, "data after the value"); free(b.s); return NULL; }
+    py_ws(&r);
+    if (r.i < r.n) { py_fail(&r, "data after the value"); free(b.s); return NULL; }
     return b.s;
 }
 
 int glm_json_locate(const char *text, size_t len, const char *key, int idx, size_t *vs, size_t *ve) {
-    reader r = {text, len, 0, NULL, 0};
+    py_reader r = {text, len, 0, NULL, 0};
     glm_strbuf skip = {0};
-    ws(&r);
+    py_ws(&r);
     char open = key ? '{' : '[', close = key ? '}' : ']';
     if (r.i >= r.n || r.s[r.i] != open) return -1;
     r.i++;
-    ws(&r);
+    py_ws(&r);
     int rc = -1;
     for (int k = 0; r.i < r.n && r.s[r.i] != close; k++) {
         int hit = !key && k == idx;
@@ -429,17 +399,17 @@ int glm_json_locate(const char *text, size_t len, const char *key, int idx, size
             if (r.s[r.i] != '"' || read_string(&r, &name)) break;
             hit = name.n == strlen(key) && !memcmp(name.s, key, name.n);
             free(name.s);
-            ws(&r);
+            py_ws(&r);
             if (r.i >= r.n || r.s[r.i] != ':') break;
             r.i++;
         }
-        ws(&r);
+        py_ws(&r);
         size_t s = r.i;
         skip.n = 0;
         if (dump_value(&r, &skip, 0, 0)) break;
         if (hit) { *vs = s; *ve = r.i; rc = 0; break; }
-        ws(&r);
-        if (r.i < r.n && r.s[r.i] == ',') { r.i++; ws(&r); }
+        py_ws(&r);
+        if (r.i < r.n && r.s[r.i] == ',') { r.i++; py_ws(&r); }
     }
     free(skip.s);
     return rc;

@@ -8,41 +8,11 @@
 #include "core/strbuf.h"
 #include "data/pyjson.h"
 #include "data/pyliteral.h"
-
-typedef struct lit {
-    const char *s;
-    size_t n, i;
-    char *why;
-    size_t why_len;
-} lit;
-
-static int fail(lit *r, const char *fmt, ...) {
-    if (r->why && !r->why[0]) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(r->why, r->why_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
-static void ws(lit *r) {
-    while (r->i < r->n && strchr(" \t\r\n", r->s[r->i])) r->i++;
-}
+#include "data/pyreader.h"
 
 static int is_ident(char c, int first) {
     return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9') ||
            (unsigned char)c >= 0x80;
-}
-
-static void put_utf8(glm_strbuf *b, unsigned cp) {
-    char u[4];
-    size_t n;
-    if (cp < 0x80) { u[0] = (char)cp; n = 1; }
-    else if (cp < 0x800) { u[0] = (char)(0xC0 | cp >> 6); u[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
-    else if (cp < 0x10000) { u[0] = (char)(0xE0 | cp >> 12); u[1] = (char)(0x80 | (cp >> 6 & 0x3F)); u[2] = (char)(0x80 | (cp & 0x3F)); n = 3; }
-    else { u[0] = (char)(0xF0 | cp >> 18); u[1] = (char)(0x80 | (cp >> 12 & 0x3F)); u[2] = (char)(0x80 | (cp >> 6 & 0x3F)); u[3] = (char)(0x80 | (cp & 0x3F)); n = 4; }
-    glm_strbuf_put(b, u, n);
 }
 
 static int hexval(char c) {
@@ -50,13 +20,13 @@ static int hexval(char c) {
 }
 
 /* A str literal ('...' or "...", a u prefix allowed), its text decoded into out. */
-static int read_str(lit *r, glm_strbuf *out) {
+static int read_str(py_reader *r, glm_strbuf *out) {
     if (r->s[r->i] == 'u' || r->s[r->i] == 'U') r->i++;
     char q = r->s[r->i++];
-    if (r->i + 1 < r->n && r->s[r->i] == q && r->s[r->i + 1] == q) return fail(r, "a triple-quoted string");
+    if (r->i + 1 < r->n && r->s[r->i] == q && r->s[r->i + 1] == q) return py_fail(r, "a triple-quoted string");
     while (r->i < r->n && r->s[r->i] != q) {
         char c = r->s[r->i++];
-        if (c == '\n') return fail(r, "a string broken by a new line");
+        if (c == '\n') return py_fail(r, "a string broken by a new line");
         if (c != '\\') { glm_strbuf_put(out, &c, 1); continue; }
         if (r->i >= r->n) break;
         char e = r->s[r->i++];
@@ -67,32 +37,32 @@ static int read_str(lit *r, glm_strbuf *out) {
         } else if (e >= '0' && e <= '7') {
             unsigned v = (unsigned)(e - '0');
             for (int k = 0; k < 2 && r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '7'; k++) v = v * 8 + (unsigned)(r->s[r->i++] - '0');
-            put_utf8(out, v);
+            glm_strbuf_utf8(out, v);
         } else if (e == 'x' || e == 'u' || e == 'U') {
             int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
             unsigned v = 0;
             for (int k = 0; k < digits; k++) {
                 int d = r->i < r->n ? hexval(r->s[r->i++]) : -1;
-                if (d < 0) return fail(r, "a \\%c escape without its %d hex digits", e, digits);
+                if (d < 0) return py_fail(r, "a \\%c escape without its %d hex digits", e, digits);
                 v = v * 16 + (unsigned)d;
             }
-            if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return fail(r, "a \\%c escape outside Unicode's text", e);
-            put_utf8(out, v);
+            if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return py_fail(r, "a \\%c escape outside Unicode's text", e);
+            glm_strbuf_utf8(out, v);
         } else { /* an unknown escape keeps its backslash, as Python does */
             glm_strbuf_put(out, "\\", 1);
             glm_strbuf_put(out, &e, 1);
         }
     }
-    if (r->i >= r->n) return fail(r, "a string without its closing quote");
+    if (r->i >= r->n) return py_fail(r, "a string without its closing quote");
     r->i++;
     return 0;
 }
 
 /* A number: int (written back as its digits) or float (as repr(float)); a sign in front. */
-static int read_number(lit *r, glm_strbuf *b) {
+static int read_number(py_reader *r, glm_strbuf *b) {
     size_t s = r->i;
     int neg = 0;
-    while (r->i < r->n && (r->s[r->i] == '-' || r->s[r->i] == '+')) { neg ^= r->s[r->i] == '-'; r->i++; ws(r); }
+    while (r->i < r->n && (r->s[r->i] == '-' || r->s[r->i] == '+')) { neg ^= r->s[r->i] == '-'; r->i++; py_ws(r); }
     size_t d = r->i;
     int is_float = 0, digits = 0;
     /* digits, with single underscores between them (1_000) */
@@ -110,10 +80,10 @@ static int read_number(lit *r, glm_strbuf *b) {
         is_float = 1;
         r->i++;
         if (r->i < r->n && (r->s[r->i] == '+' || r->s[r->i] == '-')) r->i++;
-        if (r->i >= r->n || r->s[r->i] < '0' || r->s[r->i] > '9') return fail(r, "a bad number");
+        if (r->i >= r->n || r->s[r->i] < '0' || r->s[r->i] > '9') return py_fail(r, "a bad number");
         while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9') r->i++;
     }
-    if (!digits) { r->i = s; return fail(r, "not a literal at byte %zu", s); }
+    if (!digits) { r->i = s; return py_fail(r, "not a literal at byte %zu", s); }
     glm_strbuf t = {0}; /* the digits without underscores: ints keep every one */
     for (size_t j = d; j < r->i; j++) if (r->s[j] != '_') glm_strbuf_put(&t, r->s + j, 1);
     char *tmp = t.s;
@@ -123,7 +93,7 @@ static int read_number(lit *r, glm_strbuf *b) {
         glm_py_float_repr(b, (neg ? -1 : 1) * strtod(tmp, NULL));
     } else {
         if (k > 1 && tmp[0] == '0') { /* Python 3 refuses 007; 0x.. and the like are not handled */
-            for (size_t j = 0; j < k && rc == 0; j++) if (tmp[j] != '0') rc = fail(r, "an int with leading zeros");
+            for (size_t j = 0; j < k && rc == 0; j++) if (tmp[j] != '0') rc = py_fail(r, "an int with leading zeros");
             k = 1;
         }
         if (rc == 0) {
@@ -135,29 +105,29 @@ static int read_number(lit *r, glm_strbuf *b) {
     return rc;
 }
 
-static int word(lit *r, const char *w) {
+static int word(py_reader *r, const char *w) {
     size_t n = strlen(w);
     return r->i + n <= r->n && !memcmp(r->s + r->i, w, n) && (r->i + n == r->n || !is_ident(r->s[r->i + n], 0));
 }
 
-static int read_value(lit *r, glm_strbuf *b, int depth);
+static int read_value(py_reader *r, glm_strbuf *b, int depth);
 
 /* [a, b], (a, b) and (a,) as a JSON array; (a) is a itself. */
-static int read_seq(lit *r, glm_strbuf *b, int depth) {
+static int read_seq(py_reader *r, glm_strbuf *b, int depth) {
     char open = r->s[r->i++], close = open == '[' ? ']' : ')';
     glm_strbuf items = {0};
     int k = 0, comma = 0;
-    ws(r);
+    py_ws(r);
     while (r->i < r->n && r->s[r->i] != close) {
         if (k) glm_strbuf_str(&items, ", ");
         if (read_value(r, &items, depth + 1)) { free(items.s); return -1; }
         k++;
-        ws(r);
+        py_ws(r);
         comma = r->i < r->n && r->s[r->i] == ',';
-        if (comma) { r->i++; ws(r); }
-        else if (r->i < r->n && r->s[r->i] != close) { free(items.s); return fail(r, "',' or '%c' missing", close); }
+        if (comma) { r->i++; py_ws(r); }
+        else if (r->i < r->n && r->s[r->i] != close) { free(items.s); return py_fail(r, "',' or '%c' missing", close); }
     }
-    if (r->i >= r->n) { free(items.s); return fail(r, "'%c' missing", close); }
+    if (r->i >= r->n) { free(items.s); return py_fail(r, "'%c' missing", close); }
     r->i++;
     if (open == '(' && k == 1 && !comma) glm_strbuf_put(b, items.s, items.n); /* a parenthesised value */
     else { glm_strbuf_put(b, "[", 1); if (items.n) glm_strbuf_put(b, items.s, items.n); glm_strbuf_put(b, "]", 1); }
@@ -175,11 +145,11 @@ static void members_free(member *m, int n) {
 
 /* {k: v, ...}: str or int keys (a set is refused), a repeated key merged as a dict merges it
  * (its first place, its last value). */
-static int read_members(lit *r, member **out, int *nout, int depth) {
+static int read_members(py_reader *r, member **out, int *nout, int depth) {
     member *m = NULL;
     int nm = 0, rc = 0;
     r->i++;
-    ws(r);
+    py_ws(r);
     while (rc == 0 && r->i < r->n && r->s[r->i] != '}') {
         member x = {0};
         char c = r->s[r->i];
@@ -194,7 +164,7 @@ static int read_members(lit *r, member **out, int *nout, int depth) {
             glm_strbuf num = {0};
             if (read_number(r, &num) || strchr(num.s, '.') || strchr(num.s, 'e') || strchr(num.s, 'n') || strchr(num.s, 'N')) {
                 free(num.s);
-                rc = fail(r, "a dict key that is not a str or an int");
+                rc = py_fail(r, "a dict key that is not a str or an int");
                 break;
             }
             glm_strbuf_put(&x.id, "i", 1);
@@ -202,19 +172,19 @@ static int read_members(lit *r, member **out, int *nout, int depth) {
             glm_py_json_string(&x.key, num.s, num.n);
             free(num.s);
         }
-        ws(r);
-        if (r->i >= r->n || r->s[r->i] != ':') { free(x.id.s); free(x.key.s); rc = fail(r, "':' missing in a dict (a set has no JSON form)"); break; }
+        py_ws(r);
+        if (r->i >= r->n || r->s[r->i] != ':') { free(x.id.s); free(x.key.s); rc = py_fail(r, "':' missing in a dict (a set has no JSON form)"); break; }
         r->i++;
         if (read_value(r, &x.val, depth + 1)) { free(x.id.s); free(x.key.s); free(x.val.s); rc = -1; break; }
         int k = 0;
         while (k < nm && !(m[k].id.n == x.id.n && !memcmp(m[k].id.s, x.id.s, x.id.n))) k++;
         if (k < nm) { free(m[k].val.s); m[k].val = x.val; free(x.id.s); free(x.key.s); }
         else { m = glm_realloc(m, sizeof *m * (size_t)(nm + 1)); m[nm++] = x; }
-        ws(r);
-        if (r->i < r->n && r->s[r->i] == ',') { r->i++; ws(r); }
-        else if (r->i < r->n && r->s[r->i] != '}') rc = fail(r, "',' or '}' missing in a dict");
+        py_ws(r);
+        if (r->i < r->n && r->s[r->i] == ',') { r->i++; py_ws(r); }
+        else if (r->i < r->n && r->s[r->i] != '}') rc = py_fail(r, "',' or '}' missing in a dict");
     }
-    if (rc == 0 && r->i >= r->n) rc = fail(r, "'}' missing");
+    if (rc == 0 && r->i >= r->n) rc = py_fail(r, "'}' missing");
     if (rc) { members_free(m, nm); return -1; }
     r->i++;
     *out = m;
@@ -231,7 +201,7 @@ static void put_members(glm_strbuf *b, const member *m, int nm, int *written) {
     }
 }
 
-static int read_dict(lit *r, glm_strbuf *b, int depth) {
+static int read_dict(py_reader *r, glm_strbuf *b, int depth) {
     member *m;
     int nm, written = 0;
     if (read_members(r, &m, &nm, depth)) return -1;
@@ -242,10 +212,10 @@ static int read_dict(lit *r, glm_strbuf *b, int depth) {
     return 0;
 }
 
-static int read_value(lit *r, glm_strbuf *b, int depth) {
-    ws(r);
-    if (depth > 64) return fail(r, "nested too deeply");
-    if (r->i >= r->n) return fail(r, "a value is missing");
+static int read_value(py_reader *r, glm_strbuf *b, int depth) {
+    py_ws(r);
+    if (depth > 64) return py_fail(r, "nested too deeply");
+    if (r->i >= r->n) return py_fail(r, "a value is missing");
     char c = r->s[r->i];
     if (c == '\'' || c == '"' || ((c == 'u' || c == 'U') && r->i + 1 < r->n && (r->s[r->i + 1] == '\'' || r->s[r->i + 1] == '"'))) {
         glm_strbuf s = {0};
@@ -302,16 +272,16 @@ int glm_py_is_identifier(const char *s, size_t n) {
 }
 
 char *glm_py_call_kwargs_json(const char *text, size_t len, const char *fn, char *why, size_t why_len) {
-    lit r = {text, len, 0, why, why_len};
+    py_reader r = {text, len, 0, why, why_len};
     if (why && why_len) why[0] = 0;
     glm_strbuf b = {0};
-    ws(&r);
-    if (!word(&r, fn)) { fail(&r, "not a call of %s", fn); return NULL; }
+    py_ws(&r);
+    if (!word(&r, fn)) { py_fail(&r, "not a call of %s", fn); return NULL; }
     r.i += strlen(fn);
-    ws(&r);
-    if (r.i >= r.n || r.s[r.i] != '(') { fail(&r, "'(' missing after %s", fn); return NULL; }
+    py_ws(&r);
+    if (r.i >= r.n || r.s[r.i] != '(') { py_fail(&r, "'(' missing after %s", fn); return NULL; }
     r.i++;
-    ws(&r);
+    py_ws(&r);
     glm_strbuf_put(&b, "{", 1);
     char **names = NULL;
     int k = 0, rc = 0;
@@ -319,35 +289,35 @@ char *glm_py_call_kwargs_json(const char *text, size_t len, const char *fn, char
     for (; rc == 0 && r.i < r.n && r.s[r.i] != ')'; k++) {
         if (r.i + 1 < r.n && r.s[r.i] == '*' && r.s[r.i + 1] == '*') { /* **{...}: its items are keyword arguments */
             r.i += 2;
-            ws(&r);
+            py_ws(&r);
             member *m = NULL;
             int nm = 0;
-            if (r.i >= r.n || r.s[r.i] != '{' || read_members(&r, &m, &nm, 0)) { rc = fail(&r, "** takes a dict"); break; }
+            if (r.i >= r.n || r.s[r.i] != '{' || read_members(&r, &m, &nm, 0)) { rc = py_fail(&r, "** takes a dict"); break; }
             for (int j = 0; j < nm && rc == 0; j++) {
-                if (m[j].id.s[0] != 's') { rc = fail(&r, "keywords must be strings"); break; }
+                if (m[j].id.s[0] != 's') { rc = py_fail(&r, "keywords must be strings"); break; }
                 char *nmj = glm_malloc(m[j].id.n);
                 memcpy(nmj, m[j].id.s + 1, m[j].id.n - 1);
                 nmj[m[j].id.n - 1] = 0;
                 for (int q = 0; q < k && rc == 0; q++)
-                    if (!strcmp(names[q], nmj)) rc = fail(&r, "keyword argument %s repeated", nmj);
+                    if (!strcmp(names[q], nmj)) rc = py_fail(&r, "keyword argument %s repeated", nmj);
                 names = glm_realloc(names, sizeof *names * (size_t)(k + 1));
                 names[k++] = nmj;
             }
             if (rc == 0) put_members(&b, m, nm, &members);
             members_free(m, nm);
             if (rc) break;
-            ws(&r);
-            if (r.i < r.n && r.s[r.i] == ',') { r.i++; ws(&r); }
-            else if (r.i < r.n && r.s[r.i] != ')') rc = fail(&r, "',' or ')' missing in the call");
+            py_ws(&r);
+            if (r.i < r.n && r.s[r.i] == ',') { r.i++; py_ws(&r); }
+            else if (r.i < r.n && r.s[r.i] != ')') rc = py_fail(&r, "',' or ')' missing in the call");
             k--; /* the loop's k++ */
             continue;
         }
         size_t s = r.i;
         while (r.i < r.n && is_ident(r.s[r.i], r.i == s)) r.i++;
         size_t e = r.i;
-        ws(&r);
+        py_ws(&r);
         if (e == s || r.i >= r.n || r.s[r.i] != '=' || (r.i + 1 < r.n && r.s[r.i + 1] == '=') || !glm_py_is_identifier(text + s, e - s)) {
-            rc = fail(&r, "argument %d is not keyword=value", k + 1);
+            rc = py_fail(&r, "argument %d is not keyword=value", k + 1);
             break;
         }
         r.i++;
@@ -356,23 +326,23 @@ char *glm_py_call_kwargs_json(const char *text, size_t len, const char *fn, char
         memcpy(names[k], text + s, e - s);
         names[k][e - s] = 0;
         for (int j = 0; j < k && rc == 0; j++)
-            if (!strcmp(names[j], names[k])) rc = fail(&r, "keyword argument %s repeated", names[k]);
+            if (!strcmp(names[j], names[k])) rc = py_fail(&r, "keyword argument %s repeated", names[k]);
         if (rc) { k++; break; }
         if (members++) glm_strbuf_str(&b, ", ");
         glm_py_json_string(&b, names[k], strlen(names[k]));
         glm_strbuf_str(&b, ": ");
         if (read_value(&r, &b, 0)) { rc = -1; k++; break; }
-        ws(&r);
-        if (r.i < r.n && r.s[r.i] == ',') { r.i++; ws(&r); }
-        else if (r.i < r.n && r.s[r.i] != ')') rc = fail(&r, "',' or ')' missing in the call");
+        py_ws(&r);
+        if (r.i < r.n && r.s[r.i] == ',') { r.i++; py_ws(&r); }
+        else if (r.i < r.n && r.s[r.i] != ')') rc = py_fail(&r, "',' or ')' missing in the call");
     }
     for (int j = 0; j < k; j++) free(names[j]);
     free(names);
-    if (rc == 0 && r.i >= r.n) rc = fail(&r, "')' missing");
+    if (rc == 0 && r.i >= r.n) rc = py_fail(&r, "')' missing");
     if (rc == 0) {
         r.i++;
-        ws(&r);
-        if (r.i < r.n) rc = fail(&r, "text after the call");
+        py_ws(&r);
+        if (r.i < r.n) rc = py_fail(&r, "text after the call");
     }
     if (rc) { free(b.s); return NULL; }
     glm_strbuf_put(&b, "}", 1);
