@@ -13,14 +13,7 @@ find_tokenizer adapter_check
 export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
 GLM=${GLM:-build/gpu/glmtrain}
 W=${WORK:-/tmp/adapter-check}
-rm -rf "$W" && mkdir -p "$W"
-python3 "$(dirname "$0")/w1_data.py" "$W"
-python3 - "$W" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1] + "/config.json"))
-c.update(hidden_size=256, num_layers=4, num_attention_heads=4, inner_hidden_size=1024)
-json.dump(c, open(sys.argv[1] + "/tiny.json", "w"))
-PY
+w1_workdir "$W" 4
 train() { # output dir, flags...
     local out=$1
     shift

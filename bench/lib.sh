@@ -12,6 +12,20 @@ find_tokenizer() {
     exit 1
 }
 
+# w1_workdir DIR LAYERS: DIR made afresh with W1's data and config.json (bench/w1_data.py) and
+# tiny.json, the same config at hidden 256, LAYERS layers, 4 heads and inner 1024 (ChatGLM-6B's
+# vocabulary kept): the small model the end-to-end checks train.
+w1_workdir() {
+    rm -rf "$1" && mkdir -p "$1"
+    python3 "$(dirname "${BASH_SOURCE[0]}")/w1_data.py" "$1"
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1] + "/config.json"))
+c.update(hidden_size=256, num_layers=int(sys.argv[2]), num_attention_heads=4, inner_hidden_size=1024)
+json.dump(c, open(sys.argv[1] + "/tiny.json", "w"))
+PY
+}
+
 # run_capped NAME CAP MIN CMD...: CMD's output into $OUT/logs/NAME.txt under a timeout of at most
 # CAP seconds, or what is left of $BUDGET (counted from $T0) less 15 s; skipped (and named in
 # $SKIPPED) when fewer than MIN seconds are left. The result lines (those matching $KEEP) go to

@@ -11,14 +11,7 @@ find_tokenizer turing_e2e
 export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0 GLM_CUDA_TURING=1
 GLM=${GLM:-build/gpu/glmtrain}
 W=${WORK:-/tmp/turing-e2e}
-rm -rf "$W" && mkdir -p "$W"
-python3 "$(dirname "$0")/w1_data.py" "$W"
-python3 - "$W" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1] + "/config.json"))
-c.update(hidden_size=256, num_layers=2, num_attention_heads=4, inner_hidden_size=1024)
-json.dump(c, open(sys.argv[1] + "/tiny.json", "w"))
-PY
+w1_workdir "$W" 2
 run() { # config, output dir, steps, flags...
     local cfg=$1 out=$2 steps=$3
     shift 3

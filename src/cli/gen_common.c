@@ -34,12 +34,8 @@ int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, cons
     if (!a->top_p_set) a->top_p = def_top_p;
     if (!a->temperature_set) a->temperature = def_temp;
     if (!a->max_new_tokens_set) a->max_new_tokens = 0;
-    if (rc == 0 && a->ptuning_checkpoint) {
-        if (a->adapter) return glm_fail(err, "--adapter and --ptuning_checkpoint both given: one adapter at a time");
-        int owned = 0; /* whether gen_args_free frees adapter too (a table with --adapter): then a copy */
-        for (int i = 0; i < n; i++) owned |= !strcmp(f[i].name, "adapter");
-        a->adapter = owned ? glm_strdup(a->ptuning_checkpoint) : a->ptuning_checkpoint;
-    }
+    if (rc == 0 && a->ptuning_checkpoint && a->adapter)
+        return glm_fail(err, "--adapter and --ptuning_checkpoint both given: one adapter at a time");
     if (rc == 0 && a->max_new_tokens_set && a->max_new_tokens < 1) {
         glm_fail(err, "--max_new_tokens must be >= 1 (got %d)", a->max_new_tokens);
         return glm_hint(err, "leave it out to generate up to --max_length tokens in all");
@@ -127,7 +123,8 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
         glm_fail(err, "a quantized model with --device_map: not supported yet");
         return glm_hint(err, "a quantized 6B model fits one GPU: drop --device_map");
     }
-    if (a->adapter && glm_adapter_read_config(a->adapter, &s->cfg.peft, err)) return -1; /* the model gets its rows */
+    const char *ad = gen_adapter(a);
+    if (ad && glm_adapter_read_config(ad, &s->cfg.peft, err)) return -1; /* the model gets its rows */
     if (a->ptuning_checkpoint && s->cfg.peft.kind != GLM_FT_PTUNING) {
         glm_fail(err, "--ptuning_checkpoint %s is a LoRA adapter, not a P-Tuning v2 checkpoint", a->ptuning_checkpoint);
         return glm_hint(err, "pass it as --adapter %s", a->ptuning_checkpoint);
@@ -156,11 +153,12 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
 }
 
 static void adapter_info(const gen_session *s, const gen_args *a) {
-    if (a->adapter && s->cfg.peft.kind == GLM_FT_PTUNING)
-        glm_info("P-Tuning v2 prefix %s: %d tokens%s", a->adapter, s->cfg.peft.pre_seq_len,
+    const char *ad = gen_adapter(a);
+    if (ad && s->cfg.peft.kind == GLM_FT_PTUNING)
+        glm_info("P-Tuning v2 prefix %s: %d tokens%s", ad, s->cfg.peft.pre_seq_len,
                  s->cfg.peft.prefix_projection ? ", projected" : "");
-    else if (a->adapter)
-        glm_info("LoRA adapter %s: r %d, alpha %g on %d module kinds", a->adapter, s->cfg.peft.lora_rank,
+    else if (ad)
+        glm_info("LoRA adapter %s: r %d, alpha %g on %d module kinds", ad, s->cfg.peft.lora_rank,
                  s->cfg.peft.lora_alpha, __builtin_popcount((unsigned)s->cfg.peft.lora_targets));
 }
 
@@ -169,7 +167,7 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     double t0 = glm_now();
     if (a->device_map && a->device_map[0]) { /* stages on GPU 0..P-1 (or the CPU), one process */
         s->pipe = glm_calloc(1, sizeof *s->pipe);
-        if (glm_pipe_lm_open(s->pipe, a->model_name_or_path, a->adapter, a->device_map, a->pipeline_parallel_size,
+        if (glm_pipe_lm_open(s->pipe, a->model_name_or_path, gen_adapter(a), a->device_map, a->pipeline_parallel_size,
                              a->device, gen_dtype(a), err)) {
             free(s->pipe);
             s->pipe = NULL;
@@ -184,7 +182,7 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     glm_model_init_inference(&s->m, &c, s->be);
     s->model_ok = 1;
     if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;
-    if (a->adapter && glm_adapter_load(&s->m, a->adapter, err)) return -1;
+    if (gen_adapter(a) && glm_adapter_load(&s->m, gen_adapter(a), err)) return -1;
     adapter_info(s, a);
     glm_info("loaded %s on %s in %.1f s (%d layers, hidden %d, vocab %d)", a->model_name_or_path, s->be->name,
              glm_now() - t0, c.num_layers, c.hidden_size, c.vocab_size);

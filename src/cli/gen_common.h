@@ -9,7 +9,7 @@
 typedef struct gen_args {
     /* common */
     char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map, *adapter, *quantization_type, *system;
-    char *ptuning_checkpoint; /* THUDM's name: --adapter's value, which must then be a P-Tuning v2 checkpoint */
+    char *ptuning_checkpoint; /* THUDM's name for --adapter, which must then be a P-Tuning v2 checkpoint */
     int quantization_bit;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
     double top_p, temperature, repetition_penalty;
@@ -43,6 +43,9 @@ typedef struct gen_args {
     GEN_F(seed, ARG_INT, "42", "sampling seed"), \
     GEN_F(debug, ARG_BOOL, "false", "print prompts and token ids to stderr"), \
     GEN_F(system, ARG_STR, NULL, "system prompt (ChatGLM3/GLM-4: a <|system|> turn; others: \"system\\n\" before the prompt)")
+
+/* The adapter folder to load: --adapter or --ptuning_checkpoint (gen_parse refuses both). */
+static inline const char *gen_adapter(const gen_args *a) { return a->adapter ? a->adapter : a->ptuning_checkpoint; }
 
 struct glm_pipe_lm;
 typedef struct gen_session {

@@ -1,8 +1,9 @@
-/* Python-compatible json.dumps over raw JSON text (pyjson.h). A small recursive py_reader that
+/* Python-compatible json.dumps over raw JSON text (pyjson.h). A small recursive reader that
  * writes each value the way CPython's json module would after json.loads: strings re-escaped
  * (ensure_ascii=False: only " \ and control characters), ints as written ("-0" is 0), floats
  * through repr() (the shortest digits that read back, "1.0", "1e-05", "Infinity"), objects with
- * a repeated key merged as a dict merges them, indent with "," and ": " separators. */
+ * a repeated key merged as a dict merges them, indent with "," and ": " separators. The same
+ * walk writes repr(json.loads(text)) in Python's spelling. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -153,108 +154,6 @@ static void item_sep(glm_strbuf *b, int indent, int first, const char *open) {
     else glm_strbuf_str(b, indent < 0 ? ", " : ",");
 }
 
-/* One object member: its key and its value's dump. */
-typedef struct member { glm_strbuf key, val; } member;
-
-static int dump_value(py_reader *r, glm_strbuf *b, int indent, int level);
-
-static int dump_object(py_reader *r, glm_strbuf *b, int indent, int level) {
-    member *m = NULL;
-    int nm = 0, rc = 0;
-    r->i++;
-    py_ws(r);
-    if (r->i < r->n && r->s[r->i] == '}') r->i++;
-    else for (;;) {
-        py_ws(r);
-        if (r->i >= r->n || r->s[r->i] != '"') { rc = py_fail(r, "an object key is not a string"); break; }
-        glm_strbuf key = {0}, val = {0};
-        if (read_string(r, &key)) { rc = -1; break; }
-        py_ws(r);
-        if (r->i >= r->n || r->s[r->i] != ':') { free(key.s); rc = py_fail(r, "':' missing after an object key"); break; }
-        r->i++;
-        if (dump_value(r, &val, indent, level + 1)) { free(key.s); free(val.s); rc = -1; break; }
-        int k = 0; /* a repeated key keeps its place, with the last value (a dict) */
-        while (k < nm && !(m[k].key.n == key.n && (key.n == 0 || !memcmp(m[k].key.s, key.s, key.n)))) k++;
-        if (k < nm) { free(m[k].val.s); m[k].val = val; free(key.s); }
-        else { m = glm_realloc(m, sizeof *m * (size_t)(nm + 1)); m[nm++] = (member){key, val}; }
-        py_ws(r);
-        if (r->i < r->n && r->s[r->i] == ',') { r->i++; continue; }
-        if (r->i < r->n && r->s[r->i] == '}') { r->i++; break; }
-        rc = py_fail(r, "',' or '}' missing in an object");
-        break;
-    }
-    if (!rc && nm == 0) glm_strbuf_str(b, "{}");
-    for (int k = 0; !rc && k < nm; k++) {
-        item_sep(b, indent, k == 0, "{");
-        newline(b, indent, level + 1);
-        glm_py_json_string(b, m[k].key.s ? m[k].key.s : "", m[k].key.n);
-        glm_strbuf_str(b, ": ");
-        glm_strbuf_put(b, m[k].val.s ? m[k].val.s : "", m[k].val.n);
-    }
-    if (!rc && nm) { newline(b, indent, level); glm_strbuf_put(b, "}", 1); }
-    for (int k = 0; k < nm; k++) { free(m[k].key.s); free(m[k].val.s); }
-    free(m);
-    return rc;
-}
-
-static int dump_array(py_reader *r, glm_strbuf *b, int indent, int level) {
-    r->i++;
-    py_ws(r);
-    if (r->i < r->n && r->s[r->i] == ']') { r->i++; glm_strbuf_str(b, "[]"); return 0; }
-    for (int k = 0;; k++) {
-        item_sep(b, indent, k == 0, "[");
-        newline(b, indent, level + 1);
-        if (dump_value(r, b, indent, level + 1)) return -1;
-        py_ws(r);
-        if (r->i < r->n && r->s[r->i] == ',') { r->i++; continue; }
-        if (r->i < r->n && r->s[r->i] == ']') { r->i++; break; }
-        return py_fail(r, "',' or ']' missing in a list");
-    }
-    newline(b, indent, level);
-    glm_strbuf_put(b, "]", 1);
-    return 0;
-}
-
-static int literal(py_reader *r, glm_strbuf *b, const char *word) {
-    size_t n = strlen(word);
-    if (r->i + n > r->n || memcmp(r->s + r->i, word, n)) return py_fail(r, "an unknown word");
-    r->i += n;
-    if (b) glm_strbuf_put(b, word, n);
-    return 0;
-}
-
-static int dump_value(py_reader *r, glm_strbuf *b, int indent, int level) {
-    py_ws(r);
-    if (r->i >= r->n) return py_fail(r, "a value is missing");
-    char c = r->s[r->i];
-    if (c == '{') return dump_object(r, b, indent, level);
-    if (c == '[') return dump_array(r, b, indent, level);
-    if (c == '"') {
-        glm_strbuf s = {0};
-        if (read_string(r, &s)) return -1;
-        glm_py_json_string(b, s.s ? s.s : "", s.n);
-        free(s.s);
-        return 0;
-    }
-    if (c == 't') return literal(r, b, "true");
-    if (c == 'f') return literal(r, b, "false");
-    if (c == 'n') return literal(r, b, "null");
-    return dump_number(r, b);
-}
-
-char *glm_pyjson_dumps(const char *text, size_t len, int indent, char *why, size_t why_len) {
-    py_reader r = {text, len, 0, why, why_len};
-    if (why && why_len) why[0] = 0;
-    glm_strbuf b = {0};
-    if (dump_value(&r, &b, indent, 0)) { free(b.s); return NULL; }
-    py_ws(&r);
-    if (r.i < r.n) { py_fail(&r, "data after the value"); free(b.s); return NULL; }
-    if (!b.s) glm_strbuf_put(&b, "", 0);
-    return b.s;
-}
-
-/* ---- repr(json.loads(text)) ---- */
-
 /* The format characters and separators of U+2000..U+2FFF and U+FEFF that Python's repr escapes
  * (\u200b..\u200f, \u2028..\u202e, \u2060..\u2064, \ufeff), from their UTF-8 bytes. */
 static int unprintable3(unsigned char a, unsigned char b, unsigned char c) {
@@ -291,79 +190,105 @@ static void repr_string(glm_strbuf *b, const char *s, size_t n) {
     glm_strbuf_put(b, &q, 1);
 }
 
-static int repr_value(py_reader *r, glm_strbuf *b);
+/* The walker below writes json.dumps (indent >= 0, or < 0 for none) or, with indent PY_REPR,
+ * repr(json.loads(text)): Python's quotes and words, ", " and ": " as without an indent. */
+enum { PY_REPR = -2 };
 
-/* {'k': v, ...}, a repeated key merged as json.loads' dict merges it (first place, last value). */
-static int repr_object(py_reader *r, glm_strbuf *b) {
+/* A str as the walker's style writes it. */
+static void put_string(glm_strbuf *b, const char *s, size_t n, int indent) {
+    if (indent == PY_REPR) repr_string(b, s, n);
+    else glm_py_json_string(b, s, n);
+}
+
+/* One object member: its key and its value's dump. */
+typedef struct member { glm_strbuf key, val; } member;
+
+static int dump_value(py_reader *r, glm_strbuf *b, int indent, int level);
+
+static int dump_object(py_reader *r, glm_strbuf *b, int indent, int level) {
     member *m = NULL;
     int nm = 0, rc = 0;
     r->i++;
     py_ws(r);
-    for (int comma = 0; rc == 0 && r->i < r->n && (comma || r->s[r->i] != '}');) {
+    if (r->i < r->n && r->s[r->i] == '}') r->i++;
+    else for (;;) {
+        py_ws(r);
+        if (r->i >= r->n || r->s[r->i] != '"') { rc = py_fail(r, "an object key is not a string"); break; }
         glm_strbuf key = {0}, val = {0};
-        if (r->s[r->i] != '"' || read_string(r, &key)) { free(key.s); rc = py_fail(r, "an object key is not a string"); break; }
+        if (read_string(r, &key)) { rc = -1; break; }
         py_ws(r);
         if (r->i >= r->n || r->s[r->i] != ':') { free(key.s); rc = py_fail(r, "':' missing after an object key"); break; }
         r->i++;
-        if (repr_value(r, &val)) { free(key.s); free(val.s); rc = -1; break; }
-        int k = 0;
+        if (dump_value(r, &val, indent, level + 1)) { free(key.s); free(val.s); rc = -1; break; }
+        int k = 0; /* a repeated key keeps its place, with the last value (a dict) */
         while (k < nm && !(m[k].key.n == key.n && (key.n == 0 || !memcmp(m[k].key.s, key.s, key.n)))) k++;
         if (k < nm) { free(m[k].val.s); m[k].val = val; free(key.s); }
         else { m = glm_realloc(m, sizeof *m * (size_t)(nm + 1)); m[nm++] = (member){key, val}; }
         py_ws(r);
-        comma = r->i < r->n && r->s[r->i] == ',';
-        if (comma) { r->i++; py_ws(r); }
-        else if (r->i >= r->n || r->s[r->i] != '}') rc = py_fail(r, "',' or '}' missing");
+        if (r->i < r->n && r->s[r->i] == ',') { r->i++; continue; }
+        if (r->i < r->n && r->s[r->i] == '}') { r->i++; break; }
+        rc = py_fail(r, "',' or '}' missing in an object");
+        break;
     }
-    if (rc == 0 && r->i >= r->n) rc = py_fail(r, "'}' missing");
-    if (rc == 0) {
-        r->i++;
-        glm_strbuf_put(b, "{", 1);
-        for (int k = 0; k < nm; k++) {
-            if (k) glm_strbuf_str(b, ", ");
-            repr_string(b, m[k].key.s ? m[k].key.s : "", m[k].key.n);
-            glm_strbuf_str(b, ": ");
-            glm_strbuf_put(b, m[k].val.s ? m[k].val.s : "", m[k].val.n);
-        }
-        glm_strbuf_put(b, "}", 1);
+    if (!rc && nm == 0) glm_strbuf_str(b, "{}");
+    for (int k = 0; !rc && k < nm; k++) {
+        item_sep(b, indent, k == 0, "{");
+        newline(b, indent, level + 1);
+        put_string(b, m[k].key.s ? m[k].key.s : "", m[k].key.n, indent);
+        glm_strbuf_str(b, ": ");
+        glm_strbuf_put(b, m[k].val.s ? m[k].val.s : "", m[k].val.n);
     }
+    if (!rc && nm) { newline(b, indent, level); glm_strbuf_put(b, "}", 1); }
     for (int k = 0; k < nm; k++) { free(m[k].key.s); free(m[k].val.s); }
     free(m);
     return rc;
 }
 
-static int repr_value(py_reader *r, glm_strbuf *b) {
+static int dump_array(py_reader *r, glm_strbuf *b, int indent, int level) {
+    r->i++;
+    py_ws(r);
+    if (r->i < r->n && r->s[r->i] == ']') { r->i++; glm_strbuf_str(b, "[]"); return 0; }
+    for (int k = 0;; k++) {
+        item_sep(b, indent, k == 0, "[");
+        newline(b, indent, level + 1);
+        if (dump_value(r, b, indent, level + 1)) return -1;
+        py_ws(r);
+        if (r->i < r->n && r->s[r->i] == ',') { r->i++; continue; }
+        if (r->i < r->n && r->s[r->i] == ']') { r->i++; break; }
+        return py_fail(r, "',' or ']' missing in a list");
+    }
+    newline(b, indent, level);
+    glm_strbuf_put(b, "]", 1);
+    return 0;
+}
+
+/* JSON's word at r->i, written as itself or as `as` (Python's spelling) when not NULL. */
+static int literal(py_reader *r, glm_strbuf *b, const char *word, const char *as) {
+    size_t n = strlen(word);
+    if (r->i + n > r->n || memcmp(r->s + r->i, word, n)) return py_fail(r, "an unknown word");
+    r->i += n;
+    if (b) glm_strbuf_str(b, as ? as : word);
+    return 0;
+}
+
+static int dump_value(py_reader *r, glm_strbuf *b, int indent, int level) {
     py_ws(r);
     if (r->i >= r->n) return py_fail(r, "a value is missing");
     char c = r->s[r->i];
-    if (c == '{') return repr_object(r, b);
-    if (c == '[') {
-        glm_strbuf_put(b, "[", 1);
-        r->i++;
-        py_ws(r);
-        for (int k = 0, comma = 0; r->i < r->n && (comma || r->s[r->i] != ']'); k++) {
-            if (k) glm_strbuf_str(b, ", ");
-            if (repr_value(r, b)) return -1;
-            py_ws(r);
-            comma = r->i < r->n && r->s[r->i] == ',';
-            if (comma) { r->i++; py_ws(r); }
-            else if (r->i >= r->n || r->s[r->i] != ']') return py_fail(r, "',' or ']' missing");
-        }
-        if (r->i >= r->n) return py_fail(r, "']' missing");
-        r->i++;
-        glm_strbuf_put(b, "]", 1);
-        return 0;
-    }
+    if (c == '{') return dump_object(r, b, indent, level);
+    if (c == '[') return dump_array(r, b, indent, level);
     if (c == '"') {
         glm_strbuf s = {0};
         if (read_string(r, &s)) return -1;
-        repr_string(b, s.s ? s.s : "", s.n);
+        put_string(b, s.s ? s.s : "", s.n, indent);
         free(s.s);
         return 0;
     }
-    if (c == 't') return literal(r, NULL, "true") ? -1 : (glm_strbuf_str(b, "True"), 0);
-    if (c == 'f') return literal(r, NULL, "false") ? -1 : (glm_strbuf_str(b, "False"), 0);
-    if (c == 'n') return literal(r, NULL, "null") ? -1 : (glm_strbuf_str(b, "None"), 0);
+    int repr = indent == PY_REPR;
+    if (c == 't') return literal(r, b, "true", repr ? "True" : NULL);
+    if (c == 'f') return literal(r, b, "false", repr ? "False" : NULL);
+    if (c == 'n') return literal(r, b, "null", repr ? "None" : NULL);
+    if (!repr) return dump_number(r, b);
     glm_strbuf num = {0}; /* an int as written, a float as repr(float) */
     if (dump_number(r, &num)) { free(num.s); return -1; }
     const char *word = !strcmp(num.s, "Infinity") ? "inf" : !strcmp(num.s, "-Infinity") ? "-inf" : NULL;
@@ -373,11 +298,22 @@ static int repr_value(py_reader *r, glm_strbuf *b) {
     return 0;
 }
 
+char *glm_pyjson_dumps(const char *text, size_t len, int indent, char *why, size_t why_len) {
+    py_reader r = {text, len, 0, why, why_len};
+    if (why && why_len) why[0] = 0;
+    glm_strbuf b = {0};
+    if (dump_value(&r, &b, indent, 0)) { free(b.s); return NULL; }
+    py_ws(&r);
+    if (r.i < r.n) { py_fail(&r, "data after the value"); free(b.s); return NULL; }
+    if (!b.s) glm_strbuf_put(&b, "", 0);
+    return b.s;
+}
+
 char *glm_pyjson_repr(const char *text, size_t len, char *why, size_t why_len) {
     py_reader r = {text, len, 0, why, why_len};
     if (why && why_len) why[0] = 0;
     glm_strbuf b = {0};
-    if (repr_value(&r, &b)) { free(b.s); return NULL; }
+    if (dump_value(&r, &b, PY_REPR, 0)) { free(b.s); return NULL; }
     py_ws(&r);
     if (r.i < r.n) { py_fail(&r, "data after the value"); free(b.s); return NULL; }
     return b.s;

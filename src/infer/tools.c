@@ -47,13 +47,16 @@ int glm_tool_call_read(const char *text, char **name, char **args) {
 
 char *glm_tool_call_write(const char *args_json, char *why, size_t why_len) {
     if (why && why_len) why[0] = 0;
-    size_t len = strlen(args_json);
-    cJSON *o = cJSON_ParseWithLength(args_json, len);
+    /* as json.loads reads it: a repeated key once, with its last value */
+    char *norm = glm_pyjson_dumps(args_json, strlen(args_json), -1, why, why_len);
+    cJSON *o = norm ? cJSON_Parse(norm) : NULL;
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
-        if (why) snprintf(why, why_len, "the arguments are not a JSON object");
+        free(norm);
+        if (why && !why[0]) snprintf(why, why_len, "the arguments are not a JSON object");
         return NULL;
     }
+    size_t len = strlen(norm);
     int plain = 1; /* every key a Python identifier: k=v, else tool_call(**{...}) */
     const cJSON *it;
     cJSON_ArrayForEach(it, o) plain &= glm_py_is_identifier(it->string, strlen(it->string));
@@ -64,8 +67,8 @@ char *glm_tool_call_write(const char *args_json, char *why, size_t why_len) {
         int k = 0;
         cJSON_ArrayForEach(it, o) {
             size_t vs, ve;
-            if (glm_json_locate(args_json, len, it->string, 0, &vs, &ve)) { rc = -1; break; }
-            char *v = glm_pyjson_repr(args_json + vs, ve - vs, why, why_len);
+            if (glm_json_locate(norm, len, it->string, 0, &vs, &ve)) { rc = -1; break; }
+            char *v = glm_pyjson_repr(norm + vs, ve - vs, why, why_len);
             if (!v) { rc = -1; break; }
             if (k++) glm_strbuf_str(&b, ", ");
             glm_strbuf_str(&b, it->string);
@@ -74,11 +77,12 @@ char *glm_tool_call_write(const char *args_json, char *why, size_t why_len) {
             free(v);
         }
     } else {
-        char *v = glm_pyjson_repr(args_json, len, why, why_len);
+        char *v = glm_pyjson_repr(norm, len, why, why_len);
         if (!v) rc = -1;
         else { glm_strbuf_str(&b, "**"); glm_strbuf_str(&b, v); free(v); }
     }
     cJSON_Delete(o);
+    free(norm);
     if (rc) { free(b.s); return NULL; }
     glm_strbuf_str(&b, ")\n```");
     return b.s;

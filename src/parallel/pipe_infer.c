@@ -55,24 +55,21 @@ void glm_pipe_lm_init(glm_pipe_lm *lm, const glm_config *c, const glm_device_map
     restore_device(prev);
 }
 
-int glm_pipe_lm_load(glm_pipe_lm *lm, const char *path, glm_err *err) {
+/* load(stage k, path) for every stage, each on its own device. */
+static int each_stage(glm_pipe_lm *lm, int (*load)(glm_model *, const char *, glm_err *), const char *path, glm_err *err) {
     int prev = current_device(), rc = 0;
     for (int k = 0; k < lm->n && rc == 0; k++) {
         use(lm->be[k]);
-        if (glm_model_load(&lm->st[k], path, err)) rc = glm_wrap(err, "stage %d: ", k);
+        if (load(&lm->st[k], path, err)) rc = glm_wrap(err, "stage %d: ", k);
     }
     restore_device(prev);
     return rc;
 }
 
+int glm_pipe_lm_load(glm_pipe_lm *lm, const char *path, glm_err *err) { return each_stage(lm, glm_model_load, path, err); }
+
 int glm_pipe_lm_load_adapter(glm_pipe_lm *lm, const char *dir, glm_err *err) {
-    int prev = current_device(), rc = 0;
-    for (int k = 0; k < lm->n && rc == 0; k++) {
-        use(lm->be[k]);
-        if (glm_adapter_load(&lm->st[k], dir, err)) rc = glm_wrap(err, "stage %d: ", k);
-    }
-    restore_device(prev);
-    return rc;
+    return each_stage(lm, glm_adapter_load, dir, err);
 }
 
 void glm_pipe_lm_free(glm_pipe_lm *lm) {

@@ -49,7 +49,8 @@ int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *adapte
                      const char *device, glm_dtype dtype, glm_err *err);
 void glm_pipe_lm_free(glm_pipe_lm *lm);
 /* Makes stage k's device current, for work on its backend outside these calls (allocations,
- * uploads); returns the caller's device, which glm_pipe_restore makes current again. */
+ * uploads); returns the caller's device, which glm_pipe_restore makes current again (-1:
+ * nothing to restore). */
 int glm_pipe_enter(const glm_pipe_lm *lm, int k);
 void glm_pipe_restore(int prev);
 

@@ -62,11 +62,10 @@ int srv_adapter_load(srv_adapter *a, glm_lm lm, const char *name, const char *di
     a->shell = glm_calloc((size_t)a->n, sizeof *a->shell);
     a->ptr = glm_calloc((size_t)base->num_layers, sizeof *a->ptr);
     int rc = 0;
-    for (int k = 0; k < a->n && rc == 0; k++) {
-        if (!lm.pipe) { rc = load_shell(a, k, lm.m->be, base, 0, base->num_layers, err); break; }
-        const glm_model *st = &lm.pipe->st[k];
-        int prev = glm_pipe_enter(lm.pipe, k); /* the stage's device holds its rows */
-        rc = load_shell(a, k, lm.pipe->be[k], base, st->layer_lo, st->layer_hi, err);
+    for (int k = 0; k < a->n && rc == 0; k++) { /* the whole model's layers, or stage k's on its device */
+        const glm_model *st = lm.pipe ? &lm.pipe->st[k] : lm.m;
+        int prev = lm.pipe ? glm_pipe_enter(lm.pipe, k) : -1;
+        rc = load_shell(a, k, st->be, base, st->layer_lo, st->layer_hi, err);
         glm_pipe_restore(prev);
     }
     if (rc == 0) return 0;

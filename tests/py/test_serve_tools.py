@@ -50,13 +50,28 @@ def prompt_ids(server, before):
     return None
 
 
+def corpus(tc):
+    """The tokenizer's training lines: poems, prose and this test's own texts, none of them from the
+    repository's source (tokenizer_corpus.corpus samples src/, so any code change would change the
+    tokenizer and with it what the tiny model manages to learn here)."""
+    lines = []
+    for name in ("tang300", "song100", "chinese"):
+        lines += tc._read_lines(os.path.join(tc.FORTUNES, name), 3000)
+    for lic in ("GPL-3", "Apache-2.0"):
+        lines += tc._read_lines(os.path.join("/usr/share/common-licenses", lic), 600)
+    own = [PREAMBLE, CALL, ANSWER, json.dumps(TOOLS, indent=4, ensure_ascii=False), "北京天气怎么样", "你好"]
+    for text in own:
+        lines += [line.encode() for line in text.split("\n")] * 40
+    return lines
+
+
 def build(d):
     """Tokenizer folder, reference tokenizer and the trained model folder."""
     import chatglm23_tok_ref as R
     import tokenizer_corpus as tc
     from mpi_runs import run
     from test_glm2_cli import write_glm2_config
-    model = R.train_model(d, tc.corpus(seed=2023))
+    model = R.train_model(d, corpus(tc))
     ref = R.ChatGLM3Tokenizer(model)
     tok = R.write_folder(os.path.join(d, "tok"), model, R.CONFIG_V3)
     cfg = write_glm2_config(d, {"<eop>": ref.eos_token_id, "<pad>": 0}, (ref.vocab_size + 63) // 64 * 64)
@@ -76,7 +91,7 @@ def build(d):
     out = os.path.join(d, "glm3")
     run(["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", data, "--learning_rate", "1e-2",
          "--seed", "7", "--max_source_length", "768", "--max_target_length", "64", "--disable_tqdm", "--report_to", "none",
-         "--max_steps", "100", "--save_strategy", "no", "--output_dir", out, "--per_device_train_batch_size", "16",
+         "--max_steps", "150", "--save_strategy", "no", "--output_dir", out, "--per_device_train_batch_size", "16",
          "--device", "cpu"], timeout=600)
     shutil.copytree(tok, out, dirs_exist_ok=True)
     return ref, out
