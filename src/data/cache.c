@@ -20,7 +20,7 @@ static int omp_threads_default(void) { return 1; }
 #endif
 
 #define CACHE_MAGIC "GLMTOKC\x01"
-#define CACHE_VERSION 2 /* 2: sup code 2 (label eos), the layout and its ids in the key */
+#define CACHE_VERSION 3 /* 2: sup code 2 (label eos), the layout and its ids in the key; 3: GLM-4's tools block, metadata */
 #define HEADER_BYTES 1024
 #define CHUNK 4096 /* records encoded per parallel batch */
 
@@ -85,6 +85,7 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
     glm_reader *rd;
     glm_read_cfg rcfg = cfg->read;
     rcfg.conversations = glm_layout_turns(enc->layout); /* ChatGLM3 and GLM-4 train on whole conversations */
+    rcfg.glm4 = enc->layout == GLM_LAYOUT_GLM4;
     if (glm_reader_open(&rd, path, &rcfg, err)) return -1;
     glm_record *recs = glm_calloc(CHUNK, sizeof *recs);
     glm_ids *ids = glm_calloc(CHUNK, sizeof *ids), *labels = glm_calloc(CHUNK, sizeof *labels);

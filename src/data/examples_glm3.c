@@ -1,8 +1,9 @@
 /* ChatGLM3-6B's training examples, as its finetune_demo builds them (finetune_hf.py process_batch
  * over the tokenizer's build_single_message), with THUDM's or LLaMA-Factory's labels; GLM-4's the
  * same way (its finetune.py process_batch over apply_chat_template: each turn <|role|> then
- * "\n" + content tokenized as one text, [gMASK] <sop> in front, <|user|> at the end, the
- * loss marks shifted by one as ChatGLM3's). See examples.h. */
+ * metadata + "\n" + content tokenized as one text, no turn where the content is empty, the tools
+ * block as a system turn of its own (the reader makes it), [gMASK] <sop> in front, <|user|> at
+ * the end, the loss marks shifted by one as ChatGLM3's). See examples.h. */
 #include <stdlib.h>
 #include <string.h>
 #include "data/examples.h"
@@ -15,18 +16,18 @@ static int turns_of(const glm_record *r, glm_msg **out, char **owned) {
     if (r->conv_key) { *out = r->msgs; return r->n_msgs; }
     int n = 0;
     glm_msg *m = glm_malloc(sizeof *m * (size_t)(2 * r->n_hist + 3));
-    if (r->system && r->system[0]) m[n++] = (glm_msg){GLM_ROLE_SYSTEM, r->system, 0};
+    if (r->system && r->system[0]) m[n++] = (glm_msg){GLM_ROLE_SYSTEM, r->system, NULL, 0};
     for (int i = 0; i < r->n_hist; i++) {
-        m[n++] = (glm_msg){GLM_ROLE_USER, r->hist[2 * i], 0};
-        m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->hist[2 * i + 1], 0};
+        m[n++] = (glm_msg){GLM_ROLE_USER, r->hist[2 * i], NULL, 0};
+        m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->hist[2 * i + 1], NULL, 0};
     }
     size_t ql = strlen(r->query), il = r->input && r->input[0] ? strlen(r->input) : 0;
     char *q = glm_malloc(ql + il + 2);
     memcpy(q, r->query, ql + 1);
     if (il) { q[ql] = '\n'; memcpy(q + ql + 1, r->input, il + 1); } /* instruction + "\n" + input */
     *owned = q;
-    m[n++] = (glm_msg){GLM_ROLE_USER, q, 0};
-    m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->answer, 0};
+    m[n++] = (glm_msg){GLM_ROLE_USER, q, NULL, 0};
+    m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->answer, NULL, 0};
     *out = m;
     return n;
 }
@@ -60,16 +61,20 @@ int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, con
     int rc = 0, seen_user = 0;
     for (int k = 0; k < n && !rc; k++) {
         start[k] = ids->n;
-        glm_ids_push(ids, enc->role[m[k].role]);
         char *text = content_of(c, &m[k], m[k].role == GLM_ROLE_USER && !seen_user++);
-        if (enc->layout == GLM_LAYOUT_GLM4) { /* the template's "\n" + content, one text */
-            size_t n1 = strlen(text);
-            char *j = glm_malloc(n1 + 2);
-            j[0] = '\n';
-            memcpy(j + 1, text, n1 + 1);
-            rc = enc->encode(enc->ctx, j, n1 + 1, ids, err);
+        if (enc->layout == GLM_LAYOUT_GLM4) { /* the template's metadata + "\n" + content, one text */
+            if (!text[0]) { free(text); continue; } /* the template writes no turn without content */
+            glm_ids_push(ids, enc->role[m[k].role]);
+            const char *meta = m[k].metadata ? m[k].metadata : "";
+            size_t n0 = strlen(meta), n1 = strlen(text);
+            char *j = glm_malloc(n0 + n1 + 2);
+            memcpy(j, meta, n0);
+            j[n0] = '\n';
+            memcpy(j + n0 + 1, text, n1 + 1);
+            rc = enc->encode(enc->ctx, j, n0 + n1 + 1, ids, err);
             free(j);
-        } else {
+        } else { /* finetune_hf.py: build_single_message(role, "", content) */
+            glm_ids_push(ids, enc->role[m[k].role]);
             rc = sp(enc->ctx, "\n", 1, ids, err) || sp(enc->ctx, text, strlen(text), ids, err); /* metadata "" + "\n" */
         }
         free(text);
@@ -79,12 +84,15 @@ int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, con
     for (int i = 0; i < ids->n; i++) glm_ids_push(labels, c->train_on_prompt ? ids->data[i] : -100);
     for (int k = 0; k < n && !rc && !c->train_on_prompt; k++) {
         int a = start[k], e = start[k + 1];
+        if (a == e) continue; /* a GLM-4 turn without content */
         if (c->conv_labels == GLM_LABELS_EOS) {
             if (m[k].role != GLM_ROLE_ASSISTANT) continue;
             for (int i = a + 1; i < e; i++) labels->data[i] = ids->data[i];
             labels->data[e] = enc->eos; /* the next role token (or the final eos) is where the turn ends */
-        } else if (m[k].role != GLM_ROLE_SYSTEM && m[k].role != GLM_ROLE_USER) {
-            for (int i = a + 1; i <= e; i++) labels->data[i] = ids->data[i]; /* the marks shifted by one */
+        } else if (m[k].role == GLM_ROLE_ASSISTANT || (m[k].role == GLM_ROLE_OBSERVATION && enc->layout != GLM_LAYOUT_GLM4)) {
+            /* finetune_hf.py (ChatGLM3) leaves only system and user turns out of the loss, GLM-4's
+             * finetune.py observation turns too; the marks shifted by one */
+            for (int i = a + 1; i <= e; i++) labels->data[i] = ids->data[i];
         }
     }
     if (m != r->msgs) free(m);

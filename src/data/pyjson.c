@@ -319,22 +319,27 @@ char *glm_pyjson_repr(const char *text, size_t len, char *why, size_t why_len) {
     return b.s;
 }
 
-int glm_json_locate(const char *text, size_t len, const char *key, int idx, size_t *vs, size_t *ve) {
+/* The value (and, in an object, the key) of member `key` or, with key NULL, of item idx of the
+ * object (object 1) or array (0) in text[0..len). */
+static int locate(const char *text, size_t len, int object, const char *key, int idx, size_t *ks, size_t *ke, size_t *vs,
+                  size_t *ve) {
     py_reader r = {text, len, 0, NULL, 0};
     glm_strbuf skip = {0};
     py_ws(&r);
-    char open = key ? '{' : '[', close = key ? '}' : ']';
+    char open = object ? '{' : '[', close = object ? '}' : ']';
     if (r.i >= r.n || r.s[r.i] != open) return -1;
     r.i++;
     py_ws(&r);
     int rc = -1;
     for (int k = 0; r.i < r.n && r.s[r.i] != close; k++) {
         int hit = !key && k == idx;
-        if (key) {
+        size_t k0 = r.i;
+        if (object) {
             glm_strbuf name = {0};
             if (r.s[r.i] != '"' || read_string(&r, &name)) break;
-            hit = name.n == strlen(key) && !memcmp(name.s, key, name.n);
+            if (key) hit = name.n == strlen(key) && !memcmp(name.s, key, name.n);
             free(name.s);
+            if (hit) { *ks = k0; *ke = r.i; }
             py_ws(&r);
             if (r.i >= r.n || r.s[r.i] != ':') break;
             r.i++;
@@ -349,4 +354,13 @@ int glm_json_locate(const char *text, size_t len, const char *key, int idx, size
     }
     free(skip.s);
     return rc;
+}
+
+int glm_json_locate(const char *text, size_t len, const char *key, int idx, size_t *vs, size_t *ve) {
+    size_t ks, ke;
+    return locate(text, len, key != NULL, key, idx, &ks, &ke, vs, ve);
+}
+
+int glm_json_member(const char *text, size_t len, int idx, size_t *ks, size_t *ke, size_t *vs, size_t *ve) {
+    return locate(text, len, 1, NULL, idx, ks, ke, vs, ve);
 }

@@ -29,5 +29,8 @@ void glm_py_float_repr(glm_strbuf *b, double v);
  * text[0..len) — the first such member, as cJSON finds it — or, with key NULL, of element idx of
  * the JSON array there. Returns 0, or -1 when there is no such value. */
 int glm_json_locate(const char *text, size_t len, const char *key, int idx, size_t *vs, size_t *ve);
+/* Member idx of the JSON object in text[0..len): its key's extent [*ks, *ke) (the quoted text as
+ * written) and its value's [*vs, *ve). Returns 0, or -1 when there is no such member. */
+int glm_json_member(const char *text, size_t len, int idx, size_t *ks, size_t *ke, size_t *vs, size_t *ve);
 
 #endif

@@ -348,3 +348,13 @@ char *glm_py_call_kwargs_json(const char *text, size_t len, const char *fn, char
     glm_strbuf_put(&b, "}", 1);
     return b.s;
 }
+
+char *glm_py_literal_json(const char *text, size_t len, char *why, size_t why_len) {
+    py_reader r = {text, len, 0, why, why_len};
+    if (why && why_len) why[0] = 0;
+    glm_strbuf b = {0};
+    if (read_value(&r, &b, 0)) { free(b.s); return NULL; }
+    py_ws(&r);
+    if (r.i < r.n) { py_fail(&r, "text after the value"); free(b.s); return NULL; }
+    return b.s;
+}

@@ -13,6 +13,11 @@
  * not such a call (another name, positional arguments, an expression that is not a literal). */
 char *glm_py_call_kwargs_json(const char *text, size_t len, const char *fn, char *why, size_t why_len);
 
+/* The Python literal text[0..len) (whitespace around it allowed; the values above) as json.dumps
+ * writes it (ensure_ascii=False): what eval() of GLM-4's tool-call arguments gives. NULL with
+ * why when the text is not one literal. */
+char *glm_py_literal_json(const char *text, size_t len, char *why, size_t why_len);
+
 /* Whether s[0..n) can name a keyword argument: an identifier (letters, digits, _, and non-ASCII
  * text in valid UTF-8; not starting with a digit) that is not one of Python's reserved words. */
 int glm_py_is_identifier(const char *s, size_t n);

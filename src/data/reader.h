@@ -25,10 +25,14 @@
  * and sharegpt's role names are read too). Turns may come in any order. A system turn may carry
  * "tools" (any JSON value): its content then gets "
 " + json.dumps(tools, indent=4,
- * ensure_ascii=False), as ChatGLM3's build_chat_input writes it (data/pyjson.h). Refused as bad
- * records: an unknown role (finetune_demo's "tool" turn is not implemented there either), a
+ * ensure_ascii=False), as ChatGLM3's build_chat_input writes it (data/pyjson.h). With glm4 set
+ * (GLM-4's chat template) the tools become a system turn of their own before it, GLM-4's tools
+ * block (data/glm4_tools.h), and a turn's "metadata" string is kept (the template writes it after
+ * the role; ChatGLM3's finetune_hf.py passes "" instead, so its examples leave it out). Refused as
+ * bad records: an unknown role (finetune_demo's "tool" turn is not implemented there either), a
  * missing, null or non-string content, "tools" on another turn or beside "conversations" (the
- * top-level column finetune_hf.py refuses), conversations that are not a list of objects. */
+ * top-level column finetune_hf.py refuses), conversations that are not a list of objects, a
+ * non-string metadata. */
 #ifndef GLM_DATA_READER_H
 #define GLM_DATA_READER_H
 #include <stddef.h>
@@ -50,6 +54,7 @@ typedef struct glm_read_cfg {
     glm_columns columns;
     int skip_bad_samples;
     int conversations;   /* conversation mode (see above): ChatGLM3's layout */
+    int glm4;            /* conversation mode with GLM-4's tools block (see above) */
 } glm_read_cfg;
 
 /* One turn of a conversation-mode record. */
@@ -57,6 +62,7 @@ typedef enum { GLM_ROLE_SYSTEM = 0, GLM_ROLE_USER, GLM_ROLE_ASSISTANT, GLM_ROLE_
 typedef struct glm_msg {
     glm_role role;
     char *content;   /* owned; a system turn's tools dump already appended */
+    char *metadata;  /* owned; the turn's "metadata" (NULL: none) */
     int tools;       /* while reading: 1 + this turn's index in the record's list when its
                       * "tools" are still to be appended (reader_json.c), else 0 */
 } glm_msg;
@@ -121,8 +127,8 @@ const char *glm_json_type_name(const struct cJSON *v);
 /* Conversation mode's sharegpt extraction (schema_conv.c): rec->msgs from obj. 0, or -1 with why. */
 int glm_schema_conversation(const struct cJSON *obj, glm_record *rec, char *why, size_t why_len);
 /* Appends the tools dump of each msgs[i] marked tools, read from the record's JSON text
- * json[0..len). 0, or -1 with why. */
-int glm_conversation_tools(glm_record *rec, const char *json, size_t len, char *why, size_t why_len);
+ * json[0..len) (glm4: puts GLM-4's tools block before it as a turn of its own). 0, or -1 with why. */
+int glm_conversation_tools(glm_record *rec, const char *json, size_t len, int glm4, char *why, size_t why_len);
 /* 1 when s[0..n) is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
 int glm_utf8_valid(const char *s, size_t n);
 

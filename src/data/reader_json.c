@@ -187,7 +187,7 @@ static int parse_value(glm_reader *r, size_t s, size_t e, glm_record *rec, glm_e
     int rc = r->schema == GLM_SCHEMA_AUTO ? (snprintf(why, sizeof why, "record is not an object"), -1)
                                           : glm_schema_extract(r->schema, &r->keys, v, rec, why, sizeof why);
     cJSON_Delete(v);
-    if (!rc && rec->msgs && (rc = glm_conversation_tools(rec, r->buf + s, e - s, why, sizeof why))) glm_record_free(rec);
+    if (!rc && rec->msgs && (rc = glm_conversation_tools(rec, r->buf + s, e - s, r->cfg.glm4, why, sizeof why))) glm_record_free(rec);
     if (rc) return bad(r, s, 0, why, err) ? -1 : 0;
     rec->index = r->stats.records - 1;
     locate(r, s, &rec->line, &rec->col);

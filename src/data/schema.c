@@ -9,7 +9,7 @@ void glm_record_free(glm_record *r) {
     free(r->system); free(r->query); free(r->input); free(r->answer);
     for (int i = 0; i < 2 * r->n_hist; i++) free(r->hist[i]);
     free(r->hist);
-    for (int i = 0; i < r->n_msgs; i++) free(r->msgs[i].content);
+    for (int i = 0; i < r->n_msgs; i++) { free(r->msgs[i].content); free(r->msgs[i].metadata); }
     free(r->msgs);
     *r = (glm_record){0};
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "data/glm4_tools.h"
 #include "data/pyjson.h"
 #include "data/reader.h"
 
@@ -19,9 +20,9 @@ static int role_of(const char *s) {
     return -1;
 }
 
-static void push(glm_record *r, glm_role role, char *content, int tools) {
+static void push(glm_record *r, glm_role role, char *content, char *metadata, int tools) {
     r->msgs = glm_realloc(r->msgs, sizeof *r->msgs * (size_t)(r->n_msgs + 1));
-    r->msgs[r->n_msgs++] = (glm_msg){role, content, tools};
+    r->msgs[r->n_msgs++] = (glm_msg){role, content, metadata, tools};
 }
 
 /* The string at key `a` or `b` of m into *dst (NULL: neither key); -1 when not a valid string. */
@@ -57,7 +58,7 @@ int glm_schema_conversation(const cJSON *obj, glm_record *r, char *why, size_t n
             snprintf(why, n, "field 'system' is %s, not a UTF-8 string", glm_json_type_name(sys));
             return -1;
         }
-        if (sys->valuestring[0]) push(r, GLM_ROLE_SYSTEM, glm_strdup(sys->valuestring), 0);
+        if (sys->valuestring[0]) push(r, GLM_ROLE_SYSTEM, glm_strdup(sys->valuestring), NULL, 0);
     }
     int i = 0;
     for (const cJSON *m = c->child; m; m = m->next, i++) {
@@ -90,12 +91,22 @@ int glm_schema_conversation(const cJSON *obj, glm_record *r, char *why, size_t n
             free(text);
             return -1;
         }
-        push(r, (glm_role)role, text, tools ? i + 1 : 0);
+        char *meta = NULL; /* GLM-4's template writes it after the role token */
+        const cJSON *mv = cJSON_GetObjectItemCaseSensitive(m, "metadata");
+        if (mv && !cJSON_IsNull(mv)) {
+            if (!cJSON_IsString(mv) || !glm_utf8_valid(mv->valuestring, strlen(mv->valuestring))) {
+                snprintf(why, n, "%s[%d]: 'metadata' is %s, not a UTF-8 string", key, i, glm_json_type_name(mv));
+                free(text);
+                return -1;
+            }
+            meta = glm_strdup(mv->valuestring);
+        }
+        push(r, (glm_role)role, text, meta, tools ? i + 1 : 0);
     }
     return 0;
 }
 
-int glm_conversation_tools(glm_record *r, const char *json, size_t len, char *why, size_t n) {
+int glm_conversation_tools(glm_record *r, const char *json, size_t len, int glm4, char *why, size_t n) {
     for (int k = 0; k < r->n_msgs; k++) {
         glm_msg *m = &r->msgs[k];
         if (!m->tools) continue;
@@ -106,20 +117,29 @@ int glm_conversation_tools(glm_record *r, const char *json, size_t len, char *wh
             snprintf(why, n, "%s[%d]: its 'tools' could not be found again in the record's text", r->conv_key, m->tools - 1);
             return -1;
         }
-        char sub[160];
-        char *dump = glm_pyjson_dumps(json + cs + ms + ts, te - ts, 4, sub, sizeof sub);
+        char sub[200];
+        char *dump = glm4 ? glm4_tools_text(json + cs + ms + ts, te - ts, GLM4_TOOLS_DROP_NULL_PROPS, sub, sizeof sub)
+                          : glm_pyjson_dumps(json + cs + ms + ts, te - ts, 4, sub, sizeof sub);
         if (!dump) { snprintf(why, n, "%s[%d]: 'tools': %s", r->conv_key, m->tools - 1, sub); return -1; }
         if (!glm_utf8_valid(dump, strlen(dump))) { /* its strings are raw bytes of the file: one may not be text */
             free(dump);
             snprintf(why, n, "%s[%d]: 'tools' holds a string that is not valid UTF-8", r->conv_key, m->tools - 1);
             return -1;
         }
+        m->tools = 0;
+        if (glm4) { /* the tools block, a system turn of its own, before this one */
+            r->msgs = glm_realloc(r->msgs, sizeof *r->msgs * (size_t)(r->n_msgs + 1));
+            memmove(r->msgs + k + 1, r->msgs + k, sizeof *r->msgs * (size_t)(r->n_msgs - k));
+            r->msgs[k] = (glm_msg){GLM_ROLE_SYSTEM, dump, NULL, 0};
+            r->n_msgs++;
+            k++;
+            continue;
+        }
         size_t a = strlen(m->content), b = strlen(dump);
         m->content = glm_realloc(m->content, a + b + 2);
         m->content[a] = '\n';
         memcpy(m->content + a + 1, dump, b + 1);
         free(dump);
-        m->tools = 0;
     }
     return 0;
 }

@@ -68,9 +68,11 @@ char *glm_chat_prompt_for(const glm_tokenizer *tok, const char *query, const cha
 }
 
 /* ChatGLM3's build_single_message(role, metadata, text): <|role|> + sp(metadata + "\n") +
- * sp(text); GLM-4's chat template: <|role|> + encode(metadata + "\n" + text), one text. */
+ * sp(text); GLM-4's chat template: <|role|> + encode(metadata + "\n" + text), one text, and
+ * nothing for a turn whose text is empty. */
 static int turn_message(const glm_tokenizer *tok, int32_t role, const char *metadata, const char *text, glm_ids *out,
                         glm_err *err) {
+    if (!text[0] && glm_tokenizer_kind(tok) == GLM_TOK_GLM4) return 0;
     glm_ids_push(out, role);
     size_t m = metadata ? strlen(metadata) : 0, n = strlen(text);
     char *j = glm_malloc(m + n + 2);

@@ -35,7 +35,8 @@ typedef struct glm_chat_turn {
 } glm_chat_turn;
 /* build_chat_input over the turns as given (the last one the query, whatever its role, e.g. a
  * tool's observation), then <|assistant|>: [gMASK] sop and each turn <|role|> + sp(metadata +
- * "\n") + sp(content) (GLM-4: encode(metadata + "\n" + content)). Only for tokenizers with role
+ * "\n") + sp(content) (GLM-4: encode(metadata + "\n" + content), no turn for an empty content,
+ * as its chat template writes them). Only for tokenizers with role
  * tokens; a conversation without metadata gives glm_chat_inputs_sys's ids. */
 int glm_chat_inputs_turns(const glm_tokenizer *tok, const glm_chat_turn *t, int n, glm_ids *out, glm_err *err);
 

@@ -1,4 +1,4 @@
-/* ChatGLM3's tool calls (infer/tools.h). */
+/* ChatGLM3's and GLM-4's tool calls (infer/tools.h). */
 #include "infer/tools.h"
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -86,4 +86,49 @@ char *glm_tool_call_write(const char *args_json, char *why, size_t why_len) {
     if (rc) { free(b.s); return NULL; }
     glm_strbuf_str(&b, ")\n```");
     return b.s;
+}
+
+/* s[0..n) without the spaces, tabs and line ends str.strip() takes off its ends. */
+static void strip(const char **s, const char **e) {
+    while (*s < *e && strchr(" \t\r\n\v\f", **s)) (*s)++;
+    while (*e > *s && strchr(" \t\r\n\v\f", (*e)[-1])) (*e)--;
+}
+
+/* The JSON text of a dict given as a Python literal or as JSON; NULL when it is neither. */
+static char *dict_json(const char *s, size_t n) {
+    char *j = glm_py_literal_json(s, n, NULL, 0);
+    if (!j) j = glm_pyjson_dumps(s, n, -1, NULL, 0);
+    if (j && j[0] != '{') { free(j); j = NULL; }
+    return j;
+}
+
+int glm4_tool_call_read(const char *text, char *const *names, int n_names, char **name, char **args) {
+    *name = *args = NULL;
+    const char *seg = text, *a;
+    while ((a = strstr(seg, "<|assistant|>"))) seg = a + strlen("<|assistant|>");
+    const char *nl = strchr(seg, '\n');
+    if (!nl) return 0;
+    const char *m0 = seg, *m1 = nl, *c0 = nl + 1, *c1 = nl + 1 + strlen(nl + 1);
+    strip(&m0, &m1);
+    strip(&c0, &c1);
+    int known = 0;
+    for (int i = 0; i < n_names && !known; i++) known = strlen(names[i]) == (size_t)(m1 - m0) && !memcmp(names[i], m0, (size_t)(m1 - m0));
+    if (!known || c0 == c1) return 0;
+    char *j = dict_json(c0, (size_t)(c1 - c0));
+    if (!j) return 0;
+    *name = glm_malloc((size_t)(m1 - m0) + 1);
+    memcpy(*name, m0, (size_t)(m1 - m0));
+    (*name)[m1 - m0] = 0;
+    *args = j;
+    return 1;
+}
+
+char *glm4_tool_call_write(const char *args_json, char *why, size_t why_len) {
+    char *j = glm_pyjson_dumps(args_json, strlen(args_json), -1, why, why_len);
+    if (j && j[0] != '{') {
+        free(j);
+        if (why && why_len) snprintf(why, why_len, "the arguments are not a JSON object");
+        return NULL;
+    }
+    return j;
 }

@@ -18,10 +18,12 @@ int srv_bad(api_err *e, unsigned status, const char *param, const char *code, co
 static inline const cJSON *srv_field(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 static inline int srv_present(const cJSON *v) { return v && !cJSON_IsNull(v); }
 
-/* The tools a chat request offers to a ChatGLM3 model (OpenAI's tools, or the older functions). */
+/* The tools a chat request offers to a ChatGLM3 or GLM-4 model (OpenAI's tools, or the older
+ * functions). */
 typedef struct srv_tools {
     int on;                    /* tools given and tool_choice not "none": a response may be a call */
     int legacy;                /* given as functions: a call is answered as function_call */
+    int glm4;                  /* GLM-4's call format (infer/tools.h), else ChatGLM3's */
     char **names;              /* [n_names] the tools' names (a streamed response that may still */
     int n_names;               /* become a call is held back) */
 } srv_tools;
@@ -29,8 +31,8 @@ void srv_tools_free(srv_tools *t);
 
 /* The request's messages (and tools, tool_choice, functions) -> the model's chat prompt (body is
  * the request parsed, text[0..len) as sent): each
- * model's template (infer/chat.h); for ChatGLM3, tool calls and tool results in the history
- * and the tools' system turn as its openai_api_demo builds them (infer/tools.h). */
+ * model's template (infer/chat.h); for ChatGLM3 and GLM-4, tool calls and tool results in the
+ * history and the tools' system turn as THUDM's servers build them (infer/tools.h). */
 int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t len, glm_ids *ids, srv_tools *t,
                     api_err *e);
 

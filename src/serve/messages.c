@@ -1,11 +1,13 @@
 /* A chat request's messages -> the model's prompt (serve/api.h): the template generate and
- * chat use (infer/chat.h) for a plain conversation; for ChatGLM3 with tools, tool calls or tool
- * results, the turns its openai_api_demo (utils.py process_chatglm_messages) builds. */
+ * chat use (infer/chat.h) for a plain conversation; with tools, tool calls or tool results, the
+ * turns THUDM's servers build: ChatGLM3's openai_api_demo (utils.py process_chatglm_messages),
+ * GLM-4's basic_demo/openai_api_server.py (process_messages over the chat template). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "infer/chat.h"
+#include "data/glm4_tools.h"
 #include "data/pyjson.h"
 #include "infer/tools.h"
 #include "serve/api.h"
@@ -129,13 +131,15 @@ static void turns_free(turns *ts) {
 }
 
 /* One call {name, arguments} (a tool_calls entry's function, or function_call) as an assistant
- * turn: metadata the name, content the tool_call(...) text the model writes. */
-static int call_turn(turns *ts, const cJSON *fn, const char *where, api_err *e) {
+ * turn: metadata the name, content the call's text as the model writes it (ChatGLM3:
+ * tool_call(...); GLM-4: the arguments' JSON). */
+static int call_turn(turns *ts, const cJSON *fn, int glm4, const char *where, api_err *e) {
     const cJSON *name = srv_field(fn, "name"), *args = srv_field(fn, "arguments");
     if (!cJSON_IsString(name) || !name->valuestring[0] || strchr(name->valuestring, '\n'))
         return srv_bad(e, 400, "messages", "invalid_value", "%s: a tool call needs its function's name", where);
     char why[160];
-    char *content = glm_tool_call_write(cJSON_IsString(args) ? args->valuestring : "{}", why, sizeof why);
+    const char *a = cJSON_IsString(args) ? args->valuestring : "{}";
+    char *content = glm4 ? glm4_tool_call_write(a, why, sizeof why) : glm_tool_call_write(a, why, sizeof why);
     if (!content) return srv_bad(e, 400, "messages", "invalid_value", "%s: the call's arguments: %s", where, why);
     add(ts, GLM_TURN_ASSISTANT, glm_strdup(name->valuestring), content);
     return 0;
@@ -144,11 +148,11 @@ static int call_turn(turns *ts, const cJSON *fn, const char *where, api_err *e) 
 /* An assistant message with tool_calls or function_call: its calls' turns. A function_call
  * message whose content is the model's own text (what ChatGLM3's demo sends back) is split as
  * the demo splits it: each "<|assistant|>" part a turn, its first line the metadata. */
-static int assistant_calls(turns *ts, const cJSON *m, const char *text, const char *where, api_err *e) {
+static int assistant_calls(turns *ts, const cJSON *m, const char *text, int glm4, const char *where, api_err *e) {
     const cJSON *tc = srv_field(m, "tool_calls"), *fc = srv_field(m, "function_call"), *it;
     if (srv_present(tc)) {
         if (!cJSON_IsArray(tc)) return srv_bad(e, 400, "messages", "invalid_type", "%s.tool_calls must be an array", where);
-        cJSON_ArrayForEach(it, tc) if (call_turn(ts, srv_field(it, "function"), where, e)) return -1;
+        cJSON_ArrayForEach(it, tc) if (call_turn(ts, srv_field(it, "function"), glm4, where, e)) return -1;
         return 0;
     }
     if (text && strchr(text, '\n')) {
@@ -163,7 +167,7 @@ static int assistant_calls(turns *ts, const cJSON *m, const char *text, const ch
             p = a + strlen("<|assistant|>");
         }
     }
-    return call_turn(ts, fc, where, e);
+    return call_turn(ts, fc, glm4, where, e);
 }
 
 /* The request's tools: the list (tools, or functions), their names, and tool_choice. */
@@ -178,11 +182,17 @@ static int read_tools(const cJSON *body, srv_tools *t, const cJSON **list, api_e
     if (!cJSON_IsArray(l)) return srv_bad(e, 400, what, "invalid_type", "%s must be an array", what);
     if (srv_present(tc) && !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none"))))
         return srv_bad(e, 400, "tool_choice", "unsupported_value",
-                       "tool_choice: \"auto\" or \"none\" (ChatGLM3 chooses by itself whether to call a tool)");
+                       "tool_choice: \"auto\" or \"none\" (the model chooses by itself whether to call a tool)");
     if (cJSON_GetArraySize(l) == 0 || (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none"))) return 0;
     const cJSON *it;
+    int i = 0;
     cJSON_ArrayForEach(it, l) {
-        const cJSON *f = t->legacy ? it : srv_field(it, "function"), *name = srv_field(f, "name");
+        const cJSON *f = t->legacy ? it : srv_field(it, "function"), *name = srv_field(f, "name"), *ty = srv_field(it, "type");
+        if (!t->legacy && cJSON_IsString(ty) && strcmp(ty->valuestring, "function"))
+            return srv_bad(e, 400, what, "invalid_value", "tools[%d]: type \"%.40s\": only \"function\" tools are supported%s", i,
+                           ty->valuestring, strcmp(ty->valuestring, "python") && strcmp(ty->valuestring, "simple_browser") &&
+                                                strcmp(ty->valuestring, "cogview") ? "" : " (not GLM-4's built-in tools)");
+        i++;
         if (!cJSON_IsObject(it) || !cJSON_IsString(name) || !name->valuestring[0])
             return srv_bad(e, 400, what, "invalid_value", "%s: each entry needs %s", what,
                            t->legacy ? "a name" : "{\"type\": \"function\", \"function\": {\"name\", ...}}");
@@ -194,17 +204,19 @@ static int read_tools(const cJSON *body, srv_tools *t, const cJSON **list, api_e
     return 0;
 }
 
-/* The tool-aware path (ChatGLM3): every message a turn, in order. tools: the list's key in the
- * body, whose own text is dumped (cJSON's tree would lose what Python keeps: 7.0 a float). */
-static int turns_prompt(srv_server *S, const cJSON *msgs, const char *tools, const char *body, size_t len, glm_ids *ids,
-                        api_err *e) {
+/* The tool-aware path (ChatGLM3, GLM-4): every message a turn, in order. tools: the list's key in
+ * the body, whose own text is dumped (cJSON's tree would lose what Python keeps: 7.0 a float). */
+static int turns_prompt(srv_server *S, const cJSON *msgs, const char *tools, const char *body, size_t len, int glm4,
+                        glm_ids *ids, api_err *e) {
     turns ts = {0};
     int rc = -1, n = cJSON_GetArraySize(msgs), skip_system = 0;
     size_t vs, ve;
     if (tools && glm_json_locate(body, len, tools, -1, &vs, &ve) == 0) {
         /* the demo's system turn with the tools; the request's own system message gives way to it */
-        char why[160];
-        char *sys = glm_tools_system_text(body + vs, ve - vs, why, sizeof why);
+        char why[200];
+        char *sys = !glm4 ? glm_tools_system_text(body + vs, ve - vs, why, sizeof why)
+                          : glm4_tools_text(body + vs, ve - vs, strcmp(tools, "functions") ? 0 : GLM4_TOOLS_FUNCTIONS, why,
+                                            sizeof why);
         if (!sys) { srv_bad(e, 400, tools, "invalid_value", "%s: %s", tools, why); goto out; }
         add(&ts, GLM_TURN_SYSTEM, NULL, sys);
         skip_system = 1;
@@ -226,7 +238,7 @@ static int turns_prompt(srv_server *S, const cJSON *msgs, const char *tools, con
             add(&ts, GLM_TURN_USER, NULL, text);
         } else if (!strcmp(r, "assistant")) {
             if (!calls) { add(&ts, GLM_TURN_ASSISTANT, NULL, text); continue; }
-            int k = assistant_calls(&ts, m, text, w, e);
+            int k = assistant_calls(&ts, m, text, glm4, w, e);
             free(text);
             if (k) goto out;
         } else if (!strcmp(r, "tool") || !strcmp(r, "function") || !strcmp(r, "observation")) {
@@ -271,15 +283,15 @@ int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t l
                       srv_present(srv_field(m, "function_call"));
     }
     if (read_tools(body, t, &tools, e)) return -1;
-    int roles = glm_tokenizer_roles(S->tok).user >= 0, glm3 = roles && glm_tokenizer_kind(S->tok) != GLM_TOK_GLM4;
-    if ((t->on || tool_turns) && !glm3) {
+    int roles = glm_tokenizer_roles(S->tok).user >= 0;
+    t->glm4 = glm_tokenizer_kind(S->tok) == GLM_TOK_GLM4;
+    if ((t->on || tool_turns) && !roles) {
         const char *p = t->on ? (t->legacy ? "functions" : "tools") : "messages";
-        srv_bad(e, 400, p, "unsupported_value", "%s: %s", t->on ? p : "tool calls and tool results",
-                roles ? "GLM-4's tool prompt is not implemented here; ChatGLM3-6B's is"
-                      : "this model has no tool-calling format (ChatGLM3-6B has)");
+        srv_bad(e, 400, p, "unsupported_value", "%s: this model has no tool-calling format (ChatGLM3-6B and GLM-4 have)",
+                t->on ? p : "tool calls and tool results");
         srv_tools_free(t);
         return -1;
     }
     const char *key = !tools ? NULL : t->legacy ? "functions" : "tools";
-    return t->on || tool_turns ? turns_prompt(S, msgs, key, text, len, ids, e) : plain_prompt(S, msgs, ids, e);
+    return t->on || tool_turns ? turns_prompt(S, msgs, key, text, len, t->glm4, ids, e) : plain_prompt(S, msgs, ids, e);
 }

@@ -412,12 +412,14 @@ static void chunk(stream_ctx *c, const char *delta, size_t n, const char *finish
     pend_json(c, o, 1);
 }
 
-/* A chat response that is a call of one of the request's tools (ChatGLM3's text, infer/tools.h):
+/* A chat response that is a call of one of the request's tools (infer/tools.h):
  * OpenAI's tool_calls list of one (stream: with its index), or the older function_call object;
  * *finish becomes "tool_calls" / "function_call". NULL when the text is an answer. */
 static cJSON *tool_call(stream_ctx *c, const char *text, const char **finish) {
     char *name, *args;
-    if (!c->tools.on || !glm_tool_call_read(text, &name, &args)) return NULL;
+    if (!c->tools.on || !(c->tools.glm4 ? glm4_tool_call_read(text, c->tools.names, c->tools.n_names, &name, &args)
+                                        : glm_tool_call_read(text, &name, &args)))
+        return NULL;
     cJSON *fn = cJSON_CreateObject();
     cJSON_AddStringToObject(fn, "name", name);
     cJSON_AddStringToObject(fn, "arguments", args);

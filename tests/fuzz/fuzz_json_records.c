@@ -26,6 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cfg.skip_bad_samples = (opt >> 4) & 1;
     if (opt & 32) cfg.columns = (glm_columns){"q", "a", "h", "i", "s"};
     cfg.conversations = (opt >> 6) & 1;
+    cfg.glm4 = cfg.conversations && (opt >> 7);
     char path[64];
     int fd = fuzz_memfile(data + 1, size - 1, path, sizeof path);
     if (fd < 0) return 0;
@@ -45,6 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             FUZZ_CHECK(rec.n_msgs >= 0 && (rec.n_msgs == 0 || rec.msgs), "%d turns", rec.n_msgs);
             for (int i = 0; i < rec.n_msgs; i++) {
                 check_str(rec.msgs[i].content, 1, "conversation turn");
+                check_str(rec.msgs[i].metadata, 0, "metadata");
                 FUZZ_CHECK(rec.msgs[i].role >= 0 && rec.msgs[i].role < 4, "role %d", (int)rec.msgs[i].role);
             }
             FUZZ_CHECK(rec.index >= n && rec.line >= 1 && rec.col >= 1, "record %lld at %lld:%lld",

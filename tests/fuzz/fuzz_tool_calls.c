@@ -1,9 +1,10 @@
-/* libFuzzer target: ChatGLM3's tool-call texts (model output and client input; data/pyliteral.c,
- * data/pyjson.c, infer/tools.c). Every reader must refuse or give well-formed text, and the
+/* libFuzzer target: ChatGLM3's and GLM-4's tool-call texts (model output and client input;
+ * data/pyliteral.c, data/pyjson.c, data/glm4_tools.c, infer/tools.c). Every reader must refuse or give well-formed text, and the
  * two directions must agree: a call read into JSON arguments and written back reads again to the
  * same arguments; a JSON value's Python repr reads back as the same value. */
 #include <cJSON.h>
 #include <string.h>
+#include "data/glm4_tools.h"
 #include "data/pyjson.h"
 #include "data/pyliteral.h"
 #include "infer/tools.h"
@@ -44,6 +45,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         cJSON *o = cJSON_Parse(args);
         FUZZ_CHECK(cJSON_IsObject(o), "not a JSON object: %s", args);
         cJSON_Delete(o);
+        /* GLM-4's way: the arguments' JSON after the name */
+        char *c4 = glm4_tool_call_write(args, why, sizeof why), *name4, *args4;
+        FUZZ_CHECK(c4, "GLM-4 write refused %s: %s", args, why);
+        char *t4 = malloc(strlen(c4) + 3);
+        sprintf(t4, "f\n%s", c4);
+        char *const names[] = {"f"};
+        if (!strstr(c4, "<|assistant|>")) {
+            FUZZ_CHECK(glm4_tool_call_read(t4, names, 1, &name4, &args4), "GLM-4's written call did not read back:\n%s", t4);
+            same_json(args, args4);
+            free(name4);
+            free(args4);
+        }
+        free(t4);
+        free(c4);
         char *content = glm_tool_call_write(args, why, sizeof why);
         FUZZ_CHECK(content, "write refused %s: %s", args, why);
         /* an argument holding "<|assistant|>" splits the text as the demo splits it: no round trip */
@@ -71,6 +86,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         char *want = malloc(strlen(dump) + 16);
         sprintf(want, "{\"x\": %s}", dump);
         same_json(want, kw);
+        char *lit = glm_py_literal_json(rep, strlen(rep), why, sizeof why);
+        FUZZ_CHECK(lit, "the repr %s did not read as a literal: %s", rep, why);
+        same_json(dump, lit);
+        free(lit);
         free(want);
         free(kw);
         free(call);
@@ -80,8 +99,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* a response text: a call or not, never a crash */
     char *name, *a2;
     if (glm_tool_call_read(text, &name, &a2)) { FUZZ_CHECK(name[0] && a2[0] == '{', "%s / %s", name, a2); free(name); free(a2); }
+    char *const names[] = {"f", "get_weather"};
+    if (glm4_tool_call_read(text, names, 2, &name, &a2)) {
+        cJSON *o = cJSON_Parse(a2); /* json.dumps writes inf and nan outside JSON proper */
+        FUZZ_CHECK((cJSON_IsObject(o) || strstr(a2, "Infinity") || strstr(a2, "NaN")) &&
+                       (!strcmp(name, "f") || !strcmp(name, "get_weather")), "%s / %s", name, a2);
+        cJSON_Delete(o);
+        free(name);
+        free(a2);
+    }
+    char *lit = glm_py_literal_json(text, n, why, sizeof why);
+    FUZZ_CHECK(lit || why[0], "a literal refused without a reason");
+    free(lit);
     char *sys = glm_tools_system_text(text, n, why, sizeof why);
     free(sys);
+    for (int flags = 0; flags < 4; flags++) {
+        why[0] = 0;
+        char *block = glm4_tools_text(text, n, flags, why, sizeof why);
+        FUZZ_CHECK(block ? !strncmp(block, GLM4_TOOLS_HEADER, strlen(GLM4_TOOLS_HEADER)) : why[0] != 0,
+                   "flags %d: %s", flags, block ? block : "refused without a reason");
+        free(block);
+    }
     free(text);
     return 0;
 }

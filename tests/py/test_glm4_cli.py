@@ -4,8 +4,12 @@ byte-level BPE trained on a small corpus, in the tiktoken rank-file format of GL
 tokenizer.model, its 14 special tokens after the ranks):
   - training examples from conversation records equal a Python re-implementation of GLM-4's
     finetune_demo/finetune.py process_batch on PyPI tiktoken: [gMASK] <sop>, each turn
-    <|role|> + encode("\\n" + content) as its chat template tokenizes it, <|user|> closing the
-    conversation ("EOS for chat"), the loss marks of assistant turns shifted right by one;
+    <|role|> + encode(metadata + "\\n" + content) as its chat template tokenizes it (no turn for
+    an empty content; a system turn's tools as the template's tools block, rendered the way
+    transformers renders it: trim_blocks takes the first line end after each tool's block tag,
+    tojson is json.dumps(ensure_ascii=False, indent=4); process_message's null properties
+    dropped), <|user|> closing the conversation ("EOS for chat"), the loss marks of assistant
+    turns shifted right by one;
   - `glmtrain train` on those records with a GLM-4 config.json (the ChatGLM2 block, its eos
     list): the loss falls;
   - `generate --prompt` builds the chat template's input ([gMASK] <sop> <|user|> "\\n" + query
@@ -22,6 +26,44 @@ from mpi_runs import ENV, GLM, losses, report, run
 SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
             "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>",
             "<|end_of_video|>"]
+
+
+TOOLS_HEADER = ("你是一个名为 ChatGLM 的人工智能助手。你是基于智谱AI训练的语言模型 GLM-4 模型开发的，"
+                "你的任务是针对用户的问题和要求提供适当的答复和支持。")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "查询城市的天气",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "description": "城市名"},
+                                                "unit": None, "days": {"type": "integer", "maximum": 7.0}},
+                                                "required": ["city"]}}},
+         {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def process_message(message):
+    """finetune.py's process_message: a system turn's tools lose their null properties."""
+    message = json.loads(json.dumps(message))
+    if "tools" in message and message["role"] == "system":
+        for tool in message["tools"]:
+            props = tool["function"]["parameters"]["properties"]
+            tool["function"]["parameters"]["properties"] = {k: v for k, v in props.items() if v is not None}
+    elif "tools" in message:
+        del message["tools"]
+    return message
+
+
+def template_turns(message):
+    """glm-4-9b-chat's chat template for [message], after [gMASK] <sop>: (role token, text) pairs."""
+    out = []
+    if "tools" in message:
+        text = "\n" + TOOLS_HEADER + "\n\n# 可用工具"
+        for tool in message["tools"]:
+            if tool["type"] == "function":
+                fn = tool["function"]
+                text += "\n## %s\n\n%s\n在调用上述函数时，请使用 Json 格式表示调用的参数。" % (
+                    fn["name"], json.dumps(fn, ensure_ascii=False, indent=4))
+        out.append(("<|system|>", text))
+    if message.get("content"):
+        out.append(("<|%s|>" % message["role"], message.get("metadata", "") + "\n" + message["content"]))
+    return out
 
 
 def main():
@@ -61,6 +103,15 @@ def main():
                 conv = [{"role": "system", "content": "You are GLM-4."}] + conv + [
                     {"role": "user", "content": "  again\n"}, {"role": "assistant", "content": "明月  %d" % i}]
             recs.append({"conversations": conv})
+        # tools on the system turn (with and without its own content), a call with metadata, the
+        # tool's result, an empty turn
+        call = {"role": "assistant", "metadata": "get_weather", "content": '{"city": "北京"}'}
+        recs += [{"messages": [{"role": "system", "content": "", "tools": TOOLS}, {"role": "user", "content": "北京天气"},
+                               call, {"role": "observation", "content": '{"temperature": 20}'},
+                               {"role": "assistant", "content": "北京 20 度"}]},
+                 {"messages": [{"role": "system", "content": "简短回答", "tools": TOOLS[:1]},
+                               {"role": "user", "content": "现在几点"}, {"role": "assistant", "content": ""},
+                               {"role": "user", "content": "你好"}, {"role": "assistant", "content": "你好！"}]}]
         data = os.path.join(d, "conv.jsonl")
         with open(data, "w", encoding="utf-8") as f:
             for r in recs:
@@ -69,22 +120,34 @@ def main():
         want = []
         for r in recs:
             ids, marks = [sid["[gMASK]"], sid["<sop>"]], [False, False]
-            for m in r["conversations"]:
-                new = [sid["<|%s|>" % m["role"]]] + enc.encode("\n" + m["content"], disallowed_special=())
-                ids += new
-                marks += [m["role"] not in ("system", "user", "observation")] * len(new)
+            for m in r.get("conversations") or r["messages"]:
+                m = process_message(m)
+                for role, text in template_turns(m):
+                    new = [sid[role]] + enc.encode(text, disallowed_special=())
+                    ids += new
+                    marks += [m["role"] not in ("system", "user", "observation")] * len(new)
             ids.append(sid["<|user|>"])
             marks = [False] + marks
             want.append((ids, [t if k else -100 for t, k in zip(ids, marks)]))
-        p = subprocess.run([tool, "examples", "--tokenizer", tok, "--train_file", data, "--max_source_length", "64",
+        p = subprocess.run([tool, "examples", "--tokenizer", tok, "--train_file", data, "--max_source_length", "1000",
                             "--max_target_length", "64"], capture_output=True, text=True, timeout=120)
         got = [json.loads(l) for l in p.stdout.splitlines()][:-1] if p.returncode == 0 else None
         ok = got is not None and [(g["ids"], g["labels"]) for g in got] == want
-        detail = p.stderr[-300:] if got is None else "%d examples" % len(got)
-        if got is not None and not ok:
+        detail = p.stderr[-300:] if got is None else "%d examples, the reference %d" % (len(got), len(want))
+        if got is not None and not ok and len(got) == len(want):
             i = next(k for k in range(min(len(got), len(want))) if (got[k]["ids"], got[k]["labels"]) != want[k])
             detail = "example %d: glmtrain %s / %s, reference %s / %s" % (i, got[i]["ids"], got[i]["labels"], *want[i])
         report("glm4_examples_equal_finetune_process_batch", ok, detail)
+        # tools in the README's first sketch ({"name", "args"}, no type): the template writes
+        # nothing for them and process_message fails; here a clear error names the record and tool
+        bad = os.path.join(d, "bad.jsonl")
+        with open(bad, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"messages": [{"role": "system", "content": "", "tools": [{"name": "x", "args": {}}]},
+                                             {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}) + "\n")
+        p = subprocess.run([tool, "examples", "--tokenizer", tok, "--train_file", bad], capture_output=True, text=True,
+                           timeout=120)
+        report("glm4_untyped_tool_refused", p.returncode != 0 and "bad.jsonl:1" in p.stderr and "tools[0]" in p.stderr and
+               '"type": "function"' in p.stderr, p.stderr[-400:])
         # 2. training
         out = os.path.join(d, "out")
         run(["--init_from_config", cfg_path, "--tokenizer_name", tok, "--train_file", data, "--learning_rate", "1e-2",

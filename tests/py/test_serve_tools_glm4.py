@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""`glmtrain serve` with GLM-4 tool calling, through the `openai` client: a tiny model of GLM-4's
+architecture (the ChatGLM2 block, a byte-level BPE tokenizer in GLM-4's tokenizer.model layout
+built here) trained here on GLM-4 finetune_demo records with tools until it answers one
+question with a tool call and another with text, then
+
+  * the prompt of a request with tools is glm-4-9b-chat's chat template for the messages THUDM's
+    basic_demo/openai_api_server.py builds (a system message with the tools, its content None),
+    tokenized as transformers does it (test_glm4_cli.template_turns: the tools block, each
+    function as json.dumps(indent=4, ensure_ascii=False)); `functions` give the same block;
+  * the model's "get_weather\\n{...}" comes back as tool_calls (finish_reason "tool_calls"),
+    content null, arguments the JSON of the dict; `functions` get function_call;
+  * streamed, the call arrives as one tool_calls delta, a text answer as content;
+  * the next request, with the assistant's tool_calls and the tool's result, has the turns the
+    template writes (<|assistant|>get_weather + "\\n" + the arguments, then <|observation|>), also
+    when the assistant's message carries the model's own text (the demo's way);
+  * tool_choice "none" drops the tools; a built-in tool type (python) is refused naming tools.
+Prints PASS/FAIL/SKIP lines."""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import serve_common as sc  # noqa: E402
+from test_glm4_cli import SPECIALS, template_turns  # noqa: E402
+from test_serve_tools import check, prompt_ids  # noqa: E402
+import test_serve_tools as T  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "查询城市的天气",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "description": "城市名"},
+                                                "days": {"type": "integer", "minimum": 1.0, "maximum": 7}},
+                                                "required": ["city"]}}}]
+ARGS = '{"city": "北京"}'
+ANSWER = "你好，我是助手。"
+RESULT = '{"temperature": 20}'
+
+
+def build(d):
+    """Tokenizer (its ranks, the tiktoken encoding and special ids) and the trained model folder."""
+    import tiktoken
+    import test_tokenizer_glm4 as G
+    import tokenizer_corpus as tc
+    from mpi_runs import run
+    own = [template_turns({"role": "system", "content": None, "tools": TOOLS})[0][1], ARGS, ANSWER, RESULT,
+           "北京天气怎么样", "你好", "北京 20 度"]
+    lines = []
+    for name in ("tang300", "chinese"):
+        lines += [x.decode("utf-8", "ignore") for x in tc._read_lines(os.path.join(tc.FORTUNES, name), 1500)]
+    lines += [t for t in own for _ in range(40)]
+    ranks = G.train(lines, 1500)
+    tok = G.write_model(os.path.join(d, "tok"), ranks)
+    n = len(ranks)
+    sid = {s: n + i for i, s in enumerate(SPECIALS)}
+    enc = tiktoken.Encoding("glm4-test", pat_str=G.PAT, mergeable_ranks=ranks, special_tokens=sid)
+    cfg = {"model_type": "chatglm", "padded_vocab_size": (n + len(SPECIALS) + 63) // 64 * 64, "hidden_size": 64,
+           "num_layers": 2, "num_attention_heads": 4, "kv_channels": 16, "multi_query_attention": True,
+           "multi_query_group_num": 2, "ffn_hidden_size": 128, "layernorm_epsilon": 1.5625e-07, "rmsnorm": True,
+           "add_qkv_bias": True, "add_bias_linear": False, "apply_residual_connection_post_layernorm": False,
+           "post_layer_norm": True, "original_rope": True, "rope_ratio": 500, "seq_length": 1024,
+           "tie_word_embeddings": False, "eos_token_id": [sid["<|endoftext|>"], sid["<|user|>"], sid["<|observation|>"]],
+           "pad_token_id": sid["<|endoftext|>"]}
+    cfg_path = os.path.join(d, "config.json")
+    json.dump(cfg, open(cfg_path, "w"))
+    system = {"role": "system", "content": "", "tools": TOOLS}
+    call = [{"role": "user", "content": "北京天气怎么样"}, {"role": "assistant", "metadata": "get_weather", "content": ARGS},
+            {"role": "observation", "content": RESULT}, {"role": "assistant", "content": "北京 20 度"}]
+    recs = [{"messages": [system] + call}, {"messages": [system, {"role": "user", "content": "你好"},
+                                                          {"role": "assistant", "content": ANSWER}]}] * 8
+    data = os.path.join(d, "tools.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    out = os.path.join(d, "glm4")
+    run(["--init_from_config", cfg_path, "--tokenizer_name", tok, "--train_file", data, "--learning_rate", "1e-2",
+         "--seed", "7", "--max_source_length", "768", "--max_target_length", "64", "--disable_tqdm", "--report_to", "none",
+         "--max_steps", "120", "--save_strategy", "no", "--output_dir", out, "--per_device_train_batch_size", "16",
+         "--device", "cpu"], timeout=600)
+    shutil.copytree(tok, out, dirs_exist_ok=True)
+    return enc, sid, out
+
+
+def ref_ids(enc, sid, messages):
+    """[gMASK] <sop>, each message through the template, then <|assistant|>."""
+    ids = [sid["[gMASK]"], sid["<sop>"]]
+    for m in messages:
+        for role, text in template_turns(m):
+            ids += [sid[role]] + enc.encode(text, disallowed_special=())
+    return ids + [sid["<|assistant|>"]]
+
+
+def main():
+    if not os.path.exists(sc.GLM):
+        print("SKIP serve_tools_glm4: %s not built" % sc.GLM)
+        return 0
+    try:
+        import openai  # noqa: F401
+        import tiktoken  # noqa: F401
+        import regex  # noqa: F401
+    except ImportError as e:
+        print("SKIP serve_tools_glm4: %s (scripts/install-deps.sh installs openai, tiktoken and regex)" % e)
+        return 0
+    d = tempfile.mkdtemp(prefix="glm-serve-tools4-")
+    S = None
+    try:
+        enc, sid, model = build(d)
+        S = sc.Server(model, "--debug", "--max_model_len", "1024", "--served_model_name", "model")
+        c = S.client()
+        q = [{"role": "user", "content": "北京天气怎么样"}]
+        tools_turn = {"role": "system", "content": None, "tools": TOOLS}
+        n0 = len(S.log)
+        r = c.chat.completions.create(model="model", messages=q, tools=TOOLS, temperature=0, max_tokens=40)
+        want = ref_ids(enc, sid, [tools_turn] + q)
+        check("glm4_tools_prompt_is_the_template", prompt_ids(S, n0) == want, "%s vs %s" % (prompt_ids(S, n0), want))
+        ch = r.choices[0]
+        calls = ch.message.tool_calls or []
+        check("glm4_tool_call_as_tool_calls", ch.finish_reason == "tool_calls" and ch.message.content is None and
+              len(calls) == 1 and calls[0].function.name == "get_weather" and
+              json.loads(calls[0].function.arguments) == {"city": "北京"}, r.model_dump_json())
+        r2 = c.chat.completions.create(model="model", messages=[{"role": "user", "content": "你好"}], tools=TOOLS,
+                                       temperature=0, max_tokens=40)
+        check("glm4_text_answer_with_tools_is_content", r2.choices[0].message.content == ANSWER and
+              r2.choices[0].finish_reason == "stop" and not r2.choices[0].message.tool_calls, r2.model_dump_json())
+        n0 = len(S.log)
+        r3 = c.chat.completions.create(model="model", messages=q, functions=[TOOLS[0]["function"]], temperature=0,
+                                       max_tokens=40)
+        fc = r3.choices[0].message.function_call
+        check("glm4_functions_same_prompt_get_function_call", prompt_ids(S, n0) == want and
+              r3.choices[0].finish_reason == "function_call" and fc is not None and fc.name == "get_weather" and
+              json.loads(fc.arguments) == {"city": "北京"}, r3.model_dump_json())
+        deltas, finish = [], None
+        for chunk in c.chat.completions.create(model="model", messages=q, tools=TOOLS, temperature=0, max_tokens=40,
+                                               stream=True):
+            if chunk.choices:
+                deltas.append(chunk.choices[0].delta)
+                finish = chunk.choices[0].finish_reason or finish
+        tcs = [t for dl in deltas for t in (dl.tool_calls or [])]
+        text = "".join(dl.content or "" for dl in deltas)
+        check("glm4_streamed_tool_call_is_one_delta", finish == "tool_calls" and text == "" and len(tcs) == 1 and
+              tcs[0].function.name == "get_weather" and json.loads(tcs[0].function.arguments) == {"city": "北京"},
+              "%s %r %s" % (finish, text, tcs))
+        parts = [ck.choices[0].delta.content for ck in c.chat.completions.create(
+            model="model", messages=[{"role": "user", "content": "你好"}], tools=TOOLS, temperature=0, max_tokens=40,
+            stream=True) if ck.choices and ck.choices[0].delta.content]
+        check("glm4_streamed_text_answer_with_tools", "".join(parts) == ANSWER, parts)
+        # the next turn: the call and the tool's result
+        hist = [tools_turn] + q + [{"role": "assistant", "metadata": "get_weather", "content": ARGS},
+                                   {"role": "observation", "content": RESULT}]
+        want = ref_ids(enc, sid, hist)
+        msgs = q + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": calls[0].id, "type": "function", "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
+                    {"role": "tool", "tool_call_id": calls[0].id, "content": RESULT}]
+        n0 = len(S.log)
+        r4 = c.chat.completions.create(model="model", messages=msgs, tools=TOOLS, temperature=0, max_tokens=8)
+        check("glm4_tool_result_turns_are_the_templates", prompt_ids(S, n0) == want and r4.choices[0].finish_reason,
+              "%s vs %s" % (prompt_ids(S, n0), want))
+        msgs[1] = {"role": "assistant", "content": "get_weather\n" + ARGS, "function_call": {"name": "get_weather", "arguments": "{}"}}
+        msgs[2] = {"role": "function", "name": "get_weather", "content": RESULT}
+        n0 = len(S.log)
+        c.chat.completions.create(model="model", messages=msgs, functions=[TOOLS[0]["function"]], temperature=0, max_tokens=8)
+        check("glm4_demo_style_history_same_turns", prompt_ids(S, n0) == want, "%s vs %s" % (prompt_ids(S, n0), want))
+        n0 = len(S.log)
+        c.chat.completions.create(model="model", messages=[{"role": "user", "content": "你好"}], tools=TOOLS,
+                                  tool_choice="none", temperature=0, max_tokens=4)
+        want = ref_ids(enc, sid, [{"role": "user", "content": "你好"}])
+        check("glm4_tool_choice_none_drops_the_tools", prompt_ids(S, n0) == want, "%s vs %s" % (prompt_ids(S, n0), want))
+        st, body = sc.http(S.port, "POST", "/v1/chat/completions", {"model": "model", "messages": q,
+                                                                     "tools": [{"type": "python"}]})
+        check("glm4_builtin_tool_refused", st == 400 and body["error"]["param"] == "tools" and
+              "python" in body["error"]["message"], body)
+        rc = S.stop()
+        check("glm4_clean_exit", rc == 0, S.text()[-300:])
+    finally:
+        if S and S.p.poll() is None:
+            S.stop(9)
+        shutil.rmtree(d, ignore_errors=True)
+    return 1 if T.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
