@@ -103,6 +103,12 @@ int glm_chat_inputs_turns(const glm_tokenizer *tok, const glm_chat_turn *t, int 
     return 0;
 }
 
+int glm_chat_assistant_metadata(const glm_tokenizer *tok, const char *line, glm_ids *out, glm_err *err) {
+    if (glm_tokenizer_roles(tok).user < 0) return glm_fail(err, "this model's tokenizer has no role tokens (ChatGLM3 and GLM-4 have them)");
+    return glm_tokenizer_kind(tok) == GLM_TOK_GLM4 ? glm_tokenizer_encode(tok, line, strlen(line), out, err)
+                                                   : glm_tokenizer_encode_ex(tok, line, strlen(line), GLM_TOK_SPM_ONLY, out, err);
+}
+
 /* ChatGLM3's build_chat_input(query, history): [gMASK] sop, the optional system turn, each round's
  * user and assistant turns, the query's user turn, then <|assistant|>. */
 static int glm3_inputs(const glm_tokenizer *tok, const char *system, const char *query, const char *const *hist,

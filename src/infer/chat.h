@@ -40,6 +40,12 @@ typedef struct glm_chat_turn {
  * tokens; a conversation without metadata gives glm_chat_inputs_sys's ids. */
 int glm_chat_inputs_turns(const glm_tokenizer *tok, const glm_chat_turn *t, int n, glm_ids *out, glm_err *err);
 
+/* Appends the first ids of an assistant turn whose metadata line is line ("NAME\n"), after its
+ * <|assistant|>: ChatGLM3's sp(metadata + "\n"), GLM-4's encode(metadata + "\n"), which is where
+ * its pre-tokenizer splits the turn's one text. A prompt ending so makes the response the rest
+ * of a call of that tool. */
+int glm_chat_assistant_metadata(const glm_tokenizer *tok, const char *line, glm_ids *out, glm_err *err);
+
 /* Sets g->stop_ids / n_stop to the ids model.chat stops at (glm_tokenizer_stop_ids: eos, <eop>
  * for ChatGLM-6B, and with ChatGLM3's role tokens <|user|> and <|observation|>). */
 void glm_gen_cfg_chat_stops(glm_gen_cfg *g, const glm_tokenizer *tok);

@@ -24,6 +24,8 @@ typedef struct srv_tools {
     int on;                    /* tools given and tool_choice not "none": a response may be a call */
     int legacy;                /* given as functions: a call is answered as function_call */
     int glm4;                  /* GLM-4's call format (infer/tools.h), else ChatGLM3's */
+    char *forced;              /* "NAME\n" when tool_choice names the tool: the prompt ends with */
+                               /* that line of the call, the response is the rest of it */
     char **names;              /* [n_names] the tools' names (a streamed response that may still */
     int n_names;               /* become a call is held back) */
 } srv_tools;

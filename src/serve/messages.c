@@ -38,6 +38,7 @@ static char *content_text(const cJSON *c, const char *where, api_err *e) {
 void srv_tools_free(srv_tools *t) {
     for (int i = 0; i < t->n_names; i++) free(t->names[i]);
     free(t->names);
+    free(t->forced);
     *t = (srv_tools){0};
 }
 
@@ -170,9 +171,47 @@ static int assistant_calls(turns *ts, const cJSON *m, const char *text, int glm4
     return call_turn(ts, fc, glm4, where, e);
 }
 
+/* tool_choice (for functions, function_call): "auto", "none", "required" (with one tool), or the
+ * tool to call by name ({"type": "function", "function": {"name"}}; for functions {"name"}):
+ * t->forced becomes "NAME\n", the call's first line. *none set for "none". */
+static int read_choice(const cJSON *body, srv_tools *t, int *none, api_err *e) {
+    const char *key = t->legacy && srv_present(srv_field(body, "function_call")) ? "function_call" : "tool_choice";
+    const cJSON *tc = srv_field(body, key), *name = NULL;
+    *none = 0;
+    if (!srv_present(tc)) return 0;
+    if (cJSON_IsString(tc)) {
+        if (!strcmp(tc->valuestring, "auto")) return 0;
+        if (!strcmp(tc->valuestring, "none")) { *none = 1; return 0; }
+        if (strcmp(tc->valuestring, "required"))
+            return srv_bad(e, 400, key, "invalid_value", "%s: \"auto\", \"none\", \"required\" or the function to call", key);
+        if (t->n_names != 1)
+            return srv_bad(e, 400, key, "unsupported_value",
+                           "%s \"required\" with %d tools: name the one to call ({\"type\": \"function\", \"function\": "
+                           "{\"name\": ...}}); the model cannot be made to pick one of several here", key, t->n_names);
+        name = cJSON_CreateString(t->names[0]); /* freed below */
+    } else {
+        const cJSON *f = cJSON_IsObject(srv_field(tc, "function")) ? srv_field(tc, "function") : tc;
+        name = srv_field(f, "name");
+        if (!cJSON_IsString(name))
+            return srv_bad(e, 400, key, "invalid_value", "%s: the function to call is {\"type\": \"function\", \"function\": "
+                                                         "{\"name\": ...}}", key);
+    }
+    int k = 0;
+    while (k < t->n_names && strcmp(t->names[k], name->valuestring)) k++;
+    if (k < t->n_names) {
+        t->forced = glm_malloc(strlen(t->names[k]) + 2);
+        sprintf(t->forced, "%s\n", t->names[k]);
+    } else {
+        srv_bad(e, 400, key, "invalid_value", "%s: \"%.60s\" is not one of the request's %s", key, name->valuestring,
+                t->legacy ? "functions" : "tools");
+    }
+    if (cJSON_IsString(tc)) cJSON_Delete((cJSON *)name);
+    return t->forced ? 0 : -1;
+}
+
 /* The request's tools: the list (tools, or functions), their names, and tool_choice. */
 static int read_tools(const cJSON *body, srv_tools *t, const cJSON **list, api_err *e) {
-    const cJSON *tools = srv_field(body, "tools"), *fns = srv_field(body, "functions"), *tc = srv_field(body, "tool_choice");
+    const cJSON *tools = srv_field(body, "tools"), *fns = srv_field(body, "functions");
     *list = NULL;
     if (srv_present(tools) && srv_present(fns)) return srv_bad(e, 400, "tools", "invalid_value", "give tools or functions, not both");
     t->legacy = !srv_present(tools) && srv_present(fns);
@@ -180,12 +219,8 @@ static int read_tools(const cJSON *body, srv_tools *t, const cJSON **list, api_e
     if (!srv_present(l)) return 0;
     const char *what = t->legacy ? "functions" : "tools";
     if (!cJSON_IsArray(l)) return srv_bad(e, 400, what, "invalid_type", "%s must be an array", what);
-    if (srv_present(tc) && !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none"))))
-        return srv_bad(e, 400, "tool_choice", "unsupported_value",
-                       "tool_choice: \"auto\" or \"none\" (the model chooses by itself whether to call a tool)");
-    if (cJSON_GetArraySize(l) == 0 || (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none"))) return 0;
     const cJSON *it;
-    int i = 0;
+    int i = 0, none;
     cJSON_ArrayForEach(it, l) {
         const cJSON *f = t->legacy ? it : srv_field(it, "function"), *name = srv_field(f, "name"), *ty = srv_field(it, "type");
         if (!t->legacy && cJSON_IsString(ty) && strcmp(ty->valuestring, "function"))
@@ -193,12 +228,14 @@ static int read_tools(const cJSON *body, srv_tools *t, const cJSON **list, api_e
                            ty->valuestring, strcmp(ty->valuestring, "python") && strcmp(ty->valuestring, "simple_browser") &&
                                                 strcmp(ty->valuestring, "cogview") ? "" : " (not GLM-4's built-in tools)");
         i++;
-        if (!cJSON_IsObject(it) || !cJSON_IsString(name) || !name->valuestring[0])
+        if (!cJSON_IsObject(it) || !cJSON_IsString(name) || !name->valuestring[0] || strchr(name->valuestring, '\n'))
             return srv_bad(e, 400, what, "invalid_value", "%s: each entry needs %s", what,
                            t->legacy ? "a name" : "{\"type\": \"function\", \"function\": {\"name\", ...}}");
         t->names = glm_realloc(t->names, sizeof *t->names * (size_t)(t->n_names + 1));
         t->names[t->n_names++] = glm_strdup(name->valuestring);
     }
+    if (read_choice(body, t, &none, e)) return -1;
+    if (t->n_names == 0 || none) return 0;
     t->on = 1;
     *list = l;
     return 0;
@@ -293,5 +330,14 @@ int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t l
         return -1;
     }
     const char *key = !tools ? NULL : t->legacy ? "functions" : "tools";
-    return t->on || tool_turns ? turns_prompt(S, msgs, key, text, len, t->glm4, ids, e) : plain_prompt(S, msgs, ids, e);
+    if (!(t->on || tool_turns)) return plain_prompt(S, msgs, ids, e);
+    if (turns_prompt(S, msgs, key, text, len, t->glm4, ids, e)) return -1;
+    if (t->on && t->forced) { /* the response starts as the call's own text: its name's line */
+        glm_err err = {0};
+        pthread_mutex_lock(S->tok_mu);
+        int k = glm_chat_assistant_metadata(S->tok, t->forced, ids, &err);
+        pthread_mutex_unlock(S->tok_mu);
+        if (k) return srv_bad(e, 400, "tool_choice", "invalid_value", "%s", err.msg);
+    }
+    return 0;
 }

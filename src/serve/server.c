@@ -412,14 +412,23 @@ static void chunk(stream_ctx *c, const char *delta, size_t n, const char *finish
     pend_json(c, o, 1);
 }
 
+/* The response's whole text: a forced call's first line (in the prompt) + what was generated. */
+static char *answer_text(const stream_ctx *c, const char *text) {
+    const char *p = c->tools.on && c->tools.forced ? c->tools.forced : "";
+    char *t = glm_malloc(strlen(p) + strlen(text) + 1);
+    sprintf(t, "%s%s", p, text);
+    return t;
+}
+
 /* A chat response that is a call of one of the request's tools (infer/tools.h):
  * OpenAI's tool_calls list of one (stream: with its index), or the older function_call object;
  * *finish becomes "tool_calls" / "function_call". NULL when the text is an answer. */
 static cJSON *tool_call(stream_ctx *c, const char *text, const char **finish) {
-    char *name, *args;
-    if (!c->tools.on || !(c->tools.glm4 ? glm4_tool_call_read(text, c->tools.names, c->tools.n_names, &name, &args)
-                                        : glm_tool_call_read(text, &name, &args)))
-        return NULL;
+    char *name, *args, *full = answer_text(c, text);
+    int is_call = c->tools.on && (c->tools.glm4 ? glm4_tool_call_read(full, c->tools.names, c->tools.n_names, &name, &args)
+                                                : glm_tool_call_read(full, &name, &args));
+    free(full);
+    if (!is_call) return NULL;
     cJSON *fn = cJSON_CreateObject();
     cJSON_AddStringToObject(fn, "name", name);
     cJSON_AddStringToObject(fn, "arguments", args);
@@ -469,8 +478,10 @@ static void whole(stream_ctx *c) {
         if (call) {
             cJSON_AddNullToObject(m, "content");
             cJSON_AddItemToObject(m, c->tools.legacy ? "function_call" : "tool_calls", call);
-        } else {
-            cJSON_AddStringToObject(m, "content", r->final);
+        } else { /* a forced call the model did not finish as one: its text as the answer */
+            char *t = answer_text(c, r->final);
+            cJSON_AddStringToObject(m, "content", t);
+            free(t);
         }
     } else {
         cJSON_AddStringToObject(x, "text", r->final);
@@ -524,7 +535,7 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         char *text = NULL;
         if (c->stream && n > c->seen) {
             /* a response that may still begin a call of one of the tools is held back whole */
-            c->holding = c->chat && c->sent == 0 && srv_tools_may_call(&c->tools, r->text.s, n);
+            c->holding = c->chat && c->sent == 0 && ((c->tools.on && c->tools.forced) || srv_tools_may_call(&c->tools, r->text.s, n));
             if (!c->holding) {
                 text = glm_malloc(n - c->sent + 1);
                 memcpy(text, r->text.s + c->sent, n - c->sent);
@@ -549,7 +560,11 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             const char *finish = r->finish;
             cJSON *call = c->holding ? tool_call(c, r->final, &finish) : NULL;
             if (call) call_chunk(c, call);
-            else if (c->holding && r->final[0]) chunk(c, r->final, strlen(r->final), NULL, 0); /* held, not a call after all */
+            else if (c->holding) { /* held, not a call after all */
+                char *t = answer_text(c, r->final);
+                if (t[0]) chunk(c, t, strlen(t), NULL, 0);
+                free(t);
+            }
             chunk(c, NULL, 0, finish, 0);
             if (c->include_usage) {
                 cJSON *o = head(c, c->chat ? "chat.completion.chunk" : "text_completion");

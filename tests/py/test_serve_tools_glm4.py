@@ -14,7 +14,8 @@ question with a tool call and another with text, then
   * the next request, with the assistant's tool_calls and the tool's result, has the turns the
     template writes (<|assistant|>get_weather + "\\n" + the arguments, then <|observation|>), also
     when the assistant's message carries the model's own text (the demo's way);
-  * tool_choice "none" drops the tools; a built-in tool type (python) is refused naming tools.
+  * tool_choice "none" drops the tools; a named tool ends the prompt with encode("NAME\\n") and the
+    (streamed) response is the rest of the call; a built-in tool type (python) is refused.
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
@@ -167,6 +168,20 @@ def main():
                                   tool_choice="none", temperature=0, max_tokens=4)
         want = ref_ids(enc, sid, [{"role": "user", "content": "你好"}])
         check("glm4_tool_choice_none_drops_the_tools", prompt_ids(S, n0) == want, "%s vs %s" % (prompt_ids(S, n0), want))
+        # tool_choice naming the tool: the prompt ends with encode("get_weather\n"), the streamed
+        # response is the rest of the call
+        n0 = len(S.log)
+        deltas, finish = [], None
+        for chunk in c.chat.completions.create(model="model", messages=q, tools=TOOLS, temperature=0, max_tokens=40,
+                                               stream=True, tool_choice={"type": "function", "function": {"name": "get_weather"}}):
+            if chunk.choices:
+                deltas.append(chunk.choices[0].delta)
+                finish = chunk.choices[0].finish_reason or finish
+        tcs = [t for dl in deltas for t in (dl.tool_calls or [])]
+        want = ref_ids(enc, sid, [tools_turn] + q) + enc.encode("get_weather\n")
+        check("glm4_tool_choice_named_forces_the_call", prompt_ids(S, n0) == want and finish == "tool_calls" and
+              len(tcs) == 1 and json.loads(tcs[0].function.arguments) == {"city": "北京"},
+              "%s vs %s: %s %s" % (prompt_ids(S, n0), want, finish, tcs))
         st, body = sc.http(S.port, "POST", "/v1/chat/completions", {"model": "model", "messages": q,
                                                                      "tools": [{"type": "python"}]})
         check("glm4_builtin_tool_refused", st == 400 and body["error"]["param"] == "tools" and
