@@ -42,4 +42,11 @@ int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t l
  * while text is a prefix of "NAME\n" or starts with it, else 0. */
 int srv_tools_may_call(const srv_tools *t, const char *text, size_t n);
 
+/* OpenAI's logprobs object for the response tokens lps[0..n) with up to top alternatives each:
+ * chat's {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null},
+ * completions' {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+ * (*offset: the characters before lps[0], advanced past them). A token whose bytes are not UTF-8
+ * on their own (part of a character) is written "bytes:\xNN..."; "bytes" has them as numbers. */
+cJSON *srv_logprobs_json(const glm_tokenizer *tok, const srv_logprob *lps, int n, int top, int chat, long *offset);
+
 #endif

@@ -117,6 +117,7 @@ void srv_req_put(srv_req *r) {
     free(r->seen);
     free(r->text.s);
     free(r->final);
+    free(r->lps);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -200,7 +201,7 @@ enum { ROW_GOES_ON, ROW_STOP_ID, ROW_STOP_TEXT, ROW_LENGTH };
  * request's stream) and whether a stop string or the limit ends the row (*cut: where the stop
  * string starts). Touches only this request and reads the tokenizer, so rows run in parallel;
  * finishing is left to row_apply. */
-static int row_text(srv_engine *e, srv_req *r, int32_t id, long *cut) {
+static int row_text(srv_engine *e, srv_req *r, int32_t id, const srv_logprob *lp, long *cut) {
     const glm_config *c = &e->m->cfg;
     int stop = id == c->eos_token_id;
     for (int k = 0; k < r->g.n_stop; k++) stop |= id == r->g.stop_ids[k];
@@ -214,6 +215,10 @@ static int row_text(srv_engine *e, srv_req *r, int32_t id, long *cut) {
     *cut = r->n_stops ? find_stop(r, t) : -1;
     pthread_mutex_lock(&r->mu);
     if (r->out.n == 1) r->t_first = glm_now();
+    if (r->logprobs) {
+        r->lps = glm_realloc(r->lps, sizeof *r->lps * (size_t)r->out.n);
+        r->lps[r->out.n - 1] = *lp;
+    }
     r->n_out = r->out.n;
     if (*cut < 0) {
         size_t keep = n - stop_hold(r, t, n);
@@ -236,10 +241,42 @@ static void row_apply(srv_engine *e, srv_req *r, int what, long cut) {
     else if (what == ROW_LENGTH) finish(e, r, "length", -1, NULL);
 }
 
-static void row_token(srv_engine *e, srv_req *r, int32_t id) {
+static void row_token(srv_engine *e, srv_req *r, int32_t id, const srv_logprob *lp) {
     long cut = -1;
-    int what = row_text(e, r, id, &cut);
+    int what = row_text(e, r, id, lp, &cut);
     row_apply(e, r, what, cut);
+}
+
+/* o: the log-probability of token id under raw logits[V], and the k most likely tokens. */
+static void logprob_of(const float *logits, int V, int32_t id, int k, srv_logprob *o) {
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < V; j++) if (logits[j] > mx) mx = logits[j];
+    for (int j = 0; j < V; j++) sum += exp((double)logits[j] - mx);
+    double lse = mx + log(sum);
+    o->id = id;
+    o->lp = (float)(logits[id] - lse);
+    o->n_top = 0;
+    for (int j = 0; j < V && k > 0; j++) { /* insertion into the k best: logit, then the lower id */
+        float v = logits[j];
+        if (o->n_top == k && !(v > o->top_lp[k - 1])) continue;
+        int at = o->n_top < k ? o->n_top++ : k - 1;
+        while (at > 0 && v > o->top_lp[at - 1]) { o->top_lp[at] = o->top_lp[at - 1]; o->top_id[at] = o->top_id[at - 1]; at--; }
+        o->top_lp[at] = v;
+        o->top_id[at] = j;
+    }
+    for (int i = 0; i < o->n_top; i++) o->top_lp[i] = (float)(o->top_lp[i] - lse);
+}
+
+/* The request's next token from its row of logits (changed in place by the sampler), and with
+ * logprobs its srv_logprob from the logits as they came. */
+static int32_t pick(srv_req *r, float *logits, int V, srv_logprob *lp) {
+    if (!r->logprobs) return glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
+    float *raw = glm_malloc(sizeof(float) * (size_t)V);
+    memcpy(raw, logits, sizeof(float) * (size_t)V);
+    int32_t id = glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
+    logprob_of(raw, V, id, r->top_logprobs, lp);
+    free(raw);
+    return id;
 }
 
 /* ---------------------------------------------------------------- steps */
@@ -266,7 +303,9 @@ static int32_t pad_id(const srv_engine *e) {
 }
 
 /* A request whose next token glm_sample_next would pick as the argmax of its logits. */
-static int is_greedy(const srv_req *r) { return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f); }
+static int is_greedy(const srv_req *r) {
+    return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs;
+}
 
 /* A new request's prompt through its slot (one forward), and its first token. */
 static void prefill(srv_engine *e, srv_req *r) {
@@ -295,7 +334,8 @@ static void prefill(srv_engine *e, srv_req *r) {
         return;
     }
     e->slot_len[r->slot] = n;
-    row_token(e, r, greedy ? e->greedy[0] : glm_sample_next(e->logits, V, &r->g, r->seen, &r->rng));
+    srv_logprob lp;
+    row_token(e, r, greedy ? e->greedy[0] : pick(r, e->logits, V, &lp), &lp);
 }
 
 /* One decode forward for the rows of adapter k (-1: base) over the slot range they span. */
@@ -338,12 +378,12 @@ static void decode_group(srv_engine *e, int k) {
         return;
     }
     int32_t *next = glm_malloc(sizeof(int32_t) * (size_t)nr);
+    srv_logprob *lps = glm_malloc(sizeof *lps * (size_t)nr);
     /* each row samples from its own stream: the rows are independent, in any order (greedy rows
      * only take the device's picks: no team to start for that) */
 #pragma omp parallel for schedule(dynamic) if (!greedy && nr > 1)
     for (int b = 0; b < nr; b++)
-        if (mem[b]) next[b] = greedy ? e->greedy[b] : glm_sample_next(e->logits + (size_t)b * V, V, &mem[b]->g, mem[b]->seen,
-                                                                      &mem[b]->rng);
+        if (mem[b]) next[b] = greedy ? e->greedy[b] : pick(mem[b], e->logits + (size_t)b * V, V, &lps[b]);
     double t0 = glm_now();
     int *what = glm_calloc((size_t)nr, sizeof *what);
     long *cut = glm_calloc((size_t)nr, sizeof *cut);
@@ -351,7 +391,7 @@ static void decode_group(srv_engine *e, int k) {
      * quicker on this thread than the team's start */
 #pragma omp parallel for schedule(dynamic) if (nr >= 8)
     for (int b = 0; b < nr; b++)
-        if (mem[b]) what[b] = row_text(e, mem[b], next[b], &cut[b]);
+        if (mem[b]) what[b] = row_text(e, mem[b], next[b], &lps[b], &cut[b]);
     for (int b = 0; b < nr; b++) {
         if (!mem[b]) continue;
         e->slot_len[lo_s + b]++;
@@ -361,6 +401,7 @@ static void decode_group(srv_engine *e, int k) {
     free(cut);
     e->t_text += glm_now() - t0;
     free(next);
+    free(lps);
     free(mem);
 }
 

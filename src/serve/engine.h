@@ -30,6 +30,19 @@ typedef struct srv_adapter {
     void *(*ptr)[8];      /* [L] lora_a[0..4), lora_b[0..4), in the shell of the layer's stage */
 } srv_adapter;
 
+#define SRV_MAX_TOP_LOGPROBS 20
+
+/* A response token's log-probability under the model: log_softmax of the raw logits it was
+ * picked from (before the repetition penalty, temperature and top-k / top-p), and the most
+ * likely tokens there (by logit, then by id). */
+typedef struct srv_logprob {
+    int32_t id;
+    float lp;
+    int n_top;
+    int32_t top_id[SRV_MAX_TOP_LOGPROBS];
+    float top_lp[SRV_MAX_TOP_LOGPROBS];
+} srv_logprob;
+
 typedef struct srv_req srv_req;
 struct srv_req {
     /* set before srv_engine_submit */
@@ -41,6 +54,8 @@ struct srv_req {
     int ignore_eos;            /* run to the limit: eos and the stop ids do not end the row */
     char *stops[SRV_MAX_STOPS];/* stop strings (owned) */
     int n_stops;
+    int logprobs;              /* record each response token's srv_logprob (its logits come to */
+    int top_logprobs;          /* the host), with this many alternatives */
     /* shared with the HTTP side, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -50,6 +65,7 @@ struct srv_req {
     const char *finish;        /* "stop", "length", "cancelled", "error" */
     char error[512];
     int n_out;                 /* completion tokens */
+    srv_logprob *lps;          /* [n_out] with logprobs: one per response token */
     int refs;                  /* the HTTP side and the engine */
     atomic_int cancel;         /* the client went away */
     double t_submit, t_first;

@@ -250,9 +250,24 @@ static int parse_request(srv_server *S, int chat, const char *body, size_t n, ap
         if (srv_present(v = srv_field(o, "echo")) && !cJSON_IsFalse(v)) { srv_bad(e, 400, "echo", "unsupported_value", "echo is not supported"); goto out; }
         if (srv_present(v = srv_field(o, "suffix"))) { srv_bad(e, 400, "suffix", "unsupported_value", "suffix is not supported"); goto out; }
         if (srv_present(v = srv_field(o, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1)) { srv_bad(e, 400, "best_of", "unsupported_value", "best_of must be 1"); goto out; }
-        if (srv_present(v = srv_field(o, "logprobs"))) { srv_bad(e, 400, "logprobs", "unsupported_value", "logprobs are not supported"); goto out; }
+    }
+    int logprobs = 0, top_logprobs = 0;
+    if (chat) { /* logprobs: true, top_logprobs 0..20 */
+        const cJSON *lv = srv_field(o, "logprobs");
+        if (srv_present(lv) && !cJSON_IsBool(lv)) { srv_bad(e, 400, "logprobs", "invalid_type", "logprobs must be a boolean"); goto out; }
+        logprobs = cJSON_IsTrue(lv);
+        int k = integer(o, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &x, e);
+        if (k < 0) goto out;
+        if (k && !logprobs) { srv_bad(e, 400, "top_logprobs", "invalid_value", "top_logprobs needs logprobs: true"); goto out; }
+        if (k) top_logprobs = (int)x;
+    } else { /* logprobs: the number of alternatives, 0..5 */
+        int k = integer(o, "logprobs", 0, 5, &x, e);
+        if (k < 0) goto out;
+        if (k) { logprobs = 1; top_logprobs = (int)x; }
     }
     r = srv_req_new();
+    r->logprobs = logprobs;
+    r->top_logprobs = top_logprobs;
     r->adapter = adapter;
     r->g = S->o.defaults;
     r->postprocess = chat;
@@ -354,7 +369,30 @@ typedef struct stream_ctx {
     long created;
     srv_tools tools;           /* a chat request's tools: its answer may be a call */
     int holding;               /* streamed text held back while it may still begin a call */
+    srv_logprob *lp_pend;      /* with logprobs: the tokens' entries the next chunk carries */
+    int n_lp_pend, lp_taken;   /* (copied from r->lps[lp_taken - n_lp_pend, lp_taken)) */
+    long lp_offset;            /* completions' text_offset: characters sent before */
 } stream_ctx;
+
+/* With logprobs, the entries of the tokens up to n_out not yet taken into lp_pend (r->mu held,
+ * or the request done). */
+static void take_lps(stream_ctx *c) {
+    srv_req *r = c->r;
+    if (!r->logprobs || r->n_out <= c->lp_taken) return;
+    int k = r->n_out - c->lp_taken;
+    c->lp_pend = glm_realloc(c->lp_pend, sizeof *c->lp_pend * (size_t)(c->n_lp_pend + k));
+    memcpy(c->lp_pend + c->n_lp_pend, r->lps + c->lp_taken, sizeof *c->lp_pend * (size_t)k);
+    c->n_lp_pend += k;
+    c->lp_taken = r->n_out;
+}
+
+/* The choice's logprobs: the pending entries (then none are), or null without logprobs. */
+static void add_logprobs(stream_ctx *c, cJSON *x) {
+    if (!c->r->logprobs) { cJSON_AddNullToObject(x, "logprobs"); return; }
+    cJSON_AddItemToObject(x, "logprobs", srv_logprobs_json(c->S->tok, c->lp_pend, c->n_lp_pend, c->r->top_logprobs, c->chat,
+                                                           &c->lp_offset));
+    c->n_lp_pend = 0;
+}
 
 static void pend_add(stream_ctx *c, const char *s, size_t n) {
     c->pend = glm_realloc(c->pend, c->npend + n + 1);
@@ -402,9 +440,10 @@ static void chunk(stream_ctx *c, const char *delta, size_t n, const char *finish
         cJSON *d = cJSON_AddObjectToObject(x, "delta");
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
         if (delta) cJSON_AddStringToObject(d, "content", t);
+        if (c->r->logprobs && !role) add_logprobs(c, x);
     } else {
         cJSON_AddStringToObject(x, "text", t);
-        cJSON_AddNullToObject(x, "logprobs");
+        add_logprobs(c, x);
     }
     free(t);
     if (finish) cJSON_AddStringToObject(x, "finish_reason", finish);
@@ -455,6 +494,7 @@ static void call_chunk(stream_ctx *c, cJSON *call) {
     cJSON_AddNumberToObject(x, "index", 0);
     cJSON *d = cJSON_AddObjectToObject(x, "delta");
     cJSON_AddItemToObject(d, c->tools.legacy ? "function_call" : "tool_calls", call);
+    if (c->r->logprobs) add_logprobs(c, x);
     cJSON_AddNullToObject(x, "finish_reason");
     pend_json(c, o, 1);
 }
@@ -486,7 +526,8 @@ static void whole(stream_ctx *c) {
     } else {
         cJSON_AddStringToObject(x, "text", r->final);
     }
-    cJSON_AddNullToObject(x, "logprobs");
+    take_lps(c); /* done: every token's entry */
+    add_logprobs(c, x);
     cJSON_AddStringToObject(x, "finish_reason", finish);
     cJSON_AddItemToObject(o, "usage", usage(r));
     pend_json(c, o, 0);
@@ -539,6 +580,7 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             if (!c->holding) {
                 text = glm_malloc(n - c->sent + 1);
                 memcpy(text, r->text.s + c->sent, n - c->sent);
+                take_lps(c); /* the tokens decoded so far travel with this text */
             }
             c->seen = n;
         }
@@ -558,6 +600,7 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             whole(c);
         } else if (!strcmp(r->finish, "stop") || !strcmp(r->finish, "length")) {
             const char *finish = r->finish;
+            take_lps(c); /* done: the rest of the entries go with the last chunks */
             cJSON *call = c->holding ? tool_call(c, r->final, &finish) : NULL;
             if (call) call_chunk(c, call);
             else if (c->holding) { /* held, not a call after all */
@@ -589,6 +632,7 @@ static void free_cb(void *cls) {
     if (!done) atomic_store(&c->r->cancel, 1); /* the connection ended first */
     srv_req_put(c->r);
     srv_tools_free(&c->tools);
+    free(c->lp_pend);
     free(c->pend);
     free(c);
 }

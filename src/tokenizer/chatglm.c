@@ -9,6 +9,7 @@
 #include "tokenizer/chatglm2.h"
 #include "core/fileutil.h"
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -215,6 +216,37 @@ const char *glm_tokenizer_piece(const glm_tokenizer *t, int32_t id) {
     if (id < t->sp.p.n) return t->sp.p.piece[id];
     if (id - t->sp.p.n < t->n_extra) return t->extra[id - t->sp.p.n];
     return NULL;
+}
+
+char *glm_tokenizer_token_bytes(const glm_tokenizer *t, int32_t id, size_t *len) {
+    spm_buf o = {0};
+    size_t n = 0;
+    const char *p = t->bpe ? bpe_token(t->bpe, id, &n) : glm_tokenizer_piece(t, id);
+    if (p && !t->bpe) n = strlen(p);
+    int32_t sid = id - t->offset;
+    if (!p) {
+        /* out of range: no bytes */
+    } else if (t->bpe || sid < 0 || sid >= t->sp.p.n) { /* a rank's bytes, or an appended special's name */
+        spm_buf_put(&o, p, n);
+    } else if (t->sp.p.type[sid] == SPM_BYTE) { /* <0xNN> */
+        unsigned v;
+        if (sscanf(p, "<0x%2X>", &v) == 1) { char c = (char)v; spm_buf_put(&o, &c, 1); }
+    } else if (t->sp.p.type[sid] != SPM_CONTROL) { /* U+2581 is a space; ChatGLM-6B's <n>, <|tab|>, <|blank_N|> */
+        spm_buf w = {0};
+        for (size_t i = 0; i < n;) {
+            if (i + 3 <= n && !memcmp(p + i, "\xe2\x96\x81", 3)) { spm_buf_put(&w, " ", 1); i += 3; }
+            else spm_buf_put(&w, p + i++, 1);
+        }
+        if (t->kind == GLM_TOK_CHATGLM1) {
+            glm_tok_postprocess(w.s ? w.s : "", w.n, &o);
+            free(w.s);
+        } else {
+            o = w;
+        }
+    }
+    if (len) *len = o.n;
+    spm_buf_put(&o, "", 1);
+    return o.s;
 }
 
 int32_t glm_tokenizer_piece_id(const glm_tokenizer *t, const char *piece) {

@@ -125,6 +125,14 @@ def main():
                                        temperature=0, max_tokens=40)
         check("glm4_text_answer_with_tools_is_content", r2.choices[0].message.content == ANSWER and
               r2.choices[0].finish_reason == "stop" and not r2.choices[0].message.tool_calls, r2.model_dump_json())
+        # logprobs: a BPE token's bytes are its rank's; together the response's text
+        r2 = c.chat.completions.create(model="model", messages=[{"role": "user", "content": "你好"}], tools=TOOLS,
+                                       temperature=0, max_tokens=40, logprobs=True, top_logprobs=1)
+        lps = r2.choices[0].logprobs.content
+        joined = b"".join(bytes(e.bytes) for e in lps).decode("utf-8", "replace")
+        check("glm4_logprobs_bytes_spell_the_response", joined.strip() == r2.choices[0].message.content == ANSWER and
+              len(lps) == r2.usage.completion_tokens and all(e.top_logprobs[0].token == e.token for e in lps),
+              "%r vs %r" % (joined, r2.choices[0].message.content))
         n0 = len(S.log)
         r3 = c.chat.completions.create(model="model", messages=q, functions=[TOOLS[0]["function"]], temperature=0,
                                        max_tokens=40)
