@@ -119,10 +119,6 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     if (check_sealed(a->model_name_or_path, err)) return -1;
     if (glm_config_load(&s->cfg, a->model_name_or_path, err)) return -1;
     if (glm_config_set_quant(&s->cfg, a->quantization_bit, a->quantization_type, a->model_name_or_path, err)) return -1;
-    if (s->cfg.quant && a->device_map && a->device_map[0]) {
-        glm_fail(err, "a quantized model with --device_map: not supported yet");
-        return glm_hint(err, "a quantized 6B model fits one GPU: drop --device_map");
-    }
     const char *ad = gen_adapter(a);
     if (ad && glm_adapter_read_config(ad, &s->cfg.peft, err)) return -1; /* the model gets its rows */
     if (a->ptuning_checkpoint && s->cfg.peft.kind != GLM_FT_PTUNING) {
@@ -167,7 +163,7 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     double t0 = glm_now();
     if (a->device_map && a->device_map[0]) { /* stages on GPU 0..P-1 (or the CPU), one process */
         s->pipe = glm_calloc(1, sizeof *s->pipe);
-        if (glm_pipe_lm_open(s->pipe, a->model_name_or_path, gen_adapter(a), a->device_map, a->pipeline_parallel_size,
+        if (glm_pipe_lm_open(s->pipe, &c, a->model_name_or_path, gen_adapter(a), a->device_map, a->pipeline_parallel_size,
                              a->device, gen_dtype(a), err)) {
             free(s->pipe);
             s->pipe = NULL;

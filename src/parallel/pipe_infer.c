@@ -90,11 +90,12 @@ void glm_pipe_lm_free(glm_pipe_lm *lm) {
     restore_device(prev);
 }
 
-int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *adapter, const char *device_map, int P,
-                     const char *device, glm_dtype dtype, glm_err *err) {
+int glm_pipe_lm_open(glm_pipe_lm *lm, const glm_config *cfg, const char *model_path, const char *adapter,
+                     const char *device_map, int P, const char *device, glm_dtype dtype, glm_err *err) {
     *lm = (glm_pipe_lm){0};
     glm_config c;
-    if (glm_config_load(&c, model_path, err)) return -1;
+    if (cfg) c = *cfg; /* the caller's: a quantized base's settings with it */
+    else if (glm_config_load(&c, model_path, err)) return -1;
     /* the stages get the adapter's rows (each its layers' LoRA pairs, or its copy of the prefix
      * encoder) before the map is made, so the map's memory estimate counts them */
     if (adapter && glm_adapter_read_config(adapter, &c.peft, err)) return -1;

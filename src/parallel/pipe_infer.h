@@ -41,12 +41,13 @@ int glm_pipe_lm_load(glm_pipe_lm *lm, const char *path, glm_err *err);
  * were made with the adapter's settings in cfg.peft (glm_adapter_read_config). */
 int glm_pipe_lm_load_adapter(glm_pipe_lm *lm, const char *dir, glm_err *err);
 /* The whole setup for `glmtrain generate/chat --device_map SPEC [--pipeline_parallel_size P]
- * [--adapter DIR]`: config.json of model_path (with the adapter's settings when adapter is not
- * NULL), the map (P <= 0: the number of visible GPUs, or the map file's count), one backend per
- * stage — GPU k (device "cuda" or "auto" with GPUs; dtype as given) or the CPU (fp32) — and the
- * weights, then the adapter's. */
-int glm_pipe_lm_open(glm_pipe_lm *lm, const char *model_path, const char *adapter, const char *device_map, int P,
-                     const char *device, glm_dtype dtype, glm_err *err);
+ * [--adapter DIR]`: the model's config (cfg, e.g. with --quantization_bit's setting, or NULL:
+ * config.json of model_path), with the adapter's settings when adapter is not NULL, the map
+ * (P <= 0: the number of visible GPUs, or the map file's count), one backend per stage — GPU k
+ * (device "cuda" or "auto" with GPUs; dtype as given) or the CPU (fp32) — and the weights (a
+ * quantized base quantized as it loads, or read as stored), then the adapter's. */
+int glm_pipe_lm_open(glm_pipe_lm *lm, const glm_config *cfg, const char *model_path, const char *adapter,
+                     const char *device_map, int P, const char *device, glm_dtype dtype, glm_err *err);
 void glm_pipe_lm_free(glm_pipe_lm *lm);
 /* Makes stage k's device current, for work on its backend outside these calls (allocations,
  * uploads); returns the caller's device, which glm_pipe_restore makes current again (-1:

@@ -235,11 +235,6 @@ int trainer_load_model(trainer *t, glm_err *err) {
                  a->quantization_bit || nf4 ? "--quantization_bit/--quantization_type" : "quantized (config.json quantization_bit)");
         return glm_hint(err, "use --finetuning_type lora, ptuning or freeze on a quantized base (THUDM's ptuning trains on INT4 so)");
     }
-    if (c.quant != GLM_Q_NONE && (a->pipeline_parallel_size > 1 || (a->device_map && a->device_map[0] &&
-                                                                     strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm")))) {
-        glm_fail(err, "a quantized base with pipeline stages: not supported yet");
-        return glm_hint(err, "one GPU holds a quantized 6B model: drop --device_map / --pipeline_parallel_size");
-    }
     int cuda = strncmp(t->be->name, "cuda", 4) == 0;
     glm_par_opts po = glm_train_par_opts(a);
     if (a->gradient_checkpointing == GLM_CKPT_AUTO) pick_checkpointing(t, &po, &c, cuda);

@@ -527,6 +527,48 @@ def check_resume(q4, tmp, train_flags):
             "steps 3-4 %s resumed %s; adapters equal %s" % (want[2:], got, same))
 
 
+def check_stages(q4, src, lora, tmp, train_flags):
+    """A quantized base split over 2 pipeline stages (--device_map auto, on the CPU here): generate
+    gives the whole model's greedy tokens (the INT4 folder, NF4 at load, the INT4 base with the
+    LoRA adapter trained on it), and LoRA training on the INT4 folder over 2 stages (2 ranks)
+    logs the losses of 1 stage and saves the same adapter."""
+    split = ["--device_map", "auto", "--pipeline_parallel_size", "2"]
+    for name, model, extra in (("int4_folder", q4, []), ("nf4_at_load", src, ["--quantization_bit", "4", "--quantization_type", "nf4"]),
+                               ("int4_with_lora", q4, ["--adapter", lora] if lora else None)):
+        if not model or extra is None:
+            c.skip("stages_%s_equal_whole" % name, "no INT4 folder or adapter")
+            continue
+        try:
+            whole, parts = generate_all(model, extra), generate_all(model, extra + split)
+            c.check("stages_%s_equal_whole" % name, whole == parts, "whole %s, 2 stages %s" % (whole, parts))
+        except Exception as e:
+            c.check("stages_%s_equal_whole" % name, False, str(e))
+    import mpi_runs as M
+    if not q4 or not shutil.which("mpirun"):
+        c.skip("train_lora_int4_2_stages", "mpirun (OpenMPI) not installed" if q4 else "no INT4 folder")
+        return
+    flags = [f for f in train_flags if f not in ("--save_strategy", "no")]
+    got, ad = {}, {}
+    for np_, extra in ((1, []), (2, ["--pipeline_parallel_size", "2"])):
+        out = os.path.join(tmp, "lora_int4_pp%d" % np_)
+        p = M.run(["--model_name_or_path", q4, "--output_dir", out, "--finetuning_type", "lora", "--lora_dropout", "0",
+                   "--lora_target", "all", "--max_steps", "3", "--save_steps", "3"] + extra + flags, np=np_, check=False,
+                  timeout=300)
+        if any(x in p.stdout + p.stderr for x in M.NO_MPI):
+            c.skip("train_lora_int4_2_stages", "glmtrain built without MPI")
+            return
+        if not c.check("train_lora_int4_pp%d_runs" % np_, p.returncode == 0, (p.stdout + p.stderr)[-800:]):
+            return
+        got[np_] = [float(x) for x in re.findall(r"\{'loss': ([^,]+),", p.stdout + p.stderr)]
+        from safetensors.torch import load_file
+        ad[np_] = load_file(os.path.join(out, "adapter_model.safetensors"))
+    worst = max((abs(a - b) for a, b in zip(got[1], got[2])), default=float("inf"))
+    dif = max((float((ad[1][k].float() - ad[2][k].float()).abs().max()) for k in ad[1] if k in ad[2]), default=float("inf"))
+    c.check("train_lora_int4_2_stages_equal_1", len(got[1]) == 3 and len(got[2]) == 3 and worst < 1e-6 and
+            set(ad[1]) == set(ad[2]) and dif < 1e-6,
+            "1 stage %s, 2 stages %s; adapters differ by %g (%d / %d tensors)" % (got[1], got[2], dif, len(ad[1]), len(ad[2])))
+
+
 def have_load_why():
     return "glmtrain generate has no --quantization_bit yet (issue 17): quantized folders and quantize-at-load not testable"
 
@@ -685,6 +727,9 @@ def main():
                     c.check("chat_%s_equals_generate" % name, got == want, "chat %s, generate %s" % (got, want))
                 except Exception as e:
                     c.check("chat_%s_equals_generate" % name, False, str(e))
+            # the quantized base split over pipeline stages: generate and LoRA training
+            lora = os.path.join(d, "lora_int4_at_load")
+            check_stages(q4, src, lora if os.path.isfile(os.path.join(lora, "adapter_config.json")) else None, d, train_flags)
             # merge --quantization_bit 4 of the adapter trained on the INT4 base: THUDM's layout
             # of the float32 merge quantized (quant_ref), and it loads in glmtrain
             hm = run_glm("merge", "--help")
