@@ -34,7 +34,7 @@ static const glm_flag gen_flags[] = {
     GEN_F(source_prefix, ARG_STR, NULL, "text prepended to every prompt"),
     GEN_F(max_source_length, ARG_INT, "0", "keep the first N-2 prompt tokens, as ptuning's evaluation (0 = all)"),
     GEN_F(per_device_eval_batch_size, ARG_INT, "8", "prompts generated together"),
-    GEN_F(max_predict_samples, ARG_INT, "0", "answer only the first N records (0 = all)"),
+    GEN_F(max_predict_samples, ARG_INT, "0", "answer only the first N prompts: records, or a conversation's assistant turns (0 = all)"),
     GEN_F(skip_bad_samples, ARG_BOOL, "false", "skip malformed records instead of stopping"),
     GEN_F(postprocess, ARG_BOOL, "true", "model.chat's response post-processing (false: strip only, as ptuning's predictions)"),
 };
@@ -203,7 +203,7 @@ static int next_record(prompt_src *p, glm_record *r, glm_err *err) {
     return 1;
 }
 
-static int open_src(prompt_src *p, const gen_args *a, glm_err *err) {
+static int open_src(prompt_src *p, const gen_args *a, glm_layout layout, glm_err *err) {
     memset(p, 0, sizeof *p);
     p->path = a->input_file;
     p->column = a->prompt_column;
@@ -217,6 +217,8 @@ static int open_src(prompt_src *p, const gen_args *a, glm_err *err) {
     rc.columns.prompt = a->prompt_column;
     rc.columns.response = a->response_column;
     rc.columns.history = a->history_column;
+    rc.conversations = glm_layout_turns(layout); /* ChatGLM3 / GLM-4: every assistant turn is evaluated */
+    rc.glm4 = layout == GLM_LAYOUT_GLM4;
     return glm_reader_open(&p->rd, a->input_file, &rc, err);
 }
 
@@ -228,10 +230,12 @@ static void close_src(prompt_src *p) {
 /* ---- batch generation ---- */
 
 typedef struct item {
-    glm_record rec;
+    glm_record rec;            /* (a conversation's later turns: only its index and line) */
     char *prompt;
     glm_ids in, out;
     int skip;  /* prompt leaves no room for a response (--skip_bad_samples): empty prediction */
+    int turn;                  /* a conversation's assistant turn (its index in the turns), else -1 */
+    char *label;               /* that turn's text, the answer scored against (else rec.answer) */
 } item;
 
 typedef struct items {
@@ -243,6 +247,7 @@ static void items_free(items *L) {
     for (long i = 0; i < L->n; i++) {
         glm_record_free(&L->v[i].rec);
         free(L->v[i].prompt);
+        free(L->v[i].label);
         glm_ids_free(&L->v[i].in);
         glm_ids_free(&L->v[i].out);
     }
@@ -253,6 +258,7 @@ static void items_free(items *L) {
 static item *items_push(items *L) {
     if (L->n == L->cap) L->v = glm_realloc(L->v, sizeof(item) * (size_t)(L->cap = L->cap ? 2 * L->cap : 64));
     memset(&L->v[L->n], 0, sizeof(item));
+    L->v[L->n].turn = -1;
     return &L->v[L->n++];
 }
 
@@ -270,8 +276,10 @@ static void example_cfg(gen_args *a, glm_example_cfg *ex) {
 static int prepare_item(gen_session *s, const gen_args *a, const glm_example_cfg *ex, item *it, long index, long *cut,
                         long *cut_tokens, glm_err *err) {
     int dropped = 0;
-    it->prompt = glm_example_prompt_as(ex, glm_layout_of(s->tok), &it->rec);
-    if (!it->prompt) { /* ChatGLM3: role tokens as chat builds them (the query with its alpaca input) */
+    it->prompt = it->turn >= 0 ? glm_tokenizer_decode(s->tok, it->in.data, it->in.n)
+                               : glm_example_prompt_as(ex, glm_layout_of(s->tok), &it->rec);
+    if (it->turn >= 0) { /* a conversation's turn: its inputs are made (glm_example_eval_turns) */
+    } else if (!it->prompt) { /* ChatGLM3: role tokens as chat builds them (the query with its alpaca input) */
         const glm_record *r = &it->rec;
         size_t nq = strlen(r->query) + (r->input ? strlen(r->input) : 0) + 2;
         char *q = glm_malloc(nq);
@@ -299,22 +307,56 @@ static int prepare_item(gen_session *s, const gen_args *a, const glm_example_cfg
  * generated or written: a cut or malformed file, or a prompt that cannot fit, fails with its
  * file:line instead of after some predictions. Records past --max_predict_samples are parsed
  * (the file is checked whole) but not kept. */
+/* A conversation record's items: one per assistant turn (glm_example_eval_turns); the first
+ * keeps the record, the others its index and line. */
+static int conversation_items(gen_session *s, const gen_args *a, const glm_example_cfg *ex, glm_record *r, items *L,
+                              long *records, long *cut, long *cut_tokens, glm_err *err) {
+    glm_encoder enc;
+    glm_example_cfg c = *ex;
+    c.max_source_length = a->max_source_length > 0 ? a->max_source_length : INT_MAX;
+    glm_eval_turn *t;
+    int n, rc = glm_encoder_from_tokenizer(&enc, s->tok, NULL, err) || glm_example_eval_turns(&c, &enc, r, &t, &n, err);
+    if (rc) { glm_record_free(r); return -1; }
+    for (int k = 0; k < n && rc == 0; k++) {
+        if (a->max_predict_samples > 0 && L->n >= a->max_predict_samples) break;
+        item *it = items_push(L);
+        if (k == 0) it->rec = *r;
+        else { it->rec.index = r->index; it->rec.line = r->line; }
+        it->turn = t[k].turn;
+        it->in = t[k].in;
+        it->label = t[k].label;
+        t[k] = (glm_eval_turn){0};
+        rc = prepare_item(s, a, ex, it, L->n - 1, cut, cut_tokens, err);
+    }
+    if (n == 0) glm_record_free(r);
+    glm_eval_turns_free(t, n);
+    (*records)++;
+    return rc;
+}
+
 static int read_items(gen_session *s, gen_args *a, items *L, glm_err *err) {
     glm_example_cfg ex;
     example_cfg(a, &ex);
     prompt_src src;
-    if (open_src(&src, a, err)) return -1;
-    long cut = 0, cut_tokens = 0;
+    if (open_src(&src, a, glm_layout_of(s->tok), err)) return -1;
+    long cut = 0, cut_tokens = 0, records = 0;
     int rc = 0;
     for (;;) {
         glm_record r;
         int k = next_record(&src, &r, err);
         if (k <= 0) { rc = k; break; }
         if (a->max_predict_samples > 0 && L->n >= a->max_predict_samples) { glm_record_free(&r); continue; }
+        if (r.conv_key) {
+            if ((rc = conversation_items(s, a, &ex, &r, L, &records, &cut, &cut_tokens, err))) break;
+            continue;
+        }
         item *it = items_push(L);
         it->rec = r;
         if ((rc = prepare_item(s, a, &ex, it, L->n - 1, &cut, &cut_tokens, err))) break;
     }
+    if (rc == 0 && records)
+        glm_info("%s: %ld conversations give %ld prompts, one per assistant turn (as process_batch_eval)", a->input_file,
+                 records, L->n);
     close_src(&src);
     if (rc == 0 && cut)
         glm_warn("--max_source_length %d: %ld of %ld prompts were cut to their first %d tokens (%ld tokens dropped in all)",
@@ -329,9 +371,14 @@ static int write_batch(FILE *o, gen_session *s, const gen_args *a, item *p, int 
         cJSON_AddNumberToObject(j, "index", (double)(base + i));
         cJSON_AddStringToObject(j, "prompt", p[i].prompt);
         cJSON_AddStringToObject(j, "predict", res);
-        if (p[i].rec.answer && p[i].rec.answer[0]) {
-            cJSON_AddStringToObject(j, "labels", p[i].rec.answer);
-            glm_text_scores t = glm_text_score(res, p[i].rec.answer);
+        if (p[i].turn >= 0) { /* a conversation's turn: the record it comes from, and which turn */
+            cJSON_ReplaceItemInObject(j, "index", cJSON_CreateNumber((double)p[i].rec.index));
+            cJSON_AddNumberToObject(j, "turn", p[i].turn);
+        }
+        const char *label = p[i].turn >= 0 ? p[i].label : p[i].rec.answer;
+        if (label && label[0]) {
+            cJSON_AddStringToObject(j, "labels", label);
+            glm_text_scores t = glm_text_score(res, label);
             glm_score_add(sc, &t);
         }
         char *line = cJSON_PrintUnformatted(j);

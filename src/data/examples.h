@@ -155,6 +155,21 @@ int glm_example_cfg_check_layout(const glm_example_cfg *c, glm_layout layout, gl
  * info->status: only GLM_EX_OK filled ids/labels) or -1 when the encoder fails. */
 int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
                       glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err);
+/* The evaluation prompts of a ChatGLM3 / GLM-4 conversation record, as ChatGLM3's finetune_hf.py
+ * and GLM-4's finetune.py process_batch_eval make them: one for every assistant turn (with
+ * content), its input the ids of the turns before it ([gMASK] <sop> included, built as the
+ * training examples build them) cut to their first max_source_length, then <|assistant|>; its
+ * label the turn's text (GLM-4: metadata + "\n" + content when it has metadata). No prompt is
+ * made once the turns before a turn reach max_source_length tokens (the scripts stop reading the
+ * conversation there). An instruction record gives its one (query, answer) pair the same way. */
+typedef struct glm_eval_turn {
+    glm_ids in;
+    char *label;
+    int turn;    /* the assistant turn's index in the record's list (-1: an instruction record's answer) */
+} glm_eval_turn;
+int glm_example_eval_turns(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r, glm_eval_turn **out,
+                           int *n, glm_err *err);
+void glm_eval_turns_free(glm_eval_turn *t, int n);
 /* GLM3's build (examples_glm3.c), called by glm_example_build. */
 int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
                            glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err);

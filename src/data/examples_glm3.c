@@ -4,6 +4,7 @@
  * metadata + "\n" + content tokenized as one text, no turn where the content is empty, the tools
  * block as a system turn of its own (the reader makes it), [gMASK] <sop> in front, <|user|> at
  * the end, the loss marks shifted by one as ChatGLM3's). See examples.h. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "data/examples.h"
@@ -16,18 +17,18 @@ static int turns_of(const glm_record *r, glm_msg **out, char **owned) {
     if (r->conv_key) { *out = r->msgs; return r->n_msgs; }
     int n = 0;
     glm_msg *m = glm_malloc(sizeof *m * (size_t)(2 * r->n_hist + 3));
-    if (r->system && r->system[0]) m[n++] = (glm_msg){GLM_ROLE_SYSTEM, r->system, NULL, 0};
+    if (r->system && r->system[0]) m[n++] = (glm_msg){GLM_ROLE_SYSTEM, r->system, NULL, 0, -1};
     for (int i = 0; i < r->n_hist; i++) {
-        m[n++] = (glm_msg){GLM_ROLE_USER, r->hist[2 * i], NULL, 0};
-        m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->hist[2 * i + 1], NULL, 0};
+        m[n++] = (glm_msg){GLM_ROLE_USER, r->hist[2 * i], NULL, 0, -1};
+        m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->hist[2 * i + 1], NULL, 0, -1};
     }
     size_t ql = strlen(r->query), il = r->input && r->input[0] ? strlen(r->input) : 0;
     char *q = glm_malloc(ql + il + 2);
     memcpy(q, r->query, ql + 1);
     if (il) { q[ql] = '\n'; memcpy(q + ql + 1, r->input, il + 1); } /* instruction + "\n" + input */
     *owned = q;
-    m[n++] = (glm_msg){GLM_ROLE_USER, q, NULL, 0};
-    m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->answer, NULL, 0};
+    m[n++] = (glm_msg){GLM_ROLE_USER, q, NULL, 0, -1};
+    m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->answer, NULL, 0, -1};
     *out = m;
     return n;
 }
@@ -42,20 +43,11 @@ static char *content_of(const glm_example_cfg *c, const glm_msg *m, int first_us
     return s;
 }
 
-int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
-                           glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err) {
-    if (!r->conv_key) { /* an instruction record: ptuning's "if prompt and answer" */
-        int query_empty = !(r->query && r->query[0]) && !(r->input && r->input[0]);
-        if (query_empty || !(r->answer && r->answer[0])) { info->status = GLM_EX_EMPTY; return 0; }
-    } else if (r->n_msgs == 0) {
-        info->status = GLM_EX_EMPTY;
-        return 0;
-    }
+/* [gMASK] <sop> and the turns m[0..n) into ids; turn k is ids [start[k], start[k+1]) (start has
+ * n + 1 places; an empty GLM-4 turn is empty). */
+static int encode_turns(const glm_example_cfg *c, const glm_encoder *enc, const glm_msg *m, int n, glm_ids *ids, int *start,
+                        glm_err *err) {
     int (*sp)(void *, const char *, size_t, glm_ids *, glm_err *) = enc->encode_sp ? enc->encode_sp : enc->encode;
-    glm_msg *m;
-    char *owned;
-    int n = turns_of(r, &m, &owned);
-    int *start = glm_malloc(sizeof *start * (size_t)(n + 1)); /* turn k is ids [start[k], start[k+1]) */
     glm_ids_push(ids, enc->gmask);
     glm_ids_push(ids, enc->sop);
     int rc = 0, seen_user = 0;
@@ -80,6 +72,23 @@ int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, con
         free(text);
     }
     start[n] = ids->n;
+    return rc;
+}
+
+int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
+                           glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err) {
+    if (!r->conv_key) { /* an instruction record: ptuning's "if prompt and answer" */
+        int query_empty = !(r->query && r->query[0]) && !(r->input && r->input[0]);
+        if (query_empty || !(r->answer && r->answer[0])) { info->status = GLM_EX_EMPTY; return 0; }
+    } else if (r->n_msgs == 0) {
+        info->status = GLM_EX_EMPTY;
+        return 0;
+    }
+    glm_msg *m;
+    char *owned;
+    int n = turns_of(r, &m, &owned);
+    int *start = glm_malloc(sizeof *start * (size_t)(n + 1)); /* turn k is ids [start[k], start[k+1]) */
+    int rc = encode_turns(c, enc, m, n, ids, start, err);
     glm_ids_push(ids, enc->eos);
     for (int i = 0; i < ids->n; i++) glm_ids_push(labels, c->train_on_prompt ? ids->data[i] : -100);
     for (int k = 0; k < n && !rc && !c->train_on_prompt; k++) {
@@ -107,4 +116,47 @@ int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, con
     info->answer_tokens = targets;
     if (targets == 0) { info->status = GLM_EX_NO_ANSWER_TOKENS; ids->n = labels->n = 0; }
     return 0;
+}
+
+int glm_example_eval_turns(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r, glm_eval_turn **out,
+                           int *n_out, glm_err *err) {
+    *out = NULL;
+    *n_out = 0;
+    glm_msg *m;
+    char *owned;
+    int n = turns_of(r, &m, &owned);
+    int *start = glm_malloc(sizeof *start * (size_t)(n + 1));
+    glm_ids ids = {0};
+    int rc = encode_turns(c, enc, m, n, &ids, start, err);
+    for (int k = 0; k < n && !rc; k++) {
+        if (start[k] >= c->max_source_length) break; /* process_batch_eval stops reading the conversation */
+        if (m[k].role != GLM_ROLE_ASSISTANT || start[k] == start[k + 1]) continue;
+        glm_eval_turn *t;
+        *out = glm_realloc(*out, sizeof **out * (size_t)(*n_out + 1));
+        t = &(*out)[(*n_out)++];
+        *t = (glm_eval_turn){.turn = m[k].src};
+        glm_ids_append(&t->in, ids.data, start[k] < c->max_source_length ? start[k] : c->max_source_length);
+        glm_ids_push(&t->in, enc->role[GLM_ROLE_ASSISTANT]);
+        const char *meta = enc->layout == GLM_LAYOUT_GLM4 && m[k].metadata && m[k].metadata[0] ? m[k].metadata : NULL;
+        size_t n0 = meta ? strlen(meta) + 1 : 0, n1 = strlen(m[k].content);
+        t->label = glm_malloc(n0 + n1 + 1);
+        if (meta) sprintf(t->label, "%s\n", meta);
+        memcpy(t->label + n0, m[k].content, n1 + 1);
+    }
+    glm_ids_free(&ids);
+    if (m != r->msgs) free(m);
+    free(owned);
+    free(start);
+    if (rc) {
+        glm_eval_turns_free(*out, *n_out);
+        *out = NULL;
+        *n_out = 0;
+        return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
+    }
+    return 0;
+}
+
+void glm_eval_turns_free(glm_eval_turn *t, int n) {
+    for (int i = 0; i < n; i++) { glm_ids_free(&t[i].in); free(t[i].label); }
+    free(t);
 }

@@ -65,6 +65,8 @@ typedef struct glm_msg {
     char *metadata;  /* owned; the turn's "metadata" (NULL: none) */
     int tools;       /* while reading: 1 + this turn's index in the record's list when its
                       * "tools" are still to be appended (reader_json.c), else 0 */
+    int src;         /* its index in the record's list; -1 for a turn the reader made (a
+                      * record-level "system", GLM-4's tools block) */
 } glm_msg;
 
 /* One record. Strings are owned (glm_record_free); absent optional fields are NULL. */

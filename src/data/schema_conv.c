@@ -20,9 +20,9 @@ static int role_of(const char *s) {
     return -1;
 }
 
-static void push(glm_record *r, glm_role role, char *content, char *metadata, int tools) {
+static void push(glm_record *r, glm_role role, char *content, char *metadata, int tools, int src) {
     r->msgs = glm_realloc(r->msgs, sizeof *r->msgs * (size_t)(r->n_msgs + 1));
-    r->msgs[r->n_msgs++] = (glm_msg){role, content, metadata, tools};
+    r->msgs[r->n_msgs++] = (glm_msg){role, content, metadata, tools, src};
 }
 
 /* The string at key `a` or `b` of m into *dst (NULL: neither key); -1 when not a valid string. */
@@ -58,7 +58,7 @@ int glm_schema_conversation(const cJSON *obj, glm_record *r, char *why, size_t n
             snprintf(why, n, "field 'system' is %s, not a UTF-8 string", glm_json_type_name(sys));
             return -1;
         }
-        if (sys->valuestring[0]) push(r, GLM_ROLE_SYSTEM, glm_strdup(sys->valuestring), NULL, 0);
+        if (sys->valuestring[0]) push(r, GLM_ROLE_SYSTEM, glm_strdup(sys->valuestring), NULL, 0, -1);
     }
     int i = 0;
     for (const cJSON *m = c->child; m; m = m->next, i++) {
@@ -101,7 +101,7 @@ int glm_schema_conversation(const cJSON *obj, glm_record *r, char *why, size_t n
             }
             meta = glm_strdup(mv->valuestring);
         }
-        push(r, (glm_role)role, text, meta, tools ? i + 1 : 0);
+        push(r, (glm_role)role, text, meta, tools ? i + 1 : 0, i);
     }
     return 0;
 }
@@ -130,7 +130,7 @@ int glm_conversation_tools(glm_record *r, const char *json, size_t len, int glm4
         if (glm4) { /* the tools block, a system turn of its own, before this one */
             r->msgs = glm_realloc(r->msgs, sizeof *r->msgs * (size_t)(r->n_msgs + 1));
             memmove(r->msgs + k + 1, r->msgs + k, sizeof *r->msgs * (size_t)(r->n_msgs - k));
-            r->msgs[k] = (glm_msg){GLM_ROLE_SYSTEM, dump, NULL, 0};
+            r->msgs[k] = (glm_msg){GLM_ROLE_SYSTEM, dump, NULL, 0, -1};
             r->n_msgs++;
             k++;
             continue;

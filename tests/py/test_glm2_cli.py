@@ -270,6 +270,41 @@ def chatglm3(d):
     pids, _ = gen(["--model_name_or_path", out, "--tokenizer_name", tok, "--prompt", "你好", "--system", "Be brief."])
     want = list(ref3.build_chat_input("你好", history=[{"role": "system", "content": "Be brief."}]))
     report("glm3_generate_system_turn", pids == want, "glmtrain %s, reference %s" % (pids, want))
+    # evaluation on conversations: a prompt per assistant turn, as finetune_hf.py's process_batch_eval
+    evals = [{"conversations": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "你好"},
+                                {"role": "assistant", "content": "你好，我是助手。"}, {"role": "user", "content": "再见"},
+                                {"role": "assistant", "content": "再见！"}]},
+             {"conversations": [{"role": "user", "content": "北京天气"}, {"role": "assistant", "content": "查询中"},
+                                {"role": "observation", "content": "晴 20 度"}, {"role": "assistant", "content": "晴，20 度。"}]},
+             {"conversations": [{"role": "user", "content": "没有回答"}]}]
+    edata = os.path.join(d, "eval.jsonl")
+    with open(edata, "w", encoding="utf-8") as f:
+        for r in evals:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    for cut in (0, 12):
+        want = []
+        for i, r in enumerate(evals):
+            ids = list(ref3.get_prefix_tokens())
+            for k, m in enumerate(r["conversations"]):
+                if cut and len(ids) >= cut:
+                    break
+                new = ref3.build_single_message(m["role"], "", m["content"])
+                if m["role"] == "assistant":
+                    want.append((i, k, (ids[:cut] if cut else ids) + new[:1], m["content"]))
+                ids += new
+        flags = ["--max_source_length", str(cut)] if cut else []
+        p = subprocess.run([GLM, "generate", "--model_name_or_path", out, "--tokenizer_name", tok, "--input_file", edata,
+                            "--do_sample", "false", "--max_new_tokens", "4", "--debug", "--per_device_eval_batch_size", "2"]
+                           + flags, capture_output=True, text=True, timeout=120, env=ENV)
+        rows = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+        pids = {}
+        for ln in p.stderr.splitlines():
+            if ln.startswith("[debug] prompt ids (row "):
+                k, v = ln[len("[debug] prompt ids (row "):].split("):", 1)
+                pids[int(k)] = [int(x) for x in v.split()]
+        got = [(r["index"], r["turn"], pids.get(j), r.get("labels")) for j, r in enumerate(rows)]
+        report("glm3_eval_prompts_are_process_batch_eval%s" % ("_cut" if cut else ""), p.returncode == 0 and got == want,
+               "glmtrain %s, reference %s %s" % (got, want, p.stderr[-300:]))
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def main():
                "num_attention_heads": 4, "kv_channels": 8, "multi_query_attention": True, "multi_query_group_num": 2,
                "ffn_hidden_size": 48, "layernorm_epsilon": 1.5625e-07, "rmsnorm": True, "add_qkv_bias": True,
                "add_bias_linear": False, "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
-               "original_rope": True, "rope_ratio": 500, "seq_length": 256, "tie_word_embeddings": False,
+               "original_rope": True, "rope_ratio": 500, "seq_length": 1024, "tie_word_embeddings": False,
                "eos_token_id": [sid["<|endoftext|>"], sid["<|user|>"], sid["<|observation|>"]],
                "pad_token_id": sid["<|endoftext|>"]}
         cfg_path = os.path.join(d, "config.json")
@@ -165,6 +165,44 @@ def main():
         wantp = [sid["[gMASK]"], sid["<sop>"], sid["<|user|>"]] + enc.encode("\n你好") + [sid["<|assistant|>"]]
         report("glm4_generate_prompt_is_chat_template", pid == wantp, "glmtrain %s, reference %s %s" % (pid, wantp,
                "" if p.returncode == 0 else p.stderr[-300:]))
+        # 4. evaluation on conversations: a prompt per assistant turn, as finetune.py's
+        # process_batch_eval (the tools block, metadata; --max_source_length cuts and stops)
+        evals = recs[-2:]
+        edata = os.path.join(d, "eval.jsonl")
+        with open(edata, "w", encoding="utf-8") as f:
+            for r in evals:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        for cut in (0, 640):  # 640: record 0's second answer is past it (its prefix is 678 tokens)
+            want = []
+            for i, r in enumerate(evals):
+                ids = [sid["[gMASK]"], sid["<sop>"]]
+                for k, m in enumerate(r["messages"]):
+                    if cut and len(ids) >= cut:
+                        break
+                    m = process_message(m)
+                    new = []
+                    for role, text in template_turns(m):
+                        new += [sid[role]] + enc.encode(text, disallowed_special=())
+                    if m["role"] == "assistant" and new:
+                        label = (m["metadata"] + "\n" if m.get("metadata") else "") + m["content"]
+                        want.append((i, k, (ids[:cut] if cut else ids) + new[:1], label))
+                    ids += new
+            p = subprocess.run([GLM, "generate", "--model_name_or_path", out, "--tokenizer_name", tok, "--input_file", edata,
+                                "--do_sample", "false", "--max_new_tokens", "2", "--debug", "--per_device_eval_batch_size", "2"]
+                               + (["--max_source_length", str(cut)] if cut else []), capture_output=True, text=True,
+                               timeout=120, env=ENV)
+            rows = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+            pids = {}
+            for ln in p.stderr.splitlines():
+                if ln.startswith("[debug] prompt ids (row "):
+                    k, v = ln[len("[debug] prompt ids (row "):].split("):", 1)
+                    pids[int(k)] = [int(x) for x in v.split()]
+            # "turn" is the assistant message's place in the record's list (the tools block is none)
+            got = [(r["index"], r["turn"], pids.get(j), r.get("labels")) for j, r in enumerate(rows)]
+            report("glm4_eval_prompts_are_process_batch_eval%s" % ("_cut" if cut else ""),
+                   p.returncode == 0 and got == want and len(want) == (2 if cut else 3),
+                   "glmtrain %s, reference %s %s" % ([(g[0], g[1], g[3]) for g in got], [(w[0], w[1], w[3]) for w in want],
+                                                     p.stderr[-300:]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0
