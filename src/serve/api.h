@@ -49,4 +49,12 @@ int srv_tools_may_call(const srv_tools *t, const char *text, size_t n);
  * on their own (part of a character) is written "bytes:\xNN..."; "bytes" has them as numbers. */
 cJSON *srv_logprobs_json(const glm_tokenizer *tok, const srv_logprob *lps, int n, int top, int chat, long *offset);
 
+/* THUDM's api.py (ChatGLM-6B, ChatGLM2-6B): POST / {"prompt", "history": [[q, r], ...],
+ * "max_length", "top_p", "temperature"} (a missing, null or zero value: the server's default, as
+ * api.py's `x if x else default`; glmtrain's "seed" too) -> the body of the equivalent chat completion (caller frees;
+ * NULL with e filled), *history and *prompt kept for the answer (caller frees). */
+char *srv_thudm_request(const char *body, size_t n, cJSON **history, char **prompt, api_err *e);
+/* api.py's answer: {"response", "history": history + [[prompt, response]], "status": 200, "time"}. */
+cJSON *srv_thudm_answer(const cJSON *history, const char *prompt, const char *response);
+
 #endif

@@ -69,7 +69,7 @@ static int mhd_open(glm_err *err) {
  * a Content-Length above it is answered at once and the connection closed. */
 #define DISCARD_CAP (64u << 20)
 
-enum { R_NONE, R_HEALTH, R_PAGE, R_MODELS, R_CHAT, R_COMPLETIONS };
+enum { R_NONE, R_HEALTH, R_PAGE, R_MODELS, R_CHAT, R_COMPLETIONS, R_THUDM };
 
 typedef struct conn_state {
     int route;
@@ -278,6 +278,8 @@ static int parse_request(srv_server *S, int chat, const char *body, size_t n, ap
     if (k) r->g.top_p = (float)x;
     if ((k = integer(o, "top_k", 0, 1e9, &x, e)) < 0) goto out;
     if (k) r->g.top_k = (int)x;
+    if ((k = integer(o, "max_length", 1, 1e9, &x, e)) < 0) goto out; /* HF's: prompt + response */
+    if (k) r->g.max_length = (int)x;
     if ((k = number(o, "repetition_penalty", 0, 100, 1, &x, e)) < 0) goto out;
     if (k) r->g.repetition_penalty = (float)x;
     for (int z = 0; z < 2; z++) { /* OpenAI's penalties: only their neutral value */
@@ -372,6 +374,8 @@ typedef struct stream_ctx {
     srv_logprob *lp_pend;      /* with logprobs: the tokens' entries the next chunk carries */
     int n_lp_pend, lp_taken;   /* (copied from r->lps[lp_taken - n_lp_pend, lp_taken)) */
     long lp_offset;            /* completions' text_offset: characters sent before */
+    cJSON *thudm_history;      /* THUDM api.py's request: its history and prompt, for its */
+    char *thudm_prompt;        /* answer (srv_thudm_answer); NULL otherwise */
 } stream_ctx;
 
 /* With logprobs, the entries of the tokens up to n_out not yet taken into lp_pend (r->mu held,
@@ -506,6 +510,10 @@ static void whole(stream_ctx *c) {
         pend_json(c, error_body(r->error[0] ? r->error : "the request was cancelled", "server_error", NULL, r->finish), 0);
         return;
     }
+    if (c->thudm_prompt) { /* api.py's answer */
+        pend_json(c, srv_thudm_answer(c->thudm_history, c->thudm_prompt, r->final), 0);
+        return;
+    }
     cJSON *o = head(c, c->chat ? "chat.completion" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *x = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, x);
@@ -633,19 +641,34 @@ static void free_cb(void *cls) {
     srv_req_put(c->r);
     srv_tools_free(&c->tools);
     free(c->lp_pend);
+    cJSON_Delete(c->thudm_history);
+    free(c->thudm_prompt);
     free(c->pend);
     free(c);
 }
 
-static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, int chat, conn_state *cs) {
+/* A completion (route R_CHAT or R_COMPLETIONS), or THUDM api.py's request as a chat one. */
+static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, int route, const char *body, size_t n) {
     api_req q = {0};
     api_err e = {0};
-    if (parse_request(S, chat, cs->body ? cs->body : "", cs->n, &q, &e))
+    int chat = route != R_COMPLETIONS;
+    cJSON *thudm_history = NULL;
+    char *thudm_prompt = NULL, *as_chat = NULL;
+    if (route == R_THUDM && !(as_chat = srv_thudm_request(body, n, &thudm_history, &thudm_prompt, &e)))
         return send_error(conn, e.status, e.msg, e.type, e.param, e.code);
+    int bad = parse_request(S, chat, as_chat ? as_chat : body, as_chat ? strlen(as_chat) : n, &q, &e);
+    free(as_chat);
+    if (bad) {
+        cJSON_Delete(thudm_history);
+        free(thudm_prompt);
+        return send_error(conn, e.status, e.msg, e.type, e.param, e.code);
+    }
     int st = srv_engine_submit(S->e, q.r);
     if (st) {
         srv_req_put(q.r);
         srv_tools_free(&q.tools);
+        cJSON_Delete(thudm_history);
+        free(thudm_prompt);
         return st == 429 ? send_error(conn, 429, "the request queue is full: try again later", "rate_limit_error", NULL, "queue_full")
                          : send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
     }
@@ -656,6 +679,8 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
     c->stream = q.stream;
     c->include_usage = q.include_usage;
     c->tools = q.tools; /* the context owns them now */
+    c->thudm_history = thudm_history;
+    c->thudm_prompt = thudm_prompt;
     c->created = (long)time(NULL);
     snprintf(c->model, sizeof c->model, "%s", q.model);
     static atomic_ulong seq;
@@ -725,24 +750,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
         const char *path = url;
         struct { const char *p; int route, post; } routes[] = {
-            {"/health", R_HEALTH, 0}, {"/", R_PAGE, 0}, {"/index.html", R_PAGE, 0}, {"/v1/models", R_MODELS, 0},
-            {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1}};
-        int found = 0;
+            {"/health", R_HEALTH, 0}, {"/", R_PAGE, 0}, {"/", R_THUDM, 1}, {"/index.html", R_PAGE, 0},
+            {"/v1/models", R_MODELS, 0}, {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1}};
+        int found = 0, wrong = -1; /* wrong: a route of the path the method does not fit */
         for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
             if (strcmp(path, routes[i].p)) continue;
             found = 1;
             if (routes[i].post ? post : get) cs->route = routes[i].route;
-            else {
-                cs->early_status = 405;
-                snprintf(cs->early_msg, sizeof cs->early_msg, "%s %s: method not allowed (use %s)", method, path,
-                         routes[i].post ? "POST" : "GET");
-                cs->early_type = "invalid_request_error";
-                cs->early_code = "method_not_allowed";
-            }
+            else wrong = (int)i;
+        }
+        if (found && !cs->route) {
+            cs->early_status = 405;
+            snprintf(cs->early_msg, sizeof cs->early_msg, "%s %s: method not allowed (use %s)", method, path,
+                     routes[wrong].post ? "POST" : "GET");
+            cs->early_type = "invalid_request_error";
+            cs->early_code = "method_not_allowed";
         }
         if (!found) {
             cs->early_status = 404;
-            snprintf(cs->early_msg, sizeof cs->early_msg, "%.100s %.150s: no such endpoint (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health)", method, path);
+            snprintf(cs->early_msg, sizeof cs->early_msg, "%.100s %.150s: no such endpoint (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, POST / as THUDM's api.py)", method, path);
             cs->early_type = "invalid_request_error";
             cs->early_code = "not_found";
         }
@@ -797,8 +823,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     case R_MODELS: return models(S, conn);
     case R_CHAT:
     case R_COMPLETIONS:
+    case R_THUDM:
         if (S->draining) return send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
-        return completion(S, conn, cs->route == R_CHAT, cs);
+        return completion(S, conn, cs->route, cs->body ? cs->body : "", cs->n);
     default: return send_error(conn, 404, "not found", "invalid_request_error", NULL, "not_found");
     }
 }
