@@ -21,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_train as T
 from mpi_runs import ENV, GLM, losses, probe, rel, report, run
+from test_generate import debug_ids
 
 
 def write_glm2_config(d, ids, vocab):
@@ -297,11 +298,7 @@ def chatglm3(d):
                             "--do_sample", "false", "--max_new_tokens", "4", "--debug", "--per_device_eval_batch_size", "2"]
                            + flags, capture_output=True, text=True, timeout=120, env=ENV)
         rows = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
-        pids = {}
-        for ln in p.stderr.splitlines():
-            if ln.startswith("[debug] prompt ids (row "):
-                k, v = ln[len("[debug] prompt ids (row "):].split("):", 1)
-                pids[int(k)] = [int(x) for x in v.split()]
+        pids = debug_ids(p.stderr, "prompt")
         got = [(r["index"], r["turn"], pids.get(j), r.get("labels")) for j, r in enumerate(rows)]
         report("glm3_eval_prompts_are_process_batch_eval%s" % ("_cut" if cut else ""), p.returncode == 0 and got == want,
                "glmtrain %s, reference %s %s" % (got, want, p.stderr[-300:]))

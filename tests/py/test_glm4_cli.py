@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_train as T
 from mpi_runs import ENV, GLM, losses, report, run
+from test_generate import debug_ids
 
 SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
             "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>",
@@ -192,11 +193,7 @@ def main():
                                + (["--max_source_length", str(cut)] if cut else []), capture_output=True, text=True,
                                timeout=120, env=ENV)
             rows = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
-            pids = {}
-            for ln in p.stderr.splitlines():
-                if ln.startswith("[debug] prompt ids (row "):
-                    k, v = ln[len("[debug] prompt ids (row "):].split("):", 1)
-                    pids[int(k)] = [int(x) for x in v.split()]
+            pids = debug_ids(p.stderr, "prompt")
             # "turn" is the assistant message's place in the record's list (the tools block is none)
             got = [(r["index"], r["turn"], pids.get(j), r.get("labels")) for j, r in enumerate(rows)]
             report("glm4_eval_prompts_are_process_batch_eval%s" % ("_cut" if cut else ""),

@@ -68,11 +68,27 @@ def corpus(tc):
     return lines
 
 
+def train_tools_model(d, cfg, tok, recs, name, steps):
+    """The tiny model trained on recs (a tokenizer folder tok, a config.json cfg), with the
+    tokenizer copied in: the folder serve loads."""
+    from mpi_runs import run
+    data = os.path.join(d, name + ".jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    out = os.path.join(d, name)
+    run(["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", data, "--learning_rate", "1e-2",
+         "--seed", "7", "--max_source_length", "768", "--max_target_length", "64", "--disable_tqdm", "--report_to", "none",
+         "--max_steps", str(steps), "--save_strategy", "no", "--output_dir", out, "--per_device_train_batch_size", "16",
+         "--device", "cpu"], timeout=600)
+    shutil.copytree(tok, out, dirs_exist_ok=True)
+    return out
+
+
 def build(d):
     """Tokenizer folder, reference tokenizer and the trained model folder."""
     import chatglm23_tok_ref as R
     import tokenizer_corpus as tc
-    from mpi_runs import run
     from test_glm2_cli import write_glm2_config
     model = R.train_model(d, corpus(tc))
     ref = R.ChatGLM3Tokenizer(model)
@@ -87,17 +103,7 @@ def build(d):
             {"conversations": [system, {"role": "user", "content": "你好"}, {"role": "assistant", "content": ANSWER}]},
             {"conversations": [legacy, {"role": "user", "content": "北京天气怎么样"}, {"role": "assistant", "content": CALL}]},
             {"conversations": [system, {"role": "user", "content": "北京天气怎么样"}, {"role": "assistant", "content": CALL}]}] * 4
-    data = os.path.join(d, "tools.jsonl")
-    with open(data, "w", encoding="utf-8") as f:
-        for r in recs:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    out = os.path.join(d, "glm3")
-    run(["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", data, "--learning_rate", "1e-2",
-         "--seed", "7", "--max_source_length", "768", "--max_target_length", "64", "--disable_tqdm", "--report_to", "none",
-         "--max_steps", "150", "--save_strategy", "no", "--output_dir", out, "--per_device_train_batch_size", "16",
-         "--device", "cpu"], timeout=600)
-    shutil.copytree(tok, out, dirs_exist_ok=True)
-    return ref, out
+    return ref, train_tools_model(d, cfg, tok, recs, "glm3", 150)
 
 
 def main():

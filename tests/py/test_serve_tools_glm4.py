@@ -45,7 +45,6 @@ def build(d):
     import tiktoken
     import test_tokenizer_glm4 as G
     import tokenizer_corpus as tc
-    from mpi_runs import run
     own = [template_turns({"role": "system", "content": None, "tools": TOOLS})[0][1], ARGS, ANSWER, RESULT,
            "北京天气怎么样", "你好", "北京 20 度"]
     lines = []
@@ -71,17 +70,7 @@ def build(d):
             {"role": "observation", "content": RESULT}, {"role": "assistant", "content": "北京 20 度"}]
     recs = [{"messages": [system] + call}, {"messages": [system, {"role": "user", "content": "你好"},
                                                           {"role": "assistant", "content": ANSWER}]}] * 8
-    data = os.path.join(d, "tools.jsonl")
-    with open(data, "w", encoding="utf-8") as f:
-        for r in recs:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    out = os.path.join(d, "glm4")
-    run(["--init_from_config", cfg_path, "--tokenizer_name", tok, "--train_file", data, "--learning_rate", "1e-2",
-         "--seed", "7", "--max_source_length", "768", "--max_target_length", "64", "--disable_tqdm", "--report_to", "none",
-         "--max_steps", "120", "--save_strategy", "no", "--output_dir", out, "--per_device_train_batch_size", "16",
-         "--device", "cpu"], timeout=600)
-    shutil.copytree(tok, out, dirs_exist_ok=True)
-    return enc, sid, out
+    return enc, sid, T.train_tools_model(d, cfg_path, tok, recs, "glm4", 120)
 
 
 def ref_ids(enc, sid, messages):
