@@ -45,6 +45,16 @@ def check(name, ok, detail=""):
     failed += not ok
 
 
+def stream(c, **kw):
+    """A streamed chat completion: (its tool_calls deltas, its content, its finish_reason)."""
+    deltas, finish = [], None
+    for chunk in c.chat.completions.create(model="model", stream=True, **kw):
+        if chunk.choices:
+            deltas.append(chunk.choices[0].delta)
+            finish = chunk.choices[0].finish_reason or finish
+    return [t for dl in deltas for t in (dl.tool_calls or [])], "".join(dl.content or "" for dl in deltas), finish
+
+
 def prompt_ids(server, before):
     """The prompt ids the server logged (--debug) after the first `before` log lines."""
     for line in server.log[before:]:
@@ -146,14 +156,7 @@ def main():
         check("functions_get_function_call", r3.choices[0].finish_reason == "function_call" and fc is not None and
               fc.name == "get_weather" and json.loads(fc.arguments) == {"city": "北京"}, r3.model_dump_json())
         # streamed
-        deltas, finish = [], None
-        for chunk in c.chat.completions.create(model="model", messages=q, tools=TOOLS, temperature=0, max_tokens=40,
-                                               stream=True):
-            if chunk.choices:
-                deltas.append(chunk.choices[0].delta)
-                finish = chunk.choices[0].finish_reason or finish
-        tcs = [t for dl in deltas for t in (dl.tool_calls or [])]
-        text = "".join(dl.content or "" for dl in deltas)
+        tcs, text, finish = stream(c, messages=q, tools=TOOLS, temperature=0, max_tokens=40)
         check("streamed_tool_call_is_one_delta", finish == "tool_calls" and text == "" and len(tcs) == 1 and
               tcs[0].index == 0 and tcs[0].function.name == "get_weather" and
               json.loads(tcs[0].function.arguments) == {"city": "北京"}, "%s %r %s" % (finish, text, tcs))

@@ -129,14 +129,7 @@ def main():
         check("glm4_functions_same_prompt_get_function_call", prompt_ids(S, n0) == want and
               r3.choices[0].finish_reason == "function_call" and fc is not None and fc.name == "get_weather" and
               json.loads(fc.arguments) == {"city": "北京"}, r3.model_dump_json())
-        deltas, finish = [], None
-        for chunk in c.chat.completions.create(model="model", messages=q, tools=TOOLS, temperature=0, max_tokens=40,
-                                               stream=True):
-            if chunk.choices:
-                deltas.append(chunk.choices[0].delta)
-                finish = chunk.choices[0].finish_reason or finish
-        tcs = [t for dl in deltas for t in (dl.tool_calls or [])]
-        text = "".join(dl.content or "" for dl in deltas)
+        tcs, text, finish = T.stream(c, messages=q, tools=TOOLS, temperature=0, max_tokens=40)
         check("glm4_streamed_tool_call_is_one_delta", finish == "tool_calls" and text == "" and len(tcs) == 1 and
               tcs[0].function.name == "get_weather" and json.loads(tcs[0].function.arguments) == {"city": "北京"},
               "%s %r %s" % (finish, text, tcs))
@@ -168,13 +161,8 @@ def main():
         # tool_choice naming the tool: the prompt ends with encode("get_weather\n"), the streamed
         # response is the rest of the call
         n0 = len(S.log)
-        deltas, finish = [], None
-        for chunk in c.chat.completions.create(model="model", messages=q, tools=TOOLS, temperature=0, max_tokens=40,
-                                               stream=True, tool_choice={"type": "function", "function": {"name": "get_weather"}}):
-            if chunk.choices:
-                deltas.append(chunk.choices[0].delta)
-                finish = chunk.choices[0].finish_reason or finish
-        tcs = [t for dl in deltas for t in (dl.tool_calls or [])]
+        tcs, _, finish = T.stream(c, messages=q, tools=TOOLS, temperature=0, max_tokens=40,
+                                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
         want = ref_ids(enc, sid, [tools_turn] + q) + enc.encode("get_weather\n")
         check("glm4_tool_choice_named_forces_the_call", prompt_ids(S, n0) == want and finish == "tool_calls" and
               len(tcs) == 1 and json.loads(tcs[0].function.arguments) == {"city": "北京"},
