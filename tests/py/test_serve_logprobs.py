@@ -160,6 +160,19 @@ def main():
         check_errors(S)
         rc = S.stop()
         T.check("clean_exit", rc == 0, S.text()[-300:])
+        # the model split over 2 stages (the last stage's logits): the whole model's numbers
+        q = [{"role": "user", "content": "你好"}]
+        S = sc.Server(model, "--served_model_name", "model")
+        r1 = S.client().chat.completions.create(model="model", messages=q, max_tokens=6, temperature=0, logprobs=True,
+                                                top_logprobs=3)
+        S.stop()
+        S = sc.Server(model, "--served_model_name", "model", "--device_map", "auto", "--pipeline_parallel_size", "2")
+        r2 = S.client().chat.completions.create(model="model", messages=q, max_tokens=6, temperature=0, logprobs=True,
+                                                top_logprobs=3)
+        a = [(e.token, e.logprob, [(x.token, x.logprob) for x in e.top_logprobs]) for e in r1.choices[0].logprobs.content]
+        b = [(e.token, e.logprob, [(x.token, x.logprob) for x in e.top_logprobs]) for e in r2.choices[0].logprobs.content]
+        T.check("device_map_logprobs_equal_whole", a == b and len(a) > 0 and "split over 2 stages" in S.text(), "%s vs %s" % (a, b))
+        rc = S.stop()
     finally:
         if S and S.p.poll() is None:
             S.stop(9)
