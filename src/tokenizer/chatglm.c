@@ -231,7 +231,9 @@ char *glm_tokenizer_token_bytes(const glm_tokenizer *t, int32_t id, size_t *len)
     } else if (t->sp.p.type[sid] == SPM_BYTE) { /* <0xNN> */
         unsigned v;
         if (sscanf(p, "<0x%2X>", &v) == 1) { char c = (char)v; spm_buf_put(&o, &c, 1); }
-    } else if (t->sp.p.type[sid] != SPM_CONTROL) { /* U+2581 is a space; ChatGLM-6B's <n>, <|tab|>, <|blank_N|> */
+    } else if (t->sp.p.type[sid] == SPM_CONTROL) { /* [gMASK], <sop>, </s>: by name */
+        spm_buf_put(&o, p, n);
+    } else { /* U+2581 is a space; ChatGLM-6B's <n>, <|tab|>, <|blank_N|> */
         spm_buf w = {0};
         for (size_t i = 0; i < n;) {
             if (i + 3 <= n && !memcmp(p + i, "\xe2\x96\x81", 3)) { spm_buf_put(&w, " ", 1); i += 3; }

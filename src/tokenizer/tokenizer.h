@@ -27,9 +27,9 @@ const char *glm_tokenizer_piece(const glm_tokenizer *t, int32_t id); /* NULL whe
 int32_t glm_tokenizer_piece_id(const glm_tokenizer *t, const char *piece); /* -1 when absent */
 /* The bytes one token stands for in text (caller frees; *len the length, which may hold bytes
  * that are not UTF-8 on their own): a piece with its U+2581 as a space (and ChatGLM-6B's <n>,
- * <|tab|>, <|blank_N|> as their text), a byte piece's byte, a BPE rank's bytes, a special's
- * name; nothing for control pieces and ids out of range. The dummy-prefix space decoding drops
- * from a text's first piece is kept. */
+ * <|tab|>, <|blank_N|> as their text), a byte piece's byte, a BPE rank's bytes, a special or
+ * control piece's name ([gMASK], <sop>); nothing for ids out of range. The dummy-prefix space
+ * decoding drops from a text's first piece is kept. */
 char *glm_tokenizer_token_bytes(const glm_tokenizer *t, int32_t id, size_t *len);
 
 /* ChatGLM encode of `text` (len bytes) WITHOUT special tokens (add_special_tokens=False):

@@ -318,6 +318,39 @@ static int load_data_ranked(trainer *t, glm_err *err) {
     return rc;
 }
 
+/* The text of ids[0..n) with every token as itself, special tokens by name (what the model reads). */
+static void put_tokens(FILE *f, const glm_tokenizer *tok, const int32_t *ids, int n) {
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        char *b = glm_tokenizer_token_bytes(tok, ids[i], &len);
+        fwrite(b, 1, len, f);
+        free(b);
+    }
+}
+
+/* The first training example as the model sees it, the way THUDM's ptuning (print_dataset_example)
+ * and LLaMA-Factory show it before training: where a template or a label went wrong, it shows. */
+static void print_first_example(FILE *f, const glm_tokenizer *tok, const glm_examples *ex) {
+    if (ex->n == 0) return;
+    int n = glm_examples_len(ex, 0), targets = 0;
+    int32_t *lab = glm_malloc(sizeof *lab * (size_t)(n + 1));
+    glm_examples_labels(ex, 0, lab);
+    for (int i = 0; i < n; i++) targets += lab[i] != -100;
+    const int32_t *ids = ex->ids + ex->off[0];
+    fprintf(f, "[glmtrain] the first training example (%d tokens, %d of them targets; special tokens by name):\ninputs: ", n,
+            targets);
+    put_tokens(f, tok, ids, n);
+    fprintf(f, "\nlabels: "); /* the target tokens, \u22ef where tokens without a target come between them */
+    for (int i = 0, any = 0; i < n; i++) {
+        if (lab[i] == -100) continue;
+        if (any && lab[i - 1] == -100) fputs(" \u22ef ", f);
+        any = 1;
+        put_tokens(f, tok, &lab[i], 1);
+    }
+    fputc('\n', f);
+    free(lab);
+}
+
 int trainer_load_data(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     glm_data_cfg *d = &t->dcfg;
@@ -349,6 +382,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     d->cache_dir = t->cache_dir;
     if (load_data_ranked(t, err)) return -1;
     glm_data_print_summary(stderr, &t->data, d);
+    print_first_example(stderr, t->tok, t->data.train_ex);
     const glm_examples *ex = t->data.train_ex; /* the examples as trained: file, tokenizer and settings together */
     t->data_hash = glm_xxh64(ex->sup, (size_t)ex->n_tokens, glm_xxh64(ex->ids, (size_t)ex->n_tokens * 4, 0x5eed));
     glm_loader_cfg lc;
