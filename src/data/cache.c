@@ -268,6 +268,46 @@ int glm_examples_load(glm_examples **out, const char *path, const glm_data_cfg *
     return 0;
 }
 
+glm_examples *glm_examples_concat(glm_examples *const *parts, int n, const char *path) {
+    glm_examples *ex = glm_calloc(1, sizeof *ex);
+    int64_t N = 0, T = 0;
+    for (int i = 0; i < n; i++) { N += parts[i]->n; T += parts[i]->n_tokens; }
+    uint64_t *off = glm_malloc(sizeof *off * (size_t)(N + 1));
+    int32_t *ids = glm_malloc(sizeof *ids * (size_t)(T > 0 ? T : 1));
+    uint8_t *sup = glm_malloc((size_t)(T > 0 ? T : 1));
+    int64_t e = 0, t = 0;
+    glm_data_summary *s = &ex->summary;
+    for (int i = 0; i < n; i++) {
+        const glm_examples *p = parts[i];
+        for (int64_t k = 0; k < p->n; k++) off[e + k] = (uint64_t)t + p->off[k];
+        if (p->n_tokens) {
+            memcpy(ids + t, p->ids, sizeof *ids * (size_t)p->n_tokens);
+            memcpy(sup + t, p->sup, (size_t)p->n_tokens);
+        }
+        e += p->n;
+        t += p->n_tokens;
+        const glm_data_summary *q = &p->summary;
+        s->records += q->records; s->examples += q->examples; s->bad_json += q->bad_json; s->bad_record += q->bad_record;
+        s->empty += q->empty; s->no_answer_tokens += q->no_answer_tokens; s->truncated_prompt += q->truncated_prompt;
+        s->truncated_answer += q->truncated_answer; s->tokens += q->tokens; s->supervised += q->supervised;
+        if (q->longest > s->longest) s->longest = q->longest;
+        if (i == 0 || q->shortest < s->shortest) s->shortest = q->shortest;
+        s->bom |= q->bom;
+        if (!s->first_bad[0]) memcpy(s->first_bad, q->first_bad, sizeof s->first_bad);
+    }
+    off[N] = (uint64_t)T;
+    s->schema = n ? parts[0]->summary.schema : 0;
+    ex->n = N; ex->n_tokens = T;
+    ex->off = off; ex->ids = ids; ex->sup = sup;
+    ex->heap_[0] = off; ex->heap_[1] = ids; ex->heap_[2] = sup;
+    if (n) {
+        const glm_examples *p = parts[0];
+        ex->pad = p->pad; ex->gmask = p->gmask; ex->mask = p->mask; ex->sop = p->sop; ex->eop = p->eop; ex->eos = p->eos;
+    }
+    snprintf(ex->path, sizeof ex->path, "%s", path);
+    return ex;
+}
+
 void glm_examples_free(glm_examples *ex) {
     if (!ex) return;
     if (ex->map_) munmap(ex->map_, ex->map_len_);

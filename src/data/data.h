@@ -58,8 +58,19 @@ typedef struct glm_dataset {
 } glm_dataset;
 static inline int64_t glm_dataset_index(const glm_dataset *d, int64_t k) { return d->idx ? d->idx[k] : k; }
 
+/* One training file with its own reading settings (an entry of LLaMA-Factory's dataset_info.json,
+ * data/dataset_info.h). */
+typedef struct glm_data_source {
+    char name[128];
+    char path[4096];
+    glm_read_cfg read;        /* its column names point into col: a source is not copied */
+    char col[5][128];
+} glm_data_source;
+
 typedef struct glm_data_cfg {
     const char *train_file, *validation_file;
+    const glm_data_source *sources; /* n_sources > 0: the train set is these files' examples, in */
+    int n_sources;                  /* order (each its own cache), instead of train_file */
     glm_read_cfg read;        /* schema/container override, column names, skip_bad_samples */
     glm_example_cfg example;  /* lengths, prefix, templates, train_on_prompt */
     double val_size;          /* no validation file: 0 none, < 1 a fraction (rounded up), >= 1 a count */
@@ -77,6 +88,9 @@ void glm_data_default_cache_dir(char *buf, size_t n);
 int glm_examples_load(glm_examples **out, const char *path, const glm_data_cfg *cfg, const glm_encoder *enc,
                       glm_err *err);
 void glm_examples_free(glm_examples *ex);
+/* One set of the examples of parts[0..n) in order (copied; the parts stay the caller's); path
+ * names it in summaries. */
+glm_examples *glm_examples_concat(glm_examples *const *parts, int n, const char *path);
 /* Labels of example i into labels[0..len) (-100 where not supervised). Returns the length. */
 int glm_examples_labels(const glm_examples *ex, int64_t i, int32_t *labels);
 

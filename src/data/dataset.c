@@ -1,5 +1,6 @@
 /* Train/validation sets: loading, the val_size split, the start-up summary. See data.h. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/rng.h"
@@ -40,12 +41,38 @@ static int load_one(glm_examples **ex, const char *path, const char *what, const
     return -1;
 }
 
+/* The sources' examples, each read with its own settings, one after another. */
+static int load_sources(glm_examples **out, const glm_data_cfg *cfg, const glm_encoder *enc, glm_err *err) {
+    glm_examples **parts = glm_calloc((size_t)cfg->n_sources, sizeof *parts);
+    char names[4096] = "", what[200];
+    int rc = 0, k = 0;
+    for (; k < cfg->n_sources && rc == 0; k++) {
+        const glm_data_source *src = &cfg->sources[k];
+        glm_data_cfg c = *cfg;
+        c.read = src->read;
+        c.read.skip_bad_samples = cfg->read.skip_bad_samples;
+        snprintf(what, sizeof what, "dataset %s:", src->name);
+        rc = load_one(&parts[k], src->path, what, &c, enc, err);
+        size_t at = strlen(names);
+        snprintf(names + at, sizeof names - at, "%s%s", k ? "," : "", src->name);
+    }
+    if (rc == 0) {
+        char path[4200];
+        snprintf(path, sizeof path, "datasets %s", names);
+        *out = glm_examples_concat(parts, cfg->n_sources, path);
+    }
+    for (int i = 0; i < k; i++) glm_examples_free(parts[i]);
+    free(parts);
+    return rc;
+}
+
 int glm_data_load(glm_data *d, const glm_data_cfg *cfg, const glm_encoder *enc, glm_err *err) {
     *d = (glm_data){0};
-    if (!cfg->train_file) return glm_fail(err, "no --train_file given");
+    if (!cfg->train_file && cfg->n_sources == 0) return glm_fail(err, "no --train_file given");
     if (cfg->val_size < 0 || (cfg->val_size >= 1 && cfg->val_size != floor(cfg->val_size)))
         return glm_fail(err, "--val_size %g must be a fraction in [0, 1) or a whole count", cfg->val_size);
-    if (load_one(&d->train_ex, cfg->train_file, "train file", cfg, enc, err)) return -1;
+    if (cfg->n_sources ? load_sources(&d->train_ex, cfg, enc, err) : load_one(&d->train_ex, cfg->train_file, "train file", cfg, enc, err))
+        return -1;
     int64_t n = d->train_ex->n;
     d->train = (glm_dataset){d->train_ex, NULL, n};
     d->val_size = cfg->val_size;

@@ -1,6 +1,7 @@
 /* Set-up of a training run (train/trainer.h): backend, model (loaded or drawn), tokenizer,
  * data and loaders, the step plan, and the output folder check. */
 #include "train/trainer.h"
+#include "data/dataset_info.h"
 #include "data/hash.h"
 #ifdef GLM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -30,7 +31,13 @@ static int check_optimizer_args(const glm_train_args *a, glm_err *err) {
 
 int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (!a->output_dir) return glm_fail(err, "--output_dir is required"), glm_hint(err, "e.g. --output_dir out/my-run");
-    if (!a->train_file) return glm_fail(err, "--train_file is required"), glm_hint(err, "a .json or .jsonl file of {\"instruction\", \"output\"} records");
+    if (!a->train_file && !a->dataset)
+        return glm_fail(err, "--train_file is required"), glm_hint(err, "a .json or .jsonl file of {\"instruction\", \"output\"} records");
+    if (a->train_file && a->dataset)
+        return glm_fail(err, "--train_file and --dataset both given"),
+               glm_hint(err, "--dataset names LLaMA-Factory dataset_info.json entries; give one or the other");
+    if (a->stage && strcmp(a->stage, "sft"))
+        return glm_fail(err, "--stage %s: glmtrain trains supervised fine-tuning only (LLaMA-Factory's --stage sft)", a->stage);
     if (!a->model_name_or_path && !a->init_from_config)
         return glm_fail(err, "one of --model_name_or_path or --init_from_config is required"),
                glm_hint(err, "--model_name_or_path takes a Hugging Face style chatglm-6b folder");
@@ -318,6 +325,21 @@ static int load_data_ranked(trainer *t, glm_err *err) {
     return rc;
 }
 
+/* LLaMA-Factory's --template: glmtrain builds examples as the tokenizer's model does, so the name
+ * only has to agree with it. */
+static int check_template(const char *name, glm_layout layout, glm_err *err) {
+    static const struct { const char *name; glm_layout layout; } t[] = {
+        {"chatglm", GLM_LAYOUT_GLM}, {"chatglm2", GLM_LAYOUT_GLM2}, {"chatglm3", GLM_LAYOUT_GLM3}, {"glm4", GLM_LAYOUT_GLM4}};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        if (strcmp(name, t[i].name)) continue;
+        if (t[i].layout == layout) return 0;
+        glm_fail(err, "--template %s, but the tokenizer is %s's", name, glm_layout_name(layout));
+        return glm_hint(err, "glmtrain builds the examples the tokenizer's model was trained with: drop --template or use that model's tokenizer");
+    }
+    glm_fail(err, "--template %s: glmtrain builds ChatGLM's own formats (chatglm, chatglm2, chatglm3, glm4), picked by the tokenizer", name);
+    return glm_hint(err, "drop --template: the tokenizer (%s) decides", glm_layout_name(layout));
+}
+
 /* The text of ids[0..n) with every token as itself, special tokens by name (what the model reads). */
 static void put_tokens(FILE *f, const glm_tokenizer *tok, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++) {
@@ -357,6 +379,11 @@ int trainer_load_data(trainer *t, glm_err *err) {
     glm_data_cfg_init(d);
     d->train_file = a->train_file;
     d->validation_file = a->validation_file;
+    if (a->dataset) {
+        if (glm_dataset_info_sources(a->dataset_dir, a->dataset, &t->sources, &d->n_sources, err)) return -1;
+        d->sources = t->sources;
+    }
+    if (a->template && check_template(a->template, t->enc.layout, err)) return -1;
     if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &d->read.schema))
         return glm_fail(err, "--data_format %s is not known", a->data_format);
     d->read.columns.prompt = a->prompt_column;

@@ -11,6 +11,7 @@ typedef struct glm_train_args {
     char *model_name_or_path, *init_from_config, *tokenizer_name, *device;
     /* data */
     char *train_file, *validation_file, *data_format, *prompt_column, *response_column, *history_column;
+    char *dataset, *dataset_dir, *template, *stage; /* LLaMA-Factory's names (data/dataset_info.h) */
     char *prompt_template, *history_template, *source_prefix, *cache_dir, *conversation_labels;
     double val_size;
     int max_source_length, max_target_length, train_on_prompt, skip_bad_samples, group_by_length, packing;

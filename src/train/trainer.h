@@ -45,6 +45,7 @@ typedef struct trainer {
     char tok_path[4096], cache_dir[4096];
     glm_encoder enc;
     glm_data_cfg dcfg;
+    glm_data_source *sources; /* --dataset's files (dcfg.sources points here), else NULL */
     glm_data data;
     glm_loader *train_ld, *eval_ld;
     glm_batch *micro;         /* [accum] host batches of one optimizer step */

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""LLaMA-Factory's data flags on `glmtrain train`: `--dataset a,b --dataset_dir DIR` reads the
+entries of DIR/dataset_info.json, each file with its own formatting and columns:
+
+  * alpaca with the default columns, alpaca with renamed columns (prompt/query/response/system)
+    and sharegpt (role/content tags) together train exactly as one --train_file holding the same
+    records in the same order in glmtrain's own alpaca layout (the same losses, step by step);
+  * `--template` naming the tokenizer's family passes; another one, an unknown one, `--stage dpo`,
+    a missing entry, a hub-only entry, ranking data, an unsupported column or tag, and
+    --train_file with --dataset are errors naming what is wrong.
+Prints PASS/FAIL/SKIP lines."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_train as T  # noqa: E402
+from mpi_runs import ENV, GLM, report  # noqa: E402
+
+
+def losses(text):
+    return re.findall(r"\{'loss': ([^,]+),", text)
+
+
+def train(args):
+    return subprocess.run([GLM, "train"] + args, capture_output=True, text=True, timeout=300, env=ENV)
+
+
+def main():
+    if not os.path.exists(GLM) or not shutil.which("spm_train"):
+        print("SKIP dataset_info: glmtrain or spm_train missing")
+        return 0
+    d = tempfile.mkdtemp(prefix="glmtrain-lf-")
+    try:
+        tok = T.make_tokenizer(d)
+        ids, vocab = T.piece_ids(tok)
+        cfg = T.write_config(d, ids, vocab)
+        data = os.path.join(d, "data")
+        os.makedirs(data)
+        words = ["春", "风", "明月", "山", "水", "江南", "白云", "故人"]
+        a = [{"instruction": "写一句关于%s的诗" % words[i % 8], "input": "" if i % 3 else "七言",
+              "output": words[i % 8] + words[(i * 3 + 1) % 8]} for i in range(12)]
+        b = [{"q": "说说%s" % words[i % 8], "ctx": "", "ans": words[(i + 2) % 8] + "好", "sys": "简短"} for i in range(8)]
+        c = [{"messages": [{"role": "user", "content": "你好 %d" % i}, {"role": "assistant", "content": words[i % 8]}]}
+             for i in range(8)]
+        json.dump(a, open(os.path.join(data, "a.json"), "w"), ensure_ascii=False)
+        json.dump(b, open(os.path.join(data, "b.json"), "w"), ensure_ascii=False)
+        with open(os.path.join(data, "c.jsonl"), "w") as f:
+            for r in c:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        info = {"poems": {"file_name": "a.json"},
+                "renamed": {"file_name": "b.json", "columns": {"prompt": "q", "query": "ctx", "response": "ans", "system": "sys"}},
+                "chats": {"file_name": "c.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages"},
+                          "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}},
+                "hub": {"hf_hub_url": "llamafactory/alpaca_en"},
+                "pairs": {"file_name": "a.json", "ranking": True},
+                "pics": {"file_name": "c.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}},
+                "odd_tags": {"file_name": "c.jsonl", "formatting": "sharegpt", "tags": {"role_tag": "speaker"}}}
+        json.dump(info, open(os.path.join(data, "dataset_info.json"), "w"))
+        # the same records in one alpaca file (b's system prompt as glmtrain's alpaca "system",
+        # c's single turns as instruction/output)
+        same = a + [{"instruction": r["q"], "input": r["ctx"], "output": r["ans"], "system": r["sys"]} for r in b] + \
+            [{"instruction": r["messages"][0]["content"], "output": r["messages"][1]["content"]} for r in c]
+        one = os.path.join(d, "one.json")
+        json.dump(same, open(one, "w"), ensure_ascii=False)
+        common = ["--init_from_config", cfg, "--tokenizer_name", tok, "--learning_rate", "1e-2", "--seed", "7",
+                  "--max_steps", "6", "--logging_steps", "1", "--per_device_train_batch_size", "4", "--save_strategy", "no",
+                  "--disable_tqdm", "--report_to", "none", "--max_source_length", "32", "--max_target_length", "16"]
+        p1 = train(common + ["--dataset", "poems, renamed,chats", "--dataset_dir", data, "--output_dir", os.path.join(d, "o1"),
+                             "--template", "chatglm", "--stage", "sft"])
+        p2 = train(common + ["--train_file", one, "--output_dir", os.path.join(d, "o2")])
+        l1, l2 = losses(p1.stdout + p1.stderr), losses(p2.stdout + p2.stderr)
+        report("dataset_info_equals_one_train_file", p1.returncode == 0 and len(l1) == 6 and l1 == l2,
+               "%s vs %s %s" % (l1, l2, (p1.stderr + p2.stderr)[-600:]))
+        report("dataset_info_summary_names_the_datasets", "datasets poems,renamed,chats" in p1.stderr, p1.stderr[-800:])
+        bad = [("template_other_family", ["--dataset", "poems", "--template", "glm4"], "--template glm4"),
+               ("template_unknown", ["--dataset", "poems", "--template", "qwen"], "--template qwen"),
+               ("stage_dpo", ["--dataset", "poems", "--stage", "dpo"], "--stage dpo"),
+               ("missing_entry", ["--dataset", "nope"], "no dataset \"nope\""),
+               ("hub_entry", ["--dataset", "hub"], "hf_hub_url"),
+               ("ranking", ["--dataset", "pairs"], "ranking"),
+               ("image_column", ["--dataset", "pics"], "images"),
+               ("odd_tag", ["--dataset", "odd_tags"], "role_tag"),
+               ("both_sources", ["--dataset", "poems", "--train_file", one], "--train_file and --dataset"),
+               ("no_info_file", ["--dataset", "poems", "--dataset_dir", d], "dataset_info.json")]
+        for name, flags, want in bad:
+            args = common + ["--output_dir", os.path.join(d, "bad"), "--overwrite_output_dir"] + flags
+            if "--dataset_dir" not in flags:
+                args += ["--dataset_dir", data]
+            p = train(args)
+            report("dataset_info_refuses_" + name, p.returncode != 0 and want in p.stderr and "Traceback" not in p.stderr
+                   and "Sanitizer" not in p.stderr, p.stderr[-400:])
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
