@@ -4,7 +4,8 @@
 # adapter and a P-Tuning v2 prefix trained on it, then
 #   - generate --adapter on the whole model and through --device_map (one stage per GPU) agree;
 #   - serve --ptuning_checkpoint and serve --adapter NAME=DIR --device_map answer what
-#     generate --adapter gives (greedy).
+#     generate --adapter gives (greedy), with logprobs whose first alternative is the token;
+#   - a quantized base (INT4, INT8, NF4) gives the same text whole and through --device_map.
 # Prints PASS/FAIL lines. Build here: make -j2 MPI=0 BUILD=build/gpu build/gpu/glmtrain; carry
 # build/gpu/glmtrain, build/lib and build/shared (with tokenizers/chatglm-6b/ice_text.model copied in).
 set -u
@@ -36,6 +37,13 @@ for ad in lora pt; do
     if [ -n "$whole" ] && [ "$whole" = "$split" ]; then echo "PASS generate_device_map_adapter_$ad: $whole$note"
     else echo "FAIL generate_device_map_adapter_$ad: '$split' vs '$whole'"; tail -3 "$W/gen.err"; fail=1; fi
 done
+# a quantized base through the pipeline's code (session 19: it used to load float weights there)
+for q in "--quantization_bit 4" "--quantization_bit 8" "--quantization_bit 4 --quantization_type nf4"; do
+    # shellcheck disable=SC2086
+    whole=$(gen $q); split=$(gen $q --device_map auto --pipeline_parallel_size 1)
+    if [ -n "$whole" ] && [ "$whole" = "$split" ]; then echo "PASS generate_device_map_quantized ($q): $whole"
+    else echo "FAIL generate_device_map_quantized ($q): '$split' vs '$whole'"; tail -3 "$W/gen.err"; fail=1; fi
+done
 serve_check() { # name, model field, what generate --adapter gave, serve flags...
     local name=$1 field=$2 want=$3
     shift 3
@@ -44,10 +52,14 @@ serve_check() { # name, model field, what generate --adapter gave, serve flags..
     for _ in $(seq 120); do grep -q "serving" "$W/$name.log" && break; sleep 0.5; done
     got=$(python3 - "$field" <<'PY'
 import json, sys, urllib.request
-body = {"model": sys.argv[1], "messages": [{"role": "user", "content": "你好"}], "temperature": 0, "max_tokens": 12}
+body = {"model": sys.argv[1], "messages": [{"role": "user", "content": "你好"}], "temperature": 0, "max_tokens": 12,
+        "logprobs": True, "top_logprobs": 2}
 req = urllib.request.Request("http://127.0.0.1:18777/v1/chat/completions", json.dumps(body).encode(),
                              {"Content-Type": "application/json"})
-print(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"])
+ch = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]
+lp = ch["logprobs"]["content"]  # greedy: every token the first of its alternatives, log-probabilities <= 0
+ok = lp and all(e["top_logprobs"][0]["token"] == e["token"] and e["logprob"] <= 1e-6 for e in lp)
+print(ch["message"]["content"] if ok else "logprobs wrong: %s" % lp)
 PY
 )
     kill -TERM $pid; wait $pid
