@@ -74,6 +74,7 @@ typedef struct glm_data_cfg {
     glm_read_cfg read;        /* schema/container override, column names, skip_bad_samples */
     glm_example_cfg example;  /* lengths, prefix, templates, train_on_prompt */
     double val_size;          /* no validation file: 0 none, < 1 a fraction (rounded up), >= 1 a count */
+    int64_t max_train_samples; /* > 0: the train set is made of the first N records (of all sources) */
     uint64_t seed;            /* for the val_size split */
     const char *cache_dir;    /* NULL: no cache file (examples stay in memory) */
     int overwrite_cache;      /* rebuild even when a valid cache exists */

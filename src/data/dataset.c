@@ -46,20 +46,24 @@ static int load_sources(glm_examples **out, const glm_data_cfg *cfg, const glm_e
     glm_examples **parts = glm_calloc((size_t)cfg->n_sources, sizeof *parts);
     char names[4096] = "", what[200];
     int rc = 0, k = 0;
+    int64_t left = cfg->max_train_samples; /* records still to read (> 0), when limited */
     for (; k < cfg->n_sources && rc == 0; k++) {
         const glm_data_source *src = &cfg->sources[k];
         glm_data_cfg c = *cfg;
         c.read = src->read;
         c.read.skip_bad_samples = cfg->read.skip_bad_samples;
+        if (cfg->max_train_samples > 0 && left <= 0) break; /* the first N records are all read */
+        c.read.max_records = cfg->max_train_samples > 0 ? left : 0;
         snprintf(what, sizeof what, "dataset %s:", src->name);
         rc = load_one(&parts[k], src->path, what, &c, enc, err);
+        if (rc == 0) left -= parts[k]->summary.records;
         size_t at = strlen(names);
         snprintf(names + at, sizeof names - at, "%s%s", k ? "," : "", src->name);
     }
     if (rc == 0) {
         char path[4200];
         snprintf(path, sizeof path, "datasets %s", names);
-        *out = glm_examples_concat(parts, cfg->n_sources, path);
+        *out = glm_examples_concat(parts, k, path);
     }
     for (int i = 0; i < k; i++) glm_examples_free(parts[i]);
     free(parts);
@@ -71,7 +75,9 @@ int glm_data_load(glm_data *d, const glm_data_cfg *cfg, const glm_encoder *enc, 
     if (!cfg->train_file && cfg->n_sources == 0) return glm_fail(err, "no --train_file given");
     if (cfg->val_size < 0 || (cfg->val_size >= 1 && cfg->val_size != floor(cfg->val_size)))
         return glm_fail(err, "--val_size %g must be a fraction in [0, 1) or a whole count", cfg->val_size);
-    if (cfg->n_sources ? load_sources(&d->train_ex, cfg, enc, err) : load_one(&d->train_ex, cfg->train_file, "train file", cfg, enc, err))
+    glm_data_cfg tc = *cfg; /* the train file's: only its records are limited */
+    tc.read.max_records = cfg->max_train_samples;
+    if (cfg->n_sources ? load_sources(&d->train_ex, cfg, enc, err) : load_one(&d->train_ex, cfg->train_file, "train file", &tc, enc, err))
         return -1;
     int64_t n = d->train_ex->n;
     d->train = (glm_dataset){d->train_ex, NULL, n};

@@ -55,6 +55,8 @@ typedef struct glm_read_cfg {
     int skip_bad_samples;
     int conversations;   /* conversation mode (see above): ChatGLM3's layout */
     int glm4;            /* conversation mode with GLM-4's tools block (see above) */
+    int64_t max_records; /* > 0: the file ends after this many records, bad ones counted (the
+                          * first N rows, as ptuning's max_train_samples selects them) */
 } glm_read_cfg;
 
 /* One turn of a conversation-mode record. */

@@ -273,6 +273,6 @@ static int next_line(glm_reader *r, glm_record *rec, glm_err *err) {
 }
 
 int glm_reader_next(glm_reader *r, glm_record *rec, glm_err *err) {
-    if (r->done) return 0;
+    if (r->done || (r->cfg.max_records > 0 && r->stats.records >= r->cfg.max_records)) return 0;
     return r->container == GLM_CONTAINER_ARRAY ? next_array(r, rec, err) : next_line(r, rec, err);
 }

@@ -402,6 +402,8 @@ int trainer_load_data(trainer *t, glm_err *err) {
         return glm_fail(err, "--conversation_labels %s is not known (thudm or eos)", a->conversation_labels);
     if (glm_example_cfg_check(&d->example, err)) return -1;
     d->val_size = a->val_size;
+    if (a->max_train_samples < 0) return glm_fail(err, "--max_train_samples %d: must be 0 (all) or a count", a->max_train_samples);
+    d->max_train_samples = a->max_train_samples;
     d->seed = (uint64_t)a->seed;
     d->num_threads = a->dataloader_num_workers;
     if (a->cache_dir) snprintf(t->cache_dir, sizeof t->cache_dir, "%s", a->cache_dir);

@@ -5,6 +5,8 @@ entries of DIR/dataset_info.json, each file with its own formatting and columns:
   * alpaca with the default columns, alpaca with renamed columns (prompt/query/response/system)
     and sharegpt (role/content tags) together train exactly as one --train_file holding the same
     records in the same order in glmtrain's own alpaca layout (the same losses, step by step);
+  * `--max_train_samples N` trains on the first N records (of the datasets in order), as one
+    file of those records does;
   * `--template` naming the tokenizer's family passes; another one, an unknown one, `--stage dpo`,
     a missing entry, a hub-only entry, ranking data, an unsupported column or tag, and
     --train_file with --dataset are errors naming what is wrong.
@@ -78,6 +80,15 @@ def main():
         report("dataset_info_equals_one_train_file", p1.returncode == 0 and len(l1) == 6 and l1 == l2,
                "%s vs %s %s" % (l1, l2, (p1.stderr + p2.stderr)[-600:]))
         report("dataset_info_summary_names_the_datasets", "datasets poems,renamed,chats" in p1.stderr, p1.stderr[-800:])
+        # --max_train_samples N (ptuning's): the first N records, across the datasets in order
+        for n, src in ((5, ["--train_file", one]), (15, ["--dataset", "poems,renamed,chats", "--dataset_dir", data])):
+            first = os.path.join(d, "first%d.json" % n)
+            json.dump(same[:n], open(first, "w"), ensure_ascii=False)
+            p1 = train(common + src + ["--max_train_samples", str(n), "--output_dir", os.path.join(d, "m1_%d" % n)])
+            p2 = train(common + ["--train_file", first, "--output_dir", os.path.join(d, "m2_%d" % n)])
+            l1, l2 = losses(p1.stdout + p1.stderr), losses(p2.stdout + p2.stderr)
+            report("max_train_samples_%d_is_the_first_records" % n, p1.returncode == 0 and len(l1) == 6 and l1 == l2 and
+                   "records %d," % n in p1.stderr, "%s vs %s %s" % (l1, l2, p1.stderr[-500:]))
         bad = [("template_other_family", ["--dataset", "poems", "--template", "glm4"], "--template glm4"),
                ("template_unknown", ["--dataset", "poems", "--template", "qwen"], "--template qwen"),
                ("stage_dpo", ["--dataset", "poems", "--stage", "dpo"], "--stage dpo"),
