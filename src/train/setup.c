@@ -36,6 +36,13 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->train_file && a->dataset)
         return glm_fail(err, "--train_file and --dataset both given"),
                glm_hint(err, "--dataset names LLaMA-Factory dataset_info.json entries; give one or the other");
+    if (!a->do_train)
+        return glm_fail(err, "--do_train false: glmtrain train trains"),
+               glm_hint(err, "for predictions or metrics without training: glmtrain generate --input_file FILE --model_name_or_path DIR");
+    if (a->do_predict)
+        return glm_fail(err, "--do_predict: glmtrain train does not predict"),
+               glm_hint(err, "after training: glmtrain generate --model_name_or_path OUTPUT_DIR --input_file TEST_FILE "
+                             "--output_file predictions.jsonl (BLEU-4 and ROUGE as ptuning's)");
     if (a->stage && strcmp(a->stage, "sft"))
         return glm_fail(err, "--stage %s: glmtrain trains supervised fine-tuning only (LLaMA-Factory's --stage sft)", a->stage);
     if (!a->model_name_or_path && !a->init_from_config)
@@ -405,7 +412,8 @@ int trainer_load_data(trainer *t, glm_err *err) {
     if (a->max_train_samples < 0) return glm_fail(err, "--max_train_samples %d: must be 0 (all) or a count", a->max_train_samples);
     d->max_train_samples = a->max_train_samples;
     d->seed = (uint64_t)a->seed;
-    d->num_threads = a->dataloader_num_workers;
+    d->num_threads = a->preprocessing_num_workers > 0 ? a->preprocessing_num_workers : a->dataloader_num_workers;
+    d->overwrite_cache = a->overwrite_cache;
     if (a->cache_dir) snprintf(t->cache_dir, sizeof t->cache_dir, "%s", a->cache_dir);
     else glm_path_join(t->cache_dir, sizeof t->cache_dir, a->output_dir, ".cache");
     d->cache_dir = t->cache_dir;

@@ -337,6 +337,11 @@ static int run(trainer *t, glm_err *err) {
     int eval_on = t->eval_ld && strcmp(a->eval_strategy, "no") != 0;
     if (strcmp(a->eval_strategy, "no") != 0 && !t->eval_ld)
         glm_warn("--eval_strategy %s but no validation data (--validation_file or --val_size): evaluation skipped", a->eval_strategy);
+    if (a->do_eval && !t->eval_ld)
+        glm_warn("--do_eval but no validation data (--validation_file or --val_size): evaluation skipped");
+    if (a->predict_with_generate && (a->do_eval || eval_on))
+        glm_info("--predict_with_generate: evaluation here is the loss; BLEU-4/ROUGE of generated answers: "
+                 "glmtrain generate --model_name_or_path %s --input_file VALIDATION_FILE", a->output_dir);
     glm_info("training: %ld optimizer steps (%ld per epoch, %ld micro-batches of %d rows per epoch, accumulation %d), warmup %ld, schedule %s",
              t->total_steps, t->steps_per_epoch, t->micro_per_epoch, a->per_device_train_batch_size,
              a->gradient_accumulation_steps, t->warmup, a->lr_scheduler_type);
@@ -402,6 +407,21 @@ static int run(trainer *t, glm_err *err) {
     }
     glm_progress_done(&t->prog);
     glm_info("trained %ld steps in %.1f s", t->st.global_step, glm_now() - t_start);
+    if (a->do_eval && t->eval_ld) { /* the scripts' trainer.evaluate() after training */
+        double el, ppl;
+        if (evaluate(t, &el, &ppl, err)) return -1;
+        snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_perplexity': %.4f, 'step': %ld}", el, ppl, t->st.global_step);
+        glm_progress_log(&t->prog, line);
+        if (t->tb) { tb_scalar(t->tb, "eval/loss", (float)el, t->st.global_step); tb_flush(t->tb); }
+        log_record(t, "eval", el, ppl, 0, 0);
+        if (lead(t)) { /* trainer.save_metrics("eval", ...): output_dir/eval_results.json */
+            char path[4096], text[256];
+            glm_path_join(path, sizeof path, a->output_dir, "eval_results.json");
+            snprintf(text, sizeof text, "{\n    \"eval_loss\": %.17g,\n    \"eval_perplexity\": %.17g,\n    \"step\": %ld\n}\n", el, ppl,
+                     t->st.global_step);
+            if (glm_write_file_atomic(path, text, strlen(text), err)) return -1;
+        }
+    }
     if (!a->save_final_model) return 0;
     if (check_params_finite(t, "the final model", err)) return -1;
     return save_final(t, err);

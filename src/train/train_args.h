@@ -12,6 +12,8 @@ typedef struct glm_train_args {
     /* data */
     char *train_file, *validation_file, *data_format, *prompt_column, *response_column, *history_column;
     char *dataset, *dataset_dir, *template, *stage; /* LLaMA-Factory's names (data/dataset_info.h) */
+    /* THUDM's ptuning/train.sh passes these Hugging Face flags */
+    int do_train, do_eval, do_predict, predict_with_generate, overwrite_cache, preprocessing_num_workers;
     char *prompt_template, *history_template, *source_prefix, *cache_dir, *conversation_labels;
     double val_size;
     int max_source_length, max_target_length, train_on_prompt, skip_bad_samples, group_by_length, packing;

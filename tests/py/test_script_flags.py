@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""THUDM's ptuning/train.sh flags as written there (ChatGLM-6B's, which the guides copy), on a
+tiny model: `--do_train --preprocessing_num_workers 10 --overwrite_cache --predict_with_generate`
+and the rest are accepted and mean what they mean there:
+  * --overwrite_cache tokenizes again (the cache says rebuilt);
+  * --do_eval evaluates the validation set once after training (an eval_loss line, and
+    eval_results.json as trainer.save_metrics writes it), and with --predict_with_generate the log says where generation metrics
+    come from;
+  * --do_predict and --do_train false are refused, naming glmtrain generate --input_file.
+Prints PASS/FAIL/SKIP lines."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_train as T  # noqa: E402
+from mpi_runs import ENV, GLM, report  # noqa: E402
+
+
+def main():
+    if not os.path.exists(GLM) or not shutil.which("spm_train"):
+        print("SKIP script_flags: glmtrain or spm_train missing")
+        return 0
+    d = tempfile.mkdtemp(prefix="glmtrain-flags-")
+    try:
+        tok = T.make_tokenizer(d)
+        ids, vocab = T.piece_ids(tok)
+        cfg = T.write_config(d, ids, vocab)
+        train_file, val_file = T.write_data(d)
+        out = os.path.join(d, "out")
+        sh = ["--do_train", "--train_file", train_file, "--validation_file", val_file, "--preprocessing_num_workers", "10",
+              "--prompt_column", "instruction", "--response_column", "output", "--overwrite_cache",
+              "--init_from_config", cfg, "--tokenizer_name", tok, "--output_dir", out, "--overwrite_output_dir",
+              "--max_source_length", "64", "--max_target_length", "128", "--per_device_train_batch_size", "1",
+              "--per_device_eval_batch_size", "1", "--gradient_accumulation_steps", "16", "--predict_with_generate",
+              "--max_steps", "3", "--logging_steps", "1", "--save_steps", "1000", "--learning_rate", "2e-2",
+              "--disable_tqdm", "--report_to", "none"]
+        p = subprocess.run([GLM, "train"] + sh, capture_output=True, text=True, timeout=300, env=ENV)
+        report("thudm_train_sh_flags_run", p.returncode == 0 and "cache rebuilt: --overwrite_cache" in p.stderr,
+               p.stderr[-800:])
+        p = subprocess.run([GLM, "train"] + sh + ["--do_eval"], capture_output=True, text=True, timeout=300, env=ENV)
+        log = p.stdout + p.stderr
+        res = os.path.join(out, "eval_results.json")
+        ev = json.load(open(res)) if p.returncode == 0 and os.path.exists(res) else {}
+        report("do_eval_evaluates_after_training", p.returncode == 0 and log.count("'eval_loss'") == 1 and ev.get("step") == 3
+               and ("'eval_loss': %.4f" % ev.get("eval_loss", -1)) in log, log[-800:])
+        report("predict_with_generate_says_where_metrics_are", "glmtrain generate" in log and "--predict_with_generate" in log,
+               log[-400:])
+        for name, extra, want in (("do_predict", ["--do_predict"], "generate --model_name_or_path"),
+                                  ("do_train_false", ["--do_train", "false"], "glmtrain generate --input_file")):
+            p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
+            report("%s_refused" % name, p.returncode != 0 and want in p.stderr, p.stderr[-400:])
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
