@@ -258,7 +258,7 @@ static int parse_request(srv_server *S, int chat, const char *body, size_t n, ap
         logprobs = cJSON_IsTrue(lv);
         int k = integer(o, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &x, e);
         if (k < 0) goto out;
-        if (k && !logprobs) { srv_bad(e, 400, "top_logprobs", "invalid_value", "top_logprobs needs logprobs: true"); goto out; }
+        if (k && x > 0 && !logprobs) { srv_bad(e, 400, "top_logprobs", "invalid_value", "top_logprobs needs logprobs: true"); goto out; }
         if (k) top_logprobs = (int)x;
     } else { /* logprobs: the number of alternatives, 0..5 */
         int k = integer(o, "logprobs", 0, 5, &x, e);
