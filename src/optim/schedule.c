@@ -2,10 +2,11 @@
 #include <math.h>
 #include <string.h>
 
-static const char *names[] = {"linear", "cosine", "constant", "constant_with_warmup"};
+static const char *names[] = {"linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial",
+                              "inverse_sqrt"};
 
 int glm_lr_kind_parse(const char *s, glm_lr_kind *out) {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (strcmp(s, names[i]) == 0) { *out = (glm_lr_kind)i; return 0; }
     return -1;
 }
@@ -22,6 +23,19 @@ float glm_lr_at(glm_lr_kind k, float base_lr, long step, long warmup, long total
         double f = (double)(total - step) / (double)((total - warmup) > 1 ? (total - warmup) : 1);
         return base_lr * (float)(f > 0 ? f : 0);
     }
+    if (k == LR_COSINE_WITH_RESTARTS) { /* num_cycles 1: one hard restart-free cosine, 0 from the end on */
+        if (progress >= 1.0) return 0.0f;
+        double f = 0.5 * (1.0 + cos(M_PI * fmod(progress, 1.0)));
+        return base_lr * (float)(f > 0 ? f : 0);
+    }
+    if (k == LR_POLYNOMIAL) { /* from base_lr down to lr_end, power 1 */
+        double lr_end = GLM_LR_POLYNOMIAL_END;
+        if (step > total) return (float)lr_end;
+        double remaining = 1.0 - (double)(step - warmup) / (double)(total - warmup);
+        return (float)((base_lr - lr_end) * remaining + lr_end);
+    }
+    if (k == LR_INVERSE_SQRT) /* timescale = warmup (> 0: checked where the schedule is chosen) */
+        return base_lr * (float)(1.0 / sqrt((double)step / (double)warmup));
     /* cosine with num_cycles 0.5 */
     double f = 0.5 * (1.0 + cos(M_PI * 0.5 * 2.0 * progress));
     return base_lr * (float)(f > 0 ? f : 0);

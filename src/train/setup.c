@@ -2,6 +2,7 @@
  * data and loaders, the step plan, and the output folder check. */
 #include "train/trainer.h"
 #include "data/dataset_info.h"
+#include "optim/schedule.h"
 #include "data/hash.h"
 #ifdef GLM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -36,6 +37,12 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->train_file && a->dataset)
         return glm_fail(err, "--train_file and --dataset both given"),
                glm_hint(err, "--dataset names LLaMA-Factory dataset_info.json entries; give one or the other");
+    if (!strcmp(a->lr_scheduler_type, "inverse_sqrt") && a->warmup_steps <= 0 && a->warmup_ratio <= 0)
+        return glm_fail(err, "--lr_scheduler_type inverse_sqrt needs warmup: its timescale is the warmup steps (transformers divides by it)"),
+               glm_hint(err, "give --warmup_steps N or --warmup_ratio R");
+    if (!strcmp(a->lr_scheduler_type, "polynomial") && !(a->learning_rate > GLM_LR_POLYNOMIAL_END))
+        return glm_fail(err, "--lr_scheduler_type polynomial decays to %g: --learning_rate %g must be above it", GLM_LR_POLYNOMIAL_END,
+                        a->learning_rate);
     if (!a->do_train)
         return glm_fail(err, "--do_train false: glmtrain train trains"),
                glm_hint(err, "for predictions or metrics without training: glmtrain generate --input_file FILE --model_name_or_path DIR");
