@@ -10,7 +10,7 @@ OPT      ?= -O3 $(ARCHFLAGS)
 # so sqrtf becomes the (exactly rounded) vector square root, e.g. in the host's AdamW; no result
 # changes (reassociation stays off).
 CFLAGS   := $(OPT) -fno-trapping-math -fno-math-errno -std=c11 -D_GNU_SOURCE -fopenmp -Isrc -I/usr/include/cjson -Wall -Wextra -Wno-unused-parameter -MMD -MP
-LDLIBS   += -lcjson -lpcre2-8 -lm -lpthread -ldl
+LDLIBS   += -lcjson -lpcre2-8 -lyaml -lm -lpthread -ldl
 BUILD    ?= build
 
 NVCC_PATH := $(shell command -v $(NVCC) 2>/dev/null)

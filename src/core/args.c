@@ -159,6 +159,9 @@ int glm_json_fail_at(const char *text, const char *at, const char *src, const ch
 }
 
 static int load_config(const glm_flag *f, int n, void *dst, const char *path, glm_err *err) {
+    size_t pl = strlen(path);
+    if ((pl > 5 && !strcmp(path + pl - 5, ".yaml")) || (pl > 4 && !strcmp(path + pl - 4, ".yml")))
+        return glm_args_load_yaml(f, n, dst, path, err);
     char *text = glm_read_file(path, NULL, err);
     if (!text) return glm_hint(err, "--config takes a JSON file with the same keys as the flags");
     const char *end = NULL;
@@ -258,7 +261,7 @@ char *glm_args_to_json(const glm_flag *f, int n, const void *dst) {
 }
 
 void glm_args_usage(const glm_flag *f, int n, const char *cmd) {
-    printf("usage: glmtrain %s [--config FILE.json] [flags]\n\n", cmd);
+    printf("usage: glmtrain %s [--config FILE.json|FILE.yaml] [flags]\n\n", cmd);
     for (int i = 0; i < n; i++) {
         const char *t = f[i].type == ARG_BOOL ? "" : f[i].type == ARG_STR ? " TEXT" : f[i].type == ARG_FLOAT ? " X" : " N";
         char left[80];

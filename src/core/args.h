@@ -1,6 +1,7 @@
 /* Table-driven command-line flags with Hugging Face TrainingArguments names. One table per
  * subcommand maps "--name" to a field of a settings struct (by offset); the same keys are
- * accepted from a JSON file with --config, and the effective settings print as JSON.
+ * accepted from a JSON file, or a flat YAML file (LLaMA-Factory's configs: FILE.yaml / .yml),
+ * with --config, and the effective settings print as JSON.
  * Accepted forms: --name value, --name=value, and for booleans --name alone, --name true|false
  * (or one of its level words).
  * An unknown flag is an error suggesting the closest known name. */
@@ -28,6 +29,9 @@ void glm_args_defaults(const glm_flag *f, int n, void *dst);
 /* Parses argv[0..argc) (flags only, no subcommand). "--config FILE" loads keys from JSON first,
  * then the command line overrides them. Returns 0, or -1 with err naming the flag. */
 int glm_args_parse(const glm_flag *f, int n, void *dst, int argc, char **argv, glm_err *err);
+/* --config FILE.yaml (args_yaml.c, libyaml): a flat mapping of flag names to values; a plain
+ * null leaves the default, yes/no/on/off are booleans. 0, or -1 with err naming file:line. */
+int glm_args_load_yaml(const glm_flag *f, int n, void *dst, const char *path, glm_err *err);
 /* Sets one flag from text (used by the parser and by --config). */
 int glm_args_set(const glm_flag *f, void *dst, const char *value, const char *where, glm_err *err);
 /* Effective settings as a JSON object text (caller frees). */

@@ -75,6 +75,7 @@ typedef struct glm_data_cfg {
     glm_example_cfg example;  /* lengths, prefix, templates, train_on_prompt */
     double val_size;          /* no validation file: 0 none, < 1 a fraction (rounded up), >= 1 a count */
     int64_t max_train_samples; /* > 0: the train set is made of the first N records (of all sources) */
+    int64_t max_samples;       /* > 0: at most the first N records of each source (LLaMA-Factory's) */
     uint64_t seed;            /* for the val_size split */
     const char *cache_dir;    /* NULL: no cache file (examples stay in memory) */
     int overwrite_cache;      /* rebuild even when a valid cache exists */

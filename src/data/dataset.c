@@ -41,6 +41,9 @@ static int load_one(glm_examples **ex, const char *path, const char *what, const
     return -1;
 }
 
+/* The smaller of two record limits, 0 being none. */
+static int64_t min_limit(int64_t a, int64_t b) { return a <= 0 ? b : b <= 0 ? a : a < b ? a : b; }
+
 /* The sources' examples, each read with its own settings, one after another. */
 static int load_sources(glm_examples **out, const glm_data_cfg *cfg, const glm_encoder *enc, glm_err *err) {
     glm_examples **parts = glm_calloc((size_t)cfg->n_sources, sizeof *parts);
@@ -53,7 +56,7 @@ static int load_sources(glm_examples **out, const glm_data_cfg *cfg, const glm_e
         c.read = src->read;
         c.read.skip_bad_samples = cfg->read.skip_bad_samples;
         if (cfg->max_train_samples > 0 && left <= 0) break; /* the first N records are all read */
-        c.read.max_records = cfg->max_train_samples > 0 ? left : 0;
+        c.read.max_records = min_limit(cfg->max_train_samples > 0 ? left : 0, cfg->max_samples);
         snprintf(what, sizeof what, "dataset %s:", src->name);
         rc = load_one(&parts[k], src->path, what, &c, enc, err);
         if (rc == 0) left -= parts[k]->summary.records;
@@ -76,7 +79,7 @@ int glm_data_load(glm_data *d, const glm_data_cfg *cfg, const glm_encoder *enc, 
     if (cfg->val_size < 0 || (cfg->val_size >= 1 && cfg->val_size != floor(cfg->val_size)))
         return glm_fail(err, "--val_size %g must be a fraction in [0, 1) or a whole count", cfg->val_size);
     glm_data_cfg tc = *cfg; /* the train file's: only its records are limited */
-    tc.read.max_records = cfg->max_train_samples;
+    tc.read.max_records = min_limit(cfg->max_train_samples, cfg->max_samples);
     if (cfg->n_sources ? load_sources(&d->train_ex, cfg, enc, err) : load_one(&d->train_ex, cfg->train_file, "train file", &tc, enc, err))
         return -1;
     int64_t n = d->train_ex->n;

@@ -43,6 +43,14 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (!strcmp(a->lr_scheduler_type, "polynomial") && !(a->learning_rate > GLM_LR_POLYNOMIAL_END))
         return glm_fail(err, "--lr_scheduler_type polynomial decays to %g: --learning_rate %g must be above it", GLM_LR_POLYNOMIAL_END,
                         a->learning_rate);
+    if (a->cutoff_len > 0)
+        return glm_fail(err, "--cutoff_len %d (LLaMA-Factory's): glmtrain cuts examples as THUDM's scripts do", a->cutoff_len),
+               glm_hint(err, "give --max_source_length and --max_target_length (prompt and answer tokens kept; a conversation is "
+                             "cut at their sum + 1)");
+    if (a->save_only_model)
+        return glm_fail(err, "--save_only_model true: glmtrain's checkpoints keep the optimizer state (an exact resume needs it)"),
+               glm_hint(err, "the final model folder holds the model alone; --save_total_limit N bounds the checkpoints' space");
+    if (a->max_samples < 0) return glm_fail(err, "--max_samples %d: must be 0 (all) or a count", a->max_samples);
     if (!a->do_train)
         return glm_fail(err, "--do_train false: glmtrain train trains"),
                glm_hint(err, "for predictions or metrics without training: glmtrain generate --input_file FILE --model_name_or_path DIR");
@@ -418,6 +426,9 @@ int trainer_load_data(trainer *t, glm_err *err) {
     d->val_size = a->val_size;
     if (a->max_train_samples < 0) return glm_fail(err, "--max_train_samples %d: must be 0 (all) or a count", a->max_train_samples);
     d->max_train_samples = a->max_train_samples;
+    d->max_samples = a->max_samples;
+    if (a->plot_loss)
+        glm_info("--plot_loss: no PNG is drawn; the loss is in checkpoint-N/trainer_state.json (and TensorBoard with --report_to tensorboard)");
     d->seed = (uint64_t)a->seed;
     d->num_threads = a->preprocessing_num_workers > 0 ? a->preprocessing_num_workers : a->dataloader_num_workers;
     d->overwrite_cache = a->overwrite_cache;

@@ -14,6 +14,8 @@ typedef struct glm_train_args {
     char *dataset, *dataset_dir, *template, *stage; /* LLaMA-Factory's names (data/dataset_info.h) */
     /* THUDM's ptuning/train.sh passes these Hugging Face flags */
     int do_train, do_eval, do_predict, predict_with_generate, overwrite_cache, preprocessing_num_workers;
+    /* and LLaMA-Factory's training configs these */
+    int trust_remote_code, plot_loss, save_only_model, cutoff_len, max_samples;
     char *prompt_template, *history_template, *source_prefix, *cache_dir, *conversation_labels;
     double val_size;
     int max_source_length, max_target_length, train_on_prompt, skip_bad_samples, group_by_length, packing;

@@ -1,5 +1,6 @@
 /* libFuzzer target: the `train` flag table (train/train_flags.c) through core/args.c.
- * Input layout: byte 0 even: the rest is a --config JSON file (argv = --config FILE); odd: the
+ * Input layout: byte 0 even: the rest is a --config file, JSON (argv = --config FILE), or YAML
+ * when byte 0 & 3 is 2 (LLaMA-Factory's flat configs); odd: the
  * rest is a command line, arguments separated by NUL bytes (at most 64), so the flag forms
  * (--name value, --name=value, bare booleans, --config=...) are fuzzed too.
  * Parsing must fail with a message or give settings whose printed JSON (glm_args_to_json)
@@ -32,7 +33,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fd = fuzz_memfile(data + 1, size - 1, path, sizeof path);
         if (fd < 0) { glm_train_args_free(&a); return 0; }
         char *argv[] = {"--config", path};
-        rc = glm_args_parse(glm_train_flags, glm_train_nflags, &a, 2, argv, &err);
+        rc = (data[0] & 3) == 2 ? glm_args_load_yaml(glm_train_flags, glm_train_nflags, &a, path, &err) /* a .yaml config */
+                                : glm_args_parse(glm_train_flags, glm_train_nflags, &a, 2, argv, &err);
     } else {
         text = fuzz_cstr(data + 1, size - 1);
         char *argv[64];

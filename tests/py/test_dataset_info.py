@@ -89,6 +89,76 @@ def main():
             l1, l2 = losses(p1.stdout + p1.stderr), losses(p2.stdout + p2.stderr)
             report("max_train_samples_%d_is_the_first_records" % n, p1.returncode == 0 and len(l1) == 6 and l1 == l2 and
                    "records %d," % n in p1.stderr, "%s vs %s %s" % (l1, l2, p1.stderr[-500:]))
+        # a LLaMA-Factory training config (flat YAML) through --config: the run of the same flags
+        yml = os.path.join(d, "lf.yaml")
+        with open(yml, "w") as f:
+            f.write("""### model
+init_from_config: %s
+tokenizer_name: %s
+trust_remote_code: true
+
+### method
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_target: all
+lora_rank: 4
+
+### dataset
+dataset: poems,renamed
+dataset_dir: %s
+template: chatglm
+max_samples: 10
+overwrite_cache: true
+preprocessing_num_workers: 2
+
+### output
+output_dir: %s
+logging_steps: 1
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+save_only_model: false
+report_to: none
+
+### train
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 1
+learning_rate: 1.0e-2
+max_steps: 5
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+ddp_timeout: 180000000
+resume_from_checkpoint: null
+seed: 7
+disable_tqdm: yes
+""" % (cfg, tok, data, os.path.join(d, "y1")))
+        p1 = train(["--config", yml])
+        flags = ["--init_from_config", cfg, "--tokenizer_name", tok, "--finetuning_type", "lora", "--lora_target", "all",
+                 "--lora_rank", "4", "--dataset", "poems,renamed", "--dataset_dir", data, "--max_samples", "10",
+                 "--output_dir", os.path.join(d, "y2"), "--logging_steps", "1", "--save_steps", "500", "--report_to", "none",
+                 "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--max_steps", "5", "--lr_scheduler_type",
+                 "cosine", "--warmup_ratio", "0.1", "--seed", "7", "--disable_tqdm"]
+        p2 = train(flags)
+        l1, l2 = losses(p1.stdout + p1.stderr), losses(p2.stdout + p2.stderr)
+        report("lf_yaml_config_equals_flags", p1.returncode == 0 and len(l1) == 5 and l1 == l2 and "records 18," in p1.stderr,
+               "%s vs %s %s" % (l1, l2, p1.stderr[-600:]))
+        # max_samples: the first 10 records of each dataset (renamed has 8)
+        first = os.path.join(d, "each10.json")
+        json.dump(same[:10] + same[12:20], open(first, "w"), ensure_ascii=False)
+        plain = flags[:flags.index("--dataset")] + flags[flags.index("--max_samples") + 2:]
+        plain[plain.index(os.path.join(d, "y2"))] = os.path.join(d, "y3")
+        p3 = train(plain + ["--train_file", first])
+        report("max_samples_is_per_dataset", p3.returncode == 0 and losses(p3.stdout + p3.stderr) == l2, p3.stderr[-300:])
+        for name, text, want in (("cutoff_len", "cutoff_len: 1024\n", "--max_source_length"),
+                                 ("nested", "peft_config:\n  r: 8\n", "lf_bad.yaml:1: peft_config: a nested value"),
+                                 ("unknown_key", "lora_rnak: 8\n", "lf_bad.yaml:1: unknown flag lora_rnak"),
+                                 ("malformed", "\tlearning_rate: 1\n", "malformed YAML")):
+            bad_yml = os.path.join(d, "lf_bad.yaml")
+            open(bad_yml, "w").write(text)
+            p = train(["--config", bad_yml] + common + ["--dataset", "poems", "--dataset_dir", data, "--output_dir",
+                                                        os.path.join(d, "bady"), "--overwrite_output_dir"])
+            report("lf_yaml_refuses_" + name, p.returncode != 0 and want in p.stderr, p.stderr[-300:])
         bad = [("template_other_family", ["--dataset", "poems", "--template", "glm4"], "--template glm4"),
                ("template_unknown", ["--dataset", "poems", "--template", "qwen"], "--template qwen"),
                ("stage_dpo", ["--dataset", "poems", "--stage", "dpo"], "--stage dpo"),

@@ -103,7 +103,7 @@ rm -f "$work/libfuzzglm.a"
 llvm-ar rcs "$work/libfuzzglm.a" "$work"/obj/*.o 2>>"$work/build.log" || ar rcs "$work/libfuzzglm.a" "$work"/obj/*.o
 
 for t in $TARGETS; do
-    if ! clang $CFLAGS -fsanitize=fuzzer,$SAN "tests/fuzz/fuzz_$t.c" "$work/libfuzzglm.a" -lcjson -lpcre2-8 -lm -lpthread \
+    if ! clang $CFLAGS -fsanitize=fuzzer,$SAN "tests/fuzz/fuzz_$t.c" "$work/libfuzzglm.a" -lcjson -lpcre2-8 -lyaml -lm -lpthread \
         -o "$work/fuzz_$t" >>"$work/build.log" 2>&1; then
         echo "FAIL fuzz_$t: clang build failed"; tail -20 "$work/build.log"
         continue
