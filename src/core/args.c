@@ -158,10 +158,10 @@ int glm_json_fail_at(const char *text, const char *at, const char *src, const ch
     return glm_fail(err, "%s:%d:%d: malformed JSON (%s expected)", src, line, col, expected);
 }
 
-static int load_config(const glm_flag *f, int n, void *dst, const char *path, glm_err *err) {
+static int load_config(const glm_flag *f, int n, void *dst, const char *path, glm_config_key_fn keys, glm_err *err) {
     size_t pl = strlen(path);
     if ((pl > 5 && !strcmp(path + pl - 5, ".yaml")) || (pl > 4 && !strcmp(path + pl - 4, ".yml")))
-        return glm_args_load_yaml(f, n, dst, path, err);
+        return glm_args_load_yaml(f, n, dst, path, keys, err);
     char *text = glm_read_file(path, NULL, err);
     if (!text) return glm_hint(err, "--config takes a JSON file with the same keys as the flags");
     const char *end = NULL;
@@ -196,13 +196,17 @@ static int load_config(const glm_flag *f, int n, void *dst, const char *path, gl
 }
 
 int glm_args_parse(const glm_flag *f, int n, void *dst, int argc, char **argv, glm_err *err) {
+    return glm_args_parse_ex(f, n, dst, argc, argv, NULL, err);
+}
+
+int glm_args_parse_ex(const glm_flag *f, int n, void *dst, int argc, char **argv, glm_config_key_fn keys, glm_err *err) {
     /* --config first, so the command line overrides the file */
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--config") == 0) {
             if (i + 1 >= argc) return glm_fail(err, "--config needs a file");
-            if (load_config(f, n, dst, argv[i + 1], err)) return -1;
+            if (load_config(f, n, dst, argv[i + 1], keys, err)) return -1;
         } else if (strncmp(argv[i], "--config=", 9) == 0) {
-            if (load_config(f, n, dst, argv[i] + 9, err)) return -1;
+            if (load_config(f, n, dst, argv[i] + 9, keys, err)) return -1;
         }
     }
     for (int i = 0; i < argc; i++) {

@@ -29,9 +29,18 @@ void glm_args_defaults(const glm_flag *f, int n, void *dst);
 /* Parses argv[0..argc) (flags only, no subcommand). "--config FILE" loads keys from JSON first,
  * then the command line overrides them. Returns 0, or -1 with err naming the flag. */
 int glm_args_parse(const glm_flag *f, int n, void *dst, int argc, char **argv, glm_err *err);
-/* --config FILE.yaml (args_yaml.c, libyaml): a flat mapping of flag names to values; a plain
- * null leaves the default, yes/no/on/off are booleans. 0, or -1 with err naming file:line. */
-int glm_args_load_yaml(const glm_flag *f, int n, void *dst, const char *path, glm_err *err);
+/* A command's reading of a config file's keys other than its flag names: nested keys come
+ * dotted ("training_args.output_dir"), a list of scalars joined with commas. Returns the flag
+ * the key sets (the key itself for a flag name), "" for a key that is read and left alone
+ * (*why says why: printed), or NULL when it cannot be used (*why says why: an error). */
+typedef const char *(*glm_config_key_fn)(const char *key, char *why, size_t why_len);
+
+/* --config FILE.yaml (args_yaml.c, libyaml): a mapping of flag names to values; a plain null
+ * leaves the default, yes/no/on/off are booleans. Nested values only through keys (NULL: the
+ * file must be flat). 0, or -1 with err naming file:line. */
+int glm_args_load_yaml(const glm_flag *f, int n, void *dst, const char *path, glm_config_key_fn keys, glm_err *err);
+/* glm_args_parse with a config key reading (NULL: flag names only). */
+int glm_args_parse_ex(const glm_flag *f, int n, void *dst, int argc, char **argv, glm_config_key_fn keys, glm_err *err);
 /* Sets one flag from text (used by the parser and by --config). */
 int glm_args_set(const glm_flag *f, void *dst, const char *value, const char *where, glm_err *err);
 /* Effective settings as a JSON object text (caller frees). */

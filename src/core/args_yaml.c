@@ -1,11 +1,14 @@
-/* --config FILE.yaml: a flat YAML mapping of flag names to values (LLaMA-Factory's training
- * configs are such files), through libyaml. See core/args.h. */
+/* --config FILE.yaml: a YAML mapping of flag names to values (LLaMA-Factory's training configs
+ * are flat ones), or with a command's key reading, nested ones (THUDM's finetune_demo configs),
+ * through libyaml. See core/args.h. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <yaml.h>
 #include "core/args.h"
+#include "core/log.h"
+#include "core/strbuf.h"
 
 /* A plain (unquoted) YAML 1.1 scalar as the flag setters read it: booleans spelled out, null as
  * NULL (the flag keeps its default); a quoted scalar stays the text it is. */
@@ -21,16 +24,57 @@ static const char *plain_value(const yaml_event_t *ev) {
     return s;
 }
 
-int glm_args_load_yaml(const glm_flag *f, int n, void *dst, const char *path, glm_err *err) {
+typedef struct yaml_reader {
+    const glm_flag *f;
+    int n;
+    void *dst;
+    const char *path;
+    glm_config_key_fn keys;
+    glm_err *err;
+    char key[8][128]; /* the mapping keys down to the value being read */
+    size_t line[8];
+    int depth;        /* mappings open */
+    int have_key[8];  /* the mapping at each depth has its key, its value is next */
+    glm_strbuf list;  /* a sequence of scalars being read (joined with commas) */
+    int in_list;
+} yaml_reader;
+
+/* One value for the key path key[0..depth): the flag it sets (through keys when given). */
+static int set_value(yaml_reader *y, const char *v, size_t line) {
+    char dotted[1024] = "", why[300] = "", where[600];
+    for (int k = 0; k < y->depth; k++) {
+        size_t at = strlen(dotted);
+        snprintf(dotted + at, sizeof dotted - at, "%s%s", k ? "." : "", y->key[k]);
+    }
+    snprintf(where, sizeof where, "%s:%zu: ", y->path, line);
+    const char *name = dotted;
+    if (y->keys) {
+        name = y->keys(dotted, why, sizeof why);
+        if (!name) return glm_fail(y->err, "%s%s: %s", where, dotted, why);
+        if (!name[0]) { glm_info("%s%s is not used: %s", where, dotted, why); return 0; }
+    } else if (y->depth > 1) {
+        return glm_fail(y->err, "%s:%zu: %s: a nested value; the config is flat: one flag and its value a line", y->path,
+                        y->line[0], y->key[0]);
+    }
+    const glm_flag *fl = NULL;
+    for (int i = 0; i < y->n && !fl; i++) if (!strcmp(y->f[i].name, name)) fl = &y->f[i];
+    if (!fl) {
+        glm_fail(y->err, "%sunknown flag %s", where, dotted);
+        const char *c = glm_args_closest(y->f, y->n, name);
+        return c ? glm_hint(y->err, "did you mean %s?", c) : glm_hint(y->err, "run with --help to list the flags");
+    }
+    return v ? glm_args_set(fl, y->dst, v, where, y->err) : 0;
+}
+
+int glm_args_load_yaml(const glm_flag *f, int n, void *dst, const char *path, glm_config_key_fn keys, glm_err *err) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return glm_fail(err, "--config %s: cannot open", path);
     yaml_parser_t p;
     yaml_parser_initialize(&p);
     yaml_parser_set_input_file(&p, fp);
-    int rc = 0, depth = 0, done = 0;
-    char key[256] = "";
-    int have_key = 0;
-    size_t key_line = 0;
+    yaml_reader *y = calloc(1, sizeof *y);
+    *y = (yaml_reader){.f = f, .n = n, .dst = dst, .path = path, .keys = keys, .err = err};
+    int rc = 0, done = 0;
     while (!done && rc == 0) {
         yaml_event_t ev;
         if (!yaml_parser_parse(&p, &ev)) {
@@ -39,42 +83,67 @@ int glm_args_load_yaml(const glm_flag *f, int n, void *dst, const char *path, gl
             break;
         }
         size_t line = ev.start_mark.line + 1;
-        char where[512];
-        snprintf(where, sizeof where, "%s:%zu: ", path, line);
+        int d = y->depth;
         switch (ev.type) {
         case YAML_STREAM_END_EVENT: done = 1; break;
         case YAML_MAPPING_START_EVENT:
+            if (y->in_list) { rc = glm_fail(err, "%s:%zu: %s: a list of mappings is not read here", path, line, y->key[d - 1]); break; }
+            if (d > 0 && !y->have_key[d - 1]) { rc = glm_fail(err, "%s:%zu: a mapping as a key", path, line); break; }
+            if (d > 0 && !keys) {
+                rc = glm_fail(err, "%s:%zu: %s: a nested value; the config is flat: one flag and its value a line", path,
+                              y->line[d - 1], y->key[d - 1]);
+                break;
+            }
+            if (d == 8) { rc = glm_fail(err, "%s:%zu: nested too deeply", path, line); break; }
+            y->have_key[d] = 0;
+            y->depth++;
+            break;
+        case YAML_MAPPING_END_EVENT:
+            y->depth--;
+            if (y->depth > 0) y->have_key[y->depth - 1] = 0; /* the parent's value is read */
+            break;
         case YAML_SEQUENCE_START_EVENT:
-            if (depth == 0 && ev.type == YAML_MAPPING_START_EVENT) { depth = 1; break; }
-            rc = have_key ? glm_fail(err, "%s:%zu: %s: a nested value; the config is flat: one flag and its value a line", path,
-                                     key_line, key)
-                          : glm_fail(err, "%sthe config must be a mapping of flag names to values", where);
+            if (d == 0 || !y->have_key[d - 1] || y->in_list) {
+                rc = glm_fail(err, "%s:%zu: the config must be a mapping of flag names to values", path, line);
+                break;
+            }
+            if (!keys) {
+                rc = glm_fail(err, "%s:%zu: %s: a list; the config is flat: one flag and its value a line", path,
+                              y->line[d - 1], y->key[d - 1]);
+                break;
+            }
+            y->in_list = 1;
+            y->list.n = 0;
+            glm_strbuf_put(&y->list, "", 0);
+            break;
+        case YAML_SEQUENCE_END_EVENT:
+            y->in_list = 0;
+            rc = set_value(y, y->list.s ? y->list.s : "", y->line[d - 1]);
+            y->have_key[d - 1] = 0;
             break;
         case YAML_SCALAR_EVENT:
-            if (depth != 1) { rc = glm_fail(err, "%sthe config must be a mapping of flag names to values", where); break; }
-            if (!have_key) {
-                snprintf(key, sizeof key, "%s", (const char *)ev.data.scalar.value);
-                have_key = 1;
-                key_line = line;
+            if (d == 0) { rc = glm_fail(err, "%s:%zu: the config must be a mapping of flag names to values", path, line); break; }
+            if (y->in_list) {
+                if (y->list.n) glm_strbuf_put(&y->list, ",", 1);
+                glm_strbuf_str(&y->list, (const char *)ev.data.scalar.value);
                 break;
             }
-            have_key = 0;
-            const char *v = plain_value(&ev);
-            const glm_flag *fl = NULL;
-            for (int i = 0; i < n && !fl; i++) if (!strcmp(f[i].name, key)) fl = &f[i];
-            if (!fl) {
-                glm_fail(err, "%sunknown flag %s", where, key);
-                const char *c = glm_args_closest(f, n, key);
-                rc = c ? glm_hint(err, "did you mean %s?", c) : glm_hint(err, "run with --help to list the flags");
+            if (!y->have_key[d - 1]) {
+                snprintf(y->key[d - 1], sizeof y->key[d - 1], "%s", (const char *)ev.data.scalar.value);
+                y->line[d - 1] = line;
+                y->have_key[d - 1] = 1;
                 break;
             }
-            if (v) rc = glm_args_set(fl, dst, v, where, err);
+            y->have_key[d - 1] = 0;
+            rc = set_value(y, plain_value(&ev), line);
             break;
-        case YAML_ALIAS_EVENT: rc = glm_fail(err, "%sYAML aliases are not read here", where); break;
+        case YAML_ALIAS_EVENT: rc = glm_fail(err, "%s:%zu: YAML aliases are not read here", path, line); break;
         default: break;
         }
         yaml_event_delete(&ev);
     }
+    free(y->list.s);
+    free(y);
     yaml_parser_delete(&p);
     fclose(fp);
     return rc;

@@ -16,6 +16,9 @@ typedef struct glm_train_args {
     int do_train, do_eval, do_predict, predict_with_generate, overwrite_cache, preprocessing_num_workers;
     /* and LLaMA-Factory's training configs these */
     int trust_remote_code, plot_loss, save_only_model, cutoff_len, max_samples;
+    /* and THUDM's finetune_demo configs (ChatGLM3, GLM-4) these: glm_train_config_key */
+    char *data_dir, *peft_type;
+    int use_cpu;
     char *prompt_template, *history_template, *source_prefix, *cache_dir, *conversation_labels;
     double val_size;
     int max_source_length, max_target_length, train_on_prompt, skip_bad_samples, group_by_length, packing;
@@ -53,6 +56,11 @@ typedef struct glm_train_args {
 
 extern const glm_flag glm_train_flags[];
 extern const int glm_train_nflags;
+/* The train command's reading of a --config file's other keys (core/args.h glm_config_key_fn):
+ * THUDM's finetune_demo configs (finetune_hf.py's lora.yaml / ptuning_v2.yaml / sft.yaml of
+ * ChatGLM3 and GLM-4): data_config.*, max_input_length / max_output_length, training_args.*
+ * (Seq2SeqTrainingArguments' names), peft_config.* (peft's LoraConfig / PrefixTuningConfig). */
+const char *glm_train_config_key(const char *key, char *why, size_t why_len);
 void glm_train_args_free(glm_train_args *a);
 /* The settings the parallel layer reads (launch, memory plan, layout), pointing into a. */
 glm_par_opts glm_train_par_opts(const glm_train_args *a);

@@ -1,5 +1,7 @@
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "model/glm.h"
 #include "train/train_args.h"
 
@@ -43,6 +45,9 @@ const glm_flag glm_train_flags[] = {
     F(do_predict, ARG_BOOL, "false", "Hugging Face's; predictions come from glmtrain generate --input_file"),
     F(predict_with_generate, ARG_BOOL, "false", "accepted as the scripts pass it; generation metrics: glmtrain generate --input_file"),
     F(max_samples, ARG_INT, "0", "LLaMA-Factory's: the first N records of each dataset (0 = all)"),
+    F(data_dir, ARG_STR, NULL, "THUDM's finetune_hf.py data_dir: --train_file / --validation_file are relative to it"),
+    F(peft_type, ARG_STR, NULL, "peft's: LORA or PREFIX_TUNING (a finetune_demo config's peft_config), as --finetuning_type lora / ptuning"),
+    F(use_cpu, ARG_BOOL, "false", "Hugging Face's: train on the CPU (--device cpu)"),
     F(cutoff_len, ARG_INT, "0", "LLaMA-Factory's; refused: glmtrain cuts as THUDM's scripts (--max_source_length, --max_target_length)"),
     F(trust_remote_code, ARG_BOOL, "false", "accepted: glmtrain runs no Python code of a model folder"),
     F(plot_loss, ARG_BOOL, "false", "LLaMA-Factory's; the loss is in trainer_state.json and TensorBoard (no PNG is drawn)"),
@@ -143,4 +148,51 @@ glm_par_opts glm_train_par_opts(const glm_train_args *a) {
         .optimizer_in_backward = a->optimizer_in_backward, .device_map = a->device_map,
         .max_memory_per_gpu = a->max_memory_per_gpu, .optim = a->optim, .offload_optimizer = a->offload_optimizer,
     };
+}
+
+/* Keys of THUDM's finetune_demo configs that are glmtrain's flags by other names, and keys read
+ * and left alone (the reason said). */
+static const struct { const char *key, *flag, *why; } config_keys[] = {
+    {"data_config.train_file", "train_file", NULL},
+    {"data_config.val_file", "validation_file", NULL},
+    {"data_config.test_file", "", "predictions on it: glmtrain generate --input_file (BLEU-4, ROUGE)"},
+    {"data_config.num_proc", "preprocessing_num_workers", NULL},
+    {"max_input_length", "max_source_length", NULL},
+    {"max_output_length", "max_target_length", NULL},
+    {"training_args.evaluation_strategy", "eval_strategy", NULL},
+    {"training_args.log_level", "", "glmtrain logs at one level"},
+    {"training_args.logging_strategy", "", "glmtrain logs every --logging_steps"},
+    {"training_args.remove_unused_columns", "", "glmtrain keeps no columns besides the examples"},
+    {"training_args.generation_config.max_new_tokens", "", "generation settings are glmtrain generate's flags"},
+    {"peft_config.task_type", "", "glmtrain trains causal language models"},
+    {"peft_config.r", "lora_rank", NULL},
+    {"peft_config.target_modules", "lora_target", NULL},
+    {"peft_config.num_virtual_tokens", "pre_seq_len", NULL},
+    {"peft_config.num_attention_heads", "", "the prefix's shape follows the model's config"},
+    {"peft_config.token_dim", "", "the prefix's shape follows the model's config"},
+};
+
+const char *glm_train_config_key(const char *key, char *why, size_t why_len) {
+    for (size_t i = 0; i < sizeof config_keys / sizeof *config_keys; i++)
+        if (!strcmp(key, config_keys[i].key)) {
+            if (config_keys[i].why) snprintf(why, why_len, "%s", config_keys[i].why);
+            return config_keys[i].flag;
+        }
+    if (!strcmp(key, "training_args.deepspeed")) {
+        snprintf(why, why_len, "glmtrain shards with its own ZeRO: --zero_stage 1|2|3 (and --offload_optimizer) instead of a "
+                               "DeepSpeed file");
+        return NULL;
+    }
+    if (!strncmp(key, "training_args.generation_config.", 32)) {
+        snprintf(why, why_len, "generation settings are glmtrain generate's flags");
+        return "";
+    }
+    /* the rest of training_args and peft_config are flags of the same names */
+    if (!strncmp(key, "training_args.", 14)) return key + 14;
+    if (!strncmp(key, "peft_config.", 12)) return key + 12;
+    if (!strncmp(key, "data_config.", 12)) {
+        snprintf(why, why_len, "a data_config key glmtrain does not know (train_file, val_file, test_file, num_proc)");
+        return NULL;
+    }
+    return key;
 }

@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fd = fuzz_memfile(data + 1, size - 1, path, sizeof path);
         if (fd < 0) { glm_train_args_free(&a); return 0; }
         char *argv[] = {"--config", path};
-        rc = (data[0] & 3) == 2 ? glm_args_load_yaml(glm_train_flags, glm_train_nflags, &a, path, &err) /* a .yaml config */
+        rc = (data[0] & 3) == 2 ? glm_args_load_yaml(glm_train_flags, glm_train_nflags, &a, path, glm_train_config_key, &err) /* .yaml */
                                 : glm_args_parse(glm_train_flags, glm_train_nflags, &a, 2, argv, &err);
     } else {
         text = fuzz_cstr(data + 1, size - 1);

@@ -7,6 +7,10 @@ entries of DIR/dataset_info.json, each file with its own formatting and columns:
     records in the same order in glmtrain's own alpaca layout (the same losses, step by step);
   * `--max_train_samples N` trains on the first N records (of the datasets in order), as one
     file of those records does;
+  * a LLaMA-Factory training config (flat YAML, --config) and THUDM's finetune_demo config
+    (nested: data_config, max_input_length, training_args, peft_config; --data_dir) train as
+    the same flags do; a PREFIX_TUNING config trains a prefix; deepspeed, cutoff_len, unknown
+    keys and malformed YAML are refused naming file:line;
   * `--template` naming the tokenizer's family passes; another one, an unknown one, `--stage dpo`,
     a missing entry, a hub-only entry, ranking data, an unsupported column or tag, and
     --train_file with --dataset are errors naming what is wrong.
@@ -151,7 +155,7 @@ disable_tqdm: yes
         p3 = train(plain + ["--train_file", first])
         report("max_samples_is_per_dataset", p3.returncode == 0 and losses(p3.stdout + p3.stderr) == l2, p3.stderr[-300:])
         for name, text, want in (("cutoff_len", "cutoff_len: 1024\n", "--max_source_length"),
-                                 ("nested", "peft_config:\n  r: 8\n", "lf_bad.yaml:1: peft_config: a nested value"),
+                                 ("nested_unknown", "model_args:\n  x: 1\n", "lf_bad.yaml:2: unknown flag model_args.x"),
                                  ("unknown_key", "lora_rnak: 8\n", "lf_bad.yaml:1: unknown flag lora_rnak"),
                                  ("malformed", "\tlearning_rate: 1\n", "malformed YAML")):
             bad_yml = os.path.join(d, "lf_bad.yaml")
@@ -159,6 +163,73 @@ disable_tqdm: yes
             p = train(["--config", bad_yml] + common + ["--dataset", "poems", "--dataset_dir", data, "--output_dir",
                                                         os.path.join(d, "bady"), "--overwrite_output_dir"])
             report("lf_yaml_refuses_" + name, p.returncode != 0 and want in p.stderr, p.stderr[-300:])
+        # THUDM's finetune_demo config (ChatGLM3 / GLM-4 finetune_hf.py's lora.yaml, nested) with
+        # finetune_hf.py's data_dir: the run of the same flags
+        ft = os.path.join(d, "lora.yaml")
+        with open(ft, "w") as f:
+            f.write("""data_config:
+  train_file: a.json
+  val_file: a.json
+  test_file: a.json
+  num_proc: 2
+max_input_length: 32
+max_output_length: 16
+training_args:
+  # see `transformers.Seq2SeqTrainingArguments`
+  output_dir: %s
+  max_steps: 5
+  learning_rate: 1e-2
+  per_device_train_batch_size: 4
+  dataloader_num_workers: 2
+  remove_unused_columns: false
+  save_strategy: steps
+  save_steps: 500
+  log_level: info
+  logging_strategy: steps
+  logging_steps: 1
+  per_device_eval_batch_size: 4
+  evaluation_strategy: steps
+  eval_steps: 500
+  predict_with_generate: true
+  generation_config:
+    max_new_tokens: 16
+  use_cpu: false
+  seed: 7
+peft_config:
+  peft_type: LORA
+  task_type: CAUSAL_LM
+  r: 4
+  lora_alpha: 32
+  lora_dropout: 0.1
+  target_modules: ["query_key_value", "dense"]
+""" % os.path.join(d, "f1"))
+        tail = ["--init_from_config", cfg, "--tokenizer_name", tok, "--disable_tqdm", "--report_to", "none"]
+        p1 = train(["--config", ft, "--data_dir", data] + tail)
+        p2 = train(tail + ["--train_file", os.path.join(data, "a.json"), "--validation_file", os.path.join(data, "a.json"),
+                           "--max_source_length", "32", "--max_target_length", "16", "--output_dir", os.path.join(d, "f2"),
+                           "--max_steps", "5", "--learning_rate", "1e-2", "--per_device_train_batch_size", "4",
+                           "--save_steps", "500", "--logging_steps", "1", "--per_device_eval_batch_size", "4",
+                           "--eval_strategy", "steps", "--eval_steps", "500", "--seed", "7", "--finetuning_type", "lora",
+                           "--lora_rank", "4", "--lora_alpha", "32", "--lora_dropout", "0.1", "--lora_target",
+                           "query_key_value,dense"])
+        l1, l2 = losses(p1.stdout + p1.stderr), losses(p2.stdout + p2.stderr)
+        report("thudm_finetune_config_equals_flags", p1.returncode == 0 and len(l1) == 5 and l1 == l2 and
+               "training_args.log_level is not used" in p1.stderr, "%s vs %s %s" % (l1, l2, p1.stderr[-800:]))
+        pt = os.path.join(d, "ptuning_v2.yaml")
+        with open(pt, "w") as f:
+            f.write("data_config:\n  train_file: a.json\nmax_input_length: 32\nmax_output_length: 16\ntraining_args:\n"
+                    "  output_dir: %s\n  max_steps: 2\n  learning_rate: 2e-2\n  logging_steps: 1\n  save_strategy: \"no\"\n"
+                    "peft_config:\n  peft_type: PREFIX_TUNING\n  task_type: CAUSAL_LM\n  num_virtual_tokens: 8\n"
+                    "  num_attention_heads: 2\n  token_dim: 256\n" % os.path.join(d, "f3"))
+        p = train(["--config", pt, "--data_dir", data] + tail)
+        report("thudm_ptuning_config_trains_a_prefix", p.returncode == 0 and "pre_seq_len" in p.stderr and
+               '"pre_seq_len":\t8' in p.stderr, p.stderr[-600:])
+        with open(pt, "a") as f:
+            f.write("  # the DeepSpeed file of the demo\n")
+        ds = os.path.join(d, "ds.yaml")
+        open(ds, "w").write("training_args:\n  deepspeed: ds_zero_3.json\n")
+        p = train(["--config", ds, "--data_dir", data, "--train_file", "a.json", "--output_dir", os.path.join(d, "f4")] + tail)
+        report("thudm_config_deepspeed_names_zero_stage", p.returncode != 0 and "--zero_stage" in p.stderr, p.stderr[-300:])
         bad = [("template_other_family", ["--dataset", "poems", "--template", "glm4"], "--template glm4"),
                ("template_unknown", ["--dataset", "poems", "--template", "qwen"], "--template qwen"),
                ("stage_dpo", ["--dataset", "poems", "--stage", "dpo"], "--stage dpo"),
