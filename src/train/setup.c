@@ -425,6 +425,8 @@ int trainer_load_data(trainer *t, glm_err *err) {
         d->sources = t->sources;
     }
     if (a->template && check_template(a->template, t->enc.layout, err)) return -1;
+    if ((a->dataset || a->template) && a->quantization_bit == 4 && !strcmp(a->quantization_type, "int"))
+        glm_warn("--quantization_bit 4 is THUDM's INT4 here; LLaMA-Factory's is bitsandbytes NF4: add --quantization_type nf4 for that");
     if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &d->read.schema))
         return glm_fail(err, "--data_format %s is not known", a->data_format);
     d->read.columns.prompt = a->prompt_column;

@@ -230,6 +230,10 @@ peft_config:
         open(ds, "w").write("training_args:\n  deepspeed: ds_zero_3.json\n")
         p = train(["--config", ds, "--data_dir", data, "--train_file", "a.json", "--output_dir", os.path.join(d, "f4")] + tail)
         report("thudm_config_deepspeed_names_zero_stage", p.returncode != 0 and "--zero_stage" in p.stderr, p.stderr[-300:])
+        # LLaMA-Factory's quantization_bit 4 is bitsandbytes NF4: said when its flags meet THUDM's INT4
+        p = train(common + ["--dataset", "poems", "--dataset_dir", data, "--output_dir", os.path.join(d, "q4"),
+                            "--finetuning_type", "lora", "--quantization_bit", "4", "--max_steps", "1"])
+        report("lf_quantization_bit_4_says_nf4", p.returncode == 0 and "--quantization_type nf4" in p.stderr, p.stderr[-400:])
         bad = [("template_other_family", ["--dataset", "poems", "--template", "glm4"], "--template glm4"),
                ("template_unknown", ["--dataset", "poems", "--template", "qwen"], "--template qwen"),
                ("stage_dpo", ["--dataset", "poems", "--stage", "dpo"], "--stage dpo"),

@@ -50,6 +50,10 @@ def main():
                and ("'eval_loss': %.4f" % ev.get("eval_loss", -1)) in log, log[-800:])
         report("predict_with_generate_says_where_metrics_are", "glmtrain generate" in log and "--predict_with_generate" in log,
                log[-400:])
+        # Hugging Face's older --evaluation_strategy: the error names --eval_strategy
+        p = subprocess.run([GLM, "train"] + sh + ["--evaluation_strategy", "steps"], capture_output=True, text=True,
+                           timeout=120, env=ENV)
+        report("evaluation_strategy_names_eval_strategy", p.returncode != 0 and "--eval_strategy" in p.stderr, p.stderr[-300:])
         for name, extra, want in (("do_predict", ["--do_predict"], "generate --model_name_or_path"),
                                   ("do_train_false", ["--do_train", "false"], "glmtrain generate --input_file")):
             p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
