@@ -309,13 +309,12 @@ static int prepare_item(gen_session *s, const gen_args *a, const glm_example_cfg
  * (the file is checked whole) but not kept. */
 /* A conversation record's items: one per assistant turn (glm_example_eval_turns); the first
  * keeps the record, the others its index and line. */
-static int conversation_items(gen_session *s, const gen_args *a, const glm_example_cfg *ex, glm_record *r, items *L,
-                              long *records, long *cut, long *cut_tokens, glm_err *err) {
-    glm_encoder enc;
+static int conversation_items(gen_session *s, const gen_args *a, const glm_example_cfg *ex, const glm_encoder *enc,
+                              glm_record *r, items *L, long *records, long *cut, long *cut_tokens, glm_err *err) {
     glm_example_cfg c = *ex;
     c.max_source_length = a->max_source_length > 0 ? a->max_source_length : INT_MAX;
     glm_eval_turn *t;
-    int n, rc = glm_encoder_from_tokenizer(&enc, s->tok, NULL, err) || glm_example_eval_turns(&c, &enc, r, &t, &n, err);
+    int n, rc = glm_example_eval_turns(&c, enc, r, &t, &n, err);
     if (rc) { glm_record_free(r); return -1; }
     for (int k = 0; k < n && rc == 0; k++) {
         if (a->max_predict_samples > 0 && L->n >= a->max_predict_samples) break;
@@ -338,7 +337,10 @@ static int read_items(gen_session *s, gen_args *a, items *L, glm_err *err) {
     glm_example_cfg ex;
     example_cfg(a, &ex);
     prompt_src src;
-    if (open_src(&src, a, glm_layout_of(s->tok), err)) return -1;
+    glm_encoder enc = {0}; /* ChatGLM3 / GLM-4: the training examples' encoder, conversations' turns as they trained */
+    glm_layout layout = glm_layout_of(s->tok);
+    if ((glm_layout_turns(layout) && glm_encoder_from_tokenizer(&enc, s->tok, NULL, err)) || open_src(&src, a, layout, err))
+        return -1;
     long cut = 0, cut_tokens = 0, records = 0;
     int rc = 0;
     for (;;) {
@@ -347,7 +349,7 @@ static int read_items(gen_session *s, gen_args *a, items *L, glm_err *err) {
         if (k <= 0) { rc = k; break; }
         if (a->max_predict_samples > 0 && L->n >= a->max_predict_samples) { glm_record_free(&r); continue; }
         if (r.conv_key) {
-            if ((rc = conversation_items(s, a, &ex, &r, L, &records, &cut, &cut_tokens, err))) break;
+            if ((rc = conversation_items(s, a, &ex, &enc, &r, L, &records, &cut, &cut_tokens, err))) break;
             continue;
         }
         item *it = items_push(L);

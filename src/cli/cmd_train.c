@@ -15,7 +15,8 @@ int glm_cmd_train(int argc, char **argv) {
             glm_train_args_free(&a);
             return 0;
         }
-    int rc = glm_args_parse_ex(glm_train_flags, glm_train_nflags, &a, argc, argv, glm_train_config_key, &err);
+    int rc = glm_args_parse_ex(glm_train_flags, glm_train_nflags, &a, argc, argv, glm_train_config_key, &err) ||
+             glm_train_resolve_args(&a, &err);
     glm_par_opts po = glm_train_par_opts(&a);
     int launcher = rc ? 0 : glm_launch_wanted(&po, &err);
     if (launcher < 0) rc = -1;

@@ -52,10 +52,7 @@ static int set_value(yaml_reader *y, const char *v, size_t line) {
         name = y->keys(dotted, why, sizeof why);
         if (!name) return glm_fail(y->err, "%s%s: %s", where, dotted, why);
         if (!name[0]) { glm_info("%s%s is not used: %s", where, dotted, why); return 0; }
-    } else if (y->depth > 1) {
-        return glm_fail(y->err, "%s:%zu: %s: a nested value; the config is flat: one flag and its value a line", y->path,
-                        y->line[0], y->key[0]);
-    }
+    } /* else flat: a nested value was refused where it opened */
     const glm_flag *fl = NULL;
     for (int i = 0; i < y->n && !fl; i++) if (!strcmp(y->f[i].name, name)) fl = &y->f[i];
     if (!fl) {

@@ -85,6 +85,13 @@ char *glm_strdup(const char *s) {
     return d;
 }
 
+char *glm_strndup(const char *s, size_t n) {
+    char *d = glm_malloc(n + 1);
+    memcpy(d, s, n);
+    d[n] = 0;
+    return d;
+}
+
 void glm_ids_push(glm_ids *v, int32_t x) {
     if (v->n == v->cap) {
         v->cap = v->cap ? 2 * v->cap : 16;

@@ -35,6 +35,7 @@ void *glm_malloc(size_t bytes);
 void *glm_calloc(size_t n, size_t size);
 void *glm_realloc(void *p, size_t bytes);
 char *glm_strdup(const char *s);
+char *glm_strndup(const char *s, size_t n); /* s[0..n) and a NUL */
 
 /* A growable array of int32 ids (tokens, labels). */
 typedef struct glm_ids {

@@ -70,19 +70,25 @@ char *glm_chat_prompt_for(const glm_tokenizer *tok, const char *query, const cha
 /* ChatGLM3's build_single_message(role, metadata, text): <|role|> + sp(metadata + "\n") +
  * sp(text); GLM-4's chat template: <|role|> + encode(metadata + "\n" + text), one text, and
  * nothing for a turn whose text is empty. */
+/* A piece of a turn's text as the model's turns encode it: GLM-4's tokenizer, ChatGLM3's
+ * SentencePiece alone. */
+static int turn_text(const glm_tokenizer *tok, const char *s, size_t n, glm_ids *out, glm_err *err) {
+    return glm_tokenizer_kind(tok) == GLM_TOK_GLM4 ? glm_tokenizer_encode(tok, s, n, out, err)
+                                                   : glm_tokenizer_encode_ex(tok, s, n, GLM_TOK_SPM_ONLY, out, err);
+}
+
 static int turn_message(const glm_tokenizer *tok, int32_t role, const char *metadata, const char *text, glm_ids *out,
                         glm_err *err) {
-    if (!text[0] && glm_tokenizer_kind(tok) == GLM_TOK_GLM4) return 0;
+    int glm4 = glm_tokenizer_kind(tok) == GLM_TOK_GLM4;
+    if (!text[0] && glm4) return 0;
     glm_ids_push(out, role);
     size_t m = metadata ? strlen(metadata) : 0, n = strlen(text);
     char *j = glm_malloc(m + n + 2);
     if (m) memcpy(j, metadata, m);
     j[m] = '\n';
     memcpy(j + m + 1, text, n + 1);
-    int rc = glm_tokenizer_kind(tok) == GLM_TOK_GLM4
-                 ? glm_tokenizer_encode(tok, j, m + n + 1, out, err)
-                 : glm_tokenizer_encode_ex(tok, j, m + 1, GLM_TOK_SPM_ONLY, out, err) ||
-                       glm_tokenizer_encode_ex(tok, text, n, GLM_TOK_SPM_ONLY, out, err);
+    int rc = glm4 ? turn_text(tok, j, m + n + 1, out, err) /* one text */
+                  : turn_text(tok, j, m + 1, out, err) || turn_text(tok, text, n, out, err);
     free(j);
     return rc;
 }
@@ -105,8 +111,7 @@ int glm_chat_inputs_turns(const glm_tokenizer *tok, const glm_chat_turn *t, int 
 
 int glm_chat_assistant_metadata(const glm_tokenizer *tok, const char *line, glm_ids *out, glm_err *err) {
     if (glm_tokenizer_roles(tok).user < 0) return glm_fail(err, "this model's tokenizer has no role tokens (ChatGLM3 and GLM-4 have them)");
-    return glm_tokenizer_kind(tok) == GLM_TOK_GLM4 ? glm_tokenizer_encode(tok, line, strlen(line), out, err)
-                                                   : glm_tokenizer_encode_ex(tok, line, strlen(line), GLM_TOK_SPM_ONLY, out, err);
+    return turn_text(tok, line, strlen(line), out, err);
 }
 
 /* ChatGLM3's build_chat_input(query, history): [gMASK] sop, the optional system turn, each round's

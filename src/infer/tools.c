@@ -19,28 +19,40 @@ char *glm_tools_system_text(const char *tools_json, size_t len, char *why, size_
     return b.s;
 }
 
-int glm_tool_call_read(const char *text, char **name, char **args) {
-    *name = *args = NULL;
+/* s[0..n) without the spaces, tabs and line ends str.strip() takes off its ends. */
+static void strip(const char **s, const char **e) {
+    while (*s < *e && strchr(" \t\r\n\v\f", **s)) (*s)++;
+    while (*e > *s && strchr(" \t\r\n\v\f", (*e)[-1])) (*e)--;
+}
+
+/* Both demos' process_response: the part after the last "<|assistant|>", its first line the
+ * metadata (stripped, [*m0, *m1)) and the rest after it (from *body). 0 when there is no line end
+ * or the metadata is blank: an answer, not a call. */
+static int call_parts(const char *text, const char **m0, const char **m1, const char **body) {
     const char *seg = text, *a;
     while ((a = strstr(seg, "<|assistant|>"))) seg = a + strlen("<|assistant|>");
     const char *nl = strchr(seg, '\n');
-    if (!nl) return 0; /* response.split("\n", maxsplit=1) has no second part: the demo fails */
-    /* metadata = the first line; blank: an answer, not a call */
-    const char *m0 = seg, *m1 = nl;
-    while (m0 < m1 && strchr(" \t\r", *m0)) m0++;
-    while (m1 > m0 && strchr(" \t\r", m1[-1])) m1--;
-    if (m0 == m1) return 0;
+    if (!nl) return 0; /* response.split("\n", maxsplit=1) has no second part */
+    *m0 = seg;
+    *m1 = nl;
+    strip(m0, m1);
+    *body = nl + 1;
+    return *m0 < *m1;
+}
+
+int glm_tool_call_read(const char *text, char **name, char **args) {
+    *name = *args = NULL;
+    const char *m0, *m1, *body;
+    if (!call_parts(text, &m0, &m1, &body)) return 0;
     /* content.split("\n")[1:-1]: the lines between the first and the last */
-    const char *body = nl + 1, *first_end = strchr(body, '\n');
+    const char *first_end = strchr(body, '\n');
     if (!first_end) return 0;
     const char *last_start = strrchr(body, '\n') + 1;
     if (last_start <= first_end + 1) return 0; /* fewer than three lines: nothing between */
     char why[128];
     char *kw = glm_py_call_kwargs_json(first_end + 1, (size_t)(last_start - 1 - (first_end + 1)), "tool_call", why, sizeof why);
     if (!kw) return 0;
-    *name = glm_malloc((size_t)(m1 - m0) + 1);
-    memcpy(*name, m0, (size_t)(m1 - m0));
-    (*name)[m1 - m0] = 0;
+    *name = glm_strndup(m0, (size_t)(m1 - m0));
     *args = kw;
     return 1;
 }
@@ -88,12 +100,6 @@ char *glm_tool_call_write(const char *args_json, char *why, size_t why_len) {
     return b.s;
 }
 
-/* s[0..n) without the spaces, tabs and line ends str.strip() takes off its ends. */
-static void strip(const char **s, const char **e) {
-    while (*s < *e && strchr(" \t\r\n\v\f", **s)) (*s)++;
-    while (*e > *s && strchr(" \t\r\n\v\f", (*e)[-1])) (*e)--;
-}
-
 /* The JSON text of a dict given as a Python literal or as JSON; NULL when it is neither. */
 static char *dict_json(const char *s, size_t n) {
     char *j = glm_py_literal_json(s, n, NULL, 0);
@@ -104,21 +110,16 @@ static char *dict_json(const char *s, size_t n) {
 
 int glm4_tool_call_read(const char *text, char *const *names, int n_names, char **name, char **args) {
     *name = *args = NULL;
-    const char *seg = text, *a;
-    while ((a = strstr(seg, "<|assistant|>"))) seg = a + strlen("<|assistant|>");
-    const char *nl = strchr(seg, '\n');
-    if (!nl) return 0;
-    const char *m0 = seg, *m1 = nl, *c0 = nl + 1, *c1 = nl + 1 + strlen(nl + 1);
-    strip(&m0, &m1);
+    const char *m0, *m1, *c0;
+    if (!call_parts(text, &m0, &m1, &c0)) return 0;
+    const char *c1 = c0 + strlen(c0);
     strip(&c0, &c1);
     int known = 0;
     for (int i = 0; i < n_names && !known; i++) known = strlen(names[i]) == (size_t)(m1 - m0) && !memcmp(names[i], m0, (size_t)(m1 - m0));
     if (!known || c0 == c1) return 0;
     char *j = dict_json(c0, (size_t)(c1 - c0));
     if (!j) return 0;
-    *name = glm_malloc((size_t)(m1 - m0) + 1);
-    memcpy(*name, m0, (size_t)(m1 - m0));
-    (*name)[m1 - m0] = 0;
+    *name = glm_strndup(m0, (size_t)(m1 - m0));
     *args = j;
     return 1;
 }

@@ -110,13 +110,6 @@ out:
     return rc;
 }
 
-static char *dup_n(const char *s, size_t n) {
-    char *d = glm_malloc(n + 1);
-    memcpy(d, s, n);
-    d[n] = 0;
-    return d;
-}
-
 /* The turns being built: each turn's strings are owned (metadata may be NULL). */
 typedef struct turns {
     glm_chat_turn *t;
@@ -163,7 +156,7 @@ static int assistant_calls(turns *ts, const cJSON *m, const char *text, int glm4
             const char *c0 = nl + 1, *c1 = end;
             while (c0 < c1 && strchr(" \t\r\n", *c0)) c0++; /* sub_content.strip() */
             while (c1 > c0 && strchr(" \t\r\n", c1[-1])) c1--;
-            add(ts, GLM_TURN_ASSISTANT, dup_n(p, (size_t)(nl - p)), dup_n(c0, (size_t)(c1 - c0)));
+            add(ts, GLM_TURN_ASSISTANT, glm_strndup(p, (size_t)(nl - p)), glm_strndup(c0, (size_t)(c1 - c0)));
             if (!a) return 0;
             p = a + strlen("<|assistant|>");
         }

@@ -43,25 +43,6 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (!strcmp(a->lr_scheduler_type, "polynomial") && !(a->learning_rate > GLM_LR_POLYNOMIAL_END))
         return glm_fail(err, "--lr_scheduler_type polynomial decays to %g: --learning_rate %g must be above it", GLM_LR_POLYNOMIAL_END,
                         a->learning_rate);
-    if (a->peft_type) { /* a finetune_demo config's peft_config.peft_type */
-        const char *kind = !strcmp(a->peft_type, "LORA") ? "lora" : !strcmp(a->peft_type, "PREFIX_TUNING") ? "ptuning" : NULL;
-        if (!kind)
-            return glm_fail(err, "peft_type %s: glmtrain trains LORA and PREFIX_TUNING (P-Tuning v2)", a->peft_type),
-                   glm_hint(err, "or --finetuning_type full|lora|ptuning|freeze");
-        free(a->finetuning_type);
-        a->finetuning_type = glm_strdup(kind);
-    }
-    if (a->use_cpu) { free(a->device); a->device = glm_strdup("cpu"); }
-    if (a->data_dir) { /* finetune_hf.py's data_dir: the data files are relative to it */
-        char **files[] = {&a->train_file, &a->validation_file};
-        for (int k = 0; k < 2; k++)
-            if (*files[k] && (*files[k])[0] != '/') {
-                char p[4096];
-                glm_path_join(p, sizeof p, a->data_dir, *files[k]);
-                free(*files[k]);
-                *files[k] = glm_strdup(p);
-            }
-    }
     if (a->cutoff_len > 0)
         return glm_fail(err, "--cutoff_len %d (LLaMA-Factory's): glmtrain cuts examples as THUDM's scripts do", a->cutoff_len),
                glm_hint(err, "give --max_source_length and --max_target_length (prompt and answer tokens kept; a conversation is "

@@ -61,6 +61,9 @@ extern const int glm_train_nflags;
  * ChatGLM3 and GLM-4): data_config.*, max_input_length / max_output_length, training_args.*
  * (Seq2SeqTrainingArguments' names), peft_config.* (peft's LoraConfig / PrefixTuningConfig). */
 const char *glm_train_config_key(const char *key, char *why, size_t why_len);
+/* Once after parsing, before anything reads them: the other-named settings into glmtrain's
+ * (peft_type -> finetuning_type, use_cpu -> device, data files under data_dir). */
+int glm_train_resolve_args(glm_train_args *a, glm_err *err);
 void glm_train_args_free(glm_train_args *a);
 /* The settings the parallel layer reads (launch, memory plan, layout), pointing into a. */
 glm_par_opts glm_train_par_opts(const glm_train_args *a);

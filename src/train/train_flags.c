@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/fileutil.h"
 #include "model/glm.h"
 #include "train/train_args.h"
 
@@ -195,4 +196,27 @@ const char *glm_train_config_key(const char *key, char *why, size_t why_len) {
         return NULL;
     }
     return key;
+}
+
+int glm_train_resolve_args(glm_train_args *a, glm_err *err) {
+    if (a->peft_type) { /* a finetune_demo config's peft_config.peft_type */
+        const char *kind = !strcmp(a->peft_type, "LORA") ? "lora" : !strcmp(a->peft_type, "PREFIX_TUNING") ? "ptuning" : NULL;
+        if (!kind)
+            return glm_fail(err, "peft_type %s: glmtrain trains LORA and PREFIX_TUNING (P-Tuning v2)", a->peft_type),
+                   glm_hint(err, "or --finetuning_type full|lora|ptuning|freeze");
+        free(a->finetuning_type);
+        a->finetuning_type = glm_strdup(kind);
+    }
+    if (a->use_cpu) { free(a->device); a->device = glm_strdup("cpu"); }
+    if (a->data_dir) { /* finetune_hf.py's data_dir: the data files are relative to it */
+        char **files[] = {&a->train_file, &a->validation_file};
+        for (int k = 0; k < 2; k++)
+            if (*files[k] && (*files[k])[0] != '/') {
+                char p[4096];
+                glm_path_join(p, sizeof p, a->data_dir, *files[k]);
+                free(*files[k]);
+                *files[k] = glm_strdup(p);
+            }
+    }
+    return 0;
 }

@@ -43,9 +43,7 @@ def main():
         return 0
     d = tempfile.mkdtemp(prefix="glmtrain-lf-")
     try:
-        tok = T.make_tokenizer(d)
-        ids, vocab = T.piece_ids(tok)
-        cfg = T.write_config(d, ids, vocab)
+        tok, cfg = T.tiny_model(d)
         data = os.path.join(d, "data")
         os.makedirs(data)
         words = ["春", "风", "明月", "山", "水", "江南", "白云", "故人"]

@@ -46,9 +46,7 @@ def main():
         return 0
     d = tempfile.mkdtemp(prefix="glmtrain-lr-")
     try:
-        tok = T.make_tokenizer(d)
-        ids, vocab = T.piece_ids(tok)
-        cfg = T.write_config(d, ids, vocab)
+        tok, cfg = T.tiny_model(d)
         train_file, _ = T.write_data(d)
         common = ["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", train_file, "--max_steps", str(STEPS),
                   "--warmup_steps", str(WARMUP), "--learning_rate", str(LR), "--logging_steps", "1", "--save_steps", str(STEPS),

@@ -27,9 +27,7 @@ def main():
         return 0
     d = tempfile.mkdtemp(prefix="glmtrain-flags-")
     try:
-        tok = T.make_tokenizer(d)
-        ids, vocab = T.piece_ids(tok)
-        cfg = T.write_config(d, ids, vocab)
+        tok, cfg = T.tiny_model(d)
         train_file, val_file = T.write_data(d)
         out = os.path.join(d, "out")
         sh = ["--do_train", "--train_file", train_file, "--validation_file", val_file, "--preprocessing_num_workers", "10",

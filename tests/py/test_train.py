@@ -53,6 +53,12 @@ def write_config(d, ids, vocab):
     json.dump(cfg, open(path, "w"))
     return path
 
+def tiny_model(d):
+    """The tokenizer folder and config.json of a tiny ChatGLM-6B in d: (tokenizer, config path)."""
+    tok = make_tokenizer(d)
+    ids, vocab = piece_ids(tok)
+    return tok, write_config(d, ids, vocab)
+
 def write_data(d):
     recs = []
     words = ["春", "风", "明月", "山", "水", "江南", "白云", "故人"]
