@@ -46,3 +46,14 @@ for mp in $PIP_NODEPS; do
         /usr/bin/python3 -m pip install -q --no-deps --break-system-packages "$spec"
     fi
 done
+# DeepSpeed (tests/py/test_deepspeed_config.py: --deepspeed files against transformers' own
+# HfTrainerDeepSpeedConfig, DeepSpeed's DynamicLossScaler and its LR schedulers) in a folder of
+# its own, put on sys.path by that test only: importable everywhere, it would change how
+# accelerate and peft behave in the other tests. The sdist builds without its CUDA ops
+# (DS_BUILD_OPS=0) against Debian's torch; py-cpuinfo and hjson are what it imports besides.
+DS_DIR=/usr/local/lib/glmtrain-deepspeed
+if [ ! -f "$DS_DIR/deepspeed/runtime/lr_schedules.py" ]; then
+    echo "install-deps: pip install --no-deps --target $DS_DIR deepspeed==0.12.6 py-cpuinfo==9.0.0 hjson==3.1.0"
+    DS_BUILD_OPS=0 /usr/bin/python3 -m pip install -q --no-deps --no-build-isolation --target "$DS_DIR" \
+        deepspeed==0.12.6 py-cpuinfo==9.0.0 hjson==3.1.0
+fi

@@ -162,6 +162,7 @@ static int save_state(const char *path, const glm_train_state *st, long opt_step
     cJSON_AddNumberToObject(o, "loss_scale", st->loss_scale);
     cJSON_AddNumberToObject(o, "good_steps", (double)st->good_steps);
     cJSON_AddNumberToObject(o, "skipped_steps", (double)st->skipped_steps);
+    if (st->scale_hysteresis > 0) cJSON_AddNumberToObject(o, "loss_scale_hysteresis", (double)st->scale_hysteresis);
     cJSON_AddNumberToObject(o, "tokens_seen", st->tokens_seen);
     if (st->run_id[0]) cJSON_AddStringToObject(o, "run_id", st->run_id);
     if (st->world_size > 0) cJSON_AddNumberToObject(o, "world_size", (double)st->world_size);
@@ -198,6 +199,7 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
     if ((v = cJSON_GetObjectItem(o, "loss_scale")) && cJSON_IsNumber(v)) st->loss_scale = v->valuedouble;
     if ((v = cJSON_GetObjectItem(o, "good_steps")) && cJSON_IsNumber(v)) st->good_steps = (long)v->valuedouble;
     if ((v = cJSON_GetObjectItem(o, "skipped_steps")) && cJSON_IsNumber(v)) st->skipped_steps = (long)v->valuedouble;
+    if ((v = cJSON_GetObjectItem(o, "loss_scale_hysteresis")) && cJSON_IsNumber(v)) st->scale_hysteresis = (long)v->valuedouble;
     if ((v = cJSON_GetObjectItem(o, "tokens_seen")) && cJSON_IsNumber(v)) st->tokens_seen = v->valuedouble;
     /* an earlier glmtrain's checkpoint has none: the run keeps the fresh id it drew */
     st->world_size = (v = cJSON_GetObjectItem(o, "world_size")) && cJSON_IsNumber(v) ? (long)v->valuedouble : 0;

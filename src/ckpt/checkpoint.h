@@ -19,6 +19,7 @@ typedef struct glm_train_state {
     double loss_scale;    /* fp16 dynamic loss scale (0 when unused) */
     long good_steps;      /* fp16: clean steps since the last scale change */
     long skipped_steps;   /* fp16: steps skipped for inf/nan */
+    long scale_hysteresis; /* fp16 with DeepSpeed's scaler: overflows still tolerated before the scale halves (0: none kept) */
     double tokens_seen;   /* supervised tokens trained on */
     char *log_history;    /* JSON array text of logged records (owned) */
     char run_id[24];      /* random at a fresh start, kept when resuming: whose checkpoints are whose */

@@ -6,7 +6,7 @@
 #include "train/train.h"
 
 int glm_cmd_train(int argc, char **argv) {
-    glm_train_args a;
+    glm_train_args a = {0};
     glm_err err = {0};
     glm_args_defaults(glm_train_flags, glm_train_nflags, &a);
     for (int i = 0; i < argc; i++)

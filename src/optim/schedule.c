@@ -40,3 +40,39 @@ float glm_lr_at(glm_lr_kind k, float base_lr, long step, long warmup, long total
     double f = 0.5 * (1.0 + cos(M_PI * 0.5 * 2.0 * progress));
     return base_lr * (float)(f > 0 ? f : 0);
 }
+
+int glm_lr_ds_kind_parse(const char *s, glm_lr_kind *k) {
+    static const char *ds[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, ds[i])) { *k = (glm_lr_kind)(LR_DS_WARMUP + i); return 0; }
+    return -1;
+}
+
+/* DeepSpeed's warmup fraction at iteration step < W (W = max(2, warmup), as its schedulers clamp it) */
+static double ds_warmup_gamma(const glm_lr_sched *s, long step, long W) {
+    return s->log_warmup ? log((double)step + 1.0) / log((double)W) : (double)step / (double)W;
+}
+
+float glm_lr_sched_at(const glm_lr_sched *s, long step) {
+    if (s->kind < LR_DS_WARMUP) return glm_lr_at(s->kind, s->base_lr, step, s->warmup, s->total);
+    long W = s->warmup > 2 ? s->warmup : 2;
+    if (s->kind == LR_DS_WARMUP_COSINE) {
+        double r;
+        if (step < W) r = s->warmup_min_ratio + ds_warmup_gamma(s, step, W) * (1.0 - s->warmup_min_ratio);
+        else { /* the total > W is checked where the schedule is read */
+            double c = (1.0 + cos(M_PI * (double)(step - W + 1) / (double)(s->total - W))) / 2.0;
+            r = s->cos_min_ratio + (1.0 - s->cos_min_ratio) * c;
+            if (r < 0) r = 0;
+        }
+        return (float)(s->base_lr * r);
+    }
+    double g;
+    if (step < W) g = ds_warmup_gamma(s, step, W);
+    else if (s->kind == LR_DS_WARMUP) g = 1.0;
+    else {
+        double den = (double)(s->total - W) > 1.0 ? (double)(s->total - W) : 1.0;
+        g = (double)(s->total - step) / den;
+        if (g < 0) g = 0;
+    }
+    return (float)(s->min_lr + ((double)s->base_lr - s->min_lr) * g);
+}

@@ -6,12 +6,32 @@
 #define GLM_SCHEDULE_H
 
 typedef enum {
-    LR_LINEAR, LR_COSINE, LR_CONSTANT, LR_CONSTANT_WITH_WARMUP, LR_COSINE_WITH_RESTARTS, LR_POLYNOMIAL, LR_INVERSE_SQRT
+    LR_LINEAR, LR_COSINE, LR_CONSTANT, LR_CONSTANT_WITH_WARMUP, LR_COSINE_WITH_RESTARTS, LR_POLYNOMIAL, LR_INVERSE_SQRT,
+    /* DeepSpeed's schedulers (a --deepspeed file's scheduler section), not --lr_scheduler_type names */
+    LR_DS_WARMUP, LR_DS_WARMUP_DECAY, LR_DS_WARMUP_COSINE
 } glm_lr_kind;
 
 int glm_lr_kind_parse(const char *s, glm_lr_kind *out); /* 0 ok, -1 unknown */
 const char *glm_lr_kind_name(glm_lr_kind k);
 float glm_lr_at(glm_lr_kind k, float base_lr, long step, long warmup_steps, long total_steps);
+
+/* A schedule with everything it needs. DeepSpeed's (deepspeed/runtime/lr_schedules.py): over
+ * max(2, warmup) steps a log (log(step + 1) / log(warmup)) or linear (step / warmup) rise from
+ * min_lr to base_lr (WarmupLR: then flat; WarmupDecayLR: then linear to 0 at total), or for
+ * WarmupCosineLR from base_lr * warmup_min_ratio to base_lr, then a cosine down to
+ * base_lr * cos_min_ratio. Step u is the u-th update's rate: DeepSpeed before 0.15.2 applied the
+ * optimizer's own rate (base_lr) to the first update, a bug it fixed, which is not copied here. */
+typedef struct glm_lr_sched {
+    glm_lr_kind kind;
+    float base_lr;
+    long warmup, total;
+    /* DeepSpeed's kinds only */
+    int log_warmup;
+    double min_lr, warmup_min_ratio, cos_min_ratio;
+} glm_lr_sched;
+/* The name DeepSpeed gives the kind ("WarmupLR", ...) into *k; 0 ok, -1 not one of the three. */
+int glm_lr_ds_kind_parse(const char *s, glm_lr_kind *k);
+float glm_lr_sched_at(const glm_lr_sched *s, long step);
 
 #define GLM_LR_POLYNOMIAL_END 1e-7 /* get_polynomial_decay_schedule_with_warmup's lr_end default */
 

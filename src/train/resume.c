@@ -146,6 +146,8 @@ int trainer_resume(trainer *t, glm_err *err) {
         if (!t->history) t->history = cJSON_CreateArray();
     }
     if (t->st.loss_scale > 0) { t->scaler.scale = t->st.loss_scale; t->scaler.good_steps = t->st.good_steps; t->scaler.skipped = t->st.skipped_steps; }
+    if (t->scaler.ds && t->st.scale_hysteresis > 0 && t->st.scale_hysteresis <= t->scaler.hysteresis)
+        t->scaler.hysteresis_left = (int)t->st.scale_hysteresis;
     /* The cursor counts the writer's batches; the rows it consumed say where the data stands
      * whatever the rank count or batch size now (the same rows when nothing changed). */
     long rows_now = t->st.cursor * (long)t->a->per_device_train_batch_size * t->dp->world;

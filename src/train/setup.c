@@ -468,14 +468,23 @@ int trainer_load_data(trainer *t, glm_err *err) {
     return 0;
 }
 
-void trainer_plan_steps(trainer *t) {
+int trainer_plan_steps(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     t->micro_per_epoch = glm_loader_steps_per_epoch(t->train_ld);
     t->steps_per_epoch = (t->micro_per_epoch + a->gradient_accumulation_steps - 1) / a->gradient_accumulation_steps;
     if (t->steps_per_epoch < 1) t->steps_per_epoch = 1;
     t->total_steps = a->max_steps > 0 ? a->max_steps : (long)ceil(a->num_train_epochs * t->steps_per_epoch);
     t->warmup = a->warmup_steps > 0 ? a->warmup_steps : (long)ceil(a->warmup_ratio * t->total_steps);
-    glm_lr_kind_parse(a->lr_scheduler_type, &t->sched);
+    t->sched = (glm_lr_sched){.base_lr = (float)a->learning_rate, .warmup = t->warmup, .total = t->total_steps};
+    glm_lr_kind_parse(a->lr_scheduler_type, &t->sched.kind);
+    if (a->ds.sched) { /* a --deepspeed file's scheduler replaces --lr_scheduler_type, as in the Trainer */
+        t->sched.kind = (glm_lr_kind)a->ds.sched;
+        t->sched.log_warmup = a->ds.log_warmup;
+        t->sched.min_lr = a->ds.min_lr;
+        t->sched.warmup_min_ratio = a->ds.warmup_min_ratio;
+        t->sched.cos_min_ratio = a->ds.cos_min_ratio;
+    }
+    return glm_ds_check_plan(a, t->dp->world, t->total_steps, t->warmup, err);
 }
 
 int trainer_check_output_dir(glm_train_args *a, glm_err *err) {

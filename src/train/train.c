@@ -108,6 +108,7 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     t->st.loss_scale = t->scaler.scale;
     t->st.good_steps = t->scaler.good_steps;
     t->st.skipped_steps = t->scaler.skipped;
+    t->st.scale_hysteresis = t->scaler.ds ? t->scaler.hysteresis_left : 0;
     t->st.world_size = t->dp->world; /* data replicas: what the data cursor counts in */
     glm_par p = par(t);
     if (glm_par_save(&p, t->a->output_dir, &t->st, t->tok_path, t->args_json, err)) return -1;
@@ -165,7 +166,15 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     if (measure) { t->be->sync(t->be); t3 = glm_now(); ph->norm_s = t3 - t2; }
     *skipped = 0;
     double loss = n_sup ? sum / n_sup : NAN;
-    if (a->fp16 && glm_scaler_update(&t->scaler, *norm)) { *skipped = 1; return loss; }
+    int scaled = a->fp16 ? glm_scaler_update(&t->scaler, *norm) : 0;
+    if (scaled < 0) {
+        glm_fail(err, "step %ld: the gradients overflow at the minimum loss scale %g (the --deepspeed file's "
+                      "fp16.min_loss_scale), where DeepSpeed stops the run too", t->st.global_step + 1, t->scaler.scale);
+        glm_hint(err, "resume from the last checkpoint with a lower --learning_rate (now %g), or train in --bf16",
+                 a->learning_rate);
+        return NAN;
+    }
+    if (scaled) { *skipped = 1; return loss; }
     /* bf16/fp32: a non-finite step is not applied, so the parameters stay finite. The loss
      * and norm are global here (summed over ranks), so every rank skips the same steps. */
     if (a->optimizer_in_backward && n_sup > 0 && !(isfinite(loss) && isfinite(*norm))) {
@@ -317,13 +326,19 @@ static int run(trainer *t, glm_err *err) {
     glm_mem_plan mp = glm_memory_plan(&t->m.cfg, t->m.be->dtype, a->per_device_train_batch_size,
                                       a->max_source_length + a->max_target_length, a->gradient_checkpointing, t->m.head_chunk);
     t->dp->cfg.reserve_bytes = mp.activations + mp.scratch;
+    if (a->ds.decay_all) /* DeepSpeed's optimizer from the file: one parameter group, every tensor decays */
+        for (int i = 0; i < t->m.tab.n; i++) t->m.tab.t[i].decay = 1;
     if (glm_dp_attach(t->dp, &t->m, &t->opt, (float)a->learning_rate, (float)a->adam_beta1, (float)a->adam_beta2,
                       (float)a->adam_epsilon, (float)a->weight_decay, err))
         return -1;
     if (t->pp && glm_pp_ready(t->pp, err)) return -1;
     if (trainer_load_tokenizer(t, err) || trainer_load_data(t, err)) return -1;
-    trainer_plan_steps(t);
-    glm_scaler_init(&t->scaler, a->fp16_initial_scale, 2000);
+    if (trainer_plan_steps(t, err)) return -1;
+    if (a->ds.fp16_rule)
+        glm_scaler_init_ds(&t->scaler, a->fp16_initial_scale, a->ds.scale_window, a->ds.hysteresis,
+                           a->ds.consecutive_hysteresis, a->ds.min_scale);
+    else
+        glm_scaler_init(&t->scaler, a->fp16_initial_scale, 2000);
     t->history = cJSON_CreateArray();
     if (a->resume_from_checkpoint && trainer_resume(t, err)) return -1;
     if (strcmp(a->report_to, "tensorboard") == 0 && lead(t)) {
@@ -355,7 +370,9 @@ static int run(trainer *t, glm_err *err) {
     while (t->st.global_step < t->total_steps) {
         long next = t->st.global_step + 1;
         int log_now = next % a->logging_steps == 0 || (a->logging_first_step && next == 1) || next == t->total_steps;
-        float lr = glm_lr_at(t->sched, (float)a->learning_rate, t->st.global_step, t->warmup, t->total_steps);
+        /* the schedule advances with the updates applied: a step the fp16 scaler skipped does not count, as in
+         * the Trainer (accelerate's optimizer_step_was_skipped) and DeepSpeed */
+        float lr = glm_lr_sched_at(&t->sched, t->st.global_step - (a->fp16 ? t->scaler.skipped : 0));
         double norm = 0, tokens = 0;
         glm_step_phases ph = {0};
         int skipped = 0, stop = 0;

@@ -6,6 +6,22 @@
 #include "core/args.h"
 #include "parallel/par_opts.h"
 
+/* What a --deepspeed FILE (train/deepspeed.c) sets beyond the flags it fills or checks: not
+ * flags themselves, zero without a file. */
+typedef struct glm_ds_settings {
+    int on;
+    int decay_all;        /* an optimizer section: DeepSpeed's one parameter group, so weight decay on every tensor */
+    int sched;            /* 0, or its scheduler section's glm_lr_kind (LR_DS_*) */
+    int log_warmup;
+    double min_lr, warmup_min_ratio, cos_min_ratio;
+    /* values given in the file that are known only once the steps and ranks are (-1: "auto" or absent) */
+    long warmup_num_steps, total_num_steps, train_batch_size;
+    int fp16_rule;        /* fp16 uses DeepSpeed's loss scaler with these */
+    long scale_window;
+    int hysteresis, consecutive_hysteresis;
+    double min_scale;
+} glm_ds_settings;
+
 typedef struct glm_train_args {
     /* model */
     char *model_name_or_path, *init_from_config, *tokenizer_name, *device;
@@ -52,6 +68,9 @@ typedef struct glm_train_args {
     /* pipeline parallel (parallel/pipe_train.c): stages, the layer split, micro-batches, memory cap */
     char *device_map, *max_memory_per_gpu;
     int pipeline_parallel_size, num_microbatches;
+    /* a DeepSpeed config as Hugging Face's Trainer takes one (--deepspeed FILE) */
+    char *deepspeed;
+    glm_ds_settings ds;
 } glm_train_args;
 
 extern const glm_flag glm_train_flags[];
@@ -65,6 +84,15 @@ const char *glm_train_config_key(const char *key, char *why, size_t why_len);
  * (peft_type -> finetuning_type, use_cpu -> device, data files under data_dir). */
 int glm_train_resolve_args(glm_train_args *a, glm_err *err);
 void glm_train_args_free(glm_train_args *a);
+/* --deepspeed FILE (train/deepspeed.c), as Hugging Face's Trainer reads one: "auto" takes the
+ * flag's value, a value given must equal the flag's (every difference listed in one error, as
+ * transformers does); zero_optimization sets --zero_stage and --offload_optimizer; the
+ * optimizer, scheduler and fp16 sections are DeepSpeed's AdamW (decay on every tensor), its
+ * WarmupLR / WarmupDecayLR / WarmupCosineLR and its loss scaler; what only tunes DeepSpeed's own
+ * engine is named once and left alone, anything glmtrain cannot do as asked is an error. */
+int glm_ds_apply(glm_train_args *a, glm_err *err);
+/* The file's values that depend on the plan: warmup_num_steps, total_num_steps, train_batch_size. */
+int glm_ds_check_plan(const glm_train_args *a, int world, long total_steps, long warmup_steps, glm_err *err);
 /* The settings the parallel layer reads (launch, memory plan, layout), pointing into a. */
 glm_par_opts glm_train_par_opts(const glm_train_args *a);
 

@@ -120,6 +120,9 @@ const glm_flag glm_train_flags[] = {
     F(node_rank, ARG_INT, "0", "this node's index in a multi-node job"),
     F(master_addr, ARG_STR, NULL, "address of node 0 for the rendezvous (default 127.0.0.1 on one node)"),
     F(master_port, ARG_INT, "0", "TCP port of the rendezvous on node 0 (0 = a free port on one node, 29500 across nodes)"),
+    F(deepspeed, ARG_STR, NULL, "a DeepSpeed config (JSON) as the Trainer takes one: \"auto\" values follow the flags, "
+      "given ones must equal them; zero_optimization sets --zero_stage and --offload_optimizer, its optimizer, scheduler "
+      "and fp16 sections are DeepSpeed's AdamW, WarmupLR/WarmupDecayLR/WarmupCosineLR and loss scaler (docs/DEEPSPEED.md)"),
     F(zero_stage, ARG_INT, "1", "ZeRO: 0 = every rank keeps the whole optimizer state (DDP), 1 = shard it (the same results with less memory, and faster), 2 = also shard the gradients (staged per layer), 3 = also shard the weights (each layer gathered when it is needed; CPU ranks)"),
     {"ddp_bucket_cap_mb", ARG_FLOAT, offsetof(glm_train_args, bucket_size_mb), "400", "Hugging Face's name for --bucket_size_mb", NULL, NULL},
     F(bucket_size_mb, ARG_FLOAT, "400", "gradients are reduced in buckets of this many MiB as backward completes them"),
@@ -179,11 +182,6 @@ const char *glm_train_config_key(const char *key, char *why, size_t why_len) {
             if (config_keys[i].why) snprintf(why, why_len, "%s", config_keys[i].why);
             return config_keys[i].flag;
         }
-    if (!strcmp(key, "training_args.deepspeed")) {
-        snprintf(why, why_len, "glmtrain shards with its own ZeRO: --zero_stage 1|2|3 (and --offload_optimizer) instead of a "
-                               "DeepSpeed file");
-        return NULL;
-    }
     if (!strncmp(key, "training_args.generation_config.", 32)) {
         snprintf(why, why_len, "generation settings are glmtrain generate's flags");
         return "";
@@ -218,5 +216,5 @@ int glm_train_resolve_args(glm_train_args *a, glm_err *err) {
                 *files[k] = glm_strdup(p);
             }
     }
-    return 0;
+    return glm_ds_apply(a, err);
 }

@@ -54,7 +54,7 @@ typedef struct trainer {
     glm_progress prog;
     glm_train_state st;
     glm_loss_scaler scaler;
-    glm_lr_kind sched;
+    glm_lr_sched sched;      /* the learning rate of each optimizer update */
     long total_steps, warmup, steps_per_epoch, micro_per_epoch;
     uint64_t data_hash;      /* of the tokenized training examples: resume compares it with the checkpoint's */
     glm_presence pres;       /* every rank's last step, for naming the ranks a timeout waited for */
@@ -72,7 +72,8 @@ int trainer_pick_backend(trainer *t, glm_err *err);
 int trainer_load_model(trainer *t, glm_err *err);
 int trainer_load_tokenizer(trainer *t, glm_err *err);
 int trainer_load_data(trainer *t, glm_err *err);
-void trainer_plan_steps(trainer *t);
+/* Steps, warmup and the learning-rate schedule; fails when a --deepspeed file's values for them differ. */
+int trainer_plan_steps(trainer *t, glm_err *err);
 int trainer_check_output_dir(glm_train_args *a, glm_err *err);
 /* After the ranks are known: the run id, and the lead removes what belongs to no live run. */
 int trainer_prepare_output_dir(trainer *t, glm_err *err);

@@ -1,6 +1,7 @@
 /* libFuzzer target: the `train` flag table (train/train_flags.c) through core/args.c.
  * Input layout: byte 0 even: the rest is a --config file, JSON (argv = --config FILE), or YAML
- * when byte 0 & 3 is 2 (LLaMA-Factory's flat configs); odd: the
+ * when byte 0 & 3 is 2 (LLaMA-Factory's flat configs), or a --deepspeed file when byte 0 & 7 is 4
+ * (train/deepspeed.c: it must fail with a message or pass, and then its plan check too); odd: the
  * rest is a command line, arguments separated by NUL bytes (at most 64), so the flag forms
  * (--name value, --name=value, bare booleans, --config=...) are fuzzed too.
  * Parsing must fail with a message or give settings whose printed JSON (glm_args_to_json)
@@ -10,7 +11,7 @@
 #include "fuzz_util.h"
 
 static char *settings_json(const char *cfg_path, int *ok) {
-    glm_train_args a;
+    glm_train_args a = {0};
     glm_args_defaults(glm_train_flags, glm_train_nflags, &a);
     char *argv[] = {"--config", (char *)cfg_path};
     glm_err err;
@@ -22,7 +23,7 @@ static char *settings_json(const char *cfg_path, int *ok) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    glm_train_args a;
+    glm_train_args a = {0};
     glm_args_defaults(glm_train_flags, glm_train_nflags, &a);
     glm_err err;
     err.msg[0] = 0;
@@ -32,6 +33,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!(data[0] & 1)) {
         fd = fuzz_memfile(data + 1, size - 1, path, sizeof path);
         if (fd < 0) { glm_train_args_free(&a); return 0; }
+        if ((data[0] & 7) == 4) {
+            a.deepspeed = glm_strdup(path);
+            rc = glm_ds_apply(&a, &err);
+            if (rc == 0) rc = glm_ds_check_plan(&a, 1 + (data[0] >> 4), 100, 10, &err);
+            FUZZ_CHECK(rc == 0 || err.msg[0], "a DeepSpeed file failed without a message");
+            glm_train_args_free(&a);
+            close(fd);
+            return 0;
+        }
         char *argv[] = {"--config", path};
         rc = (data[0] & 3) == 2 ? glm_args_load_yaml(glm_train_flags, glm_train_nflags, &a, path, glm_train_config_key, &err) /* .yaml */
                                 : glm_args_parse(glm_train_flags, glm_train_nflags, &a, 2, argv, &err);

@@ -147,6 +147,16 @@ def args_config():
     put("args_config", "empty.json", b"\x00{}")
     argv = ["--model_name_or_path", "m", "--learning_rate=1e-4", "--bf16", "--fp16", "false", "--max_steps", "10",
             "--lr_scheduler_type", "linear", "--resume_from_checkpoint", "--save_steps=5", "--seed", "-3"]
+    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1, "gradient_clipping": "auto",
+          "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": [0.9, 0.999], "eps": "auto", "weight_decay": 0}},
+          "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": "auto",
+                                                             "warmup_num_steps": 10, "total_num_steps": "auto", "warmup_type": "linear"}},
+          "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1},
+          "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"},
+                                "overlap_comm": True}, "steps_per_print": 10, "curriculum_learning": {"enabled": False}}
+    put("args_config", "deepspeed.json", b"\x04" + json.dumps(ds, indent=1).encode())
+    put("args_config", "deepspeed_cosine.json", b"\x14" + json.dumps({"train_batch_size": 2, "scheduler": {
+        "type": "WarmupCosineLR", "params": {"warmup_min_ratio": 0.1, "cos_min_ratio": "auto"}}}).encode())
     put("args_config", "argv", b"\x01" + b"\0".join(a.encode() for a in argv))
     put("args_config", "argv_bad", b"\x01" + b"\0".join([b"--learning_rat", b"1", b"--max_steps", b"1e99", b"positional"]))
 

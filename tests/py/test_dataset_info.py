@@ -9,7 +9,7 @@ entries of DIR/dataset_info.json, each file with its own formatting and columns:
     file of those records does;
   * a LLaMA-Factory training config (flat YAML, --config) and THUDM's finetune_demo config
     (nested: data_config, max_input_length, training_args, peft_config; --data_dir) train as
-    the same flags do; a PREFIX_TUNING config trains a prefix; deepspeed, cutoff_len, unknown
+    the same flags do; a PREFIX_TUNING config trains a prefix; its DeepSpeed file sets the ZeRO stage; cutoff_len, unknown
     keys and malformed YAML are refused naming file:line;
   * `--template` naming the tokenizer's family passes; another one, an unknown one, `--stage dpo`,
     a missing entry, a hub-only entry, ranking data, an unsupported column or tag, and
@@ -224,10 +224,21 @@ peft_config:
                '"pre_seq_len":\t8' in p.stderr, p.stderr[-600:])
         with open(pt, "a") as f:
             f.write("  # the DeepSpeed file of the demo\n")
+        # the demo's DeepSpeed file (ChatGLM3 finetune_demo/configs/ds_zero_3.json), read as the Trainer does
+        z3 = os.path.join(d, "ds_zero_3.json")
+        json.dump({"train_micro_batch_size_per_gpu": "auto", "zero_allow_untested_optimizer": True, "bf16": {"enabled": "auto"},
+                   "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+                   "zero_optimization": {"stage": 3, "allgather_partitions": True, "allgather_bucket_size": 5e8,
+                                         "reduce_scatter": True, "contiguous_gradients": True, "overlap_comm": True,
+                                         "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+                                         "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+                                         "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                                         "stage3_gather_16bit_weights_on_model_save": True}}, open(z3, "w"))
         ds = os.path.join(d, "ds.yaml")
-        open(ds, "w").write("training_args:\n  deepspeed: ds_zero_3.json\n")
+        open(ds, "w").write("training_args:\n  deepspeed: %s\n  max_steps: 1\n" % z3)
         p = train(["--config", ds, "--data_dir", data, "--train_file", "a.json", "--output_dir", os.path.join(d, "f4")] + tail)
-        report("thudm_config_deepspeed_names_zero_stage", p.returncode != 0 and "--zero_stage" in p.stderr, p.stderr[-300:])
+        report("thudm_config_deepspeed_file_sets_zero_3", p.returncode == 0 and re.search(r'"zero_stage":\s*3', p.stderr) is not None,
+               p.stderr[-300:])
         # LLaMA-Factory's quantization_bit 4 is bitsandbytes NF4: said when its flags meet THUDM's INT4
         p = train(common + ["--dataset", "poems", "--dataset_dir", data, "--output_dir", os.path.join(d, "q4"),
                             "--finetuning_type", "lora", "--quantization_bit", "4", "--max_steps", "1"])

@@ -91,7 +91,8 @@ echo "$toks" >"$work/tokenizers.txt"
 CFLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fno-sanitize-recover=all -Isrc -I/usr/include/cjson -Itests/c -Itests/fuzz"
 SAN="address,undefined"
 LIBSRC="$(ls src/core/*.c src/io/*.c src/tokenizer/*.c | grep -v 'src/tokenizer/batch.c')
-src/data/reader_json.c src/data/schema.c src/data/schema_conv.c src/data/pyjson.c src/data/pyliteral.c src/data/glm4_tools.c src/infer/tools.c src/model/config.c src/backend/quant.c src/train/train_flags.c"
+src/data/reader_json.c src/data/schema.c src/data/schema_conv.c src/data/pyjson.c src/data/pyliteral.c src/data/glm4_tools.c src/infer/tools.c src/model/config.c src/backend/quant.c src/train/train_flags.c
+src/train/deepspeed.c src/optim/schedule.c"
 : >"$work/build.log"
 i=0
 for src in $LIBSRC; do
