@@ -1,6 +1,7 @@
 /* Set-up of a training run (train/trainer.h): backend, model (loaded or drawn), tokenizer,
  * data and loaders, the step plan, and the output folder check. */
 #include "train/trainer.h"
+#include "model/adapter.h"
 #include "data/dataset_info.h"
 #include "optim/schedule.h"
 #include "data/hash.h"
@@ -51,9 +52,16 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
         return glm_fail(err, "--save_only_model true: glmtrain's checkpoints keep the optimizer state (an exact resume needs it)"),
                glm_hint(err, "the final model folder holds the model alone; --save_total_limit N bounds the checkpoints' space");
     if (a->max_samples < 0) return glm_fail(err, "--max_samples %d: must be 0 (all) or a count", a->max_samples);
-    if (!a->do_train)
-        return glm_fail(err, "--do_train false: glmtrain train trains"),
-               glm_hint(err, "for predictions or metrics without training: glmtrain generate --input_file FILE --model_name_or_path DIR");
+    if (!a->do_train && !a->do_eval)
+        return glm_fail(err, "--do_train false without --do_eval: nothing to do"),
+               glm_hint(err, "add --do_eval for the loss and perplexity on the data; for predictions with BLEU/ROUGE: "
+                             "glmtrain generate --input_file FILE --model_name_or_path DIR");
+    if (a->adapter_name_or_path && a->ptuning_checkpoint)
+        return glm_fail(err, "--adapter_name_or_path and --ptuning_checkpoint both name an adapter to start from"),
+               glm_hint(err, "give one");
+    if ((a->adapter_name_or_path || a->ptuning_checkpoint) && !a->model_name_or_path)
+        return glm_fail(err, "--%s needs the base model it was trained on: --model_name_or_path",
+                        a->adapter_name_or_path ? "adapter_name_or_path" : "ptuning_checkpoint");
     if (a->do_predict)
         return glm_fail(err, "--do_predict: glmtrain train does not predict"),
                glm_hint(err, "after training: glmtrain generate --model_name_or_path OUTPUT_DIR --input_file TEST_FILE "
@@ -182,8 +190,49 @@ static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
 }
 
 /* What trains, from the flags (model/config.h glm_peft); L is the model's layer count. */
+/* --adapter_name_or_path / --ptuning_checkpoint: the adapter's own settings make the trainable part,
+ * as LLaMA-Factory loads an adapter with its config; flags that say otherwise are named. */
+static int peft_from_adapter(const glm_train_args *a, glm_peft *p, glm_err *err) {
+    const char *flag = a->adapter_name_or_path ? "--adapter_name_or_path" : "--ptuning_checkpoint";
+    const char *dir = a->adapter_name_or_path ? a->adapter_name_or_path : a->ptuning_checkpoint, *k = a->finetuning_type;
+    if (glm_adapter_read_config(dir, p, err)) return glm_wrap(err, "%s: ", flag);
+    if (p->kind == GLM_FT_LORA) {
+        if (a->ptuning_checkpoint)
+            return glm_fail(err, "--ptuning_checkpoint %s is a LoRA adapter (adapter_config.json)", dir),
+                   glm_hint(err, "pass it as --adapter_name_or_path");
+        if ((strcmp(k, "full") && strcmp(k, "lora")) || a->pre_seq_len > 0)
+            return glm_fail(err, "%s %s is a LoRA adapter, but the flags ask for %s", flag, dir,
+                            a->pre_seq_len > 0 ? "P-Tuning v2 (--pre_seq_len)" : k),
+                   glm_hint(err, "drop --finetuning_type/--pre_seq_len (the adapter decides), or start a new adapter without %s", flag);
+        int alpha_flag = a->lora_alpha > 0 ? (int)a->lora_alpha : 2 * a->lora_rank;
+        if ((a->lora_rank != 8 && a->lora_rank != p->lora_rank) || (a->lora_alpha > 0 && alpha_flag != (int)p->lora_alpha))
+            glm_warn("%s: the adapter's rank %d and alpha %g are trained on; --lora_rank %d / --lora_alpha %g are not used",
+                     dir, p->lora_rank, p->lora_alpha, a->lora_rank, a->lora_alpha);
+        glm_info("training on from the LoRA adapter %s (rank %d, alpha %g, dropout %g)", dir, p->lora_rank, p->lora_alpha,
+                 p->lora_dropout);
+        return 0;
+    }
+    /* a P-Tuning v2 checkpoint: THUDM's main.py needs --pre_seq_len equal to it */
+    if (strcmp(k, "full") && strcmp(k, "ptuning"))
+        return glm_fail(err, "%s %s is a P-Tuning v2 checkpoint, but --finetuning_type is %s", flag, dir, k),
+               glm_hint(err, "drop --finetuning_type (the checkpoint decides)");
+    if (a->pre_seq_len > 0 && (a->pre_seq_len != p->pre_seq_len || !!a->prefix_projection != !!p->prefix_projection))
+        return glm_fail(err, "--pre_seq_len %d --prefix_projection %s, but %s was trained with pre_seq_len %d, prefix_projection %s",
+                        a->pre_seq_len, a->prefix_projection ? "true" : "false", dir, p->pre_seq_len,
+                        p->prefix_projection ? "true" : "false"),
+               glm_hint(err, "pass the checkpoint's values (or leave --pre_seq_len out: the checkpoint's are taken)");
+    if (a->packing)
+        return glm_fail(err, "--packing with P-Tuning v2: every query sees the prefix, which packed rows would share"),
+               glm_hint(err, "drop --packing (dynamic padding keeps the batches tight)");
+    p->prefix_dropout = (float)a->prefix_dropout;
+    glm_info("training on from the P-Tuning v2 prefix of %s (pre_seq_len %d%s)", dir, p->pre_seq_len,
+             p->prefix_projection ? ", projected" : "");
+    return 0;
+}
+
 int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
     *p = (glm_peft){0};
+    if (a->adapter_name_or_path || a->ptuning_checkpoint) return peft_from_adapter(a, p, err);
     const char *k = a->finetuning_type;
     if (strcmp(k, "full") == 0 && a->pre_seq_len > 0) k = "ptuning"; /* THUDM's ptuning/main.py selects it so */
     if (strcmp(k, "full") == 0) return 0;
@@ -292,6 +341,8 @@ int trainer_load_model(trainer *t, glm_err *err) {
     }
     if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING)
         glm_model_init_adapters(&t->m, (uint64_t)a->seed); /* the same on every rank */
+    const char *from = a->adapter_name_or_path ? a->adapter_name_or_path : a->ptuning_checkpoint;
+    if (from && glm_adapter_load(&t->m, from, err)) return -1;
     size_t base = t->m.ftab.n_params + (c.peft.kind == GLM_FT_LORA ? 0 : t->m.tab.n_params);
     glm_info("model: %d layers, hidden %d, %d heads, vocab %d, %.1fM parameters (%s head), backend %s",
              c.num_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, base / 1e6,
@@ -401,6 +452,13 @@ int trainer_load_data(trainer *t, glm_err *err) {
     glm_data_cfg_init(d);
     d->train_file = a->train_file;
     d->validation_file = a->validation_file;
+    if (!a->do_train) { /* an evaluation alone: of the validation file, or else of the training data itself */
+        if (!d->validation_file && a->val_size <= 0) d->validation_file = a->train_file;
+        if (!d->train_file) d->train_file = a->validation_file;
+        if (!d->validation_file && !(a->val_size > 0))
+            return glm_fail(err, "--do_train false --do_eval: no data to evaluate"),
+                   glm_hint(err, "give --validation_file FILE (or --train_file, or --val_size with --dataset)");
+    }
     if (a->dataset) {
         if (glm_dataset_info_sources(a->dataset_dir, a->dataset, &t->sources, &d->n_sources, err)) return -1;
         d->sources = t->sources;
@@ -493,7 +551,7 @@ int trainer_check_output_dir(glm_train_args *a, glm_err *err) {
     glm_path_join(probe, sizeof probe, a->output_dir, "config.json");
     char latest[4096];
     int has = glm_is_file(probe) || glm_checkpoint_latest(a->output_dir, latest, sizeof latest) == 0;
-    if (has && !a->overwrite_output_dir && !a->resume_from_checkpoint) {
+    if (has && !a->overwrite_output_dir && !a->resume_from_checkpoint && a->do_train) {
         glm_fail(err, "output directory %s already holds a model or checkpoints", a->output_dir);
         return glm_hint(err, "pass --resume_from_checkpoint to continue it, --overwrite_output_dir to start over, or another --output_dir");
     }
@@ -507,7 +565,7 @@ int trainer_check_output_dir(glm_train_args *a, glm_err *err) {
 int trainer_prepare_output_dir(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     glm_run_id_new(t->st.run_id, sizeof t->st.run_id); /* resume replaces it with the checkpoint's */
-    if (!lead(t)) return 0;
+    if (!lead(t) || !a->do_train) return 0; /* an evaluation alone writes eval_results.json and removes nothing */
     if (a->overwrite_output_dir && a->resume_from_checkpoint)
         glm_info("--overwrite_output_dir with --resume_from_checkpoint: keeping the checkpoints in %s to resume from", a->output_dir);
     else if (a->overwrite_output_dir && glm_checkpoint_remove_all(a->output_dir, err))

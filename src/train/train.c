@@ -26,6 +26,25 @@ static int evaluate(trainer *t, double *loss, double *ppl, glm_err *err) {
     return 0;
 }
 
+/* trainer.save_metrics("eval", ...): output_dir/eval_results.json, on the lead rank */
+static int write_eval_results(trainer *t, double el, double ppl, glm_err *err) {
+    if (!lead(t)) return 0;
+    char path[4096], text[256];
+    glm_path_join(path, sizeof path, t->a->output_dir, "eval_results.json");
+    snprintf(text, sizeof text, "{\n    \"eval_loss\": %.17g,\n    \"eval_perplexity\": %.17g,\n    \"step\": %ld\n}\n", el, ppl,
+             t->st.global_step);
+    return glm_write_file_atomic(path, text, strlen(text), err);
+}
+
+/* --do_train false --do_eval: the loaded model (and adapter) on the evaluation data, nothing trained or saved */
+static int evaluate_only(trainer *t, glm_err *err) {
+    if (!t->eval_ld) return glm_fail(err, "--do_eval: the evaluation data is empty"), glm_hint(err, "check --validation_file");
+    double el, ppl;
+    if (evaluate(t, &el, &ppl, err)) return -1;
+    fprintf(stderr, "{'eval_loss': %.4f, 'eval_perplexity': %.4f}\n", el, ppl);
+    return write_eval_results(t, el, ppl, err);
+}
+
 static void log_record(trainer *t, const char *kind, double v1, double v2, double v3, double v4) {
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "step", (double)t->st.global_step);
@@ -340,6 +359,7 @@ static int run(trainer *t, glm_err *err) {
     else
         glm_scaler_init(&t->scaler, a->fp16_initial_scale, 2000);
     t->history = cJSON_CreateArray();
+    if (!a->do_train) return evaluate_only(t, err);
     if (a->resume_from_checkpoint && trainer_resume(t, err)) return -1;
     if (strcmp(a->report_to, "tensorboard") == 0 && lead(t)) {
         char logdir[4096];
@@ -431,13 +451,7 @@ static int run(trainer *t, glm_err *err) {
         glm_progress_log(&t->prog, line);
         if (t->tb) { tb_scalar(t->tb, "eval/loss", (float)el, t->st.global_step); tb_flush(t->tb); }
         log_record(t, "eval", el, ppl, 0, 0);
-        if (lead(t)) { /* trainer.save_metrics("eval", ...): output_dir/eval_results.json */
-            char path[4096], text[256];
-            glm_path_join(path, sizeof path, a->output_dir, "eval_results.json");
-            snprintf(text, sizeof text, "{\n    \"eval_loss\": %.17g,\n    \"eval_perplexity\": %.17g,\n    \"step\": %ld\n}\n", el, ppl,
-                     t->st.global_step);
-            if (glm_write_file_atomic(path, text, strlen(text), err)) return -1;
-        }
+        if (write_eval_results(t, el, ppl, err)) return -1;
     }
     if (!a->save_final_model) return 0;
     if (check_params_finite(t, "the final model", err)) return -1;

@@ -25,6 +25,8 @@ typedef struct glm_ds_settings {
 typedef struct glm_train_args {
     /* model */
     char *model_name_or_path, *init_from_config, *tokenizer_name, *device;
+    /* an adapter to go on from (LLaMA-Factory's --adapter_name_or_path, THUDM ptuning's --ptuning_checkpoint) */
+    char *adapter_name_or_path, *ptuning_checkpoint;
     /* data */
     char *train_file, *validation_file, *data_format, *prompt_column, *response_column, *history_column;
     char *dataset, *dataset_dir, *template, *stage; /* LLaMA-Factory's names (data/dataset_info.h) */

@@ -13,6 +13,10 @@ const glm_flag glm_train_flags[] = {
     F(model_name_or_path, ARG_STR, NULL, "Hugging Face style folder: config.json + safetensors (+ tokenizer)"),
     F(init_from_config, ARG_STR, NULL, "config.json of a model to initialise randomly instead of loading weights"),
     F(init_std, ARG_FLOAT, "0.02", "std of the normal init with --init_from_config"),
+    F(adapter_name_or_path, ARG_STR, NULL, "a LoRA adapter folder (peft's files) or P-Tuning v2 checkpoint to train on from, "
+      "on --model_name_or_path (its settings are the adapter's; LLaMA-Factory's name)"),
+    F(ptuning_checkpoint, ARG_STR, NULL, "a P-Tuning v2 checkpoint whose prefix to start from (THUDM ptuning's name; "
+      "--pre_seq_len must match it)"),
     F(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model file (default: the model folder)"),
     C(device, "auto", "auto|cpu|cuda", "where to train"),
     F(train_file, ARG_STR, NULL, "training data: .json array or .jsonl (alpaca, prompt/response, sharegpt)"),
@@ -41,8 +45,9 @@ const glm_flag glm_train_flags[] = {
     F(dataloader_num_workers, ARG_INT, "0", "threads for tokenization (0 = all cores)"),
     F(preprocessing_num_workers, ARG_INT, "0", "the same as --dataloader_num_workers (the scripts' name for it)"),
     F(overwrite_cache, ARG_BOOL, "false", "tokenize the data again even when its cache is valid"),
-    F(do_train, ARG_BOOL, "true", "Hugging Face's; glmtrain train always trains"),
-    F(do_eval, ARG_BOOL, "false", "evaluate the validation set after training (the scripts' trainer.evaluate())"),
+    F(do_train, ARG_BOOL, "true", "Hugging Face's: false with --do_eval evaluates the model (and adapter) without training"),
+    F(do_eval, ARG_BOOL, "false", "evaluate the validation set after training (the scripts' trainer.evaluate()); without "
+      "training, the validation file or else the training data"),
     F(do_predict, ARG_BOOL, "false", "Hugging Face's; predictions come from glmtrain generate --input_file"),
     F(predict_with_generate, ARG_BOOL, "false", "accepted as the scripts pass it; generation metrics: glmtrain generate --input_file"),
     F(max_samples, ARG_INT, "0", "LLaMA-Factory's: the first N records of each dataset (0 = all)"),

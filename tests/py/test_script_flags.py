@@ -6,7 +6,7 @@ and the rest are accepted and mean what they mean there:
   * --do_eval evaluates the validation set once after training (an eval_loss line, and
     eval_results.json as trainer.save_metrics writes it), and with --predict_with_generate the log says where generation metrics
     come from;
-  * --do_predict and --do_train false are refused, naming glmtrain generate --input_file.
+  * --do_predict and --do_train false without --do_eval are refused, naming glmtrain generate --input_file.
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
