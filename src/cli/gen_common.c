@@ -16,6 +16,7 @@
 #define UNSET INT_MIN
 
 int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, const char *cmd, glm_err *err) {
+    memset(a, 0, sizeof *a); /* what a command's table leaves out (serve has no --adapter_name_or_path) stays unset */
     glm_args_defaults(f, n, a);
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { glm_args_usage(f, n, cmd); return 1; }
@@ -34,8 +35,8 @@ int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, cons
     if (!a->top_p_set) a->top_p = def_top_p;
     if (!a->temperature_set) a->temperature = def_temp;
     if (!a->max_new_tokens_set) a->max_new_tokens = 0;
-    if (rc == 0 && a->ptuning_checkpoint && a->adapter)
-        return glm_fail(err, "--adapter and --ptuning_checkpoint both given: one adapter at a time");
+    if (rc == 0 && !!a->ptuning_checkpoint + !!a->adapter + !!a->adapter_name_or_path > 1)
+        return glm_fail(err, "more than one of --adapter, --adapter_name_or_path and --ptuning_checkpoint: one adapter at a time");
     if (rc == 0 && a->max_new_tokens_set && a->max_new_tokens < 1) {
         glm_fail(err, "--max_new_tokens must be >= 1 (got %d)", a->max_new_tokens);
         return glm_hint(err, "leave it out to generate up to --max_length tokens in all");

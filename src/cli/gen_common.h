@@ -10,6 +10,7 @@ typedef struct gen_args {
     /* common */
     char *model_name_or_path, *tokenizer_name, *device, *dtype, *device_map, *adapter, *quantization_type, *system;
     char *ptuning_checkpoint; /* THUDM's name for --adapter, which must then be a P-Tuning v2 checkpoint */
+    char *adapter_name_or_path; /* LLaMA-Factory's name for --adapter */
     int quantization_bit;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
     double top_p, temperature, repetition_penalty;
@@ -27,6 +28,7 @@ typedef struct gen_args {
     GEN_F(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model (default: the model folder)"), \
     GEN_F(adapter, ARG_STR, NULL, "LoRA adapter folder or P-Tuning v2 checkpoint on top of the model (glmtrain --finetuning_type lora|ptuning, peft's save_pretrained, THUDM's ptuning output)"), \
     GEN_F(ptuning_checkpoint, ARG_STR, NULL, "a P-Tuning v2 checkpoint on top of the model (THUDM's flag name; as --adapter)"), \
+    GEN_F(adapter_name_or_path, ARG_STR, NULL, "LLaMA-Factory's name for --adapter"), \
     {"device", ARG_STR, offsetof(gen_args, device), "auto", "where to run (auto: a GPU when built with CUDA and one is usable)", "auto|cpu|cuda", NULL}, \
     {"dtype", ARG_STR, offsetof(gen_args, dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL}, \
     GEN_F(quantization_bit, ARG_INT, "0", "4 or 8: quantize the linear weights as they load (THUDM's INT4/INT8); 0 = as stored"), \
@@ -44,8 +46,11 @@ typedef struct gen_args {
     GEN_F(debug, ARG_BOOL, "false", "print prompts and token ids to stderr"), \
     GEN_F(system, ARG_STR, NULL, "system prompt (ChatGLM3/GLM-4: a <|system|> turn; others: \"system\\n\" before the prompt)")
 
-/* The adapter folder to load: --adapter or --ptuning_checkpoint (gen_parse refuses both). */
-static inline const char *gen_adapter(const gen_args *a) { return a->adapter ? a->adapter : a->ptuning_checkpoint; }
+/* The adapter folder to load: --adapter, --adapter_name_or_path or --ptuning_checkpoint (gen_parse
+ * refuses two of them). */
+static inline const char *gen_adapter(const gen_args *a) {
+    return a->adapter ? a->adapter : a->adapter_name_or_path ? a->adapter_name_or_path : a->ptuning_checkpoint;
+}
 
 struct glm_pipe_lm;
 typedef struct gen_session {

@@ -56,6 +56,13 @@ done
 # THUDM's flag name for a P-Tuning checkpoint: the same tokens; a LoRA folder or both flags refused
 if [ -d "$D/ptuning" ] && [ "$(gen --ptuning_checkpoint "$D/ptuning")" = "$(gen --adapter "$D/ptuning")" ]; then
     echo "PASS generate_ptuning_checkpoint_flag"; else echo "FAIL generate_ptuning_checkpoint_flag"; fail=1; fi
+# LLaMA-Factory's flag name for an adapter: the same tokens as --adapter; two adapter flags refused
+if [ -d "$D/lora" ] && [ "$(gen --adapter_name_or_path "$D/lora")" = "$(gen --adapter "$D/lora")" ] &&
+    [ "$(gen --adapter_name_or_path "$D/lora")" != "$ref" ]; then
+    echo "PASS generate_adapter_name_or_path_flag"; else echo "FAIL generate_adapter_name_or_path_flag"; fail=1; fi
+out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --adapter "$D/lora" --adapter_name_or_path "$D/lora" 2>&1)
+if echo "$out" | grep -q "one adapter at a time"; then echo "PASS two_adapter_flags_refused"
+else echo "FAIL two_adapter_flags_refused: $out"; fail=1; fi
 out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --ptuning_checkpoint "$D/lora" 2>&1)
 if echo "$out" | grep -q "is a LoRA adapter" && echo "$out" | grep -q -- "--adapter"; then echo "PASS ptuning_checkpoint_lora_refused"
 else echo "FAIL ptuning_checkpoint_lora_refused: $out"; fail=1; fi
@@ -64,7 +71,7 @@ out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --
 if echo "$out" | grep -q "holds neither adapter_config.json" && echo "$out" | grep -q "pre_seq_len"; then echo "PASS adapter_folder_without_configs_named"
 else echo "FAIL adapter_folder_without_configs_named: $out"; fail=1; fi
 out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --adapter "$D/lora" --ptuning_checkpoint "$D/ptuning" 2>&1)
-if echo "$out" | grep -q "both given"; then echo "PASS adapter_and_ptuning_checkpoint_refused"; else echo "FAIL adapter_and_ptuning_checkpoint_refused: $out"; fail=1; fi
+if echo "$out" | grep -q "one adapter at a time"; then echo "PASS adapter_and_ptuning_checkpoint_refused"; else echo "FAIL adapter_and_ptuning_checkpoint_refused: $out"; fail=1; fi
 out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --device_map "$D/bad_map.json" 2>&1)
 if echo "$out" | grep -q "transformer.layers.1"; then echo "PASS generate_bad_map_names_module"; else echo "FAIL generate_bad_map_names_module: $out"; fail=1; fi
 chat=$(printf '背诵李白的《静夜思》\nexit\n' | "$GLM" chat --model_name_or_path "$D/model" --do_sample false --max_new_tokens 8 \
