@@ -15,7 +15,7 @@ typedef struct info_args {
     char *model_name_or_path, *init_from_config;
     int per_device_train_batch_size, max_source_length, max_target_length, bf16, fp16, fp32, gradient_checkpointing;
     int chatglm6b;
-    char *device_map, *max_memory_per_gpu, *optim, *offload_optimizer;
+    char *device_map, *max_memory_per_gpu, *optim, *offload_optimizer, *deepspeed;
     int optimizer_in_backward;
     int pipeline_parallel_size, gradient_accumulation_steps, data_parallel_size, zero_stage;
     char *finetuning_type, *lora_target, *quantization_type;
@@ -46,6 +46,7 @@ static const glm_flag info_flags[] = {
     F(optim, ARG_STR, "adamw_torch", "adamw_torch or adamw_8bit (as train)"),
     F(offload_optimizer, ARG_STR, "none", "cpu: the optimizer state in host memory (as train)"),
     F(optimizer_in_backward, ARG_BOOL, "false", "the update inside backward: no whole-model gradient buffer (as train)"),
+    F(deepspeed, ARG_STR, NULL, "a DeepSpeed config (as train): its ZeRO stage and optimizer offload enter the plan"),
     {"finetuning_type", ARG_STR, offsetof(info_args, finetuning_type), "full", "what trains (as train)", "full|lora|ptuning|freeze", NULL},
     F(lora_rank, ARG_INT, "8", "LoRA rank"),
     F(lora_dropout, ARG_FLOAT, "0.05", "LoRA dropout (its scratch buffer)"),
@@ -105,6 +106,39 @@ static int stage_plans(const info_args *a, const glm_config *c, glm_err *err) {
     return 0;
 }
 
+/* --deepspeed: the file read as train reads it, for what shapes the plan (the ZeRO stage, the
+ * optimizer's place); its values that train would hold against the training flags are only noted,
+ * since info has no learning rate or schedule to hold them against. */
+static int info_deepspeed(info_args *a, glm_err *err) {
+    glm_train_args t = {0};
+    glm_args_defaults(glm_train_flags, glm_train_nflags, &t);
+    t.deepspeed = glm_strdup(a->deepspeed);
+    free(t.offload_optimizer);
+    t.offload_optimizer = glm_strdup(a->offload_optimizer);
+    free(t.optim);
+    t.optim = glm_strdup(a->optim);
+    t.per_device_train_batch_size = a->per_device_train_batch_size;
+    t.gradient_accumulation_steps = a->gradient_accumulation_steps;
+    t.bf16 = a->bf16;
+    t.fp16 = a->fp16;
+    t.zero_stage = a->zero_stage ? a->zero_stage : 1; /* train's default: the file's stage is taken over it */
+    glm_err e = {0};
+    int rc = glm_ds_apply(&t, &e);
+    if (rc && !t.ds.on) { *err = e; glm_train_args_free(&t); return -1; } /* the file itself is unusable */
+    if (rc && strstr(e.msg, "differ from the training flags")) { /* train's check against its flags */
+        printf("note: %s\n", e.msg);
+        rc = 0;
+    }
+    if (rc) { *err = e; glm_train_args_free(&t); return -1; }
+    a->zero_stage = t.zero_stage;
+    free(a->offload_optimizer);
+    a->offload_optimizer = glm_strdup(t.offload_optimizer);
+    printf("%s: ZeRO stage %d, optimizer %s\n", a->deepspeed, a->zero_stage,
+           strcmp(a->offload_optimizer, "cpu") ? "on the GPU" : "offloaded to host memory");
+    glm_train_args_free(&t);
+    return 0;
+}
+
 int glm_cmd_info(int argc, char **argv) {
     info_args a;
     int n = sizeof info_flags / sizeof info_flags[0];
@@ -113,6 +147,7 @@ int glm_cmd_info(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help")) { glm_args_usage(info_flags, n, "info"); return 0; }
     int rc = glm_args_parse(info_flags, n, &a, argc, argv, &err);
+    if (!rc && a.deepspeed) rc = info_deepspeed(&a, &err);
     glm_config c = glm_config_chatglm6b();
     if (a.chatglm6b) c.tie_word_embeddings = 0;
     else if (!rc && (a.model_name_or_path || a.init_from_config))

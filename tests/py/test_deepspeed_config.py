@@ -283,6 +283,20 @@ def main():
             ok, why = False, a.stderr[-300:] + b.stderr[-300:]
         report("optimizer_section_decays_every_tensor", ok, why)
 
+        # glmtrain info: the file's stage and offload enter the memory plan as the flags would
+        z3 = os.path.join(d, "z3off.json")
+        json.dump({"bf16": {"enabled": "auto"}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+                   "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}, open(z3, "w"))
+        info = [GLMA, "info", "--chatglm6b", "--bf16", "--data_parallel_size", "4", "--per_device_train_batch_size", "4",
+                "--max_memory_per_gpu", "24GiB"]
+        p1 = subprocess.run(info + ["--deepspeed", z3], capture_output=True, text=True, timeout=60, env=ENV)
+        p2 = subprocess.run(info + ["--zero_stage", "3", "--offload_optimizer", "cpu"], capture_output=True, text=True,
+                            timeout=60, env=ENV)
+        plan1 = p1.stdout[p1.stdout.find("model:"):]
+        report("info_plan_with_the_file_equals_the_flags", p1.returncode == 0 and plan1 and plan1 == p2.stdout[p2.stdout.find("model:"):]
+               and "ZeRO stage 3, optimizer offloaded" in p1.stdout and "note:" in p1.stdout and "host memory" in plan1,
+               p1.stdout[-600:] + p1.stderr[-300:])
+
         # refused, naming the key
         for name, cfg, extra, msg in (
                 ("nvme_offload", {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}, [],
