@@ -121,6 +121,20 @@ def main():
                       str(cfg_out))
                 p2, _, mout = greedy(out, prompt)
                 check("merge_%s_generates_as_adapter" % case, p2.returncode == 0 and mout == pout, "merged %s vs adapter %s" % (mout, pout))
+                if case == "qkv":  # LLaMA-Factory's merge config (examples/merge_lora) through --config: the same files
+                    yml = os.path.join(tmp, "merge_lora.yaml")
+                    lf = os.path.join(tmp, "merged_lf")
+                    open(yml, "w").write("model_name_or_path: %s\nadapter_name_or_path: %s\ntemplate: chatglm\nfinetuning_type: lora\n"
+                                         "export_dir: %s\nexport_size: 2\nexport_device: cpu\nexport_legacy_format: false\n"
+                                         % (base, ad, lf))
+                    p3 = run(["merge", "--config", yml, "--dtype", "float32"])
+                    same = p3.returncode == 0 and all(
+                        open(os.path.join(out, f), "rb").read() == open(os.path.join(lf, f), "rb").read()
+                        for f in ("model.safetensors", "config.json"))
+                    check("merge_llama_factory_export_config_same_files", same, p3.stderr[-400:])
+                    p3 = run(["merge", "--model_name_or_path", base, "--adapter_name_or_path", ad, "--export_dir",
+                              os.path.join(tmp, "m_bin"), "--export_legacy_format", "true"])
+                    check("merge_legacy_format_refused", p3.returncode != 0 and "safetensors" in p3.stderr, p3.stderr[-300:])
 
         # 3. errors users hit
         p = run(["train", "--model_name_or_path", base, "--train_file", "x.json", "--output_dir", os.path.join(tmp, "e"),
