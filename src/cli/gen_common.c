@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "infer/chat.h"
 #include "model/adapter.h"
+#include "data/dataset_info.h"
 #include "parallel/pipe_infer.h"
 #include "ckpt/checkpoint.h"
 
@@ -126,8 +127,18 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
         glm_fail(err, "--ptuning_checkpoint %s is a LoRA adapter, not a P-Tuning v2 checkpoint", a->ptuning_checkpoint);
         return glm_hint(err, "pass it as --adapter %s", a->ptuning_checkpoint);
     }
+    if (a->finetuning_type && strcmp(a->finetuning_type, "lora") && strcmp(a->finetuning_type, "full") &&
+        strcmp(a->finetuning_type, "freeze"))
+        return glm_fail(err, "--finetuning_type %s: inference takes lora (with an adapter), full or freeze", a->finetuning_type),
+               glm_hint(err, "a P-Tuning v2 checkpoint goes in with --ptuning_checkpoint DIR");
+    if (a->finetuning_type && !strcmp(a->finetuning_type, "lora") && !ad)
+        return glm_fail(err, "--finetuning_type lora without an adapter"),
+               glm_hint(err, "name the adapter: --adapter_name_or_path DIR (or --adapter DIR)");
+    if (a->infer_backend && strcmp(a->infer_backend, "huggingface"))
+        glm_info("--infer_backend %s: glmtrain generates with its own engine", a->infer_backend);
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
     if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");
+    if (a->template && glm_lf_template_check(a->template, glm_layout_of(s->tok), err)) return -1;
     if (glm_tokenizer_vocab_size(s->tok) > s->cfg.vocab_size) {
         glm_fail(err, "tokenizer %s has %d pieces but the model's vocab_size is %d", tp, glm_tokenizer_vocab_size(s->tok),
                  s->cfg.vocab_size);

@@ -13,8 +13,13 @@
 #define GLM_DATA_DATASET_INFO_H
 #include "core/err.h"
 #include "data/data.h"
+#include "data/examples.h"
 
 /* The sources for names (comma-separated) in dir/dataset_info.json (*out: caller frees). */
 int glm_dataset_info_sources(const char *dir, const char *names, glm_data_source **out, int *n, glm_err *err);
+
+/* LLaMA-Factory's --template: glmtrain builds examples and prompts as the tokenizer's model does,
+ * so the name (chatglm, chatglm2, chatglm3, glm4) only has to agree with the tokenizer's layout. */
+int glm_lf_template_check(const char *name, glm_layout layout, glm_err *err);
 
 #endif

@@ -398,20 +398,6 @@ static int load_data_ranked(trainer *t, glm_err *err) {
     return rc;
 }
 
-/* LLaMA-Factory's --template: glmtrain builds examples as the tokenizer's model does, so the name
- * only has to agree with it. */
-static int check_template(const char *name, glm_layout layout, glm_err *err) {
-    static const struct { const char *name; glm_layout layout; } t[] = {
-        {"chatglm", GLM_LAYOUT_GLM}, {"chatglm2", GLM_LAYOUT_GLM2}, {"chatglm3", GLM_LAYOUT_GLM3}, {"glm4", GLM_LAYOUT_GLM4}};
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
-        if (strcmp(name, t[i].name)) continue;
-        if (t[i].layout == layout) return 0;
-        glm_fail(err, "--template %s, but the tokenizer is %s's", name, glm_layout_name(layout));
-        return glm_hint(err, "glmtrain builds the examples the tokenizer's model was trained with: drop --template or use that model's tokenizer");
-    }
-    glm_fail(err, "--template %s: glmtrain builds ChatGLM's own formats (chatglm, chatglm2, chatglm3, glm4), picked by the tokenizer", name);
-    return glm_hint(err, "drop --template: the tokenizer (%s) decides", glm_layout_name(layout));
-}
 
 /* The text of ids[0..n) with every token as itself, special tokens by name (what the model reads). */
 static void put_tokens(FILE *f, const glm_tokenizer *tok, const int32_t *ids, int n) {
@@ -463,7 +449,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
         if (glm_dataset_info_sources(a->dataset_dir, a->dataset, &t->sources, &d->n_sources, err)) return -1;
         d->sources = t->sources;
     }
-    if (a->template && check_template(a->template, t->enc.layout, err)) return -1;
+    if (a->template && glm_lf_template_check(a->template, t->enc.layout, err)) return -1;
     if ((a->dataset || a->template) && a->quantization_bit == 4 && !strcmp(a->quantization_type, "int"))
         glm_warn("--quantization_bit 4 is THUDM's INT4 here; LLaMA-Factory's is bitsandbytes NF4: add --quantization_type nf4 for that");
     if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &d->read.schema))

@@ -60,6 +60,17 @@ if [ -d "$D/ptuning" ] && [ "$(gen --ptuning_checkpoint "$D/ptuning")" = "$(gen 
 if [ -d "$D/lora" ] && [ "$(gen --adapter_name_or_path "$D/lora")" = "$(gen --adapter "$D/lora")" ] &&
     [ "$(gen --adapter_name_or_path "$D/lora")" != "$ref" ]; then
     echo "PASS generate_adapter_name_or_path_flag"; else echo "FAIL generate_adapter_name_or_path_flag"; fail=1; fi
+# LLaMA-Factory's inference config (examples/inference/*_lora_sft.yaml) through --config: the same tokens
+printf 'model_name_or_path: %s\nadapter_name_or_path: %s\ntemplate: chatglm\nfinetuning_type: lora\ninfer_backend: huggingface\n' \
+    "$D/model" "$D/lora" >"$D/infer.yaml"
+if [ -d "$D/lora" ] && [ "$(gen --config "$D/infer.yaml")" = "$(gen --adapter "$D/lora")" ]; then
+    echo "PASS generate_llama_factory_inference_config"; else echo "FAIL generate_llama_factory_inference_config"; fail=1; fi
+out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --template chatglm3 2>&1)
+if echo "$out" | grep -q -- "--template chatglm3, but the tokenizer is ChatGLM-6B's"; then echo "PASS generate_template_other_family_refused"
+else echo "FAIL generate_template_other_family_refused: $out"; fail=1; fi
+out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --finetuning_type lora 2>&1)
+if echo "$out" | grep -q -- "--finetuning_type lora without an adapter"; then echo "PASS generate_lora_without_adapter_refused"
+else echo "FAIL generate_lora_without_adapter_refused: $out"; fail=1; fi
 out=$("$GLM" generate --model_name_or_path "$D/model" --prompt x --device cpu --adapter "$D/lora" --adapter_name_or_path "$D/lora" 2>&1)
 if echo "$out" | grep -q "one adapter at a time"; then echo "PASS two_adapter_flags_refused"
 else echo "FAIL two_adapter_flags_refused: $out"; fail=1; fi
