@@ -71,6 +71,8 @@ typedef struct glm_data_cfg {
     const char *train_file, *validation_file;
     const glm_data_source *sources; /* n_sources > 0: the train set is these files' examples, in */
     int n_sources;                  /* order (each its own cache), instead of train_file */
+    const glm_data_source *val_sources; /* n_val_sources > 0: the validation set is these files' */
+    int n_val_sources;                  /* examples (LLaMA-Factory's eval_dataset), instead of validation_file */
     glm_read_cfg read;        /* schema/container override, column names, skip_bad_samples */
     glm_example_cfg example;  /* lengths, prefix, templates, train_on_prompt */
     double val_size;          /* no validation file: 0 none, < 1 a fraction (rounded up), >= 1 a count */

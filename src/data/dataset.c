@@ -44,19 +44,21 @@ static int load_one(glm_examples **ex, const char *path, const char *what, const
 /* The smaller of two record limits, 0 being none. */
 static int64_t min_limit(int64_t a, int64_t b) { return a <= 0 ? b : b <= 0 ? a : a < b ? a : b; }
 
-/* The sources' examples, each read with its own settings, one after another. */
-static int load_sources(glm_examples **out, const glm_data_cfg *cfg, const glm_encoder *enc, glm_err *err) {
-    glm_examples **parts = glm_calloc((size_t)cfg->n_sources, sizeof *parts);
+/* The examples of sources[0..n), each read with its own settings, one after another; at most
+ * `limit` records in all (0: no limit) and cfg->max_samples of each. */
+static int load_sources(glm_examples **out, const glm_data_source *sources, int n, int64_t limit, const glm_data_cfg *cfg,
+                        const glm_encoder *enc, glm_err *err) {
+    glm_examples **parts = glm_calloc((size_t)n, sizeof *parts);
     char names[4096] = "", what[200];
     int rc = 0, k = 0;
-    int64_t left = cfg->max_train_samples; /* records still to read (> 0), when limited */
-    for (; k < cfg->n_sources && rc == 0; k++) {
-        const glm_data_source *src = &cfg->sources[k];
+    int64_t left = limit; /* records still to read (> 0), when limited */
+    for (; k < n && rc == 0; k++) {
+        const glm_data_source *src = &sources[k];
         glm_data_cfg c = *cfg;
         c.read = src->read;
         c.read.skip_bad_samples = cfg->read.skip_bad_samples;
-        if (cfg->max_train_samples > 0 && left <= 0) break; /* the first N records are all read */
-        c.read.max_records = min_limit(cfg->max_train_samples > 0 ? left : 0, cfg->max_samples);
+        if (limit > 0 && left <= 0) break; /* the first N records are all read */
+        c.read.max_records = min_limit(limit > 0 ? left : 0, cfg->max_samples);
         snprintf(what, sizeof what, "dataset %s:", src->name);
         rc = load_one(&parts[k], src->path, what, &c, enc, err);
         if (rc == 0) left -= parts[k]->summary.records;
@@ -80,14 +82,19 @@ int glm_data_load(glm_data *d, const glm_data_cfg *cfg, const glm_encoder *enc, 
         return glm_fail(err, "--val_size %g must be a fraction in [0, 1) or a whole count", cfg->val_size);
     glm_data_cfg tc = *cfg; /* the train file's: only its records are limited */
     tc.read.max_records = min_limit(cfg->max_train_samples, cfg->max_samples);
-    if (cfg->n_sources ? load_sources(&d->train_ex, cfg, enc, err) : load_one(&d->train_ex, cfg->train_file, "train file", &tc, enc, err))
+    if (cfg->n_sources ? load_sources(&d->train_ex, cfg->sources, cfg->n_sources, cfg->max_train_samples, cfg, enc, err)
+                       : load_one(&d->train_ex, cfg->train_file, "train file", &tc, enc, err))
         return -1;
     int64_t n = d->train_ex->n;
     d->train = (glm_dataset){d->train_ex, NULL, n};
     d->val_size = cfg->val_size;
     d->seed = cfg->seed;
-    if (cfg->validation_file) {
-        if (load_one(&d->val_ex, cfg->validation_file, "validation file", cfg, enc, err)) { glm_data_free(d); return -1; }
+    if (cfg->validation_file || cfg->n_val_sources) {
+        if (cfg->n_val_sources ? load_sources(&d->val_ex, cfg->val_sources, cfg->n_val_sources, 0, cfg, enc, err)
+                               : load_one(&d->val_ex, cfg->validation_file, "validation file", cfg, enc, err)) {
+            glm_data_free(d);
+            return -1;
+        }
         d->val = (glm_dataset){d->val_ex, NULL, d->val_ex->n};
         return 0;
     }

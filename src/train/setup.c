@@ -33,7 +33,7 @@ static int check_optimizer_args(const glm_train_args *a, glm_err *err) {
 
 int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (!a->output_dir) return glm_fail(err, "--output_dir is required"), glm_hint(err, "e.g. --output_dir out/my-run");
-    if (!a->train_file && !a->dataset)
+    if (!a->train_file && !a->dataset && (a->do_train || (!a->validation_file && !a->eval_dataset)))
         return glm_fail(err, "--train_file is required"), glm_hint(err, "a .json or .jsonl file of {\"instruction\", \"output\"} records");
     if (a->train_file && a->dataset)
         return glm_fail(err, "--train_file and --dataset both given"),
@@ -438,16 +438,32 @@ int trainer_load_data(trainer *t, glm_err *err) {
     glm_data_cfg_init(d);
     d->train_file = a->train_file;
     d->validation_file = a->validation_file;
-    if (!a->do_train) { /* an evaluation alone: of the validation file, or else of the training data itself */
-        if (!d->validation_file && a->val_size <= 0) d->validation_file = a->train_file;
-        if (!d->train_file) d->train_file = a->validation_file;
-        if (!d->validation_file && !(a->val_size > 0))
-            return glm_fail(err, "--do_train false --do_eval: no data to evaluate"),
-                   glm_hint(err, "give --validation_file FILE (or --train_file, or --val_size with --dataset)");
-    }
     if (a->dataset) {
         if (glm_dataset_info_sources(a->dataset_dir, a->dataset, &t->sources, &d->n_sources, err)) return -1;
         d->sources = t->sources;
+    }
+    if (a->eval_dataset) {
+        if (a->validation_file)
+            return glm_fail(err, "--eval_dataset and --validation_file both name the validation set"), glm_hint(err, "give one");
+        if (glm_dataset_info_sources(a->dataset_dir, a->eval_dataset, &t->val_sources, &d->n_val_sources, err)) return -1;
+        d->val_sources = t->val_sources;
+        if (a->val_size > 0) /* LLaMA-Factory splits off val_size only without an eval_dataset */
+            glm_info("--val_size %g is not used: --eval_dataset %s is the validation set", a->val_size, a->eval_dataset);
+    }
+    if (!a->do_train) { /* an evaluation alone: of the validation set, or else of the training data itself */
+        if (!d->validation_file && !d->n_val_sources && a->val_size <= 0) {
+            d->validation_file = a->train_file;
+            d->val_sources = d->sources;
+            d->n_val_sources = d->n_sources;
+        }
+        if (!d->train_file && !d->n_sources) { /* the loader wants a training set: the same data */
+            d->train_file = d->validation_file;
+            d->sources = d->val_sources;
+            d->n_sources = d->n_val_sources;
+        }
+        if (!d->validation_file && !d->n_val_sources && !(a->val_size > 0))
+            return glm_fail(err, "--do_train false --do_eval: no data to evaluate"),
+                   glm_hint(err, "give --validation_file FILE (or --train_file, --dataset, --eval_dataset)");
     }
     if (a->template && glm_lf_template_check(a->template, t->enc.layout, err)) return -1;
     if ((a->dataset || a->template) && a->quantization_bit == 4 && !strcmp(a->quantization_type, "int"))
@@ -469,7 +485,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     if (glm_conv_labels_parse(a->conversation_labels, &d->example.conv_labels))
         return glm_fail(err, "--conversation_labels %s is not known (thudm or eos)", a->conversation_labels);
     if (glm_example_cfg_check(&d->example, err)) return -1;
-    d->val_size = a->val_size;
+    d->val_size = a->eval_dataset ? 0 : a->val_size;
     if (a->max_train_samples < 0) return glm_fail(err, "--max_train_samples %d: must be 0 (all) or a count", a->max_train_samples);
     d->max_train_samples = a->max_train_samples;
     d->max_samples = a->max_samples;

@@ -283,6 +283,7 @@ static void trainer_free(trainer *t, int ok) {
     if (t->eval_ld) glm_loader_free(t->eval_ld);
     if (t->data.train_ex) glm_data_free(&t->data);
     free(t->sources);
+    free(t->val_sources);
     if (t->tok) glm_tokenizer_free(t->tok);
     if (t->tb) tb_close(t->tb);
     if (t->opt.n) glm_adamw_free(&t->opt, &t->m);

@@ -29,7 +29,7 @@ typedef struct glm_train_args {
     char *adapter_name_or_path, *ptuning_checkpoint;
     /* data */
     char *train_file, *validation_file, *data_format, *prompt_column, *response_column, *history_column;
-    char *dataset, *dataset_dir, *template, *stage; /* LLaMA-Factory's names (data/dataset_info.h) */
+    char *dataset, *dataset_dir, *template, *stage, *eval_dataset; /* LLaMA-Factory's names (data/dataset_info.h) */
     /* THUDM's ptuning/train.sh passes these Hugging Face flags */
     int do_train, do_eval, do_predict, predict_with_generate, overwrite_cache, preprocessing_num_workers;
     /* and LLaMA-Factory's training configs these */

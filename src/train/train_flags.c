@@ -23,6 +23,7 @@ const glm_flag glm_train_flags[] = {
     F(validation_file, ARG_STR, NULL, "evaluation data (same formats)"),
     F(dataset, ARG_STR, NULL, "LLaMA-Factory's: names (comma-separated) in <dataset_dir>/dataset_info.json, instead of --train_file"),
     F(dataset_dir, ARG_STR, "data", "LLaMA-Factory's: the folder of dataset_info.json"),
+    F(eval_dataset, ARG_STR, NULL, "LLaMA-Factory's: names in dataset_info.json for the validation set, instead of --validation_file"),
     F(template, ARG_STR, NULL, "LLaMA-Factory's: chatglm2|chatglm3|glm4 (checked against the tokenizer, which decides the format)"),
     F(stage, ARG_STR, "sft", "LLaMA-Factory's: sft (the only stage glmtrain trains)"),
     F(val_size, ARG_FLOAT, "0", "hold out this fraction (<1) or count (>=1) of the training data for evaluation"),
@@ -163,6 +164,14 @@ glm_par_opts glm_train_par_opts(const glm_train_args *a) {
  * and left alone (the reason said). */
 static const struct { const char *key, *flag, *why; } config_keys[] = {
     {"data_config.train_file", "train_file", NULL},
+    /* LLaMA-Factory's training configs: kernels and backends glmtrain chooses itself */
+    {"flash_attn", "", "glmtrain picks its attention kernels itself (FlashAttention-style on the GPU)"},
+    {"use_unsloth", "", "glmtrain's own kernels run either way"},
+    {"enable_liger_kernel", "", "glmtrain's own kernels run either way"},
+    {"quantization_method", "", "glmtrain's 4-bit base is THUDM's INT4 or NF4 (--quantization_type nf4), its 8-bit THUDM's INT8"},
+    {"neftune_noise_alpha", NULL, "NEFTune's embedding noise changes what trains, and glmtrain has no such option"},
+    {"rope_scaling", NULL, "glmtrain keeps the model's own rotary positions"},
+    {"shift_attn", NULL, "LongLoRA's shifted attention changes what trains, and glmtrain has no such option"},
     {"data_config.val_file", "validation_file", NULL},
     {"data_config.test_file", "", "predictions on it: glmtrain generate --input_file (BLEU-4, ROUGE)"},
     {"data_config.num_proc", "preprocessing_num_workers", NULL},

@@ -46,6 +46,7 @@ typedef struct trainer {
     glm_encoder enc;
     glm_data_cfg dcfg;
     glm_data_source *sources; /* --dataset's files (dcfg.sources points here), else NULL */
+    glm_data_source *val_sources; /* --eval_dataset's (dcfg.val_sources), else NULL */
     glm_data data;
     glm_loader *train_ld, *eval_ld;
     glm_batch *micro;         /* [accum] host batches of one optimizer step */

@@ -9,7 +9,7 @@ entries of DIR/dataset_info.json, each file with its own formatting and columns:
     file of those records does;
   * a LLaMA-Factory training config (flat YAML, --config) and THUDM's finetune_demo config
     (nested: data_config, max_input_length, training_args, peft_config; --data_dir) train as
-    the same flags do; a PREFIX_TUNING config trains a prefix; its DeepSpeed file sets the ZeRO stage; cutoff_len, unknown
+    the same flags do; --eval_dataset is the validation set, an evaluation alone reads entries too; a PREFIX_TUNING config trains a prefix; its DeepSpeed file sets the ZeRO stage; cutoff_len, unknown
     keys and malformed YAML are refused naming file:line;
   * `--template` naming the tokenizer's family passes; another one, an unknown one, `--stage dpo`,
     a missing entry, a hub-only entry, ranking data, an unsupported column or tag, and
@@ -243,7 +243,37 @@ peft_config:
         p = train(common + ["--dataset", "poems", "--dataset_dir", data, "--output_dir", os.path.join(d, "q4"),
                             "--finetuning_type", "lora", "--quantization_bit", "4", "--max_steps", "1"])
         report("lf_quantization_bit_4_says_nf4", p.returncode == 0 and "--quantization_type nf4" in p.stderr, p.stderr[-400:])
+        # --eval_dataset: the validation set named in dataset_info.json, as --validation_file of its file
+        def eval_losses(p):
+            return re.findall(r"'eval_loss': ([0-9.]+)", p.stderr)
+        run_ev = ["--dataset", "renamed", "--dataset_dir", data, "--max_steps", "2", "--eval_strategy", "steps", "--eval_steps", "1"]
+        pa = train(common + run_ev + ["--eval_dataset", "poems", "--output_dir", os.path.join(d, "ev1")])
+        pb = train(common + run_ev + ["--validation_file", os.path.join(data, "a.json"), "--output_dir", os.path.join(d, "ev2")])
+        report("eval_dataset_equals_its_file_as_validation_file", pa.returncode == 0 and len(eval_losses(pa)) == 2 and
+               eval_losses(pa) == eval_losses(pb) and "validation data: datasets poems" in pa.stderr,
+               "%s vs %s %s" % (eval_losses(pa), eval_losses(pb), pa.stderr[-400:]))
+        # an evaluation alone over a dataset_info entry (LLaMA-Factory's --do_eval without --do_train)
+        pa = train(common + ["--dataset", "poems", "--dataset_dir", data, "--do_train", "false", "--do_eval", "--output_dir",
+                             os.path.join(d, "ev3")])
+        pb = train(common + ["--eval_dataset", "poems", "--dataset_dir", data, "--do_train", "false", "--do_eval", "--output_dir",
+                             os.path.join(d, "ev4")])
+        pc = train(common + ["--validation_file", os.path.join(data, "a.json"), "--do_train", "false", "--do_eval", "--output_dir",
+                             os.path.join(d, "ev5")])
+        report("eval_only_over_dataset_entries_equals_the_file", pa.returncode == 0 and eval_losses(pa) and
+               eval_losses(pa) == eval_losses(pb) == eval_losses(pc),
+               "%s %s %s %s" % (eval_losses(pa), eval_losses(pb), eval_losses(pc), pa.stderr[-300:] + pb.stderr[-300:]))
+        # LLaMA-Factory's kernel switches are read and left alone; what changes training is refused
+        yk = os.path.join(d, "kernels.yaml")
+        open(yk, "w").write("flash_attn: auto\nuse_unsloth: false\nquantization_method: bitsandbytes\nmax_steps: 1\n")
+        p = train(["--config", yk] + common + ["--dataset", "poems", "--dataset_dir", data, "--output_dir", os.path.join(d, "k1")])
+        report("lf_kernel_switches_left_alone", p.returncode == 0 and "flash_attn is not used" in p.stderr, p.stderr[-300:])
+        open(yk, "w").write("neftune_noise_alpha: 5\nmax_steps: 1\n")
+        p = train(["--config", yk] + common + ["--dataset", "poems", "--dataset_dir", data, "--output_dir", os.path.join(d, "k2")])
+        report("lf_neftune_refused", p.returncode != 0 and "neftune_noise_alpha" in p.stderr and "NEFTune" in p.stderr,
+               p.stderr[-300:])
         bad = [("template_other_family", ["--dataset", "poems", "--template", "glm4"], "--template glm4"),
+               ("eval_dataset_and_validation_file", ["--dataset", "poems", "--eval_dataset", "poems", "--validation_file", one],
+                "--eval_dataset and --validation_file"),
                ("template_unknown", ["--dataset", "poems", "--template", "qwen"], "--template qwen"),
                ("stage_dpo", ["--dataset", "poems", "--stage", "dpo"], "--stage dpo"),
                ("missing_entry", ["--dataset", "nope"], "no dataset \"nope\""),
