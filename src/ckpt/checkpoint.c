@@ -170,6 +170,13 @@ static int save_state(const char *path, const glm_train_state *st, long opt_step
     char hex[24];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)st->data_hash);
     if (st->data_hash) cJSON_AddStringToObject(o, "data_hash", hex); /* a string: JSON numbers lose 64-bit values */
+    if (st->best_checkpoint[0]) {
+        cJSON_AddNumberToObject(o, "best_metric", st->best_metric);
+        cJSON_AddStringToObject(o, "best_model_checkpoint", st->best_checkpoint);
+    } else {
+        cJSON_AddNullToObject(o, "best_metric");
+        cJSON_AddNullToObject(o, "best_model_checkpoint");
+    }
     cJSON *hist = st->log_history ? cJSON_Parse(st->log_history) : NULL;
     cJSON_AddItemToObject(o, "log_history", hist ? hist : cJSON_CreateArray());
     char *s = cJSON_Print(o);
@@ -206,6 +213,12 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
     st->data_rows = (v = cJSON_GetObjectItem(o, "data_rows_consumed")) && cJSON_IsNumber(v) ? (long)v->valuedouble : -1;
     st->data_hash = (v = cJSON_GetObjectItem(o, "data_hash")) && cJSON_IsString(v) ? strtoull(v->valuestring, NULL, 16) : 0;
     if ((v = cJSON_GetObjectItem(o, "run_id")) && cJSON_IsString(v)) snprintf(st->run_id, sizeof st->run_id, "%s", v->valuestring);
+    st->best_checkpoint[0] = 0;
+    cJSON *bm = cJSON_GetObjectItem(o, "best_metric"), *bc = cJSON_GetObjectItem(o, "best_model_checkpoint");
+    if (cJSON_IsNumber(bm) && cJSON_IsString(bc)) {
+        st->best_metric = bm->valuedouble;
+        snprintf(st->best_checkpoint, sizeof st->best_checkpoint, "%s", bc->valuestring);
+    }
     free(st->log_history);
     st->log_history = NULL;
     if ((v = cJSON_GetObjectItem(o, "log_history")) && cJSON_IsArray(v)) st->log_history = cJSON_PrintUnformatted(v);
@@ -359,17 +372,29 @@ int glm_checkpoint_latest(const char *output_dir, char *out, size_t n) {
     return k > 0 ? 0 : -1;
 }
 
-int glm_checkpoint_rotate(const char *output_dir, int limit, const char *run_id, glm_err *err) {
+int glm_checkpoint_rotate_keep(const char *output_dir, int limit, const char *run_id, long keep_step, glm_err *err) {
     if (limit <= 0) return 0;
     long *steps;
     int k = list_checkpoints(output_dir, run_id && run_id[0] ? run_id : NULL, &steps);
-    for (int i = 0; i + limit < k; i++) {
+    int kept = 0;
+    for (int i = 0; i < k; i++) kept += steps[i] == keep_step;
+    if (kept && limit == 1 && steps[k - 1] != keep_step) limit = 2; /* the best and the newest */
+    /* the best moves to the newest end of the order, so the oldest others go first */
+    int others = k - kept, drop = k - limit;
+    for (int i = 0; i < k && drop > 0 && others > 0; i++) {
+        if (steps[i] == keep_step) continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/checkpoint-%ld", output_dir, steps[i]);
         if (glm_remove_tree(path) != 0) { free(steps); return glm_fail(err, "cannot delete old checkpoint %s", path); }
+        drop--;
+        others--;
     }
     free(steps);
     return 0;
+}
+
+int glm_checkpoint_rotate(const char *output_dir, int limit, const char *run_id, glm_err *err) {
+    return glm_checkpoint_rotate_keep(output_dir, limit, run_id, 0, err);
 }
 
 int glm_checkpoint_write_state(const char *path, const glm_train_state *st, long opt_step, glm_err *err) {

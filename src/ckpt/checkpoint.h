@@ -26,6 +26,10 @@ typedef struct glm_train_state {
     long world_size;      /* data-parallel ranks that wrote it (0: unknown, an earlier glmtrain) */
     long data_rows;       /* rows of the epoch's data order consumed, every rank's together (-1: unknown) */
     uint64_t data_hash;   /* of the tokenized training examples (ids and supervision; 0: unknown) */
+    /* --load_best_model_at_end: the best evaluation so far and the checkpoint saved with it
+     * (Hugging Face's best_metric / best_model_checkpoint; best_checkpoint "" when none) */
+    double best_metric;
+    char best_checkpoint[1024];
 } glm_train_state;
 
 /* Optimizer state in host memory over flat elements of the tensor table's layout: [lo, hi)
@@ -83,6 +87,10 @@ int glm_checkpoint_list(const char *output_dir, long **steps);
 /* Deletes the oldest complete checkpoints of run run_id beyond `limit` (0 = keep all); another
  * run's checkpoints (or an earlier glmtrain's, without a run id) are neither counted nor deleted. */
 int glm_checkpoint_rotate(const char *output_dir, int limit, const char *run_id, glm_err *err);
+/* The same, never deleting step `keep_step` (> 0: the best checkpoint of --load_best_model_at_end),
+ * which counts toward the limit as the newest does; with a limit of 1 the newest stays beside it,
+ * as Hugging Face's Trainer keeps both. */
+int glm_checkpoint_rotate_keep(const char *output_dir, int limit, const char *run_id, long keep_step, glm_err *err);
 /* Copies the tokenizer files of tokenizer_path (a .model file, or a folder: ice_text.model /
  * tokenizer.model, tokenizer_config.json, special_tokens_map.json and the code files its
  * auto_map names, as glm_copy_source_files) into dir. */

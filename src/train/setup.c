@@ -105,6 +105,21 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->warmup_ratio < 0 || a->warmup_ratio > 1) return glm_fail(err, "--warmup_ratio must be in [0, 1]");
     if (!(a->fp16_initial_scale > 0)) return glm_fail(err, "--fp16_initial_scale must be positive");
     if (a->save_total_limit < 0) return glm_fail(err, "--save_total_limit must not be negative");
+    if (a->load_best_model_at_end) { /* transformers' TrainingArguments checks, in its words */
+        const char *m = a->metric_for_best_model;
+        if (strcmp(m, "loss") && strcmp(m, "eval_loss") && strcmp(m, "perplexity") && strcmp(m, "eval_perplexity"))
+            return glm_fail(err, "--metric_for_best_model %s: glmtrain's evaluation gives eval_loss and eval_perplexity", m),
+                   glm_hint(err, "use loss or perplexity; BLEU/ROUGE of generated answers come from glmtrain generate --input_file");
+        if (strcmp(a->eval_strategy, a->save_strategy))
+            return glm_fail(err, "--load_best_model_at_end requires the save and eval strategy to match, but found\n"
+                                 "- Evaluation strategy: %s\n- Save strategy: %s", a->eval_strategy, a->save_strategy),
+                   glm_hint(err, "give --eval_strategy and --save_strategy the same value (steps or epoch)");
+        long ev = a->eval_steps > 0 ? a->eval_steps : a->logging_steps;
+        if (!strcmp(a->save_strategy, "steps") && a->save_steps % ev)
+            return glm_fail(err, "--load_best_model_at_end requires the saving steps to be a round multiple of the evaluation "
+                                 "steps, but found %ld, which is not a round multiple of %ld", a->save_steps, ev),
+                   glm_hint(err, "e.g. --save_steps %ld", ev * (a->save_steps / ev > 0 ? a->save_steps / ev : 1));
+    }
     if (strcmp(a->save_strategy, "steps") == 0 && a->save_steps < 1) return glm_fail(err, "--save_steps must be at least 1");
     if (a->pipeline_parallel_size < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
     if (a->num_microbatches < 0) return glm_fail(err, "--num_microbatches must not be negative");

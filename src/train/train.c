@@ -115,8 +115,27 @@ static int on_bad_step(trainer *t, double loss, double norm, float lr, int in_a_
                     t->a->learning_rate, ck, strcmp(ck, "none") ? " (--resume_from_checkpoint continues from it)" : "");
 }
 
+/* --load_best_model_at_end: whether an evaluation at this step beats the best so far (the
+ * checkpoint about to be saved then becomes the best, as the Trainer decides in _save_checkpoint) */
+static void note_best(trainer *t) {
+    const glm_train_args *a = t->a;
+    if (!a->load_best_model_at_end || t->eval_step != t->st.global_step) return;
+    double v = strstr(a->metric_for_best_model, "perplexity") ? t->eval_ppl : t->eval_loss;
+    int better = !t->st.best_checkpoint[0] || (a->greater_is_better ? v > t->st.best_metric : v < t->st.best_metric);
+    if (!better) return;
+    t->st.best_metric = v;
+    snprintf(t->st.best_checkpoint, sizeof t->st.best_checkpoint, "%s/checkpoint-%ld", a->output_dir, t->st.global_step);
+}
+
+/* the step of the best checkpoint (0: none) */
+static long best_step(const trainer *t) {
+    const char *s = strrchr(t->st.best_checkpoint, '-');
+    return t->st.best_checkpoint[0] && s ? atol(s + 1) : 0;
+}
+
 static int save_checkpoint(trainer *t, glm_err *err) {
     if (check_params_finite(t, "a checkpoint", err)) return -1;
+    note_best(t);
     free(t->st.log_history);
     t->st.log_history = cJSON_PrintUnformatted(t->history);
     glm_data_cursor c = glm_loader_cursor(t->train_ld);
@@ -135,7 +154,23 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     char line[256];
     snprintf(line, sizeof line, "[glmtrain] saved %s/checkpoint-%ld", t->a->output_dir, t->st.global_step);
     glm_progress_log(&t->prog, line);
-    return glm_checkpoint_rotate(t->a->output_dir, t->a->save_total_limit, t->st.run_id, err);
+    return glm_checkpoint_rotate_keep(t->a->output_dir, t->a->save_total_limit, t->st.run_id, best_step(t), err);
+}
+
+/* --load_best_model_at_end: the best checkpoint's weights into the model before the final save */
+static int load_best(trainer *t, glm_err *err) {
+    if (!t->a->load_best_model_at_end) return 0;
+    if (!t->st.best_checkpoint[0]) {
+        glm_warn("--load_best_model_at_end: no checkpoint was saved with an evaluation; the final model is the last one");
+        return 0;
+    }
+    glm_train_state st = {0};
+    if (glm_dp_load(t->dp, t->st.best_checkpoint, &st, err)) return glm_wrap(err, "loading the best checkpoint: ");
+    free(st.log_history);
+    if (lead(t))
+        glm_info("loading the best model from %s (%s %.6g)", t->st.best_checkpoint, t->a->metric_for_best_model,
+                 t->st.best_metric);
+    return 0;
 }
 
 /* One optimizer step over up to gradient_accumulation_steps micro-batches (fewer at the end
@@ -432,6 +467,9 @@ static int run(trainer *t, glm_err *err) {
             glm_progress_log(&t->prog, line);
             if (t->tb) { tb_scalar(t->tb, "eval/loss", (float)el, t->st.global_step); tb_scalar(t->tb, "eval/perplexity", (float)ppl, t->st.global_step); tb_flush(t->tb); }
             log_record(t, "eval", el, ppl, 0, 0);
+            t->eval_loss = el;
+            t->eval_ppl = ppl;
+            t->eval_step = t->st.global_step;
         }
         /* ranks must agree on stopping: rank clocks differ, so they vote */
         double out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
@@ -445,6 +483,7 @@ static int run(trainer *t, glm_err *err) {
     }
     glm_progress_done(&t->prog);
     glm_info("trained %ld steps in %.1f s", t->st.global_step, glm_now() - t_start);
+    if (load_best(t, err)) return -1; /* the Trainer loads it at the end of train(), before the scripts evaluate */
     if (a->do_eval && t->eval_ld) { /* the scripts' trainer.evaluate() after training */
         double el, ppl;
         if (evaluate(t, &el, &ppl, err)) return -1;

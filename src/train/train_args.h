@@ -50,6 +50,9 @@ typedef struct glm_train_args {
     long max_steps, warmup_steps, logging_steps, eval_steps, save_steps;
     int per_device_train_batch_size, per_device_eval_batch_size, gradient_accumulation_steps;
     int save_total_limit, seed, disable_tqdm, logging_first_step, save_final_model;
+    /* Hugging Face's best-checkpoint keeping (train.c) */
+    int load_best_model_at_end, greater_is_better;
+    char *metric_for_best_model;
     int max_bad_steps;     /* consecutive non-finite steps (bf16/fp32) before the run stops */
     /* precision and memory */
     int bf16, fp16, fp32, tf32, gradient_checkpointing, full_determinism;

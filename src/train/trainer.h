@@ -58,6 +58,8 @@ typedef struct trainer {
     glm_lr_sched sched;      /* the learning rate of each optimizer update */
     long total_steps, warmup, steps_per_epoch, micro_per_epoch;
     uint64_t data_hash;      /* of the tokenized training examples: resume compares it with the checkpoint's */
+    double eval_loss, eval_ppl; /* the last evaluation during training, at step eval_step (0: none yet) */
+    long eval_step;
     glm_presence pres;       /* every rank's last step, for naming the ranks a timeout waited for */
     char *args_json;
     cJSON *history;           /* log_history records */
