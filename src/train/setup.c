@@ -105,6 +105,16 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->warmup_ratio < 0 || a->warmup_ratio > 1) return glm_fail(err, "--warmup_ratio must be in [0, 1]");
     if (!(a->fp16_initial_scale > 0)) return glm_fail(err, "--fp16_initial_scale must be positive");
     if (a->save_total_limit < 0) return glm_fail(err, "--save_total_limit must not be negative");
+    if (!strcmp(a->report_to, "all")) { /* the Trainer's "every integration installed": here that is TensorBoard */
+        free(a->report_to);
+        a->report_to = glm_strdup("tensorboard");
+    } else if (strcmp(a->report_to, "tensorboard") && strcmp(a->report_to, "none")) {
+        glm_fail(err, "--report_to %s: glmtrain writes TensorBoard event files (tensorboard) or nothing (none)", a->report_to);
+        if (strstr(a->report_to, "wandb"))
+            return glm_hint(err, "use --report_to tensorboard; Weights & Biases takes the event files with "
+                                 "`wandb sync --sync-tensorboard <output_dir>/runs`");
+        return glm_hint(err, "use --report_to tensorboard (or none); other trackers read TensorBoard's event files");
+    }
     if (a->load_best_model_at_end) { /* transformers' TrainingArguments checks, in its words */
         const char *m = a->metric_for_best_model;
         if (strcmp(m, "loss") && strcmp(m, "eval_loss") && strcmp(m, "perplexity") && strcmp(m, "eval_perplexity"))

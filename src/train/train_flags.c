@@ -74,7 +74,7 @@ const glm_flag glm_train_flags[] = {
     F(output_dir, ARG_STR, NULL, "where checkpoints and the final model go"),
     F(overwrite_output_dir, ARG_BOOL, "false", "allow a non-empty output_dir"),
     F(logging_dir, ARG_STR, NULL, "TensorBoard folder (default: <output_dir>/runs)"),
-    C(report_to, "tensorboard", "tensorboard|none", "where metrics go besides the console"),
+    F(report_to, ARG_STR, "tensorboard", "where metrics go besides the console: tensorboard or none (all: tensorboard, the one glmtrain writes)"),
     F(num_train_epochs, ARG_FLOAT, "3", "passes over the training data"),
     F(max_steps, ARG_LONG, "-1", "stop after this many optimizer steps (overrides epochs when > 0)"),
     F(per_device_train_batch_size, ARG_INT, "8", "micro-batch rows per device"),

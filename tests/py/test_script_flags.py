@@ -6,7 +6,8 @@ and the rest are accepted and mean what they mean there:
   * --do_eval evaluates the validation set once after training (an eval_loss line, and
     eval_results.json as trainer.save_metrics writes it), and with --predict_with_generate the log says where generation metrics
     come from;
-  * --do_predict and --do_train false without --do_eval are refused, naming glmtrain generate --input_file.
+  * --do_predict and --do_train false without --do_eval are refused, naming glmtrain generate --input_file;
+  * --report_to all writes TensorBoard, --report_to wandb is refused naming wandb sync.
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
@@ -56,6 +57,17 @@ def main():
                                   ("do_train_false", ["--do_train", "false"], "glmtrain generate --input_file")):
             p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
             report("%s_refused" % name, p.returncode != 0 and want in p.stderr, p.stderr[-400:])
+        # --report_to: the Trainer's "all" is TensorBoard here; wandb is refused with how to feed it the event files
+        p = subprocess.run([GLM, "train"] + sh + ["--report_to", "wandb"], capture_output=True, text=True, timeout=120, env=ENV)
+        report("report_to_wandb_names_wandb_sync", p.returncode != 0 and "wandb sync --sync-tensorboard" in p.stderr,
+               p.stderr[-300:])
+        out_all = os.path.join(d, "all")
+        args = [a if a != out else out_all for a in sh]
+        p = subprocess.run([GLM, "train"] + args + ["--report_to", "all", "--max_steps", "1"], capture_output=True, text=True,
+                           timeout=120, env=ENV)
+        runs = os.path.join(out_all, "runs")
+        report("report_to_all_writes_tensorboard", p.returncode == 0 and os.path.isdir(runs) and
+               any(n.startswith("events.out.tfevents") for n in os.listdir(runs)), p.stderr[-300:])
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0
