@@ -1,4 +1,5 @@
 #include "core/args.h"
+#include "core/log.h"
 #include <cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -178,7 +179,6 @@ static int load_config(const glm_flag *f, int n, void *dst, const char *path, gl
     int rc = 0;
     for (cJSON *it = o->child; it && rc == 0; it = it->next) {
         const glm_flag *fl = find(f, n, it->string);
-        if (!fl) { rc = unknown(f, n, it->string, where, err); break; }
         char buf[64];
         const char *v = NULL;
         if (cJSON_IsString(it)) v = it->valuestring;
@@ -189,6 +189,14 @@ static int load_config(const glm_flag *f, int n, void *dst, const char *path, gl
             v = buf;
         } else if (cJSON_IsNull(it)) continue;
         else { rc = glm_fail(err, "%s\"%s\" must be a string, number or boolean", where, it->string); break; }
+        if (!fl && keys) { /* as on the command line */
+            char why[300] = "";
+            const char *to = keys(it->string, v, why, sizeof why);
+            if (!to && why[0]) { rc = glm_fail(err, "%s%s: %s", where, it->string, why); break; }
+            if (to && !to[0]) { glm_info("%s%s is not used: %s", where, it->string, why); continue; }
+            if (to) fl = find(f, n, to);
+        }
+        if (!fl) { rc = unknown(f, n, it->string, where, err); break; }
         rc = glm_args_set(fl, dst, v, where, err);
     }
     cJSON_Delete(o);
@@ -221,6 +229,20 @@ int glm_args_parse_ex(const glm_flag *f, int n, void *dst, int argc, char **argv
         name[len] = 0;
         if (strcmp(name, "config") == 0) { if (!eq) i++; continue; }
         const glm_flag *fl = find(f, n, name);
+        if (!fl && keys) { /* another tool's name for a flag, or a setting read and left alone */
+            const char *v = eq ? eq + 1 : i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0 ? argv[i + 1] : NULL;
+            char why[300] = "";
+            const char *to = keys(name, v, why, sizeof why);
+            if (!to && !why[0]) return unknown(f, n, name, "", err);
+            if (!to) return glm_fail(err, "--%s%s%s: %s", name, v ? " " : "", v ? v : "", why), glm_hint(err, "leave it out");
+            if (v && !eq) i++;
+            if (!to[0]) { glm_info("--%s is not used: %s", name, why); continue; }
+            fl = find(f, n, to);
+            if (!fl) return unknown(f, n, name, "", err);
+            if (why[0]) glm_info("--%s: %s", name, why);
+            if (glm_args_set(fl, dst, v ? v : fl->type == ARG_BOOL ? "true" : "", "", err)) return -1;
+            continue;
+        }
         if (!fl) return unknown(f, n, name, "", err);
         if (eq) val = eq + 1;
         else if (fl->type == ARG_BOOL) {

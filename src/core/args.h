@@ -29,11 +29,13 @@ void glm_args_defaults(const glm_flag *f, int n, void *dst);
 /* Parses argv[0..argc) (flags only, no subcommand). "--config FILE" loads keys from JSON first,
  * then the command line overrides them. Returns 0, or -1 with err naming the flag. */
 int glm_args_parse(const glm_flag *f, int n, void *dst, int argc, char **argv, glm_err *err);
-/* A command's reading of a config file's keys other than its flag names: nested keys come
- * dotted ("training_args.output_dir"), a list of scalars joined with commas. Returns the flag
+/* A command's reading of keys other than its flag names, in a config file (nested keys come
+ * dotted, "training_args.output_dir", a list of scalars joined with commas) and, as --key, on
+ * the command line; value is the key's text (NULL: none given, a bare --key). Returns the flag
  * the key sets (the key itself for a flag name), "" for a key that is read and left alone
- * (*why says why: printed), or NULL when it cannot be used (*why says why: an error). */
-typedef const char *(*glm_config_key_fn)(const char *key, char *why, size_t why_len);
+ * (*why says why: printed), or NULL when it cannot be used (*why says why: an error; an empty
+ * *why on the command line: an unknown flag). */
+typedef const char *(*glm_config_key_fn)(const char *key, const char *value, char *why, size_t why_len);
 
 /* --config FILE.yaml (args_yaml.c, libyaml): a mapping of flag names to values; a plain null
  * leaves the default, yes/no/on/off are booleans. Nested values only through keys (NULL: the

@@ -49,7 +49,7 @@ static int set_value(yaml_reader *y, const char *v, size_t line) {
     snprintf(where, sizeof where, "%s:%zu: ", y->path, line);
     const char *name = dotted;
     if (y->keys) {
-        name = y->keys(dotted, why, sizeof why);
+        name = y->keys(dotted, v, why, sizeof why);
         if (!name) return glm_fail(y->err, "%s%s: %s", where, dotted, why);
         if (!name[0]) { glm_info("%s%s is not used: %s", where, dotted, why); return 0; }
     } /* else flat: a nested value was refused where it opened */

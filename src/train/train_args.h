@@ -84,7 +84,7 @@ extern const int glm_train_nflags;
  * THUDM's finetune_demo configs (finetune_hf.py's lora.yaml / ptuning_v2.yaml / sft.yaml of
  * ChatGLM3 and GLM-4): data_config.*, max_input_length / max_output_length, training_args.*
  * (Seq2SeqTrainingArguments' names), peft_config.* (peft's LoraConfig / PrefixTuningConfig). */
-const char *glm_train_config_key(const char *key, char *why, size_t why_len);
+const char *glm_train_config_key(const char *key, const char *value, char *why, size_t why_len);
 /* Once after parsing, before anything reads them: the other-named settings into glmtrain's
  * (peft_type -> finetuning_type, use_cpu -> device, data files under data_dir). */
 int glm_train_resolve_args(glm_train_args *a, glm_err *err);

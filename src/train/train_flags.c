@@ -172,7 +172,6 @@ static const struct { const char *key, *flag, *why; } config_keys[] = {
     {"use_unsloth", "", "glmtrain's own kernels run either way"},
     {"enable_liger_kernel", "", "glmtrain's own kernels run either way"},
     {"quantization_method", "", "glmtrain's 4-bit base is THUDM's INT4 or NF4 (--quantization_type nf4), its 8-bit THUDM's INT8"},
-    {"neftune_noise_alpha", NULL, "NEFTune's embedding noise changes what trains, and glmtrain has no such option"},
     {"rope_scaling", NULL, "glmtrain keeps the model's own rotary positions"},
     {"shift_attn", NULL, "LongLoRA's shifted attention changes what trains, and glmtrain has no such option"},
     {"data_config.val_file", "validation_file", NULL},
@@ -180,10 +179,6 @@ static const struct { const char *key, *flag, *why; } config_keys[] = {
     {"data_config.num_proc", "preprocessing_num_workers", NULL},
     {"max_input_length", "max_source_length", NULL},
     {"max_output_length", "max_target_length", NULL},
-    {"training_args.evaluation_strategy", "eval_strategy", NULL},
-    {"training_args.log_level", "", "glmtrain logs at one level"},
-    {"training_args.logging_strategy", "", "glmtrain logs every --logging_steps"},
-    {"training_args.remove_unused_columns", "", "glmtrain keeps no columns besides the examples"},
     {"training_args.generation_config.max_new_tokens", "", "generation settings are glmtrain generate's flags"},
     {"peft_config.task_type", "", "glmtrain trains causal language models"},
     {"peft_config.r", "lora_rank", NULL},
@@ -193,7 +188,83 @@ static const struct { const char *key, *flag, *why; } config_keys[] = {
     {"peft_config.token_dim", "", "the prefix's shape follows the model's config"},
 };
 
-const char *glm_train_config_key(const char *key, char *why, size_t why_len) {
+/* Hugging Face TrainingArguments that glmtrain has no use for, on the command line and in
+ * configs: read and left alone at values that change nothing here (neutral: "a|b", NULL: any),
+ * refused at values that would change what trains; and older names of flags. */
+static const struct { const char *key, *neutral, *flag, *why; } trainer_settings[] = {
+    {"evaluation_strategy", NULL, "eval_strategy", "transformers' older name for --eval_strategy"},
+    {"per_gpu_train_batch_size", NULL, "per_device_train_batch_size", "transformers' older name for --per_device_train_batch_size"},
+    {"per_gpu_eval_batch_size", NULL, "per_device_eval_batch_size", "transformers' older name for --per_device_eval_batch_size"},
+    {"no_cuda", NULL, "use_cpu", "transformers' older name for --use_cpu"},
+    {"remove_unused_columns", NULL, "", "glmtrain builds its examples itself and keeps no other columns"},
+    {"dataloader_pin_memory", NULL, "", "glmtrain's loader stages its batches itself"},
+    {"ddp_find_unused_parameters", NULL, "", "glmtrain's data parallel reduces the trainable tensors it knows, none unused"},
+    {"ddp_broadcast_buffers", NULL, "", "the model has no buffers to broadcast"},
+    {"log_level", NULL, "", "glmtrain logs at one level"},
+    {"log_level_replica", NULL, "", "glmtrain logs at one level"},
+    {"log_on_each_node", NULL, "", "rank 0 logs for the job"},
+    {"logging_strategy", "steps", "", "glmtrain logs every --logging_steps"},
+    {"save_safetensors", "true|True|1", "", "glmtrain writes safetensors"},
+    {"torch_compile", NULL, "", "glmtrain's kernels are compiled ahead of time"},
+    {"gradient_checkpointing_kwargs", NULL, "", "glmtrain's checkpointing takes its levels: --gradient_checkpointing true|selective|auto"},
+    {"label_smoothing_factor", "0|0.0", "", "label smoothing changes the loss, and glmtrain has no such option"},
+    {"push_to_hub", "false|False|0", "", "glmtrain uploads nothing"},
+    {"hub_model_id", NULL, "", "glmtrain uploads nothing"},
+    {"hub_strategy", NULL, "", "glmtrain uploads nothing"},
+    {"hub_token", NULL, "", "glmtrain uploads nothing"},
+    {"hub_private_repo", NULL, "", "glmtrain uploads nothing"},
+    {"auto_find_batch_size", "false|False|0", "", "the memory plan says what fits before anything runs: glmtrain info, or "
+                                                  "--max_memory_per_gpu with --gradient_checkpointing auto"},
+    {"include_num_input_tokens_seen", NULL, "", "glmtrain logs tokens_per_second and counts tokens_seen in trainer_state.json"},
+    {"neftune_noise_alpha", "0|0.0|None|null", "", "NEFTune's embedding noise changes what trains, and glmtrain has no such option"},
+    {"adafactor", "false|False|0", "", "glmtrain trains with AdamW (--optim adamw_torch or adamw_8bit)"},
+    {"fp16_opt_level", NULL, "", "apex's setting; glmtrain's fp16 is its own"},
+    {"half_precision_backend", "auto|cuda_amp|amp|cpu_amp", "", "NVIDIA apex is not used"},
+    {"fp16_backend", "auto|cuda_amp|amp|cpu_amp", "", "NVIDIA apex is not used"},
+    {"bf16_full_eval", NULL, "", "evaluation runs in the training precision"},
+    {"fp16_full_eval", NULL, "", "evaluation runs in the training precision"},
+    {"local_rank", NULL, "", "the rank comes from the launcher (LOCAL_RANK, or glmtrain's own --nproc_per_node)"},
+    {"dataloader_drop_last", "false|False|0", "", "every example of an epoch trains: a partial last step is taken, as the Trainer's default"},
+    {"ignore_data_skip", "false|False|0", "", "a resumed run always goes on from its exact data position"},
+    {"run_name", NULL, "", "TensorBoard's folder is --logging_dir"},
+    {"prediction_loss_only", NULL, "", "evaluation here is the loss"},
+    {"save_on_each_node", "false|False|0", "", "rank 0 writes the checkpoints (on a folder every node sees)"},
+    {"jit_mode_eval", NULL, "", "evaluation runs glmtrain's own kernels"},
+    {"eval_accumulation_steps", NULL, "", "evaluation sums the loss as it goes"},
+    {"eval_delay", "0|0.0", "", "evaluation follows --eval_strategy from the start"},
+    {"lr_scheduler_kwargs", "{}", "", "the schedules take no further settings here"},
+    {"skip_memory_metrics", NULL, "", "glmtrain prints its memory plan and the GPU's peak itself"},
+    {"use_legacy_prediction_loop", NULL, "", "evaluation here is the loss"},
+    {"dataloader_persistent_workers", NULL, "", "glmtrain's loader stages its batches itself"},
+    {"dataloader_prefetch_factor", NULL, "", "glmtrain's loader stages its batches itself"},
+    {"group_by_length_column", NULL, "", "--group_by_length uses the examples' token counts"},
+};
+
+/* one of a "a|b" list */
+static int listed(const char *list, const char *v) {
+    size_t n = strlen(v);
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, '|');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, v, n)) return 1;
+        p = e ? e + 1 : NULL;
+    }
+    return 0;
+}
+
+/* trainer_settings' reading of key (NULL refused, "" left alone, a flag name), or key itself */
+static const char *trainer_setting(const char *key, const char *value, char *why, size_t why_len) {
+    for (size_t i = 0; i < sizeof trainer_settings / sizeof *trainer_settings; i++) {
+        if (strcmp(key, trainer_settings[i].key)) continue;
+        snprintf(why, why_len, "%s", trainer_settings[i].why);
+        if (trainer_settings[i].flag[0]) return trainer_settings[i].flag;
+        if (trainer_settings[i].neutral && !listed(trainer_settings[i].neutral, value ? value : "true")) return NULL;
+        return "";
+    }
+    return key;
+}
+
+const char *glm_train_config_key(const char *key, const char *value, char *why, size_t why_len) {
     for (size_t i = 0; i < sizeof config_keys / sizeof *config_keys; i++)
         if (!strcmp(key, config_keys[i].key)) {
             if (config_keys[i].why) snprintf(why, why_len, "%s", config_keys[i].why);
@@ -204,13 +275,13 @@ const char *glm_train_config_key(const char *key, char *why, size_t why_len) {
         return "";
     }
     /* the rest of training_args and peft_config are flags of the same names */
-    if (!strncmp(key, "training_args.", 14)) return key + 14;
+    if (!strncmp(key, "training_args.", 14)) return trainer_setting(key + 14, value, why, why_len);
     if (!strncmp(key, "peft_config.", 12)) return key + 12;
     if (!strncmp(key, "data_config.", 12)) {
         snprintf(why, why_len, "a data_config key glmtrain does not know (train_file, val_file, test_file, num_proc)");
         return NULL;
     }
-    return key;
+    return trainer_setting(key, value, why, why_len);
 }
 
 int glm_train_resolve_args(glm_train_args *a, glm_err *err) {

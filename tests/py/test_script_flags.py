@@ -7,9 +7,12 @@ and the rest are accepted and mean what they mean there:
     eval_results.json as trainer.save_metrics writes it), and with --predict_with_generate the log says where generation metrics
     come from;
   * --do_predict and --do_train false without --do_eval are refused, naming glmtrain generate --input_file;
-  * --report_to all writes TensorBoard, --report_to wandb is refused naming wandb sync.
+  * --report_to all writes TensorBoard, --report_to wandb is refused naming wandb sync;
+  * transformers' older names set their flags; its settings that change nothing here are left alone
+    with a line, those that would change training (label smoothing, ...) are refused.
 Prints PASS/FAIL/SKIP lines."""
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -49,10 +52,27 @@ def main():
                and ("'eval_loss': %.4f" % ev.get("eval_loss", -1)) in log, log[-800:])
         report("predict_with_generate_says_where_metrics_are", "glmtrain generate" in log and "--predict_with_generate" in log,
                log[-400:])
-        # Hugging Face's older --evaluation_strategy: the error names --eval_strategy
-        p = subprocess.run([GLM, "train"] + sh + ["--evaluation_strategy", "steps"], capture_output=True, text=True,
-                           timeout=120, env=ENV)
-        report("evaluation_strategy_names_eval_strategy", p.returncode != 0 and "--eval_strategy" in p.stderr, p.stderr[-300:])
+        # transformers' older names (--evaluation_strategy, --per_gpu_train_batch_size) set the flags they became
+        p = subprocess.run([GLM, "train"] + sh + ["--evaluation_strategy", "no", "--per_gpu_train_batch_size", "2",
+                                                  "--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
+        report("older_trainer_names_set_their_flags", p.returncode == 0 and re.search(r'"eval_strategy":\s*"no"', p.stderr)
+               and re.search(r'"per_device_train_batch_size":\s*2,', p.stderr), p.stderr[-300:])
+        # the Trainer's settings that change nothing here are read and left alone, each said once; the ones
+        # that would change what trains are refused naming the value
+        quiet = ["--remove_unused_columns", "false", "--ddp_find_unused_parameters", "False", "--save_safetensors",
+                 "--log_level", "info", "--dataloader_pin_memory", "true", "--torch_compile", "--local_rank=0"]
+        p = subprocess.run([GLM, "train"] + sh + quiet + ["--max_steps", "1"], capture_output=True, text=True, timeout=120,
+                           env=ENV)
+        said = [n for n in ("remove_unused_columns", "ddp_find_unused_parameters", "save_safetensors", "log_level",
+                            "dataloader_pin_memory", "torch_compile", "local_rank") if ("--%s is not used" % n) in p.stderr]
+        report("trainer_settings_left_alone", p.returncode == 0 and len(said) == 7, "%s %s" % (said, p.stderr[-300:]))
+        for name, extra, want in (("label_smoothing", ["--label_smoothing_factor", "0.1"], "label smoothing changes the loss"),
+                                  ("push_to_hub", ["--push_to_hub"], "uploads nothing"),
+                                  ("save_safetensors_false", ["--save_safetensors", "false"], "writes safetensors"),
+                                  ("auto_find_batch_size", ["--auto_find_batch_size", "true"], "memory plan")):
+            p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
+            report("trainer_setting_refused_%s" % name, p.returncode != 0 and want in p.stderr and "hint:" in p.stderr,
+                   p.stderr[-300:])
         for name, extra, want in (("do_predict", ["--do_predict"], "generate --model_name_or_path"),
                                   ("do_train_false", ["--do_train", "false"], "glmtrain generate --input_file")):
             p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
