@@ -36,6 +36,10 @@ static const glm_flag serve_flags[] = {
     {"dtype", ARG_STR, offsetof(serve_args, gen.dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL},
     SV_G(quantization_bit, ARG_INT, "0", "4 or 8: quantize the linear weights as they load (THUDM's INT4/INT8); 0 = as stored"),
     {"quantization_type", ARG_STR, offsetof(serve_args, gen.quantization_type), "int", "int: THUDM's per-row INT8/INT4; nf4: QLoRA's NormalFloat4", "int|nf4", NULL},
+    SV_G(adapter_name_or_path, ARG_STR, NULL, "a LoRA adapter served as the model itself, the base with it (LLaMA-Factory's API): requests naming --served_model_name or no model get it"),
+    SV_G(template, ARG_STR, NULL, "LLaMA-Factory's: checked against the tokenizer, whose own prompt format is used"),
+    SV_G(finetuning_type, ARG_STR, NULL, "LLaMA-Factory's: lora (with --adapter_name_or_path), full or freeze"),
+    SV_G(infer_backend, ARG_STR, NULL, "LLaMA-Factory's: huggingface (glmtrain's own engine serves either way)"),
     SV_G(ptuning_checkpoint, ARG_STR, NULL, "a P-Tuning v2 checkpoint on top of the model, served as the model (THUDM's ptuning output or --finetuning_type ptuning; no --adapter then)"),
     SV_G(device_map, ARG_STR, NULL, "split the layers over GPUs: auto, thudm, or a JSON map of module names to stages"),
     SV_G(pipeline_parallel_size, ARG_INT, "0", "stages for --device_map auto|thudm (0: every visible GPU)"),
@@ -135,6 +139,22 @@ int glm_cmd_serve(int argc, char **argv) {
         glm_args_defaults(serve_flags, n_serve_flags, &a);
     }
     free(args);
+    int model_adapter = 0; /* --adapter_name_or_path: the served model is the base with this adapter (index + 1) */
+    if (!rc && a.gen.adapter_name_or_path) {
+        if (a.gen.ptuning_checkpoint)
+            rc = glm_fail(&err, "--adapter_name_or_path and --ptuning_checkpoint both name the served model's adapter"),
+            glm_hint(&err, "give one");
+        aa = glm_realloc(aa, sizeof *aa * (size_t)(n_aa + 1));
+        char bn[512];
+        base_name(a.gen.adapter_name_or_path, bn, sizeof bn);
+        aa[n_aa] = (adapter_arg){.name = glm_strdup(bn), .dir = a.gen.adapter_name_or_path};
+        a.gen.adapter_name_or_path = NULL; /* loaded as a served adapter below, not into the base */
+        if (a.gen.finetuning_type && !strcmp(a.gen.finetuning_type, "lora")) { /* its adapter is that one */
+            free(a.gen.finetuning_type);
+            a.gen.finetuning_type = NULL;
+        }
+        model_adapter = ++n_aa;
+    }
     if (!rc && (a.max_batch_size < 1 || a.max_queue < 0 || a.timeout < 1 || a.max_connections < 1 || a.max_body_bytes < 64 ||
                 a.port < 0 || a.port > 65535 || a.max_model_len < 0 || a.shutdown_timeout < 0))
         rc = glm_fail(&err, "serve: --max_batch_size, --timeout and --max_connections must be >= 1, --max_queue, "
@@ -184,7 +204,8 @@ int glm_cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (!rc && srv_engine_start(&e)) rc = glm_fail(&err, "serve: cannot start the engine thread");
     if (!rc) {
-        srv_options o = {.host = a.host, .port = a.port, .model_name = name, .max_body = (size_t)a.max_body_bytes,
+        srv_options o = {.host = a.host, .port = a.port, .model_name = name, .model_adapter = model_adapter,
+                         .max_body = (size_t)a.max_body_bytes,
                          .timeout_s = a.timeout, .max_connections = a.max_connections, .Tmax = Tmax, .defaults = s.g};
         const char *envkey = getenv("GLMTRAIN_API_KEY");
         o.api_key = a.api_key && a.api_key[0] ? a.api_key : envkey && envkey[0] ? envkey : NULL;

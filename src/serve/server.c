@@ -236,7 +236,9 @@ static int parse_request(srv_server *S, int chat, const char *body, size_t n, ap
             goto out;
         }
     }
-    snprintf(q->model, sizeof q->model, "%s", adapter >= 0 ? S->e->ad[adapter].name : S->o.model_name);
+    if (adapter == -1 && S->o.model_adapter > 0) adapter = S->o.model_adapter - 1; /* the served model has its adapter */
+    snprintf(q->model, sizeof q->model, "%s",
+             adapter >= 0 && adapter != S->o.model_adapter - 1 ? S->e->ad[adapter].name : S->o.model_name);
     const cJSON *st = srv_field(o, "stream");
     if (srv_present(st) && !cJSON_IsBool(st)) { srv_bad(e, 400, "stream", "invalid_type", "stream must be a boolean"); goto out; }
     q->stream = cJSON_IsTrue(st);

@@ -14,6 +14,8 @@ typedef struct srv_options {
     int port;                  /* 0: any free port (the bound one is in srv_server.port) */
     const char *api_key;       /* NULL or "": no key */
     const char *model_name;    /* the base model's name in the API */
+    int model_adapter;         /* k >= 1: the served model itself is the base with adapter k - 1 (LLaMA-Factory's
+                                * API: requests naming model_name, or no model, get it); 0: the base alone */
     size_t max_body;           /* request bodies above: 413 */
     int timeout_s;             /* idle connection (slowloris) timeout */
     int max_connections;

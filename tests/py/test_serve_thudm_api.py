@@ -7,7 +7,9 @@ the guides deploy with it), on a tiny random ChatGLM-6B model:
     conversation gives (same seed: glmtrain's "seed" passes through);
   * max_length is HF's (prompt + response): a small one cuts the response;
   * a missing prompt, a history that is not [query, response] pairs, and a body that is not JSON
-    get 400s naming the field; with --api_key the key is needed; GET / is still the chat page.
+    get 400s naming the field; with --api_key the key is needed; GET / is still the chat page;
+  * LLaMA-Factory's API config (model_name_or_path, adapter_name_or_path, template, ...) through
+    --config: the base with the adapter is the served model, what generate --adapter gives.
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
@@ -69,6 +71,25 @@ def main():
         T.check("get_root_is_still_the_page", st == 200, str(page)[:200])
         rc = S.stop()
         T.check("clean_exit", rc == 0, S.text()[-300:])
+        S = None
+        # LLaMA-Factory's API config (llamafactory-cli api FILE.yaml): the base with its adapter is the served
+        # model itself; requests naming it, or no model, get what generate --adapter gives
+        ad = sc.make_adapter(os.path.join(tmp, "lf_lora"), cfg, 4, ["query_key_value", "dense_h_to_4h"], seed=2)
+        yml = os.path.join(tmp, "api.yaml")
+        open(yml, "w").write("model_name_or_path: %s\nadapter_name_or_path: %s\ntemplate: chatglm\nfinetuning_type: lora\n"
+                             "infer_backend: huggingface\n" % (model, ad))
+        want = sc.generate(model, "你好", "--do_sample", "false", "--max_new_tokens", "10", "--adapter", ad)
+        base = sc.generate(model, "你好", "--do_sample", "false", "--max_new_tokens", "10")
+        S = sc.Server(model, "--config", yml, "--served_model_name", "mine")
+        got = []
+        for m in ({}, {"model": "mine"}):
+            st, body = sc.http(S.port, "POST", "/v1/chat/completions", dict(m, messages=[{"role": "user", "content": "你好"}],
+                                                                            temperature=0, max_tokens=10))
+            got.append((st, body["choices"][0]["message"]["content"] if st == 200 else body, body.get("model")))
+        T.check("lf_api_config_serves_the_adapter_as_the_model", want != base and got == [(200, want, "mine")] * 2,
+                "%s vs %r (base %r)" % (got, want, base))
+        rc = S.stop()
+        T.check("lf_api_clean_exit", rc == 0, S.text()[-300:])
     finally:
         if S and S.p.poll() is None:
             S.stop(9)
