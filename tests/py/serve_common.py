@@ -128,3 +128,16 @@ def http(port, method, path, body=None, headers=None, timeout=30):
         return r.status, json.loads(data)
     except ValueError:
         return r.status, data
+
+
+def prompt_ids(server, before, wait=10.0):
+    """The prompt ids serve logged (--debug) for the first request after log line `before`. A thread
+    reads serve's stderr, so the line may land a moment after the answer: it is waited for."""
+    t0 = time.time()
+    while True:
+        for line in server.log[before:]:
+            if "serve: prompt ids: " in line:
+                return [int(x) for x in line.split("serve: prompt ids: ")[1].split()]
+        if time.time() - t0 > wait:
+            return None
+        time.sleep(0.05)

@@ -26,11 +26,7 @@ from harness import Checks  # noqa: E402
 T = Checks()
 
 
-def prompt_ids(server, before):
-    for line in server.log[before:]:
-        if "serve: prompt ids: " in line:
-            return [int(x) for x in line.split("serve: prompt ids: ")[1].split()]
-    return None
+prompt_ids = sc.prompt_ids  # waits for the logged line (serve_common)
 
 
 def ref_steps(cfg, params, prompt, n):

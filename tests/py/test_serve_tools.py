@@ -55,12 +55,7 @@ def stream(c, **kw):
     return [t for dl in deltas for t in (dl.tool_calls or [])], "".join(dl.content or "" for dl in deltas), finish
 
 
-def prompt_ids(server, before):
-    """The prompt ids the server logged (--debug) after the first `before` log lines."""
-    for line in server.log[before:]:
-        if "serve: prompt ids: " in line:
-            return [int(x) for x in line.split("serve: prompt ids: ")[1].split()]
-    return None
+prompt_ids = sc.prompt_ids  # waits for the logged line (serve_common)
 
 
 def corpus(tc):
