@@ -9,7 +9,7 @@
  *               [--layers L] [--head_chunk R] [--detail] [--out FILE]
  *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P]]
  *               [--freeze N] [--ptuning P [--prefix_projection]] [--quant int8|int4|nf4] [--tied]
- *               [--family chatglm|chatglm2] [--optim adamw_8bit] [--offload] [--in_backward]
+ *               [--family chatglm|chatglm2] [--optim adamw_8bit] [--offload] [--in_backward] [--all_rows]
  * (--detail: one more step with an event at every op, printed as a per-op table; --head_chunk:
  * rows of logits per head/loss chunk, the model's default when absent; --lora_target also takes
  * peft's comma-separated module names, e.g. query_key_value,dense)
@@ -38,7 +38,9 @@
  * ChatGLM2 block; ids of its tokenizer), its label ending in "+glm2". --optim adamw_8bit,
  * --offload (the optimizer state in host memory) and --in_backward (each unit updated inside
  * backward; no clipping) run the step through parallel/dp.h as `glmtrain train` does with
- * --optim, --offload_optimizer cpu and --optimizer_in_backward; the label adds +8bit, +off, +ib. */
+ * --optim, --offload_optimizer cpu and --optimizer_in_backward; the label adds +8bit, +off, +ib.
+ * --all_rows: the top layer computes every row past its attention, not only the supervised ones
+ * (the model's keep_all_rows; label +allrows), to time what that saves. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,7 +153,7 @@ int main(int argc, char **argv) {
     glm_dtype dt = GLM_BF16;
     const char *runs = "512x4,512x8,512x8c,2048x2", *out = NULL;
     int steps = 6, warmup = 2, layers = 0, detail = 0, head_chunk = 0;
-    int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0, glm2 = 0;
+    int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0, glm2 = 0, all_rows = 0;
     float lora_alpha = 0, lora_dropout = 0.05f;
     const char *lora_target = "qkv";
     int optim8 = 0, offload = 0, in_bwd = 0, tf32 = 0;
@@ -176,6 +178,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ptuning")) { ptuning = atoi(v); i++; }
         else if (!strcmp(a, "--prefix_projection")) projection = 1;
         else if (!strcmp(a, "--tied")) tied = 1;
+        else if (!strcmp(a, "--all_rows")) all_rows = 1;
         else if (!strcmp(a, "--optim")) { optim8 = glm_optim_parse(v) == GLM_OPTIM_ADAMW8; i++; }
         else if (!strcmp(a, "--offload")) offload = 1;
         else if (!strcmp(a, "--in_backward")) in_bwd = 1;
@@ -239,6 +242,7 @@ int main(int argc, char **argv) {
         glm_model m;
         glm_model_init(&m, &c, be);
         m.gradient_checkpointing = ck == 'c' ? GLM_CKPT_FULL : ck == 's' ? GLM_CKPT_SELECTIVE : GLM_CKPT_NONE;
+        m.keep_all_rows = all_rows;
         if (head_chunk > 0) m.head_chunk = head_chunk; /* before the first forward sizes the logits */
         init_device(&m);
         if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING) glm_model_init_adapters(&m, 1);
@@ -298,10 +302,10 @@ int main(int argc, char **argv) {
                         (4.0 * c.num_layers + 8.0 * freeze) * c.hidden_size * (double)T;
         }
         double mfu = tok * flops_tok / 989e12;
-        char label[64];
-        snprintf(label, sizeof label, "%dx%d%s%s%s%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : ck == 's' ? "+sel" : "", m.head_chunk != 256 ? "+hc" : "",
+        char label[80];
+        snprintf(label, sizeof label, "%dx%d%s%s%s%s%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : ck == 's' ? "+sel" : "", m.head_chunk != 256 ? "+hc" : "",
                  peft ? "+" : "", peft ? ftname : "", glm2 ? "+glm2" : "", optim8 ? "+8bit" : "", offload ? "+off" : "",
-                 in_bwd ? "+ib" : "");
+                 in_bwd ? "+ib" : "", all_rows ? "+allrows" : "");
         printf("%-6s %-18s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
                med * 1e3, tok, 100 * mfu, peak / 1073741824.0, first - t_run, first - t_proc, split[GLM_PROF_GEMM],
                split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss);

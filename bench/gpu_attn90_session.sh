@@ -12,6 +12,9 @@
 #   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail (the per-op profile)
 #   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
+#   model   test_cuda_model alone (the model on CUDA against the CPU)
+#   rows-ab W1 LoRA r=8, then W1 full and W1 b=4 LoRA with checkpointing, each with the top
+#           layer's supervised rows alone (the default) and with every row (--all_rows) in turn
 #   freeze  bench_train --freeze 2 W1 and bench/pytorch_lora.py --freeze 2 in the same call
 #   freeze-ours  the first half of freeze alone
 #   lora-detail, glm2-detail   the per-op profile of LoRA r=8 W1 / ChatGLM2 full W1
@@ -84,6 +87,16 @@ for mode in "${@:-check attn}"; do
         grep -A45 "per-op" "$OUT/logs/train-wgmma.txt" >"$OUT/logs/profile-train-wgmma.txt" ;;
     train-mma) run_capped "train-mma" 120 40 env GLM_CUDA_ATTN=mma "$B/bench_train" --runs 512x8,2048x2 --out "$OUT/attn90-train-mma.jsonl" ;;
     lora) run_capped "lora" 120 40 "$B/bench_train" --lora 8 --runs 512x8,2048x2 --out "$OUT/attn90-lora.jsonl" ;;
+    model) run_capped "model" 200 30 "$B/tests/cuda/test_cuda_model" ;;
+    rows-ab)
+        for i in 1 2; do
+            run_capped "rows-top-$i" 90 25 "$B/bench_train" --lora 8 --runs 512x8 --out "$OUT/attn90-rows.jsonl"
+            run_capped "rows-all-$i" 90 25 "$B/bench_train" --lora 8 --runs 512x8 --all_rows --out "$OUT/attn90-rows.jsonl"
+        done
+        run_capped "rows-top-ckpt" 90 25 "$B/bench_train" --lora 8 --runs 512x4c --out "$OUT/attn90-rows.jsonl"
+        run_capped "rows-all-ckpt" 90 25 "$B/bench_train" --lora 8 --runs 512x4c --all_rows --out "$OUT/attn90-rows.jsonl"
+        run_capped "rows-top-full" 90 25 "$B/bench_train" --runs 512x8 --out "$OUT/attn90-rows.jsonl"
+        run_capped "rows-all-full" 90 25 "$B/bench_train" --runs 512x8 --all_rows --out "$OUT/attn90-rows.jsonl" ;;
     freeze) # the last 2 layers train (LLaMA-Factory's freeze), ours then PyTorch's, W1
         run_capped "freeze" 90 20 "$B/bench_train" --freeze 2 --runs 512x8 --out "$OUT/attn90-freeze.jsonl"
         run_capped "torch-freeze" 150 60 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --freeze 2 --runs 512x8 \

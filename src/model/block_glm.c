@@ -29,24 +29,17 @@ static void block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, 
     be->rope(be, a->qkv, pos, block_pos, N, c->num_attention_heads, glm_head_dim(c), 0);
 }
 
-static void attend(glm_model *m, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                   const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk) {
-    int NH = m->cfg.num_attention_heads, HD = glm_head_dim(&m->cfg);
-    m->be->attention_fwd(m->be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
-}
-
 static void norm2(glm_model *m, int l, glm_layer_acts *a, int N) {
     const glm_layer_ptrs *p = &m->w.layer[l];
     m->be->layernorm_fwd(m->be, a->y, a->ln2_mean, a->ln2_rstd, a->h1, p->ln2_w, p->ln2_b, N, m->cfg.hidden_size,
                          m->cfg.layernorm_epsilon);
 }
 
-static void block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                         const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out) {
+/* After attention, on N rows: h1 = alpha*x + Dense(ctx), y = LN2(h1), h_out = alpha*y + MLP(y). */
+static void block_rows(glm_model *m, int l, glm_layer_acts *a, int N, void *h_out) {
     const glm_config *c = &m->cfg;
     const glm_layer_ptrs *p = &m->w.layer[l];
-    int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size;
-    attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
+    int H = c->hidden_size, F = c->inner_hidden_size;
     glm_linear_fwd_add(m, l, 1, a, a->h1, a->ctx, p->dense_w, p->dense_b, N, H, H, a->x, c->alpha); /* alpha x + attn */
     norm2(m, l, a, N);
     if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE && glm_linear_reads_input(m, l, 3)) {
@@ -69,26 +62,35 @@ static void block_recompute(glm_model *m, int l, glm_layer_acts *a, const void *
      * whose weights or adapters train; attention's output is read by its own backward */
     if (glm_linear_reads_input(m, l, 0))
         m->be->layernorm_fwd(m->be, a->x, a->ln1_mean, a->ln1_rstd, h_in, p->ln1_w, p->ln1_b, N, H, c->layernorm_epsilon);
-    attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
+    glm_attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
     if (glm_linear_reads_input(m, l, 2)) norm2(m, l, a, N);
     if (glm_linear_reads_input(m, l, 3)) m->be->gelu_fwd(m->be, a->act, a->fc1, (size_t)N * c->inner_hidden_size);
 }
 
-/* Given dh_out (gradient w.r.t. the layer's output), writes dh_in (w.r.t. its input). */
-static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, const void *dh_out, void *dh_in) {
-    glm_backend *be = m->be;
+/* The backward of block_rows on N rows: from dh_out, the attention output's gradient into
+ * m->d_ctx and h1's into m->d_h1. */
+static void block_rows_bwd(glm_model *m, int l, glm_layer_acts *a, const void *dh_out, int N) {
     const glm_config *c = &m->cfg;
     const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
-    int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size, F = c->inner_hidden_size;
-    int NH = c->num_attention_heads, HD = glm_head_dim(c);
+    int H = c->hidden_size, F = c->inner_hidden_size;
     /* h' = alpha*y + FC2(gelu(FC1(y))) */
     glm_linear_bwd_dgelu(m, l, 3, a, m->d_ff, g->fc2_w, g->fc2_b, dh_out, a->act, p->fc2_w, a->fc1, N, F, H);
     void *dy = m->d_x; /* reused: dy is dead before dx is needed */
     glm_linear_bwd_add(m, l, 2, a, dy, g->fc1_w, g->fc1_b, m->d_ff, a->y, p->fc1_w, N, H, F, dh_out, c->alpha);
     /* y = LN2(h1) */
-    be->layernorm_bwd(be, m->d_h1, g->ln2_w, g->ln2_b, dy, a->h1, p->ln2_w, a->ln2_mean, a->ln2_rstd, N, H);
+    m->be->layernorm_bwd(m->be, m->d_h1, g->ln2_w, g->ln2_b, dy, a->h1, p->ln2_w, a->ln2_mean, a->ln2_rstd, N, H);
     /* h1 = alpha*x + Dense(ctx) */
     glm_linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, g->dense_b, m->d_h1, a->ctx, p->dense_w, N, H, H);
+}
+
+/* The rest of the backward on the model's batch (m->bd), from m->d_ctx and m->d_h1: attention,
+ * rotary, QKV and LN1; writes dh_in (the gradient w.r.t. the layer's input) unless NULL. */
+static void block_attn_bwd(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *dh_in) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
+    int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size;
+    int NH = c->num_attention_heads, HD = glm_head_dim(c);
     glm_qkv_view q, k, v, dq, dk, dv;
     qkv_views(m, a->qkv, (long)T * 3 * H, &q, &k, &v);
     qkv_views(m, m->d_qkv, (long)T * 3 * H, &dq, &dk, &dv);
@@ -115,6 +117,7 @@ static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h
     /* x = LN1(h_in): the residual branches leave from x, so h_in's gradient comes only through LN1 */
     be->layernorm_bwd(be, dh_in, g->ln1_w, g->ln1_b, dx, h_in, p->ln1_w, a->ln1_mean, a->ln1_rstd, N, H);
 }
+
 
 static void final_norm(glm_model *m, void *out, float *mean, float *rstd, const void *x, int N) {
     m->be->layernorm_fwd(m->be, out, mean, rstd, x, m->w.lnf_w, m->w.lnf_b, N, m->cfg.hidden_size,
@@ -175,7 +178,9 @@ const glm_family glm_family_glm = {
         [T_FC2_W - T_LN1_W] = "mlp.dense_4h_to_h.weight", [T_FC2_B - T_LN1_W] = "mlp.dense_4h_to_h.bias",
     },
     .modules = {"attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
-    .block_qkv = block_qkv, .block_finish = block_finish, .block_recompute = block_recompute, .block_backward = block_backward, .qkv_views = qkv_views,
+    .residual_from_norm = 1,
+    .block_qkv = block_qkv, .block_rows = block_rows, .block_recompute = block_recompute,
+    .block_rows_bwd = block_rows_bwd, .block_attn_bwd = block_attn_bwd, .qkv_views = qkv_views,
     .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
     .prompt_positions = prompt_positions, .next_position = next_position,
 };

@@ -39,27 +39,19 @@ static void block_qkv(glm_model *m, int l, glm_layer_acts *a, const void *h_in, 
     rope(m, a->qkv, N, pos, 0);
 }
 
-static void attend(glm_model *m, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                   const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk) {
-    int NH = m->cfg.num_attention_heads, HD = glm_head_dim(&m->cfg);
-    m->be->attention_fwd(m->be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
-}
-
 static void norm2(glm_model *m, int l, glm_layer_acts *a, int N) {
     m->be->rmsnorm_fwd(m->be, a->y, a->ln2_rstd, a->h1, m->w.layer[l].ln2_w, N, m->cfg.hidden_size, m->cfg.layernorm_epsilon);
 }
 
-static void block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
-                         const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out) {
-    glm_backend *be = m->be;
+/* After attention, on N rows: h1 = in + Dense(ctx), y = RMSNorm2(h1), h_out = h1 + MLP(y). */
+static void block_rows(glm_model *m, int l, glm_layer_acts *a, int N, void *h_out) {
     const glm_config *c = &m->cfg;
     const glm_layer_ptrs *p = &m->w.layer[l];
-    int N = B * Tq, H = c->hidden_size, F = c->inner_hidden_size, NH = c->num_attention_heads, HD = glm_head_dim(c);
-    attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
-    glm_linear_fwd_add(m, l, 1, a, a->h1, a->ctx, p->dense_w, NULL, N, NH * HD, H, a->in, 1.0f); /* in + attn */
+    int H = c->hidden_size, F = c->inner_hidden_size;
+    glm_linear_fwd_add(m, l, 1, a, a->h1, a->ctx, p->dense_w, NULL, N, glm_attn_width(c), H, a->in, 1.0f); /* in + attn */
     norm2(m, l, a, N);
     glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, NULL, N, H, 2 * F);
-    be->swiglu_fwd(be, a->act, a->fc1, N, F);
+    m->be->swiglu_fwd(m->be, a->act, a->fc1, N, F);
     glm_linear_fwd_add(m, l, 3, a, h_out, a->act, p->fc2_w, NULL, N, F, H, a->h1, 1.0f); /* h1 + mlp */
 }
 
@@ -70,7 +62,7 @@ static void block_recompute(glm_model *m, int l, glm_layer_acts *a, const void *
     /* only what backward reads (as v1's block_recompute) */
     if (glm_linear_reads_input(m, l, 0))
         m->be->rmsnorm_fwd(m->be, a->x, a->ln1_rstd, h_in, m->w.layer[l].ln1_w, N, c->hidden_size, c->layernorm_epsilon);
-    attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
+    glm_attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
     if (glm_linear_reads_input(m, l, 2)) norm2(m, l, a, N);
     if (glm_linear_reads_input(m, l, 3)) m->be->swiglu_fwd(m->be, a->act, a->fc1, N, c->inner_hidden_size);
 }
@@ -88,21 +80,31 @@ static void norm_bwd_add(glm_model *m, void *dx, void *dw, const void *dout, con
     be->scale_add(be, dx, 1.0f, res, dx, (size_t)N * H);
 }
 
-static void block_backward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, const void *dh_out, void *dh_in) {
-    glm_backend *be = m->be;
+/* The backward of block_rows on N rows: from dh_out, the attention output's gradient into
+ * m->d_ctx and h1's into m->d_h1. */
+static void block_rows_bwd(glm_model *m, int l, glm_layer_acts *a, const void *dh_out, int N) {
     const glm_config *c = &m->cfg;
     const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
-    int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size, F = c->inner_hidden_size;
-    int NH = c->num_attention_heads, HD = glm_head_dim(c), W = glm_qkv_width(c);
+    int H = c->hidden_size, F = c->inner_hidden_size;
     /* h' = h1 + FC2(SwiGLU(FC1(y))) */
     glm_linear_bwd(m, l, 3, a, m->d_act, g->fc2_w, NULL, dh_out, a->act, p->fc2_w, N, F, H);
-    be->swiglu_bwd(be, m->d_ff, a->fc1, m->d_act, N, F);
+    m->be->swiglu_bwd(m->be, m->d_ff, a->fc1, m->d_act, N, F);
     void *dy = m->d_x; /* dead before dx is needed */
     glm_linear_bwd(m, l, 2, a, dy, g->fc1_w, NULL, m->d_ff, a->y, p->fc1_w, N, H, 2 * F);
     /* y = RMSNorm2(h1); h1 also feeds h' directly */
     norm_bwd_add(m, m->d_h1, g->ln2_w, dy, a->h1, p->ln2_w, a->ln2_rstd, dh_out, N);
     /* h1 = h_in + Dense(ctx) */
-    glm_linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, NULL, m->d_h1, a->ctx, p->dense_w, N, NH * HD, H);
+    glm_linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, NULL, m->d_h1, a->ctx, p->dense_w, N, glm_attn_width(c), H);
+}
+
+/* The rest of the backward on the model's batch (m->bd), from m->d_ctx and m->d_h1: attention,
+ * rotary, QKV and RMSNorm1; writes dh_in unless NULL. */
+static void block_attn_bwd(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *dh_in) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
+    int B = m->bd.B, T = m->bd.T, N = B * T, H = c->hidden_size;
+    int NH = c->num_attention_heads, HD = glm_head_dim(c), W = glm_qkv_width(c);
     glm_qkv_view q, k, v, dq, dk, dv;
     qkv_views(m, a->qkv, (long)T * W, &q, &k, &v);
     qkv_views(m, m->d_qkv, (long)T * W, &dq, &dk, &dv);
@@ -187,7 +189,9 @@ const glm_family glm_family_glm2 = {
         [T_FC2_W - T_LN1_W] = "mlp.dense_4h_to_h.weight",
     },
     .modules = {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
-    .block_qkv = block_qkv, .block_finish = block_finish, .block_recompute = block_recompute, .block_backward = block_backward, .qkv_views = qkv_views,
+    .residual_from_norm = 0,
+    .block_qkv = block_qkv, .block_rows = block_rows, .block_recompute = block_recompute,
+    .block_rows_bwd = block_rows_bwd, .block_attn_bwd = block_attn_bwd, .qkv_views = qkv_views,
     .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
     .prompt_positions = prompt_positions, .next_position = next_position,
 };

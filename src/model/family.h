@@ -7,6 +7,7 @@
  *   - the q|k|v layout of the query_key_value output (views the attention op reads in place);
  *   - the final norm;
  *   - the positions/mask rule: how the data layer's segments become positions and key ranges.
+ * Attention itself is the same op for both (glm_attend in glm.c, over the family's views).
  * glm.c (orchestration), kvcache.c (decoding) and tensors.c ask the family; nothing else branches
  * on it. model/block_glm.c is v1, model/block_glm2.c the ChatGLM2 block. */
 #ifndef GLM_MODEL_FAMILY_H
@@ -31,21 +32,25 @@ typedef struct glm_family {
     /* x = norm1(h_in) and the rotated q|k|v rows (a->x, a->qkv) of N tokens */
     void (*block_qkv)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
                       const int32_t *block_pos);
-    /* the rest of the block from q/k/v views (in a->qkv or a KV cache): attention over each
-     * query's [kv_lo, kv_hi) of Tk keys, dense, residual, norm2, MLP, residual into h_out */
-    void (*block_finish)(struct glm_model *m, int l, struct glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k,
-                         glm_qkv_view v, const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out);
-    /* selective checkpointing: rebuild what the layer did not keep, as block_qkv and block_finish
-     * made it: a->x from h_in, a->ctx (and a->lse) by attention over the views, a->y from a->h1,
-     * a->act from a->fc1 */
+    /* the residual branches leave from norm1's output a->x (v1's alpha*x), not the block's input a->in */
+    int residual_from_norm;
+    /* the block after attention (glm_attend's a->ctx), row by row on N rows: dense, residual,
+     * norm2, MLP, residual into h_out; reads a->ctx and the residual source (a->x or a->in) */
+    void (*block_rows)(struct glm_model *m, int l, struct glm_layer_acts *a, int N, void *h_out);
+    /* selective checkpointing: rebuild what the layer did not keep, as block_qkv, glm_attend and
+     * block_rows made it: a->x from h_in, a->ctx (and a->lse) by attention over the views, a->y
+     * from a->h1, a->act from a->fc1 */
     void (*block_recompute)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, glm_qkv_view q,
                             glm_qkv_view k, glm_qkv_view v, const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq,
                             int Tk);
-    /* the block's backward on the model's batch (m->bd) from the saved activations: dh_in from
-     * dh_out; parameter gradients accumulate. dh_in NULL: nothing below wants the input's
-     * gradient and the input norm does not train (its products' input gradients are skipped) */
-    void (*block_backward)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, const void *dh_out,
-                           void *dh_in);
+    /* the block's backward from the saved activations, in two parts; parameter gradients
+     * accumulate. block_rows_bwd: block_rows' backward on N rows, from dh_out into m->d_ctx (the
+     * attention output's gradient) and m->d_h1 (the gradient at the attention's residual sum).
+     * block_attn_bwd: the rest on the model's batch (m->bd), from m->d_ctx and m->d_h1, into
+     * dh_in; dh_in NULL: nothing below wants the input's gradient and the input norm does not
+     * train (its products' input gradients are skipped) */
+    void (*block_rows_bwd)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *dh_out, int N);
+    void (*block_attn_bwd)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, void *dh_in);
     /* views of q, k, v inside rows of glm_qkv_width elements, row 0 at base, batch rows
      * batch_stride elements apart */
     void (*qkv_views)(const struct glm_model *m, void *base, long batch_stride, glm_qkv_view *q, glm_qkv_view *k,

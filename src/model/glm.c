@@ -570,6 +570,8 @@ static void upload_batch(glm_model *m, const glm_batch *b) {
 
 /* ---------------------------------------------------------------- forward */
 
+static void *resid(glm_model *m, int l);
+
 /* Layer l's attention inputs on the model's batch: q, k, v views of a->qkv (behind the P-Tuning
  * prefix, rebuilt into kvbuf with the same dropout, when there is one), the key ranges and the
  * number of keys. */
@@ -586,13 +588,82 @@ static int attention_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view 
     return T;
 }
 
+void glm_attend(glm_model *m, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *kv_lo,
+                const int32_t *kv_hi, int B, int Tq, int Tk) {
+    int NH = m->cfg.num_attention_heads, HD = glm_head_dim(&m->cfg);
+    m->be->attention_fwd(m->be, a->ctx, a->lse, q, k, v, kv_lo, kv_hi, B, Tq, Tk, NH, HD, 1.0f / sqrtf((float)HD));
+}
+
+void glm_block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                      const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out) {
+    glm_attend(m, a, q, k, v, kv_lo, kv_hi, B, Tq, Tk);
+    m->fam->block_rows(m, l, a, B * Tq, h_out);
+}
+
+/* Only the supervised rows go on past the top layer's attention (m->top_rows of them), when a
+ * loss is all the last stage's forward is for and some rows carry no label: everything after
+ * the attention works row by row, and no other row's output reaches the loss. (A last stage
+ * without layers, the final norm and the head alone, reads its input's every row.) */
+static void choose_top_rows(glm_model *m) {
+    int N = m->bd.B * m->bd.T, n = m->bd.n_sup;
+    m->top_rows = m->last && m->layer_hi > m->layer_lo && !m->keep_all_rows && n > 0 && n < N ? n : 0;
+}
+static int top_compact(const glm_model *m, int l) { return m->top_rows > 0 && l == m->layer_hi - 1; }
+
+/* The top layer's activations for its compact rows: the attention outputs of the supervised
+ * rows in d_qkv (free until this layer's attention backward writes it), the residual source's
+ * rows in lnf_out (free until the final norm, and only block_rows reads them), the rest in the
+ * layer's own buffers, their first top_rows rows. Forward and backward make the same view. */
+static glm_layer_acts top_view(glm_model *m, const glm_layer_acts *a) {
+    glm_layer_acts t = *a;
+    t.ctx = m->d_qkv;
+    if (m->fam->residual_from_norm) t.x = m->lnf_out;
+    else t.in = m->lnf_out;
+    return t;
+}
+
 static void layer_forward(glm_model *m, int l, glm_layer_acts *a, const void *h_in, void *h_out) {
     int B = m->bd.B, T = m->bd.T;
     m->fam->block_qkv(m, l, a, h_in, B * T, m->bd.pos, m->bd.block_pos);
     glm_qkv_view q, k, v;
     const int32_t *lo, *hi;
     int Tk = attention_views(m, l, a, &q, &k, &v, &lo, &hi);
-    m->fam->block_finish(m, l, a, q, k, v, lo, hi, B, T, Tk, h_out);
+    glm_attend(m, a, q, k, v, lo, hi, B, T, Tk);
+    if (!top_compact(m, l)) {
+        m->fam->block_rows(m, l, a, B * T, h_out);
+        return;
+    }
+    glm_backend *be = m->be;
+    glm_layer_acts t = top_view(m, a);
+    be->gather_rows(be, t.ctx, a->ctx, m->bd.sup_idx, m->top_rows, glm_attn_width(&m->cfg));
+    be->gather_rows(be, m->lnf_out, m->fam->residual_from_norm ? a->x : a->in, m->bd.sup_idx, m->top_rows,
+                    m->cfg.hidden_size);
+    m->fam->block_rows(m, l, &t, m->top_rows, h_out); /* h_out's first top_rows rows */
+}
+
+/* x [top_rows, C] compact -> x [N, C], the supervised rows in their places and zero elsewhere
+ * (through scratch, at least top_rows x C). */
+static void spread_top_rows(glm_model *m, void *x, void *scratch, int C) {
+    glm_backend *be = m->be;
+    size_t es = glm_dtype_size(be->dtype), n = (size_t)m->top_rows, N = (size_t)m->bd.B * m->bd.T;
+    be->copy(be, scratch, x, n * C * es);
+    be->zero(be, x, N * C * es);
+    be->scatter_rows(be, x, scratch, m->bd.sup_idx, (int)n, C);
+}
+
+/* Layer l's backward from dh_out into dh_in: its rows after attention (the top layer's compact
+ * ones, their gradients then spread over the batch's rows), then attention and below. */
+static void layer_backward(glm_model *m, int l, glm_layer_acts *a, const void *dh_out, void *dh_in) {
+    if (top_compact(m, l)) {
+        glm_layer_acts t = top_view(m, a);
+        m->fam->block_rows_bwd(m, l, &t, dh_out, m->top_rows);
+        /* d_qkv (the compact attention outputs, read) and d_x (dy, dead) are free until written */
+        spread_top_rows(m, m->d_ctx, m->d_qkv, glm_attn_width(&m->cfg));
+        spread_top_rows(m, m->d_h1, m->d_x, m->cfg.hidden_size);
+    } else {
+        m->fam->block_rows_bwd(m, l, a, dh_out, m->bd.B * m->bd.T);
+    }
+    m->fam->block_attn_bwd(m, l, a, resid(m, l), dh_in);
 }
 
 /* Selective checkpointing: rebuilds layer l's shared activations (x, ctx, y, act) from what it
@@ -628,26 +699,31 @@ static void forward_trunk(glm_model *m, const void *h_in) {
     }
     if (m->last) {
         need(m, c->num_layers);
-        m->fam->final_norm(m, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), N);
+        m->fam->final_norm(m, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), m->top_rows ? m->top_rows : N);
     }
 }
 
-/* LM head + cross entropy over the supervised rows, chunk by chunk. With backward, also
- * writes d(lnf_out) into dlnf (zeroed here) and accumulates the head's weight gradient. */
+/* LM head + cross entropy over the supervised rows, chunk by chunk (gathered from lnf_out, or
+ * its first rows when the top layer computed only those). With backward, also writes d(lnf_out)
+ * into dlnf (zero on the other rows) and accumulates the head's weight gradient. */
 static double head_loss(glm_model *m, float dscale, void *dlnf) {
     glm_backend *be = m->be;
     int H = m->cfg.hidden_size, V = m->cfg.vocab_size, N = m->bd.B * m->bd.T;
-    if (dlnf) be->zero(be, dlnf, (size_t)N * H * glm_dtype_size(be->dtype));
+    if (dlnf && !m->top_rows) be->zero(be, dlnf, (size_t)N * H * glm_dtype_size(be->dtype));
     need(m, head_unit(m));
     double total = 0;
     float *host_losses = glm_malloc(sizeof(float) * m->head_chunk);
     for (int r0 = 0; r0 < m->bd.n_sup; r0 += m->head_chunk) {
         int R = m->bd.n_sup - r0 < m->head_chunk ? m->bd.n_sup - r0 : m->head_chunk;
-        be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
-        be->matmul_fwd(be, m->logits, m->head_in, m->w.head, NULL, R, H, V);
+        const void *in = m->head_in;
+        if (m->top_rows) in = glm_at(be, m->lnf_out, (size_t)r0 * H);
+        else be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
+        be->matmul_fwd(be, m->logits, in, m->w.head, NULL, R, H, V);
         be->cross_entropy(be, m->logits, m->losses, m->bd.sup_tgt + r0, R, V, dlnf ? dscale : 0.0f);
-        if (dlnf) {
-            be->matmul_bwd(be, m->d_head_in, m->g.head, NULL, m->logits, m->head_in, m->w.head, R, H, V, 0);
+        if (dlnf && m->top_rows) {
+            be->matmul_bwd(be, glm_at(be, dlnf, (size_t)r0 * H), m->g.head, NULL, m->logits, in, m->w.head, R, H, V, 0);
+        } else if (dlnf) {
+            be->matmul_bwd(be, m->d_head_in, m->g.head, NULL, m->logits, in, m->w.head, R, H, V, 0);
             be->scatter_rows(be, dlnf, m->d_head_in, m->bd.sup_idx + r0, R, H);
         }
         be->download(be, host_losses, m->losses, sizeof(float) * R);
@@ -667,6 +743,7 @@ double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) {
     m->training = 0;
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
+    choose_top_rows(m);
     forward_trunk(m, h_in);
     return head_loss(m, 0.0f, NULL);
 }
@@ -675,6 +752,7 @@ static void stage_forward(glm_model *m, const glm_batch *b, const void *h_in, vo
     m->training = training; /* dropout (LoRA's, the prefix's) only in training */
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
+    m->top_rows = 0; /* h_out hands every row on */
     forward_trunk(m, h_in);
     if (h_out)
         m->be->copy(m->be, h_out, resid(m, m->layer_hi), (size_t)b->B * b->T * m->cfg.hidden_size * glm_dtype_size(m->be->dtype));
@@ -720,6 +798,7 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     m->training = 1;
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
+    choose_top_rows(m);
     forward_trunk(m, h_in);
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
@@ -735,7 +814,8 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         if (c->tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB)) begin(m, -1);
         loss = head_loss(m, dscale, dlnf);
         need(m, L);
-        m->fam->final_norm_bwd(m, m->d_b, dlnf, resid(m, m->layer_hi), m->lnf_mean, m->lnf_rstd, N);
+        m->fam->final_norm_bwd(m, m->d_b, dlnf, resid(m, m->layer_hi), m->lnf_mean, m->lnf_rstd,
+                               m->top_rows ? m->top_rows : N);
         /* the table orders wte, layers, LNf, (lm_head): gradients become final from the back */
         grads_final_from(m, L);
     } else {
@@ -746,10 +826,12 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
     for (int l = m->layer_hi - 1; l >= floor; l--) {
         glm_layer_acts *a = acts_for(m, l);
         need(m, l);
-        if (m->gradient_checkpointing == GLM_CKPT_FULL) layer_forward(m, l, a, resid(m, l), resid(m, l + 1)); /* recompute */
-        if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE) layer_recompute(m, l, a, resid(m, l));
+        /* recompute, except the top layer: its forward ran last, so what it wrote is all there */
+        int top = l == m->layer_hi - 1;
+        if (m->gradient_checkpointing == GLM_CKPT_FULL && !top) layer_forward(m, l, a, resid(m, l), resid(m, l + 1));
+        if (m->gradient_checkpointing == GLM_CKPT_SELECTIVE && !top) layer_recompute(m, l, a, resid(m, l));
         begin(m, l);
-        m->fam->block_backward(m, l, a, resid(m, l), dcur, wants_input_grad(m, l, floor) ? dnext : NULL);
+        layer_backward(m, l, a, dcur, wants_input_grad(m, l, floor) ? dnext : NULL);
         void *t = dcur; dcur = dnext; dnext = t;
         grads_final_from(m, l);
     }

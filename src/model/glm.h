@@ -102,6 +102,11 @@ typedef struct glm_model {
     void *prefix_acc;       /* [2, P, 2 NKV HD] the ChatGLM2 block's prefix gradient of one layer, and scratch */
     int32_t *pkv_lo, *pkv_hi; /* [N] the batch's key ranges over prefix + sequence */
     int gradient_checkpointing; /* glm_ckpt_level */
+    /* Rows the top layer computes after its attention on this call (0: all): on the last stage of
+     * a loss, only the supervised ones, the only rows whose outputs the loss reads (the other
+     * rows' keys and values, which the loss does need, come before). keep_all_rows turns it off
+     * (tests compare the two). */
+    int top_rows, keep_all_rows;
     int head_chunk;         /* rows of logits computed at once */
     /* the layers this model holds: all of them, or one pipeline stage's [layer_lo, layer_hi);
      * `first` holds the word embedding, `last` the final norm and the head */
@@ -329,6 +334,13 @@ void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens);
 /* ---- a layer's activation buffers (the family's block fills them) ---- */
 void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t tokens);
 void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a);
+/* Attention of B rows of Tq queries over Tk keys (each query's [kv_lo, kv_hi)) into a->ctx and
+ * a->lse: the same op in every family */
+void glm_attend(glm_model *m, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v, const int32_t *kv_lo,
+                const int32_t *kv_hi, int B, int Tq, int Tk);
+/* glm_attend, then the family's block_rows on all B*Tq rows into h_out */
+void glm_block_finish(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view q, glm_qkv_view k, glm_qkv_view v,
+                      const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk, void *h_out);
 
 /* ---- memory plan (model/glm.c): bytes the model will allocate, from the tensor table ---- */
 typedef struct glm_mem_plan {

@@ -184,7 +184,7 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
             q.base = glm_at(be, kv->qkv[l], (size_t)kv->len * 3 * H);
         }
         if (pkv) fill_prefix(m, kv, l, pkv); /* over the left padding's k|v just written */
-        m->fam->block_finish(m, l, a, q, k, v, d_lo, d_hi, B, Tq, P + kv->len + Tq, h2);
+        glm_block_finish(m, l, a, q, k, v, d_lo, d_hi, B, Tq, P + kv->len + Tq, h2);
         void *t = h; h = h2; h2 = t;
     }
     if (pkv) kv->prefix_ready = 1;
@@ -297,7 +297,7 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
             m->fam->qkv_views(m, a->qkv, (long)Tq * W, &q, &unused, &unused);
             m->fam->qkv_views(m, pool, bs, &unused, &k, &v);
         }
-        m->fam->block_finish(m, l, a, q, k, v, d_lo, d_hi, nrows, Tq, P + Tk, h2);
+        glm_block_finish(m, l, a, q, k, v, d_lo, d_hi, nrows, Tq, P + Tk, h2);
         void *t = h; h = h2; h2 = t;
     }
     if (pkv) kv->prefix_ready = 1;

@@ -110,6 +110,7 @@ static void test_cached_matches_training(test_counts *tc) {
     glm_rng_seed(&rng, 5);
     glm_batch b;
     make_batch(&b, &c, &rng);
+    m.keep_all_rows = 1; /* the top layer's every row, not only the supervised ones */
     glm_forward_loss(&m, &b); /* fills m.lnf_out for the whole batch */
     int T = b.T, H = c.hidden_size, n = 0;
     while (n < T && b.targets[n] != -100) n++; /* row 0 real length is where padding starts */
