@@ -10,6 +10,7 @@
  *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P]]
  *               [--freeze N] [--ptuning P [--prefix_projection]] [--quant int8|int4|nf4] [--tied]
  *               [--family chatglm|chatglm2] [--optim adamw_8bit] [--offload] [--in_backward] [--all_rows]
+ *               [--vary_prompts]
  * (--detail: one more step with an event at every op, printed as a per-op table; --head_chunk:
  * rows of logits per head/loss chunk, the model's default when absent; --lora_target also takes
  * peft's comma-separated module names, e.g. query_key_value,dense)
@@ -40,7 +41,9 @@
  * backward; no clipping) run the step through parallel/dp.h as `glmtrain train` does with
  * --optim, --offload_optimizer cpu and --optimizer_in_backward; the label adds +8bit, +off, +ib.
  * --all_rows: the top layer computes every row past its attention, not only the supervised ones
- * (the model's keep_all_rows; label +allrows), to time what that saves. */
+ * (the model's keep_all_rows; label +allrows), to time what that saves. --vary_prompts: each
+ * step its own batch, the rows' prompts of random lengths, so the supervised tokens differ from
+ * step to step as in real data (label +vary). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +68,10 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 /* Row: prompt of T/2-1 random tokens, [gMASK], <sop>, answer tokens, <eop> = T tokens. */
-static void make_batch(glm_batch *b, const glm_config *c, int B, int T, uint64_t seed) {
+/* B rows of T tokens: a prompt, [gMASK] <sop>, an answer and <eop>, labels on the answer. The
+ * prompt is half the row, or with vary a length drawn per row from [T/4, 3T/4) (as real data,
+ * whose supervised tokens differ from batch to batch). */
+static void make_batch(glm_batch *b, const glm_config *c, int B, int T, uint64_t seed, int vary) {
     glm_rng r;
     glm_rng_seed(&r, seed);
     glm_batch_alloc(b, B, T);
@@ -73,7 +79,8 @@ static void make_batch(glm_batch *b, const glm_config *c, int B, int T, uint64_t
     for (int row = 0; row < B; row++) {
         int n = 0;
         int top = c->vocab_size - 10 < 120000 ? c->vocab_size - 10 : 120000;
-        for (int i = 0; i < T / 2 - 1; i++) ids[n++] = 5 + (int)glm_rng_below(&r, top);
+        int prompt = vary ? T / 4 + (int)glm_rng_below(&r, T / 2) : T / 2;
+        for (int i = 0; i < prompt - 1; i++) ids[n++] = 5 + (int)glm_rng_below(&r, top);
         ids[n++] = c->gmask_token_id;
         int ctx = n;
         ids[n++] = c->bos_token_id;
@@ -153,7 +160,7 @@ int main(int argc, char **argv) {
     glm_dtype dt = GLM_BF16;
     const char *runs = "512x4,512x8,512x8c,2048x2", *out = NULL;
     int steps = 6, warmup = 2, layers = 0, detail = 0, head_chunk = 0;
-    int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0, glm2 = 0, all_rows = 0;
+    int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0, glm2 = 0, all_rows = 0, vary = 0;
     float lora_alpha = 0, lora_dropout = 0.05f;
     const char *lora_target = "qkv";
     int optim8 = 0, offload = 0, in_bwd = 0, tf32 = 0;
@@ -179,6 +186,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--prefix_projection")) projection = 1;
         else if (!strcmp(a, "--tied")) tied = 1;
         else if (!strcmp(a, "--all_rows")) all_rows = 1;
+        else if (!strcmp(a, "--vary_prompts")) vary = 1;
         else if (!strcmp(a, "--optim")) { optim8 = glm_optim_parse(v) == GLM_OPTIM_ADAMW8; i++; }
         else if (!strcmp(a, "--offload")) offload = 1;
         else if (!strcmp(a, "--in_backward")) in_bwd = 1;
@@ -260,15 +268,17 @@ int main(int argc, char **argv) {
         } else {
             adamw_init_device(&o, &m);
         }
-#define STEP(l) (via_dp ? dp_step(dp, &m, &b, (l)) : step(&m, &o, &b, (l)))
-        glm_batch b;
-        make_batch(&b, &c, B, T, 42);
+        /* one batch, or with --vary_prompts one per step (made before the clock starts) */
+        int nb = vary ? warmup + steps + 2 : 1, bi = 0;
+        glm_batch *bs = calloc(nb, sizeof *bs);
+        for (int i = 0; i < nb; i++) make_batch(&bs[i], &c, B, T, 42 + (uint64_t)i, vary);
+#define STEP(l) (via_dp ? dp_step(dp, &m, &bs[bi % nb], (l)) : step(&m, &o, &bs[bi % nb], (l)))
         double loss = 0, first = 0, *ts = calloc(steps > 0 ? steps : 1, sizeof(double));
-        for (int s = 0; s < warmup; s++) {
+        for (int s = 0; s < warmup; s++, bi++) {
             STEP(&loss);
             if (s == 0) first = now();
         }
-        for (int s = 0; s < steps; s++) ts[s] = STEP(&loss);
+        for (int s = 0; s < steps; s++, bi++) ts[s] = STEP(&loss);
         if (warmup == 0 && steps > 0) first = t_run + ts[0];
         char order[256] = ""; /* the timed steps in the order they ran */
         for (int s = 0, at = 0; s < steps && at < (int)sizeof order - 12; s++)
@@ -303,16 +313,18 @@ int main(int argc, char **argv) {
         }
         double mfu = tok * flops_tok / 989e12;
         char label[80];
-        snprintf(label, sizeof label, "%dx%d%s%s%s%s%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : ck == 's' ? "+sel" : "", m.head_chunk != 256 ? "+hc" : "",
+        snprintf(label, sizeof label, "%dx%d%s%s%s%s%s%s%s%s%s%s", T, B, ck == 'c' ? "+ckpt" : ck == 's' ? "+sel" : "", m.head_chunk != 256 ? "+hc" : "",
                  peft ? "+" : "", peft ? ftname : "", glm2 ? "+glm2" : "", optim8 ? "+8bit" : "", offload ? "+off" : "",
-                 in_bwd ? "+ib" : "", all_rows ? "+allrows" : "");
+                 in_bwd ? "+ib" : "", all_rows ? "+allrows" : "", vary ? "+vary" : "");
         printf("%-6s %-18s %9.1f %9.0f %5.1f%% %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f  %.4f\n", dname, label,
                med * 1e3, tok, 100 * mfu, peak / 1073741824.0, first - t_run, first - t_proc, split[GLM_PROF_GEMM],
                split[GLM_PROF_ATTN], split[GLM_PROF_OTHER], split[GLM_PROF_OPTIM], loss);
         /* the split's step: its wall time against the span of its events on the GPU (from its
          * first op to its end): the difference is time the GPU waited for the host */
-        printf("       steps (ms, in order): %s; the split's step %.1f ms, %.1f ms of it on the GPU\n", order, prof_wall * 1e3,
-               prof_gpu);
+        long plans, tuned;
+        glm_cuda_gemm_counts(be, &plans, &tuned);
+        printf("       steps (ms, in order): %s; the split's step %.1f ms, %.1f ms of it on the GPU; product plans %ld, timed %ld\n",
+               order, prof_wall * 1e3, prof_gpu, plans, tuned);
         fflush(stdout);
         if (f)
             fprintf(f, "{\"dtype\":\"%s\",\"run\":\"%s\",\"seq\":%d,\"batch\":%d,\"ckpt\":%d,\"step_ms\":%.2f,\"tok_s\":%.1f,"
@@ -325,7 +337,8 @@ int main(int argc, char **argv) {
                     n_all, m.tab.n_params, m.head_chunk, peft ? ftname : "full", lora, c.peft.lora_targets, freeze, flops_tok,
                     order, prof_wall * 1e3, prof_gpu);
         free(ts);
-        glm_batch_free(&b);
+        for (int i = 0; i < nb; i++) glm_batch_free(&bs[i]);
+        free(bs);
         glm_dp_close(dp, 1);
         glm_adamw_free(&o, &m);
         glm_model_free(&m);

@@ -42,8 +42,12 @@ static void epi_unfused(glm_backend *be, int ta, int tb, int m, int n, int k, co
 
 /* cuBLASLt's heuristic ranks its kernels without running them; on an H200 its first pick is up
  * to ~10% slower than the fastest of its next few for some of a step's products (the input
- * gradient of query_key_value, the weight gradient of dense_4h_to_h). So a product's first call
- * times up to GEMM_TUNE_CANDIDATES of them on the call's own operands and keeps the fastest,
+ * gradient of query_key_value, the weight gradient of dense_4h_to_h). So a product's second call
+ * times up to GEMM_TUNE_CANDIDATES of them on the call's own operands and keeps the fastest
+ * (the first call takes the heuristic's pick: a shape met once, as the rows of a batch's
+ * supervised tokens are in the head and the top layer, each batch their own number, never
+ * repays the timing's ~50 launches; a shape that comes again, as a step's layers and steps
+ * do, soon does),
  * but the first pick unless another beats it by 3%: a margin meant to keep timing noise from
  * making two runs (or a run and its resumption) pick differently; --full_determinism is what
  * guarantees it. A product that accumulates into D is timed
@@ -60,7 +64,6 @@ static void set_epilogue_ptrs(gemm_plan *p, const void *bias, int epi, const voi
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
 }
 
-#define GEMM_TUNE_CANDIDATES 8
 #define GEMM_TUNE_SAVE_MAX ((size_t)256 << 20) /* the largest D copied aside (a weight gradient of dense_h_to_4h: 128 MiB) */
 #define GEMM_TUNE_ROUNDS 5
 /* The candidates are timed in rounds, one launch of each per round, and ranked by their median
@@ -153,8 +156,13 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         if (im->plans[i].used && memcmp(im->plans[i].key, key, sizeof key) == 0) p = &im->plans[i];
     if (!p) {
         for (int i = 0; i < GEMM_CACHE && !p; i++) if (!im->plans[i].used) p = &im->plans[i];
-        if (!p) { p = &im->plans[im->next_evict]; im->next_evict = (im->next_evict + 1) % GEMM_CACHE; plan_destroy(p); }
+        if (!p) { /* the least recently used: a step's own products stay, the batches' passing shapes go */
+            p = &im->plans[0];
+            for (int i = 1; i < GEMM_CACHE; i++) if (im->plans[i].last_use < p->last_use) p = &im->plans[i];
+            plan_destroy(p);
+        }
         memset(p, 0, sizeof *p);
+        im->gemm_plans++;
         memcpy(p->key, key, sizeof key);
         p->used = 1;
         cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -184,18 +192,20 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4));
-        cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_CANDIDATES];
         int nres = 0, tune = im->gemm_tune && be->tune_products && !be->deterministic;
         cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(im->lt, p->op, p->a, p->b, p->d, p->d, pref,
-                                                          tune ? GEMM_TUNE_CANDIDATES : 1, res, &nres);
+                                                          tune ? GEMM_TUNE_CANDIDATES : 1, p->cand, &nres);
         cublasLtMatmulPreferenceDestroy(pref);
         p->have_algo = s == CUBLAS_STATUS_SUCCESS && nres > 0;
-        if (p->have_algo && nres > 1) {
-            set_epilogue_ptrs(p, bias, epi, aux);
-            p->algo = res[gemm_tune(be, p, res, nres, A, B, Cin, D, dbytes, beta)].algo;
-        } else if (p->have_algo) {
-            p->algo = res[0].algo;
-        }
+        if (p->have_algo) p->algo = p->cand[0].algo;
+        p->ncand = p->have_algo && nres > 1 ? nres : 0;
+    }
+    p->last_use = ++im->gemm_clock;
+    if (++p->calls == 2 && p->ncand) { /* the shape came again: time its candidates now */
+        set_epilogue_ptrs(p, bias, epi, aux);
+        p->algo = p->cand[gemm_tune(be, p, p->cand, p->ncand, A, B, Cin, D, dbytes, beta)].algo;
+        p->ncand = 0;
+        im->gemm_tuned++;
     }
     if (!p->have_algo && epi != EPI_NONE) { /* no kernel with this epilogue: the product, then the pass */
         epi_unfused(be, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta, bias, Cin, epi, aux);
@@ -288,6 +298,11 @@ void glm_cuda_gemm_bind(glm_backend *be) {
     be->matmul_bwd_dgelu = cu_mm_bwd_dgelu;
     be->matmul_bwd = cu_mm_bwd;
     be->matmul_bwd_add = cu_mm_bwd_add;
+}
+
+void glm_cuda_gemm_counts(glm_backend *be, long *plans, long *tuned) {
+    *plans = IM(be)->gemm_plans;
+    *tuned = IM(be)->gemm_tuned;
 }
 
 void glm_cuda_gemm_free(cuda_impl *im) {

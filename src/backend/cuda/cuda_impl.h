@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_kernels.h"
 
 #define GEMM_CACHE 256
+#define GEMM_TUNE_CANDIDATES 8
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt on Hopper wants 32 MiB */
 #define STAGE_ELEMS (16u << 20)     /* fp32 staging for host <-> S conversions */
 #define PROF_EVENTS 65536
@@ -26,6 +27,10 @@ typedef struct gemm_plan {
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
     int have_algo; /* 0: no cuBLASLt algorithm fits; use cublasGemmEx */
+    int calls;     /* products made with this plan so far */
+    long last_use; /* cuda_impl.gemm_clock at its latest call: the least recently used plan goes first */
+    int ncand;     /* candidates still to be timed at the plan's second call (0: done, or none) */
+    cublasLtMatmulHeuristicResult_t cand[GEMM_TUNE_CANDIDATES];
 } gemm_plan;
 
 typedef struct cuda_impl {
@@ -45,13 +50,14 @@ typedef struct cuda_impl {
     glm_span *ssq_spans; /* [SSQ_SPANS] the span table of sumsq_spans */
     size_t *ssq_yoff;    /* [SSQ_SPANS] add_sumsq_spans: where each span's addend starts */
     gemm_plan plans[GEMM_CACHE];
-    int next_evict;
+    long gemm_clock;            /* products made: the plans' recency */
+    long gemm_plans, gemm_tuned; /* plans made and plans timed, since the backend began */
     int cc;          /* compute capability, 10 * major + minor (75 under GLM_CUDA_TURING=1: no bf16, no TF32) */
     int smem_max;    /* shared memory a block may take (Turing: 64 KiB, also under GLM_CUDA_TURING=1) */
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
     int use_wgmma;   /* the sm_90a attention kernels (k_flash90.cu): a 9.0 device, unless GLM_CUDA_ATTN=mma */
     int debug_sync;  /* GLM_CUDA_SYNC=1: synchronise and check after every op */
-    int gemm_tune;   /* time the heuristic's candidates at a product's first call (GLM_CUDA_GEMM_TUNE=0: off) */
+    int gemm_tune;   /* time the heuristic's candidates at a shape's second call (GLM_CUDA_GEMM_TUNE=0: off) */
     size_t peak_used;
     glm_cuda_copies *copies; /* an offloaded optimizer's copy streams (made at first use) */
     /* profiler (glm_cuda_profile): events at category changes, or at every op in detail mode */
