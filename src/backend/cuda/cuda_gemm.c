@@ -42,20 +42,24 @@ static void epi_unfused(glm_backend *be, int ta, int tb, int m, int n, int k, co
 
 /* cuBLASLt's heuristic ranks its kernels without running them; on an H200 its first pick is up
  * to ~10% slower than the fastest of its next few for some of a step's products (the input
- * gradient of query_key_value, the weight gradient of dense_4h_to_h). So a product's second call
- * times up to GEMM_TUNE_CANDIDATES of them on the call's own operands and keeps the fastest
- * (the first call takes the heuristic's pick: a shape met once, as the rows of a batch's
- * supervised tokens are in the head and the top layer, each batch their own number, never
- * repays the timing's ~50 launches; a shape that comes again, as a step's layers and steps
- * do, soon does),
+ * gradient of query_key_value, the weight gradient of dense_4h_to_h). So a product shape that
+ * keeps coming back has up to GEMM_TUNE_CANDIDATES of them timed on its call's own operands,
+ * and keeps the fastest. The timing launches the product ~48 times (GEMM_TUNE_AFTER), which
+ * only many later calls repay, so it runs at the shape's call number GEMM_TUNE_AFTER, the
+ * heuristic's pick before: a training step's layer products get there within the second step
+ * (28 layers), while the shapes real batches bring and take away never do (each batch has its
+ * own number of supervised rows in the head and the top layer, and with dynamic padding its own
+ * length in every product). The plans are evicted least recently used first, so those passing
+ * shapes do not push out the step's own. The pick is the fastest,
  * but the first pick unless another beats it by 3%: a margin meant to keep timing noise from
  * making two runs (or a run and its resumption) pick differently; --full_determinism is what
  * guarantees it. A product that accumulates into D is timed
  * on a copy of D put back afterwards: a transient allocation of at most GEMM_TUNE_SAVE_MAX
- * during the first step (skipped, with the first pick, for a larger D or when no memory is free
+ * during the second step (skipped, with the first pick, for a larger D or when no memory is free
  * for it). Only where the shapes repeat (be->tune_products: training; a server's prompts come in
  * every length); off under --full_determinism (the heuristic's pick alone) and with
- * GLM_CUDA_GEMM_TUNE=0. */
+ * GLM_CUDA_GEMM_TUNE=0 (=N: at a shape's Nth call; the GPU tests take 1, to test the kernels a
+ * run would pick). */
 /* The per-call pointers of a plan's epilogue: its bias (DGELU takes none) and aux matrix. */
 static void set_epilogue_ptrs(gemm_plan *p, const void *bias, int epi, const void *aux) {
     if (bias && epi != EPI_DGELU)
@@ -65,7 +69,6 @@ static void set_epilogue_ptrs(gemm_plan *p, const void *bias, int epi, const voi
 }
 
 #define GEMM_TUNE_SAVE_MAX ((size_t)256 << 20) /* the largest D copied aside (a weight gradient of dense_h_to_4h: 128 MiB) */
-#define GEMM_TUNE_ROUNDS 5
 /* The candidates are timed in rounds, one launch of each per round, and ranked by their median
  * launch: under the GPU's power limit the clock falls within tens of milliseconds of sustained
  * products, so candidates timed one after another would each meet another clock (on an H200 a
@@ -192,7 +195,7 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4));
-        int nres = 0, tune = im->gemm_tune && be->tune_products && !be->deterministic;
+        int nres = 0, tune = im->gemm_tune > 0 && be->tune_products && !be->deterministic;
         cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(im->lt, p->op, p->a, p->b, p->d, p->d, pref,
                                                           tune ? GEMM_TUNE_CANDIDATES : 1, p->cand, &nres);
         cublasLtMatmulPreferenceDestroy(pref);
@@ -201,7 +204,7 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         p->ncand = p->have_algo && nres > 1 ? nres : 0;
     }
     p->last_use = ++im->gemm_clock;
-    if (++p->calls == 2 && p->ncand) { /* the shape came again: time its candidates now */
+    if (++p->calls == im->gemm_tune && p->ncand) { /* the shape keeps coming: time its candidates now */
         set_epilogue_ptrs(p, bias, epi, aux);
         p->algo = p->cand[gemm_tune(be, p, p->cand, p->ncand, A, B, Cin, D, dbytes, beta)].algo;
         p->ncand = 0;

@@ -13,6 +13,10 @@
 
 #define GEMM_CACHE 256
 #define GEMM_TUNE_CANDIDATES 8
+#define GEMM_TUNE_ROUNDS 5
+/* a shape's candidates are timed at its call number GEMM_TUNE_AFTER (cuda_gemm.c): as many calls
+ * as the timing itself launches */
+#define GEMM_TUNE_AFTER (GEMM_TUNE_CANDIDATES * (GEMM_TUNE_ROUNDS + 1))
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt on Hopper wants 32 MiB */
 #define STAGE_ELEMS (16u << 20)     /* fp32 staging for host <-> S conversions */
 #define PROF_EVENTS 65536
@@ -29,7 +33,7 @@ typedef struct gemm_plan {
     int have_algo; /* 0: no cuBLASLt algorithm fits; use cublasGemmEx */
     int calls;     /* products made with this plan so far */
     long last_use; /* cuda_impl.gemm_clock at its latest call: the least recently used plan goes first */
-    int ncand;     /* candidates still to be timed at the plan's second call (0: done, or none) */
+    int ncand;     /* candidates still to be timed (0: done, or none) */
     cublasLtMatmulHeuristicResult_t cand[GEMM_TUNE_CANDIDATES];
 } gemm_plan;
 
@@ -57,7 +61,8 @@ typedef struct cuda_impl {
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
     int use_wgmma;   /* the sm_90a attention kernels (k_flash90.cu): a 9.0 device, unless GLM_CUDA_ATTN=mma */
     int debug_sync;  /* GLM_CUDA_SYNC=1: synchronise and check after every op */
-    int gemm_tune;   /* time the heuristic's candidates at a shape's second call (GLM_CUDA_GEMM_TUNE=0: off) */
+    int gemm_tune;   /* time the heuristic's candidates at a shape's call number gemm_tune (0: never;
+                      * GLM_CUDA_GEMM_TUNE=N, default GEMM_TUNE_AFTER) */
     size_t peak_used;
     glm_cuda_copies *copies; /* an offloaded optimizer's copy streams (made at first use) */
     /* profiler (glm_cuda_profile): events at category changes, or at every op in detail mode */
