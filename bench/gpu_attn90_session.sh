@@ -13,6 +13,9 @@
 #   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
 #   model   test_cuda_model alone (the model on CUDA against the CPU)
+#   vary    W1 LoRA r=8 and W1 full with --vary_prompts (each step its own supervised count, as
+#           real data), then W1 LoRA with fixed prompts; each also with $B/bench_train_before
+#           first when that build is carried (an older tree's bench_train, for an A/B)
 #   rows-ab W1 LoRA r=8, then W1 full and W1 b=4 LoRA with checkpointing, each with the top
 #           layer's supervised rows alone (the default) and with every row (--all_rows) in turn
 #   freeze  bench_train --freeze 2 W1 and bench/pytorch_lora.py --freeze 2 in the same call
@@ -55,7 +58,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 session_setup attn90
-KEEP='^RESULT|GB/s|gpu__time_duration|lora_|^(bf16|fp16|fp32|tf32) |^ +[0-9]+ +[0-9.]+ |^pytorch|tok/s|^[0-9]+x[0-9]+ |^run |passed|FAIL|TFLOP|ERROR SUMMARY|RACECHECK SUMMARY'
+KEEP='product plans|^RESULT|GB/s|gpu__time_duration|lora_|^(bf16|fp16|fp32|tf32) |^ +[0-9]+ +[0-9.]+ |^pytorch|tok/s|^[0-9]+x[0-9]+ |^run |passed|FAIL|TFLOP|ERROR SUMMARY|RACECHECK SUMMARY'
 for mode in "${@:-check attn}"; do
     case $mode in
     check) run_capped "check" 150 20 "$B/tests/cuda/test_cuda_ops" --attention ;;
@@ -88,6 +91,12 @@ for mode in "${@:-check attn}"; do
     train-mma) run_capped "train-mma" 120 40 env GLM_CUDA_ATTN=mma "$B/bench_train" --runs 512x8,2048x2 --out "$OUT/attn90-train-mma.jsonl" ;;
     lora) run_capped "lora" 120 40 "$B/bench_train" --lora 8 --runs 512x8,2048x2 --out "$OUT/attn90-lora.jsonl" ;;
     model) run_capped "model" 200 30 "$B/tests/cuda/test_cuda_model" ;;
+    vary)
+        for v in "--lora 8 --vary_prompts" "--vary_prompts" "--lora 8"; do
+            tag=$(echo "$v" | tr -d ' -')
+            [ -x "$B/bench_train_before" ] && run_capped "vary-before-$tag" 150 40 "$B/bench_train_before" $v --runs 512x8 --steps 8
+            run_capped "vary-$tag" 100 30 "$B/bench_train" $v --runs 512x8 --steps 12 --out "$OUT/attn90-vary.jsonl"
+        done ;;
     rows-ab)
         for i in 1 2; do
             run_capped "rows-top-$i" 90 25 "$B/bench_train" --lora 8 --runs 512x8 --out "$OUT/attn90-rows.jsonl"
