@@ -1285,8 +1285,8 @@ int main(int argc, char **argv) {
     }
     test_counts tc = {0};
     char err[256];
-    /* the products timed at their first call (a run times a shape only after many): the kernels
-     * a run would pick are the ones tested */
+    /* the products timed at their first call (a run times a class of shapes at its second): the
+     * kernels a run would pick are the ones tested */
     setenv("GLM_CUDA_GEMM_TUNE", "1", 0);
     glm_dtype dts[3] = {GLM_F32, GLM_BF16, GLM_F16};
     for (int i = 0; i < 3; i++) {

@@ -20,8 +20,8 @@ int glm_cuda_capability(glm_backend *be);
 void glm_cuda_memory(glm_backend *be, size_t *used_now, size_t *peak_used, size_t *total);
 /* Starts a new peak from the memory in use now. */
 void glm_cuda_memory_reset_peak(glm_backend *be);
-/* The products' plans (cuBLASLt descriptors, one per shape) made so far, and how many of them had
- * their candidate kernels timed (a shape that keeps coming back, where tuning is on) */
+/* The products' plans (cuBLASLt descriptors, one per shape) made so far, and how many times
+ * candidate kernels were timed (once per shape class, where tuning is on) */
 void glm_cuda_gemm_counts(glm_backend *be, long *plans, long *tuned);
 
 /* Step-time split. on = 1: every op records a CUDA event when its category differs from the

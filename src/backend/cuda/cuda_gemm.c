@@ -42,24 +42,24 @@ static void epi_unfused(glm_backend *be, int ta, int tb, int m, int n, int k, co
 
 /* cuBLASLt's heuristic ranks its kernels without running them; on an H200 its first pick is up
  * to ~10% slower than the fastest of its next few for some of a step's products (the input
- * gradient of query_key_value, the weight gradient of dense_4h_to_h). So a product shape that
- * keeps coming back has up to GEMM_TUNE_CANDIDATES of them timed on its call's own operands,
- * and keeps the fastest. The timing launches the product ~48 times (GEMM_TUNE_AFTER), which
- * only many later calls repay, so it runs at the shape's call number GEMM_TUNE_AFTER, the
- * heuristic's pick before: a training step's layer products get there within the second step
- * (28 layers), while the shapes real batches bring and take away never do (each batch has its
- * own number of supervised rows in the head and the top layer, and with dynamic padding its own
- * length in every product). The plans are evicted least recently used first, so those passing
- * shapes do not push out the step's own. The pick is the fastest,
- * but the first pick unless another beats it by 3%: a margin meant to keep timing noise from
- * making two runs (or a run and its resumption) pick differently; --full_determinism is what
- * guarantees it. A product that accumulates into D is timed
- * on a copy of D put back afterwards: a transient allocation of at most GEMM_TUNE_SAVE_MAX
- * during the second step (skipped, with the first pick, for a larger D or when no memory is free
- * for it). Only where the shapes repeat (be->tune_products: training; a server's prompts come in
- * every length); off under --full_determinism (the heuristic's pick alone) and with
- * GLM_CUDA_GEMM_TUNE=0 (=N: at a shape's Nth call; the GPU tests take 1, to test the kernels a
- * run would pick). */
+ * gradient of query_key_value, the weight gradient of dense_4h_to_h). So up to
+ * GEMM_TUNE_CANDIDATES of them are timed on a call's own operands, and the fastest kept, but the
+ * first pick unless another beats it by 3%: a margin meant to keep timing noise from making two
+ * runs (or a run and its resumption) pick differently; --full_determinism is what guarantees
+ * it. The timing launches the product ~48 times, so it is done once per shape class: the
+ * products that differ only in their number of rows within a power of two (class_key). Real
+ * batches change the rows of every product from step to step (each batch its own number of
+ * supervised tokens in the head and the top layer, and with dynamic padding its own length
+ * everywhere); timing each new shape cost a step several times its products, so a class is timed
+ * at its GEMM_TUNE_AFTER-th call (a step's layers get there in the first step, the head in the
+ * second) and every later shape of it takes the class's pick where cuBLASLt accepts it for that
+ * shape (cublasLtMatmulAlgoCheck), the heuristic's first pick before that. Plans and classes are
+ * evicted least recently used first. A product that accumulates into D is timed on a copy of D
+ * put back afterwards: a transient allocation of at most GEMM_TUNE_SAVE_MAX (skipped, with the
+ * first pick, for a larger D or when no memory is free for it). Only where the shapes repeat
+ * (be->tune_products: training; a server's prompts come in every length); off under
+ * --full_determinism (the heuristic's pick alone) and with GLM_CUDA_GEMM_TUNE=0 (=N: at a
+ * class's Nth call; the GPU op tests take 1, to test the kernels a run would pick). */
 /* The per-call pointers of a plan's epilogue: its bias (DGELU takes none) and aux matrix. */
 static void set_epilogue_ptrs(gemm_plan *p, const void *bias, int epi, const void *aux) {
     if (bias && epi != EPI_DGELU)
@@ -128,6 +128,46 @@ static int gemm_tune(glm_backend *be, gemm_plan *p, const cublasLtMatmulHeuristi
         CUDA_CHECK(cudaFree(save)); /* waits for the copy */
     }
     return pick;
+}
+
+/* A plan key's class: the two sizes a batch's rows can set (n, the rows of a product or its input
+ * gradient; k, those a weight gradient sums over) rounded up to a power of two. */
+static void class_key(const int key[18], int out[18]) {
+    memcpy(out, key, 18 * sizeof(int));
+    for (int i = 3; i <= 4; i++) {
+        int v = 1;
+        while (v < out[i] && v < (1 << 30)) v <<= 1;
+        out[i] = v;
+    }
+}
+
+static gemm_class *class_of(cuda_impl *im, const int key[18]) {
+    int ck[18];
+    class_key(key, ck);
+    gemm_class *c = NULL, *free_one = NULL, *oldest = &im->classes[0];
+    for (int i = 0; i < GEMM_CLASSES && !c; i++) {
+        gemm_class *x = &im->classes[i];
+        if (x->used && memcmp(x->key, ck, sizeof ck) == 0) c = x;
+        else if (!x->used && !free_one) free_one = x;
+        else if (x->used && x->last_use < oldest->last_use) oldest = x;
+    }
+    if (!c) {
+        c = free_one ? free_one : oldest;
+        memset(c, 0, sizeof *c);
+        c->used = 1;
+        memcpy(c->key, ck, sizeof ck);
+    }
+    return c;
+}
+
+/* The class's timed pick for plan p, when cuBLASLt accepts it for p's shape. */
+static int adopt_class_algo(cuda_impl *im, gemm_plan *p, const gemm_class *c) {
+    cublasLtMatmulHeuristicResult_t r;
+    if (cublasLtMatmulAlgoCheck(im->lt, p->op, p->a, p->b, p->d, p->d, &c->algo, &r) != CUBLAS_STATUS_SUCCESS ||
+        r.workspaceSize > WORKSPACE_BYTES)
+        return 0;
+    p->algo = c->algo;
+    return 1;
 }
 
 /* Column-major D[m,n] = op(A) op(B) (+ bias[m] per row) + beta C, fp32 accumulate, where C is
@@ -202,13 +242,22 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         p->have_algo = s == CUBLAS_STATUS_SUCCESS && nres > 0;
         if (p->have_algo) p->algo = p->cand[0].algo;
         p->ncand = p->have_algo && nres > 1 ? nres : 0;
+        p->settled = !p->ncand;
     }
     p->last_use = ++im->gemm_clock;
-    if (++p->calls == im->gemm_tune && p->ncand) { /* the shape keeps coming: time its candidates now */
-        set_epilogue_ptrs(p, bias, epi, aux);
-        p->algo = p->cand[gemm_tune(be, p, p->cand, p->ncand, A, B, Cin, D, dbytes, beta)].algo;
-        p->ncand = 0;
-        im->gemm_tuned++;
+    if (!p->settled) { /* a plan with candidates, in training: its class decides */
+        gemm_class *c = class_of(im, key);
+        c->last_use = im->gemm_clock;
+        if (c->tuned) {
+            adopt_class_algo(im, p, c); /* or the heuristic's pick, if this shape cannot take it */
+            p->settled = 1;
+        } else if (++c->calls >= im->gemm_tune) { /* the class comes again: time its candidates now */
+            set_epilogue_ptrs(p, bias, epi, aux);
+            p->algo = p->cand[gemm_tune(be, p, p->cand, p->ncand, A, B, Cin, D, dbytes, beta)].algo;
+            c->algo = p->algo;
+            c->tuned = p->settled = 1;
+            im->gemm_tuned++;
+        }
     }
     if (!p->have_algo && epi != EPI_NONE) { /* no kernel with this epilogue: the product, then the pass */
         epi_unfused(be, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta, bias, Cin, epi, aux);

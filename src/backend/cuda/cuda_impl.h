@@ -14,9 +14,8 @@
 #define GEMM_CACHE 256
 #define GEMM_TUNE_CANDIDATES 8
 #define GEMM_TUNE_ROUNDS 5
-/* a shape's candidates are timed at its call number GEMM_TUNE_AFTER (cuda_gemm.c): as many calls
- * as the timing itself launches */
-#define GEMM_TUNE_AFTER (GEMM_TUNE_CANDIDATES * (GEMM_TUNE_ROUNDS + 1))
+#define GEMM_TUNE_AFTER 2   /* a shape class's candidates are timed at its second call (cuda_gemm.c) */
+#define GEMM_CLASSES 64
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt on Hopper wants 32 MiB */
 #define STAGE_ELEMS (16u << 20)     /* fp32 staging for host <-> S conversions */
 #define PROF_EVENTS 65536
@@ -31,11 +30,22 @@ typedef struct gemm_plan {
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
     int have_algo; /* 0: no cuBLASLt algorithm fits; use cublasGemmEx */
-    int calls;     /* products made with this plan so far */
     long last_use; /* cuda_impl.gemm_clock at its latest call: the least recently used plan goes first */
-    int ncand;     /* candidates still to be timed (0: done, or none) */
+    int settled;   /* its algorithm is final: timed, taken from its class, or without candidates */
+    int ncand;     /* the heuristic's candidates, best first */
     cublasLtMatmulHeuristicResult_t cand[GEMM_TUNE_CANDIDATES];
 } gemm_plan;
+
+/* Products whose shapes differ only in the number of rows within a power of two (cuda_gemm.c
+ * class_key): one timing of the candidates serves them all. */
+typedef struct gemm_class {
+    int used;
+    int key[18];
+    int calls;
+    int tuned;     /* algo is the timed pick of one of its plans */
+    long last_use;
+    cublasLtMatmulAlgo_t algo;
+} gemm_class;
 
 typedef struct cuda_impl {
     int device;
@@ -54,14 +64,15 @@ typedef struct cuda_impl {
     glm_span *ssq_spans; /* [SSQ_SPANS] the span table of sumsq_spans */
     size_t *ssq_yoff;    /* [SSQ_SPANS] add_sumsq_spans: where each span's addend starts */
     gemm_plan plans[GEMM_CACHE];
-    long gemm_clock;            /* products made: the plans' recency */
+    gemm_class classes[GEMM_CLASSES];
+    long gemm_clock;            /* products made: the plans' and classes' recency */
     long gemm_plans, gemm_tuned; /* plans made and plans timed, since the backend began */
     int cc;          /* compute capability, 10 * major + minor (75 under GLM_CUDA_TURING=1: no bf16, no TF32) */
     int smem_max;    /* shared memory a block may take (Turing: 64 KiB, also under GLM_CUDA_TURING=1) */
     int force_simt;  /* GLM_CUDA_ATTN=simt: attention without tensor cores */
     int use_wgmma;   /* the sm_90a attention kernels (k_flash90.cu): a 9.0 device, unless GLM_CUDA_ATTN=mma */
     int debug_sync;  /* GLM_CUDA_SYNC=1: synchronise and check after every op */
-    int gemm_tune;   /* time the heuristic's candidates at a shape's call number gemm_tune (0: never;
+    int gemm_tune;   /* time the heuristic's candidates at a shape class's call number gemm_tune (0: never;
                       * GLM_CUDA_GEMM_TUNE=N, default GEMM_TUNE_AFTER) */
     size_t peak_used;
     glm_cuda_copies *copies; /* an offloaded optimizer's copy streams (made at first use) */
