@@ -609,6 +609,8 @@ static void choose_top_rows(glm_model *m) {
     m->top_rows = m->last && m->layer_hi > m->layer_lo && !m->keep_all_rows && n > 0 && n < N ? n : 0;
 }
 static int top_compact(const glm_model *m, int l) { return m->top_rows > 0 && l == m->layer_hi - 1; }
+/* rows of the stage's output, the final norm's and their gradients */
+static int out_rows(const glm_model *m) { return m->top_rows ? m->top_rows : m->bd.B * m->bd.T; }
 
 /* The top layer's activations for its compact rows: the attention outputs of the supervised
  * rows in d_qkv (free until this layer's attention backward writes it), the residual source's
@@ -699,7 +701,7 @@ static void forward_trunk(glm_model *m, const void *h_in) {
     }
     if (m->last) {
         need(m, c->num_layers);
-        m->fam->final_norm(m, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), m->top_rows ? m->top_rows : N);
+        m->fam->final_norm(m, m->lnf_out, m->lnf_mean, m->lnf_rstd, resid(m, m->layer_hi), out_rows(m));
     }
 }
 
@@ -720,11 +722,10 @@ static double head_loss(glm_model *m, float dscale, void *dlnf) {
         else be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
         be->matmul_fwd(be, m->logits, in, m->w.head, NULL, R, H, V);
         be->cross_entropy(be, m->logits, m->losses, m->bd.sup_tgt + r0, R, V, dlnf ? dscale : 0.0f);
-        if (dlnf && m->top_rows) {
-            be->matmul_bwd(be, glm_at(be, dlnf, (size_t)r0 * H), m->g.head, NULL, m->logits, in, m->w.head, R, H, V, 0);
-        } else if (dlnf) {
-            be->matmul_bwd(be, m->d_head_in, m->g.head, NULL, m->logits, in, m->w.head, R, H, V, 0);
-            be->scatter_rows(be, dlnf, m->d_head_in, m->bd.sup_idx + r0, R, H);
+        if (dlnf) { /* compact rows take their gradient in place; gathered ones go back to theirs */
+            void *din = m->top_rows ? glm_at(be, dlnf, (size_t)r0 * H) : m->d_head_in;
+            be->matmul_bwd(be, din, m->g.head, NULL, m->logits, in, m->w.head, R, H, V, 0);
+            if (!m->top_rows) be->scatter_rows(be, dlnf, m->d_head_in, m->bd.sup_idx + r0, R, H);
         }
         be->download(be, host_losses, m->losses, sizeof(float) * R);
         for (int r = 0; r < R; r++) total += host_losses[r];
@@ -814,8 +815,7 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         if (c->tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB)) begin(m, -1);
         loss = head_loss(m, dscale, dlnf);
         need(m, L);
-        m->fam->final_norm_bwd(m, m->d_b, dlnf, resid(m, m->layer_hi), m->lnf_mean, m->lnf_rstd,
-                               m->top_rows ? m->top_rows : N);
+        m->fam->final_norm_bwd(m, m->d_b, dlnf, resid(m, m->layer_hi), m->lnf_mean, m->lnf_rstd, out_rows(m));
         /* the table orders wte, layers, LNf, (lm_head): gradients become final from the back */
         grads_final_from(m, L);
     } else {

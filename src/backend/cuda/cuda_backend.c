@@ -515,7 +515,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     im->force_simt = a && strcmp(a, "simt") == 0;
     im->use_wgmma = im->cc >= 80 && !im->force_simt && !(a && strcmp(a, "mma") == 0) && glmk_flash90_available(device);
     im->debug_sync = s && strcmp(s, "0") != 0 && s[0];
-    const char *tn = getenv("GLM_CUDA_GEMM_TUNE"); /* 0: off; N: at a shape's Nth call */
+    const char *tn = getenv("GLM_CUDA_GEMM_TUNE"); /* 0: off; N: at a shape class's Nth call */
     im->gemm_tune = tn && tn[0] ? atoi(tn) : GEMM_TUNE_AFTER;
     if (im->gemm_tune < 0) im->gemm_tune = 0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&im->st, cudaStreamNonBlocking));

@@ -242,20 +242,20 @@ static void gemm_epi(glm_backend *be, int ta, int tb, int m, int n, int k, const
         p->have_algo = s == CUBLAS_STATUS_SUCCESS && nres > 0;
         if (p->have_algo) p->algo = p->cand[0].algo;
         p->ncand = p->have_algo && nres > 1 ? nres : 0;
-        p->settled = !p->ncand;
     }
     p->last_use = ++im->gemm_clock;
-    if (!p->settled) { /* a plan with candidates, in training: its class decides */
+    if (p->ncand) { /* a plan with candidates, in training: its class decides */
         gemm_class *c = class_of(im, key);
         c->last_use = im->gemm_clock;
         if (c->tuned) {
             adopt_class_algo(im, p, c); /* or the heuristic's pick, if this shape cannot take it */
-            p->settled = 1;
+            p->ncand = 0;
         } else if (++c->calls >= im->gemm_tune) { /* the class comes again: time its candidates now */
             set_epilogue_ptrs(p, bias, epi, aux);
             p->algo = p->cand[gemm_tune(be, p, p->cand, p->ncand, A, B, Cin, D, dbytes, beta)].algo;
             c->algo = p->algo;
-            c->tuned = p->settled = 1;
+            c->tuned = 1;
+            p->ncand = 0;
             im->gemm_tuned++;
         }
     }

@@ -31,8 +31,8 @@ typedef struct gemm_plan {
     cublasLtMatmulAlgo_t algo;
     int have_algo; /* 0: no cuBLASLt algorithm fits; use cublasGemmEx */
     long last_use; /* cuda_impl.gemm_clock at its latest call: the least recently used plan goes first */
-    int settled;   /* its algorithm is final: timed, taken from its class, or without candidates */
-    int ncand;     /* the heuristic's candidates, best first */
+    int ncand;     /* the heuristic's candidates, best first, while the plan's class has not chosen
+                    * (0: algo is final: timed, taken from its class, or the only candidate) */
     cublasLtMatmulHeuristicResult_t cand[GEMM_TUNE_CANDIDATES];
 } gemm_plan;
 
