@@ -162,6 +162,10 @@ struct glm_backend {
      * backend/mask_hash.h (the same elements on every backend, redrawn from the seed in
      * backward); p = 0 is a plain scale. out may alias x. */
     void (*mask_scale)(glm_backend *be, void *out, const void *x, size_t n, float scale, float p, uint64_t seed);
+    /* x[i] = fma(mag, u(i), x[i]), u(i) uniform in [-1, 1) from the counter hash of
+     * backend/mask_hash.h (glm_uniform_pm1: the same draws on every backend), rounded to S:
+     * NEFTune's noise on the embeddings while training */
+    void (*noise_add)(glm_backend *be, void *x, size_t n, float mag, uint64_t seed);
     /* LoRA's down-projection of its dropped-out input (peft's lora_A(dropout(x))) in one pass:
      * t[N,r] = scale * (mask_scale(x, 1, p, seed) @ a[r,C]^T), the mask over x's N*C elements.
      * Optional (NULL), and returns 0 without doing anything for shapes it does not take: the

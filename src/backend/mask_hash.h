@@ -1,4 +1,4 @@
-/* The dropout mask of backend op mask_scale, one formula for every backend so the CPU twin and
+/* The dropout mask of backend op mask_scale (and noise_add's draws, at the end), one formula for every backend so the CPU twin and
  * the CUDA kernels keep and drop the same elements. Element i of a call with `seed` is kept
  * when its 16-bit slice (i mod 4) of splitmix64(seed + (i / 4 + 1) * golden) is at or above
  * p * 2^16: one hash serves four neighbouring elements (the hash, not memory, bounded the
@@ -36,4 +36,10 @@ GLM_HD int glm_mask_keep(uint64_t seed, uint64_t i, uint32_t threshold) {
 }
 /* p in [0, 1) as the 16-bit threshold above */
 GLM_HD uint32_t glm_mask_threshold(float p) { return (uint32_t)((double)p * 65536.0); }
+/* Element i's uniform draw in [-1, 1) for backend op noise_add: the top 24 bits of half (i mod 2)
+ * of glm_mask_bits(seed, i / 2), exact in fp32, so every backend draws the same numbers. */
+GLM_HD float glm_uniform_pm1(uint64_t seed, uint64_t i) {
+    uint32_t h = (uint32_t)(glm_mask_bits(seed, i >> 1) >> (32 * (i & 1)));
+    return (float)(h >> 8) * (1.0f / 8388608.0f) - 1.0f;
+}
 #endif

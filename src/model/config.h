@@ -58,6 +58,7 @@ typedef struct glm_config {
      * ChatGLMModel never overrides, so alpha = sqrt(2*28) = sqrt(56) for every model size. */
     float alpha;
     glm_peft peft;           /* not from config.json: set by the run (train flags, an adapter) */
+    float neftune_alpha;     /* not from config.json: the run's --neftune_noise_alpha (glm.h glm_neftune_mag) */
     /* glm_qtype of the frozen linear weights (the four modules of every layer): from
      * config.json's quantization_bit (a folder that stores them quantized) or the run's
      * --quantization_bit / --quantization_type (quantized as they load) */

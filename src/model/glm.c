@@ -694,6 +694,9 @@ static void forward_trunk(glm_model *m, const void *h_in) {
     if (m->first || c->peft.pre_seq_len > 0) need(m, -1);
     if (m->first) be->embedding_fwd(be, resid(m, m->layer_lo), m->bd.ids, m->w.wte, N, H);
     else be->copy(be, resid(m, m->layer_lo), h_in, bytes);
+    if (m->first && m->training && c->neftune_alpha > 0) /* additive: the embedding's gradient is unchanged */
+        be->noise_add(be, resid(m, m->layer_lo), (size_t)N * H, glm_neftune_mag(c->neftune_alpha, m->bd.T, H),
+                      glm_neftune_seed(m->dropout_seed));
     if (c->peft.pre_seq_len > 0) glm_prefix_forward(m); /* every stage runs the encoder for its own layers */
     for (int l = m->layer_lo; l < m->layer_hi; l++) {
         need(m, l);

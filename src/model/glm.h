@@ -7,6 +7,7 @@
  *   full logits are never materialised. */
 #ifndef GLM_MODEL_H
 #define GLM_MODEL_H
+#include <math.h>
 #include <stdint.h>
 #include "backend/backend.h"
 #include "core/err.h"
@@ -192,6 +193,12 @@ static inline void glm_model_set_dropout_seed(glm_model *m, uint64_t seed) { m->
 static inline uint64_t glm_dropout_seed(uint64_t run_seed, long step, int rank, int micro) {
     return (run_seed << 40) ^ (((uint64_t)step * 1000003ULL + (uint64_t)rank * 4099ULL + (uint64_t)micro) * 0x9e3779b97f4a7c15ULL);
 }
+/* NEFTune (the Trainer's neftune_noise_alpha): while training, the first stage adds noise
+ * uniform in [-mag, mag] to the embeddings, mag = alpha / sqrt(T H) with T the batch's padded
+ * length (the Trainer's hook takes the embedding output's sizes), drawn (backend noise_add) from
+ * the micro-batch's dropout seed, so a pipeline's recompute and a resumed run add the same. */
+static inline float glm_neftune_mag(float alpha, int T, int H) { return (float)(alpha / sqrt((double)T * H)); }
+static inline uint64_t glm_neftune_seed(uint64_t dropout_seed) { return dropout_seed ^ 0x4e4546554e45ULL; }
 /* Sets the gradient checkpointing level (GLM_CKPT_NONE/FULL/SELECTIVE; frees activation
  * buffers, re-made at the next batch). Set the field directly only before the first batch. */
 void glm_model_set_checkpointing(glm_model *m, int level);

@@ -331,6 +331,12 @@ int trainer_load_model(trainer *t, glm_err *err) {
         return -1;
     }
     if (glm_train_peft(a, c.num_layers, &c.peft, err)) return -1;
+    if (!(a->neftune_noise_alpha >= 0 && a->neftune_noise_alpha < 1e6))
+        return glm_fail(err, "--neftune_noise_alpha %g must be 0 (off) or positive", a->neftune_noise_alpha),
+               glm_hint(err, "NEFTune's paper and LLaMA-Factory's examples use 5");
+    c.neftune_alpha = (float)a->neftune_noise_alpha;
+    if (c.neftune_alpha > 0 && t->dp->rank == 0)
+        glm_info("NEFTune: noise of %g/sqrt(seq x %d) on the embeddings while training", c.neftune_alpha, c.hidden_size);
     int nf4 = a->quantization_type && strcmp(a->quantization_type, "nf4") == 0;
     if (glm_config_set_quant(&c, a->quantization_bit, a->quantization_type, src, err)) return -1;
     if (c.quant != GLM_Q_NONE && c.peft.kind == GLM_FT_FULL) {

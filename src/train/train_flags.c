@@ -69,6 +69,8 @@ const glm_flag glm_train_flags[] = {
     F(pre_seq_len, ARG_INT, "0", "P-Tuning v2: prefix length (THUDM's ptuning uses 128); alone it selects --finetuning_type ptuning"),
     F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2: an MLP (Linear, tanh, Linear) after the prefix embedding, as THUDM's PrefixEncoder"),
     F(prefix_dropout, ARG_FLOAT, "0.1", "P-Tuning v2: dropout on the prefix keys/values while training (the original's 0.1)"),
+    F(neftune_noise_alpha, ARG_FLOAT, "0", "NEFTune (Hugging Face's and LLaMA-Factory's): uniform noise of alpha/sqrt(seq*hidden) "
+      "on the embeddings while training (5 is common; 0 = none)"),
     F(quantization_bit, ARG_INT, "0", "4 or 8: the frozen base's linear weights quantized as THUDM's INT4/INT8 (with lora, ptuning or freeze; 0 = as stored)"),
     C(quantization_type, "int", "int|nf4", "int: THUDM's per-row INT8/INT4; nf4: QLoRA's NormalFloat4 (bitsandbytes, 4-bit)"),
     F(output_dir, ARG_STR, NULL, "where checkpoints and the final model go"),
@@ -216,7 +218,6 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"auto_find_batch_size", "false|False|0", "", "the memory plan says what fits before anything runs: glmtrain info, or "
                                                   "--max_memory_per_gpu with --gradient_checkpointing auto"},
     {"include_num_input_tokens_seen", NULL, "", "glmtrain logs tokens_per_second and counts tokens_seen in trainer_state.json"},
-    {"neftune_noise_alpha", "0|0.0|None|null", "", "NEFTune's embedding noise changes what trains, and glmtrain has no such option"},
     {"adafactor", "false|False|0", "", "glmtrain trains with AdamW (--optim adamw_torch or adamw_8bit)"},
     {"fp16_opt_level", NULL, "", "apex's setting; glmtrain's fp16 is its own"},
     {"half_precision_backend", "auto|cuda_amp|amp|cpu_amp", "", "NVIDIA apex is not used"},

@@ -302,6 +302,12 @@ static void lora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t see
                0.05f);
 }
 
+/* The same with NEFTune's noise on the embeddings (alpha 5): the same draws on both backends. */
+static void lora_neftune_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    lora_model(m, be, dt, seed);
+    m->cfg.neftune_alpha = 5.0f;
+}
+
 /* P-Tuning v2 with the projection and the prefix dropout 0.1. */
 static void ptuning_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     peft_model(m, be, dt, seed, (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 8, .prefix_projection = 1, .prefix_dropout = 0.1f},
@@ -470,6 +476,8 @@ int main(void) {
     check_peft(&tc, "lora", lora_model, 31, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "lora", lora_model, 31, 2 * 4 * 2, h16);
     test_lora_training(&tc, h16);
+    check_peft(&tc, "lora_neftune", lora_neftune_model, 33, 2 * 4 * 2, GLM_F32);
+    check_peft(&tc, "lora_neftune", lora_neftune_model, 33, 2 * 4 * 2, h16);
     check_peft(&tc, "ptuning", ptuning_model, 51, 5, GLM_F32);
     check_peft(&tc, "ptuning", ptuning_model, 51, 5, h16);
     test_ptuning_oracle(&tc);

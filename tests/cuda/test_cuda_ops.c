@@ -522,6 +522,14 @@ static void t_elementwise(ctx *c, size_t n) {
                    (k == 0 || (zeros_ref > n * 0.25 && zeros_ref < n * 0.35)), "%zu of %zu zeros differ; %zu dropped", zeros_mismatch, n, zeros_ref);
         free(got);
     }
+    /* noise_add (NEFTune): the CPU twin's draws, fused the same way (equal to the bit in fp32) */
+    memcpy(ref, x, n * sizeof(float));
+    cpu_noise_add(ref, n, 0.05f, 4242ULL + n);
+    be->upload_f32(be, dout, x, n);
+    be->noise_add(be, dout, n, 0.05f, 4242ULL + n);
+    got = down_s(be, dout, n);
+    check_close(c->tc, NAME("noise_add_%s_%zu", c->tag, n), got, ref, n, tol(c, 0, 1e-2, 2e-3));
+    free(got);
     /* to_f32 (optional op) */
     float *dev32 = be->alloc(be, n * sizeof(float));
     be->to_f32(be, dev32, dx, n);

@@ -269,8 +269,7 @@ peft_config:
         report("lf_kernel_switches_left_alone", p.returncode == 0 and "flash_attn is not used" in p.stderr, p.stderr[-300:])
         open(yk, "w").write("neftune_noise_alpha: 5\nmax_steps: 1\n")
         p = train(["--config", yk] + common + ["--dataset", "poems", "--dataset_dir", data, "--output_dir", os.path.join(d, "k2")])
-        report("lf_neftune_refused", p.returncode != 0 and "neftune_noise_alpha" in p.stderr and "NEFTune" in p.stderr,
-               p.stderr[-300:])
+        report("lf_neftune_trains", p.returncode == 0 and "NEFTune: noise of 5/sqrt" in p.stderr, p.stderr[-300:])
         bad = [("template_other_family", ["--dataset", "poems", "--template", "glm4"], "--template glm4"),
                ("eval_dataset_and_validation_file", ["--dataset", "poems", "--eval_dataset", "poems", "--validation_file", one],
                 "--eval_dataset and --validation_file"),

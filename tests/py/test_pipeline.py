@@ -3,6 +3,7 @@
 tiny GLM and tokenizer of test_train.py (4 layers here, tied head):
   - P=2 and P=2 x D=2 (ZeRO-2) reproduce the single-process loss curve within 1e-6 relative
     over 20 steps; so does P=3 with the thudm map (its stage 0 holds only the embedding);
+  - LoRA (with dropout and NEFTune's noise), freeze and P-Tuning v2 over P=2 follow one process;
   - checkpoints resume across P: P=2 -> one process, one process -> P=2 x D=2 (ZeRO-1),
     P=2 x D=2 -> P=3; the final model is one HF folder (shards + index) that a single process
     reads back;
@@ -108,9 +109,11 @@ def main():
                p2 < p1 and r1.returncode != 0 and "the model plans" in r1.stderr and "--pipeline_parallel_size 2" in r1.stderr
                and r2.returncode == 0, "plans %.3f / %.3f MiB, cap %s: %s | %s" % (p1, p2, cap, r1.stderr.strip()[-200:],
                                                                                      r2.stderr.strip()[-200:]))
-        # 4. LoRA over pipeline stages (dropout 0.05 on: micro-batch masks as one process draws
-        # them): the same curve as one process, peft's adapter files out, resume on 2 stages
-        lb = base + b4 + ["--finetuning_type", "lora", "--lora_target", "all", "--learning_rate", "1e-2"]
+        # 4. LoRA over pipeline stages (dropout 0.05 and NEFTune's noise on: micro-batch masks and
+        # noise as one process draws them): the same curve as one process, peft's adapter files
+        # out, resume on 2 stages
+        lb = base + b4 + ["--finetuning_type", "lora", "--lora_target", "all", "--learning_rate", "1e-2",
+                          "--neftune_noise_alpha", "5"]
         lref = os.path.join(d, "lora_ref")
         run(lb + ["--output_dir", lref])
         lp2 = os.path.join(d, "lora_p2")

@@ -159,6 +159,22 @@ def main():
         wb = open(os.path.join(out_b, "model.safetensors"), "rb").read()
         report("resume_final_weights_identical", wa == wb)
 
+        # 2b. NEFTune (--neftune_noise_alpha): noise changes the training losses from step 1 on, and
+        # a resumed run draws the same noise (its seed follows the step)
+        out_f, out_g = os.path.join(d, "neft"), os.path.join(d, "neft-resumed")
+        neft = base + ["--neftune_noise_alpha", "5", "--max_steps", "6", "--save_steps", "3"]
+        p = train(neft + ["--output_dir", out_f])
+        hf = history(out_f)
+        shutil.copytree(os.path.join(out_f, "checkpoint-3"), os.path.join(out_g, "checkpoint-3"))
+        train(neft + ["--output_dir", out_g, "--resume_from_checkpoint"])
+        lf = [(r["step"], r["loss"]) for r in hf if "loss" in r]
+        lg = [(r["step"], r["loss"]) for r in history(out_g) if "loss" in r and r["step"] > 3]
+        report("neftune_changes_training", "NEFTune" in p.stderr and len(lf) == 6 and lf[0][1] != losses[0]
+               and all(math.isfinite(l) for _, l in lf), "first loss %s with noise, %s without" % (lf[:1], losses[:1]))
+        report("neftune_resume_bit_exact", lf[3:] == lg and len(lg) == 3, "uninterrupted %s vs resumed %s" % (lf[3:], lg))
+        p = train(base + ["--output_dir", os.path.join(d, "neft-bad"), "--max_steps", "1", "--neftune_noise_alpha", "-1"], check=False)
+        report("neftune_negative_refused", p.returncode != 0 and "--neftune_noise_alpha -1" in p.stderr, p.stderr[-300:])
+
         # 3. save_total_limit keeps the newest N
         out_c = os.path.join(d, "c")
         train(base + ["--output_dir", out_c, "--max_steps", "8", "--save_steps", "2", "--save_total_limit", "2"])

@@ -84,6 +84,7 @@ static void sc_add(glm_backend *be, void *out, float alpha, const void *x, const
 static void msk(glm_backend *be, void *out, const void *x, size_t n, float scale, float p, uint64_t seed) {
     cpu_mask_scale(out, x, n, scale, p, seed);
 }
+static void noise(glm_backend *be, void *x, size_t n, float mag, uint64_t seed) { cpu_noise_add(x, n, mag, seed); }
 static void pkv_fwd(glm_backend *be, void *kv, const void *qkv, const void *pkv, int layer, int L, int B, int T, int P,
                     int NH, int HD, float p, uint64_t seed) {
     cpu_prefix_kv(kv, qkv, pkv, layer, L, B, T, P, NH, HD, p, seed);
@@ -138,7 +139,7 @@ glm_backend *glm_backend_cpu(void) {
         .sync = cpu_sync,
         .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
         .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,
-        .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk,
+        .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk, .noise_add = noise,
         .cross_entropy = ce, .argmax_rows = amax, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw, .adamw8 = adamw8,
         .prefix_kv = pkv_fwd, .prefix_kv_bwd = pkv_bwd, .tanh_fwd = th_fwd, .tanh_bwd = th_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,

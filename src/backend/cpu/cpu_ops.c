@@ -417,6 +417,11 @@ void cpu_mask_scale(float *out, const float *x, size_t n, float scale, float p, 
     for (size_t i = 0; i < n; i++) out[i] = p > 0 && !glm_mask_keep(seed, i, th) ? 0.0f : x[i] * keep;
 }
 
+void cpu_noise_add(float *x, size_t n, float mag, uint64_t seed) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] = fmaf(mag, glm_uniform_pm1(seed, i), x[i]);
+}
+
 /* ---- P-Tuning v2: prefix keys/values (backend.h prefix_kv, prefix_kv_bwd) ---- */
 
 /* kv row r = (b, j) of [B, P+T, NH, 2, HD]; element e = (h, s, d) within the row's 2H. */

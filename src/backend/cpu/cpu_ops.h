@@ -38,6 +38,8 @@ void cpu_gelu_bwd(float *dx, const float *x, const float *dout, size_t n);
 void cpu_scale_add(float *out, float alpha, const float *x, const float *y, size_t n);
 /* backend.h mask_scale */
 void cpu_mask_scale(float *out, const float *x, size_t n, float scale, float p, uint64_t seed);
+/* backend.h noise_add */
+void cpu_noise_add(float *x, size_t n, float mag, uint64_t seed);
 /* backend.h prefix_kv, prefix_kv_bwd, tanh_fwd, tanh_bwd (P-Tuning v2) */
 void cpu_prefix_kv(float *kv, const float *qkv, const float *pkv, int layer, int L, int B, int T, int P, int NH,
                    int HD, float p, uint64_t seed);

@@ -32,6 +32,7 @@ void glmk_gelu_bwd(glm_dtype dt, void *dx, const void *x, const void *dout, size
 void glmk_scale_add(glm_dtype dt, void *out, float alpha, const void *x, const void *y, size_t n, cudaStream_t st);
 void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n, float scale, float p, uint64_t seed,
                      cudaStream_t st);
+void glmk_noise_add(glm_dtype dt, void *x, size_t n, float mag, uint64_t seed, cudaStream_t st);
 /* ---- LoRA's down-projection with its dropout (k_lora.cu): 1 when done, 0 for shapes they do not
  * take (rank above 16, rows not in 16-byte packs); scratch: glmk_lora_down_bwd_scratch floats ---- */
 int glmk_lora_down(glm_dtype dt, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,

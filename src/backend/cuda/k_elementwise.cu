@@ -264,6 +264,20 @@ extern "C" void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n
     GLMK_CHECK_LAUNCH();
 }
 
+/* ---------------------------------------------------------------- noise_add (NEFTune) */
+
+/* fma as the CPU twin's fmaf, so both round once and agree to the last bit in fp32 */
+template <typename T>
+__global__ void noise_add_kernel(T *x, size_t n, float mag, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = from_f<T>(__fmaf_rn(mag, glm_uniform_pm1(seed, i), to_f(x[i])));
+}
+extern "C" void glmk_noise_add(glm_dtype dt, void *x, size_t n, float mag, uint64_t seed, cudaStream_t st) {
+    if (n == 0) return;
+    GLMK_DISPATCH(dt, noise_add_kernel<T><<<glmk_blocks(n, 256, 132 * 16), 256, 0, st>>>((T *)x, n, mag, seed));
+    GLMK_CHECK_LAUNCH();
+}
+
 /* ---------------------------------------------------------------- bias add */
 
 template <typename T>
