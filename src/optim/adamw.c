@@ -12,9 +12,12 @@
  * the 8-bit block. */
 #define HOST_CHUNK (8 * GLM_ADAM8_BLOCK)
 
+/* bitsandbytes' paged optimizers (QLoRA's recipes) update as their unpaged twins: paging moves
+ * their state to host memory under pressure, which the memory plan here decides up front. */
 int glm_optim_parse(const char *s) {
-    if (!strcmp(s, "adamw_torch") || !strcmp(s, "adamw_hf") || !strcmp(s, "adamw_torch_fused")) return GLM_OPTIM_ADAMW;
-    if (!strcmp(s, "adamw_8bit") || !strcmp(s, "adamw_bnb_8bit")) return GLM_OPTIM_ADAMW8;
+    if (!strcmp(s, "adamw_torch") || !strcmp(s, "adamw_hf") || !strcmp(s, "adamw_torch_fused") || !strcmp(s, "paged_adamw_32bit"))
+        return GLM_OPTIM_ADAMW;
+    if (!strcmp(s, "adamw_8bit") || !strcmp(s, "adamw_bnb_8bit") || !strcmp(s, "paged_adamw_8bit")) return GLM_OPTIM_ADAMW8;
     return -1;
 }
 

@@ -80,7 +80,11 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->bf16 + a->fp16 + a->fp32 > 1) return glm_fail(err, "choose one of --bf16, --fp16, --fp32");
     if (glm_optim_parse(a->optim) < 0)
         return glm_fail(err, "--optim %s is not an optimizer glmtrain has", a->optim),
-               glm_hint(err, "choose adamw_torch (also adamw_hf, adamw_torch_fused) or adamw_8bit (also adamw_bnb_8bit)");
+               glm_hint(err, "choose adamw_torch (also adamw_hf, adamw_torch_fused, paged_adamw_32bit) or adamw_8bit (also "
+                             "adamw_bnb_8bit, paged_adamw_8bit)");
+    if (!strncmp(a->optim, "paged_", 6))
+        glm_info("--optim %s: the update of %s; its state stays where the memory plan puts it (--offload_optimizer cpu "
+                 "moves it to host memory)", a->optim, glm_optim_parse(a->optim) == GLM_OPTIM_ADAMW8 ? "adamw_8bit" : "adamw_torch");
     if (strcmp(a->offload_optimizer, "none") && strcmp(a->offload_optimizer, "cpu"))
         return glm_fail(err, "--offload_optimizer %s: choose cpu or none", a->offload_optimizer),
                glm_hint(err, "nvme offload is not supported");

@@ -121,7 +121,7 @@ const glm_flag glm_train_flags[] = {
      "recompute in backward to save memory: true = full (each layer's forward again), selective (the norms, attention "
      "and activation only), auto (the least recompute the memory plan fits under --max_memory_per_gpu or the GPU)",
      GLM_CKPT_LEVELS, NULL},
-    F(optim, ARG_STR, "adamw_torch", "the optimizer: adamw_torch (fp32 moments) or adamw_8bit (bitsandbytes' blockwise 8-bit moments, a quarter of the bytes; adamw_bnb_8bit is the same)"),
+    F(optim, ARG_STR, "adamw_torch", "the optimizer: adamw_torch (fp32 moments) or adamw_8bit (bitsandbytes' blockwise 8-bit moments, a quarter of the bytes; adamw_bnb_8bit is the same); bitsandbytes' paged_adamw_32bit / paged_adamw_8bit update as these"),
     F(offload_optimizer, ARG_STR, "none", "cpu: keep the optimizer state and master weights in host memory and update them on the host's cores (DeepSpeed's ZeRO-Offload); none: on the device"),
     F(optimizer_in_backward, ARG_BOOL, "false", "update each layer as soon as backward finishes its gradients, so no gradient buffer of the whole model exists (no gradient accumulation or clipping then)"),
     F(max_train_seconds, ARG_FLOAT, "0", "stop (and save) after this many seconds of training (0 = no limit)"),

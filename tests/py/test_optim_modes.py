@@ -106,6 +106,11 @@ def main():
         q8c, _ = go("q8_clip", ["--optim", "adamw_8bit"] + clip)
         q8o, _ = go("q8_off", ["--optim", "adamw_bnb_8bit", "--offload_optimizer", "cpu"] + clip)
         report("adamw8_offload_equals_device", curve(q8o, 20) == curve(q8c, 20) and weights(q8o) == weights(q8c), "losses and weights")
+        # bitsandbytes' paged optimizers (QLoRA's --optim paged_adamw_32bit / paged_adamw_8bit) update as their twins
+        q8p, _ = go("q8_paged", ["--optim", "paged_adamw_8bit"] + clip)
+        p32, _ = go("paged32", ["--optim", "paged_adamw_32bit"] + clip)
+        report("paged_optimizers_update_as_their_twins", curve(q8p, 20) == curve(q8c, 20) and curve(p32, 20) == a1
+               and weights(p32) == weights(ref1), "paged_adamw_8bit vs adamw_8bit, paged_adamw_32bit vs adamw_torch")
         q8ib, _ = go("q8_ib", ["--optim", "adamw_8bit", "--optimizer_in_backward"] + noclip)
         q8n, _ = go("q8_noclip", ["--optim", "adamw_8bit"] + noclip)
         report("adamw8_in_backward_equals_step", curve(q8ib, 20) == curve(q8n, 20), "losses")
