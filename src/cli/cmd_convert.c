@@ -49,7 +49,6 @@ int glm_cmd_convert(int argc, char **argv) {
     if (!rc) rc = glm_ckpt_convert(a.from, a.to, &o, &err);
     if (rc) glm_err_print(&err);
     else glm_info("wrote %s (%s) in %.1f s", a.to, a.dtype, glm_now() - t0);
-    for (int i = 0; i < n; i++)
-        if (convert_flags[i].type == ARG_STR) free(*(char **)((char *)&a + convert_flags[i].offset));
+    glm_args_free(convert_flags, n, &a);
     return rc ? 1 : 0;
 }

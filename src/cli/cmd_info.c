@@ -205,6 +205,6 @@ int glm_cmd_info(int argc, char **argv) {
     row("total", p.total);
     glm_table_free(&tab);
     if (stage_plans(&a, &c, &err)) { glm_err_print(&err); rc = 1; }
-    for (int i = 0; i < n; i++) if (info_flags[i].type == ARG_STR) free(*(char **)((char *)&a + info_flags[i].offset));
+    glm_args_free(info_flags, n, &a);
     return rc;
 }

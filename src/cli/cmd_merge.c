@@ -93,7 +93,6 @@ int glm_cmd_merge(int argc, char **argv) {
     if (!rc) rc = glm_adapter_merge(a.model_name_or_path, a.adapter, a.output_dir, &o, &err);
     if (rc) glm_err_print(&err);
     else glm_info("merged %s into %s: %s (%s) in %.1f s", a.adapter, a.model_name_or_path, a.output_dir, a.dtype, glm_now() - t0);
-    for (int i = 0; i < n; i++)
-        if (merge_flags[i].type == ARG_STR) free(*(char **)((char *)&a + merge_flags[i].offset));
+    glm_args_free(merge_flags, n, &a);
     return rc ? 1 : 0;
 }

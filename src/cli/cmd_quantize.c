@@ -64,7 +64,6 @@ int glm_cmd_quantize(int argc, char **argv) {
     if (rc) glm_err_print(&err);
     else glm_info("quantized %s to %s: int%d linear weights, %s elsewhere, in %.1f s", a.model_name_or_path, a.output_dir,
                   a.quantization_bit, a.dtype, glm_now() - t0);
-    for (int i = 0; i < n; i++)
-        if (quantize_flags[i].type == ARG_STR) free(*(char **)((char *)&a + quantize_flags[i].offset));
+    glm_args_free(quantize_flags, n, &a);
     return rc ? 1 : 0;
 }

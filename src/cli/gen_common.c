@@ -46,8 +46,7 @@ int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, cons
 }
 
 void gen_args_free(const glm_flag *f, int n, gen_args *a) {
-    for (int i = 0; i < n; i++)
-        if (f[i].type == ARG_STR) free(*(char **)((char *)a + f[i].offset));
+    glm_args_free(f, n, a);
 }
 
 static glm_dtype gen_dtype(const gen_args *a) {

@@ -78,6 +78,18 @@ int glm_args_set(const glm_flag *f, void *dst, const char *v, const char *where,
         *(double *)field(f, dst) = d;
         return 0;
     }
+    case ARG_JSON: {
+        cJSON *o = cJSON_Parse(v);
+        if (!cJSON_IsObject(o)) {
+            cJSON_Delete(o);
+            return glm_fail(err, "%s--%s: '%s' is not a JSON object", where, f->name, v),
+                   glm_hint(err, "e.g. --%s '{\"name\": 0.1}'", f->name);
+        }
+        free(*(char **)field(f, dst));
+        *(char **)field(f, dst) = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        return 0;
+    }
     case ARG_BOOL: {
         int b;
         if (parse_bool(v, &b) == 0) { *(int *)field(f, dst) = b; return 0; }
@@ -92,13 +104,40 @@ int glm_args_set(const glm_flag *f, void *dst, const char *v, const char *where,
 void glm_args_defaults(const glm_flag *f, int n, void *dst) {
     for (int i = 0; i < n; i++) {
         switch (f[i].type) {
-        case ARG_STR: *(char **)field(&f[i], dst) = f[i].def ? glm_strdup(f[i].def) : NULL; break;
+        case ARG_STR:
+        case ARG_JSON: *(char **)field(&f[i], dst) = f[i].def ? glm_strdup(f[i].def) : NULL; break;
         case ARG_INT: *(int *)field(&f[i], dst) = f[i].def ? atoi(f[i].def) : 0; break;
         case ARG_LONG: *(long *)field(&f[i], dst) = f[i].def ? atol(f[i].def) : 0; break;
         case ARG_FLOAT: *(double *)field(&f[i], dst) = f[i].def ? strtod(f[i].def, NULL) : 0; break;
         case ARG_BOOL: { int b = 0; if (f[i].def) parse_bool(f[i].def, &b); *(int *)field(&f[i], dst) = b; break; }
         }
     }
+}
+
+void glm_args_free(const glm_flag *f, int n, void *dst) {
+    for (int i = 0; i < n; i++)
+        if (f[i].type == ARG_STR || f[i].type == ARG_JSON) {
+            free(*(char **)field(&f[i], dst));
+            *(char **)field(&f[i], dst) = NULL;
+        }
+}
+
+int glm_args_set_json_key(const glm_flag *f, void *dst, const char *key, const char *v, const char *where, glm_err *err) {
+    const char *cur = *(char **)field(f, dst);
+    cJSON *o = cJSON_Parse(cur ? cur : "{}"), *item;
+    char *end;
+    double d = v ? strtod(v, &end) : 0;
+    if (!v) item = cJSON_CreateNull();
+    else if (end != v && !*end && isfinite(d)) item = cJSON_CreateNumber(d);
+    else if (!strcmp(v, "true") || !strcmp(v, "false")) item = cJSON_CreateBool(!strcmp(v, "true"));
+    else item = cJSON_CreateString(v);
+    cJSON_DeleteItemFromObjectCaseSensitive(o, key);
+    cJSON_AddItemToObject(o, key, item);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    int rc = glm_args_set(f, dst, text, where, err);
+    free(text);
+    return rc;
 }
 
 static int lev(const char *a, const char *b) {
@@ -188,7 +227,12 @@ static int load_config(const glm_flag *f, int n, void *dst, const char *path, gl
             else snprintf(buf, sizeof buf, "%.17g", it->valuedouble);
             v = buf;
         } else if (cJSON_IsNull(it)) continue;
-        else { rc = glm_fail(err, "%s\"%s\" must be a string, number or boolean", where, it->string); break; }
+        else if (cJSON_IsObject(it) && fl && fl->type == ARG_JSON) {
+            char *text = cJSON_PrintUnformatted(it);
+            rc = glm_args_set(fl, dst, text, where, err);
+            free(text);
+            continue;
+        } else { rc = glm_fail(err, "%s\"%s\" must be a string, number or boolean", where, it->string); break; }
         if (!fl && keys) { /* as on the command line */
             char why[300] = "";
             const char *to = keys(it->string, v, why, sizeof why);
@@ -272,6 +316,12 @@ char *glm_args_to_json(const glm_flag *f, int n, const void *dst) {
         case ARG_INT: cJSON_AddNumberToObject(o, f[i].name, *(const int *)p); break;
         case ARG_LONG: cJSON_AddNumberToObject(o, f[i].name, (double)*(const long *)p); break;
         case ARG_FLOAT: cJSON_AddNumberToObject(o, f[i].name, *(const double *)p); break;
+        case ARG_JSON: {
+            const char *s = *(char *const *)p;
+            cJSON *v = s ? cJSON_Parse(s) : NULL;
+            cJSON_AddItemToObject(o, f[i].name, v ? v : cJSON_CreateNull());
+            break;
+        }
         case ARG_BOOL: {
             char w[32];
             int k = *(const int *)p;
@@ -289,7 +339,7 @@ char *glm_args_to_json(const glm_flag *f, int n, const void *dst) {
 void glm_args_usage(const glm_flag *f, int n, const char *cmd) {
     printf("usage: glmtrain %s [--config FILE.json|FILE.yaml] [flags]\n\n", cmd);
     for (int i = 0; i < n; i++) {
-        const char *t = f[i].type == ARG_BOOL ? "" : f[i].type == ARG_STR ? " TEXT" : f[i].type == ARG_FLOAT ? " X" : " N";
+        const char *t = f[i].type == ARG_BOOL ? "" : f[i].type == ARG_STR ? " TEXT" : f[i].type == ARG_JSON ? " JSON" : f[i].type == ARG_FLOAT ? " X" : " N";
         char left[80];
         snprintf(left, sizeof left, "--%s%s", f[i].name, t);
         printf("  %-36s %s", left, f[i].help ? f[i].help : "");

@@ -10,7 +10,9 @@
 #include <stddef.h>
 #include "core/err.h"
 
-typedef enum { ARG_STR, ARG_INT, ARG_LONG, ARG_FLOAT, ARG_BOOL } glm_arg_type;
+/* ARG_JSON: a JSON object, kept as its text (char *): on the command line as text
+ * ('{"min_lr_rate": 0.1}'), in a --config JSON file as an object, in YAML as a mapping. */
+typedef enum { ARG_STR, ARG_INT, ARG_LONG, ARG_FLOAT, ARG_BOOL, ARG_JSON } glm_arg_type;
 
 typedef struct glm_flag {
     const char *name;       /* without the leading "--" */
@@ -26,6 +28,11 @@ typedef struct glm_flag {
 
 /* Fills every field of dst with its default. */
 void glm_args_defaults(const glm_flag *f, int n, void *dst);
+/* Frees the text fields (ARG_STR, ARG_JSON) glm_args_defaults and the parser made. */
+void glm_args_free(const glm_flag *f, int n, void *dst);
+/* Sets key `key` of the ARG_JSON flag f's object to the scalar text v (a number, true/false,
+ * or else a string; NULL: null): a nested YAML value. */
+int glm_args_set_json_key(const glm_flag *f, void *dst, const char *key, const char *v, const char *where, glm_err *err);
 /* Parses argv[0..argc) (flags only, no subcommand). "--config FILE" loads keys from JSON first,
  * then the command line overrides them. Returns 0, or -1 with err naming the flag. */
 int glm_args_parse(const glm_flag *f, int n, void *dst, int argc, char **argv, glm_err *err);

@@ -39,6 +39,18 @@ typedef struct yaml_reader {
     int in_list;
 } yaml_reader;
 
+/* The flag named `name`, or NULL. */
+static const glm_flag *flag_named(const yaml_reader *y, const char *name) {
+    for (int i = 0; i < y->n; i++) if (!strcmp(y->f[i].name, name)) return &y->f[i];
+    return NULL;
+}
+
+/* The JSON-object flag whose mapping is open at depth 1, or NULL. */
+static const glm_flag *json_parent(const yaml_reader *y) {
+    const glm_flag *f = y->depth >= 1 ? flag_named(y, y->key[0]) : NULL;
+    return f && f->type == ARG_JSON ? f : NULL;
+}
+
 /* One value for the key path key[0..depth): the flag it sets (through keys when given). */
 static int set_value(yaml_reader *y, const char *v, size_t line) {
     char dotted[1024] = "", why[300] = "", where[600];
@@ -47,6 +59,8 @@ static int set_value(yaml_reader *y, const char *v, size_t line) {
         snprintf(dotted + at, sizeof dotted - at, "%s%s", k ? "." : "", y->key[k]);
     }
     snprintf(where, sizeof where, "%s:%zu: ", y->path, line);
+    const glm_flag *jf = y->depth == 2 ? json_parent(y) : NULL;
+    if (jf) return glm_args_set_json_key(jf, y->dst, y->key[1], v, where, y->err); /* lr_scheduler_kwargs: {min_lr_rate: 0.1} */
     const char *name = dotted;
     if (y->keys) {
         name = y->keys(dotted, v, why, sizeof why);
@@ -86,7 +100,8 @@ int glm_args_load_yaml(const glm_flag *f, int n, void *dst, const char *path, gl
         case YAML_MAPPING_START_EVENT:
             if (y->in_list) { rc = glm_fail(err, "%s:%zu: %s: a list of mappings is not read here", path, line, y->key[d - 1]); break; }
             if (d > 0 && !y->have_key[d - 1]) { rc = glm_fail(err, "%s:%zu: a mapping as a key", path, line); break; }
-            if (d > 0 && !keys) {
+            if (d >= 2 && json_parent(y)) { rc = glm_fail(err, "%s:%zu: %s: its values are scalars", path, line, y->key[0]); break; }
+            if (d > 0 && !keys && !(d == 1 && json_parent(y))) {
                 rc = glm_fail(err, "%s:%zu: %s: a nested value; the config is flat: one flag and its value a line", path,
                               y->line[d - 1], y->key[d - 1]);
                 break;

@@ -1,9 +1,10 @@
 #include "optim/schedule.h"
+#include <cJSON.h>
 #include <math.h>
 #include <string.h>
 
 static const char *names[] = {"linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial",
-                              "inverse_sqrt"};
+                              "inverse_sqrt", "cosine_with_min_lr"};
 
 int glm_lr_kind_parse(const char *s, glm_lr_kind *out) {
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
@@ -13,8 +14,22 @@ int glm_lr_kind_parse(const char *s, glm_lr_kind *out) {
 
 const char *glm_lr_kind_name(glm_lr_kind k) { return names[k]; }
 
-float glm_lr_at(glm_lr_kind k, float base_lr, long step, long warmup, long total) {
-    /* transformers' lambdas: warmup factor step/max(1,warmup) while step < warmup */
+/* get_scheduler's defaults for the kind's settings */
+static void default_settings(glm_lr_sched *s) {
+    s->num_cycles = s->kind == LR_COSINE_WITH_RESTARTS ? 1.0 : 0.5;
+    s->min_lr_rate = 0.0;
+    s->lr_end = GLM_LR_POLYNOMIAL_END;
+    s->power = 1.0;
+    s->timescale = (double)s->warmup;
+    s->has_settings = 1;
+}
+
+/* transformers' lambdas (optimization.py) times base_lr: a warmup factor step / max(1, warmup)
+ * while step < warmup, then the kind's decay over progress = (step - warmup) / max(1, total - warmup) */
+static float hf_rate(const glm_lr_sched *s, long step) {
+    const glm_lr_kind k = s->kind;
+    const float base_lr = s->base_lr;
+    const long warmup = s->warmup, total = s->total;
     if (k == LR_CONSTANT) return base_lr;
     if (step < warmup) return base_lr * (float)step / (float)(warmup > 1 ? warmup : 1);
     if (k == LR_CONSTANT_WITH_WARMUP) return base_lr;
@@ -23,22 +38,99 @@ float glm_lr_at(glm_lr_kind k, float base_lr, long step, long warmup, long total
         double f = (double)(total - step) / (double)((total - warmup) > 1 ? (total - warmup) : 1);
         return base_lr * (float)(f > 0 ? f : 0);
     }
-    if (k == LR_COSINE_WITH_RESTARTS) { /* num_cycles 1: one hard restart-free cosine, 0 from the end on */
+    if (k == LR_COSINE_WITH_RESTARTS) { /* num_cycles hard restarts, 0 from the end on */
         if (progress >= 1.0) return 0.0f;
-        double f = 0.5 * (1.0 + cos(M_PI * fmod(progress, 1.0)));
+        double f = 0.5 * (1.0 + cos(M_PI * fmod(s->num_cycles * progress, 1.0)));
         return base_lr * (float)(f > 0 ? f : 0);
     }
-    if (k == LR_POLYNOMIAL) { /* from base_lr down to lr_end, power 1 */
-        double lr_end = GLM_LR_POLYNOMIAL_END;
-        if (step > total) return (float)lr_end;
+    if (k == LR_POLYNOMIAL) { /* from base_lr down to lr_end */
+        if (step > total) return (float)s->lr_end;
         double remaining = 1.0 - (double)(step - warmup) / (double)(total - warmup);
-        return (float)((base_lr - lr_end) * remaining + lr_end);
+        return (float)(((double)base_lr - s->lr_end) * pow(remaining, s->power) + s->lr_end);
     }
-    if (k == LR_INVERSE_SQRT) /* timescale = warmup (> 0: checked where the schedule is chosen) */
-        return base_lr * (float)(1.0 / sqrt((double)step / (double)warmup));
-    /* cosine with num_cycles 0.5 */
-    double f = 0.5 * (1.0 + cos(M_PI * 0.5 * 2.0 * progress));
+    if (k == LR_INVERSE_SQRT) /* timescale > 0: checked by glm_lr_kwargs */
+        return base_lr * (float)(1.0 / sqrt(((double)step + s->timescale - (double)warmup) / s->timescale));
+    double f = 0.5 * (1.0 + cos(M_PI * s->num_cycles * 2.0 * progress));
+    if (k == LR_COSINE_WITH_MIN_LR) f = f * (1.0 - s->min_lr_rate) + s->min_lr_rate;
     return base_lr * (float)(f > 0 ? f : 0);
+}
+
+float glm_lr_at(glm_lr_kind k, float base_lr, long step, long warmup, long total) {
+    glm_lr_sched s = {.kind = k, .base_lr = base_lr, .warmup = warmup, .total = total};
+    default_settings(&s);
+    return hf_rate(&s, step);
+}
+
+/* the keys each kind takes, "" for none */
+static const char *kind_keys(glm_lr_kind k) {
+    switch (k) {
+    case LR_COSINE: case LR_COSINE_WITH_RESTARTS: return "num_cycles";
+    case LR_COSINE_WITH_MIN_LR: return "num_cycles, min_lr, min_lr_rate";
+    case LR_POLYNOMIAL: return "lr_end, power";
+    case LR_INVERSE_SQRT: return "timescale";
+    default: return "";
+    }
+}
+
+static int takes_key(glm_lr_kind k, const char *key) {
+    size_t n = strlen(key);
+    for (const char *p = kind_keys(k); *p;) { /* "a, b, c" */
+        size_t len = strcspn(p, ",");
+        if (len == n && !strncmp(p, key, n)) return 1;
+        p += len;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    return 0;
+}
+
+int glm_lr_kwargs(glm_lr_sched *s, const char *json, glm_err *err) {
+    default_settings(s);
+    const char *kind = glm_lr_kind_name(s->kind);
+    cJSON *o = cJSON_Parse(json && json[0] ? json : "{}");
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return glm_fail(err, "--lr_scheduler_kwargs '%s' is not a JSON object", json);
+    }
+    int rc = 0, has_min_lr = 0, has_rate = 0;
+    double min_lr = 0;
+    for (cJSON *it = o->child; it && !rc; it = it->next) {
+        if (!takes_key(s->kind, it->string)) {
+            rc = glm_fail(err, "--lr_scheduler_kwargs: %s does not take \"%s\"", kind, it->string);
+            if (kind_keys(s->kind)[0]) glm_hint(err, "%s takes %s", kind, kind_keys(s->kind));
+            else glm_hint(err, "%s takes no settings: drop --lr_scheduler_kwargs", kind);
+            break;
+        }
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) {
+            rc = glm_fail(err, "--lr_scheduler_kwargs: \"%s\" must be a number", it->string);
+            break;
+        }
+        double v = it->valuedouble;
+        const char *key = it->string;
+        if (!strcmp(key, "num_cycles")) s->num_cycles = v;
+        else if (!strcmp(key, "min_lr")) { min_lr = v; has_min_lr = 1; }
+        else if (!strcmp(key, "min_lr_rate")) { s->min_lr_rate = v; has_rate = 1; }
+        else if (!strcmp(key, "lr_end")) s->lr_end = v;
+        else if (!strcmp(key, "power")) s->power = v;
+        else s->timescale = v;
+        if (v < 0 && strcmp(key, "power"))
+            rc = glm_fail(err, "--lr_scheduler_kwargs: \"%s\" %g must not be negative", key, v);
+    }
+    cJSON_Delete(o);
+    if (rc) return rc;
+    if (s->kind == LR_COSINE_WITH_MIN_LR) { /* as get_cosine_with_min_lr_schedule_with_warmup */
+        if (has_min_lr == has_rate)
+            return glm_fail(err, "--lr_scheduler_type cosine_with_min_lr needs %s of min_lr and min_lr_rate in --lr_scheduler_kwargs",
+                            has_rate ? "only one" : "one"),
+                   glm_hint(err, "e.g. --lr_scheduler_kwargs '{\"min_lr_rate\": 0.1}' (a tenth of --learning_rate at the end)");
+        if (has_min_lr) s->min_lr_rate = min_lr / s->base_lr;
+    }
+    if (s->kind == LR_POLYNOMIAL && !(s->base_lr > s->lr_end))
+        return glm_fail(err, "--lr_scheduler_type polynomial decays to lr_end %g: --learning_rate %g must be above it", s->lr_end,
+                        (double)s->base_lr);
+    if (s->kind == LR_INVERSE_SQRT && !(s->timescale > 0))
+        return glm_fail(err, "--lr_scheduler_type inverse_sqrt needs warmup: its timescale is the warmup steps (transformers divides by it)"),
+               glm_hint(err, "give --warmup_steps N or --warmup_ratio R, or --lr_scheduler_kwargs '{\"timescale\": N}'");
+    return 0;
 }
 
 int glm_lr_ds_kind_parse(const char *s, glm_lr_kind *k) {
@@ -54,7 +146,12 @@ static double ds_warmup_gamma(const glm_lr_sched *s, long step, long W) {
 }
 
 float glm_lr_sched_at(const glm_lr_sched *s, long step) {
-    if (s->kind < LR_DS_WARMUP) return glm_lr_at(s->kind, s->base_lr, step, s->warmup, s->total);
+    if (s->kind < LR_DS_WARMUP) {
+        if (s->has_settings) return hf_rate(s, step);
+        glm_lr_sched d = *s;
+        default_settings(&d);
+        return hf_rate(&d, step);
+    }
     long W = s->warmup > 2 ? s->warmup : 2;
     if (s->kind == LR_DS_WARMUP_COSINE) {
         double r;

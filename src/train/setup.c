@@ -38,12 +38,11 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->train_file && a->dataset)
         return glm_fail(err, "--train_file and --dataset both given"),
                glm_hint(err, "--dataset names LLaMA-Factory dataset_info.json entries; give one or the other");
-    if (!strcmp(a->lr_scheduler_type, "inverse_sqrt") && a->warmup_steps <= 0 && a->warmup_ratio <= 0)
-        return glm_fail(err, "--lr_scheduler_type inverse_sqrt needs warmup: its timescale is the warmup steps (transformers divides by it)"),
-               glm_hint(err, "give --warmup_steps N or --warmup_ratio R");
-    if (!strcmp(a->lr_scheduler_type, "polynomial") && !(a->learning_rate > GLM_LR_POLYNOMIAL_END))
-        return glm_fail(err, "--lr_scheduler_type polynomial decays to %g: --learning_rate %g must be above it", GLM_LR_POLYNOMIAL_END,
-                        a->learning_rate);
+    { /* the schedule's settings, checked before anything loads (the warmup here: set or not) */
+        glm_lr_sched s = {.base_lr = (float)a->learning_rate, .warmup = a->warmup_steps > 0 || a->warmup_ratio > 0, .total = 2};
+        glm_lr_kind_parse(a->lr_scheduler_type, &s.kind);
+        if (glm_lr_kwargs(&s, a->lr_scheduler_kwargs, err)) return -1;
+    }
     if (a->cutoff_len > 0)
         return glm_fail(err, "--cutoff_len %d (LLaMA-Factory's): glmtrain cuts examples as THUDM's scripts do", a->cutoff_len),
                glm_hint(err, "give --max_source_length and --max_target_length (prompt and answer tokens kept; a conversation is "
@@ -572,6 +571,7 @@ int trainer_plan_steps(trainer *t, glm_err *err) {
     t->warmup = a->warmup_steps > 0 ? a->warmup_steps : (long)ceil(a->warmup_ratio * t->total_steps);
     t->sched = (glm_lr_sched){.base_lr = (float)a->learning_rate, .warmup = t->warmup, .total = t->total_steps};
     glm_lr_kind_parse(a->lr_scheduler_type, &t->sched.kind);
+    if (glm_lr_kwargs(&t->sched, a->lr_scheduler_kwargs, err)) return -1; /* the warmup of a ratio may round to 0 */
     if (a->ds.sched) { /* a --deepspeed file's scheduler replaces --lr_scheduler_type, as in the Trainer */
         t->sched.kind = (glm_lr_kind)a->ds.sched;
         t->sched.log_warmup = a->ds.log_warmup;

@@ -43,6 +43,7 @@ typedef struct glm_train_args {
     int dataloader_num_workers, max_train_samples;
     /* schedule */
     char *output_dir, *logging_dir, *report_to, *lr_scheduler_type, *eval_strategy, *save_strategy;
+    char *lr_scheduler_kwargs; /* a JSON object (optim/schedule.h glm_lr_kwargs) */
     char *resume_from_checkpoint, *save_dtype, *max_shard_size, *resume_mismatch;
     int overwrite_output_dir;
     double num_train_epochs, learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;

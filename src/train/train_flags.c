@@ -89,8 +89,11 @@ const glm_flag glm_train_flags[] = {
     F(adam_epsilon, ARG_FLOAT, "1e-8", "AdamW epsilon"),
     F(max_grad_norm, ARG_FLOAT, "1.0", "clip the global gradient norm (0 = off)"),
     F(max_bad_steps, ARG_INT, "3", "bf16/fp32: stop with an error after this many consecutive steps with a non-finite loss or gradient norm (each one skipped; fp16 skips them through the loss scaler)"),
-    C(lr_scheduler_type, "linear", "linear|cosine|constant|constant_with_warmup|cosine_with_restarts|polynomial|inverse_sqrt",
+    C(lr_scheduler_type, "linear", "linear|cosine|constant|constant_with_warmup|cosine_with_restarts|polynomial|inverse_sqrt|cosine_with_min_lr",
       "learning-rate schedule (transformers' get_scheduler)"),
+    {"lr_scheduler_kwargs", ARG_JSON, offsetof(glm_train_args, lr_scheduler_kwargs), "{}",
+     "the schedule's settings, as transformers': num_cycles (cosine, cosine_with_restarts, cosine_with_min_lr), min_lr or "
+     "min_lr_rate (cosine_with_min_lr), lr_end and power (polynomial), timescale (inverse_sqrt)", NULL, NULL},
     F(warmup_steps, ARG_LONG, "0", "linear warmup steps"),
     F(warmup_ratio, ARG_FLOAT, "0", "warmup as a fraction of all steps (when warmup_steps is 0)"),
     F(logging_steps, ARG_LONG, "10", "log every N steps"),
@@ -147,8 +150,7 @@ const glm_flag glm_train_flags[] = {
 const int glm_train_nflags = sizeof glm_train_flags / sizeof glm_train_flags[0];
 
 void glm_train_args_free(glm_train_args *a) {
-    for (int i = 0; i < glm_train_nflags; i++)
-        if (glm_train_flags[i].type == ARG_STR) free(*(char **)((char *)a + glm_train_flags[i].offset));
+    glm_args_free(glm_train_flags, glm_train_nflags, a);
 }
 
 glm_par_opts glm_train_par_opts(const glm_train_args *a) {
@@ -233,7 +235,6 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"jit_mode_eval", NULL, "", "evaluation runs glmtrain's own kernels"},
     {"eval_accumulation_steps", NULL, "", "evaluation sums the loss as it goes"},
     {"eval_delay", "0|0.0", "", "evaluation follows --eval_strategy from the start"},
-    {"lr_scheduler_kwargs", "{}", "", "the schedules take no further settings here"},
     {"skip_memory_metrics", NULL, "", "glmtrain prints its memory plan and the GPU's peak itself"},
     {"use_legacy_prediction_loop", NULL, "", "evaluation here is the loss"},
     {"dataloader_persistent_workers", NULL, "", "glmtrain's loader stages its batches itself"},
