@@ -18,6 +18,8 @@ typedef struct glm_peft {
     float lora_dropout;      /* on the adapter's input, training only */
     int lora_targets;        /* GLM_LORA_* bits */
     int use_rslora;
+    float loraplus_lr_ratio; /* LoRA+ (LLaMA-Factory's loraplus_lr_ratio): lora_B trains at this times the
+                              * learning rate, lora_A at the rate (0: off); the table's lr_scale */
     /* freeze: the last num_layer_trainable layers train (LLaMA-Factory's freeze mode) */
     int num_layer_trainable;
     /* P-Tuning v2 as THUDM's modeling_chatglm.py: a trainable prefix encoder gives every layer

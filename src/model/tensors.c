@@ -19,6 +19,7 @@ static void add(glm_table *tab, glm_tkind kind, int layer, const char *name, int
     t->numel = (size_t)d0 * (size_t)t->shape[1];
     t->offset = tab->total;
     t->decay = ndim >= 2;
+    t->lr_scale = 1.0f;
     t->qtype = qtype;
     if (qtype) tab->total += glm_qlayout_of((glm_qtype)qtype, (size_t)d0, (size_t)t->shape[1]).bytes;
     else tab->total += (t->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
@@ -119,7 +120,9 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
             snprintf(n + np, sizeof n - np, "%s.lora_A.weight", fam->modules[i]);
             ROW(glm_lora_kind(i, 0), l, n, 2, r, lin[i][0]);
             snprintf(n + np, sizeof n - np, "%s.lora_B.weight", fam->modules[i]);
+            int before = tab->n;
             ROW(glm_lora_kind(i, 1), l, n, 2, lin[i][1], r);
+            if (tab->n > before && c->peft.loraplus_lr_ratio > 0) tab->t[before].lr_scale = c->peft.loraplus_lr_ratio;
         }
     }
     if (with_head) {

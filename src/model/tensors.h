@@ -37,6 +37,7 @@ typedef struct glm_tensor {
     size_t numel;
     size_t offset;    /* element offset in the flat parameter buffer (aligned to 64 elements) */
     int decay;        /* AdamW weight decay applies (matrices yes; biases and LayerNorm no) */
+    float lr_scale;   /* the learning rate's factor: LoRA+'s ratio on lora_B rows, else 1 */
     int opens_unit;   /* the first row of its unit (the embedding, a layer, the final norm and head) */
     int qtype;        /* glm_qtype of a quantized row (GLM_PART_QUANT), else GLM_Q_NONE */
 } glm_tensor;

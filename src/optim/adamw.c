@@ -159,7 +159,7 @@ void glm_adamw_update(glm_adamw *o, glm_model *m, size_t lo, size_t hi, size_t k
         if (a >= e) continue;
         size_t kk = k + (a - lo);
         be->adamw(be, glm_at(be, param, a - lo), o->master ? o->master + kk : NULL, glm_at(be, grad, a - lo), o->m + kk,
-                  o->v + kk, e - a, lr, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2, gs);
+                  o->v + kk, e - a, lr * t->lr_scale, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2, gs);
     }
 }
 
@@ -230,7 +230,7 @@ double glm_adamw_update_host(glm_adamw *o, glm_model *m, size_t lo, size_t hi, s
         const glm_tensor *t = &m->tab.t[j];
         size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
         if (a >= e) continue;
-        ss += host_range(o, buf, dt, lo, a, e, k + (a - lo), t->decay ? o->weight_decay : 0.0f, lr, gs, bc1, bc2);
+        ss += host_range(o, buf, dt, lo, a, e, k + (a - lo), t->decay ? o->weight_decay : 0.0f, lr * t->lr_scale, gs, bc1, bc2);
     }
     /* the padding between tensors needs nothing: its gradients and its weights are zeros */
     return ss * gs * gs;

@@ -3,6 +3,7 @@
 #include "train/trainer.h"
 #include "model/adapter.h"
 #include "data/dataset_info.h"
+#include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "data/hash.h"
 #ifdef GLM_HAVE_CUDA
@@ -338,6 +339,20 @@ int trainer_load_model(trainer *t, glm_err *err) {
         return glm_fail(err, "--neftune_noise_alpha %g must be 0 (off) or positive", a->neftune_noise_alpha),
                glm_hint(err, "NEFTune's paper and LLaMA-Factory's examples use 5");
     c.neftune_alpha = (float)a->neftune_noise_alpha;
+    if (a->loraplus_lr_ratio != 0) { /* LoRA+: a learning-rate factor of the lora_B rows (the table's lr_scale) */
+        if (!(a->loraplus_lr_ratio > 0 && a->loraplus_lr_ratio < 1e6))
+            return glm_fail(err, "--loraplus_lr_ratio %g must be positive (0: off)", a->loraplus_lr_ratio),
+                   glm_hint(err, "LoRA+'s paper and LLaMA-Factory's examples use 16");
+        if (c.peft.kind != GLM_FT_LORA)
+            return glm_fail(err, "--loraplus_lr_ratio is LoRA+'s (lora_B's learning rate), but this run trains %s",
+                            c.peft.kind == GLM_FT_FULL ? "every weight" : c.peft.kind == GLM_FT_PTUNING ? "a P-Tuning v2 prefix" : "the last layers"),
+                   glm_hint(err, "add --finetuning_type lora, or drop --loraplus_lr_ratio");
+        if (glm_optim_parse(a->optim) == GLM_OPTIM_ADAMW8)
+            return glm_fail(err, "--loraplus_lr_ratio with --optim %s: the 8-bit moments' blocks span lora_A and lora_B rows", a->optim),
+                   glm_hint(err, "use --optim adamw_torch: LoRA's optimizer state is a few MB");
+        c.peft.loraplus_lr_ratio = (float)a->loraplus_lr_ratio;
+        if (t->dp->rank == 0) glm_info("LoRA+: the lora_B matrices train at %g x the learning rate", a->loraplus_lr_ratio);
+    }
     if (c.neftune_alpha > 0 && t->dp->rank == 0)
         glm_info("NEFTune: noise of %g/sqrt(seq x %d) on the embeddings while training", c.neftune_alpha, c.hidden_size);
     int nf4 = a->quantization_type && strcmp(a->quantization_type, "nf4") == 0;

@@ -65,6 +65,8 @@ const glm_flag glm_train_flags[] = {
     F(lora_dropout, ARG_FLOAT, "0.05", "LoRA: dropout on the adapters' input while training"),
     F(lora_target, ARG_STR, "query_key_value", "LoRA: comma list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h, or all"),
     F(use_rslora, ARG_BOOL, "false", "LoRA: scaling alpha/sqrt(r) (rank-stabilised LoRA)"),
+    F(loraplus_lr_ratio, ARG_FLOAT, "0", "LoRA+ (LLaMA-Factory's): the lora_B matrices train at this times the learning rate "
+      "(16 is common; 0 = off)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train, the rest stays frozen"),
     F(pre_seq_len, ARG_INT, "0", "P-Tuning v2: prefix length (THUDM's ptuning uses 128); alone it selects --finetuning_type ptuning"),
     F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2: an MLP (Linear, tanh, Linear) after the prefix embedding, as THUDM's PrefixEncoder"),
@@ -220,6 +222,7 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"auto_find_batch_size", "false|False|0", "", "the memory plan says what fits before anything runs: glmtrain info, or "
                                                   "--max_memory_per_gpu with --gradient_checkpointing auto"},
     {"include_num_input_tokens_seen", NULL, "", "glmtrain logs tokens_per_second and counts tokens_seen in trainer_state.json"},
+    {"loraplus_lr_embedding", NULL, "", "LoRA+'s rate of embedding adapters; glmtrain's LoRA adapts the linear modules"},
     {"adafactor", "false|False|0", "", "glmtrain trains with AdamW (--optim adamw_torch or adamw_8bit)"},
     {"fp16_opt_level", NULL, "", "apex's setting; glmtrain's fp16 is its own"},
     {"half_precision_backend", "auto|cuda_amp|amp|cpu_amp", "", "NVIDIA apex is not used"},

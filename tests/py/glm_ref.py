@@ -381,17 +381,24 @@ def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_ma
 # --------------------------------------------------------------------------------------------
 # Optimizer, as glmtrain intends it
 
-def decay_groups(named_params, weight_decay):
-    """Two AdamW groups: weight_decay for tensors with ndim >= 2, 0.0 for biases / LayerNorm."""
-    decay = [p for _, p in named_params if p.ndim >= 2]
+def decay_groups(named_params, weight_decay, lr=None, loraplus_lr_ratio=0.0):
+    """Two AdamW groups: weight_decay for tensors with ndim >= 2, 0.0 for biases / LayerNorm. With
+    loraplus_lr_ratio, LLaMA-Factory's LoRA+ groups (_create_loraplus_optimizer): the lora_B
+    tensors in a group of their own at lr * ratio."""
+    plus = loraplus_lr_ratio > 0
+    b = [p for n, p in named_params if plus and "lora_B" in n]
+    decay = [p for n, p in named_params if p.ndim >= 2 and not (plus and "lora_B" in n)]
     no_decay = [p for _, p in named_params if p.ndim < 2]
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    if plus:
+        groups.append({"params": b, "weight_decay": weight_decay, "lr": lr * loraplus_lr_ratio})
+    return groups
 
 
-def make_adamw(named_params, lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8):
-    """torch.optim.AdamW over the two groups (constant learning rate)."""
-    return torch.optim.AdamW(decay_groups(named_params, weight_decay), lr=lr, betas=betas, eps=eps)
+def make_adamw(named_params, lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, loraplus_lr_ratio=0.0):
+    """torch.optim.AdamW over those groups (constant learning rate)."""
+    return torch.optim.AdamW(decay_groups(named_params, weight_decay, lr, loraplus_lr_ratio), lr=lr, betas=betas, eps=eps)
 
 
 def global_grad_norm(tensors):
@@ -452,11 +459,11 @@ def freeze_trainable(cfg, n):
     return [k for k, _ in param_shapes(cfg) if k.startswith("transformer.layers.") and int(k.split(".")[2]) >= first]
 
 
-def _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm):
+def _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm, loraplus_lr_ratio=0.0):
     """The AdamW loop train_peft and train_ptuning share: `leaves` {name: tensor} train, loss_of()
     computes the loss from them. The dict train() returns, over the leaves, plus frozen."""
     named = list(leaves.items())
-    opt = make_adamw(named, lr, weight_decay, (beta1, beta2), eps)
+    opt = make_adamw(named, lr, weight_decay, (beta1, beta2), eps, loraplus_lr_ratio)
     tensors = [p for _, p in named]
     out = {"losses": []}
     for step in range(max(steps, 1)):
@@ -479,7 +486,7 @@ def _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2
 
 
 def train_peft(cfg, params, input_ids, labels, trainable, adapters=None, scaling=0.0, steps=0, lr=1e-3,
-               weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=0.0):
+               weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=0.0, loraplus_lr_ratio=0.0):
     """train() for LoRA or freeze: only the tensors named in `trainable` (names of params or of
     adapters) get gradients and AdamW steps; the rest are constants. Returns the same dict as
     train(), grads and params over the trainable names only, plus frozen {name: tensor}."""
@@ -491,7 +498,7 @@ def train_peft(cfg, params, input_ids, labels, trainable, adapters=None, scaling
         cur = dict(frozen, **leaves)
         lora = None if adapters is None else ({k: cur[k] for k in adapters}, scaling)
         return forward(cfg, {k: cur[k] for k in params}, input_ids, labels, lora=lora)["loss"]
-    return _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm)
+    return _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm, loraplus_lr_ratio)
 
 
 # --------------------------------------------------------------------------------------------

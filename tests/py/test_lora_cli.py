@@ -185,6 +185,37 @@ def main():
             p2, _, _ = greedy(base, prompt, ["--adapter", out])
             check("lora_trained_adapter_loads", p2.returncode == 0, p2.stderr[-400:])
 
+        # 4b. LoRA+ (--loraplus_lr_ratio): the same run with lora_B at 16x the rate trains
+        # otherwise; the host's AdamW (--offload_optimizer cpu) applies the ratio as the device's;
+        # without LoRA, or with the 8-bit moments (blocks across A and B), it is refused
+        lp = ["train", "--model_name_or_path", base, "--train_file", data, "--finetuning_type", "lora", "--lora_rank", "4",
+              "--max_steps", "3", "--learning_rate", "1e-3", "--per_device_train_batch_size", "4", "--logging_steps", "1",
+              "--disable_tqdm", "--report_to", "none", "--max_source_length", "32", "--max_target_length", "16",
+              "--save_strategy", "no", "--lora_dropout", "0"]
+        from safetensors.torch import load_file
+
+        def lp_run(name, extra):
+            o = os.path.join(tmp, name)
+            q = run(lp + ["--output_dir", o] + extra)
+            return q, (load_file(os.path.join(o, "adapter_model.safetensors")) if q.returncode == 0 else None)
+        p0, a0 = lp_run("lp0", [])
+        p1, a1 = lp_run("lp16", ["--loraplus_lr_ratio", "16"])
+        p2, a2 = lp_run("lp16off", ["--loraplus_lr_ratio", "16", "--offload_optimizer", "cpu"])
+        ok = a0 is not None and a1 is not None and a2 is not None
+        # from B = 0 a step moves each element of B by about the rate: 16x the rate, 16x the move
+        ratio = 0.0
+        if ok:
+            bs = [k for k in a0 if "lora_B" in k]
+            ratio = sum(float(a1[k].abs().sum()) for k in bs) / max(sum(float(a0[k].abs().sum()) for k in bs), 1e-30)
+        check("loraplus_moves_lora_B_faster", ok and 8 < ratio < 20 and "LoRA+" in p1.stderr,
+              "sum |B| with LoRA+ / without %.2f; %s" % (ratio, (p0.stderr + p1.stderr)[-400:]))
+        check("loraplus_offload_equals_device", ok and all(torch.equal(a1[k], a2[k]) for k in a1), p2.stderr[-300:])
+        for name, extra, needle in (("full", ["--finetuning_type", "full"], "--finetuning_type lora"),
+                                    ("adamw8", ["--optim", "adamw_8bit"], "adamw_torch")):
+            q, _ = lp_run("lpbad_" + name, ["--loraplus_lr_ratio", "16"] + extra)
+            check("loraplus_refused_with_" + name, q.returncode != 0 and "--loraplus_lr_ratio" in q.stderr and needle in q.stderr,
+                  q.stderr[-300:])
+
         # 5. P-Tuning v2 through train: THUDM's layout (config.json with pre_seq_len, only the
         # prefix encoder's tensors), checkpoints loadable with --adapter, merge refused
         out = os.path.join(tmp, "ptuning_run")

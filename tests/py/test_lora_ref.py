@@ -12,7 +12,7 @@
    A AND B (B = 0 would leave A without gradient), read from a safetensors file with the row names,
    from a folder peft's save_pretrained wrote (.bin and .safetensors); glmtrain's own initial
    adapters (A ~ U(+-1/sqrt(in)), B = 0: then A's gradient is exactly 0); freeze with 1 of 2 and
-   1 of 3 layers trainable.
+   1 of 3 layers trainable; LoRA+ (lora_B at 16x the learning rate, LLaMA-Factory's param groups).
 2. `glmtrain train` on the tiny model of test_train.py, from an fp32 model folder:
    - freeze: the frozen tensors of the final model (--save_dtype float32) equal the input bit for
      bit, the trained layer does not;
@@ -92,6 +92,9 @@ CASES = [
     ("F_1of2_tied", (2, 64, 4, 256), True, [(5, 4), (9, 1), (2, 7)], dict(kind="freeze", n=1)),
     ("F_1of3_untied", (3, 96, 6, 320), False, [(7, 3), (0, 5), (4, 9)], dict(kind="freeze", n=1, ckpt=True)),
     ("F_2of3_tied", (3, 96, 6, 320), True, [(3, 6), (8, 2)], dict(kind="freeze", n=2)),
+    # LoRA+ (LLaMA-Factory's loraplus_lr_ratio): lora_B in an AdamW group of its own at lr x 16
+    ("L_qkv_dense_loraplus", (2, 64, 4, 256), True, [(5, 4), (9, 1), (2, 7)],
+     dict(kind="lora", r=4, alpha=8.0, targets=["query_key_value", "dense"], rslora=False, src="file", loraplus=16.0)),
 ]
 
 
@@ -100,6 +103,7 @@ def driver_flags(o):
         return ["--finetuning_type", "freeze", "--num_layer_trainable", str(o["n"])]
     f = ["--finetuning_type", "lora", "--lora_rank", str(o["r"]), "--lora_alpha", repr(o["alpha"]),
          "--lora_target", ",".join(o["targets"])]
+    f += ["--loraplus_lr_ratio", repr(o["loraplus"])] if o.get("loraplus") else []
     return f + (["--use_rslora"] if o["rslora"] else [])
 
 
@@ -266,9 +270,11 @@ def driver_case(driver, tmp, ci, name, shape, tied, lengths, o):
         trainable = glm_ref.freeze_trainable(cfg, o["n"])
 
     opts = o.get("opts", OPTS)
-    ref = glm_ref.train_peft(cfg, params, ids, labels, trainable, adapters, scaling, **opts)
+    plus = o.get("loraplus", 0.0)
+    ref = glm_ref.train_peft(cfg, params, ids, labels, trainable, adapters, scaling, loraplus_lr_ratio=plus, **opts)
     r64 = glm_ref.train_peft(cfg, {k: v.double() for k, v in params.items()}, ids, labels, trainable,
-                             None if adapters is None else {k: v.double() for k, v in adapters.items()}, scaling, **opts)
+                             None if adapters is None else {k: v.double() for k, v in adapters.items()}, scaling,
+                             loraplus_lr_ratio=plus, **opts)
     cond = max([(V.rel(ref["grads"][k], r64["grads"][k]), "grad " + k) for k in trainable] +
                [(V.rel(ref["params"][k], r64["params"][k]), "param " + k) for k in trainable] +
                [(abs(a - b) / abs(b), "loss") for a, b in zip(ref["losses"], r64["losses"])])
