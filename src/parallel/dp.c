@@ -19,6 +19,13 @@
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
+int glm_dp_peer_ranks(int gpus_nccl, int world, int zero_stage, int one_node, int one_stage) {
+    const char *mode = getenv("GLMTRAIN_DP_PEER"); /* unset: 2 ranks (measured); 1: any count; 0: never */
+    if (!gpus_nccl || world < 2 || world > 16 || zero_stage >= 2 || !one_node || !one_stage || (mode && !strcmp(mode, "0")))
+        return 0;
+    return world == 2 || (mode && !strcmp(mode, "1")) ? world : 0;
+}
+
 static int env_on(const char *name) { const char *v = getenv(name); return v && strcmp(v, "1") == 0; }
 
 /* The diagnostics and experiments behind environment variables (docs/PARALLEL.md), read once. */

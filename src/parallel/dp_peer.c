@@ -141,10 +141,8 @@ void glm_dp_peer_free(glm_dp *dp) {
 int glm_dp_peer_open(glm_dp *dp, glm_err *err) {
     glm_model *m = dp->m;
     /* one node: the launcher says so (a "two nodes" test on one machine keeps NCCL's network path) */
-    const char *mode = getenv("GLMTRAIN_DP_PEER"); /* unset: 2 ranks (measured); 1: any count; 0: never */
-    int forced = mode && strcmp(mode, "1") == 0;
-    if (!want("GLMTRAIN_DP_PEER") || (dp->world > 2 && !forced) || dp->world > 16 || dp->zero2 || !m->first || !m->last ||
-        strcmp(dp->comm->kind, "nccl") != 0 || dp->dist.local_world < dp->world)
+    if (!glm_dp_peer_ranks(strcmp(dp->comm->kind, "nccl") == 0, dp->world, dp->cfg.zero_stage, dp->dist.local_world >= dp->world,
+                           m->first && m->last))
         return 0;
     glm_dp_peer *p = glm_calloc(1, sizeof *p);
     p->rank = dp->rank;

@@ -38,14 +38,9 @@ int glm_pp_map(const glm_par_opts *a, const glm_config *c, int cuda, glm_device_
     return glm_device_map_make(map, a->device_map, P, c, sh, err);
 }
 
-/* The data-parallel ranks that will exchange gradients by copies (parallel/dp_peer.c): 2 GPU ranks
- * of one node (any count with GLMTRAIN_DP_PEER=1), ZeRO 0 or 1, unless GLMTRAIN_DP_PEER=0 (a
- * stage count > 1 is excluded by the plan). */
-static int peer_ranks(const glm_par_opts *a, int cuda, int D) {
-    const char *e = getenv("GLMTRAIN_DP_PEER");
-    if (!cuda || D < 2 || a->zero_stage == 2 || a->nnodes > 1 || (e && strcmp(e, "0") == 0)) return 0;
-    return D == 2 || (e && strcmp(e, "1") == 0) ? D : 0;
-}
+/* The data-parallel ranks that will exchange gradients by copies (dp.h glm_dp_peer_ranks; a stage
+ * count > 1 is excluded by the plan, which knows the map). */
+static int peer_ranks(const glm_par_opts *a, int cuda, int D) { return glm_dp_peer_ranks(cuda, D, a->zero_stage, a->nnodes <= 1, 1); }
 
 void glm_pp_print_plan(const glm_par_opts *a, const glm_config *c, int cuda, int D, FILE *out) {
     glm_device_map map;
