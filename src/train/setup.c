@@ -77,6 +77,7 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (check_optimizer_args(a, err)) return -1;
     if (a->num_train_epochs <= 0 && a->max_steps <= 0) return glm_fail(err, "--num_train_epochs must be positive (or set --max_steps)");
     if (a->logging_steps < 1) return glm_fail(err, "--logging_steps must be at least 1");
+    if (!(a->eval_delay >= 0)) return glm_fail(err, "--eval_delay %g must not be negative", a->eval_delay);
     if (a->bf16 + a->fp16 + a->fp32 > 1) return glm_fail(err, "choose one of --bf16, --fp16, --fp32");
     if (glm_optim_parse(a->optim) < 0)
         return glm_fail(err, "--optim %s is not an optimizer glmtrain has", a->optim),

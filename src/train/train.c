@@ -180,6 +180,17 @@ static int load_best(trainer *t, glm_err *err) {
  * still running after backward, the norm, the update (AdamW and ZeRO's parameter all-gather).
  * *stop: a rank got SIGINT/SIGTERM, and the step was not taken (the data cursor is back where
  * it was, for the checkpoint). */
+/* Whether optimizer step `next` logs the training loss: the Trainer's logging_strategy (steps:
+ * every logging_steps, and the last step here; epoch: the step that ends an epoch, known before
+ * it runs from the micro-batches left; no: never), and logging_first_step whatever the strategy. */
+static int log_due(trainer *t, long next) {
+    const glm_train_args *a = t->a;
+    if (a->logging_first_step && next == 1) return 1;
+    if (!strcmp(a->logging_strategy, "steps")) return next % a->logging_steps == 0 || next == t->total_steps;
+    if (!strcmp(a->logging_strategy, "epoch")) return (long)glm_loader_steps_left(t->train_ld) <= a->gradient_accumulation_steps;
+    return 0;
+}
+
 static double train_step(trainer *t, float lr, int measure, double *norm, double *tokens, int *skipped, int *stop,
                          glm_step_phases *ph, glm_err *err) {
     glm_train_args *a = t->a;
@@ -425,7 +436,7 @@ static int run(trainer *t, glm_err *err) {
     char line[512];
     while (t->st.global_step < t->total_steps) {
         long next = t->st.global_step + 1;
-        int log_now = next % a->logging_steps == 0 || (a->logging_first_step && next == 1) || next == t->total_steps;
+        int log_now = log_due(t, next);
         /* the schedule advances with the updates applied: a step the fp16 scaler skipped does not count, as in
          * the Trainer (accelerate's optimizer_step_was_skipped) and DeepSpeed */
         float lr = glm_lr_sched_at(&t->sched, t->st.global_step - (a->fp16 ? t->scaler.skipped : 0));
@@ -458,9 +469,12 @@ static int run(trainer *t, glm_err *err) {
             }
             loss_acc = 0; n_acc = 0; tok_acc = 0; t_log = now;
         }
-        int epoch_end = glm_loader_cursor(t->train_ld).step == 0; /* the last micro-batch rolled the cursor over */
-        if (eval_on && ((strcmp(a->eval_strategy, "steps") == 0 && t->st.global_step % eval_every == 0) ||
-                        (strcmp(a->eval_strategy, "epoch") == 0 && epoch_end))) {
+        glm_data_cursor cur = glm_loader_cursor(t->train_ld);
+        int epoch_end = cur.step == 0; /* the last micro-batch rolled the cursor over */
+        /* the Trainer's eval_delay: steps, or epochs done, by the strategy */
+        if (eval_on && ((strcmp(a->eval_strategy, "steps") == 0 && t->st.global_step % eval_every == 0 &&
+                         a->eval_delay <= (double)t->st.global_step) ||
+                        (strcmp(a->eval_strategy, "epoch") == 0 && epoch_end && a->eval_delay <= (double)cur.epoch))) {
             double el, ppl;
             if (evaluate(t, &el, &ppl, err)) return -1;
             snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_perplexity': %.4f, 'step': %ld}", el, ppl, t->st.global_step);

@@ -42,7 +42,8 @@ typedef struct glm_train_args {
     int max_source_length, max_target_length, train_on_prompt, skip_bad_samples, group_by_length, packing;
     int dataloader_num_workers, max_train_samples;
     /* schedule */
-    char *output_dir, *logging_dir, *report_to, *lr_scheduler_type, *eval_strategy, *save_strategy;
+    char *output_dir, *logging_dir, *report_to, *lr_scheduler_type, *eval_strategy, *save_strategy, *logging_strategy;
+    double eval_delay;      /* steps or epochs (by eval_strategy) before the first evaluation */
     char *lr_scheduler_kwargs; /* a JSON object (optim/schedule.h glm_lr_kwargs) */
     char *resume_from_checkpoint, *save_dtype, *max_shard_size, *resume_mismatch;
     int overwrite_output_dir;

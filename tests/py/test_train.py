@@ -2,9 +2,9 @@
 """`glmtrain train` end to end on the CPU: a tiny random GLM and a tiny SentencePiece tokenizer
 trained here with spm_train. Checks that the loss falls, that a resumed run reproduces the
 uninterrupted one bit for bit, save_total_limit rotation, that incomplete checkpoints are never
-resumed from, evaluation numbers, TensorBoard events (read with the real reader), and flag
-errors. Prints PASS/FAIL/SKIP lines (tests/run.sh counts them)."""
-import json, math, os, shutil, subprocess, sys, tempfile
+resumed from, evaluation numbers, TensorBoard events (read with the real reader), NEFTune (noise in
+training only, exact resume), logging_strategy epoch/no, eval_delay, and flag errors. Prints PASS/FAIL/SKIP lines (tests/run.sh counts them)."""
+import json, math, os, re, shutil, subprocess, sys, tempfile
 
 BUILD = os.environ.get("GLM_BUILD", "build")
 GLM = os.path.join(BUILD, "glmtrain")
@@ -174,6 +174,23 @@ def main():
         report("neftune_resume_bit_exact", lf[3:] == lg and len(lg) == 3, "uninterrupted %s vs resumed %s" % (lf[3:], lg))
         p = train(base + ["--output_dir", os.path.join(d, "neft-bad"), "--max_steps", "1", "--neftune_noise_alpha", "-1"], check=False)
         report("neftune_negative_refused", p.returncode != 0 and "--neftune_noise_alpha -1" in p.stderr, p.stderr[-300:])
+
+        # 2c. the Trainer's logging_strategy (epoch: the loss at each epoch's end; no: none) and
+        # eval_delay (no evaluation before that step)
+        def records(out, key):
+            return [r["step"] for r in history(out) if key in r]
+        out_e = os.path.join(d, "log-epoch")
+        p = train(base + ["--output_dir", out_e, "--num_train_epochs", "2", "--save_strategy", "epoch", "--logging_strategy", "epoch"])
+        spe = int(re.search(r"\((\d+) per epoch", p.stderr).group(1))
+        report("logging_strategy_epoch", records(out_e, "loss") == [spe, 2 * spe], "loss at steps %s, %d steps an epoch" % (
+            records(out_e, "loss"), spe))
+        out_n = os.path.join(d, "log-no")
+        train(base + ["--output_dir", out_n, "--max_steps", "4", "--save_steps", "4", "--logging_strategy", "no"])
+        report("logging_strategy_no", records(out_n, "loss") == [], str(records(out_n, "loss")))
+        out_d = os.path.join(d, "eval-delay")
+        train(base + ["--output_dir", out_d, "--max_steps", "8", "--save_steps", "8", "--validation_file", val_file,
+                      "--eval_strategy", "steps", "--eval_steps", "2", "--eval_delay", "5"])
+        report("eval_delay_steps", records(out_d, "eval_loss") == [6, 8], str(records(out_d, "eval_loss")))
 
         # 3. save_total_limit keeps the newest N
         out_c = os.path.join(d, "c")
