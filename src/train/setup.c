@@ -557,6 +557,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     lc.batch_size = a->per_device_train_batch_size;
     lc.group_by_length = a->group_by_length;
     lc.packing = a->packing;
+    lc.drop_last = a->dataloader_drop_last;
     lc.seed = (uint64_t)a->seed;
     lc.rank = t->dp->rank;
     lc.world = t->dp->world;

@@ -3,7 +3,7 @@
 trained here with spm_train. Checks that the loss falls, that a resumed run reproduces the
 uninterrupted one bit for bit, save_total_limit rotation, that incomplete checkpoints are never
 resumed from, evaluation numbers, TensorBoard events (read with the real reader), NEFTune (noise in
-training only, exact resume), logging_strategy epoch/no, eval_delay, and flag errors. Prints PASS/FAIL/SKIP lines (tests/run.sh counts them)."""
+training only, exact resume), logging_strategy epoch/no, eval_delay, dataloader_drop_last, and flag errors. Prints PASS/FAIL/SKIP lines (tests/run.sh counts them)."""
 import json, math, os, re, shutil, subprocess, sys, tempfile
 
 BUILD = os.environ.get("GLM_BUILD", "build")
@@ -191,6 +191,14 @@ def main():
         train(base + ["--output_dir", out_d, "--max_steps", "8", "--save_steps", "8", "--validation_file", val_file,
                       "--eval_strategy", "steps", "--eval_steps", "2", "--eval_delay", "5"])
         report("eval_delay_steps", records(out_d, "eval_loss") == [6, 8], str(records(out_d, "eval_loss")))
+        # --dataloader_drop_last: 32 rows in micro-batches of 5 are 7 (the last of 2 rows) or 6
+        per = {}
+        for drop in ("false", "true"):
+            p = train(base + ["--output_dir", os.path.join(d, "drop-" + drop), "--max_steps", "1", "--save_strategy", "no",
+                              "--per_device_train_batch_size", "5", "--gradient_accumulation_steps", "1",
+                              "--dataloader_drop_last", drop])
+            per[drop] = re.search(r"(\d+) micro-batches of", p.stderr).group(1)
+        report("dataloader_drop_last", per == {"false": "7", "true": "6"}, str(per))
 
         # 3. save_total_limit keeps the newest N
         out_c = os.path.join(d, "c")
