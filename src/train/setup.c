@@ -34,7 +34,7 @@ static int check_optimizer_args(const glm_train_args *a, glm_err *err) {
 
 int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (!a->output_dir) return glm_fail(err, "--output_dir is required"), glm_hint(err, "e.g. --output_dir out/my-run");
-    if (!a->train_file && !a->dataset && (a->do_train || (!a->validation_file && !a->eval_dataset)))
+    if (!a->train_file && !a->dataset && (a->do_train || (a->do_eval && !a->validation_file && !a->eval_dataset)))
         return glm_fail(err, "--train_file is required"), glm_hint(err, "a .json or .jsonl file of {\"instruction\", \"output\"} records");
     if (a->train_file && a->dataset)
         return glm_fail(err, "--train_file and --dataset both given"),
@@ -52,7 +52,7 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
         return glm_fail(err, "--save_only_model true: glmtrain's checkpoints keep the optimizer state (an exact resume needs it)"),
                glm_hint(err, "the final model folder holds the model alone; --save_total_limit N bounds the checkpoints' space");
     if (a->max_samples < 0) return glm_fail(err, "--max_samples %d: must be 0 (all) or a count", a->max_samples);
-    if (!a->do_train && !a->do_eval)
+    if (!a->do_train && !a->do_eval && !a->do_predict)
         return glm_fail(err, "--do_train false without --do_eval: nothing to do"),
                glm_hint(err, "add --do_eval for the loss and perplexity on the data; for predictions with BLEU/ROUGE: "
                              "glmtrain generate --input_file FILE --model_name_or_path DIR");
@@ -62,10 +62,14 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if ((a->adapter_name_or_path || a->ptuning_checkpoint) && !a->model_name_or_path)
         return glm_fail(err, "--%s needs the base model it was trained on: --model_name_or_path",
                         a->adapter_name_or_path ? "adapter_name_or_path" : "ptuning_checkpoint");
-    if (a->do_predict)
-        return glm_fail(err, "--do_predict: glmtrain train does not predict"),
-               glm_hint(err, "after training: glmtrain generate --model_name_or_path OUTPUT_DIR --input_file TEST_FILE "
-                             "--output_file predictions.jsonl (BLEU-4 and ROUGE as ptuning's)");
+    if (a->do_predict && !a->test_file)
+        return glm_fail(err, "--do_predict needs --test_file (the records to answer), as THUDM's main.py"),
+               glm_hint(err, "e.g. --test_file AdvertiseGen/dev.json");
+    if (a->do_predict && a->do_train && !a->save_final_model)
+        return glm_fail(err, "--do_predict after training answers with the final model, but --save_final_model is false"),
+               glm_hint(err, "drop --save_final_model false, or predict later: glmtrain generate --input_file");
+    if (a->do_predict && a->do_train && !a->model_name_or_path && strcmp(a->finetuning_type, "full") && strcmp(a->finetuning_type, "freeze"))
+        return glm_fail(err, "--do_predict after --finetuning_type %s needs the base it adapts: --model_name_or_path", a->finetuning_type);
     if (a->stage && strcmp(a->stage, "sft"))
         return glm_fail(err, "--stage %s: glmtrain trains supervised fine-tuning only (LLaMA-Factory's --stage sft)", a->stage);
     if (!a->model_name_or_path && !a->init_from_config)

@@ -45,6 +45,8 @@ typedef struct glm_train_args {
     char *output_dir, *logging_dir, *report_to, *lr_scheduler_type, *eval_strategy, *save_strategy, *logging_strategy;
     double eval_delay;      /* steps or epochs (by eval_strategy) before the first evaluation */
     int dataloader_drop_last;
+    char *test_file;        /* --do_predict's records (cli/cmd_train.c runs glmtrain generate on them) */
+    int max_predict_samples;
     char *lr_scheduler_kwargs; /* a JSON object (optim/schedule.h glm_lr_kwargs) */
     char *resume_from_checkpoint, *save_dtype, *max_shard_size, *resume_mismatch;
     int overwrite_output_dir;

@@ -50,7 +50,10 @@ const glm_flag glm_train_flags[] = {
     F(do_train, ARG_BOOL, "true", "Hugging Face's: false with --do_eval evaluates the model (and adapter) without training"),
     F(do_eval, ARG_BOOL, "false", "evaluate the validation set after training (the scripts' trainer.evaluate()); without "
       "training, the validation file or else the training data"),
-    F(do_predict, ARG_BOOL, "false", "Hugging Face's; predictions come from glmtrain generate --input_file"),
+    F(do_predict, ARG_BOOL, "false", "THUDM ptuning's (evaluate.sh): after training, or alone without --train_file, answer --test_file "
+      "as main.py's trainer.predict samples, writing generated_predictions.txt and predict_results.json (BLEU-4, ROUGE)"),
+    F(test_file, ARG_STR, NULL, "the records --do_predict answers (the data schemas of --train_file)"),
+    F(max_predict_samples, ARG_INT, "0", "--do_predict answers only the first N records (0 = all)"),
     F(predict_with_generate, ARG_BOOL, "false", "accepted as the scripts pass it; generation metrics: glmtrain generate --input_file"),
     F(max_samples, ARG_INT, "0", "LLaMA-Factory's: the first N records of each dataset (0 = all)"),
     F(data_dir, ARG_STR, NULL, "THUDM's finetune_hf.py data_dir: --train_file / --validation_file are relative to it"),
@@ -299,9 +302,12 @@ int glm_train_resolve_args(glm_train_args *a, glm_err *err) {
         a->finetuning_type = glm_strdup(kind);
     }
     if (a->use_cpu) { free(a->device); a->device = glm_strdup("cpu"); }
+    /* THUDM's evaluate.sh: --do_predict without training data predicts alone (the Trainer's
+     * do_train is false unless given; glmtrain's default is true for training scripts) */
+    if (a->do_predict && !a->train_file && !a->dataset) a->do_train = 0;
     if (a->data_dir) { /* finetune_hf.py's data_dir: the data files are relative to it */
-        char **files[] = {&a->train_file, &a->validation_file};
-        for (int k = 0; k < 2; k++)
+        char **files[] = {&a->train_file, &a->validation_file, &a->test_file};
+        for (int k = 0; k < 3; k++)
             if (*files[k] && (*files[k])[0] != '/') {
                 char p[4096];
                 glm_path_join(p, sizeof p, a->data_dir, *files[k]);

@@ -198,7 +198,12 @@ def main():
             o = os.path.join(tmp, name)
             q = run(lp + ["--output_dir", o] + extra)
             return q, (load_file(os.path.join(o, "adapter_model.safetensors")) if q.returncode == 0 else None)
-        p0, a0 = lp_run("lp0", [])
+        p0, a0 = lp_run("lp0", ["--do_predict", "--test_file", data, "--max_predict_samples", "3"])
+        # --do_predict after a LoRA run answers with the base and the adapter it wrote
+        lines = open(os.path.join(tmp, "lp0", "generated_predictions.txt"), encoding="utf-8").read().splitlines() \
+            if p0.returncode == 0 and os.path.exists(os.path.join(tmp, "lp0", "generated_predictions.txt")) else []
+        check("lora_do_predict_uses_base_and_adapter", len(lines) == 3 and ("%s + %s" % (base, os.path.join(tmp, "lp0"))) in p0.stderr
+              and os.path.exists(os.path.join(tmp, "lp0", "predict_results.json")), p0.stderr[-500:])
         p1, a1 = lp_run("lp16", ["--loraplus_lr_ratio", "16"])
         p2, a2 = lp_run("lp16off", ["--loraplus_lr_ratio", "16", "--offload_optimizer", "cpu"])
         ok = a0 is not None and a1 is not None and a2 is not None

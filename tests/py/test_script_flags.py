@@ -6,7 +6,12 @@ and the rest are accepted and mean what they mean there:
   * --do_eval evaluates the validation set once after training (an eval_loss line, and
     eval_results.json as trainer.save_metrics writes it), and with --predict_with_generate the log says where generation metrics
     come from;
-  * --do_predict and --do_train false without --do_eval are refused, naming glmtrain generate --input_file;
+  * --do_predict answers --test_file after training, and alone with evaluate.sh's flags (no
+    --do_train, no training data): generated_predictions.txt holds one {"labels", "predict"} line a
+    record, the labels the records' answers, predict_results.json BLEU-4 and ROUGE; the answers are
+    `glmtrain generate`'s with main.py's trainer.predict settings (top_p 0.7, temperature 0.95,
+    max_length 512), the same in both runs; --do_predict without --test_file and --do_train false
+    without --do_eval or --do_predict are refused;
   * --report_to all writes TensorBoard, --report_to wandb is refused naming wandb sync;
   * transformers' older names set their flags; its settings that change nothing here are left alone
     with a line, those that would change training (label smoothing, ...) are refused.
@@ -73,10 +78,43 @@ def main():
             p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
             report("trainer_setting_refused_%s" % name, p.returncode != 0 and want in p.stderr and "hint:" in p.stderr,
                    p.stderr[-300:])
-        for name, extra, want in (("do_predict", ["--do_predict"], "generate --model_name_or_path"),
+        for name, extra, want in (("do_predict_without_test_file", ["--do_predict"], "--test_file"),
                                   ("do_train_false", ["--do_train", "false"], "glmtrain generate --input_file")):
             p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
             report("%s_refused" % name, p.returncode != 0 and want in p.stderr, p.stderr[-400:])
+        # --do_predict after training, then alone as evaluate.sh runs it on the trained model
+        out_p = os.path.join(d, "pred_train")
+        args = [x if x != out else out_p for x in sh]
+        p = subprocess.run([GLM, "train"] + args + ["--do_predict", "--test_file", val_file], capture_output=True, text=True,
+                           timeout=300, env=ENV)
+        recs = json.load(open(val_file))
+
+        def preds(folder):
+            path = os.path.join(folder, "generated_predictions.txt")
+            return [json.loads(x) for x in open(path, encoding="utf-8")] if os.path.exists(path) else []
+        got = preds(out_p)
+        res = os.path.join(out_p, "predict_results.json")
+        metrics = json.load(open(res)) if os.path.exists(res) else {}
+        report("do_predict_after_training", p.returncode == 0 and len(got) == len(recs) and
+               [g.get("labels") for g in got] == [r["output"] for r in recs] and all(isinstance(g.get("predict"), str) for g in got)
+               and {"predict_bleu-4", "predict_rouge-1", "predict_rouge-2", "predict_rouge-l"} <= set(metrics),
+               "%d of %d records, metrics %s: %s" % (len(got), len(recs), sorted(metrics), p.stderr[-600:]))
+        ev = ["--do_predict", "--validation_file", val_file, "--test_file", val_file, "--overwrite_cache", "--prompt_column",
+              "instruction", "--response_column", "output", "--model_name_or_path", out_p, "--tokenizer_name", tok,
+              "--output_dir", os.path.join(d, "pred_alone"), "--overwrite_output_dir", "--max_source_length", "64",
+              "--max_target_length", "128", "--per_device_eval_batch_size", "1", "--predict_with_generate"]
+        p = subprocess.run([GLM, "train"] + ev, capture_output=True, text=True, timeout=300, env=ENV)
+        alone = preds(os.path.join(d, "pred_alone"))
+        report("do_predict_alone_as_evaluate_sh", p.returncode == 0 and alone == got and "trained" not in p.stderr,
+               "%s vs %s: %s" % (alone[:1], got[:1], p.stderr[-600:]))
+        gp = os.path.join(d, "gen.jsonl")
+        q = subprocess.run([GLM, "generate", "--model_name_or_path", out_p, "--tokenizer_name", tok, "--input_file", val_file,
+                            "--prompt_column", "instruction", "--response_column", "output", "--output_file", gp,
+                            "--do_sample", "true", "--top_p", "0.7", "--temperature", "0.95", "--max_length", "512",
+                            "--seed", "42", "--max_source_length", "64", "--per_device_eval_batch_size", "1"], capture_output=True, text=True, timeout=300, env=ENV)
+        gen = [json.loads(x) for x in open(gp, encoding="utf-8")] if q.returncode == 0 else []
+        report("do_predict_is_generate_with_main_py_settings", gen and [g["predict"] for g in gen] == [g["predict"] for g in got],
+               "%s vs %s %s" % ([g["predict"] for g in gen][:2], [g["predict"] for g in got][:2], q.stderr[-300:]))
         # --report_to: the Trainer's "all" is TensorBoard here; wandb is refused with how to feed it the event files
         p = subprocess.run([GLM, "train"] + sh + ["--report_to", "wandb"], capture_output=True, text=True, timeout=120, env=ENV)
         report("report_to_wandb_names_wandb_sync", p.returncode != 0 and "wandb sync --sync-tensorboard" in p.stderr,
