@@ -187,7 +187,7 @@ static const struct { const char *key, *flag, *why; } config_keys[] = {
     {"rope_scaling", NULL, "glmtrain keeps the model's own rotary positions"},
     {"shift_attn", NULL, "LongLoRA's shifted attention changes what trains, and glmtrain has no such option"},
     {"data_config.val_file", "validation_file", NULL},
-    {"data_config.test_file", "", "predictions on it: glmtrain generate --input_file (BLEU-4, ROUGE)"},
+    {"data_config.test_file", "", "predictions on it: --do_predict --test_file FILE (BLEU-4, ROUGE), or glmtrain generate --input_file"},
     {"data_config.num_proc", "preprocessing_num_workers", NULL},
     {"max_input_length", "max_source_length", NULL},
     {"max_output_length", "max_target_length", NULL},
