@@ -218,7 +218,10 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"save_safetensors", "true|True|1", "", "glmtrain writes safetensors"},
     {"torch_compile", NULL, "", "glmtrain's kernels are compiled ahead of time"},
     {"gradient_checkpointing_kwargs", NULL, "", "glmtrain's checkpointing takes its levels: --gradient_checkpointing true|selective|auto"},
-    {"label_smoothing_factor", "0|0.0", "", "label smoothing changes the loss, and glmtrain has no such option"},
+    {"label_smoothing_factor", "0|0.0", "", "label smoothing changes the loss, and glmtrain has no such option (the Trainer's "
+                                            "LabelSmoother does not shift ChatGLM's labels: ChatGLMForConditionalGeneration is not "
+                                            "among transformers' causal-LM classes, so its smoothed loss pairs each logit with its "
+                                            "own token, not the next one)"},
     {"push_to_hub", "false|False|0", "", "glmtrain uploads nothing"},
     {"hub_model_id", NULL, "", "glmtrain uploads nothing"},
     {"hub_strategy", NULL, "", "glmtrain uploads nothing"},
