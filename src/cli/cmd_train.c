@@ -8,22 +8,20 @@
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "model/config.h"
+#include "parallel/dist.h"
 #include "parallel/launch.h"
 #include "train/train.h"
 
 /* Whether this process is the job's first rank (or the only one): the one that predicts. */
-static int first_rank(void) {
-    static const char *vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"};
-    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && strcmp(v, "0") != 0) return 0;
-    }
-    return 1;
+static int first_rank(glm_err *err) {
+    glm_dist d;
+    return glm_dist_from_env(&d, err) ? -1 : d.rank == 0;
 }
 
 typedef struct { char *v[64]; int n; } argv_list;
 static void put(argv_list *l, const char *flag, const char *value) {
-    if (!value || l->n + 2 > 64) return;
+    if (!value) return;
+    GLM_ASSERT(l->n + 2 <= 64);
     l->v[l->n++] = (char *)flag;
     l->v[l->n++] = (char *)value;
 }
@@ -36,15 +34,16 @@ static void put(argv_list *l, const char *flag, const char *value) {
  * generated_predictions.txt ({"labels", "predict"} and the prompt, a line each) and
  * predict_results.json (predict_bleu-4, predict_rouge-1/2/l) into --output_dir. */
 static int predict(const glm_train_args *a, glm_err *err) {
-    int peft = strcmp(a->finetuning_type, "full") && strcmp(a->finetuning_type, "freeze");
-    peft = peft || a->pre_seq_len > 0 || a->adapter_name_or_path || a->ptuning_checkpoint;
-    const char *base = a->model_name_or_path, *adapter = a->ptuning_checkpoint ? a->ptuning_checkpoint : a->adapter_name_or_path;
-    if (a->do_train) {
-        base = peft ? a->model_name_or_path : a->output_dir;
-        adapter = peft ? a->output_dir : NULL;
-    }
     glm_config c;
-    if (glm_config_load(&c, base, err)) return -1;
+    if (glm_config_load(&c, a->model_name_or_path ? a->model_name_or_path : a->init_from_config, err)) return -1;
+    const char *base = a->model_name_or_path, *adapter = a->ptuning_checkpoint ? a->ptuning_checkpoint : a->adapter_name_or_path;
+    if (a->do_train) { /* what trained, by the rule training used: an adapter's output folder holds the adapter alone */
+        glm_peft p;
+        if (glm_train_peft(a, c.num_layers, &p, err)) return -1;
+        int adapted = p.kind == GLM_FT_LORA || p.kind == GLM_FT_PTUNING;
+        base = adapted ? a->model_name_or_path : a->output_dir;
+        adapter = adapted ? a->output_dir : NULL;
+    }
     char max_length[32], seed[32], bs[32], src_len[32], samples[32], out[4096], metrics[4096];
     snprintf(max_length, sizeof max_length, "%d", c.family == GLM_FAMILY_GLM2 ? a->max_source_length + a->max_target_length + 1 : 512);
     snprintf(seed, sizeof seed, "%d", a->seed);
@@ -113,7 +112,9 @@ int glm_cmd_train(int argc, char **argv) {
         return rc < 0 ? 1 : rc;
     }
     if (!rc) rc = train ? glm_train_run(&a, &err) : glm_train_check_args(&a, &err);
-    if (!rc && a.do_predict && first_rank()) rc = predict(&a, &err);
+    int first = rc || !a.do_predict ? 0 : first_rank(&err);
+    if (first < 0) rc = -1;
+    if (first > 0) rc = predict(&a, &err);
     if (rc) glm_err_print(&err);
     glm_train_args_free(&a);
     return rc ? 1 : 0;

@@ -67,8 +67,7 @@ static int set_value(yaml_reader *y, const char *v, size_t line) {
         if (!name) return glm_fail(y->err, "%s%s: %s", where, dotted, why);
         if (!name[0]) { glm_info("%s%s is not used: %s", where, dotted, why); return 0; }
     } /* else flat: a nested value was refused where it opened */
-    const glm_flag *fl = NULL;
-    for (int i = 0; i < y->n && !fl; i++) if (!strcmp(y->f[i].name, name)) fl = &y->f[i];
+    const glm_flag *fl = flag_named(y, name);
     if (!fl) {
         glm_fail(y->err, "%sunknown flag %s", where, dotted);
         const char *c = glm_args_closest(y->f, y->n, name);

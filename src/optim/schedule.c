@@ -21,7 +21,6 @@ static void default_settings(glm_lr_sched *s) {
     s->lr_end = GLM_LR_POLYNOMIAL_END;
     s->power = 1.0;
     s->timescale = (double)s->warmup;
-    s->has_settings = 1;
 }
 
 /* transformers' lambdas (optimization.py) times base_lr: a warmup factor step / max(1, warmup)
@@ -146,12 +145,7 @@ static double ds_warmup_gamma(const glm_lr_sched *s, long step, long W) {
 }
 
 float glm_lr_sched_at(const glm_lr_sched *s, long step) {
-    if (s->kind < LR_DS_WARMUP) {
-        if (s->has_settings) return hf_rate(s, step);
-        glm_lr_sched d = *s;
-        default_settings(&d);
-        return hf_rate(&d, step);
-    }
+    if (s->kind < LR_DS_WARMUP) return hf_rate(s, step);
     long W = s->warmup > 2 ? s->warmup : 2;
     if (s->kind == LR_DS_WARMUP_COSINE) {
         double r;

@@ -29,15 +29,15 @@ typedef struct glm_lr_sched {
     glm_lr_kind kind;
     float base_lr;
     long warmup, total;
-    /* transformers' kinds: their settings, read by glm_lr_kwargs (has_settings; else the defaults) */
+    /* transformers' kinds: their settings, which glm_lr_kwargs sets (the defaults with "{}") */
     double num_cycles, min_lr_rate, lr_end, power, timescale;
-    int has_settings;
     /* DeepSpeed's kinds only */
     int log_warmup;
     double min_lr, warmup_min_ratio, cos_min_ratio;
 } glm_lr_sched;
 /* The name DeepSpeed gives the kind ("WarmupLR", ...) into *k; 0 ok, -1 not one of the three. */
 int glm_lr_ds_kind_parse(const char *s, glm_lr_kind *k);
+/* The rate of update `step`; a transformers kind's settings come from glm_lr_kwargs first. */
 float glm_lr_sched_at(const glm_lr_sched *s, long step);
 /* Reads transformers' scheduler_specific_kwargs (a JSON object's text, --lr_scheduler_kwargs)
  * for s->kind into s, and checks them with s->base_lr, s->warmup: a key the kind does not take,

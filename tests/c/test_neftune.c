@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/glm.h"
+#include "micro_configs.h"
 #include "test.h"
 
 static void test_draws(test_counts *tc) {
@@ -45,28 +46,6 @@ static void test_draws(test_counts *tc) {
     TEST_CHECK(tc, "neftune_draws_seeded", memcmp(x, y, n * sizeof(float)) == 0 && memcmp(x, z, n * sizeof(float)) != 0,
                "the same seed must give the same draws and another seed others");
     free(x); free(y); free(z);
-}
-
-static glm_config v1_config(void) {
-    return (glm_config){.vocab_size = 24, .hidden_size = 16, .num_layers = 3, .num_attention_heads = 2,
-                        .inner_hidden_size = 32, .max_sequence_length = 64, .layernorm_epsilon = 1e-5f,
-                        .position_encoding_2d = 1, .tie_word_embeddings = 1, .bos_token_id = 21,
-                        .eos_token_id = 22, .mask_token_id = 19, .gmask_token_id = 20, .pad_token_id = 3,
-                        .alpha = 7.483314773547883f};
-}
-
-static glm_config v2_config(void) {
-    glm_config c;
-    glm_err err;
-    int rc = glm_config_parse(&c, "{\"model_type\": \"chatglm\", \"add_qkv_bias\": true, \"ffn_hidden_size\": 24, "
-                                  "\"hidden_size\": 16, \"kv_channels\": 4, \"multi_query_attention\": true, "
-                                  "\"multi_query_group_num\": 2, \"num_attention_heads\": 4, \"num_layers\": 3, "
-                                  "\"padded_vocab_size\": 24, \"rmsnorm\": true, \"seq_length\": 64, "
-                                  "\"eos_token_id\": 22, \"pad_token_id\": 3}",
-                              "config.json", &err);
-    if (rc) { fprintf(stderr, "%s\n", err.msg); exit(1); }
-    c.bos_token_id = 21; c.mask_token_id = 19; c.gmask_token_id = 20;
-    return c;
 }
 
 /* Two rows: prompt + [gMASK] <sop> + answer + <eop>, the second padded. */
@@ -204,8 +183,8 @@ int main(void) {
     test_counts tc = {0};
     test_draws(&tc);
     for (int lora = 0; lora < 2; lora++) {
-        test_model(&tc, "glm", v1_config(), lora);
-        test_model(&tc, "chatglm2", v2_config(), lora);
+        test_model(&tc, "glm", micro_v1_config(), lora);
+        test_model(&tc, "chatglm2", micro_v2_config(), lora);
     }
     TEST_EXIT(&tc);
 }

@@ -12,30 +12,8 @@
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/glm.h"
+#include "micro_configs.h"
 #include "test.h"
-
-static glm_config v1_config(void) {
-    return (glm_config){.vocab_size = 24, .hidden_size = 16, .num_layers = 3, .num_attention_heads = 2,
-                        .inner_hidden_size = 32, .max_sequence_length = 64, .layernorm_epsilon = 1e-5f,
-                        .position_encoding_2d = 1, .tie_word_embeddings = 1, .bos_token_id = 21,
-                        .eos_token_id = 22, .mask_token_id = 19, .gmask_token_id = 20, .pad_token_id = 3,
-                        .alpha = 7.483314773547883f};
-}
-
-static glm_config v2_config(void) {
-    glm_config c;
-    glm_err err;
-    int rc = glm_config_parse(&c, "{\"model_type\": \"chatglm\", \"add_qkv_bias\": true, \"ffn_hidden_size\": 24, "
-                                  "\"hidden_size\": 16, \"kv_channels\": 4, \"multi_query_attention\": true, "
-                                  "\"multi_query_group_num\": 2, \"num_attention_heads\": 4, \"num_layers\": 3, "
-                                  "\"padded_vocab_size\": 24, \"rmsnorm\": true, \"seq_length\": 64, "
-                                  "\"eos_token_id\": 22, \"pad_token_id\": 3}",
-                              "config.json", &err);
-    if (rc) { fprintf(stderr, "%s\n", err.msg); exit(1); }
-    /* the v1 ids the batch below uses for its specials (the ChatGLM2 rule ignores them) */
-    c.bos_token_id = 21; c.mask_token_id = 19; c.gmask_token_id = 20;
-    return c;
-}
 
 /* Three rows: prompt + [gMASK] <sop> + answer + <eop>, right padding; all_supervised: every
  * real token carries a label (the padding still none). */
@@ -131,7 +109,7 @@ static void compare(test_counts *tc, const char *family, glm_config c, int ft, i
 /* The pipeline's last stage compacts too: its loss and gradients over the same h_in; a last
  * stage of no layers (the final norm and the head alone: l0 = 3) reads every row it is given. */
 static void test_last_stage(test_counts *tc, int l0) {
-    glm_config c = v1_config();
+    glm_config c = micro_v1_config();
     glm_backend *be = glm_backend_cpu();
     double loss[2];
     float *g[2] = {0};
@@ -170,7 +148,7 @@ static void test_last_stage(test_counts *tc, int l0) {
 /* Nothing to drop when every real token is supervised but the padding: still equal, and the
  * choice is made per batch. */
 static void test_mostly_supervised(test_counts *tc) {
-    run_result all = run(v1_config(), GLM_FT_FULL, GLM_CKPT_NONE, 1, 1), top = run(v1_config(), GLM_FT_FULL, GLM_CKPT_NONE, 0, 1);
+    run_result all = run(micro_v1_config(), GLM_FT_FULL, GLM_CKPT_NONE, 1, 1), top = run(micro_v1_config(), GLM_FT_FULL, GLM_CKPT_NONE, 0, 1);
     TEST_CHECK(tc, "top_rows_every_token_supervised", all.loss == top.loss && memcmp(all.g, top.g, all.n * 4) == 0,
                "loss %.9g vs %.9g", all.loss, top.loss);
     free(all.g); free(top.g);
@@ -186,7 +164,7 @@ static void counting_matmul_fwd(glm_backend *be, void *out, const void *inp, con
 static void test_top_layer_not_recomputed(test_counts *tc) {
     int count[3];
     for (int ckpt = 0; ckpt < 3; ckpt++) {
-        glm_config c = v1_config();
+        glm_config c = micro_v1_config();
         glm_backend *be = glm_backend_cpu();
         real_matmul_fwd = be->matmul_fwd;
         be->matmul_fwd = counting_matmul_fwd;
@@ -215,7 +193,7 @@ int main(void) {
     for (int fam = 0; fam < 2; fam++)
         for (int ft = GLM_FT_FULL; ft <= GLM_FT_FREEZE; ft++)
             for (int ckpt = GLM_CKPT_NONE; ckpt <= GLM_CKPT_SELECTIVE; ckpt++)
-                compare(&tc, fam ? "chatglm2" : "chatglm", fam ? v2_config() : v1_config(), ft, ckpt);
+                compare(&tc, fam ? "chatglm2" : "chatglm", fam ? micro_v2_config() : micro_v1_config(), ft, ckpt);
     test_last_stage(&tc, 1);
     test_last_stage(&tc, 3);
     test_mostly_supervised(&tc);

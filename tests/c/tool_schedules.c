@@ -35,6 +35,8 @@ static int lr(int argc, char **argv) {
                       .cos_min_ratio = atof(argv[9])};
     if (glm_lr_ds_kind_parse(argv[2], &s.kind) && glm_lr_kind_parse(argv[2], &s.kind))
         return fprintf(stderr, "unknown schedule %s\n", argv[2]), 2;
+    glm_err err;
+    if (s.kind < LR_DS_WARMUP && glm_lr_kwargs(&s, "{}", &err)) return fprintf(stderr, "%s\n", err.msg), 2;
     for (long u = 0; u < atol(argv[10]); u++) printf("%.9g\n", glm_lr_sched_at(&s, u));
     return 0;
 }
