@@ -135,5 +135,8 @@ int glm_schema_conversation(const struct cJSON *obj, glm_record *rec, char *why,
 int glm_conversation_tools(glm_record *rec, const char *json, size_t len, int glm4, char *why, size_t why_len);
 /* 1 when s[0..n) is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
 int glm_utf8_valid(const char *s, size_t n);
+/* Makes s valid UTF-8 in place: each byte that begins no valid sequence becomes '?' (a message
+ * cut by a length limit, or quoting a client's invalid bytes, stays readable JSON text). */
+void glm_utf8_scrub(char *s);
 
 #endif

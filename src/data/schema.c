@@ -14,24 +14,42 @@ void glm_record_free(glm_record *r) {
     *r = (glm_record){0};
 }
 
+/* The length of the valid UTF-8 sequence at s[i] (of n bytes), or 0 (no overlongs, surrogates
+ * or code points past U+10FFFF). */
+static int utf8_seq(const unsigned char *s, size_t i, size_t n) {
+    unsigned c = s[i];
+    if (c < 0x80) return 1;
+    int k; unsigned cp, min;
+    if ((c & 0xE0) == 0xC0) { k = 1; cp = c & 0x1F; min = 0x80; }
+    else if ((c & 0xF0) == 0xE0) { k = 2; cp = c & 0x0F; min = 0x800; }
+    else if ((c & 0xF8) == 0xF0) { k = 3; cp = c & 0x07; min = 0x10000; }
+    else return 0;
+    for (int j = 1; j <= k; j++) {
+        if (i + j >= n || (s[i + j] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i + j] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return k + 1;
+}
+
 int glm_utf8_valid(const char *str, size_t n) {
     const unsigned char *s = (const unsigned char *)str;
     for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        if (c < 0x80) { i++; continue; }
-        int k; unsigned cp, min;
-        if ((c & 0xE0) == 0xC0) { k = 1; cp = c & 0x1F; min = 0x80; }
-        else if ((c & 0xF0) == 0xE0) { k = 2; cp = c & 0x0F; min = 0x800; }
-        else if ((c & 0xF8) == 0xF0) { k = 3; cp = c & 0x07; min = 0x10000; }
-        else return 0;
-        for (int j = 1; j <= k; j++) {
-            if (i + j >= n || (s[i + j] & 0xC0) != 0x80) return 0;
-            cp = (cp << 6) | (s[i + j] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-        i += k + 1;
+        int k = utf8_seq(s, i, n);
+        if (!k) return 0;
+        i += (size_t)k;
     }
     return 1;
+}
+
+void glm_utf8_scrub(char *str) {
+    unsigned char *s = (unsigned char *)str;
+    size_t n = strlen(str);
+    for (size_t i = 0; i < n;) {
+        int k = utf8_seq(s, i, n);
+        if (k) i += (size_t)k;
+        else s[i++] = '?';
+    }
 }
 
 const char *glm_json_type_name(const cJSON *v) {

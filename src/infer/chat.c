@@ -35,8 +35,8 @@ int glm_prompt_inputs_cut(const glm_tokenizer *tok, const glm_config *c, const c
         if (named) { glm_ids_push(out, c->gmask_token_id); glm_ids_push(out, c->bos_token_id); }
     }
     glm_ids_free(&a);
-    const int32_t *sp = out->data + (prefix_kind(tok) ? n0 : out->n - 2); /* where [gMASK] <sop> are */
-    if (named && (out->n < n0 + 2 || sp[0] != c->gmask_token_id || sp[1] != c->bos_token_id)) {
+    const int32_t *sp = out->n < n0 + 2 ? NULL : out->data + (prefix_kind(tok) ? n0 : out->n - 2); /* [gMASK] <sop> */
+    if (named && (!sp || sp[0] != c->gmask_token_id || sp[1] != c->bos_token_id)) {
         glm_fail(err, "the tokenizer's [gMASK] <sop> ids differ from config.json's (%d, %d)", c->gmask_token_id,
                  c->bos_token_id);
         return glm_hint(err, "use the tokenizer that belongs to the model (--tokenizer_name)");

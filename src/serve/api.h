@@ -14,6 +14,8 @@ typedef struct api_err {
 /* Fills e (the type from the status) and returns -1. */
 int srv_bad(api_err *e, unsigned status, const char *param, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* OpenAI's error body: {"error": {"message", "type", "param", "code"}} (param, code: null when NULL). */
+cJSON *srv_error_body(const char *msg, const char *type, const char *param, const char *code);
 
 static inline const cJSON *srv_field(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 static inline int srv_present(const cJSON *v) { return v && !cJSON_IsNull(v); }
@@ -37,6 +39,19 @@ void srv_tools_free(srv_tools *t);
  * history and the tools' system turn as THUDM's servers build them (infer/tools.h). */
 int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t len, glm_ids *ids, srv_tools *t,
                     api_err *e);
+
+/* A parsed request: the engine's request (prompt, sampling, stops, adapter), ready to submit,
+ * and what its response needs. */
+typedef struct api_req {
+    int chat, stream, include_usage;
+    char model[256];
+    srv_req *r;
+    srv_tools tools;
+} api_req;
+
+/* The body of POST /v1/chat/completions (chat) or /v1/completions -> q (q->r: one reference, the
+ * caller's), or e filled (400, 404 or 413) and -1. Model names are looked up in S->e->ad. */
+int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e);
 
 /* The first of the tools' names that text (released so far) could still begin a call of: 1
  * while text is a prefix of "NAME\n" or starts with it, else 0. */

@@ -94,35 +94,6 @@ static void set_adapter(srv_engine *e, int k) {
 
 /* ---------------------------------------------------------------- requests */
 
-srv_req *srv_req_new(void) {
-    srv_req *r = glm_calloc(1, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    r->refs = 1;
-    r->adapter = -1;
-    r->slot = -1;
-    atomic_init(&r->cancel, 0);
-    return r;
-}
-
-void srv_req_put(srv_req *r) {
-    pthread_mutex_lock(&r->mu);
-    int left = --r->refs;
-    pthread_mutex_unlock(&r->mu);
-    if (left > 0) return;
-    glm_ids_free(&r->prompt);
-    glm_ids_free(&r->out);
-    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
-    if (r->admitted) glm_streamer_free(&r->st);
-    free(r->seen);
-    free(r->text.s);
-    free(r->final);
-    free(r->lps);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-    free(r);
-}
-
 /* Appends s[0..n) to the released text (r->mu held). */
 static void release(srv_req *r, const char *s, size_t n) {
     if (n) glm_strbuf_put(&r->text, s, n);

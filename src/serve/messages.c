@@ -26,9 +26,13 @@ static char *content_text(const cJSON *c, const char *where, api_err *e) {
             }
             n += strlen(t->valuestring);
         }
-        char *s = glm_malloc(n);
-        s[0] = 0;
-        cJSON_ArrayForEach(p, c) strcat(s, srv_field(p, "text")->valuestring);
+        char *s = glm_malloc(n), *w = s; /* appended at w: many parts stay linear */
+        cJSON_ArrayForEach(p, c) {
+            size_t k = strlen(srv_field(p, "text")->valuestring);
+            memcpy(w, srv_field(p, "text")->valuestring, k);
+            w += k;
+        }
+        *w = 0;
         return s;
     }
     srv_bad(e, 400, where, "invalid_type", "%s must be a string", where);

@@ -102,39 +102,15 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, cJSO
     return rc;
 }
 
-/* OpenAI's error body: {"error": {"message", "type", "param", "code"}}. */
-static cJSON *error_body(const char *msg, const char *type, const char *param, const char *code) {
-    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-    cJSON_AddStringToObject(e, "message", msg);
-    cJSON_AddStringToObject(e, "type", type);
-    if (param) cJSON_AddStringToObject(e, "param", param);
-    else cJSON_AddNullToObject(e, "param");
-    if (code) cJSON_AddStringToObject(e, "code", code);
-    else cJSON_AddNullToObject(e, "code");
-    return o;
-}
-
 static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *msg, const char *type,
                                   const char *param, const char *code) {
     char *s;
-    cJSON *o = error_body(msg, type, param, code);
+    cJSON *o = srv_error_body(msg, type, param, code);
     s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     enum MHD_Result rc = send_buf(c, status, "application/json", s, strlen(s), status == 401);
     free(s);
     return rc;
-}
-
-int srv_bad(api_err *e, unsigned status, const char *param, const char *code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
-    e->status = status;
-    e->param = param;
-    e->code = code;
-    e->type = status == 429 ? "rate_limit_error" : status >= 500 ? "server_error" : "invalid_request_error";
-    return -1;
 }
 
 /* Constant-time comparison of the Authorization header with "Bearer KEY". */
@@ -162,200 +138,6 @@ static int peer_gone(int fd) {
 }
 
 /* ---------------------------------------------------------------- requests -> engine */
-
-typedef struct api_req {
-    int chat, stream, include_usage;
-    char model[256];
-    srv_req *r;
-    srv_tools tools;
-} api_req;
-
-
-static int completion_prompt(srv_server *S, const cJSON *p, glm_ids *ids, api_err *e) {
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0))) p = cJSON_GetArrayItem(p, 0);
-    if (!p) return srv_bad(e, 400, "prompt", "missing_required_parameter", "prompt is required");
-    if (!cJSON_IsString(p)) return srv_bad(e, 400, "prompt", "invalid_type", "prompt must be a string (or a list of one string)");
-    glm_err err = {0};
-    pthread_mutex_lock(S->tok_mu);
-    int k = glm_prompt_inputs(S->tok, S->cfg, p->valuestring, 0, ids, &err);
-    pthread_mutex_unlock(S->tok_mu);
-    return k ? srv_bad(e, 400, "prompt", "invalid_value", "%s", err.msg) : 0;
-}
-
-static int number(const cJSON *o, const char *k, double lo, double hi, int lo_open, double *out, api_err *e) {
-    const cJSON *v = srv_field(o, k);
-    if (!srv_present(v)) return 0;
-    if (!cJSON_IsNumber(v)) return srv_bad(e, 400, k, "invalid_type", "%s must be a number", k);
-    double x = v->valuedouble;
-    if (!(x >= lo && x <= hi) || (lo_open && x == lo))
-        return srv_bad(e, 400, k, "invalid_value", "%s must be in %s%g, %g] (got %g)", k, lo_open ? "(" : "[", lo, hi, x);
-    *out = x;
-    return 1;
-}
-
-static int integer(const cJSON *o, const char *k, double lo, double hi, double *out, api_err *e) {
-    const cJSON *v = srv_field(o, k);
-    if (!srv_present(v)) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
-        return srv_bad(e, 400, k, "invalid_type", "%s must be an integer", k);
-    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
-        return srv_bad(e, 400, k, "invalid_value", "%s must be in [%.0f, %.0f] (got %.0f)", k, lo, hi, v->valuedouble);
-    *out = v->valuedouble;
-    return 1;
-}
-
-static uint64_t fresh_seed(void) {
-    static atomic_ulong n;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (atomic_fetch_add(&n, 1) * 0x9e3779b97f4a7c15ULL);
-    return x;
-}
-
-/* The request body -> a queued engine request, or an error to send. */
-static int parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e) {
-    const char *end = NULL;
-    cJSON *o = cJSON_ParseWithLengthOpts(body, n, &end, 0);
-    if (!o) {
-        long at = end ? (long)(end - body) : 0;
-        return srv_bad(e, 400, NULL, "invalid_json", "the body is not valid JSON (error near byte %ld of %zu)", at, n);
-    }
-    int rc = -1;
-    srv_req *r = NULL;
-    if (!cJSON_IsObject(o)) { srv_bad(e, 400, NULL, "invalid_json", "the body must be a JSON object"); goto out; }
-    /* model: the base or one of the adapters */
-    const cJSON *mv = srv_field(o, "model");
-    int adapter = -1;
-    if (srv_present(mv) && !cJSON_IsString(mv)) { srv_bad(e, 400, "model", "invalid_type", "model must be a string"); goto out; }
-    if (srv_present(mv) && strcmp(mv->valuestring, S->o.model_name) != 0) {
-        adapter = -2;
-        for (int k = 0; k < S->e->n_ad; k++)
-            if (!strcmp(S->e->ad[k].name, mv->valuestring)) adapter = k;
-        if (adapter == -2) {
-            srv_bad(e, 404, "model", "model_not_found", "The model `%.200s` does not exist (GET /v1/models lists them)", mv->valuestring);
-            goto out;
-        }
-    }
-    if (adapter == -1 && S->o.model_adapter > 0) adapter = S->o.model_adapter - 1; /* the served model has its adapter */
-    snprintf(q->model, sizeof q->model, "%s",
-             adapter >= 0 && adapter != S->o.model_adapter - 1 ? S->e->ad[adapter].name : S->o.model_name);
-    const cJSON *st = srv_field(o, "stream");
-    if (srv_present(st) && !cJSON_IsBool(st)) { srv_bad(e, 400, "stream", "invalid_type", "stream must be a boolean"); goto out; }
-    q->stream = cJSON_IsTrue(st);
-    const cJSON *so = srv_field(o, "stream_options");
-    if (srv_present(so) && !cJSON_IsObject(so)) { srv_bad(e, 400, "stream_options", "invalid_type", "stream_options must be an object"); goto out; }
-    q->include_usage = so && cJSON_IsTrue(srv_field(so, "include_usage"));
-    double x;
-    if (integer(o, "n", 1, 1, &x, e) < 0) { srv_bad(e, 400, "n", "invalid_value", "n must be 1 (one choice per request)"); goto out; }
-    if (!chat) {
-        const cJSON *v;
-        if (srv_present(v = srv_field(o, "echo")) && !cJSON_IsFalse(v)) { srv_bad(e, 400, "echo", "unsupported_value", "echo is not supported"); goto out; }
-        if (srv_present(v = srv_field(o, "suffix"))) { srv_bad(e, 400, "suffix", "unsupported_value", "suffix is not supported"); goto out; }
-        if (srv_present(v = srv_field(o, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1)) { srv_bad(e, 400, "best_of", "unsupported_value", "best_of must be 1"); goto out; }
-    }
-    int logprobs = 0, top_logprobs = 0;
-    if (chat) { /* logprobs: true, top_logprobs 0..20 */
-        const cJSON *lv = srv_field(o, "logprobs");
-        if (srv_present(lv) && !cJSON_IsBool(lv)) { srv_bad(e, 400, "logprobs", "invalid_type", "logprobs must be a boolean"); goto out; }
-        logprobs = cJSON_IsTrue(lv);
-        int k = integer(o, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &x, e);
-        if (k < 0) goto out;
-        if (k && x > 0 && !logprobs) { srv_bad(e, 400, "top_logprobs", "invalid_value", "top_logprobs needs logprobs: true"); goto out; }
-        if (k) top_logprobs = (int)x;
-    } else { /* logprobs: the number of alternatives, 0..5 */
-        int k = integer(o, "logprobs", 0, 5, &x, e);
-        if (k < 0) goto out;
-        if (k) { logprobs = 1; top_logprobs = (int)x; }
-    }
-    r = srv_req_new();
-    r->logprobs = logprobs;
-    r->top_logprobs = top_logprobs;
-    r->adapter = adapter;
-    r->g = S->o.defaults;
-    r->postprocess = chat;
-    int k;
-    if ((k = number(o, "temperature", 0, 2, 0, &x, e)) < 0) goto out;
-    if (k) { r->g.temperature = (float)x; r->g.do_sample = x > 0; }
-    if ((k = number(o, "top_p", 0, 1, 1, &x, e)) < 0) goto out;
-    if (k) r->g.top_p = (float)x;
-    if ((k = integer(o, "top_k", 0, 1e9, &x, e)) < 0) goto out;
-    if (k) r->g.top_k = (int)x;
-    if ((k = integer(o, "max_length", 1, 1e9, &x, e)) < 0) goto out; /* HF's: prompt + response */
-    if (k) r->g.max_length = (int)x;
-    if ((k = number(o, "repetition_penalty", 0, 100, 1, &x, e)) < 0) goto out;
-    if (k) r->g.repetition_penalty = (float)x;
-    for (int z = 0; z < 2; z++) { /* OpenAI's penalties: only their neutral value */
-        const char *pk = z ? "presence_penalty" : "frequency_penalty";
-        if ((k = number(o, pk, -2, 2, 0, &x, e)) < 0) goto out;
-        if (k && x != 0) { srv_bad(e, 400, pk, "unsupported_value", "%s is not supported (use repetition_penalty)", pk); goto out; }
-    }
-    int max_tokens = 0;
-    const char *mk = srv_present(srv_field(o, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
-    if ((k = integer(o, mk, 1, 1e9, &x, e)) < 0) goto out;
-    if (k) max_tokens = (int)x;
-    if ((k = integer(o, "seed", -9.2e18, 1.8e19, &x, e)) < 0) goto out;
-    r->seed = k ? (x < 0 ? (uint64_t)(int64_t)x : (uint64_t)x) : fresh_seed();
-    const cJSON *sv = srv_field(o, "stop");
-    if (cJSON_IsString(sv)) {
-        if (!sv->valuestring[0]) { srv_bad(e, 400, "stop", "invalid_value", "stop strings must not be empty"); goto out; }
-        r->stops[r->n_stops++] = glm_strdup(sv->valuestring);
-    } else if (cJSON_IsArray(sv)) {
-        const cJSON *it;
-        if (cJSON_GetArraySize(sv) > SRV_MAX_STOPS) { srv_bad(e, 400, "stop", "invalid_value", "at most %d stop strings", SRV_MAX_STOPS); goto out; }
-        cJSON_ArrayForEach(it, sv) {
-            if (!cJSON_IsString(it) || !it->valuestring[0]) { srv_bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of non-empty strings"); goto out; }
-            r->stops[r->n_stops++] = glm_strdup(it->valuestring);
-        }
-    } else if (srv_present(sv)) {
-        srv_bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of strings");
-        goto out;
-    }
-    const cJSON *ie = srv_field(o, "ignore_eos");
-    if (srv_present(ie) && !cJSON_IsBool(ie)) { srv_bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
-    r->ignore_eos = cJSON_IsTrue(ie);
-    glm_err gerr = {0};
-    if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
-    if (chat ? srv_chat_prompt(S, o, body, n, &r->prompt, &q->tools, e) : completion_prompt(S, srv_field(o, "prompt"), &r->prompt, e)) goto out;
-    if (S->o.debug) {
-        glm_strbuf b = {0};
-        for (int i = 0; i < r->prompt.n; i++) {
-            char t[16];
-            snprintf(t, sizeof t, i ? " %d" : "%d", r->prompt.data[i]);
-            glm_strbuf_str(&b, t);
-        }
-        glm_info("serve: prompt ids: %s", b.s ? b.s : "");
-        free(b.s);
-    }
-    int np = r->prompt.n, room = S->o.Tmax - np;
-    if (room < 1) {
-        srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
-            "the prompt is %d tokens; this server's max_model_len is %d (prompt + response), so at most %d prompt tokens fit",
-            np, S->o.Tmax, S->o.Tmax - 1);
-        goto out;
-    }
-    if (max_tokens > room) {
-        srv_bad(e, 400, mk, "context_length_exceeded",
-            "%s %d does not fit: the prompt is %d tokens and max_model_len is %d, so at most %d new tokens", mk, max_tokens,
-            np, S->o.Tmax, room);
-        goto out;
-    }
-    r->g.max_new_tokens = max_tokens; /* 0: up to max_length (capped at max_model_len) */
-    r->g.model_max_length = S->o.Tmax;
-    if (glm_gen_limit(&r->g, np) < 1) {
-        srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
-            "the prompt is %d tokens and leaves no room for a response under max_length %d", np, r->g.max_length);
-        goto out;
-    }
-    q->chat = chat;
-    q->r = r;
-    r = NULL;
-    rc = 0;
-out:
-    if (r) srv_req_put(r);
-    if (rc) srv_tools_free(&q->tools);
-    cJSON_Delete(o);
-    return rc;
-}
 
 /* ---------------------------------------------------------------- responses */
 
@@ -509,7 +291,7 @@ static void call_chunk(stream_ctx *c, cJSON *call) {
 static void whole(stream_ctx *c) {
     srv_req *r = c->r;
     if (strcmp(r->finish, "stop") && strcmp(r->finish, "length")) {
-        pend_json(c, error_body(r->error[0] ? r->error : "the request was cancelled", "server_error", NULL, r->finish), 0);
+        pend_json(c, srv_error_body(r->error[0] ? r->error : "the request was cancelled", "server_error", NULL, r->finish), 0);
         return;
     }
     if (c->thudm_prompt) { /* api.py's answer */
@@ -627,7 +409,7 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             }
             pend_add(c, "data: [DONE]\n\n", 14);
         } else { /* cancelled (shutdown) or failed: an error event, then the end */
-            pend_json(c, error_body(r->error[0] ? r->error : "the request was cancelled", "server_error", NULL, r->finish), 1);
+            pend_json(c, srv_error_body(r->error[0] ? r->error : "the request was cancelled", "server_error", NULL, r->finish), 1);
             pend_add(c, "data: [DONE]\n\n", 14);
         }
         c->phase = 2;
@@ -658,7 +440,7 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
     char *thudm_prompt = NULL, *as_chat = NULL;
     if (route == R_THUDM && !(as_chat = srv_thudm_request(body, n, &thudm_history, &thudm_prompt, &e)))
         return send_error(conn, e.status, e.msg, e.type, e.param, e.code);
-    int bad = parse_request(S, chat, as_chat ? as_chat : body, as_chat ? strlen(as_chat) : n, &q, &e);
+    int bad = srv_parse_request(S, chat, as_chat ? as_chat : body, as_chat ? strlen(as_chat) : n, &q, &e);
     free(as_chat);
     if (bad) {
         cJSON_Delete(thudm_history);

@@ -9,13 +9,14 @@ cd "$(dirname "$0")/../.."
 out=${1:?usage: long_run.sh OUT_DIR [target...]}
 shift
 secs=${LONG_SECONDS:-600}
-targets=${*:-safetensors torchbin config args_config json_records spm_model tokenizer_text}
+targets=${*:-safetensors torchbin config args_config json_records spm_model tokenizer_text tool_calls serve_request}
 mkdir -p "$out"
 out=$(realpath "$out")
 for t in $targets; do
     # rebuilt per target, so a fix made while earlier targets ran is in
     FUZZ_BUILD="$out/build" FUZZ_BUILD_ONLY=1 FUZZ_TARGETS=$t nice -n 19 bash tests/sh/test_fuzz.sh
     export GLM_FUZZ_TOKENIZERS="$(cat "$out/build/tokenizers.txt")"
+    export GLM_FUZZ_SERVE_TOKENIZERS="$(cat "$out/build/serve_tokenizers.txt")"
     rm -rf "$out/corpus_$t" "$out/crash_$t" && mkdir -p "$out/corpus_$t" "$out/crash_$t"
     start=$(date +%s)
     nice -n 19 "$out/build/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \

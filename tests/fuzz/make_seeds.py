@@ -235,6 +235,56 @@ def tokenizer_text():
     put("tokenizer_text", "decode_ids_spm", bytes([16 | 4 | 1]) + struct.pack("<8i", 5, 6, 7, 8, 9, 10, 11, 12))
 
 
+def serve_request():
+    """Bodies for fuzz_serve_request: byte 0 bits 0-1 tokenizer, bit 2 chat, bit 3 THUDM's POST /,
+    bits 4-5 max_model_len (16, 64, 512, 4096), bit 6 a served adapter."""
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "天气",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    chats = {
+        "plain": {"model": "chatglm", "messages": [{"role": "user", "content": "你好"}]},
+        "history": {"messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "hi"},
+                                 {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "写一首诗"}],
+                    "temperature": 0.8, "top_p": 0.9, "top_k": 40, "max_tokens": 8, "seed": -3, "stop": ["\n\n", "。"],
+                    "stream": True, "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 3},
+        "parts": {"model": "lora-a", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"text": "b"}]}],
+                  "max_completion_tokens": 4, "repetition_penalty": 1.1, "ignore_eos": True},
+        "tools": {"model": "适配器-b", "messages": [{"role": "user", "content": "北京天气？"}], "tools": [weather],
+                  "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        "tool_turns": {"messages": [{"role": "user", "content": "北京天气？"},
+                                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": "{\"city\": \"北京\"}"}}]},
+                                    {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 7.0}"}],
+                       "tools": [weather], "tool_choice": "auto"},
+        "functions": {"messages": [{"role": "user", "content": "x"},
+                                   {"role": "assistant", "content": "get_weather\n tool_call(city='a')", "function_call": {"name": "get_weather", "arguments": "{}"}},
+                                   {"role": "function", "name": "get_weather", "content": "sunny"}],
+                      "functions": [weather["function"]], "function_call": "auto"},
+        "required": {"messages": [{"role": "user", "content": "x"}], "tools": [weather], "tool_choice": "required", "n": 1},
+        "bad_values": {"messages": [{"role": "user", "content": "x"}], "temperature": 3, "top_p": 0, "n": 2,
+                       "presence_penalty": 1, "stop": ""},
+    }
+    for name, body in chats.items():
+        text = json.dumps(body, ensure_ascii=False)
+        for k, b0 in enumerate((4 | 0x20, 4 | 1 | 0x30, 4 | 2 | 0x30 | 0x40, 4 | 3)):
+            put("serve_request", "chat_%s_%d" % (name, k), bytes([b0]) + text.encode())
+    comps = {"prompt": {"model": "chatglm", "prompt": "你好", "max_tokens": 3, "logprobs": 2},
+             "prompt_list": {"prompt": ["hello"], "echo": False, "best_of": 1, "temperature": 0},
+             "prompt_bad": {"prompt": 5, "suffix": "x"}}
+    for name, body in comps.items():
+        put("serve_request", "completion_" + name, bytes([0x20]) + json.dumps(body, ensure_ascii=False).encode())
+    thudm = {"plain": {"prompt": "你好", "history": []},
+             "history": {"prompt": "再来", "history": [["你好", "你好！"]], "max_length": 100, "top_p": 0.7, "temperature": 0.95},
+             "bad": {"prompt": "x", "history": [["only one"]]}}
+    for name, body in thudm.items():
+        put("serve_request", "thudm_" + name, bytes([8 | 0x20]) + json.dumps(body, ensure_ascii=False).encode())
+    put("serve_request", "not_json", bytes([4]) + b'{"messages": [')
+    # the bugs the target found: an error quoting a long name cut inside a character (invalid UTF-8
+    # in the JSON sent back), and an empty message to a plain SentencePiece tokenizer (no ids)
+    put("serve_request", "regression_cut_utf8", bytes([4]) + json.dumps({"model": "模" * 120, "messages": [{"role": "user", "content": "x"}]}, ensure_ascii=False).encode())
+    put("serve_request", "regression_empty_prompt", bytes([4 | 3 | 0x30]) + b'{"model": "chatglm", "messages": [{"role": "user", "content": "\\u0000"}]}')
+    put("serve_request", "long_model_name", bytes([4 | 0x20]) + json.dumps({"model": "模" * 120, "messages": []}, ensure_ascii=False).encode())
+
+
 if __name__ == "__main__":
     which = sys.argv[1:] or ["safetensors", "torchbin", "json_records", "config", "args_config", "spm_model", "tokenizer_text"]
     for w in which:

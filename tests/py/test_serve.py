@@ -249,6 +249,20 @@ def robustness(model, ref):
         T.check("health_needs_no_key", st == 200 and b["status"] == "ok", str(b))
         st, b = sc.http(S.port, "GET", "/v1/nothing", headers=auth)
         T.check("unknown_path_404", st == 404 and b["error"]["code"] == "not_found", str(b))
+        # an error that quotes the request cuts a long name at a length: never inside a character
+        # (the body must stay UTF-8 JSON; strict decoding here, where sc.http replaces bad bytes)
+        import http.client
+        hc = http.client.HTTPConnection("127.0.0.1", S.port, timeout=30)
+        hc.request("POST", url, body=json.dumps({"model": "模" * 120, "messages": [{"role": "user", "content": "x"}]}).encode(),
+                   headers=dict(auth, **{"Content-Type": "application/json"}))
+        r = hc.getresponse()
+        raw = r.read()
+        hc.close()
+        try:
+            msg = json.loads(raw.decode("utf-8"))["error"]["message"]
+        except (UnicodeDecodeError, ValueError, KeyError) as e:
+            msg = "undecodable: %r (%r)" % (e, raw[:120])
+        T.check("error_quoting_a_long_name_is_utf8", r.status == 404 and "模" * 60 in msg, msg[:200])
         try:
             c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
             T.check("unknown_model_404", False, "no error")

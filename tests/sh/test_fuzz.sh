@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in tests/fuzz (one per parser: safetensors, torch .bin, JSON data
 # records, config.json, --config files and flags, SentencePiece .model or GLM-4 rank file, tokenizer input text,
-# ChatGLM3's tool-call texts)
+# ChatGLM3's tool-call texts, the bodies `serve` takes)
 # with clang (fuzzer + ASan + UBSan, leaks count as crashes) and runs each for FUZZ_SECONDS
 # (default 15; `make fuzz` runs 60) from the seed corpus committed in tests/fuzz/seeds/<target>/
 # plus seeds made here (Python's safetensors/torch.save files when installed, small tokenizer
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 SECS=${FUZZ_SECONDS:-15}
 ART=${FUZZ_ARTIFACTS:-/tmp}
 PY=${GLM_PYTHON:-/usr/bin/python3}
-ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls"
+ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls serve_request"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 if ! command -v clang >/dev/null 2>&1; then
     for t in $TARGETS; do echo "SKIP fuzz_$t: clang is not installed (apt-get install clang)"; done
@@ -81,6 +81,20 @@ fi
 # and a GLM-4-style rank file (the 256 bytes and a few merges), for the byte-level BPE's encoder
 mkdir -p "$gen/glm4" && cp tests/fuzz/seeds/spm_model/ranks_merges "$gen/glm4/tokenizer.model" &&
     toks="$toks${toks:+:}$gen/glm4/tokenizer.model"
+# fuzz_serve_request: a ChatGLM-6B-style tokenizer, a ChatGLM3-style one (a tokenizer.model
+# folder whose tokenizer_config.json names chatglm3: role tokens, tool turns), GLM-4's and a plain
+# SentencePiece model
+serve_toks=""
+case ":$toks:" in *":$gen/chatglm/ice_text.model:"*) serve_toks="$gen/chatglm/ice_text.model" ;; esac
+if [ -f "$gen/bpe.model" ]; then
+    mkdir -p "$gen/glm3" && cp "$gen/bpe.model" "$gen/glm3/tokenizer.model" &&
+        echo '{"tokenizer_class": "ChatGLMTokenizer", "name_or_path": "THUDM/chatglm3-6b"}' >"$gen/glm3/tokenizer_config.json" &&
+        serve_toks="$serve_toks${serve_toks:+:}$gen/glm3"
+fi
+serve_toks="$serve_toks${serve_toks:+:}$gen/glm4/tokenizer.model"
+[ -f "$gen/bpe.model" ] && serve_toks="$serve_toks:$gen/bpe.model" # a plain SentencePiece model: no special tokens
+export GLM_FUZZ_SERVE_TOKENIZERS="$serve_toks"
+echo "$serve_toks" >"$work/serve_tokenizers.txt"
 shared_tok=../shared/tokenizers/chatglm-6b/ice_text.model
 [ -f "$shared_tok" ] && toks="$toks${toks:+:}$(realpath "$shared_tok")"
 export GLM_FUZZ_TOKENIZERS="$toks"
@@ -92,7 +106,8 @@ CFLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fno-sanitize-recover=all -Isrc -I/usr/inc
 SAN="address,undefined"
 LIBSRC="$(ls src/core/*.c src/io/*.c src/tokenizer/*.c | grep -v 'src/tokenizer/batch.c')
 src/data/reader_json.c src/data/schema.c src/data/schema_conv.c src/data/pyjson.c src/data/pyliteral.c src/data/glm4_tools.c src/infer/tools.c src/model/config.c src/backend/quant.c src/train/train_flags.c
-src/train/deepspeed.c src/optim/schedule.c"
+src/train/deepspeed.c src/optim/schedule.c
+src/serve/request.c src/serve/messages.c src/serve/thudm_api.c src/infer/chat.c src/infer/gen_settings.c"
 : >"$work/build.log"
 i=0
 for src in $LIBSRC; do

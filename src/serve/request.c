@@ -1,0 +1,265 @@
+/* A request's body -> the engine's request (serve/api.h): OpenAI's parameters checked and the
+ * prompt built; errors in OpenAI's shape. No HTTP here and no model: tests/fuzz/fuzz_serve_request.c
+ * runs this file on its own. */
+#include <cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "core/log.h"
+#include "core/strbuf.h"
+#include "data/reader.h"
+#include "infer/chat.h"
+#include "serve/api.h"
+
+/* ---------------------------------------------------------------- the request object */
+
+srv_req *srv_req_new(void) {
+    srv_req *r = glm_calloc(1, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->refs = 1;
+    r->adapter = -1;
+    r->slot = -1;
+    atomic_init(&r->cancel, 0);
+    return r;
+}
+
+void srv_req_put(srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left > 0) return;
+    glm_ids_free(&r->prompt);
+    glm_ids_free(&r->out);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    if (r->admitted) glm_streamer_free(&r->st);
+    free(r->seen);
+    free(r->text.s);
+    free(r->final);
+    free(r->lps);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+int srv_bad(api_err *e, unsigned status, const char *param, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    glm_utf8_scrub(e->msg); /* it quotes the request (cut at a length) and goes back as JSON */
+    e->status = status;
+    e->param = param;
+    e->code = code;
+    e->type = status == 429 ? "rate_limit_error" : status >= 500 ? "server_error" : "invalid_request_error";
+    return -1;
+}
+
+/* OpenAI's error body: {"error": {"message", "type", "param", "code"}}. */
+cJSON *srv_error_body(const char *msg, const char *type, const char *param, const char *code) {
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", type);
+    if (param) cJSON_AddStringToObject(e, "param", param);
+    else cJSON_AddNullToObject(e, "param");
+    if (code) cJSON_AddStringToObject(e, "code", code);
+    else cJSON_AddNullToObject(e, "code");
+    return o;
+}
+
+/* ---------------------------------------------------------------- parameters */
+
+static int completion_prompt(srv_server *S, const cJSON *p, glm_ids *ids, api_err *e) {
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0))) p = cJSON_GetArrayItem(p, 0);
+    if (!p) return srv_bad(e, 400, "prompt", "missing_required_parameter", "prompt is required");
+    if (!cJSON_IsString(p)) return srv_bad(e, 400, "prompt", "invalid_type", "prompt must be a string (or a list of one string)");
+    glm_err err = {0};
+    pthread_mutex_lock(S->tok_mu);
+    int k = glm_prompt_inputs(S->tok, S->cfg, p->valuestring, 0, ids, &err);
+    pthread_mutex_unlock(S->tok_mu);
+    return k ? srv_bad(e, 400, "prompt", "invalid_value", "%s", err.msg) : 0;
+}
+
+static int number(const cJSON *o, const char *k, double lo, double hi, int lo_open, double *out, api_err *e) {
+    const cJSON *v = srv_field(o, k);
+    if (!srv_present(v)) return 0;
+    if (!cJSON_IsNumber(v)) return srv_bad(e, 400, k, "invalid_type", "%s must be a number", k);
+    double x = v->valuedouble;
+    if (!(x >= lo && x <= hi) || (lo_open && x == lo))
+        return srv_bad(e, 400, k, "invalid_value", "%s must be in %s%g, %g] (got %g)", k, lo_open ? "(" : "[", lo, hi, x);
+    *out = x;
+    return 1;
+}
+
+static int integer(const cJSON *o, const char *k, double lo, double hi, double *out, api_err *e) {
+    const cJSON *v = srv_field(o, k);
+    if (!srv_present(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return srv_bad(e, 400, k, "invalid_type", "%s must be an integer", k);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return srv_bad(e, 400, k, "invalid_value", "%s must be in [%.0f, %.0f] (got %.0f)", k, lo, hi, v->valuedouble);
+    *out = v->valuedouble;
+    return 1;
+}
+
+static uint64_t fresh_seed(void) {
+    static atomic_ulong n;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (atomic_fetch_add(&n, 1) * 0x9e3779b97f4a7c15ULL);
+    return x;
+}
+
+int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e) {
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(body, n, &end, 0);
+    if (!o) {
+        long at = end ? (long)(end - body) : 0;
+        return srv_bad(e, 400, NULL, "invalid_json", "the body is not valid JSON (error near byte %ld of %zu)", at, n);
+    }
+    int rc = -1;
+    srv_req *r = NULL;
+    if (!cJSON_IsObject(o)) { srv_bad(e, 400, NULL, "invalid_json", "the body must be a JSON object"); goto out; }
+    /* model: the base or one of the adapters */
+    const cJSON *mv = srv_field(o, "model");
+    int adapter = -1;
+    if (srv_present(mv) && !cJSON_IsString(mv)) { srv_bad(e, 400, "model", "invalid_type", "model must be a string"); goto out; }
+    if (srv_present(mv) && strcmp(mv->valuestring, S->o.model_name) != 0) {
+        adapter = -2;
+        for (int k = 0; k < S->e->n_ad; k++)
+            if (!strcmp(S->e->ad[k].name, mv->valuestring)) adapter = k;
+        if (adapter == -2) {
+            srv_bad(e, 404, "model", "model_not_found", "The model `%.200s` does not exist (GET /v1/models lists them)", mv->valuestring);
+            goto out;
+        }
+    }
+    if (adapter == -1 && S->o.model_adapter > 0) adapter = S->o.model_adapter - 1; /* the served model has its adapter */
+    snprintf(q->model, sizeof q->model, "%s",
+             adapter >= 0 && adapter != S->o.model_adapter - 1 ? S->e->ad[adapter].name : S->o.model_name);
+    const cJSON *st = srv_field(o, "stream");
+    if (srv_present(st) && !cJSON_IsBool(st)) { srv_bad(e, 400, "stream", "invalid_type", "stream must be a boolean"); goto out; }
+    q->stream = cJSON_IsTrue(st);
+    const cJSON *so = srv_field(o, "stream_options");
+    if (srv_present(so) && !cJSON_IsObject(so)) { srv_bad(e, 400, "stream_options", "invalid_type", "stream_options must be an object"); goto out; }
+    q->include_usage = so && cJSON_IsTrue(srv_field(so, "include_usage"));
+    double x;
+    if (integer(o, "n", 1, 1, &x, e) < 0) { srv_bad(e, 400, "n", "invalid_value", "n must be 1 (one choice per request)"); goto out; }
+    if (!chat) {
+        const cJSON *v;
+        if (srv_present(v = srv_field(o, "echo")) && !cJSON_IsFalse(v)) { srv_bad(e, 400, "echo", "unsupported_value", "echo is not supported"); goto out; }
+        if (srv_present(v = srv_field(o, "suffix"))) { srv_bad(e, 400, "suffix", "unsupported_value", "suffix is not supported"); goto out; }
+        if (srv_present(v = srv_field(o, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1)) { srv_bad(e, 400, "best_of", "unsupported_value", "best_of must be 1"); goto out; }
+    }
+    int logprobs = 0, top_logprobs = 0;
+    if (chat) { /* logprobs: true, top_logprobs 0..20 */
+        const cJSON *lv = srv_field(o, "logprobs");
+        if (srv_present(lv) && !cJSON_IsBool(lv)) { srv_bad(e, 400, "logprobs", "invalid_type", "logprobs must be a boolean"); goto out; }
+        logprobs = cJSON_IsTrue(lv);
+        int k = integer(o, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &x, e);
+        if (k < 0) goto out;
+        if (k && x > 0 && !logprobs) { srv_bad(e, 400, "top_logprobs", "invalid_value", "top_logprobs needs logprobs: true"); goto out; }
+        if (k) top_logprobs = (int)x;
+    } else { /* logprobs: the number of alternatives, 0..5 */
+        int k = integer(o, "logprobs", 0, 5, &x, e);
+        if (k < 0) goto out;
+        if (k) { logprobs = 1; top_logprobs = (int)x; }
+    }
+    r = srv_req_new();
+    r->logprobs = logprobs;
+    r->top_logprobs = top_logprobs;
+    r->adapter = adapter;
+    r->g = S->o.defaults;
+    r->postprocess = chat;
+    int k;
+    if ((k = number(o, "temperature", 0, 2, 0, &x, e)) < 0) goto out;
+    if (k) { r->g.temperature = (float)x; r->g.do_sample = x > 0; }
+    if ((k = number(o, "top_p", 0, 1, 1, &x, e)) < 0) goto out;
+    if (k) r->g.top_p = (float)x;
+    if ((k = integer(o, "top_k", 0, 1e9, &x, e)) < 0) goto out;
+    if (k) r->g.top_k = (int)x;
+    if ((k = integer(o, "max_length", 1, 1e9, &x, e)) < 0) goto out; /* HF's: prompt + response */
+    if (k) r->g.max_length = (int)x;
+    if ((k = number(o, "repetition_penalty", 0, 100, 1, &x, e)) < 0) goto out;
+    if (k) r->g.repetition_penalty = (float)x;
+    for (int z = 0; z < 2; z++) { /* OpenAI's penalties: only their neutral value */
+        const char *pk = z ? "presence_penalty" : "frequency_penalty";
+        if ((k = number(o, pk, -2, 2, 0, &x, e)) < 0) goto out;
+        if (k && x != 0) { srv_bad(e, 400, pk, "unsupported_value", "%s is not supported (use repetition_penalty)", pk); goto out; }
+    }
+    int max_tokens = 0;
+    const char *mk = srv_present(srv_field(o, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
+    if ((k = integer(o, mk, 1, 1e9, &x, e)) < 0) goto out;
+    if (k) max_tokens = (int)x;
+    if ((k = integer(o, "seed", -9.2e18, 1.8e19, &x, e)) < 0) goto out;
+    r->seed = k ? (x < 0 ? (uint64_t)(int64_t)x : (uint64_t)x) : fresh_seed();
+    const cJSON *sv = srv_field(o, "stop");
+    if (cJSON_IsString(sv)) {
+        if (!sv->valuestring[0]) { srv_bad(e, 400, "stop", "invalid_value", "stop strings must not be empty"); goto out; }
+        r->stops[r->n_stops++] = glm_strdup(sv->valuestring);
+    } else if (cJSON_IsArray(sv)) {
+        const cJSON *it;
+        if (cJSON_GetArraySize(sv) > SRV_MAX_STOPS) { srv_bad(e, 400, "stop", "invalid_value", "at most %d stop strings", SRV_MAX_STOPS); goto out; }
+        cJSON_ArrayForEach(it, sv) {
+            if (!cJSON_IsString(it) || !it->valuestring[0]) { srv_bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of non-empty strings"); goto out; }
+            r->stops[r->n_stops++] = glm_strdup(it->valuestring);
+        }
+    } else if (srv_present(sv)) {
+        srv_bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of strings");
+        goto out;
+    }
+    const cJSON *ie = srv_field(o, "ignore_eos");
+    if (srv_present(ie) && !cJSON_IsBool(ie)) { srv_bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
+    r->ignore_eos = cJSON_IsTrue(ie);
+    glm_err gerr = {0};
+    if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
+    if (chat ? srv_chat_prompt(S, o, body, n, &r->prompt, &q->tools, e) : completion_prompt(S, srv_field(o, "prompt"), &r->prompt, e)) goto out;
+    if (S->o.debug) {
+        glm_strbuf b = {0};
+        for (int i = 0; i < r->prompt.n; i++) {
+            char t[16];
+            snprintf(t, sizeof t, i ? " %d" : "%d", r->prompt.data[i]);
+            glm_strbuf_str(&b, t);
+        }
+        glm_info("serve: prompt ids: %s", b.s ? b.s : "");
+        free(b.s);
+    }
+    int np = r->prompt.n, room = S->o.Tmax - np;
+    if (np == 0) { /* a plain SentencePiece tokenizer adds no special tokens to an empty text */
+        srv_bad(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty: it gives no tokens to start from");
+        goto out;
+    }
+    if (room < 1) {
+        srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
+            "the prompt is %d tokens; this server's max_model_len is %d (prompt + response), so at most %d prompt tokens fit",
+            np, S->o.Tmax, S->o.Tmax - 1);
+        goto out;
+    }
+    if (max_tokens > room) {
+        srv_bad(e, 400, mk, "context_length_exceeded",
+            "%s %d does not fit: the prompt is %d tokens and max_model_len is %d, so at most %d new tokens", mk, max_tokens,
+            np, S->o.Tmax, room);
+        goto out;
+    }
+    r->g.max_new_tokens = max_tokens; /* 0: up to max_length (capped at max_model_len) */
+    r->g.model_max_length = S->o.Tmax;
+    if (glm_gen_limit(&r->g, np) < 1) {
+        srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
+            "the prompt is %d tokens and leaves no room for a response under max_length %d", np, r->g.max_length);
+        goto out;
+    }
+    q->chat = chat;
+    q->r = r;
+    r = NULL;
+    rc = 0;
+out:
+    if (r) srv_req_put(r);
+    if (rc) srv_tools_free(&q->tools);
+    cJSON_Delete(o);
+    return rc;
+}

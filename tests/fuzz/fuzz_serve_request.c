@@ -1,0 +1,137 @@
+/* libFuzzer target: the bodies `glmtrain serve` takes from the network (serve/request.c,
+ * serve/messages.c, serve/thudm_api.c): POST /v1/chat/completions, /v1/completions and THUDM
+ * api.py's POST /, parsed, checked and turned into a prompt as the server does, without HTTP or a
+ * model. A request must either be refused with OpenAI's error (status 400, 404 or 413, a message
+ * in valid UTF-8, a JSON body that reads back) or give the engine a request it can run: prompt ids
+ * in the vocabulary, room for at least one new token under max_model_len, sampling settings that
+ * pass glm_gen_cfg_check, an adapter that exists.
+ * The tokenizers: GLM_FUZZ_SERVE_TOKENIZERS (colon-separated folders or .model files; the test
+ * script gives a ChatGLM-6B-style one, a ChatGLM3-style one and a GLM-4 rank file), else ChatGLM-6B's
+ * ice_text.model from ../shared.
+ * Input layout: byte 0 bits 0-1 pick the tokenizer, bit 2 chat (else completions), bit 3 THUDM's
+ * POST / (a chat request), bits 4-5 max_model_len (16, 64, 512, 4096), bit 6 a served adapter
+ * (LLaMA-Factory's API: the model name means base + adapter 1); the rest is the body. */
+#include <cJSON.h>
+#include <pthread.h>
+#include <string.h>
+#include "data/reader.h"
+#include "infer/chat.h"
+#include "serve/api.h"
+#include "fuzz_util.h"
+
+enum { MAX_TOK = 4, N_AD = 2 };
+static glm_tokenizer *toks[MAX_TOK];
+static glm_config cfgs[MAX_TOK];
+static int ntok;
+static pthread_mutex_t tok_mu = PTHREAD_MUTEX_INITIALIZER;
+static srv_adapter ads[N_AD];
+static int trace; /* GLM_FUZZ_TRACE=1: each input's outcome on stderr (to see what the seeds reach) */
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    const char *env = getenv("GLM_FUZZ_SERVE_TOKENIZERS");
+    char *list = strdup(env && *env ? env : "../shared/tokenizers/chatglm-6b/ice_text.model");
+    for (char *p = strtok(list, ":"); p && ntok < MAX_TOK; p = strtok(NULL, ":")) {
+        glm_err err;
+        if (glm_tokenizer_load(&toks[ntok], p, &err)) { fprintf(stderr, "fuzz_serve_request: %s\n", err.msg); continue; }
+        /* the config's [gMASK] <sop> as the tokenizer has them (ChatGLM-6B's config.json names them) */
+        glm_config c = glm_tokenizer_kind(toks[ntok]) == GLM_TOK_CHATGLM1 ? glm_config_chatglm6b() : glm_config_chatglm2_6b();
+        glm_special_ids sp = glm_tokenizer_specials(toks[ntok]);
+        if (glm_tokenizer_kind(toks[ntok]) == GLM_TOK_CHATGLM1) { c.gmask_token_id = sp.gmask; c.bos_token_id = sp.sop; }
+        cfgs[ntok++] = c;
+    }
+    free(list);
+    if (!ntok) { fprintf(stderr, "fuzz_serve_request: no tokenizer loaded (set GLM_FUZZ_SERVE_TOKENIZERS)\n"); exit(1); }
+    trace = getenv("GLM_FUZZ_TRACE") != NULL;
+    snprintf(ads[0].name, sizeof ads[0].name, "lora-a");
+    snprintf(ads[1].name, sizeof ads[1].name, "适配器-b");
+    return 0;
+}
+
+static void check_utf8(const char *s, const char *what) {
+    FUZZ_CHECK(s && glm_utf8_valid(s, strlen(s)), "%s is not valid UTF-8: %s", what, s ? s : "(null)");
+}
+
+/* A refusal: what the server sends must be OpenAI's error in valid JSON text. */
+static void check_refusal(const api_err *e) {
+    FUZZ_CHECK(e->status == 400 || e->status == 404 || e->status == 413, "status %u: %s", e->status, e->msg);
+    FUZZ_CHECK(e->msg[0] && e->type, "status %u without a message or type", e->status);
+    check_utf8(e->msg, "the error message");
+    cJSON *o = srv_error_body(e->msg, e->type, e->param, e->code);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    cJSON *back = cJSON_Parse(s);
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(back, "error"), "message");
+    FUZZ_CHECK(cJSON_IsString(m) && !strcmp(m->valuestring, e->msg), "the error body does not read back: %s", s);
+    cJSON_Delete(back);
+    free(s);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    int k = (data[0] & 3) % ntok, chat = (data[0] >> 2) & 1, thudm = (data[0] >> 3) & 1;
+    static const int tmax[4] = {16, 64, 512, 4096};
+    const glm_tokenizer *tok = toks[k];
+    srv_engine eng = {.ad = ads, .n_ad = N_AD};
+    srv_server S = {.e = &eng, .tok = tok, .cfg = &cfgs[k], .tok_mu = &tok_mu};
+    S.o.model_name = "chatglm";
+    S.o.model_adapter = (data[0] >> 6) & 1; /* 1: the served model is base + adapter 0 */
+    S.o.Tmax = tmax[(data[0] >> 4) & 3];
+    glm_gen_cfg_chat_defaults_for(&S.o.defaults, tok);
+    S.o.defaults.max_length = 8192;
+
+    const char *body = (const char *)data + 1;
+    size_t n = size - 1;
+    api_req q = {0};
+    api_err e = {0};
+    cJSON *history = NULL;
+    char *prompt = NULL, *as_chat = NULL;
+    if (thudm) {
+        chat = 1;
+        as_chat = srv_thudm_request(body, n, &history, &prompt, &e);
+        if (!as_chat) {
+            if (trace) fprintf(stderr, "tokenizer %d thudm: refused: %s\n", k, e.msg);
+            check_refusal(&e);
+            return 0;
+        }
+        FUZZ_CHECK(prompt && history && cJSON_IsArray(history), "THUDM's request kept no prompt or history");
+        cJSON *a = srv_thudm_answer(history, prompt, "答：好");
+        char *s = cJSON_PrintUnformatted(a);
+        FUZZ_CHECK(s, "THUDM's answer does not print");
+        free(s);
+        cJSON_Delete(a);
+    }
+    int rc = srv_parse_request(&S, chat, as_chat ? as_chat : body, as_chat ? strlen(as_chat) : n, &q, &e);
+    if (trace) fprintf(stderr, "tokenizer %d %s: %s%s\n", k, thudm ? "thudm" : chat ? "chat" : "completion",
+                       rc ? "refused: " : "ok", rc ? e.msg : q.tools.on ? " (tools)" : "");
+    if (rc) {
+        FUZZ_CHECK(!q.r, "a refused request left an engine request");
+        check_refusal(&e);
+    } else {
+        srv_req *r = q.r;
+        int vocab = glm_tokenizer_vocab_size(tok), np = r->prompt.n;
+        FUZZ_CHECK(np >= 1 && np < S.o.Tmax, "a prompt of %d tokens under max_model_len %d", np, S.o.Tmax);
+        for (int i = 0; i < np; i++) FUZZ_CHECK(r->prompt.data[i] >= 0 && r->prompt.data[i] < vocab, "id %d of %d", r->prompt.data[i], vocab);
+        FUZZ_CHECK(r->g.max_new_tokens >= 0 && r->g.max_new_tokens <= S.o.Tmax - np, "max_new_tokens %d, prompt %d, max_model_len %d",
+                   r->g.max_new_tokens, np, S.o.Tmax);
+        FUZZ_CHECK(glm_gen_limit(&r->g, np) >= 1, "no room for a response (prompt %d)", np);
+        glm_err gerr;
+        FUZZ_CHECK(glm_gen_cfg_check(&r->g, &gerr) == 0, "settings the engine would refuse: %s", gerr.msg);
+        FUZZ_CHECK(r->adapter >= -1 && r->adapter < N_AD, "adapter %d", r->adapter);
+        FUZZ_CHECK(r->n_stops >= 0 && r->n_stops <= SRV_MAX_STOPS, "%d stop strings", r->n_stops);
+        for (int i = 0; i < r->n_stops; i++) FUZZ_CHECK(r->stops[i] && r->stops[i][0], "stop string %d empty", i);
+        FUZZ_CHECK(r->top_logprobs >= 0 && r->top_logprobs <= SRV_MAX_TOP_LOGPROBS, "top_logprobs %d", r->top_logprobs);
+        check_utf8(q.model, "the response's model name");
+        if (q.tools.on) FUZZ_CHECK(q.tools.n_names > 0, "tools on without a tool");
+        if (q.tools.forced) {
+            size_t f = strlen(q.tools.forced);
+            FUZZ_CHECK(f >= 2 && q.tools.forced[f - 1] == '\n', "a forced call's line: %s", q.tools.forced);
+            FUZZ_CHECK(srv_tools_may_call(&q.tools, q.tools.forced, f), "the forced call's own line is not a call: %s", q.tools.forced);
+        }
+        srv_req_put(r);
+        srv_tools_free(&q.tools);
+    }
+    free(as_chat);
+    free(prompt);
+    cJSON_Delete(history);
+    return 0;
+}
