@@ -149,6 +149,51 @@ def main():
         p, _, _ = greedy(base, prompt, ["--adapter", bad])
         check("adapter_shape_mismatch_names_tensor", p.returncode != 0 and "lora_A.weight" in p.stderr and "[4, 32]" in p.stderr,
               p.stderr[-400:])
+        # peft's adapter_config.json keys that change what peft computes: target_modules as a regular
+        # expression or dotted suffixes (read, the same adapter as the list's), and what glmtrain does
+        # not apply (refused, naming the key or tensor, instead of loading an adapter that computes
+        # otherwise than peft's): modules_to_save copies, DoRA, LoRA biases, some layers only,
+        # per-module ranks or alphas, a tensor of another kind beside the LoRA ones
+        qkv = os.path.join(tmp, "adapter_qkv")
+        _, _, qkv_out = greedy(base, prompt, ["--adapter", qkv])
+        from safetensors.torch import load_file as st_load, save_file as st_save
+
+        def variant(name, conf_edit, extra_tensors=None):
+            d = os.path.join(tmp, "adapter_v_" + name)
+            shutil.copytree(qkv, d)
+            conf = json.load(open(os.path.join(d, "adapter_config.json")))
+            conf.update(conf_edit)
+            json.dump(conf, open(os.path.join(d, "adapter_config.json"), "w"))
+            if extra_tensors:
+                t = st_load(os.path.join(d, "adapter_model.safetensors"))
+                t.update(extra_tensors)
+                st_save(t, os.path.join(d, "adapter_model.safetensors"))
+            return greedy(base, prompt, ["--adapter", d])
+        for name, edit in [("regex", {"target_modules": ".*query_key_value"}),
+                           ("dotted", {"target_modules": ["attention.query_key_value"]})]:
+            p, _, out = variant(name, edit)
+            check("adapter_target_modules_%s_same_as_list" % name, p.returncode == 0 and out == qkv_out and out is not None,
+                  "rc %d: %s vs %s %s" % (p.returncode, out, qkv_out, p.stderr[-300:]))
+        head = {"base_model.model.lm_head.weight": torch.zeros(vocab, 32)}
+        mag = {"base_model.model.transformer.layers.%d.attention.query_key_value.lora_magnitude_vector" % l: torch.ones(96)
+               for l in range(2)}
+        for name, edit, extra, want in [
+                ("modules_to_save", {"modules_to_save": ["lm_head"]}, head, "modules_to_save"),
+                ("extra_tensor", {}, head, "base_model.model.lm_head.weight"),
+                ("dora", {"use_dora": True}, mag, "DoRA"),
+                ("dora_tensors_only", {}, mag, "DoRA"),
+                ("lora_bias", {"lora_bias": True}, None, "lora_bias"),
+                ("layers_to_transform", {"layers_to_transform": [1]}, None, "layers_to_transform"),
+                ("rank_pattern", {"rank_pattern": {"layers.0.attention.query_key_value": 4}}, None, "rank_pattern"),
+                ("alpha_pattern", {"alpha_pattern": {"query_key_value": 32}}, None, "alpha_pattern"),
+                ("one_layer_target", {"target_modules": ["layers.0.attention.query_key_value"]}, None, "one layer"),
+                ("targets_differ", {"target_modules": ["query_key_value", "dense"]}, None, "tensors adapt query_key_value")]:
+            p, _, _ = variant(name, edit, extra)
+            check("adapter_%s_refused" % name, p.returncode != 0 and want in p.stderr and "adapter" in p.stderr, p.stderr[-400:])
+        p = run(["merge", "--model_name_or_path", base, "--adapter", os.path.join(tmp, "adapter_v_modules_to_save"),
+                 "--output_dir", os.path.join(tmp, "m_mts")])
+        check("merge_modules_to_save_refused", p.returncode != 0 and "modules_to_save" in p.stderr and
+              not os.path.exists(os.path.join(tmp, "m_mts", "model.safetensors")), p.stderr[-400:])
         pt = os.path.join(tmp, "ptuning_ckpt")
         os.makedirs(pt)
         json.dump({"model_type": "chatglm", "pre_seq_len": 128, "prefix_projection": False}, open(os.path.join(pt, "config.json"), "w"))
