@@ -100,7 +100,11 @@ static int read_ptuning(const char *dir, glm_peft *p, glm_err *err) {
     free(text);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "pre_seq_len");
     int rc = 1;
-    if (cJSON_IsNumber(v) && v->valueint > 0) {
+    if (cJSON_IsNumber(v) && v->valuedouble > 0 && (v->valuedouble != floor(v->valuedouble) || v->valuedouble > 65536)) {
+        /* checked before any allocation: the prefix is [pre_seq_len, 2 L H] per layer stack */
+        rc = glm_fail(err, "%s: pre_seq_len %g is not a P-Tuning v2 prefix length (a whole number of tokens, at most 65536; "
+                           "THUDM's ptuning uses 128)", path, v->valuedouble);
+    } else if (cJSON_IsNumber(v) && v->valueint > 0) {
         *p = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = v->valueint,
                         .prefix_projection = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "prefix_projection"))};
         rc = 0;

@@ -199,6 +199,11 @@ def main():
         json.dump({"model_type": "chatglm", "pre_seq_len": 128, "prefix_projection": False}, open(os.path.join(pt, "config.json"), "w"))
         p = run(["merge", "--model_name_or_path", base, "--adapter", pt, "--output_dir", os.path.join(tmp, "mp")])
         check("merge_ptuning_refused", p.returncode != 0 and "cannot be merged" in p.stderr, p.stderr[-400:])
+        for n in (1e9, 2.5):  # refused before anything is allocated for it (1e9 planned 477 GiB of prefix)
+            json.dump({"model_type": "chatglm", "pre_seq_len": n}, open(os.path.join(pt, "config.json"), "w"))
+            p, _, _ = greedy(base, prompt, ["--adapter", pt])
+            check("ptuning_pre_seq_len_%g_refused" % n, p.returncode != 0 and "is not a P-Tuning v2 prefix length" in p.stderr
+                  and "memory" not in p.stderr, p.stderr[-300:])
 
         # 4. a LoRA training run: peft's files at the end, checkpoints of adapter size
         data = os.path.join(tmp, "train.json")
