@@ -5,13 +5,10 @@
 #include <dlfcn.h>
 #include <cJSON.h>
 #include <errno.h>
-#include <limits.h>
-#include <math.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "core/log.h"
-#include "infer/chat.h"
 #include "infer/tools.h"
-#include "core/strbuf.h"
 
 /* libmicrohttpd is opened when serve starts (dlopen), not linked: glmtrain's other commands and
  * the binaries carried to GPU machines need neither it nor the TLS libraries it pulls in. */
