@@ -133,9 +133,66 @@ static int warn_changes(trainer *t, const char *dir, long saved_world, glm_err *
     return 0;
 }
 
+/* What a peft setting trains, in words ("a LoRA adapter (r 8 on query_key_value,dense)"). */
+static void describe(const glm_peft *p, char *s, size_t n) {
+    if (p->kind == GLM_FT_LORA) {
+        char mods[96] = "";
+        for (int bit = 1; bit <= 8; bit <<= 1)
+            if (p->lora_targets & bit) snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "%s%s", mods[0] ? "," : "", glm_lora_target_name(bit));
+        snprintf(s, n, "a LoRA adapter (r %d on %s)", p->lora_rank, mods);
+    } else if (p->kind == GLM_FT_PTUNING) {
+        snprintf(s, n, "a P-Tuning v2 prefix (pre_seq_len %d, prefix_projection %s)", p->pre_seq_len, p->prefix_projection ? "true" : "false");
+    } else if (p->kind == GLM_FT_FREEZE) {
+        snprintf(s, n, "the last %d layers (freeze fine-tuning)", p->num_layer_trainable);
+    } else {
+        snprintf(s, n, "model weights (full fine-tuning)");
+    }
+}
+
+/* What the checkpoint folder holds decides what it can resume: a LoRA adapter of its r and
+ * modules, a P-Tuning prefix of its length and projection, or model weights. Another kind or
+ * shape is refused here, naming both, before anything is loaded (a load would fail on a
+ * missing file or a shape instead, and say less). */
+static int check_kind(trainer *t, const char *dir, glm_err *err) {
+    const glm_peft *now = &t->m.cfg.peft;
+    glm_peft was = {.kind = GLM_FT_FULL};
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "training_args.json");
+    glm_train_args old;
+    glm_args_defaults(glm_train_flags, glm_train_nflags, &old);
+    char *argv[] = {"--config", path};
+    glm_err e;
+    /* the writer's own flags say what it trained (pipeline stages' checkpoints hold LoRA rows
+     * without adapter_config.json); a checkpoint of an earlier glmtrain, by what the folder holds */
+    int known = glm_is_file(path) && glm_args_parse(glm_train_flags, glm_train_nflags, &old, 2, argv, &e) == 0 &&
+                glm_train_peft(&old, t->m.cfg.num_layers, &was, &e) == 0;
+    glm_train_args_free(&old);
+    if (!known && glm_is_adapter_dir(dir)) {
+        if (glm_adapter_read_config(dir, &was, err)) return -1;
+    } else if (!known) {
+        glm_peft p;
+        was = (glm_peft){.kind = GLM_FT_FULL};
+        if (glm_adapter_read_config(dir, &p, &e) == 0 && p.kind == GLM_FT_PTUNING) was = p;
+    }
+    int same = was.kind == now->kind &&
+               (was.kind == GLM_FT_LORA      ? now->lora_rank == was.lora_rank && now->lora_targets == was.lora_targets
+                : was.kind == GLM_FT_PTUNING ? now->pre_seq_len == was.pre_seq_len && !now->prefix_projection == !was.prefix_projection
+                : was.kind == GLM_FT_FREEZE  ? now->num_layer_trainable == was.num_layer_trainable
+                                             : 1);
+    if (!known && was.kind == GLM_FT_FULL) same |= now->kind == GLM_FT_FREEZE; /* weights alone do not tell the two apart */
+    if (same) return 0;
+    char a[192], b[192];
+    describe(&was, a, sizeof a);
+    describe(now, b, sizeof b);
+    glm_fail(err, "%s holds %s; this run trains %s: a checkpoint resumes only the kind of run that wrote it", dir, a, b);
+    return glm_hint(err, "resume with the settings it was written with (its training_args.json), or start a new run in "
+                         "another --output_dir (or --overwrite_output_dir)");
+}
+
 int trainer_resume(trainer *t, glm_err *err) {
     char dir[4096];
     if (agree_checkpoint(t, dir, sizeof dir, err)) return -1;
+    if (check_kind(t, dir, err)) return -1;
     if (glm_dp_load(t->dp, dir, &t->st, err)) {
         if (!err->hint[0]) glm_hint(err, "if %s is damaged, pass an older checkpoint-N to --resume_from_checkpoint", dir);
         return -1;

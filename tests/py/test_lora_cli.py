@@ -234,6 +234,19 @@ def main():
                   "%s, %d bytes vs base %d" % (sorted(os.listdir(ck)), size, base_size))
             p2, _, _ = greedy(base, prompt, ["--adapter", out])
             check("lora_trained_adapter_loads", p2.returncode == 0, p2.stderr[-400:])
+            # resuming it as another kind of run, or another rank: refused before anything loads, naming both
+            for name, extra, want in [("full", ["--finetuning_type", "full"], "this run trains model weights (full fine-tuning)"),
+                                      ("rank", ["--finetuning_type", "lora", "--lora_rank", "8"], "this run trains a LoRA adapter (r 8"),
+                                      ("ptuning", ["--pre_seq_len", "4"], "this run trains a P-Tuning v2 prefix (pre_seq_len 4"),
+                                      ("freeze", ["--finetuning_type", "freeze", "--num_layer_trainable", "1"],
+                                       "this run trains the last 1 layers (freeze fine-tuning)")]:
+                q = run(["train", "--model_name_or_path", base, "--train_file", data, "--output_dir", out, "--max_steps", "6",
+                         "--per_device_train_batch_size", "4", "--report_to", "none", "--disable_tqdm", "--max_source_length", "32",
+                         "--max_target_length", "16", "--lora_target", "query_key_value,dense_4h_to_h",
+                         "--resume_from_checkpoint"] + extra)
+                check("lora_checkpoint_resumed_as_%s_refused" % name, q.returncode != 0 and
+                      "checkpoint-4 holds a LoRA adapter (r 4 on query_key_value,dense_4h_to_h)" in q.stderr and want in q.stderr,
+                      q.stderr[-400:])
 
         # 4b. LoRA+ (--loraplus_lr_ratio): the same run with lora_B at 16x the rate trains
         # otherwise; the host's AdamW (--offload_optimizer cpu) applies the ratio as the device's;
@@ -309,7 +322,8 @@ def main():
         p2 = run(["train", "--output_dir", out, "--pre_seq_len", "6"] + longer + ["--resume_from_checkpoint"]) \
             if os.path.isdir(out) else None
         check("ptuning_resume_other_pre_seq_len_named", p2 is not None and p2.returncode != 0 and
-              "pre_seq_len 4 and prefix_projection true, this run 6 and false" in p2.stderr,
+              "holds a P-Tuning v2 prefix (pre_seq_len 4, prefix_projection true); this run trains a P-Tuning v2 prefix "
+              "(pre_seq_len 6, prefix_projection false)" in p2.stderr,
               p2.stderr[-500:] if p2 else "no P-Tuning run")
         p = run(["train", "--output_dir", os.path.join(tmp, "pp"), "--pre_seq_len", "4", "--packing"] + common)
         check("ptuning_packing_refused", p.returncode != 0 and "--packing" in p.stderr, p.stderr[-300:])
