@@ -230,13 +230,8 @@ int glm_pp_pick_checkpointing(const glm_par_opts *a, const glm_config *c, int cu
     }
 }
 
-int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err) {
-    if (!a->max_memory_per_gpu) return 0;
-    size_t cap;
-    if (glm_parse_size(a->max_memory_per_gpu, &cap)) {
-        glm_fail(err, "--max_memory_per_gpu %s is not a size", a->max_memory_per_gpu);
-        return glm_hint(err, "write e.g. 70GiB, 80GB or 75000MB");
-    }
+/* Refuses a plan of any stage over cap bytes; `what` names the cap in the message. */
+static int check_cap(const glm_par_opts *a, const glm_config *c, int cuda, int D, size_t cap, const char *what, glm_err *err) {
     glm_device_map map;
     glm_stage_shape sh;
     if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;
@@ -251,8 +246,8 @@ int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, in
         char who[64] = "the model";
         if (P > 1) snprintf(who, sizeof who, "stage %d (layers %d-%d)", k, map.s[k].l0, map.s[k].l1 - 1);
         char sz[7][32];
-        glm_fail(err, "--max_memory_per_gpu %s: %s plans %s (weights %s, gradients %s, master %s, moments %s, "
-                      "activations %s, scratch %s)", a->max_memory_per_gpu, who, glm_plan_size_str(sz[0], 32, p.total),
+        glm_fail(err, "%s: %s plans %s (weights %s, gradients %s, master %s, moments %s, "
+                      "activations %s, scratch %s)", what, who, glm_plan_size_str(sz[0], 32, p.total),
                  glm_plan_size_str(sz[1], 32, p.params), glm_plan_size_str(sz[2], 32, p.grads), glm_plan_size_str(sz[3], 32, p.master),
                  glm_plan_size_str(sz[4], 32, p.moments), glm_plan_size_str(sz[5], 32, p.activations), glm_plan_size_str(sz[6], 32, p.scratch));
         /* the layouts of the model states that fit on one stage, and the fewest stages that would
@@ -286,6 +281,26 @@ int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, in
         return glm_hint(err, "add --gradient_checkpointing, lower --per_device_train_batch_size, or use more stages / ZeRO");
     }
     return 0;
+}
+
+int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err) {
+    if (!a->max_memory_per_gpu) return 0;
+    size_t cap;
+    if (glm_parse_size(a->max_memory_per_gpu, &cap)) {
+        glm_fail(err, "--max_memory_per_gpu %s is not a size", a->max_memory_per_gpu);
+        return glm_hint(err, "write e.g. 70GiB, 80GB or 75000MB");
+    }
+    char what[96];
+    snprintf(what, sizeof what, "--max_memory_per_gpu %s", a->max_memory_per_gpu);
+    return check_cap(a, c, cuda, D, cap, what, err);
+}
+
+int glm_pp_check_device_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, size_t device_bytes,
+                               glm_err *err) {
+    if (a->max_memory_per_gpu || !device_bytes) return 0; /* the flag's own check decides */
+    char what[96], sz[32];
+    snprintf(what, sizeof what, "the GPU holds %s (no --max_memory_per_gpu given)", glm_plan_size_str(sz, sizeof sz, (double)device_bytes));
+    return check_cap(a, c, cuda, D, device_bytes, what, err);
 }
 
 /* ---------------------------------------------------------------- setup */

