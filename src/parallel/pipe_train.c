@@ -166,10 +166,34 @@ static double host_available(void) {
     return kb * 1024.0;
 }
 
+/* The CPU backend: every stage's states and activations are host memory, shared by the node's
+ * ranks. Beyond what is available the kernel's out-of-memory killer would end the run part-way
+ * without a word, since allocations only reserve. */
+static int check_cpu_memory(const glm_par_opts *a, const glm_config *c, int D, int local_ranks, glm_device_map *map,
+                            glm_stage_shape *sh, glm_err *err) {
+    sh->dp = a->zero_stage >= 1 && D > map->n ? D / map->n : 1;
+    sh->zero2 = a->zero_stage >= 2;
+    sh->zero3 = a->zero_stage == 3;
+    double worst = 0;
+    for (int k = 0; k < map->n; k++) {
+        double t = glm_stage_memory_plan(c, map, k, sh).total;
+        if (t > worst) worst = t;
+    }
+    double need = worst * (local_ranks > 1 ? local_ranks : 1), have = host_available();
+    if (have <= 0 || need <= have) return 0;
+    char s1[32], s2[32];
+    glm_fail(err, "this CPU run plans %s of host memory on this node (%d rank%s) but %s is available",
+             glm_plan_size_str(s1, 32, need), local_ranks > 1 ? local_ranks : 1, local_ranks > 1 ? "s" : "", glm_plan_size_str(s2, 32, have));
+    return glm_hint(err, "the CPU backend trains small models and checks results; fine-tune a model of this size on a GPU "
+                         "(LoRA fits a 24 GB card: --finetuning_type lora), or free host memory (the run would be killed "
+                         "for memory part-way)");
+}
+
 int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, int local_ranks, glm_err *err) {
     glm_device_map map;
     glm_stage_shape sh;
     if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;
+    if (!cuda && !sh.offload) return check_cpu_memory(a, c, D, local_ranks, &map, &sh, err);
     if (!sh.offload || map.n != 1) return 0;
     sh.dp = a->zero_stage >= 1 ? D : 1;
     sh.zero2 = a->zero_stage >= 2;

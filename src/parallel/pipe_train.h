@@ -49,7 +49,8 @@ const char *glm_plan_size_str(char *buf, size_t n, double bytes);
  * memory check then says what would). *plan: that level's largest stage plan. */
 int glm_pp_pick_checkpointing(const glm_par_opts *a, const glm_config *c, int cuda, int D, double cap, double *plan);
 /* With --offload_optimizer cpu: refuses a plan whose host memory (times the ranks on this node)
- * exceeds what the node has available, naming both and the layouts that need less. */
+ * exceeds what the node has available, naming both and the layouts that need less. On the CPU
+ * backend (cuda 0) the same for the whole plan, which lives in host memory there. */
 int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, int local_ranks, glm_err *err);
 /* The memory plan of each stage (the whole model when there is no pipeline), one line each,
  * computed from the tensor table before anything is allocated. */

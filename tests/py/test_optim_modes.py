@@ -158,6 +158,12 @@ def main():
         txt = p.stdout + p.stderr
         report("offload_refuses_more_host_memory_than_available", p.returncode != 0 and "of host memory on this node" in txt
                and "is available" in txt and "--optim adamw_8bit" in txt, txt.strip().splitlines()[-2][:200] if txt.strip() else "")
+        # and on the CPU backend without offload the whole plan is host memory: refused the same way
+        # (the kernel's out-of-memory killer would end it part-way, silently: allocations only reserve)
+        p = run(hb + ["--output_dir", os.path.join(d, "huge_cpu")], check=False, timeout=60)
+        txt = p.stdout + p.stderr
+        report("cpu_run_refuses_more_host_memory_than_available", p.returncode != 0 and "this CPU run plans" in txt
+               and "is available" in txt and "--finetuning_type lora" in txt, txt.strip().splitlines()[-2][:200] if txt.strip() else "")
 
         # 5. refusals
         def refused(name, extra, text, np_=1):
