@@ -186,6 +186,18 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
         return 0;
     }
     if (pick_backend(s, a, err)) return -1;
+    if (!strcmp(s->be->name, "cpu")) { /* the weights as float32 in host memory: past what is available the
+                                        * out-of-memory killer would end the load part-way, silently */
+        double need = glm_memory_plan(&c, GLM_F32, 1, 1, 0, 0).params, have = glm_host_mem_available();
+        if (have > 0 && need > have) {
+            glm_fail(err, "%s takes %.1f GiB as the CPU holds it (%s) but %.1f GiB of memory is available",
+                     a->model_name_or_path, need / 1073741824.0,
+                     c.quant ? "its linear weights quantized, the rest float32" : "float32 weights", have / 1073741824.0);
+            return c.quant ? glm_hint(err, "run it on a GPU")
+                           : glm_hint(err, "run it on a GPU, or quantize it as it loads: --quantization_bit 8 (a quarter of "
+                                           "the linear weights' bytes) or 4 (an eighth)");
+        }
+    }
     glm_model_init_inference(&s->m, &c, s->be);
     s->model_ok = 1;
     if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;

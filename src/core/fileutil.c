@@ -80,3 +80,14 @@ int glm_mkdirs(const char *path, glm_err *err) {
     if (mkdir(buf, 0755) != 0 && errno != EEXIST) return glm_fail(err, "cannot create folder %s: %s", buf, strerror(errno));
     return 0;
 }
+
+double glm_host_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024.0;
+}

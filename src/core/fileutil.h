@@ -19,4 +19,7 @@ void glm_path_join(char *dst, size_t n, const char *a, const char *b);
 /* mkdir -p */
 int glm_mkdirs(const char *path, glm_err *err);
 
+/* MemAvailable of /proc/meminfo in bytes (what can be allocated without swapping), 0 when unknown. */
+double glm_host_mem_available(void);
+
 #endif

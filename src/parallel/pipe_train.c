@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/fileutil.h"
 #include "core/log.h"
 #include "model/ckpt.h"
 #include "parallel/rendezvous.h"
@@ -154,18 +155,6 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
 }
 
 
-/* MemAvailable of /proc/meminfo in bytes, 0 when unknown. */
-static double host_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    double kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    fclose(f);
-    return kb * 1024.0;
-}
-
 /* The CPU backend: every stage's states and activations are host memory, shared by the node's
  * ranks. Beyond what is available the kernel's out-of-memory killer would end the run part-way
  * without a word, since allocations only reserve. */
@@ -179,7 +168,7 @@ static int check_cpu_memory(const glm_par_opts *a, const glm_config *c, int D, i
         double t = glm_stage_memory_plan(c, map, k, sh).total;
         if (t > worst) worst = t;
     }
-    double need = worst * (local_ranks > 1 ? local_ranks : 1), have = host_available();
+    double need = worst * (local_ranks > 1 ? local_ranks : 1), have = glm_host_mem_available();
     if (have <= 0 || need <= have) return 0;
     char s1[32], s2[32];
     glm_fail(err, "this CPU run plans %s of host memory on this node (%d rank%s) but %s is available",
@@ -198,7 +187,7 @@ int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cud
     sh.dp = a->zero_stage >= 1 ? D : 1;
     sh.zero2 = a->zero_stage >= 2;
     sh.zero3 = a->zero_stage == 3;
-    double need = glm_stage_memory_plan(c, &map, 0, &sh).host * (local_ranks > 1 ? local_ranks : 1), have = host_available();
+    double need = glm_stage_memory_plan(c, &map, 0, &sh).host * (local_ranks > 1 ? local_ranks : 1), have = glm_host_mem_available();
     if (have <= 0 || need <= have) return 0;
     char s1[32], s2[32];
     glm_fail(err, "--offload_optimizer cpu plans %s of host memory on this node (%d rank%s) but %s is available",

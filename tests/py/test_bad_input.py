@@ -172,6 +172,20 @@ def chat_and_tokenize(model, tok, vocab):
     p = run(["tokenize", "--tokenizer", tok, "--decode", "-1"])
     ok, why = failed_with(p, "id -1 is out of range")
     report("decode_negative_id", ok, why)
+    # a model too big for the machine's memory on the CPU (a 280-layer ChatGLM-6B shape: 210 GiB of
+    # float32 weights) is refused before its weights are read, naming both sizes, instead of being
+    # ended part-way by the out-of-memory killer; quantized as it loads, the hint leaves that out
+    huge = os.path.join(os.path.dirname(model), "huge_model")
+    os.makedirs(huge, exist_ok=True)
+    conf = json.load(open(os.path.join(model, "config.json")))
+    conf.update(hidden_size=4096, num_layers=280, num_attention_heads=32, inner_hidden_size=16384)
+    json.dump(conf, open(os.path.join(huge, "config.json"), "w"))
+    shutil.copy(os.path.join(tok, "ice_text.model"), huge)
+    for q, want in [("0", "--quantization_bit 8"), ("4", "its linear weights quantized")]:
+        p = run(["generate", "--model_name_or_path", huge, "--prompt", "hi", "--max_new_tokens", "2", "--device", "cpu",
+                 "--quantization_bit", q])
+        ok, why = failed_with(p, "as the CPU holds it", "of memory is available", want)
+        report("cpu_generate_past_host_memory_refused_q%s" % q, ok and "no model weights" not in p.stderr.decode(), why)
 
 
 def configs(base, d, cfg):
