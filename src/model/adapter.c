@@ -12,12 +12,6 @@
 
 static int is_adapter(const glm_tensor *t) { return glm_is_lora(t->kind); }
 
-int glm_is_adapter_dir(const char *dir) {
-    char path[4096];
-    glm_path_join(path, sizeof path, dir, "adapter_config.json");
-    return glm_is_file(path);
-}
-
 /* The keys peft 0.6's LoraConfig knows (a newer key would make an older peft refuse the
  * file): use_rslora is written only when on. */
 static char *config_json(const glm_model *m) {
@@ -88,225 +82,10 @@ int glm_adapter_write_config(const glm_model *m, const char *dir, glm_err *err) 
     return rc;
 }
 
-/* A P-Tuning v2 checkpoint (THUDM's ptuning output, or glmtrain's): config.json with
- * pre_seq_len; 0 when it is one, 1 when it is not, -1 on a broken file. */
-static int read_ptuning(const char *dir, glm_peft *p, glm_err *err) {
-    char path[4096];
-    glm_path_join(path, sizeof path, dir, "config.json");
-    if (!glm_is_file(path)) return 1;
-    char *text = glm_read_file(path, NULL, err);
-    if (!text) return -1;
-    cJSON *o = cJSON_Parse(text);
-    free(text);
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "pre_seq_len");
-    int rc = 1;
-    if (cJSON_IsNumber(v) && v->valuedouble > 0 && (v->valuedouble != floor(v->valuedouble) || v->valuedouble > 65536)) {
-        /* checked before any allocation: the prefix is [pre_seq_len, 2 L H] per layer stack */
-        rc = glm_fail(err, "%s: pre_seq_len %g is not a P-Tuning v2 prefix length (a whole number of tokens, at most 65536; "
-                           "THUDM's ptuning uses 128)", path, v->valuedouble);
-    } else if (cJSON_IsNumber(v) && v->valueint > 0) {
-        *p = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = v->valueint,
-                        .prefix_projection = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "prefix_projection"))};
-        rc = 0;
-    }
-    cJSON_Delete(o);
-    return rc;
-}
-
-/* The tensor file of an adapter folder: safetensors, or the .bin older peft versions write. */
-static int adapter_file(const char *dir, char *path, size_t n) {
-    glm_path_join(path, n, dir, "adapter_model.safetensors");
-    if (glm_is_file(path)) return 0;
-    glm_path_join(path, n, dir, "adapter_model.bin");
-    return glm_is_file(path) ? 0 : -1;
-}
-
-/* The module bit a peft LoRA tensor adapts: "<...>.<module>.lora_A.weight" or lora_B. 0 with why
- * for what glmtrain would not apply: peft's other tensors (DoRA's magnitudes, modules_to_save
- * copies, LoRA on embeddings, LoRA biases) or LoRA on another module. */
-static int tensor_bit(const char *name, char *why, size_t n) {
-    const char *end = strstr(name, ".lora_A.weight");
-    if (!end) end = strstr(name, ".lora_B.weight");
-    if (end && end[strlen(".lora_A.weight")] == 0) {
-        const char *leaf = end;
-        while (leaf > name && leaf[-1] != '.') leaf--;
-        char mod[64];
-        snprintf(mod, sizeof mod, "%.*s", (int)(end - leaf), leaf);
-        for (int bit = 1; bit <= 8; bit <<= 1)
-            if (!strcmp(mod, glm_lora_target_name(bit))) return bit;
-        snprintf(why, n, "LoRA on %s, a module glmtrain does not adapt (it adapts query_key_value, dense, dense_h_to_4h "
-                         "and dense_4h_to_h)", mod);
-    } else if (strstr(name, "lora_magnitude_vector")) {
-        snprintf(why, n, "a DoRA magnitude vector (use_dora): glmtrain applies plain LoRA");
-    } else if (strstr(name, "lora_embedding_")) {
-        snprintf(why, n, "LoRA on an embedding, which glmtrain does not adapt");
-    } else if (strstr(name, ".lora_")) {
-        snprintf(why, n, "not a LoRA A or B weight (a LoRA bias, lora_bias?)");
-    } else {
-        snprintf(why, n, "a whole module's weights (modules_to_save, LLaMA-Factory's --additional_target), which glmtrain "
-                         "does not load");
-    }
-    return 0;
-}
-
-/* peft's target_modules -> module bits: a list of names, each a module's name or a dotted suffix
- * of its path (peft matches the end: "attention.query_key_value"); 0 with *regex set when it is a
- * string peft reads as a regular expression (then the tensors say which modules). */
-static int config_targets(const cJSON *v, int *bits, int *regex, const char *path, glm_err *err) {
-    char list[512] = "";
-    *regex = 0;
-    if (cJSON_IsString(v)) {
-        if (strpbrk(v->valuestring, ".*+?[](){}|^$\\")) { *regex = 1; return 0; }
-        snprintf(list, sizeof list, "%s", v->valuestring);
-    }
-    const cJSON *it, *arr = cJSON_IsArray(v) ? v : NULL;
-    cJSON_ArrayForEach(it, arr) {
-        if (!cJSON_IsString(it)) continue;
-        const char *leaf = strrchr(it->valuestring, '.');
-        leaf = leaf ? leaf + 1 : it->valuestring;
-        for (const char *q = it->valuestring; q < leaf; q++) /* "layers.3.attention...": one layer's module */
-            if ((q == it->valuestring || q[-1] == '.') && *q >= '0' && *q <= '9') {
-                glm_fail(err, "%s: target_modules \"%s\" names one layer's module: glmtrain's LoRA adapts a module in "
-                              "every layer", path, it->valuestring);
-                return glm_hint(err, "train the adapter with module names (query_key_value, dense, ...) for every layer");
-            }
-        if (strlen(list) + strlen(leaf) + 2 > sizeof list) break; /* longer than four names and commas: refused below */
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? "," : "", leaf);
-    }
-    if (glm_lora_targets_parse(list, bits, err)) return glm_wrap(err, "%s: target_modules: ", path);
-    return 0;
-}
-
-/* A key that changes what peft computes and glmtrain does not apply: refused, naming it. */
-static int unsupported_key(const cJSON *o, const char *path, glm_err *err) {
-    const cJSON *v;
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "use_dora"))) {
-        glm_fail(err, "%s: use_dora: a DoRA adapter (its magnitude vectors rescale each weight); glmtrain applies plain LoRA", path);
-        return glm_hint(err, "merge it into its base with peft (merge_and_unload, save_pretrained) and use the merged folder "
-                             "as --model_name_or_path, or train a LoRA adapter without DoRA");
-    }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "lora_bias"))) {
-        glm_fail(err, "%s: lora_bias: the adapter trains biases of its B sides; glmtrain's LoRA has none", path);
-        return glm_hint(err, "merge it into its base with peft (merge_and_unload) and use the merged folder");
-    }
-    v = cJSON_GetObjectItemCaseSensitive(o, "modules_to_save");
-    if (cJSON_IsString(v) || (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0)) {
-        char *s = cJSON_PrintUnformatted(v);
-        glm_fail(err, "%s: modules_to_save %.200s: the adapter holds whole trained copies of those modules (LLaMA-Factory's "
-                      "--additional_target), which glmtrain does not load", path, s);
-        free(s);
-        return glm_hint(err, "merge it into its base with peft (merge_and_unload, save_pretrained) and use the merged "
-                             "folder as --model_name_or_path");
-    }
-    v = cJSON_GetObjectItemCaseSensitive(o, "layers_to_transform");
-    if (cJSON_IsNumber(v) || (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0)) {
-        char *s = cJSON_PrintUnformatted(v);
-        glm_fail(err, "%s: layers_to_transform %.200s: the adapter covers some layers only; glmtrain's LoRA adapts every "
-                      "layer", path, s);
-        free(s);
-        return glm_hint(err, "merge it into its base with peft (merge_and_unload) and use the merged folder");
-    }
-    const char *pats[] = {"rank_pattern", "alpha_pattern"};
-    for (int i = 0; i < 2; i++) {
-        v = cJSON_GetObjectItemCaseSensitive(o, pats[i]);
-        if (cJSON_IsObject(v) && v->child) {
-            char *s = cJSON_PrintUnformatted(v);
-            glm_fail(err, "%s: %s %.200s: ranks or alphas that differ by module; glmtrain uses one r and one lora_alpha", path,
-                     pats[i], s);
-            free(s);
-            return glm_hint(err, "merge it into its base with peft (merge_and_unload) and use the merged folder");
-        }
-    }
-    return 0;
-}
-
-/* The modules the adapter's tensors adapt (0 when it has no tensor file yet: the load says so),
- * every tensor one glmtrain applies. */
-static int tensor_targets(const char *dir, int *bits, glm_err *err) {
-    char path[4096];
-    *bits = 0;
-    if (adapter_file(dir, path, sizeof path)) return 0;
-    glm_ckpt c;
-    if (glm_ckpt_open(&c, path, err)) return -1;
-    int rc = 0;
-    for (int i = 0; i < glm_ckpt_count(&c) && !rc; i++) {
-        char why[256];
-        const char *name = glm_ckpt_name(&c, i);
-        int bit = tensor_bit(name, why, sizeof why);
-        if (!bit) {
-            rc = glm_fail(err, "%s: tensor %s: %s", path, name, why);
-            glm_hint(err, "merge the adapter into its base with peft (merge_and_unload, save_pretrained) and use the merged "
-                          "folder as --model_name_or_path");
-        }
-        *bits |= bit;
-    }
-    glm_ckpt_close(&c);
-    return rc;
-}
-
-int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
-    char path[4096];
-    glm_path_join(path, sizeof path, dir, "adapter_config.json");
-    if (!glm_is_file(path)) {
-        int pt = read_ptuning(dir, p, err);
-        if (pt <= 0) return pt;
-        glm_fail(err, "%s holds neither adapter_config.json (a LoRA adapter) nor a config.json with pre_seq_len (a P-Tuning v2 "
-                      "checkpoint)", dir);
-        return glm_hint(err, "pass the folder glmtrain wrote (--finetuning_type lora or ptuning: the output_dir or a "
-                             "checkpoint-N in it), peft's save_pretrained folder, or THUDM's ptuning output");
-    }
-    char *text = glm_read_file(path, NULL, err);
-    if (!text) return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");
-    cJSON *o = cJSON_Parse(text);
-    free(text);
-    int rc = 0, regex = 0, file_bits = 0;
-    const cJSON *v;
-    *p = (glm_peft){.kind = GLM_FT_LORA, .lora_alpha = 8, .lora_rank = 8};
-    if (!cJSON_IsObject(o)) { rc = glm_fail(err, "%s: not a JSON object", path); goto done; }
-    v = cJSON_GetObjectItemCaseSensitive(o, "peft_type");
-    if (cJSON_IsString(v) && strcmp(v->valuestring, "LORA") != 0) {
-        rc = glm_fail(err, "%s: peft_type %s: glmtrain reads LoRA adapters (P-Tuning v2 prefixes live in config.json)", path, v->valuestring);
-        goto done;
-    }
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "r"))) p->lora_rank = v->valueint;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha"))) p->lora_alpha = (float)v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "lora_dropout"))) p->lora_dropout = (float)v->valuedouble;
-    p->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "use_rslora"));
-    if (p->lora_rank < 1) { rc = glm_fail(err, "%s: r must be at least 1", path); goto done; }
-    if (!isfinite(p->lora_alpha)) { rc = glm_fail(err, "%s: lora_alpha is not a finite number", path); goto done; }
-    v = cJSON_GetObjectItemCaseSensitive(o, "bias");
-    if (cJSON_IsString(v) && strcmp(v->valuestring, "none") != 0) {
-        rc = glm_fail(err, "%s: bias \"%s\": glmtrain's LoRA trains no biases", path, v->valuestring);
-        glm_hint(err, "train the adapter with bias \"none\"");
-        goto done;
-    }
-    if ((rc = unsupported_key(o, path, err))) goto done;
-    if ((rc = config_targets(cJSON_GetObjectItemCaseSensitive(o, "target_modules"), &p->lora_targets, &regex, path, err))) goto done;
-    if ((rc = tensor_targets(dir, &file_bits, err))) goto done;
-    if (regex && !file_bits) {
-        rc = glm_fail(err, "%s: target_modules is a regular expression and the folder has no adapter tensors to read the "
-                           "modules from", path);
-        goto done;
-    }
-    if (regex) p->lora_targets = file_bits; /* the modules the expression matched: those with tensors */
-    else if (file_bits && file_bits != p->lora_targets) {
-        char want[96] = "", have[96] = "";
-        for (int bit = 1; bit <= 8; bit <<= 1) {
-            if (p->lora_targets & bit) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", want[0] ? "," : "", glm_lora_target_name(bit));
-            if (file_bits & bit) snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", have[0] ? "," : "", glm_lora_target_name(bit));
-        }
-        rc = glm_fail(err, "%s: target_modules says %s but the adapter's tensors adapt %s", path, want, have);
-        glm_hint(err, "the folder's adapter_config.json and tensor file come from different adapters");
-    }
-done:
-    cJSON_Delete(o);
-    return rc;
-}
-
 int glm_adapter_load(glm_model *m, const char *dir, glm_err *err) {
     if (m->cfg.peft.kind == GLM_FT_PTUNING) return glm_model_load_trainable(m, dir, err); /* transformer.prefix_encoder.* */
     char path[4096];
-    if (adapter_file(dir, path, sizeof path)) {
+    if (glm_adapter_file(dir, path, sizeof path)) {
         glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", dir);
         return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");
     }
@@ -367,7 +146,7 @@ int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir
     if (glm_adapter_read_config(adapter_dir, &ms.peft, err)) return -1;
     glm_config c;
     if (glm_config_load(&c, base, err)) return -1;
-    if (adapter_file(adapter_dir, path, sizeof path)) return glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", adapter_dir);
+    if (glm_adapter_file(adapter_dir, path, sizeof path)) return glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", adapter_dir);
     if (glm_ckpt_open(&ms.base, base, err)) return -1;
     if (glm_ckpt_open(&ms.adapter, path, err)) { glm_ckpt_close(&ms.base); return -1; }
     size_t big = (size_t)(c.inner_hidden_size > 3 * c.hidden_size ? c.inner_hidden_size : 3 * c.hidden_size);

@@ -29,6 +29,9 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err);
 int glm_adapter_load(glm_model *m, const char *dir, glm_err *err);
 /* Whether dir holds a LoRA adapter (adapter_config.json). */
 int glm_is_adapter_dir(const char *dir);
+/* The tensor file of an adapter folder into path: adapter_model.safetensors, or the
+ * adapter_model.bin older peft versions write; -1 when it has neither. */
+int glm_adapter_file(const char *dir, char *path, size_t n);
 
 
 /* Writes base + adapter as one Hugging Face folder at dir (W += scaling * B A for every adapted

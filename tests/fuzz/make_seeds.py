@@ -285,6 +285,35 @@ def serve_request():
     put("serve_request", "long_model_name", bytes([4 | 0x20]) + json.dumps({"model": "模" * 120, "messages": []}, ensure_ascii=False).encode())
 
 
+def adapter_config():
+    """Folders for fuzz_adapter_config: byte 0 bit 0 P-Tuning (config.json), bit 1 no tensor file;
+    the JSON text, a NUL, then tensor names one a line."""
+    lora = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16, "lora_dropout": 0.05,
+            "target_modules": ["query_key_value"], "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+            "modules_to_save": None, "layers_to_transform": None, "rank_pattern": {}, "alpha_pattern": {}}
+    qkv = ["base_model.model.transformer.layers.%d.attention.query_key_value.lora_%s.weight" % (l, ab) for l in range(2) for ab in "AB"]
+    glm2 = ["base_model.model.transformer.encoder.layers.0.self_attention.query_key_value.lora_%s.weight" % ab for ab in "AB"]
+    cases = {
+        "lora": (0, lora, qkv),
+        "lora_glm2_names": (0, lora, glm2),
+        "lora_no_tensors": (2, lora, []),
+        "regex": (0, dict(lora, target_modules=".*query_key_value"), qkv),
+        "dotted": (0, dict(lora, target_modules=["attention.query_key_value", "mlp.dense_h_to_4h"]),
+                   qkv + [n.replace("attention.query_key_value", "mlp.dense_h_to_4h") for n in qkv]),
+        "one_layer": (0, dict(lora, target_modules=["layers.0.attention.query_key_value"]), qkv),
+        "modules_to_save": (0, dict(lora, modules_to_save=["lm_head"]), qkv + ["base_model.model.lm_head.weight"]),
+        "dora": (0, dict(lora, use_dora=True), qkv + [qkv[0].replace("lora_A.weight", "lora_magnitude_vector")]),
+        "patterns": (0, dict(lora, rank_pattern={"dense": 4}, alpha_pattern={"dense": 2}), qkv),
+        "rslora_all": (0, dict(lora, use_rslora=True, target_modules=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]),
+                       [n.replace("attention.query_key_value", m) for n in qkv for m in
+                        ["attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"]]),
+        "ptuning": (1, {"model_type": "chatglm", "pre_seq_len": 128, "prefix_projection": False}, []),
+        "ptuning_big": (1, {"pre_seq_len": 1e9}, []),
+    }
+    for name, (b0, conf, names) in cases.items():
+        put("adapter_config", name, bytes([b0]) + json.dumps(conf).encode() + b"\0" + "\n".join(names).encode())
+
+
 if __name__ == "__main__":
     which = sys.argv[1:] or ["safetensors", "torchbin", "json_records", "config", "args_config", "spm_model", "tokenizer_text"]
     for w in which:
