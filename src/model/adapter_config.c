@@ -77,13 +77,14 @@ static int tensor_bit(const char *name, char *why, size_t n) {
 }
 
 /* peft's target_modules -> module bits: a list of names, each a module's name or a dotted suffix
- * of its path (peft matches the end: "attention.query_key_value"); 0 with *regex set when it is a
- * string peft reads as a regular expression (then the tensors say which modules). */
-static int config_targets(const cJSON *v, int *bits, int *regex, const char *path, glm_err *err) {
+ * of its path (peft matches the end: "attention.query_key_value"); 0 with *from_tensors set when
+ * it is a string peft reads as a regular expression, or absent (then the tensors say which). */
+static int config_targets(const cJSON *v, int *bits, int *from_tensors, const char *path, glm_err *err) {
     char list[512] = "";
-    *regex = 0;
+    *from_tensors = !v || cJSON_IsNull(v);
+    if (*from_tensors) return 0;
     if (cJSON_IsString(v)) {
-        if (strpbrk(v->valuestring, ".*+?[](){}|^$\\")) { *regex = 1; return 0; }
+        if (strpbrk(v->valuestring, ".*+?[](){}|^$\\")) { *from_tensors = 1; return 0; }
         snprintf(list, sizeof list, "%s", v->valuestring);
     }
     const cJSON *it, *arr = cJSON_IsArray(v) ? v : NULL;
@@ -186,7 +187,7 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     if (!text) return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");
     cJSON *o = cJSON_Parse(text);
     free(text);
-    int rc = 0, regex = 0, file_bits = 0;
+    int rc = 0, from_tensors = 0, file_bits = 0;
     const cJSON *v;
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_alpha = 8, .lora_rank = 8};
     if (!cJSON_IsObject(o)) { rc = glm_fail(err, "%s: not a JSON object", path); goto done; }
@@ -208,14 +209,14 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
         goto done;
     }
     if ((rc = unsupported_key(o, path, err))) goto done;
-    if ((rc = config_targets(cJSON_GetObjectItemCaseSensitive(o, "target_modules"), &p->lora_targets, &regex, path, err))) goto done;
+    if ((rc = config_targets(cJSON_GetObjectItemCaseSensitive(o, "target_modules"), &p->lora_targets, &from_tensors, path, err))) goto done;
     if ((rc = tensor_targets(dir, &file_bits, err))) goto done;
-    if (regex && !file_bits) {
-        rc = glm_fail(err, "%s: target_modules is a regular expression and the folder has no adapter tensors to read the "
-                           "modules from", path);
+    if (from_tensors && !file_bits) {
+        rc = glm_fail(err, "%s: target_modules is %s and the folder has no adapter tensors to read the modules from", path,
+                      cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "target_modules")) ? "a regular expression" : "not given");
         goto done;
     }
-    if (regex) p->lora_targets = file_bits; /* the modules the expression matched: those with tensors */
+    if (from_tensors) p->lora_targets = file_bits; /* the modules the expression matched: those with tensors */
     else if (file_bits && file_bits != p->lora_targets) {
         char want[96] = "", have[96] = "";
         for (int bit = 1; bit <= 8; bit <<= 1) {

@@ -170,7 +170,8 @@ def main():
                 st_save(t, os.path.join(d, "adapter_model.safetensors"))
             return greedy(base, prompt, ["--adapter", d])
         for name, edit in [("regex", {"target_modules": ".*query_key_value"}),
-                           ("dotted", {"target_modules": ["attention.query_key_value"]})]:
+                           ("dotted", {"target_modules": ["attention.query_key_value"]}),
+                           ("absent", {"target_modules": None})]:
             p, _, out = variant(name, edit)
             check("adapter_target_modules_%s_same_as_list" % name, p.returncode == 0 and out == qkv_out and out is not None,
                   "rc %d: %s vs %s %s" % (p.returncode, out, qkv_out, p.stderr[-300:]))
