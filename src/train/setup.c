@@ -327,6 +327,16 @@ static void pick_checkpointing(trainer *t, glm_par_opts *po, const glm_config *c
                  cap > 0 ? " under " : ", ", from);
 }
 
+/* A parameter count for people: 6.71B, 3.670M, 42.3K, 512 (a test model's thousands no longer
+ * print as "0.0M"). */
+static const char *count_str(char *s, size_t n, double x) {
+    if (x >= 1e9) snprintf(s, n, "%.2fB", x / 1e9);
+    else if (x >= 1e6) snprintf(s, n, "%.3fM", x / 1e6);
+    else if (x >= 1e3) snprintf(s, n, "%.1fK", x / 1e3);
+    else snprintf(s, n, "%.0f", x);
+    return s;
+}
+
 int trainer_load_model(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     glm_config c;
@@ -405,14 +415,16 @@ int trainer_load_model(trainer *t, glm_err *err) {
     const char *from = a->adapter_name_or_path ? a->adapter_name_or_path : a->ptuning_checkpoint;
     if (from && glm_adapter_load(&t->m, from, err)) return -1;
     size_t base = t->m.ftab.n_params + (c.peft.kind == GLM_FT_LORA ? 0 : t->m.tab.n_params);
-    glm_info("model: %d layers, hidden %d, %d heads, vocab %d, %.1fM parameters (%s head), backend %s",
-             c.num_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, base / 1e6,
+    char n1[32], n2[32];
+    glm_info("model: %d layers, hidden %d, %d heads, vocab %d, %s parameters (%s head), backend %s",
+             c.num_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, count_str(n1, sizeof n1, (double)base),
              c.tie_word_embeddings ? "tied" : "untied", t->be->name);
     static const char *const kinds[] = {"full", "lora", "ptuning", "freeze"};
     if (c.peft.kind != GLM_FT_FULL)
-        glm_info("%s: %.3fM trainable parameters (%.3f%% of %.1fM), the rest frozen", kinds[c.peft.kind],
-                 t->m.tab.n_params / 1e6, 100.0 * t->m.tab.n_params / (t->m.tab.n_params + t->m.ftab.n_params),
-                 (t->m.tab.n_params + t->m.ftab.n_params) / 1e6);
+        glm_info("%s: %s trainable parameters (%.3f%% of %s), the rest frozen", kinds[c.peft.kind],
+                 count_str(n1, sizeof n1, (double)t->m.tab.n_params),
+                 100.0 * t->m.tab.n_params / (t->m.tab.n_params + t->m.ftab.n_params),
+                 count_str(n2, sizeof n2, (double)(t->m.tab.n_params + t->m.ftab.n_params)));
     return 0;
 }
 
