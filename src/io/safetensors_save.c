@@ -34,6 +34,8 @@ static uint64_t file_bytes(const st_entry *e) { return numel_of(e) * st_dtype_si
 static int check_entry(const char *path, const st_entry *e, glm_err *err) {
     if (!e->name || !e->name[0]) return glm_fail(err, "saving %s: a tensor has no name", path);
     const char *name = e->name;
+    if (!strcmp(name, "__metadata__")) /* the format's key for the header's metadata: readers skip it */
+        return glm_fail(err, "saving %s: a tensor cannot be named __metadata__ (the safetensors header's own key)", path);
     if (e->ndim < 0 || e->ndim > ST_MAX_DIMS) return glm_fail(err, "saving %s: tensor '%s' has %d dimensions (0..%d allowed)", path, name, e->ndim, ST_MAX_DIMS);
     if ((unsigned)e->data_dtype >= ST_NDTYPES || (unsigned)e->file_dtype >= ST_NDTYPES)
         return glm_fail(err, "saving %s: tensor '%s' has an invalid dtype", path, name);

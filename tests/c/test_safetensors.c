@@ -180,6 +180,11 @@ static void test_roundtrip(test_counts *tc) {
     badent[0] = badent[1];
     int r2 = st_save(path, badent, 2, 0, &err);
     TEST_CHECK(tc, "st_save_refuses_bad_entries", r1 == -1 && m1 && r2 == -1 && strstr(err.msg, "twice") && !glm_is_file(path), "%s", err.msg);
+    /* "__metadata__" is the header's own key: a tensor of that name would vanish on reading
+     * (found by fuzz_adapter_config) */
+    st_entry meta = {"__metadata__", 1, {2}, x.f32, ST_F32, ST_F32};
+    TEST_CHECK(tc, "st_save_refuses_the_metadata_key", st_save(path, &meta, 1, 0, &err) == -1 && strstr(err.msg, "__metadata__") &&
+               !glm_is_file(path), "%s", err.msg);
 }
 
 /* Writes an 8-byte length + header + data file; hlen_override != 0 replaces the length. */

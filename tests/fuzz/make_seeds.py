@@ -312,6 +312,9 @@ def adapter_config():
     }
     for name, (b0, conf, names) in cases.items():
         put("adapter_config", name, bytes([b0]) + json.dumps(conf).encode() + b"\0" + "\n".join(names).encode())
+    # the bug the target found: a tensor named __metadata__ (the safetensors header's own key) was
+    # written and then vanished on reading; st_save now refuses the name
+    put("adapter_config", "regression_metadata_key", b'\0{ "target_modules": ["..all"]}"\0__metadata__')
 
 
 if __name__ == "__main__":
