@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 #include "core/fileutil.h"
@@ -63,6 +64,19 @@ size_t st_first_nonfinite(st_dtype d, const void *src, size_t n) {
             else { uint16_t h; memcpy(&h, (const char *)src + 2 * i, 2); bad = nonfinite16(h, d); }
             if (bad) { if (i < first) first = i; break; }
         }
+    }
+    return first;
+}
+
+size_t st_first_past_f16(const float *src, size_t n) {
+    size_t first = n;
+    enum { CH = 1 << 20 };
+    long nch = (long)((n + CH - 1) / CH);
+#pragma omp parallel for schedule(static) reduction(min : first)
+    for (long c = 0; c < nch; c++) {
+        size_t lo = (size_t)c * CH, hi = lo + CH < n ? lo + CH : n;
+        for (size_t i = lo; i < hi; i++) /* 65520 and beyond round to infinity (nearest even) */
+            if (fabsf(src[i]) >= 65520.0f && isfinite(src[i])) { if (i < first) first = i; break; }
     }
     return first;
 }

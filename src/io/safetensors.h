@@ -56,6 +56,9 @@ float st_f16_to_f32(uint16_t h);
 /* The index of the first NaN or infinity among n elements of dtype d (F32/F16/BF16, as stored),
  * or n when all are finite. Uses every thread. */
 size_t st_first_nonfinite(st_dtype d, const void *src, size_t n);
+/* The index of the first finite float among n that float16 cannot hold (|x| >= 65520 rounds to
+ * infinity), or n. Uses every thread. */
+size_t st_first_past_f16(const float *src, size_t n);
 uint16_t st_f32_to_bf16(float f);
 float st_bf16_to_f32(uint16_t h);
 

@@ -183,6 +183,14 @@ static void test_roundtrip(test_counts *tc) {
     /* "__metadata__" is the header's own key: a tensor of that name would vanish on reading
      * (found by fuzz_adapter_config) */
     st_entry meta = {"__metadata__", 1, {2}, x.f32, ST_F32, ST_F32};
+    /* a finite float32 past float16's range would be written as inf: refused before any file */
+    float big[3] = {1.0f, 65504.0f, -70000.0f};
+    st_entry half = {"w", 1, {3}, big, ST_F32, ST_F16};
+    TEST_CHECK(tc, "st_save_refuses_float16_overflow", st_save(path, &half, 1, 0, &err) == -1 && strstr(err.msg, "'w' holds -70000 (element 2)") &&
+               !glm_is_file(path), "%s", err.msg);
+    half.shape[0] = 2; /* 65504 is float16's largest: written as it is */
+    TEST_CHECK(tc, "st_save_float16_max_is_written", st_save(path, &half, 1, 0, &err) == 0, "%s", err.msg);
+    unlink(path);
     TEST_CHECK(tc, "st_save_refuses_the_metadata_key", st_save(path, &meta, 1, 0, &err) == -1 && strstr(err.msg, "__metadata__") &&
                !glm_is_file(path), "%s", err.msg);
 }

@@ -243,6 +243,23 @@ def main():
         check("convert_refuses_same_folder", p.returncode == 1 and "same folder" in p.stderr, p.stderr[-300:])
         p = convert("--from", st_dir, "--to", o32, "--dtype", "int8")
         check("convert_bad_dtype_flag", p.returncode != 0 and "dtype" in p.stderr, p.stderr[-300:])
+        # a weight past float16's range (1e6) converted to float16 would become inf: refused, no weight file,
+        # and bfloat16 (float32's range) writes it
+        big = os.path.join(tmp, "big_src")
+        shutil.copytree(o32, big)
+        from safetensors.numpy import load_file as np_load, save_file as np_save
+        wf = [f for f in os.listdir(big) if f.endswith(".safetensors")]
+        t = np_load(os.path.join(big, wf[0]))
+        k = sorted(n for n in t if n.endswith("dense_4h_to_h.weight"))[0]
+        t[k] = t[k].copy()
+        t[k].flat[3] = 1e6
+        np_save(t, os.path.join(big, wf[0]), metadata={"format": "pt"})
+        o16 = os.path.join(tmp, "big16")
+        p = convert("--from", big, "--to", o16, "--dtype", "float16")
+        check("convert_refuses_float16_overflow", p.returncode != 0 and "past float16's range" in p.stderr and k in p.stderr and
+              not any(f.endswith(".safetensors") for f in (os.listdir(o16) if os.path.isdir(o16) else [])), p.stderr[-300:])
+        p = convert("--from", big, "--to", os.path.join(tmp, "bigbf"), "--dtype", "bfloat16")
+        check("convert_bfloat16_keeps_the_big_weight", p.returncode == 0, p.stderr[-300:])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
