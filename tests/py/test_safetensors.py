@@ -166,15 +166,24 @@ def main():
                                     (np.arange(-2000, 2000, dtype=np.float32) + 0.5) * np.float32(2.0 ** -12)]).astype(np.float32)}
         src = os.path.join(d, "f32.safetensors")
         stn.save_file(f32, src)
+        # finite values float16 cannot hold (65520, 3.4e38) are refused by the writer (they would be
+        # written as inf); the F16 comparison takes the rest, infinities and NaN included
+        x = f32["x"]
+        fits = {"x": x[~(np.isfinite(x) & (np.abs(x) >= 65520))]}
+        src16 = os.path.join(d, "f32_fits_f16.safetensors")
+        stn.save_file(fits, src16)
+        out = run("copy", "st", src, os.path.join(d, "conv_refused.safetensors"), "0", "F16")
+        check("st_c_refuses_f16_overflow", out.returncode != 0 and "past float16's range" in out.stderr and
+              not os.path.exists(os.path.join(d, "conv_refused.safetensors")), out.stderr[-300:])
         for dt in ("F16", "BF16"):
             dst = os.path.join(d, f"conv_{dt}.safetensors")
-            out = run("copy", "st", src, dst, "0", dt)
+            out = run("copy", "st", src16 if dt == "F16" else src, dst, "0", dt)
             if out.returncode != 0:
                 check(f"st_c_converts_{dt}_like_python", False, out.stderr)
                 continue
             if dt == "F16":
-                with np.errstate(over="ignore"):  # 65520 and 3.4e38 become Inf, as they should
-                    got, want = stn.load_file(dst)["x"], f32["x"].astype(np.float16)
+                with np.errstate(over="ignore"):
+                    got, want = stn.load_file(dst)["x"], fits["x"].astype(np.float16)
                 same = got.dtype == np.float16 and np.array_equal(got.view(np.uint16)[~np.isnan(want)], want.view(np.uint16)[~np.isnan(want)])
                 same = same and np.array_equal(np.isnan(got), np.isnan(want))
             elif torch is None:
