@@ -59,6 +59,8 @@ size_t st_first_nonfinite(st_dtype d, const void *src, size_t n);
 /* The index of the first finite float among n that float16 cannot hold (|x| >= 65520 rounds to
  * infinity), or n. Uses every thread. */
 size_t st_first_past_f16(const float *src, size_t n);
+/* The words st_save's refusal of such a value starts with, for a caller that writes float32 instead. */
+#define ST_PAST_F16 "past float16's range"
 uint16_t st_f32_to_bf16(float f);
 float st_bf16_to_f32(uint16_t h);
 

@@ -51,7 +51,7 @@ static int check_entry(const char *path, const st_entry *e, glm_err *err) {
     if (e->data_dtype == ST_F32 && e->file_dtype == ST_F16) { /* checked before any file is written */
         size_t i = st_first_past_f16(e->data, (size_t)n);
         if (i < n) {
-            glm_fail(err, "saving %s: tensor '%s' holds %g (element %zu), past float16's range (65504): written as float16 it "
+            glm_fail(err, "saving %s: tensor '%s' holds %g (element %zu), " ST_PAST_F16 " (65504): written as float16 it "
                           "would become inf", path, name, (double)((const float *)e->data)[i], i);
             return glm_hint(err, "write it as bfloat16 (float32's range) or float32: --dtype bfloat16 (convert, merge), "
                                  "--save_dtype bfloat16 (train)");

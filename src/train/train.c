@@ -303,7 +303,13 @@ static int save_final(trainer *t, glm_err *err) {
         if (strcmp(a->max_shard_size, "0") != 0) glm_parse_size(a->max_shard_size, &shard); /* checked at start */
         char path[4096];
         glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
-        rc = glm_model_save_final(&t->m, a->output_dir, dt, shard, err) || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
+        rc = glm_model_save_final(&t->m, a->output_dir, dt, shard, err);
+        if (rc && dt == ST_F16 && strstr(err->msg, ST_PAST_F16)) { /* the trained weights are kept, exactly, not lost */
+            glm_warn("%s; the final model is written as float32 instead (glmtrain convert --dtype bfloat16 halves it)", err->msg);
+            *err = (glm_err){0};
+            rc = glm_model_save_final(&t->m, a->output_dir, ST_F32, shard, err);
+        }
+        rc = rc || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
              glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
         static const char *const what[] = {"the final model", "the LoRA adapter (load it with --adapter, or merge it with glmtrain merge)",
                                            "the P-Tuning v2 prefix encoder (load it with --adapter beside the base model)",

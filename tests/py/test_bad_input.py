@@ -124,6 +124,22 @@ def nan_weight_input(base_model, d, common):
     p = train(common + ["--model_name_or_path", bad, "--output_dir", out, "--max_steps", "1"], check=False)
     ok, why = failed_with(p, "tensor %s holds NaN at element %d" % (name, 3 * w[name].shape[1] + 5), bad)
     report("nan_input_weight_refused", ok and not os.path.exists(os.path.join(out, "model.safetensors")), why)
+    # a weight float16 cannot hold (1e6) with --save_dtype float16: the final model is written as
+    # float32, with a warning naming the tensor, instead of inf (or of being lost)
+    big = os.path.join(d, "big-model")
+    shutil.copytree(base_model, big)
+    w = load_file(os.path.join(big, "model.safetensors"))
+    w[name] = w[name].copy()
+    w[name][3, 5] = 1e6
+    save_file(w, os.path.join(big, "model.safetensors"), metadata={"format": "pt"})
+    out = os.path.join(d, "from-big")
+    p = train(common + ["--model_name_or_path", big, "--output_dir", out, "--max_steps", "1", "--learning_rate", "1e-9",
+                        "--save_strategy", "no", "--save_dtype", "float16"], check=False)
+    err = p.stderr.decode("utf-8", "replace") if isinstance(p.stderr, bytes) else p.stderr
+    got = load_file(os.path.join(out, "model.safetensors")) if p.returncode == 0 else {}
+    report("final_save_past_float16_written_as_float32", p.returncode == 0 and "past float16's range" in err and name in err and
+           got.get(name) is not None and got[name].dtype == np.float32 and abs(got[name][3, 5] - 1e6) < 1 and
+           '"torch_dtype": "float32"' in open(os.path.join(out, "config.json")).read(), err[-400:])
 
 
 def data_records(base, d):
