@@ -51,35 +51,32 @@ int io_pread_full(int fd, void *buf, size_t n, uint64_t off) {
 
 static int nonfinite16(uint16_t h, st_dtype d) { return d == ST_F16 ? (h & 0x7c00) == 0x7c00 : (h & 0x7f80) == 0x7f80; }
 
-size_t st_first_nonfinite(st_dtype d, const void *src, size_t n) {
+/* Whether element i of src (dtype d, as stored) is one the scan looks for: NaN or infinity, or
+ * (past_f16, F32 only) a finite value float16 cannot hold: 65520 and beyond round to infinity. */
+static int is_bad(st_dtype d, const void *src, size_t i, int past_f16) {
+    if (past_f16) { float f; memcpy(&f, (const char *)src + 4 * i, 4); return fabsf(f) >= 65520.0f && isfinite(f); }
+    if (d == ST_F32) { uint32_t u; memcpy(&u, (const char *)src + 4 * i, 4); return (u & 0x7f800000u) == 0x7f800000u; }
+    uint16_t h;
+    memcpy(&h, (const char *)src + 2 * i, 2);
+    return nonfinite16(h, d);
+}
+
+/* The first such element, or n: chunks scanned on every thread. */
+static size_t first_bad(st_dtype d, const void *src, size_t n, int past_f16) {
     size_t first = n;
     enum { CH = 1 << 20 };
     long nch = (long)((n + CH - 1) / CH);
 #pragma omp parallel for schedule(static) reduction(min : first)
     for (long c = 0; c < nch; c++) {
         size_t lo = (size_t)c * CH, hi = lo + CH < n ? lo + CH : n;
-        for (size_t i = lo; i < hi; i++) {
-            int bad;
-            if (d == ST_F32) { uint32_t u; memcpy(&u, (const char *)src + 4 * i, 4); bad = (u & 0x7f800000u) == 0x7f800000u; }
-            else { uint16_t h; memcpy(&h, (const char *)src + 2 * i, 2); bad = nonfinite16(h, d); }
-            if (bad) { if (i < first) first = i; break; }
-        }
+        for (size_t i = lo; i < hi; i++)
+            if (is_bad(d, src, i, past_f16)) { if (i < first) first = i; break; }
     }
     return first;
 }
 
-size_t st_first_past_f16(const float *src, size_t n) {
-    size_t first = n;
-    enum { CH = 1 << 20 };
-    long nch = (long)((n + CH - 1) / CH);
-#pragma omp parallel for schedule(static) reduction(min : first)
-    for (long c = 0; c < nch; c++) {
-        size_t lo = (size_t)c * CH, hi = lo + CH < n ? lo + CH : n;
-        for (size_t i = lo; i < hi; i++) /* 65520 and beyond round to infinity (nearest even) */
-            if (fabsf(src[i]) >= 65520.0f && isfinite(src[i])) { if (i < first) first = i; break; }
-    }
-    return first;
-}
+size_t st_first_nonfinite(st_dtype d, const void *src, size_t n) { return first_bad(d, src, n, 0); }
+size_t st_first_past_f16(const float *src, size_t n) { return first_bad(ST_F32, src, n, 1); }
 
 int io_is_float(st_dtype d) { return d == ST_F32 || d == ST_F16 || d == ST_BF16 || d == ST_F64; }
 

@@ -105,45 +105,35 @@ static int config_targets(const cJSON *v, int *bits, int *from_tensors, const ch
     return 0;
 }
 
-/* A key that changes what peft computes and glmtrain does not apply: refused, naming it. */
+/* What to do with an adapter glmtrain cannot apply as it is. */
+static const char merge_hint[] = "merge the adapter into its base with peft (merge_and_unload, save_pretrained) and use the "
+                                 "merged folder as --model_name_or_path";
+
+/* Whether a key's value asks for something: true, a number, or a non-empty string, list or object
+ * (peft writes false, null, [] and {} for what is off). */
+static int set(const cJSON *v) {
+    return cJSON_IsTrue(v) || cJSON_IsNumber(v) || (cJSON_IsString(v) && v->valuestring[0]) ||
+           ((cJSON_IsArray(v) || cJSON_IsObject(v)) && v->child);
+}
+
+/* A key that changes what peft computes and glmtrain does not apply: refused, naming it and its value. */
 static int unsupported_key(const cJSON *o, const char *path, glm_err *err) {
-    const cJSON *v;
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "use_dora"))) {
-        glm_fail(err, "%s: use_dora: a DoRA adapter (its magnitude vectors rescale each weight); glmtrain applies plain LoRA", path);
-        return glm_hint(err, "merge it into its base with peft (merge_and_unload, save_pretrained) and use the merged folder "
-                             "as --model_name_or_path, or train a LoRA adapter without DoRA");
-    }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "lora_bias"))) {
-        glm_fail(err, "%s: lora_bias: the adapter trains biases of its B sides; glmtrain's LoRA has none", path);
-        return glm_hint(err, "merge it into its base with peft (merge_and_unload) and use the merged folder");
-    }
-    v = cJSON_GetObjectItemCaseSensitive(o, "modules_to_save");
-    if (cJSON_IsString(v) || (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0)) {
+    static const struct { const char *key, *why; } keys[] = {
+        {"use_dora", "a DoRA adapter (its magnitude vectors rescale each weight); glmtrain applies plain LoRA"},
+        {"lora_bias", "the adapter trains biases of its B sides; glmtrain's LoRA has none"},
+        {"modules_to_save", "the adapter holds whole trained copies of those modules (LLaMA-Factory's --additional_target), "
+                            "which glmtrain does not load"},
+        {"layers_to_transform", "the adapter covers some layers only; glmtrain's LoRA adapts every layer"},
+        {"rank_pattern", "ranks that differ by module; glmtrain uses one r"},
+        {"alpha_pattern", "alphas that differ by module; glmtrain uses one lora_alpha"},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[i].key);
+        if (!set(v)) continue;
         char *s = cJSON_PrintUnformatted(v);
-        glm_fail(err, "%s: modules_to_save %.200s: the adapter holds whole trained copies of those modules (LLaMA-Factory's "
-                      "--additional_target), which glmtrain does not load", path, s);
+        glm_fail(err, "%s: %s %.200s: %s", path, keys[i].key, s, keys[i].why);
         free(s);
-        return glm_hint(err, "merge it into its base with peft (merge_and_unload, save_pretrained) and use the merged "
-                             "folder as --model_name_or_path");
-    }
-    v = cJSON_GetObjectItemCaseSensitive(o, "layers_to_transform");
-    if (cJSON_IsNumber(v) || (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0)) {
-        char *s = cJSON_PrintUnformatted(v);
-        glm_fail(err, "%s: layers_to_transform %.200s: the adapter covers some layers only; glmtrain's LoRA adapts every "
-                      "layer", path, s);
-        free(s);
-        return glm_hint(err, "merge it into its base with peft (merge_and_unload) and use the merged folder");
-    }
-    const char *pats[] = {"rank_pattern", "alpha_pattern"};
-    for (int i = 0; i < 2; i++) {
-        v = cJSON_GetObjectItemCaseSensitive(o, pats[i]);
-        if (cJSON_IsObject(v) && v->child) {
-            char *s = cJSON_PrintUnformatted(v);
-            glm_fail(err, "%s: %s %.200s: ranks or alphas that differ by module; glmtrain uses one r and one lora_alpha", path,
-                     pats[i], s);
-            free(s);
-            return glm_hint(err, "merge it into its base with peft (merge_and_unload) and use the merged folder");
-        }
+        return glm_hint(err, "%s", merge_hint);
     }
     return 0;
 }
@@ -163,8 +153,7 @@ static int tensor_targets(const char *dir, int *bits, glm_err *err) {
         int bit = tensor_bit(name, why, sizeof why);
         if (!bit) {
             rc = glm_fail(err, "%s: tensor %s: %s", path, name, why);
-            glm_hint(err, "merge the adapter into its base with peft (merge_and_unload, save_pretrained) and use the merged "
-                          "folder as --model_name_or_path");
+            glm_hint(err, "%s", merge_hint);
         }
         *bits |= bit;
     }
@@ -218,12 +207,9 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     }
     if (from_tensors) p->lora_targets = file_bits; /* the modules the expression matched: those with tensors */
     else if (file_bits && file_bits != p->lora_targets) {
-        char want[96] = "", have[96] = "";
-        for (int bit = 1; bit <= 8; bit <<= 1) {
-            if (p->lora_targets & bit) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", want[0] ? "," : "", glm_lora_target_name(bit));
-            if (file_bits & bit) snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", have[0] ? "," : "", glm_lora_target_name(bit));
-        }
-        rc = glm_fail(err, "%s: target_modules says %s but the adapter's tensors adapt %s", path, want, have);
+        char want[96], have[96];
+        rc = glm_fail(err, "%s: target_modules says %s but the adapter's tensors adapt %s", path,
+                      glm_lora_targets_str(p->lora_targets, want, sizeof want), glm_lora_targets_str(file_bits, have, sizeof have));
         glm_hint(err, "the folder's adapter_config.json and tensor file come from different adapters");
     }
 done:

@@ -349,6 +349,13 @@ const char *glm_lora_target_name(int bit) {
     return "?";
 }
 
+const char *glm_lora_targets_str(int bits, char *buf, size_t n) {
+    buf[0] = 0;
+    for (int i = 0; i < 4; i++)
+        if (bits >> i & 1) snprintf(buf + strlen(buf), n - strlen(buf), "%s%s", buf[0] ? "," : "", lora_names[i]);
+    return buf;
+}
+
 int glm_lora_targets_parse(const char *list, int *bits, glm_err *err) {
     *bits = 0;
     const char *p = list;

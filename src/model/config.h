@@ -121,5 +121,7 @@ float glm_lora_scaling(const glm_peft *p);
 int glm_lora_targets_parse(const char *list, int *bits, glm_err *err);
 /* The Hugging Face module name of one target bit ("query_key_value", ...). */
 const char *glm_lora_target_name(int bit);
+/* The names of the target bits as a --lora_target list ("query_key_value,dense"), into buf. */
+const char *glm_lora_targets_str(int bits, char *buf, size_t n);
 
 #endif

@@ -155,48 +155,6 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
 }
 
 
-/* The CPU backend: every stage's states and activations are host memory, shared by the node's
- * ranks. Beyond what is available the kernel's out-of-memory killer would end the run part-way
- * without a word, since allocations only reserve. */
-static int check_cpu_memory(const glm_par_opts *a, const glm_config *c, int D, int local_ranks, glm_device_map *map,
-                            glm_stage_shape *sh, glm_err *err) {
-    sh->dp = a->zero_stage >= 1 && D > map->n ? D / map->n : 1;
-    sh->zero2 = a->zero_stage >= 2;
-    sh->zero3 = a->zero_stage == 3;
-    double worst = 0;
-    for (int k = 0; k < map->n; k++) {
-        double t = glm_stage_memory_plan(c, map, k, sh).total;
-        if (t > worst) worst = t;
-    }
-    double need = worst * (local_ranks > 1 ? local_ranks : 1), have = glm_host_mem_available();
-    if (have <= 0 || need <= have) return 0;
-    char s1[32], s2[32];
-    glm_fail(err, "this CPU run plans %s of host memory on this node (%d rank%s) but %s is available",
-             glm_plan_size_str(s1, 32, need), local_ranks > 1 ? local_ranks : 1, local_ranks > 1 ? "s" : "", glm_plan_size_str(s2, 32, have));
-    return glm_hint(err, "the CPU backend trains small models and checks results; fine-tune a model of this size on a GPU "
-                         "(LoRA fits a 24 GB card: --finetuning_type lora), or free host memory (the run would be killed "
-                         "for memory part-way)");
-}
-
-int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, int local_ranks, glm_err *err) {
-    glm_device_map map;
-    glm_stage_shape sh;
-    if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;
-    if (!cuda && !sh.offload) return check_cpu_memory(a, c, D, local_ranks, &map, &sh, err);
-    if (!sh.offload || map.n != 1) return 0;
-    sh.dp = a->zero_stage >= 1 ? D : 1;
-    sh.zero2 = a->zero_stage >= 2;
-    sh.zero3 = a->zero_stage == 3;
-    double need = glm_stage_memory_plan(c, &map, 0, &sh).host * (local_ranks > 1 ? local_ranks : 1), have = glm_host_mem_available();
-    if (have <= 0 || need <= have) return 0;
-    char s1[32], s2[32];
-    glm_fail(err, "--offload_optimizer cpu plans %s of host memory on this node (%d rank%s) but %s is available",
-             glm_plan_size_str(s1, 32, need), local_ranks > 1 ? local_ranks : 1, local_ranks > 1 ? "s" : "", glm_plan_size_str(s2, 32, have));
-    return glm_hint(err, "%s; or free host memory (the run would be killed for memory part-way)",
-                    sh.optim == GLM_OPTIM_ADAMW8 ? "shard it over more ranks with --zero_stage 2/3"
-                                                 : "--optim adamw_8bit keeps the moments in a quarter of the bytes, or shard them over more ranks with --zero_stage 2/3");
-}
-
 /* The largest plan over the stages of a's map (0 when the map cannot be made: the check reports
  * it) for a job of D ranks: D / stages replicas of each stage share its optimizer state under
  * ZeRO >= 1. */
@@ -215,6 +173,39 @@ static double worst_stage(const glm_par_opts *a, const glm_config *c, int cuda, 
         worst = t > worst ? t : worst;
     }
     return worst;
+}
+
+/* Host memory the node's ranks would take (need, bytes, for all local ranks) against what is
+ * available: 0 when it fits or is unknown, else -1 with the message naming both (`what` plans). */
+static int over_host(const char *what, double need, int local_ranks, glm_err *err) {
+    double have = glm_host_mem_available();
+    if (have <= 0 || need <= have) return 0;
+    char s1[32], s2[32];
+    int r = local_ranks > 1 ? local_ranks : 1;
+    return glm_fail(err, "%s plans %s of host memory on this node (%d rank%s) but %s is available", what,
+                    glm_plan_size_str(s1, 32, need), r, r > 1 ? "s" : "", glm_plan_size_str(s2, 32, have));
+}
+
+int glm_pp_check_host_memory(const glm_par_opts *a, const glm_config *c, int cuda, int D, int local_ranks, glm_err *err) {
+    glm_device_map map;
+    glm_stage_shape sh;
+    if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;
+    int r = local_ranks > 1 ? local_ranks : 1;
+    if (!cuda && !sh.offload) { /* the CPU backend: every stage's states and activations are host memory; past
+                                 * what is available the out-of-memory killer would end the run part-way, silently */
+        if (!over_host("this CPU run", worst_stage(a, c, 0, D) * r, local_ranks, err)) return 0;
+        return glm_hint(err, "the CPU backend trains small models and checks results; fine-tune a model of this size on a GPU "
+                             "(LoRA fits a 24 GB card: --finetuning_type lora), or free host memory (the run would be killed "
+                             "for memory part-way)");
+    }
+    if (!sh.offload || map.n != 1) return 0;
+    sh.dp = a->zero_stage >= 1 ? D : 1;
+    sh.zero2 = a->zero_stage >= 2;
+    sh.zero3 = a->zero_stage == 3;
+    if (!over_host("--offload_optimizer cpu", glm_stage_memory_plan(c, &map, 0, &sh).host * r, local_ranks, err)) return 0;
+    return glm_hint(err, "%s; or free host memory (the run would be killed for memory part-way)",
+                    sh.optim == GLM_OPTIM_ADAMW8 ? "shard it over more ranks with --zero_stage 2/3"
+                                                 : "--optim adamw_8bit keeps the moments in a quarter of the bytes, or shard them over more ranks with --zero_stage 2/3");
 }
 
 /* The fewest stages above P (the auto split) whose every plan fits cap with a's other flags; 0

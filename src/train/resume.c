@@ -136,10 +136,8 @@ static int warn_changes(trainer *t, const char *dir, long saved_world, glm_err *
 /* What a peft setting trains, in words ("a LoRA adapter (r 8 on query_key_value,dense)"). */
 static void describe(const glm_peft *p, char *s, size_t n) {
     if (p->kind == GLM_FT_LORA) {
-        char mods[96] = "";
-        for (int bit = 1; bit <= 8; bit <<= 1)
-            if (p->lora_targets & bit) snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "%s%s", mods[0] ? "," : "", glm_lora_target_name(bit));
-        snprintf(s, n, "a LoRA adapter (r %d on %s)", p->lora_rank, mods);
+        char mods[96];
+        snprintf(s, n, "a LoRA adapter (r %d on %s)", p->lora_rank, glm_lora_targets_str(p->lora_targets, mods, sizeof mods));
     } else if (p->kind == GLM_FT_PTUNING) {
         snprintf(s, n, "a P-Tuning v2 prefix (pre_seq_len %d, prefix_projection %s)", p->pre_seq_len, p->prefix_projection ? "true" : "false");
     } else if (p->kind == GLM_FT_FREEZE) {
