@@ -1,6 +1,8 @@
 /* Set-up of a training run (train/trainer.h): backend, model (loaded or drawn), tokenizer,
  * data and loaders, the step plan, and the output folder check. */
 #include "train/trainer.h"
+#include <errno.h>
+#include <limits.h>
 #include "model/adapter.h"
 #include "data/dataset_info.h"
 #include "optim/adamw.h"
@@ -32,6 +34,20 @@ static int check_optimizer_args(const glm_train_args *a, glm_err *err) {
     return 0;
 }
 
+/* The seed of the training rows' order: --data_seed, or --seed when it is not given (the
+ * Trainer's data_seed). -1 with err for text that is not a whole number of int's range. */
+static int data_seed(const glm_train_args *a, int *out, glm_err *err) {
+    *out = a->seed;
+    if (!a->data_seed) return 0;
+    char *end;
+    errno = 0;
+    long v = strtol(a->data_seed, &end, 10);
+    if (end == a->data_seed || *end || errno || v < INT_MIN || v > INT_MAX)
+        return glm_fail(err, "--data_seed %s: not a whole number", a->data_seed), glm_hint(err, "e.g. --data_seed 42, or leave it out to use --seed");
+    *out = (int)v;
+    return 0;
+}
+
 int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (!a->output_dir) return glm_fail(err, "--output_dir is required"), glm_hint(err, "e.g. --output_dir out/my-run");
     if (!a->train_file && !a->dataset && (a->do_train || (a->do_eval && !a->validation_file && !a->eval_dataset)))
@@ -39,6 +55,8 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->train_file && a->dataset)
         return glm_fail(err, "--train_file and --dataset both given"),
                glm_hint(err, "--dataset names LLaMA-Factory dataset_info.json entries; give one or the other");
+    int order_seed;
+    if (data_seed(a, &order_seed, err)) return -1;
     { /* the schedule's settings, checked before anything loads (the warmup here: set or not) */
         glm_lr_sched s = {.base_lr = (float)a->learning_rate, .warmup = a->warmup_steps > 0 || a->warmup_ratio > 0, .total = 2};
         glm_lr_kind_parse(a->lr_scheduler_type, &s.kind);
@@ -581,7 +599,9 @@ int trainer_load_data(trainer *t, glm_err *err) {
     lc.group_by_length = a->group_by_length;
     lc.packing = a->packing;
     lc.drop_last = a->dataloader_drop_last;
-    lc.seed = (uint64_t)a->seed;
+    int order_seed;
+    if (data_seed(a, &order_seed, err)) return -1;
+    lc.seed = (uint64_t)order_seed;
     lc.rank = t->dp->rank;
     lc.world = t->dp->world;
     if (lc.packing) lc.max_len = a->max_source_length + a->max_target_length;

@@ -61,6 +61,26 @@ static void log_record(trainer *t, const char *kind, double v1, double v2, doubl
     cJSON_AddItemToArray(t->history, r);
 }
 
+/* One evaluation of the validation set at the current step: the log line, TensorBoard, the
+ * log history and t->eval_loss / eval_ppl. */
+static int evaluate_and_log(trainer *t, glm_err *err) {
+    double el, ppl;
+    if (evaluate(t, &el, &ppl, err)) return -1;
+    long step = t->st.global_step;
+    char line[256];
+    snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_perplexity': %.4f, 'step': %ld}", el, ppl, step);
+    glm_progress_log(&t->prog, line);
+    if (t->tb) {
+        tb_scalar(t->tb, "eval/loss", (float)el, step);
+        tb_scalar(t->tb, "eval/perplexity", (float)ppl, step);
+        tb_flush(t->tb);
+    }
+    log_record(t, "eval", el, ppl, 0, 0);
+    t->eval_loss = el;
+    t->eval_ppl = ppl;
+    return 0;
+}
+
 /* The newest checkpoint-N in output_dir, or "none": where a failed run can go back to. */
 static void last_checkpoint(const trainer *t, char *out, size_t cap) {
     if (glm_checkpoint_latest(t->a->output_dir, out, cap) != 0) snprintf(out, cap, "none");
@@ -436,6 +456,10 @@ static int run(trainer *t, glm_err *err) {
     if (!a->save_final_model && strcmp(a->save_strategy, "no") == 0 && lead(t))
         glm_info("--save_final_model false with --save_strategy no: nothing of this run will be saved");
     glm_progress_init(&t->prog, stderr, t->st.global_step, t->total_steps, a->disable_tqdm);
+    if (a->eval_on_start) { /* the Trainer's eval_on_start: the model as the first step finds it */
+        if (!t->eval_ld) glm_warn("--eval_on_start but no validation data (--validation_file or --val_size): evaluation skipped");
+        else if (evaluate_and_log(t, err)) return -1;
+    }
     double t_start = glm_now(), t_log = t_start, loss_acc = 0, tok_acc = 0, last_loss = NAN;
     long n_acc = 0;
     int bad_in_a_row = 0; /* bf16/fp32 steps skipped for a non-finite loss or norm */
@@ -481,15 +505,8 @@ static int run(trainer *t, glm_err *err) {
         if (eval_on && ((strcmp(a->eval_strategy, "steps") == 0 && t->st.global_step % eval_every == 0 &&
                          a->eval_delay <= (double)t->st.global_step) ||
                         (strcmp(a->eval_strategy, "epoch") == 0 && epoch_end && a->eval_delay <= (double)cur.epoch))) {
-            double el, ppl;
-            if (evaluate(t, &el, &ppl, err)) return -1;
-            snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_perplexity': %.4f, 'step': %ld}", el, ppl, t->st.global_step);
-            glm_progress_log(&t->prog, line);
-            if (t->tb) { tb_scalar(t->tb, "eval/loss", (float)el, t->st.global_step); tb_scalar(t->tb, "eval/perplexity", (float)ppl, t->st.global_step); tb_flush(t->tb); }
-            log_record(t, "eval", el, ppl, 0, 0);
-            t->eval_loss = el;
-            t->eval_ppl = ppl;
-            t->eval_step = t->st.global_step;
+            if (evaluate_and_log(t, err)) return -1;
+            t->eval_step = t->st.global_step; /* a checkpoint saved at this step carries it (--load_best_model_at_end) */
         }
         /* ranks must agree on stopping: rank clocks differ, so they vote */
         double out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
@@ -505,13 +522,7 @@ static int run(trainer *t, glm_err *err) {
     glm_info("trained %ld steps in %.1f s", t->st.global_step, glm_now() - t_start);
     if (load_best(t, err)) return -1; /* the Trainer loads it at the end of train(), before the scripts evaluate */
     if (a->do_eval && t->eval_ld) { /* the scripts' trainer.evaluate() after training */
-        double el, ppl;
-        if (evaluate(t, &el, &ppl, err)) return -1;
-        snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_perplexity': %.4f, 'step': %ld}", el, ppl, t->st.global_step);
-        glm_progress_log(&t->prog, line);
-        if (t->tb) { tb_scalar(t->tb, "eval/loss", (float)el, t->st.global_step); tb_flush(t->tb); }
-        log_record(t, "eval", el, ppl, 0, 0);
-        if (write_eval_results(t, el, ppl, err)) return -1;
+        if (evaluate_and_log(t, err) || write_eval_results(t, t->eval_loss, t->eval_ppl, err)) return -1;
     }
     if (!a->save_final_model) return 0;
     if (check_params_finite(t, "the final model", err)) return -1;

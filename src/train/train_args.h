@@ -44,6 +44,8 @@ typedef struct glm_train_args {
     /* schedule */
     char *output_dir, *logging_dir, *report_to, *lr_scheduler_type, *eval_strategy, *save_strategy, *logging_strategy;
     double eval_delay;      /* steps or epochs (by eval_strategy) before the first evaluation */
+    int eval_on_start;      /* one evaluation before the first step */
+    char *data_seed;        /* the order's seed, an integer as text; NULL: seed (setup.c glm_train_data_seed) */
     int dataloader_drop_last;
     char *test_file;        /* --do_predict's records (cli/cmd_train.c runs glmtrain generate on them) */
     int max_predict_samples;

@@ -108,6 +108,7 @@ const glm_flag glm_train_flags[] = {
     C(eval_strategy, "no", "no|steps|epoch", "when to evaluate"),
     F(eval_steps, ARG_LONG, "0", "evaluate every N steps (default: logging_steps)"),
     F(eval_delay, ARG_FLOAT, "0", "no evaluation before this many steps (--eval_strategy steps) or epochs (epoch)"),
+    F(eval_on_start, ARG_BOOL, "false", "evaluate once before the first step (a resumed run: before its next step), as a sanity check"),
     C(save_strategy, "steps", "no|steps|epoch", "when to save checkpoints"),
     F(save_steps, ARG_LONG, "500", "save a checkpoint every N steps"),
     F(save_total_limit, ARG_INT, "0", "keep at most N checkpoints (0 = all)"),
@@ -121,6 +122,7 @@ const glm_flag glm_train_flags[] = {
     {"resume_from_checkpoint", ARG_STR, offsetof(glm_train_args, resume_from_checkpoint), NULL,
      "checkpoint folder, or alone / \"latest\" for the newest in output_dir", NULL, "latest"},
     F(seed, ARG_INT, "42", "seed for init, shuffling and splits"),
+    F(data_seed, ARG_STR, NULL, "seed of the training rows' order alone (Hugging Face's: the data sampler's seed; default --seed)"),
     F(disable_tqdm, ARG_BOOL, "false", "plain log lines instead of a progress bar"),
     F(bf16, ARG_BOOL, "false", "bf16 mixed precision (GPU)"),
     F(fp16, ARG_BOOL, "false", "fp16 mixed precision with dynamic loss scaling (GPU)"),
@@ -249,6 +251,38 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"dataloader_persistent_workers", NULL, "", "glmtrain's loader stages its batches itself"},
     {"dataloader_prefetch_factor", NULL, "", "glmtrain's loader stages its batches itself"},
     {"group_by_length_column", NULL, "", "--group_by_length uses the examples' token counts"},
+    {"length_column_name", NULL, "", "--group_by_length uses the examples' token counts"},
+    {"torch_empty_cache_steps", NULL, "", "glmtrain allocates its buffers once, from the memory plan: no cache to empty"},
+    {"logging_nan_inf_filter", NULL, "", "a step whose loss is not finite is reported on its own line and left out of the logged mean"},
+    {"average_tokens_across_devices", "true|True|1", "", "the loss is always the mean over the supervised tokens of the whole "
+                                                         "global batch (every rank and micro-batch), this flag's true"},
+    {"ddp_backend", "nccl|gloo|mpi", "", "glmtrain's data parallel takes NCCL between GPUs and MPI between CPU "
+                                         "ranks"},
+    {"fsdp", "|false|False|0", "", "glmtrain shards with ZeRO: --zero_stage 3 shards weights, gradients and optimizer "
+                                   "states as FSDP's full_shard (--zero_stage 2: shard_grad_op), "
+                                   "--offload_optimizer cpu as its offload"},
+    {"fsdp_config", NULL, "", "FSDP is not used (see --zero_stage)"},
+    {"accelerator_config", NULL, "", "accelerate's settings; glmtrain launches its ranks and splits its batches itself"},
+    {"split_batches", "false|False|0", "", "each rank takes --per_device_train_batch_size rows of its own"},
+    {"optim_args", "", "", "AdamW's settings are --adam_beta1, --adam_beta2, --adam_epsilon and --weight_decay"},
+    {"torchdynamo", NULL, "", "glmtrain's kernels are compiled ahead of time"},
+    {"torch_compile_backend", NULL, "", "glmtrain's kernels are compiled ahead of time"},
+    {"torch_compile_mode", NULL, "", "glmtrain's kernels are compiled ahead of time"},
+    {"use_liger_kernel", NULL, "", "glmtrain's kernels are its own"},
+    {"use_ipex", "false|False|0", "", "Intel's extension is not used: glmtrain's CPU kernels are its own"},
+    {"use_mps_device", "false|False|0", "", "glmtrain runs on NVIDIA GPUs or the CPU"},
+    {"past_index", "-1", "", "ChatGLM keeps no past states between training batches"},
+    {"label_names", "labels", "", "the labels are the examples' own"},
+    {"include_inputs_for_metrics", NULL, "", "evaluation here is the loss"},
+    {"include_for_metrics", NULL, "", "evaluation here is the loss"},
+    {"batch_eval_metrics", NULL, "", "evaluation here is the loss"},
+    {"eval_do_concat_batches", NULL, "", "evaluation here is the loss"},
+    {"eval_use_gather_object", NULL, "", "evaluation here is the loss"},
+    {"restore_callback_states_from_checkpoint", NULL, "", "glmtrain has no callbacks; a resumed run restores its own state"},
+    {"ray_scope", NULL, "", "there is no hyperparameter search here"},
+    {"mp_parameters", NULL, "", "SageMaker's model parallel is not used"},
+    {"debug", "", "", "the Trainer's debug modes; glmtrain stops at non-finite losses or gradients itself, naming the step "
+                      "(--max_bad_steps)"},
 };
 
 /* one of a "a|b" list */

@@ -14,7 +14,11 @@ and the rest are accepted and mean what they mean there:
     without --do_eval or --do_predict are refused;
   * --report_to all writes TensorBoard, --report_to wandb is refused naming wandb sync;
   * transformers' older names set their flags; its settings that change nothing here are left alone
-    with a line, those that would change training (label smoothing, ...) are refused.
+    with a line, those that would change training (label smoothing, ...) are refused;
+  * --eval_on_start evaluates the model before the first step: its eval_loss at step 0 is the one
+    `--do_train false --do_eval` gives the same initial model;
+  * --data_seed orders the training rows alone: equal to --seed it changes nothing, another value
+    changes the losses but not the initial model (the same eval_loss at step 0).
 Prints PASS/FAIL/SKIP lines."""
 import json
 import re
@@ -28,6 +32,52 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_train as T  # noqa: E402
 from mpi_runs import ENV, GLM, report  # noqa: E402
+
+
+def more_trainer_settings(sh):
+    """Newer TrainingArguments: left alone at values that change nothing, refused (with what to use) otherwise."""
+    quiet = ["--ddp_backend", "nccl", "--torch_empty_cache_steps", "10", "--logging_nan_inf_filter", "true",
+             "--use_liger_kernel", "false", "--average_tokens_across_devices", "true", "--label_names", "labels"]
+    p = subprocess.run([GLM, "train"] + sh + quiet + ["--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
+    said = [quiet[i][2:] for i in range(0, len(quiet), 2) if ("%s is not used" % quiet[i]) in p.stderr]
+    report("newer_trainer_settings_left_alone", p.returncode == 0 and len(said) == len(quiet) // 2, "%s %s" % (said, p.stderr[-300:]))
+    for name, extra, want in (("fsdp", ["--fsdp", "full_shard auto_wrap"], "--zero_stage 3"),
+                              ("ddp_backend_ccl", ["--ddp_backend", "ccl"], "NCCL between GPUs"),
+                              ("average_tokens_false", ["--average_tokens_across_devices", "false"], "whole global batch"),
+                              ("debug", ["--debug", "underflow_overflow"], "--max_bad_steps"),
+                              ("data_seed_text", ["--data_seed", "4x"], "--data_seed 4x: not a whole number")):
+        p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
+        report("trainer_setting_refused_%s" % name, p.returncode != 0 and want in p.stderr and "hint:" in p.stderr,
+               p.stderr[-300:])
+
+
+def eval_on_start_and_data_seed(d, tok, cfg, train_file, val_file):
+    base = ["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", train_file, "--validation_file", val_file,
+            "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--logging_steps", "1", "--seed", "7",
+            "--max_source_length", "32", "--max_target_length", "16", "--disable_tqdm", "--max_steps", "3",
+            "--save_steps", "3", "--overwrite_output_dir", "--save_final_model", "false"]
+    runs = {}
+    for name, extra in (("plain", []), ("same", ["--data_seed", "7"]), ("other", ["--data_seed", "9"])):
+        out = os.path.join(d, "seed_" + name)
+        p = subprocess.run([GLM, "train"] + base + ["--output_dir", out, "--eval_on_start"] + extra, capture_output=True,
+                           text=True, timeout=300, env=ENV)
+        h = T.history(out) if p.returncode == 0 else []
+        runs[name] = ([r["eval_loss"] for r in h if "eval_loss" in r and r["step"] == 0], [r["loss"] for r in h if "loss" in r])
+        if p.returncode != 0:
+            print(p.stderr[-600:])
+    # the model before any step, evaluated alone
+    out = os.path.join(d, "eval_alone")
+    p = subprocess.run([GLM, "train"] + base + ["--output_dir", out, "--do_train", "false", "--do_eval"], capture_output=True,
+                       text=True, timeout=120, env=ENV)
+    res = os.path.join(out, "eval_results.json")
+    alone = json.load(open(res))["eval_loss"] if p.returncode == 0 and os.path.exists(res) else None
+    first = runs["plain"][0]
+    report("eval_on_start_evaluates_the_initial_model", alone is not None and len(first) == 1
+           and abs(first[0] - alone) <= 1e-6 * abs(alone), "step-0 evals %s, alone %s %s" % (first, alone, p.stderr[-300:]))
+    report("data_seed_equal_to_seed_changes_nothing", len(runs["plain"][1]) == 3 and runs["same"] == runs["plain"],
+           "%s vs %s" % (runs["plain"], runs["same"]))
+    report("data_seed_orders_the_rows_alone", len(runs["other"][1]) == 3 and runs["other"][0] == first
+           and runs["other"][1][0] != runs["plain"][1][0], "%s vs %s" % (runs["plain"], runs["other"]))
 
 
 def main():
@@ -119,6 +169,8 @@ def main():
         p = subprocess.run([GLM, "train"] + sh + ["--report_to", "wandb"], capture_output=True, text=True, timeout=120, env=ENV)
         report("report_to_wandb_names_wandb_sync", p.returncode != 0 and "wandb sync --sync-tensorboard" in p.stderr,
                p.stderr[-300:])
+        more_trainer_settings(sh)
+        eval_on_start_and_data_seed(d, tok, cfg, train_file, val_file)
         out_all = os.path.join(d, "all")
         args = [a if a != out else out_all for a in sh]
         p = subprocess.run([GLM, "train"] + args + ["--report_to", "all", "--max_steps", "1"], capture_output=True, text=True,
