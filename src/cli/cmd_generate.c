@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "cli/commands.h"
 #include "cli/gen_common.h"
+#include "core/json_text.h"
 #include "infer/chat.h"
 #include "core/fileutil.h"
 #include "core/log.h"
@@ -172,10 +173,13 @@ static int next_record(prompt_src *p, glm_record *r, glm_err *err) {
         while (*s == ' ' || *s == '\t' || *s == '\r' || *s == '\n') s++;
         if (*s) break;
     }
-    cJSON *o = cJSON_Parse(line);
+    size_t n = strlen(line);
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+    cJSON *o = glm_json_parse_at(line, n, p->path, (int)p->line, "one JSON record a line", err);
     free(line);
     memset(r, 0, sizeof *r);
     r->line = p->line;
+    if (!o) return glm_hint(err, "each line of --input_file is one JSON string or object (JSON Lines)");
     const cJSON *q = cJSON_IsString(o) ? o : NULL;
     const char *keys[] = {p->column, "prompt", "instruction", "query", "content", "input"};
     for (size_t i = 0; !q && cJSON_IsObject(o) && i < sizeof keys / sizeof keys[0]; i++)
@@ -190,10 +194,22 @@ static int next_record(prompt_src *p, glm_record *r, glm_err *err) {
     r->answer = glm_strdup("");
     const cJSON *h = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "history") : NULL;
     const cJSON *pair;
+    if (h && !cJSON_IsNull(h) && !cJSON_IsArray(h)) {
+        cJSON_Delete(o);
+        glm_record_free(r);
+        glm_fail(err, "%s:%ld: \"history\" is not a list of [query, response] pairs", p->path, p->line);
+        return glm_hint(err, "write \"history\": [[\"earlier question\", \"its answer\"], ...]");
+    }
+    int k = 0;
     cJSON_ArrayForEach(pair, h) {
-        if (cJSON_GetArraySize(pair) != 2 || !cJSON_IsString(cJSON_GetArrayItem(pair, 0)) ||
-            !cJSON_IsString(cJSON_GetArrayItem(pair, 1)))
-            continue;
+        if (!cJSON_IsArray(pair) || cJSON_GetArraySize(pair) != 2 || !cJSON_IsString(cJSON_GetArrayItem(pair, 0)) ||
+            !cJSON_IsString(cJSON_GetArrayItem(pair, 1))) { /* never a turn dropped in silence */
+            cJSON_Delete(o);
+            glm_record_free(r);
+            glm_fail(err, "%s:%ld: history[%d] is not a [query, response] pair of two strings", p->path, p->line, k);
+            return glm_hint(err, "write \"history\": [[\"earlier question\", \"its answer\"], ...]");
+        }
+        k++;
         r->hist = glm_realloc(r->hist, sizeof(char *) * 2 * (size_t)(r->n_hist + 1));
         r->hist[2 * r->n_hist] = glm_strdup(cJSON_GetArrayItem(pair, 0)->valuestring);
         r->hist[2 * r->n_hist + 1] = glm_strdup(cJSON_GetArrayItem(pair, 1)->valuestring);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/fileutil.h"
+#include "core/json_text.h"
 
 static void *field(const glm_flag *f, void *dst) { return (char *)dst + f->offset; }
 
@@ -181,37 +182,16 @@ static int unknown(const glm_flag *f, int n, const char *name, const char *where
     return -1;
 }
 
-int glm_json_fail_at(const char *text, const char *at, const char *src, const char *expected, glm_err *err) {
-    /* A whole JSON document ends with '}' or ']': one that does not was cut off (a partial
-     * download or copy), and its end is the place to report, not where cJSON gave up (the
-     * start of the cut string, say). */
-    const char *end = text + strlen(text);
-    while (end > text && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r')) end--;
-    int cut = end == text || (end[-1] != '}' && end[-1] != ']');
-    if (cut) at = end;
-    int line = 1, col = 1;
-    for (const char *p = text; p < at && *p; p++) {
-        if (*p == '\n') { line++; col = 1; }
-        else if (((unsigned char)*p & 0xC0) != 0x80) col++; /* columns in characters */
-    }
-    if (cut) return glm_fail(err, "%s:%d:%d: the JSON ends early (cut off? %s expected)", src, line, col, expected);
-    return glm_fail(err, "%s:%d:%d: malformed JSON (%s expected)", src, line, col, expected);
-}
-
 static int load_config(const glm_flag *f, int n, void *dst, const char *path, glm_config_key_fn keys, glm_err *err) {
     size_t pl = strlen(path);
     if ((pl > 5 && !strcmp(path + pl - 5, ".yaml")) || (pl > 4 && !strcmp(path + pl - 4, ".yml")))
         return glm_args_load_yaml(f, n, dst, path, keys, err);
-    char *text = glm_read_file(path, NULL, err);
+    size_t len;
+    char *text = glm_read_file(path, &len, err);
     if (!text) return glm_hint(err, "--config takes a JSON file with the same keys as the flags");
-    const char *end = NULL;
-    cJSON *o = cJSON_ParseWithOpts(text, &end, 0);
-    if (!o) {
-        glm_json_fail_at(text, end ? end : text, path, "--config JSON of flag names and values", err);
-        free(text);
-        return glm_hint(err, "--config takes a JSON object with the same keys as the flags");
-    }
+    cJSON *o = glm_json_parse_doc(text, len, path, "--config JSON of flag names and values", err);
     free(text);
+    if (!o) return glm_hint(err, "--config takes a JSON object with the same keys as the flags");
     if (!cJSON_IsObject(o)) { cJSON_Delete(o); return glm_fail(err, "--config %s: not a JSON object", path); }
     char where[512];
     snprintf(where, sizeof where, "%s: ", path);

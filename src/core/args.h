@@ -57,8 +57,5 @@ char *glm_args_to_json(const glm_flag *f, int n, const void *dst);
 void glm_args_usage(const glm_flag *f, int n, const char *cmd);
 /* The closest known flag name to `name` (Levenshtein), or NULL when nothing is close. */
 const char *glm_args_closest(const glm_flag *f, int n, const char *name);
-/* A JSON text that did not parse, with cJSON's stop position `at`: "src:line:col: ...", saying
- * "ends early (cut off?)" when only whitespace follows. Returns -1. */
-int glm_json_fail_at(const char *text, const char *at, const char *src, const char *expected, glm_err *err);
 
 #endif

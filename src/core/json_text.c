@@ -1,6 +1,7 @@
 /* Top-level key edits of a JSON object's text (json_text.h): a scanner that finds each
  * member's key and value bytes, and splices around them. */
 #include "core/json_text.h"
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,4 +123,58 @@ void glm_json_float(char *buf, size_t n, float v) {
         snprintf(buf, n, "%.*g", digits, v);
         if (strtof(buf, NULL) == v) return;
     }
+}
+
+/* line:col of p in text (columns in characters), text's first line being line0 */
+static void line_col(const char *text, const char *p, int line0, int *line, int *col) {
+    *line = line0;
+    *col = 1;
+    for (const char *q = text; q < p && *q; q++) {
+        if (*q == '\n') { ++*line; *col = 1; }
+        else if (((unsigned char)*q & 0xC0) != 0x80) ++*col;
+    }
+}
+
+static int fail_at(const char *text, const char *at, const char *src, int line0, const char *expected, glm_err *err) {
+    /* A whole JSON document ends with '}' or ']': one that does not was cut off (a partial
+     * download or copy), and its end is the place to report, not where cJSON gave up (the
+     * start of the cut string, say). */
+    const char *end = text + strlen(text);
+    while (end > text && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r')) end--;
+    int cut = end == text || (end[-1] != '}' && end[-1] != ']');
+    int line, col;
+    line_col(text, cut ? end : at, line0, &line, &col);
+    if (cut) return glm_fail(err, "%s:%d:%d: the JSON ends early (cut off? %s expected)", src, line, col, expected);
+    return glm_fail(err, "%s:%d:%d: malformed JSON (%s expected)", src, line, col, expected);
+}
+
+int glm_json_fail_at(const char *text, const char *at, const char *src, const char *expected, glm_err *err) {
+    return fail_at(text, at, src, 1, expected, err);
+}
+
+cJSON *glm_json_parse_at(const char *text, size_t len, const char *src, int line0, const char *expected, glm_err *err) {
+    const char *nul = memchr(text, 0, len);
+    int line, col;
+    if (nul) {
+        line_col(text, nul, line0, &line, &col);
+        glm_fail(err, "%s:%d:%d: a NUL byte (not a JSON text file?)", src, line, col);
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithOpts(text, &end, 0);
+    if (!o) { fail_at(text, end ? end : text, src, line0, expected, err); return NULL; }
+    const char *p = end;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    if (*p) {
+        cJSON_Delete(o);
+        line_col(text, p, line0, &line, &col);
+        glm_fail(err, "%s:%d:%d: more after the JSON value ended (two documents in one place, or a stray '%c'?)", src, line, col,
+                 (unsigned char)*p < 0x80 && *p >= 0x20 ? *p : '?');
+        return NULL;
+    }
+    return o;
+}
+
+cJSON *glm_json_parse_doc(const char *text, size_t len, const char *src, const char *expected, glm_err *err) {
+    return glm_json_parse_at(text, len, src, 1, expected, err);
 }

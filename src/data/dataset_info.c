@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "core/fileutil.h"
+#include "core/json_text.h"
 
 /* The string at key k of o, def when absent or null; NULL (with why) when it is not a string. */
 static const char *str_or(const cJSON *o, const char *k, const char *def, int *bad) {
@@ -19,6 +20,9 @@ static const char *str_or(const cJSON *o, const char *k, const char *def, int *b
 static int entry(const char *dir, const char *name, const cJSON *e, glm_data_source *src, const char *file, glm_err *err) {
     int bad = 0;
     memset(src, 0, sizeof *src);
+    if (strlen(name) >= sizeof src->name)
+        return glm_fail(err, "%s: the dataset name \"%.40s...\" is longer than %zu bytes", file, name, sizeof src->name - 1),
+               glm_hint(err, "give the entry a shorter name");
     snprintf(src->name, sizeof src->name, "%s", name);
     if (!cJSON_IsObject(e)) return glm_fail(err, "%s: entry \"%s\" is not an object", file, name);
     const char *fn = str_or(e, "file_name", NULL, &bad);
@@ -33,6 +37,8 @@ static int entry(const char *dir, const char *name, const cJSON *e, glm_data_sou
     }
     const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "ranking");
     if (cJSON_IsTrue(rk)) return glm_fail(err, "%s: dataset \"%s\" is ranking (preference) data: glmtrain trains supervised fine-tuning only", file, name);
+    if (strlen(dir) + strlen(fn) + 2 > sizeof src->path)
+        return glm_fail(err, "%s: dataset \"%s\": file_name is longer than a path can be here (%zu bytes)", file, name, sizeof src->path - 1);
     if (fn[0] == '/') snprintf(src->path, sizeof src->path, "%s", fn);
     else glm_path_join(src->path, sizeof src->path, dir, fn);
     struct stat st;
@@ -58,6 +64,10 @@ static int entry(const char *dir, const char *name, const cJSON *e, glm_data_sou
             return glm_fail(err, "%s: dataset \"%s\": the column \"%s\" is not supported (%s formatting here reads %s)", file, name,
                             c->string, fmt, sharegpt ? "messages and system" : "prompt, query, response, history and system");
         if (!cJSON_IsNull(c) && !cJSON_IsString(c)) return glm_fail(err, "%s: \"%s\".columns.%s is not a string", file, name, c->string);
+        if (cJSON_IsString(c) && strlen(c->valuestring) >= sizeof src->col[0])
+            return glm_fail(err, "%s: dataset \"%s\": columns.%s names a column of more than %zu bytes", file, name, c->string,
+                            sizeof src->col[0] - 1),
+                   glm_hint(err, "rename that column in the data file and here");
     }
     if (sharegpt) {
         src->read.schema = GLM_SCHEMA_SHAREGPT;
@@ -107,8 +117,9 @@ int glm_dataset_info_sources(const char *dir, const char *names, glm_data_source
     size_t len;
     char *text = glm_read_file(file, &len, err);
     if (!text) return glm_hint(err, "--dataset names entries of DIR/dataset_info.json (LLaMA-Factory's layout); set --dataset_dir");
-    cJSON *info = cJSON_ParseWithLength(text, len);
+    cJSON *info = glm_json_parse_doc(text, len, file, "LLaMA-Factory's dataset_info.json", err);
     free(text);
+    if (!info) return -1;
     if (!cJSON_IsObject(info)) { cJSON_Delete(info); return glm_fail(err, "%s: not a JSON object", file); }
     int cap = 1;
     for (const char *p = names; *p; p++) cap += *p == ',';

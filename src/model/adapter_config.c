@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/fileutil.h"
+#include "core/json_text.h"
 #include "model/adapter.h"
 #include "model/ckpt.h"
 
@@ -22,10 +23,12 @@ static int read_ptuning(const char *dir, glm_peft *p, glm_err *err) {
     char path[4096];
     glm_path_join(path, sizeof path, dir, "config.json");
     if (!glm_is_file(path)) return 1;
-    char *text = glm_read_file(path, NULL, err);
+    size_t len;
+    char *text = glm_read_file(path, &len, err);
     if (!text) return -1;
-    cJSON *o = cJSON_Parse(text);
+    cJSON *o = glm_json_parse_doc(text, len, path, "a model's or P-Tuning checkpoint's config.json", err);
     free(text);
+    if (!o) return -1;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "pre_seq_len");
     int rc = 1;
     if (cJSON_IsNumber(v) && v->valuedouble > 0 && (v->valuedouble != floor(v->valuedouble) || v->valuedouble > 65536)) {
@@ -172,10 +175,12 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
         return glm_hint(err, "pass the folder glmtrain wrote (--finetuning_type lora or ptuning: the output_dir or a "
                              "checkpoint-N in it), peft's save_pretrained folder, or THUDM's ptuning output");
     }
-    char *text = glm_read_file(path, NULL, err);
+    size_t len;
+    char *text = glm_read_file(path, &len, err);
     if (!text) return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");
-    cJSON *o = cJSON_Parse(text);
+    cJSON *o = glm_json_parse_doc(text, len, path, "peft's adapter_config.json", err);
     free(text);
+    if (!o) return -1;
     int rc = 0, from_tensors = 0, file_bits = 0;
     const cJSON *v;
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_alpha = 8, .lora_rank = 8};

@@ -170,9 +170,8 @@ static int parse_glm2(glm_config *c, const cJSON *o, const char *src, glm_err *e
 }
 
 int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *err) {
-    const char *end = NULL;
-    cJSON *o = cJSON_ParseWithOpts(text, &end, 0);
-    if (!o) return glm_json_fail_at(text, end ? end : text, src, "config.json of a chatglm model", err);
+    cJSON *o = glm_json_parse_doc(text, strlen(text), src, "config.json of a chatglm model", err);
+    if (!o) return -1;
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return glm_fail(err, "%s: not a JSON object (config.json of a chatglm model expected)", src);

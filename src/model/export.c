@@ -124,7 +124,8 @@ static const char *torch_dtype_name(st_dtype d) {
 int glm_write_hf_config(const glm_config *c, const char *config_from, st_dtype dtype, const char *dir, glm_err *err) {
     char *text = config_from ? glm_read_file(config_from, NULL, err) : glm_config_to_json(c);
     if (!text) return -1;
-    cJSON *j = cJSON_Parse(text); /* only to refuse a broken source before copying it */
+    glm_err perr;
+    cJSON *j = glm_json_parse_doc(text, strlen(text), config_from ? config_from : "config", "config.json", &perr); /* only to refuse a broken source before copying it */
     int ok = cJSON_IsObject(j);
     cJSON_Delete(j);
     char value[32], *out = NULL;

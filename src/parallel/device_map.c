@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/fileutil.h"
+#include "core/json_text.h"
 
 void glm_stage_shape_init(glm_stage_shape *sh) {
     *sh = (glm_stage_shape){.dtype = GLM_F32, .B = 1, .T = 512, .n_micro = 1, .training = 1, .dp = 1, .head_chunk = 256};
@@ -186,10 +187,11 @@ int glm_device_map_parse(glm_device_map *map, const char *text, const char *wher
     int L = c->num_layers, nslots = L + 3;
     *map = (glm_device_map){0};
     snprintf(map->source, sizeof map->source, "%s", where);
-    cJSON *o = cJSON_Parse(text);
+    cJSON *o = glm_json_parse_doc(text, strlen(text), where, "a device map: module name -> stage", err);
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
-        glm_fail(err, "device map %s is not a JSON object", where);
+        if (!o) glm_wrap(err, "device map: ");
+        else glm_fail(err, "device map %s is not a JSON object", where);
         return glm_hint(err, "write {\"transformer.word_embeddings\": 0, \"transformer.layers.0\": 0, ..., "
                              "\"transformer.final_layernorm\": 1, \"lm_head\": 1}");
     }

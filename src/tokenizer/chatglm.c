@@ -8,6 +8,7 @@
 #include "tokenizer/spm.h"
 #include "tokenizer/chatglm2.h"
 #include "core/fileutil.h"
+#include "core/json_text.h"
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,9 +34,10 @@ static int read_config(const char *path, glm_config *c, glm_err *err) {
     size_t len;
     char *txt = glm_read_file(path, &len, err);
     if (!txt) return -1;
-    cJSON *root = cJSON_ParseWithLength(txt, len);
+    cJSON *root = glm_json_parse_doc(txt, len, path, "tokenizer_config.json", err);
     free(txt);
-    if (!root || !cJSON_IsObject(root)) {
+    if (!root) return -1;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return glm_fail(err, "%s: not a valid JSON object", path);
     }

@@ -10,6 +10,7 @@
 #include <string.h>
 #include "core/args.h"
 #include "core/fileutil.h"
+#include "core/json_text.h"
 #include "core/log.h"
 #include "optim/schedule.h"
 #include "train/train_args.h"
@@ -71,6 +72,7 @@ static int opt_long(ds_ctx *c, const cJSON *node, const char *name, const char *
     if (!v || cJSON_IsNull(v) || is_auto(v)) return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
         return bad_type(c, key, "a whole number");
+    if (v->valuedouble > 2147483647.0) return bad_type(c, key, "a whole number below 2^31");
     *out = (long)v->valuedouble;
     return 0;
 }
@@ -309,13 +311,8 @@ int glm_ds_apply(glm_train_args *a, glm_err *err) {
     if (!text)
         return glm_wrap(err, "--deepspeed: "),
                glm_hint(err, "give the path of a DeepSpeed JSON config (relative to where glmtrain runs)");
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
-    if (!root) {
-        glm_json_fail_at(text, end ? end : text, a->deepspeed, "a DeepSpeed config (JSON)", err);
-        free(text);
-        return -1;
-    }
+    cJSON *root = glm_json_parse_doc(text, len, a->deepspeed, "a DeepSpeed config (JSON)", err);
+    if (!root) { free(text); return -1; }
     int rc = -1;
     if (!cJSON_IsObject(root)) { glm_fail(err, "%s: a DeepSpeed config is a JSON object", a->deepspeed); goto out; }
     a->ds.on = 1;

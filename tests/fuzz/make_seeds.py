@@ -285,6 +285,31 @@ def serve_request():
     put("serve_request", "long_model_name", bytes([4 | 0x20]) + json.dumps({"model": "模" * 120, "messages": []}, ensure_ascii=False).encode())
 
 
+def dataset_info():
+    """dataset_info.json files for fuzz_dataset_info: the first line is --dataset, the rest the file
+    (beside it: d.json, e.jsonl and a folder sub)."""
+    cases = {
+        "alpaca": ("a", {"a": {"file_name": "d.json"}}),
+        "columns": ("a,b", {"a": {"file_name": "d.json", "columns": {"prompt": "q", "query": "i", "response": "r", "history": "h",
+                                                                    "system": "s"}},
+                            "b": {"file_name": "e.jsonl", "formatting": "alpaca", "columns": {"prompt": "instruction"}}}),
+        "sharegpt": (" s ,a", {"s": {"file_name": "e.jsonl", "formatting": "sharegpt",
+                                     "columns": {"messages": "conversations", "system": "system"},
+                                     "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                                              "assistant_tag": "assistant"}},
+                               "a": {"file_name": "d.json"}}),
+        "hub": ("h", {"h": {"hf_hub_url": "x/y"}}),
+        "ranking": ("r", {"r": {"file_name": "d.json", "ranking": True}}),
+        "folder": ("f", {"f": {"file_name": "sub"}}),
+        "null_columns": ("a", {"a": {"file_name": "d.json", "columns": {"prompt": None, "history": None}}}),
+        "long_column": ("a", {"a": {"file_name": "d.json", "columns": {"prompt": "p" * 200}}}),
+        "long_name": ("n" * 200, {"n" * 200: {"file_name": "d.json"}}),
+        "images": ("a", {"a": {"file_name": "d.json", "columns": {"images": "img"}}}),
+    }
+    for name, (names, info) in cases.items():
+        put("dataset_info", name, names + "\n" + json.dumps(info, ensure_ascii=False))
+
+
 def adapter_config():
     """Folders for fuzz_adapter_config: byte 0 bit 0 P-Tuning (config.json), bit 1 no tensor file;
     the JSON text, a NUL, then tensor names one a line."""

@@ -231,6 +231,39 @@ def configs(base, d, cfg):
     report("init_from_config_missing_hint", ok and "--model_name_or_path must" not in p.stderr, why)
 
 
+def trailing_content(base, d, cfg, model, tok):
+    """A JSON file with more after its value (two objects, or junk) is refused naming file:line:col,
+    as Python's json.load refuses it ("Extra data"), never read as its first part."""
+    two = os.path.join(d, "two", "config.json")
+    os.makedirs(os.path.dirname(two), exist_ok=True)
+    open(two, "w").write(open(cfg).read() + '\n{"num_layers": 8}\n')
+    p = train(base[2:] + ["--init_from_config", two, "--output_dir", os.path.join(d, "tc1")], check=False)
+    ok, why = failed_with(p, two + ":2:1: more after the JSON value ended")
+    report("config_json_two_objects_refused", ok, why)
+    flags = os.path.join(d, "flags2.json")
+    open(flags, "w").write('{"max_steps": 1}\n{"learning_rate": 1}\n')
+    p = train(["--config", flags] + base + ["--output_dir", os.path.join(d, "tc2")], check=False)
+    ok, why = failed_with(p, flags + ":2:1: more after the JSON value ended")
+    report("flags_config_two_objects_refused", ok, why)
+    # a tokenizer folder whose tokenizer_config.json has junk after it
+    tok2 = os.path.join(d, "tok2")
+    shutil.copytree(tok, tok2)
+    open(os.path.join(tok2, "tokenizer_config.json"), "w").write('{"eos_token": "<eop>"} x')
+    p = train(["--init_from_config", cfg, "--tokenizer_name", tok2] + base[4:] + ["--output_dir", os.path.join(d, "tc3")],
+              check=False)
+    ok, why = failed_with(p, "tokenizer_config.json:1:24: more after the JSON value ended")
+    report("tokenizer_config_junk_refused", ok, why)
+    # generate's JSON Lines: two records on one line, and a history turn that is not a pair
+    for name, line, want in (("two_records_a_line", '{"prompt": "a"} {"prompt": "b"}', "in.jsonl:1:17: more after"),
+                             ("history_pair_short", '{"prompt": "a", "history": [["q"]]}', "in.jsonl:1: history[0] is not a"),
+                             ("history_not_list", '{"prompt": "a", "history": "q"}', "\"history\" is not a list")):
+        path = os.path.join(d, "in.jsonl")
+        open(path, "w").write(line + "\n")
+        p = run(["generate", "--model_name_or_path", model, "--input_file", path, "--max_new_tokens", "2", "--device", "cpu"])
+        ok, why = failed_with(p, want)
+        report("generate_input_%s_refused" % name, ok, why)
+
+
 def main():
     if not os.path.exists(GLM):
         skip("bad_input_all", "%s not built" % GLM)
@@ -258,6 +291,7 @@ def main():
         data_records(base, d)
         chat_and_tokenize(model, tok, vocab)
         configs(base, d, cfg)
+        trailing_content(base, d, cfg, model, tok)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     sys.exit(0 if all(results) else 1)

@@ -64,7 +64,8 @@ def main():
                 "hub": {"hf_hub_url": "llamafactory/alpaca_en"},
                 "pairs": {"file_name": "a.json", "ranking": True},
                 "pics": {"file_name": "c.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}},
-                "odd_tags": {"file_name": "c.jsonl", "formatting": "sharegpt", "tags": {"role_tag": "speaker"}}}
+                "odd_tags": {"file_name": "c.jsonl", "formatting": "sharegpt", "tags": {"role_tag": "speaker"}},
+                "long_column": {"file_name": "a.json", "columns": {"prompt": "p" * 200}}}
         json.dump(info, open(os.path.join(data, "dataset_info.json"), "w"))
         # the same records in one alpaca file (b's system prompt as glmtrain's alpaca "system",
         # c's single turns as instruction/output)
@@ -270,6 +271,9 @@ peft_config:
         open(yk, "w").write("neftune_noise_alpha: 5\nmax_steps: 1\n")
         p = train(["--config", yk] + common + ["--dataset", "poems", "--dataset_dir", data, "--output_dir", os.path.join(d, "k2")])
         report("lf_neftune_trains", p.returncode == 0 and "NEFTune: noise of 5/sqrt" in p.stderr, p.stderr[-300:])
+        two = os.path.join(d, "two_objects")  # dataset_info.json holding two objects: never read as the first
+        os.makedirs(two)
+        open(os.path.join(two, "dataset_info.json"), "w").write(json.dumps(info) + '\n{"more": {"file_name": "b.json"}}\n')
         bad = [("template_other_family", ["--dataset", "poems", "--template", "glm4"], "--template glm4"),
                ("eval_dataset_and_validation_file", ["--dataset", "poems", "--eval_dataset", "poems", "--validation_file", one],
                 "--eval_dataset and --validation_file"),
@@ -281,7 +285,9 @@ peft_config:
                ("image_column", ["--dataset", "pics"], "images"),
                ("odd_tag", ["--dataset", "odd_tags"], "role_tag"),
                ("both_sources", ["--dataset", "poems", "--train_file", one], "--train_file and --dataset"),
-               ("no_info_file", ["--dataset", "poems", "--dataset_dir", d], "dataset_info.json")]
+               ("no_info_file", ["--dataset", "poems", "--dataset_dir", d], "dataset_info.json"),
+               ("long_column_name", ["--dataset", "long_column"], "names a column of more than 127 bytes"),
+               ("two_objects", ["--dataset", "poems", "--dataset_dir", two], "more after the JSON value ended")]
         for name, flags, want in bad:
             args = common + ["--output_dir", os.path.join(d, "bad"), "--overwrite_output_dir"] + flags
             if "--dataset_dir" not in flags:

@@ -313,6 +313,7 @@ def main():
                 ("optim_twice", {"optimizer": {"type": "AdamW"}}, ["--optim", "adamw_8bit"], "replaces --optim adamw_8bit"),
                 ("cosine_too_short", {"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": "auto"}}},
                  ["--warmup_steps", str(STEPS)], "WarmupCosineLR needs more steps"),
+                ("huge_batch", {"train_batch_size": 2.6e98}, [], "train_batch_size must be a whole number below 2^31"),
                 ("missing_file", os.path.join(d, "nope.json"), [], "nope.json")):
             p = run(cfg, *extra)
             report("refused_%s" % name, p.returncode != 0 and msg in p.stderr and "hint:" in p.stderr,

@@ -191,6 +191,14 @@ def main():
                 ("targets_differ", {"target_modules": ["query_key_value", "dense"]}, None, "tensors adapt query_key_value")]:
             p, _, _ = variant(name, edit, extra)
             check("adapter_%s_refused" % name, p.returncode != 0 and want in p.stderr and "adapter" in p.stderr, p.stderr[-400:])
+        # an adapter_config.json with more after its object (two objects, an editor's junk) is refused
+        # naming file:line:col, as Python's json.load (peft's reader) refuses it
+        d = os.path.join(tmp, "adapter_v_junk")
+        shutil.copytree(qkv, d)
+        open(os.path.join(d, "adapter_config.json"), "a").write('\n{"r": 64}\n')
+        p, _, _ = greedy(base, prompt, ["--adapter", d])
+        check("adapter_config_two_objects_refused", p.returncode != 0 and "adapter_config.json:" in p.stderr
+              and "more after the JSON value ended" in p.stderr, p.stderr[-400:])
         p = run(["merge", "--model_name_or_path", base, "--adapter", os.path.join(tmp, "adapter_v_modules_to_save"),
                  "--output_dir", os.path.join(tmp, "m_mts")])
         check("merge_modules_to_save_refused", p.returncode != 0 and "modules_to_save" in p.stderr and
