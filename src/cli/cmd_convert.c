@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/commands.h"
+#include "core/hub.h"
 #include "core/args.h"
 #include "core/log.h"
 #include "model/ckpt.h"
@@ -35,6 +36,7 @@ int glm_cmd_convert(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { glm_args_usage(convert_flags, n, "convert"); return 0; }
     int rc = glm_args_parse(convert_flags, n, &a, argc, argv, &err);
+    if (!rc) rc = glm_hub_resolve(&a.from, "from", NULL, &err);
     glm_export_opts o;
     glm_export_opts_init(&o);
     if (!rc && (!a.from || !a.to)) rc = glm_fail(&err, "--from and --to are required");

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/commands.h"
+#include "core/hub.h"
 #include "core/args.h"
 #include "model/ckpt.h"
 #include "model/glm.h"
@@ -147,6 +148,7 @@ int glm_cmd_info(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help")) { glm_args_usage(info_flags, n, "info"); return 0; }
     int rc = glm_args_parse(info_flags, n, &a, argc, argv, &err);
+    if (!rc) rc = glm_hub_resolve(&a.model_name_or_path, "model_name_or_path", NULL, &err);
     if (!rc && a.deepspeed) rc = info_deepspeed(&a, &err);
     glm_config c = glm_config_chatglm6b();
     if (a.chatglm6b) c.tie_word_embeddings = 0;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/commands.h"
+#include "core/hub.h"
 #include "core/args.h"
 #include "core/log.h"
 #include "model/adapter.h"
@@ -79,6 +80,8 @@ int glm_cmd_merge(int argc, char **argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { glm_args_usage(merge_flags, n, "merge"); return 0; }
     int rc = glm_args_parse(merge_flags, n, &a, argc, argv, &err);
     if (!rc) rc = take_export_names(&a, &err);
+    if (!rc && (glm_hub_resolve(&a.model_name_or_path, "model_name_or_path", NULL, &err) || glm_hub_resolve(&a.adapter, "adapter", NULL, &err)))
+        rc = -1;
     glm_export_opts o;
     glm_export_opts_init(&o);
     if (!rc && (!a.model_name_or_path || !a.adapter || !a.output_dir))

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/commands.h"
+#include "core/hub.h"
 #include "core/args.h"
 #include "core/log.h"
 #include "model/ckpt.h"
@@ -37,6 +38,7 @@ int glm_cmd_quantize(int argc, char **argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { glm_args_usage(quantize_flags, n, "quantize"); return 0; }
     a.quantization_bit = -1;
     int rc = glm_args_parse(quantize_flags, n, &a, argc, argv, &err);
+    if (!rc) rc = glm_hub_resolve(&a.model_name_or_path, "model_name_or_path", NULL, &err);
     glm_export_opts o;
     glm_export_opts_init(&o);
     if (!rc && (!a.model_name_or_path || !a.output_dir || a.quantization_bit < 0))

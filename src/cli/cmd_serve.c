@@ -30,7 +30,8 @@ typedef struct serve_args {
 #define SV_G(name, type, def, help) {#name, type, offsetof(serve_args, gen.name), def, help, NULL, NULL}
 #define SV_F(name, type, def, help) {#name, type, offsetof(serve_args, name), def, help, NULL, NULL}
 static const glm_flag serve_flags[] = {
-    SV_G(model_name_or_path, ARG_STR, NULL, "model folder: config.json + safetensors or pytorch_model*.bin (+ tokenizer)"),
+    SV_G(model_name_or_path, ARG_STR, NULL, "model folder: config.json + safetensors or pytorch_model*.bin (+ tokenizer), or a Hugging Face name (THUDM/chatglm-6b) in the local cache"),
+    SV_G(model_revision, ARG_STR, NULL, "the branch, tag or commit of a model named by repository (default main)"),
     SV_G(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model (default: the model folder)"),
     {"device", ARG_STR, offsetof(serve_args, gen.device), "auto", "where to run (auto: a GPU when built with CUDA and one is usable)", "auto|cpu|cuda", NULL},
     {"dtype", ARG_STR, offsetof(serve_args, gen.dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL},

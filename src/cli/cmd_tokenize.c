@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/cmd_tokenize.h"
+#include "core/hub.h"
 #include "core/args.h"
 #include "core/fileutil.h"
 #include "tokenizer/tokenizer.h"
@@ -219,6 +220,7 @@ int glm_cmd_tokenize(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { glm_args_usage(tok_flags, nf, "tokenize"); return 0; }
     int rc = glm_args_parse(tok_flags, nf, &a, argc, argv, &err);
+    if (!rc) rc = glm_hub_resolve(&a.tokenizer, "tokenizer", NULL, &err);
     if (!rc && !a.tokenizer) rc = glm_fail(&err, "--tokenizer is required"), glm_hint(&err, "e.g. --tokenizer ../shared/tokenizers/chatglm-6b");
     if (!rc && a.text && a.file) rc = glm_fail(&err, "give --text or --file, not both");
     glm_tokenizer *t = NULL;

@@ -8,6 +8,7 @@
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "infer/chat.h"
+#include "core/hub.h"
 #include "model/adapter.h"
 #include "data/dataset_info.h"
 #include "parallel/pipe_infer.h"
@@ -36,6 +37,11 @@ int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, cons
     if (!a->top_p_set) a->top_p = def_top_p;
     if (!a->temperature_set) a->temperature = def_temp;
     if (!a->max_new_tokens_set) a->max_new_tokens = 0;
+    if (rc == 0 && (glm_hub_resolve(&a->model_name_or_path, "model_name_or_path", a->model_revision, err) ||
+                    glm_hub_resolve(&a->tokenizer_name, "tokenizer_name", a->model_revision, err) ||
+                    glm_hub_resolve(&a->adapter, "adapter", NULL, err) ||
+                    glm_hub_resolve(&a->adapter_name_or_path, "adapter_name_or_path", NULL, err)))
+        return -1;
     if (rc == 0 && !!a->ptuning_checkpoint + !!a->adapter + !!a->adapter_name_or_path > 1)
         return glm_fail(err, "more than one of --adapter, --adapter_name_or_path and --ptuning_checkpoint: one adapter at a time");
     if (rc == 0 && a->max_new_tokens_set && a->max_new_tokens < 1) {

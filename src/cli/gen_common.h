@@ -12,6 +12,7 @@ typedef struct gen_args {
     char *ptuning_checkpoint; /* THUDM's name for --adapter, which must then be a P-Tuning v2 checkpoint */
     char *adapter_name_or_path; /* LLaMA-Factory's name for --adapter */
     char *template, *finetuning_type, *infer_backend; /* LLaMA-Factory's inference settings, checked (gen_open_tokenizer) */
+    char *model_revision; /* the Hugging Face cache's revision of a model named by repository (core/hub.h) */
     int quantization_bit;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
     double top_p, temperature, repetition_penalty;
@@ -25,7 +26,8 @@ typedef struct gen_args {
 
 #define GEN_F(name, type, def, help) {#name, type, offsetof(gen_args, name), def, help, NULL, NULL}
 #define GEN_COMMON_FLAGS \
-    GEN_F(model_name_or_path, ARG_STR, NULL, "model folder: config.json + safetensors or pytorch_model*.bin (+ tokenizer)"), \
+    GEN_F(model_name_or_path, ARG_STR, NULL, "model folder: config.json + safetensors or pytorch_model*.bin (+ tokenizer), or a Hugging Face name (THUDM/chatglm-6b) in the local cache"), \
+    GEN_F(model_revision, ARG_STR, NULL, "the branch, tag or commit of a model named by repository (default main)"), \
     GEN_F(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model (default: the model folder)"), \
     GEN_F(adapter, ARG_STR, NULL, "LoRA adapter folder or P-Tuning v2 checkpoint on top of the model (glmtrain --finetuning_type lora|ptuning, peft's save_pretrained, THUDM's ptuning output)"), \
     GEN_F(ptuning_checkpoint, ARG_STR, NULL, "a P-Tuning v2 checkpoint on top of the model (THUDM's flag name; as --adapter)"), \

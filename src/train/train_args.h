@@ -25,6 +25,7 @@ typedef struct glm_ds_settings {
 typedef struct glm_train_args {
     /* model */
     char *model_name_or_path, *init_from_config, *tokenizer_name, *device;
+    char *model_revision; /* the Hugging Face cache's revision of a model named by repository (core/hub.h) */
     /* an adapter to go on from (LLaMA-Factory's --adapter_name_or_path, THUDM ptuning's --ptuning_checkpoint) */
     char *adapter_name_or_path, *ptuning_checkpoint;
     /* data */

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/fileutil.h"
+#include "core/hub.h"
 #include "model/glm.h"
 #include "train/train_args.h"
 
@@ -10,7 +11,9 @@
 #define C(name, def, choices, help) {#name, ARG_STR, offsetof(glm_train_args, name), def, help, choices, NULL}
 
 const glm_flag glm_train_flags[] = {
-    F(model_name_or_path, ARG_STR, NULL, "Hugging Face style folder: config.json + safetensors (+ tokenizer)"),
+    F(model_name_or_path, ARG_STR, NULL, "Hugging Face style folder: config.json + safetensors (+ tokenizer), or a Hugging Face name "
+      "(THUDM/chatglm-6b) in the local cache"),
+    F(model_revision, ARG_STR, NULL, "the branch, tag or commit of a model named by repository (LLaMA-Factory's; default main)"),
     F(init_from_config, ARG_STR, NULL, "config.json of a model to initialise randomly instead of loading weights"),
     F(init_std, ARG_FLOAT, "0.02", "std of the normal init with --init_from_config"),
     F(adapter_name_or_path, ARG_STR, NULL, "a LoRA adapter folder (peft's files) or P-Tuning v2 checkpoint to train on from, "
@@ -330,6 +333,10 @@ const char *glm_train_config_key(const char *key, const char *value, char *why, 
 }
 
 int glm_train_resolve_args(glm_train_args *a, glm_err *err) {
+    if (glm_hub_resolve(&a->model_name_or_path, "model_name_or_path", a->model_revision, err) ||
+        glm_hub_resolve(&a->tokenizer_name, "tokenizer_name", a->model_revision, err) ||
+        glm_hub_resolve(&a->adapter_name_or_path, "adapter_name_or_path", NULL, err))
+        return -1;
     if (a->peft_type) { /* a finetune_demo config's peft_config.peft_type */
         const char *kind = !strcmp(a->peft_type, "LORA") ? "lora" : !strcmp(a->peft_type, "PREFIX_TUNING") ? "ptuning" : NULL;
         if (!kind)
