@@ -109,3 +109,23 @@ int glm_hub_resolve(char **value, const char *flag, const char *revision, glm_er
     *value = glm_strdup(snap);
     return 0;
 }
+
+int glm_hub_name_of(const char *path, char *out, size_t n) {
+    const char *m = NULL;
+    for (const char *p = strstr(path, "models--"); p; p = strstr(p + 1, "models--"))
+        if (p == path || p[-1] == '/') m = p; /* the last component that starts so */
+    if (!m) return -1;
+    const char *end = strchr(m, '/');
+    if (!end || strncmp(end, "/snapshots/", 11) || !end[11] || end[11] == '/') return -1;
+    char name[256];
+    size_t k = 0;
+    for (const char *p = m + 8; p < end && k + 1 < sizeof name; p++) {
+        if (p[0] == '-' && p[1] == '-') { name[k++] = '/'; p++; }
+        else name[k++] = *p;
+    }
+    name[k] = 0;
+    int org;
+    if (!repo_name(name, &org)) return -1;
+    snprintf(out, n, "%s", name);
+    return 0;
+}

@@ -22,4 +22,9 @@ void glm_hub_cache_dir(char *out, size_t n);
  * that is neither: -1 with err naming flag, the cache folder and the download command. */
 int glm_hub_resolve(char **value, const char *flag, const char *revision, glm_err *err);
 
+/* The repository name of a path inside a cache snapshot (".../models--THUDM--chatglm-6b/snapshots/
+ * COMMIT[/...]" gives "THUDM/chatglm-6b") into out; 0, or -1 for any other path. What files meant
+ * for other machines (an adapter's base_model_name_or_path) name the model by. */
+int glm_hub_name_of(const char *path, char *out, size_t n);
+
 #endif

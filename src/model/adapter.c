@@ -7,6 +7,7 @@
 #include <string.h>
 #include "backend/cpu/cpu_gemm.h"
 #include "core/fileutil.h"
+#include "core/hub.h"
 #include "core/json_text.h"
 #include "model/ckpt.h"
 
@@ -19,7 +20,10 @@ static char *config_json(const glm_model *m) {
     cJSON *o = cJSON_CreateObject();
     char base[4096], folder[4096];
     glm_origin_paths(m->origin, base, folder, sizeof base);
-    cJSON_AddStringToObject(o, "base_model_name_or_path", folder[0] ? folder : m->origin);
+    const char *base_name = folder[0] ? folder : m->origin;
+    char hub[256]; /* a model of the Hugging Face cache: by its name, which other machines resolve too */
+    if (glm_hub_name_of(base_name, hub, sizeof hub) == 0) base_name = hub;
+    cJSON_AddStringToObject(o, "base_model_name_or_path", base_name);
     cJSON_AddStringToObject(o, "bias", "none");
     cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(o, "inference_mode", 1);

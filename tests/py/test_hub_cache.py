@@ -6,6 +6,7 @@ it (models--ORG--NAME/refs/main holding a commit, snapshots/COMMIT/ the files), 
     the name and load the snapshot refs/main names: the same output as the folder itself;
   * --model_revision picks another branch or a commit; HF_HUB_CACHE comes before HF_HOME;
   * a folder of that relative path here is taken before the cache;
+  * a LoRA adapter trained on it names its base "ORG/NAME" in adapter_config.json, not the snapshot;
   * a name in no cache, or a revision the cache lacks, is refused naming the cache and the
     download command; a bare word that is no folder keeps the loader's own error.
 Prints PASS/FAIL/SKIP lines."""
@@ -123,6 +124,13 @@ def main():
             os.path.join(d, "t_hub", "training_args.json")) else {}
         report("train_by_name_equals_folder", len(losses[0]) == 2 and losses[0] == losses[1]
                and args.get("model_name_or_path") == snap1, "%s %s" % (losses, args.get("model_name_or_path")))
+        # a LoRA adapter trained on the cache's model names its base as the Hub does, for other machines
+        out = os.path.join(d, "t_lora")
+        p = run(["train"] + t_args + ["--model_name_or_path", "THUDM/tiny-glm", "--output_dir", out, "--max_steps", "1",
+                                      "--finetuning_type", "lora"], env)
+        ac = os.path.join(out, "adapter_config.json")
+        base_name = json.load(open(ac)).get("base_model_name_or_path") if p.returncode == 0 and os.path.exists(ac) else None
+        report("adapter_names_its_base_by_repository", base_name == "THUDM/tiny-glm", "%s %s" % (base_name, p.stderr[-300:]))
         # the tokenizer alone, info and merge by name
         tok_repo = os.path.join(d, "tokonly")
         os.makedirs(tok_repo)
