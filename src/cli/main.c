@@ -1,10 +1,11 @@
-/* glmtrain: fine-tune ChatGLM-6B on a CPU or GPUs. Dispatches to subcommands. */
+/* glmtrain: fine-tune ChatGLM-family models on a CPU or GPUs. Dispatches to subcommands. */
 #include <stdio.h>
 #include <string.h>
 #include "cli/commands.h"
+#include "glm_version.h" /* written by the Makefile: the commit and the CUDA code built */
 
 static void usage(void) {
-    printf("glmtrain — fine-tune ChatGLM-6B models\n\n"
+    printf("glmtrain — fine-tune ChatGLM-6B, ChatGLM2/3-6B and GLM-4 models\n\n"
            "usage: glmtrain <command> [flags]   (glmtrain <command> --help lists the flags)\n\n"
            "  train      fine-tune a model on instruction data (Hugging Face TrainingArguments flag names)\n"
            "  generate   one response to --prompt, or answers to a data file (--input_file) with BLEU/ROUGE\n"
@@ -15,7 +16,26 @@ static void usage(void) {
            "  convert    a checkpoint (.bin or safetensors) to a Hugging Face safetensors folder (fp16/bf16/fp32)\n"
            "  merge      a base model and a LoRA adapter into one Hugging Face folder\n"
            "  quantize   a model's linear weights as INT8/INT4 (THUDM's chatglm-6b-int8/int4 layout)\n"
-           "  env        check CUDA, cuBLAS, NCCL, every GPU and the links between them\n");
+           "  env        check CUDA, cuBLAS, NCCL, every GPU and the links between them\n"
+           "  version    the commit this binary was built from and what it holds\n");
+}
+
+/* What a bug report needs: the commit, and whether this build has CUDA (for which GPUs), MPI for
+ * CPU ranks and NCCL; `glmtrain env` checks the machine itself. */
+static int version(void) {
+    printf("glmtrain %s\n", GLM_VERSION_COMMIT);
+#ifdef GLM_HAVE_CUDA
+    printf("CUDA: yes (machine code %s, attention on wgmma for sm_90a; NCCL for GPU ranks)\n", GLM_VERSION_CUDA_ARCHS);
+#else
+    printf("CUDA: no (built without nvcc: CPU only)\n");
+#endif
+#ifdef GLM_HAVE_MPI
+    printf("MPI: yes (data parallel on CPU ranks)\n");
+#else
+    printf("MPI: no (CPU ranks need a build with mpicc)\n");
+#endif
+    printf("compiler: %s\n", __VERSION__);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -24,6 +44,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version") || !strcmp(cmd, "-V")) return version();
     int n = argc - 2;
     char **rest = argv + 2;
     if (!strcmp(cmd, "train")) return glm_cmd_train(n, rest);
