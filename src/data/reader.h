@@ -1,7 +1,13 @@
 /* Reading instruction/chat data files into plain records (strings only, nothing tokenized).
  *
  * Containers: a JSON array of objects (.json) or JSON Lines, one object per line (.jsonl, and
- * also .json files whose first character is '{', like THUDM's AdvertiseGen train.json).
+ * also .json files whose first character is '{', like THUDM's AdvertiseGen train.json); CSV
+ * (.csv) and TSV (.tsv), a header row naming the columns, as Python's csv module (and so
+ * datasets' "csv" loader) reads them: each row becomes an object of strings (an empty cell "")
+ * under the header's names, so the alpaca and columns schemas apply; a row with another number
+ * of fields than the header, a duplicate column name, text after a closing quote or a quote
+ * left open is a bad record. Parquet and Arrow files are refused with the command that converts
+ * them.
  * Schemas, each a mapping of JSON keys onto one record {system, query, input, answer, history}:
  *   alpaca    {"instruction", "input"?, "output", "history"?: [[q, a], ...], "system"?}
  *   columns   ChatGLM ptuning/main.py columns: prompt_column / response_column / history_column
@@ -40,7 +46,7 @@
 #include "core/err.h"
 
 typedef enum { GLM_SCHEMA_AUTO = 0, GLM_SCHEMA_ALPACA, GLM_SCHEMA_COLUMNS, GLM_SCHEMA_SHAREGPT } glm_schema;
-typedef enum { GLM_CONTAINER_AUTO = 0, GLM_CONTAINER_ARRAY, GLM_CONTAINER_LINES } glm_container;
+typedef enum { GLM_CONTAINER_AUTO = 0, GLM_CONTAINER_ARRAY, GLM_CONTAINER_LINES, GLM_CONTAINER_CSV, GLM_CONTAINER_TSV } glm_container;
 
 /* Column names for GLM_SCHEMA_COLUMNS (NULL = default/none). A history column named here is
  * "present" for every record (a missing value reads as an empty history), as in ptuning. */
@@ -109,7 +115,14 @@ void glm_reader_close(glm_reader *r);
 
 /* "auto", "alpaca", "columns" (alias "chatglm"), "sharegpt"; returns -1 for anything else. */
 int glm_schema_parse(const char *s, glm_schema *out);
-int glm_container_parse(const char *s, glm_container *out); /* "auto", "json", "jsonl" */
+int glm_container_parse(const char *s, glm_container *out); /* "auto", "json", "jsonl", "csv", "tsv" */
+
+/* CSV/TSV (reader_csv.c): the fields of the row at *pos (blank lines skipped), *pos moved past
+ * it. 1: a row; 0: the end; -1: malformed at *bad_at (why). */
+typedef struct glm_csv_fields { char **v; int n, cap; } glm_csv_fields;
+int glm_csv_row(const char *buf, size_t len, size_t *pos, char delim, glm_csv_fields *out, size_t *bad_at, const char **why);
+void glm_csv_fields_clear(glm_csv_fields *f);
+void glm_csv_fields_free(glm_csv_fields *f);
 const char *glm_schema_name(glm_schema s);
 
 /* Used by the reader (schema.c): the keys a schema reads, resolved from glm_columns. */

@@ -1,4 +1,5 @@
-/* JSON array / JSON Lines reading with file:line:column errors. See reader.h.
+/* JSON array / JSON Lines reading with file:line:column errors; CSV and TSV rows (their fields
+ * from reader_csv.c) become JSON objects and take the same path. See reader.h.
  *
  * A JSON array is not parsed as one document: a small scanner finds each element's extent
  * (strings and nesting tracked) and cJSON parses elements one at a time. That keeps memory at
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include "core/fileutil.h"
 #include "data/reader.h"
 
@@ -22,6 +24,7 @@ struct glm_reader {
     int64_t n_elems;       /* array elements scanned */
     size_t loc_off; int64_t loc_line; size_t loc_bol; /* line-counting cursor (see locate) */
     glm_read_stats stats;
+    glm_csv_fields header, row; /* CSV/TSV: the column names, and the row being read */
 };
 
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -64,10 +67,51 @@ static const char *other_encoding(const char *buf, size_t len) {
     return NULL;
 }
 
+static char csv_delim(const glm_reader *r) { return r->container == GLM_CONTAINER_TSV ? '\t' : ','; }
+
+/* A CSV/TSV file's header: the column names, none empty or repeated; text in another encoding
+ * than UTF-8 (Excel's CSV in GBK, say) is named here, before any row. */
+static int csv_header(glm_reader *r, glm_err *err) {
+    if (!glm_utf8_valid(r->buf + r->pos, r->len - r->pos)) {
+        size_t at = r->pos; /* the first byte that begins no valid sequence */
+        while (at < r->len) {
+            unsigned char c = (unsigned char)r->buf[at];
+            size_t k = c < 0x80 ? 1 : c >> 5 == 6 ? 2 : c >> 4 == 14 ? 3 : c >> 3 == 30 ? 4 : 0;
+            if (!k || at + k > r->len || !glm_utf8_valid(r->buf + at, k)) break;
+            at += k;
+        }
+        fail_at(r, at, err, "not UTF-8 text");
+        return glm_hint(err, "save it as UTF-8 (Excel: \"CSV UTF-8\"), or convert it: iconv -f GBK -t UTF-8 %s > data.csv", r->path);
+    }
+    size_t at = 0, start = r->pos;
+    const char *why = NULL;
+    int rc = glm_csv_row(r->buf, r->len, &r->pos, csv_delim(r), &r->header, &at, &why);
+    if (rc < 0) return fail_at(r, at, err, why);
+    if (rc == 0) { r->done = 1; return 0; } /* an empty file: an empty dataset, judged by the caller */
+    for (int i = 0; i < r->header.n; i++) {
+        if (!r->header.v[i][0]) return fail_at(r, start, err, "the header row has an empty column name");
+        for (int j = 0; j < i; j++)
+            if (!strcmp(r->header.v[i], r->header.v[j])) {
+                char why2[300];
+                snprintf(why2, sizeof why2, "the header row names the column \"%.200s\" twice", r->header.v[i]);
+                return fail_at(r, start, err, why2);
+            }
+    }
+    return 0;
+}
+
 int glm_reader_open(glm_reader **out, const char *path, const glm_read_cfg *cfg, glm_err *err) {
     size_t len;
     char *buf = glm_read_file(path, &len, err);
     if (!buf) return glm_hint(err, "check --train_file / --validation_file");
+    const char *x = ext_of(path);
+    if ((len >= 4 && !memcmp(buf, "PAR1", 4)) || !strcasecmp(x, "parquet") || !strcasecmp(x, "arrow")) {
+        free(buf);
+        int arrow = !strcasecmp(x, "arrow");
+        glm_fail(err, "%s: a %s file; glmtrain reads JSON, JSON Lines, CSV and TSV", path, arrow ? "Arrow" : "Parquet");
+        return glm_hint(err, "convert it: python3 -c \"import pandas as p; p.read_%s('%s').to_json('data.jsonl', orient='records', "
+                             "lines=True, force_ascii=False)\"", arrow ? "feather" : "parquet", path);
+    }
     const char *enc = other_encoding(buf, len);
     if (enc) {
         free(buf);
@@ -87,9 +131,16 @@ int glm_reader_open(glm_reader **out, const char *path, const glm_read_cfg *cfg,
     size_t p = r->pos;
     while (p < len && is_ws(buf[p])) p++;
     r->container = cfg->container;
+    const char *ext = ext_of(path);
     if (r->container == GLM_CONTAINER_AUTO) {
-        if (!strcmp(ext_of(path), "jsonl")) r->container = GLM_CONTAINER_LINES;
+        if (!strcmp(ext, "jsonl")) r->container = GLM_CONTAINER_LINES;
+        else if (!strcasecmp(ext, "csv")) r->container = GLM_CONTAINER_CSV;
+        else if (!strcasecmp(ext, "tsv")) r->container = GLM_CONTAINER_TSV;
         else r->container = p < len && buf[p] == '[' ? GLM_CONTAINER_ARRAY : GLM_CONTAINER_LINES;
+    }
+    if ((r->container == GLM_CONTAINER_CSV || r->container == GLM_CONTAINER_TSV) && csv_header(r, err)) {
+        glm_reader_close(r);
+        return -1;
     }
     if (r->container == GLM_CONTAINER_ARRAY) {
         if (p >= len) r->done = 1; /* an empty file is an empty dataset, judged by the caller */
@@ -106,6 +157,8 @@ int glm_reader_open(glm_reader **out, const char *path, const glm_read_cfg *cfg,
 
 void glm_reader_close(glm_reader *r) {
     if (!r) return;
+    glm_csv_fields_free(&r->header);
+    glm_csv_fields_free(&r->row);
     free(r->path); free(r->buf); free(r);
 }
 
@@ -158,6 +211,8 @@ static int too_deep(const glm_reader *r, size_t s, size_t e) {
 
 /* Parses one JSON value in [s, e) (offsets into buf) and turns it into a record.
  * 1 = record, 0 = skipped, -1 = error. */
+static int value_record(glm_reader *r, cJSON *v, size_t s, size_t e, glm_record *rec, glm_err *err);
+
 static int parse_value(glm_reader *r, size_t s, size_t e, glm_record *rec, glm_err *err) {
     r->stats.records++;
     size_t nul = find_nul(r, s, e);
@@ -176,6 +231,11 @@ static int parse_value(glm_reader *r, size_t s, size_t e, glm_record *rec, glm_e
     size_t after = (size_t)(end - r->buf);
     while (after < e && is_ws(r->buf[after])) after++;
     if (after < e) { cJSON_Delete(v); return bad(r, after, 1, "unexpected data after the JSON value", err); }
+    return value_record(r, v, s, e, rec, err);
+}
+
+/* The record of one parsed value v (deleted here) whose text is buf[s, e). */
+static int value_record(glm_reader *r, cJSON *v, size_t s, size_t e, glm_record *rec, glm_err *err) {
     char why[200];
     if (r->schema == GLM_SCHEMA_AUTO && cJSON_IsObject(v)) {
         if (glm_schema_detect(&r->cfg, v, &r->schema, &r->keys, why, sizeof why)) {
@@ -272,7 +332,39 @@ static int next_line(glm_reader *r, glm_record *rec, glm_err *err) {
     return 0;
 }
 
+/* A CSV/TSV row as an object of strings under the header's names. */
+static int next_csv(glm_reader *r, glm_record *rec, glm_err *err) {
+    for (;;) {
+        size_t s = r->pos, at = 0;
+        while (s < r->len && (r->buf[s] == '\n' || r->buf[s] == '\r')) s++; /* where the row starts */
+        const char *why = NULL;
+        int rc = glm_csv_row(r->buf, r->len, &r->pos, csv_delim(r), &r->row, &at, &why);
+        if (rc == 0) { r->done = 1; return 0; }
+        r->stats.records++;
+        if (rc < 0) { /* the row's extent is unknown: nothing after it can be read */
+            fail_at(r, at, err, why);
+            return glm_hint(err, "fix the file (--skip_bad_samples cannot step over a broken quote)");
+        }
+        size_t nul = find_nul(r, s, r->pos);
+        if (nul < r->pos) {
+            if (bad(r, nul, 0, "the row holds a NUL byte: text with NUL is not supported", err)) return -1;
+            continue;
+        }
+        if (r->row.n != r->header.n) {
+            char w[160];
+            snprintf(w, sizeof w, "the row has %d fields where the header names %d columns", r->row.n, r->header.n);
+            if (bad(r, s, 0, w, err)) return -1;
+            continue;
+        }
+        cJSON *o = cJSON_CreateObject();
+        for (int i = 0; i < r->row.n; i++) cJSON_AddStringToObject(o, r->header.v[i], r->row.v[i]);
+        rc = value_record(r, o, s, r->pos, rec, err);
+        if (rc) return rc;
+    }
+}
+
 int glm_reader_next(glm_reader *r, glm_record *rec, glm_err *err) {
     if (r->done || (r->cfg.max_records > 0 && r->stats.records >= r->cfg.max_records)) return 0;
+    if (r->container == GLM_CONTAINER_CSV || r->container == GLM_CONTAINER_TSV) return next_csv(r, rec, err);
     return r->container == GLM_CONTAINER_ARRAY ? next_array(r, rec, err) : next_line(r, rec, err);
 }

@@ -255,6 +255,8 @@ int glm_container_parse(const char *s, glm_container *out) {
     if (!strcmp(s, "auto")) *out = GLM_CONTAINER_AUTO;
     else if (!strcmp(s, "json")) *out = GLM_CONTAINER_ARRAY;
     else if (!strcmp(s, "jsonl")) *out = GLM_CONTAINER_LINES;
+    else if (!strcmp(s, "csv")) *out = GLM_CONTAINER_CSV;
+    else if (!strcmp(s, "tsv")) *out = GLM_CONTAINER_TSV;
     else return -1;
     return 0;
 }

@@ -1,7 +1,7 @@
 /* libFuzzer target: arbitrary bytes as a training data file read by data/reader_json.c and
  * data/schema.c (JSON array or JSON Lines; alpaca, prompt/response columns, sharegpt).
  * Input layout: byte 0 chooses the reader settings, the rest is the file:
- *   bits 0-1 schema (auto, alpaca, columns, sharegpt), bits 2-3 container (auto, json, jsonl,
+ *   bits 0-1 schema (auto, alpaca, columns, sharegpt), bits 2-3 container (csv, json, jsonl,
  *   auto), bit 4 skip_bad_samples, bit 5 named columns (prompt "q", response "a", history "h",
  *   input "i", system "s", as --prompt_column ... set them), bit 6 conversation mode (ChatGLM3's
  *   role/content turns, tools dumped into the system turn).
@@ -22,7 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(&cfg, 0, sizeof cfg);
     cfg.schema = (glm_schema)(opt & 3);
     int cont = (opt >> 2) & 3;
-    cfg.container = cont == 3 ? GLM_CONTAINER_AUTO : (glm_container)cont;
+    cfg.container = cont == 0 ? GLM_CONTAINER_CSV : cont == 3 ? GLM_CONTAINER_AUTO : (glm_container)cont;
     cfg.skip_bad_samples = (opt >> 4) & 1;
     if (opt & 32) cfg.columns = (glm_columns){"q", "a", "h", "i", "s"};
     cfg.conversations = (opt >> 6) & 1;

@@ -184,6 +184,10 @@ def json_records():
     put("json_records", "bad_array", opt(0, 1, 1) + b'[{"instruction": "a", "output": "b"}, {"instruction": "c", "output": ')
     put("json_records", "utf16", opt() + "[{\"instruction\": \"a\", \"output\": \"b\"}]".encode("utf-16"))
     put("json_records", "escapes", opt() + b'[{"instruction": "\\u4f60\\ud83d\\ude00\\n\\t\\u0000x", "output": "\\ud800"}]')
+    # CSV (container 0): quotes, doubled quotes, line breaks in fields, CRLF, a ragged row, a BOM
+    put("json_records", "csv_alpaca", opt(0, 0) + '\ufeffinstruction,input,output\r\n"写,诗","",床前明月光\r\n'
+        '"say ""hi""",x,"two\nlines"\r\n\r\na,b,c\n'.encode())
+    put("json_records", "csv_columns_bad", opt(2, 0, 1, 1) + b'q,a,i\nx,y,z\nshort,row\n"open,q,a\n')
 
 
 # ---- SentencePiece models: tiny ones from spm_train (the charsmap from a small rule TSV, since
