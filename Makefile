@@ -94,12 +94,12 @@ VERSION_H := $(BUILD)/gen/glm_version.h
 comma := ,
 GLM_CUDA_ARCHS := $(if $(NVCC_PATH),$(patsubst code=%,%,$(filter code=%,$(subst $(comma), ,$(NVCC_ARCH)))),)
 .PHONY: version-stamp
-version-stamp:
+$(VERSION_H): version-stamp
 	@mkdir -p $(BUILD)/gen
 	@c=$$(git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown); \
 	 printf '#define GLM_VERSION_COMMIT "%s"\n#define GLM_VERSION_CUDA_ARCHS "%s"\n' "$$c" "$(strip $(GLM_CUDA_ARCHS))" > $(VERSION_H).tmp; \
 	 cmp -s $(VERSION_H).tmp $(VERSION_H) && rm -f $(VERSION_H).tmp || mv $(VERSION_H).tmp $(VERSION_H)
-$(VERSION_H): version-stamp
+version-stamp: ;
 $(BUILD)/obj/src/cli/main.o: $(VERSION_H)
 $(BUILD)/obj/src/cli/main.o: CFLAGS += -I$(BUILD)/gen
 
