@@ -1,6 +1,6 @@
 /* One row of a CSV or TSV file (reader.h glm_csv_row), as Python's csv module reads its "excel"
  * and "excel-tab" dialects with strict=True: fields split at the delimiter, a field in double
- * quotes may hold delimiters, line breaks and "" for a quote; rows end at \n or \r\n. What csv
+ * quotes may hold delimiters, line breaks and "" for a quote; rows end at \n, \r\n or \r. What csv
  * would only read leniently is refused: text after a closing quote, a quote left open. */
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +33,7 @@ int glm_csv_row(const char *buf, size_t len, size_t *pos, char delim, glm_csv_fi
     glm_csv_fields_clear(out);
     size_t p = *pos;
     /* blank lines are no rows (csv.DictReader and pandas skip them) */
-    while (p < len && (buf[p] == '\n' || (buf[p] == '\r' && p + 1 < len && buf[p + 1] == '\n'))) p += buf[p] == '\r' ? 2 : 1;
+    while (p < len && (buf[p] == '\n' || buf[p] == '\r')) p++;
     if (p >= len) { *pos = p; return 0; }
     char *field = NULL;
     size_t n = 0, cap = 0;
@@ -56,15 +56,14 @@ int glm_csv_row(const char *buf, size_t len, size_t *pos, char delim, glm_csv_fi
                 if (n + 1 > cap) field = glm_realloc(field, cap = 2 * cap + 64);
                 field[n++] = buf[p++];
             }
-            if (p < len && buf[p] != delim && buf[p] != '\n' && !(buf[p] == '\r' && p + 1 < len && buf[p + 1] == '\n') &&
-                !(buf[p] == '\r' && p + 1 == len)) {
+            if (p < len && buf[p] != delim && buf[p] != '\n' && buf[p] != '\r') {
                 free(field);
                 *bad_at = p;
                 *why = "text after a closing quote (a quote inside a quoted field is written \"\")";
                 return -1;
             }
         } else {
-            while (p < len && buf[p] != delim && buf[p] != '\n' && !(buf[p] == '\r' && (p + 1 == len || buf[p + 1] == '\n'))) {
+            while (p < len && buf[p] != delim && buf[p] != '\n' && buf[p] != '\r') { /* csv ends a row at a lone \r too */
                 if (n + 1 > cap) field = glm_realloc(field, cap = 2 * cap + 64);
                 field[n++] = buf[p++];
             }
