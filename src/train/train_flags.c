@@ -205,9 +205,10 @@ static const struct { const char *key, *flag, *why; } config_keys[] = {
     {"peft_config.token_dim", "", "the prefix's shape follows the model's config"},
 };
 
-/* Hugging Face TrainingArguments that glmtrain has no use for, on the command line and in
- * configs: read and left alone at values that change nothing here (neutral: "a|b", NULL: any),
- * refused at values that would change what trains; and older names of flags. */
+/* Hugging Face TrainingArguments and LLaMA-Factory arguments that glmtrain has no use for, on
+ * the command line and in configs: read and left alone at values that change nothing here
+ * (neutral: "a|b", NULL: any), refused at values that would change what trains; and other
+ * tools' or older names of flags (flag: the one they set, its value passed on). */
 static const struct { const char *key, *neutral, *flag, *why; } trainer_settings[] = {
     {"evaluation_strategy", NULL, "eval_strategy", "transformers' older name for --eval_strategy"},
     {"per_gpu_train_batch_size", NULL, "per_device_train_batch_size", "transformers' older name for --per_device_train_batch_size"},
@@ -286,6 +287,48 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"mp_parameters", NULL, "", "SageMaker's model parallel is not used"},
     {"debug", "", "", "the Trainer's debug modes; glmtrain stops at non-finite losses or gradients itself, naming the step "
                       "(--max_bad_steps)"},
+    /* LLaMA-Factory's arguments (its webui's commands and example configs write them) */
+    {"freeze_trainable_layers", NULL, "num_layer_trainable", "LLaMA-Factory's name for --num_layer_trainable (the last N layers "
+                                                             "train; a negative N, the first layers alone, is not trained here)"},
+    {"freeze_trainable_modules", "all", "", "freeze mode trains whole layers (LLaMA-Factory's \"all\")"},
+    {"freeze_extra_modules", "", "", "freeze mode trains the last layers alone; the embedding or head besides them: "
+                                     "--finetuning_type full"},
+    {"pure_bf16", NULL, "bf16", "glmtrain's bf16 keeps fp32 master weights and AdamW states for the tensors that train "
+                                "(with LoRA a few MB); for less memory: --optim adamw_8bit or --zero_stage"},
+    {"additional_target", "", "", "modules_to_save (whole copies of other modules beside LoRA) is not trained here: "
+                                  "--finetuning_type full or freeze trains them"},
+    {"pissa_init", "false|False|0", "", "PiSSA's initialisation changes what trains, and glmtrain initialises LoRA as peft's default"},
+    {"pissa_convert", "false|False|0", "", "PiSSA is not trained here"},
+    {"use_dora", "false|False|0", "", "DoRA's magnitude vectors are not trained here (peft's LoRA is)"},
+    {"create_new_adapter", "false|False|0", "", "--adapter_name_or_path trains that adapter on; a fresh one: leave it out"},
+    {"resize_vocab", "false|False|0", "", "the tokenizer and the embedding keep the model's vocabulary"},
+    {"upcast_layernorm", NULL, "", "glmtrain's norms compute in fp32 whatever the storage"},
+    {"upcast_lmhead_output", NULL, "", "glmtrain's loss reads the logits in fp32"},
+    {"disable_gradient_checkpointing", NULL, "", "glmtrain recomputes only with --gradient_checkpointing (LLaMA-Factory's "
+                                                 "default is on: give --gradient_checkpointing true for the same memory)"},
+    {"use_unsloth_gc", NULL, "", "glmtrain's own checkpointing: --gradient_checkpointing true|selective|auto"},
+    {"print_param_status", NULL, "", "glmtrain prints the trainable and frozen parameter counts"},
+    {"train_from_scratch", "false|False|0", "", "a model drawn at random from a config: --init_from_config FOLDER/config.json"},
+    {"mask_history", "false|False|0", "", "every assistant turn of a conversation trains here (LLaMA-Factory's default)"},
+    {"neat_packing", NULL, "packing", "glmtrain's --packing keeps the packed examples' attention apart, as neat_packing"},
+    {"tool_format", NULL, "", "the tokenizer's model decides how tools are written (ChatGLM3's and GLM-4's own)"},
+    {"tokenized_path", NULL, "", "glmtrain keeps the tokenized data in --cache_dir (checked against the data and settings)"},
+    {"streaming", "false|False|0", "", "glmtrain reads each data file whole"},
+    {"mix_strategy", "concat", "", "datasets are concatenated in the order named"},
+    {"interleave_probs", "", "", "datasets are concatenated in the order named"},
+    {"ignore_pad_token_for_loss", "true|True|1", "", "padding is never a target here (THUDM's main.py default)"},
+    {"compute_accuracy", NULL, "", "evaluation here is the loss and perplexity"},
+    {"enable_thinking", NULL, "", "the ChatGLM templates have no thinking turns"},
+    {"double_quantization", "true|True|1", "", "glmtrain's NF4 base always quantizes the blocks' scales again, as "
+                                               "bitsandbytes' double quantization (LLaMA-Factory's default)"},
+    {"eval_num_beams", NULL, "", "generation settings are glmtrain generate's flags"},
+    {"max_new_tokens", NULL, "", "generation settings are glmtrain generate's flags"},
+    {"do_sample", NULL, "", "generation settings are glmtrain generate's flags"},
+    {"temperature", NULL, "", "generation settings are glmtrain generate's flags"},
+    {"top_p", NULL, "", "generation settings are glmtrain generate's flags"},
+    {"top_k", NULL, "", "generation settings are glmtrain generate's flags"},
+    {"repetition_penalty", NULL, "", "generation settings are glmtrain generate's flags"},
+    {"default_system", "", "", "a system prompt for every example is not added here: put it in the data's system field"},
 };
 
 /* one of a "a|b" list */

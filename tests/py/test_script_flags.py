@@ -41,6 +41,24 @@ def more_trainer_settings(sh):
     p = subprocess.run([GLM, "train"] + sh + quiet + ["--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
     said = [quiet[i][2:] for i in range(0, len(quiet), 2) if ("%s is not used" % quiet[i]) in p.stderr]
     report("newer_trainer_settings_left_alone", p.returncode == 0 and len(said) == len(quiet) // 2, "%s %s" % (said, p.stderr[-300:]))
+    # LLaMA-Factory's arguments (its webui's commands): left alone, passed on under glmtrain's names, or refused
+    lf = ["--upcast_layernorm", "true", "--print_param_status", "true", "--double_quantization", "true", "--use_dora", "false",
+          "--mix_strategy", "concat", "--enable_thinking", "true"]
+    p = subprocess.run([GLM, "train"] + sh + lf + ["--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
+    said = [lf[i][2:] for i in range(0, len(lf), 2) if ("%s is not used" % lf[i]) in p.stderr]
+    report("llamafactory_settings_left_alone", p.returncode == 0 and len(said) == len(lf) // 2, "%s %s" % (said, p.stderr[-300:]))
+    p = subprocess.run([GLM, "train"] + sh + ["--finetuning_type", "freeze", "--freeze_trainable_layers", "1", "--neat_packing", "true",
+                                              "--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
+    report("llamafactory_names_set_flags", p.returncode == 0 and re.search(r'"num_layer_trainable":\s*1,', p.stderr)
+           and re.search(r'"packing":\s*true', p.stderr), p.stderr[-300:])
+    for name, extra, want in (("additional_target", ["--additional_target", "lm_head"], "modules_to_save"),
+                              ("use_dora", ["--use_dora", "true"], "DoRA"),
+                              ("mask_history", ["--mask_history", "true"], "every assistant turn"),
+                              ("double_quantization_off", ["--double_quantization", "false"], "always quantizes the blocks' scales"),
+                              ("freeze_first_layers", ["--finetuning_type", "freeze", "--freeze_trainable_layers", "-2"],
+                               "--num_layer_trainable -2")):
+        p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
+        report("llamafactory_setting_refused_%s" % name, p.returncode != 0 and want in p.stderr, p.stderr[-300:])
     for name, extra, want in (("fsdp", ["--fsdp", "full_shard auto_wrap"], "--zero_stage 3"),
                               ("ddp_backend_ccl", ["--ddp_backend", "ccl"], "NCCL between GPUs"),
                               ("average_tokens_false", ["--average_tokens_across_devices", "false"], "whole global batch"),
