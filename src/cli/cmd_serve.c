@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/gen_common.h"
 #include "core/fileutil.h"
+#include "core/hub.h"
 #include "core/log.h"
 #include "infer/chat.h"
 #include "parallel/pipe_infer.h"
@@ -103,6 +104,7 @@ static int take_adapters(int *argc, char **argv, adapter_arg **out, int *n, glm_
                 a->name = glm_strdup(b ? b + 1 : tmp);
             }
             if (!a->name[0] || !a->dir[0]) { free(list); return glm_fail(err, "--adapter %s: expected NAME=DIR", v); }
+            if (glm_hub_resolve(&a->dir, "adapter", NULL, err)) { free(list); return -1; } /* an adapter of the cache */
         }
         free(list);
     }
@@ -110,8 +112,10 @@ static int take_adapters(int *argc, char **argv, adapter_arg **out, int *n, glm_
     return 0;
 }
 
-/* The folder's name: the base model's name in the API. */
+/* The folder's name: the base model's name in the API; a model of the Hugging Face cache is
+ * named by its repository ("THUDM/chatglm-6b", not its snapshot's commit). */
 static void base_name(const char *path, char *out, size_t cap) {
+    if (glm_hub_name_of(path, out, cap) == 0) return;
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s", path);
     size_t k = strlen(tmp);

@@ -7,6 +7,7 @@ it (models--ORG--NAME/refs/main holding a commit, snapshots/COMMIT/ the files), 
   * --model_revision picks another branch or a commit; HF_HUB_CACHE comes before HF_HOME;
   * a folder of that relative path here is taken before the cache;
   * a LoRA adapter trained on it names its base "ORG/NAME" in adapter_config.json, not the snapshot;
+  * serve lists the model as "ORG/NAME" and takes --adapter ORG/NAME from the cache;
   * a name in no cache, or a revision the cache lacks, is refused naming the cache and the
     download command; a bare word that is no folder keeps the loader's own error.
 Prints PASS/FAIL/SKIP lines."""
@@ -141,6 +142,18 @@ def main():
         report("tokenize_by_name", a.returncode == 0 and a.stdout == b.stdout and a.stdout.strip(), b.stderr[-300:])
         p = run(["info", "--model_name_or_path", "THUDM/tiny-glm"], env)
         report("info_by_name", p.returncode == 0 and snap1 in p.stderr, p.stderr[-300:])
+        # serve names the model by its repository (not the snapshot's commit), and takes an adapter of the cache
+        snapshot(cache, "someone/tiny-lora", "c4" * 20, out, ref="main")
+        try:
+            import serve_common as sc
+            sc.ENV.update(env)
+            S = sc.Server("THUDM/tiny-glm", "--adapter", "someone/tiny-lora")
+            st, b = sc.http(S.port, "GET", "/v1/models")
+            S.stop()
+            ids = sorted(m["id"] for m in b.get("data", [])) if st == 200 else []
+            report("serve_names_the_repository", ids == ["THUDM/tiny-glm", "tiny-lora"], "%s %s" % (ids, S.text()[-300:]))
+        except RuntimeError as e:
+            report("serve_names_the_repository", False, str(e)[-400:])
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0
