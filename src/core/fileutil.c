@@ -91,3 +91,11 @@ double glm_host_mem_available(void) {
     fclose(f);
     return kb * 1024.0;
 }
+
+int glm_dangling_link(const char *path, char *target, size_t n) {
+    struct stat ls, st;
+    if (lstat(path, &ls) != 0 || !S_ISLNK(ls.st_mode) || stat(path, &st) == 0) return 0;
+    ssize_t k = readlink(path, target, n ? n - 1 : 0);
+    if (n) target[k > 0 ? k : 0] = 0;
+    return 1;
+}

@@ -19,6 +19,10 @@ void glm_path_join(char *dst, size_t n, const char *a, const char *b);
 /* mkdir -p */
 int glm_mkdirs(const char *path, glm_err *err);
 
+/* 1 when path is a symbolic link whose target does not exist (a Hugging Face cache snapshot
+ * whose blob is gone: an unfinished or pruned download), the link's text in target; else 0. */
+int glm_dangling_link(const char *path, char *target, size_t n);
+
 /* MemAvailable of /proc/meminfo in bytes (what can be allocated without swapping), 0 when unknown. */
 double glm_host_mem_available(void);
 

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "core/fileutil.h"
+#include "core/json_text.h"
 
 static int pread_serial(int fd, void *buf, size_t n, uint64_t off) {
     char *p = buf;
@@ -144,6 +145,10 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 int io_shards_open(io_shards *s, const char *path, glm_err *err) {
     for (int i = 0; i < s->n; i++) if (strcmp(s->paths[i], path) == 0) return i;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char to[1024];
+    if (fd < 0 && glm_dangling_link(path, to, sizeof to))
+        return glm_fail(err, "cannot open %s: it links to %s, which does not exist", path, to),
+               glm_hint(err, "a download that did not finish or a pruned cache: fetch the model again (huggingface-cli download)");
     if (fd < 0) return glm_fail(err, "cannot open %s: %s", path, strerror(errno));
     s->paths = glm_realloc(s->paths, (size_t)(s->n + 1) * sizeof *s->paths);
     s->fds = glm_realloc(s->fds, (size_t)(s->n + 1) * sizeof *s->fds);
@@ -164,15 +169,9 @@ int io_index_load(io_index *ix, const char *index_path, glm_err *err) {
     size_t len;
     char *text = glm_read_file(index_path, &len, err);
     if (!text) return -1;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!root) {
-        long at = end ? (long)(end - text) : -1;
-        free(text);
-        glm_fail(err, "%s: not valid JSON (near byte %ld)", index_path, at);
-        return glm_hint(err, "re-download the index file; it should hold {\"metadata\": ..., \"weight_map\": {name: file}}");
-    }
+    cJSON *root = glm_json_parse_doc(text, len, index_path, "a weight index {\"metadata\": ..., \"weight_map\": {name: file}}", err);
     free(text);
+    if (!root) return glm_hint(err, "re-download the index file; it should hold {\"metadata\": ..., \"weight_map\": {name: file}}");
     cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         cJSON_Delete(root);

@@ -9,7 +9,7 @@ it (models--ORG--NAME/refs/main holding a commit, snapshots/COMMIT/ the files), 
   * a LoRA adapter trained on it names its base "ORG/NAME" in adapter_config.json, not the snapshot;
   * serve lists the model as "ORG/NAME" and takes --adapter ORG/NAME from the cache;
   * a name in no cache, or a revision the cache lacks, is refused naming the cache and the
-    download command; a bare word that is no folder keeps the loader's own error.
+    download command; a snapshot whose weights link to a missing blob names the link; a bare word that is no folder keeps the loader's own error.
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
@@ -111,6 +111,14 @@ def main():
         p = run(gen + ["--model_name_or_path", "THUDM/tiny-glm", "--model_revision", "v9"], env)
         report("missing_revision_refused", p.returncode != 0 and "no snapshot of revision v9" in p.stderr and
                "--revision v9" in p.stderr, p.stderr[-400:])
+        # a snapshot whose weights link to a blob that is gone (an unfinished or pruned download)
+        broken = snapshot(cache, "THUDM/broken", "c5" * 20, m1, ref="main")
+        for name in os.listdir(broken):
+            if name.endswith(".safetensors"):
+                os.remove(os.path.realpath(os.path.join(broken, name)))
+        p = run(gen + ["--model_name_or_path", "THUDM/broken"], env)
+        report("missing_blob_named", p.returncode != 0 and "which does not exist" in p.stderr and "fetch the model again" in p.stderr,
+               p.stderr[-300:])
         p = run(gen + ["--model_name_or_path", "nowhere"], env)
         report("bare_word_keeps_loader_error", p.returncode != 0 and "Hugging Face cache" not in p.stderr, p.stderr[-300:])
         # training from the name: the same losses as from the folder, the snapshot recorded
