@@ -176,6 +176,16 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
         cJSON_Delete(o);
         return glm_fail(err, "%s: not a JSON object (config.json of a chatglm model expected)", src);
     }
+    /* transformers' own classes for GLM-4 (glm-4-9b-chat-hf, GLM-4-0414): other tensor names and a
+     * tokenizer.json instead of THUDM's tokenizer.model */
+    const cJSON *mt0 = cJSON_GetObjectItemCaseSensitive(o, "model_type");
+    if (cJSON_IsString(mt0) && (!strcmp(mt0->valuestring, "glm") || !strcmp(mt0->valuestring, "glm4"))) {
+        glm_fail(err, "%s: model_type \"%s\" is transformers' own GLM layout (%s), which glmtrain does not read", src,
+                 mt0->valuestring, !strcmp(mt0->valuestring, "glm") ? "GlmForCausalLM: the -hf repositories" : "Glm4ForCausalLM: GLM-4-0414");
+        cJSON_Delete(o);
+        return glm_hint(err, "use THUDM's original layout of the model (THUDM/glm-4-9b-chat rather than glm-4-9b-chat-hf; "
+                             "model_type chatglm, with tokenizer.model)");
+    }
     /* ChatGLM2/3 and GLM-4 folders say model_type chatglm too, with the ChatGLM2 block's fields */
     static const char *const later[] = {"padded_vocab_size", "multi_query_attention", "ffn_hidden_size", "kv_channels", "rmsnorm"};
     for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
