@@ -289,6 +289,29 @@ def serve_request():
     put("serve_request", "long_model_name", bytes([4 | 0x20]) + json.dumps({"model": "模" * 120, "messages": []}, ensure_ascii=False).encode())
 
 
+def tokenizer_folder():
+    """tokenizer_config.json texts for fuzz_tokenizer_folder: byte 0 picks the model (bits 0-1) and
+    the tokenization_chatglm.py (bits 2-3), the rest is the file."""
+    v1 = {"name_or_path": "THUDM/chatglm-6b", "bos_token": "<sop>", "eos_token": "<eop>", "end_token": "</s>",
+          "gmask_token": "[gMASK]", "mask_token": "[MASK]", "pad_token": "<pad>", "unk_token": "<unk>", "remove_space": False,
+          "do_lower_case": False, "num_image_tokens": 0, "tokenizer_class": "ChatGLMTokenizer",
+          "auto_map": {"AutoTokenizer": ["tokenization_chatglm.ChatGLMTokenizer", None]}}
+    added = dict(v1, eos_token={"__type": "AddedToken", "content": "<eop>", "lstrip": False, "normalized": True,
+                                "rstrip": False, "single_word": False}, num_image_tokens=20000)
+    v3 = {"name_or_path": "THUDM/chatglm3-6b", "remove_space": False, "do_lower_case": False, "encode_special_tokens": True,
+          "tokenizer_class": "ChatGLMTokenizer", "chat_template": "{% for message in messages %}<|{{ message['role'] }}|>{% endfor %}",
+          "auto_map": {"AutoTokenizer": ["tokenization_chatglm.ChatGLMTokenizer", None]}}
+    v2 = {"name_or_path": "THUDM/chatglm2-6b", "remove_space": False, "do_lower_case": False, "tokenizer_class": "ChatGLMTokenizer"}
+    glm4 = {"tokenizer_class": "ChatGLM4Tokenizer", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+            "added_tokens_decoder": {"151329": {"content": "<|endoftext|>", "special": True}}}
+    cases = {"v1_ice": (0, v1), "v1_added_token": (0, added), "v2_bpe": (1 | 4, v2), "v3_bpe": (1 | 8, v3),
+             "v3_no_py": (1, v3), "glm4_ranks": (2, glm4), "lower_case": (0, dict(v1, do_lower_case=True)),
+             "image_tokens_big": (0, dict(v1, num_image_tokens=1e12))}
+    for name, (b0, conf) in cases.items():
+        put("tokenizer_folder", name, bytes([b0]) + json.dumps(conf, ensure_ascii=False).encode())
+    put("tokenizer_folder", "no_config", bytes([0]))
+
+
 def dataset_info():
     """dataset_info.json files for fuzz_dataset_info: the first line is --dataset, the rest the file
     (beside it: d.json, e.jsonl and a folder sub)."""

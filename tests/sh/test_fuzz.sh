@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets in tests/fuzz (one per parser: safetensors, torch .bin, JSON data
 # records, config.json, --config files and flags, SentencePiece .model or GLM-4 rank file, tokenizer input text,
 # ChatGLM3's tool-call texts, the bodies `serve` takes, adapter folders' settings, LLaMA-Factory's
-# dataset_info.json)
+# dataset_info.json, a tokenizer folder's tokenizer_config.json)
 # with clang (fuzzer + ASan + UBSan, leaks count as crashes) and runs each for FUZZ_SECONDS
 # (default 15; `make fuzz` runs 60) from the seed corpus committed in tests/fuzz/seeds/<target>/
 # plus seeds made here (Python's safetensors/torch.save files when installed, small tokenizer
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 SECS=${FUZZ_SECONDS:-15}
 ART=${FUZZ_ARTIFACTS:-/tmp}
 PY=${GLM_PYTHON:-/usr/bin/python3}
-ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls serve_request adapter_config dataset_info"
+ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls serve_request adapter_config dataset_info tokenizer_folder"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 if ! command -v clang >/dev/null 2>&1; then
     for t in $TARGETS; do echo "SKIP fuzz_$t: clang is not installed (apt-get install clang)"; done
@@ -127,7 +127,7 @@ for t in $TARGETS; do
         continue
     fi
     [ -n "${FUZZ_BUILD_ONLY:-}" ] && continue
-    if [ "$t" = tokenizer_text ] && [ -z "$toks" ]; then
+    if { [ "$t" = tokenizer_text ] || [ "$t" = tokenizer_folder ]; } && [ -z "$toks" ]; then
         echo "SKIP fuzz_$t: no tokenizer (spm_train is not installed and ../shared has no ice_text.model)"
         continue
     fi
