@@ -37,13 +37,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-static void put(const char *path, const char *s, size_t n) {
-    FILE *f = fopen(path, "wb");
-    FUZZ_CHECK(f, "cannot write %s", path);
-    fwrite(s, 1, n, f);
-    fclose(f);
-}
-
 /* The module bit a name would adapt under peft's naming, 0 when it is no LoRA A or B of one. */
 static int name_bit(const char *name) {
     static const char *const mods[4] = {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
@@ -65,7 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     unlink(cfg_path);
     unlink(ptuning_path);
     unlink(st_path);
-    put(ptuning ? ptuning_path : cfg_path, text, json_len);
+    fuzz_write_file(ptuning ? ptuning_path : cfg_path, text, json_len);
 
     /* the tensor file: one float per name */
     char *names[MAX_NAMES];

@@ -24,13 +24,6 @@ static void cleanup(void) {
     rmdir(dir);
 }
 
-static void put(const char *path, const char *s, size_t n) {
-    FILE *f = fopen(path, "wb");
-    FUZZ_CHECK(f, "cannot write %s", path);
-    fwrite(s, 1, n, f);
-    fclose(f);
-}
-
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     trace = getenv("GLM_FUZZ_TRACE") != NULL;
     snprintf(dir, sizeof dir, "%s/glm_fuzz_dsinfo.XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
@@ -39,8 +32,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     snprintf(d_path, sizeof d_path, "%s/d.json", dir);
     snprintf(e_path, sizeof e_path, "%s/e.jsonl", dir);
     snprintf(sub_path, sizeof sub_path, "%s/sub", dir);
-    put(d_path, "[]", 2);
-    put(e_path, "", 0);
+    fuzz_write_file(d_path, "[]", 2);
+    fuzz_write_file(e_path, "", 0);
     mkdir(sub_path, 0700);
     atexit(cleanup);
     return 0;
@@ -73,7 +66,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *nl = memchr(data, '\n', size);
     if (!nl) return 0;
     char *names = fuzz_cstr(data, (size_t)(nl - data));
-    put(info_path, (const char *)nl + 1, size - (size_t)(nl - data) - 1);
+    fuzz_write_file(info_path, (const char *)nl + 1, size - (size_t)(nl - data) - 1);
     glm_data_source *src = NULL;
     int n = 0;
     glm_err err;

@@ -48,10 +48,7 @@ static void put(const char *name, const char *s, size_t n) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     if (!s) { unlink(p); return; }
-    FILE *f = fopen(p, "wb");
-    FUZZ_CHECK(f, "cannot write %s", p);
-    fwrite(s, 1, n, f);
-    fclose(f);
+    fuzz_write_file(p, s, n);
 }
 
 static const char *texts[] = {"Hello world", "[gMASK]<sop>你好 sop <|user|>\nhi<|assistant|>", "  a\tb\n\nc ", "<eop></s><pad>"};

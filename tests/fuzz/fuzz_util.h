@@ -31,4 +31,12 @@ static inline char *fuzz_cstr(const uint8_t *data, size_t size) {
 #define FUZZ_CHECK(cond, ...) \
     do { if (!(cond)) { fprintf(stderr, "fuzz invariant failed: %s: ", #cond); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); abort(); } } while (0)
 
+/* Writes data[0..n) as the file path (the targets that fuzz a folder rewrite its files per input). */
+static inline void fuzz_write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    FUZZ_CHECK(f, "cannot write %s", path);
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
 #endif
