@@ -345,7 +345,8 @@ static int next_csv(glm_reader *r, glm_record *rec, glm_err *err) {
             fail_at(r, at, err, why);
             return glm_hint(err, "fix the file (--skip_bad_samples cannot step over a broken quote)");
         }
-        size_t nul = find_nul(r, s, r->pos);
+        const char *z = memchr(r->buf + s, 0, r->pos - s); /* a raw NUL only: "\u0000" is plain text in CSV */
+        size_t nul = z ? (size_t)(z - r->buf) : r->pos;
         if (nul < r->pos) {
             if (bad(r, nul, 0, "the row holds a NUL byte: text with NUL is not supported", err)) return -1;
             continue;

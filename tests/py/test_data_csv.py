@@ -32,7 +32,8 @@ def prompts(path, *extra):
 
 
 def tricky_text(rng):
-    parts = ["春风", "明月", ",", '"', '""', "\n", "\r\n", " ", "\t", "a,b", 'say "hi"', "江南", "x", "", "；", "🙂"]
+    parts = ["春风", "明月", ",", '"', '""', "\n", "\r\n", " ", "\t", "a,b", 'say "hi"', "江南", "x", "", "；", "🙂",
+             "\\u0000", "\\n", "{\"k\": [1]}"]  # JSON-looking text is plain text in CSV
     return "".join(rng.choice(parts) for _ in range(rng.randint(0, 8)))
 
 
