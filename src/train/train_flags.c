@@ -329,6 +329,10 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"top_k", NULL, "", "generation settings are glmtrain generate's flags"},
     {"repetition_penalty", NULL, "", "generation settings are glmtrain generate's flags"},
     {"default_system", "", "", "a system prompt for every example is not added here: put it in the data's system field"},
+    /* Seq2SeqTrainingArguments' (THUDM's ptuning main.py parses them) */
+    {"generation_max_length", NULL, "", "--do_predict answers with main.py's trainer.predict settings; others: glmtrain generate"},
+    {"generation_num_beams", NULL, "", "--do_predict answers with main.py's trainer.predict settings; others: glmtrain generate"},
+    {"sortish_sample", "false|False|0", "", "batches of similar lengths: --group_by_length"},
 };
 
 /* one of a "a|b" list */
