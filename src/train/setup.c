@@ -491,13 +491,27 @@ static int load_data_ranked(trainer *t, glm_err *err) {
 
 
 /* The text of ids[0..n) with every token as itself, special tokens by name (what the model reads). */
+/* The tokens' bytes as text: valid UTF-8 as it is, any other byte as SentencePiece names a byte
+ * piece (<0xE5>), so a character that truncation cut, or a run of byte pieces, stays readable
+ * text on the terminal and in log files. */
 static void put_tokens(FILE *f, const glm_tokenizer *tok, const int32_t *ids, int n) {
+    char *all = NULL;
+    size_t len = 0;
     for (int i = 0; i < n; i++) {
-        size_t len;
-        char *b = glm_tokenizer_token_bytes(tok, ids[i], &len);
-        fwrite(b, 1, len, f);
+        size_t k;
+        char *b = glm_tokenizer_token_bytes(tok, ids[i], &k);
+        all = glm_realloc(all, len + k + 1);
+        memcpy(all + len, b, k);
+        len += k;
         free(b);
     }
+    for (size_t i = 0; i < len;) {
+        unsigned char c = (unsigned char)all[i];
+        size_t k = c < 0x80 ? 1 : c >> 5 == 6 ? 2 : c >> 4 == 14 ? 3 : c >> 3 == 30 ? 4 : 0;
+        if (k && i + k <= len && glm_utf8_valid(all + i, k)) { fwrite(all + i, 1, k, f); i += k; }
+        else { fprintf(f, "<0x%02X>", c); i++; }
+    }
+    free(all);
 }
 
 /* The first training example as the model sees it, the way THUDM's ptuning (print_dataset_example)
@@ -513,11 +527,14 @@ static void print_first_example(FILE *f, const glm_tokenizer *tok, const glm_exa
             targets);
     put_tokens(f, tok, ids, n);
     fprintf(f, "\nlabels: "); /* the target tokens, \u22ef where tokens without a target come between them */
-    for (int i = 0, any = 0; i < n; i++) {
-        if (lab[i] == -100) continue;
-        if (any && lab[i - 1] == -100) fputs(" \u22ef ", f);
+    for (int i = 0, any = 0; i < n;) {
+        if (lab[i] == -100) { i++; continue; }
+        int j = i;
+        while (j < n && lab[j] != -100) j++; /* a run of targets, written as one text */
+        if (any) fputs(" \u22ef ", f);
         any = 1;
-        put_tokens(f, tok, &lab[i], 1);
+        put_tokens(f, tok, &lab[i], j - i);
+        i = j;
     }
     fputc('\n', f);
     free(lab);

@@ -238,6 +238,25 @@ def configs(base, d, cfg):
     report("init_from_config_missing_hint", ok and "--model_name_or_path must" not in p.stderr, why)
 
 
+def first_example_cut_characters(base, d):
+    """The first example printed before training stays UTF-8 text when truncation cuts a character
+    that byte pieces spell (rare characters): the cut bytes show as <0xE9>, as SentencePiece names them."""
+    path = os.path.join(d, "rare.jsonl")
+    open(path, "w", encoding="utf-8").write(json.dumps({"instruction": "龘靐齉爩" * 3, "output": "龘"}, ensure_ascii=False) + "\n")
+    shown, all_utf8 = 0, True
+    for n in range(3, 12):
+        args = [a for a in base if a not in ("--max_source_length", "32")]
+        p = subprocess.run([GLM, "train"] + args + ["--train_file", path, "--output_dir", os.path.join(d, "rare%d" % n),
+                                                    "--max_steps", "1", "--save_strategy", "no", "--save_final_model", "false",
+                                                    "--max_source_length", str(n)], capture_output=True, timeout=120, env=ENV)
+        try:
+            err = p.stderr.decode("utf-8")
+            shown += "inputs: " in err and "<0x" in err
+        except UnicodeDecodeError:
+            all_utf8 = False
+    report("first_example_cut_character_stays_utf8", all_utf8 and shown > 0, "utf8 %s, <0x shown in %d runs" % (all_utf8, shown))
+
+
 def trailing_content(base, d, cfg, model, tok):
     """A JSON file with more after its value (two objects, or junk) is refused naming file:line:col,
     as Python's json.load refuses it ("Extra data"), never read as its first part."""
@@ -299,6 +318,7 @@ def main():
         chat_and_tokenize(model, tok, vocab)
         configs(base, d, cfg)
         trailing_content(base, d, cfg, model, tok)
+        first_example_cut_characters(base, d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     sys.exit(0 if all(results) else 1)
