@@ -28,7 +28,7 @@ typedef struct info_args {
 static const glm_flag info_flags[] = {
     F(model_name_or_path, ARG_STR, NULL, "model folder with config.json"),
     F(init_from_config, ARG_STR, NULL, "a config.json"),
-    F(chatglm6b, ARG_BOOL, "false", "use the ChatGLM-6B shapes (untied head, as the W1/W2 benchmarks)"),
+    F(chatglm6b, ARG_BOOL, "false", "use the ChatGLM-6B shapes (untied head, as bench/bench_train.c)"),
     F(per_device_train_batch_size, ARG_INT, "8", "micro-batch rows"),
     F(max_source_length, ARG_INT, "1024", "prompt tokens"),
     F(max_target_length, ARG_INT, "128", "answer tokens"),

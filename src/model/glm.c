@@ -80,7 +80,8 @@ static void init_common(glm_model *m, const glm_config *c, glm_backend *be, int 
     bind_weights(m, &m->g, 1);
     /* Rows of logits per head chunk. Each chunk re-reads and re-writes the head's weight
      * gradient ([V, H]: 1 GB at ChatGLM-6B in bf16), so the GPU wants few, large chunks
-     * (2048: 7.8 ms less per W1 step than 256); the CPU keeps its logits small. */
+     * (2048 rows: eight times fewer passes over it than 256; docs/PERF.md has the measured
+     * difference); the CPU keeps its logits small. */
     m->head_chunk = strncmp(be->name, "cuda", 4) == 0 ? 2048 : 256;
     m->flat_cap = m->tab.total;
 }

@@ -140,8 +140,8 @@ static int n_bcast(glm_comm *c, void *buf, size_t n, glm_cdtype dt, int root, co
 static void n_poke(glm_comm *c) {} /* NCCL progresses on its own */
 
 /* User-buffer registration: lets NCCL's NVLink transport read and write the gradient and
- * parameter buffers directly instead of through its own staging buffers (the ZeRO all-gather
- * of a W1 step: 45 -> 39 ms, docs/PERF.md). cudaMalloc'd buffers need NCCL_LOCAL_REGISTER and
+ * parameter buffers directly instead of through its own staging buffers (one copy fewer each
+ * way; docs/PERF.md has the measured ZeRO all-gather). cudaMalloc'd buffers need NCCL_LOCAL_REGISTER and
  * NCCL_LEGACY_CUDA_REGISTER, set at communicator creation unless the user set them.
  * GLMTRAIN_NCCL_REGISTER=0 turns it off; a failure only logs. */
 static void n_register(glm_comm *c, void *buf, size_t bytes) {
@@ -252,8 +252,8 @@ int glm_comm_nccl(glm_comm **out, int rank, int world, const void *id, void *com
     c->impl = im;
     im->compute = (cudaStream_t)compute_stream;
     /* the collectives' stream has the highest priority: a collective kernel gets SMs as soon as
-     * any free up, so a ZeRO piece's all-gather runs beside the AdamW of the next piece
-     * (docs/PERF.md: -3 ms per W1 step) */
+     * any free up, so a ZeRO piece's all-gather runs beside the AdamW of the next piece instead
+     * of after it (docs/PERF.md) */
     int lo_prio = 0, hi_prio = 0;
     cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio);
     if (cudaStreamCreateWithPriority(&im->cs, cudaStreamNonBlocking, hi_prio) != cudaSuccess ||

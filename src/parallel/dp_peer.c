@@ -324,8 +324,8 @@ int glm_dp_peer_reduce(glm_dp *dp, int last_batch, glm_err *err) {
     p->begun = 0;
     if (p->early_add && last_batch > 0 && last_batch < p->nb) {
         /* the buckets of earlier batches are summed while the last batch (the embedding's, sent
-         * when backward ends) still travels: W1 ZeRO-0 95.2-95.6% of one GPU instead of 94.1-95.0
-         * in the same call (docs/PERF.md) */
+         * when backward ends) still travels, so that sum no longer waits for it (docs/PERF.md
+         * has the measured gain) */
         double a = 0, b = 0;
         if (add_landed(dp, 0, last_batch, &a, err) || add_landed(dp, last_batch, p->nb, &b, err)) return -1;
         p->sumsq = a + b;

@@ -200,14 +200,19 @@ static int load_best(trainer *t, glm_err *err) {
  * still running after backward, the norm, the update (AdamW and ZeRO's parameter all-gather).
  * *stop: a rank got SIGINT/SIGTERM, and the step was not taken (the data cursor is back where
  * it was, for the checkpoint). */
+/* A strategy flag's value (the flag table allows no|steps|epoch alone). */
+static int when(const char *strategy) {
+    return !strcmp(strategy, "steps") ? GLM_WHEN_STEPS : !strcmp(strategy, "epoch") ? GLM_WHEN_EPOCH : GLM_WHEN_NO;
+}
+
 /* Whether optimizer step `next` logs the training loss: the Trainer's logging_strategy (steps:
  * every logging_steps, and the last step here; epoch: the step that ends an epoch, known before
  * it runs from the micro-batches left; no: never), and logging_first_step whatever the strategy. */
 static int log_due(trainer *t, long next) {
     const glm_train_args *a = t->a;
     if (a->logging_first_step && next == 1) return 1;
-    if (!strcmp(a->logging_strategy, "steps")) return next % a->logging_steps == 0 || next == t->total_steps;
-    if (!strcmp(a->logging_strategy, "epoch")) return (long)glm_loader_steps_left(t->train_ld) <= a->gradient_accumulation_steps;
+    if (t->log_when == GLM_WHEN_STEPS) return next % a->logging_steps == 0 || next == t->total_steps;
+    if (t->log_when == GLM_WHEN_EPOCH) return (long)glm_loader_steps_left(t->train_ld) <= a->gradient_accumulation_steps;
     return 0;
 }
 
@@ -442,8 +447,11 @@ static int run(trainer *t, glm_err *err) {
     }
     if (strncmp(t->be->name, "cuda", 4) == 0) t->gs = glm_gpustat_open(glm_local_device(t->dp->dist.local_rank));
     long eval_every = a->eval_steps > 0 ? a->eval_steps : a->logging_steps;
-    int eval_on = t->eval_ld && strcmp(a->eval_strategy, "no") != 0;
-    if (strcmp(a->eval_strategy, "no") != 0 && !t->eval_ld)
+    t->log_when = when(a->logging_strategy);
+    t->eval_when = when(a->eval_strategy);
+    t->save_when = when(a->save_strategy);
+    int eval_on = t->eval_ld && t->eval_when != GLM_WHEN_NO;
+    if (t->eval_when != GLM_WHEN_NO && !t->eval_ld)
         glm_warn("--eval_strategy %s but no validation data (--validation_file or --val_size): evaluation skipped", a->eval_strategy);
     if (a->do_eval && !t->eval_ld)
         glm_warn("--do_eval but no validation data (--validation_file or --val_size): evaluation skipped");
@@ -453,7 +461,7 @@ static int run(trainer *t, glm_err *err) {
     glm_info("training: %ld optimizer steps (%ld per epoch, %ld micro-batches of %d rows per epoch, accumulation %d), warmup %ld, schedule %s",
              t->total_steps, t->steps_per_epoch, t->micro_per_epoch, a->per_device_train_batch_size,
              a->gradient_accumulation_steps, t->warmup, a->lr_scheduler_type);
-    if (!a->save_final_model && strcmp(a->save_strategy, "no") == 0 && lead(t))
+    if (!a->save_final_model && t->save_when == GLM_WHEN_NO && lead(t))
         glm_info("--save_final_model false with --save_strategy no: nothing of this run will be saved");
     glm_progress_init(&t->prog, stderr, t->st.global_step, t->total_steps, a->disable_tqdm);
     if (a->eval_on_start) { /* the Trainer's eval_on_start: the model as the first step finds it */
@@ -502,9 +510,9 @@ static int run(trainer *t, glm_err *err) {
         glm_data_cursor cur = glm_loader_cursor(t->train_ld);
         int epoch_end = cur.step == 0; /* the last micro-batch rolled the cursor over */
         /* the Trainer's eval_delay: steps, or epochs done, by the strategy */
-        if (eval_on && ((strcmp(a->eval_strategy, "steps") == 0 && t->st.global_step % eval_every == 0 &&
+        if (eval_on && ((t->eval_when == GLM_WHEN_STEPS && t->st.global_step % eval_every == 0 &&
                          a->eval_delay <= (double)t->st.global_step) ||
-                        (strcmp(a->eval_strategy, "epoch") == 0 && epoch_end && a->eval_delay <= (double)cur.epoch))) {
+                        (t->eval_when == GLM_WHEN_EPOCH && epoch_end && a->eval_delay <= (double)cur.epoch))) {
             if (evaluate_and_log(t, err)) return -1;
             t->eval_step = t->st.global_step; /* a checkpoint saved at this step carries it (--load_best_model_at_end) */
         }
@@ -512,8 +520,8 @@ static int run(trainer *t, glm_err *err) {
         double out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
         glm_par p = par(t);
         if (a->max_train_seconds > 0 && glm_par_sum(&p, &out_of_time, 1, 0, "time limit", err)) return -1;
-        if ((strcmp(a->save_strategy, "steps") == 0 && t->st.global_step % a->save_steps == 0) ||
-            (strcmp(a->save_strategy, "epoch") == 0 && epoch_end) || out_of_time > 0)
+        if ((t->save_when == GLM_WHEN_STEPS && t->st.global_step % a->save_steps == 0) ||
+            (t->save_when == GLM_WHEN_EPOCH && epoch_end) || out_of_time > 0)
             if (save_checkpoint(t, err)) return -1;
         glm_progress_update(&t->prog, t->st.global_step, last_loss, tok_acc / (now - t_log > 1e-3 ? now - t_log : 1e-3));
         if (out_of_time > 0) { glm_progress_log(&t->prog, "[glmtrain] --max_train_seconds reached; stopping"); break; }
