@@ -177,6 +177,13 @@ static int save_state(const char *path, const glm_train_state *st, long opt_step
         cJSON_AddNullToObject(o, "best_metric");
         cJSON_AddNullToObject(o, "best_model_checkpoint");
     }
+    if (st->early_stop_patience > 0) { /* as transformers' TrainerState writes stateful_callbacks */
+        cJSON *es = cJSON_AddObjectToObject(cJSON_AddObjectToObject(o, "stateful_callbacks"), "EarlyStoppingCallback");
+        cJSON *args = cJSON_AddObjectToObject(es, "args");
+        cJSON_AddNumberToObject(args, "early_stopping_patience", (double)st->early_stop_patience);
+        cJSON_AddNumberToObject(args, "early_stopping_threshold", st->early_stop_threshold);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(es, "attributes"), "early_stopping_patience_counter", (double)st->early_stop_count);
+    }
     cJSON *hist = st->log_history ? cJSON_Parse(st->log_history) : NULL;
     cJSON_AddItemToObject(o, "log_history", hist ? hist : cJSON_CreateArray());
     char *s = cJSON_Print(o);
@@ -222,6 +229,9 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
     free(st->log_history);
     st->log_history = NULL;
     if ((v = cJSON_GetObjectItem(o, "log_history")) && cJSON_IsArray(v)) st->log_history = cJSON_PrintUnformatted(v);
+    v = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "stateful_callbacks"), "EarlyStoppingCallback"),
+                                                "attributes"), "early_stopping_patience_counter");
+    st->early_stop_count = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 1e9 ? (long)v->valuedouble : 0;
     cJSON_Delete(o);
     return 0;
 }

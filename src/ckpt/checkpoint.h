@@ -30,6 +30,10 @@ typedef struct glm_train_state {
      * (Hugging Face's best_metric / best_model_checkpoint; best_checkpoint "" when none) */
     double best_metric;
     char best_checkpoint[1024];
+    /* --early_stopping_patience: evaluations in a row without an improvement, and the settings, as
+     * transformers keeps EarlyStoppingCallback's state (stateful_callbacks; patience 0: none) */
+    long early_stop_count, early_stop_patience;
+    double early_stop_threshold;
 } glm_train_state;
 
 /* Optimizer state in host memory over flat elements of the tensor table's layout: [lo, hi)

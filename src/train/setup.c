@@ -157,6 +157,15 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
                                  "steps, but found %ld, which is not a round multiple of %ld", a->save_steps, ev),
                    glm_hint(err, "e.g. --save_steps %ld", ev * (a->save_steps / ev > 0 ? a->save_steps / ev : 1));
     }
+    if (a->early_stopping_patience < 0) return glm_fail(err, "--early_stopping_patience %d: a number of evaluations (0: never stop early)", a->early_stopping_patience);
+    if (!(a->early_stopping_threshold >= 0 && isfinite(a->early_stopping_threshold)))
+        return glm_fail(err, "--early_stopping_threshold %g: the improvement that counts, 0 or more", a->early_stopping_threshold);
+    if (a->early_stopping_patience > 0 && !a->load_best_model_at_end) /* transformers' EarlyStoppingCallback asserts both */
+        return glm_fail(err, "--early_stopping_patience requires --load_best_model_at_end"),
+               glm_hint(err, "add --load_best_model_at_end with --eval_strategy and --save_strategy steps (or epoch): the run "
+                             "then ends on its best checkpoint");
+    if (a->early_stopping_patience > 0 && !strcmp(a->eval_strategy, "no"))
+        return glm_fail(err, "--early_stopping_patience requires an --eval_strategy of steps or epoch");
     if (strcmp(a->save_strategy, "steps") == 0 && a->save_steps < 1) return glm_fail(err, "--save_steps must be at least 1");
     if (a->pipeline_parallel_size < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
     if (a->num_microbatches < 0) return glm_fail(err, "--num_microbatches must not be negative");

@@ -137,14 +137,31 @@ static int on_bad_step(trainer *t, double loss, double norm, float lr, int in_a_
 
 /* --load_best_model_at_end: whether an evaluation at this step beats the best so far (the
  * checkpoint about to be saved then becomes the best, as the Trainer decides in _save_checkpoint) */
+static double best_model_metric(const trainer *t) {
+    return strstr(t->a->metric_for_best_model, "perplexity") ? t->eval_ppl : t->eval_loss;
+}
+
 static void note_best(trainer *t) {
     const glm_train_args *a = t->a;
     if (!a->load_best_model_at_end || t->eval_step != t->st.global_step) return;
-    double v = strstr(a->metric_for_best_model, "perplexity") ? t->eval_ppl : t->eval_loss;
+    double v = best_model_metric(t);
     int better = !t->st.best_checkpoint[0] || (a->greater_is_better ? v > t->st.best_metric : v < t->st.best_metric);
     if (!better) return;
     t->st.best_metric = v;
     snprintf(t->st.best_checkpoint, sizeof t->st.best_checkpoint, "%s/checkpoint-%ld", a->output_dir, t->st.global_step);
+}
+
+/* --early_stopping_patience, as transformers' EarlyStoppingCallback.check_metric_value: the
+ * evaluation just made against the best of the saved ones before it (note_best takes a new best
+ * when the checkpoint of this step is saved); whether the run should stop now. */
+static int early_stop_due(trainer *t) {
+    const glm_train_args *a = t->a;
+    if (a->early_stopping_patience <= 0) return 0;
+    double v = best_model_metric(t), best = t->st.best_metric;
+    int better = !t->st.best_checkpoint[0] ||
+                 ((a->greater_is_better ? v > best : v < best) && fabs(v - best) > a->early_stopping_threshold);
+    t->st.early_stop_count = better ? 0 : t->st.early_stop_count + 1;
+    return t->st.early_stop_count >= a->early_stopping_patience;
 }
 
 /* the step of the best checkpoint (0: none) */
@@ -469,6 +486,9 @@ static int run(trainer *t, glm_err *err) {
         else if (evaluate_and_log(t, err)) return -1;
     }
     double t_start = glm_now(), t_log = t_start, loss_acc = 0, tok_acc = 0, last_loss = NAN;
+    int stop_early = 0;
+    t->st.early_stop_patience = a->early_stopping_patience; /* what checkpoints record beside the count */
+    t->st.early_stop_threshold = a->early_stopping_threshold;
     long n_acc = 0;
     int bad_in_a_row = 0; /* bf16/fp32 steps skipped for a non-finite loss or norm */
     char line[512];
@@ -515,6 +535,7 @@ static int run(trainer *t, glm_err *err) {
                         (t->eval_when == GLM_WHEN_EPOCH && epoch_end && a->eval_delay <= (double)cur.epoch))) {
             if (evaluate_and_log(t, err)) return -1;
             t->eval_step = t->st.global_step; /* a checkpoint saved at this step carries it (--load_best_model_at_end) */
+            stop_early = early_stop_due(t);
         }
         /* ranks must agree on stopping: rank clocks differ, so they vote */
         double out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
@@ -525,6 +546,14 @@ static int run(trainer *t, glm_err *err) {
             if (save_checkpoint(t, err)) return -1;
         glm_progress_update(&t->prog, t->st.global_step, last_loss, tok_acc / (now - t_log > 1e-3 ? now - t_log : 1e-3));
         if (out_of_time > 0) { glm_progress_log(&t->prog, "[glmtrain] --max_train_seconds reached; stopping"); break; }
+        if (stop_early) {
+            snprintf(line, sizeof line, "[glmtrain] early stopping at step %ld: eval_%s has not improved on the best (%.6g) by "
+                     "more than %g for %ld evaluations (--early_stopping_patience %d)", t->st.global_step,
+                     strstr(a->metric_for_best_model, "perplexity") ? "perplexity" : "loss", t->st.best_metric,
+                     a->early_stopping_threshold, t->st.early_stop_count, a->early_stopping_patience);
+            glm_progress_log(&t->prog, line);
+            break;
+        }
     }
     glm_progress_done(&t->prog);
     glm_info("trained %ld steps in %.1f s", t->st.global_step, glm_now() - t_start);

@@ -60,6 +60,8 @@ typedef struct glm_train_args {
     int save_total_limit, seed, disable_tqdm, logging_first_step, save_final_model;
     /* Hugging Face's best-checkpoint keeping (train.c) */
     int load_best_model_at_end, greater_is_better;
+    int early_stopping_patience;     /* transformers' EarlyStoppingCallback: evaluations without improvement */
+    double early_stopping_threshold; /* the improvement that counts */
     char *metric_for_best_model;
     int max_bad_steps;     /* consecutive non-finite steps (bf16/fp32) before the run stops */
     /* precision and memory */

@@ -118,6 +118,10 @@ const glm_flag glm_train_flags[] = {
     F(load_best_model_at_end, ARG_BOOL, "false", "the final model is the checkpoint with the best evaluation (kept through --save_total_limit); needs --eval_strategy equal to --save_strategy"),
     F(metric_for_best_model, ARG_STR, "loss", "what --load_best_model_at_end compares: loss (eval_loss) or perplexity (eval_perplexity)"),
     F(greater_is_better, ARG_BOOL, "false", "whether a greater --metric_for_best_model is better (false for loss and perplexity)"),
+    F(early_stopping_patience, ARG_INT, "0", "stop when --metric_for_best_model has not improved on the best by more than "
+      "--early_stopping_threshold for N evaluations in a row (transformers' EarlyStoppingCallback; 0: never; needs "
+      "--load_best_model_at_end)"),
+    F(early_stopping_threshold, ARG_FLOAT, "0", "the improvement of the metric that counts for --early_stopping_patience"),
     C(save_dtype, "float32", "float32|float16|bfloat16", "dtype of the final model's safetensors"),
     F(max_shard_size, ARG_STR, "10GB", "largest safetensors shard of the final model, as save_pretrained (10GB = 1e10 bytes, 1GiB = 2^30; 0 = one file)"),
     F(save_final_model, ARG_BOOL, "true", "write the trained model to output_dir at the end (false: checkpoints only, e.g. benchmarks)"),

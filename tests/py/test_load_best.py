@@ -7,7 +7,11 @@
   evaluates it (its eval_loss is the best metric);
 - a run resumed half-way keeps the best of its first half;
 - the Trainer's own checks: eval and save strategies must match, save_steps a multiple of
-  eval_steps, and a metric glmtrain computes.
+  eval_steps, and a metric glmtrain computes;
+- --early_stopping_patience / --early_stopping_threshold stop the run where transformers'
+  EarlyStoppingCallback would on the same evaluations (its rule re-implemented here), keep the
+  count in trainer_state.json's stateful_callbacks so a resumed run stops at the same step, and
+  need --load_best_model_at_end as the callback does.
 The validation set differs from the training data, so its loss falls and then rises: the best
 is not the last checkpoint. Prints PASS/FAIL/SKIP lines."""
 import json
@@ -93,6 +97,40 @@ def main():
         report("greater_is_better_takes_the_greatest", stg.get("best_model_checkpoint", "").endswith("checkpoint-%d" % worst),
                "%s vs %s" % (stg.get("best_model_checkpoint"), worst))
 
+        # --early_stopping_patience: where transformers' EarlyStoppingCallback would stop on run a's evaluations
+        # (check_metric_value against the best of the saved evaluations before), the same run stops
+        def hf_stop(evals, patience, threshold):
+            best, count = None, 0
+            for step in sorted(evals):
+                v = evals[step]
+                count = 0 if best is None or (v < best and abs(v - best) > threshold) else count + 1
+                if count >= patience:
+                    return step
+                best = v if best is None or v < best else best
+            return None
+        for name, pat, thr in (("patience_2", 2, 0.0), ("threshold", 2, 1e6)):
+            want = hf_stop(evals, pat, thr)
+            e = run("es_" + name, "--max_steps", "16", "--early_stopping_patience", str(pat), "--early_stopping_threshold", str(thr))
+            ste = state(e, want) if e.returncode == 0 and want and os.path.isdir(os.path.join(e.dir, "checkpoint-%d" % want)) else {}
+            cb = ste.get("stateful_callbacks", {}).get("EarlyStoppingCallback", {})
+            report("early_stopping_%s_where_transformers_stops" % name, want is not None and want < 16
+                   and ste.get("global_step") == want and not os.path.isdir(os.path.join(e.dir, "checkpoint-%d" % (want + 2)))
+                   and "early stopping at step %d" % want in e.stderr
+                   and cb.get("attributes", {}).get("early_stopping_patience_counter") == pat,
+                   "want %s, evals %s, %s" % (want, evals, e.stderr[-300:]))
+        want = hf_stop(evals, 2, 0.0)
+        if want and want > 2:  # resumed just before it stops: the count carried in trainer_state.json stops it at the same step
+            h2 = run("es_half", "--max_steps", str(want - 2), "--early_stopping_patience", "2")
+            r2 = subprocess.run([GLM, "train", "--output_dir", h2.dir, "--resume_from_checkpoint"] + common +
+                                ["--max_steps", "16", "--early_stopping_patience", "2"], capture_output=True, text=True, timeout=300,
+                                env=ENV) if h2.returncode == 0 else h2
+            report("early_stopping_count_survives_resume", r2.returncode == 0 and "early stopping at step %d" % want in r2.stderr,
+                   r2.stderr[-300:])
+        for name, flags, msg in (("early_stopping_without_best", ["--early_stopping_patience", "2", "--load_best_model_at_end", "false"],
+                                  "--early_stopping_patience requires --load_best_model_at_end"),
+                                 ("early_stopping_negative", ["--early_stopping_patience", "-1"], "a number of evaluations")):
+            q = run("bad_" + name, "--max_steps", "2", *flags)
+            report("refused_" + name, q.returncode != 0 and msg in q.stderr, q.stderr[-300:])
         for name, flags, msg in (("strategies_differ", ["--save_strategy", "epoch"], "save and eval strategy to match"),
                                  ("save_not_multiple", ["--save_steps", "3"], "round multiple of the evaluation steps"),
                                  ("unknown_metric", ["--metric_for_best_model", "bleu-4"], "--metric_for_best_model bleu-4")):
