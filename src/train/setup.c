@@ -142,11 +142,17 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
                                  "`wandb sync --sync-tensorboard <output_dir>/runs`");
         return glm_hint(err, "use --report_to tensorboard (or none); other trackers read TensorBoard's event files");
     }
-    if (a->load_best_model_at_end) { /* transformers' TrainingArguments checks, in its words */
+    int save_best = !strcmp(a->save_strategy, "best");
+    if (save_best && !strcmp(a->eval_strategy, "no"))
+        return glm_fail(err, "--save_strategy best saves at the evaluations that beat the best so far, and --eval_strategy is no"),
+               glm_hint(err, "add --eval_strategy steps (with --eval_steps) or epoch");
+    if (a->load_best_model_at_end || save_best) { /* transformers' TrainingArguments checks, in its words */
         const char *m = a->metric_for_best_model;
         if (strcmp(m, "loss") && strcmp(m, "eval_loss") && strcmp(m, "perplexity") && strcmp(m, "eval_perplexity"))
             return glm_fail(err, "--metric_for_best_model %s: glmtrain's evaluation gives eval_loss and eval_perplexity", m),
                    glm_hint(err, "use loss or perplexity; BLEU/ROUGE of generated answers come from glmtrain generate --input_file");
+    }
+    if (a->load_best_model_at_end && !save_best) {
         if (strcmp(a->eval_strategy, a->save_strategy))
             return glm_fail(err, "--load_best_model_at_end requires the save and eval strategy to match, but found\n"
                                  "- Evaluation strategy: %s\n- Save strategy: %s", a->eval_strategy, a->save_strategy),

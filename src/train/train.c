@@ -141,12 +141,17 @@ static double best_model_metric(const trainer *t) {
     return strstr(t->a->metric_for_best_model, "perplexity") ? t->eval_ppl : t->eval_loss;
 }
 
+/* Whether the evaluation just made beats the best of the saved ones (none yet: it does). */
+static int beats_best(const trainer *t) {
+    double v = best_model_metric(t);
+    return !t->st.best_checkpoint[0] || (t->a->greater_is_better ? v > t->st.best_metric : v < t->st.best_metric);
+}
+
 static void note_best(trainer *t) {
     const glm_train_args *a = t->a;
-    if (!a->load_best_model_at_end || t->eval_step != t->st.global_step) return;
+    if ((!a->load_best_model_at_end && t->save_when != GLM_WHEN_BEST) || t->eval_step != t->st.global_step) return;
     double v = best_model_metric(t);
-    int better = !t->st.best_checkpoint[0] || (a->greater_is_better ? v > t->st.best_metric : v < t->st.best_metric);
-    if (!better) return;
+    if (!beats_best(t)) return;
     t->st.best_metric = v;
     snprintf(t->st.best_checkpoint, sizeof t->st.best_checkpoint, "%s/checkpoint-%ld", a->output_dir, t->st.global_step);
 }
@@ -217,9 +222,10 @@ static int load_best(trainer *t, glm_err *err) {
  * still running after backward, the norm, the update (AdamW and ZeRO's parameter all-gather).
  * *stop: a rank got SIGINT/SIGTERM, and the step was not taken (the data cursor is back where
  * it was, for the checkpoint). */
-/* A strategy flag's value (the flag table allows no|steps|epoch alone). */
+/* A strategy flag's value (the flag table allows no|steps|epoch, and best for saving, alone). */
 static int when(const char *strategy) {
-    return !strcmp(strategy, "steps") ? GLM_WHEN_STEPS : !strcmp(strategy, "epoch") ? GLM_WHEN_EPOCH : GLM_WHEN_NO;
+    return !strcmp(strategy, "steps") ? GLM_WHEN_STEPS : !strcmp(strategy, "epoch") ? GLM_WHEN_EPOCH
+         : !strcmp(strategy, "best") ? GLM_WHEN_BEST : GLM_WHEN_NO;
 }
 
 /* Whether optimizer step `next` logs the training loss: the Trainer's logging_strategy (steps:
@@ -500,7 +506,7 @@ static int run(trainer *t, glm_err *err) {
         float lr = glm_lr_sched_at(&t->sched, t->st.global_step - (a->fp16 ? t->scaler.skipped : 0));
         double norm = 0, tokens = 0;
         glm_step_phases ph = {0};
-        int skipped = 0, stop = 0;
+        int skipped = 0, stop = 0, new_best = 0;
         glm_dp_set_step(t->dp, next);
         glm_presence_step(&t->pres, next);
         double loss = train_step(t, lr, log_now, &norm, &tokens, &skipped, &stop, &ph, err);
@@ -535,6 +541,7 @@ static int run(trainer *t, glm_err *err) {
                         (t->eval_when == GLM_WHEN_EPOCH && epoch_end && a->eval_delay <= (double)cur.epoch))) {
             if (evaluate_and_log(t, err)) return -1;
             t->eval_step = t->st.global_step; /* a checkpoint saved at this step carries it (--load_best_model_at_end) */
+            new_best = t->save_when == GLM_WHEN_BEST && beats_best(t);
             stop_early = early_stop_due(t);
         }
         /* ranks must agree on stopping: rank clocks differ, so they vote */
@@ -542,7 +549,7 @@ static int run(trainer *t, glm_err *err) {
         glm_par p = par(t);
         if (a->max_train_seconds > 0 && glm_par_sum(&p, &out_of_time, 1, 0, "time limit", err)) return -1;
         if ((t->save_when == GLM_WHEN_STEPS && t->st.global_step % a->save_steps == 0) ||
-            (t->save_when == GLM_WHEN_EPOCH && epoch_end) || out_of_time > 0)
+            (t->save_when == GLM_WHEN_EPOCH && epoch_end) || new_best || out_of_time > 0)
             if (save_checkpoint(t, err)) return -1;
         glm_progress_update(&t->prog, t->st.global_step, last_loss, tok_acc / (now - t_log > 1e-3 ? now - t_log : 1e-3));
         if (out_of_time > 0) { glm_progress_log(&t->prog, "[glmtrain] --max_train_seconds reached; stopping"); break; }

@@ -112,7 +112,8 @@ const glm_flag glm_train_flags[] = {
     F(eval_steps, ARG_LONG, "0", "evaluate every N steps (default: logging_steps)"),
     F(eval_delay, ARG_FLOAT, "0", "no evaluation before this many steps (--eval_strategy steps) or epochs (epoch)"),
     F(eval_on_start, ARG_BOOL, "false", "evaluate once before the first step (a resumed run: before its next step), as a sanity check"),
-    C(save_strategy, "steps", "no|steps|epoch", "when to save checkpoints"),
+    C(save_strategy, "steps", "no|steps|epoch|best", "when to save checkpoints (best: at each evaluation that beats the "
+      "best so far by --metric_for_best_model, as transformers 4.47's)"),
     F(save_steps, ARG_LONG, "500", "save a checkpoint every N steps"),
     F(save_total_limit, ARG_INT, "0", "keep at most N checkpoints (0 = all)"),
     F(load_best_model_at_end, ARG_BOOL, "false", "the final model is the checkpoint with the best evaluation (kept through --save_total_limit); needs --eval_strategy equal to --save_strategy"),

@@ -11,7 +11,8 @@
 - --early_stopping_patience / --early_stopping_threshold stop the run where transformers'
   EarlyStoppingCallback would on the same evaluations (its rule re-implemented here), keep the
   count in trainer_state.json's stateful_callbacks so a resumed run stops at the same step, and
-  need --load_best_model_at_end as the callback does.
+  need --load_best_model_at_end as the callback does;
+- --save_strategy best saves a checkpoint at each evaluation that beats the best before it.
 The validation set differs from the training data, so its loss falls and then rises: the best
 is not the last checkpoint. Prints PASS/FAIL/SKIP lines."""
 import json
@@ -126,7 +127,22 @@ def main():
                                 env=ENV) if h2.returncode == 0 else h2
             report("early_stopping_count_survives_resume", r2.returncode == 0 and "early stopping at step %d" % want in r2.stderr,
                    r2.stderr[-300:])
-        for name, flags, msg in (("early_stopping_without_best", ["--early_stopping_patience", "2", "--load_best_model_at_end", "false"],
+        # --save_strategy best (transformers 4.47's): a checkpoint at each evaluation that beats the best before it
+        sb = subprocess.run([GLM, "train", "--output_dir", os.path.join(d, "save_best")] +
+                            [x for x in common if x != "--load_best_model_at_end"] + ["--max_steps", "16", "--save_strategy", "best"],
+                            capture_output=True, text=True, timeout=300, env=ENV)
+        want_steps, low = [], None
+        for step in sorted(evals):
+            if low is None or evals[step] < low:
+                want_steps.append(step)
+                low = evals[step]
+        got = sorted(int(n.split("-")[1]) for n in os.listdir(os.path.join(d, "save_best")) if n.startswith("checkpoint-")) \
+            if sb.returncode == 0 else None
+        report("save_strategy_best_saves_each_new_best", got == want_steps and len(want_steps) < len(evals),
+               "%s vs %s %s" % (got, want_steps, sb.stderr[-300:]))
+        for name, flags, msg in (("save_best_without_eval", ["--save_strategy", "best", "--eval_strategy", "no",
+                                                             "--load_best_model_at_end", "false"], "--eval_strategy is no"),
+                                 ("early_stopping_without_best", ["--early_stopping_patience", "2", "--load_best_model_at_end", "false"],
                                   "--early_stopping_patience requires --load_best_model_at_end"),
                                  ("early_stopping_negative", ["--early_stopping_patience", "-1"], "a number of evaluations")):
             q = run("bad_" + name, "--max_steps", "2", *flags)
