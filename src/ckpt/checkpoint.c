@@ -1,6 +1,7 @@
 #define _XOPEN_SOURCE 700
 #include "ckpt/checkpoint.h"
 #include <cJSON.h>
+#include <math.h>
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -177,6 +178,15 @@ static int save_state(const char *path, const glm_train_state *st, long opt_step
         cJSON_AddNullToObject(o, "best_metric");
         cJSON_AddNullToObject(o, "best_model_checkpoint");
     }
+    if (st->has_plateau) { /* what torch's ReduceLROnPlateau.state_dict() keeps (scheduler.pt in a Trainer checkpoint) */
+        cJSON *p = cJSON_AddObjectToObject(o, "lr_scheduler");
+        cJSON_AddStringToObject(p, "type", "reduce_lr_on_plateau");
+        cJSON_AddNumberToObject(p, "lr", st->plateau.lr);
+        if (isfinite(st->plateau.best)) cJSON_AddNumberToObject(p, "best", st->plateau.best);
+        else cJSON_AddNullToObject(p, "best"); /* none yet: mode_worse */
+        cJSON_AddNumberToObject(p, "num_bad_epochs", (double)st->plateau.num_bad);
+        cJSON_AddNumberToObject(p, "cooldown_counter", (double)st->plateau.cooldown_left);
+    }
     if (st->early_stop_patience > 0) { /* as transformers' TrainerState writes stateful_callbacks */
         cJSON *es = cJSON_AddObjectToObject(cJSON_AddObjectToObject(o, "stateful_callbacks"), "EarlyStoppingCallback");
         cJSON *args = cJSON_AddObjectToObject(es, "args");
@@ -232,6 +242,14 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
     v = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "stateful_callbacks"), "EarlyStoppingCallback"),
                                                 "attributes"), "early_stopping_patience_counter");
     st->early_stop_count = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 1e9 ? (long)v->valuedouble : 0;
+    cJSON *ps = cJSON_GetObjectItem(o, "lr_scheduler");
+    const cJSON *plr = cJSON_GetObjectItem(ps, "lr"), *pb = cJSON_GetObjectItem(ps, "best"),
+                *pn = cJSON_GetObjectItem(ps, "num_bad_epochs"), *pc = cJSON_GetObjectItem(ps, "cooldown_counter");
+    st->has_plateau = cJSON_IsNumber(plr) && plr->valuedouble >= 0 && cJSON_IsNumber(pn) && pn->valuedouble >= 0 &&
+                      pn->valuedouble < 1e9 && cJSON_IsNumber(pc) && pc->valuedouble >= 0 && pc->valuedouble < 1e9;
+    if (st->has_plateau) /* a best of null is none yet: the caller's mode decides its starting value */
+        st->plateau = (glm_lr_plateau){.lr = plr->valuedouble, .best = cJSON_IsNumber(pb) ? pb->valuedouble : NAN,
+                                       .num_bad = (long)pn->valuedouble, .cooldown_left = (long)pc->valuedouble};
     cJSON_Delete(o);
     return 0;
 }

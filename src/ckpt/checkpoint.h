@@ -11,6 +11,7 @@
 #include "core/err.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
+#include "optim/schedule.h"
 
 typedef struct glm_train_state {
     long global_step;     /* optimizer steps done */
@@ -34,6 +35,9 @@ typedef struct glm_train_state {
      * transformers keeps EarlyStoppingCallback's state (stateful_callbacks; patience 0: none) */
     long early_stop_count, early_stop_patience;
     double early_stop_threshold;
+    /* --lr_scheduler_type reduce_lr_on_plateau: its state at the save (has_plateau 0: another schedule) */
+    int has_plateau;
+    glm_lr_plateau plateau;
 } glm_train_state;
 
 /* Optimizer state in host memory over flat elements of the tensor table's layout: [lo, hi)

@@ -4,7 +4,7 @@
 #include <string.h>
 
 static const char *names[] = {"linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial",
-                              "inverse_sqrt", "cosine_with_min_lr"};
+                              "inverse_sqrt", "cosine_with_min_lr", "reduce_lr_on_plateau"};
 
 int glm_lr_kind_parse(const char *s, glm_lr_kind *out) {
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
@@ -21,6 +21,16 @@ static void default_settings(glm_lr_sched *s) {
     s->lr_end = GLM_LR_POLYNOMIAL_END;
     s->power = 1.0;
     s->timescale = (double)s->warmup;
+    if (s->kind == LR_REDUCE_ON_PLATEAU) { /* torch.optim.lr_scheduler.ReduceLROnPlateau's */
+        s->factor = 0.1;
+        s->patience = 10;
+        s->threshold = 1e-4;
+        s->cooldown = 0;
+        s->min_lr = 0;
+        s->eps = 1e-8;
+        s->plateau_max = s->plateau_abs = 0;
+        s->plateau = (glm_lr_plateau){.lr = s->base_lr, .best = INFINITY};
+    }
 }
 
 /* transformers' lambdas (optimization.py) times base_lr: a warmup factor step / max(1, warmup)
@@ -67,6 +77,7 @@ static const char *kind_keys(glm_lr_kind k) {
     case LR_COSINE_WITH_MIN_LR: return "num_cycles, min_lr, min_lr_rate";
     case LR_POLYNOMIAL: return "lr_end, power";
     case LR_INVERSE_SQRT: return "timescale";
+    case LR_REDUCE_ON_PLATEAU: return "mode, factor, patience, threshold, threshold_mode, cooldown, min_lr, eps";
     default: return "";
     }
 }
@@ -99,6 +110,17 @@ int glm_lr_kwargs(glm_lr_sched *s, const char *json, glm_err *err) {
             else glm_hint(err, "%s takes no settings: drop --lr_scheduler_kwargs", kind);
             break;
         }
+        if (!strcmp(it->string, "mode") || !strcmp(it->string, "threshold_mode")) { /* torch's words */
+            int mode = !strcmp(it->string, "mode");
+            const char *a = mode ? "min" : "rel", *b = mode ? "max" : "abs";
+            if (!cJSON_IsString(it) || (strcmp(it->valuestring, a) && strcmp(it->valuestring, b))) {
+                rc = glm_fail(err, "--lr_scheduler_kwargs: \"%s\" must be \"%s\" or \"%s\"", it->string, a, b);
+                break;
+            }
+            if (mode) { s->plateau_max = !strcmp(it->valuestring, b); s->plateau.best = s->plateau_max ? -INFINITY : INFINITY; }
+            else s->plateau_abs = !strcmp(it->valuestring, b);
+            continue;
+        }
         if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) {
             rc = glm_fail(err, "--lr_scheduler_kwargs: \"%s\" must be a number", it->string);
             break;
@@ -110,7 +132,14 @@ int glm_lr_kwargs(glm_lr_sched *s, const char *json, glm_err *err) {
         else if (!strcmp(key, "min_lr_rate")) { s->min_lr_rate = v; has_rate = 1; }
         else if (!strcmp(key, "lr_end")) s->lr_end = v;
         else if (!strcmp(key, "power")) s->power = v;
+        else if (!strcmp(key, "factor")) s->factor = v;
+        else if (!strcmp(key, "patience")) s->patience = (long)v;
+        else if (!strcmp(key, "threshold")) s->threshold = v;
+        else if (!strcmp(key, "cooldown")) s->cooldown = (long)v;
+        else if (!strcmp(key, "eps")) s->eps = v;
         else s->timescale = v;
+        if ((!strcmp(key, "patience") || !strcmp(key, "cooldown")) && (v != floor(v) || v > 1e9))
+            rc = glm_fail(err, "--lr_scheduler_kwargs: \"%s\" %g must be a whole number", key, v);
         if (v < 0 && strcmp(key, "power"))
             rc = glm_fail(err, "--lr_scheduler_kwargs: \"%s\" %g must not be negative", key, v);
     }
@@ -123,6 +152,9 @@ int glm_lr_kwargs(glm_lr_sched *s, const char *json, glm_err *err) {
                    glm_hint(err, "e.g. --lr_scheduler_kwargs '{\"min_lr_rate\": 0.1}' (a tenth of --learning_rate at the end)");
         if (has_min_lr) s->min_lr_rate = min_lr / s->base_lr;
     }
+    if (s->kind == LR_REDUCE_ON_PLATEAU && has_min_lr) s->min_lr = min_lr; /* torch's min_lrs */
+    if (s->kind == LR_REDUCE_ON_PLATEAU && !(s->factor < 1.0)) /* torch's check, in its words */
+        return glm_fail(err, "--lr_scheduler_kwargs: factor %g: Factor should be < 1.0.", s->factor);
     if (s->kind == LR_POLYNOMIAL && !(s->base_lr > s->lr_end))
         return glm_fail(err, "--lr_scheduler_type polynomial decays to lr_end %g: --learning_rate %g must be above it", s->lr_end,
                         (double)s->base_lr);
@@ -144,7 +176,25 @@ static double ds_warmup_gamma(const glm_lr_sched *s, long step, long W) {
     return s->log_warmup ? log((double)step + 1.0) / log((double)W) : (double)step / (double)W;
 }
 
+int glm_lr_plateau_step(glm_lr_sched *s, double metric) {
+    glm_lr_plateau *p = &s->plateau;
+    double best = p->best;
+    int better = s->plateau_max ? (s->plateau_abs ? metric > best + s->threshold : metric > best * (1.0 + s->threshold))
+                                : (s->plateau_abs ? metric < best - s->threshold : metric < best * (1.0 - s->threshold));
+    if (better) { p->best = metric; p->num_bad = 0; }
+    else p->num_bad++;
+    if (p->cooldown_left > 0) { p->cooldown_left--; p->num_bad = 0; }
+    if (p->num_bad <= s->patience) return 0;
+    double cut = p->lr * s->factor > s->min_lr ? p->lr * s->factor : s->min_lr;
+    int changed = p->lr - cut > s->eps;
+    if (changed) p->lr = cut;
+    p->cooldown_left = s->cooldown;
+    p->num_bad = 0;
+    return changed;
+}
+
 float glm_lr_sched_at(const glm_lr_sched *s, long step) {
+    if (s->kind == LR_REDUCE_ON_PLATEAU) return (float)s->plateau.lr;
     if (s->kind < LR_DS_WARMUP) return hf_rate(s, step);
     long W = s->warmup > 2 ? s->warmup : 2;
     if (s->kind == LR_DS_WARMUP_COSINE) {

@@ -142,11 +142,17 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
                                  "`wandb sync --sync-tensorboard <output_dir>/runs`");
         return glm_hint(err, "use --report_to tensorboard (or none); other trackers read TensorBoard's event files");
     }
-    int save_best = !strcmp(a->save_strategy, "best");
+    int save_best = !strcmp(a->save_strategy, "best"), plateau = !strcmp(a->lr_scheduler_type, "reduce_lr_on_plateau");
+    if (plateau && !strcmp(a->eval_strategy, "no")) /* transformers' TrainingArguments check, in its words */
+        return glm_fail(err, "lr_scheduler_type reduce_lr_on_plateau requires an eval strategy"),
+               glm_hint(err, "add --eval_strategy steps (with --eval_steps) or epoch: the rate is cut on the evaluations' "
+                             "--metric_for_best_model");
+    if (plateau && (a->warmup_steps > 0 || a->warmup_ratio > 0))
+        glm_info("--warmup_steps / --warmup_ratio are not used by reduce_lr_on_plateau (transformers' get_scheduler gives it none)");
     if (save_best && !strcmp(a->eval_strategy, "no"))
         return glm_fail(err, "--save_strategy best saves at the evaluations that beat the best so far, and --eval_strategy is no"),
                glm_hint(err, "add --eval_strategy steps (with --eval_steps) or epoch");
-    if (a->load_best_model_at_end || save_best) { /* transformers' TrainingArguments checks, in its words */
+    if (a->load_best_model_at_end || save_best || plateau) { /* transformers' TrainingArguments checks, in its words */
         const char *m = a->metric_for_best_model;
         if (strcmp(m, "loss") && strcmp(m, "eval_loss") && strcmp(m, "perplexity") && strcmp(m, "eval_perplexity"))
             return glm_fail(err, "--metric_for_best_model %s: glmtrain's evaluation gives eval_loss and eval_perplexity", m),

@@ -178,6 +178,8 @@ static long best_step(const trainer *t) {
 static int save_checkpoint(trainer *t, glm_err *err) {
     if (check_params_finite(t, "a checkpoint", err)) return -1;
     note_best(t);
+    t->st.has_plateau = t->sched.kind == LR_REDUCE_ON_PLATEAU;
+    t->st.plateau = t->sched.plateau;
     free(t->st.log_history);
     t->st.log_history = cJSON_PrintUnformatted(t->history);
     glm_data_cursor c = glm_loader_cursor(t->train_ld);
@@ -493,6 +495,10 @@ static int run(trainer *t, glm_err *err) {
     }
     double t_start = glm_now(), t_log = t_start, loss_acc = 0, tok_acc = 0, last_loss = NAN;
     int stop_early = 0;
+    if (t->sched.kind == LR_REDUCE_ON_PLATEAU && t->st.has_plateau) { /* a resumed run goes on from the saved state */
+        if (isnan(t->st.plateau.best)) t->st.plateau.best = t->sched.plateau.best; /* none yet: the mode's worst */
+        t->sched.plateau = t->st.plateau;
+    }
     t->st.early_stop_patience = a->early_stopping_patience; /* what checkpoints record beside the count */
     t->st.early_stop_threshold = a->early_stopping_threshold;
     long n_acc = 0;
@@ -542,6 +548,12 @@ static int run(trainer *t, glm_err *err) {
             if (evaluate_and_log(t, err)) return -1;
             t->eval_step = t->st.global_step; /* a checkpoint saved at this step carries it (--load_best_model_at_end) */
             new_best = t->save_when == GLM_WHEN_BEST && beats_best(t);
+            if (t->sched.kind == LR_REDUCE_ON_PLATEAU && glm_lr_plateau_step(&t->sched, best_model_metric(t))) {
+                snprintf(line, sizeof line, "[glmtrain] reduce_lr_on_plateau: eval_%s has not improved for more than %ld "
+                         "evaluations; the learning rate is now %.6g", strstr(a->metric_for_best_model, "perplexity") ?
+                         "perplexity" : "loss", t->sched.patience, t->sched.plateau.lr);
+                glm_progress_log(&t->prog, line);
+            }
             stop_early = early_stop_due(t);
         }
         /* ranks must agree on stopping: rank clocks differ, so they vote */

@@ -98,11 +98,12 @@ const glm_flag glm_train_flags[] = {
     F(adam_epsilon, ARG_FLOAT, "1e-8", "AdamW epsilon"),
     F(max_grad_norm, ARG_FLOAT, "1.0", "clip the global gradient norm (0 = off)"),
     F(max_bad_steps, ARG_INT, "3", "bf16/fp32: stop with an error after this many consecutive steps with a non-finite loss or gradient norm (each one skipped; fp16 skips them through the loss scaler)"),
-    C(lr_scheduler_type, "linear", "linear|cosine|constant|constant_with_warmup|cosine_with_restarts|polynomial|inverse_sqrt|cosine_with_min_lr",
+    C(lr_scheduler_type, "linear", "linear|cosine|constant|constant_with_warmup|cosine_with_restarts|polynomial|inverse_sqrt|cosine_with_min_lr|reduce_lr_on_plateau",
       "learning-rate schedule (transformers' get_scheduler)"),
     {"lr_scheduler_kwargs", ARG_JSON, offsetof(glm_train_args, lr_scheduler_kwargs), "{}",
      "the schedule's settings, as transformers': num_cycles (cosine, cosine_with_restarts, cosine_with_min_lr), min_lr or "
-     "min_lr_rate (cosine_with_min_lr), lr_end and power (polynomial), timescale (inverse_sqrt)", NULL, NULL},
+     "min_lr_rate (cosine_with_min_lr), lr_end and power (polynomial), timescale (inverse_sqrt), torch's mode, factor, "
+     "patience, threshold, threshold_mode, cooldown, min_lr and eps (reduce_lr_on_plateau)", NULL, NULL},
     F(warmup_steps, ARG_LONG, "0", "linear warmup steps"),
     F(warmup_ratio, ARG_FLOAT, "0", "warmup as a fraction of all steps (when warmup_steps is 0)"),
     F(logging_steps, ARG_LONG, "10", "log every N steps"),

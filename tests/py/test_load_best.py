@@ -12,7 +12,9 @@
   EarlyStoppingCallback would on the same evaluations (its rule re-implemented here), keep the
   count in trainer_state.json's stateful_callbacks so a resumed run stops at the same step, and
   need --load_best_model_at_end as the callback does;
-- --save_strategy best saves a checkpoint at each evaluation that beats the best before it.
+- --save_strategy best saves a checkpoint at each evaluation that beats the best before it;
+- --lr_scheduler_type reduce_lr_on_plateau gives each step the rate torch's ReduceLROnPlateau gives
+  when fed the same evaluations.
 The validation set differs from the training data, so its loss falls and then rises: the best
 is not the last checkpoint. Prints PASS/FAIL/SKIP lines."""
 import json
@@ -140,7 +142,46 @@ def main():
             if sb.returncode == 0 else None
         report("save_strategy_best_saves_each_new_best", got == want_steps and len(want_steps) < len(evals),
                "%s vs %s %s" % (got, want_steps, sb.stderr[-300:]))
-        for name, flags, msg in (("save_best_without_eval", ["--save_strategy", "best", "--eval_strategy", "no",
+        # reduce_lr_on_plateau against torch's ReduceLROnPlateau fed the same evaluations: each step's rate
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is None:
+            print("SKIP plateau_rates_equal_torch: torch is not installed")
+        else:
+            base_args = [x for x in common if x != "--load_best_model_at_end"]
+            i = base_args.index("--lr_scheduler_type")
+            base_args[i + 1] = "reduce_lr_on_plateau"
+            kw = {"patience": 0, "factor": 0.5, "threshold": 0.01}
+            pl = subprocess.run([GLM, "train", "--output_dir", os.path.join(d, "plateau")] + base_args +
+                                ["--max_steps", "16", "--logging_steps", "1", "--lr_scheduler_kwargs", json.dumps(kw)],
+                                capture_output=True, text=True, timeout=300, env=ENV)
+            hist = state(type("P", (), {"dir": os.path.join(d, "plateau")}), 16)["log_history"] if pl.returncode == 0 else []
+            used = {r["step"]: r["learning_rate"] for r in hist if "learning_rate" in r}
+            pev = {r["step"]: r["eval_loss"] for r in hist if "eval_loss" in r}
+            opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=5e-2)
+            sch = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, **kw)
+            want = {}
+            for step in range(1, 17):
+                want[step] = opt.param_groups[0]["lr"]
+                if step in pev:
+                    sch.step(pev[step])
+            ok = len(used) == 16 and all(abs(used[k] - want[k]) <= 1e-7 * want[k] for k in want) and len(set(want.values())) > 2
+            report("plateau_rates_equal_torch", ok, "%s vs %s %s" % (used, want, pl.stderr[-300:]))
+            # stopped at step 8 and resumed: the saved state (rate, best, counts) gives the same rates after
+            hdir = os.path.join(d, "plateau_half")
+            args = base_args + ["--logging_steps", "1", "--lr_scheduler_kwargs", json.dumps(kw)]
+            h = subprocess.run([GLM, "train", "--output_dir", hdir] + args + ["--max_steps", "8"], capture_output=True, text=True,
+                               timeout=300, env=ENV)
+            r = subprocess.run([GLM, "train", "--output_dir", hdir, "--resume_from_checkpoint"] + args + ["--max_steps", "16"],
+                               capture_output=True, text=True, timeout=300, env=ENV) if h.returncode == 0 else h
+            h16 = json.load(open(os.path.join(hdir, "checkpoint-16", "trainer_state.json")))["log_history"] if r.returncode == 0 else []
+            used2 = {x["step"]: x["learning_rate"] for x in h16 if "learning_rate" in x}
+            report("plateau_state_survives_resume", used2 == used and len(used) == 16, "%s vs %s %s" % (used2, used, r.stderr[-300:]))
+        for name, flags, msg in (("plateau_without_eval", ["--lr_scheduler_type", "reduce_lr_on_plateau", "--eval_strategy", "no",
+                                                           "--load_best_model_at_end", "false"], "requires an eval strategy"),
+                                 ("save_best_without_eval", ["--save_strategy", "best", "--eval_strategy", "no",
                                                              "--load_best_model_at_end", "false"], "--eval_strategy is no"),
                                  ("early_stopping_without_best", ["--early_stopping_patience", "2", "--load_best_model_at_end", "false"],
                                   "--early_stopping_patience requires --load_best_model_at_end"),

@@ -7,8 +7,10 @@ constant, constant_with_warmup, cosine_with_restarts, polynomial and inverse_sqr
 called with those settings (num_cycles, lr_end and power, timescale), and cosine_with_min_lr
 (transformers 4.38+, with min_lr_rate or min_lr) against its lambda written out here when the
 installed transformers lacks it; the kwargs from a YAML mapping and a JSON config object equal
-the flag's; inverse_sqrt without warmup (transformers divides by zero), reduce_lr_on_plateau,
-a setting the kind does not take and cosine_with_min_lr without its floor are refused.
+the flag's; inverse_sqrt without warmup (transformers divides by zero), reduce_lr_on_plateau
+without evaluations (transformers' check; with them it runs as torch's, tests/py/test_load_best.py),
+a factor of 1 or more (torch's check), a setting the kind does not take and cosine_with_min_lr
+without its floor are refused.
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
@@ -134,7 +136,11 @@ def main():
             report("lr_kwargs_from_yaml_and_json_configs", a == got["cosine_with_min_lr_abs"] == b, "%s / %s / %s" % (
                 a, b, got["cosine_with_min_lr_abs"]))
         for name, extra, msg in (("inverse_sqrt_without_warmup", ["--lr_scheduler_type", "inverse_sqrt", "--warmup_steps", "0"], "warmup"),
-                                 ("reduce_lr_on_plateau", ["--lr_scheduler_type", "reduce_lr_on_plateau"], "lr_scheduler_type"),
+                                 ("reduce_lr_on_plateau_without_eval", ["--lr_scheduler_type", "reduce_lr_on_plateau"],
+                                  "reduce_lr_on_plateau requires an eval strategy"),
+                                 ("reduce_lr_on_plateau_factor", ["--lr_scheduler_type", "reduce_lr_on_plateau", "--eval_strategy",
+                                                                  "steps", "--lr_scheduler_kwargs", '{"factor": 1.5}'],
+                                  "Factor should be < 1.0."),
                                  ("setting_of_another_kind", ["--lr_scheduler_type", "linear", "--lr_scheduler_kwargs",
                                                               '{"num_cycles": 2}'], 'linear does not take "num_cycles"'),
                                  ("min_lr_without_floor", ["--lr_scheduler_type", "cosine_with_min_lr"], "min_lr_rate"),
