@@ -48,6 +48,48 @@ static int data_seed(const glm_train_args *a, int *out, glm_err *err) {
     return 0;
 }
 
+/* What evaluations drive: the best checkpoint (--load_best_model_at_end, --save_strategy best),
+ * reduce_lr_on_plateau and early stopping; transformers' checks of them, in its words. */
+static int check_eval_args(const glm_train_args *a, glm_err *err) {
+    int save_best = !strcmp(a->save_strategy, "best"), plateau = !strcmp(a->lr_scheduler_type, "reduce_lr_on_plateau");
+    if (plateau && !strcmp(a->eval_strategy, "no")) /* transformers' TrainingArguments check, in its words */
+        return glm_fail(err, "lr_scheduler_type reduce_lr_on_plateau requires an eval strategy"),
+               glm_hint(err, "add --eval_strategy steps (with --eval_steps) or epoch: the rate is cut on the evaluations' "
+                             "--metric_for_best_model");
+    if (plateau && (a->warmup_steps > 0 || a->warmup_ratio > 0))
+        glm_info("--warmup_steps / --warmup_ratio are not used by reduce_lr_on_plateau (transformers' get_scheduler gives it none)");
+    if (save_best && !strcmp(a->eval_strategy, "no"))
+        return glm_fail(err, "--save_strategy best saves at the evaluations that beat the best so far, and --eval_strategy is no"),
+               glm_hint(err, "add --eval_strategy steps (with --eval_steps) or epoch");
+    if (a->load_best_model_at_end || save_best || plateau) { /* transformers' TrainingArguments checks, in its words */
+        const char *m = a->metric_for_best_model;
+        if (strcmp(m, "loss") && strcmp(m, "eval_loss") && strcmp(m, "perplexity") && strcmp(m, "eval_perplexity"))
+            return glm_fail(err, "--metric_for_best_model %s: glmtrain's evaluation gives eval_loss and eval_perplexity", m),
+                   glm_hint(err, "use loss or perplexity; BLEU/ROUGE of generated answers come from glmtrain generate --input_file");
+    }
+    if (a->load_best_model_at_end && !save_best) {
+        if (strcmp(a->eval_strategy, a->save_strategy))
+            return glm_fail(err, "--load_best_model_at_end requires the save and eval strategy to match, but found\n"
+                                 "- Evaluation strategy: %s\n- Save strategy: %s", a->eval_strategy, a->save_strategy),
+                   glm_hint(err, "give --eval_strategy and --save_strategy the same value (steps or epoch)");
+        long ev = a->eval_steps > 0 ? a->eval_steps : a->logging_steps;
+        if (!strcmp(a->save_strategy, "steps") && a->save_steps % ev)
+            return glm_fail(err, "--load_best_model_at_end requires the saving steps to be a round multiple of the evaluation "
+                                 "steps, but found %ld, which is not a round multiple of %ld", a->save_steps, ev),
+                   glm_hint(err, "e.g. --save_steps %ld", ev * (a->save_steps / ev > 0 ? a->save_steps / ev : 1));
+    }
+    if (a->early_stopping_patience < 0) return glm_fail(err, "--early_stopping_patience %d: a number of evaluations (0: never stop early)", a->early_stopping_patience);
+    if (!(a->early_stopping_threshold >= 0 && isfinite(a->early_stopping_threshold)))
+        return glm_fail(err, "--early_stopping_threshold %g: the improvement that counts, 0 or more", a->early_stopping_threshold);
+    if (a->early_stopping_patience > 0 && !a->load_best_model_at_end) /* transformers' EarlyStoppingCallback asserts both */
+        return glm_fail(err, "--early_stopping_patience requires --load_best_model_at_end"),
+               glm_hint(err, "add --load_best_model_at_end with --eval_strategy and --save_strategy steps (or epoch): the run "
+                             "then ends on its best checkpoint");
+    if (a->early_stopping_patience > 0 && !strcmp(a->eval_strategy, "no"))
+        return glm_fail(err, "--early_stopping_patience requires an --eval_strategy of steps or epoch");
+    return 0;
+}
+
 int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (!a->output_dir) return glm_fail(err, "--output_dir is required"), glm_hint(err, "e.g. --output_dir out/my-run");
     if (!a->train_file && !a->dataset && (a->do_train || (a->do_eval && !a->validation_file && !a->eval_dataset)))
@@ -142,42 +184,7 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
                                  "`wandb sync --sync-tensorboard <output_dir>/runs`");
         return glm_hint(err, "use --report_to tensorboard (or none); other trackers read TensorBoard's event files");
     }
-    int save_best = !strcmp(a->save_strategy, "best"), plateau = !strcmp(a->lr_scheduler_type, "reduce_lr_on_plateau");
-    if (plateau && !strcmp(a->eval_strategy, "no")) /* transformers' TrainingArguments check, in its words */
-        return glm_fail(err, "lr_scheduler_type reduce_lr_on_plateau requires an eval strategy"),
-               glm_hint(err, "add --eval_strategy steps (with --eval_steps) or epoch: the rate is cut on the evaluations' "
-                             "--metric_for_best_model");
-    if (plateau && (a->warmup_steps > 0 || a->warmup_ratio > 0))
-        glm_info("--warmup_steps / --warmup_ratio are not used by reduce_lr_on_plateau (transformers' get_scheduler gives it none)");
-    if (save_best && !strcmp(a->eval_strategy, "no"))
-        return glm_fail(err, "--save_strategy best saves at the evaluations that beat the best so far, and --eval_strategy is no"),
-               glm_hint(err, "add --eval_strategy steps (with --eval_steps) or epoch");
-    if (a->load_best_model_at_end || save_best || plateau) { /* transformers' TrainingArguments checks, in its words */
-        const char *m = a->metric_for_best_model;
-        if (strcmp(m, "loss") && strcmp(m, "eval_loss") && strcmp(m, "perplexity") && strcmp(m, "eval_perplexity"))
-            return glm_fail(err, "--metric_for_best_model %s: glmtrain's evaluation gives eval_loss and eval_perplexity", m),
-                   glm_hint(err, "use loss or perplexity; BLEU/ROUGE of generated answers come from glmtrain generate --input_file");
-    }
-    if (a->load_best_model_at_end && !save_best) {
-        if (strcmp(a->eval_strategy, a->save_strategy))
-            return glm_fail(err, "--load_best_model_at_end requires the save and eval strategy to match, but found\n"
-                                 "- Evaluation strategy: %s\n- Save strategy: %s", a->eval_strategy, a->save_strategy),
-                   glm_hint(err, "give --eval_strategy and --save_strategy the same value (steps or epoch)");
-        long ev = a->eval_steps > 0 ? a->eval_steps : a->logging_steps;
-        if (!strcmp(a->save_strategy, "steps") && a->save_steps % ev)
-            return glm_fail(err, "--load_best_model_at_end requires the saving steps to be a round multiple of the evaluation "
-                                 "steps, but found %ld, which is not a round multiple of %ld", a->save_steps, ev),
-                   glm_hint(err, "e.g. --save_steps %ld", ev * (a->save_steps / ev > 0 ? a->save_steps / ev : 1));
-    }
-    if (a->early_stopping_patience < 0) return glm_fail(err, "--early_stopping_patience %d: a number of evaluations (0: never stop early)", a->early_stopping_patience);
-    if (!(a->early_stopping_threshold >= 0 && isfinite(a->early_stopping_threshold)))
-        return glm_fail(err, "--early_stopping_threshold %g: the improvement that counts, 0 or more", a->early_stopping_threshold);
-    if (a->early_stopping_patience > 0 && !a->load_best_model_at_end) /* transformers' EarlyStoppingCallback asserts both */
-        return glm_fail(err, "--early_stopping_patience requires --load_best_model_at_end"),
-               glm_hint(err, "add --load_best_model_at_end with --eval_strategy and --save_strategy steps (or epoch): the run "
-                             "then ends on its best checkpoint");
-    if (a->early_stopping_patience > 0 && !strcmp(a->eval_strategy, "no"))
-        return glm_fail(err, "--early_stopping_patience requires an --eval_strategy of steps or epoch");
+    if (check_eval_args(a, err)) return -1;
     if (strcmp(a->save_strategy, "steps") == 0 && a->save_steps < 1) return glm_fail(err, "--save_steps must be at least 1");
     if (a->pipeline_parallel_size < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
     if (a->num_microbatches < 0) return glm_fail(err, "--num_microbatches must not be negative");

@@ -135,8 +135,7 @@ static int on_bad_step(trainer *t, double loss, double norm, float lr, int in_a_
                     t->a->learning_rate, ck, strcmp(ck, "none") ? " (--resume_from_checkpoint continues from it)" : "");
 }
 
-/* --load_best_model_at_end: whether an evaluation at this step beats the best so far (the
- * checkpoint about to be saved then becomes the best, as the Trainer decides in _save_checkpoint) */
+/* The last evaluation's --metric_for_best_model. */
 static double best_model_metric(const trainer *t) {
     return strstr(t->a->metric_for_best_model, "perplexity") ? t->eval_ppl : t->eval_loss;
 }
@@ -147,6 +146,9 @@ static int beats_best(const trainer *t) {
     return !t->st.best_checkpoint[0] || (t->a->greater_is_better ? v > t->st.best_metric : v < t->st.best_metric);
 }
 
+/* --load_best_model_at_end and --save_strategy best: whether an evaluation at this step beats the
+ * best so far (the checkpoint about to be saved then becomes the best, as the Trainer decides in
+ * _save_checkpoint) */
 static void note_best(trainer *t) {
     const glm_train_args *a = t->a;
     if ((!a->load_best_model_at_end && t->save_when != GLM_WHEN_BEST) || t->eval_step != t->st.global_step) return;
@@ -217,13 +219,6 @@ static int load_best(trainer *t, glm_err *err) {
     return 0;
 }
 
-/* One optimizer step over up to gradient_accumulation_steps micro-batches (fewer at the end
- * of an epoch). Returns the mean loss over the supervised tokens of the step's global batch
- * (every rank's share); sets *norm, *tokens (global). With measure, *ph gets this rank's
- * phases of the step, each ended by a device sync: forward+backward, the gradient reduction
- * still running after backward, the norm, the update (AdamW and ZeRO's parameter all-gather).
- * *stop: a rank got SIGINT/SIGTERM, and the step was not taken (the data cursor is back where
- * it was, for the checkpoint). */
 /* A strategy flag's value (the flag table allows no|steps|epoch, and best for saving, alone). */
 static int when(const char *strategy) {
     return !strcmp(strategy, "steps") ? GLM_WHEN_STEPS : !strcmp(strategy, "epoch") ? GLM_WHEN_EPOCH
@@ -241,6 +236,13 @@ static int log_due(trainer *t, long next) {
     return 0;
 }
 
+/* One optimizer step over up to gradient_accumulation_steps micro-batches (fewer at the end
+ * of an epoch). Returns the mean loss over the supervised tokens of the step's global batch
+ * (every rank's share); sets *norm, *tokens (global). With measure, *ph gets this rank's
+ * phases of the step, each ended by a device sync: forward+backward, the gradient reduction
+ * still running after backward, the norm, the update (AdamW and ZeRO's parameter all-gather).
+ * *stop: a rank got SIGINT/SIGTERM, and the step was not taken (the data cursor is back where
+ * it was, for the checkpoint). */
 static double train_step(trainer *t, float lr, int measure, double *norm, double *tokens, int *skipped, int *stop,
                          glm_step_phases *ph, glm_err *err) {
     glm_train_args *a = t->a;
