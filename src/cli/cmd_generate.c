@@ -192,30 +192,17 @@ static int next_record(prompt_src *p, glm_record *r, glm_err *err) {
     }
     r->query = glm_strdup(q->valuestring);
     r->answer = glm_strdup("");
+    /* the training reader's history rules: pairs of UTF-8 strings, never a turn dropped in silence */
+    char why[200] = "\"history\" is not a list of [query, response] pairs";
     const cJSON *h = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "history") : NULL;
-    const cJSON *pair;
-    if (h && !cJSON_IsNull(h) && !cJSON_IsArray(h)) {
-        cJSON_Delete(o);
+    int bad = h && !cJSON_IsNull(h) && (!cJSON_IsArray(h) || glm_schema_history(o, "history", r, why, sizeof why));
+    cJSON_Delete(o);
+    if (bad) {
         glm_record_free(r);
-        glm_fail(err, "%s:%ld: \"history\" is not a list of [query, response] pairs", p->path, p->line);
+        glm_fail(err, "%s:%ld: %s", p->path, p->line, why);
         return glm_hint(err, "write \"history\": [[\"earlier question\", \"its answer\"], ...]");
     }
-    int k = 0;
-    cJSON_ArrayForEach(pair, h) {
-        if (!cJSON_IsArray(pair) || cJSON_GetArraySize(pair) != 2 || !cJSON_IsString(cJSON_GetArrayItem(pair, 0)) ||
-            !cJSON_IsString(cJSON_GetArrayItem(pair, 1))) { /* never a turn dropped in silence */
-            cJSON_Delete(o);
-            glm_record_free(r);
-            glm_fail(err, "%s:%ld: history[%d] is not a [query, response] pair of two strings", p->path, p->line, k);
-            return glm_hint(err, "write \"history\": [[\"earlier question\", \"its answer\"], ...]");
-        }
-        k++;
-        r->hist = glm_realloc(r->hist, sizeof(char *) * 2 * (size_t)(r->n_hist + 1));
-        r->hist[2 * r->n_hist] = glm_strdup(cJSON_GetArrayItem(pair, 0)->valuestring);
-        r->hist[2 * r->n_hist + 1] = glm_strdup(cJSON_GetArrayItem(pair, 1)->valuestring);
-        r->n_hist++;
-    }
-    cJSON_Delete(o);
+    r->has_history = 0; /* set by the reader for any history key; bare prompts wrap rounds only when turns exist */
     return 1;
 }
 

@@ -9,7 +9,7 @@
 
 char *glm_read_file(const char *path, size_t *len, glm_err *err) {
     FILE *f = fopen(path, "rb");
-    if (!f) { glm_fail(err, "cannot open %s: %s", path, strerror(errno)); return NULL; }
+    if (!f) { glm_fail_open(path, errno, err); return NULL; }
     if (fseek(f, 0, SEEK_END) != 0) { fclose(f); glm_fail(err, "cannot seek %s", path); return NULL; }
     long n = ftell(f);
     if (n < 0) { fclose(f); glm_fail(err, "cannot size %s (is it a folder?)", path); return NULL; }
@@ -98,4 +98,12 @@ int glm_dangling_link(const char *path, char *target, size_t n) {
     ssize_t k = readlink(path, target, n ? n - 1 : 0);
     if (n) target[k > 0 ? k : 0] = 0;
     return 1;
+}
+
+int glm_fail_open(const char *path, int errnum, glm_err *err) {
+    char to[1024];
+    if (errnum == ENOENT && glm_dangling_link(path, to, sizeof to))
+        return glm_fail(err, "cannot open %s: it links to %s, which does not exist", path, to),
+               glm_hint(err, "a download that did not finish or a pruned cache: fetch the model again (huggingface-cli download)");
+    return glm_fail(err, "cannot open %s: %s", path, strerror(errnum));
 }

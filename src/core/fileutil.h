@@ -22,6 +22,9 @@ int glm_mkdirs(const char *path, glm_err *err);
 /* 1 when path is a symbolic link whose target does not exist (a Hugging Face cache snapshot
  * whose blob is gone: an unfinished or pruned download), the link's text in target; else 0. */
 int glm_dangling_link(const char *path, char *target, size_t n);
+/* The error for a path that could not be opened (errnum: open's errno): a link to a missing
+ * file is named as such, with the hint to fetch the download again. Returns -1. */
+int glm_fail_open(const char *path, int errnum, glm_err *err);
 
 /* MemAvailable of /proc/meminfo in bytes (what can be allocated without swapping), 0 when unknown. */
 double glm_host_mem_available(void);

@@ -148,10 +148,6 @@ static int fail_at(const char *text, const char *at, const char *src, int line0,
     return glm_fail(err, "%s:%d:%d: malformed JSON (%s expected)", src, line, col, expected);
 }
 
-int glm_json_fail_at(const char *text, const char *at, const char *src, const char *expected, glm_err *err) {
-    return fail_at(text, at, src, 1, expected, err);
-}
-
 cJSON *glm_json_parse_at(const char *text, size_t len, const char *src, int line0, const char *expected, glm_err *err) {
     const char *nul = memchr(text, 0, len);
     int line, col;

@@ -18,10 +18,6 @@ struct cJSON *glm_json_parse_doc(const char *text, size_t len, const char *src, 
 /* The same for a text that starts at line line0 of src (a JSON Lines record). */
 struct cJSON *glm_json_parse_at(const char *text, size_t len, const char *src, int line0, const char *expected, glm_err *err);
 
-/* A JSON text that did not parse, with cJSON's stop position `at`: "src:line:col: ...", saying
- * "ends early (cut off?)" when only whitespace follows. Returns -1. */
-int glm_json_fail_at(const char *text, const char *at, const char *src, const char *expected, glm_err *err);
-
 /* A copy of `text` (a JSON object) with its top-level `key` set to `value` (JSON text, e.g.
  * "\"float16\"" or "128"): the old value's bytes are replaced where the key stands, or the key
  * is appended as the object's last member. NULL when text is not an object this scanner can

@@ -139,6 +139,9 @@ int glm_schema_detect(const glm_read_cfg *cfg, const struct cJSON *obj, glm_sche
 /* Fills rec from one JSON value. Returns 0, or -1 with the reason in why (a bad record). */
 int glm_schema_extract(glm_schema schema, const glm_keys *keys, const struct cJSON *obj,
                        glm_record *rec, char *why, size_t why_len);
+/* obj[key] as ptuning/main.py's history, [[query, response], ...], into rec (hist, n_hist,
+ * has_history): absent or null is none; anything but pairs of UTF-8 strings is -1 with why. */
+int glm_schema_history(const struct cJSON *obj, const char *key, glm_record *rec, char *why, size_t why_len);
 /* "a string", "a list", ... for messages. */
 const char *glm_json_type_name(const struct cJSON *v);
 /* Conversation mode's sharegpt extraction (schema_conv.c): rec->msgs from obj. 0, or -1 with why. */

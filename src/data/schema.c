@@ -115,6 +115,11 @@ static int get_history(const cJSON *obj, const glm_keys *k, glm_record *r, char 
     return 0;
 }
 
+int glm_schema_history(const cJSON *obj, const char *key, glm_record *rec, char *why, size_t why_len) {
+    glm_keys k = {.history = key};
+    return get_history(obj, &k, rec, why, why_len);
+}
+
 static int extract_columns(const glm_keys *k, const cJSON *obj, glm_record *r, char *why, size_t n) {
     if (get_str(obj, k->prompt, 1, &r->query, why, n) || get_str(obj, k->response, 1, &r->answer, why, n) ||
         get_str(obj, k->input, 0, &r->input, why, n) || get_str(obj, k->system, 0, &r->system, why, n))

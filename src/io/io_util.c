@@ -145,11 +145,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 int io_shards_open(io_shards *s, const char *path, glm_err *err) {
     for (int i = 0; i < s->n; i++) if (strcmp(s->paths[i], path) == 0) return i;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    char to[1024];
-    if (fd < 0 && glm_dangling_link(path, to, sizeof to))
-        return glm_fail(err, "cannot open %s: it links to %s, which does not exist", path, to),
-               glm_hint(err, "a download that did not finish or a pruned cache: fetch the model again (huggingface-cli download)");
-    if (fd < 0) return glm_fail(err, "cannot open %s: %s", path, strerror(errno));
+    if (fd < 0) return glm_fail_open(path, errno, err);
     s->paths = glm_realloc(s->paths, (size_t)(s->n + 1) * sizeof *s->paths);
     s->fds = glm_realloc(s->fds, (size_t)(s->n + 1) * sizeof *s->fds);
     s->paths[s->n] = glm_strdup(path);

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <strings.h>
 #include "core/fileutil.h"
@@ -45,12 +46,10 @@ int glm_ckpt_open(glm_ckpt *c, const char *path, glm_err *err) {
     if (t < 0) {
         static const char *const names[] = {"model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
                                             "pytorch_model.bin"};
-        for (int i = 0; i < 4; i++) {
-            char f[4096], to[1024];
+        for (int i = 0; i < 4; i++) { /* a weight file whose link points nowhere: why none was found */
+            char f[4096], to[8];
             glm_path_join(f, sizeof f, path, names[i]);
-            if (glm_dangling_link(f, to, sizeof to))
-                return glm_fail(err, "%s: %s links to %s, which does not exist", path, names[i], to),
-                       glm_hint(err, "a download that did not finish or a pruned cache: fetch the model again (huggingface-cli download)");
+            if (glm_dangling_link(f, to, sizeof to)) return glm_fail_open(f, ENOENT, err);
         }
         glm_fail(err, "%s: no model weights in this folder", path);
         return glm_hint(err, "expected model.safetensors(.index.json) or pytorch_model.bin(.index.json); "
