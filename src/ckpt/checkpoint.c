@@ -194,6 +194,7 @@ static int save_state(const char *path, const glm_train_state *st, long opt_step
         cJSON_AddNumberToObject(args, "early_stopping_threshold", st->early_stop_threshold);
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(es, "attributes"), "early_stopping_patience_counter", (double)st->early_stop_count);
     }
+    if (st->model_only) cJSON_AddTrueToObject(o, "save_only_model");
     cJSON *hist = st->log_history ? cJSON_Parse(st->log_history) : NULL;
     cJSON_AddItemToObject(o, "log_history", hist ? hist : cJSON_CreateArray());
     char *s = cJSON_Print(o);
@@ -236,6 +237,7 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
         st->best_metric = bm->valuedouble;
         snprintf(st->best_checkpoint, sizeof st->best_checkpoint, "%s", bc->valuestring);
     }
+    st->model_only = cJSON_IsTrue(cJSON_GetObjectItem(o, "save_only_model"));
     free(st->log_history);
     st->log_history = NULL;
     if ((v = cJSON_GetObjectItem(o, "log_history")) && cJSON_IsArray(v)) st->log_history = cJSON_PrintUnformatted(v);
@@ -254,17 +256,44 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
     return 0;
 }
 
+int glm_checkpoint_begin(const char *output_dir, long step, char *tmp, size_t n, glm_err *err) {
+    snprintf(tmp, n, "%s/tmp-checkpoint-%ld", output_dir, step);
+    if (glm_is_dir(tmp)) glm_remove_tree(tmp); /* a killed save's */
+    if (access(tmp, F_OK) == 0) /* not ours to remove: something else is at that path */
+        return glm_fail(err, "%s exists and is not a folder (move it out of the way)", tmp);
+    return glm_mkdirs(tmp, err);
+}
+
+int glm_checkpoint_complete(const char *output_dir, const char *tmp, const glm_train_state *st, long opt_step, glm_err *err) {
+    char fin[4096], path[4096];
+    snprintf(fin, sizeof fin, "%s/checkpoint-%ld", output_dir, st->global_step);
+    glm_path_join(path, sizeof path, tmp, "trainer_state.json");
+    int rc = save_state(path, st, opt_step, err);
+    if (!rc) rc = glm_checkpoint_seal(tmp, err); /* the manifest is the last file */
+    if (!rc && glm_is_dir(fin)) glm_remove_tree(fin);
+    if (!rc && rename(tmp, fin) != 0) rc = glm_fail(err, "cannot rename %s to %s: %s", tmp, fin, strerror(errno));
+    return rc;
+}
+
+int glm_checkpoint_is_model_only(const char *dir) {
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "trainer_state.json");
+    glm_err e;
+    char *text = glm_is_file(path) ? glm_read_file(path, NULL, &e) : NULL;
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    int yes = cJSON_IsTrue(cJSON_GetObjectItem(o, "save_only_model"));
+    cJSON_Delete(o);
+    return yes;
+}
+
 int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_opt_state *o, const glm_train_state *st,
                               const char *tokenizer_path, const char *args_json, glm_err *err) {
-    char tmp[4096], fin[4096], path[4096];
-    snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", output_dir, st->global_step);
-    snprintf(fin, sizeof fin, "%s/checkpoint-%ld", output_dir, st->global_step);
+    char tmp[4096], path[4096];
     size_t text = (args_json ? strlen(args_json) : 0) + (st->log_history ? 2 * strlen(st->log_history) : 0) + 4096;
     double need = glm_checkpoint_bytes(&m->cfg, o->master ? 3 : 2, tokenizer_path, text);
-    if (glm_is_dir(tmp)) glm_remove_tree(tmp);
-    if (access(tmp, F_OK) == 0 || glm_mkdirs(tmp, err)) { /* not ours to remove: something else is at that path */
-        if (access(tmp, F_OK) == 0) glm_fail(err, "%s exists and is not a folder (move it out of the way)", tmp);
-        glm_wrap(err, "saving checkpoint %s: ", fin);
+    if (glm_checkpoint_begin(output_dir, st->global_step, tmp, sizeof tmp, err)) {
+        glm_wrap(err, "saving checkpoint %s/checkpoint-%ld: ", output_dir, st->global_step);
         return glm_checkpoint_abandon(output_dir, NULL, need, err);
     }
     int rc = glm_model_save_trainable(m, tmp, err);
@@ -272,13 +301,9 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
     if (!rc && o->q8_n) { glm_path_join(path, sizeof path, tmp, "optimizer_8bit.safetensors"); rc = glm_checkpoint_save_8bit(path, o, err); }
     if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
     if (!rc && args_json) { glm_path_join(path, sizeof path, tmp, "training_args.json"); rc = glm_write_file_atomic(path, args_json, strlen(args_json), err); }
-    /* trainer_state.json last: its presence marks the checkpoint complete */
-    if (!rc) { glm_path_join(path, sizeof path, tmp, "trainer_state.json"); rc = save_state(path, st, o->step, err); }
-    if (!rc) rc = glm_checkpoint_seal(tmp, err); /* the manifest is the last file */
-    if (!rc && glm_is_dir(fin)) glm_remove_tree(fin);
-    if (!rc && rename(tmp, fin) != 0) rc = glm_fail(err, "cannot rename %s to %s: %s", tmp, fin, strerror(errno));
+    if (!rc) rc = glm_checkpoint_complete(output_dir, tmp, st, o->step, err);
     if (!rc) return 0;
-    glm_wrap(err, "saving checkpoint %s: ", fin);
+    glm_wrap(err, "saving checkpoint %s/checkpoint-%ld: ", output_dir, st->global_step);
     return glm_checkpoint_abandon(output_dir, tmp, need, err);
 }
 
@@ -425,6 +450,3 @@ int glm_checkpoint_rotate(const char *output_dir, int limit, const char *run_id,
     return glm_checkpoint_rotate_keep(output_dir, limit, run_id, 0, err);
 }
 
-int glm_checkpoint_write_state(const char *path, const glm_train_state *st, long opt_step, glm_err *err) {
-    return save_state(path, st, opt_step, err);
-}

@@ -38,6 +38,9 @@ typedef struct glm_train_state {
     /* --lr_scheduler_type reduce_lr_on_plateau: its state at the save (has_plateau 0: another schedule) */
     int has_plateau;
     glm_lr_plateau plateau;
+    /* --save_only_model: the checkpoint holds the model as the final save writes it and no
+     * optimizer state ("save_only_model": true in trainer_state.json), so it cannot resume */
+    int model_only;
 } glm_train_state;
 
 /* Optimizer state in host memory over flat elements of the tensor table's layout: [lo, hi)
@@ -105,8 +108,15 @@ int glm_checkpoint_rotate_keep(const char *output_dir, int limit, const char *ru
 int glm_copy_tokenizer_files(const char *tokenizer_path, const char *dir, glm_err *err);
 /* Removes a folder tree. */
 int glm_remove_tree(const char *path);
-/* Writes trainer_state.json (for writers that lay out the rest themselves: parallel/pipe_ckpt.c). */
-int glm_checkpoint_write_state(const char *path, const glm_train_state *st, long opt_step, glm_err *err);
+/* A checkpoint's folder, for every writer: glm_checkpoint_begin makes
+ * output_dir/tmp-checkpoint-<step> (its path into tmp, n bytes) after the caller has written
+ * nothing yet; glm_checkpoint_complete writes trainer_state.json (its presence marks the
+ * checkpoint complete), seals the folder and renames it checkpoint-<step>. On a failure in
+ * between, the caller passes tmp to glm_checkpoint_abandon. */
+int glm_checkpoint_begin(const char *output_dir, long step, char *tmp, size_t n, glm_err *err);
+int glm_checkpoint_complete(const char *output_dir, const char *tmp, const glm_train_state *st, long opt_step, glm_err *err);
+/* Whether dir's trainer_state.json says it was saved with --save_only_model (no optimizer state). */
+int glm_checkpoint_is_model_only(const char *dir);
 
 /* Integrity and clean-up (seal.c). Every checkpoint writer calls glm_checkpoint_seal on its
  * tmp folder as the last step before the rename, and glm_checkpoint_abandon when a save fails. */

@@ -204,6 +204,9 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err);
 int glm_dp_save(glm_dp *dp, const char *output_dir, const glm_train_state *st, const char *tokenizer_path,
                 const char *args_json, glm_err *err);
 int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err);
+/* The model's weights alone from a folder of the final save's layout (a --save_only_model
+ * checkpoint), into every rank's model (ZeRO-3: into each rank's piece). */
+int glm_dp_load_weights(glm_dp *dp, const char *dir, glm_err *err);
 /* ok = 0 after a failure: MPI/NCCL are then torn down without the collective shutdown. */
 void glm_dp_close(glm_dp *dp, int ok);
 /* The whole optimizer state in host memory on rank 0 (o->m owns the block; free(o->m)), gathered

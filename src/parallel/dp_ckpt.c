@@ -158,6 +158,13 @@ int glm_dp_load(glm_dp *dp, const char *dir, glm_train_state *st, glm_err *err) 
     return rc;
 }
 
+int glm_dp_load_weights(glm_dp *dp, const char *dir, glm_err *err) {
+    if (glm_dp_z3_gather_all(dp, err)) return -1; /* a whole buffer takes the weights read */
+    int rc = glm_model_load_trainable(dp->m, dir, err);
+    if (dp->z3) { if (rc == 0) glm_dp_z3_store_all(dp); glm_dp_z3_release_all(dp); }
+    return rc;
+}
+
 int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err) {
     glm_backend *be = dp->m->be;
     glm_adamw *a = dp->opt;

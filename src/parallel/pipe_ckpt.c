@@ -150,15 +150,13 @@ static int write_text(const char *dir, const char *name, const char *text, glm_e
  * folder, so nothing of a failed save is left for a later run to trip on. */
 int glm_pipe_checkpoint_save(glm_pipe *p, const char *output_dir, const glm_opt_state *o, const glm_train_state *st,
                              const char *tokenizer_path, const char *args_json, glm_err *err) {
-    char tmp[4096], fin[4096], path[4096];
-    snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", output_dir, st->global_step);
+    char tmp[4096], fin[4096];
     snprintf(fin, sizeof fin, "%s/checkpoint-%ld", output_dir, st->global_step);
     int rank0 = p->world->rank == 0, bad = 0, made = 0;
     size_t text = (args_json ? strlen(args_json) : 0) + (st->log_history ? 2 * strlen(st->log_history) : 0) + 4096;
     double need = rank0 ? glm_checkpoint_bytes(&p->m->cfg, o && o->master ? 3 : 2, tokenizer_path, text) : 0;
     if (rank0) {
-        if (glm_is_dir(tmp)) glm_remove_tree(tmp);
-        bad = glm_mkdirs(tmp, err) != 0;
+        bad = glm_checkpoint_begin(output_dir, st->global_step, tmp, sizeof tmp, err) != 0;
         made = !bad;
     }
     if (agree(p, bad, "creating the checkpoint folder", err)) goto fail;
@@ -169,10 +167,7 @@ int glm_pipe_checkpoint_save(glm_pipe *p, const char *output_dir, const glm_opt_
         int rc = glm_pipe_save_index(&p->map, p->m, tmp, ST_F32, o->master ? 3 : 2, err);
         if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
         if (!rc && args_json) rc = write_text(tmp, "training_args.json", args_json, err);
-        if (!rc) { glm_path_join(path, sizeof path, tmp, "trainer_state.json"); rc = glm_checkpoint_write_state(path, st, o->step, err); }
-        if (!rc) rc = glm_checkpoint_seal(tmp, err); /* the manifest is the last file */
-        if (!rc && glm_is_dir(fin)) glm_remove_tree(fin);
-        if (!rc && rename(tmp, fin) != 0) rc = glm_fail(err, "cannot rename %s to %s", tmp, fin);
+        if (!rc) rc = glm_checkpoint_complete(output_dir, tmp, st, o->step, err);
         bad = rc != 0;
     }
     if (agree(p, bad, "completing the checkpoint", err) == 0) return 0;

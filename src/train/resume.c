@@ -16,15 +16,22 @@ static int foreign(const char *output_dir, const char *dir, char *why, size_t n)
     return 1;
 }
 
-/* The newest checkpoint of output_dir other than `except` that is this folder's run's and
- * verifies, or -1. With `say`, each one skipped is logged with its reason (and named in skipped[]). */
-static long newest_intact(const char *output_dir, const char *except, int say, char *skipped, size_t cap) {
+/* The newest checkpoint of output_dir other than `except` that is this folder's run's,
+ * verifies and holds the optimizer state, or -1. With `say`, each one skipped is logged with its
+ * reason (and named in skipped[], or in model_only[] when saved with --save_only_model). */
+static long newest_intact(const char *output_dir, const char *except, int say, char *skipped, char *model_only, size_t cap) {
     long *steps, found = -1;
     int k = glm_checkpoint_list(output_dir, &steps);
     for (int i = k - 1; i >= 0 && found < 0; i--) {
         char dir[4096], why[1200];
         snprintf(dir, sizeof dir, "%s/checkpoint-%ld", output_dir, steps[i]);
         if (except && strcmp(dir, except) == 0) continue;
+        if (!foreign(output_dir, dir, why, sizeof why) && glm_checkpoint_is_model_only(dir)) {
+            if (say) glm_info("not resuming from %s: it was saved with --save_only_model (no optimizer state)", dir);
+            size_t u = strlen(model_only);
+            snprintf(model_only + u, cap - u, "%scheckpoint-%ld", u ? ", " : "", steps[i]);
+            continue;
+        }
         int v = foreign(output_dir, dir, why, sizeof why) ? -1 : glm_checkpoint_verify(dir, why, sizeof why);
         if (v >= 0) found = steps[i];
         if (v > 0 && say) glm_info("%s: %s", dir, why);
@@ -38,16 +45,33 @@ static long newest_intact(const char *output_dir, const char *except, int say, c
     return found;
 }
 
+/* How to go on from a --save_only_model checkpoint's weights (this run's kind names the flag). */
+static int from_weights_hint(const trainer *t, const char *dir, glm_err *err) {
+    static const char *const flag[] = {"--model_name_or_path", "--adapter_name_or_path", "--ptuning_checkpoint",
+                                       "--model_name_or_path"};
+    int kind = t->m.cfg.peft.kind;
+    return glm_hint(err, "to train on from its weights, start a new run with %s %s%s (the optimizer state and the "
+                         "learning-rate schedule start afresh); keep --save_only_model false where a run must resume exactly",
+                    flag[kind], dir, kind == GLM_FT_LORA || kind == GLM_FT_PTUNING ? " beside --model_name_or_path of its base model" : "");
+}
+
 /* The lead's choice of checkpoint (into dir): --resume_from_checkpoint alone takes the newest
  * one that verifies; a named one must verify, else the error names the damaged file and the
  * newest intact sibling. */
 static int pick_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
     glm_train_args *a = t->a;
     const char *r = a->resume_from_checkpoint;
-    char why[1200], skipped[1024] = "";
+    char why[1200], skipped[1024] = "", model_only[1024] = "";
     if (resume_latest(r)) {
-        long s = newest_intact(a->output_dir, NULL, 1, skipped, sizeof skipped);
+        long s = newest_intact(a->output_dir, NULL, 1, skipped, model_only, sizeof skipped);
         if (s >= 0) { snprintf(dir, n, "%s/checkpoint-%ld", a->output_dir, s); return 0; }
+        if (model_only[0]) {
+            glm_fail(err, "--resume_from_checkpoint: the checkpoints of this run in %s (%s) were saved with --save_only_model "
+                          "true: they hold the model but not the optimizer's state, so no run resumes from them", a->output_dir,
+                     model_only);
+            snprintf(dir, n, "%s/%.*s", a->output_dir, (int)strcspn(model_only, ","), model_only); /* the newest, named first */
+            return from_weights_hint(t, dir, err);
+        }
         if (skipped[0]) {
             glm_fail(err, "--resume_from_checkpoint: no checkpoint of this run in %s is intact (skipped: %s)", a->output_dir, skipped);
             return glm_hint(err, "the warnings above say why each was skipped; start over with --overwrite_output_dir");
@@ -60,13 +84,18 @@ static int pick_checkpoint(trainer *t, char *dir, size_t n, glm_err *err) {
     while (len > 1 && dir[len - 1] == '/') dir[--len] = 0;
     int v = glm_checkpoint_verify(dir, why, sizeof why);
     if (v > 0) glm_info("%s: %s", dir, why);
+    if (v >= 0 && glm_checkpoint_is_model_only(dir)) {
+        glm_fail(err, "--resume_from_checkpoint %s: it was saved with --save_only_model true and holds the model but not the "
+                      "optimizer's state, so no run resumes from it", dir);
+        return from_weights_hint(t, dir, err);
+    }
     if (v >= 0) return 0;
     glm_fail(err, "--resume_from_checkpoint %s: %s", dir, why);
     char parent[4096];
     snprintf(parent, sizeof parent, "%s", dir);
     char *slash = strrchr(parent, '/');
     if (slash) *slash = 0; else snprintf(parent, sizeof parent, ".");
-    long s = newest_intact(parent, dir, 0, skipped, sizeof skipped);
+    long s = newest_intact(parent, dir, 0, skipped, model_only, sizeof skipped);
     if (s >= 0) return glm_hint(err, "%s/checkpoint-%ld is intact: resume from it (--resume_from_checkpoint alone takes the newest intact one)", parent, s);
     return glm_hint(err, "no other checkpoint beside it is intact; start over with --overwrite_output_dir");
 }

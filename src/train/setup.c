@@ -108,9 +108,6 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
         return glm_fail(err, "--cutoff_len %d (LLaMA-Factory's): glmtrain cuts examples as THUDM's scripts do", a->cutoff_len),
                glm_hint(err, "give --max_source_length and --max_target_length (prompt and answer tokens kept; a conversation is "
                              "cut at their sum + 1)");
-    if (a->save_only_model)
-        return glm_fail(err, "--save_only_model true: glmtrain's checkpoints keep the optimizer state (an exact resume needs it)"),
-               glm_hint(err, "the final model folder holds the model alone; --save_total_limit N bounds the checkpoints' space");
     if (a->max_samples < 0) return glm_fail(err, "--max_samples %d: must be 0 (all) or a count", a->max_samples);
     if (!a->do_train && !a->do_eval && !a->do_predict)
         return glm_fail(err, "--do_train false without --do_eval: nothing to do"),

@@ -177,7 +177,11 @@ static long best_step(const trainer *t) {
     return t->st.best_checkpoint[0] && s ? atol(s + 1) : 0;
 }
 
-static int save_checkpoint(trainer *t, glm_err *err) {
+static int save_model_checkpoint(trainer *t, glm_err *err);
+
+/* A checkpoint of the steps done: with --save_only_model the model alone, unless `to_resume`
+ * (--save_on_interrupt's: it exists to be resumed from). */
+static int save_checkpoint(trainer *t, int to_resume, glm_err *err) {
     if (check_params_finite(t, "a checkpoint", err)) return -1;
     note_best(t);
     t->st.has_plateau = t->sched.kind == LR_REDUCE_ON_PLATEAU;
@@ -195,7 +199,9 @@ static int save_checkpoint(trainer *t, glm_err *err) {
     t->st.scale_hysteresis = t->scaler.ds ? t->scaler.hysteresis_left : 0;
     t->st.world_size = t->dp->world; /* data replicas: what the data cursor counts in */
     glm_par p = par(t);
-    if (glm_par_save(&p, t->a->output_dir, &t->st, t->tok_path, t->args_json, err)) return -1;
+    if (t->a->save_only_model && !to_resume ? save_model_checkpoint(t, err)
+                                            : glm_par_save(&p, t->a->output_dir, &t->st, t->tok_path, t->args_json, err))
+        return -1;
     if (!lead(t)) return 0;
     char line[256];
     snprintf(line, sizeof line, "[glmtrain] saved %s/checkpoint-%ld", t->a->output_dir, t->st.global_step);
@@ -211,7 +217,9 @@ static int load_best(trainer *t, glm_err *err) {
         return 0;
     }
     glm_train_state st = {0};
-    if (glm_dp_load(t->dp, t->st.best_checkpoint, &st, err)) return glm_wrap(err, "loading the best checkpoint: ");
+    const char *best = t->st.best_checkpoint;
+    if (glm_checkpoint_is_model_only(best) ? glm_dp_load_weights(t->dp, best, err) : glm_dp_load(t->dp, best, &st, err))
+        return glm_wrap(err, "loading the best checkpoint: ");
     free(st.log_history);
     if (lead(t))
         glm_info("loading the best model from %s (%s %.6g)", t->st.best_checkpoint, t->a->metric_for_best_model,
@@ -338,42 +346,83 @@ static int log_rank_stats(trainer *t, const glm_step_phases *ph, glm_err *err) {
     return rc;
 }
 
-/* Rank 0 writes the final model; every rank learns whether that worked. */
-static int save_final(trainer *t, glm_err *err) {
+/* The model as the final save writes it into dir (full and freeze: the whole model in
+ * --save_dtype; LoRA: peft's adapter files; P-Tuning v2: THUDM's prefix files), with the
+ * tokenizer and training_args.json. Pipeline stages each write theirs; otherwise rank 0 writes,
+ * after ZeRO-3 gathered the weights (left gathered: the caller releases them). Every rank
+ * learns whether that worked. */
+static int write_model(trainer *t, const char *dir, glm_err *err) {
     glm_train_args *a = t->a;
-    int rc = 0;
     st_dtype dt = strcmp(a->save_dtype, "float16") == 0 ? ST_F16 : strcmp(a->save_dtype, "bfloat16") == 0 ? ST_BF16 : ST_F32;
-    if (t->pp) {
-        rc = glm_pp_save_final(t->pp, a->output_dir, dt, t->tok_path, t->args_json, err);
-        if (rc == 0 && lead(t)) { glm_info("saved the final model to %s", a->output_dir); glm_check_remote_code(a->output_dir); }
-        return rc;
-    }
+    if (t->pp) return glm_pp_save_final(t->pp, dir, dt, t->tok_path, t->args_json, err);
     glm_par p = par(t);
     if (glm_par_gather_params(&p, err)) return -1; /* ZeRO-3: every rank takes part */
+    int rc = 0;
     if (t->dp->rank == 0) {
         size_t shard = 0;
         if (strcmp(a->max_shard_size, "0") != 0) glm_parse_size(a->max_shard_size, &shard); /* checked at start */
         char path[4096];
-        glm_path_join(path, sizeof path, a->output_dir, "training_args.json");
-        rc = glm_model_save_final(&t->m, a->output_dir, dt, shard, err);
+        glm_path_join(path, sizeof path, dir, "training_args.json");
+        rc = glm_model_save_final(&t->m, dir, dt, shard, err);
         if (rc && dt == ST_F16 && strstr(err->msg, ST_PAST_F16)) { /* the trained weights are kept, exactly, not lost */
-            glm_warn("%s; the final model is written as float32 instead (glmtrain convert --dtype bfloat16 halves it)", err->msg);
+            glm_warn("%s; the model is written as float32 instead (glmtrain convert --dtype bfloat16 halves it)", err->msg);
             *err = (glm_err){0};
-            rc = glm_model_save_final(&t->m, a->output_dir, ST_F32, shard, err);
+            rc = glm_model_save_final(&t->m, dir, ST_F32, shard, err);
         }
-        rc = rc || glm_copy_tokenizer_files(t->tok_path, a->output_dir, err) ||
+        rc = rc || glm_copy_tokenizer_files(t->tok_path, dir, err) ||
              glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
-        static const char *const what[] = {"the final model", "the LoRA adapter (load it with --adapter, or merge it with glmtrain merge)",
-                                           "the P-Tuning v2 prefix encoder (load it with --adapter beside the base model)",
-                                           "the final model"};
-        if (rc == 0) glm_info("saved %s to %s", what[t->m.cfg.peft.kind], a->output_dir);
-        if (rc == 0 && t->m.cfg.peft.kind != GLM_FT_LORA) glm_check_remote_code(a->output_dir);
     }
     double failed = rc != 0;
     glm_err e2;
-    if (glm_dp_sum_long(t->dp, &failed, 1, "final model written", rc ? &e2 : err)) return -1;
-    if (rc == 0 && failed > 0) return glm_fail(err, "rank %d: rank 0 could not write the final model", t->dp->rank);
+    if (glm_dp_sum_long(t->dp, &failed, 1, "model written", rc ? &e2 : err)) return -1;
+    if (rc == 0 && failed > 0) return glm_fail(err, "rank %d: rank 0 could not write the model", t->dp->rank);
     return rc;
+}
+
+static int save_final(trainer *t, glm_err *err) {
+    if (write_model(t, t->a->output_dir, err)) return -1;
+    static const char *const what[] = {"the final model", "the LoRA adapter (load it with --adapter, or merge it with glmtrain merge)",
+                                       "the P-Tuning v2 prefix encoder (load it with --adapter beside the base model)",
+                                       "the final model"};
+    if (lead(t)) glm_info("saved %s to %s", what[t->m.cfg.peft.kind], t->a->output_dir);
+    if (lead(t) && t->m.cfg.peft.kind != GLM_FT_LORA) glm_check_remote_code(t->a->output_dir);
+    return 0;
+}
+
+/* --save_only_model: checkpoint-N holds what the final save would write at this step and no
+ * optimizer state (trainer_state.json says so: resume refuses it). Written as every checkpoint,
+ * under tmp-checkpoint-N, sealed and renamed when complete. */
+static int save_model_checkpoint(trainer *t, glm_err *err) {
+    const char *out = t->a->output_dir;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", out, t->st.global_step);
+    glm_par p = par(t);
+    glm_err e2;
+    int me = lead(t), made = 0, bad = me && glm_checkpoint_begin(out, t->st.global_step, tmp, sizeof tmp, err) != 0;
+    double v = bad;
+    made = me && !bad;
+    if (glm_par_sum(&p, &v, 1, 1, "checkpoint folder made", bad ? &e2 : err)) return -1;
+    if (v > 0 && !bad) return glm_fail(err, "rank 0 could not make %s (see its error)", tmp);
+    if (!bad) {
+        bad = write_model(t, tmp, err) != 0; /* every rank agrees inside */
+        if (!t->pp) glm_par_release_params(&p);
+    }
+    if (!bad && me) {
+        glm_train_state st = t->st;
+        st.model_only = 1;
+        v = glm_checkpoint_complete(out, tmp, &st, t->dp->opt->step, err) != 0;
+        if (glm_par_sum(&p, &v, 1, 1, "checkpoint completed", v > 0 ? &e2 : err)) return -1;
+        bad = v > 0;
+    } else if (!bad) {
+        v = 0;
+        if (glm_par_sum(&p, &v, 1, 1, "checkpoint completed", err)) return -1;
+        if (v > 0) return glm_fail(err, "rank 0 could not complete checkpoint-%ld (see its error)", t->st.global_step);
+    }
+    if (!bad) return 0;
+    if (!me) return -1;
+    glm_wrap(err, "saving checkpoint %s/checkpoint-%ld: ", out, t->st.global_step);
+    double need = glm_checkpoint_bytes(&t->m.cfg, 0, t->tok_path, strlen(t->args_json) + 4096);
+    return glm_checkpoint_abandon(out, made ? tmp : NULL, need, err);
 }
 
 static void trainer_free(trainer *t, int ok) {
@@ -424,7 +473,7 @@ static int stop_on_signal(trainer *t, glm_err *err) {
     snprintf(line, sizeof line, "[glmtrain] %s%s: stopping at step %ld", sig ? "received " : "another rank received ",
              sig ? glm_signal_name(sig) : "a stop signal", t->st.global_step);
     glm_progress_log(&t->prog, line);
-    if (t->a->save_on_interrupt && t->st.global_step > 0 && save_checkpoint(t, err)) return -1;
+    if (t->a->save_on_interrupt && t->st.global_step > 0 && save_checkpoint(t, 1, err)) return -1;
     glm_fail(err, "training stopped by a signal at step %ld%s", t->st.global_step,
              t->a->save_on_interrupt && t->st.global_step > 0 ? " (checkpoint saved)" : "");
     return glm_hint(err, "continue with --resume_from_checkpoint%s", t->a->save_on_interrupt ? "" : "; --save_on_interrupt saves one on Ctrl-C");
@@ -564,7 +613,7 @@ static int run(trainer *t, glm_err *err) {
         if (a->max_train_seconds > 0 && glm_par_sum(&p, &out_of_time, 1, 0, "time limit", err)) return -1;
         if ((t->save_when == GLM_WHEN_STEPS && t->st.global_step % a->save_steps == 0) ||
             (t->save_when == GLM_WHEN_EPOCH && epoch_end) || new_best || out_of_time > 0)
-            if (save_checkpoint(t, err)) return -1;
+            if (save_checkpoint(t, 0, err)) return -1;
         glm_progress_update(&t->prog, t->st.global_step, last_loss, tok_acc / (now - t_log > 1e-3 ? now - t_log : 1e-3));
         if (out_of_time > 0) { glm_progress_log(&t->prog, "[glmtrain] --max_train_seconds reached; stopping"); break; }
         if (stop_early) {

@@ -65,7 +65,8 @@ const glm_flag glm_train_flags[] = {
     F(cutoff_len, ARG_INT, "0", "LLaMA-Factory's; refused: glmtrain cuts as THUDM's scripts (--max_source_length, --max_target_length)"),
     F(trust_remote_code, ARG_BOOL, "false", "accepted: glmtrain runs no Python code of a model folder"),
     F(plot_loss, ARG_BOOL, "false", "LLaMA-Factory's; the loss is in trainer_state.json and TensorBoard (no PNG is drawn)"),
-    F(save_only_model, ARG_BOOL, "false", "Hugging Face's; true is refused: checkpoints keep the optimizer for an exact resume"),
+    F(save_only_model, ARG_BOOL, "false", "each checkpoint-N holds the model as the final save would write it, without the "
+      "optimizer state (a fraction of the space); a run cannot resume from such a checkpoint (--save_on_interrupt's still can)"),
     C(finetuning_type, "full", "full|lora|ptuning|freeze", "what trains: every weight, LoRA adapters, a P-Tuning v2 prefix, or the last layers"),
     F(lora_rank, ARG_INT, "8", "LoRA: rank r of the adapters"),
     F(lora_alpha, ARG_FLOAT, "0", "LoRA: alpha (scaling alpha/r); 0 = 2 x lora_rank"),
