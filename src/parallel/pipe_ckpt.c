@@ -151,6 +151,7 @@ static int write_text(const char *dir, const char *name, const char *text, glm_e
 int glm_pipe_checkpoint_save(glm_pipe *p, const char *output_dir, const glm_opt_state *o, const glm_train_state *st,
                              const char *tokenizer_path, const char *args_json, glm_err *err) {
     char tmp[4096], fin[4096];
+    snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", output_dir, st->global_step); /* every stage writes into it */
     snprintf(fin, sizeof fin, "%s/checkpoint-%ld", output_dir, st->global_step);
     int rank0 = p->world->rank == 0, bad = 0, made = 0;
     size_t text = (args_json ? strlen(args_json) : 0) + (st->log_history ? 2 * strlen(st->log_history) : 0) + 4096;
