@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CLI on a GPU, end to end on a tiny ChatGLM-6B-shaped model with the real tokenizer:
-# CSV training data, the model named as on the Hub from a Hugging Face cache laid out as
+# CSV training data (checkpoints of the model alone), the model named as on the Hub from a Hugging Face cache laid out as
 # huggingface_hub writes it, LoRA in bf16 with --eval_on_start, then generate with the adapter.
 # Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0), build/lib, build/shared.
 # usage: bash bench/gpu_cli_smoke.sh [BUILD_DIR]
@@ -23,8 +23,12 @@ for i in $(seq 1 64); do printf '"写一句诗, 第%d句","春风%d,""明月""\n
 printf 'instruction,output\n"问题一","答案一"\n"问题二","答案二"\n' >"$W/val.csv"
 ok() { if [ "$1" -eq 0 ]; then echo "PASS $2"; else echo "FAIL $2"; tail -5 "$W/log"; fi; }
 "$B/glmtrain" train --init_from_config "$W/config.json" --tokenizer_name "$TOK" --train_file "$W/train.csv" \
-    --output_dir "$W/base" --max_steps 4 --bf16 --per_device_train_batch_size 8 --disable_tqdm >"$W/log" 2>&1
+    --output_dir "$W/base" --max_steps 4 --bf16 --per_device_train_batch_size 8 --disable_tqdm \
+    --save_steps 2 --save_only_model true >"$W/log" 2>&1
 ok $? "full_bf16_from_csv"
+# --save_only_model: the checkpoint of the last step is the final model's bytes, with no optimizer state
+cmp -s "$W/base/checkpoint-4/model.safetensors" "$W/base/model.safetensors" && [ ! -e "$W/base/checkpoint-4/optimizer.safetensors" ]
+ok $? "save_only_model_checkpoint_is_the_final_model"
 cp "$W"/base/*.json "$W"/base/*.safetensors "$snap"/ 2>/dev/null; cp "$TOK" "$snap"/
 HF_HOME=$W/hf "$B/glmtrain" train --model_name_or_path THUDM/tiny-glm --train_file "$W/train.csv" --validation_file "$W/val.csv" \
     --finetuning_type lora --output_dir "$W/lora" --max_steps 6 --bf16 --per_device_train_batch_size 8 --eval_on_start \
