@@ -137,9 +137,13 @@ void glm_output_run_id(const char *output_dir, char *out, size_t n);
 int glm_checkpoint_clean_stale(const char *output_dir, glm_err *err);
 /* Removes every checkpoint-N folder of output_dir, logging each (--overwrite_output_dir). */
 int glm_checkpoint_remove_all(const char *output_dir, glm_err *err);
-/* Bytes a checkpoint of a model of config c takes: fp32 weights, opt_kinds fp32 optimizer
- * tensors per weight, the tokenizer files and text_bytes of JSON. */
+/* Bytes a checkpoint of a model of config c takes: its trainable rows in fp32, opt_kinds fp32
+ * optimizer tensors per row, the tokenizer files and text_bytes of JSON. */
 double glm_checkpoint_bytes(const glm_config *c, int opt_kinds, const char *tokenizer_path, size_t text_bytes);
+/* Bytes the final save writes (glm_model_save_final): full and freeze, the whole model in
+ * dtype_bytes per element with a tied head's copy; LoRA and P-Tuning v2, the trainable rows in
+ * fp32 (P-Tuning's twice: THUDM's pytorch_model.bin beside them); and the tokenizer and text. */
+double glm_final_model_bytes(const glm_config *c, int dtype_bytes, const char *tokenizer_path, size_t text_bytes);
 /* After a failed save: removes tmp (when a folder) and sets a hint with the bytes the checkpoint
  * needs and what the disk holding output_dir has free. Returns -1. */
 int glm_checkpoint_abandon(const char *output_dir, const char *tmp, double need, glm_err *err);

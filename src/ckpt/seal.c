@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #include "core/fileutil.h"
@@ -210,32 +209,46 @@ static double tokenizer_bytes(const char *tok) {
     return (double)sum;
 }
 
-double glm_checkpoint_bytes(const glm_config *c, int opt_kinds, const char *tokenizer_path, size_t text_bytes) {
-    glm_table tab;
-    glm_table_build(&tab, c);
+/* rows of tab, `copies` times each at elem_bytes an element, with their header entries */
+static double rows_bytes(const glm_table *tab, double copies, double elem_bytes) {
     double b = 0;
-    for (int i = 0; i < tab.n; i++) /* fp32 weights and opt_kinds fp32 tensors each, and their header entries */
-        b += (1.0 + opt_kinds) * ((double)tab.t[i].numel * 4 + strlen(tab.t[i].name) + 96);
+    for (int i = 0; i < tab->n; i++) b += copies * ((double)tab->t[i].numel * elem_bytes + strlen(tab->t[i].name) + 96);
+    return b;
+}
+
+double glm_checkpoint_bytes(const glm_config *c, int opt_kinds, const char *tokenizer_path, size_t text_bytes) {
+    glm_table tab; /* what a checkpoint holds of the model: the rows that train, in fp32 */
+    glm_table_build_range(&tab, c, 0, c->num_layers, 1, 1);
+    double b = rows_bytes(&tab, 1.0 + opt_kinds, 4);
     glm_table_free(&tab);
     /* config.json, the manifest and the indexes of sharded writers: a few kB */
     return b + tokenizer_bytes(tokenizer_path) + (double)text_bytes + 16384;
 }
 
-static void fmt_bytes(char *out, size_t n, double b) {
-    if (b >= 1e9) snprintf(out, n, "%.2f GB", b / 1e9);
-    else if (b >= 1e6) snprintf(out, n, "%.1f MB", b / 1e6);
-    else snprintf(out, n, "%.0f kB", b / 1e3);
+double glm_final_model_bytes(const glm_config *c, int dtype_bytes, const char *tokenizer_path, size_t text_bytes) {
+    glm_table tab;
+    double b;
+    if (c->peft.kind == GLM_FT_LORA || c->peft.kind == GLM_FT_PTUNING) { /* the adapter or prefix in fp32 (P-Tuning: twice, .bin too) */
+        glm_table_build_range(&tab, c, 0, c->num_layers, 1, 1);
+        b = rows_bytes(&tab, c->peft.kind == GLM_FT_PTUNING ? 2 : 1, 4);
+    } else { /* the whole model as the original download: a tied head's copy too */
+        glm_table_build(&tab, c);
+        b = rows_bytes(&tab, 1, dtype_bytes);
+        const glm_tensor *wte = glm_table_get(&tab, -1, T_WORD_EMB);
+        if (c->tie_word_embeddings && wte) b += (double)wte->numel * dtype_bytes;
+    }
+    glm_table_free(&tab);
+    return b + tokenizer_bytes(tokenizer_path) + (double)text_bytes + 16384;
 }
 
 int glm_checkpoint_abandon(const char *output_dir, const char *tmp, double need, glm_err *err) {
     if (tmp && glm_is_dir(tmp) && glm_remove_tree(tmp) != 0)
         glm_warn("could not remove %s after the failed save: delete it by hand", tmp);
     char needs[32], has[32];
-    fmt_bytes(needs, sizeof needs, need);
-    struct statvfs v;
-    if (statvfs(output_dir, &v) != 0) return glm_hint(err, "is the disk full? the checkpoint needs about %s", needs);
-    double avail = (double)v.f_bavail * (double)v.f_frsize;
-    fmt_bytes(has, sizeof has, avail);
+    glm_fmt_bytes(needs, sizeof needs, need);
+    double avail = glm_disk_free(output_dir);
+    if (avail < 0) return glm_hint(err, "is the disk full? the checkpoint needs about %s", needs);
+    glm_fmt_bytes(has, sizeof has, avail);
     if (avail < need)
         return glm_hint(err, "the disk is full: the checkpoint needs about %s and %s are free in %s; free space, "
                              "lower --save_total_limit or pick another --output_dir", needs, has, output_dir);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 char *glm_read_file(const char *path, size_t *len, glm_err *err) {
@@ -106,4 +107,15 @@ int glm_fail_open(const char *path, int errnum, glm_err *err) {
         return glm_fail(err, "cannot open %s: it links to %s, which does not exist", path, to),
                glm_hint(err, "a download that did not finish or a pruned cache: fetch the model again (huggingface-cli download)");
     return glm_fail(err, "cannot open %s: %s", path, strerror(errnum));
+}
+
+double glm_disk_free(const char *path) {
+    struct statvfs v;
+    return statvfs(path, &v) == 0 ? (double)v.f_bavail * (double)v.f_frsize : -1;
+}
+
+void glm_fmt_bytes(char *out, size_t n, double b) {
+    if (b >= 1e9) snprintf(out, n, "%.2f GB", b / 1e9);
+    else if (b >= 1e6) snprintf(out, n, "%.1f MB", b / 1e6);
+    else snprintf(out, n, "%.0f kB", b / 1e3);
 }

@@ -18,6 +18,10 @@ int glm_is_file(const char *path);
 void glm_path_join(char *dst, size_t n, const char *a, const char *b);
 /* mkdir -p */
 int glm_mkdirs(const char *path, glm_err *err);
+/* Bytes free to this user on the disk holding path (-1 when it cannot be asked). */
+double glm_disk_free(const char *path);
+/* b bytes as disk tools print them: "12.34 GB", "5.6 MB", "780 kB" (powers of 1000). */
+void glm_fmt_bytes(char *out, size_t n, double b);
 
 /* 1 when path is a symbolic link whose target does not exist (a Hugging Face cache snapshot
  * whose blob is gone: an unfinished or pruned download), the link's text in target; else 0. */

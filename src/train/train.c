@@ -539,6 +539,7 @@ static int run(trainer *t, glm_err *err) {
              a->gradient_accumulation_steps, t->warmup, a->lr_scheduler_type);
     if (!a->save_final_model && t->save_when == GLM_WHEN_NO && lead(t))
         glm_info("--save_final_model false with --save_strategy no: nothing of this run will be saved");
+    if (lead(t)) trainer_disk_plan(t);
     glm_progress_init(&t->prog, stderr, t->st.global_step, t->total_steps, a->disable_tqdm);
     if (a->eval_on_start) { /* the Trainer's eval_on_start: the model as the first step finds it */
         if (!t->eval_ld) glm_warn("--eval_on_start but no validation data (--validation_file or --val_size): evaluation skipped");

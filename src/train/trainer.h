@@ -79,6 +79,9 @@ int trainer_load_tokenizer(trainer *t, glm_err *err);
 int trainer_load_data(trainer *t, glm_err *err);
 /* Steps, warmup and the learning-rate schedule; fails when a --deepspeed file's values for them differ. */
 int trainer_plan_steps(trainer *t, glm_err *err);
+/* The lead rank says what the run's checkpoints and final model will take on output_dir's disk,
+ * and warns when that is more than is free there (disk.c). */
+void trainer_disk_plan(const trainer *t);
 int trainer_check_output_dir(glm_train_args *a, glm_err *err);
 /* After the ranks are known: the run id, and the lead removes what belongs to no live run. */
 int trainer_prepare_output_dir(trainer *t, glm_err *err);
