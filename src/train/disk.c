@@ -7,16 +7,14 @@
 /* How many checkpoints the run writes from here: every save_steps steps, each epoch's end, or at
  * most each evaluation (--save_strategy best). */
 static long saves_ahead(const trainer *t) {
-    const glm_train_args *a = t->a;
     long left = t->total_steps - t->st.global_step;
     if (left <= 0) return 0;
     long epochs = t->steps_per_epoch > 0 ? (left + t->steps_per_epoch - 1) / t->steps_per_epoch : 1;
-    if (t->save_when == GLM_WHEN_STEPS) return a->save_steps > 0 ? left / a->save_steps : 0;
+    if (t->save_when == GLM_WHEN_STEPS) return left / t->save_every;
     if (t->save_when == GLM_WHEN_EPOCH) return epochs;
     if (t->save_when == GLM_WHEN_BEST) {
         if (t->eval_when == GLM_WHEN_EPOCH) return epochs;
-        long every = a->eval_steps > 0 ? a->eval_steps : a->logging_steps;
-        return t->eval_when == GLM_WHEN_STEPS && every > 0 ? left / every : 0;
+        return t->eval_when == GLM_WHEN_STEPS ? left / t->eval_every : 0;
     }
     return 0;
 }

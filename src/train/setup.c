@@ -48,6 +48,24 @@ static int data_seed(const glm_train_args *a, int *out, glm_err *err) {
     return 0;
 }
 
+/* --logging_steps, --eval_steps, --save_steps as the Trainer takes them: a whole number of steps,
+ * or below 1 a ratio of the run's steps, checked where its strategy is steps; 0 where zero_ok
+ * (eval_steps: then logging_steps). */
+static int check_interval(const char *name, double v, int steps, int zero_ok, glm_err *err) {
+    if (v == 0 && steps && !zero_ok) /* transformers' check, in its words */
+        return glm_fail(err, "%.*s strategy steps requires non-zero --%s", (int)strcspn(name, "_"), name, name),
+               glm_hint(err, "e.g. --%s 100, or --%s 0.1 for every tenth of the steps", name, name);
+    if (!isfinite(v) || v < 0)
+        return glm_fail(err, "--%s %g: a number of steps, or below 1 a ratio of the run's steps", name, v),
+               glm_hint(err, "e.g. --%s 100, or --%s 0.1 for every tenth of the steps", name, name);
+    if (steps && v > 1 && v != floor(v)) /* transformers' check, in its words */
+        return glm_fail(err, "--%s must be an integer if bigger than 1: %g", name, v);
+    return 0;
+}
+
+/* A step interval in steps: a ratio below 1 of the run's steps, rounded up as the Trainer does. */
+static long interval_steps(double v, long total) { return v < 1 ? (long)ceil(v * (double)total) : (long)v; }
+
 /* What evaluations drive: the best checkpoint (--load_best_model_at_end, --save_strategy best),
  * reduce_lr_on_plateau and early stopping; transformers' checks of them, in its words. */
 static int check_eval_args(const glm_train_args *a, glm_err *err) {
@@ -72,11 +90,19 @@ static int check_eval_args(const glm_train_args *a, glm_err *err) {
             return glm_fail(err, "--load_best_model_at_end requires the save and eval strategy to match, but found\n"
                                  "- Evaluation strategy: %s\n- Save strategy: %s", a->eval_strategy, a->save_strategy),
                    glm_hint(err, "give --eval_strategy and --save_strategy the same value (steps or epoch)");
-        long ev = a->eval_steps > 0 ? a->eval_steps : a->logging_steps;
-        if (!strcmp(a->save_strategy, "steps") && a->save_steps % ev)
+        double ev = a->eval_steps > 0 ? a->eval_steps : a->logging_steps, sv = a->save_steps;
+        if (!strcmp(a->save_strategy, "steps") && (ev < 1) != (sv < 1))
+            return glm_fail(err, "--load_best_model_at_end requires the saving steps to be a multiple of the evaluation steps, "
+                                 "which cannot get guaranteed when mixing ratio and absolute steps for save_steps %g and "
+                                 "eval_steps %g", sv, ev),
+                   glm_hint(err, "give both as steps, or both as ratios of the run's steps");
+        if (!strcmp(a->save_strategy, "steps") && ev < 1 && llround(sv * 1e6) % llround(ev * 1e6))
+            return glm_fail(err, "--load_best_model_at_end requires the saving steps to be a multiple of the evaluation steps, "
+                                 "but found %g, which is not a multiple of %g", sv, ev);
+        if (!strcmp(a->save_strategy, "steps") && ev >= 1 && (long)sv % (long)ev)
             return glm_fail(err, "--load_best_model_at_end requires the saving steps to be a round multiple of the evaluation "
-                                 "steps, but found %ld, which is not a round multiple of %ld", a->save_steps, ev),
-                   glm_hint(err, "e.g. --save_steps %ld", ev * (a->save_steps / ev > 0 ? a->save_steps / ev : 1));
+                                 "steps, but found %ld, which is not a round multiple of %ld", (long)sv, (long)ev),
+                   glm_hint(err, "e.g. --save_steps %ld", (long)ev * ((long)sv / (long)ev > 0 ? (long)sv / (long)ev : 1));
     }
     if (a->early_stopping_patience < 0) return glm_fail(err, "--early_stopping_patience %d: a number of evaluations (0: never stop early)", a->early_stopping_patience);
     if (!(a->early_stopping_threshold >= 0 && isfinite(a->early_stopping_threshold)))
@@ -137,7 +163,10 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->gradient_accumulation_steps < 1) return glm_fail(err, "--gradient_accumulation_steps must be at least 1");
     if (check_optimizer_args(a, err)) return -1;
     if (a->num_train_epochs <= 0 && a->max_steps <= 0) return glm_fail(err, "--num_train_epochs must be positive (or set --max_steps)");
-    if (a->logging_steps < 1) return glm_fail(err, "--logging_steps must be at least 1");
+    if (check_interval("logging_steps", a->logging_steps, !strcmp(a->logging_strategy, "steps"), 0, err) ||
+        check_interval("eval_steps", a->eval_steps, !strcmp(a->eval_strategy, "steps"), 1, err) ||
+        check_interval("save_steps", a->save_steps, !strcmp(a->save_strategy, "steps"), 0, err))
+        return -1;
     if (!(a->eval_delay >= 0)) return glm_fail(err, "--eval_delay %g must not be negative", a->eval_delay);
     if (a->bf16 + a->fp16 + a->fp32 > 1) return glm_fail(err, "choose one of --bf16, --fp16, --fp32");
     if (glm_optim_parse(a->optim) < 0)
@@ -182,7 +211,6 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
         return glm_hint(err, "use --report_to tensorboard (or none); other trackers read TensorBoard's event files");
     }
     if (check_eval_args(a, err)) return -1;
-    if (strcmp(a->save_strategy, "steps") == 0 && a->save_steps < 1) return glm_fail(err, "--save_steps must be at least 1");
     if (a->pipeline_parallel_size < 1) return glm_fail(err, "--pipeline_parallel_size must be at least 1");
     if (a->num_microbatches < 0) return glm_fail(err, "--num_microbatches must not be negative");
     if (a->num_microbatches > 0) a->gradient_accumulation_steps = a->num_microbatches; /* the same count, pipeline's name */
@@ -671,6 +699,12 @@ int trainer_plan_steps(trainer *t, glm_err *err) {
     if (t->steps_per_epoch < 1) t->steps_per_epoch = 1;
     t->total_steps = a->max_steps > 0 ? a->max_steps : (long)ceil(a->num_train_epochs * t->steps_per_epoch);
     t->warmup = a->warmup_steps > 0 ? a->warmup_steps : (long)ceil(a->warmup_ratio * t->total_steps);
+    t->log_every = interval_steps(a->logging_steps, t->total_steps);
+    t->eval_every = a->eval_steps > 0 ? interval_steps(a->eval_steps, t->total_steps) : t->log_every;
+    t->save_every = interval_steps(a->save_steps, t->total_steps);
+    if (t->log_every < 1) t->log_every = 1; /* a ratio of a run of no steps */
+    if (t->eval_every < 1) t->eval_every = 1;
+    if (t->save_every < 1) t->save_every = 1;
     t->sched = (glm_lr_sched){.base_lr = (float)a->learning_rate, .warmup = t->warmup, .total = t->total_steps};
     glm_lr_kind_parse(a->lr_scheduler_type, &t->sched.kind);
     if (glm_lr_kwargs(&t->sched, a->lr_scheduler_kwargs, err)) return -1; /* the warmup of a ratio may round to 0 */

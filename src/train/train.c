@@ -239,7 +239,7 @@ static int when(const char *strategy) {
 static int log_due(trainer *t, long next) {
     const glm_train_args *a = t->a;
     if (a->logging_first_step && next == 1) return 1;
-    if (t->log_when == GLM_WHEN_STEPS) return next % a->logging_steps == 0 || next == t->total_steps;
+    if (t->log_when == GLM_WHEN_STEPS) return next % t->log_every == 0 || next == t->total_steps;
     if (t->log_when == GLM_WHEN_EPOCH) return (long)glm_loader_steps_left(t->train_ld) <= a->gradient_accumulation_steps;
     return 0;
 }
@@ -522,7 +522,7 @@ static int run(trainer *t, glm_err *err) {
         if (tb_open(&t->tb, logdir, err)) return -1;
     }
     if (strncmp(t->be->name, "cuda", 4) == 0) t->gs = glm_gpustat_open(glm_local_device(t->dp->dist.local_rank));
-    long eval_every = a->eval_steps > 0 ? a->eval_steps : a->logging_steps;
+    long eval_every = t->eval_every;
     t->log_when = when(a->logging_strategy);
     t->eval_when = when(a->eval_strategy);
     t->save_when = when(a->save_strategy);
@@ -612,7 +612,7 @@ static int run(trainer *t, glm_err *err) {
         double out_of_time = a->max_train_seconds > 0 && now - t_start > a->max_train_seconds;
         glm_par p = par(t);
         if (a->max_train_seconds > 0 && glm_par_sum(&p, &out_of_time, 1, 0, "time limit", err)) return -1;
-        if ((t->save_when == GLM_WHEN_STEPS && t->st.global_step % a->save_steps == 0) ||
+        if ((t->save_when == GLM_WHEN_STEPS && t->st.global_step % t->save_every == 0) ||
             (t->save_when == GLM_WHEN_EPOCH && epoch_end) || new_best || out_of_time > 0)
             if (save_checkpoint(t, 0, err)) return -1;
         glm_progress_update(&t->prog, t->st.global_step, last_loss, tok_acc / (now - t_log > 1e-3 ? now - t_log : 1e-3));

@@ -55,7 +55,10 @@ typedef struct glm_train_args {
     int overwrite_output_dir;
     double num_train_epochs, learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
     double warmup_ratio, init_std, fp16_initial_scale;
-    long max_steps, warmup_steps, logging_steps, eval_steps, save_steps;
+    long max_steps, warmup_steps;
+    /* steps, or below 1 a ratio of the run's steps (the Trainer's: ceil(ratio x steps)); the
+     * trainer resolves them once the steps are known (trainer.h log_every, eval_every, save_every) */
+    double logging_steps, eval_steps, save_steps;
     int per_device_train_batch_size, per_device_eval_batch_size, gradient_accumulation_steps;
     int save_total_limit, seed, disable_tqdm, logging_first_step, save_final_model;
     /* Hugging Face's best-checkpoint keeping (train.c) */

@@ -57,6 +57,7 @@ typedef struct trainer {
     glm_loss_scaler scaler;
     glm_lr_sched sched;      /* the learning rate of each optimizer update */
     long total_steps, warmup, steps_per_epoch, micro_per_epoch;
+    long log_every, eval_every, save_every; /* --logging_steps, --eval_steps, --save_steps in steps */
     /* when to log, evaluate and save: the strategy flags (no|steps|epoch) read once */
     enum { GLM_WHEN_NO, GLM_WHEN_STEPS, GLM_WHEN_EPOCH, GLM_WHEN_BEST } log_when, eval_when, save_when;
     uint64_t data_hash;      /* of the tokenized training examples: resume compares it with the checkpoint's */
