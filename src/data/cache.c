@@ -68,7 +68,7 @@ static uint64_t settings_hash(const glm_data_cfg *c, const glm_encoder *e) {
                       e->layout, e->eos, e->role[0], e->role[1], e->role[2], e->role[3], x->conv_labels, r->max_records};
     uint64_t h = glm_xxh64(nums, sizeof nums, (uint64_t)e->fingerprint);
     const char *strs[] = {r->columns.prompt, r->columns.response, r->columns.history, r->columns.input,
-                          r->columns.system, x->source_prefix, x->prompt_template, x->history_template};
+                          r->columns.system, x->source_prefix, x->prompt_template, x->history_template, x->default_system};
     for (size_t i = 0; i < sizeof strs / sizeof *strs; i++) h = hash_str(h, strs[i]);
     return h;
 }

@@ -101,8 +101,9 @@ char *glm_example_prompt_as(const glm_example_cfg *c, glm_layout layout, const g
     glm_strbuf b = {0};
     glm_strbuf_str(&b, c->source_prefix);
     const char *tpl = c->prompt_template;
-    int has_system = r->system && r->system[0];
-    if (has_system && !(tpl && uses(tpl, "system"))) { glm_strbuf_str(&b, r->system); glm_strbuf_str(&b, "\n"); }
+    const char *system = r->system && r->system[0] ? r->system : c->default_system; /* --default_system for a record without one */
+    int has_system = system && system[0];
+    if (has_system && !(tpl && uses(tpl, "system"))) { glm_strbuf_str(&b, system); glm_strbuf_str(&b, "\n"); }
     if (tpl) {
         glm_strbuf q = {0}, h = {0};
         render_query(&q, r, !uses(tpl, "input"));
@@ -111,7 +112,7 @@ char *glm_example_prompt_as(const glm_example_cfg *c, glm_layout layout, const g
         snprintf(n, sizeof n, "%d", r->n_hist);
         snprintf(n1, sizeof n1, "%d", r->n_hist + 1);
         const char *v[7] = {q.s ? q.s : "", q.s ? q.s : "", r->input ? r->input : "",
-                            has_system ? r->system : "", h.s ? h.s : "", n, n1};
+                            has_system ? system : "", h.s ? h.s : "", n, n1};
         expand(&b, tpl, PROMPT_NAMES, v, 7, bad, sizeof bad);
         free(q.s); free(h.s);
     } else if (layout == GLM_LAYOUT_GLM2) { /* build_prompt: always in rounds, from 1 */

@@ -113,6 +113,7 @@ typedef struct glm_example_cfg {
     int max_source_length;        /* default 1024 (ptuning arguments.py) */
     int max_target_length;        /* default 128 */
     const char *source_prefix;    /* prepended to every prompt; NULL = "" */
+    const char *default_system;   /* the system prompt of a record without one (LLaMA-Factory's); NULL = none */
     /* NULL = the ptuning body. Otherwise the body, with placeholders:
      *   {instruction} the query (instruction + "\n" + input) — or the bare instruction when the
      *                 template also uses {input};  {query} the same as {instruction}

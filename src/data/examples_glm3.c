@@ -10,14 +10,24 @@
 #include "data/examples.h"
 
 /* A record's turns: its own (a conversation), or an instruction record's fields as [system] +
- * history pairs + (query, answer). Strings are borrowed from r except the query turn's
- * (instruction + "\n" + input: *owned, freed by the caller, as *out when it is not r->msgs). */
-static int turns_of(const glm_record *r, glm_msg **out, char **owned) {
+ * history pairs + (query, answer); --default_system as the system turn of a record without one.
+ * Strings are borrowed from r and c except the query turn's (instruction + "\n" + input: *owned,
+ * freed by the caller, as *out when it is not r->msgs). */
+static int turns_of(const glm_example_cfg *c, const glm_record *r, glm_msg **out, char **owned) {
     *owned = NULL;
-    if (r->conv_key) { *out = r->msgs; return r->n_msgs; }
+    const char *dflt = c->default_system && c->default_system[0] ? c->default_system : NULL;
+    if (r->conv_key && (!dflt || (r->n_msgs > 0 && r->msgs[0].role == GLM_ROLE_SYSTEM))) { *out = r->msgs; return r->n_msgs; }
+    if (r->conv_key) {
+        glm_msg *m = glm_malloc(sizeof *m * (size_t)(r->n_msgs + 1));
+        m[0] = (glm_msg){GLM_ROLE_SYSTEM, (char *)dflt, NULL, 0, -1};
+        memcpy(m + 1, r->msgs, sizeof *m * (size_t)r->n_msgs);
+        *out = m;
+        return r->n_msgs + 1;
+    }
     int n = 0;
     glm_msg *m = glm_malloc(sizeof *m * (size_t)(2 * r->n_hist + 3));
     if (r->system && r->system[0]) m[n++] = (glm_msg){GLM_ROLE_SYSTEM, r->system, NULL, 0, -1};
+    else if (dflt) m[n++] = (glm_msg){GLM_ROLE_SYSTEM, (char *)dflt, NULL, 0, -1};
     for (int i = 0; i < r->n_hist; i++) {
         m[n++] = (glm_msg){GLM_ROLE_USER, r->hist[2 * i], NULL, 0, -1};
         m[n++] = (glm_msg){GLM_ROLE_ASSISTANT, r->hist[2 * i + 1], NULL, 0, -1};
@@ -86,7 +96,7 @@ int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, con
     }
     glm_msg *m;
     char *owned;
-    int n = turns_of(r, &m, &owned);
+    int n = turns_of(c, r, &m, &owned);
     int *start = glm_malloc(sizeof *start * (size_t)(n + 1)); /* turn k is ids [start[k], start[k+1]) */
     int rc = encode_turns(c, enc, m, n, ids, start, err);
     glm_ids_push(ids, enc->eos);
@@ -124,7 +134,7 @@ int glm_example_eval_turns(const glm_example_cfg *c, const glm_encoder *enc, con
     *n_out = 0;
     glm_msg *m;
     char *owned;
-    int n = turns_of(r, &m, &owned);
+    int n = turns_of(c, r, &m, &owned);
     int *start = glm_malloc(sizeof *start * (size_t)(n + 1));
     glm_ids ids = {0};
     int rc = encode_turns(c, enc, m, n, &ids, start, err);

@@ -38,7 +38,7 @@ typedef struct glm_train_args {
     /* and THUDM's finetune_demo configs (ChatGLM3, GLM-4) these: glm_train_config_key */
     char *data_dir, *peft_type;
     int use_cpu;
-    char *prompt_template, *history_template, *source_prefix, *cache_dir, *conversation_labels;
+    char *prompt_template, *history_template, *source_prefix, *default_system, *cache_dir, *conversation_labels;
     double val_size;
     int max_source_length, max_target_length, train_on_prompt, skip_bad_samples, group_by_length, packing;
     int dataloader_num_workers, max_train_samples;

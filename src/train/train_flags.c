@@ -37,6 +37,8 @@ const glm_flag glm_train_flags[] = {
     F(prompt_template, ARG_STR, NULL, "prompt body template, e.g. \"[Round 1]\\n\\n问：{instruction}\\n\\n答：\""),
     F(history_template, ARG_STR, NULL, "one history round, e.g. \"[Round {i1}]\\n\\n问：{q}\\n\\n答：{r}\\n\\n\""),
     F(source_prefix, ARG_STR, NULL, "text prepended to every prompt"),
+    F(default_system, ARG_STR, NULL, "the system prompt of every example whose record has none (LLaMA-Factory's): a "
+      "system turn for ChatGLM3 and GLM-4, a line before the prompt for ChatGLM-6B and ChatGLM2"),
     F(cache_dir, ARG_STR, NULL, "where the tokenized data cache lives (default: <output_dir>/.cache)"),
     F(max_source_length, ARG_INT, "1024", "prompt tokens kept (ptuning's max_source_length)"),
     F(max_target_length, ARG_INT, "128", "answer tokens kept (ptuning's max_target_length)"),
@@ -335,7 +337,6 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"top_p", NULL, "", "generation settings are glmtrain generate's flags"},
     {"top_k", NULL, "", "generation settings are glmtrain generate's flags"},
     {"repetition_penalty", NULL, "", "generation settings are glmtrain generate's flags"},
-    {"default_system", "", "", "a system prompt for every example is not added here: put it in the data's system field"},
     /* Seq2SeqTrainingArguments' (THUDM's ptuning main.py parses them) */
     {"generation_max_length", NULL, "", "--do_predict answers with main.py's trainer.predict settings; others: glmtrain generate"},
     {"generation_num_beams", NULL, "", "--do_predict answers with main.py's trainer.predict settings; others: glmtrain generate"},

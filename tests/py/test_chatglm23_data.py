@@ -182,6 +182,11 @@ def check_conversations(tmp, f3, ref3, D):
                                                            "--conversation_labels", "eos"], want(20, 10, "eos"))
     compare("chatglm3_conversations_prefix", base + ["--source_prefix", "前缀："], want(1024, 128, prefix="前缀："))
     compare("chatglm3_conversations_train_on_prompt", base + ["--train_on_prompt"], want(1024, 128, top=True))
+    # --default_system: a system turn first where a conversation has none (LLaMA-Factory's default_system)
+    kept = list(convs)
+    convs[:] = [c if c and c[0]["role"] == "system" else [{"role": "system", "content": "默认的系统提示"}] + c for c in kept]
+    compare("chatglm3_conversations_default_system", base + ["--default_system", "默认的系统提示"], want(1024, 128))
+    convs[:] = kept
     _, s = run(base)
     n_empty = sum(1 for c in convs if not c)
     n_none = sum(1 for c in convs if c and D.glm3_example(c, ref3, 1024, 128) is None)
@@ -229,6 +234,14 @@ def check_instruction_records(tmp, f2, f3, ref2, ref3, D):
                         if (r["query"] or r.get("input")) and r["answer"]) if e]
     compare("chatglm3_alpaca_as_turns_eos_prefix", ["--tokenizer", f3, "--train_file", path, "--conversation_labels", "eos",
                                                     "--source_prefix", "P:"], want)
+    ds = [dict(r, system=r.get("system") or "默认：") for r in recs]  # --default_system where a record has none
+    want = [e for e in (D.glm2_example(r, ref2, 1024, 128) for r in ds) if e]
+    compare("chatglm2_alpaca_default_system", ["--tokenizer", f2, "--train_file", path, "--default_system", "默认："], want)
+    want = [e for e in (D.glm3_example(D.record_turns(r), ref3, 1024, 128) for r in ds
+                        if (r["query"] or r.get("input")) and r["answer"]) if e]
+    compare("chatglm3_alpaca_as_turns_default_system", ["--tokenizer", f3, "--train_file", path, "--default_system", "默认："], want)
+    C.check("default_system_covers_records_with_and_without", any(r.get("system") for r in recs) and
+            any(not r.get("system") for r in recs))
     got, err = run(["--tokenizer", f3, "--train_file", path, "--prompt_template", "{instruction}"])
     C.check("chatglm3_prompt_template_refused", got is None and "--prompt_template" in err and "ChatGLM3" in err, err[-300:])
 
