@@ -268,6 +268,7 @@ static item *items_push(items *L) {
 static void example_cfg(gen_args *a, glm_example_cfg *ex) {
     glm_example_cfg_init(ex);
     ex->source_prefix = a->source_prefix;
+    ex->default_system = a->system; /* a record without a system of its own takes --system, as training's --default_system */
     if (a->prompt_template) glm_unescape(a->prompt_template);
     if (a->history_template) glm_unescape(a->history_template);
     ex->prompt_template = a->prompt_template;
@@ -287,7 +288,7 @@ static int prepare_item(gen_session *s, const gen_args *a, const glm_example_cfg
         size_t nq = strlen(r->query) + (r->input ? strlen(r->input) : 0) + 2;
         char *q = glm_malloc(nq);
         snprintf(q, nq, "%s%s%s", r->query, r->input && r->input[0] ? "\n" : "", r->input && r->input[0] ? r->input : "");
-        int rc = glm_chat_inputs_sys(s->tok, gen_config(s), r->system, q, (const char *const *)r->hist, r->n_hist, INT_MAX,
+        int rc = glm_chat_inputs_sys(s->tok, gen_config(s), r->system && r->system[0] ? r->system : a->system, q, (const char *const *)r->hist, r->n_hist, INT_MAX,
                                      &it->in, NULL, &it->prompt, err);
         free(q);
         if (rc) return -1;

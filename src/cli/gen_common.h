@@ -50,7 +50,7 @@ typedef struct gen_args {
     GEN_F(repetition_penalty, ARG_FLOAT, "1.0", "penalty for tokens already in the sequence (1 = none)"), \
     GEN_F(seed, ARG_INT, "42", "sampling seed"), \
     GEN_F(debug, ARG_BOOL, "false", "print prompts and token ids to stderr"), \
-    GEN_F(system, ARG_STR, NULL, "system prompt (ChatGLM3/GLM-4: a <|system|> turn; others: \"system\\n\" before the prompt)")
+    GEN_F(system, ARG_STR, NULL, "system prompt (ChatGLM3/GLM-4: a <|system|> turn; others: \"system\\n\" before the prompt); with --input_file, of the records without one (as train's --default_system)")
 
 /* The adapter folder to load: --adapter, --adapter_name_or_path or --ptuning_checkpoint (gen_parse
  * refuses two of them). */

@@ -204,6 +204,22 @@ def main():
         p1 = run(["generate", "--model_name_or_path", model, "--input_file", data, "--history_column", "history",
                   "--do_sample", "false", "--repetition_penalty", str(PENALTY), "--max_new_tokens", "12", "--per_device_eval_batch_size", "1", "--debug"])
         check("batch_size_does_not_change_rows", debug_ids(p1.stderr, "response") == pouts, "differs")
+        # --system with --input_file: the system of the records without one, as training's --default_system
+        sysf, expf = os.path.join(tmp, "sys.jsonl"), os.path.join(tmp, "sys_explicit.jsonl")
+        with open(sysf, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"prompt": "你好", "response": "好", "system": "老师"}, ensure_ascii=False) + "\n" +
+                    json.dumps({"prompt": "明月", "response": "光"}, ensure_ascii=False) + "\n")
+        with open(expf, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"prompt": "你好", "response": "好", "system": "老师"}, ensure_ascii=False) + "\n" +
+                    json.dumps({"prompt": "明月", "response": "光", "system": "学生"}, ensure_ascii=False) + "\n")
+        outs = []
+        for src, extra in ((sysf, ["--system", "学生"]), (expf, [])):
+            o = os.path.join(tmp, "sys_pred_%d.jsonl" % len(outs))
+            q = run(["generate", "--model_name_or_path", model, "--input_file", src, "--output_file", o, "--do_sample", "false",
+                     "--max_new_tokens", "6"] + extra)
+            outs.append([json.loads(l) for l in open(o, encoding="utf-8")] if q.returncode == 0 else [])
+        check("input_file_system_fills_records_without_one", len(outs[0]) == 2 and outs[0] == outs[1] and
+              outs[0][1]["prompt"].startswith("学生\n") and outs[0][0]["prompt"].startswith("老师\n"), str(outs)[:400])
         # bare prompts file, sampling with a seed: reproducible
         bare = os.path.join(tmp, "bare.jsonl")
         with open(bare, "w", encoding="utf-8") as f:
