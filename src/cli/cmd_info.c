@@ -66,7 +66,7 @@ static void row(const char *what, double bytes) { printf("  %-28s %10.2f GiB\n",
 
 static glm_par_opts opts_of(const info_args *a) {
     return (glm_par_opts){.per_device_train_batch_size = a->per_device_train_batch_size,
-                          .max_source_length = a->max_source_length, .max_target_length = a->max_target_length,
+                          .seq_len = a->max_source_length + a->max_target_length,
                           .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32,
                           .gradient_accumulation_steps = a->gradient_accumulation_steps,
                           .pipeline_parallel_size = a->pipeline_parallel_size, .device_map = a->device_map,

@@ -139,8 +139,12 @@ void glm_examples_print_summary(FILE *f, const char *name, const glm_examples *e
     skipped_text(sk, sizeof sk, s);
     fprintf(f, "  records %lld, examples %lld; skipped: %s\n", (long long)s->records, (long long)s->examples, sk);
     if (s->first_bad[0]) fprintf(f, "  first bad record: %s\n", s->first_bad);
-    fprintf(f, "  truncated: %lld prompts (max_source_length %d), %lld answers (max_target_length %d)\n",
-            (long long)s->truncated_prompt, ec->max_source_length, (long long)s->truncated_answer, ec->max_target_length);
+    if (ec->cutoff_len > 0) /* LLaMA-Factory's cut: a conversation's turns count as prompts and answers */
+        fprintf(f, "  truncated by --cutoff_len %d: %lld prompts, %lld answers\n", ec->cutoff_len,
+                (long long)s->truncated_prompt, (long long)s->truncated_answer);
+    else
+        fprintf(f, "  truncated: %lld prompts (max_source_length %d), %lld answers (max_target_length %d)\n",
+                (long long)s->truncated_prompt, ec->max_source_length, (long long)s->truncated_answer, ec->max_target_length);
     fprintf(f, "  tokens %lld (%lld supervised), longest %lld, shortest %lld, mean %.1f\n", (long long)s->tokens,
             (long long)s->supervised, (long long)s->longest, (long long)s->shortest,
             s->examples ? (double)s->tokens / (double)s->examples : 0.0);

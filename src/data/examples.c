@@ -132,27 +132,55 @@ char *glm_example_prompt_as(const glm_example_cfg *c, glm_layout layout, const g
     return b.s;
 }
 
-/* ChatGLM2's preprocess_function_train: a = [gMASK, sop] + prompt ids (HF truncation leaves room
- * for the two), b = answer ids, ids = a + b + [eos]; labels on b and eos, none equal to pad. */
-static int build_glm2(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r, glm_ids *ids,
-                      glm_ids *labels, glm_example_info *info, glm_err *err) {
-    char *prompt = glm_example_prompt_as(c, GLM_LAYOUT_GLM2, r);
-    glm_ids_push(ids, enc->gmask);
-    glm_ids_push(ids, enc->sop);
-    int rc = enc->encode(enc->ctx, prompt, strlen(prompt), ids, err);
-    free(prompt);
-    if (rc) return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
-    info->prompt_tokens = ids->n - 2;
-    if (ids->n > c->max_source_length) { ids->n = c->max_source_length > 2 ? c->max_source_length : 2; info->truncated_prompt = 1; }
-    int ctx = ids->n;
-    if (enc->encode(enc->ctx, r->answer, strlen(r->answer), ids, err))
-        return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
-    info->answer_tokens = ids->n - ctx;
-    if (info->answer_tokens == 0) { info->status = GLM_EX_NO_ANSWER_TOKENS; ids->n = 0; return 0; }
-    if (info->answer_tokens > c->max_target_length) { ids->n = ctx + c->max_target_length; info->truncated_answer = 1; }
-    glm_ids_push(ids, enc->eos);
+void glm_infer_seqlen(long source_len, long target_len, long cutoff, long *new_source, long *new_target) {
+    long max_target;
+    if (target_len * 2 < cutoff) max_target = cutoff; /* the source gives way */
+    else if (source_len * 2 < cutoff) max_target = cutoff - source_len; /* the target gives way */
+    else max_target = (long)((double)cutoff * ((double)target_len / (double)(source_len + target_len))); /* both, in proportion */
+    *new_target = target_len < max_target ? target_len : max_target;
+    long max_source = cutoff - *new_target > 0 ? cutoff - *new_target : 0;
+    *new_source = source_len < max_source ? source_len : max_source;
+}
+
+/* How much of a prompt of la tokens and an answer of lb the example keeps beside its `specials`
+ * tokens: LLaMA-Factory's rule under --cutoff_len, else THUDM's limits (src_max, tgt_max). */
+static void cut_pair(const glm_example_cfg *c, int specials, long src_max, long tgt_max, long la, long lb, long *ka,
+                     long *kb, glm_example_info *info) {
+    if (c->cutoff_len > 0) {
+        glm_infer_seqlen(la, lb, c->cutoff_len - specials, ka, kb);
+    } else {
+        *ka = la < src_max ? la : src_max;
+        *kb = lb < tgt_max ? lb : tgt_max;
+    }
+    info->truncated_prompt = *ka < la;
+    info->truncated_answer = *kb < lb;
+}
+
+/* One prompt/answer example: `head` specials, the prompt's text, `mid` specials, the answer,
+ * the closing token; labels from label_from (an index into the example) on, where not pad when
+ * skip_pad. The prompt and answer are cut by cut_pair. */
+static int build_pair(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r, const char *prompt,
+                      const int32_t *head, int nh, const int32_t *mid, int nm, int32_t close, long src_max, long tgt_max,
+                      int label_mid, int skip_pad, glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err) {
+    glm_ids a = {0}, b = {0};
+    int rc = enc->encode(enc->ctx, prompt, strlen(prompt), &a, err) || enc->encode(enc->ctx, r->answer, strlen(r->answer), &b, err);
+    if (rc) { glm_ids_free(&a); glm_ids_free(&b); return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line); }
+    info->prompt_tokens = a.n;
+    info->answer_tokens = b.n;
+    if (b.n == 0) { info->status = GLM_EX_NO_ANSWER_TOKENS; glm_ids_free(&a); glm_ids_free(&b); return 0; }
+    long ka, kb;
+    cut_pair(c, nh + nm + 1, src_max, tgt_max, a.n, b.n, &ka, &kb, info);
+    if (kb == 0) { info->status = GLM_EX_NO_ANSWER_TOKENS; glm_ids_free(&a); glm_ids_free(&b); return 0; } /* cut to nothing */
+    glm_ids_append(ids, head, nh);
+    glm_ids_append(ids, a.data, (int)ka);
+    glm_ids_append(ids, mid, nm);
+    int ctx = ids->n - nm + label_mid; /* the first label */
+    glm_ids_append(ids, b.data, (int)kb);
+    glm_ids_push(ids, close);
     for (int i = 0; i < ids->n; i++)
-        glm_ids_push(labels, c->train_on_prompt || (i >= ctx && ids->data[i] != enc->pad) ? ids->data[i] : -100);
+        glm_ids_push(labels, c->train_on_prompt || (i >= ctx && !(skip_pad && ids->data[i] == enc->pad)) ? ids->data[i] : -100);
+    glm_ids_free(&a);
+    glm_ids_free(&b);
     return 0;
 }
 
@@ -163,25 +191,18 @@ int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const gl
     if (glm_layout_turns(enc->layout)) return glm_example_build_glm3(c, enc, r, ids, labels, info, err);
     int query_empty = !(r->query && r->query[0]) && !(r->input && r->input[0]);
     if (query_empty || !(r->answer && r->answer[0])) { info->status = GLM_EX_EMPTY; return 0; }
-    if (enc->layout == GLM_LAYOUT_GLM2) return build_glm2(c, enc, r, ids, labels, info, err);
-    char *prompt = glm_example_prompt(c, r);
-    int rc = enc->encode(enc->ctx, prompt, strlen(prompt), ids, err);
+    char *prompt = glm_example_prompt_as(c, enc->layout, r);
+    int32_t specials[2] = {enc->gmask, enc->sop};
+    int rc = enc->layout == GLM_LAYOUT_GLM2
+                 /* ChatGLM2's preprocess_function_train: [gMASK, sop] + prompt (HF truncation counts the two)
+                  * + answer + eos; labels on the answer and eos, none equal to pad */
+                 ? build_pair(c, enc, r, prompt, specials, 2, NULL, 0, enc->eos, c->max_source_length - 2,
+                              c->max_target_length, 0, 1, ids, labels, info, err)
+                 /* ChatGLM-6B's: prompt + [gMASK, sop] + answer + eop; labels from <sop> on */
+                 : build_pair(c, enc, r, prompt, NULL, 0, specials, 2, enc->eop, c->max_source_length - 1,
+                              c->max_target_length - 2, 1, 0, ids, labels, info, err);
     free(prompt);
-    if (rc) return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
-    info->prompt_tokens = ids->n;
-    if (ids->n > c->max_source_length - 1) { ids->n = c->max_source_length - 1; info->truncated_prompt = 1; }
-    int ctx = ids->n + 1; /* index of <sop> */
-    glm_ids_push(ids, enc->gmask);
-    glm_ids_push(ids, enc->sop);
-    int b0 = ids->n;
-    if (enc->encode(enc->ctx, r->answer, strlen(r->answer), ids, err))
-        return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
-    info->answer_tokens = ids->n - b0;
-    if (info->answer_tokens == 0) { info->status = GLM_EX_NO_ANSWER_TOKENS; ids->n = 0; return 0; }
-    if (info->answer_tokens > c->max_target_length - 2) { ids->n = b0 + c->max_target_length - 2; info->truncated_answer = 1; }
-    glm_ids_push(ids, enc->eop);
-    for (int i = 0; i < ids->n; i++) glm_ids_push(labels, c->train_on_prompt || i >= ctx ? ids->data[i] : -100);
-    return 0;
+    return rc;
 }
 
 int glm_conv_labels_parse(const char *s, glm_conv_labels *out) {

@@ -114,6 +114,9 @@ typedef struct glm_example_cfg {
     int max_target_length;        /* default 128 */
     const char *source_prefix;    /* prepended to every prompt; NULL = "" */
     const char *default_system;   /* the system prompt of a record without one (LLaMA-Factory's); NULL = none */
+    int cutoff_len;               /* > 0: LLaMA-Factory's --cutoff_len instead of the two lengths: the example
+                                   * holds at most this many tokens, the prompt and the answer of each turn cut
+                                   * in proportion (glm_infer_seqlen) */
     /* NULL = the ptuning body. Otherwise the body, with placeholders:
      *   {instruction} the query (instruction + "\n" + input) — or the bare instruction when the
      *                 template also uses {input};  {query} the same as {instruction}
@@ -154,6 +157,10 @@ char *glm_example_prompt_as(const glm_example_cfg *c, glm_layout layout, const g
 int glm_example_cfg_check_layout(const glm_example_cfg *c, glm_layout layout, glm_err *err);
 /* Builds ids and labels (cleared first) for one record in the encoder's layout. Returns 0 (see
  * info->status: only GLM_EX_OK filled ids/labels) or -1 when the encoder fails. */
+/* LLaMA-Factory's infer_seqlen: how much of a source of source_len tokens and a target of
+ * target_len to keep within cutoff tokens (the source gives way while the target is under half,
+ * the target while the source is, else both in proportion). */
+void glm_infer_seqlen(long source_len, long target_len, long cutoff, long *new_source, long *new_target);
 int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
                       glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err);
 /* The evaluation prompts of a ChatGLM3 / GLM-4 conversation record, as ChatGLM3's finetune_hf.py

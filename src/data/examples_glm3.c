@@ -9,6 +9,44 @@
 #include <string.h>
 #include "data/examples.h"
 
+/* --cutoff_len: LLaMA-Factory's cut of a conversation. Its (source, target) pairs: a target is an
+ * assistant turn's content (after its role token), its source everything since the target
+ * before (the [gMASK] <sop> prefix, system, user and observation turns, the <|assistant|> token).
+ * The closing token is reserved; then pair by pair, while tokens are left, glm_infer_seqlen keeps
+ * the head of the source and of the target within what is left; the pairs after are dropped.
+ * Each kept token keeps its label. */
+static void cut_turns(const glm_example_cfg *c, const glm_msg *m, int n, const int *start, glm_ids *ids, glm_ids *labels,
+                      glm_example_info *info) {
+    int end = ids->n - 1; /* the closing token */
+    glm_ids ki = {0}, kl = {0};
+    long total = 1, src0 = 0;
+    for (int k = 0; k <= n && total < c->cutoff_len; k++) {
+        long s1, t0, t1; /* this pair: source [src0, s1), target [t0, t1) */
+        if (k < n && (m[k].role != GLM_ROLE_ASSISTANT || start[k] == start[k + 1])) continue;
+        if (k < n) { s1 = start[k] + 1; t0 = s1; t1 = start[k + 1]; }
+        else { s1 = end; t0 = t1 = end; } /* the turns after the last answer: a source alone */
+        if (s1 <= src0 && t1 <= t0) break;
+        long ns, nt;
+        glm_infer_seqlen(s1 - src0, t1 - t0, c->cutoff_len - total, &ns, &nt);
+        if (ns < s1 - src0) info->truncated_prompt = 1;
+        if (nt < t1 - t0) info->truncated_answer = 1;
+        glm_ids_append(&ki, ids->data + src0, (int)ns);
+        glm_ids_append(&kl, labels->data + src0, (int)ns);
+        glm_ids_append(&ki, ids->data + t0, (int)nt);
+        glm_ids_append(&kl, labels->data + t0, (int)nt);
+        total += ns + nt;
+        src0 = t1;
+    }
+    if (src0 < end) info->truncated_prompt = 1; /* pairs dropped whole */
+    glm_ids_push(&ki, ids->data[end]);
+    glm_ids_push(&kl, labels->data[end]);
+    ids->n = labels->n = 0;
+    glm_ids_append(ids, ki.data, ki.n);
+    glm_ids_append(labels, kl.data, kl.n);
+    glm_ids_free(&ki);
+    glm_ids_free(&kl);
+}
+
 /* A record's turns: its own (a conversation), or an instruction record's fields as [system] +
  * history pairs + (query, answer); --default_system as the system turn of a record without one.
  * Strings are borrowed from r and c except the query turn's (instruction + "\n" + input: *owned,
@@ -114,13 +152,14 @@ int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, con
             for (int i = a + 1; i <= e; i++) labels->data[i] = ids->data[i];
         }
     }
+    info->prompt_tokens = ids->n;
+    if (!rc && c->cutoff_len > 0) cut_turns(c, m, n, start, ids, labels, info);
     if (m != r->msgs) free(m);
     free(owned);
     free(start);
     if (rc) return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
-    info->prompt_tokens = ids->n;
     int max = c->max_source_length + c->max_target_length + 1;
-    if (ids->n > max) { ids->n = labels->n = max; info->truncated_answer = 1; }
+    if (c->cutoff_len <= 0 && ids->n > max) { ids->n = labels->n = max; info->truncated_answer = 1; }
     int targets = 0;
     for (int i = 0; i < labels->n; i++) targets += labels->data[i] != -100;
     info->answer_tokens = targets;

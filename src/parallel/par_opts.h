@@ -11,7 +11,7 @@ typedef struct glm_par_opts {
     int nnodes, node_rank, master_port, save_on_interrupt;
     double ddp_timeout;
     /* the batch */
-    int per_device_train_batch_size, max_source_length, max_target_length, gradient_accumulation_steps;
+    int per_device_train_batch_size, seq_len, gradient_accumulation_steps; /* seq_len: the longest example's tokens */
     int num_microbatches, gradient_checkpointing, fp16, fp32, seed;
     /* the layout */
     int zero_stage, pipeline_parallel_size, optimizer_in_backward;

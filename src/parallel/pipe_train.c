@@ -24,7 +24,7 @@ int glm_pp_map(const glm_par_opts *a, const glm_config *c, int cuda, glm_device_
     glm_stage_shape_init(sh);
     sh->dtype = !cuda || a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
     sh->B = a->per_device_train_batch_size;
-    sh->T = a->max_source_length + a->max_target_length;
+    sh->T = a->seq_len;
     sh->gradient_checkpointing = a->gradient_checkpointing;
     sh->n_micro = a->num_microbatches > 0 ? a->num_microbatches : a->gradient_accumulation_steps;
     sh->head_chunk = cuda ? 2048 : 256; /* as glm_model_init_stage picks it */

@@ -130,10 +130,9 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
         glm_lr_kind_parse(a->lr_scheduler_type, &s.kind);
         if (glm_lr_kwargs(&s, a->lr_scheduler_kwargs, err)) return -1;
     }
-    if (a->cutoff_len > 0)
-        return glm_fail(err, "--cutoff_len %d (LLaMA-Factory's): glmtrain cuts examples as THUDM's scripts do", a->cutoff_len),
-               glm_hint(err, "give --max_source_length and --max_target_length (prompt and answer tokens kept; a conversation is "
-                             "cut at their sum + 1)");
+    if (a->cutoff_len < 0 || (a->cutoff_len > 0 && a->cutoff_len < 8))
+        return glm_fail(err, "--cutoff_len %d: the tokens an example keeps, at least 8 (0: --max_source_length and "
+                             "--max_target_length instead)", a->cutoff_len);
     if (a->max_samples < 0) return glm_fail(err, "--max_samples %d: must be 0 (all) or a count", a->max_samples);
     if (!a->do_train && !a->do_eval && !a->do_predict)
         return glm_fail(err, "--do_train false without --do_eval: nothing to do"),
@@ -637,6 +636,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     d->read.skip_bad_samples = a->skip_bad_samples;
     d->example.max_source_length = a->max_source_length;
     d->example.max_target_length = a->max_target_length;
+    d->example.cutoff_len = a->cutoff_len;
     d->example.source_prefix = a->source_prefix;
     d->example.default_system = a->default_system;
     if (a->prompt_template) glm_unescape(a->prompt_template);
@@ -675,7 +675,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     lc.seed = (uint64_t)order_seed;
     lc.rank = t->dp->rank;
     lc.world = t->dp->world;
-    if (lc.packing) lc.max_len = a->max_source_length + a->max_target_length;
+    if (lc.packing) lc.max_len = glm_train_seq_len(a);
     if (glm_loader_open(&t->train_ld, &t->data.train, &lc, err)) return -1;
     if (t->data.val.n > 0) {
         glm_loader_cfg ec;

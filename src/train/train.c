@@ -497,7 +497,7 @@ static int run(trainer *t, glm_err *err) {
     if (trainer_pick_backend(t, err) || trainer_load_model(t, err)) return -1;
     /* what forward/backward will still allocate: an optional buffer (the P2P landing) must leave it */
     glm_mem_plan mp = glm_memory_plan(&t->m.cfg, t->m.be->dtype, a->per_device_train_batch_size,
-                                      a->max_source_length + a->max_target_length, a->gradient_checkpointing, t->m.head_chunk);
+                                      glm_train_seq_len(a), a->gradient_checkpointing, t->m.head_chunk);
     t->dp->cfg.reserve_bytes = mp.activations + mp.scratch;
     if (a->ds.decay_all) /* DeepSpeed's optimizer from the file: one parameter group, every tensor decays */
         for (int i = 0; i < t->m.tab.n; i++) t->m.tab.t[i].decay = 1;

@@ -115,4 +115,9 @@ int glm_ds_check_plan(const glm_train_args *a, int world, long total_steps, long
 /* The settings the parallel layer reads (launch, memory plan, layout), pointing into a. */
 glm_par_opts glm_train_par_opts(const glm_train_args *a);
 
+/* The longest training example in tokens: --cutoff_len, else the two lengths together. */
+static inline int glm_train_seq_len(const glm_train_args *a) {
+    return a->cutoff_len > 0 ? a->cutoff_len : a->max_source_length + a->max_target_length;
+}
+
 #endif

@@ -64,7 +64,8 @@ const glm_flag glm_train_flags[] = {
     F(data_dir, ARG_STR, NULL, "THUDM's finetune_hf.py data_dir: --train_file / --validation_file are relative to it"),
     F(peft_type, ARG_STR, NULL, "peft's: LORA or PREFIX_TUNING (a finetune_demo config's peft_config), as --finetuning_type lora / ptuning"),
     F(use_cpu, ARG_BOOL, "false", "Hugging Face's: train on the CPU (--device cpu)"),
-    F(cutoff_len, ARG_INT, "0", "LLaMA-Factory's; refused: glmtrain cuts as THUDM's scripts (--max_source_length, --max_target_length)"),
+    F(cutoff_len, ARG_INT, "0", "LLaMA-Factory's: an example holds at most N tokens, the prompt and answer of each turn cut "
+      "as its infer_seqlen cuts them (instead of --max_source_length and --max_target_length; 0: those)"),
     F(trust_remote_code, ARG_BOOL, "false", "accepted: glmtrain runs no Python code of a model folder"),
     F(plot_loss, ARG_BOOL, "false", "LLaMA-Factory's; the loss is in trainer_state.json and TensorBoard (no PNG is drawn)"),
     F(save_only_model, ARG_BOOL, "false", "each checkpoint-N holds the model as the final save would write it, without the "
@@ -180,7 +181,7 @@ glm_par_opts glm_train_par_opts(const glm_train_args *a) {
         .nproc_per_node = a->nproc_per_node, .master_addr = a->master_addr, .device = a->device, .nnodes = a->nnodes,
         .node_rank = a->node_rank, .master_port = a->master_port, .save_on_interrupt = a->save_on_interrupt,
         .ddp_timeout = a->ddp_timeout, .per_device_train_batch_size = a->per_device_train_batch_size,
-        .max_source_length = a->max_source_length, .max_target_length = a->max_target_length,
+        .seq_len = glm_train_seq_len(a),
         .gradient_accumulation_steps = a->gradient_accumulation_steps, .num_microbatches = a->num_microbatches,
         .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32, .seed = a->seed,
         .zero_stage = a->zero_stage, .pipeline_parallel_size = a->pipeline_parallel_size,

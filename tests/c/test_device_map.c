@@ -286,7 +286,7 @@ static void test_json(test_counts *tc) {
 static void test_device_check(test_counts *tc) {
     glm_config c = glm_config_chatglm6b();
     c.tie_word_embeddings = 0;
-    glm_par_opts a = {.per_device_train_batch_size = 8, .max_source_length = 256, .max_target_length = 256,
+    glm_par_opts a = {.per_device_train_batch_size = 8, .seq_len = 512,
                       .gradient_accumulation_steps = 1, .optim = "adamw_torch", .device_map = "auto",
                       .pipeline_parallel_size = 1};
     size_t card = (size_t)24 << 30;

@@ -9,7 +9,7 @@
  *   pyjson                            any JSON text -> {"dump"} (json.dumps indent 4) or {"error"}
  *   examples --tokenizer P --train_file F [--format F] [--max_source_length N]
  *            [--max_target_length N] [--conversation_labels thudm|eos] [--train_on_prompt]
- *            [--source_prefix S] [--default_system S] [--prompt_template T] [--cache_dir D] [--threads N]
+ *            [--source_prefix S] [--default_system S] [--cutoff_len N] [--prompt_template T] [--cache_dir D] [--threads N]
  *                                     {"ids", "labels"} per example, then {"summary"}; errors on
  *                                     stderr, exit 1 */
 #include <cjson/cJSON.h>
@@ -191,6 +191,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--conversation_labels")) { if (glm_conv_labels_parse(v, &cfg.example.conv_labels)) return 2; }
         else if (!strcmp(a, "--source_prefix")) cfg.example.source_prefix = v;
         else if (!strcmp(a, "--default_system")) cfg.example.default_system = v;
+        else if (!strcmp(a, "--cutoff_len")) cfg.example.cutoff_len = atoi(v);
         else if (!strcmp(a, "--prompt_template")) cfg.example.prompt_template = v;
         else if (!strcmp(a, "--cache_dir")) cfg.cache_dir = v;
         else if (!strcmp(a, "--threads")) cfg.num_threads = atoi(v);

@@ -6,7 +6,7 @@
  *
  * usage: tool_data_examples --tokenizer PATH --train_file FILE [--format F] [--container C]
  *          [--prompt_column C --response_column C --history_column C] [--source_prefix S]
- *          [--max_source_length N] [--max_target_length N] [--rounds column|nonempty]
+ *          [--max_source_length N] [--max_target_length N] [--cutoff_len N] [--rounds column|nonempty]
  *          [--prompt_template T] [--history_template T] [--train_on_prompt] [--skip_bad_samples]
  *          [--cache_dir DIR] [--threads N] [--limit N] [--prompts]
  * --prompts prints {"prompt": ..., "answer": ...} per record instead (the rendered prompt text, no
@@ -69,6 +69,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--history_column")) cfg.read.columns.history = v;
         else if (!strcmp(a, "--source_prefix")) cfg.example.source_prefix = v;
         else if (!strcmp(a, "--max_source_length")) cfg.example.max_source_length = atoi(v);
+        else if (!strcmp(a, "--cutoff_len")) cfg.example.cutoff_len = atoi(v);
         else if (!strcmp(a, "--max_target_length")) cfg.example.max_target_length = atoi(v);
         else if (!strcmp(a, "--rounds")) cfg.example.rounds = strcmp(v, "nonempty") ? GLM_ROUNDS_COLUMN : GLM_ROUNDS_NONEMPTY;
         else if (!strcmp(a, "--prompt_template")) { char *t = strdup(v); glm_unescape(t); cfg.example.prompt_template = t; }

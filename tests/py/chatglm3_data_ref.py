@@ -103,3 +103,69 @@ def glm2_example(rec, tokenizer, max_source_length, max_target_length, source_pr
     labels = [tokenizer.pad_token_id] * len(a_ids) + b_ids + [tokenizer.eos_token_id]
     labels = [(l if l != tokenizer.pad_token_id else -100) for l in labels]
     return input_ids, labels
+
+
+def infer_seqlen(source_len, target_len, cutoff_len):
+    """LLaMA-Factory's truncation rule (its data processors' infer_seqlen), written from its
+    definition: the source gives way while the target is under half of the room, the target while
+    the source is, else both keep their share of it."""
+    if target_len * 2 < cutoff_len:
+        max_target_len = cutoff_len
+    elif source_len * 2 < cutoff_len:
+        max_target_len = cutoff_len - source_len
+    else:
+        max_target_len = int(cutoff_len * (target_len / (source_len + target_len)))
+    new_target_len = min(max_target_len, target_len)
+    new_source_len = min(max(cutoff_len - new_target_len, 0), source_len)
+    return new_source_len, new_target_len
+
+
+def glm2_example_cutoff(rec, tokenizer, cutoff_len):
+    """glm2_example's prompt and answer, cut by --cutoff_len: infer_seqlen over the prompt's and the
+    answer's ids with the three specials ([gMASK] sop, eos) counted."""
+    query = rec["query"] + ("\n" + rec["input"] if rec.get("input") else "")
+    if not query or not rec["answer"]:
+        return None
+    prompt = (rec["system"] + "\n" if rec.get("system") else "") + tokenizer.build_prompt(query, rec.get("history") or [])
+    full = tokenizer.encode(prompt, add_special_tokens=True)
+    head, a = full[:2], full[2:]
+    b = tokenizer.encode(rec["answer"], add_special_tokens=False)
+    s, t = infer_seqlen(len(a), len(b), cutoff_len - 3)
+    if t == 0:
+        return None
+    ids = head + a[:s] + b[:t] + [tokenizer.eos_token_id]
+    labels = [-100] * (2 + s) + [(x if x != tokenizer.pad_token_id else -100) for x in b[:t] + [tokenizer.eos_token_id]]
+    return ids, labels
+
+
+def cut_conversation(example, tokenizer, cutoff_len):
+    """A whole ChatGLM3 example (ids, labels) cut as --cutoff_len cuts it, found from the tokens
+    alone: a pair's source runs to an <|assistant|> token (included), its target to the next role
+    token or the closing one; the closing token is kept aside; pairs in order while room is left,
+    each by infer_seqlen; the tokens keep their labels."""
+    if example is None:
+        return None
+    ids, lab = example
+    roles = {tokenizer.get_command(r) for r in ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")}
+    assistant = tokenizer.get_command("<|assistant|>")
+    end = len(ids) - 1
+    marks = [i for i in range(end) if ids[i] in roles]
+    pairs, src0 = [], 0
+    for j, p in enumerate(marks):
+        if ids[p] == assistant:
+            nxt = marks[j + 1] if j + 1 < len(marks) else end
+            pairs.append((src0, p + 1, p + 1, nxt))
+            src0 = nxt
+    if src0 < end:
+        pairs.append((src0, end, end, end))
+    total, ki, kl = 1, [], []
+    for s0, s1, t0, t1 in pairs:
+        if total >= cutoff_len:
+            break
+        ns, nt = infer_seqlen(s1 - s0, t1 - t0, cutoff_len - total)
+        ki += ids[s0:s0 + ns] + ids[t0:t0 + nt]
+        kl += lab[s0:s0 + ns] + lab[t0:t0 + nt]
+        total += ns + nt
+    ki.append(ids[end])
+    kl.append(lab[end])
+    return (ki, kl) if any(x != -100 for x in kl) else None

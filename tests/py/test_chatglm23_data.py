@@ -182,6 +182,11 @@ def check_conversations(tmp, f3, ref3, D):
                                                            "--conversation_labels", "eos"], want(20, 10, "eos"))
     compare("chatglm3_conversations_prefix", base + ["--source_prefix", "前缀："], want(1024, 128, prefix="前缀："))
     compare("chatglm3_conversations_train_on_prompt", base + ["--train_on_prompt"], want(1024, 128, top=True))
+    # --cutoff_len: LLaMA-Factory's pair-by-pair cut of the whole example, both label conventions
+    for cut in (24, 61):
+        for lab in ("thudm", "eos"):
+            w = [e for e in (D.cut_conversation(D.glm3_example(c, ref3, 10 ** 6, 10 ** 6, lab), ref3, cut) for c in convs) if e]
+            compare("chatglm3_conversations_cutoff_%d_%s" % (cut, lab), base + ["--cutoff_len", str(cut), "--conversation_labels", lab], w)
     # --default_system: a system turn first where a conversation has none (LLaMA-Factory's default_system)
     kept = list(convs)
     convs[:] = [c if c and c[0]["role"] == "system" else [{"role": "system", "content": "默认的系统提示"}] + c for c in kept]
@@ -234,6 +239,9 @@ def check_instruction_records(tmp, f2, f3, ref2, ref3, D):
                         if (r["query"] or r.get("input")) and r["answer"]) if e]
     compare("chatglm3_alpaca_as_turns_eos_prefix", ["--tokenizer", f3, "--train_file", path, "--conversation_labels", "eos",
                                                     "--source_prefix", "P:"], want)
+    for cut in (12, 40):  # --cutoff_len on ChatGLM2's prompt and answer
+        want = [e for e in (D.glm2_example_cutoff(r, ref2, cut) for r in recs) if e]
+        compare("chatglm2_alpaca_cutoff_%d" % cut, ["--tokenizer", f2, "--train_file", path, "--cutoff_len", str(cut)], want)
     ds = [dict(r, system=r.get("system") or "默认：") for r in recs]  # --default_system where a record has none
     want = [e for e in (D.glm2_example(r, ref2, 1024, 128) for r in ds) if e]
     compare("chatglm2_alpaca_default_system", ["--tokenizer", f2, "--train_file", path, "--default_system", "默认："], want)

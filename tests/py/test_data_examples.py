@@ -80,13 +80,24 @@ def render_prompt(rec, cfg):
     return out
 
 
+def infer_seqlen(source_len, target_len, cutoff_len):
+    """LLaMA-Factory's truncation rule, as chatglm3_data_ref.infer_seqlen (one definition)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import chatglm3_data_ref
+    return chatglm3_data_ref.infer_seqlen(source_len, target_len, cutoff_len)
+
+
 def build_example(rec, cfg, encode, sp_ids):
     """preprocess_function_train for one record; None when dropped."""
     if not (rec["query"] or rec.get("input")) or not rec["answer"]:
         return None  # `if examples[prompt_column][i] and examples[response_column][i]`
     S, T = cfg["max_source_length"], cfg["max_target_length"]
-    a = encode(render_prompt(rec, cfg))[: S - 1]
-    b = encode(rec["answer"])[: T - 2]
+    a, b = encode(render_prompt(rec, cfg)), encode(rec["answer"])
+    if cfg.get("cutoff_len"):  # LLaMA-Factory's rule over the prompt and the answer, the three specials counted
+        s, t = infer_seqlen(len(a), len(b), cfg["cutoff_len"] - 3)
+        a, b = a[:s], b[:t]
+    else:
+        a, b = a[: S - 1], b[: T - 2]
     if not b:
         return None  # glmtrain drops answers that encode to nothing (documented in examples.h)
     gmask, sop, eop = sp_ids
@@ -193,6 +204,8 @@ def tool_args(path, cfg):
         args += ["--rounds", cfg["rounds"]]
     if cfg.get("train_on_prompt"):
         args += ["--train_on_prompt"]
+    if cfg.get("cutoff_len"):
+        args += ["--cutoff_len", str(cfg["cutoff_len"])]
     return args
 
 
@@ -246,6 +259,7 @@ def main():
         p = os.path.join(tmp, "alpaca.json")
         write_alpaca(p, recs)
         runs.append(("alpaca", p, recs, {"max_source_length": 64, "max_target_length": 32}))
+        runs.append(("alpaca_cutoff_len", p, recs, {"max_source_length": 64, "max_target_length": 32, "cutoff_len": 20}))
         runs.append(("alpaca_template", p, recs, {"max_source_length": 96, "max_target_length": 40,
                                                   "prompt_template": "{system}{history}[Round {round1}]\n\n问：{instruction}\n\n答：",
                                                   "history_template": "[Round {i1}]\n\n问：{q}\n\n答：{r}\n\n",

@@ -9,7 +9,7 @@ entries of DIR/dataset_info.json, each file with its own formatting and columns:
     file of those records does;
   * a LLaMA-Factory training config (flat YAML, --config) and THUDM's finetune_demo config
     (nested: data_config, max_input_length, training_args, peft_config; --data_dir) train as
-    the same flags do; --eval_dataset is the validation set, an evaluation alone reads entries too; a PREFIX_TUNING config trains a prefix; its DeepSpeed file sets the ZeRO stage; cutoff_len, unknown
+    the same flags do; --eval_dataset is the validation set, an evaluation alone reads entries too; a PREFIX_TUNING config trains a prefix; its DeepSpeed file sets the ZeRO stage; cutoff_len sets the examples' length; a cutoff_len too small, unknown
     keys and malformed YAML are refused naming file:line;
   * `--template` naming the tokenizer's family passes; another one, an unknown one, `--stage dpo`,
     a missing entry, a hub-only entry, ranking data, an unsupported column or tag, and
@@ -111,6 +111,7 @@ lora_rank: 4
 dataset: poems,renamed
 dataset_dir: %s
 template: chatglm
+cutoff_len: 1024
 max_samples: 10
 overwrite_cache: true
 preprocessing_num_workers: 2
@@ -138,7 +139,7 @@ disable_tqdm: yes
 """ % (cfg, tok, data, os.path.join(d, "y1")))
         p1 = train(["--config", yml])
         flags = ["--init_from_config", cfg, "--tokenizer_name", tok, "--finetuning_type", "lora", "--lora_target", "all",
-                 "--lora_rank", "4", "--dataset", "poems,renamed", "--dataset_dir", data, "--max_samples", "10",
+                 "--lora_rank", "4", "--dataset", "poems,renamed", "--dataset_dir", data, "--max_samples", "10", "--cutoff_len", "1024",
                  "--output_dir", os.path.join(d, "y2"), "--logging_steps", "1", "--save_steps", "500", "--report_to", "none",
                  "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--max_steps", "5", "--lr_scheduler_type",
                  "cosine", "--warmup_ratio", "0.1", "--seed", "7", "--disable_tqdm"]
@@ -153,7 +154,7 @@ disable_tqdm: yes
         plain[plain.index(os.path.join(d, "y2"))] = os.path.join(d, "y3")
         p3 = train(plain + ["--train_file", first])
         report("max_samples_is_per_dataset", p3.returncode == 0 and losses(p3.stdout + p3.stderr) == l2, p3.stderr[-300:])
-        for name, text, want in (("cutoff_len", "cutoff_len: 1024\n", "--max_source_length"),
+        for name, text, want in (("cutoff_len_too_small", "cutoff_len: 4\n", "--cutoff_len 4: the tokens an example keeps"),
                                  ("nested_unknown", "model_args:\n  x: 1\n", "lf_bad.yaml:2: unknown flag model_args.x"),
                                  ("unknown_key", "lora_rnak: 8\n", "lf_bad.yaml:1: unknown flag lora_rnak"),
                                  ("malformed", "\tlearning_rate: 1\n", "malformed YAML")):
