@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CLI on a GPU, end to end on a tiny ChatGLM-6B-shaped model with the real tokenizer:
 # CSV training data (checkpoints of the model alone), the model named as on the Hub from a Hugging Face cache laid out as
-# huggingface_hub writes it, LoRA in bf16 with --eval_on_start, then generate with the adapter.
+# huggingface_hub writes it, LoRA in bf16 with --eval_on_start (examples cut by --cutoff_len, with a --default_system), then generate with the adapter.
 # Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0), build/lib, build/shared.
 # usage: bash bench/gpu_cli_smoke.sh [BUILD_DIR]
 set -u
@@ -32,9 +32,9 @@ ok $? "save_only_model_checkpoint_is_the_final_model"
 cp "$W"/base/*.json "$W"/base/*.safetensors "$snap"/ 2>/dev/null; cp "$TOK" "$snap"/
 HF_HOME=$W/hf "$B/glmtrain" train --model_name_or_path THUDM/tiny-glm --train_file "$W/train.csv" --validation_file "$W/val.csv" \
     --finetuning_type lora --output_dir "$W/lora" --max_steps 6 --bf16 --per_device_train_batch_size 8 --eval_on_start \
-    --logging_steps 2 --save_steps 6 --disable_tqdm >"$W/log" 2>&1
+    --logging_steps 2 --save_steps 6 --disable_tqdm --cutoff_len 16 --default_system "你是诗人" >"$W/log" 2>&1
 rc=$?
-grep -q "cache's snapshot $snap" "$W/log" && grep -q "'step': 0}" "$W/log" && grep -q 'base_model_name_or_path":[[:space:]]*"THUDM/tiny-glm"' "$W/lora/adapter_config.json"
+grep -q "cache's snapshot $snap" "$W/log" && grep -q "'step': 0}" "$W/log" && grep -q "longest 16," "$W/log" && grep -q 'base_model_name_or_path":[[:space:]]*"THUDM/tiny-glm"' "$W/lora/adapter_config.json"
 ok $((rc + $?)) "lora_bf16_hub_name_eval_on_start"
 grep -E "eval_loss|'loss'" "$W/log" | head -4
 HF_HOME=$W/hf "$B/glmtrain" generate --model_name_or_path THUDM/tiny-glm --adapter "$W/lora" --prompt "写一句诗" \
