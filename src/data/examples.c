@@ -51,6 +51,11 @@ static const char *const HIST_NAMES[] = {"i", "i1", "q", "r"};
 static const char *const PROMPT_NAMES[] = {"instruction", "query", "input", "system", "history", "round", "round1"};
 
 int glm_example_cfg_check(const glm_example_cfg *c, glm_err *err) {
+    if (c->mask_history && c->cutoff_len <= 0)
+        return glm_fail(err, "--mask_history cuts the conversation as LLaMA-Factory does, from the last turn back, and needs "
+                             "--cutoff_len"), glm_hint(err, "add --cutoff_len N (LLaMA-Factory's default is 2048)");
+    if (c->mask_history && c->train_on_prompt)
+        return glm_fail(err, "--mask_history trains on the last answer alone and --train_on_prompt on every token: choose one");
     if (c->max_source_length < 2)
         return glm_fail(err, "--max_source_length %d is too small (the prompt keeps max_source_length-1 >= 1 tokens)",
                         c->max_source_length);

@@ -117,6 +117,8 @@ typedef struct glm_example_cfg {
     int cutoff_len;               /* > 0: LLaMA-Factory's --cutoff_len instead of the two lengths: the example
                                    * holds at most this many tokens, the prompt and the answer of each turn cut
                                    * in proportion (glm_infer_seqlen) */
+    int mask_history;             /* with cutoff_len, ChatGLM3/GLM-4: the last answer alone trains, and the cut
+                                   * keeps the last turns first (LLaMA-Factory's mask_history) */
     /* NULL = the ptuning body. Otherwise the body, with placeholders:
      *   {instruction} the query (instruction + "\n" + input) — or the bare instruction when the
      *                 template also uses {input};  {query} the same as {instruction}

@@ -11,33 +11,49 @@
 
 /* --cutoff_len: LLaMA-Factory's cut of a conversation. Its (source, target) pairs: a target is an
  * assistant turn's content (after its role token), its source everything since the target
- * before (the [gMASK] <sop> prefix, system, user and observation turns, the <|assistant|> token).
- * The closing token is reserved; then pair by pair, while tokens are left, glm_infer_seqlen keeps
- * the head of the source and of the target within what is left; the pairs after are dropped.
+ * before (the [gMASK] <sop> prefix, system, user and observation turns, the <|assistant|> token);
+ * the turns after the last answer are a source alone. The closing token is reserved; then pair by
+ * pair, while tokens are left, glm_infer_seqlen keeps the head of the source and of the target
+ * within what is left, and the pairs after are dropped. With --mask_history the last answer
+ * alone is a target (every other label is cleared: the other answers, observation turns, the
+ * marks after them) and the pairs take the room from the last one back, as LLaMA-Factory's.
  * Each kept token keeps its label. */
+typedef struct { long s0, s1, t0, t1, ns, nt; } turn_pair;
+
 static void cut_turns(const glm_example_cfg *c, const glm_msg *m, int n, const int *start, glm_ids *ids, glm_ids *labels,
                       glm_example_info *info) {
     int end = ids->n - 1; /* the closing token */
-    glm_ids ki = {0}, kl = {0};
-    long total = 1, src0 = 0;
-    for (int k = 0; k <= n && total < c->cutoff_len; k++) {
-        long s1, t0, t1; /* this pair: source [src0, s1), target [t0, t1) */
-        if (k < n && (m[k].role != GLM_ROLE_ASSISTANT || start[k] == start[k + 1])) continue;
-        if (k < n) { s1 = start[k] + 1; t0 = s1; t1 = start[k + 1]; }
-        else { s1 = end; t0 = t1 = end; } /* the turns after the last answer: a source alone */
-        if (s1 <= src0 && t1 <= t0) break;
-        long ns, nt;
-        glm_infer_seqlen(s1 - src0, t1 - t0, c->cutoff_len - total, &ns, &nt);
-        if (ns < s1 - src0) info->truncated_prompt = 1;
-        if (nt < t1 - t0) info->truncated_answer = 1;
-        glm_ids_append(&ki, ids->data + src0, (int)ns);
-        glm_ids_append(&kl, labels->data + src0, (int)ns);
-        glm_ids_append(&ki, ids->data + t0, (int)nt);
-        glm_ids_append(&kl, labels->data + t0, (int)nt);
-        total += ns + nt;
-        src0 = t1;
+    turn_pair *p = glm_malloc(sizeof *p * (size_t)(n + 1));
+    int np = 0, last = -1;
+    long src0 = 0;
+    for (int k = 0; k < n; k++) {
+        if (m[k].role != GLM_ROLE_ASSISTANT || start[k] == start[k + 1]) continue;
+        p[np] = (turn_pair){src0, start[k] + 1, start[k] + 1, start[k + 1], 0, 0};
+        last = np++;
+        src0 = start[k + 1];
     }
-    if (src0 < end) info->truncated_prompt = 1; /* pairs dropped whole */
+    if (src0 < end) p[np++] = (turn_pair){src0, end, end, end, 0, 0};
+    if (c->mask_history) /* the last answer and the mark after it alone stay in the loss */
+        for (long i = 0; i <= end; i++)
+            if (last < 0 || i < p[last].t0 || i > p[last].t1) labels->data[i] = -100;
+    long total = 1;
+    int kept = 0;
+    for (int r = 0; r < np && total < c->cutoff_len; r++, kept++) {
+        turn_pair *q = &p[c->mask_history ? np - 1 - r : r];
+        glm_infer_seqlen(q->s1 - q->s0, q->t1 - q->t0, c->cutoff_len - total, &q->ns, &q->nt);
+        if (q->ns < q->s1 - q->s0) info->truncated_prompt = 1;
+        if (q->nt < q->t1 - q->t0) info->truncated_answer = 1;
+        total += q->ns + q->nt;
+    }
+    if (kept < np) info->truncated_prompt = 1; /* pairs dropped whole */
+    int first = c->mask_history ? np - kept : 0, stop = c->mask_history ? np : kept;
+    glm_ids ki = {0}, kl = {0};
+    for (int q = first; q < stop; q++) {
+        glm_ids_append(&ki, ids->data + p[q].s0, (int)p[q].ns);
+        glm_ids_append(&kl, labels->data + p[q].s0, (int)p[q].ns);
+        glm_ids_append(&ki, ids->data + p[q].t0, (int)p[q].nt);
+        glm_ids_append(&kl, labels->data + p[q].t0, (int)p[q].nt);
+    }
     glm_ids_push(&ki, ids->data[end]);
     glm_ids_push(&kl, labels->data[end]);
     ids->n = labels->n = 0;
@@ -45,6 +61,7 @@ static void cut_turns(const glm_example_cfg *c, const glm_msg *m, int n, const i
     glm_ids_append(labels, kl.data, kl.n);
     glm_ids_free(&ki);
     glm_ids_free(&kl);
+    free(p);
 }
 
 /* A record's turns: its own (a conversation), or an instruction record's fields as [system] +

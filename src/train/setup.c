@@ -637,6 +637,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     d->example.max_source_length = a->max_source_length;
     d->example.max_target_length = a->max_target_length;
     d->example.cutoff_len = a->cutoff_len;
+    d->example.mask_history = a->mask_history;
     d->example.source_prefix = a->source_prefix;
     d->example.default_system = a->default_system;
     if (a->prompt_template) glm_unescape(a->prompt_template);

@@ -64,6 +64,8 @@ const glm_flag glm_train_flags[] = {
     F(data_dir, ARG_STR, NULL, "THUDM's finetune_hf.py data_dir: --train_file / --validation_file are relative to it"),
     F(peft_type, ARG_STR, NULL, "peft's: LORA or PREFIX_TUNING (a finetune_demo config's peft_config), as --finetuning_type lora / ptuning"),
     F(use_cpu, ARG_BOOL, "false", "Hugging Face's: train on the CPU (--device cpu)"),
+    F(mask_history, ARG_BOOL, "false", "LLaMA-Factory's: the last answer of a ChatGLM3/GLM-4 conversation alone trains, and "
+      "--cutoff_len keeps the last turns first (needs --cutoff_len)"),
     F(cutoff_len, ARG_INT, "0", "LLaMA-Factory's: an example holds at most N tokens, the prompt and answer of each turn cut "
       "as its infer_seqlen cuts them (instead of --max_source_length and --max_target_length; 0: those)"),
     F(trust_remote_code, ARG_BOOL, "false", "accepted: glmtrain runs no Python code of a model folder"),
@@ -319,7 +321,6 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"use_unsloth_gc", NULL, "", "glmtrain's own checkpointing: --gradient_checkpointing true|selective|auto"},
     {"print_param_status", NULL, "", "glmtrain prints the trainable and frozen parameter counts"},
     {"train_from_scratch", "false|False|0", "", "a model drawn at random from a config: --init_from_config FOLDER/config.json"},
-    {"mask_history", "false|False|0", "", "every assistant turn of a conversation trains here (LLaMA-Factory's default)"},
     {"neat_packing", NULL, "packing", "glmtrain's --packing keeps the packed examples' attention apart, as neat_packing"},
     {"tool_format", NULL, "", "the tokenizer's model decides how tools are written (ChatGLM3's and GLM-4's own)"},
     {"tokenized_path", NULL, "", "glmtrain keeps the tokenized data in --cache_dir (checked against the data and settings)"},

@@ -9,7 +9,7 @@
  *   pyjson                            any JSON text -> {"dump"} (json.dumps indent 4) or {"error"}
  *   examples --tokenizer P --train_file F [--format F] [--max_source_length N]
  *            [--max_target_length N] [--conversation_labels thudm|eos] [--train_on_prompt]
- *            [--source_prefix S] [--default_system S] [--cutoff_len N] [--prompt_template T] [--cache_dir D] [--threads N]
+ *            [--source_prefix S] [--default_system S] [--cutoff_len N] [--mask_history] [--prompt_template T] [--cache_dir D] [--threads N]
  *                                     {"ids", "labels"} per example, then {"summary"}; errors on
  *                                     stderr, exit 1 */
 #include <cjson/cJSON.h>
@@ -181,6 +181,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--train_on_prompt")) { cfg.example.train_on_prompt = 1; continue; }
         if (!strcmp(a, "--skip_bad_samples")) { cfg.read.skip_bad_samples = 1; continue; }
+        if (!strcmp(a, "--mask_history")) { cfg.example.mask_history = 1; continue; }
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--tokenizer")) tok_path = v;

@@ -138,11 +138,13 @@ def glm2_example_cutoff(rec, tokenizer, cutoff_len):
     return ids, labels
 
 
-def cut_conversation(example, tokenizer, cutoff_len):
+def cut_conversation(example, tokenizer, cutoff_len, mask_history=False):
     """A whole ChatGLM3 example (ids, labels) cut as --cutoff_len cuts it, found from the tokens
     alone: a pair's source runs to an <|assistant|> token (included), its target to the next role
     token or the closing one; the closing token is kept aside; pairs in order while room is left,
-    each by infer_seqlen; the tokens keep their labels."""
+    each by infer_seqlen; the tokens keep their labels. mask_history: every label but the last
+    answer's (its target and the mark after it) is cleared, and the pairs take the room from the
+    last one back, kept in their order."""
     if example is None:
         return None
     ids, lab = example
@@ -156,16 +158,26 @@ def cut_conversation(example, tokenizer, cutoff_len):
             nxt = marks[j + 1] if j + 1 < len(marks) else end
             pairs.append((src0, p + 1, p + 1, nxt))
             src0 = nxt
+    answers = [q for q in pairs]
     if src0 < end:
         pairs.append((src0, end, end, end))
-    total, ki, kl = 1, [], []
-    for s0, s1, t0, t1 in pairs:
+    lab = list(lab)
+    if mask_history:
+        keep = range(answers[-1][2], answers[-1][3] + 1) if answers else range(0)
+        lab = [x if i in keep else -100 for i, x in enumerate(lab)]
+    order = list(reversed(pairs)) if mask_history else pairs
+    total, kept = 1, {}
+    for q in order:
         if total >= cutoff_len:
             break
-        ns, nt = infer_seqlen(s1 - s0, t1 - t0, cutoff_len - total)
-        ki += ids[s0:s0 + ns] + ids[t0:t0 + nt]
-        kl += lab[s0:s0 + ns] + lab[t0:t0 + nt]
-        total += ns + nt
+        kept[q] = infer_seqlen(q[1] - q[0], q[3] - q[2], cutoff_len - total)
+        total += sum(kept[q])
+    ki, kl = [], []
+    for s0, s1, t0, t1 in pairs:
+        if (s0, s1, t0, t1) in kept:
+            ns, nt = kept[(s0, s1, t0, t1)]
+            ki += ids[s0:s0 + ns] + ids[t0:t0 + nt]
+            kl += lab[s0:s0 + ns] + lab[t0:t0 + nt]
     ki.append(ids[end])
     kl.append(lab[end])
     return (ki, kl) if any(x != -100 for x in kl) else None

@@ -187,6 +187,11 @@ def check_conversations(tmp, f3, ref3, D):
         for lab in ("thudm", "eos"):
             w = [e for e in (D.cut_conversation(D.glm3_example(c, ref3, 10 ** 6, 10 ** 6, lab), ref3, cut) for c in convs) if e]
             compare("chatglm3_conversations_cutoff_%d_%s" % (cut, lab), base + ["--cutoff_len", str(cut), "--conversation_labels", lab], w)
+            w = [e for e in (D.cut_conversation(D.glm3_example(c, ref3, 10 ** 6, 10 ** 6, lab), ref3, cut, True) for c in convs) if e]
+            compare("chatglm3_conversations_mask_history_%d_%s" % (cut, lab),
+                    base + ["--cutoff_len", str(cut), "--conversation_labels", lab, "--mask_history"], w)
+    _, e = run(base + ["--mask_history"])
+    C.check("mask_history_needs_cutoff_len", _ is None and "--cutoff_len" in e, e[-200:])
     # --default_system: a system turn first where a conversation has none (LLaMA-Factory's default_system)
     kept = list(convs)
     convs[:] = [c if c and c[0]["role"] == "system" else [{"role": "system", "content": "默认的系统提示"}] + c for c in kept]

@@ -53,7 +53,7 @@ def more_trainer_settings(sh):
            and re.search(r'"packing":\s*true', p.stderr), p.stderr[-300:])
     for name, extra, want in (("additional_target", ["--additional_target", "lm_head"], "modules_to_save"),
                               ("use_dora", ["--use_dora", "true"], "DoRA"),
-                              ("mask_history", ["--mask_history", "true"], "every assistant turn"),
+                              ("mask_history_without_cutoff_len", ["--mask_history", "true"], "needs --cutoff_len"),
                               ("double_quantization_off", ["--double_quantization", "false"], "always quantizes the blocks' scales"),
                               ("freeze_first_layers", ["--finetuning_type", "freeze", "--freeze_trainable_layers", "-2"],
                                "--num_layer_trainable -2")):
