@@ -138,18 +138,20 @@ def glm2_example_cutoff(rec, tokenizer, cutoff_len):
     return ids, labels
 
 
-def cut_conversation(example, tokenizer, cutoff_len, mask_history=False):
+def cut_conversation(example, tokenizer, cutoff_len, mask_history=False, roles=None, assistant=None):
     """A whole ChatGLM3 example (ids, labels) cut as --cutoff_len cuts it, found from the tokens
     alone: a pair's source runs to an <|assistant|> token (included), its target to the next role
     token or the closing one; the closing token is kept aside; pairs in order while room is left,
     each by infer_seqlen; the tokens keep their labels. mask_history: every label but the last
     answer's (its target and the mark after it) is cleared, and the pairs take the room from the
-    last one back, kept in their order."""
+    last one back, kept in their order. roles / assistant: the role tokens' ids where no ChatGLM3
+    tokenizer names them (GLM-4's)."""
     if example is None:
         return None
     ids, lab = example
-    roles = {tokenizer.get_command(r) for r in ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")}
-    assistant = tokenizer.get_command("<|assistant|>")
+    if roles is None:
+        roles = {tokenizer.get_command(r) for r in ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")}
+        assistant = tokenizer.get_command("<|assistant|>")
     end = len(ids) - 1
     marks = [i for i in range(end) if ids[i] in roles]
     pairs, src0 = [], 0

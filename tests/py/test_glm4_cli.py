@@ -139,6 +139,18 @@ def main():
             i = next(k for k in range(min(len(got), len(want))) if (got[k]["ids"], got[k]["labels"]) != want[k])
             detail = "example %d: glmtrain %s / %s, reference %s / %s" % (i, got[i]["ids"], got[i]["labels"], *want[i])
         report("glm4_examples_equal_finetune_process_batch", ok, detail)
+        # --cutoff_len (and --mask_history): LLaMA-Factory's pair cut over the same examples
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import chatglm3_data_ref as D
+        roles = {sid[r] for r in ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")}
+        for cut, mask in ((14, False), (30, False), (14, True)):
+            w = [e for e in (D.cut_conversation(x, None, cut, mask, roles, sid["<|assistant|>"]) for x in want) if e]
+            p = subprocess.run([tool, "examples", "--tokenizer", tok, "--train_file", data, "--cutoff_len", str(cut)] +
+                               (["--mask_history"] if mask else []), capture_output=True, text=True, timeout=120)
+            got = [json.loads(l) for l in p.stdout.splitlines()][:-1] if p.returncode == 0 else None
+            report("glm4_examples_cutoff_%d%s" % (cut, "_mask_history" if mask else ""),
+                   got is not None and [(g["ids"], g["labels"]) for g in got] == w,
+                   p.stderr[-300:] if got is None else "%d examples, reference %d" % (len(got), len(w)))
         # tools in the README's first sketch ({"name", "args"}, no type): the template writes
         # nothing for them and process_message fails; here a clear error names the record and tool
         bad = os.path.join(d, "bad.jsonl")
