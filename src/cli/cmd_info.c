@@ -16,7 +16,7 @@
 
 typedef struct info_args {
     char *model_name_or_path, *init_from_config;
-    int per_device_train_batch_size, max_source_length, max_target_length, bf16, fp16, fp32, gradient_checkpointing;
+    int per_device_train_batch_size, max_source_length, max_target_length, cutoff_len, bf16, fp16, fp32, gradient_checkpointing;
     int chatglm6b;
     char *device_map, *max_memory_per_gpu, *optim, *offload_optimizer, *deepspeed;
     int optimizer_in_backward;
@@ -34,6 +34,7 @@ static const glm_flag info_flags[] = {
     F(per_device_train_batch_size, ARG_INT, "8", "micro-batch rows"),
     F(max_source_length, ARG_INT, "1024", "prompt tokens"),
     F(max_target_length, ARG_INT, "128", "answer tokens"),
+    F(cutoff_len, ARG_INT, "0", "LLaMA-Factory's: the tokens of the longest example, instead of the two lengths (as train)"),
     F(bf16, ARG_BOOL, "false", "bf16 storage"),
     F(fp16, ARG_BOOL, "false", "fp16 storage"),
     F(fp32, ARG_BOOL, "false", "fp32 storage"),
@@ -66,7 +67,7 @@ static void row(const char *what, double bytes) { printf("  %-28s %10.2f GiB\n",
 
 static glm_par_opts opts_of(const info_args *a) {
     return (glm_par_opts){.per_device_train_batch_size = a->per_device_train_batch_size,
-                          .seq_len = a->max_source_length + a->max_target_length,
+                          .seq_len = a->cutoff_len > 0 ? a->cutoff_len : a->max_source_length + a->max_target_length,
                           .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32,
                           .gradient_accumulation_steps = a->gradient_accumulation_steps,
                           .pipeline_parallel_size = a->pipeline_parallel_size, .device_map = a->device_map,
@@ -176,7 +177,7 @@ int glm_cmd_info(int argc, char **argv) {
         printf("--gradient_checkpointing auto: %s\n", glm_ckpt_level_name(a.gradient_checkpointing));
     }
     glm_dtype dt = a.fp32 ? GLM_F32 : a.fp16 ? GLM_F16 : a.bf16 ? GLM_BF16 : GLM_F32;
-    int T = a.max_source_length + a.max_target_length, B = a.per_device_train_batch_size;
+    int T = a.cutoff_len > 0 ? a.cutoff_len : a.max_source_length + a.max_target_length, B = a.per_device_train_batch_size;
     glm_mem_plan p = glm_memory_plan(&c, dt, B, T, a.gradient_checkpointing, a.bf16 || a.fp16 ? 2048 : 256);
     glm_table tab;
     glm_table_build(&tab, &c);

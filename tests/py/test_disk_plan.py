@@ -88,6 +88,14 @@ def main():
             report("info_checkpoint_size_%s" % what, q.returncode == 0 and params > 0 and abs(est - per * params) < 0.01 * est,
                    "%s vs %d x %g" % (est, per, params))
 
+        # --cutoff_len in info: the plan of examples that long (as the two lengths adding up to it)
+        tot = lambda *f: re.search(r"total\s+([\d.]+) GiB", subprocess.run([GLM, "info", "--chatglm6b", "--bf16"] + list(f),
+                                                                        capture_output=True, text=True).stdout)
+        a_, b_ = tot("--cutoff_len", "2048"), tot("--max_source_length", "1536", "--max_target_length", "512")
+        c_ = tot()
+        report("info_cutoff_len_is_the_example_length", a_ and b_ and c_ and a_.group(1) == b_.group(1) != c_.group(1),
+               "%s %s %s" % (a_ and a_.group(1), b_ and b_.group(1), c_ and c_.group(1)))
+
         # too little disk: a tmpfs that holds one checkpoint and the final model, not four checkpoints
         os.makedirs(mnt)
         m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", mnt], capture_output=True, text=True)
