@@ -237,7 +237,6 @@ static int load_state(const char *path, glm_train_state *st, long *opt_step, glm
         st->best_metric = bm->valuedouble;
         snprintf(st->best_checkpoint, sizeof st->best_checkpoint, "%s", bc->valuestring);
     }
-    st->model_only = cJSON_IsTrue(cJSON_GetObjectItem(o, "save_only_model"));
     free(st->log_history);
     st->log_history = NULL;
     if ((v = cJSON_GetObjectItem(o, "log_history")) && cJSON_IsArray(v)) st->log_history = cJSON_PrintUnformatted(v);

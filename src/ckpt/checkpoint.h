@@ -38,8 +38,9 @@ typedef struct glm_train_state {
     /* --lr_scheduler_type reduce_lr_on_plateau: its state at the save (has_plateau 0: another schedule) */
     int has_plateau;
     glm_lr_plateau plateau;
-    /* --save_only_model: the checkpoint holds the model as the final save writes it and no
-     * optimizer state ("save_only_model": true in trainer_state.json), so it cannot resume */
+    /* --save_only_model: the checkpoint being written holds the model as the final save writes
+     * it and no optimizer state ("save_only_model": true in trainer_state.json, which
+     * glm_checkpoint_is_model_only reads back), so it cannot resume */
     int model_only;
 } glm_train_state;
 

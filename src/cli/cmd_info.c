@@ -211,17 +211,17 @@ int glm_cmd_info(int argc, char **argv) {
     glm_table_free(&tab);
     { /* what train's saves write (train/disk.c says it again against the output folder's disk) */
         int kinds = 2 + (dt != GLM_F32) + (strstr(a.optim, "8bit") != NULL);
-        char ck[32], only[32], f32[32], f16[32];
+        char ck[32], f32[32], f16[32];
         glm_fmt_bytes(ck, sizeof ck, glm_checkpoint_bytes(&c, kinds, NULL, 0));
-        glm_fmt_bytes(only, sizeof only, glm_final_model_bytes(&c, 2, NULL, 0));
         glm_fmt_bytes(f32, sizeof f32, glm_final_model_bytes(&c, 4, NULL, 0));
         glm_fmt_bytes(f16, sizeof f16, glm_final_model_bytes(&c, 2, NULL, 0));
-        if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING)
-            printf("disk: a checkpoint about %s (trainable rows and optimizer state; %s with --save_only_model true), "
-                   "the final %s about %s\n", ck, only, c.peft.kind == GLM_FT_LORA ? "adapter" : "prefix encoder", f32);
+        /* a --save_only_model checkpoint is the final model's size */
+        if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING) /* adapters are written in fp32 */
+            printf("disk: a checkpoint about %s (trainable rows and optimizer state), the final %s about %s (and so a "
+                   "checkpoint with --save_only_model true)\n", ck, c.peft.kind == GLM_FT_LORA ? "adapter" : "prefix encoder", f32);
         else
-            printf("disk: a checkpoint about %s (weights and optimizer state; %s with --save_only_model true --save_dtype "
-                   "bfloat16), the final model about %s as float32, %s as bfloat16\n", ck, only, f32, f16);
+            printf("disk: a checkpoint about %s (weights and optimizer state), the final model about %s as float32, %s as "
+                   "bfloat16 (--save_dtype; and so a checkpoint with --save_only_model true)\n", ck, f32, f16);
     }
     if (stage_plans(&a, &c, &err)) { glm_err_print(&err); rc = 1; }
     glm_args_free(info_flags, n, &a);

@@ -38,10 +38,9 @@ void trainer_disk_plan(const trainer *t) {
     const glm_config *c = &t->m.cfg;
     size_t text = strlen(t->args_json) + 4096; /* training_args.json and trainer_state.json, whose log grows */
     int dtype_bytes = !strcmp(a->save_dtype, "float32") ? 4 : 2;
-    double final = a->save_final_model ? glm_final_model_bytes(c, dtype_bytes, t->tok_path, text) : 0;
+    double model = glm_final_model_bytes(c, dtype_bytes, t->tok_path, text), final = a->save_final_model ? model : 0;
     int opt_kinds = 2 + (t->be->dtype != GLM_F32) + (t->dp->opt->kind == GLM_OPTIM_ADAMW8); /* moments, master, 8-bit codes */
-    double ckpt = a->save_only_model ? glm_final_model_bytes(c, dtype_bytes, t->tok_path, text)
-                                     : glm_checkpoint_bytes(c, opt_kinds, t->tok_path, text);
+    double ckpt = a->save_only_model ? model : glm_checkpoint_bytes(c, opt_kinds, t->tok_path, text);
     long before = saved_before(t), ahead = saves_ahead(t), all = before + ahead;
     /* kept at once: --save_total_limit (the best one kept beside the newest: 2 at a limit of 1),
      * and while a checkpoint is written the oldest is still there */
@@ -64,7 +63,7 @@ void trainer_disk_plan(const trainer *t) {
     char alt[160] = "";
     if (!a->save_only_model) {
         char s_alt[32];
-        glm_fmt_bytes(s_alt, sizeof s_alt, glm_final_model_bytes(c, dtype_bytes, t->tok_path, text));
+        glm_fmt_bytes(s_alt, sizeof s_alt, model);
         snprintf(alt, sizeof alt, ", --save_only_model true (checkpoints of about %s, without the optimizer state: no "
                                   "run resumes from them)", s_alt);
     }

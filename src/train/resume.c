@@ -26,13 +26,14 @@ static long newest_intact(const char *output_dir, const char *except, int say, c
         char dir[4096], why[1200];
         snprintf(dir, sizeof dir, "%s/checkpoint-%ld", output_dir, steps[i]);
         if (except && strcmp(dir, except) == 0) continue;
-        if (!foreign(output_dir, dir, why, sizeof why) && glm_checkpoint_is_model_only(dir)) {
+        int mine = !foreign(output_dir, dir, why, sizeof why);
+        if (mine && glm_checkpoint_is_model_only(dir)) {
             if (say) glm_info("not resuming from %s: it was saved with --save_only_model (no optimizer state)", dir);
             size_t u = strlen(model_only);
             snprintf(model_only + u, cap - u, "%scheckpoint-%ld", u ? ", " : "", steps[i]);
             continue;
         }
-        int v = foreign(output_dir, dir, why, sizeof why) ? -1 : glm_checkpoint_verify(dir, why, sizeof why);
+        int v = mine ? glm_checkpoint_verify(dir, why, sizeof why) : -1;
         if (v >= 0) found = steps[i];
         if (v > 0 && say) glm_info("%s: %s", dir, why);
         if (v < 0 && say) {

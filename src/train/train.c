@@ -346,6 +346,17 @@ static int log_rank_stats(trainer *t, const glm_step_phases *ph, glm_err *err) {
     return rc;
 }
 
+/* Every rank learns whether any failed at `what` (long waits allowed: rank 0 may be writing);
+ * -1 on every rank when one did, the failing rank keeping its own error. */
+static int ranks_agree(trainer *t, int failed, const char *what, glm_err *err) {
+    glm_par p = par(t);
+    glm_err e2;
+    double v = failed;
+    if (glm_par_sum(&p, &v, 1, 1, what, failed ? &e2 : err)) return -1;
+    if (v > 0 && !failed) return glm_fail(err, "rank 0 failed while %s (see its error)", what);
+    return failed ? -1 : 0;
+}
+
 /* The model as the final save writes it into dir (full and freeze: the whole model in
  * --save_dtype; LoRA: peft's adapter files; P-Tuning v2: THUDM's prefix files), with the
  * tokenizer and training_args.json. Pipeline stages each write theirs; otherwise rank 0 writes,
@@ -372,11 +383,7 @@ static int write_model(trainer *t, const char *dir, glm_err *err) {
         rc = rc || glm_copy_tokenizer_files(t->tok_path, dir, err) ||
              glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err) ? -1 : 0;
     }
-    double failed = rc != 0;
-    glm_err e2;
-    if (glm_dp_sum_long(t->dp, &failed, 1, "model written", rc ? &e2 : err)) return -1;
-    if (rc == 0 && failed > 0) return glm_fail(err, "rank %d: rank 0 could not write the model", t->dp->rank);
-    return rc;
+    return ranks_agree(t, rc != 0, "writing the model", err);
 }
 
 static int save_final(trainer *t, glm_err *err) {
@@ -394,33 +401,24 @@ static int save_final(trainer *t, glm_err *err) {
  * under tmp-checkpoint-N, sealed and renamed when complete. */
 static int save_model_checkpoint(trainer *t, glm_err *err) {
     const char *out = t->a->output_dir;
+    long step = t->st.global_step;
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", out, t->st.global_step);
-    glm_par p = par(t);
-    glm_err e2;
-    int me = lead(t), made = 0, bad = me && glm_checkpoint_begin(out, t->st.global_step, tmp, sizeof tmp, err) != 0;
-    double v = bad;
-    made = me && !bad;
-    if (glm_par_sum(&p, &v, 1, 1, "checkpoint folder made", bad ? &e2 : err)) return -1;
-    if (v > 0 && !bad) return glm_fail(err, "rank 0 could not make %s (see its error)", tmp);
-    if (!bad) {
-        bad = write_model(t, tmp, err) != 0; /* every rank agrees inside */
+    snprintf(tmp, sizeof tmp, "%s/tmp-checkpoint-%ld", out, step); /* every rank's path; the lead makes it */
+    int me = lead(t), made = me && glm_checkpoint_begin(out, step, tmp, sizeof tmp, err) == 0;
+    int rc = ranks_agree(t, me && !made, "making the checkpoint folder", err);
+    if (rc == 0) {
+        rc = write_model(t, tmp, err);
+        glm_par p = par(t);
         if (!t->pp) glm_par_release_params(&p);
     }
-    if (!bad && me) {
+    if (rc == 0) {
         glm_train_state st = t->st;
         st.model_only = 1;
-        v = glm_checkpoint_complete(out, tmp, &st, t->dp->opt->step, err) != 0;
-        if (glm_par_sum(&p, &v, 1, 1, "checkpoint completed", v > 0 ? &e2 : err)) return -1;
-        bad = v > 0;
-    } else if (!bad) {
-        v = 0;
-        if (glm_par_sum(&p, &v, 1, 1, "checkpoint completed", err)) return -1;
-        if (v > 0) return glm_fail(err, "rank 0 could not complete checkpoint-%ld (see its error)", t->st.global_step);
+        rc = ranks_agree(t, me && glm_checkpoint_complete(out, tmp, &st, t->dp->opt->step, err) != 0,
+                         "completing the checkpoint", err);
     }
-    if (!bad) return 0;
-    if (!me) return -1;
-    glm_wrap(err, "saving checkpoint %s/checkpoint-%ld: ", out, t->st.global_step);
+    if (rc == 0 || !me) return rc;
+    glm_wrap(err, "saving checkpoint %s/checkpoint-%ld: ", out, step);
     double need = glm_checkpoint_bytes(&t->m.cfg, 0, t->tok_path, strlen(t->args_json) + 4096);
     return glm_checkpoint_abandon(out, made ? tmp : NULL, need, err);
 }
@@ -522,7 +520,6 @@ static int run(trainer *t, glm_err *err) {
         if (tb_open(&t->tb, logdir, err)) return -1;
     }
     if (strncmp(t->be->name, "cuda", 4) == 0) t->gs = glm_gpustat_open(glm_local_device(t->dp->dist.local_rank));
-    long eval_every = t->eval_every;
     t->log_when = when(a->logging_strategy);
     t->eval_when = when(a->eval_strategy);
     t->save_when = when(a->save_strategy);
@@ -594,7 +591,7 @@ static int run(trainer *t, glm_err *err) {
         glm_data_cursor cur = glm_loader_cursor(t->train_ld);
         int epoch_end = cur.step == 0; /* the last micro-batch rolled the cursor over */
         /* the Trainer's eval_delay: steps, or epochs done, by the strategy */
-        if (eval_on && ((t->eval_when == GLM_WHEN_STEPS && t->st.global_step % eval_every == 0 &&
+        if (eval_on && ((t->eval_when == GLM_WHEN_STEPS && t->st.global_step % t->eval_every == 0 &&
                          a->eval_delay <= (double)t->st.global_step) ||
                         (t->eval_when == GLM_WHEN_EPOCH && epoch_end && a->eval_delay <= (double)cur.epoch))) {
             if (evaluate_and_log(t, err)) return -1;
