@@ -7,7 +7,7 @@
  *
  *   bench_train [--fp32 [--tf32] | --fp16] [--runs 512x4,512x8,512x8c,2048x2] [--steps 6] [--warmup 2]
  *               [--layers L] [--head_chunk R] [--detail] [--out FILE]
- *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P]]
+ *               [--lora R [--lora_target qkv|all|NAMES] [--lora_alpha A] [--lora_dropout P] [--dora]]
  *               [--freeze N] [--ptuning P [--prefix_projection]] [--quant int8|int4|nf4] [--tied]
  *               [--family chatglm|chatglm2] [--optim adamw_8bit] [--offload] [--in_backward] [--all_rows]
  *               [--vary_prompts]
@@ -162,6 +162,7 @@ int main(int argc, char **argv) {
     int steps = 6, warmup = 2, layers = 0, detail = 0, head_chunk = 0;
     int lora = 0, freeze = 0, ptuning = 0, projection = 0, quant = 0, tied = 0, glm2 = 0, all_rows = 0, vary = 0;
     float lora_alpha = 0, lora_dropout = 0.05f;
+    int dora = 0;
     const char *lora_target = "qkv";
     int optim8 = 0, offload = 0, in_bwd = 0, tf32 = 0;
     for (int i = 1; i < argc; i++) {
@@ -181,6 +182,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--lora_target")) { lora_target = v; i++; }
         else if (!strcmp(a, "--lora_alpha")) { lora_alpha = (float)atof(v); i++; }
         else if (!strcmp(a, "--lora_dropout")) { lora_dropout = (float)atof(v); i++; }
+        else if (!strcmp(a, "--dora")) dora = 1;
         else if (!strcmp(a, "--freeze")) { freeze = atoi(v); i++; }
         else if (!strcmp(a, "--ptuning")) { ptuning = atoi(v); i++; }
         else if (!strcmp(a, "--prefix_projection")) projection = 1;
@@ -212,8 +214,9 @@ int main(int argc, char **argv) {
         const char *names = !strcmp(lora_target, "qkv") ? "query_key_value" : lora_target;
         if (glm_lora_targets_parse(names, &bits, &e)) { fprintf(stderr, "bench_train: --lora_target %s: %s\n", lora_target, e.msg); return 2; }
         c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = lora, .lora_alpha = lora_alpha > 0 ? lora_alpha : 2.0f * lora,
-                            .lora_dropout = lora_dropout, .lora_targets = bits};
-        snprintf(ftname, sizeof ftname, "lora%d%s", lora, bits == GLM_LORA_QKV ? "" : bits == GLM_LORA_ALL ? "all" : "x");
+                            .lora_dropout = dora ? 0.0f : lora_dropout, .lora_targets = bits, .use_dora = dora};
+        snprintf(ftname, sizeof ftname, "%s%d%s", dora ? "dora" : "lora", lora,
+                 bits == GLM_LORA_QKV ? "" : bits == GLM_LORA_ALL ? "all" : "x");
     } else if (ptuning > 0) { /* P-Tuning v2: a prefix of P tokens (THUDM's prefix dropout 0.1) */
         c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = ptuning, .prefix_projection = projection, .prefix_dropout = 0.1f};
         snprintf(ftname, sizeof ftname, "ptuning%d%s", ptuning, projection ? "proj" : "");

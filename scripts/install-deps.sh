@@ -46,6 +46,14 @@ for mp in $PIP_NODEPS; do
         /usr/bin/python3 -m pip install -q --no-deps --break-system-packages "$spec"
     fi
 done
+# peft 0.10 (tests/py/test_dora.py: DoRA, use_dora, which peft 0.6.2 above predates) in a folder
+# of its own, put on sys.path by that test's peft part only; it imports beside transformers 4.33.3
+# and accelerate 0.24.1 (later peft needs a newer huggingface_hub).
+PEFT10_DIR=/usr/local/lib/glmtrain-peft-0.10
+if [ ! -f "$PEFT10_DIR/peft/tuners/lora/layer.py" ]; then
+    echo "install-deps: pip install --no-deps --target $PEFT10_DIR peft==0.10.0"
+    /usr/bin/python3 -m pip install -q --no-deps --target "$PEFT10_DIR" peft==0.10.0
+fi
 # DeepSpeed (tests/py/test_deepspeed_config.py: --deepspeed files against transformers' own
 # HfTrainerDeepSpeedConfig, DeepSpeed's DynamicLossScaler and its LR schedulers) in a folder of
 # its own, put on sys.path by that test only: importable everywhere, it would change how

@@ -22,7 +22,7 @@ typedef struct info_args {
     int optimizer_in_backward;
     int pipeline_parallel_size, gradient_accumulation_steps, data_parallel_size, zero_stage;
     char *finetuning_type, *lora_target, *quantization_type;
-    int lora_rank, num_layer_trainable, pre_seq_len, prefix_projection, quantization_bit;
+    int lora_rank, use_dora, num_layer_trainable, pre_seq_len, prefix_projection, quantization_bit;
     double lora_dropout;
 } info_args;
 
@@ -53,7 +53,8 @@ static const glm_flag info_flags[] = {
     F(deepspeed, ARG_STR, NULL, "a DeepSpeed config (as train): its ZeRO stage and optimizer offload enter the plan"),
     {"finetuning_type", ARG_STR, offsetof(info_args, finetuning_type), "full", "what trains (as train)", "full|lora|ptuning|freeze", NULL},
     F(lora_rank, ARG_INT, "8", "LoRA rank"),
-    F(lora_dropout, ARG_FLOAT, "0.05", "LoRA dropout (its scratch buffer)"),
+    F(lora_dropout, ARG_FLOAT, "-1", "LoRA dropout (its scratch buffer); -1: 0.05, or 0 with --use_dora (as train)"),
+    F(use_dora, ARG_BOOL, "false", "DoRA (as train): each adapted module's output kept for the magnitude's gradient"),
     F(lora_target, ARG_STR, "query_key_value", "LoRA modules (as train)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train"),
     F(pre_seq_len, ARG_INT, "0", "P-Tuning v2 prefix length (as train)"),
@@ -159,7 +160,8 @@ int glm_cmd_info(int argc, char **argv) {
         rc = glm_config_load(&c, a.model_name_or_path ? a.model_name_or_path : a.init_from_config, &err);
     else if (!rc) rc = glm_fail(&err, "--model_name_or_path, --init_from_config or --chatglm6b is required");
     glm_train_args ta = {.finetuning_type = a.finetuning_type, .lora_target = a.lora_target, .lora_rank = a.lora_rank,
-                         .lora_dropout = a.lora_dropout, .num_layer_trainable = a.num_layer_trainable,
+                         .lora_dropout = a.lora_dropout == -1 ? (a.use_dora ? 0.0 : 0.05) : a.lora_dropout,
+                         .use_dora = a.use_dora, .num_layer_trainable = a.num_layer_trainable,
                          .pre_seq_len = a.pre_seq_len, .prefix_projection = a.prefix_projection, .prefix_dropout = 0.1,
                          .pipeline_parallel_size = a.pipeline_parallel_size};
     if (!rc) rc = glm_train_peft(&ta, c.num_layers, &c.peft, &err);

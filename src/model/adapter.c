@@ -14,7 +14,7 @@
 static int is_adapter(const glm_tensor *t) { return glm_is_lora(t->kind); }
 
 /* The keys peft 0.6's LoraConfig knows (a newer key would make an older peft refuse the
- * file): use_rslora is written only when on. */
+ * file): use_rslora and use_dora are written only when on. */
 static char *config_json(const glm_model *m) {
     const glm_peft *p = &m->cfg.peft;
     cJSON *o = cJSON_CreateObject();
@@ -44,6 +44,7 @@ static char *config_json(const glm_model *m) {
         if (p->lora_targets >> i & 1) cJSON_AddItemToArray(tm, cJSON_CreateString(glm_lora_target_name(1 << i)));
     cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
     if (p->use_rslora) cJSON_AddBoolToObject(o, "use_rslora", 1);
+    if (p->use_dora) cJSON_AddBoolToObject(o, "use_dora", 1); /* peft 0.9 and later read it */
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     return s;
@@ -60,7 +61,7 @@ int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err
         const glm_tensor *t = &m->tab.t[i];
         if (!is_adapter(t)) continue;
         snprintf(names[n], 192, "%s%s", GLM_ADAPTER_PREFIX, t->name);
-        e[n] = (st_entry){.name = names[n], .ndim = 2, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
+        e[n] = (st_entry){.name = names[n], .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
                           .data_dtype = ST_F32, .file_dtype = dtype};
         n++;
     }
@@ -102,7 +103,19 @@ typedef struct merge_src {
     glm_ckpt base, adapter;
     glm_peft peft;
     float *a, *b; /* scratch for one adapter's A and B */
+    float *mag;   /* and DoRA's magnitudes */
 } merge_src;
+
+/* DoRA's merge (peft's): each row of W + s B A (in w) times mag / its norm. */
+static void dora_merge(float *w, const float *mag, int64_t OC, int64_t C) {
+    for (int64_t j = 0; j < OC; j++) {
+        float *row = w + j * C;
+        double ss = 0;
+        for (int64_t k = 0; k < C; k++) ss += (double)row[k] * row[k];
+        float f = mag[j] / (float)sqrt(ss);
+        for (int64_t k = 0; k < C; k++) row[k] *= f;
+    }
+}
 
 /* The base tensor, with scaling * B A added when its module has an adapter. */
 static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
@@ -133,6 +146,18 @@ static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *
     /* W[out, in] += s * B[out, r] A[r, in] */
     cpu_sgemm(0, 0, (int)t->shape[0], (int)t->shape[1], r, glm_lora_scaling(&ms->peft), ms->b, r, ms->a,
               (int)t->shape[1], 1.0f, dst, (int)t->shape[1]);
+    if (!ms->peft.use_dora) return 0;
+    char mn[300];
+    int64_t msh[1] = {t->shape[0]};
+    snprintf(mn, sizeof mn, "%s%.*s.lora_magnitude_vector", GLM_ADAPTER_PREFIX, (int)(dot - name), name);
+    if (glm_ckpt_info(&ms->adapter, mn, NULL, NULL, NULL)) strcat(mn, ".weight");
+    if (glm_ckpt_info(&ms->adapter, mn, NULL, NULL, NULL)) {
+        glm_fail(err, "%s: tensor %s is missing", ms->adapter.path, mn);
+        return glm_hint(err, "the adapter_config.json says use_dora, so each adapted module has a magnitude vector");
+    }
+    if (glm_ckpt_read_f32(&ms->adapter, mn, ms->mag, 1, msh, err))
+        return glm_hint(err, "the adapter was made for another base model (see its adapter_config.json)");
+    dora_merge(dst, ms->mag, t->shape[0], t->shape[1]);
     return 0;
 }
 
@@ -153,9 +178,13 @@ int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir
     if (glm_adapter_file(adapter_dir, path, sizeof path)) return glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", adapter_dir);
     if (glm_ckpt_open(&ms.base, base, err)) return -1;
     if (glm_ckpt_open(&ms.adapter, path, err)) { glm_ckpt_close(&ms.base); return -1; }
-    size_t big = (size_t)(c.inner_hidden_size > 3 * c.hidden_size ? c.inner_hidden_size : 3 * c.hidden_size);
+    /* the widest in or out of the four modules: B [out, r] of dense_h_to_4h is [2F, r] in the ChatGLM2 block */
+    size_t big = (size_t)glm_dora_out_width(&c);
+    if ((size_t)c.inner_hidden_size > big) big = (size_t)c.inner_hidden_size;
+    if ((size_t)glm_attn_width(&c) > big) big = (size_t)glm_attn_width(&c);
     ms.a = glm_malloc(big * (size_t)ms.peft.lora_rank * sizeof(float));
     ms.b = glm_malloc(big * (size_t)ms.peft.lora_rank * sizeof(float));
+    ms.mag = glm_malloc((size_t)glm_dora_out_width(&c) * sizeof(float));
     char cfg[4096], folder[4096];
     glm_origin_paths(base, cfg, folder, sizeof cfg);
     glm_export_opts oo = *o;
@@ -164,6 +193,7 @@ int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir
     int rc = glm_export(&c, read_merged, NULL, &ms, dir, &oo, err); /* c.peft is zero: the base's own rows */
     free(ms.a);
     free(ms.b);
+    free(ms.mag);
     glm_ckpt_close(&ms.adapter);
     glm_ckpt_close(&ms.base);
     return rc;

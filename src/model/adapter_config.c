@@ -51,13 +51,22 @@ int glm_adapter_file(const char *dir, char *path, size_t n) {
     return glm_is_file(path) ? 0 : -1;
 }
 
-/* The module bit a peft LoRA tensor adapts: "<...>.<module>.lora_A.weight" or lora_B. 0 with why
- * for what glmtrain would not apply: peft's other tensors (DoRA's magnitudes, modules_to_save
- * copies, LoRA on embeddings, LoRA biases) or LoRA on another module. */
-static int tensor_bit(const char *name, char *why, size_t n) {
-    const char *end = strstr(name, ".lora_A.weight");
-    if (!end) end = strstr(name, ".lora_B.weight");
-    if (end && end[strlen(".lora_A.weight")] == 0) {
+/* The end of name when it ends with suffix, else NULL. */
+static const char *ends_with(const char *name, const char *suffix) {
+    size_t n = strlen(name), k = strlen(suffix);
+    return n >= k && !strcmp(name + n - k, suffix) ? name + n - k : NULL;
+}
+
+/* The module bit a peft LoRA tensor adapts: "<...>.<module>.lora_A.weight", lora_B, or DoRA's
+ * "<module>.lora_magnitude_vector" (*dora set). 0 with why for what glmtrain would not apply:
+ * peft's other tensors (modules_to_save copies, LoRA on embeddings, LoRA biases) or LoRA on
+ * another module. */
+static int tensor_bit(const char *name, int *dora, char *why, size_t n) {
+    const char *end = ends_with(name, ".lora_A.weight");
+    if (!end) end = ends_with(name, ".lora_B.weight");
+    if (!end && (end = ends_with(name, ".lora_magnitude_vector"))) *dora = 1;
+    if (!end && (end = ends_with(name, ".lora_magnitude_vector.weight"))) *dora = 1;
+    if (end) {
         const char *leaf = end;
         while (leaf > name && leaf[-1] != '.') leaf--;
         char mod[64];
@@ -66,8 +75,6 @@ static int tensor_bit(const char *name, char *why, size_t n) {
             if (!strcmp(mod, glm_lora_target_name(bit))) return bit;
         snprintf(why, n, "LoRA on %s, a module glmtrain does not adapt (it adapts query_key_value, dense, dense_h_to_4h "
                          "and dense_4h_to_h)", mod);
-    } else if (strstr(name, "lora_magnitude_vector")) {
-        snprintf(why, n, "a DoRA magnitude vector (use_dora): glmtrain applies plain LoRA");
     } else if (strstr(name, "lora_embedding_")) {
         snprintf(why, n, "LoRA on an embedding, which glmtrain does not adapt");
     } else if (strstr(name, ".lora_")) {
@@ -122,7 +129,6 @@ static int set(const cJSON *v) {
 /* A key that changes what peft computes and glmtrain does not apply: refused, naming it and its value. */
 static int unsupported_key(const cJSON *o, const char *path, glm_err *err) {
     static const struct { const char *key, *why; } keys[] = {
-        {"use_dora", "a DoRA adapter (its magnitude vectors rescale each weight); glmtrain applies plain LoRA"},
         {"lora_bias", "the adapter trains biases of its B sides; glmtrain's LoRA has none"},
         {"modules_to_save", "the adapter holds whole trained copies of those modules (LLaMA-Factory's --additional_target), "
                             "which glmtrain does not load"},
@@ -143,9 +149,9 @@ static int unsupported_key(const cJSON *o, const char *path, glm_err *err) {
 
 /* The modules the adapter's tensors adapt (0 when it has no tensor file yet: the load says so),
  * every tensor one glmtrain applies. */
-static int tensor_targets(const char *dir, int *bits, glm_err *err) {
+static int tensor_targets(const char *dir, int *bits, int *dora, glm_err *err) {
     char path[4096];
-    *bits = 0;
+    *bits = *dora = 0;
     if (glm_adapter_file(dir, path, sizeof path)) return 0;
     glm_ckpt c;
     if (glm_ckpt_open(&c, path, err)) return -1;
@@ -153,7 +159,7 @@ static int tensor_targets(const char *dir, int *bits, glm_err *err) {
     for (int i = 0; i < glm_ckpt_count(&c) && !rc; i++) {
         char why[256];
         const char *name = glm_ckpt_name(&c, i);
-        int bit = tensor_bit(name, why, sizeof why);
+        int bit = tensor_bit(name, dora, why, sizeof why);
         if (!bit) {
             rc = glm_fail(err, "%s: tensor %s: %s", path, name, why);
             glm_hint(err, "%s", merge_hint);
@@ -181,7 +187,7 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     cJSON *o = glm_json_parse_doc(text, len, path, "peft's adapter_config.json", err);
     free(text);
     if (!o) return -1;
-    int rc = 0, from_tensors = 0, file_bits = 0;
+    int rc = 0, from_tensors = 0, file_bits = 0, file_dora = 0;
     const cJSON *v;
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_alpha = 8, .lora_rank = 8};
     if (!cJSON_IsObject(o)) { rc = glm_fail(err, "%s: not a JSON object", path); goto done; }
@@ -194,6 +200,7 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha"))) p->lora_alpha = (float)v->valuedouble;
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "lora_dropout"))) p->lora_dropout = (float)v->valuedouble;
     p->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "use_rslora"));
+    p->use_dora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "use_dora"));
     if (p->lora_rank < 1) { rc = glm_fail(err, "%s: r must be at least 1", path); goto done; }
     if (!isfinite(p->lora_alpha)) { rc = glm_fail(err, "%s: lora_alpha is not a finite number", path); goto done; }
     v = cJSON_GetObjectItemCaseSensitive(o, "bias");
@@ -204,7 +211,14 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     }
     if ((rc = unsupported_key(o, path, err))) goto done;
     if ((rc = config_targets(cJSON_GetObjectItemCaseSensitive(o, "target_modules"), &p->lora_targets, &from_tensors, path, err))) goto done;
-    if ((rc = tensor_targets(dir, &file_bits, err))) goto done;
+    if ((rc = tensor_targets(dir, &file_bits, &file_dora, err))) goto done;
+    if (file_dora && !p->use_dora) {
+        rc = glm_fail(err, "%s: the adapter's tensors hold DoRA magnitude vectors (lora_magnitude_vector) but use_dora is not "
+                           "true", path);
+        glm_hint(err, "the folder's adapter_config.json and tensor file come from different adapters (a DoRA adapter's "
+                      "config says \"use_dora\": true)");
+        goto done;
+    }
     if (from_tensors && !file_bits) {
         rc = glm_fail(err, "%s: target_modules is %s and the folder has no adapter tensors to read the modules from", path,
                       cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "target_modules")) ? "a regular expression" : "not given");

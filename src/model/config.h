@@ -18,6 +18,10 @@ typedef struct glm_peft {
     float lora_dropout;      /* on the adapter's input, training only */
     int lora_targets;        /* GLM_LORA_* bits */
     int use_rslora;
+    /* DoRA (peft's use_dora): each adapted module's output rows rescaled by a trainable magnitude
+     * m over the row norms of W + scaling B A (held constant in the gradient, as peft and the
+     * paper do): y = (m / ||W + s B A||_row) (W x + s B A x) + b. Needs lora_dropout 0. */
+    int use_dora;
     float loraplus_lr_ratio; /* LoRA+ (LLaMA-Factory's loraplus_lr_ratio): lora_B trains at this times the
                               * learning rate, lora_A at the rate (0: off); the table's lr_scale */
     /* freeze: the last num_layer_trainable layers train (LLaMA-Factory's freeze mode) */
@@ -101,6 +105,12 @@ static inline int glm_prefix_emb_width(const glm_config *c) {
 static inline int glm_lora_tmp_width(const glm_config *c) {
     int w = glm_qkv_width(c), f = glm_fc1_width(c);
     return w > f ? (w > c->hidden_size ? w : c->hidden_size) : (f > c->hidden_size ? f : c->hidden_size);
+}
+/* The widest output of the four linear modules (a DoRA module's row norms and output gradient). */
+static inline int glm_dora_out_width(const glm_config *c) {
+    int w = glm_qkv_width(c), f = glm_fc1_width(c);
+    w = w > f ? w : f;
+    return w > c->hidden_size ? w : c->hidden_size;
 }
 static inline int glm_lora_in_width(const glm_config *c) {
     int a = glm_attn_width(c), f = c->inner_hidden_size, h = c->hidden_size;

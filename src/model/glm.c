@@ -171,8 +171,9 @@ void glm_model_drop_grads(glm_model *m) {
 /* The field of tensor t in w (weights or gradients). */
 static void **field_of(glm_weights *w, const glm_tensor *t) {
     glm_layer_ptrs *p = t->layer >= 0 ? &w->layer[t->layer] : NULL;
+    if (glm_is_dora(t->kind)) return &p->lora_m[glm_lora_module(t->kind)];
     if (glm_is_lora(t->kind)) {
-        int i = (t->kind - T_QKV_LA) / 2;
+        int i = glm_lora_module(t->kind);
         return (t->kind - T_QKV_LA) % 2 ? &p->lora_b[i] : &p->lora_a[i];
     }
     switch (t->kind) {
@@ -259,9 +260,12 @@ static void acts_alloc_kept(const glm_model *m, glm_layer_acts *a, size_t N) {
     a->qkv = be->alloc(be, N * W * es); a->lse = be->alloc(be, N * NH * 4);
     a->h1 = be->alloc(be, N * H * es); a->ln2_mean = be->alloc(be, N * 4); a->ln2_rstd = be->alloc(be, N * 4);
     a->fc1 = be->alloc(be, N * F1 * es);
-    for (int i = 0; i < 4; i++) /* an adapter's middle, where any layer has one */
-        a->lora_t[i] = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.lora_targets >> i & 1)
-                           ? be->alloc(be, N * (size_t)m->cfg.peft.lora_rank * es) : NULL;
+    const size_t out[4] = {(size_t)glm_qkv_width(c), H, F1, H};
+    for (int i = 0; i < 4; i++) { /* an adapter's middle, where any layer has one, and DoRA's output */
+        int on = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.lora_targets >> i & 1);
+        a->lora_t[i] = on ? be->alloc(be, N * (size_t)m->cfg.peft.lora_rank * es) : NULL;
+        a->dora_z[i] = on && m->cfg.peft.use_dora ? be->alloc(be, N * out[i] * es) : NULL;
+    }
 }
 
 void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t N) {
@@ -271,7 +275,8 @@ void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t N) {
 
 void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a) {
     void *ptrs[] = {a->x, a->ln1_mean, a->ln1_rstd, a->qkv, a->ctx, a->lse, a->h1, a->ln2_mean, a->ln2_rstd, a->y, a->fc1, a->act,
-                    a->lora_t[0], a->lora_t[1], a->lora_t[2], a->lora_t[3]};
+                    a->lora_t[0], a->lora_t[1], a->lora_t[2], a->lora_t[3], a->dora_z[0], a->dora_z[1], a->dora_z[2],
+                    a->dora_z[3]};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) if (ptrs[i]) m->be->free(m->be, ptrs[i]);
     *a = (glm_layer_acts){0};
 }
@@ -352,8 +357,9 @@ void glm_model_free(glm_model *m) {
     if (m->qscratch) m->be->free(m->be, m->qscratch);
     if (m->lora_tmp) m->be->free(m->be, m->lora_tmp);
     if (m->lora_u) m->be->free(m->be, m->lora_u);
-    void *pre[] = {m->pkv, m->prefix_h, m->dpkv, m->dprefix_h};
-    for (int i = 0; i < 4; i++) if (pre[i]) m->be->free(m->be, pre[i]);
+    void *pre[] = {m->pkv, m->prefix_h, m->dpkv, m->dprefix_h, m->dora_n, m->dora_g};
+    for (int i = 0; i < 6; i++) if (pre[i]) m->be->free(m->be, pre[i]);
+    free(m->dora_fresh);
     free(m->w.layer);
     free(m->g.layer);
     glm_table_free(&m->tab);
@@ -444,10 +450,15 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
      * adapters' middles in S; LayerNorm statistics (4 floats) and the attention lse (NH floats)
      * per token; the inputs of the layers and the output */
     int adapters = 0;
-    for (int i = 0; i < 4; i++) adapters += c->peft.kind == GLM_FT_LORA && (c->peft.lora_targets >> i & 1);
     /* the family's widths: q|k|v, the attention output, the first MLP linear (config.h) */
-    double W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
-    double per_set = N * ((3 * H + A + W + F1 + F + adapters * (double)c->peft.lora_rank) * es + (4 + NH) * 4);
+    double W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c), dora = 0;
+    const double out[4] = {W, H, F1, H};
+    for (int i = 0; i < 4; i++) {
+        int on = c->peft.kind == GLM_FT_LORA && (c->peft.lora_targets >> i & 1);
+        adapters += on;
+        dora += on && c->peft.use_dora ? out[i] : 0; /* DoRA's kept outputs (dora_z) */
+    }
+    double per_set = N * ((3 * H + A + W + F1 + F + adapters * (double)c->peft.lora_rank + dora) * es + (4 + NH) * 4);
     double rebuilt = N * (2 * H + A + F) * es; /* x, ctx, y, act: what selective checkpointing shares */
     /* as act_sets: the layers from the backward's floor up keep theirs; those below share one */
     int nk = l1 - table_backward_floor(&tab, c, l0, l1, embed), below = nk < nl;
@@ -460,6 +471,8 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
                 (N < head_chunk ? N : head_chunk) * ((2 * H + V) * es + 4.0) + N * 7 * 4;
     if (c->peft.kind == GLM_FT_LORA) /* lora_tmp, lora_u */
         p.scratch += N * glm_lora_tmp_width(c) * es + (c->peft.lora_dropout > 0 ? N * glm_lora_in_width(c) * es : 0);
+    if (c->peft.kind == GLM_FT_LORA && c->peft.use_dora) /* dora_g, and the row norms (float) */
+        p.scratch += (N * es + nl * 4.0 * 4) * glm_dora_out_width(c);
     size_t qbig = 0; /* qscratch: the largest quantized matrix dequantized */
     for (int i = 0; i < quant.n; i++) qbig = quant.t[i].numel > qbig ? quant.t[i].numel : qbig;
     p.scratch += (double)qbig * es;

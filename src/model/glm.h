@@ -22,6 +22,8 @@ typedef struct glm_layer_ptrs {
     /* LoRA adapters of the four linear modules (query_key_value, dense, dense_h_to_4h,
      * dense_4h_to_h), NULL where there is none: A [r, in], B [out, r] */
     void *lora_a[4], *lora_b[4];
+    /* DoRA's magnitudes of the four modules [out], NULL where the adapter has none */
+    void *lora_m[4];
     /* The quantized weights of the four modules (backend/quant.h's bytes), NULL where the
      * weight is not quantized; the module's *_w above is NULL where it is. */
     void *qw[4];
@@ -62,6 +64,8 @@ typedef struct glm_layer_acts {
     void *fc1;                   /* [N, F1] before the activation (F1 = glm_fc1_width: F, or 2F gate|up) */
     void *act;                   /* [N, F] gelu(fc1) or swiglu(fc1) */
     void *lora_t[4];             /* [N, r] scaling * A dropout(input) of each adapter (NULL: none) */
+    void *dora_z[4];             /* [N, out] a DoRA module's W x + s B A x before its row scale and bias
+                                  * (NULL: no DoRA); the magnitude's gradient reads it */
 } glm_layer_acts;
 
 /* Device copy of a batch. */
@@ -93,6 +97,11 @@ typedef struct glm_model {
     void *lora_tmp;         /* [N, max(3H, F)] an adapter's output or input gradient */
     void *lora_u;           /* [N, F] an adapter's dropped-out input (lora_dropout > 0) */
     int lora_cap;           /* tokens those two hold */
+    /* DoRA (cfg.peft.use_dora) */
+    float *dora_n;          /* [layers held, 4, glm_dora_out_width] float: each module's row norms ||W + s B A||,
+                             * computed in its forward (every training forward: the weights moved) */
+    int *dora_fresh;        /* [layers held * 4] host: the norms hold for the current weights (inference) */
+    void *dora_g;           /* [lora_cap, glm_dora_out_width] a DoRA module's output gradient times m / n */
     /* P-Tuning v2 (cfg.peft.pre_seq_len = P > 0) */
     void *pkv;              /* [P, 2LH] the prefix encoder's output: layer l's keys at slot 2l, values 2l+1 */
     void *prefix_h;         /* [P, H] tanh(trans.0(embedding)) with the projection */
@@ -184,6 +193,11 @@ const void *glm_prefix_forward(glm_model *m);
 /* LoRA's initial values (peft's LoraLayer): A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform
  * with a = sqrt(5)), B = 0, drawn from seed with one stream per row. */
 void glm_model_init_adapters(glm_model *m, uint64_t seed);
+/* DoRA: the row norms computed for inference no longer hold (weights were loaded). */
+void glm_dora_forget(glm_model *m);
+/* DoRA's initial magnitudes (peft's): each module's row norms ||W + s B A|| (B is zero: ||W||),
+ * from the loaded base; glm_model_init_adapters calls it. */
+void glm_dora_init_magnitudes(glm_model *m);
 /* The dropout masks of the next forward/backward (set per micro-batch from the step, so a
  * resumed run draws the same masks). */
 static inline void glm_model_set_dropout_seed(glm_model *m, uint64_t seed) { m->dropout_seed = seed; }

@@ -1,7 +1,9 @@
 /* The parameter-efficient parts of a layer (model/peft.h): LoRA's branch of the four linear
- * modules and P-Tuning v2's prefix encoder and prefix keys/values, on the ops interface. */
+ * modules (with DoRA's row scale), and P-Tuning v2's prefix encoder and prefix keys/values, on
+ * the ops interface. */
 #include "model/peft.h"
 #include <stdint.h>
+#include <stdlib.h>
 
 /* ---- the linear modules, with their LoRA branch (peft's LoraLayer) where they have one:
  * out = inp W^T + b + (s * dropout(inp) A^T) B^T, s = glm_lora_scaling. Target i: 0
@@ -14,7 +16,9 @@ static void lora_scratch(glm_model *m, int N) {
     size_t es = glm_dtype_size(be->dtype);
     if (m->lora_tmp) be->free(be, m->lora_tmp);
     if (m->lora_u) be->free(be, m->lora_u);
+    if (m->dora_g) be->free(be, m->dora_g);
     m->lora_tmp = be->alloc(be, (size_t)N * glm_lora_tmp_width(&m->cfg) * es);
+    m->dora_g = m->cfg.peft.use_dora ? be->alloc(be, (size_t)N * glm_dora_out_width(&m->cfg) * es) : NULL;
     m->lora_u = NULL; /* made by dropped_copy when first needed */
     m->lora_cap = N;
 }
@@ -95,10 +99,102 @@ static int plain_product(const glm_model *m, const void *w, int N) {
     return w || N > qmatmul_max_rows(m->cfg.quant) || !m->be->qmatmul_fwd;
 }
 
+/* ---- DoRA (peft's use_dora): out = (m / n) (inp W^T + s B A inp) + b, n = ||W + s B A|| per
+ * output row, held constant in the gradient. z, the part inside the scale, is kept in
+ * a->dora_z for the magnitude's gradient. */
+
+void glm_dora_forget(glm_model *m) {
+    if (!m->dora_fresh) return;
+    for (int k = 0; k < (m->layer_hi - m->layer_lo) * 4; k++) m->dora_fresh[k] = 0;
+}
+
+/* Module (l, i)'s row norms [OC]: computed in every training forward (the optimizer moved the
+ * weights since the last), and once for inference until the weights are loaded again. */
+static const float *dora_norms(glm_model *m, int l, int i, const void *w, int C, int OC) {
+    glm_backend *be = m->be;
+    size_t D = glm_dora_out_width(&m->cfg), slots = (size_t)(m->layer_hi - m->layer_lo) * 4;
+    if (!m->dora_n) {
+        m->dora_n = be->alloc(be, slots * D * sizeof(float));
+        m->dora_fresh = glm_calloc(slots, sizeof(int));
+    }
+    size_t slot = (size_t)(l - m->layer_lo) * 4 + i;
+    float *n = m->dora_n + slot * D;
+    if (m->training || !m->dora_fresh[slot]) {
+        const glm_layer_ptrs *p = &m->w.layer[l];
+        be->dora_norm(be, n, linear_weight(m, l, i, w, C, OC), p->lora_a[i], p->lora_b[i], glm_lora_scaling(&m->cfg.peft),
+                      OC, C, m->cfg.peft.lora_rank);
+        m->dora_fresh[slot] = !m->training;
+    }
+    return n;
+}
+
+/* The base weight of module i of layer l (NULL where it is quantized). */
+static const void *module_weight(const glm_model *m, int l, int i) {
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    const void *w[4] = {p->qkv_w, p->dense_w, p->fc1_w, p->fc2_w};
+    return w[i];
+}
+
+void glm_dora_init_magnitudes(glm_model *m) {
+    const glm_config *c = &m->cfg;
+    const int H = c->hidden_size, io[4][2] = {{H, glm_qkv_width(c)}, {glm_attn_width(c), H}, {H, glm_fc1_width(c)},
+                                               {c->inner_hidden_size, H}};
+    float *host = glm_malloc((size_t)glm_dora_out_width(c) * sizeof(float));
+    int training = m->training;
+    m->training = 0;
+    glm_dora_forget(m);
+    for (int l = m->layer_lo; l < m->layer_hi; l++)
+        for (int i = 0; i < 4; i++) {
+            void *mag = m->w.layer[l].lora_m[i];
+            if (!mag) continue;
+            /* peft's: ||W + s B A|| at the adapter's creation */
+            const float *n = dora_norms(m, l, i, module_weight(m, l, i), io[i][0], io[i][1]);
+            m->be->download(m->be, host, n, (size_t)io[i][1] * sizeof(float));
+            m->be->upload_f32(m->be, mag, host, (size_t)io[i][1]);
+        }
+    m->training = training;
+    free(host);
+}
+
+/* out = the scaled module output + b + res_scale res (res NULL: none) */
+static void dora_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
+                     const void *b, int N, int C, int OC, const void *res, float res_scale) {
+    glm_backend *be = m->be;
+    const float *n = dora_norms(m, l, i, w, C, OC);
+    void *z = a->dora_z[i];
+    if (plain_product(m, w, N)) be->matmul_fwd(be, z, inp, linear_weight(m, l, i, w, C, OC), NULL, N, C, OC);
+    else be->qmatmul_fwd(be, z, inp, m->w.layer[l].qw[i], m->cfg.quant, NULL, N, C, OC);
+    lora_add(m, l, i, a, z, inp, N, C, OC);
+    be->dora_scale(be, out, z, m->w.layer[l].lora_m[i], n, b, res, res_scale, N, OC);
+}
+
+static void lora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp, int N,
+                     int C, int OC);
+
+/* dmag +=, and dinp = (m / n) dout through W and the adapter (+ res_scale res when res) */
+static void dora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp,
+                     const void *w, int N, int C, int OC, const void *res, float res_scale) {
+    glm_backend *be = m->be;
+    size_t slot = (size_t)(l - m->layer_lo) * 4 + i;
+    const float *n = m->dora_n + slot * glm_dora_out_width(&m->cfg); /* this step's, from the forward */
+    void *gz = m->dora_g;
+    be->dora_bwd(be, gz, m->g.layer[l].lora_m[i], dout, a->dora_z[i], m->w.layer[l].lora_m[i], n, N, OC);
+    if (dinp) {
+        const void *W = linear_weight(m, l, i, w, C, OC);
+        if (res && be->matmul_bwd_add) be->matmul_bwd_add(be, dinp, gz, W, res, res_scale, N, C, OC);
+        else {
+            be->matmul_bwd(be, dinp, NULL, NULL, gz, inp, W, N, C, OC, 0);
+            if (res) be->scale_add(be, dinp, res_scale, res, dinp, (size_t)N * C);
+        }
+    }
+    lora_bwd(m, l, i, a, dinp, gz, inp, N, C, OC);
+}
+
 void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
                        const void *b, int N, int C, int OC) {
     glm_backend *be = m->be;
     const glm_layer_ptrs *p = &m->w.layer[l];
+    if (p->lora_m[i]) { dora_fwd(m, l, i, a, out, inp, w, b, N, C, OC, NULL, 0.0f); return; }
     if (p->lora_a[i] && be->matmul_fwd_add && plain_product(m, w, N)) {
         /* the adapter's small product first, written once; the base product adds it in its
          * epilogue (rather than a second pass reading and writing the whole output) */
@@ -117,6 +213,7 @@ void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, co
 void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
                         const void *b, int N, int C, int OC, const void *res, float res_scale) {
     glm_backend *be = m->be;
+    if (m->w.layer[l].lora_m[i]) { dora_fwd(m, l, i, a, out, inp, w, b, N, C, OC, res, res_scale); return; }
     if (!be->matmul_fwd_add || !plain_product(m, w, N)) {
         glm_linear_fwd(m, l, i, a, out, inp, w, b, N, C, OC);
         be->scale_add(be, out, res_scale, res, out, (size_t)N * OC);
@@ -126,14 +223,17 @@ void glm_linear_fwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out
     lora_add(m, l, i, a, out, inp, N, C, OC);
 }
 
-static void lora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp, int N,
-                     int C, int OC);
 
 /* dinp = dout W (+ the adapter's share); dW, db += where they train; dA, dB += for the adapter.
  * dinp NULL: no input gradient (the products for it are skipped). */
 void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db,
                        const void *dout, const void *inp, const void *w, int N, int C, int OC) {
     glm_backend *be = m->be;
+    if (m->w.layer[l].lora_m[i]) { /* the base does not train under LoRA: no dw, db */
+        GLM_ASSERT(!dw && !db);
+        dora_bwd(m, l, i, a, dinp, dout, inp, w, N, C, OC, NULL, 0.0f);
+        return;
+    }
     if (dinp || dw || db) /* else a quantized weight is not even dequantized */
         be->matmul_bwd(be, dinp, dw, db, dout, inp, linear_weight(m, l, i, w, C, OC), N, C, OC, 0);
     lora_bwd(m, l, i, a, dinp, dout, inp, N, C, OC);
@@ -144,6 +244,11 @@ void glm_linear_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, v
 void glm_linear_bwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, void *dw, void *db, const void *dout,
                         const void *inp, const void *w, int N, int C, int OC, const void *res, float res_scale) {
     glm_backend *be = m->be;
+    if (m->w.layer[l].lora_m[i]) {
+        GLM_ASSERT(!dw && !db);
+        dora_bwd(m, l, i, a, dinp, dout, inp, w, N, C, OC, res, res_scale);
+        return;
+    }
     if (!be->matmul_bwd_add) {
         glm_linear_bwd(m, l, i, a, dinp, dw, db, dout, inp, w, N, C, OC);
         be->scale_add(be, dinp, res_scale, res, dinp, (size_t)N * C);

@@ -1,7 +1,8 @@
 /* LoRA and P-Tuning v2 inside the model (model/glm.c calls these; config.h glm_peft says which):
  *  - the four linear modules of a layer (target i: 0 query_key_value, 1 dense, 2 dense_h_to_4h,
  *    3 dense_4h_to_h) as peft's LoraLayer where they have an adapter:
- *    out = inp W^T + b + (s * dropout(inp) A^T) B^T, s = glm_lora_scaling;
+ *    out = inp W^T + b + (s * dropout(inp) A^T) B^T, s = glm_lora_scaling; with DoRA (peft's
+ *    use_dora) out = (mag / ||W + s B A||_row) (inp W^T + s inp A^T B^T) + b;
  *  - the prefix encoder's forward (glm_prefix_forward in glm.h) and backward, and each layer's
  *    keys/values with the prefix in front (the original's per-row dropout while training). */
 #ifndef GLM_MODEL_PEFT_H

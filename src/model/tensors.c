@@ -50,7 +50,8 @@ int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     const glm_peft *p = &c->peft;
     switch (p->kind) {
     case GLM_FT_FULL: return !glm_is_extra(kind);
-    case GLM_FT_LORA: return glm_is_lora(kind) && (p->lora_targets >> ((kind - T_QKV_LA) / 2) & 1);
+    case GLM_FT_LORA:
+        return glm_is_lora(kind) && (p->lora_targets >> glm_lora_module(kind) & 1) && (!glm_is_dora(kind) || p->use_dora);
     case GLM_FT_PTUNING: return glm_is_prefix(kind) && (kind == T_PREFIX_EMB || p->prefix_projection);
     case GLM_FT_FREEZE: return !glm_is_extra(kind) && layer >= 0 && layer >= c->num_layers - p->num_layer_trainable;
     default: return 0;
@@ -78,7 +79,7 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
     int L = c->num_layers, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, r = c->peft.lora_rank;
     *tab = (glm_table){0};
     tab->num_layers = L;
-    tab->t = glm_calloc((size_t)L * 20 + 16, sizeof(glm_tensor));
+    tab->t = glm_calloc((size_t)L * 24 + 16, sizeof(glm_tensor));
     tab->index = glm_malloc(sizeof(int) * (size_t)(L + 1) * T_NKINDS);
     for (int i = 0; i < (L + 1) * T_NKINDS; i++) tab->index[i] = -1;
     char n[128];
@@ -123,6 +124,11 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
             int before = tab->n;
             ROW(glm_lora_kind(i, 1), l, n, 2, lin[i][1], r);
             if (tab->n > before && c->peft.loraplus_lr_ratio > 0) tab->t[before].lr_scale = c->peft.loraplus_lr_ratio;
+            snprintf(n + np, sizeof n - np, "%s.lora_magnitude_vector", fam->modules[i]);
+            before = tab->n;
+            ROW(glm_dora_kind(i), l, n, 1, lin[i][1], 1);
+            if (tab->n > before) tab->t[before].decay = 1; /* the Trainer's rule spares biases and norms by name:
+                                                              * this vector decays */
         }
     }
     if (with_head) {

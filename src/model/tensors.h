@@ -22,6 +22,8 @@ typedef enum glm_tkind {
     /* LoRA adapters of a layer's linear modules (config.h glm_peft), peft's names with the
      * .lora_A/.lora_B infix: A [r, in], B [out, r] */
     T_QKV_LA, T_QKV_LB, T_DENSE_LA, T_DENSE_LB, T_FC1_LA, T_FC1_LB, T_FC2_LA, T_FC2_LB,
+    /* DoRA's magnitude vectors of the four modules (.lora_magnitude_vector, peft's name) [out] */
+    T_QKV_LM, T_DENSE_LM, T_FC1_LM, T_FC2_LM,
     /* P-Tuning v2's prefix encoder (transformer.prefix_encoder.*): embedding [P, 2LH], or
      * [P, H] then trans.0 [H, H] + bias, tanh, trans.2 [2LH, H] + bias with prefix_projection */
     T_PREFIX_EMB, T_PREFIX_W1, T_PREFIX_B1, T_PREFIX_W2, T_PREFIX_B2,
@@ -70,7 +72,12 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind);
 /* Whether a kind is a LoRA adapter, a prefix-encoder row, or either: the rows no base
  * checkpoint holds (they exist only in the trainable part). */
-static inline int glm_is_lora(glm_tkind k) { return k >= T_QKV_LA && k <= T_FC2_LB; }
+static inline int glm_is_lora_ab(glm_tkind k) { return k >= T_QKV_LA && k <= T_FC2_LB; }
+static inline int glm_is_dora(glm_tkind k) { return k >= T_QKV_LM && k <= T_FC2_LM; }
+/* the rows of a LoRA adapter file: A and B, and DoRA's magnitudes */
+static inline int glm_is_lora(glm_tkind k) { return glm_is_lora_ab(k) || glm_is_dora(k); }
+/* Which of the four modules an adapter row belongs to. */
+static inline int glm_lora_module(glm_tkind k) { return glm_is_dora(k) ? k - T_QKV_LM : (k - T_QKV_LA) / 2; }
 static inline int glm_is_prefix(glm_tkind k) { return k >= T_PREFIX_EMB && k <= T_PREFIX_B2; }
 static inline int glm_is_extra(glm_tkind k) { return glm_is_lora(k) || glm_is_prefix(k); }
 /* Which of the four linear modules (0 query_key_value .. 3 dense_4h_to_h, the LoRA target
@@ -84,6 +91,7 @@ static inline int glm_is_linear_w(glm_tkind k) { return glm_linear_index(k) >= 0
 int glm_tensor_quantized(const glm_config *c, int layer, glm_tkind kind);
 /* The LoRA kind of target i (0 query_key_value .. 3 dense_4h_to_h): A (b = 0) or B (b = 1). */
 static inline glm_tkind glm_lora_kind(int i, int b) { return (glm_tkind)(T_QKV_LA + 2 * i + b); }
+static inline glm_tkind glm_dora_kind(int i) { return (glm_tkind)(T_QKV_LM + i); }
 /* The trainable tensors of one pipeline stage: layers [l0, l1), the word embedding when
  * with_embed (or when with_head and the head is tied to it), the final norm and lm_head when
  * with_head. Layer numbers stay global; offsets are those of the stage's own flat buffer. */

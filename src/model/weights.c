@@ -54,6 +54,7 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed) {
             int in = t->kind == T_PREFIX_W1 || t->kind == T_PREFIX_B1 ? glm_prefix_emb_width(&m->cfg) : m->cfg.hidden_size;
             float bound = 1.0f / sqrtf((float)in);
             for (size_t j = 0; j < t->numel; j++) host[j] = bound * (2.0f * glm_rng_uniform(&rng) - 1.0f);
+        } else if (glm_is_dora(t->kind)) { /* the row norms of the base: glm_dora_init_magnitudes below */
         } else if ((t->kind - T_QKV_LA) % 2 == 0) { /* LoRA A: kaiming_uniform_(a=sqrt(5)) over fan_in: 1/sqrt(in) */
             float bound = 1.0f / sqrtf((float)t->shape[1]);
             for (size_t j = 0; j < t->numel; j++) host[j] = bound * (2.0f * glm_rng_uniform(&rng) - 1.0f);
@@ -61,6 +62,7 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed) {
         m->be->upload_f32(m->be, glm_at(m->be, m->params, t->offset), host, t->numel);
         free(host);
     }
+    if (m->cfg.peft.use_dora) glm_dora_init_magnitudes(m);
 }
 
 /* A quantized row stored as THUDM's pre-quantized folders hold it: `name` int8 [OC, C] (int4:
@@ -254,6 +256,10 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         /* a tied model takes word_embeddings; a file holding only lm_head serves it too */
         if (t->kind == T_WORD_EMB && m->cfg.tie_word_embeddings && has_head && glm_ckpt_info(&c, wte, NULL, NULL, NULL))
             src = head;
+        char alt[264]; /* DoRA's magnitude as a module's weight (.lora_magnitude_vector.weight), as some tools write it */
+        snprintf(alt, sizeof alt, "%s.weight", name);
+        if (glm_is_dora(t->kind) && glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0 && glm_ckpt_info(&c, alt, NULL, NULL, NULL) == 0)
+            src = alt;
         if (glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0) {
             rc = glm_fail(err, "%s: tensor %s is missing (%s checkpoint)", path, src, glm_ckpt_format(&c));
             if (t->kind == T_LM_HEAD)
@@ -290,6 +296,7 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         rc = check_tied_copy(&c, wte, head, te, &bufs, err);
     free_bufs(&bufs);
     glm_ckpt_close(&c);
+    glm_dora_forget(m);
     return rc;
 }
 

@@ -29,7 +29,7 @@ static int load_shell(srv_adapter *a, int k, glm_backend *be, const glm_config *
     if (glm_adapter_load(s, a->dir, err)) return -1;
     for (int i = 0; i < s->tab.n; i++) {
         const glm_tensor *t = &s->tab.t[i];
-        if (!glm_is_lora(t->kind) || t->layer < 0) continue;
+        if (!glm_is_lora_ab(t->kind) || t->layer < 0) continue;
         int j = t->kind - T_QKV_LA; /* A, B of module 0, then of module 1, ... */
         a->ptr[t->layer][(j % 2) * 4 + j / 2] = glm_at(be, s->params, t->offset);
     }
@@ -55,6 +55,11 @@ int srv_adapter_load(srv_adapter *a, glm_lm lm, const char *name, const char *di
     if (a->peft.kind != GLM_FT_LORA) {
         glm_fail(err, "--adapter %s=%s is a P-Tuning v2 checkpoint: --adapter takes LoRA adapters", name, dir);
         return glm_hint(err, "serve the base with its prefix as the model: --ptuning_checkpoint %s", dir);
+    }
+    if (a->peft.use_dora) { /* its row scales would have to swap with it, per request */
+        glm_fail(err, "--adapter %s=%s is a DoRA adapter (use_dora): serve swaps LoRA adapters per request", name, dir);
+        return glm_hint(err, "merge it into its base (glmtrain merge --model_name_or_path BASE --adapter %s --output_dir OUT) "
+                             "and serve OUT", dir);
     }
     a->peft.lora_dropout = 0; /* inference: no dropout, and no dropout buffer */
     const glm_config *base = lm.pipe ? &lm.pipe->cfg : &lm.m->cfg;

@@ -75,7 +75,7 @@ typedef struct glm_train_args {
     /* what trains (model/config.h glm_peft) */
     char *finetuning_type, *lora_target, *quantization_type;
     int quantization_bit;
-    int lora_rank, use_rslora, num_layer_trainable, pre_seq_len, prefix_projection;
+    int lora_rank, use_rslora, use_dora, num_layer_trainable, pre_seq_len, prefix_projection;
     double lora_alpha, lora_dropout, prefix_dropout, loraplus_lr_ratio;
     double neftune_noise_alpha; /* NEFTune's noise on the embeddings while training (0: none) */
     /* how the run stops early (tests, demos) */

@@ -75,9 +75,11 @@ const glm_flag glm_train_flags[] = {
     C(finetuning_type, "full", "full|lora|ptuning|freeze", "what trains: every weight, LoRA adapters, a P-Tuning v2 prefix, or the last layers"),
     F(lora_rank, ARG_INT, "8", "LoRA: rank r of the adapters"),
     F(lora_alpha, ARG_FLOAT, "0", "LoRA: alpha (scaling alpha/r); 0 = 2 x lora_rank"),
-    F(lora_dropout, ARG_FLOAT, "0.05", "LoRA: dropout on the adapters' input while training"),
+    F(lora_dropout, ARG_FLOAT, "-1", "LoRA: dropout on the adapters' input while training; -1: 0.05, or 0 with --use_dora"),
     F(lora_target, ARG_STR, "query_key_value", "LoRA: comma list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h, or all"),
     F(use_rslora, ARG_BOOL, "false", "LoRA: scaling alpha/sqrt(r) (rank-stabilised LoRA)"),
+    F(use_dora, ARG_BOOL, "false", "LoRA: DoRA (peft's use_dora): a trainable magnitude per output row of each adapted module "
+      "over the row norms of W + s B A; needs --lora_dropout 0"),
     F(loraplus_lr_ratio, ARG_FLOAT, "0", "LoRA+ (LLaMA-Factory's): the lora_B matrices train at this times the learning rate "
       "(16 is common; 0 = off)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train, the rest stays frozen"),
@@ -311,7 +313,6 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
                                   "--finetuning_type full or freeze trains them"},
     {"pissa_init", "false|False|0", "", "PiSSA's initialisation changes what trains, and glmtrain initialises LoRA as peft's default"},
     {"pissa_convert", "false|False|0", "", "PiSSA is not trained here"},
-    {"use_dora", "false|False|0", "", "DoRA's magnitude vectors are not trained here (peft's LoRA is)"},
     {"create_new_adapter", "false|False|0", "", "--adapter_name_or_path trains that adapter on; a fresh one: leave it out"},
     {"resize_vocab", "false|False|0", "", "the tokenizer and the embedding keep the model's vocabulary"},
     {"upcast_layernorm", NULL, "", "glmtrain's norms compute in fp32 whatever the storage"},
@@ -403,6 +404,8 @@ int glm_train_resolve_args(glm_train_args *a, glm_err *err) {
         a->finetuning_type = glm_strdup(kind);
     }
     if (a->use_cpu) { free(a->device); a->device = glm_strdup("cpu"); }
+    /* peft's and LLaMA-Factory's DoRA default has no dropout (DoRA here takes none) */
+    if (a->lora_dropout == -1) a->lora_dropout = a->use_dora ? 0.0 : 0.05;
     /* THUDM's evaluate.sh: --do_predict without training data predicts alone (the Trainer's
      * do_train is false unless given; glmtrain's default is true for training scripts) */
     if (a->do_predict && !a->train_file && !a->dataset) a->do_train = 0;

@@ -3,7 +3,7 @@
  *   tool_model_driver --model DIR --batch FILE.json --out OUT.safetensors [--steps K] [--lr F]
  *     [--weight_decay F] [--beta1 F] [--beta2 F] [--eps F] [--max_grad_norm F] [--gradient_checkpointing [selective]]
  *     [--finetuning_type full|lora|freeze] [--lora_rank R] [--lora_alpha F (0 = 2R)] [--lora_target LIST]
- *     [--use_rslora] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--adapter DIR_OR_FILE] [--adapter_seed S]
+ *     [--use_rslora] [--use_dora] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--adapter DIR_OR_FILE] [--adapter_seed S]
  *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
  *     [--quantization_bit 4|8] [--quantization_type int|nf4]  (the frozen linear weights quantized)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
@@ -80,6 +80,7 @@ int main(int argc, char **argv) {
     const char *model = NULL, *batch_path = NULL, *out = NULL;
     const char *ft = "full", *targets = "query_key_value", *adapter = NULL, *qtype = NULL;
     int qbits = 0;
+    int dora = 0;
     int steps = 0, ckpt = 0, rank = 8, rslora = 0, n_trainable = 2, pre_seq_len = 0, projection = 0;
     float alpha = 0.0f, loraplus = 0.0f;
     unsigned long long adapter_seed = 1;
@@ -104,6 +105,7 @@ int main(int argc, char **argv) {
         else if (ARG("--lora_alpha")) alpha = strtof(v, NULL);
         else if (ARG("--lora_target")) targets = v;
         else if (strcmp(a, "--use_rslora") == 0) rslora = 1;
+        else if (strcmp(a, "--use_dora") == 0) dora = 1;
         else if (ARG("--loraplus_lr_ratio")) loraplus = strtof(v, NULL);
         else if (ARG("--num_layer_trainable")) n_trainable = atoi(v);
         else if (ARG("--adapter")) adapter = v;
@@ -122,7 +124,7 @@ int main(int argc, char **argv) {
     /* what trains decides the table, so it is set before glm_model_init */
     if (strcmp(ft, "lora") == 0) {
         c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = rank, .lora_alpha = alpha > 0 ? alpha : 2.0f * rank,
-                            .use_rslora = rslora, .loraplus_lr_ratio = loraplus};
+                            .use_rslora = rslora, .use_dora = dora, .loraplus_lr_ratio = loraplus};
         if (glm_lora_targets_parse(targets, &c.peft.lora_targets, &err)) return die(&err);
     } else if (strcmp(ft, "freeze") == 0) {
         c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n_trainable};

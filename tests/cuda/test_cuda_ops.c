@@ -10,6 +10,7 @@
  * --quant: the quantized-weight ops only. GLM_QUANT_BENCH=1: afterwards, the bandwidth of
  * dequantize and of the decode GEMV on ChatGLM-6B's shapes, bf16, against cuBLAS's bf16 GEMV;
  * GLM_ADAM8_BENCH=1: the time of adamw8 and adamw on 2^28 bf16 parameters) */
+#include <math.h>
 #include <stdlib.h>
 #include "backend/cpu/cpu_adam8.h"
 #include "backend/cpu/cpu_ops.h"
@@ -242,6 +243,53 @@ static void t_lora(ctx *c, int N, int C, int r) {
     }
     be->free(be, dx_); be->free(be, da_); be->free(be, ddt); be->free(be, dt_out);
     float *hs[] = {x, a, dt, da0, dx0, u, tref, du};
+    for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
+}
+
+/* DoRA: the row norms of W + s B A, the row scale with and without bias and residual (and in
+ * place over the residual), and its backward (dz, and dmag accumulated onto a start value) */
+static void t_dora(ctx *c, int N, int C, int OC, int r) {
+    glm_backend *be = c->be;
+    char name[128];
+    size_t nw = (size_t)OC * C, nz = (size_t)N * OC;
+    float *w = rnd(&c->rng, c->dt, nw, 0.05f), *a = rnd(&c->rng, c->dt, (size_t)r * C, 0.1f);
+    float *b = rnd(&c->rng, c->dt, (size_t)OC * r, 0.1f), *z = rnd(&c->rng, c->dt, nz, 1.0f);
+    float *mag = rnd(&c->rng, c->dt, OC, 1.0f), *bias = rnd(&c->rng, c->dt, OC, 0.1f);
+    float *res = rnd(&c->rng, c->dt, nz, 1.0f), *dout = rnd(&c->rng, c->dt, nz, 1.0f), *dm0 = rnd(&c->rng, c->dt, OC, 0.1f);
+    for (int j = 0; j < OC; j++) mag[j] = 1.0f + fabsf(mag[j]);
+    float *n = malloc(sizeof(float) * OC), *ref = malloc(sizeof(float) * nz), *rdm = fcopy(dm0, OC);
+    void *dw = up_s(be, w, nw), *da = up_s(be, a, (size_t)r * C), *db = up_s(be, b, (size_t)OC * r);
+    void *dz = up_s(be, z, nz), *dmag = up_s(be, mag, OC), *dbias = up_s(be, bias, OC), *dres = up_s(be, res, nz);
+    void *ddout = up_s(be, dout, nz), *ddm = up_s(be, dm0, OC), *dout_ = be->alloc(be, nz * glm_dtype_size(c->dt));
+    float *dn = be->alloc(be, sizeof(float) * OC);
+    cpu_dora_norm(n, w, a, b, 1.5f, OC, C, r);
+    be->dora_norm(be, dn, dw, da, db, 1.5f, OC, C, r);
+    float *got = down_f(be, dn, OC);
+    check_close(c->tc, NAME("dora_norm_%s_%dx%dx%d", c->tag, OC, C, r), got, n, OC, 1e-5); /* float on both sides */
+    free(got);
+    be->upload(be, dn, n, sizeof(float) * OC); /* the same norms for the rest */
+    for (int k = 0; k < 3; k++) { /* plain; bias + residual; bias + residual in place over it */
+        int with = k > 0, inplace = k == 2;
+        cpu_dora_scale(ref, z, mag, n, with ? bias : NULL, with ? res : NULL, 7.48331f, N, OC);
+        if (inplace) be->copy(be, dout_, dres, nz * glm_dtype_size(c->dt));
+        else poison(be, dout_, nz, 0);
+        be->dora_scale(be, dout_, dz, dmag, dn, with ? dbias : NULL, inplace ? dout_ : with ? dres : NULL, 7.48331f, N, OC);
+        got = down_s(be, dout_, nz);
+        check_close(c->tc, NAME("dora_scale_%d_%s_%dx%d", k, c->tag, N, OC), got, ref, nz, tol(c, 1e-5, 1e-2, 2e-3));
+        free(got);
+    }
+    cpu_dora_bwd(ref, rdm, dout, z, mag, n, N, OC);
+    poison(be, dout_, nz, 0);
+    be->dora_bwd(be, dout_, ddm, ddout, dz, dmag, dn, N, OC);
+    got = down_s(be, dout_, nz);
+    check_close(c->tc, NAME("dora_bwd_dz_%s_%dx%d", c->tag, N, OC), got, ref, nz, tol(c, 1e-5, 1e-2, 2e-3));
+    free(got);
+    got = down_s(be, ddm, OC);
+    check_close(c->tc, NAME("dora_bwd_dmag_%s_%dx%d", c->tag, N, OC), got, rdm, OC, tol(c, 1e-4, 1e-2, 4e-3));
+    free(got);
+    void *dv[] = {dw, da, db, dz, dmag, dbias, dres, ddout, ddm, dout_, dn};
+    for (size_t i = 0; i < sizeof dv / sizeof *dv; i++) be->free(be, dv[i]);
+    float *hs[] = {w, a, b, z, mag, bias, res, dout, dm0, n, ref, rdm};
     for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
 }
 
@@ -1230,6 +1278,9 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_lora(c, 5, 20, 8);       /* a row not in 16-byte packs: not taken */
         t_lora(c, 9, 64, 24);      /* rank above 16: not taken */
         if (!quick) t_lora(c, 2048, 4096, 8);
+        t_dora(c, 37, 64, 96, 4);
+        t_dora(c, 5, 1000, 33, 7);    /* columns past a block of 32, odd rank */
+        if (!quick) t_dora(c, 1024, 4096, 12288, 8); /* ChatGLM-6B's query_key_value */
         t_embedding(c, 37, 64, 20);
         if (!quick) t_embedding(c, 1024, 4096, 3000);
         t_layernorm(c, 5, 32);

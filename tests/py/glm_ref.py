@@ -289,11 +289,21 @@ def linear(p, module, x, lora=None):
     """One of the layer's four linear modules (module: "attention.query_key_value", ...).
     lora = (adapters of this layer {"<module>.lora_A.weight": A [r, in], ".lora_B.weight":
     B [out, r]}, scaling): a module with an adapter adds scaling * B A x, in peft's LoraLayer
-    order (lora_B(lora_A(x)) * scaling; dropout 0)."""
-    out = F.linear(x, p[module + ".weight"], p[module + ".bias"])
+    order (lora_B(lora_A(x)) * scaling; dropout 0). With "<module>.lora_magnitude_vector" m [out]
+    too, DoRA as peft's (0.10's LoraLayer._apply_dora, 0.13's DoraLinearLayer): c = m / ||W + s B A||
+    per output row (the norm detached), out = base + (c - 1) W x + c s B A x."""
+    W = p[module + ".weight"]
+    out = F.linear(x, W, p[module + ".bias"])
     if lora is not None and module + ".lora_A.weight" in lora[0]:
         ad, scaling = lora
-        out = out + F.linear(F.linear(x, ad[module + ".lora_A.weight"]), ad[module + ".lora_B.weight"]) * scaling
+        A, B = ad[module + ".lora_A.weight"], ad[module + ".lora_B.weight"]
+        lora_out = F.linear(F.linear(x, A), B)
+        mag = ad.get(module + ".lora_magnitude_vector")
+        if mag is None:
+            return out + lora_out * scaling
+        norm = torch.linalg.norm(W + scaling * (B @ A), dim=1).detach()
+        c = (mag / norm).view(1, -1)
+        out = out + (c - 1) * F.linear(x, W) + c * lora_out * scaling
     return out
 
 
@@ -382,13 +392,17 @@ def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_ma
 # Optimizer, as glmtrain intends it
 
 def decay_groups(named_params, weight_decay, lr=None, loraplus_lr_ratio=0.0):
-    """Two AdamW groups: weight_decay for tensors with ndim >= 2, 0.0 for biases / LayerNorm. With
+    """Two AdamW groups: weight_decay for tensors with ndim >= 2 and DoRA's magnitudes (the
+    Trainer spares biases and norms by name, not by shape), 0.0 for biases / LayerNorm. With
     loraplus_lr_ratio, LLaMA-Factory's LoRA+ groups (_create_loraplus_optimizer): the lora_B
     tensors in a group of their own at lr * ratio."""
     plus = loraplus_lr_ratio > 0
+
+    def decays(n, p):
+        return p.ndim >= 2 or "lora_magnitude_vector" in n
     b = [p for n, p in named_params if plus and "lora_B" in n]
-    decay = [p for n, p in named_params if p.ndim >= 2 and not (plus and "lora_B" in n)]
-    no_decay = [p for _, p in named_params if p.ndim < 2]
+    decay = [p for n, p in named_params if decays(n, p) and not (plus and "lora_B" in n)]
+    no_decay = [p for n, p in named_params if not decays(n, p)]
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     if plus:

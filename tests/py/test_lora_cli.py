@@ -181,7 +181,7 @@ def main():
         for name, edit, extra, want in [
                 ("modules_to_save", {"modules_to_save": ["lm_head"]}, head, "modules_to_save"),
                 ("extra_tensor", {}, head, "base_model.model.lm_head.weight"),
-                ("dora", {"use_dora": True}, mag, "DoRA"),
+                ("dora_without_magnitudes", {"use_dora": True}, None, "lora_magnitude_vector"),
                 ("dora_tensors_only", {}, mag, "DoRA"),
                 ("lora_bias", {"lora_bias": True}, None, "lora_bias"),
                 ("layers_to_transform", {"layers_to_transform": [1]}, None, "layers_to_transform"),

@@ -42,7 +42,7 @@ def more_trainer_settings(sh):
     said = [quiet[i][2:] for i in range(0, len(quiet), 2) if ("%s is not used" % quiet[i]) in p.stderr]
     report("newer_trainer_settings_left_alone", p.returncode == 0 and len(said) == len(quiet) // 2, "%s %s" % (said, p.stderr[-300:]))
     # LLaMA-Factory's arguments (its webui's commands): left alone, passed on under glmtrain's names, or refused
-    lf = ["--upcast_layernorm", "true", "--print_param_status", "true", "--double_quantization", "true", "--use_dora", "false",
+    lf = ["--upcast_layernorm", "true", "--print_param_status", "true", "--double_quantization", "true",
           "--mix_strategy", "concat", "--enable_thinking", "true"]
     p = subprocess.run([GLM, "train"] + sh + lf + ["--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
     said = [lf[i][2:] for i in range(0, len(lf), 2) if ("%s is not used" % lf[i]) in p.stderr]
@@ -52,7 +52,7 @@ def more_trainer_settings(sh):
     report("llamafactory_names_set_flags", p.returncode == 0 and re.search(r'"num_layer_trainable":\s*1,', p.stderr)
            and re.search(r'"packing":\s*true', p.stderr), p.stderr[-300:])
     for name, extra, want in (("additional_target", ["--additional_target", "lm_head"], "modules_to_save"),
-                              ("use_dora", ["--use_dora", "true"], "DoRA"),
+                              ("use_dora_without_lora", ["--use_dora", "true"], "DoRA is a form of LoRA"),
                               ("mask_history_without_cutoff_len", ["--mask_history", "true"], "needs --cutoff_len"),
                               ("double_quantization_off", ["--double_quantization", "false"], "always quantizes the blocks' scales"),
                               ("freeze_first_layers", ["--finetuning_type", "freeze", "--freeze_trainable_layers", "-2"],

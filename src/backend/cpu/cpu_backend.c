@@ -93,6 +93,17 @@ static void pkv_bwd(glm_backend *be, void *dqkv, void *dpkv, const void *dkv, in
                     int NH, int HD, float p, uint64_t seed) {
     cpu_prefix_kv_bwd(dqkv, dpkv, dkv, layer, L, B, T, P, NH, HD, p, seed);
 }
+static void d_norm(glm_backend *be, float *n, const void *w, const void *a, const void *b, float s, int OC, int C, int r) {
+    cpu_dora_norm(n, w, a, b, s, OC, C, r);
+}
+static void d_scale(glm_backend *be, void *out, const void *z, const void *mag, const float *n, const void *bias,
+                    const void *res, float rs, int N, int OC) {
+    cpu_dora_scale(out, z, mag, n, bias, res, rs, N, OC);
+}
+static void d_bwd(glm_backend *be, void *dz, void *dmag, const void *dout, const void *z, const void *mag, const float *n,
+                  int N, int OC) {
+    cpu_dora_bwd(dz, dmag, dout, z, mag, n, N, OC);
+}
 static void th_fwd(glm_backend *be, void *out, const void *x, size_t n) { cpu_tanh_fwd(out, x, n); }
 static void th_bwd(glm_backend *be, void *dx, const void *out, const void *dout, size_t n) { cpu_tanh_bwd(dx, out, dout, n); }
 static void deq(glm_backend *be, void *w, const void *q, int t, int OC, int C) { cpu_dequantize(w, q, t, OC, C); }
@@ -142,6 +153,7 @@ glm_backend *glm_backend_cpu(void) {
         .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk, .noise_add = noise,
         .cross_entropy = ce, .argmax_rows = amax, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw, .adamw8 = adamw8,
         .prefix_kv = pkv_fwd, .prefix_kv_bwd = pkv_bwd, .tanh_fwd = th_fwd, .tanh_bwd = th_bwd,
+        .dora_norm = d_norm, .dora_scale = d_scale, .dora_bwd = d_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,
         .rmsnorm_fwd = rms_fwd, .rmsnorm_bwd = rms_bwd, .swiglu_fwd = sw_fwd, .swiglu_bwd = sw_bwd, .rope_pairs = rope2,
         .destroy = cpu_destroy,

@@ -275,6 +275,24 @@ static void cu_noise_add(glm_backend *be, void *x, size_t n, float mag, uint64_t
     glmk_noise_add(be->dtype, x, n, mag, seed, IM(be)->st);
     glm_cuda_op_done(be, "noise_add");
 }
+static void cu_dora_norm(glm_backend *be, float *n, const void *w, const void *a, const void *b, float scale, int OC, int C,
+                         int r) {
+    glm_cuda_prof(be, GLM_PROF_OTHER, "dora_norm");
+    glmk_dora_norm(be->dtype, n, w, a, b, scale, OC, C, r, IM(be)->st);
+    glm_cuda_op_done(be, "dora_norm");
+}
+static void cu_dora_scale(glm_backend *be, void *out, const void *z, const void *mag, const float *n, const void *bias,
+                          const void *res, float res_scale, int N, int OC) {
+    glm_cuda_prof(be, GLM_PROF_OTHER, "dora_scale");
+    glmk_dora_scale(be->dtype, out, z, mag, n, bias, res, res_scale, N, OC, IM(be)->st);
+    glm_cuda_op_done(be, "dora_scale");
+}
+static void cu_dora_bwd(glm_backend *be, void *dz, void *dmag, const void *dout, const void *z, const void *mag,
+                        const float *n, int N, int OC) {
+    glm_cuda_prof(be, GLM_PROF_OTHER, "dora_bwd");
+    glmk_dora_bwd(be->dtype, dz, dmag, dout, z, mag, n, N, OC, IM(be)->st);
+    glm_cuda_op_done(be, "dora_bwd");
+}
 static int cu_lora_down(glm_backend *be, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,
                         uint64_t seed) {
     glm_cuda_prof(be, GLM_PROF_GEMM, "lora_down");
@@ -538,6 +556,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .rmsnorm_fwd = cu_rms_fwd, .rmsnorm_bwd = cu_rms_bwd, .rmsnorm_bwd_add = cu_rms_bwd_add, .swiglu_fwd = cu_swiglu_fwd, .swiglu_bwd = cu_swiglu_bwd,
         .rope_pairs = cu_rope_pairs, .copy_rows = cu_copy_rows, .attention_fwd = cu_attn_fwd,
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale, .noise_add = cu_noise_add,
+        .dora_norm = cu_dora_norm, .dora_scale = cu_dora_scale, .dora_bwd = cu_dora_bwd,
         .lora_down = cu_lora_down, .lora_down_bwd = cu_lora_down_bwd,
         .cross_entropy = cu_ce, .argmax_rows = cu_argmax, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,

@@ -33,6 +33,14 @@ void glmk_scale_add(glm_dtype dt, void *out, float alpha, const void *x, const v
 void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n, float scale, float p, uint64_t seed,
                      cudaStream_t st);
 void glmk_noise_add(glm_dtype dt, void *x, size_t n, float mag, uint64_t seed, cudaStream_t st);
+/* ---- DoRA's row norms, row scale and its backward (k_dora.cu) ---- */
+void glmk_dora_norm(glm_dtype dt, float *n, const void *w, const void *a, const void *b, float scale, int OC, int C, int r,
+                    cudaStream_t st);
+void glmk_dora_scale(glm_dtype dt, void *out, const void *z, const void *mag, const float *n, const void *bias,
+                     const void *res, float res_scale, int N, int OC, cudaStream_t st);
+void glmk_dora_bwd(glm_dtype dt, void *dz, void *dmag, const void *dout, const void *z, const void *mag, const float *n,
+                   int N, int OC, cudaStream_t st);
+
 /* ---- LoRA's down-projection with its dropout (k_lora.cu): 1 when done, 0 for shapes they do not
  * take (rank above 16, rows not in 16-byte packs); scratch: glmk_lora_down_bwd_scratch floats ---- */
 int glmk_lora_down(glm_dtype dt, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,
