@@ -198,8 +198,9 @@ class LoraLinear(nn.Module):
     base weight is stored quantized (qweight int8, qscale fp16 buffers) and used by QuantLinearFn,
     computing in dtype (bf16; fp32 in --selfcheck)."""
 
-    def __init__(self, inp, out, dev, dtype, r=0, alpha=16.0, dropout=0.05, bias=True, bits=0, eager=False):
+    def __init__(self, inp, out, dev, dtype, r=0, alpha=16.0, dropout=0.05, bias=True, bits=0, eager=False, dora=False):
         super().__init__()
+        self.dora = dora and r > 0
         self.bits, self.eager, self.cdtype, self.n_base = bits, eager, dtype, out * inp
         if bits:
             w = torch.empty((out, inp), device=dev, dtype=dtype).normal_(0.0, 0.02)  # as frozen(): the same stream
@@ -218,6 +219,9 @@ class LoraLinear(nn.Module):
             nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
             self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
             self.scaling = alpha / r
+            if self.dora:  # peft's lora_magnitude_vector: the base's row norms (B = 0)
+                base = self.weight if self.weight is not None else self.dequantized(dtype)
+                self.magnitude = nn.Parameter(base.float().norm(dim=1))
 
     def dequantized(self, dtype):
         return dequantize(self.qweight, self.qscale, self.bits, dtype)
@@ -228,6 +232,16 @@ class LoraLinear(nn.Module):
                 x, self.qweight, self.qscale, self.bias, self.bits, self.cdtype)
         else:
             y = F.linear(x, self.weight, self.bias)
+        if self.r > 0 and self.dora:
+            # peft >= 0.12's DoraLinearLayer without dropout: the base result reused, the norm of
+            # W + s B A detached, (c - 1) base + c s B A x added
+            lora = F.linear(F.linear(self.drop(x), self.lora_A), self.lora_B)
+            with torch.no_grad():
+                w = self.weight if self.weight is not None else self.dequantized(self.cdtype)
+                norm = (w.float() + self.scaling * (self.lora_B @ self.lora_A)).norm(dim=1)
+            c = self.magnitude / norm
+            base = y - self.bias if self.bias is not None else y
+            return (y + (c - 1) * base + c * lora * self.scaling).to(y.dtype)  # peft's result.to(torch_result_dtype)
         if self.r > 0:
             y = y + F.linear(F.linear(self.drop(x), self.lora_A), self.lora_B) * self.scaling
         return y
@@ -252,13 +266,13 @@ class Block(nn.Module):
     go in front of the rotated keys and values of every row, after prefix dropout (per batch row,
     training only); the mask then has P + T columns."""
 
-    def __init__(self, dev, dtype, r, alpha, dropout, targets, bits=0, eager=False, prefix_dropout=0.0):
+    def __init__(self, dev, dtype, r, alpha, dropout, targets, bits=0, eager=False, prefix_dropout=0.0, dora=False):
         super().__init__()
         H, FF = PB.H, PB.FF
         self.prefix_dropout = prefix_dropout
 
         def lin(name, i, o):
-            return LoraLinear(i, o, dev, dtype, r if name in targets else 0, alpha, dropout, bits=bits, eager=eager)
+            return LoraLinear(i, o, dev, dtype, r if name in targets else 0, alpha, dropout, bits=bits, eager=eager, dora=dora)
 
         self.ln1 = FrozenLN(H, dev, dtype)
         self.qkv = lin("qkv", H, 3 * H)
@@ -296,11 +310,11 @@ class GLMLora(nn.Module):
     base so the base's random stream is the LoRA runs'."""
 
     def __init__(self, layers, dev, dtype, r, alpha, dropout, targets, bits=0, eager=False,
-                 pre_seq_len=0, prefix_dropout=0.1):
+                 pre_seq_len=0, prefix_dropout=0.1, dora=False):
         super().__init__()
         assert not (r > 0 and pre_seq_len > 0), "LoRA and P-Tuning exclude each other"
         self.wte = frozen((PB.V, PB.H), dev, dtype, std=0.02)
-        self.blocks = nn.ModuleList(Block(dev, dtype, r, alpha, dropout, targets, bits, eager, prefix_dropout)
+        self.blocks = nn.ModuleList(Block(dev, dtype, r, alpha, dropout, targets, bits, eager, prefix_dropout, dora)
                                     for _ in range(layers))
         self.lnf = FrozenLN(PB.H, dev, dtype)
         self.head = frozen((PB.V, PB.H), dev, dtype, std=0.02)
@@ -414,7 +428,7 @@ def bench_run(a, run, dev, dtype, alpha, targets, cuda):
     torch.manual_seed(0)
     bits = QBITS[a.base_quant]
     model = GLMLora(a.layers, dev, dtype, a.lora, alpha, a.lora_dropout, targets, bits, a.quant_eager,
-                    a.ptuning, a.prefix_dropout)
+                    a.ptuning, a.prefix_dropout, a.dora)
     model.ckpt = ck
     if a.freeze:  # LLaMA-Factory's freeze: every tensor of the last N layers trains, upcast to fp32
         for blk in model.blocks[-a.freeze:]:
@@ -459,7 +473,7 @@ def bench_run(a, run, dev, dtype, alpha, targets, cuda):
     mfu = tok * flops_tok / 989e12
     # the fine-tuning kind as bench_train names it (its "ft" field and label suffix)
     ft = (f"ptuning{a.ptuning}" if a.ptuning else f"freeze{a.freeze}" if a.freeze
-          else f"lora{a.lora}{'' if a.lora_target == 'qkv' else a.lora_target}")
+          else f"{'dora' if a.dora else 'lora'}{a.lora}{'' if a.lora_target == 'qkv' else a.lora_target}")
     if a.ptuning:
         assert n_train == a.ptuning * 2 * a.layers * PB.H, n_train
     if a.profile and cuda:
@@ -708,6 +722,7 @@ def main():
     ap.add_argument("--lora_target", default="qkv", choices=sorted(TARGETS))
     ap.add_argument("--lora_alpha", type=float, default=0.0, help="default 2r")
     ap.add_argument("--lora_dropout", type=float, default=0.05)
+    ap.add_argument("--dora", action="store_true", help="DoRA as peft >= 0.12 computes it without dropout (needs --lora_dropout 0)")
     ap.add_argument("--ptuning", type=int, default=0, metavar="P",
                     help="P-Tuning v2 (THUDM, no prefix_projection) with pre_seq_len P instead of LoRA")
     ap.add_argument("--freeze", type=int, default=0, metavar="N",
@@ -731,6 +746,8 @@ def main():
         ap.error("--ptuning and --lora exclude each other")
     if a.ptuning < 0 or not 0 <= a.prefix_dropout < 1:
         ap.error("--ptuning must be >= 0 and --prefix_dropout in [0, 1)")
+    if a.dora and a.lora_dropout > 0:
+        ap.error("--dora needs --lora_dropout 0 (peft's reuse of the base result, as glmtrain's DoRA)")
     if a.freeze and (a.ptuning or a.lora is not None or a.base_quant != "none"):
         ap.error("--freeze excludes --lora, --ptuning and --base_quant")
     if not 0 <= a.freeze <= a.layers:
@@ -760,7 +777,7 @@ def main():
     peft = (f"P-Tuning v2 pre_seq_len={a.ptuning} prefix dropout={a.prefix_dropout:g} "
             f"({a.ptuning * 2 * a.layers * PB.H} trainable)" if a.ptuning else
             f"freeze: the last {a.freeze} layers train" if a.freeze else
-            f"LoRA r={a.lora} alpha={alpha:g} dropout={a.lora_dropout:g} on {','.join(targets)}")
+            f"{'DoRA' if a.dora else 'LoRA'} r={a.lora} alpha={alpha:g} dropout={a.lora_dropout:g} on {','.join(targets)}")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if cuda else 'CPU'}: {peft}, base "
           f"{'bf16' if a.base_quant == 'none' else a.base_quant + ' (qkv,dense,fc1,fc2)'}"
           f"{' eager' if a.base_quant != 'none' and a.quant_eager and not a.no_compile else ''}", flush=True)

@@ -90,15 +90,19 @@ void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, in
     init_common(m, c, be, l0, l1, first, last, 1);
 }
 
-void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be) {
+void glm_model_init_staged(glm_model *m, const glm_config *c, glm_backend *be) {
     init_common(m, c, be, 0, c->num_layers, 1, 1, 0);
 }
 
-void glm_model_init_staged(glm_model *m, const glm_config *c, glm_backend *be) { glm_model_init_inference(m, c, be); }
+void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be) {
+    glm_model_init_staged(m, c, be);
+    m->weights_fixed = 1;
+}
 
 void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first,
                                     int last) {
     init_common(m, c, be, l0, l1, first, last, 0);
+    m->weights_fixed = 1;
 }
 
 /* The rows that open a unit (the embedding, a layer, the final norm with the head): the

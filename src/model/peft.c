@@ -108,8 +108,9 @@ void glm_dora_forget(glm_model *m) {
     for (int k = 0; k < (m->layer_hi - m->layer_lo) * 4; k++) m->dora_fresh[k] = 0;
 }
 
-/* Module (l, i)'s row norms [OC]: computed in every training forward (the optimizer moved the
- * weights since the last), and once for inference until the weights are loaded again. */
+/* Module (l, i)'s row norms [OC]: computed in every forward of a model that trains (the
+ * optimizer may have moved the weights since the last), and once for a model made for inference
+ * until its weights are loaded again. */
 static const float *dora_norms(glm_model *m, int l, int i, const void *w, int C, int OC) {
     glm_backend *be = m->be;
     size_t D = glm_dora_out_width(&m->cfg), slots = (size_t)(m->layer_hi - m->layer_lo) * 4;
@@ -119,11 +120,11 @@ static const float *dora_norms(glm_model *m, int l, int i, const void *w, int C,
     }
     size_t slot = (size_t)(l - m->layer_lo) * 4 + i;
     float *n = m->dora_n + slot * D;
-    if (m->training || !m->dora_fresh[slot]) {
+    if (!m->weights_fixed || m->training || !m->dora_fresh[slot]) {
         const glm_layer_ptrs *p = &m->w.layer[l];
         be->dora_norm(be, n, linear_weight(m, l, i, w, C, OC), p->lora_a[i], p->lora_b[i], glm_lora_scaling(&m->cfg.peft),
                       OC, C, m->cfg.peft.lora_rank);
-        m->dora_fresh[slot] = !m->training;
+        m->dora_fresh[slot] = m->weights_fixed && !m->training;
     }
     return n;
 }

@@ -326,6 +326,18 @@ def train_checks(tmp):
         e = V.rel(ml, want)
         report("merge_dora_weights_and_logits", worst < TOL and e < TOL,
                "merged tensors worst rel %.1e; its logits vs the adapter's rel %.1e" % (worst, e))
+        # generate: the adapter (its norms computed once, kept over the decoding steps) and the
+        # merged model answer the same tokens
+        tok = flags[flags.index("--tokenizer_name") + 1]
+        outs = []
+        for extra in (["--model_name_or_path", base, "--adapter", out], ["--model_name_or_path", mdir]):
+            g = subprocess.run([T.GLM, "generate", "--tokenizer_name", tok, "--prompt", "hello world", "--max_new_tokens",
+                                "12", "--device", "cpu"] + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=300)
+            outs.append((g.returncode, g.stdout.decode(errors="replace"), g.stderr.decode(errors="replace")[-300:]))
+        report("generate_dora_adapter_equals_merged", outs[0][0] == 0 and outs[0][:2] == outs[1][:2] and outs[0][1].strip(),
+               "both answer %r" % outs[0][1].strip()[:80] if outs[0][:2] == outs[1][:2] else "%r vs %r (%s)" % (
+                   outs[0][1][:80], outs[1][1][:80], outs[0][2]))
     # resume: checkpoint-3 + 3 steps == 6 steps, bit for bit
     res = os.path.join(d, "dora-resumed")
     os.makedirs(res)
@@ -337,6 +349,22 @@ def train_checks(tmp):
     fb = open(os.path.join(res, "adapter_model.safetensors"), "rb").read()
     report("train_dora_resume_bit_exact", same_l and fa == fb, "steps 4-6 losses %s, adapter files %s" % (
         "identical" if same_l else "%s vs %s" % (la, lb), "byte-identical" if fa == fb else "differ"))
+    # 2 CPU ranks (ZeRO 1, and 3: the magnitudes gathered with their layer) == 1 rank
+    why = T.parallel_missing()
+    if why:
+        skip("train_dora_2ranks", why)
+        return
+    i = dora.index("--per_device_train_batch_size")
+    two_flags = dora[:i] + dora[i + 2:]
+    want_a = load_file(os.path.join(out, "adapter_model.safetensors"))
+    for zero in (1, 3):
+        two = os.path.join(d, "dora-2ranks-z%d" % zero)
+        M.run(flags + two_flags + ["--per_device_train_batch_size", "2", "--zero_stage", str(zero), "--output_dir", two], np=2)
+        err, n = M.rel(M.losses(two, 6), la)
+        got_a = load_file(os.path.join(two, "adapter_model.safetensors"))
+        ae = max(V.rel(got_a[k], want_a[k]) if k in got_a else float("inf") for k in want_a)
+        report("train_dora_2ranks_zero%d_matches_1rank" % zero, n == 6 and err < 1e-6 and ae < TOL,
+               "losses max rel %.1e over %d steps, adapters max rel %.1e" % (err, n, ae))
 
 
 def main():

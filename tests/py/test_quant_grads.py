@@ -6,7 +6,7 @@ The C model through $GLM_BUILD/tests/tool_model_driver with --quantization_bit 8
 against glm_ref computing with the DEQUANTIZED weights, where the quantization is
 tests/py/quant_ref.py's PyTorch re-implementation of THUDM's quantize() and of bitsandbytes' NF4
 (not the C code's): the loss, every trainable gradient, the gradient norm and 2 AdamW steps of
-LoRA (two target sets), P-Tuning v2 (with and without the projection) and freeze, within 1e-5
+LoRA (two target sets; DoRA on all four), P-Tuning v2 (with and without the projection) and freeze, within 1e-5
 relative. Batches of more than 16 tokens take the dequantize-then-GEMM path; a batch of at most
 16 tokens takes qmatmul_fwd (the decoding product). Each case also requires quantization to
 matter: the reference on the float weights differs from the one on the dequantized weights (the
@@ -76,11 +76,14 @@ def case(tmp, ci, name, kind, qtype, lengths, shape=(2, 64, 4, 128), tied=True):
     from safetensors.torch import save_file
     if kind["ft"] == "lora":
         adapters = glm_ref.init_lora(cfg, kind["r"], kind["targets"], seed=1100 + ci)
+        if kind.get("dora"):  # DoRA: its row norms from the dequantized weights (peft's dequantize_module_weight)
+            import test_dora as D
+            adapters = D.with_magnitudes(params, adapters, 1300 + ci)
         path = os.path.join(tmp, name + ".adapter.safetensors")
         save_file(adapters, path)
         scaling = glm_ref.lora_scaling(2.0 * kind["r"], kind["r"], False)
         flags = ["--finetuning_type", "lora", "--lora_rank", str(kind["r"]), "--lora_target", ",".join(kind["targets"]),
-                 "--adapter", path]
+                 "--adapter", path] + (["--use_dora"] if kind.get("dora") else [])
         frozen_layers = range(layers)
         run = lambda p: glm_ref.train_peft(cfg, p, ids, labels, list(adapters), adapters, scaling, **OPTS)  # noqa: E731
     elif kind["ft"] == "ptuning":
@@ -144,13 +147,15 @@ def main():
         small = [(1, 1), (1, 1)]          # 2 rows of 4 tokens: 8, the decoding product (<= 8 rows for every type)
         lora_qkv = dict(ft="lora", r=4, targets=["query_key_value"])
         lora_all = dict(ft="lora", r=2, targets=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])
+        dora_all = dict(lora_all, dora=True)
         ci = 0
         for qtype in ("8", "4", "nf4"):
             for tag, kind, lengths in (("lora_qkv", lora_qkv, big), ("lora_all", lora_all, big),
                                        ("lora_all_small", lora_all, small),
                                        ("ptuning_proj", dict(ft="ptuning", P=3, projection=True), big),
                                        ("ptuning_emb_small", dict(ft="ptuning", P=2, projection=False), small),
-                                       ("freeze", dict(ft="freeze", n=1), big)):
+                                       ("freeze", dict(ft="freeze", n=1), big),
+                                       ("dora_all", dora_all, big), ("dora_all_small", dora_all, small)):
                 ci += 1
                 qn = "int" + qtype if qtype != "nf4" else "nf4"
                 case(tmp, ci, "quant_%s_%s" % (qn, tag), kind, qtype, lengths)
