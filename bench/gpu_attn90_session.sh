@@ -12,6 +12,7 @@
 #   train   bench_train W1 (512x8) and W2 (2048x2) full fine-tuning with --detail (the per-op profile)
 #   train-mma  the same two runs on the mma.sync attention (GLM_CUDA_ATTN=mma), without --detail
 #   lora    bench_train LoRA r=8 W1 and W2 (wgmma)
+#   dora, torch-dora   DoRA r=8 on query_key_value at W1: bench_train --dora, bench/pytorch_lora.py --dora
 #   model   test_cuda_model alone (the model on CUDA against the CPU)
 #   vary    W1 LoRA r=8 and W1 full with --vary_prompts (each step its own supervised count, as
 #           real data), then W1 LoRA with fixed prompts; each also with $B/bench_train_before
@@ -90,6 +91,9 @@ for mode in "${@:-check attn}"; do
         grep -A45 "per-op" "$OUT/logs/train-wgmma.txt" >"$OUT/logs/profile-train-wgmma.txt" ;;
     train-mma) run_capped "train-mma" 120 40 env GLM_CUDA_ATTN=mma "$B/bench_train" --runs 512x8,2048x2 --out "$OUT/attn90-train-mma.jsonl" ;;
     lora) run_capped "lora" 120 40 "$B/bench_train" --lora 8 --runs 512x8,2048x2 --out "$OUT/attn90-lora.jsonl" ;;
+    dora) run_capped "dora" 120 40 "$B/bench_train" --lora 8 --dora --runs 512x8 --out "$OUT/attn90-dora.jsonl" ;;
+    torch-dora) run_capped "torch-dora" 240 90 env PYTHONUNBUFFERED=1 $PY bench/pytorch_lora.py --runs 512x8 --lora 8 --dora \
+        --lora_dropout 0 --out "$OUT/attn90-torch-dora.jsonl" ;;
     model) run_capped "model" 200 30 "$B/tests/cuda/test_cuda_model" ;;
     vary)
         for v in "--lora 8 --vary_prompts" "--vary_prompts" "--lora 8"; do

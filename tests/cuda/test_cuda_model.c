@@ -282,6 +282,13 @@ static void peft_model_fam(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t
     free(w);
     glm_table_free(&base);
     float *a = random_weights(&m->tab, seed + 1, dt, trainable_std);
+    for (int i = 0; i < m->tab.n; i++) { /* DoRA's magnitudes: positive, near the base's row norms */
+        const glm_tensor *t = &m->tab.t[i];
+        if (!glm_is_dora(t->kind)) continue;
+        int in = glm_table_get(&m->tab, t->layer, glm_lora_kind(glm_lora_module(t->kind), 0))->shape[1];
+        for (size_t j = 0; j < t->numel; j++)
+            a[t->offset + j] = round_one(dt, 0.05f * sqrtf((float)in) * (1.0f + 0.2f * a[t->offset + j] / 0.05f));
+    }
     glm_model_set_params(m, a);
     free(a);
 }
@@ -306,6 +313,19 @@ static void lora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t see
 static void lora_neftune_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     lora_model(m, be, dt, seed);
     m->cfg.neftune_alpha = 5.0f;
+}
+
+/* DoRA on every linear module (no dropout: DoRA takes none), B non-zero: the row norms, the
+ * row scale and the magnitude's gradient on both backends; on an INT4 base and in the ChatGLM2
+ * block too. */
+static const glm_peft dora_all = {.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_targets = GLM_LORA_ALL,
+                                  .use_dora = 1};
+static void dora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) { peft_model(m, be, dt, seed, dora_all, 0.05f); }
+static void dora_int4_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model_q(m, be, dt, seed, dora_all, 0.05f, GLM_Q_INT4);
+}
+static void dora_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model_fam(m, be, dt, seed, dora_all, 0.05f, GLM_Q_NONE, 1);
 }
 
 /* P-Tuning v2 with the projection and the prefix dropout 0.1. */
@@ -497,6 +517,12 @@ int main(void) {
     check_peft(&tc, "glm2_ptuning", ptuning_glm2_model, 73, 5, h16);
     check_peft(&tc, "glm2_lora_int4", lora_int4_glm2_model, 75, 2 * 4 * 2, h16);
     check_peft_batch(&tc, "glm2_lora_int4_8tok", lora_int4_glm2_model, 76, 2 * 4 * 2, h16, 1, 8);
+    /* DoRA: 2 layers x 4 modules x (A, B, magnitude) */
+    check_peft(&tc, "dora", dora_model, 81, 2 * 4 * 3, GLM_F32);
+    check_peft(&tc, "dora", dora_model, 81, 2 * 4 * 3, h16);
+    check_peft(&tc, "dora_int4", dora_int4_model, 83, 2 * 4 * 3, h16);
+    check_peft_batch(&tc, "dora_int4_8tok", dora_int4_model, 84, 2 * 4 * 3, GLM_F32, 1, 8);
+    check_peft(&tc, "glm2_dora", dora_glm2_model, 85, 2 * 4 * 3, h16);
     printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
     TEST_EXIT(&tc);
 }

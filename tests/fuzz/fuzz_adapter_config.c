@@ -3,7 +3,8 @@
  * adapter_model.safetensors, or a P-Tuning v2 checkpoint's config.json. A folder is either refused
  * with a message or gives settings the model can be built with: a LoRA rank of at least 1, a
  * finite alpha, modules among the four linear ones and, when there are tensors, every tensor a
- * LoRA A or B of exactly those modules; a P-Tuning length of 1..65536 tokens.
+ * LoRA A or B (or, with use_dora, a DoRA magnitude) of exactly those modules; a P-Tuning length
+ * of 1..65536 tokens.
  * Input layout: byte 0 bit 0 P-Tuning (config.json) else LoRA (adapter_config.json), bit 1 no
  * tensor file; then the JSON text up to the first NUL, then the tensor names, one a line (at most
  * 64). The folder lives in /dev/shm (else /tmp) and is rewritten for each input. */
@@ -37,11 +38,28 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-/* The module bit a name would adapt under peft's naming, 0 when it is no LoRA A or B of one. */
-static int name_bit(const char *name) {
+/* The length of the suffix a peft adapter tensor name ends with (A, B, or DoRA's magnitude,
+ * *dora set), 0 for none. */
+static size_t adapter_suffix(const char *name, int *dora) {
+    static const char *const sfx[4] = {".lora_A.weight", ".lora_B.weight", ".lora_magnitude_vector",
+                                       ".lora_magnitude_vector.weight"};
+    size_t n = strlen(name);
+    for (int i = 0; i < 4; i++) {
+        size_t k = strlen(sfx[i]);
+        if (n > k && !strcmp(name + n - k, sfx[i])) {
+            *dora = i >= 2;
+            return k;
+        }
+    }
+    return 0;
+}
+
+/* The module bit a name would adapt under peft's naming, 0 when it is no LoRA A, B or DoRA
+ * magnitude of one (*dora set for a magnitude). */
+static int name_bit(const char *name, int *dora) {
     static const char *const mods[4] = {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
-    size_t n = strlen(name), k = strlen(".lora_A.weight");
-    if (n <= k || (strcmp(name + n - k, ".lora_A.weight") && strcmp(name + n - k, ".lora_B.weight"))) return 0;
+    size_t n = strlen(name), k = adapter_suffix(name, dora);
+    if (!k) return 0;
     for (int i = 0; i < 4; i++) {
         size_t m = strlen(mods[i]);
         if (n - k >= m && !memcmp(name + n - k - m, mods[i], m) && (n - k == m || name[n - k - m - 1] == '.')) return 1 << i;
@@ -62,7 +80,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     /* the tensor file: one float per name */
     char *names[MAX_NAMES];
-    int n = 0, written = 1, want_bits = 0, all_lora = 1;
+    int n = 0, written = 1, want_bits = 0, all_lora = 1, any_dora = 0;
     if (nul && !no_tensors) {
         char *list = fuzz_cstr((const uint8_t *)nul + 1, (size_t)(end - nul - 1));
         for (char *p = list, *q; p && *p && n < MAX_NAMES; p = q) {
@@ -76,8 +94,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         st_entry e[MAX_NAMES];
         for (int i = 0; i < n; i++) {
             e[i] = (st_entry){.name = names[i], .ndim = 1, .shape = {1}, .data = &one, .data_dtype = ST_F32, .file_dtype = ST_F32};
-            int b = name_bit(names[i]);
+            int dora = 0, b = name_bit(names[i], &dora);
             want_bits |= b;
+            any_dora |= b && dora;
             all_lora &= b != 0;
         }
         glm_err serr;
@@ -96,7 +115,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(p.lora_rank >= 1 && isfinite(p.lora_alpha), "rank %d, alpha %g", p.lora_rank, p.lora_alpha);
         FUZZ_CHECK(p.lora_targets >= 1 && p.lora_targets <= 15, "targets %d", p.lora_targets);
         if (n && written) {
-            FUZZ_CHECK(all_lora, "a tensor that is no LoRA A or B of the four modules was accepted");
+            FUZZ_CHECK(all_lora, "a tensor that is no LoRA A, B or DoRA magnitude of the four modules was accepted");
+            FUZZ_CHECK(!any_dora || p.use_dora, "DoRA magnitudes accepted without use_dora");
             FUZZ_CHECK(p.lora_targets == want_bits, "targets %d, the tensors adapt %d", p.lora_targets, want_bits);
         }
     } else {
