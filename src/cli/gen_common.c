@@ -171,7 +171,7 @@ static void adapter_info(const gen_session *s, const gen_args *a) {
         glm_info("P-Tuning v2 prefix %s: %d tokens%s", ad, s->cfg.peft.pre_seq_len,
                  s->cfg.peft.prefix_projection ? ", projected" : "");
     else if (ad)
-        glm_info("LoRA adapter %s: r %d, alpha %g on %d module kinds", ad, s->cfg.peft.lora_rank,
+        glm_info("%s adapter %s: r %d, alpha %g on %d module kinds", s->cfg.peft.use_dora ? "DoRA" : "LoRA", ad, s->cfg.peft.lora_rank,
                  s->cfg.peft.lora_alpha, __builtin_popcount((unsigned)s->cfg.peft.lora_targets));
 }
 

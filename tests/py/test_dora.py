@@ -14,7 +14,9 @@
    loads in the driver.
 3. `glmtrain train --use_dora`: the adapter folder (use_dora in adapter_config.json, the
    magnitudes under peft's names) loads in peft 0.10 and gives glm_ref's logits; `glmtrain merge`
-   writes c (W + s B A); a resumed run is bit-exact; --lora_dropout > 0 is refused, naming it.
+   writes c (W + s B A), and generate answers with the adapter as with the merged model; a
+   resumed run is bit-exact; 2 CPU ranks (ZeRO 1, 3) equal 1; --lora_dropout > 0 is refused,
+   naming it, and serve refuses a DoRA adapter, naming merge.
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
 import os
@@ -335,6 +337,11 @@ def train_checks(tmp):
                                 "12", "--device", "cpu"] + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                timeout=300)
             outs.append((g.returncode, g.stdout.decode(errors="replace"), g.stderr.decode(errors="replace")[-300:]))
+        sv = subprocess.run([T.GLM, "serve", "--model_name_or_path", base, "--tokenizer_name", tok, "--adapter", "a=" + out,
+                             "--port", "0", "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        msg = sv.stderr.decode(errors="replace")
+        report("serve_refuses_dora_adapter_naming_merge", sv.returncode != 0 and "DoRA adapter" in msg and "glmtrain merge" in msg,
+               "exit %d: %s" % (sv.returncode, msg.strip().splitlines()[-1][:160] if msg.strip() else ""))
         report("generate_dora_adapter_equals_merged", outs[0][0] == 0 and outs[0][:2] == outs[1][:2] and outs[0][1].strip(),
                "both answer %r" % outs[0][1].strip()[:80] if outs[0][:2] == outs[1][:2] else "%r vs %r (%s)" % (
                    outs[0][1][:80], outs[1][1][:80], outs[0][2]))
