@@ -722,7 +722,8 @@ def main():
     ap.add_argument("--lora_target", default="qkv", choices=sorted(TARGETS))
     ap.add_argument("--lora_alpha", type=float, default=0.0, help="default 2r")
     ap.add_argument("--lora_dropout", type=float, default=0.05)
-    ap.add_argument("--dora", action="store_true", help="DoRA as peft >= 0.12 computes it without dropout (needs --lora_dropout 0)")
+    ap.add_argument("--dora", action="store_true", help="DoRA as peft >= 0.12 computes it without dropout (needs --lora_dropout 0: "
+                    "glmtrain's DoRA default)")
     ap.add_argument("--ptuning", type=int, default=0, metavar="P",
                     help="P-Tuning v2 (THUDM, no prefix_projection) with pre_seq_len P instead of LoRA")
     ap.add_argument("--freeze", type=int, default=0, metavar="N",

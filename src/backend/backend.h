@@ -183,14 +183,14 @@ struct glm_backend {
      * b [OC, r] (S). */
     void (*dora_norm)(glm_backend *be, float *n, const void *w, const void *a, const void *b, float scale, int OC,
                       int C, int r);
-    /* out[t,j] = (mag[j] / n[j]) z[t,j] + bias[j] + res_scale res[t,j] over [N, OC] (bias, res may
-     * be NULL; out may alias z or res) */
-    void (*dora_scale)(glm_backend *be, void *out, const void *z, const void *mag, const float *n, const void *bias,
-                       const void *res, float res_scale, int N, int OC);
-    /* Its backward with n held constant: dz[t,j] = (mag[j] / n[j]) dout[t,j] (=), dmag[j] +=
+    /* out[t,j] = (mag[j] / n[j] - shift) z[t,j] + bias[j] + res_scale res[t,j] over [N, OC] (bias,
+     * res may be NULL; out may alias z or res; shift 1: peft's (c - 1) on the dropped-out input) */
+    void (*dora_scale)(glm_backend *be, void *out, const void *z, const void *mag, const float *n, float shift,
+                       const void *bias, const void *res, float res_scale, int N, int OC);
+    /* Its backward with n held constant: dz[t,j] = (mag[j] / n[j] - shift) dout[t,j] (=), dmag[j] +=
      * sum_t dout[t,j] z[t,j] / n[j], summed in a fixed order */
     void (*dora_bwd)(glm_backend *be, void *dz, void *dmag, const void *dout, const void *z, const void *mag,
-                     const float *n, int N, int OC);
+                     const float *n, float shift, int N, int OC);
 
     /* Cross entropy over rows of logits[R, V] against targets[R] (all valid, 0 <= t < V):
      * losses[r] = logsumexp(logits[r]) - logits[r, t] (float, =). If dscale != 0, logits are

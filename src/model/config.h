@@ -20,7 +20,8 @@ typedef struct glm_peft {
     int use_rslora;
     /* DoRA (peft's use_dora): each adapted module's output rows rescaled by a trainable magnitude
      * m over the row norms of W + scaling B A (held constant in the gradient, as peft and the
-     * paper do): y = (m / ||W + s B A||_row) (W x + s B A x) + b. Needs lora_dropout 0. */
+     * paper do): y = (m / ||W + s B A||_row) (W x + s B A x) + b; with dropout u = dropout(x),
+     * peft's y = W x + b + (c - 1) W u + c s B A u, c = m / ||W + s B A||_row. */
     int use_dora;
     float loraplus_lr_ratio; /* LoRA+ (LLaMA-Factory's loraplus_lr_ratio): lora_B trains at this times the
                               * learning rate, lora_A at the rate (0: off); the table's lr_scale */

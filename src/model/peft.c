@@ -100,8 +100,8 @@ static int plain_product(const glm_model *m, const void *w, int N) {
 }
 
 /* ---- DoRA (peft's use_dora): out = (m / n) (inp W^T + s B A inp) + b, n = ||W + s B A|| per
- * output row, held constant in the gradient. z, the part inside the scale, is kept in
- * a->dora_z for the magnitude's gradient. */
+ * output row, held constant in the gradient (dropout: dora_fwd). z, the part the magnitude
+ * scales, is kept in a->dora_z for its gradient. */
 
 void glm_dora_forget(glm_model *m) {
     if (!m->dora_fresh) return;
@@ -157,37 +157,79 @@ void glm_dora_init_magnitudes(glm_model *m) {
     free(host);
 }
 
-/* out = the scaled module output + b + res_scale res (res NULL: none) */
+/* inp W^T + b into out (the few-row quantized kernel where it applies) */
+static void base_product(glm_model *m, int l, int i, void *out, const void *inp, const void *w, const void *b, int N, int C,
+                         int OC) {
+    if (plain_product(m, w, N)) m->be->matmul_fwd(m->be, out, inp, linear_weight(m, l, i, w, C, OC), b, N, C, OC);
+    else m->be->qmatmul_fwd(m->be, out, inp, m->w.layer[l].qw[i], m->cfg.quant, b, N, C, OC);
+}
+
+/* out = the module's DoRA output + res_scale res (res NULL: none). Without dropout (p = 0):
+ * z = inp W^T + s B A inp, out = c z + b, c = m / n. With dropout, peft's: the base takes inp,
+ * the rest u = dropout(inp): out = inp W^T + b + (c - 1) u W^T + c s B A u, written as
+ * z = u W^T + L, L = s B A u, out = inp W^T + b + (c - 1) z + L. */
 static void dora_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, const void *w,
                      const void *b, int N, int C, int OC, const void *res, float res_scale) {
     glm_backend *be = m->be;
     const float *n = dora_norms(m, l, i, w, C, OC);
+    const void *mag = m->w.layer[l].lora_m[i];
     void *z = a->dora_z[i];
-    if (plain_product(m, w, N)) be->matmul_fwd(be, z, inp, linear_weight(m, l, i, w, C, OC), NULL, N, C, OC);
-    else be->qmatmul_fwd(be, z, inp, m->w.layer[l].qw[i], m->cfg.quant, NULL, N, C, OC);
-    lora_add(m, l, i, a, z, inp, N, C, OC);
-    be->dora_scale(be, out, z, m->w.layer[l].lora_m[i], n, b, res, res_scale, N, OC);
+    if (lora_dropout(m) <= 0) {
+        base_product(m, l, i, z, inp, w, NULL, N, C, OC);
+        lora_add(m, l, i, a, z, inp, N, C, OC);
+        be->dora_scale(be, out, z, mag, n, 0.0f, b, res, res_scale, N, OC);
+        return;
+    }
+    GLM_ASSERT(out != res);
+    size_t no = (size_t)N * OC;
+    lora_down(m, l, i, a, inp, N, C); /* t = s A u */
+    void *L = m->lora_tmp;
+    be->matmul_fwd(be, L, a->lora_t[i], m->w.layer[l].lora_b[i], NULL, N, m->cfg.peft.lora_rank, OC);
+    base_product(m, l, i, z, lora_input(m, l, i, inp, (size_t)N * C), w, NULL, N, C, OC);
+    be->scale_add(be, z, 1.0f, L, z, no);
+    base_product(m, l, i, out, inp, w, b, N, C, OC);
+    if (res) be->scale_add(be, out, res_scale, res, out, no);
+    be->dora_scale(be, out, z, mag, n, 1.0f, NULL, out, 1.0f, N, OC);
+    be->scale_add(be, out, 1.0f, L, out, no);
 }
 
 static void lora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp, int N,
                      int C, int OC);
 
-/* dmag +=, and dinp = (m / n) dout through W and the adapter (+ res_scale res when res) */
+/* dinp = dout W (+ res_scale res when res), in the product's epilogue where the backend has one */
+static void input_grad(glm_model *m, void *dinp, const void *dout, const void *inp, const void *W, int N, int C, int OC,
+                       const void *res, float res_scale) {
+    glm_backend *be = m->be;
+    if (res && be->matmul_bwd_add) { be->matmul_bwd_add(be, dinp, dout, W, res, res_scale, N, C, OC); return; }
+    be->matmul_bwd(be, dinp, NULL, NULL, dout, inp, W, N, C, OC, 0);
+    if (res) be->scale_add(be, dinp, res_scale, res, dinp, (size_t)N * C);
+}
+
+/* dmag +=; dA, dB += from c dout; dinp = c dout through W and the adapter (+ res_scale res).
+ * With dropout: dinp = dout W + dropout((c - 1) dout W + the adapter's, from c dout). */
 static void dora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp,
                      const void *w, int N, int C, int OC, const void *res, float res_scale) {
     glm_backend *be = m->be;
     size_t slot = (size_t)(l - m->layer_lo) * 4 + i;
     const float *n = m->dora_n + slot * glm_dora_out_width(&m->cfg); /* this step's, from the forward */
-    void *gz = m->dora_g;
-    be->dora_bwd(be, gz, m->g.layer[l].lora_m[i], dout, a->dora_z[i], m->w.layer[l].lora_m[i], n, N, OC);
-    if (dinp) {
-        const void *W = linear_weight(m, l, i, w, C, OC);
-        if (res && be->matmul_bwd_add) be->matmul_bwd_add(be, dinp, gz, W, res, res_scale, N, C, OC);
-        else {
-            be->matmul_bwd(be, dinp, NULL, NULL, gz, inp, W, N, C, OC, 0);
-            if (res) be->scale_add(be, dinp, res_scale, res, dinp, (size_t)N * C);
-        }
+    void *gz = m->dora_g, *dmag = m->g.layer[l].lora_m[i];
+    const void *mag = m->w.layer[l].lora_m[i], *W = dinp ? linear_weight(m, l, i, w, C, OC) : NULL;
+    float p = lora_dropout(m);
+    if (p <= 0) {
+        be->dora_bwd(be, gz, dmag, dout, a->dora_z[i], mag, n, 0.0f, N, OC);
+        if (dinp) input_grad(m, dinp, gz, inp, W, N, C, OC, res, res_scale);
+        lora_bwd(m, l, i, a, dinp, gz, inp, N, C, OC);
+        return;
     }
+    be->dora_bwd(be, gz, dmag, dout, a->dora_z[i], mag, n, 1.0f, N, OC); /* (c - 1) dout: no cancellation */
+    if (dinp) {
+        input_grad(m, dinp, dout, inp, W, N, C, OC, res, res_scale);
+        void *du = dropped_copy(m); /* the gradient at u, through the mask */
+        be->matmul_bwd(be, du, NULL, NULL, gz, NULL, W, N, C, OC, 0);
+        be->mask_scale(be, du, du, (size_t)N * C, 1.0f, p, lora_seed(m, l, i));
+        be->scale_add(be, dinp, 1.0f, du, dinp, (size_t)N * C);
+    }
+    be->scale_add(be, gz, 1.0f, dout, gz, (size_t)N * OC); /* c dout */
     lora_bwd(m, l, i, a, dinp, gz, inp, N, C, OC);
 }
 

@@ -312,10 +312,6 @@ static int peft_from_adapter(const glm_train_args *a, glm_peft *p, glm_err *err)
         if ((a->lora_rank != 8 && a->lora_rank != p->lora_rank) || (a->lora_alpha > 0 && alpha_flag != (int)p->lora_alpha))
             glm_warn("%s: the adapter's rank %d and alpha %g are trained on; --lora_rank %d / --lora_alpha %g are not used",
                      dir, p->lora_rank, p->lora_alpha, a->lora_rank, a->lora_alpha);
-        if (p->use_dora && p->lora_dropout > 0) {
-            glm_warn("%s: the DoRA adapter's lora_dropout %g is not used: DoRA here trains without dropout", dir, p->lora_dropout);
-            p->lora_dropout = 0;
-        }
         if (a->use_dora && !p->use_dora) glm_warn("%s is a plain LoRA adapter: --use_dora is not used", dir);
         glm_info("training on from the %s adapter %s (rank %d, alpha %g, dropout %g)", p->use_dora ? "DoRA" : "LoRA", dir,
                  p->lora_rank, p->lora_alpha, p->lora_dropout);
@@ -373,10 +369,6 @@ int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
     if (a->lora_rank < 1) return glm_fail(err, "--lora_rank %d must be at least 1", a->lora_rank);
     if (!(a->lora_dropout >= 0 && a->lora_dropout < 1)) return glm_fail(err, "--lora_dropout %g must be in [0, 1)", a->lora_dropout);
     if (!(a->lora_alpha >= 0)) return glm_fail(err, "--lora_alpha %g must not be negative", a->lora_alpha);
-    if (a->use_dora && a->lora_dropout > 0)
-        return glm_fail(err, "--use_dora with --lora_dropout %g: DoRA here takes no dropout", a->lora_dropout),
-               glm_hint(err, "--lora_dropout 0 (peft's and LLaMA-Factory's default; with dropout peft's DoRA runs each base "
-                             "product a second time on the dropped-out input)");
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = a->lora_rank, .use_rslora = a->use_rslora, .use_dora = a->use_dora,
                     .lora_alpha = (float)(a->lora_alpha > 0 ? a->lora_alpha : 2.0 * a->lora_rank),
                     .lora_dropout = (float)a->lora_dropout};

@@ -75,11 +75,13 @@ const glm_flag glm_train_flags[] = {
     C(finetuning_type, "full", "full|lora|ptuning|freeze", "what trains: every weight, LoRA adapters, a P-Tuning v2 prefix, or the last layers"),
     F(lora_rank, ARG_INT, "8", "LoRA: rank r of the adapters"),
     F(lora_alpha, ARG_FLOAT, "0", "LoRA: alpha (scaling alpha/r); 0 = 2 x lora_rank"),
-    F(lora_dropout, ARG_FLOAT, "-1", "LoRA: dropout on the adapters' input while training; -1: 0.05, or 0 with --use_dora"),
+    F(lora_dropout, ARG_FLOAT, "-1", "LoRA: dropout on the adapters' input while training; -1: 0.05, or 0 with --use_dora "
+      "(peft's and LLaMA-Factory's DoRA default: with dropout DoRA runs each adapted base product a second time, on the "
+      "dropped-out input, as peft does)"),
     F(lora_target, ARG_STR, "query_key_value", "LoRA: comma list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h, or all"),
     F(use_rslora, ARG_BOOL, "false", "LoRA: scaling alpha/sqrt(r) (rank-stabilised LoRA)"),
     F(use_dora, ARG_BOOL, "false", "LoRA: DoRA (peft's use_dora): a trainable magnitude per output row of each adapted module "
-      "over the row norms of W + s B A; needs --lora_dropout 0"),
+      "over the row norms of W + s B A"),
     F(loraplus_lr_ratio, ARG_FLOAT, "0", "LoRA+ (LLaMA-Factory's): the lora_B matrices train at this times the learning rate "
       "(16 is common; 0 = off)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train, the rest stays frozen"),

@@ -3,7 +3,7 @@
  *   tool_model_driver --model DIR --batch FILE.json --out OUT.safetensors [--steps K] [--lr F]
  *     [--weight_decay F] [--beta1 F] [--beta2 F] [--eps F] [--max_grad_norm F] [--gradient_checkpointing [selective]]
  *     [--finetuning_type full|lora|freeze] [--lora_rank R] [--lora_alpha F (0 = 2R)] [--lora_target LIST]
- *     [--use_rslora] [--use_dora] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--adapter DIR_OR_FILE] [--adapter_seed S]
+ *     [--use_rslora] [--use_dora] [--lora_dropout P --dropout_seed S] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--adapter DIR_OR_FILE] [--adapter_seed S]
  *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
  *     [--quantization_bit 4|8] [--quantization_type int|nf4]  (the frozen linear weights quantized)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
@@ -13,8 +13,9 @@
  * LoRA adapters come from --adapter (a peft folder, or a safetensors file holding the row names
  * without peft's prefix), else glm_model_init_adapters(adapter_seed). P-Tuning v2's prefix
  * encoder (transformer.prefix_encoder.*) comes from --adapter FILE (a safetensors file with
- * those row names), else glm_model_init_adapters(adapter_seed). Dropout stays 0 (LoRA's and the
- * prefix's): the comparisons cannot draw torch's masks. */
+ * those row names), else glm_model_init_adapters(adapter_seed). Dropout stays 0 (the prefix's;
+ * LoRA's unless --lora_dropout P: its masks are backend/mask_hash.h's from --dropout_seed S, the
+ * same every step, which tests/py/glm_ref.py's lora_masks rebuilds). */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +82,8 @@ int main(int argc, char **argv) {
     const char *ft = "full", *targets = "query_key_value", *adapter = NULL, *qtype = NULL;
     int qbits = 0;
     int dora = 0;
+    float lora_dropout = 0.0f;
+    unsigned long long dropout_seed = 0;
     int steps = 0, ckpt = 0, rank = 8, rslora = 0, n_trainable = 2, pre_seq_len = 0, projection = 0;
     float alpha = 0.0f, loraplus = 0.0f;
     unsigned long long adapter_seed = 1;
@@ -106,6 +109,8 @@ int main(int argc, char **argv) {
         else if (ARG("--lora_target")) targets = v;
         else if (strcmp(a, "--use_rslora") == 0) rslora = 1;
         else if (strcmp(a, "--use_dora") == 0) dora = 1;
+        else if (ARG("--lora_dropout")) lora_dropout = strtof(v, NULL);
+        else if (ARG("--dropout_seed")) dropout_seed = strtoull(v, NULL, 10);
         else if (ARG("--loraplus_lr_ratio")) loraplus = strtof(v, NULL);
         else if (ARG("--num_layer_trainable")) n_trainable = atoi(v);
         else if (ARG("--adapter")) adapter = v;
@@ -124,7 +129,8 @@ int main(int argc, char **argv) {
     /* what trains decides the table, so it is set before glm_model_init */
     if (strcmp(ft, "lora") == 0) {
         c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = rank, .lora_alpha = alpha > 0 ? alpha : 2.0f * rank,
-                            .use_rslora = rslora, .use_dora = dora, .loraplus_lr_ratio = loraplus};
+                            .use_rslora = rslora, .use_dora = dora, .loraplus_lr_ratio = loraplus,
+                            .lora_dropout = lora_dropout};
         if (glm_lora_targets_parse(targets, &c.peft.lora_targets, &err)) return die(&err);
     } else if (strcmp(ft, "freeze") == 0) {
         c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n_trainable};
@@ -157,6 +163,8 @@ int main(int argc, char **argv) {
     }
     glm_batch b;
     if (read_batch(batch_path, &c, &b, &err)) return die(&err);
+    glm_model_set_dropout_seed(&m, dropout_seed); /* every step draws the same masks (tests rebuild them) */
+    if (lora_dropout > 0) m.keep_all_rows = 1; /* the top layer's masks over every row, as the reference draws them */
 
     size_t total = m.tab.total;
     float *grads = glm_malloc(total * sizeof(float)), *params = glm_malloc(total * sizeof(float));

@@ -315,12 +315,17 @@ static void lora_neftune_model(glm_model *m, glm_backend *be, glm_dtype dt, uint
     m->cfg.neftune_alpha = 5.0f;
 }
 
-/* DoRA on every linear module (no dropout: DoRA takes none), B non-zero: the row norms, the
+/* DoRA on every linear module (without dropout, its default, and with), B non-zero: the row norms, the
  * row scale and the magnitude's gradient on both backends; on an INT4 base and in the ChatGLM2
  * block too. */
 static const glm_peft dora_all = {.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_targets = GLM_LORA_ALL,
                                   .use_dora = 1};
 static void dora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) { peft_model(m, be, dt, seed, dora_all, 0.05f); }
+static void dora_dropout_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    glm_peft p = dora_all;
+    p.lora_dropout = 0.1f; /* peft's second base product on the dropped-out input; the same masks on both backends */
+    peft_model(m, be, dt, seed, p, 0.05f);
+}
 static void dora_int4_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     peft_model_q(m, be, dt, seed, dora_all, 0.05f, GLM_Q_INT4);
 }
@@ -520,6 +525,8 @@ int main(void) {
     /* DoRA: 2 layers x 4 modules x (A, B, magnitude) */
     check_peft(&tc, "dora", dora_model, 81, 2 * 4 * 3, GLM_F32);
     check_peft(&tc, "dora", dora_model, 81, 2 * 4 * 3, h16);
+    check_peft(&tc, "dora_dropout", dora_dropout_model, 82, 2 * 4 * 3, GLM_F32);
+    check_peft(&tc, "dora_dropout", dora_dropout_model, 82, 2 * 4 * 3, h16);
     check_peft(&tc, "dora_int4", dora_int4_model, 83, 2 * 4 * 3, h16);
     check_peft_batch(&tc, "dora_int4_8tok", dora_int4_model, 84, 2 * 4 * 3, GLM_F32, 1, 8);
     check_peft(&tc, "glm2_dora", dora_glm2_model, 85, 2 * 4 * 3, h16);

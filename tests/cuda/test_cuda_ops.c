@@ -268,25 +268,28 @@ static void t_dora(ctx *c, int N, int C, int OC, int r) {
     check_close(c->tc, NAME("dora_norm_%s_%dx%dx%d", c->tag, OC, C, r), got, n, OC, 1e-5); /* float on both sides */
     free(got);
     be->upload(be, dn, n, sizeof(float) * OC); /* the same norms for the rest */
-    for (int k = 0; k < 3; k++) { /* plain; bias + residual; bias + residual in place over it */
-        int with = k > 0, inplace = k == 2;
-        cpu_dora_scale(ref, z, mag, n, with ? bias : NULL, with ? res : NULL, 7.48331f, N, OC);
+    for (int k = 0; k < 4; k++) { /* plain; bias + residual; bias + residual in place over it; (c - 1) in place */
+        int with = k == 1 || k == 2, inplace = k >= 2;
+        float shift = k == 3 ? 1.0f : 0.0f, rs = k == 3 ? 1.0f : 7.48331f;
+        cpu_dora_scale(ref, z, mag, n, shift, with ? bias : NULL, with || inplace ? res : NULL, rs, N, OC);
         if (inplace) be->copy(be, dout_, dres, nz * glm_dtype_size(c->dt));
         else poison(be, dout_, nz, 0);
-        be->dora_scale(be, dout_, dz, dmag, dn, with ? dbias : NULL, inplace ? dout_ : with ? dres : NULL, 7.48331f, N, OC);
+        be->dora_scale(be, dout_, dz, dmag, dn, shift, with ? dbias : NULL, inplace ? dout_ : with ? dres : NULL, rs, N, OC);
         got = down_s(be, dout_, nz);
         check_close(c->tc, NAME("dora_scale_%d_%s_%dx%d", k, c->tag, N, OC), got, ref, nz, tol(c, 1e-5, 1e-2, 2e-3));
         free(got);
     }
-    cpu_dora_bwd(ref, rdm, dout, z, mag, n, N, OC);
-    poison(be, dout_, nz, 0);
-    be->dora_bwd(be, dout_, ddm, ddout, dz, dmag, dn, N, OC);
-    got = down_s(be, dout_, nz);
-    check_close(c->tc, NAME("dora_bwd_dz_%s_%dx%d", c->tag, N, OC), got, ref, nz, tol(c, 1e-5, 1e-2, 2e-3));
-    free(got);
-    got = down_s(be, ddm, OC);
-    check_close(c->tc, NAME("dora_bwd_dmag_%s_%dx%d", c->tag, N, OC), got, rdm, OC, tol(c, 1e-4, 1e-2, 4e-3));
-    free(got);
+    for (int k = 0; k < 2; k++) { /* dz = c dout, then (c - 1) dout; dmag accumulates over both calls */
+        cpu_dora_bwd(ref, rdm, dout, z, mag, n, (float)k, N, OC);
+        poison(be, dout_, nz, 0);
+        be->dora_bwd(be, dout_, ddm, ddout, dz, dmag, dn, (float)k, N, OC);
+        got = down_s(be, dout_, nz);
+        check_close(c->tc, NAME("dora_bwd_dz_shift%d_%s_%dx%d", k, c->tag, N, OC), got, ref, nz, tol(c, 1e-5, 1e-2, 2e-3));
+        free(got);
+        got = down_s(be, ddm, OC);
+        check_close(c->tc, NAME("dora_bwd_dmag_%d_%s_%dx%d", k, c->tag, N, OC), got, rdm, OC, tol(c, 1e-4, 1e-2, 4e-3));
+        free(got);
+    }
     void *dv[] = {dw, da, db, dz, dmag, dbias, dres, ddout, ddm, dout_, dn};
     for (size_t i = 0; i < sizeof dv / sizeof *dv; i++) be->free(be, dv[i]);
     float *hs[] = {w, a, b, z, mag, bias, res, dout, dm0, n, ref, rdm};

@@ -285,17 +285,46 @@ def self_attention(cfg, p, x, position_ids, mask, layer_id, layer_past, lora=Non
     return out, present
 
 
+def dropout_keep(seed, n, p):
+    """backend/mask_hash.h's mask: element i of a mask_scale call seeded `seed` is kept when the
+    16-bit slice (i mod 4) of splitmix64(seed + (i / 4 + 1) * golden) is >= p * 2^16 (p as float32)."""
+    import numpy as np
+    with np.errstate(over="ignore"):
+        i = np.arange(n, dtype=np.uint64)
+        z = np.uint64(seed) + (i // np.uint64(4) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+        bits = (z >> (np.uint64(16) * (i & np.uint64(3)))) & np.uint64(0xFFFF)
+    thr = int(float(np.float32(p)) * 65536.0)
+    return torch.from_numpy((bits >= np.uint64(thr)).astype(np.float32))
+
+
+def lora_dropped(x, drop, module):
+    """x [s, b, C] through LoRA's dropout as glmtrain draws it: drop = (p, run seed, layer); the
+    seed of (layer, module) as model/peft.c's lora_seed, the mask over the [b, s, C] tokens."""
+    p, seed, l = drop
+    i = LORA_MODULES.index(module)
+    s_ = (seed + (l * 4 + i + 1) * 0x100000001B3) % (1 << 64)
+    S, B, C = x.shape
+    keep = dropout_keep(s_, S * B * C, p).view(B, S, C).transpose(0, 1).to(x.dtype)
+    return x * keep / (1 - float(__import__("numpy").float32(p)))
+
+
 def linear(p, module, x, lora=None):
     """One of the layer's four linear modules (module: "attention.query_key_value", ...).
     lora = (adapters of this layer {"<module>.lora_A.weight": A [r, in], ".lora_B.weight":
     B [out, r]}, scaling): a module with an adapter adds scaling * B A x, in peft's LoraLayer
-    order (lora_B(lora_A(x)) * scaling; dropout 0). With "<module>.lora_magnitude_vector" m [out]
+    order (lora_B(lora_A(dropout(x))) * scaling). With "<module>.lora_magnitude_vector" m [out]
     too, DoRA as peft's (0.10's LoraLayer._apply_dora, 0.13's DoraLinearLayer): c = m / ||W + s B A||
-    per output row (the norm detached), out = base + (c - 1) W x + c s B A x."""
+    per output row (the norm detached), out = base + (c - 1) W u + c s B A u, u = dropout(x).
+    A third element of lora, (p, run seed, layer), is glmtrain's dropout (lora_dropped); else none."""
     W = p[module + ".weight"]
     out = F.linear(x, W, p[module + ".bias"])
     if lora is not None and module + ".lora_A.weight" in lora[0]:
-        ad, scaling = lora
+        ad, scaling = lora[0], lora[1]
+        if len(lora) > 2:
+            x = lora_dropped(x, lora[2], module)
         A, B = ad[module + ".lora_A.weight"], ad[module + ".lora_B.weight"]
         lora_out = F.linear(F.linear(x, A), B)
         mag = ad.get(module + ".lora_magnitude_vector")
@@ -362,7 +391,7 @@ def forward(cfg, params, input_ids, labels=None, position_ids=None, attention_ma
     presents = []
     for l in range(L):
         lp = layer_params(params, l)
-        ll = None if lora is None else (layer_params(lora[0], l), lora[1])
+        ll = None if lora is None else (layer_params(lora[0], l), lora[1]) + ((lora[2] + (l,),) if len(lora) > 2 else ())
         if checkpoint and (past_key_values[l] is None or prefix is not None):
             import torch.utils.checkpoint as ckpt
 
@@ -500,17 +529,18 @@ def _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2
 
 
 def train_peft(cfg, params, input_ids, labels, trainable, adapters=None, scaling=0.0, steps=0, lr=1e-3,
-               weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=0.0, loraplus_lr_ratio=0.0):
+               weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=0.0, loraplus_lr_ratio=0.0, drop=None):
     """train() for LoRA or freeze: only the tensors named in `trainable` (names of params or of
     adapters) get gradients and AdamW steps; the rest are constants. Returns the same dict as
-    train(), grads and params over the trainable names only, plus frozen {name: tensor}."""
+    train(), grads and params over the trainable names only, plus frozen {name: tensor}.
+    drop = (p, run seed): the adapters' dropout as glmtrain draws it (the same masks each step)."""
     every = dict(params, **(adapters or {}))
     leaves = {k: every[k].detach().clone().requires_grad_(True) for k in trainable}
     frozen = {k: v.detach().clone() for k, v in every.items() if k not in leaves}
 
     def loss_of():
         cur = dict(frozen, **leaves)
-        lora = None if adapters is None else ({k: cur[k] for k in adapters}, scaling)
+        lora = None if adapters is None else ({k: cur[k] for k in adapters}, scaling) + ((drop,) if drop else ())
         return forward(cfg, {k: cur[k] for k in params}, input_ids, labels, lora=lora)["loss"]
     return _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm, loraplus_lr_ratio)
 

@@ -96,13 +96,13 @@ static void pkv_bwd(glm_backend *be, void *dqkv, void *dpkv, const void *dkv, in
 static void d_norm(glm_backend *be, float *n, const void *w, const void *a, const void *b, float s, int OC, int C, int r) {
     cpu_dora_norm(n, w, a, b, s, OC, C, r);
 }
-static void d_scale(glm_backend *be, void *out, const void *z, const void *mag, const float *n, const void *bias,
+static void d_scale(glm_backend *be, void *out, const void *z, const void *mag, const float *n, float shift, const void *bias,
                     const void *res, float rs, int N, int OC) {
-    cpu_dora_scale(out, z, mag, n, bias, res, rs, N, OC);
+    cpu_dora_scale(out, z, mag, n, shift, bias, res, rs, N, OC);
 }
 static void d_bwd(glm_backend *be, void *dz, void *dmag, const void *dout, const void *z, const void *mag, const float *n,
-                  int N, int OC) {
-    cpu_dora_bwd(dz, dmag, dout, z, mag, n, N, OC);
+                  float shift, int N, int OC) {
+    cpu_dora_bwd(dz, dmag, dout, z, mag, n, shift, N, OC);
 }
 static void th_fwd(glm_backend *be, void *out, const void *x, size_t n) { cpu_tanh_fwd(out, x, n); }
 static void th_bwd(glm_backend *be, void *dx, const void *out, const void *dout, size_t n) { cpu_tanh_bwd(dx, out, dout, n); }

@@ -21,22 +21,23 @@ void cpu_dora_norm(float *n, const float *w, const float *a, const float *b, flo
     }
 }
 
-void cpu_dora_scale(float *out, const float *z, const float *mag, const float *n, const float *bias, const float *res,
-                    float res_scale, int N, int OC) {
+void cpu_dora_scale(float *out, const float *z, const float *mag, const float *n, float shift, const float *bias,
+                    const float *res, float res_scale, int N, int OC) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++)
         for (int j = 0; j < OC; j++) {
             size_t i = (size_t)t * OC + j;
-            float v = mag[j] / n[j] * z[i] + (bias ? bias[j] : 0.0f);
+            float v = (mag[j] / n[j] - shift) * z[i] + (bias ? bias[j] : 0.0f);
             out[i] = res ? v + res_scale * res[i] : v;
         }
 }
 
-void cpu_dora_bwd(float *dz, float *dmag, const float *dout, const float *z, const float *mag, const float *n, int N, int OC) {
+void cpu_dora_bwd(float *dz, float *dmag, const float *dout, const float *z, const float *mag, const float *n, float shift,
+                  int N, int OC) {
 #pragma omp parallel for schedule(static)
     for (int j = 0; j < OC; j++) {
         double s = 0;
-        float c = mag[j] / n[j];
+        float c = mag[j] / n[j] - shift;
         for (int t = 0; t < N; t++) {
             size_t i = (size_t)t * OC + j;
             s += (double)dout[i] * z[i];

@@ -61,8 +61,9 @@ void cpu_argmax_rows(int32_t *out, const float *x, int R, int V);
 
 /* DoRA's row norms, row scale and its backward (backend.h dora_norm, dora_scale, dora_bwd): cpu_dora.c */
 void cpu_dora_norm(float *n, const float *w, const float *a, const float *b, float scale, int OC, int C, int r);
-void cpu_dora_scale(float *out, const float *z, const float *mag, const float *n, const float *bias, const float *res,
-                    float res_scale, int N, int OC);
-void cpu_dora_bwd(float *dz, float *dmag, const float *dout, const float *z, const float *mag, const float *n, int N, int OC);
+void cpu_dora_scale(float *out, const float *z, const float *mag, const float *n, float shift, const float *bias,
+                    const float *res, float res_scale, int N, int OC);
+void cpu_dora_bwd(float *dz, float *dmag, const float *dout, const float *z, const float *mag, const float *n, float shift,
+                  int N, int OC);
 
 #endif

@@ -281,16 +281,16 @@ static void cu_dora_norm(glm_backend *be, float *n, const void *w, const void *a
     glmk_dora_norm(be->dtype, n, w, a, b, scale, OC, C, r, IM(be)->st);
     glm_cuda_op_done(be, "dora_norm");
 }
-static void cu_dora_scale(glm_backend *be, void *out, const void *z, const void *mag, const float *n, const void *bias,
-                          const void *res, float res_scale, int N, int OC) {
+static void cu_dora_scale(glm_backend *be, void *out, const void *z, const void *mag, const float *n, float shift,
+                          const void *bias, const void *res, float res_scale, int N, int OC) {
     glm_cuda_prof(be, GLM_PROF_OTHER, "dora_scale");
-    glmk_dora_scale(be->dtype, out, z, mag, n, bias, res, res_scale, N, OC, IM(be)->st);
+    glmk_dora_scale(be->dtype, out, z, mag, n, shift, bias, res, res_scale, N, OC, IM(be)->st);
     glm_cuda_op_done(be, "dora_scale");
 }
 static void cu_dora_bwd(glm_backend *be, void *dz, void *dmag, const void *dout, const void *z, const void *mag,
-                        const float *n, int N, int OC) {
+                        const float *n, float shift, int N, int OC) {
     glm_cuda_prof(be, GLM_PROF_OTHER, "dora_bwd");
-    glmk_dora_bwd(be->dtype, dz, dmag, dout, z, mag, n, N, OC, IM(be)->st);
+    glmk_dora_bwd(be->dtype, dz, dmag, dout, z, mag, n, shift, N, OC, IM(be)->st);
     glm_cuda_op_done(be, "dora_bwd");
 }
 static int cu_lora_down(glm_backend *be, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,

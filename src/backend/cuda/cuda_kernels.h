@@ -36,10 +36,10 @@ void glmk_noise_add(glm_dtype dt, void *x, size_t n, float mag, uint64_t seed, c
 /* ---- DoRA's row norms, row scale and its backward (k_dora.cu) ---- */
 void glmk_dora_norm(glm_dtype dt, float *n, const void *w, const void *a, const void *b, float scale, int OC, int C, int r,
                     cudaStream_t st);
-void glmk_dora_scale(glm_dtype dt, void *out, const void *z, const void *mag, const float *n, const void *bias,
+void glmk_dora_scale(glm_dtype dt, void *out, const void *z, const void *mag, const float *n, float shift, const void *bias,
                      const void *res, float res_scale, int N, int OC, cudaStream_t st);
 void glmk_dora_bwd(glm_dtype dt, void *dz, void *dmag, const void *dout, const void *z, const void *mag, const float *n,
-                   int N, int OC, cudaStream_t st);
+                   float shift, int N, int OC, cudaStream_t st);
 
 /* ---- LoRA's down-projection with its dropout (k_lora.cu): 1 when done, 0 for shapes they do not
  * take (rank above 16, rows not in 16-byte packs); scratch: glmk_lora_down_bwd_scratch floats ---- */

@@ -42,23 +42,24 @@ extern "C" void glmk_dora_norm(glm_dtype dt, float *n, const void *w, const void
     GLMK_CHECK_LAUNCH();
 }
 
-/* out = (mag / n) z + bias + res_scale res, elementwise over [N, OC] */
+/* out = (mag / n - shift) z + bias + res_scale res, elementwise over [N, OC] */
 template <typename T>
-__global__ void dora_scale_kernel(T *out, const T *z, const T *mag, const float *n, const T *bias, const T *res,
+__global__ void dora_scale_kernel(T *out, const T *z, const T *mag, const float *n, float shift, const T *bias, const T *res,
                                   float res_scale, int N, int OC) {
     size_t total = (size_t)N * OC;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         int j = (int)(i % OC);
-        float v = to_f(mag[j]) / n[j] * to_f(z[i]) + (bias ? to_f(bias[j]) : 0.0f);
+        float v = (to_f(mag[j]) / n[j] - shift) * to_f(z[i]) + (bias ? to_f(bias[j]) : 0.0f);
         out[i] = from_f<T>(res ? v + res_scale * to_f(res[i]) : v);
     }
 }
 
-extern "C" void glmk_dora_scale(glm_dtype dt, void *out, const void *z, const void *mag, const float *n, const void *bias,
-                                const void *res, float res_scale, int N, int OC, cudaStream_t st) {
+extern "C" void glmk_dora_scale(glm_dtype dt, void *out, const void *z, const void *mag, const float *n, float shift,
+                                const void *bias, const void *res, float res_scale, int N, int OC, cudaStream_t st) {
     if (N <= 0 || OC <= 0) return;
     GLMK_DISPATCH(dt, dora_scale_kernel<T><<<glmk_blocks((size_t)N * OC, 256, 132 * 16), 256, 0, st>>>(
-                          (T *)out, (const T *)z, (const T *)mag, n, (const T *)bias, (const T *)res, res_scale, N, OC));
+                          (T *)out, (const T *)z, (const T *)mag, n, shift, (const T *)bias, (const T *)res, res_scale, N,
+                          OC));
     GLMK_CHECK_LAUNCH();
 }
 
@@ -66,12 +67,13 @@ extern "C" void glmk_dora_scale(glm_dtype dt, void *out, const void *z, const vo
  * dout z per column; the 8 partial sums of a column are added in warp order. */
 #define BWD_ROWS 8
 template <typename T>
-__global__ void dora_bwd_kernel(T *dz, T *dmag, const T *dout, const T *z, const T *mag, const float *n, int N, int OC) {
+__global__ void dora_bwd_kernel(T *dz, T *dmag, const T *dout, const T *z, const T *mag, const float *n, float shift, int N,
+                                int OC) {
     __shared__ float part[BWD_ROWS][33];
     int j = blockIdx.x * 32 + threadIdx.x;
     float s = 0.0f;
     if (j < OC) {
-        float c = to_f(mag[j]) / n[j];
+        float c = to_f(mag[j]) / n[j] - shift;
         for (int t = threadIdx.y; t < N; t += BWD_ROWS) {
             size_t i = (size_t)t * OC + j;
             float g = to_f(dout[i]);
@@ -89,10 +91,10 @@ __global__ void dora_bwd_kernel(T *dz, T *dmag, const T *dout, const T *z, const
 }
 
 extern "C" void glmk_dora_bwd(glm_dtype dt, void *dz, void *dmag, const void *dout, const void *z, const void *mag,
-                              const float *n, int N, int OC, cudaStream_t st) {
+                              const float *n, float shift, int N, int OC, cudaStream_t st) {
     if (OC <= 0) return;
     dim3 block(32, BWD_ROWS);
     GLMK_DISPATCH(dt, dora_bwd_kernel<T><<<(OC + 31) / 32, block, 0, st>>>((T *)dz, (T *)dmag, (const T *)dout,
-                                                                          (const T *)z, (const T *)mag, n, N, OC));
+                                                                          (const T *)z, (const T *)mag, n, shift, N, OC));
     GLMK_CHECK_LAUNCH();
 }
