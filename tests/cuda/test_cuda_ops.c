@@ -256,7 +256,7 @@ static void t_dora(ctx *c, int N, int C, int OC, int r) {
     float *b = rnd(&c->rng, c->dt, (size_t)OC * r, 0.1f), *z = rnd(&c->rng, c->dt, nz, 1.0f);
     float *mag = rnd(&c->rng, c->dt, OC, 1.0f), *bias = rnd(&c->rng, c->dt, OC, 0.1f);
     float *res = rnd(&c->rng, c->dt, nz, 1.0f), *dout = rnd(&c->rng, c->dt, nz, 1.0f), *dm0 = rnd(&c->rng, c->dt, OC, 0.1f);
-    for (int j = 0; j < OC; j++) mag[j] = 1.0f + fabsf(mag[j]);
+    for (int j = 0; j < OC; j++) mag[j] = round_one(c->dt, 1.0f + fabsf(mag[j])); /* representable: both sides scale alike */
     float *n = malloc(sizeof(float) * OC), *ref = malloc(sizeof(float) * nz), *rdm = fcopy(dm0, OC);
     void *dw = up_s(be, w, nw), *da = up_s(be, a, (size_t)r * C), *db = up_s(be, b, (size_t)OC * r);
     void *dz = up_s(be, z, nz), *dmag = up_s(be, mag, OC), *dbias = up_s(be, bias, OC), *dres = up_s(be, res, nz);
@@ -1282,7 +1282,9 @@ static void run_all(ctx *c, int quick, int attention_only) {
         t_lora(c, 9, 64, 24);      /* rank above 16: not taken */
         if (!quick) t_lora(c, 2048, 4096, 8);
         t_dora(c, 37, 64, 96, 4);
-        t_dora(c, 5, 1000, 33, 7);    /* columns past a block of 32, odd rank */
+        t_dora(c, 5, 1000, 33, 7);    /* a ragged block of rows, odd rank */
+        t_dora(c, 130, 2900, 300, 16); /* row chunks of the scale and its backward past one */
+        t_dora(c, 9, 100, 70, 24);    /* rank 24 */
         if (!quick) t_dora(c, 1024, 4096, 12288, 8); /* ChatGLM-6B's query_key_value */
         t_embedding(c, 37, 64, 20);
         if (!quick) t_embedding(c, 1024, 4096, 3000);

@@ -290,7 +290,8 @@ static void cu_dora_scale(glm_backend *be, void *out, const void *z, const void 
 static void cu_dora_bwd(glm_backend *be, void *dz, void *dmag, const void *dout, const void *z, const void *mag,
                         const float *n, float shift, int N, int OC) {
     glm_cuda_prof(be, GLM_PROF_OTHER, "dora_bwd");
-    glmk_dora_bwd(be->dtype, dz, dmag, dout, z, mag, n, shift, N, OC, IM(be)->st);
+    float *s = glm_cuda_scratch(be, glmk_dora_bwd_scratch(N, OC) * sizeof(float));
+    glmk_dora_bwd(be->dtype, dz, dmag, dout, z, mag, n, shift, N, OC, s, IM(be)->st);
     glm_cuda_op_done(be, "dora_bwd");
 }
 static int cu_lora_down(glm_backend *be, void *t, const void *x, const void *a, int N, int C, int r, float scale, float p,

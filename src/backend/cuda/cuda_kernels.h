@@ -39,7 +39,9 @@ void glmk_dora_norm(glm_dtype dt, float *n, const void *w, const void *a, const 
 void glmk_dora_scale(glm_dtype dt, void *out, const void *z, const void *mag, const float *n, float shift, const void *bias,
                      const void *res, float res_scale, int N, int OC, cudaStream_t st);
 void glmk_dora_bwd(glm_dtype dt, void *dz, void *dmag, const void *dout, const void *z, const void *mag, const float *n,
-                   float shift, int N, int OC, cudaStream_t st);
+                   float shift, int N, int OC, float *scratch, cudaStream_t st);
+/* floats of glmk_dora_bwd's scratch: the row chunks' partial sums per column */
+size_t glmk_dora_bwd_scratch(int N, int OC);
 
 /* ---- LoRA's down-projection with its dropout (k_lora.cu): 1 when done, 0 for shapes they do not
  * take (rank above 16, rows not in 16-byte packs); scratch: glmk_lora_down_bwd_scratch floats ---- */
