@@ -160,7 +160,7 @@ int glm_cmd_info(int argc, char **argv) {
         rc = glm_config_load(&c, a.model_name_or_path ? a.model_name_or_path : a.init_from_config, &err);
     else if (!rc) rc = glm_fail(&err, "--model_name_or_path, --init_from_config or --chatglm6b is required");
     glm_train_args ta = {.finetuning_type = a.finetuning_type, .lora_target = a.lora_target, .lora_rank = a.lora_rank,
-                         .lora_dropout = a.lora_dropout == -1 ? (a.use_dora ? 0.0 : 0.05) : a.lora_dropout,
+                         .lora_dropout = glm_train_lora_dropout(a.lora_dropout, a.use_dora),
                          .use_dora = a.use_dora, .num_layer_trainable = a.num_layer_trainable,
                          .pre_seq_len = a.pre_seq_len, .prefix_projection = a.prefix_projection, .prefix_dropout = 0.1,
                          .pipeline_parallel_size = a.pipeline_parallel_size};

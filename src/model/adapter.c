@@ -1,11 +1,11 @@
 /* peft-format LoRA adapters (adapter.h). */
 #include "model/adapter.h"
 #include <cJSON.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_gemm.h"
+#include "backend/cpu/cpu_ops.h"
 #include "core/fileutil.h"
 #include "core/hub.h"
 #include "core/json_text.h"
@@ -102,20 +102,9 @@ int glm_adapter_load(glm_model *m, const char *dir, glm_err *err) {
 typedef struct merge_src {
     glm_ckpt base, adapter;
     glm_peft peft;
-    float *a, *b; /* scratch for one adapter's A and B */
-    float *mag;   /* and DoRA's magnitudes */
+    float *a, *b;      /* scratch for one adapter's A and B */
+    float *mag, *norm; /* and DoRA's magnitudes and row norms */
 } merge_src;
-
-/* DoRA's merge (peft's): each row of W + s B A (in w) times mag / its norm. */
-static void dora_merge(float *w, const float *mag, int64_t OC, int64_t C) {
-    for (int64_t j = 0; j < OC; j++) {
-        float *row = w + j * C;
-        double ss = 0;
-        for (int64_t k = 0; k < C; k++) ss += (double)row[k] * row[k];
-        float f = mag[j] / (float)sqrt(ss);
-        for (int64_t k = 0; k < C; k++) row[k] *= f;
-    }
-}
 
 /* The base tensor, with scaling * B A added when its module has an adapter. */
 static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
@@ -143,9 +132,12 @@ static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *
     }
     if (glm_ckpt_read_f32(&ms->adapter, an, ms->a, 2, ash, err) || glm_ckpt_read_f32(&ms->adapter, bn, ms->b, 2, bsh, err))
         return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
+    int OC = (int)t->shape[0], C = (int)t->shape[1];
+    float s = glm_lora_scaling(&ms->peft);
+    /* DoRA (peft's merge): ||W + s B A|| per row, the training's own definition (the CPU op) */
+    if (ms->peft.use_dora) cpu_dora_norm(ms->norm, dst, ms->a, ms->b, s, OC, C, r);
     /* W[out, in] += s * B[out, r] A[r, in] */
-    cpu_sgemm(0, 0, (int)t->shape[0], (int)t->shape[1], r, glm_lora_scaling(&ms->peft), ms->b, r, ms->a,
-              (int)t->shape[1], 1.0f, dst, (int)t->shape[1]);
+    cpu_sgemm(0, 0, OC, C, r, s, ms->b, r, ms->a, C, 1.0f, dst, C);
     if (!ms->peft.use_dora) return 0;
     char mn[300];
     int64_t msh[1] = {t->shape[0]};
@@ -157,7 +149,8 @@ static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *
     }
     if (glm_ckpt_read_f32(&ms->adapter, mn, ms->mag, 1, msh, err))
         return glm_hint(err, "the adapter was made for another base model (see its adapter_config.json)");
-    dora_merge(dst, ms->mag, t->shape[0], t->shape[1]);
+    for (int j = 0; j < OC; j++) /* times m / the row's norm */
+        for (int k = 0; k < C; k++) dst[(size_t)j * C + k] *= ms->mag[j] / ms->norm[j];
     return 0;
 }
 
@@ -178,13 +171,12 @@ int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir
     if (glm_adapter_file(adapter_dir, path, sizeof path)) return glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", adapter_dir);
     if (glm_ckpt_open(&ms.base, base, err)) return -1;
     if (glm_ckpt_open(&ms.adapter, path, err)) { glm_ckpt_close(&ms.base); return -1; }
-    /* the widest in or out of the four modules: B [out, r] of dense_h_to_4h is [2F, r] in the ChatGLM2 block */
-    size_t big = (size_t)glm_dora_out_width(&c);
-    if ((size_t)c.inner_hidden_size > big) big = (size_t)c.inner_hidden_size;
-    if ((size_t)glm_attn_width(&c) > big) big = (size_t)glm_attn_width(&c);
-    ms.a = glm_malloc(big * (size_t)ms.peft.lora_rank * sizeof(float));
-    ms.b = glm_malloc(big * (size_t)ms.peft.lora_rank * sizeof(float));
-    ms.mag = glm_malloc((size_t)glm_dora_out_width(&c) * sizeof(float));
+    /* A [r, in] and B [out, r] of the widest module (dense_h_to_4h's B is [2F, r] in the ChatGLM2 block) */
+    size_t in = (size_t)glm_linear_in_max(&c), out = (size_t)glm_linear_out_max(&c), r = (size_t)ms.peft.lora_rank;
+    ms.a = glm_malloc(in * r * sizeof(float));
+    ms.b = glm_malloc(out * r * sizeof(float));
+    ms.mag = glm_malloc(out * sizeof(float));
+    ms.norm = glm_malloc(out * sizeof(float));
     char cfg[4096], folder[4096];
     glm_origin_paths(base, cfg, folder, sizeof cfg);
     glm_export_opts oo = *o;
@@ -194,6 +186,7 @@ int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir
     free(ms.a);
     free(ms.b);
     free(ms.mag);
+    free(ms.norm);
     glm_ckpt_close(&ms.adapter);
     glm_ckpt_close(&ms.base);
     return rc;

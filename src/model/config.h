@@ -102,20 +102,25 @@ static inline int glm_prefix_width(const glm_config *c) {
 static inline int glm_prefix_emb_width(const glm_config *c) {
     return c->family == GLM_FAMILY_GLM2 || !c->peft.prefix_projection ? glm_prefix_width(c) : c->hidden_size;
 }
-/* The widest output and the widest input of the four linear modules (LoRA's scratch per token) */
-static inline int glm_lora_tmp_width(const glm_config *c) {
-    int w = glm_qkv_width(c), f = glm_fc1_width(c);
-    return w > f ? (w > c->hidden_size ? w : c->hidden_size) : (f > c->hidden_size ? f : c->hidden_size);
+/* In and out features of linear module i (0 query_key_value, 1 dense, 2 dense_h_to_4h,
+ * 3 dense_4h_to_h, the LoRA target order): the weight is [out, in]. */
+static inline int glm_linear_in(const glm_config *c, int i) {
+    return i == 1 ? glm_attn_width(c) : i == 3 ? c->inner_hidden_size : c->hidden_size;
 }
-/* The widest output of the four linear modules (a DoRA module's row norms and output gradient). */
-static inline int glm_dora_out_width(const glm_config *c) {
-    int w = glm_qkv_width(c), f = glm_fc1_width(c);
-    w = w > f ? w : f;
-    return w > c->hidden_size ? w : c->hidden_size;
+static inline int glm_linear_out(const glm_config *c, int i) {
+    return i == 0 ? glm_qkv_width(c) : i == 2 ? glm_fc1_width(c) : c->hidden_size;
 }
-static inline int glm_lora_in_width(const glm_config *c) {
-    int a = glm_attn_width(c), f = c->inner_hidden_size, h = c->hidden_size;
-    return a > f ? (a > h ? a : h) : (f > h ? f : h);
+/* The widest output and the widest input of the four (an adapter's scratch per token, DoRA's row
+ * norms and output gradient, merge's scratch). */
+static inline int glm_linear_out_max(const glm_config *c) {
+    int w = 0;
+    for (int i = 0; i < 4; i++) w = glm_linear_out(c, i) > w ? glm_linear_out(c, i) : w;
+    return w;
+}
+static inline int glm_linear_in_max(const glm_config *c) {
+    int w = 0;
+    for (int i = 0; i < 4; i++) w = glm_linear_in(c, i) > w ? glm_linear_in(c, i) : w;
+    return w;
 }
 /* The ChatGLM2/3 configuration (ChatGLM2-6B's config.json shapes and ids). */
 glm_config glm_config_chatglm2_6b(void);

@@ -264,11 +264,10 @@ static void acts_alloc_kept(const glm_model *m, glm_layer_acts *a, size_t N) {
     a->qkv = be->alloc(be, N * W * es); a->lse = be->alloc(be, N * NH * 4);
     a->h1 = be->alloc(be, N * H * es); a->ln2_mean = be->alloc(be, N * 4); a->ln2_rstd = be->alloc(be, N * 4);
     a->fc1 = be->alloc(be, N * F1 * es);
-    const size_t out[4] = {(size_t)glm_qkv_width(c), H, F1, H};
     for (int i = 0; i < 4; i++) { /* an adapter's middle, where any layer has one, and DoRA's output */
         int on = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.lora_targets >> i & 1);
         a->lora_t[i] = on ? be->alloc(be, N * (size_t)m->cfg.peft.lora_rank * es) : NULL;
-        a->dora_z[i] = on && m->cfg.peft.use_dora ? be->alloc(be, N * out[i] * es) : NULL;
+        a->dora_z[i] = on && m->cfg.peft.use_dora ? be->alloc(be, N * (size_t)glm_linear_out(c, i) * es) : NULL;
     }
 }
 
@@ -456,11 +455,10 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     int adapters = 0;
     /* the family's widths: q|k|v, the attention output, the first MLP linear (config.h) */
     double W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c), dora = 0;
-    const double out[4] = {W, H, F1, H};
     for (int i = 0; i < 4; i++) {
         int on = c->peft.kind == GLM_FT_LORA && (c->peft.lora_targets >> i & 1);
         adapters += on;
-        dora += on && c->peft.use_dora ? out[i] : 0; /* DoRA's kept outputs (dora_z) */
+        dora += on && c->peft.use_dora ? glm_linear_out(c, i) : 0; /* DoRA's kept outputs (dora_z) */
     }
     double per_set = N * ((3 * H + A + W + F1 + F + adapters * (double)c->peft.lora_rank + dora) * es + (4 + NH) * 4);
     double rebuilt = N * (2 * H + A + F) * es; /* x, ctx, y, act: what selective checkpointing shares */
@@ -474,9 +472,9 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
                 (c->family == GLM_FAMILY_GLM2 ? N * F * es : 0) /* d_act */ + N * 2 * 4 +
                 (N < head_chunk ? N : head_chunk) * ((2 * H + V) * es + 4.0) + N * 7 * 4;
     if (c->peft.kind == GLM_FT_LORA) /* lora_tmp, lora_u */
-        p.scratch += N * glm_lora_tmp_width(c) * es + (c->peft.lora_dropout > 0 ? N * glm_lora_in_width(c) * es : 0);
+        p.scratch += N * glm_linear_out_max(c) * es + (c->peft.lora_dropout > 0 ? N * glm_linear_in_max(c) * es : 0);
     if (c->peft.kind == GLM_FT_LORA && c->peft.use_dora) /* dora_g, and the row norms (float) */
-        p.scratch += (N * es + nl * 4.0 * 4) * glm_dora_out_width(c);
+        p.scratch += (N * es + nl * 4.0 * 4) * glm_linear_out_max(c);
     size_t qbig = 0; /* qscratch: the largest quantized matrix dequantized */
     for (int i = 0; i < quant.n; i++) qbig = quant.t[i].numel > qbig ? quant.t[i].numel : qbig;
     p.scratch += (double)qbig * es;

@@ -98,12 +98,12 @@ typedef struct glm_model {
     void *lora_u;           /* [N, F] an adapter's dropped-out input (lora_dropout > 0) */
     int lora_cap;           /* tokens those two hold */
     /* DoRA (cfg.peft.use_dora) */
-    float *dora_n;          /* [layers held, 4, glm_dora_out_width] float: each module's row norms ||W + s B A||,
+    float *dora_n;          /* [layers held, 4, glm_linear_out_max] float: each module's row norms ||W + s B A||,
                              * computed in its forward (every training forward: the weights moved) */
     int *dora_fresh;        /* [layers held * 4] host: the norms hold for the current weights (weights_fixed) */
     int weights_fixed;      /* made for inference (glm_model_init_inference): its weights change only by
                              * loads, so DoRA's norms are kept between calls; a training model's are not */
-    void *dora_g;           /* [lora_cap, glm_dora_out_width] a DoRA module's output gradient times m / n */
+    void *dora_g;           /* [lora_cap, glm_linear_out_max] a DoRA module's output gradient times m / n */
     /* P-Tuning v2 (cfg.peft.pre_seq_len = P > 0) */
     void *pkv;              /* [P, 2LH] the prefix encoder's output: layer l's keys at slot 2l, values 2l+1 */
     void *prefix_h;         /* [P, H] tanh(trans.0(embedding)) with the projection */

@@ -17,8 +17,8 @@ static void lora_scratch(glm_model *m, int N) {
     if (m->lora_tmp) be->free(be, m->lora_tmp);
     if (m->lora_u) be->free(be, m->lora_u);
     if (m->dora_g) be->free(be, m->dora_g);
-    m->lora_tmp = be->alloc(be, (size_t)N * glm_lora_tmp_width(&m->cfg) * es);
-    m->dora_g = m->cfg.peft.use_dora ? be->alloc(be, (size_t)N * glm_dora_out_width(&m->cfg) * es) : NULL;
+    m->lora_tmp = be->alloc(be, (size_t)N * glm_linear_out_max(&m->cfg) * es);
+    m->dora_g = m->cfg.peft.use_dora ? be->alloc(be, (size_t)N * glm_linear_out_max(&m->cfg) * es) : NULL;
     m->lora_u = NULL; /* made by dropped_copy when first needed */
     m->lora_cap = N;
 }
@@ -28,7 +28,7 @@ static void lora_scratch(glm_model *m, int N) {
  * it either way) */
 static void *dropped_copy(glm_model *m) {
     if (!m->lora_u)
-        m->lora_u = m->be->alloc(m->be, (size_t)m->lora_cap * glm_lora_in_width(&m->cfg) * glm_dtype_size(m->be->dtype));
+        m->lora_u = m->be->alloc(m->be, (size_t)m->lora_cap * glm_linear_in_max(&m->cfg) * glm_dtype_size(m->be->dtype));
     return m->lora_u;
 }
 
@@ -108,18 +108,24 @@ void glm_dora_forget(glm_model *m) {
     for (int k = 0; k < (m->layer_hi - m->layer_lo) * 4; k++) m->dora_fresh[k] = 0;
 }
 
+/* Module (l, i)'s place among the layers held, and its row norms in m->dora_n. */
+static size_t dora_slot(const glm_model *m, int l, int i) { return (size_t)(l - m->layer_lo) * 4 + i; }
+static float *dora_norm_row(const glm_model *m, int l, int i) {
+    return m->dora_n + dora_slot(m, l, i) * glm_linear_out_max(&m->cfg);
+}
+
 /* Module (l, i)'s row norms [OC]: computed in every forward of a model that trains (the
  * optimizer may have moved the weights since the last), and once for a model made for inference
  * until its weights are loaded again. */
 static const float *dora_norms(glm_model *m, int l, int i, const void *w, int C, int OC) {
     glm_backend *be = m->be;
-    size_t D = glm_dora_out_width(&m->cfg), slots = (size_t)(m->layer_hi - m->layer_lo) * 4;
     if (!m->dora_n) {
-        m->dora_n = be->alloc(be, slots * D * sizeof(float));
+        size_t slots = (size_t)(m->layer_hi - m->layer_lo) * 4;
+        m->dora_n = be->alloc(be, slots * glm_linear_out_max(&m->cfg) * sizeof(float));
         m->dora_fresh = glm_calloc(slots, sizeof(int));
     }
-    size_t slot = (size_t)(l - m->layer_lo) * 4 + i;
-    float *n = m->dora_n + slot * D;
+    size_t slot = dora_slot(m, l, i);
+    float *n = dora_norm_row(m, l, i);
     if (!m->weights_fixed || m->training || !m->dora_fresh[slot]) {
         const glm_layer_ptrs *p = &m->w.layer[l];
         be->dora_norm(be, n, linear_weight(m, l, i, w, C, OC), p->lora_a[i], p->lora_b[i], glm_lora_scaling(&m->cfg.peft),
@@ -138,9 +144,7 @@ static const void *module_weight(const glm_model *m, int l, int i) {
 
 void glm_dora_init_magnitudes(glm_model *m) {
     const glm_config *c = &m->cfg;
-    const int H = c->hidden_size, io[4][2] = {{H, glm_qkv_width(c)}, {glm_attn_width(c), H}, {H, glm_fc1_width(c)},
-                                               {c->inner_hidden_size, H}};
-    float *host = glm_malloc((size_t)glm_dora_out_width(c) * sizeof(float));
+    float *host = glm_malloc((size_t)glm_linear_out_max(c) * sizeof(float));
     int training = m->training;
     m->training = 0;
     glm_dora_forget(m);
@@ -149,9 +153,10 @@ void glm_dora_init_magnitudes(glm_model *m) {
             void *mag = m->w.layer[l].lora_m[i];
             if (!mag) continue;
             /* peft's: ||W + s B A|| at the adapter's creation */
-            const float *n = dora_norms(m, l, i, module_weight(m, l, i), io[i][0], io[i][1]);
-            m->be->download(m->be, host, n, (size_t)io[i][1] * sizeof(float));
-            m->be->upload_f32(m->be, mag, host, (size_t)io[i][1]);
+            int OC = glm_linear_out(c, i);
+            const float *n = dora_norms(m, l, i, module_weight(m, l, i), glm_linear_in(c, i), OC);
+            m->be->download(m->be, host, n, (size_t)OC * sizeof(float));
+            m->be->upload_f32(m->be, mag, host, (size_t)OC);
         }
     m->training = training;
     free(host);
@@ -210,8 +215,7 @@ static void input_grad(glm_model *m, void *dinp, const void *dout, const void *i
 static void dora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp,
                      const void *w, int N, int C, int OC, const void *res, float res_scale) {
     glm_backend *be = m->be;
-    size_t slot = (size_t)(l - m->layer_lo) * 4 + i;
-    const float *n = m->dora_n + slot * glm_dora_out_width(&m->cfg); /* this step's, from the forward */
+    const float *n = dora_norm_row(m, l, i); /* this step's, from the forward */
     void *gz = m->dora_g, *dmag = m->g.layer[l].lora_m[i];
     const void *mag = m->w.layer[l].lora_m[i], *W = dinp ? linear_weight(m, l, i, w, C, OC) : NULL;
     float p = lora_dropout(m);

@@ -102,8 +102,6 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
         ROW(T_WORD_EMB, -1, fam->embed, 2, V, H);
     /* the widths of config.h: q|k|v, the attention output, the first MLP linear */
     int64_t W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
-    /* in_features and out_features of the four linear modules, in target order */
-    const int64_t lin[4][2] = {{H, W}, {A, H}, {H, F1}, {F, H}};
     /* each layer row's shape by kind (T_LN1_W on); a NULL name in the family: no such row */
     const int64_t shape[12][3] = {{1, H, 1}, {1, H, 1}, {2, W, H}, {1, W, 1}, {2, H, A}, {1, H, 1},
                                   {1, H, 1}, {1, H, 1}, {2, F1, H}, {1, F1, 1}, {2, H, F}, {1, H, 1}};
@@ -119,14 +117,14 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
         }
         for (int i = 0; i < 4; i++) {
             snprintf(n + np, sizeof n - np, "%s.lora_A.weight", fam->modules[i]);
-            ROW(glm_lora_kind(i, 0), l, n, 2, r, lin[i][0]);
+            ROW(glm_lora_kind(i, 0), l, n, 2, r, glm_linear_in(c, i));
             snprintf(n + np, sizeof n - np, "%s.lora_B.weight", fam->modules[i]);
             int before = tab->n;
-            ROW(glm_lora_kind(i, 1), l, n, 2, lin[i][1], r);
+            ROW(glm_lora_kind(i, 1), l, n, 2, glm_linear_out(c, i), r);
             if (tab->n > before && c->peft.loraplus_lr_ratio > 0) tab->t[before].lr_scale = c->peft.loraplus_lr_ratio;
             snprintf(n + np, sizeof n - np, "%s.lora_magnitude_vector", fam->modules[i]);
             before = tab->n;
-            ROW(glm_dora_kind(i), l, n, 1, lin[i][1], 1);
+            ROW(glm_dora_kind(i), l, n, 1, glm_linear_out(c, i), 1);
             if (tab->n > before) tab->t[before].decay = 1; /* the Trainer's rule spares biases and norms by name:
                                                               * this vector decays */
         }

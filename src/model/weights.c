@@ -257,9 +257,10 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         if (t->kind == T_WORD_EMB && m->cfg.tie_word_embeddings && has_head && glm_ckpt_info(&c, wte, NULL, NULL, NULL))
             src = head;
         char alt[264]; /* DoRA's magnitude as a module's weight (.lora_magnitude_vector.weight), as some tools write it */
-        snprintf(alt, sizeof alt, "%s.weight", name);
-        if (glm_is_dora(t->kind) && glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0 && glm_ckpt_info(&c, alt, NULL, NULL, NULL) == 0)
-            src = alt;
+        if (glm_is_dora(t->kind) && glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0) {
+            snprintf(alt, sizeof alt, "%s.weight", name);
+            if (glm_ckpt_info(&c, alt, NULL, NULL, NULL) == 0) src = alt;
+        }
         if (glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0) {
             rc = glm_fail(err, "%s: tensor %s is missing (%s checkpoint)", path, src, glm_ckpt_format(&c));
             if (t->kind == T_LM_HEAD)

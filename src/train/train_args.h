@@ -120,4 +120,7 @@ static inline int glm_train_seq_len(const glm_train_args *a) {
     return a->cutoff_len > 0 ? a->cutoff_len : a->max_source_length + a->max_target_length;
 }
 
+/* --lora_dropout as given, or its default (-1): 0.05, and 0 with --use_dora (peft's and
+ * LLaMA-Factory's DoRA default: dropout costs DoRA a second base product) */
+static inline double glm_train_lora_dropout(double given, int use_dora) { return given == -1 ? (use_dora ? 0.0 : 0.05) : given; }
 #endif

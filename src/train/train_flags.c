@@ -406,8 +406,7 @@ int glm_train_resolve_args(glm_train_args *a, glm_err *err) {
         a->finetuning_type = glm_strdup(kind);
     }
     if (a->use_cpu) { free(a->device); a->device = glm_strdup("cpu"); }
-    /* peft's and LLaMA-Factory's DoRA default has no dropout (DoRA here takes none) */
-    if (a->lora_dropout == -1) a->lora_dropout = a->use_dora ? 0.0 : 0.05;
+    a->lora_dropout = glm_train_lora_dropout(a->lora_dropout, a->use_dora);
     /* THUDM's evaluate.sh: --do_predict without training data predicts alone (the Trainer's
      * do_train is false unless given; glmtrain's default is true for training scripts) */
     if (a->do_predict && !a->train_file && !a->dataset) a->do_train = 0;

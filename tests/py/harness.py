@@ -24,6 +24,12 @@ class Checks:
             print(f"FAIL {name}: {why}")
         return cond
 
+    def report(self, name, cond, detail):
+        """check() with a detail printed either way: the measurement beside a PASS, the why of a FAIL."""
+        print(("PASS %s (%s)" if cond else "FAIL %s: %s") % (name, detail), flush=True)
+        self.fails += not cond
+        return cond
+
     def skip(self, name, why):
         print(f"SKIP {name}: {why}")
 

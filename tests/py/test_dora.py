@@ -32,21 +32,13 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import harness  # noqa: E402
+
 PEFT10 = os.environ.get("GLM_PEFT10_DIR", "/usr/local/lib/glmtrain-peft-0.10")
 TOL = 1e-5
 ALL = ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]
-failures = 0
-
-
-def report(name, ok, detail):
-    global failures
-    failures += not ok
-    print(("PASS %s (%s)" if ok else "FAIL %s: %s") % (name, detail))
-    sys.stdout.flush()
-
-
-def skip(name, why):
-    print("SKIP %s: %s" % (name, why))
+CHECKS = harness.Checks()
+report, skip = CHECKS.report, CHECKS.skip
 
 
 def with_magnitudes(params, adapters, seed, prefix=""):
@@ -419,7 +411,7 @@ def main():
         except Exception as e:
             report("dora_train", False, "%s: %s" % (type(e).__name__, str(e)[-1500:]))
     print("# test_dora: %.1f s" % (time.time() - t0))
-    return 1 if failures else 0
+    return CHECKS.status()
 
 
 if __name__ == "__main__":
