@@ -21,7 +21,7 @@ typedef struct info_args {
     char *device_map, *max_memory_per_gpu, *optim, *offload_optimizer, *deepspeed;
     int optimizer_in_backward;
     int pipeline_parallel_size, gradient_accumulation_steps, data_parallel_size, zero_stage;
-    char *finetuning_type, *lora_target, *quantization_type;
+    char *finetuning_type, *lora_target, *quantization_type, *freeze_trainable_modules, *freeze_extra_modules;
     int lora_rank, use_dora, num_layer_trainable, pre_seq_len, prefix_projection, quantization_bit;
     double lora_dropout;
 } info_args;
@@ -56,7 +56,9 @@ static const glm_flag info_flags[] = {
     F(lora_dropout, ARG_FLOAT, "-1", "LoRA dropout (its scratch buffer); -1: 0.05, or 0 with --use_dora (as train)"),
     F(use_dora, ARG_BOOL, "false", "DoRA (as train): each adapted module's output kept for the magnitude's gradient"),
     F(lora_target, ARG_STR, "query_key_value", "LoRA modules (as train)"),
-    F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train"),
+    F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N)"),
+    F(freeze_trainable_modules, ARG_STR, "all", "freeze: the modules of those layers that train (as train)"),
+    F(freeze_extra_modules, ARG_STR, "", "freeze: modules outside the layers that train too (as train)"),
     F(pre_seq_len, ARG_INT, "0", "P-Tuning v2 prefix length (as train)"),
     F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2 with the projection MLP"),
     F(quantization_bit, ARG_INT, "0", "4 or 8: the frozen linear weights quantized (as train)"),
@@ -162,9 +164,10 @@ int glm_cmd_info(int argc, char **argv) {
     glm_train_args ta = {.finetuning_type = a.finetuning_type, .lora_target = a.lora_target, .lora_rank = a.lora_rank,
                          .lora_dropout = glm_train_lora_dropout(a.lora_dropout, a.use_dora),
                          .use_dora = a.use_dora, .num_layer_trainable = a.num_layer_trainable,
+                         .freeze_trainable_modules = a.freeze_trainable_modules, .freeze_extra_modules = a.freeze_extra_modules,
                          .pre_seq_len = a.pre_seq_len, .prefix_projection = a.prefix_projection, .prefix_dropout = 0.1,
                          .pipeline_parallel_size = a.pipeline_parallel_size};
-    if (!rc) rc = glm_train_peft(&ta, c.num_layers, &c.peft, &err);
+    if (!rc) rc = glm_train_peft(&ta, &c, &c.peft, &err);
     if (!rc) rc = glm_config_set_quant(&c, a.quantization_bit, a.quantization_type,
                                        a.model_name_or_path ? a.model_name_or_path : "the model", &err);
     if (rc) { glm_err_print(&err); return 1; }
@@ -191,6 +194,8 @@ int glm_cmd_info(int argc, char **argv) {
         glm_table_build_range(&tr, &c, 0, c.num_layers, 1, 1);
         printf("finetuning %s: %.3fM trainable parameters (gradients, master weights and moments for those only)\n",
                a.finetuning_type, tr.n_params / 1e6);
+        char what[320];
+        if (c.peft.kind == GLM_FT_FREEZE) printf("freeze: %s train\n", glm_freeze_describe(&c, &c.peft, what, sizeof what));
         glm_table_free(&tr);
     }
     if (c.quant != GLM_Q_NONE) {

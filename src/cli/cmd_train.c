@@ -39,7 +39,7 @@ static int predict(const glm_train_args *a, glm_err *err) {
     const char *base = a->model_name_or_path, *adapter = a->ptuning_checkpoint ? a->ptuning_checkpoint : a->adapter_name_or_path;
     if (a->do_train) { /* what trained, by the rule training used: an adapter's output folder holds the adapter alone */
         glm_peft p;
-        if (glm_train_peft(a, c.num_layers, &p, err)) return -1;
+        if (glm_train_peft(a, &c, &p, err)) return -1;
         int adapted = p.kind == GLM_FT_LORA || p.kind == GLM_FT_PTUNING;
         base = adapted ? a->model_name_or_path : a->output_dir;
         adapter = adapted ? a->output_dir : NULL;

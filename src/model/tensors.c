@@ -46,6 +46,131 @@ void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, 
 }
 
 
+/* Freeze mode's modules, by LLaMA-Factory's names: a layer row's module is the first part of its
+ * name inside the layer (input_layernorm, attention or self_attention, post_attention_layernorm,
+ * mlp), its bit the module's place among the family's; a row outside the layers is named by the
+ * part before its last (word_embeddings, final_layernorm, lm_head or output_layer). */
+static size_t first_part(const char *s) { return strcspn(s, "."); }
+static int layer_module_bit(const glm_family *fam, int k) {
+    const char *seen[12];
+    int ns = 0;
+    for (int i = 0; i < 12; i++) {
+        const char *r = fam->layer_row[i];
+        if (!r) continue;
+        int j = 0;
+        while (j < ns && !(first_part(seen[j]) == first_part(r) && !strncmp(seen[j], r, first_part(r)))) j++;
+        if (j == ns) seen[ns++] = r;
+        if (i == k) return 1 << j;
+    }
+    return 0;
+}
+/* the row that stands for an outside module (its bit), NULL where the model has none: a tied head
+ * is the embedding's own row, as Hugging Face's named_parameters lists it once */
+static const char *extra_row(const glm_config *c, int bit) {
+    const glm_family *fam = glm_family_of(c);
+    return bit == GLM_FREEZE_EMB ? fam->embed : bit == GLM_FREEZE_LNF ? fam->final_norm_w
+                                              : c->tie_word_embeddings ? NULL : fam->head;
+}
+static void extra_part(const char *row, const char **p, size_t *n) {
+    const char *last = strrchr(row, '.'), *s = last;
+    while (s > row && s[-1] != '.') s--;
+    *p = s;
+    *n = (size_t)(last - s);
+}
+static int extra_kind_bit(glm_tkind kind) {
+    return kind == T_WORD_EMB ? GLM_FREEZE_EMB : kind == T_LNF_W || kind == T_LNF_B ? GLM_FREEZE_LNF
+                                              : kind == T_LM_HEAD ? GLM_FREEZE_HEAD : 0;
+}
+
+static int freeze_trains(const glm_config *c, int layer, glm_tkind kind) {
+    const glm_peft *p = &c->peft;
+    if (glm_is_extra(kind)) return 0;
+    if (layer < 0) return (p->freeze_extra & extra_kind_bit(kind)) != 0;
+    int n = p->num_layer_trainable, mods = p->freeze_modules ? p->freeze_modules : ~0;
+    int in = n > 0 ? layer >= c->num_layers - n : layer < -n;
+    return in && (mods & layer_module_bit(glm_family_of(c), kind - T_LN1_W));
+}
+
+/* the names --freeze_trainable_modules (layer modules) or --freeze_extra_modules takes, in
+ * order, into buf as a comma list */
+static const char *module_names(const glm_config *c, int extra, int bits, char *buf, size_t n) {
+    const glm_family *fam = glm_family_of(c);
+    size_t u = 0;
+    int done = 0;
+    buf[0] = 0;
+    for (int i = 0; i < (extra ? 3 : 12); i++) {
+        const char *s = extra ? extra_row(c, 1 << i) : fam->layer_row[i];
+        int bit = extra ? 1 << i : layer_module_bit(fam, i);
+        if (!s || !(bits & bit) || (done & bit)) continue;
+        size_t len;
+        if (extra) extra_part(s, &s, &len);
+        else len = first_part(s);
+        done |= bit;
+        if (u + len + 3 < n) u += (size_t)snprintf(buf + u, n - u, "%s%.*s", u ? ", " : "", (int)len, s);
+    }
+    return buf;
+}
+
+const char *glm_freeze_modules_str(const glm_config *c, int bits, int extra, char *buf, size_t n) {
+    if (!extra && (!bits || bits == glm_freeze_modules_all(c))) return snprintf(buf, n, "all"), buf;
+    if (extra && !bits) return snprintf(buf, n, "none"), buf;
+    return module_names(c, extra, bits, buf, n);
+}
+
+const char *glm_freeze_describe(const glm_config *c, const glm_peft *p, char *buf, size_t n) {
+    int k = p->num_layer_trainable, lo = k > 0 ? c->num_layers - k : 0, hi = k > 0 ? c->num_layers - 1 : -k - 1;
+    char mods[160], extra[96], span[32];
+    if (lo == hi) snprintf(span, sizeof span, "layer %d", lo);
+    else snprintf(span, sizeof span, "layers %d-%d", lo, hi);
+    glm_freeze_modules_str(c, p->freeze_modules, 0, mods, sizeof mods);
+    snprintf(buf, n, "%s (%s%s)%s%s", span, mods, strcmp(mods, "all") ? "" : " modules", p->freeze_extra ? " and " : "",
+             p->freeze_extra ? glm_freeze_modules_str(c, p->freeze_extra, 1, extra, sizeof extra) : "");
+    return buf;
+}
+
+int glm_freeze_modules_all(const glm_config *c) {
+    int all = 0;
+    for (int i = 0; i < 12; i++) all |= layer_module_bit(glm_family_of(c), i);
+    return all;
+}
+
+int glm_freeze_modules_parse(const glm_config *c, const char *list, int extra, int *bits, glm_err *err) {
+    const glm_family *fam = glm_family_of(c);
+    const char *flag = extra ? "--freeze_extra_modules" : "--freeze_trainable_modules";
+    *bits = 0;
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        while (n && *p == ' ') p++, n--;
+        while (n && p[n - 1] == ' ') n--;
+        int bit = 0;
+        if (!extra && n == 3 && !strncmp(p, "all", 3)) bit = glm_freeze_modules_all(c);
+        for (int i = 0; i < (extra ? 3 : 12) && !bit && n; i++) {
+            const char *s = extra ? extra_row(c, 1 << i) : fam->layer_row[i];
+            size_t len;
+            if (!s) continue;
+            if (extra) extra_part(s, &s, &len);
+            else len = first_part(s);
+            if (len == n && !strncmp(s, p, n)) bit = extra ? 1 << i : layer_module_bit(fam, i);
+        }
+        if (!bit && n) {
+            char names[160];
+            module_names(c, extra, extra ? 7 : glm_freeze_modules_all(c), names, sizeof names);
+            glm_fail(err, "%s: \"%.*s\" is not a module %s this model (%s)", flag, (int)n, p,
+                     extra ? "outside the layers of" : "of a layer of", fam->name);
+            if (extra && c->tie_word_embeddings && ((n == 7 && !strncmp(p, "lm_head", 7)) || (n == 12 && !strncmp(p, "output_layer", 12))))
+                return glm_hint(err, "the head is tied to the word embedding here: --freeze_extra_modules word_embeddings "
+                                     "trains the one matrix both use");
+            return glm_hint(err, "use a comma list of %s%s", extra ? "" : "all, ", names);
+        }
+        *bits |= bit;
+        if (!e) break;
+        p = e + 1;
+    }
+    if (!extra && !*bits) return glm_fail(err, "%s is empty", flag), glm_hint(err, "all (every module of the layers that train), or e.g. mlp");
+    return 0;
+}
+
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     const glm_peft *p = &c->peft;
     switch (p->kind) {
@@ -53,7 +178,7 @@ int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     case GLM_FT_LORA:
         return glm_is_lora(kind) && (p->lora_targets >> glm_lora_module(kind) & 1) && (!glm_is_dora(kind) || p->use_dora);
     case GLM_FT_PTUNING: return glm_is_prefix(kind) && (kind == T_PREFIX_EMB || p->prefix_projection);
-    case GLM_FT_FREEZE: return !glm_is_extra(kind) && layer >= 0 && layer >= c->num_layers - p->num_layer_trainable;
+    case GLM_FT_FREEZE: return freeze_trains(c, layer, kind);
     default: return 0;
     }
 }

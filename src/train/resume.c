@@ -164,14 +164,15 @@ static int warn_changes(trainer *t, const char *dir, long saved_world, glm_err *
 }
 
 /* What a peft setting trains, in words ("a LoRA adapter (r 8 on query_key_value,dense)"). */
-static void describe(const glm_peft *p, char *s, size_t n) {
+static void describe(const glm_config *c, const glm_peft *p, char *s, size_t n) {
     if (p->kind == GLM_FT_LORA) {
         char mods[96];
         snprintf(s, n, "a LoRA adapter (r %d on %s)", p->lora_rank, glm_lora_targets_str(p->lora_targets, mods, sizeof mods));
     } else if (p->kind == GLM_FT_PTUNING) {
         snprintf(s, n, "a P-Tuning v2 prefix (pre_seq_len %d, prefix_projection %s)", p->pre_seq_len, p->prefix_projection ? "true" : "false");
     } else if (p->kind == GLM_FT_FREEZE) {
-        snprintf(s, n, "the last %d layers (freeze fine-tuning)", p->num_layer_trainable);
+        char what[320];
+        snprintf(s, n, "%s (freeze fine-tuning)", glm_freeze_describe(c, p, what, sizeof what));
     } else {
         snprintf(s, n, "model weights (full fine-tuning)");
     }
@@ -193,7 +194,7 @@ static int check_kind(trainer *t, const char *dir, glm_err *err) {
     /* the writer's own flags say what it trained (pipeline stages' checkpoints hold LoRA rows
      * without adapter_config.json); a checkpoint of an earlier glmtrain, by what the folder holds */
     int known = glm_is_file(path) && glm_args_parse(glm_train_flags, glm_train_nflags, &old, 2, argv, &e) == 0 &&
-                glm_train_peft(&old, t->m.cfg.num_layers, &was, &e) == 0;
+                glm_train_peft(&old, &t->m.cfg, &was, &e) == 0;
     glm_train_args_free(&old);
     if (!known && glm_is_adapter_dir(dir)) {
         if (glm_adapter_read_config(dir, &was, err)) return -1;
@@ -205,13 +206,14 @@ static int check_kind(trainer *t, const char *dir, glm_err *err) {
     int same = was.kind == now->kind &&
                (was.kind == GLM_FT_LORA      ? now->lora_rank == was.lora_rank && now->lora_targets == was.lora_targets
                 : was.kind == GLM_FT_PTUNING ? now->pre_seq_len == was.pre_seq_len && !now->prefix_projection == !was.prefix_projection
-                : was.kind == GLM_FT_FREEZE  ? now->num_layer_trainable == was.num_layer_trainable
+                : was.kind == GLM_FT_FREEZE  ? now->num_layer_trainable == was.num_layer_trainable &&
+                                                   now->freeze_modules == was.freeze_modules && now->freeze_extra == was.freeze_extra
                                              : 1);
     if (!known && was.kind == GLM_FT_FULL) same |= now->kind == GLM_FT_FREEZE; /* weights alone do not tell the two apart */
     if (same) return 0;
-    char a[192], b[192];
-    describe(&was, a, sizeof a);
-    describe(now, b, sizeof b);
+    char a[320], b[320];
+    describe(&t->m.cfg, &was, a, sizeof a);
+    describe(&t->m.cfg, now, b, sizeof b);
     glm_fail(err, "%s holds %s; this run trains %s: a checkpoint resumes only the kind of run that wrote it", dir, a, b);
     return glm_hint(err, "resume with the settings it was written with (its training_args.json), or start a new run in "
                          "another --output_dir (or --overwrite_output_dir)");

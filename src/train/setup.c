@@ -335,7 +335,8 @@ static int peft_from_adapter(const glm_train_args *a, glm_peft *p, glm_err *err)
     return 0;
 }
 
-int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
+int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, glm_err *err) {
+    int L = c->num_layers;
     *p = (glm_peft){0};
     if (a->adapter_name_or_path || a->ptuning_checkpoint) return peft_from_adapter(a, p, err);
     const char *k = a->finetuning_type;
@@ -359,10 +360,22 @@ int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err) {
                         .prefix_dropout = (float)a->prefix_dropout};
         return 0;
     }
+    int default_modules = !a->freeze_trainable_modules || !strcmp(a->freeze_trainable_modules, "all");
+    if (strcmp(k, "freeze") != 0 && (!default_modules || (a->freeze_extra_modules && a->freeze_extra_modules[0])))
+        return glm_fail(err, "--%s with --finetuning_type %s: it says what freeze fine-tuning trains",
+                        default_modules ? "freeze_extra_modules" : "freeze_trainable_modules", k),
+               glm_hint(err, "add --finetuning_type freeze, or drop the flag");
     if (strcmp(k, "freeze") == 0) {
-        if (a->num_layer_trainable < 1 || a->num_layer_trainable > L)
-            return glm_fail(err, "--num_layer_trainable %d: the model has %d layers (1..%d train)", a->num_layer_trainable, L, L);
-        *p = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = a->num_layer_trainable};
+        int n = a->num_layer_trainable;
+        if (n == 0 || n > L || n < -L)
+            return glm_fail(err, "--num_layer_trainable %d: the model has %d layers", n, L),
+                   glm_hint(err, "N from 1 to %d trains the last N layers, -1 to -%d the first -N", L, L);
+        *p = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n};
+        if (glm_freeze_modules_parse(c, a->freeze_trainable_modules ? a->freeze_trainable_modules : "all", 0,
+                                     &p->freeze_modules, err) ||
+            glm_freeze_modules_parse(c, a->freeze_extra_modules ? a->freeze_extra_modules : "", 1, &p->freeze_extra, err))
+            return -1;
+        if (p->freeze_modules == glm_freeze_modules_all(c)) p->freeze_modules = 0; /* one spelling of "all" */
         return 0;
     }
     /* lora */
@@ -423,7 +436,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
             glm_hint(err, "--init_from_config takes a config.json file (or a folder holding one)");
         return -1;
     }
-    if (glm_train_peft(a, c.num_layers, &c.peft, err)) return -1;
+    if (glm_train_peft(a, &c, &c.peft, err)) return -1;
     if (!(a->neftune_noise_alpha >= 0 && a->neftune_noise_alpha < 1e6))
         return glm_fail(err, "--neftune_noise_alpha %g must be 0 (off) or positive", a->neftune_noise_alpha),
                glm_hint(err, "NEFTune's paper and LLaMA-Factory's examples use 5");
@@ -494,6 +507,8 @@ int trainer_load_model(trainer *t, glm_err *err) {
              c.num_layers, c.hidden_size, c.num_attention_heads, c.vocab_size, count_str(n1, sizeof n1, (double)base),
              c.tie_word_embeddings ? "tied" : "untied", t->be->name);
     static const char *const kinds[] = {"full", "lora", "ptuning", "freeze"};
+    char what[320];
+    if (c.peft.kind == GLM_FT_FREEZE) glm_info("freeze: %s train", glm_freeze_describe(&c, &c.peft, what, sizeof what));
     if (c.peft.kind != GLM_FT_FULL)
         glm_info("%s: %s trainable parameters (%.3f%% of %s), the rest frozen", kinds[c.peft.kind],
                  count_str(n1, sizeof n1, (double)t->m.tab.n_params),

@@ -14,7 +14,7 @@ int glm_train_run(glm_train_args *a, glm_err *err);
 int glm_train_check_args(glm_train_args *a, glm_err *err);
 /* What trains, from --finetuning_type and the LoRA / freeze flags (model/config.h glm_peft),
  * for a model of L layers. */
-int glm_train_peft(const glm_train_args *a, int L, glm_peft *p, glm_err *err);
+int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, glm_err *err);
 /* The checks a data-parallel launcher makes once before starting workers: flags and the
  * output directory (created when missing). */
 int glm_train_preflight(glm_train_args *a, glm_err *err);

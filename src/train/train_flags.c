@@ -84,7 +84,11 @@ const glm_flag glm_train_flags[] = {
       "over the row norms of W + s B A"),
     F(loraplus_lr_ratio, ARG_FLOAT, "0", "LoRA+ (LLaMA-Factory's): the lora_B matrices train at this times the learning rate "
       "(16 is common; 0 = off)"),
-    F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train, the rest stays frozen"),
+    F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N), the rest stays frozen"),
+    F(freeze_trainable_modules, ARG_STR, "all", "freeze: which modules of those layers train, a comma list of "
+      "input_layernorm, attention (ChatGLM2/3, GLM-4: self_attention), post_attention_layernorm, mlp, or all"),
+    F(freeze_extra_modules, ARG_STR, "", "freeze: modules outside the layers that train too, a comma list of "
+      "word_embeddings, final_layernorm, and the untied head (lm_head; ChatGLM2/3, GLM-4: output_layer)"),
     F(pre_seq_len, ARG_INT, "0", "P-Tuning v2: prefix length (THUDM's ptuning uses 128); alone it selects --finetuning_type ptuning"),
     F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2: an MLP (Linear, tanh, Linear) after the prefix embedding, as THUDM's PrefixEncoder"),
     F(prefix_dropout, ARG_FLOAT, "0.1", "P-Tuning v2: dropout on the prefix keys/values while training (the original's 0.1)"),
@@ -304,11 +308,8 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"debug", "", "", "the Trainer's debug modes; glmtrain stops at non-finite losses or gradients itself, naming the step "
                       "(--max_bad_steps)"},
     /* LLaMA-Factory's arguments (its webui's commands and example configs write them) */
-    {"freeze_trainable_layers", NULL, "num_layer_trainable", "LLaMA-Factory's name for --num_layer_trainable (the last N layers "
-                                                             "train; a negative N, the first layers alone, is not trained here)"},
-    {"freeze_trainable_modules", "all", "", "freeze mode trains whole layers (LLaMA-Factory's \"all\")"},
-    {"freeze_extra_modules", "", "", "freeze mode trains the last layers alone; the embedding or head besides them: "
-                                     "--finetuning_type full"},
+    {"freeze_trainable_layers", NULL, "num_layer_trainable", "LLaMA-Factory's name for --num_layer_trainable (the last N "
+                                                             "layers train; a negative N, the first -N)"},
     {"pure_bf16", NULL, "bf16", "glmtrain's bf16 keeps fp32 master weights and AdamW states for the tensors that train "
                                 "(with LoRA a few MB); for less memory: --optim adamw_8bit or --zero_stage"},
     {"additional_target", "", "", "modules_to_save (whole copies of other modules beside LoRA) is not trained here: "

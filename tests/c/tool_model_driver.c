@@ -3,7 +3,7 @@
  *   tool_model_driver --model DIR --batch FILE.json --out OUT.safetensors [--steps K] [--lr F]
  *     [--weight_decay F] [--beta1 F] [--beta2 F] [--eps F] [--max_grad_norm F] [--gradient_checkpointing [selective]]
  *     [--finetuning_type full|lora|freeze] [--lora_rank R] [--lora_alpha F (0 = 2R)] [--lora_target LIST]
- *     [--use_rslora] [--use_dora] [--lora_dropout P --dropout_seed S] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--adapter DIR_OR_FILE] [--adapter_seed S]
+ *     [--use_rslora] [--use_dora] [--lora_dropout P --dropout_seed S] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--freeze_trainable_modules LIST] [--freeze_extra_modules LIST] [--adapter DIR_OR_FILE] [--adapter_seed S]
  *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
  *     [--quantization_bit 4|8] [--quantization_type int|nf4]  (the frozen linear weights quantized)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
@@ -80,6 +80,7 @@ static int read_batch(const char *path, const glm_config *c, glm_batch *b, glm_e
 int main(int argc, char **argv) {
     const char *model = NULL, *batch_path = NULL, *out = NULL;
     const char *ft = "full", *targets = "query_key_value", *adapter = NULL, *qtype = NULL;
+    const char *freeze_modules = "all", *freeze_extra = "";
     int qbits = 0;
     int dora = 0;
     float lora_dropout = 0.0f;
@@ -113,6 +114,8 @@ int main(int argc, char **argv) {
         else if (ARG("--dropout_seed")) dropout_seed = strtoull(v, NULL, 10);
         else if (ARG("--loraplus_lr_ratio")) loraplus = strtof(v, NULL);
         else if (ARG("--num_layer_trainable")) n_trainable = atoi(v);
+        else if (ARG("--freeze_trainable_modules")) freeze_modules = v;
+        else if (ARG("--freeze_extra_modules")) freeze_extra = v;
         else if (ARG("--adapter")) adapter = v;
         else if (ARG("--adapter_seed")) adapter_seed = strtoull(v, NULL, 10);
         else if (ARG("--pre_seq_len")) pre_seq_len = atoi(v);
@@ -134,6 +137,9 @@ int main(int argc, char **argv) {
         if (glm_lora_targets_parse(targets, &c.peft.lora_targets, &err)) return die(&err);
     } else if (strcmp(ft, "freeze") == 0) {
         c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n_trainable};
+        if (glm_freeze_modules_parse(&c, freeze_modules, 0, &c.peft.freeze_modules, &err) ||
+            glm_freeze_modules_parse(&c, freeze_extra, 1, &c.peft.freeze_extra, &err))
+            return die(&err);
     } else if (strcmp(ft, "ptuning") == 0) {
         if (pre_seq_len <= 0) { fprintf(stderr, "--finetuning_type ptuning needs --pre_seq_len P > 0\n"); return 2; }
         c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = pre_seq_len, .prefix_projection = projection,

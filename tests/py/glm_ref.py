@@ -495,11 +495,29 @@ def init_lora(cfg, r, targets, seed=0, std_a=0.1, std_b=0.05, dtype=torch.float3
             for n, s in lora_shapes(cfg, r, targets)}
 
 
-def freeze_trainable(cfg, n):
-    """Names that train in freeze mode: every tensor of the last n layers (the embedding, the
-    final norm and the head stay frozen)."""
-    first = cfg["num_layers"] - n
-    return [k for k, _ in param_shapes(cfg) if k.startswith("transformer.layers.") and int(k.split(".")[2]) >= first]
+def freeze_trainable(cfg, n, modules=("all",), extra=(), names=None):
+    """Names that train in freeze mode, by LLaMA-Factory's rule (its _setup_freeze_tuning): n > 0
+    the last n layers, n < 0 the first -n; of those, the parameters whose names contain
+    ".{layer}.{module}" for a module of `modules` ("all": ".{layer}."), and those whose names contain
+    a module of `extra` (outside the layers: the second-to-last part of a name not inside a
+    numbered layer). `names`: the model's parameter names (v1's param_shapes by default); a
+    module that is not the model's raises ValueError, as LLaMA-Factory does."""
+    import re
+    names = names or [k for k, _ in param_shapes(cfg)]
+    L = cfg["num_layers"]
+    ids = range(max(0, L - n), L) if n > 0 else range(min(-n, L))
+    hidden = {k.split(".0.")[-1].split(".")[0] for k in names if ".0." in k}
+    outside = {k.split(".")[-2] for k in names if re.search(r"\.\d+\.", k) is None}
+    keys = []
+    for m in modules:
+        if m != "all" and m not in hidden:
+            raise ValueError("Module %s is not found, please choose from %s" % (m, ", ".join(sorted(hidden))))
+        keys += [".%d.%s" % (i, "" if m == "all" else m) for i in ids]
+    for m in extra:
+        if m not in outside:
+            raise ValueError("Module %s is not found, please choose from %s" % (m, ", ".join(sorted(outside))))
+        keys.append(m)
+    return [k for k in names if any(t in k for t in keys)]
 
 
 def _train_leaves(leaves, frozen, loss_of, steps, lr, weight_decay, beta1, beta2, eps, max_grad_norm, loraplus_lr_ratio=0.0):

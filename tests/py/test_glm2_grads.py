@@ -259,6 +259,26 @@ def main():
         same = all(torch.equal(st[k], params[k[len("fparam/"):]].float()) for k in frozen)
         report("glm2_lora_%s_frozen_unchanged" % name, same and len(frozen) == len(params),
                "%d frozen rows bit-identical after 2 steps" % len(frozen))
+    # freeze mode with LLaMA-Factory's module flags on ChatGLM2's names (self_attention,
+    # output_layer): which tensors train by glm_ref.freeze_trainable's rule (LLaMA-Factory's),
+    # their gradients those of the full reference
+    for name, mi, n, modules, extra in (("freeze_first1_attn_head", 1, -1, ["self_attention"], ["output_layer"]),
+                                        ("freeze_last1_mlp_ln1_emb", 0, 1, ["mlp", "input_layernorm"], ["word_embeddings"])):
+        raw, cfg, params, ids, labels, mdir, bpath = models[mi]
+        trainable = glm_ref.freeze_trainable(cfg, n, modules, extra, names=list(params))
+        loss, grads = ref_loss_grads(cfg, params, ids, labels)
+        flags = ["--finetuning_type", "freeze", "--num_layer_trainable", str(n), "--freeze_trainable_modules",
+                 ",".join(modules), "--freeze_extra_modules", ",".join(extra)]
+        got = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".st"), flags)
+        e = abs(got["loss"].item() - loss) / abs(loss)
+        report("glm2_%s_loss" % name, e < TOL, "C %.7f torch %.7f rel %.1e" % (got["loss"].item(), loss, e))
+        check_grads("glm2_%s_grads" % name, got, {k: grads[k] for k in trainable})
+        st = run_driver(driver, mdir, bpath, os.path.join(tmp, name + ".steps.st"), flags + ["--steps", "2", "--lr", "1e-3"])
+        frozen = sorted(k[len("fparam/"):] for k in st if k.startswith("fparam/"))
+        same = all(torch.equal(st["fparam/" + k], params[k].float()) for k in frozen)
+        report("glm2_%s_frozen_unchanged" % name, frozen == sorted(set(params) - set(trainable)) and same,
+               "%d frozen rows bit-identical after 2 steps, %d trainable (%s, ...)" % (len(frozen), len(trainable),
+                                                                                     trainable[0]))
     for name, mi, P, proj in (("ptuning", 0, 3, False), ("ptuning_proj", 1, 4, True)):
         raw, cfg, params, ids, labels, mdir, bpath = models[mi]
         H, L = cfg["hidden_size"], cfg["num_layers"]

@@ -92,6 +92,16 @@ CASES = [
     ("F_1of2_tied", (2, 64, 4, 256), True, [(5, 4), (9, 1), (2, 7)], dict(kind="freeze", n=1)),
     ("F_1of3_untied", (3, 96, 6, 320), False, [(7, 3), (0, 5), (4, 9)], dict(kind="freeze", n=1, ckpt=True)),
     ("F_2of3_tied", (3, 96, 6, 320), True, [(3, 6), (8, 2)], dict(kind="freeze", n=2)),
+    # LLaMA-Factory's freeze_trainable_layers < 0 (the first layers), freeze_trainable_modules and
+    # freeze_extra_modules: the reference names the tensors by its substring rule
+    ("F_first1of3_mlp_untied", (3, 96, 6, 320), False, [(7, 3), (0, 5), (4, 9)],
+     dict(kind="freeze", n=-1, modules=["mlp"], ckpt=True)),
+    ("F_2of3_attn_ln2_lnf_tied", (3, 96, 6, 320), True, [(3, 6), (8, 2), (2, 5)],
+     dict(kind="freeze", n=2, modules=["attention", "post_attention_layernorm"], extra=["final_layernorm"])),
+    ("F_1of2_ln1_emb_tied", (2, 64, 4, 256), True, [(5, 4), (9, 1), (2, 7)],
+     dict(kind="freeze", n=1, modules=["input_layernorm"], extra=["word_embeddings"])),
+    ("F_first2of3_head_untied", (3, 96, 6, 320), False, [(3, 6), (8, 2)],
+     dict(kind="freeze", n=-2, modules=["all"], extra=["lm_head", "word_embeddings"])),
     # LoRA+ (LLaMA-Factory's loraplus_lr_ratio): lora_B in an AdamW group of its own at lr x 16
     ("L_qkv_dense_loraplus", (2, 64, 4, 256), True, [(5, 4), (9, 1), (2, 7)],
      dict(kind="lora", r=4, alpha=8.0, targets=["query_key_value", "dense"], rslora=False, src="file", loraplus=16.0)),
@@ -100,7 +110,9 @@ CASES = [
 
 def driver_flags(o):
     if o["kind"] == "freeze":
-        return ["--finetuning_type", "freeze", "--num_layer_trainable", str(o["n"])]
+        return ["--finetuning_type", "freeze", "--num_layer_trainable", str(o["n"]),
+                "--freeze_trainable_modules", ",".join(o.get("modules", ["all"])),
+                "--freeze_extra_modules", ",".join(o.get("extra", []))]
     f = ["--finetuning_type", "lora", "--lora_rank", str(o["r"]), "--lora_alpha", repr(o["alpha"]),
          "--lora_target", ",".join(o["targets"])]
     f += ["--loraplus_lr_ratio", repr(o["loraplus"])] if o.get("loraplus") else []
@@ -267,7 +279,7 @@ def driver_case(driver, tmp, ci, name, shape, tied, lengths, o):
             flags += ["--adapter", path]
         trainable = list(adapters)
     else:
-        trainable = glm_ref.freeze_trainable(cfg, o["n"])
+        trainable = glm_ref.freeze_trainable(cfg, o["n"], o.get("modules", ["all"]), o.get("extra", []))
 
     opts = o.get("opts", OPTS)
     plus = o.get("loraplus", 0.0)
@@ -402,13 +414,15 @@ def train_checks(driver, tmp):
     bs = lambda n: ["--per_device_train_batch_size", str(n)]  # noqa: E731
 
     # freeze, 8 steps with a checkpoint every 4: the final model's frozen tensors are the input's
-    # bit for bit; resuming from checkpoint-4 (the trainable layer only) reproduces the run
-    fz = flags + ["--finetuning_type", "freeze", "--num_layer_trainable", "1", "--max_steps", "8", "--save_steps", "4",
+    # bit for bit; resuming from checkpoint-4 (the trainable rows only) reproduces the run. The
+    # first layer's MLP and input norm and the final norm train (LLaMA-Factory's names)
+    fz = flags + ["--finetuning_type", "freeze", "--freeze_trainable_layers", "-1", "--freeze_trainable_modules",
+                  "mlp,input_layernorm", "--freeze_extra_modules", "final_layernorm", "--max_steps", "8", "--save_steps", "4",
                   "--save_dtype", "float32"] + bs(4)
     full, res = os.path.join(d, "freeze8"), os.path.join(d, "freeze-resumed")
     M.run(fz + ["--output_dir", full])
     wa = st_load(os.path.join(full, "model.safetensors"))
-    trained = set(glm_ref.freeze_trainable(cfg, 1))
+    trained = set(glm_ref.freeze_trainable(cfg, -1, ["mlp", "input_layernorm"], ["final_layernorm"]))
     changed = [k for k in params if k not in trained and (k not in wa or not torch.equal(wa[k], params[k]))]
     moved = [k for k in trained if k in wa and not torch.equal(wa[k], params[k])]
     report("train_freeze_frozen_bit_identical", not changed and len(moved) == len(trained),
@@ -425,6 +439,12 @@ def train_checks(driver, tmp):
     report("train_freeze_resume_bit_exact", same_l and same_w, "steps 5-8 losses %s, final model tensors %s" % (
         "identical" if same_l else "%s vs %s" % ([la.get(s) for s in range(5, 9)], [lb.get(s) for s in range(5, 9)]),
         "identical" if same_w else "differ"))
+    # the same checkpoint resumed with other modules: refused, naming what it holds and what this run trains
+    other = [a if a != "mlp,input_layernorm" else "mlp" for a in fz]
+    p = M.run(other + ["--output_dir", res, "--resume_from_checkpoint", os.path.join(res, "checkpoint-4")], check=False)
+    report("train_freeze_resume_other_modules_refused", p.returncode != 0 and
+           "holds layer 0 (input_layernorm, mlp) and final_layernorm (freeze fine-tuning); this run trains layer 0 (mlp) "
+           "and final_layernorm" in p.stderr, p.stderr.strip()[-400:])
 
     # LoRA, 8 steps (dropout 0.05, the default), a checkpoint every 4
     out = os.path.join(d, "lora8")
@@ -509,6 +529,22 @@ def train_checks(driver, tmp):
         report("train_lora_2ranks_zero%d_matches_1rank" % zero, n == 8 and err < 1e-6 and ae < TOL and
                sorted(got_a) == sorted(want_a),
                "losses max rel %.1e over %d steps, adapters max rel %.1e" % (err, n, ae))
+
+    # freeze with modules inside and outside the layers (the word embedding, tied to the head
+    # here, and the last layer's attention): 2 ranks under ZeRO 1 and 3 follow 1 rank
+    fz2 = ["--finetuning_type", "freeze", "--num_layer_trainable", "1", "--freeze_trainable_modules", "attention",
+           "--freeze_extra_modules", "word_embeddings", "--max_steps", "6", "--save_steps", "6", "--save_dtype", "float32"]
+    one = os.path.join(d, "freeze-1rank")
+    M.run(flags + fz2 + bs(4) + ["--output_dir", one])
+    want_l, want_w = M.losses(one, 6), st_load(os.path.join(one, "model.safetensors"))
+    for zero in (1, 3):
+        two = os.path.join(d, "freeze-2ranks-z%d" % zero)
+        M.run(flags + fz2 + bs(2) + ["--zero_stage", str(zero), "--output_dir", two], np=2)
+        err, n = M.rel(M.losses(two, 6), want_l)
+        got_w = st_load(os.path.join(two, "model.safetensors"))
+        we = max(V.rel(got_w[k], want_w[k]) if k in got_w else float("inf") for k in want_w)
+        report("train_freeze_modules_2ranks_zero%d_matches_1rank" % zero, n == 6 and err < 1e-6 and we < TOL,
+               "losses max rel %.1e over %d steps, final weights max rel %.1e" % (err, n, we))
 
 
 def main():

@@ -171,8 +171,11 @@ def main():
         report("pipeline_adamw8_p2_resumes_on_one_process_near_the_curve", n == 10 and err < 0.02,
                "steps 11-20: max relative loss difference %.2e (from the fp32 moments)" % err)
         # 5. freeze over stages: the same curve, and the final folder is the whole model (every
-        # stage's frozen rows too) with the weights one process writes
-        fb = base + b4 + ["--finetuning_type", "freeze", "--num_layer_trainable", "1"]
+        # stage's frozen rows too) with the weights one process writes; the word embedding trains
+        # too (LLaMA-Factory's freeze_extra_modules), tied to the head: the first and last stages'
+        # copies get their gradients summed
+        fb = base + b4 + ["--finetuning_type", "freeze", "--num_layer_trainable", "1", "--freeze_extra_modules",
+                          "word_embeddings"]
         fref, fp2 = os.path.join(d, "freeze_ref"), os.path.join(d, "freeze_p2")
         run(fb + ["--output_dir", fref])
         run(fb + ["--output_dir", fp2, "--pipeline_parallel_size", "2"], np=2)
@@ -189,8 +192,18 @@ def main():
         wa, wb = weights(fp2), weights(fref)
         # one process writes the original's layout (its rotary buffers and the tied lm_head copy too)
         wb = {k: v for k, v in wb.items() if "inv_freq" not in k and k != "lm_head.weight"}
-        report("pipeline_freeze_p2_final_model_is_whole", sorted(wa) == sorted(wb) and all(torch_equal(wa[k], wb[k]) for k in wb),
-               "%d tensors from the stages, %d from one process (without its buffers)" % (len(wa), len(wb)))
+        # the frozen rows bit for bit; the trained ones (the last layer, the embedding whose two
+        # stages' gradients add in another order than one process's) within 1e-4 after 20 AdamW
+        # steps, whose normalised updates carry such rounding on (a head gradient left out of the
+        # sum moves the loss curve above, far past its 1e-6)
+        last = max(int(k.split(".")[2]) for k in wb if k.startswith("transformer.layers."))
+        trained = [k for k in wb if "word_embeddings" in k or k.startswith("transformer.layers.%d." % last)]
+        worst, wname = max((((wa[k].double() - wb[k].double()).abs().max() / wb[k].double().abs().max()).item(), k)
+                           for k in trained if k in wa) if set(wa) == set(wb) else (float("inf"), "")
+        same = sorted(wa) == sorted(wb) and all(torch_equal(wa[k], wb[k]) for k in wb if k not in trained)
+        report("pipeline_freeze_p2_final_model_is_whole", same and worst < 1e-4,
+               "%d tensors from the stages, %d from one process (without its buffers): %d frozen identical, %d trained "
+               "within rel %.1e (worst %s)" % (len(wa), len(wb), len(wb) - len(trained), len(trained), worst, wname))
         # 6. P-Tuning v2 over stages (each stage runs a copy of the prefix encoder for its layers, the
         # copies' gradients summed), with and without the projection, prefix dropout on: the same
         # curve and the same THUDM-layout prefix as one process, and a resume on the curve

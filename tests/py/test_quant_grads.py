@@ -46,14 +46,17 @@ def report(name, ok, detail):
     sys.stdout.flush()
 
 
-def dequantized(cfg, params, qtype, layers):
-    """params with the four linear weights of `layers` replaced by their quantize -> dequantize
-    values under quant_ref (THUDM's INT8/INT4, bitsandbytes' NF4)."""
+def dequantized(cfg, params, qtype, layers, keep=()):
+    """params with the four linear weights of `layers` (but those named in `keep`, which train)
+    replaced by their quantize -> dequantize values under quant_ref (THUDM's INT8/INT4,
+    bitsandbytes' NF4)."""
     import quant_ref as Q
     out = dict(params)
     for l in layers:
         for mod in LINEAR:
             k = "transformer.layers.%d.%s.weight" % (l, mod)
+            if k in keep:
+                continue
             w = params[k]
             if qtype == "nf4":
                 out[k] = Q.nf4_dequantize(*Q.nf4_quantize(w), shape=w.shape)
@@ -95,14 +98,15 @@ def case(tmp, ci, name, kind, qtype, lengths, shape=(2, 64, 4, 128), tied=True):
             ["--prefix_projection"] if proj else [])
         frozen_layers = range(layers)
         run = lambda p: glm_ref.train_ptuning(cfg, p, ids, labels, pp, proj, **OPTS)  # noqa: E731
-    else:  # freeze: the last layer trains in full precision, the others are quantized
-        n = kind["n"]
-        flags = ["--finetuning_type", "freeze", "--num_layer_trainable", str(n)]
-        frozen_layers = range(layers - n)
-        trainable = glm_ref.freeze_trainable(cfg, n)
+    else:  # freeze: what trains stays in full precision, the other linear weights are quantized
+        n, modules = kind["n"], kind.get("modules", ["all"])
+        flags = ["--finetuning_type", "freeze", "--num_layer_trainable", str(n), "--freeze_trainable_modules",
+                 ",".join(modules)]
+        frozen_layers = range(layers)
+        trainable = glm_ref.freeze_trainable(cfg, n, modules)
         run = lambda p: glm_ref.train_peft(cfg, p, ids, labels, trainable, None, 0.0, **OPTS)  # noqa: E731
     try:
-        deq = dequantized(cfg, params, qtype, frozen_layers)
+        deq = dequantized(cfg, params, qtype, frozen_layers, keep=set(trainable) if kind["ft"] == "freeze" else ())
     except Exception as e:
         report(name + "_reference", False, "quant_ref: %s: %s" % (type(e).__name__, e))
         return
@@ -155,6 +159,8 @@ def main():
                                        ("ptuning_proj", dict(ft="ptuning", P=3, projection=True), big),
                                        ("ptuning_emb_small", dict(ft="ptuning", P=2, projection=False), small),
                                        ("freeze", dict(ft="freeze", n=1), big),
+                                       # one layer holds quantized attention beside a float MLP that trains
+                                       ("freeze_first_mlp", dict(ft="freeze", n=-1, modules=["mlp"]), big),
                                        ("dora_all", dora_all, big), ("dora_all_small", dora_all, small)):
                 ci += 1
                 qn = "int" + qtype if qtype != "nf4" else "nf4"

@@ -51,12 +51,20 @@ def more_trainer_settings(sh):
                                               "--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
     report("llamafactory_names_set_flags", p.returncode == 0 and re.search(r'"num_layer_trainable":\s*1,', p.stderr)
            and re.search(r'"packing":\s*true', p.stderr), p.stderr[-300:])
+    # freeze_trainable_layers < 0 trains the first layers; freeze_trainable_modules / freeze_extra_modules pick modules
+    p = subprocess.run([GLM, "train"] + sh + ["--finetuning_type", "freeze", "--freeze_trainable_layers", "-1",
+                                              "--freeze_trainable_modules", "mlp", "--freeze_extra_modules", "final_layernorm",
+                                              "--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
+    report("llamafactory_freeze_first_layer_modules", p.returncode == 0 and
+           "freeze: layer 0 (mlp) and final_layernorm train" in p.stderr, p.stderr[-300:])
     for name, extra, want in (("additional_target", ["--additional_target", "lm_head"], "modules_to_save"),
                               ("use_dora_without_lora", ["--use_dora", "true"], "DoRA is a form of LoRA"),
                               ("mask_history_without_cutoff_len", ["--mask_history", "true"], "needs --cutoff_len"),
                               ("double_quantization_off", ["--double_quantization", "false"], "always quantizes the blocks' scales"),
-                              ("freeze_first_layers", ["--finetuning_type", "freeze", "--freeze_trainable_layers", "-2"],
-                               "--num_layer_trainable -2")):
+                              ("freeze_module_of_another_family", ["--finetuning_type", "freeze", "--freeze_trainable_modules",
+                                                                   "self_attention"], "input_layernorm, attention, post_attention_layernorm, mlp"),
+                              ("freeze_modules_without_freeze", ["--finetuning_type", "lora", "--freeze_extra_modules",
+                                                                 "final_layernorm"], "add --finetuning_type freeze")):
         p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
         report("llamafactory_setting_refused_%s" % name, p.returncode != 0 and want in p.stderr, p.stderr[-300:])
     for name, extra, want in (("fsdp", ["--fsdp", "full_shard auto_wrap"], "--zero_stage 3"),
