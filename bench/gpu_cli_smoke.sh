@@ -2,7 +2,8 @@
 # The CLI on a GPU, end to end on a tiny ChatGLM-6B-shaped model with the real tokenizer:
 # CSV training data (checkpoints of the model alone), the model named as on the Hub from a Hugging Face cache laid out as
 # huggingface_hub writes it, LoRA in bf16 with --eval_on_start (examples cut by --cutoff_len, with a --default_system), then generate with the adapter;
-# DoRA on all four modules, generate with it and with its merged model.
+# DoRA on all four modules, generate with it and with its merged model; LoRA with the final norm
+# whole beside it (--additional_target), the same; freeze with LLaMA-Factory's module flags.
 # Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0), build/lib, build/shared.
 # usage: bash bench/gpu_cli_smoke.sh [BUILD_DIR]
 set -u
@@ -59,4 +60,29 @@ rc=$?
 cat "$W/out_dora" "$W/out_merged"
 cmp -s "$W/out_dora" "$W/out_merged"
 ok $((rc + $?)) "dora_generate_equals_merged"
+# LoRA with peft's modules_to_save (--additional_target final_layernorm) in bf16: the loss falls,
+# the folder names it, and generate with the adapter equals generate with its merged model
+"$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --finetuning_type lora \
+    --additional_target final_layernorm --learning_rate 2e-3 --output_dir "$W/mts" --max_steps 12 --bf16 \
+    --per_device_train_batch_size 8 --logging_steps 4 --save_steps 12 --disable_tqdm >"$W/log" 2>&1
+rc=$?
+awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
+    grep -q '"final_layernorm"' "$W/mts/adapter_config.json"
+ok $((rc + $?)) "lora_modules_to_save_bf16_loss_falls"
+"$B/glmtrain" generate --model_name_or_path "$W/base" --tokenizer_name "$TOK" --adapter "$W/mts" --prompt "写一句诗" \
+    --dtype float32 --max_new_tokens 8 >"$W/out_mts" 2>"$W/log" && "$B/glmtrain" merge --model_name_or_path "$W/base" --adapter "$W/mts" \
+    --output_dir "$W/merged_mts" --dtype float32 >>"$W/log" 2>&1 && "$B/glmtrain" generate --model_name_or_path "$W/merged_mts" \
+    --tokenizer_name "$TOK" --prompt "写一句诗" --dtype float32 --max_new_tokens 8 >"$W/out_merged_mts" 2>>"$W/log"
+rc=$?
+cmp -s "$W/out_mts" "$W/out_merged_mts"
+ok $((rc + $?)) "lora_modules_to_save_generate_equals_merged"
+# freeze with LLaMA-Factory's flags in bf16: the first layer's MLP and the (tied) embedding train
+"$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --finetuning_type freeze \
+    --freeze_trainable_layers -1 --freeze_trainable_modules mlp --freeze_extra_modules word_embeddings --learning_rate 1e-3 \
+    --output_dir "$W/freeze" --max_steps 12 --bf16 --per_device_train_batch_size 8 --logging_steps 4 --save_steps 12 \
+    --disable_tqdm >"$W/log" 2>&1
+rc=$?
+awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
+    grep -q "freeze: layer 0 (mlp) and word_embeddings train" "$W/log"
+ok $((rc + $?)) "freeze_first_layer_mlp_and_embedding_bf16_loss_falls"
 rm -rf "$W"

@@ -21,7 +21,7 @@ typedef struct info_args {
     char *device_map, *max_memory_per_gpu, *optim, *offload_optimizer, *deepspeed;
     int optimizer_in_backward;
     int pipeline_parallel_size, gradient_accumulation_steps, data_parallel_size, zero_stage;
-    char *finetuning_type, *lora_target, *quantization_type, *freeze_trainable_modules, *freeze_extra_modules;
+    char *finetuning_type, *lora_target, *quantization_type, *freeze_trainable_modules, *freeze_extra_modules, *additional_target;
     int lora_rank, use_dora, num_layer_trainable, pre_seq_len, prefix_projection, quantization_bit;
     double lora_dropout;
 } info_args;
@@ -59,6 +59,7 @@ static const glm_flag info_flags[] = {
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N)"),
     F(freeze_trainable_modules, ARG_STR, "all", "freeze: the modules of those layers that train (as train)"),
     F(freeze_extra_modules, ARG_STR, "", "freeze: modules outside the layers that train too (as train)"),
+    F(additional_target, ARG_STR, "", "LoRA: modules outside the layers that train whole beside the adapters (as train)"),
     F(pre_seq_len, ARG_INT, "0", "P-Tuning v2 prefix length (as train)"),
     F(prefix_projection, ARG_BOOL, "false", "P-Tuning v2 with the projection MLP"),
     F(quantization_bit, ARG_INT, "0", "4 or 8: the frozen linear weights quantized (as train)"),
@@ -165,6 +166,7 @@ int glm_cmd_info(int argc, char **argv) {
                          .lora_dropout = glm_train_lora_dropout(a.lora_dropout, a.use_dora),
                          .use_dora = a.use_dora, .num_layer_trainable = a.num_layer_trainable,
                          .freeze_trainable_modules = a.freeze_trainable_modules, .freeze_extra_modules = a.freeze_extra_modules,
+                         .additional_target = a.additional_target,
                          .pre_seq_len = a.pre_seq_len, .prefix_projection = a.prefix_projection, .prefix_dropout = 0.1,
                          .pipeline_parallel_size = a.pipeline_parallel_size};
     if (!rc) rc = glm_train_peft(&ta, &c, &c.peft, &err);

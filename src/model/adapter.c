@@ -11,7 +11,11 @@
 #include "core/json_text.h"
 #include "model/ckpt.h"
 
-static int is_adapter(const glm_tensor *t) { return glm_is_lora(t->kind); }
+/* what an adapter folder holds: the adapters, and the whole modules of modules_to_save (every
+ * other row a LoRA model trains) */
+static int in_adapter(const glm_model *m, const glm_tensor *t) {
+    return glm_is_lora(t->kind) || (m->cfg.peft.extra_modules & glm_extra_bit(t->kind));
+}
 
 /* The keys peft 0.6's LoraConfig knows (a newer key would make an older peft refuse the
  * file): use_rslora and use_dora are written only when on. */
@@ -35,7 +39,14 @@ static char *config_json(const glm_model *m) {
     cJSON_AddRawToObject(o, "lora_alpha", num);
     glm_json_float(num, sizeof num, p->lora_dropout); /* 0.05 as peft writes it */
     cJSON_AddRawToObject(o, "lora_dropout", num);
-    cJSON_AddNullToObject(o, "modules_to_save");
+    if (!p->extra_modules) {
+        cJSON_AddNullToObject(o, "modules_to_save");
+    } else { /* the modules by their names, which peft matches at the end of a module's path */
+        cJSON *ms = cJSON_AddArrayToObject(o, "modules_to_save");
+        char name[64];
+        for (int bit = 1; bit <= GLM_EXTRA_HEAD; bit <<= 1)
+            if (p->extra_modules & bit) cJSON_AddItemToArray(ms, cJSON_CreateString(glm_extra_module_name(&m->cfg, bit, name, sizeof name)));
+    }
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", p->lora_rank);
     cJSON_AddNullToObject(o, "revision");
@@ -59,8 +70,8 @@ int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err
     int n = 0;
     for (int i = 0; i < m->tab.n; i++) {
         const glm_tensor *t = &m->tab.t[i];
-        if (!is_adapter(t)) continue;
-        snprintf(names[n], 192, "%s%s", GLM_ADAPTER_PREFIX, t->name);
+        if (!in_adapter(m, t)) continue;
+        snprintf(names[n], 192, "%s%s", GLM_ADAPTER_PREFIX, t->name); /* a whole module as peft's save names it */
         e[n] = (st_entry){.name = names[n], .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
                           .data_dtype = ST_F32, .file_dtype = dtype};
         n++;
@@ -94,6 +105,7 @@ int glm_adapter_load(glm_model *m, const char *dir, glm_err *err) {
         glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", dir);
         return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");
     }
+    if (glm_extra_modules_check(&m->cfg, &m->cfg.peft, dir, err)) return -1;
     return glm_model_load_adapter_file(m, path, GLM_ADAPTER_PREFIX, err);
 }
 
@@ -106,10 +118,20 @@ typedef struct merge_src {
     float *mag, *norm; /* and DoRA's magnitudes and row norms */
 } merge_src;
 
-/* The base tensor, with scaling * B A added when its module has an adapter. */
+/* The base tensor, with scaling * B A added when its module has an adapter; a module of
+ * modules_to_save, the adapter's whole copy. */
 static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
     merge_src *ms = ctx;
     const char *src = name;
+    if (ms->peft.extra_modules & glm_extra_bit(t->kind)) {
+        char an[256];
+        snprintf(an, sizeof an, "%s%s", GLM_ADAPTER_PREFIX, name);
+        if (glm_ckpt_info(&ms->adapter, an, NULL, NULL, NULL)) {
+            glm_fail(err, "%s: tensor %s is missing", ms->adapter.path, an);
+            return glm_hint(err, "its adapter_config.json names the module in modules_to_save, so peft saved it whole");
+        }
+        return glm_ckpt_read_values(&ms->adapter, an, t, dst, err) ? glm_hint(err, "the adapter was made for another base model") : 0;
+    }
     if (t->kind == T_WORD_EMB && glm_ckpt_info(&ms->base, name, NULL, NULL, NULL) != 0 &&
         glm_ckpt_info(&ms->base, "lm_head.weight", NULL, NULL, NULL) == 0)
         src = "lm_head.weight"; /* a tied model's embedding may be stored only as lm_head */
@@ -168,6 +190,7 @@ int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir
     if (glm_adapter_read_config(adapter_dir, &ms.peft, err)) return -1;
     glm_config c;
     if (glm_config_load(&c, base, err)) return -1;
+    if (glm_extra_modules_check(&c, &ms.peft, adapter_dir, err)) return -1;
     if (glm_adapter_file(adapter_dir, path, sizeof path)) return glm_fail(err, "%s: no adapter_model.safetensors or adapter_model.bin", adapter_dir);
     if (glm_ckpt_open(&ms.base, base, err)) return -1;
     if (glm_ckpt_open(&ms.adapter, path, err)) { glm_ckpt_close(&ms.base); return -1; }

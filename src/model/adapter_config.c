@@ -10,6 +10,7 @@
 #include "core/json_text.h"
 #include "model/adapter.h"
 #include "model/ckpt.h"
+#include "model/family_names.h"
 
 int glm_is_adapter_dir(const char *dir) {
     char path[4096];
@@ -51,6 +52,34 @@ int glm_adapter_file(const char *dir, char *path, size_t n) {
     return glm_is_file(path) ? 0 : -1;
 }
 
+/* The rows outside the layers in either family, by their GLM_EXTRA_* bits: what peft's
+ * modules_to_save can hold whole beside the adapters. */
+static const struct { const char *row; int bit; } outside_rows[] = {
+    {GLM_V1_EMBED, GLM_EXTRA_EMB}, {GLM_V1_FINAL_NORM_W, GLM_EXTRA_LNF}, {GLM_V1_FINAL_NORM_B, GLM_EXTRA_LNF},
+    {GLM_V1_HEAD, GLM_EXTRA_HEAD}, {GLM_V2_EMBED, GLM_EXTRA_EMB}, {GLM_V2_FINAL_NORM_W, GLM_EXTRA_LNF},
+    {GLM_V2_HEAD, GLM_EXTRA_HEAD},
+};
+
+/* The bit of a row's Hugging Face name (transformer.output_layer.weight, lm_head.weight, ...), 0
+ * for any other row. */
+static int outside_bit_of_row(const char *name) {
+    for (size_t i = 0; i < sizeof outside_rows / sizeof *outside_rows; i++)
+        if (!strcmp(outside_rows[i].row, name)) return outside_rows[i].bit;
+    return 0;
+}
+
+/* The bit of a module peft's modules_to_save names: the last parts of the module's path
+ * ("output_layer", "transformer.output_layer"), as peft matches the end of a module's name. */
+static int outside_bit_of_module(const char *module) {
+    size_t k = strlen(module);
+    for (size_t i = 0; i < sizeof outside_rows / sizeof *outside_rows; i++) {
+        const char *r = outside_rows[i].row;
+        size_t n = (size_t)(strrchr(r, '.') - r); /* the module's path: the row's name less .weight / .bias */
+        if (k && k <= n && !strncmp(r + n - k, module, k) && (k == n || r[n - k - 1] == '.')) return outside_rows[i].bit;
+    }
+    return 0;
+}
+
 /* The end of name when it ends with suffix, else NULL. */
 static const char *ends_with(const char *name, const char *suffix) {
     size_t n = strlen(name), k = strlen(suffix);
@@ -58,10 +87,11 @@ static const char *ends_with(const char *name, const char *suffix) {
 }
 
 /* The module bit a peft LoRA tensor adapts: "<...>.<module>.lora_A.weight", lora_B, or DoRA's
- * "<module>.lora_magnitude_vector" (*dora set). 0 with why for what glmtrain would not apply:
- * peft's other tensors (modules_to_save copies, LoRA on embeddings, LoRA biases) or LoRA on
- * another module. */
-static int tensor_bit(const char *name, int *dora, char *why, size_t n) {
+ * "<module>.lora_magnitude_vector" (*dora set); a whole module's row of modules_to_save outside
+ * the layers ("base_model.model.transformer.output_layer.weight") returns 0 with its GLM_EXTRA_*
+ * bit in *extra. 0 with why for what glmtrain would not apply: peft's other tensors (whole copies
+ * of modules in the layers, LoRA on embeddings, LoRA biases) or LoRA on another module. */
+static int tensor_bit(const char *name, int *dora, int *extra, char *why, size_t n) {
     const char *end = ends_with(name, ".lora_A.weight");
     if (!end) end = ends_with(name, ".lora_B.weight");
     if (!end && (end = ends_with(name, ".lora_magnitude_vector"))) *dora = 1;
@@ -79,9 +109,12 @@ static int tensor_bit(const char *name, int *dora, char *why, size_t n) {
         snprintf(why, n, "LoRA on an embedding, which glmtrain does not adapt");
     } else if (strstr(name, ".lora_")) {
         snprintf(why, n, "not a LoRA A or B weight (a LoRA bias, lora_bias?)");
+    } else if (!strncmp(name, GLM_ADAPTER_PREFIX, strlen(GLM_ADAPTER_PREFIX)) &&
+               (*extra = outside_bit_of_row(name + strlen(GLM_ADAPTER_PREFIX)))) {
+        return 0;
     } else {
-        snprintf(why, n, "a whole module's weights (modules_to_save, LLaMA-Factory's --additional_target), which glmtrain "
-                         "does not load");
+        snprintf(why, n, "a whole module's weights (modules_to_save, LLaMA-Factory's --additional_target) of a module "
+                         "glmtrain does not train whole beside LoRA (it does the word embedding, the final norm and the head)");
     }
     return 0;
 }
@@ -130,8 +163,6 @@ static int set(const cJSON *v) {
 static int unsupported_key(const cJSON *o, const char *path, glm_err *err) {
     static const struct { const char *key, *why; } keys[] = {
         {"lora_bias", "the adapter trains biases of its B sides; glmtrain's LoRA has none"},
-        {"modules_to_save", "the adapter holds whole trained copies of those modules (LLaMA-Factory's --additional_target), "
-                            "which glmtrain does not load"},
         {"layers_to_transform", "the adapter covers some layers only; glmtrain's LoRA adapts every layer"},
         {"rank_pattern", "ranks that differ by module; glmtrain uses one r"},
         {"alpha_pattern", "alphas that differ by module; glmtrain uses one lora_alpha"},
@@ -147,9 +178,32 @@ static int unsupported_key(const cJSON *o, const char *path, glm_err *err) {
     return 0;
 }
 
+/* peft's modules_to_save -> GLM_EXTRA_* bits: the modules outside the layers (a name or a dotted
+ * suffix of the module's path, as peft matches the end); any other module is refused. */
+static int config_extra(const cJSON *v, int *bits, const char *path, glm_err *err) {
+    const cJSON *it, *list = cJSON_IsArray(v) ? v : NULL;
+    *bits = 0;
+    cJSON_ArrayForEach(it, list) {
+        int bit = cJSON_IsString(it) ? outside_bit_of_module(it->valuestring) : 0;
+        if (!bit) {
+            char *s = cJSON_PrintUnformatted(it);
+            glm_fail(err, "%s: modules_to_save %.200s: glmtrain trains whole beside LoRA only the modules outside the layers "
+                          "(word_embeddings, final_layernorm, lm_head or output_layer)", path, s);
+            free(s);
+            return glm_hint(err, "%s", merge_hint);
+        }
+        *bits |= bit;
+    }
+    if (cJSON_IsString(v) || (v && !cJSON_IsArray(v) && !cJSON_IsNull(v)))
+        return glm_fail(err, "%s: modules_to_save is not a list of module names", path),
+               glm_hint(err, "peft writes a list, e.g. [\"output_layer\"], or null");
+    return 0;
+}
+
 /* The modules the adapter's tensors adapt (0 when it has no tensor file yet: the load says so),
- * every tensor one glmtrain applies. */
-static int tensor_targets(const char *dir, int *bits, int *dora, glm_err *err) {
+ * every tensor one glmtrain applies: LoRA's, or a whole module that modules_to_save names
+ * (GLM_EXTRA_* bits `whole`). */
+static int tensor_targets(const char *dir, int whole, int *bits, int *dora, glm_err *err) {
     char path[4096];
     *bits = *dora = 0;
     if (glm_adapter_file(dir, path, sizeof path)) return 0;
@@ -159,12 +213,18 @@ static int tensor_targets(const char *dir, int *bits, int *dora, glm_err *err) {
     for (int i = 0; i < glm_ckpt_count(&c) && !rc; i++) {
         char why[256];
         const char *name = glm_ckpt_name(&c, i);
-        int bit = tensor_bit(name, dora, why, sizeof why);
-        if (!bit) {
+        int x = 0, bit = tensor_bit(name, dora, &x, why, sizeof why);
+        if (x && !(x & whole)) snprintf(why, sizeof why, "a whole module (peft's modules_to_save), but the adapter_config.json's "
+                                                         "modules_to_save does not name it");
+        if (!bit && !(x & whole)) {
             rc = glm_fail(err, "%s: tensor %s: %s", path, name, why);
             glm_hint(err, "%s", merge_hint);
         }
         *bits |= bit;
+    }
+    if (!rc && glm_ckpt_count(&c) > 0 && !*bits) { /* whole modules alone: not a LoRA adapter's file */
+        rc = glm_fail(err, "%s: none of its %d tensors is a LoRA A or B weight", path, glm_ckpt_count(&c));
+        glm_hint(err, "the folder's adapter_config.json and tensor file come from different adapters");
     }
     glm_ckpt_close(&c);
     return rc;
@@ -211,7 +271,8 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     }
     if ((rc = unsupported_key(o, path, err))) goto done;
     if ((rc = config_targets(cJSON_GetObjectItemCaseSensitive(o, "target_modules"), &p->lora_targets, &from_tensors, path, err))) goto done;
-    if ((rc = tensor_targets(dir, &file_bits, &file_dora, err))) goto done;
+    if ((rc = config_extra(cJSON_GetObjectItemCaseSensitive(o, "modules_to_save"), &p->extra_modules, path, err))) goto done;
+    if ((rc = tensor_targets(dir, p->extra_modules, &file_bits, &file_dora, err))) goto done;
     if (file_dora && !p->use_dora) {
         rc = glm_fail(err, "%s: the adapter's tensors hold DoRA magnitude vectors (lora_magnitude_vector) but use_dora is not "
                            "true", path);

@@ -164,10 +164,10 @@ static void next_position(const int state[2], int t, int32_t *pos, int32_t *bpos
 
 const glm_family glm_family_glm = {
     .name = "chatglm",
-    .embed = "transformer.word_embeddings.weight",
-    .final_norm_w = "transformer.final_layernorm.weight",
-    .final_norm_b = "transformer.final_layernorm.bias",
-    .head = "lm_head.weight",
+    .embed = GLM_V1_EMBED,
+    .final_norm_w = GLM_V1_FINAL_NORM_W,
+    .final_norm_b = GLM_V1_FINAL_NORM_B,
+    .head = GLM_V1_HEAD,
     .layer_fmt = "transformer.layers.%d.",
     .layer_row = {
         [T_LN1_W - T_LN1_W] = "input_layernorm.weight", [T_LN1_B - T_LN1_W] = "input_layernorm.bias",

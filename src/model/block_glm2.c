@@ -174,10 +174,10 @@ static void next_position(const int state[2], int t, int32_t *pos, int32_t *bpos
 
 const glm_family glm_family_glm2 = {
     .name = "chatglm2",
-    .embed = "transformer.embedding.word_embeddings.weight",
-    .final_norm_w = "transformer.encoder.final_layernorm.weight",
+    .embed = GLM_V2_EMBED,
+    .final_norm_w = GLM_V2_FINAL_NORM_W,
     .final_norm_b = NULL,
-    .head = "transformer.output_layer.weight",
+    .head = GLM_V2_HEAD,
     .layer_fmt = "transformer.encoder.layers.%d.",
     .layer_row = {
         [T_LN1_W - T_LN1_W] = "input_layernorm.weight",

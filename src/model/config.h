@@ -10,8 +10,8 @@
 typedef enum glm_ft_kind { GLM_FT_FULL, GLM_FT_LORA, GLM_FT_PTUNING, GLM_FT_FREEZE } glm_ft_kind;
 /* LoRA targets, by Hugging Face module name (peft's target_modules) */
 enum { GLM_LORA_QKV = 1, GLM_LORA_DENSE = 2, GLM_LORA_FC1 = 4, GLM_LORA_FC2 = 8, GLM_LORA_ALL = 15 };
-/* freeze mode's modules outside the layers: the word embedding, the final norm, an untied head */
-enum { GLM_FREEZE_EMB = 1, GLM_FREEZE_LNF = 2, GLM_FREEZE_HEAD = 4 };
+/* modules outside the layers (config.h glm_peft extra_modules): the word embedding, the final norm, an untied head */
+enum { GLM_EXTRA_EMB = 1, GLM_EXTRA_LNF = 2, GLM_EXTRA_HEAD = 4 };
 typedef struct glm_peft {
     glm_ft_kind kind;
     /* LoRA as peft's LoraLayer: y = W x + b + scaling * B A dropout(x), A [r, in], B [out, r] */
@@ -29,10 +29,13 @@ typedef struct glm_peft {
                               * learning rate, lora_A at the rate (0: off); the table's lr_scale */
     /* freeze (LLaMA-Factory's freeze mode): num_layer_trainable N > 0, the last N layers train; N < 0,
      * the first -N (its freeze_trainable_layers). Of those layers the modules in freeze_modules
-     * train (bits by the family's module names, tensors.h glm_freeze_modules_parse; 0: all), and
-     * outside the layers those in freeze_extra (GLM_FREEZE_EMB/LNF/HEAD: freeze_extra_modules). */
+     * train (bits by the family's module names, tensors.h glm_modules_parse; 0: all). */
     int num_layer_trainable;
-    int freeze_modules, freeze_extra;
+    int freeze_modules;
+    /* Modules outside the layers that train whole (GLM_EXTRA_EMB/LNF/HEAD): with freeze,
+     * LLaMA-Factory's freeze_extra_modules; with LoRA, peft's modules_to_save (LLaMA-Factory's
+     * additional_target), beside the adapters. */
+    int extra_modules;
     /* P-Tuning v2 as THUDM's modeling_chatglm.py: a trainable prefix encoder gives every layer
      * pre_seq_len keys and values that every query sees (not rotated); prefix_projection puts an
      * MLP (Linear H->H, tanh, Linear H->2LH) after the [P, H] embedding; prefix_dropout (0.1 in

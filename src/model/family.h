@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "data/batch.h"
 #include "model/config.h"
+#include "model/family_names.h"
 #include "model/tensors.h"
 
 struct glm_model;

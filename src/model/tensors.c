@@ -46,7 +46,7 @@ void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, 
 }
 
 
-/* Freeze mode's modules, by LLaMA-Factory's names: a layer row's module is the first part of its
+/* The modules freeze mode and peft's modules_to_save name, by LLaMA-Factory's names: a layer row's module is the first part of its
  * name inside the layer (input_layernorm, attention or self_attention, post_attention_layernorm,
  * mlp), its bit the module's place among the family's; a row outside the layers is named by the
  * part before its last (word_embeddings, final_layernorm, lm_head or output_layer). */
@@ -68,7 +68,7 @@ static int layer_module_bit(const glm_family *fam, int k) {
  * is the embedding's own row, as Hugging Face's named_parameters lists it once */
 static const char *extra_row(const glm_config *c, int bit) {
     const glm_family *fam = glm_family_of(c);
-    return bit == GLM_FREEZE_EMB ? fam->embed : bit == GLM_FREEZE_LNF ? fam->final_norm_w
+    return bit == GLM_EXTRA_EMB ? fam->embed : bit == GLM_EXTRA_LNF ? fam->final_norm_w
                                               : c->tie_word_embeddings ? NULL : fam->head;
 }
 static void extra_part(const char *row, const char **p, size_t *n) {
@@ -77,15 +77,15 @@ static void extra_part(const char *row, const char **p, size_t *n) {
     *p = s;
     *n = (size_t)(last - s);
 }
-static int extra_kind_bit(glm_tkind kind) {
-    return kind == T_WORD_EMB ? GLM_FREEZE_EMB : kind == T_LNF_W || kind == T_LNF_B ? GLM_FREEZE_LNF
-                                              : kind == T_LM_HEAD ? GLM_FREEZE_HEAD : 0;
+int glm_extra_bit(glm_tkind kind) {
+    return kind == T_WORD_EMB ? GLM_EXTRA_EMB : kind == T_LNF_W || kind == T_LNF_B ? GLM_EXTRA_LNF
+                                              : kind == T_LM_HEAD ? GLM_EXTRA_HEAD : 0;
 }
 
 static int freeze_trains(const glm_config *c, int layer, glm_tkind kind) {
     const glm_peft *p = &c->peft;
     if (glm_is_extra(kind)) return 0;
-    if (layer < 0) return (p->freeze_extra & extra_kind_bit(kind)) != 0;
+    if (layer < 0) return (p->extra_modules & glm_extra_bit(kind)) != 0;
     int n = p->num_layer_trainable, mods = p->freeze_modules ? p->freeze_modules : ~0;
     int in = n > 0 ? layer >= c->num_layers - n : layer < -n;
     return in && (mods & layer_module_bit(glm_family_of(c), kind - T_LN1_W));
@@ -111,8 +111,8 @@ static const char *module_names(const glm_config *c, int extra, int bits, char *
     return buf;
 }
 
-const char *glm_freeze_modules_str(const glm_config *c, int bits, int extra, char *buf, size_t n) {
-    if (!extra && (!bits || bits == glm_freeze_modules_all(c))) return snprintf(buf, n, "all"), buf;
+const char *glm_modules_str(const glm_config *c, int bits, int extra, char *buf, size_t n) {
+    if (!extra && (!bits || bits == glm_modules_all(c))) return snprintf(buf, n, "all"), buf;
     if (extra && !bits) return snprintf(buf, n, "none"), buf;
     return module_names(c, extra, bits, buf, n);
 }
@@ -122,21 +122,20 @@ const char *glm_freeze_describe(const glm_config *c, const glm_peft *p, char *bu
     char mods[160], extra[96], span[32];
     if (lo == hi) snprintf(span, sizeof span, "layer %d", lo);
     else snprintf(span, sizeof span, "layers %d-%d", lo, hi);
-    glm_freeze_modules_str(c, p->freeze_modules, 0, mods, sizeof mods);
-    snprintf(buf, n, "%s (%s%s)%s%s", span, mods, strcmp(mods, "all") ? "" : " modules", p->freeze_extra ? " and " : "",
-             p->freeze_extra ? glm_freeze_modules_str(c, p->freeze_extra, 1, extra, sizeof extra) : "");
+    glm_modules_str(c, p->freeze_modules, 0, mods, sizeof mods);
+    snprintf(buf, n, "%s (%s%s)%s%s", span, mods, strcmp(mods, "all") ? "" : " modules", p->extra_modules ? " and " : "",
+             p->extra_modules ? glm_modules_str(c, p->extra_modules, 1, extra, sizeof extra) : "");
     return buf;
 }
 
-int glm_freeze_modules_all(const glm_config *c) {
+int glm_modules_all(const glm_config *c) {
     int all = 0;
     for (int i = 0; i < 12; i++) all |= layer_module_bit(glm_family_of(c), i);
     return all;
 }
 
-int glm_freeze_modules_parse(const glm_config *c, const char *list, int extra, int *bits, glm_err *err) {
+int glm_modules_parse(const glm_config *c, const char *flag, const char *list, int outside, int *bits, glm_err *err) {
     const glm_family *fam = glm_family_of(c);
-    const char *flag = extra ? "--freeze_extra_modules" : "--freeze_trainable_modules";
     *bits = 0;
     for (const char *p = list; *p;) {
         const char *e = strchr(p, ',');
@@ -144,39 +143,53 @@ int glm_freeze_modules_parse(const glm_config *c, const char *list, int extra, i
         while (n && *p == ' ') p++, n--;
         while (n && p[n - 1] == ' ') n--;
         int bit = 0;
-        if (!extra && n == 3 && !strncmp(p, "all", 3)) bit = glm_freeze_modules_all(c);
-        for (int i = 0; i < (extra ? 3 : 12) && !bit && n; i++) {
-            const char *s = extra ? extra_row(c, 1 << i) : fam->layer_row[i];
+        if (!outside && n == 3 && !strncmp(p, "all", 3)) bit = glm_modules_all(c);
+        for (int i = 0; i < (outside ? 3 : 12) && !bit && n; i++) {
+            const char *s = outside ? extra_row(c, 1 << i) : fam->layer_row[i];
             size_t len;
             if (!s) continue;
-            if (extra) extra_part(s, &s, &len);
+            if (outside) extra_part(s, &s, &len);
             else len = first_part(s);
-            if (len == n && !strncmp(s, p, n)) bit = extra ? 1 << i : layer_module_bit(fam, i);
+            if (len == n && !strncmp(s, p, n)) bit = outside ? 1 << i : layer_module_bit(fam, i);
         }
         if (!bit && n) {
             char names[160];
-            module_names(c, extra, extra ? 7 : glm_freeze_modules_all(c), names, sizeof names);
+            module_names(c, outside, outside ? 7 : glm_modules_all(c), names, sizeof names);
             glm_fail(err, "%s: \"%.*s\" is not a module %s this model (%s)", flag, (int)n, p,
-                     extra ? "outside the layers of" : "of a layer of", fam->name);
-            if (extra && c->tie_word_embeddings && ((n == 7 && !strncmp(p, "lm_head", 7)) || (n == 12 && !strncmp(p, "output_layer", 12))))
-                return glm_hint(err, "the head is tied to the word embedding here: --freeze_extra_modules word_embeddings "
-                                     "trains the one matrix both use");
-            return glm_hint(err, "use a comma list of %s%s", extra ? "" : "all, ", names);
+                     outside ? "outside the layers of" : "of a layer of", fam->name);
+            if (outside && c->tie_word_embeddings && ((n == 7 && !strncmp(p, "lm_head", 7)) || (n == 12 && !strncmp(p, "output_layer", 12))))
+                return glm_hint(err, "the head is tied to the word embedding here: word_embeddings is the one matrix both use");
+            return glm_hint(err, "use a comma list of %s%s", outside ? "" : "all, ", names);
         }
         *bits |= bit;
         if (!e) break;
         p = e + 1;
     }
-    if (!extra && !*bits) return glm_fail(err, "%s is empty", flag), glm_hint(err, "all (every module of the layers that train), or e.g. mlp");
+    if (!outside && !*bits) return glm_fail(err, "%s is empty", flag), glm_hint(err, "all (every module of the layers that train), or e.g. mlp");
     return 0;
+}
+
+const char *glm_extra_module_name(const glm_config *c, int bit, char *buf, size_t n) {
+    return module_names(c, 1, bit, buf, n);
+}
+
+int glm_extra_modules_check(const glm_config *c, const glm_peft *p, const char *src, glm_err *err) {
+    if (p->kind != GLM_FT_LORA || !c->tie_word_embeddings || !(p->extra_modules & (GLM_EXTRA_EMB | GLM_EXTRA_HEAD)))
+        return 0;
+    glm_fail(err, "%s: a whole copy of the word embedding beside LoRA (modules_to_save), but this model's head is tied to it: "
+                  "peft trains the copy as the input embedding alone and leaves the head on the original, which glmtrain's "
+                  "one tied matrix cannot do", src);
+    return glm_hint(err, "train the tied matrix with --finetuning_type freeze --freeze_extra_modules word_embeddings (or "
+                         "full); beside LoRA, final_layernorm is the module that can train whole here");
 }
 
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     const glm_peft *p = &c->peft;
     switch (p->kind) {
     case GLM_FT_FULL: return !glm_is_extra(kind);
-    case GLM_FT_LORA:
-        return glm_is_lora(kind) && (p->lora_targets >> glm_lora_module(kind) & 1) && (!glm_is_dora(kind) || p->use_dora);
+    case GLM_FT_LORA: /* the adapters, and peft's modules_to_save whole */
+        if (!glm_is_lora(kind)) return !glm_is_extra(kind) && layer < 0 && (p->extra_modules & glm_extra_bit(kind));
+        return (p->lora_targets >> glm_lora_module(kind) & 1) && (!glm_is_dora(kind) || p->use_dora);
     case GLM_FT_PTUNING: return glm_is_prefix(kind) && (kind == T_PREFIX_EMB || p->prefix_projection);
     case GLM_FT_FREEZE: return freeze_trains(c, layer, kind);
     default: return 0;

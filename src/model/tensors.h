@@ -68,19 +68,27 @@ void glm_table_build(glm_table *tab, const glm_config *c);
  * aligned to unit_align. */
 void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head,
                           size_t unit_align, glm_part part);
-/* Freeze mode's modules as LLaMA-Factory names them for the model's family: a layer's
- * (extra = 0: input_layernorm, attention or self_attention, post_attention_layernorm, mlp, or all;
- * --freeze_trainable_modules) or those outside the layers (extra = 1: word_embeddings,
+/* Modules as LLaMA-Factory names them for the model's family: a layer's (outside = 0:
+ * input_layernorm, attention or self_attention, post_attention_layernorm, mlp, or all;
+ * --freeze_trainable_modules) or those outside the layers (outside = 1: word_embeddings,
  * final_layernorm, and lm_head or output_layer where the head is untied; --freeze_extra_modules,
- * GLM_FREEZE_* bits), from a comma list; an unknown name is an error listing the model's names. */
-int glm_freeze_modules_parse(const glm_config *c, const char *list, int extra, int *bits, glm_err *err);
+ * --additional_target; GLM_EXTRA_* bits), from a comma list; an unknown name is an error naming
+ * flag and listing the model's names. */
+int glm_modules_parse(const glm_config *c, const char *flag, const char *list, int outside, int *bits, glm_err *err);
 /* bits back as such a list ("all" for every layer module, "none" for no outside module) */
-const char *glm_freeze_modules_str(const glm_config *c, int bits, int extra, char *buf, size_t n);
+const char *glm_modules_str(const glm_config *c, int bits, int outside, char *buf, size_t n);
+/* the outside module of one GLM_EXTRA_* bit by its name ("output_layer"), "" where the model has none */
+const char *glm_extra_module_name(const glm_config *c, int bit, char *buf, size_t n);
+/* The GLM_EXTRA_* bit of a row kind (0 for the rows of the layers and the adapters). */
+int glm_extra_bit(glm_tkind kind);
+/* LoRA's modules_to_save on a model whose head is tied to the embedding: peft's copy of either
+ * splits the tied pair, which the one tied row cannot; an error naming src (a flag or a file). */
+int glm_extra_modules_check(const glm_config *c, const glm_peft *p, const char *src, glm_err *err);
 /* What freeze setting p trains on a model of c's family and depth, in words: "layers 26-27 (mlp)
  * and word_embeddings" */
 const char *glm_freeze_describe(const glm_config *c, const glm_peft *p, char *buf, size_t n);
 /* the bits of every module of a layer */
-int glm_freeze_modules_all(const glm_config *c);
+int glm_modules_all(const glm_config *c);
 /* Whether the base or adapter row (layer, kind) trains under c->peft. */
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind);
 /* Whether a kind is a LoRA adapter, a prefix-encoder row, or either: the rows no base

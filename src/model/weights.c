@@ -238,7 +238,8 @@ static int check_tied_copy(glm_ckpt *c, const char *wte, const char *head, const
 }
 
 /* Loads rows [r0, r1) of glm_model_row's order from path, each under prefix + its name: the
- * adapters only (`adapters`), or everything else. */
+ * adapters only (`adapters`: with LoRA's modules_to_save, their whole rows too), or everything
+ * but the adapters (the base, those whole rows' starting values included). */
 static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapters, const char *prefix, glm_err *err) {
     glm_ckpt c;
     if (glm_ckpt_open(&c, path, err)) return -1;
@@ -250,7 +251,8 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
     for (int i = r0; i < r1 && rc == 0; i++) {
         void *dst;
         const glm_tensor *t = glm_model_row(m, i, &dst);
-        if (is_adapter(t) != adapters) continue;
+        int whole = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.extra_modules & glm_extra_bit(t->kind));
+        if (adapters ? !(is_adapter(t) || whole) : is_adapter(t)) continue;
         snprintf(name, sizeof name, "%s%s", prefix, t->name);
         const char *src = name;
         /* a tied model takes word_embeddings; a file holding only lm_head serves it too */
@@ -267,6 +269,8 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
                 glm_hint(err, "the checkpoint has no separate lm_head; set \"tie_word_embeddings\": true in config.json");
             else if (is_adapter(t))
                 glm_hint(err, "the adapter was made for other modules or layers (its adapter_config.json's target_modules)");
+            else if (whole && adapters)
+                glm_hint(err, "its adapter_config.json names the module in modules_to_save, so peft saved it whole");
             else
                 glm_hint(err, "the checkpoint does not match config.json (num_layers? model family?)");
             break;
@@ -274,7 +278,7 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         int nd;
         int64_t shape[ST_MAX_DIMS];
         glm_ckpt_info(&c, src, NULL, &nd, shape);
-        if (is_adapter(t) && (nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1]))) {
+        if ((is_adapter(t) || (whole && adapters)) && (nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1]))) {
             rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, src,
                           (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)t->shape[0], (long long)t->shape[1]);
             if (t->kind == T_PREFIX_EMB) /* [P, 2LH] or [P, H]: the two P-Tuning settings */

@@ -61,6 +61,12 @@ int srv_adapter_load(srv_adapter *a, glm_lm lm, const char *name, const char *di
         return glm_hint(err, "merge it into its base (glmtrain merge --model_name_or_path BASE --adapter %s --output_dir OUT) "
                              "and serve OUT", dir);
     }
+    if (a->peft.extra_modules) { /* whole modules beside it: the model's own rows would swap per request */
+        glm_fail(err, "--adapter %s=%s trains whole modules beside LoRA (modules_to_save): serve swaps only the adapters "
+                      "per request", name, dir);
+        return glm_hint(err, "merge it into its base (glmtrain merge --model_name_or_path BASE --adapter %s --output_dir OUT) "
+                             "and serve OUT", dir);
+    }
     a->peft.lora_dropout = 0; /* inference: no dropout, and no dropout buffer */
     const glm_config *base = lm.pipe ? &lm.pipe->cfg : &lm.m->cfg;
     a->n = lm.pipe ? lm.pipe->n : 1;

@@ -313,6 +313,9 @@ static int peft_from_adapter(const glm_train_args *a, glm_peft *p, glm_err *err)
             glm_warn("%s: the adapter's rank %d and alpha %g are trained on; --lora_rank %d / --lora_alpha %g are not used",
                      dir, p->lora_rank, p->lora_alpha, a->lora_rank, a->lora_alpha);
         if (a->use_dora && !p->use_dora) glm_warn("%s is a plain LoRA adapter: --use_dora is not used", dir);
+        if (a->additional_target && a->additional_target[0])
+            glm_warn("%s: the adapter's own modules_to_save are trained on; --additional_target %s is not used", dir,
+                     a->additional_target);
         glm_info("training on from the %s adapter %s (rank %d, alpha %g, dropout %g)", p->use_dora ? "DoRA" : "LoRA", dir,
                  p->lora_rank, p->lora_alpha, p->lora_dropout);
         return 0;
@@ -361,6 +364,11 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
         return 0;
     }
     int default_modules = !a->freeze_trainable_modules || !strcmp(a->freeze_trainable_modules, "all");
+    if (strcmp(k, "lora") != 0 && a->additional_target && a->additional_target[0])
+        return glm_fail(err, "--additional_target %s with --finetuning_type %s: it names modules that train whole beside LoRA "
+                        "(peft's modules_to_save)", a->additional_target, k),
+               glm_hint(err, strcmp(k, "freeze") ? "with --finetuning_type full every module trains already"
+                                                 : "freeze mode's name for it is --freeze_extra_modules");
     if (strcmp(k, "freeze") != 0 && (!default_modules || (a->freeze_extra_modules && a->freeze_extra_modules[0])))
         return glm_fail(err, "--%s with --finetuning_type %s: it says what freeze fine-tuning trains",
                         default_modules ? "freeze_extra_modules" : "freeze_trainable_modules", k),
@@ -371,11 +379,12 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
             return glm_fail(err, "--num_layer_trainable %d: the model has %d layers", n, L),
                    glm_hint(err, "N from 1 to %d trains the last N layers, -1 to -%d the first -N", L, L);
         *p = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n};
-        if (glm_freeze_modules_parse(c, a->freeze_trainable_modules ? a->freeze_trainable_modules : "all", 0,
-                                     &p->freeze_modules, err) ||
-            glm_freeze_modules_parse(c, a->freeze_extra_modules ? a->freeze_extra_modules : "", 1, &p->freeze_extra, err))
+        if (glm_modules_parse(c, "--freeze_trainable_modules", a->freeze_trainable_modules ? a->freeze_trainable_modules : "all",
+                              0, &p->freeze_modules, err) ||
+            glm_modules_parse(c, "--freeze_extra_modules", a->freeze_extra_modules ? a->freeze_extra_modules : "", 1,
+                              &p->extra_modules, err))
             return -1;
-        if (p->freeze_modules == glm_freeze_modules_all(c)) p->freeze_modules = 0; /* one spelling of "all" */
+        if (p->freeze_modules == glm_modules_all(c)) p->freeze_modules = 0; /* one spelling of "all" */
         return 0;
     }
     /* lora */
@@ -385,7 +394,10 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = a->lora_rank, .use_rslora = a->use_rslora, .use_dora = a->use_dora,
                     .lora_alpha = (float)(a->lora_alpha > 0 ? a->lora_alpha : 2.0 * a->lora_rank),
                     .lora_dropout = (float)a->lora_dropout};
-    return glm_lora_targets_parse(a->lora_target, &p->lora_targets, err);
+    if (glm_lora_targets_parse(a->lora_target, &p->lora_targets, err)) return -1;
+    if (a->additional_target && glm_modules_parse(c, "--additional_target", a->additional_target, 1, &p->extra_modules, err))
+        return -1;
+    return glm_extra_modules_check(c, p, "--additional_target", err);
 }
 
 /* --gradient_checkpointing auto: the level the memory plan fits under --max_memory_per_gpu, or

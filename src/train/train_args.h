@@ -74,6 +74,7 @@ typedef struct glm_train_args {
     int optimizer_in_backward;
     /* what trains (model/config.h glm_peft) */
     char *finetuning_type, *lora_target, *quantization_type, *freeze_trainable_modules, *freeze_extra_modules;
+    char *additional_target;
     int quantization_bit;
     int lora_rank, use_rslora, use_dora, num_layer_trainable, pre_seq_len, prefix_projection;
     double lora_alpha, lora_dropout, prefix_dropout, loraplus_lr_ratio;

@@ -85,6 +85,9 @@ const glm_flag glm_train_flags[] = {
     F(loraplus_lr_ratio, ARG_FLOAT, "0", "LoRA+ (LLaMA-Factory's): the lora_B matrices train at this times the learning rate "
       "(16 is common; 0 = off)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N), the rest stays frozen"),
+    F(additional_target, ARG_STR, "", "LoRA: modules outside the layers that train whole beside the adapters (peft's "
+      "modules_to_save), a comma list of final_layernorm and, where the head is untied, word_embeddings and lm_head "
+      "(ChatGLM2/3, GLM-4: output_layer)"),
     F(freeze_trainable_modules, ARG_STR, "all", "freeze: which modules of those layers train, a comma list of "
       "input_layernorm, attention (ChatGLM2/3, GLM-4: self_attention), post_attention_layernorm, mlp, or all"),
     F(freeze_extra_modules, ARG_STR, "", "freeze: modules outside the layers that train too, a comma list of "
@@ -220,6 +223,7 @@ static const struct { const char *key, *flag, *why; } config_keys[] = {
     {"peft_config.task_type", "", "glmtrain trains causal language models"},
     {"peft_config.r", "lora_rank", NULL},
     {"peft_config.target_modules", "lora_target", NULL},
+    {"peft_config.modules_to_save", "additional_target", NULL},
     {"peft_config.num_virtual_tokens", "pre_seq_len", NULL},
     {"peft_config.num_attention_heads", "", "the prefix's shape follows the model's config"},
     {"peft_config.token_dim", "", "the prefix's shape follows the model's config"},
@@ -312,8 +316,7 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
                                                              "layers train; a negative N, the first -N)"},
     {"pure_bf16", NULL, "bf16", "glmtrain's bf16 keeps fp32 master weights and AdamW states for the tensors that train "
                                 "(with LoRA a few MB); for less memory: --optim adamw_8bit or --zero_stage"},
-    {"additional_target", "", "", "modules_to_save (whole copies of other modules beside LoRA) is not trained here: "
-                                  "--finetuning_type full or freeze trains them"},
+    {"modules_to_save", NULL, "additional_target", "peft's name for --additional_target"},
     {"pissa_init", "false|False|0", "", "PiSSA's initialisation changes what trains, and glmtrain initialises LoRA as peft's default"},
     {"pissa_convert", "false|False|0", "", "PiSSA is not trained here"},
     {"create_new_adapter", "false|False|0", "", "--adapter_name_or_path trains that adapter on; a fresh one: leave it out"},

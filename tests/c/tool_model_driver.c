@@ -3,7 +3,7 @@
  *   tool_model_driver --model DIR --batch FILE.json --out OUT.safetensors [--steps K] [--lr F]
  *     [--weight_decay F] [--beta1 F] [--beta2 F] [--eps F] [--max_grad_norm F] [--gradient_checkpointing [selective]]
  *     [--finetuning_type full|lora|freeze] [--lora_rank R] [--lora_alpha F (0 = 2R)] [--lora_target LIST]
- *     [--use_rslora] [--use_dora] [--lora_dropout P --dropout_seed S] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--freeze_trainable_modules LIST] [--freeze_extra_modules LIST] [--adapter DIR_OR_FILE] [--adapter_seed S]
+ *     [--use_rslora] [--use_dora] [--lora_dropout P --dropout_seed S] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--freeze_trainable_modules LIST] [--freeze_extra_modules LIST] [--additional_target LIST] [--adapter DIR_OR_FILE] [--adapter_seed S]
  *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
  *     [--quantization_bit 4|8] [--quantization_type int|nf4]  (the frozen linear weights quantized)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
@@ -80,7 +80,7 @@ static int read_batch(const char *path, const glm_config *c, glm_batch *b, glm_e
 int main(int argc, char **argv) {
     const char *model = NULL, *batch_path = NULL, *out = NULL;
     const char *ft = "full", *targets = "query_key_value", *adapter = NULL, *qtype = NULL;
-    const char *freeze_modules = "all", *freeze_extra = "";
+    const char *freeze_modules = "all", *freeze_extra = "", *additional = "";
     int qbits = 0;
     int dora = 0;
     float lora_dropout = 0.0f;
@@ -116,6 +116,7 @@ int main(int argc, char **argv) {
         else if (ARG("--num_layer_trainable")) n_trainable = atoi(v);
         else if (ARG("--freeze_trainable_modules")) freeze_modules = v;
         else if (ARG("--freeze_extra_modules")) freeze_extra = v;
+        else if (ARG("--additional_target")) additional = v;
         else if (ARG("--adapter")) adapter = v;
         else if (ARG("--adapter_seed")) adapter_seed = strtoull(v, NULL, 10);
         else if (ARG("--pre_seq_len")) pre_seq_len = atoi(v);
@@ -134,11 +135,14 @@ int main(int argc, char **argv) {
         c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = rank, .lora_alpha = alpha > 0 ? alpha : 2.0f * rank,
                             .use_rslora = rslora, .use_dora = dora, .loraplus_lr_ratio = loraplus,
                             .lora_dropout = lora_dropout};
-        if (glm_lora_targets_parse(targets, &c.peft.lora_targets, &err)) return die(&err);
+        if (glm_lora_targets_parse(targets, &c.peft.lora_targets, &err) ||
+            glm_modules_parse(&c, "--additional_target", additional, 1, &c.peft.extra_modules, &err) ||
+            glm_extra_modules_check(&c, &c.peft, "--additional_target", &err))
+            return die(&err);
     } else if (strcmp(ft, "freeze") == 0) {
         c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n_trainable};
-        if (glm_freeze_modules_parse(&c, freeze_modules, 0, &c.peft.freeze_modules, &err) ||
-            glm_freeze_modules_parse(&c, freeze_extra, 1, &c.peft.freeze_extra, &err))
+        if (glm_modules_parse(&c, "--freeze_trainable_modules", freeze_modules, 0, &c.peft.freeze_modules, &err) ||
+            glm_modules_parse(&c, "--freeze_extra_modules", freeze_extra, 1, &c.peft.extra_modules, &err))
             return die(&err);
     } else if (strcmp(ft, "ptuning") == 0) {
         if (pre_seq_len <= 0) { fprintf(stderr, "--finetuning_type ptuning needs --pre_seq_len P > 0\n"); return 2; }

@@ -334,22 +334,32 @@ static void dora_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_
 }
 
 /* Freeze with LLaMA-Factory's module flags (n > 0 the last layers, n < 0 the first): v1's first
- * layer's MLP with the embedding and the final norm on an INT4 base (a layer holding quantized
- * attention beside a float MLP that trains); ChatGLM2's last layer's attention with its untied
- * output_layer. */
+ * two layers' MLPs (both of the model's: selective_and_none's GELU switch is the backend's, for
+ * every layer at once) with the embedding and the final norm on an INT4 base (layers holding
+ * quantized attention beside a float MLP that trains); ChatGLM2's last layer's attention with its
+ * untied output_layer. */
 static glm_peft freeze_peft(int glm2, int n, const char *modules, const char *extra) {
     glm_config c = glm2 ? config_glm2(1) : config(1);
     glm_peft p = {.kind = GLM_FT_FREEZE, .num_layer_trainable = n};
     glm_err e;
-    GLM_ASSERT(glm_freeze_modules_parse(&c, modules, 0, &p.freeze_modules, &e) == 0 &&
-               glm_freeze_modules_parse(&c, extra, 1, &p.freeze_extra, &e) == 0);
+    GLM_ASSERT(glm_modules_parse(&c, "modules", modules, 0, &p.freeze_modules, &e) == 0 &&
+               glm_modules_parse(&c, "extra", extra, 1, &p.extra_modules, &e) == 0);
     return p;
 }
 static void freeze_int4_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
-    peft_model_q(m, be, dt, seed, freeze_peft(0, -1, "mlp", "word_embeddings,final_layernorm"), 0.05f, GLM_Q_INT4);
+    peft_model_q(m, be, dt, seed, freeze_peft(0, -2, "mlp", "word_embeddings,final_layernorm"), 0.05f, GLM_Q_INT4);
 }
 static void freeze_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     peft_model_fam(m, be, dt, seed, freeze_peft(1, 1, "self_attention", "output_layer"), 0.05f, GLM_Q_NONE, 1);
+}
+
+/* LoRA on query_key_value with peft's modules_to_save of the untied head and the final norm, on
+ * an INT8 base: the adapters' gradients and the whole rows' on both backends. */
+static void lora_whole_int8_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model_q(m, be, dt, seed,
+                 (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f,
+                            .lora_targets = GLM_LORA_QKV, .extra_modules = GLM_EXTRA_HEAD | GLM_EXTRA_LNF},
+                 0.05f, GLM_Q_INT8);
 }
 
 /* P-Tuning v2 with the projection and the prefix dropout 0.1. */
@@ -549,11 +559,14 @@ int main(void) {
     check_peft(&tc, "dora_int4", dora_int4_model, 83, 2 * 4 * 3, h16);
     check_peft_batch(&tc, "dora_int4_8tok", dora_int4_model, 84, 2 * 4 * 3, GLM_F32, 1, 8);
     check_peft(&tc, "glm2_dora", dora_glm2_model, 85, 2 * 4 * 3, h16);
-    /* freeze's modules: fc1 and fc2 (weights, biases), the embedding, the final norm's 2 rows;
+    /* freeze's modules: 2 layers' fc1 and fc2 (weights, biases), the embedding, the final norm's 2 rows;
      * ChatGLM2's query_key_value (weight, bias), dense, output_layer */
-    check_peft(&tc, "freeze_modules_int4", freeze_int4_model, 87, 7, GLM_F32);
-    check_peft(&tc, "freeze_modules_int4", freeze_int4_model, 87, 7, h16);
+    check_peft(&tc, "freeze_modules_int4", freeze_int4_model, 87, 2 * 4 + 3, GLM_F32);
+    check_peft(&tc, "freeze_modules_int4", freeze_int4_model, 87, 2 * 4 + 3, h16);
     check_peft(&tc, "glm2_freeze_modules", freeze_glm2_model, 88, 4, h16);
+    /* 2 layers' qkv A and B, lm_head, the final norm's weight and bias */
+    check_peft(&tc, "lora_modules_to_save_int8", lora_whole_int8_model, 89, 2 * 2 + 3, GLM_F32);
+    check_peft(&tc, "lora_modules_to_save_int8", lora_whole_int8_model, 89, 2 * 2 + 3, h16);
     printf("%d passed, %d failed, %d skipped\n", tc.pass, tc.fail, tc.skip);
     TEST_EXIT(&tc);
 }

@@ -3,8 +3,9 @@
  * adapter_model.safetensors, or a P-Tuning v2 checkpoint's config.json. A folder is either refused
  * with a message or gives settings the model can be built with: a LoRA rank of at least 1, a
  * finite alpha, modules among the four linear ones and, when there are tensors, every tensor a
- * LoRA A or B (or, with use_dora, a DoRA magnitude) of exactly those modules; a P-Tuning length
- * of 1..65536 tokens.
+ * LoRA A or B (or, with use_dora, a DoRA magnitude) of exactly those modules, or a whole row of a
+ * module outside the layers that modules_to_save names (the word embedding, the final norm, the
+ * head); a P-Tuning length of 1..65536 tokens.
  * Input layout: byte 0 bit 0 P-Tuning (config.json) else LoRA (adapter_config.json), bit 1 no
  * tensor file; then the JSON text up to the first NUL, then the tensor names, one a line (at most
  * 64). The folder lives in /dev/shm (else /tmp) and is rewritten for each input. */
@@ -67,6 +68,20 @@ static int name_bit(const char *name, int *dora) {
     return 0;
 }
 
+/* The bit (1 embedding, 2 final norm, 4 head) of a whole row outside the layers under peft's
+ * prefix, in either family's names; 0 for any other name. */
+static int outside_bit(const char *name) {
+    static const struct { const char *row; int bit; } rows[] = {
+        {"transformer.word_embeddings.weight", 1}, {"transformer.final_layernorm.weight", 2},
+        {"transformer.final_layernorm.bias", 2}, {"lm_head.weight", 4}, {"transformer.embedding.word_embeddings.weight", 1},
+        {"transformer.encoder.final_layernorm.weight", 2}, {"transformer.output_layer.weight", 4}};
+    const char *pre = "base_model.model.";
+    if (strncmp(name, pre, strlen(pre))) return 0;
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+        if (!strcmp(name + strlen(pre), rows[i].row)) return rows[i].bit;
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     int ptuning = data[0] & 1, no_tensors = (data[0] >> 1) & 1;
@@ -80,7 +95,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     /* the tensor file: one float per name */
     char *names[MAX_NAMES];
-    int n = 0, written = 1, want_bits = 0, all_lora = 1, any_dora = 0;
+    int n = 0, written = 1, want_bits = 0, any_dora = 0, whole_bits = 0, other = 0;
     if (nul && !no_tensors) {
         char *list = fuzz_cstr((const uint8_t *)nul + 1, (size_t)(end - nul - 1));
         for (char *p = list, *q; p && *p && n < MAX_NAMES; p = q) {
@@ -97,7 +112,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             int dora = 0, b = name_bit(names[i], &dora);
             want_bits |= b;
             any_dora |= b && dora;
-            all_lora &= b != 0;
+            whole_bits |= b ? 0 : outside_bit(names[i]);
+            other |= !b && !outside_bit(names[i]);
         }
         glm_err serr;
         if (n && st_save(st_path, e, n, 0, &serr)) written = 0; /* names the writer refuses (repeated ones): no file */
@@ -114,8 +130,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(!ptuning, "a P-Tuning folder read as LoRA");
         FUZZ_CHECK(p.lora_rank >= 1 && isfinite(p.lora_alpha), "rank %d, alpha %g", p.lora_rank, p.lora_alpha);
         FUZZ_CHECK(p.lora_targets >= 1 && p.lora_targets <= 15, "targets %d", p.lora_targets);
+        FUZZ_CHECK(p.extra_modules >= 0 && p.extra_modules <= 7, "modules_to_save bits %d", p.extra_modules);
         if (n && written) {
-            FUZZ_CHECK(all_lora, "a tensor that is no LoRA A, B or DoRA magnitude of the four modules was accepted");
+            FUZZ_CHECK(!other, "a tensor that is no LoRA A, B or DoRA magnitude of the four modules, nor a whole row outside "
+                               "the layers, was accepted");
+            FUZZ_CHECK((whole_bits & ~p.extra_modules) == 0, "whole rows %d accepted beside modules_to_save %d", whole_bits,
+                       p.extra_modules);
             FUZZ_CHECK(!any_dora || p.use_dora, "DoRA magnitudes accepted without use_dora");
             FUZZ_CHECK(p.lora_targets == want_bits, "targets %d, the tensors adapt %d", p.lora_targets, want_bits);
         }

@@ -104,9 +104,10 @@ def rel(a, b):
     return float("inf") if d != d else (d / m if m > 0 else d)
 
 
-def ref_loss_grads(cfg, params, ids, labels, lora=None):
+def ref_loss_grads(cfg, params, ids, labels, lora=None, whole=None):
     """Loss and gradients; with lora = {module path: (A, B, scaling)} the targeted weights are
-    W + scaling * B A and the gradients are those of A and B."""
+    W + scaling * B A and the gradients are those of A and B, and of the rows in whole {name:
+    tensor} (peft's modules_to_save: whole copies that train beside the adapters)."""
     leaves = {}
     if lora is None:
         p = {k: v.clone().requires_grad_(True) for k, v in params.items()}
@@ -119,6 +120,8 @@ def ref_loss_grads(cfg, params, ids, labels, lora=None):
             leaves[mod + ".lora_A.weight"] = A
             leaves[mod + ".lora_B.weight"] = B
             p[mod + ".weight"] = params[mod + ".weight"] + s * (B @ A)
+        for k, v in (whole or {}).items():
+            leaves[k] = p[k] = v.clone().requires_grad_(True)
     out = glm2_ref.forward(cfg, p, ids, labels)
     out["loss"].backward()
     return out["loss"].item(), {k: v.grad.detach() for k, v in leaves.items()}
@@ -184,6 +187,8 @@ LORA = [
     ("qkv", 0, ["self_attention.query_key_value"], 4, 8.0, False),
     ("all_rslora", 1, ["self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h",
                        "mlp.dense_4h_to_h"], 2, 6.0, True),
+    # with peft's modules_to_save on ChatGLM2's names: the untied output_layer and the final norm
+    ("qkv_output_layer", 0, ["self_attention.query_key_value"], 4, 8.0, False, ["output_layer", "final_layernorm"]),
 ]
 
 
@@ -222,10 +227,11 @@ def main():
         report("glm2_full_%s_adamw_steps" % name, el < TOL and perr[0] < TOL,
                "3 steps %.5f -> %.5f, losses rel %.1e, worst parameter %s rel %.1e" % (losses[0], losses[-1], el,
                                                                                         perr[1], perr[0]))
-    for name, mi, targets, r, alpha, rslora in LORA:
+    for name, mi, targets, r, alpha, rslora, *extra in LORA:
         raw, cfg, params, ids, labels, mdir, bpath = models[mi]
+        extra = extra[0] if extra else []
         flags = ["--finetuning_type", "lora", "--lora_rank", str(r), "--lora_alpha", repr(alpha),
-                 "--lora_target", ",".join(t.split(".")[-1] for t in targets)]
+                 "--lora_target", ",".join(t.split(".")[-1] for t in targets), "--additional_target", ",".join(extra)]
         if rslora:
             flags.append("--use_rslora")
         # glmtrain's own initial adapters (B = 0 would hide A's gradient): take them from a first
@@ -238,6 +244,9 @@ def main():
             if k.startswith("param/") and ".lora_" in k:
                 n = k[len("param/"):]
                 adapters[n] = v if ".lora_A." in n else 0.05 * torch.randn(v.shape, generator=g)
+        whole = {k: params[k] + 0.05 * torch.randn(params[k].shape, generator=g)
+                 for k in glm_ref.freeze_trainable(cfg, 1, [], extra, names=list(params))}
+        adapters.update(whole)
         from safetensors.torch import save_file
         apath = os.path.join(tmp, "lora_%s.adapters.safetensors" % name)
         save_file({k: v.contiguous() for k, v in adapters.items()}, apath)
@@ -248,7 +257,7 @@ def main():
             for t in targets:
                 mod = "transformer.encoder.layers.%d.%s" % (l, t)
                 lora[mod] = (adapters[mod + ".lora_A.weight"], adapters[mod + ".lora_B.weight"], s)
-        loss, grads = ref_loss_grads(cfg, params, ids, labels, lora)
+        loss, grads = ref_loss_grads(cfg, params, ids, labels, lora, whole)
         got = run_driver(driver, mdir, bpath, os.path.join(tmp, "lora_%s.st" % name), flags + ["--adapter", apath])
         e = abs(got["loss"].item() - loss) / abs(loss)
         report("glm2_lora_%s_loss" % name, e < TOL, "C %.7f torch %.7f rel %.1e" % (got["loss"].item(), loss, e))
@@ -257,7 +266,7 @@ def main():
                         flags + ["--adapter", apath, "--steps", "2", "--lr", "1e-3"])
         frozen = [k for k in st if k.startswith("fparam/")]
         same = all(torch.equal(st[k], params[k[len("fparam/"):]].float()) for k in frozen)
-        report("glm2_lora_%s_frozen_unchanged" % name, same and len(frozen) == len(params),
+        report("glm2_lora_%s_frozen_unchanged" % name, same and len(frozen) == len(params) - len(whole),
                "%d frozen rows bit-identical after 2 steps" % len(frozen))
     # freeze mode with LLaMA-Factory's module flags on ChatGLM2's names (self_attention,
     # output_layer): which tensors train by glm_ref.freeze_trainable's rule (LLaMA-Factory's),

@@ -179,8 +179,10 @@ def main():
         mag = {"base_model.model.transformer.layers.%d.attention.query_key_value.lora_magnitude_vector" % l: torch.ones(96)
                for l in range(2)}
         for name, edit, extra, want in [
-                ("modules_to_save", {"modules_to_save": ["lm_head"]}, head, "modules_to_save"),
+                ("modules_to_save_in_layers", {"modules_to_save": ["mlp"]}, None, "modules_to_save"),
                 ("extra_tensor", {}, head, "base_model.model.lm_head.weight"),
+                ("layer_module_tensor", {}, {"base_model.model.transformer.layers.0.mlp.dense_h_to_4h.weight":
+                                             torch.zeros(128, 32)}, "whole module's weights"),
                 ("dora_without_magnitudes", {"use_dora": True}, None, "lora_magnitude_vector"),
                 ("dora_tensors_only", {}, mag, "DoRA"),
                 ("lora_bias", {"lora_bias": True}, None, "lora_bias"),
@@ -199,10 +201,23 @@ def main():
         p, _, _ = greedy(base, prompt, ["--adapter", d])
         check("adapter_config_two_objects_refused", p.returncode != 0 and "adapter_config.json:" in p.stderr
               and "more after the JSON value ended" in p.stderr, p.stderr[-400:])
-        p = run(["merge", "--model_name_or_path", base, "--adapter", os.path.join(tmp, "adapter_v_modules_to_save"),
+        p = run(["merge", "--model_name_or_path", base, "--adapter", os.path.join(tmp, "adapter_v_modules_to_save_in_layers"),
                  "--output_dir", os.path.join(tmp, "m_mts")])
-        check("merge_modules_to_save_refused", p.returncode != 0 and "modules_to_save" in p.stderr and
+        check("merge_modules_to_save_in_layers_refused", p.returncode != 0 and "modules_to_save" in p.stderr and
               not os.path.exists(os.path.join(tmp, "m_mts", "model.safetensors")), p.stderr[-400:])
+        # peft's modules_to_save (LLaMA-Factory's additional_target) of the untied head: the adapter's
+        # whole copy replaces the base's head in generate, and merge writes it
+        g = torch.Generator().manual_seed(5)
+        head_copy = params["lm_head.weight"] + 0.5 * torch.randn(params["lm_head.weight"].shape, generator=g)
+        p, _, mts_out = variant("modules_to_save", {"modules_to_save": ["lm_head"]}, {"base_model.model.lm_head.weight": head_copy})
+        mts = os.path.join(tmp, "adapter_v_modules_to_save")
+        p2 = run(["merge", "--model_name_or_path", base, "--adapter", mts, "--output_dir", os.path.join(tmp, "m_mts2"),
+                  "--dtype", "float32"])
+        merged = st_load(os.path.join(tmp, "m_mts2", "model.safetensors")) if p2.returncode == 0 else {}
+        p3, _, m_out = greedy(os.path.join(tmp, "m_mts2"), prompt) if p2.returncode == 0 else (p2, None, None)
+        check("adapter_modules_to_save_head_generates_as_merged", p.returncode == 0 and mts_out is not None and
+              mts_out == m_out and mts_out != qkv_out and torch.equal(merged.get("lm_head.weight", torch.zeros(1)), head_copy),
+              "adapter %s, merged %s, without the head copy %s; %s" % (mts_out, m_out, qkv_out, (p.stderr + p2.stderr)[-300:]))
         pt = os.path.join(tmp, "ptuning_ckpt")
         os.makedirs(pt)
         json.dump({"model_type": "chatglm", "pre_seq_len": 128, "prefix_projection": False}, open(os.path.join(pt, "config.json"), "w"))
@@ -248,7 +263,7 @@ def main():
                                       ("rank", ["--finetuning_type", "lora", "--lora_rank", "8"], "this run trains a LoRA adapter (r 8"),
                                       ("ptuning", ["--pre_seq_len", "4"], "this run trains a P-Tuning v2 prefix (pre_seq_len 4"),
                                       ("freeze", ["--finetuning_type", "freeze", "--num_layer_trainable", "1"],
-                                       "this run trains the last 1 layers (freeze fine-tuning)")]:
+                                       "this run trains layer 1 (all modules) (freeze fine-tuning)")]:
                 q = run(["train", "--model_name_or_path", base, "--train_file", data, "--output_dir", out, "--max_steps", "6",
                          "--per_device_train_batch_size", "4", "--report_to", "none", "--disable_tqdm", "--max_source_length", "32",
                          "--max_target_length", "16", "--lora_target", "query_key_value,dense_4h_to_h",

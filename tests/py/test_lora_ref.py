@@ -102,6 +102,13 @@ CASES = [
      dict(kind="freeze", n=1, modules=["input_layernorm"], extra=["word_embeddings"])),
     ("F_first2of3_head_untied", (3, 96, 6, 320), False, [(3, 6), (8, 2)],
      dict(kind="freeze", n=-2, modules=["all"], extra=["lm_head", "word_embeddings"])),
+    # peft's modules_to_save (LLaMA-Factory's additional_target): whole copies of modules outside
+    # the layers train beside the adapters, from folders peft wrote with their values moved
+    ("L_qkv_head_lnf_untied_peft", (2, 64, 4, 256), False, [(5, 4), (9, 1), (2, 7)],
+     dict(kind="lora", r=4, alpha=8.0, targets=["query_key_value"], rslora=False, src="peft_st",
+          extra=["lm_head", "final_layernorm"], ckpt=True)),
+    ("L_all_emb_untied_peft", (3, 96, 6, 320), False, [(7, 3), (0, 5), (4, 9)],
+     dict(kind="lora", r=2, alpha=4.0, targets=ALL, rslora=False, src="peft_bin", extra=["word_embeddings"])),
     # LoRA+ (LLaMA-Factory's loraplus_lr_ratio): lora_B in an AdamW group of its own at lr x 16
     ("L_qkv_dense_loraplus", (2, 64, 4, 256), True, [(5, 4), (9, 1), (2, 7)],
      dict(kind="lora", r=4, alpha=8.0, targets=["query_key_value", "dense"], rslora=False, src="file", loraplus=16.0)),
@@ -116,6 +123,7 @@ def driver_flags(o):
     f = ["--finetuning_type", "lora", "--lora_rank", str(o["r"]), "--lora_alpha", repr(o["alpha"]),
          "--lora_target", ",".join(o["targets"])]
     f += ["--loraplus_lr_ratio", repr(o["loraplus"])] if o.get("loraplus") else []
+    f += ["--additional_target", ",".join(o["extra"])] if o.get("extra") else []
     return f + (["--use_rslora"] if o["rslora"] else [])
 
 
@@ -163,8 +171,9 @@ def standin(cfg, params):
 
 
 def peft_key(name):
-    """peft's parameter name -> the adapter row name (no prefix, no adapter name)."""
-    return name.replace("base_model.model.", "", 1).replace(".default.", ".")
+    """peft's parameter name -> the adapter row name (no prefix, no adapter name; a modules_to_save
+    copy by its module's own row name)."""
+    return name.replace("base_model.model.", "", 1).replace(".modules_to_save.default.", ".").replace(".default.", ".")
 
 
 def set_rslora(pm, alpha, r):
@@ -182,13 +191,14 @@ def peft_model(cfg, params, o, adapters):
     """get_peft_model(stand-in, LoraConfig) with `adapters` copied in (every LoRA tensor set)."""
     from peft import LoraConfig, get_peft_model
     pm = get_peft_model(standin(cfg, params), LoraConfig(r=o["r"], lora_alpha=o["alpha"], target_modules=o["targets"],
-                                                         lora_dropout=0.0, bias="none"))
+                                                         lora_dropout=0.0, bias="none",
+                                                         modules_to_save=o.get("extra")))
     if o["rslora"]:
         set_rslora(pm, o["alpha"], o["r"])
     seen = set()
     with torch.no_grad():
         for n, p in pm.named_parameters():
-            if ".lora_" in n:
+            if ".lora_" in n or ".modules_to_save." in n:
                 p.copy_(adapters[peft_key(n)])
                 seen.add(peft_key(n))
     if seen != set(adapters):
@@ -260,6 +270,9 @@ def driver_case(driver, tmp, ci, name, shape, tied, lengths, o):
             flags += ["--adapter_seed", "11"]
         else:
             adapters = glm_ref.init_lora(cfg, o["r"], o["targets"], seed=500 + ci)
+            g = torch.Generator().manual_seed(600 + ci)  # modules_to_save: copies moved off the base's values
+            adapters.update({k: params[k] + 0.02 * torch.randn(params[k].shape, generator=g)
+                             for k in glm_ref.freeze_trainable(cfg, 1, [], o.get("extra", []))})
             if o["src"] == "file":
                 from safetensors.torch import save_file
                 path = os.path.join(tmp, name + ".adapter.safetensors")
@@ -491,6 +504,34 @@ def train_checks(driver, tmp):
     ref_loss = glm_ref.forward(cfg, params, ids, labels, lora=(adapters, scaling))["loss"].item()
     e = abs(got["loss"].item() - ref_loss) / ref_loss
     report("train_lora_adapter_loads_in_driver", e < TOL, "loss C %.7f glm_ref %.7f rel %.1e" % (got["loss"].item(), ref_loss, e))
+
+    # --additional_target final_layernorm (peft's modules_to_save): the folder names it and holds
+    # its whole trained rows beside the adapters; peft loads it onto the stand-in with glm_ref's
+    # logits; the word embedding of this tied model is refused, naming why
+    mts = os.path.join(d, "lora-mts")
+    M.run(flags + lora + bs(4) + ["--additional_target", "final_layernorm", "--max_steps", "4", "--save_steps", "4",
+                                  "--output_dir", mts])
+    ad = st_load(os.path.join(mts, "adapter_model.safetensors"))
+    acfg = json.load(open(os.path.join(mts, "adapter_config.json")))
+    whole = {k[len("base_model.model."):]: v for k, v in ad.items() if ".lora_" not in k}
+    moved = all(not torch.equal(v, params[k]) for k, v in whole.items())
+    report("train_lora_modules_to_save_written", acfg.get("modules_to_save") == ["final_layernorm"] and moved and
+           sorted(whole) == ["transformer.final_layernorm.bias", "transformer.final_layernorm.weight"],
+           "modules_to_save %s, whole rows %s (trained: %s)" % (acfg.get("modules_to_save"), sorted(whole), moved))
+    if not why:
+        from peft import PeftModel
+        lo = {k[len("base_model.model."):]: v for k, v in ad.items() if ".lora_" in k}
+        with torch.no_grad():
+            want_logits = glm_ref.forward(cfg, dict(params, **whole), ids, lora=(lo, scaling))["logits"]
+            pm = PeftModel.from_pretrained(standin(cfg, params), mts).eval()
+            pl = pm(input_ids=ids, return_dict=True).logits
+        e = V.rel(pl, want_logits)
+        report("train_lora_modules_to_save_loads_in_peft", e < TOL, "logits rel %.1e vs glm_ref with the adapter and the "
+               "trained final norm" % e)
+    p = M.run(flags + lora + bs(4) + ["--additional_target", "word_embeddings", "--max_steps", "1", "--output_dir",
+                                      os.path.join(d, "lora-mts-emb")], check=False)
+    report("train_lora_modules_to_save_tied_embedding_refused", p.returncode != 0 and "tied" in p.stderr and
+           "--freeze_extra_modules word_embeddings" in p.stderr, p.stderr.strip()[-300:])
 
     # resume: checkpoint-4 + 4 steps == 8 steps, bit for bit
     res = os.path.join(d, "lora-resumed")

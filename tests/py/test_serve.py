@@ -413,7 +413,17 @@ def ptuning(model, cfg, ad1, tmp):
         finally:
             rc = S.stop()
         T.check(tag + "_clean_exit", rc == 0, S.text()[-300:])
+    # adapters whose settings would have to swap with more than A and B per request: refused, naming merge
+    variants = {}
+    for tag, edit in (("dora", {"use_dora": True}), ("mts", {"modules_to_save": ["final_layernorm"]})):
+        d = variants[tag] = os.path.join(os.path.dirname(ad1), "ad1_" + tag)
+        shutil.copytree(ad1, d, dirs_exist_ok=True)
+        conf = json.load(open(os.path.join(d, "adapter_config.json")))
+        conf.update(edit)
+        json.dump(conf, open(os.path.join(d, "adapter_config.json"), "w"))
     for flags, want, name in (
+            (["--adapter", "d=" + variants["dora"]], "is a DoRA adapter", "adapter_dora_refused"),
+            (["--adapter", "m=" + variants["mts"]], "modules_to_save", "adapter_modules_to_save_refused"),
             (["--ptuning_checkpoint", pt, "--adapter", "ad1=" + ad1], "over a P-Tuning v2 model", "ptuning_with_lora_refused"),
             (["--ptuning_checkpoint", ad1], "is a LoRA adapter", "ptuning_checkpoint_lora_refused"),
             (["--adapter", "p=" + pt], "--ptuning_checkpoint", "adapter_ptuning_names_ptuning_checkpoint")):
