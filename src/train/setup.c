@@ -347,6 +347,17 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
     if (a->use_dora && strcmp(k, "lora") != 0)
         return glm_fail(err, "--use_dora with --finetuning_type %s: DoRA is a form of LoRA", k),
                glm_hint(err, "add --finetuning_type lora");
+    int default_modules = !a->freeze_trainable_modules || !strcmp(a->freeze_trainable_modules, "all");
+    if (strcmp(k, "lora") != 0 && a->additional_target && a->additional_target[0])
+        return glm_fail(err, "--additional_target %s with --finetuning_type %s: it names modules that train whole beside LoRA "
+                        "(peft's modules_to_save)", a->additional_target, k),
+               glm_hint(err, !strcmp(k, "freeze") ? "freeze mode's name for it is --freeze_extra_modules"
+                             : !strcmp(k, "full")  ? "with --finetuning_type full every module trains already"
+                                                   : "add --finetuning_type lora");
+    if (strcmp(k, "freeze") != 0 && (!default_modules || (a->freeze_extra_modules && a->freeze_extra_modules[0])))
+        return glm_fail(err, "--%s with --finetuning_type %s: it says what freeze fine-tuning trains",
+                        default_modules ? "freeze_extra_modules" : "freeze_trainable_modules", k),
+               glm_hint(err, "add --finetuning_type freeze, or drop the flag");
     if (strcmp(k, "full") == 0) return 0;
     if (strcmp(k, "ptuning") != 0 && a->pre_seq_len > 0)
         return glm_fail(err, "--pre_seq_len %d with --finetuning_type %s: the prefix is P-Tuning v2's", a->pre_seq_len, k),
@@ -363,16 +374,6 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
                         .prefix_dropout = (float)a->prefix_dropout};
         return 0;
     }
-    int default_modules = !a->freeze_trainable_modules || !strcmp(a->freeze_trainable_modules, "all");
-    if (strcmp(k, "lora") != 0 && a->additional_target && a->additional_target[0])
-        return glm_fail(err, "--additional_target %s with --finetuning_type %s: it names modules that train whole beside LoRA "
-                        "(peft's modules_to_save)", a->additional_target, k),
-               glm_hint(err, strcmp(k, "freeze") ? "with --finetuning_type full every module trains already"
-                                                 : "freeze mode's name for it is --freeze_extra_modules");
-    if (strcmp(k, "freeze") != 0 && (!default_modules || (a->freeze_extra_modules && a->freeze_extra_modules[0])))
-        return glm_fail(err, "--%s with --finetuning_type %s: it says what freeze fine-tuning trains",
-                        default_modules ? "freeze_extra_modules" : "freeze_trainable_modules", k),
-               glm_hint(err, "add --finetuning_type freeze, or drop the flag");
     if (strcmp(k, "freeze") == 0) {
         int n = a->num_layer_trainable;
         if (n == 0 || n > L || n < -L)

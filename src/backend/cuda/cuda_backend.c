@@ -275,10 +275,17 @@ static void cu_noise_add(glm_backend *be, void *x, size_t n, float mag, uint64_t
     glmk_noise_add(be->dtype, x, n, mag, seed, IM(be)->st);
     glm_cuda_op_done(be, "noise_add");
 }
+/* ||W_j + s B_j A||^2 = ||W_j||^2 + 2 s B_j . (W A^T)_j + s^2 B_j (A A^T) B_j^T: W A^T [OC, r] and
+ * A A^T [r, r] on cuBLAS in float (W read once, on tensor cores), then one pass over W's rows for
+ * ||W_j||^2 that adds the rest; W is read twice in all, where a row at a time re-read all of A. */
 static void cu_dora_norm(glm_backend *be, float *n, const void *w, const void *a, const void *b, float scale, int OC, int C,
                          int r) {
     glm_cuda_prof(be, GLM_PROF_OTHER, "dora_norm");
-    glmk_dora_norm(be->dtype, n, w, a, b, scale, OC, C, r, IM(be)->st);
+    float *g = glm_cuda_scratch(be, ((size_t)OC * r + (size_t)r * r) * sizeof(float)), *aat = g + (size_t)OC * r;
+    /* row-major W [OC, C] and A [r, C] are column-major [C, OC] and [C, r]: G^T [r, OC] = A^T W, A A^T = A^T A there */
+    glm_cuda_gemm_to_f32(be, 1, 0, r, OC, C, a, C, w, C, g, r);
+    glm_cuda_gemm_to_f32(be, 1, 0, r, r, C, a, C, a, C, aat, r);
+    glmk_dora_norm(be->dtype, n, w, b, g, aat, scale, OC, C, r, IM(be)->st);
     glm_cuda_op_done(be, "dora_norm");
 }
 static void cu_dora_scale(glm_backend *be, void *out, const void *z, const void *mag, const float *n, float shift,

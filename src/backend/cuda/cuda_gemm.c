@@ -343,6 +343,15 @@ static void cu_mm_bwd(glm_backend *be, void *dinp, void *dw, void *dbias, const 
     glm_cuda_op_done(be, "matmul_bwd");
 }
 
+void glm_cuda_gemm_to_f32(glm_backend *be, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B, int ldb,
+                          float *D, int ldd) {
+    cuda_impl *im = IM(be);
+    const float one = 1.0f, zero = 0.0f;
+    cudaDataType_t t = cuda_type(be->dtype);
+    CUBLAS_CHECK(cublasGemmEx(im->blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &one, A, t,
+                              lda, B, t, ldb, &zero, D, CUDA_R_32F, ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 void glm_cuda_gemm_bind(glm_backend *be) {
     be->matmul_fwd = cu_mm_fwd;
     be->matmul_fwd_add = cu_mm_fwd_add;

@@ -34,8 +34,10 @@ void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n, float sca
                      cudaStream_t st);
 void glmk_noise_add(glm_dtype dt, void *x, size_t n, float mag, uint64_t seed, cudaStream_t st);
 /* ---- DoRA's row norms, row scale and its backward (k_dora.cu) ---- */
-void glmk_dora_norm(glm_dtype dt, float *n, const void *w, const void *a, const void *b, float scale, int OC, int C, int r,
-                    cudaStream_t st);
+/* n[j] = sqrt(||W_j||^2 + 2 s B_j . G_j + s^2 B_j M B_j^T) with G = W A^T [OC, r] and M = A A^T
+ * [r, r] in float (cuda_backend.c makes them on cuBLAS) */
+void glmk_dora_norm(glm_dtype dt, float *n, const void *w, const void *b, const float *g, const float *aat, float scale,
+                    int OC, int C, int r, cudaStream_t st);
 void glmk_dora_scale(glm_dtype dt, void *out, const void *z, const void *mag, const float *n, float shift, const void *bias,
                      const void *res, float res_scale, int N, int OC, cudaStream_t st);
 void glmk_dora_bwd(glm_dtype dt, void *dz, void *dmag, const void *dout, const void *z, const void *mag, const float *n,

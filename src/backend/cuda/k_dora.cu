@@ -1,40 +1,51 @@
 /* DoRA's three ops (backend.h dora_norm, dora_scale, dora_bwd); CPU twins in
  * backend/cpu/cpu_dora.c. Sums in float, each in a fixed order (no atomics), so a run repeats
- * bit for bit. All three are bound by memory: the weight once (the norms), the module's output
- * once or twice (the scale and its backward). */
+ * bit for bit. All three are bound by memory: the weight (the norms: here its rows' sums of squares,
+ * beside cuBLAS's W A^T), the module's output once or twice (the scale and its backward). */
 #include "backend/cuda/cuda_common.cuh"
 
 /* ---------------------------------------------------------------- the row norms */
 
-/* One block a row; A (r x C, a few tens of KB) is read from L2 for every row. A form with 32 rows
- * a block and a chunk of A in shared memory (each lane's A values serving 4 rows) measured 2.7x
- * slower on an H100 (docs/PERF.md, session 26) and was dropped. */
+/* A warp a row: ||W_j||^2 from W (16-byte loads where the rows allow), then the terms of B A from
+ * G = W A^T and M = A A^T (cuda_backend.c). The block's 8 warps take 8 rows. */
 template <typename T>
-__global__ void dora_norm_rows(float *n, const T *w, const T *a, const T *b, float scale, int C, int r) {
-    __shared__ float part[8];
-    int j = blockIdx.x;
+__global__ void __launch_bounds__(256) dora_norm_rows(float *n, const T *w, const T *b, const float *g, const float *aat,
+                                                      float scale, int OC, int C, int r) {
+    int j = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (j >= OC) return;
+    const T *wj = w + (size_t)j * C;
     float ss = 0.0f;
-    const T *wj = w + (size_t)j * C, *bj = b + (size_t)j * r;
-    for (int k = threadIdx.x; k < C; k += blockDim.x) {
-        float d = 0.0f;
-        for (int q = 0; q < r; q++) d = fmaf(to_f(bj[q]), to_f(a[(size_t)q * C + k]), d);
-        float v = fmaf(scale, d, to_f(wj[k]));
-        ss = fmaf(v, v, ss);
+    constexpr int P = Pack<T>::N;
+    if (C % P == 0 && ((uintptr_t)w & 15) == 0) { /* every row on 16 bytes: one vector load a lane at a time */
+        for (int k = lane * P; k < C; k += 32 * P) {
+            Pack<T> v = ld_pack(wj + k);
+#pragma unroll
+            for (int e = 0; e < P; e++) ss = fmaf(to_f(v.v[e]), to_f(v.v[e]), ss);
+        }
+    } else {
+        for (int k = lane; k < C; k += 32) {
+            float v = to_f(wj[k]);
+            ss = fmaf(v, v, ss);
+        }
     }
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-        for (int i = 0; i < 8; i++) t += part[i];
-        n[j] = sqrtf(t);
+    if (lane) return;
+    const T *bj = b + (size_t)j * r;
+    const float *gj = g + (size_t)j * r;
+    float cross = 0.0f, quad = 0.0f;
+    for (int p = 0; p < r; p++) {
+        float bp = to_f(bj[p]), mb = 0.0f;
+        cross = fmaf(bp, gj[p], cross);
+        for (int q = 0; q < r; q++) mb = fmaf(aat[p * r + q], to_f(bj[q]), mb);
+        quad = fmaf(bp, mb, quad);
     }
+    n[j] = sqrtf(fmaxf(ss + 2.0f * scale * cross + scale * scale * quad, 0.0f));
 }
 
-extern "C" void glmk_dora_norm(glm_dtype dt, float *n, const void *w, const void *a, const void *b, float scale, int OC,
-                               int C, int r, cudaStream_t st) {
+extern "C" void glmk_dora_norm(glm_dtype dt, float *n, const void *w, const void *b, const float *g, const float *aat,
+                               float scale, int OC, int C, int r, cudaStream_t st) {
     if (OC <= 0) return;
-    GLMK_DISPATCH(dt, dora_norm_rows<T><<<OC, 256, 0, st>>>(n, (const T *)w, (const T *)a, (const T *)b, scale, C, r));
+    GLMK_DISPATCH(dt, dora_norm_rows<T><<<(OC + 7) / 8, 256, 0, st>>>(n, (const T *)w, (const T *)b, g, aat, scale, OC, C, r));
     GLMK_CHECK_LAUNCH();
 }
 
