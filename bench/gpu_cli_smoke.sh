@@ -24,6 +24,20 @@ printf 'instruction,output\n' >"$W/train.csv"
 for i in $(seq 1 64); do printf '"写一句诗, 第%d句","春风%d,""明月""\n照江南"\n' "$i" "$i" >>"$W/train.csv"; done
 printf 'instruction,output\n"问题一","答案一"\n"问题二","答案二"\n' >"$W/val.csv"
 ok() { if [ "$1" -eq 0 ]; then echo "PASS $2"; else echo "FAIL $2"; tail -5 "$W/log"; fi; }
+# generate with the adapter $W/$1 and with the model merge writes from it: the same greedy answer
+# (fp32 on the GPU); PASS/FAIL as ${2:-$1}_generate_equals_merged
+generate_equals_merged() {
+    "$B/glmtrain" generate --model_name_or_path "$W/base" --tokenizer_name "$TOK" --adapter "$W/$1" --prompt "写一句诗" \
+        --dtype float32 --max_new_tokens 8 >"$W/out_$1" 2>"$W/log" &&
+        "$B/glmtrain" merge --model_name_or_path "$W/base" --adapter "$W/$1" --output_dir "$W/merged_$1" --dtype float32 \
+            >>"$W/log" 2>&1 &&
+        "$B/glmtrain" generate --model_name_or_path "$W/merged_$1" --tokenizer_name "$TOK" --prompt "写一句诗" --dtype float32 \
+            --max_new_tokens 8 >"$W/out_merged_$1" 2>>"$W/log"
+    local rc=$?
+    cat "$W/out_$1" "$W/out_merged_$1"
+    cmp -s "$W/out_$1" "$W/out_merged_$1"
+    ok $((rc + $?)) "${2:-$1}_generate_equals_merged"
+}
 "$B/glmtrain" train --init_from_config "$W/config.json" --tokenizer_name "$TOK" --train_file "$W/train.csv" \
     --output_dir "$W/base" --max_steps 4 --bf16 --per_device_train_batch_size 8 --disable_tqdm \
     --save_steps 2 --save_only_model true >"$W/log" 2>&1
@@ -52,14 +66,7 @@ rc=$?
 grep -E "'loss'" "$W/log" | head -3
 awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log"
 ok $((rc + $?)) "dora_bf16_all_modules_loss_falls"
-"$B/glmtrain" generate --model_name_or_path "$W/base" --tokenizer_name "$TOK" --adapter "$W/dora" --prompt "写一句诗" \
-    --dtype float32 --max_new_tokens 8 >"$W/out_dora" 2>"$W/log" && "$B/glmtrain" merge --model_name_or_path "$W/base" --adapter "$W/dora" \
-    --output_dir "$W/merged" --dtype float32 >>"$W/log" 2>&1 && "$B/glmtrain" generate --model_name_or_path "$W/merged" \
-    --tokenizer_name "$TOK" --prompt "写一句诗" --dtype float32 --max_new_tokens 8 >"$W/out_merged" 2>>"$W/log"
-rc=$?
-cat "$W/out_dora" "$W/out_merged"
-cmp -s "$W/out_dora" "$W/out_merged"
-ok $((rc + $?)) "dora_generate_equals_merged"
+generate_equals_merged dora
 # LoRA with peft's modules_to_save (--additional_target final_layernorm) in bf16: the loss falls,
 # the folder names it, and generate with the adapter equals generate with its merged model
 "$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --finetuning_type lora \
@@ -69,13 +76,7 @@ rc=$?
 awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
     grep -q '"final_layernorm"' "$W/mts/adapter_config.json"
 ok $((rc + $?)) "lora_modules_to_save_bf16_loss_falls"
-"$B/glmtrain" generate --model_name_or_path "$W/base" --tokenizer_name "$TOK" --adapter "$W/mts" --prompt "写一句诗" \
-    --dtype float32 --max_new_tokens 8 >"$W/out_mts" 2>"$W/log" && "$B/glmtrain" merge --model_name_or_path "$W/base" --adapter "$W/mts" \
-    --output_dir "$W/merged_mts" --dtype float32 >>"$W/log" 2>&1 && "$B/glmtrain" generate --model_name_or_path "$W/merged_mts" \
-    --tokenizer_name "$TOK" --prompt "写一句诗" --dtype float32 --max_new_tokens 8 >"$W/out_merged_mts" 2>>"$W/log"
-rc=$?
-cmp -s "$W/out_mts" "$W/out_merged_mts"
-ok $((rc + $?)) "lora_modules_to_save_generate_equals_merged"
+generate_equals_merged mts lora_modules_to_save
 # freeze with LLaMA-Factory's flags in bf16: the first layer's MLP and the (tied) embedding train
 "$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --finetuning_type freeze \
     --freeze_trainable_layers -1 --freeze_trainable_modules mlp --freeze_extra_modules word_embeddings --learning_rate 1e-3 \

@@ -112,6 +112,48 @@ __global__ void rmsnorm_bwd_vec(T *dx, float *pdw, const T *dout, const T *x, co
     }
 }
 
+/* A frozen norm's backward (no dw: the base under LoRA, P-Tuning, a frozen layer), a row a block:
+ * the row's x, dout, w and res held as loaded (16-byte packs, half the registers of floats), res
+ * fetched with the others so its latency hides under the row's sum; the sums as rmsnorm_bwd_vec's,
+ * so a frozen row's dx is the same bits. dx may alias dout. */
+template <typename T>
+__global__ void rmsnorm_bwd_frozen(T *dx, const T *dout, const T *x, const T *w, const float *rstd, const T *res, int C) {
+    constexpr int P = Pack<T>::N;
+    __shared__ float sh[32];
+    int packs = C / P;
+    size_t off = (size_t)blockIdx.x * C;
+    float r = rstd[blockIdx.x], sgx = 0;
+    Pack<T> px[RMS_NP], pg[RMS_NP], pw[RMS_NP], pr[RMS_NP];
+#pragma unroll
+    for (int k = 0; k < RMS_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+        if (pk < packs) {
+            px[k] = ld_pack(x + off + pk * P);
+            pg[k] = ld_pack(dout + off + pk * P);
+            pw[k] = ld_pack(w + pk * P);
+            if (res) pr[k] = ld_pack(res + off + pk * P);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < RMS_NP; k++)
+        if (threadIdx.x + k * blockDim.x < packs)
+#pragma unroll
+            for (int e = 0; e < P; e++) sgx += to_f(pg[k].v[e]) * to_f(pw[k].v[e]) * (to_f(px[k].v[e]) * r);
+    float bb = block_sum(sgx, sh) / C;
+#pragma unroll
+    for (int k = 0; k < RMS_NP; k++) {
+        int pk = threadIdx.x + k * blockDim.x;
+        if (pk < packs) {
+            Pack<T> po;
+#pragma unroll
+            for (int e = 0; e < P; e++)
+                po.v[e] = from_f<T>(r * (to_f(pg[k].v[e]) * to_f(pw[k].v[e]) - (to_f(px[k].v[e]) * r) * bb) +
+                                    (res ? to_f(pr[k].v[e]) : 0.0f));
+            st_pack(dx + off + pk * P, po);
+        }
+    }
+}
+
 /* threads for the vector path (a multiple of 32, at most RMS_NP packs each), or 0 */
 static int rms_vec_threads(glm_dtype dt, int C, const void *a, const void *b, const void *c, const void *d) {
     int P = (int)(16 / glm_dtype_size(dt));
@@ -175,9 +217,14 @@ extern "C" void glmk_rmsnorm_bwd(glm_dtype dt, void *dx, void *dw, const void *d
                                  const float *rstd, const void *res, int N, int C, float *scratch, cudaStream_t st) {
     if (N <= 0) return;
     int vt = !res || aligned16(res) ? rms_vec_threads(dt, C, dx, dout, x, w) : 0;
+    if (vt && !dw) { /* a frozen norm a row a block: no rows waiting on one block's loop */
+        GLMK_DISPATCH(dt, rmsnorm_bwd_frozen<T><<<N, vt, 0, st>>>((T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd,
+                                                                   (const T *)res, C));
+        GLMK_CHECK_LAUNCH();
+        return;
+    }
     if (vt) {
-        /* a frozen norm (no dw) a row a block: no rows waiting on one block's loop */
-        int G = !dw || N < RMS_BWD_BLOCKS ? N : RMS_BWD_BLOCKS;
+        int G = N < RMS_BWD_BLOCKS ? N : RMS_BWD_BLOCKS;
         GLMK_DISPATCH(dt, {
             rmsnorm_bwd_vec<T><<<G, vt, 0, st>>>((T *)dx, dw ? scratch : NULL, (const T *)dout, (const T *)x, (const T *)w,
                                                  rstd, (const T *)res, N, C);
