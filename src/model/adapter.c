@@ -45,7 +45,8 @@ static char *config_json(const glm_model *m) {
         cJSON *ms = cJSON_AddArrayToObject(o, "modules_to_save");
         char name[64];
         for (int bit = 1; bit <= GLM_EXTRA_HEAD; bit <<= 1)
-            if (p->extra_modules & bit) cJSON_AddItemToArray(ms, cJSON_CreateString(glm_extra_module_name(&m->cfg, bit, name, sizeof name)));
+            if (p->extra_modules & bit)
+                cJSON_AddItemToArray(ms, cJSON_CreateString(glm_extra_module_name(&m->cfg, bit, name, sizeof name)));
     }
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", p->lora_rank);
@@ -130,7 +131,8 @@ static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *
             glm_fail(err, "%s: tensor %s is missing", ms->adapter.path, an);
             return glm_hint(err, "its adapter_config.json names the module in modules_to_save, so peft saved it whole");
         }
-        return glm_ckpt_read_values(&ms->adapter, an, t, dst, err) ? glm_hint(err, "the adapter was made for another base model") : 0;
+        if (glm_ckpt_read_values(&ms->adapter, an, t, dst, err)) return glm_hint(err, "the adapter was made for another base model");
+        return 0;
     }
     if (t->kind == T_WORD_EMB && glm_ckpt_info(&ms->base, name, NULL, NULL, NULL) != 0 &&
         glm_ckpt_info(&ms->base, "lm_head.weight", NULL, NULL, NULL) == 0)

@@ -46,10 +46,11 @@ void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, 
 }
 
 
-/* The modules freeze mode and peft's modules_to_save name, by LLaMA-Factory's names: a layer row's module is the first part of its
- * name inside the layer (input_layernorm, attention or self_attention, post_attention_layernorm,
- * mlp), its bit the module's place among the family's; a row outside the layers is named by the
- * part before its last (word_embeddings, final_layernorm, lm_head or output_layer). */
+/* The modules that freeze mode and peft's modules_to_save name, by LLaMA-Factory's names: a layer
+ * row's module is the first part of its name inside the layer (input_layernorm, attention or
+ * self_attention, post_attention_layernorm, mlp), its bit the module's place among the family's;
+ * a row outside the layers is named by the part before its last (word_embeddings,
+ * final_layernorm, lm_head or output_layer). */
 static size_t first_part(const char *s) { return strcspn(s, "."); }
 static int layer_module_bit(const glm_family *fam, int k) {
     const char *seen[12];
@@ -77,6 +78,7 @@ static void extra_part(const char *row, const char **p, size_t *n) {
     *p = s;
     *n = (size_t)(last - s);
 }
+/* tensors.h */
 int glm_extra_bit(glm_tkind kind) {
     return kind == T_WORD_EMB ? GLM_EXTRA_EMB : kind == T_LNF_W || kind == T_LNF_B ? GLM_EXTRA_LNF
                                               : kind == T_LM_HEAD ? GLM_EXTRA_HEAD : 0;
@@ -157,7 +159,8 @@ int glm_modules_parse(const glm_config *c, const char *flag, const char *list, i
             module_names(c, outside, outside ? 7 : glm_modules_all(c), names, sizeof names);
             glm_fail(err, "%s: \"%.*s\" is not a module %s this model (%s)", flag, (int)n, p,
                      outside ? "outside the layers of" : "of a layer of", fam->name);
-            if (outside && c->tie_word_embeddings && ((n == 7 && !strncmp(p, "lm_head", 7)) || (n == 12 && !strncmp(p, "output_layer", 12))))
+            int head = (n == 7 && !strncmp(p, "lm_head", 7)) || (n == 12 && !strncmp(p, "output_layer", 12));
+            if (outside && head && c->tie_word_embeddings)
                 return glm_hint(err, "the head is tied to the word embedding here: word_embeddings is the one matrix both use");
             return glm_hint(err, "use a comma list of %s%s", outside ? "" : "all, ", names);
         }
@@ -165,7 +168,8 @@ int glm_modules_parse(const glm_config *c, const char *flag, const char *list, i
         if (!e) break;
         p = e + 1;
     }
-    if (!outside && !*bits) return glm_fail(err, "%s is empty", flag), glm_hint(err, "all (every module of the layers that train), or e.g. mlp");
+    if (!outside && !*bits)
+        return glm_fail(err, "%s is empty", flag), glm_hint(err, "all (every module of the layers that train), or e.g. mlp");
     return 0;
 }
 

@@ -278,7 +278,8 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         int nd;
         int64_t shape[ST_MAX_DIMS];
         glm_ckpt_info(&c, src, NULL, &nd, shape);
-        if ((is_adapter(t) || (whole && adapters)) && (nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1]))) {
+        int mismatch = nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1]);
+        if ((is_adapter(t) || (whole && adapters)) && mismatch) {
             rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, src,
                           (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)t->shape[0], (long long)t->shape[1]);
             if (t->kind == T_PREFIX_EMB) /* [P, 2LH] or [P, H]: the two P-Tuning settings */
