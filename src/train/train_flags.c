@@ -317,6 +317,19 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"pure_bf16", NULL, "bf16", "glmtrain's bf16 keeps fp32 master weights and AdamW states for the tensors that train "
                                 "(with LoRA a few MB); for less memory: --optim adamw_8bit or --zero_stage"},
     {"modules_to_save", NULL, "additional_target", "peft's name for --additional_target"},
+    {"use_galore", "false|False|0", "", "GaLore's projected optimizer is not here; for less optimizer memory: --optim "
+                                        "adamw_8bit, --zero_stage 2|3 or --offload_optimizer cpu"},
+    {"use_apollo", "false|False|0", "", "APOLLO's optimizer is not here; for less optimizer memory: --optim adamw_8bit, "
+                                        "--zero_stage 2|3 or --offload_optimizer cpu"},
+    {"use_adam_mini", "false|False|0", "", "Adam-mini is not here; for less optimizer memory: --optim adamw_8bit, --zero_stage "
+                                           "2|3 or --offload_optimizer cpu"},
+    {"use_badam", "false|False|0", "", "BAdam's block-wise updates are not here; a few layers at a time: --finetuning_type "
+                                       "freeze (--freeze_trainable_layers, --freeze_trainable_modules)"},
+    {"use_llama_pro", "false|False|0", "", "LLaMA Pro's expanded blocks are not here; chosen layers alone: --finetuning_type "
+                                           "freeze (--freeze_trainable_layers, --freeze_trainable_modules)"},
+    {"use_swanlab", "false|False|0", "", "glmtrain reports to TensorBoard (--report_to tensorboard)"},
+    {"freeze_vision_tower", NULL, "", "ChatGLM models have no vision tower"},
+    {"freeze_multi_modal_projector", NULL, "", "ChatGLM models have no multi-modal projector"},
     {"pissa_init", "false|False|0", "", "PiSSA's initialisation changes what trains, and glmtrain initialises LoRA as peft's default"},
     {"pissa_convert", "false|False|0", "", "PiSSA is not trained here"},
     {"create_new_adapter", "false|False|0", "", "--adapter_name_or_path trains that adapter on; a fresh one: leave it out"},

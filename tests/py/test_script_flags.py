@@ -43,7 +43,7 @@ def more_trainer_settings(sh):
     report("newer_trainer_settings_left_alone", p.returncode == 0 and len(said) == len(quiet) // 2, "%s %s" % (said, p.stderr[-300:]))
     # LLaMA-Factory's arguments (its webui's commands): left alone, passed on under glmtrain's names, or refused
     lf = ["--upcast_layernorm", "true", "--print_param_status", "true", "--double_quantization", "true",
-          "--mix_strategy", "concat", "--enable_thinking", "true"]
+          "--mix_strategy", "concat", "--enable_thinking", "true", "--use_galore", "false", "--freeze_vision_tower", "true"]
     p = subprocess.run([GLM, "train"] + sh + lf + ["--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
     said = [lf[i][2:] for i in range(0, len(lf), 2) if ("%s is not used" % lf[i]) in p.stderr]
     report("llamafactory_settings_left_alone", p.returncode == 0 and len(said) == len(lf) // 2, "%s %s" % (said, p.stderr[-300:]))
@@ -64,7 +64,10 @@ def more_trainer_settings(sh):
                               ("freeze_module_of_another_family", ["--finetuning_type", "freeze", "--freeze_trainable_modules",
                                                                    "self_attention"], "input_layernorm, attention, post_attention_layernorm, mlp"),
                               ("freeze_modules_without_freeze", ["--finetuning_type", "lora", "--freeze_extra_modules",
-                                                                 "final_layernorm"], "add --finetuning_type freeze")):
+                                                                 "final_layernorm"], "add --finetuning_type freeze"),
+                              ("use_galore", ["--use_galore", "true"], "--optim adamw_8bit"),
+                              ("use_llama_pro", ["--finetuning_type", "freeze", "--use_llama_pro", "true"],
+                               "--freeze_trainable_layers")):
         p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
         report("llamafactory_setting_refused_%s" % name, p.returncode != 0 and want in p.stderr, p.stderr[-300:])
     for name, extra, want in (("fsdp", ["--fsdp", "full_shard auto_wrap"], "--zero_stage 3"),
