@@ -193,6 +193,10 @@ def main():
                 ("targets_differ", {"target_modules": ["query_key_value", "dense"]}, None, "tensors adapt query_key_value")]:
             p, _, _ = variant(name, edit, extra)
             check("adapter_%s_refused" % name, p.returncode != 0 and want in p.stderr and "adapter" in p.stderr, p.stderr[-400:])
+        # LLaMA-Factory's list of adapters (all but the last merged into the base): refused, naming merge
+        p, _, _ = greedy(base, prompt, ["--adapter", qkv + "," + qkv])
+        check("adapter_list_refused_naming_merge", p.returncode != 0 and "names several adapters" in p.stderr and
+              "glmtrain merge" in p.stderr, p.stderr[-400:])
         # an adapter_config.json with more after its object (two objects, an editor's junk) is refused
         # naming file:line:col, as Python's json.load (peft's reader) refuses it
         d = os.path.join(tmp, "adapter_v_junk")
