@@ -68,16 +68,21 @@ static int outside_bit_of_row(const char *name) {
     return 0;
 }
 
-/* The bit of a module peft's modules_to_save names: the last parts of the module's path
- * ("output_layer", "transformer.output_layer"), as peft matches the end of a module's name. */
-static int outside_bit_of_module(const char *module) {
+/* Whether module names path's last parts ("output_layer", "transformer.output_layer" of
+ * "transformer.output_layer"), as peft matches the end of a module's name. */
+static int names_end_of(const char *module, const char *path, size_t n) {
     size_t k = strlen(module);
+    return k && k <= n && !strncmp(path + n - k, module, k) && (k == n || path[n - k - 1] == '.');
+}
+
+/* The bit of a module peft's modules_to_save names: a row's module (its name less .weight /
+ * .bias), or ChatGLM2's transformer.embedding, which holds the word embedding alone. */
+static int outside_bit_of_module(const char *module) {
     for (size_t i = 0; i < sizeof outside_rows / sizeof *outside_rows; i++) {
         const char *r = outside_rows[i].row;
-        size_t n = (size_t)(strrchr(r, '.') - r); /* the module's path: the row's name less .weight / .bias */
-        if (k && k <= n && !strncmp(r + n - k, module, k) && (k == n || r[n - k - 1] == '.')) return outside_rows[i].bit;
+        if (names_end_of(module, r, (size_t)(strrchr(r, '.') - r))) return outside_rows[i].bit;
     }
-    return 0;
+    return names_end_of(module, GLM_V2_EMBED_MODULE, strlen(GLM_V2_EMBED_MODULE)) ? GLM_EXTRA_EMB : 0;
 }
 
 /* The end of name when it ends with suffix, else NULL. */

@@ -10,7 +10,9 @@
 #define GLM_V1_FINAL_NORM_B "transformer.final_layernorm.bias"
 #define GLM_V1_HEAD "lm_head.weight"
 /* the ChatGLM2 block (ChatGLM2/3-6B, GLM-4-9B): RMSNorm has no bias */
-#define GLM_V2_EMBED "transformer.embedding.word_embeddings.weight"
+/* the module that holds the word embedding alone, which peft's modules_to_save may name too */
+#define GLM_V2_EMBED_MODULE "transformer.embedding"
+#define GLM_V2_EMBED GLM_V2_EMBED_MODULE ".word_embeddings.weight"
 #define GLM_V2_FINAL_NORM_W "transformer.encoder.final_layernorm.weight"
 #define GLM_V2_HEAD "transformer.output_layer.weight"
 

@@ -174,6 +174,25 @@ def main():
             a = gen(["--model_name_or_path", ref, "--adapter", lo] + q)[1]
             b = gen(["--model_name_or_path", merged] + q)[1]
             report("glm2_lora_adapter_equals_merged", a == b and a is not None, "adapter %s merged %s" % (a, b))
+        # LoRA with peft's modules_to_save on ChatGLM2's untied embedding and output_layer: the folder
+        # names them, generate with it equals generate on its merge, and the same folder naming
+        # the embedding's module as peft also may (transformer.embedding) reads the same
+        lw = os.path.join(d, "lora_whole")
+        run(base + ["--output_dir", lw, "--per_device_train_batch_size", "8", "--finetuning_type", "lora", "--lora_rank", "4",
+                    "--additional_target", "word_embeddings,output_layer", "--learning_rate", "5e-2"], timeout=300)
+        ac = json.load(open(os.path.join(lw, "adapter_config.json")))
+        mw = os.path.join(d, "merged_whole")
+        p = subprocess.run([GLM, "merge", "--model_name_or_path", ref, "--adapter", lw, "--output_dir", mw,
+                            "--dtype", "float32"], capture_output=True, text=True, timeout=120, env=ENV)
+        alias = os.path.join(d, "lora_whole_alias")
+        shutil.copytree(lw, alias)
+        json.dump(dict(ac, modules_to_save=["embedding", "output_layer"]), open(os.path.join(alias, "adapter_config.json"), "w"))
+        a = gen(["--model_name_or_path", ref, "--adapter", lw] + q)[1]
+        b = gen(["--model_name_or_path", mw] + q)[1] if p.returncode == 0 else None
+        c = gen(["--model_name_or_path", ref, "--adapter", alias] + q)[1]
+        report("glm2_lora_modules_to_save_equals_merged", ac.get("modules_to_save") == ["word_embeddings", "output_layer"]
+               and a is not None and a == b == c, "modules_to_save %s; adapter %s, merged %s, named as transformer.embedding "
+               "%s %s" % (ac.get("modules_to_save"), a, b, c, p.stderr[-200:]))
         # 5. P-Tuning v2 on this family: trains; generate --adapter (the prefix in the k|v cache)
         # gives the reference's greedy tokens with the saved prefix as every layer's past
         pt = os.path.join(d, "pt")
