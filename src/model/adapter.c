@@ -14,7 +14,7 @@
 /* what an adapter folder holds: the adapters, and the whole modules of modules_to_save (every
  * other row a LoRA model trains) */
 static int in_adapter(const glm_model *m, const glm_tensor *t) {
-    return glm_is_lora(t->kind) || (m->cfg.peft.extra_modules & glm_extra_bit(t->kind));
+    return glm_is_lora(t->kind) || glm_whole_row(&m->cfg.peft, t->kind);
 }
 
 /* The keys peft 0.6's LoraConfig knows (a newer key would make an older peft refuse the
@@ -124,7 +124,7 @@ typedef struct merge_src {
 static int read_merged(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
     merge_src *ms = ctx;
     const char *src = name;
-    if (ms->peft.extra_modules & glm_extra_bit(t->kind)) {
+    if (glm_whole_row(&ms->peft, t->kind)) {
         char an[256];
         snprintf(an, sizeof an, "%s%s", GLM_ADAPTER_PREFIX, name);
         if (glm_ckpt_info(&ms->adapter, an, NULL, NULL, NULL)) {

@@ -250,10 +250,7 @@ void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, co
         be->matmul_fwd_add(be, out, inp, linear_weight(m, l, i, w, C, OC), b, out, 1.0f, N, C, OC);
         return;
     }
-    if (!plain_product(m, w, N))
-        be->qmatmul_fwd(be, out, inp, m->w.layer[l].qw[i], m->cfg.quant, b, N, C, OC);
-    else
-        be->matmul_fwd(be, out, inp, linear_weight(m, l, i, w, C, OC), b, N, C, OC);
+    base_product(m, l, i, out, inp, w, b, N, C, OC);
     lora_add(m, l, i, a, out, inp, N, C, OC);
 }
 
@@ -296,14 +293,9 @@ void glm_linear_bwd_add(glm_model *m, int l, int i, glm_layer_acts *a, void *din
         dora_bwd(m, l, i, a, dinp, dout, inp, w, N, C, OC, res, res_scale);
         return;
     }
-    if (!be->matmul_bwd_add) {
-        glm_linear_bwd(m, l, i, a, dinp, dw, db, dout, inp, w, N, C, OC);
-        be->scale_add(be, dinp, res_scale, res, dinp, (size_t)N * C);
-        return;
-    }
     const void *W = linear_weight(m, l, i, w, C, OC);
     if (dw || db) be->matmul_bwd(be, NULL, dw, db, dout, inp, W, N, C, OC, 0);
-    be->matmul_bwd_add(be, dinp, dout, W, res, res_scale, N, C, OC);
+    input_grad(m, dinp, dout, inp, W, N, C, OC, res, res_scale);
     lora_bwd(m, l, i, a, dinp, dout, inp, N, C, OC);
 }
 

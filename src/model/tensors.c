@@ -78,10 +78,14 @@ static void extra_part(const char *row, const char **p, size_t *n) {
     *p = s;
     *n = (size_t)(last - s);
 }
-/* tensors.h */
-int glm_extra_bit(glm_tkind kind) {
+/* the GLM_EXTRA_* bit of a row kind (0 for the rows of the layers and the adapters) */
+static int glm_extra_bit(glm_tkind kind) {
     return kind == T_WORD_EMB ? GLM_EXTRA_EMB : kind == T_LNF_W || kind == T_LNF_B ? GLM_EXTRA_LNF
                                               : kind == T_LM_HEAD ? GLM_EXTRA_HEAD : 0;
+}
+
+int glm_whole_row(const glm_peft *p, glm_tkind kind) {
+    return p->kind == GLM_FT_LORA && (p->extra_modules & glm_extra_bit(kind));
 }
 
 static int freeze_trains(const glm_config *c, int layer, glm_tkind kind) {
@@ -192,7 +196,7 @@ int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     switch (p->kind) {
     case GLM_FT_FULL: return !glm_is_extra(kind);
     case GLM_FT_LORA: /* the adapters, and peft's modules_to_save whole */
-        if (!glm_is_lora(kind)) return !glm_is_extra(kind) && layer < 0 && (p->extra_modules & glm_extra_bit(kind));
+        if (!glm_is_lora(kind)) return glm_whole_row(p, kind);
         return (p->lora_targets >> glm_lora_module(kind) & 1) && (!glm_is_dora(kind) || p->use_dora);
     case GLM_FT_PTUNING: return glm_is_prefix(kind) && (kind == T_PREFIX_EMB || p->prefix_projection);
     case GLM_FT_FREEZE: return freeze_trains(c, layer, kind);

@@ -79,8 +79,9 @@ int glm_modules_parse(const glm_config *c, const char *flag, const char *list, i
 const char *glm_modules_str(const glm_config *c, int bits, int outside, char *buf, size_t n);
 /* the outside module of one GLM_EXTRA_* bit by its name ("output_layer"), "" where the model has none */
 const char *glm_extra_module_name(const glm_config *c, int bit, char *buf, size_t n);
-/* The GLM_EXTRA_* bit of a row kind (0 for the rows of the layers and the adapters). */
-int glm_extra_bit(glm_tkind kind);
+/* Whether LoRA setting p trains row kind whole beside its adapters (peft's modules_to_save): a
+ * row the adapter folder carries under peft's name and merge writes in place of the base's. */
+int glm_whole_row(const glm_peft *p, glm_tkind kind);
 /* LoRA's modules_to_save on a model whose head is tied to the embedding: peft's copy of either
  * splits the tied pair, which the one tied row cannot; an error naming src (a flag or a file). */
 int glm_extra_modules_check(const glm_config *c, const glm_peft *p, const char *src, glm_err *err);

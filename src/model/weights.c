@@ -251,7 +251,7 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
     for (int i = r0; i < r1 && rc == 0; i++) {
         void *dst;
         const glm_tensor *t = glm_model_row(m, i, &dst);
-        int whole = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.extra_modules & glm_extra_bit(t->kind));
+        int whole = glm_whole_row(&m->cfg.peft, t->kind);
         if (adapters ? !(is_adapter(t) || whole) : is_adapter(t)) continue;
         snprintf(name, sizeof name, "%s%s", prefix, t->name);
         const char *src = name;

@@ -317,16 +317,15 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"pure_bf16", NULL, "bf16", "glmtrain's bf16 keeps fp32 master weights and AdamW states for the tensors that train "
                                 "(with LoRA a few MB); for less memory: --optim adamw_8bit or --zero_stage"},
     {"modules_to_save", NULL, "additional_target", "peft's name for --additional_target"},
-    {"use_galore", "false|False|0", "", "GaLore's projected optimizer is not here; for less optimizer memory: --optim "
-                                        "adamw_8bit, --zero_stage 2|3 or --offload_optimizer cpu"},
-    {"use_apollo", "false|False|0", "", "APOLLO's optimizer is not here; for less optimizer memory: --optim adamw_8bit, "
-                                        "--zero_stage 2|3 or --offload_optimizer cpu"},
-    {"use_adam_mini", "false|False|0", "", "Adam-mini is not here; for less optimizer memory: --optim adamw_8bit, --zero_stage "
-                                           "2|3 or --offload_optimizer cpu"},
-    {"use_badam", "false|False|0", "", "BAdam's block-wise updates are not here; a few layers at a time: --finetuning_type "
-                                       "freeze (--freeze_trainable_layers, --freeze_trainable_modules)"},
-    {"use_llama_pro", "false|False|0", "", "LLaMA Pro's expanded blocks are not here; chosen layers alone: --finetuning_type "
-                                           "freeze (--freeze_trainable_layers, --freeze_trainable_modules)"},
+#define LESS_OPTIMIZER_MEMORY "; for less optimizer memory: --optim adamw_8bit, --zero_stage 2|3 or --offload_optimizer cpu"
+#define SOME_LAYERS "; some layers alone: --finetuning_type freeze (--freeze_trainable_layers, --freeze_trainable_modules)"
+    {"use_galore", "false|False|0", "", "GaLore's projected optimizer is not here" LESS_OPTIMIZER_MEMORY},
+    {"use_apollo", "false|False|0", "", "APOLLO's optimizer is not here" LESS_OPTIMIZER_MEMORY},
+    {"use_adam_mini", "false|False|0", "", "Adam-mini is not here" LESS_OPTIMIZER_MEMORY},
+    {"use_badam", "false|False|0", "", "BAdam's block-wise updates are not here" SOME_LAYERS},
+    {"use_llama_pro", "false|False|0", "", "LLaMA Pro's expanded blocks are not here" SOME_LAYERS},
+#undef LESS_OPTIMIZER_MEMORY
+#undef SOME_LAYERS
     {"use_swanlab", "false|False|0", "", "glmtrain reports to TensorBoard (--report_to tensorboard)"},
     {"freeze_vision_tower", NULL, "", "ChatGLM models have no vision tower"},
     {"freeze_multi_modal_projector", NULL, "", "ChatGLM models have no multi-modal projector"},

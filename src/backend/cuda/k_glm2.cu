@@ -51,105 +51,65 @@ __global__ void rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *w, int
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
-/* dx (may alias dout) of rows blockIdx.x + k*gridDim.x, plus res (NULL: none; not dx), and
- * partial[blockIdx.x] of dw (NULL: none). */
-template <typename T>
+/* dx (may alias dout) of rows blockIdx.x + k*gridDim.x, plus res (NULL: none; not dx), and with
+ * DW partial[blockIdx.x] of dw. A row's x, dout and res are held as loaded (16-byte packs, half the
+ * registers of floats: more rows in flight), res fetched with the others so its latency hides under
+ * the row's sum; a frozen norm (no DW: the base under LoRA, P-Tuning, a frozen layer) keeps no dw
+ * sums and takes a row a block. */
+template <typename T, bool DW>
 __global__ void rmsnorm_bwd_vec(T *dx, float *pdw, const T *dout, const T *x, const T *w, const float *rstd, const T *res,
                                 int N, int C) {
     constexpr int P = Pack<T>::N;
     __shared__ float sh[32];
     int packs = C / P;
-    float aw[RMS_NP][P], wv[RMS_NP][P];
+    float aw[DW ? RMS_NP : 1][P] = {};
+    Pack<T> pw[RMS_NP];
 #pragma unroll
-    for (int k = 0; k < RMS_NP; k++) {
-        int pk = threadIdx.x + k * blockDim.x;
-#pragma unroll
-        for (int e = 0; e < P; e++) aw[k][e] = wv[k][e] = 0.0f;
-        if (pk < packs) {
-            Pack<T> pw = ld_pack(w + pk * P);
-#pragma unroll
-            for (int e = 0; e < P; e++) wv[k][e] = to_f(pw.v[e]);
-        }
-    }
+    for (int k = 0; k < RMS_NP; k++)
+        if (threadIdx.x + k * blockDim.x < packs) pw[k] = ld_pack(w + (threadIdx.x + k * blockDim.x) * P);
     for (int n = blockIdx.x; n < N; n += gridDim.x) {
         size_t off = (size_t)n * C;
-        float r = rstd[n], sgx = 0, xh[RMS_NP][P], g[RMS_NP][P];
+        float r = rstd[n], sgx = 0;
+        Pack<T> px[RMS_NP], pg[RMS_NP], pr[RMS_NP];
 #pragma unroll
         for (int k = 0; k < RMS_NP; k++) {
             int pk = threadIdx.x + k * blockDim.x;
             if (pk < packs) {
-                Pack<T> px = ld_pack(x + off + pk * P), pg = ld_pack(dout + off + pk * P);
-#pragma unroll
-                for (int e = 0; e < P; e++) {
-                    xh[k][e] = to_f(px.v[e]) * r;
-                    g[k][e] = to_f(pg.v[e]);
-                    sgx += g[k][e] * wv[k][e] * xh[k][e];
-                    aw[k][e] += g[k][e] * xh[k][e];
-                }
+                px[k] = ld_pack(x + off + pk * P);
+                pg[k] = ld_pack(dout + off + pk * P);
+                if (res) pr[k] = ld_pack(res + off + pk * P);
             }
         }
+#pragma unroll
+        for (int k = 0; k < RMS_NP; k++)
+            if (threadIdx.x + k * blockDim.x < packs)
+#pragma unroll
+                for (int e = 0; e < P; e++) {
+                    float g = to_f(pg[k].v[e]), xh = to_f(px[k].v[e]) * r;
+                    sgx += g * to_f(pw[k].v[e]) * xh;
+                    if constexpr (DW) aw[k][e] += g * xh;
+                }
         float bb = block_sum(sgx, sh) / C;
 #pragma unroll
         for (int k = 0; k < RMS_NP; k++) {
             int pk = threadIdx.x + k * blockDim.x;
             if (pk < packs) {
-                Pack<T> po, pr;
-                if (res) pr = ld_pack(res + off + pk * P);
+                Pack<T> po;
 #pragma unroll
                 for (int e = 0; e < P; e++)
-                    po.v[e] = from_f<T>(r * (g[k][e] * wv[k][e] - xh[k][e] * bb) + (res ? to_f(pr.v[e]) : 0.0f));
+                    po.v[e] = from_f<T>(r * (to_f(pg[k].v[e]) * to_f(pw[k].v[e]) - (to_f(px[k].v[e]) * r) * bb) +
+                                        (res ? to_f(pr[k].v[e]) : 0.0f));
                 st_pack(dx + off + pk * P, po);
             }
         }
     }
-    if (!pdw) return;
+    if constexpr (DW) {
 #pragma unroll
-    for (int k = 0; k < RMS_NP; k++) {
-        int pk = threadIdx.x + k * blockDim.x;
-        if (pk < packs)
+        for (int k = 0; k < RMS_NP; k++) {
+            int pk = threadIdx.x + k * blockDim.x;
+            if (pk < packs)
 #pragma unroll
-            for (int e = 0; e < P; e++) pdw[(size_t)blockIdx.x * C + pk * P + e] = aw[k][e];
-    }
-}
-
-/* A frozen norm's backward (no dw: the base under LoRA, P-Tuning, a frozen layer), a row a block:
- * the row's x, dout, w and res held as loaded (16-byte packs, half the registers of floats), res
- * fetched with the others so its latency hides under the row's sum; the sums as rmsnorm_bwd_vec's,
- * so a frozen row's dx is the same bits. dx may alias dout. */
-template <typename T>
-__global__ void rmsnorm_bwd_frozen(T *dx, const T *dout, const T *x, const T *w, const float *rstd, const T *res, int C) {
-    constexpr int P = Pack<T>::N;
-    __shared__ float sh[32];
-    int packs = C / P;
-    size_t off = (size_t)blockIdx.x * C;
-    float r = rstd[blockIdx.x], sgx = 0;
-    Pack<T> px[RMS_NP], pg[RMS_NP], pw[RMS_NP], pr[RMS_NP];
-#pragma unroll
-    for (int k = 0; k < RMS_NP; k++) {
-        int pk = threadIdx.x + k * blockDim.x;
-        if (pk < packs) {
-            px[k] = ld_pack(x + off + pk * P);
-            pg[k] = ld_pack(dout + off + pk * P);
-            pw[k] = ld_pack(w + pk * P);
-            if (res) pr[k] = ld_pack(res + off + pk * P);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < RMS_NP; k++)
-        if (threadIdx.x + k * blockDim.x < packs)
-#pragma unroll
-            for (int e = 0; e < P; e++) sgx += to_f(pg[k].v[e]) * to_f(pw[k].v[e]) * (to_f(px[k].v[e]) * r);
-    float bb = block_sum(sgx, sh) / C;
-#pragma unroll
-    for (int k = 0; k < RMS_NP; k++) {
-        int pk = threadIdx.x + k * blockDim.x;
-        if (pk < packs) {
-            Pack<T> po;
-#pragma unroll
-            for (int e = 0; e < P; e++)
-                po.v[e] = from_f<T>(r * (to_f(pg[k].v[e]) * to_f(pw[k].v[e]) - (to_f(px[k].v[e]) * r) * bb) +
-                                    (res ? to_f(pr[k].v[e]) : 0.0f));
-            st_pack(dx + off + pk * P, po);
+                for (int e = 0; e < P; e++) pdw[(size_t)blockIdx.x * C + pk * P + e] = aw[k][e];
         }
     }
 }
@@ -217,18 +177,17 @@ extern "C" void glmk_rmsnorm_bwd(glm_dtype dt, void *dx, void *dw, const void *d
                                  const float *rstd, const void *res, int N, int C, float *scratch, cudaStream_t st) {
     if (N <= 0) return;
     int vt = !res || aligned16(res) ? rms_vec_threads(dt, C, dx, dout, x, w) : 0;
-    if (vt && !dw) { /* a frozen norm a row a block: no rows waiting on one block's loop */
-        GLMK_DISPATCH(dt, rmsnorm_bwd_frozen<T><<<N, vt, 0, st>>>((T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd,
-                                                                   (const T *)res, C));
-        GLMK_CHECK_LAUNCH();
-        return;
-    }
-    if (vt) {
-        int G = N < RMS_BWD_BLOCKS ? N : RMS_BWD_BLOCKS;
+    if (vt) { /* a frozen norm a row a block: no rows waiting on one block's loop */
+        int G = !dw || N < RMS_BWD_BLOCKS ? N : RMS_BWD_BLOCKS;
         GLMK_DISPATCH(dt, {
-            rmsnorm_bwd_vec<T><<<G, vt, 0, st>>>((T *)dx, dw ? scratch : NULL, (const T *)dout, (const T *)x, (const T *)w,
-                                                 rstd, (const T *)res, N, C);
-            if (dw) rmsnorm_dw_final<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, scratch, G, C);
+            if (dw) {
+                rmsnorm_bwd_vec<T, true><<<G, vt, 0, st>>>((T *)dx, scratch, (const T *)dout, (const T *)x, (const T *)w, rstd,
+                                                           (const T *)res, N, C);
+                rmsnorm_dw_final<T><<<(C + 255) / 256, 256, 0, st>>>((T *)dw, scratch, G, C);
+            } else {
+                rmsnorm_bwd_vec<T, false><<<G, vt, 0, st>>>((T *)dx, NULL, (const T *)dout, (const T *)x, (const T *)w, rstd,
+                                                            (const T *)res, N, C);
+            }
         });
         GLMK_CHECK_LAUNCH();
         return;
