@@ -23,7 +23,8 @@ typedef struct merge_args {
 #define F(name, type, def, help) {#name, type, offsetof(merge_args, name), def, help, NULL, NULL}
 static const glm_flag merge_flags[] = {
     F(model_name_or_path, ARG_STR, NULL, "the base model folder the adapter was trained on"),
-    F(adapter, ARG_STR, NULL, "LoRA adapter folder (adapter_config.json + adapter_model.safetensors/.bin)"),
+    F(adapter, ARG_STR, NULL, "LoRA adapter folder (adapter_config.json + adapter_model.safetensors/.bin), or a comma list "
+      "of them merged in turn (LLaMA-Factory's export of several adapters)"),
     F(output_dir, ARG_STR, NULL, "where the merged model goes"),
     {"dtype", ARG_STR, offsetof(merge_args, dtype), "float16", "dtype of the written tensors", "float16|bfloat16|float32", NULL},
     F(max_shard_size, ARG_STR, "10GB", "largest shard (10GB = 1e10 bytes, 1GiB = 2^30; 0 = one file)"),
@@ -80,7 +81,7 @@ int glm_cmd_merge(int argc, char **argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { glm_args_usage(merge_flags, n, "merge"); return 0; }
     int rc = glm_args_parse(merge_flags, n, &a, argc, argv, &err);
     if (!rc) rc = take_export_names(&a, &err);
-    if (!rc && (glm_hub_resolve(&a.model_name_or_path, "model_name_or_path", NULL, &err) || glm_hub_resolve(&a.adapter, "adapter", NULL, &err)))
+    if (!rc && (glm_hub_resolve(&a.model_name_or_path, "model_name_or_path", NULL, &err) || glm_hub_resolve_list(&a.adapter, "adapter", &err)))
         rc = -1;
     glm_export_opts o;
     glm_export_opts_init(&o);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include "cli/commands.h"
 #include "cli/gen_common.h"
+#include "model/adapter.h"
 #include "core/fileutil.h"
 #include "core/hub.h"
 #include "core/log.h"
@@ -145,6 +146,11 @@ int glm_cmd_serve(int argc, char **argv) {
     }
     free(args);
     int model_adapter = 0; /* --adapter_name_or_path: the served model is the base with this adapter (index + 1) */
+    if (!rc && a.gen.adapter_name_or_path && glm_adapter_list_count(a.gen.adapter_name_or_path) > 1)
+        rc = glm_fail(&err, "--adapter_name_or_path %s names several adapters; the server applies one to each request",
+                      a.gen.adapter_name_or_path),
+        glm_hint(&err, "merge the ones before the last into the base (glmtrain merge --model_name_or_path BASE --adapter "
+                       "FIRST,... --output_dir MERGED) and serve MERGED with the last");
     if (!rc && a.gen.adapter_name_or_path) {
         if (a.gen.ptuning_checkpoint)
             rc = glm_fail(&err, "--adapter_name_or_path and --ptuning_checkpoint both name the served model's adapter"),

@@ -39,8 +39,8 @@ int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, cons
     if (!a->max_new_tokens_set) a->max_new_tokens = 0;
     if (rc == 0 && (glm_hub_resolve(&a->model_name_or_path, "model_name_or_path", a->model_revision, err) ||
                     glm_hub_resolve(&a->tokenizer_name, "tokenizer_name", a->model_revision, err) ||
-                    glm_hub_resolve(&a->adapter, "adapter", NULL, err) ||
-                    glm_hub_resolve(&a->adapter_name_or_path, "adapter_name_or_path", NULL, err)))
+                    glm_hub_resolve_list(&a->adapter, "adapter", err) ||
+                    glm_hub_resolve_list(&a->adapter_name_or_path, "adapter_name_or_path", err)))
         return -1;
     if (rc == 0 && !!a->ptuning_checkpoint + !!a->adapter + !!a->adapter_name_or_path > 1)
         return glm_fail(err, "more than one of --adapter, --adapter_name_or_path and --ptuning_checkpoint: one adapter at a time");
@@ -126,7 +126,16 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     if (check_sealed(a->model_name_or_path, err)) return -1;
     if (glm_config_load(&s->cfg, a->model_name_or_path, err)) return -1;
     if (glm_config_set_quant(&s->cfg, a->quantization_bit, a->quantization_type, a->model_name_or_path, err)) return -1;
-    const char *ad = gen_adapter(a);
+    glm_adapter_list_split(gen_adapter(a), 0, s->merged, sizeof s->merged, s->adapter, sizeof s->adapter);
+    const char *ad = s->adapter[0] ? s->adapter : NULL;
+    if (s->merged[0] && a->ptuning_checkpoint)
+        return glm_fail(err, "--ptuning_checkpoint %s: one P-Tuning v2 checkpoint, not a list", a->ptuning_checkpoint),
+               glm_hint(err, "LoRA adapters to merge first go in --adapter_name_or_path LORA1,...,PREFIX_CHECKPOINT");
+    if (s->merged[0]) { /* every adapter to merge fits this base, before any weight is read */
+        glm_merge *g;
+        if (glm_merge_open(&g, &s->cfg, s->merged, err)) return -1;
+        glm_merge_close(g);
+    }
     if (ad && glm_adapter_read_config(ad, &s->cfg.peft, err)) return -1; /* the model gets its rows */
     if (a->ptuning_checkpoint && s->cfg.peft.kind != GLM_FT_PTUNING) {
         glm_fail(err, "--ptuning_checkpoint %s is a LoRA adapter, not a P-Tuning v2 checkpoint", a->ptuning_checkpoint);
@@ -165,8 +174,9 @@ int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
     return gen_open_tokenizer(s, a, err) ? -1 : gen_open_model(s, a, err);
 }
 
-static void adapter_info(const gen_session *s, const gen_args *a) {
-    const char *ad = gen_adapter(a);
+static void adapter_info(const gen_session *s) {
+    const char *ad = s->adapter[0] ? s->adapter : NULL;
+    if (s->merged[0]) glm_info("merged into the base: %s", s->merged);
     if (ad && s->cfg.peft.kind == GLM_FT_PTUNING)
         glm_info("P-Tuning v2 prefix %s: %d tokens%s", ad, s->cfg.peft.pre_seq_len,
                  s->cfg.peft.prefix_projection ? ", projected" : "");
@@ -180,13 +190,13 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     double t0 = glm_now();
     if (a->device_map && a->device_map[0]) { /* stages on GPU 0..P-1 (or the CPU), one process */
         s->pipe = glm_calloc(1, sizeof *s->pipe);
-        if (glm_pipe_lm_open(s->pipe, &c, a->model_name_or_path, gen_adapter(a), a->device_map, a->pipeline_parallel_size,
-                             a->device, gen_dtype(a), err)) {
+        if (glm_pipe_lm_open(s->pipe, &c, a->model_name_or_path, s->merged, s->adapter[0] ? s->adapter : NULL, a->device_map,
+                             a->pipeline_parallel_size, a->device, gen_dtype(a), err)) {
             free(s->pipe);
             s->pipe = NULL;
             return -1;
         }
-        adapter_info(s, a);
+        adapter_info(s);
         glm_info("loaded %s split into %d stages (--device_map %s) in %.1f s", a->model_name_or_path, s->pipe->n,
                  a->device_map, glm_now() - t0);
         return 0;
@@ -206,9 +216,10 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
     }
     glm_model_init_inference(&s->m, &c, s->be);
     s->model_ok = 1;
+    snprintf(s->m.merged, sizeof s->m.merged, "%s", s->merged);
     if (glm_model_load(&s->m, a->model_name_or_path, err)) return -1;
-    if (gen_adapter(a) && glm_adapter_load(&s->m, gen_adapter(a), err)) return -1;
-    adapter_info(s, a);
+    if (s->adapter[0] && glm_adapter_load(&s->m, s->adapter, err)) return -1;
+    adapter_info(s);
     glm_info("loaded %s on %s in %.1f s (%d layers, hidden %d, vocab %d)", a->model_name_or_path, s->be->name,
              glm_now() - t0, c.num_layers, c.hidden_size, c.vocab_size);
     return 0;

@@ -53,7 +53,7 @@ typedef struct gen_args {
     GEN_F(system, ARG_STR, NULL, "system prompt (ChatGLM3/GLM-4: a <|system|> turn; others: \"system\\n\" before the prompt); with --input_file, of the records without one (as train's --default_system)")
 
 /* The adapter folder to load: --adapter, --adapter_name_or_path or --ptuning_checkpoint (gen_parse
- * refuses two of them). */
+ * refuses two of them); a comma list, the adapters before the last are merged into the base. */
 static inline const char *gen_adapter(const gen_args *a) {
     return a->adapter ? a->adapter : a->adapter_name_or_path ? a->adapter_name_or_path : a->ptuning_checkpoint;
 }
@@ -67,6 +67,9 @@ typedef struct gen_session {
     glm_tokenizer *tok;
     glm_gen_cfg g;
     glm_config cfg; /* config.json, read before the weights */
+    /* gen_adapter's list split (LLaMA-Factory's --adapter_name_or_path a,b): the adapters merged
+     * into the base as it loads, and the one loaded beside it ("" for none) */
+    char merged[4096], adapter[4096];
 } gen_session;
 
 /* Parses flags (prints usage and returns 1 for --help; -1 on error). */

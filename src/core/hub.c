@@ -1,11 +1,13 @@
 /* Hugging Face cache lookup of repository names (hub.h). */
 #include "core/hub.h"
+#include <ctype.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/fileutil.h"
 #include "core/log.h"
+#include "core/strbuf.h"
 
 void glm_hub_cache_dir(char *out, size_t n) {
     const char *v;
@@ -107,6 +109,37 @@ int glm_hub_resolve(char **value, const char *flag, const char *revision, glm_er
     glm_info("--%s %s: the Hugging Face cache's snapshot %s (%s)", flag, v, snap, how);
     free(*value);
     *value = glm_strdup(snap);
+    return 0;
+}
+
+int glm_hub_resolve_list(char **value, const char *flag, glm_err *err) {
+    const char *v = *value;
+    if (!v || !strchr(v, ',') || glm_is_dir(v) || glm_is_file(v)) return glm_hub_resolve(value, flag, NULL, err);
+    glm_strbuf out = {0};
+    int rc = 0;
+    for (const char *p = v; rc == 0;) {
+        size_t len = strcspn(p, ",");
+        const char *a = p, *b = p + len;
+        while (a < b && isspace((unsigned char)*a)) a++; /* LLaMA-Factory strips each name */
+        while (b > a && isspace((unsigned char)b[-1])) b--;
+        if (a == b) {
+            rc = glm_fail(err, "--%s %s: an empty name in the list", flag, v);
+            glm_hint(err, "a list of adapters is comma-separated folders, e.g. --%s first,second", flag);
+            break;
+        }
+        char *item = glm_strndup(a, (size_t)(b - a));
+        rc = glm_hub_resolve(&item, flag, NULL, err);
+        if (rc == 0) {
+            if (out.n) glm_strbuf_put(&out, ",", 1);
+            glm_strbuf_str(&out, item);
+        }
+        free(item);
+        if (!p[len]) break;
+        p += len + 1;
+    }
+    if (rc) { free(out.s); return -1; }
+    free(*value);
+    *value = out.s;
     return 0;
 }
 

@@ -22,6 +22,11 @@ void glm_hub_cache_dir(char *out, size_t n);
  * that is neither: -1 with err naming flag, the cache folder and the download command. */
 int glm_hub_resolve(char **value, const char *flag, const char *revision, glm_err *err);
 
+/* A comma list of such values (LLaMA-Factory's --adapter_name_or_path a,b), each item stripped
+ * of spaces and resolved as glm_hub_resolve does (at main); one path or name: glm_hub_resolve.
+ * An empty item is an error naming flag. */
+int glm_hub_resolve_list(char **value, const char *flag, glm_err *err);
+
 /* The repository name of a path inside a cache snapshot (".../models--THUDM--chatglm-6b/snapshots/
  * COMMIT[/...]" gives "THUDM/chatglm-6b") into out; 0, or -1 for any other path. What files meant
  * for other machines (an adapter's base_model_name_or_path) name the model by. */

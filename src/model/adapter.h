@@ -34,10 +34,30 @@ int glm_is_adapter_dir(const char *dir);
 int glm_adapter_file(const char *dir, char *path, size_t n);
 
 
-/* Writes base + adapter as one Hugging Face folder at dir (W += scaling * B A for every adapted
- * module), streaming tensor by tensor as glm_ckpt_convert does, with the base's config.json and
+/* LLaMA-Factory's adapter lists: --adapter_name_or_path a,b,c applies the adapters in turn,
+ * those before the last merged into the base (all of them for an export, or where a new adapter
+ * trains: --create_new_adapter). A string that is one folder is one item, commas and all. */
+int glm_adapter_list_count(const char *list);
+/* merged: the items before the last ("" for one), or all of them with merge_all (last ""). */
+void glm_adapter_list_split(const char *list, int merge_all, char *merged, size_t nm, char *last, size_t nl);
+
+/* Adapters merged into base weights as they are read (model/adapter_merge.c). */
+typedef struct glm_merge glm_merge;
+/* Opens the LoRA adapters of `list` for a model of config c, each checked as --adapter checks
+ * one (a P-Tuning checkpoint refused: it is no weight change); *out NULL for an empty list. */
+int glm_merge_open(glm_merge **out, const glm_config *c, const char *list, glm_err *err);
+/* Whether an adapter of g changes row t (a LoRA target, or a modules_to_save copy). */
+int glm_merge_changes(const glm_merge *g, const glm_tensor *t);
+/* w [t->numel]: row t's base values (its name in the base's files: `name`) in, merged out:
+ * W += scaling * B A for each adapter in turn (DoRA's rescale, peft's merge), a whole copy
+ * where an adapter saved the module (modules_to_save). */
+int glm_merge_apply(glm_merge *g, const char *name, const glm_tensor *t, float *w, glm_err *err);
+void glm_merge_close(glm_merge *g);
+
+/* Writes base + adapters as one Hugging Face folder at dir (every adapter of the list merged in
+ * turn), streaming tensor by tensor as glm_ckpt_convert does, with the base's config.json and
  * code files. A P-Tuning v2 checkpoint cannot be merged (its prefix is not a weight change):
  * an error says so. */
-int glm_adapter_merge(const char *base, const char *adapter_dir, const char *dir, const glm_export_opts *o, glm_err *err);
+int glm_adapter_merge(const char *base, const char *adapters, const char *dir, const glm_export_opts *o, glm_err *err);
 
 #endif

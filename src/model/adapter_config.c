@@ -237,11 +237,10 @@ static int tensor_targets(const char *dir, int whole, int *bits, int *dora, glm_
 
 int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     char path[4096];
-    if (strchr(dir, ',') && !glm_is_dir(dir)) { /* LLaMA-Factory's list: every adapter but the last merged into the base */
-        glm_fail(err, "%s names several adapters; glmtrain applies one", dir);
-        return glm_hint(err, "merge the ones before the last into the base (glmtrain merge --model_name_or_path BASE --adapter "
-                             "FIRST --output_dir MERGED, as LLaMA-Factory merges them), then give MERGED as "
-                             "--model_name_or_path and the last adapter alone");
+    if (glm_adapter_list_count(dir) > 1) { /* a list where one folder is read */
+        glm_fail(err, "%s names several adapters where one is read", dir);
+        return glm_hint(err, "merge them into the base first (glmtrain merge --model_name_or_path BASE --adapter %s "
+                             "--output_dir MERGED) and give MERGED as --model_name_or_path", dir);
     }
     glm_path_join(path, sizeof path, dir, "adapter_config.json");
     if (!glm_is_file(path)) {

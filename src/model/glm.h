@@ -162,6 +162,9 @@ typedef struct glm_model {
      * the model writes (model/ckpt.h) carry over that config.json as written and the folder's
      * code and tokenizer files, so the original loaders read them. */
     char origin[4096];
+    /* LoRA adapters merged into the base rows as glm_model_load reads them: a comma list
+     * (model/adapter.h, LLaMA-Factory's adapters before the last), "" for none. */
+    char merged[4096];
 } glm_model;
 
 /* Builds the table and allocates parameters and gradients (zeroed) on the backend. */
@@ -264,7 +267,8 @@ void glm_stage_forward_eval(glm_model *m, const glm_batch *b, const void *h_in, 
 void glm_model_init_random(glm_model *m, uint64_t seed, float std);
 /* Loads every table tensor, converting to S, from safetensors or torch.save .bin (a file, an
  * index json, or a folder; model/ckpt.h). A tied model reads word_embeddings (or lm_head when
- * that is all the file has); an untied one needs lm_head. */
+ * that is all the file has); an untied one needs lm_head. The adapters of m->merged are merged
+ * into the rows they change as those are read. */
 int glm_model_load(glm_model *m, const char *path, glm_err *err);
 /* What a checkpoint holds of the model: every row for full fine-tuning (glm_model_save/load);
  * the adapters in peft's files for LoRA (model/adapter.h); the rows that train for freeze

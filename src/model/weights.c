@@ -161,18 +161,25 @@ static int fail_nonfinite(glm_ckpt *c, const char *name, const char *what, size_
  * 13 GB model loads at the speed the file is read); a quantized row is quantized on the way (or
  * copied from a pre-quantized checkpoint). */
 static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src_name, load_bufs *b,
-                    glm_err *err) {
+                    glm_merge *g, glm_err *err) {
     st_dtype dt;
     int nd;
     int64_t shape[ST_MAX_DIMS];
     glm_ckpt_info(c, src_name, &dt, &nd, shape);
+    int merge = glm_merge_changes(g, t);
+    if (merge && dt == ST_I8) {
+        glm_fail(err, "%s: tensor %s is stored quantized, so the adapters %s cannot be merged into it", c->path, src_name,
+                 m->merged);
+        return glm_hint(err, "merge them into the float model first (glmtrain merge --model_name_or_path FLOAT --adapter "
+                             "%s --output_dir MERGED) and quantize that as it loads (--quantization_bit)", m->merged);
+    }
     if (t->qtype && dt == ST_I8) return load_prequantized(m, c, t, dst, src_name, err);
     if (!t->qtype && dt == ST_I8) {
         glm_fail(err, "%s: tensor %s is stored quantized (int8) but this run does not quantize", c->path, src_name);
         return glm_hint(err, "say quantization_bit in the folder's config.json, or pass --quantization_bit 4|8");
     }
     int bdt = backend_dtype(dt);
-    if (!t->qtype && bdt >= 0 && same_shape(nd, shape, t) && glm_ckpt_partwise(c, src_name)) {
+    if (!merge && !t->qtype && bdt >= 0 && same_shape(nd, shape, t) && glm_ckpt_partwise(c, src_name)) {
         size_t es = st_dtype_size(dt), per = PART_BYTES / es;
         void *raw = part_buf(b, m->be);
         for (size_t e0 = 0; e0 < t->numel; e0 += per) {
@@ -193,6 +200,7 @@ static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, c
     if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) return -1;
     for (size_t j = 0; j < t->numel; j++)
         if (!isfinite(buf[j])) return fail_nonfinite(c, src_name, isnan(buf[j]) ? "NaN" : "inf", j, err);
+    if (merge && glm_merge_apply(g, t->name, t, buf, err)) return -1;
     glm_model_row_upload(m, t, dst, buf);
     return 0;
 }
@@ -240,7 +248,8 @@ static int check_tied_copy(glm_ckpt *c, const char *wte, const char *head, const
 /* Loads rows [r0, r1) of glm_model_row's order from path, each under prefix + its name: the
  * adapters only (`adapters`: with LoRA's modules_to_save, their whole rows too), or everything
  * but the adapters (the base, those whole rows' starting values included). */
-static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapters, const char *prefix, glm_err *err) {
+static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapters, const char *prefix, glm_merge *g,
+                     glm_err *err) {
     glm_ckpt c;
     if (glm_ckpt_open(&c, path, err)) return -1;
     load_bufs bufs = {0};
@@ -293,7 +302,7 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
                 glm_hint(err, "the adapter was made for another base model or another rank r (see its adapter_config.json)");
             break;
         }
-        rc = load_one(m, &c, t, dst, src, &bufs, err);
+        rc = load_one(m, &c, t, dst, src, &bufs, g, err);
     }
     const glm_tensor *te = glm_model_find(m, wte, NULL);
     int te_row = 0;
@@ -307,19 +316,23 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
 }
 
 int glm_model_load(glm_model *m, const char *path, glm_err *err) {
-    return load_rows(m, path, 0, glm_model_nrows(m), 0, "", err);
+    glm_merge *g = NULL; /* the adapters merged into the base as it loads (never into a checkpoint's rows) */
+    if (m->merged[0] && glm_merge_open(&g, &m->cfg, m->merged, err)) return -1;
+    int rc = load_rows(m, path, 0, glm_model_nrows(m), 0, "", g, err);
+    glm_merge_close(g);
+    return rc;
 }
 
 int glm_model_load_adapter_file(glm_model *m, const char *path, const char *prefix, glm_err *err) {
-    return load_rows(m, path, 0, m->tab.n, 1, prefix, err);
+    return load_rows(m, path, 0, m->tab.n, 1, prefix, NULL, err);
 }
 
 int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err) {
     /* LoRA: peft's files, or the rows under their own names where pipeline stages wrote them */
     if (m->cfg.peft.kind == GLM_FT_LORA && (!glm_is_dir(path) || glm_is_adapter_dir(path))) return glm_adapter_load(m, path, err);
-    if (m->cfg.peft.kind == GLM_FT_LORA) return load_rows(m, path, 0, m->tab.n, 1, "", err);
-    if (m->cfg.peft.kind == GLM_FT_PTUNING) return load_rows(m, path, 0, m->tab.n, 1, "", err);
-    return load_rows(m, path, 0, m->tab.n, 0, "", err);
+    if (m->cfg.peft.kind == GLM_FT_LORA) return load_rows(m, path, 0, m->tab.n, 1, "", NULL, err);
+    if (m->cfg.peft.kind == GLM_FT_PTUNING) return load_rows(m, path, 0, m->tab.n, 1, "", NULL, err);
+    return load_rows(m, path, 0, m->tab.n, 0, "", NULL, err);
 }
 
 /* The trainable rows downloaded into *host, as safetensors/torch entries under their names. */

@@ -90,8 +90,8 @@ void glm_pipe_lm_free(glm_pipe_lm *lm) {
     restore_device(prev);
 }
 
-int glm_pipe_lm_open(glm_pipe_lm *lm, const glm_config *cfg, const char *model_path, const char *adapter,
-                     const char *device_map, int P, const char *device, glm_dtype dtype, glm_err *err) {
+int glm_pipe_lm_open(glm_pipe_lm *lm, const glm_config *cfg, const char *model_path, const char *merged,
+                     const char *adapter, const char *device_map, int P, const char *device, glm_dtype dtype, glm_err *err) {
     *lm = (glm_pipe_lm){0};
     glm_config c;
     if (cfg) c = *cfg; /* the caller's: a quantized base's settings with it */
@@ -129,6 +129,7 @@ int glm_pipe_lm_open(glm_pipe_lm *lm, const glm_config *cfg, const char *model_p
     if (rc == 0) {
         glm_pipe_lm_init(lm, &c, &map, be);
         lm->owns_backends = 1;
+        for (int k = 0; k < lm->n && merged; k++) snprintf(lm->st[k].merged, sizeof lm->st[k].merged, "%s", merged);
         rc = glm_pipe_lm_load(lm, model_path, err);
         if (rc == 0 && adapter) rc = glm_pipe_lm_load_adapter(lm, adapter, err);
         if (rc == 0) {

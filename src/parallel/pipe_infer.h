@@ -45,8 +45,9 @@ int glm_pipe_lm_load_adapter(glm_pipe_lm *lm, const char *dir, glm_err *err);
  * config.json of model_path), with the adapter's settings when adapter is not NULL, the map
  * (P <= 0: the number of visible GPUs, or the map file's count), one backend per stage — GPU k
  * (device "cuda" or "auto" with GPUs; dtype as given) or the CPU (fp32) — and the weights (a
- * quantized base quantized as it loads, or read as stored), then the adapter's. */
-int glm_pipe_lm_open(glm_pipe_lm *lm, const glm_config *cfg, const char *model_path, const char *adapter,
+ * quantized base quantized as it loads, or read as stored; the LoRA adapters of the comma list
+ * `merged`, NULL or "" for none, merged into it), then the adapter's. */
+int glm_pipe_lm_open(glm_pipe_lm *lm, const glm_config *cfg, const char *model_path, const char *merged, const char *adapter,
                      const char *device_map, int P, const char *device, glm_dtype dtype, glm_err *err);
 void glm_pipe_lm_free(glm_pipe_lm *lm);
 /* Makes stage k's device current, for work on its backend outside these calls (allocations,

@@ -197,7 +197,16 @@ static int check_kind(trainer *t, const char *dir, glm_err *err) {
      * without adapter_config.json); a checkpoint of an earlier glmtrain, by what the folder holds */
     int known = glm_is_file(path) && glm_args_parse(glm_train_flags, glm_train_nflags, &old, 2, argv, &e) == 0 &&
                 glm_train_peft(&old, &t->m.cfg, &was, &e) == 0;
+    char merged_was[4096], merged_now[4096], from[4096];
+    glm_train_adapters(&old, merged_was, sizeof merged_was, from, sizeof from);
+    glm_train_adapters(t->a, merged_now, sizeof merged_now, from, sizeof from);
     glm_train_args_free(&old);
+    if (known && strcmp(merged_was, merged_now)) { /* its weights are relative to another base */
+        glm_fail(err, "%s was trained on the base with %s merged into it; this run merges %s", dir,
+                 merged_was[0] ? merged_was : "no adapter", merged_now[0] ? merged_now : "none");
+        return glm_hint(err, "resume with the checkpoint's --adapter_name_or_path and --create_new_adapter (its "
+                             "training_args.json)");
+    }
     if (!known && glm_is_adapter_dir(dir)) {
         if (glm_adapter_read_config(dir, &was, err)) return -1;
     } else if (!known) {

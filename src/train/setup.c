@@ -141,6 +141,10 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->adapter_name_or_path && a->ptuning_checkpoint)
         return glm_fail(err, "--adapter_name_or_path and --ptuning_checkpoint both name an adapter to start from"),
                glm_hint(err, "give one");
+    if (a->create_new_adapter && a->ptuning_checkpoint)
+        return glm_fail(err, "--create_new_adapter with --ptuning_checkpoint: a P-Tuning v2 prefix is not a weight change and "
+                             "cannot merge into the base"),
+               glm_hint(err, "train the prefix on (drop --create_new_adapter), or start a new one without --ptuning_checkpoint");
     if ((a->adapter_name_or_path || a->ptuning_checkpoint) && !a->model_name_or_path)
         return glm_fail(err, "--%s needs the base model it was trained on: --model_name_or_path",
                         a->adapter_name_or_path ? "adapter_name_or_path" : "ptuning_checkpoint");
@@ -296,9 +300,13 @@ static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
 /* What trains, from the flags (model/config.h glm_peft); L is the model's layer count. */
 /* --adapter_name_or_path / --ptuning_checkpoint: the adapter's own settings make the trainable part,
  * as LLaMA-Factory loads an adapter with its config; flags that say otherwise are named. */
-static int peft_from_adapter(const glm_train_args *a, glm_peft *p, glm_err *err) {
-    const char *flag = a->adapter_name_or_path ? "--adapter_name_or_path" : "--ptuning_checkpoint";
-    const char *dir = a->adapter_name_or_path ? a->adapter_name_or_path : a->ptuning_checkpoint, *k = a->finetuning_type;
+void glm_train_adapters(const glm_train_args *a, char *merged, size_t nm, char *from, size_t nf) {
+    glm_adapter_list_split(a->adapter_name_or_path, a->create_new_adapter, merged, nm, from, nf);
+    if (a->ptuning_checkpoint) snprintf(from, nf, "%s", a->ptuning_checkpoint);
+}
+
+static int peft_from_adapter(const glm_train_args *a, const char *dir, glm_peft *p, glm_err *err) {
+    const char *flag = a->adapter_name_or_path ? "--adapter_name_or_path" : "--ptuning_checkpoint", *k = a->finetuning_type;
     if (glm_adapter_read_config(dir, p, err)) return glm_wrap(err, "%s: ", flag);
     if (p->kind == GLM_FT_LORA) {
         if (a->ptuning_checkpoint)
@@ -341,7 +349,9 @@ static int peft_from_adapter(const glm_train_args *a, glm_peft *p, glm_err *err)
 int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, glm_err *err) {
     int L = c->num_layers;
     *p = (glm_peft){0};
-    if (a->adapter_name_or_path || a->ptuning_checkpoint) return peft_from_adapter(a, p, err);
+    char merged[4096], from[4096];
+    glm_train_adapters(a, merged, sizeof merged, from, sizeof from);
+    if (from[0]) return peft_from_adapter(a, from, p, err);
     const char *k = a->finetuning_type;
     if (strcmp(k, "full") == 0 && a->pre_seq_len > 0) k = "ptuning"; /* THUDM's ptuning/main.py selects it so */
     if (a->use_dora && strcmp(k, "lora") != 0)
@@ -450,6 +460,18 @@ int trainer_load_model(trainer *t, glm_err *err) {
         return -1;
     }
     if (glm_train_peft(a, &c, &c.peft, err)) return -1;
+    char merged[4096], from[4096];
+    glm_train_adapters(a, merged, sizeof merged, from, sizeof from);
+    if (merged[0]) { /* every adapter to merge fits this base, before anything is allocated */
+        glm_merge *g;
+        if (glm_merge_open(&g, &c, merged, err)) return glm_wrap(err, "--adapter_name_or_path: ");
+        glm_merge_close(g);
+        if (t->dp->rank == 0)
+            glm_info("merged into the base as it loads: %s; %s", merged,
+                     from[0] ? "the last adapter trains on" : "a new adapter trains on top (--create_new_adapter)");
+    } else if (a->create_new_adapter && t->dp->rank == 0 && !a->adapter_name_or_path) {
+        glm_warn("--create_new_adapter without --adapter_name_or_path: there is nothing to merge, a new adapter trains");
+    }
     if (!(a->neftune_noise_alpha >= 0 && a->neftune_noise_alpha < 1e6))
         return glm_fail(err, "--neftune_noise_alpha %g must be 0 (off) or positive", a->neftune_noise_alpha),
                glm_hint(err, "NEFTune's paper and LLaMA-Factory's examples use 5");
@@ -504,6 +526,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
         /* nothing to read or draw: glm_dp_attach broadcasts rank 0's weights (the trainable
          * ones: a frozen base is read or drawn by every rank below) */
     } else if (a->model_name_or_path) {
+        snprintf(t->m.merged, sizeof t->m.merged, "%s", merged);
         if (glm_model_load(&t->m, a->model_name_or_path, err)) return -1;
     } else if (strncmp(t->be->name, "cuda", 4) == 0) {
         init_random_on_device(&t->m, (uint64_t)a->seed, (float)a->init_std);
@@ -512,8 +535,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
     }
     if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING)
         glm_model_init_adapters(&t->m, (uint64_t)a->seed); /* the same on every rank */
-    const char *from = a->adapter_name_or_path ? a->adapter_name_or_path : a->ptuning_checkpoint;
-    if (from && glm_adapter_load(&t->m, from, err)) return -1;
+    if (from[0] && glm_adapter_load(&t->m, from, err)) return -1;
     size_t base = t->m.ftab.n_params + (c.peft.kind == GLM_FT_LORA ? 0 : t->m.tab.n_params);
     char n1[32], n2[32];
     glm_info("model: %d layers, hidden %d, %d heads, vocab %d, %s parameters (%s head), backend %s",

@@ -15,6 +15,10 @@ int glm_train_check_args(glm_train_args *a, glm_err *err);
 /* What trains, from --finetuning_type and the LoRA / freeze flags (model/config.h glm_peft),
  * for a model of L layers. */
 int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, glm_err *err);
+/* The adapters a run starts from (model/adapter.h's lists): those merged into the base as it
+ * loads, and the one trained on ("" where a new one trains: none given, or
+ * --create_new_adapter); --ptuning_checkpoint is that one. */
+void glm_train_adapters(const glm_train_args *a, char *merged, size_t nm, char *from, size_t nf);
 /* The checks a data-parallel launcher makes once before starting workers: flags and the
  * output directory (created when missing). */
 int glm_train_preflight(glm_train_args *a, glm_err *err);

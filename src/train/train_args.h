@@ -28,6 +28,9 @@ typedef struct glm_train_args {
     char *model_revision; /* the Hugging Face cache's revision of a model named by repository (core/hub.h) */
     /* an adapter to go on from (LLaMA-Factory's --adapter_name_or_path, THUDM ptuning's --ptuning_checkpoint) */
     char *adapter_name_or_path, *ptuning_checkpoint;
+    /* LLaMA-Factory's: every adapter of --adapter_name_or_path merges into the base and a new
+     * one trains (else all but the last merge and the last trains on) */
+    int create_new_adapter;
     /* data */
     char *train_file, *validation_file, *data_format, *prompt_column, *response_column, *history_column;
     char *dataset, *dataset_dir, *template, *stage, *eval_dataset; /* LLaMA-Factory's names (data/dataset_info.h) */

@@ -17,7 +17,10 @@ const glm_flag glm_train_flags[] = {
     F(init_from_config, ARG_STR, NULL, "config.json of a model to initialise randomly instead of loading weights"),
     F(init_std, ARG_FLOAT, "0.02", "std of the normal init with --init_from_config"),
     F(adapter_name_or_path, ARG_STR, NULL, "a LoRA adapter folder (peft's files) or P-Tuning v2 checkpoint to train on from, "
-      "on --model_name_or_path (its settings are the adapter's; LLaMA-Factory's name)"),
+      "on --model_name_or_path (its settings are the adapter's; LLaMA-Factory's name); a comma list: the LoRA adapters "
+      "before the last merge into the base first"),
+    F(create_new_adapter, ARG_BOOL, "false", "merge every adapter of --adapter_name_or_path into the base and train a new "
+      "one (--finetuning_type's) on top; false: the adapters before the last merge, the last trains on (LLaMA-Factory's)"),
     F(ptuning_checkpoint, ARG_STR, NULL, "a P-Tuning v2 checkpoint whose prefix to start from (THUDM ptuning's name; "
       "--pre_seq_len must match it)"),
     F(tokenizer_name, ARG_STR, NULL, "tokenizer folder or .model file (default: the model folder)"),
@@ -331,7 +334,6 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"freeze_multi_modal_projector", NULL, "", "ChatGLM models have no multi-modal projector"},
     {"pissa_init", "false|False|0", "", "PiSSA's initialisation changes what trains, and glmtrain initialises LoRA as peft's default"},
     {"pissa_convert", "false|False|0", "", "PiSSA is not trained here"},
-    {"create_new_adapter", "false|False|0", "", "--adapter_name_or_path trains that adapter on; a fresh one: leave it out"},
     {"resize_vocab", "false|False|0", "", "the tokenizer and the embedding keep the model's vocabulary"},
     {"upcast_layernorm", NULL, "", "glmtrain's norms compute in fp32 whatever the storage"},
     {"upcast_lmhead_output", NULL, "", "glmtrain's loss reads the logits in fp32"},
@@ -411,7 +413,7 @@ const char *glm_train_config_key(const char *key, const char *value, char *why, 
 int glm_train_resolve_args(glm_train_args *a, glm_err *err) {
     if (glm_hub_resolve(&a->model_name_or_path, "model_name_or_path", a->model_revision, err) ||
         glm_hub_resolve(&a->tokenizer_name, "tokenizer_name", a->model_revision, err) ||
-        glm_hub_resolve(&a->adapter_name_or_path, "adapter_name_or_path", NULL, err))
+        glm_hub_resolve_list(&a->adapter_name_or_path, "adapter_name_or_path", err))
         return -1;
     if (a->peft_type) { /* a finetune_demo config's peft_config.peft_type */
         const char *kind = !strcmp(a->peft_type, "LORA") ? "lora" : !strcmp(a->peft_type, "PREFIX_TUNING") ? "ptuning" : NULL;

@@ -82,7 +82,7 @@ static void test_split(test_counts *tc, int tie, const char *spec, int P) {
     int ok = mkdtemp(dir) != NULL && glm_model_save(&m, dir, 0 /* ST_F32 */, 0, &err) == 0;
     glm_pipe_lm lm;
     int nb = -1;
-    if (ok && glm_pipe_lm_open(&lm, NULL, dir, NULL, spec, P, "cpu", GLM_F32, &err) == 0) {
+    if (ok && glm_pipe_lm_open(&lm, NULL, dir, NULL, NULL, spec, P, "cpu", GLM_F32, &err) == 0) {
         pipe_ctx pc = {.lm = &lm};
         glm_pipe_cache_init(&lm, &pc.c, 2, 7); /* small: the decode steps must grow it */
         nb = run(pipe_fwd, &pc, c.vocab_size, c.hidden_size, b, &err);
@@ -156,7 +156,7 @@ static void test_adapter(test_counts *tc, const char *what, glm_peft peft, const
         glm_model_free(&m);
     }
     glm_pipe_lm lm;
-    if (na > 0 && glm_pipe_lm_open(&lm, NULL, dir, adir, spec, P, "cpu", GLM_F32, &err) == 0) {
+    if (na > 0 && glm_pipe_lm_open(&lm, NULL, dir, NULL, adir, spec, P, "cpu", GLM_F32, &err) == 0) {
         pipe_ctx pc = {.lm = &lm};
         glm_pipe_cache_init(&lm, &pc.c, 2, 7);
         nb = run(pipe_fwd, &pc, c.vocab_size, c.hidden_size, b, &err);

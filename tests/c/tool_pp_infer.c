@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
     char dir[] = "/tmp/glm_pp_infer.XXXXXX";
     if (!mkdtemp(dir) || glm_model_save(&m, dir, 0 /* F32 */, 0, &err)) { glm_err_print(&err); return 1; }
     glm_pipe_lm lm;
-    if (glm_pipe_lm_open(&lm, NULL, dir, NULL, map, P, device, dt, &err)) { glm_err_print(&err); return 1; }
+    if (glm_pipe_lm_open(&lm, NULL, dir, NULL, NULL, map, P, device, dt, &err)) { glm_err_print(&err); return 1; }
     /* the whole model reads the same file (random init on the CPU and on a GPU differ in dtype) */
     if (glm_model_load(&m, dir, &err)) { glm_err_print(&err); return 1; }
 

@@ -108,12 +108,75 @@ def main():
             ok = sorted(w0) == sorted(w1) and all((w0[k] == w1[k]).all() for k in w0)
         report("continue_ptuning_at_rate_0_saves_the_prefix_unchanged", ok, pz.stderr[-300:])
 
+        # LLaMA-Factory's adapter lists: the adapters before the last merge into the base as it loads
+        from safetensors.numpy import load_file as np_load
+        lora2 = run("lora2", *b, "--finetuning_type", "lora", "--lora_rank", "2", "--lora_target", "dense,dense_4h_to_h",
+                    "--max_steps", "4", "--learning_rate", "5e-2")
+        merged = os.path.join(d, "merged_lora2")
+        pm = subprocess.run([GLM, "merge", "--model_name_or_path", base.dir, "--adapter", lora2.dir, "--output_dir", merged,
+                             "--dtype", "float32"], capture_output=True, text=True, timeout=300, env=ENV)
+        report("list_setup", lora2.returncode == 0 and pm.returncode == 0, lora2.stderr[-300:] + pm.stderr[-300:])
+        m = ["--model_name_or_path", merged, "--tokenizer_name", tok]
+        # the last adapter trains on: at rate 0 saved unchanged; evaluated as the merged folder with it
+        sz = run("list_zero", *b, "--adapter_name_or_path", lora2.dir + "," + lora.dir, "--max_steps", "2", "--learning_rate",
+                 "0", "--save_steps", "100", "--validation_file", val_file, "--do_eval")
+        ez = run("list_zero_ref", *m, "--adapter_name_or_path", lora.dir, "--validation_file", val_file, "--do_train", "false",
+                 "--do_eval")
+        ok = sz.returncode == 0
+        if ok:
+            w0, w1 = np_load(os.path.join(lora.dir, "adapter_model.safetensors")), np_load(os.path.join(sz.dir, "adapter_model.safetensors"))
+            ok = sorted(w0) == sorted(w1) and all((w0[k] == w1[k]).all() for k in w0)
+        report("list_trains_the_last_on", ok and "merged into the base as it loads: " + lora2.dir in sz.stderr and
+               "the last adapter trains on" in sz.stderr, sz.stderr[-400:])
+        lz, lr_ = eval_loss(sz), eval_loss(ez)
+        report("list_evaluates_as_the_merged_folder", None not in (lz, lr_, ll) and abs(lz - lr_) <= 1e-6 * abs(lr_) and
+               abs(lz - ll) > 1e-4, "%s vs %s (lora alone %s) %s" % (lz, lr_, ll, sz.stderr[-300:] + ez.stderr[-300:]))
+
+        def losses(p):
+            try:
+                st = json.load(open(os.path.join(p.dir, "checkpoint-4", "trainer_state.json")))
+                return [h["loss"] for h in st["log_history"] if "loss" in h]
+            except (OSError, ValueError, KeyError):
+                return []
+        # --create_new_adapter: every adapter merges and a new one trains, as on the merged folder
+        steps = ["--finetuning_type", "lora", "--lora_rank", "4", "--max_steps", "4", "--learning_rate", "2e-2",
+                 "--logging_steps", "1", "--save_steps", "2"]
+        cn = run("create_new", *b, "--adapter_name_or_path", lora2.dir, "--create_new_adapter", *steps)
+        cr = run("create_new_ref", *m, *steps)
+        lc, lf = losses(cn), losses(cr)
+        report("create_new_adapter_trains_as_on_the_merged_folder", cn.returncode == 0 and len(lc) == 4 and lc == lf and
+               "a new adapter trains on top" in cn.stderr, "%s vs %s %s" % (lc, lf, (cn.stderr + cr.stderr)[-400:]))
+        ok = cn.returncode == 0
+        if ok:
+            w = np_load(os.path.join(cn.dir, "adapter_model.safetensors"))
+            c1 = json.load(open(os.path.join(cn.dir, "adapter_config.json")))
+            ok = c1["r"] == 4 and c1["target_modules"] == ["query_key_value"] and all(k.endswith("query_key_value.lora_A.weight") or
+                                                                                       k.endswith("query_key_value.lora_B.weight") for k in w)
+        report("create_new_adapter_saves_the_new_one", ok, cn.stderr[-300:])
+        # a resume must merge what the checkpoint's run merged
+        rs = run("create_new", *b, "--adapter_name_or_path", lora2.dir, "--create_new_adapter", *steps,
+                 "--resume_from_checkpoint", os.path.join(cn.dir, "checkpoint-2"), "--overwrite_output_dir", "false")
+        report("create_new_adapter_resumes", rs.returncode == 0 and losses(rs) == lc, "%s vs %s %s" % (losses(rs), lc, rs.stderr[-300:]))
+        rb = run("create_new", *b, *steps, "--resume_from_checkpoint", os.path.join(cn.dir, "checkpoint-2"))
+        report("resume_without_the_merged_adapters_refused", rb.returncode != 0 and lora2.dir in rb.stderr and
+               "merged into it" in rb.stderr and "hint:" in rb.stderr, rb.stderr[-300:])
+        # full fine-tuning from the merged base: its model at rate 0 is the merged folder's
+        fz = run("full_zero", *b, "--adapter_name_or_path", lora2.dir, "--create_new_adapter", "--max_steps", "1",
+                 "--learning_rate", "0", "--save_steps", "100")
+        ok = fz.returncode == 0
+        if ok:
+            wf, wm = np_load(os.path.join(fz.dir, "model.safetensors")), np_load(os.path.join(merged, "model.safetensors"))
+            ok = sorted(wf) == sorted(wm) and all((wf[k].astype("float32") == wm[k]).all() for k in wm)
+        report("create_new_adapter_full_starts_from_the_merged_weights", ok, fz.stderr[-300:])
+
         # refused, naming both sides
         for name, flags, msgs in (
                 ("ptuning_length", ["--ptuning_checkpoint", pt.dir, "--pre_seq_len", "8"], ["--pre_seq_len 8", "pre_seq_len 4"]),
                 ("lora_as_ptuning_checkpoint", ["--ptuning_checkpoint", lora.dir], ["is a LoRA adapter", "--adapter_name_or_path"]),
                 ("adapter_with_freeze", ["--adapter_name_or_path", lora.dir, "--finetuning_type", "freeze"], ["freeze"]),
-                ("no_train_no_eval", ["--do_train", "false"], ["without --do_eval"])):
+                ("no_train_no_eval", ["--do_train", "false"], ["without --do_eval"]),
+                ("create_new_with_ptuning", ["--ptuning_checkpoint", pt.dir, "--create_new_adapter"], ["cannot merge"]),
+                ("ptuning_merged", ["--adapter_name_or_path", pt.dir + "," + lora.dir], ["cannot be merged"])):
             p = run("bad_" + name, *b, *flags, "--max_steps", "1")
             report("refused_" + name, p.returncode != 0 and all(m in p.stderr for m in msgs) and "hint:" in p.stderr,
                    p.stderr[-300:])

@@ -95,10 +95,12 @@ def main():
         prompt = "写一首关于春天的诗"
 
         # 1. generate --adapter: the model with the adapter's branch equals the merged reference
+        made = {}
         for case, targets, r, alpha, rslora in [("qkv", ["query_key_value"], 4, 8, False),
                                                 ("all_rslora", list(MODULES), 2, 4, True)]:
             ad = os.path.join(tmp, "adapter_" + case)
             adapter = write_adapter(ad, cfg, targets, r, alpha, seed=len(case), rslora=rslora)
+            made[case] = (ad, adapter, targets, r, alpha, rslora)
             ref = merged_params(params, adapter, cfg, targets, r, alpha, rslora)
             p, pin, pout = greedy(base, prompt, ["--adapter", ad])
             ok = p.returncode == 0 and pin is not None and pout is not None
@@ -156,6 +158,10 @@ def main():
         # per-module ranks or alphas, a tensor of another kind beside the LoRA ones
         qkv = os.path.join(tmp, "adapter_qkv")
         _, _, qkv_out = greedy(base, prompt, ["--adapter", qkv])
+        pt_dir = os.path.join(tmp, "ptuning_small")  # a P-Tuning v2 checkpoint's config (its prefix is never read)
+        os.makedirs(pt_dir)
+        json.dump({"model_type": "chatglm", "pre_seq_len": 4, "prefix_projection": False},
+                  open(os.path.join(pt_dir, "config.json"), "w"))
         from safetensors.torch import load_file as st_load, save_file as st_save
 
         def variant(name, conf_edit, extra_tensors=None):
@@ -193,10 +199,50 @@ def main():
                 ("targets_differ", {"target_modules": ["query_key_value", "dense"]}, None, "tensors adapt query_key_value")]:
             p, _, _ = variant(name, edit, extra)
             check("adapter_%s_refused" % name, p.returncode != 0 and want in p.stderr and "adapter" in p.stderr, p.stderr[-400:])
-        # LLaMA-Factory's list of adapters (all but the last merged into the base): refused, naming merge
-        p, _, _ = greedy(base, prompt, ["--adapter", qkv + "," + qkv])
-        check("adapter_list_refused_naming_merge", p.returncode != 0 and "names several adapters" in p.stderr and
-              "glmtrain merge" in p.stderr, p.stderr[-400:])
+        # LLaMA-Factory's list of adapters: those before the last merged into the base as it loads,
+        # the last applied beside it; against the reference of the two merges in turn
+        (a1, t1, *s1), (a2, t2, *s2) = [(made[k][0], made[k][1], made[k][2], made[k][3], made[k][4], made[k][5])
+                                        for k in ("qkv", "all_rslora")]
+        stack = merged_params(merged_params(params, t1, cfg, *s1), t2, cfg, *s2)
+        lst = a1 + "," + a2
+        p, pin, l_out = greedy(base, prompt, ["--adapter_name_or_path", lst])
+        ok = p.returncode == 0 and pin is not None and l_out is not None
+        want, gap = torch_greedy(cfg, stack, pin, 12) if ok else (None, 0)
+        _, _, last_alone = greedy(base, prompt, ["--adapter", a2])
+        check("adapter_list_generate_equals_merges_in_turn", ok and l_out == want and gap > 1e-4 and l_out != last_alone and
+              "merged into the base: " + a1 in p.stderr, "rc %d: C %s vs torch %s (gap %.2g), last alone %s %s" %
+              (p.returncode, l_out, want, gap, last_alone, p.stderr[-400:]))
+        p, _, out = greedy(base, prompt, ["--adapter_name_or_path", " %s , %s " % (a1, a2)])  # LLaMA-Factory strips the names
+        check("adapter_list_names_stripped", p.returncode == 0 and out == l_out, "%s vs %s %s" % (out, l_out, p.stderr[-300:]))
+        p, _, out = greedy(os.path.join(tmp, "merged_qkv"), prompt, ["--adapter", a2])
+        check("adapter_list_equals_merged_folder_with_the_last", p.returncode == 0 and out == l_out, "%s vs %s" % (out, l_out))
+        p, _, out = greedy(base, prompt, ["--adapter_name_or_path", lst, "--device_map", "auto", "--pipeline_parallel_size", "2",
+                                          "--device", "cpu"])
+        check("adapter_list_device_map_stages_merge_too", p.returncode == 0 and out == l_out, "%s vs %s %s" %
+              (out, l_out, p.stderr[-300:]))
+        p, _, q_list = greedy(base, prompt, ["--adapter_name_or_path", lst, "--quantization_bit", "8"])
+        p2, _, q_folder = greedy(os.path.join(tmp, "merged_qkv"), prompt, ["--adapter", a2, "--quantization_bit", "8"])
+        check("adapter_list_merges_before_quantizing", p.returncode == 0 and p2.returncode == 0 and q_list == q_folder and
+              q_list is not None, "%s vs %s %s" % (q_list, q_folder, (p.stderr + p2.stderr)[-300:]))
+        out = os.path.join(tmp, "merged_list")
+        p = run(["merge", "--model_name_or_path", base, "--adapter_name_or_path", lst, "--output_dir", out, "--dtype", "float32"])
+        worst = 1.0
+        if p.returncode == 0:
+            from safetensors.torch import load_file
+            got = load_file(os.path.join(out, "model.safetensors"))
+            worst = max(float((got[k] - v).abs().max() / v.abs().max()) for k, v in stack.items())
+        check("merge_adapter_list_equals_merges_in_turn", worst < 1e-6, "max rel diff %.3g %s" % (worst, p.stderr[-300:]))
+        for name, flags, msgs in (
+                ("empty_item", ["--adapter_name_or_path", a1 + ",," + a2], ["an empty name in the list"]),
+                ("missing_item", ["--adapter_name_or_path", a1 + "," + os.path.join(tmp, "nowhere")], ["nowhere"]),
+                ("ptuning_merged", ["--adapter_name_or_path", pt_dir + "," + a2], ["cannot be merged"])):
+            p, _, _ = greedy(base, prompt, flags)
+            check("adapter_list_%s_refused" % name, p.returncode != 0 and all(m in p.stderr for m in msgs) and
+                  "loaded" not in p.stderr, p.stderr[-300:])
+        p = subprocess.run([GLM, "serve", "--model_name_or_path", base, "--adapter_name_or_path", lst, "--port", "0"],
+                           capture_output=True, text=True, timeout=60)
+        check("serve_adapter_list_refused_naming_merge", p.returncode != 0 and "names several adapters" in p.stderr and
+              "glmtrain merge" in p.stderr, p.stderr[-300:])
         # an adapter_config.json with more after its object (two objects, an editor's junk) is refused
         # naming file:line:col, as Python's json.load (peft's reader) refuses it
         d = os.path.join(tmp, "adapter_v_junk")
