@@ -31,28 +31,43 @@ static int reg_size(const char *path, long long *out) {
     return 0;
 }
 
-int glm_checkpoint_seal(const char *dir, glm_err *err) {
-    DIR *d = opendir(dir);
-    if (!d) return glm_fail(err, "cannot list %s: %s", dir, strerror(errno));
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "hash", HASH_NAME);
-    cJSON *files = cJSON_AddObjectToObject(root, "files");
+/* Adds the size and hash of every regular file of dir/sub ("" for dir itself) to files, under
+ * "sub/name"; the folders of dir one level down too (a PiSSA adapter's pissa_init/). */
+static int seal_files(const char *dir, const char *sub, cJSON *files, glm_err *err) {
+    char here[4096];
+    if (sub[0]) glm_path_join(here, sizeof here, dir, sub);
+    else snprintf(here, sizeof here, "%s", dir);
+    DIR *d = opendir(here);
+    if (!d) return glm_fail(err, "cannot list %s: %s", here, strerror(errno));
     struct dirent *e;
     int rc = 0;
     while (rc == 0 && (e = readdir(d))) {
-        if (e->d_name[0] == '.' || strcmp(e->d_name, GLM_CKPT_MANIFEST) == 0) continue;
-        char path[4096], hex[17];
-        glm_path_join(path, sizeof path, dir, e->d_name);
+        if (e->d_name[0] == '.' || (!sub[0] && strcmp(e->d_name, GLM_CKPT_MANIFEST) == 0)) continue;
+        char name[1024], path[4096], hex[17];
+        if (sub[0]) snprintf(name, sizeof name, "%s/%s", sub, e->d_name);
+        else snprintf(name, sizeof name, "%s", e->d_name);
+        glm_path_join(path, sizeof path, dir, name);
         long long size;
         uint64_t h;
-        if (reg_size(path, &size) != 0) continue; /* no writer puts folders in a checkpoint */
+        if (reg_size(path, &size) != 0) {
+            if (!sub[0] && glm_is_dir(path)) rc = seal_files(dir, name, files, err);
+            continue;
+        }
         if (glm_hash_file(path, 0, &h, err) != 0) { rc = -1; break; }
         snprintf(hex, sizeof hex, "%016" PRIx64, h);
-        cJSON *f = cJSON_AddObjectToObject(files, e->d_name);
+        cJSON *f = cJSON_AddObjectToObject(files, name);
         cJSON_AddNumberToObject(f, "size", (double)size);
         cJSON_AddStringToObject(f, "xxh64", hex);
     }
     closedir(d);
+    return rc;
+}
+
+int glm_checkpoint_seal(const char *dir, glm_err *err) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "hash", HASH_NAME);
+    cJSON *files = cJSON_AddObjectToObject(root, "files");
+    int rc = seal_files(dir, "", files, err);
     char *text = rc == 0 ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
     if (rc) return glm_wrap(err, "sealing %s: ", dir);

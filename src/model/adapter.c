@@ -1,6 +1,7 @@
 /* peft-format LoRA adapters (adapter.h). */
 #include "model/adapter.h"
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "core/hub.h"
 #include "core/json_text.h"
 #include "model/ckpt.h"
+#include "model/pissa.h"
 
 /* what an adapter folder holds: the adapters, and the whole modules of modules_to_save (every
  * other row a LoRA model trains) */
@@ -17,8 +19,7 @@ static int in_adapter(const glm_model *m, const glm_tensor *t) {
 
 /* The keys peft 0.6's LoraConfig knows (a newer key would make an older peft refuse the
  * file): use_rslora and use_dora are written only when on. */
-static char *config_json(const glm_model *m) {
-    const glm_peft *p = &m->cfg.peft;
+static char *config_json(const glm_model *m, const glm_peft *p) {
     cJSON *o = cJSON_CreateObject();
     char base[4096], folder[4096];
     glm_origin_paths(m->origin, base, folder, sizeof base);
@@ -29,7 +30,14 @@ static char *config_json(const glm_model *m) {
     cJSON_AddStringToObject(o, "bias", "none");
     cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(o, "inference_mode", 1);
-    cJSON_AddBoolToObject(o, "init_lora_weights", 1);
+    if (p->pissa) { /* the start a PiSSA adapter's base residual came from (peft 0.11 and later read it) */
+        char init[32];
+        if (p->pissa_niter < 0) snprintf(init, sizeof init, "pissa");
+        else snprintf(init, sizeof init, "pissa_niter_%d", p->pissa_niter);
+        cJSON_AddStringToObject(o, "init_lora_weights", init);
+    } else {
+        cJSON_AddBoolToObject(o, "init_lora_weights", 1);
+    }
     cJSON_AddNullToObject(o, "layers_pattern");
     cJSON_AddNullToObject(o, "layers_to_transform");
     char num[32];
@@ -60,16 +68,27 @@ static char *config_json(const glm_model *m) {
     return s;
 }
 
-int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err) {
-    if (glm_mkdirs(dir, err)) return -1;
-    float *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
-    m->be->download_f32(m->be, host, m->params, m->tab.total);
+static int write_config(const glm_model *m, const glm_peft *p, const char *dir, glm_err *err) {
+    char path[4096];
+    char *cfg = config_json(m, p);
+    glm_path_join(path, sizeof path, dir, "adapter_config.json");
+    size_t len = strlen(cfg);
+    cfg = glm_realloc(cfg, len + 2);
+    cfg[len++] = '\n';
+    int rc = glm_write_file_atomic(path, cfg, len, err);
+    free(cfg);
+    return rc;
+}
+
+/* adapter_model.safetensors of the rows `host` holds (the model's layout), those that
+ * in_adapter takes; with `lora_only`, the A and B rows alone. */
+static int write_rows(const glm_model *m, const float *host, int lora_only, const char *dir, st_dtype dtype, glm_err *err) {
     st_entry *e = glm_calloc((size_t)m->tab.n + 1, sizeof *e);
     char (*names)[192] = glm_calloc((size_t)m->tab.n + 1, 192);
     int n = 0;
     for (int i = 0; i < m->tab.n; i++) {
         const glm_tensor *t = &m->tab.t[i];
-        if (!in_adapter(m, t)) continue;
+        if (lora_only ? !glm_is_lora_ab(t->kind) : !in_adapter(m, t)) continue;
         snprintf(names[n], 192, "%s%s", GLM_ADAPTER_PREFIX, t->name); /* a whole module as peft's save names it */
         e[n] = (st_entry){.name = names[n], .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
                           .data_dtype = ST_F32, .file_dtype = dtype};
@@ -80,20 +99,68 @@ int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err
     int rc = st_save(path, e, n, 0, err);
     free(e);
     free(names);
+    return rc;
+}
+
+int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err) {
+    if (glm_mkdirs(dir, err)) return -1;
+    float *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
+    m->be->download_f32(m->be, host, m->params, m->tab.total);
+    int rc = write_rows(m, host, 0, dir, dtype, err);
     free(host);
+    if (rc == 0 && m->cfg.peft.pissa && m->pissa_init) { /* PiSSA's first values beside it: its base is W - s B0 A0 */
+        char init[4096];
+        glm_path_join(init, sizeof init, dir, GLM_PISSA_INIT_DIR);
+        glm_peft p = m->cfg.peft;
+        p.pissa = 0; /* as LLaMA-Factory writes it: a plain start, which peft's conversion reads */
+        p.extra_modules = 0;
+        rc = glm_mkdirs(init, err) || write_rows(m, m->pissa_init, 1, init, ST_F32, err) || write_config(m, &p, init, err);
+    }
     if (rc) return -1;
     return glm_adapter_write_config(m, dir, err);
 }
 
 int glm_adapter_write_config(const glm_model *m, const char *dir, glm_err *err) {
-    char path[4096];
-    char *cfg = config_json(m);
-    glm_path_join(path, sizeof path, dir, "adapter_config.json");
-    size_t len = strlen(cfg);
-    cfg = glm_realloc(cfg, len + 2);
-    cfg[len++] = '\n';
-    int rc = glm_write_file_atomic(path, cfg, len, err);
-    free(cfg);
+    return write_config(m, &m->cfg.peft, dir, err);
+}
+
+int glm_adapter_save_pissa_converted(glm_model *m, const char *dir, glm_err *err) {
+    const glm_peft *p = &m->cfg.peft;
+    if (!p->pissa || !m->pissa_init) return glm_fail(err, "not a PiSSA adapter: nothing to convert");
+    /* the converted rows: A' = [A; A0] [2r, in], B' = [B, -B0] [out, 2r] */
+    glm_model cm = *m; /* a view of m with the doubled rank's table, for the writers */
+    glm_config c = m->cfg;
+    c.peft.lora_rank = 2 * p->lora_rank;
+    c.peft.lora_alpha = p->use_rslora ? p->lora_alpha * sqrtf(2.0f) : 2 * p->lora_alpha; /* the same scaling */
+    c.peft.pissa = 0;
+    glm_table_build_range(&cm.tab, &c, m->layer_lo, m->layer_hi, m->first, m->last);
+    cm.cfg = c;
+    float *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
+    float *conv = glm_calloc(cm.tab.total ? cm.tab.total : 1, sizeof(float));
+    m->be->download_f32(m->be, host, m->params, m->tab.total);
+    int r = p->lora_rank;
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *t = &m->tab.t[i], *ct = glm_table_find(&cm.tab, t->name);
+        if (!ct) continue;
+        const float *now = host + t->offset, *first = m->pissa_init + t->offset;
+        float *out = conv + ct->offset;
+        if (glm_is_lora_ab(t->kind) && (t->kind - T_QKV_LA) % 2 == 0) { /* A [r, in]: rows of A, then of A0 */
+            memcpy(out, now, t->numel * sizeof(float));
+            memcpy(out + t->numel, first, t->numel * sizeof(float));
+        } else if (glm_is_lora_ab(t->kind)) { /* B [out, r]: each row B_j then -B0_j */
+            for (int64_t j = 0; j < t->shape[0]; j++)
+                for (int k = 0; k < r; k++) {
+                    out[j * 2 * r + k] = now[j * r + k];
+                    out[j * 2 * r + r + k] = -first[j * r + k];
+                }
+        } else { /* a whole module of modules_to_save */
+            memcpy(out, now, t->numel * sizeof(float));
+        }
+    }
+    int rc = glm_mkdirs(dir, err) || write_rows(&cm, conv, 0, dir, ST_F32, err) || write_config(&cm, &c.peft, dir, err) ? -1 : 0;
+    free(host);
+    free(conv);
+    glm_table_free(&cm.tab);
     return rc;
 }
 
@@ -105,5 +172,6 @@ int glm_adapter_load(glm_model *m, const char *dir, glm_err *err) {
         return glm_hint(err, "--adapter takes a folder written by glmtrain (--finetuning_type lora) or by peft's save_pretrained");
     }
     if (glm_extra_modules_check(&m->cfg, &m->cfg.peft, dir, err)) return -1;
-    return glm_model_load_adapter_file(m, path, GLM_ADAPTER_PREFIX, err);
+    if (glm_model_load_adapter_file(m, path, GLM_ADAPTER_PREFIX, err)) return -1;
+    return m->cfg.peft.pissa ? glm_pissa_residual(m, dir, err) : 0; /* the base it was trained on */
 }

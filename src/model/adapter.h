@@ -16,6 +16,10 @@
 
 /* Writes adapter_config.json and adapter_model.safetensors (tensors as dtype) into dir. */
 int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err);
+/* A PiSSA adapter (model/pissa.h) converted into a plain LoRA for the original base, written
+ * into dir: rank 2r, A' = [A; A0], B' = [B, -B0], lora_alpha doubled (times sqrt 2 with rslora),
+ * as peft's save_pretrained(..., path_initial_model_for_weight_conversion) writes it. */
+int glm_adapter_save_pissa_converted(glm_model *m, const char *dir, glm_err *err);
 /* adapter_config.json alone (m's peft settings and origin), e.g. when the adapter rows were
  * written by pipeline stages. */
 int glm_adapter_write_config(const glm_model *m, const char *dir, glm_err *err);

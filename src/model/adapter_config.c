@@ -183,6 +183,30 @@ static int unsupported_key(const cJSON *o, const char *path, glm_err *err) {
     return 0;
 }
 
+/* peft's init_lora_weights: how A and B started matters once the start changed the base too.
+ * PiSSA's residual is rebuilt from the first values its folder carries (model/pissa.h); the
+ * other inits that change the base (OLoRA, CorDA, LoftQ) cannot be rebuilt here and are refused
+ * rather than applied to a base they were not trained on. */
+static int init_weights(const cJSON *v, glm_peft *p, const char *path, glm_err *err) {
+    if (!v || cJSON_IsBool(v) || cJSON_IsNull(v)) return 0;
+    const char *s = cJSON_IsString(v) ? v->valuestring : NULL;
+    static const char *const plain[] = {"gaussian", "eva", "orthogonal"}; /* the base stays as it was */
+    for (size_t i = 0; s && i < sizeof plain / sizeof *plain; i++)
+        if (!strcmp(s, plain[i])) return 0;
+    if (s && !strcmp(s, "pissa")) { p->pissa = 1; p->pissa_niter = -1; return 0; }
+    int n, used = 0;
+    if (s && sscanf(s, "pissa_niter_%d%n", &n, &used) == 1 && !s[used] && n >= 0) { p->pissa = 1; p->pissa_niter = n; return 0; }
+    char *text = cJSON_PrintUnformatted(v);
+    glm_fail(err, "%s: init_lora_weights %.100s: %s", path, text,
+             s && (!strcmp(s, "olora") || !strcmp(s, "corda") || !strcmp(s, "loftq"))
+                 ? "that start changed the base weights too, so the adapter fits only that changed base"
+                 : "glmtrain knows no such start (peft's: true, gaussian, eva, orthogonal, pissa, pissa_niter_N, olora, corda, "
+                   "loftq)");
+    free(text);
+    return glm_hint(err, "convert it into a plain LoRA for the original base (peft: save_pretrained(..., "
+                         "path_initial_model_for_weight_conversion=...)), or merge it with its own base and use that folder");
+}
+
 /* peft's modules_to_save -> GLM_EXTRA_* bits: the modules outside the layers (a name or a dotted
  * suffix of the module's path, as peft matches the end); any other module is refused. */
 static int config_extra(const cJSON *v, int *bits, const char *path, glm_err *err) {
@@ -271,6 +295,7 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "lora_dropout"))) p->lora_dropout = (float)v->valuedouble;
     p->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "use_rslora"));
     p->use_dora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "use_dora"));
+    if ((rc = init_weights(cJSON_GetObjectItemCaseSensitive(o, "init_lora_weights"), p, path, err))) goto done;
     if (p->lora_rank < 1) { rc = glm_fail(err, "%s: r must be at least 1", path); goto done; }
     if (!isfinite(p->lora_alpha)) { rc = glm_fail(err, "%s: lora_alpha is not a finite number", path); goto done; }
     v = cJSON_GetObjectItemCaseSensitive(o, "bias");

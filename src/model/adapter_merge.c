@@ -8,6 +8,7 @@
 #include "core/fileutil.h"
 #include "model/adapter.h"
 #include "model/ckpt.h"
+#include "model/pissa.h"
 
 /* ---- adapter lists ---- */
 
@@ -36,7 +37,8 @@ void glm_adapter_list_split(const char *list, int merge_all, char *merged, size_
 
 typedef struct merge_one {
     char dir[4096];
-    glm_ckpt file;
+    glm_ckpt file, init; /* init: a PiSSA adapter's first values (model/pissa.h) */
+    int has_init;
     glm_peft peft;
 } merge_one;
 
@@ -75,6 +77,10 @@ int glm_merge_open(glm_merge **out, const glm_config *c, const char *list, glm_e
         }
         if (glm_ckpt_open(&o->file, path, err)) { rc = -1; break; }
         g->n = i + 1; /* the files opened so far, closed by glm_merge_close */
+        if (o->peft.pissa) { /* trained on the base less its first values: those are subtracted too */
+            if (glm_pissa_init_file(o->dir, path, sizeof path, err) || glm_ckpt_open(&o->init, path, err)) { rc = -1; break; }
+            o->has_init = 1;
+        }
         if (o->peft.lora_rank > rmax) rmax = o->peft.lora_rank;
     }
     size_t in = (size_t)glm_linear_in_max(c), outw = (size_t)glm_linear_out_max(c);
@@ -89,7 +95,10 @@ int glm_merge_open(glm_merge **out, const glm_config *c, const char *list, glm_e
 
 void glm_merge_close(glm_merge *g) {
     if (!g) return;
-    for (int i = 0; i < g->n; i++) glm_ckpt_close(&g->ad[i].file);
+    for (int i = 0; i < g->n; i++) {
+        glm_ckpt_close(&g->ad[i].file);
+        if (g->ad[i].has_init) glm_ckpt_close(&g->ad[i].init);
+    }
     free(g->ad);
     free(g->a);
     free(g->b);
@@ -137,6 +146,12 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
         return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
     int OC = (int)t->shape[0], C = (int)t->shape[1];
     float s = glm_lora_scaling(&o->peft);
+    if (o->has_init) { /* PiSSA: W -= s B0 A0, the base its adapter was trained on */
+        if (glm_ckpt_read_f32(&o->init, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->init, bn, g->b, 2, bsh, err))
+            return glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", o->init.path, o->dir);
+        cpu_sgemm(0, 0, OC, C, r, -s, g->b, r, g->a, C, 1.0f, w, C);
+        if (glm_ckpt_read_f32(&o->file, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->file, bn, g->b, 2, bsh, err)) return -1;
+    }
     if (o->peft.use_dora) cpu_dora_norm(g->norm, w, g->a, g->b, s, OC, C, r);
     /* W[out, in] += s * B[out, r] A[r, in] */
     cpu_sgemm(0, 0, OC, C, r, s, g->b, r, g->a, C, 1.0f, w, C);

@@ -25,6 +25,9 @@ typedef struct glm_peft {
      * paper do): y = (m / ||W + s B A||_row) (W x + s B A x) + b; with dropout u = dropout(x),
      * peft's y = W x + b + (c - 1) W u + c s B A u, c = m / ||W + s B A||_row. */
     int use_dora;
+    /* PiSSA (model/pissa.h): the adapters start from their weights' principal singular triplets
+     * (pissa_niter subspace iterations of a randomized SVD) and the base is the residual */
+    int pissa, pissa_niter;
     float loraplus_lr_ratio; /* LoRA+ (LLaMA-Factory's loraplus_lr_ratio): lora_B trains at this times the
                               * learning rate, lora_A at the rate (0: off); the table's lr_scale */
     /* freeze (LLaMA-Factory's freeze mode): num_layer_trainable N > 0, the last N layers train; N < 0,

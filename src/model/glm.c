@@ -363,6 +363,7 @@ void glm_model_free(glm_model *m) {
     void *pre[] = {m->pkv, m->prefix_h, m->dpkv, m->dprefix_h, m->dora_n, m->dora_g};
     for (int i = 0; i < 6; i++) if (pre[i]) m->be->free(m->be, pre[i]);
     free(m->dora_fresh);
+    free(m->pissa_init);
     free(m->w.layer);
     free(m->g.layer);
     glm_table_free(&m->tab);

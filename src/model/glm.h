@@ -165,6 +165,9 @@ typedef struct glm_model {
     /* LoRA adapters merged into the base rows as glm_model_load reads them: a comma list
      * (model/adapter.h, LLaMA-Factory's adapters before the last), "" for none. */
     char merged[4096];
+    /* PiSSA: the trainable rows' first values [tab.total] on the host (NULL without PiSSA), which
+     * the adapter folders it writes carry (model/pissa.h) */
+    float *pissa_init;
 } glm_model;
 
 /* Builds the table and allocates parameters and gradients (zeroed) on the backend. */

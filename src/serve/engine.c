@@ -61,6 +61,13 @@ int srv_adapter_load(srv_adapter *a, glm_lm lm, const char *name, const char *di
         return glm_hint(err, "merge it into its base (glmtrain merge --model_name_or_path BASE --adapter %s --output_dir OUT) "
                              "and serve OUT", dir);
     }
+    if (a->peft.pissa) { /* its base is the residual, which would have to swap with it, per request */
+        glm_fail(err, "--adapter %s=%s is a PiSSA adapter (init_lora_weights pissa): it was trained on its own residual base, "
+                      "and serve swaps only the adapters per request", name, dir);
+        return glm_hint(err, "serve its converted form (%s/pissa_converted, written with --pissa_convert), or merge it into "
+                             "its base (glmtrain merge --model_name_or_path BASE --adapter %s --output_dir OUT) and serve OUT",
+                        dir, dir);
+    }
     if (a->peft.extra_modules) { /* whole modules beside it: the model's own rows would swap per request */
         glm_fail(err, "--adapter %s=%s trains whole modules beside LoRA (modules_to_save): serve swaps only the adapters "
                       "per request", name, dir);

@@ -168,8 +168,9 @@ static void describe(const glm_config *c, const glm_peft *p, char *s, size_t n) 
     if (p->kind == GLM_FT_LORA) {
         char mods[96];
         char whole[96];
-        snprintf(s, n, "a LoRA adapter (r %d on %s%s%s)", p->lora_rank, glm_lora_targets_str(p->lora_targets, mods, sizeof mods),
-                 p->extra_modules ? "; whole " : "", p->extra_modules ? glm_modules_str(c, p->extra_modules, 1, whole, sizeof whole) : "");
+        snprintf(s, n, "a %s adapter (r %d on %s%s%s)", p->pissa ? "PiSSA" : "LoRA", p->lora_rank,
+                 glm_lora_targets_str(p->lora_targets, mods, sizeof mods), p->extra_modules ? "; whole " : "",
+                 p->extra_modules ? glm_modules_str(c, p->extra_modules, 1, whole, sizeof whole) : "");
     } else if (p->kind == GLM_FT_PTUNING) {
         snprintf(s, n, "a P-Tuning v2 prefix (pre_seq_len %d, prefix_projection %s)", p->pre_seq_len, p->prefix_projection ? "true" : "false");
     } else if (p->kind == GLM_FT_FREEZE) {
@@ -216,7 +217,7 @@ static int check_kind(trainer *t, const char *dir, glm_err *err) {
     }
     int same = was.kind == now->kind &&
                (was.kind == GLM_FT_LORA      ? now->lora_rank == was.lora_rank && now->lora_targets == was.lora_targets &&
-                                                   now->extra_modules == was.extra_modules
+                                                   now->extra_modules == was.extra_modules && !now->pissa == !was.pissa
                 : was.kind == GLM_FT_PTUNING ? now->pre_seq_len == was.pre_seq_len && !now->prefix_projection == !was.prefix_projection
                 : was.kind == GLM_FT_FREEZE  ? now->num_layer_trainable == was.num_layer_trainable &&
                                                    now->freeze_modules == was.freeze_modules && now->extra_modules == was.extra_modules

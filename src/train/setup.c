@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <limits.h>
 #include "model/adapter.h"
+#include "model/pissa.h"
 #include "data/dataset_info.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -351,6 +352,10 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
     *p = (glm_peft){0};
     char merged[4096], from[4096];
     glm_train_adapters(a, merged, sizeof merged, from, sizeof from);
+    if (a->pissa_init && from[0])
+        return glm_fail(err, "--pissa_init starts a new adapter, but %s trains %s on from its own start",
+                        a->ptuning_checkpoint ? "--ptuning_checkpoint" : "--adapter_name_or_path", from),
+               glm_hint(err, "drop --pissa_init (a PiSSA adapter trains on as one), or add --create_new_adapter");
     if (from[0]) return peft_from_adapter(a, from, p, err);
     const char *k = a->finetuning_type;
     if (strcmp(k, "full") == 0 && a->pre_seq_len > 0) k = "ptuning"; /* THUDM's ptuning/main.py selects it so */
@@ -402,9 +407,15 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
     if (a->lora_rank < 1) return glm_fail(err, "--lora_rank %d must be at least 1", a->lora_rank);
     if (!(a->lora_dropout >= 0 && a->lora_dropout < 1)) return glm_fail(err, "--lora_dropout %g must be in [0, 1)", a->lora_dropout);
     if (!(a->lora_alpha >= 0)) return glm_fail(err, "--lora_alpha %g must not be negative", a->lora_alpha);
+    if (a->pissa_init && a->use_dora)
+        return glm_fail(err, "--pissa_init with --use_dora: glmtrain starts DoRA as peft's default only"),
+               glm_hint(err, "drop one of them");
+    if (a->pissa_init && a->pissa_iter < 0)
+        return glm_fail(err, "--pissa_iter %d: the full SVD (peft's init_lora_weights pissa) is not here", a->pissa_iter),
+               glm_hint(err, "use the randomized one, --pissa_iter N (LLaMA-Factory's default 16)");
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = a->lora_rank, .use_rslora = a->use_rslora, .use_dora = a->use_dora,
                     .lora_alpha = (float)(a->lora_alpha > 0 ? a->lora_alpha : 2.0 * a->lora_rank),
-                    .lora_dropout = (float)a->lora_dropout};
+                    .lora_dropout = (float)a->lora_dropout, .pissa = a->pissa_init, .pissa_niter = a->pissa_iter};
     if (glm_lora_targets_parse(a->lora_target, &p->lora_targets, err)) return -1;
     if (a->additional_target && glm_modules_parse(c, "--additional_target", a->additional_target, 1, &p->extra_modules, err))
         return -1;
@@ -472,6 +483,19 @@ int trainer_load_model(trainer *t, glm_err *err) {
     } else if (a->create_new_adapter && t->dp->rank == 0 && !a->adapter_name_or_path) {
         glm_warn("--create_new_adapter without --adapter_name_or_path: there is nothing to merge, a new adapter trains");
     }
+    if ((a->pissa_init || a->pissa_convert) && c.peft.kind != GLM_FT_LORA)
+        return glm_fail(err, "--%s is PiSSA's, a start of LoRA adapters, but this run trains %s",
+                        a->pissa_init ? "pissa_init" : "pissa_convert",
+                        c.peft.kind == GLM_FT_FULL ? "every weight" : c.peft.kind == GLM_FT_PTUNING ? "a P-Tuning v2 prefix" : "some layers"),
+               glm_hint(err, "add --finetuning_type lora");
+    int stages = a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"));
+    if (a->pissa_convert && stages)
+        return glm_fail(err, "--pissa_convert with pipeline stages: each stage holds a part of the adapter"),
+               glm_hint(err, "train without pipeline stages, or use the output folder as it is: generate, chat and merge "
+                             "read its pissa_init/");
+    if (a->pissa_convert && !c.peft.pissa)
+        return glm_fail(err, "--pissa_convert converts a PiSSA adapter, and this run's adapter starts as plain LoRA"),
+               glm_hint(err, "add --pissa_init");
     if (!(a->neftune_noise_alpha >= 0 && a->neftune_noise_alpha < 1e6))
         return glm_fail(err, "--neftune_noise_alpha %g must be 0 (off) or positive", a->neftune_noise_alpha),
                glm_hint(err, "NEFTune's paper and LLaMA-Factory's examples use 5");
@@ -494,6 +518,15 @@ int trainer_load_model(trainer *t, glm_err *err) {
         glm_info("NEFTune: noise of %g/sqrt(seq x %d) on the embeddings while training", c.neftune_alpha, c.hidden_size);
     int nf4 = a->quantization_type && strcmp(a->quantization_type, "nf4") == 0;
     if (glm_config_set_quant(&c, a->quantization_bit, a->quantization_type, src, err)) return -1;
+    if (c.peft.pissa && !from[0]) { /* a new PiSSA start: what it cannot start on */
+        const char *no = c.quant != GLM_Q_NONE ? "a quantized base (its SVD would be of the quantized weights)"
+                         : a->zero_stage >= 3  ? "--zero_stage 3 (the frozen weights are sharded)"
+                         : stages              ? "pipeline stages"
+                                                               : NULL;
+        if (no)
+            return glm_fail(err, "--pissa_init with %s: glmtrain starts PiSSA on a whole float base in each process", no),
+                   glm_hint(err, "start it without, or train plain LoRA (LLaMA-Factory refuses these too)");
+    }
     if (c.quant != GLM_Q_NONE && c.peft.kind == GLM_FT_FULL) {
         glm_fail(err, "%s weights with --finetuning_type full: a quantized weight cannot train",
                  a->quantization_bit || nf4 ? "--quantization_bit/--quantization_type" : "quantized (config.json quantization_bit)");
@@ -536,6 +569,13 @@ int trainer_load_model(trainer *t, glm_err *err) {
     if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING)
         glm_model_init_adapters(&t->m, (uint64_t)a->seed); /* the same on every rank */
     if (from[0] && glm_adapter_load(&t->m, from, err)) return -1;
+    if (c.peft.pissa && !from[0] && !a->resume_from_checkpoint) { /* a resume takes the checkpoint's start instead */
+        double t0 = glm_now();
+        if (glm_pissa_init(&t->m, (uint64_t)a->seed, err)) return -1;
+        if (t->dp->rank == 0)
+            glm_info("PiSSA: the adapters start from their weights' %d principal singular triplets (%d subspace iterations, "
+                     "%.1f s); the base keeps the residual", c.peft.lora_rank, c.peft.pissa_niter, glm_now() - t0);
+    }
     size_t base = t->m.ftab.n_params + (c.peft.kind == GLM_FT_LORA ? 0 : t->m.tab.n_params);
     char n1[32], n2[32];
     glm_info("model: %d layers, hidden %d, %d heads, vocab %d, %s parameters (%s head), backend %s",

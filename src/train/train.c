@@ -1,6 +1,8 @@
 /* The training loop of `glmtrain train` (train.h): steps, logging, evaluation, checkpoints;
  * set-up lives in setup.c, resume in resume.c. */
 #include "train/trainer.h"
+#include "model/pissa.h"
+#include "model/adapter.h"
 
 /* Mean loss over the validation tokens of every rank's share. */
 /* The run's parallelism, as one interface (parallel/par.h). */
@@ -393,6 +395,13 @@ static int save_final(trainer *t, glm_err *err) {
                                        "the final model"};
     if (lead(t)) glm_info("saved %s to %s", what[t->m.cfg.peft.kind], t->a->output_dir);
     if (lead(t) && t->m.cfg.peft.kind != GLM_FT_LORA) glm_check_remote_code(t->a->output_dir);
+    if (lead(t) && t->a->pissa_convert) { /* a plain LoRA for the original base beside it */
+        char dir[4096];
+        glm_path_join(dir, sizeof dir, t->a->output_dir, GLM_PISSA_CONVERTED_DIR);
+        if (glm_adapter_save_pissa_converted(&t->m, dir, err)) return -1;
+        glm_info("saved the PiSSA adapter converted into a plain LoRA of rank %d for the original base to %s",
+                 2 * t->m.cfg.peft.lora_rank, dir);
+    }
     return 0;
 }
 

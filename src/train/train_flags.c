@@ -85,6 +85,12 @@ const glm_flag glm_train_flags[] = {
     F(use_rslora, ARG_BOOL, "false", "LoRA: scaling alpha/sqrt(r) (rank-stabilised LoRA)"),
     F(use_dora, ARG_BOOL, "false", "LoRA: DoRA (peft's use_dora): a trainable magnitude per output row of each adapted module "
       "over the row norms of W + s B A"),
+    F(pissa_init, ARG_BOOL, "false", "LoRA: PiSSA's start (peft's init_lora_weights pissa_niter_N): A and B from each weight's "
+      "principal singular triplets, the base keeping the residual; the adapter folder carries the first values in pissa_init/"),
+    F(pissa_iter, ARG_INT, "16", "PiSSA: the randomized SVD's subspace iterations (torch.svd_lowrank's niter; -1, the full SVD, "
+      "is not here)"),
+    F(pissa_convert, ARG_BOOL, "false", "PiSSA: also write the adapter converted into a plain LoRA for the original base "
+      "(rank 2r) into output_dir/pissa_converted at the end"),
     F(loraplus_lr_ratio, ARG_FLOAT, "0", "LoRA+ (LLaMA-Factory's): the lora_B matrices train at this times the learning rate "
       "(16 is common; 0 = off)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N), the rest stays frozen"),
@@ -332,8 +338,6 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"use_swanlab", "false|False|0", "", "glmtrain reports to TensorBoard (--report_to tensorboard)"},
     {"freeze_vision_tower", NULL, "", "ChatGLM models have no vision tower"},
     {"freeze_multi_modal_projector", NULL, "", "ChatGLM models have no multi-modal projector"},
-    {"pissa_init", "false|False|0", "", "PiSSA's initialisation changes what trains, and glmtrain initialises LoRA as peft's default"},
-    {"pissa_convert", "false|False|0", "", "PiSSA is not trained here"},
     {"resize_vocab", "false|False|0", "", "the tokenizer and the embedding keep the model's vocabulary"},
     {"upcast_layernorm", NULL, "", "glmtrain's norms compute in fp32 whatever the storage"},
     {"upcast_lmhead_output", NULL, "", "glmtrain's loss reads the logits in fp32"},

@@ -1,0 +1,218 @@
+/* PiSSA (model/pissa.h): LoRA started from the principal singular triplets of each adapted
+ * weight, the base keeping the residual. */
+#include "model/pissa.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cpu/cpu_gemm.h"
+#include "core/fileutil.h"
+#include "core/rng.h"
+#include "model/adapter.h"
+#include "model/ckpt.h"
+
+/* The base row a LoRA row adapts (the same layer, the module's weight), or NULL. */
+static const glm_tensor *base_of(const glm_model *m, const glm_tensor *lora, void **ptr) {
+    for (int i = 0; i < glm_model_nrows(m); i++) {
+        const glm_tensor *t = glm_model_row(m, i, ptr);
+        if (t->layer == lora->layer && glm_linear_index(t->kind) == glm_lora_module(lora->kind)) return t;
+    }
+    return NULL;
+}
+
+/* Orthonormal columns of x [n, q] in place (modified Gram-Schmidt, twice over for accuracy, in
+ * double: torch's QR gives the same span; the signs do not matter to what follows). A column
+ * the others span becomes zero. */
+static void orthonormalize(float *x, int n, int q) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j < q; j++) {
+            for (int k = 0; k < j; k++) {
+                double d = 0;
+                for (int i = 0; i < n; i++) d += (double)x[(size_t)i * q + j] * x[(size_t)i * q + k];
+                for (int i = 0; i < n; i++) x[(size_t)i * q + j] -= (float)(d * x[(size_t)i * q + k]);
+            }
+            double s = 0;
+            for (int i = 0; i < n; i++) s += (double)x[(size_t)i * q + j] * x[(size_t)i * q + j];
+            float inv = s > 0 ? (float)(1.0 / sqrt(s)) : 0.0f;
+            for (int i = 0; i < n; i++) x[(size_t)i * q + j] *= inv;
+        }
+}
+
+/* Eigenvalues (descending) and vectors (columns of v) of the symmetric q x q matrix a, by
+ * cyclic Jacobi rotations in double. */
+static void sym_eigen(double *a, double *v, double *ev, int q) {
+    for (int i = 0; i < q * q; i++) v[i] = i % (q + 1) == 0;
+    for (int sweep = 0; sweep < 100; sweep++) {
+        double off = 0, diag = 0;
+        for (int i = 0; i < q; i++)
+            for (int j = 0; j < q; j++) {
+                if (i == j) diag += a[i * q + j] * a[i * q + j];
+                else off += a[i * q + j] * a[i * q + j];
+            }
+        if (off <= 1e-30 * diag) break;
+        for (int p = 0; p < q; p++)
+            for (int r = p + 1; r < q; r++) {
+                double apr = a[p * q + r];
+                if (fabs(apr) < 1e-300) continue;
+                double th = (a[r * q + r] - a[p * q + p]) / (2 * apr);
+                double t = (th >= 0 ? 1 : -1) / (fabs(th) + sqrt(th * th + 1)), c = 1 / sqrt(t * t + 1), s = t * c;
+                for (int k = 0; k < q; k++) { /* a = J^T a J, v = v J */
+                    double akp = a[k * q + p], akr = a[k * q + r];
+                    a[k * q + p] = c * akp - s * akr;
+                    a[k * q + r] = s * akp + c * akr;
+                }
+                for (int k = 0; k < q; k++) {
+                    double apk = a[p * q + k], ark = a[r * q + k];
+                    a[p * q + k] = c * apk - s * ark;
+                    a[r * q + k] = s * apk + c * ark;
+                }
+                for (int k = 0; k < q; k++) {
+                    double vkp = v[k * q + p], vkr = v[k * q + r];
+                    v[k * q + p] = c * vkp - s * vkr;
+                    v[k * q + r] = s * vkp + c * vkr;
+                }
+            }
+    }
+    for (int i = 0; i < q; i++) ev[i] = a[i * q + i];
+    for (int i = 0; i < q; i++) { /* descending, the vectors with them */
+        int best = i;
+        for (int j = i + 1; j < q; j++) if (ev[j] > ev[best]) best = j;
+        if (best == i) continue;
+        double t = ev[i]; ev[i] = ev[best]; ev[best] = t;
+        for (int k = 0; k < q; k++) { t = v[k * q + i]; v[k * q + i] = v[k * q + best]; v[k * q + best] = t; }
+    }
+}
+
+void glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
+    /* torch.svd_lowrank for a weight wider in rank than q: a basis Q [C, q] of W's row space from
+     * W^T R (R [OC, q] normal), refined by niter rounds of Q' = orth(W Q), Q = orth(W^T Q'); then
+     * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). */
+    float *r = glm_malloc((size_t)OC * q * sizeof(float)), *qc = glm_malloc((size_t)C * q * sizeof(float));
+    glm_rng rng;
+    glm_rng_seed(&rng, seed);
+    for (size_t i = 0; i < (size_t)OC * q; i++) r[i] = glm_rng_normal(&rng);
+    cpu_sgemm(1, 0, C, q, OC, 1.0f, w, C, r, q, 0.0f, qc, q); /* W^T R */
+    orthonormalize(qc, C, q);
+    for (int it = 0; it < niter; it++) {
+        cpu_sgemm(0, 0, OC, q, C, 1.0f, w, C, qc, q, 0.0f, r, q); /* W Q */
+        orthonormalize(r, OC, q);
+        cpu_sgemm(1, 0, C, q, OC, 1.0f, w, C, r, q, 0.0f, qc, q); /* W^T Q' */
+        orthonormalize(qc, C, q);
+    }
+    cpu_sgemm(0, 0, OC, q, C, 1.0f, w, C, qc, q, 0.0f, r, q); /* B = W Q [OC, q] */
+    double *g = glm_calloc((size_t)q * q, sizeof(double)), *ev = glm_malloc((size_t)q * q * sizeof(double)),
+           *e = glm_malloc((size_t)q * sizeof(double));
+    for (int i = 0; i < OC; i++) /* B^T B */
+        for (int a = 0; a < q; a++)
+            for (int b = 0; b < q; b++) g[a * q + b] += (double)r[(size_t)i * q + a] * r[(size_t)i * q + b];
+    sym_eigen(g, ev, e, q);
+    for (int j = 0; j < q; j++) s[j] = e[j] > 0 ? (float)sqrt(e[j]) : 0.0f;
+    for (int i = 0; i < OC; i++) /* U = B E / S */
+        for (int j = 0; j < q; j++) {
+            double d = 0;
+            for (int k = 0; k < q; k++) d += (double)r[(size_t)i * q + k] * ev[k * q + j];
+            u[(size_t)i * q + j] = s[j] > 0 ? (float)(d / s[j]) : 0.0f;
+        }
+    for (int i = 0; i < C; i++) /* V = Q E */
+        for (int j = 0; j < q; j++) {
+            double d = 0;
+            for (int k = 0; k < q; k++) d += (double)qc[(size_t)i * q + k] * ev[k * q + j];
+            v[(size_t)i * q + j] = (float)d;
+        }
+    free(g);
+    free(ev);
+    free(e);
+    free(r);
+    free(qc);
+}
+
+/* The initial rows kept on the host (the adapter folders carry them: pissa_init/). */
+static void keep_initial(glm_model *m) {
+    free(m->pissa_init);
+    m->pissa_init = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
+    m->be->download_f32(m->be, m->pissa_init, m->params, m->tab.total);
+}
+
+int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
+    const glm_peft *p = &m->cfg.peft;
+    int r = p->lora_rank;
+    float scaling = glm_lora_scaling(p);
+    for (int i = 0; i < m->tab.n; i++) {
+        const glm_tensor *ta = &m->tab.t[i];
+        if (!glm_is_lora_ab(ta->kind) || (ta->kind - T_QKV_LA) % 2) continue; /* each A with its B after it */
+        const glm_tensor *tb = &m->tab.t[i + 1];
+        void *wp;
+        const glm_tensor *tw = base_of(m, ta, &wp);
+        if (!tw) return glm_fail(err, "PiSSA: no base weight for %s", ta->name);
+        int OC = (int)tw->shape[0], C = (int)tw->shape[1];
+        if (r > OC || r > C)
+            return glm_fail(err, "--pissa_init: rank %d is above the rank of %s [%d, %d]", r, tw->name, OC, C),
+                   glm_hint(err, "lower --lora_rank");
+        float *w = glm_malloc((size_t)OC * C * sizeof(float)), *u = glm_malloc((size_t)OC * r * sizeof(float)),
+              *v = glm_malloc((size_t)C * r * sizeof(float)), *sv = glm_malloc((size_t)r * sizeof(float));
+        float *a = glm_malloc((size_t)r * C * sizeof(float)), *b = glm_malloc((size_t)OC * r * sizeof(float));
+        glm_model_row_download(m, tw, w, wp);
+        /* one stream per (layer, module), as the LoRA rows draw theirs: every rank and stage agrees */
+        glm_svd_lowrank(w, OC, C, r, p->pissa_niter, seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * T_NKINDS + ta->kind),
+                        u, sv, v);
+        /* peft's: A = diag(sqrt(S / scaling)) V^T, B = U diag(sqrt(S / scaling)), W -= scaling B A */
+        for (int j = 0; j < r; j++) {
+            float f = sqrtf(sv[j] / scaling);
+            for (int k = 0; k < C; k++) a[(size_t)j * C + k] = f * v[(size_t)k * r + j];
+            for (int k = 0; k < OC; k++) b[(size_t)k * r + j] = u[(size_t)k * r + j] * f;
+        }
+        cpu_sgemm(0, 0, OC, C, r, -scaling, b, r, a, C, 1.0f, w, C);
+        glm_model_row_upload(m, tw, wp, w);
+        m->be->upload_f32(m->be, glm_at(m->be, m->params, ta->offset), a, ta->numel);
+        m->be->upload_f32(m->be, glm_at(m->be, m->params, tb->offset), b, tb->numel);
+        free(w); free(u); free(v); free(sv); free(a); free(b);
+    }
+    keep_initial(m);
+    return 0;
+}
+
+int glm_pissa_init_file(const char *adapter_dir, char *path, size_t n, glm_err *err) {
+    char dir[4096];
+    glm_path_join(dir, sizeof dir, adapter_dir, GLM_PISSA_INIT_DIR);
+    if (glm_is_adapter_dir(dir) && glm_adapter_file(dir, path, n) == 0) return 0;
+    glm_fail(err, "%s is a PiSSA adapter (init_lora_weights \"pissa...\"): it was trained on the base less its first "
+                  "values, which %s should hold, and it is missing", adapter_dir, dir);
+    return glm_hint(err, "use its converted form, a plain LoRA of twice the rank (LLaMA-Factory's --pissa_convert writes "
+                         "pissa_converted/; peft: save_pretrained(..., path_initial_model_for_weight_conversion=...))");
+}
+
+int glm_pissa_residual(glm_model *m, const char *adapter_dir, glm_err *err) {
+    char path[4096];
+    if (glm_pissa_init_file(adapter_dir, path, sizeof path, err)) return -1;
+    glm_ckpt c;
+    if (glm_ckpt_open(&c, path, err)) return -1;
+    float scaling = glm_lora_scaling(&m->cfg.peft);
+    /* the first values, kept on the host for the folders this model writes */
+    free(m->pissa_init);
+    m->pissa_init = glm_calloc(m->tab.total ? m->tab.total : 1, sizeof(float));
+    int rc = 0;
+    char name[300];
+    for (int i = 0; i < m->tab.n && rc == 0; i++) {
+        const glm_tensor *ta = &m->tab.t[i];
+        if (!glm_is_lora_ab(ta->kind) || (ta->kind - T_QKV_LA) % 2) continue;
+        const glm_tensor *tb = &m->tab.t[i + 1];
+        float *a = m->pissa_init + ta->offset, *b = m->pissa_init + tb->offset;
+        snprintf(name, sizeof name, "%s%s", GLM_ADAPTER_PREFIX, ta->name);
+        rc = glm_ckpt_read_f32(&c, name, a, 2, ta->shape, err);
+        snprintf(name, sizeof name, "%s%s", GLM_ADAPTER_PREFIX, tb->name);
+        if (rc == 0) rc = glm_ckpt_read_f32(&c, name, b, 2, tb->shape, err);
+        if (rc) { glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", path, adapter_dir); break; }
+        void *wp;
+        const glm_tensor *tw = base_of(m, ta, &wp);
+        if (!tw) continue; /* a pipeline stage without that layer */
+        float *w = glm_malloc(tw->numel * sizeof(float));
+        glm_model_row_download(m, tw, w, wp);
+        cpu_sgemm(0, 0, (int)tw->shape[0], (int)tw->shape[1], (int)ta->shape[0], -scaling, b, (int)ta->shape[0], a,
+                  (int)tw->shape[1], 1.0f, w, (int)tw->shape[1]);
+        glm_model_row_upload(m, tw, wp, w);
+        free(w);
+    }
+    glm_ckpt_close(&c);
+    if (rc) { free(m->pissa_init); m->pissa_init = NULL; }
+    return rc;
+}

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""PiSSA (LLaMA-Factory's --pissa_init / --pissa_iter / --pissa_convert; peft's init_lora_weights
+"pissa_niter_N") through the command line, against torch:
+- the first A and B are the weights' principal singular triplets as torch.linalg.svd gives them
+  (on a base whose query_key_value weights have well-separated singular values, so the randomized
+  SVD of 16 iterations has converged), A0 = diag(sqrt(S/s)) Vh, B0 = U diag(sqrt(S/s)) up to each
+  triplet's sign, and at learning rate 0 the model evaluates as the base (W - s B0 A0 + s B0 A0);
+- the folders: the adapter with init_lora_weights pissa_niter_16 and its first values in
+  pissa_init/ (checkpoints too, sealed in checksums.json), and pissa_converted/, a plain LoRA of
+  rank 2r with [A; A0], [B, -B0] and alpha doubled;
+- after training, generate with the PiSSA folder, with the converted one, and the torch reference
+  of the converted adapter merged into the original base give the same tokens; merge of either
+  writes the same weights; resume is exact;
+- refused by name: a PiSSA folder without pissa_init/, serve of it, peft's olora/loftq starts,
+  the full SVD, PiSSA with freeze, DoRA, a quantized base, or an adapter to train on.
+Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from test_generate import GLM, PENALTY, debug_ids, make_tokenizer, torch_greedy  # noqa: E402
+
+fails = 0
+
+
+def check(name, cond, why=""):
+    global fails
+    print(("PASS %s" % name) if cond else ("FAIL %s: %s" % (name, why)))
+    fails += 0 if cond else 1
+    return cond
+
+
+def run(args, timeout=300):
+    return subprocess.run([GLM] + args, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+QKV = "transformer.layers.%d.attention.query_key_value"
+
+
+def main():
+    import torch
+    import glm_ref
+    from safetensors.torch import load_file
+    if not os.path.exists(GLM):
+        print("SKIP pissa_all: %s not built" % GLM)
+        return 0
+    if not shutil.which("spm_train"):
+        print("SKIP pissa_all: spm_train (Debian sentencepiece) not installed")
+        return 0
+    tmp = tempfile.mkdtemp(prefix="glm-pissa-")
+    try:
+        tok, ids, vocab = make_tokenizer(tmp)
+        cfg = glm_ref.load_config({"vocab_size": vocab, "hidden_size": 32, "num_layers": 2, "num_attention_heads": 4,
+                                   "inner_hidden_size": 64, "tie_word_embeddings": False,
+                                   "mask_token_id": ids["[MASK]"], "gmask_token_id": ids["[gMASK]"],
+                                   "bos_token_id": ids["<sop>"], "eos_token_id": ids["<eop>"], "pad_token_id": ids["<pad>"]})
+        params = glm_ref.init_params(cfg, seed=4, std=0.3)
+        g = torch.Generator().manual_seed(11)
+        for l in range(2):  # singular values 2 * 0.6^i: the randomized SVD converges in a few iterations
+            u, _ = torch.linalg.qr(torch.randn(96, 32, generator=g, dtype=torch.float64))
+            v, _ = torch.linalg.qr(torch.randn(32, 32, generator=g, dtype=torch.float64))
+            s = torch.tensor([2 * 0.6 ** i for i in range(32)], dtype=torch.float64)
+            params[QKV % l + ".weight"] = (u @ torch.diag(s) @ v.T).float()
+        glm_ref.save_model_dir(tok, cfg, params)
+        base = tok
+        data = os.path.join(tmp, "train.json")
+        json.dump([{"instruction": "写一句关于%s的诗" % w, "output": w * 3} for w in ["春", "风", "山", "水"] * 4],
+                  open(data, "w"), ensure_ascii=False)
+        r, alpha = 4, 8.0
+        scaling = alpha / r
+        common = ["--model_name_or_path", base, "--train_file", data, "--finetuning_type", "lora", "--lora_rank", str(r),
+                  "--lora_alpha", str(int(alpha)), "--lora_dropout", "0", "--per_device_train_batch_size", "4",
+                  "--logging_steps", "1", "--disable_tqdm", "--report_to", "none", "--max_source_length", "32",
+                  "--max_target_length", "16", "--device", "cpu", "--seed", "5"]
+
+        # 1. the start: the principal triplets, the base's function kept
+        out0 = os.path.join(tmp, "pissa_lr0")
+        p = run(["train", "--output_dir", out0, "--pissa_init", "--pissa_convert", "--max_steps", "1", "--learning_rate", "0",
+                 "--save_steps", "100", "--validation_file", data, "--do_eval"] + common)
+        ev_base = run(["train", "--output_dir", os.path.join(tmp, "ev_base"), "--do_train", "false", "--do_eval",
+                       "--validation_file", data] + common)  # a fresh LoRA (B = 0) computes the base
+        if check("pissa_train_runs", p.returncode == 0 and "PiSSA: the adapters start from" in p.stderr, p.stderr[-800:]):
+            init = load_file(os.path.join(out0, "pissa_init", "adapter_model.safetensors"))
+            worst_ba, worst_rows = 0.0, 0.0
+            for l in range(2):
+                w = params[QKV % l + ".weight"].double()
+                U, S, Vh = torch.linalg.svd(w, full_matrices=False)
+                a0 = init["base_model.model." + QKV % l + ".lora_A.weight"].double()
+                b0 = init["base_model.model." + QKV % l + ".lora_B.weight"].double()
+                ref_ba = U[:, :r] @ torch.diag(S[:r]) @ Vh[:r]
+                worst_ba = max(worst_ba, float((scaling * b0 @ a0 - ref_ba).abs().max() / ref_ba.abs().max()))
+                ref_a = torch.diag(torch.sqrt(S[:r] / scaling)) @ Vh[:r]
+                sign = torch.sign((a0 * ref_a).sum(1, keepdim=True))  # each triplet's sign is free
+                worst_rows = max(worst_rows, float((a0 - sign * ref_a).abs().max() / ref_a.abs().max()))
+            check("pissa_first_values_are_the_principal_triplets", worst_ba < 1e-4 and worst_rows < 1e-4,
+                  "s B0 A0 vs torch's rank-%d SVD: %.3g, A0 rows %.3g" % (r, worst_ba, worst_rows))
+            ad = load_file(os.path.join(out0, "adapter_model.safetensors"))
+            check("pissa_at_rate_0_saves_the_start", sorted(ad) == sorted(init) and all(torch.equal(ad[k], init[k]) for k in ad),
+                  str(sorted(ad)))
+            conf = json.load(open(os.path.join(out0, "adapter_config.json")))
+            conf0 = json.load(open(os.path.join(out0, "pissa_init", "adapter_config.json")))
+            check("pissa_adapter_configs", conf.get("init_lora_weights") == "pissa_niter_16" and conf.get("r") == r and
+                  conf0.get("init_lora_weights") is True and conf0.get("r") == r, "%s / %s" % (conf, conf0))
+            try:
+                e0 = json.load(open(os.path.join(out0, "eval_results.json")))["eval_loss"]
+                eb = json.load(open(os.path.join(ev_base.args[ev_base.args.index("--output_dir") + 1], "eval_results.json")))["eval_loss"]
+            except (OSError, ValueError, KeyError):
+                e0 = eb = None
+            check("pissa_start_evaluates_as_the_base", e0 is not None and abs(e0 - eb) <= 1e-5 * abs(eb),
+                  "%s vs base %s %s" % (e0, eb, ev_base.stderr[-300:]))
+            conv = load_file(os.path.join(out0, "pissa_converted", "adapter_model.safetensors"))
+            cconf = json.load(open(os.path.join(out0, "pissa_converted", "adapter_config.json")))
+            name = "base_model.model." + QKV % 0
+            ok = cconf.get("r") == 2 * r and cconf.get("lora_alpha") == 2 * alpha and cconf.get("init_lora_weights") is True
+            ok = ok and torch.equal(conv[name + ".lora_A.weight"], torch.cat([ad[name + ".lora_A.weight"], init[name + ".lora_A.weight"]]))
+            ok = ok and torch.equal(conv[name + ".lora_B.weight"], torch.cat([ad[name + ".lora_B.weight"], -init[name + ".lora_B.weight"]], 1))
+            check("pissa_converted_is_plain_lora_of_twice_the_rank", ok, str(cconf))
+
+        # 2. trained: the PiSSA folder, its converted form and the torch reference agree
+        out = os.path.join(tmp, "pissa_run")
+        p = run(["train", "--output_dir", out, "--pissa_init", "--pissa_convert", "--max_steps", "4", "--learning_rate", "1e-1",
+                 "--save_steps", "2"] + common)
+        if check("pissa_trains", p.returncode == 0, p.stderr[-600:]):
+            conv = load_file(os.path.join(out, "pissa_converted", "adapter_model.safetensors"))
+            ref = {k: v.clone() for k, v in params.items()}
+            for l in range(2):
+                n = QKV % l
+                a, b = conv["base_model.model." + n + ".lora_A.weight"], conv["base_model.model." + n + ".lora_B.weight"]
+                ref[n + ".weight"] = ref[n + ".weight"] + ((2 * alpha) / (2 * r)) * (b.double() @ a.double()).float()
+            prompt = "写一首关于春天的诗"
+
+            def greedy(extra):
+                q = run(["generate", "--model_name_or_path", base, "--prompt", prompt, "--do_sample", "false", "--device", "cpu",
+                         "--repetition_penalty", str(PENALTY), "--max_new_tokens", "12", "--debug"] + extra)
+                return q, debug_ids(q.stderr, "prompt").get(0), debug_ids(q.stderr, "response").get(0)
+            q1, pin, raw = greedy(["--adapter", out])
+            q2, _, cv = greedy(["--adapter", os.path.join(out, "pissa_converted")])
+            _, _, plain = greedy([])
+            want, gap = torch_greedy(cfg, ref, pin, 12) if pin else (None, 0)
+            check("pissa_folder_generates_as_its_converted_form_and_the_reference",
+                  raw is not None and raw == cv == want and gap > 1e-4 and raw != plain,
+                  "pissa %s, converted %s, torch %s (gap %.2g), base %s %s" % (raw, cv, want, gap, plain, (q1.stderr + q2.stderr)[-300:]))
+            m1, m2 = os.path.join(tmp, "merged_pissa"), os.path.join(tmp, "merged_conv")
+            p1 = run(["merge", "--model_name_or_path", base, "--adapter", out, "--output_dir", m1, "--dtype", "float32"])
+            p2 = run(["merge", "--model_name_or_path", base, "--adapter", os.path.join(out, "pissa_converted"), "--output_dir", m2,
+                      "--dtype", "float32"])
+            worst = 1.0
+            if p1.returncode == 0 and p2.returncode == 0:
+                g1, g2 = load_file(os.path.join(m1, "model.safetensors")), load_file(os.path.join(m2, "model.safetensors"))
+                worst = max(float((g1[k] - ref[k]).abs().max() / ref[k].abs().max()) for k in ref)
+                worst = max(worst, max(float((g1[k] - g2[k]).abs().max() / g2[k].abs().max()) for k in g2))
+            check("pissa_merge_equals_converted_merge_and_reference", worst < 1e-5, "%.3g %s" % (worst, (p1.stderr + p2.stderr)[-300:]))
+            man = json.load(open(os.path.join(out, "checkpoint-2", "checksums.json")))["files"]
+            check("pissa_checkpoint_seals_its_first_values", "pissa_init/adapter_model.safetensors" in man and
+                  "pissa_init/adapter_config.json" in man, str(sorted(man)))
+
+            # resume: the checkpoint's start, not a new one
+            def losses(d):
+                st = json.load(open(os.path.join(d, "checkpoint-4", "trainer_state.json")))
+                return [h["loss"] for h in st["log_history"] if "loss" in h]
+            before = losses(out)
+            rs = run(["train", "--output_dir", out, "--pissa_init", "--max_steps", "4", "--learning_rate", "1e-1",
+                      "--save_steps", "2", "--resume_from_checkpoint", os.path.join(out, "checkpoint-2")] + common)
+            check("pissa_resume_is_exact", rs.returncode == 0 and losses(out) == before and len(before) == 4,
+                  "%s vs %s %s" % (losses(out) if rs.returncode == 0 else None, before, rs.stderr[-300:]))
+            rb = run(["train", "--output_dir", out, "--max_steps", "4", "--learning_rate", "1e-1", "--save_steps", "2",
+                      "--resume_from_checkpoint", os.path.join(out, "checkpoint-2")] + common)
+            check("resume_pissa_checkpoint_as_plain_lora_refused", rb.returncode != 0 and "PiSSA adapter" in rb.stderr and
+                  "a LoRA adapter" in rb.stderr, rb.stderr[-300:])
+            f = os.path.join(out, "checkpoint-2", "pissa_init", "adapter_model.safetensors")
+            data_bytes = bytearray(open(f, "rb").read())
+            data_bytes[-5] ^= 0xFF
+            open(f, "wb").write(bytes(data_bytes))
+            rd = run(["train", "--output_dir", out, "--pissa_init", "--max_steps", "4", "--learning_rate", "1e-1",
+                      "--save_steps", "2", "--resume_from_checkpoint", os.path.join(out, "checkpoint-2")] + common)
+            check("pissa_damaged_first_values_refused", rd.returncode != 0 and "pissa_init/adapter_model.safetensors" in rd.stderr,
+                  rd.stderr[-300:])
+
+            # a PiSSA folder without its first values, and serve
+            bare = os.path.join(tmp, "pissa_bare")
+            shutil.copytree(out, bare, ignore=shutil.ignore_patterns("pissa_init", "checkpoint-*", "pissa_converted"))
+            q, _, _ = greedy(["--adapter", bare])
+            check("pissa_folder_without_first_values_refused", q.returncode != 0 and "pissa_init" in q.stderr and
+                  "pissa_converted" in q.stderr, q.stderr[-300:])
+            q = subprocess.run([GLM, "serve", "--model_name_or_path", base, "--adapter", "x=" + out, "--port", "0", "--device", "cpu"],
+                               capture_output=True, text=True, timeout=120)
+            check("serve_pissa_adapter_refused", q.returncode != 0 and "PiSSA" in q.stderr and "pissa_converted" in q.stderr,
+                  q.stderr[-300:])
+            for start in ("olora", "loftq", "something"):
+                d = os.path.join(tmp, "adapter_" + start)
+                shutil.copytree(os.path.join(out, "pissa_converted"), d)
+                c = json.load(open(os.path.join(d, "adapter_config.json")))
+                c["init_lora_weights"] = start
+                json.dump(c, open(os.path.join(d, "adapter_config.json"), "w"))
+                q, _, _ = greedy(["--adapter", d])
+                check("adapter_init_%s_refused" % start, q.returncode != 0 and "init_lora_weights" in q.stderr and
+                      start in q.stderr and "path_initial_model_for_weight_conversion" in q.stderr, q.stderr[-300:])
+
+        # 3. what PiSSA does not start on
+        lora = os.path.join(tmp, "pissa_run")
+        for name, flags, msgs in (
+                ("full_svd", ["--pissa_init", "--pissa_iter", "-1"], ["--pissa_iter -1", "full SVD"]),
+                ("freeze", ["--pissa_init", "--finetuning_type", "freeze"], ["pissa_init", "some layers"]),
+                ("convert_alone", ["--pissa_convert"], ["--pissa_convert", "--pissa_init"]),
+                ("dora", ["--pissa_init", "--use_dora"], ["--use_dora"]),
+                ("quantized", ["--pissa_init", "--quantization_bit", "8"], ["quantized base"]),
+                ("on_an_adapter", ["--pissa_init", "--adapter_name_or_path", lora], ["--pissa_init starts a new adapter"])):
+            q = run(["train", "--output_dir", os.path.join(tmp, "bad_" + name), "--max_steps", "1"] + common + flags)
+            check("pissa_%s_refused" % name, q.returncode != 0 and all(m in q.stderr for m in msgs) and "hint:" in q.stderr,
+                  q.stderr[-300:])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
