@@ -3,7 +3,8 @@
 # CSV training data (checkpoints of the model alone), the model named as on the Hub from a Hugging Face cache laid out as
 # huggingface_hub writes it, LoRA in bf16 with --eval_on_start (examples cut by --cutoff_len, with a --default_system), then generate with the adapter;
 # DoRA on all four modules, generate with it and with its merged model; LoRA with the final norm
-# whole beside it (--additional_target), the same; freeze with LLaMA-Factory's module flags.
+# whole beside it (--additional_target), the same; freeze with LLaMA-Factory's module flags; PiSSA
+# and its converted form; a list of adapters and a new adapter on merged ones.
 # Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0), build/lib, build/shared.
 # usage: bash bench/gpu_cli_smoke.sh [BUILD_DIR]
 set -u
@@ -86,4 +87,36 @@ rc=$?
 awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
     grep -q "freeze: layer 0 (mlp) and word_embeddings train" "$W/log"
 ok $((rc + $?)) "freeze_first_layer_mlp_and_embedding_bf16_loss_falls"
+# PiSSA in bf16 (its SVD on the host, the residual written back into the GPU's bf16 base): the
+# loss falls; the folder (with pissa_init/) generates as its merged model and as its converted form
+"$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --finetuning_type lora \
+    --pissa_init --pissa_convert --lora_dropout 0 --learning_rate 2e-3 --output_dir "$W/pissa" --max_steps 12 --bf16 \
+    --per_device_train_batch_size 8 --logging_steps 4 --save_steps 12 --disable_tqdm >"$W/log" 2>&1
+rc=$?
+awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
+    grep -q "PiSSA: the adapters start from" "$W/log" && [ -f "$W/pissa/pissa_converted/adapter_model.safetensors" ]
+ok $((rc + $?)) "pissa_bf16_loss_falls"
+generate_equals_merged pissa
+"$B/glmtrain" generate --model_name_or_path "$W/base" --tokenizer_name "$TOK" --adapter "$W/pissa/pissa_converted" \
+    --prompt "写一句诗" --dtype float32 --max_new_tokens 8 >"$W/out_conv" 2>"$W/log"
+rc=$?
+cmp -s "$W/out_pissa" "$W/out_conv"
+ok $((rc + $?)) "pissa_generate_equals_converted"
+# LLaMA-Factory's adapter list: the DoRA adapter merged into the base as it loads, the LoRA one
+# beside it, equals the LoRA one on the merged DoRA folder (fp32); a new adapter on top trains
+"$B/glmtrain" generate --model_name_or_path "$W/base" --tokenizer_name "$TOK" --adapter_name_or_path "$W/dora,$W/lora" \
+    --prompt "写一句诗" --dtype float32 --max_new_tokens 8 >"$W/out_list" 2>"$W/log" &&
+    "$B/glmtrain" generate --model_name_or_path "$W/merged_dora" --tokenizer_name "$TOK" --adapter "$W/lora" \
+        --prompt "写一句诗" --dtype float32 --max_new_tokens 8 >"$W/out_list_ref" 2>>"$W/log"
+rc=$?
+cat "$W/out_list" "$W/out_list_ref"
+cmp -s "$W/out_list" "$W/out_list_ref"
+ok $((rc + $?)) "adapter_list_generate_equals_merged_folder"
+"$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" \
+    --adapter_name_or_path "$W/dora" --create_new_adapter --finetuning_type lora --learning_rate 2e-3 --output_dir "$W/new" \
+    --max_steps 12 --bf16 --per_device_train_batch_size 8 --logging_steps 4 --save_steps 12 --disable_tqdm >"$W/log" 2>&1
+rc=$?
+awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
+    grep -q "merged into the base as it loads" "$W/log"
+ok $((rc + $?)) "create_new_adapter_bf16_loss_falls"
 rm -rf "$W"
