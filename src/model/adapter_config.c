@@ -171,6 +171,12 @@ static int unsupported_key(const cJSON *o, const char *path, glm_err *err) {
         {"layers_to_transform", "the adapter covers some layers only; glmtrain's LoRA adapts every layer"},
         {"rank_pattern", "ranks that differ by module; glmtrain uses one r"},
         {"alpha_pattern", "alphas that differ by module; glmtrain uses one lora_alpha"},
+        /* keys that change what peft computes, which a plain reading would silently drop */
+        {"fan_in_fan_out", "the adapter's weights are laid out [in, out] (peft's setting for GPT-2's Conv1D); ChatGLM's "
+                           "modules are nn.Linear, [out, in]"},
+        {"layer_replication", "the adapter was trained on a model whose layers were replicated into a deeper stack"},
+        {"trainable_token_indices", "the adapter trains some rows of the embedding as well"},
+        {"target_parameters", "the adapter adapts parameters directly rather than linear modules"},
     };
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[i].key);

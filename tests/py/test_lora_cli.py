@@ -195,6 +195,9 @@ def main():
                 ("layers_to_transform", {"layers_to_transform": [1]}, None, "layers_to_transform"),
                 ("rank_pattern", {"rank_pattern": {"layers.0.attention.query_key_value": 4}}, None, "rank_pattern"),
                 ("alpha_pattern", {"alpha_pattern": {"query_key_value": 32}}, None, "alpha_pattern"),
+                ("fan_in_fan_out", {"fan_in_fan_out": True}, None, "fan_in_fan_out"),
+                ("layer_replication", {"layer_replication": [[0, 2], [1, 2]]}, None, "layer_replication"),
+                ("trainable_token_indices", {"trainable_token_indices": [5, 6]}, None, "trainable_token_indices"),
                 ("one_layer_target", {"target_modules": ["layers.0.attention.query_key_value"]}, None, "one layer"),
                 ("targets_differ", {"target_modules": ["query_key_value", "dense"]}, None, "tensors adapt query_key_value")]:
             p, _, _ = variant(name, edit, extra)
