@@ -291,6 +291,13 @@ struct glm_backend {
     /* dst[n] (float, device) = src[n] (S, device): e.g. the fp32 AdamW master copy made on the
      * device instead of through a host round trip (27 GB each way for ChatGLM-6B). */
     void (*to_f32)(glm_backend *be, float *dst, const void *src, size_t n);
+    /* dst[n] (S, device) = src[n] (float, device), rounded to nearest even as upload_f32 rounds */
+    void (*from_f32)(glm_backend *be, void *dst, const float *src, size_t n);
+    /* C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C on float buffers of the backend, row-major
+     * as cpu_sgemm: the few float products outside the model's dtype (PiSSA's randomized SVD of a
+     * weight where it lives) */
+    void (*sgemm)(glm_backend *be, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc);
 
     /* ---- host staging for an offloaded optimizer (optional: NULL where the backend's memory is
      * host memory; callers then copy with memcpy) ---- */

@@ -83,7 +83,22 @@ static void sym_eigen(double *a, double *v, double *ev, int q) {
     }
 }
 
-void glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
+/* y = W x (x [C, q], y [OC, q]) or, trans, W^T x (x [OC, q], y [C, q]), with x and y on the host:
+ * on the host, or where W lives as floats (be: its float product, the skinny x and y copied). */
+typedef struct w_prod {
+    glm_backend *be; /* NULL: w is on the host */
+    const float *w;  /* [OC, C] */
+    float *dx, *dy;  /* be's buffers of max(OC, C) x q floats */
+} w_prod;
+static void w_times(w_prod *p, int trans, const float *x, float *y, int OC, int C, int q) {
+    int rows = trans ? C : OC, inner = trans ? OC : C;
+    if (!p->be) { cpu_sgemm(trans, 0, rows, q, inner, 1.0f, p->w, C, x, q, 0.0f, y, q); return; }
+    p->be->upload(p->be, p->dx, x, (size_t)inner * q * sizeof(float));
+    p->be->sgemm(p->be, trans, 0, rows, q, inner, 1.0f, p->w, C, p->dx, q, 0.0f, p->dy, q);
+    p->be->download(p->be, y, p->dy, (size_t)rows * q * sizeof(float));
+}
+
+static void svd_lowrank(w_prod *p, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
     /* torch.svd_lowrank for a weight wider in rank than q: a basis Q [C, q] of W's row space from
      * W^T R (R [OC, q] normal), refined by niter rounds of Q' = orth(W Q), Q = orth(W^T Q'); then
      * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). */
@@ -91,15 +106,15 @@ void glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t s
     glm_rng rng;
     glm_rng_seed(&rng, seed);
     for (size_t i = 0; i < (size_t)OC * q; i++) r[i] = glm_rng_normal(&rng);
-    cpu_sgemm(1, 0, C, q, OC, 1.0f, w, C, r, q, 0.0f, qc, q); /* W^T R */
+    w_times(p, 1, r, qc, OC, C, q); /* W^T R */
     orthonormalize(qc, C, q);
     for (int it = 0; it < niter; it++) {
-        cpu_sgemm(0, 0, OC, q, C, 1.0f, w, C, qc, q, 0.0f, r, q); /* W Q */
+        w_times(p, 0, qc, r, OC, C, q); /* W Q */
         orthonormalize(r, OC, q);
-        cpu_sgemm(1, 0, C, q, OC, 1.0f, w, C, r, q, 0.0f, qc, q); /* W^T Q' */
+        w_times(p, 1, r, qc, OC, C, q); /* W^T Q' */
         orthonormalize(qc, C, q);
     }
-    cpu_sgemm(0, 0, OC, q, C, 1.0f, w, C, qc, q, 0.0f, r, q); /* B = W Q [OC, q] */
+    w_times(p, 0, qc, r, OC, C, q); /* B = W Q [OC, q] */
     double *g = glm_calloc((size_t)q * q, sizeof(double)), *ev = glm_malloc((size_t)q * q * sizeof(double)),
            *e = glm_malloc((size_t)q * sizeof(double));
     for (int i = 0; i < OC; i++) /* B^T B */
@@ -126,6 +141,11 @@ void glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t s
     free(qc);
 }
 
+void glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
+    w_prod p = {.w = w};
+    svd_lowrank(&p, OC, C, q, niter, seed, u, s, v);
+}
+
 /* The initial rows kept on the host (the adapter folders carry them: pissa_init/). */
 static void keep_initial(glm_model *m) {
     free(m->pissa_init);
@@ -148,21 +168,47 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
         if (r > OC || r > C)
             return glm_fail(err, "--pissa_init: rank %d is above the rank of %s [%d, %d]", r, tw->name, OC, C),
                    glm_hint(err, "lower --lora_rank");
-        float *w = glm_malloc((size_t)OC * C * sizeof(float)), *u = glm_malloc((size_t)OC * r * sizeof(float)),
-              *v = glm_malloc((size_t)C * r * sizeof(float)), *sv = glm_malloc((size_t)r * sizeof(float));
-        float *a = glm_malloc((size_t)r * C * sizeof(float)), *b = glm_malloc((size_t)OC * r * sizeof(float));
-        glm_model_row_download(m, tw, w, wp);
+        float *u = glm_malloc((size_t)OC * r * sizeof(float)), *v = glm_malloc((size_t)C * r * sizeof(float)),
+              *sv = glm_malloc((size_t)r * sizeof(float));
+        float *a = glm_malloc((size_t)r * C * sizeof(float)), *b = glm_malloc((size_t)OC * r * sizeof(float)), *w = NULL;
+        /* the products where the weight lives, as torch runs svd_lowrank on the weight's device:
+         * a GPU's float copy of it (a quantized row is refused before), else the host's */
+        glm_backend *be = m->be;
+        int dev = be->sgemm && be->to_f32 && be->from_f32 && !tw->qtype;
+        w_prod prod = {0};
+        if (dev) {
+            size_t wide = (size_t)(OC > C ? OC : C) * r * sizeof(float);
+            prod = (w_prod){.be = be, .w = be->alloc(be, tw->numel * sizeof(float)), .dx = be->alloc(be, wide),
+                            .dy = be->alloc(be, wide)};
+            be->to_f32(be, (float *)prod.w, wp, tw->numel);
+        } else {
+            w = glm_malloc((size_t)OC * C * sizeof(float));
+            glm_model_row_download(m, tw, w, wp);
+            prod.w = w;
+        }
         /* one stream per (layer, module), as the LoRA rows draw theirs: every rank and stage agrees */
-        glm_svd_lowrank(w, OC, C, r, p->pissa_niter, seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * T_NKINDS + ta->kind),
-                        u, sv, v);
+        svd_lowrank(&prod, OC, C, r, p->pissa_niter, seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * T_NKINDS + ta->kind),
+                    u, sv, v);
         /* peft's: A = diag(sqrt(S / scaling)) V^T, B = U diag(sqrt(S / scaling)), W -= scaling B A */
         for (int j = 0; j < r; j++) {
             float f = sqrtf(sv[j] / scaling);
             for (int k = 0; k < C; k++) a[(size_t)j * C + k] = f * v[(size_t)k * r + j];
             for (int k = 0; k < OC; k++) b[(size_t)k * r + j] = u[(size_t)k * r + j] * f;
         }
-        cpu_sgemm(0, 0, OC, C, r, -scaling, b, r, a, C, 1.0f, w, C);
-        glm_model_row_upload(m, tw, wp, w);
+        if (dev) { /* the residual in float where W is, then rounded into the row */
+            float *da = prod.dx, *db = prod.dy; /* [r, C] and [OC, r] fit the skinny buffers */
+            be->upload(be, da, a, (size_t)r * C * sizeof(float));
+            be->upload(be, db, b, (size_t)OC * r * sizeof(float));
+            be->sgemm(be, 0, 0, OC, C, r, -scaling, db, r, da, C, 1.0f, (float *)prod.w, C);
+            be->from_f32(be, wp, prod.w, tw->numel);
+            be->sync(be);
+            be->free(be, (void *)prod.w);
+            be->free(be, prod.dx);
+            be->free(be, prod.dy);
+        } else {
+            cpu_sgemm(0, 0, OC, C, r, -scaling, b, r, a, C, 1.0f, w, C);
+            glm_model_row_upload(m, tw, wp, w);
+        }
         m->be->upload_f32(m->be, glm_at(m->be, m->params, ta->offset), a, ta->numel);
         m->be->upload_f32(m->be, glm_at(m->be, m->params, tb->offset), b, tb->numel);
         free(w); free(u); free(v); free(sv); free(a); free(b);

@@ -10,6 +10,7 @@
 #include "oracle.h"
 #include "model/glm.h"
 #include "model/peft.h"
+#include "model/pissa.h"
 #include "optim/adamw.h"
 
 /* ---------------------------------------------------------------- oracle */
@@ -309,6 +310,18 @@ static void lora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t see
                0.05f);
 }
 
+/* PiSSA's start (model/pissa.h) on every module: the randomized SVD runs on the GPU's float
+ * product there and on the host's for the CPU; the start, the residual base, then the loss and
+ * gradients must agree as any LoRA model's. */
+static void pissa_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    peft_model(m, be, dt, seed,
+               (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f,
+                          .lora_targets = GLM_LORA_ALL, .pissa = 1, .pissa_niter = 4},
+               0.05f);
+    glm_err err;
+    GLM_ASSERT(glm_pissa_init(m, seed, &err) == 0);
+}
+
 /* The same with NEFTune's noise on the embeddings (alpha 5): the same draws on both backends. */
 static void lora_neftune_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     lora_model(m, be, dt, seed);
@@ -529,6 +542,8 @@ int main(void) {
     test_training(&tc, h16);
     check_peft(&tc, "lora", lora_model, 31, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "lora", lora_model, 31, 2 * 4 * 2, h16);
+    check_peft(&tc, "pissa", pissa_model, 37, 2 * 4 * 2, GLM_F32);
+    check_peft(&tc, "pissa", pissa_model, 37, 2 * 4 * 2, h16);
     test_lora_training(&tc, h16);
     check_peft(&tc, "lora_neftune", lora_neftune_model, 33, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "lora_neftune", lora_neftune_model, 33, 2 * 4 * 2, h16);

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include "backend/cpu/cpu_adam8.h"
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -581,12 +582,45 @@ static void t_elementwise(ctx *c, size_t n) {
     got = down_s(be, dout, n);
     check_close(c->tc, NAME("noise_add_%s_%zu", c->tag, n), got, ref, n, tol(c, 0, 1e-2, 2e-3));
     free(got);
+    /* sgemm (float products on the backend's buffers) against cpu_sgemm, both transposes */
+    if (be->sgemm && c->dt == GLM_F32 && n == 1001) {
+        int M = 300, K = 70, N = 8;
+        float *a = rnd(&c->rng, GLM_F32, (size_t)M * K, 1.0f), *b = rnd(&c->rng, GLM_F32, (size_t)K * N, 1.0f);
+        for (int ta = 0; ta < 2; ta++) {
+            float *want = rnd(&c->rng, GLM_F32, (size_t)M * N, 1.0f);
+            float *da = be->alloc(be, (size_t)M * K * sizeof(float)), *db = be->alloc(be, (size_t)K * N * sizeof(float)),
+                  *dc = be->alloc(be, (size_t)M * N * sizeof(float));
+            be->upload(be, da, a, (size_t)M * K * sizeof(float));
+            be->upload(be, db, b, (size_t)K * N * sizeof(float));
+            be->upload(be, dc, want, (size_t)M * N * sizeof(float));
+            /* op(A) [M, K]: A stored [M, K], or [K, M] read transposed */
+            cpu_sgemm(ta, 0, M, N, K, 0.5f, a, ta ? M : K, b, N, -1.0f, want, N);
+            be->sgemm(be, ta, 0, M, N, K, 0.5f, da, ta ? M : K, db, N, -1.0f, dc, N);
+            got = down_f(be, dc, (size_t)M * N);
+            check_close(c->tc, NAME("sgemm_%s_%dx%dx%d", ta ? "tn" : "nn", M, N, K), got, want, (size_t)M * N, 1e-5);
+            free(got); free(want);
+            be->free(be, da); be->free(be, db); be->free(be, dc);
+        }
+        free(a); free(b);
+    }
     /* to_f32 (optional op) */
     float *dev32 = be->alloc(be, n * sizeof(float));
     be->to_f32(be, dev32, dx, n);
     got = down_f(be, dev32, n);
     check_close(c->tc, NAME("to_f32_%s_%zu", c->tag, n), got, x, n, 0);
     free(got);
+    /* from_f32 (optional op): floats off the grid of S round to it as upload_f32 rounds them */
+    if (be->from_f32) {
+        float *off = rnd(&c->rng, GLM_F32, n, 1.0f);
+        void *d16 = be->alloc(be, n * glm_dtype_size(be->dtype)), *u16 = be->alloc(be, n * glm_dtype_size(be->dtype));
+        be->upload(be, dev32, off, n * sizeof(float));
+        be->from_f32(be, d16, dev32, n);
+        be->upload_f32(be, u16, off, n);
+        float *g1 = down_s(be, d16, n), *g2 = down_s(be, u16, n);
+        check_close(c->tc, NAME("from_f32_%s_%zu", c->tag, n), g1, g2, n, 0);
+        free(g1); free(g2); free(off);
+        be->free(be, d16); be->free(be, u16);
+    }
     be->free(be, dev32); be->free(be, dx); be->free(be, dy); be->free(be, dout);
     free(x); free(y); free(ref);
 }

@@ -141,6 +141,12 @@ static void adamw8(glm_backend *be, void *param, float *master, const void *grad
     cpu_adamw8(param, master, grad, qm, qv, absm, absv, n, bits, flat0, lr, b1, b2, eps, wd, bc1, bc2, gs);
 }
 
+static void sgemm(glm_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc) {
+    (void)be;
+    cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 glm_backend *glm_backend_cpu(void) {
     glm_backend *be = glm_calloc(1, sizeof *be);
     *be = (glm_backend){
@@ -156,6 +162,7 @@ glm_backend *glm_backend_cpu(void) {
         .dora_norm = d_norm, .dora_scale = d_scale, .dora_bwd = d_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,
         .rmsnorm_fwd = rms_fwd, .rmsnorm_bwd = rms_bwd, .swiglu_fwd = sw_fwd, .swiglu_bwd = sw_bwd, .rope_pairs = rope2,
+        .sgemm = sgemm,
         .destroy = cpu_destroy,
     };
     return be;

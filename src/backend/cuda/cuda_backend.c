@@ -107,6 +107,11 @@ static void cu_to_f32(glm_backend *be, float *dst, const void *src, size_t n) {
     glm_cuda_op_done(be, "to_f32");
 }
 
+static void cu_from_f32(glm_backend *be, void *dst, const float *src, size_t n) {
+    glmk_convert(dst, be->dtype, src, GLM_F32, n, IM(be)->st);
+    glm_cuda_op_done(be, "from_f32");
+}
+
 /* ---------------------------------------------------------------- other ops */
 
 static void cu_emb_fwd(glm_backend *be, void *out, const int32_t *ids, const void *wte, int N, int H) {
@@ -571,7 +576,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .adamw = cu_adamw, .adamw8 = cu_adamw8,
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,
         .dequantize = cu_dequantize, .qmatmul_fwd = cu_qmatmul_fwd,
-        .destroy = cu_destroy, .to_f32 = cu_to_f32,
+        .destroy = cu_destroy, .to_f32 = cu_to_f32, .from_f32 = cu_from_f32,
         .host_alloc = cu_host_alloc, .host_free = cu_host_free, .copy_async = cu_copy_async, .copy_wait = cu_copy_wait,
         .compute_wait = cu_compute_wait,
     };

@@ -352,7 +352,19 @@ void glm_cuda_gemm_to_f32(glm_backend *be, int ta, int tb, int m, int n, int k, 
                               lda, B, t, ldb, &zero, D, CUDA_R_32F, ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C in float32 (cpu_sgemm's convention): cuBLAS's
+ * column-major C^T = op(B)^T op(A)^T, so the operands swap. */
+static void cu_sgemm(glm_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc) {
+    cuda_impl *im = IM(be);
+    CUBLAS_CHECK(cublasGemmEx(im->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+                              CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    glm_cuda_op_done(be, "sgemm");
+}
+
 void glm_cuda_gemm_bind(glm_backend *be) {
+    be->sgemm = cu_sgemm;
     be->matmul_fwd = cu_mm_fwd;
     be->matmul_fwd_add = cu_mm_fwd_add;
     be->matmul_fwd_gelu = cu_mm_fwd_gelu;
