@@ -102,6 +102,15 @@ generate_equals_merged pissa
 rc=$?
 cmp -s "$W/out_pissa" "$W/out_conv"
 ok $((rc + $?)) "pissa_generate_equals_converted"
+# QPiSSA: PiSSA on an INT4 base (the SVD of the float weights, the residual quantized): the loss falls
+"$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --finetuning_type lora \
+    --pissa_init --quantization_bit 4 --lora_target all --learning_rate 2e-3 --output_dir "$W/qpissa" --max_steps 12 --bf16 \
+    --per_device_train_batch_size 8 --logging_steps 4 --save_steps 12 --disable_tqdm >"$W/log" 2>&1
+rc=$?
+awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
+    "$B/glmtrain" generate --model_name_or_path "$W/base" --tokenizer_name "$TOK" --adapter "$W/qpissa" --quantization_bit 4 \
+        --prompt "写一句诗" --max_new_tokens 8 >"$W/out_q" 2>>"$W/log"
+ok $((rc + $?)) "qpissa_int4_loss_falls_and_generates"
 # LLaMA-Factory's adapter list: the DoRA adapter merged into the base as it loads, the LoRA one
 # beside it, equals the LoRA one on the merged DoRA folder (fp32); a new adapter on top trains
 "$B/glmtrain" generate --model_name_or_path "$W/base" --tokenizer_name "$TOK" --adapter_name_or_path "$W/dora,$W/lora" \

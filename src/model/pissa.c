@@ -20,6 +20,39 @@ static const glm_tensor *base_of(const glm_model *m, const glm_tensor *lora, voi
     return NULL;
 }
 
+/* Where a weight's float values come from. A row kept as floats: the row itself. A quantized
+ * row: the base's files again (m->origin, with the adapters m->merged merges), since PiSSA
+ * splits the float weight and the residual is what gets quantized (QPiSSA); the row's
+ * dequantized values would split the quantization's error too. */
+typedef struct float_src {
+    glm_ckpt file;
+    glm_merge *merge;
+    int open;
+} float_src;
+
+static int float_weight(glm_model *m, float_src *fs, const glm_tensor *tw, void *wp, float *w, glm_err *err) {
+    if (!tw->qtype) { glm_model_row_download(m, tw, w, wp); return 0; }
+    if (!fs->open) {
+        if (!m->origin[0] || glm_ckpt_open(&fs->file, m->origin, err))
+            return glm_fail(err, "PiSSA on a quantized base needs the base's float weights, and %s has none to read",
+                            m->origin[0] ? m->origin : "this model"),
+                   glm_hint(err, "give the float16/bfloat16 model as --model_name_or_path with --quantization_bit");
+        fs->open = 1;
+        if (m->merged[0] && glm_merge_open(&fs->merge, &m->cfg, m->merged, err)) return -1;
+    }
+    if (glm_ckpt_quantized_type(&fs->file, tw->name, tw->shape[0], tw->shape[1]) != GLM_Q_NONE)
+        return glm_fail(err, "PiSSA on %s: its weight %s is stored quantized, so its float values are gone", m->origin,
+                        tw->name),
+               glm_hint(err, "start PiSSA from the float model (--model_name_or_path FLOAT --quantization_bit N)");
+    if (glm_ckpt_read_values(&fs->file, tw->name, tw, w, err)) return -1;
+    return glm_merge_apply(fs->merge, tw->name, tw, w, err);
+}
+
+static void float_src_close(float_src *fs) {
+    if (fs->open) glm_ckpt_close(&fs->file);
+    glm_merge_close(fs->merge);
+}
+
 /* Orthonormal columns of x [n, q] in place (modified Gram-Schmidt, twice over for accuracy, in
  * double: torch's QR gives the same span; the signs do not matter to what follows). A column
  * the others span becomes zero. */
@@ -155,36 +188,42 @@ static void keep_initial(glm_model *m) {
 
 int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
     const glm_peft *p = &m->cfg.peft;
-    int r = p->lora_rank;
+    int r = p->lora_rank, rc = 0;
     float scaling = glm_lora_scaling(p);
-    for (int i = 0; i < m->tab.n; i++) {
+    float_src fs = {0};
+    for (int i = 0; i < m->tab.n && rc == 0; i++) {
         const glm_tensor *ta = &m->tab.t[i];
         if (!glm_is_lora_ab(ta->kind) || (ta->kind - T_QKV_LA) % 2) continue; /* each A with its B after it */
         const glm_tensor *tb = &m->tab.t[i + 1];
         void *wp;
         const glm_tensor *tw = base_of(m, ta, &wp);
-        if (!tw) return glm_fail(err, "PiSSA: no base weight for %s", ta->name);
+        if (!tw) { rc = glm_fail(err, "PiSSA: no base weight for %s", ta->name); break; }
         int OC = (int)tw->shape[0], C = (int)tw->shape[1];
-        if (r > OC || r > C)
-            return glm_fail(err, "--pissa_init: rank %d is above the rank of %s [%d, %d]", r, tw->name, OC, C),
-                   glm_hint(err, "lower --lora_rank");
+        if (r > OC || r > C) {
+            rc = glm_fail(err, "--pissa_init: rank %d is above the rank of %s [%d, %d]", r, tw->name, OC, C);
+            glm_hint(err, "lower --lora_rank");
+            break;
+        }
         float *u = glm_malloc((size_t)OC * r * sizeof(float)), *v = glm_malloc((size_t)C * r * sizeof(float)),
               *sv = glm_malloc((size_t)r * sizeof(float));
         float *a = glm_malloc((size_t)r * C * sizeof(float)), *b = glm_malloc((size_t)OC * r * sizeof(float)), *w = NULL;
         /* the products where the weight lives, as torch runs svd_lowrank on the weight's device:
          * a GPU's float copy of it (a quantized row is refused before), else the host's */
         glm_backend *be = m->be;
-        int dev = be->sgemm && be->to_f32 && be->from_f32 && !tw->qtype;
-        w_prod prod = {0};
+        int dev = be->sgemm && be->to_f32 && be->from_f32; /* else the host's products */
+        int on_dev = dev && !tw->qtype;                       /* the residual made on the device too */
+        w_prod prod = {.w = NULL};
+        if (!on_dev) {
+            w = glm_malloc((size_t)OC * C * sizeof(float));
+            if (float_weight(m, &fs, tw, wp, w, err)) { rc = -1; free(u); free(v); free(sv); free(a); free(b); free(w); break; }
+            prod.w = w;
+        }
         if (dev) {
             size_t wide = (size_t)(OC > C ? OC : C) * r * sizeof(float);
             prod = (w_prod){.be = be, .w = be->alloc(be, tw->numel * sizeof(float)), .dx = be->alloc(be, wide),
                             .dy = be->alloc(be, wide)};
-            be->to_f32(be, (float *)prod.w, wp, tw->numel);
-        } else {
-            w = glm_malloc((size_t)OC * C * sizeof(float));
-            glm_model_row_download(m, tw, w, wp);
-            prod.w = w;
+            if (on_dev) be->to_f32(be, (float *)prod.w, wp, tw->numel);
+            else be->upload(be, (float *)prod.w, w, tw->numel * sizeof(float));
         }
         /* one stream per (layer, module), as the LoRA rows draw theirs: every rank and stage agrees */
         svd_lowrank(&prod, OC, C, r, p->pissa_niter, seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * T_NKINDS + ta->kind),
@@ -195,26 +234,29 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
             for (int k = 0; k < C; k++) a[(size_t)j * C + k] = f * v[(size_t)k * r + j];
             for (int k = 0; k < OC; k++) b[(size_t)k * r + j] = u[(size_t)k * r + j] * f;
         }
-        if (dev) { /* the residual in float where W is, then rounded into the row */
+        if (on_dev) { /* the residual in float where W is, then rounded into the row */
             float *da = prod.dx, *db = prod.dy; /* [r, C] and [OC, r] fit the skinny buffers */
             be->upload(be, da, a, (size_t)r * C * sizeof(float));
             be->upload(be, db, b, (size_t)OC * r * sizeof(float));
             be->sgemm(be, 0, 0, OC, C, r, -scaling, db, r, da, C, 1.0f, (float *)prod.w, C);
             be->from_f32(be, wp, prod.w, tw->numel);
             be->sync(be);
+        } else { /* on the host: a quantized row is quantized from the float residual */
+            cpu_sgemm(0, 0, OC, C, r, -scaling, b, r, a, C, 1.0f, w, C);
+            glm_model_row_upload(m, tw, wp, w);
+        }
+        if (dev) {
             be->free(be, (void *)prod.w);
             be->free(be, prod.dx);
             be->free(be, prod.dy);
-        } else {
-            cpu_sgemm(0, 0, OC, C, r, -scaling, b, r, a, C, 1.0f, w, C);
-            glm_model_row_upload(m, tw, wp, w);
         }
         m->be->upload_f32(m->be, glm_at(m->be, m->params, ta->offset), a, ta->numel);
         m->be->upload_f32(m->be, glm_at(m->be, m->params, tb->offset), b, tb->numel);
         free(w); free(u); free(v); free(sv); free(a); free(b);
     }
-    keep_initial(m);
-    return 0;
+    float_src_close(&fs);
+    if (rc == 0) keep_initial(m);
+    return rc;
 }
 
 int glm_pissa_init_file(const char *adapter_dir, char *path, size_t n, glm_err *err) {
@@ -232,6 +274,7 @@ int glm_pissa_residual(glm_model *m, const char *adapter_dir, glm_err *err) {
     if (glm_pissa_init_file(adapter_dir, path, sizeof path, err)) return -1;
     glm_ckpt c;
     if (glm_ckpt_open(&c, path, err)) return -1;
+    float_src fs = {0};
     float scaling = glm_lora_scaling(&m->cfg.peft);
     /* the first values, kept on the host for the folders this model writes */
     free(m->pissa_init);
@@ -252,13 +295,16 @@ int glm_pissa_residual(glm_model *m, const char *adapter_dir, glm_err *err) {
         const glm_tensor *tw = base_of(m, ta, &wp);
         if (!tw) continue; /* a pipeline stage without that layer */
         float *w = glm_malloc(tw->numel * sizeof(float));
-        glm_model_row_download(m, tw, w, wp);
-        cpu_sgemm(0, 0, (int)tw->shape[0], (int)tw->shape[1], (int)ta->shape[0], -scaling, b, (int)ta->shape[0], a,
-                  (int)tw->shape[1], 1.0f, w, (int)tw->shape[1]);
-        glm_model_row_upload(m, tw, wp, w);
+        rc = float_weight(m, &fs, tw, wp, w, err);
+        if (rc == 0) {
+            cpu_sgemm(0, 0, (int)tw->shape[0], (int)tw->shape[1], (int)ta->shape[0], -scaling, b, (int)ta->shape[0], a,
+                      (int)tw->shape[1], 1.0f, w, (int)tw->shape[1]);
+            glm_model_row_upload(m, tw, wp, w);
+        }
         free(w);
     }
     glm_ckpt_close(&c);
+    float_src_close(&fs);
     if (rc) { free(m->pissa_init); m->pissa_init = NULL; }
     return rc;
 }

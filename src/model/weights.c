@@ -316,6 +316,7 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
 }
 
 int glm_model_load(glm_model *m, const char *path, glm_err *err) {
+    if (!m->origin[0]) snprintf(m->origin, sizeof m->origin, "%s", path); /* where its float weights can be read again */
     glm_merge *g = NULL; /* the adapters merged into the base as it loads (never into a checkpoint's rows) */
     if (m->merged[0] && glm_merge_open(&g, &m->cfg, m->merged, err)) return -1;
     int rc = load_rows(m, path, 0, glm_model_nrows(m), 0, "", g, err);

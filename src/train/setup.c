@@ -519,12 +519,11 @@ int trainer_load_model(trainer *t, glm_err *err) {
     int nf4 = a->quantization_type && strcmp(a->quantization_type, "nf4") == 0;
     if (glm_config_set_quant(&c, a->quantization_bit, a->quantization_type, src, err)) return -1;
     if (c.peft.pissa && !from[0]) { /* a new PiSSA start: what it cannot start on */
-        const char *no = c.quant != GLM_Q_NONE ? "a quantized base (its SVD would be of the quantized weights)"
-                         : a->zero_stage >= 3  ? "--zero_stage 3 (the frozen weights are sharded)"
-                         : stages              ? "pipeline stages"
-                                                               : NULL;
+        const char *no = a->zero_stage >= 3 ? "--zero_stage 3 (the frozen weights are sharded)"
+                         : stages            ? "pipeline stages"
+                                             : NULL;
         if (no)
-            return glm_fail(err, "--pissa_init with %s: glmtrain starts PiSSA on a whole float base in each process", no),
+            return glm_fail(err, "--pissa_init with %s: glmtrain starts PiSSA on the whole base in each process", no),
                    glm_hint(err, "start it without, or train plain LoRA (LLaMA-Factory refuses these too)");
     }
     if (c.quant != GLM_Q_NONE && c.peft.kind == GLM_FT_FULL) {

@@ -66,6 +66,17 @@ def run(args, **kw):
                           env=dict(os.environ, OMP_NUM_THREADS="1"), **kw)
 
 
+def tiny_config(ids, vocab, **more):
+    """glm_ref's config of the 2-layer, hidden-32 ChatGLM-6B the CLI tests generate with, untied,
+    its special ids from make_tokenizer's model; `more` sets other keys."""
+    import glm_ref
+    keys = {"vocab_size": vocab, "hidden_size": 32, "num_layers": 2, "num_attention_heads": 4, "inner_hidden_size": 64,
+            "tie_word_embeddings": False, "mask_token_id": ids["[MASK]"], "gmask_token_id": ids["[gMASK]"],
+            "bos_token_id": ids["<sop>"], "eos_token_id": ids["<eop>"], "pad_token_id": ids["<pad>"]}
+    keys.update(more)
+    return glm_ref.load_config(keys)
+
+
 def debug_ids(stderr, what):
     """{row: [ids]} from --debug lines '[debug] WHAT ids (row R): ...'."""
     out = {}
@@ -152,10 +163,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="glm-gen-")
     try:
         tok, ids, vocab = make_tokenizer(tmp)
-        cfg = glm_ref.load_config({"vocab_size": vocab, "hidden_size": 32, "num_layers": 2, "num_attention_heads": 4,
-                                   "inner_hidden_size": 64, "tie_word_embeddings": False,
-                                   "mask_token_id": ids["[MASK]"], "gmask_token_id": ids["[gMASK]"],
-                                   "bos_token_id": ids["<sop>"], "eos_token_id": ids["<eop>"], "pad_token_id": ids["<pad>"]})
+        cfg = tiny_config(ids, vocab)
         # untied: with a random TIED head the residual stream makes "repeat the last input token"
         # win every step; a seed whose greedy choices are never near-ties (C and torch ~1e-6)
         prompts = ["写一首关于春天的诗", "你好", "[Round 0]\n问：明月\n答：床前明月光\n[Round 1]\n问：白日\n答："]

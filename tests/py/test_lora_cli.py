@@ -12,7 +12,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_generate import GLM, PENALTY, debug_ids, make_tokenizer, torch_greedy  # noqa: E402
+from test_generate import GLM, PENALTY, debug_ids, make_tokenizer, tiny_config, torch_greedy  # noqa: E402
 
 fails = 0
 
@@ -85,10 +85,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="glm-lora-")
     try:
         tok, ids, vocab = make_tokenizer(tmp)
-        cfg = glm_ref.load_config({"vocab_size": vocab, "hidden_size": 32, "num_layers": 2, "num_attention_heads": 4,
-                                   "inner_hidden_size": 64, "tie_word_embeddings": False,
-                                   "mask_token_id": ids["[MASK]"], "gmask_token_id": ids["[gMASK]"],
-                                   "bos_token_id": ids["<sop>"], "eos_token_id": ids["<eop>"], "pad_token_id": ids["<pad>"]})
+        cfg = tiny_config(ids, vocab)
         params = glm_ref.init_params(cfg, seed=2, std=0.5)
         glm_ref.save_model_dir(tok, cfg, params)
         base = tok

@@ -23,7 +23,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_generate import GLM, PENALTY, debug_ids, make_tokenizer, torch_greedy  # noqa: E402
+from test_generate import GLM, PENALTY, debug_ids, make_tokenizer, tiny_config, torch_greedy  # noqa: E402
 
 fails = 0
 
@@ -56,17 +56,16 @@ def main():
     tmp = tempfile.mkdtemp(prefix="glm-pissa-")
     try:
         tok, ids, vocab = make_tokenizer(tmp)
-        cfg = glm_ref.load_config({"vocab_size": vocab, "hidden_size": 32, "num_layers": 2, "num_attention_heads": 4,
-                                   "inner_hidden_size": 64, "tie_word_embeddings": False,
-                                   "mask_token_id": ids["[MASK]"], "gmask_token_id": ids["[gMASK]"],
-                                   "bos_token_id": ids["<sop>"], "eos_token_id": ids["<eop>"], "pad_token_id": ids["<pad>"]})
+        cfg = tiny_config(ids, vocab)
         params = glm_ref.init_params(cfg, seed=4, std=0.3)
         g = torch.Generator().manual_seed(11)
         for l in range(2):  # singular values 2 * 0.6^i: the randomized SVD converges in a few iterations
-            u, _ = torch.linalg.qr(torch.randn(96, 32, generator=g, dtype=torch.float64))
-            v, _ = torch.linalg.qr(torch.randn(32, 32, generator=g, dtype=torch.float64))
-            s = torch.tensor([2 * 0.6 ** i for i in range(32)], dtype=torch.float64)
-            params[QKV % l + ".weight"] = (u @ torch.diag(s) @ v.T).float()
+            for mod, (o, i) in (("attention.query_key_value", (96, 32)), ("attention.dense", (32, 32)),
+                                ("mlp.dense_h_to_4h", (64, 32)), ("mlp.dense_4h_to_h", (32, 64))):
+                u, _ = torch.linalg.qr(torch.randn(o, 32, generator=g, dtype=torch.float64))
+                v, _ = torch.linalg.qr(torch.randn(i, 32, generator=g, dtype=torch.float64))
+                s = torch.tensor([2 * 0.6 ** k for k in range(32)], dtype=torch.float64)
+                params["transformer.layers.%d.%s.weight" % (l, mod)] = (u @ torch.diag(s) @ v.T).float()
         glm_ref.save_model_dir(tok, cfg, params)
         base = tok
         data = os.path.join(tmp, "train.json")
@@ -121,6 +120,54 @@ def main():
             ok = ok and torch.equal(conv[name + ".lora_A.weight"], torch.cat([ad[name + ".lora_A.weight"], init[name + ".lora_A.weight"]]))
             ok = ok and torch.equal(conv[name + ".lora_B.weight"], torch.cat([ad[name + ".lora_B.weight"], -init[name + ".lora_B.weight"]], 1))
             check("pissa_converted_is_plain_lora_of_twice_the_rank", ok, str(cconf))
+
+        # QPiSSA: on a quantized base the SVD splits the float weights (read again from the files)
+        # and the residual is what gets quantized: the same start as the float run's, and (every
+        # module adapted: its principal part leaves the quantized weight) the model at rate 0
+        # closer to the float base than the quantized base alone
+        def eval_of(d):
+            try:
+                return json.load(open(os.path.join(d, "eval_results.json")))["eval_loss"]
+            except (OSError, ValueError, KeyError):
+                return None
+        outq, outf = os.path.join(tmp, "qpissa_lr0"), os.path.join(tmp, "pissa_all_lr0")
+        lr0 = ["--pissa_init", "--max_steps", "1", "--learning_rate", "0", "--save_steps", "100", "--validation_file", data,
+               "--do_eval", "--lora_target", "all"]
+        pq = run(["train", "--output_dir", outq, "--quantization_bit", "4"] + lr0 + common)
+        pf = run(["train", "--output_dir", outf] + lr0 + common)
+        q4 = os.path.join(tmp, "ev_int4")
+        pb = run(["train", "--output_dir", q4, "--quantization_bit", "4", "--do_train", "false", "--do_eval",
+                  "--validation_file", data] + common)
+        ok = pq.returncode == 0 and pf.returncode == 0
+        if ok:
+            iq = load_file(os.path.join(outq, "pissa_init", "adapter_model.safetensors"))
+            i0 = load_file(os.path.join(outf, "pissa_init", "adapter_model.safetensors"))
+            ok = sorted(iq) == sorted(i0) and len(iq) == 16 and all(torch.equal(iq[k], i0[k]) for k in iq)
+        check("qpissa_start_is_the_float_weights_start", ok, (pq.stderr + pf.stderr)[-400:])
+        eq, e4, ef = eval_of(outq), eval_of(q4), eval_of(outf)
+        # what is quantized is the float residual W - s B0 A0: a float folder holding that residual
+        # (made by torch from the run's first values), quantized as it loads with the first values
+        # as a plain LoRA beside it, evaluates as the QPiSSA run
+        eres = None
+        if ok:
+            res = {k: v.clone() for k, v in params.items()}
+            for k in i0:
+                if k.endswith(".lora_A.weight"):
+                    n = k[len("base_model.model."):-len(".lora_A.weight")]
+                    b0, a0 = i0[k.replace("lora_A", "lora_B")].double(), i0[k].double()
+                    res[n + ".weight"] = (res[n + ".weight"].double() - scaling * b0 @ a0).float()
+            rdir = os.path.join(tmp, "residual_base")
+            glm_ref.save_model_dir(rdir, cfg, res)
+            er = run(["train", "--output_dir", os.path.join(tmp, "ev_residual"), "--quantization_bit", "4", "--do_train", "false",
+                      "--do_eval", "--validation_file", data, "--adapter_name_or_path", os.path.join(outf, "pissa_init")]
+                     + common[2:] + ["--model_name_or_path", rdir, "--tokenizer_name", base])
+            eres = eval_of(os.path.join(tmp, "ev_residual"))
+        check("qpissa_quantizes_the_float_residual", None not in (eq, eres, e4) and abs(eq - eres) <= 1e-6 * abs(eres) and
+              abs(eq - e4) > 1e-6 * abs(e4), "QPiSSA %s, quantized torch residual %s, INT4 base %s, float %s" % (eq, eres, e4, ef))
+        evq = run(["train", "--output_dir", os.path.join(tmp, "ev_qpissa"), "--quantization_bit", "4", "--do_train", "false",
+                   "--do_eval", "--validation_file", data, "--adapter_name_or_path", outq, "--lora_target", "all"] + common)
+        check("qpissa_folder_evaluates_as_its_run", eval_of(os.path.join(tmp, "ev_qpissa")) == eq and eq is not None,
+              "%s vs %s %s" % (eval_of(os.path.join(tmp, "ev_qpissa")), eq, evq.stderr[-300:]))
 
         # 2. trained: the PiSSA folder, its converted form and the torch reference agree
         out = os.path.join(tmp, "pissa_run")
@@ -209,7 +256,6 @@ def main():
                 ("freeze", ["--pissa_init", "--finetuning_type", "freeze"], ["pissa_init", "some layers"]),
                 ("convert_alone", ["--pissa_convert"], ["--pissa_convert", "--pissa_init"]),
                 ("dora", ["--pissa_init", "--use_dora"], ["--use_dora"]),
-                ("quantized", ["--pissa_init", "--quantization_bit", "8"], ["quantized base"]),
                 ("on_an_adapter", ["--pissa_init", "--adapter_name_or_path", lora], ["--pissa_init starts a new adapter"])):
             q = run(["train", "--output_dir", os.path.join(tmp, "bad_" + name), "--max_steps", "1"] + common + flags)
             check("pissa_%s_refused" % name, q.returncode != 0 and all(m in q.stderr for m in msgs) and "hint:" in q.stderr,
