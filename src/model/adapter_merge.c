@@ -10,29 +10,6 @@
 #include "model/ckpt.h"
 #include "model/pissa.h"
 
-/* ---- adapter lists ---- */
-
-/* The items of a list end at commas, unless the whole string is one folder (a name with a comma). */
-static int is_list(const char *list) { return list && strchr(list, ',') && !glm_is_dir(list); }
-
-int glm_adapter_list_count(const char *list) {
-    if (!list || !list[0]) return 0;
-    if (!is_list(list)) return 1;
-    int n = 1;
-    for (const char *p = list; *p; p++) n += *p == ',';
-    return n;
-}
-
-void glm_adapter_list_split(const char *list, int merge_all, char *merged, size_t nm, char *last, size_t nl) {
-    merged[0] = last[0] = 0;
-    if (!list || !list[0]) return;
-    const char *cut = is_list(list) ? strrchr(list, ',') : NULL;
-    if (merge_all) { snprintf(merged, nm, "%s", list); return; }
-    if (!cut) { snprintf(last, nl, "%s", list); return; }
-    snprintf(merged, nm, "%.*s", (int)(cut - list), list);
-    snprintf(last, nl, "%s", cut + 1);
-}
-
 /* ---- the merge set ---- */
 
 typedef struct merge_one {

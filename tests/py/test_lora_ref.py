@@ -571,6 +571,22 @@ def train_checks(driver, tmp):
                sorted(got_a) == sorted(want_a),
                "losses max rel %.1e over %d steps, adapters max rel %.1e" % (err, n, ae))
 
+    # PiSSA: every rank makes the same start (the SVD's draws are the seed's), so 2 ranks under
+    # ZeRO 1 follow 1 rank, their first values identical
+    pis = nodrop + ["--pissa_init", "--pissa_iter", "4"]
+    one = os.path.join(d, "pissa-1rank")
+    two = os.path.join(d, "pissa-2ranks")
+    M.run(flags + pis + bs(4) + ["--output_dir", one])
+    M.run(flags + pis + bs(2) + ["--zero_stage", "1", "--output_dir", two], np=2)
+    err, n = M.rel(M.losses(two, 8), M.losses(one, 8))
+    want_a, got_a = st_load(os.path.join(one, "adapter_model.safetensors")), st_load(os.path.join(two, "adapter_model.safetensors"))
+    ae = max(V.rel(got_a[k], want_a[k]) if k in got_a else float("inf") for k in want_a)
+    same_init = open(os.path.join(one, "pissa_init", "adapter_model.safetensors"), "rb").read() == \
+        open(os.path.join(two, "pissa_init", "adapter_model.safetensors"), "rb").read()
+    report("train_pissa_2ranks_zero1_matches_1rank", n == 8 and err < 1e-6 and ae < TOL and same_init,
+           "losses max rel %.1e over %d steps, adapters max rel %.1e, first values %s" %
+           (err, n, ae, "identical" if same_init else "differ"))
+
     # freeze with modules inside and outside the layers (the word embedding, tied to the head
     # here, and the last layer's attention): 2 ranks under ZeRO 1 and 3 follow 1 rank
     fz2 = ["--finetuning_type", "freeze", "--num_layer_trainable", "1", "--freeze_trainable_modules", "attention",
