@@ -8,7 +8,11 @@
  * in pissa_init/ (LLaMA-Factory's place, a peft adapter folder): loading it subtracts
  * scaling B0 A0 from the base again; its converted form (pissa_converted/, a plain LoRA of rank
  * 2r: A = [A; A0], B = [B, -B0], alpha doubled, peft's path_initial_model_for_weight_conversion)
- * fits the original base. */
+ * fits the original base.
+ *
+ * The SVD's products run where the weight lives (the backend's optional float product, else the
+ * host's). On a quantized base the float weight is read again from the model's files and the
+ * float residual is what gets quantized (QPiSSA), at the start and when a PiSSA folder loads. */
 #ifndef GLM_MODEL_PISSA_H
 #define GLM_MODEL_PISSA_H
 #include <stddef.h>
@@ -23,7 +27,8 @@
  * s [q] (descending), v [C, q] with W ~ u diag(s) v^T. */
 void glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v);
 /* Every LoRA pair of m from its base weight (after the base is loaded), the base rows made the
- * residuals, the first values kept in m->pissa_init; m->cfg.peft.pissa_niter iterations. */
+ * residuals, the first values kept in m->pissa_init; m->cfg.peft.pissa_niter iterations. A
+ * quantized row needs m->origin's float weights (an error names the file otherwise). */
 int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err);
 /* The tensor file of adapter_dir/pissa_init into path; -1 with err naming the folder and the
  * converted form to use instead when it has none. */
