@@ -42,6 +42,12 @@ int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, cons
                     glm_hub_resolve_list(&a->adapter, "adapter", err) ||
                     glm_hub_resolve_list(&a->adapter_name_or_path, "adapter_name_or_path", err)))
         return -1;
+    if (rc == 0 && a->infer_dtype && strcmp(a->infer_dtype, "auto")) { /* LLaMA-Factory's inference configs */
+        if (strcmp(a->dtype, "auto") && strcmp(a->dtype, a->infer_dtype))
+            return glm_fail(err, "--dtype %s and --infer_dtype %s disagree", a->dtype, a->infer_dtype), glm_hint(err, "give one");
+        free(a->dtype);
+        a->dtype = glm_strdup(a->infer_dtype);
+    }
     if (rc == 0 && !!a->ptuning_checkpoint + !!a->adapter + !!a->adapter_name_or_path > 1)
         return glm_fail(err, "more than one of --adapter, --adapter_name_or_path and --ptuning_checkpoint: one adapter at a time");
     if (rc == 0 && a->max_new_tokens_set && a->max_new_tokens < 1) {

@@ -12,6 +12,7 @@ typedef struct gen_args {
     char *ptuning_checkpoint; /* THUDM's name for --adapter, which must then be a P-Tuning v2 checkpoint */
     char *adapter_name_or_path; /* LLaMA-Factory's name for --adapter */
     char *template, *finetuning_type, *infer_backend; /* LLaMA-Factory's inference settings, checked (gen_open_tokenizer) */
+    char *infer_dtype; /* LLaMA-Factory's name for --dtype (gen_parse takes it over) */
     char *model_revision; /* the Hugging Face cache's revision of a model named by repository (core/hub.h) */
     int quantization_bit;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
@@ -35,6 +36,7 @@ typedef struct gen_args {
     GEN_F(template, ARG_STR, NULL, "LLaMA-Factory's: checked against the tokenizer (chatglm, chatglm2, chatglm3, glm4), whose own prompt format is used"), \
     GEN_F(finetuning_type, ARG_STR, NULL, "LLaMA-Factory's: lora or freeze/full (the adapter's folder decides, as --adapter)"), \
     GEN_F(infer_backend, ARG_STR, NULL, "LLaMA-Factory's: huggingface (glmtrain's own engine runs either way)"), \
+    {"infer_dtype", ARG_STR, offsetof(gen_args, infer_dtype), NULL, "LLaMA-Factory's name for --dtype", "auto|float32|float16|bfloat16", NULL}, \
     {"device", ARG_STR, offsetof(gen_args, device), "auto", "where to run (auto: a GPU when built with CUDA and one is usable)", "auto|cpu|cuda", NULL}, \
     {"dtype", ARG_STR, offsetof(gen_args, dtype), "auto", "GPU storage dtype (auto: bfloat16; the CPU computes in float32)", "auto|float32|float16|bfloat16", NULL}, \
     GEN_F(quantization_bit, ARG_INT, "0", "4 or 8: quantize the linear weights as they load (THUDM's INT4/INT8); 0 = as stored"), \

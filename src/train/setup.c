@@ -764,6 +764,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     lc.group_by_length = a->group_by_length;
     lc.packing = a->packing;
     lc.drop_last = a->dataloader_drop_last;
+    lc.shuffle = !a->disable_shuffling;
     int order_seed;
     if (data_seed(a, &order_seed, err)) return -1;
     lc.seed = (uint64_t)order_seed;

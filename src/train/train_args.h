@@ -31,6 +31,7 @@ typedef struct glm_train_args {
     /* LLaMA-Factory's: every adapter of --adapter_name_or_path merges into the base and a new
      * one trains (else all but the last merge and the last trains on) */
     int create_new_adapter;
+    int disable_shuffling; /* LLaMA-Factory's: the training rows in file order */
     /* data */
     char *train_file, *validation_file, *data_format, *prompt_column, *response_column, *history_column;
     char *dataset, *dataset_dir, *template, *stage, *eval_dataset; /* LLaMA-Factory's names (data/dataset_info.h) */

@@ -239,6 +239,11 @@ def main():
             p, _, _ = greedy(base, prompt, flags)
             check("adapter_list_%s_refused" % name, p.returncode != 0 and all(m in p.stderr for m in msgs) and
                   "loaded" not in p.stderr, p.stderr[-300:])
+        # LLaMA-Factory's inference configs name the dtype infer_dtype
+        p, _, out = greedy(base, prompt, ["--adapter_name_or_path", lst, "--infer_dtype", "float32"])
+        p2, _, _ = greedy(base, prompt, ["--dtype", "float16", "--infer_dtype", "bfloat16"])
+        check("infer_dtype_is_dtype", p.returncode == 0 and out == l_out and p2.returncode != 0 and "disagree" in p2.stderr,
+              (p.stderr + p2.stderr)[-300:])
         p = subprocess.run([GLM, "serve", "--model_name_or_path", base, "--adapter_name_or_path", lst, "--port", "0"],
                            capture_output=True, text=True, timeout=60)
         check("serve_adapter_list_refused_naming_merge", p.returncode != 0 and "names several adapters" in p.stderr and

@@ -43,7 +43,9 @@ def more_trainer_settings(sh):
     report("newer_trainer_settings_left_alone", p.returncode == 0 and len(said) == len(quiet) // 2, "%s %s" % (said, p.stderr[-300:]))
     # LLaMA-Factory's arguments (its webui's commands): left alone, passed on under glmtrain's names, or refused
     lf = ["--upcast_layernorm", "true", "--print_param_status", "true", "--double_quantization", "true",
-          "--mix_strategy", "concat", "--enable_thinking", "true", "--use_galore", "false", "--freeze_vision_tower", "true"]
+          "--mix_strategy", "concat", "--enable_thinking", "true", "--use_galore", "false", "--freeze_vision_tower", "true",
+          "--include_effective_tokens_per_second", "true", "--use_fast_tokenizer", "true", "--low_cpu_mem_usage", "true",
+          "--model_max_length", "2048", "--split_special_tokens", "false", "--disable_version_checking", "true"]
     p = subprocess.run([GLM, "train"] + sh + lf + ["--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
     said = [lf[i][2:] for i in range(0, len(lf), 2) if ("%s is not used" % lf[i]) in p.stderr]
     report("llamafactory_settings_left_alone", p.returncode == 0 and len(said) == len(lf) // 2, "%s %s" % (said, p.stderr[-300:]))
@@ -51,6 +53,10 @@ def more_trainer_settings(sh):
                                               "--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
     report("llamafactory_names_set_flags", p.returncode == 0 and re.search(r'"num_layer_trainable":\s*1,', p.stderr)
            and re.search(r'"packing":\s*true', p.stderr), p.stderr[-300:])
+    p = subprocess.run([GLM, "train"] + sh + ["--efficient_packing", "true", "--max_steps", "1"], capture_output=True, text=True,
+                       timeout=120, env=ENV)
+    report("llamafactory_efficient_packing_is_packing", p.returncode == 0 and re.search(r'"packing":\s*true', p.stderr),
+           p.stderr[-300:])
     # freeze_trainable_layers < 0 trains the first layers; freeze_trainable_modules / freeze_extra_modules pick modules
     p = subprocess.run([GLM, "train"] + sh + ["--finetuning_type", "freeze", "--freeze_trainable_layers", "-1",
                                               "--freeze_trainable_modules", "mlp", "--freeze_extra_modules", "final_layernorm",
@@ -66,6 +72,9 @@ def more_trainer_settings(sh):
                               ("freeze_modules_without_freeze", ["--finetuning_type", "lora", "--freeze_extra_modules",
                                                                  "final_layernorm"], "add --finetuning_type freeze"),
                               ("use_galore", ["--use_galore", "true"], "--optim adamw_8bit"),
+                              ("new_special_tokens", ["--new_special_tokens", "<tool>"], "keep the model's vocabulary"),
+                              ("split_special_tokens", ["--split_special_tokens", "true"], "special tokens whole"),
+                              ("eval_on_each_dataset", ["--eval_on_each_dataset", "true"], "one loss"),
                               ("use_llama_pro", ["--finetuning_type", "freeze", "--use_llama_pro", "true"],
                                "--freeze_trainable_layers")):
         p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
@@ -86,7 +95,9 @@ def eval_on_start_and_data_seed(d, tok, cfg, train_file, val_file):
             "--max_source_length", "32", "--max_target_length", "16", "--disable_tqdm", "--max_steps", "3",
             "--save_steps", "3", "--overwrite_output_dir", "--save_final_model", "false"]
     runs = {}
-    for name, extra in (("plain", []), ("same", ["--data_seed", "7"]), ("other", ["--data_seed", "9"])):
+    for name, extra in (("plain", []), ("same", ["--data_seed", "7"]), ("other", ["--data_seed", "9"]),
+                        ("noshuf7", ["--disable_shuffling", "true", "--data_seed", "7"]),
+                        ("noshuf9", ["--disable_shuffling", "true", "--data_seed", "9"])):
         out = os.path.join(d, "seed_" + name)
         p = subprocess.run([GLM, "train"] + base + ["--output_dir", out, "--eval_on_start"] + extra, capture_output=True,
                            text=True, timeout=300, env=ENV)
@@ -107,6 +118,10 @@ def eval_on_start_and_data_seed(d, tok, cfg, train_file, val_file):
            "%s vs %s" % (runs["plain"], runs["same"]))
     report("data_seed_orders_the_rows_alone", len(runs["other"][1]) == 3 and runs["other"][0] == first
            and runs["other"][1][0] != runs["plain"][1][0], "%s vs %s" % (runs["plain"], runs["other"]))
+    # LLaMA-Factory's disable_shuffling: the rows in file order, whatever the data seed
+    report("disable_shuffling_keeps_file_order", len(runs["noshuf7"][1]) == 3 and runs["noshuf7"] == runs["noshuf9"]
+           and runs["noshuf7"][1][0] != runs["plain"][1][0] and runs["noshuf7"][1][0] != runs["other"][1][0],
+           "%s vs %s (shuffled %s, %s)" % (runs["noshuf7"], runs["noshuf9"], runs["plain"][1], runs["other"][1]))
 
 
 def main():
