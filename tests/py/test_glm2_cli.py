@@ -193,6 +193,20 @@ def main():
         report("glm2_lora_modules_to_save_equals_merged", ac.get("modules_to_save") == ["word_embeddings", "output_layer"]
                and a is not None and a == b == c, "modules_to_save %s; adapter %s, merged %s, named as transformer.embedding "
                "%s %s" % (ac.get("modules_to_save"), a, b, c, p.stderr[-200:]))
+        # PiSSA on this family (the SwiGLU's merged dense_h_to_4h split as one weight, as peft's):
+        # its folder, its converted form and its merge generate the same
+        lp_ = os.path.join(d, "pissa")
+        run(base + ["--output_dir", lp_, "--per_device_train_batch_size", "8", "--finetuning_type", "lora", "--lora_rank", "4",
+                    "--lora_target", "all", "--lora_dropout", "0", "--pissa_init", "--pissa_convert", "--learning_rate", "5e-2"],
+            timeout=300)
+        mp = os.path.join(d, "merged_pissa")
+        p = subprocess.run([GLM, "merge", "--model_name_or_path", ref, "--adapter", lp_, "--output_dir", mp, "--dtype", "float32"],
+                           capture_output=True, text=True, timeout=120, env=ENV)
+        a = gen(["--model_name_or_path", ref, "--adapter", lp_] + q)[1]
+        b = gen(["--model_name_or_path", ref, "--adapter", os.path.join(lp_, "pissa_converted")] + q)[1]
+        c = gen(["--model_name_or_path", mp] + q)[1] if p.returncode == 0 else None
+        report("glm2_pissa_folder_equals_converted_and_merged", a is not None and a == b == c and a != got,
+               "PiSSA %s, converted %s, merged %s (base alone %s) %s" % (a, b, c, got, p.stderr[-200:]))
         # 5. P-Tuning v2 on this family: trains; generate --adapter (the prefix in the k|v cache)
         # gives the reference's greedy tokens with the saved prefix as every layer's past
         pt = os.path.join(d, "pt")
