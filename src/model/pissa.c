@@ -208,7 +208,7 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
               *sv = glm_malloc((size_t)r * sizeof(float));
         float *a = glm_malloc((size_t)r * C * sizeof(float)), *b = glm_malloc((size_t)OC * r * sizeof(float)), *w = NULL;
         /* the products where the weight lives, as torch runs svd_lowrank on the weight's device:
-         * a GPU's float copy of it (a quantized row is refused before), else the host's */
+         * a GPU's float copy of it, else the host's (a quantized row's floats: float_weight) */
         glm_backend *be = m->be;
         int dev = be->sgemm && be->to_f32 && be->from_f32; /* else the host's products */
         int on_dev = dev && !tw->qtype;                       /* the residual made on the device too */
@@ -234,6 +234,13 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
             for (int k = 0; k < C; k++) a[(size_t)j * C + k] = f * v[(size_t)k * r + j];
             for (int k = 0; k < OC; k++) b[(size_t)k * r + j] = u[(size_t)k * r + j] * f;
         }
+        /* A and B as the model holds them (16-bit on a bf16/fp16 backend): the residual subtracts
+         * exactly what the adapter adds back, so the start computes the base but for W's own rounding */
+        void *pa = glm_at(be, m->params, ta->offset), *pb = glm_at(be, m->params, tb->offset);
+        be->upload_f32(be, pa, a, ta->numel);
+        be->upload_f32(be, pb, b, tb->numel);
+        be->download_f32(be, a, pa, ta->numel);
+        be->download_f32(be, b, pb, tb->numel);
         if (on_dev) { /* the residual in float where W is, then rounded into the row */
             float *da = prod.dx, *db = prod.dy; /* [r, C] and [OC, r] fit the skinny buffers */
             be->upload(be, da, a, (size_t)r * C * sizeof(float));
@@ -250,8 +257,6 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
             be->free(be, prod.dx);
             be->free(be, prod.dy);
         }
-        m->be->upload_f32(m->be, glm_at(m->be, m->params, ta->offset), a, ta->numel);
-        m->be->upload_f32(m->be, glm_at(m->be, m->params, tb->offset), b, tb->numel);
         free(w); free(u); free(v); free(sv); free(a); free(b);
     }
     float_src_close(&fs);
@@ -274,23 +279,40 @@ int glm_pissa_residual(glm_model *m, const char *adapter_dir, glm_err *err) {
     if (glm_pissa_init_file(adapter_dir, path, sizeof path, err)) return -1;
     glm_ckpt c;
     if (glm_ckpt_open(&c, path, err)) return -1;
-    float_src fs = {0};
     float scaling = glm_lora_scaling(&m->cfg.peft);
     /* the first values, kept on the host for the folders this model writes */
-    free(m->pissa_init);
-    m->pissa_init = glm_calloc(m->tab.total ? m->tab.total : 1, sizeof(float));
+    float *first = glm_calloc(m->tab.total ? m->tab.total : 1, sizeof(float));
     int rc = 0;
     char name[300];
+    for (int i = 0; i < m->tab.n && rc == 0; i++) {
+        const glm_tensor *t = &m->tab.t[i];
+        if (!glm_is_lora_ab(t->kind)) continue;
+        snprintf(name, sizeof name, "%s%s", GLM_ADAPTER_PREFIX, t->name);
+        rc = glm_ckpt_read_f32(&c, name, first + t->offset, 2, t->shape, err);
+        if (rc) glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", path, adapter_dir);
+    }
+    glm_ckpt_close(&c);
+    if (rc) { free(first); return -1; }
+    if (m->pissa_init) { /* the base is a residual already (a checkpoint of this run: the best one at the end) */
+        int same = 1;
+        for (int i = 0; i < m->tab.n; i++) {
+            const glm_tensor *t = &m->tab.t[i];
+            if (glm_is_lora_ab(t->kind))
+                same &= memcmp(first + t->offset, m->pissa_init + t->offset, t->numel * sizeof(float)) == 0;
+        }
+        free(first);
+        if (same) return 0;
+        glm_fail(err, "%s is a PiSSA adapter of another start than the one this model's base was made the residual of",
+                 adapter_dir);
+        return glm_hint(err, "load it into a fresh model (its own run, or generate/chat --adapter)");
+    }
+    m->pissa_init = first;
+    float_src fs = {0};
     for (int i = 0; i < m->tab.n && rc == 0; i++) {
         const glm_tensor *ta = &m->tab.t[i];
         if (!glm_is_lora_ab(ta->kind) || (ta->kind - T_QKV_LA) % 2) continue;
         const glm_tensor *tb = &m->tab.t[i + 1];
         float *a = m->pissa_init + ta->offset, *b = m->pissa_init + tb->offset;
-        snprintf(name, sizeof name, "%s%s", GLM_ADAPTER_PREFIX, ta->name);
-        rc = glm_ckpt_read_f32(&c, name, a, 2, ta->shape, err);
-        snprintf(name, sizeof name, "%s%s", GLM_ADAPTER_PREFIX, tb->name);
-        if (rc == 0) rc = glm_ckpt_read_f32(&c, name, b, 2, tb->shape, err);
-        if (rc) { glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", path, adapter_dir); break; }
         void *wp;
         const glm_tensor *tw = base_of(m, ta, &wp);
         if (!tw) continue; /* a pipeline stage without that layer */
@@ -303,7 +325,6 @@ int glm_pissa_residual(glm_model *m, const char *adapter_dir, glm_err *err) {
         }
         free(w);
     }
-    glm_ckpt_close(&c);
     float_src_close(&fs);
     if (rc) { free(m->pissa_init); m->pissa_init = NULL; }
     return rc;

@@ -229,6 +229,20 @@ def main():
             check("pissa_damaged_first_values_refused", rd.returncode != 0 and "pissa_init/adapter_model.safetensors" in rd.stderr,
                   rd.stderr[-300:])
 
+            # --load_best_model_at_end loads a checkpoint of this run into a base that is its residual
+            # already: the evaluation after training is the best checkpoint's
+            outb = os.path.join(tmp, "pissa_best")
+            pb = run(["train", "--output_dir", outb, "--pissa_init", "--max_steps", "4", "--learning_rate", "1e-1",
+                      "--save_steps", "2", "--eval_strategy", "steps", "--eval_steps", "2", "--load_best_model_at_end",
+                      "--validation_file", data, "--do_eval"] + common)
+            try:
+                hist = json.load(open(os.path.join(outb, "checkpoint-4", "trainer_state.json")))["log_history"]
+                best = min(h["eval_loss"] for h in hist if "eval_loss" in h)
+                final = json.load(open(os.path.join(outb, "eval_results.json")))["eval_loss"]
+            except (OSError, ValueError, KeyError):
+                best = final = None
+            check("pissa_load_best_evaluates_the_best_checkpoint", pb.returncode == 0 and best is not None and
+                  abs(final - best) <= 1e-6 * abs(best), "final %s, best %s %s" % (final, best, pb.stderr[-300:]))
             # a PiSSA folder without its first values, and serve
             bare = os.path.join(tmp, "pissa_bare")
             shutil.copytree(out, bare, ignore=shutil.ignore_patterns("pissa_init", "checkpoint-*", "pissa_converted"))
