@@ -102,6 +102,21 @@ generate_equals_merged pissa
 rc=$?
 cmp -s "$W/out_pissa" "$W/out_conv"
 ok $((rc + $?)) "pissa_generate_equals_converted"
+# PiSSA's start in bf16 evaluates as the base (the residual subtracts the adapter's own 16-bit
+# values): its eval loss at rate 0 against plain LoRA's (B = 0), within 2e-4
+for k in pissa lora; do
+    "$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --finetuning_type lora \
+        --lora_target all --lora_dropout 0 --learning_rate 0 --output_dir "$W/start_$k" --max_steps 1 --bf16 \
+        --per_device_train_batch_size 8 --save_strategy no --disable_tqdm --validation_file "$W/train.csv" --do_eval \
+        $([ $k = pissa ] && echo --pissa_init) >"$W/log_$k" 2>&1
+done
+python3 - "$W" <<'P'
+import json, sys
+e = [json.load(open("%s/start_%s/eval_results.json" % (sys.argv[1], k)))["eval_loss"] for k in ("pissa", "lora")]
+print("start eval loss: PiSSA %.7f, plain LoRA %.7f, rel %.2g" % (e[0], e[1], abs(e[0] - e[1]) / e[1]))
+sys.exit(0 if abs(e[0] - e[1]) <= 2e-4 * e[1] else 1)
+P
+ok $? "pissa_bf16_start_evaluates_as_base"
 # QPiSSA: PiSSA on an INT4 base (the SVD of the float weights, the residual quantized): the loss falls
 "$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --finetuning_type lora \
     --pissa_init --quantization_bit 4 --lora_target all --learning_rate 2e-3 --output_dir "$W/qpissa" --max_steps 12 --bf16 \

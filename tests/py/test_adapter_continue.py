@@ -132,6 +132,15 @@ def main():
         report("list_evaluates_as_the_merged_folder", None not in (lz, lr_, ll) and abs(lz - lr_) <= 1e-6 * abs(lr_) and
                abs(lz - ll) > 1e-4, "%s vs %s (lora alone %s) %s" % (lz, lr_, ll, sz.stderr[-300:] + ez.stderr[-300:]))
 
+        # a P-Tuning v2 checkpoint last in a list: the LoRA adapters before it merge, the prefix applies
+        ep = run("list_pt", *b, "--adapter_name_or_path", lora2.dir + "," + pt.dir, "--validation_file", val_file,
+                 "--do_train", "false", "--do_eval")
+        epr = run("list_pt_ref", *m, "--ptuning_checkpoint", pt.dir, "--validation_file", val_file, "--do_train", "false",
+                  "--do_eval")
+        report("list_with_a_prefix_last_evaluates_as_the_merged_folder", None not in (eval_loss(ep), eval_loss(epr)) and
+               abs(eval_loss(ep) - eval_loss(epr)) <= 1e-6 * abs(eval_loss(epr)) and abs(eval_loss(ep) - lp) > 1e-4,
+               "%s vs %s (prefix alone %s) %s" % (eval_loss(ep), eval_loss(epr), lp, ep.stderr[-300:]))
+
         def losses(p):
             try:
                 st = json.load(open(os.path.join(p.dir, "checkpoint-4", "trainer_state.json")))
