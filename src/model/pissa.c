@@ -7,6 +7,7 @@
 #include <string.h>
 #include "backend/cpu/cpu_gemm.h"
 #include "core/fileutil.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "model/adapter.h"
 #include "model/ckpt.h"
@@ -131,52 +132,86 @@ static void w_times(w_prod *p, int trans, const float *x, float *y, int OC, int 
     p->be->download(p->be, y, p->dy, (size_t)rows * q * sizeof(float));
 }
 
-static void svd_lowrank(w_prod *p, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
-    /* torch.svd_lowrank for a weight wider in rank than q: a basis Q [C, q] of W's row space from
-     * W^T R (R [OC, q] normal), refined by niter rounds of Q' = orth(W Q), Q = orth(W^T Q'); then
-     * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). */
-    float *r = glm_malloc((size_t)OC * q * sizeof(float)), *qc = glm_malloc((size_t)C * q * sizeof(float));
-    glm_rng rng;
-    glm_rng_seed(&rng, seed);
-    for (size_t i = 0; i < (size_t)OC * q; i++) r[i] = glm_rng_normal(&rng);
-    w_times(p, 1, r, qc, OC, C, q); /* W^T R */
-    orthonormalize(qc, C, q);
-    for (int it = 0; it < niter; it++) {
-        w_times(p, 0, qc, r, OC, C, q); /* W Q */
-        orthonormalize(r, OC, q);
-        w_times(p, 1, r, qc, OC, C, q); /* W^T Q' */
-        orthonormalize(qc, C, q);
-    }
-    w_times(p, 0, qc, r, OC, C, q); /* B = W Q [OC, q] */
+/* The SVD of B = W Q [OC, q] through the eigenvectors of B^T B: the top `take` triplets into
+ * u [OC, take], s [take], v [C, take] (V = Q E). */
+static void ritz(const float *bq, const float *qc, int OC, int C, int q, int take, float *u, float *s, float *v) {
     double *g = glm_calloc((size_t)q * q, sizeof(double)), *ev = glm_malloc((size_t)q * q * sizeof(double)),
            *e = glm_malloc((size_t)q * sizeof(double));
     for (int i = 0; i < OC; i++) /* B^T B */
         for (int a = 0; a < q; a++)
-            for (int b = 0; b < q; b++) g[a * q + b] += (double)r[(size_t)i * q + a] * r[(size_t)i * q + b];
+            for (int b = 0; b < q; b++) g[a * q + b] += (double)bq[(size_t)i * q + a] * bq[(size_t)i * q + b];
     sym_eigen(g, ev, e, q);
-    for (int j = 0; j < q; j++) s[j] = e[j] > 0 ? (float)sqrt(e[j]) : 0.0f;
-    for (int i = 0; i < OC; i++) /* U = B E / S */
-        for (int j = 0; j < q; j++) {
+    for (int j = 0; j < take; j++) s[j] = e[j] > 0 ? (float)sqrt(e[j]) : 0.0f;
+    for (int i = 0; u && i < OC; i++) /* U = B E / S */
+        for (int j = 0; j < take; j++) {
             double d = 0;
-            for (int k = 0; k < q; k++) d += (double)r[(size_t)i * q + k] * ev[k * q + j];
-            u[(size_t)i * q + j] = s[j] > 0 ? (float)(d / s[j]) : 0.0f;
+            for (int k = 0; k < q; k++) d += (double)bq[(size_t)i * q + k] * ev[k * q + j];
+            u[(size_t)i * take + j] = s[j] > 0 ? (float)(d / s[j]) : 0.0f;
         }
-    for (int i = 0; i < C; i++) /* V = Q E */
-        for (int j = 0; j < q; j++) {
+    for (int i = 0; i < C; i++)
+        for (int j = 0; j < take; j++) {
             double d = 0;
             for (int k = 0; k < q; k++) d += (double)qc[(size_t)i * q + k] * ev[k * q + j];
-            v[(size_t)i * q + j] = (float)d;
+            v[(size_t)i * take + j] = (float)d;
         }
     free(g);
     free(ev);
     free(e);
-    free(r);
-    free(qc);
 }
 
-void glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
+/* The largest 1 - |v_j . w_j| over the columns of two [C, r] sets of unit vectors: how far the
+ * right singular vectors moved (sign-free). */
+static double moved(const float *v, const float *w, int C, int r) {
+    double worst = 0;
+    for (int j = 0; j < r; j++) {
+        double d = 0;
+        for (int i = 0; i < C; i++) d += (double)v[(size_t)i * r + j] * w[(size_t)i * r + j];
+        if (1 - fabs(d) > worst) worst = 1 - fabs(d);
+    }
+    return worst;
+}
+
+/* Subspace iterations until the top r right singular vectors stop moving (peft's "pissa", the
+ * full SVD's triplets, where they are distinct), with twice the columns for a faster
+ * convergence: 1 - |cos| below 1e-10 between checks 4 iterations apart, at most this many. */
+enum { CONVERGE_MAX_ITERS = 4000 };
+
+static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, uint64_t seed, float *u, float *s, float *v) {
+    /* torch.svd_lowrank for a weight wider in rank than q: a basis Q [C, q] of W's row space from
+     * W^T R (R [OC, q] normal), refined by niter rounds of Q' = orth(W Q), Q = orth(W^T Q'); then
+     * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). niter < 0: until
+     * converged (returns the iterations, or -1 when the cap came first). */
+    int full = niter < 0, lim = OC < C ? OC : C, q = full ? (2 * r < lim ? 2 * r : lim) : r, it = 0, done = !full;
+    float *b = glm_malloc((size_t)OC * q * sizeof(float)), *qc = glm_malloc((size_t)C * q * sizeof(float));
+    float *vprev = full ? glm_malloc((size_t)C * r * sizeof(float)) : NULL;
+    glm_rng rng;
+    glm_rng_seed(&rng, seed);
+    for (size_t i = 0; i < (size_t)OC * q; i++) b[i] = glm_rng_normal(&rng);
+    w_times(p, 1, b, qc, OC, C, q); /* W^T R */
+    orthonormalize(qc, C, q);
+    for (it = 0; full ? it < CONVERGE_MAX_ITERS : it < niter; it++) {
+        w_times(p, 0, qc, b, OC, C, q); /* W Q */
+        orthonormalize(b, OC, q);
+        w_times(p, 1, b, qc, OC, C, q); /* W^T Q' */
+        orthonormalize(qc, C, q);
+        if (full && it % 4 == 3) {
+            w_times(p, 0, qc, b, OC, C, q);
+            ritz(b, qc, OC, C, q, r, NULL, s, v);
+            if (it > 3 && moved(v, vprev, C, r) < 1e-10) { done = 1; it++; break; }
+            memcpy(vprev, v, (size_t)C * r * sizeof(float));
+        }
+    }
+    w_times(p, 0, qc, b, OC, C, q); /* B = W Q [OC, q] */
+    ritz(b, qc, OC, C, q, r, u, s, v);
+    free(b);
+    free(qc);
+    free(vprev);
+    return done ? it : -1;
+}
+
+int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
     w_prod p = {.w = w};
-    svd_lowrank(&p, OC, C, q, niter, seed, u, s, v);
+    return svd_lowrank(&p, OC, C, q, niter, seed, u, s, v);
 }
 
 /* The initial rows kept on the host (the adapter folders carry them: pissa_init/). */
@@ -226,8 +261,12 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
             else be->upload(be, (float *)prod.w, w, tw->numel * sizeof(float));
         }
         /* one stream per (layer, module), as the LoRA rows draw theirs: every rank and stage agrees */
-        svd_lowrank(&prod, OC, C, r, p->pissa_niter, seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * T_NKINDS + ta->kind),
-                    u, sv, v);
+        int its = svd_lowrank(&prod, OC, C, r, p->pissa_niter,
+                              seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * T_NKINDS + ta->kind), u, sv, v);
+        if (p->pissa_niter < 0 && its < 0)
+            glm_warn("PiSSA: %s's top %d singular vectors still moved after %d subspace iterations (its singular values "
+                     "%d and %d are close, %.4g and the next): the start is the subspace reached", tw->name, r,
+                     CONVERGE_MAX_ITERS, r, r + 1, sv[r - 1]);
         /* peft's: A = diag(sqrt(S / scaling)) V^T, B = U diag(sqrt(S / scaling)), W -= scaling B A */
         for (int j = 0; j < r; j++) {
             float f = sqrtf(sv[j] / scaling);

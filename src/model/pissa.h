@@ -24,8 +24,10 @@
 #define GLM_PISSA_CONVERTED_DIR "pissa_converted"
 
 /* torch.svd_lowrank(W, q, niter) of w [OC, C] (the Gaussian start drawn from seed): u [OC, q],
- * s [q] (descending), v [C, q] with W ~ u diag(s) v^T. */
-void glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v);
+ * s [q] (descending), v [C, q] with W ~ u diag(s) v^T. niter < 0: the top q triplets of the full
+ * SVD (peft's "pissa"), iterating until they stop moving; returns the iterations, -1 when they
+ * still moved at the cap (close singular values). */
+int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v);
 /* Every LoRA pair of m from its base weight (after the base is loaded), the base rows made the
  * residuals, the first values kept in m->pissa_init; m->cfg.peft.pissa_niter iterations. A
  * quantized row needs m->origin's float weights (an error names the file otherwise). */

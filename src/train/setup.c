@@ -410,9 +410,9 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
     if (a->pissa_init && a->use_dora)
         return glm_fail(err, "--pissa_init with --use_dora: glmtrain starts DoRA as peft's default only"),
                glm_hint(err, "drop one of them");
-    if (a->pissa_init && a->pissa_iter < 0)
-        return glm_fail(err, "--pissa_iter %d: the full SVD (peft's init_lora_weights pissa) is not here", a->pissa_iter),
-               glm_hint(err, "use the randomized one, --pissa_iter N (LLaMA-Factory's default 16)");
+    if (a->pissa_init && a->pissa_iter < -1)
+        return glm_fail(err, "--pissa_iter %d: a count of subspace iterations, or -1 for the full SVD's triplets", a->pissa_iter),
+               glm_hint(err, "LLaMA-Factory's default is 16");
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = a->lora_rank, .use_rslora = a->use_rslora, .use_dora = a->use_dora,
                     .lora_alpha = (float)(a->lora_alpha > 0 ? a->lora_alpha : 2.0 * a->lora_rank),
                     .lora_dropout = (float)a->lora_dropout, .pissa = a->pissa_init, .pissa_niter = a->pissa_iter};
@@ -572,8 +572,9 @@ int trainer_load_model(trainer *t, glm_err *err) {
         double t0 = glm_now();
         if (glm_pissa_init(&t->m, (uint64_t)a->seed, err)) return -1;
         if (t->dp->rank == 0)
-            glm_info("PiSSA: the adapters start from their weights' %d principal singular triplets (%d subspace iterations, "
-                     "%.1f s); the base keeps the residual", c.peft.lora_rank, c.peft.pissa_niter, glm_now() - t0);
+            glm_info("PiSSA: the adapters start from their weights' %d principal singular triplets (%s, %.1f s); the base "
+                     "keeps the residual", c.peft.lora_rank, c.peft.pissa_niter < 0 ? "iterated until they stop moving, as the "
+                     "full SVD's" : "a randomized SVD", glm_now() - t0);
     }
     size_t base = t->m.ftab.n_params + (c.peft.kind == GLM_FT_LORA ? 0 : t->m.tab.n_params);
     char n1[32], n2[32];

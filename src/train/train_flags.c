@@ -88,8 +88,8 @@ const glm_flag glm_train_flags[] = {
       "over the row norms of W + s B A"),
     F(pissa_init, ARG_BOOL, "false", "LoRA: PiSSA's start (peft's init_lora_weights pissa_niter_N): A and B from each weight's "
       "principal singular triplets, the base keeping the residual; the adapter folder carries the first values in pissa_init/"),
-    F(pissa_iter, ARG_INT, "16", "PiSSA: the randomized SVD's subspace iterations (torch.svd_lowrank's niter; -1, the full SVD, "
-      "is not here)"),
+    F(pissa_iter, ARG_INT, "16", "PiSSA: the randomized SVD's subspace iterations (torch.svd_lowrank's niter); -1: the full "
+      "SVD's top triplets (peft's init_lora_weights pissa), iterated until they stop moving"),
     F(pissa_convert, ARG_BOOL, "false", "PiSSA: also write the adapter converted into a plain LoRA for the original base "
       "(rank 2r) into output_dir/pissa_converted at the end"),
     F(loraplus_lr_ratio, ARG_FLOAT, "0", "LoRA+ (LLaMA-Factory's): the lora_B matrices train at this times the learning rate "

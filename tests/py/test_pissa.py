@@ -12,7 +12,8 @@
   of the converted adapter merged into the original base give the same tokens; merge of either
   writes the same weights; resume is exact;
 - refused by name: a PiSSA folder without pissa_init/, serve of it, peft's olora/loftq starts,
-  the full SVD, PiSSA with freeze, DoRA, a quantized base, or an adapter to train on.
+  PiSSA with freeze, DoRA, or an adapter to train on; --pissa_iter -1 (the full SVD's triplets) reaches
+  torch.linalg.svd's where 16 iterations stop short.
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
 import os
@@ -99,6 +100,7 @@ def main():
                 worst_rows = max(worst_rows, float((a0 - sign * ref_a).abs().max() / ref_a.abs().max()))
             check("pissa_first_values_are_the_principal_triplets", worst_ba < 1e-4 and worst_rows < 1e-4,
                   "s B0 A0 vs torch's rank-%d SVD: %.3g, A0 rows %.3g" % (r, worst_ba, worst_rows))
+
             ad = load_file(os.path.join(out0, "adapter_model.safetensors"))
             check("pissa_at_rate_0_saves_the_start", sorted(ad) == sorted(init) and all(torch.equal(ad[k], init[k]) for k in ad),
                   str(sorted(ad)))
@@ -120,6 +122,39 @@ def main():
             ok = ok and torch.equal(conv[name + ".lora_A.weight"], torch.cat([ad[name + ".lora_A.weight"], init[name + ".lora_A.weight"]]))
             ok = ok and torch.equal(conv[name + ".lora_B.weight"], torch.cat([ad[name + ".lora_B.weight"], -init[name + ".lora_B.weight"]], 1))
             check("pissa_converted_is_plain_lora_of_twice_the_rank", ok, str(cconf))
+
+        # --pissa_iter -1 (peft's "pissa", the full SVD's triplets) on singular values with a small
+        # gap after the r-th (1.8 then 1.75): 16 iterations stop short of torch.linalg.svd's triplets,
+        # iterating until they stop moving reaches them
+        gap = {k: v.clone() for k, v in params.items()}
+        for l in range(2):
+            u, _ = torch.linalg.qr(torch.randn(96, 32, generator=g, dtype=torch.float64))
+            v, _ = torch.linalg.qr(torch.randn(32, 32, generator=g, dtype=torch.float64))
+            sg = torch.tensor([2 - 0.05 * k for k in range(32)], dtype=torch.float64)
+            gap[QKV % l + ".weight"] = (u @ torch.diag(sg) @ v.T).float()
+        gdir = os.path.join(tmp, "gap_base")
+        glm_ref.save_model_dir(gdir, cfg, gap)
+        errs = {}
+        for it in ("16", "-1"):
+            og = os.path.join(tmp, "gap_" + it)
+            q = run(["train", "--output_dir", og, "--pissa_init", "--pissa_iter", it, "--max_steps", "1", "--learning_rate", "0",
+                     "--save_strategy", "no"] + common + ["--model_name_or_path", gdir, "--tokenizer_name", base])
+            errs[it] = None
+            if q.returncode == 0:
+                ig = load_file(os.path.join(og, "pissa_init", "adapter_model.safetensors"))
+                e = 0.0
+                for l in range(2):
+                    U, S, Vh = torch.linalg.svd(gap[QKV % l + ".weight"].double(), full_matrices=False)
+                    ref_ba = U[:, :r] @ torch.diag(S[:r]) @ Vh[:r]
+                    ba = scaling * ig["base_model.model." + QKV % l + ".lora_B.weight"].double() @ \
+                        ig["base_model.model." + QKV % l + ".lora_A.weight"].double()
+                    e = max(e, float((ba - ref_ba).abs().max() / ref_ba.abs().max()))
+                errs[it] = e
+            else:
+                print(q.stderr[-400:])
+        check("pissa_iter_minus_1_reaches_the_full_svd", errs["-1"] is not None and errs["-1"] < 1e-4 and
+              errs["16"] is not None and errs["16"] > 1e-3, "rank-%d error: 16 iterations %s, -1 %s" % (r, errs["16"], errs["-1"]))
+        print("  rank-%d error against torch.linalg.svd: 16 iterations %s, -1 %s" % (r, errs["16"], errs["-1"]))
 
         # QPiSSA: on a quantized base the SVD splits the float weights (read again from the files)
         # and the residual is what gets quantized: the same start as the float run's, and (every
@@ -266,7 +301,7 @@ def main():
         # 3. what PiSSA does not start on
         lora = os.path.join(tmp, "pissa_run")
         for name, flags, msgs in (
-                ("full_svd", ["--pissa_init", "--pissa_iter", "-1"], ["--pissa_iter -1", "full SVD"]),
+                ("bad_iter", ["--pissa_init", "--pissa_iter", "-2"], ["--pissa_iter -2", "full SVD"]),
                 ("freeze", ["--pissa_init", "--finetuning_type", "freeze"], ["pissa_init", "some layers"]),
                 ("convert_alone", ["--pissa_convert"], ["--pissa_convert", "--pissa_init"]),
                 ("dora", ["--pissa_init", "--use_dora"], ["--use_dora"]),
