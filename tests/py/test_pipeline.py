@@ -132,6 +132,17 @@ def main():
         err, n = rel(losses(lres), losses(lref), after=10)
         report("pipeline_lora_p2_resumes_on_the_curve", n == 10 and err < 1e-6,
                "max relative loss difference %.2e over steps 11-20" % err)
+        # 4c. a new adapter on a merged one (LLaMA-Factory's --create_new_adapter) over stages: each
+        # stage merges its layers' rows as it loads, the same curve as one process
+        assert base[0] == "--init_from_config"
+        cn = ["--model_name_or_path", ref] + base[2:] + b4 + ["--adapter_name_or_path", lref, "--create_new_adapter",
+                                                              "--finetuning_type", "lora", "--learning_rate", "1e-2"]
+        c1, c2 = os.path.join(d, "create_new_ref"), os.path.join(d, "create_new_p2")
+        run(cn + ["--output_dir", c1])
+        p = run(cn + ["--output_dir", c2, "--pipeline_parallel_size", "2"], np=2)
+        err, n = rel(losses(c2), losses(c1))
+        report("pipeline_create_new_adapter_p2_matches_single_process", n == 20 and err < 1e-6 and
+               "merged into the base as it loads" in p.stderr, "max relative loss difference %.2e over %d steps" % (err, n))
         # 4b. 8-bit AdamW over stages: each stage's moments in 8 bits (blocks cut per unit, as one
         # process cuts them). With an untied head the stages' gradients are one process's bit for
         # bit, so the 8-bit curve is too (a tied head sums its two copies' gradients in another
