@@ -146,11 +146,21 @@ int glm_cmd_serve(int argc, char **argv) {
     }
     free(args);
     int model_adapter = 0; /* --adapter_name_or_path: the served model is the base with this adapter (index + 1) */
-    if (!rc && a.gen.adapter_name_or_path && glm_adapter_list_count(a.gen.adapter_name_or_path) > 1)
-        rc = glm_fail(&err, "--adapter_name_or_path %s names several adapters; the server applies one to each request",
-                      a.gen.adapter_name_or_path),
-        glm_hint(&err, "merge the ones before the last into the base (glmtrain merge --model_name_or_path BASE --adapter "
-                       "FIRST,... --output_dir MERGED) and serve MERGED with the last");
+    char merged[4096] = "", last[4096] = "";
+    if (!rc && a.gen.adapter_name_or_path && glm_adapter_list_count(a.gen.adapter_name_or_path) > 1) {
+        /* LLaMA-Factory's API with a list: the adapters before the last merge into the served base */
+        if (n_aa)
+            rc = glm_fail(&err, "--adapter_name_or_path %s names several adapters, and --adapter serves others beside them",
+                          a.gen.adapter_name_or_path),
+            glm_hint(&err, "the --adapter ones would apply to the base with the list's merged in: merge those first "
+                           "(glmtrain merge --model_name_or_path BASE --adapter FIRST,... --output_dir MERGED) and serve MERGED");
+        glm_adapter_list_split(a.gen.adapter_name_or_path, 0, merged, sizeof merged, last, sizeof last);
+        if (!rc) {
+            free(a.gen.adapter_name_or_path);
+            a.gen.adapter_name_or_path = glm_strdup(last);
+            a.gen.merge_into_base = merged;
+        }
+    }
     if (!rc && a.gen.adapter_name_or_path) {
         if (a.gen.ptuning_checkpoint)
             rc = glm_fail(&err, "--adapter_name_or_path and --ptuning_checkpoint both name the served model's adapter"),

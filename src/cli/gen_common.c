@@ -133,6 +133,7 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     if (glm_config_load(&s->cfg, a->model_name_or_path, err)) return -1;
     if (glm_config_set_quant(&s->cfg, a->quantization_bit, a->quantization_type, a->model_name_or_path, err)) return -1;
     glm_adapter_list_split(gen_adapter(a), 0, s->merged, sizeof s->merged, s->adapter, sizeof s->adapter);
+    if (!s->merged[0] && a->merge_into_base) snprintf(s->merged, sizeof s->merged, "%s", a->merge_into_base);
     const char *ad = s->adapter[0] ? s->adapter : NULL;
     if (s->merged[0] && a->ptuning_checkpoint)
         return glm_fail(err, "--ptuning_checkpoint %s: one P-Tuning v2 checkpoint, not a list", a->ptuning_checkpoint),

@@ -13,6 +13,9 @@ typedef struct gen_args {
     char *adapter_name_or_path; /* LLaMA-Factory's name for --adapter */
     char *template, *finetuning_type, *infer_backend; /* LLaMA-Factory's inference settings, checked (gen_open_tokenizer) */
     char *infer_dtype; /* LLaMA-Factory's name for --dtype (gen_parse takes it over) */
+    /* not a flag: LoRA adapters to merge into the base where the command applies the last
+     * adapter itself (serve's model adapter of a list); NULL for none */
+    const char *merge_into_base;
     char *model_revision; /* the Hugging Face cache's revision of a model named by repository (core/hub.h) */
     int quantization_bit;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;

@@ -13,6 +13,7 @@ the guides deploy with it), on a tiny random ChatGLM-6B model:
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
+import subprocess
 import re
 import shutil
 import sys
@@ -90,6 +91,25 @@ def main():
                 "%s vs %r (base %r)" % (got, want, base))
         rc = S.stop()
         T.check("lf_api_clean_exit", rc == 0, S.text()[-300:])
+        S = None
+        # ... with a list of adapters: those before the last merge into the served base, as
+        # generate --adapter_name_or_path A,B gives; with other --adapter ones beside it, refused
+        ad0 = sc.make_adapter(os.path.join(tmp, "lf_lora0"), cfg, 2, ["dense", "dense_4h_to_h"], seed=5)
+        lst = ad0 + "," + ad
+        want = sc.generate(model, "你好", "--do_sample", "false", "--max_new_tokens", "10", "--adapter_name_or_path", lst)
+        alone = sc.generate(model, "你好", "--do_sample", "false", "--max_new_tokens", "10", "--adapter", ad)
+        S = sc.Server(model, "--adapter_name_or_path", lst, "--served_model_name", "mine")
+        st, body = sc.http(S.port, "POST", "/v1/chat/completions", dict(model="mine", messages=[{"role": "user", "content": "你好"}],
+                                                                        temperature=0, max_tokens=10))
+        got = body["choices"][0]["message"]["content"] if st == 200 else body
+        T.check("lf_api_adapter_list_merges_before_the_last", st == 200 and got == want and want != alone,
+                "%r vs %r (the last alone %r)" % (got, want, alone))
+        rc = S.stop()
+        S = None
+        p = subprocess.run([sc.GLM, "serve", "--model_name_or_path", model, "--adapter_name_or_path", lst, "--adapter",
+                            "x=" + ad0, "--port", "0", "--device", "cpu"], capture_output=True, text=True, timeout=120)
+        T.check("lf_api_adapter_list_with_other_adapters_refused", rc == 0 and p.returncode != 0 and
+                "--adapter serves others" in p.stderr, p.stderr[-300:])
     finally:
         if S and S.p.poll() is None:
             S.stop(9)
