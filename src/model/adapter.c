@@ -13,8 +13,8 @@
 
 /* what an adapter folder holds: the adapters, and the whole modules of modules_to_save (every
  * other row a LoRA model trains) */
-static int in_adapter(const glm_model *m, const glm_tensor *t) {
-    return glm_is_lora(t->kind) || glm_whole_row(&m->cfg.peft, t->kind);
+static int in_adapter(const glm_peft *p, const glm_tensor *t) {
+    return glm_is_lora(t->kind) || glm_whole_row(p, t->kind);
 }
 
 /* The keys peft 0.6's LoraConfig knows (a newer key would make an older peft refuse the
@@ -80,15 +80,16 @@ static int write_config(const glm_model *m, const glm_peft *p, const char *dir, 
     return rc;
 }
 
-/* adapter_model.safetensors of the rows `host` holds (the model's layout), those that
- * in_adapter takes; with `lora_only`, the A and B rows alone. */
-static int write_rows(const glm_model *m, const float *host, int lora_only, const char *dir, st_dtype dtype, glm_err *err) {
-    st_entry *e = glm_calloc((size_t)m->tab.n + 1, sizeof *e);
-    char (*names)[192] = glm_calloc((size_t)m->tab.n + 1, 192);
+/* adapter_model.safetensors of the rows `host` holds in table tab's layout, those that
+ * in_adapter takes under p; with `lora_only`, the A and B rows alone. */
+static int write_rows(const glm_table *tab, const glm_peft *p, const float *host, int lora_only, const char *dir,
+                      st_dtype dtype, glm_err *err) {
+    st_entry *e = glm_calloc((size_t)tab->n + 1, sizeof *e);
+    char (*names)[192] = glm_calloc((size_t)tab->n + 1, 192);
     int n = 0;
-    for (int i = 0; i < m->tab.n; i++) {
-        const glm_tensor *t = &m->tab.t[i];
-        if (lora_only ? !glm_is_lora_ab(t->kind) : !in_adapter(m, t)) continue;
+    for (int i = 0; i < tab->n; i++) {
+        const glm_tensor *t = &tab->t[i];
+        if (lora_only ? !glm_is_lora_ab(t->kind) : !in_adapter(p, t)) continue;
         snprintf(names[n], 192, "%s%s", GLM_ADAPTER_PREFIX, t->name); /* a whole module as peft's save names it */
         e[n] = (st_entry){.name = names[n], .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
                           .data_dtype = ST_F32, .file_dtype = dtype};
@@ -106,7 +107,7 @@ int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err
     if (glm_mkdirs(dir, err)) return -1;
     float *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
     m->be->download_f32(m->be, host, m->params, m->tab.total);
-    int rc = write_rows(m, host, 0, dir, dtype, err);
+    int rc = write_rows(&m->tab, &m->cfg.peft, host, 0, dir, dtype, err);
     free(host);
     if (rc == 0 && m->cfg.peft.pissa && m->pissa_init) { /* PiSSA's first values beside it: its base is W - s B0 A0 */
         char init[4096];
@@ -114,7 +115,8 @@ int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err
         glm_peft p = m->cfg.peft;
         p.pissa = 0; /* as LLaMA-Factory writes it: a plain start, which peft's conversion reads */
         p.extra_modules = 0;
-        rc = glm_mkdirs(init, err) || write_rows(m, m->pissa_init, 1, init, ST_F32, err) || write_config(m, &p, init, err);
+        rc = glm_mkdirs(init, err) || write_rows(&m->tab, &p, m->pissa_init, 1, init, ST_F32, err) ||
+             write_config(m, &p, init, err);
     }
     if (rc) return -1;
     return glm_adapter_write_config(m, dir, err);
@@ -128,19 +130,18 @@ int glm_adapter_save_pissa_converted(glm_model *m, const char *dir, glm_err *err
     const glm_peft *p = &m->cfg.peft;
     if (!p->pissa || !m->pissa_init) return glm_fail(err, "not a PiSSA adapter: nothing to convert");
     /* the converted rows: A' = [A; A0] [2r, in], B' = [B, -B0] [out, 2r] */
-    glm_model cm = *m; /* a view of m with the doubled rank's table, for the writers */
-    glm_config c = m->cfg;
+    glm_config c = m->cfg; /* the doubled rank's settings and table */
     c.peft.lora_rank = 2 * p->lora_rank;
     c.peft.lora_alpha = p->use_rslora ? p->lora_alpha * sqrtf(2.0f) : 2 * p->lora_alpha; /* the same scaling */
     c.peft.pissa = 0;
-    glm_table_build_range(&cm.tab, &c, m->layer_lo, m->layer_hi, m->first, m->last);
-    cm.cfg = c;
+    glm_table conv_tab;
+    glm_table_build_range(&conv_tab, &c, m->layer_lo, m->layer_hi, m->first, m->last);
     float *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
-    float *conv = glm_calloc(cm.tab.total ? cm.tab.total : 1, sizeof(float));
+    float *conv = glm_calloc(conv_tab.total ? conv_tab.total : 1, sizeof(float));
     m->be->download_f32(m->be, host, m->params, m->tab.total);
     int r = p->lora_rank;
     for (int i = 0; i < m->tab.n; i++) {
-        const glm_tensor *t = &m->tab.t[i], *ct = glm_table_find(&cm.tab, t->name);
+        const glm_tensor *t = &m->tab.t[i], *ct = glm_table_find(&conv_tab, t->name);
         if (!ct) continue;
         const float *now = host + t->offset, *first = m->pissa_init + t->offset;
         float *out = conv + ct->offset;
@@ -157,10 +158,11 @@ int glm_adapter_save_pissa_converted(glm_model *m, const char *dir, glm_err *err
             memcpy(out, now, t->numel * sizeof(float));
         }
     }
-    int rc = glm_mkdirs(dir, err) || write_rows(&cm, conv, 0, dir, ST_F32, err) || write_config(&cm, &c.peft, dir, err) ? -1 : 0;
+    int rc = glm_mkdirs(dir, err) || write_rows(&conv_tab, &c.peft, conv, 0, dir, ST_F32, err) || write_config(m, &c.peft, dir, err)
+                 ? -1 : 0;
     free(host);
     free(conv);
-    glm_table_free(&cm.tab);
+    glm_table_free(&conv_tab);
     return rc;
 }
 

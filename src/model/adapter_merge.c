@@ -119,16 +119,15 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
         glm_fail(err, "%s: tensor %s is missing", o->file.path, an);
         return glm_hint(err, "the adapter was made for other modules or layers (its adapter_config.json's target_modules)");
     }
-    if (glm_ckpt_read_f32(&o->file, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->file, bn, g->b, 2, bsh, err))
-        return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
     int OC = (int)t->shape[0], C = (int)t->shape[1];
     float s = glm_lora_scaling(&o->peft);
-    if (o->has_init) { /* PiSSA: W -= s B0 A0, the base its adapter was trained on */
+    if (o->has_init) { /* PiSSA: W -= s B0 A0 first, the base its adapter was trained on */
         if (glm_ckpt_read_f32(&o->init, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->init, bn, g->b, 2, bsh, err))
             return glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", o->init.path, o->dir);
         cpu_sgemm(0, 0, OC, C, r, -s, g->b, r, g->a, C, 1.0f, w, C);
-        if (glm_ckpt_read_f32(&o->file, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->file, bn, g->b, 2, bsh, err)) return -1;
     }
+    if (glm_ckpt_read_f32(&o->file, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->file, bn, g->b, 2, bsh, err))
+        return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
     if (o->peft.use_dora) cpu_dora_norm(g->norm, w, g->a, g->b, s, OC, C, r);
     /* W[out, in] += s * B[out, r] A[r, in] */
     cpu_sgemm(0, 0, OC, C, r, s, g->b, r, g->a, C, 1.0f, w, C);

@@ -54,6 +54,15 @@ static void float_src_close(float_src *fs) {
     glm_merge_close(fs->merge);
 }
 
+/* Row tw (at wp) made W - scaling B A from w, its float values, on the host: a quantized row is
+ * quantized from the float residual. b [OC, r], a [r, C]. */
+static void store_residual(glm_model *m, const glm_tensor *tw, void *wp, float *w, const float *b, const float *a, int r,
+                           float scaling) {
+    int OC = (int)tw->shape[0], C = (int)tw->shape[1];
+    cpu_sgemm(0, 0, OC, C, r, -scaling, b, r, a, C, 1.0f, w, C);
+    glm_model_row_upload(m, tw, wp, w);
+}
+
 /* Orthonormal columns of x [n, q] in place (modified Gram-Schmidt, twice over for accuracy, in
  * double: torch's QR gives the same span; the signs do not matter to what follows). A column
  * the others span becomes zero. */
@@ -287,9 +296,8 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
             be->sgemm(be, 0, 0, OC, C, r, -scaling, db, r, da, C, 1.0f, (float *)prod.w, C);
             be->from_f32(be, wp, prod.w, tw->numel);
             be->sync(be);
-        } else { /* on the host: a quantized row is quantized from the float residual */
-            cpu_sgemm(0, 0, OC, C, r, -scaling, b, r, a, C, 1.0f, w, C);
-            glm_model_row_upload(m, tw, wp, w);
+        } else {
+            store_residual(m, tw, wp, w, b, a, r, scaling);
         }
         if (dev) {
             be->free(be, (void *)prod.w);
@@ -357,11 +365,7 @@ int glm_pissa_residual(glm_model *m, const char *adapter_dir, glm_err *err) {
         if (!tw) continue; /* a pipeline stage without that layer */
         float *w = glm_malloc(tw->numel * sizeof(float));
         rc = float_weight(m, &fs, tw, wp, w, err);
-        if (rc == 0) {
-            cpu_sgemm(0, 0, (int)tw->shape[0], (int)tw->shape[1], (int)ta->shape[0], -scaling, b, (int)ta->shape[0], a,
-                      (int)tw->shape[1], 1.0f, w, (int)tw->shape[1]);
-            glm_model_row_upload(m, tw, wp, w);
-        }
+        if (rc == 0) store_residual(m, tw, wp, w, b, a, (int)ta->shape[0], scaling);
         free(w);
     }
     float_src_close(&fs);

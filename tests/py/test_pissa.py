@@ -25,21 +25,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_generate import GLM, PENALTY, debug_ids, make_tokenizer, tiny_config, torch_greedy  # noqa: E402
-
-fails = 0
-
-
-def check(name, cond, why=""):
-    global fails
-    print(("PASS %s" % name) if cond else ("FAIL %s: %s" % (name, why)))
-    fails += 0 if cond else 1
-    return cond
-
-
-def run(args, timeout=300):
-    return subprocess.run([GLM] + args, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-
+from test_lora_cli import check, run  # noqa: E402  (its PASS/FAIL printer and its glmtrain runner)
 
 QKV = "transformer.layers.%d.attention.query_key_value"
 
