@@ -4,7 +4,7 @@
 # huggingface_hub writes it, LoRA in bf16 with --eval_on_start (examples cut by --cutoff_len, with a --default_system), then generate with the adapter;
 # DoRA on all four modules, generate with it and with its merged model; LoRA with the final norm
 # whole beside it (--additional_target), the same; freeze with LLaMA-Factory's module flags; PiSSA
-# and its converted form; a list of adapters and a new adapter on merged ones.
+# and its converted form; a list of adapters and a new adapter on merged ones; BAdam.
 # Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0), build/lib, build/shared.
 # usage: bash bench/gpu_cli_smoke.sh [BUILD_DIR]
 set -u
@@ -143,4 +143,39 @@ rc=$?
 awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
     grep -q "merged into the base as it loads" "$W/log"
 ok $((rc + $?)) "create_new_adapter_bf16_loss_falls"
+# BAdam (--use_badam): one layer at a time; bf16 with a resume from inside a round bit-identical to
+# the straight run (--full_determinism: products tuned by timing could pick other kernels in the
+# resumed run), and CUDA fp32 against the CPU over the same steps (every trained weight within 1e-4)
+badam() { # $1 output folder, then extra flags
+    local out=$1; shift
+    "$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --use_badam \
+        --badam_switch_interval 3 --learning_rate 1e-3 --output_dir "$W/$out" --max_steps 8 --per_device_train_batch_size 8 \
+        --logging_steps 2 --save_steps 4 --disable_tqdm --seed 3 "$@" >"$W/log_$out" 2>&1
+}
+badam badam_bf16 --bf16 --full_determinism
+rc=$?
+cp "$W/badam_bf16/model.safetensors" "$W/badam_straight.safetensors"
+badam badam_bf16 --bf16 --full_determinism --resume_from_checkpoint "$W/badam_bf16/checkpoint-4"
+rc=$((rc + $?))
+grep -c "BAdam: after step" "$W/log_badam_bf16"
+cmp -s "$W/badam_bf16/model.safetensors" "$W/badam_straight.safetensors"
+ok $((rc + $?)) "badam_bf16_resume_inside_a_round_bit_identical"
+# (eps 1e-4: AdamW's m/sqrt(v) would turn the two float sums' rounding into update noise, as
+# tests/py/test_model_vs_torch.py explains; near-linear updates compare the computations themselves)
+badam badam_gpu32 --fp32 --adam_epsilon 1e-4 && badam badam_cpu32 --fp32 --adam_epsilon 1e-4 --device cpu
+rc=$?
+python3 - "$W" <<'P'
+import json, struct, sys, array
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__" or v["dtype"] != "F32" or ".layers." not in k: continue  # the rest never trains
+        a = array.array("f"); a.frombytes(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]); out[k] = a
+    return out
+g, c = load(sys.argv[1] + "/badam_gpu32/model.safetensors"), load(sys.argv[1] + "/badam_cpu32/model.safetensors")
+worst = max(max(abs(x - y) for x, y in zip(g[k], c[k])) / (max(abs(y) for y in c[k]) or 1) for k in c)
+print("BAdam fp32 CUDA vs CPU, worst relative difference over %d tensors: %.3g" % (len(c), worst))
+sys.exit(0 if sorted(g) == sorted(c) and worst < 1e-4 else 1)
+P
+ok $((rc + $?)) "badam_fp32_cuda_equals_cpu"
 rm -rf "$W"

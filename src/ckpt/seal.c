@@ -234,8 +234,14 @@ static double rows_bytes(const glm_table *tab, double copies, double elem_bytes)
 double glm_checkpoint_bytes(const glm_config *c, int opt_kinds, const char *tokenizer_path, size_t text_bytes) {
     glm_table tab; /* what a checkpoint holds of the model: the rows that train, in fp32 */
     glm_table_build_range(&tab, c, 0, c->num_layers, 1, 1);
-    double b = rows_bytes(&tab, 1.0 + opt_kinds, 4);
+    /* BAdam's: every row as stored instead (16-bit where a master copy is kept), the state of one layer */
+    double b = rows_bytes(&tab, (c->peft.badam ? 0.0 : 1.0) + opt_kinds, 4);
     glm_table_free(&tab);
+    if (c->peft.badam) {
+        glm_table_build(&tab, c);
+        b += rows_bytes(&tab, 1, opt_kinds == 3 ? 2 : 4);
+        glm_table_free(&tab);
+    }
     /* config.json, the manifest and the indexes of sharded writers: a few kB */
     return b + tokenizer_bytes(tokenizer_path) + (double)text_bytes + 16384;
 }

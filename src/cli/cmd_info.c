@@ -24,6 +24,8 @@ typedef struct info_args {
     char *finetuning_type, *lora_target, *quantization_type, *freeze_trainable_modules, *freeze_extra_modules, *additional_target;
     int lora_rank, use_dora, num_layer_trainable, pre_seq_len, prefix_projection, quantization_bit;
     double lora_dropout;
+    int use_badam, badam_start_block;
+    char *badam_switch_mode;
 } info_args;
 
 #define F(name, type, def, help) {#name, type, offsetof(info_args, name), def, help, NULL, NULL}
@@ -57,6 +59,11 @@ static const glm_flag info_flags[] = {
     F(use_dora, ARG_BOOL, "false", "DoRA (as train): each adapted module's output kept for the magnitude's gradient"),
     F(lora_target, ARG_STR, "query_key_value", "LoRA modules (as train)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N)"),
+    F(use_badam, ARG_BOOL, "false", "BAdam (as train, with --finetuning_type full): one whole layer trains at a time; the plan "
+      "is that of the lowest layer the order reaches"),
+    {"badam_switch_mode", ARG_STR, offsetof(info_args, badam_switch_mode), "ascending", "BAdam's order (as train)",
+     "ascending|descending|random|fixed", NULL},
+    F(badam_start_block, ARG_INT, "-1", "BAdam's first layer (as train)"),
     F(freeze_trainable_modules, ARG_STR, "all", "freeze: the modules of those layers that train (as train)"),
     F(freeze_extra_modules, ARG_STR, "", "freeze: modules outside the layers that train too (as train)"),
     F(additional_target, ARG_STR, "", "LoRA: modules outside the layers that train whole beside the adapters (as train)"),
@@ -168,8 +175,15 @@ int glm_cmd_info(int argc, char **argv) {
                          .freeze_trainable_modules = a.freeze_trainable_modules, .freeze_extra_modules = a.freeze_extra_modules,
                          .additional_target = a.additional_target,
                          .pre_seq_len = a.pre_seq_len, .prefix_projection = a.prefix_projection, .prefix_dropout = 0.1,
-                         .pipeline_parallel_size = a.pipeline_parallel_size};
+                         .pipeline_parallel_size = a.pipeline_parallel_size, .use_badam = a.use_badam,
+                         .badam_mode = "layer", .badam_switch_mode = a.badam_switch_mode,
+                         .badam_start_block = a.badam_start_block, .badam_switch_interval = 50};
     if (!rc) rc = glm_train_peft(&ta, &c, &c.peft, &err);
+    if (!rc && c.peft.badam) { /* the deepest backward the run reaches */
+        glm_badam b;
+        glm_train_badam(&ta, c.num_layers, &b);
+        c.peft.badam_layer = glm_badam_lowest(&b);
+    }
     if (!rc) rc = glm_config_set_quant(&c, a.quantization_bit, a.quantization_type,
                                        a.model_name_or_path ? a.model_name_or_path : "the model", &err);
     if (rc) { glm_err_print(&err); return 1; }

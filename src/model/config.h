@@ -35,6 +35,10 @@ typedef struct glm_peft {
      * train (bits by the family's module names, tensors.h glm_modules_parse; 0: all). */
     int num_layer_trainable;
     int freeze_modules;
+    /* BAdam (LLaMA-Factory's use_badam, layer mode; optim/badam.h): freeze fine-tuning of one whole
+     * layer, badam_layer, which the run moves to another layer every few steps (num_layer_trainable
+     * and freeze_modules unused) */
+    int badam, badam_layer;
     /* Modules outside the layers that train whole (GLM_EXTRA_EMB/LNF/HEAD): with freeze,
      * LLaMA-Factory's freeze_extra_modules; with LoRA, peft's modules_to_save (LLaMA-Factory's
      * additional_target), beside the adapters. */

@@ -8,6 +8,7 @@
 /* ---------------------------------------------------------------- setup */
 
 static void **field_of(glm_weights *w, const glm_tensor *t);
+static void free_acts(glm_model *m);
 
 /* Points w's fields at table tab's rows inside base. */
 static void bind_rows(glm_model *m, const glm_table *tab, void *base, glm_weights *w) {
@@ -157,6 +158,49 @@ void glm_model_relayout(glm_model *m, size_t unit_align) {
     glm_table_free(&m->tab);
     m->tab = tab;
     rebind(m);
+}
+
+/* BAdam's switch (optim/badam.h). The trainable table holds one whole layer; the frozen one
+ * every other row, in layer order. Layer `from` goes back into the frozen buffer, layer `to`
+ * comes out of it, and the frozen layers between the two move by one layer's span (every layer
+ * has the same rows, so the spans are equal and nothing else moves). The gradient buffer, the
+ * size of one layer, holds `to` in between. Rows are copied in the order that reads each frozen
+ * row before anything overwrites it. */
+void glm_model_train_layer(glm_model *m, int to) {
+    int from = m->cfg.peft.badam_layer;
+    if (!m->cfg.peft.badam || to == from) return;
+    if (!m->grads || m->qtab.n || m->layer_lo != 0 || m->layer_hi != m->cfg.num_layers)
+        GLM_FATAL("train BAdam on one process, with a float base", "BAdam's switch needs the whole model, a gradient buffer "
+                                                                    "and no quantized rows");
+    glm_backend *be = m->be;
+    size_t es = glm_dtype_size(be->dtype);
+    glm_config c = m->cfg;
+    c.peft.badam_layer = to;
+    glm_table tab, ftab;
+    glm_table_build_range(&tab, &c, m->layer_lo, m->layer_hi, m->first, m->last);
+    glm_table_build_part(&ftab, &c, m->layer_lo, m->layer_hi, m->first, m->last, 64, GLM_PART_FROZEN);
+    if (tab.total != m->tab.total || ftab.total != m->ftab.total)
+        GLM_FATAL("report this as a bug", "BAdam: layer %d's rows take another size than layer %d's", to, from);
+#define ROW_COPY(dst_buf, dst_tab, src_buf, src_tab, l, k)                                                          \
+    do {                                                                                                             \
+        const glm_tensor *d_ = glm_table_get(dst_tab, l, k), *s_ = glm_table_get(src_tab, l, k);                     \
+        if (d_ && s_) be->copy(be, glm_at(be, dst_buf, d_->offset), glm_at(be, src_buf, s_->offset), s_->numel * es); \
+    } while (0)
+    for (int k = 0; k < T_NKINDS; k++) ROW_COPY(m->grads, &tab, m->fparams, &m->ftab, to, k);
+    int step = to > from ? -1 : 1; /* the layers between, the one nearest `to` first */
+    for (int l = to + step; l != from; l += step)
+        for (int k = 0; k < T_NKINDS; k++) ROW_COPY(m->fparams, &ftab, m->fparams, &m->ftab, l, k);
+    for (int k = 0; k < T_NKINDS; k++) ROW_COPY(m->fparams, &ftab, m->params, &m->tab, from, k);
+    be->copy(be, m->params, m->grads, tab.total * es);
+    be->zero(be, m->grads, tab.total * es);
+#undef ROW_COPY
+    glm_table_free(&m->tab);
+    glm_table_free(&m->ftab);
+    m->tab = tab;
+    m->ftab = ftab;
+    m->cfg.peft.badam_layer = to;
+    rebind(m);
+    free_acts(m); /* the backward's floor moved: the next batch sizes the activations for it */
 }
 
 void *glm_model_swap_params(glm_model *m, void *p) {

@@ -185,6 +185,10 @@ void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, in
 void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first,
                                     int last);
 void glm_model_free(glm_model *m);
+/* BAdam (optim/badam.h): the one trainable layer (cfg.peft.badam_layer) becomes layer `to`,
+ * its current weights back among the frozen rows and `to`'s taken out of them, on the device;
+ * the gradients are zero after. The caller restarts the optimizer's state (glm_adamw_reset). */
+void glm_model_train_layer(glm_model *m, int to);
 /* Row i of every weight row (the trainable table's, then the frozen table's, then the quantized
  * one's), i < glm_model_nrows, with its device address. */
 int glm_model_nrows(const glm_model *m);
@@ -275,7 +279,8 @@ void glm_model_init_random(glm_model *m, uint64_t seed, float std);
 int glm_model_load(glm_model *m, const char *path, glm_err *err);
 /* What a checkpoint holds of the model: every row for full fine-tuning (glm_model_save/load);
  * the adapters in peft's files for LoRA (model/adapter.h); the rows that train for freeze
- * (model.safetensors of those rows: the rest comes from the base model). */
+ * (model.safetensors of those rows: the rest comes from the base model); every row as stored for
+ * BAdam (each layer trains in turn). */
 int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err);
 int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err);
 /* What a training run leaves in output_dir: the whole model as the original download (full,

@@ -92,6 +92,7 @@ static int freeze_trains(const glm_config *c, int layer, glm_tkind kind) {
     const glm_peft *p = &c->peft;
     if (glm_is_extra(kind)) return 0;
     if (layer < 0) return (p->extra_modules & glm_extra_bit(kind)) != 0;
+    if (p->badam) return layer == p->badam_layer;
     int n = p->num_layer_trainable, mods = p->freeze_modules ? p->freeze_modules : ~0;
     int in = n > 0 ? layer >= c->num_layers - n : layer < -n;
     return in && (mods & layer_module_bit(glm_family_of(c), kind - T_LN1_W));
@@ -124,6 +125,7 @@ const char *glm_modules_str(const glm_config *c, int bits, int extra, char *buf,
 }
 
 const char *glm_freeze_describe(const glm_config *c, const glm_peft *p, char *buf, size_t n) {
+    if (p->badam) return snprintf(buf, n, "layer %d (all modules; BAdam moves it along)", p->badam_layer), buf;
     int k = p->num_layer_trainable, lo = k > 0 ? c->num_layers - k : 0, hi = k > 0 ? c->num_layers - 1 : -k - 1;
     char mods[160], extra[96], span[32];
     if (lo == hi) snprintf(span, sizeof span, "layer %d", lo);

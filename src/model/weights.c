@@ -333,6 +333,8 @@ int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err) {
     if (m->cfg.peft.kind == GLM_FT_LORA && (!glm_is_dir(path) || glm_is_adapter_dir(path))) return glm_adapter_load(m, path, err);
     if (m->cfg.peft.kind == GLM_FT_LORA) return load_rows(m, path, 0, m->tab.n, 1, "", NULL, err);
     if (m->cfg.peft.kind == GLM_FT_PTUNING) return load_rows(m, path, 0, m->tab.n, 1, "", NULL, err);
+    /* BAdam: every layer has moved, so the checkpoint holds them all (merged adapters included) */
+    if (m->cfg.peft.badam) return load_rows(m, path, 0, glm_model_nrows(m), 0, "", NULL, err);
     return load_rows(m, path, 0, m->tab.n, 0, "", NULL, err);
 }
 
@@ -360,6 +362,9 @@ int glm_model_save_trainable_bin(glm_model *m, const char *path, glm_err *err) {
 
 int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err) {
     if (m->cfg.peft.kind == GLM_FT_FULL) return glm_model_save(m, dir, ST_F32, 0, err);
+    if (m->cfg.peft.badam) /* every row, as stored: the frozen ones have no other copy, and the
+                            * trained layer's fp32 values are the optimizer's master copy */
+        return glm_model_save(m, dir, m->be->dtype == GLM_BF16 ? ST_BF16 : m->be->dtype == GLM_F16 ? ST_F16 : ST_F32, 0, err);
     if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_save(m, dir, ST_F32, err);
     /* freeze and P-Tuning: the rows that train, under their own names (the base comes from the
      * base model): THUDM's ptuning checkpoints hold transformer.prefix_encoder.* the same way */

@@ -103,6 +103,20 @@ void glm_adamw_master_from(glm_adamw *o, glm_model *m, size_t k, size_t lo, size
     free(tmp);
 }
 
+void glm_adamw_reset(glm_adamw *o, glm_model *m) {
+    glm_backend *be = m->be;
+    size_t nb = glm_q8_blocks(o->n);
+    struct { void *p; size_t bytes; } parts[] = {{o->m, o->n * sizeof(float)}, {o->v, o->n * sizeof(float)}, {o->qm, o->n},
+                                                 {o->qv, o->n}, {o->am, nb * sizeof(float)}, {o->av, nb * sizeof(float)}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (!parts[i].p) continue;
+        if (o->host) memset(parts[i].p, 0, parts[i].bytes);
+        else be->zero(be, parts[i].p, parts[i].bytes);
+    }
+    o->step = 0;
+    glm_adamw_master_from(o, m, 0, 0, o->n);
+}
+
 void glm_adamw_init(glm_adamw *o, glm_model *m, float lr, float b1, float b2, float eps, float wd) {
     glm_adamw_alloc(o, m, GLM_OPTIM_ADAMW, 0, m->tab.total, lr, b1, b2, eps, wd);
     /* the master copy starts from the stored weights: on the device when the backend can

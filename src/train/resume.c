@@ -173,6 +173,8 @@ static void describe(const glm_config *c, const glm_peft *p, char *s, size_t n) 
                  p->extra_modules ? glm_modules_str(c, p->extra_modules, 1, whole, sizeof whole) : "");
     } else if (p->kind == GLM_FT_PTUNING) {
         snprintf(s, n, "a P-Tuning v2 prefix (pre_seq_len %d, prefix_projection %s)", p->pre_seq_len, p->prefix_projection ? "true" : "false");
+    } else if (p->kind == GLM_FT_FREEZE && p->badam) {
+        snprintf(s, n, "every layer in turn (BAdam)");
     } else if (p->kind == GLM_FT_FREEZE) {
         char what[320];
         snprintf(s, n, "%s (freeze fine-tuning)", glm_freeze_describe(c, p, what, sizeof what));
@@ -219,7 +221,7 @@ static int check_kind(trainer *t, const char *dir, glm_err *err) {
                (was.kind == GLM_FT_LORA      ? now->lora_rank == was.lora_rank && now->lora_targets == was.lora_targets &&
                                                    now->extra_modules == was.extra_modules && !now->pissa == !was.pissa
                 : was.kind == GLM_FT_PTUNING ? now->pre_seq_len == was.pre_seq_len && !now->prefix_projection == !was.prefix_projection
-                : was.kind == GLM_FT_FREEZE  ? now->num_layer_trainable == was.num_layer_trainable &&
+                : was.kind == GLM_FT_FREEZE  ? !now->badam == !was.badam && now->num_layer_trainable == was.num_layer_trainable &&
                                                    now->freeze_modules == was.freeze_modules && now->extra_modules == was.extra_modules
                                              : 1);
     if (!known && was.kind == GLM_FT_FULL) same |= now->kind == GLM_FT_FREEZE; /* weights alone do not tell the two apart */
@@ -232,10 +234,30 @@ static int check_kind(trainer *t, const char *dir, glm_err *err) {
                          "another --output_dir (or --overwrite_output_dir)");
 }
 
+/* BAdam: the layer the checkpoint's next step trains holds the trainable rows before anything
+ * is read into them (the optimizer state saved is that layer's). */
+static int badam_layer_of(trainer *t, const char *dir, glm_err *err) {
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, "trainer_state.json");
+    char *text = glm_read_file(path, NULL, err);
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    cJSON *g = cJSON_GetObjectItem(o, "global_step"), *k = cJSON_GetObjectItem(o, "skipped_steps");
+    if (!cJSON_IsNumber(g)) {
+        cJSON_Delete(o);
+        return glm_fail(err, "%s: no global_step to place BAdam's layer by", path);
+    }
+    long done = (long)g->valuedouble - (t->a->fp16 && cJSON_IsNumber(k) ? (long)k->valuedouble : 0);
+    cJSON_Delete(o);
+    glm_model_train_layer(&t->m, glm_badam_block(&t->badam, done + 1));
+    return 0;
+}
+
 int trainer_resume(trainer *t, glm_err *err) {
     char dir[4096];
     if (agree_checkpoint(t, dir, sizeof dir, err)) return -1;
     if (check_kind(t, dir, err)) return -1;
+    if (t->m.cfg.peft.badam && badam_layer_of(t, dir, err)) return -1;
     if (glm_dp_load(t->dp, dir, &t->st, err)) {
         if (!err->hint[0]) glm_hint(err, "if %s is damaged, pass an older checkpoint-N to --resume_from_checkpoint", dir);
         return -1;

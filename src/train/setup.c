@@ -347,11 +347,53 @@ static int peft_from_adapter(const glm_train_args *a, const char *dir, glm_peft 
     return 0;
 }
 
+void glm_train_badam(const glm_train_args *a, int layers, glm_badam *b) {
+    int order = glm_badam_parse_order(a->badam_switch_mode);
+    *b = (glm_badam){.order = order < 0 ? GLM_BADAM_ASCENDING : order, .start = a->badam_start_block,
+                     .interval = a->badam_switch_interval, .blocks = layers, .seed = (uint64_t)a->seed};
+}
+
+/* --use_badam: freeze fine-tuning of one whole layer, the first block of the schedule (the
+ * flags LLaMA-Factory's BAdam takes, and what its BlockOptimizer would fail on, checked here). */
+static int badam_peft(const glm_train_args *a, const glm_config *c, const char *from, glm_peft *p, glm_err *err) {
+    int L = c->num_layers;
+    if (strcmp(a->finetuning_type, "full") != 0 || from[0])
+        return glm_fail(err, "--use_badam with %s: BAdam updates every weight of the layers, in turn (full fine-tuning)",
+                        from[0] ? "an adapter to train on" : a->finetuning_type),
+               glm_hint(err, "use --finetuning_type full%s", from[0] ? " without --adapter_name_or_path (or with "
+                        "--create_new_adapter, which merges the adapters first)" : "");
+    if (strcmp(a->badam_mode, "layer") != 0)
+        return glm_fail(err, "--badam_mode %s: BAdam's ratio mode (parts of every matrix) is not here", a->badam_mode),
+               glm_hint(err, "use --badam_mode layer, LLaMA-Factory's default");
+    if (a->badam_switch_interval < 1)
+        return glm_fail(err, "--badam_switch_interval %d: optimizer steps between switches, at least 1", a->badam_switch_interval),
+               glm_hint(err, "BAdam's paper and LLaMA-Factory's examples use 50");
+    if (a->badam_start_block < -1 || a->badam_start_block >= L)
+        return glm_fail(err, "--badam_start_block %d: the model has layers 0 to %d", a->badam_start_block, L - 1),
+               glm_hint(err, "-1 starts where the order does: 0 ascending, %d descending", L - 1);
+    if (a->pre_seq_len > 0)
+        return glm_fail(err, "--use_badam with --pre_seq_len %d: BAdam trains the model's layers, not a P-Tuning prefix",
+                        a->pre_seq_len),
+               glm_hint(err, "drop one of them");
+    int order = glm_badam_parse_order(a->badam_switch_mode);
+    if (order == GLM_BADAM_FIXED && a->badam_start_block < 0)
+        return glm_fail(err, "--badam_switch_mode fixed needs --badam_start_block: the one layer that trains"),
+               glm_hint(err, "BAdam's BlockOptimizer has no block to fix without it either");
+    if (order == GLM_BADAM_RANDOM && a->badam_start_block >= 0)
+        return glm_fail(err, "--badam_start_block with --badam_switch_mode random: the random order draws its own first layer"),
+               glm_hint(err, "drop --badam_start_block (BAdam's BlockOptimizer fails at its first switch with both)");
+    glm_badam b;
+    glm_train_badam(a, L, &b);
+    *p = (glm_peft){.kind = GLM_FT_FREEZE, .badam = 1, .badam_layer = glm_badam_block(&b, 1)};
+    return 0;
+}
+
 int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, glm_err *err) {
     int L = c->num_layers;
     *p = (glm_peft){0};
     char merged[4096], from[4096];
     glm_train_adapters(a, merged, sizeof merged, from, sizeof from);
+    if (a->use_badam && from[0]) return badam_peft(a, c, from, p, err); /* refused, naming the adapter */
     if (a->pissa_init && from[0])
         return glm_fail(err, "--pissa_init starts a new adapter, but %s trains %s on from its own start",
                         a->ptuning_checkpoint ? "--ptuning_checkpoint" : "--adapter_name_or_path", from),
@@ -373,6 +415,7 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
         return glm_fail(err, "--%s with --finetuning_type %s: it says what freeze fine-tuning trains",
                         default_modules ? "freeze_extra_modules" : "freeze_trainable_modules", k),
                glm_hint(err, "add --finetuning_type freeze, or drop the flag");
+    if (a->use_badam) return badam_peft(a, c, from, p, err);
     if (strcmp(k, "full") == 0) return 0;
     if (strcmp(k, "ptuning") != 0 && a->pre_seq_len > 0)
         return glm_fail(err, "--pre_seq_len %d with --finetuning_type %s: the prefix is P-Tuning v2's", a->pre_seq_len, k),
@@ -526,6 +569,29 @@ int trainer_load_model(trainer *t, glm_err *err) {
             return glm_fail(err, "--pissa_init with %s: glmtrain starts PiSSA on the whole base in each process", no),
                    glm_hint(err, "start it without, or train plain LoRA (LLaMA-Factory refuses these too)");
     }
+    if (c.peft.badam) { /* one process holding the whole model: the switch moves rows inside it */
+        const char *no = c.quant != GLM_Q_NONE                                   ? "a quantized base (its layers could not train in turn)"
+                         : stages                                                 ? "pipeline stages"
+                         : t->dp->world > 1                                       ? "several data-parallel ranks"
+                         : a->zero_stage >= 3                                     ? "--zero_stage 3"
+                         : strcmp(a->offload_optimizer, "none") != 0              ? "--offload_optimizer"
+                         : a->optimizer_in_backward                               ? "--optimizer_in_backward"
+                                                                                  : NULL;
+        if (no)
+            return glm_fail(err, "--use_badam with %s: glmtrain's BAdam runs on one GPU (or the CPU) in one process", no),
+                   glm_hint(err, "BAdam exists to fit one card: train with one process%s", c.quant != GLM_Q_NONE ? " on a "
+                            "float base" : "");
+        if (a->weight_decay > 0 && t->dp->rank == 0)
+            glm_warn("--weight_decay %g with --use_badam: no weight decay applies, as in LLaMA-Factory's BAdam (its "
+                     "BlockOptimizer takes the decay of LLaMA-Factory's first parameter group, which has none)", a->weight_decay);
+        glm_badam b;
+        glm_train_badam(a, c.num_layers, &b);
+        t->badam = b;
+        static const char *const orders[] = {"ascending", "descending", "random", "fixed"};
+        glm_info("BAdam: one whole layer trains at a time, from layer %d, %s, switching every %d steps with a fresh "
+                 "optimizer state (the first layer %d steps); the embedding, final norm and head stay as loaded",
+                 c.peft.badam_layer, orders[b.order], b.interval, b.interval > 1 ? b.interval - 1 : 1);
+    }
     if (c.quant != GLM_Q_NONE && c.peft.kind == GLM_FT_FULL) {
         glm_fail(err, "%s weights with --finetuning_type full: a quantized weight cannot train",
                  a->quantization_bit || nf4 ? "--quantization_bit/--quantization_type" : "quantized (config.json quantization_bit)");
@@ -533,17 +599,23 @@ int trainer_load_model(trainer *t, glm_err *err) {
     }
     int cuda = strncmp(t->be->name, "cuda", 4) == 0;
     glm_par_opts po = glm_train_par_opts(a);
-    if (a->gradient_checkpointing == GLM_CKPT_AUTO) pick_checkpointing(t, &po, &c, cuda);
-    if (t->dp->rank == 0) glm_pp_print_plan(&po, &c, cuda, t->dp->world, stderr);
-    if (glm_pp_check_memory(&po, &c, cuda, t->dp->world, err)) return -1;
+    glm_config pc = c; /* what the plan assumes: under BAdam the lowest layer the run trains, where the backward goes deepest */
+    if (c.peft.badam) {
+        glm_badam b;
+        glm_train_badam(a, c.num_layers, &b);
+        pc.peft.badam_layer = glm_badam_lowest(&b);
+    }
+    if (a->gradient_checkpointing == GLM_CKPT_AUTO) pick_checkpointing(t, &po, &pc, cuda);
+    if (t->dp->rank == 0) glm_pp_print_plan(&po, &pc, cuda, t->dp->world, stderr);
+    if (glm_pp_check_memory(&po, &pc, cuda, t->dp->world, err)) return -1;
 #ifdef GLM_HAVE_CUDA
     if (cuda) {
         size_t device_bytes = 0;
         glm_cuda_memory(t->be, NULL, NULL, &device_bytes);
-        if (glm_pp_check_device_memory(&po, &c, cuda, t->dp->world, device_bytes, err)) return -1;
+        if (glm_pp_check_device_memory(&po, &pc, cuda, t->dp->world, device_bytes, err)) return -1;
     }
 #endif
-    if (glm_pp_check_host_memory(&po, &c, cuda, t->dp->world, t->dp->dist.local_world, err)) return -1;
+    if (glm_pp_check_host_memory(&po, &pc, cuda, t->dp->world, t->dp->dist.local_world, err)) return -1;
     if (a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"))) {
         if (glm_pp_open(&t->pp, t->dp, &po, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */
         glm_pp_model_init(t->pp, &t->m, &c, t->be);
@@ -844,3 +916,15 @@ int trainer_prepare_output_dir(trainer *t, glm_err *err) {
     return glm_checkpoint_clean_stale(a->output_dir, err);
 }
 
+void trainer_badam_turn(trainer *t, long done, int say) {
+    const glm_badam *b = &t->badam;
+    if (glm_badam_round(b, done + 1) == glm_badam_round(b, done)) return;
+    int from = t->m.cfg.peft.badam_layer, to = glm_badam_block(b, done + 1);
+    glm_model_train_layer(&t->m, to);
+    glm_adamw_reset(t->dp->opt, &t->m);
+    if (!say || !lead(t)) return;
+    char line[256];
+    snprintf(line, sizeof line, "[glmtrain] BAdam: after step %ld layer %d trains (was layer %d), its optimizer state afresh",
+             t->st.global_step, to, from);
+    glm_progress_log(&t->prog, line);
+}

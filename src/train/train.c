@@ -509,7 +509,7 @@ static int run(trainer *t, glm_err *err) {
     if (a->ds.decay_all) /* DeepSpeed's optimizer from the file: one parameter group, every tensor decays */
         for (int i = 0; i < t->m.tab.n; i++) t->m.tab.t[i].decay = 1;
     if (glm_dp_attach(t->dp, &t->m, &t->opt, (float)a->learning_rate, (float)a->adam_beta1, (float)a->adam_beta2,
-                      (float)a->adam_epsilon, (float)a->weight_decay, err))
+                      (float)a->adam_epsilon, (float)(a->use_badam ? 0 : a->weight_decay), err)) /* BAdam: setup.c says why */
         return -1;
     if (t->pp && glm_pp_ready(t->pp, err)) return -1;
     if (trainer_load_tokenizer(t, err) || trainer_load_data(t, err)) return -1;
@@ -577,6 +577,8 @@ static int run(trainer *t, glm_err *err) {
         if (stop) return stop_on_signal(t, err);
         if (isnan(loss) && err->msg[0]) return -1;
         t->st.global_step++;
+        if (t->m.cfg.peft.badam && !(skipped && a->fp16)) /* inside the step, as BAdam's optimizer switches */
+            trainer_badam_turn(t, t->st.global_step - (a->fp16 ? t->scaler.skipped : 0), 1);
         if (isfinite(loss)) { loss_acc += loss; n_acc++; last_loss = loss; }
         tok_acc += tokens;
         if (!skipped) bad_in_a_row = 0;

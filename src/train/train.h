@@ -6,6 +6,7 @@
 #define GLM_TRAIN_H
 #include "core/err.h"
 #include "model/config.h"
+#include "optim/badam.h"
 #include "train/train_args.h"
 
 /* Runs training as configured. Returns 0, or -1 with err (the CLI prints it). */
@@ -15,6 +16,9 @@ int glm_train_check_args(glm_train_args *a, glm_err *err);
 /* What trains, from --finetuning_type and the LoRA / freeze flags (model/config.h glm_peft),
  * for a model of L layers. */
 int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, glm_err *err);
+/* BAdam's block schedule (optim/badam.h) from --badam_switch_mode, --badam_start_block,
+ * --badam_switch_interval and --seed, for a model of `layers` layers. */
+void glm_train_badam(const glm_train_args *a, int layers, glm_badam *b);
 /* The adapters a run starts from (model/adapter.h's lists): those merged into the base as it
  * loads, and the one trained on ("" where a new one trains: none given, or
  * --create_new_adapter); --ptuning_checkpoint is that one. */

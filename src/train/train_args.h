@@ -82,6 +82,10 @@ typedef struct glm_train_args {
     int quantization_bit;
     int lora_rank, use_rslora, use_dora, num_layer_trainable, pre_seq_len, prefix_projection;
     int pissa_init, pissa_iter, pissa_convert; /* PiSSA's start (model/pissa.h), LLaMA-Factory's names */
+    /* BAdam (optim/badam.h), LLaMA-Factory's names */
+    int use_badam, badam_start_block, badam_switch_interval, badam_verbose;
+    char *badam_mode, *badam_switch_mode, *badam_mask_mode;
+    double badam_update_ratio;
     double lora_alpha, lora_dropout, prefix_dropout, loraplus_lr_ratio;
     double neftune_noise_alpha; /* NEFTune's noise on the embeddings while training (0: none) */
     /* how the run stops early (tests, demos) */

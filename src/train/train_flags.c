@@ -94,6 +94,19 @@ const glm_flag glm_train_flags[] = {
       "(rank 2r) into output_dir/pissa_converted at the end"),
     F(loraplus_lr_ratio, ARG_FLOAT, "0", "LoRA+ (LLaMA-Factory's): the lora_B matrices train at this times the learning rate "
       "(16 is common; 0 = off)"),
+    F(use_badam, ARG_BOOL, "false", "BAdam (LLaMA-Factory's use_badam, with --finetuning_type full): every weight of the "
+      "layers trains, one whole layer at a time with AdamW, the next taking over every --badam_switch_interval steps with "
+      "a fresh optimizer state; only that layer has fp32 master weights, gradients and moments (6B on a 24 GB card); the "
+      "embedding, final norm and head stay as loaded"),
+    C(badam_mode, "layer", "layer|ratio", "BAdam: layer (blocks are layers); ratio (masked parts of every matrix) is refused"),
+    F(badam_start_block, ARG_INT, "-1", "BAdam: the layer that trains first (-1: 0 ascending, the last descending)"),
+    C(badam_switch_mode, "ascending", "ascending|descending|random|fixed", "BAdam: the order the layers train in (random: "
+      "a fresh permutation of the layers, drawn from --seed, every round)"),
+    F(badam_switch_interval, ARG_INT, "50", "BAdam: optimizer steps between switches (the first layer trains one step "
+      "fewer, as BAdam counts)"),
+    F(badam_update_ratio, ARG_FLOAT, "0.05", "BAdam's ratio mode (refused)"),
+    C(badam_mask_mode, "adjacent", "adjacent|scatter", "BAdam's ratio mode (refused)"),
+    F(badam_verbose, ARG_INT, "0", "BAdam: 1 or 2 log each switch (glmtrain logs every switch at 0 too, in one line)"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N), the rest stays frozen"),
     F(additional_target, ARG_STR, "", "LoRA: modules outside the layers that train whole beside the adapters (peft's "
       "modules_to_save), a comma list of final_layernorm and, where the head is untied, word_embeddings and lm_head "
@@ -332,7 +345,6 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"use_galore", "false|False|0", "", "GaLore's projected optimizer is not here" LESS_OPTIMIZER_MEMORY},
     {"use_apollo", "false|False|0", "", "APOLLO's optimizer is not here" LESS_OPTIMIZER_MEMORY},
     {"use_adam_mini", "false|False|0", "", "Adam-mini is not here" LESS_OPTIMIZER_MEMORY},
-    {"use_badam", "false|False|0", "", "BAdam's block-wise updates are not here" SOME_LAYERS},
     {"use_llama_pro", "false|False|0", "", "LLaMA Pro's expanded blocks are not here" SOME_LAYERS},
 #undef LESS_OPTIMIZER_MEMORY
 #undef SOME_LAYERS

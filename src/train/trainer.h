@@ -69,6 +69,7 @@ typedef struct trainer {
     glm_dp *dp;               /* data parallel (a no-op with one process) */
     glm_gpustat *gs;          /* NVML figures of this rank's GPU, NULL on the CPU */
     glm_pp *pp;               /* pipeline stages (--pipeline_parallel_size > 1), else NULL */
+    glm_badam badam;          /* BAdam's block schedule (m.cfg.peft.badam) */
 } trainer;
 
 /* The job's first rank: with pipeline stages dp->rank is the replica within a stage. */
@@ -89,5 +90,8 @@ int trainer_prepare_output_dir(trainer *t, glm_err *err);
 /* --resume_from_checkpoint: restores weights, optimizer, data position and log history from
  * the newest intact checkpoint of this run (or the one named), on every rank (train/resume.c). */
 int trainer_resume(trainer *t, glm_err *err);
+/* BAdam, after `done` optimizer steps: when the next step starts a round, its layer takes over
+ * (glm_model_train_layer) with a fresh optimizer state; the lead logs it when `say`. */
+void trainer_badam_turn(trainer *t, long done, int say);
 
 #endif

@@ -6,6 +6,9 @@
  *     [--use_rslora] [--use_dora] [--lora_dropout P --dropout_seed S] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--freeze_trainable_modules LIST] [--freeze_extra_modules LIST] [--additional_target LIST] [--adapter DIR_OR_FILE] [--adapter_seed S]
  *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
  *     [--quantization_bit 4|8] [--quantization_type int|nf4]  (the frozen linear weights quantized)
+ *     [--badam_interval K --badam_order ascending|descending|random|fixed [--badam_start S] [--seed N]]
+ *       (BAdam, optim/badam.h: one whole layer trains, the next taking over with a fresh AdamW state
+ *       as the trainer does it; OUT also holds "blocks" [K], the layer each step trained)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
  * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab);
  * "norm_bwd" [1] counts the first step's norm backward calls (the backward stops at the lowest
@@ -26,6 +29,7 @@
 #include "model/adapter.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
+#include "optim/badam.h"
 
 static int die(glm_err *e) { glm_err_print(e); return 1; }
 
@@ -82,6 +86,9 @@ int main(int argc, char **argv) {
     const char *ft = "full", *targets = "query_key_value", *adapter = NULL, *qtype = NULL;
     const char *freeze_modules = "all", *freeze_extra = "", *additional = "";
     int qbits = 0;
+    int badam_interval = 0, badam_start = -1;
+    const char *badam_order = "ascending";
+    unsigned long long seed = 42;
     int dora = 0;
     float lora_dropout = 0.0f;
     unsigned long long dropout_seed = 0;
@@ -123,6 +130,10 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--prefix_projection") == 0) projection = 1;
         else if (ARG("--quantization_bit")) qbits = atoi(v);
         else if (ARG("--quantization_type")) qtype = v;
+        else if (ARG("--badam_interval")) badam_interval = atoi(v);
+        else if (ARG("--badam_order")) badam_order = v;
+        else if (ARG("--badam_start")) badam_start = atoi(v);
+        else if (ARG("--seed")) seed = strtoull(v, NULL, 10);
         else { fprintf(stderr, "unknown argument %s\n", a); return 2; }
 #undef ARG
     }
@@ -131,7 +142,12 @@ int main(int argc, char **argv) {
     glm_config c;
     if (glm_config_load(&c, model, &err)) return die(&err);
     /* what trains decides the table, so it is set before glm_model_init */
-    if (strcmp(ft, "lora") == 0) {
+    glm_badam bs = {.order = glm_badam_parse_order(badam_order), .start = badam_start, .interval = badam_interval,
+                    .blocks = c.num_layers, .seed = seed};
+    if (badam_interval > 0) {
+        if (bs.order < 0) { fprintf(stderr, "--badam_order %s: ascending, descending, random or fixed\n", badam_order); return 2; }
+        c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .badam = 1, .badam_layer = glm_badam_block(&bs, 1)};
+    } else if (strcmp(ft, "lora") == 0) {
         c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = rank, .lora_alpha = alpha > 0 ? alpha : 2.0f * rank,
                             .use_rslora = rslora, .use_dora = dora, .loraplus_lr_ratio = loraplus,
                             .lora_dropout = lora_dropout};
@@ -179,6 +195,10 @@ int main(int argc, char **argv) {
     size_t total = m.tab.total;
     float *grads = glm_malloc(total * sizeof(float)), *params = glm_malloc(total * sizeof(float));
     float *losses = glm_calloc(steps > 0 ? steps : 1, sizeof(float));
+    float *blocks = glm_calloc(steps > 0 ? steps : 1, sizeof(float));
+    glm_tensor *rows0 = glm_malloc(((size_t)m.tab.n + 1) * sizeof *rows0); /* the first step's rows (BAdam moves them) */
+    memcpy(rows0, m.tab.t, (size_t)m.tab.n * sizeof *rows0);
+    int nrows0 = m.tab.n;
     float loss0 = 0, norm0 = 0, norm_bwd = 0;
     glm_adamw opt;
     glm_adamw_init(&opt, &m, lr, b1, b2, eps, wd);
@@ -193,7 +213,12 @@ int main(int argc, char **argv) {
             be->download_f32(be, grads, m.grads, total);
         }
         losses[s] = loss;
+        blocks[s] = (float)m.cfg.peft.badam_layer;
         if (steps > 0) glm_adamw_step(&opt, &m, lr, glm_clip_coef(norm, max_norm));
+        if (badam_interval > 0 && glm_badam_round(&bs, s + 2) != glm_badam_round(&bs, s + 1)) { /* as train.c's turn */
+            glm_model_train_layer(&m, glm_badam_block(&bs, s + 2));
+            glm_adamw_reset(&opt, &m);
+        }
     }
     glm_model_get_params(&m, params);
     size_t ftotal = m.ftab.total;
@@ -201,16 +226,18 @@ int main(int argc, char **argv) {
     if (ftotal) be->download_f32(be, fparams, m.fparams, ftotal);
 
     int ne = 0;
-    st_entry *e = glm_calloc(2 * m.tab.n + m.ftab.n + 4, sizeof *e);
+    st_entry *e = glm_calloc(2 * m.tab.n + m.ftab.n + 5, sizeof *e);
     char (*names)[160] = glm_calloc(2 * m.tab.n + m.ftab.n, 160);
     e[ne++] = (st_entry){.name = "loss", .ndim = 1, .shape = {1}, .data = &loss0, .data_dtype = ST_F32, .file_dtype = ST_F32};
     e[ne++] = (st_entry){.name = "grad_norm", .ndim = 1, .shape = {1}, .data = &norm0, .data_dtype = ST_F32, .file_dtype = ST_F32};
     e[ne++] = (st_entry){.name = "norm_bwd", .ndim = 1, .shape = {1}, .data = &norm_bwd, .data_dtype = ST_F32, .file_dtype = ST_F32};
     if (steps > 0) e[ne++] = (st_entry){.name = "losses", .ndim = 1, .shape = {steps}, .data = losses, .data_dtype = ST_F32, .file_dtype = ST_F32};
+    if (steps > 0 && badam_interval > 0)
+        e[ne++] = (st_entry){.name = "blocks", .ndim = 1, .shape = {steps}, .data = blocks, .data_dtype = ST_F32, .file_dtype = ST_F32};
     for (int i = 0; i < m.tab.n; i++) {
-        const glm_tensor *t = &m.tab.t[i];
         for (int k = 0; k < 2; k++) {
-            if (k == 1 && steps == 0) continue;
+            const glm_tensor *t = k ? &m.tab.t[i] : i < nrows0 ? &rows0[i] : NULL;
+            if ((k == 1 && steps == 0) || !t) continue;
             char *nm = names[2 * i + k];
             snprintf(nm, 160, "%s%s", k ? "param/" : "grad/", t->name);
             e[ne] = (st_entry){.name = nm, .ndim = t->ndim, .data = (k ? params : grads) + t->offset,
@@ -233,6 +260,6 @@ int main(int argc, char **argv) {
     glm_model_free(&m);
     glm_batch_free(&b);
     be->destroy(be);
-    free(grads); free(params); free(fparams); free(losses); free(e); free(names);
+    free(grads); free(params); free(fparams); free(losses); free(blocks); free(rows0); free(e); free(names);
     return 0;
 }

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""BAdam (--use_badam, LLaMA-Factory's layer mode; optim/badam.h) against the badam package itself.
+
+1. The C model through $GLM_BUILD/tests/tool_model_driver --badam_interval K --badam_order O
+   against glm_ref's model trained by badam's BlockOptimizer wrapped around torch.optim.AdamW
+   with LLaMA-Factory's two parameter groups (_create_badam_optimizer): the loss of every step,
+   the layer each step trains, and every weight after the run (the frozen ones included) within
+   1e-5 relative; the embedding, final norm and head bit-identical to the start. Orders ascending
+   (switching every step and every 2), descending from a given layer, random (the package's
+   torch.randperm replaced by the permutations glmtrain drew, read off the layers it trained) and
+   fixed (one layer whose state still starts afresh at each switch), clipping on in one case.
+2. The command line on a tiny model: the switches in the log, the final folder a whole model
+   whose embedding and head are the base's and whose every layer moved; resume from a checkpoint
+   at a switch and from one inside a round gives the same losses and bit-identical weights;
+   weight decay warned about (none applies, as in LLaMA-Factory's BAdam); the refusals by name.
+Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import glm_ref  # noqa: E402
+from test_model_vs_torch import find_driver, make_cfg, make_rows, rel  # noqa: E402
+
+failures = 0
+
+
+def check(name, ok, detail=""):
+    global failures
+    if ok:
+        print("PASS %s" % name)
+    else:
+        failures += 1
+        print("FAIL %s: %s" % (name, detail))
+    sys.stdout.flush()
+    return ok
+
+
+def badam_round(step, k):
+    """BAdam's switches before 1-based step `step` (it switches after step s when (s + 1) % k == 0)."""
+    return step - 1 if k <= 1 else step // k
+
+
+def reference(cfg, params, ids, labels, steps, k, mode, start, lr, eps, max_grad_norm, perms=None):
+    """badam's BlockOptimizer over torch's AdamW, as LLaMA-Factory builds it, on the same batch
+    every step: (losses, layer trained per step, final params)."""
+    import torch
+    import badam.block_optim as bo
+    leaves = {n: v.detach().clone().requires_grad_(True) for n, v in params.items()}
+    named = list(leaves.items())
+    decay = [p for n, p in named if p.ndim >= 2]  # the Trainer spares biases and LayerNorm weights
+    nodecay = [p for n, p in named if p.ndim < 2]
+    base = torch.optim.AdamW([{"params": nodecay, "weight_decay": 0.0}, {"params": decay, "weight_decay": 0.0}],
+                             lr=lr, eps=eps)
+    import contextlib
+    import io
+    import warnings
+    warnings.filterwarnings("ignore", message="BAdam expect")  # fp32 here on purpose: the comparison is exact
+    quiet = contextlib.redirect_stdout(io.StringIO())  # its switch messages
+    real_randperm = bo.torch.randperm
+    if perms is not None:  # the permutations glmtrain drew, in the order BlockOptimizer asks for them
+        queue = list(perms)
+        bo.torch.randperm = lambda n: torch.tensor(queue.pop(0) if queue else list(range(n)))
+    try:
+        quiet.__enter__()
+        opt = bo.BlockOptimizer(base_optimizer=base, named_parameters_list=named, block_prefix_list=None,
+                                switch_block_every=k, start_block=start, switch_mode=mode, verbose=0)
+        losses, blocks = [], []
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = glm_ref.forward(cfg, leaves, ids, labels)["loss"]
+            loss.backward()
+            trained = {int(n.split(".")[2]) for n, p in named if p.grad is not None}
+            blocks.append(sorted(trained))
+            losses.append(loss.item())
+            if max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_([p for _, p in named if p.grad is not None], max_grad_norm)
+            opt.step()
+    finally:
+        quiet.__exit__(None, None, None)
+        bo.torch.randperm = real_randperm
+    return losses, blocks, {n: v.detach().clone() for n, v in named}
+
+
+def driver_cases(tmp):
+    import torch
+    from safetensors.torch import load_file
+    driver = find_driver()
+    if driver is None:
+        print("SKIP badam_driver: tool_model_driver not built")
+        return
+    cfg = make_cfg(3, 96, 6, 320, False)
+    params = glm_ref.init_params(cfg, seed=7, std=0.02)
+    model = os.path.join(tmp, "m3")
+    glm_ref.save_model_dir(model, cfg, params)
+    ids_rows, label_rows = make_rows(cfg, [(6, 4), (3, 7), (9, 2)], seed=3)
+    ids, labels = glm_ref.pad_batch(ids_rows, label_rows, cfg["pad_token_id"])
+    batch = os.path.join(tmp, "batch.json")
+    json.dump({"input_ids": ids_rows, "labels": label_rows}, open(batch, "w"))
+    # name, steps, interval, order, start, clip
+    cases = [("ascending_k2", 9, 2, "ascending", None, 0.0), ("ascending_k1", 5, 1, "ascending", None, 0.0),
+             ("descending_from_1", 8, 3, "descending", 1, 1.0), ("random_k2", 11, 2, "random", None, 0.0),
+             ("fixed_k3", 8, 3, "fixed", 2, 0.0)]
+    lr, eps = 1e-4, 1e-6
+    for name, steps, k, mode, start, clip in cases:
+        out = os.path.join(tmp, name + ".safetensors")
+        cmd = [driver, "--model", model, "--batch", batch, "--out", out, "--steps", str(steps), "--lr", repr(lr),
+               "--eps", repr(eps), "--max_grad_norm", repr(clip), "--badam_interval", str(k), "--badam_order", mode,
+               "--seed", "5"]
+        if start is not None:
+            cmd += ["--badam_start", str(start)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if not check("badam_driver_%s_runs" % name, p.returncode == 0, (p.stdout + p.stderr)[-400:]):
+            continue
+        got = load_file(out)
+        ours = [int(b) for b in got["blocks"].tolist()]
+        perms = None
+        if mode == "random":  # each round of 3 switches a permutation; BlockOptimizer pops from its end
+            seq = {}
+            for s in range(1, steps + 1):
+                seq.setdefault(badam_round(s, k), ours[s - 1])
+            rounds = [seq[r] for r in sorted(seq)]
+            perms = [list(reversed(rounds[i:i + 3])) for i in range(0, len(rounds) - len(rounds) % 3, 3)]
+            check("badam_random_rounds_are_permutations", all(sorted(pp) == [0, 1, 2] for pp in perms) and len(perms) >= 2,
+                  str(rounds))
+        losses, blocks, ref = reference(cfg, params, ids, labels, steps, k, mode, start, lr, eps, clip, perms)
+        check("badam_%s_same_layers_as_blockoptimizer" % name, [[b] for b in ours] == blocks, "%s vs %s" % (ours, blocks))
+        worst_loss = max(abs(a - b) / abs(b) for a, b in zip(got["losses"].tolist(), losses))
+        worst, where = 0.0, ""
+        for n, v in ref.items():
+            g = got.get("param/" + n, got.get("fparam/" + n))
+            e = rel(g, v) if g is not None else float("inf")
+            if e > worst:
+                worst, where = e, n
+        check("badam_%s_losses_and_weights_match_badam" % name, worst_loss < 1e-5 and worst < 1e-5,
+              "loss %.3g, weights %.3g at %s" % (worst_loss, worst, where))
+        still = [n for n in params if ".layers." not in n]
+        check("badam_%s_outside_layers_untouched" % name,
+              all(torch.equal(got.get("fparam/" + n, torch.zeros(1)), params[n]) for n in still), str(still))
+
+
+def cli_cases(tmp):
+    import torch
+    from safetensors.torch import load_file
+    from test_generate import GLM, make_tokenizer, tiny_config
+    from test_lora_cli import run
+    if not os.path.exists(GLM):
+        print("SKIP badam_cli: %s not built" % GLM)
+        return
+    if not shutil.which("spm_train"):
+        print("SKIP badam_cli: spm_train (Debian sentencepiece) not installed")
+        return
+    tok, ids, vocab = make_tokenizer(tmp)
+    cfg = tiny_config(ids, vocab)
+    params = glm_ref.init_params(cfg, seed=4, std=0.3)
+    glm_ref.save_model_dir(tok, cfg, params)
+    data = os.path.join(tmp, "train.json")
+    json.dump([{"instruction": "写一句关于%s的诗" % w, "output": w * 3} for w in ["春", "风", "山", "水"] * 4],
+              open(data, "w"), ensure_ascii=False)
+    common = ["--model_name_or_path", tok, "--train_file", data, "--use_badam", "--badam_switch_interval", "2",
+              "--per_device_train_batch_size", "4", "--logging_steps", "1", "--disable_tqdm", "--report_to", "none",
+              "--max_source_length", "32", "--max_target_length", "16", "--device", "cpu", "--seed", "5",
+              "--learning_rate", "1e-2", "--max_steps", "7", "--save_steps", "3"]
+    out = os.path.join(tmp, "badam")
+    p = run(["train", "--output_dir", out, "--weight_decay", "0.1"] + common)
+    if not check("badam_cli_trains", p.returncode == 0, p.stderr[-800:]):
+        return
+    switches = [l for l in p.stderr.splitlines() if "BAdam: after step" in l]
+    check("badam_cli_switches_logged", len(switches) == 4 and "after step 1 layer 1 trains (was layer 0)" in switches[0] and
+          "after step 3 layer 0 trains" in switches[1] and "after step 5 layer 1 trains" in switches[2], "\n".join(switches))
+    check("badam_cli_weight_decay_warned", "no weight decay applies" in p.stderr, p.stderr[-400:])
+    final = load_file(os.path.join(out, "model.safetensors"))
+    moved = {n: not torch.equal(final[n], params[n]) for n in params}
+    check("badam_cli_final_is_whole_model", set(params) <= set(final) and
+          all(moved[n] == (".layers." in n) for n in params),
+          "%s %s" % (set(params) - set(final), [n for n in params if moved[n] != (".layers." in n)]))
+    ck = load_file(os.path.join(out, "checkpoint-3", "model.safetensors"))
+    check("badam_checkpoint_holds_every_weight", sorted(ck) == sorted(params), str(sorted(ck))[:200])
+
+    def losses(d):
+        st = json.load(open(os.path.join(d, "checkpoint-6", "trainer_state.json")))
+        return [h["loss"] for h in st["log_history"] if "loss" in h]
+    before = losses(out)
+    for at in ("3", "6"):  # after step 3 layer 0 took over (a fresh state); after step 6 layer 1 is a step into its round
+        snap = os.path.join(tmp, "straight_%s.safetensors" % at)
+        shutil.copy(os.path.join(out, "model.safetensors"), snap)
+        r = run(["train", "--output_dir", out, "--weight_decay", "0.1", "--resume_from_checkpoint",
+                 os.path.join(out, "checkpoint-" + at)] + common)
+        again = load_file(os.path.join(out, "model.safetensors")) if r.returncode == 0 else {}
+        same = r.returncode == 0 and losses(out) == before and all(torch.equal(again[n], v) for n, v in load_file(snap).items())
+        check("badam_resume_from_checkpoint_%s_is_exact" % at, same and len(before) == 6,
+              "%s vs %s %s" % (losses(out) if r.returncode == 0 else None, before, r.stderr[-400:]))
+
+    # a full fine-tuning checkpoint is not a BAdam one
+    full = os.path.join(tmp, "full")
+    plain = [a for a in common if a != "--use_badam"]
+    del plain[plain.index("--badam_switch_interval"):plain.index("--badam_switch_interval") + 2]
+    pf = run(["train", "--output_dir", full] + plain)
+    rb = run(["train", "--output_dir", full, "--resume_from_checkpoint", os.path.join(full, "checkpoint-3")] + common)
+    check("badam_resume_of_full_checkpoint_refused", pf.returncode == 0 and rb.returncode != 0 and
+          "every layer in turn (BAdam)" in rb.stderr, (pf.stderr + rb.stderr)[-300:])
+
+    refusals = [
+        ("lora", ["--finetuning_type", "lora"], "BAdam updates every weight"),
+        ("ratio", ["--badam_mode", "ratio"], "ratio mode"),
+        ("fixed_without_start", ["--badam_switch_mode", "fixed"], "needs --badam_start_block"),
+        ("random_with_start", ["--badam_switch_mode", "random", "--badam_start_block", "1"], "draws its own first layer"),
+        ("start_out_of_range", ["--badam_start_block", "2"], "layers 0 to 1"),
+        ("interval_zero", ["--badam_switch_interval", "0"], "at least 1"),
+        ("quantized", ["--quantization_bit", "8"], "a quantized base"),
+        ("offload", ["--offload_optimizer", "cpu"], "--offload_optimizer"),
+        ("prefix", ["--pre_seq_len", "4"], "P-Tuning prefix"),
+    ]
+    for name, extra, want in refusals:
+        q = run(["train", "--output_dir", os.path.join(tmp, "r_" + name)] + common + extra)
+        check("badam_refused_" + name, q.returncode != 0 and want in q.stderr, q.stderr[-300:])
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="glm-badam-")
+    try:
+        try:
+            import badam  # noqa: F401
+        except ImportError:
+            print("SKIP badam_all: the badam package is not installed (scripts/install-deps.sh)")
+            return 0
+        driver_cases(tmp)
+        cli_cases(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
