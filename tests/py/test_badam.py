@@ -8,7 +8,8 @@
    1e-5 relative; the embedding, final norm and head bit-identical to the start. Orders ascending
    (switching every step and every 2), descending from a given layer, random (the package's
    torch.randperm replaced by the permutations glmtrain drew, read off the layers it trained) and
-   fixed (one layer whose state still starts afresh at each switch), clipping on in one case.
+   fixed (one layer whose state still starts afresh at each switch), clipping on in one case; the
+   ChatGLM2 block (glm2_ref) in descending order.
 2. The command line on a tiny model: the switches in the log, the final folder a whole model
    whose embedding and head are the base's and whose every layer moved; resume from a checkpoint
    at a switch and from one inside a round gives the same losses and bit-identical weights;
@@ -45,10 +46,13 @@ def badam_round(step, k):
     return step - 1 if k <= 1 else step // k
 
 
-def reference(cfg, params, ids, labels, steps, k, mode, start, lr, eps, max_grad_norm, perms=None):
+def reference(cfg, params, ids, labels, steps, k, mode, start, lr, eps, max_grad_norm, perms=None, fwd=None):
     """badam's BlockOptimizer over torch's AdamW, as LLaMA-Factory builds it, on the same batch
-    every step: (losses, layer trained per step, final params)."""
+    every step (fwd: the reference model's forward, glm_ref's by default): (losses, layer trained
+    per step, final params)."""
+    import re
     import torch
+    fwd = fwd or glm_ref.forward
     import badam.block_optim as bo
     leaves = {n: v.detach().clone().requires_grad_(True) for n, v in params.items()}
     named = list(leaves.items())
@@ -72,9 +76,9 @@ def reference(cfg, params, ids, labels, steps, k, mode, start, lr, eps, max_grad
         losses, blocks = [], []
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
-            loss = glm_ref.forward(cfg, leaves, ids, labels)["loss"]
+            loss = fwd(cfg, leaves, ids, labels)["loss"]
             loss.backward()
-            trained = {int(n.split(".")[2]) for n, p in named if p.grad is not None}
+            trained = {int(re.search(r"layers\.(\d+)\.", n).group(1)) for n, p in named if p.grad is not None}
             blocks.append(sorted(trained))
             losses.append(loss.item())
             if max_grad_norm > 0:
@@ -141,6 +145,38 @@ def driver_cases(tmp):
         still = [n for n in params if ".layers." not in n]
         check("badam_%s_outside_layers_untouched" % name,
               all(torch.equal(got.get("fparam/" + n, torch.zeros(1)), params[n]) for n in still), str(still))
+
+
+def glm2_case(tmp):
+    """The ChatGLM2 block (RMSNorm, grouped-query attention, SwiGLU, untied output_layer) under
+    BAdam, descending over 3 layers, against BlockOptimizer on glm2_ref's model."""
+    import torch
+    import glm2_ref
+    from safetensors.torch import load_file
+    from test_glm2_grads import make_cfg as glm2_cfg, make_rows as glm2_rows, write_case
+    driver = find_driver()
+    if driver is None:
+        print("SKIP badam_glm2: tool_model_driver not built")
+        return
+    raw, cfg = glm2_cfg(3, 64, 4, 16, 2, 96, True)
+    params = glm2_ref.init_params(cfg, seed=9, std=0.05)
+    ids, labels, mdir, bpath = write_case(tmp, "glm2", raw, params, *glm2_rows([(5, 4), (2, 6)], seed=4))
+    out = os.path.join(tmp, "glm2.safetensors")
+    steps, k, lr, eps = 7, 2, 1e-4, 1e-4  # eps 1e-4: near-linear updates, where fp32 rounding is not amplified
+    p = subprocess.run([driver, "--model", mdir, "--batch", bpath, "--out", out, "--steps", str(steps), "--lr", repr(lr),
+                        "--eps", repr(eps), "--badam_interval", str(k), "--badam_order", "descending"],
+                       capture_output=True, text=True, timeout=300)
+    if not check("badam_glm2_driver_runs", p.returncode == 0, (p.stdout + p.stderr)[-400:]):
+        return
+    got = load_file(out)
+    losses, blocks, ref = reference(cfg, params, ids, labels, steps, k, "descending", None, lr, eps, 0.0, fwd=glm2_ref.forward)
+    ours = [[int(b)] for b in got["blocks"].tolist()]
+    worst_loss = max(abs(a - b) / abs(b) for a, b in zip(got["losses"].tolist(), losses))
+    worst = max(rel(got.get("param/" + n, got.get("fparam/" + n)), v) for n, v in ref.items())
+    check("badam_glm2_matches_blockoptimizer", ours == blocks and worst_loss < 1e-5 and worst < 1e-5,
+          "layers %s vs %s, loss %.3g, weights %.3g" % (ours, blocks, worst_loss, worst))
+    check("badam_glm2_outside_layers_untouched",
+          all(torch.equal(got["fparam/" + n], params[n]) for n in params if ".layers." not in n))
 
 
 def cli_cases(tmp):
@@ -229,6 +265,7 @@ def main():
             print("SKIP badam_all: the badam package is not installed (scripts/install-deps.sh)")
             return 0
         driver_cases(tmp)
+        glm2_case(tmp)
         cli_cases(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
