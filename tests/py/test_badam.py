@@ -14,6 +14,8 @@
    whose embedding and head are the base's and whose every layer moved; resume from a checkpoint
    at a switch and from one inside a round gives the same losses and bit-identical weights;
    weight decay warned about (none applies, as in LLaMA-Factory's BAdam); the refusals by name.
+3. The memory plan (glmtrain info): BAdam's equals freeze fine-tuning's of the lowest layer it
+   reaches, and a full fine-tune refused under a 24 GiB cap lists --use_badam among what fits.
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
 import os
@@ -256,6 +258,33 @@ def cli_cases(tmp):
         check("badam_refused_" + name, q.returncode != 0 and want in q.stderr, q.stderr[-300:])
 
 
+def plan_cases():
+    """The memory plan: BAdam's is freeze fine-tuning's of the lowest layer it reaches (the first,
+    ascending; the one fixed), and a full fine-tune refused under a 24 GiB cap lists it."""
+    from test_generate import GLM
+    if not os.path.exists(GLM):
+        print("SKIP badam_plan: %s not built" % GLM)
+        return
+    base = [GLM, "info", "--chatglm6b", "--bf16", "--per_device_train_batch_size", "4", "--cutoff_len", "512",
+            "--gradient_checkpointing"]
+
+    def plan(extra):
+        p = subprocess.run(base + extra, capture_output=True, text=True)
+        rows = [l for l in p.stdout.splitlines() if l.strip().startswith(("weights", "gradients", "fp32 master", "AdamW", "activations",
+                                                                          "backward", "total"))]
+        return p.returncode, rows
+    rb, badam = plan(["--use_badam"])
+    rf, freeze = plan(["--finetuning_type", "freeze", "--num_layer_trainable", "-1"])
+    check("badam_plans_as_freeze_of_the_first_layer", rb == 0 and rf == 0 and badam == freeze and len(badam) == 7,
+          "%s vs %s" % (badam, freeze))
+    rx, fixed = plan(["--use_badam", "--badam_switch_mode", "fixed", "--badam_start_block", "27"])
+    ry, last = plan(["--finetuning_type", "freeze", "--num_layer_trainable", "1"])
+    check("badam_fixed_plans_as_freeze_of_that_layer", rx == 0 and fixed == last and fixed != badam, "%s vs %s" % (fixed, last))
+    p = subprocess.run(base[:-1] + ["--max_memory_per_gpu", "24GiB"], capture_output=True, text=True)
+    check("badam_listed_among_layouts_that_fit_24gib", "; --use_badam (plans " in p.stdout + p.stderr,
+          (p.stdout + p.stderr)[-600:])
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="glm-badam-")
     try:
@@ -264,6 +293,7 @@ def main():
         except ImportError:
             print("SKIP badam_all: the badam package is not installed (scripts/install-deps.sh)")
             return 0
+        plan_cases()
         driver_cases(tmp)
         glm2_case(tmp)
         cli_cases(tmp)
