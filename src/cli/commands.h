@@ -7,6 +7,7 @@ int glm_cmd_chat(int argc, char **argv);
 int glm_cmd_serve(int argc, char **argv);    /* cli/cmd_serve.c */
 int glm_cmd_info(int argc, char **argv);
 int glm_cmd_convert(int argc, char **argv);  /* cli/cmd_convert.c */
+int glm_cmd_expand(int argc, char **argv);   /* cli/cmd_expand.c */
 int glm_cmd_merge(int argc, char **argv);    /* cli/cmd_merge.c */
 int glm_cmd_quantize(int argc, char **argv); /* cli/cmd_quantize.c */
 int glm_cmd_env(int argc, char **argv);

@@ -14,6 +14,7 @@ static void usage(void) {
            "  tokenize   ids, pieces or text through the ChatGLM tokenizer\n"
            "  info       model size and the memory plan for a training setup\n"
            "  convert    a checkpoint (.bin or safetensors) to a Hugging Face safetensors folder (fp16/bf16/fp32)\n"
+           "  expand     LLaMA Pro: blocks added that pass their input through (ChatGLM2/3, GLM-4), to train alone\n"
            "  merge      a base model and a LoRA adapter into one Hugging Face folder\n"
            "  quantize   a model's linear weights as INT8/INT4 (THUDM's chatglm-6b-int8/int4 layout)\n"
            "  env        check CUDA, cuBLAS, NCCL, every GPU and the links between them\n"
@@ -56,6 +57,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "merge")) return glm_cmd_merge(n, rest);
     if (!strcmp(cmd, "quantize")) return glm_cmd_quantize(n, rest);
     if (!strcmp(cmd, "convert")) return glm_cmd_convert(n, rest);
+    if (!strcmp(cmd, "expand")) return glm_cmd_expand(n, rest);
     if (!strcmp(cmd, "env")) return glm_cmd_env(n, rest);
     fprintf(stderr, "error: unknown command \"%s\"\n", cmd);
     usage();

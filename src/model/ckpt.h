@@ -95,6 +95,9 @@ int glm_export(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd
                glm_err *err);
 /* The model's parameters; config_from / files_from default to the model's origin. */
 int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err);
+/* A glm_tensor_reader over an open glm_ckpt (ctx): tensor `name` as floats (a tied model's
+ * embedding found as lm_head where that is all the file has). */
+int glm_ckpt_reader(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err);
 /* A checkpoint converted (config.json of `from` decides the tensors) without building a model:
  * memory stays at about one shard. */
 int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o, glm_err *err);

@@ -39,6 +39,10 @@ typedef struct glm_peft {
      * layer, badam_layer, which the run moves to another layer every few steps (num_layer_trainable
      * and freeze_modules unused) */
     int badam, badam_layer;
+    /* LLaMA Pro (LLaMA-Factory's use_llama_pro; model/expand.h): with freeze, the layers that
+     * train are every llama_pro-th one, l % llama_pro == llama_pro - 1, the blocks `glmtrain
+     * expand` added (llama_pro = num_layers / num_layer_trainable; 0: off) */
+    int llama_pro;
     /* Modules outside the layers that train whole (GLM_EXTRA_EMB/LNF/HEAD): with freeze,
      * LLaMA-Factory's freeze_extra_modules; with LoRA, peft's modules_to_save (LLaMA-Factory's
      * additional_target), beside the adapters. */

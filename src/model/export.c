@@ -127,11 +127,19 @@ int glm_write_hf_config(const glm_config *c, const char *config_from, st_dtype d
     glm_err perr;
     cJSON *j = glm_json_parse_doc(text, strlen(text), config_from ? config_from : "config", "config.json", &perr); /* only to refuse a broken source before copying it */
     int ok = cJSON_IsObject(j);
+    cJSON *nl = cJSON_GetObjectItem(j, "num_layers");
+    int relayered = cJSON_IsNumber(nl) && nl->valueint != c->num_layers; /* a model with layers added (model/expand.h) */
     cJSON_Delete(j);
     char value[32], *out = NULL;
     snprintf(value, sizeof value, "\"%s\"", torch_dtype_name(dtype));
     if (ok) out = glm_json_set_key(text, "torch_dtype", value);
     free(text);
+    if (out && relayered) {
+        snprintf(value, sizeof value, "%d", c->num_layers);
+        char *o2 = glm_json_set_key(out, "num_layers", value);
+        free(out);
+        out = o2;
+    }
     if (out && c->peft.kind == GLM_FT_PTUNING) { /* what THUDM's loader reads to build the prefix encoder */
         snprintf(value, sizeof value, "%d", c->peft.pre_seq_len);
         char *o2 = glm_json_set_key(out, "pre_seq_len", value);
@@ -349,7 +357,7 @@ int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, gl
     return glm_export(&m->cfg, read_model, read_model_quantized, m, dir, &oo, err);
 }
 
-static int read_ckpt(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
+int glm_ckpt_reader(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
     glm_ckpt *c = ctx;
     /* a tied model's embedding may be stored only as lm_head (see glm_model_load) */
     if (t->kind == T_WORD_EMB && glm_ckpt_info(c, name, NULL, NULL, NULL) != 0 &&
@@ -397,7 +405,7 @@ int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o
     glm_export_opts oo = *o;
     if (!oo.config_from && cfg[0]) oo.config_from = cfg;
     if (!oo.files_from && folder[0]) oo.files_from = folder;
-    int rc = glm_export(&c, read_ckpt, read_ckpt_quantized, &ck, dir, &oo, err);
+    int rc = glm_export(&c, glm_ckpt_reader, read_ckpt_quantized, &ck, dir, &oo, err);
     glm_ckpt_close(&ck);
     return rc;
 }

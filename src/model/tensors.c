@@ -94,7 +94,7 @@ static int freeze_trains(const glm_config *c, int layer, glm_tkind kind) {
     if (layer < 0) return (p->extra_modules & glm_extra_bit(kind)) != 0;
     if (p->badam) return layer == p->badam_layer;
     int n = p->num_layer_trainable, mods = p->freeze_modules ? p->freeze_modules : ~0;
-    int in = n > 0 ? layer >= c->num_layers - n : layer < -n;
+    int in = p->llama_pro ? layer % p->llama_pro == p->llama_pro - 1 : n > 0 ? layer >= c->num_layers - n : layer < -n;
     return in && (mods & layer_module_bit(glm_family_of(c), kind - T_LN1_W));
 }
 
@@ -127,8 +127,15 @@ const char *glm_modules_str(const glm_config *c, int bits, int extra, char *buf,
 const char *glm_freeze_describe(const glm_config *c, const glm_peft *p, char *buf, size_t n) {
     if (p->badam) return snprintf(buf, n, "layer %d (all modules; BAdam moves it along)", p->badam_layer), buf;
     int k = p->num_layer_trainable, lo = k > 0 ? c->num_layers - k : 0, hi = k > 0 ? c->num_layers - 1 : -k - 1;
-    char mods[160], extra[96], span[32];
-    if (lo == hi) snprintf(span, sizeof span, "layer %d", lo);
+    char mods[160], extra[96], span[96];
+    if (p->llama_pro) { /* every llama_pro-th layer: all of them when few, else the first two and the last */
+        int nb = c->num_layers / p->llama_pro;
+        size_t u = (size_t)snprintf(span, sizeof span, "LLaMA Pro's added layer%s", nb > 1 ? "s" : "");
+        for (int b = 0; b < nb && u < sizeof span; b++) {
+            if (nb > 4 && b == 2) { u += (size_t)snprintf(span + u, sizeof span - u, ", ..."); b = nb - 2; continue; }
+            u += (size_t)snprintf(span + u, sizeof span - u, "%s %d", b ? "," : "", (b + 1) * p->llama_pro - 1);
+        }
+    } else if (lo == hi) snprintf(span, sizeof span, "layer %d", lo);
     else snprintf(span, sizeof span, "layers %d-%d", lo, hi);
     glm_modules_str(c, p->freeze_modules, 0, mods, sizeof mods);
     snprintf(buf, n, "%s (%s%s)%s%s", span, mods, strcmp(mods, "all") ? "" : " modules", p->extra_modules ? " and " : "",

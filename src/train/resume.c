@@ -221,7 +221,8 @@ static int check_kind(trainer *t, const char *dir, glm_err *err) {
                (was.kind == GLM_FT_LORA      ? now->lora_rank == was.lora_rank && now->lora_targets == was.lora_targets &&
                                                    now->extra_modules == was.extra_modules && !now->pissa == !was.pissa
                 : was.kind == GLM_FT_PTUNING ? now->pre_seq_len == was.pre_seq_len && !now->prefix_projection == !was.prefix_projection
-                : was.kind == GLM_FT_FREEZE  ? !now->badam == !was.badam && now->num_layer_trainable == was.num_layer_trainable &&
+                : was.kind == GLM_FT_FREEZE  ? !now->badam == !was.badam && now->llama_pro == was.llama_pro &&
+                                                   now->num_layer_trainable == was.num_layer_trainable &&
                                                    now->freeze_modules == was.freeze_modules && now->extra_modules == was.extra_modules
                                              : 1);
     if (!known && was.kind == GLM_FT_FULL) same |= now->kind == GLM_FT_FREEZE; /* weights alone do not tell the two apart */

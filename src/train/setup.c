@@ -416,6 +416,10 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
                         default_modules ? "freeze_extra_modules" : "freeze_trainable_modules", k),
                glm_hint(err, "add --finetuning_type freeze, or drop the flag");
     if (a->use_badam) return badam_peft(a, c, from, p, err);
+    if (a->use_llama_pro && strcmp(k, "freeze") != 0)
+        return glm_fail(err, "--use_llama_pro with --finetuning_type %s: the added blocks train by freeze fine-tuning here", k),
+               glm_hint(err, "use --finetuning_type freeze --num_layer_trainable N (N: the blocks glmtrain expand added)%s",
+                        strcmp(k, "lora") ? "" : "; LLaMA-Factory's LoRA on the added blocks alone is not here");
     if (strcmp(k, "full") == 0) return 0;
     if (strcmp(k, "ptuning") != 0 && a->pre_seq_len > 0)
         return glm_fail(err, "--pre_seq_len %d with --finetuning_type %s: the prefix is P-Tuning v2's", a->pre_seq_len, k),
@@ -438,6 +442,13 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
             return glm_fail(err, "--num_layer_trainable %d: the model has %d layers", n, L),
                    glm_hint(err, "N from 1 to %d trains the last N layers, -1 to -%d the first -N", L, L);
         *p = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n};
+        if (a->use_llama_pro) { /* LLaMA-Factory's rule: every (L / n)-th layer, the blocks expand added */
+            if (n < 1 || L % n != 0)
+                return glm_fail(err, "--use_llama_pro with --num_layer_trainable %d: the %d layers must divide into %d "
+                                "groups, one added block each", n, L, n < 1 ? 1 : n),
+                       glm_hint(err, "pass the --num_expand the model was expanded with (glmtrain expand), a divisor of %d", L);
+            p->llama_pro = L / n;
+        }
         if (glm_modules_parse(c, "--freeze_trainable_modules", a->freeze_trainable_modules ? a->freeze_trainable_modules : "all",
                               0, &p->freeze_modules, err) ||
             glm_modules_parse(c, "--freeze_extra_modules", a->freeze_extra_modules ? a->freeze_extra_modules : "", 1,

@@ -84,6 +84,7 @@ typedef struct glm_train_args {
     int pissa_init, pissa_iter, pissa_convert; /* PiSSA's start (model/pissa.h), LLaMA-Factory's names */
     /* BAdam (optim/badam.h), LLaMA-Factory's names */
     int use_badam, badam_start_block, badam_switch_interval, badam_verbose;
+    int use_llama_pro; /* LLaMA Pro's added blocks train (model/expand.h) */
     char *badam_mode, *badam_switch_mode, *badam_mask_mode;
     double badam_update_ratio;
     double lora_alpha, lora_dropout, prefix_dropout, loraplus_lr_ratio;

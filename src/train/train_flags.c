@@ -107,6 +107,8 @@ const glm_flag glm_train_flags[] = {
     F(badam_update_ratio, ARG_FLOAT, "0.05", "BAdam's ratio mode (refused)"),
     C(badam_mask_mode, "adjacent", "adjacent|scatter", "BAdam's ratio mode (refused)"),
     F(badam_verbose, ARG_INT, "0", "BAdam: 1 or 2 log each switch (glmtrain logs every switch at 0 too, in one line)"),
+    F(use_llama_pro, ARG_BOOL, "false", "LLaMA Pro (LLaMA-Factory's, with --finetuning_type freeze): the layers that train are "
+      "the blocks `glmtrain expand` added, every (num_layers / --num_layer_trainable)-th one"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N), the rest stays frozen"),
     F(additional_target, ARG_STR, "", "LoRA: modules outside the layers that train whole beside the adapters (peft's "
       "modules_to_save), a comma list of final_layernorm and, where the head is untied, word_embeddings and lm_head "
@@ -341,13 +343,10 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
                                 "(with LoRA a few MB); for less memory: --optim adamw_8bit or --zero_stage"},
     {"modules_to_save", NULL, "additional_target", "peft's name for --additional_target"},
 #define LESS_OPTIMIZER_MEMORY "; for less optimizer memory: --optim adamw_8bit, --zero_stage 2|3 or --offload_optimizer cpu"
-#define SOME_LAYERS "; some layers alone: --finetuning_type freeze (--freeze_trainable_layers, --freeze_trainable_modules)"
     {"use_galore", "false|False|0", "", "GaLore's projected optimizer is not here" LESS_OPTIMIZER_MEMORY},
     {"use_apollo", "false|False|0", "", "APOLLO's optimizer is not here" LESS_OPTIMIZER_MEMORY},
     {"use_adam_mini", "false|False|0", "", "Adam-mini is not here" LESS_OPTIMIZER_MEMORY},
-    {"use_llama_pro", "false|False|0", "", "LLaMA Pro's expanded blocks are not here" SOME_LAYERS},
 #undef LESS_OPTIMIZER_MEMORY
-#undef SOME_LAYERS
     {"use_swanlab", "false|False|0", "", "glmtrain reports to TensorBoard (--report_to tensorboard)"},
     {"include_effective_tokens_per_second", NULL, "", "glmtrain logs tokens_per_second, the supervised and prompt tokens alike"},
     {"use_fast_tokenizer", NULL, "", "glmtrain's tokenizer is its own, with the ids of THUDM's"},
