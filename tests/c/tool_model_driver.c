@@ -6,6 +6,7 @@
  *     [--use_rslora] [--use_dora] [--lora_dropout P --dropout_seed S] [--loraplus_lr_ratio X] [--num_layer_trainable N] [--freeze_trainable_modules LIST] [--freeze_extra_modules LIST] [--additional_target LIST] [--adapter DIR_OR_FILE] [--adapter_seed S]
  *     [--finetuning_type ptuning --pre_seq_len P [--prefix_projection]]
  *     [--quantization_bit 4|8] [--quantization_type int|nf4]  (the frozen linear weights quantized)
+ *     [--use_llama_pro]  (with freeze: every (L / num_layer_trainable)-th layer trains, LLaMA Pro's rule)
  *     [--badam_interval K --badam_order ascending|descending|random|fixed [--badam_start S] [--seed N]]
  *       (BAdam, optim/badam.h: one whole layer trains, the next taking over with a fresh AdamW state
  *       as the trainer does it; OUT also holds "blocks" [K], the layer each step trained)
@@ -85,7 +86,7 @@ int main(int argc, char **argv) {
     const char *model = NULL, *batch_path = NULL, *out = NULL;
     const char *ft = "full", *targets = "query_key_value", *adapter = NULL, *qtype = NULL;
     const char *freeze_modules = "all", *freeze_extra = "", *additional = "";
-    int qbits = 0;
+    int qbits = 0, llama_pro = 0;
     int badam_interval = 0, badam_start = -1;
     const char *badam_order = "ascending";
     unsigned long long seed = 42;
@@ -130,6 +131,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--prefix_projection") == 0) projection = 1;
         else if (ARG("--quantization_bit")) qbits = atoi(v);
         else if (ARG("--quantization_type")) qtype = v;
+        else if (strcmp(a, "--use_llama_pro") == 0) llama_pro = 1;
         else if (ARG("--badam_interval")) badam_interval = atoi(v);
         else if (ARG("--badam_order")) badam_order = v;
         else if (ARG("--badam_start")) badam_start = atoi(v);
@@ -156,7 +158,8 @@ int main(int argc, char **argv) {
             glm_extra_modules_check(&c, &c.peft, "--additional_target", &err))
             return die(&err);
     } else if (strcmp(ft, "freeze") == 0) {
-        c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n_trainable};
+        c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n_trainable,
+                            .llama_pro = llama_pro && n_trainable > 0 ? c.num_layers / n_trainable : 0};
         if (glm_modules_parse(&c, "--freeze_trainable_modules", freeze_modules, 0, &c.peft.freeze_modules, &err) ||
             glm_modules_parse(&c, "--freeze_extra_modules", freeze_extra, 1, &c.peft.extra_modules, &err))
             return die(&err);

@@ -495,17 +495,21 @@ def init_lora(cfg, r, targets, seed=0, std_a=0.1, std_b=0.05, dtype=torch.float3
             for n, s in lora_shapes(cfg, r, targets)}
 
 
-def freeze_trainable(cfg, n, modules=("all",), extra=(), names=None):
+def freeze_trainable(cfg, n, modules=("all",), extra=(), names=None, llama_pro=False):
     """Names that train in freeze mode, by LLaMA-Factory's rule (its _setup_freeze_tuning): n > 0
     the last n layers, n < 0 the first -n; of those, the parameters whose names contain
     ".{layer}.{module}" for a module of `modules` ("all": ".{layer}."), and those whose names contain
     a module of `extra` (outside the layers: the second-to-last part of a name not inside a
     numbered layer). `names`: the model's parameter names (v1's param_shapes by default); a
-    module that is not the model's raises ValueError, as LLaMA-Factory does."""
+    module that is not the model's raises ValueError, as LLaMA-Factory does. llama_pro: its
+    use_llama_pro rule instead, every (L // n)-th layer from the (L // n - 1)-th."""
     import re
     names = names or [k for k, _ in param_shapes(cfg)]
     L = cfg["num_layers"]
     ids = range(max(0, L - n), L) if n > 0 else range(min(-n, L))
+    if llama_pro:
+        stride = L // n
+        ids = range(stride - 1, L + stride - 1, stride)
     hidden = {k.split(".0.")[-1].split(".")[0] for k in names if ".0." in k}
     outside = {k.split(".")[-2] for k in names if re.search(r"\.\d+\.", k) is None}
     keys = []

@@ -102,6 +102,11 @@ CASES = [
      dict(kind="freeze", n=1, modules=["input_layernorm"], extra=["word_embeddings"])),
     ("F_first2of3_head_untied", (3, 96, 6, 320), False, [(3, 6), (8, 2)],
      dict(kind="freeze", n=-2, modules=["all"], extra=["lm_head", "word_embeddings"])),
+    # LLaMA Pro (--use_llama_pro): every other layer of 4 trains, frozen layers between and above them
+    ("F_llama_pro_2of4_untied", (4, 64, 4, 256), False, [(5, 4), (9, 1), (2, 7)],
+     dict(kind="freeze", n=2, llama_pro=True, ckpt=True)),
+    ("F_llama_pro_2of4_mlp_lnf_tied", (4, 64, 4, 256), True, [(3, 6), (8, 2)],
+     dict(kind="freeze", n=2, llama_pro=True, modules=["mlp"], extra=["final_layernorm"])),
     # peft's modules_to_save (LLaMA-Factory's additional_target): whole copies of modules outside
     # the layers train beside the adapters, from folders peft wrote with their values moved
     ("L_qkv_head_lnf_untied_peft", (2, 64, 4, 256), False, [(5, 4), (9, 1), (2, 7)],
@@ -119,7 +124,7 @@ def driver_flags(o):
     if o["kind"] == "freeze":
         return ["--finetuning_type", "freeze", "--num_layer_trainable", str(o["n"]),
                 "--freeze_trainable_modules", ",".join(o.get("modules", ["all"])),
-                "--freeze_extra_modules", ",".join(o.get("extra", []))]
+                "--freeze_extra_modules", ",".join(o.get("extra", []))] + (["--use_llama_pro"] if o.get("llama_pro") else [])
     f = ["--finetuning_type", "lora", "--lora_rank", str(o["r"]), "--lora_alpha", repr(o["alpha"]),
          "--lora_target", ",".join(o["targets"])]
     f += ["--loraplus_lr_ratio", repr(o["loraplus"])] if o.get("loraplus") else []
@@ -292,7 +297,8 @@ def driver_case(driver, tmp, ci, name, shape, tied, lengths, o):
             flags += ["--adapter", path]
         trainable = list(adapters)
     else:
-        trainable = glm_ref.freeze_trainable(cfg, o["n"], o.get("modules", ["all"]), o.get("extra", []))
+        trainable = glm_ref.freeze_trainable(cfg, o["n"], o.get("modules", ["all"]), o.get("extra", []),
+                                             llama_pro=o.get("llama_pro", False))
 
     opts = o.get("opts", OPTS)
     plus = o.get("loraplus", 0.0)
