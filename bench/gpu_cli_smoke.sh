@@ -4,7 +4,7 @@
 # huggingface_hub writes it, LoRA in bf16 with --eval_on_start (examples cut by --cutoff_len, with a --default_system), then generate with the adapter;
 # DoRA on all four modules, generate with it and with its merged model; LoRA with the final norm
 # whole beside it (--additional_target), the same; freeze with LLaMA-Factory's module flags; PiSSA
-# and its converted form; a list of adapters and a new adapter on merged ones; BAdam.
+# and its converted form; a list of adapters and a new adapter on merged ones; BAdam; LLaMA Pro.
 # Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0), build/lib, build/shared.
 # usage: bash bench/gpu_cli_smoke.sh [BUILD_DIR]
 set -u
@@ -178,4 +178,33 @@ print("BAdam fp32 CUDA vs CPU, worst relative difference over %d tensors: %.3g" 
 sys.exit(0 if sorted(g) == sorted(c) and worst < 1e-4 else 1)
 P
 ok $((rc + $?)) "badam_fp32_cuda_equals_cpu"
+# LLaMA Pro on a ChatGLM2-family model: the expanded folder generates what the original does
+# (fp32), and its added blocks train alone in bf16 (the loss falls)
+cat >"$W/config2.json" <<'J'
+{"model_type": "chatglm", "padded_vocab_size": 130528, "hidden_size": 256, "num_layers": 4, "num_attention_heads": 4,
+ "kv_channels": 64, "multi_query_attention": true, "multi_query_group_num": 2, "ffn_hidden_size": 512,
+ "layernorm_epsilon": 1e-5, "rmsnorm": true, "add_qkv_bias": true, "add_bias_linear": false,
+ "apply_residual_connection_post_layernorm": false, "post_layer_norm": true, "original_rope": true, "seq_length": 512,
+ "tie_word_embeddings": false, "eos_token_id": 130005, "pad_token_id": 3}
+J
+"$B/glmtrain" train --init_from_config "$W/config2.json" --tokenizer_name "$TOK" --train_file "$W/train.csv" \
+    --output_dir "$W/glm2" --max_steps 4 --bf16 --learning_rate 1e-3 --per_device_train_batch_size 8 --disable_tqdm \
+    --save_strategy no >"$W/log" 2>&1 &&
+    "$B/glmtrain" expand --model_name_or_path "$W/glm2" --num_expand 2 --output_dir "$W/glm2pro" --dtype float32 >>"$W/log" 2>&1
+rc=$?
+for m in glm2 glm2pro; do
+    "$B/glmtrain" generate --model_name_or_path "$W/$m" --tokenizer_name "$TOK" --prompt "写一句诗" --dtype float32 \
+        --max_new_tokens 8 >"$W/out_$m" 2>>"$W/log"
+    rc=$((rc + $?))
+done
+cat "$W/out_glm2" "$W/out_glm2pro"
+cmp -s "$W/out_glm2" "$W/out_glm2pro"
+ok $((rc + $?)) "llama_pro_expanded_generates_as_original"
+"$B/glmtrain" train --model_name_or_path "$W/glm2pro" --tokenizer_name "$TOK" --train_file "$W/train.csv" \
+    --finetuning_type freeze --use_llama_pro --freeze_trainable_layers 2 --learning_rate 2e-3 --output_dir "$W/pro" \
+    --max_steps 12 --bf16 --per_device_train_batch_size 8 --logging_steps 4 --save_strategy no --disable_tqdm >"$W/log" 2>&1
+rc=$?
+awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
+    grep -q "LLaMA Pro's added layers 2, 5" "$W/log"
+ok $((rc + $?)) "llama_pro_bf16_added_blocks_train"
 rm -rf "$W"
