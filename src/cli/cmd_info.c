@@ -31,6 +31,7 @@ typedef struct info_args {
 #define F(name, type, def, help) {#name, type, offsetof(info_args, name), def, help, NULL, NULL}
 static const glm_flag info_flags[] = {
     F(model_name_or_path, ARG_STR, NULL, "model folder with config.json"),
+    /* --config FILE (not a field): a training config as train reads it; the plan of that run */
     F(init_from_config, ARG_STR, NULL, "a config.json"),
     F(chatglm6b, ARG_BOOL, "false", "use the ChatGLM-6B shapes (untied head, as bench/bench_train.c)"),
     F(per_device_train_batch_size, ARG_INT, "8", "micro-batch rows"),
@@ -154,14 +155,85 @@ static int info_deepspeed(info_args *a, glm_err *err) {
     return 0;
 }
 
+/* The flags of info alone (not train's), and how many words each takes. */
+static int info_only(const char *s) {
+    return !strcmp(s, "--chatglm6b") ? 1 : !strcmp(s, "--data_parallel_size") ? 2 : 0;
+}
+
+static void set_str(char **dst, const char *v) {
+    free(*dst);
+    *dst = v ? glm_strdup(v) : NULL;
+}
+
+/* --config FILE: a training configuration (any file train takes: flat YAML or JSON, LLaMA-Factory's
+ * and finetune_hf.py's keys, a --deepspeed file inside it) read by train's own parser, the plan
+ * then made from what train would use; the command line's other train flags go on top, info's
+ * own (--chatglm6b, --data_parallel_size) after them. */
+static int from_train_config(info_args *a, int argc, char **argv, glm_err *err) {
+    char **targ = glm_calloc((size_t)argc + 1, sizeof *targ), **iarg = glm_calloc((size_t)argc + 1, sizeof *iarg);
+    int nt = 0, ni = 0;
+    for (int i = 0; i < argc; i++) {
+        int k = info_only(argv[i]);
+        if (!k) { targ[nt++] = argv[i]; continue; }
+        iarg[ni++] = argv[i];
+        if (k == 2 && i + 1 < argc) iarg[ni++] = argv[++i];
+        else if (k == 1 && i + 1 < argc && (!strcmp(argv[i + 1], "true") || !strcmp(argv[i + 1], "false"))) iarg[ni++] = argv[++i];
+    }
+    glm_train_args t = {0};
+    glm_args_defaults(glm_train_flags, glm_train_nflags, &t);
+    int rc = glm_args_parse_ex(glm_train_flags, glm_train_nflags, &t, nt, targ, glm_train_config_key, err) ||
+             glm_train_resolve_args(&t, err);
+    if (!rc) {
+        set_str(&a->model_name_or_path, t.model_name_or_path);
+        set_str(&a->init_from_config, t.init_from_config);
+        set_str(&a->device_map, t.device_map ? t.device_map : "auto");
+        set_str(&a->max_memory_per_gpu, t.max_memory_per_gpu);
+        set_str(&a->optim, t.optim);
+        set_str(&a->offload_optimizer, t.offload_optimizer);
+        set_str(&a->finetuning_type, t.finetuning_type);
+        set_str(&a->lora_target, t.lora_target);
+        set_str(&a->freeze_trainable_modules, t.freeze_trainable_modules);
+        set_str(&a->freeze_extra_modules, t.freeze_extra_modules);
+        set_str(&a->additional_target, t.additional_target);
+        set_str(&a->quantization_type, t.quantization_type);
+        set_str(&a->badam_switch_mode, t.badam_switch_mode);
+        set_str(&a->deepspeed, NULL); /* train's reading of it is in t already */
+        a->per_device_train_batch_size = t.per_device_train_batch_size;
+        a->max_source_length = t.max_source_length;
+        a->max_target_length = t.max_target_length;
+        a->cutoff_len = t.cutoff_len;
+        a->bf16 = t.bf16; a->fp16 = t.fp16; a->fp32 = t.fp32;
+        a->gradient_checkpointing = t.gradient_checkpointing;
+        a->pipeline_parallel_size = t.pipeline_parallel_size;
+        a->gradient_accumulation_steps = t.gradient_accumulation_steps;
+        a->zero_stage = t.zero_stage;
+        a->optimizer_in_backward = t.optimizer_in_backward;
+        a->lora_rank = t.lora_rank; a->lora_dropout = t.lora_dropout; a->use_dora = t.use_dora;
+        a->num_layer_trainable = t.num_layer_trainable;
+        a->pre_seq_len = t.pre_seq_len; a->prefix_projection = t.prefix_projection;
+        a->quantization_bit = t.quantization_bit;
+        a->use_badam = t.use_badam; a->badam_start_block = t.badam_start_block;
+        if (t.nproc_per_node && atoi(t.nproc_per_node) > 1) a->data_parallel_size = atoi(t.nproc_per_node);
+        if (t.pipeline_parallel_size > 1 && a->data_parallel_size > 1) a->data_parallel_size /= t.pipeline_parallel_size;
+        rc = glm_args_parse(info_flags, sizeof info_flags / sizeof info_flags[0], a, ni, iarg, err);
+    }
+    glm_train_args_free(&t);
+    free(targ);
+    free(iarg);
+    return rc ? -1 : 0;
+}
+
 int glm_cmd_info(int argc, char **argv) {
     info_args a;
     int n = sizeof info_flags / sizeof info_flags[0];
     glm_err err = {0};
     glm_args_defaults(info_flags, n, &a);
-    for (int i = 0; i < argc; i++)
+    int config = 0;
+    for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) { glm_args_usage(info_flags, n, "info"); return 0; }
-    int rc = glm_args_parse(info_flags, n, &a, argc, argv, &err);
+        config |= !strcmp(argv[i], "--config");
+    }
+    int rc = config ? from_train_config(&a, argc, argv, &err) : glm_args_parse(info_flags, n, &a, argc, argv, &err);
     if (!rc) rc = glm_hub_resolve(&a.model_name_or_path, "model_name_or_path", NULL, &err);
     if (!rc && a.deepspeed) rc = info_deepspeed(&a, &err);
     glm_config c = glm_config_chatglm6b();

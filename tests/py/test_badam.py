@@ -15,7 +15,8 @@
    at a switch and from one inside a round gives the same losses and bit-identical weights;
    weight decay warned about (none applies, as in LLaMA-Factory's BAdam); the refusals by name.
 3. The memory plan (glmtrain info): BAdam's equals freeze fine-tuning's of the lowest layer it
-   reaches, and a full fine-tune refused under a 24 GiB cap lists --use_badam among what fits.
+   reaches, and a full fine-tune refused under a 24 GiB cap lists --use_badam among what fits;
+   `info --config` plans a LLaMA-Factory BAdam YAML as its flags.
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
 import os
@@ -280,6 +281,18 @@ def plan_cases():
     rx, fixed = plan(["--use_badam", "--badam_switch_mode", "fixed", "--badam_start_block", "27"])
     ry, last = plan(["--finetuning_type", "freeze", "--num_layer_trainable", "1"])
     check("badam_fixed_plans_as_freeze_of_that_layer", rx == 0 and fixed == last and fixed != badam, "%s vs %s" % (fixed, last))
+    # a LLaMA-Factory training config (YAML, with keys info has no flag for) planned by info --config
+    # as train would read it: the same plan as the flags
+    conf = os.path.join(tempfile.mkdtemp(prefix="glm-badam-conf-"), "badam_sft.yaml")
+    open(conf, "w").write("stage: sft\ndo_train: true\nfinetuning_type: full\nuse_badam: true\nbadam_mode: layer\n"
+                          "badam_switch_mode: ascending\nbadam_switch_interval: 50\nbf16: true\ngradient_checkpointing: true\n"
+                          "per_device_train_batch_size: 4\ncutoff_len: 512\nlearning_rate: 1.0e-5\nlr_scheduler_type: cosine\n")
+    p = subprocess.run([GLM, "info", "--config", conf, "--chatglm6b"], capture_output=True, text=True)
+    rows = [l for l in p.stdout.splitlines() if l.strip().startswith(("weights", "gradients", "fp32 master", "AdamW", "activations",
+                                                                     "backward", "total"))]
+    check("info_config_plans_a_training_config_as_its_flags", p.returncode == 0 and rows == badam, "%s vs %s %s" %
+          (rows, badam, p.stderr[-300:]))
+    shutil.rmtree(os.path.dirname(conf), ignore_errors=True)
     p = subprocess.run(base[:-1] + ["--max_memory_per_gpu", "24GiB"], capture_output=True, text=True)
     check("badam_listed_among_layouts_that_fit_24gib", "; --use_badam (plans " in p.stdout + p.stderr,
           (p.stdout + p.stderr)[-600:])
