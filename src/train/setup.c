@@ -371,9 +371,9 @@ static int badam_peft(const glm_train_args *a, const glm_config *c, const char *
     if (a->badam_start_block < -1 || a->badam_start_block >= L)
         return glm_fail(err, "--badam_start_block %d: the model has layers 0 to %d", a->badam_start_block, L - 1),
                glm_hint(err, "-1 starts where the order does: 0 ascending, %d descending", L - 1);
-    if (a->pre_seq_len > 0)
-        return glm_fail(err, "--use_badam with --pre_seq_len %d: BAdam trains the model's layers, not a P-Tuning prefix",
-                        a->pre_seq_len),
+    if (a->pre_seq_len > 0 || a->use_llama_pro)
+        return glm_fail(err, "--use_badam with %s: BAdam trains every layer in turn", a->pre_seq_len > 0 ?
+                        "--pre_seq_len, a P-Tuning prefix" : "--use_llama_pro, LLaMA Pro's added blocks alone"),
                glm_hint(err, "drop one of them");
     int order = glm_badam_parse_order(a->badam_switch_mode);
     if (order == GLM_BADAM_FIXED && a->badam_start_block < 0)
@@ -595,13 +595,11 @@ int trainer_load_model(trainer *t, glm_err *err) {
         if (a->weight_decay > 0 && t->dp->rank == 0)
             glm_warn("--weight_decay %g with --use_badam: no weight decay applies, as in LLaMA-Factory's BAdam (its "
                      "BlockOptimizer takes the decay of LLaMA-Factory's first parameter group, which has none)", a->weight_decay);
-        glm_badam b;
-        glm_train_badam(a, c.num_layers, &b);
-        t->badam = b;
+        glm_train_badam(a, c.num_layers, &t->badam);
         static const char *const orders[] = {"ascending", "descending", "random", "fixed"};
         glm_info("BAdam: one whole layer trains at a time, from layer %d, %s, switching every %d steps with a fresh "
                  "optimizer state (the first layer %d steps); the embedding, final norm and head stay as loaded",
-                 c.peft.badam_layer, orders[b.order], b.interval, b.interval > 1 ? b.interval - 1 : 1);
+                 c.peft.badam_layer, orders[t->badam.order], t->badam.interval, t->badam.interval > 1 ? t->badam.interval - 1 : 1);
     }
     if (c.quant != GLM_Q_NONE && c.peft.kind == GLM_FT_FULL) {
         glm_fail(err, "%s weights with --finetuning_type full: a quantized weight cannot train",
@@ -611,11 +609,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
     int cuda = strncmp(t->be->name, "cuda", 4) == 0;
     glm_par_opts po = glm_train_par_opts(a);
     glm_config pc = c; /* what the plan assumes: under BAdam the lowest layer the run trains, where the backward goes deepest */
-    if (c.peft.badam) {
-        glm_badam b;
-        glm_train_badam(a, c.num_layers, &b);
-        pc.peft.badam_layer = glm_badam_lowest(&b);
-    }
+    if (c.peft.badam) pc.peft.badam_layer = glm_badam_lowest(&t->badam);
     if (a->gradient_checkpointing == GLM_CKPT_AUTO) pick_checkpointing(t, &po, &pc, cuda);
     if (t->dp->rank == 0) glm_pp_print_plan(&po, &pc, cuda, t->dp->world, stderr);
     if (glm_pp_check_memory(&po, &pc, cuda, t->dp->world, err)) return -1;
@@ -925,17 +919,4 @@ int trainer_prepare_output_dir(trainer *t, glm_err *err) {
         return -1;
     if (!a->resume_from_checkpoint && glm_output_run_id_write(a->output_dir, t->st.run_id, err)) return -1;
     return glm_checkpoint_clean_stale(a->output_dir, err);
-}
-
-void trainer_badam_turn(trainer *t, long done, int say) {
-    const glm_badam *b = &t->badam;
-    if (glm_badam_round(b, done + 1) == glm_badam_round(b, done)) return;
-    int from = t->m.cfg.peft.badam_layer, to = glm_badam_block(b, done + 1);
-    glm_model_train_layer(&t->m, to);
-    glm_adamw_reset(t->dp->opt, &t->m);
-    if (!say || !lead(t)) return;
-    char line[256];
-    snprintf(line, sizeof line, "[glmtrain] BAdam: after step %ld layer %d trains (was layer %d), its optimizer state afresh",
-             t->st.global_step, to, from);
-    glm_progress_log(&t->prog, line);
 }

@@ -486,6 +486,21 @@ static int stop_on_signal(trainer *t, glm_err *err) {
     return glm_hint(err, "continue with --resume_from_checkpoint%s", t->a->save_on_interrupt ? "" : "; --save_on_interrupt saves one on Ctrl-C");
 }
 
+/* BAdam, after `done` optimizer steps: when the next step starts a round, its layer takes over
+ * (glm_model_train_layer) with a fresh optimizer state, and the lead logs it. */
+static void badam_turn(trainer *t, long done) {
+    const glm_badam *b = &t->badam;
+    if (glm_badam_round(b, done + 1) == glm_badam_round(b, done)) return;
+    int from = t->m.cfg.peft.badam_layer, to = glm_badam_block(b, done + 1);
+    glm_model_train_layer(&t->m, to);
+    glm_adamw_reset(t->dp->opt, &t->m);
+    if (!lead(t)) return;
+    char line[256];
+    snprintf(line, sizeof line, "[glmtrain] BAdam: after step %ld layer %d trains (was layer %d), its optimizer state afresh",
+             t->st.global_step, to, from);
+    glm_progress_log(&t->prog, line);
+}
+
 static int run(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     if (glm_train_check_args(a, err) || trainer_check_output_dir(a, err)) return -1;
@@ -578,7 +593,7 @@ static int run(trainer *t, glm_err *err) {
         if (isnan(loss) && err->msg[0]) return -1;
         t->st.global_step++;
         if (t->m.cfg.peft.badam && !(skipped && a->fp16)) /* inside the step, as BAdam's optimizer switches */
-            trainer_badam_turn(t, t->st.global_step - (a->fp16 ? t->scaler.skipped : 0), 1);
+            badam_turn(t, t->st.global_step - (a->fp16 ? t->scaler.skipped : 0));
         if (isfinite(loss)) { loss_acc += loss; n_acc++; last_loss = loss; }
         tok_acc += tokens;
         if (!skipped) bad_in_a_row = 0;

@@ -90,8 +90,6 @@ int trainer_prepare_output_dir(trainer *t, glm_err *err);
 /* --resume_from_checkpoint: restores weights, optimizer, data position and log history from
  * the newest intact checkpoint of this run (or the one named), on every rank (train/resume.c). */
 int trainer_resume(trainer *t, glm_err *err);
-/* BAdam, after `done` optimizer steps: when the next step starts a round, its layer takes over
- * (glm_model_train_layer) with a fresh optimizer state; the lead logs it when `say`. */
-void trainer_badam_turn(trainer *t, long done, int say);
+
 
 #endif

@@ -252,7 +252,8 @@ def cli_cases(tmp):
         ("interval_zero", ["--badam_switch_interval", "0"], "at least 1"),
         ("quantized", ["--quantization_bit", "8"], "a quantized base"),
         ("offload", ["--offload_optimizer", "cpu"], "--offload_optimizer"),
-        ("prefix", ["--pre_seq_len", "4"], "P-Tuning prefix"),
+        ("prefix", ["--pre_seq_len", "4"], "a P-Tuning prefix"),
+        ("llama_pro", ["--use_llama_pro"], "LLaMA Pro's added blocks alone"),
     ]
     for name, extra, want in refusals:
         q = run(["train", "--output_dir", os.path.join(tmp, "r_" + name)] + common + extra)
