@@ -152,6 +152,7 @@ static void rebind(glm_model *m) {
 }
 
 void glm_model_relayout(glm_model *m, size_t unit_align) {
+    m->unit_align = unit_align;
     glm_table tab;
     glm_table_build_units(&tab, &m->cfg, m->layer_lo, m->layer_hi, m->first, m->last, unit_align);
     move_flat(m, &tab, tab.total);
@@ -176,8 +177,9 @@ void glm_model_train_layer(glm_model *m, int to) {
     size_t es = glm_dtype_size(be->dtype);
     glm_config c = m->cfg;
     c.peft.badam_layer = to;
-    glm_table tab, ftab;
-    glm_table_build_range(&tab, &c, m->layer_lo, m->layer_hi, m->first, m->last);
+    glm_table tab, ftab; /* laid out as the current ones were (units aligned for 8-bit moments' blocks) */
+    if (m->unit_align) glm_table_build_units(&tab, &c, m->layer_lo, m->layer_hi, m->first, m->last, m->unit_align);
+    else glm_table_build_range(&tab, &c, m->layer_lo, m->layer_hi, m->first, m->last);
     glm_table_build_part(&ftab, &c, m->layer_lo, m->layer_hi, m->first, m->last, 64, GLM_PART_FROZEN);
     if (tab.total != m->tab.total || ftab.total != m->ftab.total)
         GLM_FATAL("report this as a bug", "BAdam: layer %d's rows take another size than layer %d's", to, from);

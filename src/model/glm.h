@@ -158,6 +158,7 @@ typedef struct glm_model {
     void (*params_need)(void *ctx, size_t lo, size_t hi);
     void *params_ctx;
     size_t flat_cap;        /* elements allocated for params/grads (>= tab.total) */
+    size_t unit_align;      /* the unit alignment glm_model_relayout laid tab out with (0: none) */
     /* Where the config came from: a model folder or a config.json file ("" for none). Folders
      * the model writes (model/ckpt.h) carry over that config.json as written and the folder's
      * code and tokenizer files, so the original loaders read them. */

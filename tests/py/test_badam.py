@@ -234,6 +234,18 @@ def cli_cases(tmp):
         check("badam_resume_from_checkpoint_%s_is_exact" % at, same and len(before) == 6,
               "%s vs %s %s" % (losses(out) if r.returncode == 0 else None, before, r.stderr[-400:]))
 
+    # 8-bit moments (bitsandbytes' blockwise codes) start afresh at each switch too, and resume exactly
+    out8 = os.path.join(tmp, "badam8")
+    p8 = run(["train", "--output_dir", out8, "--optim", "adamw_8bit"] + common)
+    if check("badam_adamw_8bit_trains", p8.returncode == 0 and "BAdam: after step 5" in p8.stderr, p8.stderr[-400:]):
+        snap = os.path.join(tmp, "straight8.safetensors")
+        shutil.copy(os.path.join(out8, "model.safetensors"), snap)
+        r8 = run(["train", "--output_dir", out8, "--optim", "adamw_8bit", "--resume_from_checkpoint",
+                  os.path.join(out8, "checkpoint-6")] + common)
+        again = load_file(os.path.join(out8, "model.safetensors")) if r8.returncode == 0 else {}
+        check("badam_adamw_8bit_resume_is_exact", r8.returncode == 0 and
+              all(torch.equal(again[n], v) for n, v in load_file(snap).items()), r8.stderr[-400:])
+
     # a full fine-tuning checkpoint is not a BAdam one
     full = os.path.join(tmp, "full")
     plain = [a for a in common if a != "--use_badam"]
