@@ -103,7 +103,7 @@ void glm_adamw_master_from(glm_adamw *o, glm_model *m, size_t k, size_t lo, size
     free(tmp);
 }
 
-void glm_adamw_reset(glm_adamw *o, glm_model *m) {
+void glm_adamw_restart(glm_adamw *o, glm_model *m) {
     glm_backend *be = m->be;
     size_t nb = glm_q8_blocks(o->n);
     struct { void *p; size_t bytes; } parts[] = {{o->m, o->n * sizeof(float)}, {o->v, o->n * sizeof(float)}, {o->qm, o->n},
@@ -114,7 +114,6 @@ void glm_adamw_reset(glm_adamw *o, glm_model *m) {
         else be->zero(be, parts[i].p, parts[i].bytes);
     }
     o->step = 0;
-    glm_adamw_master_from(o, m, 0, 0, o->n);
 }
 
 void glm_adamw_init(glm_adamw *o, glm_model *m, float lr, float b1, float b2, float eps, float wd) {

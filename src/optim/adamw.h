@@ -48,9 +48,9 @@ void glm_adamw_alloc(glm_adamw *o, glm_model *m, int kind, int host, size_t n, f
 /* master[k, k + n) = the model's weights at flat [lo, lo + n) as fp32. */
 void glm_adamw_master_from(glm_adamw *o, glm_model *m, size_t k, size_t lo, size_t n);
 void glm_adamw_free(glm_adamw *o, glm_model *m);
-/* The state as a fresh one's (zero moments, no step taken) over the model's current weights (the
- * master copy refilled from them): BAdam's switch to another block (optim/badam.h). */
-void glm_adamw_reset(glm_adamw *o, glm_model *m);
+/* The moments as a fresh state's (zero, no step taken): BAdam's switch to another block
+ * (optim/badam.h). The master copy is the caller's to refill from the weights (glm_adamw_master_from). */
+void glm_adamw_restart(glm_adamw *o, glm_model *m);
 /* Global L2 norm of the gradients (times grad_scale). */
 double glm_grad_norm(glm_model *m, float grad_scale);
 /* One update of the whole model (state over the flat buffer) with learning rate lr.

@@ -219,6 +219,16 @@ static void init_sharded_opt(glm_dp *dp, glm_adamw *o, float lr, float b1, float
     }
 }
 
+void glm_dp_restart_optimizer(glm_dp *dp) {
+    glm_adamw *o = dp->opt;
+    glm_adamw_restart(o, dp->m);
+    if (!dp->sharded) { glm_adamw_master_from(o, dp->m, 0, 0, dp->m->tab.total); return; }
+    for (int i = 0; i < dp->nb; i++) { /* this rank's pieces, as init_sharded_opt fills them */
+        size_t lo, off, n = glm_dp_piece(dp, dp->rank, i, &lo, &off);
+        glm_adamw_master_from(o, dp->m, off, lo, n);
+    }
+}
+
 int glm_dp_whole_grads(const glm_dp *dp, int whole_model) {
     if (dp->world == 1) return !(dp->cfg.in_backward || dp->cfg.offload); /* as attach_single */
     return !(dp->cfg.zero_stage >= 2 && whole_model);                      /* as glm_dp_attach's zero2 */

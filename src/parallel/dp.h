@@ -180,6 +180,9 @@ int glm_dp_open(glm_dp **out, const glm_dp_cfg *cfg, glm_err *err);
  * updating inside backward; ZeRO-2/3 over several ranks of a whole model), so the model is built
  * without one (glm_model_init_staged). */
 int glm_dp_whole_grads(const glm_dp *dp, int whole_model);
+/* BAdam's switch (optim/badam.h): the optimizer state afresh, its master copy (this rank's shard
+ * of it under ZeRO-1) refilled from the weights now in the trainable buffer. */
+void glm_dp_restart_optimizer(glm_dp *dp);
 /* Ranks > 0 send stderr to <output_dir>/logs/rank-R.log. */
 int glm_dp_redirect_log(glm_dp *dp, const char *output_dir, glm_err *err);
 /* After the model is built on its backend: the GPU communicator (NCCL), the shard layout,

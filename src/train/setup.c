@@ -580,18 +580,18 @@ int trainer_load_model(trainer *t, glm_err *err) {
             return glm_fail(err, "--pissa_init with %s: glmtrain starts PiSSA on the whole base in each process", no),
                    glm_hint(err, "start it without, or train plain LoRA (LLaMA-Factory refuses these too)");
     }
-    if (c.peft.badam) { /* one process holding the whole model: the switch moves rows inside it */
+    if (c.peft.badam) { /* every process holds the whole model: the switch moves rows inside it */
         const char *no = c.quant != GLM_Q_NONE                                   ? "a quantized base (its layers could not train in turn)"
                          : stages                                                 ? "pipeline stages"
-                         : t->dp->world > 1                                       ? "several data-parallel ranks"
-                         : a->zero_stage >= 3                                     ? "--zero_stage 3"
+                         : t->dp->world > 1 && a->zero_stage >= 2                 ? "--zero_stage 2 or 3 over several ranks"
                          : strcmp(a->offload_optimizer, "none") != 0              ? "--offload_optimizer"
                          : a->optimizer_in_backward                               ? "--optimizer_in_backward"
                                                                                   : NULL;
         if (no)
-            return glm_fail(err, "--use_badam with %s: glmtrain's BAdam runs on one GPU (or the CPU) in one process", no),
-                   glm_hint(err, "BAdam exists to fit one card: train with one process%s", c.quant != GLM_Q_NONE ? " on a "
-                            "float base" : "");
+            return glm_fail(err, "--use_badam with %s: glmtrain's BAdam keeps the whole model in every process, with the "
+                                 "state of one layer (whole, or sharded by ZeRO-1)", no),
+                   glm_hint(err, "%s", c.quant != GLM_Q_NONE ? "train on a float base" : "data parallel with --zero_stage 0 "
+                            "or 1, or one process (one layer's state is small: its gradients need no sharding)");
         if (a->weight_decay > 0 && t->dp->rank == 0)
             glm_warn("--weight_decay %g with --use_badam: no weight decay applies, as in LLaMA-Factory's BAdam (its "
                      "BlockOptimizer takes the decay of LLaMA-Factory's first parameter group, which has none)", a->weight_decay);

@@ -493,7 +493,7 @@ static void badam_turn(trainer *t, long done) {
     if (glm_badam_round(b, done + 1) == glm_badam_round(b, done)) return;
     int from = t->m.cfg.peft.badam_layer, to = glm_badam_block(b, done + 1);
     glm_model_train_layer(&t->m, to);
-    glm_adamw_reset(t->dp->opt, &t->m);
+    glm_dp_restart_optimizer(t->dp);
     if (!lead(t)) return;
     char line[256];
     snprintf(line, sizeof line, "[glmtrain] BAdam: after step %ld layer %d trains (was layer %d), its optimizer state afresh",

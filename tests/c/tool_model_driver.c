@@ -220,7 +220,8 @@ int main(int argc, char **argv) {
         if (steps > 0) glm_adamw_step(&opt, &m, lr, glm_clip_coef(norm, max_norm));
         if (badam_interval > 0 && glm_badam_round(&bs, s + 2) != glm_badam_round(&bs, s + 1)) { /* as train.c's turn */
             glm_model_train_layer(&m, glm_badam_block(&bs, s + 2));
-            glm_adamw_reset(&opt, &m);
+            glm_adamw_restart(&opt, &m);
+            glm_adamw_master_from(&opt, &m, 0, 0, m.tab.total);
         }
     }
     glm_model_get_params(&m, params);

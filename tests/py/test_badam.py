@@ -234,6 +234,24 @@ def cli_cases(tmp):
         check("badam_resume_from_checkpoint_%s_is_exact" % at, same and len(before) == 6,
               "%s vs %s %s" % (losses(out) if r.returncode == 0 else None, before, r.stderr[-400:]))
 
+    # data parallel over 2 CPU ranks (mpirun), each holding the whole model: ZeRO-0 and ZeRO-1 (the
+    # state of the layer sharded, its master copy refilled per shard at each switch) with 2 rows
+    # each follow 1 rank with 4
+    from mpi_runs import run as mpi_run
+    if shutil.which("mpirun"):
+        for zero in ("0", "1"):
+            dz = os.path.join(tmp, "dp_z" + zero)
+            try:
+                mpi_run(["--output_dir", dz, "--weight_decay", "0.1", "--zero_stage", zero] + common +
+                        ["--per_device_train_batch_size", "2"], np=2, timeout=300)
+                got = losses(dz)
+                worst = max(abs(a - b) / abs(b) for a, b in zip(got, before)) if len(got) == len(before) else float("inf")
+                check("badam_2_ranks_zero%s_equal_1_rank" % zero, worst < 1e-6, "%.3g: %s vs %s" % (worst, got, before))
+            except RuntimeError as e:
+                check("badam_2_ranks_zero%s_equal_1_rank" % zero, False, str(e)[-400:])
+    else:
+        print("SKIP badam_2_ranks: mpirun (openmpi-bin) not installed")
+
     # 8-bit moments (bitsandbytes' blockwise codes) start afresh at each switch too, and resume exactly
     out8 = os.path.join(tmp, "badam8")
     p8 = run(["train", "--output_dir", out8, "--optim", "adamw_8bit"] + common)
