@@ -38,8 +38,16 @@ static char *config_json(const glm_model *m, const glm_peft *p) {
     } else {
         cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     }
-    cJSON_AddNullToObject(o, "layers_pattern");
-    cJSON_AddNullToObject(o, "layers_to_transform");
+    uint64_t every = m->cfg.num_layers >= 64 ? ~0ull : (1ull << m->cfg.num_layers) - 1;
+    if (p->lora_layers && (p->lora_layers & every) != every) { /* some layers: peft finds them under "layers.N." */
+        cJSON_AddStringToObject(o, "layers_pattern", "layers");
+        cJSON *lt = cJSON_AddArrayToObject(o, "layers_to_transform");
+        for (int l = 0; l < 64; l++)
+            if (p->lora_layers >> l & 1) cJSON_AddItemToArray(lt, cJSON_CreateNumber(l));
+    } else {
+        cJSON_AddNullToObject(o, "layers_pattern");
+        cJSON_AddNullToObject(o, "layers_to_transform");
+    }
     char num[32];
     glm_json_float(num, sizeof num, p->lora_alpha);
     cJSON_AddRawToObject(o, "lora_alpha", num);

@@ -96,6 +96,16 @@ static const char *ends_with(const char *name, const char *suffix) {
  * the layers ("base_model.model.transformer.output_layer.weight") returns 0 with its GLM_EXTRA_*
  * bit in *extra. 0 with why for what glmtrain would not apply: peft's other tensors (whole copies
  * of modules in the layers, LoRA on embeddings, LoRA biases) or LoRA on another module. */
+/* What to do with an adapter glmtrain cannot apply as it is. */
+static const char merge_hint[] = "merge the adapter into its base with peft (merge_and_unload, save_pretrained) and use the "
+                                 "merged folder as --model_name_or_path";
+
+/* The layer number in a tensor's name ("...layers.3.attention..."), -1 for none. */
+static int name_layer(const char *name) {
+    const char *p = strstr(name, "layers.");
+    return p && p[7] >= '0' && p[7] <= '9' ? atoi(p + 7) : -1;
+}
+
 static int tensor_bit(const char *name, int *dora, int *extra, char *why, size_t n) {
     const char *end = ends_with(name, ".lora_A.weight");
     if (!end) end = ends_with(name, ".lora_B.weight");
@@ -125,10 +135,14 @@ static int tensor_bit(const char *name, int *dora, int *extra, char *why, size_t
 }
 
 /* peft's target_modules -> module bits: a list of names, each a module's name or a dotted suffix
- * of its path (peft matches the end: "attention.query_key_value"); 0 with *from_tensors set when
- * it is a string peft reads as a regular expression, or absent (then the tensors say which). */
-static int config_targets(const cJSON *v, int *bits, int *from_tensors, const char *path, glm_err *err) {
+ * of its path (peft matches the end: "attention.query_key_value"; a path through a layer's number
+ * sets *per_layer, LLaMA-Factory's list for LoRA on LLaMA Pro's added blocks: the tensors then say
+ * which layers); 0 with *from_tensors set when it is a string peft reads as a regular expression,
+ * or absent (then the tensors say which). */
+static int config_targets(const cJSON *v, int *bits, int *from_tensors, uint64_t *per_layer, const char *path,
+                          glm_err *err) {
     char list[512] = "";
+    int plain = 0;
     *from_tensors = !v || cJSON_IsNull(v);
     if (*from_tensors) return 0;
     if (cJSON_IsString(v)) {
@@ -140,22 +154,26 @@ static int config_targets(const cJSON *v, int *bits, int *from_tensors, const ch
         if (!cJSON_IsString(it)) continue;
         const char *leaf = strrchr(it->valuestring, '.');
         leaf = leaf ? leaf + 1 : it->valuestring;
-        for (const char *q = it->valuestring; q < leaf; q++) /* "layers.3.attention...": one layer's module */
-            if ((q == it->valuestring || q[-1] == '.') && *q >= '0' && *q <= '9') {
-                glm_fail(err, "%s: target_modules \"%s\" names one layer's module: glmtrain's LoRA adapts a module in "
-                              "every layer", path, it->valuestring);
-                return glm_hint(err, "train the adapter with module names (query_key_value, dense, ...) for every layer");
-            }
+        int l = name_layer(it->valuestring); /* "transformer.layers.3.attention...": one layer's module */
+        if (l >= 64) return glm_fail(err, "%s: target_modules \"%s\": glmtrain reads adapters of models up to 64 layers", path,
+                                     it->valuestring);
+        if (l >= 0) *per_layer |= 1ull << l;
+        else plain = 1;
+        if (l >= 0 && plain)
+            return glm_fail(err, "%s: target_modules mixes modules of every layer with single layers' (\"%s\")", path,
+                            it->valuestring),
+                   glm_hint(err, "%s", merge_hint);
+        if (strstr(list, leaf)) continue; /* the same module on another layer */
         if (strlen(list) + strlen(leaf) + 2 > sizeof list) break; /* longer than four names and commas: refused below */
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? "," : "", leaf);
     }
+    if (*per_layer && plain)
+        return glm_fail(err, "%s: target_modules mixes modules of every layer with single layers'", path),
+               glm_hint(err, "%s", merge_hint);
     if (glm_lora_targets_parse(list, bits, err)) return glm_wrap(err, "%s: target_modules: ", path);
     return 0;
 }
 
-/* What to do with an adapter glmtrain cannot apply as it is. */
-static const char merge_hint[] = "merge the adapter into its base with peft (merge_and_unload, save_pretrained) and use the "
-                                 "merged folder as --model_name_or_path";
 
 /* Whether a key's value asks for something: true, a number, or a non-empty string, list or object
  * (peft writes false, null, [] and {} for what is off). */
@@ -168,7 +186,6 @@ static int set(const cJSON *v) {
 static int unsupported_key(const cJSON *o, const char *path, glm_err *err) {
     static const struct { const char *key, *why; } keys[] = {
         {"lora_bias", "the adapter trains biases of its B sides; glmtrain's LoRA has none"},
-        {"layers_to_transform", "the adapter covers some layers only; glmtrain's LoRA adapts every layer"},
         {"rank_pattern", "ranks that differ by module; glmtrain uses one r"},
         {"alpha_pattern", "alphas that differ by module; glmtrain uses one lora_alpha"},
         /* keys that change what peft computes, which a plain reading would silently drop */
@@ -237,10 +254,11 @@ static int config_extra(const cJSON *v, int *bits, const char *path, glm_err *er
 
 /* The modules the adapter's tensors adapt (0 when it has no tensor file yet: the load says so),
  * every tensor one glmtrain applies: LoRA's, or a whole module that modules_to_save names
- * (GLM_EXTRA_* bits `whole`). */
-static int tensor_targets(const char *dir, int whole, int *bits, int *dora, glm_err *err) {
+ * (GLM_EXTRA_* bits `whole`); layers[i]: the layers module bit 1 << i has tensors on. */
+static int tensor_targets(const char *dir, int whole, int *bits, int *dora, uint64_t layers[4], glm_err *err) {
     char path[4096];
     *bits = *dora = 0;
+    memset(layers, 0, 4 * sizeof *layers);
     if (glm_adapter_file(dir, path, sizeof path)) return 0;
     glm_ckpt c;
     if (glm_ckpt_open(&c, path, err)) return -1;
@@ -256,6 +274,13 @@ static int tensor_targets(const char *dir, int whole, int *bits, int *dora, glm_
             glm_hint(err, "%s", merge_hint);
         }
         *bits |= bit;
+        int l = bit ? name_layer(name) : -1;
+        if (bit && l >= 64) {
+            rc = glm_fail(err, "%s: tensor %s is on layer %d: glmtrain reads adapters of models up to 64 layers", path, name, l);
+            break;
+        }
+        for (int i = 0; l >= 0 && i < 4; i++)
+            if (bit == 1 << i) layers[i] |= 1ull << l;
     }
     if (!rc && glm_ckpt_count(&c) > 0 && !*bits) { /* whole modules alone: not a LoRA adapter's file */
         rc = glm_fail(err, "%s: none of its %d tensors is a LoRA A or B weight", path, glm_ckpt_count(&c));
@@ -288,6 +313,61 @@ void glm_adapter_list_split(const char *list, int merge_all, char *merged, size_
     snprintf(last, nl, "%s", cut + 1);
 }
 
+static int add_layer(const cJSON *v, uint64_t *mask, const char *path, glm_err *err) {
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= 64 || v->valuedouble != (int)v->valuedouble)
+        return glm_fail(err, "%s: layers_to_transform: %s is not a layer number from 0 to 63", path,
+                        cJSON_IsNumber(v) ? "a value" : "an entry");
+    *mask |= 1ull << v->valueint;
+    return 0;
+}
+
+/* peft's layers_to_transform (a layer number or a list of them) under layers_pattern "layers"
+ * (ChatGLM's module paths: transformer.layers.N, transformer.encoder.layers.N) -> a layer mask. */
+static int config_layers(const cJSON *o, uint64_t *mask, const char *path, glm_err *err) {
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(o, "layers_to_transform"), *lp = cJSON_GetObjectItemCaseSensitive(o, "layers_pattern");
+    *mask = 0;
+    if (!lt || cJSON_IsNull(lt) || (cJSON_IsArray(lt) && !lt->child)) return 0;
+    const cJSON *pat = cJSON_IsArray(lp) && cJSON_GetArraySize(lp) == 1 ? lp->child : lp;
+    if (pat && !cJSON_IsNull(pat) && !(cJSON_IsString(pat) && !strcmp(pat->valuestring, "layers"))) {
+        char *s = cJSON_PrintUnformatted(lp);
+        glm_fail(err, "%s: layers_pattern %.100s: ChatGLM's layers are found under \"layers\"", path, s);
+        free(s);
+        return glm_hint(err, "%s", merge_hint);
+    }
+    if (cJSON_IsNumber(lt)) return add_layer(lt, mask, path, err);
+    if (!cJSON_IsArray(lt)) return glm_fail(err, "%s: layers_to_transform is not a layer number or a list of them", path);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lt) if (add_layer(it, mask, path, err)) return -1;
+    return 0;
+}
+
+/* Every adapted module on the same layers (what one layer mask can say), and those layers_to_transform's
+ * when it gives them. */
+static int layer_set(int bits, const uint64_t layers[4], uint64_t cfg, const char *path, glm_err *err) {
+    uint64_t first = 0;
+    int seen = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!(bits >> i & 1)) continue;
+        if (seen && layers[i] != first)
+            return glm_fail(err, "%s: the adapter's modules are on different layers (%s on other layers than %s)", path,
+                            glm_lora_target_name(1 << i), glm_lora_target_name(bits & -bits)),
+                   glm_hint(err, "%s", merge_hint);
+        first = layers[i];
+        seen = 1;
+    }
+    if (cfg && first != cfg)
+        return glm_fail(err, "%s: names other layers (layers_to_transform, or target_modules of single layers) than the "
+                             "adapter's tensors are on", path),
+               glm_hint(err, "the folder's adapter_config.json and tensor file come from different adapters");
+    return 0;
+}
+
+static uint64_t layers_of(int bits, const uint64_t layers[4]) {
+    for (int i = 0; i < 4; i++)
+        if (bits >> i & 1) return layers[i];
+    return 0;
+}
+
 int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     char path[4096];
     if (glm_adapter_list_count(dir) > 1) { /* a list where one folder is read */
@@ -311,6 +391,7 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
     free(text);
     if (!o) return -1;
     int rc = 0, from_tensors = 0, file_bits = 0, file_dora = 0;
+    uint64_t file_layers[4], cfg_layers = 0, per_layer = 0;
     const cJSON *v;
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_alpha = 8, .lora_rank = 8};
     if (!cJSON_IsObject(o)) { rc = glm_fail(err, "%s: not a JSON object", path); goto done; }
@@ -334,9 +415,16 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
         goto done;
     }
     if ((rc = unsupported_key(o, path, err))) goto done;
-    if ((rc = config_targets(cJSON_GetObjectItemCaseSensitive(o, "target_modules"), &p->lora_targets, &from_tensors, path, err))) goto done;
+    if ((rc = config_targets(cJSON_GetObjectItemCaseSensitive(o, "target_modules"), &p->lora_targets, &from_tensors, &per_layer,
+                             path, err))) goto done;
+    if ((rc = config_layers(o, &cfg_layers, path, err))) goto done;
+    if (per_layer && cfg_layers && per_layer != cfg_layers) {
+        rc = glm_fail(err, "%s: target_modules names modules of other layers than layers_to_transform", path);
+        goto done;
+    }
+    if (per_layer) cfg_layers = per_layer; /* LLaMA-Factory's list: the layers its names give */
     if ((rc = config_extra(cJSON_GetObjectItemCaseSensitive(o, "modules_to_save"), &p->extra_modules, path, err))) goto done;
-    if ((rc = tensor_targets(dir, p->extra_modules, &file_bits, &file_dora, err))) goto done;
+    if ((rc = tensor_targets(dir, p->extra_modules, &file_bits, &file_dora, file_layers, err))) goto done;
     if (file_dora && !p->use_dora) {
         rc = glm_fail(err, "%s: the adapter's tensors hold DoRA magnitude vectors (lora_magnitude_vector) but use_dora is not "
                            "true", path);
@@ -349,6 +437,9 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
                       cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "target_modules")) ? "a regular expression" : "not given");
         goto done;
     }
+    if (file_bits && (rc = layer_set(file_bits, file_layers, cfg_layers, path, err))) goto done;
+    /* the layers: layers_to_transform's, or where per-layer names or an expression put tensors */
+    p->lora_layers = cfg_layers ? cfg_layers : from_tensors && file_bits ? layers_of(file_bits, file_layers) : 0;
     if (from_tensors) p->lora_targets = file_bits; /* the modules the expression matched: those with tensors */
     else if (file_bits && file_bits != p->lora_targets) {
         char want[96], have[96];

@@ -86,7 +86,7 @@ void glm_merge_close(glm_merge *g) {
 
 static int adapts(const glm_peft *p, const glm_tensor *t) {
     int i = glm_linear_index(t->kind);
-    return i >= 0 && (p->lora_targets >> i & 1);
+    return i >= 0 && (p->lora_targets >> i & 1) && glm_lora_on_layer(p, t->layer);
 }
 
 int glm_merge_changes(const glm_merge *g, const glm_tensor *t) {

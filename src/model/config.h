@@ -19,6 +19,8 @@ typedef struct glm_peft {
     float lora_alpha;        /* scaling = alpha / r, or alpha / sqrt(r) with use_rslora */
     float lora_dropout;      /* on the adapter's input, training only */
     int lora_targets;        /* GLM_LORA_* bits */
+    uint64_t lora_layers;    /* the layers the adapters are on, bit l (peft's layers_to_transform; LLaMA Pro's added
+                              * blocks); 0: every layer */
     int use_rslora;
     /* DoRA (peft's use_dora): each adapted module's output rows rescaled by a trainable magnitude
      * m over the row norms of W + scaling B A (held constant in the gradient, as peft and the

@@ -206,7 +206,8 @@ int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     case GLM_FT_FULL: return !glm_is_extra(kind);
     case GLM_FT_LORA: /* the adapters, and peft's modules_to_save whole */
         if (!glm_is_lora(kind)) return glm_whole_row(p, kind);
-        return (p->lora_targets >> glm_lora_module(kind) & 1) && (!glm_is_dora(kind) || p->use_dora);
+        return (p->lora_targets >> glm_lora_module(kind) & 1) && (!glm_is_dora(kind) || p->use_dora) &&
+               glm_lora_on_layer(p, layer);
     case GLM_FT_PTUNING: return glm_is_prefix(kind) && (kind == T_PREFIX_EMB || p->prefix_projection);
     case GLM_FT_FREEZE: return freeze_trains(c, layer, kind);
     default: return 0;

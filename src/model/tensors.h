@@ -100,6 +100,10 @@ static inline int glm_is_dora(glm_tkind k) { return k >= T_QKV_LM && k <= T_FC2_
 static inline int glm_is_lora(glm_tkind k) { return glm_is_lora_ab(k) || glm_is_dora(k); }
 /* Which of the four modules an adapter row belongs to. */
 static inline int glm_lora_module(glm_tkind k) { return glm_is_dora(k) ? k - T_QKV_LM : (k - T_QKV_LA) / 2; }
+/* Whether LoRA setting p puts adapters on layer l (peft's layers_to_transform). */
+static inline int glm_lora_on_layer(const glm_peft *p, int l) {
+    return !p->lora_layers || (l >= 0 && l < 64 && (p->lora_layers >> l & 1));
+}
 static inline int glm_is_prefix(glm_tkind k) { return k >= T_PREFIX_EMB && k <= T_PREFIX_B2; }
 static inline int glm_is_extra(glm_tkind k) { return glm_is_lora(k) || glm_is_prefix(k); }
 /* Which of the four linear modules (0 query_key_value .. 3 dense_4h_to_h, the LoRA target

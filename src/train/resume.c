@@ -219,6 +219,7 @@ static int check_kind(trainer *t, const char *dir, glm_err *err) {
     }
     int same = was.kind == now->kind &&
                (was.kind == GLM_FT_LORA      ? now->lora_rank == was.lora_rank && now->lora_targets == was.lora_targets &&
+                                                   now->lora_layers == was.lora_layers &&
                                                    now->extra_modules == was.extra_modules && !now->pissa == !was.pissa
                 : was.kind == GLM_FT_PTUNING ? now->pre_seq_len == was.pre_seq_len && !now->prefix_projection == !was.prefix_projection
                 : was.kind == GLM_FT_FREEZE  ? !now->badam == !was.badam && now->llama_pro == was.llama_pro &&

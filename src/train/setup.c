@@ -353,6 +353,18 @@ void glm_train_badam(const glm_train_args *a, int layers, glm_badam *b) {
                      .interval = a->badam_switch_interval, .blocks = layers, .seed = (uint64_t)a->seed};
 }
 
+/* LLaMA-Factory's rule for --use_llama_pro: every (L / n)-th layer is a block glmtrain expand added,
+ * n = --num_layer_trainable (its freeze_trainable_layers). */
+static int llama_pro_stride(const glm_train_args *a, int L, int *stride, glm_err *err) {
+    int n = a->num_layer_trainable;
+    if (n < 1 || L % n != 0)
+        return glm_fail(err, "--use_llama_pro with --num_layer_trainable %d: the %d layers must divide into %d groups, one "
+                        "added block each", n, L, n < 1 ? 1 : n),
+               glm_hint(err, "pass the --num_expand the model was expanded with (glmtrain expand), a divisor of %d", L);
+    *stride = L / n;
+    return 0;
+}
+
 /* --use_badam: freeze fine-tuning of one whole layer, the first block of the schedule (the
  * flags LLaMA-Factory's BAdam takes, and what its BlockOptimizer would fail on, checked here). */
 static int badam_peft(const glm_train_args *a, const glm_config *c, const char *from, glm_peft *p, glm_err *err) {
@@ -416,10 +428,11 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
                         default_modules ? "freeze_extra_modules" : "freeze_trainable_modules", k),
                glm_hint(err, "add --finetuning_type freeze, or drop the flag");
     if (a->use_badam) return badam_peft(a, c, from, p, err);
-    if (a->use_llama_pro && strcmp(k, "freeze") != 0)
-        return glm_fail(err, "--use_llama_pro with --finetuning_type %s: the added blocks train by freeze fine-tuning here", k),
-               glm_hint(err, "use --finetuning_type freeze --num_layer_trainable N (N: the blocks glmtrain expand added)%s",
-                        strcmp(k, "lora") ? "" : "; LLaMA-Factory's LoRA on the added blocks alone is not here");
+    if (a->use_llama_pro && strcmp(k, "freeze") != 0 && strcmp(k, "lora") != 0)
+        return glm_fail(err, "--use_llama_pro with --finetuning_type %s: LLaMA Pro trains the added blocks (freeze), or "
+                        "LoRA on them", k),
+               glm_hint(err, "use --finetuning_type freeze or lora with --num_layer_trainable N (N: the blocks glmtrain "
+                             "expand added)");
     if (strcmp(k, "full") == 0) return 0;
     if (strcmp(k, "ptuning") != 0 && a->pre_seq_len > 0)
         return glm_fail(err, "--pre_seq_len %d with --finetuning_type %s: the prefix is P-Tuning v2's", a->pre_seq_len, k),
@@ -442,13 +455,7 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
             return glm_fail(err, "--num_layer_trainable %d: the model has %d layers", n, L),
                    glm_hint(err, "N from 1 to %d trains the last N layers, -1 to -%d the first -N", L, L);
         *p = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = n};
-        if (a->use_llama_pro) { /* LLaMA-Factory's rule: every (L / n)-th layer, the blocks expand added */
-            if (n < 1 || L % n != 0)
-                return glm_fail(err, "--use_llama_pro with --num_layer_trainable %d: the %d layers must divide into %d "
-                                "groups, one added block each", n, L, n < 1 ? 1 : n),
-                       glm_hint(err, "pass the --num_expand the model was expanded with (glmtrain expand), a divisor of %d", L);
-            p->llama_pro = L / n;
-        }
+        if (a->use_llama_pro && llama_pro_stride(a, L, &p->llama_pro, err)) return -1;
         if (glm_modules_parse(c, "--freeze_trainable_modules", a->freeze_trainable_modules ? a->freeze_trainable_modules : "all",
                               0, &p->freeze_modules, err) ||
             glm_modules_parse(c, "--freeze_extra_modules", a->freeze_extra_modules ? a->freeze_extra_modules : "", 1,
@@ -471,6 +478,12 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
                     .lora_alpha = (float)(a->lora_alpha > 0 ? a->lora_alpha : 2.0 * a->lora_rank),
                     .lora_dropout = (float)a->lora_dropout, .pissa = a->pissa_init, .pissa_niter = a->pissa_iter};
     if (glm_lora_targets_parse(a->lora_target, &p->lora_targets, err)) return -1;
+    if (a->use_llama_pro) { /* LLaMA-Factory's find_expanded_modules: the adapters on the added blocks alone */
+        int stride = 1;
+        if (L > 64) return glm_fail(err, "--use_llama_pro with LoRA on a model of %d layers: at most 64 here", L);
+        if (llama_pro_stride(a, L, &stride, err)) return -1;
+        for (int l = stride - 1; l < L; l += stride) p->lora_layers |= 1ull << l;
+    }
     if (a->additional_target && glm_modules_parse(c, "--additional_target", a->additional_target, 1, &p->extra_modules, err))
         return -1;
     return glm_extra_modules_check(c, p, "--additional_target", err);

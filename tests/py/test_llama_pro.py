@@ -13,7 +13,8 @@ model of 4 layers:
   stride): 2 and 5, the added ones), with --freeze_trainable_modules mlp only their MLPs, the loss
   falling;
 - refused by name: expanding a ChatGLM-6B (GLM v1) model, a --num_expand that does not divide the
-  layers, --use_llama_pro with a count that does not divide them, with LoRA and with full.
+  layers, --use_llama_pro with a count that does not divide them, and with full fine-tuning (LoRA on
+  the added blocks: tests/py/test_lora_layers.py).
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
 import os
@@ -174,7 +175,6 @@ def main():
         r = glm(["expand", "--model_name_or_path", base, "--output_dir", os.path.join(d, "x3"), "--num_expand", "3"])
         check("expand_num_not_dividing_refused", r.returncode != 0 and "must divide" in r.stderr, r.stderr[-300:])
         for name, extra, want_text in (("count", ["--freeze_trainable_layers", "4"], "must divide"),
-                                       ("lora", ["--finetuning_type", "lora"], "--use_llama_pro with --finetuning_type lora"),
                                        ("full", ["--finetuning_type", "full"], "--use_llama_pro with --finetuning_type full")):
             r = glm(common + ["--output_dir", os.path.join(d, "r_" + name)] + extra)
             check("llama_pro_refused_" + name, r.returncode != 0 and want_text in r.stderr, r.stderr[-300:])

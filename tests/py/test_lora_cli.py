@@ -189,13 +189,14 @@ def main():
                 ("dora_without_magnitudes", {"use_dora": True}, None, "lora_magnitude_vector"),
                 ("dora_tensors_only", {}, mag, "DoRA"),
                 ("lora_bias", {"lora_bias": True}, None, "lora_bias"),
-                ("layers_to_transform", {"layers_to_transform": [1]}, None, "layers_to_transform"),
+                ("layers_to_transform_not_the_tensors", {"layers_to_transform": [1]}, None, "names other layers"),
                 ("rank_pattern", {"rank_pattern": {"layers.0.attention.query_key_value": 4}}, None, "rank_pattern"),
                 ("alpha_pattern", {"alpha_pattern": {"query_key_value": 32}}, None, "alpha_pattern"),
                 ("fan_in_fan_out", {"fan_in_fan_out": True}, None, "fan_in_fan_out"),
                 ("layer_replication", {"layer_replication": [[0, 2], [1, 2]]}, None, "layer_replication"),
                 ("trainable_token_indices", {"trainable_token_indices": [5, 6]}, None, "trainable_token_indices"),
-                ("one_layer_target", {"target_modules": ["layers.0.attention.query_key_value"]}, None, "one layer"),
+                ("one_layer_target_not_the_tensors", {"target_modules": ["layers.0.attention.query_key_value"]}, None,
+                 "names other layers"),
                 ("targets_differ", {"target_modules": ["query_key_value", "dense"]}, None, "tensors adapt query_key_value")]:
             p, _, _ = variant(name, edit, extra)
             check("adapter_%s_refused" % name, p.returncode != 0 and want in p.stderr and "adapter" in p.stderr, p.stderr[-400:])
