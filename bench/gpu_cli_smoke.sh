@@ -207,4 +207,23 @@ rc=$?
 awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
     grep -q "LLaMA Pro's added layers 2, 5" "$W/log"
 ok $((rc + $?)) "llama_pro_bf16_added_blocks_train"
+# ... and LoRA on the added blocks alone (peft's layers_to_transform), generating as its merged model
+"$B/glmtrain" train --model_name_or_path "$W/glm2pro" --tokenizer_name "$TOK" --train_file "$W/train.csv" \
+    --finetuning_type lora --use_llama_pro --freeze_trainable_layers 2 --lora_target all --learning_rate 2e-3 \
+    --output_dir "$W/prolora" --max_steps 12 --bf16 --per_device_train_batch_size 8 --logging_steps 4 --save_strategy no \
+    --disable_tqdm >"$W/log" 2>&1
+rc=$?
+awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
+    grep -q '"layers_to_transform"' "$W/prolora/adapter_config.json"
+ok $((rc + $?)) "lora_on_llama_pro_blocks_bf16_loss_falls"
+"$B/glmtrain" generate --model_name_or_path "$W/glm2pro" --tokenizer_name "$TOK" --adapter "$W/prolora" --prompt "写一句诗" \
+    --dtype float32 --max_new_tokens 8 >"$W/out_prolora" 2>"$W/log" &&
+    "$B/glmtrain" merge --model_name_or_path "$W/glm2pro" --adapter "$W/prolora" --output_dir "$W/prolora_merged" \
+        --dtype float32 >>"$W/log" 2>&1 &&
+    "$B/glmtrain" generate --model_name_or_path "$W/prolora_merged" --tokenizer_name "$TOK" --prompt "写一句诗" \
+        --dtype float32 --max_new_tokens 8 >"$W/out_prolora_merged" 2>>"$W/log"
+rc=$?
+cat "$W/out_prolora" "$W/out_prolora_merged"
+cmp -s "$W/out_prolora" "$W/out_prolora_merged"
+ok $((rc + $?)) "lora_on_some_layers_generate_equals_merged"
 rm -rf "$W"
