@@ -75,8 +75,7 @@ def more_trainer_settings(sh):
                               ("new_special_tokens", ["--new_special_tokens", "<tool>"], "keep the model's vocabulary"),
                               ("split_special_tokens", ["--split_special_tokens", "true"], "special tokens whole"),
                               ("eval_on_each_dataset", ["--eval_on_each_dataset", "true"], "one loss"),
-                              ("use_llama_pro", ["--finetuning_type", "freeze", "--use_llama_pro", "true"],
-                               "--freeze_trainable_layers")):
+                              ("use_llama_pro_with_full", ["--use_llama_pro", "true"], "LLaMA Pro trains the added blocks")):
         p = subprocess.run([GLM, "train"] + sh + extra, capture_output=True, text=True, timeout=120, env=ENV)
         report("llamafactory_setting_refused_%s" % name, p.returncode != 0 and want in p.stderr, p.stderr[-300:])
     for name, extra, want in (("fsdp", ["--fsdp", "full_shard auto_wrap"], "--zero_stage 3"),
