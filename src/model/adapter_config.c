@@ -91,11 +91,6 @@ static const char *ends_with(const char *name, const char *suffix) {
     return n >= k && !strcmp(name + n - k, suffix) ? name + n - k : NULL;
 }
 
-/* The module bit a peft LoRA tensor adapts: "<...>.<module>.lora_A.weight", lora_B, or DoRA's
- * "<module>.lora_magnitude_vector" (*dora set); a whole module's row of modules_to_save outside
- * the layers ("base_model.model.transformer.output_layer.weight") returns 0 with its GLM_EXTRA_*
- * bit in *extra. 0 with why for what glmtrain would not apply: peft's other tensors (whole copies
- * of modules in the layers, LoRA on embeddings, LoRA biases) or LoRA on another module. */
 /* What to do with an adapter glmtrain cannot apply as it is. */
 static const char merge_hint[] = "merge the adapter into its base with peft (merge_and_unload, save_pretrained) and use the "
                                  "merged folder as --model_name_or_path";
@@ -106,6 +101,11 @@ static int name_layer(const char *name) {
     return p && p[7] >= '0' && p[7] <= '9' ? atoi(p + 7) : -1;
 }
 
+/* The module bit a peft LoRA tensor adapts: "<...>.<module>.lora_A.weight", lora_B, or DoRA's
+ * "<module>.lora_magnitude_vector" (*dora set); a whole module's row of modules_to_save outside
+ * the layers ("base_model.model.transformer.output_layer.weight") returns 0 with its GLM_EXTRA_*
+ * bit in *extra. 0 with why for what glmtrain would not apply: peft's other tensors (whole copies
+ * of modules in the layers, LoRA on embeddings, LoRA biases) or LoRA on another module. */
 static int tensor_bit(const char *name, int *dora, int *extra, char *why, size_t n) {
     const char *end = ends_with(name, ".lora_A.weight");
     if (!end) end = ends_with(name, ".lora_B.weight");
@@ -131,6 +131,14 @@ static int tensor_bit(const char *name, int *dora, int *extra, char *why, size_t
         snprintf(why, n, "a whole module's weights (modules_to_save, LLaMA-Factory's --additional_target) of a module "
                          "glmtrain does not train whole beside LoRA (it does the word embedding, the final norm and the head)");
     }
+    return 0;
+}
+
+/* Whether comma list `list` holds `name` as one of its items. */
+static int in_list(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)); p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || !p[n])) return 1;
     return 0;
 }
 
@@ -163,7 +171,7 @@ static int config_targets(const cJSON *v, int *bits, int *from_tensors, uint64_t
             return glm_fail(err, "%s: target_modules mixes modules of every layer with single layers' (\"%s\")", path,
                             it->valuestring),
                    glm_hint(err, "%s", merge_hint);
-        if (strstr(list, leaf)) continue; /* the same module on another layer */
+        if (in_list(list, leaf)) continue; /* the same module on another layer */
         if (strlen(list) + strlen(leaf) + 2 > sizeof list) break; /* longer than four names and commas: refused below */
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? "," : "", leaf);
     }
@@ -173,7 +181,6 @@ static int config_targets(const cJSON *v, int *bits, int *from_tensors, uint64_t
     if (glm_lora_targets_parse(list, bits, err)) return glm_wrap(err, "%s: target_modules: ", path);
     return 0;
 }
-
 
 /* Whether a key's value asks for something: true, a number, or a non-empty string, list or object
  * (peft writes false, null, [] and {} for what is off). */

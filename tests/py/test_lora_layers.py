@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 from test_generate import GLM, PENALTY, make_tokenizer, tiny_config, torch_greedy  # noqa: E402
 from test_lora_cli import check, greedy, run  # noqa: E402
 
-QKV, DENSE = "attention.query_key_value", "attention.dense"
+FC1, DENSE = "mlp.dense_h_to_4h", "attention.dense"
 
 
 def merged(params, adapters, scaling):
@@ -63,7 +63,7 @@ def main():
         else:
             # 1. a folder peft writes, adapters on layers 1 and 3
             from peft import LoraConfig, get_peft_model
-            pm = get_peft_model(standin(cfg, params), LoraConfig(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"],
+            pm = get_peft_model(standin(cfg, params), LoraConfig(r=4, lora_alpha=8, target_modules=["dense_h_to_4h", "dense"],
                                                                  layers_to_transform=[1, 3], layers_pattern="layers",
                                                                  lora_dropout=0.0, bias="none"))
             g = torch.Generator().manual_seed(3)
@@ -81,12 +81,13 @@ def main():
             _, _, got = greedy(tok, prompt, ["--adapter", pdir])
             check("peft_layers_to_transform_generates_as_glm_ref", got == want and got != base_out,
                   "glmtrain %s, glm_ref %s, base %s" % (got, want, base_out))
-            # LLaMA-Factory's description of the same adapter: the single layers' modules listed
+            # LLaMA-Factory's description of the same adapter: the single layers' modules listed (dense_h_to_4h
+            # before dense: one module's name inside another's must not hide it)
             ldir = os.path.join(tmp, "lf_layers")
             shutil.copytree(pdir, ldir)
             conf = json.load(open(os.path.join(ldir, "adapter_config.json")))
             conf.update(layers_to_transform=None, layers_pattern=None,
-                        target_modules=["transformer.layers.%d.%s" % (l, m) for l in (1, 3) for m in (QKV, DENSE)])
+                        target_modules=["transformer.layers.%d.%s" % (l, m) for l in (1, 3) for m in (FC1, DENSE)])
             json.dump(conf, open(os.path.join(ldir, "adapter_config.json"), "w"))
             _, _, got2 = greedy(tok, prompt, ["--adapter", ldir])
             check("single_layer_target_modules_generate_the_same", got2 == want, "%s vs %s" % (got2, want))
