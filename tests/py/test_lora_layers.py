@@ -5,7 +5,8 @@ ChatGLM-6B-shaped model:
 - a folder peft 0.6 itself writes (LoraConfig layers_to_transform [1, 3], layers_pattern "layers"):
   `glmtrain generate --adapter` gives glm_ref's greedy tokens with those adapters (which differ
   from the base's); the same adapter described as LLaMA-Factory writes it (target_modules as a list
-  of single layers' modules) reads the same;
+  of single layers' modules) reads the same; `serve` swaps it per request beside an adapter on every
+  layer, each answering as generate --adapter does;
 - train --finetuning_type lora --use_llama_pro --freeze_trainable_layers 2: adapters on layers 1
   and 3 alone, adapter_config.json saying so (layers_to_transform, layers_pattern); peft loads the
   folder onto the stand-in with glm_ref's logits; generate with it equals generate on what
@@ -91,6 +92,27 @@ def main():
             json.dump(conf, open(os.path.join(ldir, "adapter_config.json"), "w"))
             _, _, got2 = greedy(tok, prompt, ["--adapter", ldir])
             check("single_layer_target_modules_generate_the_same", got2 == want, "%s vs %s" % (got2, want))
+            # served per request beside an adapter on every layer: what generate --adapter gives
+            try:
+                import openai  # noqa: F401
+                import serve_common as sc
+                whole = sc.make_adapter(os.path.join(tmp, "whole"), cfg, 4, ["query_key_value"], seed=9)
+                srv = sc.Server(tok, "--adapter", "some=" + pdir, "--adapter", "whole=" + whole)
+                try:
+                    c = srv.client()
+                    got_s = {}
+                    for name in ("some", "whole", "some"):
+                        r = c.chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}], temperature=0,
+                                                      max_tokens=8)
+                        got_s.setdefault(name, []).append(r.choices[0].message.content)
+                    want_s = {n: sc.generate(tok, prompt, "--do_sample", "false", "--max_new_tokens", "8", "--adapter", d)
+                              for n, d in (("some", pdir), ("whole", whole))}
+                    check("serve_some_layers_adapter_equals_generate", all(v == [want_s[n]] * len(v) for n, v in got_s.items()),
+                          "%s vs %s" % (got_s, want_s))
+                finally:
+                    srv.stop()
+            except ImportError:
+                print("SKIP serve_some_layers_adapter_equals_generate: openai not installed")
             # refusals
             bad = {"different_layers": lambda c, t: [t.pop("base_model.model.transformer.layers.1.%s.lora_%s.weight" % (DENSE, x))
                                                      for x in "AB"],
