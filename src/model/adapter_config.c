@@ -137,6 +137,7 @@ static int tensor_bit(const char *name, int *dora, int *extra, char *why, size_t
 /* Whether comma list `list` holds `name` as one of its items. */
 static int in_list(const char *list, const char *name) {
     size_t n = strlen(name);
+    if (!n) return 0; /* "final_layernorm.": an empty leaf, which the targets' parser refuses */
     for (const char *p = list; (p = strstr(p, name)); p += n)
         if ((p == list || p[-1] == ',') && (p[n] == ',' || !p[n])) return 1;
     return 0;
