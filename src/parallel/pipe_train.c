@@ -130,13 +130,13 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
         if (p.total > cap) continue;
         found += add_fit(buf, n, &at, found, l->flags, &p);
     }
-    /* and BAdam, full fine-tuning one layer at a time (one process; its deepest backward, from
-     * layer 0), as asked or with checkpointing */
-    if (c->peft.kind == GLM_FT_FULL && D == 1 && c->quant == GLM_Q_NONE) {
+    /* and BAdam, full fine-tuning one layer at a time (one process, or ranks under ZeRO-0/1 each
+     * holding the whole model; its deepest backward, from layer 0), as asked or with checkpointing */
+    if (c->peft.kind == GLM_FT_FULL && (D == 1 || a->zero_stage <= 1) && c->quant == GLM_Q_NONE) {
         glm_config bc = *c;
         bc.peft = (glm_peft){.kind = GLM_FT_FREEZE, .badam = 1, .badam_layer = 0};
         glm_stage_shape s = sh;
-        s.dp = 1;
+        s.dp = a->zero_stage >= 1 ? D : 1;
         for (int pass = 0; pass < 2; pass++) {
             s.gradient_checkpointing = pass ? thriftier(GLM_CKPT_FULL, a->gradient_checkpointing) : a->gradient_checkpointing;
             if (pass && s.gradient_checkpointing == a->gradient_checkpointing) break;

@@ -327,6 +327,8 @@ def plan_cases():
     p = subprocess.run(base[:-1] + ["--max_memory_per_gpu", "24GiB"], capture_output=True, text=True)
     check("badam_listed_among_layouts_that_fit_24gib", "; --use_badam (plans " in p.stdout + p.stderr,
           (p.stdout + p.stderr)[-600:])
+    p4 = subprocess.run(base[:-1] + ["--max_memory_per_gpu", "24GiB", "--data_parallel_size", "4"], capture_output=True, text=True)
+    check("badam_listed_for_4_ranks_too", "; --use_badam (plans " in p4.stdout + p4.stderr, (p4.stdout + p4.stderr)[-600:])
 
 
 def main():
