@@ -93,6 +93,10 @@ typedef int (*glm_qtensor_reader)(void *ctx, const glm_tensor *t, int q, void *d
 int glm_export(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd, void *ctx, const char *dir,
                const glm_export_opts *o,
                glm_err *err);
+/* glm_export with config_from / files_from defaulting to those of `origin` (a model folder or a
+ * config.json: glm_origin_paths), as every writer of a model folder wants them. */
+int glm_export_from(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd, void *ctx, const char *origin,
+                    const char *dir, const glm_export_opts *o, glm_err *err);
 /* The model's parameters; config_from / files_from default to the model's origin. */
 int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err);
 /* A glm_tensor_reader over an open glm_ckpt (ctx): tensor `name` as floats (a tied model's

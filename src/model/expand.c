@@ -54,12 +54,7 @@ int glm_ckpt_expand(const char *from, int n, const char *dir, const glm_export_o
     if (glm_ckpt_open(&x.ck, from, err)) { glm_table_free(&x.src); return -1; }
     glm_config e = c;
     e.num_layers = c.num_layers + n;
-    char cfg[4096], folder[4096];
-    glm_origin_paths(from, cfg, folder, sizeof cfg);
-    glm_export_opts oo = *o;
-    if (!oo.config_from && cfg[0]) oo.config_from = cfg;
-    if (!oo.files_from && folder[0]) oo.files_from = folder;
-    int rc = glm_export(&e, read_expanded, NULL, &x, dir, &oo, err);
+    int rc = glm_export_from(&e, read_expanded, NULL, &x, from, dir, o, err);
     glm_ckpt_close(&x.ck);
     glm_table_free(&x.src);
     return rc;

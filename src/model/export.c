@@ -348,13 +348,18 @@ static int read_model_quantized(void *ctx, const glm_tensor *t, int q, void *dst
     return 1;
 }
 
-int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err) {
+int glm_export_from(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd, void *ctx, const char *origin,
+                    const char *dir, const glm_export_opts *o, glm_err *err) {
     char cfg[4096], folder[4096];
-    glm_origin_paths(m->origin, cfg, folder, sizeof cfg);
+    glm_origin_paths(origin, cfg, folder, sizeof cfg);
     glm_export_opts oo = *o;
     if (!oo.config_from && cfg[0]) oo.config_from = cfg;
     if (!oo.files_from && folder[0]) oo.files_from = folder;
-    return glm_export(&m->cfg, read_model, read_model_quantized, m, dir, &oo, err);
+    return glm_export(c, rd, qrd, ctx, dir, &oo, err);
+}
+
+int glm_model_export(glm_model *m, const char *dir, const glm_export_opts *o, glm_err *err) {
+    return glm_export_from(&m->cfg, read_model, read_model_quantized, m, m->origin, dir, o, err);
 }
 
 int glm_ckpt_reader(void *ctx, const char *name, const glm_tensor *t, float *dst, glm_err *err) {
@@ -400,12 +405,7 @@ int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o
     }
     if (unused > 5) glm_warn("... and %d more unused tensors", unused - 5);
     glm_table_free(&tab);
-    char cfg[4096], folder[4096];
-    glm_origin_paths(from, cfg, folder, sizeof cfg);
-    glm_export_opts oo = *o;
-    if (!oo.config_from && cfg[0]) oo.config_from = cfg;
-    if (!oo.files_from && folder[0]) oo.files_from = folder;
-    int rc = glm_export(&c, glm_ckpt_reader, read_ckpt_quantized, &ck, dir, &oo, err);
+    int rc = glm_export_from(&c, glm_ckpt_reader, read_ckpt_quantized, &ck, from, dir, o, err);
     glm_ckpt_close(&ck);
     return rc;
 }

@@ -28,20 +28,10 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import glm_ref  # noqa: E402
+import test_lora_cli as T_lora  # noqa: E402
+from test_lora_cli import check  # noqa: E402  (its PASS/FAIL printer, counting failures)
 from test_model_vs_torch import find_driver, make_cfg, make_rows, rel  # noqa: E402
 
-failures = 0
-
-
-def check(name, ok, detail=""):
-    global failures
-    if ok:
-        print("PASS %s" % name)
-    else:
-        failures += 1
-        print("FAIL %s: %s" % (name, detail))
-    sys.stdout.flush()
-    return ok
 
 
 def badam_round(step, k):
@@ -345,7 +335,7 @@ def main():
         cli_cases(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return 1 if failures else 0
+    return 1 if T_lora.fails else 0
 
 
 if __name__ == "__main__":

@@ -26,20 +26,10 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_train as T  # noqa: E402
+import test_lora_cli as T_lora  # noqa: E402
 from test_glm2_cli import gen, write_glm2_config  # noqa: E402
+from test_lora_cli import check  # noqa: E402  (its PASS/FAIL printer, counting failures)
 
-failures = 0
-
-
-def check(name, ok, detail=""):
-    global failures
-    if ok:
-        print("PASS %s" % name)
-    else:
-        failures += 1
-        print("FAIL %s: %s" % (name, detail))
-    sys.stdout.flush()
-    return ok
 
 
 def glm(args):
@@ -180,7 +170,7 @@ def main():
             check("llama_pro_refused_" + name, r.returncode != 0 and want_text in r.stderr, r.stderr[-300:])
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    return 1 if failures else 0
+    return 1 if T_lora.fails else 0
 
 
 if __name__ == "__main__":

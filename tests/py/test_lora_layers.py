@@ -23,6 +23,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_generate import GLM, PENALTY, make_tokenizer, tiny_config, torch_greedy  # noqa: E402
+import test_lora_cli as T_lora  # noqa: E402
 from test_lora_cli import check, greedy, run  # noqa: E402
 
 FC1, DENSE = "mlp.dense_h_to_4h", "attention.dense"
@@ -172,7 +173,7 @@ def main():
               [h.get("loss") for h in after] == [h.get("loss") for h in before], rr.stderr[-300:])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return 1 if T_lora.fails else 0
 
 
 if __name__ == "__main__":
