@@ -47,6 +47,15 @@ for mp in $PIP_NODEPS; do
         /usr/bin/python3 -m pip install -q --no-deps --break-system-packages "$spec"
     fi
 done
+# galore-torch (tests/py/test_galore.py: --use_galore against its GaLoreAdamW and GaLoreProjector,
+# as LLaMA-Factory builds them) needs torch and transformers; its package __init__ also imports
+# bitsandbytes for the 8-bit variant, so the test loads the two modules it needs by path and
+# this checks the package is present without importing it.
+if ! /usr/bin/python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('galore_torch') is None)" \
+        >/dev/null 2>&1; then
+    echo "install-deps: pip install --no-deps galore-torch==1.0"
+    /usr/bin/python3 -m pip install -q --no-deps --break-system-packages galore-torch==1.0
+fi
 # peft 0.10 (tests/py/test_dora.py: DoRA, use_dora, which peft 0.6.2 above predates) in a folder
 # of its own, put on sys.path by that test's peft part only; it imports beside transformers 4.33.3
 # and accelerate 0.24.1 (later peft needs a newer huggingface_hub).

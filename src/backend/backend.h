@@ -249,6 +249,18 @@ struct glm_backend {
                    float *absm, float *absv, size_t n, const uint8_t *decay_bits, size_t flat0, float lr, float b1,
                    float b2, float eps, float wd, float bc1, float bc2, float grad_scale);
 
+    /* GaLore's update (optim/galore.h), in two steps around the products that project the
+     * gradient and its update, on float buffers of the backend:
+     * adam_dir: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; dir = m / (sqrt(v) + eps), over n
+     * elements (dir may alias g): the normalized step of galore_torch's AdamW before its bias
+     * corrections, which the caller folds into apply_dir's alpha. */
+    void (*adam_dir)(glm_backend *be, float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2,
+                     float eps);
+    /* apply_dir: p = p + alpha * dir, then p = p + shrink * p (galore_torch's weight decay after
+     * the step, shrink = -lr * wd), where p is the fp32 master (master != NULL) written back to
+     * param rounded to S, or param itself (fp32 backend, master == NULL). */
+    void (*apply_dir)(glm_backend *be, void *param, float *master, const float *dir, size_t n, float alpha, float shrink);
+
     /* ---- P-Tuning v2 (prefix keys/values; THUDM's PrefixEncoder) ---- */
     /* H = NH*HD. pkv [P, 2L*H] is the prefix encoder's output for all L layers, per position laid
      * out [2L, NH, HD]: slot 2l = layer l's keys, 2l+1 its values (not rotated).

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "model/ckpt.h"
+#include "optim/galore.h"
 
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) { return remove(p); }
 int glm_remove_tree(const char *path) { return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
@@ -39,6 +40,7 @@ static int save_optimizer(const char *path, glm_model *m, const glm_opt_state *o
     for (int k = 0; k < kinds; k++)
         for (int i = 0; i < m->tab.n; i++) {
             const glm_tensor *t = &m->tab.t[i];
+            if (k < 2 && o->galore && t->galore) continue; /* its moments are projected: optimizer_galore.safetensors */
             snprintf(names[ne], 128, "%s%s", prefix[k], t->name);
             e[ne] = (st_entry){.name = names[ne], .ndim = t->ndim, .data = src[k] + t->offset,
                                .data_dtype = ST_F32, .file_dtype = ST_F32};
@@ -84,6 +86,7 @@ static int load_optimizer(const char *path, glm_model *m, glm_opt_state *o, glm_
         int from_weights = k == 2 && st_info(r, name, NULL, NULL, NULL) != 0; /* saved by an fp32 run: master = weights */
         for (int i = 0; i < m->tab.n && rc == 0; i++) {
             const glm_tensor *t = &m->tab.t[i];
+            if (k < 2 && o->galore && t->galore) continue; /* GaLore's own file (glm_galore_load) */
             int cut = 0, inside = -1;
             size_t off = 0, at = 0;
             for (int j = 0; j < ns; off += sp[j].n, j++) {
@@ -298,6 +301,7 @@ int glm_checkpoint_save_state(const char *output_dir, glm_model *m, const glm_op
     int rc = glm_model_save_trainable(m, tmp, err);
     if (!rc) { glm_path_join(path, sizeof path, tmp, "optimizer.safetensors"); rc = save_optimizer(path, m, o, err); }
     if (!rc && o->q8_n) { glm_path_join(path, sizeof path, tmp, "optimizer_8bit.safetensors"); rc = glm_checkpoint_save_8bit(path, o, err); }
+    if (!rc && o->galore) { glm_path_join(path, sizeof path, tmp, GLM_GALORE_FILE); rc = glm_galore_save(o->galore, m, path, err); }
     if (!rc && tokenizer_path) rc = glm_copy_tokenizer_files(tokenizer_path, tmp, err);
     if (!rc && args_json) { glm_path_join(path, sizeof path, tmp, "training_args.json"); rc = glm_write_file_atomic(path, args_json, strlen(args_json), err); }
     if (!rc) rc = glm_checkpoint_complete(output_dir, tmp, st, o->step, err);
@@ -332,7 +336,7 @@ int glm_checkpoint_save(const char *output_dir, glm_model *m, const glm_adamw *o
     float *host = glm_malloc(sizeof(float) * total * kinds);
     glm_adamw_get(opt, be, 0, total, host, host + total, opt->master ? host + 2 * total : NULL);
     glm_opt_state o = {.lo = 0, .hi = total, .m = host, .v = host + total, .master = opt->master ? host + 2 * total : NULL,
-                       .step = opt->step};
+                       .step = opt->step, .galore = opt->galore};
     if (opt->kind == GLM_OPTIM_ADAMW8) {
         glm_opt_state_alloc_q8(&o, opt->n, 1, &m->tab);
         glm_adamw_get_q8(opt, be, 0, opt->n, o.qm, o.qv, o.am, o.av);
@@ -350,7 +354,16 @@ int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, g
         glm_fail(err, "%s is not a complete checkpoint (no trainer_state.json)", dir);
         return glm_hint(err, "pass a checkpoint-N folder of a previous run, or --resume_from_checkpoint alone for the newest");
     }
+    glm_path_join(path, sizeof path, dir, GLM_GALORE_FILE);
+    int has_galore = glm_is_file(path);
+    if (has_galore != (o->galore != NULL)) {
+        glm_fail(err, "%s was saved %s GaLore's projected optimizer state, and this run has %s", dir,
+                 has_galore ? "with" : "without", o->galore ? "it (--use_galore)" : "none");
+        return glm_hint(err, "resume with the flags of the run that wrote it (%s --use_galore), or start a new run "
+                             "from its weights (--model_name_or_path %s)", has_galore ? "with" : "without", dir);
+    }
     if (glm_model_load_trainable(m, dir, err)) return glm_wrap(err, "resuming from %s: ", dir);
+    if (o->galore && glm_galore_load(o->galore, m, path, err)) return glm_wrap(err, "resuming from %s: ", dir);
     glm_path_join(path, sizeof path, dir, "optimizer.safetensors");
     /* pipeline stages write shards and an index (parallel/pipe_ckpt.h) */
     if (!glm_is_file(path)) glm_path_join(path, sizeof path, dir, "optimizer.safetensors.index.json");
@@ -368,7 +381,8 @@ int glm_checkpoint_load_as(const char *dir, glm_model *m, glm_adamw *opt, const 
     glm_backend *be = m->be;
     size_t total = m->tab.total;
     float *host = glm_malloc(sizeof(float) * total * 3);
-    glm_opt_state o = {.lo = 0, .hi = total, .m = host, .v = host + total, .master = opt->master ? host + 2 * total : NULL};
+    glm_opt_state o = {.lo = 0, .hi = total, .m = host, .v = host + total, .master = opt->master ? host + 2 * total : NULL,
+                       .galore = opt->galore};
     int rc = glm_checkpoint_load_state(dir, m, &o, st, err);
     if (rc == 0) {
         glm_adamw_put(opt, be, 0, total, o.m, o.v, o.master);

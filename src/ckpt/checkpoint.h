@@ -65,6 +65,10 @@ typedef struct glm_opt_state {
     /* the trainable table the codes follow (glm_table_fingerprint; 0: not known): a checkpoint
      * of another table with as many elements (another pipeline split) is not taken for this one */
     uint64_t q8_table;
+    /* GaLore's projected rows (optim/galore.h; NULL: a run without GaLore): their state goes to
+     * and comes from optimizer_galore.safetensors, and optimizer.safetensors keeps no moments of
+     * theirs. A checkpoint of a run with GaLore does not resume one without it, nor the reverse. */
+    struct glm_galore *galore;
 } glm_opt_state;
 
 /* Writes output_dir/checkpoint-<step>. tokenizer_path may be NULL; args_json may be NULL. */

@@ -26,6 +26,8 @@ typedef struct info_args {
     double lora_dropout;
     int use_badam, badam_start_block;
     char *badam_switch_mode;
+    int use_galore, galore_rank;
+    char *galore_target, *galore_proj_type;
 } info_args;
 
 #define F(name, type, def, help) {#name, type, offsetof(info_args, name), def, help, NULL, NULL}
@@ -65,6 +67,11 @@ static const glm_flag info_flags[] = {
     {"badam_switch_mode", ARG_STR, offsetof(info_args, badam_switch_mode), "ascending", "BAdam's order (as train)",
      "ascending|descending|random|fixed", NULL},
     F(badam_start_block, ARG_INT, "-1", "BAdam's first layer (as train)"),
+    F(use_galore, ARG_BOOL, "false", "GaLore (as train): the projected weights' moments are rank --galore_rank projections"),
+    F(galore_rank, ARG_INT, "16", "GaLore's rank (as train)"),
+    F(galore_target, ARG_STR, "all", "GaLore's modules (as train)"),
+    {"galore_proj_type", ARG_STR, offsetof(info_args, galore_proj_type), "std", "GaLore's projection side (as train)",
+     "std|reverse_std|right|left|full", NULL},
     F(freeze_trainable_modules, ARG_STR, "all", "freeze: the modules of those layers that train (as train)"),
     F(freeze_extra_modules, ARG_STR, "", "freeze: modules outside the layers that train too (as train)"),
     F(additional_target, ARG_STR, "", "LoRA: modules outside the layers that train whole beside the adapters (as train)"),
@@ -197,6 +204,8 @@ static int from_train_config(info_args *a, int argc, char **argv, glm_err *err) 
         set_str(&a->additional_target, t.additional_target);
         set_str(&a->quantization_type, t.quantization_type);
         set_str(&a->badam_switch_mode, t.badam_switch_mode);
+        set_str(&a->galore_target, t.galore_target);
+        set_str(&a->galore_proj_type, t.galore_proj_type);
         set_str(&a->deepspeed, NULL); /* train's reading of it is in t already */
         a->per_device_train_batch_size = t.per_device_train_batch_size;
         a->max_source_length = t.max_source_length;
@@ -213,6 +222,7 @@ static int from_train_config(info_args *a, int argc, char **argv, glm_err *err) 
         a->pre_seq_len = t.pre_seq_len; a->prefix_projection = t.prefix_projection;
         a->quantization_bit = t.quantization_bit;
         a->use_badam = t.use_badam; a->badam_start_block = t.badam_start_block;
+        a->use_galore = t.use_galore; a->galore_rank = t.galore_rank;
         if (t.nproc_per_node && atoi(t.nproc_per_node) > 1) a->data_parallel_size = atoi(t.nproc_per_node);
         if (t.pipeline_parallel_size > 1 && a->data_parallel_size > 1) a->data_parallel_size /= t.pipeline_parallel_size;
         rc = glm_args_parse(info_flags, sizeof info_flags / sizeof info_flags[0], a, ni, iarg, err);
@@ -251,6 +261,13 @@ int glm_cmd_info(int argc, char **argv) {
                          .badam_mode = "layer", .badam_switch_mode = a.badam_switch_mode,
                          .badam_start_block = a.badam_start_block, .badam_switch_interval = 50};
     if (!rc) rc = glm_train_peft(&ta, &c, &c.peft, &err);
+    int galore = 0; /* the weights GaLore projects */
+    if (!rc && a.use_galore) {
+        glm_train_args tg = {.galore_rank = a.galore_rank, .galore_update_interval = 200, .galore_scale = 2.0,
+                             .galore_target = a.galore_target, .galore_proj_type = a.galore_proj_type, .optim = a.optim};
+        galore = glm_train_galore(&tg, &c, &err);
+        if (galore < 0) rc = -1;
+    }
     if (!rc && c.peft.badam) { /* the deepest backward the run reaches */
         glm_badam b;
         glm_train_badam(&ta, c.num_layers, &b);
@@ -286,6 +303,9 @@ int glm_cmd_info(int argc, char **argv) {
         if (c.peft.kind == GLM_FT_FREEZE) printf("freeze: %s train\n", glm_freeze_describe(&c, &c.peft, what, sizeof what));
         glm_table_free(&tr);
     }
+    if (galore > 0)
+        printf("GaLore: %d linear weights keep rank-%d projections of their AdamW moments (%s), the other rows full ones\n",
+               galore, c.peft.galore_rank, a.galore_proj_type);
     if (c.quant != GLM_Q_NONE) {
         glm_table q;
         glm_table_build_part(&q, &c, 0, c.num_layers, 1, 1, 64, GLM_PART_QUANT);
@@ -299,7 +319,7 @@ int glm_cmd_info(int argc, char **argv) {
     row("weights", p.params);
     row("gradients", p.grads);
     row("fp32 master weights", p.master);
-    row("AdamW moments (fp32)", p.moments);
+    row(galore > 0 ? "AdamW moments (fp32, GaLore)" : "AdamW moments (fp32)", p.moments);
     row("activations", p.activations);
     row("backward scratch + head", p.scratch);
     row("total", p.total);

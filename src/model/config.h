@@ -49,6 +49,14 @@ typedef struct glm_peft {
      * LLaMA-Factory's freeze_extra_modules; with LoRA, peft's modules_to_save (LLaMA-Factory's
      * additional_target), beside the adapters. */
     int extra_modules;
+    /* GaLore (LLaMA-Factory's use_galore; optim/galore.h): the AdamW state of the trainable linear
+     * weights galore_target names lives in a rank-galore_rank projection of their gradients,
+     * renewed from the gradient's SVD every galore_gap steps (galore_rank 0: off). galore_target:
+     * "all" (every linear module but the output layer) or a comma list of parts of the modules'
+     * names, matched as substrings (LLaMA-Factory's rule); galore_proj a glm_galore_proj. */
+    int galore_rank, galore_gap, galore_proj;
+    float galore_scale;
+    char galore_target[160];
     /* P-Tuning v2 as THUDM's modeling_chatglm.py: a trainable prefix encoder gives every layer
      * pre_seq_len keys and values that every query sees (not rotated); prefix_projection puts an
      * MLP (Linear H->H, tanh, Linear H->2LH) after the [P, H] embedding; prefix_dropout (0.1 in

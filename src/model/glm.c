@@ -494,6 +494,11 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     p.grads = (double)tab.total * es;
     p.master = dtype == GLM_F32 ? 0 : (double)tab.total * 4;
     p.moments = 2.0 * tab.total * 4;
+    size_t g_flat, g_low, g_scratch = 0; /* GaLore: projected moments for its rows, and one float row of scratch */
+    if (c->peft.galore_rank > 0) {
+        glm_galore_state(c, &tab, &g_flat, &g_low, &g_scratch);
+        p.moments = (2.0 * g_flat + g_low) * 4;
+    }
     if (unit_slots) /* the unit-by-unit gradient paths' staging (parallel/unit_slots.h) */
         glm_table_unit_slots(&tab, c->tie_word_embeddings, &unit_slots[0], &unit_slots[1]);
     /* per layer set, as ensure_acts allocates: x, qkv(3), ctx, h1, y (7H) + fc1, act (2F) + the
@@ -524,7 +529,7 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
         p.scratch += (N * es + nl * 4.0 * 4) * glm_linear_out_max(c);
     size_t qbig = 0; /* qscratch: the largest quantized matrix dequantized */
     for (int i = 0; i < quant.n; i++) qbig = quant.t[i].numel > qbig ? quant.t[i].numel : qbig;
-    p.scratch += (double)qbig * es;
+    p.scratch += (double)qbig * es + (double)g_scratch * 4;
     p.total = p.params + p.grads + p.master + p.moments + p.activations + p.scratch;
     glm_table_free(&tab);
     glm_table_free(&frozen);

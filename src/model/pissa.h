@@ -10,8 +10,8 @@
  * 2r: A = [A; A0], B = [B, -B0], alpha doubled, peft's path_initial_model_for_weight_conversion)
  * fits the original base.
  *
- * The SVD's products run where the weight lives (the backend's optional float product, else the
- * host's). On a quantized base the float weight is read again from the model's files and the
+ * The SVD (backend/svd.h) runs its products where the weight lives (the backend's optional
+ * float product, else the host's). On a quantized base the float weight is read again from the model's files and the
  * float residual is what gets quantized (QPiSSA), at the start and when a PiSSA folder loads. */
 #ifndef GLM_MODEL_PISSA_H
 #define GLM_MODEL_PISSA_H
@@ -23,11 +23,6 @@
 #define GLM_PISSA_INIT_DIR "pissa_init"
 #define GLM_PISSA_CONVERTED_DIR "pissa_converted"
 
-/* torch.svd_lowrank(W, q, niter) of w [OC, C] (the Gaussian start drawn from seed): u [OC, q],
- * s [q] (descending), v [C, q] with W ~ u diag(s) v^T. niter < 0: the top q triplets of the full
- * SVD (peft's "pissa"), iterating until they stop moving; returns the iterations, -1 when they
- * still moved at the cap (close singular values). */
-int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v);
 /* Every LoRA pair of m from its base weight (after the base is loaded), the base rows made the
  * residuals, the first values kept in m->pissa_init; m->cfg.peft.pissa_niter iterations. A
  * quantized row needs m->origin's float weights (an error names the file otherwise). */

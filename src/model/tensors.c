@@ -294,6 +294,8 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
     }
 #undef ROW
     unit_start(tab, unit_align);
+    for (int i = 0; part == GLM_PART_TRAINABLE && c->peft.galore_rank > 0 && i < tab->n; i++)
+        tab->t[i].galore = glm_galore_applies(c, &tab->t[i]);
 }
 
 void glm_table_free(glm_table *tab) {
@@ -344,4 +346,59 @@ uint64_t glm_table_fingerprint(const glm_table *tab) {
             for (int b = 0; b < 8; b++) h = (h ^ ((v[k] >> (8 * b)) & 0xff)) * 1099511628211ULL;
     }
     return h & 0x7fffffffffffffffULL; /* stored as int64 */
+}
+
+/* ---------------------------------------------------------------- GaLore */
+
+int glm_galore_proj_parse(const char *name) {
+    static const char *names[] = {"std", "reverse_std", "right", "left"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    return -1;
+}
+
+int glm_galore_applies(const glm_config *c, const glm_tensor *t) {
+    const char *list = c->peft.galore_target;
+    int head = t->kind == T_LM_HEAD;
+    if (t->ndim != 2 || !(glm_is_linear_w(t->kind) || head) || !glm_tensor_trains(c, t->layer, t->kind)) return 0;
+    if (!list[0] || strcmp(list, "all") == 0) return !head; /* find_all_linear_modules leaves the output layer out */
+    /* LLaMA-Factory: any(target in name) over the module's full name */
+    char module[128];
+    snprintf(module, sizeof module, "%s", t->name);
+    size_t n = strlen(module);
+    if (n > 7 && strcmp(module + n - 7, ".weight") == 0) module[n - 7] = 0;
+    for (const char *p = list; *p;) {
+        while (*p == ',' || *p == ' ') p++;
+        size_t k = strcspn(p, ",");
+        while (k && p[k - 1] == ' ') k--;
+        char part[160];
+        snprintf(part, sizeof part, "%.*s", (int)k, p);
+        if (k && strstr(module, part)) return 1;
+        p += strcspn(p, ",");
+    }
+    return 0;
+}
+
+int glm_galore_shape(const glm_config *c, const glm_tensor *t, int *r, size_t *low, size_t *proj) {
+    size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
+    int pt = c->peft.galore_proj, tall = rows >= cols;
+    int right = pt == GLM_GALORE_RIGHT || (pt == GLM_GALORE_STD && tall) || (pt == GLM_GALORE_REVERSE_STD && !tall);
+    size_t side = rows < cols ? rows : cols, rk = (size_t)c->peft.galore_rank < side ? (size_t)c->peft.galore_rank : side;
+    *r = (int)rk;
+    *low = rk * (right ? rows : cols);
+    *proj = rk * (right ? cols : rows);
+    return right;
+}
+
+void glm_galore_state(const glm_config *c, const glm_table *tab, size_t *flat, size_t *low, size_t *scratch) {
+    *flat = *low = *scratch = 0;
+    for (int i = 0; i < tab->n; i++) {
+        const glm_tensor *t = &tab->t[i];
+        if (!t->galore) { *flat += (t->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS; continue; }
+        int r;
+        size_t lo, pr;
+        glm_galore_shape(c, t, &r, &lo, &pr);
+        *low += 2 * lo + pr;
+        if (t->numel > *scratch) *scratch = t->numel;
+    }
 }

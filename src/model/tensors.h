@@ -42,6 +42,7 @@ typedef struct glm_tensor {
     float lr_scale;   /* the learning rate's factor: LoRA+'s ratio on lora_B rows, else 1 */
     int opens_unit;   /* the first row of its unit (the embedding, a layer, the final norm and head) */
     int qtype;        /* glm_qtype of a quantized row (GLM_PART_QUANT), else GLM_Q_NONE */
+    int galore;       /* a trainable row whose AdamW state GaLore projects (config.h galore_*) */
 } glm_tensor;
 
 typedef struct glm_table {
@@ -144,5 +145,24 @@ int glm_table_units(const glm_table *tab, glm_span *out);
  * turn), *tied = the tied embedding's unit (its own slot; 0 when the embedding is untied or
  * does not train). The memory plan and the slots themselves both size from here. */
 void glm_table_unit_slots(const glm_table *tab, int tie_word_embeddings, size_t *ring, size_t *tied);
+
+/* GaLore's projections (galore_torch's GaLoreProjector proj_type): std projects a [rows, cols]
+ * gradient from the right (P = the top right singular vectors, [r, cols]) when rows >= cols and
+ * from the left (P = the top left ones, [rows, r]) otherwise; reverse_std the other way round;
+ * right and left always so. */
+typedef enum glm_galore_proj { GLM_GALORE_STD = 0, GLM_GALORE_REVERSE_STD, GLM_GALORE_RIGHT, GLM_GALORE_LEFT } glm_galore_proj;
+/* The name's projection, -1 for another ("full" included). */
+int glm_galore_proj_parse(const char *name);
+/* Whether GaLore projects row t of a model of config c: a weight of a linear module (the
+ * output layer included when a target names it) that trains, matched by c->peft.galore_target. */
+int glm_galore_applies(const glm_config *c, const glm_tensor *t);
+/* GaLore's shapes for row t: 1 when it projects from the right; *r the rank (galore_rank, at most
+ * the smaller side); *low the elements of each moment ([rows, r] or [r, cols]), *proj those of P. */
+int glm_galore_shape(const glm_config *c, const glm_tensor *t, int *r, size_t *low, size_t *proj);
+/* The optimizer state a table's rows need with GaLore's rows projected: *flat the elements of
+ * each moment for the other rows (each row at a 64-element boundary, in table order), *low the
+ * projected rows' P and two moments in all, *scratch the largest projected row (one float buffer
+ * of it holds the gradient, then the update). The memory plan and optim/galore.c both size from here. */
+void glm_galore_state(const glm_config *c, const glm_table *tab, size_t *flat, size_t *low, size_t *scratch);
 
 #endif

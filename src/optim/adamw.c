@@ -5,6 +5,7 @@
 #include <string.h>
 #include "core/half.h"
 #include "backend/quant8.h"
+#include "optim/galore.h"
 
 /* Host updates go chunk by chunk, one chunk per thread at a time: its gradients converted to
  * fp32 into the thread's scratch, the CPU backend's op (serial inside a parallel region), the
@@ -70,7 +71,13 @@ static void build_decay_bits(glm_adamw *o, glm_model *m) {
 void glm_adamw_alloc(glm_adamw *o, glm_model *m, int kind, int host, size_t n, float lr, float b1, float b2,
                      float eps, float wd) {
     glm_backend *be = m->be;
-    *o = (glm_adamw){.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .kind = kind, .host = host, .n = n};
+    *o = (glm_adamw){.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .kind = kind, .host = host, .n = n,
+                     .mv_n = n};
+    if (m->cfg.peft.galore_rank > 0) { /* train/setup.c refuses the other layouts */
+        GLM_ASSERT(kind == GLM_OPTIM_ADAMW && !host && n == m->tab.total);
+        o->galore = glm_galore_new(m);
+        if (o->galore) o->mv_n = o->galore->flat;
+    }
     if (kind == GLM_OPTIM_ADAMW8) {
         size_t nb = glm_q8_blocks(n);
         o->qm = state_alloc(o, be, n);
@@ -79,8 +86,8 @@ void glm_adamw_alloc(glm_adamw *o, glm_model *m, int kind, int host, size_t n, f
         o->av = state_alloc(o, be, nb * sizeof(float));
         build_decay_bits(o, m);
     } else {
-        o->m = state_alloc(o, be, n * sizeof(float));
-        o->v = state_alloc(o, be, n * sizeof(float));
+        o->m = state_alloc(o, be, o->mv_n * sizeof(float));
+        o->v = state_alloc(o, be, o->mv_n * sizeof(float));
     }
     if (host || be->dtype != GLM_F32) o->master = host ? host_zeroed(n * sizeof(float)) : be->alloc(be, n * sizeof(float));
     if (host) {
@@ -106,7 +113,8 @@ void glm_adamw_master_from(glm_adamw *o, glm_model *m, size_t k, size_t lo, size
 void glm_adamw_restart(glm_adamw *o, glm_model *m) {
     glm_backend *be = m->be;
     size_t nb = glm_q8_blocks(o->n);
-    struct { void *p; size_t bytes; } parts[] = {{o->m, o->n * sizeof(float)}, {o->v, o->n * sizeof(float)}, {o->qm, o->n},
+    if (o->galore) glm_galore_restart(o->galore, m);
+    struct { void *p; size_t bytes; } parts[] = {{o->m, o->mv_n * sizeof(float)}, {o->v, o->mv_n * sizeof(float)}, {o->qm, o->n},
                                                  {o->qv, o->n}, {o->am, nb * sizeof(float)}, {o->av, nb * sizeof(float)}};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (!parts[i].p) continue;
@@ -133,6 +141,7 @@ void glm_adamw_free(glm_adamw *o, glm_model *m) {
     state_free(o, be, o->av);
     state_free(o, be, o->decay);
     state_free(o, be, o->master);
+    glm_galore_free(o->galore, m);
     if (o->cpu) o->cpu->destroy(o->cpu);
     free(o->scratch);
     *o = (glm_adamw){0};
@@ -166,13 +175,30 @@ void glm_adamw_update(glm_adamw *o, glm_model *m, size_t lo, size_t hi, size_t k
                    o->weight_decay, bc1, bc2, gs);
         return;
     }
-    for (int j = 0; j < m->tab.n; j++) {
+    for (int j = 0, gk = 0; j < m->tab.n; j++) {
         const glm_tensor *t = &m->tab.t[j];
         size_t a = t->offset > lo ? t->offset : lo, e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-        if (a >= e) continue;
+        if (a >= e) { gk += t->galore; continue; }
         size_t kk = k + (a - lo);
-        be->adamw(be, glm_at(be, param, a - lo), o->master ? o->master + kk : NULL, glm_at(be, grad, a - lo), o->m + kk,
-                  o->v + kk, e - a, lr * t->lr_scale, o->beta1, o->beta2, o->eps, t->decay ? o->weight_decay : 0.0f, bc1, bc2, gs);
+        float lr_t = lr * t->lr_scale, wd_t = t->decay ? o->weight_decay : 0.0f;
+        if (!o->galore) {
+            be->adamw(be, glm_at(be, param, a - lo), o->master ? o->master + kk : NULL, glm_at(be, grad, a - lo), o->m + kk,
+                      o->v + kk, e - a, lr_t, o->beta1, o->beta2, o->eps, wd_t, bc1, bc2, gs);
+            continue;
+        }
+        if (t->galore) { /* a projected row is updated whole (its state is not per element) */
+            GLM_ASSERT(a == t->offset && e == t->offset + t->numel);
+            glm_galore_update(o->galore, m, gk++, glm_at(be, param, a - lo), o->master ? o->master + kk : NULL,
+                              glm_at(be, grad, a - lo), o->step, lr_t, wd_t, o->beta1, o->beta2, o->eps, bc1, bc2, gs);
+            continue;
+        }
+        /* galore_torch's AdamW through torch's order: p (1 - lr wd) - lr (1 - lr wd) sqrt(bc2) / bc1 *
+         * m / (sqrt(v) + eps) is the op's p (1 - lr' wd') - lr' / bc1 * m / (sqrt(v) / sqrt(bc2) + eps')
+         * with lr' = lr (1 - lr wd), wd' = wd / (1 - lr wd), eps' = eps / sqrt(bc2) */
+        float keep = 1.0f - lr_t * wd_t;
+        size_t mk = o->galore->moff[j] + (a - t->offset);
+        be->adamw(be, glm_at(be, param, a - lo), o->master ? o->master + kk : NULL, glm_at(be, grad, a - lo), o->m + mk,
+                  o->v + mk, e - a, lr_t * keep, o->beta1, o->beta2, o->eps / sqrtf(bc2), wd_t / keep, bc1, bc2, gs);
     }
 }
 
@@ -269,8 +295,29 @@ static size_t q8_span(size_t k, size_t n, size_t *b0) {
     return glm_q8_blocks(k + n) - *b0;
 }
 
+/* GaLore's flat moments: each unprojected row's part of flat [k, k + n) between host h (at flat
+ * index k) and the state (put: to the state; get: from it, the rest of h zero). */
+static void galore_moments(const glm_adamw *o, glm_backend *be, size_t k, size_t n, float *h, float *state, int put) {
+    const glm_galore *g = o->galore;
+    if (!put) memset(h, 0, n * sizeof(float));
+    const glm_table *tab = g->tab;
+    for (int j = 0; j < tab->n; j++) {
+        const glm_tensor *t = &tab->t[j];
+        size_t a = t->offset > k ? t->offset : k, e = t->offset + t->numel < k + n ? t->offset + t->numel : k + n;
+        if (a >= e || t->galore) continue;
+        float *s = state + g->moff[j] + (a - t->offset);
+        if (put) store((glm_adamw *)o, be, s, h + (a - k), (e - a) * sizeof(float));
+        else fetch(o, be, h + (a - k), s, (e - a) * sizeof(float));
+    }
+}
+
 void glm_adamw_get(const glm_adamw *o, glm_backend *be, size_t k, size_t n, float *m, float *v, float *master) {
     if (master && o->master) fetch(o, be, master, o->master + k, n * sizeof(float));
+    if (o->galore) {
+        if (m) galore_moments(o, be, k, n, m, o->m, 0);
+        if (v) galore_moments(o, be, k, n, v, o->v, 0);
+        return;
+    }
     if (o->kind != GLM_OPTIM_ADAMW8) {
         if (m) fetch(o, be, m, o->m + k, n * sizeof(float));
         if (v) fetch(o, be, v, o->v + k, n * sizeof(float));
@@ -292,6 +339,11 @@ void glm_adamw_get(const glm_adamw *o, glm_backend *be, size_t k, size_t n, floa
 
 void glm_adamw_put(glm_adamw *o, glm_backend *be, size_t k, size_t n, const float *m, const float *v, const float *master) {
     if (master && o->master) store(o, be, o->master + k, master, n * sizeof(float));
+    if (o->galore) {
+        if (m) galore_moments(o, be, k, n, (float *)m, o->m, 1);
+        if (v) galore_moments(o, be, k, n, (float *)v, o->v, 1);
+        return;
+    }
     if (o->kind != GLM_OPTIM_ADAMW8) {
         if (m) store(o, be, o->m + k, m, n * sizeof(float));
         if (v) store(o, be, o->v + k, v, n * sizeof(float));

@@ -292,7 +292,8 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     if (dp->comm->bcast(dp->comm, m->params, padded, dp->gdt, 0, "initial parameters", err) ||
         dp->comm->wait(dp->comm, -1, err))
         return -1;
-    if (gpu && glm_dp_peer_open(dp, err)) return -1;
+    /* GaLore's update needs every bucket's sums before any projected row: the all-gathers of NCCL */
+    if (gpu && m->cfg.peft.galore_rank == 0 && glm_dp_peer_open(dp, err)) return -1;
     m->grads_ready = on_grads_ready;
     m->grads_ready_ctx = dp;
     dp->sharded = dp->cfg.zero_stage >= 1;
@@ -435,7 +436,7 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
     double t0 = glm_now();
     char what[64];
     if (glm_dp_peer_gathers(dp)) return peer_update(dp, lr, grad_scale, bc1, bc2, err);
-    if (!dp->sharded && dp->z0_ag_backward && !dp->peer) {
+    if (!dp->sharded && dp->z0_ag_backward && !dp->peer && !o->galore) {
         for (int i = dp->nb - 1; i >= 0; i--) adamw_range(dp, dp->b[i].lo, dp->b[i].hi, dp->b[i].lo, lr, grad_scale, bc1, bc2);
     } else if (!dp->sharded) {
         /* ZeRO-0: backward left each rank the sum of its own pieces; the whole gradient comes back
@@ -453,9 +454,13 @@ int glm_dp_optimizer_step(glm_dp *dp, float lr, float grad_scale, glm_err *err) 
                 dp->comm->detached = 0;
                 return -1;
             }
-            adamw_range(dp, dp->b[i].lo, dp->b[i].hi, dp->b[i].lo, lr, grad_scale, bc1, bc2);
+            if (!o->galore) adamw_range(dp, dp->b[i].lo, dp->b[i].hi, dp->b[i].lo, lr, grad_scale, bc1, bc2);
         }
         dp->comm->detached = 0;
+        if (o->galore) { /* GaLore updates a projected row whole, from the whole sum of its gradient */
+            if (dp->comm->wait(dp->comm, -1, err)) return -1;
+            glm_adamw_update(o, m, 0, m->tab.total, 0, m->params, m->grads, lr, grad_scale, bc1, bc2);
+        }
     } else {
         /* ZeRO-1/2: each rank updates its own pieces, in flat order, and a bucket's parameters are
          * all-gathered as soon as its piece is updated */

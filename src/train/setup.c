@@ -400,6 +400,73 @@ static int badam_peft(const glm_train_args *a, const glm_config *c, const char *
     return 0;
 }
 
+int glm_train_galore(const glm_train_args *a, glm_config *c, glm_err *err) {
+    glm_peft *p = &c->peft;
+    if (p->kind != GLM_FT_FULL && p->kind != GLM_FT_FREEZE)
+        return glm_fail(err, "--use_galore with %s: GaLore projects the optimizer state of weights that train whole",
+                        p->kind == GLM_FT_LORA ? "LoRA" : "P-Tuning v2"),
+               glm_hint(err, "use --finetuning_type full or freeze (LLaMA-Factory refuses LoRA with GaLore too)");
+    if (p->badam)
+        return glm_fail(err, "--use_galore with --use_badam: each is an optimizer of its own"), glm_hint(err, "pick one");
+    if (a->galore_layerwise)
+        return glm_fail(err, "--galore_layerwise: glmtrain's GaLore updates after backward, every weight in one step"),
+               glm_hint(err, "drop --galore_layerwise (LLaMA-Factory's default); --gradient_checkpointing or a smaller "
+                             "batch lowers the memory of the activations");
+    int proj = glm_galore_proj_parse(a->galore_proj_type ? a->galore_proj_type : "std");
+    if (proj < 0)
+        return glm_fail(err, "--galore_proj_type %s: glmtrain projects one side (std, reverse_std, right or left)",
+                        a->galore_proj_type),
+               glm_hint(err, "use std, LLaMA-Factory's default");
+    if (a->galore_rank < 1) return glm_fail(err, "--galore_rank %d must be at least 1", a->galore_rank);
+    if (a->galore_update_interval < 1)
+        return glm_fail(err, "--galore_update_interval %d: optimizer steps between projections, at least 1",
+                        a->galore_update_interval);
+    if (!(a->galore_scale > 0 && a->galore_scale < 1e6))
+        return glm_fail(err, "--galore_scale %g must be positive", a->galore_scale), glm_hint(err, "LLaMA-Factory's default is 2.0");
+    if (glm_optim_parse(a->optim ? a->optim : "adamw_torch") == GLM_OPTIM_ADAMW8)
+        return glm_fail(err, "--use_galore with --optim %s: GaLore's 8-bit AdamW is not here", a->optim),
+               glm_hint(err, "use --optim adamw_torch (the projected moments are small already)");
+    const char *target = a->galore_target ? a->galore_target : "all";
+    if (strlen(target) >= sizeof p->galore_target)
+        return glm_fail(err, "--galore_target: %zu characters, at most %zu", strlen(target), sizeof p->galore_target - 1);
+    p->galore_rank = a->galore_rank;
+    p->galore_gap = a->galore_update_interval;
+    p->galore_proj = proj;
+    p->galore_scale = (float)a->galore_scale;
+    snprintf(p->galore_target, sizeof p->galore_target, "%s", target);
+    glm_table tab;
+    glm_table_build(&tab, c); /* the base rows: which linear weights the targets reach */
+    int hit = 0;
+    for (int i = 0; i < tab.n; i++) hit += glm_galore_applies(c, &tab.t[i]);
+    glm_table_free(&tab);
+    if (!hit)
+        return glm_fail(err, "--galore_target %s matches no linear weight that trains", target),
+               glm_hint(err, "use all, or parts of the modules' names: %s", c->family == GLM_FAMILY_GLM2 ?
+                        "query_key_value, dense, dense_h_to_4h, dense_4h_to_h, output_layer" :
+                        "query_key_value, dense, dense_h_to_4h, dense_4h_to_h, lm_head");
+    return hit;
+}
+
+/* --use_galore in this run: the layouts glmtrain's GaLore does not run in are refused by name. */
+static int galore_setup(const glm_train_args *a, trainer *t, glm_config *c, int stages, glm_err *err) {
+    int hit = glm_train_galore(a, c, err);
+    if (hit < 0) return -1;
+    const char *no = stages                                                     ? "pipeline stages"
+                     : t->dp->world > 1 && a->zero_stage >= 1                   ? "--zero_stage 1, 2 or 3 over several ranks"
+                     : strcmp(a->offload_optimizer, "none") != 0                ? "--offload_optimizer"
+                     : a->optimizer_in_backward                                 ? "--optimizer_in_backward"
+                                                                                : NULL;
+    if (no)
+        return glm_fail(err, "--use_galore with %s: glmtrain's GaLore keeps its whole state on the device of each process "
+                             "and updates every projected weight whole", no),
+               glm_hint(err, "one process, or data parallel with --zero_stage 0");
+    if (t->dp->rank == 0)
+        glm_info("GaLore: %d weights keep their AdamW moments in a rank-%d projection (%s), renewed every %d steps, scale "
+                 "%g; every weight updates as galore_torch's AdamW", hit, c->peft.galore_rank, a->galore_proj_type,
+                 c->peft.galore_gap, c->peft.galore_scale);
+    return 0;
+}
+
 int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, glm_err *err) {
     int L = c->num_layers;
     *p = (glm_peft){0};
@@ -614,6 +681,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
                  "optimizer state (the first layer %d steps); the embedding, final norm and head stay as loaded",
                  c.peft.badam_layer, orders[t->badam.order], t->badam.interval, t->badam.interval > 1 ? t->badam.interval - 1 : 1);
     }
+    if (a->use_galore && galore_setup(a, t, &c, stages, err)) return -1;
     if (c.quant != GLM_Q_NONE && c.peft.kind == GLM_FT_FULL) {
         glm_fail(err, "%s weights with --finetuning_type full: a quantized weight cannot train",
                  a->quantization_bit || nf4 ? "--quantization_bit/--quantization_type" : "quantized (config.json quantization_bit)");

@@ -19,6 +19,9 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
 /* BAdam's block schedule (optim/badam.h) from --badam_switch_mode, --badam_start_block,
  * --badam_switch_interval and --seed, for a model of `layers` layers. */
 void glm_train_badam(const glm_train_args *a, int layers, glm_badam *b);
+/* --use_galore's settings checked and put into c->peft (after glm_train_peft): the number of
+ * weights GaLore projects, or -1 with err naming the flag. */
+int glm_train_galore(const glm_train_args *a, glm_config *c, glm_err *err);
 /* The adapters a run starts from (model/adapter.h's lists): those merged into the base as it
  * loads, and the one trained on ("" where a new one trains: none given, or
  * --create_new_adapter); --ptuning_checkpoint is that one. */

@@ -87,6 +87,10 @@ typedef struct glm_train_args {
     int use_llama_pro; /* LLaMA Pro's added blocks train (model/expand.h) */
     char *badam_mode, *badam_switch_mode, *badam_mask_mode;
     double badam_update_ratio;
+    /* GaLore (optim/galore.h), LLaMA-Factory's names */
+    int use_galore, galore_rank, galore_update_interval, galore_layerwise;
+    char *galore_target, *galore_proj_type;
+    double galore_scale;
     double lora_alpha, lora_dropout, prefix_dropout, loraplus_lr_ratio;
     double neftune_noise_alpha; /* NEFTune's noise on the embeddings while training (0: none) */
     /* how the run stops early (tests, demos) */

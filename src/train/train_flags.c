@@ -107,6 +107,18 @@ const glm_flag glm_train_flags[] = {
     F(badam_update_ratio, ARG_FLOAT, "0.05", "BAdam's ratio mode (refused)"),
     C(badam_mask_mode, "adjacent", "adjacent|scatter", "BAdam's ratio mode (refused)"),
     F(badam_verbose, ARG_INT, "0", "BAdam: 1 or 2 log each switch (glmtrain logs every switch at 0 too, in one line)"),
+    F(use_galore, ARG_BOOL, "false", "GaLore (LLaMA-Factory's use_galore, with --finetuning_type full or freeze): the AdamW "
+      "moments of the linear weights live in a rank --galore_rank projection of their gradients, renewed from the "
+      "gradient's SVD every --galore_update_interval steps (galore_torch's GaLoreAdamW, which every weight then takes)"),
+    F(galore_target, ARG_STR, "all", "GaLore: the linear modules it projects, a comma list of parts of their names (all: "
+      "every linear module but the output layer)"),
+    F(galore_rank, ARG_INT, "16", "GaLore: the rank of the projection"),
+    F(galore_update_interval, ARG_INT, "200", "GaLore: optimizer steps between new projections"),
+    F(galore_scale, ARG_FLOAT, "2.0", "GaLore: the factor on the projected update (LLaMA-Factory's default 2.0)"),
+    C(galore_proj_type, "std", "std|reverse_std|right|left|full", "GaLore: which side projects (std: the shorter one; full is "
+      "refused)"),
+    F(galore_layerwise, ARG_BOOL, "false", "GaLore's update inside backward, weight by weight (refused: glmtrain updates after "
+      "backward)"),
     F(use_llama_pro, ARG_BOOL, "false", "LLaMA Pro (LLaMA-Factory's, with --finetuning_type freeze): the layers that train are "
       "the blocks `glmtrain expand` added, every (num_layers / --num_layer_trainable)-th one"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N), the rest stays frozen"),
@@ -342,8 +354,7 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"pure_bf16", NULL, "bf16", "glmtrain's bf16 keeps fp32 master weights and AdamW states for the tensors that train "
                                 "(with LoRA a few MB); for less memory: --optim adamw_8bit or --zero_stage"},
     {"modules_to_save", NULL, "additional_target", "peft's name for --additional_target"},
-#define LESS_OPTIMIZER_MEMORY "; for less optimizer memory: --optim adamw_8bit, --zero_stage 2|3 or --offload_optimizer cpu"
-    {"use_galore", "false|False|0", "", "GaLore's projected optimizer is not here" LESS_OPTIMIZER_MEMORY},
+#define LESS_OPTIMIZER_MEMORY "; for less optimizer memory: --use_galore, --optim adamw_8bit, --zero_stage 2|3 or --offload_optimizer cpu"
     {"use_apollo", "false|False|0", "", "APOLLO's optimizer is not here" LESS_OPTIMIZER_MEMORY},
     {"use_adam_mini", "false|False|0", "", "Adam-mini is not here" LESS_OPTIMIZER_MEMORY},
 #undef LESS_OPTIMIZER_MEMORY

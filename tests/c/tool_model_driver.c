@@ -10,6 +10,8 @@
  *     [--badam_interval K --badam_order ascending|descending|random|fixed [--badam_start S] [--seed N]]
  *       (BAdam, optim/badam.h: one whole layer trains, the next taking over with a fresh AdamW state
  *       as the trainer does it; OUT also holds "blocks" [K], the layer each step trained)
+ *     [--galore_rank R [--galore_gap K] [--galore_scale S] [--galore_proj std|reverse_std|right|left]
+ *      [--galore_target LIST]]  (GaLore, optim/galore.h, with full or freeze)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
  * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab);
  * "norm_bwd" [1] counts the first step's norm backward calls (the backward stops at the lowest
@@ -88,6 +90,9 @@ int main(int argc, char **argv) {
     const char *freeze_modules = "all", *freeze_extra = "", *additional = "";
     int qbits = 0, llama_pro = 0;
     int badam_interval = 0, badam_start = -1;
+    int galore_rank = 0, galore_gap = 200;
+    float galore_scale = 2.0f;
+    const char *galore_proj = "std", *galore_target = "all";
     const char *badam_order = "ascending";
     unsigned long long seed = 42;
     int dora = 0;
@@ -136,6 +141,11 @@ int main(int argc, char **argv) {
         else if (ARG("--badam_order")) badam_order = v;
         else if (ARG("--badam_start")) badam_start = atoi(v);
         else if (ARG("--seed")) seed = strtoull(v, NULL, 10);
+        else if (ARG("--galore_rank")) galore_rank = atoi(v);
+        else if (ARG("--galore_gap")) galore_gap = atoi(v);
+        else if (ARG("--galore_scale")) galore_scale = strtof(v, NULL);
+        else if (ARG("--galore_proj")) galore_proj = v;
+        else if (ARG("--galore_target")) galore_target = v;
         else { fprintf(stderr, "unknown argument %s\n", a); return 2; }
 #undef ARG
     }
@@ -170,6 +180,14 @@ int main(int argc, char **argv) {
     } else if (strcmp(ft, "full") != 0) {
         fprintf(stderr, "--finetuning_type %s: full, lora, ptuning or freeze\n", ft);
         return 2;
+    }
+    if (galore_rank > 0) {
+        c.peft.galore_rank = galore_rank;
+        c.peft.galore_gap = galore_gap;
+        c.peft.galore_scale = galore_scale;
+        c.peft.galore_proj = glm_galore_proj_parse(galore_proj);
+        snprintf(c.peft.galore_target, sizeof c.peft.galore_target, "%s", galore_target);
+        if (c.peft.galore_proj < 0) { fprintf(stderr, "--galore_proj %s: std, reverse_std, right or left\n", galore_proj); return 2; }
     }
     if (glm_config_set_quant(&c, qbits, qtype, model, &err)) return die(&err);
     glm_backend *be = glm_backend_cpu();

@@ -135,6 +135,14 @@ static void adamw(glm_backend *be, void *param, float *master, const void *grad,
                   float b1, float b2, float eps, float wd, float bc1, float bc2, float gs) {
     cpu_adamw(param, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
 }
+static void adam_dir(glm_backend *be, float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2,
+                     float eps) {
+    cpu_adam_dir(dir, g, m, v, n, b1, b2, eps);
+}
+static void apply_dir(glm_backend *be, void *param, float *master, const float *dir, size_t n, float alpha, float shrink) {
+    cpu_apply_dir(master ? master : param, dir, n, alpha, shrink);
+    if (master) memcpy(param, master, n * sizeof(float));
+}
 static void adamw8(glm_backend *be, void *param, float *master, const void *grad, uint8_t *qm, uint8_t *qv, float *absm,
                    float *absv, size_t n, const uint8_t *bits, size_t flat0, float lr, float b1, float b2, float eps,
                    float wd, float bc1, float bc2, float gs) {
@@ -157,7 +165,7 @@ glm_backend *glm_backend_cpu(void) {
         .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
         .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,
         .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk, .noise_add = noise,
-        .cross_entropy = ce, .argmax_rows = amax, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw, .adamw8 = adamw8,
+        .cross_entropy = ce, .argmax_rows = amax, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw, .adamw8 = adamw8, .adam_dir = adam_dir, .apply_dir = apply_dir,
         .prefix_kv = pkv_fwd, .prefix_kv_bwd = pkv_bwd, .tanh_fwd = th_fwd, .tanh_bwd = th_bwd,
         .dora_norm = d_norm, .dora_scale = d_scale, .dora_bwd = d_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,

@@ -410,6 +410,26 @@ void cpu_adamw(float *p, const float *grad, float *m, float *v, size_t n, float 
     }
 }
 
+void cpu_adam_dir(float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2, float eps) {
+    /* galore_torch's AdamW: exp_avg.mul_(b1).add_(g, 1-b1); exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2);
+     * exp_avg / (exp_avg_sq.sqrt() + eps) */
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i];
+        m[i] = m[i] * b1 + (1.0f - b1) * gi;
+        v[i] = v[i] * b2 + (1.0f - b2) * gi * gi;
+        dir[i] = m[i] / (sqrtf(v[i]) + eps);
+    }
+}
+
+void cpu_apply_dir(float *p, const float *dir, size_t n, float alpha, float shrink) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float w = p[i] + alpha * dir[i];
+        p[i] = w + shrink * w;
+    }
+}
+
 void cpu_mask_scale(float *out, const float *x, size_t n, float scale, float p, uint64_t seed) {
     uint32_t th = glm_mask_threshold(p);
     float keep = p > 0 ? scale / (1.0f - p) : scale;

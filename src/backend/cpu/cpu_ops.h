@@ -56,6 +56,9 @@ void cpu_scatter_rows(float *out, const float *x, const int32_t *idx, int R, int
 double cpu_sumsq(const float *x, size_t n);
 void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float b1, float b2,
                float eps, float wd, float bc1, float bc2, float grad_scale);
+/* backend.h adam_dir and apply_dir (p: the fp32 weights) */
+void cpu_adam_dir(float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2, float eps);
+void cpu_apply_dir(float *p, const float *dir, size_t n, float alpha, float shrink);
 /* greedy choice per row (backend.h argmax_rows) */
 void cpu_argmax_rows(int32_t *out, const float *x, int R, int V);
 

@@ -414,6 +414,17 @@ static void cu_adamw(glm_backend *be, void *param, float *master, const void *gr
     glmk_adamw(be->dtype, param, master, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs, IM(be)->st);
     glm_cuda_op_done(be, "adamw");
 }
+static void cu_adam_dir(glm_backend *be, float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2,
+                        float eps) {
+    glm_cuda_prof(be, GLM_PROF_OPTIM, "adam_dir");
+    glmk_adam_dir(dir, g, m, v, n, b1, b2, eps, IM(be)->st);
+    glm_cuda_op_done(be, "adam_dir");
+}
+static void cu_apply_dir(glm_backend *be, void *param, float *master, const float *dir, size_t n, float alpha, float shrink) {
+    glm_cuda_prof(be, GLM_PROF_OPTIM, "apply_dir");
+    glmk_apply_dir(be->dtype, param, master, dir, n, alpha, shrink, IM(be)->st);
+    glm_cuda_op_done(be, "apply_dir");
+}
 static void cu_adamw8(glm_backend *be, void *param, float *master, const void *grad, uint8_t *qm, uint8_t *qv,
                       float *absm, float *absv, size_t n, const uint8_t *bits, size_t flat0, float lr, float b1, float b2,
                       float eps, float wd, float bc1, float bc2, float gs) {
@@ -573,7 +584,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .lora_down = cu_lora_down, .lora_down_bwd = cu_lora_down_bwd,
         .cross_entropy = cu_ce, .argmax_rows = cu_argmax, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
-        .adamw = cu_adamw, .adamw8 = cu_adamw8,
+        .adamw = cu_adamw, .adamw8 = cu_adamw8, .adam_dir = cu_adam_dir, .apply_dir = cu_apply_dir,
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,
         .dequantize = cu_dequantize, .qmatmul_fwd = cu_qmatmul_fwd,
         .destroy = cu_destroy, .to_f32 = cu_to_f32, .from_f32 = cu_from_f32,

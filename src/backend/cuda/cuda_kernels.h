@@ -133,6 +133,10 @@ void glmk_sumsq_spans(glm_dtype dt, void *x, const void *y, const glm_span *span
                       double *partial, double *result, cudaStream_t st);
 void glmk_adamw(glm_dtype dt, void *param, float *master, const void *grad, float *m, float *v, size_t n, float lr,
                 float b1, float b2, float eps, float wd, float bc1, float bc2, float grad_scale, cudaStream_t st);
+/* backend.h adam_dir and apply_dir (GaLore's steps) */
+void glmk_adam_dir(float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2, float eps, cudaStream_t st);
+void glmk_apply_dir(glm_dtype dt, void *param, float *master, const float *dir, size_t n, float alpha, float shrink,
+                    cudaStream_t st);
 /* backend.h adamw8 (k_adam8.cu); s: the step's scalars from glm_adam8_prepare (backend/quant8.h),
  * computed by the caller on the host as the CPU op computes them */
 struct glm_adam8_scalars;

@@ -621,6 +621,46 @@ extern "C" void glmk_adamw(glm_dtype dt, void *param, float *master, const void 
     GLMK_CHECK_LAUNCH();
 }
 
+/* ---------------------------------------------------------------- GaLore's steps */
+
+/* backend.h adam_dir, in cpu_adam_dir's order of operations */
+__global__ void adam_dir_kernel(float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2, float eps) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = g[i];
+        float mi = __fadd_rn(__fmul_rn(m[i], b1), __fmul_rn(1.0f - b1, gi));
+        float vi = __fadd_rn(__fmul_rn(v[i], b2), __fmul_rn(__fmul_rn(1.0f - b2, gi), gi));
+        m[i] = mi;
+        v[i] = vi;
+        dir[i] = mi / __fadd_rn(sqrtf(vi), eps);
+    }
+}
+
+extern "C" void glmk_adam_dir(float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2, float eps,
+                              cudaStream_t st) {
+    if (n == 0) return;
+    adam_dir_kernel<<<glmk_blocks(n, 256, 132 * 16), 256, 0, st>>>(dir, g, m, v, n, b1, b2, eps);
+    GLMK_CHECK_LAUNCH();
+}
+
+/* backend.h apply_dir */
+template <typename T>
+__global__ void apply_dir_kernel(T *param, float *master, const float *dir, size_t n, float alpha, float shrink) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float p = master ? master[i] : to_f(param[i]);
+        p = __fadd_rn(p, __fmul_rn(alpha, dir[i]));
+        p = __fadd_rn(p, __fmul_rn(shrink, p));
+        if (master) master[i] = p;
+        param[i] = from_f<T>(p);
+    }
+}
+
+extern "C" void glmk_apply_dir(glm_dtype dt, void *param, float *master, const float *dir, size_t n, float alpha,
+                               float shrink, cudaStream_t st) {
+    if (n == 0) return;
+    GLMK_DISPATCH(dt, { apply_dir_kernel<T><<<glmk_blocks(n, 256, 132 * 16), 256, 0, st>>>((T *)param, master, dir, n, alpha, shrink); });
+    GLMK_CHECK_LAUNCH();
+}
+
 /* ---------------------------------------------------------------- greedy choice */
 
 /* One block per row: each thread keeps the first maximum of its strided elements, then the

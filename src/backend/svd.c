@@ -1,0 +1,192 @@
+/* Subspace iteration for the top singular triplets (backend/svd.h). */
+#include "backend/svd.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cpu/cpu_gemm.h"
+#include "core/err.h"
+#include "core/rng.h"
+
+/* Orthonormal columns of x [n, q] in place (modified Gram-Schmidt, twice over for accuracy, in
+ * double: torch's QR gives the same span; the signs do not matter to what follows). A column
+ * the others span becomes zero. */
+static void orthonormalize(float *x, int n, int q) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j < q; j++) {
+            for (int k = 0; k < j; k++) {
+                double d = 0;
+                for (int i = 0; i < n; i++) d += (double)x[(size_t)i * q + j] * x[(size_t)i * q + k];
+                for (int i = 0; i < n; i++) x[(size_t)i * q + j] -= (float)(d * x[(size_t)i * q + k]);
+            }
+            double s = 0;
+            for (int i = 0; i < n; i++) s += (double)x[(size_t)i * q + j] * x[(size_t)i * q + j];
+            float inv = s > 0 ? (float)(1.0 / sqrt(s)) : 0.0f;
+            for (int i = 0; i < n; i++) x[(size_t)i * q + j] *= inv;
+        }
+}
+
+/* Eigenvalues (descending) and vectors (columns of v) of the symmetric q x q matrix a, by
+ * cyclic Jacobi rotations in double. */
+static void sym_eigen(double *a, double *v, double *ev, int q) {
+    for (int i = 0; i < q * q; i++) v[i] = i % (q + 1) == 0;
+    for (int sweep = 0; sweep < 100; sweep++) {
+        double off = 0, diag = 0;
+        for (int i = 0; i < q; i++)
+            for (int j = 0; j < q; j++) {
+                if (i == j) diag += a[i * q + j] * a[i * q + j];
+                else off += a[i * q + j] * a[i * q + j];
+            }
+        if (off <= 1e-30 * diag) break;
+        for (int p = 0; p < q; p++)
+            for (int r = p + 1; r < q; r++) {
+                double apr = a[p * q + r];
+                if (fabs(apr) < 1e-300) continue;
+                double th = (a[r * q + r] - a[p * q + p]) / (2 * apr);
+                double t = (th >= 0 ? 1 : -1) / (fabs(th) + sqrt(th * th + 1)), c = 1 / sqrt(t * t + 1), s = t * c;
+                for (int k = 0; k < q; k++) { /* a = J^T a J, v = v J */
+                    double akp = a[k * q + p], akr = a[k * q + r];
+                    a[k * q + p] = c * akp - s * akr;
+                    a[k * q + r] = s * akp + c * akr;
+                }
+                for (int k = 0; k < q; k++) {
+                    double apk = a[p * q + k], ark = a[r * q + k];
+                    a[p * q + k] = c * apk - s * ark;
+                    a[r * q + k] = s * apk + c * ark;
+                }
+                for (int k = 0; k < q; k++) {
+                    double vkp = v[k * q + p], vkr = v[k * q + r];
+                    v[k * q + p] = c * vkp - s * vkr;
+                    v[k * q + r] = s * vkp + c * vkr;
+                }
+            }
+    }
+    for (int i = 0; i < q; i++) ev[i] = a[i * q + i];
+    for (int i = 0; i < q; i++) { /* descending, the vectors with them */
+        int best = i;
+        for (int j = i + 1; j < q; j++) if (ev[j] > ev[best]) best = j;
+        if (best == i) continue;
+        double t = ev[i]; ev[i] = ev[best]; ev[best] = t;
+        for (int k = 0; k < q; k++) { t = v[k * q + i]; v[k * q + i] = v[k * q + best]; v[k * q + best] = t; }
+    }
+}
+
+/* y = W x (x [C, q], y [OC, q]) or, trans, W^T x (x [OC, q], y [C, q]), with x and y on the host:
+ * on the host, or where W lives as floats (be: its float product, the skinny x and y copied). */
+typedef struct w_prod {
+    glm_backend *be; /* NULL: w is on the host */
+    const float *w;  /* [OC, C] */
+    float *dx, *dy;  /* be's buffers of max(OC, C) x q floats */
+} w_prod;
+static void w_times(w_prod *p, int trans, const float *x, float *y, int OC, int C, int q) {
+    int rows = trans ? C : OC, inner = trans ? OC : C;
+    if (!p->be) { cpu_sgemm(trans, 0, rows, q, inner, 1.0f, p->w, C, x, q, 0.0f, y, q); return; }
+    p->be->upload(p->be, p->dx, x, (size_t)inner * q * sizeof(float));
+    p->be->sgemm(p->be, trans, 0, rows, q, inner, 1.0f, p->w, C, p->dx, q, 0.0f, p->dy, q);
+    p->be->download(p->be, y, p->dy, (size_t)rows * q * sizeof(float));
+}
+
+/* The SVD of B = W Q [OC, q] through the eigenvectors of B^T B: the top `take` triplets into
+ * u [OC, take], s [take], v [C, take] (V = Q E). */
+static void ritz(const float *bq, const float *qc, int OC, int C, int q, int take, float *u, float *s, float *v) {
+    double *g = glm_calloc((size_t)q * q, sizeof(double)), *ev = glm_malloc((size_t)q * q * sizeof(double)),
+           *e = glm_malloc((size_t)q * sizeof(double));
+    for (int i = 0; i < OC; i++) /* B^T B */
+        for (int a = 0; a < q; a++)
+            for (int b = 0; b < q; b++) g[a * q + b] += (double)bq[(size_t)i * q + a] * bq[(size_t)i * q + b];
+    sym_eigen(g, ev, e, q);
+    for (int j = 0; j < take; j++) s[j] = e[j] > 0 ? (float)sqrt(e[j]) : 0.0f;
+    for (int i = 0; u && i < OC; i++) /* U = B E / S */
+        for (int j = 0; j < take; j++) {
+            double d = 0;
+            for (int k = 0; k < q; k++) d += (double)bq[(size_t)i * q + k] * ev[k * q + j];
+            u[(size_t)i * take + j] = s[j] > 0 ? (float)(d / s[j]) : 0.0f;
+        }
+    for (int i = 0; i < C; i++)
+        for (int j = 0; j < take; j++) {
+            double d = 0;
+            for (int k = 0; k < q; k++) d += (double)qc[(size_t)i * q + k] * ev[k * q + j];
+            v[(size_t)i * take + j] = (float)d;
+        }
+    free(g);
+    free(ev);
+    free(e);
+}
+
+/* The largest 1 - |v_j . w_j| over the columns of two [C, r] sets of unit vectors: how far the
+ * right singular vectors moved (sign-free). */
+static double moved(const float *v, const float *w, int C, int r) {
+    double worst = 0;
+    for (int j = 0; j < r; j++) {
+        double d = 0;
+        for (int i = 0; i < C; i++) d += (double)v[(size_t)i * r + j] * w[(size_t)i * r + j];
+        if (1 - fabs(d) > worst) worst = 1 - fabs(d);
+    }
+    return worst;
+}
+
+/* Subspace iterations until the top r right singular vectors stop moving (peft's "pissa", the
+ * full SVD's triplets, where they are distinct), with twice the columns for a faster
+ * convergence: 1 - |cos| below 1e-10 between checks 4 iterations apart, at most this many. */
+
+static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, uint64_t seed, float *u, float *s, float *v) {
+    /* torch.svd_lowrank for a weight wider in rank than q: a basis Q [C, q] of W's row space from
+     * W^T R (R [OC, q] normal), refined by niter rounds of Q' = orth(W Q), Q = orth(W^T Q'); then
+     * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). niter < 0: until
+     * converged (returns the iterations, or -1 when the cap came first). */
+    int full = niter < 0, lim = OC < C ? OC : C, q = full ? (2 * r < lim ? 2 * r : lim) : r, it = 0, done = !full;
+    float *b = glm_malloc((size_t)OC * q * sizeof(float)), *qc = glm_malloc((size_t)C * q * sizeof(float));
+    float *vprev = full ? glm_malloc((size_t)C * r * sizeof(float)) : NULL;
+    glm_rng rng;
+    glm_rng_seed(&rng, seed);
+    for (size_t i = 0; i < (size_t)OC * q; i++) b[i] = glm_rng_normal(&rng);
+    w_times(p, 1, b, qc, OC, C, q); /* W^T R */
+    orthonormalize(qc, C, q);
+    for (it = 0; full ? it < GLM_SVD_MAX_ITERS : it < niter; it++) {
+        w_times(p, 0, qc, b, OC, C, q); /* W Q */
+        orthonormalize(b, OC, q);
+        w_times(p, 1, b, qc, OC, C, q); /* W^T Q' */
+        orthonormalize(qc, C, q);
+        if (full && it % 4 == 3) {
+            w_times(p, 0, qc, b, OC, C, q);
+            ritz(b, qc, OC, C, q, r, NULL, s, v);
+            if (it > 3 && moved(v, vprev, C, r) < 1e-10) { done = 1; it++; break; }
+            memcpy(vprev, v, (size_t)C * r * sizeof(float));
+        }
+    }
+    w_times(p, 0, qc, b, OC, C, q); /* B = W Q [OC, q] */
+    ritz(b, qc, OC, C, q, r, u, s, v);
+    free(b);
+    free(qc);
+    free(vprev);
+    return done ? it : -1;
+}
+
+int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,
+                       float *s, float *v) {
+    if (!be) {
+        w_prod p = {.w = w};
+        return svd_lowrank(&p, OC, C, q, niter, seed, u, s, v);
+    }
+    int lim = OC < C ? OC : C, cols = niter < 0 ? (2 * q < lim ? 2 * q : lim) : q;
+    size_t wide = (size_t)(OC > C ? OC : C) * (cols > q ? cols : q) * sizeof(float);
+    w_prod p = {.be = be, .w = w, .dx = be->alloc(be, wide), .dy = be->alloc(be, wide)};
+    int its = svd_lowrank(&p, OC, C, q, niter, seed, u, s, v);
+    be->free(be, p.dx);
+    be->free(be, p.dy);
+    return its;
+}
+
+int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
+    return glm_svd_lowrank_on(NULL, w, OC, C, q, niter, seed, u, s, v);
+}
+
+void glm_svd_fix_signs(float *u, float *v, int OC, int C, int q) {
+    for (int j = 0; j < q; j++) {
+        int best = 0;
+        for (int k = 1; k < C; k++)
+            if (fabsf(v[(size_t)k * q + j]) > fabsf(v[(size_t)best * q + j])) best = k;
+        if (!(v[(size_t)best * q + j] < 0)) continue;
+        for (int k = 0; k < C; k++) v[(size_t)k * q + j] = -v[(size_t)k * q + j];
+        for (int k = 0; u && k < OC; k++) u[(size_t)k * q + j] = -u[(size_t)k * q + j];
+    }
+}

@@ -1,0 +1,27 @@
+/* The top singular triplets of a float matrix by subspace iteration (torch.svd_lowrank's
+ * algorithm), for PiSSA's adapters (model/pissa.h) and GaLore's projections (optim/galore.h).
+ * The two big products of each iteration run where the matrix lives: on the host, or on a
+ * backend's float buffer (its sgemm, the skinny blocks copied to and from the host); the small
+ * steps (orthonormalization, the Ritz values of the q x q Gram matrix) run on the host in double. */
+#ifndef GLM_BACKEND_SVD_H
+#define GLM_BACKEND_SVD_H
+#include <stdint.h>
+#include "backend/backend.h"
+
+/* Iterations at most when iterating until the triplets stop moving (niter < 0). */
+#define GLM_SVD_MAX_ITERS 4000
+
+/* torch.svd_lowrank(W, q, niter) of w [OC, C] (the Gaussian start drawn from seed): u [OC, q],
+ * s [q] (descending), v [C, q] with W ~ u diag(s) v^T (u may be NULL: not computed). niter < 0:
+ * the top q triplets of the full SVD, iterating until they stop moving; returns the iterations,
+ * -1 when they still moved at GLM_SVD_MAX_ITERS (close singular values). be NULL: w is on the
+ * host; else w is a float buffer of be (which needs sgemm). */
+int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,
+                       float *s, float *v);
+/* The same on the host. */
+int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v);
+/* One sign per triplet, where an SVD leaves it free: triplet j is negated (u's and v's column j)
+ * when v's column j has its largest |entry| (the first of equal ones) negative. u may be NULL. */
+void glm_svd_fix_signs(float *u, float *v, int OC, int C, int q);
+
+#endif

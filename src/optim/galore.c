@@ -1,0 +1,188 @@
+/* GaLore's projected AdamW (optim/galore.h). */
+#include "optim/galore.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/svd.h"
+#include "io/safetensors.h"
+
+static float *zeroed(glm_backend *be, size_t n) {
+    float *p = be->alloc(be, (n ? n : 1) * sizeof(float));
+    be->zero(be, p, (n ? n : 1) * sizeof(float));
+    return p;
+}
+
+glm_galore *glm_galore_new(glm_model *m) {
+    const glm_table *tab = &m->tab;
+    glm_backend *be = m->be;
+    int n = 0;
+    for (int i = 0; i < tab->n; i++) n += tab->t[i].galore;
+    if (!n) return NULL;
+    glm_galore *g = glm_calloc(1, sizeof *g);
+    g->n = n;
+    g->rows = glm_calloc((size_t)n, sizeof *g->rows);
+    g->tab = tab;
+    g->gap = m->cfg.peft.galore_gap > 0 ? m->cfg.peft.galore_gap : 1;
+    g->scale = m->cfg.peft.galore_scale;
+    g->moff = glm_malloc(((size_t)tab->n + 1) * sizeof(size_t));
+    size_t low, scratch, biggest_low = 0;
+    glm_galore_state(&m->cfg, tab, &g->flat, &low, &scratch);
+    size_t at = 0;
+    for (int i = 0, k = 0; i < tab->n; i++) {
+        const glm_tensor *t = &tab->t[i];
+        if (!t->galore) { /* as glm_galore_state counts them: each at a 64-element boundary */
+            g->moff[i] = at;
+            at += (t->numel + 63) / 64 * 64;
+            continue;
+        }
+        g->moff[i] = (size_t)-1;
+        glm_galore_row *w = &g->rows[k++];
+        w->row = i;
+        w->right = glm_galore_shape(&m->cfg, t, &w->r, &w->low, &w->nproj);
+        w->proj = zeroed(be, w->nproj);
+        w->m = zeroed(be, w->low);
+        w->v = zeroed(be, w->low);
+        if (w->low > biggest_low) biggest_low = w->low;
+    }
+    g->full = be->alloc(be, scratch * sizeof(float));
+    g->lowbuf = be->alloc(be, biggest_low * sizeof(float));
+    return g;
+}
+
+void glm_galore_free(glm_galore *g, glm_model *m) {
+    if (!g) return;
+    glm_backend *be = m->be;
+    for (int k = 0; k < g->n; k++) {
+        be->free(be, g->rows[k].proj);
+        be->free(be, g->rows[k].m);
+        be->free(be, g->rows[k].v);
+    }
+    be->free(be, g->full);
+    be->free(be, g->lowbuf);
+    free(g->rows);
+    free(g->moff);
+    free(g);
+}
+
+void glm_galore_restart(glm_galore *g, glm_model *m) {
+    for (int k = 0; k < g->n; k++) {
+        m->be->zero(m->be, g->rows[k].m, g->rows[k].low * sizeof(float));
+        m->be->zero(m->be, g->rows[k].v, g->rows[k].low * sizeof(float));
+        g->rows[k].projected = 0;
+    }
+}
+
+/* P from the gradient's SVD (g->full holds it as floats): the top r right vectors as rows (right)
+ * or the top r left vectors as columns (left), signs fixed. */
+static void new_projection(glm_galore *g, glm_model *m, glm_galore_row *w, long step) {
+    glm_backend *be = m->be;
+    const glm_tensor *t = &m->tab.t[w->row];
+    int rows = (int)t->shape[0], cols = (int)t->shape[1], r = w->r;
+    float *u = w->right ? NULL : glm_malloc((size_t)rows * r * sizeof(float));
+    float *v = glm_malloc((size_t)cols * r * sizeof(float)), *s = glm_malloc((size_t)r * sizeof(float));
+    /* converged (the full SVD's top triplets), so the start does not matter; a fixed one per row and step */
+    uint64_t seed = 0x9a10e5ULL * (uint64_t)(w->row + 1) + 1000003ULL * (uint64_t)step;
+    glm_svd_lowrank_on(be, g->full, rows, cols, r, -1, seed, u, s, v);
+    glm_svd_fix_signs(u, v, rows, cols, r);
+    if (w->right) { /* P = Vh[:r]: row j is v's column j */
+        float *p = glm_malloc((size_t)r * cols * sizeof(float));
+        for (int j = 0; j < r; j++)
+            for (int c = 0; c < cols; c++) p[(size_t)j * cols + c] = v[(size_t)c * r + j];
+        be->upload(be, w->proj, p, (size_t)r * cols * sizeof(float));
+        free(p);
+    } else {
+        be->upload(be, w->proj, u, (size_t)rows * r * sizeof(float));
+    }
+    be->sync(be);
+    w->projected = 1;
+    free(u);
+    free(v);
+    free(s);
+}
+
+void glm_galore_update(glm_galore *g, glm_model *m, int k, void *param, float *master, const void *grad, long step,
+                       float lr, float wd, float b1, float b2, float eps, float bc1, float bc2, float gs) {
+    glm_backend *be = m->be;
+    glm_galore_row *w = &g->rows[k];
+    const glm_tensor *t = &m->tab.t[w->row];
+    int rows = (int)t->shape[0], cols = (int)t->shape[1], r = w->r;
+    if (be->dtype == GLM_F32) be->copy(be, g->full, grad, t->numel * sizeof(float));
+    else be->to_f32(be, g->full, grad, t->numel);
+    if (!w->projected || (step - 1) % g->gap == 0) new_projection(g, m, w, step);
+    /* the projected gradient (galore_torch's project: G P^T, or P^T G), gs folded in */
+    if (w->right) be->sgemm(be, 0, 1, rows, r, cols, gs, g->full, cols, w->proj, cols, 0.0f, g->lowbuf, r);
+    else be->sgemm(be, 1, 0, r, cols, rows, gs, w->proj, r, g->full, cols, 0.0f, g->lowbuf, cols);
+    be->adam_dir(be, g->lowbuf, g->lowbuf, w->m, w->v, w->low, b1, b2, eps);
+    /* project_back, times scale, into the full-size buffer */
+    if (w->right) be->sgemm(be, 0, 0, rows, cols, r, g->scale, g->lowbuf, r, w->proj, cols, 0.0f, g->full, cols);
+    else be->sgemm(be, 0, 0, rows, cols, r, g->scale, w->proj, r, g->lowbuf, cols, 0.0f, g->full, cols);
+    float step_size = lr * sqrtf(bc2) / bc1;
+    be->apply_dir(be, param, master, g->full, t->numel, -step_size, wd > 0 ? -lr * wd : 0.0f);
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+static const char *KINDS[3] = {"proj/", "exp_avg/", "exp_avg_sq/"};
+
+/* The two shapes of part kind (0: P, else a moment) of row w. */
+static void part_shape(const glm_galore_row *w, const glm_tensor *t, int kind, int64_t shape[2]) {
+    int proj = kind == 0;
+    if (w->right == proj) { shape[0] = w->r; shape[1] = t->shape[1]; } /* P right [r, cols]; left moments [r, cols] */
+    else { shape[0] = t->shape[0]; shape[1] = w->r; }
+}
+
+int glm_galore_save(const glm_galore *g, glm_model *m, const char *path, glm_err *err) {
+    glm_backend *be = m->be;
+    st_entry *e = glm_calloc((size_t)g->n * 3 + 1, sizeof *e);
+    char (*names)[160] = glm_calloc((size_t)g->n * 3 + 1, 160);
+    float **host = glm_calloc((size_t)g->n * 3 + 1, sizeof *host);
+    int ne = 0;
+    for (int k = 0; k < g->n; k++) {
+        const glm_galore_row *w = &g->rows[k];
+        const glm_tensor *t = &m->tab.t[w->row];
+        const float *src[3] = {w->proj, w->m, w->v};
+        for (int kind = 0; kind < 3; kind++, ne++) {
+            size_t n = kind ? w->low : w->nproj;
+            host[ne] = glm_malloc((n ? n : 1) * sizeof(float));
+            be->download(be, host[ne], src[kind], n * sizeof(float));
+            snprintf(names[ne], 160, "%s%s", KINDS[kind], t->name);
+            e[ne] = (st_entry){.name = names[ne], .ndim = 2, .data = host[ne], .data_dtype = ST_F32, .file_dtype = ST_F32};
+            part_shape(w, t, kind, e[ne].shape);
+        }
+    }
+    int rc = st_save(path, e, ne, 0, err);
+    for (int i = 0; i < ne; i++) free(host[i]);
+    free(host);
+    free(e);
+    free(names);
+    return rc;
+}
+
+int glm_galore_load(glm_galore *g, glm_model *m, const char *path, glm_err *err) {
+    glm_backend *be = m->be;
+    st_reader *rd;
+    if (st_open(&rd, path, err)) return -1;
+    int rc = 0;
+    for (int k = 0; k < g->n && rc == 0; k++) {
+        const glm_galore_row *w = &g->rows[k];
+        const glm_tensor *t = &m->tab.t[w->row];
+        float *dst[3] = {w->proj, w->m, w->v};
+        for (int kind = 0; kind < 3 && rc == 0; kind++) {
+            char name[160];
+            int64_t shape[2];
+            size_t n = kind ? w->low : w->nproj;
+            snprintf(name, sizeof name, "%s%s", KINDS[kind], t->name);
+            part_shape(w, t, kind, shape);
+            float *h = glm_malloc((n ? n : 1) * sizeof(float));
+            rc = st_read_f32(rd, name, h, 2, shape, err);
+            if (rc == 0) be->upload(be, dst[kind], h, n * sizeof(float));
+            free(h);
+        }
+    }
+    st_close(rd);
+    if (rc) return glm_hint(err, "resume with the run's own --galore_rank, --galore_proj_type and --galore_target");
+    be->sync(be);
+    for (int k = 0; k < g->n; k++) g->rows[k].projected = 1;
+    return 0;
+}
