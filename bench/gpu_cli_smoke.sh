@@ -4,7 +4,7 @@
 # huggingface_hub writes it, LoRA in bf16 with --eval_on_start (examples cut by --cutoff_len, with a --default_system), then generate with the adapter;
 # DoRA on all four modules, generate with it and with its merged model; LoRA with the final norm
 # whole beside it (--additional_target), the same; freeze with LLaMA-Factory's module flags; PiSSA
-# and its converted form; a list of adapters and a new adapter on merged ones; BAdam; LLaMA Pro.
+# and its converted form; a list of adapters and a new adapter on merged ones; BAdam; GaLore; LLaMA Pro.
 # Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0), build/lib, build/shared.
 # usage: bash bench/gpu_cli_smoke.sh [BUILD_DIR]
 set -u
@@ -178,6 +178,42 @@ print("BAdam fp32 CUDA vs CPU, worst relative difference over %d tensors: %.3g" 
 sys.exit(0 if sorted(g) == sorted(c) and worst < 1e-4 else 1)
 P
 ok $((rc + $?)) "badam_fp32_cuda_equals_cpu"
+# GaLore (--use_galore): bf16 with a resume from between two projections bit-identical to the
+# straight run (--full_determinism), the loss falling; CUDA fp32 against the CPU over the same
+# steps, a new projection at steps 1, 4 and 7 (every weight within 1e-4; eps 1e-4 as for BAdam)
+galore() { # $1 output folder, then extra flags
+    local out=$1; shift
+    "$B/glmtrain" train --model_name_or_path "$W/base" --tokenizer_name "$TOK" --train_file "$W/train.csv" --use_galore \
+        --galore_rank 8 --galore_update_interval 3 --learning_rate 1e-3 --weight_decay 0.01 --output_dir "$W/$out" \
+        --max_steps 8 --per_device_train_batch_size 8 --logging_steps 1 --save_steps 4 --disable_tqdm --seed 3 "$@" \
+        >"$W/log_$out" 2>&1
+}
+galore galore_bf16 --bf16 --full_determinism
+rc=$?
+cp "$W/galore_bf16/model.safetensors" "$W/galore_straight.safetensors"
+awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log_galore_bf16"
+rc=$((rc + $?))
+galore galore_bf16 --bf16 --full_determinism --resume_from_checkpoint "$W/galore_bf16/checkpoint-4"
+rc=$((rc + $?))
+grep -m1 "GaLore:" "$W/log_galore_bf16"
+cmp -s "$W/galore_bf16/model.safetensors" "$W/galore_straight.safetensors"
+ok $((rc + $?)) "galore_bf16_loss_falls_and_resume_bit_identical"
+galore galore_gpu32 --fp32 --adam_epsilon 1e-4 && galore galore_cpu32 --fp32 --adam_epsilon 1e-4 --device cpu
+rc=$?
+python3 - "$W" <<'P'
+import json, struct, sys, array
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__" or v["dtype"] != "F32": continue
+        a = array.array("f"); a.frombytes(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]); out[k] = a
+    return out
+g, c = load(sys.argv[1] + "/galore_gpu32/model.safetensors"), load(sys.argv[1] + "/galore_cpu32/model.safetensors")
+worst = max(max(abs(x - y) for x, y in zip(g[k], c[k])) / (max(abs(y) for y in c[k]) or 1) for k in c)
+print("GaLore fp32 CUDA vs CPU, worst relative difference over %d tensors: %.3g" % (len(c), worst))
+sys.exit(0 if sorted(g) == sorted(c) and worst < 1e-4 else 1)
+P
+ok $((rc + $?)) "galore_fp32_cuda_equals_cpu"
 # LLaMA Pro on a ChatGLM2-family model: the expanded folder generates what the original does
 # (fp32), and its added blocks train alone in bf16 (the loss falls)
 cat >"$W/config2.json" <<'J'

@@ -7,22 +7,52 @@
 #include "core/err.h"
 #include "core/rng.h"
 
-/* Orthonormal columns of x [n, q] in place (modified Gram-Schmidt, twice over for accuracy, in
- * double: torch's QR gives the same span; the signs do not matter to what follows). A column
- * the others span becomes zero. */
-static void orthonormalize(float *x, int n, int q) {
-    for (int pass = 0; pass < 2; pass++)
-        for (int j = 0; j < q; j++) {
-            for (int k = 0; k < j; k++) {
-                double d = 0;
-                for (int i = 0; i < n; i++) d += (double)x[(size_t)i * q + j] * x[(size_t)i * q + k];
-                for (int i = 0; i < n; i++) x[(size_t)i * q + j] -= (float)(d * x[(size_t)i * q + k]);
-            }
-            double s = 0;
-            for (int i = 0; i < n; i++) s += (double)x[(size_t)i * q + j] * x[(size_t)i * q + j];
-            float inv = s > 0 ? (float)(1.0 / sqrt(s)) : 0.0f;
-            for (int i = 0; i < n; i++) x[(size_t)i * q + j] *= inv;
+/* Rows per partial sum: the sums over rows go chunk by chunk, each chunk's in order, then the
+ * chunks' in order, so the result does not depend on the thread count. */
+#define ORTH_CHUNK 512
+
+/* h[0, j) = x[:, 0..j)^T x[:, j] (sq: also h[j] = |x[:, j]|^2), in double. */
+static void column_dots(const float *x, int n, int q, int j, double *h, double *part, int sq) {
+    int nc = (n + ORTH_CHUNK - 1) / ORTH_CHUNK, w = sq ? j + 1 : j;
+#pragma omp parallel for schedule(static) if (nc > 1 && (size_t)n * w > 65536)
+    for (int c = 0; c < nc; c++) {
+        double *pc = part + (size_t)c * w;
+        for (int k = 0; k < w; k++) pc[k] = 0;
+        for (int i = c * ORTH_CHUNK; i < n && i < (c + 1) * ORTH_CHUNK; i++) {
+            const float *row = x + (size_t)i * q;
+            double xj = row[j];
+            for (int k = 0; k < w; k++) pc[k] += (double)row[k] * xj;
         }
+    }
+    for (int k = 0; k < w; k++) h[k] = 0;
+    for (int c = 0; c < nc; c++)
+        for (int k = 0; k < w; k++) h[k] += part[(size_t)c * w + k];
+}
+
+/* Orthonormal columns of x [n, q] in place: classical Gram-Schmidt with a second pass against
+ * each column (as accurate as modified Gram-Schmidt twice over), in double, each pass one sweep
+ * over the rows: torch's QR gives the same span; the signs do not matter to what follows. A
+ * column the others span becomes zero. */
+static void orthonormalize(float *x, int n, int q) {
+    int nc = (n + ORTH_CHUNK - 1) / ORTH_CHUNK;
+    double *h = glm_malloc(((size_t)q + 1) * sizeof(double)), *part = glm_malloc((size_t)nc * (q + 1) * sizeof(double));
+    for (int j = 0; j < q; j++) {
+        for (int pass = 0; pass < 2 && j > 0; pass++) {
+            column_dots(x, n, q, j, h, part, 0);
+#pragma omp parallel for schedule(static) if ((size_t)n * j > 65536)
+            for (int i = 0; i < n; i++) {
+                float *row = x + (size_t)i * q;
+                double d = 0;
+                for (int k = 0; k < j; k++) d += h[k] * row[k];
+                row[j] -= (float)d;
+            }
+        }
+        column_dots(x, n, q, j, h, part, 1);
+        float inv = h[j] > 0 ? (float)(1.0 / sqrt(h[j])) : 0.0f;
+        for (int i = 0; i < n; i++) x[(size_t)i * q + j] *= inv;
+    }
+    free(h);
+    free(part);
 }
 
 /* Eigenvalues (descending) and vectors (columns of v) of the symmetric q x q matrix a, by

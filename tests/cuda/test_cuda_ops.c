@@ -734,6 +734,38 @@ static void t_optim(ctx *c, size_t n) {
         free(gmm);
         be->free(be, dmaster);
     }
+    /* GaLore's steps (adam_dir, apply_dir) on float buffers, two steps: bit for bit in fp32 (the
+     * kernels round each product and sum as the CPU ops do), the S param rounded from the master */
+    {
+        float *g32 = rnd(&c->rng, GLM_F32, n, 1e-3f), *m2 = fcopy(m, n), *v2 = fcopy(v, n), *dir = malloc(n * 4);
+        float *q = fcopy(p, n), *qs = fcopy(p, n);
+        round_dt(c->dt, qs, n);
+        float *dg32 = up_raw(be, g32, n * 4), *dm2 = up_raw(be, m, n * 4), *dv2 = up_raw(be, v, n * 4);
+        float *ddir = be->alloc(be, n * 4), *dq = master ? up_raw(be, p, n * 4) : NULL;
+        void *dqs = up_s(be, master ? qs : q, n);
+        for (int step = 1; step <= 2; step++) {
+            cpu_adam_dir(dir, g32, m2, v2, n, 0.9f, 0.999f, 1e-6f);
+            cpu_apply_dir(q, dir, n, -3e-3f, -1e-4f);
+            be->adam_dir(be, ddir, dg32, dm2, dv2, n, 0.9f, 0.999f, 1e-6f);
+            be->apply_dir(be, dqs, dq, ddir, n, -3e-3f, -1e-4f);
+        }
+        float *gdir = down_f(be, ddir, n), *gm2 = down_f(be, dm2, n), *gv2 = down_f(be, dv2, n), *gq = down_s(be, dqs, n);
+        float *qr = fcopy(q, n);
+        round_dt(c->dt, qr, n);
+        check_close(c->tc, NAME("adam_dir_%s_%zu", c->tag, n), gdir, dir, n, 0);
+        check_close(c->tc, NAME("adam_dir_moments_%s_%zu", c->tag, n), gm2, m2, n, 0);
+        check_close(c->tc, NAME("adam_dir_v_%s_%zu", c->tag, n), gv2, v2, n, 0);
+        check_close(c->tc, NAME("apply_dir_param_%s_%zu", c->tag, n), gq, qr, n, 0);
+        if (master) {
+            float *gqm = down_f(be, dq, n);
+            check_close(c->tc, NAME("apply_dir_master_%s_%zu", c->tag, n), gqm, q, n, 0);
+            free(gqm);
+            be->free(be, dq);
+        }
+        be->free(be, dg32); be->free(be, dm2); be->free(be, dv2); be->free(be, ddir); be->free(be, dqs);
+        float *fs[] = {g32, m2, v2, dir, q, qs, gdir, gm2, gv2, gq, qr};
+        for (size_t i = 0; i < sizeof fs / sizeof *fs; i++) free(fs[i]);
+    }
     be->free(be, dx); be->free(be, dp); be->free(be, dm); be->free(be, dv);
     float *hs[] = {x, p, m, v, rp, rm, rv, ps, gp, gm, gv, rps};
     for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
