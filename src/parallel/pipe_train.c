@@ -146,6 +146,26 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
             break;
         }
     }
+    /* and GaLore (LLaMA-Factory's defaults: rank 16 on every linear module; one process or ZeRO-0
+     * ranks), as asked or with checkpointing */
+    if (c->peft.kind == GLM_FT_FULL && !c->peft.galore_rank && (D == 1 || a->zero_stage == 0) && c->quant == GLM_Q_NONE &&
+        sh.optim == GLM_OPTIM_ADAMW && !sh.offload && !a->optimizer_in_backward) {
+        glm_config gc = *c;
+        gc.peft.galore_rank = 16;
+        gc.peft.galore_gap = 200;
+        gc.peft.galore_scale = 2.0f;
+        snprintf(gc.peft.galore_target, sizeof gc.peft.galore_target, "all");
+        glm_stage_shape s = sh;
+        s.dp = 1;
+        for (int pass = 0; pass < 2; pass++) {
+            s.gradient_checkpointing = pass ? thriftier(GLM_CKPT_FULL, a->gradient_checkpointing) : a->gradient_checkpointing;
+            if (pass && s.gradient_checkpointing == a->gradient_checkpointing) break;
+            glm_mem_plan p = glm_stage_memory_plan(&gc, &map, 0, &s);
+            if (p.total > cap) continue;
+            found += add_fit(buf, n, &at, found, pass ? "--use_galore --gradient_checkpointing" : "--use_galore", &p);
+            break;
+        }
+    }
     /* and LoRA (r = 8 on query_key_value, peft's example) */
     if (c->peft.kind == GLM_FT_FULL) {
         glm_config lc = *c;

@@ -338,6 +338,11 @@ def plan_case(tmp):
                          "galore_rank: 16\nbf16: true\nper_device_train_batch_size: 1\n")
     p = run(["info", "--config", yml, "--chatglm6b"])
     check("galore_plan_from_yaml", moments(p) == got and "GaLore: 112 linear weights" in p.stdout, (p.stdout + p.stderr)[-500:])
+    # a full fine-tune refused under an 80 GiB cap lists GaLore among the layouts that fit
+    p = run(["info", "--chatglm6b", "--bf16", "--per_device_train_batch_size", "4", "--max_source_length", "64",
+             "--max_target_length", "192", "--max_memory_per_gpu", "80GiB"])
+    m = re.search(r"--use_galore \(plans ([0-9.]+) GiB\)", p.stdout + p.stderr)
+    check("galore_listed_among_layouts_that_fit", m is not None and 50 < float(m.group(1)) < 80, (p.stdout + p.stderr)[-600:])
     p = run(base + ["--use_galore", "--finetuning_type", "lora"])
     check("galore_plan_refuses_lora", p.returncode != 0 and "--use_galore with LoRA" in p.stderr, p.stderr[-300:])
 
