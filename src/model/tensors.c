@@ -351,8 +351,8 @@ uint64_t glm_table_fingerprint(const glm_table *tab) {
 /* ---------------------------------------------------------------- GaLore */
 
 int glm_galore_proj_parse(const char *name) {
-    static const char *names[] = {"std", "reverse_std", "right", "left"};
-    for (int i = 0; i < 4; i++)
+    static const char *names[] = {"std", "reverse_std", "right", "left", "full"};
+    for (int i = 0; i < 5; i++)
         if (strcmp(name, names[i]) == 0) return i;
     return -1;
 }
@@ -385,9 +385,14 @@ int glm_galore_shape(const glm_config *c, const glm_tensor *t, int *r, size_t *l
     int right = pt == GLM_GALORE_RIGHT || (pt == GLM_GALORE_STD && tall) || (pt == GLM_GALORE_REVERSE_STD && !tall);
     size_t side = rows < cols ? rows : cols, rk = (size_t)c->peft.galore_rank < side ? (size_t)c->peft.galore_rank : side;
     *r = (int)rk;
+    if (pt == GLM_GALORE_FULL) {
+        *low = rk * rk;
+        *proj = rk * (rows + cols);
+        return GLM_GALORE_FROM_BOTH;
+    }
     *low = rk * (right ? rows : cols);
     *proj = rk * (right ? cols : rows);
-    return right;
+    return right ? GLM_GALORE_FROM_RIGHT : GLM_GALORE_FROM_LEFT;
 }
 
 void glm_galore_state(const glm_config *c, const glm_table *tab, size_t *flat, size_t *low, size_t *scratch) {

@@ -149,15 +149,21 @@ void glm_table_unit_slots(const glm_table *tab, int tie_word_embeddings, size_t 
 /* GaLore's projections (galore_torch's GaLoreProjector proj_type): std projects a [rows, cols]
  * gradient from the right (P = the top right singular vectors, [r, cols]) when rows >= cols and
  * from the left (P = the top left ones, [rows, r]) otherwise; reverse_std the other way round;
- * right and left always so. */
-typedef enum glm_galore_proj { GLM_GALORE_STD = 0, GLM_GALORE_REVERSE_STD, GLM_GALORE_RIGHT, GLM_GALORE_LEFT } glm_galore_proj;
-/* The name's projection, -1 for another ("full" included). */
+ * right and left always so; full from both sides (U_r [rows, r] and Vh_r [r, cols]: an r x r
+ * state). */
+typedef enum glm_galore_proj {
+    GLM_GALORE_STD = 0, GLM_GALORE_REVERSE_STD, GLM_GALORE_RIGHT, GLM_GALORE_LEFT, GLM_GALORE_FULL
+} glm_galore_proj;
+/* The side a row is projected from (glm_galore_shape). */
+enum { GLM_GALORE_FROM_LEFT = 0, GLM_GALORE_FROM_RIGHT = 1, GLM_GALORE_FROM_BOTH = 2 };
+/* The name's projection, -1 for another. */
 int glm_galore_proj_parse(const char *name);
 /* Whether GaLore projects row t of a model of config c: a weight of a linear module (the
  * output layer included when a target names it) that trains, matched by c->peft.galore_target. */
 int glm_galore_applies(const glm_config *c, const glm_tensor *t);
-/* GaLore's shapes for row t: 1 when it projects from the right; *r the rank (galore_rank, at most
- * the smaller side); *low the elements of each moment ([rows, r] or [r, cols]), *proj those of P. */
+/* GaLore's shapes for row t: the side it is projected from (GLM_GALORE_FROM_*); *r the rank
+ * (galore_rank, at most the smaller side); *low the elements of each moment ([rows, r], [r, cols]
+ * or [r, r]), *proj those of P (both sides: U_r then Vh_r). */
 int glm_galore_shape(const glm_config *c, const glm_tensor *t, int *r, size_t *low, size_t *proj);
 /* The optimizer state a table's rows need with GaLore's rows projected: *flat the elements of
  * each moment for the other rows (each row at a 64-element boundary, in table order), *low the

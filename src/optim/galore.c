@@ -39,11 +39,13 @@ glm_galore *glm_galore_new(glm_model *m) {
         g->moff[i] = (size_t)-1;
         glm_galore_row *w = &g->rows[k++];
         w->row = i;
-        w->right = glm_galore_shape(&m->cfg, t, &w->r, &w->low, &w->nproj);
+        w->side = glm_galore_shape(&m->cfg, t, &w->r, &w->low, &w->nproj);
         w->proj = zeroed(be, w->nproj);
         w->m = zeroed(be, w->low);
         w->v = zeroed(be, w->low);
-        if (w->low > biggest_low) biggest_low = w->low;
+        size_t wide = (size_t)(t->shape[0] > t->shape[1] ? t->shape[0] : t->shape[1]) * w->r; /* U^T G or U N */
+        size_t need = w->side == GLM_GALORE_FROM_BOTH ? w->low + wide : w->low;
+        if (need > biggest_low) biggest_low = need;
     }
     g->full = be->alloc(be, scratch * sizeof(float));
     g->lowbuf = be->alloc(be, biggest_low * sizeof(float));
@@ -73,26 +75,29 @@ void glm_galore_restart(glm_galore *g, glm_model *m) {
     }
 }
 
-/* P from the gradient's SVD (g->full holds it as floats): the top r right vectors as rows (right)
- * or the top r left vectors as columns (left), signs fixed. */
+/* P from the gradient's SVD (g->full holds it as floats): the top r right vectors as rows (right),
+ * the top r left vectors as columns (left), or both, U_r first (both); signs fixed. */
 static void new_projection(glm_galore *g, glm_model *m, glm_galore_row *w, long step) {
     glm_backend *be = m->be;
     const glm_tensor *t = &m->tab.t[w->row];
     int rows = (int)t->shape[0], cols = (int)t->shape[1], r = w->r;
-    float *u = w->right ? NULL : glm_malloc((size_t)rows * r * sizeof(float));
+    float *u = w->side == GLM_GALORE_FROM_RIGHT ? NULL : glm_malloc((size_t)rows * r * sizeof(float));
     float *v = glm_malloc((size_t)cols * r * sizeof(float)), *s = glm_malloc((size_t)r * sizeof(float));
     /* converged (the full SVD's top triplets), so the start does not matter; a fixed one per row and step */
     uint64_t seed = 0x9a10e5ULL * (uint64_t)(w->row + 1) + 1000003ULL * (uint64_t)step;
     glm_svd_lowrank_on(be, g->full, rows, cols, r, -1, seed, u, s, v);
     glm_svd_fix_signs(u, v, rows, cols, r);
-    if (w->right) { /* P = Vh[:r]: row j is v's column j */
+    size_t at = 0;
+    if (u) { /* U_r [rows, r] as it is */
+        be->upload(be, w->proj, u, (size_t)rows * r * sizeof(float));
+        at = (size_t)rows * r;
+    }
+    if (w->side != GLM_GALORE_FROM_LEFT) { /* Vh_r [r, cols]: row j is v's column j */
         float *p = glm_malloc((size_t)r * cols * sizeof(float));
         for (int j = 0; j < r; j++)
             for (int c = 0; c < cols; c++) p[(size_t)j * cols + c] = v[(size_t)c * r + j];
-        be->upload(be, w->proj, p, (size_t)r * cols * sizeof(float));
+        be->upload(be, w->proj + at, p, (size_t)r * cols * sizeof(float));
         free(p);
-    } else {
-        be->upload(be, w->proj, u, (size_t)rows * r * sizeof(float));
     }
     be->sync(be);
     w->projected = 1;
@@ -110,45 +115,60 @@ void glm_galore_update(glm_galore *g, glm_model *m, int k, void *param, float *m
     if (be->dtype == GLM_F32) be->copy(be, g->full, grad, t->numel * sizeof(float));
     else be->to_f32(be, g->full, grad, t->numel);
     if (!w->projected || (step - 1) % g->gap == 0) new_projection(g, m, w, step);
-    /* the projected gradient (galore_torch's project: G P^T, or P^T G), gs folded in */
-    if (w->right) be->sgemm(be, 0, 1, rows, r, cols, gs, g->full, cols, w->proj, cols, 0.0f, g->lowbuf, r);
-    else be->sgemm(be, 1, 0, r, cols, rows, gs, w->proj, r, g->full, cols, 0.0f, g->lowbuf, cols);
-    be->adam_dir(be, g->lowbuf, g->lowbuf, w->m, w->v, w->low, b1, b2, eps);
-    /* project_back, times scale, into the full-size buffer */
-    if (w->right) be->sgemm(be, 0, 0, rows, cols, r, g->scale, g->lowbuf, r, w->proj, cols, 0.0f, g->full, cols);
-    else be->sgemm(be, 0, 0, rows, cols, r, g->scale, w->proj, r, g->lowbuf, cols, 0.0f, g->full, cols);
+    /* the projected gradient (galore_torch's project: G P^T, P^T G, or (U^T G) Vh^T), gs folded in */
+    float *low = g->lowbuf, *tmp = g->lowbuf + w->low;
+    const float *U = w->proj, *Vh = w->proj + (size_t)rows * r;
+    if (w->side == GLM_GALORE_FROM_RIGHT) be->sgemm(be, 0, 1, rows, r, cols, gs, g->full, cols, w->proj, cols, 0.0f, low, r);
+    else if (w->side == GLM_GALORE_FROM_LEFT) be->sgemm(be, 1, 0, r, cols, rows, gs, w->proj, r, g->full, cols, 0.0f, low, cols);
+    else {
+        be->sgemm(be, 1, 0, r, cols, rows, gs, U, r, g->full, cols, 0.0f, tmp, cols);
+        be->sgemm(be, 0, 1, r, r, cols, 1.0f, tmp, cols, Vh, cols, 0.0f, low, r);
+    }
+    be->adam_dir(be, low, low, w->m, w->v, w->low, b1, b2, eps);
+    /* project_back, times scale, into the full-size buffer (N P, P N, or (U N) Vh) */
+    if (w->side == GLM_GALORE_FROM_RIGHT) be->sgemm(be, 0, 0, rows, cols, r, g->scale, low, r, w->proj, cols, 0.0f, g->full, cols);
+    else if (w->side == GLM_GALORE_FROM_LEFT) be->sgemm(be, 0, 0, rows, cols, r, g->scale, w->proj, r, low, cols, 0.0f, g->full, cols);
+    else {
+        be->sgemm(be, 0, 0, rows, r, r, 1.0f, U, r, low, r, 0.0f, tmp, r);
+        be->sgemm(be, 0, 0, rows, cols, r, g->scale, tmp, r, Vh, cols, 0.0f, g->full, cols);
+    }
     float step_size = lr * sqrtf(bc2) / bc1;
     be->apply_dir(be, param, master, g->full, t->numel, -step_size, wd > 0 ? -lr * wd : 0.0f);
 }
 
 /* ---------------------------------------------------------------- checkpoints */
 
-static const char *KINDS[3] = {"proj/", "exp_avg/", "exp_avg_sq/"};
+typedef struct part { const char *prefix; float *data; size_t n; int64_t shape[2]; } part;
 
-/* The two shapes of part kind (0: P, else a moment) of row w. */
-static void part_shape(const glm_galore_row *w, const glm_tensor *t, int kind, int64_t shape[2]) {
-    int proj = kind == 0;
-    if (w->right == proj) { shape[0] = w->r; shape[1] = t->shape[1]; } /* P right [r, cols]; left moments [r, cols] */
-    else { shape[0] = t->shape[0]; shape[1] = w->r; }
+/* The saved parts of row w (weight t): P (one or, from both sides, two) and the two moments. */
+static int parts_of(const glm_galore_row *w, const glm_tensor *t, part out[4]) {
+    int64_t rows = t->shape[0], cols = t->shape[1], r = w->r, k = 0;
+    int64_t ms[2] = {w->side == GLM_GALORE_FROM_RIGHT ? rows : r, w->side == GLM_GALORE_FROM_LEFT ? cols : r};
+    if (w->side == GLM_GALORE_FROM_RIGHT) out[k++] = (part){"proj/", w->proj, (size_t)(r * cols), {r, cols}};
+    else out[k++] = (part){"proj/", w->proj, (size_t)(rows * r), {rows, r}};
+    if (w->side == GLM_GALORE_FROM_BOTH) out[k++] = (part){"proj_right/", w->proj + rows * r, (size_t)(r * cols), {r, cols}};
+    out[k++] = (part){"exp_avg/", w->m, w->low, {ms[0], ms[1]}};
+    out[k++] = (part){"exp_avg_sq/", w->v, w->low, {ms[0], ms[1]}};
+    return (int)k;
 }
 
 int glm_galore_save(const glm_galore *g, glm_model *m, const char *path, glm_err *err) {
     glm_backend *be = m->be;
-    st_entry *e = glm_calloc((size_t)g->n * 3 + 1, sizeof *e);
-    char (*names)[160] = glm_calloc((size_t)g->n * 3 + 1, 160);
-    float **host = glm_calloc((size_t)g->n * 3 + 1, sizeof *host);
+    st_entry *e = glm_calloc((size_t)g->n * 4 + 1, sizeof *e);
+    char (*names)[160] = glm_calloc((size_t)g->n * 4 + 1, 160);
+    float **host = glm_calloc((size_t)g->n * 4 + 1, sizeof *host);
     int ne = 0;
     for (int k = 0; k < g->n; k++) {
-        const glm_galore_row *w = &g->rows[k];
-        const glm_tensor *t = &m->tab.t[w->row];
-        const float *src[3] = {w->proj, w->m, w->v};
-        for (int kind = 0; kind < 3; kind++, ne++) {
-            size_t n = kind ? w->low : w->nproj;
-            host[ne] = glm_malloc((n ? n : 1) * sizeof(float));
-            be->download(be, host[ne], src[kind], n * sizeof(float));
-            snprintf(names[ne], 160, "%s%s", KINDS[kind], t->name);
+        const glm_tensor *t = &m->tab.t[g->rows[k].row];
+        part ps[4];
+        int np = parts_of(&g->rows[k], t, ps);
+        for (int i = 0; i < np; i++, ne++) {
+            host[ne] = glm_malloc((ps[i].n ? ps[i].n : 1) * sizeof(float));
+            be->download(be, host[ne], ps[i].data, ps[i].n * sizeof(float));
+            snprintf(names[ne], 160, "%s%s", ps[i].prefix, t->name);
             e[ne] = (st_entry){.name = names[ne], .ndim = 2, .data = host[ne], .data_dtype = ST_F32, .file_dtype = ST_F32};
-            part_shape(w, t, kind, e[ne].shape);
+            e[ne].shape[0] = ps[i].shape[0];
+            e[ne].shape[1] = ps[i].shape[1];
         }
     }
     int rc = st_save(path, e, ne, 0, err);
@@ -165,18 +185,15 @@ int glm_galore_load(glm_galore *g, glm_model *m, const char *path, glm_err *err)
     if (st_open(&rd, path, err)) return -1;
     int rc = 0;
     for (int k = 0; k < g->n && rc == 0; k++) {
-        const glm_galore_row *w = &g->rows[k];
-        const glm_tensor *t = &m->tab.t[w->row];
-        float *dst[3] = {w->proj, w->m, w->v};
-        for (int kind = 0; kind < 3 && rc == 0; kind++) {
+        const glm_tensor *t = &m->tab.t[g->rows[k].row];
+        part ps[4];
+        int np = parts_of(&g->rows[k], t, ps);
+        for (int i = 0; i < np && rc == 0; i++) {
             char name[160];
-            int64_t shape[2];
-            size_t n = kind ? w->low : w->nproj;
-            snprintf(name, sizeof name, "%s%s", KINDS[kind], t->name);
-            part_shape(w, t, kind, shape);
-            float *h = glm_malloc((n ? n : 1) * sizeof(float));
-            rc = st_read_f32(rd, name, h, 2, shape, err);
-            if (rc == 0) be->upload(be, dst[kind], h, n * sizeof(float));
+            snprintf(name, sizeof name, "%s%s", ps[i].prefix, t->name);
+            float *h = glm_malloc((ps[i].n ? ps[i].n : 1) * sizeof(float));
+            rc = st_read_f32(rd, name, h, 2, ps[i].shape, err);
+            if (rc == 0) be->upload(be, ps[i].data, h, ps[i].n * sizeof(float));
             free(h);
         }
     }

@@ -2,10 +2,10 @@
  * full fine-tuning whose AdamW moments for the big matrices live in a low-rank projection of
  * their gradients. For a projected weight W [rows, cols] with gradient G, every `gap` steps P
  * becomes the top r singular vectors of G (right: Vh[:r] [r, cols]; left: U[:, :r] [rows, r];
- * model/tensors.h glm_galore_shape says which), and each step
- *   R = G P^T (right) or P^T G (left)            the projected gradient
+ * full: both; model/tensors.h glm_galore_shape says which), and each step
+ *   R = G P^T (right), P^T G (left) or U^T G Vh^T (both)     the projected gradient
  *   m, v = AdamW's moments of R; N = m / (sqrt(v) + eps)
- *   W += -(lr sqrt(bc2) / bc1) * scale * (N P or P N);  then W += -lr wd W
+ *   W += -(lr sqrt(bc2) / bc1) * scale * (N P, P N or U N Vh);  then W += -lr wd W
  * The moments carry over when P changes, as galore_torch keeps them. Every other trainable row
  * takes the same optimizer without projection: galore_torch's AdamW (the transformers AdamW of
  * old: eps added to sqrt(v) before the bias correction, weight decay after the step), which
@@ -29,10 +29,11 @@
 
 typedef struct glm_galore_row {
     int row;          /* index in m->tab */
-    int r, right;     /* rank; projected from the right */
+    int r, side;      /* rank; GLM_GALORE_FROM_LEFT, _RIGHT or _BOTH (model/tensors.h) */
     size_t low, nproj; /* elements of each moment and of P */
-    float *proj;      /* right: P [r, cols]; left: P [rows, r] (backend floats) */
-    float *m, *v;     /* right: [rows, r]; left: [r, cols] */
+    float *proj;      /* right: P [r, cols]; left: P [rows, r]; both: U_r [rows, r] then Vh_r [r, cols]
+                       * (backend floats) */
+    float *m, *v;     /* right: [rows, r]; left: [r, cols]; both: [r, r] */
     int projected;    /* P holds values (a fresh state computes them at its first step) */
 } glm_galore_row;
 
@@ -45,7 +46,8 @@ typedef struct glm_galore {
     size_t flat;          /* elements of each flat moment array (the rows not projected) */
     size_t *moff;         /* [tab.n] a row's offset in the flat moment arrays, (size_t)-1 when projected */
     float *full;          /* [largest projected row] the gradient as floats, then the update */
-    float *lowbuf;        /* [largest projection] the projected gradient, then its AdamW direction */
+    float *lowbuf;        /* the projected gradient, then its AdamW direction, and (both sides) an
+                           * intermediate product: the largest row's need */
 } glm_galore;
 
 /* The state for m's projected rows (m->tab's galore flags, m->cfg.peft's settings), zeroed;
@@ -60,7 +62,8 @@ void glm_galore_restart(glm_galore *g, glm_model *m);
 void glm_galore_update(glm_galore *g, glm_model *m, int k, void *param, float *master, const void *grad, long step,
                        float lr, float wd, float b1, float b2, float eps, float bc1, float bc2, float gs);
 /* The projected rows' state as checkpoints keep it (optimizer_galore.safetensors): per row
- * "proj/NAME", "exp_avg/NAME", "exp_avg_sq/NAME", fp32, in the shapes above. load fails naming
+ * "proj/NAME" (both sides: U_r, and Vh_r as "proj_right/NAME"), "exp_avg/NAME", "exp_avg_sq/NAME",
+ * fp32, in the shapes above. load fails naming
  * the file when a row is missing or of another shape (another rank, projection or target). */
 #define GLM_GALORE_FILE "optimizer_galore.safetensors"
 int glm_galore_save(const glm_galore *g, glm_model *m, const char *path, glm_err *err);

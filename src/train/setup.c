@@ -414,8 +414,7 @@ int glm_train_galore(const glm_train_args *a, glm_config *c, glm_err *err) {
                              "batch lowers the memory of the activations");
     int proj = glm_galore_proj_parse(a->galore_proj_type ? a->galore_proj_type : "std");
     if (proj < 0)
-        return glm_fail(err, "--galore_proj_type %s: glmtrain projects one side (std, reverse_std, right or left)",
-                        a->galore_proj_type),
+        return glm_fail(err, "--galore_proj_type %s: std, reverse_std, right, left or full", a->galore_proj_type),
                glm_hint(err, "use std, LLaMA-Factory's default");
     if (a->galore_rank < 1) return glm_fail(err, "--galore_rank %d must be at least 1", a->galore_rank);
     if (a->galore_update_interval < 1)

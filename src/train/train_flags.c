@@ -115,8 +115,8 @@ const glm_flag glm_train_flags[] = {
     F(galore_rank, ARG_INT, "16", "GaLore: the rank of the projection"),
     F(galore_update_interval, ARG_INT, "200", "GaLore: optimizer steps between new projections"),
     F(galore_scale, ARG_FLOAT, "2.0", "GaLore: the factor on the projected update (LLaMA-Factory's default 2.0)"),
-    C(galore_proj_type, "std", "std|reverse_std|right|left|full", "GaLore: which side projects (std: the shorter one; full is "
-      "refused)"),
+    C(galore_proj_type, "std", "std|reverse_std|right|left|full", "GaLore: which side projects (std: the shorter one; full: "
+      "both, an r x r state)"),
     F(galore_layerwise, ARG_BOOL, "false", "GaLore's update inside backward, weight by weight (refused: glmtrain updates after "
       "backward)"),
     F(use_llama_pro, ARG_BOOL, "false", "LLaMA Pro (LLaMA-Factory's, with --finetuning_type freeze): the layers that train are "

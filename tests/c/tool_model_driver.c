@@ -10,7 +10,7 @@
  *     [--badam_interval K --badam_order ascending|descending|random|fixed [--badam_start S] [--seed N]]
  *       (BAdam, optim/badam.h: one whole layer trains, the next taking over with a fresh AdamW state
  *       as the trainer does it; OUT also holds "blocks" [K], the layer each step trained)
- *     [--galore_rank R [--galore_gap K] [--galore_scale S] [--galore_proj std|reverse_std|right|left]
+ *     [--galore_rank R [--galore_gap K] [--galore_scale S] [--galore_proj std|reverse_std|right|left|full]
  *      [--galore_target LIST]]  (GaLore, optim/galore.h, with full or freeze)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
  * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab);
@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
         c.peft.galore_scale = galore_scale;
         c.peft.galore_proj = glm_galore_proj_parse(galore_proj);
         snprintf(c.peft.galore_target, sizeof c.peft.galore_target, "%s", galore_target);
-        if (c.peft.galore_proj < 0) { fprintf(stderr, "--galore_proj %s: std, reverse_std, right or left\n", galore_proj); return 2; }
+        if (c.peft.galore_proj < 0) { fprintf(stderr, "--galore_proj %s: std, reverse_std, right, left or full\n", galore_proj); return 2; }
     }
     if (glm_config_set_quant(&c, qbits, qtype, model, &err)) return die(&err);
     glm_backend *be = glm_backend_cpu();

@@ -9,8 +9,8 @@
    runs, so the moments carried across a change are compared too; galore_torch's SVD is given
    glmtrain's sign convention (an SVD's signs are free: LAPACK's differ between CPU and GPU).
    Cases: std over all linear modules (both sides: tall and wide weights), reverse_std on the
-   modules whose names hold "dense", right and left, weight decay and clipping, freeze mode, an
-   untied head named as a target, and the ChatGLM2 block.
+   modules whose names hold "dense", right, left and full (both sides), weight decay and
+   clipping, freeze mode, an untied head named as a target, and the ChatGLM2 block.
 2. The command line on a tiny model: the loss falls, a checkpoint holds optimizer_galore.safetensors
    and no full-size moments of the projected weights, a resume is bit-identical to the straight
    run, a GaLore checkpoint does not resume a run without GaLore (and the reverse), and the
@@ -74,6 +74,8 @@ def patch_signs(proj_mod):
             return Vh[:rank, :]
         if type == "left":
             return U[:, :rank]
+        if type == "full":
+            return [U[:, :rank], Vh[:rank, :]]
         raise ValueError(type)
     proj_mod.GaLoreProjector.get_orthogonal_matrix = get_orthogonal_matrix
     return lambda: setattr(proj_mod.GaLoreProjector, "get_orthogonal_matrix", real)
@@ -182,6 +184,7 @@ def driver_cases(tmp):
              dict(base, proj="reverse_std", target="dense", scale=0.25, gap=3, steps=7, wd=0.1, clip=0.05))
     run_case(driver, tmp, "right", model, batch, cfg, params, ids, labels, dict(base, proj="right", gap=1, steps=4))
     run_case(driver, tmp, "left", model, batch, cfg, params, ids, labels, dict(base, proj="left", rank=3, steps=5))
+    run_case(driver, tmp, "full", model, batch, cfg, params, ids, labels, dict(base, proj="full", steps=5, wd=0.1))
     run_case(driver, tmp, "head_and_qkv", model, batch, cfg, params, ids, labels,
              dict(base, target="lm_head,query_key_value", wd=0.05))
     # freeze: the last layer trains; GaLore projects its linear weights, the rest stay as loaded
@@ -256,6 +259,22 @@ def cli_cases(tmp):
         b = load_file(os.path.join(res, "model.safetensors"))
         check("galore_cli_resume_bit_identical", a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a),
               str([k for k in a if not torch.equal(a[k], b.get(k, a[k] + 1))][:3]))
+    # both sides (full): U_r and Vh_r in the checkpoint, and the resume exact too
+    full = os.path.join(tmp, "galore_full")
+    pf = run(["train", "--output_dir", full, "--galore_proj_type", "full"] + common)
+    if check("galore_cli_full_trains", pf.returncode == 0, pf.stderr[-600:]):
+        with safe_open(os.path.join(full, "checkpoint-4", "optimizer_galore.safetensors"), "pt") as f:
+            qkv = "transformer.layers.0.attention.query_key_value.weight"
+            shapes = [list(f.get_slice(k + qkv).get_shape()) for k in ("proj/", "proj_right/", "exp_avg/")]
+        check("galore_cli_full_keeps_both_sides", shapes == [[3 * cfg["hidden_size"], 4], [4, cfg["hidden_size"]], [4, 4]],
+              str(shapes))
+        snap = load_file(os.path.join(full, "model.safetensors"))
+        shutil.rmtree(os.path.join(full, "checkpoint-8"))
+        pr = run(["train", "--output_dir", full, "--galore_proj_type", "full", "--resume_from_checkpoint",
+                  os.path.join(full, "checkpoint-4")] + common)
+        again = load_file(os.path.join(full, "model.safetensors")) if pr.returncode == 0 else {}
+        check("galore_cli_full_resume_bit_identical", pr.returncode == 0 and all(torch.equal(again[k], v) for k, v in snap.items()),
+              pr.stderr[-400:])
     # a GaLore checkpoint does not resume a run without GaLore, and the reverse
     plain = [c for c in common if c not in ("--use_galore",)]
     plain = [c for i, c in enumerate(plain) if not (c.startswith("--galore") or (i and plain[i - 1].startswith("--galore")))]
@@ -295,7 +314,7 @@ def cli_cases(tmp):
         ("lora", ["--finetuning_type", "lora"], "--use_galore with LoRA"),
         ("badam", ["--use_badam"], "--use_badam"),
         ("layerwise", ["--galore_layerwise"], "--galore_layerwise"),
-        ("proj_full", ["--galore_proj_type", "full"], "--galore_proj_type full"),
+        ("proj_unknown", ["--galore_proj_type", "both"], '"both" is not one of std|reverse_std|right|left|full'),
         ("adamw_8bit", ["--optim", "adamw_8bit"], "--optim adamw_8bit"),
         ("offload", ["--offload_optimizer", "cpu"], "--offload_optimizer"),
         ("target_none", ["--galore_target", "word_embeddings"], "matches no linear weight"),

@@ -43,7 +43,7 @@ def more_trainer_settings(sh):
     report("newer_trainer_settings_left_alone", p.returncode == 0 and len(said) == len(quiet) // 2, "%s %s" % (said, p.stderr[-300:]))
     # LLaMA-Factory's arguments (its webui's commands): left alone, passed on under glmtrain's names, or refused
     lf = ["--upcast_layernorm", "true", "--print_param_status", "true", "--double_quantization", "true",
-          "--mix_strategy", "concat", "--enable_thinking", "true", "--use_galore", "false", "--freeze_vision_tower", "true",
+          "--mix_strategy", "concat", "--enable_thinking", "true", "--use_apollo", "false", "--freeze_vision_tower", "true",
           "--include_effective_tokens_per_second", "true", "--use_fast_tokenizer", "true", "--low_cpu_mem_usage", "true",
           "--model_max_length", "2048", "--split_special_tokens", "false", "--disable_version_checking", "true"]
     p = subprocess.run([GLM, "train"] + sh + lf + ["--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
@@ -71,7 +71,7 @@ def more_trainer_settings(sh):
                                                                    "self_attention"], "input_layernorm, attention, post_attention_layernorm, mlp"),
                               ("freeze_modules_without_freeze", ["--finetuning_type", "lora", "--freeze_extra_modules",
                                                                  "final_layernorm"], "add --finetuning_type freeze"),
-                              ("use_galore", ["--use_galore", "true"], "--optim adamw_8bit"),
+                              ("use_apollo", ["--use_apollo", "true"], "--use_galore, --optim adamw_8bit"),
                               ("new_special_tokens", ["--new_special_tokens", "<tool>"], "keep the model's vocabulary"),
                               ("split_special_tokens", ["--split_special_tokens", "true"], "special tokens whole"),
                               ("eval_on_each_dataset", ["--eval_on_each_dataset", "true"], "one loss"),
