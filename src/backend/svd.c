@@ -158,7 +158,7 @@ static double moved(const float *v, const float *w, int C, int r) {
  * full SVD's triplets, where they are distinct), with twice the columns for a faster
  * convergence: 1 - |cos| below 1e-10 between checks 4 iterations apart, at most this many. */
 
-static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, uint64_t seed, float *u, float *s, float *v) {
+static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, uint64_t seed, float *u, float *s, float *v) {
     /* torch.svd_lowrank for a weight wider in rank than q: a basis Q [C, q] of W's row space from
      * W^T R (R [OC, q] normal), refined by niter rounds of Q' = orth(W Q), Q = orth(W^T Q'); then
      * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). niter < 0: until
@@ -171,7 +171,7 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, uint64_t seed
     for (size_t i = 0; i < (size_t)OC * q; i++) b[i] = glm_rng_normal(&rng);
     w_times(p, 1, b, qc, OC, C, q); /* W^T R */
     orthonormalize(qc, C, q);
-    for (it = 0; full ? it < GLM_SVD_MAX_ITERS : it < niter; it++) {
+    for (it = 0; full ? it < cap : it < niter; it++) {
         w_times(p, 0, qc, b, OC, C, q); /* W Q */
         orthonormalize(b, OC, q);
         w_times(p, 1, b, qc, OC, C, q); /* W^T Q' */
@@ -191,23 +191,33 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, uint64_t seed
     return done ? it : -1;
 }
 
-int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,
-                       float *s, float *v) {
+static int svd_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, int cap, uint64_t seed, float *u,
+                  float *s, float *v) {
     if (!be) {
         w_prod p = {.w = w};
-        return svd_lowrank(&p, OC, C, q, niter, seed, u, s, v);
+        return svd_lowrank(&p, OC, C, q, niter, cap, seed, u, s, v);
     }
     int lim = OC < C ? OC : C, cols = niter < 0 ? (2 * q < lim ? 2 * q : lim) : q;
     size_t wide = (size_t)(OC > C ? OC : C) * (cols > q ? cols : q) * sizeof(float);
     w_prod p = {.be = be, .w = w, .dx = be->alloc(be, wide), .dy = be->alloc(be, wide)};
-    int its = svd_lowrank(&p, OC, C, q, niter, seed, u, s, v);
+    int its = svd_lowrank(&p, OC, C, q, niter, cap, seed, u, s, v);
     be->free(be, p.dx);
     be->free(be, p.dy);
     return its;
 }
 
+int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,
+                       float *s, float *v) {
+    return svd_on(be, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, seed, u, s, v);
+}
+
 int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
-    return glm_svd_lowrank_on(NULL, w, OC, C, q, niter, seed, u, s, v);
+    return svd_on(NULL, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, seed, u, s, v);
+}
+
+int glm_svd_top(glm_backend *be, const float *w, int OC, int C, int q, int max_iters, uint64_t seed, float *u, float *s,
+                float *v) {
+    return svd_on(be, w, OC, C, q, -1, max_iters, seed, u, s, v);
 }
 
 void glm_svd_fix_signs(float *u, float *v, int OC, int C, int q) {

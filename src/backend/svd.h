@@ -20,6 +20,11 @@ int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, in
                        float *s, float *v);
 /* The same on the host. */
 int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v);
+/* The top q triplets as niter < 0 gives them, iterating at most max_iters times (GaLore's bound
+ * on what a refresh may cost: close singular values make vectors that barely move between
+ * checks); the same return value (-1: the cap came first; u, s, v hold the subspace reached). */
+int glm_svd_top(glm_backend *be, const float *w, int OC, int C, int q, int max_iters, uint64_t seed, float *u, float *s,
+                float *v);
 /* One sign per triplet, where an SVD leaves it free: triplet j is negated (u's and v's column j)
  * when v's column j has its largest |entry| (the first of equal ones) negative. u may be NULL. */
 void glm_svd_fix_signs(float *u, float *v, int OC, int C, int q);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/svd.h"
+#include "core/log.h"
 #include "io/safetensors.h"
 
 static float *zeroed(glm_backend *be, size_t n) {
@@ -85,7 +86,7 @@ static void new_projection(glm_galore *g, glm_model *m, glm_galore_row *w, long 
     float *v = glm_malloc((size_t)cols * r * sizeof(float)), *s = glm_malloc((size_t)r * sizeof(float));
     /* converged (the full SVD's top triplets), so the start does not matter; a fixed one per row and step */
     uint64_t seed = 0x9a10e5ULL * (uint64_t)(w->row + 1) + 1000003ULL * (uint64_t)step;
-    glm_svd_lowrank_on(be, g->full, rows, cols, r, -1, seed, u, s, v);
+    if (glm_svd_top(be, g->full, rows, cols, r, GLM_GALORE_SVD_ITERS, seed, u, s, v) < 0) g->capped++;
     glm_svd_fix_signs(u, v, rows, cols, r);
     size_t at = 0;
     if (u) { /* U_r [rows, r] as it is */
@@ -114,7 +115,10 @@ void glm_galore_update(glm_galore *g, glm_model *m, int k, void *param, float *m
     int rows = (int)t->shape[0], cols = (int)t->shape[1], r = w->r;
     if (be->dtype == GLM_F32) be->copy(be, g->full, grad, t->numel * sizeof(float));
     else be->to_f32(be, g->full, grad, t->numel);
-    if (!w->projected || (step - 1) % g->gap == 0) new_projection(g, m, w, step);
+    if (!w->projected || (step - 1) % g->gap == 0) {
+        if (!g->refreshing++) g->t0 = glm_now();
+        new_projection(g, m, w, step);
+    }
     /* the projected gradient (galore_torch's project: G P^T, P^T G, or (U^T G) Vh^T), gs folded in */
     float *low = g->lowbuf, *tmp = g->lowbuf + w->low;
     const float *U = w->proj, *Vh = w->proj + (size_t)rows * r;
@@ -134,6 +138,14 @@ void glm_galore_update(glm_galore *g, glm_model *m, int k, void *param, float *m
     }
     float step_size = lr * sqrtf(bc2) / bc1;
     be->apply_dir(be, param, master, g->full, t->numel, -step_size, wd > 0 ? -lr * wd : 0.0f);
+    if (k == g->n - 1 && g->refreshing) { /* the step's last projected row: what its new projections cost */
+        be->sync(be);
+        glm_info("GaLore: step %ld: new projections of %d weights in %.1f s", step, g->refreshing, glm_now() - g->t0);
+        if (g->capped)
+            glm_warn("GaLore: %d of them stopped at %d subspace iterations (close singular values around rank %d): "
+                     "each uses the subspace reached", g->capped, GLM_GALORE_SVD_ITERS, w->r);
+        g->refreshing = g->capped = 0;
+    }
 }
 
 /* ---------------------------------------------------------------- checkpoints */

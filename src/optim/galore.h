@@ -27,6 +27,11 @@
 #include "core/err.h"
 #include "model/glm.h"
 
+/* Subspace iterations one projection may take: torch's full SVD costs the same whatever the
+ * spectrum; iterating until the top vectors stop moving does not, when singular values r and
+ * r + 1 are close, and a new projection of every weight must not stall a run. */
+#define GLM_GALORE_SVD_ITERS 200
+
 typedef struct glm_galore_row {
     int row;          /* index in m->tab */
     int r, side;      /* rank; GLM_GALORE_FROM_LEFT, _RIGHT or _BOTH (model/tensors.h) */
@@ -46,6 +51,8 @@ typedef struct glm_galore {
     size_t flat;          /* elements of each flat moment array (the rows not projected) */
     size_t *moff;         /* [tab.n] a row's offset in the flat moment arrays, (size_t)-1 when projected */
     float *full;          /* [largest projected row] the gradient as floats, then the update */
+    int refreshing, capped; /* this step's new projections, and those that stopped at GLM_GALORE_SVD_ITERS */
+    double t0;              /* when the first of them began */
     float *lowbuf;        /* the projected gradient, then its AdamW direction, and (both sides) an
                            * intermediate product: the largest row's need */
 } glm_galore;

@@ -20,6 +20,7 @@
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import importlib.util
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -236,6 +237,9 @@ def cli_cases(tmp):
     losses = [r["loss"] for r in state["log_history"] if "loss" in r]
     check("galore_cli_loss_falls", len(losses) == 8 and losses[-1] < losses[0], str(losses))
     check("galore_cli_logs_its_settings", "GaLore:" in p.stderr and "rank-4" in p.stderr, p.stderr[-600:])
+    # new projections at steps 1, 4 and 7 (every 3), each logged with its cost
+    check("galore_cli_logs_new_projections", [int(x) for x in re.findall(r"GaLore: step (\d+): new projections of 8 weights",
+                                                                          p.stderr)] == [1, 4, 7], p.stderr[-600:])
     ck = os.path.join(out, "checkpoint-4")
     gfile = os.path.join(ck, "optimizer_galore.safetensors")
     ok = os.path.exists(gfile)
