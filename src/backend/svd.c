@@ -156,9 +156,13 @@ static double moved(const float *v, const float *w, int C, int r) {
 
 /* Subspace iterations until the top r right singular vectors stop moving (peft's "pissa", the
  * full SVD's triplets, where they are distinct), with twice the columns for a faster
- * convergence: 1 - |cos| below 1e-10 between checks 4 iterations apart, at most this many. */
+ * convergence: 1 - |cos| between checks 4 iterations apart below 1e-10; at most `cap`
+ * iterations. With `floor` also when it is below 1e-6 and falls by less than a tenth from one
+ * check to the next: the floor float products leave a vector whose singular value is close to a
+ * neighbour's (it then moves by rounding alone, and more iterations change nothing). */
 
-static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, uint64_t seed, float *u, float *s, float *v) {
+static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int floor, uint64_t seed, float *u, float *s,
+                       float *v) {
     /* torch.svd_lowrank for a weight wider in rank than q: a basis Q [C, q] of W's row space from
      * W^T R (R [OC, q] normal), refined by niter rounds of Q' = orth(W Q), Q = orth(W^T Q'); then
      * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). niter < 0: until
@@ -166,6 +170,7 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, uint
     int full = niter < 0, lim = OC < C ? OC : C, q = full ? (2 * r < lim ? 2 * r : lim) : r, it = 0, done = !full;
     float *b = glm_malloc((size_t)OC * q * sizeof(float)), *qc = glm_malloc((size_t)C * q * sizeof(float));
     float *vprev = full ? glm_malloc((size_t)C * r * sizeof(float)) : NULL;
+    double last = 1; /* the previous check's movement */
     glm_rng rng;
     glm_rng_seed(&rng, seed);
     for (size_t i = 0; i < (size_t)OC * q; i++) b[i] = glm_rng_normal(&rng);
@@ -179,7 +184,9 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, uint
         if (full && it % 4 == 3) {
             w_times(p, 0, qc, b, OC, C, q);
             ritz(b, qc, OC, C, q, r, NULL, s, v);
-            if (it > 3 && moved(v, vprev, C, r) < 1e-10) { done = 1; it++; break; }
+            double mv = it > 3 ? moved(v, vprev, C, r) : 1;
+            if (mv < 1e-10 || (floor && mv < 1e-6 && last < 1e-6 && mv > 0.9 * last)) { done = 1; it++; break; }
+            last = mv;
             memcpy(vprev, v, (size_t)C * r * sizeof(float));
         }
     }
@@ -191,16 +198,16 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, uint
     return done ? it : -1;
 }
 
-static int svd_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, int cap, uint64_t seed, float *u,
-                  float *s, float *v) {
+static int svd_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, int cap, int floor, uint64_t seed,
+                  float *u, float *s, float *v) {
     if (!be) {
         w_prod p = {.w = w};
-        return svd_lowrank(&p, OC, C, q, niter, cap, seed, u, s, v);
+        return svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, u, s, v);
     }
     int lim = OC < C ? OC : C, cols = niter < 0 ? (2 * q < lim ? 2 * q : lim) : q;
     size_t wide = (size_t)(OC > C ? OC : C) * (cols > q ? cols : q) * sizeof(float);
     w_prod p = {.be = be, .w = w, .dx = be->alloc(be, wide), .dy = be->alloc(be, wide)};
-    int its = svd_lowrank(&p, OC, C, q, niter, cap, seed, u, s, v);
+    int its = svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, u, s, v);
     be->free(be, p.dx);
     be->free(be, p.dy);
     return its;
@@ -208,16 +215,16 @@ static int svd_on(glm_backend *be, const float *w, int OC, int C, int q, int nit
 
 int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,
                        float *s, float *v) {
-    return svd_on(be, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, seed, u, s, v);
+    return svd_on(be, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, 0, seed, u, s, v);
 }
 
 int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
-    return svd_on(NULL, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, seed, u, s, v);
+    return svd_on(NULL, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, 0, seed, u, s, v);
 }
 
 int glm_svd_top(glm_backend *be, const float *w, int OC, int C, int q, int max_iters, uint64_t seed, float *u, float *s,
                 float *v) {
-    return svd_on(be, w, OC, C, q, -1, max_iters, seed, u, s, v);
+    return svd_on(be, w, OC, C, q, -1, max_iters, 1, seed, u, s, v);
 }
 
 void glm_svd_fix_signs(float *u, float *v, int OC, int C, int q) {

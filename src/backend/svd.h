@@ -20,9 +20,10 @@ int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, in
                        float *s, float *v);
 /* The same on the host. */
 int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v);
-/* The top q triplets as niter < 0 gives them, iterating at most max_iters times (GaLore's bound
- * on what a refresh may cost: close singular values make vectors that barely move between
- * checks); the same return value (-1: the cap came first; u, s, v hold the subspace reached). */
+/* The top q triplets as niter < 0 gives them, for GaLore's repeated projections, where what each
+ * costs matters: also done when the vectors' movement has reached the floor float products
+ * leave (close singular values), and at most max_iters iterations; the same return value (-1:
+ * the cap came first; u, s, v hold the subspace reached). */
 int glm_svd_top(glm_backend *be, const float *w, int OC, int C, int q, int max_iters, uint64_t seed, float *u, float *s,
                 float *v);
 /* One sign per triplet, where an SVD leaves it free: triplet j is negated (u's and v's column j)
