@@ -26,7 +26,7 @@ typedef struct info_args {
     double lora_dropout;
     int use_badam, badam_start_block;
     char *badam_switch_mode;
-    int use_galore, galore_rank;
+    int use_galore, galore_rank, galore_layerwise;
     char *galore_target, *galore_proj_type;
 } info_args;
 
@@ -70,6 +70,7 @@ static const glm_flag info_flags[] = {
     F(use_galore, ARG_BOOL, "false", "GaLore (as train): the projected weights' moments are rank --galore_rank projections"),
     F(galore_rank, ARG_INT, "16", "GaLore's rank (as train)"),
     F(galore_target, ARG_STR, "all", "GaLore's modules (as train)"),
+    F(galore_layerwise, ARG_BOOL, "false", "GaLore inside backward, layer by layer (as train: --optimizer_in_backward)"),
     {"galore_proj_type", ARG_STR, offsetof(info_args, galore_proj_type), "std", "GaLore's projection side (as train)",
      "std|reverse_std|right|left|full", NULL},
     F(freeze_trainable_modules, ARG_STR, "all", "freeze: the modules of those layers that train (as train)"),
@@ -222,7 +223,7 @@ static int from_train_config(info_args *a, int argc, char **argv, glm_err *err) 
         a->pre_seq_len = t.pre_seq_len; a->prefix_projection = t.prefix_projection;
         a->quantization_bit = t.quantization_bit;
         a->use_badam = t.use_badam; a->badam_start_block = t.badam_start_block;
-        a->use_galore = t.use_galore; a->galore_rank = t.galore_rank;
+        a->use_galore = t.use_galore; a->galore_rank = t.galore_rank; a->galore_layerwise = t.galore_layerwise;
         if (t.nproc_per_node && atoi(t.nproc_per_node) > 1) a->data_parallel_size = atoi(t.nproc_per_node);
         if (t.pipeline_parallel_size > 1 && a->data_parallel_size > 1) a->data_parallel_size /= t.pipeline_parallel_size;
         rc = glm_args_parse(info_flags, sizeof info_flags / sizeof info_flags[0], a, ni, iarg, err);
@@ -245,6 +246,7 @@ int glm_cmd_info(int argc, char **argv) {
     }
     int rc = config ? from_train_config(&a, argc, argv, &err) : glm_args_parse(info_flags, n, &a, argc, argv, &err);
     if (!rc) rc = glm_hub_resolve(&a.model_name_or_path, "model_name_or_path", NULL, &err);
+    if (a.galore_layerwise && a.use_galore) a.optimizer_in_backward = 1; /* as train's reading of it */
     if (!rc && a.deepspeed) rc = info_deepspeed(&a, &err);
     glm_config c = glm_config_chatglm6b();
     if (a.chatglm6b) c.tie_word_embeddings = 0;

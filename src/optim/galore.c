@@ -138,7 +138,9 @@ void glm_galore_update(glm_galore *g, glm_model *m, int k, void *param, float *m
     }
     float step_size = lr * sqrtf(bc2) / bc1;
     be->apply_dir(be, param, master, g->full, t->numel, -step_size, wd > 0 ? -lr * wd : 0.0f);
-    if (k == g->n - 1 && g->refreshing) { /* the step's last projected row: what its new projections cost */
+    if (++g->updated < g->n) return;
+    g->updated = 0; /* the step's last projected row (in any order: inside backward the top layer comes first) */
+    if (g->refreshing) { /* what the step's new projections cost */
         be->sync(be);
         glm_info("GaLore: step %ld: new projections of %d weights in %.1f s", step, g->refreshing, glm_now() - g->t0);
         if (g->capped)

@@ -51,6 +51,7 @@ typedef struct glm_galore {
     size_t flat;          /* elements of each flat moment array (the rows not projected) */
     size_t *moff;         /* [tab.n] a row's offset in the flat moment arrays, (size_t)-1 when projected */
     float *full;          /* [largest projected row] the gradient as floats, then the update */
+    int updated;            /* projected rows updated so far in this step */
     int refreshing, capped; /* this step's new projections, and those that stopped at GLM_GALORE_SVD_ITERS */
     double t0;              /* when the first of them began */
     float *lowbuf;        /* the projected gradient, then its AdamW direction, and (both sides) an

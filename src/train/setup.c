@@ -183,6 +183,21 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (strcmp(a->offload_optimizer, "none") && strcmp(a->offload_optimizer, "cpu"))
         return glm_fail(err, "--offload_optimizer %s: choose cpu or none", a->offload_optimizer),
                glm_hint(err, "nvme offload is not supported");
+    if (a->galore_layerwise) { /* LLaMA-Factory's layer-wise GaLore: each weight updated as its gradient is ready */
+        if (!a->use_galore)
+            return glm_fail(err, "--galore_layerwise without --use_galore"), glm_hint(err, "add --use_galore, or drop it");
+        if (a->gradient_accumulation_steps > 1)
+            return glm_fail(err, "--galore_layerwise updates each layer from one micro-batch, so it cannot take "
+                                 "--gradient_accumulation_steps %d (LLaMA-Factory refuses it too)", a->gradient_accumulation_steps),
+                   glm_hint(err, "raise --per_device_train_batch_size instead, or drop --galore_layerwise");
+        if (a->max_grad_norm > 0) {
+            glm_warn("--galore_layerwise: no clipping (--max_grad_norm %g is left out): each layer is updated before the "
+                     "whole model's gradient norm is known, and LLaMA-Factory's layer-wise GaLore clips nothing either",
+                     a->max_grad_norm);
+            a->max_grad_norm = 0;
+        }
+        a->optimizer_in_backward = 1; /* parallel/dp_offload.c's update inside backward, unit by unit */
+    }
     if (a->optimizer_in_backward) {
         if (a->gradient_accumulation_steps > 1)
             return glm_fail(err, "--optimizer_in_backward updates each layer from one micro-batch, so it cannot take "
@@ -408,10 +423,6 @@ int glm_train_galore(const glm_train_args *a, glm_config *c, glm_err *err) {
                glm_hint(err, "use --finetuning_type full or freeze (LLaMA-Factory refuses LoRA with GaLore too)");
     if (p->badam)
         return glm_fail(err, "--use_galore with --use_badam: each is an optimizer of its own"), glm_hint(err, "pick one");
-    if (a->galore_layerwise)
-        return glm_fail(err, "--galore_layerwise: glmtrain's GaLore updates after backward, every weight in one step"),
-               glm_hint(err, "drop --galore_layerwise (LLaMA-Factory's default); --gradient_checkpointing or a smaller "
-                             "batch lowers the memory of the activations");
     int proj = glm_galore_proj_parse(a->galore_proj_type ? a->galore_proj_type : "std");
     if (proj < 0)
         return glm_fail(err, "--galore_proj_type %s: std, reverse_std, right, left or full", a->galore_proj_type),
@@ -453,7 +464,6 @@ static int galore_setup(const glm_train_args *a, trainer *t, glm_config *c, int 
     const char *no = stages                                                     ? "pipeline stages"
                      : t->dp->world > 1 && a->zero_stage >= 1                   ? "--zero_stage 1, 2 or 3 over several ranks"
                      : strcmp(a->offload_optimizer, "none") != 0                ? "--offload_optimizer"
-                     : a->optimizer_in_backward                                 ? "--optimizer_in_backward"
                                                                                 : NULL;
     if (no)
         return glm_fail(err, "--use_galore with %s: glmtrain's GaLore keeps its whole state on the device of each process "
@@ -461,8 +471,8 @@ static int galore_setup(const glm_train_args *a, trainer *t, glm_config *c, int 
                glm_hint(err, "one process, or data parallel with --zero_stage 0");
     if (t->dp->rank == 0)
         glm_info("GaLore: %d weights keep their AdamW moments in a rank-%d projection (%s), renewed every %d steps, scale "
-                 "%g; every weight updates as galore_torch's AdamW", hit, c->peft.galore_rank, a->galore_proj_type,
-                 c->peft.galore_gap, c->peft.galore_scale);
+                 "%g; every weight updates as galore_torch's AdamW%s", hit, c->peft.galore_rank, a->galore_proj_type,
+                 c->peft.galore_gap, c->peft.galore_scale, a->galore_layerwise ? ", layer by layer inside backward" : "");
     return 0;
 }
 

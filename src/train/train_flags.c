@@ -117,8 +117,8 @@ const glm_flag glm_train_flags[] = {
     F(galore_scale, ARG_FLOAT, "2.0", "GaLore: the factor on the projected update (LLaMA-Factory's default 2.0)"),
     C(galore_proj_type, "std", "std|reverse_std|right|left|full", "GaLore: which side projects (std: the shorter one; full: "
       "both, an r x r state)"),
-    F(galore_layerwise, ARG_BOOL, "false", "GaLore's update inside backward, weight by weight (refused: glmtrain updates after "
-      "backward)"),
+    F(galore_layerwise, ARG_BOOL, "false", "GaLore's update inside backward, layer by layer (--optimizer_in_backward): no "
+      "gradient buffer of the whole model; no gradient accumulation, no clipping (as LLaMA-Factory's)"),
     F(use_llama_pro, ARG_BOOL, "false", "LLaMA Pro (LLaMA-Factory's, with --finetuning_type freeze): the layers that train are "
       "the blocks `glmtrain expand` added, every (num_layers / --num_layer_trainable)-th one"),
     F(num_layer_trainable, ARG_INT, "2", "freeze: the last N layers train (N < 0: the first -N), the rest stays frozen"),

@@ -279,6 +279,23 @@ def cli_cases(tmp):
         again = load_file(os.path.join(full, "model.safetensors")) if pr.returncode == 0 else {}
         check("galore_cli_full_resume_bit_identical", pr.returncode == 0 and all(torch.equal(again[k], v) for k, v in snap.items()),
               pr.stderr[-400:])
+    # --galore_layerwise (LLaMA-Factory's): each layer updated inside backward; without clipping it is
+    # the same run as GaLore after backward (--max_grad_norm 0), weight for weight; a clipping norm
+    # is left out with a warning, as LLaMA-Factory's layer-wise GaLore clips nothing
+    unclipped = os.path.join(tmp, "galore_noclip")
+    layer = os.path.join(tmp, "galore_layerwise")
+    pa = run(["train", "--output_dir", unclipped, "--max_grad_norm", "0", "--save_strategy", "no"] + common)
+    pb = run(["train", "--output_dir", layer, "--galore_layerwise", "--save_strategy", "no"] + common)
+    if check("galore_cli_layerwise_trains", pa.returncode == 0 and pb.returncode == 0, (pa.stderr + pb.stderr)[-600:]):
+        a = load_file(os.path.join(unclipped, "model.safetensors"))
+        b = load_file(os.path.join(layer, "model.safetensors"))
+        worst = max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-30)) for k in a)
+        check("galore_cli_layerwise_equals_unclipped", worst < 1e-6 and "--max_grad_norm 1 is left out" in pb.stderr
+              and "layer by layer inside backward" in pb.stderr, "%.3g %s" % (worst, pb.stderr[-400:]))
+    pc = run(["train", "--output_dir", os.path.join(tmp, "lw_acc"), "--galore_layerwise", "--gradient_accumulation_steps",
+              "2"] + common)
+    check("galore_cli_layerwise_refuses_accumulation", pc.returncode != 0 and "--gradient_accumulation_steps 2" in pc.stderr,
+          pc.stderr[-300:])
     # a GaLore checkpoint does not resume a run without GaLore, and the reverse
     plain = [c for c in common if c not in ("--use_galore",)]
     plain = [c for i, c in enumerate(plain) if not (c.startswith("--galore") or (i and plain[i - 1].startswith("--galore")))]
@@ -317,7 +334,6 @@ def cli_cases(tmp):
     refusals = [
         ("lora", ["--finetuning_type", "lora"], "--use_galore with LoRA"),
         ("badam", ["--use_badam"], "--use_badam"),
-        ("layerwise", ["--galore_layerwise"], "--galore_layerwise"),
         ("proj_unknown", ["--galore_proj_type", "both"], '"both" is not one of std|reverse_std|right|left|full'),
         ("adamw_8bit", ["--optim", "adamw_8bit"], "--optim adamw_8bit"),
         ("offload", ["--offload_optimizer", "cpu"], "--offload_optimizer"),
