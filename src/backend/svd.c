@@ -29,11 +29,10 @@ static void column_dots(const float *x, int n, int q, int j, double *h, double *
         for (int k = 0; k < w; k++) h[k] += part[(size_t)c * w + k];
 }
 
-/* Orthonormal columns of x [n, q] in place: classical Gram-Schmidt with a second pass against
- * each column (as accurate as modified Gram-Schmidt twice over), in double, each pass one sweep
- * over the rows: torch's QR gives the same span; the signs do not matter to what follows. A
- * column the others span becomes zero. */
-static void orthonormalize(float *x, int n, int q) {
+/* Orthonormal columns of x [n, q] in place by classical Gram-Schmidt with a second pass against
+ * each column (as accurate as modified Gram-Schmidt twice over), in double: a column the others
+ * span becomes zero. Two sweeps over the rows per column. */
+static void orthonormalize_cgs2(float *x, int n, int q) {
     int nc = (n + ORTH_CHUNK - 1) / ORTH_CHUNK;
     double *h = glm_malloc(((size_t)q + 1) * sizeof(double)), *part = glm_malloc((size_t)nc * (q + 1) * sizeof(double));
     for (int j = 0; j < q; j++) {
@@ -53,6 +52,97 @@ static void orthonormalize(float *x, int n, int q) {
     }
     free(h);
     free(part);
+}
+
+/* G [q, q] = x^T x in double, by chunks of rows (part: the chunks' sums). */
+static void gram(const float *x, int n, int q, double *G, double *part) {
+    int nc = (n + ORTH_CHUNK - 1) / ORTH_CHUNK;
+    size_t qq = (size_t)q * q;
+#pragma omp parallel for schedule(static) if (nc > 1 && (size_t)n * q * q > 262144)
+    for (int c = 0; c < nc; c++) {
+        double *pc = part + (size_t)c * qq;
+        for (size_t k = 0; k < qq; k++) pc[k] = 0;
+        double *rd = glm_malloc((size_t)q * sizeof(double));
+        for (int i = c * ORTH_CHUNK; i < n && i < (c + 1) * ORTH_CHUNK; i++) {
+            const float *row = x + (size_t)i * q;
+            for (int b = 0; b < q; b++) rd[b] = row[b];
+            for (int a = 0; a < q; a++) { /* the whole square: loops of one length, which vectorize */
+                double xa = rd[a], *pa = pc + (size_t)a * q;
+                for (int b = 0; b < q; b++) pa[b] += xa * rd[b];
+            }
+        }
+        free(rd);
+    }
+    for (size_t k = 0; k < qq; k++) G[k] = 0;
+    for (int c = 0; c < nc; c++)
+        for (size_t k = 0; k < qq; k++) G[k] += part[(size_t)c * qq + k];
+    for (int a = 0; a < q; a++) /* exactly symmetric */
+        for (int b = 0; b < a; b++) G[(size_t)a * q + b] = G[(size_t)b * q + a];
+}
+
+/* G = R^T R in place (R upper triangular, in G's upper part); -1 when a pivot is not clearly
+ * positive (the columns are dependent, or too nearly so for double). */
+static int cholesky(double *G, int q) {
+    double big = 0;
+    for (int j = 0; j < q; j++) big = G[(size_t)j * q + j] > big ? G[(size_t)j * q + j] : big;
+    for (int j = 0; j < q; j++) {
+        double d = G[(size_t)j * q + j];
+        for (int k = 0; k < j; k++) d -= G[(size_t)k * q + j] * G[(size_t)k * q + j];
+        if (!(d > 1e-13 * big)) return -1;
+        double r = sqrt(d);
+        G[(size_t)j * q + j] = r;
+        for (int b = j + 1; b < q; b++) {
+            double e = G[(size_t)j * q + b];
+            for (int k = 0; k < j; k++) e -= G[(size_t)k * q + j] * G[(size_t)k * q + b];
+            G[(size_t)j * q + b] = e / r;
+        }
+    }
+    return 0;
+}
+
+/* Orthonormal columns of x [n, q] in place: Cholesky QR twice over in double (x = x R^-1 with
+ * x^T x = R^T R; the second pass restores orthogonality to float's precision), two sweeps over
+ * the rows per pass (the Gram matrix, then the product with R^-1), with classical Gram-Schmidt where the columns are (nearly) dependent. torch's
+ * QR gives the same span; the signs do not matter to what follows. */
+static void orthonormalize(float *x, int n, int q) {
+    int nc = (n + ORTH_CHUNK - 1) / ORTH_CHUNK;
+    double *G = glm_malloc((size_t)q * q * sizeof(double)), *part = glm_malloc((size_t)nc * q * q * sizeof(double));
+    double *Ri = glm_malloc((size_t)q * q * sizeof(double));
+    int ok = 1;
+    for (int pass = 0; pass < 2 && ok; pass++) {
+        gram(x, n, q, G, part);
+        if (cholesky(G, q)) { ok = 0; break; }
+        /* R^-1 (upper triangular), row by row from the bottom: then each row of x R^-1 is a sum of
+         * R^-1's rows scaled by the row's entries, contiguous adds */
+        for (int i = q - 1; i >= 0; i--) {
+            double *ri = Ri + (size_t)i * q, rii = G[(size_t)i * q + i];
+            for (int j = 0; j < q; j++) ri[j] = j == i ? 1.0 / rii : 0.0;
+            for (int k = i + 1; k < q; k++) { /* row i of R R^-1 = e_i: ri = (e_i - sum_k R[i][k] Ri[k]) / R[i][i] */
+                double f = G[(size_t)i * q + k] / rii;
+                const double *rk = Ri + (size_t)k * q;
+                for (int j = k; j < q; j++) ri[j] -= f * rk[j];
+            }
+        }
+#pragma omp parallel for schedule(static) if ((size_t)n * q * q > 262144)
+        for (int c = 0; c < nc; c++) {
+            double *y = glm_malloc((size_t)q * sizeof(double));
+            for (int i = c * ORTH_CHUNK; i < n && i < (c + 1) * ORTH_CHUNK; i++) {
+                float *row = x + (size_t)i * q;
+                for (int j = 0; j < q; j++) y[j] = 0;
+                for (int k = 0; k < q; k++) { /* R^-1's lower part is zeros: whole rows, which vectorize */
+                    double xk = row[k];
+                    const double *rk = Ri + (size_t)k * q;
+                    for (int j = 0; j < q; j++) y[j] += xk * rk[j];
+                }
+                for (int j = 0; j < q; j++) row[j] = (float)y[j];
+            }
+            free(y);
+        }
+    }
+    free(G);
+    free(part);
+    free(Ri);
+    if (!ok) orthonormalize_cgs2(x, n, q);
 }
 
 /* Eigenvalues (descending) and vectors (columns of v) of the symmetric q x q matrix a, by
@@ -120,9 +210,9 @@ static void w_times(w_prod *p, int trans, const float *x, float *y, int OC, int 
 static void ritz(const float *bq, const float *qc, int OC, int C, int q, int take, float *u, float *s, float *v) {
     double *g = glm_calloc((size_t)q * q, sizeof(double)), *ev = glm_malloc((size_t)q * q * sizeof(double)),
            *e = glm_malloc((size_t)q * sizeof(double));
-    for (int i = 0; i < OC; i++) /* B^T B */
-        for (int a = 0; a < q; a++)
-            for (int b = 0; b < q; b++) g[a * q + b] += (double)bq[(size_t)i * q + a] * bq[(size_t)i * q + b];
+    double *part = glm_malloc(((size_t)(OC + ORTH_CHUNK - 1) / ORTH_CHUNK) * q * q * sizeof(double));
+    gram(bq, OC, q, g, part); /* B^T B */
+    free(part);
     sym_eigen(g, ev, e, q);
     for (int j = 0; j < take; j++) s[j] = e[j] > 0 ? (float)sqrt(e[j]) : 0.0f;
     for (int i = 0; u && i < OC; i++) /* U = B E / S */
@@ -168,7 +258,10 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int 
      * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). niter < 0: until
      * converged (returns the iterations, or -1 when the cap came first). */
     int full = niter < 0, lim = OC < C ? OC : C, q = full ? (2 * r < lim ? 2 * r : lim) : r, it = 0, done = !full;
-    float *b = glm_malloc((size_t)OC * q * sizeof(float)), *qc = glm_malloc((size_t)C * q * sizeof(float));
+    /* the thin blocks that go to and from a device: page-locked there (the copy engines' speed) */
+    glm_backend *hb = p->be && p->be->host_alloc ? p->be : NULL;
+    float *b = hb ? hb->host_alloc(hb, (size_t)OC * q * sizeof(float)) : glm_malloc((size_t)OC * q * sizeof(float));
+    float *qc = hb ? hb->host_alloc(hb, (size_t)C * q * sizeof(float)) : glm_malloc((size_t)C * q * sizeof(float));
     float *vprev = full ? glm_malloc((size_t)C * r * sizeof(float)) : NULL;
     double last = 1; /* the previous check's movement */
     glm_rng rng;
@@ -192,8 +285,13 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int 
     }
     w_times(p, 0, qc, b, OC, C, q); /* B = W Q [OC, q] */
     ritz(b, qc, OC, C, q, r, u, s, v);
-    free(b);
-    free(qc);
+    if (hb) {
+        hb->host_free(hb, b);
+        hb->host_free(hb, qc);
+    } else {
+        free(b);
+        free(qc);
+    }
     free(vprev);
     return done ? it : -1;
 }

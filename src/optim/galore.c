@@ -86,7 +86,9 @@ static void new_projection(glm_galore *g, glm_model *m, glm_galore_row *w, long 
     float *v = glm_malloc((size_t)cols * r * sizeof(float)), *s = glm_malloc((size_t)r * sizeof(float));
     /* converged (the full SVD's top triplets), so the start does not matter; a fixed one per row and step */
     uint64_t seed = 0x9a10e5ULL * (uint64_t)(w->row + 1) + 1000003ULL * (uint64_t)step;
-    if (glm_svd_top(be, g->full, rows, cols, r, GLM_GALORE_SVD_ITERS, seed, u, s, v) < 0) g->capped++;
+    int its = glm_svd_top(be, g->full, rows, cols, r, GLM_GALORE_SVD_ITERS, seed, u, s, v);
+    g->capped += its < 0;
+    g->iters += its < 0 ? GLM_GALORE_SVD_ITERS : its;
     glm_svd_fix_signs(u, v, rows, cols, r);
     size_t at = 0;
     if (u) { /* U_r [rows, r] as it is */
@@ -142,11 +144,13 @@ void glm_galore_update(glm_galore *g, glm_model *m, int k, void *param, float *m
     g->updated = 0; /* the step's last projected row (in any order: inside backward the top layer comes first) */
     if (g->refreshing) { /* what the step's new projections cost */
         be->sync(be);
-        glm_info("GaLore: step %ld: new projections of %d weights in %.1f s", step, g->refreshing, glm_now() - g->t0);
+        glm_info("GaLore: step %ld: new projections of %d weights in %.1f s (%.0f subspace iterations each on average)",
+                 step, g->refreshing, glm_now() - g->t0, (double)g->iters / g->refreshing);
         if (g->capped)
             glm_warn("GaLore: %d of them stopped at %d subspace iterations (close singular values around rank %d): "
                      "each uses the subspace reached", g->capped, GLM_GALORE_SVD_ITERS, w->r);
         g->refreshing = g->capped = 0;
+        g->iters = 0;
     }
 }
 

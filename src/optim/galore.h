@@ -53,6 +53,7 @@ typedef struct glm_galore {
     float *full;          /* [largest projected row] the gradient as floats, then the update */
     int updated;            /* projected rows updated so far in this step */
     int refreshing, capped; /* this step's new projections, and those that stopped at GLM_GALORE_SVD_ITERS */
+    long iters;             /* their subspace iterations */
     double t0;              /* when the first of them began */
     float *lowbuf;        /* the projected gradient, then its AdamW direction, and (both sides) an
                            * intermediate product: the largest row's need */
