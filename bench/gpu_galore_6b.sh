@@ -21,6 +21,7 @@ SMI=$!
 t0=$SECONDS
 timeout ${LIMIT:-400} $G train --init_from_config $S/cfg6b/config.json $TOK $DATA --output_dir /tmp/galore6b --bf16 \
     --use_galore --galore_rank 16 --galore_update_interval 4 --per_device_train_batch_size 4 --gradient_checkpointing \
+    --overwrite_output_dir \
     --max_steps ${STEPS:-10} --learning_rate 1e-5 --logging_steps 1 --save_strategy no --seed 3 \
     ${LAYERWISE:+--galore_layerwise} 2>&1 |
     while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N | cut -c1-14)" "$line"; done >"$OUT/galore6b.txt"
