@@ -251,8 +251,8 @@ static double moved(const float *v, const float *w, int C, int r) {
  * check to the next: the floor float products leave a vector whose singular value is close to a
  * neighbour's (it then moves by rounding alone, and more iterations change nothing). */
 
-static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int floor, uint64_t seed, float *u, float *s,
-                       float *v) {
+static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int floor, uint64_t seed, const float *start,
+                       int start_right, float *u, float *s, float *v) {
     /* torch.svd_lowrank for a weight wider in rank than q: a basis Q [C, q] of W's row space from
      * W^T R (R [OC, q] normal), refined by niter rounds of Q' = orth(W Q), Q = orth(W^T Q'); then
      * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). niter < 0: until
@@ -267,7 +267,11 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int 
     glm_rng rng;
     glm_rng_seed(&rng, seed);
     for (size_t i = 0; i < (size_t)OC * q; i++) b[i] = glm_rng_normal(&rng);
+    if (start && !start_right) /* the first r columns of R: the left vectors given */
+        for (int i = 0; i < OC; i++) memcpy(b + (size_t)i * q, start + (size_t)i * r, (size_t)r * sizeof(float));
     w_times(p, 1, b, qc, OC, C, q); /* W^T R */
+    if (start && start_right) /* the first r columns of Q: the right vectors given */
+        for (int i = 0; i < C; i++) memcpy(qc + (size_t)i * q, start + (size_t)i * r, (size_t)r * sizeof(float));
     orthonormalize(qc, C, q);
     for (it = 0; full ? it < cap : it < niter; it++) {
         w_times(p, 0, qc, b, OC, C, q); /* W Q */
@@ -297,15 +301,15 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int 
 }
 
 static int svd_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, int cap, int floor, uint64_t seed,
-                  float *u, float *s, float *v) {
+                  const float *start, int start_right, float *u, float *s, float *v) {
     if (!be) {
         w_prod p = {.w = w};
-        return svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, u, s, v);
+        return svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, start, start_right, u, s, v);
     }
     int lim = OC < C ? OC : C, cols = niter < 0 ? (2 * q < lim ? 2 * q : lim) : q;
     size_t wide = (size_t)(OC > C ? OC : C) * (cols > q ? cols : q) * sizeof(float);
     w_prod p = {.be = be, .w = w, .dx = be->alloc(be, wide), .dy = be->alloc(be, wide)};
-    int its = svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, u, s, v);
+    int its = svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, start, start_right, u, s, v);
     be->free(be, p.dx);
     be->free(be, p.dy);
     return its;
@@ -313,16 +317,16 @@ static int svd_on(glm_backend *be, const float *w, int OC, int C, int q, int nit
 
 int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,
                        float *s, float *v) {
-    return svd_on(be, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, 0, seed, u, s, v);
+    return svd_on(be, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, 0, seed, NULL, 0, u, s, v);
 }
 
 int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
-    return svd_on(NULL, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, 0, seed, u, s, v);
+    return svd_on(NULL, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, 0, seed, NULL, 0, u, s, v);
 }
 
-int glm_svd_top(glm_backend *be, const float *w, int OC, int C, int q, int max_iters, uint64_t seed, float *u, float *s,
-                float *v) {
-    return svd_on(be, w, OC, C, q, -1, max_iters, 1, seed, u, s, v);
+int glm_svd_top(glm_backend *be, const float *w, int OC, int C, int q, int max_iters, uint64_t seed, const float *start,
+                int start_right, float *u, float *s, float *v) {
+    return svd_on(be, w, OC, C, q, -1, max_iters, 1, seed, start, start_right, u, s, v);
 }
 
 void glm_svd_fix_signs(float *u, float *v, int OC, int C, int q) {

@@ -23,9 +23,11 @@ int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t se
 /* The top q triplets as niter < 0 gives them, for GaLore's repeated projections, where what each
  * costs matters: also done when the vectors' movement has reached the floor float products
  * leave (close singular values), and at most max_iters iterations; the same return value (-1:
- * the cap came first; u, s, v hold the subspace reached). */
-int glm_svd_top(glm_backend *be, const float *w, int OC, int C, int q, int max_iters, uint64_t seed, float *u, float *s,
-                float *v);
+ * the cap came first; u, s, v hold the subspace reached). start (host, or NULL): q vectors the
+ * iteration starts from beside q random ones (a previous answer, which a slowly changing matrix
+ * keeps close): right ones [C, q] when start_right, else left ones [OC, q]. */
+int glm_svd_top(glm_backend *be, const float *w, int OC, int C, int q, int max_iters, uint64_t seed, const float *start,
+                int start_right, float *u, float *s, float *v);
 /* One sign per triplet, where an SVD leaves it free: triplet j is negated (u's and v's column j)
  * when v's column j has its largest |entry| (the first of equal ones) negative. u may be NULL. */
 void glm_svd_fix_signs(float *u, float *v, int OC, int C, int q);

@@ -86,7 +86,23 @@ static void new_projection(glm_galore *g, glm_model *m, glm_galore_row *w, long 
     float *v = glm_malloc((size_t)cols * r * sizeof(float)), *s = glm_malloc((size_t)r * sizeof(float));
     /* converged (the full SVD's top triplets), so the start does not matter; a fixed one per row and step */
     uint64_t seed = 0x9a10e5ULL * (uint64_t)(w->row + 1) + 1000003ULL * (uint64_t)step;
-    int its = glm_svd_top(be, g->full, rows, cols, r, GLM_GALORE_SVD_ITERS, seed, u, s, v);
+    /* from the previous projection (the gradient's subspace moves slowly): its right vectors
+     * (right, both: Vh_r's rows) or left ones (left: U_r) */
+    float *start = NULL;
+    int start_right = w->side != GLM_GALORE_FROM_LEFT;
+    if (w->projected) {
+        size_t at = w->side == GLM_GALORE_FROM_BOTH ? (size_t)rows * r : 0, n = (size_t)r * (start_right ? cols : rows);
+        float *p = glm_malloc(n * sizeof(float));
+        start = glm_malloc(n * sizeof(float));
+        be->download(be, p, w->proj + at, n * sizeof(float));
+        if (start_right) /* Vh_r [r, cols] -> [cols, r] */
+            for (int j = 0; j < r; j++)
+                for (int c = 0; c < cols; c++) start[(size_t)c * r + j] = p[(size_t)j * cols + c];
+        else memcpy(start, p, n * sizeof(float));
+        free(p);
+    }
+    int its = glm_svd_top(be, g->full, rows, cols, r, GLM_GALORE_SVD_ITERS, seed, start, start_right, u, s, v);
+    free(start);
     g->capped += its < 0;
     g->iters += its < 0 ? GLM_GALORE_SVD_ITERS : its;
     glm_svd_fix_signs(u, v, rows, cols, r);
