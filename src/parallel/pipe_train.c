@@ -101,6 +101,22 @@ static int add_fit(char *buf, size_t n, size_t *at, int found, const char *flags
     return 1;
 }
 
+/* Adds `flags` for config c with shape s when its plan fits in cap as asked (checkpointing level
+ * ckpt), else with full checkpointing (naming the flag too) when that is thriftier; 1 when added. */
+static int add_fit_ckpt(const glm_config *c, const glm_device_map *map, glm_stage_shape s, int ckpt, double cap,
+                        const char *flags, char *buf, size_t n, size_t *at, int found) {
+    for (int pass = 0; pass < 2; pass++) {
+        s.gradient_checkpointing = pass ? thriftier(GLM_CKPT_FULL, ckpt) : ckpt;
+        if (pass && s.gradient_checkpointing == ckpt) break;
+        glm_mem_plan p = glm_stage_memory_plan(c, map, 0, &s);
+        if (p.total > cap) continue;
+        char with[96];
+        snprintf(with, sizeof with, "%s%s", flags, pass ? " --gradient_checkpointing" : "");
+        return add_fit(buf, n, at, found, with, &p);
+    }
+    return 0;
+}
+
 /* Writes into buf the layouts of one stage that fit in cap, with their planned peak and host
  * memory (and LoRA's, for a full fine-tune); returns how many. */
 static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda, int D, double cap, char *buf, size_t n) {
@@ -137,14 +153,7 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
         bc.peft = (glm_peft){.kind = GLM_FT_FREEZE, .badam = 1, .badam_layer = 0};
         glm_stage_shape s = sh;
         s.dp = a->zero_stage >= 1 ? D : 1;
-        for (int pass = 0; pass < 2; pass++) {
-            s.gradient_checkpointing = pass ? thriftier(GLM_CKPT_FULL, a->gradient_checkpointing) : a->gradient_checkpointing;
-            if (pass && s.gradient_checkpointing == a->gradient_checkpointing) break;
-            glm_mem_plan p = glm_stage_memory_plan(&bc, &map, 0, &s);
-            if (p.total > cap) continue;
-            found += add_fit(buf, n, &at, found, pass ? "--use_badam --gradient_checkpointing" : "--use_badam", &p);
-            break;
-        }
+        found += add_fit_ckpt(&bc, &map, s, a->gradient_checkpointing, cap, "--use_badam", buf, n, &at, found);
     }
     /* and GaLore (LLaMA-Factory's defaults: rank 16 on every linear module; one process or ZeRO-0
      * ranks), as asked or with checkpointing */
@@ -157,14 +166,7 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
         snprintf(gc.peft.galore_target, sizeof gc.peft.galore_target, "all");
         glm_stage_shape s = sh;
         s.dp = 1;
-        for (int pass = 0; pass < 2; pass++) {
-            s.gradient_checkpointing = pass ? thriftier(GLM_CKPT_FULL, a->gradient_checkpointing) : a->gradient_checkpointing;
-            if (pass && s.gradient_checkpointing == a->gradient_checkpointing) break;
-            glm_mem_plan p = glm_stage_memory_plan(&gc, &map, 0, &s);
-            if (p.total > cap) continue;
-            found += add_fit(buf, n, &at, found, pass ? "--use_galore --gradient_checkpointing" : "--use_galore", &p);
-            break;
-        }
+        found += add_fit_ckpt(&gc, &map, s, a->gradient_checkpointing, cap, "--use_galore", buf, n, &at, found);
     }
     /* and LoRA (r = 8 on query_key_value, peft's example) */
     if (c->peft.kind == GLM_FT_FULL) {

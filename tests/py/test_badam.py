@@ -175,21 +175,11 @@ def glm2_case(tmp):
 def cli_cases(tmp):
     import torch
     from safetensors.torch import load_file
-    from test_generate import GLM, make_tokenizer, tiny_config
-    from test_lora_cli import run
-    if not os.path.exists(GLM):
-        print("SKIP badam_cli: %s not built" % GLM)
+    from test_lora_cli import run, tiny_poem_run
+    setup = tiny_poem_run(tmp, "badam_cli")
+    if setup is None:
         return
-    if not shutil.which("spm_train"):
-        print("SKIP badam_cli: spm_train (Debian sentencepiece) not installed")
-        return
-    tok, ids, vocab = make_tokenizer(tmp)
-    cfg = tiny_config(ids, vocab)
-    params = glm_ref.init_params(cfg, seed=4, std=0.3)
-    glm_ref.save_model_dir(tok, cfg, params)
-    data = os.path.join(tmp, "train.json")
-    json.dump([{"instruction": "写一句关于%s的诗" % w, "output": w * 3} for w in ["春", "风", "山", "水"] * 4],
-              open(data, "w"), ensure_ascii=False)
+    tok, cfg, params, data = setup
     common = ["--model_name_or_path", tok, "--train_file", data, "--use_badam", "--badam_switch_interval", "2",
               "--per_device_train_batch_size", "4", "--logging_steps", "1", "--disable_tqdm", "--report_to", "none",
               "--max_source_length", "32", "--max_target_length", "16", "--device", "cpu", "--seed", "5",

@@ -32,6 +32,28 @@ MODULES = {"query_key_value": "attention.query_key_value", "dense": "attention.d
            "dense_h_to_4h": "mlp.dense_h_to_4h", "dense_4h_to_h": "mlp.dense_4h_to_h"}
 
 
+def tiny_poem_run(tmp, skip_name):
+    """What the optimizer tests' command-line cases start from: a tiny ChatGLM-6B-shaped model with a
+    trained SentencePiece tokenizer (std 0.3 weights, seed 4) and 16 instruction rows; (model folder,
+    config, params, data file), or None after printing the SKIP line when glmtrain or spm_train is
+    missing."""
+    import glm_ref
+    if not os.path.exists(GLM):
+        print("SKIP %s: %s not built" % (skip_name, GLM))
+        return None
+    if not shutil.which("spm_train"):
+        print("SKIP %s: spm_train (Debian sentencepiece) not installed" % skip_name)
+        return None
+    tok, ids, vocab = make_tokenizer(tmp)
+    cfg = tiny_config(ids, vocab)
+    params = glm_ref.init_params(cfg, seed=4, std=0.3)
+    glm_ref.save_model_dir(tok, cfg, params)
+    data = os.path.join(tmp, "train.json")
+    json.dump([{"instruction": "写一句关于%s的诗" % w, "output": w * 3} for w in ["春", "风", "山", "水"] * 4],
+              open(data, "w"), ensure_ascii=False)
+    return tok, cfg, params, data
+
+
 def write_adapter(path, cfg, targets, r, alpha, seed, rslora=False):
     """A peft-format adapter folder with random A and B (B non-zero, so it changes the model)."""
     import torch
