@@ -233,10 +233,12 @@ static void ritz(const float *bq, const float *qc, int OC, int C, int q, int tak
 }
 
 /* The largest 1 - |v_j . w_j| over the columns of two [C, r] sets of unit vectors: how far the
- * right singular vectors moved (sign-free). */
-static double moved(const float *v, const float *w, int C, int r) {
+ * right singular vectors moved (sign-free); s, the current singular values, leaves out those of a
+ * rank the matrix does not have. */
+static double moved(const float *v, const float *w, const float *s, int C, int r) {
     double worst = 0;
     for (int j = 0; j < r; j++) {
+        if (!(s[j] > 1e-5f * s[0])) continue; /* a null vector (the matrix's rank is below r): any direction will do */
         double d = 0;
         for (int i = 0; i < C; i++) d += (double)v[(size_t)i * r + j] * w[(size_t)i * r + j];
         if (1 - fabs(d) > worst) worst = 1 - fabs(d);
@@ -281,7 +283,7 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int 
         if (full && it % 4 == 3) {
             w_times(p, 0, qc, b, OC, C, q);
             ritz(b, qc, OC, C, q, r, NULL, s, v);
-            double mv = it > 3 ? moved(v, vprev, C, r) : 1;
+            double mv = it > 3 ? moved(v, vprev, s, C, r) : 1;
             if (mv < 1e-10 || (floor && mv < 1e-6 && last < 1e-6 && mv > 0.9 * last)) { done = 1; it++; break; }
             last = mv;
             memcpy(vprev, v, (size_t)C * r * sizeof(float));
