@@ -263,6 +263,12 @@ def cli_cases(tmp):
         ok = ({"proj/" + qkv, "exp_avg/" + qkv, "exp_avg_sq/" + qkv} <= gkeys and "exp_avg/" + qkv not in okeys
               and "exp_avg/transformer.word_embeddings.weight" in okeys)
     check("galore_cli_checkpoint_keeps_projected_state", ok, gfile)
+    # the disk plan's checkpoint size (train/disk.c, from the tensor table) is what was written
+    m = re.search(r"disk: \d+ checkpoints? ahead of about ([0-9.]+) (kB|MB|GB)", p.stderr)
+    written = sum(os.path.getsize(os.path.join(ck, f)) for f in os.listdir(ck))
+    planned = float(m.group(1)) * {"kB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)] if m else 0
+    check("galore_cli_disk_plan_is_the_checkpoint", m is not None and abs(planned - written) < 0.05 * written,
+          "planned %s, written %d bytes" % (m.group(0) if m else None, written))
 
     # resume from step 4 (inside the second projection interval): bit-identical to the straight run
     res = os.path.join(tmp, "galore_resume")
