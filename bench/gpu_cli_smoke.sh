@@ -152,32 +152,50 @@ badam() { # $1 output folder, then extra flags
         --badam_switch_interval 3 --learning_rate 1e-3 --output_dir "$W/$out" --max_steps 8 --per_device_train_batch_size 8 \
         --logging_steps 2 --save_steps 4 --disable_tqdm --seed 3 "$@" >"$W/log_$out" 2>&1
 }
-badam badam_bf16 --bf16 --full_determinism
-rc=$?
-cp "$W/badam_bf16/model.safetensors" "$W/badam_straight.safetensors"
-badam badam_bf16 --bf16 --full_determinism --resume_from_checkpoint "$W/badam_bf16/checkpoint-4"
-rc=$((rc + $?))
-grep -c "BAdam: after step" "$W/log_badam_bf16"
-cmp -s "$W/badam_bf16/model.safetensors" "$W/badam_straight.safetensors"
-ok $((rc + $?)) "badam_bf16_resume_inside_a_round_bit_identical"
-# (eps 1e-4: AdamW's m/sqrt(v) would turn the two float sums' rounding into update noise, as
-# tests/py/test_model_vs_torch.py explains; near-linear updates compare the computations themselves)
-badam badam_gpu32 --fp32 --adam_epsilon 1e-4 && badam badam_cpu32 --fp32 --adam_epsilon 1e-4 --device cpu
-rc=$?
-python3 - "$W" <<'P'
+# What the optimizer steps below share. $1: the function that runs one (badam, galore), with
+# its output folder and extra flags.
+# The straight bf16 run (its log kept as log_$1_straight), then a resume from checkpoint-4 with
+# the same flags: bit-identical final weights (--full_determinism: products tuned by timing could
+# pick other kernels in the resumed run).
+resume_bit_identical() {
+    local run=$1
+    $run "${run}_bf16" --bf16 --full_determinism
+    local rc=$?
+    cp "$W/${run}_bf16/model.safetensors" "$W/${run}_straight.safetensors"
+    cp "$W/log_${run}_bf16" "$W/log_${run}_straight"
+    $run "${run}_bf16" --bf16 --full_determinism --resume_from_checkpoint "$W/${run}_bf16/checkpoint-4"
+    rc=$((rc + $?))
+    cmp -s "$W/${run}_bf16/model.safetensors" "$W/${run}_straight.safetensors"
+    return $((rc + $?))
+}
+# fp32 on CUDA and on the CPU over the same steps: every weight (whose name holds $2, when given)
+# within 1e-4. eps 1e-4: AdamW's m/sqrt(v) would turn the two float sums' rounding into update
+# noise, as tests/py/test_model_vs_torch.py explains; near-linear updates compare the computations.
+fp32_cuda_equals_cpu() {
+    local run=$1
+    $run "${run}_gpu32" --fp32 --adam_epsilon 1e-4 && $run "${run}_cpu32" --fp32 --adam_epsilon 1e-4 --device cpu
+    local rc=$?
+    python3 - "$W/${run}_gpu32/model.safetensors" "$W/${run}_cpu32/model.safetensors" "$run" "${2:-}" <<'P'
 import json, struct, sys, array
 def load(p):
     b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
     for k, v in h.items():
-        if k == "__metadata__" or v["dtype"] != "F32" or ".layers." not in k: continue  # the rest never trains
+        if k == "__metadata__" or v["dtype"] != "F32" or sys.argv[4] not in k: continue
         a = array.array("f"); a.frombytes(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]); out[k] = a
     return out
-g, c = load(sys.argv[1] + "/badam_gpu32/model.safetensors"), load(sys.argv[1] + "/badam_cpu32/model.safetensors")
+g, c = load(sys.argv[1]), load(sys.argv[2])
 worst = max(max(abs(x - y) for x, y in zip(g[k], c[k])) / (max(abs(y) for y in c[k]) or 1) for k in c)
-print("BAdam fp32 CUDA vs CPU, worst relative difference over %d tensors: %.3g" % (len(c), worst))
+print("%s fp32 CUDA vs CPU, worst relative difference over %d tensors: %.3g" % (sys.argv[3], len(c), worst))
 sys.exit(0 if sorted(g) == sorted(c) and worst < 1e-4 else 1)
 P
-ok $((rc + $?)) "badam_fp32_cuda_equals_cpu"
+    return $((rc + $?))
+}
+resume_bit_identical badam
+rc=$?
+grep -c "BAdam: after step" "$W/log_badam_bf16"
+ok $rc "badam_bf16_resume_inside_a_round_bit_identical"
+fp32_cuda_equals_cpu badam .layers. # the rest never trains
+ok $? "badam_fp32_cuda_equals_cpu"
 # GaLore (--use_galore): bf16 with a resume from between two projections bit-identical to the
 # straight run (--full_determinism), the loss falling; CUDA fp32 against the CPU over the same
 # steps, a new projection at steps 1, 4 and 7 (every weight within 1e-4; eps 1e-4 as for BAdam)
@@ -188,32 +206,14 @@ galore() { # $1 output folder, then extra flags
         --max_steps 8 --per_device_train_batch_size 8 --logging_steps 1 --save_steps 4 --disable_tqdm --seed 3 "$@" \
         >"$W/log_$out" 2>&1
 }
-galore galore_bf16 --bf16 --full_determinism
+resume_bit_identical galore
 rc=$?
-cp "$W/galore_bf16/model.safetensors" "$W/galore_straight.safetensors"
-awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log_galore_bf16"
-rc=$((rc + $?))
-galore galore_bf16 --bf16 --full_determinism --resume_from_checkpoint "$W/galore_bf16/checkpoint-4"
+awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log_galore_straight"
 rc=$((rc + $?))
 grep -m1 "GaLore:" "$W/log_galore_bf16"
-cmp -s "$W/galore_bf16/model.safetensors" "$W/galore_straight.safetensors"
-ok $((rc + $?)) "galore_bf16_loss_falls_and_resume_bit_identical"
-galore galore_gpu32 --fp32 --adam_epsilon 1e-4 && galore galore_cpu32 --fp32 --adam_epsilon 1e-4 --device cpu
-rc=$?
-python3 - "$W" <<'P'
-import json, struct, sys, array
-def load(p):
-    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
-    for k, v in h.items():
-        if k == "__metadata__" or v["dtype"] != "F32": continue
-        a = array.array("f"); a.frombytes(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]); out[k] = a
-    return out
-g, c = load(sys.argv[1] + "/galore_gpu32/model.safetensors"), load(sys.argv[1] + "/galore_cpu32/model.safetensors")
-worst = max(max(abs(x - y) for x, y in zip(g[k], c[k])) / (max(abs(y) for y in c[k]) or 1) for k in c)
-print("GaLore fp32 CUDA vs CPU, worst relative difference over %d tensors: %.3g" % (len(c), worst))
-sys.exit(0 if sorted(g) == sorted(c) and worst < 1e-4 else 1)
-P
-ok $((rc + $?)) "galore_fp32_cuda_equals_cpu"
+ok $rc "galore_bf16_loss_falls_and_resume_bit_identical"
+fp32_cuda_equals_cpu galore
+ok $? "galore_fp32_cuda_equals_cpu"
 # LLaMA Pro on a ChatGLM2-family model: the expanded folder generates what the original does
 # (fp32), and its added blocks train alone in bf16 (the loss falls)
 cat >"$W/config2.json" <<'J'

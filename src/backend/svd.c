@@ -102,8 +102,9 @@ static int cholesky(double *G, int q) {
 
 /* Orthonormal columns of x [n, q] in place: Cholesky QR twice over in double (x = x R^-1 with
  * x^T x = R^T R; the second pass restores orthogonality to float's precision), two sweeps over
- * the rows per pass (the Gram matrix, then the product with R^-1), with classical Gram-Schmidt where the columns are (nearly) dependent. torch's
- * QR gives the same span; the signs do not matter to what follows. */
+ * the rows per pass (the Gram matrix, then the product with R^-1), with classical Gram-Schmidt
+ * where the columns are (nearly) dependent. torch's QR gives the same span; the signs do not
+ * matter to what follows. */
 static void orthonormalize(float *x, int n, int q) {
     int nc = (n + ORTH_CHUNK - 1) / ORTH_CHUNK;
     double *G = glm_malloc((size_t)q * q * sizeof(double)), *part = glm_malloc((size_t)nc * q * q * sizeof(double));
@@ -320,10 +321,6 @@ static int svd_on(glm_backend *be, const float *w, int OC, int C, int q, int nit
 int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,
                        float *s, float *v) {
     return svd_on(be, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, 0, seed, NULL, 0, u, s, v);
-}
-
-int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v) {
-    return svd_on(NULL, w, OC, C, q, niter, GLM_SVD_MAX_ITERS, 0, seed, NULL, 0, u, s, v);
 }
 
 int glm_svd_top(glm_backend *be, const float *w, int OC, int C, int q, int max_iters, uint64_t seed, const float *start,

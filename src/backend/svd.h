@@ -18,8 +18,6 @@
  * host; else w is a float buffer of be (which needs sgemm). */
 int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,
                        float *s, float *v);
-/* The same on the host. */
-int glm_svd_lowrank(const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u, float *s, float *v);
 /* The top q triplets as niter < 0 gives them, for GaLore's repeated projections, where what each
  * costs matters: also done when the vectors' movement has reached the floor float products
  * leave (close singular values), and at most max_iters iterations; the same return value (-1:

@@ -238,7 +238,7 @@ double glm_checkpoint_bytes(const glm_config *c, int opt_kinds, const char *toke
     double b = rows_bytes(&tab, (c->peft.badam ? 0.0 : 1.0) + opt_kinds, 4);
     if (c->peft.galore_rank > 0) { /* GaLore: a projected row's moments are its projection's (optimizer_galore.safetensors) */
         size_t flat, low, scratch;
-        glm_galore_state(c, &tab, &flat, &low, &scratch);
+        glm_galore_state(c, &tab, &flat, &low, &scratch, NULL);
         for (int i = 0; i < tab.n; i++) b -= tab.t[i].galore ? 2.0 * (double)tab.t[i].numel * 4 : 0;
         b += (double)low * 4;
     }

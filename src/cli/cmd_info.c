@@ -264,11 +264,16 @@ int glm_cmd_info(int argc, char **argv) {
                          .badam_start_block = a.badam_start_block, .badam_switch_interval = 50};
     if (!rc) rc = glm_train_peft(&ta, &c, &c.peft, &err);
     int galore = 0; /* the weights GaLore projects */
-    if (!rc && a.use_galore) {
-        glm_train_args tg = {.galore_rank = a.galore_rank, .galore_update_interval = 200, .galore_scale = 2.0,
-                             .galore_target = a.galore_target, .galore_proj_type = a.galore_proj_type, .optim = a.optim};
+    if (!rc && a.use_galore) { /* train's defaults for what info has no flag for (the interval, the scale) */
+        glm_train_args tg;
+        glm_args_defaults(glm_train_flags, glm_train_nflags, &tg);
+        tg.galore_rank = a.galore_rank;
+        set_str(&tg.galore_target, a.galore_target);
+        set_str(&tg.galore_proj_type, a.galore_proj_type);
+        set_str(&tg.optim, a.optim);
         galore = glm_train_galore(&tg, &c, &err);
         if (galore < 0) rc = -1;
+        glm_args_free(glm_train_flags, glm_train_nflags, &tg);
     }
     if (!rc && c.peft.badam) { /* the deepest backward the run reaches */
         glm_badam b;

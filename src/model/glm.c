@@ -496,7 +496,7 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     p.moments = 2.0 * tab.total * 4;
     size_t g_flat, g_low, g_scratch = 0; /* GaLore: projected moments for its rows, and one float row of scratch */
     if (c->peft.galore_rank > 0) {
-        glm_galore_state(c, &tab, &g_flat, &g_low, &g_scratch);
+        glm_galore_state(c, &tab, &g_flat, &g_low, &g_scratch, NULL);
         p.moments = (2.0 * g_flat + g_low) * 4;
     }
     if (unit_slots) /* the unit-by-unit gradient paths' staging (parallel/unit_slots.h) */

@@ -11,8 +11,9 @@
  * fits the original base.
  *
  * The SVD (backend/svd.h) runs its products where the weight lives (the backend's optional
- * float product, else the host's). On a quantized base the float weight is read again from the model's files and the
- * float residual is what gets quantized (QPiSSA), at the start and when a PiSSA folder loads. */
+ * float product, else the host's). On a quantized base the float weight is read again from the
+ * model's files and the float residual is what gets quantized (QPiSSA), at the start and when a
+ * PiSSA folder loads. */
 #ifndef GLM_MODEL_PISSA_H
 #define GLM_MODEL_PISSA_H
 #include <stddef.h>

@@ -395,10 +395,11 @@ int glm_galore_shape(const glm_config *c, const glm_tensor *t, int *r, size_t *l
     return right ? GLM_GALORE_FROM_RIGHT : GLM_GALORE_FROM_LEFT;
 }
 
-void glm_galore_state(const glm_config *c, const glm_table *tab, size_t *flat, size_t *low, size_t *scratch) {
+void glm_galore_state(const glm_config *c, const glm_table *tab, size_t *flat, size_t *low, size_t *scratch, size_t *offset) {
     *flat = *low = *scratch = 0;
     for (int i = 0; i < tab->n; i++) {
         const glm_tensor *t = &tab->t[i];
+        if (offset) offset[i] = t->galore ? (size_t)-1 : *flat;
         if (!t->galore) { *flat += (t->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS; continue; }
         int r;
         size_t lo, pr;

@@ -166,9 +166,10 @@ int glm_galore_applies(const glm_config *c, const glm_tensor *t);
  * or [r, r]), *proj those of P (both sides: U_r then Vh_r). */
 int glm_galore_shape(const glm_config *c, const glm_tensor *t, int *r, size_t *low, size_t *proj);
 /* The optimizer state a table's rows need with GaLore's rows projected: *flat the elements of
- * each moment for the other rows (each row at a 64-element boundary, in table order), *low the
- * projected rows' P and two moments in all, *scratch the largest projected row (one float buffer
- * of it holds the gradient, then the update). The memory plan and optim/galore.c both size from here. */
-void glm_galore_state(const glm_config *c, const glm_table *tab, size_t *flat, size_t *low, size_t *scratch);
+ * each moment for the other rows (each row at a 64-element boundary, in table order; offset, when
+ * not NULL, [tab->n]: each row's start there, (size_t)-1 for a projected row), *low the projected
+ * rows' P and two moments in all, *scratch the largest projected row (one float buffer of it holds
+ * the gradient, then the update). The memory plan and optim/galore.c both size from here. */
+void glm_galore_state(const glm_config *c, const glm_table *tab, size_t *flat, size_t *low, size_t *scratch, size_t *offset);
 
 #endif

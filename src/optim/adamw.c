@@ -52,6 +52,9 @@ static void state_free(glm_adamw *o, glm_backend *be, void *p) {
     else be->free(be, p);
 }
 
+/* Elements of each fp32 moment array: the state's, or under GaLore the unprojected rows' alone. */
+static size_t moments_n(const glm_adamw *o) { return o->galore ? o->galore->flat : o->n; }
+
 /* Bit k: the tensor holding flat elements [64k, 64k + 64) decays (tensor offsets are multiples of 64). */
 static void build_decay_bits(glm_adamw *o, glm_model *m) {
     size_t chunks = (m->flat_cap > m->tab.total ? m->flat_cap : m->tab.total) / 64 + 1, bytes = chunks / 8 + 1;
@@ -71,12 +74,10 @@ static void build_decay_bits(glm_adamw *o, glm_model *m) {
 void glm_adamw_alloc(glm_adamw *o, glm_model *m, int kind, int host, size_t n, float lr, float b1, float b2,
                      float eps, float wd) {
     glm_backend *be = m->be;
-    *o = (glm_adamw){.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .kind = kind, .host = host, .n = n,
-                     .mv_n = n};
+    *o = (glm_adamw){.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .kind = kind, .host = host, .n = n};
     if (m->cfg.peft.galore_rank > 0) { /* train/setup.c refuses the other layouts */
         GLM_ASSERT(kind == GLM_OPTIM_ADAMW && !host && n == m->tab.total);
         o->galore = glm_galore_new(m);
-        if (o->galore) o->mv_n = o->galore->flat;
     }
     if (kind == GLM_OPTIM_ADAMW8) {
         size_t nb = glm_q8_blocks(n);
@@ -86,8 +87,8 @@ void glm_adamw_alloc(glm_adamw *o, glm_model *m, int kind, int host, size_t n, f
         o->av = state_alloc(o, be, nb * sizeof(float));
         build_decay_bits(o, m);
     } else {
-        o->m = state_alloc(o, be, o->mv_n * sizeof(float));
-        o->v = state_alloc(o, be, o->mv_n * sizeof(float));
+        o->m = state_alloc(o, be, moments_n(o) * sizeof(float));
+        o->v = state_alloc(o, be, moments_n(o) * sizeof(float));
     }
     if (host || be->dtype != GLM_F32) o->master = host ? host_zeroed(n * sizeof(float)) : be->alloc(be, n * sizeof(float));
     if (host) {
@@ -114,7 +115,7 @@ void glm_adamw_restart(glm_adamw *o, glm_model *m) {
     glm_backend *be = m->be;
     size_t nb = glm_q8_blocks(o->n);
     if (o->galore) glm_galore_restart(o->galore, m);
-    struct { void *p; size_t bytes; } parts[] = {{o->m, o->mv_n * sizeof(float)}, {o->v, o->mv_n * sizeof(float)}, {o->qm, o->n},
+    struct { void *p; size_t bytes; } parts[] = {{o->m, moments_n(o) * sizeof(float)}, {o->v, moments_n(o) * sizeof(float)}, {o->qm, o->n},
                                                  {o->qv, o->n}, {o->am, nb * sizeof(float)}, {o->av, nb * sizeof(float)}};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (!parts[i].p) continue;

@@ -38,11 +38,10 @@ typedef struct glm_adamw {
     glm_backend *cpu;   /* host state: the CPU backend whose ops update it */
     float *scratch;     /* host state: gradients of one chunk as fp32 */
     /* GaLore (optim/galore.h; m->cfg.peft.galore_rank > 0, one whole state on the backend): the
-     * projected rows' state, and m, v then hold only the other rows', mv_n elements at the
-     * offsets galore->moff gives (else mv_n = n, at the state index). Every row then takes
+     * projected rows' state, and m, v then hold only the other rows', galore->flat elements at
+     * the offsets galore->moff gives (else n, at the state index). Every row then takes
      * galore_torch's AdamW (eps before the bias correction, weight decay after the step). */
     struct glm_galore *galore;
-    size_t mv_n;
 } glm_adamw;
 
 /* The whole model's state on the model's backend (kind adamw_torch, not offloaded). */

@@ -28,16 +28,10 @@ glm_galore *glm_galore_new(glm_model *m) {
     g->scale = m->cfg.peft.galore_scale;
     g->moff = glm_malloc(((size_t)tab->n + 1) * sizeof(size_t));
     size_t low, scratch, biggest_low = 0;
-    glm_galore_state(&m->cfg, tab, &g->flat, &low, &scratch);
-    size_t at = 0;
+    glm_galore_state(&m->cfg, tab, &g->flat, &low, &scratch, g->moff);
     for (int i = 0, k = 0; i < tab->n; i++) {
         const glm_tensor *t = &tab->t[i];
-        if (!t->galore) { /* as glm_galore_state counts them: each at a 64-element boundary */
-            g->moff[i] = at;
-            at += (t->numel + 63) / 64 * 64;
-            continue;
-        }
-        g->moff[i] = (size_t)-1;
+        if (!t->galore) continue;
         glm_galore_row *w = &g->rows[k++];
         w->row = i;
         w->side = glm_galore_shape(&m->cfg, t, &w->r, &w->low, &w->nproj);
@@ -76,9 +70,9 @@ void glm_galore_restart(glm_galore *g, glm_model *m) {
     }
 }
 
-/* P from the gradient's SVD (g->full holds it as floats): the top r right vectors as rows (right),
- * the top r left vectors as columns (left), or both, U_r first (both); signs fixed. */
-static void new_projection(glm_galore *g, glm_model *m, glm_galore_row *w, long step) {
+/* P from the SVD of the gradient G (floats on the backend): the top r right vectors as rows
+ * (right), the top r left vectors as columns (left), or both, U_r first (both); signs fixed. */
+static void new_projection(glm_galore *g, glm_model *m, glm_galore_row *w, const float *G, long step) {
     glm_backend *be = m->be;
     const glm_tensor *t = &m->tab.t[w->row];
     int rows = (int)t->shape[0], cols = (int)t->shape[1], r = w->r;
@@ -101,7 +95,7 @@ static void new_projection(glm_galore *g, glm_model *m, glm_galore_row *w, long 
         else memcpy(start, p, n * sizeof(float));
         free(p);
     }
-    int its = glm_svd_top(be, g->full, rows, cols, r, GLM_GALORE_SVD_ITERS, seed, start, start_right, u, s, v);
+    int its = glm_svd_top(be, G, rows, cols, r, GLM_GALORE_SVD_ITERS, seed, start, start_right, u, s, v);
     free(start);
     g->capped += its < 0;
     g->iters += its < 0 ? GLM_GALORE_SVD_ITERS : its;
@@ -131,19 +125,24 @@ void glm_galore_update(glm_galore *g, glm_model *m, int k, void *param, float *m
     glm_galore_row *w = &g->rows[k];
     const glm_tensor *t = &m->tab.t[w->row];
     int rows = (int)t->shape[0], cols = (int)t->shape[1], r = w->r;
-    if (be->dtype == GLM_F32) be->copy(be, g->full, grad, t->numel * sizeof(float));
-    else be->to_f32(be, g->full, grad, t->numel);
+    /* the gradient as floats: itself on an fp32 backend, else converted into the full-size buffer
+     * (which the update overwrites once the gradient is projected) */
+    const float *G = grad;
+    if (be->dtype != GLM_F32) {
+        be->to_f32(be, g->full, grad, t->numel);
+        G = g->full;
+    }
     if (!w->projected || (step - 1) % g->gap == 0) {
         if (!g->refreshing++) g->t0 = glm_now();
-        new_projection(g, m, w, step);
+        new_projection(g, m, w, G, step);
     }
     /* the projected gradient (galore_torch's project: G P^T, P^T G, or (U^T G) Vh^T), gs folded in */
     float *low = g->lowbuf, *tmp = g->lowbuf + w->low;
     const float *U = w->proj, *Vh = w->proj + (size_t)rows * r;
-    if (w->side == GLM_GALORE_FROM_RIGHT) be->sgemm(be, 0, 1, rows, r, cols, gs, g->full, cols, w->proj, cols, 0.0f, low, r);
-    else if (w->side == GLM_GALORE_FROM_LEFT) be->sgemm(be, 1, 0, r, cols, rows, gs, w->proj, r, g->full, cols, 0.0f, low, cols);
+    if (w->side == GLM_GALORE_FROM_RIGHT) be->sgemm(be, 0, 1, rows, r, cols, gs, G, cols, w->proj, cols, 0.0f, low, r);
+    else if (w->side == GLM_GALORE_FROM_LEFT) be->sgemm(be, 1, 0, r, cols, rows, gs, w->proj, r, G, cols, 0.0f, low, cols);
     else {
-        be->sgemm(be, 1, 0, r, cols, rows, gs, U, r, g->full, cols, 0.0f, tmp, cols);
+        be->sgemm(be, 1, 0, r, cols, rows, gs, U, r, G, cols, 0.0f, tmp, cols);
         be->sgemm(be, 0, 1, r, r, cols, 1.0f, tmp, cols, Vh, cols, 0.0f, low, r);
     }
     be->adam_dir(be, low, low, w->m, w->v, w->low, b1, b2, eps);

@@ -50,7 +50,7 @@ typedef struct glm_galore {
     float scale;          /* galore_scale */
     size_t flat;          /* elements of each flat moment array (the rows not projected) */
     size_t *moff;         /* [tab.n] a row's offset in the flat moment arrays, (size_t)-1 when projected */
-    float *full;          /* [largest projected row] the gradient as floats, then the update */
+    float *full;          /* [largest projected row] the gradient as floats (16-bit backends), then the update */
     int updated;            /* projected rows updated so far in this step */
     int refreshing, capped; /* this step's new projections, and those that stopped at GLM_GALORE_SVD_ITERS */
     long iters;             /* their subspace iterations */

@@ -19,9 +19,10 @@
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-int glm_dp_peer_ranks(int gpus_nccl, int world, int zero_stage, int one_node, int one_stage) {
+int glm_dp_peer_ranks(int gpus_nccl, int world, int zero_stage, int one_node, int one_stage, int whole_update) {
     const char *mode = getenv("GLMTRAIN_DP_PEER"); /* unset: 2 ranks (measured); 1: any count; 0: never */
-    if (!gpus_nccl || world < 2 || world > 16 || zero_stage >= 2 || !one_node || !one_stage || (mode && !strcmp(mode, "0")))
+    if (!gpus_nccl || world < 2 || world > 16 || zero_stage >= 2 || !one_node || !one_stage || whole_update ||
+        (mode && !strcmp(mode, "0")))
         return 0;
     return world == 2 || (mode && !strcmp(mode, "1")) ? world : 0;
 }
@@ -292,8 +293,7 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     if (dp->comm->bcast(dp->comm, m->params, padded, dp->gdt, 0, "initial parameters", err) ||
         dp->comm->wait(dp->comm, -1, err))
         return -1;
-    /* GaLore's update needs every bucket's sums before any projected row: the all-gathers of NCCL */
-    if (gpu && m->cfg.peft.galore_rank == 0 && glm_dp_peer_open(dp, err)) return -1;
+    if (gpu && glm_dp_peer_open(dp, err)) return -1;
     m->grads_ready = on_grads_ready;
     m->grads_ready_ctx = dp;
     dp->sharded = dp->cfg.zero_stage >= 1;

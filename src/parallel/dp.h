@@ -106,8 +106,10 @@ void glm_dp_z2_free(glm_dp *dp);
 /* The ranks that exchange gradients by the copy engines (dp_peer.c), the one rule the exchange
  * and the memory plan share: `world` GPU ranks over NCCL on one node, each holding the whole model
  * (one pipeline stage), ZeRO 0 or 1: 2 of them (measured faster than NCCL), any count up to 16
- * with GLMTRAIN_DP_PEER=1, none with GLMTRAIN_DP_PEER=0. 0 when the exchange is not used. */
-int glm_dp_peer_ranks(int gpus_nccl, int world, int zero_stage, int one_node, int one_stage);
+ * with GLMTRAIN_DP_PEER=1, none with GLMTRAIN_DP_PEER=0. 0 when the exchange is not used, and
+ * with whole_update (GaLore: its update needs every bucket's sums before any projected row, which
+ * NCCL's all-gathers give). */
+int glm_dp_peer_ranks(int gpus_nccl, int world, int zero_stage, int one_node, int one_stage, int whole_update);
 /* The copy-engine exchange (dp_peer.c; every call a no-op or 0 without CUDA). open: after the
  * buckets exist; sets dp->peer when every rank of the group can use it, else leaves NCCL. */
 int glm_dp_peer_open(glm_dp *dp, glm_err *err);

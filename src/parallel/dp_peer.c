@@ -142,7 +142,7 @@ int glm_dp_peer_open(glm_dp *dp, glm_err *err) {
     glm_model *m = dp->m;
     /* one node: the launcher says so (a "two nodes" test on one machine keeps NCCL's network path) */
     if (!glm_dp_peer_ranks(strcmp(dp->comm->kind, "nccl") == 0, dp->world, dp->cfg.zero_stage, dp->dist.local_world >= dp->world,
-                           m->first && m->last))
+                           m->first && m->last, m->cfg.peft.galore_rank > 0))
         return 0;
     glm_dp_peer *p = glm_calloc(1, sizeof *p);
     p->rank = dp->rank;

@@ -41,7 +41,9 @@ int glm_pp_map(const glm_par_opts *a, const glm_config *c, int cuda, glm_device_
 
 /* The data-parallel ranks that will exchange gradients by copies (dp.h glm_dp_peer_ranks; a stage
  * count > 1 is excluded by the plan, which knows the map). */
-static int peer_ranks(const glm_par_opts *a, int cuda, int D) { return glm_dp_peer_ranks(cuda, D, a->zero_stage, a->nnodes <= 1, 1); }
+static int peer_ranks(const glm_par_opts *a, const glm_config *c, int cuda, int D) {
+    return glm_dp_peer_ranks(cuda, D, a->zero_stage, a->nnodes <= 1, 1, c->peft.galore_rank > 0);
+}
 
 void glm_pp_print_plan(const glm_par_opts *a, const glm_config *c, int cuda, int D, FILE *out) {
     glm_device_map map;
@@ -51,7 +53,7 @@ void glm_pp_print_plan(const glm_par_opts *a, const glm_config *c, int cuda, int
     sh.dp = a->zero_stage >= 1 ? D / map.n : 1;
     sh.zero2 = a->zero_stage >= 2;
     sh.zero3 = a->zero_stage == 3;
-    sh.peer_ranks = peer_ranks(a, cuda, D);
+    sh.peer_ranks = peer_ranks(a, c, cuda, D);
     for (int k = 0; k < map.n; k++) {
         glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
         char sz[7][32], who[48] = "";
@@ -159,10 +161,9 @@ static int fitting_layouts(const glm_par_opts *a, const glm_config *c, int cuda,
      * ranks), as asked or with checkpointing */
     if (c->peft.kind == GLM_FT_FULL && !c->peft.galore_rank && (D == 1 || a->zero_stage == 0) && c->quant == GLM_Q_NONE &&
         sh.optim == GLM_OPTIM_ADAMW && !sh.offload && !a->optimizer_in_backward) {
-        glm_config gc = *c;
+        glm_config gc = *c; /* what the plan reads: the rank and the targets (std projections) */
         gc.peft.galore_rank = 16;
-        gc.peft.galore_gap = 200;
-        gc.peft.galore_scale = 2.0f;
+        gc.peft.galore_proj = GLM_GALORE_STD;
         snprintf(gc.peft.galore_target, sizeof gc.peft.galore_target, "all");
         glm_stage_shape s = sh;
         s.dp = 1;
@@ -204,7 +205,7 @@ static double worst_stage(const glm_par_opts *a, const glm_config *c, int cuda, 
     sh.dp = a->zero_stage >= 1 && D > map.n ? D / map.n : 1;
     sh.zero2 = a->zero_stage >= 2;
     sh.zero3 = a->zero_stage == 3;
-    sh.peer_ranks = peer_ranks(a, cuda, D);
+    sh.peer_ranks = peer_ranks(a, c, cuda, D);
     double worst = 0;
     for (int k = 0; k < map.n; k++) {
         double t = glm_stage_memory_plan(c, &map, k, &sh).total;
@@ -281,7 +282,7 @@ static int check_cap(const glm_par_opts *a, const glm_config *c, int cuda, int D
     sh.dp = a->zero_stage >= 1 ? D / P : 1;
     sh.zero2 = a->zero_stage >= 2;
     sh.zero3 = a->zero_stage == 3;
-    sh.peer_ranks = peer_ranks(a, cuda, D);
+    sh.peer_ranks = peer_ranks(a, c, cuda, D);
     for (int k = 0; k < P; k++) {
         glm_mem_plan p = glm_stage_memory_plan(c, &map, k, &sh);
         if (p.total <= (double)cap) continue;

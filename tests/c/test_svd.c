@@ -78,7 +78,7 @@ int main(void) {
     int its = glm_svd_top(NULL, a.w, OC, C, R, 200, 7, NULL, 0, u, s, v);
     double ang = worst_angle(&a, v, R, R), es = worst_s(&a, s, R);
     TEST_CHECK(&tc, "svd_top_distinct_values", its > 0 && ang < 1e-8 && es < 1e-5, "its %d, 1-|cos| %.3g, s %.3g", its, ang, es);
-    int lim = glm_svd_lowrank(a.w, OC, C, R, -1, 7, u, s, v);
+    int lim = glm_svd_lowrank_on(NULL, a.w, OC, C, R, -1, 7, u, s, v);
     TEST_CHECK(&tc, "svd_lowrank_converged_mode", lim > 0 && worst_angle(&a, v, R, R) < 1e-8, "its %d", lim);
 
     /* started from the answer: correct within the first checks (how many depends on the float
@@ -114,7 +114,7 @@ int main(void) {
     double distinct = worst_angle(&b, v, R, 3); /* the three above the pair */
     TEST_CHECK(&tc, "svd_top_stops_at_the_float_floor", close_its > 0 && close_its < 100 && distinct < 1e-8,
                "its %d, 1-|cos| of the distinct ones %.3g", close_its, distinct);
-    int strict = glm_svd_lowrank(b.w, OC, C, R, -1, 9, u, s, v);
+    int strict = glm_svd_lowrank_on(NULL, b.w, OC, C, R, -1, 9, u, s, v);
     TEST_CHECK(&tc, "svd_strict_rule_runs_longer_there", strict == -1 || strict > close_its, "strict %d, floor %d", strict, close_its);
     int capped = glm_svd_top(NULL, b.w, OC, C, R, 4, 9, NULL, 0, u, s, v);
     int finite = 1;
