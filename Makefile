@@ -36,7 +36,7 @@ ifneq ($(NVCC_PATH),)
   NVCCFLAGS += -MMD -MP
   # GPU tests and the training benchmark: built with the CUDA backend only (run on a GPU machine)
   CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(sort $(wildcard tests/cuda/test_*.c)))
-  CUDA_BINS := $(CUDA_TEST_BIN) $(BUILD)/bench_train $(BUILD)/bench_decode $(BUILD)/bench_attn $(BUILD)/bench_ops $(BUILD)/bench_gemm $(BUILD)/overlap_probe
+  CUDA_BINS := $(CUDA_TEST_BIN) $(BUILD)/bench_train $(BUILD)/bench_decode $(BUILD)/bench_attn $(BUILD)/bench_ops $(BUILD)/bench_svd $(BUILD)/bench_gemm $(BUILD)/overlap_probe
 endif
 
 # MPI for data parallelism on CPU ranks (OpenMPI; src/parallel/comm_mpi.c): on when mpicc is
@@ -123,6 +123,9 @@ $(BUILD)/bench_attn: bench/bench_attn.c $(BUILD)/libglm.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
 
 $(BUILD)/bench_ops: bench/bench_ops.c $(BUILD)/libglm.a
+	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
+
+$(BUILD)/bench_svd: bench/bench_svd.c $(BUILD)/libglm.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libglm.a -o $@ $(LDLIBS)
 
 # cuBLASLt's first heuristic pick against its fastest candidate, per product of a step

@@ -310,6 +310,14 @@ struct glm_backend {
      * weight where it lives) */
     void (*sgemm)(glm_backend *be, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);
+    /* G [q, k] (host, double) = x^T y for x [n, q] and y [n, k], float buffers of the backend (y
+     * may be x): products and sums in double, summed in an order that does not depend on the
+     * launch. Waits for the result. With mul_small_f64, the SVD's thin blocks (backend/svd.c)
+     * stay where the matrix lives; only q x k numbers cross to the host. */
+    void (*gram_f64)(glm_backend *be, double *G, const float *x, const float *y, int n, int q, int k);
+    /* y [n, k] = x [n, q] M for M [q, k] (host, double), each entry summed in double in a's order
+     * and rounded once; y may be x (a row is read whole before it is written) */
+    void (*mul_small_f64)(glm_backend *be, float *y, const float *x, const double *M, int n, int q, int k);
 
     /* ---- host staging for an offloaded optimizer (optional: NULL where the backend's memory is
      * host memory; callers then copy with memcpy) ---- */

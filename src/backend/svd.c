@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_gemm.h"
+#include "backend/cpu/cpu_ops.h"
 #include "core/err.h"
 #include "core/rng.h"
 
@@ -29,9 +30,9 @@ static void column_dots(const float *x, int n, int q, int j, double *h, double *
         for (int k = 0; k < w; k++) h[k] += part[(size_t)c * w + k];
 }
 
-/* Orthonormal columns of x [n, q] in place by classical Gram-Schmidt with a second pass against
- * each column (as accurate as modified Gram-Schmidt twice over), in double: a column the others
- * span becomes zero. Two sweeps over the rows per column. */
+/* Orthonormal columns of x [n, q] (host) in place by classical Gram-Schmidt with a second pass
+ * against each column (as accurate as modified Gram-Schmidt twice over), in double: a column the
+ * others span becomes zero. Two sweeps over the rows per column; only where Cholesky QR fails. */
 static void orthonormalize_cgs2(float *x, int n, int q) {
     int nc = (n + ORTH_CHUNK - 1) / ORTH_CHUNK;
     double *h = glm_malloc(((size_t)q + 1) * sizeof(double)), *part = glm_malloc((size_t)nc * (q + 1) * sizeof(double));
@@ -54,30 +55,45 @@ static void orthonormalize_cgs2(float *x, int n, int q) {
     free(part);
 }
 
-/* G [q, q] = x^T x in double, by chunks of rows (part: the chunks' sums). */
-static void gram(const float *x, int n, int q, double *G, double *part) {
-    int nc = (n + ORTH_CHUNK - 1) / ORTH_CHUNK;
-    size_t qq = (size_t)q * q;
-#pragma omp parallel for schedule(static) if (nc > 1 && (size_t)n * q * q > 262144)
-    for (int c = 0; c < nc; c++) {
-        double *pc = part + (size_t)c * qq;
-        for (size_t k = 0; k < qq; k++) pc[k] = 0;
-        double *rd = glm_malloc((size_t)q * sizeof(double));
-        for (int i = c * ORTH_CHUNK; i < n && i < (c + 1) * ORTH_CHUNK; i++) {
-            const float *row = x + (size_t)i * q;
-            for (int b = 0; b < q; b++) rd[b] = row[b];
-            for (int a = 0; a < q; a++) { /* the whole square: loops of one length, which vectorize */
-                double xa = rd[a], *pa = pc + (size_t)a * q;
-                for (int b = 0; b < q; b++) pa[b] += xa * rd[b];
-            }
-        }
-        free(rd);
-    }
-    for (size_t k = 0; k < qq; k++) G[k] = 0;
-    for (int c = 0; c < nc; c++)
-        for (size_t k = 0; k < qq; k++) G[k] += part[(size_t)c * qq + k];
-    for (int a = 0; a < q; a++) /* exactly symmetric */
-        for (int b = 0; b < a; b++) G[(size_t)a * q + b] = G[(size_t)b * q + a];
+/* Where the iteration's blocks live: on the host (be NULL: w, x and y are host memory), or on a
+ * backend with the matrix (its float buffers; the products there, the q x q matrices of each step
+ * on the host). One code path for both: the host's ops are the CPU backend's own. */
+typedef struct svd_place {
+    glm_backend *be; /* NULL: the host */
+    const float *w;  /* [OC, C] */
+} svd_place;
+
+/* y = W x (x [C, q], y [OC, q]) or, trans, W^T x (x [OC, q], y [C, q]) */
+static void w_times(const svd_place *p, int trans, const float *x, float *y, int OC, int C, int q) {
+    int rows = trans ? C : OC, inner = trans ? OC : C;
+    if (p->be) p->be->sgemm(p->be, trans, 0, rows, q, inner, 1.0f, p->w, C, x, q, 0.0f, y, q);
+    else cpu_sgemm(trans, 0, rows, q, inner, 1.0f, p->w, C, x, q, 0.0f, y, q);
+}
+/* G [q, k] (host) = x^T y */
+static void gram(const svd_place *p, double *G, const float *x, const float *y, int n, int q, int k) {
+    if (p->be) p->be->gram_f64(p->be, G, x, y, n, q, k);
+    else cpu_gram_f64(G, x, y, n, q, k);
+}
+/* y [n, k] = x [n, q] M (M [q, k] host) */
+static void mul_small(const svd_place *p, float *y, const float *x, const double *M, int n, int q, int k) {
+    if (p->be) p->be->mul_small_f64(p->be, y, x, M, n, q, k);
+    else cpu_mul_small_f64(y, x, M, n, q, k);
+}
+/* the block's bytes to or from the host */
+static void to_host(const svd_place *p, void *dst, const void *src, size_t bytes) {
+    if (p->be) p->be->download(p->be, dst, src, bytes);
+    else memcpy(dst, src, bytes);
+}
+static void from_host(const svd_place *p, void *dst, const void *src, size_t bytes) {
+    if (p->be) p->be->upload(p->be, dst, src, bytes);
+    else memcpy(dst, src, bytes);
+}
+static float *block_alloc(const svd_place *p, size_t floats) {
+    return p->be ? p->be->alloc(p->be, floats * sizeof(float)) : glm_malloc(floats * sizeof(float));
+}
+static void block_free(const svd_place *p, float *x) {
+    if (p->be) p->be->free(p->be, x);
+    else free(x);
 }
 
 /* G = R^T R in place (R upper triangular, in G's upper part); -1 when a pivot is not clearly
@@ -101,20 +117,17 @@ static int cholesky(double *G, int q) {
 }
 
 /* Orthonormal columns of x [n, q] in place: Cholesky QR twice over in double (x = x R^-1 with
- * x^T x = R^T R; the second pass restores orthogonality to float's precision), two sweeps over
- * the rows per pass (the Gram matrix, then the product with R^-1), with classical Gram-Schmidt
- * where the columns are (nearly) dependent. torch's QR gives the same span; the signs do not
+ * x^T x = R^T R; the second pass restores orthogonality to float's precision): per pass the Gram
+ * matrix and the product with R^-1 where x lives, R on the host. Where the columns are (nearly)
+ * dependent, classical Gram-Schmidt on the host. torch's QR gives the same span; the signs do not
  * matter to what follows. */
-static void orthonormalize(float *x, int n, int q) {
-    int nc = (n + ORTH_CHUNK - 1) / ORTH_CHUNK;
-    double *G = glm_malloc((size_t)q * q * sizeof(double)), *part = glm_malloc((size_t)nc * q * q * sizeof(double));
-    double *Ri = glm_malloc((size_t)q * q * sizeof(double));
+static void orthonormalize(const svd_place *p, float *x, int n, int q) {
+    double *G = glm_malloc((size_t)q * q * sizeof(double)), *Ri = glm_malloc((size_t)q * q * sizeof(double));
     int ok = 1;
     for (int pass = 0; pass < 2 && ok; pass++) {
-        gram(x, n, q, G, part);
+        gram(p, G, x, x, n, q, q);
         if (cholesky(G, q)) { ok = 0; break; }
-        /* R^-1 (upper triangular), row by row from the bottom: then each row of x R^-1 is a sum of
-         * R^-1's rows scaled by the row's entries, contiguous adds */
+        /* R^-1 (upper triangular), row by row from the bottom */
         for (int i = q - 1; i >= 0; i--) {
             double *ri = Ri + (size_t)i * q, rii = G[(size_t)i * q + i];
             for (int j = 0; j < q; j++) ri[j] = j == i ? 1.0 / rii : 0.0;
@@ -124,26 +137,16 @@ static void orthonormalize(float *x, int n, int q) {
                 for (int j = k; j < q; j++) ri[j] -= f * rk[j];
             }
         }
-#pragma omp parallel for schedule(static) if ((size_t)n * q * q > 262144)
-        for (int c = 0; c < nc; c++) {
-            double *y = glm_malloc((size_t)q * sizeof(double));
-            for (int i = c * ORTH_CHUNK; i < n && i < (c + 1) * ORTH_CHUNK; i++) {
-                float *row = x + (size_t)i * q;
-                for (int j = 0; j < q; j++) y[j] = 0;
-                for (int k = 0; k < q; k++) { /* R^-1's lower part is zeros: whole rows, which vectorize */
-                    double xk = row[k];
-                    const double *rk = Ri + (size_t)k * q;
-                    for (int j = 0; j < q; j++) y[j] += xk * rk[j];
-                }
-                for (int j = 0; j < q; j++) row[j] = (float)y[j];
-            }
-            free(y);
-        }
+        mul_small(p, x, x, Ri, n, q, q);
     }
     free(G);
-    free(part);
     free(Ri);
-    if (!ok) orthonormalize_cgs2(x, n, q);
+    if (ok) return;
+    float *h = p->be ? glm_malloc((size_t)n * q * sizeof(float)) : x;
+    to_host(p, h, x, (size_t)n * q * sizeof(float));
+    orthonormalize_cgs2(h, n, q);
+    from_host(p, x, h, (size_t)n * q * sizeof(float));
+    if (h != x) free(h);
 }
 
 /* Eigenvalues (descending) and vectors (columns of v) of the symmetric q x q matrix a, by
@@ -191,46 +194,30 @@ static void sym_eigen(double *a, double *v, double *ev, int q) {
     }
 }
 
-/* y = W x (x [C, q], y [OC, q]) or, trans, W^T x (x [OC, q], y [C, q]), with x and y on the host:
- * on the host, or where W lives as floats (be: its float product, the skinny x and y copied). */
-typedef struct w_prod {
-    glm_backend *be; /* NULL: w is on the host */
-    const float *w;  /* [OC, C] */
-    float *dx, *dy;  /* be's buffers of max(OC, C) x q floats */
-} w_prod;
-static void w_times(w_prod *p, int trans, const float *x, float *y, int OC, int C, int q) {
-    int rows = trans ? C : OC, inner = trans ? OC : C;
-    if (!p->be) { cpu_sgemm(trans, 0, rows, q, inner, 1.0f, p->w, C, x, q, 0.0f, y, q); return; }
-    p->be->upload(p->be, p->dx, x, (size_t)inner * q * sizeof(float));
-    p->be->sgemm(p->be, trans, 0, rows, q, inner, 1.0f, p->w, C, p->dx, q, 0.0f, p->dy, q);
-    p->be->download(p->be, y, p->dy, (size_t)rows * q * sizeof(float));
-}
-
-/* The SVD of B = W Q [OC, q] through the eigenvectors of B^T B: the top `take` triplets into
- * u [OC, take], s [take], v [C, take] (V = Q E). */
-static void ritz(const float *bq, const float *qc, int OC, int C, int q, int take, float *u, float *s, float *v) {
-    double *g = glm_calloc((size_t)q * q, sizeof(double)), *ev = glm_malloc((size_t)q * q * sizeof(double)),
-           *e = glm_malloc((size_t)q * sizeof(double));
-    double *part = glm_malloc(((size_t)(OC + ORTH_CHUNK - 1) / ORTH_CHUNK) * q * q * sizeof(double));
-    gram(bq, OC, q, g, part); /* B^T B */
-    free(part);
+/* The SVD of B = W Q [OC, q] through the eigenvectors E of B^T B: the top `take` triplets into
+ * u [OC, take], s [take], v [C, take] (host; U = B E / S, V = Q E); tmp: a block of
+ * max(OC, C) x take floats where B and Q live. */
+static void ritz(const svd_place *p, const float *bq, const float *qc, float *tmp, int OC, int C, int q, int take, float *u,
+                 float *s, float *v) {
+    double *g = glm_malloc((size_t)q * q * sizeof(double)), *ev = glm_malloc((size_t)q * q * sizeof(double)),
+           *e = glm_malloc((size_t)q * sizeof(double)), *M = glm_malloc((size_t)q * take * sizeof(double));
+    gram(p, g, bq, bq, OC, q, q); /* B^T B */
     sym_eigen(g, ev, e, q);
     for (int j = 0; j < take; j++) s[j] = e[j] > 0 ? (float)sqrt(e[j]) : 0.0f;
-    for (int i = 0; u && i < OC; i++) /* U = B E / S */
-        for (int j = 0; j < take; j++) {
-            double d = 0;
-            for (int k = 0; k < q; k++) d += (double)bq[(size_t)i * q + k] * ev[k * q + j];
-            u[(size_t)i * take + j] = s[j] > 0 ? (float)(d / s[j]) : 0.0f;
-        }
-    for (int i = 0; i < C; i++)
-        for (int j = 0; j < take; j++) {
-            double d = 0;
-            for (int k = 0; k < q; k++) d += (double)qc[(size_t)i * q + k] * ev[k * q + j];
-            v[(size_t)i * take + j] = (float)d;
-        }
+    if (u) {
+        for (int k = 0; k < q; k++)
+            for (int j = 0; j < take; j++) M[(size_t)k * take + j] = s[j] > 0 ? ev[k * q + j] / s[j] : 0.0;
+        mul_small(p, tmp, bq, M, OC, q, take);
+        to_host(p, u, tmp, (size_t)OC * take * sizeof(float));
+    }
+    for (int k = 0; k < q; k++)
+        for (int j = 0; j < take; j++) M[(size_t)k * take + j] = ev[k * q + j];
+    mul_small(p, tmp, qc, M, C, q, take);
+    to_host(p, v, tmp, (size_t)C * take * sizeof(float));
     free(g);
     free(ev);
     free(e);
+    free(M);
 }
 
 /* The largest 1 - |v_j . w_j| over the columns of two [C, r] sets of unit vectors: how far the
@@ -254,36 +241,42 @@ static double moved(const float *v, const float *w, const float *s, int C, int r
  * check to the next: the floor float products leave a vector whose singular value is close to a
  * neighbour's (it then moves by rounding alone, and more iterations change nothing). */
 
-static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int floor, uint64_t seed, const float *start,
-                       int start_right, float *u, float *s, float *v) {
+static int svd_lowrank(const svd_place *p, int OC, int C, int r, int niter, int cap, int floor, uint64_t seed,
+                       const float *start, int start_right, float *u, float *s, float *v) {
     /* torch.svd_lowrank for a weight wider in rank than q: a basis Q [C, q] of W's row space from
      * W^T R (R [OC, q] normal), refined by niter rounds of Q' = orth(W Q), Q = orth(W^T Q'); then
      * the SVD of B = W Q [OC, q] gives U, S and V = Q (B's right vectors). niter < 0: until
      * converged (returns the iterations, or -1 when the cap came first). */
     int full = niter < 0, lim = OC < C ? OC : C, q = full ? (2 * r < lim ? 2 * r : lim) : r, it = 0, done = !full;
-    /* the thin blocks that go to and from a device: page-locked there (the copy engines' speed) */
-    glm_backend *hb = p->be && p->be->host_alloc ? p->be : NULL;
-    float *b = hb ? hb->host_alloc(hb, (size_t)OC * q * sizeof(float)) : glm_malloc((size_t)OC * q * sizeof(float));
-    float *qc = hb ? hb->host_alloc(hb, (size_t)C * q * sizeof(float)) : glm_malloc((size_t)C * q * sizeof(float));
+    int wide = OC > C ? OC : C;
+    float *b = block_alloc(p, (size_t)OC * q), *qc = block_alloc(p, (size_t)C * q), *tmp = block_alloc(p, (size_t)wide * r);
     float *vprev = full ? glm_malloc((size_t)C * r * sizeof(float)) : NULL;
     double last = 1; /* the previous check's movement */
-    glm_rng rng;
-    glm_rng_seed(&rng, seed);
-    for (size_t i = 0; i < (size_t)OC * q; i++) b[i] = glm_rng_normal(&rng);
-    if (start && !start_right) /* the first r columns of R: the left vectors given */
-        for (int i = 0; i < OC; i++) memcpy(b + (size_t)i * q, start + (size_t)i * r, (size_t)r * sizeof(float));
-    w_times(p, 1, b, qc, OC, C, q); /* W^T R */
-    if (start && start_right) /* the first r columns of Q: the right vectors given */
-        for (int i = 0; i < C; i++) memcpy(qc + (size_t)i * q, start + (size_t)i * r, (size_t)r * sizeof(float));
-    orthonormalize(qc, C, q);
+    {   /* the start, made on the host */
+        float *h = glm_malloc((size_t)wide * q * sizeof(float));
+        glm_rng rng;
+        glm_rng_seed(&rng, seed);
+        for (size_t i = 0; i < (size_t)OC * q; i++) h[i] = glm_rng_normal(&rng);
+        if (start && !start_right) /* the first r columns of R: the left vectors given */
+            for (int i = 0; i < OC; i++) memcpy(h + (size_t)i * q, start + (size_t)i * r, (size_t)r * sizeof(float));
+        from_host(p, b, h, (size_t)OC * q * sizeof(float));
+        w_times(p, 1, b, qc, OC, C, q); /* W^T R */
+        if (start && start_right) { /* the first r columns of Q: the right vectors given */
+            to_host(p, h, qc, (size_t)C * q * sizeof(float));
+            for (int i = 0; i < C; i++) memcpy(h + (size_t)i * q, start + (size_t)i * r, (size_t)r * sizeof(float));
+            from_host(p, qc, h, (size_t)C * q * sizeof(float));
+        }
+        free(h);
+    }
+    orthonormalize(p, qc, C, q);
     for (it = 0; full ? it < cap : it < niter; it++) {
         w_times(p, 0, qc, b, OC, C, q); /* W Q */
-        orthonormalize(b, OC, q);
+        orthonormalize(p, b, OC, q);
         w_times(p, 1, b, qc, OC, C, q); /* W^T Q' */
-        orthonormalize(qc, C, q);
+        orthonormalize(p, qc, C, q);
         if (full && it % 4 == 3) {
             w_times(p, 0, qc, b, OC, C, q);
-            ritz(b, qc, OC, C, q, r, NULL, s, v);
+            ritz(p, b, qc, tmp, OC, C, q, r, NULL, s, v);
             double mv = it > 3 ? moved(v, vprev, s, C, r) : 1;
             if (mv < 1e-10 || (floor && mv < 1e-6 && last < 1e-6 && mv > 0.9 * last)) { done = 1; it++; break; }
             last = mv;
@@ -291,31 +284,19 @@ static int svd_lowrank(w_prod *p, int OC, int C, int r, int niter, int cap, int 
         }
     }
     w_times(p, 0, qc, b, OC, C, q); /* B = W Q [OC, q] */
-    ritz(b, qc, OC, C, q, r, u, s, v);
-    if (hb) {
-        hb->host_free(hb, b);
-        hb->host_free(hb, qc);
-    } else {
-        free(b);
-        free(qc);
-    }
+    ritz(p, b, qc, tmp, OC, C, q, r, u, s, v);
+    block_free(p, b);
+    block_free(p, qc);
+    block_free(p, tmp);
     free(vprev);
     return done ? it : -1;
 }
 
 static int svd_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, int cap, int floor, uint64_t seed,
                   const float *start, int start_right, float *u, float *s, float *v) {
-    if (!be) {
-        w_prod p = {.w = w};
-        return svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, start, start_right, u, s, v);
-    }
-    int lim = OC < C ? OC : C, cols = niter < 0 ? (2 * q < lim ? 2 * q : lim) : q;
-    size_t wide = (size_t)(OC > C ? OC : C) * (cols > q ? cols : q) * sizeof(float);
-    w_prod p = {.be = be, .w = w, .dx = be->alloc(be, wide), .dy = be->alloc(be, wide)};
-    int its = svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, start, start_right, u, s, v);
-    be->free(be, p.dx);
-    be->free(be, p.dy);
-    return its;
+    GLM_ASSERT(!be || (be->sgemm && be->gram_f64 && be->mul_small_f64));
+    svd_place p = {.be = be, .w = w};
+    return svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, start, start_right, u, s, v);
 }
 
 int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,

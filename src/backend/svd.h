@@ -1,8 +1,9 @@
 /* The top singular triplets of a float matrix by subspace iteration (torch.svd_lowrank's
  * algorithm), for PiSSA's adapters (model/pissa.h) and GaLore's projections (optim/galore.h).
- * The two big products of each iteration run where the matrix lives: on the host, or on a
- * backend's float buffer (its sgemm, the skinny blocks copied to and from the host); the small
- * steps (orthonormalization, the Ritz values of the q x q Gram matrix) run on the host in double. */
+ * The iteration runs where the matrix lives: on the host, or on a backend's float buffer (its
+ * sgemm for the two big products, gram_f64 and mul_small_f64 for the thin blocks'
+ * orthonormalization and Ritz vectors in double). Only q x q matrices go to the host, for the
+ * steps on them (Cholesky, R's inverse, the Jacobi eigenvalues), and the answer's vectors. */
 #ifndef GLM_BACKEND_SVD_H
 #define GLM_BACKEND_SVD_H
 #include <stdint.h>

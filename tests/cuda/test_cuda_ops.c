@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/quant.h"
 #include "backend/quant8.h"
+#include "backend/svd.h"
 #include "cuda_test_util.h"
 
 typedef struct {
@@ -538,6 +539,7 @@ static void t_attention_cached(ctx *c, int B, int Tq, int Tk, int NH, int HD) {
 
 /* ---------------------------------------------------------------- elementwise */
 
+static void t_svd_ops(ctx *c);
 static void t_elementwise(ctx *c, size_t n) {
     glm_backend *be = c->be;
     char name[128];
@@ -603,6 +605,10 @@ static void t_elementwise(ctx *c, size_t n) {
         }
         free(a); free(b);
     }
+    /* the SVD's small ops (gram_f64, mul_small_f64) against their CPU twins, at GaLore's thin
+     * shapes and at ones past a block's rows and threads; then glm_svd_top on this backend
+     * against the host's iteration */
+    if (c->dt == GLM_F32 && n == 1001) t_svd_ops(c);
     /* to_f32 (optional op) */
     float *dev32 = be->alloc(be, n * sizeof(float));
     be->to_f32(be, dev32, dx, n);
@@ -769,6 +775,75 @@ static void t_optim(ctx *c, size_t n) {
     be->free(be, dx); be->free(be, dp); be->free(be, dm); be->free(be, dv);
     float *hs[] = {x, p, m, v, rp, rm, rv, ps, gp, gm, gv, rps};
     for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
+}
+
+/* ---------------------------------------------------------------- the SVD's small ops */
+
+/* gram_f64 in double: the sums' order differs from the CPU's (chunks of rows per block), so
+ * within 1e-13 of the largest entry; mul_small_f64 sums each entry in the same order as the CPU
+ * and rounds once: within one rounding of float. In place too (y = x). */
+static void t_svd_ops(ctx *c) {
+    glm_backend *be = c->be;
+    char name[128];
+    static const int shapes[][3] = {{16384, 32, 32}, {4096, 32, 16}, {1001, 7, 5}, {300, 130, 3}};
+    for (size_t t = 0; t < sizeof shapes / sizeof *shapes; t++) {
+        int n = shapes[t][0], q = shapes[t][1], k = shapes[t][2];
+        float *x = rnd(&c->rng, GLM_F32, (size_t)n * q, 1.0f), *y = rnd(&c->rng, GLM_F32, (size_t)n * k, 1.0f);
+        float *dx = up_raw(be, x, (size_t)n * q * 4), *dy = up_raw(be, y, (size_t)n * k * 4);
+        double *want = malloc((size_t)q * k * sizeof(double)), *got = malloc((size_t)q * k * sizeof(double));
+        cpu_gram_f64(want, x, y, n, q, k);
+        be->gram_f64(be, got, dx, dy, n, q, k);
+        double big = 0, err = 0;
+        for (int e = 0; e < q * k; e++) big = fmax(big, fabs(want[e]));
+        for (int e = 0; e < q * k; e++) err = fmax(err, fabs(got[e] - want[e]) / big);
+        TEST_CHECK(c->tc, NAME("gram_f64_%dx%dx%d", n, q, k), err < 1e-13, "err %.3g of the largest entry", err);
+        printf("  err %-48s %.3g (tol 1e-13)\n", name, err);
+        double *M = malloc((size_t)q * k * sizeof(double));
+        for (int e = 0; e < q * k; e++) M[e] = glm_rng_normal(&c->rng) / q;
+        float *fy = malloc((size_t)n * k * 4);
+        cpu_mul_small_f64(fy, x, M, n, q, k);
+        be->mul_small_f64(be, dy, dx, M, n, q, k);
+        float *gy = down_f(be, dy, (size_t)n * k);
+        check_close(c->tc, NAME("mul_small_f64_%dx%dx%d", n, q, k), gy, fy, (size_t)n * k, 1e-6);
+        free(gy);
+        if (k <= q) { /* in place: the first k columns' width is k, so only the square case */
+            double *Mq = malloc((size_t)q * q * sizeof(double));
+            for (int e = 0; e < q * q; e++) Mq[e] = glm_rng_normal(&c->rng) / q;
+            float *fx = malloc((size_t)n * q * 4);
+            cpu_mul_small_f64(fx, x, Mq, n, q, q);
+            be->mul_small_f64(be, dx, dx, Mq, n, q, q);
+            gy = down_f(be, dx, (size_t)n * q);
+            check_close(c->tc, NAME("mul_small_f64_in_place_%dx%d", n, q), gy, fx, (size_t)n * q, 1e-6);
+            free(gy); free(fx); free(Mq);
+        }
+        be->free(be, dx); be->free(be, dy);
+        free(x); free(y); free(want); free(got); free(M); free(fy);
+    }
+    /* the whole iteration on this backend against the host's: a 600 x 900 matrix of known
+     * spectrum (two close values among them), rank 6 */
+    int OC = 600, C = 900, r = 6;
+    float *w = rnd(&c->rng, GLM_F32, (size_t)OC * C, 0.01f);
+    for (int j = 0; j < 10; j++) { /* w += s_j a_j b_j^T, s = 1, 0.8, 0.6, 0.59, ... */
+        float sj = j < 3 ? 1.0f - 0.2f * j : 0.59f * powf(0.8f, (float)(j - 3));
+        float *a = rnd(&c->rng, GLM_F32, OC, 1.0f / sqrtf((float)OC)), *b = rnd(&c->rng, GLM_F32, C, 1.0f / sqrtf((float)C));
+        for (int i = 0; i < OC; i++)
+            for (int k = 0; k < C; k++) w[(size_t)i * C + k] += sj * a[i] * b[k];
+        free(a); free(b);
+    }
+    float *dw = up_raw(be, w, (size_t)OC * C * 4);
+    float *u1 = malloc((size_t)OC * r * 4), *v1 = malloc((size_t)C * r * 4), s1[8];
+    float *u2 = malloc((size_t)OC * r * 4), *v2 = malloc((size_t)C * r * 4), s2[8];
+    int its_host = glm_svd_top(NULL, w, OC, C, r, 200, 3, NULL, 0, u1, s1, v1);
+    int its_dev = glm_svd_top(be, dw, OC, C, r, 200, 3, NULL, 0, u2, s2, v2);
+    glm_svd_fix_signs(u1, v1, OC, C, r);
+    glm_svd_fix_signs(u2, v2, OC, C, r);
+    check_close(c->tc, "svd_top_values_on_device_equal_the_host", s2, s1, r, 1e-5);
+    check_close(c->tc, "svd_top_right_vectors_on_device_equal_the_host", v2, v1, (size_t)C * r, 1e-3);
+    check_close(c->tc, "svd_top_left_vectors_on_device_equal_the_host", u2, u1, (size_t)OC * r, 1e-3);
+    TEST_CHECK(c->tc, "svd_top_on_device_converges_as_on_the_host", its_dev > 0 && its_host > 0 && abs(its_dev - its_host) <= 8,
+               "%d iterations on the device, %d on the host", its_dev, its_host);
+    be->free(be, dw);
+    free(w); free(u1); free(v1); free(u2); free(v2);
 }
 
 /* ---------------------------------------------------------------- 8-bit blockwise AdamW */

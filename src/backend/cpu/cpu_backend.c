@@ -149,6 +149,12 @@ static void adamw8(glm_backend *be, void *param, float *master, const void *grad
     cpu_adamw8(param, master, grad, qm, qv, absm, absv, n, bits, flat0, lr, b1, b2, eps, wd, bc1, bc2, gs);
 }
 
+static void gram_f64(glm_backend *be, double *G, const float *x, const float *y, int n, int q, int k) {
+    cpu_gram_f64(G, x, y, n, q, k);
+}
+static void mul_small_f64(glm_backend *be, float *y, const float *x, const double *M, int n, int q, int k) {
+    cpu_mul_small_f64(y, x, M, n, q, k);
+}
 static void sgemm(glm_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc) {
     (void)be;
@@ -170,7 +176,7 @@ glm_backend *glm_backend_cpu(void) {
         .dora_norm = d_norm, .dora_scale = d_scale, .dora_bwd = d_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,
         .rmsnorm_fwd = rms_fwd, .rmsnorm_bwd = rms_bwd, .swiglu_fwd = sw_fwd, .swiglu_bwd = sw_bwd, .rope_pairs = rope2,
-        .sgemm = sgemm,
+        .sgemm = sgemm, .gram_f64 = gram_f64, .mul_small_f64 = mul_small_f64,
         .destroy = cpu_destroy,
     };
     return be;

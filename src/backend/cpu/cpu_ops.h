@@ -59,6 +59,9 @@ void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, fl
 /* backend.h adam_dir and apply_dir (p: the fp32 weights) */
 void cpu_adam_dir(float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2, float eps);
 void cpu_apply_dir(float *p, const float *dir, size_t n, float alpha, float shrink);
+/* backend.h gram_f64 and mul_small_f64 (cpu_small.c) */
+void cpu_gram_f64(double *G, const float *x, const float *y, int n, int q, int k);
+void cpu_mul_small_f64(float *y, const float *x, const double *M, int n, int q, int k);
 /* greedy choice per row (backend.h argmax_rows) */
 void cpu_argmax_rows(int32_t *out, const float *x, int R, int V);
 

@@ -425,6 +425,20 @@ static void cu_apply_dir(glm_backend *be, void *param, float *master, const floa
     glmk_apply_dir(be->dtype, param, master, dir, n, alpha, shrink, IM(be)->st);
     glm_cuda_op_done(be, "apply_dir");
 }
+static void cu_gram_f64(glm_backend *be, double *G, const float *x, const float *y, int n, int q, int k) {
+    glm_cuda_prof(be, GLM_PROF_OTHER, "gram_f64");
+    size_t qk = (size_t)q * k;
+    double *part = glm_cuda_scratch(be, (GLMK_GRAM_BLOCKS + 1) * qk * sizeof(double));
+    glmk_gram_f64(part, part + GLMK_GRAM_BLOCKS * qk, x, y, n, q, k, IM(be)->st);
+    cu_download(be, G, part + GLMK_GRAM_BLOCKS * qk, qk * sizeof(double));
+}
+static void cu_mul_small_f64(glm_backend *be, float *y, const float *x, const double *M, int n, int q, int k) {
+    glm_cuda_prof(be, GLM_PROF_OTHER, "mul_small_f64");
+    double *dm = glm_cuda_scratch(be, (size_t)q * k * sizeof(double));
+    cu_upload(be, dm, M, (size_t)q * k * sizeof(double));
+    glmk_mul_small_f64(y, x, dm, n, q, k, IM(be)->st);
+    glm_cuda_op_done(be, "mul_small_f64");
+}
 static void cu_adamw8(glm_backend *be, void *param, float *master, const void *grad, uint8_t *qm, uint8_t *qv,
                       float *absm, float *absv, size_t n, const uint8_t *bits, size_t flat0, float lr, float b1, float b2,
                       float eps, float wd, float bc1, float bc2, float gs) {
@@ -584,7 +598,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .lora_down = cu_lora_down, .lora_down_bwd = cu_lora_down_bwd,
         .cross_entropy = cu_ce, .argmax_rows = cu_argmax, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
-        .adamw = cu_adamw, .adamw8 = cu_adamw8, .adam_dir = cu_adam_dir, .apply_dir = cu_apply_dir,
+        .adamw = cu_adamw, .adamw8 = cu_adamw8, .adam_dir = cu_adam_dir, .apply_dir = cu_apply_dir, .gram_f64 = cu_gram_f64, .mul_small_f64 = cu_mul_small_f64,
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,
         .dequantize = cu_dequantize, .qmatmul_fwd = cu_qmatmul_fwd,
         .destroy = cu_destroy, .to_f32 = cu_to_f32, .from_f32 = cu_from_f32,

@@ -137,6 +137,11 @@ void glmk_adamw(glm_dtype dt, void *param, float *master, const void *grad, floa
 void glmk_adam_dir(float *dir, const float *g, float *m, float *v, size_t n, float b1, float b2, float eps, cudaStream_t st);
 void glmk_apply_dir(glm_dtype dt, void *param, float *master, const float *dir, size_t n, float alpha, float shrink,
                     cudaStream_t st);
+/* backend.h gram_f64 and mul_small_f64 (k_svd.cu): G (device, q x k doubles) from partial sums
+ * in part (GLMK_GRAM_BLOCKS x q x k doubles); M device memory */
+#define GLMK_GRAM_BLOCKS 128
+void glmk_gram_f64(double *part, double *G, const float *x, const float *y, int n, int q, int k, cudaStream_t st);
+void glmk_mul_small_f64(float *y, const float *x, const double *M, int n, int q, int k, cudaStream_t st);
 /* backend.h adamw8 (k_adam8.cu); s: the step's scalars from glm_adam8_prepare (backend/quant8.h),
  * computed by the caller on the host as the CPU op computes them */
 struct glm_adam8_scalars;
