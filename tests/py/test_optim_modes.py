@@ -137,6 +137,23 @@ def main():
         out = subprocess.run(six + ["--data_parallel_size", "4", "--zero_stage", "1"], capture_output=True, text=True).stdout
         report("plan_guide_4x24gb", "--zero_stage 2 --offload_optimizer cpu --gradient_checkpointing (plans 19.9 GiB" in out,
                out.strip().splitlines()[-1][:300])
+        # info reads train's own flags: the same words give the same plan with any flag of the run
+        # beside them (before, info had its own copy of the flags and refused the others), train's
+        # defaults (ZeRO-1 over replicas), and torchrun's --nproc_per_node as the replicas
+        four = six + ["--data_parallel_size", "4"]
+        rest = ["--learning_rate", "2e-2", "--num_train_epochs", "3", "--output_dir", "/nonexistent/out", "--logging_steps", "5",
+                "--lora_alpha", "32", "--report_to", "tensorboard"]
+        p0 = subprocess.run(four, capture_output=True, text=True)
+        p1 = subprocess.run(four + rest, capture_output=True, text=True)
+        report("info_takes_every_train_flag", p0.returncode == 0 and p1.returncode == 0 and p0.stdout == p1.stdout,
+               p1.stderr[-300:])
+        p2 = subprocess.run(four + ["--zero_stage", "1"], capture_output=True, text=True)
+        report("info_defaults_are_trains", p2.returncode == 0 and p2.stdout == p0.stdout and "4 data-parallel replicas" in p0.stdout,
+               p0.stdout[-300:])
+        p3 = subprocess.run(six + ["--nproc_per_node", "4"], capture_output=True, text=True)
+        report("info_nproc_per_node_gives_the_replicas", p3.returncode == 0 and p3.stdout == p0.stdout, p3.stdout[-300:] + p3.stderr[-200:])
+        p4 = subprocess.run(six + ["--learning_rate", "x"], capture_output=True, text=True)
+        report("info_checks_train_flags_as_train", p4.returncode != 0 and "learning_rate" in p4.stderr, p4.stderr[-200:])
         # a run refused by its plan names the layouts that fit (the tiny model plans 4.23 MiB), and
         # one of them then runs under the same cap
         _, p = go("capped", ["--max_memory_per_gpu", "3500KiB"], check=False)
