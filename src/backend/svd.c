@@ -142,11 +142,12 @@ static void orthonormalize(const svd_place *p, float *x, int n, int q) {
     free(G);
     free(Ri);
     if (ok) return;
-    float *h = p->be ? glm_malloc((size_t)n * q * sizeof(float)) : x;
+    if (!p->be) { orthonormalize_cgs2(x, n, q); return; }
+    float *h = glm_malloc((size_t)n * q * sizeof(float));
     to_host(p, h, x, (size_t)n * q * sizeof(float));
     orthonormalize_cgs2(h, n, q);
     from_host(p, x, h, (size_t)n * q * sizeof(float));
-    if (h != x) free(h);
+    free(h);
 }
 
 /* Eigenvalues (descending) and vectors (columns of v) of the symmetric q x q matrix a, by

@@ -133,6 +133,13 @@ int main(void) {
     for (int j = 3; j < R; j++) tail = fmax(tail, fabs(s[j]));
     TEST_CHECK(&tc, "svd_top_rank_below_the_columns", lr > 0 && lr < 100 && finite && worst_angle(&c, v, R, 3) < 1e-8 && tail < 1e-5 &&
                     worst_s(&c, s, 3) < 1e-5, "its %d, finite %d, 1-|cos| %.3g, tail %.3g", lr, finite, worst_angle(&c, v, R, 3), tail);
+    /* the same through a backend: its fallback takes the block to the host and back */
+    float u3[OC * R], v3[C * R], s3[R];
+    int lr_be = glm_svd_top(be, c.w, OC, C, R, 200, 11, NULL, 0, u3, s3, v3);
+    int same3 = lr_be == lr;
+    for (int j = 0; j < C * R; j++) same3 &= v3[j] == v[j];
+    for (int j = 0; j < OC * R; j++) same3 &= u3[j] == u[j];
+    TEST_CHECK(&tc, "svd_top_rank_below_the_columns_through_a_backend", same3, "its %d vs %d", lr_be, lr);
 
     /* signs: each triplet's right vector ends with its largest entry positive, u flipped alike */
     glm_svd_top(NULL, a.w, OC, C, R, 200, 7, NULL, 0, u, s, v);
