@@ -135,8 +135,8 @@ int glm_cmd_info(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help")) {
             glm_args_usage(info_flags, INFO_NFLAGS, "info");
-            printf("and every flag of train (--config FILE too), read as train reads it; the plan is that of its run:\n");
-            glm_args_usage(glm_train_flags, glm_train_nflags, "info");
+            printf("\nand every flag of train, read as train reads it (the plan is that of its run):\n");
+            glm_args_list(glm_train_flags, glm_train_nflags);
             return 0;
         }
     glm_train_args t;

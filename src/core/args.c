@@ -318,6 +318,10 @@ char *glm_args_to_json(const glm_flag *f, int n, const void *dst) {
 
 void glm_args_usage(const glm_flag *f, int n, const char *cmd) {
     printf("usage: glmtrain %s [--config FILE.json|FILE.yaml] [flags]\n\n", cmd);
+    glm_args_list(f, n);
+}
+
+void glm_args_list(const glm_flag *f, int n) {
     for (int i = 0; i < n; i++) {
         const char *t = f[i].type == ARG_BOOL ? "" : f[i].type == ARG_STR ? " TEXT" : f[i].type == ARG_JSON ? " JSON" : f[i].type == ARG_FLOAT ? " X" : " N";
         char left[80];

@@ -55,6 +55,8 @@ int glm_args_set(const glm_flag *f, void *dst, const char *value, const char *wh
 /* Effective settings as a JSON object text (caller frees). */
 char *glm_args_to_json(const glm_flag *f, int n, const void *dst);
 void glm_args_usage(const glm_flag *f, int n, const char *cmd);
+/* The flags alone, a line each (glm_args_usage without its first line). */
+void glm_args_list(const glm_flag *f, int n);
 /* The closest known flag name to `name` (Levenshtein), or NULL when nothing is close. */
 const char *glm_args_closest(const glm_flag *f, int n, const char *name);
 
