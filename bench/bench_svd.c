@@ -64,14 +64,13 @@ int main(int argc, char **argv) {
     if (!be) { fprintf(stderr, "bench_svd: %s\n", eb); return 1; }
     FILE *out = out_path ? fopen(out_path, "a") : NULL;
     for (int k = 0; k < n_shapes; k++) {
-        int OC = shapes[k][0], C = shapes[k][1], side = OC < C ? OC : C;
+        int OC = shapes[k][0], C = shapes[k][1];
         size_t n = (size_t)OC * C;
         float *w = malloc(n * sizeof(float));
         gradient_like(w, OC, C, 11 + k);
         void *dw = be->alloc(be, n * sizeof(float));
         be->upload(be, dw, w, n * sizeof(float));
         float *u = malloc(sizeof(float) * OC * rank), *s = malloc(sizeof(float) * rank), *v = malloc(sizeof(float) * C * rank);
-        (void)side;
         for (int r = 0; r < reps; r++) {
             double t0 = now();
             int its = glm_svd_top(be, dw, OC, C, rank, 200, 5 + r, NULL, 0, u, s, v);
