@@ -295,7 +295,7 @@ static int svd_lowrank(const svd_place *p, int OC, int C, int r, int niter, int 
 
 static int svd_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, int cap, int floor, uint64_t seed,
                   const float *start, int start_right, float *u, float *s, float *v) {
-    GLM_ASSERT(!be || (be->sgemm && be->gram_f64 && be->mul_small_f64));
+    GLM_ASSERT(!be || glm_svd_runs_on(be));
     svd_place p = {.be = be, .w = w};
     return svd_lowrank(&p, OC, C, q, niter, cap, floor, seed, start, start_right, u, s, v);
 }

@@ -9,6 +9,10 @@
 #include <stdint.h>
 #include "backend/backend.h"
 
+/* Whether the iteration can run on be's float buffers: its products (sgemm) and the thin
+ * blocks' small-matrix ops (gram_f64, mul_small_f64). */
+static inline int glm_svd_runs_on(const glm_backend *be) { return be->sgemm && be->gram_f64 && be->mul_small_f64; }
+
 /* Iterations at most when iterating until the triplets stop moving (niter < 0). */
 #define GLM_SVD_MAX_ITERS 4000
 
@@ -16,7 +20,7 @@
  * s [q] (descending), v [C, q] with W ~ u diag(s) v^T (u may be NULL: not computed). niter < 0:
  * the top q triplets of the full SVD, iterating until they stop moving; returns the iterations,
  * -1 when they still moved at GLM_SVD_MAX_ITERS (close singular values). be NULL: w is on the
- * host; else w is a float buffer of be (which needs sgemm, gram_f64 and mul_small_f64). */
+ * host; else w is a float buffer of be (glm_svd_runs_on). */
 int glm_svd_lowrank_on(glm_backend *be, const float *w, int OC, int C, int q, int niter, uint64_t seed, float *u,
                        float *s, float *v);
 /* The top q triplets as niter < 0 gives them, for GaLore's repeated projections, where what each

@@ -30,23 +30,13 @@ static const glm_flag info_flags[] = {
 
 static void row(const char *what, double bytes) { printf("  %-28s %10.2f GiB\n", what, bytes / 1073741824.0); }
 
-static glm_par_opts opts_of(const glm_train_args *t) {
-    return (glm_par_opts){.per_device_train_batch_size = t->per_device_train_batch_size,
-                          .seq_len = t->cutoff_len > 0 ? t->cutoff_len : t->max_source_length + t->max_target_length,
-                          .gradient_checkpointing = t->gradient_checkpointing, .fp16 = t->fp16, .fp32 = t->fp32,
-                          .gradient_accumulation_steps = t->gradient_accumulation_steps,
-                          .pipeline_parallel_size = t->pipeline_parallel_size, .device_map = t->device_map,
-                          .zero_stage = t->zero_stage, .max_memory_per_gpu = t->max_memory_per_gpu, .optim = t->optim,
-                          .offload_optimizer = t->offload_optimizer, .optimizer_in_backward = t->optimizer_in_backward};
-}
-
 /* With stages (or a memory cap): the plan of each stage for the device map; D data-parallel
  * replicas of each. */
 static int stage_plans(const glm_train_args *a, int D, const glm_config *c, glm_err *err) {
     int states = strcmp(a->optim, "adamw_torch") || strcmp(a->offload_optimizer, "none") || a->optimizer_in_backward;
     if (a->pipeline_parallel_size <= 1 && !a->max_memory_per_gpu && !states && (!a->device_map || !strcmp(a->device_map, "auto")))
         return 0;
-    glm_par_opts t = opts_of(a);
+    glm_par_opts t = glm_train_par_opts(a);
     int cuda = a->bf16 || a->fp16;
     glm_device_map map;
     glm_stage_shape sh;
@@ -167,13 +157,13 @@ int glm_cmd_info(int argc, char **argv) {
     if (t.gradient_checkpointing == GLM_CKPT_AUTO) { /* the least recompute that fits the cap (none without one) */
         size_t cap = 0;
         if (t.max_memory_per_gpu && glm_parse_size(t.max_memory_per_gpu, &cap)) cap = 0; /* stage_plans reports it */
-        glm_par_opts o = opts_of(&t);
+        glm_par_opts o = glm_train_par_opts(&t);
         double plan = 0;
         t.gradient_checkpointing = glm_pp_pick_checkpointing(&o, &c, t.bf16 || t.fp16, D, (double)cap, &plan);
         printf("--gradient_checkpointing auto: %s\n", glm_ckpt_level_name(t.gradient_checkpointing));
     }
     glm_dtype dt = t.fp32 ? GLM_F32 : t.fp16 ? GLM_F16 : t.bf16 ? GLM_BF16 : GLM_F32;
-    int T = t.cutoff_len > 0 ? t.cutoff_len : t.max_source_length + t.max_target_length, B = t.per_device_train_batch_size;
+    int T = glm_train_seq_len(&t), B = t.per_device_train_batch_size;
     glm_mem_plan p = glm_memory_plan(&c, dt, B, T, t.gradient_checkpointing, t.bf16 || t.fp16 ? 2048 : 256);
     glm_table tab;
     glm_table_build(&tab, &c);

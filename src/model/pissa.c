@@ -95,7 +95,7 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
         /* the products where the weight lives, as torch runs svd_lowrank on the weight's device:
          * a GPU's float copy of it, else the host's (a quantized row's floats: float_weight) */
         glm_backend *be = m->be;
-        int dev = be->sgemm && be->gram_f64 && be->mul_small_f64 && be->to_f32 && be->from_f32; /* else on the host */
+        int dev = glm_svd_runs_on(be) && be->to_f32 && be->from_f32; /* else on the host */
         int on_dev = dev && !tw->qtype;                       /* the residual made on the device too */
         float *dw = NULL; /* the weight as floats on the device (dev) */
         if (!on_dev) {
