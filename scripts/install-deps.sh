@@ -64,6 +64,16 @@ if [ ! -f "$PEFT10_DIR/peft/tuners/lora/layer.py" ]; then
     echo "install-deps: pip install --no-deps --target $PEFT10_DIR peft==0.10.0"
     /usr/bin/python3 -m pip install -q --no-deps --target "$PEFT10_DIR" peft==0.10.0
 fi
+# transformers 4.46 (tests/py/test_glm_hf.py: GLM-4 in transformers' own layout against its
+# GlmForCausalLM, which 4.33.3 above predates, and tokenizer.json through the tokenizers library
+# and transformers' TikTokenConverter) in a folder of its own with the huggingface_hub, tokenizers
+# and safetensors it needs, put on sys.path by that test only; it imports beside Debian's torch 1.13.
+TF446_DIR=/usr/local/lib/glmtrain-transformers-4.46
+if [ ! -f "$TF446_DIR/transformers/models/glm/modeling_glm.py" ]; then
+    echo "install-deps: pip install --no-deps --target $TF446_DIR transformers==4.46.3 (+ tokenizers, huggingface_hub, safetensors)"
+    /usr/bin/python3 -m pip install -q --no-deps --target "$TF446_DIR" transformers==4.46.3 tokenizers==0.20.3 \
+        huggingface_hub==0.26.2 safetensors==0.4.5
+fi
 # DeepSpeed (tests/py/test_deepspeed_config.py: --deepspeed files against transformers' own
 # HfTrainerDeepSpeedConfig, DeepSpeed's DynamicLossScaler and its LR schedulers) in a folder of
 # its own, put on sys.path by that test only: importable everywhere, it would change how

@@ -215,8 +215,8 @@ static double tokenizer_bytes(const char *tok) {
     long long s = 0, sum = 0;
     if (!tok) return 0;
     if (!glm_is_dir(tok)) return reg_size(tok, &s) == 0 ? (double)s : 0;
-    static const char *const names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json"};
-    for (int i = 0; i < 3; i++) {
+    static const char *const names[] = {"ice_text.model", "tokenizer.model", "tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 4; i++) {
         char path[4096];
         glm_path_join(path, sizeof path, tok, names[i]);
         if (reg_size(path, &s) == 0) sum += s;

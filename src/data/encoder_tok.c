@@ -24,7 +24,7 @@ glm_layout glm_layout_of(const glm_tokenizer *t) {
 int glm_tokenizer_fingerprint(const char *path, uint64_t *out, glm_err *err) {
     uint64_t h = 0x676c6d746f6b656eULL; /* "glmtoken" */
     if (!glm_is_dir(path)) return glm_hash_file(path, h, out, err);
-    static const char *const files[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json"};
+    static const char *const files[] = {"ice_text.model", "tokenizer.model", "tokenizer.json", "tokenizer_config.json"};
     int found = 0;
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         char p[4096];
@@ -33,7 +33,7 @@ int glm_tokenizer_fingerprint(const char *path, uint64_t *out, glm_err *err) {
         if (glm_hash_file(p, h, &h, err)) return -1;
         found++;
     }
-    if (!found) return glm_fail(err, "no ice_text.model or tokenizer.model in %s", path);
+    if (!found) return glm_fail(err, "no ice_text.model, tokenizer.model or tokenizer.json in %s", path);
     *out = h;
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 #include "core/fileutil.h"
+#include "model/hf_layout.h"
 
 static int ends_with(const char *s, const char *suf) {
     size_t n = strlen(s), k = strlen(suf);
@@ -37,6 +38,39 @@ static int is_torch(const char *path) {
     return tbin_is_archive(path) ? 1 : 0;
 }
 
+/* The stored tensors, by their names in the file. */
+static int raw_count(const glm_ckpt *c) { return c->tb ? tbin_count(c->tb) : st_count(c->st); }
+static const char *raw_name(const glm_ckpt *c, int i) { return c->tb ? tbin_name(c->tb, i) : st_name(c->st, i); }
+static int raw_info(const glm_ckpt *c, const char *name, st_dtype *dtype, int *ndim, int64_t shape[ST_MAX_DIMS]) {
+    return c->tb ? tbin_info(c->tb, name, dtype, ndim, shape) : st_info(c->st, name, dtype, ndim, shape);
+}
+static int raw_read_f32(glm_ckpt *c, const char *name, float *dst, int ndim, const int64_t *shape, glm_err *err) {
+    return c->tb ? tbin_read_f32(c->tb, name, dst, ndim, shape, err) : st_read_f32(c->st, name, dst, ndim, shape, err);
+}
+static int raw_read_raw(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err) {
+    return c->tb ? tbin_read_raw(c->tb, name, dtype, dst, bytes, err) : st_read_raw(c->st, name, dtype, dst, bytes, err);
+}
+static int raw_read_raw_at(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, uint64_t off, size_t bytes, glm_err *err) {
+    return c->tb ? tbin_read_raw_at(c->tb, name, dtype, dst, off, bytes, err) : st_read_raw_at(c->st, name, dtype, dst, off, bytes, err);
+}
+
+/* A folder in transformers' own GLM layout holds model.embed_tokens or model.layers.N tensors
+ * (a model's whole or a part); its names are listed by their original forms, query_key_value
+ * once (where its q block is). */
+static void list_hf_names(glm_ckpt *c) {
+    int n = raw_count(c), part;
+    char orig[GLM_HF_NAME];
+    for (int i = 0; i < n && !c->hf; i++)
+        c->hf = strncmp(raw_name(c, i), "model.layers.", 13) == 0 || strcmp(raw_name(c, i), "model.embed_tokens.weight") == 0;
+    if (!c->hf) return;
+    c->names = glm_calloc((size_t)n, sizeof *c->names);
+    for (int i = 0; i < n; i++) {
+        const char *s = raw_name(c, i);
+        if (glm_hf_orig_name(s, orig, sizeof orig, &part)) c->names[c->n_names++] = glm_strdup(s);
+        else if (part == 0) c->names[c->n_names++] = glm_strdup(orig);
+    }
+}
+
 int glm_ckpt_open(glm_ckpt *c, const char *path, glm_err *err) {
     memset(c, 0, sizeof *c);
     snprintf(c->path, sizeof c->path, "%s", path);
@@ -57,38 +91,129 @@ int glm_ckpt_open(glm_ckpt *c, const char *path, glm_err *err) {
     }
     int rc = t ? tbin_open(&c->tb, path, err) : st_open(&c->st, path, err);
     if (rc) return glm_wrap(err, "loading weights: ");
+    list_hf_names(c);
     return 0;
 }
 
 void glm_ckpt_close(glm_ckpt *c) {
     if (c->st) st_close(c->st);
     if (c->tb) tbin_close(c->tb);
+    for (int i = 0; i < c->n_names; i++) free(c->names[i]);
+    free(c->names);
     c->st = NULL;
     c->tb = NULL;
+    c->names = NULL;
+    c->n_names = 0;
 }
 
 const char *glm_ckpt_format(const glm_ckpt *c) { return c->tb ? "torch .bin" : "safetensors"; }
-int glm_ckpt_count(const glm_ckpt *c) { return c->tb ? tbin_count(c->tb) : st_count(c->st); }
-const char *glm_ckpt_name(const glm_ckpt *c, int i) { return c->tb ? tbin_name(c->tb, i) : st_name(c->st, i); }
+int glm_ckpt_count(const glm_ckpt *c) { return c->hf ? c->n_names : raw_count(c); }
+const char *glm_ckpt_name(const glm_ckpt *c, int i) { return c->hf ? c->names[i] : raw_name(c, i); }
+
+/* The stored tensors a name reads from: itself, or in a -hf folder its -hf name(s); for
+ * query_key_value three row blocks of one dtype and the same trailing dims. -1 when absent. */
+typedef struct parts {
+    int n;
+    char name[3][GLM_HF_NAME];
+    int64_t rows[3];
+    st_dtype dt;
+    int nd;
+    int64_t shape[ST_MAX_DIMS]; /* the whole: rows summed */
+} parts;
+static int resolve(const glm_ckpt *c, const char *name, parts *p) {
+    int direct = raw_info(c, name, &p->dt, &p->nd, p->shape) == 0;
+    if (direct || !c->hf) {
+        if (!direct) return -1;
+        p->n = 1;
+        snprintf(p->name[0], GLM_HF_NAME, "%s", name);
+        p->rows[0] = p->nd > 0 ? p->shape[0] : 1;
+        return 0;
+    }
+    p->n = glm_hf_names(name, p->name);
+    if (p->n == 0) return -1;
+    for (int i = 0; i < p->n; i++) {
+        st_dtype dt;
+        int nd;
+        int64_t sh[ST_MAX_DIMS];
+        if (raw_info(c, p->name[i], &dt, &nd, sh) || nd < 1) return -1;
+        if (i == 0) { p->dt = dt; p->nd = nd; memcpy(p->shape, sh, sizeof sh); p->shape[0] = 0; }
+        else if (dt != p->dt || nd != p->nd || (nd == 2 && sh[1] != p->shape[1])) return -1;
+        p->rows[i] = sh[0];
+        p->shape[0] += sh[0];
+    }
+    return 0;
+}
+/* elements in one row of a resolved tensor */
+static int64_t row_elems(const parts *p) {
+    int64_t r = 1;
+    for (int d = 1; d < p->nd; d++) r *= p->shape[d];
+    return r;
+}
 
 int glm_ckpt_info(const glm_ckpt *c, const char *name, st_dtype *dtype, int *ndim, int64_t shape[ST_MAX_DIMS]) {
-    return c->tb ? tbin_info(c->tb, name, dtype, ndim, shape) : st_info(c->st, name, dtype, ndim, shape);
+    parts p;
+    if (resolve(c, name, &p)) return -1;
+    if (dtype) *dtype = p.dt;
+    if (ndim) *ndim = p.nd;
+    if (shape) memcpy(shape, p.shape, sizeof p.shape);
+    return 0;
 }
 
 int glm_ckpt_read_f32(glm_ckpt *c, const char *name, float *dst, int ndim, const int64_t *shape, glm_err *err) {
-    return c->tb ? tbin_read_f32(c->tb, name, dst, ndim, shape, err) : st_read_f32(c->st, name, dst, ndim, shape, err);
+    parts p;
+    if (resolve(c, name, &p)) return raw_read_f32(c, name, dst, ndim, shape, err); /* its message */
+    if (p.n == 1) return raw_read_f32(c, p.name[0], dst, ndim, shape, err);
+    if (ndim != p.nd || shape[0] != p.shape[0]) /* the stored parts' own message for the mismatch */
+        return raw_read_f32(c, p.name[0], dst, ndim, shape, err);
+    int64_t sh[ST_MAX_DIMS];
+    memcpy(sh, shape, (size_t)ndim * sizeof *sh);
+    for (int i = 0; i < p.n; i++) {
+        sh[0] = p.rows[i];
+        if (raw_read_f32(c, p.name[i], dst, ndim, sh, err)) return -1;
+        dst += p.rows[i] * row_elems(&p);
+    }
+    return 0;
 }
 
 int glm_ckpt_read_raw(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err) {
-    return c->tb ? tbin_read_raw(c->tb, name, dtype, dst, bytes, err) : st_read_raw(c->st, name, dtype, dst, bytes, err);
+    parts p;
+    if (resolve(c, name, &p)) return raw_read_raw(c, name, dtype, dst, bytes, err);
+    if (p.n == 1) return raw_read_raw(c, p.name[0], dtype, dst, bytes, err);
+    size_t row = (size_t)row_elems(&p) * st_dtype_size(dtype);
+    if (bytes != (size_t)p.shape[0] * row) return raw_read_raw(c, p.name[0], dtype, dst, bytes, err);
+    for (int i = 0; i < p.n; i++) {
+        if (raw_read_raw(c, p.name[i], dtype, dst, (size_t)p.rows[i] * row, err)) return -1;
+        dst = (char *)dst + (size_t)p.rows[i] * row;
+    }
+    return 0;
 }
 
 int glm_ckpt_partwise(glm_ckpt *c, const char *name) {
-    return c->tb ? tbin_contiguous(c->tb, name) : glm_ckpt_info(c, name, NULL, NULL, NULL) == 0;
+    parts p;
+    if (resolve(c, name, &p)) return 0;
+    for (int i = 0; i < p.n; i++)
+        if (!(c->tb ? tbin_contiguous(c->tb, p.name[i]) : 1)) return 0;
+    return 1;
 }
 
 int glm_ckpt_read_raw_at(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, uint64_t off, size_t bytes, glm_err *err) {
-    return c->tb ? tbin_read_raw_at(c->tb, name, dtype, dst, off, bytes, err) : st_read_raw_at(c->st, name, dtype, dst, off, bytes, err);
+    parts p;
+    if (resolve(c, name, &p)) return raw_read_raw_at(c, name, dtype, dst, off, bytes, err);
+    if (p.n == 1) return raw_read_raw_at(c, p.name[0], dtype, dst, off, bytes, err);
+    uint64_t row = (uint64_t)row_elems(&p) * st_dtype_size(dtype), start = 0;
+    for (int i = 0; i < p.n && bytes > 0; i++) { /* the byte range across the row blocks it spans */
+        uint64_t len = (uint64_t)p.rows[i] * row;
+        if (off < start + len) {
+            uint64_t k = start + len - off < bytes ? start + len - off : bytes;
+            if (raw_read_raw_at(c, p.name[i], dtype, dst, off - start, (size_t)k, err)) return -1;
+            dst = (char *)dst + k;
+            off += k;
+            bytes -= (size_t)k;
+        }
+        start += len;
+    }
+    if (bytes) return glm_fail(err, "%s: tensor %s is shorter than the bytes asked for", c->path, name);
+    return 0;
 }
 
 int glm_ckpt_quantized_type(const glm_ckpt *c, const char *name, int64_t OC, int64_t C) {

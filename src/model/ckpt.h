@@ -21,6 +21,12 @@ typedef struct glm_ckpt {
     st_reader *st;       /* exactly one of st / tb is open */
     tbin_reader *tb;
     char path[4096];     /* as given, for messages */
+    /* transformers' own GLM layout (model/hf_layout.h): every name below is THUDM's original
+     * one, and query_key_value reads as its three stored row blocks one after another; names[]
+     * lists the tensors by those names */
+    int hf;
+    char **names;
+    int n_names;
 } glm_ckpt;
 
 /* path: a folder (safetensors preferred over .bin, as Hugging Face does), a .safetensors or

@@ -169,6 +169,70 @@ static int parse_glm2(glm_config *c, const cJSON *o, const char *src, glm_err *e
     return 0;
 }
 
+/* transformers' GlmConfig (model_type glm, GlmForCausalLM: glm-4-9b-chat-hf), its defaults where
+ * a field is absent (transformers 4.46's configuration_glm.py). Its attention takes the head
+ * width as hidden_size / num_attention_heads and rotates head_dim / 2 of each head; GLM-4-9B's
+ * head_dim says the same, and a config where they differ is refused rather than guessed. */
+static int parse_glm_hf(glm_config *c, const cJSON *o, const char *src, glm_err *err) {
+    glm_config d = glm_config_chatglm2_6b();
+    int32_t vocab = 151552, hidden = 0, layers = 0, heads = 0, ffn = 0, kv = 2, hd = 128, seq = 131072;
+    int32_t eos = 151329, pad = 151329;
+    int bias = 1, tie = 0;
+    float eps = 1.5625e-07f, theta = 10000.0f, partial = 0.5f;
+    int rc = get_int(o, "vocab_size", 0, &vocab, src, err);
+    if (!rc) rc |= get_int(o, "hidden_size", 1, &hidden, src, err);
+    if (!rc) rc |= get_int(o, "num_hidden_layers", 1, &layers, src, err);
+    if (!rc) rc |= get_int(o, "num_attention_heads", 1, &heads, src, err);
+    if (!rc) rc |= get_int(o, "intermediate_size", 1, &ffn, src, err);
+    if (!rc) rc |= get_int(o, "num_key_value_heads", 0, &kv, src, err);
+    if (!rc) rc |= get_int(o, "head_dim", 0, &hd, src, err);
+    if (!rc) rc |= get_int(o, "max_position_embeddings", 0, &seq, src, err);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id"); /* a list: the first ends text */
+    if (!rc && cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(e, 0)))
+        eos = cJSON_GetArrayItem(e, 0)->valueint;
+    else if (!rc) rc |= get_int(o, "eos_token_id", 0, &eos, src, err);
+    if (!rc) rc |= get_int(o, "pad_token_id", 0, &pad, src, err);
+    if (!rc) rc |= get_bool(o, "attention_bias", &bias, src, err);
+    if (!rc) rc |= get_bool(o, "tie_word_embeddings", &tie, src, err);
+    if (!rc) rc |= get_float(o, "rms_norm_eps", &eps, src, err);
+    if (!rc) rc |= get_float(o, "rope_theta", &theta, src, err);
+    if (!rc) rc |= get_float(o, "partial_rotary_factor", &partial, src, err);
+    /* later transformers write the rotary settings as rope_parameters */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rope_parameters");
+    const cJSON *rtype = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+    if (!rc && cJSON_IsObject(rp)) rc |= get_float(rp, "rope_theta", &theta, src, err);
+    if (!rc && cJSON_IsObject(rp)) rc |= get_float(rp, "partial_rotary_factor", &partial, src, err);
+    if (rc) return -1;
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "hidden_act");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    const char *refused = act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")) ? "hidden_act other than silu"
+                        : tie ? "tie_word_embeddings true" : partial != 0.5f ? "partial_rotary_factor other than 0.5"
+                        : rs && !cJSON_IsNull(rs) ? "rope_scaling"
+                        : rtype && !(cJSON_IsString(rtype) && !strcmp(rtype->valuestring, "default")) ? "a rope_type other than default"
+                        : NULL;
+    if (refused) {
+        glm_fail(err, "%s: %s: no GLM-4 model uses this option, and glmtrain does not run it", src, refused);
+        return glm_hint(err, "compare with the config.json of THUDM/glm-4-9b-chat-hf");
+    }
+    if (heads > 0 && hd * heads != hidden) {
+        glm_fail(err, "%s: head_dim %d is not hidden_size / num_attention_heads (%d / %d)", src, hd, hidden, heads);
+        return glm_hint(err, "transformers' GlmAttention takes its head width from hidden_size / num_attention_heads "
+                             "and its rotary width from head_dim; GLM-4-9B has them equal (128)");
+    }
+    *c = d;
+    c->hf_layout = 1;
+    c->vocab_size = vocab;
+    c->hidden_size = hidden; c->num_layers = layers; c->num_attention_heads = heads; c->inner_hidden_size = ffn;
+    c->head_dim = hd;
+    c->num_kv_heads = kv;
+    c->qkv_bias = bias;
+    c->max_sequence_length = seq;
+    c->layernorm_epsilon = eps;
+    c->rope_theta = theta;
+    c->eos_token_id = eos; c->pad_token_id = pad;
+    return 0;
+}
+
 int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *err) {
     cJSON *o = glm_json_parse_doc(text, strlen(text), src, "config.json of a chatglm model", err);
     if (!o) return -1;
@@ -176,15 +240,19 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
         cJSON_Delete(o);
         return glm_fail(err, "%s: not a JSON object (config.json of a chatglm model expected)", src);
     }
-    /* transformers' own classes for GLM-4 (glm-4-9b-chat-hf, GLM-4-0414): other tensor names and a
-     * tokenizer.json instead of THUDM's tokenizer.model */
+    /* transformers' own classes for GLM-4: GlmForCausalLM (glm-4-9b-chat-hf) is the ChatGLM2 block
+     * under other names; Glm4ForCausalLM (GLM-4-0414) adds two norms a layer, not built here */
     const cJSON *mt0 = cJSON_GetObjectItemCaseSensitive(o, "model_type");
-    if (cJSON_IsString(mt0) && (!strcmp(mt0->valuestring, "glm") || !strcmp(mt0->valuestring, "glm4"))) {
-        glm_fail(err, "%s: model_type \"%s\" is transformers' own GLM layout (%s), which glmtrain does not read", src,
-                 mt0->valuestring, !strcmp(mt0->valuestring, "glm") ? "GlmForCausalLM: the -hf repositories" : "Glm4ForCausalLM: GLM-4-0414");
+    if (cJSON_IsString(mt0) && !strcmp(mt0->valuestring, "glm")) {
+        int rc = parse_glm_hf(c, o, src, err);
         cJSON_Delete(o);
-        return glm_hint(err, "use THUDM's original layout of the model (THUDM/glm-4-9b-chat rather than glm-4-9b-chat-hf; "
-                             "model_type chatglm, with tokenizer.model)");
+        return rc ? rc : glm_config_validate(c, src, err);
+    }
+    if (cJSON_IsString(mt0) && !strcmp(mt0->valuestring, "glm4")) {
+        glm_fail(err, "%s: model_type \"glm4\" is transformers' Glm4ForCausalLM (GLM-4-0414, GLM-Z1), whose layers "
+                      "have two more norms than glmtrain's GLM-4 block", src);
+        cJSON_Delete(o);
+        return glm_hint(err, "glmtrain trains GLM-4-9B as THUDM/glm-4-9b-chat or THUDM/glm-4-9b-chat-hf");
     }
     /* ChatGLM2/3 and GLM-4 folders say model_type chatglm too, with the ChatGLM2 block's fields */
     static const char *const later[] = {"padded_vocab_size", "multi_query_attention", "ffn_hidden_size", "kv_channels", "rmsnorm"};
@@ -319,7 +387,41 @@ static char *glm2_config_json(const glm_config *c) {
     return s;
 }
 
+/* transformers' GlmConfig keys (model_type glm), as its save_pretrained writes them */
+static char *glm_hf_config_json(const glm_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("GlmForCausalLM"));
+    cJSON_AddBoolToObject(o, "attention_bias", c->qkv_bias);
+    cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
+    cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id);
+    cJSON_AddNumberToObject(o, "head_dim", glm_head_dim(c));
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->inner_hidden_size);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_sequence_length);
+    cJSON_AddStringToObject(o, "model_type", "glm");
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_layers);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", glm_kv_heads(c));
+    cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+    char r[32];
+    glm_json_float(r, sizeof r, c->layernorm_epsilon);
+    cJSON_AddRawToObject(o, "rms_norm_eps", r);
+    glm_json_float(r, sizeof r, c->rope_theta);
+    cJSON_AddRawToObject(o, "rope_theta", r);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", 0);
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    cJSON_AddBoolToObject(o, "use_cache", 1);
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
+
 char *glm_config_to_json(const glm_config *c) {
+    if (c->hf_layout) return glm_hf_config_json(c);
     if (c->family == GLM_FAMILY_GLM2) return glm2_config_json(c);
     cJSON *o = config_object(0);
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);

@@ -100,6 +100,11 @@ typedef struct glm_config {
      * config.json's quantization_bit (a folder that stores them quantized) or the run's
      * --quantization_bit / --quantization_type (quantized as they load) */
     int quant;
+    /* The folder's layout: 0 THUDM's original names (model_type chatglm), 1 transformers' own
+     * GlmForCausalLM (model_type glm: glm-4-9b-chat-hf), the same ChatGLM2-block weights under
+     * other names with query_key_value stored as q_proj, k_proj and v_proj (model/hf_layout.h).
+     * Inside, the model keeps the original names; reading and writing folders translate. */
+    int hf_layout;
 } glm_config;
 
 /* The ChatGLM-6B (v1.1) shapes and ids. */

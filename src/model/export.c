@@ -11,6 +11,7 @@
 #include "core/json_text.h"
 #include "core/log.h"
 #include "model/ckpt.h"
+#include "model/hf_layout.h"
 
 void glm_export_opts_init(glm_export_opts *o) {
     *o = (glm_export_opts){.dtype = ST_F16, .max_shard_bytes = 0, .original_layout = 1};
@@ -19,7 +20,7 @@ void glm_export_opts_init(glm_export_opts *o) {
 /* One tensor of the output: a table row, the tied head (a copy of the embedding) or an
  * inv_freq buffer. */
 typedef struct item {
-    char name[128];
+    char name[GLM_HF_NAME];
     const char *src;          /* name to read (table rows and the tied head) */
     const glm_tensor *t;      /* table row, or NULL for inv_freq */
     int ndim;
@@ -27,15 +28,30 @@ typedef struct item {
     size_t numel;
     int shard;
     int qpart;                /* quantized export: 1 the weight's integers (int8), 2 its fp16 scales */
+    int64_t row0;             /* the -hf layout's q/k/v: rows [row0, row0 + shape[0]) of the row */
     size_t bytes;             /* bytes of a quantized part */
 } item;
 
-static int n_items_max(const glm_table *tab) { return 2 * tab->n + tab->num_layers + 1; }
+static int n_items_max(const glm_table *tab) { return 3 * tab->n + tab->num_layers + 1; }
 
 static int build_items(const glm_table *tab, const glm_config *c, int original, int quant, item *it) {
     int n = 0, rot = glm_head_dim(c) / 4; /* rotary dim HD/2, one frequency per pair */
     for (int i = 0; i < tab->n; i++) {
         const glm_tensor *t = &tab->t[i];
+        char hf[3][GLM_HF_NAME];
+        int parts = c->hf_layout ? glm_hf_names(t->name, hf) : 0;
+        if (parts) { /* transformers' names; query_key_value as three row blocks (model/hf_layout.h) */
+            int64_t row0 = 0;
+            for (int p = 0; p < parts; p++) {
+                int64_t rows = parts == 1 ? t->shape[0] : glm_hf_part_rows(c, p), cols = t->ndim == 2 ? t->shape[1] : 1;
+                it[n] = (item){.src = t->name, .t = t, .ndim = t->ndim, .shape = {rows, t->shape[1]},
+                               .numel = (size_t)(rows * cols), .row0 = row0};
+                memcpy(it[n].name, hf[p], sizeof it[n].name);
+                row0 += rows;
+                n++;
+            }
+            continue;
+        }
         it[n] = (item){.src = t->name, .t = t, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .numel = t->numel};
         snprintf(it[n].name, sizeof it[n].name, "%s", t->name);
         n++;
@@ -166,7 +182,7 @@ int glm_write_hf_config(const glm_config *c, const char *config_from, st_dtype d
 }
 
 static int is_source_file(const char *n) {
-    static const char *const names[] = {"ice_text.model", "tokenizer.model", "tokenizer_config.json",
+    static const char *const names[] = {"ice_text.model", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                                         "special_tokens_map.json", "added_tokens.json", "generation_config.json"};
     size_t len = strlen(n);
     if (len > 3 && strcmp(n + len - 3, ".py") == 0) return 1;
@@ -246,13 +262,17 @@ int glm_export(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd
     if (o->quant != GLM_Q_NONE && o->quant != GLM_Q_INT8 && o->quant != GLM_Q_INT4)
         return glm_fail(err, "only int8 and int4 weights are written quantized (THUDM's layout), not %s",
                         glm_qtype_name((glm_qtype)o->quant));
+    if (o->quant != GLM_Q_NONE && c->hf_layout) {
+        glm_fail(err, "int8/int4 weights are written in THUDM's original layout only, and this model is in transformers' GLM layout");
+        return glm_hint(err, "write it as floats (no --quantization_bit), or quantize it as it loads in glmtrain");
+    }
     if (prepare_dir(dir, o->overwrite, err)) return -1;
     glm_table tab;
     glm_config cb = *c; /* the base rows: what the folder holds */
     cb.quant = GLM_Q_NONE;
     glm_table_build(&tab, &cb);
     item *it = glm_calloc((size_t)n_items_max(&tab), sizeof *it);
-    int n = build_items(&tab, c, o->original_layout, o->quant, it);
+    int n = build_items(&tab, c, o->original_layout && !c->hf_layout, o->quant, it);
     /* Hugging Face's shard_checkpoint: a new shard starts when the next tensor would overflow
      * the current one; a tensor larger than the limit gets a shard of its own. A weight's
      * scales stay in its shard. */
@@ -267,6 +287,8 @@ int glm_export(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd
     }
     int rc = 0;
     char name[64], path[4096];
+    float *whole = NULL;             /* the row the last row block came from */
+    const glm_tensor *whole_of = NULL;
     for (int s = 0; s < shards && rc == 0; s++) {
         int k = 0;
         st_entry *e = glm_calloc((size_t)n, sizeof *e);
@@ -287,6 +309,15 @@ int glm_export(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd
                 e[k].data_dtype = e[k].file_dtype = ST_F16;
                 k++;
                 continue;
+            } else if (it[i].t && it[i].numel != it[i].t->numel) { /* a row block of the row */
+                if (whole_of != it[i].t) {
+                    whole = glm_realloc(whole, it[i].t->numel * sizeof(float));
+                    whole_of = it[i].t;
+                    rc = rd(ctx, it[i].src, it[i].t, whole, err);
+                }
+                bufs[k] = glm_malloc(it[i].numel * sizeof(float));
+                int64_t cols = it[i].ndim == 2 ? it[i].shape[1] : 1;
+                if (rc == 0) memcpy(bufs[k], whole + it[i].row0 * cols, it[i].numel * sizeof(float));
             } else {
                 float *b = bufs[k] = glm_malloc(it[i].numel * sizeof(float));
                 if (it[i].t) rc = rd(ctx, it[i].src, it[i].t, b, err);
@@ -319,6 +350,7 @@ int glm_export(const glm_config *c, glm_tensor_reader rd, glm_qtensor_reader qrd
     if (rc == 0) rc = glm_write_hf_config(&cb, o->config_from, o->dtype, dir, err);
     /* tokenizer and code files travel with the weights, so the folder loads as it is */
     if (rc == 0 && o->files_from) rc = glm_copy_source_files(o->files_from, dir, err);
+    free(whole);
     free(it);
     glm_table_free(&tab);
     return rc;

@@ -63,6 +63,8 @@ void bpe_free(bpe_bytes *b);
 /* ---- GLM-4's tokenizer on top (glm4.c); chatglm.c routes GLM_TOK_GLM4 here ---- */
 /* Parses the rank file buf[0..len) (named `what`) into t->bpe and sets kind, specials and eos. */
 int glm4_setup(glm_tokenizer *t, const char *buf, size_t len, const char *what, glm_err *err);
+/* The same from transformers' tokenizer.json of GLM-4 (glm4_json.c): read back into the ranks. */
+int glm4_setup_json(glm_tokenizer *t, const char *buf, size_t len, const char *what, glm_err *err);
 int glm4_stop_ids(const glm_tokenizer *t, int32_t *ids);
 int glm4_encode_sc(const glm_tokenizer *t, const char *text, size_t len, int flags, spm_scratch *sc, glm_ids *out,
                    glm_err *err);

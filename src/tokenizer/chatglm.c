@@ -138,8 +138,9 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
     if (glm_is_dir(path)) {
         glm_path_join(model, sizeof model, path, "ice_text.model");
         if (!glm_is_file(model)) glm_path_join(model, sizeof model, path, "tokenizer.model");
+        if (!glm_is_file(model)) glm_path_join(model, sizeof model, path, "tokenizer.json"); /* GLM-4 -hf */
         if (!glm_is_file(model)) {
-            glm_fail(err, "tokenizer folder %s has neither ice_text.model nor tokenizer.model", path);
+            glm_fail(err, "tokenizer folder %s has neither ice_text.model nor tokenizer.model (nor GLM-4's tokenizer.json)", path);
             return glm_hint(err, "pass the model folder (with ice_text.model) or the .model file itself");
         }
         glm_path_join(cfg, sizeof cfg, path, "tokenizer_config.json");
@@ -148,7 +149,7 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
     } else if (glm_is_file(path)) {
         snprintf(model, sizeof model, "%s", path);
         /* Only the official file names pick up the config next to them. */
-        if (strcmp(base, "ice_text.model") == 0 || strcmp(base, "tokenizer.model") == 0) {
+        if (strcmp(base, "ice_text.model") == 0 || strcmp(base, "tokenizer.model") == 0 || strcmp(base, "tokenizer.json") == 0) {
             snprintf(cfg, sizeof cfg, "%.*s", (int)(base - path), path);
             size_t l = strlen(cfg);
             snprintf(cfg + l, sizeof cfg - l, "tokenizer_config.json");
@@ -170,6 +171,14 @@ int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err) {
     char *buf = glm_read_file(model, &len, err);
     if (!buf) return -1;
     glm_tokenizer *t = glm_calloc(1, sizeof *t);
+    size_t ml = strlen(model);
+    if (ml >= 5 && strcmp(model + ml - 5, ".json") == 0) { /* transformers' tokenizer.json: GLM-4's alone */
+        int rc = glm4_setup_json(t, buf, len, model, err);
+        free(buf);
+        if (rc) { glm_tokenizer_free(t); return -1; }
+        *out = t;
+        return 0;
+    }
     if (bpe_looks_like_ranks(buf, len)) { /* by content: a SentencePiece protobuf starts with 0x0a */
         int rc = glm4_setup(t, buf, len, model, err);
         free(buf);

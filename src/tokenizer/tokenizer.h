@@ -16,7 +16,8 @@ typedef struct glm_special_ids {
 } glm_special_ids;
 
 /* path: a folder holding ice_text.model or tokenizer.model (and optionally
- * tokenizer_config.json), or a .model file itself. */
+ * tokenizer_config.json), or GLM-4's tokenizer.json (transformers' GLM layout), or such a file
+ * itself. */
 int glm_tokenizer_load(glm_tokenizer **out, const char *path, glm_err *err);
 void glm_tokenizer_free(glm_tokenizer *t);
 

@@ -394,7 +394,8 @@ static int save_final(trainer *t, glm_err *err) {
                                        "the P-Tuning v2 prefix encoder (load it with --adapter beside the base model)",
                                        "the final model"};
     if (lead(t)) glm_info("saved %s to %s", what[t->m.cfg.peft.kind], t->a->output_dir);
-    if (lead(t) && t->m.cfg.peft.kind != GLM_FT_LORA) glm_check_remote_code(t->a->output_dir);
+    /* transformers' own GLM layout needs no code files */
+    if (lead(t) && t->m.cfg.peft.kind != GLM_FT_LORA && !t->m.cfg.hf_layout) glm_check_remote_code(t->a->output_dir);
     if (lead(t) && t->a->pissa_convert) { /* a plain LoRA for the original base beside it */
         char dir[4096];
         glm_path_join(dir, sizeof dir, t->a->output_dir, GLM_PISSA_CONVERTED_DIR);

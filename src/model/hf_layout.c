@@ -1,0 +1,106 @@
+/* Names of transformers' own GLM layout against THUDM's original (model/hf_layout.h). */
+#include "model/hf_layout.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Modules outside the layers, and inside a layer (after the layer's prefix). query_key_value
+ * has three -hf modules; the others one. */
+static const struct { const char *orig, *hf[3]; } kOutside[] = {
+    {"transformer.embedding.word_embeddings", {"model.embed_tokens"}},
+    {"transformer.encoder.final_layernorm", {"model.norm"}},
+    {"transformer.output_layer", {"lm_head"}},
+};
+static const struct { const char *orig, *hf[3]; } kInLayer[] = {
+    {"input_layernorm", {"input_layernorm"}},
+    {"self_attention.query_key_value", {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}},
+    {"self_attention.dense", {"self_attn.o_proj"}},
+    {"post_attention_layernorm", {"post_attention_layernorm"}},
+    {"mlp.dense_h_to_4h", {"mlp.gate_up_proj"}},
+    {"mlp.dense_4h_to_h", {"mlp.down_proj"}},
+};
+enum { N_OUT = sizeof kOutside / sizeof kOutside[0], N_IN = sizeof kInLayer / sizeof kInLayer[0] };
+static const char kOrigLayer[] = "transformer.encoder.layers.", kHfLayer[] = "model.layers.";
+
+/* s starts with module m followed by the end or a '.': the length of m, else 0 */
+static size_t module_at(const char *s, const char *m) {
+    size_t k = strlen(m);
+    return strncmp(s, m, k) == 0 && (s[k] == 0 || s[k] == '.') ? k : 0;
+}
+
+/* A layer's prefix at s ("<layer>N."): the length up to the number's dot, with *num at the number */
+static size_t layer_at(const char *s, const char *layer, const char **num, size_t *num_len) {
+    size_t k = strlen(layer);
+    if (strncmp(s, layer, k) != 0) return 0;
+    size_t d = 0;
+    while (s[k + d] >= '0' && s[k + d] <= '9') d++;
+    if (d == 0 || s[k + d] != '.') return 0;
+    *num = s + k;
+    *num_len = d;
+    return k + d + 1;
+}
+
+int glm_hf_names(const char *orig, char names[3][GLM_HF_NAME]) {
+    const char *at = strstr(orig, "transformer.");
+    if (!at) return 0;
+    int pre = (int)(at - orig);
+    for (int i = 0; i < N_OUT; i++) {
+        size_t k = module_at(at, kOutside[i].orig);
+        if (k) {
+            snprintf(names[0], GLM_HF_NAME, "%.*s%s%s", pre, orig, kOutside[i].hf[0], at + k);
+            return 1;
+        }
+    }
+    const char *num;
+    size_t nl, lk = layer_at(at, kOrigLayer, &num, &nl);
+    if (!lk) return 0;
+    for (int i = 0; i < N_IN; i++) {
+        size_t k = module_at(at + lk, kInLayer[i].orig);
+        if (!k) continue;
+        int n = kInLayer[i].hf[1] ? 3 : 1;
+        for (int p = 0; p < n; p++)
+            snprintf(names[p], GLM_HF_NAME, "%.*s%s%.*s.%s%s", pre, orig, kHfLayer, (int)nl, num, kInLayer[i].hf[p],
+                     at + lk + k);
+        return n;
+    }
+    return 0;
+}
+
+int glm_hf_orig_name(const char *hf, char *orig, size_t n, int *part) {
+    static const char peft[] = "base_model.model.";
+    int pre = strncmp(hf, peft, sizeof peft - 1) == 0 ? (int)sizeof peft - 1 : 0;
+    const char *at = hf + pre;
+    *part = 0;
+    for (int i = 0; i < N_OUT; i++) {
+        size_t k = module_at(at, kOutside[i].hf[0]);
+        if (k) {
+            snprintf(orig, n, "%.*s%s%s", pre, hf, kOutside[i].orig, at + k);
+            return 0;
+        }
+    }
+    const char *num;
+    size_t nl, lk = layer_at(at, kHfLayer, &num, &nl);
+    if (!lk) return -1;
+    for (int i = 0; i < N_IN; i++)
+        for (int p = 0; p < 3 && kInLayer[i].hf[p]; p++) {
+            size_t k = module_at(at + lk, kInLayer[i].hf[p]);
+            if (!k) continue;
+            snprintf(orig, n, "%.*s%s%.*s.%s%s", pre, hf, kOrigLayer, (int)nl, num, kInLayer[i].orig, at + lk + k);
+            *part = p;
+            return 0;
+        }
+    return -1;
+}
+
+int64_t glm_hf_part_rows(const glm_config *c, int part) {
+    return (int64_t)(part == 0 ? c->num_attention_heads : glm_kv_heads(c)) * glm_head_dim(c);
+}
+
+const char *glm_hf_module_orig(const char *m, size_t len) {
+    static const struct { const char *hf, *orig; } map[] = {
+        {"q_proj", "query_key_value"}, {"k_proj", "query_key_value"}, {"v_proj", "query_key_value"},
+        {"o_proj", "dense"}, {"gate_up_proj", "dense_h_to_4h"}, {"down_proj", "dense_4h_to_h"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strlen(map[i].hf) == len && strncmp(m, map[i].hf, len) == 0) return map[i].orig;
+    return "";
+}

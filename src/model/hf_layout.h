@@ -1,0 +1,40 @@
+/* transformers' own GLM layout (config.h hf_layout: model_type glm, GlmForCausalLM, the
+ * glm-4-9b-chat-hf repositories): the ChatGLM2 block's weights under other module names, with
+ * query_key_value stored as three tensors. The model keeps THUDM's original names inside (the
+ * tensor table, the families); these functions translate at the edges: reading a folder
+ * (ckpt.c), writing one (export.c) and adapters (peft's names carry the same module paths).
+ *
+ *   transformer.embedding.word_embeddings      model.embed_tokens
+ *   transformer.encoder.layers.N.              model.layers.N.
+ *     input_layernorm                            input_layernorm
+ *     self_attention.query_key_value             self_attn.q_proj | k_proj | v_proj (row blocks)
+ *     self_attention.dense                       self_attn.o_proj
+ *     post_attention_layernorm                   post_attention_layernorm
+ *     mlp.dense_h_to_4h                          mlp.gate_up_proj
+ *     mlp.dense_4h_to_h                          mlp.down_proj
+ *   transformer.encoder.final_layernorm        model.norm
+ *   transformer.output_layer                   lm_head
+ * (transformers' convert_glm_weights_to_hf.py: the same values, no permutation.) */
+#ifndef GLM_MODEL_HF_LAYOUT_H
+#define GLM_MODEL_HF_LAYOUT_H
+#include <stddef.h>
+#include <stdint.h>
+#include "model/config.h"
+
+enum { GLM_HF_NAME = 256 };
+/* The -hf name(s) of a tensor named as THUDM's original, into names[] (GLM_HF_NAME bytes each):
+ * 1 for a renamed module, 3 for query_key_value (q, k, v: consecutive row blocks of it, in that
+ * order), 0 when the name has no -hf form (then it is the same in both). What follows the
+ * module (".weight", ".lora_A.weight") and what precedes "transformer." (peft's
+ * "base_model.model.") stay as they are. */
+int glm_hf_names(const char *orig, char names[3][GLM_HF_NAME]);
+/* The original name of a -hf tensor name; *part: which row block of query_key_value it is
+ * (0 q, 1 k, 2 v) or 0 for a renamed one. -1 when the name has no original form. */
+int glm_hf_orig_name(const char *hf, char *orig, size_t n, int *part);
+/* Rows of query_key_value's row block `part`: q NH * HD, k and v NKV * HD each. */
+int64_t glm_hf_part_rows(const glm_config *c, int part);
+/* A LoRA target in -hf terms (q_proj, k_proj, v_proj, o_proj, gate_up_proj, down_proj) as the
+ * original module name it stands for ("" for an unknown one). */
+const char *glm_hf_module_orig(const char *hf_module, size_t len);
+
+#endif

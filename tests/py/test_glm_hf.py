@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""GLM-4 in transformers' own layout (model_type "glm", GlmForCausalLM: the glm-4-9b-chat-hf
+repositories) against transformers 4.46 itself (scripts/install-deps.sh puts it in a folder of its
+own, with tokenizers 0.20; this test alone puts it on sys.path):
+  - a tiny GlmForCausalLM with random weights, saved by save_pretrained: tool_model_driver's loss
+    and every gradient (by THUDM's original names; q_proj | k_proj | v_proj stacked) within 1e-5
+    of transformers' own loss and autograd on a right-padded batch, two rotary bases;
+  - the same model under THUDM's original names (transformers' convert_glm_weights_to_hf.py
+    mapping, inverted) gives the same loss: the -hf folder is the ChatGLM2 block renamed;
+  - tokenizer.json as transformers' TikTokenConverter writes it from a GLM-4-style rank file:
+    glmtrain's ids equal the tokenizers library's on mixed text, specials included;
+  - `glmtrain train` on the -hf folder with that tokenizer.json: the loss falls; the saved folder
+    holds transformers' names and config (no THUDM code files needed), GlmForCausalLM loads it
+    with no missing or unexpected keys, and its loss on a batch equals tool_model_driver's on the
+    same folder; greedy `glmtrain generate` equals transformers' greedy decode;
+  - refused with a clear error: model_type glm4 (GLM-4-0414's extra norms), a head_dim that is
+    not hidden_size / heads, a tokenizer.json whose split pattern is not GLM-4's.
+Prints PASS/FAIL/SKIP lines."""
+import json, os, shutil, subprocess, sys, tempfile
+
+TF_DIR = "/usr/local/lib/glmtrain-transformers-4.46"
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from mpi_runs import ENV, GLM, losses, report, run  # noqa: E402
+from test_generate import debug_ids  # noqa: E402
+
+SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+            "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>",
+            "<|end_of_video|>"]
+BUILD = os.environ.get("GLM_BUILD", "build")
+DRIVER = os.path.join(BUILD, "tests", "tool_model_driver")
+
+
+def rel(a, b):
+    m = b.abs().max().item()
+    d = (a.double() - b.double()).abs().max().item()
+    return float("inf") if d != d else (d / m if m > 0 else d)
+
+
+def tiny_model(torch, GlmConfig, GlmForCausalLM, vocab, theta, pad, eos, seed):
+    cfg = GlmConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=8, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=theta,
+                    pad_token_id=pad, eos_token_id=eos, attention_bias=True, attn_implementation="eager")
+    torch.manual_seed(seed)
+    m = GlmForCausalLM(cfg).float()
+    with torch.no_grad():
+        for n, p in m.named_parameters():  # every value away from its init (norms near 1, biases not 0)
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in n else 0.3 * torch.randn_like(p))
+    return m.eval()
+
+
+def orig_name(n):
+    """transformers' name -> THUDM's (convert_glm_weights_to_hf.py's mapping, inverted); q/k/v
+    all map to query_key_value."""
+    import re
+    fixed = {"model.embed_tokens.weight": "transformer.embedding.word_embeddings.weight",
+             "model.norm.weight": "transformer.encoder.final_layernorm.weight", "lm_head.weight": "transformer.output_layer.weight"}
+    if n in fixed:
+        return fixed[n]
+    m = re.match(r"model\.layers\.(\d+)\.(.*)$", n)
+    inner = {"self_attn.q_proj": "self_attention.query_key_value", "self_attn.k_proj": "self_attention.query_key_value",
+             "self_attn.v_proj": "self_attention.query_key_value", "self_attn.o_proj": "self_attention.dense",
+             "mlp.gate_up_proj": "mlp.dense_h_to_4h", "mlp.down_proj": "mlp.dense_4h_to_h"}
+    mod, leaf = m.group(2).rsplit(".", 1)
+    return "transformer.encoder.layers.%s.%s.%s" % (m.group(1), inner.get(mod, mod), leaf)
+
+
+def stacked(named):
+    """{transformers name: tensor} -> {THUDM name: tensor}, q | k | v stacked in rows."""
+    import torch
+    out = {}
+    for n, t in named.items():
+        o = orig_name(n)
+        out.setdefault(o, []).append((["q_proj", "k_proj", "v_proj"].index(n.split(".")[-2]) if "_proj." in n and
+                                      n.split(".")[-2] in ("q_proj", "k_proj", "v_proj") else 0, t))
+    return {o: torch.cat([t for _, t in sorted(v, key=lambda x: x[0])]) for o, v in out.items()}
+
+
+def batch(torch, vocab, lengths, seed, pad):
+    g = torch.Generator().manual_seed(seed)
+    rows, labs = [], []
+    for la, lb in lengths:
+        a = torch.randint(3, vocab, (la,), generator=g).tolist()
+        b = torch.randint(3, vocab, (lb,), generator=g).tolist()
+        rows.append(a + b)
+        labs.append([-100] * la + b)
+    T = max(len(r) for r in rows)
+    ids = torch.tensor([r + [pad] * (T - len(r)) for r in rows])
+    labels = torch.tensor([l + [-100] * (T - len(l)) for l in labs])
+    return rows, labs, ids, labels
+
+
+def driver(mdir, bpath, out):
+    p = subprocess.run([DRIVER, "--model", mdir, "--batch", bpath, "--out", out], capture_output=True, text=True,
+                       timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError("tool_model_driver: " + (p.stdout + p.stderr)[-800:])
+    from safetensors.torch import load_file
+    return load_file(out)
+
+
+def check_grads(torch, GlmConfig, GlmForCausalLM, d):
+    from safetensors.torch import save_file
+    for theta in (10000.0, 5e6):
+        m = tiny_model(torch, GlmConfig, GlmForCausalLM, 96, theta, 0, [2, 5], 11)
+        mdir = os.path.join(d, "hf-%g" % theta)
+        m.save_pretrained(mdir, safe_serialization=True)
+        rows, labs, ids, labels = batch(torch, 96, [(5, 7), (3, 4), (9, 6)], 3, 0)
+        bpath = os.path.join(d, "batch.json")
+        json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+        m.zero_grad()
+        loss = m(input_ids=ids, labels=labels).loss
+        loss.backward()
+        ref = stacked({n: p.grad for n, p in m.named_parameters()})
+        got = driver(mdir, bpath, os.path.join(d, "out.safetensors"))
+        worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
+        lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
+        report("glm_hf_loss_and_grads_equal_transformers_theta_%g" % theta,
+               lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == sum(k.startswith("grad/") for k in got),
+               "loss %.6f vs %.6f (rel %.2g); worst grad %s rel %.2g; %d grads" % (got["loss"].item(), loss.item(), lerr,
+                                                                                   worst[1], worst[0], len(ref)))
+    # the same weights under THUDM's names: the ChatGLM2 block (config in its keys)
+    odir = os.path.join(d, "orig")
+    os.makedirs(odir, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in stacked({n: p.detach() for n, p in m.named_parameters()}).items()},
+              os.path.join(odir, "model.safetensors"))
+    json.dump({"model_type": "chatglm", "padded_vocab_size": 96, "hidden_size": 32, "num_layers": 2,
+               "num_attention_heads": 4, "kv_channels": 8, "multi_query_attention": True, "multi_query_group_num": 2,
+               "ffn_hidden_size": 48, "layernorm_epsilon": 1e-5, "rmsnorm": True, "add_qkv_bias": True,
+               "add_bias_linear": False, "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
+               "original_rope": True, "rope_ratio": 500, "seq_length": 256, "tie_word_embeddings": False,
+               "eos_token_id": 2, "pad_token_id": 0}, open(os.path.join(odir, "config.json"), "w"))
+    got = driver(odir, bpath, os.path.join(d, "out2.safetensors"))
+    report("glm_hf_equals_thudm_layout", abs(got["loss"].item() - loss.item()) <= 1e-5 * abs(loss.item()),
+           "THUDM layout %.7f, transformers %.7f" % (got["loss"].item(), loss.item()))
+
+
+def make_tokenizer(d):
+    """A GLM-4-style rank file (test_tokenizer_glm4's trainer) and the tokenizer.json transformers'
+    TikTokenConverter makes of it, with the [gMASK] <sop> post-processor of its GLM converter."""
+    import test_tokenizer_glm4 as G
+    import tokenizer_corpus as tc
+    from tokenizers import processors
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    lines = [l.decode("utf-8", "ignore") for l in tc.corpus(seed=5)[:2500]]
+    ranks = G.train(lines, 1200)
+    G.write_model(os.path.join(d, "rank"), ranks)
+    n = len(ranks)
+    import tiktoken.load  # its file reader wants blobfile for a local path: hand the converter the ranks
+    tiktoken.load.load_tiktoken_bpe = lambda path, expected_hash=None: dict(ranks)
+    tk = TikTokenConverter(vocab_file=os.path.join(d, "rank", "tokenizer.model"), pattern=G.PAT,
+                           additional_special_tokens=SPECIALS).converted()
+    tk.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="[gMASK]:0 <sop>:0 $A:0", pair="[gMASK]:0 <sop>:0 $A:0 $B:1",
+                                      special_tokens=[("[gMASK]", n + 2), ("<sop>", n + 4)])])
+    tdir = os.path.join(d, "tokjson")
+    os.makedirs(tdir, exist_ok=True)
+    tk.save(os.path.join(tdir, "tokenizer.json"))
+    return tdir, tk, n, lines
+
+
+def check_tokenizer(tdir, tk, lines):
+    texts = lines[:400] + ["Hello  world!\n\n  x", "数字 12345 and 'll 's", "<|user|>\n你好<|assistant|>"[2:-3], "   ", "a\r\nb"]
+    p = subprocess.run([GLM, "tokenize", "--tokenizer", tdir, "--json_input", "--json", "--no_special_tokens"],
+                       input="".join(json.dumps(t) + "\n" for t in texts), capture_output=True, text=True, timeout=120,
+                       env=ENV)
+    got = [json.loads(l)["ids"] for l in p.stdout.splitlines()] if p.returncode == 0 else None
+    want = [tk.encode(t, add_special_tokens=False).ids for t in texts]
+    bad = [i for i in range(len(texts)) if got is None or i >= len(got) or got[i] != want[i]]
+    report("glm_hf_tokenizer_json_equals_tokenizers", got is not None and not bad and len(got) == len(want),
+           p.stderr[-300:] if got is None else "%d texts; first difference: %s" % (
+               len(texts), "none" if not bad else "%r glmtrain %s tokenizers %s" % (texts[bad[0]], got[bad[0]] if bad[0] < len(got) else None, want[bad[0]])))
+    p = subprocess.run([GLM, "tokenize", "--tokenizer", tdir, "--text", "春风又绿江南岸"], capture_output=True, text=True,
+                       timeout=60, env=ENV)
+    want = tk.encode("春风又绿江南岸").ids  # the post-processor's [gMASK] <sop>
+    report("glm_hf_tokenizer_json_special_prefix", p.returncode == 0 and [int(x) for x in p.stdout.split()] == want,
+           "glmtrain %s, tokenizers %s" % (p.stdout.strip(), want))
+
+
+def check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
+    vocab = (n + len(SPECIALS) + 63) // 64 * 64
+    sid = {s: n + i for i, s in enumerate(SPECIALS)}
+    m = tiny_model(torch, GlmConfig, GlmForCausalLM, vocab, 10000.0, sid["<|endoftext|>"],
+                   [sid["<|endoftext|>"], sid["<|user|>"], sid["<|observation|>"]], 5)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(0.3)
+    base = os.path.join(d, "base")
+    m.save_pretrained(base, safe_serialization=True)
+    shutil.copy(os.path.join(tdir, "tokenizer.json"), base)
+    data = os.path.join(d, "conv.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for i in range(32):
+            f.write(json.dumps({"conversations": [{"role": "user", "content": "写一句关于%d的诗" % i},
+                                                  {"role": "assistant", "content": "春风又绿江南岸 %d" % i}]},
+                               ensure_ascii=False) + "\n")
+    out = os.path.join(d, "out")
+    run(["--model_name_or_path", base, "--train_file", data, "--learning_rate", "1e-2", "--warmup_steps", "2",
+         "--logging_steps", "1", "--seed", "7", "--max_source_length", "32", "--max_target_length", "32",
+         "--disable_tqdm", "--report_to", "none", "--max_steps", "8", "--save_steps", "8", "--output_dir", out,
+         "--per_device_train_batch_size", "8"], timeout=300)
+    l = losses(out, 8)
+    report("glm_hf_train_loss_falls", len(l) == 8 and l[8] < l[1], "loss %.4f -> %.4f" % (l[1], l[8]))
+    from safetensors import safe_open
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    want = {n for n, _ in m.named_parameters()}
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    report("glm_hf_saved_in_transformers_layout", names == want and cfg.get("model_type") == "glm" and
+           os.path.isfile(os.path.join(out, "tokenizer.json")),
+           "extra %s missing %s model_type %s" % (sorted(names - want)[:3], sorted(want - names)[:3], cfg.get("model_type")))
+    t, info = GlmForCausalLM.from_pretrained(out, output_loading_info=True, attn_implementation="eager")
+    t = t.float().eval()
+    rows, labs, ids, labels = batch(torch, n, [(6, 5), (4, 8)], 9, sid["<|endoftext|>"])
+    bpath = os.path.join(d, "batch2.json")
+    json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+    with torch.no_grad():
+        ref = t(input_ids=ids, labels=labels).loss.item()
+    got = driver(out, bpath, os.path.join(d, "out3.safetensors"))["loss"].item()
+    report("glm_hf_saved_folder_loads_in_transformers",
+           not info["missing_keys"] and not info["unexpected_keys"] and abs(got - ref) <= 1e-5 * abs(ref),
+           "missing %s unexpected %s; loss transformers %.7f glmtrain %.7f" % (info["missing_keys"][:3],
+                                                                          info["unexpected_keys"][:3], ref, got))
+    # greedy generation from the trained folder: the chat prompt, then argmax over the whole sequence
+    p = subprocess.run([GLM, "generate", "--model_name_or_path", out, "--prompt", "写一句关于3的诗", "--do_sample",
+                        "false", "--max_new_tokens", "6", "--repetition_penalty", "1.0", "--device", "cpu", "--debug"],
+                       capture_output=True, text=True, timeout=120, env=ENV)
+    prompt = debug_ids(p.stderr, "prompt").get(0)
+    resp = debug_ids(p.stderr, "response").get(0)
+    seq = list(prompt or [])
+    stops = {sid["<|endoftext|>"], sid["<|user|>"], sid["<|observation|>"]}
+    gen = []
+    with torch.no_grad():
+        for _ in range(6):
+            nxt = int(t(torch.tensor([seq])).logits[0, -1].argmax())
+            if nxt in stops:
+                break
+            gen.append(nxt)
+            seq.append(nxt)
+    report("glm_hf_generate_equals_transformers_greedy", prompt is not None and resp == gen,
+           "prompt %s; glmtrain %s, transformers %s %s" % (prompt, resp, gen, "" if p.returncode == 0 else p.stderr[-300:]))
+
+
+def check_refusals(d, tdir):
+    cfg = {"model_type": "glm4", "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 48}
+    path = os.path.join(d, "glm4.json")
+    json.dump(cfg, open(path, "w"))
+    p = subprocess.run([GLM, "info", "--init_from_config", path], capture_output=True, text=True, timeout=60, env=ENV)
+    report("glm_hf_glm4_0414_refused", p.returncode != 0 and "Glm4ForCausalLM" in p.stderr and "glm4.json" in p.stderr,
+           p.stderr[-300:])
+    cfg.update(model_type="glm", head_dim=16)
+    json.dump(cfg, open(path, "w"))
+    p = subprocess.run([GLM, "info", "--init_from_config", path], capture_output=True, text=True, timeout=60, env=ENV)
+    report("glm_hf_head_dim_mismatch_refused", p.returncode != 0 and "head_dim 16" in p.stderr, p.stderr[-300:])
+    bad = os.path.join(d, "badtok")
+    os.makedirs(bad, exist_ok=True)
+    j = json.load(open(os.path.join(tdir, "tokenizer.json")))
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
+    json.dump(j, open(os.path.join(bad, "tokenizer.json"), "w"))
+    p = subprocess.run([GLM, "tokenize", "--tokenizer", bad, "--text", "x"], capture_output=True, text=True, timeout=60,
+                       env=ENV)
+    report("glm_hf_foreign_tokenizer_json_refused", p.returncode != 0 and "tokenizer.json" in p.stderr and
+           "not GLM-4's" in p.stderr, p.stderr[-300:])
+
+
+def main():
+    if not os.path.isfile(os.path.join(TF_DIR, "transformers", "models", "glm", "modeling_glm.py")):
+        print("SKIP glm_hf: transformers 4.46 is not in %s (scripts/install-deps.sh puts it there)" % TF_DIR)
+        return 0
+    if not os.access(DRIVER, os.X_OK) or not os.path.exists(GLM):
+        print("SKIP glm_hf: glmtrain or tool_model_driver not built")
+        return 0
+    sys.path.insert(0, TF_DIR)
+    for k in [k for k in sys.modules if k.split(".")[0] in ("transformers", "tokenizers", "huggingface_hub", "safetensors")]:
+        del sys.modules[k]
+    import torch
+    from transformers import GlmConfig, GlmForCausalLM
+    d = tempfile.mkdtemp(prefix="glmtrain-glmhf-")
+    try:
+        check_grads(torch, GlmConfig, GlmForCausalLM, d)
+        tdir, tk, n, lines = make_tokenizer(d)
+        check_tokenizer(tdir, tk, lines)
+        check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n)
+        check_refusals(d, tdir)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
