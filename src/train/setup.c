@@ -614,6 +614,11 @@ int trainer_load_model(trainer *t, glm_err *err) {
         return -1;
     }
     if (glm_train_peft(a, &c, &c.peft, err)) return -1;
+    if (c.hf_layout && c.peft.kind == GLM_FT_LORA) /* its adapter would name THUDM's modules, which peft cannot put on GlmForCausalLM */
+        return glm_fail(err, "--finetuning_type lora on transformers' GLM layout (model_type glm): glmtrain does not yet write "
+                             "adapters with its module names (q_proj, k_proj, v_proj, o_proj, gate_up_proj, down_proj)"),
+               glm_hint(err, "train LoRA on THUDM's layout of the same model (THUDM/glm-4-9b-chat), whose adapters peft and "
+                             "LLaMA-Factory load; full, freeze and P-Tuning v2 run on this folder");
     char merged[4096], from[4096];
     glm_train_adapters(a, merged, sizeof merged, from, sizeof from);
     if (merged[0]) { /* every adapter to merge fits this base, before anything is allocated */

@@ -14,7 +14,8 @@ own, with tokenizers 0.20; this test alone puts it on sys.path):
     with no missing or unexpected keys, and its loss on a batch equals tool_model_driver's on the
     same folder; greedy `glmtrain generate` equals transformers' greedy decode;
   - refused with a clear error: model_type glm4 (GLM-4-0414's extra norms), a head_dim that is
-    not hidden_size / heads, a tokenizer.json whose split pattern is not GLM-4's.
+    not hidden_size / heads, a tokenizer.json whose split pattern is not GLM-4's, LoRA on the -hf
+    folder (its adapters would carry THUDM's module names, which peft cannot put on GlmForCausalLM).
 Prints PASS/FAIL/SKIP lines."""
 import json, os, shutil, subprocess, sys, tempfile
 
@@ -243,6 +244,11 @@ def check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
 
 
 def check_refusals(d, tdir):
+    p = subprocess.run([GLM, "train", "--model_name_or_path", os.path.join(d, "base"), "--finetuning_type", "lora",
+                        "--train_file", os.path.join(d, "conv.jsonl"), "--output_dir", os.path.join(d, "lora"),
+                        "--max_steps", "1"], capture_output=True, text=True, timeout=60, env=ENV)
+    report("glm_hf_lora_refused_until_its_names", p.returncode != 0 and "q_proj" in p.stderr and "glm-4-9b-chat" in p.stderr and
+           not os.path.exists(os.path.join(d, "lora", "adapter_model.safetensors")), p.stderr[-300:])
     cfg = {"model_type": "glm4", "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
            "intermediate_size": 48}
     path = os.path.join(d, "glm4.json")
