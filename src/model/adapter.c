@@ -9,6 +9,7 @@
 #include "core/hub.h"
 #include "core/json_text.h"
 #include "model/ckpt.h"
+#include "model/hf_layout.h"
 #include "model/pissa.h"
 
 /* what an adapter folder holds: the adapters, and the whole modules of modules_to_save (every
@@ -59,15 +60,21 @@ static char *config_json(const glm_model *m, const glm_peft *p) {
         cJSON *ms = cJSON_AddArrayToObject(o, "modules_to_save");
         char name[64];
         for (int bit = 1; bit <= GLM_EXTRA_HEAD; bit <<= 1)
-            if (p->extra_modules & bit)
-                cJSON_AddItemToArray(ms, cJSON_CreateString(glm_extra_module_name(&m->cfg, bit, name, sizeof name)));
+            if (p->extra_modules & bit) {
+                const char *nm = glm_extra_module_name(&m->cfg, bit, name, sizeof name);
+                char hf[3][GLM_HF_NAME];
+                cJSON_AddItemToArray(ms, cJSON_CreateString(m->cfg.hf_layout && glm_hf_names(nm, hf) ? hf[0] : nm));
+            }
     }
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", p->lora_rank);
     cJSON_AddNullToObject(o, "revision");
     cJSON *tm = cJSON_AddArrayToObject(o, "target_modules");
+    static const char *const hf_modules[4][3] = {{"q_proj", "k_proj", "v_proj"}, {"o_proj"}, {"gate_up_proj"}, {"down_proj"}};
     for (int i = 0; i < 4; i++)
-        if (p->lora_targets >> i & 1) cJSON_AddItemToArray(tm, cJSON_CreateString(glm_lora_target_name(1 << i)));
+        for (int k = 0; k < 3 && (p->lora_targets >> i & 1); k++) /* transformers' GLM layout: its module names */
+            if (!m->cfg.hf_layout ? k == 0 : hf_modules[i][k] != NULL)
+                cJSON_AddItemToArray(tm, cJSON_CreateString(m->cfg.hf_layout ? hf_modules[i][k] : glm_lora_target_name(1 << i)));
     cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
     if (p->use_rslora) cJSON_AddBoolToObject(o, "use_rslora", 1);
     if (p->use_dora) cJSON_AddBoolToObject(o, "use_dora", 1); /* peft 0.9 and later read it */
@@ -89,19 +96,29 @@ static int write_config(const glm_model *m, const glm_peft *p, const char *dir, 
 }
 
 /* adapter_model.safetensors of the rows `host` holds in table tab's layout, those that
- * in_adapter takes under p; with `lora_only`, the A and B rows alone. */
-static int write_rows(const glm_table *tab, const glm_peft *p, const float *host, int lora_only, const char *dir,
-                      st_dtype dtype, glm_err *err) {
-    st_entry *e = glm_calloc((size_t)tab->n + 1, sizeof *e);
-    char (*names)[192] = glm_calloc((size_t)tab->n + 1, 192);
+ * in_adapter takes under p; with `lora_only`, the A and B rows alone. In transformers' GLM layout
+ * (c->hf_layout) under its names, q, k and v's stacked adapters as peft's three modules (their
+ * row blocks: r rows of A each, q / k / v's rows of B). */
+static int write_rows(const glm_config *c, const glm_table *tab, const glm_peft *p, const float *host, int lora_only,
+                      const char *dir, st_dtype dtype, glm_err *err) {
+    st_entry *e = glm_calloc((size_t)tab->n * 3 + 1, sizeof *e);
+    char (*names)[GLM_HF_NAME] = glm_calloc((size_t)tab->n * 3 + 1, GLM_HF_NAME);
     int n = 0;
     for (int i = 0; i < tab->n; i++) {
         const glm_tensor *t = &tab->t[i];
         if (lora_only ? !glm_is_lora_ab(t->kind) : !in_adapter(p, t)) continue;
-        snprintf(names[n], 192, "%s%s", GLM_ADAPTER_PREFIX, t->name); /* a whole module as peft's save names it */
-        e[n] = (st_entry){.name = names[n], .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]}, .data = host + t->offset,
-                          .data_dtype = ST_F32, .file_dtype = dtype};
-        n++;
+        snprintf(names[n], GLM_HF_NAME, "%s%s", GLM_ADAPTER_PREFIX, t->name); /* a whole module as peft's save names it */
+        char hf[3][GLM_HF_NAME];
+        int parts = c->hf_layout ? glm_hf_names(names[n], hf) : 0;
+        int64_t cols = t->ndim == 2 ? t->shape[1] : 1, row0 = 0;
+        for (int k = 0; k < (parts ? parts : 1); k++) {
+            int64_t rows = parts < 3 ? t->shape[0] : t->kind == T_QKV_LA ? t->shape[0] / 3 : glm_hf_part_rows(c, k);
+            if (parts) memcpy(names[n], hf[k], GLM_HF_NAME);
+            e[n] = (st_entry){.name = names[n], .ndim = t->ndim, .shape = {rows, t->shape[1]},
+                              .data = host + t->offset + row0 * cols, .data_dtype = ST_F32, .file_dtype = dtype};
+            row0 += rows;
+            n++;
+        }
     }
     char path[4096];
     glm_path_join(path, sizeof path, dir, "adapter_model.safetensors");
@@ -115,7 +132,7 @@ int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err
     if (glm_mkdirs(dir, err)) return -1;
     float *host = glm_malloc((m->tab.total ? m->tab.total : 1) * sizeof(float));
     m->be->download_f32(m->be, host, m->params, m->tab.total);
-    int rc = write_rows(&m->tab, &m->cfg.peft, host, 0, dir, dtype, err);
+    int rc = write_rows(&m->cfg, &m->tab, &m->cfg.peft, host, 0, dir, dtype, err);
     free(host);
     if (rc == 0 && m->cfg.peft.pissa && m->pissa_init) { /* PiSSA's first values beside it: its base is W - s B0 A0 */
         char init[4096];
@@ -123,7 +140,7 @@ int glm_adapter_save(glm_model *m, const char *dir, st_dtype dtype, glm_err *err
         glm_peft p = m->cfg.peft;
         p.pissa = 0; /* as LLaMA-Factory writes it: a plain start, which peft's conversion reads */
         p.extra_modules = 0;
-        rc = glm_mkdirs(init, err) || write_rows(&m->tab, &p, m->pissa_init, 1, init, ST_F32, err) ||
+        rc = glm_mkdirs(init, err) || write_rows(&m->cfg, &m->tab, &p, m->pissa_init, 1, init, ST_F32, err) ||
              write_config(m, &p, init, err);
     }
     if (rc) return -1;
@@ -166,7 +183,7 @@ int glm_adapter_save_pissa_converted(glm_model *m, const char *dir, glm_err *err
             memcpy(out, now, t->numel * sizeof(float));
         }
     }
-    int rc = glm_mkdirs(dir, err) || write_rows(&conv_tab, &c.peft, conv, 0, dir, ST_F32, err) || write_config(m, &c.peft, dir, err)
+    int rc = glm_mkdirs(dir, err) || write_rows(&c, &conv_tab, &c.peft, conv, 0, dir, ST_F32, err) || write_config(m, &c.peft, dir, err)
                  ? -1 : 0;
     free(host);
     free(conv);

@@ -8,6 +8,7 @@
 #include "core/fileutil.h"
 #include "model/adapter.h"
 #include "model/ckpt.h"
+#include "model/hf_layout.h"
 #include "model/pissa.h"
 
 /* ---- the merge set ---- */
@@ -22,7 +23,8 @@ typedef struct merge_one {
 struct glm_merge {
     int n;
     merge_one *ad;      /* in the list's order: each merges into what the ones before it left */
-    float *a, *b;       /* scratch for one adapter's A [r, in] and B [out, r] at the largest rank */
+    float *a, *b;       /* scratch for one adapter's A [r, in] (q, k and v's: [3 r, in]) and B [out, r] at the largest rank */
+    glm_config cfg;     /* the base's (the row blocks of q, k and v) */
     float *mag, *norm;  /* and DoRA's magnitudes and row norms [out] */
 };
 
@@ -61,7 +63,8 @@ int glm_merge_open(glm_merge **out, const glm_config *c, const char *list, glm_e
         if (o->peft.lora_rank > rmax) rmax = o->peft.lora_rank;
     }
     size_t in = (size_t)glm_linear_in_max(c), outw = (size_t)glm_linear_out_max(c);
-    g->a = glm_malloc(in * (size_t)rmax * sizeof(float));
+    g->a = glm_malloc(in * (size_t)rmax * 3 * sizeof(float));
+    g->cfg = *c;
     g->b = glm_malloc(outw * (size_t)rmax * sizeof(float));
     g->mag = glm_malloc(outw * sizeof(float));
     g->norm = glm_malloc(outw * sizeof(float));
@@ -114,13 +117,27 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
     snprintf(an, sizeof an, "%s%.*s.lora_A.weight", GLM_ADAPTER_PREFIX, stem, name);
     snprintf(bn, sizeof bn, "%s%.*s.lora_B.weight", GLM_ADAPTER_PREFIX, stem, name);
     int r = o->peft.lora_rank;
-    int64_t ash[2] = {r, t->shape[1]}, bsh[2] = {t->shape[0], r};
-    if (glm_ckpt_info(&o->file, an, NULL, NULL, NULL) || glm_ckpt_info(&o->file, bn, NULL, NULL, NULL)) {
+    int64_t ash[2] = {r, t->shape[1]}, bsh[2] = {t->shape[0], r}, stored[ST_MAX_DIMS];
+    if (glm_ckpt_info(&o->file, an, NULL, NULL, stored) || glm_ckpt_info(&o->file, bn, NULL, NULL, NULL)) {
         glm_fail(err, "%s: tensor %s is missing", o->file.path, an);
         return glm_hint(err, "the adapter was made for other modules or layers (its adapter_config.json's target_modules)");
     }
     int OC = (int)t->shape[0], C = (int)t->shape[1];
     float s = glm_lora_scaling(&o->peft);
+    if (t->kind == T_QKV_W && stored[0] == 3 * (int64_t)r) { /* peft's q_proj, k_proj, v_proj: each on its rows */
+        if (o->has_init || o->peft.use_dora)
+            return glm_fail(err, "%s: PiSSA or DoRA adapters on q_proj, k_proj and v_proj are not merged here", o->dir);
+        ash[0] = 3 * (int64_t)r;
+        if (glm_ckpt_read_f32(&o->file, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->file, bn, g->b, 2, bsh, err))
+            return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
+        int64_t row = 0;
+        for (int k = 0; k < 3; k++) {
+            int rows = (int)glm_hf_part_rows(&g->cfg, k);
+            cpu_sgemm(0, 0, rows, C, r, s, g->b + row * r, r, g->a + (size_t)k * r * C, C, 1.0f, w + row * C, C);
+            row += rows;
+        }
+        return 0;
+    }
     if (o->has_init) { /* PiSSA: W -= s B0 A0 first, the base its adapter was trained on */
         if (glm_ckpt_read_f32(&o->init, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->init, bn, g->b, 2, bsh, err))
             return glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", o->init.path, o->dir);

@@ -60,8 +60,11 @@ static int raw_read_raw_at(glm_ckpt *c, const char *name, st_dtype dtype, void *
 static void list_hf_names(glm_ckpt *c) {
     int n = raw_count(c), part;
     char orig[GLM_HF_NAME];
-    for (int i = 0; i < n && !c->hf; i++)
-        c->hf = strncmp(raw_name(c, i), "model.layers.", 13) == 0 || strcmp(raw_name(c, i), "model.embed_tokens.weight") == 0;
+    for (int i = 0; i < n && !c->hf; i++) {
+        const char *s = raw_name(c, i);
+        if (strncmp(s, "base_model.model.", 17) == 0) s += 17; /* peft's adapters */
+        c->hf = strncmp(s, "model.layers.", 13) == 0 || strcmp(s, "model.embed_tokens.weight") == 0;
+    }
     if (!c->hf) return;
     c->names = glm_calloc((size_t)n, sizeof *c->names);
     for (int i = 0; i < n; i++) {

@@ -7,6 +7,7 @@
 #include "core/args.h"
 #include "core/fileutil.h"
 #include "core/json_text.h"
+#include "model/hf_layout.h"
 
 glm_config glm_config_chatglm6b(void) {
     return (glm_config){
@@ -467,9 +468,10 @@ const char *glm_lora_targets_str(int bits, char *buf, size_t n) {
     return buf;
 }
 
-int glm_lora_targets_parse(const char *list, int *bits, glm_err *err) {
+int glm_lora_targets_parse_layout(const char *list, int hf_layout, int *bits, glm_err *err) {
     *bits = 0;
     const char *p = list;
+    int qkv = 0; /* transformers' q_proj, k_proj, v_proj seen (bits 1, 2, 4) */
     while (*p) {
         const char *e = strchr(p, ',');
         size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -479,17 +481,37 @@ int glm_lora_targets_parse(const char *list, int *bits, glm_err *err) {
         if (n == 3 && strncmp(p, "all", 3) == 0) bit = GLM_LORA_ALL;
         for (int i = 0; i < 4 && !bit; i++)
             if (strlen(lora_names[i]) == n && strncmp(p, lora_names[i], n) == 0) bit = 1 << i;
+        const char *orig = bit || !n ? "" : glm_hf_module_orig(p, n); /* transformers' GLM layout's names */
+        for (int i = 0; i < 4 && *orig && !bit; i++)
+            if (!strcmp(orig, lora_names[i])) bit = 1 << i;
+        if (bit && *orig) {
+            if (hf_layout == 0) {
+                glm_fail(err, "--lora_target: \"%.*s\" is a module of transformers' GLM layout (glm-4-9b-chat-hf), and "
+                              "this model is in THUDM's", (int)n, p);
+                return glm_hint(err, "name THUDM's modules: query_key_value, dense, dense_h_to_4h, dense_4h_to_h, or all");
+            }
+            if (n == 6 && p[1] == '_' && strchr("qkv", p[0])) qkv |= p[0] == 'q' ? 1 : p[0] == 'k' ? 2 : 4;
+        }
         if (!bit && n) {
-            glm_fail(err, "--lora_target: \"%.*s\" is not a linear module of ChatGLM-6B", (int)n, p);
-            return glm_hint(err, "use a comma list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h, or all");
+            glm_fail(err, "--lora_target: \"%.*s\" is not a linear module of %s", (int)n, p,
+                     hf_layout == 1 ? "GLM-4 in transformers' layout" : "ChatGLM-6B");
+            return glm_hint(err, "%s", hf_layout == 1 ? "use a comma list of q_proj, k_proj, v_proj, o_proj, gate_up_proj, "
+                                                       "down_proj (or THUDM's names), or all"
+                                                     : "use a comma list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h, or all");
         }
         *bits |= bit;
         if (!e) break;
         p = e + 1;
     }
+    if (qkv && qkv != 7)
+        return glm_fail(err, "--lora_target names %s%s%s but not all three: glmtrain adapts q_proj, k_proj and v_proj "
+                             "together", qkv & 1 ? "q_proj " : "", qkv & 2 ? "k_proj " : "", qkv & 4 ? "v_proj " : ""),
+               glm_hint(err, "name all three (their product is one stacked matrix here), or none");
     if (!*bits) return glm_fail(err, "--lora_target is empty"), glm_hint(err, "e.g. --lora_target query_key_value");
     return 0;
 }
+
+int glm_lora_targets_parse(const char *list, int *bits, glm_err *err) { return glm_lora_targets_parse_layout(list, -1, bits, err); }
 
 int glm_quant_parse(int bits, const char *type, int *q, glm_err *err) {
     int nf4 = type && strcmp(type, "nf4") == 0;

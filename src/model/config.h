@@ -142,6 +142,10 @@ static inline int glm_prefix_emb_width(const glm_config *c) {
 static inline int glm_linear_in(const glm_config *c, int i) {
     return i == 1 ? glm_attn_width(c) : i == 3 ? c->inner_hidden_size : c->hidden_size;
 }
+/* Adapters LoRA puts on module i: 1, or on transformers' GLM layout's query_key_value 3, peft's
+ * q_proj, k_proj and v_proj, stacked in the rows: A_q; A_k; A_v [3 r, H] and B_q; B_k; B_v
+ * [out, r] (model/peft.c runs each on its block of the output). */
+static inline int glm_lora_split(const glm_config *c, int i) { return i == 0 && c->hf_layout ? 3 : 1; }
 static inline int glm_linear_out(const glm_config *c, int i) {
     return i == 0 ? glm_qkv_width(c) : i == 2 ? glm_fc1_width(c) : c->hidden_size;
 }
@@ -170,6 +174,10 @@ int glm_config_set_quant(glm_config *c, int bits, const char *type, const char *
 float glm_lora_scaling(const glm_peft *p);
 /* "query_key_value,dense", "all", ... into GLM_LORA_* bits; -1 with the unknown name in err. */
 int glm_lora_targets_parse(const char *list, int *bits, glm_err *err);
+/* The same for a model in THUDM's layout (hf_layout 0: transformers' names refused), in
+ * transformers' GLM layout (1) or either (-1, an adapter's target_modules). transformers' names
+ * (model/hf_layout.h) stand for THUDM's modules; q_proj, k_proj and v_proj come all three or none. */
+int glm_lora_targets_parse_layout(const char *list, int hf_layout, int *bits, glm_err *err);
 /* The Hugging Face module name of one target bit ("query_key_value", ...). */
 const char *glm_lora_target_name(int bit);
 /* The names of the target bits as a --lora_target list ("query_key_value,dense"), into buf. */

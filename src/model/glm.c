@@ -312,7 +312,7 @@ static void acts_alloc_kept(const glm_model *m, glm_layer_acts *a, size_t N) {
     a->fc1 = be->alloc(be, N * F1 * es);
     for (int i = 0; i < 4; i++) { /* an adapter's middle, where any layer has one, and DoRA's output */
         int on = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.lora_targets >> i & 1);
-        a->lora_t[i] = on ? be->alloc(be, N * (size_t)m->cfg.peft.lora_rank * es) : NULL;
+        a->lora_t[i] = on ? be->alloc(be, N * (size_t)m->cfg.peft.lora_rank * glm_lora_split(c, i) * es) : NULL;
         a->dora_z[i] = on && m->cfg.peft.use_dora ? be->alloc(be, N * (size_t)glm_linear_out(c, i) * es) : NULL;
     }
 }
@@ -509,7 +509,7 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
     double W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c), dora = 0;
     for (int i = 0; i < 4; i++) {
         int on = c->peft.kind == GLM_FT_LORA && (c->peft.lora_targets >> i & 1);
-        adapters += on;
+        adapters += on * glm_lora_split(c, i);
         dora += on && c->peft.use_dora ? glm_linear_out(c, i) : 0; /* DoRA's kept outputs (dora_z) */
     }
     double per_set = N * ((3 * H + A + W + F1 + F + adapters * (double)c->peft.lora_rank + dora) * es + (4 + NH) * 4);

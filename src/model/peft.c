@@ -2,6 +2,7 @@
  * modules (with DoRA's row scale), and P-Tuning v2's prefix encoder and prefix keys/values, on
  * the ops interface. */
 #include "model/peft.h"
+#include "model/hf_layout.h"
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -9,7 +10,9 @@
  * out = inp W^T + b + (s * dropout(inp) A^T) B^T, s = glm_lora_scaling. Target i: 0
  * query_key_value, 1 dense, 2 dense_h_to_4h, 3 dense_4h_to_h. */
 
-/* The adapters' scratch for N tokens (training batches and decoding steps alike). */
+/* The adapters' scratch for N tokens (training batches and decoding steps alike): lora_tmp [N,
+ * the widest output], and behind it as much again where q, k and v have adapters of their own
+ * (one block's product, before it joins the others). */
 static void lora_scratch(glm_model *m, int N) {
     if (N <= m->lora_cap) return;
     glm_backend *be = m->be;
@@ -17,7 +20,7 @@ static void lora_scratch(glm_model *m, int N) {
     if (m->lora_tmp) be->free(be, m->lora_tmp);
     if (m->lora_u) be->free(be, m->lora_u);
     if (m->dora_g) be->free(be, m->dora_g);
-    m->lora_tmp = be->alloc(be, (size_t)N * glm_linear_out_max(&m->cfg) * es);
+    m->lora_tmp = be->alloc(be, (size_t)N * glm_linear_out_max(&m->cfg) * glm_lora_split(&m->cfg, 0) * es);
     m->dora_g = m->cfg.peft.use_dora ? be->alloc(be, (size_t)N * glm_linear_out_max(&m->cfg) * es) : NULL;
     m->lora_u = NULL; /* made by dropped_copy when first needed */
     m->lora_cap = N;
@@ -37,13 +40,78 @@ static uint64_t lora_seed(const glm_model *m, int l, int i) { return m->dropout_
 /* The dropout of the adapters' inputs: lora_dropout while training, else none. */
 static float lora_dropout(const glm_model *m) { return m->training ? m->cfg.peft.lora_dropout : 0.0f; }
 
-/* The adapter's input: inp itself, or its dropped-out copy in lora_u while training. */
-static const void *lora_input(glm_model *m, int l, int i, const void *inp, size_t n) {
+/* The adapter's input: inp itself, or its dropped-out copy in lora_u while training (seed: the
+ * mask's, lora_seed or a split adapter's own). */
+static const void *lora_input_seeded(glm_model *m, const void *inp, size_t n, uint64_t seed) {
     float p = lora_dropout(m);
     if (p <= 0) return inp;
     void *u = dropped_copy(m);
-    m->be->mask_scale(m->be, u, inp, n, 1.0f, p, lora_seed(m, l, i));
+    m->be->mask_scale(m->be, u, inp, n, 1.0f, p, seed);
     return u;
+}
+static const void *lora_input(glm_model *m, int l, int i, const void *inp, size_t n) {
+    return lora_input_seeded(m, inp, n, lora_seed(m, l, i));
+}
+
+/* ---- q, k and v adapted each on its own (config.h glm_lora_split: transformers' GLM layout,
+ * peft's q_proj, k_proj, v_proj): adapter k has rows [k r, (k + 1) r) of the stacked A, rows
+ * [o_k, o_k + rows_k) of the stacked B and of the output, its own dropout mask, and its middle
+ * t_k = s dropout_k(inp) A_k^T [N, r] at a->lora_t[i] + k N r. The products run on contiguous
+ * blocks: a block of the output is gathered (copy_rows) before its products and scattered after. */
+static uint64_t split_seed(const glm_model *m, int l, int i, int k) { return lora_seed(m, l, i) + (uint64_t)k * 0x9e3779b97f4a7c15ULL; }
+
+static void lora_add_split(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, int N, int C, int OC) {
+    glm_backend *be = m->be;
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    int r = m->cfg.peft.lora_rank;
+    float s = glm_lora_scaling(&m->cfg.peft);
+    lora_scratch(m, N);
+    void *full = m->lora_tmp, *blk = glm_at(be, m->lora_tmp, (size_t)N * glm_linear_out_max(&m->cfg)); /* [N, OC], [N, rows_k] */
+    size_t o = 0;
+    for (int k = 0; k < glm_lora_split(&m->cfg, i); k++) {
+        int rows = (int)glm_hf_part_rows(&m->cfg, k);
+        void *t = glm_at(be, a->lora_t[i], (size_t)k * N * r);
+        const void *u = lora_input_seeded(m, inp, (size_t)N * C, split_seed(m, l, i, k));
+        be->matmul_fwd(be, t, u, glm_at(be, p->lora_a[i], (size_t)k * r * C), NULL, N, C, r);
+        be->mask_scale(be, t, t, (size_t)N * r, s, 0.0f, 0);
+        be->matmul_fwd(be, blk, t, glm_at(be, p->lora_b[i], o * r), NULL, N, r, rows);
+        be->copy_rows(be, glm_at(be, full, o), (size_t)OC, blk, (size_t)rows, (size_t)rows, (size_t)N);
+        o += (size_t)rows;
+    }
+    GLM_ASSERT(o == (size_t)OC);
+    be->scale_add(be, out, 1.0f, full, out, (size_t)N * OC);
+}
+
+static void lora_bwd_split(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, const void *dout, const void *inp,
+                           int N, int C, int OC) {
+    glm_backend *be = m->be;
+    const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
+    int r = m->cfg.peft.lora_rank;
+    float s = glm_lora_scaling(&m->cfg.peft);
+    void *dt = m->lora_tmp, *dy = glm_at(be, m->lora_tmp, (size_t)N * glm_linear_out_max(&m->cfg)); /* [N, r], [N, rows_k] */
+    size_t o = 0;
+    for (int k = 0; k < glm_lora_split(&m->cfg, i); k++) {
+        int rows = (int)glm_hf_part_rows(&m->cfg, k);
+        const void *Ak = glm_at(be, p->lora_a[i], (size_t)k * r * C);
+        void *dAk = glm_at(be, g->lora_a[i], (size_t)k * r * C);
+        be->copy_rows(be, dy, (size_t)rows, glm_at(be, dout, o), (size_t)OC, (size_t)rows, (size_t)N);
+        /* dB_k += dy_k^T t_k, dt = s dy_k B_k, dA_k += dt^T u_k, dinp += dropout_k(dt A_k) */
+        be->matmul_bwd(be, dt, glm_at(be, g->lora_b[i], o * r), NULL, dy, glm_at(be, a->lora_t[i], (size_t)k * N * r),
+                       glm_at(be, p->lora_b[i], o * r), N, r, rows, 0);
+        be->mask_scale(be, dt, dt, (size_t)N * r, s, 0.0f, 0);
+        const void *u = lora_input_seeded(m, inp, (size_t)N * C, split_seed(m, l, i, k));
+        if (u == inp) {
+            be->matmul_bwd(be, dinp, dAk, NULL, dt, inp, Ak, N, C, r, 1);
+        } else {
+            be->matmul_bwd(be, NULL, dAk, NULL, dt, u, Ak, N, C, r, 0);
+            if (dinp) {
+                be->matmul_bwd(be, m->lora_u, NULL, NULL, dt, NULL, Ak, N, C, r, 0);
+                be->mask_scale(be, m->lora_u, m->lora_u, (size_t)N * C, 1.0f, m->cfg.peft.lora_dropout, split_seed(m, l, i, k));
+                be->scale_add(be, dinp, 1.0f, m->lora_u, dinp, (size_t)N * C);
+            }
+        }
+        o += (size_t)rows;
+    }
 }
 
 /* Decoding steps (few rows) read a quantized weight directly; larger batches dequantize it
@@ -84,6 +152,7 @@ static void lora_add(glm_model *m, int l, int i, glm_layer_acts *a, void *out, c
     glm_backend *be = m->be;
     const glm_layer_ptrs *p = &m->w.layer[l];
     if (!p->lora_a[i]) return;
+    if (glm_lora_split(&m->cfg, i) > 1) { lora_add_split(m, l, i, a, out, inp, N, C, OC); return; }
     int r = m->cfg.peft.lora_rank;
     lora_down(m, l, i, a, inp, N, C);
     if (be->matmul_fwd_add) {
@@ -242,7 +311,7 @@ void glm_linear_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, co
     glm_backend *be = m->be;
     const glm_layer_ptrs *p = &m->w.layer[l];
     if (p->lora_m[i]) { dora_fwd(m, l, i, a, out, inp, w, b, N, C, OC, NULL, 0.0f); return; }
-    if (p->lora_a[i] && be->matmul_fwd_add && plain_product(m, w, N)) {
+    if (p->lora_a[i] && be->matmul_fwd_add && plain_product(m, w, N) && glm_lora_split(&m->cfg, i) == 1) {
         /* the adapter's small product first, written once; the base product adds it in its
          * epilogue (rather than a second pass reading and writing the whole output) */
         lora_down(m, l, i, a, inp, N, C);
@@ -305,6 +374,7 @@ static void lora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, 
     glm_backend *be = m->be;
     const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
     if (!p->lora_a[i]) return;
+    if (glm_lora_split(&m->cfg, i) > 1) { lora_bwd_split(m, l, i, a, dinp, dout, inp, N, C, OC); return; }
     int r = m->cfg.peft.lora_rank;
     /* t = s A u, out += B t: dB += dout^T t, dt = s (dout B), dA += dt^T u, du = dt A */
     void *dt = m->lora_tmp; /* [N, r] */

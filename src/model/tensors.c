@@ -273,7 +273,7 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
         }
         for (int i = 0; i < 4; i++) {
             snprintf(n + np, sizeof n - np, "%s.lora_A.weight", fam->modules[i]);
-            ROW(glm_lora_kind(i, 0), l, n, 2, r, glm_linear_in(c, i));
+            ROW(glm_lora_kind(i, 0), l, n, 2, (int64_t)r * glm_lora_split(c, i), glm_linear_in(c, i));
             snprintf(n + np, sizeof n - np, "%s.lora_B.weight", fam->modules[i]);
             int before = tab->n;
             ROW(glm_lora_kind(i, 1), l, n, 2, glm_linear_out(c, i), r);

@@ -553,7 +553,11 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = a->lora_rank, .use_rslora = a->use_rslora, .use_dora = a->use_dora,
                     .lora_alpha = (float)(a->lora_alpha > 0 ? a->lora_alpha : 2.0 * a->lora_rank),
                     .lora_dropout = (float)a->lora_dropout, .pissa = a->pissa_init, .pissa_niter = a->pissa_iter};
-    if (glm_lora_targets_parse(a->lora_target, &p->lora_targets, err)) return -1;
+    if (glm_lora_targets_parse_layout(a->lora_target, c->hf_layout, &p->lora_targets, err)) return -1;
+    if (c->hf_layout && (a->use_dora || a->pissa_init) && (p->lora_targets & GLM_LORA_QKV))
+        return glm_fail(err, "--%s with q_proj, k_proj and v_proj on transformers' GLM layout: glmtrain runs %s on "
+                             "single adapters only", a->use_dora ? "use_dora" : "pissa_init", a->use_dora ? "DoRA" : "PiSSA"),
+               glm_hint(err, "target o_proj, gate_up_proj, down_proj, or train on THUDM's layout (query_key_value)");
     if (a->use_llama_pro) { /* LLaMA-Factory's find_expanded_modules: the adapters on the added blocks alone */
         int stride = 1;
         if (L > 64) return glm_fail(err, "--use_llama_pro with LoRA on a model of %d layers: at most 64 here", L);
@@ -614,11 +618,6 @@ int trainer_load_model(trainer *t, glm_err *err) {
         return -1;
     }
     if (glm_train_peft(a, &c, &c.peft, err)) return -1;
-    if (c.hf_layout && c.peft.kind == GLM_FT_LORA) /* its adapter would name THUDM's modules, which peft cannot put on GlmForCausalLM */
-        return glm_fail(err, "--finetuning_type lora on transformers' GLM layout (model_type glm): glmtrain does not yet write "
-                             "adapters with its module names (q_proj, k_proj, v_proj, o_proj, gate_up_proj, down_proj)"),
-               glm_hint(err, "train LoRA on THUDM's layout of the same model (THUDM/glm-4-9b-chat), whose adapters peft and "
-                             "LLaMA-Factory load; full, freeze and P-Tuning v2 run on this folder");
     char merged[4096], from[4096];
     glm_train_adapters(a, merged, sizeof merged, from, sizeof from);
     if (merged[0]) { /* every adapter to merge fits this base, before anything is allocated */

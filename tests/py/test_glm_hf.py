@@ -13,13 +13,19 @@ own, with tokenizers 0.20; this test alone puts it on sys.path):
     holds transformers' names and config (no THUDM code files needed), GlmForCausalLM loads it
     with no missing or unexpected keys, and its loss on a batch equals tool_model_driver's on the
     same folder; greedy `glmtrain generate` equals transformers' greedy decode;
+  - LoRA on all six of its modules (peft 0.10's LoraLayer on transformers' GlmForCausalLM, q_proj,
+    k_proj and v_proj three adapters): tool_model_driver's loss and every adapter gradient within
+    1e-5 of peft's; `glmtrain train --finetuning_type lora --lora_target all` writes peft's files
+    under transformers' names, which PeftModel.from_pretrained loads onto GlmForCausalLM with the
+    loss glmtrain computes with them, and `glmtrain merge` writes the same model merged;
   - refused with a clear error: model_type glm4 (GLM-4-0414's extra norms), a head_dim that is
-    not hidden_size / heads, a tokenizer.json whose split pattern is not GLM-4's, LoRA on the -hf
-    folder (its adapters would carry THUDM's module names, which peft cannot put on GlmForCausalLM).
+    not hidden_size / heads, a tokenizer.json whose split pattern is not GLM-4's, one of q_proj /
+    k_proj / v_proj alone, transformers' module names on a THUDM-layout model.
 Prints PASS/FAIL/SKIP lines."""
 import json, os, shutil, subprocess, sys, tempfile
 
 TF_DIR = "/usr/local/lib/glmtrain-transformers-4.46"
+PEFT_DIR = "/usr/local/lib/glmtrain-peft-0.10"  # peft 0.10 (scripts/install-deps.sh), which imports beside it
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mpi_runs import ENV, GLM, losses, report, run  # noqa: E402
@@ -62,8 +68,12 @@ def orig_name(n):
     inner = {"self_attn.q_proj": "self_attention.query_key_value", "self_attn.k_proj": "self_attention.query_key_value",
              "self_attn.v_proj": "self_attention.query_key_value", "self_attn.o_proj": "self_attention.dense",
              "mlp.gate_up_proj": "mlp.dense_h_to_4h", "mlp.down_proj": "mlp.dense_4h_to_h"}
-    mod, leaf = m.group(2).rsplit(".", 1)
-    return "transformer.encoder.layers.%s.%s.%s" % (m.group(1), inner.get(mod, mod), leaf)
+    rest = m.group(2)
+    for k, v in inner.items():  # a module's own tensors and its adapters' (".lora_A.weight")
+        if rest.startswith(k + "."):
+            rest = v + rest[len(k):]
+            break
+    return "transformer.encoder.layers.%s.%s" % (m.group(1), rest)
 
 
 def stacked(named):
@@ -72,8 +82,8 @@ def stacked(named):
     out = {}
     for n, t in named.items():
         o = orig_name(n)
-        out.setdefault(o, []).append((["q_proj", "k_proj", "v_proj"].index(n.split(".")[-2]) if "_proj." in n and
-                                      n.split(".")[-2] in ("q_proj", "k_proj", "v_proj") else 0, t))
+        part = [k for k, x in enumerate(("q_proj.", "k_proj.", "v_proj.")) if x in n]
+        out.setdefault(o, []).append((part[0] if part else 0, t))
     return {o: torch.cat([t for _, t in sorted(v, key=lambda x: x[0])]) for o, v in out.items()}
 
 
@@ -243,12 +253,103 @@ def check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
            "prompt %s; glmtrain %s, transformers %s %s" % (prompt, resp, gen, "" if p.returncode == 0 else p.stderr[-300:]))
 
 
+def peft_name(n):
+    """peft's parameter name -> the file's (no adapter name), as save_pretrained writes it."""
+    return n.replace(".default", "")
+
+
+def check_lora(torch, GlmConfig, GlmForCausalLM, d):
+    sys.path.insert(1, PEFT_DIR)
+    from peft import LoraConfig, PeftModel, get_peft_model
+    mods = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"]
+    m = tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 11)
+    base = os.path.join(d, "lbase")
+    m.save_pretrained(base, safe_serialization=True)
+    for rslora in (False, True):
+        pm = get_peft_model(tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 11),
+                            LoraConfig(r=4, lora_alpha=12, target_modules=mods, lora_dropout=0.0, use_rslora=rslora))
+        with torch.no_grad():  # both factors away from zero, so every gradient is live
+            for n, p in pm.named_parameters():
+                if "lora_" in n:
+                    p.copy_(0.1 * torch.randn_like(p))  # larger, the LoRA terms swamp the base and fp32 loses digits
+        ad = os.path.join(d, "peft-%d" % rslora)
+        pm.save_pretrained(ad)
+        rows, labs, ids, labels = batch(torch, 96, [(5, 7), (3, 4), (9, 6)], 3, 0)
+        bpath = os.path.join(d, "lbatch.json")
+        json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+        pm.zero_grad()
+        loss = pm(input_ids=ids, labels=labels).loss
+        loss.backward()
+        ref = {}
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                ref[peft_name(n)[len("base_model.model."):]] = p.grad
+        ref = stacked(ref)
+        extra = ["--finetuning_type", "lora", "--lora_target", ",".join(mods), "--lora_rank", "4", "--lora_alpha", "12",
+                 "--adapter", ad] + (["--use_rslora"] if rslora else [])
+        p = subprocess.run([DRIVER, "--model", base, "--batch", bpath, "--out", os.path.join(d, "lout.safetensors")] + extra,
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            report("glm_hf_lora_grads_equal_peft_rslora_%d" % rslora, False, (p.stdout + p.stderr)[-400:])
+            continue
+        from safetensors.torch import load_file
+        got = load_file(os.path.join(d, "lout.safetensors"))
+        worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
+        lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
+        report("glm_hf_lora_grads_equal_peft_rslora_%d" % rslora, lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == 16,
+               "loss rel %.2g; worst %s rel %.2g; %d adapter rows" % (lerr, worst[1], worst[0], len(ref)))
+    return base, bpath, ids, labels
+
+
+def check_lora_cli(torch, GlmForCausalLM, d, base_tok, lbase, bpath, ids, labels):
+    from peft import PeftModel
+    out = os.path.join(d, "lora")
+    run(["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "all", "--lora_rank", "4",
+         "--train_file", os.path.join(d, "conv.jsonl"), "--learning_rate", "5e-3", "--logging_steps", "1", "--seed", "7",
+         "--max_source_length", "32", "--max_target_length", "32", "--disable_tqdm", "--report_to", "none",
+         "--max_steps", "4", "--save_steps", "4", "--output_dir", out, "--per_device_train_batch_size", "8"], timeout=300)
+    cfg = json.load(open(os.path.join(out, "adapter_config.json")))
+    from safetensors import safe_open
+    with safe_open(os.path.join(out, "adapter_model.safetensors"), "pt") as f:
+        names = sorted(f.keys())
+    report("glm_hf_lora_saved_with_transformers_names",
+           sorted(cfg["target_modules"]) == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"]) and
+           len(names) == 24 and all(n.startswith("base_model.model.model.layers.") for n in names),
+           "target_modules %s; %d tensors, e.g. %s" % (cfg["target_modules"], len(names), names[:2]))
+    t = GlmForCausalLM.from_pretrained(base_tok, attn_implementation="eager").float().eval()
+    with torch.no_grad():
+        without = t(input_ids=ids, labels=labels).loss.item()
+    pm = PeftModel.from_pretrained(t, out).eval()
+    with torch.no_grad():
+        ref = pm(input_ids=ids, labels=labels).loss.item()
+    p = subprocess.run([DRIVER, "--model", base_tok, "--batch", bpath, "--out", os.path.join(d, "lout2.safetensors"),
+                        "--finetuning_type", "lora", "--lora_target", ",".join(cfg["target_modules"]), "--lora_rank", "4",
+                        "--lora_alpha", str(cfg["lora_alpha"]), "--adapter", out], capture_output=True, text=True, timeout=300)
+    from safetensors.torch import load_file
+    got = load_file(os.path.join(d, "lout2.safetensors"))["loss"].item() if p.returncode == 0 else float("nan")
+    report("glm_hf_lora_adapter_loads_in_peft", abs(got - ref) <= 1e-5 * abs(ref) and abs(ref - without) > 1e-3,
+           "peft %.7f glmtrain %.7f, the base alone %.7f %s" % (ref, got, without,
+                                                              (p.stdout + p.stderr)[-300:] if p.returncode else ""))
+    merged = os.path.join(d, "merged")
+    run(["--model_name_or_path", base_tok, "--adapter", out, "--output_dir", merged, "--dtype", "float32"], cmd="merge")
+    mt = GlmForCausalLM.from_pretrained(merged, attn_implementation="eager").float().eval()
+    with torch.no_grad():
+        mref = mt(input_ids=ids, labels=labels).loss.item()
+    report("glm_hf_lora_merged_equals_peft", abs(mref - ref) <= 1e-5 * abs(ref), "merged %.7f peft %.7f" % (mref, ref))
+
+
 def check_refusals(d, tdir):
-    p = subprocess.run([GLM, "train", "--model_name_or_path", os.path.join(d, "base"), "--finetuning_type", "lora",
-                        "--train_file", os.path.join(d, "conv.jsonl"), "--output_dir", os.path.join(d, "lora"),
-                        "--max_steps", "1"], capture_output=True, text=True, timeout=60, env=ENV)
-    report("glm_hf_lora_refused_until_its_names", p.returncode != 0 and "q_proj" in p.stderr and "glm-4-9b-chat" in p.stderr and
-           not os.path.exists(os.path.join(d, "lora", "adapter_model.safetensors")), p.stderr[-300:])
+    for targets, want in (("q_proj,o_proj", "but not all three"), ("query_key_value", None)):
+        p = subprocess.run([GLM, "train", "--model_name_or_path", os.path.join(d, "base"), "--finetuning_type", "lora",
+                            "--lora_target", targets, "--train_file", os.path.join(d, "conv.jsonl"), "--output_dir",
+                            os.path.join(d, "lora-bad"), "--max_steps", "1"], capture_output=True, text=True, timeout=60, env=ENV)
+        if want:
+            report("glm_hf_lora_q_proj_alone_refused", p.returncode != 0 and want in p.stderr, p.stderr[-300:])
+    p = subprocess.run([GLM, "train", "--model_name_or_path", os.path.join(d, "orig"), "--finetuning_type", "lora",
+                        "--lora_target", "q_proj,k_proj,v_proj", "--train_file", os.path.join(d, "conv.jsonl"),
+                        "--output_dir", os.path.join(d, "lora-bad2"), "--max_steps", "1"], capture_output=True, text=True,
+                       timeout=60, env=ENV)
+    report("glm_hf_names_on_thudm_layout_refused", p.returncode != 0 and "transformers' GLM layout" in p.stderr, p.stderr[-300:])
     cfg = {"model_type": "glm4", "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
            "intermediate_size": 48}
     path = os.path.join(d, "glm4.json")
@@ -286,9 +387,14 @@ def main():
     d = tempfile.mkdtemp(prefix="glmtrain-glmhf-")
     try:
         check_grads(torch, GlmConfig, GlmForCausalLM, d)
+        lbase, bpath, ids, labels = check_lora(torch, GlmConfig, GlmForCausalLM, d)
         tdir, tk, n, lines = make_tokenizer(d)
         check_tokenizer(tdir, tk, lines)
         check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n)
+        rows, labs, ids, labels = batch(torch, n, [(6, 5), (4, 8)], 9, n)
+        bpath = os.path.join(d, "batch3.json")
+        json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+        check_lora_cli(torch, GlmForCausalLM, d, os.path.join(d, "base"), lbase, bpath, ids, labels)
         check_refusals(d, tdir)
     finally:
         shutil.rmtree(d, ignore_errors=True)
