@@ -60,11 +60,10 @@ static char *config_json(const glm_model *m, const glm_peft *p) {
         cJSON *ms = cJSON_AddArrayToObject(o, "modules_to_save");
         char name[64];
         for (int bit = 1; bit <= GLM_EXTRA_HEAD; bit <<= 1)
-            if (p->extra_modules & bit) {
-                const char *nm = glm_extra_module_name(&m->cfg, bit, name, sizeof name);
-                char hf[3][GLM_HF_NAME];
-                cJSON_AddItemToArray(ms, cJSON_CreateString(m->cfg.hf_layout && glm_hf_names(nm, hf) ? hf[0] : nm));
-            }
+            if (p->extra_modules & bit) /* transformers' GLM layout: its module names */
+                cJSON_AddItemToArray(ms, cJSON_CreateString(!m->cfg.hf_layout ? glm_extra_module_name(&m->cfg, bit, name, sizeof name)
+                                                            : bit == GLM_EXTRA_EMB ? "embed_tokens" : bit == GLM_EXTRA_LNF ? "norm"
+                                                                                                         : "lm_head"));
     }
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", p->lora_rank);

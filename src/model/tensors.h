@@ -86,6 +86,7 @@ int glm_whole_row(const glm_peft *p, glm_tkind kind);
 /* LoRA's modules_to_save on a model whose head is tied to the embedding: peft's copy of either
  * splits the tied pair, which the one tied row cannot; an error naming src (a flag or a file). */
 int glm_extra_modules_check(const glm_config *c, const glm_peft *p, const char *src, glm_err *err);
+/* (it also refuses DoRA and PiSSA on the three split adapters of q, k, v: config.h glm_lora_split) */
 /* What freeze setting p trains on a model of c's family and depth, in words: "layers 26-27 (mlp)
  * and word_embeddings" */
 const char *glm_freeze_describe(const glm_config *c, const glm_peft *p, char *buf, size_t n);

@@ -554,10 +554,6 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
                     .lora_alpha = (float)(a->lora_alpha > 0 ? a->lora_alpha : 2.0 * a->lora_rank),
                     .lora_dropout = (float)a->lora_dropout, .pissa = a->pissa_init, .pissa_niter = a->pissa_iter};
     if (glm_lora_targets_parse_layout(a->lora_target, c->hf_layout, &p->lora_targets, err)) return -1;
-    if (c->hf_layout && (a->use_dora || a->pissa_init) && (p->lora_targets & GLM_LORA_QKV))
-        return glm_fail(err, "--%s with q_proj, k_proj and v_proj on transformers' GLM layout: glmtrain runs %s on "
-                             "single adapters only", a->use_dora ? "use_dora" : "pissa_init", a->use_dora ? "DoRA" : "PiSSA"),
-               glm_hint(err, "target o_proj, gate_up_proj, down_proj, or train on THUDM's layout (query_key_value)");
     if (a->use_llama_pro) { /* LLaMA-Factory's find_expanded_modules: the adapters on the added blocks alone */
         int stride = 1;
         if (L > 64) return glm_fail(err, "--use_llama_pro with LoRA on a model of %d layers: at most 64 here", L);

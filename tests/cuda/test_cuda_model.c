@@ -265,9 +265,8 @@ static void test_training(test_counts *tc, glm_dtype h16) {
 
 /* The medium model under c.peft on be: a random base, then random trainable rows (std
  * trainable_std), all representable in dt so both backends start from the same numbers. */
-static void peft_model_fam(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std,
-                           int quant, int glm2) {
-    glm_config c = glm2 ? config_glm2(1) : config(1);
+static void peft_model_cfg(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_config c, glm_peft peft,
+                           float trainable_std, int quant) {
     c.peft = peft;
     c.quant = quant; /* the frozen linear weights quantized as they upload (the same bytes on both backends) */
     glm_model_init(m, &c, be);
@@ -292,6 +291,10 @@ static void peft_model_fam(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t
     }
     glm_model_set_params(m, a);
     free(a);
+}
+static void peft_model_fam(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std,
+                           int quant, int glm2) {
+    peft_model_cfg(m, be, dt, seed, glm2 ? config_glm2(1) : config(1), peft, trainable_std, quant);
 }
 
 static void peft_model_q(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, glm_peft peft, float trainable_std,
@@ -387,6 +390,14 @@ static void lora_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_
     peft_model_fam(m, be, dt, seed,
                    (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL},
                    0.05f, GLM_Q_NONE, 1);
+}
+/* transformers' GLM layout: q, k and v three adapters on their row blocks (config.h glm_lora_split) */
+static void lora_glm2_hf_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    glm_config c = config_glm2(1);
+    c.hf_layout = 1;
+    peft_model_cfg(m, be, dt, seed, c,
+                   (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL},
+                   0.05f, GLM_Q_NONE);
 }
 static void ptuning_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     peft_model_fam(m, be, dt, seed, (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 8, .prefix_projection = 1, .prefix_dropout = 0.1f},
@@ -562,6 +573,8 @@ int main(void) {
     /* the ChatGLM2 block (2 layers: 8 adapter rows each; the prefix encoder's 5 rows) */
     check_peft(&tc, "glm2_lora", lora_glm2_model, 71, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "glm2_lora", lora_glm2_model, 71, 2 * 4 * 2, h16);
+    check_peft(&tc, "glm2_lora_hf_split", lora_glm2_hf_model, 79, 2 * 4 * 2, GLM_F32);
+    check_peft(&tc, "glm2_lora_hf_split", lora_glm2_hf_model, 79, 2 * 4 * 2, h16);
     check_peft(&tc, "glm2_ptuning", ptuning_glm2_model, 73, 5, GLM_F32);
     check_peft(&tc, "glm2_ptuning", ptuning_glm2_model, 73, 5, h16);
     check_peft(&tc, "glm2_lora_int4", lora_int4_glm2_model, 75, 2 * 4 * 2, h16);

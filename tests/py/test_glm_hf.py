@@ -15,7 +15,8 @@ own, with tokenizers 0.20; this test alone puts it on sys.path):
     same folder; greedy `glmtrain generate` equals transformers' greedy decode;
   - LoRA on all six of its modules (peft 0.10's LoraLayer on transformers' GlmForCausalLM, q_proj,
     k_proj and v_proj three adapters): tool_model_driver's loss and every adapter gradient within
-    1e-5 of peft's; `glmtrain train --finetuning_type lora --lora_target all` writes peft's files
+    1e-5 of peft's (rslora on and off; with dropout, peft's masks replaced by glmtrain's, each of
+    q, k, v its own); `glmtrain train --finetuning_type lora --lora_target all` writes peft's files
     under transformers' names, which PeftModel.from_pretrained loads onto GlmForCausalLM with the
     loss glmtrain computes with them, and `glmtrain merge` writes the same model merged;
   - refused with a clear error: model_type glm4 (GLM-4-0414's extra norms), a head_dim that is
@@ -258,6 +259,32 @@ def peft_name(n):
     return n.replace(".default", "")
 
 
+def set_masks(torch, pm, p, seed):
+    """peft's dropout modules replaced by glmtrain's masks (backend/mask_hash.h, tests/py/glm_ref.py's
+    dropout_keep) over the [b, s, in] tokens: module i of layer l seeded as model/peft.c's lora_seed,
+    q_proj / k_proj / v_proj each its own (split_seed)."""
+    import re
+    import numpy as np
+    from glm_ref import dropout_keep
+
+    class Drop(torch.nn.Module):
+        def __init__(self, seed):
+            super().__init__()
+            self.seed = seed
+
+        def forward(self, x):
+            keep = dropout_keep(self.seed, x.numel(), p).view(x.shape).to(x.dtype)
+            return x * keep / (1 - float(np.float32(p)))
+
+    index = {"q_proj": (0, 0), "k_proj": (0, 1), "v_proj": (0, 2), "o_proj": (1, 0), "gate_up_proj": (2, 0), "down_proj": (3, 0)}
+    for name, mod in pm.named_modules():
+        if hasattr(mod, "lora_dropout") and "default" in mod.lora_dropout:
+            l = int(re.search(r"layers\.(\d+)\.", name).group(1))
+            i, k = index[name.rsplit(".", 1)[1]]
+            sd = (seed + (l * 4 + i + 1) * 0x100000001B3 + k * 0x9E3779B97F4A7C15) % (1 << 64)
+            mod.lora_dropout["default"] = Drop(sd)
+
+
 def check_lora(torch, GlmConfig, GlmForCausalLM, d):
     sys.path.insert(1, PEFT_DIR)
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -265,9 +292,11 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
     m = tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 11)
     base = os.path.join(d, "lbase")
     m.save_pretrained(base, safe_serialization=True)
-    for rslora in (False, True):
+    for rslora, drop in ((False, 0.0), (True, 0.0), (False, 0.25)):
         pm = get_peft_model(tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 11),
-                            LoraConfig(r=4, lora_alpha=12, target_modules=mods, lora_dropout=0.0, use_rslora=rslora))
+                            LoraConfig(r=4, lora_alpha=12, target_modules=mods, lora_dropout=drop, use_rslora=rslora))
+        if drop:
+            set_masks(torch, pm, drop, 1234)
         with torch.no_grad():  # both factors away from zero, so every gradient is live
             for n, p in pm.named_parameters():
                 if "lora_" in n:
@@ -286,17 +315,18 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
                 ref[peft_name(n)[len("base_model.model."):]] = p.grad
         ref = stacked(ref)
         extra = ["--finetuning_type", "lora", "--lora_target", ",".join(mods), "--lora_rank", "4", "--lora_alpha", "12",
-                 "--adapter", ad] + (["--use_rslora"] if rslora else [])
+                 "--adapter", ad] + (["--use_rslora"] if rslora else []) + (
+                 ["--lora_dropout", str(drop), "--dropout_seed", "1234"] if drop else [])
         p = subprocess.run([DRIVER, "--model", base, "--batch", bpath, "--out", os.path.join(d, "lout.safetensors")] + extra,
                            capture_output=True, text=True, timeout=300)
         if p.returncode != 0:
-            report("glm_hf_lora_grads_equal_peft_rslora_%d" % rslora, False, (p.stdout + p.stderr)[-400:])
+            report("glm_hf_lora_grads_equal_peft_rslora_%d_dropout_%g" % (rslora, drop), False, (p.stdout + p.stderr)[-400:])
             continue
         from safetensors.torch import load_file
         got = load_file(os.path.join(d, "lout.safetensors"))
         worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
         lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
-        report("glm_hf_lora_grads_equal_peft_rslora_%d" % rslora, lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == 16,
+        report("glm_hf_lora_grads_equal_peft_rslora_%d_dropout_%g" % (rslora, drop), lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == 16,
                "loss rel %.2g; worst %s rel %.2g; %d adapter rows" % (lerr, worst[1], worst[0], len(ref)))
     return base, bpath, ids, labels
 
