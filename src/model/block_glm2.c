@@ -3,7 +3,9 @@
  *   x = RMSNorm1(h); h1 = h + Dense(Attn(RoPE(QKV(x))));  y = RMSNorm2(h1); h' = h1 + FC2(SwiGLU(FC1(y)))
  * QKV's output is q (NH heads) | k (NKV heads) | v (NKV heads), each head HD = kv_channels wide;
  * query head h reads key/value head h / (NH / NKV). Rotary turns the first HD/2 dims of every q
- * and k head in interleaved pairs at position ids 0, 1, ... of each sequence; the mask is causal. */
+ * and k head in interleaved pairs at position ids 0, 1, ... of each sequence; the mask is causal.
+ * GLM-4-0414 (glm_family_glm4, config.h sandwich_norms) is the same block with two more norms:
+ *   h1 = h + RMSNorm3(Dense(Attn(...)));  h' = h1 + RMSNorm4(FC2(SwiGLU(FC1(RMSNorm2(h1))))) */
 #include <math.h>
 #include "model/family.h"
 #include "model/glm.h"
@@ -55,6 +57,25 @@ static void block_rows(glm_model *m, int l, glm_layer_acts *a, int N, void *h_ou
     glm_linear_fwd_add(m, l, 3, a, h_out, a->act, p->fc2_w, NULL, N, F, H, a->h1, 1.0f); /* h1 + mlp */
 }
 
+/* GLM-4-0414's: z1 = Dense(ctx), h1 = in + RMSNorm3(z1), y = RMSNorm2(h1), z2 = MLP(y),
+ * h_out = h1 + RMSNorm4(z2); z1, z2 and the norms' statistics kept for the backward. */
+static void block_rows_sandwich(glm_model *m, int l, glm_layer_acts *a, int N, void *h_out) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l];
+    int H = c->hidden_size, F = c->inner_hidden_size;
+    float eps = c->layernorm_epsilon;
+    glm_linear_fwd(m, l, 1, a, a->z1, a->ctx, p->dense_w, NULL, N, glm_attn_width(c), H);
+    be->rmsnorm_fwd(be, a->h1, a->ln3_rstd, a->z1, p->ln3_w, N, H, eps);
+    be->scale_add(be, a->h1, 1.0f, a->in, a->h1, (size_t)N * H);
+    norm2(m, l, a, N);
+    glm_linear_fwd(m, l, 2, a, a->fc1, a->y, p->fc1_w, NULL, N, H, 2 * F);
+    be->swiglu_fwd(be, a->act, a->fc1, N, F);
+    glm_linear_fwd(m, l, 3, a, a->z2, a->act, p->fc2_w, NULL, N, F, H);
+    be->rmsnorm_fwd(be, h_out, a->ln4_rstd, a->z2, p->ln4_w, N, H, eps);
+    be->scale_add(be, h_out, 1.0f, a->h1, h_out, (size_t)N * H);
+}
+
 static void block_recompute(glm_model *m, int l, glm_layer_acts *a, const void *h_in, glm_qkv_view q, glm_qkv_view k,
                             glm_qkv_view v, const int32_t *kv_lo, const int32_t *kv_hi, int B, int Tq, int Tk) {
     const glm_config *c = &m->cfg;
@@ -95,6 +116,25 @@ static void block_rows_bwd(glm_model *m, int l, glm_layer_acts *a, const void *d
     norm_bwd_add(m, m->d_h1, g->ln2_w, dy, a->h1, p->ln2_w, a->ln2_rstd, dh_out, N);
     /* h1 = h_in + Dense(ctx) */
     glm_linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, NULL, m->d_h1, a->ctx, p->dense_w, N, glm_attn_width(c), H);
+}
+
+/* GLM-4-0414's block_rows backward; m->d_x holds each norm's input gradient in turn. */
+static void block_rows_bwd_sandwich(glm_model *m, int l, glm_layer_acts *a, const void *dh_out, int N) {
+    glm_backend *be = m->be;
+    const glm_config *c = &m->cfg;
+    const glm_layer_ptrs *p = &m->w.layer[l], *g = &m->g.layer[l];
+    int H = c->hidden_size, F = c->inner_hidden_size;
+    void *dz = m->d_x;
+    /* h' = h1 + RMSNorm4(z2), z2 = FC2(SwiGLU(FC1(y))) */
+    be->rmsnorm_bwd(be, dz, g->ln4_w, dh_out, a->z2, p->ln4_w, a->ln4_rstd, N, H);
+    glm_linear_bwd(m, l, 3, a, m->d_act, g->fc2_w, NULL, dz, a->act, p->fc2_w, N, F, H);
+    be->swiglu_bwd(be, m->d_ff, a->fc1, m->d_act, N, F);
+    void *dy = m->d_x; /* dz is read: free again */
+    glm_linear_bwd(m, l, 2, a, dy, g->fc1_w, NULL, m->d_ff, a->y, p->fc1_w, N, H, 2 * F);
+    norm_bwd_add(m, m->d_h1, g->ln2_w, dy, a->h1, p->ln2_w, a->ln2_rstd, dh_out, N);
+    /* h1 = h_in + RMSNorm3(z1), z1 = Dense(ctx) */
+    be->rmsnorm_bwd(be, dz, g->ln3_w, m->d_h1, a->z1, p->ln3_w, a->ln3_rstd, N, H);
+    glm_linear_bwd(m, l, 1, a, m->d_ctx, g->dense_w, NULL, dz, a->ctx, p->dense_w, N, glm_attn_width(c), H);
 }
 
 /* The rest of the backward on the model's batch (m->bd), from m->d_ctx and m->d_h1: attention,
@@ -192,6 +232,33 @@ const glm_family glm_family_glm2 = {
     .residual_from_norm = 0,
     .block_qkv = block_qkv, .block_rows = block_rows, .block_recompute = block_recompute,
     .block_rows_bwd = block_rows_bwd, .block_attn_bwd = block_attn_bwd, .qkv_views = qkv_views,
+    .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
+    .prompt_positions = prompt_positions, .next_position = next_position,
+};
+
+/* GLM-4-0414: the same block with its two more norms (transformers' names, as its folders are the
+ * only ones; model/hf_layout.h keeps them) */
+const glm_family glm_family_glm4 = {
+    .name = "glm4",
+    .embed = GLM_V2_EMBED,
+    .final_norm_w = GLM_V2_FINAL_NORM_W,
+    .final_norm_b = NULL,
+    .head = GLM_V2_HEAD,
+    .layer_fmt = "transformer.encoder.layers.%d.",
+    .layer_row = {
+        [T_LN1_W - T_LN1_W] = "input_layernorm.weight",
+        [T_QKV_W - T_LN1_W] = "self_attention.query_key_value.weight",
+        [T_QKV_B - T_LN1_W] = "self_attention.query_key_value.bias",
+        [T_DENSE_W - T_LN1_W] = "self_attention.dense.weight",
+        [T_LN2_W - T_LN1_W] = "post_attention_layernorm.weight",
+        [T_FC1_W - T_LN1_W] = "mlp.dense_h_to_4h.weight",
+        [T_FC2_W - T_LN1_W] = "mlp.dense_4h_to_h.weight",
+        [12] = "post_self_attn_layernorm.weight", [13] = "post_mlp_layernorm.weight", /* glm_layer_place */
+    },
+    .modules = {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
+    .residual_from_norm = 0,
+    .block_qkv = block_qkv, .block_rows = block_rows_sandwich, .block_recompute = block_recompute,
+    .block_rows_bwd = block_rows_bwd_sandwich, .block_attn_bwd = block_attn_bwd, .qkv_views = qkv_views,
     .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
     .prompt_positions = prompt_positions, .next_position = next_position,
 };

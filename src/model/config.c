@@ -170,8 +170,9 @@ static int parse_glm2(glm_config *c, const cJSON *o, const char *src, glm_err *e
     return 0;
 }
 
-/* transformers' GlmConfig (model_type glm, GlmForCausalLM: glm-4-9b-chat-hf), its defaults where
- * a field is absent (transformers 4.46's configuration_glm.py). Its attention takes the head
+/* transformers' GlmConfig (model_type glm, GlmForCausalLM: glm-4-9b-chat-hf) and Glm4Config
+ * (model_type glm4: GLM-4-0414, the same keys and defaults), its defaults where a field is absent
+ * (transformers 4.46's configuration_glm.py). Its attention takes the head
  * width as hidden_size / num_attention_heads and rotates head_dim / 2 of each head; GLM-4-9B's
  * head_dim says the same, and a config where they differ is refused rather than guessed. */
 static int parse_glm_hf(glm_config *c, const cJSON *o, const char *src, glm_err *err) {
@@ -213,7 +214,7 @@ static int parse_glm_hf(glm_config *c, const cJSON *o, const char *src, glm_err 
                         : NULL;
     if (refused) {
         glm_fail(err, "%s: %s: no GLM-4 model uses this option, and glmtrain does not run it", src, refused);
-        return glm_hint(err, "compare with the config.json of THUDM/glm-4-9b-chat-hf");
+        return glm_hint(err, "compare with the config.json of THUDM/glm-4-9b-chat-hf or THUDM/GLM-4-9B-0414");
     }
     if (heads > 0 && hd * heads != hidden) {
         glm_fail(err, "%s: head_dim %d is not hidden_size / num_attention_heads (%d / %d)", src, hd, hidden, heads);
@@ -242,18 +243,14 @@ int glm_config_parse(glm_config *c, const char *text, const char *src, glm_err *
         return glm_fail(err, "%s: not a JSON object (config.json of a chatglm model expected)", src);
     }
     /* transformers' own classes for GLM-4: GlmForCausalLM (glm-4-9b-chat-hf) is the ChatGLM2 block
-     * under other names; Glm4ForCausalLM (GLM-4-0414) adds two norms a layer, not built here */
+     * under other names; Glm4ForCausalLM (GLM-4-0414, GLM-Z1) adds two norms a layer */
     const cJSON *mt0 = cJSON_GetObjectItemCaseSensitive(o, "model_type");
-    if (cJSON_IsString(mt0) && !strcmp(mt0->valuestring, "glm")) {
+    int glm4 = cJSON_IsString(mt0) && !strcmp(mt0->valuestring, "glm4");
+    if (glm4 || (cJSON_IsString(mt0) && !strcmp(mt0->valuestring, "glm"))) {
         int rc = parse_glm_hf(c, o, src, err);
+        c->sandwich_norms = glm4;
         cJSON_Delete(o);
         return rc ? rc : glm_config_validate(c, src, err);
-    }
-    if (cJSON_IsString(mt0) && !strcmp(mt0->valuestring, "glm4")) {
-        glm_fail(err, "%s: model_type \"glm4\" is transformers' Glm4ForCausalLM (GLM-4-0414, GLM-Z1), whose layers "
-                      "have two more norms than glmtrain's GLM-4 block", src);
-        cJSON_Delete(o);
-        return glm_hint(err, "glmtrain trains GLM-4-9B as THUDM/glm-4-9b-chat or THUDM/glm-4-9b-chat-hf");
     }
     /* ChatGLM2/3 and GLM-4 folders say model_type chatglm too, with the ChatGLM2 block's fields */
     static const char *const later[] = {"padded_vocab_size", "multi_query_attention", "ffn_hidden_size", "kv_channels", "rmsnorm"};
@@ -392,7 +389,7 @@ static char *glm2_config_json(const glm_config *c) {
 static char *glm_hf_config_json(const glm_config *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("GlmForCausalLM"));
+    cJSON_AddItemToArray(arch, cJSON_CreateString(c->sandwich_norms ? "Glm4ForCausalLM" : "GlmForCausalLM"));
     cJSON_AddBoolToObject(o, "attention_bias", c->qkv_bias);
     cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
     cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id);
@@ -402,7 +399,8 @@ static char *glm_hf_config_json(const glm_config *c) {
     cJSON_AddNumberToObject(o, "initializer_range", 0.02);
     cJSON_AddNumberToObject(o, "intermediate_size", c->inner_hidden_size);
     cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_sequence_length);
-    cJSON_AddStringToObject(o, "model_type", "glm");
+    cJSON_AddStringToObject(o, "model_type", c->sandwich_norms ? "glm4" : "glm");
+    if (c->sandwich_norms) cJSON_AddNumberToObject(o, "partial_rotary_factor", 0.5);
     cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_layers);
     cJSON_AddNumberToObject(o, "num_key_value_heads", glm_kv_heads(c));

@@ -105,6 +105,10 @@ typedef struct glm_config {
      * other names with query_key_value stored as q_proj, k_proj and v_proj (model/hf_layout.h).
      * Inside, the model keeps the original names; reading and writing folders translate. */
     int hf_layout;
+    /* GLM-4-0414 (model_type glm4, transformers' Glm4ForCausalLM): the ChatGLM2 block with two more
+     * RMSNorms a layer, on attention's output and on the MLP's before each residual sum:
+     * h1 = h + N3(Dense(attn)), h' = h1 + N4(MLP(N2(h1))) (model/block_glm2.c) */
+    int sandwich_norms;
 } glm_config;
 
 /* The ChatGLM-6B (v1.1) shapes and ids. */

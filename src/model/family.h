@@ -23,12 +23,12 @@ struct glm_model;
 struct glm_layer_acts;
 
 typedef struct glm_family {
-    const char *name;       /* "chatglm" (GLM v1), "chatglm2" (ChatGLM2/3, GLM-4) */
+    const char *name;       /* "chatglm" (GLM v1), "chatglm2" (ChatGLM2/3, GLM-4), "glm4" (GLM-4-0414) */
     /* Hugging Face names: the word embedding, the final norm's rows (bias NULL for RMSNorm), the
      * LM head, a layer's prefix (printf with the layer number), the rows inside a layer by kind
      * (NULL: the family has no such row), the linear modules in LoRA target order */
     const char *embed, *final_norm_w, *final_norm_b, *head, *layer_fmt;
-    const char *layer_row[T_LN1_W + 12];
+    const char *layer_row[GLM_LAYER_KINDS]; /* by glm_layer_place */
     const char *modules[4];
     /* x = norm1(h_in) and the rotated q|k|v rows (a->x, a->qkv) of N tokens */
     void (*block_qkv)(struct glm_model *m, int l, struct glm_layer_acts *a, const void *h_in, int N, const int32_t *pos,
@@ -77,8 +77,9 @@ typedef struct glm_family {
 
 extern const glm_family glm_family_glm;  /* model/block_glm.c */
 extern const glm_family glm_family_glm2; /* model/block_glm2.c */
+extern const glm_family glm_family_glm4; /* model/block_glm2.c: the ChatGLM2 block with GLM-4-0414's two more norms */
 static inline const glm_family *glm_family_of(const glm_config *c) {
-    return c->family == GLM_FAMILY_GLM2 ? &glm_family_glm2 : &glm_family_glm;
+    return c->family != GLM_FAMILY_GLM2 ? &glm_family_glm : c->sandwich_norms ? &glm_family_glm4 : &glm_family_glm2;
 }
 
 #endif

@@ -248,6 +248,8 @@ static void **field_of(glm_weights *w, const glm_tensor *t) {
     case T_FC1_B: return &p->fc1_b;
     case T_FC2_W: return &p->fc2_w;
     case T_FC2_B: return &p->fc2_b;
+    case T_LN3_W: return &p->ln3_w;
+    case T_LN4_W: return &p->ln4_w;
     default: return NULL;
     }
 }
@@ -310,6 +312,10 @@ static void acts_alloc_kept(const glm_model *m, glm_layer_acts *a, size_t N) {
     a->qkv = be->alloc(be, N * W * es); a->lse = be->alloc(be, N * NH * 4);
     a->h1 = be->alloc(be, N * H * es); a->ln2_mean = be->alloc(be, N * 4); a->ln2_rstd = be->alloc(be, N * 4);
     a->fc1 = be->alloc(be, N * F1 * es);
+    if (c->sandwich_norms) {
+        a->z1 = be->alloc(be, N * H * es); a->z2 = be->alloc(be, N * H * es);
+        a->ln3_rstd = be->alloc(be, N * 4); a->ln4_rstd = be->alloc(be, N * 4);
+    }
     for (int i = 0; i < 4; i++) { /* an adapter's middle, where any layer has one, and DoRA's output */
         int on = m->cfg.peft.kind == GLM_FT_LORA && (m->cfg.peft.lora_targets >> i & 1);
         a->lora_t[i] = on ? be->alloc(be, N * (size_t)m->cfg.peft.lora_rank * glm_lora_split(c, i) * es) : NULL;
@@ -325,7 +331,7 @@ void glm_layer_acts_alloc(const glm_model *m, glm_layer_acts *a, size_t N) {
 void glm_layer_acts_free(const glm_model *m, glm_layer_acts *a) {
     void *ptrs[] = {a->x, a->ln1_mean, a->ln1_rstd, a->qkv, a->ctx, a->lse, a->h1, a->ln2_mean, a->ln2_rstd, a->y, a->fc1, a->act,
                     a->lora_t[0], a->lora_t[1], a->lora_t[2], a->lora_t[3], a->dora_z[0], a->dora_z[1], a->dora_z[2],
-                    a->dora_z[3]};
+                    a->dora_z[3], a->z1, a->z2, a->ln3_rstd, a->ln4_rstd};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) if (ptrs[i]) m->be->free(m->be, ptrs[i]);
     *a = (glm_layer_acts){0};
 }
@@ -512,7 +518,9 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
         adapters += on * glm_lora_split(c, i);
         dora += on && c->peft.use_dora ? glm_linear_out(c, i) : 0; /* DoRA's kept outputs (dora_z) */
     }
-    double per_set = N * ((3 * H + A + W + F1 + F + adapters * (double)c->peft.lora_rank + dora) * es + (4 + NH) * 4);
+    double sandwich = c->sandwich_norms ? 2 * H : 0; /* GLM-4-0414's z1, z2 (and 2 floats of statistics) */
+    double per_set = N * ((3 * H + A + W + F1 + F + sandwich + adapters * (double)c->peft.lora_rank + dora) * es +
+                          (4 + NH + (sandwich > 0) * 2) * 4);
     double rebuilt = N * (2 * H + A + F) * es; /* x, ctx, y, act: what selective checkpointing shares */
     /* as act_sets: the layers from the backward's floor up keep theirs; those below share one */
     int nk = l1 - table_backward_floor(&tab, c, l0, l1, embed), below = nk < nl;

@@ -19,6 +19,7 @@
 /* Pointers to one layer's tensors, inside the params (or grads) buffer. */
 typedef struct glm_layer_ptrs {
     void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *dense_w, *dense_b, *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    void *ln3_w, *ln4_w; /* GLM-4-0414's norms after the dense and after the MLP (NULL elsewhere) */
     /* LoRA adapters of the four linear modules (query_key_value, dense, dense_h_to_4h,
      * dense_4h_to_h), NULL where there is none: A [r, in], B [out, r] */
     void *lora_a[4], *lora_b[4];
@@ -66,6 +67,8 @@ typedef struct glm_layer_acts {
     void *lora_t[4];             /* [N, r] scaling * A dropout(input) of each adapter (NULL: none) */
     void *dora_z[4];             /* [N, out] a DoRA module's W x + s B A x before its row scale and bias
                                   * (NULL: no DoRA); the magnitude's gradient reads it */
+    void *z1, *z2;               /* [N, H] GLM-4-0414: the dense's and the MLP's outputs before their norms */
+    float *ln3_rstd, *ln4_rstd;  /* [N] and those norms' statistics (all NULL elsewhere) */
 } glm_layer_acts;
 
 /* Device copy of a batch. */

@@ -18,6 +18,8 @@ static const struct { const char *orig, *hf[3]; } kInLayer[] = {
     {"post_attention_layernorm", {"post_attention_layernorm"}},
     {"mlp.dense_h_to_4h", {"mlp.gate_up_proj"}},
     {"mlp.dense_4h_to_h", {"mlp.down_proj"}},
+    {"post_self_attn_layernorm", {"post_self_attn_layernorm"}}, /* GLM-4-0414's (its only layout) */
+    {"post_mlp_layernorm", {"post_mlp_layernorm"}},
 };
 enum { N_OUT = sizeof kOutside / sizeof kOutside[0], N_IN = sizeof kInLayer / sizeof kInLayer[0] };
 static const char kOrigLayer[] = "transformer.encoder.layers.", kHfLayer[] = "model.layers.";

@@ -12,6 +12,7 @@
  *     post_attention_layernorm                   post_attention_layernorm
  *     mlp.dense_h_to_4h                          mlp.gate_up_proj
  *     mlp.dense_4h_to_h                          mlp.down_proj
+ *     post_self_attn_layernorm, post_mlp_layernorm (GLM-4-0414's, the same names)
  *   transformer.encoder.final_layernorm        model.norm
  *   transformer.output_layer                   lm_head
  * (transformers' convert_glm_weights_to_hf.py: the same values, no permutation.) */

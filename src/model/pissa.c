@@ -109,7 +109,7 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
         }
         /* one stream per (layer, module), as the LoRA rows draw theirs: every rank and stage agrees */
         int its = glm_svd_lowrank_on(dev ? be : NULL, dev ? dw : w, OC, C, r, p->pissa_niter,
-                                     seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * T_NKINDS + ta->kind), u,
+                                     seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * GLM_SEED_KINDS + ta->kind), u,
                                      sv, v);
         if (p->pissa_niter < 0 && its < 0)
             glm_warn("PiSSA: %s's top %d singular vectors still moved after %d subspace iterations (its singular values "

@@ -53,9 +53,9 @@ void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, 
  * final_layernorm, lm_head or output_layer). */
 static size_t first_part(const char *s) { return strcspn(s, "."); }
 static int layer_module_bit(const glm_family *fam, int k) {
-    const char *seen[12];
+    const char *seen[GLM_LAYER_KINDS];
     int ns = 0;
-    for (int i = 0; i < 12; i++) {
+    for (int i = 0; i < GLM_LAYER_KINDS; i++) {
         const char *r = fam->layer_row[i];
         if (!r) continue;
         int j = 0;
@@ -95,7 +95,7 @@ static int freeze_trains(const glm_config *c, int layer, glm_tkind kind) {
     if (p->badam) return layer == p->badam_layer;
     int n = p->num_layer_trainable, mods = p->freeze_modules ? p->freeze_modules : ~0;
     int in = p->llama_pro ? layer % p->llama_pro == p->llama_pro - 1 : n > 0 ? layer >= c->num_layers - n : layer < -n;
-    return in && (mods & layer_module_bit(glm_family_of(c), kind - T_LN1_W));
+    return in && (mods & layer_module_bit(glm_family_of(c), glm_layer_place(kind)));
 }
 
 /* the names --freeze_trainable_modules (layer modules) or --freeze_extra_modules takes, in
@@ -105,7 +105,7 @@ static const char *module_names(const glm_config *c, int extra, int bits, char *
     size_t u = 0;
     int done = 0;
     buf[0] = 0;
-    for (int i = 0; i < (extra ? 3 : 12); i++) {
+    for (int i = 0; i < (extra ? 3 : GLM_LAYER_KINDS); i++) {
         const char *s = extra ? extra_row(c, 1 << i) : fam->layer_row[i];
         int bit = extra ? 1 << i : layer_module_bit(fam, i);
         if (!s || !(bits & bit) || (done & bit)) continue;
@@ -145,7 +145,7 @@ const char *glm_freeze_describe(const glm_config *c, const glm_peft *p, char *bu
 
 int glm_modules_all(const glm_config *c) {
     int all = 0;
-    for (int i = 0; i < 12; i++) all |= layer_module_bit(glm_family_of(c), i);
+    for (int i = 0; i < GLM_LAYER_KINDS; i++) all |= layer_module_bit(glm_family_of(c), i);
     return all;
 }
 
@@ -159,7 +159,7 @@ int glm_modules_parse(const glm_config *c, const char *flag, const char *list, i
         while (n && p[n - 1] == ' ') n--;
         int bit = 0;
         if (!outside && n == 3 && !strncmp(p, "all", 3)) bit = glm_modules_all(c);
-        for (int i = 0; i < (outside ? 3 : 12) && !bit && n; i++) {
+        for (int i = 0; i < (outside ? 3 : GLM_LAYER_KINDS) && !bit && n; i++) {
             const char *s = outside ? extra_row(c, 1 << i) : fam->layer_row[i];
             size_t len;
             if (!s) continue;
@@ -239,7 +239,7 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
     int L = c->num_layers, H = c->hidden_size, F = c->inner_hidden_size, V = c->vocab_size, r = c->peft.lora_rank;
     *tab = (glm_table){0};
     tab->num_layers = L;
-    tab->t = glm_calloc((size_t)L * 24 + 16, sizeof(glm_tensor));
+    tab->t = glm_calloc((size_t)L * (GLM_LAYER_KINDS + 12) + 16, sizeof(glm_tensor)); /* a layer's rows, 8 LoRA and 4 DoRA */
     tab->index = glm_malloc(sizeof(int) * (size_t)(L + 1) * T_NKINDS);
     for (int i = 0; i < (L + 1) * T_NKINDS; i++) tab->index[i] = -1;
     char n[128];
@@ -263,14 +263,15 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
     /* the widths of config.h: q|k|v, the attention output, the first MLP linear */
     int64_t W = glm_qkv_width(c), A = glm_attn_width(c), F1 = glm_fc1_width(c);
     /* each layer row's shape by kind (T_LN1_W on); a NULL name in the family: no such row */
-    const int64_t shape[12][3] = {{1, H, 1}, {1, H, 1}, {2, W, H}, {1, W, 1}, {2, H, A}, {1, H, 1},
-                                  {1, H, 1}, {1, H, 1}, {2, F1, H}, {1, F1, 1}, {2, H, F}, {1, H, 1}};
+    const int64_t shape[GLM_LAYER_KINDS][3] = {{1, H, 1}, {1, H, 1}, {2, W, H}, {1, W, 1}, {2, H, A}, {1, H, 1},
+                                               {1, H, 1}, {1, H, 1}, {2, F1, H}, {1, F1, 1}, {2, H, F}, {1, H, 1},
+                                               {1, H, 1}, {1, H, 1}};
     for (int l = l0; l < l1; l++) {
         unit_start(tab, unit_align);
         opened = 0;
         int np = snprintf(n, sizeof n, fam->layer_fmt, l);
-        for (int k = 0; k < 12; k++) {
-            glm_tkind kind = (glm_tkind)(T_LN1_W + k);
+        for (int k = 0; k < GLM_LAYER_KINDS; k++) {
+            glm_tkind kind = glm_layer_kind(k);
             if (!fam->layer_row[k] || (kind == T_QKV_B && c->family == GLM_FAMILY_GLM2 && !c->qkv_bias)) continue;
             snprintf(n + np, sizeof n - np, "%s", fam->layer_row[k]);
             ROW(kind, l, n, (int)shape[k][0], shape[k][1], shape[k][2]);

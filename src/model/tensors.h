@@ -27,8 +27,19 @@ typedef enum glm_tkind {
     /* P-Tuning v2's prefix encoder (transformer.prefix_encoder.*): embedding [P, 2LH], or
      * [P, H] then trans.0 [H, H] + bias, tanh, trans.2 [2LH, H] + bias with prefix_projection */
     T_PREFIX_EMB, T_PREFIX_W1, T_PREFIX_B1, T_PREFIX_W2, T_PREFIX_B2,
+    /* GLM-4-0414's two more norms of a layer (config.h sandwich_norms): after attention's dense
+     * and after the MLP, before each residual sum                [H] */
+    T_LN3_W, T_LN4_W,
     T_NKINDS
 } glm_tkind;
+/* The kinds of a layer's own rows, in the order a layer lists them: T_LN1_W .. T_FC2_B, then
+ * T_LN3_W, T_LN4_W (a family's layer_row is indexed by the place in this list). */
+enum { GLM_LAYER_KINDS = 14 };
+static inline glm_tkind glm_layer_kind(int k) { return k < 12 ? (glm_tkind)(T_LN1_W + k) : (glm_tkind)(T_LN3_W + k - 12); }
+static inline int glm_layer_place(glm_tkind kind) { return kind >= T_LN3_W ? 12 + (kind - T_LN3_W) : kind - T_LN1_W; }
+/* The kinds the random streams of adapters are numbered by (weights.c, pissa.c): the count before
+ * GLM-4-0414's norms were added, so every adapter starts from the values it started from before. */
+enum { GLM_SEED_KINDS = 33 };
 
 typedef struct glm_tensor {
     char name[128];   /* HF name */

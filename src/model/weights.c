@@ -29,7 +29,7 @@ void glm_model_init_random(glm_model *m, uint64_t seed, float std) {
         const glm_tensor *t = glm_model_row(m, i, &dst);
         if (is_adapter(t)) continue; /* glm_model_init_adapters */
         glm_rng_seed(&rng, seed * 1000003ULL + (uint64_t)(glm_table_find(&full, t->name) - full.t));
-        int is_ln_w = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W;
+        int is_ln_w = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W || t->kind == T_LN3_W || t->kind == T_LN4_W;
         for (size_t j = 0; j < t->numel; j++)
             host[j] = t->ndim == 2 ? std * glm_rng_normal(&rng) : (is_ln_w ? 1.0f : 0.0f);
         glm_model_row_upload(m, t, dst, host);
@@ -45,7 +45,7 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed) {
         if (!is_adapter(t)) continue;
         float *host = glm_calloc(t->numel, sizeof(float));
         /* one stream per (layer, kind): a pipeline stage draws the values the whole model would */
-        uint64_t id = (uint64_t)(t->layer + 1) * T_NKINDS + (uint64_t)t->kind + 1;
+        uint64_t id = (uint64_t)(t->layer + 1) * GLM_SEED_KINDS + (uint64_t)t->kind + 1;
         glm_rng_seed(&rng, seed * 1000003ULL + 7919ULL * id);
         if (t->kind == T_PREFIX_EMB) { /* torch's nn.Embedding: N(0, 1) */
             for (size_t j = 0; j < t->numel; j++) host[j] = glm_rng_normal(&rng);

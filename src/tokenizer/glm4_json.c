@@ -1,7 +1,8 @@
 /* GLM-4's tokenizer as transformers' GLM layout ships it (glm-4-9b-chat-hf's tokenizer.json):
  * the same rank file converted by transformers' TikTokenConverter into a byte-level BPE, each
  * token's bytes spelt in GPT-2's printable alphabet, its id its rank, the merges derived from
- * the ranks, GLM-4's split pattern and its 14 special tokens as added tokens after the vocabulary.
+ * the ranks, GLM-4's split pattern and its 14 special tokens as added tokens after the vocabulary
+ * (later releases add more after those: they join the specials in id order).
  * glmtrain reads it back into the ranks and encodes by rank (tiktoken's rule, as THUDM's
  * tokenizer), after checking that the file is that conversion: the pattern, the specials, and
  * merges in the order of the ranks they make, which is what makes merge order and rank order
@@ -182,11 +183,26 @@ int glm4_setup_json(glm_tokenizer *t, const char *buf, size_t len, const char *w
     if (!rc) rc = glm4_setup(t, text.s ? text.s : "", text.n, ranks_what, err);
     free(text.s);
     if (!rc) rc = check_merges(t->bpe, cJSON_GetObjectItemCaseSensitive(model, "merges"), what, err);
-    /* the added tokens: GLM-4's specials at the ids glm4_setup gave them */
+    /* the added tokens: GLM-4's specials at the ids glm4_setup gave them; later releases' further
+     * specials (GLM-4-0414's) follow them in id order and join them */
     const cJSON *x, *added = rc ? NULL : cJSON_GetObjectItemCaseSensitive(o, "added_tokens");
+    for (int32_t next = t->bpe->n + t->bpe->n_special, more = 1; more && !rc;) {
+        more = 0;
+        cJSON_ArrayForEach(x, added) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id"), *content = cJSON_GetObjectItemCaseSensitive(x, "content");
+            if (cJSON_IsNumber(id) && id->valueint == next && cJSON_IsString(content) &&
+                glm4_piece_id(t, content->valuestring) < 0) {
+                rc = bpe_add_special(t->bpe, content->valuestring, err);
+                next++;
+                more = 1;
+                break;
+            }
+        }
+    }
     cJSON_ArrayForEach(x, added) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id"), *content = cJSON_GetObjectItemCaseSensitive(x, "content");
         int32_t want = cJSON_IsString(content) ? glm4_piece_id(t, content->valuestring) : -1;
+        if (rc) break;
         if (!cJSON_IsNumber(id) || want < t->bpe->n || want != id->valueint) {
             rc = glm_fail(err, "%s: added token \"%.40s\" (id %d) is not one of GLM-4's special tokens at its id (%d)", what,
                           cJSON_IsString(content) ? content->valuestring : "?", cJSON_IsNumber(id) ? id->valueint : -1, want);

@@ -226,13 +226,14 @@ def configs(base, d, cfg):
     p = train(base + ["--output_dir", os.path.join(d, "cfg4"), "--max_steps", "1e30"], check=False)
     ok, why = failed_with(p, "--max_steps: 1e30 is out of range")
     report("max_steps_out_of_range", ok, why)
-    hf = os.path.join(d, "glm_hf", "config.json")  # transformers' GLM-4-0414 (Glm4ForCausalLM: two more norms a layer)
+    hf = os.path.join(d, "glm_hf", "config.json")  # transformers' GLM-4-0414 (Glm4ForCausalLM) with an option no model has
     os.makedirs(os.path.dirname(hf), exist_ok=True)
     json.dump({"architectures": ["Glm4ForCausalLM"], "model_type": "glm4", "hidden_size": 64, "num_hidden_layers": 2,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "intermediate_size": 96}, open(hf, "w"))
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "intermediate_size": 96,
+               "hidden_act": "gelu"}, open(hf, "w"))
     p = train(base[2:] + ["--init_from_config", hf, "--output_dir", os.path.join(d, "cfg6")], check=False)
-    ok, why = failed_with(p, "Glm4ForCausalLM", "glm-4-9b-chat-hf")
-    report("config_glm4_0414_named", ok, why)
+    ok, why = failed_with(p, "hidden_act other than silu", "GLM-4-9B-0414")
+    report("config_glm4_option_named", ok, why)
     # transformers' GlmConfig without its shape fields: the missing one named
     json.dump({"architectures": ["GlmForCausalLM"], "model_type": "glm", "hidden_size": 64, "num_hidden_layers": 2,
                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}, open(hf, "w"))

@@ -19,7 +19,13 @@ own, with tokenizers 0.20; this test alone puts it on sys.path):
     q, k, v its own); `glmtrain train --finetuning_type lora --lora_target all` writes peft's files
     under transformers' names, which PeftModel.from_pretrained loads onto GlmForCausalLM with the
     loss glmtrain computes with them, and `glmtrain merge` writes the same model merged;
-  - refused with a clear error: model_type glm4 (GLM-4-0414's extra norms), a head_dim that is
+  - GLM-4-0414 (model_type glm4, Glm4ForCausalLM): the reference is GlmForCausalLM with each
+    layer given the two norms modeling_glm4.py adds (post_self_attn_layernorm on attention's output
+    and post_mlp_layernorm on the MLP's, before each residual sum), a layer forward written here
+    (transformers 4.51, which has the class, does not import beside torch 1.13): loss and every
+    gradient within 1e-5, full and LoRA; `glmtrain train` on its folder saves its names and
+    config, and the reference loads them with glmtrain's loss;
+  - refused with a clear error: a head_dim that is
     not hidden_size / heads, a tokenizer.json whose split pattern is not GLM-4's, one of q_proj /
     k_proj / v_proj alone, transformers' module names on a THUDM-layout model.
 Prints PASS/FAIL/SKIP lines."""
@@ -368,6 +374,140 @@ def check_lora_cli(torch, GlmForCausalLM, d, base_tok, lbase, bpath, ids, labels
     report("glm_hf_lora_merged_equals_peft", abs(mref - ref) <= 1e-5 * abs(ref), "merged %.7f peft %.7f" % (mref, ref))
 
 
+def sandwich(torch, m):
+    """GlmForCausalLM -> GLM-4-0414's layers: two more GlmRMSNorms per layer, in modeling_glm4.py's order."""
+    import types
+    from transformers.models.glm.modeling_glm import GlmRMSNorm
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_value=None, output_attentions=False,
+                use_cache=False, cache_position=None, position_embeddings=None, **kw):
+        residual = hidden_states
+        h, w, present = self.self_attn(hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask,
+                                       position_ids=position_ids, past_key_value=past_key_value,
+                                       output_attentions=output_attentions, use_cache=use_cache,
+                                       cache_position=cache_position, position_embeddings=position_embeddings, **kw)
+        h = residual + self.post_self_attn_layernorm(h)
+        h = h + self.post_mlp_layernorm(self.mlp(self.post_attention_layernorm(h)))
+        return (h,) + ((w,) if output_attentions else ()) + ((present,) if use_cache else ())
+
+    cfg = m.config
+    for layer in m.model.layers:
+        layer.post_self_attn_layernorm = GlmRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        layer.post_mlp_layernorm = GlmRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        with torch.no_grad():
+            for n in (layer.post_self_attn_layernorm, layer.post_mlp_layernorm):
+                n.weight.copy_(1 + 0.2 * torch.randn_like(n.weight))
+        layer.forward = types.MethodType(forward, layer)
+    return m
+
+
+def save_0414(torch, m, folder):
+    from safetensors.torch import save_file
+    os.makedirs(folder, exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in m.state_dict().items()}, os.path.join(folder, "model.safetensors"))
+    c = m.config
+    json.dump({"architectures": ["Glm4ForCausalLM"], "model_type": "glm4", "vocab_size": c.vocab_size,
+               "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+               "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+               "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "partial_rotary_factor": 0.5,
+               "hidden_act": "silu", "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
+               "rope_theta": c.rope_theta, "attention_bias": True, "tie_word_embeddings": False,
+               "pad_token_id": c.pad_token_id, "eos_token_id": c.eos_token_id}, open(os.path.join(folder, "config.json"), "w"))
+
+
+def check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
+    sys.path.insert(1, PEFT_DIR)
+    from peft import LoraConfig, get_peft_model
+    m = sandwich(torch, tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 13))
+    mdir = os.path.join(d, "g0414")
+    save_0414(torch, m, mdir)
+    rows, labs, ids, labels = batch(torch, 96, [(5, 7), (3, 4), (9, 6)], 4, 0)
+    bpath = os.path.join(d, "b0414.json")
+    json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+    m.zero_grad()
+    loss = m(input_ids=ids, labels=labels).loss
+    loss.backward()
+    ref = stacked({n_: p.grad for n_, p in m.named_parameters()})
+    got = driver(mdir, bpath, os.path.join(d, "o0414.safetensors"))
+    worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
+    lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
+    norms = sum("post_mlp_layernorm" in k or "post_self_attn_layernorm" in k for k in ref)
+    report("glm4_0414_loss_and_grads_equal_reference", lerr <= 1e-5 and worst[0] <= 1e-5 and norms == 4 and
+           len(ref) == sum(k.startswith("grad/") for k in got),
+           "loss rel %.2g; worst %s rel %.2g; %d grads, %d of the new norms" % (lerr, worst[1], worst[0], len(ref), norms))
+    same = []
+    for level in (["--gradient_checkpointing"], ["--gradient_checkpointing", "selective"]):
+        p = subprocess.run([DRIVER, "--model", mdir, "--batch", bpath, "--out", os.path.join(d, "c0414.safetensors")] + level,
+                           capture_output=True, text=True, timeout=300)
+        from safetensors.torch import load_file
+        ck = load_file(os.path.join(d, "c0414.safetensors")) if p.returncode == 0 else {}
+        same.append(bool(ck) and all(torch.equal(ck[k], got[k]) for k in got))
+    report("glm4_0414_checkpointing_bit_identical", all(same), "full %s, selective %s" % tuple(same))
+    mods = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"]
+    pm = get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules=mods, lora_dropout=0.0))
+    with torch.no_grad():
+        for n_, p in pm.named_parameters():
+            if "lora_" in n_:
+                p.copy_(0.1 * torch.randn_like(p))
+    ad = os.path.join(d, "p0414")
+    pm.save_pretrained(ad)
+    pm.zero_grad()
+    loss = pm(input_ids=ids, labels=labels).loss
+    loss.backward()
+    ref = stacked({peft_name(n_)[len("base_model.model."):]: p.grad for n_, p in pm.named_parameters() if "lora_" in n_})
+    p = subprocess.run([DRIVER, "--model", mdir, "--batch", bpath, "--out", os.path.join(d, "l0414.safetensors"),
+                        "--finetuning_type", "lora", "--lora_target", ",".join(mods), "--lora_rank", "4", "--lora_alpha", "8",
+                        "--adapter", ad], capture_output=True, text=True, timeout=300)
+    ok = p.returncode == 0
+    if ok:
+        from safetensors.torch import load_file
+        got = load_file(os.path.join(d, "l0414.safetensors"))
+        worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
+        lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
+    report("glm4_0414_lora_grads_equal_peft", ok and lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == 16,
+           (p.stdout + p.stderr)[-300:] if not ok else "loss rel %.2g; worst %s rel %.2g" % (lerr, worst[1], worst[0]))
+    # training from a GLM-4-0414 folder with the tokenizer.json: its names and config saved
+    vocab = (n + len(SPECIALS) + 63) // 64 * 64
+    sid = {s_: n + i for i, s_ in enumerate(SPECIALS)}
+    m = sandwich(torch, tiny_model(torch, GlmConfig, GlmForCausalLM, vocab, 10000.0, sid["<|endoftext|>"],
+                                   [sid["<|endoftext|>"], sid["<|user|>"]], 17))
+    base = os.path.join(d, "g0414tok")
+    save_0414(torch, m, base)
+    shutil.copy(os.path.join(tdir, "tokenizer.json"), base)
+    out = os.path.join(d, "o0414")
+    run(["--model_name_or_path", base, "--train_file", os.path.join(d, "conv.jsonl"), "--learning_rate", "1e-3",
+         "--logging_steps", "1", "--seed", "7", "--max_source_length", "32", "--max_target_length", "32", "--disable_tqdm",
+         "--report_to", "none", "--max_steps", "3", "--save_steps", "3", "--output_dir", out,
+         "--per_device_train_batch_size", "8"], timeout=300)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    from safetensors.torch import load_file
+    sd = load_file(os.path.join(out, "model.safetensors"))
+    missing, unexpected = m.load_state_dict(sd, strict=False)
+    rows, labs, ids, labels = batch(torch, n, [(6, 5), (4, 8)], 9, sid["<|endoftext|>"])
+    bpath = os.path.join(d, "b0414b.json")
+    json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+    with torch.no_grad():
+        ref = m.eval()(input_ids=ids, labels=labels).loss.item()
+    got = driver(out, bpath, os.path.join(d, "o0414b.safetensors"))["loss"].item()
+    p = subprocess.run([GLM, "generate", "--model_name_or_path", out, "--prompt", "写一句关于5的诗", "--do_sample", "false",
+                        "--max_new_tokens", "6", "--repetition_penalty", "1.0", "--device", "cpu", "--debug"],
+                       capture_output=True, text=True, timeout=120, env=ENV)
+    prompt, resp = debug_ids(p.stderr, "prompt").get(0), debug_ids(p.stderr, "response").get(0)
+    seq, gen = list(prompt or []), []
+    with torch.no_grad():
+        for _ in range(6):
+            nxt = int(m(torch.tensor([seq])).logits[0, -1].argmax())
+            if nxt in (sid["<|endoftext|>"], sid["<|user|>"], sid["<|observation|>"]):
+                break
+            gen.append(nxt)
+            seq.append(nxt)
+    report("glm4_0414_generate_equals_reference_greedy", prompt is not None and resp == gen,
+           "glmtrain %s, reference %s %s" % (resp, gen, "" if p.returncode == 0 else p.stderr[-300:]))
+    report("glm4_0414_trained_folder_loads_in_reference", cfg.get("model_type") == "glm4" and not missing and not unexpected
+           and abs(got - ref) <= 1e-5 * abs(ref), "model_type %s; missing %s unexpected %s; loss reference %.7f glmtrain %.7f" % (
+               cfg.get("model_type"), missing[:3], unexpected[:3], ref, got))
+
+
 def check_refusals(d, tdir):
     for targets, want in (("q_proj,o_proj", "but not all three"), ("query_key_value", None)):
         p = subprocess.run([GLM, "train", "--model_name_or_path", os.path.join(d, "base"), "--finetuning_type", "lora",
@@ -380,13 +520,9 @@ def check_refusals(d, tdir):
                         "--output_dir", os.path.join(d, "lora-bad2"), "--max_steps", "1"], capture_output=True, text=True,
                        timeout=60, env=ENV)
     report("glm_hf_names_on_thudm_layout_refused", p.returncode != 0 and "transformers' GLM layout" in p.stderr, p.stderr[-300:])
-    cfg = {"model_type": "glm4", "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+    cfg = {"model_type": "glm", "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
            "intermediate_size": 48}
     path = os.path.join(d, "glm4.json")
-    json.dump(cfg, open(path, "w"))
-    p = subprocess.run([GLM, "info", "--init_from_config", path], capture_output=True, text=True, timeout=60, env=ENV)
-    report("glm_hf_glm4_0414_refused", p.returncode != 0 and "Glm4ForCausalLM" in p.stderr and "glm4.json" in p.stderr,
-           p.stderr[-300:])
     cfg.update(model_type="glm", head_dim=16)
     json.dump(cfg, open(path, "w"))
     p = subprocess.run([GLM, "info", "--init_from_config", path], capture_output=True, text=True, timeout=60, env=ENV)
@@ -425,6 +561,7 @@ def main():
         bpath = os.path.join(d, "batch3.json")
         json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
         check_lora_cli(torch, GlmForCausalLM, d, os.path.join(d, "base"), lbase, bpath, ids, labels)
+        check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n)
         check_refusals(d, tdir)
     finally:
         shutil.rmtree(d, ignore_errors=True)
