@@ -125,6 +125,10 @@ static inline int glm_linear_index(glm_tkind k) {
     return k == T_QKV_W ? 0 : k == T_DENSE_W ? 1 : k == T_FC1_W ? 2 : k == T_FC2_W ? 3 : -1;
 }
 static inline int glm_is_linear_w(glm_tkind k) { return glm_linear_index(k) >= 0; }
+/* A norm's scale (the rows that start at 1) */
+static inline int glm_is_norm_w(glm_tkind k) {
+    return k == T_LN1_W || k == T_LN2_W || k == T_LNF_W || k == T_LN3_W || k == T_LN4_W;
+}
 /* Whether row (layer, kind) is stored quantized under c->quant: the linear weights that do not
  * train (all of them in a model for generation). */
 int glm_tensor_quantized(const glm_config *c, int layer, glm_tkind kind);

@@ -29,9 +29,8 @@ void glm_model_init_random(glm_model *m, uint64_t seed, float std) {
         const glm_tensor *t = glm_model_row(m, i, &dst);
         if (is_adapter(t)) continue; /* glm_model_init_adapters */
         glm_rng_seed(&rng, seed * 1000003ULL + (uint64_t)(glm_table_find(&full, t->name) - full.t));
-        int is_ln_w = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W || t->kind == T_LN3_W || t->kind == T_LN4_W;
         for (size_t j = 0; j < t->numel; j++)
-            host[j] = t->ndim == 2 ? std * glm_rng_normal(&rng) : (is_ln_w ? 1.0f : 0.0f);
+            host[j] = t->ndim == 2 ? std * glm_rng_normal(&rng) : (glm_is_norm_w(t->kind) ? 1.0f : 0.0f);
         glm_model_row_upload(m, t, dst, host);
     }
     glm_table_free(&full);

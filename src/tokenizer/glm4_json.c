@@ -186,7 +186,7 @@ int glm4_setup_json(glm_tokenizer *t, const char *buf, size_t len, const char *w
     /* the added tokens: GLM-4's specials at the ids glm4_setup gave them; later releases' further
      * specials (GLM-4-0414's) follow them in id order and join them */
     const cJSON *x, *added = rc ? NULL : cJSON_GetObjectItemCaseSensitive(o, "added_tokens");
-    for (int32_t next = t->bpe->n + t->bpe->n_special, more = 1; more && !rc;) {
+    for (int32_t next = rc ? 0 : t->bpe->n + t->bpe->n_special, more = !rc; more && !rc;) {
         more = 0;
         cJSON_ArrayForEach(x, added) {
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id"), *content = cJSON_GetObjectItemCaseSensitive(x, "content");

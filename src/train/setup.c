@@ -305,7 +305,7 @@ static void init_random_on_device(glm_model *m, uint64_t seed, float std) {
             glm_model_row_upload(m, t, p, host);
             free(host);
         } else if (t->ndim == 2) glm_cuda_fill_normal(m->be, p, t->numel, seed * 1000003ULL + row, std);
-        else if (t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W) glm_cuda_fill(m->be, p, t->numel, 1.0f);
+        else if (glm_is_norm_w(t->kind)) glm_cuda_fill(m->be, p, t->numel, 1.0f);
     }
     glm_table_free(&full);
 #else

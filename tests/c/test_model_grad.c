@@ -43,7 +43,7 @@ static void randomize(glm_model *m, uint64_t seed) {
     glm_rng_seed(&rng, seed);
     for (int i = 0; i < m->tab.n; i++) {
         const glm_tensor *t = &m->tab.t[i];
-        int lnw = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W;
+        int lnw = glm_is_norm_w(t->kind);
         for (size_t j = 0; j < t->numel; j++)
             h[t->offset + j] = lnw ? 1.0f + 0.2f * glm_rng_normal(&rng) : (t->ndim == 2 ? 0.3f : 0.1f) * glm_rng_normal(&rng);
     }

@@ -47,7 +47,7 @@ static void randomize(glm_model *m) {
         for (int i = 0; i < t->n; i++)
             for (size_t j = 0; j < t->t[i].numel; j++)
                 h[t->t[i].offset + j] = (t->t[i].ndim == 2 ? 0.3f : 0.1f) * glm_rng_normal(&rng) +
-                                         (t->t[i].kind == T_LN1_W || t->t[i].kind == T_LN2_W || t->t[i].kind == T_LNF_W);
+                                         glm_is_norm_w(t->t[i].kind);
         m->be->upload_f32(m->be, base, h, t->total);
         free(h);
     }

@@ -101,7 +101,7 @@ static float *random_weights(const glm_table *tab, uint64_t seed, glm_dtype dt, 
     glm_rng_seed(&rng, seed);
     for (int i = 0; i < tab->n; i++) {
         const glm_tensor *t = &tab->t[i];
-        int lnw = t->kind == T_LN1_W || t->kind == T_LN2_W || t->kind == T_LNF_W;
+        int lnw = glm_is_norm_w(t->kind);
         for (size_t j = 0; j < t->numel; j++)
             h[t->offset + j] = round_one(dt, lnw ? 1.0f + 0.2f * glm_rng_normal(&rng)
                                                  : (t->ndim == 2 ? mat_std : 0.05f) * glm_rng_normal(&rng));
@@ -135,11 +135,14 @@ static void selective_and_none(glm_model *m, const glm_batch *b, float **gs, dou
     m->be->matmul_fwd_gelu = fused;
 }
 
+/* glm2: 0 GLM v1, 1 the ChatGLM2 block, 2 GLM-4-0414's (its two more norms a layer) */
 static void test_fwd_bwd(test_counts *tc, int medium, glm_dtype dt, int glm2) {
     char name[160], err[256];
     glm_config c = glm2 ? config_glm2(medium) : config(medium);
+    c.sandwich_norms = glm2 == 2;
     int B = medium ? 3 : 2, T = medium ? 150 : 12;
-    const char *cfg = glm2 ? (medium ? "glm2_medium" : "glm2_tiny") : medium ? "medium" : "tiny";
+    const char *cfg = glm2 == 2 ? (medium ? "glm4_0414_medium" : "glm4_0414_tiny")
+                      : glm2 ? (medium ? "glm2_medium" : "glm2_tiny") : medium ? "medium" : "tiny";
     glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
     glm_model mc, mg;
     glm_model_init(&mc, &c, cpu);
@@ -544,7 +547,7 @@ int main(void) {
         probe->destroy(probe);
     test_oracle(&tc);
     test_oracle_glm2(&tc);
-    for (int glm2 = 0; glm2 < 2; glm2++)
+    for (int glm2 = 0; glm2 < 3; glm2++)
         for (int medium = 0; medium < 2; medium++) {
             test_fwd_bwd(&tc, medium, GLM_F32, glm2);
             if (h16 == GLM_BF16) test_fwd_bwd(&tc, medium, GLM_BF16, glm2);

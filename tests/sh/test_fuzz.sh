@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 SECS=${FUZZ_SECONDS:-15}
 ART=${FUZZ_ARTIFACTS:-/tmp}
 PY=${GLM_PYTHON:-/usr/bin/python3}
-ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls serve_request adapter_config dataset_info tokenizer_folder"
+ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls serve_request adapter_config dataset_info tokenizer_folder tokenizer_json"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 if ! command -v clang >/dev/null 2>&1; then
     for t in $TARGETS; do echo "SKIP fuzz_$t: clang is not installed (apt-get install clang)"; done
@@ -109,7 +109,7 @@ LIBSRC="$(ls src/core/*.c src/io/*.c src/tokenizer/*.c | grep -v 'src/tokenizer/
 src/data/reader_json.c src/data/reader_csv.c src/data/schema.c src/data/schema_conv.c src/data/pyjson.c src/data/pyliteral.c src/data/glm4_tools.c src/infer/tools.c src/model/config.c src/backend/quant.c src/train/train_flags.c
 src/train/deepspeed.c src/optim/schedule.c
 src/serve/request.c src/serve/messages.c src/serve/thudm_api.c src/infer/chat.c src/infer/gen_settings.c
-src/model/adapter_config.c src/model/ckpt.c src/data/dataset_info.c src/data/examples.c src/data/examples_glm3.c"
+src/model/adapter_config.c src/model/ckpt.c src/model/hf_layout.c src/data/dataset_info.c src/data/examples.c src/data/examples_glm3.c"
 : >"$work/build.log"
 i=0
 for src in $LIBSRC; do
