@@ -212,53 +212,38 @@ static void next_position(const int state[2], int t, int32_t *pos, int32_t *bpos
     *bpos = 0;
 }
 
+/* What the ChatGLM2 block's families share: names, the block's functions but the rows after
+ * attention, and the positions rule. */
+#define CHATGLM2_BLOCK_ROWS                                                   \
+    [T_LN1_W - T_LN1_W] = "input_layernorm.weight",                           \
+    [T_QKV_W - T_LN1_W] = "self_attention.query_key_value.weight",           \
+    [T_QKV_B - T_LN1_W] = "self_attention.query_key_value.bias",             \
+    [T_DENSE_W - T_LN1_W] = "self_attention.dense.weight",                   \
+    [T_LN2_W - T_LN1_W] = "post_attention_layernorm.weight",                 \
+    [T_FC1_W - T_LN1_W] = "mlp.dense_h_to_4h.weight",                        \
+    [T_FC2_W - T_LN1_W] = "mlp.dense_4h_to_h.weight"
+#define CHATGLM2_BLOCK_SHARED                                                                                       \
+    .embed = GLM_V2_EMBED, .final_norm_w = GLM_V2_FINAL_NORM_W, .final_norm_b = NULL, .head = GLM_V2_HEAD,          \
+    .layer_fmt = "transformer.encoder.layers.%d.",                                                                  \
+    .modules = {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"}, \
+    .residual_from_norm = 0, .block_qkv = block_qkv, .block_recompute = block_recompute,                           \
+    .block_attn_bwd = block_attn_bwd, .qkv_views = qkv_views, .final_norm = final_norm,                            \
+    .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule, .prompt_positions = prompt_positions,              \
+    .next_position = next_position
+
 const glm_family glm_family_glm2 = {
     .name = "chatglm2",
-    .embed = GLM_V2_EMBED,
-    .final_norm_w = GLM_V2_FINAL_NORM_W,
-    .final_norm_b = NULL,
-    .head = GLM_V2_HEAD,
-    .layer_fmt = "transformer.encoder.layers.%d.",
-    .layer_row = {
-        [T_LN1_W - T_LN1_W] = "input_layernorm.weight",
-        [T_QKV_W - T_LN1_W] = "self_attention.query_key_value.weight",
-        [T_QKV_B - T_LN1_W] = "self_attention.query_key_value.bias",
-        [T_DENSE_W - T_LN1_W] = "self_attention.dense.weight",
-        [T_LN2_W - T_LN1_W] = "post_attention_layernorm.weight",
-        [T_FC1_W - T_LN1_W] = "mlp.dense_h_to_4h.weight",
-        [T_FC2_W - T_LN1_W] = "mlp.dense_4h_to_h.weight",
-    },
-    .modules = {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
-    .residual_from_norm = 0,
-    .block_qkv = block_qkv, .block_rows = block_rows, .block_recompute = block_recompute,
-    .block_rows_bwd = block_rows_bwd, .block_attn_bwd = block_attn_bwd, .qkv_views = qkv_views,
-    .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
-    .prompt_positions = prompt_positions, .next_position = next_position,
+    .layer_row = {CHATGLM2_BLOCK_ROWS},
+    .block_rows = block_rows, .block_rows_bwd = block_rows_bwd,
+    CHATGLM2_BLOCK_SHARED,
 };
 
 /* GLM-4-0414: the same block with its two more norms (transformers' names, as its folders are the
  * only ones; model/hf_layout.h keeps them) */
 const glm_family glm_family_glm4 = {
     .name = "glm4",
-    .embed = GLM_V2_EMBED,
-    .final_norm_w = GLM_V2_FINAL_NORM_W,
-    .final_norm_b = NULL,
-    .head = GLM_V2_HEAD,
-    .layer_fmt = "transformer.encoder.layers.%d.",
-    .layer_row = {
-        [T_LN1_W - T_LN1_W] = "input_layernorm.weight",
-        [T_QKV_W - T_LN1_W] = "self_attention.query_key_value.weight",
-        [T_QKV_B - T_LN1_W] = "self_attention.query_key_value.bias",
-        [T_DENSE_W - T_LN1_W] = "self_attention.dense.weight",
-        [T_LN2_W - T_LN1_W] = "post_attention_layernorm.weight",
-        [T_FC1_W - T_LN1_W] = "mlp.dense_h_to_4h.weight",
-        [T_FC2_W - T_LN1_W] = "mlp.dense_4h_to_h.weight",
-        [12] = "post_self_attn_layernorm.weight", [13] = "post_mlp_layernorm.weight", /* glm_layer_place */
-    },
-    .modules = {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"},
-    .residual_from_norm = 0,
-    .block_qkv = block_qkv, .block_rows = block_rows_sandwich, .block_recompute = block_recompute,
-    .block_rows_bwd = block_rows_bwd_sandwich, .block_attn_bwd = block_attn_bwd, .qkv_views = qkv_views,
-    .final_norm = final_norm, .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule,
-    .prompt_positions = prompt_positions, .next_position = next_position,
+    .layer_row = {CHATGLM2_BLOCK_ROWS,
+                  [12] = "post_self_attn_layernorm.weight", [13] = "post_mlp_layernorm.weight"}, /* glm_layer_place */
+    .block_rows = block_rows_sandwich, .block_rows_bwd = block_rows_bwd_sandwich,
+    CHATGLM2_BLOCK_SHARED,
 };

@@ -216,7 +216,7 @@ static int parse_glm_hf(glm_config *c, const cJSON *o, const char *src, glm_err 
         glm_fail(err, "%s: %s: no GLM-4 model uses this option, and glmtrain does not run it", src, refused);
         return glm_hint(err, "compare with the config.json of THUDM/glm-4-9b-chat-hf or THUDM/GLM-4-9B-0414");
     }
-    if (heads > 0 && hd * heads != hidden) {
+    if (heads > 0 && (int64_t)hd * heads != hidden) {
         glm_fail(err, "%s: head_dim %d is not hidden_size / num_attention_heads (%d / %d)", src, hd, hidden, heads);
         return glm_hint(err, "transformers' GlmAttention takes its head width from hidden_size / num_attention_heads "
                              "and its rotary width from head_dim; GLM-4-9B has them equal (128)");

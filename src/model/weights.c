@@ -196,7 +196,18 @@ static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, c
         return 0;
     }
     float *buf = buf_at_least(b, 0, t->numel * sizeof(float));
-    if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) return -1;
+    if (t->kind == T_QKV_LA && glm_lora_split(&m->cfg, 0) == 3 && nd == 2 && shape[0] * 3 == t->shape[0] &&
+        shape[1] == t->shape[1]) {
+        /* THUDM's one adapter on query_key_value, on transformers' layout's three: each of q, k, v
+         * gets its A (and its rows of B), which is the same product */
+        int64_t one[2] = {shape[0], shape[1]};
+        size_t n = (size_t)(shape[0] * shape[1]);
+        if (glm_ckpt_read_f32(c, src_name, buf, 2, one, err)) return -1;
+        memcpy(buf + n, buf, n * sizeof(float));
+        memcpy(buf + 2 * n, buf, n * sizeof(float));
+    } else if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) {
+        return -1;
+    }
     for (size_t j = 0; j < t->numel; j++)
         if (!isfinite(buf[j])) return fail_nonfinite(c, src_name, isnan(buf[j]) ? "NaN" : "inf", j, err);
     if (merge && glm_merge_apply(g, t->name, t, buf, err)) return -1;
@@ -287,6 +298,9 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         int64_t shape[ST_MAX_DIMS];
         glm_ckpt_info(&c, src, NULL, &nd, shape);
         int mismatch = nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1]);
+        if (t->kind == T_QKV_LA && glm_lora_split(&m->cfg, 0) == 3 && nd == 2 && shape[0] * 3 == t->shape[0] &&
+            shape[1] == t->shape[1])
+            mismatch = 0; /* THUDM's one adapter on query_key_value: load_one gives q, k and v its A */
         if ((is_adapter(t) || (whole && adapters)) && mismatch) {
             rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, src,
                           (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)t->shape[0], (long long)t->shape[1]);

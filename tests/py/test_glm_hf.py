@@ -117,22 +117,35 @@ def driver(mdir, bpath, out):
     return load_file(out)
 
 
+def write_batch(torch, d, name, vocab, lengths, seed, pad):
+    """batch()'s rows written for tool_model_driver: (its path, the padded ids and labels)."""
+    rows, labs, ids, labels = batch(torch, vocab, lengths, seed, pad)
+    bpath = os.path.join(d, name)
+    json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+    return bpath, ids, labels
+
+
+def full_grads(torch, m, mdir, bpath, ids, labels, out):
+    """m's loss and autograd against tool_model_driver on mdir (every row trains): (the loss, its
+    relative error, the worst gradient's (relative error, name), the reference's gradients by
+    THUDM's names, the driver's output)."""
+    m.zero_grad()
+    loss = m(input_ids=ids, labels=labels).loss
+    loss.backward()
+    ref = stacked({n: p.grad for n, p in m.named_parameters()})
+    got = driver(mdir, bpath, out)
+    worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
+    return loss, abs(got["loss"].item() - loss.item()) / abs(loss.item()), worst, ref, got
+
+
 def check_grads(torch, GlmConfig, GlmForCausalLM, d):
     from safetensors.torch import save_file
     for theta in (10000.0, 5e6):
         m = tiny_model(torch, GlmConfig, GlmForCausalLM, 96, theta, 0, [2, 5], 11)
         mdir = os.path.join(d, "hf-%g" % theta)
         m.save_pretrained(mdir, safe_serialization=True)
-        rows, labs, ids, labels = batch(torch, 96, [(5, 7), (3, 4), (9, 6)], 3, 0)
-        bpath = os.path.join(d, "batch.json")
-        json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
-        m.zero_grad()
-        loss = m(input_ids=ids, labels=labels).loss
-        loss.backward()
-        ref = stacked({n: p.grad for n, p in m.named_parameters()})
-        got = driver(mdir, bpath, os.path.join(d, "out.safetensors"))
-        worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
-        lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
+        bpath, ids, labels = write_batch(torch, d, "batch.json", 96, [(5, 7), (3, 4), (9, 6)], 3, 0)
+        loss, lerr, worst, ref, got = full_grads(torch, m, mdir, bpath, ids, labels, os.path.join(d, "out.safetensors"))
         report("glm_hf_loss_and_grads_equal_transformers_theta_%g" % theta,
                lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == sum(k.startswith("grad/") for k in got),
                "loss %.6f vs %.6f (rel %.2g); worst grad %s rel %.2g; %d grads" % (got["loss"].item(), loss.item(), lerr,
@@ -230,9 +243,7 @@ def check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
            "extra %s missing %s model_type %s" % (sorted(names - want)[:3], sorted(want - names)[:3], cfg.get("model_type")))
     t, info = GlmForCausalLM.from_pretrained(out, output_loading_info=True, attn_implementation="eager")
     t = t.float().eval()
-    rows, labs, ids, labels = batch(torch, n, [(6, 5), (4, 8)], 9, sid["<|endoftext|>"])
-    bpath = os.path.join(d, "batch2.json")
-    json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+    bpath, ids, labels = write_batch(torch, d, "batch2.json", n, [(6, 5), (4, 8)], 9, sid["<|endoftext|>"])
     with torch.no_grad():
         ref = t(input_ids=ids, labels=labels).loss.item()
     got = driver(out, bpath, os.path.join(d, "out3.safetensors"))["loss"].item()
@@ -309,9 +320,7 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
                     p.copy_(0.1 * torch.randn_like(p))  # larger, the LoRA terms swamp the base and fp32 loses digits
         ad = os.path.join(d, "peft-%d" % rslora)
         pm.save_pretrained(ad)
-        rows, labs, ids, labels = batch(torch, 96, [(5, 7), (3, 4), (9, 6)], 3, 0)
-        bpath = os.path.join(d, "lbatch.json")
-        json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+        bpath, ids, labels = write_batch(torch, d, "lbatch.json", 96, [(5, 7), (3, 4), (9, 6)], 3, 0)
         pm.zero_grad()
         loss = pm(input_ids=ids, labels=labels).loss
         loss.backward()
@@ -334,6 +343,34 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
         lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
         report("glm_hf_lora_grads_equal_peft_rslora_%d_dropout_%g" % (rslora, drop), lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == 16,
                "loss rel %.2g; worst %s rel %.2g; %d adapter rows" % (lerr, worst[1], worst[0], len(ref)))
+    # THUDM's one adapter on query_key_value on this layout: q, k, v each get its A, the same model
+    from safetensors.torch import save_file
+    odir, fused = os.path.join(d, "lorig"), os.path.join(d, "fused")
+    os.makedirs(odir, exist_ok=True)
+    os.makedirs(fused, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in stacked({n_: p_.detach() for n_, p_ in m.named_parameters()}).items()},
+              os.path.join(odir, "model.safetensors"))
+    json.dump({"model_type": "chatglm", "padded_vocab_size": 96, "hidden_size": 32, "num_layers": 2,
+               "num_attention_heads": 4, "kv_channels": 8, "multi_query_attention": True, "multi_query_group_num": 2,
+               "ffn_hidden_size": 48, "layernorm_epsilon": 1e-5, "rmsnorm": True, "add_qkv_bias": True,
+               "add_bias_linear": False, "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
+               "original_rope": True, "seq_length": 256, "tie_word_embeddings": False, "eos_token_id": 2,
+               "pad_token_id": 0}, open(os.path.join(odir, "config.json"), "w"))
+    g = torch.Generator().manual_seed(5)
+    save_file({"base_model.model.transformer.encoder.layers.%d.self_attention.query_key_value.lora_%s.weight" % (l, ab):
+               0.1 * torch.randn(*shape, generator=g) for l in range(2) for ab, shape in (("A", (4, 32)), ("B", (64, 4)))},
+              os.path.join(fused, "adapter_model.safetensors"))
+    json.dump({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["query_key_value"], "lora_dropout": 0.0,
+               "bias": "none", "task_type": "CAUSAL_LM"}, open(os.path.join(fused, "adapter_config.json"), "w"))
+    losses_ = []
+    for mdl in (odir, base):
+        p = subprocess.run([DRIVER, "--model", mdl, "--batch", bpath, "--out", os.path.join(d, "fout.safetensors"),
+                            "--finetuning_type", "lora", "--lora_target", "query_key_value", "--lora_rank", "4",
+                            "--adapter", fused], capture_output=True, text=True, timeout=300)
+        losses_.append(float(p.stdout.split()[1]) if p.returncode == 0 else float("nan"))
+        why = (p.stdout + p.stderr)[-300:]
+    report("glm_hf_thudm_adapter_on_transformers_layout", abs(losses_[0] - losses_[1]) <= 1e-6 * abs(losses_[0]),
+           "THUDM layout %.8f, transformers' %.8f %s" % (losses_[0], losses_[1], why if losses_[1] != losses_[1] else ""))
     return base, bpath, ids, labels
 
 
@@ -421,16 +458,8 @@ def check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
     m = sandwich(torch, tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 13))
     mdir = os.path.join(d, "g0414")
     save_0414(torch, m, mdir)
-    rows, labs, ids, labels = batch(torch, 96, [(5, 7), (3, 4), (9, 6)], 4, 0)
-    bpath = os.path.join(d, "b0414.json")
-    json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
-    m.zero_grad()
-    loss = m(input_ids=ids, labels=labels).loss
-    loss.backward()
-    ref = stacked({n_: p.grad for n_, p in m.named_parameters()})
-    got = driver(mdir, bpath, os.path.join(d, "o0414.safetensors"))
-    worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
-    lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
+    bpath, ids, labels = write_batch(torch, d, "b0414.json", 96, [(5, 7), (3, 4), (9, 6)], 4, 0)
+    loss, lerr, worst, ref, got = full_grads(torch, m, mdir, bpath, ids, labels, os.path.join(d, "o0414.safetensors"))
     norms = sum("post_mlp_layernorm" in k or "post_self_attn_layernorm" in k for k in ref)
     report("glm4_0414_loss_and_grads_equal_reference", lerr <= 1e-5 and worst[0] <= 1e-5 and norms == 4 and
            len(ref) == sum(k.startswith("grad/") for k in got),
@@ -483,9 +512,7 @@ def check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
     from safetensors.torch import load_file
     sd = load_file(os.path.join(out, "model.safetensors"))
     missing, unexpected = m.load_state_dict(sd, strict=False)
-    rows, labs, ids, labels = batch(torch, n, [(6, 5), (4, 8)], 9, sid["<|endoftext|>"])
-    bpath = os.path.join(d, "b0414b.json")
-    json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+    bpath, ids, labels = write_batch(torch, d, "b0414b.json", n, [(6, 5), (4, 8)], 9, sid["<|endoftext|>"])
     with torch.no_grad():
         ref = m.eval()(input_ids=ids, labels=labels).loss.item()
     got = driver(out, bpath, os.path.join(d, "o0414b.safetensors"))["loss"].item()
@@ -557,9 +584,7 @@ def main():
         tdir, tk, n, lines = make_tokenizer(d)
         check_tokenizer(tdir, tk, lines)
         check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n)
-        rows, labs, ids, labels = batch(torch, n, [(6, 5), (4, 8)], 9, n)
-        bpath = os.path.join(d, "batch3.json")
-        json.dump({"input_ids": rows, "labels": labs}, open(bpath, "w"))
+        bpath, ids, labels = write_batch(torch, d, "batch3.json", n, [(6, 5), (4, 8)], 9, n)
         check_lora_cli(torch, GlmForCausalLM, d, os.path.join(d, "base"), lbase, bpath, ids, labels)
         check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n)
         check_refusals(d, tdir)
