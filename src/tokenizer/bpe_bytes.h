@@ -10,7 +10,7 @@
 #include "core/err.h"
 #include "tokenizer/spm.h"
 
-#define BPE_MAX_SPECIAL 32
+#define BPE_MAX_SPECIAL 128 /* GLM-4's 14 and the ones later tokenizer.json files add after them */
 
 typedef struct bpe_slot { uint32_t hash; int32_t rank; } bpe_slot; /* rank -1: empty */
 

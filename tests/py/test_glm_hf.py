@@ -209,6 +209,23 @@ def check_tokenizer(tdir, tk, lines):
            "glmtrain %s, tokenizers %s" % (p.stdout.strip(), want))
 
 
+def check_more_specials(d, tdir, n):
+    """A tokenizer.json whose added tokens go on past GLM-4's 14 (as later GLM releases' do): they
+    join the specials at their ids."""
+    more = os.path.join(d, "moretok")
+    os.makedirs(more, exist_ok=True)
+    j = json.load(open(os.path.join(tdir, "tokenizer.json")))
+    extra = ["<|begin_of_audio|>", "<|end_of_audio|>", "<think>", "</think>"]
+    j["added_tokens"] += [{"id": n + len(SPECIALS) + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                           "normalized": False, "special": True} for i, t in enumerate(extra)]
+    json.dump(j, open(os.path.join(more, "tokenizer.json"), "w"))
+    ids = " ".join(str(n + len(SPECIALS) + i) for i in range(len(extra)))
+    p = subprocess.run([GLM, "tokenize", "--tokenizer", more, "--decode", ids, "--pieces"], capture_output=True, text=True,
+                       timeout=60, env=ENV)
+    report("glm_hf_tokenizer_json_more_specials", p.returncode == 0 and p.stdout.split() == extra,
+           "pieces %r %s" % (p.stdout.strip(), p.stderr[-200:]))
+
+
 def check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
     vocab = (n + len(SPECIALS) + 63) // 64 * 64
     sid = {s: n + i for i, s in enumerate(SPECIALS)}
@@ -583,6 +600,7 @@ def main():
         lbase, bpath, ids, labels = check_lora(torch, GlmConfig, GlmForCausalLM, d)
         tdir, tk, n, lines = make_tokenizer(d)
         check_tokenizer(tdir, tk, lines)
+        check_more_specials(d, tdir, n)
         check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n)
         bpath, ids, labels = write_batch(torch, d, "batch3.json", n, [(6, 5), (4, 8)], 9, n)
         check_lora_cli(torch, GlmForCausalLM, d, os.path.join(d, "base"), lbase, bpath, ids, labels)
