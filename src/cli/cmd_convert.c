@@ -13,7 +13,7 @@
 #include "model/ckpt.h"
 
 typedef struct convert_args {
-    char *from, *to, *dtype, *max_shard_size;
+    char *from, *to, *dtype, *max_shard_size, *layout;
     int original_layout, overwrite_output_dir;
 } convert_args;
 
@@ -25,6 +25,9 @@ static const glm_flag convert_flags[] = {
     F(max_shard_size, ARG_STR, "2GB", "largest shard (HF units: 2GB = 2e9 bytes, 1GiB = 2^30; 0 = one file)"),
     F(original_layout, ARG_BOOL, "true", "also write lm_head.weight for a tied model and the rotary inv_freq buffers, as the original checkpoint"),
     F(overwrite_output_dir, ARG_BOOL, "false", "replace model weights already in --to"),
+    {"layout", ARG_STR, offsetof(convert_args, layout), NULL,
+     "a GLM-4 model's tensor names and config.json: THUDM's (model_type chatglm) or transformers' (model_type glm, "
+     "GlmForCausalLM); default: the source's", "thudm|transformers", NULL},
 };
 #undef F
 
@@ -46,6 +49,7 @@ int glm_cmd_convert(int argc, char **argv) {
         glm_hint(&err, "e.g. 2GB, 500MB, 10GiB, or 0 for a single file");
     }
     o.original_layout = a.original_layout;
+    o.layout = !a.layout ? -1 : !strcmp(a.layout, "transformers") ? 1 : 0;
     o.overwrite = a.overwrite_output_dir;
     double t0 = glm_now();
     if (!rc) rc = glm_ckpt_convert(a.from, a.to, &o, &err);

@@ -67,6 +67,9 @@ typedef struct glm_export_opts {
      * chatglm-6b-int8/int4 hold them (`weight` int8 [OC, C] or [OC, C/2] packed, `weight_scale`
      * float16 [OC] beside it) and config.json says quantization_bit; GLM_Q_NONE: floats */
     int quant;
+    /* glm_ckpt_convert: the folder's layout, THUDM's (0) or transformers' (1: model/hf_layout.h),
+     * -1 the source's */
+    int layout;
 } glm_export_opts;
 void glm_export_opts_init(glm_export_opts *o); /* F16, one file, original layout */
 

@@ -14,7 +14,7 @@
 #include "model/hf_layout.h"
 
 void glm_export_opts_init(glm_export_opts *o) {
-    *o = (glm_export_opts){.dtype = ST_F16, .max_shard_bytes = 0, .original_layout = 1};
+    *o = (glm_export_opts){.dtype = ST_F16, .max_shard_bytes = 0, .original_layout = 1, .layout = -1};
 }
 
 /* One tensor of the output: a table row, the tied head (a copy of the embedding) or an
@@ -414,6 +414,47 @@ static int read_ckpt_quantized(void *ctx, const glm_tensor *t, int q, void *dst,
     return glm_ckpt_read_quantized(c, t->name, q, t->shape[0], t->shape[1], dst, err) ? -1 : 1;
 }
 
+/* The same tensors under the other layout's names (model/hf_layout.h), with a config.json in that
+ * layout's keys made from the config (the rotary base kept: THUDM's rope_ratio 500 is transformers'
+ * rope_theta 5e6) and the source's list of end ids; the tokenizer and code files copied as they are. */
+static int convert_layout(glm_config *c, glm_ckpt *ck, const char *from, const char *dir, const glm_export_opts *o,
+                          glm_err *err) {
+    if (c->family != GLM_FAMILY_GLM2 || c->sandwich_norms || c->quant != GLM_Q_NONE) {
+        glm_fail(err, "%s: --layout changes the names of a GLM-4-shaped float model; this one is %s", from,
+                 c->family != GLM_FAMILY_GLM2 ? "ChatGLM-6B (GLM v1), which has THUDM's layout only"
+                 : c->sandwich_norms ? "GLM-4-0414, which has transformers' layout only" : "stored quantized");
+        return glm_hint(err, "leave --layout out to keep the source's layout");
+    }
+    char cfg[4096], folder[4096];
+    glm_origin_paths(from, cfg, folder, sizeof cfg);
+    c->hf_layout = o->layout;
+    glm_export_opts oo = *o;
+    oo.config_from = NULL; /* made from c in the new layout's keys */
+    oo.files_from = folder[0] ? folder : NULL;
+    int rc = glm_export(c, glm_ckpt_reader, NULL, ck, dir, &oo, err);
+    char *src = rc || !cfg[0] ? NULL : glm_read_file(cfg, NULL, err);
+    cJSON *j = src ? cJSON_Parse(src) : NULL, *eos = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
+    if (cJSON_IsArray(eos)) { /* GLM-4's chat stops at <|user|> and <|observation|> too */
+        char out[4096], *list = cJSON_PrintUnformatted(eos), *text;
+        glm_path_join(out, sizeof out, dir, "config.json");
+        if ((text = glm_read_file(out, NULL, err)) != NULL) {
+            char *with = glm_json_set_key(text, "eos_token_id", list);
+            rc = with ? glm_write_file_atomic(out, with, strlen(with), err) : glm_fail(err, "%s: not a JSON object", out);
+            free(with);
+            free(text);
+        } else {
+            rc = -1;
+        }
+        free(list);
+    }
+    cJSON_Delete(j);
+    free(src);
+    if (rc == 0 && !c->hf_layout)
+        glm_info("%s: THUDM's layout loads in transformers with THUDM's code files (modeling_chatglm.py and the rest, "
+                 "trust_remote_code) and its tokenizer.model; glmtrain reads it as it is", dir);
+    return rc;
+}
+
 int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o, glm_err *err) {
     char fa[4096], fb[4096];
     if (realpath(from, fa) && realpath(dir, fb) && strcmp(fa, fb) == 0) {
@@ -437,7 +478,12 @@ int glm_ckpt_convert(const char *from, const char *dir, const glm_export_opts *o
     }
     if (unused > 5) glm_warn("... and %d more unused tensors", unused - 5);
     glm_table_free(&tab);
-    int rc = glm_export_from(&c, glm_ckpt_reader, read_ckpt_quantized, &ck, from, dir, o, err);
+    int rc;
+    if (o->layout >= 0 && o->layout != c.hf_layout) {
+        rc = convert_layout(&c, &ck, from, dir, o, err);
+    } else {
+        rc = glm_export_from(&c, glm_ckpt_reader, read_ckpt_quantized, &ck, from, dir, o, err);
+    }
     glm_ckpt_close(&ck);
     return rc;
 }

@@ -25,6 +25,9 @@ own, with tokenizers 0.20; this test alone puts it on sys.path):
     (transformers 4.51, which has the class, does not import beside torch 1.13): loss and every
     gradient within 1e-5, full and LoRA; `glmtrain train` on its folder saves its names and
     config, and the reference loads them with glmtrain's loss;
+  - `glmtrain convert --layout transformers|thudm` between the two layouts of a GLM-4 folder:
+    GlmForCausalLM loads the converted folder with the same loss (THUDM's rope_ratio 500 written as
+    rope_theta 5e6, the list of end ids kept), and back; GLM-4-0414 to THUDM's layout refused;
   - refused with a clear error: a head_dim that is
     not hidden_size / heads, a tokenizer.json whose split pattern is not GLM-4's, one of q_proj /
     k_proj / v_proj alone, transformers' module names on a THUDM-layout model.
@@ -160,10 +163,29 @@ def check_grads(torch, GlmConfig, GlmForCausalLM, d):
                "ffn_hidden_size": 48, "layernorm_epsilon": 1e-5, "rmsnorm": True, "add_qkv_bias": True,
                "add_bias_linear": False, "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
                "original_rope": True, "rope_ratio": 500, "seq_length": 256, "tie_word_embeddings": False,
-               "eos_token_id": 2, "pad_token_id": 0}, open(os.path.join(odir, "config.json"), "w"))
+               "eos_token_id": [2, 5], "pad_token_id": 0}, open(os.path.join(odir, "config.json"), "w"))
     got = driver(odir, bpath, os.path.join(d, "out2.safetensors"))
     report("glm_hf_equals_thudm_layout", abs(got["loss"].item() - loss.item()) <= 1e-5 * abs(loss.item()),
            "THUDM layout %.7f, transformers %.7f" % (got["loss"].item(), loss.item()))
+    # glmtrain convert --layout: THUDM's folder to transformers' (GlmForCausalLM loads it, same loss,
+    # rope_ratio 500 as rope_theta 5e6, the end ids kept), and transformers' back to THUDM's
+    conv = os.path.join(d, "conv-hf")
+    run(["--from", odir, "--to", conv, "--layout", "transformers", "--dtype", "float32"], cmd="convert")
+    t = GlmForCausalLM.from_pretrained(conv, attn_implementation="eager").float().eval()
+    cfg = json.load(open(os.path.join(conv, "config.json")))
+    with torch.no_grad():
+        closs = t(input_ids=ids, labels=labels).loss.item()
+    report("glm_hf_convert_thudm_to_transformers", abs(closs - loss.item()) <= 1e-5 * abs(loss.item()) and
+           cfg.get("model_type") == "glm" and cfg.get("rope_theta") == 5e6 and cfg.get("eos_token_id") == [2, 5],
+           "loss %.7f vs %.7f; config %s" % (closs, loss.item(), {k: cfg.get(k) for k in ("model_type", "rope_theta", "eos_token_id")}))
+    back = os.path.join(d, "conv-thudm")
+    run(["--from", os.path.join(d, "hf-5e+06"), "--to", back, "--layout", "thudm", "--dtype", "float32"], cmd="convert")
+    cfg = json.load(open(os.path.join(back, "config.json")))
+    got = driver(back, bpath, os.path.join(d, "out3.safetensors"))
+    report("glm_hf_convert_transformers_to_thudm", abs(got["loss"].item() - loss.item()) <= 1e-5 * abs(loss.item()) and
+           cfg.get("model_type") == "chatglm" and cfg.get("rope_ratio") == 500,
+           "loss %.7f vs %.7f; config model_type %s rope_ratio %s" % (got["loss"].item(), loss.item(), cfg.get("model_type"),
+                                                                      cfg.get("rope_ratio")))
 
 
 def make_tokenizer(d):
@@ -481,6 +503,8 @@ def check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
     report("glm4_0414_loss_and_grads_equal_reference", lerr <= 1e-5 and worst[0] <= 1e-5 and norms == 4 and
            len(ref) == sum(k.startswith("grad/") for k in got),
            "loss rel %.2g; worst %s rel %.2g; %d grads, %d of the new norms" % (lerr, worst[1], worst[0], len(ref), norms))
+    p = run(["--from", mdir, "--to", os.path.join(d, "g0414-thudm"), "--layout", "thudm"], cmd="convert", check=False)
+    report("glm4_0414_to_thudm_layout_refused", p.returncode != 0 and "transformers' layout only" in p.stderr, p.stderr[-300:])
     same = []
     for level in (["--gradient_checkpointing"], ["--gradient_checkpointing", "selective"]):
         p = subprocess.run([DRIVER, "--model", mdir, "--batch", bpath, "--out", os.path.join(d, "c0414.safetensors")] + level,
