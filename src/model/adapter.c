@@ -72,7 +72,7 @@ static char *config_json(const glm_model *m, const glm_peft *p) {
     static const char *const hf_modules[4][3] = {{"q_proj", "k_proj", "v_proj"}, {"o_proj"}, {"gate_up_proj"}, {"down_proj"}};
     for (int i = 0; i < 4; i++)
         for (int k = 0; k < 3 && (p->lora_targets >> i & 1); k++) /* transformers' GLM layout: its module names */
-            if (!m->cfg.hf_layout ? k == 0 : hf_modules[i][k] != NULL)
+            if (!m->cfg.hf_layout ? k == 0 : hf_modules[i][k] != NULL && (i || !p->lora_qkv_parts || (p->lora_qkv_parts >> k & 1)))
                 cJSON_AddItemToArray(tm, cJSON_CreateString(m->cfg.hf_layout ? hf_modules[i][k] : glm_lora_target_name(1 << i)));
     cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
     if (p->use_rslora) cJSON_AddBoolToObject(o, "use_rslora", 1);
@@ -112,6 +112,7 @@ static int write_rows(const glm_config *c, const glm_table *tab, const glm_peft 
         int64_t cols = t->ndim == 2 ? t->shape[1] : 1, row0 = 0;
         for (int k = 0; k < (parts ? parts : 1); k++) {
             int64_t rows = parts < 3 ? t->shape[0] : t->kind == T_QKV_LA ? t->shape[0] / 3 : glm_hf_part_rows(c, k);
+            if (parts == 3 && p->lora_qkv_parts && !(p->lora_qkv_parts >> k & 1)) { row0 += rows; continue; } /* no adapter there */
             if (parts) memcpy(names[n], hf[k], GLM_HF_NAME);
             e[n] = (st_entry){.name = names[n], .ndim = t->ndim, .shape = {rows, t->shape[1]},
                               .data = host + t->offset + row0 * cols, .data_dtype = ST_F32, .file_dtype = dtype};

@@ -148,8 +148,8 @@ static int in_list(const char *list, const char *name) {
  * sets *per_layer, LLaMA-Factory's list for LoRA on LLaMA Pro's added blocks: the tensors then say
  * which layers); 0 with *from_tensors set when it is a string peft reads as a regular expression,
  * or absent (then the tensors say which). */
-static int config_targets(const cJSON *v, int *bits, int *from_tensors, uint64_t *per_layer, const char *path,
-                          glm_err *err) {
+static int config_targets(const cJSON *v, int *bits, int *qkv_parts, int *from_tensors, uint64_t *per_layer,
+                          const char *path, glm_err *err) {
     char list[512] = "";
     int plain = 0;
     *from_tensors = !v || cJSON_IsNull(v);
@@ -179,7 +179,7 @@ static int config_targets(const cJSON *v, int *bits, int *from_tensors, uint64_t
     if (*per_layer && plain)
         return glm_fail(err, "%s: target_modules mixes modules of every layer with single layers'", path),
                glm_hint(err, "%s", merge_hint);
-    if (glm_lora_targets_parse(list, bits, err)) return glm_wrap(err, "%s: target_modules: ", path);
+    if (glm_lora_targets_parse_layout(list, -1, bits, qkv_parts, err)) return glm_wrap(err, "%s: target_modules: ", path);
     return 0;
 }
 
@@ -423,8 +423,8 @@ int glm_adapter_read_config(const char *dir, glm_peft *p, glm_err *err) {
         goto done;
     }
     if ((rc = unsupported_key(o, path, err))) goto done;
-    if ((rc = config_targets(cJSON_GetObjectItemCaseSensitive(o, "target_modules"), &p->lora_targets, &from_tensors, &per_layer,
-                             path, err))) goto done;
+    if ((rc = config_targets(cJSON_GetObjectItemCaseSensitive(o, "target_modules"), &p->lora_targets, &p->lora_qkv_parts,
+                             &from_tensors, &per_layer, path, err))) goto done;
     if ((rc = config_layers(o, &cfg_layers, path, err))) goto done;
     if (per_layer && cfg_layers && per_layer != cfg_layers) {
         rc = glm_fail(err, "%s: target_modules names modules of other layers than layers_to_transform", path);

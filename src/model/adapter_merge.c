@@ -118,6 +118,25 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
     snprintf(bn, sizeof bn, "%s%.*s.lora_B.weight", GLM_ADAPTER_PREFIX, stem, name);
     int r = o->peft.lora_rank;
     int64_t ash[2] = {r, t->shape[1]}, bsh[2] = {t->shape[0], r}, stored[ST_MAX_DIMS];
+    char ha[3][GLM_HF_NAME], hb[3][GLM_HF_NAME];
+    if (t->kind == T_QKV_W && glm_ckpt_info(&o->file, an, NULL, NULL, NULL) && glm_hf_names(an, ha) == 3 &&
+        glm_hf_names(bn, hb) == 3) { /* peft's q_proj, k_proj, v_proj, some of them: each on its rows */
+        int64_t row = 0, C = t->shape[1];
+        int any = 0;
+        for (int k = 0; k < 3; k++) {
+            int64_t rows = glm_hf_part_rows(&g->cfg, k), ak[2] = {r, C}, bk[2] = {rows, r};
+            if (!glm_ckpt_info(&o->file, ha[k], NULL, NULL, NULL) && !glm_ckpt_info(&o->file, hb[k], NULL, NULL, NULL)) {
+                if (o->has_init || o->peft.use_dora)
+                    return glm_fail(err, "%s: PiSSA or DoRA adapters on q_proj, k_proj and v_proj are not merged here", o->dir);
+                if (glm_ckpt_read_f32(&o->file, ha[k], g->a, 2, ak, err) || glm_ckpt_read_f32(&o->file, hb[k], g->b, 2, bk, err))
+                    return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
+                cpu_sgemm(0, 0, (int)rows, (int)C, r, glm_lora_scaling(&o->peft), g->b, r, g->a, (int)C, 1.0f, w + row * C, (int)C);
+                any = 1;
+            }
+            row += rows;
+        }
+        if (any) return 0;
+    }
     if (glm_ckpt_info(&o->file, an, NULL, NULL, stored) || glm_ckpt_info(&o->file, bn, NULL, NULL, NULL)) {
         glm_fail(err, "%s: tensor %s is missing", o->file.path, an);
         return glm_hint(err, "the adapter was made for other modules or layers (its adapter_config.json's target_modules)");

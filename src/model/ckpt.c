@@ -69,8 +69,15 @@ static void list_hf_names(glm_ckpt *c) {
     c->names = glm_calloc((size_t)n, sizeof *c->names);
     for (int i = 0; i < n; i++) {
         const char *s = raw_name(c, i);
-        if (glm_hf_orig_name(s, orig, sizeof orig, &part)) c->names[c->n_names++] = glm_strdup(s);
-        else if (part == 0) c->names[c->n_names++] = glm_strdup(orig);
+        if (glm_hf_orig_name(s, orig, sizeof orig, &part)) { c->names[c->n_names++] = glm_strdup(s); continue; }
+        int seen = 0; /* q, k, v's parts name one tensor (an adapter may have some of them) */
+        for (int k = 0; part && k < c->n_names && !seen; k++) seen = !strcmp(c->names[k], orig);
+        for (int k = i + 1; part && k < n && !seen; k++) { /* listed where its q part is, if it has one */
+            char o2[GLM_HF_NAME];
+            int p2;
+            seen = !glm_hf_orig_name(raw_name(c, k), o2, sizeof o2, &p2) && p2 < part && !strcmp(o2, orig);
+        }
+        if (!seen) c->names[c->n_names++] = glm_strdup(orig);
     }
 }
 

@@ -466,10 +466,10 @@ const char *glm_lora_targets_str(int bits, char *buf, size_t n) {
     return buf;
 }
 
-int glm_lora_targets_parse_layout(const char *list, int hf_layout, int *bits, glm_err *err) {
+int glm_lora_targets_parse_layout(const char *list, int hf_layout, int *bits, int *qkv_parts, glm_err *err) {
     *bits = 0;
     const char *p = list;
-    int qkv = 0; /* transformers' q_proj, k_proj, v_proj seen (bits 1, 2, 4) */
+    int qkv = 0, whole = 0; /* transformers' q_proj, k_proj, v_proj seen (bits 1, 2, 4); query_key_value or all */
     while (*p) {
         const char *e = strchr(p, ',');
         size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -479,6 +479,7 @@ int glm_lora_targets_parse_layout(const char *list, int hf_layout, int *bits, gl
         if (n == 3 && strncmp(p, "all", 3) == 0) bit = GLM_LORA_ALL;
         for (int i = 0; i < 4 && !bit; i++)
             if (strlen(lora_names[i]) == n && strncmp(p, lora_names[i], n) == 0) bit = 1 << i;
+        whole |= bit & GLM_LORA_QKV;
         const char *orig = bit || !n ? "" : glm_hf_module_orig(p, n); /* transformers' GLM layout's names */
         for (int i = 0; i < 4 && *orig && !bit; i++)
             if (!strcmp(orig, lora_names[i])) bit = 1 << i;
@@ -501,15 +502,14 @@ int glm_lora_targets_parse_layout(const char *list, int hf_layout, int *bits, gl
         if (!e) break;
         p = e + 1;
     }
-    if (qkv && qkv != 7)
-        return glm_fail(err, "--lora_target names %s%s%s but not all three: glmtrain adapts q_proj, k_proj and v_proj "
-                             "together", qkv & 1 ? "q_proj " : "", qkv & 2 ? "k_proj " : "", qkv & 4 ? "v_proj " : ""),
-               glm_hint(err, "name all three (their product is one stacked matrix here), or none");
+    if (qkv_parts) *qkv_parts = whole || qkv == 7 ? 0 : qkv;
     if (!*bits) return glm_fail(err, "--lora_target is empty"), glm_hint(err, "e.g. --lora_target query_key_value");
     return 0;
 }
 
-int glm_lora_targets_parse(const char *list, int *bits, glm_err *err) { return glm_lora_targets_parse_layout(list, -1, bits, err); }
+int glm_lora_targets_parse(const char *list, int *bits, glm_err *err) {
+    return glm_lora_targets_parse_layout(list, -1, bits, NULL, err);
+}
 
 int glm_quant_parse(int bits, const char *type, int *q, glm_err *err) {
     int nf4 = type && strcmp(type, "nf4") == 0;

@@ -19,6 +19,8 @@ typedef struct glm_peft {
     float lora_alpha;        /* scaling = alpha / r, or alpha / sqrt(r) with use_rslora */
     float lora_dropout;      /* on the adapter's input, training only */
     int lora_targets;        /* GLM_LORA_* bits */
+    int lora_qkv_parts;      /* transformers' GLM layout (glm_lora_split): which of q_proj (1), k_proj (2), v_proj (4)
+                              * have adapters (0: all three); the others' rows stay zero, which is no adapter */
     uint64_t lora_layers;    /* the layers the adapters are on, bit l (peft's layers_to_transform; LLaMA Pro's added
                               * blocks); 0: every layer */
     int use_rslora;
@@ -180,8 +182,9 @@ float glm_lora_scaling(const glm_peft *p);
 int glm_lora_targets_parse(const char *list, int *bits, glm_err *err);
 /* The same for a model in THUDM's layout (hf_layout 0: transformers' names refused), in
  * transformers' GLM layout (1) or either (-1, an adapter's target_modules). transformers' names
- * (model/hf_layout.h) stand for THUDM's modules; q_proj, k_proj and v_proj come all three or none. */
-int glm_lora_targets_parse_layout(const char *list, int hf_layout, int *bits, glm_err *err);
+ * (model/hf_layout.h) stand for THUDM's modules; *qkv_parts (NULL: not wanted) gets which of
+ * q_proj, k_proj, v_proj are named (glm_peft lora_qkv_parts; 0 when query_key_value is, or none). */
+int glm_lora_targets_parse_layout(const char *list, int hf_layout, int *bits, int *qkv_parts, glm_err *err);
 /* The Hugging Face module name of one target bit ("query_key_value", ...). */
 const char *glm_lora_target_name(int bit);
 /* The names of the target bits as a --lora_target list ("query_key_value,dense"), into buf. */

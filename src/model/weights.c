@@ -12,6 +12,7 @@
 #include "model/adapter.h"
 #include "model/ckpt.h"
 #include "model/glm.h"
+#include "model/hf_layout.h"
 
 static int is_adapter(const glm_tensor *t) { return glm_is_extra(t->kind); } /* LoRA or prefix rows */
 
@@ -58,6 +59,10 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed) {
             float bound = 1.0f / sqrtf((float)t->shape[1]);
             for (size_t j = 0; j < t->numel; j++) host[j] = bound * (2.0f * glm_rng_uniform(&rng) - 1.0f);
         } /* LoRA B: zero */
+        int parts = m->cfg.peft.lora_qkv_parts;
+        if (t->kind == T_QKV_LA && glm_lora_split(&m->cfg, 0) > 1 && parts) /* q, k or v without an adapter: its A */
+            for (int k = 0; k < 3; k++) /* zero too, so its rows keep zero gradients and stay no adapter */
+                if (!(parts >> k & 1)) memset(host + (size_t)k * (t->numel / 3), 0, t->numel / 3 * sizeof(float));
         m->be->upload_f32(m->be, glm_at(m->be, m->params, t->offset), host, t->numel);
         free(host);
     }
@@ -255,6 +260,31 @@ static int check_tied_copy(glm_ckpt *c, const char *wte, const char *head, const
     return 0;
 }
 
+/* q, k and v's adapters of transformers' GLM layout read part by part (src: the row's name in
+ * THUDM's terms): each part that the file holds into its rows, zeros for the others (no adapter
+ * there, as an adapter of q_proj and v_proj alone has). 1 when the file holds any, 0 when none,
+ * -1 on an error. */
+static int load_qkv_parts(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src, load_bufs *b,
+                          glm_err *err) {
+    char hf[3][GLM_HF_NAME];
+    if (glm_hf_names(src, hf) != 3) return 0;
+    float *buf = buf_at_least(b, 0, t->numel * sizeof(float));
+    int64_t cols = t->shape[1], row0 = 0;
+    int any = 0;
+    for (int k = 0; k < 3; k++) {
+        int64_t rows = t->kind == T_QKV_LA ? t->shape[0] / 3 : glm_hf_part_rows(&m->cfg, k), sh[2] = {rows, cols};
+        if (glm_ckpt_info(c, hf[k], NULL, NULL, NULL) == 0) {
+            if (glm_ckpt_read_f32(c, hf[k], buf + row0 * cols, 2, sh, err)) return -1;
+            any = 1;
+        } else {
+            memset(buf + row0 * cols, 0, (size_t)(rows * cols) * sizeof(float));
+        }
+        row0 += rows;
+    }
+    if (any) glm_model_row_upload(m, t, dst, buf);
+    return any;
+}
+
 /* Loads rows [r0, r1) of glm_model_row's order from path, each under prefix + its name: the
  * adapters only (`adapters`: with LoRA's modules_to_save, their whole rows too), or everything
  * but the adapters (the base, those whole rows' starting values included). */
@@ -281,6 +311,12 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         if (glm_is_dora(t->kind) && glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0) {
             snprintf(alt, sizeof alt, "%s.weight", name);
             if (glm_ckpt_info(&c, alt, NULL, NULL, NULL) == 0) src = alt;
+        }
+        if ((t->kind == T_QKV_LA || t->kind == T_QKV_LB) && glm_lora_split(&m->cfg, 0) > 1 &&
+            glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0) { /* some of q_proj, k_proj, v_proj */
+            int got = load_qkv_parts(m, &c, t, dst, src, &bufs, err);
+            if (got < 0) { rc = -1; break; }
+            if (got) continue;
         }
         if (glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0) {
             rc = glm_fail(err, "%s: tensor %s is missing (%s checkpoint)", path, src, glm_ckpt_format(&c));

@@ -553,7 +553,7 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
     *p = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = a->lora_rank, .use_rslora = a->use_rslora, .use_dora = a->use_dora,
                     .lora_alpha = (float)(a->lora_alpha > 0 ? a->lora_alpha : 2.0 * a->lora_rank),
                     .lora_dropout = (float)a->lora_dropout, .pissa = a->pissa_init, .pissa_niter = a->pissa_iter};
-    if (glm_lora_targets_parse_layout(a->lora_target, c->hf_layout, &p->lora_targets, err)) return -1;
+    if (glm_lora_targets_parse_layout(a->lora_target, c->hf_layout, &p->lora_targets, &p->lora_qkv_parts, err)) return -1;
     if (a->use_llama_pro) { /* LLaMA-Factory's find_expanded_modules: the adapters on the added blocks alone */
         int stride = 1;
         if (L > 64) return glm_fail(err, "--use_llama_pro with LoRA on a model of %d layers: at most 64 here", L);
