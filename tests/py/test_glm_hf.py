@@ -28,6 +28,8 @@ own, with tokenizers 0.20; this test alone puts it on sys.path):
   - `glmtrain convert --layout transformers|thudm` between the two layouts of a GLM-4 folder:
     GlmForCausalLM loads the converted folder with the same loss (THUDM's rope_ratio 500 written as
     rope_theta 5e6, the list of end ids kept), and back; GLM-4-0414 to THUDM's layout refused;
+  - 2 CPU ranks (ZeRO 0 and 1) equal 1 rank for the split adapters; training with pipeline
+    stages on this layout refused (their shards would carry THUDM's names);
   - refused with a clear error: a head_dim that is
     not hidden_size / heads, a tokenizer.json whose split pattern is not GLM-4's, transformers'
     module names on a THUDM-layout model.
@@ -38,7 +40,7 @@ TF_DIR = "/usr/local/lib/glmtrain-transformers-4.46"
 PEFT_DIR = "/usr/local/lib/glmtrain-peft-0.10"  # peft 0.10 (scripts/install-deps.sh), which imports beside it
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mpi_runs import ENV, GLM, losses, report, run  # noqa: E402
+from mpi_runs import ENV, GLM, losses, probe, report, run  # noqa: E402
 from test_generate import debug_ids  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
@@ -493,6 +495,25 @@ def check_lora_cli(torch, GlmForCausalLM, d, base_tok, lbase, bpath, ids, labels
            not any("k_proj" in x for x in qnames) and abs(qmerged - qref) <= 1e-5 * abs(qref) and abs(qref - without) > 1e-4,
            "target_modules %s, %d tensors; peft %.7f merged %.7f base %.7f" % (qcfg["target_modules"], len(qnames), qref, qmerged,
                                                                             without))
+    # 2 CPU ranks (ZeRO 0 and 1) equal 1 rank for the split adapters; pipeline stages refused for now
+    common = ["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "q_proj,v_proj,down_proj",
+              "--lora_dropout", "0", "--train_file", os.path.join(d, "conv.jsonl"), "--learning_rate", "5e-3",
+              "--logging_steps", "1", "--seed", "7", "--max_source_length", "32", "--max_target_length", "32",
+              "--disable_tqdm", "--report_to", "none", "--max_steps", "4", "--save_steps", "4"]
+    run(common + ["--output_dir", os.path.join(d, "dp1"), "--per_device_train_batch_size", "8"], timeout=300)
+    one = losses(os.path.join(d, "dp1"), 4)
+    if probe(common + ["--output_dir", os.path.join(d, "dp-probe"), "--per_device_train_batch_size", "4", "--max_steps", "1",
+                       "--save_steps", "1"], "glm_hf_lora_2_ranks", "split adapters"):
+        for z in ("0", "1"):
+            out2 = os.path.join(d, "dp2-%s" % z)
+            run(common + ["--output_dir", out2, "--per_device_train_batch_size", "4", "--zero_stage", z], np=2, timeout=300)
+            two = losses(out2, 4)
+            worst = max(abs(two[k] - one[k]) / abs(one[k]) for k in one) if len(two) == 4 else float("inf")
+            report("glm_hf_lora_2_ranks_zero%s_equal_1_rank" % z, worst <= 1e-6, "worst relative loss difference %.2g" % worst)
+        p = run(common + ["--output_dir", os.path.join(d, "pp2"), "--per_device_train_batch_size", "8",
+                          "--pipeline_parallel_size", "2"], np=2, check=False, timeout=300)
+        report("glm_hf_pipeline_training_refused", p.returncode != 0 and "pipeline stages on transformers' GLM layout" in p.stderr,
+               p.stderr[-300:])
     merged = os.path.join(d, "merged")
     run(["--model_name_or_path", base_tok, "--adapter", out, "--output_dir", merged, "--dtype", "float32"], cmd="merge")
     mt = GlmForCausalLM.from_pretrained(merged, attn_implementation="eager").float().eval()
