@@ -649,6 +649,11 @@ def check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
 
 
 def check_refusals(d, tdir):
+    p = subprocess.run([GLM, "info", "--model_name_or_path", os.path.join(d, "base"), "--finetuning_type", "freeze",
+                        "--num_layer_trainable", "1", "--freeze_trainable_modules", "self_attn", "--freeze_extra_modules",
+                        "embed_tokens"], capture_output=True, text=True, timeout=60, env=ENV)
+    report("glm_hf_freeze_takes_transformers_module_names", p.returncode == 0 and
+           "layer 1 (self_attention) and word_embeddings train" in p.stdout, (p.stdout + p.stderr)[-300:])
     p = subprocess.run([GLM, "train", "--model_name_or_path", os.path.join(d, "orig"), "--finetuning_type", "lora",
                         "--lora_target", "q_proj,k_proj,v_proj", "--train_file", os.path.join(d, "conv.jsonl"),
                         "--output_dir", os.path.join(d, "lora-bad2"), "--max_steps", "1"], capture_output=True, text=True,
