@@ -106,17 +106,17 @@ static int write_rows(const glm_config *c, const glm_table *tab, const glm_peft 
     for (int i = 0; i < tab->n; i++) {
         const glm_tensor *t = &tab->t[i];
         if (lora_only ? !glm_is_lora_ab(t->kind) : !in_adapter(p, t)) continue;
-        snprintf(names[n], GLM_HF_NAME, "%s%s", GLM_ADAPTER_PREFIX, t->name); /* a whole module as peft's save names it */
-        char hf[3][GLM_HF_NAME];
-        int parts = c->hf_layout ? glm_hf_names(names[n], hf) : 0;
-        int64_t cols = t->ndim == 2 ? t->shape[1] : 1, row0 = 0;
-        for (int k = 0; k < (parts ? parts : 1); k++) {
-            int64_t rows = parts < 3 ? t->shape[0] : t->kind == T_QKV_LA ? t->shape[0] / 3 : glm_hf_part_rows(c, k);
-            if (parts == 3 && p->lora_qkv_parts && !(p->lora_qkv_parts >> k & 1)) { row0 += rows; continue; } /* no adapter there */
-            if (parts) memcpy(names[n], hf[k], GLM_HF_NAME);
-            e[n] = (st_entry){.name = names[n], .ndim = t->ndim, .shape = {rows, t->shape[1]},
-                              .data = host + t->offset + row0 * cols, .data_dtype = ST_F32, .file_dtype = dtype};
-            row0 += rows;
+        char name[GLM_HF_NAME], hf[3][GLM_HF_NAME];
+        snprintf(name, sizeof name, "%s%s", GLM_ADAPTER_PREFIX, t->name); /* a whole module as peft's save names it */
+        int64_t cols = t->ndim == 2 ? t->shape[1] : 1, row0[3] = {0}, rows[3] = {t->shape[0]};
+        glm_config cp = *c;
+        cp.peft = *p; /* the adapter written: which of q, k, v it has */
+        int parts = c->hf_layout ? glm_hf_row_parts(&cp, t, name, hf, row0, rows) : 1;
+        if (!c->hf_layout) memcpy(hf[0], name, GLM_HF_NAME);
+        for (int k = 0; k < parts; k++) {
+            memcpy(names[n], hf[k], GLM_HF_NAME);
+            e[n] = (st_entry){.name = names[n], .ndim = t->ndim, .shape = {rows[k], t->shape[1]},
+                              .data = host + t->offset + row0[k] * cols, .data_dtype = ST_F32, .file_dtype = dtype};
             n++;
         }
     }

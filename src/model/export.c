@@ -38,16 +38,14 @@ static int build_items(const glm_table *tab, const glm_config *c, int original, 
     int n = 0, rot = glm_head_dim(c) / 4; /* rotary dim HD/2, one frequency per pair */
     for (int i = 0; i < tab->n; i++) {
         const glm_tensor *t = &tab->t[i];
-        char hf[3][GLM_HF_NAME];
-        int parts = c->hf_layout ? glm_hf_names(t->name, hf) : 0;
-        if (parts) { /* transformers' names; query_key_value as three row blocks (model/hf_layout.h) */
-            int64_t row0 = 0;
+        if (c->hf_layout) { /* transformers' names; query_key_value as three row blocks (model/hf_layout.h) */
+            char hf[3][GLM_HF_NAME];
+            int64_t row0[3], rows[3], cols = t->ndim == 2 ? t->shape[1] : 1;
+            int parts = glm_hf_row_parts(c, t, t->name, hf, row0, rows);
             for (int p = 0; p < parts; p++) {
-                int64_t rows = parts == 1 ? t->shape[0] : glm_hf_part_rows(c, p), cols = t->ndim == 2 ? t->shape[1] : 1;
-                it[n] = (item){.src = t->name, .t = t, .ndim = t->ndim, .shape = {rows, t->shape[1]},
-                               .numel = (size_t)(rows * cols), .row0 = row0};
+                it[n] = (item){.src = t->name, .t = t, .ndim = t->ndim, .shape = {rows[p], t->shape[1]},
+                               .numel = (size_t)(rows[p] * cols), .row0 = row0[p]};
                 memcpy(it[n].name, hf[p], sizeof it[n].name);
-                row0 += rows;
                 n++;
             }
             continue;

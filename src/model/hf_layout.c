@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "model/tensors.h"
 
 /* Modules outside the layers, and inside a layer (after the layer's prefix). query_key_value
  * has three -hf modules; the others one. */
@@ -92,6 +93,31 @@ int glm_hf_orig_name(const char *hf, char *orig, size_t n, int *part) {
             return 0;
         }
     return -1;
+}
+
+int glm_hf_row_parts(const glm_config *c, const glm_tensor *t, const char *name, char names[3][GLM_HF_NAME],
+                     int64_t row0[3], int64_t rows[3]) {
+    char hf[3][GLM_HF_NAME];
+    int parts = glm_hf_names(name, hf), n = 0, qkv_parts = c->peft.lora_qkv_parts;
+    if (parts == 0) { /* no -hf form: as it is */
+        snprintf(names[0], GLM_HF_NAME, "%s", name);
+        row0[0] = 0;
+        rows[0] = t->shape[0];
+        return 1;
+    }
+    int64_t r0 = 0;
+    for (int k = 0; k < parts; k++) {
+        int64_t nr = parts == 1 ? t->shape[0] : t->kind == T_QKV_LA ? t->shape[0] / 3 : glm_hf_part_rows(c, k);
+        int adapter = t->kind == T_QKV_LA || t->kind == T_QKV_LB;
+        if (!(parts == 3 && adapter && qkv_parts && !(qkv_parts >> k & 1))) { /* else no adapter there */
+            memcpy(names[n], hf[k], GLM_HF_NAME);
+            row0[n] = r0;
+            rows[n] = nr;
+            n++;
+        }
+        r0 += nr;
+    }
+    return n;
 }
 
 int64_t glm_hf_part_rows(const glm_config *c, int part) {

@@ -34,6 +34,14 @@ int glm_hf_names(const char *orig, char names[3][GLM_HF_NAME]);
 int glm_hf_orig_name(const char *hf, char *orig, size_t n, int *part);
 /* Rows of query_key_value's row block `part`: q NH * HD, k and v NKV * HD each. */
 int64_t glm_hf_part_rows(const glm_config *c, int part);
+/* Table row t (named `name`: its own, or with peft's prefix) as the file of a model in transformers'
+ * layout holds it: the entries' names and row blocks [row0[k], row0[k] + rows[k]) of t; one entry
+ * for a renamed row (or a row with no -hf form), three for query_key_value's weight and bias
+ * (q, k, v) and for its split adapters (A: r rows each; B: q, k, v's rows), less those of q, k,
+ * v that have no adapter (c->peft.lora_qkv_parts). Returns the count. */
+struct glm_tensor;
+int glm_hf_row_parts(const glm_config *c, const struct glm_tensor *t, const char *name, char names[3][GLM_HF_NAME],
+                     int64_t row0[3], int64_t rows[3]);
 /* A LoRA target in -hf terms (q_proj, k_proj, v_proj, o_proj, gate_up_proj, down_proj) as the
  * original module name it stands for ("" for an unknown one). */
 const char *glm_hf_module_orig(const char *hf_module, size_t len);

@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "model/adapter.h"
+#include "model/hf_layout.h"
 #include "model/ckpt.h"
 
 static void shard_name(char *out, size_t n, const char *kind, int k, int P) {
@@ -33,23 +34,26 @@ int glm_pipe_save_stage(glm_pipe *p, const char *dir, int file_dtype, const glm_
     if (frozen) m->be->download_f32(m->be, fhost, m->fparams, m->ftab.total);
     const char *prefix[] = {"exp_avg/", "exp_avg_sq/", "master/"};
     const float *src[] = {o ? o->m : NULL, o ? o->v : NULL, o ? o->master : NULL};
-    st_entry *e = glm_calloc((size_t)m->tab.n * (kinds + 1) + frozen, sizeof *e);
+    /* the final model of transformers' GLM layout under its names (model/hf_layout.h); checkpoints
+     * keep the table's names, which resume reads */
+    int hf = !o && m->cfg.hf_layout;
+    st_entry *e = glm_calloc((size_t)(m->tab.n + frozen) * 3 + (size_t)m->tab.n * kinds + 1, sizeof *e);
     char (*names)[128] = glm_calloc((size_t)m->tab.n * (kinds + 1) + 1, 128);
+    char (*hfn)[GLM_HF_NAME] = hf ? glm_calloc((size_t)(m->tab.n + frozen) * 3, GLM_HF_NAME) : NULL;
     int nw = 0, no = 0;
-    for (int i = 0; i < m->tab.n; i++) {
-        const glm_tensor *t = &m->tab.t[i];
-        if (!glm_pipe_owns_tensor(p, t)) continue;
-        e[nw] = (st_entry){.name = t->name, .ndim = t->ndim, .data = host + t->offset, .data_dtype = ST_F32,
-                           .file_dtype = (st_dtype)file_dtype, .shape = {t->shape[0], t->shape[1]}};
-        nw++;
-    }
-    for (int i = 0; i < frozen; i++) {
-        const glm_tensor *t = &m->ftab.t[i];
-        if (!glm_pipe_owns_tensor(p, t)) continue;
-        e[nw] = (st_entry){.name = t->name, .ndim = t->ndim, .data = fhost + t->offset, .data_dtype = ST_F32,
-                           .file_dtype = (st_dtype)file_dtype, .shape = {t->shape[0], t->shape[1]}};
-        nw++;
-    }
+    for (int pass = 0; pass < 2; pass++) /* the trainable rows, then a freeze model's frozen ones */
+        for (int i = 0; i < (pass ? frozen : m->tab.n); i++) {
+            const glm_tensor *t = pass ? &m->ftab.t[i] : &m->tab.t[i];
+            const float *base = (pass ? fhost : host) + t->offset;
+            if (!glm_pipe_owns_tensor(p, t)) continue;
+            int64_t row0[3] = {0}, rows[3] = {t->shape[0]}, cols = t->ndim == 2 ? t->shape[1] : 1;
+            int parts = hf ? glm_hf_row_parts(&m->cfg, t, t->name, &hfn[nw], row0, rows) : 1;
+            for (int k = 0; k < parts; k++) {
+                e[nw + k] = (st_entry){.name = hf ? hfn[nw + k] : t->name, .ndim = t->ndim, .data = base + row0[k] * cols,
+                                       .data_dtype = ST_F32, .file_dtype = (st_dtype)file_dtype, .shape = {rows[k], t->shape[1]}};
+            }
+            nw += parts;
+        }
     st_entry *eo = e + nw;
     for (int k = 0; k < kinds; k++)
         for (int i = 0; i < m->tab.n; i++) {
@@ -76,14 +80,16 @@ int glm_pipe_save_stage(glm_pipe *p, const char *dir, int file_dtype, const glm_
     }
     free(e);
     free(names);
+    free(hfn);
     free(host);
     free(fhost);
     return rc ? glm_wrap(err, "stage %d: ", p->stage) : 0;
 }
 
-/* {"metadata": {"total_size": bytes}, "weight_map": {name: shard}} over every stage's tables. */
+/* {"metadata": {"total_size": bytes}, "weight_map": {name: shard}} over every stage's tables;
+ * hf: the final model of transformers' GLM layout, under its names as glm_pipe_save_stage wrote them. */
 static int write_index(const glm_device_map *map, const glm_config *c, const char *dir, int opt_kinds, int file_dtype,
-                       glm_part part, glm_err *err) {
+                       glm_part part, int hf, glm_err *err) {
     int with_opt = opt_kinds > 0;
     const char *prefix[] = {"", "exp_avg/", "exp_avg_sq/", "master/"};
     cJSON *o = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(o, "metadata"), *wm = cJSON_AddObjectToObject(o, "weight_map");
@@ -98,6 +104,14 @@ static int write_index(const glm_device_map *map, const glm_config *c, const cha
             for (int i = 0; i < tab.n; i++) {
                 const glm_tensor *t = &tab.t[i];
                 if (!stage_writes(c, s, t)) continue;
+                char hfn[3][GLM_HF_NAME];
+                int64_t row0[3], rows[3], cols = t->ndim == 2 ? t->shape[1] : 1;
+                int parts = hf ? glm_hf_row_parts(c, t, t->name, hfn, row0, rows) : 0;
+                for (int k = 0; k < parts; k++) { /* the final model of transformers' layout: its names */
+                    cJSON_AddStringToObject(wm, hfn[k], file);
+                    total += (double)(rows[k] * cols) * st_dtype_size((st_dtype)file_dtype);
+                }
+                if (parts) continue;
                 snprintf(name, sizeof name, "%s%s", prefix[v], t->name);
                 cJSON_AddStringToObject(wm, name, file);
                 total += (double)t->numel * (with_opt ? 4 : st_dtype_size((st_dtype)file_dtype));
@@ -118,9 +132,9 @@ int glm_pipe_save_index(const glm_device_map *map, const glm_model *m, const cha
     const glm_config *c = &m->cfg;
     /* a checkpoint's shards hold the trainable rows; a final freeze model every base row */
     glm_part part = !opt_kinds && final_with_frozen(m) ? GLM_PART_BASE : GLM_PART_TRAINABLE;
-    if (write_index(map, c, dir, 0, file_dtype, part, err)) return -1;
+    if (write_index(map, c, dir, 0, file_dtype, part, !opt_kinds && c->hf_layout, err)) return -1;
     /* master/ entries only when the shards hold them: a reader decides by asking for one */
-    if (opt_kinds && write_index(map, c, dir, opt_kinds, file_dtype, GLM_PART_TRAINABLE, err)) return -1;
+    if (opt_kinds && write_index(map, c, dir, opt_kinds, file_dtype, GLM_PART_TRAINABLE, 0, err)) return -1;
     char cfg[4096], folder[4096];
     glm_origin_paths(m->origin, cfg, folder, sizeof cfg);
     if (glm_write_hf_config(c, cfg[0] ? cfg : NULL, (st_dtype)file_dtype, dir, err)) return -1;

@@ -378,12 +378,6 @@ static int nccl_ids(glm_pp *pp, int P, unsigned char *ids, glm_err *err) {
 int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_par_opts *a, const glm_config *c, glm_backend *be, glm_err *err) {
     glm_pp *pp = glm_calloc(1, sizeof *pp);
     *out = pp;
-    if (c->hf_layout) { /* the stages write their shards and adapters under THUDM's names */
-        glm_fail(err, "training with pipeline stages on transformers' GLM layout (model_type %s): glmtrain does not yet write "
-                      "the stages' folders under its names", c->sandwich_norms ? "glm4" : "glm");
-        return glm_hint(err, "train it with data parallelism (ZeRO-2/3 or an offloaded optimizer spread the memory), or "
-                             "convert it to THUDM's layout first (glmtrain convert --layout thudm; GLM-4-9B only)");
-    }
     pp->dp = dp;
     pp->world_rank = dp->rank;
     pp->world_size = dp->world;

@@ -28,8 +28,8 @@ own, with tokenizers 0.20; this test alone puts it on sys.path):
   - `glmtrain convert --layout transformers|thudm` between the two layouts of a GLM-4 folder:
     GlmForCausalLM loads the converted folder with the same loss (THUDM's rope_ratio 500 written as
     rope_theta 5e6, the list of end ids kept), and back; GLM-4-0414 to THUDM's layout refused;
-  - 2 CPU ranks (ZeRO 0 and 1) equal 1 rank for the split adapters; training with pipeline
-    stages on this layout refused (their shards would carry THUDM's names);
+  - 2 CPU ranks (ZeRO 0 and 1) equal 1 rank for the split adapters; 2 pipeline stages write the
+    one process's adapter, and a full fine-tune's final model that GlmForCausalLM loads;
   - refused with a clear error: a head_dim that is
     not hidden_size / heads, a tokenizer.json whose split pattern is not GLM-4's, transformers'
     module names on a THUDM-layout model.
@@ -510,10 +510,26 @@ def check_lora_cli(torch, GlmForCausalLM, d, base_tok, lbase, bpath, ids, labels
             two = losses(out2, 4)
             worst = max(abs(two[k] - one[k]) / abs(one[k]) for k in one) if len(two) == 4 else float("inf")
             report("glm_hf_lora_2_ranks_zero%s_equal_1_rank" % z, worst <= 1e-6, "worst relative loss difference %.2g" % worst)
-        p = run(common + ["--output_dir", os.path.join(d, "pp2"), "--per_device_train_batch_size", "8",
-                          "--pipeline_parallel_size", "2"], np=2, check=False, timeout=300)
-        report("glm_hf_pipeline_training_refused", p.returncode != 0 and "pipeline stages on transformers' GLM layout" in p.stderr,
-               p.stderr[-300:])
+        # 2 pipeline stages: the adapter gathered from the stages is the one process's, under its names
+        run(common + ["--output_dir", os.path.join(d, "pp2"), "--per_device_train_batch_size", "8",
+                      "--pipeline_parallel_size", "2"], np=2, timeout=300)
+        a = load_file(os.path.join(d, "dp1", "adapter_model.safetensors"))
+        b = load_file(os.path.join(d, "pp2", "adapter_model.safetensors"))
+        diff = max(float((a[k] - b[k]).abs().max()) for k in a) if sorted(a) == sorted(b) else float("inf")
+        report("glm_hf_lora_pipeline_adapter_equals_one_process", diff <= 1e-6,
+               "names %s / %s; max diff %.2g" % (sorted(a)[:1], sorted(b)[:1], diff))
+        # and a full fine-tune's final model: shards and index under transformers' names
+        full = [x for x in common if x not in ("lora", "q_proj,v_proj,down_proj", "--lora_target", "--lora_dropout", "0")]
+        full[full.index("--finetuning_type") + 1:full.index("--finetuning_type") + 1] = ["full"]
+        run(full + ["--output_dir", os.path.join(d, "ppf"), "--per_device_train_batch_size", "8",
+                    "--pipeline_parallel_size", "2"], np=2, timeout=300)
+        run(full + ["--output_dir", os.path.join(d, "ppf1"), "--per_device_train_batch_size", "8"], timeout=300)
+        t3 = GlmForCausalLM.from_pretrained(os.path.join(d, "ppf"), attn_implementation="eager").float().eval()
+        t4 = GlmForCausalLM.from_pretrained(os.path.join(d, "ppf1"), attn_implementation="eager").float().eval()
+        with torch.no_grad():
+            l3, l4 = (t_(input_ids=ids, labels=labels).loss.item() for t_ in (t3, t4))
+        report("glm_hf_full_pipeline_model_loads_in_transformers", abs(l3 - l4) <= 1e-5 * abs(l4),
+               "2 stages %.7f, one process %.7f" % (l3, l4))
     merged = os.path.join(d, "merged")
     run(["--model_name_or_path", base_tok, "--adapter", out, "--output_dir", merged, "--dtype", "float32"], cmd="merge")
     mt = GlmForCausalLM.from_pretrained(merged, attn_implementation="eager").float().eval()
