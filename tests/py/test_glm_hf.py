@@ -343,6 +343,23 @@ def set_masks(torch, pm, p, seed):
             mod.lora_dropout["default"] = Drop(sd)
 
 
+def peft_case(torch, pm, folder, ids, labels, drop=0.0):
+    """A peft model's adapters drawn away from zero (0.1 randn: larger, the LoRA terms swamp the base
+    and fp32 loses digits; with drop, glmtrain's dropout masks), saved into folder; its loss and the
+    adapters' gradients by the file's names without peft's prefix."""
+    if drop:
+        set_masks(torch, pm, drop, 1234)
+    with torch.no_grad():
+        for n_, p_ in pm.named_parameters():
+            if "lora_" in n_:
+                p_.copy_(0.1 * torch.randn_like(p_))
+    pm.save_pretrained(folder)
+    pm.zero_grad()
+    loss = pm(input_ids=ids, labels=labels).loss
+    loss.backward()
+    return loss, {peft_name(n_)[len("base_model.model."):]: p_.grad for n_, p_ in pm.named_parameters() if "lora_" in n_}
+
+
 def check_lora(torch, GlmConfig, GlmForCausalLM, d):
     sys.path.insert(1, PEFT_DIR)
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -353,22 +370,9 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
     for rslora, drop in ((False, 0.0), (True, 0.0), (False, 0.25)):
         pm = get_peft_model(tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 11),
                             LoraConfig(r=4, lora_alpha=12, target_modules=mods, lora_dropout=drop, use_rslora=rslora))
-        if drop:
-            set_masks(torch, pm, drop, 1234)
-        with torch.no_grad():  # both factors away from zero, so every gradient is live
-            for n, p in pm.named_parameters():
-                if "lora_" in n:
-                    p.copy_(0.1 * torch.randn_like(p))  # larger, the LoRA terms swamp the base and fp32 loses digits
-        ad = os.path.join(d, "peft-%d" % rslora)
-        pm.save_pretrained(ad)
+        ad = os.path.join(d, "peft-%d-%g" % (rslora, drop))
         bpath, ids, labels = write_batch(torch, d, "lbatch.json", 96, [(5, 7), (3, 4), (9, 6)], 3, 0)
-        pm.zero_grad()
-        loss = pm(input_ids=ids, labels=labels).loss
-        loss.backward()
-        ref = {}
-        for n, p in pm.named_parameters():
-            if "lora_" in n:
-                ref[peft_name(n)[len("base_model.model."):]] = p.grad
+        loss, ref = peft_case(torch, pm, ad, ids, labels, drop)
         ref = stacked(ref)
         extra = ["--finetuning_type", "lora", "--lora_target", ",".join(mods), "--lora_rank", "4", "--lora_alpha", "12",
                  "--adapter", ad] + (["--use_rslora"] if rslora else []) + (
@@ -387,19 +391,8 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
     # q_proj and v_proj alone (LLaMA-Factory's common choice): k's rows stay zero, which is no adapter
     pm = get_peft_model(tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 11),
                         LoraConfig(r=4, lora_alpha=12, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0))
-    with torch.no_grad():
-        for n_, p_ in pm.named_parameters():
-            if "lora_" in n_:
-                p_.copy_(0.1 * torch.randn_like(p_))
     qv = os.path.join(d, "peft-qv")
-    pm.save_pretrained(qv)
-    pm.zero_grad()
-    loss = pm(input_ids=ids, labels=labels).loss
-    loss.backward()
-    ref = {}
-    for n_, p_ in pm.named_parameters():
-        if "lora_" in n_:
-            ref[peft_name(n_)[len("base_model.model."):]] = p_.grad
+    loss, ref = peft_case(torch, pm, qv, ids, labels)
     for l in range(2):  # k_proj's place in the stack: zeros
         for ab, shape in (("A", (4, 32)), ("B", (16, 4))):
             ref["model.layers.%d.self_attn.k_proj.lora_%s.weight" % (l, ab)] = torch.zeros(*shape)
@@ -603,16 +596,9 @@ def check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
     report("glm4_0414_checkpointing_bit_identical", all(same), "full %s, selective %s" % tuple(same))
     mods = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"]
     pm = get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules=mods, lora_dropout=0.0))
-    with torch.no_grad():
-        for n_, p in pm.named_parameters():
-            if "lora_" in n_:
-                p.copy_(0.1 * torch.randn_like(p))
     ad = os.path.join(d, "p0414")
-    pm.save_pretrained(ad)
-    pm.zero_grad()
-    loss = pm(input_ids=ids, labels=labels).loss
-    loss.backward()
-    ref = stacked({peft_name(n_)[len("base_model.model."):]: p.grad for n_, p in pm.named_parameters() if "lora_" in n_})
+    loss, ref = peft_case(torch, pm, ad, ids, labels)
+    ref = stacked(ref)
     p = subprocess.run([DRIVER, "--model", mdir, "--batch", bpath, "--out", os.path.join(d, "l0414.safetensors"),
                         "--finetuning_type", "lora", "--lora_target", ",".join(mods), "--lora_rank", "4", "--lora_alpha", "8",
                         "--adapter", ad], capture_output=True, text=True, timeout=300)
