@@ -122,6 +122,23 @@ def driver(mdir, bpath, out):
     return load_file(out)
 
 
+def save_thudm(m, folder, extra):
+    """The tiny model's weights under THUDM's names (q | k | v stacked) with a ChatGLM2-block
+    config.json in THUDM's keys (extra: more of them): the layout transformers' converter reads."""
+    from safetensors.torch import save_file
+    os.makedirs(folder, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in stacked({n: p.detach() for n, p in m.named_parameters()}).items()},
+              os.path.join(folder, "model.safetensors"))
+    cfg = {"model_type": "chatglm", "padded_vocab_size": 96, "hidden_size": 32, "num_layers": 2, "num_attention_heads": 4,
+           "kv_channels": 8, "multi_query_attention": True, "multi_query_group_num": 2, "ffn_hidden_size": 48,
+           "layernorm_epsilon": 1e-5, "rmsnorm": True, "add_qkv_bias": True, "add_bias_linear": False,
+           "apply_residual_connection_post_layernorm": False, "post_layer_norm": True, "original_rope": True,
+           "seq_length": 256, "tie_word_embeddings": False, "eos_token_id": 2, "pad_token_id": 0}
+    cfg.update(extra)
+    json.dump(cfg, open(os.path.join(folder, "config.json"), "w"))
+    return folder
+
+
 def write_batch(torch, d, name, vocab, lengths, seed, pad):
     """batch()'s rows written for tool_model_driver: (its path, the padded ids and labels)."""
     rows, labs, ids, labels = batch(torch, vocab, lengths, seed, pad)
@@ -156,16 +173,7 @@ def check_grads(torch, GlmConfig, GlmForCausalLM, d):
                "loss %.6f vs %.6f (rel %.2g); worst grad %s rel %.2g; %d grads" % (got["loss"].item(), loss.item(), lerr,
                                                                                    worst[1], worst[0], len(ref)))
     # the same weights under THUDM's names: the ChatGLM2 block (config in its keys)
-    odir = os.path.join(d, "orig")
-    os.makedirs(odir, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in stacked({n: p.detach() for n, p in m.named_parameters()}).items()},
-              os.path.join(odir, "model.safetensors"))
-    json.dump({"model_type": "chatglm", "padded_vocab_size": 96, "hidden_size": 32, "num_layers": 2,
-               "num_attention_heads": 4, "kv_channels": 8, "multi_query_attention": True, "multi_query_group_num": 2,
-               "ffn_hidden_size": 48, "layernorm_epsilon": 1e-5, "rmsnorm": True, "add_qkv_bias": True,
-               "add_bias_linear": False, "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
-               "original_rope": True, "rope_ratio": 500, "seq_length": 256, "tie_word_embeddings": False,
-               "eos_token_id": [2, 5], "pad_token_id": 0}, open(os.path.join(odir, "config.json"), "w"))
+    odir = save_thudm(m, os.path.join(d, "orig"), {"rope_ratio": 500, "eos_token_id": [2, 5]})
     got = driver(odir, bpath, os.path.join(d, "out2.safetensors"))
     report("glm_hf_equals_thudm_layout", abs(got["loss"].item() - loss.item()) <= 1e-5 * abs(loss.item()),
            "THUDM layout %.7f, transformers %.7f" % (got["loss"].item(), loss.item()))
@@ -409,17 +417,8 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
            (p.stdout + p.stderr)[-300:] if not ok else "loss rel %.2g; worst %s rel %.2g" % (lerr, worst[1], worst[0]))
     # THUDM's one adapter on query_key_value on this layout: q, k, v each get its A, the same model
     from safetensors.torch import save_file
-    odir, fused = os.path.join(d, "lorig"), os.path.join(d, "fused")
-    os.makedirs(odir, exist_ok=True)
+    odir, fused = save_thudm(m, os.path.join(d, "lorig"), {}), os.path.join(d, "fused")
     os.makedirs(fused, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in stacked({n_: p_.detach() for n_, p_ in m.named_parameters()}).items()},
-              os.path.join(odir, "model.safetensors"))
-    json.dump({"model_type": "chatglm", "padded_vocab_size": 96, "hidden_size": 32, "num_layers": 2,
-               "num_attention_heads": 4, "kv_channels": 8, "multi_query_attention": True, "multi_query_group_num": 2,
-               "ffn_hidden_size": 48, "layernorm_epsilon": 1e-5, "rmsnorm": True, "add_qkv_bias": True,
-               "add_bias_linear": False, "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
-               "original_rope": True, "seq_length": 256, "tie_word_embeddings": False, "eos_token_id": 2,
-               "pad_token_id": 0}, open(os.path.join(odir, "config.json"), "w"))
     g = torch.Generator().manual_seed(5)
     save_file({"base_model.model.transformer.encoder.layers.%d.self_attention.query_key_value.lora_%s.weight" % (l, ab):
                0.1 * torch.randn(*shape, generator=g) for l in range(2) for ab, shape in (("A", (4, 32)), ("B", (64, 4)))},
