@@ -57,7 +57,9 @@ static const void *lora_input(glm_model *m, int l, int i, const void *inp, size_
  * peft's q_proj, k_proj, v_proj): adapter k has rows [k r, (k + 1) r) of the stacked A, rows
  * [o_k, o_k + rows_k) of the stacked B and of the output, its own dropout mask, and its middle
  * t_k = s dropout_k(inp) A_k^T [N, r] at a->lora_t[i] + k N r. The products run on contiguous
- * blocks: a block of the output is gathered (copy_rows) before its products and scattered after. */
+ * blocks: a block of the output is gathered (copy_rows) before its products and scattered after.
+ * Without dropout the three adapters' products with inp are one (A stacked is one matrix), in
+ * the forward (inp A^T) and the backward (dA, dinp). */
 static uint64_t split_seed(const glm_model *m, int l, int i, int k) { return lora_seed(m, l, i) + (uint64_t)k * 0x9e3779b97f4a7c15ULL; }
 
 static void lora_add_split(glm_model *m, int l, int i, glm_layer_acts *a, void *out, const void *inp, int N, int C, int OC) {
@@ -67,13 +69,23 @@ static void lora_add_split(glm_model *m, int l, int i, glm_layer_acts *a, void *
     float s = glm_lora_scaling(&m->cfg.peft);
     lora_scratch(m, N);
     void *full = m->lora_tmp, *blk = glm_at(be, m->lora_tmp, (size_t)N * glm_linear_out_max(&m->cfg)); /* [N, OC], [N, rows_k] */
+    int S = glm_lora_split(&m->cfg, i), one = lora_dropout(m) <= 0;
+    if (one) { /* no dropout: the three down-products are one, inp A^T [N, S r], its blocks then moved apart */
+        be->matmul_fwd(be, full, inp, p->lora_a[i], NULL, N, C, S * r);
+        be->mask_scale(be, full, full, (size_t)N * S * r, s, 0.0f, 0);
+        for (int k = 0; k < S; k++)
+            be->copy_rows(be, glm_at(be, a->lora_t[i], (size_t)k * N * r), (size_t)r, glm_at(be, full, (size_t)k * r),
+                          (size_t)S * r, (size_t)r, (size_t)N);
+    }
     size_t o = 0;
-    for (int k = 0; k < glm_lora_split(&m->cfg, i); k++) {
+    for (int k = 0; k < S; k++) {
         int rows = (int)glm_hf_part_rows(&m->cfg, k);
         void *t = glm_at(be, a->lora_t[i], (size_t)k * N * r);
-        const void *u = lora_input_seeded(m, inp, (size_t)N * C, split_seed(m, l, i, k));
-        be->matmul_fwd(be, t, u, glm_at(be, p->lora_a[i], (size_t)k * r * C), NULL, N, C, r);
-        be->mask_scale(be, t, t, (size_t)N * r, s, 0.0f, 0);
+        if (!one) {
+            const void *u = lora_input_seeded(m, inp, (size_t)N * C, split_seed(m, l, i, k));
+            be->matmul_fwd(be, t, u, glm_at(be, p->lora_a[i], (size_t)k * r * C), NULL, N, C, r);
+            be->mask_scale(be, t, t, (size_t)N * r, s, 0.0f, 0);
+        }
         be->matmul_fwd(be, blk, t, glm_at(be, p->lora_b[i], o * r), NULL, N, r, rows);
         be->copy_rows(be, glm_at(be, full, o), (size_t)OC, blk, (size_t)rows, (size_t)rows, (size_t)N);
         o += (size_t)rows;
@@ -89,8 +101,24 @@ static void lora_bwd_split(glm_model *m, int l, int i, glm_layer_acts *a, void *
     int r = m->cfg.peft.lora_rank;
     float s = glm_lora_scaling(&m->cfg.peft);
     void *dt = m->lora_tmp, *dy = glm_at(be, m->lora_tmp, (size_t)N * glm_linear_out_max(&m->cfg)); /* [N, r], [N, rows_k] */
+    int S = glm_lora_split(&m->cfg, i);
+    if (lora_dropout(m) <= 0) { /* no dropout: the blocks' dt side by side [N, S r], then one product each for dA, dinp */
+        void *dtk = dropped_copy(m); /* [N, r] */
+        size_t o = 0;
+        for (int k = 0; k < S; k++) {
+            int rows = (int)glm_hf_part_rows(&m->cfg, k);
+            be->copy_rows(be, dy, (size_t)rows, glm_at(be, dout, o), (size_t)OC, (size_t)rows, (size_t)N);
+            be->matmul_bwd(be, dtk, glm_at(be, g->lora_b[i], o * r), NULL, dy, glm_at(be, a->lora_t[i], (size_t)k * N * r),
+                           glm_at(be, p->lora_b[i], o * r), N, r, rows, 0);
+            be->copy_rows(be, glm_at(be, dt, (size_t)k * r), (size_t)S * r, dtk, (size_t)r, (size_t)r, (size_t)N);
+            o += (size_t)rows;
+        }
+        be->mask_scale(be, dt, dt, (size_t)N * S * r, s, 0.0f, 0);
+        be->matmul_bwd(be, dinp, g->lora_a[i], NULL, dt, inp, p->lora_a[i], N, C, S * r, 1);
+        return;
+    }
     size_t o = 0;
-    for (int k = 0; k < glm_lora_split(&m->cfg, i); k++) {
+    for (int k = 0; k < S; k++) {
         int rows = (int)glm_hf_part_rows(&m->cfg, k);
         const void *Ak = glm_at(be, p->lora_a[i], (size_t)k * r * C);
         void *dAk = glm_at(be, g->lora_a[i], (size_t)k * r * C);

@@ -402,6 +402,14 @@ static void lora_glm2_hf_model(glm_model *m, glm_backend *be, glm_dtype dt, uint
                    (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL},
                    0.05f, GLM_Q_NONE);
 }
+/* the same without dropout: the three adapters' products with the input run as one */
+static void lora_glm2_hf_nodrop_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    glm_config c = config_glm2(1);
+    c.hf_layout = 1;
+    peft_model_cfg(m, be, dt, seed, c,
+                   (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_targets = GLM_LORA_ALL}, 0.05f,
+                   GLM_Q_NONE);
+}
 static void ptuning_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     peft_model_fam(m, be, dt, seed, (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 8, .prefix_projection = 1, .prefix_dropout = 0.1f},
                    0.3f, GLM_Q_NONE, 1);
@@ -578,6 +586,8 @@ int main(void) {
     check_peft(&tc, "glm2_lora", lora_glm2_model, 71, 2 * 4 * 2, h16);
     check_peft(&tc, "glm2_lora_hf_split", lora_glm2_hf_model, 79, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "glm2_lora_hf_split", lora_glm2_hf_model, 79, 2 * 4 * 2, h16);
+    check_peft(&tc, "glm2_lora_hf_split_nodrop", lora_glm2_hf_nodrop_model, 83, 2 * 4 * 2, GLM_F32);
+    check_peft(&tc, "glm2_lora_hf_split_nodrop", lora_glm2_hf_nodrop_model, 83, 2 * 4 * 2, h16);
     check_peft(&tc, "glm2_ptuning", ptuning_glm2_model, 73, 5, GLM_F32);
     check_peft(&tc, "glm2_ptuning", ptuning_glm2_model, 73, 5, h16);
     check_peft(&tc, "glm2_lora_int4", lora_int4_glm2_model, 75, 2 * 4 * 2, h16);
