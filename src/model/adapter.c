@@ -103,14 +103,14 @@ static int write_rows(const glm_config *c, const glm_table *tab, const glm_peft 
     st_entry *e = glm_calloc((size_t)tab->n * 3 + 1, sizeof *e);
     char (*names)[GLM_HF_NAME] = glm_calloc((size_t)tab->n * 3 + 1, GLM_HF_NAME);
     int n = 0;
+    glm_config cp = *c;
+    cp.peft = *p; /* the adapter written: which of q, k, v it has */
     for (int i = 0; i < tab->n; i++) {
         const glm_tensor *t = &tab->t[i];
         if (lora_only ? !glm_is_lora_ab(t->kind) : !in_adapter(p, t)) continue;
         char name[GLM_HF_NAME], hf[3][GLM_HF_NAME];
         snprintf(name, sizeof name, "%s%s", GLM_ADAPTER_PREFIX, t->name); /* a whole module as peft's save names it */
         int64_t cols = t->ndim == 2 ? t->shape[1] : 1, row0[3] = {0}, rows[3] = {t->shape[0]};
-        glm_config cp = *c;
-        cp.peft = *p; /* the adapter written: which of q, k, v it has */
         int parts = c->hf_layout ? glm_hf_row_parts(&cp, t, name, hf, row0, rows) : 1;
         if (!c->hf_layout) memcpy(hf[0], name, GLM_HF_NAME);
         for (int k = 0; k < parts; k++) {

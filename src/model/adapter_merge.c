@@ -118,24 +118,22 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
     snprintf(bn, sizeof bn, "%s%.*s.lora_B.weight", GLM_ADAPTER_PREFIX, stem, name);
     int r = o->peft.lora_rank;
     int64_t ash[2] = {r, t->shape[1]}, bsh[2] = {t->shape[0], r}, stored[ST_MAX_DIMS];
-    char ha[3][GLM_HF_NAME], hb[3][GLM_HF_NAME];
-    if (t->kind == T_QKV_W && glm_ckpt_info(&o->file, an, NULL, NULL, NULL) && glm_hf_names(an, ha) == 3 &&
-        glm_hf_names(bn, hb) == 3) { /* peft's q_proj, k_proj, v_proj, some of them: each on its rows */
-        int64_t row = 0, C = t->shape[1];
-        int any = 0;
-        for (int k = 0; k < 3; k++) {
-            int64_t rows = glm_hf_part_rows(&g->cfg, k), ak[2] = {r, C}, bk[2] = {rows, r};
-            if (!glm_ckpt_info(&o->file, ha[k], NULL, NULL, NULL) && !glm_ckpt_info(&o->file, hb[k], NULL, NULL, NULL)) {
-                if (o->has_init || o->peft.use_dora)
-                    return glm_fail(err, "%s: PiSSA or DoRA adapters on q_proj, k_proj and v_proj are not merged here", o->dir);
-                if (glm_ckpt_read_f32(&o->file, ha[k], g->a, 2, ak, err) || glm_ckpt_read_f32(&o->file, hb[k], g->b, 2, bk, err))
-                    return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
-                cpu_sgemm(0, 0, (int)rows, (int)C, r, glm_lora_scaling(&o->peft), g->b, r, g->a, (int)C, 1.0f, w + row * C, (int)C);
-                any = 1;
-            }
+    /* peft's q_proj, k_proj, v_proj (some or all of them): each on its rows of W. THUDM's one
+     * adapter (A [r, in]) merges as one product below. */
+    if (t->kind == T_QKV_W && (glm_ckpt_info(&o->file, an, NULL, NULL, stored) || stored[0] != r)) {
+        int64_t C = t->shape[1], row = 0;
+        int got = glm_ckpt_read_qkv_lora(&o->file, an, 0, &g->cfg, r, C, g->a, err);
+        if (got > 0) got = glm_ckpt_read_qkv_lora(&o->file, bn, 1, &g->cfg, r, C, g->b, err);
+        if (got < 0) return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
+        if (got > 0 && (o->has_init || o->peft.use_dora))
+            return glm_fail(err, "%s: PiSSA or DoRA adapters on q_proj, k_proj and v_proj are not merged here", o->dir);
+        for (int k = 0; got > 0 && k < 3; k++) { /* a part the file lacks is zero: it adds nothing */
+            int64_t rows = glm_hf_part_rows(&g->cfg, k);
+            cpu_sgemm(0, 0, (int)rows, (int)C, r, glm_lora_scaling(&o->peft), g->b + row * r, r, g->a + (size_t)k * r * C,
+                      (int)C, 1.0f, w + row * C, (int)C);
             row += rows;
         }
-        if (any) return 0;
+        if (got > 0) return 0;
     }
     if (glm_ckpt_info(&o->file, an, NULL, NULL, stored) || glm_ckpt_info(&o->file, bn, NULL, NULL, NULL)) {
         glm_fail(err, "%s: tensor %s is missing", o->file.path, an);
@@ -143,20 +141,6 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
     }
     int OC = (int)t->shape[0], C = (int)t->shape[1];
     float s = glm_lora_scaling(&o->peft);
-    if (t->kind == T_QKV_W && stored[0] == 3 * (int64_t)r) { /* peft's q_proj, k_proj, v_proj: each on its rows */
-        if (o->has_init || o->peft.use_dora)
-            return glm_fail(err, "%s: PiSSA or DoRA adapters on q_proj, k_proj and v_proj are not merged here", o->dir);
-        ash[0] = 3 * (int64_t)r;
-        if (glm_ckpt_read_f32(&o->file, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->file, bn, g->b, 2, bsh, err))
-            return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
-        int64_t row = 0;
-        for (int k = 0; k < 3; k++) {
-            int rows = (int)glm_hf_part_rows(&g->cfg, k);
-            cpu_sgemm(0, 0, rows, C, r, s, g->b + row * r, r, g->a + (size_t)k * r * C, C, 1.0f, w + row * C, C);
-            row += rows;
-        }
-        return 0;
-    }
     if (o->has_init) { /* PiSSA: W -= s B0 A0 first, the base its adapter was trained on */
         if (glm_ckpt_read_f32(&o->init, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->init, bn, g->b, 2, bsh, err))
             return glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", o->init.path, o->dir);

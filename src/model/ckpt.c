@@ -56,9 +56,9 @@ static int raw_read_raw_at(glm_ckpt *c, const char *name, st_dtype dtype, void *
 
 /* A folder in transformers' own GLM layout holds model.embed_tokens or model.layers.N tensors
  * (a model's whole or a part); its names are listed by their original forms, query_key_value
- * once (where its q block is). */
+ * once (where the first of its blocks in the file is). */
 static void list_hf_names(glm_ckpt *c) {
-    int n = raw_count(c), part;
+    int n = raw_count(c), part; /* part: unused (any of q, k, v lists the tensor) */
     char orig[GLM_HF_NAME];
     for (int i = 0; i < n && !c->hf; i++) {
         const char *s = raw_name(c, i);
@@ -71,12 +71,7 @@ static void list_hf_names(glm_ckpt *c) {
         const char *s = raw_name(c, i);
         if (glm_hf_orig_name(s, orig, sizeof orig, &part)) { c->names[c->n_names++] = glm_strdup(s); continue; }
         int seen = 0; /* q, k, v's parts name one tensor (an adapter may have some of them) */
-        for (int k = 0; part && k < c->n_names && !seen; k++) seen = !strcmp(c->names[k], orig);
-        for (int k = i + 1; part && k < n && !seen; k++) { /* listed where its q part is, if it has one */
-            char o2[GLM_HF_NAME];
-            int p2;
-            seen = !glm_hf_orig_name(raw_name(c, k), o2, sizeof o2, &p2) && p2 < part && !strcmp(o2, orig);
-        }
+        for (int k = c->n_names - 1; k >= 0 && !seen; k--) seen = !strcmp(c->names[k], orig);
         if (!seen) c->names[c->n_names++] = glm_strdup(orig);
     }
 }
@@ -224,6 +219,39 @@ int glm_ckpt_read_raw_at(glm_ckpt *c, const char *name, st_dtype dtype, void *ds
     }
     if (bytes) return glm_fail(err, "%s: tensor %s is shorter than the bytes asked for", c->path, name);
     return 0;
+}
+
+int glm_ckpt_read_qkv_lora(glm_ckpt *c, const char *name, int b_side, const glm_config *cfg, int r, int64_t cols,
+                           float *dst, glm_err *err) {
+    int64_t total = b_side ? glm_qkv_width(cfg) : 3 * (int64_t)r, sh[ST_MAX_DIMS];
+    int nd;
+    if (raw_info(c, name, NULL, &nd, sh) == 0) {
+        if (!b_side && nd == 2 && sh[0] == r) { /* THUDM's one adapter: its A for each of the three */
+            int64_t one[2] = {r, cols};
+            size_t n = (size_t)r * (size_t)cols;
+            if (raw_read_f32(c, name, dst, 2, one, err)) return -1;
+            memcpy(dst + n, dst, n * sizeof(float));
+            memcpy(dst + 2 * n, dst, n * sizeof(float));
+            return 1;
+        }
+        int64_t want[2] = {total, b_side ? r : cols};
+        return raw_read_f32(c, name, dst, 2, want, err) ? -1 : 1;
+    }
+    char hf[3][GLM_HF_NAME];
+    if (glm_hf_names(name, hf) != 3) return 0;
+    int any = 0;
+    int64_t row0 = 0, w = b_side ? r : cols;
+    for (int k = 0; k < 3; k++) {
+        int64_t rows = b_side ? glm_hf_part_rows(cfg, k) : r, part[2] = {rows, w};
+        if (raw_info(c, hf[k], NULL, NULL, NULL) == 0) {
+            if (raw_read_f32(c, hf[k], dst + row0 * w, 2, part, err)) return -1;
+            any = 1;
+        } else {
+            memset(dst + row0 * w, 0, (size_t)(rows * w) * sizeof(float));
+        }
+        row0 += rows;
+    }
+    return any;
 }
 
 int glm_ckpt_quantized_type(const glm_ckpt *c, const char *name, int64_t OC, int64_t C) {

@@ -48,6 +48,14 @@ int glm_ckpt_read_quantized(glm_ckpt *c, const char *name, int q, int64_t OC, in
 /* Table row t's values as float: read and converted, or a THUDM-quantized weight (int8 `name` +
  * fp16 `name`_scale) dequantized (the values the model computes with). */
 int glm_ckpt_read_values(glm_ckpt *c, const char *name, const glm_tensor *t, float *dst, glm_err *err);
+/* query_key_value's LoRA A (b_side 0) or B (1), `name` in THUDM's terms, as transformers'
+ * layout's three adapters stacked (config.h glm_lora_split: A [3 r, cols], B [qkv width, r]) into
+ * dst, whichever way the file holds it: stacked under that name, peft's q_proj / k_proj / v_proj
+ * (some of them: the others' rows zero, no adapter there), or THUDM's one adapter (A [r, cols]:
+ * each of q, k, v gets it, which is the same product). 1 when read, 0 when the file holds none of
+ * it, -1 on an error. */
+int glm_ckpt_read_qkv_lora(glm_ckpt *c, const char *name, int b_side, const glm_config *cfg, int r, int64_t cols,
+                           float *dst, glm_err *err);
 /* The bytes of a tensor stored as `dtype` (bytes must be its size): int8 quantized weights. */
 int glm_ckpt_read_raw(glm_ckpt *c, const char *name, st_dtype dtype, void *dst, size_t bytes, glm_err *err);
 /* Whether `name`'s bytes can be read in parts (safetensors: always; .bin: unless stored as a

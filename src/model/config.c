@@ -79,6 +79,17 @@ int glm_config_validate(const glm_config *c, const char *src, glm_err *err) {
     return 0;
 }
 
+/* eos_token_id: a number, or GLM-4's list, whose first is the tokenizer's eos and the rest chat
+ * stops; *out keeps its value when absent. */
+static int get_eos(const cJSON *o, int32_t *out, const char *src, glm_err *err) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
+    if (cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(e, 0))) {
+        *out = cJSON_GetArrayItem(e, 0)->valueint;
+        return 0;
+    }
+    return get_int(o, "eos_token_id", 0, out, src, err);
+}
+
 /* A boolean field: *out keeps its value when absent. */
 static int get_bool(const cJSON *o, const char *key, int *out, const char *src, glm_err *err) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -129,11 +140,7 @@ static int parse_glm2(glm_config *c, const cJSON *o, const char *src, glm_err *e
     if (!rc) rc |= get_int(o, "kv_channels", 0, &kvc, src, err);
     if (!rc) rc |= get_int(o, "multi_query_group_num", 0, &groups, src, err);
     if (!rc) rc |= get_int(o, "seq_length", 0, &seq, src, err);
-    /* GLM-4 lists several end ids: the first is the tokenizer's eos, the rest are chat stops */
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
-    if (!rc && cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(e, 0)))
-        eos = cJSON_GetArrayItem(e, 0)->valueint;
-    else if (!rc) rc |= get_int(o, "eos_token_id", 0, &eos, src, err);
+    if (!rc) rc |= get_eos(o, &eos, src, err);
     if (!rc) rc |= get_int(o, "pad_token_id", 0, &pad, src, err);
     if (!rc) rc |= get_bool(o, "multi_query_attention", &mqa, src, err);
     if (!rc) rc |= get_bool(o, "rmsnorm", &rms, src, err);
@@ -189,10 +196,7 @@ static int parse_glm_hf(glm_config *c, const cJSON *o, const char *src, glm_err 
     if (!rc) rc |= get_int(o, "num_key_value_heads", 0, &kv, src, err);
     if (!rc) rc |= get_int(o, "head_dim", 0, &hd, src, err);
     if (!rc) rc |= get_int(o, "max_position_embeddings", 0, &seq, src, err);
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id"); /* a list: the first ends text */
-    if (!rc && cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(e, 0)))
-        eos = cJSON_GetArrayItem(e, 0)->valueint;
-    else if (!rc) rc |= get_int(o, "eos_token_id", 0, &eos, src, err);
+    if (!rc) rc |= get_eos(o, &eos, src, err);
     if (!rc) rc |= get_int(o, "pad_token_id", 0, &pad, src, err);
     if (!rc) rc |= get_bool(o, "attention_bias", &bias, src, err);
     if (!rc) rc |= get_bool(o, "tie_word_embeddings", &tie, src, err);

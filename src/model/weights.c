@@ -201,18 +201,7 @@ static int load_one(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, c
         return 0;
     }
     float *buf = buf_at_least(b, 0, t->numel * sizeof(float));
-    if (t->kind == T_QKV_LA && glm_lora_split(&m->cfg, 0) == 3 && nd == 2 && shape[0] * 3 == t->shape[0] &&
-        shape[1] == t->shape[1]) {
-        /* THUDM's one adapter on query_key_value, on transformers' layout's three: each of q, k, v
-         * gets its A (and its rows of B), which is the same product */
-        int64_t one[2] = {shape[0], shape[1]};
-        size_t n = (size_t)(shape[0] * shape[1]);
-        if (glm_ckpt_read_f32(c, src_name, buf, 2, one, err)) return -1;
-        memcpy(buf + n, buf, n * sizeof(float));
-        memcpy(buf + 2 * n, buf, n * sizeof(float));
-    } else if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) {
-        return -1;
-    }
+    if (glm_ckpt_read_f32(c, src_name, buf, t->ndim, t->shape, err)) return -1;
     for (size_t j = 0; j < t->numel; j++)
         if (!isfinite(buf[j])) return fail_nonfinite(c, src_name, isnan(buf[j]) ? "NaN" : "inf", j, err);
     if (merge && glm_merge_apply(g, t->name, t, buf, err)) return -1;
@@ -260,29 +249,17 @@ static int check_tied_copy(glm_ckpt *c, const char *wte, const char *head, const
     return 0;
 }
 
-/* q, k and v's adapters of transformers' GLM layout read part by part (src: the row's name in
- * THUDM's terms): each part that the file holds into its rows, zeros for the others (no adapter
- * there, as an adapter of q_proj and v_proj alone has). 1 when the file holds any, 0 when none,
- * -1 on an error. */
-static int load_qkv_parts(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src, load_bufs *b,
-                          glm_err *err) {
-    char hf[3][GLM_HF_NAME];
-    if (glm_hf_names(src, hf) != 3) return 0;
+/* q, k and v's adapters of transformers' GLM layout (config.h glm_lora_split), however the file
+ * holds them (glm_ckpt_read_qkv_lora): 1 when read and uploaded, 0 when the file has none, -1. */
+static int load_qkv_lora(glm_model *m, glm_ckpt *c, const glm_tensor *t, void *dst, const char *src, load_bufs *b,
+                         glm_err *err) {
     float *buf = buf_at_least(b, 0, t->numel * sizeof(float));
-    int64_t cols = t->shape[1], row0 = 0;
-    int any = 0;
-    for (int k = 0; k < 3; k++) {
-        int64_t rows = t->kind == T_QKV_LA ? t->shape[0] / 3 : glm_hf_part_rows(&m->cfg, k), sh[2] = {rows, cols};
-        if (glm_ckpt_info(c, hf[k], NULL, NULL, NULL) == 0) {
-            if (glm_ckpt_read_f32(c, hf[k], buf + row0 * cols, 2, sh, err)) return -1;
-            any = 1;
-        } else {
-            memset(buf + row0 * cols, 0, (size_t)(rows * cols) * sizeof(float));
-        }
-        row0 += rows;
-    }
-    if (any) glm_model_row_upload(m, t, dst, buf);
-    return any;
+    int got = glm_ckpt_read_qkv_lora(c, src, t->kind == T_QKV_LB, &m->cfg, m->cfg.peft.lora_rank, t->shape[1], buf, err);
+    if (got < 0) return glm_hint(err, "the adapter was made for another base model or another rank r (see its adapter_config.json)");
+    for (size_t j = 0; got && j < t->numel; j++)
+        if (!isfinite(buf[j])) return fail_nonfinite(c, src, isnan(buf[j]) ? "NaN" : "inf", j, err);
+    if (got) glm_model_row_upload(m, t, dst, buf);
+    return got;
 }
 
 /* Loads rows [r0, r1) of glm_model_row's order from path, each under prefix + its name: the
@@ -312,11 +289,10 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
             snprintf(alt, sizeof alt, "%s.weight", name);
             if (glm_ckpt_info(&c, alt, NULL, NULL, NULL) == 0) src = alt;
         }
-        if ((t->kind == T_QKV_LA || t->kind == T_QKV_LB) && glm_lora_split(&m->cfg, 0) > 1 &&
-            glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0) { /* some of q_proj, k_proj, v_proj */
-            int got = load_qkv_parts(m, &c, t, dst, src, &bufs, err);
+        if ((t->kind == T_QKV_LA || t->kind == T_QKV_LB) && glm_lora_split(&m->cfg, 0) > 1) {
+            int got = load_qkv_lora(m, &c, t, dst, src, &bufs, err);
             if (got < 0) { rc = -1; break; }
-            if (got) continue;
+            if (got) continue; /* else missing: said below */
         }
         if (glm_ckpt_info(&c, src, NULL, NULL, NULL) != 0) {
             rc = glm_fail(err, "%s: tensor %s is missing (%s checkpoint)", path, src, glm_ckpt_format(&c));
@@ -334,9 +310,6 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
         int64_t shape[ST_MAX_DIMS];
         glm_ckpt_info(&c, src, NULL, &nd, shape);
         int mismatch = nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1]);
-        if (t->kind == T_QKV_LA && glm_lora_split(&m->cfg, 0) == 3 && nd == 2 && shape[0] * 3 == t->shape[0] &&
-            shape[1] == t->shape[1])
-            mismatch = 0; /* THUDM's one adapter on query_key_value: load_one gives q, k and v its A */
         if ((is_adapter(t) || (whole && adapters)) && mismatch) {
             rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, src,
                           (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)t->shape[0], (long long)t->shape[1]);
