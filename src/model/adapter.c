@@ -60,20 +60,27 @@ static char *config_json(const glm_model *m, const glm_peft *p) {
         cJSON *ms = cJSON_AddArrayToObject(o, "modules_to_save");
         char name[64];
         for (int bit = 1; bit <= GLM_EXTRA_HEAD; bit <<= 1)
-            if (p->extra_modules & bit) /* transformers' GLM layout: its module names */
-                cJSON_AddItemToArray(ms, cJSON_CreateString(!m->cfg.hf_layout ? glm_extra_module_name(&m->cfg, bit, name, sizeof name)
-                                                            : bit == GLM_EXTRA_EMB ? "embed_tokens" : bit == GLM_EXTRA_LNF ? "norm"
-                                                                                                         : "lm_head"));
+            if (p->extra_modules & bit) {
+                const char *nm = glm_extra_module_name(&m->cfg, bit, name, sizeof name);
+                char hf[64]; /* transformers' GLM layout: its module names */
+                cJSON_AddItemToArray(ms, cJSON_CreateString(m->cfg.hf_layout && !glm_hf_module_name(nm, hf, sizeof hf) ? hf : nm));
+            }
     }
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", p->lora_rank);
     cJSON_AddNullToObject(o, "revision");
     cJSON *tm = cJSON_AddArrayToObject(o, "target_modules");
-    static const char *const hf_modules[4][3] = {{"q_proj", "k_proj", "v_proj"}, {"o_proj"}, {"gate_up_proj"}, {"down_proj"}};
-    for (int i = 0; i < 4; i++)
-        for (int k = 0; k < 3 && (p->lora_targets >> i & 1); k++) /* transformers' GLM layout: its module names */
-            if (!m->cfg.hf_layout ? k == 0 : hf_modules[i][k] != NULL && (i || !p->lora_qkv_parts || (p->lora_qkv_parts >> k & 1)))
-                cJSON_AddItemToArray(tm, cJSON_CreateString(m->cfg.hf_layout ? hf_modules[i][k] : glm_lora_target_name(1 << i)));
+    for (int i = 0; i < 4; i++) {
+        if (!(p->lora_targets >> i & 1)) continue;
+        if (!m->cfg.hf_layout) {
+            cJSON_AddItemToArray(tm, cJSON_CreateString(glm_lora_target_name(1 << i)));
+            continue;
+        }
+        const char *hf[3]; /* transformers' GLM layout: its module names, q, k, v those with adapters */
+        int nh = glm_hf_short_names(m->fam->modules[i], hf);
+        for (int k = 0; k < nh; k++)
+            if (nh == 1 || !p->lora_qkv_parts || (p->lora_qkv_parts >> k & 1)) cJSON_AddItemToArray(tm, cJSON_CreateString(hf[k]));
+    }
     cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
     if (p->use_rslora) cJSON_AddBoolToObject(o, "use_rslora", 1);
     if (p->use_dora) cJSON_AddBoolToObject(o, "use_dora", 1); /* peft 0.9 and later read it */

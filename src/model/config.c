@@ -484,7 +484,8 @@ int glm_lora_targets_parse_layout(const char *list, int hf_layout, int *bits, in
         for (int i = 0; i < 4 && !bit; i++)
             if (strlen(lora_names[i]) == n && strncmp(p, lora_names[i], n) == 0) bit = 1 << i;
         whole |= bit & GLM_LORA_QKV;
-        const char *orig = bit || !n ? "" : glm_hf_module_orig(p, n); /* transformers' GLM layout's names */
+        char orig[64] = ""; /* transformers' GLM layout's names */
+        if (!bit && n) glm_hf_module_orig(p, n, orig, sizeof orig);
         for (int i = 0; i < 4 && *orig && !bit; i++)
             if (!strcmp(orig, lora_names[i])) bit = 1 << i;
         if (bit && *orig) {

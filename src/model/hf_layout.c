@@ -124,11 +124,45 @@ int64_t glm_hf_part_rows(const glm_config *c, int part) {
     return (int64_t)(part == 0 ? c->num_attention_heads : glm_kv_heads(c)) * glm_head_dim(c);
 }
 
-const char *glm_hf_module_orig(const char *m, size_t len) {
-    static const struct { const char *hf, *orig; } map[] = {
-        {"q_proj", "query_key_value"}, {"k_proj", "query_key_value"}, {"v_proj", "query_key_value"},
-        {"o_proj", "dense"}, {"gate_up_proj", "dense_h_to_4h"}, {"down_proj", "dense_4h_to_h"}};
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-        if (strlen(map[i].hf) == len && strncmp(m, map[i].hf, len) == 0) return map[i].orig;
-    return "";
+/* The part of path s after `skip` dots, to the next dot or the end: its start and length. */
+static const char *path_part(const char *s, int skip, size_t *len) {
+    for (int i = 0; i < skip && s; i++) s = strchr(s, '.') ? strchr(s, '.') + 1 : NULL;
+    if (!s) return NULL;
+    *len = strcspn(s, ".");
+    return s;
+}
+static int dots(const char *s) { int d = 0; for (; *s; s++) d += *s == '.'; return d; }
+
+/* One part of a module's name, in the layout it is given in (to_orig: -hf's) as the other's. */
+static int module_part(const char *m, size_t len, int to_orig, char *out, size_t n) {
+    for (int i = 0; i < N_OUT + N_IN; i++) {
+        const char *orig = i < N_OUT ? kOutside[i].orig : kInLayer[i - N_OUT].orig;
+        const char *const *hf = i < N_OUT ? kOutside[i].hf : kInLayer[i - N_OUT].hf;
+        for (int p = 0; p < 3 && hf[p]; p++)
+            for (int first = 0; first < 2; first++) {
+                /* the last parts of the two paths; and a layer module's first parts (self_attn, mlp) */
+                if (first && !(i >= N_OUT && dots(hf[p]) == 1 && dots(orig) == 1)) continue;
+                size_t hl = 0, ol = 0;
+                const char *h = path_part(hf[p], first ? 0 : dots(hf[p]), &hl), *o = path_part(orig, first ? 0 : dots(orig), &ol);
+                const char *from = to_orig ? h : o, *to = to_orig ? o : h;
+                if ((to_orig ? hl : ol) == len && !strncmp(from, m, len)) {
+                    snprintf(out, n, "%.*s", (int)(to_orig ? ol : hl), to);
+                    return 0;
+                }
+            }
+    }
+    return -1;
+}
+
+int glm_hf_module_orig(const char *m, size_t len, char *out, size_t n) { return module_part(m, len, 1, out, n); }
+int glm_hf_module_name(const char *orig, char *out, size_t n) { return module_part(orig, strlen(orig), 0, out, n); }
+
+int glm_hf_short_names(const char *orig_module, const char *out[3]) {
+    for (int i = 0; i < N_IN; i++) {
+        if (strcmp(kInLayer[i].orig, orig_module)) continue;
+        int n = 0;
+        for (int p = 0; p < 3 && kInLayer[i].hf[p]; p++) out[n++] = strrchr(kInLayer[i].hf[p], '.') + 1;
+        return n;
+    }
+    return 0;
 }

@@ -42,8 +42,15 @@ int64_t glm_hf_part_rows(const glm_config *c, int part);
 struct glm_tensor;
 int glm_hf_row_parts(const glm_config *c, const struct glm_tensor *t, const char *name, char names[3][GLM_HF_NAME],
                      int64_t row0[3], int64_t rows[3]);
-/* A LoRA target in -hf terms (q_proj, k_proj, v_proj, o_proj, gate_up_proj, down_proj) as the
- * original module name it stands for ("" for an unknown one). */
-const char *glm_hf_module_orig(const char *hf_module, size_t len);
+/* A module's short name in -hf terms (hf_module[0..len): the last part of a module's path, q_proj,
+ * o_proj, embed_tokens, lm_head..., or the first of a layer's, self_attn, mlp) as the original's
+ * same part (query_key_value, dense, word_embeddings, output_layer, self_attention...), into
+ * out[n]; 0, or -1 for a name the layout does not have. From the one table of names above. */
+int glm_hf_module_orig(const char *hf_module, size_t len, char *out, size_t n);
+/* The other way: an original module's part (word_embeddings, final_layernorm) as -hf's. */
+int glm_hf_module_name(const char *orig_module, char *out, size_t n);
+/* The -hf short names of an original module path ("self_attention.query_key_value" -> q_proj,
+ * k_proj, v_proj; "mlp.dense_4h_to_h" -> down_proj) into out: their count, 0 for none. */
+int glm_hf_short_names(const char *orig_module, const char *out[3]);
 
 #endif

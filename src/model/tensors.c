@@ -1,4 +1,5 @@
 #include "model/tensors.h"
+#include "model/hf_layout.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,12 +160,8 @@ int glm_modules_parse(const glm_config *c, const char *flag, const char *list, i
         while (n && p[n - 1] == ' ') n--;
         int bit = 0;
         if (!outside && n == 3 && !strncmp(p, "all", 3)) bit = glm_modules_all(c);
-        /* transformers' GLM layout names these modules its own way (model/hf_layout.h) */
-        static const struct { const char *hf, *orig; } alias[] = {
-            {"self_attn", "self_attention"}, {"embed_tokens", "word_embeddings"}, {"norm", "final_layernorm"},
-            {"lm_head", "output_layer"}};
-        for (size_t a = 0; c->hf_layout && a < sizeof alias / sizeof alias[0]; a++)
-            if (strlen(alias[a].hf) == n && !strncmp(p, alias[a].hf, n)) { p = alias[a].orig; n = strlen(p); break; }
+        char orig[64]; /* transformers' GLM layout names these modules its own way (model/hf_layout.h) */
+        if (c->hf_layout && !bit && n && glm_hf_module_orig(p, n, orig, sizeof orig) == 0) { p = orig; n = strlen(p); }
         for (int i = 0; i < (outside ? 3 : GLM_LAYER_KINDS) && !bit && n; i++) {
             const char *s = outside ? extra_row(c, 1 << i) : fam->layer_row[i];
             size_t len;
