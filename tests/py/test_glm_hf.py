@@ -368,6 +368,21 @@ def peft_case(torch, pm, folder, ids, labels, drop=0.0):
     return loss, {peft_name(n_)[len("base_model.model."):]: p_.grad for n_, p_ in pm.named_parameters() if "lora_" in n_}
 
 
+def lora_vs_driver(name, mdir, bpath, out, args, loss, ref, n_rows):
+    """tool_model_driver with an adapter (args) against the reference's loss and adapter gradients
+    (ref: THUDM's names, n_rows of them), each within 1e-5."""
+    p = subprocess.run([DRIVER, "--model", mdir, "--batch", bpath, "--out", out] + args, capture_output=True, text=True,
+                       timeout=300)
+    if p.returncode != 0:
+        return report(name, False, (p.stdout + p.stderr)[-400:])
+    from safetensors.torch import load_file
+    got = load_file(out)
+    worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
+    lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
+    report(name, lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == n_rows,
+           "loss rel %.2g; worst %s rel %.2g; %d adapter rows" % (lerr, worst[1], worst[0], len(ref)))
+
+
 def check_lora(torch, GlmConfig, GlmForCausalLM, d):
     sys.path.insert(1, PEFT_DIR)
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -385,17 +400,8 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
         extra = ["--finetuning_type", "lora", "--lora_target", ",".join(mods), "--lora_rank", "4", "--lora_alpha", "12",
                  "--adapter", ad] + (["--use_rslora"] if rslora else []) + (
                  ["--lora_dropout", str(drop), "--dropout_seed", "1234"] if drop else [])
-        p = subprocess.run([DRIVER, "--model", base, "--batch", bpath, "--out", os.path.join(d, "lout.safetensors")] + extra,
-                           capture_output=True, text=True, timeout=300)
-        if p.returncode != 0:
-            report("glm_hf_lora_grads_equal_peft_rslora_%d_dropout_%g" % (rslora, drop), False, (p.stdout + p.stderr)[-400:])
-            continue
-        from safetensors.torch import load_file
-        got = load_file(os.path.join(d, "lout.safetensors"))
-        worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
-        lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
-        report("glm_hf_lora_grads_equal_peft_rslora_%d_dropout_%g" % (rslora, drop), lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == 16,
-               "loss rel %.2g; worst %s rel %.2g; %d adapter rows" % (lerr, worst[1], worst[0], len(ref)))
+        lora_vs_driver("glm_hf_lora_grads_equal_peft_rslora_%d_dropout_%g" % (rslora, drop), base, bpath,
+                       os.path.join(d, "lout.safetensors"), extra, loss, ref, 16)
     # q_proj and v_proj alone (LLaMA-Factory's common choice): k's rows stay zero, which is no adapter
     pm = get_peft_model(tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 11),
                         LoraConfig(r=4, lora_alpha=12, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0))
@@ -405,16 +411,9 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
         for ab, shape in (("A", (4, 32)), ("B", (16, 4))):
             ref["model.layers.%d.self_attn.k_proj.lora_%s.weight" % (l, ab)] = torch.zeros(*shape)
     ref = stacked(ref)
-    p = subprocess.run([DRIVER, "--model", base, "--batch", bpath, "--out", os.path.join(d, "qvout.safetensors"),
-                        "--finetuning_type", "lora", "--lora_target", "q_proj,v_proj,down_proj", "--lora_rank", "4",
-                        "--lora_alpha", "12", "--adapter", qv], capture_output=True, text=True, timeout=300)
-    ok = p.returncode == 0
-    if ok:
-        got = load_file(os.path.join(d, "qvout.safetensors"))
-        worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
-        lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
-    report("glm_hf_lora_q_v_alone_equal_peft", ok and lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == 8,
-           (p.stdout + p.stderr)[-300:] if not ok else "loss rel %.2g; worst %s rel %.2g" % (lerr, worst[1], worst[0]))
+    lora_vs_driver("glm_hf_lora_q_v_alone_equal_peft", base, bpath, os.path.join(d, "qvout.safetensors"),
+                   ["--finetuning_type", "lora", "--lora_target", "q_proj,v_proj,down_proj", "--lora_rank", "4",
+                    "--lora_alpha", "12", "--adapter", qv], loss, ref, 8)
     # THUDM's one adapter on query_key_value on this layout: q, k, v each get its A, the same model
     from safetensors.torch import save_file
     odir, fused = save_thudm(m, os.path.join(d, "lorig"), {}), os.path.join(d, "fused")
@@ -598,17 +597,9 @@ def check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
     ad = os.path.join(d, "p0414")
     loss, ref = peft_case(torch, pm, ad, ids, labels)
     ref = stacked(ref)
-    p = subprocess.run([DRIVER, "--model", mdir, "--batch", bpath, "--out", os.path.join(d, "l0414.safetensors"),
-                        "--finetuning_type", "lora", "--lora_target", ",".join(mods), "--lora_rank", "4", "--lora_alpha", "8",
-                        "--adapter", ad], capture_output=True, text=True, timeout=300)
-    ok = p.returncode == 0
-    if ok:
-        from safetensors.torch import load_file
-        got = load_file(os.path.join(d, "l0414.safetensors"))
-        worst = max((rel(got["grad/" + k], v), k) for k, v in ref.items())
-        lerr = abs(got["loss"].item() - loss.item()) / abs(loss.item())
-    report("glm4_0414_lora_grads_equal_peft", ok and lerr <= 1e-5 and worst[0] <= 1e-5 and len(ref) == 16,
-           (p.stdout + p.stderr)[-300:] if not ok else "loss rel %.2g; worst %s rel %.2g" % (lerr, worst[1], worst[0]))
+    lora_vs_driver("glm4_0414_lora_grads_equal_peft", mdir, bpath, os.path.join(d, "l0414.safetensors"),
+                   ["--finetuning_type", "lora", "--lora_target", ",".join(mods), "--lora_rank", "4", "--lora_alpha", "8",
+                    "--adapter", ad], loss, ref, 16)
     # training from a GLM-4-0414 folder with the tokenizer.json: its names and config saved
     vocab = (n + len(SPECIALS) + 63) // 64 * 64
     sid = {s_: n + i for i, s_ in enumerate(SPECIALS)}
