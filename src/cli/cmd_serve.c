@@ -40,7 +40,8 @@ static const glm_flag serve_flags[] = {
     SV_G(quantization_bit, ARG_INT, "0", "4 or 8: quantize the linear weights as they load (THUDM's INT4/INT8); 0 = as stored"),
     {"quantization_type", ARG_STR, offsetof(serve_args, gen.quantization_type), "int", "int: THUDM's per-row INT8/INT4; nf4: QLoRA's NormalFloat4", "int|nf4", NULL},
     SV_G(adapter_name_or_path, ARG_STR, NULL, "a LoRA adapter served as the model itself, the base with it (LLaMA-Factory's API): requests naming --served_model_name or no model get it"),
-    SV_G(template, ARG_STR, NULL, "LLaMA-Factory's: checked against the tokenizer, whose own prompt format is used"),
+    SV_G(template, ARG_STR, NULL, "LLaMA-Factory's: checked against the tokenizer, whose own prompt format is used; glmz1: GLM-Z1's thoughts (assistant messages go in without them)"),
+    SV_G(enable_thinking, ARG_BOOL, "true", "--template glmz1: false ends prompts with the empty thought (a request's chat_template_kwargs.enable_thinking decides for itself)"),
     SV_G(finetuning_type, ARG_STR, NULL, "LLaMA-Factory's: lora (with --adapter_name_or_path), full or freeze"),
     SV_G(infer_backend, ARG_STR, NULL, "LLaMA-Factory's: huggingface (glmtrain's own engine serves either way)"),
     SV_G(ptuning_checkpoint, ARG_STR, NULL, "a P-Tuning v2 checkpoint on top of the model, served as the model (THUDM's ptuning output or --finetuning_type ptuning; no --adapter then)"),
@@ -232,6 +233,8 @@ int glm_cmd_serve(int argc, char **argv) {
         o.api_key = a.api_key && a.api_key[0] ? a.api_key : envkey && envkey[0] ? envkey : NULL;
         o.defaults.model_max_length = Tmax;
         o.debug = a.gen.debug;
+        o.reasoning = s.reasoning;
+        o.disable_thinking = s.disable_thinking;
         rc = srv_server_start(&S, &o, &e, s.tok, gen_config(&s), &tok_mu, &err);
         server_ok = rc == 0;
     }

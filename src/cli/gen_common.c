@@ -11,6 +11,7 @@
 #include "core/hub.h"
 #include "model/adapter.h"
 #include "data/dataset_info.h"
+#include "data/thought.h"
 #include "parallel/pipe_infer.h"
 #include "ckpt/checkpoint.h"
 
@@ -160,6 +161,8 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
     if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");
     if (a->template && glm_lf_template_check(a->template, glm_layout_of(s->tok), err)) return -1;
+    s->reasoning = a->template && !strcmp(a->template, "glmz1");
+    s->disable_thinking = s->reasoning && !a->enable_thinking;
     if (glm_tokenizer_vocab_size(s->tok) > s->cfg.vocab_size) {
         glm_fail(err, "tokenizer %s has %d pieces but the model's vocab_size is %d", tp, glm_tokenizer_vocab_size(s->tok),
                  s->cfg.vocab_size);
@@ -264,4 +267,13 @@ void gen_stream_token(void *ctx, int row, int32_t id) {
     if (!t->show) return;
     const char *d = glm_streamer_push(&t->st, id);
     if (d[0]) { fputs(d, stdout); fflush(stdout); }
+}
+
+int gen_thought_prompt(const gen_session *s, glm_ids *in, glm_err *err) {
+    return s->disable_thinking ? glm_tokenizer_encode_ex(s->tok, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY),
+                                                         GLM_TOK_ENCODE_SPECIAL, in, err) : 0;
+}
+
+char *gen_history_answer(const gen_session *s, const char *answer) {
+    return s->reasoning ? glm_thought_remove(answer) : glm_strdup(answer);
 }

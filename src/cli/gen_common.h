@@ -17,7 +17,7 @@ typedef struct gen_args {
      * adapter itself (serve's model adapter of a list); NULL for none */
     const char *merge_into_base;
     char *model_revision; /* the Hugging Face cache's revision of a model named by repository (core/hub.h) */
-    int quantization_bit;
+    int quantization_bit, enable_thinking;
     int do_sample, max_length, max_new_tokens, top_k, seed, debug, pipeline_parallel_size;
     double top_p, temperature, repetition_penalty;
     /* generate */
@@ -36,7 +36,8 @@ typedef struct gen_args {
     GEN_F(adapter, ARG_STR, NULL, "LoRA adapter folder or P-Tuning v2 checkpoint on top of the model (glmtrain --finetuning_type lora|ptuning, peft's save_pretrained, THUDM's ptuning output)"), \
     GEN_F(ptuning_checkpoint, ARG_STR, NULL, "a P-Tuning v2 checkpoint on top of the model (THUDM's flag name; as --adapter)"), \
     GEN_F(adapter_name_or_path, ARG_STR, NULL, "LLaMA-Factory's name for --adapter"), \
-    GEN_F(template, ARG_STR, NULL, "LLaMA-Factory's: checked against the tokenizer (chatglm, chatglm2, chatglm3, glm4), whose own prompt format is used"), \
+    GEN_F(template, ARG_STR, NULL, "LLaMA-Factory's: checked against the tokenizer (chatglm, chatglm2, chatglm3, glm4), whose own prompt format is used; glmz1: GLM-Z1's thoughts (earlier answers sent back without them)"), \
+    GEN_F(enable_thinking, ARG_BOOL, "true", "--template glmz1: false ends the prompt with the empty thought, so the model answers without thinking"), \
     GEN_F(finetuning_type, ARG_STR, NULL, "LLaMA-Factory's: lora or freeze/full (the adapter's folder decides, as --adapter)"), \
     GEN_F(infer_backend, ARG_STR, NULL, "LLaMA-Factory's: huggingface (glmtrain's own engine runs either way)"), \
     {"infer_dtype", ARG_STR, offsetof(gen_args, infer_dtype), NULL, "LLaMA-Factory's name for --dtype", "auto|float32|float16|bfloat16", NULL}, \
@@ -75,6 +76,9 @@ typedef struct gen_session {
     /* gen_adapter's list split (LLaMA-Factory's --adapter_name_or_path a,b): the adapters merged
      * into the base as it loads, and the one loaded beside it ("" for none) */
     char merged[4096], adapter[4096];
+    /* --template glmz1 (data/thought.h): earlier answers go back without their thoughts; with
+     * --enable_thinking false the prompt ends in the empty thought */
+    int reasoning, disable_thinking;
 } gen_session;
 
 /* Parses flags (prints usage and returns 1 for --help; -1 on error). */
@@ -91,6 +95,10 @@ void gen_close(gen_session *s);
 /* The model generation runs on: the single model or the split one. */
 glm_lm gen_lm(gen_session *s);
 const glm_config *gen_config(const gen_session *s);
+/* A chat prompt's end: the empty thought when thinking is off (gen_session.disable_thinking). */
+int gen_thought_prompt(const gen_session *s, glm_ids *in, glm_err *err);
+/* An answer as it goes back into the history: without its thoughts under glmz1 (caller frees). */
+char *gen_history_answer(const gen_session *s, const char *answer);
 /* "a\nb" -> "a\\nb" for one-line debug output (caller frees). */
 char *gen_escape(const char *s);
 

@@ -65,7 +65,8 @@ static uint64_t settings_hash(const glm_data_cfg *c, const glm_encoder *e) {
     const glm_example_cfg *x = &c->example;
     int64_t nums[] = {CACHE_VERSION, r->schema, r->container, r->skip_bad_samples, x->max_source_length,
                       x->max_target_length, x->rounds, x->train_on_prompt, e->gmask, e->sop, e->eop, e->pad, e->mask,
-                      e->layout, e->eos, e->role[0], e->role[1], e->role[2], e->role[3], x->conv_labels, r->max_records, x->cutoff_len, x->mask_history};
+                      e->layout, e->eos, e->role[0], e->role[1], e->role[2], e->role[3], x->conv_labels, r->max_records, x->cutoff_len, x->mask_history,
+                      x->reasoning, x->disable_thinking};
     uint64_t h = glm_xxh64(nums, sizeof nums, (uint64_t)e->fingerprint);
     const char *strs[] = {r->columns.prompt, r->columns.response, r->columns.history, r->columns.input,
                           r->columns.system, x->source_prefix, x->prompt_template, x->history_template, x->default_system};

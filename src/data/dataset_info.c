@@ -149,13 +149,14 @@ int glm_dataset_info_sources(const char *dir, const char *names, glm_data_source
 
 int glm_lf_template_check(const char *name, glm_layout layout, glm_err *err) {
     static const struct { const char *name; glm_layout layout; } t[] = {
-        {"chatglm", GLM_LAYOUT_GLM}, {"chatglm2", GLM_LAYOUT_GLM2}, {"chatglm3", GLM_LAYOUT_GLM3}, {"glm4", GLM_LAYOUT_GLM4}};
+        {"chatglm", GLM_LAYOUT_GLM}, {"chatglm2", GLM_LAYOUT_GLM2}, {"chatglm3", GLM_LAYOUT_GLM3}, {"glm4", GLM_LAYOUT_GLM4},
+        {"glmz1", GLM_LAYOUT_GLM4}}; /* GLM-Z1: GLM-4's turns with thoughts (examples.h reasoning) */
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
         if (strcmp(name, t[i].name)) continue;
         if (t[i].layout == layout) return 0;
         glm_fail(err, "--template %s, but the tokenizer is %s's", name, glm_layout_name(layout));
         return glm_hint(err, "glmtrain builds the examples the tokenizer's model was trained with: drop --template or use that model's tokenizer");
     }
-    glm_fail(err, "--template %s: glmtrain builds ChatGLM's own formats (chatglm, chatglm2, chatglm3, glm4), picked by the tokenizer", name);
+    glm_fail(err, "--template %s: glmtrain builds ChatGLM's own formats (chatglm, chatglm2, chatglm3, glm4, glmz1), picked by the tokenizer", name);
     return glm_hint(err, "drop --template: the tokenizer (%s) decides", glm_layout_name(layout));
 }

@@ -11,6 +11,10 @@ static int tok_encode(void *ctx, const char *text, size_t len, glm_ids *out, glm
     return glm_tokenizer_encode((const glm_tokenizer *)ctx, text, len, out, err);
 }
 
+static int tok_encode_special(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err) {
+    return glm_tokenizer_encode_ex((const glm_tokenizer *)ctx, text, len, GLM_TOK_ENCODE_SPECIAL, out, err);
+}
+
 static int tok_encode_sp(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err) {
     return glm_tokenizer_encode_ex((const glm_tokenizer *)ctx, text, len, GLM_TOK_SPM_ONLY, out, err);
 }
@@ -53,6 +57,7 @@ int glm_encoder_from_tokenizer(glm_encoder *e, const glm_tokenizer *t, const cha
     int32_t roles[4] = {r.system, r.user, r.assistant, r.observation};
     memcpy(e->role, roles, sizeof roles);
     e->encode_sp = e->layout == GLM_LAYOUT_GLM4 ? tok_encode : tok_encode_sp; /* GLM-4 has no SentencePiece layer */
+    if (e->layout == GLM_LAYOUT_GLM4) e->encode_special = tok_encode_special;
     /* GLM-4's finetune.py closes a conversation with <|user|> (151336, "EOS for chat"), what chat
      * stops on, not <|endoftext|> */
     if (e->layout == GLM_LAYOUT_GLM4) e->eos = r.user;

@@ -223,6 +223,9 @@ const char *glm_layout_name(glm_layout l) {
 
 int glm_example_cfg_check_layout(const glm_example_cfg *c, glm_layout layout, glm_err *err) {
     if (glm_example_cfg_check(c, err)) return -1;
+    if (c->reasoning && layout != GLM_LAYOUT_GLM4)
+        return glm_fail(err, "--template glmz1 is GLM-Z1's (GLM-4-0414's tokenizer), but the tokenizer is %s's", glm_layout_name(layout)),
+               glm_hint(err, "use the GLM-Z1 model's tokenizer, or drop --template");
     if (!glm_layout_turns(layout) || !(c->prompt_template || c->history_template)) return 0;
     glm_fail(err, "--%s: ChatGLM3-6B's examples are role-token turns, not a text prompt", c->prompt_template ? "prompt_template" : "history_template");
     return glm_hint(err, "drop the template: the tokenizer is ChatGLM3's, whose turns are <|user|> / <|assistant|> messages");

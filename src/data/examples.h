@@ -84,6 +84,10 @@ typedef struct glm_encoder {
     int32_t role[4];   /* GLM3: <|system|> <|user|> <|assistant|> <|observation|> (glm_role order) */
     /* GLM3: SentencePiece's ids alone (SPTokenizer.encode, as build_single_message). */
     int (*encode_sp)(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err);
+    /* GLM-4: the text with the special and added tokens' names as their ids, as Hugging Face's
+     * encode splits them out (LLaMA-Factory's templates encode so; the glmz1 examples use it, where
+     * <think> may be an added token); NULL: encode. */
+    int (*encode_special)(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err);
 } glm_encoder;
 
 /* Adapter for the real tokenizer (data/encoder_tok.c). tokenizer_path (the folder or .model
@@ -136,6 +140,12 @@ typedef struct glm_example_cfg {
     glm_rounds_rule rounds;       /* used without a prompt_template */
     int train_on_prompt;          /* labels on every token (the prompt too) */
     glm_conv_labels conv_labels;  /* GLM3: which turns' tokens are targets (see above) */
+    /* GLM-4 layout, --template glmz1 (GLM-Z1; LLaMA-Factory's ReasoningTemplate, data/thought.h):
+     * an assistant turn whose content has neither <think> nor </think> gets encode(GLM_THOUGHT_EMPTY)
+     * after its <|assistant|>, a target as the rest of the turn. With disable_thinking
+     * (--enable_thinking false) every assistant turn's thoughts are removed first and the empty
+     * thought is prompt (no label; under --cutoff_len part of the turn's source). */
+    int reasoning, disable_thinking;
 } glm_example_cfg;
 
 void glm_example_cfg_init(glm_example_cfg *c);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "data/examples.h"
+#include "data/thought.h"
 
 /* --cutoff_len: LLaMA-Factory's cut of a conversation. Its (source, target) pairs: a target is an
  * assistant turn's content (after its role token), its source everything since the target
@@ -20,15 +21,15 @@
  * Each kept token keeps its label. */
 typedef struct { long s0, s1, t0, t1, ns, nt; } turn_pair;
 
-static void cut_turns(const glm_example_cfg *c, const glm_msg *m, int n, const int *start, glm_ids *ids, glm_ids *labels,
-                      glm_example_info *info) {
+static void cut_turns(const glm_example_cfg *c, const glm_msg *m, int n, const int *start, const int *tgt, glm_ids *ids,
+                      glm_ids *labels, glm_example_info *info) {
     int end = ids->n - 1; /* the closing token */
     turn_pair *p = glm_malloc(sizeof *p * (size_t)(n + 1));
     int np = 0, last = -1;
     long src0 = 0;
     for (int k = 0; k < n; k++) {
         if (m[k].role != GLM_ROLE_ASSISTANT || start[k] == start[k + 1]) continue;
-        p[np] = (turn_pair){src0, start[k] + 1, start[k] + 1, start[k + 1], 0, 0};
+        p[np] = (turn_pair){src0, tgt[k], tgt[k], start[k + 1], 0, 0};
         last = np++;
         src0 = start[k + 1];
     }
@@ -108,27 +109,48 @@ static char *content_of(const glm_example_cfg *c, const glm_msg *m, int first_us
     return s;
 }
 
+/* How a glmz1 assistant turn is written (examples.h reasoning). */
+typedef enum {
+    THOUGHT_AS_DATA = 0, /* training: the turn's thoughts as they are, the empty one where it has none */
+    THOUGHT_NONE,        /* an evaluation prompt's earlier turns: thoughts removed, no empty one */
+} thought_rule;
+
 /* [gMASK] <sop> and the turns m[0..n) into ids; turn k is ids [start[k], start[k+1]) (start has
- * n + 1 places; an empty GLM-4 turn is empty). */
-static int encode_turns(const glm_example_cfg *c, const glm_encoder *enc, const glm_msg *m, int n, glm_ids *ids, int *start,
-                        glm_err *err) {
+ * n + 1 places; an empty GLM-4 turn is empty), its targets from tgt[k] on (n places: after the
+ * role token, or after an empty thought that is prompt). */
+static int encode_turns(const glm_example_cfg *c, const glm_encoder *enc, const glm_msg *m, int n, thought_rule rule,
+                        glm_ids *ids, int *start, int *tgt, glm_err *err) {
     int (*sp)(void *, const char *, size_t, glm_ids *, glm_err *) = enc->encode_sp ? enc->encode_sp : enc->encode;
     glm_ids_push(ids, enc->gmask);
     glm_ids_push(ids, enc->sop);
     int rc = 0, seen_user = 0;
+    /* glmz1 is LLaMA-Factory's: its text goes through Hugging Face's encode, added tokens split out */
+    int (*text_enc)(void *, const char *, size_t, glm_ids *, glm_err *) =
+        c->reasoning && enc->encode_special ? enc->encode_special : enc->encode;
     for (int k = 0; k < n && !rc; k++) {
         start[k] = ids->n;
+        tgt[k] = ids->n + 1;
         char *text = content_of(c, &m[k], m[k].role == GLM_ROLE_USER && !seen_user++);
+        int think = c->reasoning && m[k].role == GLM_ROLE_ASSISTANT;
+        if (think && (c->disable_thinking || rule == THOUGHT_NONE)) {
+            char *t = glm_thought_remove(text);
+            free(text);
+            text = t;
+        }
         if (enc->layout == GLM_LAYOUT_GLM4) { /* the template's metadata + "\n" + content, one text */
             if (!text[0]) { free(text); continue; } /* the template writes no turn without content */
             glm_ids_push(ids, enc->role[m[k].role]);
+            if (think && rule == THOUGHT_AS_DATA && !glm_thought_has_words(text)) {
+                rc = text_enc(enc->ctx, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY), ids, err);
+                if (c->disable_thinking) tgt[k] = ids->n; /* LLaMA-Factory puts it in the prompt then */
+            }
             const char *meta = m[k].metadata ? m[k].metadata : "";
             size_t n0 = strlen(meta), n1 = strlen(text);
             char *j = glm_malloc(n0 + n1 + 2);
             memcpy(j, meta, n0);
             j[n0] = '\n';
             memcpy(j + n0 + 1, text, n1 + 1);
-            rc = enc->encode(enc->ctx, j, n0 + n1 + 1, ids, err);
+            rc = rc || text_enc(enc->ctx, j, n0 + n1 + 1, ids, err);
             free(j);
         } else { /* finetune_hf.py: build_single_message(role, "", content) */
             glm_ids_push(ids, enc->role[m[k].role]);
@@ -153,7 +175,8 @@ int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, con
     char *owned;
     int n = turns_of(c, r, &m, &owned);
     int *start = glm_malloc(sizeof *start * (size_t)(n + 1)); /* turn k is ids [start[k], start[k+1]) */
-    int rc = encode_turns(c, enc, m, n, ids, start, err);
+    int *tgt = glm_malloc(sizeof *tgt * (size_t)(n + 1));     /* its targets from tgt[k] */
+    int rc = encode_turns(c, enc, m, n, THOUGHT_AS_DATA, ids, start, tgt, err);
     glm_ids_push(ids, enc->eos);
     for (int i = 0; i < ids->n; i++) glm_ids_push(labels, c->train_on_prompt ? ids->data[i] : -100);
     for (int k = 0; k < n && !rc && !c->train_on_prompt; k++) {
@@ -161,19 +184,20 @@ int glm_example_build_glm3(const glm_example_cfg *c, const glm_encoder *enc, con
         if (a == e) continue; /* a GLM-4 turn without content */
         if (c->conv_labels == GLM_LABELS_EOS) {
             if (m[k].role != GLM_ROLE_ASSISTANT) continue;
-            for (int i = a + 1; i < e; i++) labels->data[i] = ids->data[i];
+            for (int i = tgt[k]; i < e; i++) labels->data[i] = ids->data[i];
             labels->data[e] = enc->eos; /* the next role token (or the final eos) is where the turn ends */
         } else if (m[k].role == GLM_ROLE_ASSISTANT || (m[k].role == GLM_ROLE_OBSERVATION && enc->layout != GLM_LAYOUT_GLM4)) {
             /* finetune_hf.py (ChatGLM3) leaves only system and user turns out of the loss, GLM-4's
              * finetune.py observation turns too; the marks shifted by one */
-            for (int i = a + 1; i <= e; i++) labels->data[i] = ids->data[i];
+            for (int i = tgt[k]; i <= e; i++) labels->data[i] = ids->data[i];
         }
     }
     info->prompt_tokens = ids->n;
-    if (!rc && c->cutoff_len > 0) cut_turns(c, m, n, start, ids, labels, info);
+    if (!rc && c->cutoff_len > 0) cut_turns(c, m, n, start, tgt, ids, labels, info);
     if (m != r->msgs) free(m);
     free(owned);
     free(start);
+    free(tgt);
     if (rc) return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
     int max = c->max_source_length + c->max_target_length + 1;
     if (c->cutoff_len <= 0 && ids->n > max) { ids->n = labels->n = max; info->truncated_answer = 1; }
@@ -191,28 +215,38 @@ int glm_example_eval_turns(const glm_example_cfg *c, const glm_encoder *enc, con
     glm_msg *m;
     char *owned;
     int n = turns_of(c, r, &m, &owned);
-    int *start = glm_malloc(sizeof *start * (size_t)(n + 1));
+    int *start = glm_malloc(sizeof *start * (size_t)(n + 1)), *tgt = glm_malloc(sizeof *tgt * (size_t)(n + 1));
     glm_ids ids = {0};
-    int rc = encode_turns(c, enc, m, n, &ids, start, err);
+    /* glmz1: the earlier answers without their thoughts (LLaMA-Factory's encode_oneturn) */
+    int rc = encode_turns(c, enc, m, n, THOUGHT_NONE, &ids, start, tgt, err);
     for (int k = 0; k < n && !rc; k++) {
         if (start[k] >= c->max_source_length) break; /* process_batch_eval stops reading the conversation */
-        if (m[k].role != GLM_ROLE_ASSISTANT || start[k] == start[k + 1]) continue;
+        if (m[k].role != GLM_ROLE_ASSISTANT) continue;
+        if (c->reasoning ? !m[k].content[0] : start[k] == start[k + 1]) continue; /* a GLM-4 turn without content */
+        /* glmz1: the label without its thoughts when thinking is off, and then the empty thought
+         * ends the prompt (with thinking on the model writes its own) */
+        char *content = c->reasoning && c->disable_thinking ? glm_thought_remove(m[k].content) : glm_strdup(m[k].content);
         glm_eval_turn *t;
         *out = glm_realloc(*out, sizeof **out * (size_t)(*n_out + 1));
         t = &(*out)[(*n_out)++];
         *t = (glm_eval_turn){.turn = m[k].src};
         glm_ids_append(&t->in, ids.data, start[k] < c->max_source_length ? start[k] : c->max_source_length);
         glm_ids_push(&t->in, enc->role[GLM_ROLE_ASSISTANT]);
+        if (c->reasoning && c->disable_thinking && !glm_thought_has_words(content))
+            rc = (enc->encode_special ? enc->encode_special : enc->encode)(enc->ctx, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY),
+                                                                            &t->in, err);
         const char *meta = enc->layout == GLM_LAYOUT_GLM4 && m[k].metadata && m[k].metadata[0] ? m[k].metadata : NULL;
-        size_t n0 = meta ? strlen(meta) + 1 : 0, n1 = strlen(m[k].content);
+        size_t n0 = meta ? strlen(meta) + 1 : 0, n1 = strlen(content);
         t->label = glm_malloc(n0 + n1 + 1);
         if (meta) sprintf(t->label, "%s\n", meta);
-        memcpy(t->label + n0, m[k].content, n1 + 1);
+        memcpy(t->label + n0, content, n1 + 1);
+        free(content);
     }
     glm_ids_free(&ids);
     if (m != r->msgs) free(m);
     free(owned);
     free(start);
+    free(tgt);
     if (rc) {
         glm_eval_turns_free(*out, *n_out);
         *out = NULL;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "infer/chat.h"
 #include "data/glm4_tools.h"
+#include "data/thought.h"
 #include "data/pyjson.h"
 #include "infer/tools.h"
 #include "serve/api.h"
@@ -90,6 +91,7 @@ static int plain_prompt(srv_server *S, const cJSON *msgs, glm_ids *ids, api_err 
             pend_user = text;
         } else {
             if (!pend_user) { free(text); srv_bad(e, 400, "messages", "invalid_value", "%s: an assistant message must answer a user message", w); goto out; }
+            if (S->o.reasoning) { char *t = glm_thought_remove(text); free(text); text = t; } /* glmz1's history */
             hist[2 * n_hist] = pend_user;
             hist[2 * n_hist + 1] = text;
             n_hist++;
@@ -271,7 +273,11 @@ static int turns_prompt(srv_server *S, const cJSON *msgs, const char *tools, con
         } else if (!strcmp(r, "user")) {
             add(&ts, GLM_TURN_USER, NULL, text);
         } else if (!strcmp(r, "assistant")) {
-            if (!calls) { add(&ts, GLM_TURN_ASSISTANT, NULL, text); continue; }
+            if (!calls) { /* glmz1's history: without its thoughts */
+                if (S->o.reasoning) { char *t = glm_thought_remove(text); free(text); text = t; }
+                add(&ts, GLM_TURN_ASSISTANT, NULL, text);
+                continue;
+            }
             int k = assistant_calls(&ts, m, text, glm4, w, e);
             free(text);
             if (k) goto out;
@@ -296,6 +302,21 @@ static int turns_prompt(srv_server *S, const cJSON *msgs, const char *tools, con
 out:
     turns_free(&ts);
     return rc;
+}
+
+/* glmz1 with thinking off: the empty thought ends the prompt (the request's
+ * chat_template_kwargs.enable_thinking, as vLLM takes it, else the server's flag). */
+static int thought_end(srv_server *S, const cJSON *body, glm_ids *ids, api_err *e) {
+    if (!S->o.reasoning) return 0;
+    const cJSON *kw = srv_field(body, "chat_template_kwargs"), *on = kw ? srv_field(kw, "enable_thinking") : NULL;
+    if (srv_present(on) && !cJSON_IsBool(on))
+        return srv_bad(e, 400, "chat_template_kwargs", "invalid_type", "chat_template_kwargs.enable_thinking must be true or false");
+    if (srv_present(on) ? cJSON_IsTrue(on) : !S->o.disable_thinking) return 0;
+    glm_err err = {0};
+    pthread_mutex_lock(S->tok_mu);
+    int k = glm_tokenizer_encode_ex(S->tok, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY), GLM_TOK_ENCODE_SPECIAL, ids, &err);
+    pthread_mutex_unlock(S->tok_mu);
+    return k ? srv_bad(e, 500, NULL, "server_error", "%s", err.msg) : 0;
 }
 
 int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t len, glm_ids *ids, srv_tools *t,
@@ -327,8 +348,8 @@ int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t l
         return -1;
     }
     const char *key = !tools ? NULL : t->legacy ? "functions" : "tools";
-    if (!(t->on || tool_turns)) return plain_prompt(S, msgs, ids, e);
-    if (turns_prompt(S, msgs, key, text, len, t->glm4, ids, e)) return -1;
+    if (!(t->on || tool_turns)) return plain_prompt(S, msgs, ids, e) ? -1 : thought_end(S, body, ids, e);
+    if (turns_prompt(S, msgs, key, text, len, t->glm4, ids, e) || thought_end(S, body, ids, e)) return -1;
     if (t->on && t->forced) { /* the response starts as the call's own text: its name's line */
         glm_err err = {0};
         pthread_mutex_lock(S->tok_mu);

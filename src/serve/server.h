@@ -22,6 +22,9 @@ typedef struct srv_options {
     int Tmax;                  /* max_model_len: prompt + response tokens */
     glm_gen_cfg defaults;      /* what a request leaves out (the model's chat defaults and the flags) */
     int debug;                 /* log each request's prompt ids */
+    int reasoning;             /* --template glmz1: assistant messages go in without their thoughts */
+    int disable_thinking;      /* --enable_thinking false: prompts end in the empty thought (a request's
+                                * chat_template_kwargs.enable_thinking decides for itself) */
 } srv_options;
 
 typedef struct srv_server {

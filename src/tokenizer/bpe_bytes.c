@@ -210,7 +210,7 @@ void bpe_decode(const bpe_bytes *b, const int32_t *ids, int n, int skip_special,
     for (int i = 0; i < n; i++) {
         size_t l;
         const char *s = bpe_token(b, ids[i], &l);
-        if (s && !(skip_special && ids[i] >= b->n)) spm_buf_put(out, s, l);
+        if (s && !(skip_special && ids[i] >= b->n && !b->special_text[ids[i] - b->n])) spm_buf_put(out, s, l);
     }
     if (!utf8_replace) return;
     size_t i = start;

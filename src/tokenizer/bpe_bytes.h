@@ -24,6 +24,8 @@ typedef struct bpe_bytes {
     int32_t *pair_rank;      /* [b0 << 8 | b1]: the rank of each two-byte token, -1 (the merge's first lookups) */
     int n_special;           /* specials have ids n + i */
     char special[BPE_MAX_SPECIAL][32];
+    uint8_t special_text[BPE_MAX_SPECIAL]; /* an added token that is text (tokenizer.json's "special": false,
+                                            * GLM-Z1's <think>): decoding keeps it, as HF's skip_special_tokens */
     uint8_t special_first[256]; /* some special starts with this byte */
     void *re;                /* the compiled pre-tokenisation pattern (pcre2_code *) */
     int jit;                 /* the pattern is JIT-compiled (else PCRE2's interpreter runs) */

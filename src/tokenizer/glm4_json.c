@@ -193,6 +193,7 @@ int glm4_setup_json(glm_tokenizer *t, const char *buf, size_t len, const char *w
             if (cJSON_IsNumber(id) && id->valueint == next && cJSON_IsString(content) &&
                 glm4_piece_id(t, content->valuestring) < 0) {
                 rc = bpe_add_special(t->bpe, content->valuestring, err);
+                if (!rc) t->bpe->special_text[t->bpe->n_special - 1] = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "special"));
                 next++;
                 more = 1;
                 break;

@@ -38,7 +38,7 @@ typedef struct glm_train_args {
     /* THUDM's ptuning/train.sh passes these Hugging Face flags */
     int do_train, do_eval, do_predict, predict_with_generate, overwrite_cache, preprocessing_num_workers;
     /* and LLaMA-Factory's training configs these */
-    int trust_remote_code, plot_loss, save_only_model, cutoff_len, mask_history, max_samples;
+    int trust_remote_code, plot_loss, save_only_model, cutoff_len, mask_history, max_samples, enable_thinking;
     /* and THUDM's finetune_demo configs (ChatGLM3, GLM-4) these: glm_train_config_key */
     char *data_dir, *peft_type;
     int use_cpu;

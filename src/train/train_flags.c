@@ -30,7 +30,10 @@ const glm_flag glm_train_flags[] = {
     F(dataset, ARG_STR, NULL, "LLaMA-Factory's: names (comma-separated) in <dataset_dir>/dataset_info.json, instead of --train_file"),
     F(dataset_dir, ARG_STR, "data", "LLaMA-Factory's: the folder of dataset_info.json"),
     F(eval_dataset, ARG_STR, NULL, "LLaMA-Factory's: names in dataset_info.json for the validation set, instead of --validation_file"),
-    F(template, ARG_STR, NULL, "LLaMA-Factory's: chatglm2|chatglm3|glm4 (checked against the tokenizer, which decides the format)"),
+    F(template, ARG_STR, NULL, "LLaMA-Factory's: chatglm2|chatglm3|glm4 (checked against the tokenizer, which decides the format); "
+      "glmz1: GLM-4's turns with GLM-Z1's thoughts (<think>...</think>, see --enable_thinking)"),
+    F(enable_thinking, ARG_BOOL, "true", "--template glmz1 (LLaMA-Factory's): true: the answers' thoughts train, an answer "
+      "without one gets the empty thought as a target; false: thoughts removed, the empty thought in the prompt"),
     F(stage, ARG_STR, "sft", "LLaMA-Factory's: sft (the only stage glmtrain trains)"),
     F(val_size, ARG_FLOAT, "0", "hold out this fraction (<1) or count (>=1) of the training data for evaluation"),
     C(data_format, "auto", "auto|alpaca|columns|chatglm|sharegpt", "record schema"),
@@ -397,7 +400,6 @@ static const struct { const char *key, *neutral, *flag, *why; } trainer_settings
     {"interleave_probs", "", "", "datasets are concatenated in the order named"},
     {"ignore_pad_token_for_loss", "true|True|1", "", "padding is never a target here (THUDM's main.py default)"},
     {"compute_accuracy", NULL, "", "evaluation here is the loss and perplexity"},
-    {"enable_thinking", NULL, "", "the ChatGLM templates have no thinking turns"},
     {"double_quantization", "true|True|1", "", "glmtrain's NF4 base always quantizes the blocks' scales again, as "
                                                "bitsandbytes' double quantization (LLaMA-Factory's default)"},
     {"eval_num_beams", NULL, "", "generation settings are glmtrain generate's flags"},

@@ -10,6 +10,7 @@
  *   examples --tokenizer P --train_file F [--format F] [--max_source_length N]
  *            [--max_target_length N] [--conversation_labels thudm|eos] [--train_on_prompt]
  *            [--source_prefix S] [--default_system S] [--cutoff_len N] [--mask_history] [--prompt_template T] [--cache_dir D] [--threads N]
+ *            [--template glmz1] [--enable_thinking true|false]
  *                                     {"ids", "labels"} per example, then {"summary"}; errors on
  *                                     stderr, exit 1 */
 #include <cjson/cJSON.h>
@@ -193,6 +194,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--source_prefix")) cfg.example.source_prefix = v;
         else if (!strcmp(a, "--default_system")) cfg.example.default_system = v;
         else if (!strcmp(a, "--cutoff_len")) cfg.example.cutoff_len = atoi(v);
+        else if (!strcmp(a, "--template")) cfg.example.reasoning = !strcmp(v, "glmz1");
+        else if (!strcmp(a, "--enable_thinking")) cfg.example.disable_thinking = !strcmp(v, "false");
         else if (!strcmp(a, "--prompt_template")) cfg.example.prompt_template = v;
         else if (!strcmp(a, "--cache_dir")) cfg.cache_dir = v;
         else if (!strcmp(a, "--threads")) cfg.num_threads = atoi(v);
