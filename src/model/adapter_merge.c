@@ -98,6 +98,24 @@ int glm_merge_changes(const glm_merge *g, const glm_tensor *t) {
     return 0;
 }
 
+/* DoRA's last step of a merge: each row of the merged w times m / n (g->norm: the rows' norms
+ * before the adapter was added). */
+static int dora_rows(merge_one *o, const char *name, int stem, const glm_tensor *t, glm_merge *g, float *w, glm_err *err) {
+    char mn[320];
+    int64_t msh[1] = {t->shape[0]}, C = t->shape[1];
+    snprintf(mn, sizeof mn, "%s%.*s.lora_magnitude_vector", GLM_ADAPTER_PREFIX, stem, name);
+    if (glm_ckpt_info(&o->file, mn, NULL, NULL, NULL)) strcat(mn, ".weight");
+    if (glm_ckpt_info(&o->file, mn, NULL, NULL, NULL)) {
+        glm_fail(err, "%s: tensor %s is missing", o->file.path, mn);
+        return glm_hint(err, "the adapter_config.json says use_dora, so each adapted module has a magnitude vector");
+    }
+    if (glm_ckpt_read_f32(&o->file, mn, g->mag, 1, msh, err))
+        return glm_hint(err, "the adapter was made for another base model (see its adapter_config.json)");
+    for (int64_t j = 0; j < t->shape[0]; j++)
+        for (int64_t k = 0; k < C; k++) w[j * C + k] *= g->mag[j] / g->norm[j];
+    return 0;
+}
+
 /* One adapter into w: its whole copy of a modules_to_save row, or W += s B A (peft's merge;
  * DoRA's: then each row times m / ||W + s B A||, the training's own norm). */
 static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const glm_tensor *t, float *w, glm_err *err) {
@@ -125,15 +143,18 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
         int got = glm_ckpt_read_qkv_lora(&o->file, an, 0, &g->cfg, r, C, g->a, err);
         if (got > 0) got = glm_ckpt_read_qkv_lora(&o->file, bn, 1, &g->cfg, r, C, g->b, err);
         if (got < 0) return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
-        if (got > 0 && (o->has_init || o->peft.use_dora))
-            return glm_fail(err, "%s: PiSSA or DoRA adapters on q_proj, k_proj and v_proj are not merged here", o->dir);
+        if (got > 0 && o->has_init)
+            return glm_fail(err, "%s: PiSSA adapters on q_proj, k_proj and v_proj are not merged here", o->dir);
         for (int k = 0; got > 0 && k < 3; k++) { /* a part the file lacks is zero: it adds nothing */
             int64_t rows = glm_hf_part_rows(&g->cfg, k);
+            if (o->peft.use_dora) /* each block's rows by its own adapter: ||W_k + s B_k A_k|| */
+                cpu_dora_norm(g->norm + row, w + row * C, g->a + (size_t)k * r * C, g->b + row * r, glm_lora_scaling(&o->peft),
+                              (int)rows, (int)C, r);
             cpu_sgemm(0, 0, (int)rows, (int)C, r, glm_lora_scaling(&o->peft), g->b + row * r, r, g->a + (size_t)k * r * C,
                       (int)C, 1.0f, w + row * C, (int)C);
             row += rows;
         }
-        if (got > 0) return 0;
+        if (got > 0) return o->peft.use_dora ? dora_rows(o, name, stem, t, g, w, err) : 0;
     }
     if (glm_ckpt_info(&o->file, an, NULL, NULL, stored) || glm_ckpt_info(&o->file, bn, NULL, NULL, NULL)) {
         glm_fail(err, "%s: tensor %s is missing", o->file.path, an);
@@ -151,20 +172,7 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
     if (o->peft.use_dora) cpu_dora_norm(g->norm, w, g->a, g->b, s, OC, C, r);
     /* W[out, in] += s * B[out, r] A[r, in] */
     cpu_sgemm(0, 0, OC, C, r, s, g->b, r, g->a, C, 1.0f, w, C);
-    if (!o->peft.use_dora) return 0;
-    char mn[320];
-    int64_t msh[1] = {t->shape[0]};
-    snprintf(mn, sizeof mn, "%s%.*s.lora_magnitude_vector", GLM_ADAPTER_PREFIX, stem, name);
-    if (glm_ckpt_info(&o->file, mn, NULL, NULL, NULL)) strcat(mn, ".weight");
-    if (glm_ckpt_info(&o->file, mn, NULL, NULL, NULL)) {
-        glm_fail(err, "%s: tensor %s is missing", o->file.path, mn);
-        return glm_hint(err, "the adapter_config.json says use_dora, so each adapted module has a magnitude vector");
-    }
-    if (glm_ckpt_read_f32(&o->file, mn, g->mag, 1, msh, err))
-        return glm_hint(err, "the adapter was made for another base model (see its adapter_config.json)");
-    for (int j = 0; j < OC; j++)
-        for (int k = 0; k < C; k++) w[(size_t)j * C + k] *= g->mag[j] / g->norm[j];
-    return 0;
+    return o->peft.use_dora ? dora_rows(o, name, stem, t, g, w, err) : 0;
 }
 
 int glm_merge_apply(glm_merge *g, const char *name, const glm_tensor *t, float *w, glm_err *err) {

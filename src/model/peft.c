@@ -224,9 +224,17 @@ static const float *dora_norms(glm_model *m, int l, int i, const void *w, int C,
     size_t slot = dora_slot(m, l, i);
     float *n = dora_norm_row(m, l, i);
     if (!m->weights_fixed || m->training || !m->dora_fresh[slot]) {
+        /* split q, k, v (glm_lora_split): each row block with its own adapter, ||W_k + s B_k A_k|| */
         const glm_layer_ptrs *p = &m->w.layer[l];
-        be->dora_norm(be, n, linear_weight(m, l, i, w, C, OC), p->lora_a[i], p->lora_b[i], glm_lora_scaling(&m->cfg.peft),
-                      OC, C, m->cfg.peft.lora_rank);
+        const void *W = linear_weight(m, l, i, w, C, OC);
+        int r = m->cfg.peft.lora_rank, S = glm_lora_split(&m->cfg, i);
+        size_t o = 0;
+        for (int k = 0; k < S; k++) {
+            int rows = S > 1 ? (int)glm_hf_part_rows(&m->cfg, k) : OC;
+            be->dora_norm(be, n + o, glm_at(be, W, o * (size_t)C), glm_at(be, p->lora_a[i], (size_t)k * r * C),
+                          glm_at(be, p->lora_b[i], o * (size_t)r), glm_lora_scaling(&m->cfg.peft), rows, C, r);
+            o += (size_t)rows;
+        }
         m->dora_fresh[slot] = m->weights_fixed && !m->training;
     }
     return n;
@@ -284,6 +292,27 @@ static void dora_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, c
     }
     GLM_ASSERT(out != res);
     size_t no = (size_t)N * OC;
+    if (glm_lora_split(&m->cfg, i) > 1) { /* each block its own u_k: z_k = u_k W_k^T + L_k */
+        be->zero(be, z, no * glm_dtype_size(be->dtype));
+        lora_add_split(m, l, i, a, z, inp, N, C, OC); /* z = L */
+        base_product(m, l, i, out, inp, w, b, N, C, OC);
+        if (res) be->scale_add(be, out, res_scale, res, out, no);
+        be->scale_add(be, out, 1.0f, z, out, no); /* + L */
+        const void *W = linear_weight(m, l, i, w, C, OC);
+        void *blk = m->lora_tmp, *tmp = glm_at(be, m->lora_tmp, (size_t)N * glm_linear_out_max(&m->cfg)); /* [N, rows_k] */
+        size_t o = 0;
+        for (int k = 0; k < glm_lora_split(&m->cfg, i); k++) {
+            int rows = (int)glm_hf_part_rows(&m->cfg, k);
+            const void *u = lora_input_seeded(m, inp, (size_t)N * C, split_seed(m, l, i, k));
+            be->copy_rows(be, blk, (size_t)rows, glm_at(be, z, o), (size_t)OC, (size_t)rows, (size_t)N);
+            be->matmul_fwd(be, tmp, u, glm_at(be, W, o * (size_t)C), NULL, N, C, rows);
+            be->scale_add(be, blk, 1.0f, tmp, blk, (size_t)N * rows);
+            be->copy_rows(be, glm_at(be, z, o), (size_t)OC, blk, (size_t)rows, (size_t)rows, (size_t)N);
+            o += (size_t)rows;
+        }
+        be->dora_scale(be, out, z, mag, n, 1.0f, NULL, out, 1.0f, N, OC); /* + (c - 1) z */
+        return;
+    }
     lora_down(m, l, i, a, inp, N, C); /* t = s A u */
     void *L = m->lora_tmp;
     be->matmul_fwd(be, L, a->lora_t[i], m->w.layer[l].lora_b[i], NULL, N, m->cfg.peft.lora_rank, OC);
@@ -326,9 +355,20 @@ static void dora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, 
     if (dinp) {
         input_grad(m, dinp, dout, inp, W, N, C, OC, res, res_scale);
         void *du = dropped_copy(m); /* the gradient at u, through the mask */
-        be->matmul_bwd(be, du, NULL, NULL, gz, NULL, W, N, C, OC, 0);
-        be->mask_scale(be, du, du, (size_t)N * C, 1.0f, p, lora_seed(m, l, i));
-        be->scale_add(be, dinp, 1.0f, du, dinp, (size_t)N * C);
+        int S = glm_lora_split(&m->cfg, i);
+        size_t o = 0;
+        for (int k = 0; k < S; k++) { /* split q, k, v: block k's (c - 1) dout through W_k and its own mask */
+            int rows = S > 1 ? (int)glm_hf_part_rows(&m->cfg, k) : OC;
+            const void *g = gz;
+            if (S > 1) {
+                be->copy_rows(be, m->lora_tmp, (size_t)rows, glm_at(be, gz, o), (size_t)OC, (size_t)rows, (size_t)N);
+                g = m->lora_tmp;
+            }
+            be->matmul_bwd(be, du, NULL, NULL, g, NULL, glm_at(be, W, o * (size_t)C), N, C, rows, 0);
+            be->mask_scale(be, du, du, (size_t)N * C, 1.0f, p, S > 1 ? split_seed(m, l, i, k) : lora_seed(m, l, i));
+            be->scale_add(be, dinp, 1.0f, du, dinp, (size_t)N * C);
+            o += (size_t)rows;
+        }
     }
     be->scale_add(be, gz, 1.0f, dout, gz, (size_t)N * OC); /* c dout */
     lora_bwd(m, l, i, a, dinp, gz, inp, N, C, OC);

@@ -194,10 +194,17 @@ const char *glm_extra_module_name(const glm_config *c, int bit, char *buf, size_
 }
 
 int glm_extra_modules_check(const glm_config *c, const glm_peft *p, const char *src, glm_err *err) {
-    if (p->kind == GLM_FT_LORA && glm_lora_split(c, 0) > 1 && (p->lora_targets & GLM_LORA_QKV) && (p->use_dora || p->pissa))
-        return glm_fail(err, "%s: %s on q_proj, k_proj and v_proj of transformers' GLM layout: glmtrain runs it on single "
-                             "adapters only", src, p->use_dora ? "DoRA" : "PiSSA"),
+    int split = p->kind == GLM_FT_LORA && glm_lora_split(c, 0) > 1 && (p->lora_targets & GLM_LORA_QKV);
+    if (split && p->pissa)
+        return glm_fail(err, "%s: PiSSA on q_proj, k_proj and v_proj of transformers' GLM layout: glmtrain runs it on single "
+                             "adapters only", src),
                glm_hint(err, "target o_proj, gate_up_proj, down_proj with it, or use THUDM's layout (query_key_value)");
+    /* DoRA's magnitude covers every row of the stacked q | k | v, so those without an adapter of
+     * their own would train a magnitude peft does not have */
+    if (split && p->use_dora && p->lora_qkv_parts && p->lora_qkv_parts != 7)
+        return glm_fail(err, "%s: DoRA on some of q_proj, k_proj and v_proj: glmtrain runs DoRA on all three together",
+                        src),
+               glm_hint(err, "name all three (q_proj,k_proj,v_proj), or none of them, with --use_dora");
     if (p->kind != GLM_FT_LORA || !c->tie_word_embeddings || !(p->extra_modules & (GLM_EXTRA_EMB | GLM_EXTRA_HEAD)))
         return 0;
     glm_fail(err, "%s: a whole copy of the word embedding beside LoRA (modules_to_save), but this model's head is tied to it: "

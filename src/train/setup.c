@@ -562,7 +562,8 @@ int glm_train_peft(const glm_train_args *a, const glm_config *c, glm_peft *p, gl
     }
     if (a->additional_target && glm_modules_parse(c, "--additional_target", a->additional_target, 1, &p->extra_modules, err))
         return -1;
-    return glm_extra_modules_check(c, p, "--additional_target", err);
+    return glm_extra_modules_check(c, p, a->additional_target && a->additional_target[0] ? "--additional_target" : "--lora_target",
+                                   err);
 }
 
 /* --gradient_checkpointing auto: the level the memory plan fits under --max_memory_per_gpu, or

@@ -348,6 +348,20 @@ static void dora_dropout_model(glm_model *m, glm_backend *be, glm_dtype dt, uint
 static void dora_int4_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     peft_model_q(m, be, dt, seed, dora_all, 0.05f, GLM_Q_INT4);
 }
+/* transformers' layout: q, k and v with adapters, magnitudes and row norms of their own */
+static void dora_glm2_hf_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed, float dropout) {
+    glm_config c = config_glm2(1);
+    c.hf_layout = 1;
+    glm_peft p = dora_all;
+    p.lora_dropout = dropout;
+    peft_model_cfg(m, be, dt, seed, c, p, 0.05f, GLM_Q_NONE);
+}
+static void dora_glm2_hf_nodrop_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    dora_glm2_hf_model(m, be, dt, seed, 0.0f);
+}
+static void dora_glm2_hf_dropout_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    dora_glm2_hf_model(m, be, dt, seed, 0.1f);
+}
 static void dora_glm2_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
     peft_model_fam(m, be, dt, seed, dora_all, 0.05f, GLM_Q_NONE, 1);
 }
@@ -600,6 +614,10 @@ int main(void) {
     check_peft(&tc, "dora_int4", dora_int4_model, 83, 2 * 4 * 3, h16);
     check_peft_batch(&tc, "dora_int4_8tok", dora_int4_model, 84, 2 * 4 * 3, GLM_F32, 1, 8);
     check_peft(&tc, "glm2_dora", dora_glm2_model, 85, 2 * 4 * 3, h16);
+    check_peft(&tc, "glm2_dora_hf_split", dora_glm2_hf_nodrop_model, 86, 2 * 4 * 3, GLM_F32);
+    check_peft(&tc, "glm2_dora_hf_split", dora_glm2_hf_nodrop_model, 86, 2 * 4 * 3, h16);
+    check_peft(&tc, "glm2_dora_hf_split_dropout", dora_glm2_hf_dropout_model, 87, 2 * 4 * 3, GLM_F32);
+    check_peft(&tc, "glm2_dora_hf_split_dropout", dora_glm2_hf_dropout_model, 87, 2 * 4 * 3, h16);
     /* freeze's modules: 2 layers' fc1 and fc2 (weights, biases), the embedding, the final norm's 2 rows;
      * ChatGLM2's query_key_value (weight, bias), dense, output_layer */
     check_peft(&tc, "freeze_modules_int4", freeze_int4_model, 87, 2 * 4 + 3, GLM_F32);

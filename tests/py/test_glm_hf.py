@@ -351,17 +351,23 @@ def set_masks(torch, pm, p, seed):
             mod.lora_dropout["default"] = Drop(sd)
 
 
-def peft_case(torch, pm, folder, ids, labels, drop=0.0):
+def peft_case(torch, pm, folder, ids, labels, drop=0.0, f64=False):
     """A peft model's adapters drawn away from zero (0.1 randn: larger, the LoRA terms swamp the base
     and fp32 loses digits; with drop, glmtrain's dropout masks), saved into folder; its loss and the
-    adapters' gradients by the file's names without peft's prefix."""
+    adapters' gradients by the file's names without peft's prefix. f64: computed in float64 from the
+    saved fp32 values (DoRA's row scales make peft's own fp32 rounding reach 1e-5 in the deepest
+    layer's gradients)."""
     if drop:
         set_masks(torch, pm, drop, 1234)
     with torch.no_grad():
         for n_, p_ in pm.named_parameters():
-            if "lora_" in n_:
+            if "magnitude" in n_:  # DoRA's, from the row norms peft starts it at: c = m / n off 1
+                p_.mul_(1 + 0.1 * torch.randn_like(p_))
+            elif "lora_" in n_:
                 p_.copy_(0.1 * torch.randn_like(p_))
     pm.save_pretrained(folder)
+    if f64:
+        pm.double()
     pm.zero_grad()
     loss = pm(input_ids=ids, labels=labels).loss
     loss.backward()
@@ -402,6 +408,21 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
                  ["--lora_dropout", str(drop), "--dropout_seed", "1234"] if drop else [])
         lora_vs_driver("glm_hf_lora_grads_equal_peft_rslora_%d_dropout_%g" % (rslora, drop), base, bpath,
                        os.path.join(d, "lout.safetensors"), extra, loss, ref, 16)
+    # DoRA (peft 0.10's use_dora): q, k and v each with its own magnitude and row norms, and its
+    # own dropout mask on the base product's share too. Against peft in float64: DoRA's row scales
+    # make fp32 rounding depend on the batch (layer 0's k block of A reached 1.3e-5 on the batch
+    # above, peft's own fp32 3.7e-6 there; 0.7-5e-6 on three other batches, this one among them)
+    dpath, dids, dlabels = write_batch(torch, d, "dbatch.json", 96, [(5, 7), (3, 4), (9, 6)], 5, 0)
+    for drop in (0.0, 0.25):
+        pm = get_peft_model(tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 11),
+                            LoraConfig(r=4, lora_alpha=12, target_modules=mods, lora_dropout=drop, use_dora=True))
+        ad = os.path.join(d, "peft-dora-%g" % drop)
+        loss, ref = peft_case(torch, pm, ad, dids, dlabels, drop, f64=True)
+        ref = stacked(ref)
+        lora_vs_driver("glm_hf_dora_grads_equal_peft_dropout_%g" % drop, base, dpath, os.path.join(d, "dout.safetensors"),
+                       ["--finetuning_type", "lora", "--lora_target", ",".join(mods), "--lora_rank", "4", "--lora_alpha",
+                        "12", "--use_dora", "--adapter", ad] + (["--lora_dropout", str(drop), "--dropout_seed", "1234"]
+                                                                if drop else []), loss, ref, 24)
     # q_proj and v_proj alone (LLaMA-Factory's common choice): k's rows stay zero, which is no adapter
     pm = get_peft_model(tiny_model(torch, GlmConfig, GlmForCausalLM, 96, 10000.0, 0, [2, 5], 11),
                         LoraConfig(r=4, lora_alpha=12, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0))
@@ -486,6 +507,37 @@ def check_lora_cli(torch, GlmForCausalLM, d, base_tok, lbase, bpath, ids, labels
            not any("k_proj" in x for x in qnames) and abs(qmerged - qref) <= 1e-5 * abs(qref) and abs(qref - without) > 1e-4,
            "target_modules %s, %d tensors; peft %.7f merged %.7f base %.7f" % (qcfg["target_modules"], len(qnames), qref, qmerged,
                                                                             without))
+    # DoRA on every module: its magnitudes saved under q_proj / k_proj / v_proj's names, loaded by
+    # peft, merged per block
+    dd = os.path.join(d, "dora")
+    run(["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "all", "--lora_rank", "4",
+         "--use_dora", "--train_file", os.path.join(d, "conv.jsonl"), "--learning_rate", "5e-3", "--seed", "7",
+         "--max_source_length", "32", "--max_target_length", "32", "--disable_tqdm", "--report_to", "none",
+         "--max_steps", "3", "--save_steps", "3", "--output_dir", dd, "--per_device_train_batch_size", "8"], timeout=300)
+    with safe_open(os.path.join(dd, "adapter_model.safetensors"), "pt") as f:
+        dnames = sorted(f.keys())
+    t5 = GlmForCausalLM.from_pretrained(base_tok, attn_implementation="eager").float().eval()
+    pd = PeftModel.from_pretrained(t5, dd).eval()
+    with torch.no_grad():
+        dref = pd(input_ids=ids, labels=labels).loss.item()
+    p = subprocess.run([DRIVER, "--model", base_tok, "--batch", bpath, "--out", os.path.join(d, "dout2.safetensors"),
+                        "--finetuning_type", "lora", "--lora_target", "all", "--lora_rank", "4", "--use_dora", "--adapter", dd],
+                       capture_output=True, text=True, timeout=300)
+    dgot = load_file(os.path.join(d, "dout2.safetensors"))["loss"].item() if p.returncode == 0 else float("nan")
+    dm = os.path.join(d, "merged-dora")
+    run(["--model_name_or_path", base_tok, "--adapter", dd, "--output_dir", dm, "--dtype", "float32"], cmd="merge")
+    with torch.no_grad():
+        dmerged = GlmForCausalLM.from_pretrained(dm, attn_implementation="eager").float().eval()(input_ids=ids, labels=labels).loss.item()
+    mags = [x for x in dnames if "magnitude" in x]
+    report("glm_hf_dora_trained_loads_in_peft_and_merges",
+           len(mags) == 12 and any("k_proj.lora_magnitude_vector" in x for x in mags) and
+           abs(dgot - dref) <= 1e-5 * abs(dref) and abs(dmerged - dref) <= 1e-5 * abs(dref) and abs(dref - without) > 1e-4,
+           "%d magnitudes (%s); peft %.7f glmtrain %.7f merged %.7f base %.7f %s" % (
+               len(mags), mags[:1], dref, dgot, dmerged, without, (p.stdout + p.stderr)[-300:] if p.returncode else ""))
+    p = subprocess.run([GLM, "train", "--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target",
+                        "q_proj,v_proj", "--use_dora", "--train_file", os.path.join(d, "conv.jsonl"), "--output_dir",
+                        os.path.join(d, "dora-qv")], capture_output=True, text=True, timeout=120, env=ENV)
+    report("glm_hf_dora_on_some_of_qkv_refused", p.returncode != 0 and "all three" in p.stderr, p.stderr[-300:])
     # 2 CPU ranks (ZeRO 0 and 1) equal 1 rank for the split adapters; pipeline stages refused for now
     common = ["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "q_proj,v_proj,down_proj",
               "--lora_dropout", "0", "--train_file", os.path.join(d, "conv.jsonl"), "--learning_rate", "5e-3",
