@@ -28,9 +28,10 @@ ok() { if [ "$1" -eq 0 ]; then echo "PASS $2"; else echo "FAIL $2"; tail -5 "$W/
 # generate with the adapter $W/$1 and with the model merge writes from it: the same greedy answer
 # (fp32 on the GPU); PASS/FAIL as ${2:-$1}_generate_equals_merged
 generate_equals_merged() {
-    "$B/glmtrain" generate --model_name_or_path "$W/base" --tokenizer_name "$TOK" --adapter "$W/$1" --prompt "写一句诗" \
+    local base=${3:-$W/base}
+    "$B/glmtrain" generate --model_name_or_path "$base" --tokenizer_name "$TOK" --adapter "$W/$1" --prompt "写一句诗" \
         --dtype float32 --max_new_tokens 8 >"$W/out_$1" 2>"$W/log" &&
-        "$B/glmtrain" merge --model_name_or_path "$W/base" --adapter "$W/$1" --output_dir "$W/merged_$1" --dtype float32 \
+        "$B/glmtrain" merge --model_name_or_path "$base" --adapter "$W/$1" --output_dir "$W/merged_$1" --dtype float32 \
             >>"$W/log" 2>&1 &&
         "$B/glmtrain" generate --model_name_or_path "$W/merged_$1" --tokenizer_name "$TOK" --prompt "写一句诗" --dtype float32 \
             --max_new_tokens 8 >"$W/out_merged_$1" 2>>"$W/log"
@@ -262,4 +263,34 @@ rc=$?
 cat "$W/out_prolora" "$W/out_prolora_merged"
 cmp -s "$W/out_prolora" "$W/out_prolora_merged"
 ok $((rc + $?)) "lora_on_some_layers_generate_equals_merged"
+# transformers' GLM layout (GLM-4-9B-chat-hf's block, tiny): DoRA with dropout and PiSSA on peft's
+# q_proj, k_proj, v_proj (each row block its own norms and mask, its own SVD), generating as
+# their merged models (and PiSSA as its converted form)
+cat >"$W/config_hf.json" <<'J'
+{"architectures": ["GlmForCausalLM"], "model_type": "glm", "attention_bias": true, "eos_token_id": 130005,
+ "head_dim": 64, "hidden_act": "silu", "hidden_size": 256, "intermediate_size": 512, "max_position_embeddings": 512,
+ "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "pad_token_id": 3,
+ "rms_norm_eps": 1e-5, "rope_theta": 10000, "tie_word_embeddings": false, "vocab_size": 130528}
+J
+"$B/glmtrain" train --init_from_config "$W/config_hf.json" --tokenizer_name "$TOK" --train_file "$W/train.csv" \
+    --output_dir "$W/base_hf" --max_steps 4 --bf16 --learning_rate 1e-3 --per_device_train_batch_size 8 --disable_tqdm \
+    --save_strategy no >"$W/log" 2>&1
+ok $? "hf_layout_full_bf16"
+for k in dora_hf pissa_hf; do
+    "$B/glmtrain" train --model_name_or_path "$W/base_hf" --tokenizer_name "$TOK" --train_file "$W/train.csv" \
+        --finetuning_type lora --lora_target all --learning_rate 2e-3 --output_dir "$W/$k" --max_steps 12 --bf16 \
+        --per_device_train_batch_size 8 --logging_steps 4 --save_strategy no --disable_tqdm \
+        $([ $k = dora_hf ] && echo --use_dora --lora_dropout 0.1 || echo --pissa_init --pissa_convert --lora_dropout 0) \
+        >"$W/log" 2>&1
+    rc=$?
+    awk -F"'loss': " '/.loss.: /{split($2,a,","); v[n++]=a[1]} END{exit !(n>=2 && v[n-1] < v[0])}' "$W/log" &&
+        grep -q "k_proj" "$W/$k/adapter_config.json"
+    ok $((rc + $?)) "${k}_split_qkv_bf16_loss_falls"
+    generate_equals_merged $k "" "$W/base_hf"
+done
+"$B/glmtrain" generate --model_name_or_path "$W/base_hf" --tokenizer_name "$TOK" --adapter "$W/pissa_hf/pissa_converted" \
+    --prompt "写一句诗" --dtype float32 --max_new_tokens 8 >"$W/out_conv_hf" 2>"$W/log"
+rc=$?
+cmp -s "$W/out_pissa_hf" "$W/out_conv_hf"
+ok $((rc + $?)) "pissa_hf_generate_equals_converted"
 rm -rf "$W"

@@ -12,6 +12,7 @@ PY=${PYTHON:-/usr/bin/python3}
 mkdir -p build/lib build/shared/oracles/chatglm-cpp build/shared/tokenizers/chatglm-6b build/shared/cfg6b build/shared/guide-data
 for l in libcjson.so libgomp.so libyaml-0.so libpcre2-8.so; do cp -P /usr/lib/x86_64-linux-gnu/$l* build/lib/; done
 cp "$SHARED/oracles/chatglm-cpp/glm_model.data" build/shared/oracles/chatglm-cpp/
+[ -f "$SHARED/oracles/chatglm-cpp/glm2_model.data" ] && cp "$SHARED/oracles/chatglm-cpp/glm2_model.data" build/shared/oracles/chatglm-cpp/
 cp "$SHARED/tokenizers/chatglm-6b/ice_text.model" build/shared/tokenizers/chatglm-6b/
 tmp=$(mktemp -d)
 "$PY" bench/w1_data.py "$tmp"

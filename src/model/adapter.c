@@ -178,8 +178,13 @@ int glm_adapter_save_pissa_converted(glm_model *m, const char *dir, glm_err *err
         const float *now = host + t->offset, *first = m->pissa_init + t->offset;
         float *out = conv + ct->offset;
         if (glm_is_lora_ab(t->kind) && (t->kind - T_QKV_LA) % 2 == 0) { /* A [r, in]: rows of A, then of A0 */
-            memcpy(out, now, t->numel * sizeof(float));
-            memcpy(out + t->numel, first, t->numel * sizeof(float));
+            /* split q, k, v (A stacked [S r, in]): each block's [A_k; A0_k] in its place */
+            int S = glm_lora_split(&m->cfg, glm_lora_module(t->kind));
+            size_t blk = t->numel / (size_t)S;
+            for (int k = 0; k < S; k++) {
+                memcpy(out + 2 * k * blk, now + k * blk, blk * sizeof(float));
+                memcpy(out + (2 * k + 1) * blk, first + k * blk, blk * sizeof(float));
+            }
         } else if (glm_is_lora_ab(t->kind)) { /* B [out, r]: each row B_j then -B0_j */
             for (int64_t j = 0; j < t->shape[0]; j++)
                 for (int k = 0; k < r; k++) {

@@ -143,8 +143,22 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
         int got = glm_ckpt_read_qkv_lora(&o->file, an, 0, &g->cfg, r, C, g->a, err);
         if (got > 0) got = glm_ckpt_read_qkv_lora(&o->file, bn, 1, &g->cfg, r, C, g->b, err);
         if (got < 0) return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
-        if (got > 0 && o->has_init)
-            return glm_fail(err, "%s: PiSSA adapters on q_proj, k_proj and v_proj are not merged here", o->dir);
+        if (got > 0 && o->has_init) { /* PiSSA: each block's W_k -= s B0_k A0_k first (the trained-on base) */
+            float *a0 = glm_malloc((size_t)3 * r * C * sizeof(float)), *b0 = glm_malloc((size_t)t->shape[0] * r * sizeof(float));
+            int g0 = glm_ckpt_read_qkv_lora(&o->init, an, 0, &g->cfg, r, C, a0, err);
+            if (g0 > 0) g0 = glm_ckpt_read_qkv_lora(&o->init, bn, 1, &g->cfg, r, C, b0, err);
+            for (int k = 0; g0 > 0 && k < 3; k++) {
+                int64_t rows = glm_hf_part_rows(&g->cfg, k);
+                cpu_sgemm(0, 0, (int)rows, (int)C, r, -glm_lora_scaling(&o->peft), b0 + row * r, r, a0 + (size_t)k * r * C,
+                          (int)C, 1.0f, w + row * C, (int)C);
+                row += rows;
+            }
+            row = 0;
+            free(a0);
+            free(b0);
+            if (g0 == 0) glm_fail(err, "%s: tensor %s is missing", o->init.path, an);
+            if (g0 <= 0) return glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", o->init.path, o->dir);
+        }
         for (int k = 0; got > 0 && k < 3; k++) { /* a part the file lacks is zero: it adds nothing */
             int64_t rows = glm_hf_part_rows(&g->cfg, k);
             if (o->peft.use_dora) /* each block's rows by its own adapter: ||W_k + s B_k A_k|| */

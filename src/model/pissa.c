@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "model/adapter.h"
 #include "model/ckpt.h"
+#include "model/hf_layout.h"
 
 /* The base row a LoRA row adapts (the same layer, the module's weight), or NULL. */
 static const glm_tensor *base_of(const glm_model *m, const glm_tensor *lora, void **ptr) {
@@ -55,12 +56,29 @@ static void float_src_close(float_src *fs) {
     glm_merge_close(fs->merge);
 }
 
-/* Row tw (at wp) made W - scaling B A from w, its float values, on the host: a quantized row is
- * quantized from the float residual. b [OC, r], a [r, C]. */
+/* The row blocks of module weight tw that have adapters of their own: transformers' split q, k, v
+ * (config.h glm_lora_split), each with its rows of B and its r rows of A; else the whole weight.
+ * Returns the count; row0/rows/part per block (part: the block's place in the stacked A). */
+static int blocks_of(const glm_model *m, const glm_tensor *tw, int64_t row0[3], int64_t rows[3], int part[3]) {
+    int S = glm_lora_split(&m->cfg, glm_linear_index(tw->kind)), n = 0, parts = m->cfg.peft.lora_qkv_parts;
+    int64_t o = 0;
+    for (int k = 0; k < S; k++) {
+        int64_t nr = S > 1 ? glm_hf_part_rows(&m->cfg, k) : tw->shape[0];
+        if (S == 1 || !parts || (parts >> k & 1)) { row0[n] = o; rows[n] = nr; part[n] = k; n++; } /* else no adapter there */
+        o += nr;
+    }
+    return n;
+}
+
+/* Row tw (at wp) made W - scaling B A from w, its float values, block by block (blocks_of), on
+ * the host: a quantized row is quantized from the float residual. b [OC, r], a [r or 3 r, C]. */
 static void store_residual(glm_model *m, const glm_tensor *tw, void *wp, float *w, const float *b, const float *a, int r,
                            float scaling) {
-    int OC = (int)tw->shape[0], C = (int)tw->shape[1];
-    cpu_sgemm(0, 0, OC, C, r, -scaling, b, r, a, C, 1.0f, w, C);
+    int C = (int)tw->shape[1], part[3];
+    int64_t row0[3], rows[3];
+    for (int k = 0, n = blocks_of(m, tw, row0, rows, part); k < n; k++)
+        cpu_sgemm(0, 0, (int)rows[k], C, r, -scaling, b + row0[k] * r, r, a + (size_t)part[k] * r * C, C, 1.0f,
+                  w + row0[k] * C, C);
     glm_model_row_upload(m, tw, wp, w);
 }
 
@@ -83,12 +101,16 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
         void *wp;
         const glm_tensor *tw = base_of(m, ta, &wp);
         if (!tw) { rc = glm_fail(err, "PiSSA: no base weight for %s", ta->name); break; }
-        int OC = (int)tw->shape[0], C = (int)tw->shape[1];
-        if (r > OC || r > C) {
-            rc = glm_fail(err, "--pissa_init: rank %d is above the rank of %s [%d, %d]", r, tw->name, OC, C);
-            glm_hint(err, "lower --lora_rank");
-            break;
-        }
+        int OC = (int)tw->shape[0], C = (int)tw->shape[1], part[3];
+        int64_t row0[3], rows[3];
+        int nb = blocks_of(m, tw, row0, rows, part);
+        for (int k = 0; k < nb && rc == 0; k++)
+            if (r > rows[k] || r > C) {
+                rc = glm_fail(err, "--pissa_init: rank %d is above the rank of %s%s [%lld, %d]", r, tw->name,
+                              nb > 1 || rows[k] < OC ? "'s row block" : "", (long long)rows[k], C);
+                glm_hint(err, "lower --lora_rank");
+            }
+        if (rc) break;
         float *u = glm_malloc((size_t)OC * r * sizeof(float)), *v = glm_malloc((size_t)C * r * sizeof(float)),
               *sv = glm_malloc((size_t)r * sizeof(float));
         float *a = glm_malloc((size_t)r * C * sizeof(float)), *b = glm_malloc((size_t)OC * r * sizeof(float)), *w = NULL;
@@ -107,39 +129,44 @@ int glm_pissa_init(glm_model *m, uint64_t seed, glm_err *err) {
             if (on_dev) be->to_f32(be, dw, wp, tw->numel);
             else be->upload(be, dw, w, tw->numel * sizeof(float));
         }
-        /* one stream per (layer, module), as the LoRA rows draw theirs: every rank and stage agrees */
-        int its = glm_svd_lowrank_on(dev ? be : NULL, dev ? dw : w, OC, C, r, p->pissa_niter,
-                                     seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * GLM_SEED_KINDS + ta->kind), u,
-                                     sv, v);
-        if (p->pissa_niter < 0 && its < 0)
-            glm_warn("PiSSA: %s's top %d singular vectors still moved after %d subspace iterations (its singular values "
-                     "%d and %d are close, %.4g and the next): the start is the subspace reached", tw->name, r,
-                     GLM_SVD_MAX_ITERS, r, r + 1, sv[r - 1]);
-        /* peft's: A = diag(sqrt(S / scaling)) V^T, B = U diag(sqrt(S / scaling)), W -= scaling B A */
-        for (int j = 0; j < r; j++) {
-            float f = sqrtf(sv[j] / scaling);
-            for (int k = 0; k < C; k++) a[(size_t)j * C + k] = f * v[(size_t)k * r + j];
-            for (int k = 0; k < OC; k++) b[(size_t)k * r + j] = u[(size_t)k * r + j] * f;
+        for (int k = 0; k < nb; k++) { /* each block (peft's q_proj, k_proj, v_proj) from its own rows' SVD */
+            int R = (int)rows[k];
+            /* one stream per (layer, module, block), as the LoRA rows draw theirs: every rank and stage agrees */
+            uint64_t sd = seed * 1000003ULL + 7919ULL * ((uint64_t)(ta->layer + 1) * GLM_SEED_KINDS + ta->kind) +
+                          (uint64_t)part[k] * 0x9e3779b97f4a7c15ULL;
+            int its = glm_svd_lowrank_on(dev ? be : NULL, (dev ? dw : w) + row0[k] * C, R, C, r, p->pissa_niter, sd, u, sv, v);
+            if (p->pissa_niter < 0 && its < 0)
+                glm_warn("PiSSA: %s%s's top %d singular vectors still moved after %d subspace iterations (its singular values "
+                         "%d and %d are close, %.4g and the next): the start is the subspace reached", tw->name,
+                         nb > 1 ? "'s row block" : "", r, GLM_SVD_MAX_ITERS, r, r + 1, sv[r - 1]);
+            /* peft's: A = diag(sqrt(S / scaling)) V^T, B = U diag(sqrt(S / scaling)), W -= scaling B A */
+            for (int j = 0; j < r; j++) {
+                float f = sqrtf(sv[j] / scaling);
+                for (int q = 0; q < C; q++) a[(size_t)j * C + q] = f * v[(size_t)q * r + j];
+                for (int q = 0; q < R; q++) b[(size_t)q * r + j] = u[(size_t)q * r + j] * f;
+            }
+            /* A and B as the model holds them (16-bit on a bf16/fp16 backend): the residual subtracts
+             * exactly what the adapter adds back, so the start computes the base but for W's own rounding */
+            void *pa = glm_at(be, m->params, ta->offset + (size_t)part[k] * r * C),
+                 *pb = glm_at(be, m->params, tb->offset + (size_t)row0[k] * r);
+            be->upload_f32(be, pa, a, (size_t)r * C);
+            be->upload_f32(be, pb, b, (size_t)R * r);
+            be->download_f32(be, a, pa, (size_t)r * C);
+            be->download_f32(be, b, pb, (size_t)R * r);
+            if (on_dev) { /* the residual in float where W is */
+                float *da = be->alloc(be, (size_t)r * C * sizeof(float)), *db = be->alloc(be, (size_t)R * r * sizeof(float));
+                be->upload(be, da, a, (size_t)r * C * sizeof(float));
+                be->upload(be, db, b, (size_t)R * r * sizeof(float));
+                be->sgemm(be, 0, 0, R, C, r, -scaling, db, r, da, C, 1.0f, dw + row0[k] * C, C);
+                be->sync(be);
+                be->free(be, da);
+                be->free(be, db);
+            } else {
+                cpu_sgemm(0, 0, R, C, r, -scaling, b, r, a, C, 1.0f, w + row0[k] * C, C);
+            }
         }
-        /* A and B as the model holds them (16-bit on a bf16/fp16 backend): the residual subtracts
-         * exactly what the adapter adds back, so the start computes the base but for W's own rounding */
-        void *pa = glm_at(be, m->params, ta->offset), *pb = glm_at(be, m->params, tb->offset);
-        be->upload_f32(be, pa, a, ta->numel);
-        be->upload_f32(be, pb, b, tb->numel);
-        be->download_f32(be, a, pa, ta->numel);
-        be->download_f32(be, b, pb, tb->numel);
-        if (on_dev) { /* the residual in float where W is, then rounded into the row */
-            float *da = be->alloc(be, (size_t)r * C * sizeof(float)), *db = be->alloc(be, (size_t)OC * r * sizeof(float));
-            be->upload(be, da, a, (size_t)r * C * sizeof(float));
-            be->upload(be, db, b, (size_t)OC * r * sizeof(float));
-            be->sgemm(be, 0, 0, OC, C, r, -scaling, db, r, da, C, 1.0f, dw, C);
-            be->from_f32(be, wp, dw, tw->numel);
-            be->sync(be);
-            be->free(be, da);
-            be->free(be, db);
-        } else {
-            store_residual(m, tw, wp, w, b, a, r, scaling);
-        }
+        if (on_dev) be->from_f32(be, wp, dw, tw->numel); /* rounded into the row once */
+        else glm_model_row_upload(m, tw, wp, w);
         if (dw) be->free(be, dw);
         free(w); free(u); free(v); free(sv); free(a); free(b);
     }
@@ -172,7 +199,13 @@ int glm_pissa_residual(glm_model *m, const char *adapter_dir, glm_err *err) {
         const glm_tensor *t = &m->tab.t[i];
         if (!glm_is_lora_ab(t->kind)) continue;
         snprintf(name, sizeof name, "%s%s", GLM_ADAPTER_PREFIX, t->name);
-        rc = glm_ckpt_read_f32(&c, name, first + t->offset, 2, t->shape, err);
+        if ((t->kind == T_QKV_LA || t->kind == T_QKV_LB) && glm_lora_split(&m->cfg, 0) > 1) { /* q, k, v's own */
+            int got = glm_ckpt_read_qkv_lora(&c, name, t->kind == T_QKV_LB, &m->cfg, m->cfg.peft.lora_rank, t->shape[1],
+                                             first + t->offset, err);
+            rc = got < 0 ? -1 : got == 0 ? glm_fail(err, "%s: tensor %s is missing", path, name) : 0;
+        } else {
+            rc = glm_ckpt_read_f32(&c, name, first + t->offset, 2, t->shape, err);
+        }
         if (rc) glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", path, adapter_dir);
     }
     glm_ckpt_close(&c);
@@ -202,7 +235,7 @@ int glm_pissa_residual(glm_model *m, const char *adapter_dir, glm_err *err) {
         if (!tw) continue; /* a pipeline stage without that layer */
         float *w = glm_malloc(tw->numel * sizeof(float));
         rc = float_weight(m, &fs, tw, wp, w, err);
-        if (rc == 0) store_residual(m, tw, wp, w, b, a, (int)ta->shape[0], scaling);
+        if (rc == 0) store_residual(m, tw, wp, w, b, a, m->cfg.peft.lora_rank, scaling);
         free(w);
     }
     float_src_close(&fs);

@@ -195,10 +195,6 @@ const char *glm_extra_module_name(const glm_config *c, int bit, char *buf, size_
 
 int glm_extra_modules_check(const glm_config *c, const glm_peft *p, const char *src, glm_err *err) {
     int split = p->kind == GLM_FT_LORA && glm_lora_split(c, 0) > 1 && (p->lora_targets & GLM_LORA_QKV);
-    if (split && p->pissa)
-        return glm_fail(err, "%s: PiSSA on q_proj, k_proj and v_proj of transformers' GLM layout: glmtrain runs it on single "
-                             "adapters only", src),
-               glm_hint(err, "target o_proj, gate_up_proj, down_proj with it, or use THUDM's layout (query_key_value)");
     /* DoRA's magnitude covers every row of the stacked q | k | v, so those without an adapter of
      * their own would train a magnitude peft does not have */
     if (split && p->use_dora && p->lora_qkv_parts && p->lora_qkv_parts != 7)

@@ -538,6 +538,56 @@ def check_lora_cli(torch, GlmForCausalLM, d, base_tok, lbase, bpath, ids, labels
                         "q_proj,v_proj", "--use_dora", "--train_file", os.path.join(d, "conv.jsonl"), "--output_dir",
                         os.path.join(d, "dora-qv")], capture_output=True, text=True, timeout=120, env=ENV)
     report("glm_hf_dora_on_some_of_qkv_refused", p.returncode != 0 and "all three" in p.stderr, p.stderr[-300:])
+    # PiSSA on every module: q, k and v each from its own rows' SVD (--pissa_iter -1: the full SVD's
+    # triplets); after training, the PiSSA folder merged, its converted form (a plain LoRA of rank 2r
+    # for the original base) in peft and merged, give one loss
+    pi = os.path.join(d, "pissa")
+    run(["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "all", "--lora_rank", "4",
+         "--pissa_init", "--pissa_iter", "-1", "--pissa_convert", "--train_file", os.path.join(d, "conv.jsonl"),
+         "--learning_rate", "5e-3", "--seed", "7", "--max_source_length", "32", "--max_target_length", "32",
+         "--disable_tqdm", "--report_to", "none", "--max_steps", "3", "--save_steps", "3", "--output_dir", pi,
+         "--per_device_train_batch_size", "8", "--lora_dropout", "0", "--logging_steps", "1"], timeout=300)
+    # its first loss is the base's (W - s B0 A0 + s B0 A0): the plain LoRA run's above, whose B starts at 0
+    first, first_lora = losses(pi, 3)[1], losses(out, 4)[1]
+    init = load_file(os.path.join(pi, "pissa_init", "adapter_model.safetensors"))
+    sd = load_file(os.path.join(base_tok, "model.safetensors"))
+    worst = 0.0
+    scale = json.load(open(os.path.join(pi, "adapter_config.json")))["lora_alpha"] / 4.0
+    for mod in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        W = sd["model.layers.0.self_attn.%s.weight" % mod].double()
+        U, S, Vh = torch.linalg.svd(W, full_matrices=False)
+        want = U[:, :4] @ torch.diag(S[:4]) @ Vh[:4]
+        key = "base_model.model.model.layers.0.self_attn.%s.lora_%s.weight"
+        got_ = scale * init[key % (mod, "B")].double() @ init[key % (mod, "A")].double()
+        worst = max(worst, float((got_ - want).abs().max() / want.abs().max()))
+    conv = os.path.join(pi, "pissa_converted")
+    ccfg = json.load(open(os.path.join(conv, "adapter_config.json")))
+    t6 = GlmForCausalLM.from_pretrained(base_tok, attn_implementation="eager").float().eval()
+    pc = PeftModel.from_pretrained(t6, conv).eval()
+    with torch.no_grad():
+        cref = pc(input_ids=ids, labels=labels).loss.item()
+    got_l = []
+    for src, name in ((pi, "merged-pissa"), (conv, "merged-pissa-conv")):
+        run(["--model_name_or_path", base_tok, "--adapter", src, "--output_dir", os.path.join(d, name), "--dtype", "float32"],
+            cmd="merge")
+        with torch.no_grad():
+            got_l.append(GlmForCausalLM.from_pretrained(os.path.join(d, name), attn_implementation="eager").float().eval()(
+                input_ids=ids, labels=labels).loss.item())
+    # the folder loaded as it is (its base made the residual from pissa_init/): the merged model's answer
+    gens = []
+    for mdl, extra in ((base_tok, ["--adapter", pi]), (os.path.join(d, "merged-pissa"), [])):
+        p = subprocess.run([GLM, "generate", "--model_name_or_path", mdl, "--tokenizer_name", base_tok, "--prompt", "你好",
+                            "--do_sample", "false", "--max_new_tokens", "6", "--debug"] + extra, capture_output=True,
+                           text=True, timeout=120, env=ENV)
+        gens.append([l for l in p.stderr.splitlines() if l.startswith("[debug] token")] if p.returncode == 0 else p.stderr[-200:])
+    report("glm_hf_pissa_split_folder_generates_as_merged", gens[0] == gens[1] and len(gens[0]) == 6, "%s / %s" % (
+        gens[0][:2], gens[1][:2]))
+    report("glm_hf_pissa_split_q_k_v",
+           worst <= 1e-4 and ccfg["r"] == 8 and all(abs(x - cref) <= 1e-5 * abs(cref) for x in got_l) and
+           abs(first - first_lora) <= 1e-5 * abs(first_lora) and
+           abs(cref - without) > 1e-4 and len([k for k in init if "k_proj" in k]) == 4,
+           "s B0 A0 against the SVD's top 4 %.2g; first loss %.7f (LoRA's %.7f); converted r %s; peft(converted) %.7f, "
+           "merged PiSSA %s, base %.7f" % (worst, first, first_lora, ccfg["r"], cref, ["%.7f" % x for x in got_l], without))
     # 2 CPU ranks (ZeRO 0 and 1) equal 1 rank for the split adapters; pipeline stages refused for now
     common = ["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "q_proj,v_proj,down_proj",
               "--lora_dropout", "0", "--train_file", os.path.join(d, "conv.jsonl"), "--learning_rate", "5e-3",
