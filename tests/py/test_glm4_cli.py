@@ -39,6 +39,20 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
          {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
 
 
+def write_config(d, vocab, sid, seq_length=1024):
+    """A tiny GLM-4 config.json (THUDM's layout: the ChatGLM2 block, its eos list) in d; its path."""
+    cfg = {"model_type": "chatglm", "padded_vocab_size": vocab, "hidden_size": 32, "num_layers": 2,
+           "num_attention_heads": 4, "kv_channels": 8, "multi_query_attention": True, "multi_query_group_num": 2,
+           "ffn_hidden_size": 48, "layernorm_epsilon": 1.5625e-07, "rmsnorm": True, "add_qkv_bias": True,
+           "add_bias_linear": False, "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
+           "original_rope": True, "rope_ratio": 500, "seq_length": seq_length, "tie_word_embeddings": False,
+           "eos_token_id": [sid["<|endoftext|>"], sid["<|user|>"], sid["<|observation|>"]],
+           "pad_token_id": sid["<|endoftext|>"]}
+    path = os.path.join(d, "config.json")
+    json.dump(cfg, open(path, "w"))
+    return path
+
+
 def process_message(message):
     """finetune.py's process_message: a system turn's tools lose their null properties."""
     message = json.loads(json.dumps(message))
@@ -88,15 +102,7 @@ def main():
         sid = {s: n + i for i, s in enumerate(SPECIALS)}
         enc = tiktoken.Encoding("glm4-test", pat_str=G.PAT, mergeable_ranks=ranks, special_tokens=sid)
         vocab = (n + len(SPECIALS) + 63) // 64 * 64
-        cfg = {"model_type": "chatglm", "padded_vocab_size": vocab, "hidden_size": 32, "num_layers": 2,
-               "num_attention_heads": 4, "kv_channels": 8, "multi_query_attention": True, "multi_query_group_num": 2,
-               "ffn_hidden_size": 48, "layernorm_epsilon": 1.5625e-07, "rmsnorm": True, "add_qkv_bias": True,
-               "add_bias_linear": False, "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
-               "original_rope": True, "rope_ratio": 500, "seq_length": 1024, "tie_word_embeddings": False,
-               "eos_token_id": [sid["<|endoftext|>"], sid["<|user|>"], sid["<|observation|>"]],
-               "pad_token_id": sid["<|endoftext|>"]}
-        cfg_path = os.path.join(d, "config.json")
-        json.dump(cfg, open(cfg_path, "w"))
+        cfg_path = write_config(d, vocab, sid)
         recs = []
         for i in range(32):
             conv = [{"role": "user", "content": "写一句关于%d的诗" % i}, {"role": "assistant", "content": "春风又绿江南岸 %d" % i}]

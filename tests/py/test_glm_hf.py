@@ -457,6 +457,36 @@ def check_lora(torch, GlmConfig, GlmForCausalLM, d):
     return base, bpath, ids, labels
 
 
+def train_adapter(base_tok, d, out, flags, steps=3):
+    """`glmtrain train` of an adapter (rank 4) on the guide-style records of check_train; its
+    adapter_config.json and the names in its adapter_model.safetensors."""
+    from safetensors import safe_open
+    run(["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_rank", "4", "--train_file",
+         os.path.join(d, "conv.jsonl"), "--learning_rate", "5e-3", "--seed", "7", "--max_source_length", "32",
+         "--max_target_length", "32", "--disable_tqdm", "--report_to", "none", "--max_steps", str(steps), "--save_steps",
+         str(steps), "--output_dir", out, "--per_device_train_batch_size", "8"] + flags, timeout=300)
+    with safe_open(os.path.join(out, "adapter_model.safetensors"), "pt") as f:
+        names = sorted(f.keys())
+    return json.load(open(os.path.join(out, "adapter_config.json"))), names
+
+
+def peft_loss(torch, GlmForCausalLM, base_tok, adapter, ids, labels):
+    """The loss of PeftModel.from_pretrained(GlmForCausalLM of base_tok, adapter)."""
+    from peft import PeftModel
+    pm = PeftModel.from_pretrained(GlmForCausalLM.from_pretrained(base_tok, attn_implementation="eager").float().eval(),
+                                   adapter).eval()
+    with torch.no_grad():
+        return pm(input_ids=ids, labels=labels).loss.item()
+
+
+def merged_loss(torch, GlmForCausalLM, base_tok, adapter, out, ids, labels):
+    """`glmtrain merge` of adapter into base_tok (float32) at out; the merged model's loss in transformers."""
+    run(["--model_name_or_path", base_tok, "--adapter", adapter, "--output_dir", out, "--dtype", "float32"], cmd="merge")
+    with torch.no_grad():
+        return GlmForCausalLM.from_pretrained(out, attn_implementation="eager").float().eval()(input_ids=ids,
+                                                                                             labels=labels).loss.item()
+
+
 def check_lora_cli(torch, GlmForCausalLM, d, base_tok, lbase, bpath, ids, labels):
     from peft import PeftModel
     out = os.path.join(d, "lora")
@@ -488,106 +518,13 @@ def check_lora_cli(torch, GlmForCausalLM, d, base_tok, lbase, bpath, ids, labels
                                                               (p.stdout + p.stderr)[-300:] if p.returncode else ""))
     # trained on q_proj and v_proj alone: the files hold those two, peft loads them, merge agrees
     qv = os.path.join(d, "lora-qv")
-    run(["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "q_proj,v_proj", "--lora_rank", "4",
-         "--train_file", os.path.join(d, "conv.jsonl"), "--learning_rate", "5e-3", "--seed", "7", "--max_source_length", "32",
-         "--max_target_length", "32", "--disable_tqdm", "--report_to", "none", "--max_steps", "3", "--save_steps", "3",
-         "--output_dir", qv, "--per_device_train_batch_size", "8"], timeout=300)
-    qcfg = json.load(open(os.path.join(qv, "adapter_config.json")))
-    with safe_open(os.path.join(qv, "adapter_model.safetensors"), "pt") as f:
-        qnames = sorted(f.keys())
-    t2 = GlmForCausalLM.from_pretrained(base_tok, attn_implementation="eager").float().eval()
-    pq = PeftModel.from_pretrained(t2, qv).eval()
-    with torch.no_grad():
-        qref = pq(input_ids=ids, labels=labels).loss.item()
-    qm = os.path.join(d, "merged-qv")
-    run(["--model_name_or_path", base_tok, "--adapter", qv, "--output_dir", qm, "--dtype", "float32"], cmd="merge")
-    with torch.no_grad():
-        qmerged = GlmForCausalLM.from_pretrained(qm, attn_implementation="eager").float().eval()(input_ids=ids, labels=labels).loss.item()
+    qcfg, qnames = train_adapter(base_tok, d, qv, ["--lora_target", "q_proj,v_proj"])
+    qref = peft_loss(torch, GlmForCausalLM, base_tok, qv, ids, labels)
+    qmerged = merged_loss(torch, GlmForCausalLM, base_tok, qv, os.path.join(d, "merged-qv"), ids, labels)
     report("glm_hf_lora_q_v_alone_trained", sorted(qcfg["target_modules"]) == ["q_proj", "v_proj"] and len(qnames) == 8 and
            not any("k_proj" in x for x in qnames) and abs(qmerged - qref) <= 1e-5 * abs(qref) and abs(qref - without) > 1e-4,
            "target_modules %s, %d tensors; peft %.7f merged %.7f base %.7f" % (qcfg["target_modules"], len(qnames), qref, qmerged,
                                                                             without))
-    # DoRA on every module: its magnitudes saved under q_proj / k_proj / v_proj's names, loaded by
-    # peft, merged per block
-    dd = os.path.join(d, "dora")
-    run(["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "all", "--lora_rank", "4",
-         "--use_dora", "--train_file", os.path.join(d, "conv.jsonl"), "--learning_rate", "5e-3", "--seed", "7",
-         "--max_source_length", "32", "--max_target_length", "32", "--disable_tqdm", "--report_to", "none",
-         "--max_steps", "3", "--save_steps", "3", "--output_dir", dd, "--per_device_train_batch_size", "8"], timeout=300)
-    with safe_open(os.path.join(dd, "adapter_model.safetensors"), "pt") as f:
-        dnames = sorted(f.keys())
-    t5 = GlmForCausalLM.from_pretrained(base_tok, attn_implementation="eager").float().eval()
-    pd = PeftModel.from_pretrained(t5, dd).eval()
-    with torch.no_grad():
-        dref = pd(input_ids=ids, labels=labels).loss.item()
-    p = subprocess.run([DRIVER, "--model", base_tok, "--batch", bpath, "--out", os.path.join(d, "dout2.safetensors"),
-                        "--finetuning_type", "lora", "--lora_target", "all", "--lora_rank", "4", "--use_dora", "--adapter", dd],
-                       capture_output=True, text=True, timeout=300)
-    dgot = load_file(os.path.join(d, "dout2.safetensors"))["loss"].item() if p.returncode == 0 else float("nan")
-    dm = os.path.join(d, "merged-dora")
-    run(["--model_name_or_path", base_tok, "--adapter", dd, "--output_dir", dm, "--dtype", "float32"], cmd="merge")
-    with torch.no_grad():
-        dmerged = GlmForCausalLM.from_pretrained(dm, attn_implementation="eager").float().eval()(input_ids=ids, labels=labels).loss.item()
-    mags = [x for x in dnames if "magnitude" in x]
-    report("glm_hf_dora_trained_loads_in_peft_and_merges",
-           len(mags) == 12 and any("k_proj.lora_magnitude_vector" in x for x in mags) and
-           abs(dgot - dref) <= 1e-5 * abs(dref) and abs(dmerged - dref) <= 1e-5 * abs(dref) and abs(dref - without) > 1e-4,
-           "%d magnitudes (%s); peft %.7f glmtrain %.7f merged %.7f base %.7f %s" % (
-               len(mags), mags[:1], dref, dgot, dmerged, without, (p.stdout + p.stderr)[-300:] if p.returncode else ""))
-    p = subprocess.run([GLM, "train", "--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target",
-                        "q_proj,v_proj", "--use_dora", "--train_file", os.path.join(d, "conv.jsonl"), "--output_dir",
-                        os.path.join(d, "dora-qv")], capture_output=True, text=True, timeout=120, env=ENV)
-    report("glm_hf_dora_on_some_of_qkv_refused", p.returncode != 0 and "all three" in p.stderr, p.stderr[-300:])
-    # PiSSA on every module: q, k and v each from its own rows' SVD (--pissa_iter -1: the full SVD's
-    # triplets); after training, the PiSSA folder merged, its converted form (a plain LoRA of rank 2r
-    # for the original base) in peft and merged, give one loss
-    pi = os.path.join(d, "pissa")
-    run(["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "all", "--lora_rank", "4",
-         "--pissa_init", "--pissa_iter", "-1", "--pissa_convert", "--train_file", os.path.join(d, "conv.jsonl"),
-         "--learning_rate", "5e-3", "--seed", "7", "--max_source_length", "32", "--max_target_length", "32",
-         "--disable_tqdm", "--report_to", "none", "--max_steps", "3", "--save_steps", "3", "--output_dir", pi,
-         "--per_device_train_batch_size", "8", "--lora_dropout", "0", "--logging_steps", "1"], timeout=300)
-    # its first loss is the base's (W - s B0 A0 + s B0 A0): the plain LoRA run's above, whose B starts at 0
-    first, first_lora = losses(pi, 3)[1], losses(out, 4)[1]
-    init = load_file(os.path.join(pi, "pissa_init", "adapter_model.safetensors"))
-    sd = load_file(os.path.join(base_tok, "model.safetensors"))
-    worst = 0.0
-    scale = json.load(open(os.path.join(pi, "adapter_config.json")))["lora_alpha"] / 4.0
-    for mod in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        W = sd["model.layers.0.self_attn.%s.weight" % mod].double()
-        U, S, Vh = torch.linalg.svd(W, full_matrices=False)
-        want = U[:, :4] @ torch.diag(S[:4]) @ Vh[:4]
-        key = "base_model.model.model.layers.0.self_attn.%s.lora_%s.weight"
-        got_ = scale * init[key % (mod, "B")].double() @ init[key % (mod, "A")].double()
-        worst = max(worst, float((got_ - want).abs().max() / want.abs().max()))
-    conv = os.path.join(pi, "pissa_converted")
-    ccfg = json.load(open(os.path.join(conv, "adapter_config.json")))
-    t6 = GlmForCausalLM.from_pretrained(base_tok, attn_implementation="eager").float().eval()
-    pc = PeftModel.from_pretrained(t6, conv).eval()
-    with torch.no_grad():
-        cref = pc(input_ids=ids, labels=labels).loss.item()
-    got_l = []
-    for src, name in ((pi, "merged-pissa"), (conv, "merged-pissa-conv")):
-        run(["--model_name_or_path", base_tok, "--adapter", src, "--output_dir", os.path.join(d, name), "--dtype", "float32"],
-            cmd="merge")
-        with torch.no_grad():
-            got_l.append(GlmForCausalLM.from_pretrained(os.path.join(d, name), attn_implementation="eager").float().eval()(
-                input_ids=ids, labels=labels).loss.item())
-    # the folder loaded as it is (its base made the residual from pissa_init/): the merged model's answer
-    gens = []
-    for mdl, extra in ((base_tok, ["--adapter", pi]), (os.path.join(d, "merged-pissa"), [])):
-        p = subprocess.run([GLM, "generate", "--model_name_or_path", mdl, "--tokenizer_name", base_tok, "--prompt", "你好",
-                            "--do_sample", "false", "--max_new_tokens", "6", "--debug"] + extra, capture_output=True,
-                           text=True, timeout=120, env=ENV)
-        gens.append([l for l in p.stderr.splitlines() if l.startswith("[debug] token")] if p.returncode == 0 else p.stderr[-200:])
-    report("glm_hf_pissa_split_folder_generates_as_merged", gens[0] == gens[1] and len(gens[0]) == 6, "%s / %s" % (
-        gens[0][:2], gens[1][:2]))
-    report("glm_hf_pissa_split_q_k_v",
-           worst <= 1e-4 and ccfg["r"] == 8 and all(abs(x - cref) <= 1e-5 * abs(cref) for x in got_l) and
-           abs(first - first_lora) <= 1e-5 * abs(first_lora) and
-           abs(cref - without) > 1e-4 and len([k for k in init if "k_proj" in k]) == 4,
-           "s B0 A0 against the SVD's top 4 %.2g; first loss %.7f (LoRA's %.7f); converted r %s; peft(converted) %.7f, "
-           "merged PiSSA %s, base %.7f" % (worst, first, first_lora, ccfg["r"], cref, ["%.7f" % x for x in got_l], without))
     # 2 CPU ranks (ZeRO 0 and 1) equal 1 rank for the split adapters; pipeline stages refused for now
     common = ["--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target", "q_proj,v_proj,down_proj",
               "--lora_dropout", "0", "--train_file", os.path.join(d, "conv.jsonl"), "--learning_rate", "5e-3",
@@ -670,6 +607,71 @@ def save_0414(torch, m, folder):
                "hidden_act": "silu", "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
                "rope_theta": c.rope_theta, "attention_bias": True, "tie_word_embeddings": False,
                "pad_token_id": c.pad_token_id, "eos_token_id": c.eos_token_id}, open(os.path.join(folder, "config.json"), "w"))
+
+
+def check_dora_pissa_cli(torch, GlmForCausalLM, d, base_tok, bpath, ids, labels):
+    """DoRA and PiSSA on peft's q_proj, k_proj, v_proj (and the rest) through the command line."""
+    from safetensors.torch import load_file
+    with torch.no_grad():
+        without = GlmForCausalLM.from_pretrained(base_tok, attn_implementation="eager").float().eval()(
+            input_ids=ids, labels=labels).loss.item()
+    # DoRA on every module: its magnitudes saved under q_proj / k_proj / v_proj's names, loaded by
+    # peft, merged per block
+    dd = os.path.join(d, "dora")
+    _, dnames = train_adapter(base_tok, d, dd, ["--lora_target", "all", "--use_dora"])
+    dref = peft_loss(torch, GlmForCausalLM, base_tok, dd, ids, labels)
+    p = subprocess.run([DRIVER, "--model", base_tok, "--batch", bpath, "--out", os.path.join(d, "dout2.safetensors"),
+                        "--finetuning_type", "lora", "--lora_target", "all", "--lora_rank", "4", "--use_dora", "--adapter", dd],
+                       capture_output=True, text=True, timeout=300)
+    dgot = load_file(os.path.join(d, "dout2.safetensors"))["loss"].item() if p.returncode == 0 else float("nan")
+    dmerged = merged_loss(torch, GlmForCausalLM, base_tok, dd, os.path.join(d, "merged-dora"), ids, labels)
+    mags = [x for x in dnames if "magnitude" in x]
+    report("glm_hf_dora_trained_loads_in_peft_and_merges",
+           len(mags) == 12 and any("k_proj.lora_magnitude_vector" in x for x in mags) and
+           abs(dgot - dref) <= 1e-5 * abs(dref) and abs(dmerged - dref) <= 1e-5 * abs(dref) and abs(dref - without) > 1e-4,
+           "%d magnitudes (%s); peft %.7f glmtrain %.7f merged %.7f base %.7f %s" % (
+               len(mags), mags[:1], dref, dgot, dmerged, without, (p.stdout + p.stderr)[-300:] if p.returncode else ""))
+    p = subprocess.run([GLM, "train", "--model_name_or_path", base_tok, "--finetuning_type", "lora", "--lora_target",
+                        "q_proj,v_proj", "--use_dora", "--train_file", os.path.join(d, "conv.jsonl"), "--output_dir",
+                        os.path.join(d, "dora-qv")], capture_output=True, text=True, timeout=120, env=ENV)
+    report("glm_hf_dora_on_some_of_qkv_refused", p.returncode != 0 and "all three" in p.stderr, p.stderr[-300:])
+    # PiSSA on every module: q, k and v each from its own rows' SVD (--pissa_iter -1: the full SVD's
+    # triplets); after training, the PiSSA folder merged, its converted form (a plain LoRA of rank 2r
+    # for the original base) in peft and merged, give one loss
+    pi = os.path.join(d, "pissa")
+    pcfg, _ = train_adapter(base_tok, d, pi, ["--lora_target", "all", "--pissa_init", "--pissa_iter", "-1", "--pissa_convert",
+                                              "--lora_dropout", "0", "--logging_steps", "1"])
+    # its first loss is the base's (W - s B0 A0 + s B0 A0): check_lora_cli's LoRA run's, whose B starts at 0
+    first, first_lora = losses(pi, 3)[1], losses(os.path.join(d, "lora"), 4)[1]
+    init = load_file(os.path.join(pi, "pissa_init", "adapter_model.safetensors"))
+    sd = load_file(os.path.join(base_tok, "model.safetensors"))
+    worst, scale = 0.0, pcfg["lora_alpha"] / 4.0
+    for mod in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        U, S, Vh = torch.linalg.svd(sd["model.layers.0.self_attn.%s.weight" % mod].double(), full_matrices=False)
+        want = U[:, :4] @ torch.diag(S[:4]) @ Vh[:4]
+        key = "base_model.model.model.layers.0.self_attn.%s.lora_%s.weight"
+        got_ = scale * init[key % (mod, "B")].double() @ init[key % (mod, "A")].double()
+        worst = max(worst, float((got_ - want).abs().max() / want.abs().max()))
+    conv = os.path.join(pi, "pissa_converted")
+    ccfg = json.load(open(os.path.join(conv, "adapter_config.json")))
+    cref = peft_loss(torch, GlmForCausalLM, base_tok, conv, ids, labels)
+    got_l = [merged_loss(torch, GlmForCausalLM, base_tok, src, os.path.join(d, name), ids, labels)
+             for src, name in ((pi, "merged-pissa"), (conv, "merged-pissa-conv"))]
+    # the folder loaded as it is (its base made the residual from pissa_init/): the merged model's answer
+    gens = []
+    for mdl, extra in ((base_tok, ["--adapter", pi]), (os.path.join(d, "merged-pissa"), [])):
+        p = subprocess.run([GLM, "generate", "--model_name_or_path", mdl, "--tokenizer_name", base_tok, "--prompt", "你好",
+                            "--do_sample", "false", "--max_new_tokens", "6", "--debug"] + extra, capture_output=True,
+                           text=True, timeout=120, env=ENV)
+        gens.append([l for l in p.stderr.splitlines() if l.startswith("[debug] token")] if p.returncode == 0 else p.stderr[-200:])
+    report("glm_hf_pissa_split_folder_generates_as_merged", gens[0] == gens[1] and len(gens[0]) == 6, "%s / %s" % (
+        gens[0][:2], gens[1][:2]))
+    report("glm_hf_pissa_split_q_k_v",
+           worst <= 1e-4 and ccfg["r"] == 8 and all(abs(x - cref) <= 1e-5 * abs(cref) for x in got_l) and
+           abs(first - first_lora) <= 1e-5 * abs(first_lora) and
+           abs(cref - without) > 1e-4 and len([k for k in init if "k_proj" in k]) == 4,
+           "s B0 A0 against the SVD's top 4 %.2g; first loss %.7f (LoRA's %.7f); converted r %s; peft(converted) %.7f, "
+           "merged PiSSA %s, base %.7f" % (worst, first, first_lora, ccfg["r"], cref, ["%.7f" % x for x in got_l], without))
 
 
 def check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n):
@@ -771,16 +773,24 @@ def check_refusals(d, tdir):
            "not GLM-4's" in p.stderr, p.stderr[-300:])
 
 
-def main():
+def use_transformers_446(test, programs):
+    """transformers 4.46 (and its tokenizers) first on sys.path, Debian's copies forgotten; False
+    (with a SKIP line for `test`) when it or one of the programs is missing."""
     if not os.path.isfile(os.path.join(TF_DIR, "transformers", "models", "glm", "modeling_glm.py")):
-        print("SKIP glm_hf: transformers 4.46 is not in %s (scripts/install-deps.sh puts it there)" % TF_DIR)
-        return 0
-    if not os.access(DRIVER, os.X_OK) or not os.path.exists(GLM):
-        print("SKIP glm_hf: glmtrain or tool_model_driver not built")
-        return 0
+        print("SKIP %s: transformers 4.46 is not in %s (scripts/install-deps.sh puts it there)" % (test, TF_DIR))
+        return False
+    if not all(os.access(p, os.X_OK) for p in programs):
+        print("SKIP %s: %s not built" % (test, " or ".join(programs)))
+        return False
     sys.path.insert(0, TF_DIR)
     for k in [k for k in sys.modules if k.split(".")[0] in ("transformers", "tokenizers", "huggingface_hub", "safetensors")]:
         del sys.modules[k]
+    return True
+
+
+def main():
+    if not use_transformers_446("glm_hf", [DRIVER, GLM]):
+        return 0
     import torch
     from transformers import GlmConfig, GlmForCausalLM
     d = tempfile.mkdtemp(prefix="glmtrain-glmhf-")
@@ -793,6 +803,7 @@ def main():
         check_train(torch, GlmConfig, GlmForCausalLM, d, tdir, n)
         bpath, ids, labels = write_batch(torch, d, "batch3.json", n, [(6, 5), (4, 8)], 9, n)
         check_lora_cli(torch, GlmForCausalLM, d, os.path.join(d, "base"), lbase, bpath, ids, labels)
+        check_dora_pissa_cli(torch, GlmForCausalLM, d, os.path.join(d, "base"), bpath, ids, labels)
         check_0414(torch, GlmConfig, GlmForCausalLM, d, tdir, n)
         check_refusals(d, tdir)
     finally:

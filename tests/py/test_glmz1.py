@@ -23,7 +23,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mpi_runs import ENV, GLM, report, run  # noqa: E402
 
-TF_DIR = "/usr/local/lib/glmtrain-transformers-4.46"
 BUILD = os.environ.get("GLM_BUILD", "build")
 TOOL = os.path.join(BUILD, "tests", "tool_chatglm23")
 THINK = "<think>\n\n</think>\n\n"
@@ -160,15 +159,8 @@ def prompt_of(stderr):
 def check_cli(d, tdir, tk, n, specials, data, th):
     sid = {s: n + i for i, s in enumerate(specials)}
     encode = lambda s: tk.encode(s, add_special_tokens=False).ids  # noqa: E731
-    vocab = (n + len(specials) + 63) // 64 * 64
-    cfg = {"model_type": "chatglm", "padded_vocab_size": vocab, "hidden_size": 32, "num_layers": 2,
-           "num_attention_heads": 4, "kv_channels": 8, "multi_query_attention": True, "multi_query_group_num": 2,
-           "ffn_hidden_size": 48, "layernorm_epsilon": 1.5625e-07, "rmsnorm": True, "add_qkv_bias": True,
-           "add_bias_linear": False, "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
-           "original_rope": True, "rope_ratio": 500, "seq_length": 512, "tie_word_embeddings": False,
-           "eos_token_id": [sid["<|endoftext|>"], sid["<|user|>"], sid["<|observation|>"]], "pad_token_id": sid["<|endoftext|>"]}
-    cfg_path = os.path.join(d, "config.json")
-    json.dump(cfg, open(cfg_path, "w"))
+    from test_glm4_cli import write_config
+    cfg_path = write_config(d, (n + len(specials) + 63) // 64 * 64, sid, seq_length=512)
     out = os.path.join(d, "out")
     p = run(["--init_from_config", cfg_path, "--tokenizer_name", tdir, "--train_file", data, "--template", "glmz1",
              "--enable_thinking", "false", "--learning_rate", "1e-2", "--logging_steps", "1", "--seed", "7",
@@ -246,15 +238,9 @@ def check_refused(d):
 
 
 def main():
-    if not os.path.isfile(os.path.join(TF_DIR, "transformers", "convert_slow_tokenizer.py")):
-        print("SKIP glmz1: transformers 4.46 is not in %s (scripts/install-deps.sh puts it there)" % TF_DIR)
+    import test_glm_hf as H
+    if not H.use_transformers_446("glmz1", [GLM, TOOL]):
         return 0
-    if not os.path.exists(GLM) or not os.access(TOOL, os.X_OK):
-        print("SKIP glmz1: glmtrain or tool_chatglm23 not built")
-        return 0
-    sys.path.insert(0, TF_DIR)
-    for k in [k for k in sys.modules if k.split(".")[0] in ("transformers", "tokenizers", "huggingface_hub", "safetensors")]:
-        del sys.modules[k]
     d = tempfile.mkdtemp(prefix="glmtrain-glmz1-")
     try:
         tdir, tk, n, specials = make_tokenizer(d)

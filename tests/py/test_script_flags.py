@@ -43,7 +43,7 @@ def more_trainer_settings(sh):
     report("newer_trainer_settings_left_alone", p.returncode == 0 and len(said) == len(quiet) // 2, "%s %s" % (said, p.stderr[-300:]))
     # LLaMA-Factory's arguments (its webui's commands): left alone, passed on under glmtrain's names, or refused
     lf = ["--upcast_layernorm", "true", "--print_param_status", "true", "--double_quantization", "true",
-          "--mix_strategy", "concat", "--enable_thinking", "true", "--use_apollo", "false", "--freeze_vision_tower", "true",
+          "--mix_strategy", "concat", "--use_apollo", "false", "--freeze_vision_tower", "true",
           "--include_effective_tokens_per_second", "true", "--use_fast_tokenizer", "true", "--low_cpu_mem_usage", "true",
           "--model_max_length", "2048", "--split_special_tokens", "false", "--disable_version_checking", "true"]
     p = subprocess.run([GLM, "train"] + sh + lf + ["--max_steps", "1"], capture_output=True, text=True, timeout=120, env=ENV)
