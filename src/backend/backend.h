@@ -39,7 +39,8 @@ typedef struct glm_span { size_t lo, n; } glm_span;
 
 typedef struct glm_backend glm_backend;
 struct glm_backend {
-    const char *name;   /* "cpu", "cuda:0" */
+    const char *name;   /* "cpu", "cuda:0" (for messages: `device` says which) */
+    int device;         /* the CUDA device it runs on; -1: the CPU */
     glm_dtype dtype;    /* storage dtype S */
     int allow_tf32;     /* S = fp32: products on TF32 tensor cores (--tf32; the CUDA backend reads it) */
     int deterministic;  /* every sum in a fixed order, run to run (--full_determinism; the CPU backend always
@@ -335,6 +336,8 @@ struct glm_backend {
 };
 
 glm_backend *glm_backend_cpu(void);
+/* Whether the backend computes on a GPU (its memory is the device's). */
+static inline int glm_backend_on_gpu(const glm_backend *be) { return be->device >= 0; }
 #ifdef GLM_HAVE_CUDA
 /* CUDA backend on `device` with storage dtype; NULL and a message when no GPU is usable. */
 glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t errlen);

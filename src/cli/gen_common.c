@@ -212,7 +212,7 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
         return 0;
     }
     if (pick_backend(s, a, err)) return -1;
-    if (!strcmp(s->be->name, "cpu")) { /* the weights as float32 in host memory: past what is available the
+    if (!glm_backend_on_gpu(s->be)) { /* the weights as float32 in host memory: past what is available the
                                         * out-of-memory killer would end the load part-way, silently */
         double need = glm_memory_plan(&c, GLM_F32, 1, 1, 0, 0).params, have = glm_host_mem_available();
         if (have > 0 && need > have) {

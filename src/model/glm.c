@@ -83,7 +83,7 @@ static void init_common(glm_model *m, const glm_config *c, glm_backend *be, int 
      * gradient ([V, H]: 1 GB at ChatGLM-6B in bf16), so the GPU wants few, large chunks
      * (2048 rows: eight times fewer passes over it than 256; docs/PERF.md has the measured
      * difference); the CPU keeps its logits small. */
-    m->head_chunk = strncmp(be->name, "cuda", 4) == 0 ? 2048 : 256;
+    m->head_chunk = glm_backend_on_gpu(be) ? 2048 : 256;
     m->flat_cap = m->tab.total;
 }
 

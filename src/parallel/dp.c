@@ -257,7 +257,7 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     dp->opt = opt;
     glm_backend *be = m->be;
     if (dp->world == 1) return attach_single(dp, m, opt, lr, b1, b2, eps, wd, err);
-    int gpu = strncmp(be->name, "cuda", 4) == 0;
+    int gpu = glm_backend_on_gpu(be);
     if (gpu) {
         /* a pipeline run hands in its stage's group communicator (parallel/pipe_train.c) */
         if (strcmp(dp->comm->kind, "nccl") != 0 && open_nccl(dp, err)) return -1;

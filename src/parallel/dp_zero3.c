@@ -175,7 +175,7 @@ int glm_dp_z3_attach(glm_dp *dp, glm_err *err) {
     double MiB = 1048576.0;
     glm_info("ZeRO-3: weights %.1f MiB per rank at rest (the shard) + two unit slots of %.1f MiB instead of %.1f MiB",
              dp->shard * es / MiB, z->slot_elems * es / MiB, m->tab.total * es / MiB);
-    if (strncmp(be->name, "cpu", 3) != 0 && dp->rank == 0)
+    if (glm_backend_on_gpu(be) && dp->rank == 0)
         glm_info("ZeRO-3 on GPU ranks is new: proven on CPU ranks only so far (docs/OPTIMIZER.md)");
     (void)err;
     return 0;

@@ -12,7 +12,7 @@
  * caller's current device is given back at the end of every call here. */
 static void use(glm_backend *be) {
 #ifdef GLM_HAVE_CUDA
-    if (!strncmp(be->name, "cuda:", 5)) cudaSetDevice(atoi(be->name + 5));
+    if (glm_backend_on_gpu(be)) cudaSetDevice(be->device);
 #else
     (void)be;
 #endif

@@ -381,7 +381,7 @@ int glm_pp_open(glm_pp **out, glm_dp *dp, const glm_par_opts *a, const glm_confi
     pp->dp = dp;
     pp->world_rank = dp->rank;
     pp->world_size = dp->world;
-    int cuda = strncmp(be->name, "cuda", 4) == 0;
+    int cuda = glm_backend_on_gpu(be);
     glm_device_map map;
     glm_stage_shape sh;
     if (glm_pp_map(a, c, cuda, &map, &sh, err)) return -1;

@@ -697,7 +697,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
                  a->quantization_bit || nf4 ? "--quantization_bit/--quantization_type" : "quantized (config.json quantization_bit)");
         return glm_hint(err, "use --finetuning_type lora, ptuning or freeze on a quantized base (THUDM's ptuning trains on INT4 so)");
     }
-    int cuda = strncmp(t->be->name, "cuda", 4) == 0;
+    int cuda = glm_backend_on_gpu(t->be);
     glm_par_opts po = glm_train_par_opts(a);
     glm_config pc = c; /* what the plan assumes: under BAdam the lowest layer the run trains, where the backward goes deepest */
     if (c.peft.badam) pc.peft.badam_layer = glm_badam_lowest(&t->badam);
@@ -728,7 +728,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
     } else if (a->model_name_or_path) {
         snprintf(t->m.merged, sizeof t->m.merged, "%s", merged);
         if (glm_model_load(&t->m, a->model_name_or_path, err)) return -1;
-    } else if (strncmp(t->be->name, "cuda", 4) == 0) {
+    } else if (glm_backend_on_gpu(t->be)) {
         init_random_on_device(&t->m, (uint64_t)a->seed, (float)a->init_std);
     } else {
         glm_model_init_random(&t->m, (uint64_t)a->seed, (float)a->init_std);

@@ -544,7 +544,7 @@ static int run(trainer *t, glm_err *err) {
         else glm_path_join(logdir, sizeof logdir, a->output_dir, "runs");
         if (tb_open(&t->tb, logdir, err)) return -1;
     }
-    if (strncmp(t->be->name, "cuda", 4) == 0) t->gs = glm_gpustat_open(glm_local_device(t->dp->dist.local_rank));
+    if (glm_backend_on_gpu(t->be)) t->gs = glm_gpustat_open(glm_local_device(t->dp->dist.local_rank));
     t->log_when = when(a->logging_strategy);
     t->eval_when = when(a->eval_strategy);
     t->save_when = when(a->save_strategy);

@@ -164,7 +164,7 @@ static void sgemm(glm_backend *be, int ta, int tb, int M, int N, int K, float al
 glm_backend *glm_backend_cpu(void) {
     glm_backend *be = glm_calloc(1, sizeof *be);
     *be = (glm_backend){
-        .name = "cpu", .dtype = GLM_F32,
+        .name = "cpu", .device = -1, .dtype = GLM_F32,
         .alloc = cpu_alloc, .free = cpu_free, .zero = cpu_zero, .copy = cpu_copy, .copy_rows = cpu_copy_rows,
         .upload_f32 = cpu_up_f32, .download_f32 = cpu_down_f32, .upload_cast = cpu_up_cast, .upload = cpu_raw, .download = cpu_raw,
         .sync = cpu_sync,
