@@ -5,6 +5,7 @@
  * are sent back without their thoughts. */
 #ifndef GLM_DATA_THOUGHT_H
 #define GLM_DATA_THOUGHT_H
+#include <stddef.h>
 
 #define GLM_THOUGHT_OPEN "<think>"
 #define GLM_THOUGHT_CLOSE "</think>"
@@ -16,5 +17,17 @@ int glm_thought_has_words(const char *s);
 /* s without its thoughts (caller frees): every "<think>" ... up to the next "</think>" removed,
  * as re.sub("<think>(.*?)</think>", "", s, flags=DOTALL), then the line ends at the front. */
 char *glm_thought_remove(const char *s);
+
+/* A reasoning model's response split into its thought and its answer (an API's reasoning_content
+ * and content): a response whose first non-space text is "<think>" has the thought up to
+ * "</think>" (to the end while it is missing) and the answer after it, its line ends at the
+ * front dropped; any other response is all answer. While the response is still growing
+ * (final 0) text that may be the start of a tag is held back, so each field only grows as text
+ * comes: emitting what is new in each is a stream of both. Pointers into s. */
+typedef struct glm_thought_parts {
+    const char *thought, *answer; /* NULL when empty */
+    size_t n_thought, n_answer;
+} glm_thought_parts;
+void glm_thought_split(const char *s, size_t n, int final, glm_thought_parts *out);
 
 #endif

@@ -1,5 +1,6 @@
 /* OpenAI-compatible HTTP endpoints over libmicrohttpd (serve/server.h). */
 #include "serve/server.h"
+#include "data/thought.h"
 #include "serve/api.h"
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -150,6 +151,8 @@ typedef struct stream_ctx {
     long created;
     srv_tools tools;           /* a chat request's tools: its answer may be a call */
     int holding;               /* streamed text held back while it may still begin a call */
+    int think;                 /* --template glmz1: the response's thought goes out as reasoning_content */
+    size_t sent_thought, sent_answer; /* with think: the bytes of each part streamed */
     srv_logprob *lp_pend;      /* with logprobs: the tokens' entries the next chunk carries */
     int n_lp_pend, lp_taken;   /* (copied from r->lps[lp_taken - n_lp_pend, lp_taken)) */
     long lp_offset;            /* completions' text_offset: characters sent before */
@@ -210,8 +213,9 @@ static cJSON *head(stream_ctx *c, const char *object) {
     return o;
 }
 
-/* One streamed chunk: a delta of text (delta != NULL), or the last one with finish. */
-static void chunk(stream_ctx *c, const char *delta, size_t n, const char *finish, int role) {
+/* One streamed chunk: a delta of text (delta != NULL) as the delta's `key` (content, or a
+ * reasoning model's reasoning_content), or the last one with finish. */
+static void chunk_as(stream_ctx *c, const char *key, const char *delta, size_t n, const char *finish, int role) {
     cJSON *o = head(c, c->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *x = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, x);
@@ -222,7 +226,7 @@ static void chunk(stream_ctx *c, const char *delta, size_t n, const char *finish
     if (c->chat) {
         cJSON *d = cJSON_AddObjectToObject(x, "delta");
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
-        if (delta) cJSON_AddStringToObject(d, "content", t);
+        if (delta) cJSON_AddStringToObject(d, key, t);
         if (c->r->logprobs && !role) add_logprobs(c, x);
     } else {
         cJSON_AddStringToObject(x, "text", t);
@@ -232,6 +236,32 @@ static void chunk(stream_ctx *c, const char *delta, size_t n, const char *finish
     if (finish) cJSON_AddStringToObject(x, "finish_reason", finish);
     else cJSON_AddNullToObject(x, "finish_reason");
     pend_json(c, o, 1);
+}
+static void chunk(stream_ctx *c, const char *delta, size_t n, const char *finish, int role) {
+    chunk_as(c, "content", delta, n, finish, role);
+}
+
+/* With think: what is new in the thought and in the answer of response s[0..n) (data/thought.h),
+ * one chunk each. */
+static void think_chunks(stream_ctx *c, const char *s, size_t n, int final) {
+    glm_thought_parts p;
+    glm_thought_split(s, n, final, &p);
+    if (p.n_thought > c->sent_thought) {
+        chunk_as(c, "reasoning_content", p.thought + c->sent_thought, p.n_thought - c->sent_thought, NULL, 0);
+        c->sent_thought = p.n_thought;
+    }
+    if (p.n_answer > c->sent_answer) {
+        chunk_as(c, "content", p.answer + c->sent_answer, p.n_answer - c->sent_answer, NULL, 0);
+        c->sent_answer = p.n_answer;
+    }
+}
+
+/* With think: response s's answer (caller frees), its thought into *thought (NULL: none). */
+static char *think_parts(const char *s, char **thought) {
+    glm_thought_parts p;
+    glm_thought_split(s, strlen(s), 1, &p);
+    *thought = p.n_thought ? glm_strndup(p.thought, p.n_thought) : NULL;
+    return glm_strndup(p.answer ? p.answer : "", p.n_answer);
 }
 
 /* The response's whole text: a forced call's first line (in the prompt) + what was generated. */
@@ -301,15 +331,19 @@ static void whole(stream_ctx *c) {
     if (c->chat) {
         cJSON *m = cJSON_AddObjectToObject(x, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON *call = tool_call(c, r->final, &finish);
+        char *thought = NULL, *answer = c->think ? think_parts(r->final, &thought) : glm_strdup(r->final);
+        if (thought) cJSON_AddStringToObject(m, "reasoning_content", thought);
+        cJSON *call = tool_call(c, answer, &finish);
         if (call) {
             cJSON_AddNullToObject(m, "content");
             cJSON_AddItemToObject(m, c->tools.legacy ? "function_call" : "tool_calls", call);
         } else { /* a forced call the model did not finish as one: its text as the answer */
-            char *t = answer_text(c, r->final);
+            char *t = answer_text(c, answer);
             cJSON_AddStringToObject(m, "content", t);
             free(t);
         }
+        free(thought);
+        free(answer);
     } else {
         cJSON_AddStringToObject(x, "text", r->final);
     }
@@ -362,8 +396,10 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         size_t n = r->text.n;
         char *text = NULL;
         if (c->stream && n > c->seen) {
-            /* a response that may still begin a call of one of the tools is held back whole */
-            c->holding = c->chat && c->sent == 0 && ((c->tools.on && c->tools.forced) || srv_tools_may_call(&c->tools, r->text.s, n));
+            /* a response that may still begin a call of one of the tools is held back whole (with
+             * a thought before it: any response to a request with tools) */
+            c->holding = c->chat && c->sent == 0 &&
+                         (c->think ? c->tools.on : (c->tools.on && c->tools.forced) || srv_tools_may_call(&c->tools, r->text.s, n));
             if (!c->holding) {
                 text = glm_malloc(n - c->sent + 1);
                 memcpy(text, r->text.s + c->sent, n - c->sent);
@@ -372,6 +408,15 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             c->seen = n;
         }
         pthread_mutex_unlock(&r->mu);
+        if (text && c->think) { /* the parts of everything so far: what is new in each */
+            free(text);
+            pthread_mutex_lock(&r->mu);
+            char *all = glm_strndup(r->text.s, n);
+            pthread_mutex_unlock(&r->mu);
+            think_chunks(c, all, n, 0);
+            free(all);
+            continue;
+        }
         if (text) {
             chunk(c, text, n - c->sent, NULL, 0);
             c->sent = n;
@@ -388,13 +433,23 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         } else if (!strcmp(r->finish, "stop") || !strcmp(r->finish, "length")) {
             const char *finish = r->finish;
             take_lps(c); /* done: the rest of the entries go with the last chunks */
-            cJSON *call = c->holding ? tool_call(c, r->final, &finish) : NULL;
+            char *thought = NULL, *answer = NULL;
+            if (c->think && c->holding) { /* its thought first, then the call or the answer */
+                answer = think_parts(r->final, &thought);
+                if (thought) chunk_as(c, "reasoning_content", thought, strlen(thought), NULL, 0);
+            } else if (c->think) { /* what the stream held back while it might be a tag */
+                think_chunks(c, r->final, strlen(r->final), 1);
+            }
+            const char *resp = answer ? answer : r->final;
+            cJSON *call = c->holding ? tool_call(c, resp, &finish) : NULL;
             if (call) call_chunk(c, call);
             else if (c->holding) { /* held, not a call after all */
-                char *t = answer_text(c, r->final);
+                char *t = answer_text(c, resp);
                 if (t[0]) chunk(c, t, strlen(t), NULL, 0);
                 free(t);
             }
+            free(thought);
+            free(answer);
             chunk(c, NULL, 0, finish, 0);
             if (c->include_usage) {
                 cJSON *o = head(c, c->chat ? "chat.completion.chunk" : "text_completion");
@@ -460,6 +515,8 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
     c->tools = q.tools; /* the context owns them now */
     c->thudm_history = thudm_history;
     c->thudm_prompt = thudm_prompt;
+    /* a reasoning model's chat answer (not THUDM api.py's, nor a forced call's rest) */
+    c->think = chat && S->o.reasoning && !thudm_prompt && !(c->tools.on && c->tools.forced);
     c->created = (long)time(NULL);
     snprintf(c->model, sizeof c->model, "%s", q.model);
     static atomic_ulong seq;

@@ -227,6 +227,59 @@ def check_cli(d, tdir, tk, n, specials, data, th):
         s.stop()
 
 
+def check_reasoning_content(d, tdir, n, specials):
+    """A tiny model taught one answer with a thought (its records all the same) answers with it;
+    serve then sends the thought as reasoning_content and the rest as content, whole and streamed
+    (the deltas of each joined), as vLLM's and DeepSeek's APIs do."""
+    from test_glm4_cli import write_config
+    sid = {s_: n + i for i, s_ in enumerate(specials)}
+    data = os.path.join(d, "one.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for _ in range(16):
+            f.write(json.dumps({"messages": [{"role": "user", "content": "你好"},
+                                             {"role": "assistant", "content": "<think>想</think>\n\n好"}]},
+                               ensure_ascii=False) + "\n")
+    os.makedirs(os.path.join(d, "one"), exist_ok=True)
+    cfg_path = write_config(os.path.join(d, "one"), (n + len(specials) + 63) // 64 * 64, sid, seq_length=512)
+    out = os.path.join(d, "taught")
+    p = run(["--init_from_config", cfg_path, "--tokenizer_name", tdir, "--train_file", data, "--template", "glmz1",
+             "--conversation_labels", "eos", "--learning_rate", "1e-2", "--seed", "7", "--disable_tqdm", "--report_to", "none",
+             "--max_steps", "60", "--save_strategy", "no", "--output_dir", out, "--per_device_train_batch_size", "16",
+             "--lr_scheduler_type", "constant"], timeout=300, check=False)
+    g = subprocess.run([GLM, "generate", "--model_name_or_path", out, "--tokenizer_name", tdir, "--prompt", "你好",
+                        "--do_sample", "false", "--max_new_tokens", "12", "--template", "glmz1"], capture_output=True, text=True,
+                       timeout=120, env=ENV)
+    taught = p.returncode == 0 and "<think>想</think>" in g.stdout and g.stdout.rstrip().endswith("好")
+    report("glmz1_taught_model_answers_with_its_thought", taught, "%r %s" % (g.stdout, (p.stderr + g.stderr)[-300:]))
+    if not taught:
+        return
+    from serve_common import Server, http
+    s = Server(out, "--tokenizer_name", tdir, "--template", "glmz1", "--max_new_tokens", "12")
+    try:
+        body = {"messages": [{"role": "user", "content": "你好"}], "temperature": 0}
+        st, r = http(s.port, "POST", "/v1/chat/completions", body)
+        m = r["choices"][0]["message"] if st == 200 else {}
+        report("glmz1_serve_reasoning_content", m.get("reasoning_content") == "想" and m.get("content") == "好",
+               "%s %s" % (st, m))
+        import openai
+        c = s.client()
+        parts = {"reasoning_content": "", "content": ""}
+        for ch in c.chat.completions.create(model=r.get("model", "x"), messages=body["messages"], temperature=0, stream=True):
+            delta = ch.choices[0].delta if ch.choices else None
+            for k in parts:
+                v = getattr(delta, k, None) if delta is not None else None
+                if v is None and delta is not None and getattr(delta, "model_extra", None):
+                    v = delta.model_extra.get(k)
+                parts[k] += v or ""
+        report("glmz1_serve_reasoning_content_streamed", parts == {"reasoning_content": "想", "content": "好"}, str(parts))
+        # thinking off for one request: the prompt ends in the empty thought, so no thought comes back
+        st, r = http(s.port, "POST", "/v1/chat/completions", dict(body, chat_template_kwargs={"enable_thinking": False}))
+        m = r["choices"][0]["message"] if st == 200 else {}
+        report("glmz1_serve_thinking_off_no_reasoning_content", st == 200 and "reasoning_content" not in m, "%s %s" % (st, m))
+    finally:
+        s.stop()
+
+
 def check_refused(d):
     from serve_common import make_model
     os.makedirs(os.path.join(d, "v1"), exist_ok=True)
@@ -247,6 +300,7 @@ def main():
         check_decode(tdir, tk, n, specials)
         data, eos, th = check_examples(d, tdir, tk, n, specials)
         check_cli(d, tdir, tk, n, specials, data, th)
+        check_reasoning_content(d, tdir, n, specials)
         check_refused(d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
