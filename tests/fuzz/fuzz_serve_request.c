@@ -10,7 +10,9 @@
  * ice_text.model from ../shared.
  * Input layout: byte 0 bits 0-1 pick the tokenizer, bit 2 chat (else completions), bit 3 THUDM's
  * POST / (a chat request), bits 4-5 max_model_len (16, 64, 512, 4096), bit 6 a served adapter
- * (LLaMA-Factory's API: the model name means base + adapter 1); the rest is the body. */
+ * (LLaMA-Factory's API: the model name means base + adapter 1), bit 7 --template glmz1 (with a GLM-4
+ * tokenizer, which glmz1 needs; thinking off by default when the input's length is odd); the rest
+ * is the body. */
 #include <cJSON.h>
 #include <pthread.h>
 #include <string.h>
@@ -76,6 +78,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     S.o.model_name = "chatglm";
     S.o.model_adapter = (data[0] >> 6) & 1; /* 1: the served model is base + adapter 0 */
     S.o.Tmax = tmax[(data[0] >> 4) & 3];
+    S.o.reasoning = (data[0] >> 7) & 1 && glm_tokenizer_kind(tok) == GLM_TOK_GLM4;
+    S.o.disable_thinking = S.o.reasoning && (size & 1);
     glm_gen_cfg_chat_defaults_for(&S.o.defaults, tok);
     S.o.defaults.max_length = 8192;
 
