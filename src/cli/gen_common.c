@@ -162,6 +162,9 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");
     if (a->template && glm_lf_template_check(a->template, glm_layout_of(s->tok), err)) return -1;
     s->reasoning = a->template && !strcmp(a->template, "glmz1");
+    if (!a->template && glm_layout_of(s->tok) == GLM_LAYOUT_GLM4 && glm_tokenizer_template_thinks(tp))
+        glm_info("%s's chat template writes <think> thoughts (GLM-Z1): give --template glmz1 to send earlier answers back "
+                 "without them (serve: and to return them as reasoning_content)", tp);
     s->disable_thinking = s->reasoning && !a->enable_thinking;
     if (glm_tokenizer_vocab_size(s->tok) > s->cfg.vocab_size) {
         glm_fail(err, "tokenizer %s has %d pieces but the model's vocab_size is %d", tp, glm_tokenizer_vocab_size(s->tok),

@@ -1,7 +1,9 @@
 /* A reasoning model's thought in its answers (thought.h). */
 #include "data/thought.h"
+#include <stdlib.h>
 #include <string.h>
 #include "core/err.h"
+#include "core/fileutil.h"
 
 int glm_thought_has_words(const char *s) { return strstr(s, GLM_THOUGHT_OPEN) || strstr(s, GLM_THOUGHT_CLOSE); }
 
@@ -59,4 +61,15 @@ void glm_thought_split(const char *s, size_t n, int final, glm_thought_parts *ou
     while (a < end && *a == '\n') a++;
     out->answer = a < end ? a : NULL;
     out->n_answer = (size_t)(end - a);
+}
+
+int glm_tokenizer_template_thinks(const char *tokenizer_path) {
+    if (!tokenizer_path || !glm_is_dir(tokenizer_path)) return 0;
+    char path[4096];
+    glm_path_join(path, sizeof path, tokenizer_path, "tokenizer_config.json");
+    glm_err err = {0};
+    char *text = glm_read_file(path, NULL, &err); /* NULL: no such file, nothing to say */
+    int thinks = text && strstr(text, "chat_template") && strstr(text, GLM_THOUGHT_CLOSE);
+    free(text);
+    return thinks;
 }

@@ -30,4 +30,8 @@ typedef struct glm_thought_parts {
 } glm_thought_parts;
 void glm_thought_split(const char *s, size_t n, int final, glm_thought_parts *out);
 
+/* Whether the tokenizer folder's tokenizer_config.json has a chat template that writes thoughts
+ * (GLM-Z1's), so a run without --template glmz1 can say so. 0 for a file or a folder without one. */
+int glm_tokenizer_template_thinks(const char *tokenizer_path);
+
 #endif

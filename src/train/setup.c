@@ -5,6 +5,7 @@
 #include <limits.h>
 #include "model/adapter.h"
 #include "model/pissa.h"
+#include "data/thought.h"
 #include "data/dataset_info.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -888,6 +889,10 @@ int trainer_load_data(trainer *t, glm_err *err) {
                    glm_hint(err, "give --validation_file FILE (or --train_file, --dataset, --eval_dataset)");
     }
     if (a->template && glm_lf_template_check(a->template, t->enc.layout, err)) return -1;
+    const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
+    if (!a->template && t->enc.layout == GLM_LAYOUT_GLM4 && glm_tokenizer_template_thinks(tp))
+        glm_info("%s's chat template writes <think> thoughts (GLM-Z1): give --template glmz1 to train as LLaMA-Factory's "
+                 "glmz1 (answers without a thought get the empty one; --enable_thinking)", tp);
     if ((a->dataset || a->template) && a->quantization_bit == 4 && !strcmp(a->quantization_type, "int"))
         glm_warn("--quantization_bit 4 is THUDM's INT4 here; LLaMA-Factory's is bitsandbytes NF4: add --quantization_type nf4 for that");
     if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &d->read.schema))

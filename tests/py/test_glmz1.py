@@ -92,6 +92,9 @@ def make_tokenizer(d):
     z1 = os.path.join(d, "z1tok")
     os.makedirs(z1, exist_ok=True)
     json.dump(j, open(os.path.join(z1, "tokenizer.json"), "w"))
+    # a chat template that handles thoughts, as GLM-Z1's does (a sketch of one, not its text)
+    json.dump({"chat_template": "[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n{{ m.content.split('</think>')[-1] }}"
+                                "{% endfor %}<|assistant|>"}, open(os.path.join(z1, "tokenizer_config.json"), "w"))
     from tokenizers import Tokenizer
     return z1, Tokenizer.from_file(os.path.join(z1, "tokenizer.json")), n, H.SPECIALS + extra
 
@@ -170,6 +173,13 @@ def check_cli(d, tdir, tk, n, specials, data, th):
     gen = [GLM, "generate", "--model_name_or_path", out, "--tokenizer_name", tdir, "--do_sample", "false",
            "--max_new_tokens", "2", "--debug", "--template", "glmz1"]
     base = [sid["[gMASK]"], sid["<sop>"], sid["<|user|>"]] + encode("\n你好") + [sid["<|assistant|>"]]
+    # the folder's chat template writes thoughts: a run without --template glmz1 says to give it
+    said = []
+    for extra in ([], ["--template", "glmz1"]):
+        p = subprocess.run([g for g in gen if g not in ("--template", "glmz1")] + extra + ["--prompt", "你好"],
+                           capture_output=True, text=True, timeout=120, env=ENV)
+        said.append(p.returncode == 0 and "give --template glmz1" in p.stderr)
+    report("glmz1_template_with_thoughts_noticed", said == [True, False], str(said))
     for think in ("true", "false"):
         p = subprocess.run(gen + ["--prompt", "你好", "--enable_thinking", think], capture_output=True, text=True, timeout=120, env=ENV)
         want = base + (th if think == "false" else [])
