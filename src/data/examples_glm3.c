@@ -17,7 +17,9 @@
  * pair, while tokens are left, glm_infer_seqlen keeps the head of the source and of the target
  * within what is left, and the pairs after are dropped. With --mask_history the last answer
  * alone is a target (every other label is cleared: the other answers, observation turns, the
- * marks after them) and the pairs take the room from the last one back, as LLaMA-Factory's.
+ * marks after them) and the pairs take the room from the last one back, as LLaMA-Factory's; under
+ * its labels (--conversation_labels eos) the eos after each earlier answer stays a target, as its
+ * supervised processor labels every pair's first source token eos whatever mask_history says.
  * Each kept token keeps its label. */
 typedef struct { long s0, s1, t0, t1, ns, nt; } turn_pair;
 
@@ -34,9 +36,14 @@ static void cut_turns(const glm_example_cfg *c, const glm_msg *m, int n, const i
         src0 = start[k + 1];
     }
     if (src0 < end) p[np++] = (turn_pair){src0, end, end, end, 0, 0};
-    if (c->mask_history) /* the last answer and the mark after it alone stay in the loss */
-        for (long i = 0; i <= end; i++)
-            if (last < 0 || i < p[last].t0 || i > p[last].t1) labels->data[i] = -100;
+    if (c->mask_history) { /* the last answer and the mark after it alone stay in the loss (and the eos marks) */
+        int q = 1; /* the next pair whose first token may keep its eos mark */
+        for (long i = 0; i <= end; i++) {
+            while (q < np && p[q].s0 < i) q++;
+            int mark = c->conv_labels == GLM_LABELS_EOS && q < np && p[q].s0 == i;
+            if (!mark && (last < 0 || i < p[last].t0 || i > p[last].t1)) labels->data[i] = -100;
+        }
+    }
     long total = 1;
     int kept = 0;
     for (int r = 0; r < np && total < c->cutoff_len; r++, kept++) {
@@ -57,6 +64,7 @@ static void cut_turns(const glm_example_cfg *c, const glm_msg *m, int n, const i
     }
     glm_ids_push(&ki, ids->data[end]);
     glm_ids_push(&kl, labels->data[end]);
+    kl.data[0] = -100; /* the first token is no one's target (an eos mark may have come first when its answer was cut) */
     ids->n = labels->n = 0;
     glm_ids_append(ids, ki.data, ki.n);
     glm_ids_append(labels, kl.data, kl.n);

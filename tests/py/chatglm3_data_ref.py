@@ -138,14 +138,16 @@ def glm2_example_cutoff(rec, tokenizer, cutoff_len):
     return ids, labels
 
 
-def cut_conversation(example, tokenizer, cutoff_len, mask_history=False, roles=None, assistant=None):
+def cut_conversation(example, tokenizer, cutoff_len, mask_history=False, roles=None, assistant=None, eos_marks=False):
     """A whole ChatGLM3 example (ids, labels) cut as --cutoff_len cuts it, found from the tokens
     alone: a pair's source runs to an <|assistant|> token (included), its target to the next role
     token or the closing one; the closing token is kept aside; pairs in order while room is left,
     each by infer_seqlen; the tokens keep their labels. mask_history: every label but the last
     answer's (its target and the mark after it) is cleared, and the pairs take the room from the
     last one back, kept in their order. roles / assistant: the role tokens' ids where no ChatGLM3
-    tokenizer names them (GLM-4's)."""
+    tokenizer names them (GLM-4's). eos_marks (LLaMA-Factory's labels): with mask_history the first
+    token of every pair after the first keeps its label, the eos after the answer before it, as
+    LLaMA-Factory's supervised processor labels each pair's source [eos] + [IGNORE] * (n - 1)."""
     if example is None:
         return None
     ids, lab = example
@@ -165,7 +167,9 @@ def cut_conversation(example, tokenizer, cutoff_len, mask_history=False, roles=N
         pairs.append((src0, end, end, end))
     lab = list(lab)
     if mask_history:
-        keep = range(answers[-1][2], answers[-1][3] + 1) if answers else range(0)
+        keep = set(range(answers[-1][2], answers[-1][3] + 1)) if answers else set()
+        if eos_marks:
+            keep |= {q[0] for q in pairs[1:]}
         lab = [x if i in keep else -100 for i, x in enumerate(lab)]
     order = list(reversed(pairs)) if mask_history else pairs
     total, kept = 1, {}
@@ -182,4 +186,5 @@ def cut_conversation(example, tokenizer, cutoff_len, mask_history=False, roles=N
             kl += lab[s0:s0 + ns] + lab[t0:t0 + nt]
     ki.append(ids[end])
     kl.append(lab[end])
+    kl[0] = -100  # the first token is no one's target
     return (ki, kl) if any(x != -100 for x in kl) else None

@@ -187,7 +187,8 @@ def check_conversations(tmp, f3, ref3, D):
         for lab in ("thudm", "eos"):
             w = [e for e in (D.cut_conversation(D.glm3_example(c, ref3, 10 ** 6, 10 ** 6, lab), ref3, cut) for c in convs) if e]
             compare("chatglm3_conversations_cutoff_%d_%s" % (cut, lab), base + ["--cutoff_len", str(cut), "--conversation_labels", lab], w)
-            w = [e for e in (D.cut_conversation(D.glm3_example(c, ref3, 10 ** 6, 10 ** 6, lab), ref3, cut, True) for c in convs) if e]
+            w = [e for e in (D.cut_conversation(D.glm3_example(c, ref3, 10 ** 6, 10 ** 6, lab), ref3, cut, True,
+                                                eos_marks=lab == "eos") for c in convs) if e]
             compare("chatglm3_conversations_mask_history_%d_%s" % (cut, lab),
                     base + ["--cutoff_len", str(cut), "--conversation_labels", lab, "--mask_history"], w)
     _, e = run(base + ["--mask_history"])

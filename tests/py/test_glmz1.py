@@ -42,7 +42,7 @@ def infer_seqlen(source_len, target_len, cutoff_len):
     return D.infer_seqlen(source_len, target_len, cutoff_len)
 
 
-def lf_example(conv, encode, eos, enable_thinking, cutoff=0):
+def lf_example(conv, encode, eos, enable_thinking, cutoff=0, mask_history=False):
     """LLaMA-Factory's glmz1 (format_prefix "[gMASK]<sop>", system "<|system|>\\n{c}", user
     "<|user|>\\n{c}<|assistant|>", assistant "\\n{c}", observation "<|observation|>\\n{c}<|assistant|>",
     each slot encoded on its own) through ReasoningTemplate.encode_multiturn and its supervised
@@ -67,17 +67,20 @@ def lf_example(conv, encode, eos, enable_thinking, cutoff=0):
                 enc[i + 1] = encode(THINK) + enc[i + 1]
             else:
                 enc[i] = enc[i] + encode(THINK)
+    pairs = [(enc[k], enc[k + 1]) for k in range(0, len(enc), 2)]
+    if mask_history:  # the last pair first, each put in front of those after it; its answer alone trains
+        pairs = pairs[::-1]
     ids, labels, total = [], [], 1
-    for k in range(0, len(enc), 2):
-        src, tgt = enc[k], enc[k + 1]
+    for k, (src, tgt) in enumerate(pairs):
         if cutoff:
             if total >= cutoff:
                 break
             s, t = infer_seqlen(len(src), len(tgt), cutoff - total)
             src, tgt = src[:s], tgt[:t]
             total += s + t
-        labels += [eos if k else -100] + [-100] * (len(src) - 1) + tgt
-        ids += src + tgt
+        sl, tl = [eos] + [-100] * (len(src) - 1), ([-100] * len(tgt) if mask_history and k else tgt)
+        ids, labels = (src + tgt + ids, sl + tl + labels) if mask_history else (ids + src + tgt, labels + sl + tl)
+    labels[0] = -100
     return ids + [eos], labels + [eos]
 
 
@@ -130,11 +133,12 @@ def check_examples(d, tdir, tk, n, specials):
     encode = lambda s: tk.encode(s, add_special_tokens=False).ids  # noqa: E731
     eos = n + specials.index("<|user|>")
     for think in (True, False):
-        for cut in (0, 24):
-            want = [lf_example(r, encode, eos, think, cut) for r in RECORDS]
+        for cut, mask in ((0, False), (24, False), (30, True)):
+            want = [lf_example(r, encode, eos, think, cut, mask) for r in RECORDS]
             args = [TOOL, "examples", "--tokenizer", tdir, "--train_file", data, "--template", "glmz1",
                     "--enable_thinking", "true" if think else "false", "--conversation_labels", "eos",
-                    "--max_source_length", "1000", "--max_target_length", "1000"] + (["--cutoff_len", str(cut)] if cut else [])
+                    "--max_source_length", "1000", "--max_target_length", "1000"] + (["--cutoff_len", str(cut)] if cut else []) + (
+                   ["--mask_history"] if mask else [])
             p = subprocess.run(args, capture_output=True, text=True, timeout=120)
             got = [json.loads(l) for l in p.stdout.splitlines()][:-1] if p.returncode == 0 else None
             got = None if got is None else [(g["ids"], g["labels"]) for g in got]
@@ -142,7 +146,8 @@ def check_examples(d, tdir, tk, n, specials):
             if got is not None and got != want and len(got) == len(want):
                 i = next(k for k in range(len(got)) if got[k] != want[k])
                 detail = "record %d: glmtrain %s / %s, reference %s / %s" % (i, got[i][0], got[i][1], *want[i])
-            report("glmz1_examples_equal_llamafactory_thinking_%s%s" % ("on" if think else "off", "_cutoff_%d" % cut if cut else ""),
+            report("glmz1_examples_equal_llamafactory_thinking_%s%s%s" % ("on" if think else "off", "_cutoff_%d" % cut if cut else "",
+                                                                        "_mask_history" if mask else ""),
                    got == want, detail)
     # the empty thought is a target with thinking on and prompt with it off: the difference shows
     # in the labels alone, not in the ids (record 0 has no thought of its own)
