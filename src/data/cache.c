@@ -20,7 +20,8 @@ static int omp_threads_default(void) { return 1; }
 #endif
 
 #define CACHE_MAGIC "GLMTOKC\x01"
-#define CACHE_VERSION 3 /* 2: sup code 2 (label eos), the layout and its ids in the key; 3: GLM-4's tools block, metadata */
+#define CACHE_VERSION 4 /* 2: sup code 2 (label eos), the layout and its ids in the key; 3: GLM-4's tools block, metadata;
+                         * 4: --mask_history's eos marks, a cut example's first label */
 #define HEADER_BYTES 1024
 #define CHUNK 4096 /* records encoded per parallel batch */
 
