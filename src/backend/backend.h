@@ -319,6 +319,12 @@ struct glm_backend {
     /* y [n, k] = x [n, q] M for M [q, k] (host, double), each entry summed in double in a's order
      * and rounded once; y may be x (a row is read whole before it is written) */
     void (*mul_small_f64)(glm_backend *be, float *y, const float *x, const double *M, int n, int q, int k);
+    /* x [n, q] (a float buffer of the backend) made orthonormal in place by Cholesky QR twice, in
+     * double: per pass G = x^T x (gram_f64's), G = R^T R and R^-1 where x lives, x = x R^-1
+     * (mul_small_f64's); only whether it worked comes back (one wait). -1 when a pivot is not
+     * clearly positive, x then as that pass found it. Optional: NULL where svd.c is to make R on
+     * the host between gram_f64 and mul_small_f64. */
+    int (*orth_f64)(glm_backend *be, float *x, int n, int q);
 
     /* ---- host staging for an offloaded optimizer (optional: NULL where the backend's memory is
      * host memory; callers then copy with memcpy) ---- */

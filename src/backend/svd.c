@@ -96,51 +96,28 @@ static void block_free(const svd_place *p, float *x) {
     else free(x);
 }
 
-/* G = R^T R in place (R upper triangular, in G's upper part); -1 when a pivot is not clearly
- * positive (the columns are dependent, or too nearly so for double). */
-static int cholesky(double *G, int q) {
-    double big = 0;
-    for (int j = 0; j < q; j++) big = G[(size_t)j * q + j] > big ? G[(size_t)j * q + j] : big;
-    for (int j = 0; j < q; j++) {
-        double d = G[(size_t)j * q + j];
-        for (int k = 0; k < j; k++) d -= G[(size_t)k * q + j] * G[(size_t)k * q + j];
-        if (!(d > 1e-13 * big)) return -1;
-        double r = sqrt(d);
-        G[(size_t)j * q + j] = r;
-        for (int b = j + 1; b < q; b++) {
-            double e = G[(size_t)j * q + b];
-            for (int k = 0; k < j; k++) e -= G[(size_t)k * q + j] * G[(size_t)k * q + b];
-            G[(size_t)j * q + b] = e / r;
-        }
-    }
-    return 0;
-}
-
 /* Orthonormal columns of x [n, q] in place: Cholesky QR twice over in double (x = x R^-1 with
- * x^T x = R^T R; the second pass restores orthogonality to float's precision): per pass the Gram
- * matrix and the product with R^-1 where x lives, R on the host. Where the columns are (nearly)
- * dependent, classical Gram-Schmidt on the host. torch's QR gives the same span; the signs do not
- * matter to what follows. */
+ * x^T x = R^T R; the second pass restores orthogonality to float's precision), where x lives
+ * (backend orth_f64), else per pass the Gram matrix and the product with R^-1 there and R on the
+ * host. Where the columns are (nearly) dependent, classical Gram-Schmidt on the host. torch's QR
+ * gives the same span; the signs do not matter to what follows. */
 static void orthonormalize(const svd_place *p, float *x, int n, int q) {
-    double *G = glm_malloc((size_t)q * q * sizeof(double)), *Ri = glm_malloc((size_t)q * q * sizeof(double));
-    int ok = 1;
-    for (int pass = 0; pass < 2 && ok; pass++) {
-        gram(p, G, x, x, n, q, q);
-        if (cholesky(G, q)) { ok = 0; break; }
-        /* R^-1 (upper triangular), row by row from the bottom */
-        for (int i = q - 1; i >= 0; i--) {
-            double *ri = Ri + (size_t)i * q, rii = G[(size_t)i * q + i];
-            for (int j = 0; j < q; j++) ri[j] = j == i ? 1.0 / rii : 0.0;
-            for (int k = i + 1; k < q; k++) { /* row i of R R^-1 = e_i: ri = (e_i - sum_k R[i][k] Ri[k]) / R[i][i] */
-                double f = G[(size_t)i * q + k] / rii;
-                const double *rk = Ri + (size_t)k * q;
-                for (int j = k; j < q; j++) ri[j] -= f * rk[j];
-            }
+    int ok;
+    if (!p->be) {
+        ok = cpu_orth_f64(x, n, q) == 0;
+    } else if (p->be->orth_f64) {
+        ok = p->be->orth_f64(p->be, x, n, q) == 0;
+    } else {
+        double *G = glm_malloc((size_t)q * q * sizeof(double)), *Ri = glm_malloc((size_t)q * q * sizeof(double));
+        ok = 1;
+        for (int pass = 0; pass < 2 && ok; pass++) {
+            gram(p, G, x, x, n, q, q);
+            ok = cpu_cholinv_f64(G, Ri, q) == 0;
+            if (ok) mul_small(p, x, x, Ri, n, q, q);
         }
-        mul_small(p, x, x, Ri, n, q, q);
+        free(G);
+        free(Ri);
     }
-    free(G);
-    free(Ri);
     if (ok) return;
     if (!p->be) { orthonormalize_cgs2(x, n, q); return; }
     float *h = glm_malloc((size_t)n * q * sizeof(float));

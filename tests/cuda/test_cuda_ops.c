@@ -819,6 +819,34 @@ static void t_svd_ops(ctx *c) {
         be->free(be, dx); be->free(be, dy);
         free(x); free(y); free(want); free(got); free(M); free(fy);
     }
+    /* orth_f64 (Cholesky QR twice, R made on the device) against the host's: the Gram sums'
+     * order differs (1e-13), so within a few roundings of float; dependent columns refused by both
+     * and left as they came */
+    if (be->orth_f64) {
+        static const int oshapes[][2] = {{16384, 32}, {4096, 16}, {1001, 7}, {300, 64}};
+        for (size_t t = 0; t < sizeof oshapes / sizeof *oshapes; t++) {
+            int n = oshapes[t][0], q = oshapes[t][1];
+            float *x = rnd(&c->rng, GLM_F32, (size_t)n * q, 1.0f);
+            float *dx = up_raw(be, x, (size_t)n * q * 4);
+            int rc_h = cpu_orth_f64(x, n, q), rc_d = be->orth_f64(be, dx, n, q);
+            float *gx = down_f(be, dx, (size_t)n * q);
+            TEST_CHECK(c->tc, NAME("orth_f64_status_%dx%d", n, q), rc_h == 0 && rc_d == 0, "host %d, device %d", rc_h, rc_d);
+            check_close(c->tc, NAME("orth_f64_%dx%d", n, q), gx, x, (size_t)n * q, 1e-5);
+            free(gx); free(x);
+            be->free(be, dx);
+        }
+        int n = 500, q = 6;
+        float *x = rnd(&c->rng, GLM_F32, (size_t)n * q, 1.0f), *x0 = malloc((size_t)n * q * 4);
+        for (int i = 0; i < n; i++) x[(size_t)i * q + 4] = x[(size_t)i * q + 1]; /* column 4 = column 1 */
+        memcpy(x0, x, (size_t)n * q * 4);
+        float *dx = up_raw(be, x, (size_t)n * q * 4);
+        int rc_h = cpu_orth_f64(x, n, q), rc_d = be->orth_f64(be, dx, n, q);
+        float *gx = down_f(be, dx, (size_t)n * q);
+        TEST_CHECK(c->tc, "orth_f64_dependent_columns_refused_and_left", rc_h == -1 && rc_d == -1 &&
+                   memcmp(gx, x0, (size_t)n * q * 4) == 0, "host %d, device %d", rc_h, rc_d);
+        free(gx); free(x); free(x0);
+        be->free(be, dx);
+    }
     /* the whole iteration on this backend against the host's: a 600 x 900 matrix of ten
      * directions (two close values among them) over noise of spectral norm ~5e-3, rank 6 */
     int OC = 600, C = 900, r = 6;

@@ -155,6 +155,10 @@ static void gram_f64(glm_backend *be, double *G, const float *x, const float *y,
 static void mul_small_f64(glm_backend *be, float *y, const float *x, const double *M, int n, int q, int k) {
     cpu_mul_small_f64(y, x, M, n, q, k);
 }
+static int orth_f64(glm_backend *be, float *x, int n, int q) {
+    (void)be;
+    return cpu_orth_f64(x, n, q);
+}
 static void sgemm(glm_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                   int ldb, float beta, float *C, int ldc) {
     (void)be;
@@ -176,7 +180,7 @@ glm_backend *glm_backend_cpu(void) {
         .dora_norm = d_norm, .dora_scale = d_scale, .dora_bwd = d_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,
         .rmsnorm_fwd = rms_fwd, .rmsnorm_bwd = rms_bwd, .swiglu_fwd = sw_fwd, .swiglu_bwd = sw_bwd, .rope_pairs = rope2,
-        .sgemm = sgemm, .gram_f64 = gram_f64, .mul_small_f64 = mul_small_f64,
+        .sgemm = sgemm, .gram_f64 = gram_f64, .mul_small_f64 = mul_small_f64, .orth_f64 = orth_f64,
         .destroy = cpu_destroy,
     };
     return be;

@@ -62,6 +62,11 @@ void cpu_apply_dir(float *p, const float *dir, size_t n, float alpha, float shri
 /* backend.h gram_f64 and mul_small_f64 (cpu_small.c) */
 void cpu_gram_f64(double *G, const float *x, const float *y, int n, int q, int k);
 void cpu_mul_small_f64(float *y, const float *x, const double *M, int n, int q, int k);
+/* G [q, q] = R^T R (Cholesky, R upper triangular in G's upper part, in place) and Ri = R^-1; -1
+ * when a pivot is not clearly positive (below 1e-13 of G's largest diagonal entry). */
+int cpu_cholinv_f64(double *G, double *Ri, int q);
+/* backend.h orth_f64 on the host: Cholesky QR twice over x [n, q] in place. */
+int cpu_orth_f64(float *x, int n, int q);
 /* greedy choice per row (backend.h argmax_rows) */
 void cpu_argmax_rows(int32_t *out, const float *x, int R, int V);
 

@@ -439,6 +439,16 @@ static void cu_mul_small_f64(glm_backend *be, float *y, const float *x, const do
     glmk_mul_small_f64(y, x, dm, n, q, k, IM(be)->st);
     glm_cuda_op_done(be, "mul_small_f64");
 }
+static int cu_orth_f64(glm_backend *be, float *x, int n, int q) {
+    glm_cuda_prof(be, GLM_PROF_OTHER, "orth_f64");
+    size_t qq = (size_t)q * q;
+    double *part = glm_cuda_scratch(be, (GLMK_GRAM_BLOCKS + 2) * qq * sizeof(double) + sizeof(double));
+    double *G = part + GLMK_GRAM_BLOCKS * qq, *Ri = G + qq;
+    int *fail = (int *)(Ri + qq), h = 0;
+    glmk_orth_f64(part, G, Ri, fail, x, n, q, IM(be)->st);
+    cu_download(be, &h, fail, sizeof h); /* the one wait: whether it worked */
+    return h ? -1 : 0;
+}
 static void cu_adamw8(glm_backend *be, void *param, float *master, const void *grad, uint8_t *qm, uint8_t *qv,
                       float *absm, float *absv, size_t n, const uint8_t *bits, size_t flat0, float lr, float b1, float b2,
                       float eps, float wd, float bc1, float bc2, float gs) {
@@ -598,7 +608,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .lora_down = cu_lora_down, .lora_down_bwd = cu_lora_down_bwd,
         .cross_entropy = cu_ce, .argmax_rows = cu_argmax, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
-        .adamw = cu_adamw, .adamw8 = cu_adamw8, .adam_dir = cu_adam_dir, .apply_dir = cu_apply_dir, .gram_f64 = cu_gram_f64, .mul_small_f64 = cu_mul_small_f64,
+        .adamw = cu_adamw, .adamw8 = cu_adamw8, .adam_dir = cu_adam_dir, .apply_dir = cu_apply_dir, .gram_f64 = cu_gram_f64, .mul_small_f64 = cu_mul_small_f64, .orth_f64 = cu_orth_f64,
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,
         .dequantize = cu_dequantize, .qmatmul_fwd = cu_qmatmul_fwd,
         .destroy = cu_destroy, .to_f32 = cu_to_f32, .from_f32 = cu_from_f32,

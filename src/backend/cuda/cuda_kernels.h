@@ -142,6 +142,10 @@ void glmk_apply_dir(glm_dtype dt, void *param, float *master, const float *dir, 
 #define GLMK_GRAM_BLOCKS 128
 void glmk_gram_f64(double *part, double *G, const float *x, const float *y, int n, int q, int k, cudaStream_t st);
 void glmk_mul_small_f64(float *y, const float *x, const double *M, int n, int q, int k, cudaStream_t st);
+/* backend.h orth_f64's device part: two passes of Gram matrix, Cholesky factor and inverse (one
+ * block, *fail set where a pivot fails, every later step then skipped) and x = x R^-1; part as
+ * glmk_gram_f64's, G and Ri [q, q] device doubles, *fail a device int */
+void glmk_orth_f64(double *part, double *G, double *Ri, int *fail, float *x, int n, int q, cudaStream_t st);
 /* backend.h adamw8 (k_adam8.cu); s: the step's scalars from glm_adam8_prepare (backend/quant8.h),
  * computed by the caller on the host as the CPU op computes them */
 struct glm_adam8_scalars;
