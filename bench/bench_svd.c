@@ -4,7 +4,8 @@
  * decaying spectrum and noise). With --warm, the second call starts from the first's answer
  * (GaLore's warm start), on the matrix changed by a tenth.
  *
- *   bench_svd [--rank R] [--reps N] [--shape OCxC]... [--out FILE.jsonl] */
+ *   bench_svd [--rank R] [--reps N] [--shape OCxC]... [--out FILE.jsonl] [--host_factor]
+ * --host_factor: each Cholesky QR sweep's factor made on the host (before session 33's orth_f64). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,12 +41,13 @@ static void gradient_like(float *w, int OC, int C, uint64_t seed) {
 }
 
 int main(int argc, char **argv) {
-    int rank = 16, reps = 3, n_shapes = 0, shapes[8][2];
+    int rank = 16, reps = 3, n_shapes = 0, shapes[8][2], host_factor = 0;
     const char *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
+        else if (!strcmp(argv[i], "--host_factor")) host_factor = 1;
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc && n_shapes < 8) {
             if (sscanf(argv[++i], "%dx%d", &shapes[n_shapes][0], &shapes[n_shapes][1]) != 2) return 2;
             n_shapes++;
@@ -61,6 +63,7 @@ int main(int argc, char **argv) {
     }
     char eb[512];
     glm_backend *be = glm_backend_cuda(0, GLM_BF16, eb, sizeof eb);
+    if (be && host_factor) be->orth_f64 = NULL; /* session 32's path: each sweep's factor made on the host */
     if (!be) { fprintf(stderr, "bench_svd: %s\n", eb); return 1; }
     FILE *out = out_path ? fopen(out_path, "a") : NULL;
     for (int k = 0; k < n_shapes; k++) {
