@@ -62,6 +62,7 @@ int main(int argc, char **argv) {
         n_shapes = 4;
     }
     char eb[512];
+    if (!host_factor) setenv("GLM_CUDA_ORTH", "1", 1); /* orth_f64 on the device */
     glm_backend *be = glm_backend_cuda(0, GLM_BF16, eb, sizeof eb);
     if (be && host_factor) be->orth_f64 = NULL; /* session 32's path: each sweep's factor made on the host */
     if (!be) { fprintf(stderr, "bench_svd: %s\n", eb); return 1; }

@@ -1508,6 +1508,7 @@ static void run_all(ctx *c, int quick, int attention_only) {
 }
 
 int main(int argc, char **argv) {
+    setenv("GLM_CUDA_ORTH", "1", 1); /* orth_f64 on the device (off by default until it has run on a GPU) */
     int quick = 0, quant_only = 0, attn_only = 0;
     const char *only = NULL; /* one variant (a dtype or an attention path's tag): isolates a crash */
     for (int i = 1; i < argc; i++) {

@@ -589,6 +589,11 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     const char *tn = getenv("GLM_CUDA_GEMM_TUNE"); /* 0: off; N: at a shape class's Nth call */
     im->gemm_tune = tn && tn[0] ? atoi(tn) : GEMM_TUNE_AFTER;
     if (im->gemm_tune < 0) im->gemm_tune = 0;
+    /* orth_f64 on the device: built in session 33, not yet run on a GPU (no machine came), so
+     * off unless GLM_CUDA_ORTH=1 (test_cuda_ops and bench_svd turn it on); svd.c then makes the
+     * Cholesky factor on the host as before */
+    const char *orth = getenv("GLM_CUDA_ORTH");
+    int device_orth = orth && strcmp(orth, "1") == 0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&im->st, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&im->lt));
     CUBLAS_CHECK(cublasCreate(&im->blas));
@@ -608,7 +613,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .lora_down = cu_lora_down, .lora_down_bwd = cu_lora_down_bwd,
         .cross_entropy = cu_ce, .argmax_rows = cu_argmax, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
-        .adamw = cu_adamw, .adamw8 = cu_adamw8, .adam_dir = cu_adam_dir, .apply_dir = cu_apply_dir, .gram_f64 = cu_gram_f64, .mul_small_f64 = cu_mul_small_f64, .orth_f64 = cu_orth_f64,
+        .adamw = cu_adamw, .adamw8 = cu_adamw8, .adam_dir = cu_adam_dir, .apply_dir = cu_apply_dir, .gram_f64 = cu_gram_f64, .mul_small_f64 = cu_mul_small_f64, .orth_f64 = device_orth ? cu_orth_f64 : NULL,
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,
         .dequantize = cu_dequantize, .qmatmul_fwd = cu_qmatmul_fwd,
         .destroy = cu_destroy, .to_f32 = cu_to_f32, .from_f32 = cu_from_f32,
