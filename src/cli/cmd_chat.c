@@ -6,7 +6,6 @@
 #include <string.h>
 #include "cli/commands.h"
 #include "cli/gen_common.h"
-#include "data/thought.h"
 #include "core/log.h"
 #include "infer/chat.h"
 
@@ -35,28 +34,16 @@ static void free_hist(char **hist, int n_hist) {
 
 /* One turn: prompt, generate with streaming, history. Returns 0, or -1 (err) on failure. */
 static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *line, char ***hist, int *n_hist, glm_err *err) {
-    glm_ids in = {0}, out = {0}, think = {0};
+    glm_ids in = {0}, out = {0};
     int dropped = 0;
     char *prompt = NULL;
     /* room for the response under whichever limit is set: --max_new_tokens within the model's
-     * max_sequence_length, or max_length (capped at it) less one token; and for the empty
-     * thought that ends the prompt with glmz1's thinking off */
-    if (gen_thought_prompt(s, &think, err)) return -1;
-    int max_prompt = glm_gen_max_prompt(&s->g) - think.n;
-    if (glm_chat_inputs_sys(s->tok, gen_config(s), a->system, line, (const char *const *)*hist, *n_hist, max_prompt, &in,
-                            &dropped, &prompt, err)) {
+     * max_sequence_length, or max_length (capped at it) less one token */
+    int max_prompt = glm_gen_max_prompt(&s->g);
+    if (gen_chat_inputs(s, a->system, line, (const char *const *)*hist, *n_hist, max_prompt, &in, &dropped, &prompt, err)) {
         glm_ids_free(&in); /* a message too long still left its tokens here */
-        glm_ids_free(&think);
         return -1;
     }
-    if (think.n && prompt) { /* the text the --debug line shows */
-        char *t = glm_malloc(strlen(prompt) + strlen(GLM_THOUGHT_EMPTY) + 1);
-        sprintf(t, "%s%s", prompt, GLM_THOUGHT_EMPTY);
-        free(prompt);
-        prompt = t;
-    }
-    glm_ids_append(&in, think.data, think.n);
-    glm_ids_free(&think);
     if (dropped) {
         char lim[160];
         glm_gen_limit_text(&s->g, lim, sizeof lim);
@@ -83,8 +70,7 @@ static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *lin
         free(tail);
         *hist = glm_realloc(*hist, sizeof(char *) * 2 * (size_t)(*n_hist + 1));
         (*hist)[2 * *n_hist] = glm_strdup(line);
-        (*hist)[2 * *n_hist + 1] = gen_history_answer(s, res); /* glmz1: without its thoughts */
-        free(res);
+        (*hist)[2 * *n_hist + 1] = res;
         (*n_hist)++;
     }
     printf("\n");

@@ -76,13 +76,7 @@ static int prepare_prompt(gen_session *s, const gen_args *a, glm_ids *in, glm_er
     char *p = glm_chat_prompt_for(s->tok, a->prompt, NULL, 0);
     if (!p) {
         int dropped;
-        glm_ids think = {0};
-        if (gen_thought_prompt(s, &think, err)) return -1; /* glmz1 with thinking off */
-        int rc = glm_chat_inputs_sys(s->tok, gen_config(s), a->system, a->prompt, NULL, 0, glm_gen_max_prompt(&s->g) - think.n,
-                                     in, &dropped, NULL, err);
-        glm_ids_append(in, think.data, think.n);
-        glm_ids_free(&think);
-        return rc;
+        return gen_chat_inputs(s, a->system, a->prompt, NULL, 0, glm_gen_max_prompt(&s->g), in, &dropped, NULL, err);
     }
     if (a->system && a->system[0]) { /* as the training examples put it */
         char *q = glm_malloc(strlen(a->system) + strlen(p) + 2);
@@ -270,7 +264,7 @@ static item *items_push(items *L) {
     return &L->v[L->n++];
 }
 
-static void example_cfg(gen_args *a, glm_example_cfg *ex) {
+static void example_cfg(const gen_session *s, gen_args *a, glm_example_cfg *ex) {
     glm_example_cfg_init(ex);
     ex->source_prefix = a->source_prefix;
     ex->default_system = a->system; /* a record without a system of its own takes --system, as training's --default_system */
@@ -279,8 +273,8 @@ static void example_cfg(gen_args *a, glm_example_cfg *ex) {
     ex->prompt_template = a->prompt_template;
     ex->history_template = a->history_template;
     ex->rounds = GLM_ROUNDS_NONEMPTY; /* ptuning's preprocess_function_eval */
-    ex->reasoning = a->template && !strcmp(a->template, "glmz1");
-    ex->disable_thinking = ex->reasoning && !a->enable_thinking;
+    ex->reasoning = s->reasoning; /* --template glmz1 (gen_open_tokenizer) */
+    ex->disable_thinking = s->disable_thinking;
 }
 
 /* One record's prompt and inputs, checked against the limits (`index`: its number, for messages). */
@@ -295,13 +289,8 @@ static int prepare_item(gen_session *s, const gen_args *a, const glm_example_cfg
         size_t nq = strlen(r->query) + (r->input ? strlen(r->input) : 0) + 2;
         char *q = glm_malloc(nq);
         snprintf(q, nq, "%s%s%s", r->query, r->input && r->input[0] ? "\n" : "", r->input && r->input[0] ? r->input : "");
-        char **hist = glm_malloc(sizeof *hist * (size_t)(2 * r->n_hist + 1)); /* glmz1: answers without thoughts */
-        for (int i = 0; i < 2 * r->n_hist; i++) hist[i] = i % 2 ? gen_history_answer(s, r->hist[i]) : glm_strdup(r->hist[i]);
-        int rc = glm_chat_inputs_sys(s->tok, gen_config(s), r->system && r->system[0] ? r->system : a->system, q, (const char *const *)hist, r->n_hist, INT_MAX,
-                                     &it->in, NULL, &it->prompt, err);
-        if (!rc) rc = gen_thought_prompt(s, &it->in, err);
-        for (int i = 0; i < 2 * r->n_hist; i++) free(hist[i]);
-        free(hist);
+        int rc = gen_chat_inputs(s, r->system && r->system[0] ? r->system : a->system, q, (const char *const *)r->hist, r->n_hist,
+                                 INT_MAX, &it->in, NULL, &it->prompt, err);
         free(q);
         if (rc) return -1;
     } else if (prompt_ids(s, a, it->prompt, &it->in, &dropped, err)) {
@@ -351,7 +340,7 @@ static int conversation_items(gen_session *s, const gen_args *a, const glm_examp
 
 static int read_items(gen_session *s, gen_args *a, items *L, glm_err *err) {
     glm_example_cfg ex;
-    example_cfg(a, &ex);
+    example_cfg(s, a, &ex);
     prompt_src src;
     glm_encoder enc = {0}; /* ChatGLM3 / GLM-4: the training examples' encoder, conversations' turns as they trained */
     glm_layout layout = glm_layout_of(s->tok);

@@ -161,7 +161,7 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     const char *tp = a->tokenizer_name ? a->tokenizer_name : a->model_name_or_path;
     if (glm_tokenizer_load(&s->tok, tp, err)) return glm_wrap(err, "tokenizer: ");
     if (a->template && glm_lf_template_check(a->template, glm_layout_of(s->tok), err)) return -1;
-    s->reasoning = a->template && !strcmp(a->template, "glmz1");
+    s->reasoning = glm_lf_template_reasons(a->template);
     if (!a->template && glm_layout_of(s->tok) == GLM_LAYOUT_GLM4 && glm_tokenizer_template_thinks(tp))
         glm_info("%s's chat template writes <think> thoughts (GLM-Z1): give --template glmz1 to send earlier answers back "
                  "without them (serve: and to return them as reasoning_content)", tp);
@@ -272,11 +272,28 @@ void gen_stream_token(void *ctx, int row, int32_t id) {
     if (d[0]) { fputs(d, stdout); fflush(stdout); }
 }
 
-int gen_thought_prompt(const gen_session *s, glm_ids *in, glm_err *err) {
-    return s->disable_thinking ? glm_tokenizer_encode_ex(s->tok, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY),
-                                                         GLM_TOK_ENCODE_SPECIAL, in, err) : 0;
-}
-
-char *gen_history_answer(const gen_session *s, const char *answer) {
-    return s->reasoning ? glm_thought_remove(answer) : glm_strdup(answer);
+int gen_chat_inputs(const gen_session *s, const char *system, const char *query, const char *const *hist, int n_hist,
+                    int max_prompt, glm_ids *out, int *dropped, char **prompt_text, glm_err *err) {
+    glm_ids think = {0};
+    if (s->disable_thinking && glm_chat_empty_thought(s->tok, &think, err)) return -1;
+    char **h = NULL; /* glmz1: the answers without their thoughts */
+    if (s->reasoning && n_hist) {
+        h = glm_malloc(sizeof *h * (size_t)(2 * n_hist));
+        for (int i = 0; i < 2 * n_hist; i++) h[i] = i % 2 ? glm_thought_remove(hist[i]) : glm_strdup(hist[i]);
+    }
+    int rc = glm_chat_inputs_sys(s->tok, gen_config(s), system, query, h ? (const char *const *)h : hist, n_hist,
+                                 max_prompt == INT_MAX ? INT_MAX : max_prompt - think.n, out, dropped, prompt_text, err);
+    if (rc == 0 && think.n) {
+        glm_ids_append(out, think.data, think.n);
+        if (prompt_text && *prompt_text) {
+            char *t = glm_malloc(strlen(*prompt_text) + strlen(GLM_THOUGHT_EMPTY) + 1);
+            sprintf(t, "%s%s", *prompt_text, GLM_THOUGHT_EMPTY);
+            free(*prompt_text);
+            *prompt_text = t;
+        }
+    }
+    for (int i = 0; h && i < 2 * n_hist; i++) free(h[i]);
+    free(h);
+    glm_ids_free(&think);
+    return rc;
 }

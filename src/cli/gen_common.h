@@ -95,10 +95,11 @@ void gen_close(gen_session *s);
 /* The model generation runs on: the single model or the split one. */
 glm_lm gen_lm(gen_session *s);
 const glm_config *gen_config(const gen_session *s);
-/* A chat prompt's end: the empty thought when thinking is off (gen_session.disable_thinking). */
-int gen_thought_prompt(const gen_session *s, glm_ids *in, glm_err *err);
-/* An answer as it goes back into the history: without its thoughts under glmz1 (caller frees). */
-char *gen_history_answer(const gen_session *s, const char *answer);
+/* glm_chat_inputs_sys under the session's --template glmz1 rules (gen_session.reasoning): the
+ * history's answers without their thoughts, and with thinking off the empty thought at the end
+ * (room kept for it within max_prompt; *prompt_text, when asked for, shows it too). */
+int gen_chat_inputs(const gen_session *s, const char *system, const char *query, const char *const *hist, int n_hist,
+                    int max_prompt, glm_ids *out, int *dropped, char **prompt_text, glm_err *err);
 /* "a\nb" -> "a\\nb" for one-line debug output (caller frees). */
 char *gen_escape(const char *s);
 

@@ -11,6 +11,7 @@
  * or messages. */
 #ifndef GLM_DATA_DATASET_INFO_H
 #define GLM_DATA_DATASET_INFO_H
+#include <string.h>
 #include "core/err.h"
 #include "data/data.h"
 #include "data/examples.h"
@@ -21,5 +22,8 @@ int glm_dataset_info_sources(const char *dir, const char *names, glm_data_source
 /* LLaMA-Factory's --template: glmtrain builds examples and prompts as the tokenizer's model does,
  * so the name (chatglm, chatglm2, chatglm3, glm4) only has to agree with the tokenizer's layout. */
 int glm_lf_template_check(const char *name, glm_layout layout, glm_err *err);
+/* Whether LLaMA-Factory's template `name` (NULL: none) is a reasoning model's (glmz1: GLM-Z1's
+ * thoughts, examples.h reasoning). */
+static inline int glm_lf_template_reasons(const char *name) { return name && strcmp(name, "glmz1") == 0; }
 
 #endif

@@ -117,6 +117,13 @@ static char *content_of(const glm_example_cfg *c, const glm_msg *m, int first_us
     return s;
 }
 
+/* The empty thought's ids, its text through the encoder's Hugging Face encode where it has one (a
+ * glmz1 example's texts go through it: <think> may be an added token). */
+static int empty_thought(const glm_encoder *enc, glm_ids *ids, glm_err *err) {
+    return (enc->encode_special ? enc->encode_special : enc->encode)(enc->ctx, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY), ids,
+                                                                      err);
+}
+
 /* How a glmz1 assistant turn is written (examples.h reasoning). */
 typedef enum {
     THOUGHT_AS_DATA = 0, /* training: the turn's thoughts as they are, the empty one where it has none */
@@ -149,7 +156,7 @@ static int encode_turns(const glm_example_cfg *c, const glm_encoder *enc, const 
             if (!text[0]) { free(text); continue; } /* the template writes no turn without content */
             glm_ids_push(ids, enc->role[m[k].role]);
             if (think && rule == THOUGHT_AS_DATA && !glm_thought_has_words(text)) {
-                rc = text_enc(enc->ctx, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY), ids, err);
+                rc = empty_thought(enc, ids, err);
                 if (c->disable_thinking) tgt[k] = ids->n; /* LLaMA-Factory puts it in the prompt then */
             }
             const char *meta = m[k].metadata ? m[k].metadata : "";
@@ -241,8 +248,7 @@ int glm_example_eval_turns(const glm_example_cfg *c, const glm_encoder *enc, con
         glm_ids_append(&t->in, ids.data, start[k] < c->max_source_length ? start[k] : c->max_source_length);
         glm_ids_push(&t->in, enc->role[GLM_ROLE_ASSISTANT]);
         if (c->reasoning && c->disable_thinking && !glm_thought_has_words(content))
-            rc = (enc->encode_special ? enc->encode_special : enc->encode)(enc->ctx, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY),
-                                                                            &t->in, err);
+            rc = empty_thought(enc, &t->in, err);
         const char *meta = enc->layout == GLM_LAYOUT_GLM4 && m[k].metadata && m[k].metadata[0] ? m[k].metadata : NULL;
         size_t n0 = meta ? strlen(meta) + 1 : 0, n1 = strlen(content);
         t->label = glm_malloc(n0 + n1 + 1);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "infer/chat.h"
+#include "data/thought.h"
 #include "infer/generate.h"
 
 /* The prefix kinds ([gMASK] sop first): ChatGLM2/3 and those after them; the others put
@@ -306,4 +307,8 @@ char *glm_streamer_finish(glm_streamer *s, char **tail) {
         memcpy(*tail + 1, res, n + 1);
     }
     return res;
+}
+
+int glm_chat_empty_thought(const glm_tokenizer *tok, glm_ids *out, glm_err *err) {
+    return glm_tokenizer_encode_ex(tok, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY), GLM_TOK_ENCODE_SPECIAL, out, err);
 }

@@ -46,6 +46,11 @@ int glm_chat_inputs_turns(const glm_tokenizer *tok, const glm_chat_turn *t, int 
  * of a call of that tool. */
 int glm_chat_assistant_metadata(const glm_tokenizer *tok, const char *line, glm_ids *out, glm_err *err);
 
+/* Appends the ids of a reasoning model's empty thought (data/thought.h GLM_THOUGHT_EMPTY, added
+ * tokens such as <think> split out as Hugging Face's encode does): the end of a GLM-Z1 prompt
+ * with thinking off. */
+int glm_chat_empty_thought(const glm_tokenizer *tok, glm_ids *out, glm_err *err);
+
 /* Sets g->stop_ids / n_stop to the ids model.chat stops at (glm_tokenizer_stop_ids: eos, <eop>
  * for ChatGLM-6B, and with ChatGLM3's role tokens <|user|> and <|observation|>). */
 void glm_gen_cfg_chat_stops(glm_gen_cfg *g, const glm_tokenizer *tok);

@@ -57,6 +57,12 @@ int glm_merge_changes(const glm_merge *g, const glm_tensor *t);
  * where an adapter saved the module (modules_to_save). */
 int glm_merge_apply(glm_merge *g, const char *name, const glm_tensor *t, float *w, glm_err *err);
 void glm_merge_close(glm_merge *g);
+/* w [out, C] += scale B_k A_k on the host over the row blocks of an adapter split `split` ways
+ * (glm_lora_blocks: transformers' q, k, v, or 1, the whole; b [out, r], a [split r, C]): a merge,
+ * and PiSSA's residual (scale < 0). norm != NULL: first each row's ||w + scale B A|| into norm [out]
+ * (DoRA's row norms). */
+void glm_lora_add_host(const glm_config *c, int split, float *w, int64_t out, int64_t C, const float *b, const float *a, int r,
+                       float scale, float *norm);
 
 /* Writes base + adapters as one Hugging Face folder at dir (every adapter of the list merged in
  * turn), streaming tensor by tensor as glm_ckpt_convert does, with the base's config.json and

@@ -116,6 +116,31 @@ static int dora_rows(merge_one *o, const char *name, int stem, const glm_tensor 
     return 0;
 }
 
+void glm_lora_add_host(const glm_config *c, int split, float *w, int64_t out, int64_t C, const float *b, const float *a, int r,
+                       float scale, float *norm) {
+    int64_t row0[3], rows[3];
+    for (int k = 0, n = glm_lora_blocks(c, split, out, row0, rows); k < n; k++) {
+        float *wk = w + row0[k] * C;
+        const float *bk = b + row0[k] * r, *ak = a + (size_t)k * r * C;
+        if (norm) cpu_dora_norm(norm + row0[k], wk, ak, bk, scale, (int)rows[k], (int)C, r);
+        cpu_sgemm(0, 0, (int)rows[k], (int)C, r, scale, bk, r, ak, (int)C, 1.0f, wk, (int)C);
+    }
+}
+
+/* An adapter file's A and B of row t into g->a, g->b: q, k and v's own, stacked (split > 1,
+ * glm_ckpt_read_qkv_lora), else as stored ([r, in], [out, r]). 1 when read, 0 when the file has
+ * no A, -1 on an error. */
+static int read_ab(glm_merge *g, glm_ckpt *f, const char *an, const char *bn, int split, int r, const glm_tensor *t,
+                   glm_err *err) {
+    int64_t ash[2] = {r, t->shape[1]}, bsh[2] = {t->shape[0], r};
+    if (split > 1) {
+        int got = glm_ckpt_read_qkv_lora(f, an, 0, &g->cfg, r, t->shape[1], g->a, err);
+        return got > 0 ? glm_ckpt_read_qkv_lora(f, bn, 1, &g->cfg, r, t->shape[1], g->b, err) : got;
+    }
+    if (glm_ckpt_info(f, an, NULL, NULL, NULL) || glm_ckpt_info(f, bn, NULL, NULL, NULL)) return 0;
+    return glm_ckpt_read_f32(f, an, g->a, 2, ash, err) || glm_ckpt_read_f32(f, bn, g->b, 2, bsh, err) ? -1 : 1;
+}
+
 /* One adapter into w: its whole copy of a modules_to_save row, or W += s B A (peft's merge;
  * DoRA's: then each row times m / ||W + s B A||, the training's own norm). */
 static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const glm_tensor *t, float *w, glm_err *err) {
@@ -135,57 +160,26 @@ static int merge_one_into(glm_merge *g, merge_one *o, const char *name, const gl
     snprintf(an, sizeof an, "%s%.*s.lora_A.weight", GLM_ADAPTER_PREFIX, stem, name);
     snprintf(bn, sizeof bn, "%s%.*s.lora_B.weight", GLM_ADAPTER_PREFIX, stem, name);
     int r = o->peft.lora_rank;
-    int64_t ash[2] = {r, t->shape[1]}, bsh[2] = {t->shape[0], r}, stored[ST_MAX_DIMS];
-    /* peft's q_proj, k_proj, v_proj (some or all of them): each on its rows of W. THUDM's one
-     * adapter (A [r, in]) merges as one product below. */
-    if (t->kind == T_QKV_W && (glm_ckpt_info(&o->file, an, NULL, NULL, stored) || stored[0] != r)) {
-        int64_t C = t->shape[1], row = 0;
-        int got = glm_ckpt_read_qkv_lora(&o->file, an, 0, &g->cfg, r, C, g->a, err);
-        if (got > 0) got = glm_ckpt_read_qkv_lora(&o->file, bn, 1, &g->cfg, r, C, g->b, err);
-        if (got < 0) return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
-        if (got > 0 && o->has_init) { /* PiSSA: each block's W_k -= s B0_k A0_k first (the trained-on base) */
-            float *a0 = glm_malloc((size_t)3 * r * C * sizeof(float)), *b0 = glm_malloc((size_t)t->shape[0] * r * sizeof(float));
-            int g0 = glm_ckpt_read_qkv_lora(&o->init, an, 0, &g->cfg, r, C, a0, err);
-            if (g0 > 0) g0 = glm_ckpt_read_qkv_lora(&o->init, bn, 1, &g->cfg, r, C, b0, err);
-            for (int k = 0; g0 > 0 && k < 3; k++) {
-                int64_t rows = glm_hf_part_rows(&g->cfg, k);
-                cpu_sgemm(0, 0, (int)rows, (int)C, r, -glm_lora_scaling(&o->peft), b0 + row * r, r, a0 + (size_t)k * r * C,
-                          (int)C, 1.0f, w + row * C, (int)C);
-                row += rows;
-            }
-            row = 0;
-            free(a0);
-            free(b0);
-            if (g0 == 0) glm_fail(err, "%s: tensor %s is missing", o->init.path, an);
-            if (g0 <= 0) return glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", o->init.path, o->dir);
-        }
-        for (int k = 0; got > 0 && k < 3; k++) { /* a part the file lacks is zero: it adds nothing */
-            int64_t rows = glm_hf_part_rows(&g->cfg, k);
-            if (o->peft.use_dora) /* each block's rows by its own adapter: ||W_k + s B_k A_k|| */
-                cpu_dora_norm(g->norm + row, w + row * C, g->a + (size_t)k * r * C, g->b + row * r, glm_lora_scaling(&o->peft),
-                              (int)rows, (int)C, r);
-            cpu_sgemm(0, 0, (int)rows, (int)C, r, glm_lora_scaling(&o->peft), g->b + row * r, r, g->a + (size_t)k * r * C,
-                      (int)C, 1.0f, w + row * C, (int)C);
-            row += rows;
-        }
-        if (got > 0) return o->peft.use_dora ? dora_rows(o, name, stem, t, g, w, err) : 0;
+    int64_t stored[ST_MAX_DIMS];
+    /* peft's q_proj, k_proj, v_proj (some or all of them): an adapter each on its rows of W;
+     * THUDM's one adapter (A [r, in]) on all of them */
+    int split = t->kind == T_QKV_W && (glm_ckpt_info(&o->file, an, NULL, NULL, stored) || stored[0] != r)
+                    ? glm_lora_split(&g->cfg, 0) : 1;
+    float s = glm_lora_scaling(&o->peft);
+    if (o->has_init) { /* PiSSA: W -= s B0 A0 first, the base its adapter was trained on */
+        int got = read_ab(g, &o->init, an, bn, split, r, t, err);
+        if (got == 0) glm_fail(err, "%s: tensor %s is missing", o->init.path, an);
+        if (got <= 0) return glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", o->init.path, o->dir);
+        glm_lora_add_host(&g->cfg, split, w, t->shape[0], t->shape[1], g->b, g->a, r, -s, NULL);
     }
-    if (glm_ckpt_info(&o->file, an, NULL, NULL, stored) || glm_ckpt_info(&o->file, bn, NULL, NULL, NULL)) {
+    int got = read_ab(g, &o->file, an, bn, split, r, t, err);
+    if (got == 0) {
         glm_fail(err, "%s: tensor %s is missing", o->file.path, an);
         return glm_hint(err, "the adapter was made for other modules or layers (its adapter_config.json's target_modules)");
     }
-    int OC = (int)t->shape[0], C = (int)t->shape[1];
-    float s = glm_lora_scaling(&o->peft);
-    if (o->has_init) { /* PiSSA: W -= s B0 A0 first, the base its adapter was trained on */
-        if (glm_ckpt_read_f32(&o->init, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->init, bn, g->b, 2, bsh, err))
-            return glm_hint(err, "%s holds the PiSSA adapter's first values: it belongs to %s", o->init.path, o->dir);
-        cpu_sgemm(0, 0, OC, C, r, -s, g->b, r, g->a, C, 1.0f, w, C);
-    }
-    if (glm_ckpt_read_f32(&o->file, an, g->a, 2, ash, err) || glm_ckpt_read_f32(&o->file, bn, g->b, 2, bsh, err))
-        return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
-    if (o->peft.use_dora) cpu_dora_norm(g->norm, w, g->a, g->b, s, OC, C, r);
-    /* W[out, in] += s * B[out, r] A[r, in] */
-    cpu_sgemm(0, 0, OC, C, r, s, g->b, r, g->a, C, 1.0f, w, C);
+    if (got < 0) return glm_hint(err, "the adapter was made for another base model or rank (see its adapter_config.json)");
+    /* W[out, in] += s * B[out, r] A[r, in], DoRA's row norms taken first */
+    glm_lora_add_host(&g->cfg, split, w, t->shape[0], t->shape[1], g->b, g->a, r, s, o->peft.use_dora ? g->norm : NULL);
     return o->peft.use_dora ? dora_rows(o, name, stem, t, g, w, err) : 0;
 }
 

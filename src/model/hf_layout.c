@@ -124,6 +124,16 @@ int64_t glm_hf_part_rows(const glm_config *c, int part) {
     return (int64_t)(part == 0 ? c->num_attention_heads : glm_kv_heads(c)) * glm_head_dim(c);
 }
 
+int glm_lora_blocks(const glm_config *c, int split, int64_t out, int64_t row0[3], int64_t rows[3]) {
+    int64_t o = 0;
+    for (int k = 0; k < split; k++) {
+        row0[k] = o;
+        rows[k] = split > 1 ? glm_hf_part_rows(c, k) : out;
+        o += rows[k];
+    }
+    return split;
+}
+
 /* The part of path s after `skip` dots, to the next dot or the end: its start and length. */
 static const char *path_part(const char *s, int skip, size_t *len) {
     for (int i = 0; i < skip && s; i++) s = strchr(s, '.') ? strchr(s, '.') + 1 : NULL;

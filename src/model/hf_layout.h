@@ -34,6 +34,10 @@ int glm_hf_names(const char *orig, char names[3][GLM_HF_NAME]);
 int glm_hf_orig_name(const char *hf, char *orig, size_t n, int *part);
 /* Rows of query_key_value's row block `part`: q NH * HD, k and v NKV * HD each. */
 int64_t glm_hf_part_rows(const glm_config *c, int part);
+/* The row blocks of a module's `out` rows that take an adapter each: `split` of them (config.h
+ * glm_lora_split: 3, q | k | v, on transformers' layout) or 1, the whole. Their count, and each
+ * block's first row and rows. */
+int glm_lora_blocks(const glm_config *c, int split, int64_t out, int64_t row0[3], int64_t rows[3]);
 /* Table row t (named `name`: its own, or with peft's prefix) as the file of a model in transformers'
  * layout holds it: the entries' names and row blocks [row0[k], row0[k] + rows[k]) of t; one entry
  * for a renamed row (or a row with no -hf form), three for query_key_value's weight and bias

@@ -77,20 +77,19 @@ static void lora_add_split(glm_model *m, int l, int i, glm_layer_acts *a, void *
             be->copy_rows(be, glm_at(be, a->lora_t[i], (size_t)k * N * r), (size_t)r, glm_at(be, full, (size_t)k * r),
                           (size_t)S * r, (size_t)r, (size_t)N);
     }
-    size_t o = 0;
+    int64_t row0[3], rows[3];
+    glm_lora_blocks(&m->cfg, S, OC, row0, rows);
+    GLM_ASSERT(row0[S - 1] + rows[S - 1] == OC);
     for (int k = 0; k < S; k++) {
-        int rows = (int)glm_hf_part_rows(&m->cfg, k);
         void *t = glm_at(be, a->lora_t[i], (size_t)k * N * r);
         if (!one) {
             const void *u = lora_input_seeded(m, inp, (size_t)N * C, split_seed(m, l, i, k));
             be->matmul_fwd(be, t, u, glm_at(be, p->lora_a[i], (size_t)k * r * C), NULL, N, C, r);
             be->mask_scale(be, t, t, (size_t)N * r, s, 0.0f, 0);
         }
-        be->matmul_fwd(be, blk, t, glm_at(be, p->lora_b[i], o * r), NULL, N, r, rows);
-        be->copy_rows(be, glm_at(be, full, o), (size_t)OC, blk, (size_t)rows, (size_t)rows, (size_t)N);
-        o += (size_t)rows;
+        be->matmul_fwd(be, blk, t, glm_at(be, p->lora_b[i], (size_t)row0[k] * r), NULL, N, r, (int)rows[k]);
+        be->copy_rows(be, glm_at(be, full, (size_t)row0[k]), (size_t)OC, blk, (size_t)rows[k], (size_t)rows[k], (size_t)N);
     }
-    GLM_ASSERT(o == (size_t)OC);
     be->scale_add(be, out, 1.0f, full, out, (size_t)N * OC);
 }
 
@@ -102,30 +101,29 @@ static void lora_bwd_split(glm_model *m, int l, int i, glm_layer_acts *a, void *
     float s = glm_lora_scaling(&m->cfg.peft);
     void *dt = m->lora_tmp, *dy = glm_at(be, m->lora_tmp, (size_t)N * glm_linear_out_max(&m->cfg)); /* [N, r], [N, rows_k] */
     int S = glm_lora_split(&m->cfg, i);
+    int64_t row0[3], rows[3];
+    glm_lora_blocks(&m->cfg, S, OC, row0, rows);
     if (lora_dropout(m) <= 0) { /* no dropout: the blocks' dt side by side [N, S r], then one product each for dA, dinp */
         void *dtk = dropped_copy(m); /* [N, r] */
-        size_t o = 0;
         for (int k = 0; k < S; k++) {
-            int rows = (int)glm_hf_part_rows(&m->cfg, k);
-            be->copy_rows(be, dy, (size_t)rows, glm_at(be, dout, o), (size_t)OC, (size_t)rows, (size_t)N);
-            be->matmul_bwd(be, dtk, glm_at(be, g->lora_b[i], o * r), NULL, dy, glm_at(be, a->lora_t[i], (size_t)k * N * r),
-                           glm_at(be, p->lora_b[i], o * r), N, r, rows, 0);
+            be->copy_rows(be, dy, (size_t)rows[k], glm_at(be, dout, (size_t)row0[k]), (size_t)OC, (size_t)rows[k], (size_t)N);
+            be->matmul_bwd(be, dtk, glm_at(be, g->lora_b[i], (size_t)row0[k] * r), NULL, dy,
+                           glm_at(be, a->lora_t[i], (size_t)k * N * r), glm_at(be, p->lora_b[i], (size_t)row0[k] * r), N, r,
+                           (int)rows[k], 0);
             be->copy_rows(be, glm_at(be, dt, (size_t)k * r), (size_t)S * r, dtk, (size_t)r, (size_t)r, (size_t)N);
-            o += (size_t)rows;
         }
         be->mask_scale(be, dt, dt, (size_t)N * S * r, s, 0.0f, 0);
         be->matmul_bwd(be, dinp, g->lora_a[i], NULL, dt, inp, p->lora_a[i], N, C, S * r, 1);
         return;
     }
-    size_t o = 0;
     for (int k = 0; k < S; k++) {
-        int rows = (int)glm_hf_part_rows(&m->cfg, k);
         const void *Ak = glm_at(be, p->lora_a[i], (size_t)k * r * C);
         void *dAk = glm_at(be, g->lora_a[i], (size_t)k * r * C);
-        be->copy_rows(be, dy, (size_t)rows, glm_at(be, dout, o), (size_t)OC, (size_t)rows, (size_t)N);
+        be->copy_rows(be, dy, (size_t)rows[k], glm_at(be, dout, (size_t)row0[k]), (size_t)OC, (size_t)rows[k], (size_t)N);
         /* dB_k += dy_k^T t_k, dt = s dy_k B_k, dA_k += dt^T u_k, dinp += dropout_k(dt A_k) */
-        be->matmul_bwd(be, dt, glm_at(be, g->lora_b[i], o * r), NULL, dy, glm_at(be, a->lora_t[i], (size_t)k * N * r),
-                       glm_at(be, p->lora_b[i], o * r), N, r, rows, 0);
+        be->matmul_bwd(be, dt, glm_at(be, g->lora_b[i], (size_t)row0[k] * r), NULL, dy,
+                       glm_at(be, a->lora_t[i], (size_t)k * N * r), glm_at(be, p->lora_b[i], (size_t)row0[k] * r), N, r,
+                       (int)rows[k], 0);
         be->mask_scale(be, dt, dt, (size_t)N * r, s, 0.0f, 0);
         const void *u = lora_input_seeded(m, inp, (size_t)N * C, split_seed(m, l, i, k));
         if (u == inp) {
@@ -138,7 +136,6 @@ static void lora_bwd_split(glm_model *m, int l, int i, glm_layer_acts *a, void *
                 be->scale_add(be, dinp, 1.0f, m->lora_u, dinp, (size_t)N * C);
             }
         }
-        o += (size_t)rows;
     }
 }
 
@@ -227,14 +224,11 @@ static const float *dora_norms(glm_model *m, int l, int i, const void *w, int C,
         /* split q, k, v (glm_lora_split): each row block with its own adapter, ||W_k + s B_k A_k|| */
         const glm_layer_ptrs *p = &m->w.layer[l];
         const void *W = linear_weight(m, l, i, w, C, OC);
-        int r = m->cfg.peft.lora_rank, S = glm_lora_split(&m->cfg, i);
-        size_t o = 0;
-        for (int k = 0; k < S; k++) {
-            int rows = S > 1 ? (int)glm_hf_part_rows(&m->cfg, k) : OC;
-            be->dora_norm(be, n + o, glm_at(be, W, o * (size_t)C), glm_at(be, p->lora_a[i], (size_t)k * r * C),
-                          glm_at(be, p->lora_b[i], o * (size_t)r), glm_lora_scaling(&m->cfg.peft), rows, C, r);
-            o += (size_t)rows;
-        }
+        int r = m->cfg.peft.lora_rank;
+        int64_t row0[3], rows[3];
+        for (int k = 0, S = glm_lora_blocks(&m->cfg, glm_lora_split(&m->cfg, i), OC, row0, rows); k < S; k++)
+            be->dora_norm(be, n + row0[k], glm_at(be, W, (size_t)(row0[k] * C)), glm_at(be, p->lora_a[i], (size_t)k * r * C),
+                          glm_at(be, p->lora_b[i], (size_t)row0[k] * r), glm_lora_scaling(&m->cfg.peft), (int)rows[k], C, r);
         m->dora_fresh[slot] = m->weights_fixed && !m->training;
     }
     return n;
@@ -300,15 +294,14 @@ static void dora_fwd(glm_model *m, int l, int i, glm_layer_acts *a, void *out, c
         be->scale_add(be, out, 1.0f, z, out, no); /* + L */
         const void *W = linear_weight(m, l, i, w, C, OC);
         void *blk = m->lora_tmp, *tmp = glm_at(be, m->lora_tmp, (size_t)N * glm_linear_out_max(&m->cfg)); /* [N, rows_k] */
-        size_t o = 0;
-        for (int k = 0; k < glm_lora_split(&m->cfg, i); k++) {
-            int rows = (int)glm_hf_part_rows(&m->cfg, k);
+        int64_t row0[3], rows[3];
+        for (int k = 0, S = glm_lora_blocks(&m->cfg, glm_lora_split(&m->cfg, i), OC, row0, rows); k < S; k++) {
             const void *u = lora_input_seeded(m, inp, (size_t)N * C, split_seed(m, l, i, k));
-            be->copy_rows(be, blk, (size_t)rows, glm_at(be, z, o), (size_t)OC, (size_t)rows, (size_t)N);
-            be->matmul_fwd(be, tmp, u, glm_at(be, W, o * (size_t)C), NULL, N, C, rows);
-            be->scale_add(be, blk, 1.0f, tmp, blk, (size_t)N * rows);
-            be->copy_rows(be, glm_at(be, z, o), (size_t)OC, blk, (size_t)rows, (size_t)rows, (size_t)N);
-            o += (size_t)rows;
+            void *zk = glm_at(be, z, (size_t)row0[k]);
+            be->copy_rows(be, blk, (size_t)rows[k], zk, (size_t)OC, (size_t)rows[k], (size_t)N);
+            be->matmul_fwd(be, tmp, u, glm_at(be, W, (size_t)(row0[k] * C)), NULL, N, C, (int)rows[k]);
+            be->scale_add(be, blk, 1.0f, tmp, blk, (size_t)N * rows[k]);
+            be->copy_rows(be, zk, (size_t)OC, blk, (size_t)rows[k], (size_t)rows[k], (size_t)N);
         }
         be->dora_scale(be, out, z, mag, n, 1.0f, NULL, out, 1.0f, N, OC); /* + (c - 1) z */
         return;
@@ -355,19 +348,18 @@ static void dora_bwd(glm_model *m, int l, int i, glm_layer_acts *a, void *dinp, 
     if (dinp) {
         input_grad(m, dinp, dout, inp, W, N, C, OC, res, res_scale);
         void *du = dropped_copy(m); /* the gradient at u, through the mask */
-        int S = glm_lora_split(&m->cfg, i);
-        size_t o = 0;
+        int64_t row0[3], rows[3];
+        int S = glm_lora_blocks(&m->cfg, glm_lora_split(&m->cfg, i), OC, row0, rows);
         for (int k = 0; k < S; k++) { /* split q, k, v: block k's (c - 1) dout through W_k and its own mask */
-            int rows = S > 1 ? (int)glm_hf_part_rows(&m->cfg, k) : OC;
             const void *g = gz;
             if (S > 1) {
-                be->copy_rows(be, m->lora_tmp, (size_t)rows, glm_at(be, gz, o), (size_t)OC, (size_t)rows, (size_t)N);
+                be->copy_rows(be, m->lora_tmp, (size_t)rows[k], glm_at(be, gz, (size_t)row0[k]), (size_t)OC, (size_t)rows[k],
+                              (size_t)N);
                 g = m->lora_tmp;
             }
-            be->matmul_bwd(be, du, NULL, NULL, g, NULL, glm_at(be, W, o * (size_t)C), N, C, rows, 0);
+            be->matmul_bwd(be, du, NULL, NULL, g, NULL, glm_at(be, W, (size_t)(row0[k] * C)), N, C, (int)rows[k], 0);
             be->mask_scale(be, du, du, (size_t)N * C, 1.0f, p, S > 1 ? split_seed(m, l, i, k) : lora_seed(m, l, i));
             be->scale_add(be, dinp, 1.0f, du, dinp, (size_t)N * C);
-            o += (size_t)rows;
         }
     }
     be->scale_add(be, gz, 1.0f, dout, gz, (size_t)N * OC); /* c dout */

@@ -56,29 +56,24 @@ static void float_src_close(float_src *fs) {
     glm_merge_close(fs->merge);
 }
 
-/* The row blocks of module weight tw that have adapters of their own: transformers' split q, k, v
- * (config.h glm_lora_split), each with its rows of B and its r rows of A; else the whole weight.
- * Returns the count; row0/rows/part per block (part: the block's place in the stacked A). */
+/* The row blocks of module weight tw that have adapters of their own (glm_lora_blocks, less q, k or
+ * v without one): their count; row0/rows/part per block (part: the block's place in the stacked A). */
 static int blocks_of(const glm_model *m, const glm_tensor *tw, int64_t row0[3], int64_t rows[3], int part[3]) {
-    int S = glm_lora_split(&m->cfg, glm_linear_index(tw->kind)), n = 0, parts = m->cfg.peft.lora_qkv_parts;
-    int64_t o = 0;
-    for (int k = 0; k < S; k++) {
-        int64_t nr = S > 1 ? glm_hf_part_rows(&m->cfg, k) : tw->shape[0];
-        if (S == 1 || !parts || (parts >> k & 1)) { row0[n] = o; rows[n] = nr; part[n] = k; n++; } /* else no adapter there */
-        o += nr;
-    }
+    int64_t r0[3], rs[3];
+    int S = glm_lora_blocks(&m->cfg, glm_lora_split(&m->cfg, glm_linear_index(tw->kind)), tw->shape[0], r0, rs), n = 0;
+    int parts = m->cfg.peft.lora_qkv_parts;
+    for (int k = 0; k < S; k++)
+        if (S == 1 || !parts || (parts >> k & 1)) { row0[n] = r0[k]; rows[n] = rs[k]; part[n] = k; n++; } /* else no adapter */
     return n;
 }
 
-/* Row tw (at wp) made W - scaling B A from w, its float values, block by block (blocks_of), on
- * the host: a quantized row is quantized from the float residual. b [OC, r], a [r or 3 r, C]. */
+/* Row tw (at wp) made W - scaling B A from w, its float values, block by block, on the host: a
+ * quantized row is quantized from the float residual. b [OC, r], a [r or 3 r, C] (a block without
+ * an adapter has zero rows there: it subtracts nothing). */
 static void store_residual(glm_model *m, const glm_tensor *tw, void *wp, float *w, const float *b, const float *a, int r,
                            float scaling) {
-    int C = (int)tw->shape[1], part[3];
-    int64_t row0[3], rows[3];
-    for (int k = 0, n = blocks_of(m, tw, row0, rows, part); k < n; k++)
-        cpu_sgemm(0, 0, (int)rows[k], C, r, -scaling, b + row0[k] * r, r, a + (size_t)part[k] * r * C, C, 1.0f,
-                  w + row0[k] * C, C);
+    glm_lora_add_host(&m->cfg, glm_lora_split(&m->cfg, glm_linear_index(tw->kind)), w, tw->shape[0], tw->shape[1], b, a, r,
+                      -scaling, NULL);
     glm_model_row_upload(m, tw, wp, w);
 }
 

@@ -314,7 +314,7 @@ static int thought_end(srv_server *S, const cJSON *body, glm_ids *ids, api_err *
     if (srv_present(on) ? cJSON_IsTrue(on) : !S->o.disable_thinking) return 0;
     glm_err err = {0};
     pthread_mutex_lock(S->tok_mu);
-    int k = glm_tokenizer_encode_ex(S->tok, GLM_THOUGHT_EMPTY, strlen(GLM_THOUGHT_EMPTY), GLM_TOK_ENCODE_SPECIAL, ids, &err);
+    int k = glm_chat_empty_thought(S->tok, ids, &err);
     pthread_mutex_unlock(S->tok_mu);
     return k ? srv_bad(e, 500, NULL, "server_error", "%s", err.msg) : 0;
 }

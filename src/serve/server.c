@@ -400,21 +400,16 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
              * a thought before it: any response to a request with tools) */
             c->holding = c->chat && c->sent == 0 &&
                          (c->think ? c->tools.on : (c->tools.on && c->tools.forced) || srv_tools_may_call(&c->tools, r->text.s, n));
-            if (!c->holding) {
-                text = glm_malloc(n - c->sent + 1);
-                memcpy(text, r->text.s + c->sent, n - c->sent);
+            if (!c->holding) { /* with think: all of it, whose parts say what is new in each */
+                text = glm_strndup(r->text.s + c->sent, n - c->sent);
                 take_lps(c); /* the tokens decoded so far travel with this text */
             }
             c->seen = n;
         }
         pthread_mutex_unlock(&r->mu);
-        if (text && c->think) { /* the parts of everything so far: what is new in each */
+        if (text && c->think) { /* c->sent stays 0: text is the whole response so far */
+            think_chunks(c, text, n, 0);
             free(text);
-            pthread_mutex_lock(&r->mu);
-            char *all = glm_strndup(r->text.s, n);
-            pthread_mutex_unlock(&r->mu);
-            think_chunks(c, all, n, 0);
-            free(all);
             continue;
         }
         if (text) {

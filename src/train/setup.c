@@ -912,7 +912,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     d->example.prompt_template = a->prompt_template;
     d->example.history_template = a->history_template;
     d->example.train_on_prompt = a->train_on_prompt;
-    d->example.reasoning = a->template && !strcmp(a->template, "glmz1");
+    d->example.reasoning = glm_lf_template_reasons(a->template);
     d->example.disable_thinking = d->example.reasoning && !a->enable_thinking;
     if (!a->enable_thinking && !d->example.reasoning)
         glm_info("--enable_thinking false changes nothing without --template glmz1 (the other templates have no thoughts)");
