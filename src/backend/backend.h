@@ -196,9 +196,11 @@ struct glm_backend {
     /* Cross entropy over rows of logits[R, V] against targets[R] (all valid, 0 <= t < V):
      * losses[r] = logsumexp(logits[r]) - logits[r, t] (float, =). If dscale != 0, logits are
      * replaced in place by dscale * (softmax(logits[r]) - onehot(t)) — the gradient of
-     * dscale * sum(losses). */
+     * dscale * sum(losses) — or with row_scale (float [R], where the op runs; NULL: none) by
+     * dscale * row_scale[r] * (...) per row, the gradient of dscale * sum(row_scale[r] losses[r])
+     * (preference losses weigh each sequence's tokens). */
     void (*cross_entropy)(glm_backend *be, void *logits, float *losses, const int32_t *targets, int R, int V,
-                          float dscale);
+                          float dscale, const float *row_scale);
     /* Greedy decoding of R rows of logits x [R, V] (S) into host ints: out[r] = the first index
      * of row r's maximum, or 5 when the row holds a NaN or infinity (the original's
      * InvalidScoreLogitsProcessor, as glm_sample_next) — so only R ints leave the device.

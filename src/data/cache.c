@@ -37,8 +37,9 @@ _Static_assert(sizeof(cache_header) <= HEADER_BYTES, "cache header grew past its
 /* Growable arrays while building. */
 typedef struct { uint64_t *off; int32_t *ids; uint8_t *sup; int64_t n, n_tokens, cap_n, cap_t; } builder;
 
-/* sup: 0 no label, 1 label = id, 2 label = eos (ChatGLM3's EOS convention; checked in build). */
-static void builder_add(builder *b, const int32_t *ids, const int32_t *labels, int len) {
+/* sup: 0 no label, 1 label = id, 2 label = eos (ChatGLM3's EOS convention; checked in build),
+ * plus GLM_SUP_PAIR_SPLIT on a preference pair's rejected example's first token (split > 0). */
+static void builder_add(builder *b, const int32_t *ids, const int32_t *labels, int len, int split) {
     if (b->n + 2 > b->cap_n) { b->cap_n = b->cap_n ? 2 * b->cap_n : 1024; b->off = glm_realloc(b->off, (size_t)b->cap_n * 8); }
     if (b->n_tokens + len > b->cap_t) {
         while (b->n_tokens + len > b->cap_t) b->cap_t = b->cap_t ? 2 * b->cap_t : 65536;
@@ -50,6 +51,7 @@ static void builder_add(builder *b, const int32_t *ids, const int32_t *labels, i
         b->ids[b->n_tokens + i] = ids[i];
         b->sup[b->n_tokens + i] = labels[i] == -100 ? 0 : labels[i] == ids[i] ? 1 : 2;
     }
+    if (split > 0) b->sup[b->n_tokens + split] |= GLM_SUP_PAIR_SPLIT;
     b->n_tokens += len;
     b->off[++b->n] = (uint64_t)b->n_tokens;
 }
@@ -67,7 +69,7 @@ static uint64_t settings_hash(const glm_data_cfg *c, const glm_encoder *e) {
     int64_t nums[] = {CACHE_VERSION, r->schema, r->container, r->skip_bad_samples, x->max_source_length,
                       x->max_target_length, x->rounds, x->train_on_prompt, e->gmask, e->sop, e->eop, e->pad, e->mask,
                       e->layout, e->eos, e->role[0], e->role[1], e->role[2], e->role[3], x->conv_labels, r->max_records, x->cutoff_len, x->mask_history,
-                      x->reasoning, x->disable_thinking};
+                      x->reasoning, x->disable_thinking, r->pairs};
     uint64_t h = glm_xxh64(nums, sizeof nums, (uint64_t)e->fingerprint);
     const char *strs[] = {r->columns.prompt, r->columns.response, r->columns.history, r->columns.input,
                           r->columns.system, x->source_prefix, x->prompt_template, x->history_template, x->default_system};
@@ -118,7 +120,7 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
             if (ret) break;
             s->truncated_prompt += info[i].truncated_prompt;
             s->truncated_answer += info[i].truncated_answer;
-            builder_add(b, ids[i].data, labels[i].data, ids[i].n);
+            builder_add(b, ids[i].data, labels[i].data, ids[i].n, info[i].pair_split);
             for (int k = 0; k < ids[i].n; k++) s->supervised += labels[i].data[k] != -100;
             if (ids[i].n > s->longest) s->longest = ids[i].n;
             if (ids[i].n < s->shortest) s->shortest = ids[i].n;
@@ -321,6 +323,9 @@ int glm_examples_labels(const glm_examples *ex, int64_t i, int32_t *labels) {
     int len = glm_examples_len(ex, i);
     const int32_t *ids = ex->ids + ex->off[i];
     const uint8_t *sup = ex->sup + ex->off[i];
-    for (int k = 0; k < len; k++) labels[k] = sup[k] == 0 ? -100 : sup[k] == 1 ? ids[k] : ex->eos;
+    for (int k = 0; k < len; k++) {
+        int s = sup[k] & GLM_SUP_LABEL;
+        labels[k] = s == 0 ? -100 : s == 1 ? ids[k] : ex->eos;
+    }
     return len;
 }

@@ -49,6 +49,17 @@ typedef struct glm_examples {
 } glm_examples;
 
 static inline int glm_examples_len(const glm_examples *ex, int64_t i) { return (int)(ex->off[i + 1] - ex->off[i]); }
+/* sup's bits: the label code (0, 1, 2 above), and the first token of a preference pair's
+ * rejected example (data/examples.h: a pair is one example, the chosen tokens then the rejected) */
+#define GLM_SUP_LABEL 3
+#define GLM_SUP_PAIR_SPLIT 4
+/* Where example i's rejected half starts (its length when it is not a pair). */
+static inline int glm_examples_split(const glm_examples *ex, int64_t i) {
+    int n = glm_examples_len(ex, i);
+    const uint8_t *s = ex->sup + ex->off[i];
+    for (int k = 1; k < n; k++) if (s[k] & GLM_SUP_PAIR_SPLIT) return k;
+    return n;
+}
 
 /* A view on examples: idx[k] (or k itself when idx is NULL) for k < n. */
 typedef struct glm_dataset {

@@ -189,10 +189,57 @@ static int build_pair(const glm_example_cfg *c, const glm_encoder *enc, const gl
     return 0;
 }
 
+/* Clears every label before the last run of targets: the last answer alone trains. */
+static void keep_last_answer(glm_ids *labels) {
+    int i = labels->n - 1;
+    while (i >= 0 && labels->data[i] == -100) i--;
+    while (i >= 0 && labels->data[i] != -100) i--;
+    for (; i >= 0; i--) labels->data[i] = -100;
+}
+
+static int build_preference(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r, glm_ids *ids,
+                            glm_ids *labels, glm_example_info *info, glm_err *err) {
+    glm_record rr = *r; /* shallow: the same strings, the rejected answer put in place below */
+    rr.rejected = NULL;
+    glm_example_info a, b;
+    if (glm_example_build(c, enc, &rr, ids, labels, &a, err)) return -1;
+    rr.answer = r->rejected;
+    glm_msg *msgs = NULL;
+    if (r->msgs && r->n_msgs > 0) { /* the chosen answer is the conversation's last turn */
+        msgs = glm_malloc(sizeof *msgs * (size_t)r->n_msgs);
+        memcpy(msgs, r->msgs, sizeof *msgs * (size_t)r->n_msgs);
+        msgs[r->n_msgs - 1].content = r->rejected;
+        msgs[r->n_msgs - 1].metadata = NULL;
+        rr.msgs = msgs;
+    }
+    glm_ids ri = {0}, rl = {0};
+    int rc = glm_example_build(c, enc, &rr, &ri, &rl, &b, err);
+    free(msgs);
+    if (rc == 0) {
+        *info = a.status != GLM_EX_OK ? a : b;
+        if (a.status == GLM_EX_OK && b.status == GLM_EX_OK) {
+            keep_last_answer(labels);
+            keep_last_answer(&rl);
+            info->pair_split = ids->n;
+            for (int i = 0; i < ri.n; i++) { glm_ids_push(ids, ri.data[i]); glm_ids_push(labels, rl.data[i]); }
+            info->truncated_prompt = a.truncated_prompt | b.truncated_prompt;
+            info->truncated_answer = a.truncated_answer | b.truncated_answer;
+            info->prompt_tokens = a.prompt_tokens;
+            info->answer_tokens = a.answer_tokens > b.answer_tokens ? a.answer_tokens : b.answer_tokens;
+        } else {
+            ids->n = labels->n = 0;
+        }
+    }
+    glm_ids_free(&ri);
+    glm_ids_free(&rl);
+    return rc;
+}
+
 int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
                       glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err) {
     *info = (glm_example_info){0};
     ids->n = labels->n = 0;
+    if (r->rejected) return build_preference(c, enc, r, ids, labels, info, err);
     if (glm_layout_turns(enc->layout)) return glm_example_build_glm3(c, enc, r, ids, labels, info, err);
     int query_empty = !(r->query && r->query[0]) && !(r->input && r->input[0]);
     if (query_empty || !(r->answer && r->answer[0])) { info->status = GLM_EX_EMPTY; return 0; }

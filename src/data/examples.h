@@ -159,6 +159,7 @@ typedef struct glm_example_info {
     glm_ex_status status;
     int truncated_prompt, truncated_answer; /* 1 when a / b were cut */
     int prompt_tokens, answer_tokens;       /* before truncation */
+    int pair_split; /* a preference pair (glm_record.rejected): where its rejected example starts */
 } glm_example_info;
 
 /* The prompt text for a record (caller frees), ChatGLM-6B's rules. */
@@ -173,6 +174,11 @@ int glm_example_cfg_check_layout(const glm_example_cfg *c, glm_layout layout, gl
  * target_len to keep within cutoff tokens (the source gives way while the target is under half,
  * the target while the source is, else both in proportion). */
 void glm_infer_seqlen(long source_len, long target_len, long cutoff, long *new_source, long *new_target);
+/* A preference pair (r->rejected set) builds two examples, one after the other: the chosen
+ * answer's, then the rejected one's (the same record with that answer; in conversation mode as its
+ * last turn's content), each by the rules above with the labels of its last answer only (LLaMA-
+ * Factory's pairwise examples put every earlier turn in the prompt); info->pair_split is the
+ * rejected example's first index. If either is dropped, so is the pair. */
 int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
                       glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err);
 /* The evaluation prompts of a ChatGLM3 / GLM-4 conversation record, as ChatGLM3's finetune_hf.py

@@ -36,6 +36,13 @@ static const int32_t *ex_ids(const glm_loader *l, int64_t k) {
     return l->ds.ex->ids + l->ds.ex->off[glm_dataset_index(&l->ds, k)];
 }
 static int ex_len(const glm_loader *l, int64_t k) { return glm_examples_len(l->ds.ex, glm_dataset_index(&l->ds, k)); }
+/* The longer of a pair's two examples (the row length it needs); the example's length otherwise. */
+static int row_need(const glm_examples *ex, int pairs, int64_t i) {
+    int n = glm_examples_len(ex, i);
+    if (!pairs) return n;
+    int s = glm_examples_split(ex, i);
+    return s > n - s ? s : n - s;
+}
 
 /* A seeded generator per (seed, purpose, epoch) so epochs are independent and reproducible. */
 static void rng_for(glm_rng *r, uint64_t seed, uint64_t purpose, int64_t epoch) {
@@ -57,7 +64,7 @@ static void make_rows(glm_loader *l) {
     int64_t rows = 0;
     int fill = 0;
     for (int64_t i = 0; i < n; i++) {
-        int len = ex_len(l, perm[i]);
+        int len = row_need(l->ds.ex, l->cfg.pairs, glm_dataset_index(&l->ds, perm[i]));
         l->ex_order[i] = perm[i];
         if (rows == 0 || !l->cfg.packing || fill + len > l->fill_len) {
             l->row_start[rows++] = i;
@@ -139,9 +146,10 @@ int glm_loader_open(glm_loader **out, const glm_dataset *ds, const glm_loader_cf
     if (c->world < 1 || c->rank < 0 || c->rank >= c->world)
         return glm_fail(err, "data-parallel rank %d / world %d is out of range", c->rank, c->world);
     if (ds->n < 1) return glm_fail(err, "the dataset is empty");
+    if (c->pairs && c->packing) return glm_fail(err, "preference pairs are not packed"); /* the trainer refuses it first */
     int longest = 0;
     for (int64_t k = 0; k < ds->n; k++) {
-        int len = glm_examples_len(ds->ex, glm_dataset_index(ds, k));
+        int len = row_need(ds->ex, c->pairs, glm_dataset_index(ds, k));
         if (len > longest) longest = len;
     }
     if (c->max_len && c->max_len < longest) {
@@ -171,6 +179,10 @@ int glm_loader_open(glm_loader **out, const glm_dataset *ds, const glm_loader_cf
     l->seg = glm_malloc((size_t)l->cap_len * sizeof *l->seg);
     l->last = glm_malloc((size_t)c->batch_size * l->cap_len * sizeof *l->last);
     l->last_row = glm_malloc((size_t)c->batch_size * l->cap_len * sizeof *l->last_row);
+    if (c->pairs) { /* a pair's two halves are one example: the row buffers hold both */
+        l->ids = glm_realloc(l->ids, 2 * (size_t)l->cap_len * sizeof *l->ids);
+        l->lab = glm_realloc(l->lab, 2 * (size_t)l->cap_len * sizeof *l->lab);
+    }
     *out = l;
     return 0;
 }
@@ -186,7 +198,34 @@ int64_t glm_loader_steps_per_epoch(const glm_loader *l) { return l->steps; }
 glm_data_cursor glm_loader_cursor(const glm_loader *l) { return l->cur; }
 int64_t glm_loader_last_tokens(const glm_loader *l) { return l->last_tokens; }
 
-void glm_loader_batch_alloc(const glm_loader *l, glm_batch *b) { glm_batch_alloc(b, l->cfg.batch_size, l->cap_len); }
+void glm_loader_batch_alloc(const glm_loader *l, glm_batch *b) {
+    glm_batch_alloc(b, (l->cfg.pairs ? 2 : 1) * l->cfg.batch_size, l->cap_len);
+}
+
+/* Pairs: unit u of `units` is one example, its chosen half into row u, its rejected half into row
+ * units + u. */
+static int next_pairs(glm_loader *l, glm_batch *b, int64_t first, int units, int64_t off, glm_err *err) {
+    const glm_examples *ex = l->ds.ex;
+    for (int u = 0; u < units; u++) {
+        int32_t row = l->rank_rows[first + u];
+        int64_t k = l->ex_order[l->row_start[row]], i = glm_dataset_index(&l->ds, k);
+        int len = ex_len(l, k), split = glm_examples_split(ex, i);
+        memcpy(l->ids, ex_ids(l, k), (size_t)len * sizeof *l->ids);
+        glm_examples_labels(ex, i, l->lab);
+        int wrapped = off + l->cfg.rank + (first + u) * l->cfg.world >= l->n_rows;
+        if (wrapped && l->cfg.no_loss_on_wrap)
+            for (int t = 0; t < len; t++) l->lab[t] = -100;
+        for (int h = 0; h < 2; h++) {
+            int s = h ? split : 0, n = h ? len - split : split;
+            if (glm_batch_set_row(b, h * units + u, l->ids + s, l->lab + s, n, ex->pad, ex->gmask, ex->mask, ex->sop))
+                return glm_fail(err, "a pair's example of %d tokens does not fit T = %d (a bug)", n, b->T);
+        }
+        l->last_row[l->n_last] = u;
+        l->last[l->n_last++] = k;
+        l->last_tokens += len;
+    }
+    return 0;
+}
 
 int glm_loader_seek(glm_loader *l, glm_data_cursor c, glm_err *err) {
     int64_t per_rank, steps;
@@ -239,13 +278,18 @@ int glm_loader_next(glm_loader *l, glm_batch *b, glm_err *err) {
     int T = 0, pm = l->cfg.pad_multiple > 1 ? l->cfg.pad_multiple : 1;
     for (int r = 0; r < rows; r++) if (l->row_len[l->rank_rows[first + r]] > T) T = l->row_len[l->rank_rows[first + r]];
     T = (T + pm - 1) / pm * pm;
-    if ((size_t)rows * T > b->cap || rows < 1)
-        return glm_fail(err, "batch of %d x %d does not fit the %zu allocated (use glm_loader_batch_alloc)", rows, T, b->cap);
-    b->B = rows;
+    int B = (l->cfg.pairs ? 2 : 1) * rows;
+    if ((size_t)B * T > b->cap || rows < 1)
+        return glm_fail(err, "batch of %d x %d does not fit the %zu allocated (use glm_loader_batch_alloc)", B, T, b->cap);
+    b->B = B;
     b->T = T;
     const glm_examples *ex = l->ds.ex;
     l->n_last = 0;
     l->last_tokens = 0;
+    if (l->cfg.pairs) {
+        if (next_pairs(l, b, first, rows, off, err)) return -1;
+        rows = 0; /* the rows are filled */
+    }
     for (int r = 0; r < rows; r++) {
         int32_t row = l->rank_rows[first + r];
         int n_seg = 0, fill = 0;

@@ -31,6 +31,10 @@ typedef struct glm_loader_cfg {
                           * (evaluation: each example counted once over all ranks) */
     uint64_t seed;       /* default 42 */
     int rank, world;     /* default 0, 1 */
+    int pairs;           /* preference pairs (data.h GLM_SUP_PAIR_SPLIT): each example is a pair, and
+                          * batch_size counts pairs; a batch of P pairs has 2P rows, the chosen
+                          * examples in rows 0..P-1, the rejected ones in rows P..2P-1 (LLaMA-Factory's
+                          * PairwiseDataCollator), padded to the longest of them. No packing. */
 } glm_loader_cfg;
 void glm_loader_cfg_init(glm_loader_cfg *c);
 

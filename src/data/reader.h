@@ -63,6 +63,8 @@ typedef struct glm_read_cfg {
     int glm4;            /* conversation mode with GLM-4's tools block (see above) */
     int64_t max_records; /* > 0: the file ends after this many records, bad ones counted (the
                           * first N rows, as ptuning's max_train_samples selects them) */
+    int pairs;           /* preference pairs (--stage dpo): every record has a "chosen" and a
+                          * "rejected" answer (see glm_record.rejected) */
 } glm_read_cfg;
 
 /* One turn of a conversation-mode record. */
@@ -82,7 +84,13 @@ typedef struct glm_record {
     char *system;     /* system prompt or NULL */
     char *query;      /* the instruction / prompt / last user turn ("" when null) */
     char *input;      /* alpaca "input" or NULL */
-    char *answer;     /* the response ("" when null) */
+    char *answer;     /* the response ("" when null); of a preference pair, the chosen one */
+    char *rejected;   /* a preference pair's rejected response (glm_read_cfg.pairs), else NULL.
+                       * LLaMA-Factory's ranking records: alpaca {"instruction", "input"?,
+                       * "chosen", "rejected", ...} (strings), sharegpt {"conversations" (ending
+                       * with a user turn), "chosen", "rejected"} (assistant messages
+                       * {"from"/"role", "value"/"content"}, or strings); the chosen answer
+                       * becomes the conversation's last turn */
     char **hist;      /* 2*n_hist strings: q0, r0, q1, r1, ... */
     int n_hist;
     int has_history;  /* the record has a history column (ptuning wraps rounds even when empty) */
@@ -131,6 +139,7 @@ typedef struct glm_keys {
     const char *prompt, *response, *input, *system, *history;
     int history_always;  /* history column configured: present for every record */
     int conversations;   /* glm_read_cfg.conversations */
+    const char *rejected; /* pairs: the rejected answer's key (response is the chosen one's) */
 } glm_keys;
 /* Picks the schema from the first record's keys (cfg->schema when not AUTO) and the keys it
  * reads. Returns 0, or -1 with a message in why (the record's keys and what to set). */

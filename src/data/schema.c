@@ -6,7 +6,7 @@
 #include "data/reader.h"
 
 void glm_record_free(glm_record *r) {
-    free(r->system); free(r->query); free(r->input); free(r->answer);
+    free(r->system); free(r->query); free(r->input); free(r->answer); free(r->rejected);
     for (int i = 0; i < 2 * r->n_hist; i++) free(r->hist[i]);
     free(r->hist);
     for (int i = 0; i < r->n_msgs; i++) { free(r->msgs[i].content); free(r->msgs[i].metadata); }
@@ -188,19 +188,93 @@ bad:
     return -1;
 }
 
+/* A preference pair's answer: a string, or an assistant message {"from"/"role", "value"/"content"}
+ * (LLaMA-Factory's sharegpt ranking records). */
+static int pair_answer(const cJSON *obj, const char *key, char **out, char *why, size_t n) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v) {
+        snprintf(why, n, "field '%s' is missing (a preference pair needs a chosen and a rejected answer)", key);
+        return -1;
+    }
+    if (cJSON_IsObject(v)) {
+        const cJSON *from = cJSON_GetObjectItemCaseSensitive(v, "from");
+        if (!from) from = cJSON_GetObjectItemCaseSensitive(v, "role");
+        if (from && (!cJSON_IsString(from) || role_of(from->valuestring) != ROLE_ASSISTANT)) {
+            snprintf(why, n, "field '%s' is a message whose role is not the assistant's", key);
+            return -1;
+        }
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "value");
+        if (!t) t = cJSON_GetObjectItemCaseSensitive(v, "content");
+        v = t;
+        if (!v) { snprintf(why, n, "field '%s' is a message without 'value'/'content'", key); return -1; }
+    }
+    if (!cJSON_IsString(v)) {
+        snprintf(why, n, "field '%s' is %s, not a string or an assistant message", key, glm_json_type_name(v));
+        return -1;
+    }
+    if (!glm_utf8_valid(v->valuestring, strlen(v->valuestring))) {
+        snprintf(why, n, "field '%s' is not valid UTF-8", key);
+        return -1;
+    }
+    *out = glm_strdup(v->valuestring);
+    return 0;
+}
+
+static int extract_one(glm_schema schema, const glm_keys *keys, const cJSON *obj, glm_record *rec, char *why,
+                       size_t why_len);
+
+/* A preference pair: the record read with the chosen answer as its answer (sharegpt: as its
+ * conversation's last turn), the rejected one beside it. */
+static int extract_pair(glm_schema schema, const glm_keys *keys, const cJSON *obj, glm_record *rec, char *why,
+                        size_t n) {
+    char *chosen = NULL, *rejected = NULL;
+    glm_keys k = *keys;
+    k.rejected = NULL;
+    int rc = -1;
+    if (pair_answer(obj, keys->response, &chosen, why, n) || pair_answer(obj, keys->rejected, &rejected, why, n)) goto out;
+    if (schema == GLM_SCHEMA_SHAREGPT) {
+        cJSON *o = cJSON_Duplicate(obj, 1);
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "conversations");
+        if (!c) c = cJSON_GetObjectItemCaseSensitive(o, "messages");
+        if (cJSON_IsArray(c)) { /* the chosen answer as the last turn, in the list's own keys */
+            int openai = c->child && cJSON_GetObjectItemCaseSensitive(c->child, "role");
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, openai ? "role" : "from", openai ? "assistant" : "gpt");
+            cJSON_AddStringToObject(m, openai ? "content" : "value", chosen);
+            cJSON_AddItemToArray(c, m);
+        }
+        rc = extract_one(schema, &k, o, rec, why, n);
+        cJSON_Delete(o);
+    } else {
+        rc = extract_one(schema, &k, obj, rec, why, n);
+    }
+    if (rc == 0) { rec->rejected = rejected; rejected = NULL; }
+out:
+    free(chosen);
+    free(rejected);
+    return rc;
+}
+
 int glm_schema_extract(glm_schema schema, const glm_keys *keys, const cJSON *obj, glm_record *rec,
                        char *why, size_t why_len) {
     *rec = (glm_record){0};
-    int rc;
     if (!cJSON_IsObject(obj)) {
         snprintf(why, why_len, "record is %s, not an object", glm_json_type_name(obj));
         return -1;
     }
+    int rc = keys->rejected ? extract_pair(schema, keys, obj, rec, why, why_len)
+                            : extract_one(schema, keys, obj, rec, why, why_len);
+    if (rc) glm_record_free(rec);
+    return rc;
+}
+
+static int extract_one(glm_schema schema, const glm_keys *keys, const cJSON *obj, glm_record *rec, char *why,
+                       size_t why_len) {
+    int rc;
     if (schema == GLM_SCHEMA_SHAREGPT)
         rc = keys->conversations ? glm_schema_conversation(obj, rec, why, why_len) : extract_sharegpt(obj, rec, why, why_len);
     else
         rc = extract_columns(keys, obj, rec, why, why_len);
-    if (rc) glm_record_free(rec);
     return rc;
 }
 
@@ -243,6 +317,10 @@ int glm_schema_detect(const glm_read_cfg *cfg, const cJSON *obj, glm_schema *sch
         k->history_always = c->history != NULL;
     }
     k->conversations = cfg->conversations;
+    if (cfg->pairs) { /* LLaMA-Factory's ranking columns: the chosen answer in the response's place */
+        if (!c->response) k->response = "chosen";
+        k->rejected = "rejected";
+    }
     *schema = s;
     return 0;
 }

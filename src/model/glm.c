@@ -395,9 +395,10 @@ static void free_acts(glm_model *m) {
     void *ptrs[] = {m->lnf_out, m->lnf_mean, m->lnf_rstd, m->d_a, m->d_b, m->d_x, m->d_h1, m->d_ctx, m->d_qkv, m->d_ff,
                     m->d_act, m->head_in, m->logits, m->d_head_in, m->losses, m->bd.ids, m->bd.pos, m->bd.block_pos,
                     m->bd.kv_lo, m->bd.kv_hi, m->bd.sup_idx, m->bd.sup_tgt, m->kvbuf, m->dkvbuf, m->pkv_lo, m->pkv_hi,
-                    m->prefix_acc};
+                    m->prefix_acc, m->tok_w};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) if (ptrs[i]) be->free(be, ptrs[i]);
     m->kvbuf = m->dkvbuf = m->d_act = m->prefix_acc = NULL;
+    m->tok_w = NULL;
     m->pkv_lo = m->pkv_hi = NULL;
     m->acts = NULL;
     m->cap_tokens = 0;
@@ -590,6 +591,7 @@ static void ensure_acts(glm_model *m, int B, int T) {
     m->losses = F_BUF(ch);
     m->bd.ids = I_BUF(N); m->bd.pos = I_BUF(N); m->bd.block_pos = I_BUF(N);
     m->bd.kv_lo = I_BUF(N); m->bd.kv_hi = I_BUF(N); m->bd.sup_idx = I_BUF(N); m->bd.sup_tgt = I_BUF(N);
+    m->tok_w = F_BUF(N);
     int P = m->cfg.peft.pre_seq_len;
     if (P > 0) { /* one layer's prefix + sequence keys/values at a time, rebuilt in backward */
         size_t KVW = c->family == GLM_FAMILY_GLM2 ? 2 * (size_t)glm_kv_heads(c) * glm_head_dim(c) : 2 * (size_t)H;
@@ -786,8 +788,10 @@ static void forward_trunk(glm_model *m, const void *h_in) {
 
 /* LM head + cross entropy over the supervised rows, chunk by chunk (gathered from lnf_out, or
  * its first rows when the top layer computed only those). With backward, also writes d(lnf_out)
- * into dlnf (zero on the other rows) and accumulates the head's weight gradient. */
-static double head_loss(glm_model *m, float dscale, void *dlnf) {
+ * into dlnf (zero on the other rows) and accumulates the head's weight gradient; with tok_w
+ * (device, [n_sup]) each row's gradient is weighed by it. tok_loss (host, [n_sup], or NULL) gets
+ * every row's loss. */
+static double head_loss(glm_model *m, float dscale, void *dlnf, const float *tok_w, float *tok_loss) {
     glm_backend *be = m->be;
     int H = m->cfg.hidden_size, V = m->cfg.vocab_size, N = m->bd.B * m->bd.T;
     if (dlnf && !m->top_rows) be->zero(be, dlnf, (size_t)N * H * glm_dtype_size(be->dtype));
@@ -800,7 +804,8 @@ static double head_loss(glm_model *m, float dscale, void *dlnf) {
         if (m->top_rows) in = glm_at(be, m->lnf_out, (size_t)r0 * H);
         else be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
         be->matmul_fwd(be, m->logits, in, m->w.head, NULL, R, H, V);
-        be->cross_entropy(be, m->logits, m->losses, m->bd.sup_tgt + r0, R, V, dlnf ? dscale : 0.0f);
+        be->cross_entropy(be, m->logits, m->losses, m->bd.sup_tgt + r0, R, V, dlnf ? dscale : 0.0f,
+                          tok_w ? tok_w + r0 : NULL);
         if (dlnf) { /* compact rows take their gradient in place; gathered ones go back to theirs */
             void *din = m->top_rows ? glm_at(be, dlnf, (size_t)r0 * H) : m->d_head_in;
             be->matmul_bwd(be, din, m->g.head, NULL, m->logits, in, m->w.head, R, H, V, 0);
@@ -808,6 +813,7 @@ static double head_loss(glm_model *m, float dscale, void *dlnf) {
         }
         be->download(be, host_losses, m->losses, sizeof(float) * R);
         for (int r = 0; r < R; r++) total += host_losses[r];
+        if (tok_loss) memcpy(tok_loss + r0, host_losses, sizeof(float) * R);
     }
     free(host_losses);
     return total;
@@ -825,7 +831,17 @@ double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) {
     upload_batch(m, b);
     choose_top_rows(m);
     forward_trunk(m, h_in);
-    return head_loss(m, 0.0f, NULL);
+    return head_loss(m, 0.0f, NULL, NULL, NULL);
+}
+
+void glm_forward_token_losses(glm_model *m, const glm_batch *b, float *tok_loss) {
+    GLM_ASSERT(m->first && m->last);
+    m->training = 0;
+    ensure_acts(m, b->B, b->T);
+    upload_batch(m, b);
+    choose_top_rows(m);
+    forward_trunk(m, NULL);
+    head_loss(m, 0.0f, NULL, NULL, tok_loss);
 }
 
 static void stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void *h_out, int training) {
@@ -873,8 +889,33 @@ static int wants_input_grad(const glm_model *m, int l, int floor) {
            glm_table_get(&m->tab, l, T_LN1_B);
 }
 
+static double stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
+                             float dscale, glm_token_weigh weigh, void *weigh_ctx);
+
 double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
                           float dscale) {
+    return stage_backward(m, b, h_in, dh_out, dh_in, dscale, NULL, NULL);
+}
+
+double glm_forward_backward_weighted(glm_model *m, const glm_batch *b, float dscale, glm_token_weigh weigh, void *ctx) {
+    GLM_ASSERT(m->first && m->last && weigh);
+    return stage_backward(m, b, NULL, NULL, NULL, dscale, weigh, ctx);
+}
+
+/* The weighed loss's first head pass: every token's loss, then the caller's weights, uploaded. */
+static double weigh_tokens(glm_model *m, const glm_batch *b, glm_token_weigh weigh, void *ctx) {
+    int n = m->bd.n_sup;
+    float *loss = glm_malloc(sizeof(float) * (n ? n : 1)), *w = glm_malloc(sizeof(float) * (n ? n : 1));
+    head_loss(m, 0.0f, NULL, NULL, loss);
+    double total = weigh(ctx, b, loss, n, w);
+    if (n) m->be->upload(m->be, m->tok_w, w, sizeof(float) * n);
+    free(loss);
+    free(w);
+    return total;
+}
+
+static double stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
+                             float dscale, glm_token_weigh weigh, void *weigh_ctx) {
     m->training = 1;
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
@@ -892,7 +933,12 @@ double glm_stage_backward(glm_model *m, const glm_batch *b, const void *h_in, co
         begin(m, L);
         /* the head writes into the tied embedding's gradient: its unit opens now when it trains */
         if (c->tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB)) begin(m, -1);
-        loss = head_loss(m, dscale, dlnf);
+        if (weigh) {
+            loss = weigh_tokens(m, b, weigh, weigh_ctx);
+            head_loss(m, dscale, dlnf, m->tok_w, NULL);
+        } else {
+            loss = head_loss(m, dscale, dlnf, NULL, NULL);
+        }
         need(m, L);
         m->fam->final_norm_bwd(m, m->d_b, dlnf, resid(m, m->layer_hi), m->lnf_mean, m->lnf_rstd, out_rows(m));
         /* the table orders wte, layers, LNf, (lm_head): gradients become final from the back */

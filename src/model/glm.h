@@ -143,6 +143,7 @@ typedef struct glm_model {
     void *d_act;            /* [N, F] the SwiGLU output's gradient (ChatGLM2 family; NULL for v1) */
     void *head_in, *logits, *d_head_in; /* [chunk, H], [chunk, V], [chunk, H] */
     float *losses;          /* [chunk] */
+    float *tok_w;           /* [N] the supervised tokens' gradient weights (glm_forward_backward_weighted) */
     glm_batch_dev bd;
     /* Data-parallel hook (parallel/dp.c), NULL when unused: glm_forward_backward calls it each
      * time the gradients from flat element `first` to the end of the buffer are final (after
@@ -258,6 +259,16 @@ void glm_model_bind_unit(glm_model *m, size_t lo, size_t hi, void *base);
 double glm_forward_backward(glm_model *m, const glm_batch *b, float dscale);
 /* Forward and loss only (evaluation). Returns the sum of token losses. */
 double glm_forward_loss(glm_model *m, const glm_batch *b);
+/* A loss made of the token losses by the caller (preference losses, train/pref.h): after the
+ * forward pass weigh(ctx, b, tok_loss, n, w) gets the loss of every supervised token (-log p of
+ * its target, n = b->n_targets in the batch's flat order), returns the micro-batch's loss and
+ * writes d loss / d tok_loss[i] into w[i]; the backward then runs from dscale * w (gradients
+ * accumulate, as glm_forward_backward). The head runs twice: once for the losses, once for their
+ * gradient. One process holding every layer (no pipeline stages). */
+typedef double (*glm_token_weigh)(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w);
+double glm_forward_backward_weighted(glm_model *m, const glm_batch *b, float dscale, glm_token_weigh weigh, void *ctx);
+/* Forward only: every supervised token's loss into tok_loss [b->n_targets] (flat order). */
+void glm_forward_token_losses(glm_model *m, const glm_batch *b, float *tok_loss);
 
 /* Pipeline stages. Hidden states between stages are backend buffers [B*T, H] in S.
  * glm_stage_forward: a non-last stage's forward; h_in is NULL on the first stage (ids are

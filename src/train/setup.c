@@ -70,6 +70,39 @@ static long interval_steps(double v, long total) { return v < 1 ? (long)ceil(v *
 
 /* What evaluations drive: the best checkpoint (--load_best_model_at_end, --save_strategy best),
  * reduce_lr_on_plateau and early stopping; transformers' checks of them, in its words. */
+/* --stage and the preference flags (train/pref.h). */
+static int check_pref_args(const glm_train_args *a, glm_err *err) {
+    if (!glm_train_is_pref(a)) {
+        if (a->stage && strcmp(a->stage, "sft"))
+            return glm_fail(err, "--stage %s: glmtrain trains sft (supervised fine-tuning) and dpo (preference pairs); "
+                                 "LLaMA-Factory's pt, rm, ppo and kto stages are not here", a->stage);
+        return 0;
+    }
+    glm_pref_loss l;
+    if (glm_pref_loss_parse(a->pref_loss, &l))
+        return glm_fail(err, "--pref_loss %s is not known", a->pref_loss), glm_hint(err, "sigmoid, hinge, ipo, orpo or simpo");
+    if (!(a->pref_beta > 0)) return glm_fail(err, "--pref_beta %g: must be positive", a->pref_beta);
+    if (!(a->pref_ftx >= 0)) return glm_fail(err, "--pref_ftx %g: must not be negative", a->pref_ftx);
+    if (!(a->dpo_label_smoothing >= 0 && a->dpo_label_smoothing <= 0.5))
+        return glm_fail(err, "--dpo_label_smoothing %g: must be in [0, 0.5]", a->dpo_label_smoothing);
+    if (a->dpo_label_smoothing > 0 && l != GLM_PREF_SIGMOID)
+        return glm_fail(err, "--dpo_label_smoothing applies to --pref_loss sigmoid, not %s", a->pref_loss);
+    if (!strcmp(a->finetuning_type, "ptuning"))
+        return glm_fail(err, "--stage dpo with --finetuning_type ptuning: the reference would be the model without its "
+                             "prefix, which P-Tuning v2 cannot leave out"),
+               glm_hint(err, "use --finetuning_type lora (or freeze, full), as LLaMA-Factory's DPO does");
+    if (a->packing) return glm_fail(err, "--packing with --stage dpo: a pair's two answers are rows of their own"),
+                           glm_hint(err, "drop --packing");
+    int file_map = a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm");
+    if (a->pipeline_parallel_size > 1 || file_map) /* the preference loss needs every layer in one process */
+        return glm_fail(err, "--stage dpo on pipeline stages (--%s) is not supported",
+                        file_map ? "device_map" : "pipeline_parallel_size"),
+               glm_hint(err, "train on one GPU or with data parallelism (--nproc_per_node)");
+    if (a->do_predict) return glm_fail(err, "--do_predict with --stage dpo: a preference run has no test answers to predict"),
+                              glm_hint(err, "after training: glmtrain generate --model_name_or_path OUTPUT_DIR --input_file FILE");
+    return 0;
+}
+
 static int check_eval_args(const glm_train_args *a, glm_err *err) {
     int save_best = !strcmp(a->save_strategy, "best"), plateau = !strcmp(a->lr_scheduler_type, "reduce_lr_on_plateau");
     if (plateau && !strcmp(a->eval_strategy, "no")) /* transformers' TrainingArguments check, in its words */
@@ -158,8 +191,7 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
                glm_hint(err, "drop --save_final_model false, or predict later: glmtrain generate --input_file");
     if (a->do_predict && a->do_train && !a->model_name_or_path && strcmp(a->finetuning_type, "full") && strcmp(a->finetuning_type, "freeze"))
         return glm_fail(err, "--do_predict after --finetuning_type %s needs the base it adapts: --model_name_or_path", a->finetuning_type);
-    if (a->stage && strcmp(a->stage, "sft"))
-        return glm_fail(err, "--stage %s: glmtrain trains supervised fine-tuning only (LLaMA-Factory's --stage sft)", a->stage);
+    if (check_pref_args(a, err)) return -1;
     if (!a->model_name_or_path && !a->init_from_config)
         return glm_fail(err, "one of --model_name_or_path or --init_from_config is required"),
                glm_hint(err, "--model_name_or_path takes a Hugging Face style chatglm-6b folder");
@@ -897,6 +929,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
         glm_warn("--quantization_bit 4 is THUDM's INT4 here; LLaMA-Factory's is bitsandbytes NF4: add --quantization_type nf4 for that");
     if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &d->read.schema))
         return glm_fail(err, "--data_format %s is not known", a->data_format);
+    d->read.pairs = glm_train_is_pref(a);
     d->read.columns.prompt = a->prompt_column;
     d->read.columns.response = a->response_column;
     d->read.columns.history = a->history_column;
@@ -941,6 +974,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     lc.batch_size = a->per_device_train_batch_size;
     lc.group_by_length = a->group_by_length;
     lc.packing = a->packing;
+    lc.pairs = glm_train_is_pref(a);
     lc.drop_last = a->dataloader_drop_last;
     lc.shuffle = !a->disable_shuffling;
     int order_seed;
@@ -956,6 +990,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
         ec.batch_size = a->per_device_eval_batch_size;
         ec.shuffle = 0;
         ec.no_loss_on_wrap = 1; /* eval counts each example once over the ranks */
+        ec.pairs = lc.pairs;
         ec.rank = t->dp->rank;
         ec.world = t->dp->world;
         if (glm_loader_open(&t->eval_ld, &t->data.val, &ec, err)) return -1;
@@ -963,6 +998,7 @@ int trainer_load_data(trainer *t, glm_err *err) {
     }
     t->micro = glm_calloc(a->gradient_accumulation_steps, sizeof(glm_batch));
     for (int i = 0; i < a->gradient_accumulation_steps; i++) glm_loader_batch_alloc(t->train_ld, &t->micro[i]);
+    if (glm_train_is_pref(a)) return trainer_pref_setup(t, err);
     return 0;
 }
 

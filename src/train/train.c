@@ -19,10 +19,13 @@ static int evaluate(trainer *t, double *loss, double *ppl, glm_err *err) {
     for (int64_t i = 0; i < n; i++) {
         if (glm_loader_next(t->eval_ld, &t->eval_batch, &lerr)) break;
         if (t->eval_batch.n_targets == 0) continue;
-        if (glm_par_eval_batch(&p, &t->m, &t->eval_batch, v, err)) return -1;
+        if (glm_train_is_pref(t->a) ? trainer_pref_eval_batch(t, &t->eval_batch, v, err)
+                                    : glm_par_eval_batch(&p, &t->m, &t->eval_batch, v, err))
+            return -1;
     }
     glm_par_release_params(&p);
     if (glm_par_sum(&p, v, 2, 0, "evaluation loss", err)) return -1;
+    if (glm_train_is_pref(t->a) && glm_par_sum(&p, (double *)&t->esums, GLM_PREF_SUMS, 0, "preference metrics", err)) return -1;
     *loss = v[1] > 0 ? v[0] / v[1] : NAN;
     *ppl = exp(*loss);
     return 0;
@@ -38,12 +41,15 @@ static int write_eval_results(trainer *t, double el, double ppl, glm_err *err) {
     return glm_write_file_atomic(path, text, strlen(text), err);
 }
 
+static void pref_log(trainer *t, int eval);
+
 /* --do_train false --do_eval: the loaded model (and adapter) on the evaluation data, nothing trained or saved */
 static int evaluate_only(trainer *t, glm_err *err) {
     if (!t->eval_ld) return glm_fail(err, "--do_eval: the evaluation data is empty"), glm_hint(err, "check --validation_file");
     double el, ppl;
     if (evaluate(t, &el, &ppl, err)) return -1;
     fprintf(stderr, "{'eval_loss': %.4f, 'eval_perplexity': %.4f}\n", el, ppl);
+    if (glm_train_is_pref(t->a)) pref_log(t, 1);
     return write_eval_results(t, el, ppl, err);
 }
 
@@ -63,6 +69,34 @@ static void log_record(trainer *t, const char *kind, double v1, double v2, doubl
     cJSON_AddItemToArray(t->history, r);
 }
 
+/* --stage dpo's metrics since the last log (LLaMA-Factory's names; eval_ before them for an
+ * evaluation): a log line, TensorBoard (train/... or eval/...), the newest log_history record; then
+ * the sums start again. */
+static void pref_log(trainer *t, int eval) {
+    glm_pref_sums *s = eval ? &t->esums : &t->psums;
+    if (s->n <= 0) return;
+    const char *names[] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                           "logps/chosen", "logps/rejected", "sft_loss", "odds_ratio_loss"};
+    double v[] = {s->reward_c, s->reward_r, s->correct, s->margin, s->logp_c, s->logp_r, s->sft, s->odds};
+    int n = t->pref.loss == GLM_PREF_ORPO ? 8 : 6;
+    char line[1024];
+    size_t u = 0;
+    cJSON *rec = cJSON_GetArrayItem(t->history, cJSON_GetArraySize(t->history) - 1);
+    for (int i = 0; i < n; i++) {
+        double m = v[i] / s->n;
+        char key[64], tag[64];
+        snprintf(key, sizeof key, "%s%s", eval ? "eval_" : "", names[i]);
+        snprintf(tag, sizeof tag, "%s/%s", eval ? "eval" : "train", names[i]);
+        u += snprintf(line + u, sizeof line - u, "%s'%s': %.4f", i ? ", " : "{", key, m);
+        if (t->tb) tb_scalar(t->tb, tag, (float)m, t->st.global_step);
+        if (rec) cJSON_AddNumberToObject(rec, key, m);
+    }
+    snprintf(line + u, sizeof line - u, "}");
+    glm_progress_log(&t->prog, line);
+    if (t->tb) tb_flush(t->tb);
+    *s = (glm_pref_sums){0};
+}
+
 /* One evaluation of the validation set at the current step: the log line, TensorBoard, the
  * log history and t->eval_loss / eval_ppl. */
 static int evaluate_and_log(trainer *t, glm_err *err) {
@@ -78,6 +112,7 @@ static int evaluate_and_log(trainer *t, glm_err *err) {
         tb_flush(t->tb);
     }
     log_record(t, "eval", el, ppl, 0, 0);
+    if (glm_train_is_pref(t->a)) pref_log(t, 1);
     t->eval_loss = el;
     t->eval_ppl = ppl;
     return 0;
@@ -262,12 +297,15 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     long n_sup = 0;
     *tokens = 0;
     double t0 = glm_now();
+    int pref = glm_train_is_pref(a), bs = a->per_device_train_batch_size;
     for (int i = 0; i < k; i++) {
         if (glm_loader_next(t->train_ld, &t->micro[i], err)) return NAN;
-        n_sup += t->micro[i].n_targets;
+        /* preference pairs: the loss is a mean over the pairs, not the tokens */
+        n_sup += pref ? trainer_pref_pairs(&t->micro[i]) : t->micro[i].n_targets;
+        if (pref) glm_loader_last_examples(t->train_ld, t->micro_pairs + (size_t)i * bs, NULL, bs);
         *tokens += (double)glm_loader_last_tokens(t->train_ld);
     }
-    /* every rank scales its gradients by 1/(supervised tokens of the whole global batch) */
+    /* every rank scales its gradients by 1/(supervised tokens, or pairs, of the whole global batch) */
     double g[3] = {(double)n_sup, *tokens, glm_signal_pending() ? 1 : 0};
     glm_par p = par(t);
     if (glm_par_sum_batch(&p, g, 3, err)) return NAN;
@@ -282,8 +320,10 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     glm_dp_zero_grads(t->dp);
     double scale = a->fp16 ? t->scaler.scale : 1.0;
     double sum = 0;
-    if (n_sup > 0 && glm_par_forward_backward(&p, &t->m, t->micro, k, (float)(scale / n_sup), (uint64_t)a->seed,
-                                              t->st.global_step, &sum, err))
+    if (n_sup > 0 && pref && trainer_pref_forward_backward(t, k, (float)(scale / n_sup), &sum, err)) return NAN;
+    if (n_sup > 0 && !pref &&
+        glm_par_forward_backward(&p, &t->m, t->micro, k, (float)(scale / n_sup), (uint64_t)a->seed, t->st.global_step,
+                                 &sum, err))
         return NAN;
     double t1 = 0, t2 = 0, t3 = 0;
     if (measure) { t->be->sync(t->be); t1 = glm_now(); ph->compute_s = t1 - t0; }
@@ -445,6 +485,7 @@ static void trainer_free(trainer *t, int ok) {
     if (t->data.train_ex) glm_data_free(&t->data);
     free(t->sources);
     free(t->val_sources);
+    free(t->ref_train); free(t->ref_val); free(t->micro_pairs);
     if (t->tok) glm_tokenizer_free(t->tok);
     if (t->tb) tb_close(t->tb);
     if (t->opt.n) glm_adamw_free(&t->opt, &t->m);
@@ -471,6 +512,7 @@ static void log_train(trainer *t, double avg, float lr, double norm, double tps)
         tb_flush(t->tb);
     }
     log_record(t, "train", avg, lr, norm, tps);
+    if (glm_train_is_pref(t->a)) pref_log(t, 0);
 }
 
 /* SIGINT/SIGTERM reached a rank: every rank stops before the step (with --save_on_interrupt

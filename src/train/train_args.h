@@ -3,6 +3,7 @@
  * fills this struct lives in train_flags.c. */
 #ifndef GLM_TRAIN_ARGS_H
 #define GLM_TRAIN_ARGS_H
+#include <string.h>
 #include "core/args.h"
 #include "parallel/par_opts.h"
 
@@ -93,6 +94,9 @@ typedef struct glm_train_args {
     double galore_scale;
     double lora_alpha, lora_dropout, prefix_dropout, loraplus_lr_ratio;
     double neftune_noise_alpha; /* NEFTune's noise on the embeddings while training (0: none) */
+    /* --stage dpo (train/pref.h), LLaMA-Factory's names */
+    char *pref_loss;
+    double pref_beta, pref_ftx, simpo_gamma, dpo_label_smoothing;
     /* how the run stops early (tests, demos) */
     double max_train_seconds;
     /* data parallel (parallel/): launch, ZeRO stage, gradient buckets, fault handling */
@@ -129,6 +133,9 @@ int glm_ds_apply(glm_train_args *a, glm_err *err);
 int glm_ds_check_plan(const glm_train_args *a, int world, long total_steps, long warmup_steps, glm_err *err);
 /* The settings the parallel layer reads (launch, memory plan, layout), pointing into a. */
 glm_par_opts glm_train_par_opts(const glm_train_args *a);
+
+/* --stage dpo: preference pairs (train/pref.h) */
+static inline int glm_train_is_pref(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "dpo"); }
 
 /* The longest training example in tokens: --cutoff_len, else the two lengths together. */
 static inline int glm_train_seq_len(const glm_train_args *a) {

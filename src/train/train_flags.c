@@ -34,7 +34,14 @@ const glm_flag glm_train_flags[] = {
       "glmz1: GLM-4's turns with GLM-Z1's thoughts (<think>...</think>, see --enable_thinking)"),
     F(enable_thinking, ARG_BOOL, "true", "--template glmz1 (LLaMA-Factory's): true: the answers' thoughts train, an answer "
       "without one gets the empty thought as a target; false: thoughts removed, the empty thought in the prompt"),
-    F(stage, ARG_STR, "sft", "LLaMA-Factory's: sft (the only stage glmtrain trains)"),
+    F(stage, ARG_STR, "sft", "LLaMA-Factory's: sft (supervised fine-tuning) or dpo (preference pairs: records with a "
+      "chosen and a rejected answer, --pref_loss)"),
+    F(pref_loss, ARG_STR, "sigmoid", "--stage dpo's loss (LLaMA-Factory's): sigmoid (DPO), hinge, ipo, orpo, simpo; the "
+      "first three against the reference (the model training starts from), orpo and simpo without one"),
+    F(pref_beta, ARG_FLOAT, "0.1", "--stage dpo: beta, the preference loss's temperature"),
+    F(pref_ftx, ARG_FLOAT, "0", "--stage dpo: weight of the chosen answers' supervised loss added to the preference loss"),
+    F(simpo_gamma, ARG_FLOAT, "0.5", "--pref_loss simpo: the target reward margin gamma"),
+    F(dpo_label_smoothing, ARG_FLOAT, "0", "--pref_loss sigmoid: label smoothing (cDPO), in [0, 0.5]"),
     F(val_size, ARG_FLOAT, "0", "hold out this fraction (<1) or count (>=1) of the training data for evaluation"),
     C(data_format, "auto", "auto|alpaca|columns|chatglm|sharegpt", "record schema"),
     F(prompt_column, ARG_STR, NULL, "ptuning-style prompt column (e.g. content)"),

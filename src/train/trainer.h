@@ -36,6 +36,8 @@
 #include "train/progress.h"
 
 /* Everything one training run holds, passed explicitly. */
+#include "train/pref.h"
+
 typedef struct trainer {
     glm_train_args *a;
     glm_backend *be;
@@ -70,6 +72,13 @@ typedef struct trainer {
     glm_gpustat *gs;          /* NVML figures of this rank's GPU, NULL on the CPU */
     glm_pp *pp;               /* pipeline stages (--pipeline_parallel_size > 1), else NULL */
     glm_badam badam;          /* BAdam's block schedule (m.cfg.peft.badam) */
+    /* --stage dpo (pref_train.c): the loss, the reference's values of every pair of the training and
+     * validation views (2 per dataset position: chosen, rejected; NULL without a reference), the
+     * pairs of each micro-batch of a step (dataset positions), the metrics since the last log */
+    glm_pref_cfg pref;
+    double *ref_train, *ref_val;
+    int64_t *micro_pairs;
+    glm_pref_sums psums, esums;
 } trainer;
 
 /* The job's first rank: with pipeline stages dp->rank is the replica within a stage. */
@@ -90,6 +99,24 @@ int trainer_prepare_output_dir(trainer *t, glm_err *err);
 /* --resume_from_checkpoint: restores weights, optimizer, data position and log history from
  * the newest intact checkpoint of this run (or the one named), on every rank (train/resume.c). */
 int trainer_resume(trainer *t, glm_err *err);
+
+/* --stage dpo (pref_train.c). setup: the loss settings, and the reference's values of every pair,
+ * computed by the model as it is before training (and before a resume loads a checkpoint: the
+ * model training started from). forward_backward: the step's k micro-batches (t->micro, their
+ * pairs in t->micro_pairs) into the gradients at dscale per pair; adds the pairs' loss sum.
+ * eval_batch: v[0] += the eval batch's pair losses, v[1] += its pairs. pairs: in a batch. */
+int trainer_pref_setup(trainer *t, glm_err *err);
+int trainer_pref_forward_backward(trainer *t, int k, float dscale, double *loss_sum, glm_err *err);
+int trainer_pref_eval_batch(trainer *t, const glm_batch *b, double v[2], glm_err *err);
+static inline int trainer_pref_pairs(const glm_batch *b) {
+    int n = 0;
+    for (int r = 0; r < b->B / 2; r++) { /* a pair counts when both rows have targets (not wrap padding) */
+        int c = 0, j = 0;
+        for (int i = 0; i < b->T && !(c && j); i++) { c |= b->targets[r * b->T + i] != -100; j |= b->targets[(b->B / 2 + r) * b->T + i] != -100; }
+        n += c && j;
+    }
+    return n;
+}
 
 
 #endif

@@ -12,6 +12,9 @@
  *       as the trainer does it; OUT also holds "blocks" [K], the layer each step trained)
  *     [--galore_rank R [--galore_gap K] [--galore_scale S] [--galore_proj std|reverse_std|right|left|full]
  *      [--galore_target LIST]]  (GaLore, optim/galore.h, with full or freeze)
+ *     [--pref_loss sigmoid|hinge|ipo|orpo|simpo --pref_beta B [--pref_ftx F] [--simpo_gamma G]
+ *      [--label_smoothing S] [--ref c0,r0,c1,r1,...]]  (train/pref.h: the batch's rows are P chosen
+ *      examples then their P rejected ones; "loss" is the mean over the pairs, the gradients of it)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
  * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab);
  * "norm_bwd" [1] counts the first step's norm backward calls (the backward stops at the lowest
@@ -33,6 +36,7 @@
 #include "model/glm.h"
 #include "optim/adamw.h"
 #include "optim/badam.h"
+#include "train/pref.h"
 
 static int die(glm_err *e) { glm_err_print(e); return 1; }
 
@@ -102,6 +106,8 @@ int main(int argc, char **argv) {
     float alpha = 0.0f, loraplus = 0.0f;
     unsigned long long adapter_seed = 1;
     float lr = 1e-3f, wd = 0.0f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, max_norm = 0.0f;
+    const char *pref_loss = NULL, *pref_ref = NULL;
+    glm_pref_cfg pref = {.beta = 0.1, .simpo_gamma = 0.5};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
@@ -146,6 +152,12 @@ int main(int argc, char **argv) {
         else if (ARG("--galore_scale")) galore_scale = strtof(v, NULL);
         else if (ARG("--galore_proj")) galore_proj = v;
         else if (ARG("--galore_target")) galore_target = v;
+        else if (ARG("--pref_loss")) pref_loss = v;
+        else if (ARG("--pref_beta")) pref.beta = strtod(v, NULL);
+        else if (ARG("--pref_ftx")) pref.ftx = strtod(v, NULL);
+        else if (ARG("--simpo_gamma")) pref.simpo_gamma = strtod(v, NULL);
+        else if (ARG("--label_smoothing")) pref.label_smoothing = strtod(v, NULL);
+        else if (ARG("--ref")) pref_ref = v;
         else { fprintf(stderr, "unknown argument %s\n", a); return 2; }
 #undef ARG
     }
@@ -223,11 +235,31 @@ int main(int argc, char **argv) {
     float loss0 = 0, norm0 = 0, norm_bwd = 0;
     glm_adamw opt;
     glm_adamw_init(&opt, &m, lr, b1, b2, eps, wd);
+    double *ref_vals = NULL;
+    if (pref_loss) {
+        if (glm_pref_loss_parse(pref_loss, &pref.loss)) { fprintf(stderr, "unknown --pref_loss %s\n", pref_loss); return 2; }
+        if (pref_ref) {
+            ref_vals = glm_calloc((size_t)b.B, sizeof(double));
+            const char *p = pref_ref;
+            for (int i = 0; i < b.B && *p; i++) {
+                char *end;
+                ref_vals[i] = strtod(p, &end);
+                p = *end == ',' ? end + 1 : end;
+            }
+        }
+    }
     int nsteps = steps > 0 ? steps : 1;
     for (int s = 0; s < nsteps; s++) {
         glm_zero_grads(&m);
-        double sum = glm_forward_backward(&m, &b, 1.0f / b.n_targets);
-        float loss = (float)(sum / b.n_targets);
+        float loss;
+        if (pref_loss) {
+            int P = b.B / 2;
+            glm_pref_batch pb = {.cfg = &pref, .ref = ref_vals};
+            loss = (float)(glm_forward_backward_weighted(&m, &b, 1.0f / P, glm_pref_weigh, &pb) / P);
+        } else {
+            double sum = glm_forward_backward(&m, &b, 1.0f / b.n_targets);
+            loss = (float)(sum / b.n_targets);
+        }
         double norm = glm_grad_norm(&m, 1.0f);
         if (s == 0) {
             loss0 = loss; norm0 = (float)norm; norm_bwd = (float)norm_count.calls;

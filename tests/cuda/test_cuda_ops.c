@@ -642,19 +642,27 @@ static void t_cross_entropy(ctx *c, int R, int V) {
     for (int r = 0; r < R; r++) t[r] = (int32_t)glm_rng_below(&c->rng, V);
     void *dl = up_s(be, l, n), *dt = up_raw(be, t, sizeof(int32_t) * R);
     float *dloss = be->alloc(be, sizeof(float) * R);
-    for (int grad = 0; grad < 2; grad++) {
+    /* row scales as a preference loss makes them: signed, one of them zero */
+    float *rs = malloc(sizeof(float) * R);
+    for (int r = 0; r < R; r++) rs[r] = r == 1 ? 0.0f : (float)(glm_rng_normal(&c->rng) * 2.0);
+    float *drs = up_raw(be, rs, sizeof(float) * R);
+    for (int grad = 0; grad < 3; grad++) { /* 0: loss only, 1: gradient, 2: gradient with row scales */
         float dscale = grad ? 1.0f / R : 0.0f;
+        const float *scale_h = grad == 2 ? rs : NULL, *scale_d = grad == 2 ? drs : NULL;
+        const char *kind = grad == 2 ? "_rows" : "";
         memcpy(ref, l, sizeof(float) * n);
-        cpu_cross_entropy(ref, rl, t, R, V, dscale);
+        cpu_cross_entropy(ref, rl, t, R, V, dscale, scale_h);
         be->upload_f32(be, dl, l, n);
         poison(be, dloss, R, 1);
-        be->cross_entropy(be, dl, dloss, dt, R, V, dscale);
+        be->cross_entropy(be, dl, dloss, dt, R, V, dscale, scale_d);
         float *gl = down_f(be, dloss, R), *gg = down_s(be, dl, n);
-        check_close(c->tc, NAME("cross_entropy_loss%s_%s_%dx%d", grad ? "_grad" : "", c->tag, R, V), gl, rl, R, tol(c, 1e-5, 1e-4, 1e-4));
-        if (grad) check_close(c->tc, NAME("cross_entropy_dlogits_%s_%dx%d", c->tag, R, V), gg, ref, n, tol(c, 1e-5, 1e-2, 2e-3));
+        check_close(c->tc, NAME("cross_entropy_loss%s%s_%s_%dx%d", grad ? "_grad" : "", kind, c->tag, R, V), gl, rl, R, tol(c, 1e-5, 1e-4, 1e-4));
+        if (grad) check_close(c->tc, NAME("cross_entropy_dlogits%s_%s_%dx%d", kind, c->tag, R, V), gg, ref, n, tol(c, 1e-5, 1e-2, 2e-3));
         else check_close(c->tc, NAME("cross_entropy_logits_untouched_%s_%dx%d", c->tag, R, V), gg, l, n, 0);
         free(gl); free(gg);
     }
+    be->free(be, drs);
+    free(rs);
     be->free(be, dl); be->free(be, dt); be->free(be, dloss);
     free(l); free(ref); free(rl); free(t);
 }
@@ -821,9 +829,9 @@ static void t_svd_ops(ctx *c) {
     }
     /* orth_f64 (Cholesky QR twice, R made on the device) against the host's: the Gram sums'
      * order differs (1e-13), so within a few roundings of float; dependent columns refused by both
-     * and left as they came */
+     * and left as they came; 96 and 97 are either side of the factor's shared-memory limit */
     if (be->orth_f64) {
-        static const int oshapes[][2] = {{16384, 32}, {4096, 16}, {1001, 7}, {300, 64}};
+        static const int oshapes[][2] = {{16384, 32}, {4096, 16}, {1001, 7}, {300, 64}, {2000, 96}, {2000, 97}};
         for (size_t t = 0; t < sizeof oshapes / sizeof *oshapes; t++) {
             int n = oshapes[t][0], q = oshapes[t][1];
             float *x = rnd(&c->rng, GLM_F32, (size_t)n * q, 1.0f);

@@ -110,8 +110,9 @@ static void deq(glm_backend *be, void *w, const void *q, int t, int OC, int C) {
 static void qmm(glm_backend *be, void *out, const void *inp, const void *q, int t, const void *bias, int N, int C, int OC) {
     cpu_qmatmul_fwd(out, inp, q, t, bias, N, C, OC);
 }
-static void ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
-    cpu_cross_entropy(logits, losses, t, R, V, dscale);
+static void ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale,
+               const float *row_scale) {
+    cpu_cross_entropy(logits, losses, t, R, V, dscale, row_scale);
 }
 static void gather(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) { cpu_gather_rows(out, x, idx, R, C); }
 static void scatter(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) { cpu_scatter_rows(out, x, idx, R, C); }

@@ -350,7 +350,8 @@ void cpu_scale_add(float *out, float alpha, const float *x, const float *y, size
     for (size_t i = 0; i < n; i++) out[i] = alpha * x[i] + y[i];
 }
 
-void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int R, int V, float dscale) {
+void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int R, int V, float dscale,
+                       const float *row_scale) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++) {
         float *l = logits + (size_t)r * V;
@@ -361,8 +362,9 @@ void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int
         float lse = mx + (float)log(sum);
         losses[r] = lse - l[targets[r]];
         if (dscale != 0.0f) {
-            for (int j = 0; j < V; j++) l[j] = dscale * expf(l[j] - lse);
-            l[targets[r]] -= dscale;
+            float ds = row_scale ? dscale * row_scale[r] : dscale;
+            for (int j = 0; j < V; j++) l[j] = ds * expf(l[j] - lse);
+            l[targets[r]] -= ds;
         }
     }
 }

@@ -50,7 +50,8 @@ void cpu_tanh_bwd(float *dx, const float *out, const float *dout, size_t n);
 /* backend.h dequantize and qmatmul_fwd (backend/quant.h's layouts) */
 void cpu_dequantize(float *w, const void *q, int qtype, int OC, int C);
 void cpu_qmatmul_fwd(float *out, const float *inp, const void *q, int qtype, const float *bias, int N, int C, int OC);
-void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int R, int V, float dscale);
+void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int R, int V, float dscale,
+                       const float *row_scale);
 void cpu_gather_rows(float *out, const float *x, const int32_t *idx, int R, int C);
 void cpu_scatter_rows(float *out, const float *x, const int32_t *idx, int R, int C);
 double cpu_sumsq(const float *x, size_t n);

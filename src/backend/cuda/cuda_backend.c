@@ -356,9 +356,10 @@ static void cu_qmatmul_fwd(glm_backend *be, void *out, const void *inp, const vo
     glmk_qmatmul_fwd(be->dtype, out, inp, q, qtype, bias, N, C, OC, IM(be)->st);
     glm_cuda_op_done(be, "qmatmul_fwd");
 }
-static void cu_ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale) {
+static void cu_ce(glm_backend *be, void *logits, float *losses, const int32_t *t, int R, int V, float dscale,
+                  const float *row_scale) {
     glm_cuda_prof(be, GLM_PROF_OTHER, "cross_entropy");
-    glmk_cross_entropy(be->dtype, logits, losses, t, R, V, dscale, IM(be)->st);
+    glmk_cross_entropy(be->dtype, logits, losses, t, R, V, dscale, row_scale, IM(be)->st);
     glm_cuda_op_done(be, "cross_entropy");
 }
 static void cu_gather(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C) {

@@ -121,7 +121,7 @@ void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, const void *
 /* out[r] (device) = first index of row r's maximum of x [R, V], 5 if the row is not finite */
 void glmk_argmax_rows(glm_dtype dt, int32_t *out, const void *x, int R, int V, cudaStream_t st);
 void glmk_cross_entropy(glm_dtype dt, void *logits, float *losses, const int32_t *targets, int R, int V, float dscale,
-                        cudaStream_t st);
+                        const float *row_scale, cudaStream_t st);
 /* *result (device double) = sum of squares; partial holds GLMK_SUMSQ_BLOCKS doubles */
 #define GLMK_SUMSQ_BLOCKS 1024
 void glmk_sumsq(glm_dtype dt, const void *x, size_t n, double *partial, double *result, cudaStream_t st);

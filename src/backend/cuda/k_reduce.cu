@@ -358,7 +358,8 @@ extern "C" void glmk_layernorm_bwd(glm_dtype dt, void *dx, void *dw, void *db, c
  * VEC: 16-byte packs (V a multiple of the pack, rows aligned), the running maximum moved once a
  * pack. */
 template <typename T, bool VEC>
-__global__ void cross_entropy_kernel(T *logits, float *losses, const int32_t *targets, int V, float dscale) {
+__global__ void cross_entropy_kernel(T *logits, float *losses, const int32_t *targets, int V, float dscale,
+                                     const float *row_scale) {
     constexpr int P = Pack<T>::N;
     __shared__ float sh[32];
     T *l = logits + (size_t)blockIdx.x * V;
@@ -387,6 +388,7 @@ __global__ void cross_entropy_kernel(T *logits, float *losses, const int32_t *ta
     int t = targets[blockIdx.x];
     if (threadIdx.x == 0) losses[blockIdx.x] = lse - to_f(l[t]);
     if (dscale == 0.0f) return;
+    if (row_scale) dscale *= row_scale[blockIdx.x];
     __syncthreads(); /* l[t] is read above before any thread overwrites it */
     if (VEC) {
         for (int j = threadIdx.x * P; j < V; j += blockDim.x * P) {
@@ -409,13 +411,13 @@ __global__ void cross_entropy_kernel(T *logits, float *losses, const int32_t *ta
 }
 
 extern "C" void glmk_cross_entropy(glm_dtype dt, void *logits, float *losses, const int32_t *targets, int R, int V,
-                                   float dscale, cudaStream_t st) {
+                                   float dscale, const float *row_scale, cudaStream_t st) {
     if (R <= 0) return;
     int threads = V >= 8192 ? 1024 : V >= 1024 ? 256 : 32;
     bool vec = V % (int)(16 / glm_dtype_size(dt)) == 0 && aligned16(logits);
     GLMK_DISPATCH(dt, {
-        if (vec) cross_entropy_kernel<T, true><<<R, threads, 0, st>>>((T *)logits, losses, targets, V, dscale);
-        else cross_entropy_kernel<T, false><<<R, threads, 0, st>>>((T *)logits, losses, targets, V, dscale);
+        if (vec) cross_entropy_kernel<T, true><<<R, threads, 0, st>>>((T *)logits, losses, targets, V, dscale, row_scale);
+        else cross_entropy_kernel<T, false><<<R, threads, 0, st>>>((T *)logits, losses, targets, V, dscale, row_scale);
     });
     GLMK_CHECK_LAUNCH();
 }

@@ -1,0 +1,128 @@
+/* Preference losses over pairs of rows (train/pref.h). Everything in double: the per-pair values
+ * are few, and the derivatives go back as the token weights of the head's gradient. */
+#include "train/pref.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/err.h"
+
+int glm_pref_loss_parse(const char *s, glm_pref_loss *out) {
+    static const char *names[] = {"sigmoid", "hinge", "ipo", "orpo", "simpo"};
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(s, names[i])) { *out = (glm_pref_loss)i; return 0; }
+    return -1;
+}
+
+static double sigmoid(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
+static double logsigmoid(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
+
+double glm_pref_pair(const glm_pref_cfg *cfg, double c, double r, double rc, double rr, double c_avg, double *dc,
+                     double *dr, double *dc_avg, glm_pref_sums *s) {
+    double beta = cfg->beta, loss = 0, gc = 0, gr = 0, odds = 0;
+    int ref = glm_pref_uses_ref(cfg->loss);
+    double x = ref ? (c - r) - (rc - rr) : 0;
+    switch (cfg->loss) {
+    case GLM_PREF_SIGMOID: {
+        double ls = cfg->label_smoothing, z = beta * x;
+        loss = -(1 - ls) * logsigmoid(z) - ls * logsigmoid(-z);
+        double dz = -(1 - ls) * sigmoid(-z) + ls * sigmoid(z);
+        gc = beta * dz; gr = -beta * dz;
+        break;
+    }
+    case GLM_PREF_HINGE: {
+        double h = 1 - beta * x;
+        loss = h > 0 ? h : 0;
+        gc = h > 0 ? -beta : 0; gr = -gc;
+        break;
+    }
+    case GLM_PREF_IPO: {
+        double d = x - 1 / (2 * beta);
+        loss = d * d;
+        gc = 2 * d; gr = -2 * d;
+        break;
+    }
+    case GLM_PREF_ORPO: {
+        /* log odds (c - r) - (log1p(-e^c) - log1p(-e^r)); d/dc = 1 / (1 - e^c) */
+        double lo = (c - r) - (log1p(-exp(c)) - log1p(-exp(r)));
+        odds = -logsigmoid(lo);
+        loss = -c + beta * odds;
+        double dlo = -beta * sigmoid(-lo);
+        gc = -1 + dlo / -expm1(c); gr = -dlo / -expm1(r);
+        break;
+    }
+    case GLM_PREF_SIMPO: {
+        double z = beta * (c - r) - cfg->simpo_gamma;
+        loss = -logsigmoid(z);
+        double dz = -sigmoid(-z);
+        gc = beta * dz; gr = -beta * dz;
+        break;
+    }
+    }
+    *dc = gc;
+    *dr = gr;
+    *dc_avg = 0;
+    if (cfg->ftx > 1e-6) { /* LLaMA-Factory's threshold */
+        loss += cfg->ftx * -c_avg;
+        *dc_avg = -cfg->ftx;
+    }
+    if (s) {
+        double wc = ref ? beta * (c - rc) : beta * c, wr = ref ? beta * (r - rr) : beta * r;
+        s->n += 1;
+        s->loss += loss;
+        s->reward_c += wc;
+        s->reward_r += wr;
+        s->correct += wc > wr;
+        s->margin += wc - wr;
+        s->logp_c += c;
+        s->logp_r += r;
+        s->sft += -c_avg;
+        s->odds += odds;
+    }
+    return loss;
+}
+
+/* Row sums of -tok_loss (the log p of each row's targets) and their counts. */
+static void row_sums(const glm_batch *b, const float *tok_loss, double *sum, int *cnt) {
+    for (int i = 0; i < b->B; i++) { sum[i] = 0; cnt[i] = 0; }
+    int k = 0;
+    for (int i = 0; i < b->B * b->T; i++)
+        if (b->targets[i] != -100) {
+            sum[i / b->T] -= tok_loss[k++];
+            cnt[i / b->T]++;
+        }
+}
+
+void glm_pref_row_logps(const glm_pref_cfg *cfg, const glm_batch *b, const float *tok_loss, double *out) {
+    int *cnt = glm_malloc(sizeof(int) * (size_t)b->B);
+    row_sums(b, tok_loss, out, cnt);
+    for (int i = 0; i < b->B; i++)
+        out[i] = cnt[i] == 0 ? NAN : glm_pref_averages(cfg->loss) ? out[i] / cnt[i] : out[i];
+    free(cnt);
+}
+
+double glm_pref_weigh(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w) {
+    const glm_pref_batch *pb = ctx;
+    const glm_pref_cfg *cfg = pb->cfg;
+    int B = b->B, P = B / 2, avg = glm_pref_averages(cfg->loss);
+    double *sum = glm_malloc(sizeof(double) * (size_t)B), *rw = glm_malloc(sizeof(double) * (size_t)B);
+    int *cnt = glm_malloc(sizeof(int) * (size_t)B);
+    row_sums(b, tok_loss, sum, cnt);
+    double total = 0;
+    for (int p = 0; p < P; p++) {
+        int ic = p, ir = P + p;
+        rw[ic] = rw[ir] = 0;
+        if (!cnt[ic] || !cnt[ir]) continue;
+        double c = avg ? sum[ic] / cnt[ic] : sum[ic], r = avg ? sum[ir] / cnt[ir] : sum[ir];
+        double rc = pb->ref ? pb->ref[2 * p] : 0, rr = pb->ref ? pb->ref[2 * p + 1] : 0, dc, dr, dca;
+        total += glm_pref_pair(cfg, c, r, rc, rr, sum[ic] / cnt[ic], &dc, &dr, &dca, pb->sums);
+        /* a token's loss is -log p: its weight is -d loss / d log p, through the sum or the mean */
+        rw[ic] = -(avg ? dc / cnt[ic] : dc) - dca / cnt[ic];
+        rw[ir] = -(avg ? dr / cnt[ir] : dr);
+    }
+    int k = 0;
+    for (int i = 0; i < B * b->T; i++)
+        if (b->targets[i] != -100) w[k++] = (float)rw[i / b->T];
+    GLM_ASSERT(k == n);
+    free(sum); free(rw); free(cnt);
+    return total;
+}

@@ -1,0 +1,62 @@
+/* Preference training (LLaMA-Factory's --stage dpo): the losses of its CustomDPOTrainer over
+ * pairs of a chosen and a rejected answer, made from the token losses the model computes
+ * (model/glm.h glm_forward_backward_weighted).
+ *
+ * A batch of P pairs has 2P rows, the chosen examples first (data/loader.h pairs). Each row's
+ * log-probability is the sum of its answer tokens' log p (pi), or their mean for ipo, orpo and
+ * simpo (LLaMA-Factory divides by the valid length there). With c, r the chosen and rejected
+ * rows' values, rc, rr the reference model's (the model training starts from, in evaluation mode,
+ * computed once before training), x = (c - r) - (rc - rr):
+ *   sigmoid  -(1 - ls) logsigmoid(beta x) - ls logsigmoid(-beta x)      (TRL's dpo_loss; ls =
+ *            --dpo_label_smoothing)
+ *   hinge    relu(1 - beta x)
+ *   ipo      (x - 1 / (2 beta))^2
+ *   orpo     -c - beta logsigmoid((c - r) - (log(1 - e^c) - log(1 - e^r)))   (no reference)
+ *   simpo    -logsigmoid(beta (c - r) - gamma)                            (no reference)
+ * plus pref_ftx * (-(mean log p of the chosen answer)) when --pref_ftx > 0; the batch's loss is
+ * the mean over its pairs. Rewards (the logged metrics): beta (c - rc) and beta (r - rr), or
+ * beta c and beta r without a reference, as LLaMA-Factory logs them. */
+#ifndef GLM_TRAIN_PREF_H
+#define GLM_TRAIN_PREF_H
+#include <stdint.h>
+#include "data/batch.h"
+
+typedef enum { GLM_PREF_SIGMOID = 0, GLM_PREF_HINGE, GLM_PREF_IPO, GLM_PREF_ORPO, GLM_PREF_SIMPO } glm_pref_loss;
+int glm_pref_loss_parse(const char *s, glm_pref_loss *out); /* -1 for an unknown name */
+static inline int glm_pref_uses_ref(glm_pref_loss l) { return l == GLM_PREF_SIGMOID || l == GLM_PREF_HINGE || l == GLM_PREF_IPO; }
+static inline int glm_pref_averages(glm_pref_loss l) { return l == GLM_PREF_IPO || l == GLM_PREF_ORPO || l == GLM_PREF_SIMPO; }
+
+typedef struct glm_pref_cfg {
+    glm_pref_loss loss;
+    double beta, ftx, simpo_gamma, label_smoothing;
+} glm_pref_cfg;
+
+/* Sums over the pairs seen since the last reset (the logged means divide by n). */
+typedef struct glm_pref_sums {
+    double n, loss, reward_c, reward_r, correct, margin, logp_c, logp_r, sft, odds;
+} glm_pref_sums;
+#define GLM_PREF_SUMS 10 /* doubles in glm_pref_sums, for reductions over ranks */
+
+/* One pair's loss and its derivatives by c and r (the rows' values above); rc, rr unused
+ * without a reference. c_avg: the chosen answer's mean log p (for pref_ftx). */
+double glm_pref_pair(const glm_pref_cfg *cfg, double c, double r, double rc, double rr, double c_avg, double *dc,
+                     double *dr, double *dc_avg, glm_pref_sums *sums);
+
+/* The micro-batch's state for glm_pref_weigh: ref [2 * pairs] (chosen, rejected; NULL without a
+ * reference), sums accumulated. */
+typedef struct glm_pref_batch {
+    const glm_pref_cfg *cfg;
+    const double *ref;
+    glm_pref_sums *sums;
+} glm_pref_batch;
+
+/* glm_token_weigh for glm_forward_backward_weighted: ctx is a glm_pref_batch. Returns the sum of
+ * the pairs' losses. A pair with a row without targets (an evaluation set's wrap-around padding)
+ * counts nothing. */
+double glm_pref_weigh(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w);
+
+/* Each row's value (the sum or mean of its targets' log p, by cfg) from the token losses:
+ * out [b->B]; a row without targets gets NAN. */
+void glm_pref_row_logps(const glm_pref_cfg *cfg, const glm_batch *b, const float *tok_loss, double *out);
+
+#endif

@@ -1,0 +1,100 @@
+/* --stage dpo in the trainer (trainer.h, train/pref.h): the reference's values before training,
+ * the step's micro-batches through the weighed loss, evaluation. */
+#include "train/trainer.h"
+
+/* The reference's value of every pair of a view, into out [2 * ds->n] (chosen, rejected by
+ * dataset position): the model as it is now, in evaluation mode (no dropout), every rank the
+ * whole view (the ranks' tables are the same). */
+static int ref_table(trainer *t, const glm_dataset *ds, double **out, glm_err *err) {
+    glm_loader_cfg c;
+    glm_loader_cfg_init(&c);
+    c.batch_size = t->a->per_device_eval_batch_size;
+    c.shuffle = 0;
+    c.pairs = 1;
+    glm_loader *l;
+    if (glm_loader_open(&l, ds, &c, err)) return -1;
+    glm_batch b = {0};
+    glm_loader_batch_alloc(l, &b);
+    double *tab = glm_malloc(sizeof(double) * 2 * (size_t)ds->n);
+    for (int64_t i = 0; i < 2 * ds->n; i++) tab[i] = NAN;
+    float *tok = glm_malloc(sizeof(float) * b.cap);
+    double *rows = glm_malloc(sizeof(double) * (size_t)b.B);
+    int64_t *pos = glm_malloc(sizeof(int64_t) * (size_t)c.batch_size);
+    glm_par p = {t->dp, t->pp};
+    int rc = glm_par_gather_params(&p, err);
+    for (int64_t s = 0, n = glm_loader_steps_per_epoch(l); s < n && rc == 0; s++) {
+        if ((rc = glm_loader_next(l, &b, err))) break;
+        int P = glm_loader_last_examples(l, pos, NULL, c.batch_size);
+        glm_forward_token_losses(&t->m, &b, tok);
+        glm_pref_row_logps(&t->pref, &b, tok, rows);
+        for (int u = 0; u < P; u++) {
+            tab[2 * pos[u]] = rows[u];
+            tab[2 * pos[u] + 1] = rows[P + u];
+        }
+    }
+    glm_par_release_params(&p);
+    free(tok); free(rows); free(pos);
+    glm_batch_free(&b);
+    glm_loader_free(l);
+    if (rc) { free(tab); return -1; }
+    *out = tab;
+    return 0;
+}
+
+int trainer_pref_setup(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    t->pref = (glm_pref_cfg){.beta = a->pref_beta, .ftx = a->pref_ftx, .simpo_gamma = a->simpo_gamma,
+                             .label_smoothing = a->dpo_label_smoothing};
+    glm_pref_loss_parse(a->pref_loss, &t->pref.loss); /* checked with the flags */
+    t->micro_pairs = glm_malloc(sizeof(int64_t) * (size_t)a->gradient_accumulation_steps * a->per_device_train_batch_size);
+    if (!glm_pref_uses_ref(t->pref.loss)) return 0;
+    double t0 = glm_now();
+    if (ref_table(t, &t->data.train, &t->ref_train, err)) return -1;
+    if (t->data.val.n > 0 && ref_table(t, &t->data.val, &t->ref_val, err)) return -1;
+    glm_info("--stage dpo: the reference's log-probabilities of %lld training and %lld validation pairs (the model "
+             "training starts from, without dropout) in %.1f s",
+             (long long)t->data.train.n, (long long)t->data.val.n, glm_now() - t0);
+    return 0;
+}
+
+/* The reference values of a batch's P pairs (dataset positions pos) in pair order. */
+static double *batch_ref(const double *tab, const int64_t *pos, int P) {
+    if (!tab) return NULL;
+    double *r = glm_malloc(sizeof(double) * 2 * (size_t)(P ? P : 1));
+    for (int u = 0; u < P; u++) { r[2 * u] = tab[2 * pos[u]]; r[2 * u + 1] = tab[2 * pos[u] + 1]; }
+    return r;
+}
+
+int trainer_pref_forward_backward(trainer *t, int k, float dscale, double *loss_sum, glm_err *err) {
+    glm_pref_sums step = {0};
+    int bs = t->a->per_device_train_batch_size;
+    for (int i = 0; i < k; i++) {
+        glm_dp_micro_begin(t->dp, i == k - 1);
+        glm_model_set_dropout_seed(&t->m, glm_dropout_seed((uint64_t)t->a->seed, t->st.global_step, t->dp->rank, i));
+        double *ref = batch_ref(t->ref_train, t->micro_pairs + (size_t)i * bs, t->micro[i].B / 2);
+        glm_pref_batch pb = {.cfg = &t->pref, .ref = ref, .sums = &step};
+        *loss_sum += glm_forward_backward_weighted(&t->m, &t->micro[i], dscale, glm_pref_weigh, &pb);
+        free(ref);
+    }
+    glm_par p = {t->dp, t->pp};
+    if (glm_par_sum(&p, (double *)&step, GLM_PREF_SUMS, 0, "preference metrics", err)) return -1;
+    double *acc = (double *)&t->psums, *s = (double *)&step;
+    for (int i = 0; i < GLM_PREF_SUMS; i++) acc[i] += s[i];
+    return 0;
+}
+
+int trainer_pref_eval_batch(trainer *t, const glm_batch *b, double v[2], glm_err *err) {
+    (void)err;
+    int64_t *pos = glm_malloc(sizeof(int64_t) * (size_t)(b->B / 2 ? b->B / 2 : 1));
+    int P = glm_loader_last_examples(t->eval_ld, pos, NULL, b->B / 2);
+    double *ref = batch_ref(t->ref_val, pos, P);
+    float *tok = glm_malloc(sizeof(float) * (size_t)(b->n_targets ? b->n_targets : 1)),
+          *w = glm_malloc(sizeof(float) * (size_t)(b->n_targets ? b->n_targets : 1));
+    glm_forward_token_losses(&t->m, b, tok);
+    glm_pref_sums before = t->esums;
+    glm_pref_batch pb = {.cfg = &t->pref, .ref = ref, .sums = &t->esums};
+    v[0] += glm_pref_weigh(&pb, b, tok, b->n_targets, w);
+    v[1] += t->esums.n - before.n;
+    free(pos); free(ref); free(tok); free(w);
+    return 0;
+}
