@@ -57,6 +57,14 @@ static int load_sources(glm_examples **out, const glm_data_source *sources, int 
         glm_data_cfg c = *cfg;
         c.read = src->read;
         c.read.skip_bad_samples = cfg->read.skip_bad_samples;
+        if (c.read.pairs != cfg->read.pairs) {
+            rc = cfg->read.pairs ? (glm_fail(err, "dataset %s is not ranking data, but --stage dpo trains on preference pairs",
+                                             src->name),
+                                    glm_hint(err, "name ranking datasets (\"ranking\": true, with chosen and rejected columns)"))
+                                 : (glm_fail(err, "dataset %s is ranking (preference) data: train it with --stage dpo", src->name),
+                                    glm_hint(err, "--stage sft trains on instruction data; drop this dataset or give --stage dpo"));
+            break;
+        }
         if (limit > 0 && left <= 0) break; /* the first N records are all read */
         c.read.max_records = min_limit(limit > 0 ? left : 0, cfg->max_samples);
         snprintf(what, sizeof what, "dataset %s:", src->name);

@@ -35,8 +35,8 @@ static int entry(const char *dir, const char *name, const cJSON *e, glm_data_sou
                  hub ? ", which glmtrain does not download)" : "");
         return glm_hint(err, "download it, save it as a JSON / JSONL file and give that file's name in file_name (or pass --train_file)");
     }
-    const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "ranking");
-    if (cJSON_IsTrue(rk)) return glm_fail(err, "%s: dataset \"%s\" is ranking (preference) data: glmtrain trains supervised fine-tuning only", file, name);
+    /* ranking (preference) data: every record a chosen and a rejected answer (data/reader.h pairs) */
+    src->read.pairs = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "ranking"));
     if (strlen(dir) + strlen(fn) + 2 > sizeof src->path)
         return glm_fail(err, "%s: dataset \"%s\": file_name is longer than a path can be here (%zu bytes)", file, name, sizeof src->path - 1);
     if (fn[0] == '/') snprintf(src->path, sizeof src->path, "%s", fn);
@@ -60,6 +60,13 @@ static int entry(const char *dir, const char *name, const cJSON *e, glm_data_sou
         static const char *const sharegpt_keys[] = {"messages", "system"};
         int known = 0;
         for (int k = 0; k < (sharegpt ? 2 : 5); k++) known |= !strcmp(c->string, sharegpt ? sharegpt_keys[k] : alpaca_keys[k]);
+        if (src->read.pairs && (!strcmp(c->string, "chosen") || !strcmp(c->string, "rejected"))) {
+            if (!cJSON_IsString(c) || strcmp(c->valuestring, c->string)) /* the reader takes these keys by name */
+                return glm_fail(err, "%s: dataset \"%s\": columns.%s names \"%s\": glmtrain reads the column \"%s\"", file, name,
+                                c->string, cJSON_IsString(c) ? c->valuestring : "?", c->string),
+                       glm_hint(err, "rename the column in the data file to \"%s\"", c->string);
+            continue;
+        }
         if (!known && !cJSON_IsNull(c))
             return glm_fail(err, "%s: dataset \"%s\": the column \"%s\" is not supported (%s formatting here reads %s)", file, name,
                             c->string, fmt, sharegpt ? "messages and system" : "prompt, query, response, history and system");

@@ -12,6 +12,7 @@
 #include "model/peft.h"
 #include "model/pissa.h"
 #include "optim/adamw.h"
+#include "train/pref.h"
 
 /* ---------------------------------------------------------------- oracle */
 
@@ -500,6 +501,54 @@ static void check_peft_batch(test_counts *tc, const char *kind, peft_maker make,
     gpu->destroy(gpu);
 }
 
+/* --stage dpo's weighed loss (train/pref.h) on a LoRA model, CUDA against the CPU: rows 0..1 chosen, 2..3
+ * rejected (random rows: the sums do not care whether the prompts match), sigmoid with reference
+ * values off the policy's and orpo without; the loss and every trainable gradient. */
+static void check_pref(test_counts *tc, glm_pref_loss kind, glm_dtype dt) {
+    char name[160], err[256];
+    glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
+    glm_model mc, mg;
+    lora_model(&mc, cpu, dt, 41);
+    lora_model(&mg, gpu, dt, 41);
+    glm_model_set_dropout_seed(&mc, 5);
+    glm_model_set_dropout_seed(&mg, 5);
+    glm_rng rng;
+    glm_rng_seed(&rng, 43);
+    glm_batch b;
+    make_batch(&b, &mc.cfg, &rng, 4, 96);
+    glm_pref_cfg cfg = {.loss = kind, .beta = 0.5, .ftx = 0.3, .simpo_gamma = 0.5};
+    double ref[4] = {-180.0, -175.0, -181.0, -177.5}; /* chosen, rejected of each pair */
+    double l[2];
+    float *g[2];
+    glm_model *ms[2] = {&mc, &mg};
+    for (int i = 0; i < 2; i++) {
+        glm_pref_batch pb = {.cfg = &cfg, .ref = glm_pref_uses_ref(kind) ? ref : NULL};
+        glm_zero_grads(ms[i]);
+        l[i] = glm_forward_backward_weighted(ms[i], &b, 0.5f, glm_pref_weigh, &pb) / 2;
+        g[i] = malloc(sizeof(float) * ms[i]->tab.total);
+        ms[i]->be->download_f32(ms[i]->be, g[i], ms[i]->grads, ms[i]->tab.total);
+    }
+    double tl = dt == GLM_F32 ? 1e-5 : 2e-2, tg = dt == GLM_F32 ? 1e-4 : 5e-2, el = fabs(l[1] - l[0]) / fabs(l[0]), worst = 0;
+    const char *wname = "";
+    for (int i = 0; i < mc.tab.n; i++) {
+        const glm_tensor *t = &mc.tab.t[i];
+        double e = norm_rel_err(g[1] + t->offset, g[0] + t->offset, t->numel);
+        if (e > worst || e != e) { worst = e != e ? INFINITY : e; wname = t->name; }
+    }
+    const char *kn = kind == GLM_PREF_ORPO ? "orpo" : "sigmoid";
+    snprintf(name, sizeof name, "pref_%s_lora_%s_loss", kn, dt_name(dt));
+    TEST_CHECK(tc, name, el <= tl && isfinite(l[0]), "cuda %.7f cpu %.7f rel %.3g > %.3g", l[1], l[0], el, tl);
+    snprintf(name, sizeof name, "pref_%s_lora_%s_trainable_grads", kn, dt_name(dt));
+    TEST_CHECK(tc, name, worst <= tg, "worst tensor %s: %.3g > %.3g", wname, worst, tg);
+    printf("  pref %s %s: loss %.6f rel err %.3g, worst trainable gradient %s %.3g\n", kn, dt_name(dt), l[0], el, wname, worst);
+    free(g[0]); free(g[1]);
+    glm_batch_free(&b);
+    glm_model_free(&mc);
+    glm_model_free(&mg);
+    cpu->destroy(cpu);
+    gpu->destroy(gpu);
+}
+
 static void check_peft(test_counts *tc, const char *kind, peft_maker make, uint64_t seed, int rows, glm_dtype dt) {
     check_peft_batch(tc, kind, make, seed, rows, dt, 3, 150);
 }
@@ -581,6 +630,10 @@ int main(void) {
     check_peft(&tc, "pissa", pissa_model, 37, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "pissa", pissa_model, 37, 2 * 4 * 2, h16);
     test_lora_training(&tc, h16);
+    for (int k = 0; k < 2; k++) {
+        check_pref(&tc, k ? GLM_PREF_ORPO : GLM_PREF_SIGMOID, GLM_F32);
+        check_pref(&tc, k ? GLM_PREF_ORPO : GLM_PREF_SIGMOID, h16);
+    }
     check_peft(&tc, "lora_neftune", lora_neftune_model, 33, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "lora_neftune", lora_neftune_model, 33, 2 * 4 * 2, h16);
     check_peft(&tc, "ptuning", ptuning_model, 51, 5, GLM_F32);

@@ -145,8 +145,8 @@ def cli_cases(tmp):
     data = os.path.join(tmp, "pairs.json")
     json.dump(pairs, open(data, "w"), ensure_ascii=False)
 
-    def train(out, extra, data_file=data):
-        return C.run(["train", "--model_name_or_path", tok, "--train_file", data_file, "--output_dir", out,
+    def train(out, extra, data_file=data, src=None):
+        return C.run(["train", "--model_name_or_path", tok] + (src or ["--train_file", data_file]) + ["--output_dir", out,
                       "--stage", "dpo", "--finetuning_type", "lora", "--lora_target", "all", "--lora_dropout", "0",
                       "--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--logging_steps", "1",
                       "--save_strategy", "no", "--disable_tqdm", "--seed", "5", "--report_to", "none",
@@ -187,6 +187,19 @@ def cli_cases(tmp):
     json.dump(sg, open(sgf, "w"), ensure_ascii=False)
     p = train(os.path.join(tmp, "sg"), ["--max_steps", "2"], sgf)
     report("dpo_cli_sharegpt_pairs", p.returncode == 0 and len(logged(p, "rewards/chosen")) == 2, p.stderr[-400:])
+    # LLaMA-Factory's dataset_info.json: a ranking entry trains under --stage dpo and is refused under sft
+    json.dump({"prefs": {"file_name": "pairs.json", "ranking": True,
+                         "columns": {"prompt": "instruction", "chosen": "chosen", "rejected": "rejected"}},
+               "sft": {"file_name": "pairs.json"}}, open(os.path.join(tmp, "dataset_info.json"), "w"))
+    p = train(os.path.join(tmp, "di"), ["--max_steps", "6"] + const, src=["--dataset", "prefs", "--dataset_dir", tmp])
+    a, b = logged(p, "loss"), logged(p6c, "loss")
+    report("dpo_cli_dataset_info_ranking", p.returncode == 0 and a == b, "%s against --train_file's %s %s" % (a, b, p.stderr[-300:]))
+    p = C.run(["train", "--model_name_or_path", tok, "--dataset", "prefs", "--dataset_dir", tmp, "--output_dir",
+               os.path.join(tmp, "di2"), "--max_steps", "1"])
+    report("dpo_cli_ranking_under_sft_refused", p.returncode != 0 and "--stage dpo" in p.stderr, p.stderr[-300:])
+    p = C.run(["train", "--model_name_or_path", tok, "--dataset", "sft", "--dataset_dir", tmp, "--output_dir",
+               os.path.join(tmp, "di3"), "--stage", "dpo", "--max_steps", "1"])
+    report("dpo_cli_sft_data_under_dpo_refused", p.returncode != 0 and "not ranking data" in p.stderr, p.stderr[-300:])
     # errors
     bad = os.path.join(tmp, "no_rejected.json")
     json.dump([{"instruction": "写诗", "chosen": "春"}], open(bad, "w"), ensure_ascii=False)
