@@ -152,7 +152,9 @@ void glm_infer_seqlen(long source_len, long target_len, long cutoff, long *new_s
 static void cut_pair(const glm_example_cfg *c, int specials, long src_max, long tgt_max, long la, long lb, long *ka,
                      long *kb, glm_example_info *info) {
     if (c->cutoff_len > 0) {
-        glm_infer_seqlen(la, lb, c->cutoff_len - specials, ka, kb);
+        long lt = c->pair_answer_tokens > lb ? c->pair_answer_tokens : lb; /* a pair's longer answer */
+        glm_infer_seqlen(la, lt, c->cutoff_len - specials, ka, kb);
+        if (*kb > lb) *kb = lb;
     } else {
         *ka = la < src_max ? la : src_max;
         *kb = lb < tgt_max ? lb : tgt_max;
@@ -197,11 +199,42 @@ static void keep_last_answer(glm_ids *labels) {
     for (; i >= 0; i--) labels->data[i] = -100;
 }
 
-static int build_preference(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r, glm_ids *ids,
+/* The first label of the last answer (labels already cleared before it). */
+static int answer_start(const glm_ids *labels) {
+    int i = 0;
+    while (i < labels->n && labels->data[i] == -100) i++;
+    return i;
+}
+
+/* LLaMA-Factory's pairwise cut of the role-token layouts: each example is its prompt (every token
+ * before its last answer) and that answer; both keep infer_seqlen(prompt, longer answer, cutoff) of
+ * them, the prompt from its start. */
+static void cut_turn_pair(int cutoff, glm_ids *ci, glm_ids *cl, glm_ids *ri, glm_ids *rl, glm_example_info *info) {
+    int sc = answer_start(cl), sr = answer_start(rl), lc = ci->n - sc, lr = ri->n - sr;
+    long ns, nt;
+    glm_infer_seqlen(sc, lc > lr ? lc : lr, cutoff, &ns, &nt);
+    glm_ids *xs[2][2] = {{ci, cl}, {ri, rl}};
+    int starts[2] = {sc, sr}, lens[2] = {lc, lr};
+    for (int k = 0; k < 2; k++) {
+        int keep = (int)(nt < lens[k] ? nt : lens[k]), s = starts[k];
+        for (int j = 0; j < 2; j++) {
+            glm_ids *x = xs[k][j];
+            memmove(x->data + ns, x->data + s, sizeof(int32_t) * (size_t)keep);
+            x->n = (int)ns + keep;
+        }
+        info->truncated_answer |= keep < lens[k];
+    }
+    info->truncated_prompt = ns < sc;
+}
+
+static int build_preference(const glm_example_cfg *c0, const glm_encoder *enc, const glm_record *r, glm_ids *ids,
                             glm_ids *labels, glm_example_info *info, glm_err *err) {
     glm_record rr = *r; /* shallow: the same strings, the rejected answer put in place below */
     rr.rejected = NULL;
     glm_example_info a, b;
+    glm_example_cfg cfg = *c0, *c = &cfg;
+    int turns = glm_layout_turns(enc->layout), cutoff = c0->cutoff_len;
+    if (turns && cutoff > 0) cfg.cutoff_len = 1 << 29; /* whole, then cut as a pair below */
     if (glm_example_build(c, enc, &rr, ids, labels, &a, err)) return -1;
     rr.answer = r->rejected;
     glm_msg *msgs = NULL;
@@ -214,16 +247,34 @@ static int build_preference(const glm_example_cfg *c, const glm_encoder *enc, co
     }
     glm_ids ri = {0}, rl = {0};
     int rc = glm_example_build(c, enc, &rr, &ri, &rl, &b, err);
+    if (rc == 0 && !turns && cutoff > 0 && a.status == GLM_EX_OK && b.status == GLM_EX_OK &&
+        a.answer_tokens != b.answer_tokens) { /* both cut with the longer answer's length */
+        cfg.pair_answer_tokens = a.answer_tokens > b.answer_tokens ? a.answer_tokens : b.answer_tokens;
+        rr.answer = r->answer;
+        rr.msgs = r->msgs;
+        rc = glm_example_build(c, enc, &rr, ids, labels, &a, err);
+        rr.answer = r->rejected;
+        rr.msgs = msgs ? msgs : r->msgs;
+        if (rc == 0) rc = glm_example_build(c, enc, &rr, &ri, &rl, &b, err);
+    }
     free(msgs);
     if (rc == 0) {
         *info = a.status != GLM_EX_OK ? a : b;
         if (a.status == GLM_EX_OK && b.status == GLM_EX_OK) {
             keep_last_answer(labels);
             keep_last_answer(&rl);
+            if (turns && cutoff > 0) cut_turn_pair(cutoff, ids, labels, &ri, &rl, info);
+            if (answer_start(labels) == labels->n || answer_start(&rl) == rl.n) { /* an answer cut to nothing */
+                info->status = GLM_EX_NO_ANSWER_TOKENS;
+                ids->n = labels->n = 0;
+                glm_ids_free(&ri);
+                glm_ids_free(&rl);
+                return 0;
+            }
             info->pair_split = ids->n;
             for (int i = 0; i < ri.n; i++) { glm_ids_push(ids, ri.data[i]); glm_ids_push(labels, rl.data[i]); }
-            info->truncated_prompt = a.truncated_prompt | b.truncated_prompt;
-            info->truncated_answer = a.truncated_answer | b.truncated_answer;
+            info->truncated_prompt |= a.truncated_prompt | b.truncated_prompt;
+            info->truncated_answer |= a.truncated_answer | b.truncated_answer;
             info->prompt_tokens = a.prompt_tokens;
             info->answer_tokens = a.answer_tokens > b.answer_tokens ? a.answer_tokens : b.answer_tokens;
         } else {

@@ -146,6 +146,9 @@ typedef struct glm_example_cfg {
      * (--enable_thinking false) every assistant turn's thoughts are removed first and the empty
      * thought is prompt (no label; under --cutoff_len part of the turn's source). */
     int reasoning, disable_thinking;
+    /* > 0: under cutoff_len the answer counts as at least this many tokens in the cut (a preference
+     * pair's longer answer: LLaMA-Factory cuts both examples of a pair alike). Set by the pair's build. */
+    int pair_answer_tokens;
 } glm_example_cfg;
 
 void glm_example_cfg_init(glm_example_cfg *c);
@@ -178,7 +181,10 @@ void glm_infer_seqlen(long source_len, long target_len, long cutoff, long *new_s
  * answer's, then the rejected one's (the same record with that answer; in conversation mode as its
  * last turn's content), each by the rules above with the labels of its last answer only (LLaMA-
  * Factory's pairwise examples put every earlier turn in the prompt); info->pair_split is the
- * rejected example's first index. If either is dropped, so is the pair. */
+ * rejected example's first index. If either is dropped, so is the pair. Under cutoff_len both are cut
+ * as LLaMA-Factory's pairwise processor cuts them: infer_seqlen(prompt, the longer answer) — the
+ * role-token layouts' prompt being every token before the last answer (kept from its start), the
+ * text layouts' the prompt text as for SFT. */
 int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
                       glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err);
 /* The evaluation prompts of a ChatGLM3 / GLM-4 conversation record, as ChatGLM3's finetune_hf.py

@@ -10,6 +10,7 @@
  *   examples --tokenizer P --train_file F [--format F] [--max_source_length N]
  *            [--max_target_length N] [--conversation_labels thudm|eos] [--train_on_prompt]
  *            [--source_prefix S] [--default_system S] [--cutoff_len N] [--mask_history] [--prompt_template T] [--cache_dir D] [--threads N]
+ *            [--pairs]  (preference records: each line also has "split", where the rejected example starts)
  *            [--template glmz1] [--enable_thinking true|false]
  *                                     {"ids", "labels"} per example, then {"summary"}; errors on
  *                                     stderr, exit 1 */
@@ -161,6 +162,7 @@ static int mode_examples(const glm_tokenizer *t, const char *tok_path, glm_data_
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToObject(o, "ids", ids_json(ex->ids + ex->off[i], n));
         cJSON_AddItemToObject(o, "labels", ids_json(lab, n));
+        if (cfg->read.pairs) cJSON_AddNumberToObject(o, "split", glm_examples_split(ex, i));
         emit(o);
     }
     const glm_data_summary *s = &ex->summary;
@@ -183,6 +185,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--train_on_prompt")) { cfg.example.train_on_prompt = 1; continue; }
         if (!strcmp(a, "--skip_bad_samples")) { cfg.read.skip_bad_samples = 1; continue; }
         if (!strcmp(a, "--mask_history")) { cfg.example.mask_history = 1; continue; }
+        if (!strcmp(a, "--pairs")) { cfg.read.pairs = 1; continue; } /* preference records: "split" per example */
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--tokenizer")) tok_path = v;

@@ -213,6 +213,82 @@ def cli_cases(tmp):
     report("dpo_cli_ptuning_refused", p.returncode != 0 and "ptuning" in p.stderr, p.stderr[-300:])
 
 
+PAIR_RECORDS = [
+    ([{"role": "user", "content": "你好"}], "你好！有什么可以帮你？", "不知道"),
+    ([{"role": "system", "content": "简短回答"}, {"role": "user", "content": "1+1=?"}], "2", "一加一等于三，这是一个很长的错误回答"),
+    ([{"role": "user", "content": "第一问"}, {"role": "assistant", "content": "答一"}, {"role": "user", "content": "第二问"}],
+     "答二", "我不回答第二问"),
+]
+
+
+def lf_pair(conv, chosen, rejected, encode, eos, cutoff):
+    """LLaMA-Factory's PairwiseDatasetProcessor._encode_data_example with its glm4 template (prefix
+    "[gMASK]<sop>", system "<|system|>\n{c}", user "<|user|>\n{c}<|assistant|>", assistant "\n{c}", each
+    slot encoded on its own; efficient_eos): encode_oneturn's prompt (every message before the answer)
+    and answer + eos for each of the two, infer_seqlen(prompt, the longer answer, cutoff_len), the prompt
+    kept from its start, labels on the answer. eos is GLM-4's closing <|user|> (as test_glmz1 says, what
+    glmtrain's GLM-4 examples end in). Returns (chosen ids, labels), (rejected ids, labels)."""
+    import test_glmz1 as Z
+
+    def enc_all(ms):
+        system = ms[0]["content"] if ms[0]["role"] == "system" else ""
+        ms = ms[1:] if system else ms
+        out = []
+        for i, m in enumerate(ms):
+            slots = (["[gMASK]<sop>"] + (["<|system|>\n" + system] if system else [])) if i == 0 else []
+            slots.append({"user": "<|user|>\n%s<|assistant|>", "assistant": "\n%s"}[m["role"]] % m["content"])
+            out.append(sum((encode(x) for x in slots), []))
+        return out
+    ec = enc_all(conv + [{"role": "assistant", "content": chosen}])
+    er = enc_all(conv + [{"role": "assistant", "content": rejected}])
+    prompt, c, r = sum(ec[:-1], []), ec[-1] + [eos], er[-1] + [eos]
+    s, t = Z.infer_seqlen(len(prompt), max(len(c), len(r)), cutoff) if cutoff else (len(prompt), max(len(c), len(r)))
+    p = prompt[:s]
+    return (p + c[:t], [-100] * len(p) + c[:t]), (p + r[:t], [-100] * len(p) + r[:t])
+
+
+def pair_examples(tmp):
+    """The GLM-4 layout's pair examples (tool_chatglm23 examples --pairs) against lf_pair."""
+    import test_glmz1 as Z
+    tool = os.path.join(os.environ.get("GLM_BUILD", "build"), "tests", "tool_chatglm23")
+    if not os.path.exists(tool):
+        print("SKIP dpo_pairs_equal_llamafactory: %s not built" % tool)
+        return
+    import test_glm_hf as H
+    if not H.use_transformers_446("dpo_pairs_equal_llamafactory", [tool]):
+        return
+    try:
+        tdir, tk, n, specials = Z.make_tokenizer(tmp)
+    except Exception as e:  # transformers / tiktoken / tokenizers missing
+        print("SKIP dpo_pairs_equal_llamafactory: the GLM-4 test tokenizer cannot be made (%s)" % str(e).splitlines()[0])
+        return
+    data = os.path.join(tmp, "pairs_glm4.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for conv, c, r in PAIR_RECORDS:
+            f.write(json.dumps({"messages": conv, "chosen": {"role": "assistant", "content": c},
+                                "rejected": {"role": "assistant", "content": r}}, ensure_ascii=False) + "\n")
+    encode = lambda x: tk.encode(x, add_special_tokens=False).ids  # noqa: E731
+    eos = n + specials.index("<|user|>")
+    for cut in (0, 40, 24, 14):
+        want = [lf_pair(conv, c, r, encode, eos, cut) for conv, c, r in PAIR_RECORDS]
+        args = [tool, "examples", "--tokenizer", tdir, "--train_file", data, "--pairs", "--conversation_labels", "eos",
+                "--max_source_length", "1000", "--max_target_length", "1000"] + (["--cutoff_len", str(cut)] if cut else [])
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        got = None
+        if p.returncode == 0:
+            got = []
+            for line in p.stdout.splitlines()[:-1]:
+                g = json.loads(line)
+                k = g["split"]
+                got.append(((g["ids"][:k], g["labels"][:k]), (g["ids"][k:], g["labels"][k:])))
+        detail = p.stderr[-300:] if got is None else "%d pairs" % len(got)
+        if got is not None and got != want:
+            i = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]), None)
+            detail = "%d pairs, reference %d; first difference at %s: glmtrain %s, reference %s" % (
+                len(got), len(want), i, got[i] if i is not None else "", want[i] if i is not None else "")
+        report("dpo_pairs_equal_llamafactory%s" % ("_cutoff_%d" % cut if cut else ""), got == want, detail)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="glm_dpo_")
     try:
@@ -222,6 +298,7 @@ def main():
         else:
             print("SKIP dpo_driver: tool_model_driver not built")
         cli_cases(tmp)
+        pair_examples(tmp)  # last: it puts transformers 4.46 on the path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if fails else 0
