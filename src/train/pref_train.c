@@ -98,3 +98,16 @@ int trainer_pref_eval_batch(trainer *t, const glm_batch *b, double v[2], glm_err
     free(pos); free(ref); free(tok); free(w);
     return 0;
 }
+
+int trainer_pref_pairs(const glm_batch *b) {
+    int n = 0, P = b->B / 2;
+    for (int r = 0; r < P; r++) { /* a pair counts when both its rows have targets (not wrap padding) */
+        int c = 0, j = 0;
+        for (int i = 0; i < b->T && !(c && j); i++) {
+            c |= b->targets[r * b->T + i] != -100;
+            j |= b->targets[(P + r) * b->T + i] != -100;
+        }
+        n += c && j;
+    }
+    return n;
+}

@@ -98,6 +98,9 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
         return glm_fail(err, "--stage dpo on pipeline stages (--%s) is not supported",
                         file_map ? "device_map" : "pipeline_parallel_size"),
                glm_hint(err, "train on one GPU or with data parallelism (--nproc_per_node)");
+    if (a->metric_for_best_model && strstr(a->metric_for_best_model, "perplexity"))
+        return glm_fail(err, "--metric_for_best_model %s with --stage dpo: a preference loss has no perplexity", a->metric_for_best_model),
+               glm_hint(err, "use eval_loss");
     if (a->do_predict) return glm_fail(err, "--do_predict with --stage dpo: a preference run has no test answers to predict"),
                               glm_hint(err, "after training: glmtrain generate --model_name_or_path OUTPUT_DIR --input_file FILE");
     return 0;

@@ -36,8 +36,11 @@ static int write_eval_results(trainer *t, double el, double ppl, glm_err *err) {
     if (!lead(t)) return 0;
     char path[4096], text[256];
     glm_path_join(path, sizeof path, t->a->output_dir, "eval_results.json");
-    snprintf(text, sizeof text, "{\n    \"eval_loss\": %.17g,\n    \"eval_perplexity\": %.17g,\n    \"step\": %ld\n}\n", el, ppl,
-             t->st.global_step);
+    if (glm_train_is_pref(t->a)) /* a preference loss has no perplexity */
+        snprintf(text, sizeof text, "{\n    \"eval_loss\": %.17g,\n    \"step\": %ld\n}\n", el, t->st.global_step);
+    else
+        snprintf(text, sizeof text, "{\n    \"eval_loss\": %.17g,\n    \"eval_perplexity\": %.17g,\n    \"step\": %ld\n}\n", el,
+                 ppl, t->st.global_step);
     return glm_write_file_atomic(path, text, strlen(text), err);
 }
 
@@ -48,7 +51,8 @@ static int evaluate_only(trainer *t, glm_err *err) {
     if (!t->eval_ld) return glm_fail(err, "--do_eval: the evaluation data is empty"), glm_hint(err, "check --validation_file");
     double el, ppl;
     if (evaluate(t, &el, &ppl, err)) return -1;
-    fprintf(stderr, "{'eval_loss': %.4f, 'eval_perplexity': %.4f}\n", el, ppl);
+    if (glm_train_is_pref(t->a)) fprintf(stderr, "{'eval_loss': %.4f}\n", el);
+    else fprintf(stderr, "{'eval_loss': %.4f, 'eval_perplexity': %.4f}\n", el, ppl);
     if (glm_train_is_pref(t->a)) pref_log(t, 1);
     return write_eval_results(t, el, ppl, err);
 }
@@ -64,7 +68,7 @@ static void log_record(trainer *t, const char *kind, double v1, double v2, doubl
         cJSON_AddNumberToObject(r, "tokens_per_second", v4);
     } else {
         cJSON_AddNumberToObject(r, "eval_loss", v1);
-        cJSON_AddNumberToObject(r, "eval_perplexity", v2);
+        if (!glm_train_is_pref(t->a)) cJSON_AddNumberToObject(r, "eval_perplexity", v2);
     }
     cJSON_AddItemToArray(t->history, r);
 }
@@ -104,11 +108,12 @@ static int evaluate_and_log(trainer *t, glm_err *err) {
     if (evaluate(t, &el, &ppl, err)) return -1;
     long step = t->st.global_step;
     char line[256];
-    snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_perplexity': %.4f, 'step': %ld}", el, ppl, step);
+    if (glm_train_is_pref(t->a)) snprintf(line, sizeof line, "{'eval_loss': %.4f, 'step': %ld}", el, step);
+    else snprintf(line, sizeof line, "{'eval_loss': %.4f, 'eval_perplexity': %.4f, 'step': %ld}", el, ppl, step);
     glm_progress_log(&t->prog, line);
     if (t->tb) {
         tb_scalar(t->tb, "eval/loss", (float)el, step);
-        tb_scalar(t->tb, "eval/perplexity", (float)ppl, step);
+        if (!glm_train_is_pref(t->a)) tb_scalar(t->tb, "eval/perplexity", (float)ppl, step);
         tb_flush(t->tb);
     }
     log_record(t, "eval", el, ppl, 0, 0);

@@ -108,15 +108,7 @@ int trainer_resume(trainer *t, glm_err *err);
 int trainer_pref_setup(trainer *t, glm_err *err);
 int trainer_pref_forward_backward(trainer *t, int k, float dscale, double *loss_sum, glm_err *err);
 int trainer_pref_eval_batch(trainer *t, const glm_batch *b, double v[2], glm_err *err);
-static inline int trainer_pref_pairs(const glm_batch *b) {
-    int n = 0;
-    for (int r = 0; r < b->B / 2; r++) { /* a pair counts when both rows have targets (not wrap padding) */
-        int c = 0, j = 0;
-        for (int i = 0; i < b->T && !(c && j); i++) { c |= b->targets[r * b->T + i] != -100; j |= b->targets[(b->B / 2 + r) * b->T + i] != -100; }
-        n += c && j;
-    }
-    return n;
-}
+int trainer_pref_pairs(const glm_batch *b);
 
 
 #endif

@@ -180,6 +180,18 @@ def cli_cases(tmp):
     else:
         a, b = logged(p6c, "loss"), logged(p3, "loss") + logged(pr, "loss")
         report("dpo_cli_resume", len(a) == 6 and a == b, "6 steps %s, 3 + resumed 3 %s" % (a, b))
+    # evaluation: held-out pairs (--val_size) give the pairs' mean loss and the eval_ metrics, no perplexity
+    ev = os.path.join(tmp, "eval")
+    p = train(ev, ["--max_steps", "4", "--val_size", "2", "--eval_strategy", "steps", "--eval_steps", "2", "--do_eval",
+                   "--per_device_eval_batch_size", "2"])
+    el, ea = logged(p, "eval_loss"), logged(p, "eval_rewards/accuracies")
+    try:
+        res = json.load(open(os.path.join(ev, "eval_results.json")))
+    except Exception as e:  # noqa: BLE001
+        res = {"error": str(e)}
+    report("dpo_cli_evaluation", p.returncode == 0 and len(el) >= 2 and len(ea) == len(el) and "eval_perplexity" not in p.stderr
+           and abs(res.get("eval_loss", -1) - el[-1]) < 1e-4 and "eval_perplexity" not in res,
+           "eval_loss %s, accuracies %s, eval_results.json %s %s" % (el, ea, res, p.stderr[-300:] if p.returncode else ""))
     # sharegpt records, the chosen answer as the last turn
     sg = [{"conversations": [{"from": "human", "value": "写一句关于%s的诗" % w}],
            "chosen": {"from": "gpt", "value": w * 3}, "rejected": {"from": "gpt", "value": "风风"}} for w in words]
