@@ -192,6 +192,28 @@ def cli_cases(tmp):
     report("dpo_cli_evaluation", p.returncode == 0 and len(el) >= 2 and len(ea) == len(el) and "eval_perplexity" not in p.stderr
            and abs(res.get("eval_loss", -1) - el[-1]) < 1e-4 and "eval_perplexity" not in res,
            "eval_loss %s, accuracies %s, eval_results.json %s %s" % (el, ea, res, p.stderr[-300:] if p.returncode else ""))
+    # data parallel: 2 CPU ranks at 1 pair each equal 1 rank at 2 pairs (ZeRO 0 and 1)
+    import mpi_runs as M
+    base = ["--model_name_or_path", tok, "--train_file", data, "--stage", "dpo", "--finetuning_type", "lora",
+            "--lora_target", "all", "--lora_dropout", "0", "--learning_rate", "1e-2", "--logging_steps", "1",
+            "--save_strategy", "steps", "--save_steps", "4", "--disable_tqdm", "--seed", "5", "--report_to", "none",
+            "--max_steps", "4", "--overwrite_output_dir"] + const
+    one = M.run(base + ["--output_dir", os.path.join(tmp, "dp1"), "--per_device_train_batch_size", "2"], check=False)
+    for z in ("0", "1"):
+        two = M.run(base + ["--output_dir", os.path.join(tmp, "dp2_" + z), "--per_device_train_batch_size", "1",
+                            "--zero_stage", z], np=2, check=False, timeout=300)
+        out = two.stdout + two.stderr
+        if any(m in out for m in M.NO_MPI):
+            print("SKIP dpo_cli_two_ranks_zero%s: this glmtrain was built without MPI" % z)
+            continue
+        try:
+            a, b = M.losses(os.path.join(tmp, "dp1"), 4), M.losses(os.path.join(tmp, "dp2_" + z), 4)
+            e, n = M.rel(b, a)
+        except Exception as ex:  # noqa: BLE001  (a run that failed has no checkpoint)
+            a, b, e, n = {}, {}, float("inf"), 0
+            out += str(ex)
+        ok = two.returncode == 0 and n == 4 and e < 1e-6
+        report("dpo_cli_two_ranks_zero%s_equal_one" % z, ok, "max rel %.1e over %d steps; 1 rank %s, 2 ranks %s %s" % (e, n, a, b, out[-300:] if two.returncode or n != 4 else ""))
     # sharegpt records, the chosen answer as the last turn
     sg = [{"conversations": [{"from": "human", "value": "写一句关于%s的诗" % w}],
            "chosen": {"from": "gpt", "value": w * 3}, "rejected": {"from": "gpt", "value": "风风"}} for w in words]
