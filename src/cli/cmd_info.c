@@ -163,7 +163,7 @@ int glm_cmd_info(int argc, char **argv) {
         printf("--gradient_checkpointing auto: %s\n", glm_ckpt_level_name(t.gradient_checkpointing));
     }
     glm_dtype dt = t.fp32 ? GLM_F32 : t.fp16 ? GLM_F16 : t.bf16 ? GLM_BF16 : GLM_F32;
-    int T = glm_train_seq_len(&t), B = t.per_device_train_batch_size;
+    int T = glm_train_seq_len(&t), B = glm_train_rows(&t); /* rows: a batch of P pairs has 2P */
     glm_mem_plan p = glm_memory_plan(&c, dt, B, T, t.gradient_checkpointing, t.bf16 || t.fp16 ? 2048 : 256);
     glm_table tab;
     glm_table_build(&tab, &c);

@@ -566,7 +566,7 @@ static int run(trainer *t, glm_err *err) {
     if (t->dp->rank == 0 && glm_write_file_atomic(path, t->args_json, strlen(t->args_json), err)) return -1;
     if (trainer_pick_backend(t, err) || trainer_load_model(t, err)) return -1;
     /* what forward/backward will still allocate: an optional buffer (the P2P landing) must leave it */
-    glm_mem_plan mp = glm_memory_plan(&t->m.cfg, t->m.be->dtype, a->per_device_train_batch_size,
+    glm_mem_plan mp = glm_memory_plan(&t->m.cfg, t->m.be->dtype, glm_train_rows(a),
                                       glm_train_seq_len(a), a->gradient_checkpointing, t->m.head_chunk);
     t->dp->cfg.reserve_bytes = mp.activations + mp.scratch;
     if (a->ds.decay_all) /* DeepSpeed's optimizer from the file: one parameter group, every tensor decays */

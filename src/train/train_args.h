@@ -137,6 +137,9 @@ glm_par_opts glm_train_par_opts(const glm_train_args *a);
 /* --stage dpo: preference pairs (train/pref.h) */
 static inline int glm_train_is_pref(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "dpo"); }
 
+/* Rows of a micro-batch: a batch of P preference pairs has 2P (the memory plan's B). */
+static inline int glm_train_rows(const glm_train_args *a) { return a->per_device_train_batch_size * (glm_train_is_pref(a) ? 2 : 1); }
+
 /* The longest training example in tokens: --cutoff_len, else the two lengths together. */
 static inline int glm_train_seq_len(const glm_train_args *a) {
     return a->cutoff_len > 0 ? a->cutoff_len : a->max_source_length + a->max_target_length;

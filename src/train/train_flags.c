@@ -240,7 +240,7 @@ glm_par_opts glm_train_par_opts(const glm_train_args *a) {
     return (glm_par_opts){
         .nproc_per_node = a->nproc_per_node, .master_addr = a->master_addr, .device = a->device, .nnodes = a->nnodes,
         .node_rank = a->node_rank, .master_port = a->master_port, .save_on_interrupt = a->save_on_interrupt,
-        .ddp_timeout = a->ddp_timeout, .per_device_train_batch_size = a->per_device_train_batch_size,
+        .ddp_timeout = a->ddp_timeout, .per_device_train_batch_size = glm_train_rows(a),
         .seq_len = glm_train_seq_len(a),
         .gradient_accumulation_steps = a->gradient_accumulation_steps, .num_microbatches = a->num_microbatches,
         .gradient_checkpointing = a->gradient_checkpointing, .fp16 = a->fp16, .fp32 = a->fp32, .seed = a->seed,

@@ -234,6 +234,16 @@ def cli_cases(tmp):
     p = C.run(["train", "--model_name_or_path", tok, "--dataset", "sft", "--dataset_dir", tmp, "--output_dir",
                os.path.join(tmp, "di3"), "--stage", "dpo", "--max_steps", "1"])
     report("dpo_cli_sft_data_under_dpo_refused", p.returncode != 0 and "not ranking data" in p.stderr, p.stderr[-300:])
+    # the memory plan counts a pair as two rows
+    def activations(extra):
+        q = C.run(["info", "--model_name_or_path", tok, "--finetuning_type", "lora"] + extra)
+        out = q.stdout + q.stderr
+        m, b = re.search(r"activations\s+([0-9.]+ [MG]iB)", out), re.search(r"micro-batch (\d+) x", out)
+        return (b.group(1), m.group(1)) if m and b else out[-200:]
+    a4, p2, a2 = (activations(x) for x in (["--per_device_train_batch_size", "4"],
+                                           ["--per_device_train_batch_size", "2", "--stage", "dpo"],
+                                           ["--per_device_train_batch_size", "2"]))
+    report("dpo_cli_plan_counts_pairs_as_two_rows", a4 == p2 and a2 != p2 and p2[0] == "4", "sft 4 rows %s, dpo 2 pairs %s, sft 2 rows %s" % (a4, p2, a2))
     # errors
     bad = os.path.join(tmp, "no_rejected.json")
     json.dump([{"instruction": "写诗", "chosen": "春"}], open(bad, "w"), ensure_ascii=False)
