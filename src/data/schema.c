@@ -196,27 +196,18 @@ static int pair_answer(const cJSON *obj, const char *key, char **out, char *why,
         snprintf(why, n, "field '%s' is missing (a preference pair needs a chosen and a rejected answer)", key);
         return -1;
     }
-    if (cJSON_IsObject(v)) {
-        const cJSON *from = cJSON_GetObjectItemCaseSensitive(v, "from");
-        if (!from) from = cJSON_GetObjectItemCaseSensitive(v, "role");
-        if (from && (!cJSON_IsString(from) || role_of(from->valuestring) != ROLE_ASSISTANT)) {
-            snprintf(why, n, "field '%s' is a message whose role is not the assistant's", key);
-            return -1;
-        }
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "value");
-        if (!t) t = cJSON_GetObjectItemCaseSensitive(v, "content");
-        v = t;
-        if (!v) { snprintf(why, n, "field '%s' is a message without 'value'/'content'", key); return -1; }
-    }
-    if (!cJSON_IsString(v)) {
-        snprintf(why, n, "field '%s' is %s, not a string or an assistant message", key, glm_json_type_name(v));
+    if (!cJSON_IsObject(v)) return get_str(obj, key, 1, out, why, n);
+    const cJSON *from = cJSON_GetObjectItemCaseSensitive(v, "from");
+    if (!from) from = cJSON_GetObjectItemCaseSensitive(v, "role");
+    if (from && (!cJSON_IsString(from) || role_of(from->valuestring) != ROLE_ASSISTANT)) {
+        snprintf(why, n, "field '%s' is a message whose role is not the assistant's", key);
         return -1;
     }
-    if (!glm_utf8_valid(v->valuestring, strlen(v->valuestring))) {
-        snprintf(why, n, "field '%s' is not valid UTF-8", key);
+    char sub[160];
+    if (get_str(v, cJSON_GetObjectItemCaseSensitive(v, "value") ? "value" : "content", 1, out, sub, sizeof sub)) {
+        snprintf(why, n, "field '%s': %s", key, sub);
         return -1;
     }
-    *out = glm_strdup(v->valuestring);
     return 0;
 }
 
