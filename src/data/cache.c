@@ -69,7 +69,7 @@ static uint64_t settings_hash(const glm_data_cfg *c, const glm_encoder *e) {
     int64_t nums[] = {CACHE_VERSION, r->schema, r->container, r->skip_bad_samples, x->max_source_length,
                       x->max_target_length, x->rounds, x->train_on_prompt, e->gmask, e->sop, e->eop, e->pad, e->mask,
                       e->layout, e->eos, e->role[0], e->role[1], e->role[2], e->role[3], x->conv_labels, r->max_records, x->cutoff_len, x->mask_history,
-                      x->reasoning, x->disable_thinking, r->pairs};
+                      x->reasoning, x->disable_thinking, r->pairs, r->texts, x->pt_block, x->pt_group};
     uint64_t h = glm_xxh64(nums, sizeof nums, (uint64_t)e->fingerprint);
     const char *strs[] = {r->columns.prompt, r->columns.response, r->columns.history, r->columns.input,
                           r->columns.system, x->source_prefix, x->prompt_template, x->history_template, x->default_system};
@@ -81,6 +81,22 @@ static uint64_t payload_hash(const uint64_t *off, const int32_t *ids, const uint
     uint64_t h = glm_xxh64(off, (size_t)(n + 1) * 8, 0);
     h = glm_xxh64(ids, (size_t)nt * 4, h);
     return glm_xxh64(sup, (size_t)nt, h);
+}
+
+/* --stage pt's groups: the texts of pt_group records joined, then cut into pt_block-token examples
+ * (the remainder dropped) when the group is full or the file ends. */
+typedef struct { glm_ids ids; int records; } text_group;
+
+static void group_flush(builder *b, text_group *g, int block, glm_data_summary *s) {
+    for (int at = 0; at + block <= g->ids.n; at += block) {
+        builder_add(b, g->ids.data + at, g->ids.data + at, block, 0);
+        s->supervised += block;
+        if (block > s->longest) s->longest = block;
+        if (block < s->shortest) s->shortest = block;
+    }
+    s->truncated_answer += g->ids.n % block != 0; /* a group whose last tokens made no whole block */
+    g->ids.n = 0;
+    g->records = 0;
 }
 
 /* Reads and encodes the whole file into b, counting into s. */
@@ -95,7 +111,8 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
     glm_ids *ids = glm_calloc(CHUNK, sizeof *ids), *labels = glm_calloc(CHUNK, sizeof *labels);
     glm_example_info *info = glm_calloc(CHUNK, sizeof *info);
     int *rc = glm_calloc(CHUNK, sizeof *rc);
-    int ret = 0, nt = cfg->num_threads;
+    int ret = 0, nt = cfg->num_threads, block = cfg->example.pt_block, group = cfg->example.pt_group;
+    text_group tg = {0};
     s->shortest = INT32_MAX;
     for (int done = 0; !done && !ret;) {
         int n = 0, r = 0;
@@ -118,6 +135,11 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
                     ret = glm_fail(err, "record %lld: label %d at token %d is neither the token nor eos (cannot be cached)",
                                    (long long)recs[i].index, labels[i].data[k], k);
             if (ret) break;
+            if (block > 0) { /* a text into its group; the group's blocks are the examples */
+                glm_ids_append(&tg.ids, ids[i].data, ids[i].n);
+                if (++tg.records == (group > 0 ? group : 1000)) group_flush(b, &tg, block, s);
+                continue;
+            }
             s->truncated_prompt += info[i].truncated_prompt;
             s->truncated_answer += info[i].truncated_answer;
             builder_add(b, ids[i].data, labels[i].data, ids[i].n, info[i].pair_split);
@@ -127,6 +149,8 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
         }
         for (int i = 0; i < n; i++) glm_record_free(&recs[i]);
     }
+    if (block > 0 && !ret && tg.records) group_flush(b, &tg, block, s);
+    glm_ids_free(&tg.ids);
     const glm_read_stats *st = glm_reader_stats(rd);
     s->records = st->records; s->bad_json = st->bad_json; s->bad_record = st->bad_record; s->bom = st->bom;
     s->schema = glm_reader_schema(rd);

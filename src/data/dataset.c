@@ -57,6 +57,7 @@ static int load_sources(glm_examples **out, const glm_data_source *sources, int 
         glm_data_cfg c = *cfg;
         c.read = src->read;
         c.read.skip_bad_samples = cfg->read.skip_bad_samples;
+        c.read.texts = cfg->read.texts; /* --stage pt reads the entry's prompt column as text */
         if (c.read.pairs != cfg->read.pairs) {
             rc = cfg->read.pairs ? (glm_fail(err, "dataset %s is not ranking data, but --stage dpo trains on preference pairs",
                                              src->name),

@@ -53,6 +53,7 @@ int glm_encoder_from_tokenizer(glm_encoder *e, const glm_tokenizer *t, const cha
     }
     e->layout = glm_layout_of(t);
     e->eos = glm_tokenizer_eos(t);
+    e->text_eos = e->eos;
     glm_role_ids r = glm_tokenizer_roles(t);
     int32_t roles[4] = {r.system, r.user, r.assistant, r.observation};
     memcpy(e->role, roles, sizeof roles);

@@ -286,10 +286,22 @@ static int build_preference(const glm_example_cfg *c0, const glm_encoder *enc, c
     return rc;
 }
 
+/* --stage pt: the text and the tokenizer's eos, every token its own label (the cache builder joins
+ * and cuts them into blocks). */
+static int build_text(const glm_encoder *enc, const glm_record *r, glm_ids *ids, glm_ids *labels, glm_err *err) {
+    const char *text = r->query ? r->query : "";
+    if (enc->encode(enc->ctx, text, strlen(text), ids, err))
+        return glm_wrap(err, "record %lld (line %lld): ", (long long)r->index, (long long)r->line);
+    glm_ids_push(ids, enc->text_eos);
+    for (int i = 0; i < ids->n; i++) glm_ids_push(labels, ids->data[i]);
+    return 0;
+}
+
 int glm_example_build(const glm_example_cfg *c, const glm_encoder *enc, const glm_record *r,
                       glm_ids *ids, glm_ids *labels, glm_example_info *info, glm_err *err) {
     *info = (glm_example_info){0};
     ids->n = labels->n = 0;
+    if (c->pt_block > 0) return build_text(enc, r, ids, labels, err);
     if (r->rejected) return build_preference(c, enc, r, ids, labels, info, err);
     if (glm_layout_turns(enc->layout)) return glm_example_build_glm3(c, enc, r, ids, labels, info, err);
     int query_empty = !(r->query && r->query[0]) && !(r->input && r->input[0]);

@@ -88,6 +88,9 @@ typedef struct glm_encoder {
      * encode splits them out (LLaMA-Factory's templates encode so; the glmz1 examples use it, where
      * <think> may be an added token); NULL: encode. */
     int (*encode_special)(void *ctx, const char *text, size_t len, glm_ids *out, glm_err *err);
+    /* The tokenizer's own eos_token (GLM-4's <|endoftext|>, ChatGLM2/3's </s>), which ends a text of
+     * --stage pt (LLaMA-Factory appends tokenizer.eos_token); -1: none. */
+    int32_t text_eos;
 } glm_encoder;
 
 /* Adapter for the real tokenizer (data/encoder_tok.c). tokenizer_path (the folder or .model
@@ -149,6 +152,11 @@ typedef struct glm_example_cfg {
     /* > 0: under cutoff_len the answer counts as at least this many tokens in the cut (a preference
      * pair's longer answer: LLaMA-Factory cuts both examples of a pair alike). Set by the pair's build. */
     int pair_answer_tokens;
+    /* --stage pt (LLaMA-Factory's pre-training): > 0, records are texts, each encode(text) + text_eos,
+     * every token a target, and the texts of each group of pt_group records are joined and cut into
+     * examples of exactly pt_block tokens, the group's remainder dropped (its preprocess_pretrain_dataset
+     * with packing, over datasets.map batches of preprocessing_batch_size records). */
+    int pt_block, pt_group;
 } glm_example_cfg;
 
 void glm_example_cfg_init(glm_example_cfg *c);

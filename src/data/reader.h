@@ -65,6 +65,8 @@ typedef struct glm_read_cfg {
                           * first N rows, as ptuning's max_train_samples selects them) */
     int pairs;           /* preference pairs (--stage dpo): every record has a "chosen" and a
                           * "rejected" answer (see glm_record.rejected) */
+    int texts;           /* plain texts (--stage pt): every record's "text" (or columns.prompt) is its
+                          * query; nothing else is read */
 } glm_read_cfg;
 
 /* One turn of a conversation-mode record. */
@@ -140,6 +142,7 @@ typedef struct glm_keys {
     int history_always;  /* history column configured: present for every record */
     int conversations;   /* glm_read_cfg.conversations */
     const char *rejected; /* pairs: the rejected answer's key (response is the chosen one's) */
+    int texts;            /* glm_read_cfg.texts: prompt is the text's key */
 } glm_keys;
 /* Picks the schema from the first record's keys (cfg->schema when not AUTO) and the keys it
  * reads. Returns 0, or -1 with a message in why (the record's keys and what to set). */

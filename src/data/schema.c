@@ -253,8 +253,9 @@ int glm_schema_extract(glm_schema schema, const glm_keys *keys, const cJSON *obj
         snprintf(why, why_len, "record is %s, not an object", glm_json_type_name(obj));
         return -1;
     }
-    int rc = keys->rejected ? extract_pair(schema, keys, obj, rec, why, why_len)
-                            : extract_one(schema, keys, obj, rec, why, why_len);
+    int rc = keys->texts      ? get_str(obj, keys->prompt, 1, &rec->query, why, why_len)
+             : keys->rejected ? extract_pair(schema, keys, obj, rec, why, why_len)
+                              : extract_one(schema, keys, obj, rec, why, why_len);
     if (rc) glm_record_free(rec);
     return rc;
 }
@@ -276,6 +277,11 @@ int glm_schema_detect(const glm_read_cfg *cfg, const cJSON *obj, glm_schema *sch
     const glm_columns *c = &cfg->columns;
     glm_schema s = cfg->schema;
     int explicit_cols = c->prompt || c->response;
+    if (cfg->texts) { /* LLaMA-Factory's pre-training records: {"text": ...} (columns.prompt another key) */
+        *k = (glm_keys){.prompt = c->prompt ? c->prompt : "text", .texts = 1};
+        *schema = GLM_SCHEMA_COLUMNS;
+        return 0;
+    }
     if (s == GLM_SCHEMA_AUTO) {
         if (explicit_cols) s = GLM_SCHEMA_COLUMNS;
         else if (has(obj, "conversations") || has(obj, "messages")) s = GLM_SCHEMA_SHAREGPT;

@@ -72,10 +72,22 @@ static long interval_steps(double v, long total) { return v < 1 ? (long)ceil(v *
  * reduce_lr_on_plateau and early stopping; transformers' checks of them, in its words. */
 /* --stage and the preference flags (train/pref.h). */
 static int check_pref_args(const glm_train_args *a, glm_err *err) {
+    if (glm_train_is_pt(a)) {
+        if (a->cutoff_len <= 0)
+            return glm_fail(err, "--stage pt cuts the joined texts into blocks of --cutoff_len tokens: give --cutoff_len"),
+                   glm_hint(err, "LLaMA-Factory's default is 2048");
+        if (a->preprocessing_batch_size < 1)
+            return glm_fail(err, "--preprocessing_batch_size %d: must be at least 1", a->preprocessing_batch_size);
+        if (a->packing) return glm_fail(err, "--packing with --stage pt: its blocks are whole rows already"), glm_hint(err, "drop --packing");
+        if (strcmp(a->finetuning_type, "ptuning") == 0)
+            return glm_fail(err, "--stage pt with --finetuning_type ptuning is not supported"),
+                   glm_hint(err, "use lora, freeze or full");
+        return 0;
+    }
     if (!glm_train_is_pref(a)) {
         if (a->stage && strcmp(a->stage, "sft"))
-            return glm_fail(err, "--stage %s: glmtrain trains sft (supervised fine-tuning) and dpo (preference pairs); "
-                                 "LLaMA-Factory's pt, rm, ppo and kto stages are not here", a->stage);
+            return glm_fail(err, "--stage %s: glmtrain trains sft (supervised fine-tuning), pt (pre-training on texts) and "
+                                 "dpo (preference pairs); LLaMA-Factory's rm, ppo and kto stages are not here", a->stage);
         return 0;
     }
     glm_pref_loss l;
@@ -933,6 +945,16 @@ int trainer_load_data(trainer *t, glm_err *err) {
     if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &d->read.schema))
         return glm_fail(err, "--data_format %s is not known", a->data_format);
     d->read.pairs = glm_train_is_pref(a);
+    d->read.texts = glm_train_is_pt(a);
+    if (d->read.texts) {
+        if (t->enc.layout == GLM_LAYOUT_GLM)
+            return glm_fail(err, "--stage pt with a ChatGLM-6B tokenizer: ChatGLM-6B is a prefix-LM (GLM's blank infilling), "
+                                 "and plain next-token blocks would let every token see the ones it predicts"),
+                   glm_hint(err, "continue pre-training a ChatGLM2/3 or GLM-4 model, or train ChatGLM-6B with --stage sft");
+        if (t->enc.text_eos < 0) return glm_fail(err, "--stage pt: the tokenizer has no eos token to end each text with");
+        d->example.pt_block = a->cutoff_len;
+        d->example.pt_group = a->preprocessing_batch_size;
+    }
     d->read.columns.prompt = a->prompt_column;
     d->read.columns.response = a->response_column;
     d->read.columns.history = a->history_column;

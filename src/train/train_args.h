@@ -96,6 +96,7 @@ typedef struct glm_train_args {
     double neftune_noise_alpha; /* NEFTune's noise on the embeddings while training (0: none) */
     /* --stage dpo (train/pref.h), LLaMA-Factory's names */
     char *pref_loss;
+    int preprocessing_batch_size; /* --stage pt's groups of records */
     double pref_beta, pref_ftx, simpo_gamma, dpo_label_smoothing;
     /* how the run stops early (tests, demos) */
     double max_train_seconds;
@@ -136,6 +137,9 @@ glm_par_opts glm_train_par_opts(const glm_train_args *a);
 
 /* --stage dpo: preference pairs (train/pref.h) */
 static inline int glm_train_is_pref(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "dpo"); }
+
+/* --stage pt: texts cut into blocks (data/examples.h pt_block) */
+static inline int glm_train_is_pt(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "pt"); }
 
 /* Rows of a micro-batch: a batch of P preference pairs has 2P (the memory plan's B). */
 static inline int glm_train_rows(const glm_train_args *a) { return a->per_device_train_batch_size * (glm_train_is_pref(a) ? 2 : 1); }

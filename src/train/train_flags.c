@@ -34,8 +34,9 @@ const glm_flag glm_train_flags[] = {
       "glmz1: GLM-4's turns with GLM-Z1's thoughts (<think>...</think>, see --enable_thinking)"),
     F(enable_thinking, ARG_BOOL, "true", "--template glmz1 (LLaMA-Factory's): true: the answers' thoughts train, an answer "
       "without one gets the empty thought as a target; false: thoughts removed, the empty thought in the prompt"),
-    F(stage, ARG_STR, "sft", "LLaMA-Factory's: sft (supervised fine-tuning) or dpo (preference pairs: records with a "
-      "chosen and a rejected answer, --pref_loss)"),
+    F(stage, ARG_STR, "sft", "LLaMA-Factory's: sft (supervised fine-tuning), pt (pre-training on texts: {\"text\": ...} "
+      "records joined and cut into --cutoff_len blocks) or dpo (preference pairs: records with a chosen and a rejected "
+      "answer, --pref_loss)"),
     F(pref_loss, ARG_STR, "sigmoid", "--stage dpo's loss (LLaMA-Factory's): sigmoid (DPO), hinge, ipo, orpo, simpo; the "
       "first three against the reference (the model training starts from), orpo and simpo without one"),
     F(pref_beta, ARG_FLOAT, "0.1", "--stage dpo: beta, the preference loss's temperature"),
@@ -65,6 +66,8 @@ const glm_flag glm_train_flags[] = {
     F(packing, ARG_BOOL, "false", "pack several examples per row (attention kept apart)"),
     F(dataloader_num_workers, ARG_INT, "0", "threads for tokenization (0 = all cores)"),
     F(preprocessing_num_workers, ARG_INT, "0", "the same as --dataloader_num_workers (the scripts' name for it)"),
+    F(preprocessing_batch_size, ARG_INT, "1000", "--stage pt: records whose texts are joined before being cut into "
+      "--cutoff_len blocks (LLaMA-Factory's datasets.map batch; each batch's remainder is dropped)"),
     F(overwrite_cache, ARG_BOOL, "false", "tokenize the data again even when its cache is valid"),
     F(do_train, ARG_BOOL, "true", "Hugging Face's: false with --do_eval evaluates the model (and adapter) without training"),
     F(do_eval, ARG_BOOL, "false", "evaluate the validation set after training (the scripts' trainer.evaluate()); without "

@@ -11,6 +11,7 @@
  *            [--max_target_length N] [--conversation_labels thudm|eos] [--train_on_prompt]
  *            [--source_prefix S] [--default_system S] [--cutoff_len N] [--mask_history] [--prompt_template T] [--cache_dir D] [--threads N]
  *            [--pairs]  (preference records: each line also has "split", where the rejected example starts)
+ *            [--pt_block N [--pt_group G]]  (--stage pt: {"text"} records joined and cut into N-token blocks)
  *            [--template glmz1] [--enable_thinking true|false]
  *                                     {"ids", "labels"} per example, then {"summary"}; errors on
  *                                     stderr, exit 1 */
@@ -197,6 +198,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--source_prefix")) cfg.example.source_prefix = v;
         else if (!strcmp(a, "--default_system")) cfg.example.default_system = v;
         else if (!strcmp(a, "--cutoff_len")) cfg.example.cutoff_len = atoi(v);
+        else if (!strcmp(a, "--pt_block")) { cfg.example.pt_block = atoi(v); cfg.read.texts = 1; } /* --stage pt's blocks */
+        else if (!strcmp(a, "--pt_group")) cfg.example.pt_group = atoi(v);
         else if (!strcmp(a, "--template")) cfg.example.reasoning = !strcmp(v, "glmz1");
         else if (!strcmp(a, "--enable_thinking")) cfg.example.disable_thinking = !strcmp(v, "false");
         else if (!strcmp(a, "--prompt_template")) cfg.example.prompt_template = v;
