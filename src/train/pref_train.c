@@ -3,20 +3,24 @@
 #include "train/trainer.h"
 
 /* The reference's value of every pair of a view, into out [2 * ds->n] (chosen, rejected by
- * dataset position): the model as it is now, in evaluation mode (no dropout), every rank the
- * whole view (the ranks' tables are the same). */
+ * dataset position): the model as it is now, in evaluation mode (no dropout). Each rank computes
+ * its DistributedSampler share (a pair repeated to even the shares out carries no targets and is
+ * left out), and a sum over the ranks gives every rank the whole table. */
 static int ref_table(trainer *t, const glm_dataset *ds, double **out, glm_err *err) {
     glm_loader_cfg c;
     glm_loader_cfg_init(&c);
     c.batch_size = t->a->per_device_eval_batch_size;
     c.shuffle = 0;
     c.pairs = 1;
+    c.rank = t->dp->rank;
+    c.world = t->dp->world;
+    c.no_loss_on_wrap = 1;
     glm_loader *l;
     if (glm_loader_open(&l, ds, &c, err)) return -1;
     glm_batch b = {0};
     glm_loader_batch_alloc(l, &b);
     double *tab = glm_malloc(sizeof(double) * 2 * (size_t)ds->n);
-    for (int64_t i = 0; i < 2 * ds->n; i++) tab[i] = NAN;
+    for (int64_t i = 0; i < 2 * ds->n; i++) tab[i] = 0;
     float *tok = glm_malloc(sizeof(float) * b.cap);
     double *rows = glm_malloc(sizeof(double) * (size_t)b.B);
     int64_t *pos = glm_malloc(sizeof(int64_t) * (size_t)c.batch_size);
@@ -28,11 +32,13 @@ static int ref_table(trainer *t, const glm_dataset *ds, double **out, glm_err *e
         glm_forward_token_losses(&t->m, &b, tok);
         glm_pref_row_logps(&t->pref, &b, tok, rows);
         for (int u = 0; u < P; u++) {
+            if (isnan(rows[u]) || isnan(rows[P + u])) continue; /* a repeated pair: its own rank has it */
             tab[2 * pos[u]] = rows[u];
             tab[2 * pos[u] + 1] = rows[P + u];
         }
     }
     glm_par_release_params(&p);
+    if (rc == 0) rc = glm_par_sum(&p, tab, 2 * (int)ds->n, 1, "the reference's log-probabilities", err);
     free(tok); free(rows); free(pos);
     glm_batch_free(&b);
     glm_loader_free(l);
