@@ -87,42 +87,37 @@ extern "C" void glmk_mul_small_f64(float *y, const float *x, const double *M, in
     GLMK_CHECK_LAUNCH();
 }
 
-/* G = R^T R (R upper triangular) and Ri = R^-1 for backend/svd.c's Cholesky QR, one block, with
- * the operations of the host's cpu_cholinv_f64 in the same order for every entry: G[j][b] loses
- * R[k][j] R[k][b] for k ascending, then is divided by R[j][j] (here right-looking: step k takes its
- * share from every entry below it at once); Ri's column j is its own chain (rows from the bottom,
- * k ascending), so a thread a column and no barrier inside it. *fail set when a pivot is not clearly
- * positive; nothing done when it is already set (an earlier pass failed). The matrices live in
- * shared memory where they fit (each step's barrier then costs shared, not global, latency). */
-#define CHOL_THREADS 256
-#define CHOL_SHARED_MAX 96 /* q up to which G and Ri fit in shared memory (2 q^2 doubles: 144 KiB) */
-
-__device__ void cholinv_block(double *A, double *R, int q, int *fail) {
+/* G = R^T R in place (R in G's upper part) and Ri = R^-1, one block, in the order of the host's
+ * cpu_cholinv_f64: each pivot by one thread (k ascending), a row's other entries and then each
+ * row of the inverse (from the bottom, k ascending) a thread an entry. *fail set when a pivot is
+ * not clearly positive; nothing done when it is already set (an earlier pass failed). */
+#define CHOL_THREADS 64
+__global__ void cholinv_kernel(double *G, double *Ri, int *fail, int q) {
     __shared__ double big;
     __shared__ int bad;
     int t = threadIdx.x;
+    if (*fail) return;
     if (t == 0) {
         double b = 0;
-        for (int j = 0; j < q; j++) b = A[j * q + j] > b ? A[j * q + j] : b;
+        for (int j = 0; j < q; j++) b = G[(size_t)j * q + j] > b ? G[(size_t)j * q + j] : b;
         big = b;
         bad = 0;
     }
     __syncthreads();
     for (int j = 0; j < q; j++) {
         if (t == 0) {
-            double d = A[j * q + j];
+            double d = G[(size_t)j * q + j];
+            for (int k = 0; k < j; k++) d = d - G[(size_t)k * q + j] * G[(size_t)k * q + j];
             if (!(d > 1e-13 * big)) bad = 1;
-            else A[j * q + j] = sqrt(d);
+            else G[(size_t)j * q + j] = sqrt(d);
         }
         __syncthreads();
         if (bad) break;
-        double r = A[j * q + j];
-        for (int b = j + 1 + t; b < q; b += blockDim.x) A[j * q + b] = A[j * q + b] / r;
-        __syncthreads();
-        int w = q - j - 1; /* the trailing rows a, entries b >= a, lose R[j][a] R[j][b] */
-        for (int e = t; e < w * w; e += blockDim.x) {
-            int a = j + 1 + e / w, b = j + 1 + e % w;
-            if (b >= a) A[a * q + b] = A[a * q + b] - A[j * q + a] * A[j * q + b];
+        double r = G[(size_t)j * q + j];
+        for (int b = j + 1 + t; b < q; b += blockDim.x) {
+            double e = G[(size_t)j * q + b];
+            for (int k = 0; k < j; k++) e = e - G[(size_t)k * q + j] * G[(size_t)k * q + b];
+            G[(size_t)j * q + b] = e / r;
         }
         __syncthreads();
     }
@@ -130,55 +125,14 @@ __device__ void cholinv_block(double *A, double *R, int q, int *fail) {
         if (t == 0) *fail = 1;
         return;
     }
-    /* R[i][k] / R[i][i] for k > i into Ri's lower part (its column chains below read only the
-     * upper one; these entries become zero at the end), so no division waits inside a chain */
-    for (int e = t; e < q * q; e += blockDim.x) {
-        int i = e / q, k = e - i * q;
-        if (k > i) R[k * q + i] = A[i * q + k] / A[i * q + i];
-    }
-    __syncthreads();
-    for (int j = t; j < q; j += blockDim.x) {
-        for (int i = q - 1; i >= 0; i--) {
-            if (i > j) continue; /* below the diagonal: the scaled row is parked there */
-            double v = j == i ? 1.0 / A[i * q + i] : 0.0;
-            for (int k = i + 1; k <= j; k++) v = v - R[k * q + i] * R[k * q + j];
-            R[i * q + j] = v;
+    for (int i = q - 1; i >= 0; i--) {
+        double rii = G[(size_t)i * q + i];
+        for (int j = t; j < q; j += blockDim.x) {
+            double v = j == i ? 1.0 / rii : 0.0;
+            for (int k = i + 1; k <= j; k++) v = v - (G[(size_t)i * q + k] / rii) * Ri[(size_t)k * q + j];
+            Ri[(size_t)i * q + j] = v;
         }
-    }
-    __syncthreads();
-    for (int e = t; e < q * q; e += blockDim.x) {
-        int i = e / q, k = e - i * q;
-        if (i > k) R[e] = 0.0;
-    }
-}
-
-__global__ void cholinv_shared_kernel(double *G, double *Ri, int *fail, int q) {
-    extern __shared__ double chol_sh[]; /* A [q, q], then R [q, q] */
-    if (*fail) return;
-    double *A = chol_sh, *R = chol_sh + q * q;
-    for (int e = threadIdx.x; e < q * q; e += blockDim.x) A[e] = G[e];
-    __syncthreads();
-    cholinv_block(A, R, q, fail);
-    __syncthreads();
-    for (int e = threadIdx.x; e < q * q; e += blockDim.x) {
-        G[e] = A[e];
-        Ri[e] = R[e];
-    }
-}
-
-__global__ void cholinv_global_kernel(double *G, double *Ri, int *fail, int q) {
-    if (*fail) return;
-    cholinv_block(G, Ri, q, fail);
-}
-
-static void cholinv(double *G, double *Ri, int *fail, int q, cudaStream_t st) {
-    if (q <= CHOL_SHARED_MAX) {
-        size_t smem = 2 * (size_t)q * q * sizeof(double);
-        if (smem > 48 * 1024)
-            cudaFuncSetAttribute(cholinv_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        cholinv_shared_kernel<<<1, CHOL_THREADS, smem, st>>>(G, Ri, fail, q);
-    } else {
-        cholinv_global_kernel<<<1, CHOL_THREADS, 0, st>>>(G, Ri, fail, q);
+        __syncthreads();
     }
 }
 
@@ -187,7 +141,7 @@ extern "C" void glmk_orth_f64(double *part, double *G, double *Ri, int *fail, fl
     cudaMemsetAsync(fail, 0, sizeof(int), st);
     for (int pass = 0; pass < 2; pass++) {
         glmk_gram_f64(part, G, x, x, n, q, q, st);
-        cholinv(G, Ri, fail, q, st);
+        cholinv_kernel<<<1, CHOL_THREADS, 0, st>>>(G, Ri, fail, q);
         mul_small_kernel<<<blocks, 256, (size_t)MUL_ROWS * q * sizeof(float), st>>>(x, x, Ri, n, q, q, fail);
     }
     GLMK_CHECK_LAUNCH();
