@@ -246,6 +246,13 @@ out:
     return rc;
 }
 
+/* A text of --stage pt: the query; the answer "" as for every record (never NULL). */
+static int extract_text(const glm_keys *keys, const cJSON *obj, glm_record *rec, char *why, size_t n) {
+    if (get_str(obj, keys->prompt, 1, &rec->query, why, n)) return -1;
+    rec->answer = glm_strdup("");
+    return 0;
+}
+
 int glm_schema_extract(glm_schema schema, const glm_keys *keys, const cJSON *obj, glm_record *rec,
                        char *why, size_t why_len) {
     *rec = (glm_record){0};
@@ -253,7 +260,7 @@ int glm_schema_extract(glm_schema schema, const glm_keys *keys, const cJSON *obj
         snprintf(why, why_len, "record is %s, not an object", glm_json_type_name(obj));
         return -1;
     }
-    int rc = keys->texts      ? get_str(obj, keys->prompt, 1, &rec->query, why, why_len)
+    int rc = keys->texts      ? extract_text(keys, obj, rec, why, why_len)
              : keys->rejected ? extract_pair(schema, keys, obj, rec, why, why_len)
                               : extract_one(schema, keys, obj, rec, why, why_len);
     if (rc) glm_record_free(rec);

@@ -5,7 +5,11 @@
  *   auto), bit 4 skip_bad_samples, bit 5 named columns (prompt "q", response "a", history "h",
  *   input "i", system "s", as --prompt_column ... set them), bit 6 conversation mode (ChatGLM3's
  *   role/content turns, tools dumped into the system turn).
- * Every outcome must be a clean error or records whose strings are all valid UTF-8. */
+ * The file's last byte (it stays part of the file) picks the read mode, as byte 0 has no bit left:
+ * bits 0-1 = 1 preference pairs (--stage dpo: "chosen"/"rejected"), 2 texts (--stage pt), else
+ * instruction records.
+ * Every outcome must be a clean error or records whose strings are all valid UTF-8; a pair's
+ * rejected answer is there exactly in pair mode. */
 #include <string.h>
 #include "data/reader.h"
 #include "fuzz_util.h"
@@ -27,6 +31,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (opt & 32) cfg.columns = (glm_columns){"q", "a", "h", "i", "s"};
     cfg.conversations = (opt >> 6) & 1;
     cfg.glm4 = cfg.conversations && (opt >> 7);
+    int mode = size > 1 ? data[size - 1] & 3 : 0;
+    cfg.pairs = mode == 1;
+    cfg.texts = mode == 2;
     char path[64];
     int fd = fuzz_memfile(data + 1, size - 1, path, sizeof path);
     if (fd < 0) return 0;
@@ -41,6 +48,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check_str(rec.answer, 1, "answer");
             check_str(rec.system, 0, "system");
             check_str(rec.input, 0, "input");
+            check_str(rec.rejected, cfg.pairs, "rejected answer");
+            FUZZ_CHECK(cfg.pairs || !rec.rejected, "a rejected answer outside pair mode");
             FUZZ_CHECK(rec.n_hist >= 0, "n_hist %d", rec.n_hist);
             for (int i = 0; i < 2 * rec.n_hist; i++) check_str(rec.hist[i], 1, "history turn");
             FUZZ_CHECK(rec.n_msgs >= 0 && (rec.n_msgs == 0 || rec.msgs), "%d turns", rec.n_msgs);
