@@ -96,7 +96,8 @@ static void pref_log(trainer *t, int eval) {
         if (rec) cJSON_AddNumberToObject(rec, key, m);
     }
     snprintf(line + u, sizeof line - u, "}");
-    glm_progress_log(&t->prog, line);
+    if (t->prog.out) glm_progress_log(&t->prog, line);
+    else fprintf(stderr, "%s\n", line); /* an evaluation alone runs before the progress display exists */
     if (t->tb) tb_flush(t->tb);
     *s = (glm_pref_sums){0};
 }

@@ -214,6 +214,15 @@ def cli_cases(tmp):
             out += str(ex)
         ok = two.returncode == 0 and n == 4 and e < 1e-6
         report("dpo_cli_two_ranks_zero%s_equal_one" % z, ok, "max rel %.1e over %d steps; 1 rank %s, 2 ranks %s %s" % (e, n, a, b, out[-300:] if two.returncode or n != 4 else ""))
+    # an evaluation alone (--do_train false --do_eval): the reference is the model itself, so sigmoid's
+    # loss is log 2; orpo's needs no reference
+    for kind, want in (("sigmoid", math.log(2)), ("orpo", None)):
+        p = C.run(["train", "--model_name_or_path", tok, "--output_dir", os.path.join(tmp, "evonly"), "--stage", "dpo",
+                   "--pref_loss", kind, "--do_train", "false", "--do_eval", "--validation_file", data])
+        el = logged(p, "eval_loss")
+        report("dpo_cli_evaluation_alone_%s" % kind, p.returncode == 0 and len(el) == 1 and
+               (want is None or abs(el[0] - want) < 1e-4) and logged(p, "eval_rewards/accuracies"),
+               "exit %d, eval_loss %s %s" % (p.returncode, el, p.stderr[-300:] if p.returncode else ""))
     # sharegpt records, the chosen answer as the last turn
     sg = [{"conversations": [{"from": "human", "value": "写一句关于%s的诗" % w}],
            "chosen": {"from": "gpt", "value": w * 3}, "rejected": {"from": "gpt", "value": "风风"}} for w in words]
