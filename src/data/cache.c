@@ -137,7 +137,7 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
             if (ret) break;
             if (block > 0) { /* a text into its group; the group's blocks are the examples */
                 glm_ids_append(&tg.ids, ids[i].data, ids[i].n);
-                if (++tg.records == (group > 0 ? group : 1000)) group_flush(b, &tg, block, s);
+                if (++tg.records == group) group_flush(b, &tg, block, s);
                 continue;
             }
             s->truncated_prompt += info[i].truncated_prompt;

@@ -14,6 +14,7 @@ void glm_example_cfg_init(glm_example_cfg *c) {
     c->max_source_length = 1024;
     c->max_target_length = 128;
     c->rounds = GLM_ROUNDS_COLUMN;
+    c->pt_group = 1000; /* LLaMA-Factory's preprocessing_batch_size */
 }
 
 static void sb_int(glm_strbuf *b, long v) { char t[32]; glm_strbuf_put(b, t, (size_t)snprintf(t, sizeof t, "%ld", v)); }

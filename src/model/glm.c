@@ -824,24 +824,22 @@ double glm_forward_loss(glm_model *m, const glm_batch *b) {
     return glm_stage_loss(m, b, NULL);
 }
 
-double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) {
+/* The evaluation forward: the loss sum, and each token's loss into tok_loss when given. */
+static double eval_losses(glm_model *m, const glm_batch *b, const void *h_in, float *tok_loss) {
     GLM_ASSERT(m->last);
     m->training = 0;
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
     choose_top_rows(m);
     forward_trunk(m, h_in);
-    return head_loss(m, 0.0f, NULL, NULL, NULL);
+    return head_loss(m, 0.0f, NULL, NULL, tok_loss);
 }
 
+double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) { return eval_losses(m, b, h_in, NULL); }
+
 void glm_forward_token_losses(glm_model *m, const glm_batch *b, float *tok_loss) {
-    GLM_ASSERT(m->first && m->last);
-    m->training = 0;
-    ensure_acts(m, b->B, b->T);
-    upload_batch(m, b);
-    choose_top_rows(m);
-    forward_trunk(m, NULL);
-    head_loss(m, 0.0f, NULL, NULL, tok_loss);
+    GLM_ASSERT(m->first);
+    eval_losses(m, b, NULL, tok_loss);
 }
 
 static void stage_forward(glm_model *m, const glm_batch *b, const void *h_in, void *h_out, int training) {

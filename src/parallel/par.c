@@ -13,13 +13,16 @@ int glm_par_sum_batch(const glm_par *p, double *v, int n, glm_err *err) {
 }
 
 int glm_par_forward_backward(const glm_par *p, glm_model *m, const glm_batch *micro, int k, float dscale,
-                             uint64_t run_seed, long step, double *loss_sum, glm_err *err) {
+                             uint64_t run_seed, long step, glm_token_weigh weigh, void *const *weigh_ctx,
+                             double *loss_sum, glm_err *err) {
+    if (p->pp && weigh) return glm_fail(err, "a weighed loss over pipeline stages is not supported (a bug: refused earlier)");
     if (p->pp) return glm_pp_forward_backward(p->pp, micro, k, dscale, loss_sum, err);
     for (int i = 0; i < k; i++) {
         glm_dp_micro_begin(p->dp, i == k - 1); /* gradients are reduced during the last backward */
         /* dropout masks from the step, the rank and the micro-batch: a resumed run draws the same */
         glm_model_set_dropout_seed(m, glm_dropout_seed(run_seed, step, p->dp->rank, i));
-        *loss_sum += glm_forward_backward(m, &micro[i], dscale);
+        *loss_sum += weigh ? glm_forward_backward_weighted(m, &micro[i], dscale, weigh, weigh_ctx[i])
+                           : glm_forward_backward(m, &micro[i], dscale);
     }
     return 0;
 }

@@ -18,9 +18,12 @@ int glm_par_sum(const glm_par *p, double *v, int n, int long_wait, const char *w
  * (every stage of a pipeline replica sees the same batches). */
 int glm_par_sum_batch(const glm_par *p, double *v, int n, glm_err *err);
 /* The step's k micro-batches forward and backward (gradients accumulate; dropout masks from
- * run_seed, step, the rank and the micro-batch); *loss_sum gets their summed token losses. */
+ * run_seed, step, the rank and the micro-batch); *loss_sum gets their summed token losses. With
+ * weigh (not NULL), each micro-batch's loss is the caller's of its token losses
+ * (glm_forward_backward_weighted, weigh_ctx[i] for micro-batch i; no pipeline stages). */
 int glm_par_forward_backward(const glm_par *p, glm_model *m, const glm_batch *micro, int k, float dscale,
-                             uint64_t run_seed, long step, double *loss_sum, glm_err *err);
+                             uint64_t run_seed, long step, glm_token_weigh weigh, void *const *weigh_ctx,
+                             double *loss_sum, glm_err *err);
 /* The global gradient norm (times grad_scale); *loss_sum is summed over the run on the way. */
 int glm_par_grad_norm(const glm_par *p, float grad_scale, double *loss_sum, double *norm, glm_err *err);
 /* One evaluation batch: v[0] += its summed token losses, v[1] += its supervised tokens (on the

@@ -74,16 +74,20 @@ static double *batch_ref(const double *tab, const int64_t *pos, int P) {
 int trainer_pref_forward_backward(trainer *t, int k, float dscale, double *loss_sum, glm_err *err) {
     glm_pref_sums step = {0};
     int bs = t->a->per_device_train_batch_size;
+    glm_pref_batch *pb = glm_calloc((size_t)k, sizeof *pb);
+    void **ctx = glm_calloc((size_t)k, sizeof *ctx);
     for (int i = 0; i < k; i++) {
-        glm_dp_micro_begin(t->dp, i == k - 1);
-        glm_model_set_dropout_seed(&t->m, glm_dropout_seed((uint64_t)t->a->seed, t->st.global_step, t->dp->rank, i));
-        double *ref = batch_ref(t->ref_train, t->micro_pairs + (size_t)i * bs, t->micro[i].B / 2);
-        glm_pref_batch pb = {.cfg = &t->pref, .ref = ref, .sums = &step};
-        *loss_sum += glm_forward_backward_weighted(&t->m, &t->micro[i], dscale, glm_pref_weigh, &pb);
-        free(ref);
+        pb[i] = (glm_pref_batch){.cfg = &t->pref, .sums = &step,
+                                 .ref = batch_ref(t->ref_train, t->micro_pairs + (size_t)i * bs, t->micro[i].B / 2)};
+        ctx[i] = &pb[i];
     }
     glm_par p = {t->dp, t->pp};
-    if (glm_par_sum(&p, (double *)&step, GLM_PREF_SUMS, 0, "preference metrics", err)) return -1;
+    int rc = glm_par_forward_backward(&p, &t->m, t->micro, k, dscale, (uint64_t)t->a->seed, t->st.global_step,
+                                      glm_pref_weigh, ctx, loss_sum, err);
+    for (int i = 0; i < k; i++) free((void *)pb[i].ref);
+    free(pb);
+    free(ctx);
+    if (rc || glm_par_sum(&p, (double *)&step, GLM_PREF_SUMS, 0, "preference metrics", err)) return -1;
     double *acc = (double *)&t->psums, *s = (double *)&step;
     for (int i = 0; i < GLM_PREF_SUMS; i++) acc[i] += s[i];
     return 0;

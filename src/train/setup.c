@@ -105,10 +105,9 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
                glm_hint(err, "use --finetuning_type lora (or freeze, full), as LLaMA-Factory's DPO does");
     if (a->packing) return glm_fail(err, "--packing with --stage dpo: a pair's two answers are rows of their own"),
                            glm_hint(err, "drop --packing");
-    int file_map = a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm");
-    if (a->pipeline_parallel_size > 1 || file_map) /* the preference loss needs every layer in one process */
+    if (glm_train_uses_stages(a)) /* the preference loss needs every layer in one process */
         return glm_fail(err, "--stage dpo on pipeline stages (--%s) is not supported",
-                        file_map ? "device_map" : "pipeline_parallel_size"),
+                        a->pipeline_parallel_size > 1 ? "pipeline_parallel_size" : "device_map"),
                glm_hint(err, "train on one GPU or with data parallelism (--nproc_per_node)");
     if (a->metric_for_best_model && strstr(a->metric_for_best_model, "perplexity"))
         return glm_fail(err, "--metric_for_best_model %s with --stage dpo: a preference loss has no perplexity", a->metric_for_best_model),
@@ -680,7 +679,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
                         a->pissa_init ? "pissa_init" : "pissa_convert",
                         c.peft.kind == GLM_FT_FULL ? "every weight" : c.peft.kind == GLM_FT_PTUNING ? "a P-Tuning v2 prefix" : "some layers"),
                glm_hint(err, "add --finetuning_type lora");
-    int stages = a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"));
+    int stages = glm_train_uses_stages(a);
     if (a->pissa_convert && stages)
         return glm_fail(err, "--pissa_convert with pipeline stages: each stage holds a part of the adapter"),
                glm_hint(err, "train without pipeline stages, or use the output folder as it is: generate, chat and merge "
@@ -760,7 +759,7 @@ int trainer_load_model(trainer *t, glm_err *err) {
     }
 #endif
     if (glm_pp_check_host_memory(&po, &pc, cuda, t->dp->world, t->dp->dist.local_world, err)) return -1;
-    if (a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"))) {
+    if (glm_train_uses_stages(a)) {
         if (glm_pp_open(&t->pp, t->dp, &po, &c, t->be, err)) return -1; /* from here t->dp is this stage's replicas */
         glm_pp_model_init(t->pp, &t->m, &c, t->be);
     } else if (glm_dp_whole_grads(t->dp, 1)) {

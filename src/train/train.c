@@ -326,10 +326,9 @@ static double train_step(trainer *t, float lr, int measure, double *norm, double
     glm_dp_zero_grads(t->dp);
     double scale = a->fp16 ? t->scaler.scale : 1.0;
     double sum = 0;
-    if (n_sup > 0 && pref && trainer_pref_forward_backward(t, k, (float)(scale / n_sup), &sum, err)) return NAN;
-    if (n_sup > 0 && !pref &&
-        glm_par_forward_backward(&p, &t->m, t->micro, k, (float)(scale / n_sup), (uint64_t)a->seed, t->st.global_step,
-                                 &sum, err))
+    if (n_sup > 0 && (pref ? trainer_pref_forward_backward(t, k, (float)(scale / n_sup), &sum, err)
+                           : glm_par_forward_backward(&p, &t->m, t->micro, k, (float)(scale / n_sup), (uint64_t)a->seed,
+                                                      t->st.global_step, NULL, NULL, &sum, err)))
         return NAN;
     double t1 = 0, t2 = 0, t3 = 0;
     if (measure) { t->be->sync(t->be); t1 = glm_now(); ph->compute_s = t1 - t0; }

@@ -141,6 +141,12 @@ static inline int glm_train_is_pref(const glm_train_args *a) { return a->stage &
 /* --stage pt: texts cut into blocks (data/examples.h pt_block) */
 static inline int glm_train_is_pt(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "pt"); }
 
+/* The run is a pipeline of stages: more than one, or a device map file (auto and thudm only say how
+ * to split when there are stages). */
+static inline int glm_train_uses_stages(const glm_train_args *a) {
+    return a->pipeline_parallel_size > 1 || (a->device_map && strcmp(a->device_map, "auto") && strcmp(a->device_map, "thudm"));
+}
+
 /* Rows of a micro-batch: a batch of P preference pairs has 2P (the memory plan's B). */
 static inline int glm_train_rows(const glm_train_args *a) { return a->per_device_train_batch_size * (glm_train_is_pref(a) ? 2 : 1); }
 

@@ -29,18 +29,12 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import glm_ref  # noqa: E402
+import mpi_runs as M  # noqa: E402
 import test_model_vs_torch as V  # noqa: E402
+from mpi_runs import report  # noqa: E402
 
 torch.set_num_threads(2)
 TOL = 1e-5
-fails = 0
-
-
-def report(name, ok, detail=""):
-    global fails
-    fails += not ok
-    print(("PASS %s (%s)" if ok else "FAIL %s: %s") % (name, detail))
-    sys.stdout.flush()
 
 
 def row_logps(cfg, params, ids, labels, average):
@@ -193,7 +187,6 @@ def cli_cases(tmp):
            and abs(res.get("eval_loss", -1) - el[-1]) < 1e-4 and "eval_perplexity" not in res,
            "eval_loss %s, accuracies %s, eval_results.json %s %s" % (el, ea, res, p.stderr[-300:] if p.returncode else ""))
     # data parallel: 2 CPU ranks at 1 pair each equal 1 rank at 2 pairs (ZeRO 0 and 1)
-    import mpi_runs as M
     base = ["--model_name_or_path", tok, "--train_file", data, "--stage", "dpo", "--finetuning_type", "lora",
             "--lora_target", "all", "--lora_dropout", "0", "--learning_rate", "1e-2", "--logging_steps", "1",
             "--save_strategy", "steps", "--save_steps", "4", "--disable_tqdm", "--seed", "5", "--report_to", "none",
@@ -354,7 +347,7 @@ def main():
         pair_examples(tmp)  # last: it puts transformers 4.46 on the path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return 1 if fails else 0
+    return 0 if all(M.results) else 1
 
 
 if __name__ == "__main__":

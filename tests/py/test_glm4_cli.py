@@ -81,26 +81,45 @@ def template_turns(message):
     return out
 
 
-def main():
+TOOL = os.path.join(os.environ.get("GLM_BUILD", "build"), "tests", "tool_chatglm23")
+
+
+def test_tokenizer(skip_name):
+    """Whether this test can run (else False after the SKIP line): tiktoken, regex, glmtrain and
+    tool_chatglm23 are there."""
     try:
-        import tiktoken
-        import test_tokenizer_glm4 as G
-        import tokenizer_corpus as tc
+        import tiktoken  # noqa: F401
+        import test_tokenizer_glm4  # noqa: F401
     except ImportError as e:
-        print("SKIP glm4_cli: %s (scripts/install-deps.sh installs tiktoken and regex)" % e)
+        print("SKIP %s: %s (scripts/install-deps.sh installs tiktoken and regex)" % (skip_name, e))
+        return False
+    if not os.path.exists(GLM) or not os.access(TOOL, os.X_OK):
+        print("SKIP %s: glmtrain or tool_chatglm23 not built" % skip_name)
+        return False
+    return True
+
+
+def make_tokenizer(d):
+    """The GLM-4-style test tokenizer in d/tok (1500 merges on the seed-7 corpus): (its folder, the
+    number of ranks, the special tokens' ids, tiktoken's Encoding of it)."""
+    import tiktoken
+    import test_tokenizer_glm4 as G
+    import tokenizer_corpus as tc
+    lines = [l.decode("utf-8", "ignore") for l in tc.corpus(seed=7)[:3000]]
+    ranks = G.train(lines, 1500)
+    tok = G.write_model(os.path.join(d, "tok"), ranks)
+    n = len(ranks)
+    sid = {s: n + i for i, s in enumerate(SPECIALS)}
+    return tok, n, sid, tiktoken.Encoding("glm4-test", pat_str=G.PAT, mergeable_ranks=ranks, special_tokens=sid)
+
+
+def main():
+    if not test_tokenizer("glm4_cli"):
         return 0
-    tool = os.path.join(os.environ.get("GLM_BUILD", "build"), "tests", "tool_chatglm23")
-    if not os.path.exists(GLM) or not os.access(tool, os.X_OK):
-        print("SKIP glm4_cli: glmtrain or tool_chatglm23 not built")
-        return 0
+    tool = TOOL
     d = tempfile.mkdtemp(prefix="glmtrain-glm4-")
     try:
-        lines = [l.decode("utf-8", "ignore") for l in tc.corpus(seed=7)[:3000]]
-        ranks = G.train(lines, 1500)
-        tok = G.write_model(os.path.join(d, "tok"), ranks)
-        n = len(ranks)
-        sid = {s: n + i for i, s in enumerate(SPECIALS)}
-        enc = tiktoken.Encoding("glm4-test", pat_str=G.PAT, mergeable_ranks=ranks, special_tokens=sid)
+        tok, n, sid, enc = make_tokenizer(d)
         vocab = (n + len(SPECIALS) + 63) // 64 * 64
         cfg_path = write_config(d, vocab, sid)
         recs = []

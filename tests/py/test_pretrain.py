@@ -32,25 +32,12 @@ def lf_blocks(texts, encode, eos, block, group):
 
 
 def main():
-    try:
-        import tiktoken
-        import test_tokenizer_glm4 as G
-        import tokenizer_corpus as tc
-    except ImportError as e:
-        print("SKIP pretrain: %s (scripts/install-deps.sh installs tiktoken and regex)" % e)
+    if not Q.test_tokenizer("pretrain"):
         return 0
-    tool = os.path.join(os.environ.get("GLM_BUILD", "build"), "tests", "tool_chatglm23")
-    if not os.path.exists(GLM) or not os.access(tool, os.X_OK):
-        print("SKIP pretrain: glmtrain or tool_chatglm23 not built")
-        return 0
+    tool = Q.TOOL
     d = tempfile.mkdtemp(prefix="glmtrain-pt-")
     try:
-        lines = [l.decode("utf-8", "ignore") for l in tc.corpus(seed=7)[:3000]]
-        ranks = G.train(lines, 1500)
-        tok = G.write_model(os.path.join(d, "tok"), ranks)
-        n = len(ranks)
-        sid = {s: n + i for i, s in enumerate(Q.SPECIALS)}
-        enc = tiktoken.Encoding("glm4-test", pat_str=G.PAT, mergeable_ranks=ranks, special_tokens=sid)
+        tok, n, sid, enc = Q.make_tokenizer(d)
         data = os.path.join(d, "texts.jsonl")
         with open(data, "w", encoding="utf-8") as f:
             for t in TEXTS:
