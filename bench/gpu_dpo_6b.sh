@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# --stage dpo on ChatGLM-6B's shapes (one GPU, docs/DPO.md): LoRA r=8 on query_key_value from a random
+# --stage dpo and rm on ChatGLM-6B's shapes (one GPU, docs/DPO.md): LoRA r=8 on query_key_value from a random
 # base (--init_from_config), bf16, the guide's data (build/shared/guide-data) as SFT with micro-batch 8
 # and as preference pairs with micro-batch 4 (8 rows: each record's answer chosen, the next record's
-# answer rejected), steps 1-12 logged, so the two steps' tokens/s stand side by side; the reference
+# answer rejected) under --stage dpo and --stage rm (the value head), steps 1-12 logged, so the
+# steps' tokens/s stand side by side; the reference
 # pass's time is in the DPO log. Needs build/gpu/glmtrain, build/lib, build/shared/{cfg6b,guide-data,
 # tokenizers/chatglm-6b}, python3. Logs in $OUT.
 set -u
@@ -29,7 +30,10 @@ echo "sft: exit $?"
 timeout 300 $G train $COMMON --stage dpo --train_file /tmp/pairs.json --output_dir /tmp/dpo6b --per_device_train_batch_size 4 \
     >"$OUT/dpo6b.txt" 2>&1
 echo "dpo: exit $?"
-for f in sft6b dpo6b; do
+timeout 300 $G train $COMMON --stage rm --train_file /tmp/pairs.json --output_dir /tmp/rm6b --per_device_train_batch_size 4 \
+    >"$OUT/rm6b.txt" 2>&1
+echo "rm: exit $?"
+for f in sft6b dpo6b rm6b; do
     echo "== $f"
     grep -E "reference|error|hint" "$OUT/$f.txt" | head -5
     grep -oE "'loss': [0-9.]+|'tokens_per_second': [0-9]+|'rewards/accuracies': [0-9.]+" "$OUT/$f.txt" | paste -sd' ' | cut -c1-1500

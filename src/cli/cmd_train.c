@@ -99,7 +99,8 @@ int glm_cmd_train(int argc, char **argv) {
     int rc = glm_args_parse_ex(glm_train_flags, glm_train_nflags, &a, argc, argv, glm_train_config_key, &err) ||
              glm_train_resolve_args(&a, &err);
     glm_par_opts po = glm_train_par_opts(&a);
-    int train = a.do_train || a.do_eval;
+    int rm_predict = !rc && glm_train_is_rm(&a) && a.do_predict; /* scored by the trainer itself (train/pref_train.c) */
+    int train = a.do_train || a.do_eval || rm_predict;
     int launcher = rc || !train ? 0 : glm_launch_wanted(&po, &err);
     if (launcher < 0) rc = -1;
     if (launcher > 0) {
@@ -112,7 +113,7 @@ int glm_cmd_train(int argc, char **argv) {
         return rc < 0 ? 1 : rc;
     }
     if (!rc) rc = train ? glm_train_run(&a, &err) : glm_train_check_args(&a, &err);
-    int first = rc || !a.do_predict ? 0 : first_rank(&err);
+    int first = rc || !a.do_predict || rm_predict ? 0 : first_rank(&err);
     if (first < 0) rc = -1;
     if (first > 0) rc = predict(&a, &err);
     if (rc) glm_err_print(&err);

@@ -59,11 +59,11 @@ static int load_sources(glm_examples **out, const glm_data_source *sources, int 
         c.read.skip_bad_samples = cfg->read.skip_bad_samples;
         c.read.texts = cfg->read.texts; /* --stage pt reads the entry's prompt column as text */
         if (c.read.pairs != cfg->read.pairs) {
-            rc = cfg->read.pairs ? (glm_fail(err, "dataset %s is not ranking data, but --stage dpo trains on preference pairs",
+            rc = cfg->read.pairs ? (glm_fail(err, "dataset %s is not ranking data, but --stage dpo and rm train on preference pairs",
                                              src->name),
                                     glm_hint(err, "name ranking datasets (\"ranking\": true, with chosen and rejected columns)"))
-                                 : (glm_fail(err, "dataset %s is ranking (preference) data: train it with --stage dpo", src->name),
-                                    glm_hint(err, "--stage sft trains on instruction data; drop this dataset or give --stage dpo"));
+                                 : (glm_fail(err, "dataset %s is ranking (preference) data: train it with --stage dpo (or rm)", src->name),
+                                    glm_hint(err, "--stage sft trains on instruction data; drop this dataset or give --stage dpo or rm"));
             break;
         }
         if (limit > 0 && left <= 0) break; /* the first N records are all read */

@@ -98,6 +98,10 @@ typedef struct glm_config {
     float alpha;
     glm_peft peft;           /* not from config.json: set by the run (train flags, an adapter) */
     float neftune_alpha;     /* not from config.json: the run's --neftune_noise_alpha (glm.h glm_neftune_mag) */
+    /* not from config.json: --stage rm's value head in place of the LM head (tensors.h T_VHEAD_W),
+     * and the dropout on its input while training (TRL's summary_dropout_prob) */
+    int value_head;
+    float value_head_dropout;
     /* glm_qtype of the frozen linear weights (the four modules of every layer): from
      * config.json's quantization_bit (a folder that stores them quantized) or the run's
      * --quantization_bit / --quantization_type (quantized as they load) */

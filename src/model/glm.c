@@ -1,5 +1,6 @@
 #include "model/glm.h"
 #include "model/peft.h"
+#include "backend/mask_hash.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -236,6 +237,8 @@ static void **field_of(glm_weights *w, const glm_tensor *t) {
     case T_LNF_W: return &w->lnf_w;
     case T_LNF_B: return &w->lnf_b;
     case T_LM_HEAD: return &w->head;
+    case T_VHEAD_W: return &w->vhead_w;
+    case T_VHEAD_B: return &w->vhead_b;
     case T_LN1_W: return &p->ln1_w;
     case T_LN1_B: return &p->ln1_b;
     case T_QKV_W: return &p->qkv_w;
@@ -619,11 +622,20 @@ static void upload_batch(glm_model *m, const glm_batch *b) {
     be->upload(be, m->bd.kv_hi, rule + 3 * N, bytes);
     int32_t *idx = glm_malloc(bytes), *tgt = glm_malloc(bytes);
     int n = 0;
-    for (size_t i = 0; i < N; i++)
-        if (b->targets[i] != -100) {
-            GLM_ASSERT(b->targets[i] >= 0 && b->targets[i] < m->cfg.vocab_size);
-            idx[n] = (int32_t)i; tgt[n] = b->targets[i]; n++;
-        }
+    if (m->cfg.value_head) { /* one row a batch row: its last token, the one its last target predicts */
+        for (int r = 0; r < b->B; r++)
+            for (int i = b->T - 1; i >= 0; i--)
+                if (b->targets[(size_t)r * b->T + i] != -100) {
+                    idx[n] = (int32_t)((size_t)r * b->T + i + 1); tgt[n] = 0; n++;
+                    break;
+                }
+    } else {
+        for (size_t i = 0; i < N; i++)
+            if (b->targets[i] != -100) {
+                GLM_ASSERT(b->targets[i] >= 0 && b->targets[i] < m->cfg.vocab_size);
+                idx[n] = (int32_t)i; tgt[n] = b->targets[i]; n++;
+            }
+    }
     if (n) {
         be->upload(be, m->bd.sup_idx, idx, (size_t)n * sizeof(int32_t));
         be->upload(be, m->bd.sup_tgt, tgt, (size_t)n * sizeof(int32_t));
@@ -791,7 +803,9 @@ static void forward_trunk(glm_model *m, const void *h_in) {
  * into dlnf (zero on the other rows) and accumulates the head's weight gradient; with tok_w
  * (device, [n_sup]) each row's gradient is weighed by it. tok_loss (host, [n_sup], or NULL) gets
  * every row's loss. */
+static double value_head(glm_model *m, float dscale, void *dlnf, const float *dvals, float *vals);
 static double head_loss(glm_model *m, float dscale, void *dlnf, const float *tok_w, float *tok_loss) {
+    if (m->cfg.value_head) return value_head(m, dscale, dlnf, tok_w, tok_loss);
     glm_backend *be = m->be;
     int H = m->cfg.hidden_size, V = m->cfg.vocab_size, N = m->bd.B * m->bd.T;
     if (dlnf && !m->top_rows) be->zero(be, dlnf, (size_t)N * H * glm_dtype_size(be->dtype));
@@ -817,6 +831,68 @@ static double head_loss(glm_model *m, float dscale, void *dlnf, const float *tok
     }
     free(host_losses);
     return total;
+}
+
+/* The value head in place of head_loss (--stage rm, TRL's ValueHead): each scored row's value
+ * v = dropout(h) . w + b (h its final-norm output) into vals; with backward, dvals [n_sup] the
+ * loss's derivative by each value (device): d h into dlnf (zero elsewhere) and the head's gradients.
+ * A dot product per row: on the host, in double, from the rows brought over (B rows of H). */
+static double value_head(glm_model *m, float dscale, void *dlnf, const float *dvals, float *vals) {
+    glm_backend *be = m->be;
+    int H = m->cfg.hidden_size, N = m->bd.B * m->bd.T, n = m->bd.n_sup, chunk = m->head_chunk;
+    if (dlnf && !m->top_rows) be->zero(be, dlnf, (size_t)N * H * glm_dtype_size(be->dtype));
+    need(m, m->cfg.num_layers);
+    float p = m->training ? m->cfg.value_head_dropout : 0.0f, bias;
+    uint32_t thr = glm_mask_threshold(p);
+    uint64_t seed = m->dropout_seed ^ 0x5bd1e9955bd1e995ULL;
+    float *w = glm_malloc(sizeof(float) * H), *h = glm_malloc(sizeof(float) * (size_t)chunk * H);
+    double *gw = glm_calloc((size_t)H, sizeof(double)), gb = 0;
+    float *dv = NULL; /* the derivatives, from the device (glm_forward_backward_weighted put them there) */
+    if (dlnf) {
+        GLM_ASSERT(dvals); /* a value has no loss of its own */
+        dv = glm_malloc(sizeof(float) * (n ? n : 1));
+        if (n) be->download(be, dv, dvals, sizeof(float) * n);
+    }
+    be->download_f32(be, w, m->w.vhead_w, (size_t)H);
+    be->download_f32(be, &bias, m->w.vhead_b, 1);
+    for (int r0 = 0; r0 < n; r0 += chunk) {
+        int R = n - r0 < chunk ? n - r0 : chunk;
+        const void *in = m->head_in;
+        if (m->top_rows) in = glm_at(be, m->lnf_out, (size_t)r0 * H);
+        else be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
+        be->download_f32(be, h, in, (size_t)R * H);
+        for (int r = 0; r < R; r++) {
+            float *x = h + (size_t)r * H;
+            double v = bias, g = dlnf ? (double)dscale * dv[r0 + r] : 0;
+            for (int j = 0; j < H; j++) { /* x becomes dropout(h), then d h */
+                size_t e = (size_t)(r0 + r) * H + j;
+                float keep = p > 0 ? (glm_mask_keep(seed, e, thr) ? 1.0f / (1.0f - p) : 0.0f) : 1.0f;
+                x[j] *= keep;
+                v += (double)x[j] * w[j];
+                gw[j] += g * x[j];
+                x[j] = (float)(g * w[j] * keep);
+            }
+            gb += g;
+            if (vals) vals[r0 + r] = (float)v;
+        }
+        if (dlnf) { /* compact rows take their gradient in place; gathered ones go back to theirs */
+            void *din = m->top_rows ? glm_at(be, dlnf, (size_t)r0 * H) : m->d_head_in;
+            be->upload_f32(be, din, h, (size_t)R * H);
+            if (!m->top_rows) be->scatter_rows(be, dlnf, m->d_head_in, m->bd.sup_idx + r0, R, H);
+        }
+    }
+    if (dlnf) { /* gradients accumulate over micro-batches */
+        float *g = glm_malloc(sizeof(float) * (H + 1));
+        be->download_f32(be, g, m->g.vhead_w, (size_t)H);
+        be->download_f32(be, g + H, m->g.vhead_b, 1);
+        for (int j = 0; j < H; j++) g[j] += (float)gw[j];
+        g[H] += (float)gb;
+        be->upload_f32(be, m->g.vhead_w, g, (size_t)H);
+        be->upload_f32(be, m->g.vhead_b, g + H, 1);
+        free(g);
+    }
+    free(w); free(h); free(gw); free(dv);
+    return 0;
 }
 
 double glm_forward_loss(glm_model *m, const glm_batch *b) {

@@ -38,6 +38,8 @@ typedef struct glm_weights {
     /* P-Tuning v2's prefix encoder (NULL without it): embedding [P, 2LH] or [P, H], and with the
      * projection trans.0 [H, H] + [H], trans.2 [2LH, H] + [2LH] */
     void *prefix_emb, *prefix_w1, *prefix_b1, *prefix_w2, *prefix_b2;
+    /* --stage rm's value head (NULL without it): weight [1, H], bias [1] */
+    void *vhead_w, *vhead_b;
 } glm_weights;
 
 /* Gradient checkpointing levels (--gradient_checkpointing): none keeps every layer's activations;
@@ -303,6 +305,13 @@ int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err);
  * adapter files (LoRA), or THUDM's ptuning layout (P-Tuning v2), with config.json and the
  * origin's code files where a model is written. */
 int glm_model_save_final(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err);
+/* --stage rm's value head (config.h value_head) as LLaMA-Factory keeps it: dir/value_head.safetensors
+ * (v_head.summary.weight [1, H], v_head.summary.bias [1], fp32), beside the model or adapter
+ * files. The save and trainable-state functions above write and read it too. load: 1 when dir
+ * holds none and it is not required (value_head.bin is read as well); both 0 without a value head. */
+#define GLM_VALUE_HEAD_FILE "value_head.safetensors"
+int glm_model_save_value_head(glm_model *m, const char *dir, glm_err *err);
+int glm_model_load_value_head(glm_model *m, const char *dir, int required, glm_err *err);
 /* The trainable rows as a torch.save state dict (pytorch_model.bin): what THUDM's ptuning
  * README loads with torch.load for a P-Tuning v2 checkpoint. */
 int glm_model_save_trainable_bin(glm_model *m, const char *path, glm_err *err);

@@ -212,6 +212,7 @@ int glm_extra_modules_check(const glm_config *c, const glm_peft *p, const char *
 
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind) {
     const glm_peft *p = &c->peft;
+    if (glm_is_vhead(kind)) return c->value_head; /* with every finetuning type */
     switch (p->kind) {
     case GLM_FT_FULL: return !glm_is_extra(kind);
     case GLM_FT_LORA: /* the adapters, and peft's modules_to_save whole */
@@ -302,6 +303,12 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
         ROW(T_LNF_W, -1, fam->final_norm_w, 1, H, 1);
         if (fam->final_norm_b) ROW(T_LNF_B, -1, fam->final_norm_b, 1, H, 1);
         if (!c->tie_word_embeddings) ROW(T_LM_HEAD, -1, fam->head, 2, V, H);
+        /* --stage rm: the value head reads the final norm's output instead of the LM head, which
+         * then gets no gradient; without decay it stays as loaded (torch's AdamW skips it) */
+        int head_row = tab->n - 1;
+        if (c->value_head && head_row >= 0 && tab->t[head_row].kind == T_LM_HEAD) tab->t[head_row].decay = 0;
+        ROW(T_VHEAD_W, -1, "v_head.summary.weight", 2, 1, H);
+        ROW(T_VHEAD_B, -1, "v_head.summary.bias", 1, 1, 1);
     }
 #undef ROW
     unit_start(tab, unit_align);

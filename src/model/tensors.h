@@ -30,6 +30,9 @@ typedef enum glm_tkind {
     /* GLM-4-0414's two more norms of a layer (config.h sandwich_norms): after attention's dense
      * and after the MLP, before each residual sum                [H] */
     T_LN3_W, T_LN4_W,
+    /* --stage rm's value head (TRL's ValueHead: v_head.summary, a Linear(H, 1)), after the final
+     * norm: weight [1, H], bias [1]; trainable, in the head's unit, in no base checkpoint */
+    T_VHEAD_W, T_VHEAD_B,
     T_NKINDS
 } glm_tkind;
 /* The kinds of a layer's own rows, in the order a layer lists them: T_LN1_W .. T_FC2_B, then
@@ -105,8 +108,8 @@ const char *glm_freeze_describe(const glm_config *c, const glm_peft *p, char *bu
 int glm_modules_all(const glm_config *c);
 /* Whether the base or adapter row (layer, kind) trains under c->peft. */
 int glm_tensor_trains(const glm_config *c, int layer, glm_tkind kind);
-/* Whether a kind is a LoRA adapter, a prefix-encoder row, or either: the rows no base
- * checkpoint holds (they exist only in the trainable part). */
+/* Whether a kind is a LoRA adapter, a prefix-encoder row, the value head, or any: the rows no
+ * base checkpoint holds (they exist only in the trainable part). */
 static inline int glm_is_lora_ab(glm_tkind k) { return k >= T_QKV_LA && k <= T_FC2_LB; }
 static inline int glm_is_dora(glm_tkind k) { return k >= T_QKV_LM && k <= T_FC2_LM; }
 /* the rows of a LoRA adapter file: A and B, and DoRA's magnitudes */
@@ -118,7 +121,8 @@ static inline int glm_lora_on_layer(const glm_peft *p, int l) {
     return !p->lora_layers || (l >= 0 && l < 64 && (p->lora_layers >> l & 1));
 }
 static inline int glm_is_prefix(glm_tkind k) { return k >= T_PREFIX_EMB && k <= T_PREFIX_B2; }
-static inline int glm_is_extra(glm_tkind k) { return glm_is_lora(k) || glm_is_prefix(k); }
+static inline int glm_is_vhead(glm_tkind k) { return k == T_VHEAD_W || k == T_VHEAD_B; }
+static inline int glm_is_extra(glm_tkind k) { return glm_is_lora(k) || glm_is_prefix(k) || glm_is_vhead(k); }
 /* Which of the four linear modules (0 query_key_value .. 3 dense_4h_to_h, the LoRA target
  * order) a weight row is, -1 for any other row; the rows quantization applies to. */
 static inline int glm_linear_index(glm_tkind k) {

@@ -14,7 +14,7 @@
 #include "model/glm.h"
 #include "model/hf_layout.h"
 
-static int is_adapter(const glm_tensor *t) { return glm_is_extra(t->kind); } /* LoRA or prefix rows */
+static int is_adapter(const glm_tensor *t) { return glm_is_extra(t->kind); } /* LoRA, prefix or value head rows */
 
 void glm_model_init_random(glm_model *m, uint64_t seed, float std) {
     size_t cap = 0;
@@ -53,6 +53,9 @@ void glm_model_init_adapters(glm_model *m, uint64_t seed) {
             /* trans.0 takes the embedding's width (v1: H; ChatGLM2: its kv width), trans.2 takes H */
             int in = t->kind == T_PREFIX_W1 || t->kind == T_PREFIX_B1 ? glm_prefix_emb_width(&m->cfg) : m->cfg.hidden_size;
             float bound = 1.0f / sqrtf((float)in);
+            for (size_t j = 0; j < t->numel; j++) host[j] = bound * (2.0f * glm_rng_uniform(&rng) - 1.0f);
+        } else if (glm_is_vhead(t->kind)) { /* TRL's ValueHead: torch's nn.Linear(H, 1), weight and bias U(-1/sqrt(H), 1/sqrt(H)) */
+            float bound = 1.0f / sqrtf((float)m->cfg.hidden_size);
             for (size_t j = 0; j < t->numel; j++) host[j] = bound * (2.0f * glm_rng_uniform(&rng) - 1.0f);
         } else if (glm_is_dora(t->kind)) { /* the row norms of the base: glm_dora_init_magnitudes below */
         } else if ((t->kind - T_QKV_LA) % 2 == 0) { /* LoRA A: kaiming_uniform_(a=sqrt(5)) over fan_in: 1/sqrt(in) */
@@ -277,6 +280,7 @@ static int load_rows(glm_model *m, const char *path, int r0, int r1, int adapter
     for (int i = r0; i < r1 && rc == 0; i++) {
         void *dst;
         const glm_tensor *t = glm_model_row(m, i, &dst);
+        if (glm_is_vhead(t->kind)) continue; /* its own file: glm_model_load_value_head */
         int whole = glm_whole_row(&m->cfg.peft, t->kind);
         if (adapters ? !(is_adapter(t) || whole) : is_adapter(t)) continue;
         snprintf(name, sizeof name, "%s%s", prefix, t->name);
@@ -350,7 +354,17 @@ int glm_model_load_adapter_file(glm_model *m, const char *path, const char *pref
     return load_rows(m, path, 0, m->tab.n, 1, prefix, NULL, err);
 }
 
+static int load_trainable_rows(glm_model *m, const char *path, glm_err *err);
 int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err) {
+    if (load_trainable_rows(m, path, err)) return -1;
+    char dir[4096]; /* the value head lies beside a file given for the rows */
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!glm_is_dir(path)) snprintf(slash ? slash : dir, sizeof dir - (size_t)(slash ? slash - dir : 0), "%s", slash ? "" : ".");
+    return glm_model_load_value_head(m, dir, 1, err) < 0 ? -1 : 0;
+}
+
+static int load_trainable_rows(glm_model *m, const char *path, glm_err *err) {
     /* LoRA: peft's files, or the rows under their own names where pipeline stages wrote them */
     if (m->cfg.peft.kind == GLM_FT_LORA && (!glm_is_dir(path) || glm_is_adapter_dir(path))) return glm_adapter_load(m, path, err);
     if (m->cfg.peft.kind == GLM_FT_LORA) return load_rows(m, path, 0, m->tab.n, 1, "", NULL, err);
@@ -382,7 +396,12 @@ int glm_model_save_trainable_bin(glm_model *m, const char *path, glm_err *err) {
     return rc;
 }
 
+static int save_trainable_rows(glm_model *m, const char *dir, glm_err *err);
 int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err) {
+    return save_trainable_rows(m, dir, err) || glm_model_save_value_head(m, dir, err) ? -1 : 0;
+}
+
+static int save_trainable_rows(glm_model *m, const char *dir, glm_err *err) {
     if (m->cfg.peft.kind == GLM_FT_FULL) return glm_model_save(m, dir, ST_F32, 0, err);
     if (m->cfg.peft.badam) /* every row, as stored: the frozen ones have no other copy, and the
                             * trained layer's fp32 values are the optimizer's master copy */
@@ -406,6 +425,65 @@ int glm_model_save_trainable(glm_model *m, const char *dir, glm_err *err) {
     return rc;
 }
 
+/* ---- the value head (--stage rm): LLaMA-Factory's value_head.safetensors beside the model or adapter */
+
+int glm_model_save_value_head(glm_model *m, const char *dir, glm_err *err) {
+    if (!m->cfg.value_head) return 0;
+    const glm_tensor *rows[2] = {glm_table_get(&m->tab, -1, T_VHEAD_W), glm_table_get(&m->tab, -1, T_VHEAD_B)};
+    GLM_ASSERT(rows[0] && rows[1]);
+    float *host = glm_malloc(sizeof(float) * (rows[0]->numel + 1));
+    st_entry e[2];
+    for (int i = 0; i < 2; i++) {
+        const glm_tensor *t = rows[i];
+        m->be->download_f32(m->be, host + (i ? rows[0]->numel : 0), glm_at(m->be, m->params, t->offset), t->numel);
+        e[i] = (st_entry){.name = t->name, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]},
+                          .data = host + (i ? rows[0]->numel : 0), .data_dtype = ST_F32, .file_dtype = ST_F32};
+    }
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, GLM_VALUE_HEAD_FILE);
+    int rc = glm_mkdirs(dir, err) || st_save(path, e, 2, 0, err) ? -1 : 0;
+    free(host);
+    return rc;
+}
+
+int glm_model_load_value_head(glm_model *m, const char *dir, int required, glm_err *err) {
+    if (!m->cfg.value_head) return 0;
+    char path[4096];
+    glm_path_join(path, sizeof path, dir, GLM_VALUE_HEAD_FILE);
+    if (!glm_is_file(path)) glm_path_join(path, sizeof path, dir, "value_head.bin"); /* as LLaMA-Factory also reads it */
+    if (!glm_is_file(path)) {
+        if (!required) return 1;
+        glm_fail(err, "%s holds no %s (the value head of a --stage rm run)", dir, GLM_VALUE_HEAD_FILE);
+        return glm_hint(err, "resume from a checkpoint of the same --stage rm run");
+    }
+    glm_ckpt c;
+    if (glm_ckpt_open(&c, path, err)) return -1;
+    int rc = 0;
+    for (glm_tkind k = T_VHEAD_W; k <= T_VHEAD_B && rc == 0; k++) {
+        const glm_tensor *t = glm_table_get(&m->tab, -1, k);
+        int nd;
+        int64_t shape[ST_MAX_DIMS];
+        if (glm_ckpt_info(&c, t->name, NULL, &nd, shape) != 0) {
+            rc = glm_fail(err, "%s: tensor %s is missing", path, t->name);
+            glm_hint(err, "a value head file holds v_head.summary.weight [1, hidden] and v_head.summary.bias [1]");
+            break;
+        }
+        if (nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1])) {
+            rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, t->name,
+                          (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)t->shape[0],
+                          (long long)t->shape[1]);
+            glm_hint(err, "the value head was trained on a model of another hidden size");
+            break;
+        }
+        float *host = glm_malloc(sizeof(float) * t->numel);
+        rc = glm_ckpt_read_f32(&c, t->name, host, nd, shape, err);
+        if (rc == 0) m->be->upload_f32(m->be, glm_at(m->be, m->params, t->offset), host, t->numel);
+        free(host);
+    }
+    glm_ckpt_close(&c);
+    return rc;
+}
+
 int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err) {
     glm_export_opts o;
     glm_export_opts_init(&o);
@@ -416,7 +494,12 @@ int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_b
     return glm_model_export(m, dir, &o, err);
 }
 
+static int save_final_rows(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err);
 int glm_model_save_final(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err) {
+    return save_final_rows(m, dir, file_dtype, shard_bytes, err) || glm_model_save_value_head(m, dir, err) ? -1 : 0;
+}
+
+static int save_final_rows(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err) {
     if (m->cfg.peft.kind == GLM_FT_LORA) return glm_adapter_save(m, dir, ST_F32, err); /* peft's files */
     char cfg[4096], folder[4096], bin[4096];
     glm_origin_paths(m->origin, cfg, folder, sizeof cfg);

@@ -57,6 +57,12 @@ double glm_pref_pair(const glm_pref_cfg *cfg, double c, double r, double rc, dou
         gc = beta * dz; gr = -beta * dz;
         break;
     }
+    case GLM_PREF_RM: { /* scores, not log-probabilities: the rewards are the scores themselves */
+        loss = -logsigmoid(c - r);
+        gc = -sigmoid(r - c); gr = -gc;
+        beta = 1;
+        break;
+    }
     }
     *dc = gc;
     *dr = gr;
@@ -100,9 +106,34 @@ void glm_pref_row_logps(const glm_pref_cfg *cfg, const glm_batch *b, const float
     free(cnt);
 }
 
+/* --stage rm: vals holds one value a row with targets (in row order); w their derivatives. */
+static double rm_weigh(const glm_pref_batch *pb, const glm_batch *b, const float *vals, int n, float *w) {
+    int B = b->B, P = B / 2, k = 0;
+    int *at = glm_malloc(sizeof(int) * (size_t)B); /* each row's place in vals, -1 without targets */
+    for (int i = 0; i < B; i++) {
+        at[i] = -1;
+        for (int j = 0; j < b->T; j++)
+            if (b->targets[(size_t)i * b->T + j] != -100) { at[i] = k++; break; }
+    }
+    GLM_ASSERT(k == n);
+    for (int i = 0; i < n; i++) w[i] = 0;
+    double total = 0;
+    for (int p = 0; p < P; p++) {
+        int ic = at[p], ir = at[P + p];
+        if (ic < 0 || ir < 0) continue;
+        double dc, dr, dca;
+        total += glm_pref_pair(pb->cfg, vals[ic], vals[ir], 0, 0, 0, &dc, &dr, &dca, pb->sums);
+        w[ic] = (float)dc;
+        w[ir] = (float)dr;
+    }
+    free(at);
+    return total;
+}
+
 double glm_pref_weigh(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w) {
     const glm_pref_batch *pb = ctx;
     const glm_pref_cfg *cfg = pb->cfg;
+    if (cfg->loss == GLM_PREF_RM) return rm_weigh(pb, b, tok_loss, n, w);
     int B = b->B, P = B / 2, avg = glm_pref_averages(cfg->loss);
     double *sum = glm_malloc(sizeof(double) * (size_t)B), *rw = glm_malloc(sizeof(double) * (size_t)B);
     int *cnt = glm_malloc(sizeof(int) * (size_t)B);

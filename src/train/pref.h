@@ -21,7 +21,11 @@
 #include <stdint.h>
 #include "data/batch.h"
 
-typedef enum { GLM_PREF_SIGMOID = 0, GLM_PREF_HINGE, GLM_PREF_IPO, GLM_PREF_ORPO, GLM_PREF_SIMPO } glm_pref_loss;
+/* GLM_PREF_RM: --stage rm's pairwise loss over the value head's scores (LLaMA-Factory's
+ * PairwiseTrainer): c, r the chosen and rejected rows' values at their last token (model/glm.h:
+ * one value a row in place of the token losses), loss -logsigmoid(c - r); rewards are c and r,
+ * accuracies c > r. Not a --pref_loss name. */
+typedef enum { GLM_PREF_SIGMOID = 0, GLM_PREF_HINGE, GLM_PREF_IPO, GLM_PREF_ORPO, GLM_PREF_SIMPO, GLM_PREF_RM } glm_pref_loss;
 int glm_pref_loss_parse(const char *s, glm_pref_loss *out); /* -1 for an unknown name */
 static inline int glm_pref_uses_ref(glm_pref_loss l) { return l == GLM_PREF_SIGMOID || l == GLM_PREF_HINGE || l == GLM_PREF_IPO; }
 static inline int glm_pref_averages(glm_pref_loss l) { return l == GLM_PREF_IPO || l == GLM_PREF_ORPO || l == GLM_PREF_SIMPO; }

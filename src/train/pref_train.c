@@ -1,6 +1,7 @@
-/* --stage dpo in the trainer (trainer.h, train/pref.h): the reference's values before training,
- * the step's micro-batches through the weighed loss, evaluation. */
+/* --stage dpo and rm in the trainer (trainer.h, train/pref.h): the reference's values before
+ * training, the step's micro-batches through the weighed loss, evaluation. */
 #include "train/trainer.h"
+#include "core/strbuf.h"
 
 /* The reference's value of every pair of a view, into out [2 * ds->n] (chosen, rejected by
  * dataset position): the model as it is now, in evaluation mode (no dropout). Each rank computes
@@ -51,7 +52,8 @@ int trainer_pref_setup(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     t->pref = (glm_pref_cfg){.beta = a->pref_beta, .ftx = a->pref_ftx, .simpo_gamma = a->simpo_gamma,
                              .label_smoothing = a->dpo_label_smoothing};
-    glm_pref_loss_parse(a->pref_loss, &t->pref.loss); /* checked with the flags */
+    if (glm_train_is_rm(a)) t->pref = (glm_pref_cfg){.loss = GLM_PREF_RM, .beta = 1};
+    else glm_pref_loss_parse(a->pref_loss, &t->pref.loss); /* checked with the flags */
     t->micro_pairs = glm_malloc(sizeof(int64_t) * (size_t)a->gradient_accumulation_steps * a->per_device_train_batch_size);
     if (!glm_pref_uses_ref(t->pref.loss)) return 0;
     double t0 = glm_now();
@@ -103,7 +105,7 @@ int trainer_pref_eval_batch(trainer *t, const glm_batch *b, double v[2], glm_err
     glm_forward_token_losses(&t->m, b, tok);
     glm_pref_sums before = t->esums;
     glm_pref_batch pb = {.cfg = &t->pref, .ref = ref, .sums = &t->esums};
-    v[0] += glm_pref_weigh(&pb, b, tok, b->n_targets, w);
+    v[0] += glm_pref_weigh(&pb, b, tok, t->m.bd.n_sup, w); /* the head's outputs: tokens, or rm's rows */
     v[1] += t->esums.n - before.n;
     free(pos); free(ref); free(tok); free(w);
     return 0;
@@ -120,4 +122,90 @@ int trainer_pref_pairs(const glm_batch *b) {
         n += c && j;
     }
     return n;
+}
+
+/* --stage rm --do_predict: --test_file's pairs scored by the model as it is now, on the lead rank
+ * (the others wait), as LLaMA-Factory's PairwiseTrainer.save_predictions writes them:
+ * generated_predictions.jsonl, {"chosen": score, "rejected": score} (2 decimals) a pair in the
+ * file's order, and predict_results.json (predict_loss, predict_accuracy). */
+static int rm_predict_lead(trainer *t, glm_err *err) {
+    glm_train_args *a = t->a;
+    glm_data_cfg pc = t->dcfg; /* the training data's settings, the test file as the set */
+    pc.train_file = a->test_file;
+    pc.validation_file = NULL;
+    pc.sources = pc.val_sources = NULL;
+    pc.n_sources = pc.n_val_sources = 0;
+    pc.val_size = 0;
+    pc.max_train_samples = a->max_predict_samples > 0 ? a->max_predict_samples : 0;
+    glm_data d = {0};
+    if (glm_data_load(&d, &pc, &t->enc, err)) return glm_wrap(err, "--do_predict: ");
+    glm_loader_cfg c;
+    glm_loader_cfg_init(&c);
+    c.batch_size = a->per_device_eval_batch_size;
+    c.shuffle = 0;
+    c.pairs = 1;
+    c.no_loss_on_wrap = 1;
+    glm_loader *l;
+    if (glm_loader_open(&l, &d.train, &c, err)) { glm_data_free(&d); return -1; }
+    glm_batch b = {0};
+    glm_loader_batch_alloc(l, &b);
+    int64_t n = d.train.n;
+    double *score = glm_malloc(sizeof(double) * 2 * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < 2 * n; i++) score[i] = NAN;
+    float *vals = glm_malloc(sizeof(float) * (size_t)b.B), *w = glm_malloc(sizeof(float) * (size_t)b.B);
+    int64_t *pos = glm_malloc(sizeof(int64_t) * (size_t)c.batch_size);
+    glm_pref_sums sums = {0};
+    int rc = 0;
+    for (int64_t s = 0, ns = glm_loader_steps_per_epoch(l); s < ns && rc == 0; s++) {
+        if ((rc = glm_loader_next(l, &b, err))) break;
+        int P = glm_loader_last_examples(l, pos, NULL, c.batch_size);
+        glm_forward_token_losses(&t->m, &b, vals); /* one score a row with targets, in row order */
+        glm_pref_batch pb = {.cfg = &t->pref, .sums = &sums};
+        glm_pref_weigh(&pb, &b, vals, t->m.bd.n_sup, w);
+        for (int r = 0, k = 0; r < b.B; r++) {
+            int has = 0;
+            for (int j = 0; j < b.T && !has; j++) has = b.targets[(size_t)r * b.T + j] != -100;
+            if (!has) continue;
+            int u = r < b.B / 2 ? r : r - b.B / 2; /* the pair: chosen rows first */
+            if (u < P) score[2 * pos[u] + (r >= b.B / 2)] = vals[k];
+            k++;
+        }
+    }
+    char path[4096], line[96];
+    glm_strbuf out = {0};
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        if (isnan(score[2 * i]) || isnan(score[2 * i + 1])) continue;
+        snprintf(line, sizeof line, "{\"chosen\": %.2f, \"rejected\": %.2f}\n", score[2 * i], score[2 * i + 1]);
+        glm_strbuf_str(&out, line);
+    }
+    glm_path_join(path, sizeof path, a->output_dir, "generated_predictions.jsonl");
+    if (rc == 0) rc = glm_write_file_atomic(path, out.s ? out.s : "", out.n, err);
+    double loss = sums.n > 0 ? sums.loss / sums.n : NAN, acc = sums.n > 0 ? sums.correct / sums.n : NAN;
+    char text[256];
+    snprintf(text, sizeof text, "{\n    \"predict_accuracy\": %.17g,\n    \"predict_loss\": %.17g\n}\n", acc, loss);
+    glm_path_join(path, sizeof path, a->output_dir, "predict_results.json");
+    if (rc == 0) rc = glm_write_file_atomic(path, text, strlen(text), err);
+    if (rc == 0) {
+        fprintf(stderr, "{'predict_loss': %.4f, 'predict_accuracy': %.4f}\n", loss, acc);
+        glm_info("--do_predict: %.0f pairs of %s scored into %s/generated_predictions.jsonl", sums.n, a->test_file,
+                 a->output_dir);
+    }
+    free(out.s); free(score); free(vals); free(w); free(pos);
+    glm_batch_free(&b);
+    glm_loader_free(l);
+    glm_data_free(&d);
+    return rc;
+}
+
+int trainer_rm_predict(trainer *t, glm_err *err) {
+    glm_par p = {t->dp, t->pp};
+    if (glm_par_gather_params(&p, err)) return -1; /* ZeRO-3: every rank takes part */
+    glm_err mine = {0};
+    int rc = lead(t) ? rm_predict_lead(t, &mine) : 0;
+    glm_par_release_params(&p);
+    double failed = rc != 0;
+    if (glm_par_sum(&p, &failed, 1, 1, "--do_predict's scores", err)) return -1;
+    if (rc) { *err = mine; return -1; }
+    if (failed > 0) return glm_fail(err, "rank 0 failed while scoring --test_file (see its error)");
+    return 0;
 }

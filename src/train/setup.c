@@ -86,8 +86,34 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
     }
     if (!glm_train_is_pref(a)) {
         if (a->stage && strcmp(a->stage, "sft"))
-            return glm_fail(err, "--stage %s: glmtrain trains sft (supervised fine-tuning), pt (pre-training on texts) and "
-                                 "dpo (preference pairs); LLaMA-Factory's rm, ppo and kto stages are not here", a->stage);
+            return glm_fail(err, "--stage %s: glmtrain trains sft (supervised fine-tuning), pt (pre-training on texts), "
+                                 "dpo (preference pairs) and rm (a reward model); LLaMA-Factory's ppo and kto stages are "
+                                 "not here", a->stage);
+        return 0;
+    }
+    const char *stage = a->stage;
+    if (!strcmp(a->finetuning_type, "ptuning"))
+        return glm_fail(err, "--stage %s with --finetuning_type ptuning: %s", stage,
+                        glm_train_is_rm(a) ? "LLaMA-Factory trains reward models with lora, freeze or full"
+                                           : "the reference would be the model without its prefix, which P-Tuning v2 "
+                                             "cannot leave out"),
+               glm_hint(err, "use --finetuning_type lora (or freeze, full), as LLaMA-Factory does");
+    if (a->packing) return glm_fail(err, "--packing with --stage %s: a pair's two answers are rows of their own", stage),
+                           glm_hint(err, "drop --packing");
+    if (glm_train_uses_stages(a)) /* the pairs' loss needs every layer in one process */
+        return glm_fail(err, "--stage %s on pipeline stages (--%s) is not supported", stage,
+                        a->pipeline_parallel_size > 1 ? "pipeline_parallel_size" : "device_map"),
+               glm_hint(err, "train on one GPU or with data parallelism (--nproc_per_node)");
+    if (a->metric_for_best_model && strstr(a->metric_for_best_model, "perplexity"))
+        return glm_fail(err, "--metric_for_best_model %s with --stage %s: a %s has no perplexity", a->metric_for_best_model,
+                        stage, glm_train_is_rm(a) ? "reward model" : "preference loss"),
+               glm_hint(err, "use eval_loss");
+    if (a->do_predict && !glm_train_is_rm(a)) /* rm scores the test file's pairs (train/pref_train.c) */
+        return glm_fail(err, "--do_predict with --stage %s: a preference run has no test answers to predict", stage),
+               glm_hint(err, "after training: glmtrain generate --model_name_or_path OUTPUT_DIR --input_file FILE");
+    if (glm_train_is_rm(a)) {
+        if (!(a->summary_dropout_prob >= 0 && a->summary_dropout_prob < 1))
+            return glm_fail(err, "--summary_dropout_prob %g: must be in [0, 1)", a->summary_dropout_prob);
         return 0;
     }
     glm_pref_loss l;
@@ -99,21 +125,6 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
         return glm_fail(err, "--dpo_label_smoothing %g: must be in [0, 0.5]", a->dpo_label_smoothing);
     if (a->dpo_label_smoothing > 0 && l != GLM_PREF_SIGMOID)
         return glm_fail(err, "--dpo_label_smoothing applies to --pref_loss sigmoid, not %s", a->pref_loss);
-    if (!strcmp(a->finetuning_type, "ptuning"))
-        return glm_fail(err, "--stage dpo with --finetuning_type ptuning: the reference would be the model without its "
-                             "prefix, which P-Tuning v2 cannot leave out"),
-               glm_hint(err, "use --finetuning_type lora (or freeze, full), as LLaMA-Factory's DPO does");
-    if (a->packing) return glm_fail(err, "--packing with --stage dpo: a pair's two answers are rows of their own"),
-                           glm_hint(err, "drop --packing");
-    if (glm_train_uses_stages(a)) /* the preference loss needs every layer in one process */
-        return glm_fail(err, "--stage dpo on pipeline stages (--%s) is not supported",
-                        a->pipeline_parallel_size > 1 ? "pipeline_parallel_size" : "device_map"),
-               glm_hint(err, "train on one GPU or with data parallelism (--nproc_per_node)");
-    if (a->metric_for_best_model && strstr(a->metric_for_best_model, "perplexity"))
-        return glm_fail(err, "--metric_for_best_model %s with --stage dpo: a preference loss has no perplexity", a->metric_for_best_model),
-               glm_hint(err, "use eval_loss");
-    if (a->do_predict) return glm_fail(err, "--do_predict with --stage dpo: a preference run has no test answers to predict"),
-                              glm_hint(err, "after training: glmtrain generate --model_name_or_path OUTPUT_DIR --input_file FILE");
     return 0;
 }
 
@@ -200,10 +211,11 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
     if (a->do_predict && !a->test_file)
         return glm_fail(err, "--do_predict needs --test_file (the records to answer), as THUDM's main.py"),
                glm_hint(err, "e.g. --test_file AdvertiseGen/dev.json");
-    if (a->do_predict && a->do_train && !a->save_final_model)
+    if (a->do_predict && a->do_train && !a->save_final_model && !glm_train_is_rm(a)) /* rm scores with the model in memory */
         return glm_fail(err, "--do_predict after training answers with the final model, but --save_final_model is false"),
                glm_hint(err, "drop --save_final_model false, or predict later: glmtrain generate --input_file");
-    if (a->do_predict && a->do_train && !a->model_name_or_path && strcmp(a->finetuning_type, "full") && strcmp(a->finetuning_type, "freeze"))
+    if (a->do_predict && a->do_train && !glm_train_is_rm(a) && !a->model_name_or_path && strcmp(a->finetuning_type, "full") &&
+        strcmp(a->finetuning_type, "freeze"))
         return glm_fail(err, "--do_predict after --finetuning_type %s needs the base it adapts: --model_name_or_path", a->finetuning_type);
     if (check_pref_args(a, err)) return -1;
     if (!a->model_name_or_path && !a->init_from_config)
@@ -691,6 +703,8 @@ int trainer_load_model(trainer *t, glm_err *err) {
         return glm_fail(err, "--neftune_noise_alpha %g must be 0 (off) or positive", a->neftune_noise_alpha),
                glm_hint(err, "NEFTune's paper and LLaMA-Factory's examples use 5");
     c.neftune_alpha = (float)a->neftune_noise_alpha;
+    c.value_head = glm_train_is_rm(a); /* the table gains the value head's rows */
+    c.value_head_dropout = (float)a->summary_dropout_prob;
     if (a->loraplus_lr_ratio != 0) { /* LoRA+: a learning-rate factor of the lora_B rows (the table's lr_scale) */
         if (!(a->loraplus_lr_ratio > 0 && a->loraplus_lr_ratio < 1e6))
             return glm_fail(err, "--loraplus_lr_ratio %g must be positive (0: off)", a->loraplus_lr_ratio),
@@ -780,9 +794,19 @@ int trainer_load_model(trainer *t, glm_err *err) {
     } else {
         glm_model_init_random(&t->m, (uint64_t)a->seed, (float)a->init_std);
     }
-    if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING)
+    if (c.peft.kind == GLM_FT_LORA || c.peft.kind == GLM_FT_PTUNING || c.value_head)
         glm_model_init_adapters(&t->m, (uint64_t)a->seed); /* the same on every rank */
     if (from[0] && glm_adapter_load(&t->m, from, err)) return -1;
+    if (c.value_head) { /* LLaMA-Factory's load_valuehead_params: beside the adapter, else the model (a resume's checkpoint replaces it) */
+        const char *vh = from[0] ? from : a->model_name_or_path;
+        int got = vh ? glm_model_load_value_head(&t->m, vh, 0, err) : 1;
+        if (got < 0) return -1;
+        if (t->dp->rank == 0) {
+            if (got == 0) glm_info("--stage rm: the value head from %s/%s", vh, GLM_VALUE_HEAD_FILE);
+            else glm_info("--stage rm: a new value head (v_head.summary, Linear(%d, 1) drawn as torch draws one)%s",
+                          c.hidden_size, vh ? "; none beside the model or adapter" : "");
+        }
+    }
     if (c.peft.pissa && !from[0] && !a->resume_from_checkpoint) { /* a resume takes the checkpoint's start instead */
         double t0 = glm_now();
         if (glm_pissa_init(&t->m, (uint64_t)a->seed, err)) return -1;
@@ -920,6 +944,8 @@ int trainer_load_data(trainer *t, glm_err *err) {
             glm_info("--val_size %g is not used: --eval_dataset %s is the validation set", a->val_size, a->eval_dataset);
     }
     if (!a->do_train) { /* an evaluation alone: of the validation set, or else of the training data itself */
+        if (!a->do_eval && !d->train_file && !d->n_sources) /* --stage rm's scores alone: the loader reads the test file */
+            d->train_file = d->validation_file = a->test_file;
         if (!d->validation_file && !d->n_val_sources && a->val_size <= 0) {
             d->validation_file = a->train_file;
             d->val_sources = d->sources;

@@ -26,6 +26,7 @@ static int evaluate(trainer *t, double *loss, double *ppl, glm_err *err) {
     glm_par_release_params(&p);
     if (glm_par_sum(&p, v, 2, 0, "evaluation loss", err)) return -1;
     if (glm_train_is_pref(t->a) && glm_par_sum(&p, (double *)&t->esums, GLM_PREF_SUMS, 0, "preference metrics", err)) return -1;
+    t->eval_accuracy = t->esums.n > 0 ? t->esums.correct / t->esums.n : NAN;
     *loss = v[1] > 0 ? v[0] / v[1] : NAN;
     *ppl = exp(*loss);
     return 0;
@@ -36,7 +37,10 @@ static int write_eval_results(trainer *t, double el, double ppl, glm_err *err) {
     if (!lead(t)) return 0;
     char path[4096], text[256];
     glm_path_join(path, sizeof path, t->a->output_dir, "eval_results.json");
-    if (glm_train_is_pref(t->a)) /* a preference loss has no perplexity */
+    if (glm_train_is_rm(t->a)) /* LLaMA-Factory's PairwiseTrainer: the pairs' accuracy, no perplexity */
+        snprintf(text, sizeof text, "{\n    \"eval_accuracy\": %.17g,\n    \"eval_loss\": %.17g,\n    \"step\": %ld\n}\n",
+                 t->eval_accuracy, el, t->st.global_step);
+    else if (glm_train_is_pref(t->a)) /* a preference loss has no perplexity */
         snprintf(text, sizeof text, "{\n    \"eval_loss\": %.17g,\n    \"step\": %ld\n}\n", el, t->st.global_step);
     else
         snprintf(text, sizeof text, "{\n    \"eval_loss\": %.17g,\n    \"eval_perplexity\": %.17g,\n    \"step\": %ld\n}\n", el,
@@ -73,16 +77,18 @@ static void log_record(trainer *t, const char *kind, double v1, double v2, doubl
     cJSON_AddItemToArray(t->history, r);
 }
 
-/* --stage dpo's metrics since the last log (LLaMA-Factory's names; eval_ before them for an
+/* --stage dpo's (rm's) metrics since the last log (LLaMA-Factory's names; eval_ before them for an
  * evaluation): a log line, TensorBoard (train/... or eval/...), the newest log_history record; then
  * the sums start again. */
 static void pref_log(trainer *t, int eval) {
     glm_pref_sums *s = eval ? &t->esums : &t->psums;
-    if (s->n <= 0) return;
+    int rm = t->pref.loss == GLM_PREF_RM; /* LLaMA-Factory's PairwiseTrainer: the accuracy of evaluations only */
+    if (s->n <= 0 || (rm && !eval)) { *s = (glm_pref_sums){0}; return; }
     const char *names[] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
                            "logps/chosen", "logps/rejected", "sft_loss", "odds_ratio_loss"};
     double v[] = {s->reward_c, s->reward_r, s->correct, s->margin, s->logp_c, s->logp_r, s->sft, s->odds};
     int n = t->pref.loss == GLM_PREF_ORPO ? 8 : 6;
+    if (rm) { names[0] = "accuracy"; v[0] = s->correct; n = 1; }
     char line[1024];
     size_t u = 0;
     cJSON *rec = cJSON_GetArrayItem(t->history, cJSON_GetArraySize(t->history) - 1);
@@ -583,7 +589,10 @@ static int run(trainer *t, glm_err *err) {
     else
         glm_scaler_init(&t->scaler, a->fp16_initial_scale, 2000);
     t->history = cJSON_CreateArray();
-    if (!a->do_train) return evaluate_only(t, err);
+    if (!a->do_train) { /* --stage rm predicts here too; other stages' predictions run after (cli/cmd_train.c) */
+        if (a->do_eval && evaluate_only(t, err)) return -1;
+        return glm_train_is_rm(a) && a->do_predict ? trainer_rm_predict(t, err) : 0;
+    }
     if (a->resume_from_checkpoint && trainer_resume(t, err)) return -1;
     if (strcmp(a->report_to, "tensorboard") == 0 && lead(t)) {
         char logdir[4096];
@@ -703,9 +712,9 @@ static int run(trainer *t, glm_err *err) {
     if (a->do_eval && t->eval_ld) { /* the scripts' trainer.evaluate() after training */
         if (evaluate_and_log(t, err) || write_eval_results(t, t->eval_loss, t->eval_ppl, err)) return -1;
     }
-    if (!a->save_final_model) return 0;
-    if (check_params_finite(t, "the final model", err)) return -1;
-    return save_final(t, err);
+    if (a->save_final_model && (check_params_finite(t, "the final model", err) || save_final(t, err))) return -1;
+    /* --stage rm scores --test_file with the model it holds (other stages answer it after: cli/cmd_train.c) */
+    return glm_train_is_rm(a) && a->do_predict ? trainer_rm_predict(t, err) : 0;
 }
 
 int glm_train_preflight(glm_train_args *a, glm_err *err) {

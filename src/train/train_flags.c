@@ -35,8 +35,10 @@ const glm_flag glm_train_flags[] = {
     F(enable_thinking, ARG_BOOL, "true", "--template glmz1 (LLaMA-Factory's): true: the answers' thoughts train, an answer "
       "without one gets the empty thought as a target; false: thoughts removed, the empty thought in the prompt"),
     F(stage, ARG_STR, "sft", "LLaMA-Factory's: sft (supervised fine-tuning), pt (pre-training on texts: {\"text\": ...} "
-      "records joined and cut into --cutoff_len blocks) or dpo (preference pairs: records with a chosen and a rejected "
-      "answer, --pref_loss)"),
+      "records joined and cut into --cutoff_len blocks), dpo (preference pairs: records with a chosen and a rejected "
+      "answer, --pref_loss) or rm (a reward model on those pairs: a value head scores each answer's last token)"),
+    F(summary_dropout_prob, ARG_FLOAT, "0.1", "--stage rm: dropout on the value head's input while training (TRL's "
+      "ValueHead summary_dropout_prob)"),
     F(pref_loss, ARG_STR, "sigmoid", "--stage dpo's loss (LLaMA-Factory's): sigmoid (DPO), hinge, ipo, orpo, simpo; the "
       "first three against the reference (the model training starts from), orpo and simpo without one"),
     F(pref_beta, ARG_FLOAT, "0.1", "--stage dpo: beta, the preference loss's temperature"),

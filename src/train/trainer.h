@@ -79,6 +79,7 @@ typedef struct trainer {
     double *ref_train, *ref_val;
     int64_t *micro_pairs;
     glm_pref_sums psums, esums;
+    double eval_accuracy; /* --stage rm: the last evaluation's share of pairs scored right */
 } trainer;
 
 /* The job's first rank: with pipeline stages dp->rank is the replica within a stage. */
@@ -109,6 +110,8 @@ int trainer_pref_setup(trainer *t, glm_err *err);
 int trainer_pref_forward_backward(trainer *t, int k, float dscale, double *loss_sum, glm_err *err);
 int trainer_pref_eval_batch(trainer *t, const glm_batch *b, double v[2], glm_err *err);
 int trainer_pref_pairs(const glm_batch *b);
+/* --stage rm --do_predict: --test_file's pairs scored (generated_predictions.jsonl, predict_results.json). */
+int trainer_rm_predict(trainer *t, glm_err *err);
 
 
 #endif

@@ -15,6 +15,9 @@
  *     [--pref_loss sigmoid|hinge|ipo|orpo|simpo --pref_beta B [--pref_ftx F] [--simpo_gamma G]
  *      [--label_smoothing S] [--ref c0,r0,c1,r1,...]]  (train/pref.h: the batch's rows are P chosen
  *      examples then their P rejected ones; "loss" is the mean over the pairs, the gradients of it)
+ *     [--value_head DIR [--summary_dropout_prob P]]  (--stage rm: DIR/value_head.safetensors scores each
+ *      row's last token, the pairs as above under the pairwise loss; dropout's mask from --dropout_seed)
+ *     [--keep_all_rows]  (the top layer computes every row, not only the supervised ones)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
  * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab);
  * "norm_bwd" [1] counts the first step's norm backward calls (the backward stops at the lowest
@@ -106,7 +109,9 @@ int main(int argc, char **argv) {
     float alpha = 0.0f, loraplus = 0.0f;
     unsigned long long adapter_seed = 1;
     float lr = 1e-3f, wd = 0.0f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, max_norm = 0.0f;
-    const char *pref_loss = NULL, *pref_ref = NULL;
+    const char *pref_loss = NULL, *pref_ref = NULL, *value_head = NULL;
+    float summary_dropout = 0.0f;
+    int keep_all = 0; /* --keep_all_rows: the top layer computes every row (glm.h keep_all_rows) */
     glm_pref_cfg pref = {.beta = 0.1, .simpo_gamma = 0.5};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -158,6 +163,9 @@ int main(int argc, char **argv) {
         else if (ARG("--simpo_gamma")) pref.simpo_gamma = strtod(v, NULL);
         else if (ARG("--label_smoothing")) pref.label_smoothing = strtod(v, NULL);
         else if (ARG("--ref")) pref_ref = v;
+        else if (ARG("--value_head")) value_head = v;
+        else if (ARG("--summary_dropout_prob")) summary_dropout = strtof(v, NULL);
+        else if (strcmp(a, "--keep_all_rows") == 0) keep_all = 1;
         else { fprintf(stderr, "unknown argument %s\n", a); return 2; }
 #undef ARG
     }
@@ -202,6 +210,8 @@ int main(int argc, char **argv) {
         if (c.peft.galore_proj < 0) { fprintf(stderr, "--galore_proj %s: std, reverse_std, right, left or full\n", galore_proj); return 2; }
     }
     if (glm_config_set_quant(&c, qbits, qtype, model, &err)) return die(&err);
+    c.value_head = value_head != NULL;
+    c.value_head_dropout = summary_dropout;
     glm_backend *be = glm_backend_cpu();
     norm_count.ln = be->layernorm_bwd;
     norm_count.rms = be->rmsnorm_bwd;
@@ -220,10 +230,11 @@ int main(int argc, char **argv) {
         if (!adapter) glm_model_init_adapters(&m, adapter_seed);
         else if (glm_model_load_adapter_file(&m, adapter, "", &err)) return die(&err);
     }
+    if (value_head && glm_model_load_value_head(&m, value_head, 1, &err)) return die(&err);
     glm_batch b;
     if (read_batch(batch_path, &c, &b, &err)) return die(&err);
     glm_model_set_dropout_seed(&m, dropout_seed); /* every step draws the same masks (tests rebuild them) */
-    if (lora_dropout > 0) m.keep_all_rows = 1; /* the top layer's masks over every row, as the reference draws them */
+    if (lora_dropout > 0 || keep_all) m.keep_all_rows = 1; /* the top layer's masks over every row, as the reference draws them */
 
     size_t total = m.tab.total;
     float *grads = glm_malloc(total * sizeof(float)), *params = glm_malloc(total * sizeof(float));
@@ -236,8 +247,10 @@ int main(int argc, char **argv) {
     glm_adamw opt;
     glm_adamw_init(&opt, &m, lr, b1, b2, eps, wd);
     double *ref_vals = NULL;
+    if (value_head) pref_loss = "rm";
     if (pref_loss) {
-        if (glm_pref_loss_parse(pref_loss, &pref.loss)) { fprintf(stderr, "unknown --pref_loss %s\n", pref_loss); return 2; }
+        if (value_head) pref.loss = GLM_PREF_RM;
+        else if (glm_pref_loss_parse(pref_loss, &pref.loss)) { fprintf(stderr, "unknown --pref_loss %s\n", pref_loss); return 2; }
         if (pref_ref) {
             ref_vals = glm_calloc((size_t)b.B, sizeof(double));
             const char *p = pref_ref;

@@ -317,6 +317,16 @@ static void lora_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t see
                0.05f);
 }
 
+/* --stage rm's model: lora_model's adapters and the value head, its input's dropout 0.1. */
+static void lora_rm_model(glm_model *m, glm_backend *be, glm_dtype dt, uint64_t seed) {
+    glm_config c = config(1);
+    c.value_head = 1;
+    c.value_head_dropout = 0.1f;
+    peft_model_cfg(m, be, dt, seed, c,
+                   (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 8, .lora_alpha = 16, .lora_dropout = 0.1f, .lora_targets = GLM_LORA_ALL},
+                   0.05f, GLM_Q_NONE);
+}
+
 /* PiSSA's start (model/pissa.h) on every module: the randomized SVD runs on the GPU's float
  * product there and on the host's for the CPU; the start, the residual base, then the loss and
  * gradients must agree as any LoRA model's. */
@@ -503,13 +513,15 @@ static void check_peft_batch(test_counts *tc, const char *kind, peft_maker make,
 
 /* --stage dpo's weighed loss (train/pref.h) on a LoRA model, CUDA against the CPU: rows 0..1 chosen, 2..3
  * rejected (random rows: the sums do not care whether the prompts match), sigmoid with reference
- * values off the policy's and orpo without; the loss and every trainable gradient. */
+ * values off the policy's, orpo without, and rm's pairwise loss over the value head's scores; the
+ * loss and every trainable gradient. */
 static void check_pref(test_counts *tc, glm_pref_loss kind, glm_dtype dt) {
     char name[160], err[256];
     glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
     glm_model mc, mg;
-    lora_model(&mc, cpu, dt, 41);
-    lora_model(&mg, gpu, dt, 41);
+    peft_maker make = kind == GLM_PREF_RM ? lora_rm_model : lora_model; /* rm: the value head's scores */
+    make(&mc, cpu, dt, 41);
+    make(&mg, gpu, dt, 41);
     glm_model_set_dropout_seed(&mc, 5);
     glm_model_set_dropout_seed(&mg, 5);
     glm_rng rng;
@@ -535,7 +547,7 @@ static void check_pref(test_counts *tc, glm_pref_loss kind, glm_dtype dt) {
         double e = norm_rel_err(g[1] + t->offset, g[0] + t->offset, t->numel);
         if (e > worst || e != e) { worst = e != e ? INFINITY : e; wname = t->name; }
     }
-    const char *kn = kind == GLM_PREF_ORPO ? "orpo" : "sigmoid";
+    const char *kn = kind == GLM_PREF_ORPO ? "orpo" : kind == GLM_PREF_RM ? "rm" : "sigmoid";
     snprintf(name, sizeof name, "pref_%s_lora_%s_loss", kn, dt_name(dt));
     TEST_CHECK(tc, name, el <= tl && isfinite(l[0]), "cuda %.7f cpu %.7f rel %.3g > %.3g", l[1], l[0], el, tl);
     snprintf(name, sizeof name, "pref_%s_lora_%s_trainable_grads", kn, dt_name(dt));
@@ -630,9 +642,10 @@ int main(void) {
     check_peft(&tc, "pissa", pissa_model, 37, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "pissa", pissa_model, 37, 2 * 4 * 2, h16);
     test_lora_training(&tc, h16);
-    for (int k = 0; k < 2; k++) {
-        check_pref(&tc, k ? GLM_PREF_ORPO : GLM_PREF_SIGMOID, GLM_F32);
-        check_pref(&tc, k ? GLM_PREF_ORPO : GLM_PREF_SIGMOID, h16);
+    const glm_pref_loss prefs[] = {GLM_PREF_SIGMOID, GLM_PREF_ORPO, GLM_PREF_RM};
+    for (int k = 0; k < 3; k++) {
+        check_pref(&tc, prefs[k], GLM_F32);
+        check_pref(&tc, prefs[k], h16);
     }
     check_peft(&tc, "lora_neftune", lora_neftune_model, 33, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "lora_neftune", lora_neftune_model, 33, 2 * 4 * 2, h16);
