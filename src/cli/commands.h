@@ -4,6 +4,7 @@
 int glm_cmd_train(int argc, char **argv);
 int glm_cmd_generate(int argc, char **argv);
 int glm_cmd_chat(int argc, char **argv);
+int glm_cmd_eval(int argc, char **argv);
 int glm_cmd_serve(int argc, char **argv);    /* cli/cmd_serve.c */
 int glm_cmd_info(int argc, char **argv);
 int glm_cmd_convert(int argc, char **argv);  /* cli/cmd_convert.c */

@@ -24,6 +24,9 @@ typedef struct gen_args {
     char *prompt, *input_file, *output_file, *metrics_file, *data_format, *prompt_column, *response_column,
         *history_column, *prompt_template, *history_template, *source_prefix;
     int max_source_length, per_device_eval_batch_size, postprocess, max_predict_samples, skip_bad_samples;
+    /* eval (LLaMA-Factory's eval arguments) */
+    char *task, *task_dir, *lang, *save_dir;
+    int n_shot, batch_size;
     /* not flags: whether the command line or --config gave these (gen_parse) */
     int max_length_set, max_new_tokens_set, top_p_set, temperature_set;
 } gen_args;

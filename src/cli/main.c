@@ -10,6 +10,7 @@ static void usage(void) {
            "  train      fine-tune a model on instruction data (Hugging Face TrainingArguments flag names)\n"
            "  generate   one response to --prompt, or answers to a data file (--input_file) with BLEU/ROUGE\n"
            "  chat       talk to a model in the terminal (history, streaming)\n"
+           "  eval       MMLU, C-Eval or CMMLU accuracy, as LLaMA-Factory's eval (--task mmlu_test --task_dir evaluation)\n"
            "  serve      an OpenAI-compatible HTTP API and a web chat page (continuous batching, LoRA adapters)\n"
            "  tokenize   ids, pieces or text through the ChatGLM tokenizer\n"
            "  info       model size and the memory plan for a training setup\n"
@@ -51,6 +52,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return glm_cmd_train(n, rest);
     if (!strcmp(cmd, "generate")) return glm_cmd_generate(n, rest);
     if (!strcmp(cmd, "chat")) return glm_cmd_chat(n, rest);
+    if (!strcmp(cmd, "eval")) return glm_cmd_eval(n, rest);
     if (!strcmp(cmd, "serve")) return glm_cmd_serve(n, rest);
     if (!strcmp(cmd, "tokenize")) return glm_cmd_tokenize(n, rest);
     if (!strcmp(cmd, "info")) return glm_cmd_info(n, rest);

@@ -913,6 +913,31 @@ static double eval_losses(glm_model *m, const glm_batch *b, const void *h_in, fl
 
 double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) { return eval_losses(m, b, h_in, NULL); }
 
+void glm_forward_logits_at(glm_model *m, const glm_batch *b, const int32_t *cols, int ncols, float *out) {
+    GLM_ASSERT(m->first && m->last && !m->cfg.value_head);
+    m->training = 0;
+    ensure_acts(m, b->B, b->T);
+    upload_batch(m, b);
+    choose_top_rows(m);
+    forward_trunk(m, NULL);
+    glm_backend *be = m->be;
+    int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    need(m, head_unit(m));
+    float *row = glm_malloc(sizeof(float) * (size_t)V);
+    for (int r0 = 0; r0 < m->bd.n_sup; r0 += m->head_chunk) {
+        int R = m->bd.n_sup - r0 < m->head_chunk ? m->bd.n_sup - r0 : m->head_chunk;
+        const void *in = m->head_in;
+        if (m->top_rows) in = glm_at(be, m->lnf_out, (size_t)r0 * H);
+        else be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
+        be->matmul_fwd(be, m->logits, in, m->w.head, NULL, R, H, V);
+        for (int r = 0; r < R; r++) { /* a row at a time: the few columns asked for */
+            be->download_f32(be, row, glm_at(be, m->logits, (size_t)r * V), (size_t)V);
+            for (int c = 0; c < ncols; c++) out[(size_t)(r0 + r) * ncols + c] = row[cols[c]];
+        }
+    }
+    free(row);
+}
+
 void glm_forward_token_losses(glm_model *m, const glm_batch *b, float *tok_loss) {
     GLM_ASSERT(m->first);
     eval_losses(m, b, NULL, tok_loss);

@@ -269,6 +269,10 @@ double glm_forward_loss(glm_model *m, const glm_batch *b);
  * gradient. One process holding every layer (no pipeline stages). */
 typedef double (*glm_token_weigh)(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w);
 double glm_forward_backward_weighted(glm_model *m, const glm_batch *b, float dscale, glm_token_weigh weigh, void *ctx);
+/* Forward only: the logits of columns cols[0..ncols) at every supervised token (each position
+ * whose next token is a target, in flat order) into out [n_sup * ncols]: a benchmark's choice
+ * letters after its prompt (infer/mcq.h). */
+void glm_forward_logits_at(glm_model *m, const glm_batch *b, const int32_t *cols, int ncols, float *out);
 /* Forward only: every supervised token's loss into tok_loss [b->n_targets] (flat order). */
 void glm_forward_token_losses(glm_model *m, const glm_batch *b, float *tok_loss);
 
