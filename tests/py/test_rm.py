@@ -231,6 +231,16 @@ def cli_cases(tmp):
     except Exception as e:  # noqa: BLE001
         ok, detail = False, str(e) + p.stderr[-300:]
     report("rm_cli_full_fine_tuning_files", ok, detail)
+    # the full model's folder scores alone: its value head read from beside the model
+    pf = C.run(["train", "--model_name_or_path", fo, "--output_dir", os.path.join(tmp, "pred_full"), "--stage", "rm",
+                "--finetuning_type", "full", "--do_train", "false", "--do_predict", "--test_file", data])
+    report("rm_cli_full_model_scores_alone", pf.returncode == 0 and "the value head from" in pf.stderr
+           and os.path.exists(os.path.join(tmp, "pred_full", "generated_predictions.jsonl")), pf.stderr[-400:])
+    # gradient checkpointing recomputes the same steps (the value head's dropout from the same seeds)
+    pc = train(os.path.join(tmp, "ckpt"), ["--max_steps", "6", "--gradient_checkpointing"] + const)
+    a, b = logged(p6, "loss"), logged(pc, "loss")
+    report("rm_cli_gradient_checkpointing_same_losses", pc.returncode == 0 and len(a) == 6 and
+           all(abs(x - y) <= 1e-4 * max(1.0, abs(x)) for x, y in zip(a, b)), "%s against %s %s" % (b, a, pc.stderr[-300:]))
     # data parallel: 2 CPU ranks at 1 pair each equal 1 rank at 2 pairs
     base = ["--model_name_or_path", tok, "--train_file", data, "--stage", "rm", "--finetuning_type", "lora",
             "--lora_target", "all", "--lora_dropout", "0", "--summary_dropout_prob", "0", "--learning_rate", "1e-2",
