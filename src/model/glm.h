@@ -124,6 +124,9 @@ typedef struct glm_model {
      * rows' keys and values, which the loss does need, come before). keep_all_rows turns it off
      * (tests compare the two). */
     int top_rows, keep_all_rows;
+    /* TRL's disable_dropout_in_model (LLaMA-Factory's DPO and KTO trainers): training without the
+     * adapters' and the prefix's dropout (a value head's stays) */
+    int no_dropout;
     int head_chunk;         /* rows of logits computed at once */
     /* the layers this model holds: all of them, or one pipeline stage's [layer_lo, layer_hi);
      * `first` holds the word embedding, `last` the final norm and the head */

@@ -37,8 +37,9 @@ static void *dropped_copy(glm_model *m) {
 
 static uint64_t lora_seed(const glm_model *m, int l, int i) { return m->dropout_seed + (uint64_t)(l * 4 + i + 1) * 0x100000001b3ULL; }
 
-/* The dropout of the adapters' inputs: lora_dropout while training, else none. */
-static float lora_dropout(const glm_model *m) { return m->training ? m->cfg.peft.lora_dropout : 0.0f; }
+/* The dropout of the adapters' inputs: lora_dropout while training (unless the trainer turned
+ * dropout off), else none. */
+static float lora_dropout(const glm_model *m) { return m->training && !m->no_dropout ? m->cfg.peft.lora_dropout : 0.0f; }
 
 /* The adapter's input: inp itself, or its dropped-out copy in lora_u while training (seed: the
  * mask's, lora_seed or a split adapter's own). */
@@ -596,7 +597,7 @@ static void glm2_prefix_kv_grads(glm_model *m, int l, float p) {
 void glm_prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *k, glm_qkv_view *v) {
     const glm_config *c = &m->cfg;
     int B = m->bd.B, T = m->bd.T, P = c->peft.pre_seq_len, H = c->hidden_size, HD = glm_head_dim(c);
-    float p = m->training ? c->peft.prefix_dropout : 0.0f;
+    float p = m->training && !m->no_dropout ? c->peft.prefix_dropout : 0.0f;
     if (c->family == GLM_FAMILY_GLM2) {
         int NKV = glm_kv_heads(c), g = c->num_attention_heads / NKV;
         long KVW = 2L * NKV * HD;
@@ -616,7 +617,7 @@ void glm_prefix_kv_views(glm_model *m, int l, glm_layer_acts *a, glm_qkv_view *k
 
 void glm_prefix_kv_grads(glm_model *m, int l) {
     const glm_config *c = &m->cfg;
-    float p = m->training ? c->peft.prefix_dropout : 0.0f;
+    float p = m->training && !m->no_dropout ? c->peft.prefix_dropout : 0.0f;
     if (c->family == GLM_FAMILY_GLM2) { glm2_prefix_kv_grads(m, l, p); return; }
     m->be->prefix_kv_bwd(m->be, m->d_qkv, prefix_dkv(m), m->dkvbuf, l, c->num_layers, m->bd.B, m->bd.T, c->peft.pre_seq_len,
                          c->num_attention_heads, glm_head_dim(c), p, prefix_seed(m, l));

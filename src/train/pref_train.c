@@ -54,6 +54,12 @@ int trainer_pref_setup(trainer *t, glm_err *err) {
                              .label_smoothing = a->dpo_label_smoothing};
     if (glm_train_is_rm(a)) t->pref = (glm_pref_cfg){.loss = GLM_PREF_RM, .beta = 1};
     else glm_pref_loss_parse(a->pref_loss, &t->pref.loss); /* checked with the flags */
+    if (!glm_train_is_rm(a)) { /* LLaMA-Factory's CustomDPOTrainer: disable_dropout_in_model (its RM keeps dropout) */
+        t->m.no_dropout = 1;
+        if (t->m.cfg.peft.kind == GLM_FT_LORA && t->m.cfg.peft.lora_dropout > 0 && lead(t))
+            glm_info("--stage %s trains without --lora_dropout %g, as LLaMA-Factory's trainer turns dropout off (the "
+                     "adapter's config keeps the value)", a->stage, t->m.cfg.peft.lora_dropout);
+    }
     t->micro_pairs = glm_malloc(sizeof(int64_t) * (size_t)a->gradient_accumulation_steps * a->per_device_train_batch_size);
     if (!glm_pref_uses_ref(t->pref.loss)) return 0;
     double t0 = glm_now();

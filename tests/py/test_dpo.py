@@ -163,6 +163,16 @@ def cli_cases(tmp):
         report("dpo_cli_learns_the_preference", bool(acc) and acc[-1] == 1.0 and margin[-1] > margin[0] and loss[-1] < loss[0],
                "accuracies %s, margins %.4f -> %.4f, loss %.4f -> %.4f" % (acc[-3:], margin[0], margin[-1], loss[0], loss[-1])
                if acc else "no metrics")
+    # LLaMA-Factory's DPO trainer turns dropout off (disable_dropout_in_model): --lora_dropout changes nothing
+    pd1 = C.run(["train", "--model_name_or_path", tok, "--train_file", data, "--output_dir", os.path.join(tmp, "drop"),
+                 "--stage", "dpo", "--finetuning_type", "lora", "--lora_target", "all", "--lora_dropout", "0.3",
+                 "--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--logging_steps", "1",
+                 "--save_strategy", "no", "--disable_tqdm", "--seed", "5", "--report_to", "none", "--overwrite_output_dir",
+                 "--max_steps", "12"])
+    if ok:
+        report("dpo_cli_trains_without_dropout", pd1.returncode == 0 and logged(pd1, "loss") == loss
+               and "trains without --lora_dropout 0.3" in pd1.stderr,
+               "--lora_dropout 0.3 %s, 0 %s %s" % (logged(pd1, "loss")[:4], loss[:4], pd1.stderr[-300:]))
     # resume: 3 steps, then 3 more from the checkpoint, equal 6 at once
     full, part = os.path.join(tmp, "six"), os.path.join(tmp, "three")
     const = ["--lr_scheduler_type", "constant"]
