@@ -39,7 +39,7 @@ typedef struct { uint64_t *off; int32_t *ids; uint8_t *sup; int64_t n, n_tokens,
 
 /* sup: 0 no label, 1 label = id, 2 label = eos (ChatGLM3's EOS convention; checked in build),
  * plus GLM_SUP_PAIR_SPLIT on a preference pair's rejected example's first token (split > 0). */
-static void builder_add(builder *b, const int32_t *ids, const int32_t *labels, int len, int split) {
+static void builder_add(builder *b, const int32_t *ids, const int32_t *labels, int len, int split, int desirable) {
     if (b->n + 2 > b->cap_n) { b->cap_n = b->cap_n ? 2 * b->cap_n : 1024; b->off = glm_realloc(b->off, (size_t)b->cap_n * 8); }
     if (b->n_tokens + len > b->cap_t) {
         while (b->n_tokens + len > b->cap_t) b->cap_t = b->cap_t ? 2 * b->cap_t : 65536;
@@ -52,6 +52,7 @@ static void builder_add(builder *b, const int32_t *ids, const int32_t *labels, i
         b->sup[b->n_tokens + i] = labels[i] == -100 ? 0 : labels[i] == ids[i] ? 1 : 2;
     }
     if (split > 0) b->sup[b->n_tokens + split] |= GLM_SUP_PAIR_SPLIT;
+    if (desirable && len > 0) b->sup[b->n_tokens] |= GLM_SUP_KTO_DESIRABLE;
     b->n_tokens += len;
     b->off[++b->n] = (uint64_t)b->n_tokens;
 }
@@ -69,10 +70,11 @@ static uint64_t settings_hash(const glm_data_cfg *c, const glm_encoder *e) {
     int64_t nums[] = {CACHE_VERSION, r->schema, r->container, r->skip_bad_samples, x->max_source_length,
                       x->max_target_length, x->rounds, x->train_on_prompt, e->gmask, e->sop, e->eop, e->pad, e->mask,
                       e->layout, e->eos, e->role[0], e->role[1], e->role[2], e->role[3], x->conv_labels, r->max_records, x->cutoff_len, x->mask_history,
-                      x->reasoning, x->disable_thinking, r->pairs, r->texts, x->pt_block, x->pt_group};
+                      x->reasoning, x->disable_thinking, r->pairs, r->texts, x->pt_block, x->pt_group, r->kto, x->kto};
     uint64_t h = glm_xxh64(nums, sizeof nums, (uint64_t)e->fingerprint);
     const char *strs[] = {r->columns.prompt, r->columns.response, r->columns.history, r->columns.input,
-                          r->columns.system, x->source_prefix, x->prompt_template, x->history_template, x->default_system};
+                          r->columns.system, x->source_prefix, x->prompt_template, x->history_template, x->default_system,
+                          r->columns.kto_tag};
     for (size_t i = 0; i < sizeof strs / sizeof *strs; i++) h = hash_str(h, strs[i]);
     return h;
 }
@@ -89,7 +91,7 @@ typedef struct { glm_ids ids; int records; } text_group;
 
 static void group_flush(builder *b, text_group *g, int block, glm_data_summary *s) {
     for (int at = 0; at + block <= g->ids.n; at += block) {
-        builder_add(b, g->ids.data + at, g->ids.data + at, block, 0);
+        builder_add(b, g->ids.data + at, g->ids.data + at, block, 0, 0);
         s->supervised += block;
         if (block > s->longest) s->longest = block;
         if (block < s->shortest) s->shortest = block;
@@ -107,19 +109,27 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
     rcfg.conversations = glm_layout_turns(enc->layout); /* ChatGLM3 and GLM-4 train on whole conversations */
     rcfg.glm4 = enc->layout == GLM_LAYOUT_GLM4;
     if (glm_reader_open(&rd, path, &rcfg, err)) return -1;
-    glm_record *recs = glm_calloc(CHUNK, sizeof *recs);
-    glm_ids *ids = glm_calloc(CHUNK, sizeof *ids), *labels = glm_calloc(CHUNK, sizeof *labels);
-    glm_example_info *info = glm_calloc(CHUNK, sizeof *info);
-    int *rc = glm_calloc(CHUNK, sizeof *rc);
     int ret = 0, nt = cfg->num_threads, block = cfg->example.pt_block, group = cfg->example.pt_group;
+    /* --stage kto reads a group of records at a time: each one's KL example takes its neighbour's answer */
+    int kto = rcfg.kto, take = kto ? group : CHUNK, cap = take > CHUNK ? take : CHUNK;
+    glm_record *recs = glm_calloc((size_t)cap, sizeof *recs);
+    glm_ids *ids = glm_calloc((size_t)cap, sizeof *ids), *labels = glm_calloc((size_t)cap, sizeof *labels);
+    glm_example_info *info = glm_calloc((size_t)cap, sizeof *info);
+    int *rc = glm_calloc((size_t)cap, sizeof *rc);
     text_group tg = {0};
     s->shortest = INT32_MAX;
     for (int done = 0; !done && !ret;) {
         int n = 0, r = 0;
-        while (n < CHUNK && (r = glm_reader_next(rd, &recs[n], err)) == 1) n++;
+        while (n < take && (r = glm_reader_next(rd, &recs[n], err)) == 1) n++;
         if (r < 0) ret = -1;
         done = r <= 0;
         int m = ret ? 0 : n; /* after a read error only free what was read */
+        if (kto) /* LLaMA-Factory's feedback processor: the KL example pairs each prompt with the previous record's
+                  * answer in its group (the first with the last's) */
+            for (int i = 0; i < m; i++) {
+                const glm_record *prev = &recs[(i + n - 1) % n];
+                recs[i].rejected = glm_strdup(prev->msgs && prev->n_msgs ? prev->msgs[prev->n_msgs - 1].content : prev->answer);
+            }
         #pragma omp parallel for schedule(dynamic, 16) num_threads(nt > 0 ? nt : omp_threads_default())
         for (int i = 0; i < m; i++) {
             glm_err local; /* per thread: the first failure is re-run below for its message */
@@ -142,7 +152,7 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
             }
             s->truncated_prompt += info[i].truncated_prompt;
             s->truncated_answer += info[i].truncated_answer;
-            builder_add(b, ids[i].data, labels[i].data, ids[i].n, info[i].pair_split);
+            builder_add(b, ids[i].data, labels[i].data, ids[i].n, info[i].pair_split, kto && recs[i].kto_tag == 1);
             for (int k = 0; k < ids[i].n; k++) s->supervised += labels[i].data[k] != -100;
             if (ids[i].n > s->longest) s->longest = ids[i].n;
             if (ids[i].n < s->shortest) s->shortest = ids[i].n;
@@ -157,7 +167,7 @@ static int build(builder *b, glm_data_summary *s, const char *path, const glm_da
     memcpy(s->first_bad, st->first_bad, sizeof s->first_bad);
     s->examples = b->n; s->tokens = b->n_tokens;
     if (b->n == 0) s->shortest = 0;
-    for (int i = 0; i < CHUNK; i++) { glm_ids_free(&ids[i]); glm_ids_free(&labels[i]); }
+    for (int i = 0; i < cap; i++) { glm_ids_free(&ids[i]); glm_ids_free(&labels[i]); }
     free(recs); free(ids); free(labels); free(info); free(rc);
     glm_reader_close(rd);
     return ret;

@@ -53,6 +53,9 @@ static inline int glm_examples_len(const glm_examples *ex, int64_t i) { return (
  * rejected example (data/examples.h: a pair is one example, the chosen tokens then the rejected) */
 #define GLM_SUP_LABEL 3
 #define GLM_SUP_PAIR_SPLIT 4
+/* on a --stage kto example's first token: its answer is desirable (the example is the target's
+ * tokens, then its KL example's from GLM_SUP_PAIR_SPLIT on) */
+#define GLM_SUP_KTO_DESIRABLE 8
 /* Where example i's rejected half starts (its length when it is not a pair). */
 static inline int glm_examples_split(const glm_examples *ex, int64_t i) {
     int n = glm_examples_len(ex, i);
@@ -75,7 +78,7 @@ typedef struct glm_data_source {
     char name[128];
     char path[4096];
     glm_read_cfg read;        /* its column names point into col: a source is not copied */
-    char col[5][128];
+    char col[6][128]; /* the columns' names (glm_read_cfg.columns points here); [5] kto_tag */
 } glm_data_source;
 
 typedef struct glm_data_cfg {

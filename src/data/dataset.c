@@ -58,6 +58,11 @@ static int load_sources(glm_examples **out, const glm_data_source *sources, int 
         c.read = src->read;
         c.read.skip_bad_samples = cfg->read.skip_bad_samples;
         c.read.texts = cfg->read.texts; /* --stage pt reads the entry's prompt column as text */
+        if (src->read.kto && !cfg->read.kto) {
+            rc = glm_fail(err, "dataset %s is KTO data (columns.kto_tag): train it with --stage kto", src->name);
+            break;
+        }
+        c.read.kto = cfg->read.kto; /* --stage kto reads every entry's tags ("kto_tag" or "label" where none is named) */
         if (c.read.pairs != cfg->read.pairs) {
             rc = cfg->read.pairs ? (glm_fail(err, "dataset %s is not ranking data, but --stage dpo and rm train on preference pairs",
                                              src->name),

@@ -55,8 +55,18 @@ static int entry(const char *dir, const char *name, const cJSON *e, glm_data_sou
     int sharegpt = !strcmp(fmt, "sharegpt");
     const cJSON *cols = cJSON_GetObjectItemCaseSensitive(e, "columns"), *c;
     if (cols && !cJSON_IsObject(cols)) return glm_fail(err, "%s: \"%s\".columns is not an object", file, name);
+    /* LLaMA-Factory's KTO data: columns.kto_tag names the column of true/false tags (data/reader.h kto) */
+    const cJSON *kt = cJSON_GetObjectItemCaseSensitive(cols, "kto_tag");
+    if (kt && !cJSON_IsNull(kt)) {
+        if (!cJSON_IsString(kt) || strlen(kt->valuestring) >= sizeof src->col[5])
+            return glm_fail(err, "%s: \"%s\".columns.kto_tag is not a column name", file, name);
+        snprintf(src->col[5], sizeof src->col[5], "%s", kt->valuestring);
+        src->read.kto = 1;
+        src->read.columns.kto_tag = src->col[5];
+    }
     cJSON_ArrayForEach(c, cols) {
         static const char *const alpaca_keys[] = {"prompt", "query", "response", "history", "system"};
+        if (!strcmp(c->string, "kto_tag")) continue;
         static const char *const sharegpt_keys[] = {"messages", "system"};
         int known = 0;
         for (int k = 0; k < (sharegpt ? 2 : 5); k++) known |= !strcmp(c->string, sharegpt ? sharegpt_keys[k] : alpaca_keys[k]);
@@ -112,7 +122,8 @@ static int entry(const char *dir, const char *name, const cJSON *e, glm_data_sou
     }
     if (plain) { src->read.schema = GLM_SCHEMA_ALPACA; return 0; }
     src->read.schema = GLM_SCHEMA_COLUMNS;
-    src->read.columns = (glm_columns){src->col[0], src->col[2], v[3] ? src->col[3] : NULL, src->col[1], v[4] ? src->col[4] : NULL};
+    src->read.columns = (glm_columns){src->col[0], src->col[2], v[3] ? src->col[3] : NULL, src->col[1], v[4] ? src->col[4] : NULL,
+                                      src->read.kto ? src->col[5] : NULL};
     return 0;
 }
 

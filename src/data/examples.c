@@ -228,6 +228,19 @@ static void cut_turn_pair(int cutoff, glm_ids *ci, glm_ids *cl, glm_ids *ri, glm
     info->truncated_prompt = ns < sc;
 }
 
+/* LLaMA-Factory's feedback (KTO) cut: an example and its KL example each keep infer_seqlen(prompt,
+ * its own answer, cutoff), the prompt from its start. */
+static void cut_turn_one(int cutoff, glm_ids *x, glm_ids *lab, glm_example_info *info) {
+    int s = answer_start(lab), len = x->n - s;
+    long ns, nt;
+    glm_infer_seqlen(s, len, cutoff, &ns, &nt);
+    memmove(x->data + ns, x->data + s, sizeof(int32_t) * (size_t)nt);
+    memmove(lab->data + ns, lab->data + s, sizeof(int32_t) * (size_t)nt);
+    x->n = lab->n = (int)(ns + nt);
+    info->truncated_answer |= nt < len;
+    info->truncated_prompt |= ns < s;
+}
+
 static int build_preference(const glm_example_cfg *c0, const glm_encoder *enc, const glm_record *r, glm_ids *ids,
                             glm_ids *labels, glm_example_info *info, glm_err *err) {
     glm_record rr = *r; /* shallow: the same strings, the rejected answer put in place below */
@@ -248,7 +261,7 @@ static int build_preference(const glm_example_cfg *c0, const glm_encoder *enc, c
     }
     glm_ids ri = {0}, rl = {0};
     int rc = glm_example_build(c, enc, &rr, &ri, &rl, &b, err);
-    if (rc == 0 && !turns && cutoff > 0 && a.status == GLM_EX_OK && b.status == GLM_EX_OK &&
+    if (rc == 0 && !turns && cutoff > 0 && !c0->kto && a.status == GLM_EX_OK && b.status == GLM_EX_OK &&
         a.answer_tokens != b.answer_tokens) { /* both cut with the longer answer's length */
         cfg.pair_answer_tokens = a.answer_tokens > b.answer_tokens ? a.answer_tokens : b.answer_tokens;
         rr.answer = r->answer;
@@ -264,7 +277,13 @@ static int build_preference(const glm_example_cfg *c0, const glm_encoder *enc, c
         if (a.status == GLM_EX_OK && b.status == GLM_EX_OK) {
             keep_last_answer(labels);
             keep_last_answer(&rl);
-            if (turns && cutoff > 0) cut_turn_pair(cutoff, ids, labels, &ri, &rl, info);
+            if (turns && cutoff > 0 && c0->kto) {
+                info->truncated_prompt = info->truncated_answer = 0;
+                cut_turn_one(cutoff, ids, labels, info);
+                cut_turn_one(cutoff, &ri, &rl, info);
+            } else if (turns && cutoff > 0) {
+                cut_turn_pair(cutoff, ids, labels, &ri, &rl, info);
+            }
             if (answer_start(labels) == labels->n || answer_start(&rl) == rl.n) { /* an answer cut to nothing */
                 info->status = GLM_EX_NO_ANSWER_TOKENS;
                 ids->n = labels->n = 0;

@@ -157,6 +157,10 @@ typedef struct glm_example_cfg {
      * examples of exactly pt_block tokens, the group's remainder dropped (its preprocess_pretrain_dataset
      * with packing, over datasets.map batches of preprocessing_batch_size records). */
     int pt_block, pt_group;
+    /* --stage kto (LLaMA-Factory's feedback processor): a record with a KL answer (glm_record.rejected,
+     * the previous record's answer in its group of pt_group records) builds as a pair would, but each
+     * of its two examples is cut by its own answer's length */
+    int kto;
 } glm_example_cfg;
 
 void glm_example_cfg_init(glm_example_cfg *c);

@@ -52,6 +52,7 @@ typedef enum { GLM_CONTAINER_AUTO = 0, GLM_CONTAINER_ARRAY, GLM_CONTAINER_LINES,
  * "present" for every record (a missing value reads as an empty history), as in ptuning. */
 typedef struct glm_columns {
     const char *prompt, *response, *history, *input, *system;
+    const char *kto_tag; /* --stage kto's tag column (NULL: "kto_tag", or "label") */
 } glm_columns;
 
 typedef struct glm_read_cfg {
@@ -67,6 +68,9 @@ typedef struct glm_read_cfg {
                           * "rejected" answer (see glm_record.rejected) */
     int texts;           /* plain texts (--stage pt): every record's "text" (or columns.prompt) is its
                           * query; nothing else is read */
+    int kto;             /* --stage kto: every record also has a true/false "kto_tag" (or "label", as
+                          * LLaMA-Factory's kto_en_demo names it): its answer is desirable or not
+                          * (glm_record.kto_tag) */
 } glm_read_cfg;
 
 /* One turn of a conversation-mode record. */
@@ -93,6 +97,7 @@ typedef struct glm_record {
                        * with a user turn), "chosen", "rejected"} (assistant messages
                        * {"from"/"role", "value"/"content"}, or strings); the chosen answer
                        * becomes the conversation's last turn */
+    int kto_tag;      /* glm_read_cfg.kto: 1 desirable, 0 undesirable; else -1 */
     char **hist;      /* 2*n_hist strings: q0, r0, q1, r1, ... */
     int n_hist;
     int has_history;  /* the record has a history column (ptuning wraps rounds even when empty) */
@@ -143,6 +148,7 @@ typedef struct glm_keys {
     int conversations;   /* glm_read_cfg.conversations */
     const char *rejected; /* pairs: the rejected answer's key (response is the chosen one's) */
     int texts;            /* glm_read_cfg.texts: prompt is the text's key */
+    const char *kto_tag;  /* glm_read_cfg.kto: the tag's key */
 } glm_keys;
 /* Picks the schema from the first record's keys (cfg->schema when not AUTO) and the keys it
  * reads. Returns 0, or -1 with a message in why (the record's keys and what to set). */

@@ -263,6 +263,21 @@ int glm_schema_extract(glm_schema schema, const glm_keys *keys, const cJSON *obj
     int rc = keys->texts      ? extract_text(keys, obj, rec, why, why_len)
              : keys->rejected ? extract_pair(schema, keys, obj, rec, why, why_len)
                               : extract_one(schema, keys, obj, rec, why, why_len);
+    rec->kto_tag = -1;
+    if (rc == 0 && keys->kto_tag) { /* LLaMA-Factory's KTO records: a boolean says whether the answer is wanted */
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, keys->kto_tag);
+        if (!cJSON_IsBool(t)) {
+            snprintf(why, why_len, "field '%s' is %s, not true or false (a KTO record says whether its answer is desirable)",
+                     keys->kto_tag, t ? glm_json_type_name(t) : "missing");
+            rc = -1;
+        } else {
+            rec->kto_tag = cJSON_IsTrue(t);
+            if (rec->msgs && (rec->n_msgs == 0 || rec->msgs[rec->n_msgs - 1].role != GLM_ROLE_ASSISTANT)) {
+                snprintf(why, why_len, "a KTO conversation must end with the assistant's answer");
+                rc = -1;
+            }
+        }
+    }
     if (rc) glm_record_free(rec);
     return rc;
 }
@@ -325,6 +340,8 @@ int glm_schema_detect(const glm_read_cfg *cfg, const cJSON *obj, glm_schema *sch
         if (!c->response) k->response = "chosen";
         k->rejected = "rejected";
     }
+    if (cfg->kto) /* LLaMA-Factory's kto_tag column: "kto_tag", or "label" as its kto_en_demo */
+        k->kto_tag = c->kto_tag ? c->kto_tag : has(obj, "kto_tag") || !has(obj, "label") ? "kto_tag" : "label";
     *schema = s;
     return 0;
 }

@@ -57,6 +57,7 @@ double glm_pref_pair(const glm_pref_cfg *cfg, double c, double r, double rc, dou
         gc = beta * dz; gr = -beta * dz;
         break;
     }
+    case GLM_PREF_KTO: break; /* kto_weigh: a batch's examples together */
     case GLM_PREF_RM: { /* scores, not log-probabilities: the rewards are the scores themselves */
         loss = -logsigmoid(c - r);
         gc = -sigmoid(r - c); gr = -gc;
@@ -130,10 +131,68 @@ static double rm_weigh(const glm_pref_batch *pb, const glm_batch *b, const float
     return total;
 }
 
+/* --stage kto: the micro-batch's loss times its examples (so that the step's mean over examples is
+ * the mean of the micro-batches' losses, as the Trainer's accumulation makes it), and the targets'
+ * token weights; the KL rows' tokens get none (TRL computes them without gradient). */
+static double kto_weigh(const glm_pref_batch *pb, const glm_batch *b, const float *tok_loss, int n, float *w) {
+    const glm_pref_cfg *cfg = pb->cfg;
+    int B = b->B, P = B / 2;
+    double *sum = glm_malloc(sizeof(double) * (size_t)B), *rw = glm_calloc((size_t)B, sizeof(double));
+    int *cnt = glm_malloc(sizeof(int) * (size_t)B);
+    row_sums(b, tok_loss, sum, cnt);
+    double kl_sum = 0;
+    int m = 0, n_c = 0;
+    for (int p = 0; p < P; p++)
+        if (cnt[p] && cnt[P + p]) {
+            kl_sum += sum[P + p] - pb->ref[2 * p + 1];
+            m++;
+            n_c += pb->tags[p] != 0;
+        }
+    double kl = m ? kl_sum / m : 0;
+    if (pb->kl_mean) kl = pb->kl_mean(pb->kl_ctx, kl, m > 0);
+    if (kl < 0) kl = 0; /* clamp(min=0), after the mean over the ranks */
+    double total = 0, beta = cfg->beta, sft = 0;
+    /* LLaMA-Factory's ftx term, pref_ftx * mean(-c_avg) / n_c * P, times the m examples */
+    double ftx = cfg->ftx > 1e-6 && n_c > 0 ? cfg->ftx * m * P / ((double)n_c * n_c) : 0;
+    for (int p = 0; p < P; p++) {
+        if (!cnt[p] || !cnt[P + p]) continue;
+        double lr = sum[p] - pb->ref[2 * p], loss, d; /* d: d loss / d c */
+        if (pb->tags[p]) {
+            double s = sigmoid(beta * (lr - kl));
+            loss = cfg->kto_desirable * (1 - s);
+            d = -cfg->kto_desirable * beta * s * (1 - s);
+            sft += -sum[p] / cnt[p];
+            rw[p] = ftx / cnt[p]; /* -c_avg's token weights */
+        } else {
+            double s = sigmoid(beta * (kl - lr));
+            loss = cfg->kto_undesirable * (1 - s);
+            d = cfg->kto_undesirable * beta * s * (1 - s);
+        }
+        total += loss;
+        rw[p] += -d; /* a token's loss is -log p */
+        if (pb->sums) {
+            glm_pref_sums *st = pb->sums;
+            st->n += 1;
+            st->loss += loss;
+            if (pb->tags[p]) { st->n_c += 1; st->reward_c += beta * lr; st->logp_c += sum[p]; }
+            else { st->n_r += 1; st->reward_r += beta * lr; st->logp_r += sum[p]; }
+        }
+    }
+    total += ftx * sft;
+    if (pb->sums && m > 0) { pb->sums->kl += kl; pb->sums->n_kl += 1; pb->sums->sft += sft; }
+    int k = 0;
+    for (int i = 0; i < B * b->T; i++)
+        if (b->targets[i] != -100) w[k++] = (float)rw[i / b->T];
+    GLM_ASSERT(k == n);
+    free(sum); free(rw); free(cnt);
+    return total;
+}
+
 double glm_pref_weigh(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w) {
     const glm_pref_batch *pb = ctx;
     const glm_pref_cfg *cfg = pb->cfg;
     if (cfg->loss == GLM_PREF_RM) return rm_weigh(pb, b, tok_loss, n, w);
+    if (cfg->loss == GLM_PREF_KTO) return kto_weigh(pb, b, tok_loss, n, w);
     int B = b->B, P = B / 2, avg = glm_pref_averages(cfg->loss);
     double *sum = glm_malloc(sizeof(double) * (size_t)B), *rw = glm_malloc(sizeof(double) * (size_t)B);
     int *cnt = glm_malloc(sizeof(int) * (size_t)B);

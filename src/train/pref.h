@@ -25,21 +25,33 @@
  * PairwiseTrainer): c, r the chosen and rejected rows' values at their last token (model/glm.h:
  * one value a row in place of the token losses), loss -logsigmoid(c - r); rewards are c and r,
  * accuracies c > r. Not a --pref_loss name. */
-typedef enum { GLM_PREF_SIGMOID = 0, GLM_PREF_HINGE, GLM_PREF_IPO, GLM_PREF_ORPO, GLM_PREF_SIMPO, GLM_PREF_RM } glm_pref_loss;
+/* GLM_PREF_KTO: --stage kto (LLaMA-Factory's CustomKTOTrainer over TRL's kto_loss): rows 0..P-1 are
+ * examples whose answer is desirable or not (glm_pref_batch.tags), rows P..2P-1 their KL examples
+ * (the prompt with another record's answer); with c, k a target's and its KL example's log p sums
+ * and rc, rk the reference's, the micro-batch's kl = max(0, mean over its examples (and the ranks'
+ * means) of k - rk), not differentiated; a desirable example's loss is wd (1 - sigmoid(beta (c - rc -
+ * kl))), an undesirable one's wu (1 - sigmoid(beta (kl - (c - rc)))); the micro-batch's loss their
+ * mean plus pref_ftx * mean(-c_avg over the desirable) / n_desirable * P, as LLaMA-Factory scales it. */
+typedef enum { GLM_PREF_SIGMOID = 0, GLM_PREF_HINGE, GLM_PREF_IPO, GLM_PREF_ORPO, GLM_PREF_SIMPO, GLM_PREF_RM,
+               GLM_PREF_KTO } glm_pref_loss;
 int glm_pref_loss_parse(const char *s, glm_pref_loss *out); /* -1 for an unknown name */
-static inline int glm_pref_uses_ref(glm_pref_loss l) { return l == GLM_PREF_SIGMOID || l == GLM_PREF_HINGE || l == GLM_PREF_IPO; }
+static inline int glm_pref_uses_ref(glm_pref_loss l) {
+    return l == GLM_PREF_SIGMOID || l == GLM_PREF_HINGE || l == GLM_PREF_IPO || l == GLM_PREF_KTO;
+}
 static inline int glm_pref_averages(glm_pref_loss l) { return l == GLM_PREF_IPO || l == GLM_PREF_ORPO || l == GLM_PREF_SIMPO; }
 
 typedef struct glm_pref_cfg {
     glm_pref_loss loss;
     double beta, ftx, simpo_gamma, label_smoothing;
+    double kto_desirable, kto_undesirable; /* KTO's weights (--kto_chosen_weight, --kto_rejected_weight) */
 } glm_pref_cfg;
 
 /* Sums over the pairs seen since the last reset (the logged means divide by n). */
 typedef struct glm_pref_sums {
     double n, loss, reward_c, reward_r, correct, margin, logp_c, logp_r, sft, odds;
+    double n_c, n_r, kl, n_kl; /* KTO: desirable and undesirable examples, the kl values and their count */
 } glm_pref_sums;
-#define GLM_PREF_SUMS 10 /* doubles in glm_pref_sums, for reductions over ranks */
+#define GLM_PREF_SUMS 14 /* doubles in glm_pref_sums, for reductions over ranks */
 
 /* One pair's loss and its derivatives by c and r (the rows' values above); rc, rr unused
  * without a reference. c_avg: the chosen answer's mean log p (for pref_ftx). */
@@ -52,6 +64,10 @@ typedef struct glm_pref_batch {
     const glm_pref_cfg *cfg;
     const double *ref;
     glm_pref_sums *sums;
+    const uint8_t *tags; /* KTO: [pairs] 1 where the example's answer is desirable */
+    /* KTO: the mean over the ranks of each rank's kl (has: whether this rank has one); NULL: this rank's */
+    double (*kl_mean)(void *ctx, double kl, int has);
+    void *kl_ctx;
 } glm_pref_batch;
 
 /* glm_token_weigh for glm_forward_backward_weighted: ctx is a glm_pref_batch. Returns the sum of

@@ -53,7 +53,10 @@ int trainer_pref_setup(trainer *t, glm_err *err) {
     t->pref = (glm_pref_cfg){.beta = a->pref_beta, .ftx = a->pref_ftx, .simpo_gamma = a->simpo_gamma,
                              .label_smoothing = a->dpo_label_smoothing};
     if (glm_train_is_rm(a)) t->pref = (glm_pref_cfg){.loss = GLM_PREF_RM, .beta = 1};
+    else if (glm_train_is_kto(a)) t->pref.loss = GLM_PREF_KTO;
     else glm_pref_loss_parse(a->pref_loss, &t->pref.loss); /* checked with the flags */
+    t->pref.kto_desirable = a->kto_chosen_weight;
+    t->pref.kto_undesirable = a->kto_rejected_weight;
     if (!glm_train_is_rm(a)) { /* LLaMA-Factory's CustomDPOTrainer: disable_dropout_in_model (its RM keeps dropout) */
         t->m.no_dropout = 1;
         if (t->m.cfg.peft.kind == GLM_FT_LORA && t->m.cfg.peft.lora_dropout > 0 && lead(t))
@@ -65,9 +68,10 @@ int trainer_pref_setup(trainer *t, glm_err *err) {
     double t0 = glm_now();
     if (ref_table(t, &t->data.train, &t->ref_train, err)) return -1;
     if (t->data.val.n > 0 && ref_table(t, &t->data.val, &t->ref_val, err)) return -1;
-    glm_info("--stage dpo: the reference's log-probabilities of %lld training and %lld validation pairs (the model "
-             "training starts from, without dropout) in %.1f s",
-             (long long)t->data.train.n, (long long)t->data.val.n, glm_now() - t0);
+    glm_info("--stage %s: the reference's log-probabilities of %lld training and %lld validation %s (the model "
+             "training starts from, without dropout) in %.1f s", a->stage,
+             (long long)t->data.train.n, (long long)t->data.val.n, glm_train_is_kto(a) ? "examples and their KL examples" : "pairs",
+             glm_now() - t0);
     return 0;
 }
 
@@ -79,22 +83,47 @@ static double *batch_ref(const double *tab, const int64_t *pos, int P) {
     return r;
 }
 
+/* KTO's tags of a batch's P examples (dataset positions pos), from their first token's mark. */
+static uint8_t *batch_tags(const glm_dataset *ds, const int64_t *pos, int P) {
+    uint8_t *tags = glm_calloc((size_t)(P ? P : 1), 1);
+    for (int u = 0; u < P; u++) {
+        int64_t i = glm_dataset_index(ds, pos[u]);
+        tags[u] = (ds->ex->sup[ds->ex->off[i]] & GLM_SUP_KTO_DESIRABLE) != 0;
+    }
+    return tags;
+}
+
+typedef struct kl_reduce { trainer *t; int failed; glm_err err; } kl_reduce;
+
+/* TRL's gather(kl).mean() over the ranks that have one */
+static double kl_over_ranks(void *ctx, double kl, int has) {
+    kl_reduce *r = ctx;
+    double v[2] = {has ? kl : 0, has ? 1 : 0};
+    glm_par p = {r->t->dp, r->t->pp};
+    if (!r->failed && glm_par_sum(&p, v, 2, 0, "KTO's kl", &r->err)) r->failed = 1;
+    return v[1] > 0 ? v[0] / v[1] : 0;
+}
+
 int trainer_pref_forward_backward(trainer *t, int k, float dscale, double *loss_sum, glm_err *err) {
     glm_pref_sums step = {0};
-    int bs = t->a->per_device_train_batch_size;
+    int bs = t->a->per_device_train_batch_size, kto = t->pref.loss == GLM_PREF_KTO;
     glm_pref_batch *pb = glm_calloc((size_t)k, sizeof *pb);
     void **ctx = glm_calloc((size_t)k, sizeof *ctx);
+    kl_reduce kr = {.t = t};
     for (int i = 0; i < k; i++) {
-        pb[i] = (glm_pref_batch){.cfg = &t->pref, .sums = &step,
-                                 .ref = batch_ref(t->ref_train, t->micro_pairs + (size_t)i * bs, t->micro[i].B / 2)};
+        const int64_t *pos = t->micro_pairs + (size_t)i * bs;
+        pb[i] = (glm_pref_batch){.cfg = &t->pref, .sums = &step, .ref = batch_ref(t->ref_train, pos, t->micro[i].B / 2),
+                                 .tags = kto ? batch_tags(&t->data.train, pos, t->micro[i].B / 2) : NULL,
+                                 .kl_mean = kto ? kl_over_ranks : NULL, .kl_ctx = &kr};
         ctx[i] = &pb[i];
     }
     glm_par p = {t->dp, t->pp};
     int rc = glm_par_forward_backward(&p, &t->m, t->micro, k, dscale, (uint64_t)t->a->seed, t->st.global_step,
                                       glm_pref_weigh, ctx, loss_sum, err);
-    for (int i = 0; i < k; i++) free((void *)pb[i].ref);
+    for (int i = 0; i < k; i++) { free((void *)pb[i].ref); free((void *)pb[i].tags); }
     free(pb);
     free(ctx);
+    if (kr.failed) { *err = kr.err; return -1; }
     if (rc || glm_par_sum(&p, (double *)&step, GLM_PREF_SUMS, 0, "preference metrics", err)) return -1;
     double *acc = (double *)&t->psums, *s = (double *)&step;
     for (int i = 0; i < GLM_PREF_SUMS; i++) acc[i] += s[i];
@@ -106,14 +135,16 @@ int trainer_pref_eval_batch(trainer *t, const glm_batch *b, double v[2], glm_err
     int64_t *pos = glm_malloc(sizeof(int64_t) * (size_t)(b->B / 2 ? b->B / 2 : 1));
     int P = glm_loader_last_examples(t->eval_ld, pos, NULL, b->B / 2);
     double *ref = batch_ref(t->ref_val, pos, P);
+    uint8_t *tags = t->pref.loss == GLM_PREF_KTO ? batch_tags(&t->data.val, pos, P) : NULL; /* kl: this rank's (no collective here) */
     float *tok = glm_malloc(sizeof(float) * (size_t)(b->n_targets ? b->n_targets : 1)),
           *w = glm_malloc(sizeof(float) * (size_t)(b->n_targets ? b->n_targets : 1));
     glm_forward_token_losses(&t->m, b, tok);
     glm_pref_sums before = t->esums;
-    glm_pref_batch pb = {.cfg = &t->pref, .ref = ref, .sums = &t->esums};
-    v[0] += glm_pref_weigh(&pb, b, tok, t->m.bd.n_sup, w); /* the head's outputs: tokens, or rm's rows */
+    glm_pref_batch pb = {.cfg = &t->pref, .ref = ref, .sums = &t->esums, .tags = tags};
+    double l = glm_pref_weigh(&pb, b, tok, t->m.bd.n_sup, w); /* the head's outputs: tokens, or rm's rows */
+    v[0] += l;
     v[1] += t->esums.n - before.n;
-    free(pos); free(ref); free(tok); free(w);
+    free(pos); free(ref); free(tok); free(w); free(tags);
     return 0;
 }
 

@@ -87,8 +87,8 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
     if (!glm_train_is_pref(a)) {
         if (a->stage && strcmp(a->stage, "sft"))
             return glm_fail(err, "--stage %s: glmtrain trains sft (supervised fine-tuning), pt (pre-training on texts), "
-                                 "dpo (preference pairs) and rm (a reward model); LLaMA-Factory's ppo and kto stages are "
-                                 "not here", a->stage);
+                                 "dpo (preference pairs), rm (a reward model) and kto (desirable and undesirable answers); "
+                                 "LLaMA-Factory's ppo stage is not here", a->stage);
         return 0;
     }
     const char *stage = a->stage;
@@ -114,6 +114,16 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
     if (glm_train_is_rm(a)) {
         if (!(a->summary_dropout_prob >= 0 && a->summary_dropout_prob < 1))
             return glm_fail(err, "--summary_dropout_prob %g: must be in [0, 1)", a->summary_dropout_prob);
+        return 0;
+    }
+    if (glm_train_is_kto(a)) {
+        if (!(a->pref_beta > 0)) return glm_fail(err, "--pref_beta %g: must be positive", a->pref_beta);
+        if (!(a->pref_ftx >= 0)) return glm_fail(err, "--pref_ftx %g: must not be negative", a->pref_ftx);
+        if (!(a->kto_chosen_weight > 0) || !(a->kto_rejected_weight > 0))
+            return glm_fail(err, "--kto_chosen_weight %g, --kto_rejected_weight %g: both must be positive", a->kto_chosen_weight,
+                            a->kto_rejected_weight);
+        if (a->preprocessing_batch_size < 1)
+            return glm_fail(err, "--preprocessing_batch_size %d: must be at least 1", a->preprocessing_batch_size);
         return 0;
     }
     glm_pref_loss l;
@@ -969,7 +979,9 @@ int trainer_load_data(trainer *t, glm_err *err) {
         glm_warn("--quantization_bit 4 is THUDM's INT4 here; LLaMA-Factory's is bitsandbytes NF4: add --quantization_type nf4 for that");
     if (glm_schema_parse(strcmp(a->data_format, "chatglm") == 0 ? "columns" : a->data_format, &d->read.schema))
         return glm_fail(err, "--data_format %s is not known", a->data_format);
-    d->read.pairs = glm_train_is_pref(a);
+    d->read.pairs = glm_train_is_pref(a) && !glm_train_is_kto(a); /* KTO's second row is built, not read */
+    d->read.kto = d->example.kto = glm_train_is_kto(a);
+    if (d->read.kto) d->example.pt_group = a->preprocessing_batch_size;
     d->read.texts = glm_train_is_pt(a);
     if (d->read.texts) {
         if (t->enc.layout == GLM_LAYOUT_GLM)

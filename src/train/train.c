@@ -88,12 +88,25 @@ static void pref_log(trainer *t, int eval) {
                            "logps/chosen", "logps/rejected", "sft_loss", "odds_ratio_loss"};
     double v[] = {s->reward_c, s->reward_r, s->correct, s->margin, s->logp_c, s->logp_r, s->sft, s->odds};
     int n = t->pref.loss == GLM_PREF_ORPO ? 8 : 6;
+    double den[8] = {s->n, s->n, s->n, s->n, s->n, s->n, s->n, s->n};
     if (rm) { names[0] = "accuracy"; v[0] = s->correct; n = 1; }
+    if (t->pref.loss == GLM_PREF_KTO) { /* TRL's KTO log: each side's means over its own examples, kl over the batches */
+        static const char *const kto_names[] = {"rewards/chosen", "logps/chosen", "rewards/rejected", "logps/rejected",
+                                                "rewards/margins", "kl"};
+        double c = s->n_c > 0 ? s->reward_c / s->n_c : 0, r = s->n_r > 0 ? s->reward_r / s->n_r : 0;
+        double kv[] = {s->reward_c, s->logp_c, s->reward_r, s->logp_r, c - r, s->kl};
+        double kd[] = {s->n_c, s->n_c, s->n_r, s->n_r, 1, s->n_kl};
+        n = 0;
+        for (int i = 0; i < 6; i++) {
+            if (kd[i] <= 0 || (i == 4 && (s->n_c <= 0 || s->n_r <= 0))) continue; /* a side with no example is not logged */
+            names[n] = kto_names[i]; v[n] = kv[i]; den[n] = kd[i]; n++;
+        }
+    }
     char line[1024];
     size_t u = 0;
     cJSON *rec = cJSON_GetArrayItem(t->history, cJSON_GetArraySize(t->history) - 1);
     for (int i = 0; i < n; i++) {
-        double m = v[i] / s->n;
+        double m = v[i] / den[i];
         char key[64], tag[64];
         snprintf(key, sizeof key, "%s%s", eval ? "eval_" : "", names[i]);
         snprintf(tag, sizeof tag, "%s/%s", eval ? "eval" : "train", names[i]);

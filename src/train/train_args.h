@@ -97,7 +97,7 @@ typedef struct glm_train_args {
     /* --stage dpo (train/pref.h), LLaMA-Factory's names */
     char *pref_loss;
     int preprocessing_batch_size; /* --stage pt's groups of records */
-    double pref_beta, pref_ftx, simpo_gamma, dpo_label_smoothing, summary_dropout_prob;
+    double pref_beta, pref_ftx, simpo_gamma, dpo_label_smoothing, summary_dropout_prob, kto_chosen_weight, kto_rejected_weight;
     /* how the run stops early (tests, demos) */
     double max_train_seconds;
     /* data parallel (parallel/): launch, ZeRO stage, gradient buckets, fault handling */
@@ -137,7 +137,11 @@ glm_par_opts glm_train_par_opts(const glm_train_args *a);
 
 /* --stage dpo or rm: preference pairs (train/pref.h); rm scores them with a value head */
 static inline int glm_train_is_rm(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "rm"); }
-static inline int glm_train_is_pref(const glm_train_args *a) { return a->stage && (!strcmp(a->stage, "dpo") || glm_train_is_rm(a)); }
+/* --stage kto: examples with a desirable/undesirable tag, each beside its KL example (a pair of rows too) */
+static inline int glm_train_is_kto(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "kto"); }
+static inline int glm_train_is_pref(const glm_train_args *a) {
+    return a->stage && (!strcmp(a->stage, "dpo") || glm_train_is_rm(a) || glm_train_is_kto(a));
+}
 
 /* --stage pt: texts cut into blocks (data/examples.h pt_block) */
 static inline int glm_train_is_pt(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "pt"); }

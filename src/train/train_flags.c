@@ -36,9 +36,12 @@ const glm_flag glm_train_flags[] = {
       "without one gets the empty thought as a target; false: thoughts removed, the empty thought in the prompt"),
     F(stage, ARG_STR, "sft", "LLaMA-Factory's: sft (supervised fine-tuning), pt (pre-training on texts: {\"text\": ...} "
       "records joined and cut into --cutoff_len blocks), dpo (preference pairs: records with a chosen and a rejected "
-      "answer, --pref_loss) or rm (a reward model on those pairs: a value head scores each answer's last token)"),
+      "answer, --pref_loss), rm (a reward model on those pairs: a value head scores each answer's last token) or kto "
+      "(records with a true/false kto_tag: desirable answers or not)"),
     F(summary_dropout_prob, ARG_FLOAT, "0.1", "--stage rm: dropout on the value head's input while training (TRL's "
       "ValueHead summary_dropout_prob)"),
+    F(kto_chosen_weight, ARG_FLOAT, "1.0", "--stage kto: the weight of the desirable examples' loss"),
+    F(kto_rejected_weight, ARG_FLOAT, "1.0", "--stage kto: the weight of the undesirable examples' loss"),
     F(pref_loss, ARG_STR, "sigmoid", "--stage dpo's loss (LLaMA-Factory's): sigmoid (DPO), hinge, ipo, orpo, simpo; the "
       "first three against the reference (the model training starts from), orpo and simpo without one"),
     F(pref_beta, ARG_FLOAT, "0.1", "--stage dpo: beta, the preference loss's temperature"),
@@ -69,7 +72,8 @@ const glm_flag glm_train_flags[] = {
     F(dataloader_num_workers, ARG_INT, "0", "threads for tokenization (0 = all cores)"),
     F(preprocessing_num_workers, ARG_INT, "0", "the same as --dataloader_num_workers (the scripts' name for it)"),
     F(preprocessing_batch_size, ARG_INT, "1000", "--stage pt: records whose texts are joined before being cut into "
-      "--cutoff_len blocks (LLaMA-Factory's datasets.map batch; each batch's remainder is dropped)"),
+      "--cutoff_len blocks (LLaMA-Factory's datasets.map batch; each batch's remainder is dropped); --stage kto: the "
+      "records among which each one's KL example takes the previous record's answer"),
     F(overwrite_cache, ARG_BOOL, "false", "tokenize the data again even when its cache is valid"),
     F(do_train, ARG_BOOL, "true", "Hugging Face's: false with --do_eval evaluates the model (and adapter) without training"),
     F(do_eval, ARG_BOOL, "false", "evaluate the validation set after training (the scripts' trainer.evaluate()); without "

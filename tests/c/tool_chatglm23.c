@@ -12,6 +12,8 @@
  *            [--source_prefix S] [--default_system S] [--cutoff_len N] [--mask_history] [--prompt_template T] [--cache_dir D] [--threads N]
  *            [--pairs]  (preference records: each line also has "split", where the rejected example starts)
  *            [--pt_block N [--pt_group G]]  (--stage pt: {"text"} records joined and cut into N-token blocks)
+ *            [--kto [--pt_group G]]  (--stage kto: each example then its KL example, "split" and "kto_tag";
+ *              G records to a group, each one's KL answer its predecessor's there)
  *            [--template glmz1] [--enable_thinking true|false]
  *                                     {"ids", "labels"} per example, then {"summary"}; errors on
  *                                     stderr, exit 1 */
@@ -163,7 +165,8 @@ static int mode_examples(const glm_tokenizer *t, const char *tok_path, glm_data_
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToObject(o, "ids", ids_json(ex->ids + ex->off[i], n));
         cJSON_AddItemToObject(o, "labels", ids_json(lab, n));
-        if (cfg->read.pairs) cJSON_AddNumberToObject(o, "split", glm_examples_split(ex, i));
+        if (cfg->read.pairs || cfg->read.kto) cJSON_AddNumberToObject(o, "split", glm_examples_split(ex, i));
+        if (cfg->read.kto) cJSON_AddBoolToObject(o, "kto_tag", (ex->sup[ex->off[i]] & GLM_SUP_KTO_DESIRABLE) != 0);
         emit(o);
     }
     const glm_data_summary *s = &ex->summary;
@@ -187,6 +190,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--skip_bad_samples")) { cfg.read.skip_bad_samples = 1; continue; }
         if (!strcmp(a, "--mask_history")) { cfg.example.mask_history = 1; continue; }
         if (!strcmp(a, "--pairs")) { cfg.read.pairs = 1; continue; } /* preference records: "split" per example */
+        if (!strcmp(a, "--kto")) { cfg.read.kto = cfg.example.kto = 1; continue; } /* KTO records: "split" and "kto_tag" */
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--tokenizer")) tok_path = v;

@@ -18,6 +18,8 @@
  *     [--value_head DIR [--summary_dropout_prob P]]  (--stage rm: DIR/value_head.safetensors scores each
  *      row's last token, the pairs as above under the pairwise loss; dropout's mask from --dropout_seed)
  *     [--keep_all_rows]  (the top layer computes every row, not only the supervised ones)
+ *     [--pref_loss kto --kto_tags 1,0,... [--kto_weights WD,WU]]  (--stage kto: rows 0..P-1 the examples
+ *      (tag 1 desirable), P..2P-1 their KL examples; --ref gives each one's reference value and its KL's)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
  * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab);
  * "norm_bwd" [1] counts the first step's norm backward calls (the backward stops at the lowest
@@ -109,10 +111,10 @@ int main(int argc, char **argv) {
     float alpha = 0.0f, loraplus = 0.0f;
     unsigned long long adapter_seed = 1;
     float lr = 1e-3f, wd = 0.0f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, max_norm = 0.0f;
-    const char *pref_loss = NULL, *pref_ref = NULL, *value_head = NULL;
+    const char *pref_loss = NULL, *pref_ref = NULL, *value_head = NULL, *kto_tags = NULL;
     float summary_dropout = 0.0f;
     int keep_all = 0; /* --keep_all_rows: the top layer computes every row (glm.h keep_all_rows) */
-    glm_pref_cfg pref = {.beta = 0.1, .simpo_gamma = 0.5};
+    glm_pref_cfg pref = {.beta = 0.1, .simpo_gamma = 0.5, .kto_desirable = 1, .kto_undesirable = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
@@ -164,6 +166,8 @@ int main(int argc, char **argv) {
         else if (ARG("--label_smoothing")) pref.label_smoothing = strtod(v, NULL);
         else if (ARG("--ref")) pref_ref = v;
         else if (ARG("--value_head")) value_head = v;
+        else if (ARG("--kto_tags")) kto_tags = v;
+        else if (ARG("--kto_weights")) sscanf(v, "%lf,%lf", &pref.kto_desirable, &pref.kto_undesirable);
         else if (ARG("--summary_dropout_prob")) summary_dropout = strtof(v, NULL);
         else if (strcmp(a, "--keep_all_rows") == 0) keep_all = 1;
         else { fprintf(stderr, "unknown argument %s\n", a); return 2; }
@@ -250,6 +254,7 @@ int main(int argc, char **argv) {
     if (value_head) pref_loss = "rm";
     if (pref_loss) {
         if (value_head) pref.loss = GLM_PREF_RM;
+        else if (!strcmp(pref_loss, "kto")) pref.loss = GLM_PREF_KTO;
         else if (glm_pref_loss_parse(pref_loss, &pref.loss)) { fprintf(stderr, "unknown --pref_loss %s\n", pref_loss); return 2; }
         if (pref_ref) {
             ref_vals = glm_calloc((size_t)b.B, sizeof(double));
@@ -267,7 +272,9 @@ int main(int argc, char **argv) {
         float loss;
         if (pref_loss) {
             int P = b.B / 2;
-            glm_pref_batch pb = {.cfg = &pref, .ref = ref_vals};
+            uint8_t tags[64] = {0};
+            for (int u = 0; kto_tags && u < P && u < 64; u++) tags[u] = kto_tags[2 * u] == '1';
+            glm_pref_batch pb = {.cfg = &pref, .ref = ref_vals, .tags = tags};
             loss = (float)(glm_forward_backward_weighted(&m, &b, 1.0f / P, glm_pref_weigh, &pb) / P);
         } else {
             double sum = glm_forward_backward(&m, &b, 1.0f / b.n_targets);

@@ -6,10 +6,11 @@
  *   input "i", system "s", as --prompt_column ... set them), bit 6 conversation mode (ChatGLM3's
  *   role/content turns, tools dumped into the system turn).
  * The file's last byte (it stays part of the file) picks the read mode, as byte 0 has no bit left:
- * bits 0-1 = 1 preference pairs (--stage dpo: "chosen"/"rejected"), 2 texts (--stage pt), else
- * instruction records.
+ * bits 0-1 = 1 preference pairs (--stage dpo: "chosen"/"rejected"), 2 texts (--stage pt), 3 KTO
+ * records (--stage kto: a boolean "kto_tag" or "label"), else instruction records.
  * Every outcome must be a clean error or records whose strings are all valid UTF-8; a pair's
- * rejected answer is there exactly in pair mode. */
+ * rejected answer is there exactly in pair mode, a KTO tag (0 or 1) exactly in KTO mode, where a
+ * conversation ends with the assistant's turn. */
 #include <string.h>
 #include "data/reader.h"
 #include "fuzz_util.h"
@@ -34,6 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int mode = size > 1 ? data[size - 1] & 3 : 0;
     cfg.pairs = mode == 1;
     cfg.texts = mode == 2;
+    cfg.kto = mode == 3;
     char path[64];
     int fd = fuzz_memfile(data + 1, size - 1, path, sizeof path);
     if (fd < 0) return 0;
@@ -50,6 +52,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check_str(rec.input, 0, "input");
             check_str(rec.rejected, cfg.pairs, "rejected answer");
             FUZZ_CHECK(cfg.pairs || !rec.rejected, "a rejected answer outside pair mode");
+            FUZZ_CHECK(cfg.kto ? rec.kto_tag == 0 || rec.kto_tag == 1 : rec.kto_tag == -1, "kto_tag %d", rec.kto_tag);
+            FUZZ_CHECK(!cfg.kto || rec.n_msgs == 0 || rec.msgs[rec.n_msgs - 1].role == GLM_ROLE_ASSISTANT,
+                       "a KTO conversation not ending with the assistant");
             FUZZ_CHECK(rec.n_hist >= 0, "n_hist %d", rec.n_hist);
             for (int i = 0; i < 2 * rec.n_hist; i++) check_str(rec.hist[i], 1, "history turn");
             FUZZ_CHECK(rec.n_msgs >= 0 && (rec.n_msgs == 0 || rec.msgs), "%d turns", rec.n_msgs);
