@@ -513,8 +513,8 @@ static void check_peft_batch(test_counts *tc, const char *kind, peft_maker make,
 
 /* --stage dpo's weighed loss (train/pref.h) on a LoRA model, CUDA against the CPU: rows 0..1 chosen, 2..3
  * rejected (random rows: the sums do not care whether the prompts match), sigmoid with reference
- * values off the policy's, orpo without, and rm's pairwise loss over the value head's scores; the
- * loss and every trainable gradient. */
+ * values off the policy's, orpo without, rm's pairwise loss over the value head's scores, and kto
+ * (rows 2, 3 the KL rows of rows 0, 1); the loss and every trainable gradient. */
 static void check_pref(test_counts *tc, glm_pref_loss kind, glm_dtype dt) {
     char name[160], err[256];
     glm_backend *cpu = glm_backend_cpu(), *gpu = glm_backend_cuda(0, dt, err, sizeof err);
@@ -528,13 +528,14 @@ static void check_pref(test_counts *tc, glm_pref_loss kind, glm_dtype dt) {
     glm_rng_seed(&rng, 43);
     glm_batch b;
     make_batch(&b, &mc.cfg, &rng, 4, 96);
-    glm_pref_cfg cfg = {.loss = kind, .beta = 0.5, .ftx = 0.3, .simpo_gamma = 0.5};
+    glm_pref_cfg cfg = {.loss = kind, .beta = 0.5, .ftx = 0.3, .simpo_gamma = 0.5, .kto_desirable = 1.0, .kto_undesirable = 1.5};
     double ref[4] = {-180.0, -175.0, -181.0, -177.5}; /* chosen, rejected of each pair */
     double l[2];
     float *g[2];
     glm_model *ms[2] = {&mc, &mg};
     for (int i = 0; i < 2; i++) {
-        glm_pref_batch pb = {.cfg = &cfg, .ref = glm_pref_uses_ref(kind) ? ref : NULL};
+        uint8_t tags[2] = {1, 0}; /* KTO: the first example desirable, the second not (rows 2, 3 their KL rows) */
+        glm_pref_batch pb = {.cfg = &cfg, .ref = glm_pref_uses_ref(kind) ? ref : NULL, .tags = tags};
         glm_zero_grads(ms[i]);
         l[i] = glm_forward_backward_weighted(ms[i], &b, 0.5f, glm_pref_weigh, &pb) / 2;
         g[i] = malloc(sizeof(float) * ms[i]->tab.total);
@@ -547,7 +548,7 @@ static void check_pref(test_counts *tc, glm_pref_loss kind, glm_dtype dt) {
         double e = norm_rel_err(g[1] + t->offset, g[0] + t->offset, t->numel);
         if (e > worst || e != e) { worst = e != e ? INFINITY : e; wname = t->name; }
     }
-    const char *kn = kind == GLM_PREF_ORPO ? "orpo" : kind == GLM_PREF_RM ? "rm" : "sigmoid";
+    const char *kn = kind == GLM_PREF_ORPO ? "orpo" : kind == GLM_PREF_RM ? "rm" : kind == GLM_PREF_KTO ? "kto" : "sigmoid";
     snprintf(name, sizeof name, "pref_%s_lora_%s_loss", kn, dt_name(dt));
     TEST_CHECK(tc, name, el <= tl && isfinite(l[0]), "cuda %.7f cpu %.7f rel %.3g > %.3g", l[1], l[0], el, tl);
     snprintf(name, sizeof name, "pref_%s_lora_%s_trainable_grads", kn, dt_name(dt));
@@ -642,8 +643,8 @@ int main(void) {
     check_peft(&tc, "pissa", pissa_model, 37, 2 * 4 * 2, GLM_F32);
     check_peft(&tc, "pissa", pissa_model, 37, 2 * 4 * 2, h16);
     test_lora_training(&tc, h16);
-    const glm_pref_loss prefs[] = {GLM_PREF_SIGMOID, GLM_PREF_ORPO, GLM_PREF_RM};
-    for (int k = 0; k < 3; k++) {
+    const glm_pref_loss prefs[] = {GLM_PREF_SIGMOID, GLM_PREF_ORPO, GLM_PREF_RM, GLM_PREF_KTO};
+    for (int k = 0; k < 4; k++) {
         check_pref(&tc, prefs[k], GLM_F32);
         check_pref(&tc, prefs[k], h16);
     }
