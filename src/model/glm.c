@@ -803,6 +803,16 @@ static void forward_trunk(glm_model *m, const void *h_in) {
  * into dlnf (zero on the other rows) and accumulates the head's weight gradient; with tok_w
  * (device, [n_sup]) each row's gradient is weighed by it. tok_loss (host, [n_sup], or NULL) gets
  * every row's loss. */
+/* The final norm's output of supervised rows r0 .. r0 + R: the compact top rows themselves, or
+ * gathered into head_in. */
+static const void *head_rows(glm_model *m, int r0, int R) {
+    glm_backend *be = m->be;
+    int H = m->cfg.hidden_size;
+    if (m->top_rows) return glm_at(be, m->lnf_out, (size_t)r0 * H);
+    be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
+    return m->head_in;
+}
+
 static double value_head(glm_model *m, float dscale, void *dlnf, const float *dvals, float *vals);
 static double head_loss(glm_model *m, float dscale, void *dlnf, const float *tok_w, float *tok_loss) {
     if (m->cfg.value_head) return value_head(m, dscale, dlnf, tok_w, tok_loss);
@@ -814,9 +824,7 @@ static double head_loss(glm_model *m, float dscale, void *dlnf, const float *tok
     float *host_losses = glm_malloc(sizeof(float) * m->head_chunk);
     for (int r0 = 0; r0 < m->bd.n_sup; r0 += m->head_chunk) {
         int R = m->bd.n_sup - r0 < m->head_chunk ? m->bd.n_sup - r0 : m->head_chunk;
-        const void *in = m->head_in;
-        if (m->top_rows) in = glm_at(be, m->lnf_out, (size_t)r0 * H);
-        else be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
+        const void *in = head_rows(m, r0, R);
         be->matmul_fwd(be, m->logits, in, m->w.head, NULL, R, H, V);
         be->cross_entropy(be, m->logits, m->losses, m->bd.sup_tgt + r0, R, V, dlnf ? dscale : 0.0f,
                           tok_w ? tok_w + r0 : NULL);
@@ -857,9 +865,7 @@ static double value_head(glm_model *m, float dscale, void *dlnf, const float *dv
     be->download_f32(be, &bias, m->w.vhead_b, 1);
     for (int r0 = 0; r0 < n; r0 += chunk) {
         int R = n - r0 < chunk ? n - r0 : chunk;
-        const void *in = m->head_in;
-        if (m->top_rows) in = glm_at(be, m->lnf_out, (size_t)r0 * H);
-        else be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
+        const void *in = head_rows(m, r0, R);
         be->download_f32(be, h, in, (size_t)R * H);
         for (int r = 0; r < R; r++) {
             float *x = h + (size_t)r * H;
@@ -900,14 +906,20 @@ double glm_forward_loss(glm_model *m, const glm_batch *b) {
     return glm_stage_loss(m, b, NULL);
 }
 
-/* The evaluation forward: the loss sum, and each token's loss into tok_loss when given. */
-static double eval_losses(glm_model *m, const glm_batch *b, const void *h_in, float *tok_loss) {
-    GLM_ASSERT(m->last);
-    m->training = 0;
+/* A last stage's forward up to the head's input (the final norm's output): in training (dropout on)
+ * before a backward, or for evaluation. */
+static void forward_to_head(glm_model *m, const glm_batch *b, const void *h_in, int training) {
+    m->training = training;
     ensure_acts(m, b->B, b->T);
     upload_batch(m, b);
     choose_top_rows(m);
     forward_trunk(m, h_in);
+}
+
+/* The evaluation forward: the loss sum, and each token's loss into tok_loss when given. */
+static double eval_losses(glm_model *m, const glm_batch *b, const void *h_in, float *tok_loss) {
+    GLM_ASSERT(m->last);
+    forward_to_head(m, b, h_in, 0);
     return head_loss(m, 0.0f, NULL, NULL, tok_loss);
 }
 
@@ -915,20 +927,14 @@ double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) { retu
 
 void glm_forward_logits_at(glm_model *m, const glm_batch *b, const int32_t *cols, int ncols, float *out) {
     GLM_ASSERT(m->first && m->last && !m->cfg.value_head);
-    m->training = 0;
-    ensure_acts(m, b->B, b->T);
-    upload_batch(m, b);
-    choose_top_rows(m);
-    forward_trunk(m, NULL);
+    forward_to_head(m, b, NULL, 0);
     glm_backend *be = m->be;
     int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     need(m, head_unit(m));
     float *row = glm_malloc(sizeof(float) * (size_t)V);
     for (int r0 = 0; r0 < m->bd.n_sup; r0 += m->head_chunk) {
         int R = m->bd.n_sup - r0 < m->head_chunk ? m->bd.n_sup - r0 : m->head_chunk;
-        const void *in = m->head_in;
-        if (m->top_rows) in = glm_at(be, m->lnf_out, (size_t)r0 * H);
-        else be->gather_rows(be, m->head_in, m->lnf_out, m->bd.sup_idx + r0, R, H);
+        const void *in = head_rows(m, r0, R);
         be->matmul_fwd(be, m->logits, in, m->w.head, NULL, R, H, V);
         for (int r = 0; r < R; r++) { /* a row at a time: the few columns asked for */
             be->download_f32(be, row, glm_at(be, m->logits, (size_t)r * V), (size_t)V);
@@ -1015,11 +1021,7 @@ static double weigh_tokens(glm_model *m, const glm_batch *b, glm_token_weigh wei
 
 static double stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
                              float dscale, glm_token_weigh weigh, void *weigh_ctx) {
-    m->training = 1;
-    ensure_acts(m, b->B, b->T);
-    upload_batch(m, b);
-    choose_top_rows(m);
-    forward_trunk(m, h_in);
+    forward_to_head(m, b, h_in, 1);
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
     int N = b->B * b->T, H = c->hidden_size;

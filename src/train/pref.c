@@ -88,6 +88,14 @@ double glm_pref_pair(const glm_pref_cfg *cfg, double c, double r, double rc, dou
     return loss;
 }
 
+/* Each target token's weight, its row's rw, into w [n] (the batch's flat order). */
+static void spread_row_weights(const glm_batch *b, const double *rw, int n, float *w) {
+    int k = 0;
+    for (int i = 0; i < b->B * b->T; i++)
+        if (b->targets[i] != -100) w[k++] = (float)rw[i / b->T];
+    GLM_ASSERT(k == n);
+}
+
 /* Row sums of -tok_loss (the log p of each row's targets) and their counts. */
 static void row_sums(const glm_batch *b, const float *tok_loss, double *sum, int *cnt) {
     for (int i = 0; i < b->B; i++) { sum[i] = 0; cnt[i] = 0; }
@@ -180,10 +188,7 @@ static double kto_weigh(const glm_pref_batch *pb, const glm_batch *b, const floa
     }
     total += ftx * sft;
     if (pb->sums && m > 0) { pb->sums->kl += kl; pb->sums->n_kl += 1; pb->sums->sft += sft; }
-    int k = 0;
-    for (int i = 0; i < B * b->T; i++)
-        if (b->targets[i] != -100) w[k++] = (float)rw[i / b->T];
-    GLM_ASSERT(k == n);
+    spread_row_weights(b, rw, n, w);
     free(sum); free(rw); free(cnt);
     return total;
 }
@@ -209,10 +214,7 @@ double glm_pref_weigh(void *ctx, const glm_batch *b, const float *tok_loss, int 
         rw[ic] = -(avg ? dc / cnt[ic] : dc) - dca / cnt[ic];
         rw[ir] = -(avg ? dr / cnt[ir] : dr);
     }
-    int k = 0;
-    for (int i = 0; i < B * b->T; i++)
-        if (b->targets[i] != -100) w[k++] = (float)rw[i / b->T];
-    GLM_ASSERT(k == n);
+    spread_row_weights(b, rw, n, w);
     free(sum); free(rw); free(cnt);
     return total;
 }

@@ -84,3 +84,45 @@ def st_read(path, others=False):
         a, b = info["data_offsets"]
         out[name] = array.array("f", data[a:b]).tolist() if info["dtype"] == "F32" else data[a:b]
     return out
+
+
+def logged(p, key):
+    """The values of key in a run's log lines ({'key': value, ...}), in order."""
+    import re
+    return [float(x) for x in re.findall(r"'%s': (-?[0-9.naif]+)" % re.escape(key), p.stderr)]
+
+
+def resume_equal(name, train, tmp, const):
+    """train(out, extra) for 6 steps, and for 3 then 3 more from checkpoint-3: the same losses."""
+    full, part = os.path.join(tmp, name + "_six"), os.path.join(tmp, name + "_three")
+    p6 = train(full, ["--max_steps", "6"] + const)
+    p3 = train(part, ["--max_steps", "3", "--save_strategy", "steps", "--save_steps", "3"] + const)
+    pr = train(part, ["--max_steps", "6", "--resume_from_checkpoint", os.path.join(part, "checkpoint-3")] + const)
+    if p3.returncode or pr.returncode or p6.returncode:
+        report(name, False, (p3.stderr + pr.stderr + p6.stderr)[-600:])
+    else:
+        a, b = logged(p6, "loss"), logged(p3, "loss") + logged(pr, "loss")
+        report(name, len(a) == 6 and a == b, "6 steps %s, 3 + resumed 3 %s" % (a, b))
+    return p6
+
+
+def ranks_equal(name, base, tmp, bs_one, bs_two, zero="1", steps=4):
+    """base (a train command's flags saving checkpoint-<steps>) on 1 rank at micro-batch bs_one and on 2
+    ranks at bs_two (ZeRO zero): the same loss curve within 1e-6; SKIP without MPI."""
+    one = os.path.join(tmp, name + "_1")
+    two_out = os.path.join(tmp, name + "_2")
+    run(base + ["--output_dir", one, "--per_device_train_batch_size", str(bs_one)], check=False)
+    two = run(base + ["--output_dir", two_out, "--per_device_train_batch_size", str(bs_two), "--zero_stage", zero],
+              np=2, check=False, timeout=300)
+    out = two.stdout + two.stderr
+    if any(m in out for m in NO_MPI):
+        print("SKIP %s: this glmtrain was built without MPI" % name)
+        return
+    try:
+        a, b = losses(one, steps), losses(two_out, steps)
+        e, n = rel(b, a)
+    except Exception as ex:  # noqa: BLE001  (a run that failed has no checkpoint)
+        a, b, e, n = {}, {}, float("inf"), 0
+        out += str(ex)
+    report(name, two.returncode == 0 and n == steps and e < 1e-6,
+           "max rel %.1e over %d steps; 1 rank %s, 2 ranks %s %s" % (e, n, a, b, out[-300:] if two.returncode or n != steps else ""))

@@ -146,8 +146,7 @@ def cli_cases(tmp):
                       "--save_strategy", "no", "--disable_tqdm", "--seed", "5", "--report_to", "none",
                       "--overwrite_output_dir"] + extra)
 
-    def logged(p, key):
-        return [float(x) for x in re.findall(r"'%s': (-?[0-9.naif]+)" % re.escape(key), p.stderr)]
+    logged = M.logged
 
     out = os.path.join(tmp, "dpo")
     p = train(out, ["--max_steps", "12"])
@@ -174,16 +173,8 @@ def cli_cases(tmp):
                and "trains without --lora_dropout 0.3" in pd1.stderr,
                "--lora_dropout 0.3 %s, 0 %s %s" % (logged(pd1, "loss")[:4], loss[:4], pd1.stderr[-300:]))
     # resume: 3 steps, then 3 more from the checkpoint, equal 6 at once
-    full, part = os.path.join(tmp, "six"), os.path.join(tmp, "three")
     const = ["--lr_scheduler_type", "constant"]
-    p6c = train(full, ["--max_steps", "6"] + const)
-    p3 = train(part, ["--max_steps", "3", "--save_strategy", "steps", "--save_steps", "3"] + const)
-    pr = train(part, ["--max_steps", "6", "--resume_from_checkpoint", os.path.join(part, "checkpoint-3")] + const)
-    if p3.returncode or pr.returncode or p6c.returncode:
-        report("dpo_cli_resume", False, (p3.stderr + pr.stderr + p6c.stderr)[-600:])
-    else:
-        a, b = logged(p6c, "loss"), logged(p3, "loss") + logged(pr, "loss")
-        report("dpo_cli_resume", len(a) == 6 and a == b, "6 steps %s, 3 + resumed 3 %s" % (a, b))
+    p6c = M.resume_equal("dpo_cli_resume", train, tmp, const)
     # evaluation: held-out pairs (--val_size) give the pairs' mean loss and the eval_ metrics, no perplexity
     ev = os.path.join(tmp, "eval")
     p = train(ev, ["--max_steps", "4", "--val_size", "2", "--eval_strategy", "steps", "--eval_steps", "2", "--do_eval",
@@ -201,22 +192,8 @@ def cli_cases(tmp):
             "--lora_target", "all", "--lora_dropout", "0", "--learning_rate", "1e-2", "--logging_steps", "1",
             "--save_strategy", "steps", "--save_steps", "4", "--disable_tqdm", "--seed", "5", "--report_to", "none",
             "--max_steps", "4", "--overwrite_output_dir"] + const
-    one = M.run(base + ["--output_dir", os.path.join(tmp, "dp1"), "--per_device_train_batch_size", "2"], check=False)
     for z in ("0", "1"):
-        two = M.run(base + ["--output_dir", os.path.join(tmp, "dp2_" + z), "--per_device_train_batch_size", "1",
-                            "--zero_stage", z], np=2, check=False, timeout=300)
-        out = two.stdout + two.stderr
-        if any(m in out for m in M.NO_MPI):
-            print("SKIP dpo_cli_two_ranks_zero%s: this glmtrain was built without MPI" % z)
-            continue
-        try:
-            a, b = M.losses(os.path.join(tmp, "dp1"), 4), M.losses(os.path.join(tmp, "dp2_" + z), 4)
-            e, n = M.rel(b, a)
-        except Exception as ex:  # noqa: BLE001  (a run that failed has no checkpoint)
-            a, b, e, n = {}, {}, float("inf"), 0
-            out += str(ex)
-        ok = two.returncode == 0 and n == 4 and e < 1e-6
-        report("dpo_cli_two_ranks_zero%s_equal_one" % z, ok, "max rel %.1e over %d steps; 1 rank %s, 2 ranks %s %s" % (e, n, a, b, out[-300:] if two.returncode or n != 4 else ""))
+        M.ranks_equal("dpo_cli_two_ranks_zero%s_equal_one" % z, base, tmp, 2, 1, zero=z)
     # an evaluation alone (--do_train false --do_eval): the reference is the model itself, so sigmoid's
     # loss is log 2; orpo's needs no reference
     for kind, want in (("sigmoid", math.log(2)), ("orpo", None)):
@@ -277,6 +254,20 @@ PAIR_RECORDS = [
 ]
 
 
+def glm4_turns(ms, encode):
+    """Each message's ids as LLaMA-Factory's glm4 template encodes them (prefix "[gMASK]<sop>", system
+    "<|system|>\n{c}", user "<|user|>\n{c}<|assistant|>", assistant "\n{c}", each slot encoded on its own),
+    the system turn folded into the first."""
+    system = ms[0]["content"] if ms[0]["role"] == "system" else ""
+    ms = ms[1:] if system else ms
+    out = []
+    for i, m in enumerate(ms):
+        slots = (["[gMASK]<sop>"] + (["<|system|>\n" + system] if system else [])) if i == 0 else []
+        slots.append({"user": "<|user|>\n%s<|assistant|>", "assistant": "\n%s"}[m["role"]] % m["content"])
+        out.append(sum((encode(x) for x in slots), []))
+    return out
+
+
 def lf_pair(conv, chosen, rejected, encode, eos, cutoff):
     """LLaMA-Factory's PairwiseDatasetProcessor._encode_data_example with its glm4 template (prefix
     "[gMASK]<sop>", system "<|system|>\n{c}", user "<|user|>\n{c}<|assistant|>", assistant "\n{c}", each
@@ -286,15 +277,7 @@ def lf_pair(conv, chosen, rejected, encode, eos, cutoff):
     glmtrain's GLM-4 examples end in). Returns (chosen ids, labels), (rejected ids, labels)."""
     import test_glmz1 as Z
 
-    def enc_all(ms):
-        system = ms[0]["content"] if ms[0]["role"] == "system" else ""
-        ms = ms[1:] if system else ms
-        out = []
-        for i, m in enumerate(ms):
-            slots = (["[gMASK]<sop>"] + (["<|system|>\n" + system] if system else [])) if i == 0 else []
-            slots.append({"user": "<|user|>\n%s<|assistant|>", "assistant": "\n%s"}[m["role"]] % m["content"])
-            out.append(sum((encode(x) for x in slots), []))
-        return out
+    enc_all = lambda ms: glm4_turns(ms, encode)  # noqa: E731
     ec = enc_all(conv + [{"role": "assistant", "content": chosen}])
     er = enc_all(conv + [{"role": "assistant", "content": rejected}])
     prompt, c, r = sum(ec[:-1], []), ec[-1] + [eos], er[-1] + [eos]

@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import glm_ref  # noqa: E402
 import mpi_runs as M  # noqa: E402
+import test_dpo as D  # noqa: E402
 import test_model_vs_torch as V  # noqa: E402
 from mpi_runs import report  # noqa: E402
 
@@ -124,15 +125,7 @@ def lf_kto(records, encode, eos, cutoff, group):
     group, kl_response = [last] + responses[:-1]; each example and its KL example cut on their own."""
     import test_glmz1 as Z
 
-    def enc_all(ms):
-        system = ms[0]["content"] if ms[0]["role"] == "system" else ""
-        ms = ms[1:] if system else ms
-        out = []
-        for i, m in enumerate(ms):
-            slots = (["[gMASK]<sop>"] + (["<|system|>\n" + system] if system else [])) if i == 0 else []
-            slots.append({"user": "<|user|>\n%s<|assistant|>", "assistant": "\n%s"}[m["role"]] % m["content"])
-            out.append(sum((encode(x) for x in slots), []))
-        return out
+    enc_all = lambda ms: D.glm4_turns(ms, encode)  # noqa: E731
 
     def one(conv, answer):
         e = enc_all(conv + [{"role": "assistant", "content": answer}])
@@ -206,8 +199,7 @@ def cli_cases(tmp):
                       "--save_strategy", "no", "--disable_tqdm", "--seed", "5", "--report_to", "none",
                       "--overwrite_output_dir"] + extra)
 
-    def logged(p, key):
-        return [float(x) for x in re.findall(r"'%s': (-?[0-9.naif]+)" % re.escape(key), p.stderr)]
+    logged = M.logged
 
     p = train(os.path.join(tmp, "kto"), ["--max_steps", "16"])
     ok = p.returncode == 0
@@ -219,35 +211,13 @@ def cli_cases(tmp):
         m = logged(p, "rewards/margins")
         report("kto_cli_learns", have and len(m) >= 8 and min(m[-4:]) > 0 and sum(m[-4:]) > sum(m[:4])
                and sum(loss[-4:]) < sum(loss[:4]), "margins %s, loss %s" % (m, loss))
-    full, part = os.path.join(tmp, "six"), os.path.join(tmp, "three")
-    p6 = train(full, ["--max_steps", "6"] + const)
-    p3 = train(part, ["--max_steps", "3", "--save_strategy", "steps", "--save_steps", "3"] + const)
-    pr = train(part, ["--max_steps", "6", "--resume_from_checkpoint", os.path.join(part, "checkpoint-3")] + const)
-    if p3.returncode or pr.returncode or p6.returncode:
-        report("kto_cli_resume", False, (p3.stderr + pr.stderr + p6.stderr)[-600:])
-    else:
-        a, b = logged(p6, "loss"), logged(p3, "loss") + logged(pr, "loss")
-        report("kto_cli_resume", len(a) == 6 and a == b, "6 steps %s, 3 + resumed 3 %s" % (a, b))
+    p6 = M.resume_equal("kto_cli_resume", train, tmp, const)
     # 2 ranks at 2 examples each equal 1 rank at 4: kl is the mean of the ranks' means
     base = ["--model_name_or_path", tok, "--train_file", data, "--stage", "kto", "--finetuning_type", "lora",
             "--lora_target", "all", "--pref_beta", "0.5", "--learning_rate", "2e-2", "--logging_steps", "1",
             "--save_strategy", "steps", "--save_steps", "4", "--disable_tqdm", "--seed", "5", "--report_to", "none",
             "--max_steps", "4", "--overwrite_output_dir"] + const
-    M.run(base + ["--output_dir", os.path.join(tmp, "dp1"), "--per_device_train_batch_size", "4"], check=False)
-    two = M.run(base + ["--output_dir", os.path.join(tmp, "dp2"), "--per_device_train_batch_size", "2", "--zero_stage", "1"],
-                np=2, check=False, timeout=300)
-    outp = two.stdout + two.stderr
-    if any(x in outp for x in M.NO_MPI):
-        print("SKIP kto_cli_two_ranks_equal_one: this glmtrain was built without MPI")
-    else:
-        try:
-            a, b = M.losses(os.path.join(tmp, "dp1"), 4), M.losses(os.path.join(tmp, "dp2"), 4)
-            e, n = M.rel(b, a)
-        except Exception as ex:  # noqa: BLE001
-            a, b, e, n = {}, {}, float("inf"), 0
-            outp += str(ex)
-        report("kto_cli_two_ranks_equal_one", two.returncode == 0 and n == 4 and e < 1e-6,
-               "max rel %.1e over %d steps; 1 rank %s, 2 ranks %s %s" % (e, n, a, b, outp[-300:] if two.returncode or n != 4 else ""))
+    M.ranks_equal("kto_cli_two_ranks_equal_one", base, tmp, 4, 2)
     # LLaMA-Factory's dataset_info: kto_en_demo names its tag column "label"
     lab = [dict({k: v for k, v in r.items() if k != "kto_tag"}, label=r["kto_tag"]) for r in recs]
     json.dump(lab, open(os.path.join(tmp, "kto_label.json"), "w"), ensure_ascii=False)

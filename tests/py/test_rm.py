@@ -150,8 +150,7 @@ def cli_cases(tmp):
                       "--save_strategy", "no", "--disable_tqdm", "--seed", "5", "--report_to", "none",
                       "--overwrite_output_dir"] + extra)
 
-    def logged(p, key):
-        return [float(x) for x in re.findall(r"'%s': (-?[0-9.naif]+)" % re.escape(key), p.stderr)]
+    logged = M.logged
 
     out = os.path.join(tmp, "rm")
     p = train(out, ["--max_steps", "16", "--validation_file", data, "--do_eval", "--eval_strategy", "steps",
@@ -197,18 +196,13 @@ def cli_cases(tmp):
            and abs(pres.get("predict_loss", -1) - el[-1]) < 1e-4,
            "%d rows %s, predict_results %s, final eval_loss %s %s" % (len(rows), rows[:2], pres, el[-1:], pq.stderr[-300:]))
     # resume: 3 steps, then 3 more from the checkpoint, equal 6 at once (the value head's dropout on)
-    full, part = os.path.join(tmp, "six"), os.path.join(tmp, "three")
-    p6 = train(full, ["--max_steps", "6", "--do_predict", "--test_file", data] + const)  # scores after training too
-    p3 = train(part, ["--max_steps", "3", "--save_strategy", "steps", "--save_steps", "3"] + const)
-    pr = train(part, ["--max_steps", "6", "--resume_from_checkpoint", os.path.join(part, "checkpoint-3")] + const)
-    if p3.returncode or pr.returncode or p6.returncode:
-        report("rm_cli_resume", False, (p3.stderr + pr.stderr + p6.stderr)[-600:])
-    else:
-        a, b = logged(p6, "loss"), logged(p3, "loss") + logged(pr, "loss")
-        report("rm_cli_resume", len(a) == 6 and a == b, "6 steps %s, 3 + resumed 3 %s" % (a, b))
-        n = sum(1 for _ in open(os.path.join(full, "generated_predictions.jsonl"))) \
-            if os.path.exists(os.path.join(full, "generated_predictions.jsonl")) else 0
-        report("rm_cli_predict_after_training", n == len(pairs) and "'predict_accuracy'" in p6.stderr, "%d rows" % n)
+    p6 = M.resume_equal("rm_cli_resume", train, tmp, const)
+    # --do_predict after training: the test pairs scored with the model in memory
+    pa = train(os.path.join(tmp, "pred_after"), ["--max_steps", "2", "--do_predict", "--test_file", data])
+    path = os.path.join(tmp, "pred_after", "generated_predictions.jsonl")
+    n = sum(1 for _ in open(path)) if os.path.exists(path) else 0
+    report("rm_cli_predict_after_training", pa.returncode == 0 and n == len(pairs) and "'predict_accuracy'" in pa.stderr,
+           "%d rows %s" % (n, pa.stderr[-300:] if pa.returncode else ""))
     # full fine-tuning: the whole model and the value head beside it; the LM head unchanged
     fo = os.path.join(tmp, "rm_full")
     p = train(fo, ["--max_steps", "2", "--weight_decay", "0.1"], ft="full")
@@ -246,21 +240,7 @@ def cli_cases(tmp):
             "--lora_target", "all", "--lora_dropout", "0", "--summary_dropout_prob", "0", "--learning_rate", "1e-2",
             "--logging_steps", "1", "--save_strategy", "steps", "--save_steps", "4", "--disable_tqdm", "--seed", "5",
             "--report_to", "none", "--max_steps", "4", "--overwrite_output_dir"] + const
-    M.run(base + ["--output_dir", os.path.join(tmp, "dp1"), "--per_device_train_batch_size", "2"], check=False)
-    two = M.run(base + ["--output_dir", os.path.join(tmp, "dp2"), "--per_device_train_batch_size", "1", "--zero_stage", "1"],
-                np=2, check=False, timeout=300)
-    outp = two.stdout + two.stderr
-    if any(m in outp for m in M.NO_MPI):
-        print("SKIP rm_cli_two_ranks_equal_one: this glmtrain was built without MPI")
-    else:
-        try:
-            a, b = M.losses(os.path.join(tmp, "dp1"), 4), M.losses(os.path.join(tmp, "dp2"), 4)
-            e, n = M.rel(b, a)
-        except Exception as ex:  # noqa: BLE001
-            a, b, e, n = {}, {}, float("inf"), 0
-            outp += str(ex)
-        report("rm_cli_two_ranks_equal_one", two.returncode == 0 and n == 4 and e < 1e-6,
-               "max rel %.1e over %d steps; 1 rank %s, 2 ranks %s %s" % (e, n, a, b, outp[-300:] if two.returncode or n != 4 else ""))
+    M.ranks_equal("rm_cli_two_ranks_equal_one", base, tmp, 2, 1)
     # refusals
     p = train(os.path.join(tmp, "pt"), ["--max_steps", "1", "--pre_seq_len", "4"], ft="ptuning")
     report("rm_cli_ptuning_refused", p.returncode != 0 and "--stage rm" in p.stderr and "ptuning" in p.stderr, p.stderr[-300:])
