@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/err.h"
+#include "model/glm.h"
 
 int glm_pref_loss_parse(const char *s, glm_pref_loss *out) {
     static const char *names[] = {"sigmoid", "hinge", "ipo", "orpo", "simpo"};
@@ -144,15 +145,17 @@ static double rm_weigh(const glm_pref_batch *pb, const glm_batch *b, const float
  * token weights; the KL rows' tokens get none (TRL computes them without gradient). */
 static double kto_weigh(const glm_pref_batch *pb, const glm_batch *b, const float *tok_loss, int n, float *w) {
     const glm_pref_cfg *cfg = pb->cfg;
-    int B = b->B, P = B / 2;
+    int B = b->B, split = pb->kl_sums != NULL, P = split ? B : B / 2;
     double *sum = glm_malloc(sizeof(double) * (size_t)B), *rw = glm_calloc((size_t)B, sizeof(double));
+    double *kls = glm_malloc(sizeof(double) * (size_t)(P ? P : 1));
     int *cnt = glm_malloc(sizeof(int) * (size_t)B);
     row_sums(b, tok_loss, sum, cnt);
+    for (int p = 0; p < P; p++) kls[p] = split ? pb->kl_sums[p] : cnt[P + p] ? sum[P + p] : NAN;
     double kl_sum = 0;
     int m = 0, n_c = 0;
     for (int p = 0; p < P; p++)
-        if (cnt[p] && cnt[P + p]) {
-            kl_sum += sum[P + p] - pb->ref[2 * p + 1];
+        if (cnt[p] && !isnan(kls[p])) {
+            kl_sum += kls[p] - pb->ref[2 * p + 1];
             m++;
             n_c += pb->tags[p] != 0;
         }
@@ -163,7 +166,7 @@ static double kto_weigh(const glm_pref_batch *pb, const glm_batch *b, const floa
     /* LLaMA-Factory's ftx term, pref_ftx * mean(-c_avg) / n_c * P, times the m examples */
     double ftx = cfg->ftx > 1e-6 && n_c > 0 ? cfg->ftx * m * P / ((double)n_c * n_c) : 0;
     for (int p = 0; p < P; p++) {
-        if (!cnt[p] || !cnt[P + p]) continue;
+        if (!cnt[p] || isnan(kls[p])) continue;
         double lr = sum[p] - pb->ref[2 * p], loss, d; /* d: d loss / d c */
         if (pb->tags[p]) {
             double s = sigmoid(beta * (lr - kl));
@@ -189,7 +192,7 @@ static double kto_weigh(const glm_pref_batch *pb, const glm_batch *b, const floa
     total += ftx * sft;
     if (pb->sums && m > 0) { pb->sums->kl += kl; pb->sums->n_kl += 1; pb->sums->sft += sft; }
     spread_row_weights(b, rw, n, w);
-    free(sum); free(rw); free(cnt);
+    free(sum); free(rw); free(cnt); free(kls);
     return total;
 }
 
@@ -217,4 +220,27 @@ double glm_pref_weigh(void *ctx, const glm_batch *b, const float *tok_loss, int 
     spread_row_weights(b, rw, n, w);
     free(sum); free(rw); free(cnt);
     return total;
+}
+
+glm_batch glm_batch_rows(const glm_batch *b, int r0, int n) {
+    glm_batch v = *b;
+    size_t at = (size_t)r0 * b->T;
+    v.B = n;
+    v.ids += at; v.pos += at; v.block_pos += at; v.kv_lo += at; v.kv_hi += at; v.targets += at;
+    v.cap = (size_t)n * b->T;
+    v.n_targets = 0;
+    for (size_t i = 0; i < (size_t)n * b->T; i++) v.n_targets += v.targets[i] != -100;
+    return v;
+}
+
+void glm_pref_kl_sums(glm_model *m, const glm_batch *b, double *out) {
+    int P = b->B / 2;
+    glm_batch kl = glm_batch_rows(b, P, P);
+    float *tok = glm_malloc(sizeof(float) * (size_t)(kl.n_targets ? kl.n_targets : 1));
+    glm_forward_token_losses(m, &kl, tok);
+    double *sum = glm_malloc(sizeof(double) * (size_t)(P ? P : 1));
+    int *cnt = glm_malloc(sizeof(int) * (size_t)(P ? P : 1));
+    row_sums(&kl, tok, sum, cnt);
+    for (int p = 0; p < P; p++) out[p] = cnt[p] ? sum[p] : NAN;
+    free(tok); free(sum); free(cnt);
 }

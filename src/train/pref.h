@@ -68,7 +68,18 @@ typedef struct glm_pref_batch {
     /* KTO: the mean over the ranks of each rank's kl (has: whether this rank has one); NULL: this rank's */
     double (*kl_mean)(void *ctx, double kl, int has);
     void *kl_ctx;
+    /* KTO: [pairs] the KL examples' log p sums from a forward pass of their own (NAN: none), the
+     * batch then holding the examples alone (glm_pref_kl_sums); NULL: the batch's second half */
+    const double *kl_sums;
 } glm_pref_batch;
+
+/* A view of rows [r0, r0 + n) of b (its arrays, not copied; n_targets recounted). */
+glm_batch glm_batch_rows(const glm_batch *b, int r0, int n);
+/* KTO's KL examples (rows P..2P-1 of b) forward only, their log p sums into out [P] (NAN for a
+ * row without targets): the pass TRL makes without gradient, so the backward runs over the
+ * examples' rows alone. */
+struct glm_model;
+void glm_pref_kl_sums(struct glm_model *m, const glm_batch *b, double *out);
 
 /* glm_token_weigh for glm_forward_backward_weighted: ctx is a glm_pref_batch. Returns the sum of
  * the pairs' losses. A pair with a row without targets (an evaluation set's wrap-around padding)

@@ -118,9 +118,23 @@ int trainer_pref_forward_backward(trainer *t, int k, float dscale, double *loss_
         ctx[i] = &pb[i];
     }
     glm_par p = {t->dp, t->pp};
-    int rc = glm_par_forward_backward(&p, &t->m, t->micro, k, dscale, (uint64_t)t->a->seed, t->st.global_step,
+    glm_batch *rows = t->micro;
+    if (kto) { /* the KL examples forward only first (TRL computes them without gradient); then the examples alone */
+        rows = glm_calloc((size_t)k, sizeof *rows);
+        if (glm_par_gather_params(&p, err)) { free(rows); return -1; } /* ZeRO-3: the whole model for the passes */
+        for (int i = 0; i < k; i++) {
+            int P = t->micro[i].B / 2;
+            double *kl = glm_malloc(sizeof(double) * (size_t)(P ? P : 1));
+            glm_pref_kl_sums(&t->m, &t->micro[i], kl);
+            pb[i].kl_sums = kl;
+            rows[i] = glm_batch_rows(&t->micro[i], 0, P);
+        }
+        glm_par_release_params(&p);
+    }
+    int rc = glm_par_forward_backward(&p, &t->m, rows, k, dscale, (uint64_t)t->a->seed, t->st.global_step,
                                       glm_pref_weigh, ctx, loss_sum, err);
-    for (int i = 0; i < k; i++) { free((void *)pb[i].ref); free((void *)pb[i].tags); }
+    if (rows != t->micro) free(rows);
+    for (int i = 0; i < k; i++) { free((void *)pb[i].ref); free((void *)pb[i].tags); free((void *)pb[i].kl_sums); }
     free(pb);
     free(ctx);
     if (kr.failed) { *err = kr.err; return -1; }

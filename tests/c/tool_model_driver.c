@@ -19,7 +19,8 @@
  *      row's last token, the pairs as above under the pairwise loss; dropout's mask from --dropout_seed)
  *     [--keep_all_rows]  (the top layer computes every row, not only the supervised ones)
  *     [--pref_loss kto --kto_tags 1,0,... [--kto_weights WD,WU]]  (--stage kto: rows 0..P-1 the examples
- *      (tag 1 desirable), P..2P-1 their KL examples; --ref gives each one's reference value and its KL's)
+ *      (tag 1 desirable), P..2P-1 their KL examples; --ref gives each one's reference value and its KL's;
+ *      --kto_split: the KL rows forward only first, then the examples' rows alone, as the trainer runs them)
  * OUT holds "loss" [1], "grad_norm" [1], "grad/<name>", "losses" [K], "param/<name>" for the
  * trainable rows (m.tab), and after K > 0 steps "fparam/<name>" for the frozen rows (m.ftab);
  * "norm_bwd" [1] counts the first step's norm backward calls (the backward stops at the lowest
@@ -114,6 +115,7 @@ int main(int argc, char **argv) {
     const char *pref_loss = NULL, *pref_ref = NULL, *value_head = NULL, *kto_tags = NULL;
     float summary_dropout = 0.0f;
     int keep_all = 0; /* --keep_all_rows: the top layer computes every row (glm.h keep_all_rows) */
+    int kto_split = 0; /* --kto_split: the KL rows forward only first, then the examples alone (as the trainer) */
     glm_pref_cfg pref = {.beta = 0.1, .simpo_gamma = 0.5, .kto_desirable = 1, .kto_undesirable = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -167,6 +169,7 @@ int main(int argc, char **argv) {
         else if (ARG("--ref")) pref_ref = v;
         else if (ARG("--value_head")) value_head = v;
         else if (ARG("--kto_tags")) kto_tags = v;
+        else if (strcmp(a, "--kto_split") == 0) kto_split = 1;
         else if (ARG("--kto_weights")) sscanf(v, "%lf,%lf", &pref.kto_desirable, &pref.kto_undesirable);
         else if (ARG("--summary_dropout_prob")) summary_dropout = strtof(v, NULL);
         else if (strcmp(a, "--keep_all_rows") == 0) keep_all = 1;
@@ -275,7 +278,14 @@ int main(int argc, char **argv) {
             uint8_t tags[64] = {0};
             for (int u = 0; kto_tags && u < P && u < 64; u++) tags[u] = kto_tags[2 * u] == '1';
             glm_pref_batch pb = {.cfg = &pref, .ref = ref_vals, .tags = tags};
-            loss = (float)(glm_forward_backward_weighted(&m, &b, 1.0f / P, glm_pref_weigh, &pb) / P);
+            double kl[64];
+            glm_batch rows = b;
+            if (kto_split) {
+                glm_pref_kl_sums(&m, &b, kl);
+                pb.kl_sums = kl;
+                rows = glm_batch_rows(&b, 0, P);
+            }
+            loss = (float)(glm_forward_backward_weighted(&m, &rows, 1.0f / P, glm_pref_weigh, &pb) / P);
         } else {
             double sum = glm_forward_backward(&m, &b, 1.0f / b.n_targets);
             loss = (float)(sum / b.n_targets);

@@ -92,23 +92,25 @@ def driver_cases(driver, tmp):
         json.dump({"input_ids": ids.tolist(), "labels": labels.tolist()}, open(batch, "w"))
         out = os.path.join(tmp, name + ".safetensors")
         ref_arg = ",".join("%.17g" % x for p in range(P) for x in (ref[p], ref[P + p]))
-        cmd = [driver, "--model", model, "--batch", batch, "--out", out, "--pref_loss", "kto", "--pref_beta", repr(beta),
-               "--pref_ftx", repr(ftx), "--kto_tags", ",".join(map(str, tags)), "--kto_weights", "%r,%r" % (wd, wu),
-               "--ref", ref_arg]
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
-        if p.returncode != 0:
-            report("kto_driver_%s" % name, False, p.stdout.decode(errors="replace")[-400:])
-            continue
-        got = load_file(out)
         leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
         s, avg = row_sums(cfg, leaves, ids, labels)
         rr = torch.tensor(ref, dtype=torch.float32)
         loss = kto_loss(s[:P], avg[:P], s[P:], rr[:P], rr[P:], torch.tensor(tags, dtype=torch.bool), beta, ftx, wd, wu)
         loss.backward()
-        e = abs(got["loss"].item() - loss.item()) / abs(loss.item())
-        report("kto_driver_%s_loss" % name, e < TOL, "C %.7f torch %.7f rel %.1e" % (got["loss"].item(), loss.item(), e))
-        errs = sorted(((V.rel(got["grad/" + n], leaves[n].grad), n) for n in params), reverse=True)
-        report("kto_driver_%s_grads" % name, errs[0][0] < TOL, "%d tensors, worst %s rel %.1e" % (len(errs), errs[0][1], errs[0][0]))
+        for split in ("", "_split"):  # the KL rows in the same pass, or forward only first (as the trainer runs them)
+            cmd = [driver, "--model", model, "--batch", batch, "--out", out, "--pref_loss", "kto", "--pref_beta", repr(beta),
+                   "--pref_ftx", repr(ftx), "--kto_tags", ",".join(map(str, tags)), "--kto_weights", "%r,%r" % (wd, wu),
+                   "--ref", ref_arg] + (["--kto_split"] if split else [])
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+            if p.returncode != 0:
+                report("kto_driver_%s%s" % (name, split), False, p.stdout.decode(errors="replace")[-400:])
+                continue
+            got = load_file(out)
+            e = abs(got["loss"].item() - loss.item()) / abs(loss.item())
+            report("kto_driver_%s%s_loss" % (name, split), e < TOL, "C %.7f torch %.7f rel %.1e" % (got["loss"].item(), loss.item(), e))
+            errs = sorted(((V.rel(got["grad/" + n], leaves[n].grad), n) for n in params), reverse=True)
+            report("kto_driver_%s%s_grads" % (name, split), errs[0][0] < TOL,
+                   "%d tensors, worst %s rel %.1e" % (len(errs), errs[0][1], errs[0][0]))
 
 
 RECORDS = [  # conversation, answer, desirable
