@@ -1,5 +1,5 @@
-/* --stage dpo and rm in the trainer (trainer.h, train/pref.h): the reference's values before
- * training, the step's micro-batches through the weighed loss, evaluation. */
+/* --stage dpo, kto and rm in the trainer (trainer.h, train/pref.h): the reference's values before
+ * training, the step's micro-batches through the weighed loss, evaluation, rm's scores. */
 #include "train/trainer.h"
 #include "core/strbuf.h"
 
@@ -7,7 +7,7 @@
  * dataset position): the model as it is now, in evaluation mode (no dropout). Each rank computes
  * its DistributedSampler share (a pair repeated to even the shares out carries no targets and is
  * left out), and a sum over the ranks gives every rank the whole table. */
-static int ref_table(trainer *t, const glm_dataset *ds, double **out, glm_err *err) {
+static int ref_table(trainer *t, glm_model *m, const glm_dataset *ds, double **out, glm_err *err) {
     glm_loader_cfg c;
     glm_loader_cfg_init(&c);
     c.batch_size = t->a->per_device_eval_batch_size;
@@ -26,11 +26,11 @@ static int ref_table(trainer *t, const glm_dataset *ds, double **out, glm_err *e
     double *rows = glm_malloc(sizeof(double) * (size_t)b.B);
     int64_t *pos = glm_malloc(sizeof(int64_t) * (size_t)c.batch_size);
     glm_par p = {t->dp, t->pp};
-    int rc = glm_par_gather_params(&p, err);
+    int own = m == &t->m, rc = own ? glm_par_gather_params(&p, err) : 0; /* ZeRO-3 shards the model being trained */
     for (int64_t s = 0, n = glm_loader_steps_per_epoch(l); s < n && rc == 0; s++) {
         if ((rc = glm_loader_next(l, &b, err))) break;
         int P = glm_loader_last_examples(l, pos, NULL, c.batch_size);
-        glm_forward_token_losses(&t->m, &b, tok);
+        glm_forward_token_losses(m, &b, tok);
         glm_pref_row_logps(&t->pref, &b, tok, rows);
         for (int u = 0; u < P; u++) {
             if (isnan(rows[u]) || isnan(rows[P + u])) continue; /* a repeated pair: its own rank has it */
@@ -38,7 +38,7 @@ static int ref_table(trainer *t, const glm_dataset *ds, double **out, glm_err *e
             tab[2 * pos[u] + 1] = rows[P + u];
         }
     }
-    glm_par_release_params(&p);
+    if (own) glm_par_release_params(&p);
     if (rc == 0) rc = glm_par_sum(&p, tab, 2 * (int)ds->n, 1, "the reference's log-probabilities", err);
     free(tok); free(rows); free(pos);
     glm_batch_free(&b);
@@ -66,12 +66,27 @@ int trainer_pref_setup(trainer *t, glm_err *err) {
     t->micro_pairs = glm_malloc(sizeof(int64_t) * (size_t)a->gradient_accumulation_steps * a->per_device_train_batch_size);
     if (!glm_pref_uses_ref(t->pref.loss)) return 0;
     double t0 = glm_now();
-    if (ref_table(t, &t->data.train, &t->ref_train, err)) return -1;
-    if (t->data.val.n > 0 && ref_table(t, &t->data.val, &t->ref_val, err)) return -1;
-    glm_info("--stage %s: the reference's log-probabilities of %lld training and %lld validation %s (the model "
-             "training starts from, without dropout) in %.1f s", a->stage,
+    glm_model ref, *m = &t->m;
+    if (a->ref_model) { /* LLaMA-Factory's --ref_model (and --ref_model_adapters merged into it as it loads) */
+        glm_config rc;
+        if (glm_config_load(&rc, a->ref_model, err)) return glm_wrap(err, "--ref_model: ");
+        if (rc.vocab_size != t->m.cfg.vocab_size || rc.family != t->m.cfg.family)
+            return glm_fail(err, "--ref_model %s is %s with %d tokens, the model trained %s with %d", a->ref_model,
+                            glm_family_of(&rc)->name, rc.vocab_size, glm_family_of(&t->m.cfg)->name, t->m.cfg.vocab_size),
+                   glm_hint(err, "the reference must read the same tokens: a model of the same family and tokenizer");
+        glm_model_init_inference(&ref, &rc, t->be);
+        snprintf(ref.merged, sizeof ref.merged, "%s", a->ref_model_adapters ? a->ref_model_adapters : "");
+        if (glm_model_load(&ref, a->ref_model, err)) { glm_model_free(&ref); return glm_wrap(err, "--ref_model: "); }
+        m = &ref;
+    }
+    int rc = ref_table(t, m, &t->data.train, &t->ref_train, err) ||
+             (t->data.val.n > 0 && ref_table(t, m, &t->data.val, &t->ref_val, err));
+    if (m == &ref) glm_model_free(&ref);
+    if (rc) return -1;
+    glm_info("--stage %s: the reference's log-probabilities of %lld training and %lld validation %s (%s, without "
+             "dropout) in %.1f s", a->stage,
              (long long)t->data.train.n, (long long)t->data.val.n, glm_train_is_kto(a) ? "examples and their KL examples" : "pairs",
-             glm_now() - t0);
+             a->ref_model ? a->ref_model : "the model training starts from", glm_now() - t0);
     return 0;
 }
 

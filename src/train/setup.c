@@ -85,6 +85,9 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
         return 0;
     }
     if (!glm_train_is_pref(a)) {
+        if (a->ref_model || a->ref_model_adapters)
+            return glm_fail(err, "--ref_model is --stage dpo's and kto's (the reference of a preference loss)"),
+                   glm_hint(err, "drop it, or give --stage dpo");
         if (a->stage && strcmp(a->stage, "sft"))
             return glm_fail(err, "--stage %s: glmtrain trains sft (supervised fine-tuning), pt (pre-training on texts), "
                                  "dpo (preference pairs), rm (a reward model) and kto (desirable and undesirable answers); "
@@ -92,6 +95,8 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
         return 0;
     }
     const char *stage = a->stage;
+    if (a->ref_model_adapters && !a->ref_model)
+        return glm_fail(err, "--ref_model_adapters without --ref_model"), glm_hint(err, "name the base they adapt with --ref_model");
     if (!strcmp(a->finetuning_type, "ptuning"))
         return glm_fail(err, "--stage %s with --finetuning_type ptuning: %s", stage,
                         glm_train_is_rm(a) ? "LLaMA-Factory trains reward models with lora, freeze or full"
@@ -112,6 +117,7 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
         return glm_fail(err, "--do_predict with --stage %s: a preference run has no test answers to predict", stage),
                glm_hint(err, "after training: glmtrain generate --model_name_or_path OUTPUT_DIR --input_file FILE");
     if (glm_train_is_rm(a)) {
+        if (a->ref_model) return glm_fail(err, "--ref_model with --stage rm: a reward model has no reference");
         if (!(a->summary_dropout_prob >= 0 && a->summary_dropout_prob < 1))
             return glm_fail(err, "--summary_dropout_prob %g: must be in [0, 1)", a->summary_dropout_prob);
         return 0;
@@ -129,6 +135,9 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
     glm_pref_loss l;
     if (glm_pref_loss_parse(a->pref_loss, &l))
         return glm_fail(err, "--pref_loss %s is not known", a->pref_loss), glm_hint(err, "sigmoid, hinge, ipo, orpo or simpo");
+    if (a->ref_model && !glm_pref_uses_ref(l))
+        return glm_fail(err, "--ref_model with --pref_loss %s: %s uses no reference model", a->pref_loss, a->pref_loss),
+               glm_hint(err, "drop --ref_model, or use sigmoid, hinge or ipo");
     if (!(a->pref_beta > 0)) return glm_fail(err, "--pref_beta %g: must be positive", a->pref_beta);
     if (!(a->pref_ftx >= 0)) return glm_fail(err, "--pref_ftx %g: must not be negative", a->pref_ftx);
     if (!(a->dpo_label_smoothing >= 0 && a->dpo_label_smoothing <= 0.5))

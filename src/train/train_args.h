@@ -98,6 +98,7 @@ typedef struct glm_train_args {
     char *pref_loss;
     int preprocessing_batch_size; /* --stage pt's groups of records */
     double pref_beta, pref_ftx, simpo_gamma, dpo_label_smoothing, summary_dropout_prob, kto_chosen_weight, kto_rejected_weight;
+    char *ref_model, *ref_model_adapters; /* --stage dpo/kto: the reference model (default: the one training starts from) */
     /* how the run stops early (tests, demos) */
     double max_train_seconds;
     /* data parallel (parallel/): launch, ZeRO stage, gradient buckets, fault handling */

@@ -40,6 +40,9 @@ const glm_flag glm_train_flags[] = {
       "(records with a true/false kto_tag: desirable answers or not)"),
     F(summary_dropout_prob, ARG_FLOAT, "0.1", "--stage rm: dropout on the value head's input while training (TRL's "
       "ValueHead summary_dropout_prob)"),
+    F(ref_model, ARG_STR, NULL, "--stage dpo/kto (LLaMA-Factory's): the reference model's folder (default: the model "
+      "training starts from); its values are computed once before training, then it is freed"),
+    F(ref_model_adapters, ARG_STR, NULL, "--ref_model's LoRA adapters (a comma list), merged into it as it loads"),
     F(kto_chosen_weight, ARG_FLOAT, "1.0", "--stage kto: the weight of the desirable examples' loss"),
     F(kto_rejected_weight, ARG_FLOAT, "1.0", "--stage kto: the weight of the undesirable examples' loss"),
     F(pref_loss, ARG_STR, "sigmoid", "--stage dpo's loss (LLaMA-Factory's): sigmoid (DPO), hinge, ipo, orpo, simpo; the "

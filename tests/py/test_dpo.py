@@ -172,6 +172,29 @@ def cli_cases(tmp):
         report("dpo_cli_trains_without_dropout", pd1.returncode == 0 and logged(pd1, "loss") == loss
                and "trains without --lora_dropout 0.3" in pd1.stderr,
                "--lora_dropout 0.3 %s, 0 %s %s" % (logged(pd1, "loss")[:4], loss[:4], pd1.stderr[-300:]))
+    # --ref_model (LLaMA-Factory's): the base itself gives the default's losses; another model another start
+    if ok:
+        pr1 = train(os.path.join(tmp, "ref_same"), ["--max_steps", "12", "--ref_model", tok])
+        report("dpo_cli_ref_model_base_is_the_default", pr1.returncode == 0 and logged(pr1, "loss") == loss,
+               "%s against %s %s" % (logged(pr1, "loss")[:3], loss[:3], pr1.stderr[-300:]))
+        other = os.path.join(tmp, "other_ref")
+        shutil.copytree(tok, other)
+        glm_ref.save_model_dir(other, cfg, glm_ref.init_params(cfg, seed=9, std=0.3))
+        pr2 = train(os.path.join(tmp, "ref_other"), ["--max_steps", "2", "--ref_model", other])
+        l2 = logged(pr2, "loss")
+        report("dpo_cli_ref_model_other", pr2.returncode == 0 and l2 and abs(l2[0] - math.log(2)) > 1e-3 and other in pr2.stderr,
+               "first loss %s (log 2 would mean the policy's own reference) %s" % (l2[:1], pr2.stderr[-300:]))
+        # --ref_model_adapters merged into --ref_model as it loads: the same as the merged folder
+        merged = os.path.join(tmp, "merged_ref")
+        pm = C.run(["merge", "--model_name_or_path", tok, "--adapter", out, "--output_dir", merged, "--dtype", "float32"])
+        pa = train(os.path.join(tmp, "ref_adapter"), ["--max_steps", "2", "--ref_model", tok, "--ref_model_adapters", out])
+        pb = train(os.path.join(tmp, "ref_merged"), ["--max_steps", "2", "--ref_model", merged])
+        la, lb = logged(pa, "loss"), logged(pb, "loss")
+        report("dpo_cli_ref_model_adapters_merged", pm.returncode == 0 and pa.returncode == 0 and len(la) == 2 and
+               all(abs(x - y) <= 1e-4 for x, y in zip(la, lb)) and abs(la[0] - math.log(2)) > 1e-3,
+               "with the adapter %s, the merged folder %s %s" % (la, lb, (pm.stderr + pa.stderr)[-300:]))
+        pr3 = train(os.path.join(tmp, "ref_orpo"), ["--max_steps", "1", "--ref_model", other, "--pref_loss", "orpo"])
+        report("dpo_cli_ref_model_with_orpo_refused", pr3.returncode != 0 and "uses no reference" in pr3.stderr, pr3.stderr[-300:])
     # resume: 3 steps, then 3 more from the checkpoint, equal 6 at once
     const = ["--lr_scheduler_type", "constant"]
     p6c = M.resume_equal("dpo_cli_resume", train, tmp, const)
