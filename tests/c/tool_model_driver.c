@@ -344,6 +344,6 @@ int main(int argc, char **argv) {
     glm_model_free(&m);
     glm_batch_free(&b);
     be->destroy(be);
-    free(grads); free(params); free(fparams); free(losses); free(blocks); free(rows0); free(e); free(names);
+    free(grads); free(params); free(fparams); free(losses); free(blocks); free(rows0); free(e); free(names); free(ref_vals);
     return 0;
 }
