@@ -876,7 +876,11 @@ static void t_svd_ops(ctx *c) {
     check_close(c->tc, "svd_top_values_on_device_equal_the_host", s2, s1, r, 1e-5);
     check_close(c->tc, "svd_top_right_vectors_on_device_equal_the_host", v2, v1, (size_t)C * r, 1e-3);
     check_close(c->tc, "svd_top_left_vectors_on_device_equal_the_host", u2, u1, (size_t)OC * r, 1e-3);
-    TEST_CHECK(c->tc, "svd_top_on_device_converges_as_on_the_host", its_dev > 0 && its_host > 0 && abs(its_dev - its_host) <= 8,
+    /* both converge; how many iterations they take is not compared: the stop rule ends on rounding
+     * noise between the two close values, so the count moves with the last bits of any product (an
+     * H100 gave 24 against the host's 8 with the kernel another run gave 8 with); the values and
+     * vectors above carry the accuracy */
+    TEST_CHECK(c->tc, "svd_top_on_device_converges_as_on_the_host", its_dev > 0 && its_dev < 200 && its_host > 0 && its_host < 200,
                "%d iterations on the device, %d on the host", its_dev, its_host);
     be->free(be, dw);
     free(w); free(u1); free(v1); free(u2); free(v2);
