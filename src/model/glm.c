@@ -408,6 +408,7 @@ static void free_acts(glm_model *m) {
 }
 
 void glm_model_free(glm_model *m) {
+    free(m->adapters_saved);
     free_acts(m);
     m->be->free(m->be, m->params);
     if (m->grads) m->be->free(m->be, m->grads);
@@ -924,6 +925,29 @@ static double eval_losses(glm_model *m, const glm_batch *b, const void *h_in, fl
 }
 
 double glm_stage_loss(glm_model *m, const glm_batch *b, const void *h_in) { return eval_losses(m, b, h_in, NULL); }
+
+void glm_model_adapters_off(glm_model *m, int off) {
+    int L = m->layer_hi - m->layer_lo;
+    if (off && !m->adapters_saved) {
+        m->adapters_saved = glm_malloc(sizeof(glm_layer_ptrs) * (size_t)(L ? L : 1));
+        for (int i = 0; i < L; i++) {
+            glm_layer_ptrs *p = &m->w.layer[m->layer_lo + i];
+            m->adapters_saved[i] = *p;
+            for (int k = 0; k < 4; k++) p->lora_a[k] = p->lora_b[k] = p->lora_m[k] = NULL;
+        }
+    } else if (!off && m->adapters_saved) {
+        for (int i = 0; i < L; i++) {
+            glm_layer_ptrs *p = &m->w.layer[m->layer_lo + i];
+            for (int k = 0; k < 4; k++) {
+                p->lora_a[k] = m->adapters_saved[i].lora_a[k];
+                p->lora_b[k] = m->adapters_saved[i].lora_b[k];
+                p->lora_m[k] = m->adapters_saved[i].lora_m[k];
+            }
+        }
+        free(m->adapters_saved);
+        m->adapters_saved = NULL;
+    }
+}
 
 void glm_forward_logits_at(glm_model *m, const glm_batch *b, const int32_t *cols, int ncols, float *out) {
     GLM_ASSERT(m->first && m->last && !m->cfg.value_head);

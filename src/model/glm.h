@@ -127,6 +127,8 @@ typedef struct glm_model {
     /* TRL's disable_dropout_in_model (LLaMA-Factory's DPO and KTO trainers): training without the
      * adapters' and the prefix's dropout (a value head's stays) */
     int no_dropout;
+    /* glm_model_adapters_off: the layers' adapter pointers while they are off (NULL: on) */
+    glm_layer_ptrs *adapters_saved;
     int head_chunk;         /* rows of logits computed at once */
     /* the layers this model holds: all of them, or one pipeline stage's [layer_lo, layer_hi);
      * `first` holds the word embedding, `last` the final norm and the head */
@@ -272,6 +274,9 @@ double glm_forward_loss(glm_model *m, const glm_batch *b);
  * gradient. One process holding every layer (no pipeline stages). */
 typedef double (*glm_token_weigh)(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w);
 double glm_forward_backward_weighted(glm_model *m, const glm_batch *b, float dscale, glm_token_weigh weigh, void *ctx);
+/* peft's disable_adapter: off = 1 runs the layers without their LoRA/DoRA adapters (the base as it
+ * is stored) until off = 0 puts them back. For forward passes only (a preference loss's reference). */
+void glm_model_adapters_off(glm_model *m, int off);
 /* Forward only: the logits of columns cols[0..ncols) at every supervised token (each position
  * whose next token is a target, in flat order) into out [n_sup * ncols]: a benchmark's choice
  * letters after its prompt (infer/mcq.h). */

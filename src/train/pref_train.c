@@ -4,7 +4,8 @@
 #include "core/strbuf.h"
 
 /* The reference's value of every pair of a view, into out [2 * ds->n] (chosen, rejected by
- * dataset position): the model as it is now, in evaluation mode (no dropout). Each rank computes
+ * dataset position): model m (the one training, as it is now, without its LoRA adapter; or
+ * --ref_model's) in evaluation mode (no dropout). Each rank computes
  * its DistributedSampler share (a pair repeated to even the shares out carries no targets and is
  * left out), and a sum over the ranks gives every rank the whole table. */
 static int ref_table(trainer *t, glm_model *m, const glm_dataset *ds, double **out, glm_err *err) {
@@ -27,6 +28,10 @@ static int ref_table(trainer *t, glm_model *m, const glm_dataset *ds, double **o
     int64_t *pos = glm_malloc(sizeof(int64_t) * (size_t)c.batch_size);
     glm_par p = {t->dp, t->pp};
     int own = m == &t->m, rc = own ? glm_par_gather_params(&p, err) : 0; /* ZeRO-3 shards the model being trained */
+    /* LLaMA-Factory's reference for LoRA is the model with its adapter disabled (a new one starts at B = 0,
+     * so this matters for an adapter loaded to train on: --adapter_name_or_path) */
+    int off = own && rc == 0 && m->cfg.peft.kind == GLM_FT_LORA;
+    if (off) glm_model_adapters_off(m, 1);
     for (int64_t s = 0, n = glm_loader_steps_per_epoch(l); s < n && rc == 0; s++) {
         if ((rc = glm_loader_next(l, &b, err))) break;
         int P = glm_loader_last_examples(l, pos, NULL, c.batch_size);
@@ -38,6 +43,7 @@ static int ref_table(trainer *t, glm_model *m, const glm_dataset *ds, double **o
             tab[2 * pos[u] + 1] = rows[P + u];
         }
     }
+    if (off) glm_model_adapters_off(m, 0);
     if (own) glm_par_release_params(&p);
     if (rc == 0) rc = glm_par_sum(&p, tab, 2 * (int)ds->n, 1, "the reference's log-probabilities", err);
     free(tok); free(rows); free(pos);

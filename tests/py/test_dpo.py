@@ -193,6 +193,13 @@ def cli_cases(tmp):
         report("dpo_cli_ref_model_adapters_merged", pm.returncode == 0 and pa.returncode == 0 and len(la) == 2 and
                all(abs(x - y) <= 1e-4 for x, y in zip(la, lb)) and abs(la[0] - math.log(2)) > 1e-3,
                "with the adapter %s, the merged folder %s %s" % (la, lb, (pm.stderr + pa.stderr)[-300:]))
+        # training on a loaded adapter: the reference is the base without it (LLaMA-Factory's disable_adapter), as
+        # --ref_model BASE says explicitly
+        pc1 = train(os.path.join(tmp, "cont"), ["--max_steps", "2", "--adapter_name_or_path", out])
+        pc2 = train(os.path.join(tmp, "cont_ref"), ["--max_steps", "2", "--adapter_name_or_path", out, "--ref_model", tok])
+        l1, l2c = logged(pc1, "loss"), logged(pc2, "loss")
+        report("dpo_cli_reference_leaves_the_adapter_out", pc1.returncode == 0 and len(l1) == 2 and l1 == l2c
+               and abs(l1[0] - math.log(2)) > 1e-3, "%s, with --ref_model the base %s %s" % (l1, l2c, (pc1.stderr + pc2.stderr)[-300:]))
         pr3 = train(os.path.join(tmp, "ref_orpo"), ["--max_steps", "1", "--ref_model", other, "--pref_loss", "orpo"])
         report("dpo_cli_ref_model_with_orpo_refused", pr3.returncode != 0 and "uses no reference" in pr3.stderr, pr3.stderr[-300:])
     # resume: 3 steps, then 3 more from the checkpoint, equal 6 at once
