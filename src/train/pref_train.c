@@ -63,6 +63,20 @@ int trainer_pref_setup(trainer *t, glm_err *err) {
     else glm_pref_loss_parse(a->pref_loss, &t->pref.loss); /* checked with the flags */
     t->pref.kto_desirable = a->kto_chosen_weight;
     t->pref.kto_undesirable = a->kto_rejected_weight;
+    if (glm_train_is_kto(a) && lead(t)) { /* LLaMA-Factory's warning: one kind alone has nothing to compare with */
+        const glm_dataset *ds = &t->data.train;
+        int64_t good = 0;
+        for (int64_t k = 0; k < ds->n; k++) {
+            int64_t i = glm_dataset_index(ds, k);
+            good += (ds->ex->sup[ds->ex->off[i]] & GLM_SUP_KTO_DESIRABLE) != 0;
+        }
+        if (good == 0 || good == ds->n)
+            glm_warn("--stage kto: every one of the %lld training examples is %s; KTO learns from both kinds (kto_tag "
+                     "true and false)", (long long)ds->n, good ? "desirable" : "undesirable");
+        else
+            glm_info("--stage kto: %lld desirable and %lld undesirable training examples", (long long)good,
+                     (long long)(ds->n - good));
+    }
     if (!glm_train_is_rm(a)) { /* LLaMA-Factory's CustomDPOTrainer: disable_dropout_in_model (its RM keeps dropout) */
         t->m.no_dropout = 1;
         if (t->m.cfg.peft.kind == GLM_FT_LORA && t->m.cfg.peft.lora_dropout > 0 && lead(t))

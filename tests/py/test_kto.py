@@ -238,6 +238,11 @@ def cli_cases(tmp):
     el = logged(p, "eval_loss")
     report("kto_cli_evaluation", p.returncode == 0 and len(el) >= 2 and logged(p, "eval_kl") and "eval_perplexity" not in p.stderr,
            "eval_loss %s %s" % (el, p.stderr[-300:] if p.returncode else ""))
+    one = os.path.join(tmp, "one_kind.json")  # LLaMA-Factory warns when a dataset has one kind only
+    json.dump([dict(r, kto_tag=True) for r in recs], open(one, "w"), ensure_ascii=False)
+    p = train(os.path.join(tmp, "one"), ["--max_steps", "1"], src=["--train_file", one])
+    report("kto_cli_one_kind_warned", p.returncode == 0 and "every one of the 8 training examples is desirable" in p.stderr,
+           p.stderr[-300:])
     bad = os.path.join(tmp, "bad.json")
     json.dump([{"instruction": "写诗", "output": "春", "kto_tag": "yes"}], open(bad, "w"), ensure_ascii=False)
     p = train(os.path.join(tmp, "bad"), ["--max_steps", "1"], src=["--train_file", bad])
