@@ -160,8 +160,10 @@ static int check_eval_args(const glm_train_args *a, glm_err *err) {
                glm_hint(err, "add --eval_strategy steps (with --eval_steps) or epoch");
     if (a->load_best_model_at_end || save_best || plateau) { /* transformers' TrainingArguments checks, in its words */
         const char *m = a->metric_for_best_model;
-        if (strcmp(m, "loss") && strcmp(m, "eval_loss") && strcmp(m, "perplexity") && strcmp(m, "eval_perplexity"))
-            return glm_fail(err, "--metric_for_best_model %s: glmtrain's evaluation gives eval_loss and eval_perplexity", m),
+        int accuracy = glm_train_is_rm(a) && (!strcmp(m, "accuracy") || !strcmp(m, "eval_accuracy")); /* rm's evaluations give it */
+        if (!accuracy && strcmp(m, "loss") && strcmp(m, "eval_loss") && strcmp(m, "perplexity") && strcmp(m, "eval_perplexity"))
+            return glm_fail(err, "--metric_for_best_model %s: glmtrain's evaluation gives eval_loss and eval_perplexity%s", m,
+                            glm_train_is_rm(a) ? " (--stage rm: eval_loss and eval_accuracy)" : ""),
                    glm_hint(err, "use loss or perplexity; BLEU/ROUGE of generated answers come from glmtrain generate --input_file");
     }
     if (a->load_best_model_at_end && !save_best) {

@@ -197,15 +197,26 @@ static int on_bad_step(trainer *t, double loss, double norm, float lr, int in_a_
                     t->a->learning_rate, ck, strcmp(ck, "none") ? " (--resume_from_checkpoint continues from it)" : "");
 }
 
+/* --metric_for_best_model's name without eval_: loss, perplexity or (--stage rm) accuracy */
+static const char *metric_name(const trainer *t) {
+    const char *m = t->a->metric_for_best_model;
+    return strstr(m, "perplexity") ? "perplexity" : strstr(m, "accuracy") ? "accuracy" : "loss";
+}
+
 /* The last evaluation's --metric_for_best_model. */
 static double best_model_metric(const trainer *t) {
-    return strstr(t->a->metric_for_best_model, "perplexity") ? t->eval_ppl : t->eval_loss;
+    const char *m = metric_name(t);
+    return !strcmp(m, "perplexity") ? t->eval_ppl : !strcmp(m, "accuracy") ? t->eval_accuracy : t->eval_loss;
 }
+
+/* Whether a greater metric is better: --greater_is_better, and always for an accuracy (transformers'
+ * default for a metric that is not a loss) */
+static int greater_better(const trainer *t) { return t->a->greater_is_better || !strcmp(metric_name(t), "accuracy"); }
 
 /* Whether the evaluation just made beats the best of the saved ones (none yet: it does). */
 static int beats_best(const trainer *t) {
     double v = best_model_metric(t);
-    return !t->st.best_checkpoint[0] || (t->a->greater_is_better ? v > t->st.best_metric : v < t->st.best_metric);
+    return !t->st.best_checkpoint[0] || (greater_better(t) ? v > t->st.best_metric : v < t->st.best_metric);
 }
 
 /* --load_best_model_at_end and --save_strategy best: whether an evaluation at this step beats the
@@ -228,7 +239,7 @@ static int early_stop_due(trainer *t) {
     if (a->early_stopping_patience <= 0) return 0;
     double v = best_model_metric(t), best = t->st.best_metric;
     int better = !t->st.best_checkpoint[0] ||
-                 ((a->greater_is_better ? v > best : v < best) && fabs(v - best) > a->early_stopping_threshold);
+                 ((greater_better(t) ? v > best : v < best) && fabs(v - best) > a->early_stopping_threshold);
     t->st.early_stop_count = better ? 0 : t->st.early_stop_count + 1;
     return t->st.early_stop_count >= a->early_stopping_patience;
 }
@@ -695,8 +706,7 @@ static int run(trainer *t, glm_err *err) {
             new_best = t->save_when == GLM_WHEN_BEST && beats_best(t);
             if (t->sched.kind == LR_REDUCE_ON_PLATEAU && glm_lr_plateau_step(&t->sched, best_model_metric(t))) {
                 snprintf(line, sizeof line, "[glmtrain] reduce_lr_on_plateau: eval_%s has not improved for more than %ld "
-                         "evaluations; the learning rate is now %.6g", strstr(a->metric_for_best_model, "perplexity") ?
-                         "perplexity" : "loss", t->sched.patience, t->sched.plateau.lr);
+                         "evaluations; the learning rate is now %.6g", metric_name(t), t->sched.patience, t->sched.plateau.lr);
                 glm_progress_log(&t->prog, line);
             }
             stop_early = early_stop_due(t);
@@ -713,7 +723,7 @@ static int run(trainer *t, glm_err *err) {
         if (stop_early) {
             snprintf(line, sizeof line, "[glmtrain] early stopping at step %ld: eval_%s has not improved on the best (%.6g) by "
                      "more than %g for %ld evaluations (--early_stopping_patience %d)", t->st.global_step,
-                     strstr(a->metric_for_best_model, "perplexity") ? "perplexity" : "loss", t->st.best_metric,
+                     metric_name(t), t->st.best_metric,
                      a->early_stopping_threshold, t->st.early_stop_count, a->early_stopping_patience);
             glm_progress_log(&t->prog, line);
             break;

@@ -241,6 +241,16 @@ def cli_cases(tmp):
             "--logging_steps", "1", "--save_strategy", "steps", "--save_steps", "4", "--disable_tqdm", "--seed", "5",
             "--report_to", "none", "--max_steps", "4", "--overwrite_output_dir"] + const
     M.ranks_equal("rm_cli_two_ranks_equal_one", base, tmp, 2, 1)
+    # the best checkpoint by eval_accuracy (transformers' greater_is_better for a metric that is not a loss)
+    pb = train(os.path.join(tmp, "best"), ["--max_steps", "6", "--validation_file", data, "--eval_strategy", "steps",
+                                           "--eval_steps", "2", "--save_strategy", "steps", "--save_steps", "2",
+                                           "--load_best_model_at_end", "--metric_for_best_model", "accuracy",
+                                           "--learning_rate", "5e-3", "--eval_delay", "0"])
+    acc = logged(pb, "eval_accuracy")
+    want = 2 * (1 + max(range(len(acc)), key=lambda i: (acc[i], -i))) if acc else -1  # the first of the highest
+    report("rm_cli_best_model_by_accuracy", pb.returncode == 0 and ("checkpoint-%d (accuracy" % want) in pb.stderr,
+           "eval_accuracy %s, want checkpoint-%d: %s" % (acc, want, [l for l in pb.stderr.splitlines() if "best model" in l][-1:]
+                                                          or pb.stderr[-300:]))
     # refusals
     p = train(os.path.join(tmp, "pt"), ["--max_steps", "1", "--pre_seq_len", "4"], ft="ptuning")
     report("rm_cli_ptuning_refused", p.returncode != 0 and "--stage rm" in p.stderr and "ptuning" in p.stderr, p.stderr[-300:])
