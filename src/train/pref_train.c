@@ -210,6 +210,15 @@ int trainer_pref_pairs(const glm_batch *b) {
     return n;
 }
 
+/* json.dumps(round(v, 2)) as Python writes it: the value rounded to 2 decimals, then its shortest
+ * form ("1.5", "2.0", "-0.25") */
+static const char *py_round2(double v, char *buf, size_t n) {
+    snprintf(buf, n, "%.2f", v);
+    size_t len = strlen(buf);
+    while (len > 0 && buf[len - 1] == '0' && len >= 2 && buf[len - 2] != '.') buf[--len] = 0;
+    return buf;
+}
+
 /* --stage rm --do_predict: --test_file's pairs scored by the model as it is now, on the lead rank
  * (the others wait), as LLaMA-Factory's PairwiseTrainer.save_predictions writes them:
  * generated_predictions.jsonl, {"chosen": score, "rejected": score} (2 decimals) a pair in the
@@ -257,11 +266,12 @@ static int rm_predict_lead(trainer *t, glm_err *err) {
             k++;
         }
     }
-    char path[4096], line[96];
+    char path[4096], line[160], cs[48], rs[48];
     glm_strbuf out = {0};
     for (int64_t i = 0; i < n && rc == 0; i++) {
         if (isnan(score[2 * i]) || isnan(score[2 * i + 1])) continue;
-        snprintf(line, sizeof line, "{\"chosen\": %.2f, \"rejected\": %.2f}\n", score[2 * i], score[2 * i + 1]);
+        snprintf(line, sizeof line, "{\"chosen\": %s, \"rejected\": %s}\n", py_round2(score[2 * i], cs, sizeof cs),
+                 py_round2(score[2 * i + 1], rs, sizeof rs));
         glm_strbuf_str(&out, line);
     }
     glm_path_join(path, sizeof path, a->output_dir, "generated_predictions.jsonl");

@@ -192,6 +192,9 @@ def cli_cases(tmp):
     except Exception as e:  # noqa: BLE001
         rows, pres = [], {"error": str(e)}
     good = len(rows) == len(pairs) and all(set(r) == {"chosen", "rejected"} and r["chosen"] > r["rejected"] for r in rows)
+    # each line as json.dumps({"chosen": round(c, 2), ...}) writes it (LLaMA-Factory's save_predictions)
+    lines = open(os.path.join(pd, "generated_predictions.jsonl")).read().splitlines() if rows else []
+    good = good and lines == [json.dumps({"chosen": round(r["chosen"], 2), "rejected": round(r["rejected"], 2)}) for r in rows]
     report("rm_cli_predict_scores_the_pairs", pq.returncode == 0 and good and pres.get("predict_accuracy") == 1.0
            and abs(pres.get("predict_loss", -1) - el[-1]) < 1e-4,
            "%d rows %s, predict_results %s, final eval_loss %s %s" % (len(rows), rows[:2], pres, el[-1:], pq.stderr[-300:]))
