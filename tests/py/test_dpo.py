@@ -127,17 +127,30 @@ def driver_cases(driver, tmp):
                "%d tensors, worst %s rel %.1e" % (len(errs), errs[0][1], errs[0][0]))
 
 
-def cli_cases(tmp):
+def poem_pairs(tmp, skip_name):
+    """test_lora_cli's tiny model and tokenizer with 8 preference records (each word's poem chosen, the
+    next word's rejected) in tmp/pairs.json: (model folder, config, params, records, file), or None
+    after the SKIP line."""
     import test_lora_cli as C
-    made = C.tiny_poem_run(tmp, "dpo_cli")
+    made = C.tiny_poem_run(tmp, skip_name)
     if not made:
-        return
+        return None
     tok, cfg, params, _ = made
     words = ["春", "风", "山", "水"]
     pairs = [{"instruction": "写一句关于%s的诗" % w, "chosen": w * 3, "rejected": words[(i + 1) % 4] * 2}
              for i, w in enumerate(words * 2)]
     data = os.path.join(tmp, "pairs.json")
     json.dump(pairs, open(data, "w"), ensure_ascii=False)
+    return tok, cfg, params, pairs, data
+
+
+def cli_cases(tmp):
+    import test_lora_cli as C
+    made = poem_pairs(tmp, "dpo_cli")
+    if not made:
+        return
+    tok, cfg, params, pairs, data = made
+    words = ["春", "风", "山", "水"]
 
     def train(out, extra, data_file=data, src=None):
         return C.run(["train", "--model_name_or_path", tok] + (src or ["--train_file", data_file]) + ["--output_dir", out,

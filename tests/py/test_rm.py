@@ -131,16 +131,12 @@ def driver_cases(driver, tmp):
 
 
 def cli_cases(tmp):
+    import test_dpo as D
     import test_lora_cli as C
-    made = C.tiny_poem_run(tmp, "rm_cli")
+    made = D.poem_pairs(tmp, "rm_cli")
     if not made:
         return
-    tok, cfg, params, _ = made
-    words = ["春", "风", "山", "水"]
-    pairs = [{"instruction": "写一句关于%s的诗" % w, "chosen": w * 3, "rejected": words[(i + 1) % 4] * 2}
-             for i, w in enumerate(words * 2)]
-    data = os.path.join(tmp, "pairs.json")
-    json.dump(pairs, open(data, "w"), ensure_ascii=False)
+    tok, cfg, params, pairs, data = made
     const = ["--lr_scheduler_type", "constant"]
 
     def train(out, extra, ft="lora"):
