@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Session 35's command-line paths on a GPU, end to end on a tiny ChatGLM-6B-shaped model with the real
+# tokenizer: `glmtrain eval` (an MMLU-layout task) on CUDA in fp32 gives the CPU's predictions;
+# --stage rm in bf16 with LoRA trains and scores the test pairs (--do_predict); --stage kto in bf16
+# starts at loss 0.5 and trains. Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0),
+# build/lib, build/shared (tokenizers/chatglm-6b), python3.
+# usage: bash bench/gpu_stages_smoke.sh [BUILD_DIR]
+set -u
+B=${1:-build/gpu}
+export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
+TOK=$PWD/build/shared/tokenizers/chatglm-6b/ice_text.model
+W=$(mktemp -d /tmp/glm-stages.XXXXXX)
+ok() { if [ "$1" -eq 0 ]; then echo "PASS $2"; else echo "FAIL $2"; tail -5 "$W/log"; fi; }
+cat >"$W/config.json" <<'J'
+{"model_type": "chatglm", "vocab_size": 130528, "hidden_size": 256, "num_layers": 2, "num_attention_heads": 4,
+ "inner_hidden_size": 1024, "max_sequence_length": 1024, "layernorm_epsilon": 1e-5, "position_encoding_2d": true,
+ "mask_token_id": 130000, "gmask_token_id": 130001, "bos_token_id": 130004, "eos_token_id": 130005, "pad_token_id": 3}
+J
+python3 - "$W" <<'PY'
+import csv, json, os, random, sys
+w = sys.argv[1]
+g = random.Random(5)
+words = ["春", "风", "山", "水", "明月", "江南", "问题", "答案"]
+pairs = [{"instruction": "写一句关于%s的诗" % x, "chosen": x * 3, "rejected": words[(i + 1) % 8] * 2} for i, x in enumerate(words * 4)]
+json.dump(pairs, open(os.path.join(w, "pairs.json"), "w"), ensure_ascii=False)
+kto = [{"instruction": p["instruction"], "output": p["chosen"] if i % 2 else p["rejected"], "kto_tag": bool(i % 2)}
+       for i, p in enumerate(pairs)]
+json.dump(kto, open(os.path.join(w, "kto.json"), "w"), ensure_ascii=False)
+json.dump([{"instruction": p["instruction"], "output": p["chosen"]} for p in pairs], open(os.path.join(w, "sft.json"), "w"),
+          ensure_ascii=False)
+d = os.path.join(w, "evaluation", "mmlu")
+json.dump({"s1": {"name": "subject one", "category": "STEM"}, "s2": {"name": "subject two", "category": "Other"}},
+          open(os.path.join(os.makedirs(d) or d, "mapping.json"), "w"))
+for s in ("s1", "s2"):
+    for split, n in (("dev", 3), ("test", 12)):
+        os.makedirs(os.path.join(d, "data", split), exist_ok=True)
+        with open(os.path.join(d, "data", split, "%s_%s.csv" % (s, split)), "w", newline="") as f:
+            wr = csv.writer(f)
+            for i in range(n):
+                wr.writerow(["".join(g.choice(words) for _ in range(5))] + ["".join(g.choice(words) for _ in range(2))
+                                                                           for _ in range(4)] + ["ABCD"[g.randint(0, 3)]])
+PY
+"$B/glmtrain" train --init_from_config "$W/config.json" --tokenizer_name "$TOK" --train_file "$W/sft.json" \
+    --output_dir "$W/base" --max_steps 2 --per_device_train_batch_size 8 --disable_tqdm --device cpu >"$W/log" 2>&1
+ok $? "base_model"
+for dev in cpu cuda; do
+    "$B/glmtrain" eval --model_name_or_path "$W/base" --task mmlu_test --task_dir "$W/evaluation" --n_shot 2 \
+        --batch_size 5 --device "$dev" --dtype float32 --save_dir "$W/eval_$dev" >"$W/log" 2>&1
+    ok $? "eval_$dev"
+done
+cmp -s "$W/eval_cpu/results.json" "$W/eval_cuda/results.json"
+ok $? "eval_cuda_predictions_equal_the_cpu"
+cat "$W/eval_cuda/results.log"; echo
+"$B/glmtrain" train --model_name_or_path "$W/base" --train_file "$W/pairs.json" --stage rm --finetuning_type lora \
+    --lora_target all --bf16 --max_steps 6 --per_device_train_batch_size 4 --learning_rate 5e-3 --logging_steps 1 \
+    --disable_tqdm --output_dir "$W/rm" --do_predict --test_file "$W/pairs.json" >"$W/log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l <"$W/rm/generated_predictions.jsonl")" -eq 32 ] && [ -s "$W/rm/value_head.safetensors" ]
+ok $? "rm_bf16_trains_and_scores"
+grep -o "'predict_[a-z]*': [0-9.]*" "$W/log" | paste -sd' '
+"$B/glmtrain" train --model_name_or_path "$W/base" --train_file "$W/kto.json" --stage kto --finetuning_type lora \
+    --lora_target all --bf16 --max_steps 6 --per_device_train_batch_size 4 --learning_rate 5e-3 --logging_steps 1 \
+    --disable_tqdm --output_dir "$W/kto" >"$W/log" 2>&1
+rc=$?
+first=$(grep -o "'loss': [0-9.]*" "$W/log" | head -1 | cut -d' ' -f2)
+[ $rc -eq 0 ] && [ "$first" = "0.5000" ]
+ok $? "kto_bf16_first_loss_half"
+grep -o "'loss': [0-9.]*" "$W/log" | paste -sd' '
+rm -rf "$W"
