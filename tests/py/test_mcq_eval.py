@@ -137,7 +137,17 @@ def messages(target, support, subject, lang):
     return ms
 
 
-def reference(root, task, split, lang, n_shot, tok, cfg, params):
+def chatglm3_ids(tok, ms):
+    return tok.build_chat_input(ms[-2]["content"], history=ms[:-2])
+
+
+def chatglm2_ids(tok, ms):
+    """ChatGLM2-6B's model.chat prompt: build_prompt's rounds, [gMASK] sop in front."""
+    hist = [(ms[i]["content"], ms[i + 1]["content"]) for i in range(0, len(ms) - 2, 2)]
+    return tok.encode(tok.build_prompt(ms[-2]["content"], history=hist), add_special_tokens=True)
+
+
+def reference(root, task, split, lang, n_shot, tok, cfg, params, prompt_ids=chatglm3_ids):
     import torch
     import glm2_ref
     letters = [tok.encode(ch, add_special_tokens=False)[-1] for ch in "ABCD"]
@@ -147,7 +157,7 @@ def reference(root, task, split, lang, n_shot, tok, cfg, params):
         outs = []
         for ex in pandas_items(root, task, subj, split):
             ms = messages(ex, dev[:n_shot], info["name"], lang)
-            ids = tok.build_chat_input(ms[-2]["content"], history=ms[:-2])
+            ids = prompt_ids(tok, ms)
             with torch.no_grad():
                 logits = glm2_ref.forward(cfg, params, torch.tensor([ids]))["logits"][0, -1]
             pred = "ABCD"[int(torch.argmax(logits[letters]))]
@@ -210,6 +220,22 @@ def main():
             report(name + "_predictions", p.returncode == 0 and got == want,
                    "glmtrain %s, reference %s %s" % (got, want, p.stderr[-400:] if p.returncode else ""))
             report(name + "_scores", log == lines and lines in p.stdout, "glmtrain %r, reference %r" % (log, lines))
+        # ChatGLM2-6B's tokenizer beside the same weights: its rounds prompt ("[Round 1]\n\n问：...")
+        tdir2 = R.write_folder(os.path.join(tmp, "model2"), model, R.CONFIG_V2)
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy(os.path.join(tdir, f), tdir2)
+        tok2 = R.ChatGLM2Tokenizer(model)
+        want, lines = reference(root, "mmlu", "test", "zh", 2, tok2, cfg, params, chatglm2_ids)
+        save = os.path.join(tmp, "mcq_chatglm2")
+        p = subprocess.run([GLM, "eval", "--model_name_or_path", tdir2, "--task", "mmlu_test", "--task_dir", root, "--lang", "zh",
+                            "--n_shot", "2", "--batch_size", "3", "--save_dir", save], capture_output=True, text=True,
+                           timeout=300, env=ENV)
+        try:
+            got = json.load(open(os.path.join(save, "results.json")))
+        except Exception as e:  # noqa: BLE001
+            got = {"error": str(e)}
+        report("mcq_chatglm2_rounds_prompt_predictions", p.returncode == 0 and got == want,
+               "glmtrain %s, reference %s %s" % (got, want, p.stderr[-300:] if p.returncode else ""))
         # errors
         zipped = os.path.join(tmp, "zipped")
         os.makedirs(os.path.join(zipped, "ceval"))
