@@ -71,7 +71,10 @@ char *glm_tool_call_write(const char *args_json, char *why, size_t why_len) {
     size_t len = strlen(norm);
     int plain = 1; /* every key a Python identifier: k=v, else tool_call(**{...}) */
     const cJSON *it;
-    cJSON_ArrayForEach(it, o) plain &= glm_py_is_identifier(it->string, strlen(it->string));
+    cJSON_ArrayForEach(it, o) { /* a key with a \u0000 ends early as a C string: it is found as no key, so ** */
+        size_t vs, ve;
+        plain &= glm_py_is_identifier(it->string, strlen(it->string)) && glm_json_locate(norm, len, it->string, 0, &vs, &ve) == 0;
+    }
     glm_strbuf b = {0};
     glm_strbuf_str(&b, "```python\ntool_call(");
     int rc = 0;
