@@ -88,3 +88,13 @@ void glm_batch_count_targets(glm_batch *b) {
     for (size_t i = 0; i < (size_t)b->B * b->T; i++) c += b->targets[i] != -100;
     b->n_targets = c;
 }
+
+glm_batch glm_batch_rows(const glm_batch *b, int r0, int n) {
+    glm_batch v = *b;
+    size_t at = (size_t)r0 * b->T;
+    v.B = n;
+    v.ids += at; v.pos += at; v.block_pos += at; v.kv_lo += at; v.kv_hi += at; v.targets += at;
+    v.cap = (size_t)n * b->T;
+    glm_batch_count_targets(&v);
+    return v;
+}

@@ -52,5 +52,7 @@ int glm_batch_set_row_packed(glm_batch *b, int r, const int32_t *ids, const int3
                              int32_t mask_id, int32_t sop_id);
 /* Recounts n_targets. */
 void glm_batch_count_targets(glm_batch *b);
+/* A view of rows [r0, r0 + n) of b: its arrays, not copied (never freed); n_targets recounted. */
+glm_batch glm_batch_rows(const glm_batch *b, int r0, int n);
 
 #endif

@@ -56,6 +56,10 @@ static inline int glm_examples_len(const glm_examples *ex, int64_t i) { return (
 /* on a --stage kto example's first token: its answer is desirable (the example is the target's
  * tokens, then its KL example's from GLM_SUP_PAIR_SPLIT on) */
 #define GLM_SUP_KTO_DESIRABLE 8
+/* Whether --stage kto's example i is marked desirable. */
+static inline int glm_examples_desirable(const glm_examples *ex, int64_t i) {
+    return (ex->sup[ex->off[i]] & GLM_SUP_KTO_DESIRABLE) != 0;
+}
 /* Where example i's rejected half starts (its length when it is not a pair). */
 static inline int glm_examples_split(const glm_examples *ex, int64_t i) {
     int n = glm_examples_len(ex, i);

@@ -66,8 +66,8 @@ static int entry(const char *dir, const char *name, const cJSON *e, glm_data_sou
     }
     cJSON_ArrayForEach(c, cols) {
         static const char *const alpaca_keys[] = {"prompt", "query", "response", "history", "system"};
-        if (!strcmp(c->string, "kto_tag")) continue;
         static const char *const sharegpt_keys[] = {"messages", "system"};
+        if (!strcmp(c->string, "kto_tag")) continue; /* read above */
         int known = 0;
         for (int k = 0; k < (sharegpt ? 2 : 5); k++) known |= !strcmp(c->string, sharegpt ? sharegpt_keys[k] : alpaca_keys[k]);
         if (src->read.pairs && (!strcmp(c->string, "chosen") || !strcmp(c->string, "rejected"))) {

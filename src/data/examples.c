@@ -210,35 +210,33 @@ static int answer_start(const glm_ids *labels) {
 /* LLaMA-Factory's pairwise cut of the role-token layouts: each example is its prompt (every token
  * before its last answer) and that answer; both keep infer_seqlen(prompt, longer answer, cutoff) of
  * them, the prompt from its start. */
+/* An example (ids x, labels lab, its answer from answer_start) cut to the first ns tokens of its
+ * prompt and at most nt of its answer. */
+static void keep_turn(glm_ids *x, glm_ids *lab, long ns, long nt, glm_example_info *info) {
+    int s = answer_start(lab), len = x->n - s, keep = (int)(nt < len ? nt : len);
+    memmove(x->data + ns, x->data + s, sizeof(int32_t) * (size_t)keep);
+    memmove(lab->data + ns, lab->data + s, sizeof(int32_t) * (size_t)keep);
+    x->n = lab->n = (int)ns + keep;
+    info->truncated_answer |= keep < len;
+    info->truncated_prompt |= ns < s;
+}
+
 static void cut_turn_pair(int cutoff, glm_ids *ci, glm_ids *cl, glm_ids *ri, glm_ids *rl, glm_example_info *info) {
-    int sc = answer_start(cl), sr = answer_start(rl), lc = ci->n - sc, lr = ri->n - sr;
+    int sc = answer_start(cl), lc = ci->n - sc, lr = ri->n - answer_start(rl);
     long ns, nt;
     glm_infer_seqlen(sc, lc > lr ? lc : lr, cutoff, &ns, &nt);
-    glm_ids *xs[2][2] = {{ci, cl}, {ri, rl}};
-    int starts[2] = {sc, sr}, lens[2] = {lc, lr};
-    for (int k = 0; k < 2; k++) {
-        int keep = (int)(nt < lens[k] ? nt : lens[k]), s = starts[k];
-        for (int j = 0; j < 2; j++) {
-            glm_ids *x = xs[k][j];
-            memmove(x->data + ns, x->data + s, sizeof(int32_t) * (size_t)keep);
-            x->n = (int)ns + keep;
-        }
-        info->truncated_answer |= keep < lens[k];
-    }
-    info->truncated_prompt = ns < sc;
+    info->truncated_prompt = 0;
+    keep_turn(ci, cl, ns, nt, info);
+    keep_turn(ri, rl, ns, nt, info);
 }
 
 /* LLaMA-Factory's feedback (KTO) cut: an example and its KL example each keep infer_seqlen(prompt,
  * its own answer, cutoff), the prompt from its start. */
 static void cut_turn_one(int cutoff, glm_ids *x, glm_ids *lab, glm_example_info *info) {
-    int s = answer_start(lab), len = x->n - s;
+    int s = answer_start(lab);
     long ns, nt;
-    glm_infer_seqlen(s, len, cutoff, &ns, &nt);
-    memmove(x->data + ns, x->data + s, sizeof(int32_t) * (size_t)nt);
-    memmove(lab->data + ns, lab->data + s, sizeof(int32_t) * (size_t)nt);
-    x->n = lab->n = (int)(ns + nt);
-    info->truncated_answer |= nt < len;
-    info->truncated_prompt |= ns < s;
+    glm_infer_seqlen(s, x->n - s, cutoff, &ns, &nt);
+    keep_turn(x, lab, ns, nt, info);
 }
 
 static int build_preference(const glm_example_cfg *c0, const glm_encoder *enc, const glm_record *r, glm_ids *ids,

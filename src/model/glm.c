@@ -799,11 +799,6 @@ static void forward_trunk(glm_model *m, const void *h_in) {
     }
 }
 
-/* LM head + cross entropy over the supervised rows, chunk by chunk (gathered from lnf_out, or
- * its first rows when the top layer computed only those). With backward, also writes d(lnf_out)
- * into dlnf (zero on the other rows) and accumulates the head's weight gradient; with tok_w
- * (device, [n_sup]) each row's gradient is weighed by it. tok_loss (host, [n_sup], or NULL) gets
- * every row's loss. */
 /* The final norm's output of supervised rows r0 .. r0 + R: the compact top rows themselves, or
  * gathered into head_in. */
 static const void *head_rows(glm_model *m, int r0, int R) {
@@ -815,6 +810,11 @@ static const void *head_rows(glm_model *m, int r0, int R) {
 }
 
 static double value_head(glm_model *m, float dscale, void *dlnf, const float *dvals, float *vals);
+/* LM head + cross entropy over the supervised rows, chunk by chunk (gathered from lnf_out, or
+ * its first rows when the top layer computed only those). With backward, also writes d(lnf_out)
+ * into dlnf (zero on the other rows) and accumulates the head's weight gradient; with tok_w
+ * (device, [n_sup]) each row's gradient is weighed by it. tok_loss (host, [n_sup], or NULL) gets
+ * every row's loss. */
 static double head_loss(glm_model *m, float dscale, void *dlnf, const float *tok_w, float *tok_loss) {
     if (m->cfg.value_head) return value_head(m, dscale, dlnf, tok_w, tok_loss);
     glm_backend *be = m->be;

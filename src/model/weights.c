@@ -357,10 +357,10 @@ int glm_model_load_adapter_file(glm_model *m, const char *path, const char *pref
 static int load_trainable_rows(glm_model *m, const char *path, glm_err *err);
 int glm_model_load_trainable(glm_model *m, const char *path, glm_err *err) {
     if (load_trainable_rows(m, path, err)) return -1;
-    char dir[4096]; /* the value head lies beside a file given for the rows */
+    char dir[4096]; /* the value head lies in the folder, or beside a file given for the rows */
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (!glm_is_dir(path)) snprintf(slash ? slash : dir, sizeof dir - (size_t)(slash ? slash - dir : 0), "%s", slash ? "" : ".");
+    if (!glm_is_dir(path)) { if (slash) *slash = 0; else snprintf(dir, sizeof dir, "."); }
     return glm_model_load_value_head(m, dir, 1, err) < 0 ? -1 : 0;
 }
 

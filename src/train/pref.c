@@ -116,27 +116,30 @@ void glm_pref_row_logps(const glm_pref_cfg *cfg, const glm_batch *b, const float
     free(cnt);
 }
 
-/* --stage rm: vals holds one value a row with targets (in row order); w their derivatives. */
-static double rm_weigh(const glm_pref_batch *pb, const glm_batch *b, const float *vals, int n, float *w) {
-    int B = b->B, P = B / 2, k = 0;
-    int *at = glm_malloc(sizeof(int) * (size_t)B); /* each row's place in vals, -1 without targets */
-    for (int i = 0; i < B; i++) {
-        at[i] = -1;
-        for (int j = 0; j < b->T; j++)
-            if (b->targets[(size_t)i * b->T + j] != -100) { at[i] = k++; break; }
+void glm_pref_row_values(const glm_batch *b, const float *vals, int n, double *out) {
+    int k = 0;
+    for (int i = 0; i < b->B; i++) {
+        int has = 0;
+        for (int j = 0; j < b->T && !has; j++) has = b->targets[(size_t)i * b->T + j] != -100;
+        out[i] = has ? vals[k++] : NAN;
     }
     GLM_ASSERT(k == n);
-    for (int i = 0; i < n; i++) w[i] = 0;
+}
+
+/* --stage rm: vals holds one value a row with targets (in row order); w their derivatives. */
+static double rm_weigh(const glm_pref_batch *pb, const glm_batch *b, const float *vals, int n, float *w) {
+    int B = b->B, P = B / 2;
+    double *v = glm_malloc(sizeof(double) * (size_t)B), *dv = glm_calloc((size_t)B, sizeof(double));
+    glm_pref_row_values(b, vals, n, v);
     double total = 0;
     for (int p = 0; p < P; p++) {
-        int ic = at[p], ir = at[P + p];
-        if (ic < 0 || ir < 0) continue;
-        double dc, dr, dca;
-        total += glm_pref_pair(pb->cfg, vals[ic], vals[ir], 0, 0, 0, &dc, &dr, &dca, pb->sums);
-        w[ic] = (float)dc;
-        w[ir] = (float)dr;
+        if (isnan(v[p]) || isnan(v[P + p])) continue;
+        double dca;
+        total += glm_pref_pair(pb->cfg, v[p], v[P + p], 0, 0, 0, &dv[p], &dv[P + p], &dca, pb->sums);
     }
-    free(at);
+    for (int i = 0, k = 0; i < B; i++)
+        if (!isnan(v[i])) w[k++] = (float)dv[i];
+    free(v); free(dv);
     return total;
 }
 
@@ -220,17 +223,6 @@ double glm_pref_weigh(void *ctx, const glm_batch *b, const float *tok_loss, int 
     spread_row_weights(b, rw, n, w);
     free(sum); free(rw); free(cnt);
     return total;
-}
-
-glm_batch glm_batch_rows(const glm_batch *b, int r0, int n) {
-    glm_batch v = *b;
-    size_t at = (size_t)r0 * b->T;
-    v.B = n;
-    v.ids += at; v.pos += at; v.block_pos += at; v.kv_lo += at; v.kv_hi += at; v.targets += at;
-    v.cap = (size_t)n * b->T;
-    v.n_targets = 0;
-    for (size_t i = 0; i < (size_t)n * b->T; i++) v.n_targets += v.targets[i] != -100;
-    return v;
 }
 
 void glm_pref_kl_sums(glm_model *m, const glm_batch *b, double *out) {

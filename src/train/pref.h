@@ -73,8 +73,6 @@ typedef struct glm_pref_batch {
     const double *kl_sums;
 } glm_pref_batch;
 
-/* A view of rows [r0, r0 + n) of b (its arrays, not copied; n_targets recounted). */
-glm_batch glm_batch_rows(const glm_batch *b, int r0, int n);
 /* KTO's KL examples (rows P..2P-1 of b) forward only, their log p sums into out [P] (NAN for a
  * row without targets): the pass TRL makes without gradient, so the backward runs over the
  * examples' rows alone. */
@@ -85,6 +83,10 @@ void glm_pref_kl_sums(struct glm_model *m, const glm_batch *b, double *out);
  * the pairs' losses. A pair with a row without targets (an evaluation set's wrap-around padding)
  * counts nothing. */
 double glm_pref_weigh(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w);
+
+/* --stage rm: each row's value from vals [n] (the model's one value a row with targets, in row
+ * order): out [b->B], NAN for a row without targets. */
+void glm_pref_row_values(const glm_batch *b, const float *vals, int n, double *out);
 
 /* Each row's value (the sum or mean of its targets' log p, by cfg) from the token losses:
  * out [b->B]; a row without targets gets NAN. */

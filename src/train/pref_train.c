@@ -58,17 +58,16 @@ int trainer_pref_setup(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
     t->pref = (glm_pref_cfg){.beta = a->pref_beta, .ftx = a->pref_ftx, .simpo_gamma = a->simpo_gamma,
                              .label_smoothing = a->dpo_label_smoothing};
-    if (glm_train_is_rm(a)) t->pref = (glm_pref_cfg){.loss = GLM_PREF_RM, .beta = 1};
-    else if (glm_train_is_kto(a)) t->pref.loss = GLM_PREF_KTO;
-    else glm_pref_loss_parse(a->pref_loss, &t->pref.loss); /* checked with the flags */
     t->pref.kto_desirable = a->kto_chosen_weight;
     t->pref.kto_undesirable = a->kto_rejected_weight;
+    if (glm_train_is_rm(a)) t->pref.loss = GLM_PREF_RM;
+    else if (glm_train_is_kto(a)) t->pref.loss = GLM_PREF_KTO;
+    else glm_pref_loss_parse(a->pref_loss, &t->pref.loss); /* checked with the flags */
     if (glm_train_is_kto(a) && lead(t)) { /* LLaMA-Factory's warning: one kind alone has nothing to compare with */
         const glm_dataset *ds = &t->data.train;
         int64_t good = 0;
         for (int64_t k = 0; k < ds->n; k++) {
-            int64_t i = glm_dataset_index(ds, k);
-            good += (ds->ex->sup[ds->ex->off[i]] & GLM_SUP_KTO_DESIRABLE) != 0;
+            good += glm_examples_desirable(ds->ex, glm_dataset_index(ds, k));
         }
         if (good == 0 || good == ds->n)
             glm_warn("--stage kto: every one of the %lld training examples is %s; KTO learns from both kinds (kto_tag "
@@ -121,10 +120,7 @@ static double *batch_ref(const double *tab, const int64_t *pos, int P) {
 /* KTO's tags of a batch's P examples (dataset positions pos), from their first token's mark. */
 static uint8_t *batch_tags(const glm_dataset *ds, const int64_t *pos, int P) {
     uint8_t *tags = glm_calloc((size_t)(P ? P : 1), 1);
-    for (int u = 0; u < P; u++) {
-        int64_t i = glm_dataset_index(ds, pos[u]);
-        tags[u] = (ds->ex->sup[ds->ex->off[i]] & GLM_SUP_KTO_DESIRABLE) != 0;
-    }
+    for (int u = 0; u < P; u++) tags[u] = (uint8_t)glm_examples_desirable(ds->ex, glm_dataset_index(ds, pos[u]));
     return tags;
 }
 
@@ -248,6 +244,7 @@ static int rm_predict_lead(trainer *t, glm_err *err) {
     double *score = glm_malloc(sizeof(double) * 2 * (size_t)(n ? n : 1));
     for (int64_t i = 0; i < 2 * n; i++) score[i] = NAN;
     float *vals = glm_malloc(sizeof(float) * (size_t)b.B), *w = glm_malloc(sizeof(float) * (size_t)b.B);
+    double *rv = glm_malloc(sizeof(double) * (size_t)b.B);
     int64_t *pos = glm_malloc(sizeof(int64_t) * (size_t)c.batch_size);
     glm_pref_sums sums = {0};
     int rc = 0;
@@ -257,13 +254,10 @@ static int rm_predict_lead(trainer *t, glm_err *err) {
         glm_forward_token_losses(&t->m, &b, vals); /* one score a row with targets, in row order */
         glm_pref_batch pb = {.cfg = &t->pref, .sums = &sums};
         glm_pref_weigh(&pb, &b, vals, t->m.bd.n_sup, w);
-        for (int r = 0, k = 0; r < b.B; r++) {
-            int has = 0;
-            for (int j = 0; j < b.T && !has; j++) has = b.targets[(size_t)r * b.T + j] != -100;
-            if (!has) continue;
-            int u = r < b.B / 2 ? r : r - b.B / 2; /* the pair: chosen rows first */
-            if (u < P) score[2 * pos[u] + (r >= b.B / 2)] = vals[k];
-            k++;
+        glm_pref_row_values(&b, vals, t->m.bd.n_sup, rv);
+        for (int u = 0; u < P; u++) { /* the pair: chosen rows first */
+            score[2 * pos[u]] = rv[u];
+            score[2 * pos[u] + 1] = rv[b.B / 2 + u];
         }
     }
     char path[4096], line[160], cs[48], rs[48];
@@ -286,7 +280,7 @@ static int rm_predict_lead(trainer *t, glm_err *err) {
         glm_info("--do_predict: %.0f pairs of %s scored into %s/generated_predictions.jsonl", sums.n, a->test_file,
                  a->output_dir);
     }
-    free(out.s); free(score); free(vals); free(w); free(pos);
+    free(out.s); free(score); free(vals); free(w); free(rv); free(pos);
     glm_batch_free(&b);
     glm_loader_free(l);
     glm_data_free(&d);

@@ -122,9 +122,9 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
             return glm_fail(err, "--summary_dropout_prob %g: must be in [0, 1)", a->summary_dropout_prob);
         return 0;
     }
+    if (!(a->pref_beta > 0)) return glm_fail(err, "--pref_beta %g: must be positive", a->pref_beta);
+    if (!(a->pref_ftx >= 0)) return glm_fail(err, "--pref_ftx %g: must not be negative", a->pref_ftx);
     if (glm_train_is_kto(a)) {
-        if (!(a->pref_beta > 0)) return glm_fail(err, "--pref_beta %g: must be positive", a->pref_beta);
-        if (!(a->pref_ftx >= 0)) return glm_fail(err, "--pref_ftx %g: must not be negative", a->pref_ftx);
         if (!(a->kto_chosen_weight > 0) || !(a->kto_rejected_weight > 0))
             return glm_fail(err, "--kto_chosen_weight %g, --kto_rejected_weight %g: both must be positive", a->kto_chosen_weight,
                             a->kto_rejected_weight);
@@ -138,8 +138,6 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
     if (a->ref_model && !glm_pref_uses_ref(l))
         return glm_fail(err, "--ref_model with --pref_loss %s: %s uses no reference model", a->pref_loss, a->pref_loss),
                glm_hint(err, "drop --ref_model, or use sigmoid, hinge or ipo");
-    if (!(a->pref_beta > 0)) return glm_fail(err, "--pref_beta %g: must be positive", a->pref_beta);
-    if (!(a->pref_ftx >= 0)) return glm_fail(err, "--pref_ftx %g: must not be negative", a->pref_ftx);
     if (!(a->dpo_label_smoothing >= 0 && a->dpo_label_smoothing <= 0.5))
         return glm_fail(err, "--dpo_label_smoothing %g: must be in [0, 0.5]", a->dpo_label_smoothing);
     if (a->dpo_label_smoothing > 0 && l != GLM_PREF_SIGMOID)

@@ -136,10 +136,11 @@ int glm_ds_check_plan(const glm_train_args *a, int world, long total_steps, long
 /* The settings the parallel layer reads (launch, memory plan, layout), pointing into a. */
 glm_par_opts glm_train_par_opts(const glm_train_args *a);
 
-/* --stage dpo or rm: preference pairs (train/pref.h); rm scores them with a value head */
+/* --stage rm: a value head scores the preference pairs */
 static inline int glm_train_is_rm(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "rm"); }
 /* --stage kto: examples with a desirable/undesirable tag, each beside its KL example (a pair of rows too) */
 static inline int glm_train_is_kto(const glm_train_args *a) { return a->stage && !strcmp(a->stage, "kto"); }
+/* --stage dpo, rm or kto: batches of two-row examples (train/pref.h) */
 static inline int glm_train_is_pref(const glm_train_args *a) {
     return a->stage && (!strcmp(a->stage, "dpo") || glm_train_is_rm(a) || glm_train_is_kto(a));
 }

@@ -166,7 +166,7 @@ static int mode_examples(const glm_tokenizer *t, const char *tok_path, glm_data_
         cJSON_AddItemToObject(o, "ids", ids_json(ex->ids + ex->off[i], n));
         cJSON_AddItemToObject(o, "labels", ids_json(lab, n));
         if (cfg->read.pairs || cfg->read.kto) cJSON_AddNumberToObject(o, "split", glm_examples_split(ex, i));
-        if (cfg->read.kto) cJSON_AddBoolToObject(o, "kto_tag", (ex->sup[ex->off[i]] & GLM_SUP_KTO_DESIRABLE) != 0);
+        if (cfg->read.kto) cJSON_AddBoolToObject(o, "kto_tag", glm_examples_desirable(ex, i));
         emit(o);
     }
     const glm_data_summary *s = &ex->summary;

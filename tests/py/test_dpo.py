@@ -78,6 +78,36 @@ CASES = [  # name, kind, beta, ftx, gamma, label smoothing, tied, rows (chosen (
 ]
 
 
+def pair_rows(cfg, first, second, g):
+    """A batch of pairs sharing their prompts: the rows of `first` ((prompt, answer) lengths, as
+    V.make_rows makes them), then as many rows with the same prompts and random answers of `second`'s
+    answer lengths (drawn from generator g); (ids, labels) right-padded."""
+    ids_a, lab_a = V.make_rows(cfg, first, seed=11)
+    ids_b, lab_b = [], []
+    for (la, lb), ia in zip(second, ids_a):
+        i, l = glm_ref.make_example(ia[:la], torch.randint(4, 90, (lb,), generator=g).tolist(), cfg)
+        ids_b.append(i)
+        lab_b.append(l)
+    return glm_ref.pad_batch(ids_a + ids_b, lab_a + lab_b, cfg["pad_token_id"])
+
+
+def run_main(name, driver_cases, *steps):
+    """A preference test's main: driver_cases(driver, tmp) when tool_model_driver is built (else SKIP),
+    then each step(tmp), in one temporary folder; the exit status of all the checks."""
+    tmp = tempfile.mkdtemp(prefix="glm_%s_" % name)
+    try:
+        driver = V.find_driver()
+        if driver:
+            driver_cases(driver, tmp)
+        else:
+            print("SKIP %s_driver: tool_model_driver not built" % name)
+        for step in steps:
+            step(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if all(M.results) else 1
+
+
 def driver_cases(driver, tmp):
     from safetensors.torch import load_file  # noqa: F401  (test_model_vs_torch reads the output)
     for name, kind, beta, ftx, gamma, ls, tied, chosen, rejected in CASES:
@@ -86,16 +116,7 @@ def driver_cases(driver, tmp):
         model = os.path.join(tmp, name)
         glm_ref.save_model_dir(model, cfg, params)
         # a pair shares its prompt: the rejected row is the chosen one's prompt with another answer
-        ids_c, lab_c = V.make_rows(cfg, chosen, seed=11)
-        g = torch.Generator().manual_seed(12)
-        ids_r, lab_r = [], []
-        for (la, lb), ic in zip(rejected, ids_c):
-            a = ic[:la]
-            b = torch.randint(4, 90, (lb,), generator=g).tolist()
-            i, l = glm_ref.make_example(a, b, cfg)
-            ids_r.append(i)
-            lab_r.append(l)
-        ids, labels = glm_ref.pad_batch(ids_c + ids_r, lab_c + lab_r, cfg["pad_token_id"])
+        ids, labels = pair_rows(cfg, chosen, rejected, torch.Generator().manual_seed(12))
         P = len(chosen)
         avg = kind in ("ipo", "orpo", "simpo")
         with torch.no_grad():
@@ -372,18 +393,7 @@ def pair_examples(tmp):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="glm_dpo_")
-    try:
-        driver = V.find_driver()
-        if driver:
-            driver_cases(driver, tmp)
-        else:
-            print("SKIP dpo_driver: tool_model_driver not built")
-        cli_cases(tmp)
-        pair_examples(tmp)  # last: it puts transformers 4.46 on the path
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if all(M.results) else 1
+    return run_main("dpo", driver_cases, cli_cases, pair_examples)  # pair_examples last: it puts transformers 4.46 on the path
 
 
 if __name__ == "__main__":

@@ -17,11 +17,8 @@
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -74,15 +71,8 @@ def driver_cases(driver, tmp):
         params = glm_ref.init_params(cfg, seed=7, std=0.2)
         model = os.path.join(tmp, name)
         glm_ref.save_model_dir(model, cfg, params)
-        ids_t, lab_t = V.make_rows(cfg, lens, seed=11)
-        ids_k, lab_k = [], []
-        g = torch.Generator().manual_seed(12)
-        for (la, lb), it in zip(lens, ids_t):  # a KL example: the prompt with another answer
-            b = torch.randint(4, 90, (lb + 1,), generator=g).tolist()
-            i, l = glm_ref.make_example(it[:la], b, cfg)
-            ids_k.append(i)
-            lab_k.append(l)
-        ids, labels = glm_ref.pad_batch(ids_t + ids_k, lab_t + lab_k, cfg["pad_token_id"])
+        # a KL example: the prompt with another answer
+        ids, labels = D.pair_rows(cfg, lens, [(la, lb + 1) for la, lb in lens], torch.Generator().manual_seed(12))
         P = len(lens)
         with torch.no_grad():
             v0, _ = row_sums(cfg, params, ids, labels)
@@ -249,22 +239,15 @@ def cli_cases(tmp):
     report("kto_cli_tag_not_boolean_named", p.returncode != 0 and "kto_tag" in p.stderr and "bad.json" in p.stderr, p.stderr[-300:])
 
 
+def kto_examples_hf(tmp):
+    import test_glm_hf as H
+    tool = os.path.join(os.environ.get("GLM_BUILD", "build"), "tests", "tool_chatglm23")
+    if H.use_transformers_446("kto_examples_equal_llamafactory", [tool]):
+        kto_examples(tmp)
+
+
 def main():
-    tmp = tempfile.mkdtemp(prefix="glm_kto_")
-    try:
-        driver = V.find_driver()
-        if driver:
-            driver_cases(driver, tmp)
-        else:
-            print("SKIP kto_driver: tool_model_driver not built")
-        cli_cases(tmp)
-        import test_glm_hf as H
-        tool = os.path.join(os.environ.get("GLM_BUILD", "build"), "tests", "tool_chatglm23")
-        if H.use_transformers_446("kto_examples_equal_llamafactory", [tool]):
-            kto_examples(tmp)  # last: it puts transformers 4.46 on the path
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if all(M.results) else 1
+    return D.run_main("kto", driver_cases, cli_cases, kto_examples_hf)  # the examples last: they put transformers 4.46 on the path
 
 
 if __name__ == "__main__":

@@ -19,11 +19,8 @@ references, on the CPU.
 Prints PASS/FAIL/SKIP lines (tests/run.sh)."""
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import glm_ref  # noqa: E402
 import mpi_runs as M  # noqa: E402
+import test_dpo as D  # noqa: E402
 import test_model_vs_torch as V  # noqa: E402
 from mpi_runs import report  # noqa: E402
 
@@ -81,14 +79,7 @@ def driver_cases(driver, tmp):
         vdir = os.path.join(tmp, name + ".vhead")
         os.makedirs(vdir)
         save_file(vhead, os.path.join(vdir, "value_head.safetensors"))
-        ids_c, lab_c = V.make_rows(cfg, chosen, seed=11)
-        ids_r, lab_r = [], []
-        for (la, lb), ic in zip(rejected, ids_c):
-            b = torch.randint(4, 90, (lb,), generator=g).tolist()
-            i, l = glm_ref.make_example(ic[:la], b, cfg)
-            ids_r.append(i)
-            lab_r.append(l)
-        ids, labels = glm_ref.pad_batch(ids_c + ids_r, lab_c + lab_r, cfg["pad_token_id"])
+        ids, labels = D.pair_rows(cfg, chosen, rejected, g)
         P = len(chosen)
         batch = os.path.join(tmp, name + ".json")
         json.dump({"input_ids": ids.tolist(), "labels": labels.tolist()}, open(batch, "w"))
@@ -131,7 +122,6 @@ def driver_cases(driver, tmp):
 
 
 def cli_cases(tmp):
-    import test_dpo as D
     import test_lora_cli as C
     made = D.poem_pairs(tmp, "rm_cli")
     if not made:
@@ -256,17 +246,7 @@ def cli_cases(tmp):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="glm_rm_")
-    try:
-        driver = V.find_driver()
-        if driver:
-            driver_cases(driver, tmp)
-        else:
-            print("SKIP rm_driver: tool_model_driver not built")
-        cli_cases(tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if all(M.results) else 1
+    return D.run_main("rm", driver_cases, cli_cases)
 
 
 if __name__ == "__main__":
