@@ -217,6 +217,13 @@ int glm_cmd_serve(int argc, char **argv) {
         e.step_delay_ms = a.step_delay_ms;
         e.debug = a.gen.debug;
     }
+    if (!rc) { /* a reward model (--stage rm's output): its value head scores texts */
+        int k = glm_value_head_read(a.gen.model_name_or_path, gen_config(&s)->hidden_size, &e.vhead, &err);
+        if (k < 0) rc = glm_wrap(&err, "--model_name_or_path %s: ", a.gen.model_name_or_path);
+        for (int i = -1; i < n_ad && !rc; i++)
+            if (i < 0 ? e.vhead != NULL : ad[i].vhead != NULL)
+                glm_info("value head: %s scores texts (POST /v1/score/evaluation)", i < 0 ? name : ad[i].name);
+    }
     /* every thread from here on leaves SIGTERM/SIGINT to the main thread's sigwait */
     sigset_t sigs;
     sigemptyset(&sigs);

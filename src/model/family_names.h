@@ -15,5 +15,8 @@
 #define GLM_V2_EMBED GLM_V2_EMBED_MODULE ".word_embeddings.weight"
 #define GLM_V2_FINAL_NORM_W "transformer.encoder.final_layernorm.weight"
 #define GLM_V2_HEAD "transformer.output_layer.weight"
+/* TRL's ValueHead (--stage rm), every family: LLaMA-Factory's value_head.safetensors */
+#define GLM_VHEAD_W "v_head.summary.weight"
+#define GLM_VHEAD_B "v_head.summary.bias"
 
 #endif

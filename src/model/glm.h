@@ -324,6 +324,9 @@ int glm_model_save_final(glm_model *m, const char *dir, int file_dtype, size_t s
 #define GLM_VALUE_HEAD_FILE "value_head.safetensors"
 int glm_model_save_value_head(glm_model *m, const char *dir, glm_err *err);
 int glm_model_load_value_head(glm_model *m, const char *dir, int required, glm_err *err);
+/* dir's value head on the host, for a model of hidden size H: *out = [H + 1] floats (the weight,
+ * then the bias; the caller frees it). 0, 1 when dir holds none (*out NULL), -1 on a bad file. */
+int glm_value_head_read(const char *dir, int H, float **out, glm_err *err);
 /* The trainable rows as a torch.save state dict (pytorch_model.bin): what THUDM's ptuning
  * README loads with torch.load for a P-Tuning v2 checkpoint. */
 int glm_model_save_trainable_bin(glm_model *m, const char *path, glm_err *err);
@@ -392,11 +395,13 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
 /* The same for a pipeline stage (as glm_stage_forward_cached): a stage after the first takes
  * h_in [nrows*Tq*H] (host floats), a stage before the last writes h_out and no logits. On the
  * last stage greedy_out [nrows] (may be NULL) gets each row's greedy token as glm_sample_next
- * picks it without sampling (backend argmax_rows: the logits need not leave the device). */
+ * picks it without sampling (backend argmax_rows: the logits need not leave the device), and
+ * last_hidden_out [nrows*H] (may be NULL) each row's last new token's final-norm output (what a
+ * value head scores). */
 int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
                                    const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                                    const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
-                                   int32_t *greedy_out, glm_err *err);
+                                   int32_t *greedy_out, float *last_hidden_out, glm_err *err);
 /* Makes the work buffers for calls of up to ntokens new tokens now (a LoRA adapter's middle
  * buffers follow m->cfg.peft at this moment: set the widest rank and every target first). */
 void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens);

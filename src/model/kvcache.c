@@ -220,13 +220,13 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
                              const int32_t *kv_hi, float *logits_out, glm_err *err) {
     if (!m->first || !m->last) return glm_fail(err, "cache slots: a whole model is needed (not a pipeline stage)");
     return glm_stage_forward_cached_slots(m, kv, slot0, nrows, Tq, len, ids, pos, block_pos, kv_lo, kv_hi, NULL, NULL,
-                                          logits_out, NULL, err);
+                                          logits_out, NULL, NULL, err);
 }
 
 int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
                                    const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                                    const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
-                                   int32_t *greedy_out, glm_err *err) {
+                                   int32_t *greedy_out, float *last_hidden_out, glm_err *err) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
     int N = nrows * Tq, H = c->hidden_size, V = c->vocab_size, HD = glm_head_dim(c), P = front(m);
@@ -308,12 +308,15 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
     void *x = a->x;
     m->fam->final_norm(m, x, a->ln1_mean, a->ln1_rstd, h, N);
     if (greedy_out && !be->argmax_rows) return glm_fail(err, "cache slots: backend %s has no argmax_rows", be->name);
-    if (logits_out || greedy_out) {
+    if (logits_out || greedy_out || last_hidden_out) {
         be->gather_rows(be, kv->rows, x, d_last, nrows, H);
+        if (last_hidden_out) be->download_f32(be, last_hidden_out, kv->rows, (size_t)nrows * H);
+    }
+    if (logits_out || greedy_out) {
         be->matmul_fwd(be, kv->logits, kv->rows, m->w.head, NULL, nrows, H, V);
         if (greedy_out) be->argmax_rows(be, greedy_out, kv->logits, nrows, V); /* only nrows ints come back */
         if (logits_out) be->download_f32(be, logits_out, kv->logits, (size_t)nrows * V);
-    } else {
+    } else if (!last_hidden_out) {
         be->sync(be); /* the inputs' buffer is reused by the next call */
     }
     return 0;

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "core/err.h"
 #include "model/family.h"
+#include "model/family_names.h"
 
 /* Each tensor starts on a 64-element boundary so vector loads and later shards stay aligned. */
 #define ALIGN_ELEMS 64
@@ -307,8 +308,8 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
          * then gets no gradient; without decay it stays as loaded (torch's AdamW skips it) */
         int head_row = tab->n - 1;
         if (c->value_head && head_row >= 0 && tab->t[head_row].kind == T_LM_HEAD) tab->t[head_row].decay = 0;
-        ROW(T_VHEAD_W, -1, "v_head.summary.weight", 2, 1, H);
-        ROW(T_VHEAD_B, -1, "v_head.summary.bias", 1, 1, 1);
+        ROW(T_VHEAD_W, -1, GLM_VHEAD_W, 2, 1, H);
+        ROW(T_VHEAD_B, -1, GLM_VHEAD_B, 1, 1, 1);
     }
 #undef ROW
     unit_start(tab, unit_align);

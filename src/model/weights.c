@@ -11,6 +11,7 @@
 #include "io/torchbin.h"
 #include "model/adapter.h"
 #include "model/ckpt.h"
+#include "model/family_names.h"
 #include "model/glm.h"
 #include "model/hf_layout.h"
 
@@ -446,42 +447,61 @@ int glm_model_save_value_head(glm_model *m, const char *dir, glm_err *err) {
     return rc;
 }
 
-int glm_model_load_value_head(glm_model *m, const char *dir, int required, glm_err *err) {
-    if (!m->cfg.value_head) return 0;
+/* The file of dir's value head into path: 0, or 1 when dir holds none. */
+static int value_head_path(const char *dir, char *path, size_t cap) {
+    glm_path_join(path, cap, dir, GLM_VALUE_HEAD_FILE);
+    if (!glm_is_file(path)) glm_path_join(path, cap, dir, "value_head.bin"); /* as LLaMA-Factory also reads it */
+    return glm_is_file(path) ? 0 : 1;
+}
+
+int glm_value_head_read(const char *dir, int H, float **out, glm_err *err) {
+    static const char *const names[2] = {GLM_VHEAD_W, GLM_VHEAD_B};
     char path[4096];
-    glm_path_join(path, sizeof path, dir, GLM_VALUE_HEAD_FILE);
-    if (!glm_is_file(path)) glm_path_join(path, sizeof path, dir, "value_head.bin"); /* as LLaMA-Factory also reads it */
-    if (!glm_is_file(path)) {
-        if (!required) return 1;
-        glm_fail(err, "%s holds no %s (the value head of a --stage rm run)", dir, GLM_VALUE_HEAD_FILE);
-        return glm_hint(err, "resume from a checkpoint of the same --stage rm run");
-    }
+    *out = NULL;
+    if (value_head_path(dir, path, sizeof path)) return 1;
     glm_ckpt c;
     if (glm_ckpt_open(&c, path, err)) return -1;
+    float *host = glm_malloc(sizeof(float) * ((size_t)H + 1));
     int rc = 0;
-    for (glm_tkind k = T_VHEAD_W; k <= T_VHEAD_B && rc == 0; k++) {
-        const glm_tensor *t = glm_table_get(&m->tab, -1, k);
-        int nd;
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        int64_t want[2] = {1, i ? 1 : H}; /* [1, H] and [1] */
+        int want_nd = i ? 1 : 2, nd;
         int64_t shape[ST_MAX_DIMS];
-        if (glm_ckpt_info(&c, t->name, NULL, &nd, shape) != 0) {
-            rc = glm_fail(err, "%s: tensor %s is missing", path, t->name);
+        if (glm_ckpt_info(&c, names[i], NULL, &nd, shape) != 0) {
+            rc = glm_fail(err, "%s: tensor %s is missing", path, names[i]);
             glm_hint(err, "a value head file holds v_head.summary.weight [1, hidden] and v_head.summary.bias [1]");
             break;
         }
-        if (nd != t->ndim || shape[0] != t->shape[0] || (nd > 1 && shape[1] != t->shape[1])) {
-            rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, t->name,
-                          (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)t->shape[0],
-                          (long long)t->shape[1]);
+        if (nd != want_nd || shape[0] != want[0] || (nd > 1 && shape[1] != want[1])) {
+            rc = glm_fail(err, "%s: tensor %s has shape [%lld, %lld], this model needs [%lld, %lld]", path, names[i],
+                          (long long)shape[0], (long long)(nd > 1 ? shape[1] : 1), (long long)want[0],
+                          (long long)want[1]);
             glm_hint(err, "the value head was trained on a model of another hidden size");
             break;
         }
-        float *host = glm_malloc(sizeof(float) * t->numel);
-        rc = glm_ckpt_read_f32(&c, t->name, host, nd, shape, err);
-        if (rc == 0) m->be->upload_f32(m->be, glm_at(m->be, m->params, t->offset), host, t->numel);
-        free(host);
+        rc = glm_ckpt_read_f32(&c, names[i], host + (i ? H : 0), nd, shape, err);
     }
     glm_ckpt_close(&c);
-    return rc;
+    if (rc) { free(host); return -1; }
+    *out = host;
+    return 0;
+}
+
+int glm_model_load_value_head(glm_model *m, const char *dir, int required, glm_err *err) {
+    if (!m->cfg.value_head) return 0;
+    const glm_tensor *w = glm_table_get(&m->tab, -1, T_VHEAD_W), *b = glm_table_get(&m->tab, -1, T_VHEAD_B);
+    GLM_ASSERT(w && b && w->numel == (size_t)m->cfg.hidden_size && b->numel == 1);
+    float *host;
+    int rc = glm_value_head_read(dir, m->cfg.hidden_size, &host, err);
+    if (rc == 1 && required) {
+        glm_fail(err, "%s holds no %s (the value head of a --stage rm run)", dir, GLM_VALUE_HEAD_FILE);
+        return glm_hint(err, "resume from a checkpoint of the same --stage rm run");
+    }
+    if (rc) return rc;
+    m->be->upload_f32(m->be, glm_at(m->be, m->params, w->offset), host, w->numel);
+    m->be->upload_f32(m->be, glm_at(m->be, m->params, b->offset), host + w->numel, 1);
+    free(host);
+    return 0;
 }
 
 int glm_model_save(glm_model *m, const char *dir, int file_dtype, size_t shard_bytes, glm_err *err) {

@@ -49,6 +49,16 @@ typedef struct api_req {
     srv_tools tools;
 } api_req;
 
+/* The body's "model" (absent or null: the served model) -> *adapter (-1: the base) and its API
+ * name; or e filled (400, 404) and -1. */
+int srv_pick_model(srv_server *S, const cJSON *o, int *adapter, char *name, size_t cap, api_err *e);
+
+/* The body of POST /v1/score/evaluation (serve/score.c) -> q->r, a score request (texts, adapter),
+ * or e filled (400, 404 or 413) and -1. */
+int srv_parse_score(srv_server *S, const char *body, size_t n, api_req *q, api_err *e);
+/* Its answer once the engine is done: {"id", "object": "score.evaluation", "model", "scores"}. */
+cJSON *srv_score_answer(const api_req *q);
+
 /* The body of POST /v1/chat/completions (chat) or /v1/completions -> q (q->r: one reference, the
  * caller's), or e filled (400, 404 or 413) and -1. Model names are looked up in S->e->ad. */
 int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e);

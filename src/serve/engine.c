@@ -44,6 +44,7 @@ void srv_adapter_free(srv_adapter *a) {
     }
     free(a->shell);
     free(a->ptr);
+    free(a->vhead);
     memset(a, 0, sizeof *a);
 }
 
@@ -86,7 +87,7 @@ int srv_adapter_load(srv_adapter *a, glm_lm lm, const char *name, const char *di
         rc = load_shell(a, k, st->be, base, st->layer_lo, st->layer_hi, err);
         glm_pipe_restore(prev);
     }
-    if (rc == 0) return 0;
+    if (rc == 0 && glm_value_head_read(dir, base->hidden_size, &a->vhead, err) >= 0) return 0;
     srv_adapter_free(a);
     return glm_wrap(err, "--adapter %s=%s: ", name, dir);
 }
@@ -279,9 +280,9 @@ static int forward_slots(srv_engine *e, int slot0, int nrows, int Tq, const int 
     float *lg = greedy ? NULL : e->logits;
     int32_t *gr = greedy ? e->greedy : NULL;
     int rc = e->pipe ? glm_pipe_forward_cached_slots(e->pipe, e->pc, slot0, nrows, Tq, len, ids, e->pos, e->bpos, e->lo,
-                                                     e->hi, lg, gr, err)
+                                                     e->hi, lg, gr, NULL, err)
                      : glm_stage_forward_cached_slots(e->m, &e->kv, slot0, nrows, Tq, len, ids, e->pos, e->bpos, e->lo,
-                                                      e->hi, NULL, NULL, lg, gr, err);
+                                                      e->hi, NULL, NULL, lg, gr, NULL, err);
     e->t_forward += glm_now() - t0; /* engine thread only; read under mu by /health after a step */
     return rc;
 }
@@ -325,6 +326,40 @@ static void prefill(srv_engine *e, srv_req *r) {
     e->slot_len[r->slot] = n;
     srv_logprob lp;
     row_token(e, r, greedy ? e->greedy[0] : pick(r, e->logits, V, &lp), &lp);
+}
+
+/* A score request's next text through its slot (one forward, no logits): the value head at its
+ * last token, as --stage rm scores an example (TRL's ValueHead without dropout: h . w + b). The
+ * request ends with its last text. */
+static void score_next(srv_engine *e, srv_req *r) {
+    const glm_config *c = &e->m->cfg;
+    const glm_ids *t = &r->texts[r->n_scored];
+    int n = t->n, H = c->hidden_size, zero = 0;
+    glm_err err = {0};
+    if (!r->admitted) { r->admitted = 1; glm_streamer_init(&r->st, e->tok, 0); }
+    /* the server checked the positions and the length when the request came */
+    if (n > e->Tmax || e->m->fam->prompt_positions(c, t->data, n, e->pos, e->bpos, e->rh, r->state)) {
+        finish(e, r, "error", -1, "a text does not fit the model's positions");
+        return;
+    }
+    for (int i = 0; i < n; i++) { e->lo[i] = 0; e->hi[i] = e->rh[i]; }
+    set_adapter(e, r->adapter);
+    const float *vh = r->adapter >= 0 ? e->ad[r->adapter].vhead : e->vhead;
+    double t0 = glm_now();
+    int rc = e->pipe ? glm_pipe_forward_cached_slots(e->pipe, e->pc, r->slot, 1, n, &zero, t->data, e->pos, e->bpos, e->lo,
+                                                     e->hi, NULL, NULL, e->hidden, &err)
+                     : glm_stage_forward_cached_slots(e->m, &e->kv, r->slot, 1, n, &zero, t->data, e->pos, e->bpos,
+                                                      e->lo, e->hi, NULL, NULL, NULL, NULL, e->hidden, &err);
+    e->t_forward += glm_now() - t0;
+    if (rc || !vh) {
+        if (rc) glm_warn("serve: scoring failed: %s", err.msg);
+        finish(e, r, "error", -1, rc ? err.msg : "the model has no value head");
+        return;
+    }
+    double v = vh[H];
+    for (int j = 0; j < H; j++) v += (double)e->hidden[j] * vh[j];
+    r->scores[r->n_scored++] = v;
+    if (r->n_scored == r->n_texts) finish(e, r, "stop", -1, NULL);
 }
 
 /* One decode forward for the rows of adapter k (-1: base) over the slot range they span. */
@@ -425,7 +460,9 @@ static void *engine_main(void *arg) {
             }
         double t_step = glm_now();
         for (int i = 0; i < nadm; i++)
-            if (adm[i]->slot >= 0) prefill(e, adm[i]);
+            if (adm[i]->slot >= 0 && !adm[i]->n_texts) prefill(e, adm[i]);
+        for (int s = 0; s < e->nslots; s++) /* score requests: one text each a step */
+            if (e->slot[s] && e->slot[s]->n_texts) score_next(e, e->slot[s]);
         decode_group(e, -1);
         for (int k = 0; k < e->n_ad; k++) decode_group(e, k);
         pthread_mutex_lock(&e->mu);
@@ -505,6 +542,7 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
     for (int s = 0; s < stages(e); s++) stage(e, s)->cfg.peft = e->base_peft;
     int T = Tmax > nslots ? Tmax : nslots;
     e->logits = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.vocab_size);
+    e->hidden = glm_malloc(sizeof(float) * (size_t)m->cfg.hidden_size);
     e->greedy = glm_malloc(sizeof(int32_t) * (size_t)nslots);
     e->ids = glm_malloc(sizeof(int32_t) * (size_t)T * 6);
     e->pos = e->ids + T; e->bpos = e->pos + T; e->lo = e->bpos + T; e->hi = e->lo + T; e->rh = e->hi + T;
@@ -569,6 +607,9 @@ void srv_engine_stop(srv_engine *e) {
         glm_kvcache_free(e->m, &e->kv);
     }
     free(e->logits);
+    free(e->hidden);
+    free(e->vhead);
+    e->hidden = e->vhead = NULL;
     free(e->greedy);
     free(e->ids);
     free(e->lens);

@@ -28,6 +28,8 @@ typedef struct srv_adapter {
     glm_model *shell;     /* [n] tab + params: the adapter's LoRA rows of the stage's layers (no
                            * base rows), on the stage's backend */
     void *(*ptr)[8];      /* [L] lora_a[0..4), lora_b[0..4), in the shell of the layer's stage */
+    float *vhead;         /* [H + 1] the value head beside it (value_head.safetensors of a --stage rm
+                           * run: weight, then bias), or NULL */
 } srv_adapter;
 
 #define SRV_MAX_TOP_LOGPROBS 20
@@ -52,6 +54,12 @@ struct srv_req {
     uint64_t seed;
     int postprocess;           /* model.chat's response post-processing (chat) or strip only */
     int ignore_eos;            /* run to the limit: eos and the stop ids do not end the row */
+    /* a score request (POST /v1/score/evaluation): texts[n_texts] (model inputs as they are) go
+     * through the slot one per step, and scores[i] is the value head at text i's last token; no
+     * tokens are generated. The model (adapter) must have a value head. */
+    glm_ids *texts;
+    int n_texts, n_scored;
+    double *scores;
     char *stops[SRV_MAX_STOPS];/* stop strings (owned) */
     int n_stops;
     int logprobs;              /* record each response token's srv_logprob (its logits come to */
@@ -89,6 +97,8 @@ typedef struct srv_engine {
     srv_adapter *ad;
     int n_ad, cur;             /* cur: the adapter the model's views point at (-1 base) */
     glm_peft base_peft;
+    float *vhead;              /* [H + 1] the base model's value head (weight, bias), or NULL; owned */
+    float *hidden;             /* [H]: a scored text's last final-norm row */
     srv_req **slot;
     int *slot_len;
     int max_queue;

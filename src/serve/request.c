@@ -41,6 +41,9 @@ void srv_req_put(srv_req *r) {
     free(r->text.s);
     free(r->final);
     free(r->lps);
+    for (int i = 0; i < r->n_texts; i++) glm_ids_free(&r->texts[i]);
+    free(r->texts);
+    free(r->scores);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -116,6 +119,23 @@ static uint64_t fresh_seed(void) {
     return x;
 }
 
+int srv_pick_model(srv_server *S, const cJSON *o, int *adapter, char *name, size_t cap, api_err *e) {
+    const cJSON *mv = srv_field(o, "model");
+    *adapter = -1;
+    if (srv_present(mv) && !cJSON_IsString(mv)) return srv_bad(e, 400, "model", "invalid_type", "model must be a string");
+    if (srv_present(mv) && strcmp(mv->valuestring, S->o.model_name) != 0) {
+        *adapter = -2;
+        for (int k = 0; k < S->e->n_ad; k++)
+            if (!strcmp(S->e->ad[k].name, mv->valuestring)) *adapter = k;
+        if (*adapter == -2)
+            return srv_bad(e, 404, "model", "model_not_found", "The model `%.200s` does not exist (GET /v1/models lists them)",
+                           mv->valuestring);
+    }
+    if (*adapter == -1 && S->o.model_adapter > 0) *adapter = S->o.model_adapter - 1; /* the served model has its adapter */
+    snprintf(name, cap, "%s", *adapter >= 0 && *adapter != S->o.model_adapter - 1 ? S->e->ad[*adapter].name : S->o.model_name);
+    return 0;
+}
+
 int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e) {
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithLengthOpts(body, n, &end, 0);
@@ -126,22 +146,8 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     int rc = -1;
     srv_req *r = NULL;
     if (!cJSON_IsObject(o)) { srv_bad(e, 400, NULL, "invalid_json", "the body must be a JSON object"); goto out; }
-    /* model: the base or one of the adapters */
-    const cJSON *mv = srv_field(o, "model");
-    int adapter = -1;
-    if (srv_present(mv) && !cJSON_IsString(mv)) { srv_bad(e, 400, "model", "invalid_type", "model must be a string"); goto out; }
-    if (srv_present(mv) && strcmp(mv->valuestring, S->o.model_name) != 0) {
-        adapter = -2;
-        for (int k = 0; k < S->e->n_ad; k++)
-            if (!strcmp(S->e->ad[k].name, mv->valuestring)) adapter = k;
-        if (adapter == -2) {
-            srv_bad(e, 404, "model", "model_not_found", "The model `%.200s` does not exist (GET /v1/models lists them)", mv->valuestring);
-            goto out;
-        }
-    }
-    if (adapter == -1 && S->o.model_adapter > 0) adapter = S->o.model_adapter - 1; /* the served model has its adapter */
-    snprintf(q->model, sizeof q->model, "%s",
-             adapter >= 0 && adapter != S->o.model_adapter - 1 ? S->e->ad[adapter].name : S->o.model_name);
+    int adapter;
+    if (srv_pick_model(S, o, &adapter, q->model, sizeof q->model, e)) goto out;
     const cJSON *st = srv_field(o, "stream");
     if (srv_present(st) && !cJSON_IsBool(st)) { srv_bad(e, 400, "stream", "invalid_type", "stream must be a boolean"); goto out; }
     q->stream = cJSON_IsTrue(st);

@@ -65,7 +65,7 @@ static int mhd_open(glm_err *err) {
  * a Content-Length above it is answered at once and the connection closed. */
 #define DISCARD_CAP (64u << 20)
 
-enum { R_NONE, R_HEALTH, R_PAGE, R_MODELS, R_CHAT, R_COMPLETIONS, R_THUDM };
+enum { R_NONE, R_HEALTH, R_PAGE, R_MODELS, R_CHAT, R_COMPLETIONS, R_THUDM, R_SCORE };
 
 typedef struct conn_state {
     int route;
@@ -528,6 +528,42 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
     return rc;
 }
 
+/* A score request: queued, waited for (this connection's own thread), answered whole. A client
+ * that goes away cancels what is left of it. */
+static enum MHD_Result score(srv_server *S, struct MHD_Connection *conn, const char *body, size_t n) {
+    api_req q = {0};
+    api_err e = {0};
+    if (srv_parse_score(S, body, n, &q, &e)) return send_error(conn, e.status, e.msg, e.type, e.param, e.code);
+    srv_req *r = q.r;
+    int st = srv_engine_submit(S->e, r);
+    if (st) {
+        srv_req_put(r);
+        return st == 429 ? send_error(conn, 429, "the request queue is full: try again later", "rate_limit_error", NULL, "queue_full")
+                         : send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
+    }
+    const union MHD_ConnectionInfo *ci = mhd.get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
+    pthread_mutex_lock(&r->mu);
+    while (!r->done) {
+        pthread_mutex_unlock(&r->mu);
+        if (peer_gone(fd)) atomic_store(&r->cancel, 1); /* the engine ends it at its next step */
+        pthread_mutex_lock(&r->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        if (!r->done) pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+    int ok = !strcmp(r->finish, "stop");
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s", r->error[0] ? r->error : "the request was cancelled");
+    const char *why = r->finish;
+    pthread_mutex_unlock(&r->mu);
+    enum MHD_Result rc = ok ? send_json(conn, 200, srv_score_answer(&q)) : send_error(conn, 500, msg, "server_error", NULL, why);
+    srv_req_put(r);
+    return rc;
+}
+
 static enum MHD_Result models(srv_server *S, struct MHD_Connection *conn) {
     cJSON *o = cJSON_CreateObject(), *d;
     cJSON_AddStringToObject(o, "object", "list");
@@ -582,7 +618,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const char *path = url;
         struct { const char *p; int route, post; } routes[] = {
             {"/health", R_HEALTH, 0}, {"/", R_PAGE, 0}, {"/", R_THUDM, 1}, {"/index.html", R_PAGE, 0},
-            {"/v1/models", R_MODELS, 0}, {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1}};
+            {"/v1/models", R_MODELS, 0}, {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1},
+            {"/v1/score/evaluation", R_SCORE, 1}};
         int found = 0, wrong = -1; /* wrong: a route of the path the method does not fit */
         for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
             if (strcmp(path, routes[i].p)) continue;
@@ -599,7 +636,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         if (!found) {
             cs->early_status = 404;
-            snprintf(cs->early_msg, sizeof cs->early_msg, "%.100s %.150s: no such endpoint (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, POST / as THUDM's api.py)", method, path);
+            snprintf(cs->early_msg, sizeof cs->early_msg, "%.100s %.150s: no such endpoint (POST /v1/chat/completions, POST /v1/completions, POST /v1/score/evaluation, GET /v1/models, GET /health, POST / as THUDM's api.py)", method, path);
             cs->early_type = "invalid_request_error";
             cs->early_code = "not_found";
         }
@@ -657,6 +694,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     case R_THUDM:
         if (S->draining) return send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
         return completion(S, conn, cs->route, cs->body ? cs->body : "", cs->n);
+    case R_SCORE:
+        if (S->draining) return send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
+        return score(S, conn, cs->body ? cs->body : "", cs->n);
     default: return send_error(conn, 404, "not found", "invalid_request_error", NULL, "not_found");
     }
 }
@@ -681,6 +721,8 @@ int srv_server_start(srv_server *s, const srv_options *o, srv_engine *e, const g
     s->cfg = cfg;
     s->tok_mu = tok_mu;
     s->created = (long)time(NULL);
+    glm_err enc_err = {0}; /* a tokenizer without ChatGLM's specials: score requests take texts only */
+    s->has_enc = glm_encoder_from_tokenizer(&s->enc, tok, NULL, &enc_err) == 0;
     if (mhd_open(err)) return -1;
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);

@@ -7,6 +7,7 @@
 #define GLM_SERVE_SERVER_H
 #include <pthread.h>
 #include <stddef.h>
+#include "data/examples.h"
 #include "serve/engine.h"
 
 typedef struct srv_options {
@@ -33,6 +34,8 @@ typedef struct srv_server {
     const glm_tokenizer *tok;
     const glm_config *cfg;
     pthread_mutex_t *tok_mu;
+    glm_encoder enc;           /* the training examples' encoder (score requests' prompt/response pairs) */
+    int has_enc;               /* 0: the tokenizer lacks ChatGLM's special tokens */
     struct MHD_Daemon *d;
     int port;
     long created;

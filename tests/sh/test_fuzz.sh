@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in tests/fuzz (one per parser: safetensors, torch .bin, JSON data
 # records, config.json, --config files and flags, SentencePiece .model or GLM-4 rank file, tokenizer input text,
-# ChatGLM3's tool-call texts, the bodies `serve` takes, adapter folders' settings, LLaMA-Factory's
+# ChatGLM3's tool-call texts, the bodies `serve` takes (completions and scores), adapter folders' settings, LLaMA-Factory's
 # dataset_info.json, a tokenizer folder's tokenizer_config.json)
 # with clang (fuzzer + ASan + UBSan, leaks count as crashes) and runs each for FUZZ_SECONDS
 # (default 15; `make fuzz` runs 60) from the seed corpus committed in tests/fuzz/seeds/<target>/
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 SECS=${FUZZ_SECONDS:-15}
 ART=${FUZZ_ARTIFACTS:-/tmp}
 PY=${GLM_PYTHON:-/usr/bin/python3}
-ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls serve_request adapter_config dataset_info tokenizer_folder tokenizer_json"
+ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls serve_request serve_score adapter_config dataset_info tokenizer_folder tokenizer_json"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 if ! command -v clang >/dev/null 2>&1; then
     for t in $TARGETS; do echo "SKIP fuzz_$t: clang is not installed (apt-get install clang)"; done
@@ -82,7 +82,7 @@ fi
 # and a GLM-4-style rank file (the 256 bytes and a few merges), for the byte-level BPE's encoder
 mkdir -p "$gen/glm4" && cp tests/fuzz/seeds/spm_model/ranks_merges "$gen/glm4/tokenizer.model" &&
     toks="$toks${toks:+:}$gen/glm4/tokenizer.model"
-# fuzz_serve_request: a ChatGLM-6B-style tokenizer, a ChatGLM3-style one (a tokenizer.model
+# fuzz_serve_request and fuzz_serve_score: a ChatGLM-6B-style tokenizer, a ChatGLM3-style one (a tokenizer.model
 # folder whose tokenizer_config.json names chatglm3: role tokens, tool turns), GLM-4's and a plain
 # SentencePiece model
 serve_toks=""
@@ -108,7 +108,8 @@ SAN="address,undefined"
 LIBSRC="$(ls src/core/*.c src/io/*.c src/tokenizer/*.c | grep -v 'src/tokenizer/batch.c')
 src/data/reader_json.c src/data/reader_csv.c src/data/schema.c src/data/thought.c src/data/schema_conv.c src/data/pyjson.c src/data/pyliteral.c src/data/glm4_tools.c src/infer/tools.c src/model/config.c src/backend/quant.c src/train/train_flags.c
 src/train/deepspeed.c src/optim/schedule.c
-src/serve/request.c src/serve/messages.c src/serve/thudm_api.c src/infer/chat.c src/infer/gen_settings.c
+src/serve/request.c src/serve/messages.c src/serve/thudm_api.c src/serve/score.c src/infer/chat.c src/infer/gen_settings.c
+src/data/encoder_tok.c src/data/hash.c
 src/model/adapter_config.c src/model/ckpt.c src/model/hf_layout.c src/data/dataset_info.c src/data/examples.c src/data/examples_glm3.c"
 : >"$work/build.log"
 i=0
