@@ -2,8 +2,9 @@
 # Session 35's command-line paths on a GPU, end to end on a tiny ChatGLM-6B-shaped model with the real
 # tokenizer: `glmtrain eval` (an MMLU-layout task) on CUDA in fp32 gives the CPU's predictions;
 # --stage rm in bf16 with LoRA trains and scores the test pairs (--do_predict); --stage kto in bf16
-# starts at loss 0.5 and trains. Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0),
-# build/lib, build/shared (tokenizers/chatglm-6b), python3.
+# starts at loss 0.5 and trains; `serve` scores the rm output's pairs on CUDA as on the CPU (fp32) and
+# near --do_predict (bf16). Each step prints PASS/FAIL. Needs build/gpu/glmtrain (MPI=0), build/lib
+# (with libmicrohttpd's chain: SERVE=1 bash bench/prepare_carry.sh), build/shared (tokenizers/chatglm-6b), python3.
 # usage: bash bench/gpu_stages_smoke.sh [BUILD_DIR]
 set -u
 B=${1:-build/gpu}
@@ -66,4 +67,38 @@ first=$(grep -o "'loss': [0-9.]*" "$W/log" | head -1 | cut -d' ' -f2)
 [ $rc -eq 0 ] && [ "$first" = "0.5000" ]
 ok $? "kto_bf16_first_loss_half"
 grep -o "'loss': [0-9.]*" "$W/log" | paste -sd' '
+# the rm output served (POST /v1/score/evaluation): its scores on CUDA in fp32 equal the CPU's, and in bf16
+# stay near --do_predict's (bf16, two decimals). serve needs libmicrohttpd's chain in build/lib
+# (SERVE=1 bash bench/prepare_carry.sh).
+for how in "cpu float32" "cuda float32" "cuda bfloat16"; do
+    set -- $how
+    "$B/glmtrain" serve --model_name_or_path "$W/base" --adapter rm="$W/rm" --port 0 --device "$1" --dtype "$2" \
+        2>"$W/serve_$1_$2.log" &
+    spid=$!
+    for _ in $(seq 1 90); do grep -q "serving " "$W/serve_$1_$2.log" && break; sleep 1; done
+    port=$(grep -o "http://127.0.0.1:[0-9]*" "$W/serve_$1_$2.log" | head -1 | cut -d: -f3)
+    python3 - "$W" "${port:-0}" "$W/scores_$1_$2.json" <<'PY'
+import json, sys, urllib.request
+w, port, out = sys.argv[1:4]
+pairs = json.load(open(w + "/pairs.json"))
+msgs = [{"prompt": p["instruction"], "response": p[k]} for p in pairs for k in ("chosen", "rejected")]
+req = urllib.request.Request("http://127.0.0.1:%s/v1/score/evaluation" % port, headers={"Content-Type": "application/json"},
+                             data=json.dumps({"model": "rm", "messages": msgs}, ensure_ascii=False).encode())
+json.dump(json.load(urllib.request.urlopen(req, timeout=120))["scores"], open(out, "w"))
+PY
+    ok $? "serve_score_$1_$2"
+    kill $spid 2>/dev/null; wait $spid 2>/dev/null
+done
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+cpu, cu32, cu16 = (json.load(open("%s/scores_%s.json" % (w, k))) for k in ("cpu_float32", "cuda_float32", "cuda_bfloat16"))
+preds = [json.loads(l) for l in open(w + "/rm/generated_predictions.jsonl")]
+e32 = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(cu32, cpu))
+pred = [v for p in preds for v in (p["chosen"], p["rejected"])]
+e16 = max(abs(a - b) for a, b in zip(cu16, pred))
+print("serve scores: cuda fp32 vs cpu worst relative %.2e; cuda bf16 vs --do_predict (bf16) worst %.4f; %d scores" % (e32, e16, len(cpu)))
+sys.exit(0 if len(cpu) == len(cu32) == len(cu16) == len(pred) and e32 < 1e-3 and e16 < 0.1 else 1)
+PY
+ok $? "serve_score_cuda_equals_cpu_and_do_predict"
 rm -rf "$W"
