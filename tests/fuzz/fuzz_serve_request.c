@@ -20,6 +20,7 @@
 #include "infer/chat.h"
 #include "serve/api.h"
 #include "fuzz_util.h"
+#include "fuzz_serve_util.h"
 
 enum { MAX_TOK = 4, N_AD = 2 };
 static glm_tokenizer *toks[MAX_TOK];
@@ -30,19 +31,7 @@ static srv_adapter ads[N_AD];
 static int trace; /* GLM_FUZZ_TRACE=1: each input's outcome on stderr (to see what the seeds reach) */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    const char *env = getenv("GLM_FUZZ_SERVE_TOKENIZERS");
-    char *list = strdup(env && *env ? env : "../shared/tokenizers/chatglm-6b/ice_text.model");
-    for (char *p = strtok(list, ":"); p && ntok < MAX_TOK; p = strtok(NULL, ":")) {
-        glm_err err;
-        if (glm_tokenizer_load(&toks[ntok], p, &err)) { fprintf(stderr, "fuzz_serve_request: %s\n", err.msg); continue; }
-        /* the config's [gMASK] <sop> as the tokenizer has them (ChatGLM-6B's config.json names them) */
-        glm_config c = glm_tokenizer_kind(toks[ntok]) == GLM_TOK_CHATGLM1 ? glm_config_chatglm6b() : glm_config_chatglm2_6b();
-        glm_special_ids sp = glm_tokenizer_specials(toks[ntok]);
-        if (glm_tokenizer_kind(toks[ntok]) == GLM_TOK_CHATGLM1) { c.gmask_token_id = sp.gmask; c.bos_token_id = sp.sop; }
-        cfgs[ntok++] = c;
-    }
-    free(list);
-    if (!ntok) { fprintf(stderr, "fuzz_serve_request: no tokenizer loaded (set GLM_FUZZ_SERVE_TOKENIZERS)\n"); exit(1); }
+    ntok = fuzz_serve_tokenizers("fuzz_serve_request", toks, cfgs, MAX_TOK);
     trace = getenv("GLM_FUZZ_TRACE") != NULL;
     snprintf(ads[0].name, sizeof ads[0].name, "lora-a");
     snprintf(ads[1].name, sizeof ads[1].name, "适配器-b");

@@ -15,6 +15,7 @@
 #include "model/family.h"
 #include "serve/api.h"
 #include "fuzz_util.h"
+#include "fuzz_serve_util.h"
 
 enum { MAX_TOK = 4, N_AD = 2 };
 static glm_tokenizer *toks[MAX_TOK];
@@ -49,21 +50,11 @@ static int causal_positions(const glm_config *c, const int32_t *ids, int n, int3
 static glm_family fam_v1 = {.prompt_positions = v1_positions}, fam_causal = {.prompt_positions = causal_positions};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    const char *env = getenv("GLM_FUZZ_SERVE_TOKENIZERS");
-    char *list = strdup(env && *env ? env : "../shared/tokenizers/chatglm-6b/ice_text.model");
-    for (char *p = strtok(list, ":"); p && ntok < MAX_TOK; p = strtok(NULL, ":")) {
+    ntok = fuzz_serve_tokenizers("fuzz_serve_score", toks, cfgs, MAX_TOK);
+    for (int k = 0; k < ntok; k++) {
         glm_err err;
-        if (glm_tokenizer_load(&toks[ntok], p, &err)) { fprintf(stderr, "fuzz_serve_score: %s\n", err.msg); continue; }
-        glm_config c = glm_tokenizer_kind(toks[ntok]) == GLM_TOK_CHATGLM1 ? glm_config_chatglm6b() : glm_config_chatglm2_6b();
-        glm_special_ids sp = glm_tokenizer_specials(toks[ntok]);
-        if (glm_tokenizer_kind(toks[ntok]) == GLM_TOK_CHATGLM1) {
-            c.gmask_token_id = sp.gmask; c.mask_token_id = sp.mask; c.bos_token_id = sp.sop;
-        }
-        has_enc[ntok] = glm_encoder_from_tokenizer(&encs[ntok], toks[ntok], p, &err) == 0;
-        cfgs[ntok++] = c;
+        has_enc[k] = glm_encoder_from_tokenizer(&encs[k], toks[k], NULL, &err) == 0;
     }
-    free(list);
-    if (!ntok) { fprintf(stderr, "fuzz_serve_score: no tokenizer loaded (set GLM_FUZZ_SERVE_TOKENIZERS)\n"); exit(1); }
     snprintf(ads[0].name, sizeof ads[0].name, "rm");
     ads[0].vhead = vhead;
     snprintf(ads[1].name, sizeof ads[1].name, "lora-b");
