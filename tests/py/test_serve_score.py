@@ -57,17 +57,33 @@ def score(S, body):
     return sc.http(S.port, "POST", "/v1/score/evaluation", body)
 
 
+def id_lines(S):
+    return [l for l in list(S.log) if "serve: score ids " in l]
+
+
 def logged_ids(S, before, k, wait=10.0):
-    """The ids serve logged (--debug) for message k of the first score request after log line `before`."""
+    """The ids serve logged (--debug) for message k of a score request, `before` being how many such
+    lines the log held from the earlier requests. The log is read by a thread, so lines may land a
+    moment after their answer (an earlier request's too): they are counted, not taken from a place."""
     import time
-    tag = "serve: score ids %d: " % k
     t0 = time.time()
     while time.time() - t0 < wait:
-        for line in S.log[before:]:
-            if tag in line:
-                return [int(x) for x in line.split(tag)[1].split()]
+        lines = id_lines(S)
+        if len(lines) > before + k:
+            tag = "serve: score ids %d: " % k
+            line = lines[before + k]
+            return [int(x) for x in line.split(tag)[1].split()] if tag in line else None
         time.sleep(0.05)
     return None
+
+
+def settled(S, n, wait=10.0):
+    """How many id lines the log holds once the n expected so far have all landed."""
+    import time
+    t0 = time.time()
+    while len(id_lines(S)) < n and time.time() - t0 < wait:
+        time.sleep(0.05)
+    return len(id_lines(S))
 
 
 def encode(tok, text):
@@ -112,9 +128,11 @@ def glm1_cases(tmp):
                and "value head: plain" not in S.text(), S.text()[-800:])
         msgs = [{"prompt": r["instruction"], "response": r[k]} for r in pairs for k in ("chosen", "rejected")]
         seen = {}
+        expected = [0]  # the id lines the requests so far make
         for model, lora, vh in (("rm", (ad, ac["lora_alpha"] / ac["r"]), rm_vh), ("base", None, base_vh)):
-            n0 = len(S.log)
+            n0 = settled(S, expected[0])
             st, body = score(S, {"model": model, "messages": msgs})
+            expected[0] = n0 + len(msgs)
             got = body.get("scores") if st == 200 else None
             ok = st == 200 and len(got or []) == len(msgs) and body.get("object") == "score.evaluation" and \
                 body.get("model") == model and str(body.get("id", "")).startswith("scoreval-")
@@ -140,10 +158,11 @@ def glm1_cases(tmp):
                 report("serve_score_rm_prefers_the_chosen", all(got[2 * i] > got[2 * i + 1] for i in range(len(pairs))),
                        str(got))
                 alone = [score(S, {"model": "rm", "messages": [m]})[1].get("scores", [None])[0] for m in msgs[:3]]
+                expected[0] += 3
                 report("serve_score_batch_equals_each_alone", alone == got[:3], "%s vs %s" % (alone, got[:3]))
         # max_length: the first tokens only (as truncation=True): the prompt, [gMASK] <sop> and two more
         cut = len(encode(tok, msgs[0]["prompt"])) + 4
-        n0 = len(S.log)
+        n0 = settled(S, expected[0])
         st, body = score(S, {"model": "base", "messages": [msgs[0]], "max_length": cut})
         sent = logged_ids(S, n0, 0)
         ok = st == 200 and sent is not None and len(sent) == cut
@@ -228,7 +247,7 @@ def glm3_cases(tmp):
                 ref3.build_single_message("assistant", "", pair["response"]) + [ref3.eos_token_id]]
     S = sc.Server(out, "--debug")
     try:
-        n0 = len(S.log)
+        n0 = settled(S, 0)
         code, body = score(S, {"model": "glm3", "messages": [text, pair]})
         ok, detail = code == 200 and len(body.get("scores", [])) == 2, "%s %s" % (code, str(body)[:300])
         for k in range(2 if ok else 0):
