@@ -206,6 +206,9 @@ struct glm_backend {
      * InvalidScoreLogitsProcessor, as glm_sample_next) — so only R ints leave the device.
      * Optional (NULL: download the logits and pick on the host). */
     void (*argmax_rows)(glm_backend *be, int32_t *out, const void *x, int R, int V);
+    /* x[r, :] *= s[r] over rows of C (s: float [R], where the op runs): a weighed loss's per-row
+     * weights applied to the head's input gradient after its product (model/glm.c, frozen heads) */
+    void (*scale_rows)(glm_backend *be, void *x, const float *s, int R, int C);
     /* out[r, :] = x[idx[r], :] for r < R */
     void (*gather_rows)(glm_backend *be, void *out, const void *x, const int32_t *idx, int R, int C);
     /* out[idx[r], :] = x[r, :] for r < R (other rows untouched) */

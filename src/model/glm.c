@@ -1043,6 +1043,25 @@ static double weigh_tokens(glm_model *m, const glm_batch *b, glm_token_weigh wei
     return total;
 }
 
+/* The same for a head that does not train, whose gradient is only its input's: each token's row
+ * of it depends on that token's logits alone, so it is made once with unit weights, beside the
+ * losses, and each row then scaled by its weight (the compact top rows, one a token): the head's
+ * product runs once instead of twice. */
+static double weigh_rows_after(glm_model *m, const glm_batch *b, float dscale, void *dlnf, glm_token_weigh weigh,
+                               void *ctx) {
+    int n = m->bd.n_sup;
+    float *loss = glm_malloc(sizeof(float) * (n ? n : 1)), *w = glm_malloc(sizeof(float) * (n ? n : 1));
+    head_loss(m, dscale, dlnf, NULL, loss);
+    double total = weigh(ctx, b, loss, n, w);
+    if (n) {
+        m->be->upload(m->be, m->tok_w, w, sizeof(float) * n);
+        m->be->scale_rows(m->be, dlnf, m->tok_w, n, m->cfg.hidden_size);
+    }
+    free(loss);
+    free(w);
+    return total;
+}
+
 static double stage_backward(glm_model *m, const glm_batch *b, const void *h_in, const void *dh_out, void *dh_in,
                              float dscale, glm_token_weigh weigh, void *weigh_ctx) {
     forward_to_head(m, b, h_in, 1);
@@ -1058,7 +1077,9 @@ static double stage_backward(glm_model *m, const glm_batch *b, const void *h_in,
         begin(m, L);
         /* the head writes into the tied embedding's gradient: its unit opens now when it trains */
         if (c->tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB)) begin(m, -1);
-        if (weigh) {
+        if (weigh && !m->g.head && m->top_rows && !c->value_head) {
+            loss = weigh_rows_after(m, b, dscale, dlnf, weigh, weigh_ctx);
+        } else if (weigh) {
             loss = weigh_tokens(m, b, weigh, weigh_ctx);
             head_loss(m, dscale, dlnf, m->tok_w, NULL);
         } else {

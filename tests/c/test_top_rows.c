@@ -3,8 +3,9 @@
  * (keep_all_rows): the loss and every gradient, for both families, full fine-tuning, LoRA on
  * every module, P-Tuning v2 and freeze, each without checkpointing and with both levels, over
  * a padded batch whose prompts carry no labels; the same for evaluation's loss and for a
- * pipeline's last stage. Also: a batch whose every token is supervised (nothing to drop), and
- * the recompute that checkpointing no longer runs for the top layer (its forward ran last). */
+ * pipeline's last stage. Also: a batch whose every token is supervised (nothing to drop), the
+ * recompute that checkpointing no longer runs for the top layer (its forward ran last), and a
+ * weighed loss over a frozen head, whose product then runs once. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +56,27 @@ static void randomize(glm_model *m) {
 
 typedef struct { double loss, eval; float *g; size_t n; } run_result;
 
-/* One forward/backward (and an evaluation) of model kind ft at checkpointing level ckpt. */
+/* A weighed loss (glm_forward_backward_weighted, as the preference losses use it): token i's
+ * weight a fixed pattern of signs and sizes, the loss their weighted sum. The weights are powers
+ * of two, so a gradient scaled by one before a product or after it is the same to the last bit. */
+static double weigh_pattern(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w) {
+    (void)ctx; (void)b;
+    static const float pow2[5] = {-0.5f, 0.25f, 1.0f, -2.0f, 0.125f};
+    double loss = 0;
+    for (int i = 0; i < n; i++) {
+        w[i] = pow2[i % 5];
+        loss += (double)w[i] * tok_loss[i];
+    }
+    return loss;
+}
+
+/* One forward/backward (and an evaluation) of model kind ft at checkpointing level ckpt; with
+ * weighed, the weighed loss's. */
+static run_result run_loss(glm_config c, int ft, int ckpt, int keep_all, int all_supervised, int weighed);
 static run_result run(glm_config c, int ft, int ckpt, int keep_all, int all_supervised) {
+    return run_loss(c, ft, ckpt, keep_all, all_supervised, 0);
+}
+static run_result run_loss(glm_config c, int ft, int ckpt, int keep_all, int all_supervised, int weighed) {
     if (ft == GLM_FT_LORA) c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 2, .lora_alpha = 4, .lora_targets = GLM_LORA_ALL};
     if (ft == GLM_FT_PTUNING) c.peft = (glm_peft){.kind = GLM_FT_PTUNING, .pre_seq_len = 3, .prefix_projection = 1};
     if (ft == GLM_FT_FREEZE) c.peft = (glm_peft){.kind = GLM_FT_FREEZE, .num_layer_trainable = 1};
@@ -79,7 +99,8 @@ static run_result run(glm_config c, int ft, int ckpt, int keep_all, int all_supe
     make_batch(&b, &c, all_supervised);
     glm_zero_grads(&m);
     run_result r = {.n = m.tab.total};
-    r.loss = glm_forward_backward(&m, &b, 1.0f / b.n_targets);
+    r.loss = weighed ? glm_forward_backward_weighted(&m, &b, 1.0f / b.n_targets, weigh_pattern, NULL)
+                     : glm_forward_backward(&m, &b, 1.0f / b.n_targets);
     r.g = malloc(r.n * sizeof(float));
     be->download_f32(be, r.g, m.grads, r.n);
     r.eval = glm_forward_loss(&m, &b);
@@ -155,11 +176,61 @@ static void test_mostly_supervised(test_counts *tc) {
 }
 
 /* The recompute checkpointing skips for the top layer: one layer's forward fewer. */
-static int qkv_products;
+static int qkv_products, head_products;
 static void (*real_matmul_fwd)(glm_backend *, void *, const void *, const void *, const void *, int, int, int);
 static void counting_matmul_fwd(glm_backend *be, void *out, const void *inp, const void *w, const void *bias, int N, int C, int OC) {
     qkv_products += OC == 3 * 16; /* v1_config's q|k|v width */
+    head_products += OC == 24;    /* its vocabulary */
     real_matmul_fwd(be, out, inp, w, bias, N, C, OC);
+}
+
+/* A weighed loss (the preference losses') over a head that does not train: its input gradient is
+ * made once with unit weights and each row scaled after (model/glm.c weigh_rows_after), where the
+ * head's rows kept whole (keep_all_rows) take the weights before the product. With weights that
+ * are powers of two the loss and every gradient are the same to the last bit (with a head that
+ * trains both paths take the weights first). The head's product: once a micro-batch for a frozen
+ * head, twice for one that trains. */
+static void test_weighed_frozen_head(test_counts *tc) {
+    static const char *fts[] = {"full", "lora", "ptuning", "freeze"};
+    for (int fam = 0; fam < 2; fam++)
+        for (int ft = GLM_FT_FULL; ft <= GLM_FT_FREEZE; ft++) {
+            if (ft == GLM_FT_PTUNING) continue;
+            glm_config c = fam ? micro_v2_config() : micro_v1_config();
+            run_result all = run_loss(c, ft, GLM_CKPT_NONE, 1, 0, 1), top = run_loss(c, ft, GLM_CKPT_NONE, 0, 0, 1);
+            double worst = 0;
+            for (size_t i = 0; i < all.n; i++) {
+                double d = fabs((double)all.g[i] - top.g[i]) / (fabs(all.g[i]) + 1e-6);
+                worst = d > worst ? d : worst;
+            }
+            char name[96];
+            snprintf(name, sizeof name, "weighed_loss_%s_%s_top_rows_equal_all_rows", fam ? "chatglm2" : "chatglm", fts[ft]);
+            TEST_CHECK(tc, name, all.loss == top.loss && worst == 0,
+                       "loss %.9g vs %.9g, worst relative gradient difference %.3g", all.loss, top.loss, worst);
+            free(all.g); free(top.g);
+        }
+    int count[2];
+    for (int ft = 0; ft < 2; ft++) {
+        glm_config c = micro_v1_config();
+        if (ft) c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 2, .lora_alpha = 4, .lora_targets = GLM_LORA_ALL};
+        glm_backend *be = glm_backend_cpu();
+        real_matmul_fwd = be->matmul_fwd;
+        be->matmul_fwd = counting_matmul_fwd;
+        glm_model m;
+        glm_model_init(&m, &c, be);
+        randomize(&m);
+        if (ft) glm_model_init_adapters(&m, 3);
+        glm_batch b;
+        make_batch(&b, &c, 0);
+        head_products = 0;
+        glm_zero_grads(&m);
+        glm_forward_backward_weighted(&m, &b, 1.0f / b.n_targets, weigh_pattern, NULL);
+        count[ft] = head_products;
+        glm_batch_free(&b);
+        glm_model_free(&m);
+        be->destroy(be);
+    }
+    TEST_CHECK(tc, "weighed_loss_frozen_head_one_product", count[0] == 2 && count[1] == 1,
+               "the head's products: full fine-tuning %d, LoRA %d", count[0], count[1]);
 }
 static void test_top_layer_not_recomputed(test_counts *tc) {
     int count[3];
@@ -198,5 +269,6 @@ int main(void) {
     test_last_stage(&tc, 3);
     test_mostly_supervised(&tc);
     test_top_layer_not_recomputed(&tc);
+    test_weighed_frozen_head(&tc);
     TEST_EXIT(&tc);
 }

@@ -562,6 +562,21 @@ static void t_elementwise(ctx *c, size_t n) {
     got = down_s(be, dy, n);
     check_close(c->tc, NAME("scale_add_%s_%zu", c->tag, n), got, ref, n, tol(c, 1e-6, 1e-2, 2e-3));
     free(got);
+    { /* scale_rows: rows of 13 (element by element) or of 4096 (16-byte packs), signed weights */
+        int C = n % 4096 == 0 ? 4096 : 13, R = (int)(n / (size_t)C);
+        float *sc = malloc(sizeof(float) * R);
+        for (int r = 0; r < R; r++) sc[r] = (float)(glm_rng_normal(&c->rng) * 0.01);
+        memcpy(ref, x, sizeof(float) * (size_t)R * C);
+        cpu_scale_rows(ref, sc, R, C);
+        float *dsc = up_raw(be, sc, sizeof(float) * R);
+        be->upload_f32(be, dy, x, n);
+        be->scale_rows(be, dy, dsc, R, C);
+        got = down_s(be, dy, (size_t)R * C);
+        check_close(c->tc, NAME("scale_rows_%s_%dx%d", c->tag, R, C), got, ref, (size_t)R * C, tol(c, 1e-6, 1e-2, 2e-3));
+        free(got);
+        free(sc);
+        be->free(be, dsc);
+    }
     /* mask_scale: dropout with the same mask as the CPU twin (exact zeros), and a plain scale */
     for (int k = 0; k < 2; k++) {
         float p = k ? 0.3f : 0.0f, sc = k ? 1.0f : 0.70710678f;

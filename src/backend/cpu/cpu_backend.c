@@ -81,6 +81,7 @@ static void g_fwd(glm_backend *be, void *out, const void *x, size_t n) { cpu_gel
 static void g_bwd(glm_backend *be, void *dx, const void *x, const void *dout, size_t n) { cpu_gelu_bwd(dx, x, dout, n); }
 static void amax(glm_backend *be, int32_t *out, const void *x, int R, int V) { cpu_argmax_rows(out, x, R, V); }
 static void sc_add(glm_backend *be, void *out, float alpha, const void *x, const void *y, size_t n) { cpu_scale_add(out, alpha, x, y, n); }
+static void sc_rows(glm_backend *be, void *x, const float *s, int R, int C) { cpu_scale_rows(x, s, R, C); }
 static void msk(glm_backend *be, void *out, const void *x, size_t n, float scale, float p, uint64_t seed) {
     cpu_mask_scale(out, x, n, scale, p, seed);
 }
@@ -176,7 +177,7 @@ glm_backend *glm_backend_cpu(void) {
         .embedding_fwd = emb_fwd, .embedding_bwd = emb_bwd, .layernorm_fwd = ln_fwd, .layernorm_bwd = ln_bwd,
         .matmul_fwd = mm_fwd, .matmul_bwd = mm_bwd, .rope = rope, .attention_fwd = attn_fwd,
         .attention_bwd = attn_bwd, .gelu_fwd = g_fwd, .gelu_bwd = g_bwd, .scale_add = sc_add, .mask_scale = msk, .noise_add = noise,
-        .cross_entropy = ce, .argmax_rows = amax, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw, .adamw8 = adamw8, .adam_dir = adam_dir, .apply_dir = apply_dir,
+        .cross_entropy = ce, .argmax_rows = amax, .scale_rows = sc_rows, .gather_rows = gather, .scatter_rows = scatter, .sumsq = ssq, .sumsq_spans = ssq_spans, .add_sumsq_spans = add_ssq_spans, .adamw = adamw, .adamw8 = adamw8, .adam_dir = adam_dir, .apply_dir = apply_dir,
         .prefix_kv = pkv_fwd, .prefix_kv_bwd = pkv_bwd, .tanh_fwd = th_fwd, .tanh_bwd = th_bwd,
         .dora_norm = d_norm, .dora_scale = d_scale, .dora_bwd = d_bwd,
         .dequantize = deq, .qmatmul_fwd = qmm,

@@ -350,6 +350,12 @@ void cpu_scale_add(float *out, float alpha, const float *x, const float *y, size
     for (size_t i = 0; i < n; i++) out[i] = alpha * x[i] + y[i];
 }
 
+void cpu_scale_rows(float *x, const float *s, int R, int C) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < C; j++) x[(size_t)r * C + j] *= s[r];
+}
+
 void cpu_cross_entropy(float *logits, float *losses, const int32_t *targets, int R, int V, float dscale,
                        const float *row_scale) {
 #pragma omp parallel for schedule(static)

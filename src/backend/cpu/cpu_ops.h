@@ -36,6 +36,7 @@ void cpu_rope_pairs(float *x, long row_stride, int N, int nheads, int HD, int ro
 void cpu_gelu_fwd(float *out, const float *x, size_t n);
 void cpu_gelu_bwd(float *dx, const float *x, const float *dout, size_t n);
 void cpu_scale_add(float *out, float alpha, const float *x, const float *y, size_t n);
+void cpu_scale_rows(float *x, const float *s, int R, int C); /* x[r, :] *= s[r] */
 /* backend.h mask_scale */
 void cpu_mask_scale(float *out, const float *x, size_t n, float scale, float p, uint64_t seed);
 /* backend.h noise_add */

@@ -367,6 +367,11 @@ static void cu_gather(glm_backend *be, void *out, const void *x, const int32_t *
     glmk_gather_rows(be->dtype, out, x, idx, R, C, IM(be)->st);
     glm_cuda_op_done(be, "gather_rows");
 }
+static void cu_scale_rows(glm_backend *be, void *x, const float *s, int R, int C) {
+    glm_cuda_prof(be, GLM_PROF_OTHER, "scale_rows");
+    glmk_scale_rows(be->dtype, x, s, R, C, IM(be)->st);
+    glm_cuda_op_done(be, "scale_rows");
+}
 static void cu_argmax(glm_backend *be, int32_t *out, const void *x, int R, int V) {
     glm_cuda_prof(be, GLM_PROF_OTHER, "argmax_rows");
     int32_t *d = glm_cuda_scratch(be, (size_t)R * sizeof(int32_t));
@@ -612,7 +617,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
         .attention_bwd = cu_attn_bwd, .gelu_fwd = cu_gelu_fwd, .gelu_bwd = cu_gelu_bwd, .scale_add = cu_scale_add, .mask_scale = cu_mask_scale, .noise_add = cu_noise_add,
         .dora_norm = cu_dora_norm, .dora_scale = cu_dora_scale, .dora_bwd = cu_dora_bwd,
         .lora_down = cu_lora_down, .lora_down_bwd = cu_lora_down_bwd,
-        .cross_entropy = cu_ce, .argmax_rows = cu_argmax, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
+        .cross_entropy = cu_ce, .argmax_rows = cu_argmax, .scale_rows = cu_scale_rows, .gather_rows = cu_gather, .scatter_rows = cu_scatter, .sumsq = cu_sumsq, .sumsq_spans = cu_sumsq_spans,
         .add_sumsq_spans = cu_add_sumsq_spans,
         .adamw = cu_adamw, .adamw8 = cu_adamw8, .adam_dir = cu_adam_dir, .apply_dir = cu_apply_dir, .gram_f64 = cu_gram_f64, .mul_small_f64 = cu_mul_small_f64, .orth_f64 = device_orth ? cu_orth_f64 : NULL,
         .prefix_kv = cu_prefix_kv, .prefix_kv_bwd = cu_prefix_kv_bwd, .tanh_fwd = cu_tanh_fwd, .tanh_bwd = cu_tanh_bwd,

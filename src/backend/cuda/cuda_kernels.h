@@ -30,6 +30,7 @@ void glmk_embedding_bwd(glm_dtype dt, void *dwte, const void *dout, const int32_
 void glmk_gelu_fwd(glm_dtype dt, void *out, const void *x, size_t n, cudaStream_t st);
 void glmk_gelu_bwd(glm_dtype dt, void *dx, const void *x, const void *dout, size_t n, cudaStream_t st);
 void glmk_scale_add(glm_dtype dt, void *out, float alpha, const void *x, const void *y, size_t n, cudaStream_t st);
+void glmk_scale_rows(glm_dtype dt, void *x, const float *s, int R, int C, cudaStream_t st);
 void glmk_mask_scale(glm_dtype dt, void *out, const void *x, size_t n, float scale, float p, uint64_t seed,
                      cudaStream_t st);
 void glmk_noise_add(glm_dtype dt, void *x, size_t n, float mag, uint64_t seed, cudaStream_t st);

@@ -226,6 +226,37 @@ extern "C" void glmk_scale_add(glm_dtype dt, void *out, float alpha, const void 
     ew<2>(dt, out, x, y, alpha, n, st);
 }
 
+/* x[r, :] *= s[r]; VEC: 16-byte packs (C a multiple of the pack) */
+template <typename T, bool VEC>
+__global__ void scale_rows_kernel(T *x, const float *s, int R, int C) {
+    constexpr int P = VEC ? Pack<T>::N : 1;
+    size_t per_row = (size_t)C / P, n = (size_t)R * per_row;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += stride) {
+        float f = s[t / per_row];
+        if (VEC) {
+            Pack<T> p = ld_pack(x + t * P);
+#pragma unroll
+            for (int k = 0; k < P; k++) p.v[k] = from_f<T>(to_f(p.v[k]) * f);
+            st_pack(x + t * P, p);
+        } else {
+            x[t] = from_f<T>(to_f(x[t]) * f);
+        }
+    }
+}
+
+extern "C" void glmk_scale_rows(glm_dtype dt, void *x, const float *s, int R, int C, cudaStream_t st) {
+    if (R <= 0 || C <= 0) return;
+    size_t P = 16 / glm_dtype_size(dt);
+    bool vec = aligned16(x) && C % P == 0;
+    unsigned g = glmk_blocks(vec ? (size_t)R * C / P : (size_t)R * C, 256, 132 * 32);
+    GLMK_DISPATCH(dt, {
+        if (vec) scale_rows_kernel<T, true><<<g, 256, 0, st>>>((T *)x, s, R, C);
+        else scale_rows_kernel<T, false><<<g, 256, 0, st>>>((T *)x, s, R, C);
+    });
+    GLMK_CHECK_LAUNCH();
+}
+
 /* ---------------------------------------------------------------- mask_scale (dropout) */
 
 /* VEC: 16-byte packs, one hash per four elements (n a multiple of the pack) */
