@@ -5,6 +5,8 @@
  * --stage rm builds its examples (the model's prompt format, the response and its end token).
  * Each is scored by the model's value head at its last token. No HTTP here. */
 #include <cJSON.h>
+#include <limits.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,7 +111,8 @@ int srv_parse_score(srv_server *S, const char *body, size_t n, api_req *q, api_e
     const cJSON *ml = srv_field(o, "max_length"), *msgs = srv_field(o, "messages"), *it;
     int max_length = 0;
     if (srv_present(ml)) {
-        if (!cJSON_IsNumber(ml) || ml->valuedouble != (double)(int)ml->valuedouble || ml->valuedouble < 1) {
+        if (!cJSON_IsNumber(ml) || !(ml->valuedouble >= 1 && ml->valuedouble <= INT_MAX) ||
+            ml->valuedouble != floor(ml->valuedouble)) {
             srv_bad(e, 400, "max_length", "invalid_value", "max_length must be a positive integer");
             goto out;
         }

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 out=${1:?usage: long_run.sh OUT_DIR [target...]}
 shift
 secs=${LONG_SECONDS:-600}
-targets=${*:-safetensors torchbin config args_config json_records spm_model tokenizer_text tool_calls serve_request adapter_config dataset_info tokenizer_folder}
+targets=${*:-safetensors torchbin config args_config json_records spm_model tokenizer_text tool_calls serve_request serve_score adapter_config dataset_info tokenizer_folder}
 mkdir -p "$out"
 out=$(realpath "$out")
 for t in $targets; do
