@@ -39,7 +39,7 @@ ifneq ($(NVCC_PATH),)
   CUDA_BINS := $(CUDA_TEST_BIN) $(BUILD)/bench_train $(BUILD)/bench_decode $(BUILD)/bench_attn $(BUILD)/bench_ops $(BUILD)/bench_svd $(BUILD)/bench_gemm $(BUILD)/overlap_probe
 endif
 
-# MPI for data parallelism on CPU ranks (OpenMPI; src/parallel/comm_mpi.c): on when mpicc is
+# MPI for data parallelism on CPU ranks (OpenMPI; src/parallel/comm/comm_mpi.c): on when mpicc is
 # found, so `make test` proves data parallel on CPU ranks wherever it runs (CI too, nvcc or
 # not). Binaries carried to the GPU machines are built with MPI=0: those have no MPI runtime
 # (a binary linked with libmpi would not start there) and GPU ranks talk through NCCL.

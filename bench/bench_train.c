@@ -38,7 +38,7 @@
  * memory bars of issue 17 are for that model); --family chatglm2 takes ChatGLM2-6B's shapes (the
  * ChatGLM2 block; ids of its tokenizer), its label ending in "+glm2". --optim adamw_8bit,
  * --offload (the optimizer state in host memory) and --in_backward (each unit updated inside
- * backward; no clipping) run the step through parallel/dp.h as `glmtrain train` does with
+ * backward; no clipping) run the step through parallel/dp/dp.h as `glmtrain train` does with
  * --optim, --offload_optimizer cpu and --optimizer_in_backward; the label adds +8bit, +off, +ib.
  * --all_rows: the top layer computes every row past its attention, not only the supervised ones
  * (the model's keep_all_rows; label +allrows), to time what that saves. --vary_prompts: each
@@ -54,7 +54,7 @@
 #include "core/rng.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
-#include "parallel/dp.h"
+#include "parallel/dp/dp.h"
 
 static double now(void) {
     struct timespec t;
@@ -123,7 +123,7 @@ static void adamw_init_device(glm_adamw *o, glm_model *m) {
     }
 }
 
-/* The step through parallel/dp.h (one process), for the optimizer's other layouts. */
+/* The step through parallel/dp/dp.h (one process), for the optimizer's other layouts. */
 static double dp_step(glm_dp *dp, glm_model *m, const glm_batch *b, double *loss) {
     static uint64_t n_steps;
     double t0 = now();

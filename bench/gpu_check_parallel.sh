@@ -35,7 +35,7 @@ for head in tied untied; do
     run "p1-$head" $head --nproc_per_node 1
     run "dp2-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2
     run "dp2z1-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 1 --bucket_size_mb 0.5
-    # the same two through NCCL only, and with only the reduce-scatter by copies (parallel/dp_peer.c)
+    # the same two through NCCL only, and with only the reduce-scatter by copies (parallel/dp/dp_peer.c)
     GLMTRAIN_DP_PEER=0 run "dp2nccl-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2
     GLMTRAIN_DP_PEER=0 run "dp2z1nccl-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2 --zero_stage 1 --bucket_size_mb 0.5
     GLMTRAIN_DP_PEER_AG=0 run "dp2rs-$head" $head --nproc_per_node 2 --per_device_train_batch_size 2

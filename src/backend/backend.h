@@ -221,7 +221,7 @@ struct glm_backend {
      * ZeRO shard: one piece of every gradient bucket); summed in the order given */
     double (*sumsq_spans)(glm_backend *be, const void *x, const glm_span *s, int k);
     /* x[s[i].lo + j] += y[yoff[i] + j] (rounded to S) over the k ranges, then sumsq_spans of the
-     * sums, in one pass (a ZeRO shard summed from what the peers copied in, parallel/dp_peer.c) */
+     * sums, in one pass (a ZeRO shard summed from what the peers copied in, parallel/dp/dp_peer.c) */
     double (*add_sumsq_spans)(glm_backend *be, void *x, const void *y, const size_t *yoff, const glm_span *s, int k);
     /* AdamW (PyTorch semantics) on n elements: g = grad * grad_scale; m = b1 m + (1-b1) g;
      * v = b2 v + (1-b2) g^2; p -= lr * (wd * p + (m / bc1) / (sqrt(v / bc2) + eps)), where p is the

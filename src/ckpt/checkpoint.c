@@ -365,7 +365,7 @@ int glm_checkpoint_load_state(const char *dir, glm_model *m, glm_opt_state *o, g
     if (glm_model_load_trainable(m, dir, err)) return glm_wrap(err, "resuming from %s: ", dir);
     if (o->galore && glm_galore_load(o->galore, m, path, err)) return glm_wrap(err, "resuming from %s: ", dir);
     glm_path_join(path, sizeof path, dir, "optimizer.safetensors");
-    /* pipeline stages write shards and an index (parallel/pipe_ckpt.h) */
+    /* pipeline stages write shards and an index (parallel/pipe/pipe_ckpt.h) */
     if (!glm_is_file(path)) glm_path_join(path, sizeof path, dir, "optimizer.safetensors.index.json");
     if (load_optimizer(path, m, o, err)) return glm_wrap(err, "resuming from %s: ", dir);
     glm_path_join(path, sizeof path, dir, "trainer_state.json");

@@ -46,7 +46,7 @@ typedef struct glm_train_state {
 
 /* Optimizer state in host memory over flat elements of the tensor table's layout: [lo, hi)
  * (the whole model for one process), or when nspan > 0 the pieces span[0..nspan) one after
- * another (a ZeRO shard: one piece of every gradient bucket, parallel/dp.h). The file format
+ * another (a ZeRO shard: one piece of every gradient bucket, parallel/dp/dp.h). The file format
  * is per tensor, so state saved by N ranks loads on M. */
 typedef struct glm_opt_state {
     size_t lo, hi;

@@ -1,5 +1,5 @@
 /* Checkpoint integrity (ckpt/checkpoint.h). Every writer (checkpoint.c for one process and
- * data parallelism, parallel/pipe_ckpt.c for pipeline stages) seals its tmp-checkpoint-N folder
+ * data parallelism, parallel/pipe/pipe_ckpt.c for pipeline stages) seals its tmp-checkpoint-N folder
  * with checksums.json as the last file before the rename: each file's size and XXH64. Sizes
  * are checked first, so a truncated file costs no read; the hashes take one streaming pass at
  * memory/disk speed (a 70 GB ChatGLM-6B checkpoint is read once). Also here: the run id that

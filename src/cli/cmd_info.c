@@ -11,7 +11,7 @@
 #include "core/hub.h"
 #include "model/ckpt.h"
 #include "model/glm.h"
-#include "parallel/pipe_train.h"
+#include "parallel/pipe/pipe_train.h"
 #include "train/train.h"
 
 /* info's own flags; every other flag is train's, read by train's parser (glm_train_flags, --config

@@ -18,7 +18,7 @@
 #include "core/hub.h"
 #include "core/log.h"
 #include "infer/chat.h"
-#include "parallel/pipe_infer.h"
+#include "parallel/pipe/pipe_infer.h"
 #include "serve/engine.h"
 #include "serve/server.h"
 

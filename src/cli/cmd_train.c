@@ -8,7 +8,7 @@
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "model/config.h"
-#include "parallel/dist.h"
+#include "parallel/comm/dist.h"
 #include "parallel/launch.h"
 #include "train/train.h"
 

@@ -12,7 +12,7 @@
 #include "model/adapter.h"
 #include "data/dataset_info.h"
 #include "data/thought.h"
-#include "parallel/pipe_infer.h"
+#include "parallel/pipe/pipe_infer.h"
 #include "ckpt/checkpoint.h"
 
 /* A value no flag can hold: what is still this after parsing was not given. */

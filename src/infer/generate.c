@@ -1,6 +1,6 @@
 /* Batched generation with the KV cache and HF-order sampling (infer/generate.h). */
 #include "infer/generate.h"
-#include "parallel/pipe_infer.h"
+#include "parallel/pipe/pipe_infer.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

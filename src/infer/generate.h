@@ -58,7 +58,7 @@ typedef void (*glm_token_fn)(void *ctx, int row, int32_t id);
  * sampling stream per row (so a row's result does not depend on its batch neighbours).
  * outs[B] receive the generated ids. Every row must leave room (glm_gen_limit > 0). */
 /* What generation runs on: one model with its KV cache, or (pipe != NULL) a model split into
- * stages over several devices (parallel/pipe_infer.h), whose cached forward has the same
+ * stages over several devices (parallel/pipe/pipe_infer.h), whose cached forward has the same
  * contract. */
 struct glm_pipe_lm;
 typedef struct glm_lm {

@@ -510,7 +510,7 @@ glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embe
         glm_galore_state(c, &tab, &g_flat, &g_low, &g_scratch, NULL);
         p.moments = (2.0 * g_flat + g_low) * 4;
     }
-    if (unit_slots) /* the unit-by-unit gradient paths' staging (parallel/unit_slots.h) */
+    if (unit_slots) /* the unit-by-unit gradient paths' staging (parallel/dp/unit_slots.h) */
         glm_table_unit_slots(&tab, c->tie_word_embeddings, &unit_slots[0], &unit_slots[1]);
     /* per layer set, as ensure_acts allocates: x, qkv(3), ctx, h1, y (7H) + fc1, act (2F) + the
      * adapters' middles in S; LayerNorm statistics (4 floats) and the attention lse (NH floats)

@@ -152,19 +152,19 @@ typedef struct glm_model {
     float *losses;          /* [chunk] */
     float *tok_w;           /* [N] the supervised tokens' gradient weights (glm_forward_backward_weighted) */
     glm_batch_dev bd;
-    /* Data-parallel hook (parallel/dp.c), NULL when unused: glm_forward_backward calls it each
+    /* Data-parallel hook (parallel/dp/dp.c), NULL when unused: glm_forward_backward calls it each
      * time the gradients from flat element `first` to the end of the buffer are final (after
      * the final LayerNorm, after each layer, and with 0 after the embedding, which also holds
      * the tied head), so their reduction can start while backward goes on. */
     void (*grads_ready)(void *ctx, size_t first);
     void *grads_ready_ctx;
-    /* ZeRO-2 hook (parallel/dp.c), NULL when unused: called before backward writes the
+    /* ZeRO-2 hook (parallel/dp/dp.c), NULL when unused: called before backward writes the
      * gradients of the unit [lo, hi) (glm_model_units); returns where they go (element lo at
      * the returned address, zeroed by the caller), or NULL for m->grads. A tied embedding's
      * unit is asked for twice per backward (the head writes it first, the embedding last). */
     void *(*grads_unit)(void *ctx, size_t lo, size_t hi);
     void *grads_unit_ctx;
-    /* ZeRO-3 hook (parallel/dp_zero3.c), NULL when unused: called before forward or backward
+    /* ZeRO-3 hook (parallel/dp/dp_zero3.c), NULL when unused: called before forward or backward
      * reads the weights of the unit [lo, hi), which it gathers and binds (glm_model_bind_unit). */
     void (*params_need)(void *ctx, size_t lo, size_t hi);
     void *params_ctx;
@@ -187,13 +187,13 @@ void glm_model_init(glm_model *m, const glm_config *c, glm_backend *be);
 /* Weights only, no gradient buffer: for generation and chat (half the memory). */
 void glm_model_init_inference(glm_model *m, const glm_config *c, glm_backend *be);
 /* The same buffers, for training whose gradients are staged unit by unit (ZeRO-2/3, an offloaded optimizer, the
- * update inside backward: parallel/dp.h glm_dp_whole_grads): no whole-model gradient buffer is
+ * update inside backward: parallel/dp/dp.h glm_dp_whole_grads): no whole-model gradient buffer is
  * ever made, not even for a moment before the data-parallel layer attaches (a 24 GB card could
  * not hold it beside the weights). */
 void glm_model_init_staged(glm_model *m, const glm_config *c, glm_backend *be);
 /* One pipeline stage: layers [l0, l1), with the embedding when first, the head when last. */
 void glm_model_init_stage(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first, int last);
-/* A stage without a gradient buffer: generation across devices (parallel/pipe_infer.h). */
+/* A stage without a gradient buffer: generation across devices (parallel/pipe/pipe_infer.h). */
 void glm_model_init_stage_inference(glm_model *m, const glm_config *c, glm_backend *be, int l0, int l1, int first,
                                     int last);
 void glm_model_free(glm_model *m);
@@ -376,7 +376,7 @@ void glm_kvcache_grow(glm_model *m, glm_kvcache *kv, int Tmax);
 int glm_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_t *ids, const int32_t *pos,
                        const int32_t *block_pos, const int32_t *kv_lo, const int32_t *kv_hi,
                        float *hidden_out, float *logits_out, glm_err *err);
-/* The same for a pipeline stage (parallel/pipe_infer.h): layers [layer_lo, layer_hi) only; a
+/* The same for a pipeline stage (parallel/pipe/pipe_infer.h): layers [layer_lo, layer_hi) only; a
  * stage after the first takes its input from h_in [B*Tq*H] (host floats) instead of the ids,
  * a stage before the last writes its output to h_out and computes no hidden_out / logits.
  * The cache must come from glm_kvcache_init on the same stage model. */
@@ -430,7 +430,7 @@ typedef struct glm_mem_plan {
 glm_mem_plan glm_memory_plan(const glm_config *c, glm_dtype dtype, int B, int T, int gradient_checkpointing,
                              int head_chunk);
 /* One pipeline stage's (layers [l0, l1), embedding / head as glm_model_init_stage): the one
- * formula every plan derives from (parallel/device_map.c adds sharding and pipelining). With
+ * formula every plan derives from (parallel/pipe/device_map.c adds sharding and pipelining). With
  * unit_slots, the elements of the unit-by-unit gradient paths' slots for its trainable table
  * (glm_table_unit_slots: [0] each of the two ring slots, [1] a tied embedding's own). */
 glm_mem_plan glm_memory_plan_stage(const glm_config *c, int l0, int l1, int embed, int head, glm_dtype dtype, int B,

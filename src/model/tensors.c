@@ -255,7 +255,7 @@ void glm_table_build_part(glm_table *tab, const glm_config *c, int l0, int l1, i
 #define ROW(kind, layer, name, nd, d0, d1) \
     do { if (in_part(c, layer, kind, part)) { add(tab, kind, layer, name, nd, d0, d1, part == GLM_PART_QUANT ? c->quant : GLM_Q_NONE); tab->t[tab->n - 1].opens_unit = !opened++; } } while (0)
     /* the prefix encoder feeds every layer: its gradient is final last, with the embedding's; a
-     * pipeline stage without the embedding keeps its own copy for its layers (parallel/pipeline.c
+     * pipeline stage without the embedding keeps its own copy for its layers (parallel/pipe/pipeline.c
      * sums the copies' gradients) */
     if (with_embed || (c->peft.pre_seq_len > 0 && l1 > l0)) {
         int64_t P = c->peft.pre_seq_len, KV = glm_prefix_width(c), E = glm_prefix_emb_width(c);

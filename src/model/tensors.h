@@ -145,7 +145,7 @@ static inline glm_tkind glm_dora_kind(int i) { return (glm_tkind)(T_QKV_LM + i);
 void glm_table_build_range(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head);
 /* The same with every unit (the embedding, each layer, the final norm with the head) starting
  * at a multiple of unit_align elements and the total padded to one: ZeRO-2 cuts each unit into
- * equal aligned pieces (parallel/dp.c). unit_align is a multiple of 64. */
+ * equal aligned pieces (parallel/dp/dp.c). unit_align is a multiple of 64. */
 void glm_table_build_units(glm_table *tab, const glm_config *c, int l0, int l1, int with_embed, int with_head,
                            size_t unit_align);
 void glm_table_free(glm_table *tab);
@@ -160,7 +160,7 @@ const glm_tensor *glm_table_find(const glm_table *tab, const char *name);
  * opens_unit row to the next, padding included) as flat spans in flat order; returns how many
  * (at most num_layers + 2). */
 int glm_table_units(const glm_table *tab, glm_span *out);
-/* The staging slots of the unit-by-unit gradient paths for this table (parallel/unit_slots.h):
+/* The staging slots of the unit-by-unit gradient paths for this table (parallel/dp/unit_slots.h):
  * *ring = the largest unit that is not a tied embedding (two slots of it take the units in
  * turn), *tied = the tied embedding's unit (its own slot; 0 when the embedding is untied or
  * does not train). The memory plan and the slots themselves both size from here. */

@@ -10,9 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 #include "core/log.h"
-#include "parallel/dist.h"
-#include "parallel/rendezvous.h"
-#include "parallel/signals.h"
+#include "parallel/comm/dist.h"
+#include "parallel/comm/rendezvous.h"
+#include "parallel/comm/signals.h"
 #include "backend/backend.h"
 
 extern char **environ;

@@ -4,8 +4,8 @@
  * train/ never branches on it. */
 #ifndef GLM_PARALLEL_PAR_H
 #define GLM_PARALLEL_PAR_H
-#include "parallel/dp.h"
-#include "parallel/pipe_train.h"
+#include "parallel/dp/dp.h"
+#include "parallel/pipe/pipe_train.h"
 
 typedef struct glm_par {
     glm_dp *dp;   /* data parallelism (a pipeline run: this stage's replicas) */

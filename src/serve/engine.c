@@ -1,6 +1,6 @@
 /* The continuous-batching decode engine (serve/engine.h). */
 #include "serve/engine.h"
-#include "parallel/pipe_infer.h"
+#include "parallel/pipe/pipe_infer.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

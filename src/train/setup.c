@@ -274,7 +274,7 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
                      a->max_grad_norm);
             a->max_grad_norm = 0;
         }
-        a->optimizer_in_backward = 1; /* parallel/dp_offload.c's update inside backward, unit by unit */
+        a->optimizer_in_backward = 1; /* parallel/dp/dp_offload.c's update inside backward, unit by unit */
     }
     if (a->optimizer_in_backward) {
         if (a->gradient_accumulation_steps > 1)

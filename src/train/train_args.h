@@ -105,7 +105,7 @@ typedef struct glm_train_args {
     char *nproc_per_node, *master_addr;
     int nnodes, node_rank, master_port, zero_stage, save_on_interrupt;
     double bucket_size_mb, ddp_timeout;
-    /* pipeline parallel (parallel/pipe_train.c): stages, the layer split, micro-batches, memory cap */
+    /* pipeline parallel (parallel/pipe/pipe_train.c): stages, the layer split, micro-batches, memory cap */
     char *device_map, *max_memory_per_gpu;
     int pipeline_parallel_size, num_microbatches;
     /* a DeepSpeed config as Hugging Face's Trainer takes one (--deepspeed FILE) */

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/glm.h"
-#include "parallel/device_map.h"
-#include "parallel/pipe_train.h"
+#include "parallel/pipe/device_map.h"
+#include "parallel/pipe/pipe_train.h"
 #include "test.h"
 
 static int ranges_are(const glm_device_map *m, const int *lo, const int *hi, int n) {
@@ -112,7 +112,7 @@ static void test_plan(test_counts *tc) {
     }
     TEST_CHECK(tc, "stage_memory_plan_matches_stage_model", same, "weights differ from the stage model's buffer");
     /* ZeRO-2 on 2 ranks: the planned gradients are the shard plus the staging slots that
-     * parallel/dp_zero2.c sizes from the model's units once laid out for 2 ranks (two for the
+     * parallel/dp/dp_zero2.c sizes from the model's units once laid out for 2 ranks (two for the
      * largest unit, plus the tied embedding's own); within the units' alignment padding */
     for (int tie = 0; tie < 2; tie++) {
         s.tie_word_embeddings = tie;
@@ -152,7 +152,7 @@ static void test_plan(test_counts *tc) {
         snprintf(name, sizeof name, "stage_memory_plan_zero2_%s", tie ? "tied" : "untied");
         TEST_CHECK(tc, name, fabs(got - want) <= 0.01 * want, "planned %.0f vs allocated %.0f bytes", got, want);
     }
-    /* the copy-engine exchange (parallel/dp_peer.c) on N ranks adds a landing buffer of N-1
+    /* the copy-engine exchange (parallel/dp/dp_peer.c) on N ranks adds a landing buffer of N-1
      * shards to the gradients, at ZeRO 0 and 1 on one stage only */
     {
         glm_device_map one, two;

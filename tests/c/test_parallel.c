@@ -13,9 +13,9 @@
 #include <unistd.h>
 #include "backend/backend.h"
 #include "core/log.h"
-#include "parallel/comm.h"
-#include "parallel/dist.h"
-#include "parallel/rendezvous.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/dist.h"
+#include "parallel/comm/rendezvous.h"
 #include "test.h"
 
 static const char *all_vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
@@ -175,7 +175,7 @@ static void test_single_comm(test_counts *tc) {
     c->close(c);
 }
 
-/* add_sumsq_spans (parallel/dp_peer.c's reduce): ranges of x get ranges of y added, the rest
+/* add_sumsq_spans (parallel/dp/dp_peer.c's reduce): ranges of x get ranges of y added, the rest
  * of x stays, and the result is the sum of squares of the sums; against a double reference. */
 static void test_add_sumsq_spans(test_counts *tc) {
     glm_backend *be = glm_backend_cpu();

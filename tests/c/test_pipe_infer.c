@@ -1,4 +1,4 @@
-/* Generation across stages (parallel/pipe_infer.h) on the CPU: a model split into stages by
+/* Generation across stages (parallel/pipe/pipe_infer.h) on the CPU: a model split into stages by
  * a device map gives exactly the whole model's logits and hidden states through a prefill and
  * several decoding steps, across a cache grow, for tied and untied heads; the stages load
  * their parts of a saved model folder, and of an adapter folder (LoRA pairs, a P-Tuning v2
@@ -9,7 +9,7 @@
 #include "core/rng.h"
 #include "model/adapter.h"
 #include "model/glm.h"
-#include "parallel/pipe_infer.h"
+#include "parallel/pipe/pipe_infer.h"
 #include "test.h"
 
 static glm_config tiny(int tie) {

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "model/glm.h"
-#include "parallel/pipe_infer.h"
+#include "parallel/pipe/pipe_infer.h"
 
 static float max_abs(const float *a, const float *b, size_t n) {
     float m = 0;

@@ -20,11 +20,11 @@
 #include "core/rng.h"
 #include "model/glm.h"
 #include "optim/adamw.h"
-#include "parallel/pipe_ckpt.h"
-#include "parallel/pipeline.h"
+#include "parallel/pipe/pipe_ckpt.h"
+#include "parallel/pipe/pipeline.h"
 #include "ckpt/checkpoint.h"
 #ifdef GLM_HAVE_MPI
-#include "parallel/comm.h"
+#include "parallel/comm/comm.h"
 #endif
 
 static glm_config tiny_config(int tie) {

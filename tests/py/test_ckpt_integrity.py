@@ -276,7 +276,7 @@ def mpi_case(d, base):
         C.check("dp2_to_1_epoch_trains_each_example_once", a["tokens_seen"] == b["tokens_seen"] and a["epoch"] == 1 and
                 a["data_cursor"] == 0, "tokens %s vs %s, epoch %s cursor %s" % (a["tokens_seen"], b["tokens_seen"],
                                                                                a["epoch"], a["data_cursor"]))
-    # pipeline stages write shards through their own writer (parallel/pipe_ckpt.c): sealed the same way
+    # pipeline stages write shards through their own writer (parallel/pipe/pipe_ckpt.c): sealed the same way
     pp = args + ["--pipeline_parallel_size", "2"]
     out = os.path.join(d, "pp")
     p = M.run(pp + ["--output_dir", out], np=2, check=False)

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
-#include "parallel/dp.h"
+#include "parallel/dp/dp.h"
 
 #define CHUNK ((size_t)16 << 20) /* elements per rank gathered at once */
 

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
-#include "parallel/comm_nccl.h"
-#include "parallel/signals.h"
+#include "parallel/comm/comm_nccl.h"
+#include "parallel/comm/signals.h"
 
 #define HOST_MAX 65536 /* doubles per sum_host */
 

@@ -1,4 +1,4 @@
-#include "parallel/dist.h"
+#include "parallel/comm/dist.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

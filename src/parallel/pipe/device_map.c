@@ -1,4 +1,4 @@
-#include "parallel/device_map.h"
+#include "parallel/pipe/device_map.h"
 #include "optim/adamw.h"
 #include <cJSON.h>
 #include <math.h>
@@ -59,12 +59,12 @@ glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *ma
     if (!sh->training) { p = (glm_mem_plan){.params = p.params, .total = p.params}; return p; }
     double es = (double)glm_dtype_size(sh->dtype), trainable = p.grads / es, hid = (double)sh->B * sh->T * c->hidden_size * es;
     int dp = sh->dp > 1 ? sh->dp : 1;
-    if (sh->zero2 && map->n == 1 && dp > 1) /* the shard and the unit slots (parallel/dp_zero2.c) */
+    if (sh->zero2 && map->n == 1 && dp > 1) /* the shard and the unit slots (parallel/dp/dp_zero2.c) */
         p.grads = trainable / dp * es + slots;
     if (sh->peer_ranks > 1 && map->n == 1 && !sh->zero2) p.grads += trainable * es * (sh->peer_ranks - 1) / sh->peer_ranks;
     int unit_path = (sh->in_backward || sh->offload) && map->n == 1 && dp == 1;
-    if (unit_path) p.grads = slots; /* parallel/dp_offload.c, one process: the unit slots instead of the gradient buffer */
-    if (sh->zero3 && map->n == 1 && dp > 1) { /* parallel/dp_zero3.c: the shard + two unit slots */
+    if (unit_path) p.grads = slots; /* parallel/dp/dp_offload.c, one process: the unit slots instead of the gradient buffer */
+    if (sh->zero3 && map->n == 1 && dp > 1) { /* parallel/dp/dp_zero3.c: the shard + two unit slots */
         double largest = unit > (double)c->vocab_size * c->hidden_size ? unit : (double)c->vocab_size * c->hidden_size;
         p.params -= trainable * es * (1.0 - 1.0 / dp);
         p.params += 2.0 * (glm_tensor_trains(c, -1, T_WORD_EMB) ? largest : unit) * es;
@@ -76,7 +76,7 @@ glm_mem_plan glm_stage_memory_plan(const glm_config *c, const glm_device_map *ma
         p.host = trainable / dp * (glm_optim_state_bytes(sh->optim, 1) + es) + (unit_path && !sh->in_backward ? slots : 0); /* + landing */
         p.master = p.moments = 0;
     }
-    if (map->n > 1) { /* parallel/pipeline.c: stashed inputs (1F1B: at most P - k in flight), send/recv */
+    if (map->n > 1) { /* parallel/pipe/pipeline.c: stashed inputs (1F1B: at most P - k in flight), send/recv */
         int P = map->n, inflight = P - k < sh->n_micro ? P - k : sh->n_micro;
         if (!st->embed) p.activations += inflight * hid + hid; /* + dh_in */
         if (!st->head) p.activations += 2 * hid;               /* h_out, dh_out */

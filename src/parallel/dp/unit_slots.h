@@ -1,6 +1,6 @@
 /* The staging slots of the unit-by-unit gradient paths: ZeRO-2's reduce-scatter
- * (parallel/dp_zero2.c) and the offloaded optimizer's copies to the host and the update inside
- * backward (parallel/dp_offload.c). Backward writes each unit's gradients (the embedding, a
+ * (parallel/dp/dp_zero2.c) and the offloaded optimizer's copies to the host and the update inside
+ * backward (parallel/dp/dp_offload.c). Backward writes each unit's gradients (the embedding, a
  * layer, the final norm with the head: glm_model_units) into a slot instead of a whole-model
  * buffer, through the model's grads_unit hook. Two slots sized by the largest unit take the
  * units in turn; a tied embedding has a slot of its own, since the head writes its gradient at

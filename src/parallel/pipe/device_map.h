@@ -16,7 +16,7 @@
  * after the last layer, so `thudm` — and a FILE with THUDM's placement — keeps THUDM's layer
  * ranges and runs the final norm and head on the last stage (head_moved says so). Everything
  * else out of order is rejected. A tied head on a later stage than the embedding means that
- * stage holds a copy of word_embeddings (see parallel/pipeline.h). */
+ * stage holds a copy of word_embeddings (see parallel/pipe/pipeline.h). */
 #ifndef GLM_PARALLEL_DEVICE_MAP_H
 #define GLM_PARALLEL_DEVICE_MAP_H
 #include <stdio.h>
@@ -48,8 +48,8 @@ typedef struct glm_stage_shape {
     int n_micro;            /* micro-batches per step: how many inputs a stage stashes (1F1B) */
     int training;           /* 0: weights only (generation) */
     int dp;                 /* data-parallel replicas sharing the optimizer state (ZeRO >= 1), 1 = none */
-    int zero2;              /* ZeRO-2 (one stage only): gradients = shard + staging (parallel/dp_zero2.c) */
-    int peer_ranks;         /* GPU ranks exchanging gradients by copies (parallel/dp_peer.c, one stage, ZeRO 0/1):
+    int zero2;              /* ZeRO-2 (one stage only): gradients = shard + staging (parallel/dp/dp_zero2.c) */
+    int peer_ranks;         /* GPU ranks exchanging gradients by copies (parallel/dp/dp_peer.c, one stage, ZeRO 0/1):
                              * gradients + a landing buffer of (peer_ranks - 1) shards; 0 = none */
     int head_chunk;         /* rows of logits at once (256) */
     int optim;              /* glm_optim_kind: fp32 or 8-bit moments */

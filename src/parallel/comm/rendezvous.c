@@ -1,4 +1,4 @@
-#include "parallel/rendezvous.h"
+#include "parallel/comm/rendezvous.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "core/log.h"
-#include "parallel/signals.h"
+#include "parallel/comm/signals.h"
 
 #define MAGIC 0x474c4d52u /* "GLMR" */
 

@@ -1,4 +1,4 @@
-#include "parallel/pipe_train.h"
+#include "parallel/pipe/pipe_train.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,7 +6,7 @@
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "model/ckpt.h"
-#include "parallel/rendezvous.h"
+#include "parallel/comm/rendezvous.h"
 #ifdef GLM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif

@@ -5,7 +5,7 @@
 #ifndef GLM_PARALLEL_DP_STATS_H
 #define GLM_PARALLEL_DP_STATS_H
 #include <stddef.h>
-#include "parallel/dp.h"
+#include "parallel/dp/dp.h"
 #include "parallel/gpustat.h"
 
 /* One rank's phases of a measured step, in seconds, each ended by a device sync. */

@@ -1,4 +1,4 @@
-/* ZeRO-2 for parallel/dp.c: no rank ever holds the whole gradient.
+/* ZeRO-2 for parallel/dp/dp.c: no rank ever holds the whole gradient.
  *
  * The flat buffers are laid out again so every unit (the embedding, each layer, the final norm
  * with the head) starts at a multiple of 64 * world elements, and the units are the buckets:
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
-#include "parallel/dp.h"
+#include "parallel/dp/dp.h"
 
 
 /* The slot's reduce-scatter has finished before the compute stream goes on, and a scratch

@@ -1,5 +1,5 @@
-/* Staging slots of the unit-by-unit gradient paths (parallel/unit_slots.h). */
-#include "parallel/unit_slots.h"
+/* Staging slots of the unit-by-unit gradient paths (parallel/dp/unit_slots.h). */
+#include "parallel/dp/unit_slots.h"
 #include <string.h>
 
 void glm_unit_slots_init(glm_unit_slots *u, glm_model *m) {

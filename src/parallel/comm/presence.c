@@ -1,5 +1,5 @@
 /* The ranks' presence board (presence.h). */
-#include "parallel/presence.h"
+#include "parallel/comm/presence.h"
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>

@@ -29,9 +29,9 @@
 #define GLM_PARALLEL_DP_H
 #include "model/glm.h"
 #include "optim/adamw.h"
-#include "parallel/unit_slots.h"
-#include "parallel/comm.h"
-#include "parallel/dist.h"
+#include "parallel/dp/unit_slots.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/dist.h"
 #include "ckpt/checkpoint.h"
 
 typedef struct glm_dp_cfg {
@@ -47,21 +47,21 @@ typedef struct glm_dp_cfg {
 
 typedef struct glm_dp_bucket { size_t lo, hi; int started; } glm_dp_bucket;
 
-/* ZeRO-2's gradient staging (parallel/dp_zero2.c). */
+/* ZeRO-2's gradient staging (parallel/dp/dp_zero2.c). */
 typedef struct glm_dp_z2 {
     void *sg;              /* [shard] this rank's summed gradients (S) */
-    glm_unit_slots us;     /* backward's staging, unit by unit (parallel/unit_slots.h) */
+    glm_unit_slots us;     /* backward's staging, unit by unit (parallel/dp/unit_slots.h) */
     void *tmp[3];          /* [slot/world] reduce-scatter output of later micro-batches */
     int op[3];             /* index of the reduce-scatter reading the slot (-1: none) */
     size_t add_off[3], add_n[3]; /* tmp to add into sg at add_off before the slot is reused */
     int begun;
 } glm_dp_z2;
 
-/* The copy-engine exchange between the GPUs of one node (parallel/dp_peer.c). */
+/* The copy-engine exchange between the GPUs of one node (parallel/dp/dp_peer.c). */
 typedef struct glm_dp_peer glm_dp_peer;
-/* The update inside backward (parallel/dp_offload.c). */
+/* The update inside backward (parallel/dp/dp_offload.c). */
 typedef struct glm_dp_ib glm_dp_ib;
-/* ZeRO-3's sharded weights (parallel/dp_zero3.c). */
+/* ZeRO-3's sharded weights (parallel/dp/dp_zero3.c). */
 typedef struct glm_dp_z3 glm_dp_z3;
 
 typedef struct glm_dp {
@@ -83,7 +83,7 @@ typedef struct glm_dp {
     int no_overlap;        /* GLMTRAIN_DP_NO_OVERLAP=1, a diagnostic: buckets wait for the end of backward */
     int zero2;             /* ZeRO-2 staging on (a whole model on world > 1 ranks) */
     char q8_file[64];      /* where checkpoints keep this model's 8-bit moments ("": optimizer_8bit.safetensors;
-                            * a pipeline stage's own file, set by parallel/pipe_train.c) */
+                            * a pipeline stage's own file, set by parallel/pipe/pipe_train.c) */
     glm_dp_z2 z2;
     glm_dp_peer *peer;     /* ZeRO 0/1 on the GPUs of one node: gradients move by copy engines (or NULL) */
     int z0_ag_backward;    /* GLMTRAIN_DP_Z0_AG_BACKWARD=1: ZeRO-0 all-gathers each bucket's sums right after its reduce-scatter */
@@ -217,7 +217,7 @@ void glm_dp_close(glm_dp *dp, int ok);
 /* The whole optimizer state in host memory on rank 0 (o->m owns the block; free(o->m)), gathered
  * from the shards under ZeRO, with 8-bit moments' codes as stored (free them with
  * glm_opt_state_free_q8); every rank calls it. For writers with their own layout
- * (parallel/pipe_ckpt.c). */
+ * (parallel/pipe/pipe_ckpt.c). */
 int glm_dp_opt_state(glm_dp *dp, glm_opt_state *o, glm_err *err);
 
 #endif

@@ -28,7 +28,7 @@
  * access, and the landing buffer leaves the memory forward/backward will need (all ranks agree,
  * or all keep NCCL). GLMTRAIN_DP_PEER_AG=0 keeps the all-gathers on NCCL;
  * GLMTRAIN_DP_PEER_EARLY_ADD=0 sums everything in one pass after the last copy. */
-#include "parallel/dp.h"
+#include "parallel/dp/dp.h"
 #ifdef GLM_HAVE_CUDA
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -38,7 +38,7 @@
 #include <unistd.h>
 #include "backend/cuda/cuda_backend.h"
 #include "core/log.h"
-#include "parallel/signals.h"
+#include "parallel/comm/signals.h"
 
 typedef CUresult (*wait32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 typedef CUresult (*write32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);

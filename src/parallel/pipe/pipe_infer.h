@@ -1,4 +1,4 @@
-/* Generation across devices: the model split by a device map (parallel/device_map.h) into
+/* Generation across devices: the model split by a device map (parallel/pipe/device_map.h) into
  * stages held by one process, each on its own backend (GPU k for stage k, or all on the CPU),
  * run one after another for every decoding step — what THUDM's load_model_on_gpus does with
  * accelerate. No pipelining between steps: decoding is sequential, so a stage waits while the
@@ -13,7 +13,7 @@
 #ifndef GLM_PARALLEL_PIPE_INFER_H
 #define GLM_PARALLEL_PIPE_INFER_H
 #include "model/glm.h"
-#include "parallel/device_map.h"
+#include "parallel/pipe/device_map.h"
 
 typedef struct glm_pipe_lm {
     glm_device_map map;

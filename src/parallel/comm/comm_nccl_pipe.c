@@ -1,4 +1,4 @@
-/* The pipeline's transport over NCCL for GPU ranks (parallel/comm.h, kind "nccl-pipe"): exchange,
+/* The pipeline's transport over NCCL for GPU ranks (parallel/comm/comm.h, kind "nccl-pipe"): exchange,
  * allreduce, sum_host and split, each complete when it returns (wait has nothing left to do).
  * Sends and receives are
  * queued on the backend's own stream, so they follow the compute that produced the data and
@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
-#include "parallel/comm_nccl.h"
-#include "parallel/signals.h"
+#include "parallel/comm/comm_nccl.h"
+#include "parallel/comm/signals.h"
 
 #define HOST_MAX 4096 /* doubles per sum_host */
 

@@ -1,4 +1,4 @@
-#include "parallel/signals.h"
+#include "parallel/comm/signals.h"
 #include <signal.h>
 #include <string.h>
 

@@ -1,4 +1,4 @@
-#include "parallel/dp.h"
+#include "parallel/dp/dp.h"
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 #include <unistd.h>
 #include "core/fileutil.h"
 #include "core/log.h"
-#include "parallel/rendezvous.h"
-#include "parallel/signals.h"
+#include "parallel/comm/rendezvous.h"
+#include "parallel/comm/signals.h"
 #ifdef GLM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -259,7 +259,7 @@ int glm_dp_attach(glm_dp *dp, glm_model *m, glm_adamw *opt, float lr, float b1, 
     if (dp->world == 1) return attach_single(dp, m, opt, lr, b1, b2, eps, wd, err);
     int gpu = glm_backend_on_gpu(be);
     if (gpu) {
-        /* a pipeline run hands in its stage's group communicator (parallel/pipe_train.c) */
+        /* a pipeline run hands in its stage's group communicator (parallel/pipe/pipe_train.c) */
         if (strcmp(dp->comm->kind, "nccl") != 0 && open_nccl(dp, err)) return -1;
     } else if (!dp->boot) {
         glm_fail(err, "rank %d: CPU ranks communicate through MPI, but this %s launch is not an MPI job", dp->rank, dp->dist.source);

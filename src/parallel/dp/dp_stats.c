@@ -1,4 +1,4 @@
-#include "parallel/dp_stats.h"
+#include "parallel/dp/dp_stats.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
 /* Pipeline parallelism inside `glmtrain train` (train/train.c calls these when
- * --pipeline_parallel_size P > 1; parallel/pipeline.h has the schedule).
+ * --pipeline_parallel_size P > 1; parallel/pipe/pipeline.h has the schedule).
  *
  * The job's W = P x D ranks (mpirun, torchrun, or --nproc_per_node W) are laid out as
- * rank = replica * P + stage. glm_pp_open turns the data-parallel object (parallel/dp.h) into
+ * rank = replica * P + stage. glm_pp_open turns the data-parallel object (parallel/dp/dp.h) into
  * the stage's data-parallel group: dp->rank is the replica, dp->world = D, dp->comm reaches
  * the D replicas of this stage only — so everything dp.c does (loader shares, gradient buckets,
  * ZeRO shards and their checkpoints) works per stage unchanged. What must span the whole job
@@ -15,9 +15,9 @@
 #ifndef GLM_PARALLEL_PIPE_TRAIN_H
 #define GLM_PARALLEL_PIPE_TRAIN_H
 #include <stdio.h>
-#include "parallel/dp.h"
-#include "parallel/pipe_ckpt.h"
-#include "parallel/pipeline.h"
+#include "parallel/dp/dp.h"
+#include "parallel/pipe/pipe_ckpt.h"
+#include "parallel/pipe/pipeline.h"
 #include "parallel/par_opts.h"
 
 typedef struct glm_pp {
@@ -77,7 +77,7 @@ int glm_pp_grad_norm(glm_pp *pp, float grad_scale, double *loss_sum, double *nor
 /* Evaluation of one batch: v[0] += loss sum, v[1] += supervised tokens (on last stages; sum
  * over ranks afterwards). */
 int glm_pp_eval(glm_pp *pp, const glm_batch *b, double v[2], glm_err *err);
-/* Checkpoint / final model in the shared layout (parallel/pipe_ckpt.h). */
+/* Checkpoint / final model in the shared layout (parallel/pipe/pipe_ckpt.h). */
 int glm_pp_save(glm_pp *pp, const char *output_dir, const glm_train_state *st, const char *tokenizer_path,
                 const char *args_json, glm_err *err);
 int glm_pp_save_final(glm_pp *pp, const char *output_dir, int file_dtype, const char *tokenizer_path,

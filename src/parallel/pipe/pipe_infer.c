@@ -1,4 +1,4 @@
-#include "parallel/pipe_infer.h"
+#include "parallel/pipe/pipe_infer.h"
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"

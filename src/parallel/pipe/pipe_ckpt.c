@@ -1,4 +1,4 @@
-#include "parallel/pipe_ckpt.h"
+#include "parallel/pipe/pipe_ckpt.h"
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>

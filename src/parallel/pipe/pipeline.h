@@ -5,7 +5,7 @@
  * runs the 1F1B schedule over the optimizer step's micro-batches: stage s first runs
  * min(P - s - 1, M) forwards, then alternates one forward and one backward, then drains the
  * remaining backwards; the last stage does each micro-batch's forward, loss and backward at
- * once. Hidden states [B*T, H] go forward and their gradients back through parallel/comm.h.
+ * once. Hidden states [B*T, H] go forward and their gradients back through parallel/comm/comm.h.
  * glm_stage_backward recomputes the stage's forward from its input, so a stage stashes only the
  * inputs of its in-flight micro-batches (at most P - s of them); with gradient_checkpointing
  * the recompute also keeps one layer's activations at a time.
@@ -22,8 +22,8 @@
 #define GLM_PARALLEL_PIPELINE_H
 #include "data/batch.h"
 #include "model/glm.h"
-#include "parallel/device_map.h"
-#include "parallel/comm.h"
+#include "parallel/pipe/device_map.h"
+#include "parallel/comm/comm.h"
 
 typedef struct glm_pipe {
     glm_device_map map;

@@ -12,7 +12,7 @@
  * once, by the first stage. */
 #ifndef GLM_PARALLEL_PIPE_CKPT_H
 #define GLM_PARALLEL_PIPE_CKPT_H
-#include "parallel/pipeline.h"
+#include "parallel/pipe/pipeline.h"
 #include "ckpt/checkpoint.h"
 
 /* This stage's shard files in dir: weights as file_dtype (st_dtype), and the optimizer state

@@ -1,10 +1,10 @@
 /* The single-process communicator and what every implementation shares: the failure texts
  * and the polling pause. */
-#include "parallel/comm.h"
+#include "parallel/comm/comm.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#include "parallel/signals.h"
+#include "parallel/comm/signals.h"
 
 int glm_comm_fail_timeout(glm_comm *c, const char *op, const char *what, double waited, glm_err *err) {
     c->broken = 1;

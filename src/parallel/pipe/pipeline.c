@@ -1,4 +1,4 @@
-#include "parallel/pipeline.h"
+#include "parallel/pipe/pipeline.h"
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"

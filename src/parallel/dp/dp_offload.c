@@ -1,5 +1,5 @@
 /* The optimizer in host memory (--offload_optimizer cpu) and the update inside backward
- * (--optimizer_in_backward), for parallel/dp.c.
+ * (--optimizer_in_backward), for parallel/dp/dp.c.
  *
  * Offload: the AdamW state (fp32 or 8-bit moments and the fp32 master weights) of this rank's
  * shard lives in host memory. An update of flat elements [lo, hi) copies their gradients into
@@ -29,7 +29,7 @@
 #include <string.h>
 #include "core/half.h"
 #include "core/log.h"
-#include "parallel/dp.h"
+#include "parallel/dp/dp.h"
 
 /* ---------------------------------------------------------------- copies */
 
@@ -83,7 +83,7 @@ typedef struct ib_job { size_t lo, hi; long ticket; int kind, slot; } ib_job;
 
 struct glm_dp_ib {
     int update;             /* 1: each unit updated inside backward; 0: its gradients collected on the host */
-    glm_unit_slots us;      /* backward's staging, unit by unit (parallel/unit_slots.h) */
+    glm_unit_slots us;      /* backward's staging, unit by unit (parallel/dp/unit_slots.h) */
     long slot_ticket[3];    /* offloaded: the copy that reads the slot */
     void *landing[3];       /* collecting, later micro-batches: the host copy of each slot before its add */
     int landing_busy[3];    /* its add has not run yet */

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
-#include "parallel/comm.h"
-#include "parallel/signals.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/signals.h"
 
 #define MAX_CHUNK ((size_t)1 << 30) /* elements per MPI call: counts are int */
 

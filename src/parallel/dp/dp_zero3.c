@@ -1,6 +1,6 @@
-/* ZeRO-3 for parallel/dp.c: the weights are sharded too.
+/* ZeRO-3 for parallel/dp/dp.c: the weights are sharded too.
  *
- * Everything ZeRO-2 does (parallel/dp_zero2.c: the units are the buckets, gradients staged per
+ * Everything ZeRO-2 does (parallel/dp/dp_zero2.c: the units are the buckets, gradients staged per
  * unit and reduce-scattered into each rank's shard) and, besides: rank r keeps only piece r of
  * every unit's weights at rest (`ps`, the shard, in the backend dtype), which its AdamW updates
  * in place; no parameter all-gather follows the update, and the model has no buffer of all its
@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/log.h"
-#include "parallel/dp.h"
+#include "parallel/dp/dp.h"
 
 struct glm_dp_z3 {
     void *ps;           /* [shard] this rank's pieces of the weights (S) */
