@@ -88,10 +88,15 @@ static int check_pref_args(const glm_train_args *a, glm_err *err) {
         if (a->ref_model || a->ref_model_adapters)
             return glm_fail(err, "--ref_model is --stage dpo's and kto's (the reference of a preference loss)"),
                    glm_hint(err, "drop it, or give --stage dpo");
+        if (a->stage && !strcmp(a->stage, "ppo"))
+            return glm_fail(err, "--stage ppo: LLaMA-Factory's PPO stage is not in glmtrain"),
+                   glm_hint(err, "train on preference pairs with --stage dpo (or kto for answers marked good or bad); a "
+                                 "reward model from --stage rm scores texts through glmtrain serve's POST "
+                                 "/v1/score/evaluation (docs/DPO.md)");
         if (a->stage && strcmp(a->stage, "sft"))
             return glm_fail(err, "--stage %s: glmtrain trains sft (supervised fine-tuning), pt (pre-training on texts), "
-                                 "dpo (preference pairs), rm (a reward model) and kto (desirable and undesirable answers); "
-                                 "LLaMA-Factory's ppo stage is not here", a->stage);
+                                 "dpo (preference pairs), rm (a reward model) and kto (desirable and undesirable answers)",
+                            a->stage);
         return 0;
     }
     const char *stage = a->stage;

@@ -304,7 +304,10 @@ def cli_cases(tmp):
     report("dpo_cli_missing_rejected_named", p.returncode != 0 and "'rejected'" in p.stderr and "no_rejected.json" in p.stderr,
            p.stderr[-300:])
     p = train(os.path.join(tmp, "ppo"), ["--max_steps", "1", "--stage", "ppo"])
-    report("dpo_cli_unknown_stage_refused", p.returncode != 0 and "--stage ppo" in p.stderr, p.stderr[-300:])
+    report("dpo_cli_unknown_stage_refused", p.returncode != 0 and "--stage ppo" in p.stderr and "/v1/score/evaluation" in p.stderr,
+           p.stderr[-300:])
+    p = train(os.path.join(tmp, "sftx"), ["--max_steps", "1", "--stage", "sftx"])
+    report("dpo_cli_misspelt_stage_refused", p.returncode != 0 and "--stage sftx" in p.stderr and "kto" in p.stderr, p.stderr[-300:])
     p = C.run(["train", "--model_name_or_path", tok, "--train_file", data, "--output_dir", os.path.join(tmp, "pt"),
                "--stage", "dpo", "--finetuning_type", "ptuning", "--pre_seq_len", "4", "--max_steps", "1"])
     report("dpo_cli_ptuning_refused", p.returncode != 0 and "ptuning" in p.stderr, p.stderr[-300:])
