@@ -1046,7 +1046,8 @@ static double weigh_tokens(glm_model *m, const glm_batch *b, glm_token_weigh wei
 /* The same for a head that does not train, whose gradient is only its input's: each token's row
  * of it depends on that token's logits alone, so it is made once with unit weights, beside the
  * losses, and each row then scaled by its weight (the compact top rows, one a token): the head's
- * product runs once instead of twice. */
+ * product runs once instead of twice. Not in fp16, where the unweighted rows (the loss scale in
+ * them, not yet the weights' smaller factors) could overflow what the weighed ones would not. */
 static double weigh_rows_after(glm_model *m, const glm_batch *b, float dscale, void *dlnf, glm_token_weigh weigh,
                                void *ctx) {
     int n = m->bd.n_sup;
@@ -1077,7 +1078,7 @@ static double stage_backward(glm_model *m, const glm_batch *b, const void *h_in,
         begin(m, L);
         /* the head writes into the tied embedding's gradient: its unit opens now when it trains */
         if (c->tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB)) begin(m, -1);
-        if (weigh && !m->g.head && m->top_rows && !c->value_head) {
+        if (weigh && !m->g.head && m->top_rows && !c->value_head && be->dtype != GLM_F16) {
             loss = weigh_rows_after(m, b, dscale, dlnf, weigh, weigh_ctx);
         } else if (weigh) {
             loss = weigh_tokens(m, b, weigh, weigh_ctx);

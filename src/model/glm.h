@@ -271,8 +271,9 @@ double glm_forward_loss(glm_model *m, const glm_batch *b);
  * its target, n = b->n_targets in the batch's flat order), returns the micro-batch's loss and
  * writes d loss / d tok_loss[i] into w[i]; the backward then runs from dscale * w (gradients
  * accumulate, as glm_forward_backward). A head that trains runs twice: once for the losses, once
- * for their gradient; a frozen one once (its input gradient with unit weights beside the losses,
- * each token's row then scaled by its weight). One process holding every layer (no pipeline stages). */
+ * for their gradient; a frozen one once in bf16 and fp32 (its input gradient with unit weights beside
+ * the losses, each token's row then scaled by its weight). One process holding every layer (no
+ * pipeline stages). */
 typedef double (*glm_token_weigh)(void *ctx, const glm_batch *b, const float *tok_loss, int n, float *w);
 double glm_forward_backward_weighted(glm_model *m, const glm_batch *b, float dscale, glm_token_weigh weigh, void *ctx);
 /* peft's disable_adapter: off = 1 runs the layers without their LoRA/DoRA adapters (the base as it
