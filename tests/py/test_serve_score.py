@@ -8,8 +8,9 @@ fp32 references, on the CPU:
     ValueHead at the last token (1e-4); the ids serve logged are the rm example's
     (encode(prompt) + [gMASK, <sop>] + encode(response) + [<eop>]); the base with its own
     value_head.safetensors scores with the base alone; a batch of messages gives each one's score
-    alone, bit for bit; max_length cuts from the end; the answer has LLaMA-Factory's fields; the model
-    split over 2 pipeline stages (--device_map) scores the same;
+    alone, bit for bit; max_length cuts from the end; the answer has LLaMA-Factory's fields; a score
+    request beside a decoding completion leaves both as they are alone; the model split over 2
+    pipeline stages (--device_map) scores the same;
   * the errors: a plain text on ChatGLM-6B (no [gMASK] / <sop>), a model without a value head, an
     unknown model, no or empty messages, a message of another type, a pair without a response or with
     an empty one, a bad max_length, a text beyond max_model_len (413), a body that is not JSON, GET;
@@ -193,6 +194,27 @@ def glm1_cases(tmp):
         report("serve_score_refuses_get", st == 405, "%s %s" % (st, got))
         st, got = score(S, {"model": "rm", "messages": [msgs[0]]})
         report("serve_score_still_serves_after_errors", st == 200, "%s %s" % (st, got))
+    finally:
+        S.stop()
+    # beside a completion that decodes (slowed, so they overlap): the completion's text as alone, the
+    # scores as before, both running at once (/health's peak)
+    S = sc.Server(base, "--adapter", "rm=" + rm, "--step_delay_ms", "5")
+    try:
+        import threading
+        comp = {"model": "base", "prompt": "写一句关于春的诗", "max_tokens": 120, "temperature": 0, "ignore_eos": True}
+        alone = sc.http(S.port, "POST", "/v1/completions", comp)[1]
+        out = {}
+        th = threading.Thread(target=lambda: out.update(r=sc.http(S.port, "POST", "/v1/completions", comp)[1]))
+        th.start()
+        import time
+        time.sleep(0.1)
+        st, body = score(S, {"model": "rm", "messages": msgs[:4]})
+        th.join()
+        peak = sc.http(S.port, "GET", "/health")[1].get("peak_running")
+        text = lambda r: r.get("choices", [{}])[0].get("text") if isinstance(r, dict) else None
+        report("serve_score_beside_a_decoding_completion", st == 200 and body.get("scores") == seen["rm"][:4] and
+               text(out.get("r")) == text(alone) and text(alone) and peak >= 2,
+               "score %s %s, completion equal %s, peak %s" % (st, str(body)[:200], text(out.get("r")) == text(alone), peak))
     finally:
         S.stop()
     # split over 2 pipeline stages (--device_map; CPU stages here): the same scores
