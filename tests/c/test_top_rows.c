@@ -184,6 +184,30 @@ static void counting_matmul_fwd(glm_backend *be, void *out, const void *inp, con
     real_matmul_fwd(be, out, inp, w, bias, N, C, OC);
 }
 
+/* One forward/backward of v1_config (LoRA on every module with lora; the weighed loss with
+ * weighed) at checkpointing level ckpt, its products counted (qkv_products, head_products). */
+static void count_products(int lora, int weighed, int ckpt) {
+    glm_config c = micro_v1_config();
+    if (lora) c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 2, .lora_alpha = 4, .lora_targets = GLM_LORA_ALL};
+    glm_backend *be = glm_backend_cpu();
+    real_matmul_fwd = be->matmul_fwd;
+    be->matmul_fwd = counting_matmul_fwd;
+    glm_model m;
+    glm_model_init(&m, &c, be);
+    randomize(&m);
+    if (lora) glm_model_init_adapters(&m, 3);
+    m.gradient_checkpointing = ckpt;
+    glm_batch b;
+    make_batch(&b, &c, 0);
+    qkv_products = head_products = 0;
+    glm_zero_grads(&m);
+    if (weighed) glm_forward_backward_weighted(&m, &b, 1.0f / b.n_targets, weigh_pattern, NULL);
+    else glm_forward_backward(&m, &b, 1.0f / b.n_targets);
+    glm_batch_free(&b);
+    glm_model_free(&m);
+    be->destroy(be);
+}
+
 /* A weighed loss (the preference losses') over a head that does not train: its input gradient is
  * made once with unit weights and each row scaled after (model/glm.c weigh_rows_after), where the
  * head's rows kept whole (keep_all_rows) take the weights before the product. With weights that
@@ -209,25 +233,9 @@ static void test_weighed_frozen_head(test_counts *tc) {
             free(all.g); free(top.g);
         }
     int count[2];
-    for (int ft = 0; ft < 2; ft++) {
-        glm_config c = micro_v1_config();
-        if (ft) c.peft = (glm_peft){.kind = GLM_FT_LORA, .lora_rank = 2, .lora_alpha = 4, .lora_targets = GLM_LORA_ALL};
-        glm_backend *be = glm_backend_cpu();
-        real_matmul_fwd = be->matmul_fwd;
-        be->matmul_fwd = counting_matmul_fwd;
-        glm_model m;
-        glm_model_init(&m, &c, be);
-        randomize(&m);
-        if (ft) glm_model_init_adapters(&m, 3);
-        glm_batch b;
-        make_batch(&b, &c, 0);
-        head_products = 0;
-        glm_zero_grads(&m);
-        glm_forward_backward_weighted(&m, &b, 1.0f / b.n_targets, weigh_pattern, NULL);
-        count[ft] = head_products;
-        glm_batch_free(&b);
-        glm_model_free(&m);
-        be->destroy(be);
+    for (int lora = 0; lora < 2; lora++) {
+        count_products(lora, 1, GLM_CKPT_NONE);
+        count[lora] = head_products;
     }
     TEST_CHECK(tc, "weighed_loss_frozen_head_one_product", count[0] == 2 && count[1] == 1,
                "the head's products: full fine-tuning %d, LoRA %d", count[0], count[1]);
@@ -235,23 +243,8 @@ static void test_weighed_frozen_head(test_counts *tc) {
 static void test_top_layer_not_recomputed(test_counts *tc) {
     int count[3];
     for (int ckpt = 0; ckpt < 3; ckpt++) {
-        glm_config c = micro_v1_config();
-        glm_backend *be = glm_backend_cpu();
-        real_matmul_fwd = be->matmul_fwd;
-        be->matmul_fwd = counting_matmul_fwd;
-        glm_model m;
-        glm_model_init(&m, &c, be);
-        randomize(&m);
-        m.gradient_checkpointing = ckpt;
-        glm_batch b;
-        make_batch(&b, &c, 0);
-        qkv_products = 0;
-        glm_zero_grads(&m);
-        glm_forward_backward(&m, &b, 1.0f / b.n_targets);
+        count_products(0, 0, ckpt);
         count[ckpt] = qkv_products;
-        glm_batch_free(&b);
-        glm_model_free(&m);
-        be->destroy(be);
     }
     /* 3 layers: the forward's 3, and with full checkpointing the recompute of the 2 below the top */
     TEST_CHECK(tc, "top_layer_not_recomputed", count[GLM_CKPT_NONE] == 3 && count[GLM_CKPT_FULL] == 5 &&
