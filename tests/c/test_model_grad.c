@@ -8,14 +8,14 @@
 #include "backend/backend.h"
 #include "core/rng.h"
 #include "model/glm.h"
+#include "micro_configs.h"
 #include "test.h"
 
 static glm_config micro_config(int tie) {
-    return (glm_config){.vocab_size = 24, .hidden_size = 16, .num_layers = 2, .num_attention_heads = 2,
-                        .inner_hidden_size = 32, .max_sequence_length = 64, .layernorm_epsilon = 1e-5f,
-                        .position_encoding_2d = 1, .tie_word_embeddings = tie, .bos_token_id = 21,
-                        .eos_token_id = 22, .mask_token_id = 19, .gmask_token_id = 20, .pad_token_id = 3,
-                        .alpha = 7.483314773547883f};
+    glm_config c = micro_v1_config();
+    c.num_layers = 2;
+    c.tie_word_embeddings = tie;
+    return c;
 }
 
 /* Two rows: prompt + [gMASK] <sop> + answer + <eop>, different lengths, right padding. */

@@ -9,20 +9,13 @@
 #include <string.h>
 #include "core/rng.h"
 #include "model/glm.h"
+#include "micro_configs.h"
 #include "test.h"
 
 enum { V = 40, STEPS = 5, TMAX = 16, SLOTS = 4, NP = 3 };
 
 static glm_config config(int glm2) {
-    glm_config c = {.vocab_size = V, .hidden_size = 32, .num_layers = 2, .num_attention_heads = 4, .inner_hidden_size = 64,
-                    .max_sequence_length = 64, .layernorm_epsilon = 1e-5f, .position_encoding_2d = 1,
-                    .tie_word_embeddings = 0, .bos_token_id = 2, .eos_token_id = 3, .mask_token_id = 4,
-                    .gmask_token_id = 1, .pad_token_id = 0, .alpha = 7.483314773547883f};
-    if (glm2) {
-        c = glm_config_chatglm2_6b();
-        c.vocab_size = V; c.hidden_size = 32; c.num_layers = 2; c.num_attention_heads = 4; c.head_dim = 8;
-        c.num_kv_heads = 2; c.inner_hidden_size = 48; c.max_sequence_length = 64; c.eos_token_id = 3; c.pad_token_id = 0;
-    }
+    glm_config c = micro_cache_config(glm2);
     return c;
 }
 
