@@ -1031,32 +1031,20 @@ double glm_forward_backward_weighted(glm_model *m, const glm_batch *b, float dsc
     return stage_backward(m, b, NULL, NULL, NULL, dscale, weigh, ctx);
 }
 
-/* The weighed loss's first head pass: every token's loss, then the caller's weights, uploaded. */
-static double weigh_tokens(glm_model *m, const glm_batch *b, glm_token_weigh weigh, void *ctx) {
+/* The weighed loss's first head pass: every token's loss, then the caller's weights, uploaded
+ * into tok_w. With dlnf (a head that does not train, whose gradient is only its input's) the same
+ * pass also makes that gradient: each token's row of it depends on the token's logits alone, so it
+ * is made with unit weights beside the losses and each row then scaled by its weight (the compact
+ * top rows, one a token), and the head's product runs once instead of twice. */
+static double weigh_tokens(glm_model *m, const glm_batch *b, float dscale, void *dlnf, glm_token_weigh weigh,
+                           void *ctx) {
     int n = m->bd.n_sup;
     float *loss = glm_malloc(sizeof(float) * (n ? n : 1)), *w = glm_malloc(sizeof(float) * (n ? n : 1));
-    head_loss(m, 0.0f, NULL, NULL, loss);
-    double total = weigh(ctx, b, loss, n, w);
-    if (n) m->be->upload(m->be, m->tok_w, w, sizeof(float) * n);
-    free(loss);
-    free(w);
-    return total;
-}
-
-/* The same for a head that does not train, whose gradient is only its input's: each token's row
- * of it depends on that token's logits alone, so it is made once with unit weights, beside the
- * losses, and each row then scaled by its weight (the compact top rows, one a token): the head's
- * product runs once instead of twice. Not in fp16, where the unweighted rows (the loss scale in
- * them, not yet the weights' smaller factors) could overflow what the weighed ones would not. */
-static double weigh_rows_after(glm_model *m, const glm_batch *b, float dscale, void *dlnf, glm_token_weigh weigh,
-                               void *ctx) {
-    int n = m->bd.n_sup;
-    float *loss = glm_malloc(sizeof(float) * (n ? n : 1)), *w = glm_malloc(sizeof(float) * (n ? n : 1));
-    head_loss(m, dscale, dlnf, NULL, loss);
+    head_loss(m, dlnf ? dscale : 0.0f, dlnf, NULL, loss);
     double total = weigh(ctx, b, loss, n, w);
     if (n) {
         m->be->upload(m->be, m->tok_w, w, sizeof(float) * n);
-        m->be->scale_rows(m->be, dlnf, m->tok_w, n, m->cfg.hidden_size);
+        if (dlnf) m->be->scale_rows(m->be, dlnf, m->tok_w, n, m->cfg.hidden_size);
     }
     free(loss);
     free(w);
@@ -1078,11 +1066,13 @@ static double stage_backward(glm_model *m, const glm_batch *b, const void *h_in,
         begin(m, L);
         /* the head writes into the tied embedding's gradient: its unit opens now when it trains */
         if (c->tie_word_embeddings && glm_table_get(&m->tab, -1, T_WORD_EMB)) begin(m, -1);
-        if (weigh && !m->g.head && m->top_rows && !c->value_head && be->dtype != GLM_F16) {
-            loss = weigh_rows_after(m, b, dscale, dlnf, weigh, weigh_ctx);
-        } else if (weigh) {
-            loss = weigh_tokens(m, b, weigh, weigh_ctx);
-            head_loss(m, dscale, dlnf, m->tok_w, NULL);
+        if (weigh) {
+            /* once for a frozen head's compact rows; not in fp16, where the unweighted rows (the
+             * loss scale in them, not yet the weights' smaller factors) could overflow what the
+             * weighed ones would not: there the head runs again with the weights */
+            int once = !m->g.head && m->top_rows && !c->value_head && be->dtype != GLM_F16;
+            loss = weigh_tokens(m, b, dscale, once ? dlnf : NULL, weigh, weigh_ctx);
+            if (!once) head_loss(m, dscale, dlnf, m->tok_w, NULL);
         } else {
             loss = head_loss(m, dscale, dlnf, NULL, NULL);
         }

@@ -209,7 +209,7 @@ static void count_products(int lora, int weighed, int ckpt) {
 }
 
 /* A weighed loss (the preference losses') over a head that does not train: its input gradient is
- * made once with unit weights and each row scaled after (model/glm.c weigh_rows_after), where the
+ * made once with unit weights and each row scaled after (model/glm.c weigh_tokens), where the
  * head's rows kept whole (keep_all_rows) take the weights before the product. With weights that
  * are powers of two the loss and every gradient are the same to the last bit (with a head that
  * trains both paths take the weights first). The head's product: once a micro-batch for a frozen
