@@ -49,6 +49,10 @@ typedef struct api_req {
     srv_tools tools;
 } api_req;
 
+/* A request body parsed: the JSON object, or NULL with e filled (400: not JSON, with the byte where
+ * parsing stopped, or not an object). The caller deletes it. */
+cJSON *srv_parse_object(const char *body, size_t n, api_err *e);
+
 /* The body's "model" (absent or null: the served model) -> *adapter (-1: the base) and its API
  * name; or e filled (400, 404) and -1. */
 int srv_pick_model(srv_server *S, const cJSON *o, int *adapter, char *name, size_t cap, api_err *e);

@@ -136,16 +136,25 @@ int srv_pick_model(srv_server *S, const cJSON *o, int *adapter, char *name, size
     return 0;
 }
 
-int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e) {
+cJSON *srv_parse_object(const char *body, size_t n, api_err *e) {
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithLengthOpts(body, n, &end, 0);
     if (!o) {
         long at = end ? (long)(end - body) : 0;
-        return srv_bad(e, 400, NULL, "invalid_json", "the body is not valid JSON (error near byte %ld of %zu)", at, n);
+        srv_bad(e, 400, NULL, "invalid_json", "the body is not valid JSON (error near byte %ld of %zu)", at, n);
+        return NULL;
     }
+    if (cJSON_IsObject(o)) return o;
+    cJSON_Delete(o);
+    srv_bad(e, 400, NULL, "invalid_json", "the body must be a JSON object");
+    return NULL;
+}
+
+int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e) {
+    cJSON *o = srv_parse_object(body, n, e);
+    if (!o) return -1;
     int rc = -1;
     srv_req *r = NULL;
-    if (!cJSON_IsObject(o)) { srv_bad(e, 400, NULL, "invalid_json", "the body must be a JSON object"); goto out; }
     int adapter;
     if (srv_pick_model(S, o, &adapter, q->model, sizeof q->model, e)) goto out;
     const cJSON *st = srv_field(o, "stream");

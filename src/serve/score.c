@@ -92,15 +92,10 @@ static void log_ids(int i, const glm_ids *ids) {
 }
 
 int srv_parse_score(srv_server *S, const char *body, size_t n, api_req *q, api_err *e) {
-    const char *end = NULL;
-    cJSON *o = cJSON_ParseWithLengthOpts(body, n, &end, 0);
-    if (!o) {
-        long at = end ? (long)(end - body) : 0;
-        return srv_bad(e, 400, NULL, "invalid_json", "the body is not valid JSON (error near byte %ld of %zu)", at, n);
-    }
+    cJSON *o = srv_parse_object(body, n, e);
+    if (!o) return -1;
     int rc = -1, adapter;
     srv_req *r = NULL;
-    if (!cJSON_IsObject(o)) { srv_bad(e, 400, NULL, "invalid_json", "the body must be a JSON object"); goto out; }
     if (srv_pick_model(S, o, &adapter, q->model, sizeof q->model, e)) goto out;
     if (!(adapter >= 0 ? S->e->ad[adapter].vhead : S->e->vhead)) {
         srv_bad(e, 400, "model", "invalid_value", "the model `%.200s` has no value head to score with: serve a reward model "
