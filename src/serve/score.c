@@ -18,8 +18,8 @@
 #include "serve/api.h"
 #include "tokenizer/tokenizer.h"
 
-/* Texts longer than this many tokens are refused before they reach the tokenizer's limits: a
- * pair is built with no cut at all (the server's max_model_len decides what fits). */
+/* A pair's prompt and response lengths above any text's: the example is built without a cut, and
+ * the server's max_model_len (or the request's max_length) decides what fits. */
 #define NO_CUT (1 << 28)
 
 /* A {"prompt", "response", "system"?} message -> the ids of its --stage rm example. */
