@@ -362,6 +362,8 @@ typedef struct glm_kvcache {
     void *kvrows;       /* S [cap_tokens, KV]: new k|v rows packed for the slot scatter (ChatGLM2, or
                          * behind a P-Tuning prefix) */
     int32_t *hints;     /* host [7 * cap_tokens] (page-locked where the backend has it): ints' upload */
+    int last_rows;      /* new tokens of the last slots call (their final-norm rows stay in a.x) */
+    void *row_logits;   /* S [GLM_ROWS_LOGITS_MAX, V]: glm_cached_rows_logits' products (made on first use) */
 } glm_kvcache;
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
 /* The bytes glm_kvcache_init allocates for B rows of Tmax tokens over all layers of a model of
@@ -404,6 +406,12 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
                                    const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                                    const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
                                    int32_t *greedy_out, float *last_hidden_out, glm_err *err);
+/* After a glm_stage_forward_cached_slots call on the last stage (or a whole model): the logits of
+ * that call's new tokens [r0, r0 + n) (its nrows x Tq tokens in order; n <= GLM_ROWS_LOGITS_MAX)
+ * -> logits_out [n*V] (host floats). A prompt's own log-probabilities (serve's echo) come from
+ * them: every prompt row through the head, where a forward brings back only each row's last. */
+#define GLM_ROWS_LOGITS_MAX 64
+int glm_cached_rows_logits(glm_model *m, glm_kvcache *kv, int r0, int n, float *logits_out, glm_err *err);
 /* Makes the work buffers for calls of up to ntokens new tokens now (a LoRA adapter's middle
  * buffers follow m->cfg.peft at this moment: set the widest rank and every target first). */
 void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens);

@@ -64,9 +64,10 @@ static void fill_prefix(glm_model *m, glm_kvcache *kv, int l, const void *pkv) {
 
 static void free_scratch(const glm_model *m, glm_kvcache *kv) {
     glm_layer_acts_free(m, &kv->a);
-    void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints, kv->kvrows};
+    void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints, kv->kvrows, kv->row_logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) m->be->free(m->be, bufs[i]);
-    kv->h = kv->h2 = kv->rows = kv->logits = kv->kvrows = NULL;
+    kv->h = kv->h2 = kv->rows = kv->logits = kv->kvrows = kv->row_logits = NULL;
+    kv->last_rows = 0;
     if (kv->hints) {
         if (m->be->host_free) m->be->host_free(m->be, kv->hints);
         else free(kv->hints);
@@ -195,6 +196,7 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
     }
     void *x = a->x; /* final norm output */
     m->fam->final_norm(m, x, a->ln1_mean, a->ln1_rstd, h, N);
+    kv->last_rows = N;
     if (hidden_out) be->download_f32(be, hidden_out, x, Nb * H);
     if (logits_out) {
         int32_t *last = glm_malloc(sizeof(int32_t) * B);
@@ -307,6 +309,7 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
     }
     void *x = a->x;
     m->fam->final_norm(m, x, a->ln1_mean, a->ln1_rstd, h, N);
+    kv->last_rows = N;
     if (greedy_out && !be->argmax_rows) return glm_fail(err, "cache slots: backend %s has no argmax_rows", be->name);
     if (logits_out || greedy_out || last_hidden_out) {
         be->gather_rows(be, kv->rows, x, d_last, nrows, H);
@@ -319,5 +322,18 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
     } else if (!last_hidden_out) {
         be->sync(be); /* the inputs' buffer is reused by the next call */
     }
+    return 0;
+}
+
+int glm_cached_rows_logits(glm_model *m, glm_kvcache *kv, int r0, int n, float *logits_out, glm_err *err) {
+    glm_backend *be = m->be;
+    int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    if (!m->last) return glm_fail(err, "rows' logits: only the last stage has the head");
+    if (n < 1 || n > GLM_ROWS_LOGITS_MAX || r0 < 0 || r0 + n > kv->last_rows)
+        return glm_fail(err, "rows' logits: rows [%d, %d) outside the last call's %d (at most %d a call)", r0, r0 + n,
+                        kv->last_rows, GLM_ROWS_LOGITS_MAX);
+    if (!kv->row_logits) kv->row_logits = be->alloc(be, (size_t)GLM_ROWS_LOGITS_MAX * V * glm_dtype_size(be->dtype));
+    be->matmul_fwd(be, kv->row_logits, glm_at(be, kv->a.x, (size_t)r0 * H), m->w.head, NULL, n, H, V);
+    be->download_f32(be, logits_out, kv->row_logits, (size_t)n * V);
     return 0;
 }

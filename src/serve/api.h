@@ -45,9 +45,16 @@ int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t l
 typedef struct api_req {
     int chat, stream, include_usage;
     char model[256];
-    srv_req *r;
+    srv_req *r;                /* batch[0] (a score request: the only one, not in batch) */
+    srv_req **batch;           /* [n_batch] a request each prompt (a completion's list of prompts: */
+    int n_batch;               /* a choice each), one reference each, q's */
     srv_tools tools;
 } api_req;
+/* Drops q's requests (batch) and tools. */
+void srv_api_req_free(api_req *q);
+
+/* The most prompts one completion request may list. */
+#define SRV_MAX_PROMPTS 256
 
 /* A request body parsed: the JSON object, or NULL with e filled (400: not JSON, with the byte where
  * parsing stopped, or not an object). The caller deletes it. */
@@ -63,6 +70,17 @@ int srv_parse_score(srv_server *S, const char *body, size_t n, api_req *q, api_e
 /* Its answer once the engine is done: {"id", "object": "score.evaluation", "model", "scores"}. */
 cJSON *srv_score_answer(const api_req *q);
 
+/* vLLM's tokenizer endpoints (serve/tokenize.c), answers or NULL with e filled (400, 404):
+ * POST /tokenize {"prompt", "add_special_tokens"?: true} -> {"count", "max_model_len", "tokens",
+ * "token_strs": null}: with special tokens the ids a completion of that text runs, without them
+ * the text's own ids (glm_tokenizer_encode); {"messages", ...} gives a chat completion's prompt ids.
+ * POST /detokenize {"tokens"} -> {"prompt"}: the ids decoded. */
+cJSON *srv_tokenize(srv_server *S, const char *body, size_t n, api_err *e);
+cJSON *srv_detokenize(srv_server *S, const char *body, size_t n, api_err *e);
+/* GET /tokenizer_info: {"tokenizer_class", "eos_token", "bos_token", "pad_token", "unk_token",
+ * "model_max_length", "vocab_size"} (a token the model lacks: null). */
+cJSON *srv_tokenizer_info(srv_server *S);
+
 /* The body of POST /v1/chat/completions (chat) or /v1/completions -> q (q->r: one reference, the
  * caller's), or e filled (400, 404 or 413) and -1. Model names are looked up in S->e->ad. */
 int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e);
@@ -74,7 +92,8 @@ int srv_tools_may_call(const srv_tools *t, const char *text, size_t n);
 /* OpenAI's logprobs object for the response tokens lps[0..n) with up to top alternatives each:
  * chat's {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null},
  * completions' {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
- * (*offset: the characters before lps[0], advanced past them). A token whose bytes are not UTF-8
+ * (*offset: the characters before lps[0], advanced past them); an entry with n_top < 0 (an echoed
+ * prompt's first token) has null for its logprob and alternatives. A token whose bytes are not UTF-8
  * on their own (part of a character) is written "bytes:\xNN..."; "bytes" has them as numbers. */
 cJSON *srv_logprobs_json(const glm_tokenizer *tok, const srv_logprob *lps, int n, int top, int chat, long *offset);
 

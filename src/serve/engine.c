@@ -297,7 +297,33 @@ static int is_greedy(const srv_req *r) {
     return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs;
 }
 
-/* A new request's prompt through its slot (one forward), and its first token. */
+/* Every prompt token's log-probability after a prefill (echo): token i under the logits of row
+ * i - 1, GLM_ROWS_LOGITS_MAX rows of logits at a time; the first token has none. */
+static int prompt_logprobs(srv_engine *e, srv_req *r, glm_err *err) {
+    int n = r->prompt.n, V = e->m->cfg.vocab_size, k = GLM_ROWS_LOGITS_MAX, rc = 0;
+    srv_logprob *lps = glm_calloc((size_t)n, sizeof *lps);
+    lps[0] = (srv_logprob){.id = r->prompt.data[0], .lp = NAN, .n_top = -1};
+    float *buf = glm_malloc(sizeof(float) * (size_t)k * V);
+    double t0 = glm_now();
+    for (int r0 = 0; r0 < n - 1 && !rc; r0 += k) {
+        int m = n - 1 - r0 < k ? n - 1 - r0 : k;
+        rc = e->pipe ? glm_pipe_cached_rows_logits(e->pipe, e->pc, r0, m, buf, err)
+                     : glm_cached_rows_logits(e->m, &e->kv, r0, m, buf, err);
+#pragma omp parallel for schedule(static) if (!rc && m > 1)
+        for (int i = 0; i < m; i++)
+            if (!rc) logprob_of(buf + (size_t)i * V, V, r->prompt.data[r0 + i + 1], r->top_logprobs, &lps[r0 + i + 1]);
+    }
+    e->t_forward += glm_now() - t0;
+    free(buf);
+    pthread_mutex_lock(&r->mu);
+    if (!rc) { r->plps = lps; r->n_plps = n; lps = NULL; }
+    pthread_mutex_unlock(&r->mu);
+    free(lps);
+    return rc;
+}
+
+/* A new request's prompt through its slot (one forward), and its first token (with echo, the
+ * prompt's own log-probabilities first). */
 static void prefill(srv_engine *e, srv_req *r) {
     const glm_config *c = &e->m->cfg;
     int n = r->prompt.n, V = c->vocab_size, zero = 0;
@@ -305,12 +331,16 @@ static void prefill(srv_engine *e, srv_req *r) {
     r->admitted = 1;
     glm_rng_seed(&r->rng, r->seed);
     glm_streamer_init(&r->st, e->tok, r->postprocess);
+    if (r->no_generate && !r->prompt_logprobs) { finish(e, r, "length", -1, NULL); return; } /* echo alone */
     if (r->g.repetition_penalty != 1.0f) {
         r->seen = glm_calloc((size_t)V, 1);
         for (int i = 0; i < n; i++) r->seen[r->prompt.data[i]] = 1;
     }
-    r->limit = glm_gen_limit(&r->g, n);
-    if (r->limit <= 0 || n + r->limit > e->Tmax) { finish(e, r, "error", -1, "the prompt leaves no room for a response"); return; }
+    r->limit = r->no_generate ? 0 : glm_gen_limit(&r->g, n);
+    if (n > e->Tmax || (!r->no_generate && (r->limit <= 0 || n + r->limit > e->Tmax))) {
+        finish(e, r, "error", -1, "the prompt leaves no room for a response");
+        return;
+    }
     if (e->m->fam->prompt_positions(c, r->prompt.data, n, e->pos, e->bpos, e->rh, r->state)) {
         finish(e, r, "error", -1, "the prompt has no [gMASK] (or [MASK]) and <sop>");
         return;
@@ -324,6 +354,12 @@ static void prefill(srv_engine *e, srv_req *r) {
         return;
     }
     e->slot_len[r->slot] = n;
+    if (r->prompt_logprobs && prompt_logprobs(e, r, &err)) {
+        glm_warn("serve: the prompt's log-probabilities failed: %s", err.msg);
+        finish(e, r, "error", -1, err.msg);
+        return;
+    }
+    if (r->no_generate) { finish(e, r, "length", -1, NULL); return; }
     srv_logprob lp;
     row_token(e, r, greedy ? e->greedy[0] : pick(r, e->logits, V, &lp), &lp);
 }

@@ -64,6 +64,10 @@ struct srv_req {
     int n_stops;
     int logprobs;              /* record each response token's srv_logprob (its logits come to */
     int top_logprobs;          /* the host), with this many alternatives */
+    int prompt_logprobs;       /* echo with logprobs: plps[i] for every prompt token too (a causal */
+                               /* model's: token i under the logits of the row before it) */
+    int no_generate;           /* echo with max_tokens 0: the prompt only, no token generated */
+    char *echo;                /* echo (the HTTP side's): the prompt's text, put before the response */
     /* shared with the HTTP side, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -74,6 +78,8 @@ struct srv_req {
     char error[512];
     int n_out;                 /* completion tokens */
     srv_logprob *lps;          /* [n_out] with logprobs: one per response token */
+    srv_logprob *plps;         /* [n_plps] with prompt_logprobs, once prefilled: one per prompt */
+    int n_plps;                /* token, the first without a value (lp NaN, n_top -1) */
     int refs;                  /* the HTTP side and the engine */
     atomic_int cancel;         /* the client went away */
     double t_submit, t_first;
@@ -147,6 +153,9 @@ int srv_engine_busy(srv_engine *e);
 void srv_engine_stop(srv_engine *e);
 
 srv_req *srv_req_new(void);
+/* A request with r's settings (sampling, stops, logprobs, adapter), no prompt: one more prompt of
+ * a batch. */
+srv_req *srv_req_clone(const srv_req *r);
 /* Drops one reference (the last frees). */
 void srv_req_put(srv_req *r);
 

@@ -60,9 +60,14 @@ cJSON *srv_logprobs_json(const glm_tokenizer *tok, const srv_logprob *lps, int n
         char *t = token_text(tok, lps[i].id, NULL, &chars);
         cJSON_AddItemToArray(tokens, cJSON_CreateString(t));
         free(t);
-        cJSON_AddItemToArray(lp, cJSON_CreateNumber(lps[i].lp));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
         *offset += chars;
+        if (lps[i].n_top < 0) { /* an echoed prompt's first token: nothing before it to predict it */
+            cJSON_AddItemToArray(lp, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            continue;
+        }
+        cJSON_AddItemToArray(lp, cJSON_CreateNumber(lps[i].lp));
         cJSON *d = cJSON_CreateObject();
         for (int k = 0; k < lps[i].n_top && k < top; k++) {
             long c2;

@@ -41,6 +41,8 @@ void srv_req_put(srv_req *r) {
     free(r->text.s);
     free(r->final);
     free(r->lps);
+    free(r->plps);
+    free(r->echo);
     for (int i = 0; i < r->n_texts; i++) glm_ids_free(&r->texts[i]);
     free(r->texts);
     free(r->scores);
@@ -78,15 +80,72 @@ cJSON *srv_error_body(const char *msg, const char *type, const char *param, cons
 
 /* ---------------------------------------------------------------- parameters */
 
-static int completion_prompt(srv_server *S, const cJSON *p, glm_ids *ids, api_err *e) {
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0))) p = cJSON_GetArrayItem(p, 0);
-    if (!p) return srv_bad(e, 400, "prompt", "missing_required_parameter", "prompt is required");
-    if (!cJSON_IsString(p)) return srv_bad(e, 400, "prompt", "invalid_type", "prompt must be a string (or a list of one string)");
+/* One prompt of a completion request: a string (the model's special tokens added, as generate's
+ * --prompt) or a list of token ids (the model's inputs as they are). *echo: its text for echo (the
+ * string as sent, the ids decoded). param names it in errors ("prompt", "prompt[i]"). */
+static int one_prompt(srv_server *S, const cJSON *p, const char *param, glm_ids *ids, char **echo, api_err *e) {
     glm_err err = {0};
+    if (cJSON_IsString(p)) {
+        pthread_mutex_lock(S->tok_mu);
+        int k = glm_prompt_inputs(S->tok, S->cfg, p->valuestring, 0, ids, &err);
+        pthread_mutex_unlock(S->tok_mu);
+        if (k) return srv_bad(e, 400, "prompt", "invalid_value", "%s: %s", param, err.msg);
+        *echo = glm_strdup(p->valuestring);
+        glm_utf8_scrub(*echo); /* it goes back inside JSON text */
+        return 0;
+    }
+    const cJSON *it;
+    int V = S->cfg->vocab_size, i = 0;
+    cJSON_ArrayForEach(it, p) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || !(it->valuedouble >= 0 && it->valuedouble < V))
+            return srv_bad(e, 400, "prompt", "invalid_value", "%s[%d] must be a token id, an integer in [0, %d)", param, i, V);
+        glm_ids_push(ids, (int32_t)it->valuedouble);
+        i++;
+    }
+    if (ids->n > 0) { /* ChatGLM-6B's positions need [gMASK] (or [MASK]) and <sop> among the ids */
+        int32_t *rule = glm_malloc(sizeof(int32_t) * 3 * (size_t)ids->n);
+        int state[2], bad = S->e->m->fam->prompt_positions(S->cfg, ids->data, ids->n, rule, rule + ids->n,
+                                                           rule + 2 * ids->n, state);
+        free(rule);
+        if (bad)
+            return srv_bad(e, 400, "prompt", "invalid_value", "%s: the token ids have no [gMASK] (or [MASK]) and <sop>, "
+                           "which ChatGLM-6B's positions need (a text prompt has them added)", param);
+    }
     pthread_mutex_lock(S->tok_mu);
-    int k = glm_prompt_inputs(S->tok, S->cfg, p->valuestring, 0, ids, &err);
+    *echo = glm_tokenizer_decode(S->tok, ids->data, ids->n);
     pthread_mutex_unlock(S->tok_mu);
-    return k ? srv_bad(e, 400, "prompt", "invalid_value", "%s", err.msg) : 0;
+    glm_utf8_scrub(*echo); /* ids may end inside a character */
+    return 0;
+}
+
+/* A completion's "prompt": a string, a list of token ids, or a list of several of either (a batch:
+ * a choice each) -> *np prompts' ids and echo texts (arrays the caller frees, also on error). */
+static int completion_prompts(srv_server *S, const cJSON *p, glm_ids **ids, char ***echo, int *np, api_err *e) {
+    *ids = NULL;
+    *echo = NULL;
+    *np = 0;
+    if (!srv_present(p)) return srv_bad(e, 400, "prompt", "missing_required_parameter", "prompt is required");
+    int list = cJSON_IsArray(p), k = list ? cJSON_GetArraySize(p) : 1;
+    if (!list && !cJSON_IsString(p))
+        return srv_bad(e, 400, "prompt", "invalid_type", "prompt must be a string, a list of token ids, or a list of those");
+    if (k == 0) return srv_bad(e, 400, "prompt", "invalid_value", "prompt is an empty list");
+    const cJSON *first = list ? cJSON_GetArrayItem(p, 0) : p;
+    if (list && cJSON_IsNumber(first)) k = 1; /* one prompt of ids */
+    else if (list && k > SRV_MAX_PROMPTS)
+        return srv_bad(e, 400, "prompt", "invalid_value", "prompt holds %d prompts; at most %d a request", k, SRV_MAX_PROMPTS);
+    *ids = glm_calloc((size_t)k, sizeof **ids);
+    *echo = glm_calloc((size_t)k, sizeof **echo);
+    *np = k;
+    for (int i = 0; i < k; i++) {
+        const cJSON *x = k == 1 && (!list || cJSON_IsNumber(first)) ? p : cJSON_GetArrayItem(p, i);
+        char param[32];
+        snprintf(param, sizeof param, k == 1 && !(list && !cJSON_IsNumber(first)) ? "prompt" : "prompt[%d]", i);
+        if (x != p && !cJSON_IsString(x) && !(cJSON_IsArray(x) && cJSON_GetArraySize(x) > 0 &&
+                                              cJSON_IsNumber(cJSON_GetArrayItem(x, 0))))
+            return srv_bad(e, 400, "prompt", "invalid_type", "%s must be a string or a non-empty list of token ids", param);
+        if (one_prompt(S, x, param, &(*ids)[i], &(*echo)[i], e)) return -1;
+    }
+    return 0;
 }
 
 static int number(const cJSON *o, const char *k, double lo, double hi, int lo_open, double *out, api_err *e) {
@@ -150,11 +209,78 @@ cJSON *srv_parse_object(const char *body, size_t n, api_err *e) {
     return NULL;
 }
 
+/* A prompt's checks against the server's length and the request's max_tokens (param names the
+ * prompt in errors); the engine's settings for it. Logs the ids with --debug. */
+static int prompt_fits(srv_server *S, int chat, srv_req *r, const char *param, const char *mk, int max_tokens,
+                       api_err *e) {
+    if (S->o.debug) {
+        glm_strbuf b = {0};
+        for (int i = 0; i < r->prompt.n; i++) {
+            char t[16];
+            snprintf(t, sizeof t, i ? " %d" : "%d", r->prompt.data[i]);
+            glm_strbuf_str(&b, t);
+        }
+        glm_info("serve: prompt ids: %s", b.s ? b.s : "");
+        free(b.s);
+    }
+    int np = r->prompt.n, room = S->o.Tmax - np;
+    if (np == 0) /* a plain SentencePiece tokenizer adds no special tokens to an empty text */
+        return srv_bad(e, 400, chat ? "messages" : "prompt", "invalid_value", "%s is empty: it gives no tokens to start from",
+                       chat ? "the prompt" : param);
+    if (r->no_generate) { /* echo alone: the prompt only has to fit */
+        if (room >= 0) return 0;
+        return srv_bad(e, 413, "prompt", "context_length_exceeded", "%s is %d tokens; this server's max_model_len is %d",
+                       param, np, S->o.Tmax);
+    }
+    if (room < 1)
+        return srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
+                       "%s is %d tokens; this server's max_model_len is %d (prompt + response), so at most %d prompt tokens fit",
+                       chat ? "the prompt" : param, np, S->o.Tmax, S->o.Tmax - 1);
+    if (max_tokens > room)
+        return srv_bad(e, 400, mk, "context_length_exceeded",
+                       "%s %d does not fit: %s is %d tokens and max_model_len is %d, so at most %d new tokens",
+                       mk, max_tokens, chat ? "the prompt" : param, np, S->o.Tmax, room);
+    r->g.max_new_tokens = max_tokens; /* 0: up to max_length (capped at max_model_len) */
+    r->g.model_max_length = S->o.Tmax;
+    if (glm_gen_limit(&r->g, np) < 1)
+        return srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
+                       "%s is %d tokens and leaves no room for a response under max_length %d", chat ? "the prompt" : param,
+                       np, r->g.max_length);
+    return 0;
+}
+
+srv_req *srv_req_clone(const srv_req *r) {
+    srv_req *x = srv_req_new();
+    x->adapter = r->adapter;
+    x->g = r->g;
+    x->seed = r->seed;
+    x->postprocess = r->postprocess;
+    x->ignore_eos = r->ignore_eos;
+    for (int i = 0; i < r->n_stops; i++) x->stops[i] = glm_strdup(r->stops[i]);
+    x->n_stops = r->n_stops;
+    x->logprobs = r->logprobs;
+    x->top_logprobs = r->top_logprobs;
+    x->prompt_logprobs = r->prompt_logprobs;
+    x->no_generate = r->no_generate;
+    return x;
+}
+
+void srv_api_req_free(api_req *q) {
+    for (int i = 0; i < q->n_batch; i++) srv_req_put(q->batch[i]);
+    free(q->batch);
+    q->batch = NULL;
+    q->n_batch = 0;
+    q->r = NULL;
+    srv_tools_free(&q->tools);
+}
+
 int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_req *q, api_err *e) {
     cJSON *o = srv_parse_object(body, n, e);
     if (!o) return -1;
-    int rc = -1;
+    int rc = -1, np = 0;
     srv_req *r = NULL;
+    glm_ids *pids = NULL; /* a completion's prompts [np] and their echo texts */
+    char **ptexts = NULL;
     int adapter;
     if (srv_pick_model(S, o, &adapter, q->model, sizeof q->model, e)) goto out;
     const cJSON *st = srv_field(o, "stream");
@@ -165,9 +291,11 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     q->include_usage = so && cJSON_IsTrue(srv_field(so, "include_usage"));
     double x;
     if (integer(o, "n", 1, 1, &x, e) < 0) { srv_bad(e, 400, "n", "invalid_value", "n must be 1 (one choice per request)"); goto out; }
+    int echo = 0;
     if (!chat) {
         const cJSON *v;
-        if (srv_present(v = srv_field(o, "echo")) && !cJSON_IsFalse(v)) { srv_bad(e, 400, "echo", "unsupported_value", "echo is not supported"); goto out; }
+        if (srv_present(v = srv_field(o, "echo")) && !cJSON_IsBool(v)) { srv_bad(e, 400, "echo", "invalid_type", "echo must be a boolean"); goto out; }
+        echo = cJSON_IsTrue(v);
         if (srv_present(v = srv_field(o, "suffix"))) { srv_bad(e, 400, "suffix", "unsupported_value", "suffix is not supported"); goto out; }
         if (srv_present(v = srv_field(o, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1)) { srv_bad(e, 400, "best_of", "unsupported_value", "best_of must be 1"); goto out; }
     }
@@ -184,10 +312,17 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
         int k = integer(o, "logprobs", 0, 5, &x, e);
         if (k < 0) goto out;
         if (k) { logprobs = 1; top_logprobs = (int)x; }
+        if (echo && logprobs && S->cfg->family == GLM_FAMILY_GLM) {
+            srv_bad(e, 400, "echo", "unsupported_value", "echo with logprobs: ChatGLM-6B reads its whole prompt both ways "
+                    "(a prefix LM), so its prompt tokens have no log-probabilities of their own; ChatGLM2/3 and GLM-4 "
+                    "give them (without logprobs the prompt is echoed)");
+            goto out;
+        }
     }
     r = srv_req_new();
     r->logprobs = logprobs;
     r->top_logprobs = top_logprobs;
+    r->prompt_logprobs = echo && logprobs;
     r->adapter = adapter;
     r->g = S->o.defaults;
     r->postprocess = chat;
@@ -209,8 +344,14 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     }
     int max_tokens = 0;
     const char *mk = srv_present(srv_field(o, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
-    if ((k = integer(o, mk, 1, 1e9, &x, e)) < 0) goto out;
+    if ((k = integer(o, mk, chat ? 1 : 0, 1e9, &x, e)) < 0) goto out;
     if (k) max_tokens = (int)x;
+    if (k && max_tokens == 0 && !echo) {
+        srv_bad(e, 400, mk, "invalid_value", "%s 0 asks for no tokens: it goes with echo: true (the prompt alone, with its "
+                "log-probabilities under logprobs)", mk);
+        goto out;
+    }
+    r->no_generate = k && max_tokens == 0;
     if ((k = integer(o, "seed", -9.2e18, 1.8e19, &x, e)) < 0) goto out;
     r->seed = k ? (x < 0 ? (uint64_t)(int64_t)x : (uint64_t)x) : fresh_seed();
     const cJSON *sv = srv_field(o, "stop");
@@ -233,48 +374,41 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     r->ignore_eos = cJSON_IsTrue(ie);
     glm_err gerr = {0};
     if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
-    if (chat ? srv_chat_prompt(S, o, body, n, &r->prompt, &q->tools, e) : completion_prompt(S, srv_field(o, "prompt"), &r->prompt, e)) goto out;
-    if (S->o.debug) {
-        glm_strbuf b = {0};
-        for (int i = 0; i < r->prompt.n; i++) {
-            char t[16];
-            snprintf(t, sizeof t, i ? " %d" : "%d", r->prompt.data[i]);
-            glm_strbuf_str(&b, t);
+    if (chat) {
+        if (srv_chat_prompt(S, o, body, n, &r->prompt, &q->tools, e)) goto out;
+        if (prompt_fits(S, chat, r, "messages", mk, max_tokens, e)) goto out;
+        q->batch = glm_malloc(sizeof *q->batch);
+        q->batch[q->n_batch++] = r;
+    } else {
+        if (completion_prompts(S, srv_field(o, "prompt"), &pids, &ptexts, &np, e)) goto out;
+        if (np > 1 && q->stream) {
+            srv_bad(e, 400, "stream", "unsupported_value", "stream with %d prompts: stream one prompt a request (or leave "
+                    "stream out to have a choice for each prompt)", np);
+            goto out;
         }
-        glm_info("serve: prompt ids: %s", b.s ? b.s : "");
-        free(b.s);
+        q->batch = glm_calloc((size_t)np, sizeof *q->batch);
+        for (int i = 0; i < np; i++) {
+            srv_req *x = i ? srv_req_clone(r) : r;
+            q->batch[q->n_batch++] = x; /* owned by q from here */
+            x->prompt = pids[i];
+            x->echo = echo ? ptexts[i] : NULL;
+            pids[i] = (glm_ids){0};
+            if (echo) ptexts[i] = NULL;
+            char param[32];
+            snprintf(param, sizeof param, np > 1 ? "prompt[%d]" : "prompt", i);
+            if (prompt_fits(S, chat, x, param, mk, max_tokens, e)) { r = NULL; goto out; }
+        }
     }
-    int np = r->prompt.n, room = S->o.Tmax - np;
-    if (np == 0) { /* a plain SentencePiece tokenizer adds no special tokens to an empty text */
-        srv_bad(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty: it gives no tokens to start from");
-        goto out;
-    }
-    if (room < 1) {
-        srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
-            "the prompt is %d tokens; this server's max_model_len is %d (prompt + response), so at most %d prompt tokens fit",
-            np, S->o.Tmax, S->o.Tmax - 1);
-        goto out;
-    }
-    if (max_tokens > room) {
-        srv_bad(e, 400, mk, "context_length_exceeded",
-            "%s %d does not fit: the prompt is %d tokens and max_model_len is %d, so at most %d new tokens", mk, max_tokens,
-            np, S->o.Tmax, room);
-        goto out;
-    }
-    r->g.max_new_tokens = max_tokens; /* 0: up to max_length (capped at max_model_len) */
-    r->g.model_max_length = S->o.Tmax;
-    if (glm_gen_limit(&r->g, np) < 1) {
-        srv_bad(e, 413, chat ? "messages" : "prompt", "context_length_exceeded",
-            "the prompt is %d tokens and leaves no room for a response under max_length %d", np, r->g.max_length);
-        goto out;
-    }
+    r = NULL; /* in q->batch */
     q->chat = chat;
-    q->r = r;
-    r = NULL;
+    q->r = q->batch[0];
     rc = 0;
 out:
     if (r) srv_req_put(r);
-    if (rc) srv_tools_free(&q->tools);
+    for (int i = 0; i < np; i++) { glm_ids_free(&pids[i]); free(ptexts[i]); }
+    free(pids);
+    free(ptexts);
+    if (rc) srv_api_req_free(q);
     cJSON_Delete(o);
     return rc;
 }

@@ -65,7 +65,7 @@ static int mhd_open(glm_err *err) {
  * a Content-Length above it is answered at once and the connection closed. */
 #define DISCARD_CAP (64u << 20)
 
-enum { R_NONE, R_HEALTH, R_PAGE, R_MODELS, R_CHAT, R_COMPLETIONS, R_THUDM, R_SCORE };
+enum { R_NONE, R_HEALTH, R_PAGE, R_MODELS, R_CHAT, R_COMPLETIONS, R_THUDM, R_SCORE, R_TOKENIZE, R_DETOKENIZE, R_TOKINFO };
 
 typedef struct conn_state {
     int route;
@@ -155,6 +155,7 @@ typedef struct stream_ctx {
     size_t sent_thought, sent_answer; /* with think: the bytes of each part streamed */
     srv_logprob *lp_pend;      /* with logprobs: the tokens' entries the next chunk carries */
     int n_lp_pend, lp_taken;   /* (copied from r->lps[lp_taken - n_lp_pend, lp_taken)) */
+    int echo_sent, plps_taken; /* echo: the prompt's text went out; its tokens' entries were taken */
     long lp_offset;            /* completions' text_offset: characters sent before */
     cJSON *thudm_history;      /* THUDM api.py's request: its history and prompt, for its */
     char *thudm_prompt;        /* answer (srv_thudm_answer); NULL otherwise */
@@ -164,6 +165,12 @@ typedef struct stream_ctx {
  * or the request done). */
 static void take_lps(stream_ctx *c) {
     srv_req *r = c->r;
+    if (r->prompt_logprobs && r->n_plps && !c->plps_taken) { /* echo: the prompt's tokens come first */
+        c->lp_pend = glm_realloc(c->lp_pend, sizeof *c->lp_pend * (size_t)(c->n_lp_pend + r->n_plps));
+        memcpy(c->lp_pend + c->n_lp_pend, r->plps, sizeof *c->lp_pend * (size_t)r->n_plps);
+        c->n_lp_pend += r->n_plps;
+        c->plps_taken = 1;
+    }
     if (!r->logprobs || r->n_out <= c->lp_taken) return;
     int k = r->n_out - c->lp_taken;
     c->lp_pend = glm_realloc(c->lp_pend, sizeof *c->lp_pend * (size_t)(c->n_lp_pend + k));
@@ -213,6 +220,16 @@ static cJSON *head(stream_ctx *c, const char *object) {
     return o;
 }
 
+/* A completion's text t, after the prompt's text when echo asks for it and it has not gone out
+ * (caller frees). */
+static char *with_echo(stream_ctx *c, const char *t) {
+    const char *p = c->r->echo && !c->echo_sent ? c->r->echo : "";
+    c->echo_sent = 1;
+    char *o = glm_malloc(strlen(p) + strlen(t) + 1);
+    sprintf(o, "%s%s", p, t);
+    return o;
+}
+
 /* One streamed chunk: a delta of text (delta != NULL) as the delta's `key` (content, or a
  * reasoning model's reasoning_content), or the last one with finish. */
 static void chunk_as(stream_ctx *c, const char *key, const char *delta, size_t n, const char *finish, int role) {
@@ -228,8 +245,10 @@ static void chunk_as(stream_ctx *c, const char *key, const char *delta, size_t n
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
         if (delta) cJSON_AddStringToObject(d, key, t);
         if (c->r->logprobs && !role) add_logprobs(c, x);
-    } else {
-        cJSON_AddStringToObject(x, "text", t);
+    } else { /* echo: the prompt's text before the first text sent */
+        char *et = with_echo(c, t);
+        cJSON_AddStringToObject(x, "text", et);
+        free(et);
         add_logprobs(c, x);
     }
     free(t);
@@ -312,6 +331,8 @@ static void call_chunk(stream_ctx *c, cJSON *call) {
     pend_json(c, o, 1);
 }
 
+static cJSON *choice(stream_ctx *c, int index);
+
 /* The whole (non-streamed) response. */
 static void whole(stream_ctx *c) {
     srv_req *r = c->r;
@@ -324,9 +345,16 @@ static void whole(stream_ctx *c) {
         return;
     }
     cJSON *o = head(c, c->chat ? "chat.completion" : "text_completion");
-    cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *x = cJSON_CreateObject();
-    cJSON_AddItemToArray(ch, x);
-    cJSON_AddNumberToObject(x, "index", 0);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), choice(c, 0));
+    cJSON_AddItemToObject(o, "usage", usage(r));
+    pend_json(c, o, 0);
+}
+
+/* A finished request's choice (not streamed). */
+static cJSON *choice(stream_ctx *c, int index) {
+    srv_req *r = c->r;
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddNumberToObject(x, "index", index);
     const char *finish = r->finish;
     if (c->chat) {
         cJSON *m = cJSON_AddObjectToObject(x, "message");
@@ -345,13 +373,14 @@ static void whole(stream_ctx *c) {
         free(thought);
         free(answer);
     } else {
-        cJSON_AddStringToObject(x, "text", r->final);
+        char *et = with_echo(c, r->final);
+        cJSON_AddStringToObject(x, "text", et);
+        free(et);
     }
     take_lps(c); /* done: every token's entry */
     add_logprobs(c, x);
     cJSON_AddStringToObject(x, "finish_reason", finish);
-    cJSON_AddItemToObject(o, "usage", usage(r));
-    pend_json(c, o, 0);
+    return x;
 }
 
 /* MHD's content reader: waits for the engine's text (a keep-alive byte or SSE comment every
@@ -476,6 +505,87 @@ static void free_cb(void *cls) {
     free(c);
 }
 
+/* srv_engine_submit's refusal st (429 or 503) as OpenAI's error. */
+static enum MHD_Result busy(struct MHD_Connection *conn, int st) {
+    return st == 429 ? send_error(conn, 429, "the request queue is full: try again later", "rate_limit_error", NULL, "queue_full")
+                     : send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
+}
+
+/* Waits on this connection's thread until the engine is done with r; a client that goes away
+ * (fd) cancels it, which the engine ends at its next step. */
+static void wait_done(srv_req *r, int fd) {
+    pthread_mutex_lock(&r->mu);
+    while (!r->done) {
+        pthread_mutex_unlock(&r->mu);
+        if (peer_gone(fd)) atomic_store(&r->cancel, 1);
+        pthread_mutex_lock(&r->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        if (!r->done) pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int conn_fd(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = mhd.get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+static void new_id(char *id, size_t cap, const char *kind, long created) {
+    static atomic_ulong seq;
+    snprintf(id, cap, "%s-%lx%06lx", kind, (unsigned long)created, (unsigned long)atomic_fetch_add(&seq, 1) & 0xffffff);
+}
+
+/* A completion of several prompts (not streamed): each queued as its own request, all waited for
+ * on this connection's thread, answered whole with a choice each (index: the prompt's place) and
+ * their usage summed. One that fails fails the whole answer. */
+static enum MHD_Result batch_completion(srv_server *S, struct MHD_Connection *conn, api_req *q) {
+    int k = q->n_batch, st = 0, fd = conn_fd(conn);
+    for (int i = 0; i < k && !st; i++)
+        if ((st = srv_engine_submit(S->e, q->batch[i])))
+            for (int j = 0; j < i; j++) atomic_store(&q->batch[j]->cancel, 1);
+    if (st) {
+        srv_api_req_free(q);
+        return busy(conn, st);
+    }
+    for (int i = 0; i < k; i++) wait_done(q->batch[i], fd);
+    stream_ctx *cs = glm_calloc((size_t)k, sizeof *cs);
+    long created = (long)time(NULL);
+    char id[64];
+    new_id(id, sizeof id, "cmpl", created);
+    const srv_req *failed = NULL;
+    for (int i = 0; i < k; i++) {
+        cs[i] = (stream_ctx){.S = S, .r = q->batch[i], .created = created};
+        snprintf(cs[i].id, sizeof cs[i].id, "%s", id);
+        snprintf(cs[i].model, sizeof cs[i].model, "%s", q->model);
+        if (!failed && strcmp(q->batch[i]->finish, "stop") && strcmp(q->batch[i]->finish, "length")) failed = q->batch[i];
+    }
+    enum MHD_Result rc;
+    if (failed) {
+        rc = send_error(conn, 500, failed->error[0] ? failed->error : "the request was cancelled", "server_error", NULL,
+                        failed->finish);
+    } else {
+        cJSON *o = head(&cs[0], "text_completion"), *ch = cJSON_AddArrayToObject(o, "choices"), *u = cJSON_CreateObject();
+        long pt = 0, ct = 0;
+        for (int i = 0; i < k; i++) {
+            cJSON_AddItemToArray(ch, choice(&cs[i], i));
+            pt += q->batch[i]->prompt.n;
+            ct += q->batch[i]->n_out;
+        }
+        cJSON_AddNumberToObject(u, "prompt_tokens", (double)pt);
+        cJSON_AddNumberToObject(u, "completion_tokens", (double)ct);
+        cJSON_AddNumberToObject(u, "total_tokens", (double)(pt + ct));
+        cJSON_AddItemToObject(o, "usage", u);
+        rc = send_json(conn, 200, o);
+    }
+    for (int i = 0; i < k; i++) free(cs[i].lp_pend);
+    free(cs);
+    srv_api_req_free(q);
+    return rc;
+}
+
 /* A completion (route R_CHAT or R_COMPLETIONS), or THUDM api.py's request as a chat one. */
 static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, int route, const char *body, size_t n) {
     api_req q = {0};
@@ -492,18 +602,18 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
         free(thudm_prompt);
         return send_error(conn, e.status, e.msg, e.type, e.param, e.code);
     }
+    if (q.n_batch > 1) return batch_completion(S, conn, &q);
     int st = srv_engine_submit(S->e, q.r);
     if (st) {
-        srv_req_put(q.r);
-        srv_tools_free(&q.tools);
+        srv_api_req_free(&q);
         cJSON_Delete(thudm_history);
         free(thudm_prompt);
-        return st == 429 ? send_error(conn, 429, "the request queue is full: try again later", "rate_limit_error", NULL, "queue_full")
-                         : send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
+        return busy(conn, st);
     }
     stream_ctx *c = glm_calloc(1, sizeof *c);
     c->S = S;
-    c->r = q.r;
+    c->r = q.r; /* the context holds q's reference now */
+    free(q.batch);
     c->chat = chat;
     c->stream = q.stream;
     c->include_usage = q.include_usage;
@@ -514,11 +624,8 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
     c->think = chat && S->o.reasoning && !thudm_prompt && !(c->tools.on && c->tools.forced);
     c->created = (long)time(NULL);
     snprintf(c->model, sizeof c->model, "%s", q.model);
-    static atomic_ulong seq;
-    snprintf(c->id, sizeof c->id, "%s-%lx%06lx", chat ? "chatcmpl" : "cmpl", (unsigned long)c->created,
-             (unsigned long)atomic_fetch_add(&seq, 1) & 0xffffff);
-    const union MHD_ConnectionInfo *ci = mhd.get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    c->fd = ci ? ci->connect_fd : -1;
+    new_id(c->id, sizeof c->id, chat ? "chatcmpl" : "cmpl", c->created);
+    c->fd = conn_fd(conn);
     struct MHD_Response *resp = mhd.create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, read_cb, c, free_cb);
     if (!resp) { free_cb(c); return MHD_NO; }
     mhd.add_response_header(resp, "Content-Type", q.stream ? "text/event-stream" : "application/json");
@@ -538,22 +645,10 @@ static enum MHD_Result score(srv_server *S, struct MHD_Connection *conn, const c
     int st = srv_engine_submit(S->e, r);
     if (st) {
         srv_req_put(r);
-        return st == 429 ? send_error(conn, 429, "the request queue is full: try again later", "rate_limit_error", NULL, "queue_full")
-                         : send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
+        return busy(conn, st);
     }
-    const union MHD_ConnectionInfo *ci = mhd.get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    int fd = ci ? ci->connect_fd : -1;
+    wait_done(r, conn_fd(conn));
     pthread_mutex_lock(&r->mu);
-    while (!r->done) {
-        pthread_mutex_unlock(&r->mu);
-        if (peer_gone(fd)) atomic_store(&r->cancel, 1); /* the engine ends it at its next step */
-        pthread_mutex_lock(&r->mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        if (!r->done) pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-    }
     int ok = !strcmp(r->finish, "stop");
     char msg[600];
     snprintf(msg, sizeof msg, "%s", r->error[0] ? r->error : "the request was cancelled");
@@ -619,7 +714,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         struct { const char *p; int route, post; } routes[] = {
             {"/health", R_HEALTH, 0}, {"/", R_PAGE, 0}, {"/", R_THUDM, 1}, {"/index.html", R_PAGE, 0},
             {"/v1/models", R_MODELS, 0}, {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1},
-            {"/v1/score/evaluation", R_SCORE, 1}};
+            {"/v1/score/evaluation", R_SCORE, 1}, {"/tokenize", R_TOKENIZE, 1}, {"/detokenize", R_DETOKENIZE, 1},
+            {"/tokenizer_info", R_TOKINFO, 0}};
         int found = 0, wrong = -1; /* wrong: a route of the path the method does not fit */
         for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
             if (strcmp(path, routes[i].p)) continue;
@@ -636,7 +732,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         if (!found) {
             cs->early_status = 404;
-            snprintf(cs->early_msg, sizeof cs->early_msg, "%.100s %.150s: no such endpoint (POST /v1/chat/completions, POST /v1/completions, POST /v1/score/evaluation, GET /v1/models, GET /health, POST / as THUDM's api.py)", method, path);
+            snprintf(cs->early_msg, sizeof cs->early_msg, "%.100s %.150s: no such endpoint (POST /v1/chat/completions, POST /v1/completions, POST /v1/score/evaluation, GET /v1/models, GET /health, POST /tokenize, POST /detokenize, GET /tokenizer_info, POST / as THUDM's api.py)", method, path);
             cs->early_type = "invalid_request_error";
             cs->early_code = "not_found";
         }
@@ -697,6 +793,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     case R_SCORE:
         if (S->draining) return send_error(conn, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
         return score(S, conn, cs->body ? cs->body : "", cs->n);
+    case R_TOKENIZE:
+    case R_DETOKENIZE: {
+        api_err e = {0};
+        cJSON *a = cs->route == R_TOKENIZE ? srv_tokenize(S, cs->body ? cs->body : "", cs->n, &e)
+                                           : srv_detokenize(S, cs->body ? cs->body : "", cs->n, &e);
+        return a ? send_json(conn, 200, a) : send_error(conn, e.status, e.msg, e.type, e.param, e.code);
+    }
+    case R_TOKINFO: return send_json(conn, 200, srv_tokenizer_info(S));
     default: return send_error(conn, 404, "not found", "invalid_request_error", NULL, "not_found");
     }
 }

@@ -1,7 +1,8 @@
 /* libFuzzer target: the bodies `glmtrain serve` takes from the network (serve/request.c,
- * serve/messages.c, serve/thudm_api.c): POST /v1/chat/completions, /v1/completions and THUDM
- * api.py's POST /, parsed, checked and turned into a prompt as the server does, without HTTP or a
- * model. A request must either be refused with OpenAI's error (status 400, 404 or 413, a message
+ * serve/messages.c, serve/thudm_api.c, serve/tokenize.c): POST /v1/chat/completions, /v1/completions
+ * (a prompt of text or token ids, a list of prompts, echo), THUDM api.py's POST /, and vLLM's POST
+ * /tokenize and /detokenize (the same body), parsed, checked and turned into a prompt as the
+ * server does, without HTTP or a model. A request must either be refused with OpenAI's error (status 400, 404 or 413, a message
  * in valid UTF-8, a JSON body that reads back) or give the engine a request it can run: prompt ids
  * in the vocabulary, room for at least one new token under max_model_len, sampling settings that
  * pass glm_gen_cfg_check, an adapter that exists.
@@ -57,12 +58,36 @@ static void check_refusal(const api_err *e) {
     free(s);
 }
 
+/* One engine request of an accepted body: a prompt in the vocabulary, room under max_model_len
+ * (echo alone: the prompt fits), settings the engine takes, an adapter that exists. */
+static void check_request(const srv_server *S, const api_req *q, const srv_req *r, const glm_tokenizer *tok) {
+    int vocab = glm_tokenizer_vocab_size(tok), np = r->prompt.n;
+    if (S->cfg->vocab_size > vocab) vocab = S->cfg->vocab_size; /* token-id prompts: the model's vocabulary */
+    FUZZ_CHECK(np >= 1 && np <= S->o.Tmax - !r->no_generate, "a prompt of %d tokens under max_model_len %d", np, S->o.Tmax);
+    for (int i = 0; i < np; i++) FUZZ_CHECK(r->prompt.data[i] >= 0 && r->prompt.data[i] < vocab, "id %d of %d", r->prompt.data[i], vocab);
+    FUZZ_CHECK(!r->no_generate || (!q->chat && r->echo), "max_tokens 0 without echo");
+    FUZZ_CHECK(!r->prompt_logprobs || (r->echo && r->logprobs && S->cfg->family != GLM_FAMILY_GLM), "prompt logprobs");
+    if (r->echo) check_utf8(r->echo, "the echoed prompt");
+    if (!r->no_generate) {
+        FUZZ_CHECK(r->g.max_new_tokens >= 0 && r->g.max_new_tokens <= S->o.Tmax - np, "max_new_tokens %d, prompt %d, max_model_len %d",
+                   r->g.max_new_tokens, np, S->o.Tmax);
+        FUZZ_CHECK(glm_gen_limit(&r->g, np) >= 1, "no room for a response (prompt %d)", np);
+    }
+    glm_err gerr;
+    FUZZ_CHECK(glm_gen_cfg_check(&r->g, &gerr) == 0, "settings the engine would refuse: %s", gerr.msg);
+    FUZZ_CHECK(r->adapter >= -1 && r->adapter < N_AD, "adapter %d", r->adapter);
+    FUZZ_CHECK(r->n_stops >= 0 && r->n_stops <= SRV_MAX_STOPS, "%d stop strings", r->n_stops);
+    for (int i = 0; i < r->n_stops; i++) FUZZ_CHECK(r->stops[i] && r->stops[i][0], "stop string %d empty", i);
+    FUZZ_CHECK(r->top_logprobs >= 0 && r->top_logprobs <= SRV_MAX_TOP_LOGPROBS, "top_logprobs %d", r->top_logprobs);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     int k = (data[0] & 3) % ntok, chat = (data[0] >> 2) & 1, thudm = (data[0] >> 3) & 1;
     static const int tmax[4] = {16, 64, 512, 4096};
     const glm_tokenizer *tok = toks[k];
-    srv_engine eng = {.ad = ads, .n_ad = N_AD};
+    glm_model m = {.fam = fuzz_serve_family(tok)};
+    srv_engine eng = {.m = &m, .ad = ads, .n_ad = N_AD};
     srv_server S = {.e = &eng, .tok = tok, .cfg = &cfgs[k], .tok_mu = &tok_mu};
     S.o.model_name = "chatglm";
     S.o.model_adapter = (data[0] >> 6) & 1; /* 1: the served model is base + adapter 0 */
@@ -97,22 +122,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (trace) fprintf(stderr, "tokenizer %d %s: %s%s\n", k, thudm ? "thudm" : chat ? "chat" : "completion",
                        rc ? "refused: " : "ok", rc ? e.msg : q.tools.on ? " (tools)" : "");
     if (rc) {
-        FUZZ_CHECK(!q.r, "a refused request left an engine request");
+        FUZZ_CHECK(!q.r && !q.batch && !q.n_batch, "a refused request left an engine request");
         check_refusal(&e);
     } else {
-        srv_req *r = q.r;
-        int vocab = glm_tokenizer_vocab_size(tok), np = r->prompt.n;
-        FUZZ_CHECK(np >= 1 && np < S.o.Tmax, "a prompt of %d tokens under max_model_len %d", np, S.o.Tmax);
-        for (int i = 0; i < np; i++) FUZZ_CHECK(r->prompt.data[i] >= 0 && r->prompt.data[i] < vocab, "id %d of %d", r->prompt.data[i], vocab);
-        FUZZ_CHECK(r->g.max_new_tokens >= 0 && r->g.max_new_tokens <= S.o.Tmax - np, "max_new_tokens %d, prompt %d, max_model_len %d",
-                   r->g.max_new_tokens, np, S.o.Tmax);
-        FUZZ_CHECK(glm_gen_limit(&r->g, np) >= 1, "no room for a response (prompt %d)", np);
-        glm_err gerr;
-        FUZZ_CHECK(glm_gen_cfg_check(&r->g, &gerr) == 0, "settings the engine would refuse: %s", gerr.msg);
-        FUZZ_CHECK(r->adapter >= -1 && r->adapter < N_AD, "adapter %d", r->adapter);
-        FUZZ_CHECK(r->n_stops >= 0 && r->n_stops <= SRV_MAX_STOPS, "%d stop strings", r->n_stops);
-        for (int i = 0; i < r->n_stops; i++) FUZZ_CHECK(r->stops[i] && r->stops[i][0], "stop string %d empty", i);
-        FUZZ_CHECK(r->top_logprobs >= 0 && r->top_logprobs <= SRV_MAX_TOP_LOGPROBS, "top_logprobs %d", r->top_logprobs);
+        FUZZ_CHECK(q.n_batch >= 1 && q.n_batch <= SRV_MAX_PROMPTS && q.r == q.batch[0], "%d requests", q.n_batch);
+        FUZZ_CHECK(q.n_batch == 1 || (!chat && !q.stream), "%d prompts %s", q.n_batch, chat ? "in a chat" : "streamed");
+        for (int b = 0; b < q.n_batch; b++) check_request(&S, &q, q.batch[b], tok);
         check_utf8(q.model, "the response's model name");
         if (q.tools.on) FUZZ_CHECK(q.tools.n_names > 0, "tools on without a tool");
         if (q.tools.forced) {
@@ -120,8 +135,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             FUZZ_CHECK(f >= 2 && q.tools.forced[f - 1] == '\n', "a forced call's line: %s", q.tools.forced);
             FUZZ_CHECK(srv_tools_may_call(&q.tools, q.tools.forced, f), "the forced call's own line is not a call: %s", q.tools.forced);
         }
-        srv_req_put(r);
-        srv_tools_free(&q.tools);
+        srv_api_req_free(&q);
+    }
+    if (!thudm) { /* the same body to vLLM's tokenizer endpoints (serve/tokenize.c) */
+        for (int t = 0; t < 2; t++) {
+            api_err te = {0};
+            cJSON *a = t ? srv_detokenize(&S, body, n, &te) : srv_tokenize(&S, body, n, &te);
+            if (!a) { check_refusal(&te); continue; }
+            char *s = cJSON_PrintUnformatted(a);
+            check_utf8(s, t ? "/detokenize's answer" : "/tokenize's answer");
+            free(s);
+            cJSON_Delete(a);
+        }
+        cJSON_Delete(srv_tokenizer_info(&S));
     }
     free(as_chat);
     free(prompt);

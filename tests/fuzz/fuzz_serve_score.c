@@ -26,28 +26,6 @@ static pthread_mutex_t tok_mu = PTHREAD_MUTEX_INITIALIZER;
 static srv_adapter ads[N_AD];
 static float vhead[1];
 
-/* ChatGLM-6B's rule (block_glm.c) as far as acceptance goes: a mask token and <sop> somewhere. */
-static int v1_positions(const glm_config *c, const int32_t *ids, int n, int32_t *pos, int32_t *bpos, int32_t *hi,
-                        int state[2]) {
-    int ctx = 0, mask = 0;
-    for (int i = 0; i < n; i++) {
-        ctx |= ids[i] == c->bos_token_id;
-        mask |= ids[i] == c->gmask_token_id || ids[i] == c->mask_token_id;
-        pos[i] = bpos[i] = 0;
-        hi[i] = i + 1;
-    }
-    state[0] = state[1] = 0;
-    return ctx && mask ? 0 : -1;
-}
-
-static int causal_positions(const glm_config *c, const int32_t *ids, int n, int32_t *pos, int32_t *bpos, int32_t *hi,
-                            int state[2]) {
-    for (int i = 0; i < n; i++) { pos[i] = i; bpos[i] = 0; hi[i] = i + 1; }
-    state[0] = state[1] = 0;
-    return 0;
-}
-
-static glm_family fam_v1 = {.prompt_positions = v1_positions}, fam_causal = {.prompt_positions = causal_positions};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     ntok = fuzz_serve_tokenizers("fuzz_serve_score", toks, cfgs, MAX_TOK);
@@ -66,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int k = (data[0] & 3) % ntok;
     static const int tmax[4] = {16, 64, 512, 4096};
     const glm_tokenizer *tok = toks[k];
-    glm_model m = {.fam = glm_tokenizer_kind(tok) == GLM_TOK_CHATGLM1 ? &fam_v1 : &fam_causal};
+    glm_model m = {.fam = fuzz_serve_family(tok)};
     srv_engine eng = {.m = &m, .ad = ads, .n_ad = N_AD, .vhead = (data[0] >> 7) & 1 ? NULL : vhead};
     srv_server S = {.e = &eng, .tok = tok, .cfg = &cfgs[k], .tok_mu = &tok_mu, .enc = encs[k], .has_enc = has_enc[k]};
     S.o.model_name = "chatglm";

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/config.h"
+#include "model/family.h"
 #include "tokenizer/tokenizer.h"
 
 /* Loads GLM_FUZZ_SERVE_TOKENIZERS (colon-separated folders or .model files; the test script gives a
@@ -28,6 +29,35 @@ static inline int fuzz_serve_tokenizers(const char *who, glm_tokenizer **toks, g
     free(list);
     if (!n) { fprintf(stderr, "%s: no tokenizer loaded (set GLM_FUZZ_SERVE_TOKENIZERS)\n", who); exit(1); }
     return n;
+}
+
+/* ChatGLM-6B's position rule (block_glm.c) as far as acceptance goes: a mask token and <sop>
+ * somewhere; the causal families take any ids. */
+static inline int fuzz_v1_positions(const glm_config *c, const int32_t *ids, int n, int32_t *pos, int32_t *bpos,
+                                    int32_t *hi, int state[2]) {
+    int ctx = 0, mask = 0;
+    for (int i = 0; i < n; i++) {
+        ctx |= ids[i] == c->bos_token_id;
+        mask |= ids[i] == c->gmask_token_id || ids[i] == c->mask_token_id;
+        pos[i] = bpos[i] = 0;
+        hi[i] = i + 1;
+    }
+    state[0] = state[1] = 0;
+    return ctx && mask ? 0 : -1;
+}
+
+static inline int fuzz_causal_positions(const glm_config *c, const int32_t *ids, int n, int32_t *pos, int32_t *bpos,
+                                        int32_t *hi, int state[2]) {
+    (void)c; (void)ids;
+    for (int i = 0; i < n; i++) { pos[i] = i; bpos[i] = 0; hi[i] = i + 1; }
+    state[0] = state[1] = 0;
+    return 0;
+}
+
+/* The family whose prompt rule a tokenizer's model follows (only prompt_positions is set). */
+static inline const glm_family *fuzz_serve_family(const glm_tokenizer *tok) {
+    static const glm_family v1 = {.prompt_positions = fuzz_v1_positions}, causal = {.prompt_positions = fuzz_causal_positions};
+    return glm_tokenizer_kind(tok) == GLM_TOK_CHATGLM1 ? &v1 : &causal;
 }
 
 #endif

@@ -236,3 +236,11 @@ int glm_pipe_forward_cached_slots(glm_pipe_lm *lm, glm_pipe_cache *c, int slot0,
     restore_device(prev);
     return rc;
 }
+
+int glm_pipe_cached_rows_logits(glm_pipe_lm *lm, glm_pipe_cache *c, int r0, int n, float *logits_out, glm_err *err) {
+    int prev = current_device(), k = lm->n - 1;
+    use(lm->be[k]);
+    int rc = glm_cached_rows_logits(&lm->st[k], &c->kv[k], r0, n, logits_out, err);
+    restore_device(prev);
+    return rc;
+}

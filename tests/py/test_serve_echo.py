@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""`glmtrain serve`'s prompt log-probabilities and the tokenizer endpoints, which
+lm-evaluation-harness's `local-completions` model needs for its log-likelihood tasks, on a tiny
+random ChatGLM2-family model (a causal LM) against the PyTorch reference (glm2_ref.forward, fp32):
+
+  * /v1/completions with `echo` and `logprobs` over token ids: every prompt token's logprob is
+    log_softmax of the reference's logits one row before it (1e-4), the first token's null, the
+    alternatives the reference's best, and the one generated token the reference's greedy pick;
+  * lm-eval's request and parsing (its LocalCompletionsAPI: a list of context + continuation id
+    lists, max_tokens 1, logprobs 1, echo; sum(token_logprobs[ctxlen:-1]) and the greedy test over
+    top_logprobs) give the reference's log-likelihood and greediness of each continuation;
+  * `max_tokens: 0` with echo (the prompt alone), echo of a text prompt, a list of prompts (a choice
+    each, each as its own request), streamed echo (the same text and entries as whole), and the same
+    numbers from a model split over 2 pipeline stages;
+  * POST /tokenize (with and without special tokens; messages), /detokenize, GET /tokenizer_info;
+  * refusals: echo with logprobs on ChatGLM-6B (a prefix LM), max_tokens 0 without echo, several
+    prompts streamed, bad ids, ChatGLM-6B ids without [gMASK]/<sop>, too many prompts, too long.
+Prints PASS/FAIL/SKIP lines."""
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import serve_common as sc  # noqa: E402
+from harness import Checks  # noqa: E402
+
+T = Checks()
+TOL = 1e-4
+
+
+def close(a, b, tol=TOL):
+    return a is not None and b is not None and abs(a - b) <= tol * max(1.0, abs(b))
+
+
+def make_glm2(d):
+    """A 2-layer ChatGLM2-family model (random, one training step) with a ChatGLM-6B-style
+    tokenizer: (folder, reference config, fp32 params)."""
+    import test_train as TT
+    import glm2_ref
+    from test_glm2_cli import write_glm2_config
+    from mpi_runs import run
+    from safetensors.torch import load_file
+    tok = TT.make_tokenizer(d)
+    ids, vocab = TT.piece_ids(tok)
+    cfg = write_glm2_config(d, ids, vocab)
+    train_file, _ = TT.write_data(d)
+    out = os.path.join(d, "glm2")
+    run(["--init_from_config", cfg, "--tokenizer_name", tok, "--train_file", train_file, "--max_steps", "1", "--seed", "3",
+         "--disable_tqdm", "--report_to", "none", "--output_dir", out, "--per_device_train_batch_size", "4",
+         "--max_source_length", "32", "--max_target_length", "16"], timeout=300)
+    st = {}
+    for f in os.listdir(out):
+        if f.endswith(".safetensors"):
+            st.update(load_file(os.path.join(out, f)))
+    rcfg = glm2_ref.load_config(json.load(open(os.path.join(out, "config.json"))))
+    return out, rcfg, {k: v.float() for k, v in st.items() if "inv_freq" not in k}
+
+
+def ref_rows(cfg, params, ids):
+    """log_softmax of the reference's logits at every position of ids (double)."""
+    import torch
+    import glm2_ref
+    with torch.no_grad():
+        logits = glm2_ref.forward(cfg, params, torch.tensor([ids]))["logits"][0].double()
+    return torch.log_softmax(logits, -1)
+
+
+def post(S, path, body):
+    return sc.http(S.port, "POST", path, body)
+
+
+def echo_cases(S, cfg, params, vocab):
+    import torch
+    rng = random.Random(5)
+    ids = [rng.randrange(10, vocab) for _ in range(11)]
+    st, body = post(S, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 1, "temperature": 0})
+    ch = (body.get("choices") or [{}])[0] if st == 200 else {}
+    lp = ch.get("logprobs") or {}
+    rows = ref_rows(cfg, params, ids)
+    toks, tlp, top = lp.get("token_logprobs", []), lp.get("token_logprobs", []), lp.get("top_logprobs", [])
+    ok = st == 200 and len(tlp) == len(ids) + 1 and tlp[0] is None and top[0] is None
+    detail = "%s %s" % (st, json.dumps(body)[:400])
+    for i in range(1, len(ids)) if ok else ():
+        want = float(rows[i - 1][ids[i]])
+        best = torch.topk(rows[i - 1], 2).values.tolist()
+        got_best = sorted(top[i].values(), reverse=True)
+        if not (close(tlp[i], want) and len(got_best) == 2 and all(close(a, b) for a, b in zip(got_best, best))):
+            ok, detail = False, "prompt token %d: %r vs reference %.6f, top %s vs %s" % (i, tlp[i], want, got_best, best)
+            break
+    greedy = int(rows[-1].argmax())
+    ok_gen = ok and close(tlp[-1], float(rows[-1][greedy])) and close(max(top[-1].values()), tlp[-1])
+    T.report("echo_prompt_logprobs_equal_reference", ok, detail if not ok else "%d prompt tokens" % len(ids))
+    T.report("echo_generated_token_is_reference_greedy", ok_gen, "%r vs %.6f" % (tlp[-1] if tlp else None,
+                                                                              float(rows[-1][greedy])))
+    st2, dt = post(S, "/detokenize", {"tokens": ids})
+    T.check("echo_text_is_decoded_prompt_then_response", st == 200 and st2 == 200 and
+            ch.get("text", "").startswith(dt.get("prompt", "\0")) and len(ch["text"]) > len(dt["prompt"]),
+            "%r vs %r" % (ch.get("text"), dt))
+
+    # max_tokens 0: the prompt alone, the same entries
+    st0, b0 = post(S, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 0})
+    c0 = (b0.get("choices") or [{}])[0] if st0 == 200 else {}
+    l0 = c0.get("logprobs") or {}
+    T.check("echo_max_tokens_0_is_the_prompt_alone", st0 == 200 and c0.get("finish_reason") == "length" and
+            c0.get("text") == dt.get("prompt") and l0.get("token_logprobs") == tlp[:len(ids)] and
+            b0["usage"]["completion_tokens"] == 0 and b0["usage"]["prompt_tokens"] == len(ids),
+            "%s %s" % (st0, json.dumps(b0)[:400]))
+
+    # a text prompt: its ids as /tokenize gives them with special tokens; text = prompt + response
+    text = "写一句关于春的诗"
+    stt, tk = post(S, "/tokenize", {"prompt": text})
+    ste, be = post(S, "/v1/completions", {"prompt": text, "echo": True, "logprobs": 0, "max_tokens": 3, "temperature": 0})
+    stn, bn = post(S, "/v1/completions", {"prompt": text, "max_tokens": 3, "temperature": 0})
+    ce, cn = (be.get("choices") or [{}])[0], (bn.get("choices") or [{}])[0]
+    want_lp = ref_rows(cfg, params, tk.get("tokens", [0]))
+    tl = (ce.get("logprobs") or {}).get("token_logprobs", [])
+    ok = (stt == ste == stn == 200 and ce.get("text") == text + cn.get("text", "\0") and
+          len(tl) == tk["count"] + be["usage"]["completion_tokens"] and
+          all(close(tl[i], float(want_lp[i - 1][tk["tokens"][i]])) for i in range(1, tk["count"])))
+    T.check("echo_text_prompt", ok, "%s %s / %s" % (ste, json.dumps(be)[:300], json.dumps(bn)[:200]))
+    return ids
+
+
+def lm_eval_cases(S, cfg, params):
+    """lm-evaluation-harness's local-completions log-likelihood request and parsing."""
+    import torch
+    pairs = [("春眠不觉晓，", "处处闻啼鸟"), ("床前明月光", "，疑是地上霜"), ("你好", "世界")]
+    enc = lambda s: post(S, "/tokenize", {"prompt": s, "add_special_tokens": False})[1]["tokens"]
+    reqs, ctxlens = [], []
+    for ctx, cont in pairs:
+        c = enc(ctx)
+        reqs.append(c + enc(cont))
+        ctxlens.append(len(c))
+    # a continuation the model would pick greedily: the reference's own next tokens
+    c = enc("秋风")
+    seq = list(c)
+    for _ in range(3):
+        seq.append(int(ref_rows(cfg, params, seq)[-1].argmax()))
+    reqs.append(seq)
+    ctxlens.append(len(c))
+    st, out = post(S, "/v1/completions", {"model": "glm2", "prompt": reqs, "temperature": 0, "max_tokens": 1, "logprobs": 1,
+                                          "seed": 1234, "echo": True})
+    got = []
+    for choice, ctxlen in zip(sorted(out.get("choices", []), key=lambda x: x["index"]), ctxlens):  # lm-eval's parse_logprobs
+        lps = choice["logprobs"]["token_logprobs"][ctxlen:-1]
+        tops = choice["logprobs"]["top_logprobs"][ctxlen:-1]
+        got.append((sum(lps), all(t == max(top.values()) for t, top in zip(lps, tops))))
+    want = []
+    for ids, ctxlen in zip(reqs, ctxlens):
+        rows = ref_rows(cfg, params, ids)
+        want.append((sum(float(rows[j - 1][ids[j]]) for j in range(ctxlen, len(ids))),
+                     all(int(rows[j - 1].argmax()) == ids[j] for j in range(ctxlen, len(ids)))))
+    ok = st == 200 and len(got) == len(want) and all(close(a[0], b[0]) and a[1] == b[1] for a, b in zip(got, want))
+    T.report("lm_eval_loglikelihood_equals_reference", ok and want[-1][1], "%s: %s vs reference %s" % (st, got, want))
+    return reqs
+
+
+def batch_cases(S, ids):
+    prompts = ["写一句关于春的诗", ids, "你好"]
+    one = lambda p: post(S, "/v1/completions", {"prompt": p, "max_tokens": 4, "temperature": 0, "logprobs": 1})[1]
+    alone = [one(p) for p in prompts]
+    st, b = post(S, "/v1/completions", {"prompt": prompts, "max_tokens": 4, "temperature": 0, "logprobs": 1})
+    chs = b.get("choices", []) if st == 200 else []
+    ok = len(chs) == 3 and [c["index"] for c in chs] == [0, 1, 2]
+    for c, a in zip(chs, alone):
+        ca = a["choices"][0]
+        ok = ok and c["text"] == ca["text"] and c["logprobs"]["token_logprobs"] == ca["logprobs"]["token_logprobs"]
+    pt = sum(a["usage"]["prompt_tokens"] for a in alone)
+    T.check("batch_of_prompts_equals_each_alone", ok and b["usage"]["prompt_tokens"] == pt,
+            "%s %s vs %s" % (st, json.dumps(b)[:400], [a["choices"][0]["text"] for a in alone]))
+
+
+def stream_case(S, ids):
+    import http.client
+    body = {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    whole = post(S, "/v1/completions", body)[1]["choices"][0]
+    c = http.client.HTTPConnection("127.0.0.1", S.port, timeout=60)
+    c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
+    raw = c.getresponse().read().decode()
+    c.close()
+    text, lps = "", []
+    for line in raw.split("\n"):
+        if line.startswith("data: {"):
+            ch = json.loads(line[6:])["choices"][0]
+            text += ch["text"]
+            lps += ch["logprobs"]["token_logprobs"]
+    T.check("stream_echo_equals_whole", text == whole["text"] and lps == whole["logprobs"]["token_logprobs"],
+            "%r %s vs %r %s" % (text, lps[:4], whole["text"], whole["logprobs"]["token_logprobs"][:4]))
+
+
+def tokenizer_cases(S):
+    text = "写一句关于春的诗"
+    n0 = len(S.log)
+    st, b = post(S, "/v1/completions", {"prompt": text, "max_tokens": 1})
+    logged = sc.prompt_ids(S, n0)
+    s1, with_sp = post(S, "/tokenize", {"prompt": text})
+    s2, without = post(S, "/tokenize", {"prompt": text, "add_special_tokens": False})
+    T.check("tokenize_with_special_tokens_is_the_completion_prompt", st == s1 == s2 == 200 and
+            with_sp.get("tokens") == logged and with_sp.get("count") == len(logged) and with_sp.get("max_model_len") == 256 and
+            with_sp["tokens"][:without["count"]] == without["tokens"] and without["count"] < with_sp["count"],
+            "%s / %s / logged %s" % (with_sp, without, logged))
+    s3, dt = post(S, "/detokenize", {"tokens": without.get("tokens")})
+    T.check("detokenize_round_trip", s3 == 200 and dt.get("prompt") == text, "%s %s" % (s3, dt))
+    n0 = len(S.log)
+    msgs = [{"role": "user", "content": "你好"}]
+    post(S, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
+    logged = sc.prompt_ids(S, n0)
+    s4, ch = post(S, "/tokenize", {"messages": msgs})
+    T.check("tokenize_messages_is_the_chat_prompt", s4 == 200 and ch.get("tokens") == logged, "%s %s vs %s" % (s4, ch, logged))
+    s5, info = sc.http(S.port, "GET", "/tokenizer_info")
+    T.check("tokenizer_info", s5 == 200 and info.get("eos_token") == "<eop>" and info.get("pad_token") == "<pad>" and
+            info.get("model_max_length") == 256 and info.get("tokenizer_class") == "ChatGLMTokenizer", "%s %s" % (s5, info))
+
+
+def refusals(S, vocab):
+    cases = [
+        ("max_tokens_0_without_echo", {"prompt": "你好", "max_tokens": 0}, 400, "echo"),
+        ("chat_max_tokens_0", {"messages": [{"role": "user", "content": "你好"}], "max_tokens": 0}, 400, "max_tokens"),
+        ("stream_several_prompts", {"prompt": ["a", "b"], "stream": True}, 400, "stream one prompt"),
+        ("id_outside_vocabulary", {"prompt": [5, 8, vocab]}, 400, "prompt[2] must be a token id"),
+        ("id_not_integer", {"prompt": [[5, 8], [5, 1.5]]}, 400, "prompt[1][1]"),
+        ("text_then_id", {"prompt": ["a", 5]}, 400, "prompt[1] must be a string or a non-empty list of token ids"),
+        ("empty_list", {"prompt": []}, 400, "empty list"),
+        ("empty_ids", {"prompt": [[5], []]}, 400, "prompt[1]"),
+        ("too_many_prompts", {"prompt": ["a"] * 257}, 400, "at most 256"),
+        ("echo_not_bool", {"prompt": "a", "echo": 1}, 400, "echo must be a boolean"),
+        ("ids_over_max_model_len", {"prompt": [5] * 256}, 413, "max_model_len"),
+        ("echo_only_over_max_model_len", {"prompt": [5] * 257, "echo": True, "max_tokens": 0}, 413, "max_model_len"),
+        ("tokenize_both", {"prompt": "a", "messages": []}, 400, "either"),
+        ("detokenize_bad_id", {"tokens": [1, -1]}, 400, "tokens[1]"),
+    ]
+    for name, body, code, words in cases:
+        path = "/v1/chat/completions" if "messages" in body and "tokenize" not in name else \
+               "/tokenize" if name.startswith("tokenize") else "/detokenize" if name.startswith("detokenize") else "/v1/completions"
+        st, b = post(S, path, body)
+        msg = b.get("error", {}).get("message", "") if isinstance(b, dict) else str(b)
+        T.check("refuses_" + name, st == code and words in msg, "%s %s" % (st, msg))
+    st, b = post(S, "/v1/completions", {"prompt": [5, 8], "echo": True, "max_tokens": 0})  # still serving; 2 ids fit
+    T.check("echo_exactly_max_model_len_fits", st == 200 and post(S, "/v1/completions", {"prompt": [5] * 256, "echo": True,
+                                                                                         "max_tokens": 0})[0] == 200, str(b)[:200])
+
+
+def glm1_cases(tmp):
+    """ChatGLM-6B (a prefix LM): echo with logprobs refused, echo alone and ids with [gMASK] <sop> served."""
+    tok, cfg, params = sc.make_model(tmp)
+    S = sc.Server(tok)
+    try:
+        st, b = post(S, "/v1/completions", {"prompt": "你好", "echo": True, "logprobs": 1, "max_tokens": 2})
+        T.check("glm1_refuses_echo_with_logprobs", st == 400 and "prefix LM" in b["error"]["message"], "%s %s" % (st, b))
+        st, b = post(S, "/v1/completions", {"prompt": "你好", "echo": True, "max_tokens": 2, "temperature": 0})
+        st2, b2 = post(S, "/v1/completions", {"prompt": "你好", "max_tokens": 2, "temperature": 0})
+        T.check("glm1_echo_without_logprobs", st == st2 == 200 and
+                b["choices"][0]["text"] == "你好" + b2["choices"][0]["text"], "%s %s / %s" % (st, b, b2))
+        with_sp = post(S, "/tokenize", {"prompt": "你好"})[1]["tokens"]
+        st, b = post(S, "/v1/completions", {"prompt": with_sp[:-2], "max_tokens": 2})
+        T.check("glm1_refuses_ids_without_gmask_sop", st == 400 and "[gMASK]" in b["error"]["message"], "%s %s" % (st, b))
+        st, b3 = post(S, "/v1/completions", {"prompt": with_sp, "max_tokens": 2, "temperature": 0})
+        T.check("glm1_ids_with_gmask_sop_equal_text", st == 200 and b3["choices"][0]["text"] == b2["choices"][0]["text"],
+                "%s %s vs %s" % (st, b3, b2))
+    finally:
+        S.stop()
+
+
+def main():
+    if not os.path.exists(sc.GLM):
+        print("SKIP serve_echo: %s not built" % sc.GLM)
+        return 0
+    tmp = tempfile.mkdtemp(prefix="glmtrain-serve-echo-")
+    try:
+        model, cfg, params = make_glm2(tmp)
+        vocab = cfg["padded_vocab_size"]
+        S = sc.Server(model, "--debug")
+        try:
+            ids = echo_cases(S, cfg, params, vocab)
+            reqs = lm_eval_cases(S, cfg, params)
+            batch_cases(S, ids)
+            stream_case(S, ids)
+            tokenizer_cases(S)
+            refusals(S, vocab)
+            body = {"prompt": reqs, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
+            whole = post(S, "/v1/completions", body)[1]
+        finally:
+            S.stop()
+        # split over 2 pipeline stages (CPU stages): the same numbers
+        S = sc.Server(model, "--device_map", "auto", "--pipeline_parallel_size", "2")
+        try:
+            st, split = post(S, "/v1/completions", body)
+            ok = st == 200 and len(split["choices"]) == len(whole["choices"])
+            for a, b in zip(split.get("choices", []), whole["choices"]):
+                la, lb = a["logprobs"]["token_logprobs"], b["logprobs"]["token_logprobs"]
+                ok = ok and len(la) == len(lb) and all((x is None and y is None) or close(x, y, 1e-5) for x, y in zip(la, lb))
+            T.check("echo_device_map_2_stages_equal_whole", ok and "split over 2 stages" in S.text(),
+                    "%s %s" % (st, json.dumps(split)[:300]))
+        finally:
+            S.stop()
+        os.makedirs(os.path.join(tmp, "v1"))
+        glm1_cases(os.path.join(tmp, "v1"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return T.status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
