@@ -46,8 +46,8 @@ typedef struct api_req {
     int chat, stream, include_usage;
     char model[256];
     srv_req *r;                /* batch[0] (a score request: the only one, not in batch) */
-    srv_req **batch;           /* [n_batch] a request each prompt (a completion's list of prompts: */
-    int n_batch;               /* a choice each), one reference each, q's */
+    srv_req **batch;           /* [n_batch] a request each choice: prompt i's choice j (of n_choices, */
+    int n_batch, n_choices;    /* the request's n) at i * n_choices + j; one reference each, q's */
     srv_tools tools;
 } api_req;
 /* Drops q's requests (batch) and tools. */

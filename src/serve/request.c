@@ -290,7 +290,14 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     if (srv_present(so) && !cJSON_IsObject(so)) { srv_bad(e, 400, "stream_options", "invalid_type", "stream_options must be an object"); goto out; }
     q->include_usage = so && cJSON_IsTrue(srv_field(so, "include_usage"));
     double x;
-    if (integer(o, "n", 1, 1, &x, e) < 0) { srv_bad(e, 400, "n", "invalid_value", "n must be 1 (one choice per request)"); goto out; }
+    int nc = 1; /* choices a prompt */
+    if (integer(o, "n", 1, SRV_MAX_PROMPTS, &x, e) < 0) goto out;
+    if (srv_present(srv_field(o, "n"))) nc = (int)x;
+    if (nc > 1 && q->stream) {
+        srv_bad(e, 400, "n", "unsupported_value", "stream with n %d: stream one choice a request (or leave stream out to "
+                "have the %d choices in one answer)", nc, nc);
+        goto out;
+    }
     int echo = 0;
     if (!chat) {
         const cJSON *v;
@@ -375,10 +382,10 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     glm_err gerr = {0};
     if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
     if (chat) {
-        if (srv_chat_prompt(S, o, body, n, &r->prompt, &q->tools, e)) goto out;
-        if (prompt_fits(S, chat, r, "messages", mk, max_tokens, e)) goto out;
-        q->batch = glm_malloc(sizeof *q->batch);
-        q->batch[q->n_batch++] = r;
+        pids = glm_calloc(1, sizeof *pids);
+        ptexts = glm_calloc(1, sizeof *ptexts);
+        np = 1;
+        if (srv_chat_prompt(S, o, body, n, &pids[0], &q->tools, e)) goto out;
     } else {
         if (completion_prompts(S, srv_field(o, "prompt"), &pids, &ptexts, &np, e)) goto out;
         if (np > 1 && q->stream) {
@@ -386,19 +393,28 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
                     "stream out to have a choice for each prompt)", np);
             goto out;
         }
-        q->batch = glm_calloc((size_t)np, sizeof *q->batch);
-        for (int i = 0; i < np; i++) {
-            srv_req *x = i ? srv_req_clone(r) : r;
-            q->batch[q->n_batch++] = x; /* owned by q from here */
-            x->prompt = pids[i];
-            x->echo = echo ? ptexts[i] : NULL;
-            pids[i] = (glm_ids){0};
-            if (echo) ptexts[i] = NULL;
-            char param[32];
-            snprintf(param, sizeof param, np > 1 ? "prompt[%d]" : "prompt", i);
-            if (prompt_fits(S, chat, x, param, mk, max_tokens, e)) { r = NULL; goto out; }
-        }
     }
+    if ((long)np * nc > SRV_MAX_PROMPTS) {
+        srv_bad(e, 400, "n", "invalid_value", "%d prompts x n %d = %ld choices; at most %d a request", np, nc, (long)np * nc,
+                SRV_MAX_PROMPTS);
+        goto out;
+    }
+    /* a request a choice: prompt i's choice j is choices[i * n + j], sampled with seed + j */
+    q->batch = glm_calloc((size_t)np * nc, sizeof *q->batch);
+    q->n_choices = nc;
+    for (int i = 0; i < np; i++)
+        for (int j = 0; j < nc; j++) {
+            srv_req *x = i || j ? srv_req_clone(q->batch[0]) : r;
+            q->batch[q->n_batch++] = x; /* owned by q from here */
+            if (x == r) r = NULL;
+            for (int t = 0; t < pids[i].n; t++) glm_ids_push(&x->prompt, pids[i].data[t]);
+            x->echo = echo ? glm_strdup(ptexts[i]) : NULL;
+            x->seed += (uint64_t)j;
+            char param[32];
+            snprintf(param, sizeof param, chat ? "messages" : np > 1 ? "prompt[%d]" : "prompt", i);
+            if (j == 0 && prompt_fits(S, chat, x, param, mk, max_tokens, e)) goto out;
+            if (j > 0) x->g = q->batch[q->n_batch - 1 - j]->g; /* the limits prompt_fits set */
+        }
     r = NULL; /* in q->batch */
     q->chat = chat;
     q->r = q->batch[0];

@@ -407,7 +407,8 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         /* wait for news: slices of 50 ms, checking the peer */
         double interval = c->S->o.timeout_s > 3 ? 1.0 : c->S->o.timeout_s / 3.0, waited = 0;
         pthread_mutex_lock(&r->mu);
-        while (!r->done && r->text.n == c->seen && waited < interval) {
+        /* a whole answer waits for the end only: its text is not news (a keep-alive byte a interval) */
+        while (!r->done && (!c->stream || r->text.n == c->seen) && waited < interval) {
             pthread_mutex_unlock(&r->mu);
             if (peer_gone(c->fd)) {
                 atomic_store(&r->cancel, 1);
@@ -538,9 +539,9 @@ static void new_id(char *id, size_t cap, const char *kind, long created) {
     snprintf(id, cap, "%s-%lx%06lx", kind, (unsigned long)created, (unsigned long)atomic_fetch_add(&seq, 1) & 0xffffff);
 }
 
-/* A completion of several prompts (not streamed): each queued as its own request, all waited for
- * on this connection's thread, answered whole with a choice each (index: the prompt's place) and
- * their usage summed. One that fails fails the whole answer. */
+/* A completion of several choices (a list of prompts, or n > 1; not streamed): each queued as its
+ * own request, all waited for on this connection's thread, answered whole with a choice each
+ * (index: its place in q->batch) and their usage summed. One that fails fails the whole answer. */
 static enum MHD_Result batch_completion(srv_server *S, struct MHD_Connection *conn, api_req *q) {
     int k = q->n_batch, st = 0, fd = conn_fd(conn);
     for (int i = 0; i < k && !st; i++)
@@ -554,10 +555,11 @@ static enum MHD_Result batch_completion(srv_server *S, struct MHD_Connection *co
     stream_ctx *cs = glm_calloc((size_t)k, sizeof *cs);
     long created = (long)time(NULL);
     char id[64];
-    new_id(id, sizeof id, "cmpl", created);
+    new_id(id, sizeof id, q->chat ? "chatcmpl" : "cmpl", created);
     const srv_req *failed = NULL;
-    for (int i = 0; i < k; i++) {
-        cs[i] = (stream_ctx){.S = S, .r = q->batch[i], .created = created};
+    for (int i = 0; i < k; i++) { /* the contexts share q's tools (q frees them) */
+        cs[i] = (stream_ctx){.S = S, .r = q->batch[i], .created = created, .chat = q->chat, .tools = q->tools,
+                             .think = q->chat && S->o.reasoning && !(q->tools.on && q->tools.forced)};
         snprintf(cs[i].id, sizeof cs[i].id, "%s", id);
         snprintf(cs[i].model, sizeof cs[i].model, "%s", q->model);
         if (!failed && strcmp(q->batch[i]->finish, "stop") && strcmp(q->batch[i]->finish, "length")) failed = q->batch[i];
@@ -567,11 +569,12 @@ static enum MHD_Result batch_completion(srv_server *S, struct MHD_Connection *co
         rc = send_error(conn, 500, failed->error[0] ? failed->error : "the request was cancelled", "server_error", NULL,
                         failed->finish);
     } else {
-        cJSON *o = head(&cs[0], "text_completion"), *ch = cJSON_AddArrayToObject(o, "choices"), *u = cJSON_CreateObject();
+        cJSON *o = head(&cs[0], q->chat ? "chat.completion" : "text_completion"), *ch = cJSON_AddArrayToObject(o, "choices"),
+              *u = cJSON_CreateObject();
         long pt = 0, ct = 0;
         for (int i = 0; i < k; i++) {
             cJSON_AddItemToArray(ch, choice(&cs[i], i));
-            pt += q->batch[i]->prompt.n;
+            if (i % q->n_choices == 0) pt += q->batch[i]->prompt.n; /* a prompt counts once for its n choices */
             ct += q->batch[i]->n_out;
         }
         cJSON_AddNumberToObject(u, "prompt_tokens", (double)pt);

@@ -12,9 +12,11 @@ random ChatGLM2-family model (a causal LM) against the PyTorch reference (glm2_r
   * `max_tokens: 0` with echo (the prompt alone), echo of a text prompt, a list of prompts (a choice
     each, each as its own request), streamed echo (the same text and entries as whole), and the same
     numbers from a model split over 2 pipeline stages;
+  * `n` choices (completions, a list of prompts, chat): choice j samples with seed + j;
+  * a slow whole answer carries a few keep-alive bytes, not a stream of them;
   * POST /tokenize (with and without special tokens; messages), /detokenize, GET /tokenizer_info;
   * refusals: echo with logprobs on ChatGLM-6B (a prefix LM), max_tokens 0 without echo, several
-    prompts streamed, bad ids, ChatGLM-6B ids without [gMASK]/<sop>, too many prompts, too long.
+    prompts or choices streamed, bad ids, ChatGLM-6B ids without [gMASK]/<sop>, too many prompts, too long.
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
@@ -174,6 +176,51 @@ def batch_cases(S, ids):
             "%s %s vs %s" % (st, json.dumps(b)[:400], [a["choices"][0]["text"] for a in alone]))
 
 
+def n_cases(S):
+    """n choices: choice j samples with seed + j (so it is that request alone); a list of prompts
+    with n gives prompt-major choices; a prompt's tokens count once."""
+    base = {"max_tokens": 5, "temperature": 1.0, "seed": 11}
+    one = lambda p, seed: post(S, "/v1/completions", dict(base, prompt=p, seed=seed))[1]["choices"][0]["text"]
+    st, b = post(S, "/v1/completions", dict(base, prompt=["写一句关于春的诗", "你好"], n=2))
+    want = [one(p, 11 + j) for p in ("写一句关于春的诗", "你好") for j in range(2)]
+    got = [c["text"] for c in b.get("choices", [])]
+    pt = sum(post(S, "/v1/completions", {"prompt": p, "max_tokens": 1})[1]["usage"]["prompt_tokens"]
+             for p in ("写一句关于春的诗", "你好"))
+    T.check("completions_n_choices_are_seed_plus_j", st == 200 and got == want and len(set(got)) > 1 and
+            [c["index"] for c in b["choices"]] == [0, 1, 2, 3] and b["usage"]["prompt_tokens"] == pt,
+            "%s %s vs %s (prompt tokens %s vs %s)" % (st, got, want, b.get("usage"), pt))
+    msgs = [{"role": "user", "content": "你好"}]
+    st, b = post(S, "/v1/chat/completions", dict(base, messages=msgs, n=3))
+    alone = [post(S, "/v1/chat/completions", dict(base, messages=msgs, seed=11 + j))[1] for j in range(3)]
+    got = [c["message"]["content"] for c in b.get("choices", [])]
+    want = [a["choices"][0]["message"]["content"] for a in alone]
+    T.check("chat_n_choices_are_seed_plus_j", st == 200 and got == want and b["object"] == "chat.completion" and
+            b["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"] and
+            b["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone),
+            "%s %s vs %s" % (st, json.dumps(b)[:300], want))
+
+
+def keepalive_case(model):
+    """A whole (not streamed) answer that takes a second: a few keep-alive bytes before it, not a
+    stream of them (one a interval, whatever the text released meanwhile)."""
+    import http.client
+    import time
+    S = sc.Server(model, "--step_delay_ms", "20")
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", S.port, timeout=60)
+        t0 = time.time()
+        c.request("POST", "/v1/completions", json.dumps({"prompt": "你好", "max_tokens": 60, "ignore_eos": True}),
+                  {"Content-Type": "application/json"})
+        raw = c.getresponse().read().decode()
+        dt = time.time() - t0
+        c.close()
+        lead = len(raw) - len(raw.lstrip())
+        T.check("whole_answer_few_keepalive_bytes", json.loads(raw)["usage"]["completion_tokens"] == 60 and lead <= 4 * dt + 4,
+                "%d leading bytes in %.2f s" % (lead, dt))
+    finally:
+        S.stop()
+
+
 def stream_case(S, ids):
     import http.client
     body = {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
@@ -221,6 +268,9 @@ def refusals(S, vocab):
         ("max_tokens_0_without_echo", {"prompt": "你好", "max_tokens": 0}, 400, "echo"),
         ("chat_max_tokens_0", {"messages": [{"role": "user", "content": "你好"}], "max_tokens": 0}, 400, "max_tokens"),
         ("stream_several_prompts", {"prompt": ["a", "b"], "stream": True}, 400, "stream one prompt"),
+        ("stream_n_2", {"prompt": "a", "n": 2, "stream": True}, 400, "stream one choice"),
+        ("n_0", {"prompt": "a", "n": 0}, 400, "n must be in [1, 256]"),
+        ("prompts_times_n", {"prompt": ["a"] * 3, "n": 100}, 400, "3 prompts x n 100"),
         ("id_outside_vocabulary", {"prompt": [5, 8, vocab]}, 400, "prompt[2] must be a token id"),
         ("id_not_integer", {"prompt": [[5, 8], [5, 1.5]]}, 400, "prompt[1][1]"),
         ("text_then_id", {"prompt": ["a", 5]}, 400, "prompt[1] must be a string or a non-empty list of token ids"),
@@ -279,6 +329,7 @@ def main():
             reqs = lm_eval_cases(S, cfg, params)
             batch_cases(S, ids)
             stream_case(S, ids)
+            n_cases(S)
             tokenizer_cases(S)
             refusals(S, vocab)
             body = {"prompt": reqs, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
@@ -297,6 +348,7 @@ def main():
                     "%s %s" % (st, json.dumps(split)[:300]))
         finally:
             S.stop()
+        keepalive_case(model)
         os.makedirs(os.path.join(tmp, "v1"))
         glm1_cases(os.path.join(tmp, "v1"))
     finally:

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# `serve`'s echo on a GPU (session 37): a tiny ChatGLM2-family model (random, two CPU training steps)
+# with the real ChatGLM-6B tokenizer, served on the CPU (fp32) and on CUDA (fp32, bf16). The same
+# requests to each: a list of id prompts of 40-200 tokens (more than one 64-row block of prompt
+# logits) with echo, logprobs 2 and max_tokens 1, lm-evaluation-harness's way; a text prompt with
+# max_tokens 0. CUDA fp32's prompt log-probabilities must equal the CPU's (relative 1e-3) and bf16's
+# stay near them (absolute 0.1); the greedy generated tokens of fp32 must agree. Prints PASS/FAIL.
+# Needs build/gpu/glmtrain (MPI=0), build/lib with libmicrohttpd's chain (SERVE=1 bash
+# bench/prepare_carry.sh), build/shared (tokenizers/chatglm-6b), python3.
+# usage: bash bench/gpu_serve_echo_smoke.sh [BUILD_DIR]
+set -u
+B=${1:-build/gpu}
+export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
+TOK=$PWD/build/shared/tokenizers/chatglm-6b/ice_text.model
+W=$(mktemp -d /tmp/glm-echo.XXXXXX)
+ok() { if [ "$1" -eq 0 ]; then echo "PASS $2"; else echo "FAIL $2"; tail -5 "$W/log"; fi; }
+cat >"$W/config.json" <<'J'
+{"model_type": "chatglm", "architectures": ["ChatGLMModel"], "padded_vocab_size": 130560, "hidden_size": 256,
+ "num_layers": 2, "num_attention_heads": 4, "kv_channels": 64, "multi_query_attention": true, "multi_query_group_num": 2,
+ "ffn_hidden_size": 512, "layernorm_epsilon": 1e-5, "rmsnorm": true, "add_qkv_bias": true, "add_bias_linear": false,
+ "apply_residual_connection_post_layernorm": false, "post_layer_norm": true, "original_rope": true, "seq_length": 1024,
+ "tie_word_embeddings": false, "eos_token_id": 130005, "pad_token_id": 3}
+J
+python3 - "$W" <<'PY'
+import json, os, sys
+w = sys.argv[1]
+words = ["春", "风", "山", "水", "明月", "江南", "问题", "答案"]
+json.dump([{"instruction": "写一句关于%s的诗" % x, "output": x * 3} for x in words * 4], open(os.path.join(w, "sft.json"), "w"),
+          ensure_ascii=False)
+PY
+"$B/glmtrain" train --init_from_config "$W/config.json" --tokenizer_name "$TOK" --train_file "$W/sft.json" \
+    --output_dir "$W/base" --max_steps 2 --per_device_train_batch_size 8 --disable_tqdm --device cpu >"$W/log" 2>&1
+ok $? "base_model"
+for how in "cpu float32" "cuda float32" "cuda bfloat16"; do
+    set -- $how
+    "$B/glmtrain" serve --model_name_or_path "$W/base" --port 0 --device "$1" --dtype "$2" 2>"$W/serve_$1_$2.log" &
+    spid=$!
+    for _ in $(seq 1 90); do grep -q "serving " "$W/serve_$1_$2.log" && break; sleep 1; done
+    port=$(grep -o "http://127.0.0.1:[0-9]*" "$W/serve_$1_$2.log" | head -1 | cut -d: -f3)
+    python3 - "${port:-0}" "$W/echo_$1_$2.json" <<'PY' >"$W/log" 2>&1
+import json, random, sys, urllib.request
+port, out = sys.argv[1:3]
+def post(path, body):
+    req = urllib.request.Request("http://127.0.0.1:%s%s" % (port, path), headers={"Content-Type": "application/json"},
+                                 data=json.dumps(body, ensure_ascii=False).encode())
+    return json.load(urllib.request.urlopen(req, timeout=300))
+g = random.Random(7)
+prompts = [[g.randrange(5, 130000) for _ in range(n)] for n in (40, 64, 65, 129, 200)]
+a = post("/v1/completions", {"prompt": prompts, "echo": True, "logprobs": 2, "max_tokens": 1, "temperature": 0})
+b = post("/v1/completions", {"prompt": "写一句关于春的诗，要有山和水", "echo": True, "logprobs": 0, "max_tokens": 0})
+json.dump([c["logprobs"] for c in a["choices"] + b["choices"]], open(out, "w"))
+PY
+    ok $? "serve_echo_$1_$2"
+    kill $spid 2>/dev/null; wait $spid 2>/dev/null
+done
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+cpu, cu32, cu16 = (json.load(open("%s/echo_%s.json" % (w, k))) for k in ("cpu_float32", "cuda_float32", "cuda_bfloat16"))
+def worst(x, y, rel):
+    e = 0.0
+    for a, b in zip(x, y):
+        for p, q in zip(a["token_logprobs"], b["token_logprobs"]):
+            if (p is None) != (q is None): return float("inf")
+            if p is not None: e = max(e, abs(p - q) / (max(1.0, abs(q)) if rel else 1.0))
+    return e
+n = sum(len(a["token_logprobs"]) for a in cpu)
+same_len = [len(a["token_logprobs"]) for a in cpu] == [len(a["token_logprobs"]) for a in cu32] == [len(a["token_logprobs"]) for a in cu16]
+e32, e16 = worst(cu32, cpu, True), worst(cu16, cpu, False)
+tok32 = all(a["tokens"] == b["tokens"] for a, b in zip(cu32, cpu))
+print("serve echo: %d log-probabilities; cuda fp32 vs cpu worst relative %.2e (tokens equal: %s); cuda bf16 vs cpu worst %.4f"
+      % (n, e32, tok32, e16))
+sys.exit(0 if same_len and e32 < 1e-3 and e16 < 0.1 and tok32 else 1)
+PY
+ok $? "serve_echo_cuda_equals_cpu"
+rm -rf "$W"
