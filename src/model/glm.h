@@ -401,9 +401,13 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
  * last stage greedy_out [nrows] (may be NULL) gets each row's greedy token as glm_sample_next
  * picks it without sampling (backend argmax_rows: the logits need not leave the device), and
  * last_hidden_out [nrows*H] (may be NULL) each row's last new token's final-norm output (what a
- * value head scores). */
+ * value head scores). n_new [nrows] (NULL: Tq each) lets rows of different lengths share a call
+ * (prompts prefilled together): row b's real new tokens are its first n_new[b] (1..Tq), the rest
+ * padding whose results are dropped, so its "last new token" is token n_new[b] - 1. The padding
+ * writes the slot's cache rows [len[b] + n_new[b], len[b] + Tq), past what the slot holds: the
+ * slot's next call overwrites them before any key range reaches them (len[b] + Tq <= capacity). */
 int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
-                                   const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
+                                   const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                                    const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
                                    int32_t *greedy_out, float *last_hidden_out, glm_err *err);
 /* After a glm_stage_forward_cached_slots call on the last stage (or a whole model): the logits of

@@ -221,12 +221,12 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
                              const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                              const int32_t *kv_hi, float *logits_out, glm_err *err) {
     if (!m->first || !m->last) return glm_fail(err, "cache slots: a whole model is needed (not a pipeline stage)");
-    return glm_stage_forward_cached_slots(m, kv, slot0, nrows, Tq, len, ids, pos, block_pos, kv_lo, kv_hi, NULL, NULL,
+    return glm_stage_forward_cached_slots(m, kv, slot0, nrows, Tq, len, NULL, ids, pos, block_pos, kv_lo, kv_hi, NULL, NULL,
                                           logits_out, NULL, NULL, err);
 }
 
 int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
-                                   const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
+                                   const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                                    const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
                                    int32_t *greedy_out, float *last_hidden_out, glm_err *err) {
     glm_backend *be = m->be;
@@ -239,6 +239,8 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
         if (len[b] < 0 || len[b] + Tq > kv->Tmax)
             return glm_fail(err, "cache slot %d full: %d cached + %d new tokens > capacity %d", slot0 + b, len[b], Tq, kv->Tmax);
         if (len[b] + Tq > Tk) Tk = len[b] + Tq;
+        if (n_new && (n_new[b] < 1 || n_new[b] > Tq))
+            return glm_fail(err, "cache slot %d: %d real new tokens of a call of %d", slot0 + b, n_new[b], Tq);
     }
     for (int i = 0; i < N; i++) {
         int b = i / Tq;
@@ -259,7 +261,7 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
     int32_t *hb = kv->hints;
     memcpy(hb, ids, Nb * 4); memcpy(hb + N, pos, Nb * 4); memcpy(hb + 2 * N, block_pos, Nb * 4);
     memcpy(hb + 3 * N, kv_lo, Nb * 4); memcpy(hb + 4 * N, kv_hi, Nb * 4);
-    for (int b = 0; b < nrows; b++) hb[5 * N + b] = b * Tq + Tq - 1; /* each row's last token, for its logits */
+    for (int b = 0; b < nrows; b++) hb[5 * N + b] = b * Tq + (n_new ? n_new[b] : Tq) - 1; /* each row's last token */
     /* where each new token's cache row goes, counted in rows from the first slot of the call: one
      * scatter per layer writes every row's k|v (a copy per row would be nrows launches a layer);
      * a P-Tuning prefix holds each slot's first P rows, and key k of the caller is row P + k */

@@ -271,18 +271,19 @@ static int32_t pick(srv_req *r, float *logits, int V, srv_logprob *lp) {
 
 /* ---------------------------------------------------------------- steps */
 
-/* One forward of rows [slot0, slot0 + nrows) of the pool, on the whole model or stage by stage.
+/* One forward of rows [slot0, slot0 + nrows) of the pool, on the whole model or stage by stage
+ * (n_new: each row's real new tokens, NULL all Tq).
  * greedy: every row decodes greedily without a repetition penalty, so the device picks the
  * tokens (e->greedy) and the logits stay there; otherwise they come to e->logits. */
-static int forward_slots(srv_engine *e, int slot0, int nrows, int Tq, const int *len, const int32_t *ids, int greedy,
-                         glm_err *err) {
+static int forward_slots(srv_engine *e, int slot0, int nrows, int Tq, const int *len, const int *n_new, const int32_t *ids,
+                         int greedy, glm_err *err) {
     double t0 = glm_now();
     float *lg = greedy ? NULL : e->logits;
     int32_t *gr = greedy ? e->greedy : NULL;
-    int rc = e->pipe ? glm_pipe_forward_cached_slots(e->pipe, e->pc, slot0, nrows, Tq, len, ids, e->pos, e->bpos, e->lo,
-                                                     e->hi, lg, gr, NULL, err)
-                     : glm_stage_forward_cached_slots(e->m, &e->kv, slot0, nrows, Tq, len, ids, e->pos, e->bpos, e->lo,
-                                                      e->hi, NULL, NULL, lg, gr, NULL, err);
+    int rc = e->pipe ? glm_pipe_forward_cached_slots(e->pipe, e->pc, slot0, nrows, Tq, len, n_new, ids, e->pos, e->bpos,
+                                                     e->lo, e->hi, lg, gr, NULL, err)
+                     : glm_stage_forward_cached_slots(e->m, &e->kv, slot0, nrows, Tq, len, n_new, ids, e->pos, e->bpos,
+                                                      e->lo, e->hi, NULL, NULL, lg, gr, NULL, err);
     e->t_forward += glm_now() - t0; /* engine thread only; read under mu by /health after a step */
     return rc;
 }
@@ -298,20 +299,21 @@ static int is_greedy(const srv_req *r) {
 }
 
 /* Every prompt token's log-probability after a prefill (echo): token i under the logits of row
- * i - 1, GLM_ROWS_LOGITS_MAX rows of logits at a time; the first token has none. */
-static int prompt_logprobs(srv_engine *e, srv_req *r, glm_err *err) {
+ * i - 1 (rows from r0 of the call), GLM_ROWS_LOGITS_MAX rows of logits at a time; the first token
+ * has none. */
+static int prompt_logprobs(srv_engine *e, srv_req *r, int r0, glm_err *err) {
     int n = r->prompt.n, V = e->m->cfg.vocab_size, k = GLM_ROWS_LOGITS_MAX, rc = 0;
     srv_logprob *lps = glm_calloc((size_t)n, sizeof *lps);
     lps[0] = (srv_logprob){.id = r->prompt.data[0], .lp = NAN, .n_top = -1};
     float *buf = glm_malloc(sizeof(float) * (size_t)k * V);
     double t0 = glm_now();
-    for (int r0 = 0; r0 < n - 1 && !rc; r0 += k) {
-        int m = n - 1 - r0 < k ? n - 1 - r0 : k;
-        rc = e->pipe ? glm_pipe_cached_rows_logits(e->pipe, e->pc, r0, m, buf, err)
-                     : glm_cached_rows_logits(e->m, &e->kv, r0, m, buf, err);
+    for (int i0 = 0; i0 < n - 1 && !rc; i0 += k) {
+        int m = n - 1 - i0 < k ? n - 1 - i0 : k;
+        rc = e->pipe ? glm_pipe_cached_rows_logits(e->pipe, e->pc, r0 + i0, m, buf, err)
+                     : glm_cached_rows_logits(e->m, &e->kv, r0 + i0, m, buf, err);
 #pragma omp parallel for schedule(static) if (!rc && m > 1)
         for (int i = 0; i < m; i++)
-            if (!rc) logprob_of(buf + (size_t)i * V, V, r->prompt.data[r0 + i + 1], r->top_logprobs, &lps[r0 + i + 1]);
+            if (!rc) logprob_of(buf + (size_t)i * V, V, r->prompt.data[i0 + i + 1], r->top_logprobs, &lps[i0 + i + 1]);
     }
     e->t_forward += glm_now() - t0;
     free(buf);
@@ -322,16 +324,14 @@ static int prompt_logprobs(srv_engine *e, srv_req *r, glm_err *err) {
     return rc;
 }
 
-/* A new request's prompt through its slot (one forward), and its first token (with echo, the
- * prompt's own log-probabilities first). */
-static void prefill(srv_engine *e, srv_req *r) {
-    const glm_config *c = &e->m->cfg;
-    int n = r->prompt.n, V = c->vocab_size, zero = 0;
-    glm_err err = {0};
+/* A new request's state before its prefill: 1 when it goes on to a forward, 0 when it is already
+ * finished (echo alone, or no room). */
+static int prefill_begin(srv_engine *e, srv_req *r) {
+    int n = r->prompt.n, V = e->m->cfg.vocab_size;
     r->admitted = 1;
     glm_rng_seed(&r->rng, r->seed);
     glm_streamer_init(&r->st, e->tok, r->postprocess);
-    if (r->no_generate && !r->prompt_logprobs) { finish(e, r, "length", -1, NULL); return; } /* echo alone */
+    if (r->no_generate && !r->prompt_logprobs) { finish(e, r, "length", -1, NULL); return 0; } /* echo alone */
     if (r->g.repetition_penalty != 1.0f) {
         r->seen = glm_calloc((size_t)V, 1);
         for (int i = 0; i < n; i++) r->seen[r->prompt.data[i]] = 1;
@@ -339,29 +339,87 @@ static void prefill(srv_engine *e, srv_req *r) {
     r->limit = r->no_generate ? 0 : glm_gen_limit(&r->g, n);
     if (n > e->Tmax || (!r->no_generate && (r->limit <= 0 || n + r->limit > e->Tmax))) {
         finish(e, r, "error", -1, "the prompt leaves no room for a response");
-        return;
+        return 0;
     }
-    if (e->m->fam->prompt_positions(c, r->prompt.data, n, e->pos, e->bpos, e->rh, r->state)) {
-        finish(e, r, "error", -1, "the prompt has no [gMASK] (or [MASK]) and <sop>");
-        return;
+    return 1;
+}
+
+/* New requests g[0..n) in consecutive slots, of one adapter, prefilled by one forward: row b holds
+ * g[b]'s prompt padded to the longest (glm_stage_forward_cached_slots' n_new), so each row computes
+ * as alone. Then each one's prompt log-probabilities (echo) and first token. */
+static void prefill_group(srv_engine *e, srv_req **g, int n) {
+    const glm_config *c = &e->m->cfg;
+    int Tq = 0, V = c->vocab_size, greedy = 1;
+    for (int b = 0; b < n; b++) {
+        if (g[b]->prompt.n > Tq) Tq = g[b]->prompt.n;
+        greedy &= is_greedy(g[b]);
     }
-    for (int i = 0; i < n; i++) { e->lo[i] = 0; e->hi[i] = e->rh[i]; }
-    set_adapter(e, r->adapter);
-    int greedy = is_greedy(r);
-    if (forward_slots(e, r->slot, 1, n, &zero, r->prompt.data, greedy, &err)) {
-        glm_warn("serve: prefill failed: %s", err.msg);
-        finish(e, r, "error", -1, err.msg);
-        return;
+    int *n_new = glm_malloc(sizeof(int) * (size_t)n);
+    for (int b = 0; b < n; b++) {
+        srv_req *r = g[b];
+        int m = r->prompt.n, at = b * Tq;
+        e->lens[b] = 0;
+        n_new[b] = m;
+        memcpy(e->ids + at, r->prompt.data, sizeof(int32_t) * (size_t)m);
+        if (e->m->fam->prompt_positions(c, r->prompt.data, m, e->pos + at, e->bpos + at, e->rh + at, r->state)) {
+            finish(e, r, "error", -1, "the prompt has no [gMASK] (or [MASK]) and <sop>"); /* its row runs as padding */
+            g[b] = NULL;
+            m = n_new[b] = 1;
+            e->ids[at] = pad_id(e);
+            e->pos[at] = e->bpos[at] = 0;
+            e->rh[at] = 1;
+        }
+        for (int i = 0; i < m; i++) { e->lo[at + i] = 0; e->hi[at + i] = e->rh[at + i]; }
+        for (int i = m; i < Tq; i++) { /* padding: its own first key only, results dropped */
+            e->ids[at + i] = pad_id(e);
+            e->pos[at + i] = e->bpos[at + i] = 0;
+            e->lo[at + i] = 0;
+            e->hi[at + i] = 1;
+        }
     }
-    e->slot_len[r->slot] = n;
-    if (r->prompt_logprobs && prompt_logprobs(e, r, &err)) {
-        glm_warn("serve: the prompt's log-probabilities failed: %s", err.msg);
-        finish(e, r, "error", -1, err.msg);
-        return;
+    int b0 = 0, rc = 0;
+    while (b0 < n && !g[b0]) b0++;
+    glm_err err = {0};
+    if (b0 < n) { /* rows run in slots g[b0]->slot - b0 onwards (a failed one's freed slot as padding) */
+        set_adapter(e, g[b0]->adapter);
+        rc = forward_slots(e, g[b0]->slot - b0, n, Tq, e->lens, n_new, e->ids, greedy, &err);
     }
-    if (r->no_generate) { finish(e, r, "length", -1, NULL); return; }
-    srv_logprob lp;
-    row_token(e, r, greedy ? e->greedy[0] : pick(r, e->logits, V, &lp), &lp);
+    free(n_new);
+    if (rc) glm_warn("serve: prefill failed: %s", err.msg);
+    else if (e->debug && n > 1) glm_info("serve: %d prompts prefilled together (%d tokens a row)", n, Tq);
+    for (int b = 0; b < n; b++) {
+        srv_req *r = g[b];
+        if (!r) continue;
+        if (rc) { finish(e, r, "error", -1, err.msg); continue; }
+        e->slot_len[r->slot] = r->prompt.n;
+        if (r->prompt_logprobs && prompt_logprobs(e, r, b * Tq, &err)) {
+            glm_warn("serve: the prompt's log-probabilities failed: %s", err.msg);
+            finish(e, r, "error", -1, err.msg);
+            continue;
+        }
+        if (r->no_generate) { finish(e, r, "length", -1, NULL); continue; }
+        srv_logprob lp;
+        row_token(e, r, greedy ? e->greedy[b] : pick(r, e->logits + (size_t)b * V, V, &lp), &lp);
+    }
+}
+
+/* The new requests adm[0..n) (in slot order) prefilled: runs of consecutive slots of one adapter
+ * share a forward, up to the work buffers' tokens (rows x the longest prompt). */
+static void prefill_all(srv_engine *e, srv_req **adm, int n) {
+    int cap = e->Tmax > e->nslots ? e->Tmax : e->nslots, k = 0;
+    for (int i = 0; i < n; i++)
+        if (adm[i]->slot >= 0 && !adm[i]->n_texts && prefill_begin(e, adm[i])) adm[k++] = adm[i];
+    for (int i = 0; i < k;) {
+        int j = i + 1, longest = adm[i]->prompt.n;
+        while (j < k && adm[j]->slot == adm[j - 1]->slot + 1 && adm[j]->adapter == adm[i]->adapter) {
+            int l = adm[j]->prompt.n > longest ? adm[j]->prompt.n : longest;
+            if ((long)(j - i + 1) * l > cap) break;
+            longest = l;
+            j++;
+        }
+        prefill_group(e, adm + i, j - i);
+        i = j;
+    }
 }
 
 /* A score request's next text through its slot (one forward, no logits): the value head at its
@@ -382,9 +440,9 @@ static void score_next(srv_engine *e, srv_req *r) {
     set_adapter(e, r->adapter);
     const float *vh = r->adapter >= 0 ? e->ad[r->adapter].vhead : e->vhead;
     double t0 = glm_now();
-    int rc = e->pipe ? glm_pipe_forward_cached_slots(e->pipe, e->pc, r->slot, 1, n, &zero, t->data, e->pos, e->bpos, e->lo,
+    int rc = e->pipe ? glm_pipe_forward_cached_slots(e->pipe, e->pc, r->slot, 1, n, &zero, NULL, t->data, e->pos, e->bpos, e->lo,
                                                      e->hi, NULL, NULL, e->hidden, &err)
-                     : glm_stage_forward_cached_slots(e->m, &e->kv, r->slot, 1, n, &zero, t->data, e->pos, e->bpos,
+                     : glm_stage_forward_cached_slots(e->m, &e->kv, r->slot, 1, n, &zero, NULL, t->data, e->pos, e->bpos,
                                                       e->lo, e->hi, NULL, NULL, NULL, NULL, e->hidden, &err);
     e->t_forward += glm_now() - t0;
     if (rc || !vh) {
@@ -431,7 +489,7 @@ static void decode_group(srv_engine *e, int k) {
     glm_err err = {0};
     int greedy = 1;
     for (int b = 0; b < nr; b++) if (mem[b] && !is_greedy(mem[b])) greedy = 0;
-    if (forward_slots(e, lo_s, nr, 1, e->lens, e->ids, greedy, &err)) {
+    if (forward_slots(e, lo_s, nr, 1, e->lens, NULL, e->ids, greedy, &err)) {
         glm_warn("serve: decode step failed: %s", err.msg);
         for (int b = 0; b < nr; b++) if (mem[b]) finish(e, mem[b], "error", -1, err.msg);
         free(mem);
@@ -495,8 +553,7 @@ static void *engine_main(void *arg) {
                 finish(e, r, "cancelled", -1, NULL);
             }
         double t_step = glm_now();
-        for (int i = 0; i < nadm; i++)
-            if (adm[i]->slot >= 0 && !adm[i]->n_texts) prefill(e, adm[i]);
+        prefill_all(e, adm, nadm);
         for (int s = 0; s < e->nslots; s++) /* score requests: one text each a step */
             if (e->slot[s] && e->slot[s]->n_texts) score_next(e, e->slot[s]);
         decode_group(e, -1);

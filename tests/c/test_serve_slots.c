@@ -3,7 +3,9 @@
  * decode call over a slot range with idle rows in between, a freed slot reused with stale keys
  * past its new length), and every row's logits at every step are bit for bit those of the same
  * prompt run alone through glm_forward_cached (B = 1), on GLM v1 and the ChatGLM2 block, each
- * also behind a P-Tuning v2 prefix (every slot's first rows, filled once for the pool). */
+ * also behind a P-Tuning v2 prefix (every slot's first rows, filled once for the pool). Prompts of
+ * different lengths prefilled by one call (padded: n_new) compute as alone too, and every prompt
+ * row's logits come back (glm_cached_rows_logits: serve's echo). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +115,65 @@ static int pooled(glm_model *m, const int32_t (*pr)[6], float *logits, glm_err *
     return rc;
 }
 
+/* The three prompts prefilled by one call (slots 0-2, each padded to the longest: n_new), then
+ * STEPS decode calls over the three; logits as alone's. *rows_ok: each prompt's every row through
+ * glm_cached_rows_logits gives its last row's logits as the call did, and on the causal ChatGLM2
+ * block row i those of the prompt's first i + 1 tokens alone. */
+static int together(glm_model *m, const int32_t (*pr)[6], float *logits, int *rows_ok, glm_err *err) {
+    const glm_family *f = glm_family_of(&m->cfg);
+    enum { TQ = 6 };
+    glm_kvcache kv;
+    glm_kvcache_init(m, &kv, SLOTS, TMAX);
+    int32_t ids[NP * TQ], pos[NP * TQ], bpos[NP * TQ], lo[NP * TQ], hi[NP * TQ], rh[TQ];
+    int st[NP][2], len[NP] = {0}, n_new[NP], rc = 0;
+    for (int p = 0; p < NP; p++) {
+        if (f->prompt_positions(&m->cfg, pr[p], plen[p], pos + p * TQ, bpos + p * TQ, rh, st[p])) return -1;
+        for (int i = 0; i < TQ; i++) {
+            int real = i < plen[p];
+            ids[p * TQ + i] = real ? pr[p][i] : 0;
+            if (!real) pos[p * TQ + i] = bpos[p * TQ + i] = 0;
+            lo[p * TQ + i] = 0;
+            hi[p * TQ + i] = real ? rh[i] : 1;
+        }
+        n_new[p] = plen[p];
+    }
+    float *lg = malloc(sizeof(float) * SLOTS * V), *row = malloc(sizeof(float) * V), *ref = malloc(sizeof(float) * 7 * V);
+    rc = glm_stage_forward_cached_slots(m, &kv, 0, NP, TQ, len, n_new, ids, pos, bpos, lo, hi, NULL, NULL, lg, NULL, NULL, err);
+    *rows_ok = rc == 0;
+    for (int p = 0; p < NP && rc == 0; p++) {
+        memcpy(logits + (size_t)p * (STEPS + 1) * V, lg + (size_t)p * V, sizeof(float) * V);
+        len[p] = plen[p];
+        for (int i = 0; i < plen[p] && *rows_ok; i++) {
+            *rows_ok &= glm_cached_rows_logits(m, &kv, p * TQ + i, 1, row, err) == 0;
+            if (i == plen[p] - 1) *rows_ok &= memcmp(row, lg + (size_t)p * V, sizeof(float) * V) == 0;
+            if (m->cfg.family == GLM_FAMILY_GLM2 && m->cfg.peft.pre_seq_len == 0 && *rows_ok) {
+                *rows_ok &= alone(m, pr[p], i + 1, p, ref, err) == 0;
+                *rows_ok &= test_max_abs(row, ref, V) < 1e-5;
+            }
+        }
+    }
+    *rows_ok &= glm_cached_rows_logits(m, &kv, NP * TQ - 1, 2, row, err) != 0; /* past the call's rows */
+    for (int s = 0; s < STEPS && rc == 0; s++) {
+        int32_t id[NP], ps[NP], bs[NP], l[NP], h[NP];
+        for (int p = 0; p < NP; p++) {
+            id[p] = fed(p, s);
+            f->next_position(st[p], plen[p] + s, &ps[p], &bs[p]);
+            l[p] = 0;
+            h[p] = len[p] + 1;
+        }
+        rc = glm_forward_cached_slots(m, &kv, 0, NP, 1, len, id, ps, bs, l, h, lg, err);
+        for (int p = 0; p < NP && rc == 0; p++) {
+            len[p]++;
+            memcpy(logits + ((size_t)p * (STEPS + 1) + s + 1) * V, lg + (size_t)p * V, sizeof(float) * V);
+        }
+    }
+    free(lg);
+    free(row);
+    free(ref);
+    glm_kvcache_free(m, &kv);
+    return rc;
+}
+
 int main(void) {
     test_counts tc = {0};
     glm_backend *be = glm_backend_cpu();
@@ -158,6 +219,15 @@ int main(void) {
             free(base);
             glm_model_free(&b);
         }
+        /* prefilled together, padded to the longest prompt */
+        float *tog = calloc((size_t)NP * (STEPS + 1) * V, sizeof(float));
+        int rows_ok = 0, rt = together(&m, pr, tog, &rows_ok, &err);
+        snprintf(nm, sizeof nm, "%s_prompts_prefilled_together_bit_identical_to_alone", vn[variant]);
+        TEST_CHECK(&tc, nm, rt == 0 && memcmp(tog, want, sizeof(float) * NP * (STEPS + 1) * V) == 0, "rc %d (%s), max diff %.3g",
+                   rt, err.msg, rt == 0 ? test_max_abs(tog, want, NP * (STEPS + 1) * V) : -1.0);
+        snprintf(nm, sizeof nm, "%s_prompt_rows_logits", vn[variant]);
+        TEST_CHECK(&tc, nm, rows_ok, "rc %d (%s)", rt, err.msg);
+        free(tog);
         /* a key range past the slot's tokens and a slot past the pool are refused */
         glm_kvcache kv;
         glm_kvcache_init(&m, &kv, 2, 8);

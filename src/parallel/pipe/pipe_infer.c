@@ -219,7 +219,7 @@ void glm_pipe_cache_reserve(glm_pipe_lm *lm, glm_pipe_cache *c, int ntokens) {
 }
 
 int glm_pipe_forward_cached_slots(glm_pipe_lm *lm, glm_pipe_cache *c, int slot0, int nrows, int Tq, const int *len,
-                                  const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
+                                  const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                                   const int32_t *kv_hi, float *logits_out, int32_t *greedy_out, float *last_hidden_out,
                                   glm_err *err) {
     host_stage(c, (size_t)nrows * Tq * lm->cfg.hidden_size);
@@ -227,7 +227,7 @@ int glm_pipe_forward_cached_slots(glm_pipe_lm *lm, glm_pipe_cache *c, int slot0,
     for (int k = 0; k < lm->n && rc == 0; k++) {
         int last = k == lm->n - 1;
         use(lm->be[k]);
-        if (glm_stage_forward_cached_slots(&lm->st[k], &c->kv[k], slot0, nrows, Tq, len, ids, pos, block_pos, kv_lo, kv_hi,
+        if (glm_stage_forward_cached_slots(&lm->st[k], &c->kv[k], slot0, nrows, Tq, len, n_new, ids, pos, block_pos, kv_lo, kv_hi,
                                            k ? c->h[(k + 1) % 2] : NULL, last ? NULL : c->h[k % 2],
                                            last ? logits_out : NULL, last ? greedy_out : NULL,
                                            last ? last_hidden_out : NULL, err))
