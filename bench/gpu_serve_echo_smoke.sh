@@ -13,7 +13,8 @@ B=${1:-build/gpu}
 export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
 TOK=$PWD/build/shared/tokenizers/chatglm-6b/ice_text.model
 W=$(mktemp -d /tmp/glm-echo.XXXXXX)
-ok() { if [ "$1" -eq 0 ]; then echo "PASS $2"; else echo "FAIL $2"; tail -5 "$W/log"; fi; }
+. "$(dirname "$0")/lib.sh"
+ok() { smoke_ok "$@"; }
 cat >"$W/config.json" <<'J'
 {"model_type": "chatglm", "architectures": ["ChatGLMModel"], "padded_vocab_size": 130560, "hidden_size": 256,
  "num_layers": 2, "num_attention_heads": 4, "kv_channels": 64, "multi_query_attention": true, "multi_query_group_num": 2,
@@ -33,11 +34,8 @@ PY
 ok $? "base_model"
 for how in "cpu float32" "cuda float32" "cuda bfloat16"; do
     set -- $how
-    "$B/glmtrain" serve --model_name_or_path "$W/base" --port 0 --device "$1" --dtype "$2" 2>"$W/serve_$1_$2.log" &
-    spid=$!
-    for _ in $(seq 1 90); do grep -q "serving " "$W/serve_$1_$2.log" && break; sleep 1; done
-    port=$(grep -o "http://127.0.0.1:[0-9]*" "$W/serve_$1_$2.log" | head -1 | cut -d: -f3)
-    python3 - "${port:-0}" "$W/echo_$1_$2.json" <<'PY' >"$W/log" 2>&1
+    serve_start "$W/serve_$1_$2.log" --model_name_or_path "$W/base" --device "$1" --dtype "$2"
+    python3 - "$SERVE_PORT" "$W/echo_$1_$2.json" <<'PY' >"$W/log" 2>&1
 import json, random, sys, urllib.request
 port, out = sys.argv[1:3]
 def post(path, body):
@@ -51,7 +49,7 @@ b = post("/v1/completions", {"prompt": "写一句关于春的诗，要有山和�
 json.dump([c["logprobs"] for c in a["choices"] + b["choices"]], open(out, "w"))
 PY
     ok $? "serve_echo_$1_$2"
-    kill $spid 2>/dev/null; wait $spid 2>/dev/null
+    serve_stop
 done
 python3 - "$W" <<'PY'
 import json, sys

@@ -11,7 +11,8 @@ B=${1:-build/gpu}
 export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
 TOK=$PWD/build/shared/tokenizers/chatglm-6b/ice_text.model
 W=$(mktemp -d /tmp/glm-stages.XXXXXX)
-ok() { if [ "$1" -eq 0 ]; then echo "PASS $2"; else echo "FAIL $2"; tail -5 "$W/log"; fi; }
+. "$(dirname "$0")/lib.sh"
+ok() { smoke_ok "$@"; }
 cat >"$W/config.json" <<'J'
 {"model_type": "chatglm", "vocab_size": 130528, "hidden_size": 256, "num_layers": 2, "num_attention_heads": 4,
  "inner_hidden_size": 1024, "max_sequence_length": 1024, "layernorm_epsilon": 1e-5, "position_encoding_2d": true,
@@ -72,12 +73,8 @@ grep -o "'loss': [0-9.]*" "$W/log" | paste -sd' '
 # (SERVE=1 bash bench/prepare_carry.sh).
 for how in "cpu float32" "cuda float32" "cuda bfloat16"; do
     set -- $how
-    "$B/glmtrain" serve --model_name_or_path "$W/base" --adapter rm="$W/rm" --port 0 --device "$1" --dtype "$2" \
-        2>"$W/serve_$1_$2.log" &
-    spid=$!
-    for _ in $(seq 1 90); do grep -q "serving " "$W/serve_$1_$2.log" && break; sleep 1; done
-    port=$(grep -o "http://127.0.0.1:[0-9]*" "$W/serve_$1_$2.log" | head -1 | cut -d: -f3)
-    python3 - "$W" "${port:-0}" "$W/scores_$1_$2.json" <<'PY'
+    serve_start "$W/serve_$1_$2.log" --model_name_or_path "$W/base" --adapter rm="$W/rm" --device "$1" --dtype "$2"
+    python3 - "$W" "$SERVE_PORT" "$W/scores_$1_$2.json" <<'PY'
 import json, sys, urllib.request
 w, port, out = sys.argv[1:4]
 pairs = json.load(open(w + "/pairs.json"))
@@ -87,7 +84,7 @@ req = urllib.request.Request("http://127.0.0.1:%s/v1/score/evaluation" % port, h
 json.dump(json.load(urllib.request.urlopen(req, timeout=120))["scores"], open(out, "w"))
 PY
     ok $? "serve_score_$1_$2"
-    kill $spid 2>/dev/null; wait $spid 2>/dev/null
+    serve_stop
 done
 python3 - "$W" <<'PY'
 import json, sys

@@ -103,3 +103,19 @@ with_clocks() {
         "power median $(col 3 | sed -n "$(((k + 1) / 2))p") W, throttle reasons:" \
         "$(cut -d, -f5 "$busy" | sort | uniq -c | awk '{printf " %s x%s", $2, $1}')" | tee -a "$SUMMARY"
 }
+
+# The smoke scripts' PASS/FAIL line: smoke_ok STATUS NAME (a failure shows the end of $W/log).
+smoke_ok() { if [ "$1" -eq 0 ]; then echo "PASS $2"; else echo "FAIL $2"; tail -5 "$W/log"; fi; }
+
+# serve_start LOG ARGS...: `$B/glmtrain serve --port 0 ARGS` in the background, its stderr in LOG;
+# waits up to 90 s for it to listen and sets SERVE_PID and SERVE_PORT (0 when it did not start).
+serve_start() {
+    local log=$1
+    shift
+    "$B/glmtrain" serve --port 0 "$@" 2>"$log" &
+    SERVE_PID=$!
+    for _ in $(seq 1 90); do grep -q "serving " "$log" && break; sleep 1; done
+    SERVE_PORT=$(grep -o "http://127.0.0.1:[0-9]*" "$log" | head -1 | cut -d: -f3)
+    SERVE_PORT=${SERVE_PORT:-0}
+}
+serve_stop() { kill "$SERVE_PID" 2>/dev/null; wait "$SERVE_PID" 2>/dev/null; }
