@@ -41,6 +41,7 @@ typedef struct glm_backend glm_backend;
 struct glm_backend {
     const char *name;   /* "cpu", "cuda:0" (for messages: `device` says which) */
     int device;         /* the CUDA device it runs on; -1: the CPU */
+    int capability;     /* the GPU's compute capability, 10 * major + minor (75 under GLM_CUDA_TURING=1); 0: the CPU */
     glm_dtype dtype;    /* storage dtype S */
     int allow_tf32;     /* S = fp32: products on TF32 tensor cores (--tf32; the CUDA backend reads it) */
     int deterministic;  /* every sum in a fixed order, run to run (--full_determinism; the CPU backend always
@@ -360,6 +361,15 @@ int glm_cuda_device_count(void);
 #else
 static inline int glm_cuda_device_count(void) { return 0; }
 #endif
+
+/* The backend a command's --device asks for, the one place that reads it: "cpu" -> the CPU; "cuda"
+ * -> GPU gpu with the first of dtypes[n_dtypes] it can store (a GPU without bf16 may take the
+ * fp16 that follows), or -1 with err (and a hint) when none can be used, in a build without CUDA
+ * too; "auto" -> the same GPU when one can be used, else *out NULL and the reason in why (empty in
+ * a build without CUDA): the command decides whether that means the CPU or an error. */
+struct glm_err; /* core/err.h (C only: CUDA files include this header too) */
+int glm_backend_open(const char *device, int gpu, const glm_dtype *dtypes, int n_dtypes, glm_backend **out, char *why,
+                     size_t cap, struct glm_err *err);
 
 /* Element pointer arithmetic on S buffers. */
 static inline void *glm_at(const glm_backend *be, const void *p, size_t elems) {

@@ -67,36 +67,17 @@ static glm_dtype gen_dtype(const gen_args *a) {
 }
 
 static int pick_backend(gen_session *s, const gen_args *a, glm_err *err) {
-    int want_cuda = strcmp(a->device, "cpu") != 0;
-    glm_dtype dt = gen_dtype(a);
-#ifdef GLM_HAVE_CUDA
-    if (want_cuda) {
-        char msg[512] = "";
-        s->be = glm_backend_cuda(0, dt, msg, sizeof msg);
-        if (!s->be && dt == GLM_BF16 && !strcmp(a->dtype, "auto") && glm_cuda_device_count() > 0) {
-            /* a GPU without bf16 (Turing): fp16, as THUDM's own chat code runs the model */
-            char msg16[512] = "";
-            s->be = glm_backend_cuda(0, GLM_F16, msg16, sizeof msg16);
-            if (s->be) glm_info("this GPU has no bf16; running in float16 (--dtype float32 for full precision)");
-        }
-        if (!s->be && !strcmp(a->device, "cuda")) {
-            glm_fail(err, "--device cuda: %s", msg);
-            return glm_hint(err, "use --device cpu, or check nvidia-smi");
-        }
-        if (!s->be) glm_warn("%s; running on the CPU", msg);
-    }
-#else
-    (void)dt;
-    if (want_cuda && !strcmp(a->device, "cuda")) {
-        glm_fail(err, "--device cuda: this glmtrain was built without CUDA");
-        return glm_hint(err, "rebuild with nvcc on the PATH (make), or use --device cpu");
-    }
-#endif
-    if (!s->be) {
-        if (strcmp(a->dtype, "auto") && strcmp(a->dtype, "float32"))
-            glm_warn("--dtype %s ignored: the CPU backend computes in float32", a->dtype);
-        s->be = glm_backend_cpu();
-    }
+    /* --dtype auto on a GPU without bf16 (Turing): fp16, as THUDM's own chat code runs the model */
+    glm_dtype dts[2] = {gen_dtype(a), GLM_F16};
+    int n = dts[0] == GLM_BF16 && !strcmp(a->dtype, "auto") ? 2 : 1;
+    char why[512];
+    if (glm_backend_open(a->device, 0, dts, n, &s->be, why, sizeof why, err)) return -1;
+    if (s->be && glm_backend_on_gpu(s->be) && s->be->dtype != dts[0])
+        glm_info("this GPU has no bf16; running in float16 (--dtype float32 for full precision)");
+    if (!s->be && why[0]) glm_warn("%s; running on the CPU", why);
+    if (!glm_backend_on_gpu(s->be ? s->be : (s->be = glm_backend_cpu())) && strcmp(a->dtype, "auto") &&
+        strcmp(a->dtype, "float32"))
+        glm_warn("--dtype %s ignored: the CPU backend computes in float32", a->dtype);
     return 0;
 }
 

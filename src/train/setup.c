@@ -324,48 +324,40 @@ int glm_train_check_args(glm_train_args *a, glm_err *err) {
 
 int trainer_pick_backend(trainer *t, glm_err *err) {
     glm_train_args *a = t->a;
-    int want_cuda = strcmp(a->device, "cuda") == 0;
-#ifdef GLM_HAVE_CUDA
-    if (strcmp(a->device, "cpu") != 0) {
-        char msg[512] = "";
-        glm_dtype dt = a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
-        t->be = glm_backend_cuda(glm_local_device(t->dp->dist.local_rank), dt, msg, sizeof msg);
-        if (t->be && a->tf32 && glm_cuda_capability(t->be) < 80) { /* as Hugging Face's Trainer: TF32 is Ampere's */
+    glm_dtype dt = a->fp32 ? GLM_F32 : a->fp16 ? GLM_F16 : GLM_BF16;
+    char why[512];
+    if (glm_backend_open(a->device, glm_local_device(t->dp->dist.local_rank), &dt, 1, &t->be, why, sizeof why, err))
+        return -1;
+    if (t->be && glm_backend_on_gpu(t->be)) {
+        if (a->tf32 && t->be->capability < 80) { /* as Hugging Face's Trainer: TF32 is Ampere's */
             t->be->destroy(t->be);
             t->be = NULL;
             glm_fail(err, "--tf32 needs an Ampere or newer GPU (compute capability 8.0+); this one has no TF32");
             return glm_hint(err, "drop --tf32: the fp32 products then run in plain fp32");
         }
-        if (t->be) {
-            t->be->allow_tf32 = a->tf32; /* Ampere and newer (checked above) */
-            t->be->deterministic = a->full_determinism;
-            t->be->tune_products = 1;
-            if (a->tf32 && dt != GLM_F32)
-                glm_warn("--tf32 changes only fp32 products; this run's are %s (pass --fp32 with --tf32)", a->fp16 ? "fp16" : "bf16");
-            return 0;
+        t->be->allow_tf32 = a->tf32; /* Ampere and newer (checked above) */
+        t->be->deterministic = a->full_determinism;
+        t->be->tune_products = 1;
+        if (a->tf32 && dt != GLM_F32)
+            glm_warn("--tf32 changes only fp32 products; this run's are %s (pass --fp32 with --tf32)", a->fp16 ? "fp16" : "bf16");
+        return 0;
+    }
+    if (!t->be && glm_cuda_device_count() > 0) { /* a GPU this run cannot use as asked: say so, do not crawl on the CPU */
+        glm_fail(err, "%s", why);
+        return glm_hint(err, "or pass --device cpu to train on the CPU");
+    }
+    if (!t->be && why[0]) glm_info("no usable GPU (%s); training on the CPU", why);
+    if (a->tf32 || a->bf16 || a->fp16) { /* the CPU trains in plain fp32 */
+        if (t->be) t->be->destroy(t->be);
+        t->be = NULL;
+        if (a->tf32) {
+            glm_fail(err, "--tf32 needs an NVIDIA GPU (Ampere or newer): the CPU backend has no TF32");
+            return glm_hint(err, "drop --tf32 to train on the CPU in plain fp32");
         }
-        if (want_cuda) return glm_fail(err, "--device cuda: %s", msg);
-        if (glm_cuda_device_count() > 0) { /* a GPU this run cannot use as asked: say so, do not crawl on the CPU */
-            glm_fail(err, "%s", msg);
-            return glm_hint(err, "or pass --device cpu to train on the CPU");
-        }
-        glm_info("no usable GPU (%s); training on the CPU", msg);
-    }
-#else
-    if (want_cuda) {
-        glm_fail(err, "--device cuda: this glmtrain was built without CUDA");
-        return glm_hint(err, "rebuild on a machine with nvcc (make), or use --device cpu");
-    }
-#endif
-    if (a->tf32) {
-        glm_fail(err, "--tf32 needs an NVIDIA GPU (Ampere or newer): the CPU backend has no TF32");
-        return glm_hint(err, "drop --tf32 to train on the CPU in plain fp32");
-    }
-    if (a->bf16 || a->fp16) {
         glm_fail(err, "--%s needs a GPU; the CPU backend trains in fp32", a->bf16 ? "bf16" : "fp16");
         return glm_hint(err, "drop --%s (or pass --fp32) to train on the CPU", a->bf16 ? "bf16" : "fp16");
     }
-    t->be = glm_backend_cpu();
+    if (!t->be) t->be = glm_backend_cpu();
     return 0;
 }
 

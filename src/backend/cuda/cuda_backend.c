@@ -606,7 +606,7 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     CUBLAS_CHECK(cublasSetStream(im->blas, im->st));
     CUBLAS_CHECK(cublasSetMathMode(im->blas, CUBLAS_DEFAULT_MATH)); /* no TF32 */
     *be = (glm_backend){
-        .name = im->name, .device = device, .dtype = dtype, .impl = im,
+        .name = im->name, .device = device, .capability = im->cc, .dtype = dtype, .impl = im,
         .alloc = cu_alloc, .free = cu_free, .zero = cu_zero, .copy = cu_copy,
         .upload_f32 = cu_up_f32, .download_f32 = cu_down_f32, .upload_cast = cu_up_cast, .upload = cu_upload, .download = cu_download,
         .sync = cu_sync,

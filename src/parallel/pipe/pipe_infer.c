@@ -116,15 +116,9 @@ int glm_pipe_lm_open(glm_pipe_lm *lm, const glm_config *cfg, const char *model_p
     glm_backend **be = glm_calloc((size_t)map.n, sizeof *be);
     int rc = 0, prev = current_device();
     for (int k = 0; k < map.n && rc == 0; k++) {
-#ifdef GLM_HAVE_CUDA
-        if (cuda) {
-            char msg[512] = "";
-            be[k] = glm_backend_cuda(k, dtype, msg, sizeof msg);
-            if (!be[k]) rc = glm_fail(err, "stage %d on GPU %d: %s", k, k, msg);
-            continue;
-        }
-#endif
-        be[k] = k ? be[0] : glm_backend_cpu();
+        char why[512];
+        if (!cuda) be[k] = k ? be[0] : glm_backend_cpu();
+        else if (glm_backend_open("cuda", k, &dtype, 1, &be[k], why, sizeof why, err)) rc = glm_wrap(err, "stage %d on GPU %d: ", k, k);
     }
     if (rc == 0) {
         glm_pipe_lm_init(lm, &c, &map, be);
