@@ -73,7 +73,9 @@ cJSON *srv_score_answer(const api_req *q);
 /* vLLM's tokenizer endpoints (serve/tokenize.c), answers or NULL with e filled (400, 404):
  * POST /tokenize {"prompt", "add_special_tokens"?: true} -> {"count", "max_model_len", "tokens",
  * "token_strs": null}: with special tokens the ids a completion of that text runs, without them
- * the text's own ids (glm_tokenizer_encode); {"messages", ...} gives a chat completion's prompt ids.
+ * the text's own ids (glm_tokenizer_encode; a text that is exactly a special token's, as
+ * /tokenizer_info's eos_token, is that token's id, as Hugging Face's tokenizers keep it whole);
+ * {"messages", ...} gives a chat completion's prompt ids.
  * POST /detokenize {"tokens"} -> {"prompt"}: the ids decoded. */
 cJSON *srv_tokenize(srv_server *S, const char *body, size_t n, api_err *e);
 cJSON *srv_detokenize(srv_server *S, const char *body, size_t n, api_err *e);

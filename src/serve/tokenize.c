@@ -18,6 +18,22 @@
 #include "serve/api.h"
 #include "tokenizer/tokenizer.h"
 
+/* The id of the special token whose text is exactly t (eos, pad, unk, <sop>, [MASK], [gMASK], the
+ * role tokens), or -1. Hugging Face's tokenizers keep such a text whole even without special
+ * tokens added, so a client that encodes /tokenizer_info's eos_token (lm-evaluation-harness's
+ * end-of-text id) gets the id. */
+static int32_t special_text_id(const srv_server *S, const char *t) {
+    glm_special_ids sp = glm_tokenizer_specials(S->tok);
+    glm_role_ids ro = glm_tokenizer_roles(S->tok);
+    int32_t ids[] = {S->cfg->eos_token_id, S->cfg->pad_token_id, sp.unk, sp.sop, sp.eop, sp.mask, sp.gmask,
+                     ro.system, ro.user, ro.assistant, ro.observation};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        const char *p = ids[i] >= 0 ? glm_tokenizer_piece(S->tok, ids[i]) : NULL;
+        if (p && !strcmp(p, t)) return ids[i];
+    }
+    return -1;
+}
+
 cJSON *srv_tokenize(srv_server *S, const char *body, size_t n, api_err *e) {
     cJSON *o = srv_parse_object(body, n, e);
     if (!o) return NULL;
@@ -46,8 +62,10 @@ cJSON *srv_tokenize(srv_server *S, const char *body, size_t n, api_err *e) {
     } else { /* with special tokens (the default): the ids a completion of this text runs */
         glm_err err = {0};
         pthread_mutex_lock(S->tok_mu);
-        rc = cJSON_IsFalse(sp) ? glm_tokenizer_encode(S->tok, p->valuestring, strlen(p->valuestring), &ids, &err)
-                               : glm_prompt_inputs(S->tok, S->cfg, p->valuestring, 0, &ids, &err);
+        int32_t whole = cJSON_IsFalse(sp) ? special_text_id(S, p->valuestring) : -1;
+        if (whole >= 0) glm_ids_push(&ids, whole);
+        else rc = cJSON_IsFalse(sp) ? glm_tokenizer_encode(S->tok, p->valuestring, strlen(p->valuestring), &ids, &err)
+                                    : glm_prompt_inputs(S->tok, S->cfg, p->valuestring, 0, &ids, &err);
         pthread_mutex_unlock(S->tok_mu);
         if (rc) {
             srv_bad(e, 400, "prompt", "invalid_value", "%s", err.msg);

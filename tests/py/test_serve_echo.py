@@ -240,7 +240,7 @@ def stream_case(S, ids):
             "%r %s vs %r %s" % (text, lps[:4], whole["text"], whole["logprobs"]["token_logprobs"][:4]))
 
 
-def tokenizer_cases(S):
+def tokenizer_cases(S, eos_id):
     text = "写一句关于春的诗"
     n0 = len(S.log)
     st, b = post(S, "/v1/completions", {"prompt": text, "max_tokens": 1})
@@ -262,6 +262,11 @@ def tokenizer_cases(S):
     s5, info = sc.http(S.port, "GET", "/tokenizer_info")
     T.check("tokenizer_info", s5 == 200 and info.get("eos_token") == "<eop>" and info.get("pad_token") == "<pad>" and
             info.get("model_max_length") == 256 and info.get("tokenizer_class") == "ChatGLMTokenizer", "%s %s" % (s5, info))
+    # lm-eval's end-of-text id: its RemoteTokenizer encodes eos_token without special tokens
+    s6, eot = post(S, "/tokenize", {"prompt": info.get("eos_token", ""), "add_special_tokens": False})
+    s7, lt = post(S, "/tokenize", {"prompt": "<eop>x", "add_special_tokens": False})
+    T.check("tokenize_special_token_text_is_its_id", s6 == 200 and eot.get("tokens") == [eos_id] and
+            s7 == 200 and len(lt.get("tokens", [])) > 1, "%s %s / %s" % (s6, eot, lt))
 
 
 def refusals(S, vocab):
@@ -331,7 +336,7 @@ def main():
             batch_cases(S, ids)
             stream_case(S, ids)
             n_cases(S)
-            tokenizer_cases(S)
+            tokenizer_cases(S, json.load(open(os.path.join(model, "config.json")))["eos_token_id"])
             refusals(S, vocab)
             body = {"prompt": reqs, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
             whole = post(S, "/v1/completions", body)[1]
