@@ -364,6 +364,8 @@ typedef struct glm_kvcache {
     int32_t *hints;     /* host [7 * cap_tokens] (page-locked where the backend has it): ints' upload */
     int last_rows;      /* new tokens of the last slots call (their final-norm rows stay in a.x) */
     void *row_logits;   /* S [GLM_ROWS_LOGITS_MAX, V]: glm_cached_rows_logits' products (made on first use) */
+    void *row_ints;     /* int32 [GLM_ROWS_LOGITS_MAX] and float [GLM_ROWS_LOGITS_MAX]: glm_cached_rows_logprobs' */
+    void *row_losses;   /* targets and cross entropies, on the device (made on first use) */
 } glm_kvcache;
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
 /* The bytes glm_kvcache_init allocates for B rows of Tmax tokens over all layers of a model of
@@ -416,6 +418,11 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
  * them: every prompt row through the head, where a forward brings back only each row's last. */
 #define GLM_ROWS_LOGITS_MAX 64
 int glm_cached_rows_logits(glm_model *m, glm_kvcache *kv, int r0, int n, float *logits_out, glm_err *err);
+/* The same rows' log-probabilities without their logits leaving the device: lp[i] = log_softmax of
+ * row r0 + i at targets[i] (host ints), and, where best_id is not NULL, the row's most likely token
+ * (the first maximum: backend argmax_rows) and its log-probability in best_id[i], best_lp[i]. */
+int glm_cached_rows_logprobs(glm_model *m, glm_kvcache *kv, int r0, int n, const int32_t *targets, float *lp,
+                             int32_t *best_id, float *best_lp, glm_err *err);
 /* Makes the work buffers for calls of up to ntokens new tokens now (a LoRA adapter's middle
  * buffers follow m->cfg.peft at this moment: set the widest rank and every target first). */
 void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens);

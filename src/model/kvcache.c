@@ -64,9 +64,9 @@ static void fill_prefix(glm_model *m, glm_kvcache *kv, int l, const void *pkv) {
 
 static void free_scratch(const glm_model *m, glm_kvcache *kv) {
     glm_layer_acts_free(m, &kv->a);
-    void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints, kv->kvrows, kv->row_logits};
+    void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints, kv->kvrows, kv->row_logits, kv->row_ints, kv->row_losses};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) m->be->free(m->be, bufs[i]);
-    kv->h = kv->h2 = kv->rows = kv->logits = kv->kvrows = kv->row_logits = NULL;
+    kv->h = kv->h2 = kv->rows = kv->logits = kv->kvrows = kv->row_logits = kv->row_ints = kv->row_losses = NULL;
     kv->last_rows = 0;
     if (kv->hints) {
         if (m->be->host_free) m->be->host_free(m->be, kv->hints);
@@ -327,7 +327,8 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
     return 0;
 }
 
-int glm_cached_rows_logits(glm_model *m, glm_kvcache *kv, int r0, int n, float *logits_out, glm_err *err) {
+/* Rows [r0, r0 + n) of the last call's final-norm output through the head, into kv->row_logits. */
+static int rows_head(glm_model *m, glm_kvcache *kv, int r0, int n, glm_err *err) {
     glm_backend *be = m->be;
     int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     if (!m->last) return glm_fail(err, "rows' logits: only the last stage has the head");
@@ -336,6 +337,36 @@ int glm_cached_rows_logits(glm_model *m, glm_kvcache *kv, int r0, int n, float *
                         kv->last_rows, GLM_ROWS_LOGITS_MAX);
     if (!kv->row_logits) kv->row_logits = be->alloc(be, (size_t)GLM_ROWS_LOGITS_MAX * V * glm_dtype_size(be->dtype));
     be->matmul_fwd(be, kv->row_logits, glm_at(be, kv->a.x, (size_t)r0 * H), m->w.head, NULL, n, H, V);
-    be->download_f32(be, logits_out, kv->row_logits, (size_t)n * V);
+    return 0;
+}
+
+int glm_cached_rows_logits(glm_model *m, glm_kvcache *kv, int r0, int n, float *logits_out, glm_err *err) {
+    if (rows_head(m, kv, r0, n, err)) return -1;
+    m->be->download_f32(m->be, logits_out, kv->row_logits, (size_t)n * m->cfg.vocab_size);
+    return 0;
+}
+
+int glm_cached_rows_logprobs(glm_model *m, glm_kvcache *kv, int r0, int n, const int32_t *targets, float *lp,
+                             int32_t *best_id, float *best_lp, glm_err *err) {
+    glm_backend *be = m->be;
+    int V = m->cfg.vocab_size;
+    for (int i = 0; i < n; i++)
+        if (targets[i] < 0 || targets[i] >= V) return glm_fail(err, "rows' log-probabilities: token %d outside [0, %d)", targets[i], V);
+    if (best_id && !be->argmax_rows) return glm_fail(err, "rows' log-probabilities: backend %s has no argmax_rows", be->name);
+    if (rows_head(m, kv, r0, n, err)) return -1;
+    if (!kv->row_ints) {
+        kv->row_ints = be->alloc(be, GLM_ROWS_LOGITS_MAX * sizeof(int32_t));
+        kv->row_losses = be->alloc(be, GLM_ROWS_LOGITS_MAX * sizeof(float));
+    }
+    /* cross entropy = logsumexp - the target's logit: minus its log-probability (logits kept: dscale 0) */
+    for (int pass = 0; pass < (best_id ? 2 : 1); pass++) {
+        const int32_t *t = pass ? best_id : targets;
+        float *out = pass ? best_lp : lp;
+        if (pass) be->argmax_rows(be, best_id, kv->row_logits, n, V);
+        be->upload(be, kv->row_ints, t, (size_t)n * sizeof(int32_t));
+        be->cross_entropy(be, kv->row_logits, kv->row_losses, kv->row_ints, n, V, 0.0f, NULL);
+        be->download(be, out, kv->row_losses, (size_t)n * sizeof(float));
+        for (int i = 0; i < n; i++) out[i] = -out[i];
+    }
     return 0;
 }

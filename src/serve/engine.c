@@ -298,23 +298,40 @@ static int is_greedy(const srv_req *r) {
     return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs;
 }
 
+/* Rows [i0, i0 + m) of a prompt's log-probabilities (rows from r0 of the last call; m <=
+ * GLM_ROWS_LOGITS_MAX): with at most one alternative on the device (only 3 numbers a row come
+ * back), with more from the rows' logits on the host. */
+static int prompt_rows(srv_engine *e, srv_req *r, int r0, int i0, int m, float *buf, srv_logprob *lps, glm_err *err) {
+    int V = e->m->cfg.vocab_size, top = r->top_logprobs, rc;
+    const int32_t *next = r->prompt.data + i0 + 1; /* row i0 + i predicts token i0 + i + 1 */
+    if (top <= 1) {
+        float lp[GLM_ROWS_LOGITS_MAX], best_lp[GLM_ROWS_LOGITS_MAX];
+        int32_t best[GLM_ROWS_LOGITS_MAX];
+        rc = e->pipe ? glm_pipe_cached_rows_logprobs(e->pipe, e->pc, r0 + i0, m, next, lp, top ? best : NULL, best_lp, err)
+                     : glm_cached_rows_logprobs(e->m, &e->kv, r0 + i0, m, next, lp, top ? best : NULL, best_lp, err);
+        for (int i = 0; i < m && !rc; i++)
+            lps[i0 + i + 1] = (srv_logprob){.id = next[i], .lp = lp[i], .n_top = top, .top_id = {top ? best[i] : 0},
+                                            .top_lp = {top ? best_lp[i] : 0.0f}};
+        return rc;
+    }
+    rc = e->pipe ? glm_pipe_cached_rows_logits(e->pipe, e->pc, r0 + i0, m, buf, err)
+                 : glm_cached_rows_logits(e->m, &e->kv, r0 + i0, m, buf, err);
+#pragma omp parallel for schedule(static) if (!rc && m > 1)
+    for (int i = 0; i < m; i++)
+        if (!rc) logprob_of(buf + (size_t)i * V, V, next[i], top, &lps[i0 + i + 1]);
+    return rc;
+}
+
 /* Every prompt token's log-probability after a prefill (echo): token i under the logits of row
- * i - 1 (rows from r0 of the call), GLM_ROWS_LOGITS_MAX rows of logits at a time; the first token
- * has none. */
+ * i - 1 (rows from r0 of the call), GLM_ROWS_LOGITS_MAX rows at a time; the first token has none. */
 static int prompt_logprobs(srv_engine *e, srv_req *r, int r0, glm_err *err) {
     int n = r->prompt.n, V = e->m->cfg.vocab_size, k = GLM_ROWS_LOGITS_MAX, rc = 0;
     srv_logprob *lps = glm_calloc((size_t)n, sizeof *lps);
     lps[0] = (srv_logprob){.id = r->prompt.data[0], .lp = NAN, .n_top = -1};
-    float *buf = glm_malloc(sizeof(float) * (size_t)k * V);
+    float *buf = r->top_logprobs > 1 ? glm_malloc(sizeof(float) * (size_t)k * V) : NULL;
     double t0 = glm_now();
-    for (int i0 = 0; i0 < n - 1 && !rc; i0 += k) {
-        int m = n - 1 - i0 < k ? n - 1 - i0 : k;
-        rc = e->pipe ? glm_pipe_cached_rows_logits(e->pipe, e->pc, r0 + i0, m, buf, err)
-                     : glm_cached_rows_logits(e->m, &e->kv, r0 + i0, m, buf, err);
-#pragma omp parallel for schedule(static) if (!rc && m > 1)
-        for (int i = 0; i < m; i++)
-            if (!rc) logprob_of(buf + (size_t)i * V, V, r->prompt.data[i0 + i + 1], r->top_logprobs, &lps[i0 + i + 1]);
-    }
+    for (int i0 = 0; i0 < n - 1 && !rc; i0 += k)
+        rc = prompt_rows(e, r, r0, i0, n - 1 - i0 < k ? n - 1 - i0 : k, buf, lps, err);
     e->t_forward += glm_now() - t0;
     free(buf);
     pthread_mutex_lock(&r->mu);
@@ -651,24 +668,30 @@ int srv_engine_start(srv_engine *e) {
     return 0;
 }
 
-int srv_engine_submit(srv_engine *e, srv_req *r) {
+int srv_engine_submit_all(srv_engine *e, srv_req **rs, int n) {
     pthread_mutex_lock(&e->mu);
     if (e->draining || e->stop) { pthread_mutex_unlock(&e->mu); return 503; }
-    /* full when max_queue requests would wait even after the free slots take theirs */
-    if (e->qlen >= e->max_queue + (e->nslots - e->active)) { pthread_mutex_unlock(&e->mu); return 429; }
-    pthread_mutex_lock(&r->mu);
-    r->refs++; /* the engine's */
-    pthread_mutex_unlock(&r->mu);
-    r->t_submit = glm_now();
-    r->next = NULL;
-    if (e->qtail) e->qtail->next = r;
-    else e->qhead = r;
-    e->qtail = r;
-    e->qlen++;
+    /* full when more than max_queue requests would wait after the free slots take theirs */
+    if (e->qlen + n > e->max_queue + (e->nslots - e->active)) { pthread_mutex_unlock(&e->mu); return 429; }
+    double now = glm_now();
+    for (int i = 0; i < n; i++) { /* queued together: the engine admits them in one step */
+        srv_req *r = rs[i];
+        pthread_mutex_lock(&r->mu);
+        r->refs++; /* the engine's */
+        pthread_mutex_unlock(&r->mu);
+        r->t_submit = now;
+        r->next = NULL;
+        if (e->qtail) e->qtail->next = r;
+        else e->qhead = r;
+        e->qtail = r;
+        e->qlen++;
+    }
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return 0;
 }
+
+int srv_engine_submit(srv_engine *e, srv_req *r) { return srv_engine_submit_all(e, &r, 1); }
 
 void srv_engine_drain(srv_engine *e) {
     pthread_mutex_lock(&e->mu);

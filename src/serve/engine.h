@@ -145,6 +145,11 @@ int srv_engine_start(srv_engine *e);
 /* Queues r (the engine takes a reference): 0, or 429 when max_queue requests already wait beyond
  * the free slots, 503 when draining. */
 int srv_engine_submit(srv_engine *e, srv_req *r);
+/* Queues rs[0..n) at once (all or none; 429 as above when they do not all fit), so the engine
+ * admits them in one step and prefills those in consecutive slots together. */
+int srv_engine_submit_all(srv_engine *e, srv_req **rs, int n);
+/* The most requests that can ever wait or run at once: max_queue + the slots. */
+static inline int srv_engine_capacity(const srv_engine *e) { return e->max_queue + e->nslots; }
 /* Stops taking requests; running ones go on until done or until srv_engine_stop. */
 void srv_engine_drain(srv_engine *e);
 /* Requests running or waiting. */

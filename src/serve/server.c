@@ -543,10 +543,15 @@ static void new_id(char *id, size_t cap, const char *kind, long created) {
  * own request, all waited for on this connection's thread, answered whole with a choice each
  * (index: its place in q->batch) and their usage summed. One that fails fails the whole answer. */
 static enum MHD_Result batch_completion(srv_server *S, struct MHD_Connection *conn, api_req *q) {
-    int k = q->n_batch, st = 0, fd = conn_fd(conn);
-    for (int i = 0; i < k && !st; i++)
-        if ((st = srv_engine_submit(S->e, q->batch[i])))
-            for (int j = 0; j < i; j++) atomic_store(&q->batch[j]->cancel, 1);
+    int k = q->n_batch, fd = conn_fd(conn);
+    if (k > srv_engine_capacity(S->e)) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "%d choices in one request; this server queues at most %d requests at once "
+                 "(--max_batch_size + --max_queue): send fewer prompts or a smaller n", k, srv_engine_capacity(S->e));
+        srv_api_req_free(q);
+        return send_error(conn, 400, msg, "invalid_request_error", "prompt", "too_many_choices");
+    }
+    int st = srv_engine_submit_all(S->e, q->batch, k);
     if (st) {
         srv_api_req_free(q);
         return busy(conn, st);

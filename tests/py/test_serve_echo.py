@@ -206,8 +206,11 @@ def keepalive_case(model):
     stream of them (one a interval, whatever the text released meanwhile)."""
     import http.client
     import time
-    S = sc.Server(model, "--step_delay_ms", "20")
+    S = sc.Server(model, "--step_delay_ms", "20", "--max_batch_size", "2", "--max_queue", "2")
     try:
+        st, b = post(S, "/v1/completions", {"prompt": ["a"] * 5, "max_tokens": 1})
+        T.check("refuses_more_choices_than_the_server_holds", st == 400 and "at most 4" in b["error"]["message"],
+                "%s %s" % (st, b))
         c = http.client.HTTPConnection("127.0.0.1", S.port, timeout=60)
         t0 = time.time()
         c.request("POST", "/v1/completions", json.dumps({"prompt": "你好", "max_tokens": 60, "ignore_eos": True}),

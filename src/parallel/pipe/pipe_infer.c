@@ -238,3 +238,12 @@ int glm_pipe_cached_rows_logits(glm_pipe_lm *lm, glm_pipe_cache *c, int r0, int 
     restore_device(prev);
     return rc;
 }
+
+int glm_pipe_cached_rows_logprobs(glm_pipe_lm *lm, glm_pipe_cache *c, int r0, int n, const int32_t *targets, float *lp,
+                                  int32_t *best_id, float *best_lp, glm_err *err) {
+    int prev = current_device(), k = lm->n - 1;
+    use(lm->be[k]);
+    int rc = glm_cached_rows_logprobs(&lm->st[k], &c->kv[k], r0, n, targets, lp, best_id, best_lp, err);
+    restore_device(prev);
+    return rc;
+}
