@@ -2,9 +2,11 @@
 # `serve`'s echo on a GPU (session 37): a tiny ChatGLM2-family model (random, two CPU training steps)
 # with the real ChatGLM-6B tokenizer, served on the CPU (fp32) and on CUDA (fp32, bf16). The same
 # requests to each: a list of id prompts of 40-200 tokens (more than one 64-row block of prompt
-# logits) with echo, logprobs 2 and max_tokens 1, lm-evaluation-harness's way; a text prompt with
-# max_tokens 0. CUDA fp32's prompt log-probabilities must equal the CPU's (relative 1e-3) and bf16's
-# stay near them (absolute 0.1); the greedy generated tokens of fp32 must agree. Prints PASS/FAIL.
+# logits) with echo and max_tokens 1, with logprobs 2 (the rows' logits to the host) and with
+# logprobs 1 (lm-evaluation-harness's way: cross entropy and argmax on the device); a text prompt
+# with max_tokens 0. CUDA fp32's prompt log-probabilities must equal the CPU's (relative 1e-3) and
+# bf16's stay near them (absolute 0.1); the greedy generated tokens of fp32 must agree. Prints
+# PASS/FAIL.
 # Needs build/gpu/glmtrain (MPI=0), build/lib with libmicrohttpd's chain (SERVE=1 bash
 # bench/prepare_carry.sh), build/shared (tokenizers/chatglm-6b), python3.
 # usage: bash bench/gpu_serve_echo_smoke.sh [BUILD_DIR]
@@ -46,7 +48,8 @@ g = random.Random(7)
 prompts = [[g.randrange(5, 130000) for _ in range(n)] for n in (40, 64, 65, 129, 200)]
 a = post("/v1/completions", {"prompt": prompts, "echo": True, "logprobs": 2, "max_tokens": 1, "temperature": 0})
 b = post("/v1/completions", {"prompt": "写一句关于春的诗，要有山和水", "echo": True, "logprobs": 0, "max_tokens": 0})
-json.dump([c["logprobs"] for c in a["choices"] + b["choices"]], open(out, "w"))
+c = post("/v1/completions", {"prompt": prompts, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0})
+json.dump([x["logprobs"] for x in a["choices"] + b["choices"] + c["choices"]], open(out, "w"))
 PY
     ok $? "serve_echo_$1_$2"
     serve_stop

@@ -5,7 +5,8 @@
  * prompt run alone through glm_forward_cached (B = 1), on GLM v1 and the ChatGLM2 block, each
  * also behind a P-Tuning v2 prefix (every slot's first rows, filled once for the pool). Prompts of
  * different lengths prefilled by one call (padded: n_new) compute as alone too, and every prompt
- * row's logits come back (glm_cached_rows_logits: serve's echo). */
+ * row's logits come back (glm_cached_rows_logits: serve's echo), and its log-probabilities without
+ * them (glm_cached_rows_logprobs) equal a log-softmax of those logits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,16 @@ static int together(glm_model *m, const int32_t (*pr)[6], float *logits, int *ro
         for (int i = 0; i < plen[p] && *rows_ok; i++) {
             *rows_ok &= glm_cached_rows_logits(m, &kv, p * TQ + i, 1, row, err) == 0;
             if (i == plen[p] - 1) *rows_ok &= memcmp(row, lg + (size_t)p * V, sizeof(float) * V) == 0;
+            /* the same row's log-probabilities on the backend: the target's and the best token's */
+            int32_t tgt = pr[p][(i + 1) % plen[p]], best;
+            float lp, best_lp;
+            *rows_ok &= glm_cached_rows_logprobs(m, &kv, p * TQ + i, 1, &tgt, &lp, &best, &best_lp, err) == 0;
+            double mx = -INFINITY, sum = 0;
+            int arg = 0;
+            for (int j = 0; j < V; j++) if (row[j] > mx) { mx = row[j]; arg = j; }
+            for (int j = 0; j < V; j++) sum += exp(row[j] - mx);
+            double lse = mx + log(sum);
+            *rows_ok &= fabs(lp - (row[tgt] - lse)) < 1e-5 && best == arg && fabs(best_lp - (mx - lse)) < 1e-5;
             if (m->cfg.family == GLM_FAMILY_GLM2 && m->cfg.peft.pre_seq_len == 0 && *rows_ok) {
                 *rows_ok &= alone(m, pr[p], i + 1, p, ref, err) == 0;
                 *rows_ok &= test_max_abs(row, ref, V) < 1e-5;
