@@ -129,19 +129,19 @@ static int completion_prompts(srv_server *S, const cJSON *p, glm_ids **ids, char
     if (!list && !cJSON_IsString(p))
         return srv_bad(e, 400, "prompt", "invalid_type", "prompt must be a string, a list of token ids, or a list of those");
     if (k == 0) return srv_bad(e, 400, "prompt", "invalid_value", "prompt is an empty list");
-    const cJSON *first = list ? cJSON_GetArrayItem(p, 0) : p;
-    if (list && cJSON_IsNumber(first)) k = 1; /* one prompt of ids */
-    else if (list && k > SRV_MAX_PROMPTS)
+    int single = !list || cJSON_IsNumber(cJSON_GetArrayItem(p, 0)); /* a string, or one list of ids */
+    if (single) k = 1;
+    else if (k > SRV_MAX_PROMPTS)
         return srv_bad(e, 400, "prompt", "invalid_value", "prompt holds %d prompts; at most %d a request", k, SRV_MAX_PROMPTS);
     *ids = glm_calloc((size_t)k, sizeof **ids);
     *echo = glm_calloc((size_t)k, sizeof **echo);
     *np = k;
     for (int i = 0; i < k; i++) {
-        const cJSON *x = k == 1 && (!list || cJSON_IsNumber(first)) ? p : cJSON_GetArrayItem(p, i);
+        const cJSON *x = single ? p : cJSON_GetArrayItem(p, i);
         char param[32];
-        snprintf(param, sizeof param, k == 1 && !(list && !cJSON_IsNumber(first)) ? "prompt" : "prompt[%d]", i);
-        if (x != p && !cJSON_IsString(x) && !(cJSON_IsArray(x) && cJSON_GetArraySize(x) > 0 &&
-                                              cJSON_IsNumber(cJSON_GetArrayItem(x, 0))))
+        snprintf(param, sizeof param, single ? "prompt" : "prompt[%d]", i);
+        if (!single && !cJSON_IsString(x) &&
+            !(cJSON_IsArray(x) && cJSON_GetArraySize(x) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(x, 0))))
             return srv_bad(e, 400, "prompt", "invalid_type", "%s must be a string or a non-empty list of token ids", param);
         if (one_prompt(S, x, param, &(*ids)[i], &(*echo)[i], e)) return -1;
     }
