@@ -361,6 +361,29 @@ static int prefill_begin(srv_engine *e, srv_req *r) {
     return 1;
 }
 
+/* Row b of a call of Tq new tokens a row (e->ids, pos, bpos, lo, hi from b * Tq): the ids p
+ * (p->n <= Tq) at the start of an empty slot, then padding that sees only its own first key and
+ * whose results are dropped; *n_new: p->n. -1 when p breaks the model's position rule: then the
+ * whole row is padding (*n_new 1). */
+static int fill_row(srv_engine *e, int b, int Tq, const glm_ids *p, int state[2], int *n_new) {
+    int m = p->n, at = b * Tq, bad = 0;
+    e->lens[b] = 0;
+    memcpy(e->ids + at, p->data, sizeof(int32_t) * (size_t)m);
+    if (e->m->fam->prompt_positions(&e->m->cfg, p->data, m, e->pos + at, e->bpos + at, e->rh + at, state)) {
+        bad = -1;
+        m = 0;
+    }
+    *n_new = m ? m : 1;
+    for (int i = 0; i < m; i++) { e->lo[at + i] = 0; e->hi[at + i] = e->rh[at + i]; }
+    for (int i = m; i < Tq; i++) {
+        e->ids[at + i] = pad_id(e);
+        e->pos[at + i] = e->bpos[at + i] = 0;
+        e->lo[at + i] = 0;
+        e->hi[at + i] = 1;
+    }
+    return bad;
+}
+
 /* New requests g[0..n) in consecutive slots, of one adapter, prefilled by one forward: row b holds
  * g[b]'s prompt padded to the longest (glm_stage_forward_cached_slots' n_new), so each row computes
  * as alone. Then each one's prompt log-probabilities (echo) and first token. */
@@ -372,28 +395,11 @@ static void prefill_group(srv_engine *e, srv_req **g, int n) {
         greedy &= is_greedy(g[b]);
     }
     int *n_new = glm_malloc(sizeof(int) * (size_t)n);
-    for (int b = 0; b < n; b++) {
-        srv_req *r = g[b];
-        int m = r->prompt.n, at = b * Tq;
-        e->lens[b] = 0;
-        n_new[b] = m;
-        memcpy(e->ids + at, r->prompt.data, sizeof(int32_t) * (size_t)m);
-        if (e->m->fam->prompt_positions(c, r->prompt.data, m, e->pos + at, e->bpos + at, e->rh + at, r->state)) {
-            finish(e, r, "error", -1, "the prompt has no [gMASK] (or [MASK]) and <sop>"); /* its row runs as padding */
+    for (int b = 0; b < n; b++)
+        if (fill_row(e, b, Tq, &g[b]->prompt, g[b]->state, &n_new[b])) {
+            finish(e, g[b], "error", -1, "the prompt has no [gMASK] (or [MASK]) and <sop>"); /* its row runs as padding */
             g[b] = NULL;
-            m = n_new[b] = 1;
-            e->ids[at] = pad_id(e);
-            e->pos[at] = e->bpos[at] = 0;
-            e->rh[at] = 1;
         }
-        for (int i = 0; i < m; i++) { e->lo[at + i] = 0; e->hi[at + i] = e->rh[at + i]; }
-        for (int i = m; i < Tq; i++) { /* padding: its own first key only, results dropped */
-            e->ids[at + i] = pad_id(e);
-            e->pos[at + i] = e->bpos[at + i] = 0;
-            e->lo[at + i] = 0;
-            e->hi[at + i] = 1;
-        }
-    }
     int b0 = 0, rc = 0;
     while (b0 < n && !g[b0]) b0++;
     glm_err err = {0};
@@ -439,37 +445,51 @@ static void prefill_all(srv_engine *e, srv_req **adm, int n) {
     }
 }
 
-/* A score request's next text through its slot (one forward, no logits): the value head at its
- * last token, as --stage rm scores an example (TRL's ValueHead without dropout: h . w + b). The
- * request ends with its last text. */
+/* A score request's next texts (one forward, no logits): through its slot and the free slots
+ * right after it (this step's admissions are done, so they stay free), one text a row padded to
+ * the longest, up to the work buffers' tokens; each scored by the value head at its last token,
+ * as --stage rm scores an example (TRL's ValueHead without dropout: h . w + b). The request ends
+ * with its last text. */
 static void score_next(srv_engine *e, srv_req *r) {
     const glm_config *c = &e->m->cfg;
-    const glm_ids *t = &r->texts[r->n_scored];
-    int n = t->n, H = c->hidden_size, zero = 0;
+    int H = c->hidden_size, cap = e->Tmax > e->nslots ? e->Tmax : e->nslots, k = 0, Tq = 0;
     glm_err err = {0};
     if (!r->admitted) { r->admitted = 1; glm_streamer_init(&r->st, e->tok, 0); }
+    while (r->n_scored + k < r->n_texts && (k == 0 || (r->slot + k < e->nslots && !e->slot[r->slot + k]))) {
+        int n = r->texts[r->n_scored + k].n, l = n > Tq ? n : Tq;
+        if (k > 0 && (long)(k + 1) * l > cap) break;
+        Tq = l;
+        k++;
+    }
+    int *n_new = glm_malloc(sizeof(int) * (size_t)k), bad = 0;
     /* the server checked the positions and the length when the request came */
-    if (n > e->Tmax || e->m->fam->prompt_positions(c, t->data, n, e->pos, e->bpos, e->rh, r->state)) {
+    for (int b = 0; b < k; b++) bad |= Tq > e->Tmax || fill_row(e, b, Tq, &r->texts[r->n_scored + b], r->state, &n_new[b]);
+    if (bad) {
+        free(n_new);
         finish(e, r, "error", -1, "a text does not fit the model's positions");
         return;
     }
-    for (int i = 0; i < n; i++) { e->lo[i] = 0; e->hi[i] = e->rh[i]; }
     set_adapter(e, r->adapter);
     const float *vh = r->adapter >= 0 ? e->ad[r->adapter].vhead : e->vhead;
     double t0 = glm_now();
-    int rc = e->pipe ? glm_pipe_forward_cached_slots(e->pipe, e->pc, r->slot, 1, n, &zero, NULL, t->data, e->pos, e->bpos, e->lo,
-                                                     e->hi, NULL, NULL, e->hidden, &err)
-                     : glm_stage_forward_cached_slots(e->m, &e->kv, r->slot, 1, n, &zero, NULL, t->data, e->pos, e->bpos,
+    int rc = e->pipe ? glm_pipe_forward_cached_slots(e->pipe, e->pc, r->slot, k, Tq, e->lens, n_new, e->ids, e->pos, e->bpos,
+                                                     e->lo, e->hi, NULL, NULL, e->hidden, &err)
+                     : glm_stage_forward_cached_slots(e->m, &e->kv, r->slot, k, Tq, e->lens, n_new, e->ids, e->pos, e->bpos,
                                                       e->lo, e->hi, NULL, NULL, NULL, NULL, e->hidden, &err);
     e->t_forward += glm_now() - t0;
+    free(n_new);
     if (rc || !vh) {
         if (rc) glm_warn("serve: scoring failed: %s", err.msg);
         finish(e, r, "error", -1, rc ? err.msg : "the model has no value head");
         return;
     }
-    double v = vh[H];
-    for (int j = 0; j < H; j++) v += (double)e->hidden[j] * vh[j];
-    r->scores[r->n_scored++] = v;
+    if (e->debug && k > 1) glm_info("serve: %d texts scored together (%d tokens a row)", k, Tq);
+    for (int b = 0; b < k; b++) {
+        const float *h = e->hidden + (size_t)b * H;
+        double v = vh[H];
+        for (int j = 0; j < H; j++) v += (double)h[j] * vh[j];
+        r->scores[r->n_scored++] = v;
+    }
     if (r->n_scored == r->n_texts) finish(e, r, "stop", -1, NULL);
 }
 
@@ -652,7 +672,7 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
     for (int s = 0; s < stages(e); s++) stage(e, s)->cfg.peft = e->base_peft;
     int T = Tmax > nslots ? Tmax : nslots;
     e->logits = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.vocab_size);
-    e->hidden = glm_malloc(sizeof(float) * (size_t)m->cfg.hidden_size);
+    e->hidden = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.hidden_size);
     e->greedy = glm_malloc(sizeof(int32_t) * (size_t)nslots);
     e->ids = glm_malloc(sizeof(int32_t) * (size_t)T * 6);
     e->pos = e->ids + T; e->bpos = e->pos + T; e->lo = e->bpos + T; e->hi = e->lo + T; e->rh = e->hi + T;

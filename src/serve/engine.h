@@ -104,7 +104,7 @@ typedef struct srv_engine {
     int n_ad, cur;             /* cur: the adapter the model's views point at (-1 base) */
     glm_peft base_peft;
     float *vhead;              /* [H + 1] the base model's value head (weight, bias), or NULL; owned */
-    float *hidden;             /* [H]: a scored text's last final-norm row */
+    float *hidden;             /* [nslots, H]: scored texts' last final-norm rows */
     srv_req **slot;
     int *slot_len;
     int max_queue;

@@ -7,8 +7,8 @@ fp32 references, on the CPU:
     scored the same pairs (its two decimals), and as glm_ref.py's forward with the adapter and TRL's
     ValueHead at the last token (1e-4); the ids serve logged are the rm example's
     (encode(prompt) + [gMASK, <sop>] + encode(response) + [<eop>]); the base with its own
-    value_head.safetensors scores with the base alone; a batch of messages gives each one's score
-    alone, bit for bit; max_length cuts from the end; the answer has LLaMA-Factory's fields; a score
+    value_head.safetensors scores with the base alone; a batch of messages (scored several a forward,
+    through the free slots beside the request's) gives each one's score alone, bit for bit; max_length cuts from the end; the answer has LLaMA-Factory's fields; a score
     request beside a decoding completion leaves both as they are alone; the model split over 2
     pipeline stages (--device_map) scores the same;
   * the errors: a plain text on ChatGLM-6B (no [gMASK] / <sop>), a model without a value head, an
@@ -161,6 +161,8 @@ def glm1_cases(tmp):
                 alone = [score(S, {"model": "rm", "messages": [m]})[1].get("scores", [None])[0] for m in msgs[:3]]
                 expected[0] += 3
                 report("serve_score_batch_equals_each_alone", alone == got[:3], "%s vs %s" % (alone, got[:3]))
+                report("serve_score_texts_scored_together", "texts scored together" in S.text(),
+                       "the batch's texts through free slots beside the request's, one forward")
         # max_length: the first tokens only (as truncation=True): the prompt, [gMASK] <sop> and two more
         cut = len(encode(tok, msgs[0]["prompt"])) + 4
         n0 = settled(S, expected[0])
