@@ -11,11 +11,8 @@
 # bench/prepare_carry.sh), build/shared (tokenizers/chatglm-6b), python3.
 # usage: bash bench/gpu_serve_echo_smoke.sh [BUILD_DIR]
 set -u
-B=${1:-build/gpu}
-export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
-TOK=$PWD/build/shared/tokenizers/chatglm-6b/ice_text.model
-W=$(mktemp -d /tmp/glm-echo.XXXXXX)
 . "$(dirname "$0")/lib.sh"
+smoke_setup echo "${1:-}"
 ok() { smoke_ok "$@"; }
 cat >"$W/config.json" <<'J'
 {"model_type": "chatglm", "architectures": ["ChatGLMModel"], "padded_vocab_size": 130560, "hidden_size": 256,

@@ -7,11 +7,8 @@
 # (with libmicrohttpd's chain: SERVE=1 bash bench/prepare_carry.sh), build/shared (tokenizers/chatglm-6b), python3.
 # usage: bash bench/gpu_stages_smoke.sh [BUILD_DIR]
 set -u
-B=${1:-build/gpu}
-export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
-TOK=$PWD/build/shared/tokenizers/chatglm-6b/ice_text.model
-W=$(mktemp -d /tmp/glm-stages.XXXXXX)
 . "$(dirname "$0")/lib.sh"
+smoke_setup stages "${1:-}"
 ok() { smoke_ok "$@"; }
 cat >"$W/config.json" <<'J'
 {"model_type": "chatglm", "vocab_size": 130528, "hidden_size": 256, "num_layers": 2, "num_attention_heads": 4,

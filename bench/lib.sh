@@ -104,6 +104,15 @@ with_clocks() {
         "$(cut -d, -f5 "$busy" | sort | uniq -c | awk '{printf " %s x%s", $2, $1}')" | tee -a "$SUMMARY"
 }
 
+# smoke_setup NAME [BUILD_DIR]: a GPU smoke script's start: B (default build/gpu), the carried
+# libraries on LD_LIBRARY_PATH, TOK (the carried ChatGLM-6B tokenizer), a fresh work folder W.
+smoke_setup() {
+    B=${2:-build/gpu}
+    export LD_LIBRARY_PATH=$PWD/build/lib:${LD_LIBRARY_PATH:-}
+    TOK=$PWD/build/shared/tokenizers/chatglm-6b/ice_text.model
+    W=$(mktemp -d "/tmp/glm-$1.XXXXXX")
+}
+
 # The smoke scripts' PASS/FAIL line: smoke_ok STATUS NAME (a failure shows the end of $W/log).
 smoke_ok() { if [ "$1" -eq 0 ]; then echo "PASS $2"; else echo "FAIL $2"; tail -5 "$W/log"; fi; }
 
