@@ -74,9 +74,11 @@ static int pick_backend(gen_session *s, const gen_args *a, glm_err *err) {
     if (glm_backend_open(a->device, 0, dts, n, &s->be, why, sizeof why, err)) return -1;
     if (s->be && glm_backend_on_gpu(s->be) && s->be->dtype != dts[0])
         glm_info("this GPU has no bf16; running in float16 (--dtype float32 for full precision)");
-    if (!s->be && why[0]) glm_warn("%s; running on the CPU", why);
-    if (!glm_backend_on_gpu(s->be ? s->be : (s->be = glm_backend_cpu())) && strcmp(a->dtype, "auto") &&
-        strcmp(a->dtype, "float32"))
+    if (!s->be) {
+        if (why[0]) glm_warn("%s; running on the CPU", why);
+        s->be = glm_backend_cpu();
+    }
+    if (!glm_backend_on_gpu(s->be) && strcmp(a->dtype, "auto") && strcmp(a->dtype, "float32"))
         glm_warn("--dtype %s ignored: the CPU backend computes in float32", a->dtype);
     return 0;
 }

@@ -409,8 +409,8 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
  * writes the slot's cache rows [len[b] + n_new[b], len[b] + Tq), past what the slot holds: the
  * slot's next call overwrites them before any key range reaches them (len[b] + Tq <= capacity). */
 int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
-                                   const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
-                                   const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
+                                   const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos,
+                                   const int32_t *kv_lo, const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
                                    int32_t *greedy_out, float *last_hidden_out, glm_err *err);
 /* After a glm_stage_forward_cached_slots call on the last stage (or a whole model): the logits of
  * that call's new tokens [r0, r0 + n) (its nrows x Tq tokens in order; n <= GLM_ROWS_LOGITS_MAX)

@@ -64,7 +64,8 @@ static void fill_prefix(glm_model *m, glm_kvcache *kv, int l, const void *pkv) {
 
 static void free_scratch(const glm_model *m, glm_kvcache *kv) {
     glm_layer_acts_free(m, &kv->a);
-    void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints, kv->kvrows, kv->row_logits, kv->row_ints, kv->row_losses};
+    void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints, kv->kvrows, kv->row_logits, kv->row_ints,
+                    kv->row_losses};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) m->be->free(m->be, bufs[i]);
     kv->h = kv->h2 = kv->rows = kv->logits = kv->kvrows = kv->row_logits = kv->row_ints = kv->row_losses = NULL;
     kv->last_rows = 0;
@@ -221,13 +222,13 @@ int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows
                              const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                              const int32_t *kv_hi, float *logits_out, glm_err *err) {
     if (!m->first || !m->last) return glm_fail(err, "cache slots: a whole model is needed (not a pipeline stage)");
-    return glm_stage_forward_cached_slots(m, kv, slot0, nrows, Tq, len, NULL, ids, pos, block_pos, kv_lo, kv_hi, NULL, NULL,
-                                          logits_out, NULL, NULL, err);
+    return glm_stage_forward_cached_slots(m, kv, slot0, nrows, Tq, len, NULL, ids, pos, block_pos, kv_lo, kv_hi, NULL,
+                                          NULL, logits_out, NULL, NULL, err);
 }
 
 int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
-                                   const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
-                                   const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
+                                   const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos,
+                                   const int32_t *kv_lo, const int32_t *kv_hi, const float *h_in, float *h_out, float *logits_out,
                                    int32_t *greedy_out, float *last_hidden_out, glm_err *err) {
     glm_backend *be = m->be;
     const glm_config *c = &m->cfg;
@@ -346,27 +347,33 @@ int glm_cached_rows_logits(glm_model *m, glm_kvcache *kv, int r0, int n, float *
     return 0;
 }
 
+/* lp[i] = log_softmax(kv->row_logits[i])[ids[i]] for i < n: minus the cross entropy (logsumexp
+ * minus the id's logit; dscale 0 keeps the logits). */
+static void rows_logprob(glm_model *m, glm_kvcache *kv, int n, const int32_t *ids, float *lp) {
+    glm_backend *be = m->be;
+    be->upload(be, kv->row_ints, ids, (size_t)n * sizeof(int32_t));
+    be->cross_entropy(be, kv->row_logits, kv->row_losses, kv->row_ints, n, m->cfg.vocab_size, 0.0f, NULL);
+    be->download(be, lp, kv->row_losses, (size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++) lp[i] = -lp[i];
+}
+
 int glm_cached_rows_logprobs(glm_model *m, glm_kvcache *kv, int r0, int n, const int32_t *targets, float *lp,
                              int32_t *best_id, float *best_lp, glm_err *err) {
     glm_backend *be = m->be;
     int V = m->cfg.vocab_size;
     for (int i = 0; i < n; i++)
-        if (targets[i] < 0 || targets[i] >= V) return glm_fail(err, "rows' log-probabilities: token %d outside [0, %d)", targets[i], V);
+        if (targets[i] < 0 || targets[i] >= V)
+            return glm_fail(err, "rows' log-probabilities: token %d outside [0, %d)", targets[i], V);
     if (best_id && !be->argmax_rows) return glm_fail(err, "rows' log-probabilities: backend %s has no argmax_rows", be->name);
     if (rows_head(m, kv, r0, n, err)) return -1;
     if (!kv->row_ints) {
         kv->row_ints = be->alloc(be, GLM_ROWS_LOGITS_MAX * sizeof(int32_t));
         kv->row_losses = be->alloc(be, GLM_ROWS_LOGITS_MAX * sizeof(float));
     }
-    /* cross entropy = logsumexp - the target's logit: minus its log-probability (logits kept: dscale 0) */
-    for (int pass = 0; pass < (best_id ? 2 : 1); pass++) {
-        const int32_t *t = pass ? best_id : targets;
-        float *out = pass ? best_lp : lp;
-        if (pass) be->argmax_rows(be, best_id, kv->row_logits, n, V);
-        be->upload(be, kv->row_ints, t, (size_t)n * sizeof(int32_t));
-        be->cross_entropy(be, kv->row_logits, kv->row_losses, kv->row_ints, n, V, 0.0f, NULL);
-        be->download(be, out, kv->row_losses, (size_t)n * sizeof(float));
-        for (int i = 0; i < n; i++) out[i] = -out[i];
+    rows_logprob(m, kv, n, targets, lp);
+    if (best_id) {
+        be->argmax_rows(be, best_id, kv->row_logits, n, V);
+        rows_logprob(m, kv, n, best_id, best_lp);
     }
     return 0;
 }

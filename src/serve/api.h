@@ -64,6 +64,10 @@ cJSON *srv_parse_object(const char *body, size_t n, api_err *e);
  * name; or e filled (400, 404) and -1. */
 int srv_pick_model(srv_server *S, const cJSON *o, int *adapter, char *name, size_t cap, api_err *e);
 
+/* 1 when ids (ids->n >= 1) follow the served model's position rule (ChatGLM-6B's needs
+ * [gMASK] or [MASK] and <sop> among them; the causal families take any ids). */
+int srv_positions_ok(srv_server *S, const glm_ids *ids);
+
 /* The body of POST /v1/score/evaluation (serve/score.c) -> q->r, a score request (texts, adapter),
  * or e filled (400, 404 or 413) and -1. */
 int srv_parse_score(srv_server *S, const char *body, size_t n, api_req *q, api_err *e);

@@ -429,7 +429,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n) {
 /* The new requests adm[0..n) (in slot order) prefilled: runs of consecutive slots of one adapter
  * share a forward, up to the work buffers' tokens (rows x the longest prompt). */
 static void prefill_all(srv_engine *e, srv_req **adm, int n) {
-    int cap = e->Tmax > e->nslots ? e->Tmax : e->nslots, k = 0;
+    int cap = e->batch_tokens, k = 0;
     for (int i = 0; i < n; i++)
         if (adm[i]->slot >= 0 && !adm[i]->n_texts && prefill_begin(e, adm[i])) adm[k++] = adm[i];
     for (int i = 0; i < k;) {
@@ -452,7 +452,7 @@ static void prefill_all(srv_engine *e, srv_req **adm, int n) {
  * with its last text. */
 static void score_next(srv_engine *e, srv_req *r) {
     const glm_config *c = &e->m->cfg;
-    int H = c->hidden_size, cap = e->Tmax > e->nslots ? e->Tmax : e->nslots, k = 0, Tq = 0;
+    int H = c->hidden_size, cap = e->batch_tokens, k = 0, Tq = 0;
     glm_err err = {0};
     if (!r->admitted) { r->admitted = 1; glm_streamer_init(&r->st, e->tok, 0); }
     while (r->n_scored + k < r->n_texts && (k == 0 || (r->slot + k < e->nslots && !e->slot[r->slot + k]))) {
@@ -591,7 +591,7 @@ static void *engine_main(void *arg) {
             }
         double t_step = glm_now();
         prefill_all(e, adm, nadm);
-        for (int s = 0; s < e->nslots; s++) /* score requests: one text each a step */
+        for (int s = 0; s < e->nslots; s++) /* score requests: their next texts each step */
             if (e->slot[s] && e->slot[s]->n_texts) score_next(e, e->slot[s]);
         decode_group(e, -1);
         for (int k = 0; k < e->n_ad; k++) decode_group(e, k);
@@ -654,6 +654,7 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
     e->base_peft = m->cfg.peft;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    e->batch_tokens = Tmax > nslots ? Tmax : nslots;
     /* the work buffers once, wide enough for every adapter (the widest rank, every target) */
     glm_peft wide = {.kind = GLM_FT_LORA};
     for (int k = 0; k < n_ad; k++) {
@@ -664,13 +665,13 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
     if (e->pipe) {
         e->pc = glm_calloc(1, sizeof *e->pc);
         glm_pipe_cache_init(e->pipe, e->pc, nslots, Tmax);
-        glm_pipe_cache_reserve(e->pipe, e->pc, Tmax > nslots ? Tmax : nslots);
+        glm_pipe_cache_reserve(e->pipe, e->pc, e->batch_tokens);
     } else {
         glm_kvcache_init(m, &e->kv, nslots, Tmax);
-        glm_kvcache_reserve(m, &e->kv, Tmax > nslots ? Tmax : nslots);
+        glm_kvcache_reserve(m, &e->kv, e->batch_tokens);
     }
     for (int s = 0; s < stages(e); s++) stage(e, s)->cfg.peft = e->base_peft;
-    int T = Tmax > nslots ? Tmax : nslots;
+    int T = e->batch_tokens;
     e->logits = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.vocab_size);
     e->hidden = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.hidden_size);
     e->greedy = glm_malloc(sizeof(int32_t) * (size_t)nslots);

@@ -99,6 +99,7 @@ typedef struct srv_engine {
     const glm_tokenizer *tok;
     pthread_mutex_t *tok_mu;   /* the tokenizer is shared with the HTTP threads */
     int nslots, Tmax;
+    int batch_tokens;          /* new tokens one forward may carry (the work buffers: max(Tmax, nslots)) */
     glm_kvcache kv;
     srv_adapter *ad;
     int n_ad, cur;             /* cur: the adapter the model's views point at (-1 base) */

@@ -80,6 +80,14 @@ cJSON *srv_error_body(const char *msg, const char *type, const char *param, cons
 
 /* ---------------------------------------------------------------- parameters */
 
+int srv_positions_ok(srv_server *S, const glm_ids *ids) {
+    int32_t *rule = glm_malloc(sizeof(int32_t) * 3 * (size_t)ids->n);
+    int state[2], bad = S->e->m->fam->prompt_positions(S->cfg, ids->data, ids->n, rule, rule + ids->n, rule + 2 * ids->n,
+                                                       state);
+    free(rule);
+    return !bad;
+}
+
 /* One prompt of a completion request: a string (the model's special tokens added, as generate's
  * --prompt) or a list of token ids (the model's inputs as they are). *echo: its text for echo (the
  * string as sent, the ids decoded). param names it in errors ("prompt", "prompt[i]"). */
@@ -102,15 +110,9 @@ static int one_prompt(srv_server *S, const cJSON *p, const char *param, glm_ids 
         glm_ids_push(ids, (int32_t)it->valuedouble);
         i++;
     }
-    if (ids->n > 0) { /* ChatGLM-6B's positions need [gMASK] (or [MASK]) and <sop> among the ids */
-        int32_t *rule = glm_malloc(sizeof(int32_t) * 3 * (size_t)ids->n);
-        int state[2], bad = S->e->m->fam->prompt_positions(S->cfg, ids->data, ids->n, rule, rule + ids->n,
-                                                           rule + 2 * ids->n, state);
-        free(rule);
-        if (bad)
-            return srv_bad(e, 400, "prompt", "invalid_value", "%s: the token ids have no [gMASK] (or [MASK]) and <sop>, "
-                           "which ChatGLM-6B's positions need (a text prompt has them added)", param);
-    }
+    if (ids->n > 0 && !srv_positions_ok(S, ids)) /* ChatGLM-6B's need [gMASK] (or [MASK]) and <sop> */
+        return srv_bad(e, 400, "prompt", "invalid_value", "%s: the token ids have no [gMASK] (or [MASK]) and <sop>, "
+                       "which ChatGLM-6B's positions need (a text prompt has them added)", param);
     pthread_mutex_lock(S->tok_mu);
     *echo = glm_tokenizer_decode(S->tok, ids->data, ids->n);
     pthread_mutex_unlock(S->tok_mu);
@@ -399,23 +401,29 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
                 SRV_MAX_PROMPTS);
         goto out;
     }
-    /* a request a choice: prompt i's choice j is choices[i * n + j], sampled with seed + j */
+    /* a request a choice: prompt i's choice j is choices[i * n + j], the first one's copy sampled
+     * with seed + j */
     q->batch = glm_calloc((size_t)np * nc, sizeof *q->batch);
     q->n_choices = nc;
-    for (int i = 0; i < np; i++)
-        for (int j = 0; j < nc; j++) {
-            srv_req *x = i || j ? srv_req_clone(q->batch[0]) : r;
-            q->batch[q->n_batch++] = x; /* owned by q from here */
-            if (x == r) r = NULL;
-            for (int t = 0; t < pids[i].n; t++) glm_ids_push(&x->prompt, pids[i].data[t]);
-            x->echo = echo ? glm_strdup(ptexts[i]) : NULL;
-            x->seed += (uint64_t)j;
-            char param[32];
-            snprintf(param, sizeof param, chat ? "messages" : np > 1 ? "prompt[%d]" : "prompt", i);
-            if (j == 0 && prompt_fits(S, chat, x, param, mk, max_tokens, e)) goto out;
-            if (j > 0) x->g = q->batch[q->n_batch - 1 - j]->g; /* the limits prompt_fits set */
+    for (int i = 0; i < np; i++) {
+        srv_req *x = i ? srv_req_clone(q->batch[0]) : r;
+        q->batch[q->n_batch++] = x; /* owned by q from here */
+        r = NULL;
+        x->prompt = pids[i];
+        pids[i] = (glm_ids){0};
+        x->echo = echo ? ptexts[i] : NULL;
+        if (echo) ptexts[i] = NULL;
+        char param[32];
+        snprintf(param, sizeof param, chat ? "messages" : np > 1 ? "prompt[%d]" : "prompt", i);
+        if (prompt_fits(S, chat, x, param, mk, max_tokens, e)) goto out;
+        for (int j = 1; j < nc; j++) {
+            srv_req *y = srv_req_clone(x);
+            for (int t = 0; t < x->prompt.n; t++) glm_ids_push(&y->prompt, x->prompt.data[t]);
+            y->echo = x->echo ? glm_strdup(x->echo) : NULL;
+            y->seed = x->seed + (uint64_t)j;
+            q->batch[q->n_batch++] = y;
         }
-    r = NULL; /* in q->batch */
+    }
     q->chat = chat;
     q->r = q->batch[0];
     rc = 0;

@@ -70,11 +70,7 @@ static int message_ids(srv_server *S, const cJSON *it, int i, int max_length, gl
     if (ids->n > S->o.Tmax)
         return srv_bad(e, 413, "messages", "context_length_exceeded", "messages[%d] is %d tokens; this server's max_model_len "
                        "is %d (or give max_length to cut the texts)", i, ids->n, S->o.Tmax);
-    int32_t *rule = glm_malloc(sizeof(int32_t) * 3 * (size_t)ids->n);
-    int state[2];
-    int bad = S->e->m->fam->prompt_positions(S->cfg, ids->data, ids->n, rule, rule + ids->n, rule + 2 * ids->n, state);
-    free(rule);
-    if (bad)
+    if (!srv_positions_ok(S, ids))
         return srv_bad(e, 400, "messages", "invalid_value", "messages[%d] has no [gMASK] (or [MASK]) and <sop>, which "
                        "ChatGLM-6B's positions need; give {\"prompt\", \"response\"} to have them placed as in training", i);
     return 0;

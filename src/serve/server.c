@@ -137,6 +137,15 @@ static int peer_gone(int fd) {
 
 /* ---------------------------------------------------------------- responses */
 
+/* Waits (r->mu held) for news of r, 50 ms at most, so the waiter can look at its peer between. */
+static void wait_slice(srv_req *r) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+}
+
 typedef struct stream_ctx {
     srv_server *S;
     srv_req *r;
@@ -161,21 +170,22 @@ typedef struct stream_ctx {
     char *thudm_prompt;        /* answer (srv_thudm_answer); NULL otherwise */
 } stream_ctx;
 
-/* With logprobs, the entries of the tokens up to n_out not yet taken into lp_pend (r->mu held,
- * or the request done). */
+/* lps[0..k) appended to the entries the next chunk carries. */
+static void pend_lps(stream_ctx *c, const srv_logprob *lps, int k) {
+    c->lp_pend = glm_realloc(c->lp_pend, sizeof *c->lp_pend * (size_t)(c->n_lp_pend + k));
+    memcpy(c->lp_pend + c->n_lp_pend, lps, sizeof *c->lp_pend * (size_t)k);
+    c->n_lp_pend += k;
+}
+/* With logprobs, the entries of the tokens up to n_out not yet taken into lp_pend, after an
+ * echoed prompt's (r->mu held, or the request done). */
 static void take_lps(stream_ctx *c) {
     srv_req *r = c->r;
     if (r->prompt_logprobs && r->n_plps && !c->plps_taken) { /* echo: the prompt's tokens come first */
-        c->lp_pend = glm_realloc(c->lp_pend, sizeof *c->lp_pend * (size_t)(c->n_lp_pend + r->n_plps));
-        memcpy(c->lp_pend + c->n_lp_pend, r->plps, sizeof *c->lp_pend * (size_t)r->n_plps);
-        c->n_lp_pend += r->n_plps;
+        pend_lps(c, r->plps, r->n_plps);
         c->plps_taken = 1;
     }
     if (!r->logprobs || r->n_out <= c->lp_taken) return;
-    int k = r->n_out - c->lp_taken;
-    c->lp_pend = glm_realloc(c->lp_pend, sizeof *c->lp_pend * (size_t)(c->n_lp_pend + k));
-    memcpy(c->lp_pend + c->n_lp_pend, r->lps + c->lp_taken, sizeof *c->lp_pend * (size_t)k);
-    c->n_lp_pend += k;
+    pend_lps(c, r->lps + c->lp_taken, r->n_out - c->lp_taken);
     c->lp_taken = r->n_out;
 }
 
@@ -203,13 +213,14 @@ static void pend_json(stream_ctx *c, cJSON *o, int sse) {
     free(s);
 }
 
-static cJSON *usage(const srv_req *r) {
+static cJSON *usage_of(long prompt, long completion) {
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", r->prompt.n);
-    cJSON_AddNumberToObject(u, "completion_tokens", r->n_out);
-    cJSON_AddNumberToObject(u, "total_tokens", r->prompt.n + r->n_out);
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
     return u;
 }
+static cJSON *usage(const srv_req *r) { return usage_of(r->prompt.n, r->n_out); }
 
 static cJSON *head(stream_ctx *c, const char *object) {
     cJSON *o = cJSON_CreateObject();
@@ -415,11 +426,7 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             }
             pthread_mutex_lock(&r->mu);
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 50 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+            wait_slice(r);
             waited += 0.05;
         }
         int done = r->done;
@@ -506,6 +513,12 @@ static void free_cb(void *cls) {
     free(c);
 }
 
+/* Whether a response's thought goes out as reasoning_content: a reasoning model's chat answer
+ * (not THUDM api.py's, nor a forced call's rest). */
+static int thinks(const srv_server *S, int chat, const srv_tools *t, int thudm) {
+    return chat && S->o.reasoning && !thudm && !(t->on && t->forced);
+}
+
 /* srv_engine_submit's refusal st (429 or 503) as OpenAI's error. */
 static enum MHD_Result busy(struct MHD_Connection *conn, int st) {
     return st == 429 ? send_error(conn, 429, "the request queue is full: try again later", "rate_limit_error", NULL, "queue_full")
@@ -520,11 +533,7 @@ static void wait_done(srv_req *r, int fd) {
         pthread_mutex_unlock(&r->mu);
         if (peer_gone(fd)) atomic_store(&r->cancel, 1);
         pthread_mutex_lock(&r->mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        if (!r->done) pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        if (!r->done) wait_slice(r);
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -564,7 +573,7 @@ static enum MHD_Result batch_completion(srv_server *S, struct MHD_Connection *co
     const srv_req *failed = NULL;
     for (int i = 0; i < k; i++) { /* the contexts share q's tools (q frees them) */
         cs[i] = (stream_ctx){.S = S, .r = q->batch[i], .created = created, .chat = q->chat, .tools = q->tools,
-                             .think = q->chat && S->o.reasoning && !(q->tools.on && q->tools.forced)};
+                             .think = thinks(S, q->chat, &q->tools, 0)};
         snprintf(cs[i].id, sizeof cs[i].id, "%s", id);
         snprintf(cs[i].model, sizeof cs[i].model, "%s", q->model);
         if (!failed && strcmp(q->batch[i]->finish, "stop") && strcmp(q->batch[i]->finish, "length")) failed = q->batch[i];
@@ -574,18 +583,14 @@ static enum MHD_Result batch_completion(srv_server *S, struct MHD_Connection *co
         rc = send_error(conn, 500, failed->error[0] ? failed->error : "the request was cancelled", "server_error", NULL,
                         failed->finish);
     } else {
-        cJSON *o = head(&cs[0], q->chat ? "chat.completion" : "text_completion"), *ch = cJSON_AddArrayToObject(o, "choices"),
-              *u = cJSON_CreateObject();
+        cJSON *o = head(&cs[0], q->chat ? "chat.completion" : "text_completion"), *ch = cJSON_AddArrayToObject(o, "choices");
         long pt = 0, ct = 0;
         for (int i = 0; i < k; i++) {
             cJSON_AddItemToArray(ch, choice(&cs[i], i));
             if (i % q->n_choices == 0) pt += q->batch[i]->prompt.n; /* a prompt counts once for its n choices */
             ct += q->batch[i]->n_out;
         }
-        cJSON_AddNumberToObject(u, "prompt_tokens", (double)pt);
-        cJSON_AddNumberToObject(u, "completion_tokens", (double)ct);
-        cJSON_AddNumberToObject(u, "total_tokens", (double)(pt + ct));
-        cJSON_AddItemToObject(o, "usage", u);
+        cJSON_AddItemToObject(o, "usage", usage_of(pt, ct));
         rc = send_json(conn, 200, o);
     }
     for (int i = 0; i < k; i++) free(cs[i].lp_pend);
@@ -628,8 +633,7 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
     c->tools = q.tools; /* the context owns them now */
     c->thudm_history = thudm_history;
     c->thudm_prompt = thudm_prompt;
-    /* a reasoning model's chat answer (not THUDM api.py's, nor a forced call's rest) */
-    c->think = chat && S->o.reasoning && !thudm_prompt && !(c->tools.on && c->tools.forced);
+    c->think = thinks(S, chat, &c->tools, thudm_prompt != NULL);
     c->created = (long)time(NULL);
     snprintf(c->model, sizeof c->model, "%s", q.model);
     new_id(c->id, sizeof c->id, chat ? "chatcmpl" : "cmpl", c->created);

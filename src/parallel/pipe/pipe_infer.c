@@ -118,7 +118,8 @@ int glm_pipe_lm_open(glm_pipe_lm *lm, const glm_config *cfg, const char *model_p
     for (int k = 0; k < map.n && rc == 0; k++) {
         char why[512];
         if (!cuda) be[k] = k ? be[0] : glm_backend_cpu();
-        else if (glm_backend_open("cuda", k, &dtype, 1, &be[k], why, sizeof why, err)) rc = glm_wrap(err, "stage %d on GPU %d: ", k, k);
+        else if (glm_backend_open("cuda", k, &dtype, 1, &be[k], why, sizeof why, err))
+            rc = glm_wrap(err, "stage %d on GPU %d: ", k, k);
     }
     if (rc == 0) {
         glm_pipe_lm_init(lm, &c, &map, be);
@@ -213,8 +214,8 @@ void glm_pipe_cache_reserve(glm_pipe_lm *lm, glm_pipe_cache *c, int ntokens) {
 }
 
 int glm_pipe_forward_cached_slots(glm_pipe_lm *lm, glm_pipe_cache *c, int slot0, int nrows, int Tq, const int *len,
-                                  const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
-                                  const int32_t *kv_hi, float *logits_out, int32_t *greedy_out, float *last_hidden_out,
+                                  const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos,
+                                  const int32_t *kv_lo, const int32_t *kv_hi, float *logits_out, int32_t *greedy_out, float *last_hidden_out,
                                   glm_err *err) {
     host_stage(c, (size_t)nrows * Tq * lm->cfg.hidden_size);
     int prev = current_device(), rc = 0;

@@ -71,8 +71,8 @@ int glm_pipe_forward_cached(glm_pipe_lm *lm, glm_pipe_cache *c, int Tq, const in
  * slots; each stage keeps its layers' slots on its own device (greedy_out as
  * glm_stage_forward_cached_slots). */
 int glm_pipe_forward_cached_slots(glm_pipe_lm *lm, glm_pipe_cache *c, int slot0, int nrows, int Tq, const int *len,
-                                  const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
-                                  const int32_t *kv_hi, float *logits_out, int32_t *greedy_out, float *last_hidden_out,
+                                  const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos,
+                                  const int32_t *kv_lo, const int32_t *kv_hi, float *logits_out, int32_t *greedy_out, float *last_hidden_out,
                                   glm_err *err);
 /* glm_cached_rows_logits and glm_cached_rows_logprobs on the last stage, after a
  * glm_pipe_forward_cached_slots call. */
