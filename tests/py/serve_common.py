@@ -141,3 +141,14 @@ def prompt_ids(server, before, wait=10.0):
         if time.time() - t0 > wait:
             return None
         time.sleep(0.05)
+
+
+def logged(server, text, wait=10.0):
+    """Whether serve's stderr holds text, waiting for it (a thread reads the log, so a line can land
+    a moment after the answer it belongs to)."""
+    t0 = time.time()
+    while text not in server.text():
+        if time.time() - t0 > wait:
+            return False
+        time.sleep(0.05)
+    return True

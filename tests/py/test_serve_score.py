@@ -161,7 +161,7 @@ def glm1_cases(tmp):
                 alone = [score(S, {"model": "rm", "messages": [m]})[1].get("scores", [None])[0] for m in msgs[:3]]
                 expected[0] += 3
                 report("serve_score_batch_equals_each_alone", alone == got[:3], "%s vs %s" % (alone, got[:3]))
-                report("serve_score_texts_scored_together", "texts scored together" in S.text(),
+                report("serve_score_texts_scored_together", sc.logged(S, "texts scored together"),
                        "the batch's texts through free slots beside the request's, one forward")
         # max_length: the first tokens only (as truncation=True): the prompt, [gMASK] <sop> and two more
         cut = len(encode(tok, msgs[0]["prompt"])) + 4
