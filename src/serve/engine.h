@@ -45,6 +45,19 @@ typedef struct srv_logprob {
     float top_lp[SRV_MAX_TOP_LOGPROBS];
 } srv_logprob;
 
+/* News of several requests at once: a streamed answer of several choices waits on one of these
+ * (the requests ring it when their text grows or they end). Counted references: the waiter's and
+ * each request's. */
+typedef struct srv_waker {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned long rings;       /* how often it rang (a waiter compares the count it saw) */
+    int refs;
+} srv_waker;
+srv_waker *srv_waker_new(void);
+void srv_waker_put(srv_waker *w);
+void srv_waker_ring(srv_waker *w);
+
 typedef struct srv_req srv_req;
 struct srv_req {
     /* set before srv_engine_submit */
@@ -68,6 +81,7 @@ struct srv_req {
                                /* model's: token i under the logits of the row before it) */
     int no_generate;           /* echo with max_tokens 0: the prompt only, no token generated */
     char *echo;                /* echo (the HTTP side's): the prompt's text, put before the response */
+    srv_waker *waker;          /* rung with cv (one reference, the request's), or NULL */
     /* shared with the HTTP side, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;

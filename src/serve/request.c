@@ -46,9 +46,35 @@ void srv_req_put(srv_req *r) {
     for (int i = 0; i < r->n_texts; i++) glm_ids_free(&r->texts[i]);
     free(r->texts);
     free(r->scores);
+    if (r->waker) srv_waker_put(r->waker);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
+}
+
+srv_waker *srv_waker_new(void) {
+    srv_waker *w = glm_calloc(1, sizeof *w);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->refs = 1;
+    return w;
+}
+
+void srv_waker_put(srv_waker *w) {
+    pthread_mutex_lock(&w->mu);
+    int left = --w->refs;
+    pthread_mutex_unlock(&w->mu);
+    if (left > 0) return;
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
+void srv_waker_ring(srv_waker *w) {
+    pthread_mutex_lock(&w->mu);
+    w->rings++;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
 }
 
 /* ---------------------------------------------------------------- errors */
@@ -295,11 +321,6 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     int nc = 1; /* choices a prompt */
     if (integer(o, "n", 1, SRV_MAX_PROMPTS, &x, e) < 0) goto out;
     if (srv_present(srv_field(o, "n"))) nc = (int)x;
-    if (nc > 1 && q->stream) {
-        srv_bad(e, 400, "n", "unsupported_value", "stream with n %d: stream one choice a request (or leave stream out to "
-                "have the %d choices in one answer)", nc, nc);
-        goto out;
-    }
     int echo = 0;
     if (!chat) {
         const cJSON *v;
@@ -390,11 +411,6 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
         if (srv_chat_prompt(S, o, body, n, &pids[0], &q->tools, e)) goto out;
     } else {
         if (completion_prompts(S, srv_field(o, "prompt"), &pids, &ptexts, &np, e)) goto out;
-        if (np > 1 && q->stream) {
-            srv_bad(e, 400, "stream", "unsupported_value", "stream with %d prompts: stream one prompt a request (or leave "
-                    "stream out to have a choice for each prompt)", np);
-            goto out;
-        }
     }
     if ((long)np * nc > SRV_MAX_PROMPTS) {
         srv_bad(e, 400, "n", "invalid_value", "%d prompts x n %d = %ld choices; at most %d a request", np, nc, (long)np * nc,

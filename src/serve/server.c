@@ -138,24 +138,51 @@ static int peer_gone(int fd) {
 /* ---------------------------------------------------------------- responses */
 
 /* Waits (r->mu held) for news of r, 50 ms at most, so the waiter can look at its peer between. */
-static void wait_slice(srv_req *r) {
+static struct timespec slice_end(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 50 * 1000000L;
     if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    return ts;
+}
+static void wait_slice(srv_req *r) {
+    struct timespec ts = slice_end();
     pthread_cond_timedwait(&r->cv, &r->mu, &ts);
 }
 
+/* Response bytes formatted, not yet handed to MHD (s[off, n) are left). */
+typedef struct out_buf {
+    char *s;
+    size_t n, off;
+} out_buf;
+
+static void out_add(out_buf *b, const char *s, size_t n) {
+    b->s = glm_realloc(b->s, b->n + n + 1);
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+
+/* Up to max of b's bytes into buf: how many (0: none left). */
+static size_t out_take(out_buf *b, char *buf, size_t max) {
+    size_t k = b->n - b->off < max ? b->n - b->off : max;
+    memcpy(buf, b->s + b->off, k);
+    b->off += k;
+    if (b->off == b->n) b->off = b->n = 0;
+    return k;
+}
+
+/* One choice's response: its request, what of it went out, its chunks not yet sent. */
 typedef struct stream_ctx {
     srv_server *S;
     srv_req *r;
     int fd;
     int chat, stream, include_usage;
+    int index;                 /* the choice's index in its answer */
     int phase;                 /* 0: first chunk not sent, 1: streaming, 2: ended */
     size_t sent;               /* bytes of r->text sent */
     size_t seen;               /* bytes of r->text looked at (sent, or held back) */
-    char *pend;                /* formatted, not yet handed to MHD */
-    size_t npend, off;
+    out_buf out;
     char id[64], model[256];
     long created;
     srv_tools tools;           /* a chat request's tools: its answer may be a call */
@@ -197,12 +224,7 @@ static void add_logprobs(stream_ctx *c, cJSON *x) {
     c->n_lp_pend = 0;
 }
 
-static void pend_add(stream_ctx *c, const char *s, size_t n) {
-    c->pend = glm_realloc(c->pend, c->npend + n + 1);
-    memcpy(c->pend + c->npend, s, n);
-    c->npend += n;
-    c->pend[c->npend] = 0;
-}
+static void pend_add(stream_ctx *c, const char *s, size_t n) { out_add(&c->out, s, n); }
 
 static void pend_json(stream_ctx *c, cJSON *o, int sse) {
     char *s = cJSON_PrintUnformatted(o);
@@ -247,7 +269,7 @@ static void chunk_as(stream_ctx *c, const char *key, const char *delta, size_t n
     cJSON *o = head(c, c->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *x = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, x);
-    cJSON_AddNumberToObject(x, "index", 0);
+    cJSON_AddNumberToObject(x, "index", c->index);
     char *t = glm_malloc(n + 1);
     memcpy(t, delta ? delta : "", n);
     t[n] = 0;
@@ -334,7 +356,7 @@ static void call_chunk(stream_ctx *c, cJSON *call) {
     cJSON *o = head(c, "chat.completion.chunk");
     cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *x = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, x);
-    cJSON_AddNumberToObject(x, "index", 0);
+    cJSON_AddNumberToObject(x, "index", c->index);
     cJSON *d = cJSON_AddObjectToObject(x, "delta");
     cJSON_AddItemToObject(d, c->tools.legacy ? "function_call" : "tool_calls", call);
     if (c->r->logprobs) add_logprobs(c, x);
@@ -394,6 +416,80 @@ static cJSON *choice(stream_ctx *c, int index) {
     return x;
 }
 
+/* Streams what is new in c's request: the text released since the last look as chunks with its
+ * tokens' log-probabilities (held back whole while it may still begin a tool call). 1 when there
+ * was new text. */
+static int stream_text(stream_ctx *c) {
+    srv_req *r = c->r;
+    pthread_mutex_lock(&r->mu);
+    size_t n = r->text.n;
+    char *text = NULL;
+    int news = n > c->seen;
+    if (news) {
+        /* a response that may still begin a call of one of the tools is held back whole (with
+         * a thought before it: any response to a request with tools) */
+        c->holding = c->chat && c->sent == 0 &&
+                     (c->think ? c->tools.on : (c->tools.on && c->tools.forced) || srv_tools_may_call(&c->tools, r->text.s, n));
+        if (!c->holding) { /* with think: all of it, whose parts say what is new in each */
+            text = glm_strndup(r->text.s + c->sent, n - c->sent);
+            take_lps(c); /* the tokens decoded so far travel with this text */
+        }
+        c->seen = n;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (text && c->think) { /* c->sent stays 0: text is the whole response so far */
+        think_chunks(c, text, n, 0);
+    } else if (text) {
+        chunk(c, text, n - c->sent, NULL, 0);
+        c->sent = n;
+    }
+    free(text);
+    return news;
+}
+
+/* The last chunks of c's finished request, once its text has all been looked at (stream_text
+ * after r->done was seen): what was held back (a thought, a tool call or the answer) and the chunk
+ * with finish_reason; or, when it failed or was cancelled, an error event, and -1. */
+static int stream_end(stream_ctx *c) {
+    srv_req *r = c->r;
+    if (strcmp(r->finish, "stop") && strcmp(r->finish, "length")) {
+        pend_json(c, srv_error_body(r->error[0] ? r->error : "the request was cancelled", "server_error", NULL, r->finish), 1);
+        return -1;
+    }
+    const char *finish = r->finish;
+    take_lps(c); /* done: the rest of the entries go with the last chunks */
+    char *thought = NULL, *answer = NULL;
+    if (c->think && c->holding) { /* its thought first, then the call or the answer */
+        answer = think_parts(r->final, &thought);
+        if (thought) chunk_as(c, "reasoning_content", thought, strlen(thought), NULL, 0);
+    } else if (c->think) { /* what the stream held back while it might be a tag */
+        think_chunks(c, r->final, strlen(r->final), 1);
+    }
+    const char *resp = answer ? answer : r->final;
+    cJSON *call = c->holding ? tool_call(c, resp, &finish) : NULL;
+    if (call) call_chunk(c, call);
+    else if (c->holding) { /* held, not a call after all */
+        char *t = answer_text(c, resp);
+        if (t[0]) chunk(c, t, strlen(t), NULL, 0);
+        free(t);
+    }
+    free(thought);
+    free(answer);
+    chunk(c, NULL, 0, finish, 0);
+    return 0;
+}
+
+/* A stream's usage chunk (stream_options.include_usage): no choices, the usage u. */
+static void usage_chunk(stream_ctx *c, cJSON *u) {
+    cJSON *o = head(c, c->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToObject(o, "usage", u);
+    pend_json(c, o, 1);
+}
+
+/* The seconds between keep-alive bytes while a response waits. */
+static double keepalive_interval(const srv_server *S) { return S->o.timeout_s > 3 ? 1.0 : S->o.timeout_s / 3.0; }
+
 /* MHD's content reader: waits for the engine's text (a keep-alive byte or SSE comment every
  * interval, so the idle timeout never cuts a waiting response), drops the request when the
  * client has gone. */
@@ -402,13 +498,7 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     srv_req *r = c->r;
     (void)pos;
     for (;;) {
-        if (c->off < c->npend) {
-            size_t k = c->npend - c->off < max ? c->npend - c->off : max;
-            memcpy(buf, c->pend + c->off, k);
-            c->off += k;
-            if (c->off == c->npend) c->off = c->npend = 0;
-            return (ssize_t)k;
-        }
+        if (c->out.n) return (ssize_t)out_take(&c->out, buf, max);
         if (c->phase == 2) return MHD_CONTENT_READER_END_OF_STREAM;
         if (c->stream && c->phase == 0) { /* the assistant role first, as OpenAI sends it */
             if (c->chat) chunk(c, "", 0, NULL, 1);
@@ -416,7 +506,7 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             continue;
         }
         /* wait for news: slices of 50 ms, checking the peer */
-        double interval = c->S->o.timeout_s > 3 ? 1.0 : c->S->o.timeout_s / 3.0, waited = 0;
+        double interval = keepalive_interval(c->S), waited = 0;
         pthread_mutex_lock(&r->mu);
         /* a whole answer waits for the end only: its text is not news (a keep-alive byte a interval) */
         while (!r->done && (!c->stream || r->text.n == c->seen) && waited < interval) {
@@ -430,31 +520,8 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             waited += 0.05;
         }
         int done = r->done;
-        size_t n = r->text.n;
-        char *text = NULL;
-        if (c->stream && n > c->seen) {
-            /* a response that may still begin a call of one of the tools is held back whole (with
-             * a thought before it: any response to a request with tools) */
-            c->holding = c->chat && c->sent == 0 &&
-                         (c->think ? c->tools.on : (c->tools.on && c->tools.forced) || srv_tools_may_call(&c->tools, r->text.s, n));
-            if (!c->holding) { /* with think: all of it, whose parts say what is new in each */
-                text = glm_strndup(r->text.s + c->sent, n - c->sent);
-                take_lps(c); /* the tokens decoded so far travel with this text */
-            }
-            c->seen = n;
-        }
         pthread_mutex_unlock(&r->mu);
-        if (text && c->think) { /* c->sent stays 0: text is the whole response so far */
-            think_chunks(c, text, n, 0);
-            free(text);
-            continue;
-        }
-        if (text) {
-            chunk(c, text, n - c->sent, NULL, 0);
-            c->sent = n;
-            free(text);
-            continue;
-        }
+        if (c->stream && stream_text(c)) continue; /* all the text goes out before the end */
         if (!done) { /* keep-alive */
             if (c->stream) pend_add(c, ": keep-alive\n\n", 14);
             else pend_add(c, " ", 1);
@@ -462,36 +529,8 @@ static ssize_t read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (!c->stream) {
             whole(c);
-        } else if (!strcmp(r->finish, "stop") || !strcmp(r->finish, "length")) {
-            const char *finish = r->finish;
-            take_lps(c); /* done: the rest of the entries go with the last chunks */
-            char *thought = NULL, *answer = NULL;
-            if (c->think && c->holding) { /* its thought first, then the call or the answer */
-                answer = think_parts(r->final, &thought);
-                if (thought) chunk_as(c, "reasoning_content", thought, strlen(thought), NULL, 0);
-            } else if (c->think) { /* what the stream held back while it might be a tag */
-                think_chunks(c, r->final, strlen(r->final), 1);
-            }
-            const char *resp = answer ? answer : r->final;
-            cJSON *call = c->holding ? tool_call(c, resp, &finish) : NULL;
-            if (call) call_chunk(c, call);
-            else if (c->holding) { /* held, not a call after all */
-                char *t = answer_text(c, resp);
-                if (t[0]) chunk(c, t, strlen(t), NULL, 0);
-                free(t);
-            }
-            free(thought);
-            free(answer);
-            chunk(c, NULL, 0, finish, 0);
-            if (c->include_usage) {
-                cJSON *o = head(c, c->chat ? "chat.completion.chunk" : "text_completion");
-                cJSON_AddArrayToObject(o, "choices");
-                cJSON_AddItemToObject(o, "usage", usage(r));
-                pend_json(c, o, 1);
-            }
-            pend_add(c, "data: [DONE]\n\n", 14);
-        } else { /* cancelled (shutdown) or failed: an error event, then the end */
-            pend_json(c, srv_error_body(r->error[0] ? r->error : "the request was cancelled", "server_error", NULL, r->finish), 1);
+        } else {
+            if (stream_end(c) == 0 && c->include_usage) usage_chunk(c, usage(r));
             pend_add(c, "data: [DONE]\n\n", 14);
         }
         c->phase = 2;
@@ -509,7 +548,7 @@ static void free_cb(void *cls) {
     free(c->lp_pend);
     cJSON_Delete(c->thudm_history);
     free(c->thudm_prompt);
-    free(c->pend);
+    free(c->out.s);
     free(c);
 }
 
@@ -548,15 +587,55 @@ static void new_id(char *id, size_t cap, const char *kind, long created) {
     snprintf(id, cap, "%s-%lx%06lx", kind, (unsigned long)created, (unsigned long)atomic_fetch_add(&seq, 1) & 0xffffff);
 }
 
-/* A completion of several choices (a list of prompts, or n > 1; not streamed): each queued as its
- * own request, all waited for on this connection's thread, answered whole with a choice each
+/* The contexts of q's choices (q->batch), one answer's: its id, choice i at index i. They share
+ * q's tools (q frees them) and borrow q's references. */
+static stream_ctx *choice_ctxs(srv_server *S, const api_req *q, int fd) {
+    stream_ctx *cs = glm_calloc((size_t)q->n_batch, sizeof *cs);
+    long created = (long)time(NULL);
+    char id[64];
+    new_id(id, sizeof id, q->chat ? "chatcmpl" : "cmpl", created);
+    for (int i = 0; i < q->n_batch; i++) {
+        cs[i] = (stream_ctx){.S = S, .r = q->batch[i], .fd = fd, .created = created, .chat = q->chat, .stream = q->stream,
+                             .index = i, .tools = q->tools, .think = thinks(S, q->chat, &q->tools, 0)};
+        snprintf(cs[i].id, sizeof cs[i].id, "%s", id);
+        snprintf(cs[i].model, sizeof cs[i].model, "%s", q->model);
+    }
+    return cs;
+}
+
+/* The usage of q's finished choices: each prompt counted once for its n choices. */
+static cJSON *choices_usage(const api_req *q) {
+    long pt = 0, ct = 0;
+    for (int i = 0; i < q->n_batch; i++) {
+        if (i % q->n_choices == 0) pt += q->batch[i]->prompt.n;
+        ct += q->batch[i]->n_out;
+    }
+    return usage_of(pt, ct);
+}
+
+static void free_choice_ctxs(stream_ctx *cs, int k) {
+    for (int i = 0; cs && i < k; i++) {
+        free(cs[i].lp_pend);
+        free(cs[i].out.s);
+    }
+    free(cs);
+}
+
+/* The 400 for more choices than the server ever holds at once (NULL when they fit). */
+static const char *too_many_choices(srv_server *S, const api_req *q, char *msg, size_t cap) {
+    if (q->n_batch <= srv_engine_capacity(S->e)) return NULL;
+    snprintf(msg, cap, "%d choices in one request; this server queues at most %d requests at once "
+             "(--max_batch_size + --max_queue): send fewer prompts or a smaller n", q->n_batch, srv_engine_capacity(S->e));
+    return msg;
+}
+
+/* A completion of several choices (a list of prompts, or n > 1), not streamed: each queued as
+ * its own request, all waited for on this connection's thread, answered whole with a choice each
  * (index: its place in q->batch) and their usage summed. One that fails fails the whole answer. */
 static enum MHD_Result batch_completion(srv_server *S, struct MHD_Connection *conn, api_req *q) {
     int k = q->n_batch, fd = conn_fd(conn);
-    if (k > srv_engine_capacity(S->e)) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "%d choices in one request; this server queues at most %d requests at once "
-                 "(--max_batch_size + --max_queue): send fewer prompts or a smaller n", k, srv_engine_capacity(S->e));
+    char msg[200];
+    if (too_many_choices(S, q, msg, sizeof msg)) {
         srv_api_req_free(q);
         return send_error(conn, 400, msg, "invalid_request_error", "prompt", "too_many_choices");
     }
@@ -566,36 +645,164 @@ static enum MHD_Result batch_completion(srv_server *S, struct MHD_Connection *co
         return busy(conn, st);
     }
     for (int i = 0; i < k; i++) wait_done(q->batch[i], fd);
-    stream_ctx *cs = glm_calloc((size_t)k, sizeof *cs);
-    long created = (long)time(NULL);
-    char id[64];
-    new_id(id, sizeof id, q->chat ? "chatcmpl" : "cmpl", created);
+    stream_ctx *cs = choice_ctxs(S, q, fd);
     const srv_req *failed = NULL;
-    for (int i = 0; i < k; i++) { /* the contexts share q's tools (q frees them) */
-        cs[i] = (stream_ctx){.S = S, .r = q->batch[i], .created = created, .chat = q->chat, .tools = q->tools,
-                             .think = thinks(S, q->chat, &q->tools, 0)};
-        snprintf(cs[i].id, sizeof cs[i].id, "%s", id);
-        snprintf(cs[i].model, sizeof cs[i].model, "%s", q->model);
-        if (!failed && strcmp(q->batch[i]->finish, "stop") && strcmp(q->batch[i]->finish, "length")) failed = q->batch[i];
-    }
+    for (int i = 0; i < k && !failed; i++)
+        if (strcmp(q->batch[i]->finish, "stop") && strcmp(q->batch[i]->finish, "length")) failed = q->batch[i];
     enum MHD_Result rc;
     if (failed) {
         rc = send_error(conn, 500, failed->error[0] ? failed->error : "the request was cancelled", "server_error", NULL,
                         failed->finish);
     } else {
         cJSON *o = head(&cs[0], q->chat ? "chat.completion" : "text_completion"), *ch = cJSON_AddArrayToObject(o, "choices");
-        long pt = 0, ct = 0;
-        for (int i = 0; i < k; i++) {
-            cJSON_AddItemToArray(ch, choice(&cs[i], i));
-            if (i % q->n_choices == 0) pt += q->batch[i]->prompt.n; /* a prompt counts once for its n choices */
-            ct += q->batch[i]->n_out;
-        }
-        cJSON_AddItemToObject(o, "usage", usage_of(pt, ct));
+        for (int i = 0; i < k; i++) cJSON_AddItemToArray(ch, choice(&cs[i], i));
+        cJSON_AddItemToObject(o, "usage", choices_usage(q));
         rc = send_json(conn, 200, o);
     }
-    for (int i = 0; i < k; i++) free(cs[i].lp_pend);
-    free(cs);
+    free_choice_ctxs(cs, k);
     srv_api_req_free(q);
+    return rc;
+}
+
+/* A streamed answer of several choices: each choice its own request and context (its index),
+ * their chunks in one stream as they come, each choice ending with its finish_reason chunk, then
+ * the usage of all (include_usage) and [DONE]. The requests ring one waker. A choice that fails
+ * ends the stream with an error event and cancels the others. */
+typedef struct group_ctx {
+    srv_server *S;
+    api_req q;                 /* the choices' requests (its references) and tools */
+    stream_ctx *cs;            /* [q.n_batch] */
+    int *ended;                /* [q.n_batch] 1: the choice's last chunk is out */
+    srv_waker *w;              /* one reference, the group's */
+    int fd, phase;             /* phase: 0 roles not sent, 1 streaming, 2 ended */
+    out_buf out;
+} group_ctx;
+
+/* Whether a choice still running has news (new text, or its end); the waker's count first, so
+ * a ring after this look is not missed. */
+static int group_news(group_ctx *g, unsigned long *rings) {
+    pthread_mutex_lock(&g->w->mu);
+    *rings = g->w->rings;
+    pthread_mutex_unlock(&g->w->mu);
+    for (int i = 0; i < g->q.n_batch; i++) {
+        if (g->ended[i]) continue;
+        srv_req *r = g->cs[i].r;
+        pthread_mutex_lock(&r->mu);
+        int news = r->done || r->text.n > g->cs[i].seen;
+        pthread_mutex_unlock(&r->mu);
+        if (news) return 1;
+    }
+    return 0;
+}
+
+static void group_cancel(group_ctx *g) {
+    for (int i = 0; i < g->q.n_batch; i++) atomic_store(&g->q.batch[i]->cancel, 1);
+}
+
+/* The choices' chunks into the group's stream, in the order of their indices. */
+static void group_move(group_ctx *g) {
+    for (int i = 0; i < g->q.n_batch; i++) {
+        out_add(&g->out, g->cs[i].out.s ? g->cs[i].out.s : "", g->cs[i].out.n);
+        g->cs[i].out.n = 0;
+    }
+}
+
+static ssize_t group_read_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    group_ctx *g = cls;
+    int k = g->q.n_batch;
+    (void)pos;
+    for (;;) {
+        if (g->out.n) return (ssize_t)out_take(&g->out, buf, max);
+        if (g->phase == 2) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (g->phase == 0) { /* each choice's assistant role first, as OpenAI sends them */
+            for (int i = 0; g->q.chat && i < k; i++) chunk(&g->cs[i], "", 0, NULL, 1);
+            g->phase = 1;
+        } else {
+            double interval = keepalive_interval(g->S), waited = 0;
+            unsigned long rings;
+            int news;
+            while (!(news = group_news(g, &rings)) && waited < interval) {
+                if (peer_gone(g->fd)) {
+                    group_cancel(g);
+                    return MHD_CONTENT_READER_END_WITH_ERROR;
+                }
+                struct timespec ts = slice_end();
+                pthread_mutex_lock(&g->w->mu);
+                if (g->w->rings == rings) pthread_cond_timedwait(&g->w->cv, &g->w->mu, &ts);
+                pthread_mutex_unlock(&g->w->mu);
+                waited += 0.05;
+            }
+            if (!news) { /* keep-alive */
+                out_add(&g->out, ": keep-alive\n\n", 14);
+                continue;
+            }
+            int left = 0, failed = 0;
+            for (int i = 0; i < k && !failed; i++) {
+                if (g->ended[i]) continue;
+                stream_ctx *c = &g->cs[i];
+                pthread_mutex_lock(&c->r->mu);
+                int done = c->r->done; /* before the text: all of a done request's text is released */
+                pthread_mutex_unlock(&c->r->mu);
+                stream_text(c);
+                if (done) {
+                    failed = stream_end(c) < 0;
+                    g->ended[i] = 1;
+                } else {
+                    left++;
+                }
+            }
+            group_move(g);
+            if (failed) group_cancel(g);
+            else if (!left && g->cs[0].include_usage) usage_chunk(&g->cs[0], choices_usage(&g->q));
+            if (failed || !left) {
+                out_add(&g->cs[0].out, "data: [DONE]\n\n", 14);
+                g->phase = 2;
+            }
+        }
+        group_move(g);
+    }
+}
+
+static void group_free_cb(void *cls) {
+    group_ctx *g = cls;
+    group_cancel(g); /* those still running: the connection ended first */
+    free_choice_ctxs(g->cs, g->q.n_batch);
+    free(g->ended);
+    srv_waker_put(g->w);
+    srv_api_req_free(&g->q);
+    free(g->out.s);
+    free(g);
+}
+
+static enum MHD_Result stream_group(srv_server *S, struct MHD_Connection *conn, api_req *q) {
+    char msg[200];
+    if (too_many_choices(S, q, msg, sizeof msg)) {
+        srv_api_req_free(q);
+        return send_error(conn, 400, msg, "invalid_request_error", "prompt", "too_many_choices");
+    }
+    group_ctx *g = glm_calloc(1, sizeof *g);
+    g->S = S;
+    g->q = *q;
+    g->w = srv_waker_new();
+    for (int i = 0; i < q->n_batch; i++) { /* before they reach the engine */
+        g->w->refs++;
+        q->batch[i]->waker = g->w;
+    }
+    int st = srv_engine_submit_all(S->e, q->batch, q->n_batch);
+    if (st) {
+        group_free_cb(g);
+        return busy(conn, st);
+    }
+    g->fd = conn_fd(conn);
+    g->cs = choice_ctxs(S, q, g->fd);
+    g->cs[0].include_usage = q->include_usage;
+    g->ended = glm_calloc((size_t)q->n_batch, sizeof *g->ended);
+    struct MHD_Response *resp = mhd.create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, group_read_cb, g, group_free_cb);
+    if (!resp) { group_free_cb(g); return MHD_NO; }
+    mhd.add_response_header(resp, "Content-Type", "text/event-stream");
+    mhd.add_response_header(resp, "Cache-Control", "no-cache");
+    enum MHD_Result rc = mhd.queue_response(conn, 200, resp);
+    mhd.destroy_response(resp);
     return rc;
 }
 
@@ -615,7 +822,7 @@ static enum MHD_Result completion(srv_server *S, struct MHD_Connection *conn, in
         free(thudm_prompt);
         return send_error(conn, e.status, e.msg, e.type, e.param, e.code);
     }
-    if (q.n_batch > 1) return batch_completion(S, conn, &q);
+    if (q.n_batch > 1) return q.stream ? stream_group(S, conn, &q) : batch_completion(S, conn, &q);
     int st = srv_engine_submit(S->e, q.r);
     if (st) {
         srv_api_req_free(&q);

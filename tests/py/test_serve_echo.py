@@ -12,11 +12,13 @@ random ChatGLM2-family model (a causal LM) against the PyTorch reference (glm2_r
   * `max_tokens: 0` with echo (the prompt alone), echo of a text prompt, a list of prompts (a choice
     each, each as its own request), streamed echo (the same text and entries as whole), and the same
     numbers from a model split over 2 pipeline stages;
-  * `n` choices (completions, a list of prompts, chat): choice j samples with seed + j;
+  * `n` choices (completions, a list of prompts, chat): choice j samples with seed + j; streamed,
+    each choice's chunks (text, log-probabilities, finish) put together equal the whole answer's,
+    with the official openai client too; a client that leaves a streamed group cancels all of it;
   * a slow whole answer carries a few keep-alive bytes, not a stream of them;
   * POST /tokenize (with and without special tokens; messages), /detokenize, GET /tokenizer_info;
-  * refusals: echo with logprobs on ChatGLM-6B (a prefix LM), max_tokens 0 without echo, several
-    prompts or choices streamed, bad ids, ChatGLM-6B ids without [gMASK]/<sop>, too many prompts, too long.
+  * refusals: echo with logprobs on ChatGLM-6B (a prefix LM), max_tokens 0 without echo, bad ids,
+    ChatGLM-6B ids without [gMASK]/<sop>, too many prompts, too long.
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
@@ -201,6 +203,70 @@ def n_cases(S):
             "%s %s vs %s" % (st, json.dumps(b)[:300], want))
 
 
+def sse_events(raw):
+    """The data events of a raw SSE body: (parsed JSON events, whether it ended with [DONE])."""
+    ev = [json.loads(line[6:]) for line in raw.split("\n") if line.startswith("data: {")]
+    return ev, raw.rstrip().endswith("data: [DONE]")
+
+
+def stream_raw(S, path, body, timeout=60):
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", S.port, timeout=timeout)
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    raw = r.read().decode()
+    c.close()
+    return r.status, r.getheader("Content-Type"), raw
+
+
+def stream_n_cases(S):
+    """Several choices streamed (a list of prompts with n, chat with n): each choice's chunks,
+    put together, are its choice of the whole answer (text, log-probabilities, finish), each
+    choice ends once, the usage chunk sums them, [DONE] last."""
+    prompts = ["写一句关于春的诗", "你好"]
+    base = {"prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 1.0, "seed": 11, "logprobs": 1}
+    st, whole = post(S, "/v1/completions", base)
+    st2, ctype, raw = stream_raw(S, "/v1/completions", dict(base, stream=True, stream_options={"include_usage": True}))
+    ev, done = sse_events(raw)
+    text, lps, fin = {}, {}, {}
+    ok = st == st2 == 200 and ctype == "text/event-stream" and done and len(ev) > 5
+    for e in ev[:-1]:
+        ok = ok and len(e["choices"]) == 1 and e["id"] == ev[0]["id"] and e["object"] == "text_completion"
+        c = e["choices"][0]
+        i = c["index"]
+        ok = ok and i not in fin  # nothing after a choice's finish
+        text[i] = text.get(i, "") + c["text"]
+        lps[i] = lps.get(i, []) + c["logprobs"]["token_logprobs"]
+        if c["finish_reason"]:
+            fin[i] = c["finish_reason"]
+    want = whole.get("choices", [])
+    ok = ok and sorted(text) == [0, 1, 2, 3] and len(want) == 4 and len(set(text.values())) > 1
+    for c in want:
+        i = c["index"]
+        ok = ok and text.get(i) == c["text"] and lps.get(i) == c["logprobs"]["token_logprobs"] and fin.get(i) == c["finish_reason"]
+    ok = ok and ev[-1]["choices"] == [] and ev[-1]["usage"] == whole["usage"]
+    T.check("stream_prompts_times_n_equals_whole", ok,
+            "%s %s %s\nstreamed %s %s\nwhole %s" % (st, st2, ctype, text, fin, json.dumps(whole)[:400]))
+    # chat through the official client: a role chunk for each choice, then its content
+    msgs = [{"role": "user", "content": "你好"}]
+    cl = S.client()
+    name = sc.http(S.port, "GET", "/v1/models")[1]["data"][0]["id"]
+    args = dict(model=name, messages=msgs, n=3, max_tokens=6, temperature=1.0, seed=11)
+    whole = cl.chat.completions.create(**args)
+    got, roles, fin = {}, {}, {}
+    for ch in cl.chat.completions.create(stream=True, **args):
+        for c in ch.choices:
+            if c.delta.role:
+                roles[c.index] = roles.get(c.index, 0) + 1
+            got[c.index] = got.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                fin[c.index] = c.finish_reason
+    want = {c.index: c.message.content for c in whole.choices}
+    T.check("stream_chat_n_equals_whole_openai_client", got == want and roles == {0: 1, 1: 1, 2: 1} and
+            fin == {c.index: c.finish_reason for c in whole.choices} and len(set(want.values())) > 1,
+            "%s %s %s vs %s" % (got, roles, fin, want))
+
+
 def keepalive_case(model):
     """A whole (not streamed) answer that takes a second: a few keep-alive bytes before it, not a
     stream of them (one a interval, whatever the text released meanwhile)."""
@@ -209,8 +275,9 @@ def keepalive_case(model):
     S = sc.Server(model, "--step_delay_ms", "20", "--max_batch_size", "2", "--max_queue", "2")
     try:
         st, b = post(S, "/v1/completions", {"prompt": ["a"] * 5, "max_tokens": 1})
-        T.check("refuses_more_choices_than_the_server_holds", st == 400 and "at most 4" in b["error"]["message"],
-                "%s %s" % (st, b))
+        st2, b2 = post(S, "/v1/completions", {"prompt": "a", "n": 5, "max_tokens": 1, "stream": True})
+        T.check("refuses_more_choices_than_the_server_holds", st == st2 == 400 and "at most 4" in b["error"]["message"] and
+                "at most 4" in b2["error"]["message"], "%s %s / %s %s" % (st, b, st2, b2))
         c = http.client.HTTPConnection("127.0.0.1", S.port, timeout=60)
         t0 = time.time()
         c.request("POST", "/v1/completions", json.dumps({"prompt": "你好", "max_tokens": 60, "ignore_eos": True}),
@@ -221,6 +288,25 @@ def keepalive_case(model):
         lead = len(raw) - len(raw.lstrip())
         T.check("whole_answer_few_keepalive_bytes", json.loads(raw)["usage"]["completion_tokens"] == 60 and lead <= 4 * dt + 4,
                 "%d leading bytes in %.2f s" % (lead, dt))
+        # a client that leaves a streamed group of choices cancels all of them
+        import socket
+        s = socket.create_connection(("127.0.0.1", S.port), timeout=10)
+        data = json.dumps({"prompt": "你好", "n": 2, "stream": True, "max_tokens": 200, "ignore_eos": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                  str(len(data)).encode() + b"\r\n\r\n" + data)
+        buf = b""
+        while buf.count(b"data: {") < 2:
+            k = s.recv(4096)
+            if not k:
+                break
+            buf += k
+        running = sc.http(S.port, "GET", "/health")[1]["running"]
+        s.close()
+        t0 = time.time()
+        while sc.http(S.port, "GET", "/health")[1]["running"] > 0 and time.time() - t0 < 3:
+            time.sleep(0.01)
+        T.check("closed_stream_of_n_cancels_every_choice", running == 2 and time.time() - t0 < 1.0,
+                "running %d, %.2f s to none" % (running, time.time() - t0))
     finally:
         S.stop()
 
@@ -276,8 +362,6 @@ def refusals(S, vocab):
     cases = [
         ("max_tokens_0_without_echo", {"prompt": "你好", "max_tokens": 0}, 400, "echo"),
         ("chat_max_tokens_0", {"messages": [{"role": "user", "content": "你好"}], "max_tokens": 0}, 400, "max_tokens"),
-        ("stream_several_prompts", {"prompt": ["a", "b"], "stream": True}, 400, "stream one prompt"),
-        ("stream_n_2", {"prompt": "a", "n": 2, "stream": True}, 400, "stream one choice"),
         ("n_0", {"prompt": "a", "n": 0}, 400, "n must be in [1, 256]"),
         ("prompts_times_n", {"prompt": ["a"] * 3, "n": 100}, 400, "3 prompts x n 100"),
         ("id_outside_vocabulary", {"prompt": [5, 8, vocab]}, 400, "prompt[2] must be a token id"),
@@ -339,6 +423,7 @@ def main():
             batch_cases(S, ids)
             stream_case(S, ids)
             n_cases(S)
+            stream_n_cases(S)
             tokenizer_cases(S, json.load(open(os.path.join(model, "config.json")))["eos_token_id"])
             refusals(S, vocab)
             body = {"prompt": reqs, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}

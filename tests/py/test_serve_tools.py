@@ -8,8 +8,8 @@ until it answers one question with a tool call and another with text, then
     reference tokenizer (--debug ids);
   * the tool call comes back as tool_calls (finish_reason "tool_calls"), content null, its
     arguments json.dumps of the call's keyword arguments; the older `functions` get function_call;
-  * streamed, the call arrives as one tool_calls delta (nothing of its text as content), while
-    a text answer streams as content;
+  * streamed (one choice, or n of them), the call arrives as one tool_calls delta each (nothing
+    of its text as content), while a text answer streams as content;
   * the next request, with the assistant's tool_calls and the tool's result (role tool), builds
     the turns the demo builds (<|assistant|>NAME, then <|observation|>), also when the
     assistant's message carries the model's own text (the demo's way);
@@ -159,6 +159,19 @@ def main():
             model="model", messages=[{"role": "user", "content": "你好"}], tools=TOOLS, temperature=0, max_tokens=40,
             stream=True) if ck.choices and ck.choices[0].delta.content]
         check("streamed_text_answer_with_tools", "".join(parts) == ANSWER, parts)
+        # n choices streamed: each choice held back on its own, each a call in one delta
+        per = {}
+        for ck in c.chat.completions.create(model="model", messages=q, tools=TOOLS, temperature=0, max_tokens=40,
+                                            n=2, stream=True):
+            for ch in ck.choices:
+                p = per.setdefault(ch.index, {"calls": [], "text": "", "finish": None})
+                p["calls"] += ch.delta.tool_calls or []
+                p["text"] += ch.delta.content or ""
+                p["finish"] = ch.finish_reason or p["finish"]
+        check("streamed_n_2_tool_calls_one_delta_each", sorted(per) == [0, 1] and all(
+            p["finish"] == "tool_calls" and p["text"] == "" and len(p["calls"]) == 1 and
+            p["calls"][0].function.name == "get_weather" and json.loads(p["calls"][0].function.arguments) == {"city": "北京"}
+            for p in per.values()), per)
         # the next turn: the call and the tool's result
         hist = [{"role": "system", "content": PREAMBLE, "tools": TOOLS}, {"role": "user", "content": "北京天气怎么样"},
                 {"role": "assistant", "metadata": "get_weather", "content": "```python\ntool_call(city='北京')\n```"}]
