@@ -143,7 +143,7 @@ test: all
 # The C tests again under AddressSanitizer + UBSan (CPU only).
 test-asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" all
-	@BUILD=build-asan PYTHON=$(PYTHON) ONLY_C=1 bash tests/run.sh
+	@BUILD=build-asan PYTHON=$(PYTHON) ONLY_C=1 ASAN_PY="tests/py/test_serve.py tests/py/test_serve_echo.py" bash tests/run.sh
 
 # libFuzzer targets, one per parser (tests/fuzz, clang + ASan/UBSan), each run for FUZZ_SECONDS
 # from the seeds in tests/fuzz/seeds; `make test` runs them for 15 s each (docs/RELIABILITY.md).

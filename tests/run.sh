@@ -35,6 +35,22 @@ if [ -z "${ONLY_C:-}" ]; then
     for t in tests/py/test_*.py; do [ -f "$t" ] && run_one "$(basename "$t")" "$PYTHON" "$t"; done
     for t in tests/sh/test_*.sh; do [ -f "$t" ] && run_one "$(basename "$t")" bash "$t"; done
 fi
+# ASAN_PY: scripts that also run with ONLY_C (the sanitizer build's servers: threads and request
+# lifetimes the C tests do not reach). Every process's sanitizer report goes to a file; a script
+# that leaves one counts as a failure, whatever its own lines say.
+if [ -n "${ONLY_C:-}" ] && [ -n "${ASAN_PY:-}" ]; then
+    adir=$(mktemp -d)
+    for t in $ASAN_PY; do
+        export ASAN_OPTIONS="log_path=$adir/asan:detect_leaks=1" UBSAN_OPTIONS="log_path=$adir/ubsan:print_stacktrace=1"
+        run_one "$(basename "$t")" "$PYTHON" "$t"
+        unset ASAN_OPTIONS UBSAN_OPTIONS
+        if ls "$adir"/* >/dev/null 2>&1; then
+            echo "  $(basename "$t"): FAIL sanitizer report:"; head -n 40 "$adir"/* | sed 's/^/    /'
+            fail=$((fail + 1)); rm -f "$adir"/*
+        fi
+    done
+    rm -rf "$adir"
+fi
 rm -f "$log"
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -565,6 +565,7 @@ static void decode_group(srv_engine *e, int k) {
 static void *engine_main(void *arg) {
     srv_engine *e = arg;
     srv_req **adm = glm_calloc((size_t)e->nslots, sizeof *adm);
+    int *adm_slot = glm_calloc((size_t)e->nslots, sizeof *adm_slot);
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && !e->qhead && e->active == 0 && !e->draining) pthread_cond_wait(&e->cv, &e->mu);
@@ -581,16 +582,22 @@ static void *engine_main(void *arg) {
             r->slot = s;
             e->active++;
             if (e->active > e->peak) e->peak = e->active;
+            adm_slot[nadm] = s;
             adm[nadm++] = r;
         }
         pthread_mutex_unlock(&e->mu);
-        /* a client that went away frees its slot now */
+        /* a client that went away frees its slot now (finish may free the request: one admitted
+         * this step leaves adm too, by its slot, without a look at it) */
         for (int s = 0; s < e->nslots; s++)
             if (e->slot[s] && atomic_load(&e->slot[s]->cancel)) {
                 srv_req *r = e->slot[s];
                 if (!r->admitted) { r->admitted = 1; glm_streamer_init(&r->st, e->tok, r->postprocess); }
                 finish(e, r, "cancelled", -1, NULL);
             }
+        int kept = 0;
+        for (int i = 0; i < nadm; i++)
+            if (e->slot[adm_slot[i]] == adm[i]) { adm[kept] = adm[i]; adm_slot[kept++] = adm_slot[i]; }
+        nadm = kept;
         double t_step = glm_now();
         prefill_all(e, adm, nadm);
         for (int s = 0; s < e->nslots; s++) /* score requests: their next texts each step */
@@ -628,6 +635,7 @@ static void *engine_main(void *arg) {
         q = nx;
     }
     free(adm);
+    free(adm_slot);
     return NULL;
 }
 
