@@ -140,10 +140,13 @@ $(BUILD)/overlap_probe: bench/overlap_probe.cu $(FLAGS_STAMP)
 test: all
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run.sh
 
-# The C tests again under AddressSanitizer + UBSan (CPU only).
+# The C tests again under AddressSanitizer + UBSan (CPU only), and the server's quick tests: the
+# engine and HTTP threads share requests whose lifetimes the C tests do not reach.
+ASAN_PY := $(addprefix tests/py/,test_serve.py test_serve_echo.py test_serve_score.py test_serve_logprobs.py \
+                                 test_serve_thudm_api.py test_glmz1.py)
 test-asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" all
-	@BUILD=build-asan PYTHON=$(PYTHON) ONLY_C=1 ASAN_PY="tests/py/test_serve.py tests/py/test_serve_echo.py" bash tests/run.sh
+	@BUILD=build-asan PYTHON=$(PYTHON) ONLY_C=1 ASAN_PY="$(ASAN_PY)" bash tests/run.sh
 
 # libFuzzer targets, one per parser (tests/fuzz, clang + ASan/UBSan), each run for FUZZ_SECONDS
 # from the seeds in tests/fuzz/seeds; `make test` runs them for 15 s each (docs/RELIABILITY.md).
