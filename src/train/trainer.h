@@ -85,6 +85,9 @@ typedef struct trainer {
 /* The job's first rank: with pipeline stages dp->rank is the replica within a stage. */
 static inline int lead(const trainer *t) { return t->pp ? t->pp->world_rank == 0 : t->dp->rank == 0; }
 
+/* The seed of the training rows' order: --data_seed, or --seed without it (-1 with err for text
+ * that is not a whole number in int's range). */
+int trainer_data_seed(const glm_train_args *a, int *out, glm_err *err);
 int trainer_pick_backend(trainer *t, glm_err *err);
 int trainer_load_model(trainer *t, glm_err *err);
 int trainer_load_tokenizer(trainer *t, glm_err *err);
