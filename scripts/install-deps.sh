@@ -38,10 +38,12 @@ done
 # tests/py/test_serve_page.py (fonts-wqy-microhei: CJK text in its screenshot); libmicrohttpd-dev
 # is the HTTP server library serve opens. badam (tests/py/test_badam.py: --use_badam against its
 # BlockOptimizer, as LLaMA-Factory wraps torch's AdamW in it) imports torch and transformers only.
+# prometheus_client (no dependencies) parses serve's GET /metrics in tests/py/test_serve_echo.py.
 PIP_NODEPS="tqdm=tqdm==4.66.1 filelock=filelock==3.12.4 regex=regex==2023.8.8 fsspec=fsspec==2023.9.2
             packaging=packaging==23.2 huggingface_hub=huggingface_hub==0.17.3 tokenizers=tokenizers==0.13.3
             transformers=transformers==4.33.3 accelerate=accelerate==0.24.1 peft=peft==0.6.2
-            tiktoken=tiktoken==0.8.0 openai=openai==1.35.15 badam=badam==1.4"
+            tiktoken=tiktoken==0.8.0 openai=openai==1.35.15 badam=badam==1.4
+            prometheus_client=prometheus-client==0.17.1"
 for mp in $PIP_NODEPS; do
     m=${mp%%=*}; spec=${mp#*=}
     if ! /usr/bin/python3 -c "import $m" >/dev/null 2>&1; then

@@ -173,13 +173,19 @@ static void finish(srv_engine *e, srv_req *r, const char *why, long cut, const c
     if (e->debug)
         glm_info("serve: request in slot %d done (%s): %d prompt + %d tokens, %.3f s to the first token, %.3f s in all", r->slot,
                  why, r->prompt.n, r->out.n, r->t_first > 0 ? r->t_first - r->t_submit : 0.0, glm_now() - r->t_submit);
+    long prompt_tokens = r->prompt.n;
+    for (int i = 0; i < r->n_texts; i++) prompt_tokens += r->texts[i].n; /* a score request's */
+    pthread_mutex_lock(&e->mu);
+    srv_metrics_finished(&e->metrics, why, prompt_tokens, r->out.n, r->t_first > 0 ? r->t_first - r->t_submit : -1.0,
+                         glm_now() - r->t_submit);
+    if (r->slot >= 0) {
+        e->active--;
+        e->served++;
+    }
+    pthread_mutex_unlock(&e->mu);
     if (r->slot >= 0) {
         e->slot[r->slot] = NULL;
         e->slot_len[r->slot] = 0;
-        pthread_mutex_lock(&e->mu);
-        e->active--;
-        e->served++;
-        pthread_mutex_unlock(&e->mu);
         r->slot = -1;
     }
     srv_req_put(r);

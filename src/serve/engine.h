@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include "core/strbuf.h"
 #include "infer/generate.h"
+#include "serve/metrics.h"
 
 #define SRV_MAX_STOPS 4
 
@@ -139,6 +140,7 @@ typedef struct srv_engine {
     double text_s;             /* and in turning decoded tokens into released text */
     double t_forward, t_text;  /* forward_s and text_s as the engine thread adds them up */
     int peak;                  /* the most requests running at once */
+    srv_metrics metrics;       /* finished requests' tokens, ends and latencies (GET /metrics) */
     /* buffers */
     float *logits;
     int32_t *greedy;           /* [nslots]: the device's greedy picks when no row samples */

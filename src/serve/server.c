@@ -63,7 +63,7 @@ static int mhd_open(glm_err *err) {
  * a Content-Length above it is answered at once and the connection closed. */
 #define DISCARD_CAP (64u << 20)
 
-enum { R_NONE, R_HEALTH, R_PAGE, R_MODELS, R_CHAT, R_COMPLETIONS, R_THUDM, R_SCORE, R_TOKENIZE, R_DETOKENIZE, R_TOKINFO };
+enum { R_NONE, R_HEALTH, R_METRICS, R_PAGE, R_MODELS, R_CHAT, R_COMPLETIONS, R_THUDM, R_SCORE, R_TOKENIZE, R_DETOKENIZE, R_TOKINFO };
 
 typedef struct conn_state {
     int route;
@@ -249,6 +249,20 @@ static enum MHD_Result health(srv_server *S, struct MHD_Connection *conn) {
     return send_json(conn, S->draining ? 503 : 200, o);
 }
 
+/* Prometheus's scrape (serve/metrics.h): the engine's counters and gauges read at once. */
+static enum MHD_Result metrics(srv_server *S, struct MHD_Connection *conn) {
+    srv_engine *e = S->e;
+    pthread_mutex_lock(&e->mu);
+    srv_metrics m = e->metrics;
+    srv_gauges g = {.running = e->active, .waiting = e->qlen, .slots = e->nslots, .peak = e->peak, .steps = e->steps,
+                    .step_s = e->busy_s, .forward_s = e->forward_s};
+    pthread_mutex_unlock(&e->mu);
+    char *t = srv_metrics_text(&m, &g, S->o.model_name);
+    enum MHD_Result rc = send_buf(conn, 200, "text/plain; version=0.0.4; charset=utf-8", t, strlen(t), 0);
+    free(t);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- routing */
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -262,7 +276,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
         const char *path = url;
         struct { const char *p; int route, post; } routes[] = {
-            {"/health", R_HEALTH, 0}, {"/", R_PAGE, 0}, {"/", R_THUDM, 1}, {"/index.html", R_PAGE, 0},
+            {"/health", R_HEALTH, 0}, {"/metrics", R_METRICS, 0}, {"/", R_PAGE, 0}, {"/", R_THUDM, 1}, {"/index.html", R_PAGE, 0},
             {"/v1/models", R_MODELS, 0}, {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1},
             {"/v1/score/evaluation", R_SCORE, 1}, {"/tokenize", R_TOKENIZE, 1}, {"/detokenize", R_DETOKENIZE, 1},
             {"/tokenizer_info", R_TOKINFO, 0}};
@@ -282,7 +296,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         if (!found) {
             cs->early_status = 404;
-            snprintf(cs->early_msg, sizeof cs->early_msg, "%.100s %.150s: no such endpoint (POST /v1/chat/completions, POST /v1/completions, POST /v1/score/evaluation, GET /v1/models, GET /health, POST /tokenize, POST /detokenize, GET /tokenizer_info, POST / as THUDM's api.py)", method, path);
+            snprintf(cs->early_msg, sizeof cs->early_msg, "%.100s %.150s: no such endpoint (POST /v1/chat/completions, POST /v1/completions, POST /v1/score/evaluation, GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize, GET /tokenizer_info, POST / as THUDM's api.py)", method, path);
             cs->early_type = "invalid_request_error";
             cs->early_code = "not_found";
         }
@@ -333,6 +347,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     switch (cs->route) {
     case R_HEALTH: return health(S, conn);
+    case R_METRICS: return metrics(S, conn);
     case R_PAGE: return send_buf(conn, 200, "text/html; charset=utf-8", srv_chat_page, strlen(srv_chat_page), 0);
     case R_MODELS: return models(S, conn);
     case R_CHAT:

@@ -247,6 +247,10 @@ def robustness(model, ref):
         T.check("missing_key_401", st == 401 and b["error"]["code"] == "invalid_api_key", str(b))
         st, b = sc.http(S.port, "GET", "/health")
         T.check("health_needs_no_key", st == 200 and b["status"] == "ok", str(b))
+        st0, b0 = sc.http(S.port, "GET", "/metrics")
+        st1, b1 = sc.http(S.port, "GET", "/metrics", headers=auth)
+        T.check("metrics_need_the_key", st0 == 401 and st1 == 200 and "# TYPE glmtrain:num_requests_running gauge" in b1,
+                "%s %s / %s %s" % (st0, str(b0)[:100], st1, str(b1)[:100]))
         st, b = sc.http(S.port, "GET", "/v1/nothing", headers=auth)
         T.check("unknown_path_404", st == 404 and b["error"]["code"] == "not_found", str(b))
         # an error that quotes the request cuts a long name at a length: never inside a character

@@ -15,6 +15,8 @@ random ChatGLM2-family model (a causal LM) against the PyTorch reference (glm2_r
   * `n` choices (completions, a list of prompts, chat): choice j samples with seed + j; streamed,
     each choice's chunks (text, log-probabilities, finish) put together equal the whole answer's,
     with the official openai client too; a client that leaves a streamed group cancels all of it;
+  * GET /metrics, parsed by prometheus_client: counters and histograms move by exactly what two
+    requests used; the choices a leaving client cancelled are counted;
   * a slow whole answer carries a few keep-alive bytes, not a stream of them;
   * POST /tokenize (with and without special tokens; messages), /detokenize, GET /tokenizer_info;
   * refusals: echo with logprobs on ChatGLM-6B (a prefix LM), max_tokens 0 without echo, bad ids,
@@ -267,6 +269,46 @@ def stream_n_cases(S):
             "%s %s %s vs %s" % (got, roles, fin, want))
 
 
+def scrape(S):
+    """GET /metrics parsed by prometheus_client's own parser: {(name, labels without model_name): value}
+    and the families' types."""
+    from prometheus_client.parser import text_string_to_metric_families
+    st, text = sc.http(S.port, "GET", "/metrics")
+    assert st == 200, (st, text)
+    name = sc.http(S.port, "GET", "/v1/models")[1]["data"][0]["id"]
+    vals, types = {}, {}
+    for fam in text_string_to_metric_families(text):
+        types[fam.name] = fam.type
+        for smp in fam.samples:
+            labels = tuple(sorted((k, v) for k, v in smp.labels.items() if k != "model_name"))
+            assert smp.labels.get("model_name") == name, smp
+            vals[(smp.name, labels)] = smp.value
+    return vals, types
+
+
+def metrics_cases(S):
+    """GET /metrics (Prometheus's text format, parsed by prometheus_client): the counters move by
+    exactly what two finished requests used (tokens from their usage, two ends by length, two
+    first tokens and two latencies in the histograms, cumulative buckets up to +Inf)."""
+    before, types = scrape(S)
+    us = [post(S, "/v1/completions", {"prompt": p, "max_tokens": 3, "ignore_eos": True})[1]["usage"] for p in ("你好", "写一句")]
+    after, types = scrape(S)
+    d = lambda k, *lab: after.get(("glmtrain:" + k, tuple(lab)), 0) - before.get(("glmtrain:" + k, tuple(lab)), 0)
+    ttft = "time_to_first_token_seconds"
+    buckets = sorted(((float(dict(lab)["le"]), v) for (n, lab), v in after.items() if n == "glmtrain:%s_bucket" % ttft))
+    ok = (d("prompt_tokens_total") == sum(u["prompt_tokens"] for u in us) and d("generation_tokens_total") == 6 and
+          d("request_success_total", ("finished_reason", "length")) == 2 and d(ttft + "_count") == 2 and
+          d("e2e_request_latency_seconds_count") == 2 and d(ttft + "_sum") > 0 and
+          after[("glmtrain:num_requests_running", ())] == 0 and after[("glmtrain:kv_slots", ())] >= 1 and
+          types.get("glmtrain:" + ttft) == "histogram" and types.get("glmtrain:prompt_tokens") == "counter" and
+          types.get("glmtrain:num_requests_running") == "gauge" and buckets[-1][0] == float("inf") and
+          buckets[-1][1] == after[("glmtrain:%s_count" % ttft, ())] and
+          all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])))
+    T.check("metrics_count_two_requests", ok, "usage %s; deltas: prompt %s gen %s length %s ttft %s; types %s" % (
+        us, d("prompt_tokens_total"), d("generation_tokens_total"), d("request_success_total", ("finished_reason", "length")),
+        d(ttft + "_count"), types))
+
+
 def keepalive_case(model):
     """A whole (not streamed) answer that takes a second: a few keep-alive bytes before it, not a
     stream of them (one a interval, whatever the text released meanwhile)."""
@@ -307,6 +349,9 @@ def keepalive_case(model):
             time.sleep(0.01)
         T.check("closed_stream_of_n_cancels_every_choice", running == 2 and time.time() - t0 < 1.0,
                 "running %d, %.2f s to none" % (running, time.time() - t0))
+        vals, _ = scrape(S)
+        T.check("metrics_count_the_cancelled_choices",
+                vals.get(("glmtrain:request_aborted_total", (("reason", "cancelled"),))) == 2, vals)
     finally:
         S.stop()
 
@@ -424,6 +469,7 @@ def main():
             stream_case(S, ids)
             n_cases(S)
             stream_n_cases(S)
+            metrics_cases(S)
             tokenizer_cases(S, json.load(open(os.path.join(model, "config.json")))["eos_token_id"])
             refusals(S, vocab)
             body = {"prompt": reqs, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
