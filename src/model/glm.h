@@ -426,6 +426,9 @@ int glm_cached_rows_logprobs(glm_model *m, glm_kvcache *kv, int r0, int n, const
 /* Makes the work buffers for calls of up to ntokens new tokens now (a LoRA adapter's middle
  * buffers follow m->cfg.peft at this moment: set the widest rank and every target first). */
 void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens);
+/* Slot dst's first n cached tokens (and a P-Tuning prefix's rows before them) made a copy of slot
+ * src's, in every layer the model holds: a prompt prefilled once serves several requests. */
+void glm_kvcache_copy_slot(glm_model *m, glm_kvcache *kv, int src, int dst, int n);
 
 
 /* ---- a layer's activation buffers (the family's block fills them) ---- */

@@ -218,6 +218,16 @@ int glm_stage_forward_cached(glm_model *m, glm_kvcache *kv, int Tq, const int32_
 
 void glm_kvcache_reserve(glm_model *m, glm_kvcache *kv, int ntokens) { ensure_scratch(m, kv, ntokens); }
 
+void glm_kvcache_copy_slot(glm_model *m, glm_kvcache *kv, int src, int dst, int n) {
+    glm_backend *be = m->be;
+    size_t row = row_elems(m), P = (size_t)front(m), stride = (P + kv->Tmax) * row;
+    GLM_ASSERT(src >= 0 && dst >= 0 && src < kv->B && dst < kv->B && n >= 0 && n <= kv->Tmax);
+    for (int l = m->layer_lo; l < m->layer_hi; l++)
+        be->copy(be, glm_at(be, kv->qkv[l], (size_t)dst * stride), glm_at(be, kv->qkv[l], (size_t)src * stride),
+                 (P + n) * row * glm_dtype_size(be->dtype));
+    kv->prefix_at[dst] = kv->prefix_at[src];
+}
+
 int glm_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int nrows, int Tq, const int *len,
                              const int32_t *ids, const int32_t *pos, const int32_t *block_pos, const int32_t *kv_lo,
                              const int32_t *kv_hi, float *logits_out, glm_err *err) {

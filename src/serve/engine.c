@@ -392,20 +392,55 @@ static int fill_row(srv_engine *e, int b, int Tq, const glm_ids *p, int state[2]
     return bad;
 }
 
+/* The other choices cp[0..ncp) of src's prompt, src being row b of the call that just prefilled
+ * it: src's cache rows copied into their slots, its positions' state and prompt log-probabilities
+ * taken, and each one's first token from src's row of logits (sampled from a copy, with its own
+ * random stream), or the device's greedy pick. Before src's own token: src may finish with it. */
+static void share_prefill(srv_engine *e, const srv_req *src, int b, int greedy, srv_req **cp, int ncp) {
+    int V = e->m->cfg.vocab_size, n = src->prompt.n;
+    float *row = greedy ? NULL : glm_malloc(sizeof(float) * (size_t)V);
+    for (int i = 0; i < ncp; i++) {
+        srv_req *r = cp[i];
+        if (e->pipe) glm_pipe_cache_copy_slot(e->pipe, e->pc, src->slot, r->slot, n);
+        else glm_kvcache_copy_slot(e->m, &e->kv, src->slot, r->slot, n);
+        e->slot_len[r->slot] = n;
+        memcpy(r->state, src->state, sizeof r->state);
+        if (src->n_plps) {
+            srv_logprob *lps = glm_malloc(sizeof *lps * (size_t)src->n_plps);
+            memcpy(lps, src->plps, sizeof *lps * (size_t)src->n_plps);
+            pthread_mutex_lock(&r->mu);
+            r->plps = lps;
+            r->n_plps = src->n_plps;
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (r->no_generate) { finish(e, r, "length", -1, NULL); continue; }
+        srv_logprob lp;
+        if (row) memcpy(row, e->logits + (size_t)b * V, sizeof(float) * (size_t)V);
+        row_token(e, r, row ? pick(r, row, V, &lp) : e->greedy[b], &lp);
+    }
+    free(row);
+    if (e->debug) glm_info("serve: a prompt of %d tokens prefilled once for %d choices", n, ncp + 1);
+}
+
 /* New requests g[0..n) in consecutive slots, of one adapter, prefilled by one forward: row b holds
  * g[b]'s prompt padded to the longest (glm_stage_forward_cached_slots' n_new), so each row computes
- * as alone. Then each one's prompt log-probabilities (echo) and first token. */
-static void prefill_group(srv_engine *e, srv_req **g, int n) {
+ * as alone. Then each one's prompt log-probabilities (echo) and first token. cp[0..ncp): other
+ * choices of g[n - 1]'s prompt, which take its rows (share_prefill) instead of their own. */
+static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int ncp) {
     const glm_config *c = &e->m->cfg;
     int Tq = 0, V = c->vocab_size, greedy = 1;
     for (int b = 0; b < n; b++) {
         if (g[b]->prompt.n > Tq) Tq = g[b]->prompt.n;
         greedy &= is_greedy(g[b]);
     }
+    for (int i = 0; i < ncp; i++) greedy &= is_greedy(cp[i]);
     int *n_new = glm_malloc(sizeof(int) * (size_t)n);
+    const char *bad = "the prompt has no [gMASK] (or [MASK]) and <sop>";
     for (int b = 0; b < n; b++)
         if (fill_row(e, b, Tq, &g[b]->prompt, g[b]->state, &n_new[b])) {
-            finish(e, g[b], "error", -1, "the prompt has no [gMASK] (or [MASK]) and <sop>"); /* its row runs as padding */
+            if (b == n - 1)
+                for (int i = 0; i < ncp; i++) finish(e, cp[i], "error", -1, bad);
+            finish(e, g[b], "error", -1, bad); /* its row runs as padding */
             g[b] = NULL;
         }
     int b0 = 0, rc = 0;
@@ -421,35 +456,55 @@ static void prefill_group(srv_engine *e, srv_req **g, int n) {
     for (int b = 0; b < n; b++) {
         srv_req *r = g[b];
         if (!r) continue;
-        if (rc) { finish(e, r, "error", -1, err.msg); continue; }
-        e->slot_len[r->slot] = r->prompt.n;
-        if (r->prompt_logprobs && prompt_logprobs(e, r, b * Tq, &err)) {
-            glm_warn("serve: the prompt's log-probabilities failed: %s", err.msg);
-            finish(e, r, "error", -1, err.msg);
+        int ncopies = b == n - 1 ? ncp : 0;
+        glm_err rerr = {0};
+        const char *fail = rc ? err.msg : NULL;
+        if (!fail) {
+            e->slot_len[r->slot] = r->prompt.n;
+            if (r->prompt_logprobs && prompt_logprobs(e, r, b * Tq, &rerr)) {
+                glm_warn("serve: the prompt's log-probabilities failed: %s", rerr.msg);
+                fail = rerr.msg;
+            }
+        }
+        if (fail) {
+            for (int i = 0; i < ncopies; i++) finish(e, cp[i], "error", -1, fail);
+            finish(e, r, "error", -1, fail);
             continue;
         }
+        if (ncopies) share_prefill(e, r, b, greedy, cp, ncopies);
         if (r->no_generate) { finish(e, r, "length", -1, NULL); continue; }
         srv_logprob lp;
         row_token(e, r, greedy ? e->greedy[b] : pick(r, e->logits + (size_t)b * V, V, &lp), &lp);
     }
 }
 
+/* Whether r is another choice of prev's prompt: the same ids and adapter in the slot after it
+ * (the choices of a prompt are queued together, so they are admitted side by side). */
+static int same_prompt(const srv_req *prev, const srv_req *r) {
+    return r->adapter == prev->adapter && r->slot == prev->slot + 1 && r->prompt.n == prev->prompt.n &&
+           !memcmp(r->prompt.data, prev->prompt.data, sizeof(int32_t) * (size_t)r->prompt.n);
+}
+
 /* The new requests adm[0..n) (in slot order) prefilled: runs of consecutive slots of one adapter
- * share a forward, up to the work buffers' tokens (rows x the longest prompt). */
+ * share a forward, up to the work buffers' tokens (rows x the longest prompt); the other choices
+ * of a prompt end its run and take its cache rows instead of a prefill of their own. */
 static void prefill_all(srv_engine *e, srv_req **adm, int n) {
     int cap = e->batch_tokens, k = 0;
     for (int i = 0; i < n; i++)
         if (adm[i]->slot >= 0 && !adm[i]->n_texts && prefill_begin(e, adm[i])) adm[k++] = adm[i];
     for (int i = 0; i < k;) {
         int j = i + 1, longest = adm[i]->prompt.n;
-        while (j < k && adm[j]->slot == adm[j - 1]->slot + 1 && adm[j]->adapter == adm[i]->adapter) {
+        while (j < k && adm[j]->slot == adm[j - 1]->slot + 1 && adm[j]->adapter == adm[i]->adapter &&
+               !same_prompt(adm[j - 1], adm[j])) {
             int l = adm[j]->prompt.n > longest ? adm[j]->prompt.n : longest;
             if ((long)(j - i + 1) * l > cap) break;
             longest = l;
             j++;
         }
-        prefill_group(e, adm + i, j - i);
-        i = j;
+        int ncp = 0;
+        while (j + ncp < k && same_prompt(adm[j + ncp - 1], adm[j + ncp])) ncp++;
+        prefill_group(e, adm + i, j - i, adm + j, ncp);
+        i = j + ncp;
     }
 }
 

@@ -12,7 +12,8 @@ random ChatGLM2-family model (a causal LM) against the PyTorch reference (glm2_r
   * `max_tokens: 0` with echo (the prompt alone), echo of a text prompt, a list of prompts (a choice
     each, each as its own request), streamed echo (the same text and entries as whole), and the same
     numbers from a model split over 2 pipeline stages;
-  * `n` choices (completions, a list of prompts, chat): choice j samples with seed + j; streamed,
+  * `n` choices (completions, a list of prompts, chat): choice j samples with seed + j, the n
+    choices of a prompt prefilled once (greedy and echo's entries too; 2 pipeline stages); streamed,
     each choice's chunks (text, log-probabilities, finish) put together equal the whole answer's,
     with the official openai client too; a client that leaves a streamed group cancels all of it;
   * GET /metrics, parsed by prometheus_client: counters and histograms move by exactly what two
@@ -194,11 +195,21 @@ def n_cases(S):
     T.check("completions_n_choices_are_seed_plus_j", st == 200 and got == want and len(set(got)) > 1 and
             [c["index"] for c in b["choices"]] == [0, 1, 2, 3] and b["usage"]["prompt_tokens"] == pt,
             "%s %s vs %s (prompt tokens %s vs %s)" % (st, got, want, b.get("usage"), pt))
+    T.check("n_choices_prefilled_once", sc.logged(S, "prefilled once for 2 choices"), S.text()[-600:])
+    # greedy choices of one prompt take the device's pick of the shared row; echo's prompt entries are copied
+    body = {"prompt": "写一句关于春的诗", "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 2}
+    st1, one = post(S, "/v1/completions", body)
+    st, b = post(S, "/v1/completions", dict(body, n=3))
+    c1 = one["choices"][0] if st1 == 200 else {}
+    T.check("n_greedy_echo_choices_equal_one", st == st1 == 200 and len(b["choices"]) == 3 and all(
+        c["text"] == c1["text"] and c["logprobs"] == c1["logprobs"] for c in b["choices"]),
+        "%s %s vs %s" % (st, json.dumps(b)[:300], json.dumps(one)[:300]))
     msgs = [{"role": "user", "content": "你好"}]
     st, b = post(S, "/v1/chat/completions", dict(base, messages=msgs, n=3))
     alone = [post(S, "/v1/chat/completions", dict(base, messages=msgs, seed=11 + j))[1] for j in range(3)]
     got = [c["message"]["content"] for c in b.get("choices", [])]
     want = [a["choices"][0]["message"]["content"] for a in alone]
+    T.check("chat_n_choices_prefilled_once", sc.logged(S, "prefilled once for 3 choices"), S.text()[-600:])
     T.check("chat_n_choices_are_seed_plus_j", st == 200 and got == want and b["object"] == "chat.completion" and
             b["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"] and
             b["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone),
@@ -474,6 +485,8 @@ def main():
             refusals(S, vocab)
             body = {"prompt": reqs, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
             whole = post(S, "/v1/completions", body)[1]
+            nbody = {"prompt": "写一句关于春的诗", "n": 2, "logprobs": 1, "max_tokens": 4, "temperature": 0}
+            whole_n = post(S, "/v1/completions", nbody)[1]
         finally:
             S.stop()
         # split over 2 pipeline stages (CPU stages): the same numbers
@@ -486,6 +499,13 @@ def main():
                 ok = ok and len(la) == len(lb) and all((x is None and y is None) or close(x, y, 1e-5) for x, y in zip(la, lb))
             T.check("echo_device_map_2_stages_equal_whole", ok and "split over 2 stages" in S.text(),
                     "%s %s" % (st, json.dumps(split)[:300]))
+            st, split_n = post(S, "/v1/completions", nbody)  # choices sharing a prefill: each stage's rows copied
+            ok = st == 200 and len(split_n["choices"]) == 2
+            for a, b in zip(split_n.get("choices", []), whole_n["choices"]):
+                la, lb = a["logprobs"]["token_logprobs"], b["logprobs"]["token_logprobs"]
+                ok = ok and a["text"] == b["text"] and len(la) == len(lb) and all(close(x, y, 1e-5) for x, y in zip(la, lb))
+            T.check("n_choices_device_map_2_stages_equal_whole", ok, "%s %s vs %s" % (st, json.dumps(split_n)[:300],
+                                                                                      json.dumps(whole_n)[:300]))
         finally:
             S.stop()
         keepalive_case(model)

@@ -204,6 +204,15 @@ int glm_pipe_forward_cached(glm_pipe_lm *lm, glm_pipe_cache *c, int Tq, const in
 
 /* ---------------------------------------------------------------- continuous batching */
 
+void glm_pipe_cache_copy_slot(glm_pipe_lm *lm, glm_pipe_cache *c, int src, int dst, int n) {
+    int prev = current_device();
+    for (int k = 0; k < lm->n; k++) {
+        use(lm->be[k]);
+        glm_kvcache_copy_slot(&lm->st[k], &c->kv[k], src, dst, n);
+    }
+    restore_device(prev);
+}
+
 void glm_pipe_cache_reserve(glm_pipe_lm *lm, glm_pipe_cache *c, int ntokens) {
     int prev = current_device();
     for (int k = 0; k < lm->n; k++) {

@@ -81,5 +81,7 @@ int glm_pipe_cached_rows_logprobs(glm_pipe_lm *lm, glm_pipe_cache *c, int r0, in
                                   int32_t *best_id, float *best_lp, glm_err *err);
 /* Every stage's work buffers for calls of up to ntokens new tokens (glm_kvcache_reserve). */
 void glm_pipe_cache_reserve(glm_pipe_lm *lm, glm_pipe_cache *c, int ntokens);
+/* glm_kvcache_copy_slot on every stage's cache. */
+void glm_pipe_cache_copy_slot(glm_pipe_lm *lm, glm_pipe_cache *c, int src, int dst, int n);
 
 #endif
