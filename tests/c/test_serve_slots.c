@@ -6,7 +6,8 @@
  * also behind a P-Tuning v2 prefix (every slot's first rows, filled once for the pool). Prompts of
  * different lengths prefilled by one call (padded: n_new) compute as alone too, and every prompt
  * row's logits come back (glm_cached_rows_logits: serve's echo), and its log-probabilities without
- * them (glm_cached_rows_logprobs) equal a log-softmax of those logits. */
+ * them (glm_cached_rows_logprobs) equal a log-softmax of those logits. A slot whose rows are a
+ * copy of another's prefill (glm_kvcache_copy_slot) decodes as the prompt alone. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +117,39 @@ static int pooled(glm_model *m, const int32_t (*pr)[6], float *logits, glm_err *
     return rc;
 }
 
+/* Prompt 1 prefilled in slot 0 and its cache rows copied into slot 3 (glm_kvcache_copy_slot:
+ * serve's other choices of a prompt); then STEPS decode calls over slots [0, 4), slots 0 and 3
+ * fed prompt 1's tokens, 1 and 2 idle: slot 3's logits [STEPS][V] (after the prompt), slot 0's
+ * into *src. */
+static int copied(glm_model *m, const int32_t (*pr)[6], float *logits, float *src, glm_err *err) {
+    const glm_family *f = glm_family_of(&m->cfg);
+    glm_kvcache kv;
+    glm_kvcache_init(m, &kv, SLOTS, TMAX);
+    glm_kvcache_reserve(m, &kv, TMAX);
+    int n = plen[1], zero = 0, st[2], len[SLOTS] = {n, 0, 0, n};
+    int32_t pos[16], bpos[16], lo[16], hi[16], rh[16];
+    float *lg = malloc(sizeof(float) * SLOTS * V);
+    int rc = f->prompt_positions(&m->cfg, pr[1], n, pos, bpos, rh, st);
+    for (int i = 0; i < n; i++) { lo[i] = 0; hi[i] = rh[i]; }
+    if (rc == 0) rc = glm_forward_cached_slots(m, &kv, 0, 1, n, &zero, pr[1], pos, bpos, lo, hi, lg, err);
+    if (rc == 0) glm_kvcache_copy_slot(m, &kv, 0, 3, n);
+    for (int s = 0; s < STEPS && rc == 0; s++) {
+        int32_t ids[SLOTS] = {fed(1, s), 0, 0, fed(1, s)}, ps[SLOTS] = {0}, bs[SLOTS] = {0}, l[SLOTS] = {0}, h[SLOTS];
+        f->next_position(st, n + s, &ps[0], &bs[0]);
+        ps[3] = ps[0];
+        bs[3] = bs[0];
+        for (int b = 0; b < SLOTS; b++) h[b] = len[b] + 1;
+        rc = glm_forward_cached_slots(m, &kv, 0, SLOTS, 1, len, ids, ps, bs, l, h, lg, err);
+        memcpy(logits + (size_t)s * V, lg + (size_t)3 * V, sizeof(float) * V);
+        memcpy(src + (size_t)s * V, lg, sizeof(float) * V);
+        len[0]++;
+        len[3]++;
+    }
+    free(lg);
+    glm_kvcache_free(m, &kv);
+    return rc;
+}
+
 /* The three prompts prefilled by one call (slots 0-2, each padded to the longest: n_new), then
  * STEPS decode calls over the three; logits as alone's. *rows_ok: each prompt's every row through
  * glm_cached_rows_logits gives its last row's logits as the call did, and on the causal ChatGLM2
@@ -217,6 +251,18 @@ int main(void) {
         snprintf(nm, sizeof nm, "%s_slots_bit_identical_to_alone", vn[variant]);
         TEST_CHECK(&tc, nm, same && finite && checked == 16, "rc %d (%s), %d steps compared, finite %d", rc, err.msg, checked,
                    finite);
+        { /* a slot whose rows were copied from another's prefill decodes as the prompt alone */
+            float *cp = calloc((size_t)STEPS * V, sizeof(float)), *src = calloc((size_t)STEPS * V, sizeof(float));
+            int rcc = copied(&m, pr, cp, src, &err);
+            const float *w1 = want + (size_t)(STEPS + 1) * V + V; /* prompt 1's decode steps alone */
+            snprintf(nm, sizeof nm, "%s_copied_slot_decodes_as_alone", vn[variant]);
+            TEST_CHECK(&tc, nm, rcc == 0 && !memcmp(cp, w1, sizeof(float) * STEPS * V) &&
+                                    !memcmp(src, w1, sizeof(float) * STEPS * V),
+                       "rc %d (%s), max diff copy %g, source %g", rcc, err.msg, test_max_abs(cp, w1, STEPS * V),
+                       test_max_abs(src, w1, STEPS * V));
+            free(cp);
+            free(src);
+        }
         if (variant >= 2) { /* the prefix changes what the rows see: the base model differs */
             glm_config cb = config(glm2);
             glm_model b;
