@@ -177,7 +177,7 @@ static void finish(srv_engine *e, srv_req *r, const char *why, long cut, const c
     for (int i = 0; i < r->n_texts; i++) prompt_tokens += r->texts[i].n; /* a score request's */
     pthread_mutex_lock(&e->mu);
     srv_metrics_finished(&e->metrics, why, prompt_tokens, r->out.n, r->t_first > 0 ? r->t_first - r->t_submit : -1.0,
-                         glm_now() - r->t_submit);
+                         glm_now() - r->t_submit, &r->itl);
     if (r->slot >= 0) {
         e->active--;
         e->served++;
@@ -211,7 +211,10 @@ static int row_text(srv_engine *e, srv_req *r, int32_t id, const srv_logprob *lp
     size_t n = r->st.n_shown;
     *cut = r->n_stops ? find_stop(r, t) : -1;
     pthread_mutex_lock(&r->mu);
-    if (r->out.n == 1) r->t_first = glm_now();
+    double now = glm_now();
+    if (r->out.n == 1) r->t_first = now;
+    else srv_metrics_token_gap(&r->itl, now - r->t_last);
+    r->t_last = now;
     if (r->logprobs) {
         r->lps = glm_realloc(r->lps, sizeof *r->lps * (size_t)r->out.n);
         r->lps[r->out.n - 1] = *lp;

@@ -97,7 +97,8 @@ struct srv_req {
     int n_plps;                /* token, the first without a value (lp NaN, n_top -1) */
     int refs;                  /* the HTTP side and the engine */
     atomic_int cancel;         /* the client went away */
-    double t_submit, t_first;
+    double t_submit, t_first, t_last; /* t_last: the latest token's time */
+    srv_hist itl;              /* the gaps between its tokens (engine only; into the metrics at the end) */
     /* engine only */
     glm_rng rng;
     glm_ids out;

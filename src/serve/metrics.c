@@ -6,11 +6,13 @@
 #include "core/strbuf.h"
 
 /* vLLM's bounds: the first token within a millisecond to ten seconds, a request within 0.3 s to a
- * minute. */
+ * minute, the next token within 10 ms to 2.5 s. */
 static const double ttft_le[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0};
 static const double e2e_le[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0};
+static const double itl_le[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5};
 #define N_LE(a) ((int)(sizeof a / sizeof a[0]))
-_Static_assert(N_LE(ttft_le) <= SRV_HIST_MAX && N_LE(e2e_le) <= SRV_HIST_MAX, "SRV_HIST_MAX holds the bounds");
+_Static_assert(N_LE(ttft_le) <= SRV_HIST_MAX && N_LE(e2e_le) <= SRV_HIST_MAX && N_LE(itl_le) <= SRV_HIST_MAX,
+               "SRV_HIST_MAX holds the bounds");
 
 static void hist_add(srv_hist *h, const double *le, int n, double v) {
     int i = 0;
@@ -19,8 +21,10 @@ static void hist_add(srv_hist *h, const double *le, int n, double v) {
     h->sum += v;
 }
 
+void srv_metrics_token_gap(srv_hist *h, double seconds) { hist_add(h, itl_le, N_LE(itl_le), seconds); }
+
 void srv_metrics_finished(srv_metrics *m, const char *why, long prompt_tokens, long generation_tokens, double ttft,
-                          double e2e) {
+                          double e2e, const srv_hist *itl) {
     static const char *names[SRV_END_KINDS] = {"stop", "length", "cancelled", "error"};
     int k = SRV_END_ERROR;
     for (int i = 0; i < SRV_END_KINDS; i++)
@@ -30,6 +34,8 @@ void srv_metrics_finished(srv_metrics *m, const char *why, long prompt_tokens, l
     m->generation_tokens += generation_tokens;
     if (ttft >= 0) hist_add(&m->ttft, ttft_le, N_LE(ttft_le), ttft);
     hist_add(&m->e2e, e2e_le, N_LE(e2e_le), e2e);
+    for (int i = 0; i <= N_LE(itl_le); i++) m->itl.count[i] += itl->count[i];
+    m->itl.sum += itl->sum;
 }
 
 /* ---------------------------------------------------------------- the exposition */
@@ -109,6 +115,8 @@ char *srv_metrics_text(const srv_metrics *m, const srv_gauges *g, const char *mo
     histogram(&x, "time_to_first_token_seconds", "Seconds from a request's arrival to its first token.", &m->ttft, ttft_le,
               N_LE(ttft_le));
     histogram(&x, "e2e_request_latency_seconds", "Seconds from a request's arrival to its end.", &m->e2e, e2e_le, N_LE(e2e_le));
+    histogram(&x, "time_per_output_token_seconds", "Seconds between a request's consecutive tokens.", &m->itl, itl_le,
+              N_LE(itl_le));
     counter(&x, "engine_steps_total", "Steps of the engine (each admits, prefills and decodes once).", (double)g->steps);
     counter(&x, "engine_step_seconds_total", "Seconds the engine spent in steps.", g->step_s);
     counter(&x, "engine_forward_seconds_total", "Seconds of those in the model's forwards.", g->forward_s);

@@ -2,7 +2,7 @@
  * counts as requests finish (their tokens, how they ended, the time to their first token and to
  * their end, as histograms) and the gauges of the moment. The names follow vLLM's metrics with
  * the prefix glmtrain: (num_requests_running, prompt_tokens_total, time_to_first_token_seconds,
- * ...), so a dashboard made for vLLM needs only the prefix changed. */
+ * time_per_output_token_seconds, ...), so a dashboard made for vLLM needs only the prefix changed. */
 #ifndef GLM_SERVE_METRICS_H
 #define GLM_SERVE_METRICS_H
 
@@ -21,12 +21,17 @@ typedef struct srv_metrics {
     long prompt_tokens, generation_tokens;
     long ended[SRV_END_KINDS];  /* requests by how they ended (finish_reason) */
     srv_hist ttft, e2e;         /* seconds from submission to the first token, and to the end */
+    srv_hist itl;               /* seconds between a request's consecutive tokens */
 } srv_metrics;
+
+/* One interval between a request's consecutive tokens into h (the request's own histogram,
+ * merged into the server's when it finishes). */
+void srv_metrics_token_gap(srv_hist *h, double seconds);
 
 /* A finished request: why ("stop", "length", "cancelled", "error"), its tokens, the seconds to its
  * first token (< 0: none came) and to its end. */
 void srv_metrics_finished(srv_metrics *m, const char *why, long prompt_tokens, long generation_tokens, double ttft,
-                          double e2e);
+                          double e2e, const srv_hist *itl);
 
 /* The gauges of the moment, read by the caller under the engine's lock. */
 typedef struct srv_gauges {

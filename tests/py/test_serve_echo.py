@@ -300,7 +300,8 @@ def scrape(S):
 def metrics_cases(S):
     """GET /metrics (Prometheus's text format, parsed by prometheus_client): the counters move by
     exactly what two finished requests used (tokens from their usage, two ends by length, two
-    first tokens and two latencies in the histograms, cumulative buckets up to +Inf)."""
+    first tokens, two latencies and four gaps between tokens in the histograms, cumulative buckets
+    up to +Inf)."""
     before, types = scrape(S)
     us = [post(S, "/v1/completions", {"prompt": p, "max_tokens": 3, "ignore_eos": True})[1]["usage"] for p in ("你好", "写一句")]
     after, types = scrape(S)
@@ -310,6 +311,7 @@ def metrics_cases(S):
     ok = (d("prompt_tokens_total") == sum(u["prompt_tokens"] for u in us) and d("generation_tokens_total") == 6 and
           d("request_success_total", ("finished_reason", "length")) == 2 and d(ttft + "_count") == 2 and
           d("e2e_request_latency_seconds_count") == 2 and d(ttft + "_sum") > 0 and
+          d("time_per_output_token_seconds_count") == 4 and d("time_per_output_token_seconds_sum") > 0 and
           after[("glmtrain:num_requests_running", ())] == 0 and after[("glmtrain:kv_slots", ())] >= 1 and
           types.get("glmtrain:" + ttft) == "histogram" and types.get("glmtrain:prompt_tokens") == "counter" and
           types.get("glmtrain:num_requests_running") == "gauge" and buckets[-1][0] == float("inf") and
