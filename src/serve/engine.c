@@ -395,15 +395,18 @@ static int fill_row(srv_engine *e, int b, int Tq, const glm_ids *p, int state[2]
     return bad;
 }
 
-/* The other choices cp[0..ncp) of src's prompt, src being row b of the call that just prefilled
- * it: src's cache rows copied into their slots, its positions' state and prompt log-probabilities
- * taken, and each one's first token from src's row of logits (sampled from a copy, with its own
- * random stream), or the device's greedy pick. Before src's own token: src may finish with it. */
+/* The requests of cp[0..ncp) that share src's prompt (share_src), src being row b of the call
+ * that just prefilled it: src's cache rows copied into their slots, its positions' state and
+ * prompt log-probabilities taken, and each one's first token from src's row of logits (sampled
+ * from a copy, with its own random stream), or the device's greedy pick. Before src's own token:
+ * src may finish with it. */
 static void share_prefill(srv_engine *e, const srv_req *src, int b, int greedy, srv_req **cp, int ncp) {
-    int V = e->m->cfg.vocab_size, n = src->prompt.n;
+    int V = e->m->cfg.vocab_size, n = src->prompt.n, shared = 0;
     float *row = greedy ? NULL : glm_malloc(sizeof(float) * (size_t)V);
     for (int i = 0; i < ncp; i++) {
         srv_req *r = cp[i];
+        if (r->share_src != src) continue;
+        shared++;
         if (e->pipe) glm_pipe_cache_copy_slot(e->pipe, e->pc, src->slot, r->slot, n);
         else glm_kvcache_copy_slot(e->m, &e->kv, src->slot, r->slot, n);
         e->slot_len[r->slot] = n;
@@ -422,27 +425,33 @@ static void share_prefill(srv_engine *e, const srv_req *src, int b, int greedy, 
         row_token(e, r, row ? pick(r, row, V, &lp) : e->greedy[b], &lp);
     }
     free(row);
-    if (e->debug) glm_info("serve: a prompt of %d tokens prefilled once for %d choices", n, ncp + 1);
+    if (e->debug && shared) glm_info("serve: a prompt of %d tokens prefilled once for %d requests", n, shared + 1);
+}
+
+/* The requests of cp[0..ncp) that share src's prompt end as src did not start: with msg. */
+static void fail_shares(srv_engine *e, const srv_req *src, srv_req **cp, int ncp, const char *msg) {
+    for (int i = 0; i < ncp; i++)
+        if (cp[i]->share_src == src) finish(e, cp[i], "error", -1, msg);
 }
 
 /* New requests g[0..n) in consecutive slots, of one adapter, prefilled by one forward: row b holds
  * g[b]'s prompt padded to the longest (glm_stage_forward_cached_slots' n_new), so each row computes
- * as alone. Then each one's prompt log-probabilities (echo) and first token. cp[0..ncp): other
- * choices of g[n - 1]'s prompt, which take its rows (share_prefill) instead of their own. */
+ * as alone. Then each one's prompt log-probabilities (echo) and first token. cp[0..ncp): this
+ * step's requests that share a prompt (share_src) prefilled elsewhere, some maybe here. */
 static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int ncp) {
     const glm_config *c = &e->m->cfg;
     int Tq = 0, V = c->vocab_size, greedy = 1;
     for (int b = 0; b < n; b++) {
         if (g[b]->prompt.n > Tq) Tq = g[b]->prompt.n;
         greedy &= is_greedy(g[b]);
+        for (int i = 0; i < ncp; i++)
+            if (cp[i]->share_src == g[b]) greedy &= is_greedy(cp[i]);
     }
-    for (int i = 0; i < ncp; i++) greedy &= is_greedy(cp[i]);
     int *n_new = glm_malloc(sizeof(int) * (size_t)n);
     const char *bad = "the prompt has no [gMASK] (or [MASK]) and <sop>";
     for (int b = 0; b < n; b++)
         if (fill_row(e, b, Tq, &g[b]->prompt, g[b]->state, &n_new[b])) {
-            if (b == n - 1)
-                for (int i = 0; i < ncp; i++) finish(e, cp[i], "error", -1, bad);
+            fail_shares(e, g[b], cp, ncp, bad);
             finish(e, g[b], "error", -1, bad); /* its row runs as padding */
             g[b] = NULL;
         }
@@ -459,7 +468,6 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
     for (int b = 0; b < n; b++) {
         srv_req *r = g[b];
         if (!r) continue;
-        int ncopies = b == n - 1 ? ncp : 0;
         glm_err rerr = {0};
         const char *fail = rc ? err.msg : NULL;
         if (!fail) {
@@ -470,45 +478,47 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
             }
         }
         if (fail) {
-            for (int i = 0; i < ncopies; i++) finish(e, cp[i], "error", -1, fail);
+            fail_shares(e, r, cp, ncp, fail);
             finish(e, r, "error", -1, fail);
             continue;
         }
-        if (ncopies) share_prefill(e, r, b, greedy, cp, ncopies);
+        share_prefill(e, r, b, greedy, cp, ncp);
         if (r->no_generate) { finish(e, r, "length", -1, NULL); continue; }
         srv_logprob lp;
         row_token(e, r, greedy ? e->greedy[b] : pick(r, e->logits + (size_t)b * V, V, &lp), &lp);
     }
 }
 
-/* Whether r is another choice of prev's prompt: the same ids and adapter in the slot after it
- * (the choices of a prompt are queued together, so they are admitted side by side). */
-static int same_prompt(const srv_req *prev, const srv_req *r) {
-    return r->adapter == prev->adapter && r->slot == prev->slot + 1 && r->prompt.n == prev->prompt.n &&
-           !memcmp(r->prompt.data, prev->prompt.data, sizeof(int32_t) * (size_t)r->prompt.n);
-}
-
 /* The new requests adm[0..n) (in slot order) prefilled: runs of consecutive slots of one adapter
- * share a forward, up to the work buffers' tokens (rows x the longest prompt); the other choices
- * of a prompt end its run and take its cache rows instead of a prefill of their own. */
+ * share a forward, up to the work buffers' tokens (rows x the longest prompt); a request that
+ * shares a prompt prefilled in this step (share_src, admitted into the slots after the others)
+ * takes its cache rows instead. */
 static void prefill_all(srv_engine *e, srv_req **adm, int n) {
-    int cap = e->batch_tokens, k = 0;
+    int cap = e->batch_tokens, k = 0, ns = 0, ncp = 0;
     for (int i = 0; i < n; i++)
         if (adm[i]->slot >= 0 && !adm[i]->n_texts && prefill_begin(e, adm[i])) adm[k++] = adm[i];
-    for (int i = 0; i < k;) {
-        int j = i + 1, longest = adm[i]->prompt.n;
-        while (j < k && adm[j]->slot == adm[j - 1]->slot + 1 && adm[j]->adapter == adm[i]->adapter &&
-               !same_prompt(adm[j - 1], adm[j])) {
-            int l = adm[j]->prompt.n > longest ? adm[j]->prompt.n : longest;
+    srv_req **src = glm_malloc(sizeof *src * (size_t)(k ? k : 1)), **cp = glm_malloc(sizeof *cp * (size_t)(k ? k : 1));
+    for (int i = 0; i < k; i++) { /* one whose first request is not prefilled here prefills itself */
+        int found = 0;
+        for (int j = 0; j < k && adm[i]->share_src && !found; j++) found = adm[j] == adm[i]->share_src;
+        if (!found) adm[i]->share_src = NULL;
+        if (adm[i]->share_src) cp[ncp++] = adm[i];
+        else src[ns++] = adm[i];
+    }
+    for (int i = 0; i < ns;) {
+        int j = i + 1, longest = src[i]->prompt.n;
+        while (j < ns && src[j]->slot == src[j - 1]->slot + 1 && src[j]->adapter == src[i]->adapter) {
+            int l = src[j]->prompt.n > longest ? src[j]->prompt.n : longest;
             if ((long)(j - i + 1) * l > cap) break;
             longest = l;
             j++;
         }
-        int ncp = 0;
-        while (j + ncp < k && same_prompt(adm[j + ncp - 1], adm[j + ncp])) ncp++;
-        prefill_group(e, adm + i, j - i, adm + j, ncp);
-        i = j + ncp;
+        prefill_group(e, src + i, j - i, cp, ncp);
+        i = j;
     }
+    for (int i = 0; i < ncp; i++) cp[i]->share_src = NULL; /* this step's alone */
+    free(src);
+    free(cp);
 }
 
 /* A score request's next texts (one forward, no logits): through its slot and the free slots
@@ -626,29 +636,48 @@ static void decode_group(srv_engine *e, int k) {
     free(mem);
 }
 
+/* Whether r, queued right after prev, can take prev's cache rows: the same prompt and adapter
+ * (a request's n choices, or the same text sent again), neither scoring texts. */
+static int shares_prompt(const srv_req *prev, const srv_req *r) {
+    return r->adapter == prev->adapter && !r->n_texts && !prev->n_texts && r->prompt.n == prev->prompt.n &&
+           r->prompt.n > 0 && !memcmp(r->prompt.data, prev->prompt.data, sizeof(int32_t) * (size_t)r->prompt.n);
+}
+
 static void *engine_main(void *arg) {
     srv_engine *e = arg;
-    srv_req **adm = glm_calloc((size_t)e->nslots, sizeof *adm);
-    int *adm_slot = glm_calloc((size_t)e->nslots, sizeof *adm_slot);
+    srv_req **adm = glm_calloc((size_t)e->nslots, sizeof *adm), **pop = glm_calloc((size_t)e->nslots, sizeof *pop);
+    int *adm_slot = glm_calloc((size_t)e->nslots, sizeof *adm_slot), *free_slot = glm_calloc((size_t)e->nslots, sizeof(int));
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && !e->qhead && e->active == 0 && !e->draining) pthread_cond_wait(&e->cv, &e->mu);
         if (e->stop || (e->draining && !e->qhead && e->active == 0)) { pthread_mutex_unlock(&e->mu); break; }
-        int nadm = 0;
-        for (int s = 0; s < e->nslots && e->qhead; s++) {
-            if (e->slot[s]) continue;
-            srv_req *r = e->qhead;
+        int nadm = 0, nfree = 0;
+        for (int s = 0; s < e->nslots; s++)
+            if (!e->slot[s]) free_slot[nfree++] = s;
+        for (; nadm < nfree && e->qhead; nadm++) { /* in queue order; a prompt like the one before it shares */
+            srv_req *r = e->qhead, *prev = nadm ? pop[nadm - 1] : NULL;
             e->qhead = r->next;
             if (!e->qhead) e->qtail = NULL;
             e->qlen--;
-            e->slot[s] = r;
-            e->slot_len[s] = 0;
-            r->slot = s;
-            e->active++;
-            if (e->active > e->peak) e->peak = e->active;
-            adm_slot[nadm] = s;
-            adm[nadm++] = r;
+            r->share_src = prev && shares_prompt(prev, r) ? (prev->share_src ? prev->share_src : prev) : NULL;
+            pop[nadm] = r;
         }
+        /* the free slots in order: first to the requests that prefill (consecutive slots let them
+         * prefill together), then to those that take a copy of their rows */
+        int k = 0;
+        for (int copies = 0; copies < 2; copies++)
+            for (int i = 0; i < nadm; i++) {
+                srv_req *r = pop[i];
+                if ((r->share_src != NULL) != copies) continue;
+                int s = free_slot[k];
+                e->slot[s] = r;
+                e->slot_len[s] = 0;
+                r->slot = s;
+                e->active++;
+                if (e->active > e->peak) e->peak = e->active;
+                adm_slot[k] = s;
+                adm[k++] = r;
+            }
         pthread_mutex_unlock(&e->mu);
         /* a client that went away frees its slot now (finish may free the request: one admitted
          * this step leaves adm too, by its slot, without a look at it) */
@@ -699,7 +728,9 @@ static void *engine_main(void *arg) {
         q = nx;
     }
     free(adm);
+    free(pop);
     free(adm_slot);
+    free(free_slot);
     return NULL;
 }
 

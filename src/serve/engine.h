@@ -105,6 +105,8 @@ struct srv_req {
     glm_streamer st;
     uint8_t *seen;
     int state[2], limit, slot, admitted;
+    srv_req *share_src;        /* admitted in the same step after a request of the same prompt: takes
+                                * that one's cache rows instead of a prefill (NULL: its own) */
     srv_req *next;
 };
 

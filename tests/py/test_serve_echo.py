@@ -180,6 +180,21 @@ def batch_cases(S, ids):
     T.check("batch_of_prompts_equals_each_alone", ok and b["usage"]["prompt_tokens"] == pt,
             "%s %s vs %s" % (st, json.dumps(b)[:400], [a["choices"][0]["text"] for a in alone]))
     T.check("batch_prompts_prefilled_together", sc.logged(S, "serve: 3 prompts prefilled together"), S.text()[-600:])
+    # the same prompt twice among others: one prefill for both, the other prompts still together
+    n0 = len(S.log)
+    prompts = ["写一句关于春的诗", "写一句关于春的诗", ids, "你好"]
+    st, b = post(S, "/v1/completions", {"prompt": prompts, "max_tokens": 4, "temperature": 0, "logprobs": 1})
+    chs = b.get("choices", []) if st == 200 else []
+    ok = len(chs) == 4 and all(c["text"] == alone[k]["choices"][0]["text"] and c["logprobs"]["token_logprobs"] ==
+                               alone[k]["choices"][0]["logprobs"]["token_logprobs"] for c, k in zip(chs, (0, 0, 1, 2)))
+    def logged_since(text):
+        import time
+        t0 = time.time()
+        while text not in "\n".join(S.log[n0:]) and time.time() - t0 < 10:
+            time.sleep(0.02)
+        return text in "\n".join(S.log[n0:])
+    T.check("repeated_prompt_shares_its_prefill", ok and logged_since("prefilled once for 2 requests") and
+            logged_since("serve: 3 prompts prefilled together"), "%s %s\n%s" % (st, json.dumps(b)[:300], S.log[n0:]))
 
 
 def n_cases(S):
@@ -195,7 +210,7 @@ def n_cases(S):
     T.check("completions_n_choices_are_seed_plus_j", st == 200 and got == want and len(set(got)) > 1 and
             [c["index"] for c in b["choices"]] == [0, 1, 2, 3] and b["usage"]["prompt_tokens"] == pt,
             "%s %s vs %s (prompt tokens %s vs %s)" % (st, got, want, b.get("usage"), pt))
-    T.check("n_choices_prefilled_once", sc.logged(S, "prefilled once for 2 choices"), S.text()[-600:])
+    T.check("n_choices_prefilled_once", sc.logged(S, "prefilled once for 2 requests"), S.text()[-600:])
     # greedy choices of one prompt take the device's pick of the shared row; echo's prompt entries are copied
     body = {"prompt": "写一句关于春的诗", "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 2}
     st1, one = post(S, "/v1/completions", body)
@@ -209,7 +224,7 @@ def n_cases(S):
     alone = [post(S, "/v1/chat/completions", dict(base, messages=msgs, seed=11 + j))[1] for j in range(3)]
     got = [c["message"]["content"] for c in b.get("choices", [])]
     want = [a["choices"][0]["message"]["content"] for a in alone]
-    T.check("chat_n_choices_prefilled_once", sc.logged(S, "prefilled once for 3 choices"), S.text()[-600:])
+    T.check("chat_n_choices_prefilled_once", sc.logged(S, "prefilled once for 3 requests"), S.text()[-600:])
     T.check("chat_n_choices_are_seed_plus_j", st == 200 and got == want and b["object"] == "chat.completion" and
             b["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"] and
             b["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone),
