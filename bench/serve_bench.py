@@ -115,6 +115,28 @@ def run_level(host, port, key, model, n, max_tokens):
             "ms_per_token_per_stream": 1000 / statistics.mean(per) if per else 0}
 
 
+def stop(proc):
+    """Ends a server started here: SIGTERM (it drains), then a kill after a minute."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wait_up(proc, host, port):
+    """Waits until the server answers /health (exits when it died first)."""
+    while True:
+        if proc.poll() is not None:
+            sys.exit("serve exited with %s" % proc.returncode)
+        try:
+            if get(host, port, "/health")[0] == 200:
+                return
+        except OSError:
+            time.sleep(0.05)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="a running server (http://127.0.0.1:8000)")
@@ -136,14 +158,7 @@ def main():
             print("starting:", " ".join(cmd), flush=True)
             proc = subprocess.Popen(cmd, stderr=sys.stderr)
             host = "127.0.0.1"
-            while True:
-                if proc.poll() is not None:
-                    sys.exit("serve exited with %s" % proc.returncode)
-                try:
-                    if get(host, port, "/health")[0] == 200:
-                        break
-                except OSError:
-                    time.sleep(0.05)
+            wait_up(proc, host, port)
             t_up = time.time()
             st, models = get(host, port, "/v1/models", a.api_key)
             model = models["data"][0]["id"]
@@ -185,12 +200,7 @@ def main():
             if one and r.get("streams", 1) > 1 and "tokens" in r:
                 print("  %d streams: %.1fx the single-stream rate" % (r["streams"], r["tokens_per_s_total"] / one["tokens_per_s_total"]))
     finally:
-        if proc and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(proc)
         if a.out:
             with open(a.out, "a") as f:
                 for r in records:

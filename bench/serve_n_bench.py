@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_bench import get  # noqa: E402
+from serve_bench import get, stop, wait_up  # noqa: E402
 import http.client  # noqa: E402
 
 WORDS = "春风又绿江南岸明月何时照我还山高水长云淡风轻花开花落"
@@ -76,14 +76,7 @@ def main():
     proc = subprocess.Popen(cmd, stderr=sys.stderr)
     records = []
     try:
-        while True:
-            if proc.poll() is not None:
-                sys.exit("serve exited with %s" % proc.returncode)
-            try:
-                if get("127.0.0.1", port, "/health")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.05)
+        wait_up(proc, "127.0.0.1", port)
         prompts = [prompt_of(port, k, a.prompt_tokens) for k in range(a.n)]
         gen = {"max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
 
@@ -111,11 +104,7 @@ def main():
                 ", ".join("%.3f" % r[1] for r in runs)), flush=True)
         print("distinct / choices: %.2fx" % (records[1]["median_s"] / records[0]["median_s"]))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         if a.out:
             with open(a.out, "a") as f:
                 for r in records:
