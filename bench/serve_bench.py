@@ -125,6 +125,14 @@ def stop(proc):
             proc.kill()
 
 
+def append_records(path, records):
+    """The JSON records, one a line, appended to path (nothing without one)."""
+    if path:
+        with open(path, "a") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+
 def wait_up(proc, host, port):
     """Waits until the server answers /health (exits when it died first)."""
     while True:
@@ -201,10 +209,7 @@ def main():
                 print("  %d streams: %.1fx the single-stream rate" % (r["streams"], r["tokens_per_s_total"] / one["tokens_per_s_total"]))
     finally:
         stop(proc)
-        if a.out:
-            with open(a.out, "a") as f:
-                for r in records:
-                    f.write(json.dumps(r) + "\n")
+        append_records(a.out, records)
         for r in records:
             print(json.dumps(r))
 

@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_bench import get, stop, wait_up  # noqa: E402
+from serve_bench import append_records, get, stop, wait_up  # noqa: E402
 import http.client  # noqa: E402
 
 WORDS = "春风又绿江南岸明月何时照我还山高水长云淡风轻花开花落"
@@ -105,10 +105,7 @@ def main():
         print("distinct / choices: %.2fx" % (records[1]["median_s"] / records[0]["median_s"]))
     finally:
         stop(proc)
-        if a.out:
-            with open(a.out, "a") as f:
-                for r in records:
-                    f.write(json.dumps(r) + "\n")
+        append_records(a.out, records)
 
 
 if __name__ == "__main__":
