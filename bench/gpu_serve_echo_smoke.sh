@@ -7,7 +7,9 @@
 # with max_tokens 0. CUDA fp32's prompt log-probabilities must equal the CPU's (relative 1e-3) and
 # bf16's stay near them (absolute 0.1); the greedy generated tokens of fp32 must agree. Prints
 # PASS/FAIL. Then 3 greedy choices of one 200-token prompt (one prefill, the cache rows copied into
-# the other slots on the device) against the prompt alone on each device.
+# the other slots on the device) against the prompt alone on each device; then that prompt kept by
+# one request and extended by 8 tokens in the next (prefix caching: 200 tokens cached) on each
+# device, against CUDA fp32 without caching.
 # Needs build/gpu/glmtrain (MPI=0), build/lib with libmicrohttpd's chain (SERVE=1 bash
 # bench/prepare_carry.sh), build/shared (tokenizers/chatglm-6b), python3.
 # usage: bash bench/gpu_serve_echo_smoke.sh [BUILD_DIR]
@@ -54,6 +56,14 @@ one = post("/v1/completions", {"prompt": prompts[4], "echo": True, "logprobs": 1
 three = post("/v1/completions", {"prompt": prompts[4], "echo": True, "logprobs": 1, "max_tokens": 6, "temperature": 0,
                                  "ignore_eos": True, "n": 3})
 json.dump([x["logprobs"] for x in one["choices"] + three["choices"]], open(out.replace("echo_", "echo_n_"), "w"))
+# prefix caching: the 200-token prompt kept by a request, then extended by 8 tokens (200 cached);
+# the same extended prompt on a server without caching
+ext = prompts[4] + [g.randrange(5, 130000) for _ in range(8)]
+gen = {"max_tokens": 6, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+post("/v1/completions", dict(gen, prompt=prompts[4], max_tokens=1))
+hit = post("/v1/completions", dict(gen, prompt=ext))
+json.dump({"cached": hit["usage"]["prompt_tokens_details"]["cached_tokens"], "logprobs": hit["choices"][0]["logprobs"]},
+          open(out.replace("echo_", "echo_p_"), "w"))
 PY
     ok $? "serve_echo_$1_$2"
     serve_stop
@@ -94,4 +104,29 @@ for k, tol in (("cpu_float32", 1e-6), ("cuda_float32", 1e-4), ("cuda_bfloat16", 
 sys.exit(1 if bad else 0)
 PY
 ok $? "serve_n_choices_share_a_prefill"
+serve_start "$W/serve_nocache.log" --model_name_or_path "$W/base" --device cuda --dtype float32 --enable_prefix_caching false
+python3 - "$SERVE_PORT" "$W" <<'PY' >"$W/log" 2>&1
+import json, random, sys, urllib.request
+port, w = sys.argv[1:3]
+g = random.Random(7)
+prompts = [[g.randrange(5, 130000) for _ in range(n)] for n in (40, 64, 65, 129, 200)]
+ext = prompts[4] + [g.randrange(5, 130000) for _ in range(8)]
+req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % port, headers={"Content-Type": "application/json"},
+                             data=json.dumps({"prompt": ext, "max_tokens": 6, "temperature": 0, "logprobs": 1,
+                                              "ignore_eos": True}).encode())
+cold = json.load(urllib.request.urlopen(req, timeout=300))
+bad = []
+for k, tol in (("cpu_float32", 1e-3), ("cuda_float32", 1e-3), ("cuda_bfloat16", None)):
+    hit = json.load(open("%s/echo_p_%s.json" % (w, k)))
+    a, b = hit["logprobs"], cold["choices"][0]["logprobs"]
+    e = max(abs(p - q) / max(1.0, abs(q)) for p, q in zip(a["token_logprobs"], b["token_logprobs"]))
+    print("serve prefix cache %s: %d cached, tokens equal %s, worst relative logprob difference %.2e against CUDA fp32 uncached"
+          % (k, hit["cached"], a["tokens"] == b["tokens"], e))
+    if hit["cached"] != 200 or (tol is not None and (a["tokens"] != b["tokens"] or e > tol)): bad.append(k)
+sys.exit(1 if bad else 0)
+PY
+rc=$?
+cat "$W/log"
+ok $rc "serve_prefix_cache_equals_uncached"
+serve_stop
 rm -rf "$W"

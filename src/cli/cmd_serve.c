@@ -26,6 +26,7 @@ typedef struct serve_args {
     gen_args gen; /* first: gen_parse and gen_open read it through the same offsets */
     char *host, *api_key, *served_model_name;
     int port, max_batch_size, max_model_len, max_queue, timeout, max_connections, shutdown_timeout, step_delay_ms;
+    int enable_prefix_caching;
     long max_body_bytes;
 } serve_args;
 
@@ -62,6 +63,7 @@ static const glm_flag serve_flags[] = {
     SV_F(max_batch_size, ARG_INT, "32", "KV-cache slots: requests decoded together (more wait in the queue)"),
     SV_F(max_model_len, ARG_INT, "0", "tokens per slot, prompt + response (0: the model's max_sequence_length, at most 2048)"),
     SV_F(max_queue, ARG_INT, "256", "requests waiting for a slot before new ones get 429"),
+    SV_F(enable_prefix_caching, ARG_BOOL, "true", "a prompt that begins with what a free slot still holds (a chat's history, a system prompt) prefills only the rest (ChatGLM2/3, GLM-4; GLM v1's prompts see themselves whole)"),
     SV_F(max_body_bytes, ARG_LONG, "1048576", "larger request bodies get 413"),
     SV_F(timeout, ARG_INT, "30", "seconds a connection may idle (a slow or stalled request is closed)"),
     SV_F(max_connections, ARG_INT, "512", "open connections at once"),
@@ -215,6 +217,7 @@ int glm_cmd_serve(int argc, char **argv) {
         rc = srv_engine_init(&e, gen_lm(&s), s.tok, &tok_mu, a.max_batch_size, Tmax, a.max_queue, ad, n_ad, &err);
         engine_ok = rc == 0;
         e.step_delay_ms = a.step_delay_ms;
+        if (engine_ok) srv_engine_prefix_caching(&e, a.enable_prefix_caching);
         e.debug = a.gen.debug;
     }
     if (!rc) { /* a reward model (--stage rm's output): its value head scores texts */
@@ -249,8 +252,9 @@ int glm_cmd_serve(int argc, char **argv) {
         const glm_config *mc = gen_config(&s);
         double mib = glm_kvcache_bytes(mc, glm_dtype_size((s.pipe ? s.pipe->be[0] : s.be)->dtype), a.max_batch_size, Tmax) /
                      1048576.0;
-        glm_info("KV cache pool: %d slots x %d tokens (%.0f MiB); models: %s%s%s", a.max_batch_size, Tmax, mib, name,
-                 n_ad ? " + adapters" : "", mc->peft.pre_seq_len > 0 ? " (with its P-Tuning v2 prefix)" : "");
+        glm_info("KV cache pool: %d slots x %d tokens (%.0f MiB), prefix caching %s; models: %s%s%s", a.max_batch_size, Tmax,
+                 mib, e.pfx.on ? "on" : a.enable_prefix_caching ? "off (GLM v1)" : "off", name, n_ad ? " + adapters" : "",
+                 mc->peft.pre_seq_len > 0 ? " (with its P-Tuning v2 prefix)" : "");
         glm_info("serving %s on http://%s%s%s:%d/ (OpenAI API under /v1%s)", name, strchr(a.host, ':') ? "[" : "", a.host,
                  strchr(a.host, ':') ? "]" : "", S.port, S.o.api_key ? ", API key required" : "");
         fflush(stderr);

@@ -226,7 +226,7 @@ static void next_position(const int state[2], int t, int32_t *pos, int32_t *bpos
     .embed = GLM_V2_EMBED, .final_norm_w = GLM_V2_FINAL_NORM_W, .final_norm_b = NULL, .head = GLM_V2_HEAD,          \
     .layer_fmt = "transformer.encoder.layers.%d.",                                                                  \
     .modules = {"self_attention.query_key_value", "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"}, \
-    .residual_from_norm = 0, .block_qkv = block_qkv, .block_recompute = block_recompute,                           \
+    .residual_from_norm = 0, .causal = 1, .block_qkv = block_qkv, .block_recompute = block_recompute,                           \
     .block_attn_bwd = block_attn_bwd, .qkv_views = qkv_views, .final_norm = final_norm,                            \
     .final_norm_bwd = final_norm_bwd, .batch_rule = batch_rule, .prompt_positions = prompt_positions,              \
     .next_position = next_position

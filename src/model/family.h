@@ -35,6 +35,10 @@ typedef struct glm_family {
                       const int32_t *block_pos);
     /* the residual branches leave from norm1's output a->x (v1's alpha*x), not the block's input a->in */
     int residual_from_norm;
+    /* 1: a token's keys and values depend on the tokens before it alone (causal attention from
+     * the first token), so a prompt's first k tokens' cache rows are the same whatever follows
+     * (serve's prefix caching); GLM v1's prompt sees itself whole: 0 */
+    int causal;
     /* the block after attention (glm_attend's a->ctx), row by row on N rows: dense, residual,
      * norm2, MLP, residual into h_out; reads a->ctx and the residual source (a->x or a->in) */
     void (*block_rows)(struct glm_model *m, int l, struct glm_layer_acts *a, int N, void *h_out);

@@ -183,9 +183,14 @@ static void finish(srv_engine *e, srv_req *r, const char *why, long cut, const c
         e->served++;
     }
     pthread_mutex_unlock(&e->mu);
-    if (r->slot >= 0) {
-        e->slot[r->slot] = NULL;
-        e->slot_len[r->slot] = 0;
+    if (r->slot >= 0) { /* the rows of the tokens it fed stay for a later prompt that begins with them */
+        int s = r->slot, n = e->slot_len[s];
+        if (strcmp(why, "error") && !r->n_texts && n <= r->prompt.n + r->out.n)
+            srv_prefix_keep(&e->pfx, s, r->adapter, r->prompt.data, r->prompt.n, r->out.data, n);
+        else
+            srv_prefix_drop(&e->pfx, s);
+        e->slot[s] = NULL;
+        e->slot_len[s] = 0;
         r->slot = -1;
     }
     srv_req_put(r);
@@ -372,20 +377,28 @@ static int prefill_begin(srv_engine *e, srv_req *r) {
     return 1;
 }
 
-/* Row b of a call of Tq new tokens a row (e->ids, pos, bpos, lo, hi from b * Tq): the ids p
- * (p->n <= Tq) at the start of an empty slot, then padding that sees only its own first key and
- * whose results are dropped; *n_new: p->n. -1 when p breaks the model's position rule: then the
- * whole row is padding (*n_new 1). */
-static int fill_row(srv_engine *e, int b, int Tq, const glm_ids *p, int state[2], int *n_new) {
-    int m = p->n, at = b * Tq, bad = 0;
-    e->lens[b] = 0;
-    memcpy(e->ids + at, p->data, sizeof(int32_t) * (size_t)m);
-    if (e->m->fam->prompt_positions(&e->m->cfg, p->data, m, e->pos + at, e->bpos + at, e->rh + at, state)) {
+/* Row b of a call of Tq new tokens a row (e->ids, pos, bpos, lo, hi from b * Tq): the ids p after
+ * its first `cached` (p->n - cached <= Tq), whose rows the slot already holds, then padding that
+ * sees only the slot's first key and whose results are dropped; *n_new: p->n - cached. -1 when p
+ * breaks the model's position rule: then the whole row is padding (*n_new 1). */
+static int fill_row(srv_engine *e, int b, int Tq, const glm_ids *p, int cached, int state[2], int *n_new) {
+    int n = p->n, m = n - cached, at = b * Tq, bad = 0;
+    int32_t *pos = glm_malloc(sizeof(int32_t) * 3 * (size_t)n), *bpos = pos + n, *rh = bpos + n;
+    e->lens[b] = cached;
+    if (e->m->fam->prompt_positions(&e->m->cfg, p->data, n, pos, bpos, rh, state)) {
         bad = -1;
         m = 0;
+        e->lens[b] = 0;
     }
     *n_new = m ? m : 1;
-    for (int i = 0; i < m; i++) { e->lo[at + i] = 0; e->hi[at + i] = e->rh[at + i]; }
+    for (int i = 0; i < m; i++) { /* key ranges and positions count from the slot's first token */
+        e->ids[at + i] = p->data[cached + i];
+        e->pos[at + i] = pos[cached + i];
+        e->bpos[at + i] = bpos[cached + i];
+        e->lo[at + i] = 0;
+        e->hi[at + i] = rh[cached + i];
+    }
+    free(pos);
     for (int i = m; i < Tq; i++) {
         e->ids[at + i] = pad_id(e);
         e->pos[at + i] = e->bpos[at + i] = 0;
@@ -435,14 +448,14 @@ static void fail_shares(srv_engine *e, const srv_req *src, srv_req **cp, int ncp
 }
 
 /* New requests g[0..n) in consecutive slots, of one adapter, prefilled by one forward: row b holds
- * g[b]'s prompt padded to the longest (glm_stage_forward_cached_slots' n_new), so each row computes
- * as alone. Then each one's prompt log-probabilities (echo) and first token. cp[0..ncp): this
+ * g[b]'s prompt after the tokens its slot already holds (cached), padded to the longest
+ * (glm_stage_forward_cached_slots' n_new), so each row computes as alone. Then each one's prompt log-probabilities (echo) and first token. cp[0..ncp): this
  * step's requests that share a prompt (share_src) prefilled elsewhere, some maybe here. */
 static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int ncp) {
     const glm_config *c = &e->m->cfg;
     int Tq = 0, V = c->vocab_size, greedy = 1;
     for (int b = 0; b < n; b++) {
-        if (g[b]->prompt.n > Tq) Tq = g[b]->prompt.n;
+        if (g[b]->prompt.n - g[b]->cached > Tq) Tq = g[b]->prompt.n - g[b]->cached;
         greedy &= is_greedy(g[b]);
         for (int i = 0; i < ncp; i++)
             if (cp[i]->share_src == g[b]) greedy &= is_greedy(cp[i]);
@@ -450,7 +463,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
     int *n_new = glm_malloc(sizeof(int) * (size_t)n);
     const char *bad = "the prompt has no [gMASK] (or [MASK]) and <sop>";
     for (int b = 0; b < n; b++)
-        if (fill_row(e, b, Tq, &g[b]->prompt, g[b]->state, &n_new[b])) {
+        if (fill_row(e, b, Tq, &g[b]->prompt, g[b]->cached, g[b]->state, &n_new[b])) {
             fail_shares(e, g[b], cp, ncp, bad);
             finish(e, g[b], "error", -1, bad); /* its row runs as padding */
             g[b] = NULL;
@@ -505,12 +518,16 @@ static void prefill_all(srv_engine *e, srv_req **adm, int n) {
         if (adm[i]->share_src) cp[ncp++] = adm[i];
         else src[ns++] = adm[i];
     }
-    for (int i = 0; i < ns;) {
-        int j = i + 1, longest = src[i]->prompt.n;
+    for (int i = 0; i < ns;) { /* rows x the longest new part within the buffers, and every row's
+                                * cached tokens + the call's within its slot */
+        int j = i + 1, longest = src[i]->prompt.n - src[i]->cached, most_cached = src[i]->cached;
         while (j < ns && src[j]->slot == src[j - 1]->slot + 1 && src[j]->adapter == src[i]->adapter) {
-            int l = src[j]->prompt.n > longest ? src[j]->prompt.n : longest;
-            if ((long)(j - i + 1) * l > cap) break;
+            int l = src[j]->prompt.n - src[j]->cached, mc = src[j]->cached;
+            if (l < longest) l = longest;
+            if (mc < most_cached) mc = most_cached;
+            if ((long)(j - i + 1) * l > cap || mc + l > e->Tmax) break;
             longest = l;
+            most_cached = mc;
             j++;
         }
         prefill_group(e, src + i, j - i, cp, ncp);
@@ -539,7 +556,10 @@ static void score_next(srv_engine *e, srv_req *r) {
     }
     int *n_new = glm_malloc(sizeof(int) * (size_t)k), bad = 0;
     /* the server checked the positions and the length when the request came */
-    for (int b = 0; b < k; b++) bad |= Tq > e->Tmax || fill_row(e, b, Tq, &r->texts[r->n_scored + b], r->state, &n_new[b]);
+    for (int b = 0; b < k; b++) {
+        bad |= Tq > e->Tmax || fill_row(e, b, Tq, &r->texts[r->n_scored + b], 0, r->state, &n_new[b]);
+        srv_prefix_drop(&e->pfx, r->slot + b); /* the free slots after it: their rows are overwritten */
+    }
     if (bad) {
         free(n_new);
         finish(e, r, "error", -1, "a text does not fit the model's positions");
@@ -583,7 +603,7 @@ static void decode_group(srv_engine *e, int k) {
     for (int b = 0; b < nr; b++) {
         int s = lo_s + b;
         srv_req *r = e->slot[s];
-        e->lens[b] = e->slot_len[s];
+        e->lens[b] = r ? e->slot_len[s] : e->pfx.on ? e->pfx.n[s] : 0; /* an idle row writes past what its slot holds */
         if (r && r->adapter == k && r->out.n > 0) {
             mem[b] = r;
             int t = r->prompt.n + r->out.n - 1; /* the fed token's index in the row */
@@ -643,6 +663,22 @@ static int shares_prompt(const srv_req *prev, const srv_req *r) {
            r->prompt.n > 0 && !memcmp(r->prompt.data, prev->prompt.data, sizeof(int32_t) * (size_t)r->prompt.n);
 }
 
+/* r into free slot s (under mu), whose rows hold r's first `cached` prompt tokens already. */
+static void admit(srv_engine *e, srv_req *r, int s, int cached) {
+    e->slot[s] = r;
+    e->slot_len[s] = cached;
+    r->slot = s;
+    r->cached = cached;
+    srv_prefix_drop(&e->pfx, s); /* now r's rows */
+    e->active++;
+    if (e->active > e->peak) e->peak = e->active;
+    if (e->pfx.on && !r->share_src && !r->n_texts) {
+        e->metrics.prefix_queries += r->prompt.n;
+        e->metrics.prefix_hits += cached;
+    }
+    if (e->debug && cached) glm_info("serve: %d of a prompt's %d tokens held by slot %d already", cached, r->prompt.n, s);
+}
+
 static void *engine_main(void *arg) {
     srv_engine *e = arg;
     srv_req **adm = glm_calloc((size_t)e->nslots, sizeof *adm), **pop = glm_calloc((size_t)e->nslots, sizeof *pop);
@@ -662,22 +698,34 @@ static void *engine_main(void *arg) {
             r->share_src = prev && shares_prompt(prev, r) ? (prev->share_src ? prev->share_src : prev) : NULL;
             pop[nadm] = r;
         }
-        /* the free slots in order: first to the requests that prefill (consecutive slots let them
-         * prefill together), then to those that take a copy of their rows */
-        int k = 0;
-        for (int copies = 0; copies < 2; copies++)
-            for (int i = 0; i < nadm; i++) {
-                srv_req *r = pop[i];
-                if ((r->share_src != NULL) != copies) continue;
-                int s = free_slot[k];
-                e->slot[s] = r;
-                e->slot_len[s] = 0;
-                r->slot = s;
-                e->active++;
-                if (e->active > e->peak) e->peak = e->active;
-                adm_slot[k] = s;
-                adm[k++] = r;
+        /* a prompt that begins with what a free slot still holds takes that slot (the longest
+         * match); the other free slots, empty ones first, go first to the requests that prefill
+         * (consecutive slots let them prefill together), then to those that take a copy of their
+         * rows; the admitted in slot order */
+        for (int i = 0; i < nadm; i++) {
+            srv_req *r = pop[i];
+            if (r->share_src || r->n_texts || r->prompt_logprobs) continue;
+            int best = -1, most = 0;
+            for (int j = 0; j < nfree; j++) {
+                int c = free_slot[j] < 0 ? 0 : srv_prefix_match(&e->pfx, free_slot[j], r->adapter, r->prompt.data, r->prompt.n);
+                if (c > most) { most = c; best = j; }
             }
+            if (best >= 0) { admit(e, r, free_slot[best], most); free_slot[best] = -1; }
+        }
+        int left = 0;
+        for (int j = 0; j < nfree; j++)
+            if (free_slot[j] >= 0) free_slot[left++] = free_slot[j];
+        srv_prefix_order(&e->pfx, free_slot, left);
+        for (int copies = 0, f = 0; copies < 2; copies++)
+            for (int i = 0; i < nadm; i++)
+                if (pop[i]->slot < 0 && (pop[i]->share_src != NULL) == copies) admit(e, pop[i], free_slot[f++], 0);
+        for (int i = 0; i < nadm; i++) { /* by slot: insertion */
+            srv_req *r = pop[i];
+            int j = i;
+            for (; j > 0 && adm_slot[j - 1] > r->slot; j--) { adm[j] = adm[j - 1]; adm_slot[j] = adm_slot[j - 1]; }
+            adm[j] = r;
+            adm_slot[j] = r->slot;
+        }
         pthread_mutex_unlock(&e->mu);
         /* a client that went away frees its slot now (finish may free the request: one admitted
          * this step leaves adm too, by its slot, without a look at it) */
@@ -780,12 +828,19 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
     e->logits = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.vocab_size);
     e->hidden = glm_malloc(sizeof(float) * (size_t)nslots * m->cfg.hidden_size);
     e->greedy = glm_malloc(sizeof(int32_t) * (size_t)nslots);
-    e->ids = glm_malloc(sizeof(int32_t) * (size_t)T * 6);
-    e->pos = e->ids + T; e->bpos = e->pos + T; e->lo = e->bpos + T; e->hi = e->lo + T; e->rh = e->hi + T;
+    e->ids = glm_malloc(sizeof(int32_t) * (size_t)T * 5);
+    e->pos = e->ids + T; e->bpos = e->pos + T; e->lo = e->bpos + T; e->hi = e->lo + T;
     e->lens = glm_calloc((size_t)nslots, sizeof(int));
     e->slot = glm_calloc((size_t)nslots, sizeof *e->slot);
     e->slot_len = glm_calloc((size_t)nslots, sizeof(int));
+    srv_prefix_init(&e->pfx, nslots, Tmax, m->fam->causal);
     return 0;
+}
+
+int srv_engine_prefix_caching(srv_engine *e, int on) {
+    srv_prefix_free(&e->pfx);
+    srv_prefix_init(&e->pfx, e->nslots, e->Tmax, on && e->m->fam->causal);
+    return e->pfx.on;
 }
 
 int srv_engine_start(srv_engine *e) {
@@ -857,6 +912,7 @@ void srv_engine_stop(srv_engine *e) {
     free(e->lens);
     free(e->slot);
     free(e->slot_len);
+    srv_prefix_free(&e->pfx);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     e->logits = NULL;

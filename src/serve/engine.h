@@ -19,6 +19,7 @@
 #include "core/strbuf.h"
 #include "infer/generate.h"
 #include "serve/metrics.h"
+#include "serve/prefix_cache.h"
 
 #define SRV_MAX_STOPS 4
 
@@ -92,6 +93,8 @@ struct srv_req {
     const char *finish;        /* "stop", "length", "cancelled", "error" */
     char error[512];
     int n_out;                 /* completion tokens */
+    int cached;                /* prompt tokens whose cache rows its slot already held (prefix caching;
+                                * the engine sets it at admission, the HTTP side reads it once done) */
     srv_logprob *lps;          /* [n_out] with logprobs: one per response token */
     srv_logprob *plps;         /* [n_plps] with prompt_logprobs, once prefilled: one per prompt */
     int n_plps;                /* token, the first without a value (lp NaN, n_top -1) */
@@ -126,6 +129,7 @@ typedef struct srv_engine {
     float *hidden;             /* [nslots, H]: scored texts' last final-norm rows */
     srv_req **slot;
     int *slot_len;
+    srv_prefix_cache pfx;      /* what the free slots still hold (--enable_prefix_caching) */
     int max_queue;
     int step_delay_ms;         /* a pause after each step (tests and demos of streaming) */
     int debug;                 /* log requests as they join and leave */
@@ -147,7 +151,7 @@ typedef struct srv_engine {
     /* buffers */
     float *logits;
     int32_t *greedy;           /* [nslots]: the device's greedy picks when no row samples */
-    int32_t *ids, *pos, *bpos, *lo, *hi, *rh;
+    int32_t *ids, *pos, *bpos, *lo, *hi;
     int *lens;
 } srv_engine;
 
@@ -161,6 +165,9 @@ void srv_adapter_free(srv_adapter *a);
  * device map (lm.pipe). ad[n_ad] (loaded for lm) stay owned by the caller. */
 int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
                     int Tmax, int max_queue, srv_adapter *ad, int n_ad, glm_err *err);
+/* Prefix caching on (the default where the family allows it: glm_family.causal) or off, before
+ * srv_engine_start; returns whether it is on. */
+int srv_engine_prefix_caching(srv_engine *e, int on);
 int srv_engine_start(srv_engine *e);
 /* Queues r (the engine takes a reference): 0, or 429 when max_queue requests already wait beyond
  * the free slots, 503 when draining. */

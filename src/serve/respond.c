@@ -122,11 +122,14 @@ static void pend_json(choice_ctx *c, cJSON *o, int sse) {
     free(s);
 }
 
-static cJSON *usage_of(long prompt, long completion) {
+/* OpenAI's usage: cached, the prompt tokens whose cache rows a slot held already (prefix caching) */
+static cJSON *usage_of(long prompt, long completion, long cached) {
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
     return u;
 }
 
@@ -394,12 +397,13 @@ static choice_ctx *choice_ctxs(srv_server *S, const api_req *q, int thudm) {
 
 /* The usage of q's finished choices: each prompt counted once for its n choices. */
 static cJSON *choices_usage(const api_req *q) {
-    long pt = 0, ct = 0;
+    long pt = 0, ct = 0, cached = 0;
     for (int i = 0; i < q->n_batch; i++) {
         if (i % q->n_choices == 0) pt += q->batch[i]->prompt.n;
+        cached += q->batch[i]->cached; /* one choice of a prompt prefills it: the others copy its rows */
         ct += q->batch[i]->n_out;
     }
-    return usage_of(pt, ct);
+    return usage_of(pt, ct, cached);
 }
 
 static void free_choice_ctxs(choice_ctx *cs, int k) {

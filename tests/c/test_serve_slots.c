@@ -7,7 +7,9 @@
  * different lengths prefilled by one call (padded: n_new) compute as alone too, and every prompt
  * row's logits come back (glm_cached_rows_logits: serve's echo), and its log-probabilities without
  * them (glm_cached_rows_logprobs) equal a log-softmax of those logits. A slot whose rows are a
- * copy of another's prefill (glm_kvcache_copy_slot) decodes as the prompt alone. */
+ * copy of another's prefill (glm_kvcache_copy_slot) decodes as the prompt alone; on the causal
+ * ChatGLM2 block, a slot that kept a prompt's first tokens (prefix caching) and is then given the
+ * rest of it does too. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +152,39 @@ static int copied(glm_model *m, const int32_t (*pr)[6], float *logits, float *sr
     return rc;
 }
 
+/* Prefix caching (serve/prefix_cache.h): the first k tokens of prompt 1 prefilled into slot 2 as
+ * an earlier request's, an idle decode row over the free slot writing past them (row k), then
+ * the rest of the prompt prefilled behind them (len k) and STEPS decode calls: logits [STEPS + 1][V]
+ * as the prompt alone. */
+static int resumed(glm_model *m, const int32_t (*pr)[6], int k, float *logits, glm_err *err) {
+    const glm_family *f = glm_family_of(&m->cfg);
+    glm_kvcache kv;
+    glm_kvcache_init(m, &kv, SLOTS, TMAX);
+    glm_kvcache_reserve(m, &kv, TMAX);
+    int n = plen[1], zero = 0, st[2], len[SLOTS] = {0, 0, k, 0};
+    int32_t pos[16], bpos[16], lo[16], hi[16], rh[16];
+    float *lg = malloc(sizeof(float) * SLOTS * V);
+    int rc = f->prompt_positions(&m->cfg, pr[1], n, pos, bpos, rh, st);
+    for (int i = 0; i < n; i++) { lo[i] = 0; hi[i] = rh[i]; }
+    if (rc == 0) rc = glm_forward_cached_slots(m, &kv, 2, 1, k, &zero, pr[1], pos, bpos, lo, hi, lg, err);
+    if (rc == 0) { /* slot 2 idle in another row's decode: its token goes to row k */
+        int32_t ids[SLOTS] = {9, 9, 9, 9}, z[SLOTS] = {0}, one[SLOTS] = {1, 1, 1, 1};
+        rc = glm_forward_cached_slots(m, &kv, 0, SLOTS, 1, len, ids, z, z, z, one, lg, err);
+    }
+    if (rc == 0)
+        rc = glm_forward_cached_slots(m, &kv, 2, 1, n - k, &len[2], pr[1] + k, pos + k, bpos + k, lo + k, hi + k, logits, err);
+    len[2] = n;
+    for (int s = 0; s < STEPS && rc == 0; s++) {
+        int32_t id = fed(1, s), ps, bs, l = 0, h = len[2] + 1;
+        f->next_position(st, n + s, &ps, &bs);
+        rc = glm_forward_cached_slots(m, &kv, 2, 1, 1, &len[2], &id, &ps, &bs, &l, &h, logits + (size_t)(s + 1) * V, err);
+        len[2]++;
+    }
+    free(lg);
+    glm_kvcache_free(m, &kv);
+    return rc;
+}
+
 /* The three prompts prefilled by one call (slots 0-2, each padded to the longest: n_new), then
  * STEPS decode calls over the three; logits as alone's. *rows_ok: each prompt's every row through
  * glm_cached_rows_logits gives its last row's logits as the call did, and on the causal ChatGLM2
@@ -262,6 +297,15 @@ int main(void) {
                        test_max_abs(src, w1, STEPS * V));
             free(cp);
             free(src);
+        }
+        if (glm2) { /* a causal block: a prompt's first tokens' rows, kept, serve the rest of it */
+            float *rs = calloc((size_t)(STEPS + 1) * V, sizeof(float));
+            int rr = resumed(&m, pr, 3, rs, &err);
+            const float *w1 = want + (size_t)(STEPS + 1) * V;
+            snprintf(nm, sizeof nm, "%s_kept_prefix_then_the_rest_as_alone", vn[variant]);
+            TEST_CHECK(&tc, nm, rr == 0 && !memcmp(rs, w1, sizeof(float) * (STEPS + 1) * V), "rc %d (%s), max diff %g", rr,
+                       err.msg, rr == 0 ? test_max_abs(rs, w1, (STEPS + 1) * V) : -1.0);
+            free(rs);
         }
         if (variant >= 2) { /* the prefix changes what the rows see: the base model differs */
             glm_config cb = config(glm2);
