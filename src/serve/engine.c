@@ -167,9 +167,8 @@ static void finish(srv_engine *e, srv_req *r, const char *why, long cut, const c
     r->n_out = r->out.n;
     if (errmsg) snprintf(r->error, sizeof r->error, "%s", errmsg);
     r->done = 1;
-    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    if (r->waker) srv_waker_ring(r->waker);
+    srv_waker_ring(r->waker);
     if (e->debug)
         glm_info("serve: request in slot %d done (%s): %d prompt + %d tokens, %.3f s to the first token, %.3f s in all", r->slot,
                  why, r->prompt.n, r->out.n, r->t_first > 0 ? r->t_first - r->t_submit : 0.0, glm_now() - r->t_submit);
@@ -228,10 +227,9 @@ static int row_text(srv_engine *e, srv_req *r, int32_t id, const srv_logprob *lp
     if (*cut < 0) {
         size_t keep = n - stop_hold(r, t, n);
         if (keep > r->text.n && !r->st.diverged) release(r, t + r->text.n, keep - r->text.n);
-        pthread_cond_broadcast(&r->cv);
     }
     pthread_mutex_unlock(&r->mu);
-    if (r->waker && *cut < 0) srv_waker_ring(r->waker);
+    if (*cut < 0) srv_waker_ring(r->waker);
     return *cut >= 0 ? ROW_STOP_TEXT : r->out.n >= r->limit ? ROW_LENGTH : ROW_GOES_ON;
 }
 

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 #include "core/strbuf.h"
 #include "infer/generate.h"
 #include "serve/metrics.h"
@@ -47,9 +48,10 @@ typedef struct srv_logprob {
     float top_lp[SRV_MAX_TOP_LOGPROBS];
 } srv_logprob;
 
-/* News of several requests at once: a streamed answer of several choices waits on one of these
- * (the requests ring it when their text grows or they end). Counted references: the waiter's and
- * each request's. */
+/* News of requests: every request rings its waker when its text grows or it ends, and whoever
+ * answers it waits there (srv_waker_rings, look at the request, srv_waker_wait: a ring after the
+ * look is not missed). A request gets its own at srv_req_new; the choices of one answer share one.
+ * Counted references: the waiter's and each request's. */
 typedef struct srv_waker {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -59,6 +61,10 @@ typedef struct srv_waker {
 srv_waker *srv_waker_new(void);
 void srv_waker_put(srv_waker *w);
 void srv_waker_ring(srv_waker *w);
+/* How often w has rung. */
+unsigned long srv_waker_rings(srv_waker *w);
+/* Waits until w rings after `seen` rings, or until `until` (CLOCK_REALTIME). */
+void srv_waker_wait(srv_waker *w, unsigned long seen, const struct timespec *until);
 
 typedef struct srv_req srv_req;
 struct srv_req {
@@ -83,10 +89,9 @@ struct srv_req {
                                /* model's: token i under the logits of the row before it) */
     int no_generate;           /* echo with max_tokens 0: the prompt only, no token generated */
     char *echo;                /* echo (the HTTP side's): the prompt's text, put before the response */
-    srv_waker *waker;          /* rung with cv (one reference, the request's), or NULL */
+    srv_waker *waker;          /* rung when text grows or it ends (one reference, the request's) */
     /* shared with the HTTP side, under mu */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     glm_strbuf text;           /* text released so far (settled, stop strings held back) */
     char *final;               /* the response when done (post-processed, cut at a stop string) */
     int done;                  /* 1: finished (final, finish set) */

@@ -20,7 +20,7 @@
 srv_req *srv_req_new(void) {
     srv_req *r = glm_calloc(1, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    r->waker = srv_waker_new();
     r->refs = 1;
     r->adapter = -1;
     r->slot = -1;
@@ -46,9 +46,8 @@ void srv_req_put(srv_req *r) {
     for (int i = 0; i < r->n_texts; i++) glm_ids_free(&r->texts[i]);
     free(r->texts);
     free(r->scores);
-    if (r->waker) srv_waker_put(r->waker);
+    srv_waker_put(r->waker);
     pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
     free(r);
 }
 
@@ -74,6 +73,19 @@ void srv_waker_ring(srv_waker *w) {
     pthread_mutex_lock(&w->mu);
     w->rings++;
     pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+unsigned long srv_waker_rings(srv_waker *w) {
+    pthread_mutex_lock(&w->mu);
+    unsigned long n = w->rings;
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
+void srv_waker_wait(srv_waker *w, unsigned long seen, const struct timespec *until) {
+    pthread_mutex_lock(&w->mu);
+    if (w->rings == seen) pthread_cond_timedwait(&w->cv, &w->mu, until);
     pthread_mutex_unlock(&w->mu);
 }
 

@@ -35,11 +35,6 @@ static struct timespec slice_end(void) {
     if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
     return ts;
 }
-/* Waits (r->mu held) for news of r, 50 ms at most. */
-static void wait_slice(srv_req *r) {
-    struct timespec ts = slice_end();
-    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-}
 
 /* Response bytes formatted, not yet handed over (s[off, n) are left). */
 typedef struct out_buf {
@@ -364,14 +359,16 @@ static int thinks(const srv_server *S, int chat, const srv_tools *t, int thudm) 
 }
 
 void srv_wait_done(srv_req *r, int fd) {
-    pthread_mutex_lock(&r->mu);
-    while (!r->done) {
-        pthread_mutex_unlock(&r->mu);
-        if (peer_gone(fd)) atomic_store(&r->cancel, 1);
+    for (;;) {
+        unsigned long rings = srv_waker_rings(r->waker);
         pthread_mutex_lock(&r->mu);
-        if (!r->done) wait_slice(r);
+        int done = r->done;
+        pthread_mutex_unlock(&r->mu);
+        if (done) return;
+        if (peer_gone(fd)) atomic_store(&r->cancel, 1);
+        struct timespec ts = slice_end();
+        srv_waker_wait(r->waker, rings, &ts);
     }
-    pthread_mutex_unlock(&r->mu);
 }
 
 static void new_id(char *id, size_t cap, const char *kind, long created) {
@@ -437,8 +434,9 @@ srv_response *srv_response_new(srv_server *S, api_req *q, int fd, cJSON *thudm_h
     g->thudm_history = thudm_history;
     g->thudm_prompt = thudm_prompt;
     g->w = srv_waker_new();
-    for (int i = 0; i < g->q.n_batch; i++) { /* before they reach the engine */
+    for (int i = 0; i < g->q.n_batch; i++) { /* before they reach the engine: one waker for all */
         g->w->refs++;
+        srv_waker_put(g->q.batch[i]->waker);
         g->q.batch[i]->waker = g->w;
     }
     g->cs = choice_ctxs(S, &g->q, thudm_prompt != NULL);
@@ -464,9 +462,7 @@ void srv_response_free(srv_response *g) {
  * whole, every choice has ended. The waker's count is read first, so a ring after this look is
  * not missed. */
 static int news(srv_response *g, unsigned long *rings) {
-    pthread_mutex_lock(&g->w->mu);
-    *rings = g->w->rings;
-    pthread_mutex_unlock(&g->w->mu);
+    *rings = srv_waker_rings(g->w);
     int all_done = 1;
     for (int i = 0; i < g->q.n_batch; i++) {
         if (g->ended[i]) continue;
@@ -489,9 +485,7 @@ static int wait_news(srv_response *g) {
         if (waited >= interval) return 0;
         if (peer_gone(g->fd)) return -1;
         struct timespec ts = slice_end();
-        pthread_mutex_lock(&g->w->mu);
-        if (g->w->rings == rings) pthread_cond_timedwait(&g->w->cv, &g->w->mu, &ts);
-        pthread_mutex_unlock(&g->w->mu);
+        srv_waker_wait(g->w, rings, &ts);
         waited += 0.05;
     }
     return 1;

@@ -127,7 +127,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         FUZZ_CHECK(q.n_batch >= 1 && q.n_batch <= SRV_MAX_PROMPTS && q.r == q.batch[0], "%d requests", q.n_batch);
         FUZZ_CHECK(q.n_choices >= 1 && q.n_batch % q.n_choices == 0, "%d requests for n %d", q.n_batch, q.n_choices);
-        for (int b = 0; b < q.n_batch; b++) FUZZ_CHECK(!q.batch[b]->waker, "choice %d parsed with a waker", b);
+        for (int b = 0; b < q.n_batch; b++) /* each its own until an answer gives them one */
+            FUZZ_CHECK(q.batch[b]->waker && q.batch[b]->waker->refs == 1 && (b == 0 || q.batch[b]->waker != q.batch[b - 1]->waker),
+                       "choice %d parsed without a waker of its own", b);
         FUZZ_CHECK(!chat || q.n_batch == q.n_choices, "%d choices of a chat with n %d", q.n_batch, q.n_choices);
         for (int b = 0; b < q.n_batch; b++) check_request(&S, &q, q.batch[b], tok);
         check_utf8(q.model, "the response's model name");
