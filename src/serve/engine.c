@@ -271,12 +271,39 @@ static void logprob_of(const float *logits, int V, int32_t id, int k, srv_logpro
     for (int i = 0; i < o->n_top; i++) o->top_lp[i] = (float)(o->top_lp[i] - lse);
 }
 
+static int by_id(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* logit_bias, then the frequency and presence penalties over the tokens generated so far (each
+ * distinct token once: its count from a sorted copy, so no per-vocabulary table per request). */
+static void adjust_logits(const srv_req *r, float *logits) {
+    for (int i = 0; i < r->n_bias; i++) logits[r->bias_id[i]] += r->bias[i];
+    int n = r->out.n;
+    if ((r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f) || n == 0) return;
+    int32_t *ids = glm_malloc(sizeof(int32_t) * (size_t)n);
+    memcpy(ids, r->out.data, sizeof(int32_t) * (size_t)n);
+    qsort(ids, (size_t)n, sizeof *ids, by_id);
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j < n && ids[j] == ids[i]) j++;
+        logits[ids[i]] -= r->frequency_penalty * (float)(j - i) + r->presence_penalty;
+        i = j;
+    }
+    free(ids);
+}
+
 /* The request's next token from its row of logits (changed in place by the sampler), and with
  * logprobs its srv_logprob from the logits as they came. */
 static int32_t pick(srv_req *r, float *logits, int V, srv_logprob *lp) {
-    if (!r->logprobs) return glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
+    if (!r->logprobs) {
+        adjust_logits(r, logits);
+        return glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
+    }
     float *raw = glm_malloc(sizeof(float) * (size_t)V);
     memcpy(raw, logits, sizeof(float) * (size_t)V);
+    adjust_logits(r, logits);
     int32_t id = glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
     logprob_of(raw, V, id, r->top_logprobs, lp);
     free(raw);
@@ -307,9 +334,10 @@ static int32_t pad_id(const srv_engine *e) {
     return c->pad_token_id >= 0 && c->pad_token_id < c->vocab_size ? c->pad_token_id : 0;
 }
 
-/* A request whose next token glm_sample_next would pick as the argmax of its logits. */
+/* A request whose next token glm_sample_next would pick as the argmax of its logits as they are. */
 static int is_greedy(const srv_req *r) {
-    return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs;
+    return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs && !r->n_bias &&
+           r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f;
 }
 
 /* Rows [i0, i0 + m) of a prompt's log-probabilities (rows from r0 of the last call; m <=

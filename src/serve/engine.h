@@ -75,6 +75,13 @@ struct srv_req {
     uint64_t seed;
     int postprocess;           /* model.chat's response post-processing (chat) or strip only */
     int ignore_eos;            /* run to the limit: eos and the stop ids do not end the row */
+    /* OpenAI's logit adjustments, before glm_sample_next's (repetition penalty, temperature, ...):
+     * logit_bias adds bias[i] to token bias_id[i]'s logit; a token generated c times so far loses
+     * frequency_penalty x c + presence_penalty (c > 0) */
+    int n_bias;
+    int32_t *bias_id;
+    float *bias;
+    float frequency_penalty, presence_penalty;
     /* a score request (POST /v1/score/evaluation): texts[n_texts] (model inputs as they are) go
      * through the slot one per step, and scores[i] is the value head at text i's last token; no
      * tokens are generated. The model (adapter) must have a value head. */

@@ -46,6 +46,8 @@ void srv_req_put(srv_req *r) {
     for (int i = 0; i < r->n_texts; i++) glm_ids_free(&r->texts[i]);
     free(r->texts);
     free(r->scores);
+    free(r->bias_id);
+    free(r->bias);
     srv_waker_put(r->waker);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -289,6 +291,31 @@ static int prompt_fits(srv_server *S, int chat, srv_req *r, const char *param, c
     return 0;
 }
 
+/* OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}, at most 300 entries, ids in the
+ * model's vocabulary. */
+static int logit_bias(srv_server *S, const cJSON *b, srv_req *r, api_err *e) {
+    if (!srv_present(b)) return 0;
+    if (!cJSON_IsObject(b)) return srv_bad(e, 400, "logit_bias", "invalid_type", "logit_bias must be an object of token ids to biases");
+    int n = cJSON_GetArraySize(b), V = S->cfg->vocab_size, i = 0;
+    if (n > 300) return srv_bad(e, 400, "logit_bias", "invalid_value", "logit_bias has %d entries; at most 300", n);
+    if (n == 0) return 0;
+    r->bias_id = glm_malloc(sizeof(int32_t) * (size_t)n);
+    r->bias = glm_malloc(sizeof(float) * (size_t)n);
+    for (const cJSON *it = b->child; it; it = it->next, i++) {
+        char *end = NULL;
+        long id = it->string && *it->string ? strtol(it->string, &end, 10) : -1;
+        if (!end || *end || id < 0 || id >= V)
+            return srv_bad(e, 400, "logit_bias", "invalid_value", "logit_bias: \"%.40s\" is not a token id of this model "
+                           "(0 to %d)", it->string ? it->string : "", V - 1);
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return srv_bad(e, 400, "logit_bias", "invalid_value", "logit_bias[\"%ld\"] must be a number from -100 to 100", id);
+        r->bias_id[i] = (int32_t)id;
+        r->bias[i] = (float)it->valuedouble;
+    }
+    r->n_bias = n;
+    return 0;
+}
+
 srv_req *srv_req_clone(const srv_req *r) {
     srv_req *x = srv_req_new();
     x->adapter = r->adapter;
@@ -296,6 +323,14 @@ srv_req *srv_req_clone(const srv_req *r) {
     x->seed = r->seed;
     x->postprocess = r->postprocess;
     x->ignore_eos = r->ignore_eos;
+    x->frequency_penalty = r->frequency_penalty;
+    x->presence_penalty = r->presence_penalty;
+    if ((x->n_bias = r->n_bias) > 0) {
+        x->bias_id = glm_malloc(sizeof(int32_t) * (size_t)r->n_bias);
+        x->bias = glm_malloc(sizeof(float) * (size_t)r->n_bias);
+        memcpy(x->bias_id, r->bias_id, sizeof(int32_t) * (size_t)r->n_bias);
+        memcpy(x->bias, r->bias, sizeof(float) * (size_t)r->n_bias);
+    }
     for (int i = 0; i < r->n_stops; i++) x->stops[i] = glm_strdup(r->stops[i]);
     x->n_stops = r->n_stops;
     x->logprobs = r->logprobs;
@@ -379,11 +414,11 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     if (k) r->g.max_length = (int)x;
     if ((k = number(o, "repetition_penalty", 0, 100, 1, &x, e)) < 0) goto out;
     if (k) r->g.repetition_penalty = (float)x;
-    for (int z = 0; z < 2; z++) { /* OpenAI's penalties: only their neutral value */
-        const char *pk = z ? "presence_penalty" : "frequency_penalty";
-        if ((k = number(o, pk, -2, 2, 0, &x, e)) < 0) goto out;
-        if (k && x != 0) { srv_bad(e, 400, pk, "unsupported_value", "%s is not supported (use repetition_penalty)", pk); goto out; }
-    }
+    if ((k = number(o, "frequency_penalty", -2, 2, 0, &x, e)) < 0) goto out;
+    if (k) r->frequency_penalty = (float)x;
+    if ((k = number(o, "presence_penalty", -2, 2, 0, &x, e)) < 0) goto out;
+    if (k) r->presence_penalty = (float)x;
+    if (logit_bias(S, srv_field(o, "logit_bias"), r, e)) goto out;
     int max_tokens = 0;
     const char *mk = srv_present(srv_field(o, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
     if ((k = integer(o, mk, chat ? 1 : 0, 1e9, &x, e)) < 0) goto out;
