@@ -125,6 +125,18 @@ def stop(proc):
             proc.kill()
 
 
+def post_json(port, path, body):
+    """A POST of JSON to the server on 127.0.0.1:port; the parsed answer (an exception unless 200)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    out = json.loads(r.read())
+    c.close()
+    if r.status != 200:
+        raise RuntimeError("HTTP %d: %s" % (r.status, out))
+    return out
+
+
 def append_records(path, records):
     """The JSON records, one a line, appended to path (nothing without one)."""
     if path:

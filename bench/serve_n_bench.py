@@ -13,7 +13,6 @@ Each case --rounds times (after one untimed round), with the engine's forward se
       --prompt_tokens 1000 --server_args "--max_batch_size 16 --max_model_len 2048 --dtype bfloat16"
 """
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -23,21 +22,13 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_bench import append_records, get, stop, wait_up  # noqa: E402
-import http.client  # noqa: E402
+from serve_bench import append_records, get, post_json, stop, wait_up  # noqa: E402
 
 WORDS = "春风又绿江南岸明月何时照我还山高水长云淡风轻花开花落"
 
 
 def post(port, body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    c.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    out = json.loads(r.read())
-    c.close()
-    if r.status != 200:
-        raise RuntimeError("HTTP %d: %s" % (r.status, out))
-    return out
+    return post_json(port, "/v1/completions", body)
 
 
 def prompt_of(port, k, want):

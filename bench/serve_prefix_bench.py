@@ -27,18 +27,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_bench import append_records, stop, wait_up  # noqa: E402
-
-
-def post(port, path, body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    out = json.loads(r.read())
-    c.close()
-    if r.status != 200:
-        raise RuntimeError("HTTP %d: %s" % (r.status, out))
-    return out
+from serve_bench import append_records, post_json, stop, wait_up  # noqa: E402
 
 
 def turn(port, ids, max_tokens):
@@ -80,7 +69,7 @@ def conversation(port, k, a, out):
     for t in range(a.turns):
         ttft, total, text, cached = turn(port, ids, a.max_tokens)
         out.append({"conv": k, "turn": t, "prompt": len(ids), "ttft": ttft, "total": total, "cached": cached})
-        ans = post(port, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+        ans = post_json(port, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
         ids = ids + ans + [g.randrange(5, a.vocab) for _ in range(a.user_tokens)]
 
 
