@@ -9,7 +9,8 @@
 # PASS/FAIL. Then 3 greedy choices of one 200-token prompt (one prefill, the cache rows copied into
 # the other slots on the device) against the prompt alone on each device; then that prompt kept by
 # one request and extended by 8 tokens in the next (prefix caching: 200 tokens cached) on each
-# device, against CUDA fp32 without caching.
+# device, against CUDA fp32 without caching; and that prompt prefilled in parts of 64 tokens
+# (--max_num_batched_tokens) against whole on CUDA fp32.
 # Needs build/gpu/glmtrain (MPI=0), build/lib with libmicrohttpd's chain (SERVE=1 bash
 # bench/prepare_carry.sh), build/shared (tokenizers/chatglm-6b), python3.
 # usage: bash bench/gpu_serve_echo_smoke.sh [BUILD_DIR]
@@ -115,6 +116,10 @@ req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % port, header
                              data=json.dumps({"prompt": ext, "max_tokens": 6, "temperature": 0, "logprobs": 1,
                                               "ignore_eos": True}).encode())
 cold = json.load(urllib.request.urlopen(req, timeout=300))
+req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % port, headers={"Content-Type": "application/json"},
+                             data=json.dumps({"prompt": prompts[4], "max_tokens": 6, "temperature": 0, "logprobs": 1,
+                                              "ignore_eos": True}).encode())
+json.dump(json.load(urllib.request.urlopen(req, timeout=300))["choices"][0]["logprobs"], open(w + "/whole200.json", "w"))
 bad = []
 for k, tol in (("cpu_float32", 1e-3), ("cuda_float32", 1e-3), ("cuda_bfloat16", None)):
     hit = json.load(open("%s/echo_p_%s.json" % (w, k)))
@@ -128,5 +133,27 @@ PY
 rc=$?
 cat "$W/log"
 ok $rc "serve_prefix_cache_equals_uncached"
+serve_stop
+# the 200-token prompt prefilled in parts of 64 (--max_num_batched_tokens) against whole, CUDA fp32
+serve_start "$W/serve_parts.log" --model_name_or_path "$W/base" --device cuda --dtype float32 --enable_prefix_caching false \
+    --max_num_batched_tokens 64
+python3 - "$SERVE_PORT" "$W" <<'PY' >"$W/log" 2>&1
+import json, random, sys, urllib.request
+port, w = sys.argv[1:3]
+g = random.Random(7)
+prompts = [[g.randrange(5, 130000) for _ in range(n)] for n in (40, 64, 65, 129, 200)]
+req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % port, headers={"Content-Type": "application/json"},
+                             data=json.dumps({"prompt": prompts[4], "max_tokens": 6, "temperature": 0, "logprobs": 1,
+                                              "ignore_eos": True}).encode())
+a = json.load(urllib.request.urlopen(req, timeout=300))["choices"][0]["logprobs"]
+b = json.load(open(w + "/whole200.json"))
+e = max(abs(p - q) / max(1.0, abs(q)) for p, q in zip(a["token_logprobs"], b["token_logprobs"]))
+print("serve prompt in parts of 64, CUDA fp32: tokens equal %s, worst relative logprob difference %.2e against whole"
+      % (a["tokens"] == b["tokens"], e))
+sys.exit(0 if a["tokens"] == b["tokens"] and e < 1e-3 else 1)
+PY
+rc=$?
+cat "$W/log"
+ok $rc "serve_prompt_in_parts_equals_whole"
 serve_stop
 rm -rf "$W"

@@ -26,7 +26,7 @@ typedef struct serve_args {
     gen_args gen; /* first: gen_parse and gen_open read it through the same offsets */
     char *host, *api_key, *served_model_name;
     int port, max_batch_size, max_model_len, max_queue, timeout, max_connections, shutdown_timeout, step_delay_ms;
-    int enable_prefix_caching;
+    int enable_prefix_caching, max_num_batched_tokens;
     long max_body_bytes;
 } serve_args;
 
@@ -63,6 +63,7 @@ static const glm_flag serve_flags[] = {
     SV_F(max_batch_size, ARG_INT, "32", "KV-cache slots: requests decoded together (more wait in the queue)"),
     SV_F(max_model_len, ARG_INT, "0", "tokens per slot, prompt + response (0: the model's max_sequence_length, at most 2048)"),
     SV_F(max_queue, ARG_INT, "256", "requests waiting for a slot before new ones get 429"),
+    SV_F(max_num_batched_tokens, ARG_INT, "0", "new tokens one forward may carry (the work buffers): a longer prompt of ChatGLM2/3 or GLM-4 prefills in parts of this many, one a step between the others' decode steps (0: max_model_len, at most 8192; ChatGLM-6B: max_model_len, its prompts prefill whole)"),
     SV_F(enable_prefix_caching, ARG_BOOL, "true", "a prompt that begins with what a free slot still holds (a chat's history, a system prompt) prefills only the rest (ChatGLM2/3, GLM-4; GLM v1's prompts see themselves whole)"),
     SV_F(max_body_bytes, ARG_LONG, "1048576", "larger request bodies get 413"),
     SV_F(timeout, ARG_INT, "30", "seconds a connection may idle (a slow or stalled request is closed)"),
@@ -180,9 +181,10 @@ int glm_cmd_serve(int argc, char **argv) {
         model_adapter = ++n_aa;
     }
     if (!rc && (a.max_batch_size < 1 || a.max_queue < 0 || a.timeout < 1 || a.max_connections < 1 || a.max_body_bytes < 64 ||
-                a.port < 0 || a.port > 65535 || a.max_model_len < 0 || a.shutdown_timeout < 0))
+                a.port < 0 || a.port > 65535 || a.max_model_len < 0 || a.shutdown_timeout < 0 || a.max_num_batched_tokens < 0))
         rc = glm_fail(&err, "serve: --max_batch_size, --timeout and --max_connections must be >= 1, --max_queue, "
-                            "--max_model_len and --shutdown_timeout >= 0, --max_body_bytes >= 64, --port in [0, 65535]");
+                            "--max_model_len, --max_num_batched_tokens and --shutdown_timeout >= 0, --max_body_bytes >= 64, "
+                            "--port in [0, 65535]");
     if (!rc) rc = gen_open_tokenizer(&s, &a.gen, &err);
     int Tmax = 0;
     if (!rc) {
@@ -214,7 +216,8 @@ int glm_cmd_serve(int argc, char **argv) {
         if (!strcmp(ad[i].name, name)) rc = glm_fail(&err, "--adapter %s has the base model's name", name),
                                         glm_hint(&err, "rename the adapter (NAME=DIR) or the base (--served_model_name)");
     if (!rc) {
-        rc = srv_engine_init(&e, gen_lm(&s), s.tok, &tok_mu, a.max_batch_size, Tmax, a.max_queue, ad, n_ad, &err);
+        rc = srv_engine_init(&e, gen_lm(&s), s.tok, &tok_mu, a.max_batch_size, Tmax, a.max_num_batched_tokens, a.max_queue, ad,
+                             n_ad, &err);
         engine_ok = rc == 0;
         e.step_delay_ms = a.step_delay_ms;
         if (engine_ok) srv_engine_prefix_caching(&e, a.enable_prefix_caching);
@@ -252,8 +255,9 @@ int glm_cmd_serve(int argc, char **argv) {
         const glm_config *mc = gen_config(&s);
         double mib = glm_kvcache_bytes(mc, glm_dtype_size((s.pipe ? s.pipe->be[0] : s.be)->dtype), a.max_batch_size, Tmax) /
                      1048576.0;
-        glm_info("KV cache pool: %d slots x %d tokens (%.0f MiB), prefix caching %s; models: %s%s%s", a.max_batch_size, Tmax,
-                 mib, e.pfx.on ? "on" : a.enable_prefix_caching ? "off (GLM v1)" : "off", name, n_ad ? " + adapters" : "",
+        glm_info("KV cache pool: %d slots x %d tokens (%.0f MiB), %d tokens a forward, prefix caching %s; models: %s%s%s",
+                 a.max_batch_size, Tmax, mib, e.batch_tokens, e.pfx.on ? "on" : a.enable_prefix_caching ? "off (GLM v1)" : "off",
+                 name, n_ad ? " + adapters" : "",
                  mc->peft.pre_seq_len > 0 ? " (with its P-Tuning v2 prefix)" : "");
         glm_info("serving %s on http://%s%s%s:%d/ (OpenAI API under /v1%s)", name, strchr(a.host, ':') ? "[" : "", a.host,
                  strchr(a.host, ':') ? "]" : "", S.port, S.o.api_key ? ", API key required" : "");

@@ -364,22 +364,28 @@ static int prompt_rows(srv_engine *e, srv_req *r, int r0, int i0, int m, float *
     return rc;
 }
 
-/* Every prompt token's log-probability after a prefill (echo): token i under the logits of row
- * i - 1 (rows from r0 of the call), GLM_ROWS_LOGITS_MAX rows at a time; the first token has none. */
-static int prompt_logprobs(srv_engine *e, srv_req *r, int r0, glm_err *err) {
-    int n = r->prompt.n, V = e->m->cfg.vocab_size, k = GLM_ROWS_LOGITS_MAX, rc = 0;
-    srv_logprob *lps = glm_calloc((size_t)n, sizeof *lps);
-    lps[0] = (srv_logprob){.id = r->prompt.data[0], .lp = NAN, .n_top = -1};
+/* The prompt's log-probabilities (echo) after the forward of its tokens [from, to) (rows from r0
+ * of the call): token i + 1 under the logits of row i, GLM_ROWS_LOGITS_MAX rows at a time; the
+ * first token has none. The entries go to r->plps once the prompt's last tokens are in. */
+static int prompt_logprobs(srv_engine *e, srv_req *r, int r0, int from, int to, glm_err *err) {
+    int n = r->prompt.n, V = e->m->cfg.vocab_size, k = GLM_ROWS_LOGITS_MAX, rc = 0, end = to < n - 1 ? to : n - 1;
+    if (!r->plps_part) {
+        r->plps_part = glm_calloc((size_t)n, sizeof *r->plps_part);
+        r->plps_part[0] = (srv_logprob){.id = r->prompt.data[0], .lp = NAN, .n_top = -1};
+    }
     float *buf = r->top_logprobs > 1 ? glm_malloc(sizeof(float) * (size_t)k * V) : NULL;
     double t0 = glm_now();
-    for (int i0 = 0; i0 < n - 1 && !rc; i0 += k)
-        rc = prompt_rows(e, r, r0, i0, n - 1 - i0 < k ? n - 1 - i0 : k, buf, lps, err);
+    for (int i0 = from; i0 < end && !rc; i0 += k) /* row i0 of the prompt is row r0 + i0 - from of the call */
+        rc = prompt_rows(e, r, r0 - from, i0, end - i0 < k ? end - i0 : k, buf, r->plps_part, err);
     e->t_forward += glm_now() - t0;
     free(buf);
-    pthread_mutex_lock(&r->mu);
-    if (!rc) { r->plps = lps; r->n_plps = n; lps = NULL; }
-    pthread_mutex_unlock(&r->mu);
-    free(lps);
+    if (!rc && to == n) {
+        pthread_mutex_lock(&r->mu);
+        r->plps = r->plps_part;
+        r->n_plps = n;
+        pthread_mutex_unlock(&r->mu);
+        r->plps_part = NULL;
+    }
     return rc;
 }
 
@@ -403,12 +409,12 @@ static int prefill_begin(srv_engine *e, srv_req *r) {
     return 1;
 }
 
-/* Row b of a call of Tq new tokens a row (e->ids, pos, bpos, lo, hi from b * Tq): the ids p after
- * its first `cached` (p->n - cached <= Tq), whose rows the slot already holds, then padding that
- * sees only the slot's first key and whose results are dropped; *n_new: p->n - cached. -1 when p
- * breaks the model's position rule: then the whole row is padding (*n_new 1). */
-static int fill_row(srv_engine *e, int b, int Tq, const glm_ids *p, int cached, int state[2], int *n_new) {
-    int n = p->n, m = n - cached, at = b * Tq, bad = 0;
+/* Row b of a call of Tq new tokens a row (e->ids, pos, bpos, lo, hi from b * Tq): the ids
+ * p[from, end) (end - from <= Tq), the slot holding the rows of the first `from` already, then
+ * padding that sees only the slot's first key and whose results are dropped; *n_new: end - from.
+ * -1 when p breaks the model's position rule: then the whole row is padding (*n_new 1). */
+static int fill_row(srv_engine *e, int b, int Tq, const glm_ids *p, int from, int end, int state[2], int *n_new) {
+    int n = p->n, m = end - from, cached = from, at = b * Tq, bad = 0;
     int32_t *pos = glm_malloc(sizeof(int32_t) * 3 * (size_t)n), *bpos = pos + n, *rh = bpos + n;
     e->lens[b] = cached;
     if (e->m->fam->prompt_positions(&e->m->cfg, p->data, n, pos, bpos, rh, state)) {
@@ -481,7 +487,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
     const glm_config *c = &e->m->cfg;
     int Tq = 0, V = c->vocab_size, greedy = 1;
     for (int b = 0; b < n; b++) {
-        if (g[b]->prompt.n - g[b]->cached > Tq) Tq = g[b]->prompt.n - g[b]->cached;
+        if (g[b]->prompt.n - g[b]->fed > Tq) Tq = g[b]->prompt.n - g[b]->fed;
         greedy &= is_greedy(g[b]);
         for (int i = 0; i < ncp; i++)
             if (cp[i]->share_src == g[b]) greedy &= is_greedy(cp[i]);
@@ -489,7 +495,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
     int *n_new = glm_malloc(sizeof(int) * (size_t)n);
     const char *bad = "the prompt has no [gMASK] (or [MASK]) and <sop>";
     for (int b = 0; b < n; b++)
-        if (fill_row(e, b, Tq, &g[b]->prompt, g[b]->cached, g[b]->state, &n_new[b])) {
+        if (fill_row(e, b, Tq, &g[b]->prompt, g[b]->fed, g[b]->prompt.n, g[b]->state, &n_new[b])) {
             fail_shares(e, g[b], cp, ncp, bad);
             finish(e, g[b], "error", -1, bad); /* its row runs as padding */
             g[b] = NULL;
@@ -510,8 +516,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
         glm_err rerr = {0};
         const char *fail = rc ? err.msg : NULL;
         if (!fail) {
-            e->slot_len[r->slot] = r->prompt.n;
-            if (r->prompt_logprobs && prompt_logprobs(e, r, b * Tq, &rerr)) {
+            if (r->prompt_logprobs && prompt_logprobs(e, r, b * Tq, r->fed, r->prompt.n, &rerr)) {
                 glm_warn("serve: the prompt's log-probabilities failed: %s", rerr.msg);
                 fail = rerr.msg;
             }
@@ -521,6 +526,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
             finish(e, r, "error", -1, fail);
             continue;
         }
+        e->slot_len[r->slot] = r->fed = r->prompt.n;
         share_prefill(e, r, b, greedy, cp, ncp);
         if (r->no_generate) { finish(e, r, "length", -1, NULL); continue; }
         srv_logprob lp;
@@ -528,32 +534,67 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
     }
 }
 
-/* The new requests adm[0..n) (in slot order) prefilled: runs of consecutive slots of one adapter
- * share a forward, up to the work buffers' tokens (rows x the longest prompt); a request that
- * shares a prompt prefilled in this step (share_src, admitted into the slots after the others)
- * takes its cache rows instead. */
-static void prefill_all(srv_engine *e, srv_req **adm, int n) {
+/* The next cap tokens of r's prompt, which is longer than that after what its slot holds, through
+ * its slot alone; no token is sampled (the prompt's last part prefills as any prompt does). */
+static void prefill_chunk(srv_engine *e, srv_req *r, int cap) {
+    int n_new, from = r->fed;
+    glm_err err = {0};
+    if (fill_row(e, 0, cap, &r->prompt, from, from + cap, r->state, &n_new)) { /* a causal family takes any prompt */
+        finish(e, r, "error", -1, "the prompt does not fit the model's positions");
+        return;
+    }
+    set_adapter(e, r->adapter);
+    int rc = forward_slots(e, r->slot, 1, cap, e->lens, &n_new, e->ids, 1, &err); /* greedy: no logits to the host */
+    if (!rc && r->prompt_logprobs) rc = prompt_logprobs(e, r, 0, from, from + cap, &err);
+    if (rc) {
+        glm_warn("serve: prefill failed: %s", err.msg);
+        finish(e, r, "error", -1, err.msg);
+        return;
+    }
+    e->slot_len[r->slot] = r->fed = from + cap;
+    if (e->debug) glm_info("serve: %d of a prompt's %d tokens prefilled (%d a step)", r->fed, r->prompt.n, cap);
+}
+
+/* Prefills: the new requests adm[0..n) and those whose prompts prefill in parts, cont[0..ncont).
+ * A prompt with more tokens left than the work buffers hold (a causal family's: GLM v1's buffers
+ * hold any prompt) runs its next part alone. The rest, in slot order: runs of consecutive slots of
+ * one adapter share a forward, up to the work buffers' tokens (rows x the longest part left); a
+ * request that shares a prompt prefilled in this step (share_src, admitted into the slots after
+ * the others) takes its cache rows instead, unless that prompt prefills in parts: then it
+ * prefills its own. */
+static void prefill_all(srv_engine *e, srv_req **adm, int n, srv_req **cont, int ncont) {
     int cap = e->batch_tokens, k = 0, ns = 0, ncp = 0;
     for (int i = 0; i < n; i++)
         if (adm[i]->slot >= 0 && !adm[i]->n_texts && prefill_begin(e, adm[i])) adm[k++] = adm[i];
-    srv_req **src = glm_malloc(sizeof *src * (size_t)(k ? k : 1)), **cp = glm_malloc(sizeof *cp * (size_t)(k ? k : 1));
-    for (int i = 0; i < k; i++) { /* one whose first request is not prefilled here prefills itself */
+    srv_req **src = glm_malloc(sizeof *src * (size_t)(k + ncont + 1)), **cp = glm_malloc(sizeof *cp * (size_t)(k + 1));
+    for (int i = 0; i < k; i++) { /* one whose first request is not prefilled whole here prefills itself */
+        const srv_req *s = adm[i]->share_src;
         int found = 0;
-        for (int j = 0; j < k && adm[i]->share_src && !found; j++) found = adm[j] == adm[i]->share_src;
+        for (int j = 0; j < k && s && !found; j++) found = adm[j] == s && s->prompt.n - s->fed <= cap;
         if (!found) adm[i]->share_src = NULL;
         if (adm[i]->share_src) cp[ncp++] = adm[i];
         else src[ns++] = adm[i];
     }
-    for (int i = 0; i < ns;) { /* rows x the longest new part within the buffers, and every row's
-                                * cached tokens + the call's within its slot */
-        int j = i + 1, longest = src[i]->prompt.n - src[i]->cached, most_cached = src[i]->cached;
+    for (int i = 0; i < ncont; i++) src[ns++] = cont[i];
+    int nw = 0;
+    for (int i = 0; i < ns; i++) { /* the parts first; the whole rest in slot order (insertion) */
+        srv_req *r = src[i];
+        if (r->prompt.n - r->fed > cap) { prefill_chunk(e, r, cap); continue; }
+        int j = nw++;
+        for (; j > 0 && src[j - 1]->slot > r->slot; j--) src[j] = src[j - 1];
+        src[j] = r;
+    }
+    ns = nw;
+    for (int i = 0; i < ns;) { /* rows x the longest part left within the buffers, and every row's
+                                * tokens held + the call's within its slot */
+        int j = i + 1, longest = src[i]->prompt.n - src[i]->fed, most_fed = src[i]->fed;
         while (j < ns && src[j]->slot == src[j - 1]->slot + 1 && src[j]->adapter == src[i]->adapter) {
-            int l = src[j]->prompt.n - src[j]->cached, mc = src[j]->cached;
+            int l = src[j]->prompt.n - src[j]->fed, mf = src[j]->fed;
             if (l < longest) l = longest;
-            if (mc < most_cached) mc = most_cached;
-            if ((long)(j - i + 1) * l > cap || mc + l > e->Tmax) break;
+            if (mf < most_fed) mf = most_fed;
+            if ((long)(j - i + 1) * l > cap || mf + l > e->Tmax) break;
             longest = l;
-            most_cached = mc;
+            most_fed = mf;
             j++;
         }
         prefill_group(e, src + i, j - i, cp, ncp);
@@ -583,7 +624,8 @@ static void score_next(srv_engine *e, srv_req *r) {
     int *n_new = glm_malloc(sizeof(int) * (size_t)k), bad = 0;
     /* the server checked the positions and the length when the request came */
     for (int b = 0; b < k; b++) {
-        bad |= Tq > e->Tmax || fill_row(e, b, Tq, &r->texts[r->n_scored + b], 0, r->state, &n_new[b]);
+        const glm_ids *t = &r->texts[r->n_scored + b];
+        bad |= Tq > e->Tmax || Tq > cap || fill_row(e, b, Tq, t, 0, t->n, r->state, &n_new[b]);
         srv_prefix_drop(&e->pfx, r->slot + b); /* the free slots after it: their rows are overwritten */
     }
     if (bad) {
@@ -694,7 +736,7 @@ static void admit(srv_engine *e, srv_req *r, int s, int cached) {
     e->slot[s] = r;
     e->slot_len[s] = cached;
     r->slot = s;
-    r->cached = cached;
+    r->cached = r->fed = cached;
     srv_prefix_drop(&e->pfx, s); /* now r's rows */
     e->active++;
     if (e->active > e->peak) e->peak = e->active;
@@ -708,6 +750,7 @@ static void admit(srv_engine *e, srv_req *r, int s, int cached) {
 static void *engine_main(void *arg) {
     srv_engine *e = arg;
     srv_req **adm = glm_calloc((size_t)e->nslots, sizeof *adm), **pop = glm_calloc((size_t)e->nslots, sizeof *pop);
+    srv_req **cont = glm_calloc((size_t)e->nslots, sizeof *cont);
     int *adm_slot = glm_calloc((size_t)e->nslots, sizeof *adm_slot), *free_slot = glm_calloc((size_t)e->nslots, sizeof(int));
     for (;;) {
         pthread_mutex_lock(&e->mu);
@@ -765,8 +808,13 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < nadm; i++)
             if (e->slot[adm_slot[i]] == adm[i]) { adm[kept] = adm[i]; adm_slot[kept++] = adm_slot[i]; }
         nadm = kept;
+        int ncont = 0; /* prompts prefilling in parts since an earlier step */
+        for (int s = 0; s < e->nslots; s++) {
+            srv_req *r = e->slot[s];
+            if (r && r->admitted && !r->n_texts && r->out.n == 0 && r->fed < r->prompt.n) cont[ncont++] = r;
+        }
         double t_step = glm_now();
-        prefill_all(e, adm, nadm);
+        prefill_all(e, adm, nadm, cont, ncont);
         for (int s = 0; s < e->nslots; s++) /* score requests: their next texts each step */
             if (e->slot[s] && e->slot[s]->n_texts) score_next(e, e->slot[s]);
         decode_group(e, -1);
@@ -802,6 +850,7 @@ static void *engine_main(void *arg) {
         q = nx;
     }
     free(adm);
+    free(cont);
     free(pop);
     free(adm_slot);
     free(free_slot);
@@ -810,10 +859,24 @@ static void *engine_main(void *arg) {
 
 /* ---------------------------------------------------------------- life */
 
+int srv_engine_default_batch_tokens(const glm_config *c, int nslots, int Tmax) {
+    int t = glm_family_of(c)->causal && Tmax > 8192 ? 8192 : Tmax;
+    return t > nslots ? t : nslots;
+}
+
 int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
-                    int Tmax, int max_queue, srv_adapter *ad, int n_ad, glm_err *err) {
+                    int Tmax, int batch_tokens, int max_queue, srv_adapter *ad, int n_ad, glm_err *err) {
     memset(e, 0, sizeof *e);
     glm_model *m = lm.pipe ? &lm.pipe->st[0] : lm.m;
+    if (batch_tokens <= 0) batch_tokens = srv_engine_default_batch_tokens(&m->cfg, nslots, Tmax);
+    if (batch_tokens < nslots)
+        return glm_fail(err, "--max_num_batched_tokens %d is below --max_batch_size %d (a decode step carries a token a slot)",
+                        batch_tokens, nslots);
+    if (batch_tokens < Tmax && !m->fam->causal) {
+        glm_fail(err, "--max_num_batched_tokens %d is below --max_model_len %d: a ChatGLM-6B prompt sees itself whole, so it "
+                 "prefills in one forward", batch_tokens, Tmax);
+        return glm_hint(err, "leave --max_num_batched_tokens out, or lower --max_model_len");
+    }
     if (m->cfg.peft.kind == GLM_FT_PTUNING && n_ad) { /* LoRA adapters were trained without the prefix */
         glm_fail(err, "serve: LoRA adapters (--adapter) over a P-Tuning v2 model (--ptuning_checkpoint)");
         return glm_hint(err, "serve the P-Tuning model alone, or the base with its LoRA adapters (two servers)");
@@ -833,7 +896,7 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
     e->base_peft = m->cfg.peft;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    e->batch_tokens = Tmax > nslots ? Tmax : nslots;
+    e->batch_tokens = batch_tokens;
     /* the work buffers once, wide enough for every adapter (the widest rank, every target) */
     glm_peft wide = {.kind = GLM_FT_LORA};
     for (int k = 0; k < n_ad; k++) {

@@ -42,6 +42,7 @@ void srv_req_put(srv_req *r) {
     free(r->final);
     free(r->lps);
     free(r->plps);
+    free(r->plps_part);
     free(r->echo);
     for (int i = 0; i < r->n_texts; i++) glm_ids_free(&r->texts[i]);
     free(r->texts);

@@ -70,6 +70,10 @@ static int message_ids(srv_server *S, const cJSON *it, int i, int max_length, gl
     if (ids->n > S->o.Tmax)
         return srv_bad(e, 413, "messages", "context_length_exceeded", "messages[%d] is %d tokens; this server's max_model_len "
                        "is %d (or give max_length to cut the texts)", i, ids->n, S->o.Tmax);
+    if (ids->n > S->e->batch_tokens) /* a text is scored by one forward */
+        return srv_bad(e, 413, "messages", "context_length_exceeded", "messages[%d] is %d tokens; this server scores a text "
+                       "in one forward of at most %d tokens (--max_num_batched_tokens; or give max_length to cut the texts)",
+                       i, ids->n, S->e->batch_tokens);
     if (!srv_positions_ok(S, ids))
         return srv_bad(e, 400, "messages", "invalid_value", "messages[%d] has no [gMASK] (or [MASK]) and <sop>, which "
                        "ChatGLM-6B's positions need; give {\"prompt\", \"response\"} to have them placed as in training", i);

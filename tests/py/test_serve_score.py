@@ -13,7 +13,8 @@ fp32 references, on the CPU:
     pipeline stages (--device_map) scores the same;
   * the errors: a plain text on ChatGLM-6B (no [gMASK] / <sop>), a model without a value head, an
     unknown model, no or empty messages, a message of another type, a pair without a response or with
-    an empty one, a bad max_length, a text beyond max_model_len (413), a body that is not JSON, GET;
+    an empty one, a bad max_length, a text beyond max_model_len (413), or beyond
+    --max_num_batched_tokens (413; cut by max_length it scores), a body that is not JSON, GET;
   * ChatGLM3 (the ChatGLM2 block, a tokenizer in the real file's layout): a plain text is encoded as
     the Python reference tokenizer encodes it without special tokens (LLaMA-Factory's
     tokenizer(text, add_special_tokens=False)) and a pair as ChatGLM3's turns ([gMASK] sop, a system
@@ -281,6 +282,17 @@ def glm3_cases(tmp):
             if sent != want_ids[k] or not close(body["scores"][k], want):
                 ok, detail = False, "message %d: ids %s vs %s, score %r vs %r" % (k, sent, want_ids[k], body["scores"][k], want)
         report("serve_score_glm3_text_and_pair_equal_reference", ok, detail)
+    finally:
+        S.stop()
+    # a text is scored by one forward: longer than the work buffers (prompts would prefill in parts), a 413
+    S = sc.Server(out, "--max_batch_size", "2", "--max_num_batched_tokens", "8")
+    try:
+        code, body = score(S, {"model": "glm3", "messages": [text]})
+        msg = body.get("error", {}).get("message", "") if isinstance(body, dict) else ""
+        report("serve_score_text_beyond_batched_tokens_413", code == 413 and "--max_num_batched_tokens" in msg,
+               "%s %s" % (code, body))
+        code, body = score(S, {"model": "glm3", "messages": [text], "max_length": 8})
+        report("serve_score_text_cut_to_batched_tokens", code == 200 and len(body.get("scores", [])) == 1, "%s %s" % (code, body))
     finally:
         S.stop()
 
