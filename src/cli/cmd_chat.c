@@ -9,7 +9,10 @@
 #include "core/log.h"
 #include "infer/chat.h"
 
-static const glm_flag chat_flags[] = {GEN_COMMON_FLAGS};
+static const glm_flag chat_flags[] = {
+    GEN_COMMON_FLAGS,
+    GEN_F(reuse_kv_cache, ARG_BOOL, "true", "keep the conversation's KV cache between turns, so a turn computes only its new tokens (ChatGLM2/3, GLM-4, as THUDM's cli_demo keeps past_key_values; ChatGLM-6B's prompts see themselves whole and start afresh)"),
+};
 static const int n_chat_flags = sizeof chat_flags / sizeof chat_flags[0];
 
 /* Reads one line of any length (without the newline; its length in *len); NULL at end of input. */
@@ -33,7 +36,8 @@ static void free_hist(char **hist, int n_hist) {
 }
 
 /* One turn: prompt, generate with streaming, history. Returns 0, or -1 (err) on failure. */
-static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *line, char ***hist, int *n_hist, glm_err *err) {
+static int turn(gen_session *s, glm_gen_session *cache, const gen_args *a, glm_rng *rng, const char *line, char ***hist,
+                int *n_hist, glm_err *err) {
     glm_ids in = {0}, out = {0};
     int dropped = 0;
     char *prompt = NULL;
@@ -63,7 +67,7 @@ static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *lin
     glm_streamer_init(&t.st, s->tok, 1);
     printf("\nChatGLM: ");
     fflush(stdout);
-    int rc = glm_generate_lm(gen_lm(s), 1, &in, &s->g, rng, &out, gen_stream_token, &t, err);
+    int rc = glm_generate_session(cache, &in, &s->g, rng, &out, gen_stream_token, &t, err);
     if (rc == 0) {
         char *tail, *res = glm_streamer_finish(&t.st, &tail);
         fputs(tail, stdout);
@@ -75,6 +79,7 @@ static int turn(gen_session *s, const gen_args *a, glm_rng *rng, const char *lin
     }
     printf("\n");
     fflush(stdout);
+    if (a->debug && cache->reuse) fprintf(stderr, "[debug] %d of the prompt's %d tokens from the cache\n", cache->reused, in.n);
     glm_streamer_free(&t.st);
     glm_ids_free(&in);
     glm_ids_free(&out);
@@ -94,6 +99,8 @@ int glm_cmd_chat(int argc, char **argv) {
     printf("欢迎使用 ChatGLM-6B 模型 (glmtrain): type a message; 'clear' forgets the history, 'exit' quits.\n");
     char **hist = NULL;
     int n_hist = 0;
+    glm_gen_session cache;
+    glm_gen_session_init(&cache, gen_lm(&s), a.reuse_kv_cache);
     for (;;) {
         printf("\n用户: ");
         fflush(stdout);
@@ -110,14 +117,16 @@ int glm_cmd_chat(int argc, char **argv) {
         if (!strcmp(line, "clear")) {
             free_hist(hist, n_hist);
             n_hist = 0;
+            glm_gen_session_forget(&cache);
             printf("(history cleared)\n");
-        } else if (line[0] && turn(&s, &a, &rng, line, &hist, &n_hist, &err)) {
+        } else if (line[0] && turn(&s, &cache, &a, &rng, line, &hist, &n_hist, &err)) {
             glm_err_print(&err); /* a failed turn (e.g. too long) does not end the session */
         }
         free(line);
     }
     free_hist(hist, n_hist);
     free(hist);
+    glm_gen_session_free(&cache);
     gen_close(&s);
     gen_args_free(chat_flags, n_chat_flags, &a);
     return 0;

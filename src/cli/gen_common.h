@@ -24,6 +24,8 @@ typedef struct gen_args {
     char *prompt, *input_file, *output_file, *metrics_file, *data_format, *prompt_column, *response_column,
         *history_column, *prompt_template, *history_template, *source_prefix;
     int max_source_length, per_device_eval_batch_size, postprocess, max_predict_samples, skip_bad_samples;
+    /* chat */
+    int reuse_kv_cache;
     /* eval (LLaMA-Factory's eval arguments) */
     char *task, *task_dir, *lang, *save_dir;
     int n_shot, batch_size;

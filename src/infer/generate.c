@@ -96,11 +96,12 @@ int32_t glm_sample_next(float *logits, int V, const glm_gen_cfg *g, const uint8_
 
 
 /* The KV cache of either kind of model (glm_lm). */
-typedef struct gen_cache {
+struct gen_cache {
     glm_lm lm;
     glm_kvcache kv;
     glm_pipe_cache pc;
-} gen_cache;
+};
+typedef struct gen_cache gen_cache;
 
 static void cache_init(gen_cache *c, int B, int T) {
     if (c->lm.pipe) glm_pipe_cache_init(c->lm.pipe, &c->pc, B, T);
@@ -117,6 +118,12 @@ static int cache_forward(gen_cache *c, int Tq, const int32_t *ids, const int32_t
     if (c->lm.pipe) return glm_pipe_forward_cached(c->lm.pipe, &c->pc, Tq, ids, pos, bpos, lo, hi, NULL, logits, err);
     return glm_forward_cached(c->lm.m, &c->kv, Tq, ids, pos, bpos, lo, hi, NULL, logits, err);
 }
+/* Keeps the first n cached tokens: the next forward writes from there. */
+static void cache_rewind(gen_cache *c, int n) {
+    if (!c->lm.pipe) { c->kv.len = n; return; }
+    c->pc.len = n;
+    for (int s = 0; s < c->lm.pipe->n; s++) c->pc.kv[s].len = n;
+}
 static void cache_free(gen_cache *c) {
     if (c->lm.pipe) glm_pipe_cache_free(c->lm.pipe, &c->pc);
     else glm_kvcache_free(c->lm.m, &c->kv);
@@ -129,8 +136,11 @@ int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg 
     return glm_generate_lm((glm_lm){m, NULL}, B, prompts, g, rngs, outs, on_token, cbctx, err);
 }
 
-int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
-                    glm_token_fn on_token, void *cbctx, glm_err *err) {
+/* Generation over the cache kv (made here when !*made, else holding `skip` tokens that row 0's
+ * prompt begins with, B = 1). */
+static int generate_core(gen_cache *kv, int *made, int skip, int B, const glm_ids *prompts, const glm_gen_cfg *g,
+                         glm_rng *rngs, glm_ids *outs, glm_token_fn on_token, void *cbctx, glm_err *err) {
+    glm_lm lm = kv->lm;
     const glm_config *c = lm.pipe ? &lm.pipe->cfg : &lm.m->cfg;
     const glm_family *fam = glm_family_of(c); /* positions and key ranges follow the model's family */
     int V = c->vocab_size, P = 0, maxlim = 0;
@@ -175,8 +185,10 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
     /* The cache starts small and doubles: max_length 2048 would otherwise reserve 2048 tokens
      * per row up front (2.8 GB per row for ChatGLM-6B in fp32). */
     int full = P + maxlim, cap = P + (maxlim < 128 ? maxlim : 128);
-    gen_cache kv = {.lm = lm};
-    cache_init(&kv, B, cap);
+    if (!*made) cache_init(kv, B, cap);
+    else if (cache_cap(kv) < cap) cache_grow(kv, cap);
+    *made = 1;
+    cache_rewind(kv, skip);
     float *logits = glm_malloc(sizeof(float) * (size_t)B * V);
     uint8_t *seen = NULL;
     if (g->repetition_penalty != 1.0f) {
@@ -184,7 +196,7 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
         for (int b = 0; b < B; b++)
             for (int i = 0; i < rs[b].n; i++) seen[(size_t)b * V + prompts[b].data[i]] = 1;
     }
-    int rc = cache_forward(&kv, P, in, pos, bpos, lo, hi, logits, err);
+    int rc = cache_forward(kv, P - skip, in + skip, pos + skip, bpos + skip, lo + skip, hi + skip, logits, err); /* B = 1 when skip */
     while (rc == 0) {
         int live = 0;
         for (int b = 0; b < B; b++) {
@@ -201,7 +213,7 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
             else live++;
         }
         if (!live) break;
-        if (cache_len(&kv) + 1 > cache_cap(&kv)) cache_grow(&kv, cache_cap(&kv) * 2 < full ? cache_cap(&kv) * 2 : full);
+        if (cache_len(kv) + 1 > cache_cap(kv)) cache_grow(kv, cache_cap(kv) * 2 < full ? cache_cap(kv) * 2 : full);
         for (int b = 0; b < B; b++) { /* finished rows idle on a pad token */
             const row_state *r = &rs[b];
             int t = r->n + outs[b].n - 1; /* index of the fed token in the unpadded row */
@@ -209,14 +221,55 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
             if (r->done) pos[b] = bpos[b] = 0;
             else fam->next_position(r->state, t, &pos[b], &bpos[b]);
             lo[b] = r->pad;
-            hi[b] = cache_len(&kv) + 1;
+            hi[b] = cache_len(kv) + 1;
         }
-        rc = cache_forward(&kv, 1, in, pos, bpos, lo, hi, logits, err);
+        rc = cache_forward(kv, 1, in, pos, bpos, lo, hi, logits, err);
     }
     free(seen);
     free(logits);
     free(in);
     free(rs);
-    cache_free(&kv);
     return rc;
+}
+
+int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
+                    glm_token_fn on_token, void *cbctx, glm_err *err) {
+    gen_cache kv = {.lm = lm};
+    int made = 0, rc = generate_core(&kv, &made, 0, B, prompts, g, rngs, outs, on_token, cbctx, err);
+    if (made) cache_free(&kv);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- a conversation's cache */
+
+void glm_gen_session_init(glm_gen_session *s, glm_lm lm, int reuse) {
+    const glm_config *c = lm.pipe ? &lm.pipe->cfg : &lm.m->cfg;
+    *s = (glm_gen_session){.lm = lm, .reuse = reuse && glm_family_of(c)->causal};
+}
+
+int glm_generate_session(glm_gen_session *s, const glm_ids *prompt, const glm_gen_cfg *g, glm_rng *rng, glm_ids *out,
+                         glm_token_fn on_token, void *cbctx, glm_err *err) {
+    if (!s->reuse) return glm_generate_lm(s->lm, 1, prompt, g, rng, out, on_token, cbctx, err);
+    int made = s->cache != NULL, k = 0;
+    if (!made) s->cache = glm_calloc(1, sizeof *s->cache), s->cache->lm = s->lm;
+    while (k < s->fed.n && k < prompt->n - 1 && s->fed.data[k] == prompt->data[k]) k++;
+    s->reused = k;
+    s->fed.n = 0; /* until the turn's end says what the cache holds */
+    int rc = generate_core(s->cache, &made, k, 1, prompt, g, rng, out, on_token, cbctx, err);
+    if (!made) { free(s->cache); s->cache = NULL; }
+    if (rc) return rc; /* the cache's contents are unknown: the next turn starts afresh */
+    int n = cache_len(s->cache); /* the prompt and the answer but its last token */
+    for (int i = 0; i < n; i++) glm_ids_push(&s->fed, i < prompt->n ? prompt->data[i] : out->data[i - prompt->n]);
+    return 0;
+}
+
+void glm_gen_session_forget(glm_gen_session *s) { s->fed.n = 0; }
+
+void glm_gen_session_free(glm_gen_session *s) {
+    if (s->cache) {
+        cache_free(s->cache);
+        free(s->cache);
+    }
+    glm_ids_free(&s->fed);
+    *s = (glm_gen_session){0};
 }

@@ -71,6 +71,28 @@ int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg 
 int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
                  glm_token_fn on_token, void *ctx, glm_err *err);
 
+/* A conversation's KV cache kept from turn to turn (`glmtrain chat`, as THUDM's ChatGLM2/3
+ * cli_demo keeps past_key_values): each turn's prompt repeats the last one and its answer, so the
+ * rows of the tokens they share are not computed again. Only where a token's keys and values
+ * depend on the tokens before it alone (glm_family.causal: ChatGLM2/3, GLM-4); GLM v1's prompt sees
+ * itself whole, so there every turn starts afresh. */
+typedef struct glm_gen_session {
+    glm_lm lm;
+    int reuse;                 /* 1: keep the cache between turns (when the family allows) */
+    struct gen_cache *cache;   /* NULL until the first turn */
+    glm_ids fed;               /* the tokens whose rows the cache holds, in order */
+    int reused;                /* the last turn's prompt tokens taken from the cache */
+} glm_gen_session;
+void glm_gen_session_init(glm_gen_session *s, glm_lm lm, int reuse);
+/* One prompt (B = 1) as glm_generate_lm, starting from the longest run of the cache's tokens the
+ * prompt begins with (at most all but its last token). The same tokens as without the cache; on
+ * the CPU the same numbers. */
+int glm_generate_session(glm_gen_session *s, const glm_ids *prompt, const glm_gen_cfg *g, glm_rng *rng, glm_ids *out,
+                         glm_token_fn on_token, void *cbctx, glm_err *err);
+/* Forgets what the cache holds (a cleared history); the memory stays for the next turn. */
+void glm_gen_session_forget(glm_gen_session *s);
+void glm_gen_session_free(glm_gen_session *s);
+
 /* One step's choice from logits[V] (modified in place). seen[V] (may be NULL) flags the ids
  * already in the sequence, for the repetition penalty. */
 int32_t glm_sample_next(float *logits, int V, const glm_gen_cfg *g, const uint8_t *seen, glm_rng *rng);
