@@ -181,7 +181,7 @@ static void decode_group(srv_engine *e, int k) {
      * only take the device's picks: no team to start for that) */
 #pragma omp parallel for schedule(dynamic) if (!greedy && nr > 1)
     for (int b = 0; b < nr; b++)
-        if (mem[b]) next[b] = greedy ? e->greedy[b] : srv_pick(mem[b], e->logits + (size_t)b * V, V, &lps[b]);
+        if (mem[b]) next[b] = greedy ? e->greedy[b] : srv_pick(e, mem[b], e->logits + (size_t)b * V, &lps[b]);
     double t0 = glm_now();
     int *what = glm_calloc((size_t)nr, sizeof *what);
     long *cut = glm_calloc((size_t)nr, sizeof *cut);

@@ -23,6 +23,7 @@
 #include "serve/prefix_cache.h"
 
 #define SRV_MAX_STOPS 4
+#define SRV_MAX_STOP_IDS 16
 
 typedef struct srv_adapter {
     char name[256], dir[4096];
@@ -82,6 +83,10 @@ struct srv_req {
     int32_t *bias_id;
     float *bias;
     float frequency_penalty, presence_penalty;
+    /* vLLM's: stop_token_ids end the row as eos does (not part of the answer); until min_tokens
+     * tokens are out, eos, the template's stop ids and these are never picked */
+    int32_t stop_token_ids[SRV_MAX_STOP_IDS];
+    int n_stop_token_ids, min_tokens;
     /* a score request (POST /v1/score/evaluation): texts[n_texts] (model inputs as they are) go
      * through the slot one per step, and scores[i] is the value head at text i's last token; no
      * tokens are generated. The model (adapter) must have a value head. */

@@ -35,7 +35,7 @@ void srv_row_token(srv_engine *e, srv_req *r, int32_t id, const srv_logprob *lp)
 void srv_logprob_of(const float *logits, int V, int32_t id, int k, srv_logprob *o);
 /* The request's next token from its row of logits (changed in place), and with logprobs its
  * srv_logprob from the logits as they came. */
-int32_t srv_pick(srv_req *r, float *logits, int V, srv_logprob *lp);
+int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp);
 /* A request whose next token is the argmax of its logits as they are. */
 int srv_is_greedy(const srv_req *r);
 

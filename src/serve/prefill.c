@@ -134,7 +134,7 @@ static void share_prefill(srv_engine *e, const srv_req *src, int b, int greedy, 
         if (r->no_generate) { srv_finish(e, r, "length", -1, NULL); continue; }
         srv_logprob lp;
         if (row) memcpy(row, e->logits + (size_t)b * V, sizeof(float) * (size_t)V);
-        srv_row_token(e, r, row ? srv_pick(r, row, V, &lp) : e->greedy[b], &lp);
+        srv_row_token(e, r, row ? srv_pick(e, r, row, &lp) : e->greedy[b], &lp);
     }
     free(row);
     if (e->debug && shared) glm_info("serve: a prompt of %d tokens prefilled once for %d requests", n, shared + 1);
@@ -197,7 +197,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
         share_prefill(e, r, b, greedy, cp, ncp);
         if (r->no_generate) { srv_finish(e, r, "length", -1, NULL); continue; }
         srv_logprob lp;
-        srv_row_token(e, r, greedy ? e->greedy[b] : srv_pick(r, e->logits + (size_t)b * V, V, &lp), &lp);
+        srv_row_token(e, r, greedy ? e->greedy[b] : srv_pick(e, r, e->logits + (size_t)b * V, &lp), &lp);
     }
 }
 

@@ -292,6 +292,31 @@ static int prompt_fits(srv_server *S, int chat, srv_req *r, const char *param, c
     return 0;
 }
 
+/* vLLM's stop_token_ids (a list of token ids, at most SRV_MAX_STOP_IDS) and min_tokens (at most
+ * max_tokens when that is given). */
+static int stop_rules(srv_server *S, const cJSON *o, srv_req *r, int max_tokens, api_err *e) {
+    const cJSON *ids = srv_field(o, "stop_token_ids"), *it;
+    int V = S->cfg->vocab_size;
+    if (srv_present(ids)) {
+        if (!cJSON_IsArray(ids)) return srv_bad(e, 400, "stop_token_ids", "invalid_type", "stop_token_ids must be a list of token ids");
+        if (cJSON_GetArraySize(ids) > SRV_MAX_STOP_IDS)
+            return srv_bad(e, 400, "stop_token_ids", "invalid_value", "at most %d stop_token_ids", SRV_MAX_STOP_IDS);
+        cJSON_ArrayForEach(it, ids) {
+            if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 || it->valuedouble >= V)
+                return srv_bad(e, 400, "stop_token_ids", "invalid_value", "stop_token_ids: each must be a token id of this "
+                               "model (0 to %d)", V - 1);
+            r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)it->valuedouble;
+        }
+    }
+    double x;
+    int k = integer(o, "min_tokens", 0, 1e9, &x, e);
+    if (k < 0) return -1;
+    if (k) r->min_tokens = (int)x;
+    if (max_tokens > 0 && r->min_tokens > max_tokens)
+        return srv_bad(e, 400, "min_tokens", "invalid_value", "min_tokens %d is above max_tokens %d", r->min_tokens, max_tokens);
+    return 0;
+}
+
 /* OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}, at most 300 entries, ids in the
  * model's vocabulary. */
 static int logit_bias(srv_server *S, const cJSON *b, srv_req *r, api_err *e) {
@@ -325,6 +350,9 @@ srv_req *srv_req_clone(const srv_req *r) {
     x->postprocess = r->postprocess;
     x->ignore_eos = r->ignore_eos;
     x->frequency_penalty = r->frequency_penalty;
+    memcpy(x->stop_token_ids, r->stop_token_ids, sizeof r->stop_token_ids);
+    x->n_stop_token_ids = r->n_stop_token_ids;
+    x->min_tokens = r->min_tokens;
     x->presence_penalty = r->presence_penalty;
     if ((x->n_bias = r->n_bias) > 0) {
         x->bias_id = glm_malloc(sizeof(int32_t) * (size_t)r->n_bias);
@@ -447,6 +475,7 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
         srv_bad(e, 400, "stop", "invalid_type", "stop must be a string or a list of strings");
         goto out;
     }
+    if (stop_rules(S, o, r, max_tokens, e)) goto out;
     const cJSON *ie = srv_field(o, "ignore_eos");
     if (srv_present(ie) && !cJSON_IsBool(ie)) { srv_bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
     r->ignore_eos = cJSON_IsTrue(ie);

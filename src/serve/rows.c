@@ -96,6 +96,7 @@ int srv_row_text(srv_engine *e, srv_req *r, int32_t id, const srv_logprob *lp, l
     const glm_config *c = &e->m->cfg;
     int stop = id == c->eos_token_id;
     for (int k = 0; k < r->g.n_stop; k++) stop |= id == r->g.stop_ids[k];
+    for (int k = 0; k < r->n_stop_token_ids; k++) stop |= id == r->stop_token_ids[k];
     if (r->ignore_eos) stop = 0;
     if (stop) return ROW_STOP_ID;
     glm_ids_push(&r->out, id);
@@ -168,8 +169,17 @@ static int by_id(const void *a, const void *b) {
 
 /* logit_bias, then the frequency and presence penalties over the tokens generated so far (each
  * distinct token once: its count from a sorted copy, so no per-vocabulary table per request). */
-static void adjust_logits(const srv_req *r, float *logits) {
+static void adjust_logits(const srv_engine *e, const srv_req *r, float *logits) {
     for (int i = 0; i < r->n_bias; i++) logits[r->bias_id[i]] += r->bias[i];
+    if (r->out.n < r->min_tokens) { /* nothing that would end the row yet: far below the rest, but
+                                      * finite (an infinite logit trips the sampler's guard, model.chat's
+                                      * InvalidScoreLogitsProcessor) */
+        const float never = -1e30f;
+        int eos = e->m->cfg.eos_token_id, V = e->m->cfg.vocab_size;
+        if (eos >= 0 && eos < V) logits[eos] = never;
+        for (int k = 0; k < r->g.n_stop; k++) logits[r->g.stop_ids[k]] = never;
+        for (int k = 0; k < r->n_stop_token_ids; k++) logits[r->stop_token_ids[k]] = never;
+    }
     int n = r->out.n;
     if ((r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f) || n == 0) return;
     int32_t *ids = glm_malloc(sizeof(int32_t) * (size_t)n);
@@ -186,14 +196,15 @@ static void adjust_logits(const srv_req *r, float *logits) {
 
 /* The request's next token from its row of logits (changed in place by the sampler), and with
  * logprobs its srv_logprob from the logits as they came. */
-int32_t srv_pick(srv_req *r, float *logits, int V, srv_logprob *lp) {
+int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp) {
+    int V = e->m->cfg.vocab_size;
     if (!r->logprobs) {
-        adjust_logits(r, logits);
+        adjust_logits(e, r, logits);
         return glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
     }
     float *raw = glm_malloc(sizeof(float) * (size_t)V);
     memcpy(raw, logits, sizeof(float) * (size_t)V);
-    adjust_logits(r, logits);
+    adjust_logits(e, r, logits);
     int32_t id = glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
     srv_logprob_of(raw, V, id, r->top_logprobs, lp);
     free(raw);
@@ -203,6 +214,6 @@ int32_t srv_pick(srv_req *r, float *logits, int V, srv_logprob *lp) {
 /* A request whose next token glm_sample_next would pick as the argmax of its logits as they are. */
 int srv_is_greedy(const srv_req *r) {
     return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs && !r->n_bias &&
-           r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f;
+           r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f && r->out.n >= r->min_tokens;
 }
 

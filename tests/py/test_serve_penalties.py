@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`glmtrain serve`'s OpenAI logit adjustments: `logit_bias`, `frequency_penalty`,
-`presence_penalty` (docs/SERVE.md), on a tiny random ChatGLM2-family model over token-id prompts,
+`presence_penalty`, and vLLM's `stop_token_ids` and `min_tokens` (docs/SERVE.md), on a tiny random ChatGLM2-family model over token-id prompts,
 against the PyTorch reference (glm2_ref.forward, fp32) with OpenAI's rule written out here:
 logits[t] += bias[t]; logits[t] -= frequency x c[t] + presence x (c[t] > 0), c[t] the times t was
 generated so far; then the greedy pick. The returned log-probabilities are the model's own (before
@@ -12,6 +12,8 @@ adjusted rule picks:
   * negative penalties (allowed, -2..2) likewise;
   * logit_bias +100 on one token: every generated token is it; -100 on the plain answer's first
     token: the reference's best other token instead;
+  * stop_token_ids end the answer (the stop token left out); min_tokens holds them back (the
+    reference with them masked before it), also without logprobs;
   * n = 3 (the first token of the copies taken from a shared prefill) and the official openai
     client give the same tokens;
   * refusals naming the field: logit_bias not an object, a key that is not an id, an id outside
@@ -36,8 +38,10 @@ def post(S, body):
     return sc.http(S.port, "POST", "/v1/completions", body)
 
 
-def ref_adjusted(cfg, params, ids, n, bias=None, freq=0.0, pres=0.0):
-    """The reference's greedy tokens under OpenAI's rule: (ids, raw log-probabilities)."""
+def ref_adjusted(cfg, params, ids, n, bias=None, freq=0.0, pres=0.0, stop_ids=(), min_tokens=0):
+    """The reference's greedy tokens under OpenAI's rule and vLLM's stop_token_ids / min_tokens (the
+    stop ids masked before min_tokens; a stop id picked ends the answer, not part of it):
+    (ids, raw log-probabilities)."""
     import torch
     import glm2_ref
     out, lps, cur = [], [], list(ids)
@@ -50,7 +54,12 @@ def ref_adjusted(cfg, params, ids, n, bias=None, freq=0.0, pres=0.0):
                 adj[t] += b
             for t in set(out):
                 adj[t] -= freq * out.count(t) + pres
+            if len(out) < min_tokens:
+                for t in stop_ids:
+                    adj[t] = float("-inf")
             t = int(adj.argmax())
+            if t in stop_ids:
+                break
             out.append(t)
             lps.append(float(raw[t]))
             cur.append(t)
@@ -115,6 +124,20 @@ def cases(S, cfg, params, vocab):
     T.check("logit_bias_minus_100_bans_the_token", st == 200 and want[0][0] != first and first not in want[0] and
             close_all(lp, want[1]), "%s %s vs %s" % (st, lp, want))
 
+    # vLLM's stop_token_ids and min_tokens: the plain answer's third token as a stop id ends it after
+    # two tokens; with min_tokens 4 it cannot come before the fifth
+    x = plain_ids[2]
+    st, bs, lp, _ = answer(S, P, N, stop_token_ids=[x], ignore_eos=False)
+    T.check("stop_token_ids_end_the_answer", st == 200 and close_all(lp, plain_lp[:2]) and
+            bs["choices"][0]["finish_reason"] == "stop", "%s %s" % (st, str(bs)[:300]))
+    want = ref_adjusted(cfg, params, P, N, stop_ids=(x,), min_tokens=4)
+    st, bm, lp, _ = answer(S, P, N, stop_token_ids=[x], min_tokens=4, ignore_eos=False)
+    T.check("min_tokens_hold_back_the_stop_ids", st == 200 and close_all(lp, want[1]) and len(want[0]) >= 4 and
+            x not in want[0][:4], "%s %s vs %s" % (st, lp, want))
+    st2, b2 = post(S, {"prompt": P, "max_tokens": N, "temperature": 0, "stop_token_ids": [x], "min_tokens": 4})
+    T.check("min_tokens_without_logprobs_same_text", st == st2 == 200 and b2["choices"][0]["text"] == bm["choices"][0]["text"],
+            "%s %r vs %r" % (st2, b2, bm))
+
     st, b, _, _ = answer(S, P, N, logit_bias=bias, frequency_penalty=1.0, n=3)
     ok = st == 200 and len(b["choices"]) == 3 and all(close_all(c["logprobs"]["token_logprobs"], pen_lp) for c in b["choices"])
     T.check("penalties_n_choices_each_as_alone", ok, "%s %s" % (st, str(b)[:300]))
@@ -135,6 +158,11 @@ def refusals(S, vocab):
                         ("logit_bias_value_not_number", {"logit_bias": {"5": "x"}}),
                         ("logit_bias_301_entries", {"logit_bias": {str(i): 1 for i in range(301)}}),
                         ("frequency_penalty_above_2", {"frequency_penalty": 2.5}),
+                        ("stop_token_ids_not_list", {"stop_token_ids": 5}),
+                        ("stop_token_ids_outside_vocab", {"stop_token_ids": [vocab]}),
+                        ("stop_token_ids_17", {"stop_token_ids": list(range(5, 22))}),
+                        ("min_tokens_negative", {"min_tokens": -1}),
+                        ("min_tokens_above_max_tokens", {"min_tokens": 3}),
                         ("presence_penalty_below_minus_2", {"presence_penalty": -3})):
         st, b = post(S, dict({"prompt": [5, 6, 7], "max_tokens": 2}, **extra))
         param = next(iter(extra))
