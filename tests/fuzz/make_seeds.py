@@ -275,7 +275,8 @@ def serve_request():
              "prompt_list": {"prompt": ["hello"], "echo": False, "best_of": 1, "temperature": 0},
              "prompt_bad": {"prompt": 5, "suffix": "x"},
              "logit_bias": {"prompt": [5, 6, 7], "logit_bias": {"5": 100, "6": -2.5, "x": 1}, "frequency_penalty": 0.5,
-                            "presence_penalty": -1.0}}
+                            "presence_penalty": -1.0},
+             "stop_ids": {"prompt": [5, 6, 7], "stop_token_ids": [5, 99999, "x"], "min_tokens": 2, "max_tokens": 1}}
     for name, body in comps.items():
         put("serve_request", "completion_" + name, bytes([0x20]) + json.dumps(body, ensure_ascii=False).encode())
     thudm = {"plain": {"prompt": "你好", "history": []},
