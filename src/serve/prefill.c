@@ -121,7 +121,7 @@ static void share_prefill(srv_engine *e, const srv_req *src, int b, int greedy, 
         shared++;
         if (e->pipe) glm_pipe_cache_copy_slot(e->pipe, e->pc, src->slot, r->slot, n);
         else glm_kvcache_copy_slot(e->m, &e->kv, src->slot, r->slot, n);
-        e->slot_len[r->slot] = n;
+        e->slot_len[r->slot] = r->fed = n;
         memcpy(r->state, src->state, sizeof r->state);
         if (src->n_plps) {
             srv_logprob *lps = glm_malloc(sizeof *lps * (size_t)src->n_plps);
