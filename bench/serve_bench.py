@@ -137,6 +137,29 @@ def post_json(port, path, body):
     return out
 
 
+def stream_events(port, path, body):
+    """A streamed request to the server on 127.0.0.1:port: yields (arrival time, event) for each
+    `data: {...}` event, parsed (an exception unless 200)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
+    c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError("HTTP %d: %s" % (r.status, r.read()[:300]))
+    buf = b""
+    try:
+        while True:
+            chunk = r.read1(65536)
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                if ev.startswith(b"data: {"):
+                    yield time.time(), json.loads(ev[6:])
+    finally:
+        c.close()
+
+
 def append_records(path, records):
     """The JSON records, one a line, appended to path (nothing without one)."""
     if path:

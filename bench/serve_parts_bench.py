@@ -13,7 +13,6 @@ token, the streams' tokens/s. One server per setting, --server_args beside it.
       --long_tokens 16000 --parts 16384,2048 --server_args "--max_batch_size 16 --max_model_len 16384 --dtype bfloat16"
 """
 import argparse
-import http.client
 import json
 import os
 import random
@@ -25,31 +24,15 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_bench import append_records, stop, wait_up  # noqa: E402
+from serve_bench import append_records, stop, stream_events, wait_up  # noqa: E402
 
 
 def stream_times(port, ids, max_tokens, out, k):
     """One streamed completion: out[k] = (send time, [arrival time of each text chunk])."""
     t0 = time.time()
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
-    c.request("POST", "/v1/completions", body=json.dumps({"prompt": ids, "max_tokens": max_tokens, "temperature": 0,
-                                                          "ignore_eos": True, "stream": True}).encode(),
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError("HTTP %d: %s" % (r.status, r.read()[:300]))
-    times, buf = [], b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            if ev.startswith(b"data: {") and any(ch.get("text") for ch in json.loads(ev[6:]).get("choices") or []):
-                times.append(time.time())
-    c.close()
-    out[k] = (t0, times)
+    body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    out[k] = (t0, [t for t, ev in stream_events(port, "/v1/completions", body)
+                   if any(ch.get("text") for ch in ev.get("choices") or [])])
 
 
 def run(a, parts):

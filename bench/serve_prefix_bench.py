@@ -15,7 +15,6 @@ started with --enable_prefix_caching true / false and --server_args.
       --conversations 8 --turns 6 --server_args "--max_batch_size 16 --max_model_len 4096 --dtype bfloat16"
 """
 import argparse
-import http.client
 import json
 import os
 import random
@@ -27,7 +26,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_bench import append_records, post_json, stop, wait_up  # noqa: E402
+from serve_bench import append_records, post_json, stop, stream_events, wait_up  # noqa: E402
 
 
 def turn(port, ids, max_tokens):
@@ -35,31 +34,16 @@ def turn(port, ids, max_tokens):
     body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.time()
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    c.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError("HTTP %d: %s" % (r.status, r.read()[:300]))
-    first, text, cached, buf = None, [], None, b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            if not ev.startswith(b"data: ") or ev[6:] == b"[DONE]":
-                continue
-            j = json.loads(ev[6:])
-            if j.get("error"):
-                raise RuntimeError(j["error"])
-            if j.get("usage"):
-                cached = j["usage"]["prompt_tokens_details"]["cached_tokens"]
-            for ch in j.get("choices") or []:
-                if ch.get("text"):
-                    first = first or time.time()
-                    text.append(ch["text"])
-    c.close()
+    first, text, cached = None, [], None
+    for t, ev in stream_events(port, "/v1/completions", body):
+        if ev.get("error"):
+            raise RuntimeError(ev["error"])
+        if ev.get("usage"):
+            cached = ev["usage"]["prompt_tokens_details"]["cached_tokens"]
+        for ch in ev.get("choices") or []:
+            if ch.get("text"):
+                first = first or t
+                text.append(ch["text"])
     return (first or time.time()) - t0, time.time() - t0, "".join(text), cached
 
 
