@@ -98,12 +98,14 @@ int32_t glm_sample_next(float *logits, int V, const glm_gen_cfg *g, const uint8_
 /* The KV cache of either kind of model (glm_lm). */
 struct gen_cache {
     glm_lm lm;
+    int made;               /* kv or pc allocated (the first generation makes them) */
     glm_kvcache kv;
     glm_pipe_cache pc;
 };
 typedef struct gen_cache gen_cache;
 
 static void cache_init(gen_cache *c, int B, int T) {
+    c->made = 1;
     if (c->lm.pipe) glm_pipe_cache_init(c->lm.pipe, &c->pc, B, T);
     else glm_kvcache_init(c->lm.m, &c->kv, B, T);
 }
@@ -125,6 +127,8 @@ static void cache_rewind(gen_cache *c, int n) {
     for (int s = 0; s < c->lm.pipe->n; s++) c->pc.kv[s].len = n;
 }
 static void cache_free(gen_cache *c) {
+    if (!c->made) return;
+    c->made = 0;
     if (c->lm.pipe) glm_pipe_cache_free(c->lm.pipe, &c->pc);
     else glm_kvcache_free(c->lm.m, &c->kv);
 }
@@ -136,9 +140,9 @@ int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg 
     return glm_generate_lm((glm_lm){m, NULL}, B, prompts, g, rngs, outs, on_token, cbctx, err);
 }
 
-/* Generation over the cache kv (made here when !*made, else holding `skip` tokens that row 0's
+/* Generation over the cache kv (made here on first use, else holding `skip` tokens that row 0's
  * prompt begins with, B = 1). */
-static int generate_core(gen_cache *kv, int *made, int skip, int B, const glm_ids *prompts, const glm_gen_cfg *g,
+static int generate_core(gen_cache *kv, int skip, int B, const glm_ids *prompts, const glm_gen_cfg *g,
                          glm_rng *rngs, glm_ids *outs, glm_token_fn on_token, void *cbctx, glm_err *err) {
     glm_lm lm = kv->lm;
     const glm_config *c = lm.pipe ? &lm.pipe->cfg : &lm.m->cfg;
@@ -185,9 +189,8 @@ static int generate_core(gen_cache *kv, int *made, int skip, int B, const glm_id
     /* The cache starts small and doubles: max_length 2048 would otherwise reserve 2048 tokens
      * per row up front (2.8 GB per row for ChatGLM-6B in fp32). */
     int full = P + maxlim, cap = P + (maxlim < 128 ? maxlim : 128);
-    if (!*made) cache_init(kv, B, cap);
+    if (!kv->made) cache_init(kv, B, cap);
     else if (cache_cap(kv) < cap) cache_grow(kv, cap);
-    *made = 1;
     cache_rewind(kv, skip);
     float *logits = glm_malloc(sizeof(float) * (size_t)B * V);
     uint8_t *seen = NULL;
@@ -235,8 +238,8 @@ static int generate_core(gen_cache *kv, int *made, int skip, int B, const glm_id
 int glm_generate_lm(glm_lm lm, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
                     glm_token_fn on_token, void *cbctx, glm_err *err) {
     gen_cache kv = {.lm = lm};
-    int made = 0, rc = generate_core(&kv, &made, 0, B, prompts, g, rngs, outs, on_token, cbctx, err);
-    if (made) cache_free(&kv);
+    int rc = generate_core(&kv, 0, B, prompts, g, rngs, outs, on_token, cbctx, err);
+    cache_free(&kv);
     return rc;
 }
 
@@ -250,13 +253,12 @@ void glm_gen_session_init(glm_gen_session *s, glm_lm lm, int reuse) {
 int glm_generate_session(glm_gen_session *s, const glm_ids *prompt, const glm_gen_cfg *g, glm_rng *rng, glm_ids *out,
                          glm_token_fn on_token, void *cbctx, glm_err *err) {
     if (!s->reuse) return glm_generate_lm(s->lm, 1, prompt, g, rng, out, on_token, cbctx, err);
-    int made = s->cache != NULL, k = 0;
-    if (!made) s->cache = glm_calloc(1, sizeof *s->cache), s->cache->lm = s->lm;
+    int k = 0;
+    if (!s->cache) s->cache = glm_calloc(1, sizeof *s->cache), s->cache->lm = s->lm;
     while (k < s->fed.n && k < prompt->n - 1 && s->fed.data[k] == prompt->data[k]) k++;
     s->reused = k;
     s->fed.n = 0; /* until the turn's end says what the cache holds */
-    int rc = generate_core(s->cache, &made, k, 1, prompt, g, rng, out, on_token, cbctx, err);
-    if (!made) { free(s->cache); s->cache = NULL; }
+    int rc = generate_core(s->cache, k, 1, prompt, g, rng, out, on_token, cbctx, err);
     if (rc) return rc; /* the cache's contents are unknown: the next turn starts afresh */
     int n = cache_len(s->cache); /* the prompt and the answer but its last token */
     for (int i = 0; i < n; i++) glm_ids_push(&s->fed, i < prompt->n ? prompt->data[i] : out->data[i - prompt->n]);

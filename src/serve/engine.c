@@ -150,7 +150,7 @@ static void decode_group(srv_engine *e, int k) {
     for (int b = 0; b < nr; b++) {
         int s = lo_s + b;
         srv_req *r = e->slot[s];
-        e->lens[b] = r ? e->slot_len[s] : e->pfx.on ? e->pfx.n[s] : 0; /* an idle row writes past what its slot holds */
+        e->lens[b] = r ? e->slot_len[s] : srv_prefix_kept(&e->pfx, s); /* an idle row writes past what its slot holds */
         if (r && r->adapter == k && r->out.n > 0) {
             mem[b] = r;
             int t = r->prompt.n + r->out.n - 1; /* the fed token's index in the row */
@@ -215,7 +215,7 @@ static void admit(srv_engine *e, srv_req *r, int s, int cached) {
     e->slot[s] = r;
     e->slot_len[s] = cached;
     r->slot = s;
-    r->cached = r->fed = cached;
+    r->cached = cached;
     srv_prefix_drop(&e->pfx, s); /* now r's rows */
     e->active++;
     if (e->active > e->peak) e->peak = e->active;
@@ -290,7 +290,7 @@ static void *engine_main(void *arg) {
         int ncont = 0; /* prompts prefilling in parts since an earlier step */
         for (int s = 0; s < e->nslots; s++) {
             srv_req *r = e->slot[s];
-            if (r && r->admitted && !r->n_texts && r->out.n == 0 && r->fed < r->prompt.n) cont[ncont++] = r;
+            if (r && r->admitted && !r->n_texts && r->out.n == 0 && srv_held(e, r) < r->prompt.n) cont[ncont++] = r;
         }
         double t_step = glm_now();
         srv_prefill_all(e, adm, nadm, cont, ncont);
@@ -338,7 +338,9 @@ static void *engine_main(void *arg) {
 
 /* ---------------------------------------------------------------- life */
 
-int srv_engine_default_batch_tokens(const glm_config *c, int nslots, int Tmax) {
+/* max(Tmax, nslots) for GLM v1, whose prompts cannot be split; for the causal families
+ * max(min(Tmax, 8192), nslots). */
+static int default_batch_tokens(const glm_config *c, int nslots, int Tmax) {
     int t = glm_family_of(c)->causal && Tmax > 8192 ? 8192 : Tmax;
     return t > nslots ? t : nslots;
 }
@@ -347,7 +349,7 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
                     int Tmax, int batch_tokens, int max_queue, srv_adapter *ad, int n_ad, glm_err *err) {
     memset(e, 0, sizeof *e);
     glm_model *m = lm.pipe ? &lm.pipe->st[0] : lm.m;
-    if (batch_tokens <= 0) batch_tokens = srv_engine_default_batch_tokens(&m->cfg, nslots, Tmax);
+    if (batch_tokens <= 0) batch_tokens = default_batch_tokens(&m->cfg, nslots, Tmax);
     if (batch_tokens < nslots)
         return glm_fail(err, "--max_num_batched_tokens %d is below --max_batch_size %d (a decode step carries a token a slot)",
                         batch_tokens, nslots);
@@ -401,8 +403,7 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
     e->lens = glm_calloc((size_t)nslots, sizeof(int));
     e->slot = glm_calloc((size_t)nslots, sizeof *e->slot);
     e->slot_len = glm_calloc((size_t)nslots, sizeof(int));
-    srv_prefix_init(&e->pfx, nslots, Tmax, m->fam->causal);
-    return 0;
+    return 0; /* prefix caching off until srv_engine_prefix_caching */
 }
 
 int srv_engine_prefix_caching(srv_engine *e, int on) {

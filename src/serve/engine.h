@@ -125,8 +125,6 @@ struct srv_req {
     glm_streamer st;
     uint8_t *seen;
     int state[2], limit, slot, admitted;
-    int fed;                   /* prompt tokens whose rows its slot holds: the cached ones, then each
-                                * chunk's (a prompt longer than the work buffers prefills in chunks) */
     srv_logprob *plps_part;    /* echo's prompt entries while the prompt prefills in chunks */
     srv_req *share_src;        /* admitted in the same step after a request of the same prompt: takes
                                 * that one's cache rows instead of a prefill (NULL: its own) */
@@ -183,14 +181,13 @@ int srv_adapter_load(srv_adapter *a, glm_lm lm, const char *name, const char *di
 void srv_adapter_free(srv_adapter *a);
 
 /* The pool: nslots slots of Tmax tokens, on the model's device or split over the stages of a
- * device map (lm.pipe), and work buffers for batch_tokens new tokens a forward (0: the default,
- * srv_engine_default_batch_tokens; at least nslots, and for GLM v1, whose prompts cannot be
- * split, at least Tmax). ad[n_ad] (loaded for lm) stay owned by the caller. */
+ * device map (lm.pipe), and work buffers for batch_tokens new tokens a forward (0: Tmax, for the
+ * causal families at most 8192; at least nslots, and for GLM v1, whose prompts cannot be split,
+ * at least Tmax). Prefix caching is off until srv_engine_prefix_caching. ad[n_ad] (loaded for lm)
+ * stay owned by the caller. */
 int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_mutex_t *tok_mu, int nslots,
                     int Tmax, int batch_tokens, int max_queue, srv_adapter *ad, int n_ad, glm_err *err);
-/* max(Tmax, nslots) for GLM v1; for the causal families max(min(Tmax, 8192), nslots). */
-int srv_engine_default_batch_tokens(const glm_config *c, int nslots, int Tmax);
-/* Prefix caching on (the default where the family allows it: glm_family.causal) or off, before
+/* Prefix caching on (where the family allows it: glm_family.causal) or off, before
  * srv_engine_start; returns whether it is on. */
 int srv_engine_prefix_caching(srv_engine *e, int on);
 int srv_engine_start(srv_engine *e);

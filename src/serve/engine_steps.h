@@ -5,6 +5,10 @@
 #define GLM_SERVE_ENGINE_STEPS_H
 #include "serve/engine.h"
 
+/* The tokens whose rows r's slot holds (its slot_len): while r prefills, its prompt's first so
+ * many (the cached ones, then each part's); then the prompt and the answer but its last token. */
+static inline int srv_held(const srv_engine *e, const srv_req *r) { return e->slot_len[r->slot]; }
+
 /* ---- serve/engine.c ---- */
 /* The model's adapter views and settings for adapter k (-1: the base), in every stage. */
 void srv_set_adapter(srv_engine *e, int k);

@@ -121,7 +121,7 @@ static void share_prefill(srv_engine *e, const srv_req *src, int b, int greedy, 
         shared++;
         if (e->pipe) glm_pipe_cache_copy_slot(e->pipe, e->pc, src->slot, r->slot, n);
         else glm_kvcache_copy_slot(e->m, &e->kv, src->slot, r->slot, n);
-        e->slot_len[r->slot] = r->fed = n;
+        e->slot_len[r->slot] = n;
         memcpy(r->state, src->state, sizeof r->state);
         if (src->n_plps) {
             srv_logprob *lps = glm_malloc(sizeof *lps * (size_t)src->n_plps);
@@ -154,7 +154,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
     const glm_config *c = &e->m->cfg;
     int Tq = 0, V = c->vocab_size, greedy = 1;
     for (int b = 0; b < n; b++) {
-        if (g[b]->prompt.n - g[b]->fed > Tq) Tq = g[b]->prompt.n - g[b]->fed;
+        if (g[b]->prompt.n - srv_held(e, g[b]) > Tq) Tq = g[b]->prompt.n - srv_held(e, g[b]);
         greedy &= srv_is_greedy(g[b]);
         for (int i = 0; i < ncp; i++)
             if (cp[i]->share_src == g[b]) greedy &= srv_is_greedy(cp[i]);
@@ -162,7 +162,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
     int *n_new = glm_malloc(sizeof(int) * (size_t)n);
     const char *bad = "the prompt has no [gMASK] (or [MASK]) and <sop>";
     for (int b = 0; b < n; b++)
-        if (fill_row(e, b, Tq, &g[b]->prompt, g[b]->fed, g[b]->prompt.n, g[b]->state, &n_new[b])) {
+        if (fill_row(e, b, Tq, &g[b]->prompt, srv_held(e, g[b]), g[b]->prompt.n, g[b]->state, &n_new[b])) {
             fail_shares(e, g[b], cp, ncp, bad);
             srv_finish(e, g[b], "error", -1, bad); /* its row runs as padding */
             g[b] = NULL;
@@ -183,7 +183,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
         glm_err rerr = {0};
         const char *fail = rc ? err.msg : NULL;
         if (!fail) {
-            if (r->prompt_logprobs && prompt_logprobs(e, r, b * Tq, r->fed, r->prompt.n, &rerr)) {
+            if (r->prompt_logprobs && prompt_logprobs(e, r, b * Tq, srv_held(e, r), r->prompt.n, &rerr)) {
                 glm_warn("serve: the prompt's log-probabilities failed: %s", rerr.msg);
                 fail = rerr.msg;
             }
@@ -193,7 +193,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
             srv_finish(e, r, "error", -1, fail);
             continue;
         }
-        e->slot_len[r->slot] = r->fed = r->prompt.n;
+        e->slot_len[r->slot] = r->prompt.n;
         share_prefill(e, r, b, greedy, cp, ncp);
         if (r->no_generate) { srv_finish(e, r, "length", -1, NULL); continue; }
         srv_logprob lp;
@@ -204,7 +204,7 @@ static void prefill_group(srv_engine *e, srv_req **g, int n, srv_req **cp, int n
 /* The next cap tokens of r's prompt, which is longer than that after what its slot holds, through
  * its slot alone; no token is sampled (the prompt's last part prefills as any prompt does). */
 static void prefill_chunk(srv_engine *e, srv_req *r, int cap) {
-    int n_new, from = r->fed;
+    int n_new, from = srv_held(e, r);
     glm_err err = {0};
     if (fill_row(e, 0, cap, &r->prompt, from, from + cap, r->state, &n_new)) { /* a causal family takes any prompt */
         srv_finish(e, r, "error", -1, "the prompt does not fit the model's positions");
@@ -218,8 +218,8 @@ static void prefill_chunk(srv_engine *e, srv_req *r, int cap) {
         srv_finish(e, r, "error", -1, err.msg);
         return;
     }
-    e->slot_len[r->slot] = r->fed = from + cap;
-    if (e->debug) glm_info("serve: %d of a prompt's %d tokens prefilled (%d a step)", r->fed, r->prompt.n, cap);
+    e->slot_len[r->slot] = from + cap;
+    if (e->debug) glm_info("serve: %d of a prompt's %d tokens prefilled (%d a step)", from + cap, r->prompt.n, cap);
 }
 
 /* Prefills: the new requests adm[0..n) and those whose prompts prefill in parts, cont[0..ncont).
@@ -237,7 +237,7 @@ void srv_prefill_all(srv_engine *e, srv_req **adm, int n, srv_req **cont, int nc
     for (int i = 0; i < k; i++) { /* one whose first request is not prefilled whole here prefills itself */
         const srv_req *s = adm[i]->share_src;
         int found = 0;
-        for (int j = 0; j < k && s && !found; j++) found = adm[j] == s && s->prompt.n - s->fed <= cap;
+        for (int j = 0; j < k && s && !found; j++) found = adm[j] == s && s->prompt.n - srv_held(e, s) <= cap;
         if (!found) adm[i]->share_src = NULL;
         if (adm[i]->share_src) cp[ncp++] = adm[i];
         else src[ns++] = adm[i];
@@ -246,7 +246,7 @@ void srv_prefill_all(srv_engine *e, srv_req **adm, int n, srv_req **cont, int nc
     int nw = 0;
     for (int i = 0; i < ns; i++) { /* the parts first; the whole rest in slot order (insertion) */
         srv_req *r = src[i];
-        if (r->prompt.n - r->fed > cap) { prefill_chunk(e, r, cap); continue; }
+        if (r->prompt.n - srv_held(e, r) > cap) { prefill_chunk(e, r, cap); continue; }
         int j = nw++;
         for (; j > 0 && src[j - 1]->slot > r->slot; j--) src[j] = src[j - 1];
         src[j] = r;
@@ -254,14 +254,14 @@ void srv_prefill_all(srv_engine *e, srv_req **adm, int n, srv_req **cont, int nc
     ns = nw;
     for (int i = 0; i < ns;) { /* rows x the longest part left within the buffers, and every row's
                                 * tokens held + the call's within its slot */
-        int j = i + 1, longest = src[i]->prompt.n - src[i]->fed, most_fed = src[i]->fed;
+        int j = i + 1, longest = src[i]->prompt.n - srv_held(e, src[i]), most_held = srv_held(e, src[i]);
         while (j < ns && src[j]->slot == src[j - 1]->slot + 1 && src[j]->adapter == src[i]->adapter) {
-            int l = src[j]->prompt.n - src[j]->fed, mf = src[j]->fed;
+            int l = src[j]->prompt.n - srv_held(e, src[j]), mh = srv_held(e, src[j]);
             if (l < longest) l = longest;
-            if (mf < most_fed) mf = most_fed;
-            if ((long)(j - i + 1) * l > cap || mf + l > e->Tmax) break;
+            if (mh < most_held) mh = most_held;
+            if ((long)(j - i + 1) * l > cap || mh + l > e->Tmax) break;
             longest = l;
-            most_fed = mf;
+            most_held = mh;
             j++;
         }
         prefill_group(e, src + i, j - i, cp, ncp);

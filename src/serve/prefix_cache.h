@@ -31,6 +31,8 @@ void srv_prefix_init(srv_prefix_cache *pc, int nslots, int Tmax, int on);
 void srv_prefix_free(srv_prefix_cache *pc);
 /* Slot s's request ended with its first n fed tokens' rows valid: a[0..na) then b[..], n <= na + nb. */
 void srv_prefix_keep(srv_prefix_cache *pc, int s, int adapter, const int32_t *a, int na, const int32_t *b, int n);
+/* The tokens free slot s keeps (0 with caching off): an idle row of a decode writes its row here. */
+static inline int srv_prefix_kept(const srv_prefix_cache *pc, int s) { return pc->on ? pc->n[s] : 0; }
 /* Slot s's rows are about to be overwritten: nothing kept. */
 void srv_prefix_drop(srv_prefix_cache *pc, int s);
 /* The tokens of ids[0..n) whose rows slot s holds for adapter (at most n - 1: the last prompt
