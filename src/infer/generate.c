@@ -260,7 +260,7 @@ int glm_generate_session(glm_gen_session *s, const glm_ids *prompt, const glm_ge
     s->fed.n = 0; /* until the turn's end says what the cache holds */
     int rc = generate_core(s->cache, k, 1, prompt, g, rng, out, on_token, cbctx, err);
     if (rc) return rc; /* the cache's contents are unknown: the next turn starts afresh */
-    int n = cache_len(s->cache); /* the prompt and the answer but its last token */
+    int n = cache_len(s->cache); /* the prompt and the answer but the last token sampled */
     for (int i = 0; i < n; i++) glm_ids_push(&s->fed, i < prompt->n ? prompt->data[i] : out->data[i - prompt->n]);
     return 0;
 }

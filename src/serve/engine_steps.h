@@ -6,7 +6,8 @@
 #include "serve/engine.h"
 
 /* The tokens whose rows r's slot holds (its slot_len): while r prefills, its prompt's first so
- * many (the cached ones, then each part's); then the prompt and the answer but its last token. */
+ * many (the cached ones, then each part's); then the prompt and the answer as far as
+ * it went through the model (the last token sampled has not). */
 static inline int srv_held(const srv_engine *e, const srv_req *r) { return e->slot_len[r->slot]; }
 
 /* ---- serve/engine.c ---- */

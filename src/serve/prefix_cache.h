@@ -1,6 +1,6 @@
 /* What a free KV-cache slot of `glmtrain serve` still holds (docs/SERVE.md "Prefix caching"):
- * when a request ends, its slot keeps the cache rows of the tokens it fed (prompt and response
- * but the last), and a later request whose prompt begins with those tokens, for the same
+ * when a request ends, its slot keeps the cache rows of the tokens it fed (the prompt and the
+ * answer as far as it went through the model: the last token sampled never does), and a later request whose prompt begins with those tokens, for the same
  * adapter, takes that slot and prefills only the rest. A chat's next turn (the history, the last
  * answer, the new message) or a long system prompt sent again is then computed once.
  *
