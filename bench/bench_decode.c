@@ -4,11 +4,15 @@
  * Random weights on the device; --quant stores the linear weights quantized.
  *
  *   bench_decode [--family chatglm|chatglm2] [--quant int8|int4|nf4] [--prompt 1024] [--total 2048] [--layers L]
- *                [--detail] [--out FILE]
+ *                [--detail] [--verify 1,2,4,8,11,16] [--out FILE]
  * (--family chatglm2: ChatGLM2-6B's shapes, 2 key/value groups, a causal prompt)
  * (--detail: one more decode step at the end with an event at every op, printed per op;
  *  --attn_only: only the attention of one decode step over a 2048-key cache of the model's shape,
  *  28 calls back to back, by kernel: the decoding kernel and the flash kernel)
+ * (--verify LIST: after the decode, passes of k new tokens each after the prompt, as prompt lookup
+ *  checks a draft (infer/generate.c): every row's logits to the host (glm_cached_rows_logits), the
+ *  cache rewound after each pass; the median of 40 passes for each k of LIST, and what it is
+ *  against a one-token step)
  *
  * Reported: prefill ms, decode tokens/s (median step over the decode), the weight bytes read per
  * token and what that is as GB/s, and peak GPU memory. */
@@ -31,7 +35,7 @@ static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, 
 
 int main(int argc, char **argv) {
     int quant = 0, P = 1024, T = 2048, layers = 0, detail = 0, attn_only = 0, glm2 = 0;
-    const char *out = NULL;
+    const char *out = NULL, *verify = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--quant")) {
@@ -45,6 +49,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--attn_only")) attn_only = 1;
         else if (!strcmp(a, "--family")) { glm2 = !strcmp(v, "chatglm2"); i++; }
         else if (!strcmp(a, "--out")) { out = v; i++; }
+        else if (!strcmp(a, "--verify")) { verify = v; i++; }
         else { fprintf(stderr, "usage: see the header of bench/bench_decode.c (unknown %s)\n", a); return 2; }
     }
     if (P < 1 || T <= P) { fprintf(stderr, "bench_decode: need 1 <= --prompt < --total\n"); return 2; }
@@ -134,6 +139,41 @@ int main(int argc, char **argv) {
         glm_cuda_profile(be, 2);
         glm_forward_cached(&m, &kv, 1, &id, &p, &bp, &l, &h, NULL, logits, &e);
         bench_print_ops(be, what);
+    }
+    for (const char *v = verify; v && *v;) { /* passes of k tokens after the prompt, rewound each time */
+        int k = atoi(v);
+        v = strchr(v, ',') ? strchr(v, ',') + 1 : "";
+        if (k < 1 || k > GLM_ROWS_LOGITS_MAX || P + k > T) { fprintf(stderr, "bench_decode: --verify %d out of range\n", k); return 2; }
+        int32_t vid[GLM_ROWS_LOGITS_MAX], vp[GLM_ROWS_LOGITS_MAX], vb[GLM_ROWS_LOGITS_MAX], vl[GLM_ROWS_LOGITS_MAX],
+            vh[GLM_ROWS_LOGITS_MAX];
+        for (int i = 0; i < k; i++) {
+            vid[i] = 5 + i;
+            vp[i] = glm2 ? P + i : P - 1;
+            vb[i] = glm2 ? 0 : i + 1;
+            vl[i] = 0;
+            vh[i] = P + i + 1;
+        }
+        float *rows = malloc(sizeof(float) * (size_t)k * c.vocab_size);
+        double vt[40];
+        for (int r = -2; r < 40; r++) { /* two passes to warm up */
+            kv.len = P;
+            double a = now();
+            if (glm_forward_cached(&m, &kv, k, vid, vp, vb, vl, vh, NULL, k == 1 ? rows : NULL, &e) ||
+                (k > 1 && glm_cached_rows_logits(&m, &kv, 0, k, rows, &e))) { fprintf(stderr, "%s\n", e.msg); return 1; }
+            if (r >= 0) vt[r] = now() - a;
+        }
+        qsort(vt, 40, sizeof(double), cmp_d);
+        printf("%sverify %2d tokens after %d: %.3f ms a pass = %.2fx a one-token step (%.3f ms)\n", glm2 ? "chatglm2 " : "", k,
+               P, vt[20] * 1e3, vt[20] / med, med * 1e3);
+        if (out) {
+            FILE *f = fopen(out, "a");
+            if (f) {
+                fprintf(f, "{\"bench\":\"verify\",\"family\":\"%s\",\"k\":%d,\"prompt\":%d,\"pass_ms\":%.3f,\"step_ms\":%.3f}\n",
+                        glm2 ? "chatglm2" : "chatglm", k, P, vt[20] * 1e3, med * 1e3);
+                fclose(f);
+            }
+        }
+        free(rows);
     }
     size_t used, peak, total;
     glm_cuda_memory(be, &used, &peak, &total);

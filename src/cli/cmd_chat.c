@@ -11,6 +11,7 @@
 
 static const glm_flag chat_flags[] = {
     GEN_COMMON_FLAGS,
+    GEN_LOOKUP_FLAGS,
     GEN_F(reuse_kv_cache, ARG_BOOL, "true", "keep the conversation's KV cache between turns, so a turn computes only its new tokens (ChatGLM2/3, GLM-4, as THUDM's cli_demo keeps past_key_values; ChatGLM-6B's prompts see themselves whole and start afresh)"),
 };
 static const int n_chat_flags = sizeof chat_flags / sizeof chat_flags[0];
@@ -127,6 +128,7 @@ int glm_cmd_chat(int argc, char **argv) {
     free_hist(hist, n_hist);
     free(hist);
     glm_gen_session_free(&cache);
+    gen_report_lookup(&s);
     gen_close(&s);
     gen_args_free(chat_flags, n_chat_flags, &a);
     return 0;

@@ -22,6 +22,7 @@
 
 static const glm_flag gen_flags[] = {
     GEN_COMMON_FLAGS,
+    GEN_LOOKUP_FLAGS,
     GEN_F(prompt, ARG_STR, NULL, "the query: print one response"),
     GEN_F(input_file, ARG_STR, NULL, "JSON/JSONL records (training data schemas, or prompts only) to answer"),
     GEN_F(output_file, ARG_STR, NULL, "JSONL of {index, prompt, predict, labels} (default: stdout)"),
@@ -425,7 +426,9 @@ static int generate_batch(gen_session *s, const gen_args *a, item *p, int n, lon
         glm_rng_seed(&rngs[m], (uint64_t)a->seed * 1000003ULL + (uint64_t)(base + i));
         row_of[m++] = i;
     }
-    if (m > 0) rc = glm_generate_lm(gen_lm(s), m, ins, &s->g, rngs, outs, NULL, NULL, err);
+    if (s->g.prompt_lookup_num_tokens > 0) /* a draft is checked for one row: the prompts one at a time */
+        for (int j = 0; j < m && rc == 0; j++) rc = glm_generate_lm(gen_lm(s), 1, &ins[j], &s->g, &rngs[j], &outs[j], NULL, NULL, err);
+    else if (m > 0) rc = glm_generate_lm(gen_lm(s), m, ins, &s->g, rngs, outs, NULL, NULL, err);
     for (int j = 0; j < m; j++) {
         p[row_of[j]].out = outs[j];
         if (rc == 0 && a->debug) {
@@ -455,6 +458,7 @@ static int generate_items(gen_session *s, const gen_args *a, items *L, glm_err *
         if (rc == 0)
             glm_info("%ld responses, %ld tokens, %.1f tokens/s", base + n, tokens, tokens / (glm_now() - t0 + 1e-9));
     }
+    if (rc == 0) gen_report_lookup(s);
     if (rc == 0 && skipped) glm_warn("%ld prompts were too long and got empty predictions (--skip_bad_samples)", skipped);
     if (rc == 0 && sc.n > 0) rc = report_metrics(a, &sc, err);
     if (o != stdout && fclose(o) != 0 && rc == 0) rc = glm_fail(err, "%s: write failed", a->output_file);
@@ -487,7 +491,11 @@ int glm_cmd_generate(int argc, char **argv) {
     if (!rc) rc = gen_open_tokenizer(&s, &a, &err);
     if (!rc) rc = a.prompt ? prepare_prompt(&s, &a, &in, &err) : read_items(&s, &a, &L, &err);
     if (!rc) rc = gen_open_model(&s, &a, &err);
+    if (!rc && a.input_file && a.prompt_lookup_num_tokens > 0 && a.per_device_eval_batch_size > 1)
+        glm_info("--prompt_lookup_num_tokens: the prompts run one at a time (--per_device_eval_batch_size %d is not used)",
+                 a.per_device_eval_batch_size);
     if (!rc) rc = a.prompt ? generate_one(&s, &a, &in, &err) : generate_items(&s, &a, &L, &err);
+    if (!rc && a.prompt) gen_report_lookup(&s);
     if (rc) glm_err_print(&err);
     glm_ids_free(&in);
     items_free(&L);

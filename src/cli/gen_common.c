@@ -111,7 +111,10 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     if (!a->model_name_or_path) return glm_fail(err, "--model_name_or_path is required");
     s->g = (glm_gen_cfg){.do_sample = a->do_sample, .max_length = a->max_length, .max_new_tokens = a->max_new_tokens,
                          .temperature = (float)a->temperature, .top_p = (float)a->top_p, .top_k = a->top_k,
-                         .repetition_penalty = (float)a->repetition_penalty};
+                         .repetition_penalty = (float)a->repetition_penalty,
+                         .prompt_lookup_num_tokens = a->prompt_lookup_num_tokens,
+                         .max_matching_ngram_size = a->max_matching_ngram_size};
+    if (s->g.prompt_lookup_num_tokens > 0) s->g.stats = &s->lookup;
     if (glm_gen_cfg_check(&s->g, err)) return -1;
     if (check_sealed(a->model_name_or_path, err)) return -1;
     if (glm_config_load(&s->cfg, a->model_name_or_path, err)) return -1;
@@ -224,6 +227,13 @@ int gen_open_model(gen_session *s, const gen_args *a, glm_err *err) {
 glm_lm gen_lm(gen_session *s) { return (glm_lm){s->pipe ? NULL : &s->m, s->pipe}; }
 const glm_config *gen_config(const gen_session *s) {
     return s->pipe ? &s->pipe->cfg : s->model_ok ? &s->m.cfg : &s->cfg;
+}
+
+void gen_report_lookup(const gen_session *s) {
+    const glm_gen_stats *t = &s->lookup;
+    if (!s->g.stats || !t->forwards) return;
+    glm_info("prompt lookup: %ld of %ld draft tokens taken, %.2f tokens a pass (%ld passes)", t->accepted, t->drafted,
+             (double)(t->forwards + t->accepted) / (double)t->forwards, t->forwards);
 }
 
 void gen_close(gen_session *s) {

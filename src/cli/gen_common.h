@@ -26,6 +26,8 @@ typedef struct gen_args {
     int max_source_length, per_device_eval_batch_size, postprocess, max_predict_samples, skip_bad_samples;
     /* chat */
     int reuse_kv_cache;
+    /* generate and chat: prompt lookup (Hugging Face generate's names) */
+    int prompt_lookup_num_tokens, max_matching_ngram_size;
     /* eval (LLaMA-Factory's eval arguments) */
     char *task, *task_dir, *lang, *save_dir;
     int n_shot, batch_size;
@@ -63,6 +65,11 @@ typedef struct gen_args {
     GEN_F(debug, ARG_BOOL, "false", "print prompts and token ids to stderr"), \
     GEN_F(system, ARG_STR, NULL, "system prompt (ChatGLM3/GLM-4: a <|system|> turn; others: \"system\\n\" before the prompt); with --input_file, of the records without one (as train's --default_system)")
 
+/* Prompt lookup, for the commands that decode one prompt at a time (generate, chat). */
+#define GEN_LOOKUP_FLAGS \
+    GEN_F(prompt_lookup_num_tokens, ARG_INT, "0", "draft up to this many tokens from where the prompt and the response so far repeat their last words, checked in one pass (Hugging Face's prompt lookup; the same tokens, faster where answers copy from the input; 0 = off)"), \
+    GEN_F(max_matching_ngram_size, ARG_INT, "2", "the longest run of last tokens looked up for a draft")
+
 /* The adapter folder to load: --adapter, --adapter_name_or_path or --ptuning_checkpoint (gen_parse
  * refuses two of them); a comma list, the adapters before the last are merged into the base. */
 static inline const char *gen_adapter(const gen_args *a) {
@@ -84,6 +91,7 @@ typedef struct gen_session {
     /* --template glmz1 (data/thought.h): earlier answers go back without their thoughts; with
      * --enable_thinking false the prompt ends in the empty thought */
     int reasoning, disable_thinking;
+    glm_gen_stats lookup; /* prompt lookup's counts (g.stats points here when it is on) */
 } gen_session;
 
 /* Parses flags (prints usage and returns 1 for --help; -1 on error). */
@@ -105,6 +113,8 @@ const glm_config *gen_config(const gen_session *s);
  * (room kept for it within max_prompt; *prompt_text, when asked for, shows it too). */
 int gen_chat_inputs(const gen_session *s, const char *system, const char *query, const char *const *hist, int n_hist,
                     int max_prompt, glm_ids *out, int *dropped, char **prompt_text, glm_err *err);
+/* Prompt lookup's counts so far, as an info line (nothing when it is off). */
+void gen_report_lookup(const gen_session *s);
 /* "a\nb" -> "a\\nb" for one-line debug output (caller frees). */
 char *gen_escape(const char *s);
 

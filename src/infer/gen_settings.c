@@ -13,6 +13,12 @@ int glm_gen_cfg_check(const glm_gen_cfg *c, glm_err *err) {
     if (c->max_new_tokens < 0) return glm_fail(err, "--max_new_tokens must be >= 0 (got %d)", c->max_new_tokens);
     if (c->max_new_tokens == 0 && c->max_length < 2) return glm_fail(err, "--max_length must be >= 2 (got %d)", c->max_length);
     if (!(c->repetition_penalty > 0)) return glm_fail(err, "--repetition_penalty must be > 0 (got %g)", c->repetition_penalty);
+    if (c->prompt_lookup_num_tokens < 0 || c->prompt_lookup_num_tokens > GLM_LOOKUP_MAX)
+        return glm_fail(err, "--prompt_lookup_num_tokens must be in [0, %d] (got %d)", GLM_LOOKUP_MAX,
+                        c->prompt_lookup_num_tokens),
+               glm_hint(err, "0 turns prompt lookup off; 10 is Hugging Face's example");
+    if (c->prompt_lookup_num_tokens > 0 && c->max_matching_ngram_size < 1)
+        return glm_fail(err, "--max_matching_ngram_size must be >= 1 (got %d)", c->max_matching_ngram_size);
     if (!c->do_sample) return 0;
     if (!(c->temperature > 0)) {
         glm_fail(err, "--temperature must be > 0 when sampling (got %g)", c->temperature);

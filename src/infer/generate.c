@@ -92,6 +92,28 @@ int32_t glm_sample_next(float *logits, int V, const glm_gen_cfg *g, const uint8_
     return last;
 }
 
+/* ---------------------------------------------------------------- prompt lookup */
+
+int glm_prompt_lookup(const int32_t *ids, int n, int max_ngram, int max_draft, const int32_t *ends, int n_ends,
+                      int32_t *draft) {
+    if (max_draft <= 0) return 0;
+    for (int g = max_ngram < n - 1 ? max_ngram : n - 1; g > 0; g--) {
+        const int32_t *tail = ids + n - g;
+        for (int i = 0; i + g < n; i++) { /* the tail's own place (i = n - g) leaves nothing after it */
+            if (memcmp(ids + i, tail, sizeof(int32_t) * (size_t)g)) continue;
+            int k = 0, most = n - (i + g) < max_draft ? n - (i + g) : max_draft;
+            for (; k < most; k++) {
+                int end = 0;
+                for (int e = 0; e < n_ends; e++) end |= ids[i + g + k] == ends[e];
+                if (end) break;
+                draft[k] = ids[i + g + k];
+            }
+            return k;
+        }
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- generation */
 
 
@@ -134,6 +156,96 @@ static void cache_free(gen_cache *c) {
 }
 
 typedef struct row_state { int n, state[2], pad, limit, done; } row_state;
+
+/* One generation's rows and what their choices read. */
+typedef struct gen_rows {
+    const glm_config *c;
+    const glm_gen_cfg *g;
+    int V;
+    row_state *rs;
+    uint8_t *seen;      /* [B, V] the ids in each row so far (the repetition penalty), or NULL */
+    glm_rng *rngs;
+    glm_ids *outs;
+    glm_token_fn on_token;
+    void *cbctx;
+} gen_rows;
+
+/* Row b's next token from its logits[V] (changed): pushed to its output unless it ends the row;
+ * the row is done after an end token or at its limit. Returns the id. */
+static int32_t take_token(gen_rows *x, int b, float *logits) {
+    row_state *r = &x->rs[b];
+    const glm_gen_cfg *g = x->g;
+    size_t V = (size_t)x->V;
+    int32_t id = glm_sample_next(logits, x->V, g, x->seen ? x->seen + b * V : NULL, &x->rngs[b]);
+    int stop = id == x->c->eos_token_id;
+    for (int k = 0; k < g->n_stop; k++) stop |= id == g->stop_ids[k];
+    if (stop) { r->done = 1; return id; }
+    glm_ids_push(&x->outs[b], id);
+    if (x->seen) x->seen[b * V + id] = 1;
+    if (x->on_token) x->on_token(x->cbctx, b, id);
+    if (x->outs[b].n >= r->limit) r->done = 1;
+    return id;
+}
+
+/* Decoding of one row (B = 1) with prompt lookup, from the logits after its prompt: each pass
+ * feeds the last token chosen and a draft copied from the text so far, then chooses from the
+ * pass's rows in order while the choices equal the draft; the cache keeps the rows up to the
+ * last choice's. A choice reads the same logits and draws the same random numbers as one token
+ * a pass would, so the tokens are those of the plain loop. */
+static int decode_drafted(gen_rows *x, gen_cache *kv, const glm_ids *prompt, float *logits, int full, glm_err *err) {
+    const glm_gen_cfg *g = x->g;
+    const glm_family *fam = glm_family_of(x->c);
+    row_state *r = &x->rs[0];
+    glm_ids *out = &x->outs[0];
+    int K = g->prompt_lookup_num_tokens, ngram = g->max_matching_ngram_size > 0 ? g->max_matching_ngram_size : 2;
+    int32_t *ctx = glm_malloc(sizeof(int32_t) * (size_t)(r->n + r->limit + 1));
+    int32_t *in = glm_malloc(sizeof(int32_t) * 5 * (size_t)(K + 1));
+    int32_t *pos = in + (K + 1), *bpos = pos + (K + 1), *lo = bpos + (K + 1), *hi = lo + (K + 1);
+    float *rows = glm_malloc(sizeof(float) * (size_t)(K + 1) * x->V);
+    int32_t ends[1 + sizeof g->stop_ids / sizeof g->stop_ids[0]];
+    int n_ends = 0;
+    if (x->c->eos_token_id >= 0) ends[n_ends++] = x->c->eos_token_id;
+    for (int k = 0; k < g->n_stop; k++) ends[n_ends++] = g->stop_ids[k];
+    memcpy(ctx, prompt->data, sizeof(int32_t) * (size_t)r->n);
+    int rc = 0;
+    take_token(x, 0, logits);
+    while (!r->done && rc == 0) {
+        int n = r->n + out->n; /* the prompt and the tokens chosen, the last not fed yet */
+        memcpy(ctx + r->n, out->data, sizeof(int32_t) * (size_t)out->n);
+        int room = r->limit - out->n - 1; /* a pass chooses one token more than its draft */
+        int k = glm_prompt_lookup(ctx, n, ngram, K < room ? K : room, ends, n_ends, in + 1);
+        int L = cache_len(kv);
+        if (L + k + 1 > cache_cap(kv)) {
+            int cap = cache_cap(kv) * 2 > L + k + 1 ? cache_cap(kv) * 2 : L + k + 1;
+            cache_grow(kv, cap < full ? cap : full);
+        }
+        in[0] = out->data[out->n - 1];
+        for (int i = 0; i <= k; i++) {
+            fam->next_position(r->state, n - 1 + i, &pos[i], &bpos[i]);
+            lo[i] = r->pad;
+            hi[i] = L + i + 1;
+        }
+        rc = cache_forward(kv, k + 1, in, pos, bpos, lo, hi, k ? NULL : rows, err);
+        if (rc == 0 && k) rc = kv->lm.pipe ? glm_pipe_cached_rows_logits(kv->lm.pipe, &kv->pc, 0, k + 1, rows, err)
+                                          : glm_cached_rows_logits(kv->lm.m, &kv->kv, 0, k + 1, rows, err);
+        if (rc) break;
+        int i = 0;
+        for (;; i++) { /* row i's choice; the draft's token i + 1 stands while the choices equal it */
+            int32_t id = take_token(x, 0, rows + (size_t)i * x->V);
+            if (r->done || i == k || id != in[i + 1]) break;
+        }
+        cache_rewind(kv, L + i + 1); /* the fed tokens the choices kept */
+        if (g->stats) {
+            g->stats->forwards++;
+            g->stats->drafted += k;
+            g->stats->accepted += i;
+        }
+    }
+    free(rows);
+    free(in);
+    free(ctx);
+    return rc;
+}
 
 int glm_generate(glm_model *m, int B, const glm_ids *prompts, const glm_gen_cfg *g, glm_rng *rngs, glm_ids *outs,
                  glm_token_fn on_token, void *cbctx, glm_err *err) {
@@ -200,22 +312,17 @@ static int generate_core(gen_cache *kv, int skip, int B, const glm_ids *prompts,
             for (int i = 0; i < rs[b].n; i++) seen[(size_t)b * V + prompts[b].data[i]] = 1;
     }
     int rc = cache_forward(kv, P - skip, in + skip, pos + skip, bpos + skip, lo + skip, hi + skip, logits, err); /* B = 1 when skip */
-    while (rc == 0) {
+    gen_rows x = {c, g, V, rs, seen, rngs, outs, on_token, cbctx};
+    if (rc == 0 && B == 1 && g->prompt_lookup_num_tokens > 0) rc = decode_drafted(&x, kv, &prompts[0], logits, full, err);
+    else while (rc == 0) {
         int live = 0;
         for (int b = 0; b < B; b++) {
-            row_state *r = &rs[b];
-            if (r->done) continue;
-            int32_t id = glm_sample_next(logits + (size_t)b * V, V, g, seen ? seen + (size_t)b * V : NULL, &rngs[b]);
-            int stop = id == c->eos_token_id;
-            for (int k = 0; k < g->n_stop; k++) stop |= id == g->stop_ids[k];
-            if (stop) { r->done = 1; continue; }
-            glm_ids_push(&outs[b], id);
-            if (seen) seen[(size_t)b * V + id] = 1;
-            if (on_token) on_token(cbctx, b, id);
-            if (outs[b].n >= r->limit) r->done = 1;
-            else live++;
+            if (rs[b].done) continue;
+            take_token(&x, b, logits + (size_t)b * V);
+            live += !rs[b].done;
         }
         if (!live) break;
+        if (g->stats) g->stats->forwards++;
         if (cache_len(kv) + 1 > cache_cap(kv)) cache_grow(kv, cache_cap(kv) * 2 < full ? cache_cap(kv) * 2 : full);
         for (int b = 0; b < B; b++) { /* finished rows idle on a pad token */
             const row_state *r = &rs[b];

@@ -30,7 +30,29 @@ typedef struct glm_gen_cfg {
     int32_t stop_ids[4];      /* further ids that end a row besides config.json's eos, as the
                                * chat templates have them (ChatGLM3: <|user|>, <|observation|>) */
     int n_stop;
+    /* Prompt lookup (Hugging Face generate's prompt_lookup_num_tokens): a draft of up to this many
+     * tokens copied from where the text so far repeats its last n-gram, checked in one forward
+     * pass; 0 = off. One prompt at a time (B = 1). The tokens are the same as without it. */
+    int prompt_lookup_num_tokens; /* at most GLM_LOOKUP_MAX */
+    int max_matching_ngram_size; /* the longest n-gram matched for a draft (0: 2, HF's default) */
+    struct glm_gen_stats *stats; /* may be NULL: what the drafts did, added to */
 } glm_gen_cfg;
+
+#define GLM_LOOKUP_MAX 63 /* a pass's rows come back through glm_cached_rows_logits (GLM_ROWS_LOGITS_MAX) */
+
+/* Counts of prompt lookup's work over generations (glm_gen_cfg.stats). */
+typedef struct glm_gen_stats {
+    long forwards;  /* decode passes after the prompt's */
+    long drafted;   /* draft tokens fed */
+    long accepted;  /* of them, the tokens the model chose too */
+} glm_gen_stats;
+
+/* HF's PromptLookupCandidateGenerator: over ids[0, n), for g = min(max_ngram, n - 1) down to 1,
+ * the first earlier place where the last g ids occur gives the ids after it, at most max_draft,
+ * never past n and cut before the first of ends[n_ends] (an end token would end the answer);
+ * written to draft, their count returned (0: no draft). */
+int glm_prompt_lookup(const int32_t *ids, int n, int max_ngram, int max_draft, const int32_t *ends, int n_ends,
+                      int32_t *draft);
 
 /* The original model.chat defaults: sampling, max_length 2048, top_p 0.7, temperature 0.95,
  * and the HF defaults it leaves alone: top_k 50, repetition_penalty 1.0. */
