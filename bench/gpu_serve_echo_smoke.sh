@@ -172,4 +172,35 @@ for dt in float32 bfloat16; do
     if [ $dt = float32 ]; then ok $same "generate_prompt_lookup_equals_plain_fp32"
     else echo "    bf16: same tokens with and without prompt lookup: $([ $same = 0 ] && echo yes || echo no)"; fi
 done
+# serve's prompt lookup against plain decoding, CUDA fp32: 4 greedy streams side by side
+for k in 0 10; do
+    serve_start "$W/serve_lookup_$k.log" --model_name_or_path "$W/base" --device cuda --dtype float32 \
+        --prompt_lookup_num_tokens $k --max_batch_size 4
+    python3 - "$SERVE_PORT" "$W/lookup_$k.json" <<'PY' >"$W/log" 2>&1
+import json, random, re, sys, urllib.request
+port, out = sys.argv[1:3]
+g = random.Random(9)
+def rep():
+    a, b = [g.randrange(5, 130000) for _ in range(6)], [g.randrange(5, 130000) for _ in range(5)]
+    return a + b + a + b + a[:3]
+req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % port, headers={"Content-Type": "application/json"},
+                             data=json.dumps({"prompt": [rep() for _ in range(4)], "max_tokens": 60, "temperature": 0,
+                                              "logprobs": 1, "ignore_eos": True}).encode())
+r = json.load(urllib.request.urlopen(req, timeout=300))
+m = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port).read().decode()
+acc = re.search(r"spec_decode_num_accepted_tokens_total\{[^}]*\} (\S+)", m)
+json.dump({"tokens": [c["logprobs"]["tokens"] for c in r["choices"]],
+           "lps": [c["logprobs"]["token_logprobs"] for c in r["choices"]], "accepted": float(acc.group(1))}, open(out, "w"))
+PY
+    serve_stop
+done
+python3 - "$W" <<'PY'
+import json, sys
+a, b = (json.load(open(sys.argv[1] + "/lookup_%d.json" % k)) for k in (0, 10))
+e = max(abs(p - q) / max(1.0, abs(q)) for x, y in zip(b["lps"], a["lps"]) for p, q in zip(x, y))
+print("    serve prompt lookup, CUDA fp32: tokens equal %s, %d draft tokens taken, worst relative logprob difference %.2e"
+      % (a["tokens"] == b["tokens"], b["accepted"], e))
+sys.exit(0 if a["tokens"] == b["tokens"] and e < 1e-3 and b["accepted"] > 0 else 1)
+PY
+ok $? "serve_prompt_lookup_equals_plain_fp32"
 rm -rf "$W"

@@ -64,6 +64,8 @@ static const glm_flag serve_flags[] = {
     SV_F(max_model_len, ARG_INT, "0", "tokens per slot, prompt + response (0: the model's max_sequence_length, at most 2048)"),
     SV_F(max_queue, ARG_INT, "256", "requests waiting for a slot before new ones get 429"),
     SV_F(max_num_batched_tokens, ARG_INT, "0", "new tokens one forward may carry (the work buffers): a longer prompt of ChatGLM2/3 or GLM-4 prefills in parts of this many, one a step between the others' decode steps (0: max_model_len, at most 8192; ChatGLM-6B: max_model_len, its prompts prefill whole)"),
+    SV_G(prompt_lookup_num_tokens, ARG_INT, "0", "each decoding stream feeds a draft of up to this many tokens copied from where its prompt and answer repeat their last words, checked in the same step (as generate's; the same tokens, more a step where answers copy from the prompt; 0 = off, at most 63)"),
+    SV_G(max_matching_ngram_size, ARG_INT, "2", "the longest run of last tokens looked up for a draft"),
     SV_F(enable_prefix_caching, ARG_BOOL, "true", "a prompt that begins with what a free slot still holds (a chat's history, a system prompt) prefills only the rest (ChatGLM2/3, GLM-4; GLM v1's prompts see themselves whole)"),
     SV_F(max_body_bytes, ARG_LONG, "1048576", "larger request bodies get 413"),
     SV_F(timeout, ARG_INT, "30", "seconds a connection may idle (a slow or stalled request is closed)"),
@@ -221,6 +223,7 @@ int glm_cmd_serve(int argc, char **argv) {
         engine_ok = rc == 0;
         e.step_delay_ms = a.step_delay_ms;
         if (engine_ok) srv_engine_prefix_caching(&e, a.enable_prefix_caching);
+        if (engine_ok) srv_engine_prompt_lookup(&e, a.gen.prompt_lookup_num_tokens, a.gen.max_matching_ngram_size);
         e.debug = a.gen.debug;
     }
     if (!rc) { /* a reward model (--stage rm's output): its value head scores texts */
@@ -255,8 +258,11 @@ int glm_cmd_serve(int argc, char **argv) {
         const glm_config *mc = gen_config(&s);
         double mib = glm_kvcache_bytes(mc, glm_dtype_size((s.pipe ? s.pipe->be[0] : s.be)->dtype), a.max_batch_size, Tmax) /
                      1048576.0;
-        glm_info("KV cache pool: %d slots x %d tokens (%.0f MiB), %d tokens a forward, prefix caching %s; models: %s%s%s",
+        char lookup[64] = "";
+        if (e.lookup_k) snprintf(lookup, sizeof lookup, ", drafts of up to %d tokens", e.lookup_k);
+        glm_info("KV cache pool: %d slots x %d tokens (%.0f MiB), %d tokens a forward, prefix caching %s%s; models: %s%s%s",
                  a.max_batch_size, Tmax, mib, e.batch_tokens, e.pfx.on ? "on" : a.enable_prefix_caching ? "off (GLM v1)" : "off",
+                 lookup,
                  name, n_ad ? " + adapters" : "",
                  mc->peft.pre_seq_len > 0 ? " (with its P-Tuning v2 prefix)" : "");
         glm_info("serving %s on http://%s%s%s:%d/ (OpenAI API under /v1%s)", name, strchr(a.host, ':') ? "[" : "", a.host,

@@ -366,6 +366,7 @@ typedef struct glm_kvcache {
     void *row_logits;   /* S [GLM_ROWS_LOGITS_MAX, V]: glm_cached_rows_logits' products (made on first use) */
     void *row_ints;     /* int32 [GLM_ROWS_LOGITS_MAX] and float [GLM_ROWS_LOGITS_MAX]: glm_cached_rows_logprobs' */
     void *row_losses;   /* targets and cross entropies, on the device (made on first use) */
+    void *row_x;        /* S [GLM_ROWS_LOGITS_MAX, H]: glm_cached_picked_logits' rows (made on first use) */
 } glm_kvcache;
 void glm_kvcache_init(glm_model *m, glm_kvcache *kv, int B, int Tmax);
 /* The bytes glm_kvcache_init allocates for B rows of Tmax tokens over all layers of a model of
@@ -418,6 +419,10 @@ int glm_stage_forward_cached_slots(glm_model *m, glm_kvcache *kv, int slot0, int
  * them: every prompt row through the head, where a forward brings back only each row's last. */
 #define GLM_ROWS_LOGITS_MAX 64
 int glm_cached_rows_logits(glm_model *m, glm_kvcache *kv, int r0, int n, float *logits_out, glm_err *err);
+/* The logits of the last call's new tokens rows[0..n) (indices into its nrows x Tq tokens, in any
+ * order; n <= GLM_ROWS_LOGITS_MAX) -> logits_out [n*V]: the rows gathered first, so one product
+ * serves rows spread over the call (each decoding row's own run of tokens). */
+int glm_cached_picked_logits(glm_model *m, glm_kvcache *kv, const int32_t *rows, int n, float *logits_out, glm_err *err);
 /* The same rows' log-probabilities without their logits leaving the device: lp[i] = log_softmax of
  * row r0 + i at targets[i] (host ints), and, where best_id is not NULL, the row's most likely token
  * (the first maximum: backend argmax_rows) and its log-probability in best_id[i], best_lp[i]. */

@@ -65,9 +65,10 @@ static void fill_prefix(glm_model *m, glm_kvcache *kv, int l, const void *pkv) {
 static void free_scratch(const glm_model *m, glm_kvcache *kv) {
     glm_layer_acts_free(m, &kv->a);
     void *bufs[] = {kv->h, kv->h2, kv->rows, kv->logits, kv->ints, kv->kvrows, kv->row_logits, kv->row_ints,
-                    kv->row_losses};
+                    kv->row_losses, kv->row_x};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) m->be->free(m->be, bufs[i]);
     kv->h = kv->h2 = kv->rows = kv->logits = kv->kvrows = kv->row_logits = kv->row_ints = kv->row_losses = NULL;
+    kv->row_x = NULL;
     kv->last_rows = 0;
     if (kv->hints) {
         if (m->be->host_free) m->be->host_free(m->be, kv->hints);
@@ -354,6 +355,28 @@ static int rows_head(glm_model *m, glm_kvcache *kv, int r0, int n, glm_err *err)
 int glm_cached_rows_logits(glm_model *m, glm_kvcache *kv, int r0, int n, float *logits_out, glm_err *err) {
     if (rows_head(m, kv, r0, n, err)) return -1;
     m->be->download_f32(m->be, logits_out, kv->row_logits, (size_t)n * m->cfg.vocab_size);
+    return 0;
+}
+
+int glm_cached_picked_logits(glm_model *m, glm_kvcache *kv, const int32_t *rows, int n, float *logits_out, glm_err *err) {
+    glm_backend *be = m->be;
+    int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    if (!m->last) return glm_fail(err, "rows' logits: only the last stage has the head");
+    if (n < 1 || n > GLM_ROWS_LOGITS_MAX) return glm_fail(err, "rows' logits: %d rows (1 to %d a call)", n, GLM_ROWS_LOGITS_MAX);
+    for (int i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= kv->last_rows)
+            return glm_fail(err, "rows' logits: row %d outside the last call's %d", rows[i], kv->last_rows);
+    size_t es = glm_dtype_size(be->dtype);
+    if (!kv->row_logits) kv->row_logits = be->alloc(be, (size_t)GLM_ROWS_LOGITS_MAX * V * es);
+    if (!kv->row_x) kv->row_x = be->alloc(be, (size_t)GLM_ROWS_LOGITS_MAX * H * es);
+    if (!kv->row_ints) {
+        kv->row_ints = be->alloc(be, GLM_ROWS_LOGITS_MAX * sizeof(int32_t));
+        kv->row_losses = be->alloc(be, GLM_ROWS_LOGITS_MAX * sizeof(float));
+    }
+    be->upload(be, kv->row_ints, rows, (size_t)n * sizeof(int32_t));
+    be->gather_rows(be, kv->row_x, kv->a.x, kv->row_ints, n, H);
+    be->matmul_fwd(be, kv->row_logits, kv->row_x, m->w.head, NULL, n, H, V);
+    be->download_f32(be, logits_out, kv->row_logits, (size_t)n * V);
     return 0;
 }
 

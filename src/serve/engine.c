@@ -166,6 +166,7 @@ static void decode_group(srv_engine *e, int k) {
         }
     }
     srv_set_adapter(e, k);
+    if (e->lookup_k > 0 && srv_decode_drafted(e, lo_s, nr, mem)) { free(mem); return; }
     glm_err err = {0};
     int greedy = 1;
     for (int b = 0; b < nr; b++) if (mem[b] && !srv_is_greedy(mem[b])) greedy = 0;
@@ -410,6 +411,11 @@ int srv_engine_prefix_caching(srv_engine *e, int on) {
     srv_prefix_free(&e->pfx);
     srv_prefix_init(&e->pfx, e->nslots, e->Tmax, on && e->m->fam->causal);
     return e->pfx.on;
+}
+
+void srv_engine_prompt_lookup(srv_engine *e, int k, int ngram) {
+    e->lookup_k = k > 0 ? (k < GLM_LOOKUP_MAX ? k : GLM_LOOKUP_MAX) : 0;
+    e->lookup_ngram = ngram > 0 ? ngram : 2;
 }
 
 int srv_engine_start(srv_engine *e) {

@@ -151,6 +151,7 @@ typedef struct srv_engine {
     srv_prefix_cache pfx;      /* what the free slots still hold (--enable_prefix_caching) */
     int max_queue;
     int step_delay_ms;         /* a pause after each step (tests and demos of streaming) */
+    int lookup_k, lookup_ngram; /* prompt lookup's longest draft (0: off) and n-gram (srv_engine_prompt_lookup) */
     int debug;                 /* log requests as they join and leave */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -190,6 +191,9 @@ int srv_engine_init(srv_engine *e, glm_lm lm, const glm_tokenizer *tok, pthread_
 /* Prefix caching on (where the family allows it: glm_family.causal) or off, before
  * srv_engine_start; returns whether it is on. */
 int srv_engine_prefix_caching(srv_engine *e, int on);
+/* Prompt lookup in the decode steps (serve/draft.c): drafts of up to k tokens (0: off, at most
+ * GLM_LOOKUP_MAX) found by n-grams of up to ngram tokens; before srv_engine_start. */
+void srv_engine_prompt_lookup(srv_engine *e, int k, int ngram);
 int srv_engine_start(srv_engine *e);
 /* Queues r (the engine takes a reference): 0, or 429 when max_queue requests already wait beyond
  * the free slots, 503 when draining. */

@@ -44,6 +44,12 @@ int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp
 /* A request whose next token is the argmax of its logits as they are. */
 int srv_is_greedy(const srv_req *r);
 
+/* ---- serve/draft.c ---- */
+/* The decode step of rows [lo_s, lo_s + nr) (mem[b]: the decoding request of row b, or NULL; the
+ * rows' lengths in e->lens) with prompt lookup's drafts: 1 when it ran the step, 0 when no row has
+ * a draft (or room for one) and the plain step is to run. */
+int srv_decode_drafted(srv_engine *e, int lo_s, int nr, srv_req **mem);
+
 /* ---- serve/prefill.c ---- */
 /* The step's prefills: the new requests adm[0..n) and the prompts prefilling in parts cont[0..ncont). */
 void srv_prefill_all(srv_engine *e, srv_req **adm, int n, srv_req **cont, int ncont);

@@ -109,6 +109,10 @@ char *srv_metrics_text(const srv_metrics *m, const srv_gauges *g, const char *mo
     counter(&x, "prefix_cache_queries_total", "Prompt tokens of requests prefilled while prefix caching is on.",
             (double)m->prefix_queries);
     counter(&x, "prefix_cache_hits_total", "Of those, tokens whose cache rows a free slot held already.", (double)m->prefix_hits);
+    counter(&x, "spec_decode_num_draft_tokens_total", "Draft tokens fed (--prompt_lookup_num_tokens).",
+            (double)m->draft_tokens);
+    counter(&x, "spec_decode_num_accepted_tokens_total", "Of those, the tokens the model chose too.",
+            (double)m->accepted_tokens);
     family(&x, "request_success_total", "counter", "Requests finished, by finish_reason.");
     sample(&x, "request_success_total", "finished_reason=\"stop\"", (double)m->ended[SRV_END_STOP]);
     sample(&x, "request_success_total", "finished_reason=\"length\"", (double)m->ended[SRV_END_LENGTH]);

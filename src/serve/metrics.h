@@ -20,6 +20,7 @@ enum { SRV_END_STOP, SRV_END_LENGTH, SRV_END_CANCELLED, SRV_END_ERROR, SRV_END_K
 typedef struct srv_metrics {
     long prompt_tokens, generation_tokens;
     long prefix_queries, prefix_hits; /* prompt tokens of prefilled requests, and of those the cache held */
+    long draft_tokens, accepted_tokens; /* prompt lookup: draft tokens fed, and of those the tokens chosen */
     long ended[SRV_END_KINDS];  /* requests by how they ended (finish_reason) */
     srv_hist ttft, e2e;         /* seconds from submission to the first token, and to the end */
     srv_hist itl;               /* seconds between a request's consecutive tokens */

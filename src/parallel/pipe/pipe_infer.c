@@ -249,6 +249,15 @@ int glm_pipe_cached_rows_logits(glm_pipe_lm *lm, glm_pipe_cache *c, int r0, int 
     return rc;
 }
 
+int glm_pipe_cached_picked_logits(glm_pipe_lm *lm, glm_pipe_cache *c, const int32_t *rows, int n, float *logits_out,
+                                  glm_err *err) {
+    int prev = current_device(), k = lm->n - 1;
+    use(lm->be[k]);
+    int rc = glm_cached_picked_logits(&lm->st[k], &c->kv[k], rows, n, logits_out, err);
+    restore_device(prev);
+    return rc;
+}
+
 int glm_pipe_cached_rows_logprobs(glm_pipe_lm *lm, glm_pipe_cache *c, int r0, int n, const int32_t *targets, float *lp,
                                   int32_t *best_id, float *best_lp, glm_err *err) {
     int prev = current_device(), k = lm->n - 1;

@@ -74,9 +74,11 @@ int glm_pipe_forward_cached_slots(glm_pipe_lm *lm, glm_pipe_cache *c, int slot0,
                                   const int *n_new, const int32_t *ids, const int32_t *pos, const int32_t *block_pos,
                                   const int32_t *kv_lo, const int32_t *kv_hi, float *logits_out, int32_t *greedy_out, float *last_hidden_out,
                                   glm_err *err);
-/* glm_cached_rows_logits and glm_cached_rows_logprobs on the last stage, after a
+/* glm_cached_rows_logits, glm_cached_picked_logits and glm_cached_rows_logprobs on the last stage, after a
  * glm_pipe_forward_cached_slots call. */
 int glm_pipe_cached_rows_logits(glm_pipe_lm *lm, glm_pipe_cache *c, int r0, int n, float *logits_out, glm_err *err);
+int glm_pipe_cached_picked_logits(glm_pipe_lm *lm, glm_pipe_cache *c, const int32_t *rows, int n, float *logits_out,
+                                  glm_err *err);
 int glm_pipe_cached_rows_logprobs(glm_pipe_lm *lm, glm_pipe_cache *c, int r0, int n, const int32_t *targets, float *lp,
                                   int32_t *best_id, float *best_lp, glm_err *err);
 /* Every stage's work buffers for calls of up to ntokens new tokens (glm_kvcache_reserve). */
