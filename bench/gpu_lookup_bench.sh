@@ -6,7 +6,8 @@
 #     (bench/make_chatglm2_folder.py; MODEL to reuse one), greedy, 256 new tokens for each of 4
 #     prompts, without and with drafts of 10 (tokens/s as generate reports it, without the load; the
 #     drafts' counts). Random weights repeat themselves, so most drafts are taken: this is the upper
-#     end of what the drafts give, not a real model's speed on real text.
+#     end of what the drafts give, not a real model's speed on real text;
+#  3. serve at 1 and 8 streams, without and with drafts (bench/serve_bench.py).
 # Needs build/gpu/{glmtrain,bench_decode}, build/lib, build/shared (the tokenizer), python3 with torch.
 # usage: bash bench/gpu_lookup_bench.sh [BUILD_DIR]
 set -u
@@ -35,3 +36,10 @@ done
 cmp -s "$W/out0.jsonl" "$W/out10.jsonl" && echo "bf16 predictions identical with and without lookup" ||
     echo "bf16 predictions differ with and without lookup"
 rm -rf "$W"
+# 3. serve at 1 and 8 streams (bench/serve_bench.py: greedy chat completions of 256 tokens), without
+#    and with drafts of 10
+for k in 0 10; do
+    python3 "$(dirname "$0")/serve_bench.py" --glmtrain "$B/glmtrain" --model "$M" --streams 1,8 --max_tokens 256 \
+        --server_args "--max_batch_size 8 --max_model_len 2048 --dtype bfloat16 --prompt_lookup_num_tokens $k" 2>&1 |
+        grep -vE "^starting" | sed "s/^/serve lookup $k: /"
+done
