@@ -595,9 +595,9 @@ glm_backend *glm_backend_cuda(int device, glm_dtype dtype, char *errbuf, size_t 
     const char *tn = getenv("GLM_CUDA_GEMM_TUNE"); /* 0: off; N: at a shape class's Nth call */
     im->gemm_tune = tn && tn[0] ? atoi(tn) : GEMM_TUNE_AFTER;
     if (im->gemm_tune < 0) im->gemm_tune = 0;
-    /* orth_f64 on the device: built in session 33, not yet run on a GPU (no machine came), so
-     * off unless GLM_CUDA_ORTH=1 (test_cuda_ops and bench_svd turn it on); svd.c then makes the
-     * Cholesky factor on the host as before */
+    /* orth_f64 on the device: off unless GLM_CUDA_ORTH=1 (test_cuda_ops and bench_svd turn it on):
+     * its one-block Cholesky factor is a serial chain that took longer than the two host round
+     * trips it saves (docs/PERF.md, session 34), so svd.c makes the factor on the host */
     const char *orth = getenv("GLM_CUDA_ORTH");
     int device_orth = orth && strcmp(orth, "1") == 0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&im->st, cudaStreamNonBlocking));
