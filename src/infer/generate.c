@@ -100,7 +100,7 @@ int glm_prompt_lookup(const int32_t *ids, int n, int max_ngram, int max_draft, c
     for (int g = max_ngram < n - 1 ? max_ngram : n - 1; g > 0; g--) {
         const int32_t *tail = ids + n - g;
         for (int i = 0; i + g < n; i++) { /* the tail's own place (i = n - g) leaves nothing after it */
-            if (memcmp(ids + i, tail, sizeof(int32_t) * (size_t)g)) continue;
+            if (ids[i] != tail[0] || memcmp(ids + i, tail, sizeof(int32_t) * (size_t)g)) continue;
             int k = 0, most = n - (i + g) < max_draft ? n - (i + g) : max_draft;
             for (; k < most; k++) {
                 int end = 0;

@@ -67,13 +67,15 @@ int srv_decode_drafted(srv_engine *e, int lo_s, int nr, srv_req **mem) {
     if (Tq < 2) return 0;
     int32_t *draft = glm_malloc(sizeof(int32_t) * (size_t)nr * K);
     int *n_new = glm_malloc(sizeof(int) * (size_t)nr), any = 0;
+    /* each row looks through its own text (long prompts: tens of microseconds a row) */
+#pragma omp parallel for schedule(dynamic) if (nr >= 8)
     for (int b = 0; b < nr; b++) {
         srv_req *r = mem[b];
         int room = r ? r->limit - r->out.n - 1 : 0; /* a row chooses one token more than its draft */
         int most = Tq - 1 < room ? Tq - 1 : room;
         n_new[b] = 1 + (r ? row_draft(e, r, most, draft + (size_t)b * K) : 0);
-        any |= n_new[b] > 1;
     }
+    for (int b = 0; b < nr; b++) any |= n_new[b] > 1;
     if (!any) { free(draft); free(n_new); return 0; }
     int nt = 0;
     int32_t *at = glm_malloc(sizeof(int32_t) * (size_t)nr * Tq);
