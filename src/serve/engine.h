@@ -19,6 +19,7 @@
 #include <time.h>
 #include "core/strbuf.h"
 #include "infer/generate.h"
+#include "infer/json_mode.h"
 #include "serve/metrics.h"
 #include "serve/prefix_cache.h"
 
@@ -87,6 +88,10 @@ struct srv_req {
      * tokens are out, eos, the template's stop ids and these are never picked */
     int32_t stop_token_ids[SRV_MAX_STOP_IDS];
     int n_stop_token_ids, min_tokens;
+    /* OpenAI's response_format {"type": "json_object"} (infer/json_mode.h): the answer is one JSON
+     * object, js following the tokens chosen so far */
+    int json;
+    glm_json_state js;
     /* a score request (POST /v1/score/evaluation): texts[n_texts] (model inputs as they are) go
      * through the slot one per step, and scores[i] is the value head at text i's last token; no
      * tokens are generated. The model (adapter) must have a value head. */
@@ -152,6 +157,7 @@ typedef struct srv_engine {
     int max_queue;
     int step_delay_ms;         /* a pause after each step (tests and demos of streaming) */
     int lookup_k, lookup_ngram; /* prompt lookup's longest draft (0: off) and n-gram (srv_engine_prompt_lookup) */
+    glm_json_vocab jv;         /* JSON mode's token bytes, made when the first such request is admitted */
     int debug;                 /* log requests as they join and leave */
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -342,6 +342,31 @@ static int logit_bias(srv_server *S, const cJSON *b, srv_req *r, api_err *e) {
     return 0;
 }
 
+/* OpenAI's response_format: {"type": "text"} (the default) or {"type": "json_object"} (JSON mode:
+ * infer/json_mode.h). */
+static int response_format(const cJSON *f, srv_req *r, api_err *e) {
+    if (!srv_present(f)) return 0;
+    const cJSON *t = cJSON_IsObject(f) ? srv_field(f, "type") : NULL;
+    if (!cJSON_IsString(t))
+        return srv_bad(e, 400, "response_format", "invalid_type", "response_format must be an object with a \"type\"");
+    if (!strcmp(t->valuestring, "text")) return 0;
+    if (!strcmp(t->valuestring, "json_schema"))
+        return srv_bad(e, 400, "response_format", "unsupported_value", "response_format json_schema is not supported: "
+                       "{\"type\": \"json_object\"} makes the answer one JSON object (put the fields you want in the prompt)");
+    if (strcmp(t->valuestring, "json_object"))
+        return srv_bad(e, 400, "response_format", "invalid_value", "response_format type \"%.40s\": text or json_object",
+                       t->valuestring);
+    if (r->ignore_eos)
+        return srv_bad(e, 400, "ignore_eos", "invalid_value", "ignore_eos with response_format json_object: the answer ends "
+                       "where the object closes");
+    if (r->min_tokens > 0)
+        return srv_bad(e, 400, "min_tokens", "invalid_value", "min_tokens with response_format json_object: the answer ends "
+                       "where the object closes");
+    r->json = 1;
+    glm_json_init(&r->js);
+    return 0;
+}
+
 srv_req *srv_req_clone(const srv_req *r) {
     srv_req *x = srv_req_new();
     x->adapter = r->adapter;
@@ -353,6 +378,8 @@ srv_req *srv_req_clone(const srv_req *r) {
     memcpy(x->stop_token_ids, r->stop_token_ids, sizeof r->stop_token_ids);
     x->n_stop_token_ids = r->n_stop_token_ids;
     x->min_tokens = r->min_tokens;
+    x->json = r->json;
+    x->js = r->js;
     x->presence_penalty = r->presence_penalty;
     if ((x->n_bias = r->n_bias) > 0) {
         x->bias_id = glm_malloc(sizeof(int32_t) * (size_t)r->n_bias);
@@ -479,6 +506,7 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     const cJSON *ie = srv_field(o, "ignore_eos");
     if (srv_present(ie) && !cJSON_IsBool(ie)) { srv_bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
     r->ignore_eos = cJSON_IsTrue(ie);
+    if (response_format(srv_field(o, "response_format"), r, e)) goto out;
     glm_err gerr = {0};
     if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
     if (chat) {

@@ -194,19 +194,31 @@ static void adjust_logits(const srv_engine *e, const srv_req *r, float *logits) 
     free(ids);
 }
 
+/* JSON mode: the tokens that cannot come next (or end the answer before the object closes) far
+ * below the rest. */
+static void json_mask(const srv_engine *e, const srv_req *r, float *logits) {
+    int32_t ends[1 + 4 + SRV_MAX_STOP_IDS];
+    int n = 0;
+    if (e->m->cfg.eos_token_id >= 0) ends[n++] = e->m->cfg.eos_token_id;
+    for (int k = 0; k < r->g.n_stop; k++) ends[n++] = r->g.stop_ids[k];
+    for (int k = 0; k < r->n_stop_token_ids; k++) ends[n++] = r->stop_token_ids[k];
+    glm_json_mask(&e->jv, &r->js, ends, n, logits);
+}
+
 /* The request's next token from its row of logits (changed in place by the sampler), and with
  * logprobs its srv_logprob from the logits as they came. */
 int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp) {
     int V = e->m->cfg.vocab_size;
-    if (!r->logprobs) {
-        adjust_logits(e, r, logits);
-        return glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
+    float *raw = NULL;
+    if (r->logprobs) {
+        raw = glm_malloc(sizeof(float) * (size_t)V);
+        memcpy(raw, logits, sizeof(float) * (size_t)V);
     }
-    float *raw = glm_malloc(sizeof(float) * (size_t)V);
-    memcpy(raw, logits, sizeof(float) * (size_t)V);
     adjust_logits(e, r, logits);
+    if (r->json) json_mask(e, r, logits);
     int32_t id = glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
-    srv_logprob_of(raw, V, id, r->top_logprobs, lp);
+    if (r->json) glm_json_advance(&e->jv, &r->js, id);
+    if (raw) srv_logprob_of(raw, V, id, r->top_logprobs, lp);
     free(raw);
     return id;
 }
@@ -214,6 +226,6 @@ int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp
 /* A request whose next token glm_sample_next would pick as the argmax of its logits as they are. */
 int srv_is_greedy(const srv_req *r) {
     return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs && !r->n_bias &&
-           r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f && r->out.n >= r->min_tokens;
+           r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f && r->out.n >= r->min_tokens && !r->json;
 }
 

@@ -1,0 +1,203 @@
+/* JSON mode's recognizer and token masks (infer/json_mode.h). */
+#include "infer/json_mode.h"
+#include <stdlib.h>
+#include <string.h>
+#include "core/err.h"
+
+/* Where the recognizer is. The modes before M_STR take whitespace between tokens. */
+enum {
+    M_TOP,       /* the start: the object's '{' */
+    M_VALUE,     /* a value: after ':' or an array's ',' */
+    M_ARR_FIRST, /* after '[': a value or ']' */
+    M_OBJ_FIRST, /* after '{': a key or '}' */
+    M_KEY,       /* after an object's ',': a key */
+    M_COLON,     /* after a key */
+    M_AFTER,     /* after a value: ',' or the container's closer */
+    M_STR,       /* in a string */
+    M_ESC,       /* after a backslash in a string */
+    M_HEX,       /* in \uXXXX (sub: hex digits still to come) */
+    M_LIT,       /* in true / false / null (sub: which, times 8, plus the letters read) */
+    M_NUM,       /* in a number (sub: its step below) */
+    M_DONE       /* the object is closed */
+};
+enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
+static const char *const LITERALS[3] = {"true", "false", "null"};
+
+void glm_json_init(glm_json_state *s) { memset(s, 0, sizeof *s); }
+int glm_json_done(const glm_json_state *s) { return s->mode == M_DONE; }
+
+static int is_space(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static int is_digit(unsigned c) { return c >= '0' && c <= '9'; }
+static int is_hex(unsigned c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+static int open_container(glm_json_state *s, char c) {
+    if (s->depth >= GLM_JSON_MAX_DEPTH) return -1;
+    s->stack[s->depth++] = c;
+    s->mode = c == '{' ? M_OBJ_FIRST : M_ARR_FIRST;
+    return 0;
+}
+
+static void value_ended(glm_json_state *s) { s->mode = s->depth == 0 ? M_DONE : M_AFTER; }
+
+static int close_container(glm_json_state *s) {
+    s->depth--;
+    value_ended(s);
+    return 0;
+}
+
+static int value_start(glm_json_state *s, unsigned c) {
+    switch (c) {
+    case '{': case '[': return open_container(s, (char)c);
+    case '"': s->mode = M_STR; s->key = 0; return 0;
+    case '-': s->mode = M_NUM; s->sub = N_MINUS; return 0;
+    case '0': s->mode = M_NUM; s->sub = N_ZERO; return 0;
+    case 't': s->mode = M_LIT; s->sub = 0 * 8 + 1; return 0;
+    case 'f': s->mode = M_LIT; s->sub = 1 * 8 + 1; return 0;
+    case 'n': s->mode = M_LIT; s->sub = 2 * 8 + 1; return 0;
+    default:
+        if (c >= '1' && c <= '9') { s->mode = M_NUM; s->sub = N_INT; return 0; }
+        return -1;
+    }
+}
+
+/* A number's next byte: 1 when the byte is not part of it (the number ends before it). */
+static int number_byte(glm_json_state *s, unsigned c, int *err) {
+    int d = is_digit(c), e = c == 'e' || c == 'E';
+    *err = 0;
+    switch (s->sub) {
+    case N_MINUS: if (d) { s->sub = c == '0' ? N_ZERO : N_INT; return 0; } break;
+    case N_ZERO: if (c == '.') { s->sub = N_DOT; return 0; } if (e) { s->sub = N_E; return 0; } if (d) break; return 1;
+    case N_INT: if (d) return 0; if (c == '.') { s->sub = N_DOT; return 0; } if (e) { s->sub = N_E; return 0; } return 1;
+    case N_DOT: if (d) { s->sub = N_FRAC; return 0; } break;
+    case N_FRAC: if (d) return 0; if (e) { s->sub = N_E; return 0; } return 1;
+    case N_E: if (c == '+' || c == '-') { s->sub = N_ESIGN; return 0; } if (d) { s->sub = N_EXP; return 0; } break;
+    case N_ESIGN: if (d) { s->sub = N_EXP; return 0; } break;
+    case N_EXP: if (d) return 0; return 1;
+    }
+    *err = 1;
+    return 0;
+}
+
+static int step(glm_json_state *s, unsigned c) {
+    if (s->mode < M_STR && is_space(c)) return ++s->space > GLM_JSON_MAX_SPACE ? -1 : 0;
+    s->space = 0;
+    switch (s->mode) {
+    case M_TOP: return c == '{' ? open_container(s, '{') : -1;
+    case M_VALUE: return value_start(s, c);
+    case M_ARR_FIRST: return c == ']' ? close_container(s) : value_start(s, c);
+    case M_OBJ_FIRST:
+    case M_KEY:
+        if (c == '}' && s->mode == M_OBJ_FIRST) return close_container(s);
+        if (c != '"') return -1;
+        s->mode = M_STR;
+        s->key = 1;
+        return 0;
+    case M_COLON: if (c != ':') return -1; s->mode = M_VALUE; return 0;
+    case M_AFTER: {
+        char top = s->stack[s->depth - 1];
+        if (c == ',') { s->mode = top == '{' ? M_KEY : M_VALUE; return 0; }
+        if ((c == '}' && top == '{') || (c == ']' && top == '[')) return close_container(s);
+        return -1;
+    }
+    case M_STR:
+        if (c == '"') { if (s->key) s->mode = M_COLON; else value_ended(s); return 0; }
+        if (c == '\\') { s->mode = M_ESC; return 0; }
+        return c < 0x20 ? -1 : 0;
+    case M_ESC:
+        if (c == 'u') { s->mode = M_HEX; s->sub = 4; return 0; }
+        if (!strchr("\"\\/bfnrt", (int)c) || c == 0) return -1;
+        s->mode = M_STR;
+        return 0;
+    case M_HEX:
+        if (!is_hex(c)) return -1;
+        if (--s->sub == 0) s->mode = M_STR;
+        return 0;
+    case M_LIT: {
+        const char *w = LITERALS[s->sub / 8];
+        int at = s->sub % 8;
+        if ((unsigned char)w[at] != c) return -1;
+        s->sub++;
+        if (w[at + 1] == 0) value_ended(s);
+        return 0;
+    }
+    case M_NUM: {
+        int err, ended = number_byte(s, c, &err);
+        if (err) return -1;
+        if (!ended) return 0;
+        value_ended(s); /* inside a container (the text is an object): the byte comes after the number */
+        return step(s, c);
+    }
+    default: return -1; /* M_DONE: nothing after the object but the end */
+    }
+}
+
+int glm_json_feed(glm_json_state *s, const unsigned char *b, size_t n) {
+    glm_json_state t = *s;
+    for (size_t i = 0; i < n; i++)
+        if (step(&t, b[i])) return -1;
+    *s = t;
+    return 0;
+}
+
+void glm_json_vocab_build(glm_json_vocab *v, const glm_tokenizer *t, int V) {
+    glm_tok_kind kind = glm_tokenizer_kind(t);
+    int32_t unk = glm_tokenizer_specials(t).unk, pieces = glm_tokenizer_spm_size(t);
+    v->V = V;
+    v->off = glm_malloc(sizeof(size_t) * ((size_t)V + 1));
+    v->text = glm_calloc((size_t)V, 1);
+    size_t cap = (size_t)V * 4 + 16, n = 0;
+    v->blob = glm_malloc(cap);
+    for (int32_t id = 0; id < V; id++) {
+        v->off[id] = n;
+        size_t len = 0;
+        char *b = glm_tokenizer_token_bytes(t, id, &len);
+        /* a token of the text: it decodes to text of its own (control and special pieces decode to
+         * nothing), or it is a piece of spaces (decoding drops a text's first space) */
+        int text = b && len > 0 && id != unk && !((kind == GLM_TOK_CHATGLM2 || kind == GLM_TOK_GLM4) && id >= pieces);
+        if (text) {
+            char *d = glm_tokenizer_decode(t, &id, 1);
+            int spaces = 1;
+            for (size_t i = 0; i < len; i++) spaces &= b[i] == ' ';
+            text = (d && d[0]) || spaces;
+            free(d);
+        }
+        if (text) {
+            if (n + len > cap) v->blob = glm_realloc(v->blob, cap = 2 * (n + len));
+            memcpy(v->blob + n, b, len);
+            n += len;
+            v->text[id] = 1;
+        }
+        free(b);
+    }
+    v->off[V] = n;
+}
+
+void glm_json_vocab_free(glm_json_vocab *v) {
+    free(v->blob);
+    free(v->off);
+    free(v->text);
+    memset(v, 0, sizeof *v);
+}
+
+/* Far below any logit, but finite (an infinite one trips the sampler's invalid-score guard). */
+#define NEVER (-1e30f)
+
+static int is_end(int32_t id, const int32_t *ends, int n_ends) {
+    for (int k = 0; k < n_ends; k++) if (ends[k] == id) return 1;
+    return 0;
+}
+
+void glm_json_mask(const glm_json_vocab *v, const glm_json_state *s, const int32_t *ends, int n_ends, float *logits) {
+    int done = glm_json_done(s);
+    for (int id = 0; id < v->V; id++) {
+        if (is_end(id, ends, n_ends)) { if (!done) logits[id] = NEVER; continue; }
+        if (done || !v->text[id]) { logits[id] = NEVER; continue; }
+        glm_json_state t = *s;
+        if (glm_json_feed(&t, (const unsigned char *)v->blob + v->off[id], v->off[id + 1] - v->off[id])) logits[id] = NEVER;
+    }
+}
+
+void glm_json_advance(const glm_json_vocab *v, glm_json_state *s, int32_t id) {
+    if (id < 0 || id >= v->V || !v->text[id]) return;
+    glm_json_feed(s, (const unsigned char *)v->blob + v->off[id], v->off[id + 1] - v->off[id]);
+}

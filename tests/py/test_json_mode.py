@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""JSON mode (`glmtrain serve`, OpenAI's response_format {"type": "json_object"}; infer/json_mode.h):
+
+  * the recognizer (tests/c/tool_json_mode) against Python's json module on 3,000 random JSON
+    objects (nested objects and arrays, strings with escapes, \\u escapes and CJK, numbers with
+    signs, fractions and exponents, literals; json.dumps with and without spaces and indents) and
+    6,000 mutations of them: "done" exactly where json.loads(strict, no NaN/Infinity) gives a dict
+    (texts without trailing whitespace), and every proper prefix of a valid text taken;
+  * served on tiny random models (ChatGLM2 family and GLM v1, CPU), sampled answers in JSON mode
+    that stop parse as JSON objects, and those cut by max_tokens are prefixes the recognizer takes,
+    while the same requests without it are not JSON (so the check can fail); greedy, chat
+    completions, streamed chunks, n = 2, and a server with prompt lookup's drafts all keep to it;
+  * refused with 400, naming the field: json_schema, an unknown type, a response_format that is
+    not an object, ignore_eos and min_tokens with json_object.
+Prints PASS/FAIL/SKIP lines."""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import serve_common as sc  # noqa: E402
+from harness import Checks, tool  # noqa: E402
+
+T = Checks()
+JSON_OBJ = {"type": "json_object"}
+
+
+def no_constant(x):
+    raise ValueError("not JSON: " + x)
+
+
+def py_object(text):
+    """Python's verdict: a JSON object, with no whitespace after it (JSON mode ends at the '}')."""
+    if not text or text[-1] in " \t\r\n":
+        return False
+    try:
+        return isinstance(json.loads(text, parse_constant=no_constant), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def rand_string(rng):
+    parts = ["a", "b", "Z", " ", "中文", "é", "\n", "\"", "\\", "/", "\t", "\u0001", "x y", "{}", "[1]"]
+    return "".join(rng.choice(parts) for _ in range(rng.randint(0, 5)))
+
+
+def rand_value(rng, depth):
+    k = rng.randint(0, 9 if depth < 4 else 5)
+    if k == 0:
+        return rng.randint(-1000, 1000)
+    if k == 1:
+        return rng.choice([0.5, -2.25, 1e-5, 3.5e20, -0.0, 123.456])
+    if k == 2:
+        return rng.choice([True, False, None])
+    if k <= 5:
+        return rand_string(rng)
+    if k <= 7:
+        return [rand_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return rand_object(rng, depth + 1)
+
+
+def rand_object(rng, depth=0):
+    return {rand_string(rng): rand_value(rng, depth) for _ in range(rng.randint(0, 4))}
+
+
+def verdicts(texts):
+    lines = "".join(json.dumps(t) + "\n" for t in texts)
+    p = subprocess.run([tool("tool_json_mode")], input=lines, capture_output=True, text=True, timeout=120)
+    return p.stdout.split("\n")[:len(texts)] if p.returncode == 0 else None
+
+
+def recognizer_checks():
+    rng = random.Random(5)
+    docs = []
+    for _ in range(3000):
+        o = rand_object(rng)
+        docs.append(json.dumps(o, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, None, 1, 2]),
+                               separators=rng.choice([(",", ":"), (", ", ": ")])))
+    got = verdicts(docs)
+    T.check("json_mode_valid_objects_done", got is not None and all(g == "done" for g in got),
+            str([(d, g) for d, g in zip(docs, got or []) if g != "done"][:2]))
+    prefixes = [d[:rng.randint(0, len(d) - 1)] for d in docs]
+    got = verdicts(prefixes)
+    T.check("json_mode_prefixes_taken", got is not None and all(g == "prefix" for g in got),
+            str([(d, g) for d, g in zip(prefixes, got or []) if g != "prefix"][:2]))
+    alphabet = "{}[]\":,.-+eE0123456789 tfnrula\\/\nx"
+    muts = []
+    for _ in range(6000):
+        d = list(rng.choice(docs))
+        for _ in range(rng.randint(1, 2)):
+            i = rng.randrange(len(d) + 1)
+            op = rng.randint(0, 2)
+            if op == 0 and i < len(d):
+                del d[i]
+            elif op == 1:
+                d.insert(i, rng.choice(alphabet))
+            elif i < len(d):
+                d[i] = rng.choice(alphabet)
+        muts.append("".join(d))
+    muts += ["{\"a\": NaN}", "{\"a\": Infinity}", "{\"a\": 01}", "{\"a\": 1.}", "{\"a\": .5}", "{\"a\": -}",
+             "{\"a\": 1e}", "{\"a\": tru}", "{\"a\": \"\\x\"}", "{\"a\": \"\\u12G4\"}", "{\"a\" 1}", "{\"a\": 1,}",
+             "[1, 2]", "\"s\"", "{} ", " {}", "{\"a\": [1, 2,]}", "{\"a\": \"b\t\"}"]
+    got = verdicts(muts)
+    bad = [(m, g) for m, g in zip(muts, got or []) if (g == "done") != py_object(m)]
+    valid = sum(1 for m in muts if py_object(m))
+    T.check("json_mode_mutations_agree_with_python", got is not None and not bad and 500 < valid < len(muts) - 500,
+            "%d disagree, e.g. %s (%d valid)" % (len(bad), bad[:3], valid))
+
+
+def post(S, body, path="/v1/completions"):
+    return sc.http(S.port, "POST", path, body, timeout=180)
+
+
+def answers(S, prompt, n_req, json_mode, extra=None, path="/v1/completions"):
+    out = []
+    for i in range(n_req):
+        body = {"max_tokens": 100, "temperature": 1.0, "top_p": 1.0, "seed": 100 + i}
+        if path.endswith("chat/completions"):
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        if json_mode:
+            body["response_format"] = JSON_OBJ
+        body.update(extra or {})
+        st, b = post(S, body, path)
+        if st != 200:
+            return None
+        for c in b["choices"]:
+            out.append((c["message"]["content"] if "message" in c else c["text"], c["finish_reason"]))
+    return out
+
+
+def json_answers_ok(name, outs, min_stop=3):
+    if outs is None:
+        return T.check(name, False, "a request failed")
+    stops = [t for t, f in outs if f == "stop"]
+    cut = [t for t, f in outs if f == "length"]
+    pv = verdicts(cut) if cut else []
+    ok = len(stops) >= min_stop and all(py_object(t) for t in stops) and all(v == "prefix" for v in pv)
+    return T.check(name, ok, "%d stopped (%s), %d cut (%s)" % (len(stops), [t[:60] for t in stops if not py_object(t)][:2],
+                                                              len(cut), [(t[:60], v) for t, v in zip(cut, pv) if v != "prefix"][:2]))
+
+
+def server_checks(model, tag, lookup=False):
+    flags = ["--max_batch_size", "4"] + (["--prompt_lookup_num_tokens", "8"] if lookup else [])
+    S = sc.Server(model, *flags)
+    try:
+        # structural tokens made likely so that sampled objects close within max_tokens
+        json_answers_ok("json_mode_%s_sampled_objects" % tag, answers(S, "写一个JSON对象", 16, True))
+        if lookup:
+            return
+        # objects with members: the tokens of '"a":1,"b":2}' made likely
+        st, tk = post(S, {"prompt": "\"a\":1,\"b\":2}", "add_special_tokens": False}, "/tokenize")
+        bias = {str(t): 4.0 for t in (tk["tokens"] if st == 200 else [])}
+        rich = answers(S, "写一个JSON对象", 16, True, {"logit_bias": bias})
+        json_answers_ok("json_mode_%s_biased_objects" % tag, rich)
+        full = [json.loads(t) for t, f in (rich or []) if f == "stop" and py_object(t)]
+        if tag == "glm2":  # (GLM v1's tiny tokenizer joins '"' into longer pieces: its objects stay empty)
+            T.check("json_mode_objects_with_members", sum(1 for o in full if o) >= 3,
+                    "%d stopped, members %s" % (len(full), [len(o) for o in full]))
+        plain = answers(S, "写一个JSON对象", 16, False)
+        T.check("json_mode_%s_without_it_not_json" % tag, plain is not None and
+                sum(1 for t, _ in plain if not py_object(t)) >= 12, str(plain and plain[:2]))
+        st, b = post(S, {"prompt": "写一个JSON对象", "max_tokens": 60, "temperature": 0, "response_format": JSON_OBJ})
+        t = b["choices"][0]["text"] if st == 200 else ""
+        T.check("json_mode_%s_greedy" % tag, st == 200 and (py_object(t) if b["choices"][0]["finish_reason"] == "stop"
+                                                            else verdicts([t]) == ["prefix"]), str(b)[:300])
+        json_answers_ok("json_mode_%s_chat_completions" % tag,
+                        answers(S, "用JSON回答", 12, True, path="/v1/chat/completions"), min_stop=2)
+        json_answers_ok("json_mode_%s_n2" % tag, answers(S, "写一个JSON对象", 6, True, {"n": 2}), min_stop=2)
+        st, raw = sc.http(S.port, "POST", "/v1/completions", {"prompt": "写一个JSON对象", "max_tokens": 100, "temperature": 1.0,
+                                                              "top_p": 1.0, "seed": 101, "stream": True,
+                                                              "response_format": JSON_OBJ}, timeout=180)
+        ev = [json.loads(x[6:]) for x in (raw if isinstance(raw, str) else "").split("\n\n") if x.startswith("data: {")]
+        text = "".join(e["choices"][0]["text"] for e in ev if e.get("choices"))
+        one = answers(S, "写一个JSON对象", 2, True)
+        T.check("json_mode_%s_stream_joins_to_the_answer" % tag, st == 200 and one is not None and text == one[1][0],
+                "%r vs %r" % (text[:80], one and one[1][0][:80]))
+        if tag != "glm2":
+            return
+        for body, field in (({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+                            ({"response_format": {"type": "yaml"}}, "response_format"),
+                            ({"response_format": "json_object"}, "response_format"),
+                            ({"response_format": JSON_OBJ, "ignore_eos": True}, "ignore_eos"),
+                            ({"response_format": JSON_OBJ, "min_tokens": 3}, "min_tokens")):
+            st, b = post(S, dict(body, prompt="x", max_tokens=4))
+            T.check("json_mode_refuses_%s_%s" % (field, json.dumps(body)[20:44].replace(" ", "").replace("\"", "")),
+                    st == 400 and b["error"]["param"] == field, "%s %s" % (st, b))
+    finally:
+        S.stop()
+
+
+def main():
+    if not os.path.exists(sc.GLM):
+        print("SKIP json_mode: %s not built" % sc.GLM)
+        return 0
+    recognizer_checks()
+    from test_serve_echo import make_glm2
+    tmp = tempfile.mkdtemp(prefix="glmtrain-json-")
+    try:
+        model, _, _ = make_glm2(tmp)
+        server_checks(model, "glm2")
+        server_checks(model, "glm2_lookup", lookup=True)
+        os.makedirs(os.path.join(tmp, "v1"))
+        v1, _, _ = sc.make_model(os.path.join(tmp, "v1"))
+        server_checks(v1, "glm1")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return T.status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
