@@ -145,6 +145,10 @@ void glm_json_vocab_build(glm_json_vocab *v, const glm_tokenizer *t, int V) {
     v->V = V;
     v->off = glm_malloc(sizeof(size_t) * ((size_t)V + 1));
     v->text = glm_calloc((size_t)V, 1);
+    v->plain = glm_calloc((size_t)V, 1);
+    v->lead = glm_calloc((size_t)V, 1);
+    v->sig = glm_calloc((size_t)V, 1);
+    v->nsp = glm_calloc((size_t)V, 1);
     size_t cap = (size_t)V * 4 + 16, n = 0;
     v->blob = glm_malloc(cap);
     for (int32_t id = 0; id < V; id++) {
@@ -166,6 +170,14 @@ void glm_json_vocab_build(glm_json_vocab *v, const glm_tokenizer *t, int V) {
             memcpy(v->blob + n, b, len);
             n += len;
             v->text[id] = 1;
+            int plain = 1;
+            for (size_t i = 0; i < len; i++) plain &= (unsigned char)b[i] >= 0x20 && b[i] != '"' && b[i] != '\\';
+            v->plain[id] = (uint8_t)plain;
+            v->lead[id] = (uint8_t)b[0];
+            size_t w = 0;
+            while (w < len && is_space((unsigned char)b[w])) w++;
+            v->nsp[id] = (uint8_t)(w < 255 ? w : 255);
+            v->sig[id] = w < len ? (uint8_t)b[w] : 0;
         }
         free(b);
     }
@@ -176,25 +188,45 @@ void glm_json_vocab_free(glm_json_vocab *v) {
     free(v->blob);
     free(v->off);
     free(v->text);
+    free(v->plain);
+    free(v->lead);
+    free(v->sig);
+    free(v->nsp);
     memset(v, 0, sizeof *v);
 }
 
 /* Far below any logit, but finite (an infinite one trips the sampler's invalid-score guard). */
 #define NEVER (-1e30f)
 
-static int is_end(int32_t id, const int32_t *ends, int n_ends) {
-    for (int k = 0; k < n_ends; k++) if (ends[k] == id) return 1;
-    return 0;
-}
-
 void glm_json_mask(const glm_json_vocab *v, const glm_json_state *s, const int32_t *ends, int n_ends, float *logits) {
-    int done = glm_json_done(s);
-    for (int id = 0; id < v->V; id++) {
-        if (is_end(id, ends, n_ends)) { if (!done) logits[id] = NEVER; continue; }
-        if (done || !v->text[id]) { logits[id] = NEVER; continue; }
-        glm_json_state t = *s;
-        if (glm_json_feed(&t, (const unsigned char *)v->blob + v->off[id], v->off[id + 1] - v->off[id])) logits[id] = NEVER;
+    int done = glm_json_done(s), in_string = s->mode == M_STR;
+    float end_logit[1 + 4 + 16];
+    for (int k = 0; k < n_ends && k < (int)(sizeof end_logit / sizeof end_logit[0]); k++)
+        end_logit[k] = ends[k] >= 0 && ends[k] < v->V ? logits[ends[k]] : 0;
+    if (done) {
+        for (int id = 0; id < v->V; id++) logits[id] = NEVER;
+    } else {
+        /* which bytes may come next: most tokens are refused by their first (between values, by
+         * their first after whitespace, which leaves the recognizer where it was) */
+        uint8_t first[256];
+        for (int b = 0; b < 256; b++) {
+            glm_json_state t = *s;
+            first[b] = step(&t, (unsigned)b) == 0;
+        }
+        int between = s->mode < M_STR, room = GLM_JSON_MAX_SPACE - s->space;
+        for (int id = 0; id < v->V; id++) {
+            if (!v->text[id]) { logits[id] = NEVER; continue; }
+            if (in_string && v->plain[id]) continue; /* a string takes it whole and is still open */
+            if (between ? v->nsp[id] > room || (v->sig[id] && !first[v->sig[id]]) : !first[v->lead[id]]) {
+                logits[id] = NEVER;
+                continue;
+            }
+            glm_json_state t = *s;
+            if (glm_json_feed(&t, (const unsigned char *)v->blob + v->off[id], v->off[id + 1] - v->off[id])) logits[id] = NEVER;
+        }
     }
+    for (int k = 0; k < n_ends && k < (int)(sizeof end_logit / sizeof end_logit[0]); k++) /* the end: once the object is closed */
+        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = done ? end_logit[k] : NEVER;
 }
 
 void glm_json_advance(const glm_json_vocab *v, glm_json_state *s, int32_t id) {

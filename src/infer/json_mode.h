@@ -37,6 +37,11 @@ typedef struct glm_json_vocab {
     char *blob;          /* every token's bytes, one after another */
     size_t *off;         /* [V + 1] token i's bytes are blob[off[i], off[i + 1]) */
     uint8_t *text;       /* [V] 1: the token may be part of the JSON text */
+    uint8_t *plain;      /* [V] 1: a text token that can sit inside a string as it is (no quote,
+                          * backslash or control byte): inside a string it is always allowed */
+    uint8_t *lead;       /* [V] a text token's first byte */
+    uint8_t *sig, *nsp;  /* [V] its first byte that is not whitespace (0: none) and the whitespace before
+                          * it (at most 255): between values a token is tried only when both fit */
 } glm_json_vocab;
 /* For a model of V ids over tokenizer t (ids beyond the tokenizer's pieces are never text). */
 void glm_json_vocab_build(glm_json_vocab *v, const glm_tokenizer *t, int V);
