@@ -12,7 +12,7 @@
 #define GLM_INFER_JSON_MODE_H
 #include <stddef.h>
 #include <stdint.h>
-#include "tokenizer/tokenizer.h"
+#include "infer/text_vocab.h"
 
 #define GLM_JSON_MAX_DEPTH 32
 #define GLM_JSON_MAX_SPACE 40
@@ -30,27 +30,10 @@ int glm_json_feed(glm_json_state *s, const unsigned char *b, size_t n);
 /* The object is complete: only the end may follow. */
 int glm_json_done(const glm_json_state *s);
 
-/* Each token's bytes for the recognizer, and which tokens may appear in a JSON text at all (pieces
- * that decode to text of their own: not control or special tokens, not <unk>). */
-typedef struct glm_json_vocab {
-    int V;
-    char *blob;          /* every token's bytes, one after another */
-    size_t *off;         /* [V + 1] token i's bytes are blob[off[i], off[i + 1]) */
-    uint8_t *text;       /* [V] 1: the token may be part of the JSON text */
-    uint8_t *plain;      /* [V] 1: a text token that can sit inside a string as it is (no quote,
-                          * backslash or control byte): inside a string it is always allowed */
-    uint8_t *lead;       /* [V] a text token's first byte */
-    uint8_t *sig, *nsp;  /* [V] its first byte that is not whitespace (0: none) and the whitespace before
-                          * it (at most 255): between values a token is tried only when both fit */
-} glm_json_vocab;
-/* For a model of V ids over tokenizer t (ids beyond the tokenizer's pieces are never text). */
-void glm_json_vocab_build(glm_json_vocab *v, const glm_tokenizer *t, int V);
-void glm_json_vocab_free(glm_json_vocab *v);
-
 /* Before a choice: logits[V] of every token that cannot come next in state s set to far below the
  * rest; ends[n_ends] are the ids that end the answer (allowed exactly when the object is done). */
-void glm_json_mask(const glm_json_vocab *v, const glm_json_state *s, const int32_t *ends, int n_ends, float *logits);
+void glm_json_mask(const glm_text_vocab *v, const glm_json_state *s, const int32_t *ends, int n_ends, float *logits);
 /* After a choice: the chosen token's bytes fed (an end token feeds nothing). */
-void glm_json_advance(const glm_json_vocab *v, glm_json_state *s, int32_t id);
+void glm_json_advance(const glm_text_vocab *v, glm_json_state *s, int32_t id);
 
 #endif

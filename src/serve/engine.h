@@ -19,11 +19,13 @@
 #include <time.h>
 #include "core/strbuf.h"
 #include "infer/generate.h"
+#include "infer/choice_mode.h"
 #include "infer/json_mode.h"
 #include "serve/metrics.h"
 #include "serve/prefix_cache.h"
 
 #define SRV_MAX_STOPS 4
+#define SRV_MAX_CHOICES 64 /* guided_choice's strings */
 #define SRV_MAX_STOP_IDS 16
 
 typedef struct srv_adapter {
@@ -92,6 +94,12 @@ struct srv_req {
      * object, js following the tokens chosen so far */
     int json;
     glm_json_state js;
+    /* vLLM's guided_choice (infer/choice_mode.h): the answer is one of choices[n_guided] (owned,
+     * choice_len bytes each); guided holds the bytes chosen so far */
+    char **choices;
+    size_t *choice_len;
+    int n_guided;
+    glm_strbuf guided;
     /* a score request (POST /v1/score/evaluation): texts[n_texts] (model inputs as they are) go
      * through the slot one per step, and scores[i] is the value head at text i's last token; no
      * tokens are generated. The model (adapter) must have a value head. */
@@ -157,7 +165,8 @@ typedef struct srv_engine {
     int max_queue;
     int step_delay_ms;         /* a pause after each step (tests and demos of streaming) */
     int lookup_k, lookup_ngram; /* prompt lookup's longest draft (0: off) and n-gram (srv_engine_prompt_lookup) */
-    glm_json_vocab jv;         /* JSON mode's token bytes, made when the first such request is admitted */
+    glm_text_vocab jv;         /* the tokens' bytes for JSON mode and guided choices, made when the first
+                                * request with either is admitted */
     int debug;                 /* log requests as they join and leave */
     pthread_mutex_t mu;
     pthread_cond_t cv;

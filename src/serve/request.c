@@ -49,6 +49,10 @@ void srv_req_put(srv_req *r) {
     free(r->scores);
     free(r->bias_id);
     free(r->bias);
+    for (int i = 0; i < r->n_guided; i++) free(r->choices[i]);
+    free(r->choices);
+    free(r->choice_len);
+    free(r->guided.s);
     srv_waker_put(r->waker);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -367,6 +371,30 @@ static int response_format(const cJSON *f, srv_req *r, api_err *e) {
     return 0;
 }
 
+/* vLLM's guided_choice: a list of 1 to SRV_MAX_CHOICES different non-empty strings. */
+static int guided_choice(const cJSON *c, srv_req *r, api_err *e) {
+    if (!srv_present(c)) return 0;
+    int n = cJSON_IsArray(c) ? cJSON_GetArraySize(c) : 0;
+    if (n < 1 || n > SRV_MAX_CHOICES)
+        return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice must be a list of 1 to %d strings", SRV_MAX_CHOICES);
+    if (r->json)
+        return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice with response_format json_object: one at a time");
+    if (r->ignore_eos || r->min_tokens > 0)
+        return srv_bad(e, 400, r->ignore_eos ? "ignore_eos" : "min_tokens", "invalid_value", "%s with guided_choice: the "
+                       "answer ends where it is one of the choices", r->ignore_eos ? "ignore_eos" : "min_tokens");
+    r->choices = glm_calloc((size_t)n, sizeof(char *));
+    r->choice_len = glm_calloc((size_t)n, sizeof(size_t));
+    const cJSON *it;
+    cJSON_ArrayForEach(it, c) {
+        if (!cJSON_IsString(it) || !it->valuestring[0] || strlen(it->valuestring) > 1024)
+            return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice: each choice must be a non-empty string "
+                           "of at most 1024 bytes");
+        r->choices[r->n_guided] = glm_strdup(it->valuestring);
+        r->choice_len[r->n_guided++] = strlen(it->valuestring);
+    }
+    return 0;
+}
+
 srv_req *srv_req_clone(const srv_req *r) {
     srv_req *x = srv_req_new();
     x->adapter = r->adapter;
@@ -380,6 +408,15 @@ srv_req *srv_req_clone(const srv_req *r) {
     x->min_tokens = r->min_tokens;
     x->json = r->json;
     x->js = r->js;
+    if ((x->n_guided = r->n_guided) > 0) {
+        x->choices = glm_malloc(sizeof(char *) * (size_t)r->n_guided);
+        x->choice_len = glm_malloc(sizeof(size_t) * (size_t)r->n_guided);
+        for (int i = 0; i < r->n_guided; i++) {
+            x->choices[i] = glm_malloc(r->choice_len[i] + 1);
+            memcpy(x->choices[i], r->choices[i], r->choice_len[i] + 1);
+            x->choice_len[i] = r->choice_len[i];
+        }
+    }
     x->presence_penalty = r->presence_penalty;
     if ((x->n_bias = r->n_bias) > 0) {
         x->bias_id = glm_malloc(sizeof(int32_t) * (size_t)r->n_bias);
@@ -507,6 +544,7 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     if (srv_present(ie) && !cJSON_IsBool(ie)) { srv_bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
     r->ignore_eos = cJSON_IsTrue(ie);
     if (response_format(srv_field(o, "response_format"), r, e)) goto out;
+    if (guided_choice(srv_field(o, "guided_choice"), r, e)) goto out;
     glm_err gerr = {0};
     if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
     if (chat) {

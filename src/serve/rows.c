@@ -194,15 +194,17 @@ static void adjust_logits(const srv_engine *e, const srv_req *r, float *logits) 
     free(ids);
 }
 
-/* JSON mode: the tokens that cannot come next (or end the answer before the object closes) far
+/* JSON mode and guided choices: the tokens that cannot come next (or end the answer too soon) far
  * below the rest. */
-static void json_mask(const srv_engine *e, const srv_req *r, float *logits) {
+static void constrain(const srv_engine *e, const srv_req *r, float *logits) {
     int32_t ends[1 + 4 + SRV_MAX_STOP_IDS];
     int n = 0;
     if (e->m->cfg.eos_token_id >= 0) ends[n++] = e->m->cfg.eos_token_id;
     for (int k = 0; k < r->g.n_stop; k++) ends[n++] = r->g.stop_ids[k];
     for (int k = 0; k < r->n_stop_token_ids; k++) ends[n++] = r->stop_token_ids[k];
-    glm_json_mask(&e->jv, &r->js, ends, n, logits);
+    if (r->json) glm_json_mask(&e->jv, &r->js, ends, n, logits);
+    else glm_choice_mask(&e->jv, (const char *const *)r->choices, r->choice_len, r->n_guided, r->guided.s ? r->guided.s : "",
+                         r->guided.n, ends, n, logits);
 }
 
 /* The request's next token from its row of logits (changed in place by the sampler), and with
@@ -215,9 +217,14 @@ int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp
         memcpy(raw, logits, sizeof(float) * (size_t)V);
     }
     adjust_logits(e, r, logits);
-    if (r->json) json_mask(e, r, logits);
+    if (r->json || r->n_guided) constrain(e, r, logits);
     int32_t id = glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
     if (r->json) glm_json_advance(&e->jv, &r->js, id);
+    if (r->n_guided) {
+        const char *b;
+        size_t n = glm_choice_token_bytes(&e->jv, id, r->guided.n, &b);
+        glm_strbuf_put(&r->guided, b, n);
+    }
     if (raw) srv_logprob_of(raw, V, id, r->top_logprobs, lp);
     free(raw);
     return id;
@@ -226,6 +233,7 @@ int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp
 /* A request whose next token glm_sample_next would pick as the argmax of its logits as they are. */
 int srv_is_greedy(const srv_req *r) {
     return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs && !r->n_bias &&
-           r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f && r->out.n >= r->min_tokens && !r->json;
+           r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f && r->out.n >= r->min_tokens && !r->json &&
+           !r->n_guided;
 }
 

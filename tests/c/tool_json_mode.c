@@ -1,4 +1,4 @@
-/* Test driver for JSON mode's recognizer (infer/json_mode.h), so that tests/py/test_json_mode.py can
+/* Test driver for JSON mode's recognizer (infer/json_mode.h), so that tests/py/test_serve_constrained.py can
  * hold it against Python's json module. Each input line is a text in JSON's escapes (a JSON string
  * literal, so any byte can be given); each output line: "done" (a whole object), "prefix" (every
  * byte taken, the object not closed yet) or "refused N" (the first byte refused, at offset N). */

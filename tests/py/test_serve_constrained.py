@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""JSON mode (`glmtrain serve`, OpenAI's response_format {"type": "json_object"}; infer/json_mode.h):
+"""Constrained decoding in `glmtrain serve`: JSON mode (OpenAI's response_format {"type":
+"json_object"}; infer/json_mode.h) and vLLM's guided_choice (infer/choice_mode.h).
+
+JSON mode:
 
   * the recognizer (tests/c/tool_json_mode) against Python's json module on 3,000 random JSON
     objects (nested objects and arrays, strings with escapes, \\u escapes and CJK, numbers with
@@ -12,6 +15,10 @@
     completions, streamed chunks, n = 2, and a server with prompt lookup's drafts all keep to it;
   * refused with 400, naming the field: json_schema, an unknown type, a response_format that is
     not an object, ignore_eos and min_tokens with json_object.
+guided_choice, on the same models: every sampled answer is one of the choices (CJK, ASCII, one
+the start of another, one of many tokens), more than one of them comes up, the same requests
+without it answer otherwise; chat completions, n = 3, prompt lookup's drafts; the refusals (not a
+list, empty, a non-string or empty choice, over 64, with json_object, ignore_eos or min_tokens).
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
@@ -195,6 +202,43 @@ def server_checks(model, tag, lookup=False):
         S.stop()
 
 
+CHOICES = ["正面", "负面", "yes", "yes please", "这是一个由许多个词组成的很长的选择"]
+
+
+def choice_checks(model, tag, lookup=False):
+    S = sc.Server(model, "--max_batch_size", "4", *(["--prompt_lookup_num_tokens", "8"] if lookup else []))
+    try:
+        got = answers(S, "这句话的情感是", 14, False, {"guided_choice": CHOICES, "max_tokens": 100})
+        T.check("guided_choice_%s_answers_are_choices" % tag, got is not None and
+                all(t in CHOICES and f == "stop" for t, f in got) and len({t for t, _ in got}) >= 2,
+                str(got and [(t, f) for t, f in got if t not in CHOICES or f != "stop"][:3] or got))
+        if lookup:
+            return
+        plain = answers(S, "这句话的情感是", 14, False, {"max_tokens": 40})
+        T.check("guided_choice_%s_without_it_otherwise" % tag, plain is not None and
+                sum(1 for t, _ in plain if t not in CHOICES) >= 10, str(plain and plain[:2]))
+        chat = answers(S, "好吗", 6, False, {"guided_choice": ["好", "不好"], "max_tokens": 20}, path="/v1/chat/completions")
+        T.check("guided_choice_%s_chat" % tag, chat is not None and all(t in ("好", "不好") for t, _ in chat), str(chat))
+        n3 = answers(S, "选择", 3, False, {"guided_choice": CHOICES, "n": 3, "max_tokens": 100})
+        T.check("guided_choice_%s_n3" % tag, n3 is not None and len(n3) == 9 and all(t in CHOICES for t, _ in n3), str(n3))
+        one = answers(S, "选择", 2, False, {"guided_choice": CHOICES[-1:], "max_tokens": 100})
+        T.check("guided_choice_%s_long_choice" % tag, one is not None and all(t == CHOICES[-1] for t, _ in one), str(one))
+        if tag != "glm2":
+            return
+        for bad, field in (("yes", "guided_choice"), ([], "guided_choice"), ([1], "guided_choice"), ([""], "guided_choice"),
+                           (["c%d" % i for i in range(65)], "guided_choice")):
+            st, b = post(S, {"prompt": "x", "max_tokens": 4, "guided_choice": bad})
+            T.check("guided_choice_refuses_%s" % json.dumps(bad)[:12].replace(" ", "").replace("\"", ""),
+                    st == 400 and b["error"]["param"] == field, "%s %s" % (st, b))
+        for extra, field in (({"response_format": JSON_OBJ}, "guided_choice"), ({"ignore_eos": True}, "ignore_eos"),
+                             ({"min_tokens": 2}, "min_tokens")):
+            st, b = post(S, dict(extra, prompt="x", max_tokens=4, guided_choice=["a"]))
+            T.check("guided_choice_refuses_with_%s" % list(extra)[0], st == 400 and b["error"]["param"] == field,
+                    "%s %s" % (st, b))
+    finally:
+        S.stop()
+
+
 def main():
     if not os.path.exists(sc.GLM):
         print("SKIP json_mode: %s not built" % sc.GLM)
@@ -206,9 +250,12 @@ def main():
         model, _, _ = make_glm2(tmp)
         server_checks(model, "glm2")
         server_checks(model, "glm2_lookup", lookup=True)
+        choice_checks(model, "glm2")
+        choice_checks(model, "glm2_lookup", lookup=True)
         os.makedirs(os.path.join(tmp, "v1"))
         v1, _, _ = sc.make_model(os.path.join(tmp, "v1"))
         server_checks(v1, "glm1")
+        choice_checks(v1, "glm1")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return T.status()

@@ -1,0 +1,65 @@
+/* Every token's bytes as text (infer/text_vocab.h). */
+#include "infer/text_vocab.h"
+#include <stdlib.h>
+#include <string.h>
+#include "core/err.h"
+
+static int is_space(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+void glm_text_vocab_build(glm_text_vocab *v, const glm_tokenizer *t, int V) {
+    glm_tok_kind kind = glm_tokenizer_kind(t);
+    int32_t unk = glm_tokenizer_specials(t).unk, pieces = glm_tokenizer_spm_size(t);
+    v->V = V;
+    v->drop_first_space = kind != GLM_TOK_GLM4; /* SentencePiece's dummy prefix */
+    v->off = glm_malloc(sizeof(size_t) * ((size_t)V + 1));
+    v->text = glm_calloc((size_t)V, 1);
+    v->plain = glm_calloc((size_t)V, 1);
+    v->lead = glm_calloc((size_t)V, 1);
+    v->sig = glm_calloc((size_t)V, 1);
+    v->nsp = glm_calloc((size_t)V, 1);
+    size_t cap = (size_t)V * 4 + 16, n = 0;
+    v->blob = glm_malloc(cap);
+    for (int32_t id = 0; id < V; id++) {
+        v->off[id] = n;
+        size_t len = 0;
+        char *b = glm_tokenizer_token_bytes(t, id, &len);
+        /* a token of the text: it decodes to text of its own (control and special pieces decode to
+         * nothing), or it is a piece of spaces (decoding drops a text's first space) */
+        int text = b && len > 0 && id != unk && !((kind == GLM_TOK_CHATGLM2 || kind == GLM_TOK_GLM4) && id >= pieces);
+        if (text) {
+            char *d = glm_tokenizer_decode(t, &id, 1);
+            int spaces = 1;
+            for (size_t i = 0; i < len; i++) spaces &= b[i] == ' ';
+            text = (d && d[0]) || spaces;
+            free(d);
+        }
+        if (text) {
+            if (n + len > cap) v->blob = glm_realloc(v->blob, cap = 2 * (n + len));
+            memcpy(v->blob + n, b, len);
+            n += len;
+            v->text[id] = 1;
+            int plain = 1;
+            for (size_t i = 0; i < len; i++) plain &= (unsigned char)b[i] >= 0x20 && b[i] != '"' && b[i] != '\\';
+            v->plain[id] = (uint8_t)plain;
+            v->lead[id] = (uint8_t)b[0];
+            size_t w = 0;
+            while (w < len && is_space((unsigned char)b[w])) w++;
+            v->nsp[id] = (uint8_t)(w < 255 ? w : 255);
+            v->sig[id] = w < len ? (uint8_t)b[w] : 0;
+        }
+        free(b);
+    }
+    v->off[V] = n;
+}
+
+void glm_text_vocab_free(glm_text_vocab *v) {
+    free(v->blob);
+    free(v->off);
+    free(v->text);
+    free(v->plain);
+    free(v->lead);
+    free(v->sig);
+    free(v->nsp);
+    memset(v, 0, sizeof *v);
+}
+
