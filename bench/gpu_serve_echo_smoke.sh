@@ -203,4 +203,30 @@ print("    serve prompt lookup, CUDA fp32: tokens equal %s, %d draft tokens take
 sys.exit(0 if a["tokens"] == b["tokens"] and e < 1e-3 and b["accepted"] > 0 else 1)
 PY
 ok $? "serve_prompt_lookup_equals_plain_fp32"
+# JSON mode and guided choices on CUDA bf16 (the masks run on the host over the logits brought back)
+serve_start "$W/serve_constrained.log" --model_name_or_path "$W/base" --device cuda --dtype bfloat16 --max_batch_size 4
+python3 - "$SERVE_PORT" <<'PY' >"$W/log" 2>&1
+import json, sys, urllib.request
+port = sys.argv[1]
+def post(body):
+    req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % port, headers={"Content-Type": "application/json"},
+                                 data=json.dumps(body).encode())
+    return json.load(urllib.request.urlopen(req, timeout=300))["choices"]
+objs = post({"prompt": ["写一个JSON对象"] * 4, "max_tokens": 120, "temperature": 1.0, "top_p": 1.0, "seed": 3,
+             "response_format": {"type": "json_object"}})
+good = 0
+for c in objs:
+    if c["finish_reason"] == "stop":
+        good += isinstance(json.loads(c["text"]), dict)
+picks = post({"prompt": ["这句话的情感是"] * 4, "max_tokens": 40, "temperature": 1.0, "seed": 4,
+              "guided_choice": ["正面", "负面", "中性"]})
+ok_choice = all(c["text"] in ("正面", "负面", "中性") for c in picks)
+print("    JSON mode on CUDA bf16: %d of 4 answers closed as JSON objects (%s); guided choices %s"
+      % (good, [c["finish_reason"] for c in objs], [c["text"] for c in picks]))
+sys.exit(0 if ok_choice and all(c["finish_reason"] == "length" or isinstance(json.loads(c["text"]), dict) for c in objs) else 1)
+PY
+rc=$?
+cat "$W/log"
+ok $rc "serve_json_mode_and_guided_choice_bf16"
+serve_stop
 rm -rf "$W"
