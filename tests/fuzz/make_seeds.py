@@ -276,7 +276,12 @@ def serve_request():
              "prompt_bad": {"prompt": 5, "suffix": "x"},
              "logit_bias": {"prompt": [5, 6, 7], "logit_bias": {"5": 100, "6": -2.5, "x": 1}, "frequency_penalty": 0.5,
                             "presence_penalty": -1.0},
-             "stop_ids": {"prompt": [5, 6, 7], "stop_token_ids": [5, 99999, "x"], "min_tokens": 2, "max_tokens": 1}}
+             "stop_ids": {"prompt": [5, 6, 7], "stop_token_ids": [5, 99999, "x"], "min_tokens": 2, "max_tokens": 1},
+             "json_mode": {"prompt": "x", "response_format": {"type": "json_object"}, "max_tokens": 3},
+             "json_schema": {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+             "guided_choice": {"prompt": "x", "guided_choice": ["正面", "负面", "", 5], "min_tokens": 1},
+             "guided_both": {"prompt": "x", "guided_choice": ["a"], "response_format": {"type": "json_object"},
+                             "ignore_eos": True}}
     for name, body in comps.items():
         put("serve_request", "completion_" + name, bytes([0x20]) + json.dumps(body, ensure_ascii=False).encode())
     thudm = {"plain": {"prompt": "你好", "history": []},
