@@ -2,12 +2,13 @@
 # Installs everything glmtrain's build, tests and demo need on a fresh Debian machine.
 # Idempotent: skips what is already there. Run as root (CI and the dev machines are root).
 set -euo pipefail
-# (python3-pandas: tests/py/test_mcq_eval.py reads benchmark CSV files as LLaMA-Factory's loading scripts do)
+# (python3-pandas: tests/py/test_mcq_eval.py reads benchmark CSV files as LLaMA-Factory's loading scripts do;
+# python3-jsonschema: tests/py/test_serve_constrained.py checks structured outputs against the schemas)
 APT_PKGS="build-essential libcjson-dev libpcre2-dev libyaml-dev python3 python3-numpy python3-torch python3-sentencepiece
           sentencepiece fortunes-zh libopenmpi-dev openmpi-bin python3-pip clang
           python3-requests python3-yaml python3-typing-extensions python3-psutil python3-jinja2
           libmicrohttpd-dev chromium fonts-wqy-microhei python3-httpx python3-pydantic python3-anyio python3-sniffio python3-distro
-          python3-pandas"
+          python3-pandas python3-jsonschema"
 PIP_PKGS="safetensors tensorboard"
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

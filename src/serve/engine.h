@@ -21,6 +21,7 @@
 #include "infer/generate.h"
 #include "infer/choice_mode.h"
 #include "infer/json_mode.h"
+#include "infer/schema_mode.h"
 #include "serve/metrics.h"
 #include "serve/prefix_cache.h"
 
@@ -94,6 +95,11 @@ struct srv_req {
      * object, js following the tokens chosen so far */
     int json;
     glm_json_state js;
+    /* structured outputs (response_format json_schema, vLLM's guided_json; infer/schema_mode.h):
+     * schema compiled from schema_text (both owned), ss following the tokens chosen so far */
+    char *schema_text;
+    glm_json_schema *schema;
+    glm_json_schema_state ss;
     /* vLLM's guided_choice (infer/choice_mode.h): the answer is one of choices[n_guided] (owned,
      * choice_len bytes each); guided holds the bytes chosen so far */
     char **choices;

@@ -49,6 +49,9 @@ void srv_req_put(srv_req *r) {
     free(r->scores);
     free(r->bias_id);
     free(r->bias);
+    if (r->schema) glm_json_schema_free(r->schema);
+    free(r->schema);
+    free(r->schema_text);
     for (int i = 0; i < r->n_guided; i++) free(r->choices[i]);
     free(r->choices);
     free(r->choice_len);
@@ -346,26 +349,59 @@ static int logit_bias(srv_server *S, const cJSON *b, srv_req *r, api_err *e) {
     return 0;
 }
 
-/* OpenAI's response_format: {"type": "text"} (the default) or {"type": "json_object"} (JSON mode:
- * infer/json_mode.h). */
-static int response_format(const cJSON *f, srv_req *r, api_err *e) {
+/* A constraint's refusal beside the settings it cannot keep to (the answer ends where it is done). */
+static int ends_itself(const srv_req *r, const char *what, api_err *e) {
+    if (r->ignore_eos)
+        return srv_bad(e, 400, "ignore_eos", "invalid_value", "ignore_eos with %s: the answer ends where it is complete", what);
+    if (r->min_tokens > 0)
+        return srv_bad(e, 400, "min_tokens", "invalid_value", "min_tokens with %s: the answer ends where it is complete", what);
+    return 0;
+}
+
+/* A JSON Schema (an object, or its JSON text as vLLM's guided_json may send it) compiled into r. */
+static int take_schema(const cJSON *s, const char *param, srv_req *r, api_err *e) {
+    cJSON *parsed = cJSON_IsString(s) ? cJSON_Parse(s->valuestring) : NULL;
+    const cJSON *sc = parsed ? parsed : s;
+    char why[512];
+    glm_json_schema *g = glm_calloc(1, sizeof *g);
+    int rc = 0;
+    if (!cJSON_IsObject(sc)) rc = srv_bad(e, 400, param, "invalid_type", "%s: the schema must be a JSON object", param);
+    else if (glm_json_schema_compile(g, sc, why, sizeof why)) rc = srv_bad(e, 400, param, "unsupported_value", "%s: %s", param, why);
+    if (rc == 0) {
+        r->schema = g;
+        r->schema_text = cJSON_PrintUnformatted(sc);
+        glm_json_schema_start(&r->ss, g);
+    } else {
+        free(g);
+    }
+    cJSON_Delete(parsed);
+    return rc;
+}
+
+/* OpenAI's response_format: {"type": "text"} (the default), {"type": "json_object"} (JSON mode:
+ * infer/json_mode.h) or {"type": "json_schema", "json_schema": {"schema": {...}}} (structured
+ * outputs: infer/schema_mode.h); vLLM's guided_json (a schema) as the last. */
+static int response_format(const cJSON *f, const cJSON *guided_json, srv_req *r, api_err *e) {
+    if (srv_present(guided_json)) {
+        if (srv_present(f)) return srv_bad(e, 400, "guided_json", "invalid_value", "guided_json and response_format: one of them");
+        return ends_itself(r, "guided_json", e) ? -1 : take_schema(guided_json, "guided_json", r, e);
+    }
     if (!srv_present(f)) return 0;
     const cJSON *t = cJSON_IsObject(f) ? srv_field(f, "type") : NULL;
     if (!cJSON_IsString(t))
         return srv_bad(e, 400, "response_format", "invalid_type", "response_format must be an object with a \"type\"");
     if (!strcmp(t->valuestring, "text")) return 0;
-    if (!strcmp(t->valuestring, "json_schema"))
-        return srv_bad(e, 400, "response_format", "unsupported_value", "response_format json_schema is not supported: "
-                       "{\"type\": \"json_object\"} makes the answer one JSON object (put the fields you want in the prompt)");
+    if (!strcmp(t->valuestring, "json_schema")) {
+        const cJSON *js = srv_field(f, "json_schema"), *s = cJSON_IsObject(js) ? srv_field(js, "schema") : NULL;
+        if (!cJSON_IsObject(s))
+            return srv_bad(e, 400, "response_format", "invalid_value", "response_format json_schema needs "
+                           "\"json_schema\": {\"name\": ..., \"schema\": {...}}");
+        return ends_itself(r, "response_format json_schema", e) ? -1 : take_schema(s, "response_format", r, e);
+    }
     if (strcmp(t->valuestring, "json_object"))
-        return srv_bad(e, 400, "response_format", "invalid_value", "response_format type \"%.40s\": text or json_object",
-                       t->valuestring);
-    if (r->ignore_eos)
-        return srv_bad(e, 400, "ignore_eos", "invalid_value", "ignore_eos with response_format json_object: the answer ends "
-                       "where the object closes");
-    if (r->min_tokens > 0)
-        return srv_bad(e, 400, "min_tokens", "invalid_value", "min_tokens with response_format json_object: the answer ends "
-                       "where the object closes");
+        return srv_bad(e, 400, "response_format", "invalid_value", "response_format type \"%.40s\": text, json_object or "
+                       "json_schema", t->valuestring);
+    if (ends_itself(r, "response_format json_object", e)) return -1;
     r->json = 1;
     glm_json_init(&r->js);
     return 0;
@@ -377,8 +413,8 @@ static int guided_choice(const cJSON *c, srv_req *r, api_err *e) {
     int n = cJSON_IsArray(c) ? cJSON_GetArraySize(c) : 0;
     if (n < 1 || n > SRV_MAX_CHOICES)
         return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice must be a list of 1 to %d strings", SRV_MAX_CHOICES);
-    if (r->json)
-        return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice with response_format json_object: one at a time");
+    if (r->json || r->schema)
+        return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice with a JSON format: one at a time");
     if (r->ignore_eos || r->min_tokens > 0)
         return srv_bad(e, 400, r->ignore_eos ? "ignore_eos" : "min_tokens", "invalid_value", "%s with guided_choice: the "
                        "answer ends where it is one of the choices", r->ignore_eos ? "ignore_eos" : "min_tokens");
@@ -408,6 +444,15 @@ srv_req *srv_req_clone(const srv_req *r) {
     x->min_tokens = r->min_tokens;
     x->json = r->json;
     x->js = r->js;
+    if (r->schema_text) { /* compiled again: it compiled once, so it compiles */
+        cJSON *s = cJSON_Parse(r->schema_text);
+        char why[512];
+        x->schema_text = glm_strdup(r->schema_text);
+        x->schema = glm_calloc(1, sizeof *x->schema);
+        if (glm_json_schema_compile(x->schema, s, why, sizeof why)) GLM_ASSERT(!"a schema compiled once compiles again");
+        glm_json_schema_start(&x->ss, x->schema);
+        cJSON_Delete(s);
+    }
     if ((x->n_guided = r->n_guided) > 0) {
         x->choices = glm_malloc(sizeof(char *) * (size_t)r->n_guided);
         x->choice_len = glm_malloc(sizeof(size_t) * (size_t)r->n_guided);
@@ -543,7 +588,7 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     const cJSON *ie = srv_field(o, "ignore_eos");
     if (srv_present(ie) && !cJSON_IsBool(ie)) { srv_bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
     r->ignore_eos = cJSON_IsTrue(ie);
-    if (response_format(srv_field(o, "response_format"), r, e)) goto out;
+    if (response_format(srv_field(o, "response_format"), srv_field(o, "guided_json"), r, e)) goto out;
     if (guided_choice(srv_field(o, "guided_choice"), r, e)) goto out;
     glm_err gerr = {0};
     if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }

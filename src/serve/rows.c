@@ -203,6 +203,7 @@ static void constrain(const srv_engine *e, const srv_req *r, float *logits) {
     for (int k = 0; k < r->g.n_stop; k++) ends[n++] = r->g.stop_ids[k];
     for (int k = 0; k < r->n_stop_token_ids; k++) ends[n++] = r->stop_token_ids[k];
     if (r->json) glm_json_mask(&e->jv, &r->js, ends, n, logits);
+    else if (r->schema) glm_json_schema_mask(&e->jv, &r->ss, ends, n, logits);
     else glm_choice_mask(&e->jv, (const char *const *)r->choices, r->choice_len, r->n_guided, r->guided.s ? r->guided.s : "",
                          r->guided.n, ends, n, logits);
 }
@@ -217,9 +218,10 @@ int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp
         memcpy(raw, logits, sizeof(float) * (size_t)V);
     }
     adjust_logits(e, r, logits);
-    if (r->json || r->n_guided) constrain(e, r, logits);
+    if (r->json || r->schema || r->n_guided) constrain(e, r, logits);
     int32_t id = glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
     if (r->json) glm_json_advance(&e->jv, &r->js, id);
+    if (r->schema) glm_json_schema_advance(&e->jv, &r->ss, id);
     if (r->n_guided) {
         const char *b;
         size_t n = glm_choice_token_bytes(&e->jv, id, r->guided.n, &b);
@@ -234,6 +236,6 @@ int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp
 int srv_is_greedy(const srv_req *r) {
     return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs && !r->n_bias &&
            r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f && r->out.n >= r->min_tokens && !r->json &&
-           !r->n_guided;
+           !r->schema && !r->n_guided;
 }
 

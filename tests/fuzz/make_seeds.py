@@ -279,6 +279,11 @@ def serve_request():
              "stop_ids": {"prompt": [5, 6, 7], "stop_token_ids": [5, 99999, "x"], "min_tokens": 2, "max_tokens": 1},
              "json_mode": {"prompt": "x", "response_format": {"type": "json_object"}, "max_tokens": 3},
              "json_schema": {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+             "json_schema_full": {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+                 "type": "object", "properties": {"a": {"type": ["string", "null"]}, "b": {"type": "array", "items": {
+                     "enum": [1, "x", None]}, "minItems": 1, "maxItems": 2}, "c": {"type": "object", "properties": {
+                         "d": {"const": True}}, "required": ["d"]}}, "required": ["a"]}}}},
+             "guided_json": {"prompt": "x", "guided_json": "{\"type\": \"object\", \"properties\": {\"a\": {\"pattern\": 1}}}"},
              "guided_choice": {"prompt": "x", "guided_choice": ["正面", "负面", "", 5], "min_tokens": 1},
              "guided_both": {"prompt": "x", "guided_choice": ["a"], "response_format": {"type": "json_object"},
                              "ignore_eos": True}}
