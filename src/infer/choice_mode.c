@@ -2,7 +2,6 @@
 #include "infer/choice_mode.h"
 #include <string.h>
 
-#define NEVER (-1e30f) /* finite: an infinite logit trips the sampler's invalid-score guard */
 
 size_t glm_choice_token_bytes(const glm_text_vocab *v, int32_t id, size_t so_far, const char **b) {
     if (id < 0 || id >= v->V || !v->text[id]) { *b = ""; return 0; }
@@ -33,8 +32,8 @@ void glm_choice_mask(const glm_text_vocab *v, const char *const *choices, const 
         if (live && bl > 0 && next[(unsigned char)b[0]])
             for (int k = 0; k < n_choices && !ok; k++)
                 ok = len[k] >= n + bl && !memcmp(choices[k], text, n) && !memcmp(choices[k] + n, b, bl);
-        if (!ok) logits[id] = NEVER;
+        if (!ok) logits[id] = GLM_MASKED;
     }
     for (int k = 0; k < ne; k++) /* the end: where the answer is a choice whole (its logit as it was) */
-        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = whole ? end_logit[k] : NEVER;
+        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = whole ? end_logit[k] : GLM_MASKED;
 }

@@ -20,13 +20,11 @@ enum {
     M_NUM,       /* in a number (sub: its step below) */
     M_DONE       /* the object is closed */
 };
-enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 static const char *const LITERALS[3] = {"true", "false", "null"};
 
 void glm_json_init(glm_json_state *s) { memset(s, 0, sizeof *s); }
 int glm_json_done(const glm_json_state *s) { return s->mode == M_DONE; }
 
-static int is_space(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static int is_digit(unsigned c) { return c >= '0' && c <= '9'; }
 static int is_hex(unsigned c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
@@ -49,37 +47,34 @@ static int value_start(glm_json_state *s, unsigned c) {
     switch (c) {
     case '{': case '[': return open_container(s, (char)c);
     case '"': s->mode = M_STR; s->key = 0; return 0;
-    case '-': s->mode = M_NUM; s->sub = N_MINUS; return 0;
-    case '0': s->mode = M_NUM; s->sub = N_ZERO; return 0;
     case 't': s->mode = M_LIT; s->sub = 0 * 8 + 1; return 0;
     case 'f': s->mode = M_LIT; s->sub = 1 * 8 + 1; return 0;
     case 'n': s->mode = M_LIT; s->sub = 2 * 8 + 1; return 0;
     default:
-        if (c >= '1' && c <= '9') { s->mode = M_NUM; s->sub = N_INT; return 0; }
+        if (glm_json_number_first(c)) { s->mode = M_NUM; s->sub = glm_json_number_start(c); return 0; }
         return -1;
     }
 }
 
-/* A number's next byte: 1 when the byte is not part of it (the number ends before it). */
-static int number_byte(glm_json_state *s, unsigned c, int *err) {
-    int d = is_digit(c), e = c == 'e' || c == 'E';
-    *err = 0;
-    switch (s->sub) {
-    case N_MINUS: if (d) { s->sub = c == '0' ? N_ZERO : N_INT; return 0; } break;
-    case N_ZERO: if (c == '.') { s->sub = N_DOT; return 0; } if (e) { s->sub = N_E; return 0; } if (d) break; return 1;
-    case N_INT: if (d) return 0; if (c == '.') { s->sub = N_DOT; return 0; } if (e) { s->sub = N_E; return 0; } return 1;
-    case N_DOT: if (d) { s->sub = N_FRAC; return 0; } break;
-    case N_FRAC: if (d) return 0; if (e) { s->sub = N_E; return 0; } return 1;
-    case N_E: if (c == '+' || c == '-') { s->sub = N_ESIGN; return 0; } if (d) { s->sub = N_EXP; return 0; } break;
-    case N_ESIGN: if (d) { s->sub = N_EXP; return 0; } break;
-    case N_EXP: if (d) return 0; return 1;
+int glm_json_number_byte(uint8_t *step, unsigned c, int real) {
+    int d = c >= '0' && c <= '9', e = real && (c == 'e' || c == 'E'), dot = real && c == '.';
+    switch (*step) {
+    case GLM_NUM_MINUS: if (d) { *step = c == '0' ? GLM_NUM_ZERO : GLM_NUM_INT; return 0; } return -1;
+    case GLM_NUM_ZERO: if (d) return -1; break; /* no leading zeros */
+    case GLM_NUM_INT: if (d) return 0; break;
+    case GLM_NUM_DOT: if (d) { *step = GLM_NUM_FRAC; return 0; } return -1;
+    case GLM_NUM_FRAC: if (d) return 0; if (e) { *step = GLM_NUM_E; return 0; } return 1;
+    case GLM_NUM_E: if (c == '+' || c == '-') { *step = GLM_NUM_ESIGN; return 0; } if (d) { *step = GLM_NUM_EXP; return 0; } return -1;
+    case GLM_NUM_ESIGN: if (d) { *step = GLM_NUM_EXP; return 0; } return -1;
+    case GLM_NUM_EXP: return d ? 0 : 1;
     }
-    *err = 1;
-    return 0;
+    if (dot) { *step = GLM_NUM_DOT; return 0; } /* after the integer part */
+    if (e) { *step = GLM_NUM_E; return 0; }
+    return 1;
 }
 
 static int step(glm_json_state *s, unsigned c) {
-    if (s->mode < M_STR && is_space(c)) return ++s->space > GLM_JSON_MAX_SPACE ? -1 : 0;
+    if (s->mode < M_STR && glm_json_space(c)) return ++s->space > GLM_JSON_MAX_SPACE ? -1 : 0;
     s->space = 0;
     switch (s->mode) {
     case M_TOP: return c == '{' ? open_container(s, '{') : -1;
@@ -121,9 +116,8 @@ static int step(glm_json_state *s, unsigned c) {
         return 0;
     }
     case M_NUM: {
-        int err, ended = number_byte(s, c, &err);
-        if (err) return -1;
-        if (!ended) return 0;
+        int r = glm_json_number_byte(&s->sub, c, 1);
+        if (r <= 0) return r;
         value_ended(s); /* inside a container (the text is an object): the byte comes after the number */
         return step(s, c);
     }
@@ -139,38 +133,17 @@ int glm_json_feed(glm_json_state *s, const unsigned char *b, size_t n) {
     return 0;
 }
 
-/* Far below any logit, but finite (an infinite one trips the sampler's invalid-score guard). */
-#define NEVER (-1e30f)
+static int json_fits(const void *state, const unsigned char *b, size_t n) {
+    glm_json_state t = *(const glm_json_state *)state;
+    for (size_t i = 0; i < n; i++)
+        if (step(&t, b[i])) return 0;
+    return 1;
+}
 
 void glm_json_mask(const glm_text_vocab *v, const glm_json_state *s, const int32_t *ends, int n_ends, float *logits) {
-    int done = glm_json_done(s), in_string = s->mode == M_STR;
-    float end_logit[1 + 4 + 16];
-    for (int k = 0; k < n_ends && k < (int)(sizeof end_logit / sizeof end_logit[0]); k++)
-        end_logit[k] = ends[k] >= 0 && ends[k] < v->V ? logits[ends[k]] : 0;
-    if (done) {
-        for (int id = 0; id < v->V; id++) logits[id] = NEVER;
-    } else {
-        /* which bytes may come next: most tokens are refused by their first (between values, by
-         * their first after whitespace, which leaves the recognizer where it was) */
-        uint8_t first[256];
-        for (int b = 0; b < 256; b++) {
-            glm_json_state t = *s;
-            first[b] = step(&t, (unsigned)b) == 0;
-        }
-        int between = s->mode < M_STR, room = GLM_JSON_MAX_SPACE - s->space;
-        for (int id = 0; id < v->V; id++) {
-            if (!v->text[id]) { logits[id] = NEVER; continue; }
-            if (in_string && v->plain[id]) continue; /* a string takes it whole and is still open */
-            if (between ? v->nsp[id] > room || (v->sig[id] && !first[v->sig[id]]) : !first[v->lead[id]]) {
-                logits[id] = NEVER;
-                continue;
-            }
-            glm_json_state t = *s;
-            if (glm_json_feed(&t, (const unsigned char *)v->blob + v->off[id], v->off[id + 1] - v->off[id])) logits[id] = NEVER;
-        }
-    }
-    for (int k = 0; k < n_ends && k < (int)(sizeof end_logit / sizeof end_logit[0]); k++) /* the end: once the object is closed */
-        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = done ? end_logit[k] : NEVER;
+    glm_recognizer r = {.state = s, .fits = json_fits, .done = glm_json_done(s), .in_string = s->mode == M_STR,
+                        .between = s->mode < M_STR, .room = GLM_JSON_MAX_SPACE - s->space};
+    glm_text_vocab_mask(v, &r, ends, n_ends, logits);
 }
 
 void glm_json_advance(const glm_text_vocab *v, glm_json_state *s, int32_t id) {

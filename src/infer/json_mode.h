@@ -30,6 +30,14 @@ int glm_json_feed(glm_json_state *s, const unsigned char *b, size_t n);
 /* The object is complete: only the end may follow. */
 int glm_json_done(const glm_json_state *s);
 
+/* JSON's number grammar a byte at a time (JSON mode's and a schema's recognizers): *step is where
+ * the number is (GLM_NUM_*, from glm_json_number_start); returns 0 when c is taken, 1 when the
+ * number ended before c, -1 when c cannot come. real 0: an integer (no fraction, no exponent). */
+enum { GLM_NUM_MINUS, GLM_NUM_ZERO, GLM_NUM_INT, GLM_NUM_DOT, GLM_NUM_FRAC, GLM_NUM_E, GLM_NUM_ESIGN, GLM_NUM_EXP };
+static inline int glm_json_number_first(unsigned c) { return c == '-' || (c >= '0' && c <= '9'); }
+static inline uint8_t glm_json_number_start(unsigned c) { return c == '-' ? GLM_NUM_MINUS : c == '0' ? GLM_NUM_ZERO : GLM_NUM_INT; }
+int glm_json_number_byte(uint8_t *step, unsigned c, int real);
+
 /* Before a choice: logits[V] of every token that cannot come next in state s set to far below the
  * rest; ends[n_ends] are the ids that end the answer (allowed exactly when the object is done). */
 void glm_json_mask(const glm_text_vocab *v, const glm_json_state *s, const int32_t *ends, int n_ends, float *logits);

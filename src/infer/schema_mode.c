@@ -148,11 +148,9 @@ enum {
     P_LIT,       /* in an enum's value */
     P_STR, P_ESC, P_HEX, P_NUM, P_WORD
 };
-enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 static const char *const WORDS[3] = {"true", "false", "null"};
 
 static int takes_space(int phase) { return phase <= P_ARR_NEXT; }
-static int is_space(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static int is_digit(unsigned c) { return c >= '0' && c <= '9'; }
 static int is_hex(unsigned c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
@@ -206,9 +204,9 @@ static int value_start(glm_json_schema_frame *f, unsigned c) {
     if (c == '{' && (t & GLM_ST_OBJECT)) { f->phase = P_OBJ_OPEN; f->next = 0; return 0; }
     if (c == '[' && (t & GLM_ST_ARRAY)) { f->phase = P_ARR_OPEN; f->next = 0; return 0; }
     if (c == '"' && (t & GLM_ST_STRING)) { f->phase = P_STR; return 0; }
-    if ((c == '-' || is_digit(c)) && (t & (GLM_ST_NUMBER | GLM_ST_INTEGER))) {
+    if (glm_json_number_first(c) && (t & (GLM_ST_NUMBER | GLM_ST_INTEGER))) {
         f->phase = P_NUM;
-        f->sub = c == '-' ? N_MINUS : c == '0' ? N_ZERO : N_INT;
+        f->sub = glm_json_number_start(c);
         return 0;
     }
     int w = c == 't' && (t & GLM_ST_BOOLEAN) ? 0 : c == 'f' && (t & GLM_ST_BOOLEAN) ? 1 : c == 'n' && (t & GLM_ST_NULL) ? 2 : -1;
@@ -219,39 +217,13 @@ static int value_start(glm_json_schema_frame *f, unsigned c) {
     return 0;
 }
 
-/* A number's next byte: 1 when it is not part of the number (which ends before it). */
-static int number_byte(glm_json_schema_frame *f, unsigned c, int *err) {
-    int d = is_digit(c), e = c == 'e' || c == 'E', real = (f->node->types & GLM_ST_NUMBER) != 0;
-    *err = 0;
-    switch (f->sub) {
-    case N_MINUS: if (d) { f->sub = c == '0' ? N_ZERO : N_INT; return 0; } break;
-    case N_ZERO:
-        if (d) break;
-        if (real && c == '.') { f->sub = N_DOT; return 0; }
-        if (real && e) { f->sub = N_E; return 0; }
-        return 1;
-    case N_INT:
-        if (d) return 0;
-        if (real && c == '.') { f->sub = N_DOT; return 0; }
-        if (real && e) { f->sub = N_E; return 0; }
-        return 1;
-    case N_DOT: if (d) { f->sub = N_FRAC; return 0; } break;
-    case N_FRAC: if (d) return 0; if (e) { f->sub = N_E; return 0; } return 1;
-    case N_E: if (c == '+' || c == '-') { f->sub = N_ESIGN; return 0; } if (d) { f->sub = N_EXP; return 0; } break;
-    case N_ESIGN: if (d) { f->sub = N_EXP; return 0; } break;
-    case N_EXP: if (d) return 0; return 1;
-    }
-    *err = 1;
-    return 0;
-}
-
 static int step(glm_json_schema_state *st, unsigned c) {
     for (;;) { /* a value that ends at the byte after it (a number, an enum value) hands the byte up */
         if (st->depth == 0) return -1;
         glm_json_schema_frame *f = &st->f[st->depth - 1];
         const glm_json_schema_node *n = f->node;
-        if (takes_space(f->phase) && is_space(c)) return ++st->space > GLM_JSON_MAX_SPACE ? -1 : 0;
-        if (!is_space(c)) st->space = 0;
+        if (takes_space(f->phase) && glm_json_space(c)) return ++st->space > GLM_JSON_MAX_SPACE ? -1 : 0;
+        if (!glm_json_space(c)) st->space = 0;
         switch (f->phase) {
         case P_START: return value_start(f, c);
         case P_OBJ_OPEN:
@@ -331,9 +303,8 @@ static int step(glm_json_schema_state *st, unsigned c) {
             if (--f->sub == 0) f->phase = P_STR;
             return 0;
         case P_NUM: {
-            int err, ended = number_byte(f, c, &err);
-            if (err) return -1;
-            if (!ended) return 0;
+            int r = glm_json_number_byte(&f->sub, c, (n->types & GLM_ST_NUMBER) != 0);
+            if (r <= 0) return r;
             pop(st);
             continue;
         }
@@ -358,37 +329,19 @@ int glm_json_schema_feed(glm_json_schema_state *st, const unsigned char *b, size
 
 /* ---------------------------------------------------------------- masks */
 
-#define NEVER (-1e30f) /* finite: an infinite logit trips the sampler's invalid-score guard */
+static int schema_fits(const void *state, const unsigned char *b, size_t n) {
+    glm_json_schema_state t = *(const glm_json_schema_state *)state;
+    for (size_t i = 0; i < n; i++)
+        if (step(&t, b[i])) return 0;
+    return 1;
+}
 
-void glm_json_schema_mask(const glm_text_vocab *v, const glm_json_schema_state *st, const int32_t *ends, int n_ends, float *logits) {
-    float end_logit[1 + 4 + 16];
-    int ne = n_ends < (int)(sizeof end_logit / sizeof end_logit[0]) ? n_ends : (int)(sizeof end_logit / sizeof end_logit[0]);
-    for (int k = 0; k < ne; k++) end_logit[k] = ends[k] >= 0 && ends[k] < v->V ? logits[ends[k]] : 0;
-    if (st->done) {
-        for (int id = 0; id < v->V; id++) logits[id] = NEVER;
-    } else {
-        const glm_json_schema_frame *top = &st->f[st->depth - 1];
-        int phase = top->phase, in_string = phase == P_STR, between = takes_space(phase);
-        int room = GLM_JSON_MAX_SPACE - st->space;
-        uint8_t first[256]; /* which bytes may come next: most tokens are refused by their first */
-        for (int b = 0; b < 256; b++) {
-            glm_json_schema_state t = *st;
-            first[b] = step(&t, (unsigned)b) == 0;
-        }
-        for (int id = 0; id < v->V; id++) {
-            if (!v->text[id]) { logits[id] = NEVER; continue; }
-            if (in_string && v->plain[id]) continue; /* a string takes it whole and is still open */
-            if (between ? v->nsp[id] > room || (v->sig[id] && !first[v->sig[id]]) : !first[v->lead[id]]) {
-                logits[id] = NEVER;
-                continue;
-            }
-            glm_json_schema_state t = *st;
-            if (glm_json_schema_feed(&t, (const unsigned char *)v->blob + v->off[id], v->off[id + 1] - v->off[id]))
-                logits[id] = NEVER;
-        }
-    }
-    for (int k = 0; k < ne; k++) /* the end: once the root object is closed */
-        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = st->done ? end_logit[k] : NEVER;
+void glm_json_schema_mask(const glm_text_vocab *v, const glm_json_schema_state *st, const int32_t *ends, int n_ends,
+                          float *logits) {
+    int phase = st->done ? P_START : st->f[st->depth - 1].phase;
+    glm_recognizer r = {.state = st, .fits = schema_fits, .done = st->done, .in_string = phase == P_STR,
+                        .between = takes_space(phase), .room = GLM_JSON_MAX_SPACE - st->space};
+    glm_text_vocab_mask(v, &r, ends, n_ends, logits);
 }
 
 void glm_json_schema_advance(const glm_text_vocab *v, glm_json_schema_state *st, int32_t id) {

@@ -4,8 +4,6 @@
 #include <string.h>
 #include "core/err.h"
 
-static int is_space(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 void glm_text_vocab_build(glm_text_vocab *v, const glm_tokenizer *t, int V) {
     glm_tok_kind kind = glm_tokenizer_kind(t);
     int32_t unk = glm_tokenizer_specials(t).unk, pieces = glm_tokenizer_spm_size(t);
@@ -43,7 +41,7 @@ void glm_text_vocab_build(glm_text_vocab *v, const glm_tokenizer *t, int V) {
             v->plain[id] = (uint8_t)plain;
             v->lead[id] = (uint8_t)b[0];
             size_t w = 0;
-            while (w < len && is_space((unsigned char)b[w])) w++;
+            while (w < len && glm_json_space((unsigned char)b[w])) w++;
             v->nsp[id] = (uint8_t)(w < 255 ? w : 255);
             v->sig[id] = w < len ? (uint8_t)b[w] : 0;
         }
@@ -63,3 +61,30 @@ void glm_text_vocab_free(glm_text_vocab *v) {
     memset(v, 0, sizeof *v);
 }
 
+
+void glm_text_vocab_mask(const glm_text_vocab *v, const glm_recognizer *r, const int32_t *ends, int n_ends, float *logits) {
+    float end_logit[32];
+    int ne = n_ends < 32 ? n_ends : 32;
+    for (int k = 0; k < ne; k++) end_logit[k] = ends[k] >= 0 && ends[k] < v->V ? logits[ends[k]] : 0;
+    if (r->done) {
+        for (int id = 0; id < v->V; id++) logits[id] = GLM_MASKED;
+    } else {
+        uint8_t first[256]; /* which bytes may come next: most tokens are refused by their first */
+        for (int b = 0; b < 256; b++) {
+            unsigned char c = (unsigned char)b;
+            first[b] = (uint8_t)r->fits(r->state, &c, 1);
+        }
+        for (int id = 0; id < v->V; id++) {
+            if (!v->text[id]) { logits[id] = GLM_MASKED; continue; }
+            if (r->in_string && v->plain[id]) continue; /* a string takes it whole and is still open */
+            if (r->between ? v->nsp[id] > r->room || (v->sig[id] && !first[v->sig[id]]) : !first[v->lead[id]]) {
+                logits[id] = GLM_MASKED;
+                continue;
+            }
+            if (!r->fits(r->state, (const unsigned char *)v->blob + v->off[id], v->off[id + 1] - v->off[id]))
+                logits[id] = GLM_MASKED;
+        }
+    }
+    for (int k = 0; k < ne; k++) /* the end: once the answer is complete */
+        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = r->done ? end_logit[k] : GLM_MASKED;
+}

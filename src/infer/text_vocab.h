@@ -21,6 +21,26 @@ typedef struct glm_text_vocab {
     int drop_first_space; /* decoding drops a leading space from an answer's first token (SentencePiece's
                            * dummy prefix; not GLM-4's byte-level BPE) */
 } glm_text_vocab;
+static inline int glm_json_space(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Far below any logit, but finite (an infinite one trips model.chat's invalid-score guard). */
+#define GLM_MASKED (-1e30f)
+
+/* A byte-level recognizer as the masks see it (JSON mode's, a schema's). */
+typedef struct glm_recognizer {
+    const void *state;
+    int (*fits)(const void *state, const unsigned char *b, size_t n); /* 1: these bytes can come next */
+    int done;      /* the answer is complete: only the end tokens stay */
+    int in_string; /* inside a string, where plain tokens (glm_text_vocab.plain) always fit */
+    int between;   /* between values, where whitespace leaves the recognizer as it was: a token is
+                    * tried only when its first byte after whitespace can come next */
+    int room;      /* whitespace bytes that may still come in a row */
+} glm_recognizer;
+
+/* logits[V] masked for recognizer r: the tokens whose bytes cannot come next, and the end tokens
+ * ends[n_ends] until r is done, far below the rest; once done only the ends keep their logits. */
+void glm_text_vocab_mask(const glm_text_vocab *v, const glm_recognizer *r, const int32_t *ends, int n_ends, float *logits);
+
 /* For a model of V ids over tokenizer t (ids beyond the tokenizer's pieces are never text). */
 void glm_text_vocab_build(glm_text_vocab *v, const glm_tokenizer *t, int V);
 void glm_text_vocab_free(glm_text_vocab *v);
