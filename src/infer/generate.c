@@ -94,19 +94,27 @@ int32_t glm_sample_next(float *logits, int V, const glm_gen_cfg *g, const uint8_
 
 /* ---------------------------------------------------------------- prompt lookup */
 
-int glm_prompt_lookup(const int32_t *ids, int n, int max_ngram, int max_draft, const int32_t *ends, int n_ends,
-                      int32_t *draft) {
+/* Token i of the text a then b. */
+static inline int32_t text_at(const int32_t *a, int na, const int32_t *b, int i) { return i < na ? a[i] : b[i - na]; }
+
+int glm_prompt_lookup(const int32_t *a, int na, const int32_t *b, int nb, int max_ngram, int max_draft,
+                      const int32_t *ends, int n_ends, int32_t *draft) {
+    int n = na + nb;
     if (max_draft <= 0) return 0;
     for (int g = max_ngram < n - 1 ? max_ngram : n - 1; g > 0; g--) {
-        const int32_t *tail = ids + n - g;
+        int32_t first = text_at(a, na, b, n - g);
         for (int i = 0; i + g < n; i++) { /* the tail's own place (i = n - g) leaves nothing after it */
-            if (ids[i] != tail[0] || memcmp(ids + i, tail, sizeof(int32_t) * (size_t)g)) continue;
+            if (text_at(a, na, b, i) != first) continue;
+            int j = 1;
+            while (j < g && text_at(a, na, b, i + j) == text_at(a, na, b, n - g + j)) j++;
+            if (j < g) continue;
             int k = 0, most = n - (i + g) < max_draft ? n - (i + g) : max_draft;
             for (; k < most; k++) {
+                int32_t id = text_at(a, na, b, i + g + k);
                 int end = 0;
-                for (int e = 0; e < n_ends; e++) end |= ids[i + g + k] == ends[e];
+                for (int e = 0; e < n_ends; e++) end |= id == ends[e];
                 if (end) break;
-                draft[k] = ids[i + g + k];
+                draft[k] = id;
             }
             return k;
         }
@@ -170,6 +178,15 @@ typedef struct gen_rows {
     void *cbctx;
 } gen_rows;
 
+/* The ids that end an answer (config.json's eos, the template's stop ids) into ends; their count. */
+#define MAX_ENDS (1 + (int)(sizeof ((glm_gen_cfg *)0)->stop_ids / sizeof(int32_t)))
+static int row_ends(const glm_config *c, const glm_gen_cfg *g, int32_t *ends) {
+    int n = 0;
+    if (c->eos_token_id >= 0) ends[n++] = c->eos_token_id;
+    for (int k = 0; k < g->n_stop; k++) ends[n++] = g->stop_ids[k];
+    return n;
+}
+
 /* Row b's next token from its logits[V] (changed): pushed to its output unless it ends the row;
  * the row is done after an end token or at its limit. Returns the id. */
 static int32_t take_token(gen_rows *x, int b, float *logits) {
@@ -177,9 +194,9 @@ static int32_t take_token(gen_rows *x, int b, float *logits) {
     const glm_gen_cfg *g = x->g;
     size_t V = (size_t)x->V;
     int32_t id = glm_sample_next(logits, x->V, g, x->seen ? x->seen + b * V : NULL, &x->rngs[b]);
-    int stop = id == x->c->eos_token_id;
-    for (int k = 0; k < g->n_stop; k++) stop |= id == g->stop_ids[k];
-    if (stop) { r->done = 1; return id; }
+    int32_t ends[MAX_ENDS];
+    for (int k = 0, n = row_ends(x->c, g, ends); k < n; k++)
+        if (id == ends[k]) { r->done = 1; return id; }
     glm_ids_push(&x->outs[b], id);
     if (x->seen) x->seen[b * V + id] = 1;
     if (x->on_token) x->on_token(x->cbctx, b, id);
@@ -198,22 +215,17 @@ static int decode_drafted(gen_rows *x, gen_cache *kv, const glm_ids *prompt, flo
     row_state *r = &x->rs[0];
     glm_ids *out = &x->outs[0];
     int K = g->prompt_lookup_num_tokens, ngram = g->max_matching_ngram_size > 0 ? g->max_matching_ngram_size : 2;
-    int32_t *ctx = glm_malloc(sizeof(int32_t) * (size_t)(r->n + r->limit + 1));
     int32_t *in = glm_malloc(sizeof(int32_t) * 5 * (size_t)(K + 1));
     int32_t *pos = in + (K + 1), *bpos = pos + (K + 1), *lo = bpos + (K + 1), *hi = lo + (K + 1);
     float *rows = glm_malloc(sizeof(float) * (size_t)(K + 1) * x->V);
-    int32_t ends[1 + sizeof g->stop_ids / sizeof g->stop_ids[0]];
-    int n_ends = 0;
-    if (x->c->eos_token_id >= 0) ends[n_ends++] = x->c->eos_token_id;
-    for (int k = 0; k < g->n_stop; k++) ends[n_ends++] = g->stop_ids[k];
-    memcpy(ctx, prompt->data, sizeof(int32_t) * (size_t)r->n);
+    int32_t ends[MAX_ENDS];
+    int n_ends = row_ends(x->c, g, ends);
     int rc = 0;
     take_token(x, 0, logits);
     while (!r->done && rc == 0) {
         int n = r->n + out->n; /* the prompt and the tokens chosen, the last not fed yet */
-        memcpy(ctx + r->n, out->data, sizeof(int32_t) * (size_t)out->n);
         int room = r->limit - out->n - 1; /* a pass chooses one token more than its draft */
-        int k = glm_prompt_lookup(ctx, n, ngram, K < room ? K : room, ends, n_ends, in + 1);
+        int k = glm_prompt_lookup(prompt->data, r->n, out->data, out->n, ngram, K < room ? K : room, ends, n_ends, in + 1);
         int L = cache_len(kv);
         if (L + k + 1 > cache_cap(kv)) {
             int cap = cache_cap(kv) * 2 > L + k + 1 ? cache_cap(kv) * 2 : L + k + 1;
@@ -243,7 +255,6 @@ static int decode_drafted(gen_rows *x, gen_cache *kv, const glm_ids *prompt, flo
     }
     free(rows);
     free(in);
-    free(ctx);
     return rc;
 }
 

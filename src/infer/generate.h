@@ -47,12 +47,13 @@ typedef struct glm_gen_stats {
     long accepted;  /* of them, the tokens the model chose too */
 } glm_gen_stats;
 
-/* HF's PromptLookupCandidateGenerator: over ids[0, n), for g = min(max_ngram, n - 1) down to 1,
- * the first earlier place where the last g ids occur gives the ids after it, at most max_draft,
- * never past n and cut before the first of ends[n_ends] (an end token would end the answer);
- * written to draft, their count returned (0: no draft). */
-int glm_prompt_lookup(const int32_t *ids, int n, int max_ngram, int max_draft, const int32_t *ends, int n_ends,
-                      int32_t *draft);
+/* HF's PromptLookupCandidateGenerator over the text a[0, na) then b[0, nb) (a prompt and the answer
+ * so far, read where they are): for g = min(max_ngram, n - 1) down to 1 (n = na + nb), the first
+ * earlier place where the last g ids occur gives the ids after it, at most max_draft, never past
+ * the text and cut before the first of ends[n_ends] (an end token would end the answer); written
+ * to draft, their count returned (0: no draft). */
+int glm_prompt_lookup(const int32_t *a, int na, const int32_t *b, int nb, int max_ngram, int max_draft,
+                      const int32_t *ends, int n_ends, int32_t *draft);
 
 /* The original model.chat defaults: sampling, max_length 2048, top_p 0.7, temperature 0.95,
  * and the HF defaults it leaves alone: top_k 50, repetition_penalty 1.0. */

@@ -12,20 +12,9 @@
 
 /* Row r's draft (at most most tokens) into d; the ids that would end it cut the draft short. */
 static int row_draft(const srv_engine *e, const srv_req *r, int most, int32_t *d) {
-    int n = r->prompt.n + r->out.n;
-    int32_t *ctx = glm_malloc(sizeof(int32_t) * (size_t)n), ends[1 + 4 + 16];
-    memcpy(ctx, r->prompt.data, sizeof(int32_t) * (size_t)r->prompt.n);
-    memcpy(ctx + r->prompt.n, r->out.data, sizeof(int32_t) * (size_t)r->out.n);
-    int n_ends = 0;
-    if (!r->ignore_eos) {
-        if (e->m->cfg.eos_token_id >= 0) ends[n_ends++] = e->m->cfg.eos_token_id;
-        for (int k = 0; k < r->g.n_stop; k++) ends[n_ends++] = r->g.stop_ids[k];
-        for (int k = 0; k < r->n_stop_token_ids && n_ends < (int)(sizeof ends / sizeof ends[0]); k++)
-            ends[n_ends++] = r->stop_token_ids[k];
-    }
-    int k = glm_prompt_lookup(ctx, n, e->lookup_ngram, most, ends, n_ends, d);
-    free(ctx);
-    return k;
+    int32_t ends[SRV_MAX_ENDS];
+    int n_ends = r->ignore_eos ? 0 : srv_row_ends(e, r, ends);
+    return glm_prompt_lookup(r->prompt.data, r->prompt.n, r->out.data, r->out.n, e->lookup_ngram, most, ends, n_ends, d);
 }
 
 /* The logits of the rows at[0..n) of the last forward (n may exceed what one call brings back). */

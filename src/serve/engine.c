@@ -213,7 +213,7 @@ static int shares_prompt(const srv_req *prev, const srv_req *r) {
 
 /* r into free slot s (under mu), whose rows hold r's first `cached` prompt tokens already. */
 static void admit(srv_engine *e, srv_req *r, int s, int cached) {
-    if ((r->json || r->n_guided || r->schema) && !e->jv.V) glm_text_vocab_build(&e->jv, e->tok, e->m->cfg.vocab_size); /* the first such request */
+    if (r->con.c && !e->jv.V) glm_text_vocab_build(&e->jv, e->tok, e->m->cfg.vocab_size); /* the first such request */
     e->slot[s] = r;
     e->slot_len[s] = cached;
     r->slot = s;

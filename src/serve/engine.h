@@ -19,9 +19,7 @@
 #include <time.h>
 #include "core/strbuf.h"
 #include "infer/generate.h"
-#include "infer/choice_mode.h"
-#include "infer/json_mode.h"
-#include "infer/schema_mode.h"
+#include "infer/constrain.h"
 #include "serve/metrics.h"
 #include "serve/prefix_cache.h"
 
@@ -91,21 +89,9 @@ struct srv_req {
      * tokens are out, eos, the template's stop ids and these are never picked */
     int32_t stop_token_ids[SRV_MAX_STOP_IDS];
     int n_stop_token_ids, min_tokens;
-    /* OpenAI's response_format {"type": "json_object"} (infer/json_mode.h): the answer is one JSON
-     * object, js following the tokens chosen so far */
-    int json;
-    glm_json_state js;
-    /* structured outputs (response_format json_schema, vLLM's guided_json; infer/schema_mode.h):
-     * schema compiled from schema_text (both owned), ss following the tokens chosen so far */
-    char *schema_text;
-    glm_json_schema *schema;
-    glm_json_schema_state ss;
-    /* vLLM's guided_choice (infer/choice_mode.h): the answer is one of choices[n_guided] (owned,
-     * choice_len bytes each); guided holds the bytes chosen so far */
-    char **choices;
-    size_t *choice_len;
-    int n_guided;
-    glm_strbuf guided;
+    /* what the answer must be (infer/constrain.h; con.c NULL: anything): OpenAI's response_format
+     * json_object or json_schema, vLLM's guided_json or guided_choice; shared by the n choices */
+    glm_constrained con;
     /* a score request (POST /v1/score/evaluation): texts[n_texts] (model inputs as they are) go
      * through the slot one per step, and scores[i] is the value head at text i's last token; no
      * tokens are generated. The model (adapter) must have a value head. */

@@ -23,6 +23,10 @@ int srv_forward_slots(srv_engine *e, int slot0, int nrows, int Tq, const int *le
 int32_t srv_pad_id(const srv_engine *e);
 
 /* ---- serve/rows.c ---- */
+/* The ids that end r's answer (the model's eos, the template's stop ids, the request's
+ * stop_token_ids) into ends[SRV_MAX_ENDS]; their count. */
+#define SRV_MAX_ENDS (1 + 4 + SRV_MAX_STOP_IDS)
+int srv_row_ends(const srv_engine *e, const srv_req *r, int32_t *ends);
 /* Ends a request: its final text, the rest of the stream, the slot back to the pool (what it
  * holds kept for prefix caching). cut >= 0: a stop string was found at that offset of the
  * streamer's text. */

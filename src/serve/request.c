@@ -49,13 +49,7 @@ void srv_req_put(srv_req *r) {
     free(r->scores);
     free(r->bias_id);
     free(r->bias);
-    if (r->schema) glm_json_schema_free(r->schema);
-    free(r->schema);
-    free(r->schema_text);
-    for (int i = 0; i < r->n_guided; i++) free(r->choices[i]);
-    free(r->choices);
-    free(r->choice_len);
-    free(r->guided.s);
+    glm_constrained_end(&r->con);
     srv_waker_put(r->waker);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -358,22 +352,22 @@ static int ends_itself(const srv_req *r, const char *what, api_err *e) {
     return 0;
 }
 
-/* A JSON Schema (an object, or its JSON text as vLLM's guided_json may send it) compiled into r. */
+/* r's answer kept to constraint c (the maker's reference handed over). */
+static int constrain_to(srv_req *r, glm_constraint *c) {
+    glm_constrained_begin(&r->con, c);
+    glm_constraint_unref(c);
+    return 0;
+}
+
+/* A JSON Schema (an object, or its JSON text as vLLM's guided_json may send it) for r's answer. */
 static int take_schema(const cJSON *s, const char *param, srv_req *r, api_err *e) {
     cJSON *parsed = cJSON_IsString(s) ? cJSON_Parse(s->valuestring) : NULL;
     const cJSON *sc = parsed ? parsed : s;
     char why[512];
-    glm_json_schema *g = glm_calloc(1, sizeof *g);
-    int rc = 0;
-    if (!cJSON_IsObject(sc)) rc = srv_bad(e, 400, param, "invalid_type", "%s: the schema must be a JSON object", param);
-    else if (glm_json_schema_compile(g, sc, why, sizeof why)) rc = srv_bad(e, 400, param, "unsupported_value", "%s: %s", param, why);
-    if (rc == 0) {
-        r->schema = g;
-        r->schema_text = cJSON_PrintUnformatted(sc);
-        glm_json_schema_start(&r->ss, g);
-    } else {
-        free(g);
-    }
+    glm_constraint *c = cJSON_IsObject(sc) ? glm_constraint_schema(sc, why, sizeof why) : NULL;
+    int rc = c ? constrain_to(r, c)
+         : !cJSON_IsObject(sc) ? srv_bad(e, 400, param, "invalid_type", "%s: the schema must be a JSON object", param)
+                               : srv_bad(e, 400, param, "unsupported_value", "%s: %s", param, why);
     cJSON_Delete(parsed);
     return rc;
 }
@@ -401,10 +395,7 @@ static int response_format(const cJSON *f, const cJSON *guided_json, srv_req *r,
     if (strcmp(t->valuestring, "json_object"))
         return srv_bad(e, 400, "response_format", "invalid_value", "response_format type \"%.40s\": text, json_object or "
                        "json_schema", t->valuestring);
-    if (ends_itself(r, "response_format json_object", e)) return -1;
-    r->json = 1;
-    glm_json_init(&r->js);
-    return 0;
+    return ends_itself(r, "response_format json_object", e) ? -1 : constrain_to(r, glm_constraint_json());
 }
 
 /* vLLM's guided_choice: a list of 1 to SRV_MAX_CHOICES different non-empty strings. */
@@ -413,22 +404,19 @@ static int guided_choice(const cJSON *c, srv_req *r, api_err *e) {
     int n = cJSON_IsArray(c) ? cJSON_GetArraySize(c) : 0;
     if (n < 1 || n > SRV_MAX_CHOICES)
         return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice must be a list of 1 to %d strings", SRV_MAX_CHOICES);
-    if (r->json || r->schema)
+    if (r->con.c)
         return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice with a JSON format: one at a time");
-    if (r->ignore_eos || r->min_tokens > 0)
-        return srv_bad(e, 400, r->ignore_eos ? "ignore_eos" : "min_tokens", "invalid_value", "%s with guided_choice: the "
-                       "answer ends where it is one of the choices", r->ignore_eos ? "ignore_eos" : "min_tokens");
-    r->choices = glm_calloc((size_t)n, sizeof(char *));
-    r->choice_len = glm_calloc((size_t)n, sizeof(size_t));
+    if (ends_itself(r, "guided_choice", e)) return -1;
+    const char *s[SRV_MAX_CHOICES];
+    int k = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, c) {
         if (!cJSON_IsString(it) || !it->valuestring[0] || strlen(it->valuestring) > 1024)
             return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice: each choice must be a non-empty string "
                            "of at most 1024 bytes");
-        r->choices[r->n_guided] = glm_strdup(it->valuestring);
-        r->choice_len[r->n_guided++] = strlen(it->valuestring);
+        s[k++] = it->valuestring;
     }
-    return 0;
+    return constrain_to(r, glm_constraint_choices(s, k));
 }
 
 srv_req *srv_req_clone(const srv_req *r) {
@@ -442,26 +430,7 @@ srv_req *srv_req_clone(const srv_req *r) {
     memcpy(x->stop_token_ids, r->stop_token_ids, sizeof r->stop_token_ids);
     x->n_stop_token_ids = r->n_stop_token_ids;
     x->min_tokens = r->min_tokens;
-    x->json = r->json;
-    x->js = r->js;
-    if (r->schema_text) { /* compiled again: it compiled once, so it compiles */
-        cJSON *s = cJSON_Parse(r->schema_text);
-        char why[512];
-        x->schema_text = glm_strdup(r->schema_text);
-        x->schema = glm_calloc(1, sizeof *x->schema);
-        if (glm_json_schema_compile(x->schema, s, why, sizeof why)) GLM_ASSERT(!"a schema compiled once compiles again");
-        glm_json_schema_start(&x->ss, x->schema);
-        cJSON_Delete(s);
-    }
-    if ((x->n_guided = r->n_guided) > 0) {
-        x->choices = glm_malloc(sizeof(char *) * (size_t)r->n_guided);
-        x->choice_len = glm_malloc(sizeof(size_t) * (size_t)r->n_guided);
-        for (int i = 0; i < r->n_guided; i++) {
-            x->choices[i] = glm_malloc(r->choice_len[i] + 1);
-            memcpy(x->choices[i], r->choices[i], r->choice_len[i] + 1);
-            x->choice_len[i] = r->choice_len[i];
-        }
-    }
+    glm_constrained_begin(&x->con, r->con.c); /* the same constraint, from its start */
     x->presence_penalty = r->presence_penalty;
     if ((x->n_bias = r->n_bias) > 0) {
         x->bias_id = glm_malloc(sizeof(int32_t) * (size_t)r->n_bias);

@@ -92,12 +92,18 @@ void srv_finish(srv_engine *e, srv_req *r, const char *why, long cut, const char
  * request's stream) and whether a stop string or the limit ends the row (*cut: where the stop
  * string starts). Touches only this request and reads the tokenizer, so rows run in parallel;
  * finishing is left to row_apply. */
+int srv_row_ends(const srv_engine *e, const srv_req *r, int32_t *ends) {
+    int n = 0;
+    if (e->m->cfg.eos_token_id >= 0) ends[n++] = e->m->cfg.eos_token_id;
+    for (int k = 0; k < r->g.n_stop; k++) ends[n++] = r->g.stop_ids[k];
+    for (int k = 0; k < r->n_stop_token_ids; k++) ends[n++] = r->stop_token_ids[k];
+    return n;
+}
+
 int srv_row_text(srv_engine *e, srv_req *r, int32_t id, const srv_logprob *lp, long *cut) {
-    const glm_config *c = &e->m->cfg;
-    int stop = id == c->eos_token_id;
-    for (int k = 0; k < r->g.n_stop; k++) stop |= id == r->g.stop_ids[k];
-    for (int k = 0; k < r->n_stop_token_ids; k++) stop |= id == r->stop_token_ids[k];
-    if (r->ignore_eos) stop = 0;
+    int32_t ends[SRV_MAX_ENDS];
+    int stop = 0;
+    for (int k = 0, n = r->ignore_eos ? 0 : srv_row_ends(e, r, ends); k < n; k++) stop |= id == ends[k];
     if (stop) return ROW_STOP_ID;
     glm_ids_push(&r->out, id);
     if (r->seen) r->seen[id] = 1;
@@ -174,11 +180,8 @@ static void adjust_logits(const srv_engine *e, const srv_req *r, float *logits) 
     if (r->out.n < r->min_tokens) { /* nothing that would end the row yet: far below the rest, but
                                       * finite (an infinite logit trips the sampler's guard, model.chat's
                                       * InvalidScoreLogitsProcessor) */
-        const float never = -1e30f;
-        int eos = e->m->cfg.eos_token_id, V = e->m->cfg.vocab_size;
-        if (eos >= 0 && eos < V) logits[eos] = never;
-        for (int k = 0; k < r->g.n_stop; k++) logits[r->g.stop_ids[k]] = never;
-        for (int k = 0; k < r->n_stop_token_ids; k++) logits[r->stop_token_ids[k]] = never;
+        int32_t ends[SRV_MAX_ENDS];
+        for (int k = 0, n = srv_row_ends(e, r, ends); k < n; k++) logits[ends[k]] = GLM_MASKED;
     }
     int n = r->out.n;
     if ((r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f) || n == 0) return;
@@ -194,20 +197,6 @@ static void adjust_logits(const srv_engine *e, const srv_req *r, float *logits) 
     free(ids);
 }
 
-/* JSON mode and guided choices: the tokens that cannot come next (or end the answer too soon) far
- * below the rest. */
-static void constrain(const srv_engine *e, const srv_req *r, float *logits) {
-    int32_t ends[1 + 4 + SRV_MAX_STOP_IDS];
-    int n = 0;
-    if (e->m->cfg.eos_token_id >= 0) ends[n++] = e->m->cfg.eos_token_id;
-    for (int k = 0; k < r->g.n_stop; k++) ends[n++] = r->g.stop_ids[k];
-    for (int k = 0; k < r->n_stop_token_ids; k++) ends[n++] = r->stop_token_ids[k];
-    if (r->json) glm_json_mask(&e->jv, &r->js, ends, n, logits);
-    else if (r->schema) glm_json_schema_mask(&e->jv, &r->ss, ends, n, logits);
-    else glm_choice_mask(&e->jv, (const char *const *)r->choices, r->choice_len, r->n_guided, r->guided.s ? r->guided.s : "",
-                         r->guided.n, ends, n, logits);
-}
-
 /* The request's next token from its row of logits (changed in place by the sampler), and with
  * logprobs its srv_logprob from the logits as they came. */
 int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp) {
@@ -218,15 +207,12 @@ int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp
         memcpy(raw, logits, sizeof(float) * (size_t)V);
     }
     adjust_logits(e, r, logits);
-    if (r->json || r->schema || r->n_guided) constrain(e, r, logits);
-    int32_t id = glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
-    if (r->json) glm_json_advance(&e->jv, &r->js, id);
-    if (r->schema) glm_json_schema_advance(&e->jv, &r->ss, id);
-    if (r->n_guided) {
-        const char *b;
-        size_t n = glm_choice_token_bytes(&e->jv, id, r->guided.n, &b);
-        glm_strbuf_put(&r->guided, b, n);
+    if (r->con.c) { /* the tokens that cannot come next (or end the answer too soon) far below the rest */
+        int32_t ends[SRV_MAX_ENDS];
+        glm_constrained_mask(&e->jv, &r->con, ends, srv_row_ends(e, r, ends), logits);
     }
+    int32_t id = glm_sample_next(logits, V, &r->g, r->seen, &r->rng);
+    glm_constrained_advance(&e->jv, &r->con, id);
     if (raw) srv_logprob_of(raw, V, id, r->top_logprobs, lp);
     free(raw);
     return id;
@@ -235,7 +221,6 @@ int32_t srv_pick(const srv_engine *e, srv_req *r, float *logits, srv_logprob *lp
 /* A request whose next token glm_sample_next would pick as the argmax of its logits as they are. */
 int srv_is_greedy(const srv_req *r) {
     return !r->g.do_sample && (!r->seen || r->g.repetition_penalty == 1.0f) && !r->logprobs && !r->n_bias &&
-           r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f && r->out.n >= r->min_tokens && !r->json &&
-           !r->schema && !r->n_guided;
+           r->frequency_penalty == 0.0f && r->presence_penalty == 0.0f && r->out.n >= r->min_tokens && !r->con.c;
 }
 

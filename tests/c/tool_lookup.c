@@ -17,7 +17,8 @@ int main(void) {
         int n = 0;
         for (long x = strtol(p, &q, 10); q != p && n < 4096; x = strtol(p, &q, 10)) { ids[n++] = (int32_t)x; p = q; }
         int32_t end = (int32_t)v[2];
-        int k = glm_prompt_lookup(ids, n, (int)v[0], (int)v[1], &end, end >= 0, draft);
+        int na = n / 2; /* the text in two parts, as a prompt and an answer */
+        int k = glm_prompt_lookup(ids, na, ids + na, n - na, (int)v[0], (int)v[1], &end, end >= 0, draft);
         for (int i = 0; i < k; i++) printf(i ? " %d" : "%d", draft[i]);
         printf("\n");
     }

@@ -83,6 +83,21 @@ def rand_object(rng, depth=0):
     return {rand_string(rng): rand_value(rng, depth) for _ in range(rng.randint(0, 4))}
 
 
+def mutate(rng, text, alphabet):
+    """text with 1 or 2 random edits: a character deleted, inserted or replaced from alphabet."""
+    d = list(text)
+    for _ in range(rng.randint(1, 2)):
+        i = rng.randrange(len(d) + 1)
+        op = rng.randint(0, 2)
+        if op == 0 and i < len(d):
+            del d[i]
+        elif op == 1:
+            d.insert(i, rng.choice(alphabet))
+        elif i < len(d):
+            d[i] = rng.choice(alphabet)
+    return "".join(d)
+
+
 def verdicts(texts):
     lines = "".join(json.dumps(t) + "\n" for t in texts)
     p = subprocess.run([tool("tool_json_mode")], input=lines, capture_output=True, text=True, timeout=120)
@@ -104,19 +119,7 @@ def recognizer_checks():
     T.check("json_mode_prefixes_taken", got is not None and all(g == "prefix" for g in got),
             str([(d, g) for d, g in zip(prefixes, got or []) if g != "prefix"][:2]))
     alphabet = "{}[]\":,.-+eE0123456789 tfnrula\\/\nx"
-    muts = []
-    for _ in range(6000):
-        d = list(rng.choice(docs))
-        for _ in range(rng.randint(1, 2)):
-            i = rng.randrange(len(d) + 1)
-            op = rng.randint(0, 2)
-            if op == 0 and i < len(d):
-                del d[i]
-            elif op == 1:
-                d.insert(i, rng.choice(alphabet))
-            elif i < len(d):
-                d[i] = rng.choice(alphabet)
-        muts.append("".join(d))
+    muts = [mutate(rng, rng.choice(docs), alphabet) for _ in range(6000)]
     muts += ["{\"a\": NaN}", "{\"a\": Infinity}", "{\"a\": 01}", "{\"a\": 1.}", "{\"a\": .5}", "{\"a\": -}",
              "{\"a\": 1e}", "{\"a\": tru}", "{\"a\": \"\\x\"}", "{\"a\": \"\\u12G4\"}", "{\"a\" 1}", "{\"a\": 1,}",
              "[1, 2]", "\"s\"", "{} ", " {}", "{\"a\": [1, 2,]}", "{\"a\": \"b\t\"}"]
@@ -284,17 +287,7 @@ def schema_checks():
     muts = []
     for _ in range(8000):
         s, d = rng.choice(docs)
-        d = list(d)
-        for _ in range(rng.randint(1, 2)):
-            i = rng.randrange(len(d) + 1)
-            op = rng.randint(0, 2)
-            if op == 0 and i < len(d):
-                del d[i]
-            elif op == 1:
-                d.insert(i, rng.choice(alphabet))
-            elif i < len(d):
-                d[i] = rng.choice(alphabet)
-        muts.append((s, "".join(d)))
+        muts.append((s, mutate(rng, d, alphabet)))
     got = schema_verdicts(muts)
     bad = [(m, g) for m, g in zip(muts, got or []) if g == "done" and not schema_valid(*m)]
     done = sum(1 for g in got or [] if g == "done")

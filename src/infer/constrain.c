@@ -1,0 +1,89 @@
+/* A constraint of any kind and a row's place in it (infer/constrain.h). */
+#include "infer/constrain.h"
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include "infer/choice_mode.h"
+
+typedef enum { C_JSON, C_SCHEMA, C_CHOICES } kind;
+
+struct glm_constraint {
+    atomic_int refs;
+    kind k;
+    glm_json_schema schema; /* C_SCHEMA */
+    char **choices;         /* C_CHOICES: n strings of len bytes */
+    size_t *len;
+    int n;
+};
+
+static glm_constraint *made(kind k) {
+    glm_constraint *c = glm_calloc(1, sizeof *c);
+    atomic_init(&c->refs, 1);
+    c->k = k;
+    return c;
+}
+
+glm_constraint *glm_constraint_json(void) { return made(C_JSON); }
+
+glm_constraint *glm_constraint_schema(const cJSON *schema, char *why, size_t cap) {
+    glm_constraint *c = made(C_SCHEMA);
+    if (glm_json_schema_compile(&c->schema, schema, why, cap)) { free(c); return NULL; }
+    return c;
+}
+
+glm_constraint *glm_constraint_choices(const char *const *choices, int n) {
+    glm_constraint *c = made(C_CHOICES);
+    c->choices = glm_malloc(sizeof(char *) * (size_t)n);
+    c->len = glm_malloc(sizeof(size_t) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        c->choices[i] = glm_strdup(choices[i]);
+        c->len[i] = strlen(choices[i]);
+    }
+    c->n = n;
+    return c;
+}
+
+void glm_constraint_unref(glm_constraint *c) {
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    if (c->k == C_SCHEMA) glm_json_schema_free(&c->schema);
+    for (int i = 0; i < c->n; i++) free(c->choices[i]);
+    free(c->choices);
+    free(c->len);
+    free(c);
+}
+
+void glm_constrained_begin(glm_constrained *r, glm_constraint *c) {
+    memset(r, 0, sizeof *r);
+    if (!c) return;
+    atomic_fetch_add(&c->refs, 1);
+    r->c = c;
+    if (c->k == C_JSON) glm_json_init(&r->js);
+    if (c->k == C_SCHEMA) glm_json_schema_start(&r->ss, &c->schema);
+}
+
+void glm_constrained_end(glm_constrained *r) {
+    glm_constraint_unref(r->c);
+    free(r->text.s);
+    memset(r, 0, sizeof *r);
+}
+
+void glm_constrained_mask(const glm_text_vocab *v, const glm_constrained *r, const int32_t *ends, int n_ends, float *logits) {
+    const glm_constraint *c = r->c;
+    if (!c) return;
+    if (c->k == C_JSON) glm_json_mask(v, &r->js, ends, n_ends, logits);
+    else if (c->k == C_SCHEMA) glm_json_schema_mask(v, &r->ss, ends, n_ends, logits);
+    else glm_choice_mask(v, (const char *const *)c->choices, c->len, c->n, r->text.s ? r->text.s : "", r->text.n, ends,
+                         n_ends, logits);
+}
+
+void glm_constrained_advance(const glm_text_vocab *v, glm_constrained *r, int32_t id) {
+    const glm_constraint *c = r->c;
+    if (!c) return;
+    if (c->k == C_JSON) glm_json_advance(v, &r->js, id);
+    else if (c->k == C_SCHEMA) glm_json_schema_advance(v, &r->ss, id);
+    else {
+        const char *b;
+        size_t n = glm_choice_token_bytes(v, id, r->text.n, &b);
+        glm_strbuf_put(&r->text, b, n);
+    }
+}

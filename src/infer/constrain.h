@@ -1,0 +1,41 @@
+/* What an answer must be, whichever the kind (JSON mode: infer/json_mode.h; a JSON Schema:
+ * infer/schema_mode.h; one of some strings: infer/choice_mode.h), made once and shared by the rows
+ * that keep to it (a request's n choices), and each row's place in it. The masks and the token
+ * bytes are the kinds' own; this is the one switch over the kinds. */
+#ifndef GLM_INFER_CONSTRAIN_H
+#define GLM_INFER_CONSTRAIN_H
+#include <cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "core/strbuf.h"
+#include "infer/json_mode.h"
+#include "infer/schema_mode.h"
+#include "infer/text_vocab.h"
+
+typedef struct glm_constraint glm_constraint; /* immutable once made; counted references */
+
+glm_constraint *glm_constraint_json(void);
+/* NULL with why[] (the keyword and where it is) for a schema that is not supported. */
+glm_constraint *glm_constraint_schema(const cJSON *schema, char *why, size_t cap);
+/* choices[n] (n >= 1, each non-empty), copied. */
+glm_constraint *glm_constraint_choices(const char *const *choices, int n);
+
+/* Drops the maker's reference (the rows that began on c keep theirs). */
+void glm_constraint_unref(glm_constraint *c);
+
+/* A row's place in a constraint (c NULL: none). */
+typedef struct glm_constrained {
+    glm_constraint *c;
+    glm_json_state js;          /* JSON mode */
+    glm_json_schema_state ss;   /* a schema */
+    glm_strbuf text;            /* choices: the answer's bytes so far */
+} glm_constrained;
+/* Starts a row on c (taking a reference; c may be NULL), and ends it (dropping it). */
+void glm_constrained_begin(glm_constrained *r, glm_constraint *c);
+void glm_constrained_end(glm_constrained *r);
+/* Before a choice: logits[V] of the tokens that cannot come next, and of the ends[n_ends] until
+ * the answer is complete, far below the rest. After it: the chosen token taken. */
+void glm_constrained_mask(const glm_text_vocab *v, const glm_constrained *r, const int32_t *ends, int n_ends, float *logits);
+void glm_constrained_advance(const glm_text_vocab *v, glm_constrained *r, int32_t id);
+
+#endif
