@@ -1,137 +1,10 @@
-/* Structured outputs' schema compiler, recognizer and token masks (infer/schema_mode.h). */
+/* Structured outputs' recognizer and token masks (infer/schema_mode.h; the compiler is schema_compile.c). */
 #include "infer/schema_mode.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/err.h"
 #include "infer/json_mode.h"
-
-/* ---------------------------------------------------------------- compiling */
-
-static const char *const TYPES[] = {"object", "array", "string", "number", "integer", "boolean", "null"};
-static const char *const KNOWN[] = {"type", "properties", "required", "items", "minItems", "maxItems", "enum", "const",
-                                    "title", "description", "default", "examples", "$schema", "additionalProperties",
-                                    "$comment"};
-
-static int fail(char *why, size_t cap, const char *path, const char *msg) {
-    snprintf(why, cap, "%s: %s", path, msg);
-    return -1;
-}
-
-static char *json_text(const cJSON *v) { return cJSON_PrintUnformatted(v); }
-
-static glm_json_schema_node *new_node(glm_json_schema *S) {
-    glm_json_schema_node *n = glm_calloc(1, sizeof *n);
-    n->max_items = -1;
-    S->all = glm_realloc(S->all, sizeof *S->all * (size_t)(S->n_all + 1));
-    S->all[S->n_all++] = n;
-    return n;
-}
-
-static int parse_types(const cJSON *t, unsigned *out, const char *path, char *why, size_t cap) {
-    const cJSON *one = t;
-    int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : 1;
-    *out = 0;
-    for (int i = 0; i < n; i++) {
-        if (cJSON_IsArray(t)) one = cJSON_GetArrayItem(t, i);
-        int k = -1;
-        for (int j = 0; j < 7 && cJSON_IsString(one); j++) if (!strcmp(one->valuestring, TYPES[j])) k = j;
-        if (k < 0) return fail(why, cap, path, "\"type\" must name object, array, string, number, integer, boolean or null");
-        *out |= 1u << k;
-    }
-    if ((*out & GLM_ST_NUMBER) && (*out & GLM_ST_INTEGER))
-        return fail(why, cap, path, "\"type\" lists number and integer together (say number)");
-    return 0;
-}
-
-static glm_json_schema_node *compile(glm_json_schema *S, const cJSON *s, const char *path, int depth, char *why, size_t cap) {
-    char sub[512];
-    if (!cJSON_IsObject(s)) return fail(why, cap, path, "a schema must be an object"), NULL;
-    if (depth >= GLM_SCHEMA_MAX_DEPTH) return fail(why, cap, path, "nested deeper than 16 values"), NULL;
-    for (const cJSON *k = s->child; k; k = k->next) {
-        int known = 0;
-        for (size_t j = 0; j < sizeof KNOWN / sizeof KNOWN[0]; j++) known |= !strcmp(k->string, KNOWN[j]);
-        if (!known) {
-            snprintf(sub, sizeof sub, "\"%.60s\" is not supported (a schema may use type, properties, required, items, "
-                     "minItems, maxItems, enum and const)", k->string);
-            return fail(why, cap, path, sub), NULL;
-        }
-    }
-    glm_json_schema_node *n = new_node(S);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type"), *en = cJSON_GetObjectItemCaseSensitive(s, "enum"),
-                *co = cJSON_GetObjectItemCaseSensitive(s, "const");
-    if (t && parse_types(t, &n->types, path, why, cap)) return NULL;
-    if (en || co) { /* the values themselves: nothing else is written here */
-        int m = en ? (cJSON_IsArray(en) ? cJSON_GetArraySize(en) : -1) : 1;
-        if (m < 1 || m > GLM_SCHEMA_MAX_LITS) return fail(why, cap, path, "\"enum\" must list 1 to 64 values"), NULL;
-        n->lits = glm_calloc((size_t)m, sizeof(char *));
-        for (int i = 0; i < m; i++) n->lits[n->n_lits++] = json_text(en ? cJSON_GetArrayItem(en, i) : co);
-        n->types = 0;
-        return n;
-    }
-    if (!n->types) return fail(why, cap, path, "a \"type\" (or \"enum\" / \"const\") is needed"), NULL;
-    if (n->types & GLM_ST_OBJECT) {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(s, "properties"), *r = cJSON_GetObjectItemCaseSensitive(s, "required");
-        if (!cJSON_IsObject(p) || !p->child)
-            return fail(why, cap, path, "an object needs its \"properties\" (response_format json_object allows any object)"), NULL;
-        int m = cJSON_GetArraySize(p);
-        if (m > GLM_SCHEMA_MAX_LITS) return fail(why, cap, path, "more than 64 properties"), NULL;
-        n->keys = glm_calloc((size_t)m, sizeof(char *));
-        n->props = glm_calloc((size_t)m, sizeof *n->props);
-        n->required = glm_calloc((size_t)m, 1);
-        for (const cJSON *k = p->child; k; k = k->next) {
-            cJSON *key = cJSON_CreateString(k->string);
-            n->keys[n->n_props] = json_text(key);
-            cJSON_Delete(key);
-            snprintf(sub, sizeof sub, "%.400s.properties.%.60s", path, k->string);
-            if (!(n->props[n->n_props++] = compile(S, k, sub, depth + 1, why, cap))) return NULL;
-        }
-        if (r && !cJSON_IsArray(r)) return fail(why, cap, path, "\"required\" must be a list of property names"), NULL;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, r) {
-            int hit = 0;
-            for (int i = 0; i < n->n_props && cJSON_IsString(it); i++)
-                if (!strcmp(p->child ? cJSON_GetArrayItem(p, i)->string : "", it->valuestring)) n->required[i] = 1, hit = 1;
-            if (!hit) return fail(why, cap, path, "\"required\" names a property that \"properties\" does not have"), NULL;
-        }
-    }
-    if (n->types & GLM_ST_ARRAY) {
-        const cJSON *it = cJSON_GetObjectItemCaseSensitive(s, "items"), *lo = cJSON_GetObjectItemCaseSensitive(s, "minItems"),
-                    *hi = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
-        snprintf(sub, sizeof sub, "%.400s.items", path);
-        if (!it) return fail(why, cap, path, "an array needs its \"items\" schema"), NULL;
-        if (!(n->items = compile(S, it, sub, depth + 1, why, cap))) return NULL;
-        if (lo && (!cJSON_IsNumber(lo) || lo->valuedouble < 0 || lo->valuedouble > 10000))
-            return fail(why, cap, path, "\"minItems\" must be a count"), NULL;
-        if (hi && (!cJSON_IsNumber(hi) || hi->valuedouble < 0 || hi->valuedouble > 10000))
-            return fail(why, cap, path, "\"maxItems\" must be a count"), NULL;
-        n->min_items = lo ? (int)lo->valuedouble : 0;
-        n->max_items = hi ? (int)hi->valuedouble : -1;
-        if (n->max_items >= 0 && n->max_items < n->min_items) return fail(why, cap, path, "\"maxItems\" is below \"minItems\""), NULL;
-    }
-    return n;
-}
-
-int glm_json_schema_compile(glm_json_schema *out, const cJSON *s, char *why, size_t cap) {
-    memset(out, 0, sizeof *out);
-    out->root = compile(out, s, "schema", 0, why, cap);
-    if (out->root && (out->root->types != GLM_ST_OBJECT || out->root->n_lits))
-        out->root = NULL, fail(why, cap, "schema", "the root must be {\"type\": \"object\", ...}");
-    if (!out->root) { glm_json_schema_free(out); return -1; }
-    return 0;
-}
-
-void glm_json_schema_free(glm_json_schema *s) {
-    for (int i = 0; i < s->n_all; i++) {
-        glm_json_schema_node *n = s->all[i];
-        for (int k = 0; k < n->n_props; k++) free(n->keys[k]);
-        for (int k = 0; k < n->n_lits; k++) free(n->lits[k]);
-        free(n->keys); free(n->props); free(n->required); free(n->lits);
-        free(n);
-    }
-    free(s->all);
-    memset(s, 0, sizeof *s);
-}
 
 /* ---------------------------------------------------------------- the recognizer */
 
@@ -149,10 +22,14 @@ enum {
     P_STR, P_ESC, P_HEX, P_NUM, P_WORD
 };
 static const char *const WORDS[3] = {"true", "false", "null"};
+/* A map's keys: any string. */
+static const glm_json_schema_node MAP_KEY = {.types = GLM_ST_STRING, .classes = GLM_ST_STRING, .max_len = -1, .max_items = -1};
 
 static int takes_space(int phase) { return phase <= P_ARR_NEXT; }
 static int is_digit(unsigned c) { return c >= '0' && c <= '9'; }
-static int is_hex(unsigned c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+static int hex_value(unsigned c) {
+    return is_digit(c) ? (int)(c - '0') : c >= 'a' && c <= 'f' ? (int)(c - 'a' + 10) : c >= 'A' && c <= 'F' ? (int)(c - 'A' + 10) : -1;
+}
 
 void glm_json_schema_start(glm_json_schema_state *st, const glm_json_schema *s) {
     memset(st, 0, sizeof *st);
@@ -162,7 +39,7 @@ void glm_json_schema_start(glm_json_schema_state *st, const glm_json_schema *s) 
 }
 
 static int push(glm_json_schema_state *st, const glm_json_schema_node *n) {
-    if (st->depth >= GLM_SCHEMA_MAX_DEPTH) return -1;
+    if (!n || st->depth >= GLM_SCHEMA_MAX_DEPTH) return -1;
     glm_json_schema_frame *f = &st->f[st->depth++];
     memset(f, 0, sizeof *f);
     f->node = n;
@@ -189,8 +66,98 @@ static int required_left(const glm_json_schema_node *n, int next) {
     return 0;
 }
 
+/* ---- bounded numbers: written without an exponent, with at most 18 digits; the frame keeps the
+ * digits (cand), the fraction's length (prop) and the sign (pos). A byte is taken while some way of
+ * going on still ends inside the bounds, and the number ends only inside them; values are compared
+ * as Python's jsonschema compares them: an integer exactly, a fraction as the double float() makes
+ * of its text. (An integer type's bounds are whole and inclusive: schema_compile.c.) */
+#define NUM_DIGITS_MAX 100000000000000000ull /* 10^17: digits before the last one */
+#define NUM_FRAC_MAX 60
+
+static int bounded(const glm_json_schema_node *n) { return n->has_lo || n->has_hi; }
+
+/* The double of the text "m / 10^frac" (frac >= 1 digits after the point), as strtod reads it. */
+static long double fraction_value(uint64_t m, int frac) {
+    char d[24], t[96];
+    int nd = snprintf(d, sizeof d, "%llu", (unsigned long long)m), k = 0;
+    if (nd <= frac) {
+        t[k++] = '0';
+        t[k++] = '.';
+        for (int i = nd; i < frac; i++) t[k++] = '0';
+        memcpy(t + k, d, (size_t)nd + 1);
+    } else {
+        memcpy(t, d, (size_t)(nd - frac));
+        k = nd - frac;
+        t[k++] = '.';
+        memcpy(t + k, d + nd - frac, (size_t)frac + 1);
+    }
+    return (long double)strtod(t, NULL);
+}
+
+static int below_hi(const glm_json_schema_node *n, long double v) { return !n->has_hi || v < n->hi || (v == n->hi && !n->hi_excl); }
+static int above_lo(const glm_json_schema_node *n, long double v) { return !n->has_lo || v > n->lo || (v == n->lo && !n->lo_excl); }
+
+/* Some value whose magnitude lies in [a, b) (a reached, b approached; b < 0: no end) is inside n's
+ * bounds. */
+static int span_fits(const glm_json_schema_node *n, int neg, long double a, long double b) {
+    if (!neg) return below_hi(n, a) && (!n->has_lo || b < 0 || b > n->lo);
+    return above_lo(n, -a) && (!n->has_hi || b < 0 || -b < n->hi); /* values in (-b, -a] */
+}
+
+/* The number written so far (its step, digits m, fraction length frac) can still end inside n's bounds. */
+static int num_can_fit(const glm_json_schema_node *n, int neg, uint64_t m, int frac, int step) {
+    switch (step) {
+    case GLM_NUM_MINUS: return span_fits(n, 1, 0, -1);
+    case GLM_NUM_ZERO: return span_fits(n, neg, 0, 1);
+    case GLM_NUM_DOT: return span_fits(n, neg, (long double)m, (long double)m + 1);
+    case GLM_NUM_FRAC: return span_fits(n, neg, fraction_value(m, frac), fraction_value(m + 1, frac));
+    case GLM_NUM_INT: /* more digits, or a fraction: [m 10^k, (m + 1) 10^k) for some k */
+        for (long double a = (long double)m, b = a + 1; a < NUM_DIGITS_MAX * 10.0L; a *= 10, b *= 10)
+            if (span_fits(n, neg, a, b)) return 1;
+        return 0;
+    }
+    return 0;
+}
+
+static int num_ends_inside(const glm_json_schema_frame *f) {
+    long double v = f->sub == GLM_NUM_FRAC ? fraction_value(f->cand, f->prop) : (long double)f->cand;
+    if (f->pos & 1) v = -v;
+    return above_lo(f->node, v) && below_hi(f->node, v);
+}
+
+static int num_byte(glm_json_schema_frame *f, unsigned c) {
+    const glm_json_schema_node *n = f->node;
+    int real = (n->types & GLM_ST_NUMBER) != 0;
+    if (!bounded(n)) return glm_json_number_byte(&f->sub, c, real);
+    if (c == 'e' || c == 'E') return -1;
+    uint8_t step = f->sub;
+    int r = glm_json_number_byte(&step, c, real);
+    if (r < 0) return -1;
+    if (r == 1) return num_ends_inside(f) ? 1 : -1;
+    uint64_t m = f->cand;
+    int frac = f->prop;
+    if (is_digit(c)) {
+        if (m >= NUM_DIGITS_MAX) return -1;
+        m = m * 10 + (c - '0');
+        if (step == GLM_NUM_FRAC && ++frac > NUM_FRAC_MAX) return -1;
+    }
+    if (!num_can_fit(n, f->pos & 1, m, frac, step)) return -1;
+    f->sub = step;
+    f->cand = m;
+    f->prop = (uint8_t)frac;
+    return 0;
+}
+
 static int value_start(glm_json_schema_frame *f, unsigned c) {
     const glm_json_schema_node *n = f->node;
+    if (n->n_alts) { /* the alternative whose type starts with c */
+        unsigned cl = c == '{' ? GLM_ST_OBJECT : c == '[' ? GLM_ST_ARRAY : c == '"' ? GLM_ST_STRING
+                    : glm_json_number_first(c) ? GLM_ST_NUMBER : c == 't' || c == 'f' ? GLM_ST_BOOLEAN
+                    : c == 'n' ? GLM_ST_NULL : 0;
+        for (int i = 0; i < n->n_alts; i++)
+            if (n->alts[i]->classes & cl) { f->node = n->alts[i]; return value_start(f, c); }
+        return -1;
+    }
     if (n->n_lits) {
         uint64_t cand = 0;
         for (int i = 0; i < n->n_lits; i++) if ((unsigned char)n->lits[i][0] == c) cand |= 1ull << i;
@@ -203,10 +170,14 @@ static int value_start(glm_json_schema_frame *f, unsigned c) {
     unsigned t = n->types;
     if (c == '{' && (t & GLM_ST_OBJECT)) { f->phase = P_OBJ_OPEN; f->next = 0; return 0; }
     if (c == '[' && (t & GLM_ST_ARRAY)) { f->phase = P_ARR_OPEN; f->next = 0; return 0; }
-    if (c == '"' && (t & GLM_ST_STRING)) { f->phase = P_STR; return 0; }
+    if (c == '"' && (t & GLM_ST_STRING)) { f->phase = P_STR; f->next = 0; f->cand = 0; f->sub = 0; return 0; }
     if (glm_json_number_first(c) && (t & (GLM_ST_NUMBER | GLM_ST_INTEGER))) {
-        f->phase = P_NUM;
         f->sub = glm_json_number_start(c);
+        f->pos = c == '-';
+        f->cand = is_digit(c) ? c - '0' : 0;
+        f->prop = 0;
+        if (bounded(n) && !num_can_fit(n, f->pos, f->cand, 0, f->sub)) return -1;
+        f->phase = P_NUM;
         return 0;
     }
     int w = c == 't' && (t & GLM_ST_BOOLEAN) ? 0 : c == 'f' && (t & GLM_ST_BOOLEAN) ? 1 : c == 'n' && (t & GLM_ST_NULL) ? 2 : -1;
@@ -215,6 +186,84 @@ static int value_start(glm_json_schema_frame *f, unsigned c) {
     f->sub = (uint8_t)w;
     f->pos = 1;
     return 0;
+}
+
+/* A key after '{' or ',': one of the properties that may come, or a map's any key. */
+static int key_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsigned c) {
+    const glm_json_schema_node *n = f->node;
+    if (c != '"') return -1;
+    if (!n->n_props) { /* a map: the key is a string of its own, then the value */
+        if (!n->extra) return -1;
+        f->phase = P_COLON;
+        if (push(st, &MAP_KEY)) return -1;
+        return value_start(&st->f[st->depth - 1], c);
+    }
+    if (!key_candidates(n, f->next)) return -1;
+    f->cand = key_candidates(n, f->next);
+    f->pos = 1;
+    f->phase = P_KEY;
+    return 0;
+}
+
+/* The node of an array's item number i (0-based); NULL where none may come. */
+static const glm_json_schema_node *item_node(const glm_json_schema_node *n, int i) {
+    if (n->max_items >= 0 && i >= n->max_items) return NULL;
+    return i < n->n_prefix ? n->prefix[i] : n->items;
+}
+
+/* A string's byte c: well-formed UTF-8 only (so that the answer's text is what was recognized, with
+ * no replacement characters), characters counted as Python's len counts the decoded text (a UTF-8
+ * sequence is one, an escape is one, a \u escape of a low surrogate after a high one joins it). */
+static int string_byte(glm_json_schema_state *st, glm_json_schema_frame *f, unsigned c) {
+    const glm_json_schema_node *n = f->node;
+    switch (f->phase) {
+    case P_STR:
+        if (f->sub) { /* inside a UTF-8 sequence: its next byte within [pos >> 8, pos & 0xFF] */
+            if (c < (unsigned)(f->pos >> 8) || c > (unsigned)(f->pos & 0xFF)) return -1;
+            f->sub--;
+            f->pos = 0x80BF;
+            return 0;
+        }
+        if (c == '"') { if (f->next < n->min_len) return -1; pop(st); return 0; }
+        if (c < 0x20) return -1;
+        if (c >= 0x80) { /* a character's first byte: only well-formed UTF-8 (Unicode's table 3-7) */
+            unsigned need = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 0;
+            unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+            if (!need || (n->max_len >= 0 && f->next >= n->max_len)) return -1;
+            f->next++;
+            f->cand = 0;
+            f->sub = (uint8_t)need;
+            f->pos = (uint16_t)(lo << 8 | hi);
+            return 0;
+        }
+        /* (at the limit, an escape after a high surrogate may still be the low one that joins it) */
+        if (n->max_len >= 0 && f->next >= n->max_len && !(c == '\\' && f->cand)) return -1;
+        f->next++;
+        if (c == '\\') f->phase = P_ESC;
+        else f->cand = 0;
+        return 0;
+    case P_ESC: {
+        int over = n->max_len >= 0 && f->next > n->max_len; /* only the joining low surrogate fits */
+        if (c == 'u') { f->phase = P_HEX; f->sub = 4; f->pos = 0; return 0; }
+        if (over || c == 0 || !strchr("\"\\/bfnrt", (int)c)) return -1;
+        f->phase = P_STR;
+        f->cand = 0;
+        return 0;
+    }
+    default: { /* P_HEX */
+        int h = hex_value(c);
+        if (h < 0) return -1;
+        if (n->max_len >= 0 && f->next > n->max_len && ((f->sub == 4 && h != 0xD) || (f->sub == 3 && h < 0xC)))
+            return -1; /* over the limit unless it is DC00-DFFF */
+        f->pos = (uint16_t)(f->pos * 16 + h);
+        if (--f->sub) return 0;
+        f->phase = P_STR;
+        int joins = f->cand && f->pos >= 0xDC00 && f->pos <= 0xDFFF;
+        if (joins) f->next--;
+        f->cand = !joins && f->pos >= 0xD800 && f->pos <= 0xDBFF;
+        return 0;
+    }
+    }
 }
 
 static int step(glm_json_schema_state *st, unsigned c) {
@@ -228,18 +277,8 @@ static int step(glm_json_schema_state *st, unsigned c) {
         case P_START: return value_start(f, c);
         case P_OBJ_OPEN:
             if (c == '}' && !required_left(n, f->next)) { pop(st); return 0; }
-            /* else a key, as after ',' */
-            if (c != '"' || !key_candidates(n, f->next)) return -1;
-            f->cand = key_candidates(n, f->next);
-            f->pos = 1;
-            f->phase = P_KEY;
-            return 0;
-        case P_OBJ_KEY:
-            if (c != '"' || !key_candidates(n, f->next)) return -1;
-            f->cand = key_candidates(n, f->next);
-            f->pos = 1;
-            f->phase = P_KEY;
-            return 0;
+            return key_start(st, f, c);
+        case P_OBJ_KEY: return key_start(st, f, c);
         case P_KEY: {
             uint64_t cand = 0;
             for (int k = 0; k < n->n_props; k++)
@@ -254,27 +293,24 @@ static int step(glm_json_schema_state *st, unsigned c) {
         case P_COLON:
             if (c != ':') return -1;
             f->phase = P_OBJ_AFTER;
-            return push(st, n->props[f->prop]);
+            return push(st, n->n_props ? n->props[f->prop] : n->extra);
         case P_OBJ_AFTER:
-            if (c == ',' && f->next < n->n_props) { f->phase = P_OBJ_KEY; return 0; }
+            if (c == ',' && (f->next < n->n_props || !n->n_props)) { f->phase = P_OBJ_KEY; return 0; }
             if (c == '}' && !required_left(n, f->next)) { pop(st); return 0; }
             return -1;
         case P_ARR_OPEN:
             if (c == ']') { if (n->min_items > 0) return -1; pop(st); return 0; }
             /* fall into an item */
-            if (n->max_items == 0) return -1;
-            f->next++;
             f->phase = P_ARR_AFTER;
-            if (push(st, n->items)) return -1;
+            if (push(st, item_node(n, f->next++))) return -1;
             continue;
         case P_ARR_AFTER:
-            if (c == ',' && (n->max_items < 0 || f->next < n->max_items)) { f->phase = P_ARR_NEXT; return 0; }
+            if (c == ',' && item_node(n, f->next)) { f->phase = P_ARR_NEXT; return 0; }
             if (c == ']' && f->next >= n->min_items) { pop(st); return 0; }
             return -1;
         case P_ARR_NEXT:
-            f->next++;
             f->phase = P_ARR_AFTER;
-            if (push(st, n->items)) return -1;
+            if (push(st, item_node(n, f->next++))) return -1;
             continue;
         case P_LIT: {
             uint64_t cand = 0;
@@ -289,21 +325,9 @@ static int step(glm_json_schema_state *st, unsigned c) {
             pop(st);
             continue;
         }
-        case P_STR:
-            if (c == '"') { pop(st); return 0; }
-            if (c == '\\') { f->phase = P_ESC; return 0; }
-            return c < 0x20 ? -1 : 0;
-        case P_ESC:
-            if (c == 'u') { f->phase = P_HEX; f->sub = 4; return 0; }
-            if (c == 0 || !strchr("\"\\/bfnrt", (int)c)) return -1;
-            f->phase = P_STR;
-            return 0;
-        case P_HEX:
-            if (!is_hex(c)) return -1;
-            if (--f->sub == 0) f->phase = P_STR;
-            return 0;
+        case P_STR: case P_ESC: case P_HEX: return string_byte(st, f, c);
         case P_NUM: {
-            int r = glm_json_number_byte(&f->sub, c, (n->types & GLM_ST_NUMBER) != 0);
+            int r = num_byte(f, c);
             if (r <= 0) return r;
             pop(st);
             continue;
@@ -339,7 +363,10 @@ static int schema_fits(const void *state, const unsigned char *b, size_t n) {
 void glm_json_schema_mask(const glm_text_vocab *v, const glm_json_schema_state *st, const int32_t *ends, int n_ends,
                           float *logits) {
     int phase = st->done ? P_START : st->f[st->depth - 1].phase;
-    glm_recognizer r = {.state = st, .fits = schema_fits, .done = st->done, .in_string = phase == P_STR,
+    /* (a string with a length limit, or in the middle of a character, takes each token through the
+     * recognizer) */
+    int plain_fits = phase == P_STR && st->f[st->depth - 1].node->max_len < 0 && !st->f[st->depth - 1].sub;
+    glm_recognizer r = {.state = st, .fits = schema_fits, .done = st->done, .in_string = plain_fits,
                         .between = takes_space(phase), .room = GLM_JSON_MAX_SPACE - st->space};
     glm_text_vocab_mask(v, &r, ends, n_ends, logits);
 }

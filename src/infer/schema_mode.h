@@ -6,12 +6,25 @@
  * tokens whose bytes it would refuse get a logit far below the rest, as JSON mode does
  * (infer/json_mode.h), the end tokens until the root object is closed and everything else after.
  *
- * What a schema may say (anything else is refused by name, with its path): "type" (a name or a
- * list of names whose values start differently: not number with integer), "properties",
- * "required", "items", "minItems", "maxItems", "enum", "const", and the annotations (title,
- * description, default, examples, $schema, additionalProperties). An object's properties are
- * written in the schema's order, each required one present, the others optional; only listed
- * properties are written. The root is an object. */
+ * What a schema may say (anything else is refused by name, with its path):
+ *   - "type" (a name or a list of names; not number with integer), "enum", "const";
+ *   - objects: "properties" (written in the schema's order, each required one present, the others
+ *     optional; only listed properties are written), "required"; an object without properties is a
+ *     map: any keys, each value as "additionalProperties" says (a schema, true or absent: any value,
+ *     false: only {});
+ *   - arrays: "items" (a schema, true, or false: nothing after the prefix), "prefixItems",
+ *     "minItems", "maxItems";
+ *   - strings: "minLength", "maxLength" (characters, as Python's len counts them); every string
+ *     is well-formed UTF-8;
+ *   - numbers and integers: "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" (a bounded
+ *     number is written without an exponent, with at most 18 digits);
+ *   - "$ref" to a place in the same schema ("#/$defs/Name", "#/definitions/Name", "#"), recursion
+ *     included; "allOf" of one schema; "anyOf" / "oneOf" whose alternatives are values of different
+ *     JSON types (an alternative is picked by the value's first byte: Optional[X] is anyOf X, null);
+ *   - true and {} (any value), and the annotations (title, description, default, examples,
+ *     $schema, $comment, $defs, definitions, deprecated, readOnly, writeOnly, and
+ *     additionalProperties beside properties).
+ * The root is an object. */
 #ifndef GLM_INFER_SCHEMA_MODE_H
 #define GLM_INFER_SCHEMA_MODE_H
 #include <cJSON.h>
@@ -26,13 +39,24 @@ enum { GLM_ST_OBJECT = 1, GLM_ST_ARRAY = 2, GLM_ST_STRING = 4, GLM_ST_NUMBER = 8
        GLM_ST_BOOLEAN = 32, GLM_ST_NULL = 64 };
 
 typedef struct glm_json_schema_node {
-    unsigned types;                 /* GLM_ST_* a value may be (0: one of lits alone) */
+    unsigned types;                 /* GLM_ST_* a value may be (0: one of lits or of alts) */
+    unsigned classes;               /* the JSON types its values can have (GLM_ST_*, integer as number):
+                                     * how anyOf picks an alternative */
     int n_props;                    /* an object's properties, in order: */
     char **keys;                    /*   each key as JSON text with its quotes ("\"name\"") */
     struct glm_json_schema_node **props; /*   and its value's node */
     uint8_t *required;
-    struct glm_json_schema_node *items;  /* an array's items */
+    struct glm_json_schema_node *extra;  /* an object without properties (a map): each value's node;
+                                          * NULL: only {} */
+    int n_prefix;                   /* an array's first items' nodes (prefixItems) */
+    struct glm_json_schema_node **prefix;
+    struct glm_json_schema_node *items;  /* the items after them (NULL: none) */
     int min_items, max_items;       /* max_items -1: no limit */
+    int min_len, max_len;           /* a string's characters; max_len -1: no limit */
+    uint8_t has_lo, lo_excl, has_hi, hi_excl; /* a number's bounds */
+    double lo, hi;
+    int n_alts;                     /* anyOf / oneOf: values of distinct JSON types */
+    struct glm_json_schema_node **alts;
     int n_lits;                     /* enum / const: the values as JSON text */
     char **lits;
 } glm_json_schema_node;
@@ -49,12 +73,14 @@ void glm_json_schema_free(glm_json_schema *s);
 
 typedef struct glm_json_schema_frame {
     const glm_json_schema_node *node;
-    uint64_t cand;  /* the keys or enum values still matching what was written */
-    int16_t next;   /* an object's first property not written yet; an array's items so far */
-    uint16_t pos;   /* bytes of a key or enum value written */
+    uint64_t cand;  /* the keys or enum values still matching what was written; a bounded number's
+                     * digits; a string's last \u escape was a high surrogate */
+    int16_t next;   /* an object's first property not written yet; an array's items so far; a
+                     * string's characters so far */
+    uint16_t pos;   /* bytes of a key or enum value written; a \u escape's value; a number's sign */
     uint8_t phase;  /* where in its value the frame is (schema_mode.c) */
     uint8_t sub;    /* a number's step, a literal word's index, \u digits to come */
-    uint8_t prop;   /* an object's property whose value is being written */
+    uint8_t prop;   /* an object's property whose value is being written; a number's fraction digits */
 } glm_json_schema_frame;
 
 typedef struct glm_json_schema_state {

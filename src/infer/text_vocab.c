@@ -4,6 +4,19 @@
 #include <string.h>
 #include "core/err.h"
 
+/* b[0..n) is whole, well-formed UTF-8 (no sequence cut at either end). */
+static int utf8_whole(const unsigned char *b, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = b[i], need = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 9;
+        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        if (need == 9 || i + need >= n) return 0;
+        for (unsigned k = 1; k <= need; k++, lo = 0x80, hi = 0xBF)
+            if (b[i + k] < lo || b[i + k] > hi) return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
 void glm_text_vocab_build(glm_text_vocab *v, const glm_tokenizer *t, int V) {
     glm_tok_kind kind = glm_tokenizer_kind(t);
     int32_t unk = glm_tokenizer_specials(t).unk, pieces = glm_tokenizer_spm_size(t);
@@ -38,7 +51,7 @@ void glm_text_vocab_build(glm_text_vocab *v, const glm_tokenizer *t, int V) {
             v->text[id] = 1;
             int plain = 1;
             for (size_t i = 0; i < len; i++) plain &= (unsigned char)b[i] >= 0x20 && b[i] != '"' && b[i] != '\\';
-            v->plain[id] = (uint8_t)plain;
+            v->plain[id] = (uint8_t)(plain && utf8_whole((const unsigned char *)b, len));
             v->lead[id] = (uint8_t)b[0];
             size_t w = 0;
             while (w < len && glm_json_space((unsigned char)b[w])) w++;

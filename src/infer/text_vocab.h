@@ -14,7 +14,7 @@ typedef struct glm_text_vocab {
     uint8_t *text;       /* [V] 1: the token may be part of an answer's text */
     /* what lets JSON mode refuse most tokens without feeding them (infer/json_mode.c): */
     uint8_t *plain;      /* [V] 1: a text token that can sit inside a JSON string as it is (no quote,
-                          * backslash or control byte) */
+                          * backslash or control byte; whole UTF-8 characters) */
     uint8_t *lead;       /* [V] a text token's first byte */
     uint8_t *sig, *nsp;  /* [V] its first byte that is not whitespace (0: none) and the whitespace before
                           * it (at most 255) */

@@ -1,16 +1,69 @@
 /* Test driver for structured outputs' recognizer (infer/schema_mode.h), so that
- * tests/py/test_serve_constrained.py can hold it against the jsonschema package. Each input line is
- * a JSON list [schema, text]; each output line: "done" (a whole object the schema allows), "prefix"
- * (every byte taken, not finished), "refused N" (the first byte refused, at offset N) or
- * "schema: WHY" (the schema is not supported). */
+ * tests/py/test_serve_constrained.py and test_schema_keywords.py can hold it against the jsonschema
+ * package. Each input line is a JSON list [schema, text]; each output line: "done" (a whole object
+ * the schema allows), "prefix" (every byte taken, not finished), "refused N" (the first byte
+ * refused, at offset N) or "schema: WHY" (the schema is not supported). A third item "bytes" takes
+ * the text's characters below 256 as bytes (so that a test can give bytes that are not UTF-8).
+ *
+ * `tool_schema_mode --walk N` instead reads [schema, seed] lines and writes the recognizer's own
+ * texts: N random walks from the start, each byte picked among those it takes (mostly structure's
+ * bytes, so that values end), as lines ["done"|"cut"|"stuck", text]; "stuck" is a state that is not
+ * done and takes no byte at all, which the masks must never reach. */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "infer/schema_mode.h"
 
-int main(void) {
+#define WALK_BYTES 1500
+
+static unsigned long long rnd(unsigned long long *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+static void walk(const glm_json_schema *s, unsigned long long seed) {
+    static const char prefer[] = "\"}],:{[0123456789-.tfnulrase ";
+    glm_json_schema_state st;
+    glm_json_schema_start(&st, s);
+    char text[WALK_BYTES + 1];
+    int n = 0;
+    const char *verdict = "cut";
+    while (n < WALK_BYTES) {
+        unsigned char ok[256], good[256];
+        int n_ok = 0, n_good = 0;
+        for (int c = 1; c < 256; c++) {
+            glm_json_schema_state t = st;
+            unsigned char b = (unsigned char)c;
+            if (glm_json_schema_feed(&t, &b, 1)) continue;
+            if (c >= 0x20 && c < 0x7f) ok[n_ok++] = b; /* (texts stay ASCII: valid UTF-8 for the checks) */
+            if (strchr(prefer, c)) good[n_good++] = b;
+            if (c >= 0x80) ok[n_ok++] = 0; /* a state that takes only non-ASCII bytes is not stuck */
+        }
+        if (st.done) { verdict = "done"; break; }
+        int usable = 0;
+        for (int i = 0; i < n_ok; i++) usable |= ok[i] != 0;
+        if (!n_ok) { verdict = "stuck"; break; }
+        if (!usable) break;
+        unsigned char b;
+        do b = (n_good && rnd(&seed) % 10 < 8) ? good[rnd(&seed) % (unsigned)n_good] : ok[rnd(&seed) % (unsigned)n_ok];
+        while (!b);
+        glm_json_schema_feed(&st, &b, 1);
+        text[n++] = (char)b;
+    }
+    text[n] = 0;
+    cJSON *line = cJSON_CreateArray();
+    cJSON_AddItemToArray(line, cJSON_CreateString(verdict));
+    cJSON_AddItemToArray(line, cJSON_CreateString(text));
+    char *p = cJSON_PrintUnformatted(line);
+    printf("%s\n", p);
+    free(p);
+    cJSON_Delete(line);
+}
+
+int main(int argc, char **argv) {
     static char line[1 << 18];
+    int walks = argc == 3 && !strcmp(argv[1], "--walk") ? atoi(argv[2]) : 0;
     while (fgets(line, sizeof line, stdin)) {
         cJSON *j = cJSON_Parse(line);
         const cJSON *sc = cJSON_GetArrayItem(j, 0), *tx = cJSON_GetArrayItem(j, 1);
@@ -18,8 +71,20 @@ int main(void) {
         char why[512];
         if (glm_json_schema_compile(&s, sc, why, sizeof why)) {
             printf("schema: %s\n", why);
+        } else if (walks) {
+            for (int i = 0; i < walks; i++) walk(&s, (unsigned long long)(tx ? tx->valuedouble : 0) * 1000003ull + (unsigned)i);
+            glm_json_schema_free(&s);
         } else {
             const char *t = cJSON_IsString(tx) ? tx->valuestring : "";
+            char raw[1 << 16];
+            if (cJSON_IsString(cJSON_GetArrayItem(j, 2))) { /* UTF-8 of code points < 256 back to bytes */
+                size_t k = 0;
+                for (const unsigned char *p = (const unsigned char *)t; *p && k + 1 < sizeof raw; k++)
+                    if (*p < 0x80) raw[k] = (char)*p++;
+                    else raw[k] = (char)(((p[0] & 3) << 6) | (p[1] & 0x3F)), p += 2;
+                raw[k] = 0;
+                t = raw;
+            }
             glm_json_schema_state st;
             glm_json_schema_start(&st, &s);
             size_t n = strlen(t), at = n;
