@@ -33,11 +33,17 @@ PROMPTS = ["写一首关于春天的诗", "你好，请介绍一下你自己", "
            "What is the capital of France, and why is it famous?", "如何提高写作水平？"]
 
 
+EXTRA = {}  # --extra: more fields of every request (a decoding constraint drops ignore_eos)
+
+
 def stream_once(host, port, key, model, prompt, max_tokens, t_go):
     """One streaming chat completion; returns dict(start, first, end, tokens, error)."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-                       "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body.update(EXTRA)
+    if any(k in EXTRA for k in ("response_format", "guided_json", "guided_choice")):
+        del body["ignore_eos"]
+    body = json.dumps(body).encode()
     h = {"Content-Type": "application/json"}
     if key:
         h["Authorization"] = "Bearer " + key
@@ -191,7 +197,11 @@ def main():
     ap.add_argument("--max_tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs at the highest concurrency first")
     ap.add_argument("--out", help="append the JSON records to this file")
+    ap.add_argument("--extra", default="", help="JSON object merged into every request's body (response_format, "
+                    "guided_json ...); with a decoding constraint the answers may end before --max_tokens")
     a = ap.parse_args()
+    if a.extra:
+        EXTRA.update(json.loads(a.extra))
     proc, records = None, []
     try:
         if a.model:
