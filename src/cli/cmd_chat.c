@@ -12,6 +12,7 @@
 static const glm_flag chat_flags[] = {
     GEN_COMMON_FLAGS,
     GEN_LOOKUP_FLAGS,
+    GEN_GUIDED_FLAGS,
     GEN_F(reuse_kv_cache, ARG_BOOL, "true", "keep the conversation's KV cache between turns, so a turn computes only its new tokens (ChatGLM2/3, GLM-4, as THUDM's cli_demo keeps past_key_values; ChatGLM-6B's prompts see themselves whole and start afresh)"),
 };
 static const int n_chat_flags = sizeof chat_flags / sizeof chat_flags[0];
@@ -65,7 +66,7 @@ static int turn(gen_session *s, glm_gen_session *cache, const gen_args *a, glm_r
     }
     free(prompt);
     gen_stream t = {.show = 1, .debug = a->debug};
-    glm_streamer_init(&t.st, s->tok, 1);
+    glm_streamer_init(&t.st, s->tok, gen_postprocess(s, 1));
     printf("\nChatGLM: ");
     fflush(stdout);
     int rc = glm_generate_session(cache, &in, &s->g, rng, &out, gen_stream_token, &t, err);

@@ -23,6 +23,7 @@
 static const glm_flag gen_flags[] = {
     GEN_COMMON_FLAGS,
     GEN_LOOKUP_FLAGS,
+    GEN_GUIDED_FLAGS,
     GEN_F(prompt, ARG_STR, NULL, "the query: print one response"),
     GEN_F(input_file, ARG_STR, NULL, "JSON/JSONL records (training data schemas, or prompts only) to answer"),
     GEN_F(output_file, ARG_STR, NULL, "JSONL of {index, prompt, predict, labels} (default: stdout)"),
@@ -103,7 +104,7 @@ static int generate_one(gen_session *s, const gen_args *a, const glm_ids *in, gl
     glm_rng_seed(&rng, (uint64_t)a->seed);
     if (a->debug) debug_ids("prompt", 0, in);
     gen_stream st = {.show = isatty(fileno(stdout)), .debug = a->debug};
-    if (st.show) glm_streamer_init(&st.st, s->tok, a->postprocess);
+    if (st.show) glm_streamer_init(&st.st, s->tok, gen_postprocess(s, a->postprocess));
     int rc = glm_generate_lm(gen_lm(s), 1, in, &s->g, &rng, &out, st.show || a->debug ? gen_stream_token : NULL, &st, err);
     if (rc == 0 && a->debug) debug_ids("response", 0, &out);
     if (rc == 0 && st.show) {
@@ -112,7 +113,7 @@ static int generate_one(gen_session *s, const gen_args *a, const glm_ids *in, gl
         free(tail);
         free(res);
     } else if (rc == 0) {
-        char *res = glm_response_text(s->tok, out.data, out.n, a->postprocess);
+        char *res = glm_response_text(s->tok, out.data, out.n, gen_postprocess(s, a->postprocess));
         printf("%s\n", res);
         free(res);
     } else if (st.show && st.st.n_shown) {
@@ -374,7 +375,7 @@ static int read_items(gen_session *s, gen_args *a, items *L, glm_err *err) {
 
 static int write_batch(FILE *o, gen_session *s, const gen_args *a, item *p, int n, long base, glm_score_sum *sc) {
     for (int i = 0; i < n; i++) {
-        char *res = glm_response_text(s->tok, p[i].out.data, p[i].out.n, a->postprocess);
+        char *res = glm_response_text(s->tok, p[i].out.data, p[i].out.n, gen_postprocess(s, a->postprocess));
         cJSON *j = cJSON_CreateObject();
         cJSON_AddNumberToObject(j, "index", (double)(base + i));
         cJSON_AddStringToObject(j, "prompt", p[i].prompt);

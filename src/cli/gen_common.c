@@ -8,6 +8,7 @@
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "infer/chat.h"
+#include "infer/constrain.h"
 #include "core/hub.h"
 #include "model/adapter.h"
 #include "data/dataset_info.h"
@@ -106,6 +107,87 @@ static int fit_limits(gen_session *s, const gen_args *a, glm_err *err) {
     return 0;
 }
 
+#define MAX_GUIDED_CHOICES 64
+
+/* A flag's JSON: the file the value names, else the value itself. */
+static cJSON *flag_json(const char *flag, const char *v, glm_err *err) {
+    char *file = glm_is_file(v) ? glm_read_file(v, NULL, err) : NULL;
+    if (glm_is_file(v) && !file) return glm_wrap(err, "--%s: ", flag), NULL;
+    const char *p = file ? file : v, *end = NULL;
+    cJSON *j = cJSON_ParseWithOpts(p, &end, 1);
+    if (!j) {
+        long line = 1;
+        for (const char *q = p; end && q < end; q++) line += *q == '\n';
+        if (file) glm_fail(err, "--%s %s: not JSON (line %ld, near \"%.20s\")", flag, v, line, end ? end : "");
+        else glm_fail(err, "--%s %.200s: no such file, and not JSON (near \"%.20s\")", flag, v, end ? end : v);
+        glm_hint(err, !strcmp(flag, "guided_json") ? "give a JSON Schema object or a .json file holding one"
+                                                 : "give a JSON list of strings or a file of one choice a line");
+    }
+    free(file);
+    return j;
+}
+
+/* --guided_choice: a file of one choice a line (empty lines skipped), or a JSON list. */
+static glm_constraint *guided_choices(const char *v, glm_err *err) {
+    const char *s[MAX_GUIDED_CHOICES];
+    char *file = NULL;
+    cJSON *j = NULL;
+    int n = 0, bad = 0;
+    if (glm_is_file(v)) {
+        if (!(file = glm_read_file(v, NULL, err))) return glm_wrap(err, "--guided_choice: "), NULL;
+        for (char *line = strtok(file, "\r\n"); line && !bad; line = strtok(NULL, "\r\n")) {
+            if (n == MAX_GUIDED_CHOICES || strlen(line) > 1024) bad = 1;
+            else s[n++] = line;
+        }
+    } else {
+        if (!(j = flag_json("guided_choice", v, err))) return NULL;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, j) {
+            if (n == MAX_GUIDED_CHOICES || !cJSON_IsString(it) || !it->valuestring[0] || strlen(it->valuestring) > 1024) { bad = 1; break; }
+            s[n++] = it->valuestring;
+        }
+        bad |= !cJSON_IsArray(j);
+    }
+    glm_constraint *c = NULL;
+    if (bad || n == 0) {
+        glm_fail(err, "--guided_choice %s: 1 to %d non-empty strings of at most 1024 bytes", v, MAX_GUIDED_CHOICES);
+        glm_hint(err, "a JSON list ([\"yes\", \"no\"]) or a file of one choice a line");
+    } else {
+        c = glm_constraint_choices(s, n);
+    }
+    cJSON_Delete(j);
+    free(file);
+    return c;
+}
+
+/* --guided_json, --guided_json_object, --guided_choice: the constraint every answer keeps to, over
+ * the model's tokens' bytes. */
+static int open_constraint(gen_session *s, const gen_args *a, glm_err *err) {
+    int n = !!a->guided_json + !!a->guided_json_object + !!a->guided_choice;
+    if (!n) return 0;
+    if (n > 1) return glm_fail(err, "more than one of --guided_json, --guided_json_object and --guided_choice"),
+               glm_hint(err, "an answer keeps to one constraint");
+    if (a->guided_json) {
+        cJSON *j = flag_json("guided_json", a->guided_json, err);
+        if (!j) return -1;
+        char why[512];
+        int is_object = cJSON_IsObject(j);
+        s->constraint = is_object ? glm_constraint_schema(j, why, sizeof why) : NULL;
+        cJSON_Delete(j);
+        if (!s->constraint)
+            return glm_fail(err, "--guided_json %s: %s", a->guided_json, is_object ? why : "the schema must be a JSON object"),
+                   glm_hint(err, "docs/SERVE.md lists the keywords a schema may use");
+    } else if (a->guided_choice) {
+        if (!(s->constraint = guided_choices(a->guided_choice, err))) return -1;
+    } else {
+        s->constraint = glm_constraint_json();
+    }
+    glm_text_vocab_build(&s->vocab, s->tok, s->cfg.vocab_size);
+    s->g.constraint = s->constraint;
+    s->g.vocab = &s->vocab;
+    return 0;
+}
+
 int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     memset(s, 0, sizeof *s);
     if (!a->model_name_or_path) return glm_fail(err, "--model_name_or_path is required");
@@ -166,7 +248,7 @@ int gen_open_tokenizer(gen_session *s, const gen_args *a, glm_err *err) {
     if (!a->top_p_set) s->g.top_p = d.top_p;
     if (!a->temperature_set) s->g.temperature = d.temperature;
     glm_gen_cfg_chat_stops(&s->g, s->tok);
-    return fit_limits(s, a, err);
+    return open_constraint(s, a, err) || fit_limits(s, a, err) ? -1 : 0;
 }
 
 int gen_open(gen_session *s, const gen_args *a, glm_err *err) {
@@ -237,6 +319,8 @@ void gen_report_lookup(const gen_session *s) {
 }
 
 void gen_close(gen_session *s) {
+    glm_constraint_unref(s->constraint);
+    glm_text_vocab_free(&s->vocab);
     if (s->pipe) { glm_pipe_lm_free(s->pipe); free(s->pipe); }
     if (s->tok) glm_tokenizer_free(s->tok);
     if (s->model_ok) glm_model_free(&s->m);

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include "core/args.h"
 #include "infer/generate.h"
+#include "infer/text_vocab.h"
 
 typedef struct gen_args {
     /* common */
@@ -28,6 +29,9 @@ typedef struct gen_args {
     int reuse_kv_cache;
     /* generate and chat: prompt lookup (Hugging Face generate's names) */
     int prompt_lookup_num_tokens, max_matching_ngram_size;
+    /* generate and chat: decoding constraints (vLLM's guided decoding names) */
+    char *guided_json, *guided_choice;
+    int guided_json_object;
     /* eval (LLaMA-Factory's eval arguments) */
     char *task, *task_dir, *lang, *save_dir;
     int n_shot, batch_size;
@@ -70,6 +74,12 @@ typedef struct gen_args {
     GEN_F(prompt_lookup_num_tokens, ARG_INT, "0", "draft up to this many tokens from where the prompt and the response so far repeat their last words, checked in one pass (Hugging Face's prompt lookup; the same tokens, faster where answers copy from the input; 0 = off)"), \
     GEN_F(max_matching_ngram_size, ARG_INT, "2", "the longest run of last tokens looked up for a draft")
 
+/* Decoding constraints (vLLM's GuidedDecodingParams names), for generate and chat. */
+#define GEN_GUIDED_FLAGS \
+    GEN_F(guided_json, ARG_STR, NULL, "every answer is a JSON object this JSON Schema allows: the schema's text or a .json file (the keywords docs/SERVE.md lists)"), \
+    GEN_F(guided_json_object, ARG_BOOL, "false", "every answer is a JSON object (OpenAI's JSON mode)"), \
+    GEN_F(guided_choice, ARG_STR, NULL, "every answer is exactly one of these strings: a JSON list ([\"正面\", \"负面\"]) or a file of one choice a line")
+
 /* The adapter folder to load: --adapter, --adapter_name_or_path or --ptuning_checkpoint (gen_parse
  * refuses two of them); a comma list, the adapters before the last are merged into the base. */
 static inline const char *gen_adapter(const gen_args *a) {
@@ -92,7 +102,13 @@ typedef struct gen_session {
      * --enable_thinking false the prompt ends in the empty thought */
     int reasoning, disable_thinking;
     glm_gen_stats lookup; /* prompt lookup's counts (g.stats points here when it is on) */
+    struct glm_constraint *constraint; /* --guided_*: g.constraint, over the tokens' bytes in vocab */
+    glm_text_vocab vocab;
 } gen_session;
+
+/* model.chat's post-processing of an answer, unless a --guided_* constraint made it (its text is
+ * then returned as decoded: ChatGLM-6B's punctuation widening could change a choice or an enum's value). */
+static inline int gen_postprocess(const gen_session *s, int want) { return want && !s->constraint; }
 
 /* Parses flags (prints usage and returns 1 for --help; -1 on error). */
 int gen_parse(const glm_flag *f, int n, gen_args *a, int argc, char **argv, const char *cmd, glm_err *err);

@@ -1,6 +1,7 @@
 /* Batched generation with the KV cache and HF-order sampling (infer/generate.h). */
 #include "infer/generate.h"
 #include "parallel/pipe/pipe_infer.h"
+#include "infer/constrain.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +177,7 @@ typedef struct gen_rows {
     glm_ids *outs;
     glm_token_fn on_token;
     void *cbctx;
+    glm_constrained *con; /* [B] each row's place in g->constraint, or NULL */
 } gen_rows;
 
 /* The ids that end an answer (config.json's eos, the template's stop ids) into ends; their count. */
@@ -193,10 +195,13 @@ static int32_t take_token(gen_rows *x, int b, float *logits) {
     row_state *r = &x->rs[b];
     const glm_gen_cfg *g = x->g;
     size_t V = (size_t)x->V;
-    int32_t id = glm_sample_next(logits, x->V, g, x->seen ? x->seen + b * V : NULL, &x->rngs[b]);
     int32_t ends[MAX_ENDS];
-    for (int k = 0, n = row_ends(x->c, g, ends); k < n; k++)
+    int n_ends = row_ends(x->c, g, ends);
+    if (x->con) glm_constrained_mask(g->vocab, &x->con[b], ends, n_ends, logits);
+    int32_t id = glm_sample_next(logits, x->V, g, x->seen ? x->seen + b * V : NULL, &x->rngs[b]);
+    for (int k = 0; k < n_ends; k++)
         if (id == ends[k]) { r->done = 1; return id; }
+    if (x->con) glm_constrained_advance(g->vocab, &x->con[b], id);
     glm_ids_push(&x->outs[b], id);
     if (x->seen) x->seen[b * V + id] = 1;
     if (x->on_token) x->on_token(x->cbctx, b, id);
@@ -323,7 +328,11 @@ static int generate_core(gen_cache *kv, int skip, int B, const glm_ids *prompts,
             for (int i = 0; i < rs[b].n; i++) seen[(size_t)b * V + prompts[b].data[i]] = 1;
     }
     int rc = cache_forward(kv, P - skip, in + skip, pos + skip, bpos + skip, lo + skip, hi + skip, logits, err); /* B = 1 when skip */
-    gen_rows x = {c, g, V, rs, seen, rngs, outs, on_token, cbctx};
+    gen_rows x = {c, g, V, rs, seen, rngs, outs, on_token, cbctx, NULL};
+    if (g->constraint) {
+        x.con = glm_malloc(sizeof *x.con * (size_t)B);
+        for (int b = 0; b < B; b++) glm_constrained_begin(&x.con[b], g->constraint);
+    }
     if (rc == 0 && B == 1 && g->prompt_lookup_num_tokens > 0) rc = decode_drafted(&x, kv, &prompts[0], logits, full, err);
     else while (rc == 0) {
         int live = 0;
@@ -346,6 +355,8 @@ static int generate_core(gen_cache *kv, int skip, int B, const glm_ids *prompts,
         }
         rc = cache_forward(kv, 1, in, pos, bpos, lo, hi, logits, err);
     }
+    for (int b = 0; x.con && b < B; b++) glm_constrained_end(&x.con[b]);
+    free(x.con);
     free(seen);
     free(logits);
     free(in);

@@ -36,6 +36,11 @@ typedef struct glm_gen_cfg {
     int prompt_lookup_num_tokens; /* at most GLM_LOOKUP_MAX */
     int max_matching_ngram_size; /* the longest n-gram matched for a draft (0: 2, HF's default) */
     struct glm_gen_stats *stats; /* may be NULL: what the drafts did, added to */
+    /* Decoding kept to a constraint (JSON mode, a JSON Schema, one of some strings:
+     * infer/constrain.h) over the tokens' bytes in vocab; NULL = none. Every row's answer keeps
+     * to it from its start, and ends only where it is complete. */
+    struct glm_constraint *constraint;
+    const struct glm_text_vocab *vocab;
 } glm_gen_cfg;
 
 #define GLM_LOOKUP_MAX 63 /* a pass's rows come back through glm_cached_rows_logits (GLM_ROWS_LOGITS_MAX) */

@@ -94,10 +94,13 @@ static int step(glm_json_state *s, unsigned c) {
         if ((c == '}' && top == '{') || (c == ']' && top == '[')) return close_container(s);
         return -1;
     }
-    case M_STR:
+    case M_STR: {
+        int u = glm_utf8_step(&s->u8need, &s->u8lo, &s->u8hi, c); /* well-formed UTF-8 only */
+        if (u != 1) return u < 0 ? -1 : 0;
         if (c == '"') { if (s->key) s->mode = M_COLON; else value_ended(s); return 0; }
         if (c == '\\') { s->mode = M_ESC; return 0; }
         return c < 0x20 ? -1 : 0;
+    }
     case M_ESC:
         if (c == 'u') { s->mode = M_HEX; s->sub = 4; return 0; }
         if (!strchr("\"\\/bfnrt", (int)c) || c == 0) return -1;
@@ -141,7 +144,7 @@ static int json_fits(const void *state, const unsigned char *b, size_t n) {
 }
 
 void glm_json_mask(const glm_text_vocab *v, const glm_json_state *s, const int32_t *ends, int n_ends, float *logits) {
-    glm_recognizer r = {.state = s, .fits = json_fits, .done = glm_json_done(s), .in_string = s->mode == M_STR,
+    glm_recognizer r = {.state = s, .fits = json_fits, .done = glm_json_done(s), .in_string = s->mode == M_STR && !s->u8need,
                         .between = s->mode < M_STR, .room = GLM_JSON_MAX_SPACE - s->space};
     glm_text_vocab_mask(v, &r, ends, n_ends, logits);
 }

@@ -1,6 +1,7 @@
 /* JSON mode (OpenAI's response_format {"type": "json_object"}): decoding constrained so that the
  * answer is one JSON object (RFC 8259, as Python's json.loads(strict=True) takes it: no NaN or
- * Infinity, no control characters in strings), and it ends when the object closes.
+ * Infinity, no control characters in strings; strings of well-formed UTF-8, so that the answer's
+ * text holds no replacement character), and it ends when the object closes.
  *
  * A byte-level pushdown recognizer (glm_json_state) follows the text chosen so far; before each
  * choice every token whose bytes (glm_tokenizer_token_bytes) the recognizer would refuse gets a
@@ -21,6 +22,8 @@ typedef struct glm_json_state {
     uint8_t mode, sub;          /* where the recognizer is (json_mode.c), and a number's or literal's step */
     uint8_t depth, key;         /* containers open; the string being read is an object's key */
     uint8_t space;              /* whitespace bytes in a row */
+    uint8_t u8need, u8lo, u8hi; /* in a string: the bytes still to come of a UTF-8 character
+                                 * (glm_utf8_step) */
     char stack[GLM_JSON_MAX_DEPTH]; /* '{' or '[' for each open container */
 } glm_json_state;
 

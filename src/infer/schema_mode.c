@@ -217,31 +217,26 @@ static const glm_json_schema_node *item_node(const glm_json_schema_node *n, int 
 static int string_byte(glm_json_schema_state *st, glm_json_schema_frame *f, unsigned c) {
     const glm_json_schema_node *n = f->node;
     switch (f->phase) {
-    case P_STR:
-        if (f->sub) { /* inside a UTF-8 sequence: its next byte within [pos >> 8, pos & 0xFF] */
-            if (c < (unsigned)(f->pos >> 8) || c > (unsigned)(f->pos & 0xFF)) return -1;
-            f->sub--;
-            f->pos = 0x80BF;
+    case P_STR: {
+        uint8_t lo = (uint8_t)(f->pos >> 8), hi = (uint8_t)f->pos;
+        int u = glm_utf8_step(&f->sub, &lo, &hi, c); /* (sub, pos: the character's bytes to come) */
+        f->pos = (uint16_t)(lo << 8 | hi);
+        if (u <= 0) return u;
+        if (u == 2) { /* a character of several bytes */
+            if (n->max_len >= 0 && f->next >= n->max_len) return -1;
+            f->next++;
+            f->cand = 0;
             return 0;
         }
         if (c == '"') { if (f->next < n->min_len) return -1; pop(st); return 0; }
         if (c < 0x20) return -1;
-        if (c >= 0x80) { /* a character's first byte: only well-formed UTF-8 (Unicode's table 3-7) */
-            unsigned need = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 0;
-            unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-            if (!need || (n->max_len >= 0 && f->next >= n->max_len)) return -1;
-            f->next++;
-            f->cand = 0;
-            f->sub = (uint8_t)need;
-            f->pos = (uint16_t)(lo << 8 | hi);
-            return 0;
-        }
         /* (at the limit, an escape after a high surrogate may still be the low one that joins it) */
         if (n->max_len >= 0 && f->next >= n->max_len && !(c == '\\' && f->cand)) return -1;
         f->next++;
         if (c == '\\') f->phase = P_ESC;
         else f->cand = 0;
         return 0;
+    }
     case P_ESC: {
         int over = n->max_len >= 0 && f->next > n->max_len; /* only the joining low surrogate fits */
         if (c == 'u') { f->phase = P_HEX; f->sub = 4; f->pos = 0; return 0; }

@@ -4,17 +4,12 @@
 #include <string.h>
 #include "core/err.h"
 
-/* b[0..n) is whole, well-formed UTF-8 (no sequence cut at either end). */
+/* b[0..n) is whole, well-formed UTF-8 (no character cut at either end). */
 static int utf8_whole(const unsigned char *b, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned c = b[i], need = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 9;
-        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-        if (need == 9 || i + need >= n) return 0;
-        for (unsigned k = 1; k <= need; k++, lo = 0x80, hi = 0xBF)
-            if (b[i + k] < lo || b[i + k] > hi) return 0;
-        i += need + 1;
-    }
-    return 1;
+    uint8_t need = 0, lo = 0, hi = 0;
+    for (size_t i = 0; i < n; i++)
+        if (glm_utf8_step(&need, &lo, &hi, b[i]) < 0) return 0;
+    return need == 0;
 }
 
 void glm_text_vocab_build(glm_text_vocab *v, const glm_tokenizer *t, int V) {
