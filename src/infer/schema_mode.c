@@ -78,6 +78,11 @@ static int bounded(const glm_json_schema_node *n) { return n->has_lo || n->has_h
 
 /* The double of the text "m / 10^frac" (frac >= 1 digits after the point), as strtod reads it. */
 static long double fraction_value(uint64_t m, int frac) {
+    static const double POW10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
+                                     1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    /* Both exact in a double, so the one correctly rounded division is strtod's answer (Clinger's
+     * fast path); otherwise strtod reads the text. */
+    if (m < (1ull << 53) && frac <= 22) return (long double)((double)m / POW10[frac]);
     char d[24], t[96];
     int nd = snprintf(d, sizeof d, "%llu", (unsigned long long)m), k = 0;
     if (nd <= frac) {
@@ -358,10 +363,11 @@ static int schema_fits(const void *state, const unsigned char *b, size_t n) {
 void glm_json_schema_mask(const glm_text_vocab *v, const glm_json_schema_state *st, const int32_t *ends, int n_ends,
                           float *logits) {
     int phase = st->done ? P_START : st->f[st->depth - 1].phase;
-    /* (a string with a length limit, or in the middle of a character, takes each token through the
-     * recognizer) */
-    int plain_fits = phase == P_STR && st->f[st->depth - 1].node->max_len < 0 && !st->f[st->depth - 1].sub;
-    glm_recognizer r = {.state = st, .fits = schema_fits, .done = st->done, .in_string = plain_fits,
+    const glm_json_schema_frame *f = st->done ? NULL : &st->f[st->depth - 1];
+    /* (in the middle of a character, a string's tokens go through the recognizer) */
+    int in_string = phase == P_STR && !f->sub, limited = in_string && f->node->max_len >= 0;
+    glm_recognizer r = {.state = st, .fits = schema_fits, .done = st->done, .in_string = in_string, .limited = limited,
+                        .chars_left = limited ? f->node->max_len - f->next : 0,
                         .between = takes_space(phase), .room = GLM_JSON_MAX_SPACE - st->space};
     glm_text_vocab_mask(v, &r, ends, n_ends, logits);
 }

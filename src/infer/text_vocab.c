@@ -23,6 +23,7 @@ void glm_text_vocab_build(glm_text_vocab *v, const glm_tokenizer *t, int V) {
     v->lead = glm_calloc((size_t)V, 1);
     v->sig = glm_calloc((size_t)V, 1);
     v->nsp = glm_calloc((size_t)V, 1);
+    v->chars = glm_calloc((size_t)V, 1);
     size_t cap = (size_t)V * 4 + 16, n = 0;
     v->blob = glm_malloc(cap);
     for (int32_t id = 0; id < V; id++) {
@@ -47,6 +48,9 @@ void glm_text_vocab_build(glm_text_vocab *v, const glm_tokenizer *t, int V) {
             int plain = 1;
             for (size_t i = 0; i < len; i++) plain &= (unsigned char)b[i] >= 0x20 && b[i] != '"' && b[i] != '\\';
             v->plain[id] = (uint8_t)(plain && utf8_whole((const unsigned char *)b, len));
+            size_t nc = 0;
+            for (size_t i = 0; i < len; i++) nc += ((unsigned char)b[i] & 0xC0) != 0x80;
+            v->chars[id] = (uint8_t)(nc < 255 ? nc : 255);
             v->lead[id] = (uint8_t)b[0];
             size_t w = 0;
             while (w < len && glm_json_space((unsigned char)b[w])) w++;
@@ -66,6 +70,7 @@ void glm_text_vocab_free(glm_text_vocab *v) {
     free(v->lead);
     free(v->sig);
     free(v->nsp);
+    free(v->chars);
     memset(v, 0, sizeof *v);
 }
 
@@ -84,7 +89,10 @@ void glm_text_vocab_mask(const glm_text_vocab *v, const glm_recognizer *r, const
         }
         for (int id = 0; id < v->V; id++) {
             if (!v->text[id]) { logits[id] = GLM_MASKED; continue; }
-            if (r->in_string && v->plain[id]) continue; /* a string takes it whole and is still open */
+            if (r->in_string && v->plain[id]) { /* a string takes it whole and is still open, if it has room */
+                if (r->limited && v->chars[id] > r->chars_left) logits[id] = GLM_MASKED;
+                continue;
+            }
             if (r->between ? v->nsp[id] > r->room || (v->sig[id] && !first[v->sig[id]]) : !first[v->lead[id]]) {
                 logits[id] = GLM_MASKED;
                 continue;

@@ -18,6 +18,7 @@ typedef struct glm_text_vocab {
     uint8_t *lead;       /* [V] a text token's first byte */
     uint8_t *sig, *nsp;  /* [V] its first byte that is not whitespace (0: none) and the whitespace before
                           * it (at most 255) */
+    uint8_t *chars;      /* [V] a plain token's characters (at most 255): what it adds to a string's length */
     int drop_first_space; /* decoding drops a leading space from an answer's first token (SentencePiece's
                            * dummy prefix; not GLM-4's byte-level BPE) */
 } glm_text_vocab;
@@ -51,7 +52,9 @@ typedef struct glm_recognizer {
     const void *state;
     int (*fits)(const void *state, const unsigned char *b, size_t n); /* 1: these bytes can come next */
     int done;      /* the answer is complete: only the end tokens stay */
-    int in_string; /* inside a string, where plain tokens (glm_text_vocab.plain) always fit */
+    int in_string; /* inside a string, where plain tokens (glm_text_vocab.plain) fit (unless limited) */
+    int limited, chars_left; /* in_string with a length limit: a plain token fits when its characters
+                              * are at most chars_left, and never else */
     int between;   /* between values, where whitespace leaves the recognizer as it was: a token is
                     * tried only when its first byte after whitespace can come next */
     int room;      /* whitespace bytes that may still come in a row */

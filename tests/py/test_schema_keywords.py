@@ -18,6 +18,10 @@ exclusiveMaximum on integers and numbers.
     the walks that finish parse with Model.parse_raw;
   * served on a tiny random ChatGLM2 (CPU): answers under a pydantic schema that stop parse with
     parse_raw and validate, those cut by max_tokens are prefixes;
+  * every token mask at 24 places (JSON mode's and a schema's: strings with and without a length
+    limit, at it, after a high surrogate, in the middle of a character, bounded numbers, keys,
+    finished answers) keeps exactly the tokens whose bytes the recognizer takes, over the tiny
+    model's vocabulary and ChatGLM-6B's real one (skipped when ../shared lacks it);
   * 18 schemas refused, each naming the keyword or the reason (two alternatives of one type, a $ref
     to nowhere or outside, $ref beside other keywords, allOf of two, pattern, format, empty ranges,
     draft 4's boolean exclusiveMaximum, items as a list, keywords without a type, a $ref circle,
@@ -274,11 +278,28 @@ def pydantic_checks():
     return Answer
 
 
+REAL_TOKENIZER = os.environ.get("GLM_TOKENIZER_MODEL", os.path.join(HERE, "..", "..", "..", "shared", "tokenizers",
+                                                                     "chatglm-6b", "ice_text.model"))
+
+
+def mask_checks(name, tokenizer):
+    """Every mask (JSON mode's and a schema's fast paths: plain tokens in strings, a length limit's
+    room, first bytes) against the recognizer token by token (tests/c/tool_mask_time --check)."""
+    p = subprocess.run([tool("tool_mask_time"), "--check", tokenizer], capture_output=True, text=True, timeout=600)
+    T.check(name, p.returncode == 0 and "tokens differ" in p.stdout and " 0 tokens differ" in p.stdout,
+            (p.stdout + p.stderr)[-400:])
+
+
 def server_checks(Answer):
     tmp = tempfile.mkdtemp(prefix="glmtrain-schema-")
     from test_serve_echo import make_glm2
     try:
         model, _, _ = make_glm2(tmp)
+        mask_checks("schema_keywords_masks_equal_recognizer_tiny_vocab", model)
+        if os.path.isfile(REAL_TOKENIZER):
+            mask_checks("schema_keywords_masks_equal_recognizer_chatglm6b_vocab", REAL_TOKENIZER)
+        else:
+            T.skip("schema_keywords_masks_equal_recognizer_chatglm6b_vocab", "%s not found" % REAL_TOKENIZER)
         S = sc.Server(model, "--max_batch_size", "4")
         try:
             st, tk = tc.post(S, {"prompt": "\"a\":1,\"b\":2}", "add_special_tokens": False}, "/tokenize")
