@@ -160,23 +160,27 @@ static glm_constraint *guided_choices(const char *v, glm_err *err) {
     return c;
 }
 
-/* --guided_json, --guided_json_object, --guided_choice: the constraint every answer keeps to, over
+/* --guided_json, --guided_json_object, --guided_choice, --guided_regex: the constraint every answer keeps to, over
  * the model's tokens' bytes. */
 static int open_constraint(gen_session *s, const gen_args *a, glm_err *err) {
-    int n = !!a->guided_json + !!a->guided_json_object + !!a->guided_choice;
+    int n = !!a->guided_json + !!a->guided_json_object + !!a->guided_choice + !!a->guided_regex;
     if (!n) return 0;
-    if (n > 1) return glm_fail(err, "more than one of --guided_json, --guided_json_object and --guided_choice"),
+    if (n > 1) return glm_fail(err, "more than one of --guided_json, --guided_json_object, --guided_choice and --guided_regex"),
                glm_hint(err, "an answer keeps to one constraint");
+    char why[512];
     if (a->guided_json) {
         cJSON *j = flag_json("guided_json", a->guided_json, err);
         if (!j) return -1;
-        char why[512];
         int is_object = cJSON_IsObject(j);
         s->constraint = is_object ? glm_constraint_schema(j, why, sizeof why) : NULL;
         cJSON_Delete(j);
         if (!s->constraint)
             return glm_fail(err, "--guided_json %s: %s", a->guided_json, is_object ? why : "the schema must be a JSON object"),
                    glm_hint(err, "docs/SERVE.md lists the keywords a schema may use");
+    } else if (a->guided_regex) {
+        if (!(s->constraint = glm_constraint_regex(a->guided_regex, why, sizeof why)))
+            return glm_fail(err, "--guided_regex %s: %s", a->guided_regex, why),
+                   glm_hint(err, "docs/INFERENCE.md lists the regular expressions' syntax");
     } else if (a->guided_choice) {
         if (!(s->constraint = guided_choices(a->guided_choice, err))) return -1;
     } else {

@@ -30,7 +30,7 @@ typedef struct gen_args {
     /* generate and chat: prompt lookup (Hugging Face generate's names) */
     int prompt_lookup_num_tokens, max_matching_ngram_size;
     /* generate and chat: decoding constraints (vLLM's guided decoding names) */
-    char *guided_json, *guided_choice;
+    char *guided_json, *guided_choice, *guided_regex;
     int guided_json_object;
     /* eval (LLaMA-Factory's eval arguments) */
     char *task, *task_dir, *lang, *save_dir;
@@ -78,6 +78,7 @@ typedef struct gen_args {
 #define GEN_GUIDED_FLAGS \
     GEN_F(guided_json, ARG_STR, NULL, "every answer is a JSON object this JSON Schema allows: the schema's text or a .json file (the keywords docs/SERVE.md lists)"), \
     GEN_F(guided_json_object, ARG_BOOL, "false", "every answer is a JSON object (OpenAI's JSON mode)"), \
+    GEN_F(guided_regex, ARG_STR, NULL, "every answer matches this regular expression whole (Python's syntax, the subset docs/INFERENCE.md lists)"), \
     GEN_F(guided_choice, ARG_STR, NULL, "every answer is exactly one of these strings: a JSON list ([\"正面\", \"负面\"]) or a file of one choice a line")
 
 /* The adapter folder to load: --adapter, --adapter_name_or_path or --ptuning_checkpoint (gen_parse

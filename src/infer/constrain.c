@@ -5,12 +5,13 @@
 #include <string.h>
 #include "infer/choice_mode.h"
 
-typedef enum { C_JSON, C_SCHEMA, C_CHOICES } kind;
+typedef enum { C_JSON, C_SCHEMA, C_CHOICES, C_REGEX } kind;
 
 struct glm_constraint {
     atomic_int refs;
     kind k;
     glm_json_schema schema; /* C_SCHEMA */
+    glm_regex re;           /* C_REGEX */
     char **choices;         /* C_CHOICES: n strings of len bytes */
     size_t *len;
     int n;
@@ -31,6 +32,12 @@ glm_constraint *glm_constraint_schema(const cJSON *schema, char *why, size_t cap
     return c;
 }
 
+glm_constraint *glm_constraint_regex(const char *pattern, char *why, size_t cap) {
+    glm_constraint *c = made(C_REGEX);
+    if (glm_regex_compile(&c->re, pattern, GLM_REGEX_MAX_STATES, why, cap)) { free(c); return NULL; }
+    return c;
+}
+
 glm_constraint *glm_constraint_choices(const char *const *choices, int n) {
     glm_constraint *c = made(C_CHOICES);
     c->choices = glm_malloc(sizeof(char *) * (size_t)n);
@@ -46,6 +53,7 @@ glm_constraint *glm_constraint_choices(const char *const *choices, int n) {
 void glm_constraint_unref(glm_constraint *c) {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
     if (c->k == C_SCHEMA) glm_json_schema_free(&c->schema);
+    if (c->k == C_REGEX) glm_regex_free(&c->re);
     for (int i = 0; i < c->n; i++) free(c->choices[i]);
     free(c->choices);
     free(c->len);
@@ -59,11 +67,16 @@ void glm_constrained_begin(glm_constrained *r, glm_constraint *c) {
     r->c = c;
     if (c->k == C_JSON) glm_json_init(&r->js);
     if (c->k == C_SCHEMA) glm_json_schema_start(&r->ss, &c->schema);
+    if (c->k == C_REGEX) {
+        r->re_set = glm_malloc(sizeof *r->re_set * (size_t)c->re.words);
+        glm_regex_start(&c->re, r->re_set);
+    }
 }
 
 void glm_constrained_end(glm_constrained *r) {
     glm_constraint_unref(r->c);
     free(r->text.s);
+    free(r->re_set);
     memset(r, 0, sizeof *r);
 }
 
@@ -72,6 +85,7 @@ void glm_constrained_mask(const glm_text_vocab *v, const glm_constrained *r, con
     if (!c) return;
     if (c->k == C_JSON) glm_json_mask(v, &r->js, ends, n_ends, logits);
     else if (c->k == C_SCHEMA) glm_json_schema_mask(v, &r->ss, ends, n_ends, logits);
+    else if (c->k == C_REGEX) glm_regex_mask(v, &c->re, r->re_set, &r->re_text, r->re_bytes, ends, n_ends, logits);
     else glm_choice_mask(v, (const char *const *)c->choices, c->len, c->n, r->text.s ? r->text.s : "", r->text.n, ends,
                          n_ends, logits);
 }
@@ -81,7 +95,12 @@ void glm_constrained_advance(const glm_text_vocab *v, glm_constrained *r, int32_
     if (!c) return;
     if (c->k == C_JSON) glm_json_advance(v, &r->js, id);
     else if (c->k == C_SCHEMA) glm_json_schema_advance(v, &r->ss, id);
-    else {
+    else if (c->k == C_REGEX) {
+        const char *b;
+        size_t n = glm_choice_token_bytes(v, id, r->re_bytes, &b);
+        for (size_t i = 0; i < n; i++) glm_regex_byte(&c->re, r->re_set, &r->re_text, (unsigned char)b[i]);
+        r->re_bytes += n;
+    } else {
         const char *b;
         size_t n = glm_choice_token_bytes(v, id, r->text.n, &b);
         glm_strbuf_put(&r->text, b, n);

@@ -1,5 +1,6 @@
 /* What an answer must be, whichever the kind (JSON mode: infer/json_mode.h; a JSON Schema:
- * infer/schema_mode.h; one of some strings: infer/choice_mode.h), made once and shared by the rows
+ * infer/schema_mode.h; one of some strings: infer/choice_mode.h; a regular expression's match:
+ * infer/regex.h), made once and shared by the rows
  * that keep to it (a request's n choices), and each row's place in it. The masks and the token
  * bytes are the kinds' own; this is the one switch over the kinds. */
 #ifndef GLM_INFER_CONSTRAIN_H
@@ -9,6 +10,7 @@
 #include <stdint.h>
 #include "core/strbuf.h"
 #include "infer/json_mode.h"
+#include "infer/regex.h"
 #include "infer/schema_mode.h"
 #include "infer/text_vocab.h"
 
@@ -17,6 +19,8 @@ typedef struct glm_constraint glm_constraint; /* immutable once made; counted re
 glm_constraint *glm_constraint_json(void);
 /* NULL with why[] (the keyword and where it is) for a schema that is not supported. */
 glm_constraint *glm_constraint_schema(const cJSON *schema, char *why, size_t cap);
+/* NULL with why[] for a pattern that is not supported (infer/regex.h). */
+glm_constraint *glm_constraint_regex(const char *pattern, char *why, size_t cap);
 /* choices[n] (n >= 1, each non-empty), copied. */
 glm_constraint *glm_constraint_choices(const char *const *choices, int n);
 
@@ -29,6 +33,9 @@ typedef struct glm_constrained {
     glm_json_state js;          /* JSON mode */
     glm_json_schema_state ss;   /* a schema */
     glm_strbuf text;            /* choices: the answer's bytes so far */
+    uint64_t *re_set;           /* a regex: its live states, */
+    glm_regex_text re_text;     /*   the character being read */
+    size_t re_bytes;            /*   and the answer's bytes so far */
 } glm_constrained;
 /* Starts a row on c (taking a reference; c may be NULL), and ends it (dropping it). */
 void glm_constrained_begin(glm_constrained *r, glm_constraint *c);

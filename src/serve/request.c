@@ -419,6 +419,20 @@ static int guided_choice(const cJSON *c, srv_req *r, api_err *e) {
     return constrain_to(r, glm_constraint_choices(s, k));
 }
 
+/* vLLM's guided_regex: the answer matches a regular expression whole (infer/regex.h). */
+static int guided_regex(const cJSON *g, srv_req *r, api_err *e) {
+    if (!srv_present(g)) return 0;
+    if (!cJSON_IsString(g) || !g->valuestring[0] || strlen(g->valuestring) > 4096)
+        return srv_bad(e, 400, "guided_regex", "invalid_type", "guided_regex must be a pattern of 1 to 4096 bytes");
+    if (r->con.c)
+        return srv_bad(e, 400, "guided_regex", "invalid_value", "guided_regex with another constraint: one at a time");
+    if (ends_itself(r, "guided_regex", e)) return -1;
+    char why[320];
+    glm_constraint *c = glm_constraint_regex(g->valuestring, why, sizeof why);
+    if (!c) return srv_bad(e, 400, "guided_regex", "unsupported_value", "guided_regex: %s", why);
+    return constrain_to(r, c);
+}
+
 srv_req *srv_req_clone(const srv_req *r) {
     srv_req *x = srv_req_new();
     x->adapter = r->adapter;
@@ -559,6 +573,7 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     r->ignore_eos = cJSON_IsTrue(ie);
     if (response_format(srv_field(o, "response_format"), srv_field(o, "guided_json"), r, e)) goto out;
     if (guided_choice(srv_field(o, "guided_choice"), r, e)) goto out;
+    if (guided_regex(srv_field(o, "guided_regex"), r, e)) goto out;
     glm_err gerr = {0};
     if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
     if (chat) {

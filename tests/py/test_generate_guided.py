@@ -9,6 +9,7 @@ glm_gen_cfg.constraint), on tiny random models (ChatGLM2 family and GLM v1, CPU)
     that end are JSON the schema allows (the jsonschema package), those cut by --max_new_tokens
     are prefixes the recognizer takes; JSON mode's answers parse as objects and hold no
     replacement character (strings are well-formed UTF-8);
+  * --guided_regex: every sampled answer matches whole (Python's re.fullmatch), several differ;
   * with prompt lookup's drafts the answers are the same tokens (bit for bit on the CPU);
   * ChatGLM-6B's punctuation widening is not applied to a constrained answer (a choice with an
     ASCII comma after a CJK character comes back as it is);
@@ -17,6 +18,7 @@ glm_gen_cfg.constraint), on tiny random models (ChatGLM2 family and GLM v1, CPU)
 Prints PASS/FAIL/SKIP lines."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +30,7 @@ import serve_common as sc  # noqa: E402
 from harness import Checks, tool  # noqa: E402
 
 T = Checks()
+REGEX = r"(\d{3}-[a-c]{2}|[中文]{1,3}x?)"
 CHOICES = ["正面", "负面", "yes", "yes please", "这是一个由许多个词组成的很长的选择"]
 SCHEMA = {"type": "object", "properties": {
     "label": {"enum": ["正面", "负面"]}, "score": {"type": "number", "minimum": 0, "maximum": 1},
@@ -139,7 +142,9 @@ def refusal_checks(model, tmp):
                         (["--guided_json", '[1]'], "the schema must be a JSON object"),
                         (["--guided_choice", empty], "--guided_choice"),
                         (["--guided_choice", '["a", 1]'], "non-empty strings"),
-                        (["--guided_choice", os.path.join(tmp, "missing.txt")], "missing.txt")):
+                        (["--guided_choice", os.path.join(tmp, "missing.txt")], "missing.txt"),
+                        (["--guided_regex", "a(?=b)"], "lookarounds"),
+                        (["--guided_regex", "a", "--guided_choice", '["a"]'], "--guided_regex")):
         p = gen(model, *flags)
         T.check("guided_refuses_%s" % want.replace(" ", "_").replace("\"", "").replace("-", ""),
                 p.returncode != 0 and want in p.stderr, p.stderr[-300:])
@@ -162,6 +167,10 @@ def main():
         got, why = answers(v1, ["--guided_choice", json.dumps(["好,不好", "中:"], ensure_ascii=False)], seeds=range(4))
         T.check("guided_choice_glm1_no_punctuation_widening", got is not None and all(t in ("好,不好", "中:") for t in got),
                 str(got or why))
+        for model, tag in ((g2, "glm2"), (v1, "glm1")):
+            got, why = answers(model, ["--guided_regex", REGEX])
+            T.check("guided_regex_%s_answers_match" % tag, got is not None and all(re.fullmatch(REGEX, t) for t in got) and
+                    len(set(got)) >= 3, str(got or why))
         refusal_checks(g2, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

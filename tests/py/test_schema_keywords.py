@@ -22,6 +22,7 @@ exclusiveMaximum on integers and numbers.
     limit, at it, after a high surrogate, in the middle of a character, bounded numbers, keys,
     finished answers) keeps exactly the tokens whose bytes the recognizer takes, over the tiny
     model's vocabulary and ChatGLM-6B's real one (skipped when ../shared lacks it);
+  * served, vLLM's guided_regex: answers match whole (re.fullmatch); refusals name the field;
   * 18 schemas refused, each naming the keyword or the reason (two alternatives of one type, a $ref
     to nowhere or outside, $ref beside other keywords, allOf of two, pattern, format, empty ranges,
     draft 4's boolean exclusiveMaximum, items as a list, keywords without a type, a $ref circle,
@@ -30,6 +31,7 @@ Prints PASS/FAIL/SKIP lines."""
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -320,6 +322,18 @@ def server_checks(Answer):
             T.check("schema_keywords_served_pydantic", outs is not None and len(stops) >= 2 and not bad and
                     all(valid(s, t) for t in stops) and all(v == "prefix" for v in pv),
                     "%d stopped, %d do not parse %s, %d cut %s" % (len(stops), len(bad), bad[:1], len(cut), pv))
+            rx = r"[0-9]{2,4}(-[a-z]{2})?|是|否"
+            outs = tc.answers(S, "回答", 8, False, {"guided_regex": rx, "max_tokens": 40})
+            T.check("served_guided_regex_answers_match", outs is not None and all(f == "stop" and re.fullmatch(rx, t)
+                                                                                  for t, f in outs),
+                    str(outs and [(t, f) for t, f in outs if f != "stop" or not re.fullmatch(rx, t)][:3]))
+            for body, want in (({"guided_regex": "a\\1"}, "backreferences"), ({"guided_regex": 5}, "pattern"),
+                               ({"guided_regex": "a", "guided_choice": ["a"]}, "one at a time"),
+                               ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos")):
+                st, b = tc.post(S, dict(body, prompt="x", max_tokens=4))
+                T.check("served_guided_regex_refuses_%s" % want.replace(" ", "_"), st == 400 and
+                        b["error"]["param"] in ("guided_regex", "ignore_eos") and want in b["error"]["message"] + b["error"]["param"],
+                        "%s %s" % (st, b))
             st, b = tc.post(S, {"prompt": "x", "max_tokens": 4, "response_format": {
                 "type": "json_schema", "json_schema": {"name": "x", "schema": REFUSED[0][0]}}})
             T.check("schema_keywords_served_refusal_names_it", st == 400 and b["error"]["param"] == "response_format" and
