@@ -16,6 +16,7 @@ static const char *const ANNOTATIONS[] = {"title", "description", "default", "ex
 static const char *const ASSERTIONS[] = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
                                          "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum",
                                          "exclusiveMinimum", "exclusiveMaximum", "enum", "const", "$ref", "allOf",
+                                         "pattern", "format",
                                          "anyOf", "oneOf"};
 #define ALL_CLASSES (GLM_ST_OBJECT | GLM_ST_ARRAY | GLM_ST_STRING | GLM_ST_NUMBER | GLM_ST_BOOLEAN | GLM_ST_NULL)
 #define MAX_REF_HOPS 32
@@ -287,6 +288,43 @@ static int compile_bounds(cctx *c, glm_json_schema_node *n, const cJSON *s, cons
     return 0;
 }
 
+/* "format"s as patterns (each stricter than its RFC where a pattern cannot count: a date is never
+ * February 29th, a year is 1000-9999), so that what is made also parses in Python. */
+#define DATE "[1-9][0-9]{3}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)"
+#define TIME "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+#define OCTET "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+static const char *const FORMATS[][2] = {
+    {"date-time", DATE "T" TIME}, {"date", DATE}, {"time", TIME},
+    {"uuid", "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"},
+    {"email", "[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\\.[A-Za-z0-9-]+)+"},
+    {"ipv4", OCTET "(?:\\." OCTET "){3}"},
+};
+
+static int compile_pattern(cctx *c, glm_json_schema_node *n, const cJSON *s, const char *path) {
+    const cJSON *pat = get(s, "pattern"), *fmt = get(s, "format");
+    char msg[600], why[320];
+    if (!pat && !fmt) return 0;
+    if (pat && fmt) return fail(c, path, "\"pattern\" and \"format\" together are not supported (give one)");
+    const char *re = NULL;
+    if (pat && !cJSON_IsString(pat)) return fail(c, path, "\"pattern\" must be a string");
+    if (pat) re = pat->valuestring;
+    for (size_t i = 0; fmt && i < sizeof FORMATS / sizeof FORMATS[0]; i++)
+        if (cJSON_IsString(fmt) && !strcmp(fmt->valuestring, FORMATS[i][0])) re = FORMATS[i][1];
+    if (!re) {
+        snprintf(msg, sizeof msg, "\"format\" %.60s is not supported (date-time, date, time, uuid, email, ipv4 are)",
+                 cJSON_IsString(fmt) ? fmt->valuestring : "?");
+        return fail(c, path, msg);
+    }
+    n->re = glm_calloc(1, sizeof *n->re);
+    if (glm_regex_compile(n->re, re, GLM_SCHEMA_REGEX_STATES, why, sizeof why)) {
+        free(n->re);
+        n->re = NULL;
+        snprintf(msg, sizeof msg, "\"%s\": %s", pat ? "pattern" : "format", why);
+        return fail(c, path, msg);
+    }
+    return 0;
+}
+
 /* Fills node n from schema s (s is neither a $ref nor an allOf: unwrap has followed them). */
 static int compile_into(cctx *c, glm_json_schema_node *n, const cJSON *s, const char *path, int depth) {
     char sub[512];
@@ -346,6 +384,7 @@ static int compile_into(cctx *c, glm_json_schema_node *n, const cJSON *s, const 
                                        count_of(c, get(s, "maxLength"), &n->max_len, -1, path, "maxLength")))
         return -1;
     if (n->max_len >= 0 && n->max_len < n->min_len) return fail(c, path, "\"maxLength\" is below \"minLength\"");
+    if ((n->types & GLM_ST_STRING) && compile_pattern(c, n, s, path)) return -1;
     if ((n->types & (GLM_ST_NUMBER | GLM_ST_INTEGER)) && compile_bounds(c, n, s, path)) return -1;
     return 0;
 }
@@ -381,6 +420,8 @@ void glm_json_schema_free(glm_json_schema *s) {
         glm_json_schema_node *n = s->all[i];
         for (int k = 0; k < n->n_props; k++) free(n->keys[k]);
         for (int k = 0; k < n->n_lits; k++) free(n->lits[k]);
+        if (n->re) glm_regex_free(n->re);
+        free(n->re);
         free(n->keys); free(n->props); free(n->required); free(n->lits); free(n->prefix); free(n->alts);
         free(n);
     }

@@ -153,14 +153,14 @@ static int num_byte(glm_json_schema_frame *f, unsigned c) {
     return 0;
 }
 
-static int value_start(glm_json_schema_frame *f, unsigned c) {
+static int value_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsigned c) {
     const glm_json_schema_node *n = f->node;
     if (n->n_alts) { /* the alternative whose type starts with c */
         unsigned cl = c == '{' ? GLM_ST_OBJECT : c == '[' ? GLM_ST_ARRAY : c == '"' ? GLM_ST_STRING
                     : glm_json_number_first(c) ? GLM_ST_NUMBER : c == 't' || c == 'f' ? GLM_ST_BOOLEAN
                     : c == 'n' ? GLM_ST_NULL : 0;
         for (int i = 0; i < n->n_alts; i++)
-            if (n->alts[i]->classes & cl) { f->node = n->alts[i]; return value_start(f, c); }
+            if (n->alts[i]->classes & cl) { f->node = n->alts[i]; return value_start(st, f, c); }
         return -1;
     }
     if (n->n_lits) {
@@ -175,7 +175,11 @@ static int value_start(glm_json_schema_frame *f, unsigned c) {
     unsigned t = n->types;
     if (c == '{' && (t & GLM_ST_OBJECT)) { f->phase = P_OBJ_OPEN; f->next = 0; return 0; }
     if (c == '[' && (t & GLM_ST_ARRAY)) { f->phase = P_ARR_OPEN; f->next = 0; return 0; }
-    if (c == '"' && (t & GLM_ST_STRING)) { f->phase = P_STR; f->next = 0; f->cand = 0; f->sub = 0; return 0; }
+    if (c == '"' && (t & GLM_ST_STRING)) {
+        f->phase = P_STR; f->next = 0; f->cand = 0; f->sub = 0;
+        if (n->re) { glm_regex_start(n->re, st->re); memset(&st->re_text, 0, sizeof st->re_text); }
+        return 0;
+    }
     if (glm_json_number_first(c) && (t & (GLM_ST_NUMBER | GLM_ST_INTEGER))) {
         f->sub = glm_json_number_start(c);
         f->pos = c == '-';
@@ -201,7 +205,7 @@ static int key_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsign
         if (!n->extra) return -1;
         f->phase = P_COLON;
         if (push(st, &MAP_KEY)) return -1;
-        return value_start(&st->f[st->depth - 1], c);
+        return value_start(st, &st->f[st->depth - 1], c);
     }
     if (!key_candidates(n, f->next)) return -1;
     f->cand = key_candidates(n, f->next);
@@ -216,6 +220,11 @@ static const glm_json_schema_node *item_node(const glm_json_schema_node *n, int 
     return i < n->n_prefix ? n->prefix[i] : n->items;
 }
 
+/* A backslash may start an escape the pattern takes: some code point \uXXXX can write (not a surrogate). */
+static int escape_may_come(const glm_regex *re, const uint64_t *set) {
+    return glm_regex_may_take(re, set, 0, 0xD7FF) || glm_regex_may_take(re, set, 0xE000, 0xFFFF);
+}
+
 /* A string's byte c: well-formed UTF-8 only (so that the answer's text is what was recognized, with
  * no replacement characters), characters counted as Python's len counts the decoded text (a UTF-8
  * sequence is one, an escape is one, a \u escape of a low surrogate after a high one joins it). */
@@ -226,15 +235,22 @@ static int string_byte(glm_json_schema_state *st, glm_json_schema_frame *f, unsi
         uint8_t lo = (uint8_t)(f->pos >> 8), hi = (uint8_t)f->pos;
         int u = glm_utf8_step(&f->sub, &lo, &hi, c); /* (sub, pos: the character's bytes to come) */
         f->pos = (uint16_t)(lo << 8 | hi);
-        if (u <= 0) return u;
+        if (u < 0) return -1;
+        if (n->re && (u != 1 || (c != '"' && c != '\\')) && glm_regex_byte(n->re, st->re, &st->re_text, c)) return -1;
+        if (u == 0) return 0;
         if (u == 2) { /* a character of several bytes */
             if (n->max_len >= 0 && f->next >= n->max_len) return -1;
             f->next++;
             f->cand = 0;
             return 0;
         }
-        if (c == '"') { if (f->next < n->min_len) return -1; pop(st); return 0; }
+        if (c == '"') {
+            if (f->next < n->min_len || (n->re && !glm_regex_accepts(n->re, st->re))) return -1;
+            pop(st);
+            return 0;
+        }
         if (c < 0x20) return -1;
+        if (c == '\\' && n->re && !escape_may_come(n->re, st->re)) return -1;
         /* (at the limit, an escape after a high surrogate may still be the low one that joins it) */
         if (n->max_len >= 0 && f->next >= n->max_len && !(c == '\\' && f->cand)) return -1;
         f->next++;
@@ -246,6 +262,8 @@ static int string_byte(glm_json_schema_state *st, glm_json_schema_frame *f, unsi
         int over = n->max_len >= 0 && f->next > n->max_len; /* only the joining low surrogate fits */
         if (c == 'u') { f->phase = P_HEX; f->sub = 4; f->pos = 0; return 0; }
         if (over || c == 0 || !strchr("\"\\/bfnrt", (int)c)) return -1;
+        if (n->re && glm_regex_step(n->re, st->re, (uint32_t)(c == 'b' ? 8 : c == 'f' ? 12 : c == 'n' ? 10 : c == 'r' ? 13 : c == 't' ? 9 : c)))
+            return -1;
         f->phase = P_STR;
         f->cand = 0;
         return 0;
@@ -256,7 +274,14 @@ static int string_byte(glm_json_schema_state *st, glm_json_schema_frame *f, unsi
         if (n->max_len >= 0 && f->next > n->max_len && ((f->sub == 4 && h != 0xD) || (f->sub == 3 && h < 0xC)))
             return -1; /* over the limit unless it is DC00-DFFF */
         f->pos = (uint16_t)(f->pos * 16 + h);
-        if (--f->sub) return 0;
+        --f->sub;
+        if (n->re) { /* a pattern's string: no surrogates (write the character itself), and a value it can take */
+            uint32_t lo = (uint32_t)f->pos << (4 * f->sub), hi = lo | ((1u << (4 * f->sub)) - 1);
+            int may = (lo < 0xD800 && glm_regex_may_take(n->re, st->re, lo, hi < 0xD7FF ? hi : 0xD7FF)) ||
+                      (hi > 0xDFFF && glm_regex_may_take(n->re, st->re, lo > 0xE000 ? lo : 0xE000, hi));
+            if (!may || (!f->sub && glm_regex_step(n->re, st->re, f->pos))) return -1;
+        }
+        if (f->sub) return 0;
         f->phase = P_STR;
         int joins = f->cand && f->pos >= 0xDC00 && f->pos <= 0xDFFF;
         if (joins) f->next--;
@@ -274,7 +299,7 @@ static int step(glm_json_schema_state *st, unsigned c) {
         if (takes_space(f->phase) && glm_json_space(c)) return ++st->space > GLM_JSON_MAX_SPACE ? -1 : 0;
         if (!glm_json_space(c)) st->space = 0;
         switch (f->phase) {
-        case P_START: return value_start(f, c);
+        case P_START: return value_start(st, f, c);
         case P_OBJ_OPEN:
             if (c == '}' && !required_left(n, f->next)) { pop(st); return 0; }
             return key_start(st, f, c);
@@ -365,7 +390,8 @@ void glm_json_schema_mask(const glm_text_vocab *v, const glm_json_schema_state *
     int phase = st->done ? P_START : st->f[st->depth - 1].phase;
     const glm_json_schema_frame *f = st->done ? NULL : &st->f[st->depth - 1];
     /* (in the middle of a character, a string's tokens go through the recognizer) */
-    int in_string = phase == P_STR && !f->sub, limited = in_string && f->node->max_len >= 0;
+    /* (and a string with a pattern) */
+    int in_string = phase == P_STR && !f->sub && !f->node->re, limited = in_string && f->node->max_len >= 0;
     glm_recognizer r = {.state = st, .fits = schema_fits, .done = st->done, .in_string = in_string, .limited = limited,
                         .chars_left = limited ? f->node->max_len - f->next : 0,
                         .between = takes_space(phase), .room = GLM_JSON_MAX_SPACE - st->space};

@@ -14,8 +14,9 @@
  *     false: only {});
  *   - arrays: "items" (a schema, true, or false: nothing after the prefix), "prefixItems",
  *     "minItems", "maxItems";
- *   - strings: "minLength", "maxLength" (characters, as Python's len counts them); every string
- *     is well-formed UTF-8;
+ *   - strings: "minLength", "maxLength" (characters, as Python's len counts them), "pattern"
+ *     (infer/regex.h's syntax, matched whole: a subset of jsonschema's search) or "format" (date-time,
+ *     date, time, uuid, email, ipv4, as patterns: docs/SERVE.md); every string is well-formed UTF-8;
  *   - numbers and integers: "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum" (a bounded
  *     number is written without an exponent, with at most 18 digits);
  *   - "$ref" to a place in the same schema ("#/$defs/Name", "#/definitions/Name", "#"), recursion
@@ -30,10 +31,12 @@
 #include <cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "infer/regex.h"
 #include "infer/text_vocab.h"
 
 #define GLM_SCHEMA_MAX_DEPTH 16 /* values nested in one another */
 #define GLM_SCHEMA_MAX_LITS 64  /* properties of an object, values of an enum */
+#define GLM_SCHEMA_REGEX_STATES 256 /* a string's pattern or format (its states live in the state) */
 
 enum { GLM_ST_OBJECT = 1, GLM_ST_ARRAY = 2, GLM_ST_STRING = 4, GLM_ST_NUMBER = 8, GLM_ST_INTEGER = 16,
        GLM_ST_BOOLEAN = 32, GLM_ST_NULL = 64 };
@@ -53,6 +56,7 @@ typedef struct glm_json_schema_node {
     struct glm_json_schema_node *items;  /* the items after them (NULL: none) */
     int min_items, max_items;       /* max_items -1: no limit */
     int min_len, max_len;           /* a string's characters; max_len -1: no limit */
+    glm_regex *re;                  /* a string's pattern or format, matched whole; NULL: none */
     uint8_t has_lo, lo_excl, has_hi, hi_excl; /* a number's bounds */
     double lo, hi;
     int n_alts;                     /* anyOf / oneOf: values of distinct JSON types */
@@ -86,6 +90,10 @@ typedef struct glm_json_schema_frame {
 typedef struct glm_json_schema_state {
     uint8_t depth, space, done;
     glm_json_schema_frame f[GLM_SCHEMA_MAX_DEPTH];
+    /* the open string's pattern (a string is always the top frame, so one is enough): its live
+     * states and the character being read */
+    uint64_t re[GLM_SCHEMA_REGEX_STATES / 64];
+    glm_regex_text re_text;
 } glm_json_schema_state;
 
 void glm_json_schema_start(glm_json_schema_state *st, const glm_json_schema *s);

@@ -32,7 +32,8 @@ static int cmp(const void *a, const void *b) {
 static const char *SCHEMA = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, "
     "\"short\": {\"type\": \"string\", \"maxLength\": 40}, \"n\": {\"type\": \"integer\"}, "
     "\"p\": {\"type\": \"number\", \"minimum\": 0, \"maximum\": 1}, \"tags\": {\"type\": \"array\", \"items\": "
-    "{\"type\": \"string\"}}}, \"required\": [\"name\", \"short\", \"n\", \"p\", \"tags\"]}";
+    "{\"type\": \"string\"}}, \"code\": {\"type\": \"string\", \"pattern\": \"[A-Z]{2}-[0-9]{3}|中+\"}, "
+    "\"when\": {\"type\": \"string\", \"format\": \"date-time\"}}, \"required\": [\"name\", \"short\", \"n\", \"p\", \"tags\"]}";
 
 /* The places --check looks at: a prefix of bytes, JSON mode (0) or the schema (1). */
 static const struct { const char *text; int schema; } PLACES[] = {
@@ -47,6 +48,12 @@ static const struct { const char *text; int schema; } PLACES[] = {
     {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0.2", 1}, {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 1", 1},
     {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": [\"a\"", 1},
     {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": []}", 1},
+    {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": [], \"code\": \"A", 1},
+    {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": [], \"code\": \"AB-12", 1},
+    {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": [], \"code\": \"\\u4e", 1},
+    {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": [], \"code\": \"\xe4\xb8", 1},
+    {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": [], \"when\": \"2024-0", 1},
+    {"{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": [], \"when\": \"2024-02-28T23:59:59", 1},
 };
 
 static int check_masks(const glm_text_vocab *v, const glm_json_schema *s, const int32_t *ends, float *logits) {

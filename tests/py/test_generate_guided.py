@@ -137,8 +137,8 @@ def refusal_checks(model, tmp):
         f.write('{"type": "object",\n "properties": {"a": }}')
     for flags, want in ((["--guided_choice", '["a"]', "--guided_json_object"], "more than one of --guided_json"),
                         (["--guided_json", bad], "line 2"),
-                        (["--guided_json", '{"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}'],
-                         "\"pattern\" is not supported"),
+                        (["--guided_json", '{"type": "object", "properties": {"a": {"type": "string", "format": "uri"}}}'],
+                         "\"format\" uri is not supported"),
                         (["--guided_json", '[1]'], "the schema must be a JSON object"),
                         (["--guided_choice", empty], "--guided_choice"),
                         (["--guided_choice", '["a", 1]'], "non-empty strings"),

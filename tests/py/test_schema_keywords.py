@@ -3,10 +3,11 @@
 infer/schema_mode.c): $ref / $defs / definitions (recursion included), allOf of one, anyOf and oneOf
 of different types (Optional[X]), maps (additionalProperties without properties), any values (true,
 {}), prefixItems and items false, minLength / maxLength, minimum / maximum / exclusiveMinimum /
-exclusiveMaximum on integers and numbers.
+exclusiveMaximum on integers and numbers, pattern and format (date-time, date, time, uuid, email, ipv4).
 
-  * the recognizer (tests/c/tool_schema_mode) against the jsonschema package (Draft 2020-12) on 5
-    schemas that use them all: 2,500 random instances (json.dumps with and without \\u escapes,
+  * the recognizer (tests/c/tool_schema_mode) against the jsonschema package (Draft 2020-12) on 6
+    schemas that use them all (patterns and formats also against re.fullmatch and Python's own
+    parsers: datetime's fromisoformat, uuid.UUID, ipaddress): 2,500 random instances (json.dumps with and without \\u escapes,
     so a surrogate pair counts as one character, spaces and indents) are "done", 10,000 mutations
     are "done" only where jsonschema validates;
   * the recognizer's own texts: 300 random walks a schema, each byte picked among those it takes,
@@ -23,8 +24,9 @@ exclusiveMaximum on integers and numbers.
     finished answers) keeps exactly the tokens whose bytes the recognizer takes, over the tiny
     model's vocabulary and ChatGLM-6B's real one (skipped when ../shared lacks it);
   * served, vLLM's guided_regex: answers match whole (re.fullmatch); refusals name the field;
-  * 18 schemas refused, each naming the keyword or the reason (two alternatives of one type, a $ref
-    to nowhere or outside, $ref beside other keywords, allOf of two, pattern, format, empty ranges,
+  * 21 schemas refused, each naming the keyword or the reason (two alternatives of one type, a $ref
+    to nowhere or outside, $ref beside other keywords, allOf of two, a pattern with a lookahead or
+    too many states, a format not known, pattern with format, empty ranges,
     draft 4's boolean exclusiveMaximum, items as a list, keywords without a type, a $ref circle,
     maxLength below minLength, a negative count, an enum with no value of its type, false).
 Prints PASS/FAIL/SKIP lines."""
@@ -91,6 +93,51 @@ SCHEMAS = [
                                                                           "exclusiveMaximum": 0.5}},
      "required": ["tup", "s", "q", "r"]},
 ]
+SCHEMAS.append(  # patterns and formats (matched whole; escapes fed as the characters they write)
+    {"type": "object", "properties": {
+        "when": {"type": "string", "format": "date-time"}, "day": {"type": "string", "format": "date"},
+        "at": {"type": "string", "format": "time"}, "id": {"type": "string", "format": "uuid"},
+        "mail": {"type": "string", "format": "email"}, "ip": {"type": "string", "format": "ipv4"},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$", "maxLength": 6},
+        "zh": {"type": "string", "pattern": "[一-龥]{1,3}(,[一-龥]+)?"}, "q": {"type": "string", "pattern": "a\"?\\\\b"}},
+     "required": ["when", "code", "zh"]})
+SAMPLES = {"date-time": ["2024-01-31T12:00:00Z", "1999-12-31T23:59:59.123456+05:30", "2023-06-30T00:00:00-08:00"],
+           "date": ["2024-02-28", "1000-01-01", "2023-11-30"], "time": ["00:00:00Z", "23:59:59.5+01:00"],
+           "uuid": ["123e4567-e89b-12d3-a456-426614174000"], "email": ["a.b+c@example.co.uk", "x@y.z"],
+           "ipv4": ["192.168.0.1", "255.255.255.255", "0.0.0.0"], "^[A-Z]{2}-\\d{3}$": ["AB-123", "ZZ-000"],
+           "[一-龥]{1,3}(,[一-龥]+)?": ["中文", "一,二三"], "a\"?\\\\b": ["a\\b", "a\"\\b"]}
+
+
+def format_ok(fmt, v):
+    """Python's own parsers: what a format's answer must be."""
+    import datetime
+    import ipaddress
+    import uuid
+    try:
+        {"date-time": datetime.datetime.fromisoformat, "date": datetime.date.fromisoformat,
+         "time": datetime.time.fromisoformat, "uuid": uuid.UUID, "ipv4": ipaddress.IPv4Address,
+         "email": lambda x: x.index("@")}[fmt](v)
+        return fmt != "date-time" or "T" in v
+    except ValueError:
+        return False
+
+
+def formats_ok(s, doc):
+    """Every string with a format in doc (as text) parses; every pattern matches whole."""
+    try:
+        d = json.loads(doc)
+    except ValueError:
+        return False
+    for k, sub in s.get("properties", {}).items():
+        if not isinstance(sub, dict) or not isinstance(d, dict) or not isinstance(d.get(k), str):
+            continue
+        if k in d and "format" in sub and not format_ok(sub["format"], d[k]):
+            return False
+        if k in d and "pattern" in sub and not re.fullmatch(sub["pattern"], d[k]):
+            return False
+    return True
+
+
 CHARS = ["a", "Z", " ", "中", "é", "\n", "\"", "\\", "/", "\t", "\u0001", "😀", "\U0001F600"]
 
 
@@ -164,6 +211,8 @@ def instance(rng, root, s, depth=0):
         n = rng.randint(min(s.get("minItems", 0), hi), hi)
         return [instance(rng, root, pre[i] if i < len(pre) else items, depth + 1) for i in range(n)]
     if t == "string":
+        if "format" in s or "pattern" in s:
+            return rng.choice(SAMPLES[s.get("format") or s["pattern"]])
         return text_of_length(rng, rng.randint(s.get("minLength", 0), s.get("maxLength", 5)))
     if t in ("integer", "number"):
         return number_in(rng, s, t == "integer")
@@ -180,7 +229,7 @@ def verdicts(pairs, *args):
 
 def valid(s, text):
     import jsonschema
-    if not tc.py_object(text):
+    if not tc.py_object(text) or not formats_ok(s, text):
         return False
     try:
         jsonschema.Draft202012Validator(s).validate(json.loads(text))
@@ -356,8 +405,10 @@ REFUSED = [
     (obj(a={"$ref": "https://example.com/s.json"}), "must point inside"),
     (dict(obj(a={"$ref": "#/$defs/X", "type": "string"}), **{"$defs": {"X": {"type": "string"}}}), "beside other"),
     (obj(a={"allOf": [{"type": "string"}, {"maxLength": 2}]}), "allOf"),
-    (obj(a={"type": "string", "pattern": "^x+$"}), "\"pattern\" is not supported"),
-    (obj(a={"type": "string", "format": "date-time"}), "\"format\" is not supported"),
+    (obj(a={"type": "string", "pattern": "^x(?=y)"}), "\"pattern\": at 3: (? groups"),
+    (obj(a={"type": "string", "format": "uri"}), "\"format\" uri is not supported"),
+    (obj(a={"type": "string", "format": "date", "pattern": "x"}), "together are not supported"),
+    (obj(a={"type": "string", "pattern": "x{300}"}), "more than 256 states"),
     (obj(a={"type": "number", "minimum": 5, "maximum": 3}), "no number lies"),
     (obj(a={"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}), "no integer lies"),
     (obj(a={"type": "number", "maximum": 3, "exclusiveMaximum": True}), "exclusiveMaximum"),

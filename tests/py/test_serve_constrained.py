@@ -325,7 +325,7 @@ def schema_server_checks(model, tag):
         obj = {"type": "object", "properties": {"a": {"type": "string"}}}
         for body, field, want in (
                 ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-                    "type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}}}}}, "response_format", "pattern"),
+                    "type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}}}}}, "response_format", "pattern"),
                 ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array",
                                                                                                      "items": obj}}}},
                  "response_format", "root"),
