@@ -11,11 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "infer/regex.h"
-
-static unsigned long long rnd(unsigned long long *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return *s >> 33;
-}
+#include "tool_lines.h"
 
 static void walk(const glm_regex *re, unsigned long long seed) {
     static const unsigned char cjk[][4] = {"\xe4\xb8\xad", "\xe6\x96\x87", "\xc3\xa9"};
@@ -26,7 +22,7 @@ static void walk(const glm_regex *re, unsigned long long seed) {
     int n = 0;
     const char *verdict = "cut";
     while (n < 300) {
-        if (glm_regex_accepts(re, set) && (!glm_regex_goes_on(re, set) || rnd(&seed) % 4 == 0)) { verdict = "match"; break; }
+        if (glm_regex_accepts(re, set) && (!glm_regex_goes_on(re, set) || tool_rnd(&seed) % 4 == 0)) { verdict = "match"; break; }
         unsigned char opts[128][4];
         int no = 0;
         for (int c = 1; c < 128; c++) {
@@ -44,17 +40,11 @@ static void walk(const glm_regex *re, unsigned long long seed) {
             if (ok) memcpy(opts[no++], cjk[k], 4);
         }
         if (!no) { verdict = glm_regex_accepts(re, set) ? "match" : "stuck"; break; }
-        const unsigned char *pick = opts[rnd(&seed) % (unsigned)no];
+        const unsigned char *pick = opts[tool_rnd(&seed) % (unsigned)no];
         for (const unsigned char *b = pick; *b; b++) { glm_regex_byte(re, set, &t, *b); text[n++] = (char)*b; }
     }
     text[n] = 0;
-    cJSON *line = cJSON_CreateArray();
-    cJSON_AddItemToArray(line, cJSON_CreateString(verdict));
-    cJSON_AddItemToArray(line, cJSON_CreateString(text));
-    char *p = cJSON_PrintUnformatted(line);
-    printf("%s\n", p);
-    free(p);
-    cJSON_Delete(line);
+    tool_print_pair(verdict, text);
 }
 
 int main(int argc, char **argv) {
@@ -71,16 +61,8 @@ int main(int argc, char **argv) {
             for (int i = 0; i < walks; i++) walk(&re, (unsigned long long)(tx ? tx->valuedouble : 0) * 7919ull + (unsigned)i + 1);
             glm_regex_free(&re);
         } else {
-            const unsigned char *t = (const unsigned char *)(cJSON_IsString(tx) ? tx->valuestring : "");
-            static unsigned char raw[1 << 14];
-            if (cJSON_IsString(cJSON_GetArrayItem(j, 2))) { /* UTF-8 of code points < 256 back to bytes */
-                size_t k = 0;
-                for (const unsigned char *p = t; *p && k + 1 < sizeof raw; k++)
-                    if (*p < 0x80) raw[k] = *p++;
-                    else raw[k] = (unsigned char)(((p[0] & 3) << 6) | (p[1] & 0x3F)), p += 2;
-                raw[k] = 0;
-                t = raw;
-            }
+            static unsigned char raw[1 << 16];
+            const unsigned char *t = tool_line_text(j, raw, sizeof raw);
             uint64_t set[GLM_REGEX_MAX_STATES / 64];
             glm_regex_text st = {0};
             glm_regex_start(&re, set);

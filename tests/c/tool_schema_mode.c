@@ -14,13 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "infer/schema_mode.h"
+#include "tool_lines.h"
 
 #define WALK_BYTES 1500
-
-static unsigned long long rnd(unsigned long long *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return *s >> 33;
-}
 
 static void walk(const glm_json_schema *s, unsigned long long seed) {
     static const char prefer[] = "\"}],:{[0123456789-.tfnulrase ";
@@ -46,19 +42,13 @@ static void walk(const glm_json_schema *s, unsigned long long seed) {
         if (!n_ok) { verdict = "stuck"; break; }
         if (!usable) break;
         unsigned char b;
-        do b = (n_good && rnd(&seed) % 10 < 8) ? good[rnd(&seed) % (unsigned)n_good] : ok[rnd(&seed) % (unsigned)n_ok];
+        do b = (n_good && tool_rnd(&seed) % 10 < 8) ? good[tool_rnd(&seed) % (unsigned)n_good] : ok[tool_rnd(&seed) % (unsigned)n_ok];
         while (!b);
         glm_json_schema_feed(&st, &b, 1);
         text[n++] = (char)b;
     }
     text[n] = 0;
-    cJSON *line = cJSON_CreateArray();
-    cJSON_AddItemToArray(line, cJSON_CreateString(verdict));
-    cJSON_AddItemToArray(line, cJSON_CreateString(text));
-    char *p = cJSON_PrintUnformatted(line);
-    printf("%s\n", p);
-    free(p);
-    cJSON_Delete(line);
+    tool_print_pair(verdict, text);
 }
 
 int main(int argc, char **argv) {
@@ -75,16 +65,8 @@ int main(int argc, char **argv) {
             for (int i = 0; i < walks; i++) walk(&s, (unsigned long long)(tx ? tx->valuedouble : 0) * 1000003ull + (unsigned)i);
             glm_json_schema_free(&s);
         } else {
-            const char *t = cJSON_IsString(tx) ? tx->valuestring : "";
-            char raw[1 << 16];
-            if (cJSON_IsString(cJSON_GetArrayItem(j, 2))) { /* UTF-8 of code points < 256 back to bytes */
-                size_t k = 0;
-                for (const unsigned char *p = (const unsigned char *)t; *p && k + 1 < sizeof raw; k++)
-                    if (*p < 0x80) raw[k] = (char)*p++;
-                    else raw[k] = (char)(((p[0] & 3) << 6) | (p[1] & 0x3F)), p += 2;
-                raw[k] = 0;
-                t = raw;
-            }
+            static unsigned char raw[1 << 16];
+            const char *t = (const char *)tool_line_text(j, raw, sizeof raw);
             glm_json_schema_state st;
             glm_json_schema_start(&st, &s);
             size_t n = strlen(t), at = n;

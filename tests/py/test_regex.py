@@ -25,6 +25,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import Checks, tool  # noqa: E402
+from test_serve_constrained import mutate  # noqa: E402
 
 T = Checks()
 DATE_TIME = (r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?"
@@ -79,17 +80,8 @@ def main():
             texts.append((p, "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))))
         for _ in range(800):
             w = rng.choice(walks[p] or [""])
-            d = list(w)
-            for _ in range(rng.randint(0, 2)):
-                k = rng.randrange(len(d) + 1)
-                op = rng.randint(0, 2)
-                if op == 0 and k < len(d):
-                    del d[k]
-                elif op == 1:
-                    d.insert(k, rng.choice(alphabet))
-                elif k < len(d):
-                    d[k] = rng.choice(alphabet)
-            texts.append((p, "".join(d)))
+            d = mutate(rng, w, alphabet)
+            texts.append((p, d))
     got = tool_lines(texts)
     unsound = [(p, t) for (p, t), g in zip(texts, got or []) if g == "match" and not fullmatch(p, t)]
     missed = [(p, t) for (p, t), g in zip(texts, got or []) if g != "match" and fullmatch(p, t) and exact(p)]
