@@ -325,6 +325,67 @@ static int compile_pattern(cctx *c, glm_json_schema_node *n, const cJSON *s, con
     return 0;
 }
 
+/* An anyOf's object alternatives (two or more) made into one node that reads their common first
+ * property, a discriminator, and then becomes the one its value names (schema_mode.c); n->alts
+ * and cls[] keep one entry for them. */
+static int tag_objects(cctx *c, glm_json_schema_node *n, unsigned *cls, const char *path, const char *kw) {
+    int k = 0, lits = 0;
+    for (int i = 0; i < n->n_alts; i++) k += (cls[i] & GLM_ST_OBJECT) != 0;
+    if (k < 2) return 0;
+    char msg[400];
+    const glm_json_schema_node *first = NULL;
+    for (int i = 0; i < n->n_alts; i++) {
+        const glm_json_schema_node *x = n->alts[i];
+        if (!(cls[i] & GLM_ST_OBJECT)) continue;
+        const char *why = cls[i] != GLM_ST_OBJECT || !x->ready || x->types != GLM_ST_OBJECT || x->n_lits || x->n_alts ||
+                          x->tagged ? "is not only an object (or refers back to the anyOf)"
+                        : !x->n_props || !x->required[0] ? "has no required first property"
+                        : !x->props[0]->n_lits ? "has a first property that is not a const or an enum"
+                        : first && strcmp(first->keys[0], x->keys[0]) ? "has another first property than the others" : NULL;
+        if (why) {
+            snprintf(msg, sizeof msg, "%s: alternatives that are objects are told apart by their first property, which must "
+                     "be required and a const or enum of its own values in each; one %s", kw, why);
+            return fail(c, path, msg);
+        }
+        first = first ? first : x;
+        lits += x->props[0]->n_lits;
+    }
+    if (lits > GLM_SCHEMA_MAX_LITS) return fail(c, path, "the objects' first properties have more than 64 values");
+    glm_json_schema_node *u = new_node(c->S), *tag = new_node(c->S);
+    u->types = u->classes = GLM_ST_OBJECT;
+    u->n_props = 1;
+    u->keys = glm_calloc(1, sizeof(char *));
+    u->keys[0] = glm_strdup(first->keys[0]);
+    u->props = glm_calloc(1, sizeof *u->props);
+    u->props[0] = tag;
+    u->required = glm_calloc(1, 1);
+    u->required[0] = 1;
+    u->tagged = glm_calloc((size_t)k, sizeof *u->tagged);
+    u->tag_of = glm_calloc((size_t)lits, 1);
+    tag->lits = glm_calloc((size_t)lits, sizeof(char *));
+    int kept = 0, t = 0;
+    for (int i = 0; i < n->n_alts; i++) {
+        if (!(cls[i] & GLM_ST_OBJECT)) { n->alts[kept] = n->alts[i]; cls[kept++] = cls[i]; continue; }
+        const glm_json_schema_node *v = n->alts[i]->props[0];
+        for (int j = 0; j < v->n_lits; j++) {
+            for (int q = 0; q < tag->n_lits; q++)
+                if (!strcmp(tag->lits[q], v->lits[j])) {
+                    snprintf(msg, sizeof msg, "%s: two objects' first properties can both be %.100s", kw, v->lits[j]);
+                    return fail(c, path, msg);
+                }
+            u->tag_of[tag->n_lits] = (uint8_t)t;
+            tag->lits[tag->n_lits++] = glm_strdup(v->lits[j]);
+        }
+        tag->classes |= v->classes;
+        u->tagged[t++] = n->alts[i];
+    }
+    n->alts[kept] = u;
+    cls[kept++] = GLM_ST_OBJECT;
+    n->n_alts = kept;
+    tag->ready = u->ready = 1;
+    return 0;
+}
+
 /* Fills node n from schema s (s is neither a $ref nor an allOf: unwrap has followed them). */
 static int compile_into(cctx *c, glm_json_schema_node *n, const cJSON *s, const char *path, int depth) {
     char sub[512];
@@ -347,21 +408,27 @@ static int compile_into(cctx *c, glm_json_schema_node *n, const cJSON *s, const 
         }
         int m = cJSON_GetArraySize(alts);
         n->alts = glm_calloc((size_t)m, sizeof *n->alts);
-        unsigned seen = 0;
+        unsigned *cls = glm_calloc((size_t)m, sizeof *cls);
         for (const cJSON *a = alts->child; a; a = a->next) {
             snprintf(sub, sizeof sub, "%.400s.%s[%d]", path, kw, n->n_alts);
-            unsigned cl = classes_of(c, a, 0);
-            if (!(n->alts[n->n_alts++] = compile(c, a, sub, depth + 1))) return -1;
-            if (cl & seen) {
+            cls[n->n_alts] = classes_of(c, a, 0);
+            if (!(n->alts[n->n_alts++] = compile(c, a, sub, depth + 1))) return free(cls), -1;
+        }
+        int rc = tag_objects(c, n, cls, path, kw);
+        unsigned seen = 0;
+        for (int i = 0; i < n->n_alts && !rc; i++) {
+            if (cls[i] & seen) {
                 char msg[300];
+                snprintf(sub, sizeof sub, "%.400s.%s[%d]", path, kw, i);
                 snprintf(msg, sizeof msg, "two alternatives can both be a%s %s: glmtrain picks an alternative by the "
                          "value's first byte, so they must be of different types (merge them into one)",
-                         (cl & seen & (GLM_ST_OBJECT | GLM_ST_ARRAY)) ? "n" : "",
-                         TYPES[lowest_bit(cl & seen)]);
-                return fail(c, sub, msg);
+                         (cls[i] & seen & GLM_ST_ARRAY) ? "n" : "", TYPES[lowest_bit(cls[i] & seen)]);
+                rc = fail(c, sub, msg);
             }
-            seen |= cl;
+            seen |= cls[i];
         }
+        free(cls);
+        if (rc) return -1;
         n->classes = seen;
         return 0;
     }
@@ -400,7 +467,51 @@ static glm_json_schema_node *compile(cctx *c, const cJSON *s, const char *path_i
     c->node = glm_realloc(c->node, sizeof *c->node * (size_t)(c->n_seen + 1));
     c->seen[c->n_seen] = s;
     c->node[c->n_seen++] = n;
-    return compile_into(c, n, s, path, depth) ? NULL : n;
+    if (compile_into(c, n, s, path, depth)) return NULL;
+    n->ready = 1;
+    return n;
+}
+
+static int at_most(int d) { return d < 255 ? d : 255; }
+
+int glm_json_schema_need(const glm_json_schema_node *n, unsigned c) {
+    int d = 1;
+    if (c == '{' && (n->types & GLM_ST_OBJECT))
+        for (int k = 0; k < n->n_props; k++)
+            if (n->required[k] && 1 + n->props[k]->min_depth > d) d = 1 + n->props[k]->min_depth;
+    if (c == '[' && (n->types & GLM_ST_ARRAY))
+        for (int i = 0; i < n->min_items; i++) {
+            const glm_json_schema_node *it = i < n->n_prefix ? n->prefix[i] : n->items;
+            if (it && 1 + it->min_depth > d) d = 1 + it->min_depth;
+        }
+    return at_most(d);
+}
+
+/* Every node's min_depth, by going over them until nothing changes (recursion makes the graph
+ * cyclic): a choice among values takes its least, a value its required parts' most plus one. */
+static void depths(glm_json_schema *S) {
+    for (int i = 0; i < S->n_all; i++) S->all[i]->min_depth = 255;
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < S->n_all; i++) {
+            glm_json_schema_node *n = S->all[i];
+            int d = 255;
+            if (n->n_lits) d = 1;
+            for (int k = 0; k < n->n_alts; k++) if (n->alts[k]->min_depth < d) d = n->alts[k]->min_depth;
+            if (n->tagged)
+                for (int k = 0; k < n->props[0]->n_lits; k++) {
+                    const glm_json_schema_node *x = n->tagged[n->tag_of[k]];
+                    if (x->min_depth < d) d = x->min_depth;
+                }
+            else if (!n->n_lits && !n->n_alts) {
+                unsigned t = n->types;
+                if (t & ~(unsigned)(GLM_ST_OBJECT | GLM_ST_ARRAY)) d = 1; /* a scalar */
+                if ((t & GLM_ST_OBJECT) && glm_json_schema_need(n, '{') < d) d = glm_json_schema_need(n, '{');
+                if ((t & GLM_ST_ARRAY) && glm_json_schema_need(n, '[') < d) d = glm_json_schema_need(n, '[');
+            }
+            if (d != n->min_depth) n->min_depth = (uint8_t)d, changed = 1;
+        }
+    }
 }
 
 int glm_json_schema_compile(glm_json_schema *out, const cJSON *s, char *why, size_t cap) {
@@ -409,6 +520,10 @@ int glm_json_schema_compile(glm_json_schema *out, const cJSON *s, char *why, siz
     out->root = compile(&c, s, "schema", 0);
     if (out->root && (out->root->types != GLM_ST_OBJECT || out->root->n_lits || out->root->n_alts))
         out->root = NULL, fail(&c, "schema", "the root must be {\"type\": \"object\", ...}");
+    if (out->root) depths(out);
+    if (out->root && out->root->min_depth > GLM_SCHEMA_MAX_DEPTH)
+        out->root = NULL, fail(&c, "schema", "no value of it ends within 16 levels of nesting (a required property "
+                               "that refers back to its own object never ends)");
     free(c.seen);
     free(c.node);
     if (!out->root) { glm_json_schema_free(out); return -1; }
@@ -423,6 +538,7 @@ void glm_json_schema_free(glm_json_schema *s) {
         if (n->re) glm_regex_free(n->re);
         free(n->re);
         free(n->keys); free(n->props); free(n->required); free(n->lits); free(n->prefix); free(n->alts);
+        free(n->tagged); free(n->tag_of);
         free(n);
     }
     free(s->all);

@@ -47,15 +47,19 @@ static int push(glm_json_schema_state *st, const glm_json_schema_node *n) {
     return 0;
 }
 
+/* A value of node n can still end when it starts in a frame at index `at` (depth counted below it). */
+static int room_for(int at, int need) { return at + need <= GLM_SCHEMA_MAX_DEPTH; }
+
 static void pop(glm_json_schema_state *st) {
     if (--st->depth == 0) st->done = 1;
 }
 
-/* The keys that may come next in an object frame: from its next property up to the first required one. */
-static uint64_t key_candidates(const glm_json_schema_node *n, int next) {
+/* The keys that may come next in an object frame (its node n at the top of st): from its next
+ * property up to the first required one, an optional one only where its value has room to end. */
+static uint64_t key_candidates(const glm_json_schema_state *st, const glm_json_schema_node *n, int next) {
     uint64_t c = 0;
     for (int k = next; k < n->n_props; k++) {
-        c |= 1ull << k;
+        if (n->required[k] || room_for(st->depth, n->props[k]->min_depth)) c |= 1ull << k;
         if (n->required[k]) break;
     }
     return c;
@@ -153,6 +157,14 @@ static int num_byte(glm_json_schema_frame *f, unsigned c) {
     return 0;
 }
 
+/* Literal i of frame f's node may be written: unless it is a discriminator (infer/schema_compile.c
+ * tag_objects), whose object then takes the frame below f and needs room to end there. */
+static int tag_fits(const glm_json_schema_state *st, const glm_json_schema_frame *f, int i) {
+    const glm_json_schema_frame *up = f > st->f ? f - 1 : NULL;
+    if (!up || !up->node->tagged || up->node->props[0] != f->node) return 1;
+    return room_for((int)(up - st->f), up->node->tagged[up->node->tag_of[i]]->min_depth);
+}
+
 static int value_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsigned c) {
     const glm_json_schema_node *n = f->node;
     if (n->n_alts) { /* the alternative whose type starts with c */
@@ -160,12 +172,15 @@ static int value_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsi
                     : glm_json_number_first(c) ? GLM_ST_NUMBER : c == 't' || c == 'f' ? GLM_ST_BOOLEAN
                     : c == 'n' ? GLM_ST_NULL : 0;
         for (int i = 0; i < n->n_alts; i++)
-            if (n->alts[i]->classes & cl) { f->node = n->alts[i]; return value_start(st, f, c); }
+            if (n->alts[i]->classes & cl) { /* (its own start checks the room it needs) */
+                f->node = n->alts[i];
+                return value_start(st, f, c);
+            }
         return -1;
     }
     if (n->n_lits) {
         uint64_t cand = 0;
-        for (int i = 0; i < n->n_lits; i++) if ((unsigned char)n->lits[i][0] == c) cand |= 1ull << i;
+        for (int i = 0; i < n->n_lits; i++) if ((unsigned char)n->lits[i][0] == c && tag_fits(st, f, i)) cand |= 1ull << i;
         if (!cand) return -1;
         f->cand = cand;
         f->pos = 1;
@@ -173,6 +188,7 @@ static int value_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsi
         return 0;
     }
     unsigned t = n->types;
+    if ((c == '{' || c == '[') && !room_for((int)(f - st->f), glm_json_schema_need(n, c))) return -1;
     if (c == '{' && (t & GLM_ST_OBJECT)) { f->phase = P_OBJ_OPEN; f->next = 0; return 0; }
     if (c == '[' && (t & GLM_ST_ARRAY)) { f->phase = P_ARR_OPEN; f->next = 0; return 0; }
     if (c == '"' && (t & GLM_ST_STRING)) {
@@ -202,13 +218,13 @@ static int key_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsign
     const glm_json_schema_node *n = f->node;
     if (c != '"') return -1;
     if (!n->n_props) { /* a map: the key is a string of its own, then the value */
-        if (!n->extra) return -1;
+        if (!n->extra || !room_for(st->depth, n->extra->min_depth)) return -1;
         f->phase = P_COLON;
         if (push(st, &MAP_KEY)) return -1;
         return value_start(st, &st->f[st->depth - 1], c);
     }
-    if (!key_candidates(n, f->next)) return -1;
-    f->cand = key_candidates(n, f->next);
+    if (!key_candidates(st, n, f->next)) return -1;
+    f->cand = key_candidates(st, n, f->next);
     f->pos = 1;
     f->phase = P_KEY;
     return 0;
@@ -223,6 +239,12 @@ static const glm_json_schema_node *item_node(const glm_json_schema_node *n, int 
 /* A backslash may start an escape the pattern takes: some code point \uXXXX can write (not a surrogate). */
 static int escape_may_come(const glm_regex *re, const uint64_t *set) {
     return glm_regex_may_take(re, set, 0, 0xD7FF) || glm_regex_may_take(re, set, 0xE000, 0xFFFF);
+}
+
+/* Item i of array node n (the top frame of st) may come and has room to end. */
+static int item_fits(const glm_json_schema_state *st, const glm_json_schema_node *n, int i) {
+    const glm_json_schema_node *it = item_node(n, i);
+    return it && (i < n->min_items || room_for(st->depth, it->min_depth));
 }
 
 /* A string's byte c: well-formed UTF-8 only (so that the answer's text is what was recognized, with
@@ -327,10 +349,10 @@ static int step(glm_json_schema_state *st, unsigned c) {
             if (c == ']') { if (n->min_items > 0) return -1; pop(st); return 0; }
             /* fall into an item */
             f->phase = P_ARR_AFTER;
-            if (push(st, item_node(n, f->next++))) return -1;
+            if (!item_fits(st, n, f->next) || push(st, item_node(n, f->next++))) return -1;
             continue;
         case P_ARR_AFTER:
-            if (c == ',' && item_node(n, f->next)) { f->phase = P_ARR_NEXT; return 0; }
+            if (c == ',' && item_fits(st, n, f->next)) { f->phase = P_ARR_NEXT; return 0; }
             if (c == ']' && f->next >= n->min_items) { pop(st); return 0; }
             return -1;
         case P_ARR_NEXT:
@@ -348,6 +370,10 @@ static int step(glm_json_schema_state *st, unsigned c) {
             if (cand) { f->cand = cand; f->pos++; return 0; }
             if (!whole) return -1;
             pop(st);
+            glm_json_schema_frame *up = st->depth ? &st->f[st->depth - 1] : NULL;
+            if (up && up->node->tagged && up->node->props[0] == n) /* a discriminator: its object from here on */
+                for (int i = 0; i < n->n_lits; i++)
+                    if ((f->cand >> i & 1) && n->lits[i][f->pos] == 0) { up->node = up->node->tagged[up->node->tag_of[i]]; up->next = 1; }
             continue;
         }
         case P_STR: case P_ESC: case P_HEX: return string_byte(st, f, c);

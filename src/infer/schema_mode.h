@@ -21,7 +21,9 @@
  *     number is written without an exponent, with at most 18 digits);
  *   - "$ref" to a place in the same schema ("#/$defs/Name", "#/definitions/Name", "#"), recursion
  *     included; "allOf" of one schema; "anyOf" / "oneOf" whose alternatives are values of different
- *     JSON types (an alternative is picked by the value's first byte: Optional[X] is anyOf X, null);
+ *     JSON types (an alternative is picked by the value's first byte: Optional[X] is anyOf X, null),
+ *     or objects told apart by their first property, required and a const or enum of values no
+ *     other has (a discriminated union: pydantic's Union of models with a Literal tag first);
  *   - true and {} (any value), and the annotations (title, description, default, examples,
  *     $schema, $comment, $defs, definitions, deprecated, readOnly, writeOnly, and
  *     additionalProperties beside properties).
@@ -61,6 +63,14 @@ typedef struct glm_json_schema_node {
     double lo, hi;
     int n_alts;                     /* anyOf / oneOf: values of distinct JSON types */
     struct glm_json_schema_node **alts;
+    /* objects of one anyOf told apart by their first property (a required const or enum, a
+     * discriminator): this node takes that property (props[0], all their values), then becomes
+     * tagged[tag_of[i]] after value i */
+    struct glm_json_schema_node **tagged;
+    uint8_t *tag_of;
+    uint8_t ready;                  /* compiled whole (a $ref's node may still be being built) */
+    uint8_t min_depth;              /* the fewest frames a value of it takes, its required values
+                                     * inside it included (255: it can never end) */
     int n_lits;                     /* enum / const: the values as JSON text */
     char **lits;
 } glm_json_schema_node;
@@ -70,6 +80,10 @@ typedef struct glm_json_schema {
     glm_json_schema_node **all; /* every node, to free */
     int n_all;
 } glm_json_schema;
+
+/* The frames a value of node n takes at least when it starts with an object ('{') or an array ('[');
+ * 1 for anything else (its required properties and first items inside it). */
+int glm_json_schema_need(const glm_json_schema_node *n, unsigned c);
 
 /* Compiles schema s; -1 with why[] naming the keyword and where it is when it is not supported. */
 int glm_json_schema_compile(glm_json_schema *out, const cJSON *s, char *why, size_t cap);

@@ -2,10 +2,11 @@
 """Structured outputs' schema keywords beyond the basic ones (infer/schema_compile.c,
 infer/schema_mode.c): $ref / $defs / definitions (recursion included), allOf of one, anyOf and oneOf
 of different types (Optional[X]), maps (additionalProperties without properties), any values (true,
-{}), prefixItems and items false, minLength / maxLength, minimum / maximum / exclusiveMinimum /
+{}), discriminated unions (anyOf / oneOf of objects told apart by their first property), prefixItems
+and items false, minLength / maxLength, minimum / maximum / exclusiveMinimum /
 exclusiveMaximum on integers and numbers, pattern and format (date-time, date, time, uuid, email, ipv4).
 
-  * the recognizer (tests/c/tool_schema_mode) against the jsonschema package (Draft 2020-12) on 6
+  * the recognizer (tests/c/tool_schema_mode) against the jsonschema package (Draft 2020-12) on 8
     schemas that use them all (patterns and formats also against re.fullmatch and Python's own
     parsers: datetime's fromisoformat, uuid.UUID, ipaddress): 2,500 random instances (json.dumps with and without \\u escapes,
     so a surrogate pair counts as one character, spaces and indents) are "done", 10,000 mutations
@@ -101,6 +102,25 @@ SCHEMAS.append(  # patterns and formats (matched whole; escapes fed as the chara
         "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$", "maxLength": 6},
         "zh": {"type": "string", "pattern": "[一-龥]{1,3}(,[一-龥]+)?"}, "q": {"type": "string", "pattern": "a\"?\\\\b"}},
      "required": ["when", "code", "zh"]})
+SCHEMAS.append(  # discriminated unions (objects told apart by a required const/enum first property), recursive too
+    {"$defs": {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"},
+                                                         "lives": {"type": "integer", "minimum": 0, "maximum": 9}},
+                       "required": ["kind", "lives"]},
+               "Dog": {"type": "object", "properties": {"kind": {"enum": ["dog", "puppy"]}, "name": {"type": "string", "maxLength": 4}},
+                       "required": ["kind"]},
+               "Expr": {"anyOf": [{"type": "object", "properties": {"op": {"const": "num"}, "v": {"type": "integer"}},
+                                   "required": ["op", "v"]},
+                                  {"type": "object", "properties": {"op": {"const": "add"}, "a": {"$ref": "#/$defs/Expr"},
+                                                                    "b": {"$ref": "#/$defs/Expr"}}, "required": ["op", "a", "b"]}]}},
+     "type": "object", "properties": {
+         "pet": {"anyOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"type": "null"}]},
+         "pets": {"type": "array", "items": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]}, "maxItems": 3},
+         "e": {"$ref": "#/$defs/Expr"}},
+     "required": ["pet", "e"]})
+SCHEMAS.append(  # a list that nests as deep as the recognizer allows: only null has room at the bottom
+    {"$defs": {"N": {"type": ["object", "null"], "properties": {"n": {"$ref": "#/$defs/N"}, "v": {"type": "integer"}},
+                     "required": ["n"]}},
+     "type": "object", "properties": {"list": {"$ref": "#/$defs/N"}}, "required": ["list"]})
 SAMPLES = {"date-time": ["2024-01-31T12:00:00Z", "1999-12-31T23:59:59.123456+05:30", "2023-06-30T00:00:00-08:00"],
            "date": ["2024-02-28", "1000-01-01", "2023-11-30"], "time": ["00:00:00Z", "23:59:59.5+01:00"],
            "uuid": ["123e4567-e89b-12d3-a456-426614174000"], "email": ["a.b+c@example.co.uk", "x@y.z"],
@@ -181,8 +201,8 @@ def instance(rng, root, s, depth=0):
         s = resolve(root, s["$ref"]) if "$ref" in s else s["allOf"][0]
     alts = s.get("anyOf") or s.get("oneOf")
     if alts:
-        if depth >= 3:  # (stop a recursion: the alternative without a $ref)
-            alts = [a for a in alts if "$ref" not in a] or alts
+        if depth >= 3:  # (stop a recursion: an alternative without a $ref in it)
+            alts = [a for a in alts if "$ref" not in json.dumps(a)] or alts
         return instance(rng, root, rng.choice(alts), depth + 1)
     if "const" in s:
         return s["const"]
@@ -258,6 +278,10 @@ def recognizer_checks():
     done = sum(1 for g in got or [] if g == "done")
     T.check("schema_keywords_mutations_done_only_when_valid", got is not None and not bad and done > 500,
             "%d taken but invalid, e.g. %s (%d done)" % (len(bad), bad[:2], done))
+    deep = SCHEMAS[7]  # (the list: a value at frame 15 has no room for an object that needs one more)
+    head = '{"list":' + '{"n":' * 14
+    got = verdicts([(deep, head + "null" + "}" * 15), (deep, head + '{"n":null}' + "}" * 15), (deep, head[:-5] + '{"n":n')])
+    T.check("schema_keywords_depth_room", got == ["done", "refused %d" % len(head), "prefix"], str(got))
     for i, s in enumerate(SCHEMAS):
         walk_checks("schema_keywords_walks_%d" % i, s, lambda t, s=s: valid(s, t), i)
 
@@ -399,7 +423,15 @@ def obj(**props):
 
 REFUSED = [
     (obj(a={"anyOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}), "can both be a string"),
-    (obj(a={"oneOf": [obj(x={"type": "integer"}), obj(y={"type": "integer"})]}), "can both be an object"),
+    (obj(a={"oneOf": [obj(x={"type": "integer"}), obj(y={"type": "integer"})]}), "has no required first property"),
+    (obj(a={"anyOf": [dict(obj(k={"const": 1}), required=["k"]), dict(obj(k={"enum": [2, 1]}), required=["k"])]}),
+     "can both be 1"),
+    (obj(a={"anyOf": [dict(obj(k={"const": 1}), required=["k"]), dict(obj(j={"const": 2}), required=["j"])]}),
+     "another first property"),
+    (obj(a={"anyOf": [dict(obj(k={"type": "string"}), required=["k"]), dict(obj(k={"const": 2}), required=["k"])]}),
+     "not a const or an enum"),
+    (dict(obj(a={"$ref": "#/$defs/L"}), required=["a"], **{"$defs": {"L": dict(obj(n={"$ref": "#/$defs/L"}), required=["n"])}}),
+     "never ends"),
     (obj(a={"anyOf": [{"type": "integer"}, {"type": "number"}]}), "can both be a number"),
     (obj(a={"$ref": "#/$defs/Missing"}), "names no place"),
     (obj(a={"$ref": "https://example.com/s.json"}), "must point inside"),
