@@ -72,7 +72,20 @@ static int make_set(parser *P, int r0, int negate) {
         if (at <= MAX_CP) add_range(P, at, MAX_CP);
         free(old);
     }
-    if (P->nr == r0) return fail(P, "a class that takes no character");
+    /* only what UTF-8 can write: nothing above U+10FFFF, no surrogates */
+    int m = P->nr - r0, w = 0;
+    glm_regex_range *keep = glm_malloc(sizeof *keep * (size_t)(2 * m + 1));
+    for (int i = 0; i < m; i++) {
+        glm_regex_range x = P->r[r0 + i];
+        if (x.lo > MAX_CP) continue;
+        if (x.hi > MAX_CP) x.hi = MAX_CP;
+        if (x.lo < 0xD800) keep[w++] = (glm_regex_range){x.lo, x.hi < 0xD7FF ? x.hi : 0xD7FF};
+        if (x.hi > 0xDFFF) keep[w++] = (glm_regex_range){x.lo > 0xE000 ? x.lo : 0xE000, x.hi};
+    }
+    P->nr = r0;
+    for (int i = 0; i < w; i++) add_range(P, keep[i].lo, keep[i].hi);
+    free(keep);
+    if (P->nr == r0) return fail(P, "a character or class that UTF-8 cannot write (a surrogate, or above U+10FFFF)");
     int t = new_tree(P, T_SET, 0, 0);
     if (t >= 0) P->t[t].r0 = r0, P->t[t].nr = P->nr - r0;
     return t;
@@ -458,15 +471,13 @@ int glm_regex_byte(const glm_regex *re, uint64_t *set, glm_regex_text *t, unsign
         return 0;
     }
     /* the code points this character can still be: its bits so far, the rest anything, within what
-     * its length encodes and outside the surrogates (which UTF-8 cannot hold) */
+     * its length encodes (the classes hold no surrogates, which UTF-8 cannot either) */
     int len = n.got + n.need;
     uint32_t lo = n.cp << (6 * n.need), hi = lo | ((1u << (6 * n.need)) - 1);
     uint32_t least = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000, most = len == 2 ? 0x7FF : len == 3 ? 0xFFFF : MAX_CP;
     if (lo < least) lo = least;
     if (hi > most) hi = most;
-    int may = (lo <= hi && lo < 0xD800 && glm_regex_may_take(re, set, lo, hi < 0xD7FF ? hi : 0xD7FF)) ||
-              (lo <= hi && hi > 0xDFFF && glm_regex_may_take(re, set, lo > 0xE000 ? lo : 0xE000, hi));
-    if (!may) return -1;
+    if (lo > hi || !glm_regex_may_take(re, set, lo, hi)) return -1;
     *t = n;
     return 0;
 }

@@ -305,6 +305,9 @@ static int compile_pattern(cctx *c, glm_json_schema_node *n, const cJSON *s, con
     char msg[600], why[320];
     if (!pat && !fmt) return 0;
     if (pat && fmt) return fail(c, path, "\"pattern\" and \"format\" together are not supported (give one)");
+    if (n->min_len > 0 || n->max_len >= 0) /* (a length that the pattern's strings may all miss would leave no way on) */
+        return fail(c, path, "\"minLength\" / \"maxLength\" beside a pattern or format are not supported (put the "
+                    "length in the pattern: [a-z]{1,8})");
     const char *re = NULL;
     if (pat && !cJSON_IsString(pat)) return fail(c, path, "\"pattern\" must be a string");
     if (pat) re = pat->valuestring;

@@ -236,10 +236,8 @@ static const glm_json_schema_node *item_node(const glm_json_schema_node *n, int 
     return i < n->n_prefix ? n->prefix[i] : n->items;
 }
 
-/* A backslash may start an escape the pattern takes: some code point \uXXXX can write (not a surrogate). */
-static int escape_may_come(const glm_regex *re, const uint64_t *set) {
-    return glm_regex_may_take(re, set, 0, 0xD7FF) || glm_regex_may_take(re, set, 0xE000, 0xFFFF);
-}
+/* A backslash may start an escape the pattern takes: some code point \uXXXX can write. */
+static int escape_may_come(const glm_regex *re, const uint64_t *set) { return glm_regex_may_take(re, set, 0, 0xFFFF); }
 
 /* Item i of array node n (the top frame of st) may come and has room to end. */
 static int item_fits(const glm_json_schema_state *st, const glm_json_schema_node *n, int i) {
@@ -297,11 +295,9 @@ static int string_byte(glm_json_schema_state *st, glm_json_schema_frame *f, unsi
             return -1; /* over the limit unless it is DC00-DFFF */
         f->pos = (uint16_t)(f->pos * 16 + h);
         --f->sub;
-        if (n->re) { /* a pattern's string: no surrogates (write the character itself), and a value it can take */
+        if (n->re) { /* a pattern's string: a value it can take (its classes hold no surrogates) */
             uint32_t lo = (uint32_t)f->pos << (4 * f->sub), hi = lo | ((1u << (4 * f->sub)) - 1);
-            int may = (lo < 0xD800 && glm_regex_may_take(n->re, st->re, lo, hi < 0xD7FF ? hi : 0xD7FF)) ||
-                      (hi > 0xDFFF && glm_regex_may_take(n->re, st->re, lo > 0xE000 ? lo : 0xE000, hi));
-            if (!may || (!f->sub && glm_regex_step(n->re, st->re, f->pos))) return -1;
+            if (!glm_regex_may_take(n->re, st->re, lo, hi) || (!f->sub && glm_regex_step(n->re, st->re, f->pos))) return -1;
         }
         if (f->sub) return 0;
         f->phase = P_STR;

@@ -382,6 +382,34 @@ def adapter_config():
     put("adapter_config", "regression_metadata_key", b'\0{ "target_modules": ["..all"]}"\0__metadata__')
 
 
+def constraints():
+    """Schemas and patterns for fuzz_constraints: byte 0 bit 0 a regex; the spec, a NUL, a text."""
+    schemas = [
+        ({"type": "object", "properties": {"a": {"type": "string", "pattern": "[a-c]{1,3}"},
+                                           "n": {"type": "number", "minimum": -1.5, "exclusiveMaximum": 0.25},
+                                           "i": {"type": "integer", "minimum": 3, "maximum": 7}}, "required": ["a", "n"]},
+         '{"a": "ab", "n": -0.125, "i": 5}'),
+        ({"$defs": {"E": {"anyOf": [{"type": "object", "properties": {"op": {"const": "num"}, "v": {"type": "integer"}},
+                                     "required": ["op", "v"]},
+                                    {"type": "object", "properties": {"op": {"const": "add"}, "a": {"$ref": "#/$defs/E"},
+                                                                      "b": {"$ref": "#/$defs/E"}}, "required": ["op", "a", "b"]}]}},
+          "type": "object", "properties": {"e": {"$ref": "#/$defs/E"}}, "required": ["e"]},
+         '{"e": {"op": "add", "a": {"op": "num", "v": 1}, "b": {"op": "num", "v": 2}}}'),
+        ({"type": "object", "properties": {"m": {"type": "object", "additionalProperties": {"type": "array", "prefixItems": [
+            {"type": "boolean"}], "items": {"type": ["string", "null"], "format": "date"}}}, "any": True,
+            "w": {"type": "string", "format": "date-time"}}},
+         '{"m": {"k": [true, "2024-01-31", null]}, "any": [1, {"x": "\u4e2d"}], "w": "2024-02-28T12:00:00Z"}'),
+        ({"$defs": {"N": {"type": ["object", "null"], "properties": {"n": {"$ref": "#/$defs/N"}}, "required": ["n"]}},
+          "type": "object", "properties": {"l": {"$ref": "#/$defs/N"}}, "required": ["l"]}, '{"l": {"n": {"n": null}}}'),
+    ]
+    for i, (sc, text) in enumerate(schemas):
+        put("constraints", "schema_%d" % i, b"\x00" + json.dumps(sc, ensure_ascii=False).encode() + b"\x00" + text.encode())
+    patterns = [(r"\d{3}-[a-c]{2}|[中文]+x?", "555-ab"), (r"(?:yes|no)(, (?:yes|no))*", "yes, no"),
+                (r"[^\"]{2,5}\.\w+", "中文ab.x1"), (r"(a|b)*c{1,3}[\u0080-\u07ff]?", "abacc\u00e9")]
+    for i, (p, text) in enumerate(patterns):
+        put("constraints", "regex_%d" % i, b"\x01" + p.encode() + b"\x00" + text.encode())
+
+
 if __name__ == "__main__":
     which = sys.argv[1:] or ["safetensors", "torchbin", "json_records", "config", "args_config", "spm_model", "tokenizer_text"]
     for w in which:

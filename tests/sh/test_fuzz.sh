@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 SECS=${FUZZ_SECONDS:-15}
 ART=${FUZZ_ARTIFACTS:-/tmp}
 PY=${GLM_PYTHON:-/usr/bin/python3}
-ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls serve_request serve_score adapter_config dataset_info tokenizer_folder tokenizer_json"
+ALL="safetensors torchbin json_records config args_config spm_model tokenizer_text tool_calls serve_request serve_score adapter_config dataset_info tokenizer_folder tokenizer_json constraints"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 if ! command -v clang >/dev/null 2>&1; then
     for t in $TARGETS; do echo "SKIP fuzz_$t: clang is not installed (apt-get install clang)"; done
