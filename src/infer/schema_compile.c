@@ -16,7 +16,8 @@ static const char *const ANNOTATIONS[] = {"title", "description", "default", "ex
 static const char *const ASSERTIONS[] = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
                                          "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum",
                                          "exclusiveMinimum", "exclusiveMaximum", "enum", "const", "$ref", "allOf",
-                                         "pattern", "format",
+                                         "pattern", "format", "nullable", "uniqueItems", "minProperties",
+                                         "maxProperties",
                                          "anyOf", "oneOf"};
 #define ALL_CLASSES (GLM_ST_OBJECT | GLM_ST_ARRAY | GLM_ST_STRING | GLM_ST_NUMBER | GLM_ST_BOOLEAN | GLM_ST_NULL)
 #define MAX_REF_HOPS 32
@@ -57,6 +58,7 @@ static glm_json_schema_node *new_node(glm_json_schema *S) {
     glm_json_schema_node *n = glm_calloc(1, sizeof *n);
     n->max_items = -1;
     n->max_len = -1;
+    n->max_props = -1;
     S->all = glm_realloc(S->all, sizeof *S->all * (size_t)(S->n_all + 1));
     S->all[S->n_all++] = n;
     return n;
@@ -174,7 +176,7 @@ static unsigned classes_of(cctx *c, const cJSON *s, int depth) {
         cJSON_ArrayForEach(v, en) if (literal_fits(v, types)) out |= class_of_value(v);
         return out;
     }
-    return t ? class_of_types(types) : ALL_CLASSES;
+    return t ? class_of_types(types) | (cJSON_IsTrue(get(s, "nullable")) ? GLM_ST_NULL : 0) : ALL_CLASSES;
 }
 
 static glm_json_schema_node *compile(cctx *c, const cJSON *s, const char *path_in, int depth);
@@ -190,6 +192,17 @@ static int compile_literals(cctx *c, glm_json_schema_node *n, const cJSON *s, co
     }
     if (!n->n_lits) return fail(c, path, "no value of \"enum\" / \"const\" is of the schema's \"type\"");
     n->types = 0;
+    return 0;
+}
+
+static int count_of(cctx *c, const cJSON *v, int *out, int dflt, const char *path, const char *what) {
+    char msg[128];
+    if (!v) { *out = dflt; return 0; }
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 10000 || v->valuedouble != floor(v->valuedouble)) {
+        snprintf(msg, sizeof msg, "\"%s\" must be a count from 0 to 10000", what);
+        return fail(c, path, msg);
+    }
+    *out = (int)v->valuedouble;
     return 0;
 }
 
@@ -216,6 +229,13 @@ static int compile_object(cctx *c, glm_json_schema_node *n, const cJSON *s, cons
         snprintf(sub, sizeof sub, "%.400s.additionalProperties", path);
         if (!(n->extra = compile(c, ap, sub, depth + 1))) return -1;
     }
+    const cJSON *lo = get(s, "minProperties"), *hi = get(s, "maxProperties");
+    if ((lo || hi) && m) return fail(c, path, "\"minProperties\" / \"maxProperties\" are supported on maps (an object "
+                                     "without \"properties\"); make optional properties required instead");
+    if (count_of(c, lo, &n->min_props, 0, path, "minProperties") || count_of(c, hi, &n->max_props, -1, path, "maxProperties"))
+        return -1;
+    if ((n->max_props >= 0 && n->max_props < n->min_props) || (n->min_props > 0 && !n->extra))
+        return fail(c, path, "no map has that many keys (maxProperties below minProperties, or additionalProperties false)");
     if (r && !cJSON_IsArray(r)) return fail(c, path, "\"required\" must be a list of property names");
     const cJSON *it;
     cJSON_ArrayForEach(it, r) {
@@ -227,16 +247,6 @@ static int compile_object(cctx *c, glm_json_schema_node *n, const cJSON *s, cons
     return 0;
 }
 
-static int count_of(cctx *c, const cJSON *v, int *out, int dflt, const char *path, const char *what) {
-    char msg[128];
-    if (!v) { *out = dflt; return 0; }
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 10000 || v->valuedouble != floor(v->valuedouble)) {
-        snprintf(msg, sizeof msg, "\"%s\" must be a count from 0 to 10000", what);
-        return fail(c, path, msg);
-    }
-    *out = (int)v->valuedouble;
-    return 0;
-}
 
 static int compile_array(cctx *c, glm_json_schema_node *n, const cJSON *s, const char *path, int depth) {
     char sub[512];
@@ -257,9 +267,17 @@ static int compile_array(cctx *c, glm_json_schema_node *n, const cJSON *s, const
     if (count_of(c, get(s, "minItems"), &n->min_items, 0, path, "minItems") ||
         count_of(c, get(s, "maxItems"), &n->max_items, -1, path, "maxItems"))
         return -1;
+    const cJSON *u = get(s, "uniqueItems");
+    if (u && !cJSON_IsBool(u)) return fail(c, path, "\"uniqueItems\" must be true or false");
+    if (cJSON_IsTrue(u)) {
+        if (n->n_prefix || !n->items || !n->items->ready || !n->items->n_lits)
+            return fail(c, path, "\"uniqueItems\" is supported where every item is an enum or const (no prefixItems)");
+        n->unique = 1;
+        if (n->max_items < 0 || n->max_items > n->items->n_lits) n->max_items = n->items->n_lits;
+    }
     if (!n->items && (n->max_items < 0 || n->max_items > n->n_prefix)) n->max_items = n->n_prefix;
     if (n->max_items >= 0 && n->max_items < n->min_items)
-        return fail(c, path, "\"maxItems\" (or the items that \"items\": false leaves) is below \"minItems\"");
+        return fail(c, path, "\"maxItems\" (or the items that \"items\": false or uniqueItems leave) is below \"minItems\"");
     return 0;
 }
 
@@ -435,8 +453,10 @@ static int compile_into(cctx *c, glm_json_schema_node *n, const cJSON *s, const 
         n->classes = seen;
         return 0;
     }
-    const cJSON *t = get(s, "type");
+    const cJSON *t = get(s, "type"), *nullable = get(s, "nullable");
     if (t && parse_types(c, t, &n->types, path)) return -1;
+    if (nullable && !cJSON_IsBool(nullable)) return fail(c, path, "\"nullable\" must be true or false");
+    if (t && cJSON_IsTrue(nullable)) n->types |= GLM_ST_NULL;
     if (get(s, "enum") || get(s, "const")) return compile_literals(c, n, s, path);
     if (!t) {
         for (const cJSON *k = s->child; k; k = k->next)
@@ -479,9 +499,11 @@ static int at_most(int d) { return d < 255 ? d : 255; }
 
 int glm_json_schema_need(const glm_json_schema_node *n, unsigned c) {
     int d = 1;
-    if (c == '{' && (n->types & GLM_ST_OBJECT))
+    if (c == '{' && (n->types & GLM_ST_OBJECT)) {
         for (int k = 0; k < n->n_props; k++)
             if (n->required[k] && 1 + n->props[k]->min_depth > d) d = 1 + n->props[k]->min_depth;
+        if (n->min_props > 0 && 1 + n->extra->min_depth > d) d = 1 + n->extra->min_depth; /* (a key's own frame is popped first) */
+    }
     if (c == '[' && (n->types & GLM_ST_ARRAY))
         for (int i = 0; i < n->min_items; i++) {
             const glm_json_schema_node *it = i < n->n_prefix ? n->prefix[i] : n->items;

@@ -158,9 +158,11 @@ static int num_byte(glm_json_schema_frame *f, unsigned c) {
 }
 
 /* Literal i of frame f's node may be written: unless it is a discriminator (infer/schema_compile.c
- * tag_objects), whose object then takes the frame below f and needs room to end there. */
-static int tag_fits(const glm_json_schema_state *st, const glm_json_schema_frame *f, int i) {
+ * tag_objects), whose object then takes the frame below f and needs room to end there, or an item
+ * of a uniqueItems array that has it already (the array frame's cand). */
+static int lit_allowed(const glm_json_schema_state *st, const glm_json_schema_frame *f, int i) {
     const glm_json_schema_frame *up = f > st->f ? f - 1 : NULL;
+    if (up && up->node->unique && up->phase == P_ARR_AFTER) return !(up->cand >> i & 1);
     if (!up || !up->node->tagged || up->node->props[0] != f->node) return 1;
     return room_for((int)(up - st->f), up->node->tagged[up->node->tag_of[i]]->min_depth);
 }
@@ -180,7 +182,7 @@ static int value_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsi
     }
     if (n->n_lits) {
         uint64_t cand = 0;
-        for (int i = 0; i < n->n_lits; i++) if ((unsigned char)n->lits[i][0] == c && tag_fits(st, f, i)) cand |= 1ull << i;
+        for (int i = 0; i < n->n_lits; i++) if ((unsigned char)n->lits[i][0] == c && lit_allowed(st, f, i)) cand |= 1ull << i;
         if (!cand) return -1;
         f->cand = cand;
         f->pos = 1;
@@ -190,7 +192,7 @@ static int value_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsi
     unsigned t = n->types;
     if ((c == '{' || c == '[') && !room_for((int)(f - st->f), glm_json_schema_need(n, c))) return -1;
     if (c == '{' && (t & GLM_ST_OBJECT)) { f->phase = P_OBJ_OPEN; f->next = 0; return 0; }
-    if (c == '[' && (t & GLM_ST_ARRAY)) { f->phase = P_ARR_OPEN; f->next = 0; return 0; }
+    if (c == '[' && (t & GLM_ST_ARRAY)) { f->phase = P_ARR_OPEN; f->next = 0; f->cand = 0; return 0; }
     if (c == '"' && (t & GLM_ST_STRING)) {
         f->phase = P_STR; f->next = 0; f->cand = 0; f->sub = 0;
         if (n->re) { glm_regex_start(n->re, st->re); memset(&st->re_text, 0, sizeof st->re_text); }
@@ -218,7 +220,9 @@ static int key_start(glm_json_schema_state *st, glm_json_schema_frame *f, unsign
     const glm_json_schema_node *n = f->node;
     if (c != '"') return -1;
     if (!n->n_props) { /* a map: the key is a string of its own, then the value */
-        if (!n->extra || !room_for(st->depth, n->extra->min_depth)) return -1;
+        if (!n->extra || !room_for(st->depth, n->extra->min_depth) || (n->max_props >= 0 && f->next >= n->max_props))
+            return -1;
+        f->next++; /* (a map's keys so far) */
         f->phase = P_COLON;
         if (push(st, &MAP_KEY)) return -1;
         return value_start(st, &st->f[st->depth - 1], c);
@@ -242,7 +246,7 @@ static int escape_may_come(const glm_regex *re, const uint64_t *set) { return gl
 /* Item i of array node n (the top frame of st) may come and has room to end. */
 static int item_fits(const glm_json_schema_state *st, const glm_json_schema_node *n, int i) {
     const glm_json_schema_node *it = item_node(n, i);
-    return it && (i < n->min_items || room_for(st->depth, it->min_depth));
+    return it && (i < n->min_items || room_for(st->depth, it->min_depth)); /* (uniqueItems: max_items is its values' count) */
 }
 
 /* A string's byte c: well-formed UTF-8 only (so that the answer's text is what was recognized, with
@@ -319,7 +323,7 @@ static int step(glm_json_schema_state *st, unsigned c) {
         switch (f->phase) {
         case P_START: return value_start(st, f, c);
         case P_OBJ_OPEN:
-            if (c == '}' && !required_left(n, f->next)) { pop(st); return 0; }
+            if (c == '}' && !required_left(n, f->next) && (n->n_props || f->next >= n->min_props)) { pop(st); return 0; }
             return key_start(st, f, c);
         case P_OBJ_KEY: return key_start(st, f, c);
         case P_KEY: {
@@ -338,8 +342,11 @@ static int step(glm_json_schema_state *st, unsigned c) {
             f->phase = P_OBJ_AFTER;
             return push(st, n->n_props ? n->props[f->prop] : n->extra);
         case P_OBJ_AFTER:
-            if (c == ',' && (f->next < n->n_props || !n->n_props)) { f->phase = P_OBJ_KEY; return 0; }
-            if (c == '}' && !required_left(n, f->next)) { pop(st); return 0; }
+            if (c == ',' && (n->n_props ? f->next < n->n_props : n->max_props < 0 || f->next < n->max_props)) {
+                f->phase = P_OBJ_KEY;
+                return 0;
+            }
+            if (c == '}' && !required_left(n, f->next) && (n->n_props || f->next >= n->min_props)) { pop(st); return 0; }
             return -1;
         case P_ARR_OPEN:
             if (c == ']') { if (n->min_items > 0) return -1; pop(st); return 0; }
@@ -367,9 +374,14 @@ static int step(glm_json_schema_state *st, unsigned c) {
             if (!whole) return -1;
             pop(st);
             glm_json_schema_frame *up = st->depth ? &st->f[st->depth - 1] : NULL;
-            if (up && up->node->tagged && up->node->props[0] == n) /* a discriminator: its object from here on */
-                for (int i = 0; i < n->n_lits; i++)
-                    if ((f->cand >> i & 1) && n->lits[i][f->pos] == 0) { up->node = up->node->tagged[up->node->tag_of[i]]; up->next = 1; }
+            for (int i = 0; up && i < n->n_lits; i++) {
+                if (!(f->cand >> i & 1) || n->lits[i][f->pos] != 0) continue; /* (the value written) */
+                if (up->node->unique) up->cand |= 1ull << i;                    /* a uniqueItems array has it now */
+                else if (up->node->tagged && up->node->props[0] == n) {         /* a discriminator: its object on */
+                    up->node = up->node->tagged[up->node->tag_of[i]];
+                    up->next = 1;
+                }
+            }
             continue;
         }
         case P_STR: case P_ESC: case P_HEX: return string_byte(st, f, c);

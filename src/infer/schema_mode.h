@@ -13,7 +13,8 @@
  *     map: any keys, each value as "additionalProperties" says (a schema, true or absent: any value,
  *     false: only {});
  *   - arrays: "items" (a schema, true, or false: nothing after the prefix), "prefixItems",
- *     "minItems", "maxItems";
+ *     "minItems", "maxItems", "uniqueItems" (items that are an enum or const);
+ *   - maps: "minProperties", "maxProperties"; "nullable" (OpenAPI's: null besides the type);
  *   - strings: "minLength", "maxLength" (characters, as Python's len counts them), "pattern"
  *     (infer/regex.h's syntax, matched whole: a subset of jsonschema's search) or "format" (date-time,
  *     date, time, uuid, email, ipv4, as patterns: docs/SERVE.md); every string is well-formed UTF-8;
@@ -57,6 +58,8 @@ typedef struct glm_json_schema_node {
     struct glm_json_schema_node **prefix;
     struct glm_json_schema_node *items;  /* the items after them (NULL: none) */
     int min_items, max_items;       /* max_items -1: no limit */
+    uint8_t unique;                 /* uniqueItems: the items (an enum or const) all differ */
+    int min_props, max_props;       /* a map's keys (minProperties, maxProperties; -1: no limit) */
     int min_len, max_len;           /* a string's characters; max_len -1: no limit */
     glm_regex *re;                  /* a string's pattern or format, matched whole; NULL: none */
     uint8_t has_lo, lo_excl, has_hi, hi_excl; /* a number's bounds */

@@ -122,8 +122,8 @@ int main(int argc, char **argv) {
     };
     int32_t ends[1] = {glm_tokenizer_specials(tok).eop};
     float *logits = malloc(sizeof(float) * (size_t)V);
-    if (check) return check_masks(&v, &s, ends, logits) ? 1 : 0;
-    for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
+    int rc = check ? check_masks(&v, &s, ends, logits) : 0;
+    for (size_t c = 0; !check && c < sizeof CASES / sizeof CASES[0]; c++) {
         glm_json_state js;
         glm_json_schema_state ss;
         glm_json_init(&js);
@@ -152,5 +152,5 @@ int main(int argc, char **argv) {
     cJSON_Delete(sj);
     glm_text_vocab_free(&v);
     glm_tokenizer_free(tok);
-    return 0;
+    return rc ? 1 : 0;
 }

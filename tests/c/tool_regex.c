@@ -23,7 +23,7 @@ static void walk(const glm_regex *re, unsigned long long seed) {
     const char *verdict = "cut";
     while (n < 300) {
         if (glm_regex_accepts(re, set) && (!glm_regex_goes_on(re, set) || tool_rnd(&seed) % 4 == 0)) { verdict = "match"; break; }
-        unsigned char opts[128][4];
+        unsigned char opts[127 + 3][4]; /* the ASCII bytes and the 3 characters */
         int no = 0;
         for (int c = 1; c < 128; c++) {
             uint64_t s2[GLM_REGEX_MAX_STATES / 64];

@@ -402,6 +402,10 @@ def constraints():
         ({"$defs": {"N": {"type": ["object", "null"], "properties": {"n": {"$ref": "#/$defs/N"}}, "required": ["n"]}},
           "type": "object", "properties": {"l": {"$ref": "#/$defs/N"}}, "required": ["l"]}, '{"l": {"n": {"n": null}}}'),
     ]
+    schemas.append(({"type": "object", "properties": {
+        "t": {"type": "array", "items": {"enum": ["a", "ab", 1, True]}, "uniqueItems": True},
+        "m": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2},
+        "n": {"type": "string", "nullable": True}}}, '{"t": ["ab", 1], "m": {"k": 3}, "n": null}'))
     for i, (sc, text) in enumerate(schemas):
         put("constraints", "schema_%d" % i, b"\x00" + json.dumps(sc, ensure_ascii=False).encode() + b"\x00" + text.encode())
     patterns = [(r"\d{3}-[a-c]{2}|[中文]+x?", "555-ab"), (r"(?:yes|no)(, (?:yes|no))*", "yes, no"),

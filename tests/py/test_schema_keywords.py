@@ -2,11 +2,12 @@
 """Structured outputs' schema keywords beyond the basic ones (infer/schema_compile.c,
 infer/schema_mode.c): $ref / $defs / definitions (recursion included), allOf of one, anyOf and oneOf
 of different types (Optional[X]), maps (additionalProperties without properties), any values (true,
-{}), discriminated unions (anyOf / oneOf of objects told apart by their first property), prefixItems
+{}), discriminated unions (anyOf / oneOf of objects told apart by their first property), uniqueItems
+over enums, maps' minProperties / maxProperties, OpenAPI's nullable, prefixItems
 and items false, minLength / maxLength, minimum / maximum / exclusiveMinimum /
 exclusiveMaximum on integers and numbers, pattern and format (date-time, date, time, uuid, email, ipv4).
 
-  * the recognizer (tests/c/tool_schema_mode) against the jsonschema package (Draft 2020-12) on 8
+  * the recognizer (tests/c/tool_schema_mode) against the jsonschema package (Draft 2020-12) on 9
     schemas that use them all (patterns and formats also against re.fullmatch and Python's own
     parsers: datetime's fromisoformat, uuid.UUID, ipaddress): 2,500 random instances (json.dumps with and without \\u escapes,
     so a surrogate pair counts as one character, spaces and indents) are "done", 10,000 mutations
@@ -25,7 +26,7 @@ exclusiveMaximum on integers and numbers, pattern and format (date-time, date, t
     finished answers) keeps exactly the tokens whose bytes the recognizer takes, over the tiny
     model's vocabulary and ChatGLM-6B's real one (skipped when ../shared lacks it);
   * served, vLLM's guided_regex: answers match whole (re.fullmatch); refusals name the field;
-  * 26 schemas refused, each naming the keyword or the reason (two alternatives of one type, a $ref
+  * 30 schemas refused, each naming the keyword or the reason (two alternatives of one type, a $ref
     to nowhere or outside, $ref beside other keywords, allOf of two, a pattern with a lookahead or
     too many states, a format not known, pattern with format or with a length, empty ranges,
     draft 4's boolean exclusiveMaximum, items as a list, keywords without a type, a $ref circle,
@@ -121,6 +122,12 @@ SCHEMAS.append(  # a list that nests as deep as the recognizer allows: only null
     {"$defs": {"N": {"type": ["object", "null"], "properties": {"n": {"$ref": "#/$defs/N"}, "v": {"type": "integer"}},
                      "required": ["n"]}},
      "type": "object", "properties": {"list": {"$ref": "#/$defs/N"}}, "required": ["list"]})
+SCHEMAS.append(  # uniqueItems over an enum, a map's key counts, OpenAPI's nullable
+    {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "ab", 1, True]}, "uniqueItems": True, "minItems": 1},
+        "m": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2},
+        "n": {"type": "string", "nullable": True, "maxLength": 3}},
+     "required": ["tags", "m", "n"]})
 SAMPLES = {"date-time": ["2024-01-31T12:00:00Z", "1999-12-31T23:59:59.123456+05:30", "2023-06-30T00:00:00-08:00"],
            "date": ["2024-02-28", "1000-01-01", "2023-11-30"], "time": ["00:00:00Z", "23:59:59.5+01:00"],
            "uuid": ["123e4567-e89b-12d3-a456-426614174000"], "email": ["a.b+c@example.co.uk", "x@y.z"],
@@ -207,6 +214,8 @@ def instance(rng, root, s, depth=0):
     if "const" in s:
         return s["const"]
     t = s.get("type")
+    if s.get("nullable") and rng.random() < 0.3:
+        return None
     if "enum" in s:
         return rng.choice([v for v in s["enum"] if t != "string" or isinstance(v, str)])
     t = rng.choice(t) if isinstance(t, list) else t
@@ -218,9 +227,12 @@ def instance(rng, root, s, depth=0):
         ap = s.get("additionalProperties", True)
         if ap is False:
             return {}
-        return {text_of_length(rng, rng.randint(0, 3)): (tc.rand_value(rng, 3) if ap is True else
-                                                         instance(rng, root, ap, depth + 1))
-                for _ in range(rng.randint(0, 3))}
+        out = {}
+        want = rng.randint(s.get("minProperties", 0), s.get("maxProperties", 3))
+        while len(out) < want:
+            out[text_of_length(rng, rng.randint(0, 3))] = (tc.rand_value(rng, 3) if ap is True else
+                                                           instance(rng, root, ap, depth + 1))
+        return out
     if t == "array":
         pre, items = s.get("prefixItems", []), s.get("items", True)
         hi = s.get("maxItems", len(pre) + 3)
@@ -228,6 +240,10 @@ def instance(rng, root, s, depth=0):
             hi = min(hi, len(pre))
         if depth >= 3:
             hi = min(hi, len(pre))
+        if s.get("uniqueItems"):
+            vals = list(items["enum"])
+            rng.shuffle(vals)
+            return vals[:rng.randint(s.get("minItems", 0), min(hi, len(vals)))]
         n = rng.randint(min(s.get("minItems", 0), hi), hi)
         return [instance(rng, root, pre[i] if i < len(pre) else items, depth + 1) for i in range(n)]
     if t == "string":
@@ -247,8 +263,21 @@ def verdicts(pairs, *args):
     return p.stdout.split("\n")[:-1] if p.returncode == 0 else None
 
 
+def to_jsonschema(s):
+    """OpenAPI's nullable said as JSON Schema says it (jsonschema knows no nullable)."""
+    if isinstance(s, list):
+        return [to_jsonschema(x) for x in s]
+    if not isinstance(s, dict):
+        return s
+    out = {k: to_jsonschema(v) for k, v in s.items() if k != "nullable"}
+    if s.get("nullable") and isinstance(s.get("type"), str):
+        out["type"] = [s["type"], "null"]
+    return out
+
+
 def valid(s, text):
     import jsonschema
+    s = to_jsonschema(s)
     if not tc.py_object(text) or not formats_ok(s, text):
         return False
     try:
@@ -282,6 +311,9 @@ def recognizer_checks():
     head = '{"list":' + '{"n":' * 14
     got = verdicts([(deep, head + "null" + "}" * 15), (deep, head + '{"n":null}' + "}" * 15), (deep, head[:-5] + '{"n":n')])
     T.check("schema_keywords_depth_room", got == ["done", "refused %d" % len(head), "prefix"], str(got))
+    empty = obj(m={"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 0})
+    got = verdicts([(empty, '{"m": {}}'), (empty, '{"m": {"a": 1}}')])
+    T.check("schema_keywords_map_of_no_keys", got == ["done", "refused 7"], str(got))
     for i, s in enumerate(SCHEMAS):
         walk_checks("schema_keywords_walks_%d" % i, s, lambda t, s=s: valid(s, t), i)
 
@@ -441,6 +473,10 @@ REFUSED = [
     (obj(a={"type": "string", "format": "uri"}), "\"format\" uri is not supported"),
     (obj(a={"type": "string", "format": "date", "pattern": "x"}), "together are not supported"),
     (obj(a={"type": "string", "maxLength": 2, "pattern": "x{3}"}), "beside a pattern or format"),
+    (obj(a={"type": "array", "items": {"type": "string"}, "uniqueItems": True}), "every item is an enum or const"),
+    (obj(a={"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 3}), "below \"minItems\""),
+    (obj(a={"type": "object", "properties": {"x": {"type": "string"}}, "minProperties": 1}), "supported on maps"),
+    (obj(a={"type": "object", "additionalProperties": False, "minProperties": 1}), "no map has that many keys"),
     (obj(a={"type": "string", "pattern": "x{300}"}), "more than 256 states"),
     (obj(a={"type": "number", "minimum": 5, "maximum": 3}), "no number lies"),
     (obj(a={"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}), "no integer lies"),
