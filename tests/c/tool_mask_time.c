@@ -119,6 +119,8 @@ int main(int argc, char **argv) {
         {"schema, in a string of maxLength 40", "{\"name\": \"x\", \"short\": \"abc", 1},
         {"schema, in an integer", "{\"name\": \"x\", \"short\": \"y\", \"n\": 12", 1},
         {"schema, in a number within [0, 1]", "{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0.2", 1},
+        {"schema, in a string of a pattern", "{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": [], \"code\": \"A", 1},
+        {"schema, in a date-time", "{\"name\": \"x\", \"short\": \"y\", \"n\": 1, \"p\": 0, \"tags\": [], \"when\": \"2024-0", 1},
     };
     int32_t ends[1] = {glm_tokenizer_specials(tok).eop};
     float *logits = malloc(sizeof(float) * (size_t)V);
@@ -146,6 +148,28 @@ int main(int argc, char **argv) {
         }
         qsort(ms, 21, sizeof ms[0], cmp);
         printf("%-40s %7.3f ms a mask, %6d of %d tokens left\n", CASES[c].what, ms[10], left, V);
+    }
+    /* guided_regex: a pattern most tokens fit, and one few do */
+    static const char *const PATTERNS[] = {"[^\"]{1,200}", "(yes|no|maybe), [a-z ]+\\."};
+    for (int k = 0; k < 2 && !check; k++) {
+        glm_regex re;
+        if (glm_regex_compile(&re, PATTERNS[k], GLM_REGEX_MAX_STATES, why, sizeof why)) { fprintf(stderr, "%s\n", why); return 1; }
+        uint64_t set[GLM_REGEX_MAX_STATES / 64];
+        glm_regex_text t = {0};
+        glm_regex_start(&re, set);
+        double ms[21];
+        int left = 0;
+        for (int r = 0; r < 21; r++) {
+            for (int i = 0; i < V; i++) logits[i] = 0;
+            double t0 = now();
+            glm_regex_mask(&v, &re, set, &t, 0, ends, 1, logits);
+            ms[r] = (now() - t0) * 1e3;
+            left = 0;
+            for (int i = 0; i < V; i++) left += logits[i] > GLM_MASKED;
+        }
+        qsort(ms, 21, sizeof ms[0], cmp);
+        printf("regex %-34s %7.3f ms a mask, %6d of %d tokens left\n", PATTERNS[k], ms[10], left, V);
+        glm_regex_free(&re);
     }
     free(logits);
     glm_json_schema_free(&s);
