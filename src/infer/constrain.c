@@ -70,6 +70,7 @@ void glm_constrained_begin(glm_constrained *r, glm_constraint *c) {
     if (c->k == C_REGEX) {
         r->re_set = glm_malloc(sizeof *r->re_set * (size_t)c->re.words);
         glm_regex_start(&c->re, r->re_set);
+        r->re_dfa = glm_regex_dfa_new(&c->re);
     }
 }
 
@@ -77,6 +78,7 @@ void glm_constrained_end(glm_constrained *r) {
     glm_constraint_unref(r->c);
     free(r->text.s);
     free(r->re_set);
+    glm_regex_dfa_free(r->re_dfa);
     memset(r, 0, sizeof *r);
 }
 
@@ -85,7 +87,7 @@ void glm_constrained_mask(const glm_text_vocab *v, const glm_constrained *r, con
     if (!c) return;
     if (c->k == C_JSON) glm_json_mask(v, &r->js, ends, n_ends, logits);
     else if (c->k == C_SCHEMA) glm_json_schema_mask(v, &r->ss, ends, n_ends, logits);
-    else if (c->k == C_REGEX) glm_regex_mask(v, &c->re, r->re_set, &r->re_text, r->re_bytes, ends, n_ends, logits);
+    else if (c->k == C_REGEX) glm_regex_mask(v, &c->re, r->re_dfa, r->re_set, &r->re_text, r->re_bytes, ends, n_ends, logits);
     else glm_choice_mask(v, (const char *const *)c->choices, c->len, c->n, r->text.s ? r->text.s : "", r->text.n, ends,
                          n_ends, logits);
 }

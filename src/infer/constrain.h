@@ -35,7 +35,8 @@ typedef struct glm_constrained {
     glm_strbuf text;            /* choices: the answer's bytes so far */
     uint64_t *re_set;           /* a regex: its live states, */
     glm_regex_text re_text;     /*   the character being read */
-    size_t re_bytes;            /*   and the answer's bytes so far */
+    size_t re_bytes;            /*   and the answer's bytes so far, */
+    glm_regex_dfa *re_dfa;      /*   its masks' cache */
 } glm_constrained;
 /* Starts a row on c (taking a reference; c may be NULL), and ends it (dropping it). */
 void glm_constrained_begin(glm_constrained *r, glm_constraint *c);

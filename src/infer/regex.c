@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/err.h"
-#include "infer/choice_mode.h"
 #include "infer/text_vocab.h"
 
 enum { N_CHAR, N_FORK, N_END };                                  /* NFA nodes */
@@ -364,6 +363,39 @@ static int build(builder *B, int t, int next) {
     }
 }
 
+static int by_value(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Every range's ends cut the code points into classes (bounds[], then MAX_CP + 1 closing them). */
+static void make_classes(glm_regex *re) {
+    uint32_t *b = glm_malloc(sizeof *b * (size_t)(2 * re->n_ranges + 2));
+    int n = 0;
+    b[n++] = 0;
+    for (int i = 0; i < re->n_ranges; i++) {
+        b[n++] = re->ranges[i].lo;
+        if (re->ranges[i].hi < MAX_CP) b[n++] = re->ranges[i].hi + 1;
+    }
+    qsort(b, (size_t)n, sizeof *b, by_value);
+    int k = 0;
+    for (int i = 0; i < n; i++) if (!k || b[i] != b[k - 1]) b[k++] = b[i];
+    b[k] = MAX_CP + 1;
+    re->bounds = b;
+    re->n_classes = k;
+    for (uint32_t c = 0; c < 128; c++) re->ascii_class[c] = (uint16_t)glm_regex_class(re, c);
+}
+
+int glm_regex_class(const glm_regex *re, uint32_t cp) {
+    int lo = 0, hi = re->n_classes - 1; /* the last class whose start is <= cp */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (re->bounds[mid] <= cp) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 int glm_regex_compile(glm_regex *re, const char *pattern, int max_states, char *why, size_t cap) {
     memset(re, 0, sizeof *re);
     parser P = {.p = pattern, .start = pattern, .why = why, .cap = cap};
@@ -383,12 +415,14 @@ int glm_regex_compile(glm_regex *re, const char *pattern, int max_states, char *
     re->words = (re->n + 63) / 64;
     free(P.t);
     if (rc) glm_regex_free(re);
+    else make_classes(re);
     return rc;
 }
 
 void glm_regex_free(glm_regex *re) {
     free(re->node);
     free(re->ranges);
+    free(re->bounds);
     memset(re, 0, sizeof *re);
 }
 
@@ -480,35 +514,4 @@ int glm_regex_byte(const glm_regex *re, uint64_t *set, glm_regex_text *t, unsign
     if (lo > hi || !glm_regex_may_take(re, set, lo, hi)) return -1;
     *t = n;
     return 0;
-}
-
-/* ---------------------------------------------------------------- masks */
-
-static int regex_fits(const glm_regex *re, const uint64_t *set, const glm_regex_text *t, const unsigned char *b, size_t n) {
-    uint64_t s2[GLM_REGEX_MAX_STATES / 64];
-    memcpy(s2, set, sizeof s2[0] * (size_t)re->words);
-    glm_regex_text t2 = *t;
-    for (size_t i = 0; i < n; i++)
-        if (glm_regex_byte(re, s2, &t2, b[i])) return 0;
-    return 1;
-}
-
-void glm_regex_mask(const glm_text_vocab *v, const glm_regex *re, const uint64_t *set, const glm_regex_text *t,
-                    size_t so_far, const int32_t *ends, int n_ends, float *logits) {
-    float end_logit[32];
-    int ne = n_ends < 32 ? n_ends : 32;
-    for (int k = 0; k < ne; k++) end_logit[k] = ends[k] >= 0 && ends[k] < v->V ? logits[ends[k]] : 0;
-    uint8_t first[256]; /* the bytes that can come next: most tokens are refused by their first */
-    for (int c = 0; c < 256; c++) {
-        unsigned char b = (unsigned char)c;
-        first[c] = (uint8_t)regex_fits(re, set, t, &b, 1);
-    }
-    for (int id = 0; id < v->V; id++) {
-        const char *b;
-        size_t n = glm_choice_token_bytes(v, id, so_far, &b);
-        if (!n || !first[(unsigned char)b[0]] || !regex_fits(re, set, t, (const unsigned char *)b, n)) logits[id] = GLM_MASKED;
-    }
-    int whole = !t->need && glm_regex_accepts(re, set);
-    for (int k = 0; k < ne; k++)
-        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = whole ? end_logit[k] : GLM_MASKED;
 }

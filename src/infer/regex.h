@@ -30,6 +30,11 @@ typedef struct glm_regex {
     glm_regex_range *ranges;
     int n_ranges;
     int words;          /* uint64_t words of a state set */
+    /* the code points cut into classes that every node takes whole or not at all: class k is
+     * [bounds[k], bounds[k + 1]); the masks' DFA steps by class (regex_mask.c) */
+    uint32_t *bounds;
+    int n_classes;
+    uint16_t ascii_class[128];
 } glm_regex;
 
 /* Compiles pattern into at most max_states nodes (<= GLM_REGEX_MAX_STATES); -1 with why[] naming
@@ -56,12 +61,24 @@ typedef struct glm_regex_text {
 /* Feeds byte c: 0 and moved on, -1 (nothing changed) where it cannot come. set as above. */
 int glm_regex_byte(const glm_regex *re, uint64_t *set, glm_regex_text *t, unsigned c);
 
+/* The class of code point cp (glm_regex.bounds). */
+int glm_regex_class(const glm_regex *re, uint32_t cp);
+
+/* The masks' cache (regex_mask.c): the NFA's state sets met so far as the states of a DFA whose
+ * transitions go by class, filled as the masks need them, so that a token's bytes cost a table
+ * lookup each. One a row (it is written while masking); at most GLM_REGEX_DFA_STATES states, then
+ * it starts again empty. */
+#define GLM_REGEX_DFA_STATES 4096
+typedef struct glm_regex_dfa glm_regex_dfa;
+glm_regex_dfa *glm_regex_dfa_new(const glm_regex *re);
+void glm_regex_dfa_free(glm_regex_dfa *d);
+
 /* A regex constraint's masks (vLLM's guided_regex: the answer's text matches whole): before a
  * choice, logits[V] of the tokens whose bytes (an answer's first token without the space decoding
  * drops: glm_choice_token_bytes) cannot come next far below the rest, and of the ends[n_ends] unless
- * the text so far (so_far bytes) is a match. */
+ * the text so far (so_far bytes) is a match. d: the row's cache (NULL: the NFA itself, slower). */
 struct glm_text_vocab;
-void glm_regex_mask(const struct glm_text_vocab *v, const glm_regex *re, const uint64_t *set, const glm_regex_text *t,
-                    size_t so_far, const int32_t *ends, int n_ends, float *logits);
+void glm_regex_mask(const struct glm_text_vocab *v, const glm_regex *re, glm_regex_dfa *d, const uint64_t *set,
+                    const glm_regex_text *t, size_t so_far, const int32_t *ends, int n_ends, float *logits);
 
 #endif

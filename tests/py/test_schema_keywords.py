@@ -32,6 +32,7 @@ exclusiveMaximum on integers and numbers, pattern and format (date-time, date, t
     draft 4's boolean exclusiveMaximum, items as a list, keywords without a type, a $ref circle,
     maxLength below minLength, a negative count, an enum with no value of its type, false).
 Prints PASS/FAIL/SKIP lines."""
+import base64
 import json
 import os
 import random
@@ -403,6 +404,18 @@ def server_checks(Answer):
     try:
         model, _, _ = make_glm2(tmp)
         mask_checks("schema_keywords_masks_equal_recognizer_tiny_vocab", model)
+        # a byte-level BPE (GLM-4's tokenizer.model of base64 tokens and ranks) whose tokens also
+        # end and start inside characters: the masks' handling of characters cut between tokens
+        ranks = [bytes([i]) for i in range(256)]
+        ranks += [t.encode() if isinstance(t, str) else t for t in
+                  ("中", "文", "中文", b"\xe4\xb8", b"\xb8\xad", b"\xe6\x96", b"\x87x", "ab", "yes", "no", ", ", "maybe",
+                   "12", "-a", "\"a", "{\"", "\":", "é", b"\xa9\xe4", b"\xe4\xb9", b"\xe6\x97", b"x\xe4", b"\xe4\xb8\xad\xe6", "😀", b"\xf0\x9f", b"\x98\x80a")]
+        g4 = os.path.join(tmp, "glm4tok")
+        os.makedirs(g4)
+        with open(os.path.join(g4, "tokenizer.model"), "w") as f:
+            for r, t in enumerate(ranks):
+                f.write("%s %d\n" % (base64.b64encode(t).decode(), r))
+        mask_checks("schema_keywords_masks_equal_recognizer_byte_level_vocab", g4)
         if os.path.isfile(REAL_TOKENIZER):
             mask_checks("schema_keywords_masks_equal_recognizer_chatglm6b_vocab", REAL_TOKENIZER)
         else:

@@ -109,7 +109,7 @@ LIBSRC="$(ls src/core/*.c src/io/*.c src/tokenizer/*.c | grep -v 'src/tokenizer/
 src/data/reader_json.c src/data/reader_csv.c src/data/schema.c src/data/thought.c src/data/schema_conv.c src/data/pyjson.c src/data/pyliteral.c src/data/glm4_tools.c src/infer/tools.c src/model/config.c src/backend/quant.c src/train/train_flags.c
 src/train/deepspeed.c src/optim/schedule.c
 src/serve/request.c src/serve/messages.c src/serve/thudm_api.c src/serve/score.c src/serve/tokenize.c src/infer/chat.c src/infer/gen_settings.c
-src/infer/json_mode.c src/infer/choice_mode.c src/infer/text_vocab.c src/infer/schema_mode.c src/infer/schema_compile.c src/infer/regex.c src/infer/constrain.c
+src/infer/json_mode.c src/infer/choice_mode.c src/infer/text_vocab.c src/infer/schema_mode.c src/infer/schema_compile.c src/infer/regex.c src/infer/regex_mask.c src/infer/constrain.c
 src/data/encoder_tok.c src/data/hash.c
 src/model/adapter_config.c src/model/ckpt.c src/model/hf_layout.c src/data/dataset_info.c src/data/examples.c src/data/examples_glm3.c"
 : >"$work/build.log"
