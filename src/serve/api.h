@@ -30,6 +30,7 @@ typedef struct srv_tools {
                                /* that line of the call, the response is the rest of it */
     char **names;              /* [n_names] the tools' names (a streamed response that may still */
     int n_names;               /* become a call is held back) */
+    const cJSON *forced_params; /* the forced tool's "parameters" (in the request's body; NULL: none) */
 } srv_tools;
 void srv_tools_free(srv_tools *t);
 

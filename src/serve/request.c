@@ -433,6 +433,16 @@ static int guided_regex(const cJSON *g, srv_req *r, api_err *e) {
     return constrain_to(r, c);
 }
 
+/* A GLM-4 call forced by tool_choice (the prompt ends with its name's line): its arguments kept to
+ * the tool's parameters (a JSON Schema; a schema the recognizer cannot keep, or none: any JSON
+ * object), unless the request keeps to a constraint of its own or asks to run past the end. */
+static void forced_call_arguments(const srv_tools *t, srv_req *r) {
+    if (!t->on || !t->forced || !t->glm4 || r->con.c || r->ignore_eos || r->min_tokens > 0) return;
+    char why[512];
+    glm_constraint *c = cJSON_IsObject(t->forced_params) ? glm_constraint_schema(t->forced_params, why, sizeof why) : NULL;
+    constrain_to(r, c ? c : glm_constraint_json());
+}
+
 srv_req *srv_req_clone(const srv_req *r) {
     srv_req *x = srv_req_new();
     x->adapter = r->adapter;
@@ -581,6 +591,8 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
         ptexts = glm_calloc(1, sizeof *ptexts);
         np = 1;
         if (srv_chat_prompt(S, o, body, n, &pids[0], &q->tools, e)) goto out;
+        forced_call_arguments(&q->tools, r);
+        q->tools.forced_params = NULL; /* (it pointed into the body) */
     } else {
         if (completion_prompts(S, srv_field(o, "prompt"), &pids, &ptexts, &np, e)) goto out;
     }

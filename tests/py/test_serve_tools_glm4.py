@@ -14,6 +14,9 @@ question with a tool call and another with text, then
   * the next request, with the assistant's tool_calls and the tool's result, has the turns the
     template writes (<|assistant|>get_weather + "\\n" + the arguments, then <|observation|>), also
     when the assistant's message carries the model's own text (the demo's way);
+  * a forced call's arguments (tool_choice naming a tool, or "required" with one) keep to the tool's
+    parameters (structured outputs' recognizer): sampled calls of a tool the model never saw
+    validate against its schema (the jsonschema package);
   * tool_choice "none" drops the tools; a named tool ends the prompt with encode("NAME\\n") and the
     (streamed) response is the rest of the call; a built-in tool type (python) is refused.
 Prints PASS/FAIL/SKIP lines."""
@@ -80,6 +83,15 @@ def ref_ids(enc, sid, messages):
         for role, text in template_turns(m):
             ids += [sid[role]] + enc.encode(text, disallowed_special=())
     return ids + [sid["<|assistant|>"]]
+
+
+def valid_args(text, schema):
+    try:
+        import jsonschema
+        jsonschema.Draft202012Validator(schema).validate(json.loads(text))
+        return True
+    except Exception:  # noqa: BLE001 (not JSON, or not valid)
+        return False
 
 
 def main():
@@ -167,6 +179,23 @@ def main():
         check("glm4_tool_choice_named_forces_the_call", prompt_ids(S, n0) == want and finish == "tool_calls" and
               len(tcs) == 1 and json.loads(tcs[0].function.arguments) == {"city": "北京"},
               "%s vs %s: %s %s" % (prompt_ids(S, n0), want, finish, tcs))
+        # a forced call's arguments keep to the tool's parameters: a tool the model never saw, sampled
+        alarm = {"type": "function", "function": {"name": "set_alarm", "parameters": {
+            "type": "object", "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                                             "label": {"enum": ["起床", "开会"]}}, "required": ["hour", "label"]}}}
+        got = []
+        for seed in range(6):
+            r5 = c.chat.completions.create(model="model", messages=q, tools=TOOLS + [alarm], temperature=1.0, seed=seed,
+                                           max_tokens=60, tool_choice={"type": "function", "function": {"name": "set_alarm"}})
+            got.append((r5.choices[0].finish_reason, r5.choices[0].message.tool_calls))
+        ok = all(f == "tool_calls" and len(tc) == 1 and tc[0].function.name == "set_alarm" and
+                 valid_args(tc[0].function.arguments, alarm["function"]["parameters"]) for f, tc in got)
+        check("glm4_forced_call_arguments_keep_to_the_parameters", ok, str(got[:2]))
+        r6 = c.chat.completions.create(model="model", messages=q, tools=TOOLS, temperature=1.0, seed=3, max_tokens=60,
+                                       tool_choice="required")
+        tc6 = r6.choices[0].message.tool_calls or []
+        check("glm4_required_call_with_one_tool_keeps_to_it", r6.choices[0].finish_reason == "tool_calls" and len(tc6) == 1 and
+              valid_args(tc6[0].function.arguments, TOOLS[0]["function"]["parameters"]), r6.model_dump_json())
         st, body = sc.http(S.port, "POST", "/v1/chat/completions", {"model": "model", "messages": q,
                                                                      "tools": [{"type": "python"}]})
         check("glm4_builtin_tool_refused", st == 400 and body["error"]["param"] == "tools" and
