@@ -5,14 +5,15 @@
 #include <string.h>
 #include "infer/choice_mode.h"
 
-typedef enum { C_JSON, C_SCHEMA, C_CHOICES, C_REGEX } kind;
+typedef enum { C_JSON, C_SCHEMA, C_CHOICES, C_REGEX, C_CALL } kind;
 
 struct glm_constraint {
     atomic_int refs;
     kind k;
     glm_json_schema schema; /* C_SCHEMA */
     glm_regex re;           /* C_REGEX */
-    char **choices;         /* C_CHOICES: n strings of len bytes */
+    char **choices;         /* C_CHOICES, C_CALL: n strings of len bytes */
+    glm_constraint **args;  /* C_CALL: [n] each line's arguments */
     size_t *len;
     int n;
 };
@@ -38,8 +39,22 @@ glm_constraint *glm_constraint_regex(const char *pattern, char *why, size_t cap)
     return c;
 }
 
-glm_constraint *glm_constraint_choices(const char *const *choices, int n) {
-    glm_constraint *c = made(C_CHOICES);
+static glm_constraint *strings(kind k, const char *const *choices, int n);
+
+glm_constraint *glm_constraint_choices(const char *const *choices, int n) { return strings(C_CHOICES, choices, n); }
+
+glm_constraint *glm_constraint_call(const char *const *lines, glm_constraint *const *args, int n) {
+    glm_constraint *c = strings(C_CALL, lines, n);
+    c->args = glm_malloc(sizeof *c->args * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        atomic_fetch_add(&args[i]->refs, 1);
+        c->args[i] = args[i];
+    }
+    return c;
+}
+
+static glm_constraint *strings(kind k, const char *const *choices, int n) {
+    glm_constraint *c = made(k);
     c->choices = glm_malloc(sizeof(char *) * (size_t)n);
     c->len = glm_malloc(sizeof(size_t) * (size_t)n);
     for (int i = 0; i < n; i++) {
@@ -54,6 +69,8 @@ void glm_constraint_unref(glm_constraint *c) {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
     if (c->k == C_SCHEMA) glm_json_schema_free(&c->schema);
     if (c->k == C_REGEX) glm_regex_free(&c->re);
+    for (int i = 0; c->args && i < c->n; i++) glm_constraint_unref(c->args[i]);
+    free(c->args);
     for (int i = 0; i < c->n; i++) free(c->choices[i]);
     free(c->choices);
     free(c->len);
@@ -62,6 +79,7 @@ void glm_constraint_unref(glm_constraint *c) {
 
 void glm_constrained_begin(glm_constrained *r, glm_constraint *c) {
     memset(r, 0, sizeof *r);
+    r->call_tool = -1;
     if (!c) return;
     atomic_fetch_add(&c->refs, 1);
     r->c = c;
@@ -79,6 +97,8 @@ void glm_constrained_end(glm_constrained *r) {
     free(r->text.s);
     free(r->re_set);
     glm_regex_dfa_free(r->re_dfa);
+    if (r->call_args) glm_constrained_end(r->call_args);
+    free(r->call_args);
     memset(r, 0, sizeof *r);
 }
 
@@ -87,6 +107,7 @@ void glm_constrained_mask(const glm_text_vocab *v, const glm_constrained *r, con
     if (!c) return;
     if (c->k == C_JSON) glm_json_mask(v, &r->js, ends, n_ends, logits);
     else if (c->k == C_SCHEMA) glm_json_schema_mask(v, &r->ss, ends, n_ends, logits);
+    else if (c->k == C_CALL && r->call_tool >= 0) glm_constrained_mask(v, r->call_args, ends, n_ends, logits);
     else if (c->k == C_REGEX) glm_regex_mask(v, &c->re, r->re_dfa, r->re_set, &r->re_text, r->re_bytes, ends, n_ends, logits);
     else glm_choice_mask(v, (const char *const *)c->choices, c->len, c->n, r->text.s ? r->text.s : "", r->text.n, ends,
                          n_ends, logits);
@@ -102,9 +123,17 @@ void glm_constrained_advance(const glm_text_vocab *v, glm_constrained *r, int32_
         size_t n = glm_choice_token_bytes(v, id, r->re_bytes, &b);
         for (size_t i = 0; i < n; i++) glm_regex_byte(&c->re, r->re_set, &r->re_text, (unsigned char)b[i]);
         r->re_bytes += n;
+    } else if (c->k == C_CALL && r->call_tool >= 0) {
+        glm_constrained_advance(v, r->call_args, id);
     } else {
         const char *b;
         size_t n = glm_choice_token_bytes(v, id, r->text.n, &b);
         glm_strbuf_put(&r->text, b, n);
+        for (int k = 0; c->k == C_CALL && k < c->n; k++) /* a call's line whole: its arguments from here */
+            if (r->text.n == c->len[k] && !memcmp(r->text.s, c->choices[k], c->len[k])) {
+                r->call_tool = k;
+                r->call_args = glm_malloc(sizeof *r->call_args);
+                glm_constrained_begin(r->call_args, c->args[k]);
+            }
     }
 }

@@ -24,6 +24,11 @@ glm_constraint *glm_constraint_regex(const char *pattern, char *why, size_t cap)
 /* choices[n] (n >= 1, each non-empty), copied. */
 glm_constraint *glm_constraint_choices(const char *const *choices, int n);
 
+/* A tool call in GLM-4's form: one of the lines names[n] ("NAME\n"), then what args[k] allows for
+ * the line picked (each a JSON object's constraint; references taken). The line is closed by a
+ * token of its own (a token that would run on into the arguments is not offered). */
+glm_constraint *glm_constraint_call(const char *const *lines, glm_constraint *const *args, int n);
+
 /* Drops the maker's reference (the rows that began on c keep theirs). */
 void glm_constraint_unref(glm_constraint *c);
 
@@ -37,6 +42,8 @@ typedef struct glm_constrained {
     glm_regex_text re_text;     /*   the character being read */
     size_t re_bytes;            /*   and the answer's bytes so far, */
     glm_regex_dfa *re_dfa;      /*   its masks' cache */
+    int call_tool;              /* a call: the line picked (-1: text holds the line so far) */
+    struct glm_constrained *call_args; /*   and the row's place in its arguments */
 } glm_constrained;
 /* Starts a row on c (taking a reference; c may be NULL), and ends it (dropping it). */
 void glm_constrained_begin(glm_constrained *r, glm_constraint *c);

@@ -31,6 +31,8 @@ typedef struct srv_tools {
     char **names;              /* [n_names] the tools' names (a streamed response that may still */
     int n_names;               /* become a call is held back) */
     const cJSON *forced_params; /* the forced tool's "parameters" (in the request's body; NULL: none) */
+    int required_any;          /* tool_choice "required" with several tools (GLM-4): the response is a */
+    const cJSON *list;         /* call of one of them (the list, in the request's body) */
 } srv_tools;
 void srv_tools_free(srv_tools *t);
 

@@ -183,10 +183,12 @@ static int read_choice(const cJSON *body, const cJSON *list, srv_tools *t, int *
         if (!strcmp(tc->valuestring, "none")) { *none = 1; return 0; }
         if (strcmp(tc->valuestring, "required"))
             return srv_bad(e, 400, key, "invalid_value", "%s: \"auto\", \"none\", \"required\" or the function to call", key);
-        if (t->n_names != 1)
-            return srv_bad(e, 400, key, "unsupported_value",
-                           "%s \"required\" with %d tools: name the one to call ({\"type\": \"function\", \"function\": "
-                           "{\"name\": ...}}); the model cannot be made to pick one of several here", key, t->n_names);
+        if (t->n_names != 1) { /* GLM-4's calls are kept to one of them (srv_chat_prompt checks the model) */
+            t->required_any = t->n_names > 1;
+            t->list = list;
+            if (t->n_names > 1) return 0;
+            return srv_bad(e, 400, key, "invalid_value", "%s \"required\" without tools", key);
+        }
         name = cJSON_CreateString(t->names[0]); /* freed below */
     } else {
         const cJSON *f = cJSON_IsObject(srv_field(tc, "function")) ? srv_field(tc, "function") : tc;
@@ -351,6 +353,10 @@ int srv_chat_prompt(srv_server *S, const cJSON *body, const char *text, size_t l
     }
     const char *key = !tools ? NULL : t->legacy ? "functions" : "tools";
     if (!(t->on || tool_turns)) return plain_prompt(S, msgs, ids, e) ? -1 : thought_end(S, body, ids, e);
+    if (t->on && t->required_any && !t->glm4)
+        return srv_bad(e, 400, t->legacy ? "function_call" : "tool_choice", "unsupported_value",
+                       "\"required\" with %d tools: name the one to call ({\"type\": \"function\", \"function\": "
+                       "{\"name\": ...}}); ChatGLM3's calls cannot be kept to one of several here", t->n_names);
     if (turns_prompt(S, msgs, key, text, len, t->glm4, ids, e) || thought_end(S, body, ids, e)) return -1;
     if (t->on && t->forced) { /* the response starts as the call's own text: its name's line */
         glm_err err = {0};

@@ -16,7 +16,8 @@ question with a tool call and another with text, then
     when the assistant's message carries the model's own text (the demo's way);
   * a forced call's arguments (tool_choice naming a tool, or "required" with one) keep to the tool's
     parameters (structured outputs' recognizer): sampled calls of a tool the model never saw
-    validate against its schema (the jsonschema package);
+    validate against its schema (the jsonschema package); "required" with two tools gives a call
+    of one of them whose arguments validate against that one's parameters;
   * tool_choice "none" drops the tools; a named tool ends the prompt with encode("NAME\\n") and the
     (streamed) response is the rest of the call; a built-in tool type (python) is refused.
 Prints PASS/FAIL/SKIP lines."""
@@ -196,6 +197,21 @@ def main():
         tc6 = r6.choices[0].message.tool_calls or []
         check("glm4_required_call_with_one_tool_keeps_to_it", r6.choices[0].finish_reason == "tool_calls" and len(tc6) == 1 and
               valid_args(tc6[0].function.arguments, TOOLS[0]["function"]["parameters"]), r6.model_dump_json())
+        # "required" with several tools: a call of one of them, its arguments kept to that tool's parameters
+        got, names = [], set()
+        for seed in range(8):
+            r7 = c.chat.completions.create(model="model", messages=q, tools=TOOLS + [alarm], temperature=1.5, seed=seed,
+                                           max_tokens=60, tool_choice="required")
+            ch7 = r7.choices[0]
+            tc7 = ch7.message.tool_calls or []
+            params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS + [alarm]}
+            if ch7.finish_reason == "length":  # (cut by max_tokens: the call's beginning, as text)
+                got.append(any((ch7.message.content or "").startswith(k + "\n{") for k in params) or None)
+            else:
+                got.append(ch7.finish_reason == "tool_calls" and len(tc7) == 1 and tc7[0].function.name in params and
+                           valid_args(tc7[0].function.arguments, params[tc7[0].function.name]))
+            names |= {t.function.name for t in tc7}
+        check("glm4_required_of_several_tools_is_a_call_of_one", all(got) and got.count(True) >= 5, "%s %s" % (got, names))
         st, body = sc.http(S.port, "POST", "/v1/chat/completions", {"model": "model", "messages": q,
                                                                      "tools": [{"type": "python"}]})
         check("glm4_builtin_tool_refused", st == 400 and body["error"]["param"] == "tools" and
