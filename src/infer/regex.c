@@ -488,30 +488,31 @@ int glm_regex_may_take(const glm_regex *re, const uint64_t *set, uint32_t lo, ui
     return any_node(re, set, N_CHAR, lo, hi);
 }
 
+int glm_regex_text_byte(glm_regex_text *t, unsigned c, uint32_t *lo, uint32_t *hi) {
+    int u = glm_utf8_step(&t->need, &t->lo, &t->hi, c);
+    if (u < 0) return -1;
+    if (u == 1) return 1;
+    if (u == 2) { t->cp = c & (t->need == 1 ? 0x1F : t->need == 2 ? 0x0F : 0x07); t->got = 1; }
+    else { t->cp = t->cp << 6 | (c & 0x3F); t->got++; }
+    if (t->need == 0) return 2;
+    /* the code points it can still become: its bits so far, the rest anything, within what its
+     * length encodes (the classes hold no surrogates, which UTF-8 cannot either) */
+    int len = t->got + t->need;
+    uint32_t least = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000, most = len == 2 ? 0x7FF : len == 3 ? 0xFFFF : MAX_CP;
+    *lo = t->cp << (6 * t->need);
+    *hi = *lo | ((1u << (6 * t->need)) - 1);
+    if (*lo < least) *lo = least;
+    if (*hi > most) *hi = most;
+    return 0;
+}
+
 int glm_regex_byte(const glm_regex *re, uint64_t *set, glm_regex_text *t, unsigned c) {
     glm_regex_text n = *t;
-    int u = glm_utf8_step(&n.need, &n.lo, &n.hi, c);
-    if (u < 0) return -1;
-    if (u == 1) { /* ASCII */
-        if (glm_regex_step(re, set, c)) return -1;
-        *t = n;
-        return 0;
-    }
-    if (u == 2) { n.cp = c & (n.need == 1 ? 0x1F : n.need == 2 ? 0x0F : 0x07); n.got = 1; }
-    else { n.cp = n.cp << 6 | (c & 0x3F); n.got++; }
-    if (n.need == 0) { /* the character is whole */
-        if (glm_regex_step(re, set, n.cp)) return -1;
-        *t = n;
-        return 0;
-    }
-    /* the code points this character can still be: its bits so far, the rest anything, within what
-     * its length encodes (the classes hold no surrogates, which UTF-8 cannot either) */
-    int len = n.got + n.need;
-    uint32_t lo = n.cp << (6 * n.need), hi = lo | ((1u << (6 * n.need)) - 1);
-    uint32_t least = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000, most = len == 2 ? 0x7FF : len == 3 ? 0xFFFF : MAX_CP;
-    if (lo < least) lo = least;
-    if (hi > most) hi = most;
-    if (lo > hi || !glm_regex_may_take(re, set, lo, hi)) return -1;
+    uint32_t lo, hi;
+    int u = glm_regex_text_byte(&n, c, &lo, &hi);
+    if (u < 0 || (u == 1 && glm_regex_step(re, set, c)) || (u == 2 && glm_regex_step(re, set, n.cp)) ||
+        (u == 0 && (lo > hi || !glm_regex_may_take(re, set, lo, hi))))
+        return -1;
     *t = n;
     return 0;
 }

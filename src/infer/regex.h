@@ -58,6 +58,9 @@ typedef struct glm_regex_text {
     uint32_t cp;          /* the code point's bits so far */
     uint8_t got;          /* its bytes so far */
 } glm_regex_text;
+/* Byte c of the text: -1 not UTF-8 here; 1 an ASCII character (c); 2 a character made whole (t->cp);
+ * 0 a character still cut, which can become one within [*lo, *hi] (lo > hi: none). */
+int glm_regex_text_byte(glm_regex_text *t, unsigned c, uint32_t *lo, uint32_t *hi);
 /* Feeds byte c: 0 and moved on, -1 (nothing changed) where it cannot come. set as above. */
 int glm_regex_byte(const glm_regex *re, uint64_t *set, glm_regex_text *t, unsigned c);
 

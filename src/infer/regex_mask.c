@@ -96,25 +96,14 @@ static int may_take(glm_regex_dfa *d, int s, uint32_t lo, uint32_t hi) {
  * cache filled up on the way. */
 static int dfa_fits(glm_regex_dfa *d, int s, glm_regex_text t, const unsigned char *b, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        unsigned c = b[i];
-        int u = glm_utf8_step(&t.need, &t.lo, &t.hi, c);
+        uint32_t lo, hi;
+        int u = glm_regex_text_byte(&t, b[i], &lo, &hi);
         if (u < 0) return 0;
-        if (u == 1) {
-            s = step_class(d, s, d->re->ascii_class[c]);
-        } else {
-            if (u == 2) { t.cp = c & (t.need == 1 ? 0x1F : t.need == 2 ? 0x0F : 0x07); t.got = 1; }
-            else { t.cp = t.cp << 6 | (c & 0x3F); t.got++; }
-            if (t.need == 0) {
-                s = step_class(d, s, glm_regex_class(d->re, t.cp));
-            } else { /* as glm_regex_byte: the characters it can still become */
-                int len = t.got + t.need;
-                uint32_t lo = t.cp << (6 * t.need), hi = lo | ((1u << (6 * t.need)) - 1);
-                uint32_t least = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000, most = len == 2 ? 0x7FF : len == 3 ? 0xFFFF : 0x10FFFF;
-                if (lo < least) lo = least;
-                if (hi > most) hi = most;
-                int r = lo > hi ? DEAD : may_take(d, s, lo, hi);
-                if (r != 0) return r == FULL ? -1 : 0;
-            }
+        if (u == 1) s = step_class(d, s, d->re->ascii_class[b[i]]);
+        else if (u == 2) s = step_class(d, s, glm_regex_class(d->re, t.cp));
+        else {
+            int r = lo > hi ? DEAD : may_take(d, s, lo, hi);
+            if (r != 0) return r == FULL ? -1 : 0;
         }
         if (s == DEAD) return 0;
         if (s == FULL) return -1;
