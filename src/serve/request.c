@@ -398,39 +398,68 @@ static int response_format(const cJSON *f, const cJSON *guided_json, srv_req *r,
     return ends_itself(r, "response_format json_object", e) ? -1 : constrain_to(r, glm_constraint_json());
 }
 
-/* vLLM's guided_choice: a list of 1 to SRV_MAX_CHOICES different non-empty strings. */
-static int guided_choice(const cJSON *c, srv_req *r, api_err *e) {
+/* vLLM's guided_choice (p names the field): a list of 1 to SRV_MAX_CHOICES different non-empty strings. */
+static int guided_choice(const cJSON *c, const char *p, srv_req *r, api_err *e) {
     if (!srv_present(c)) return 0;
     int n = cJSON_IsArray(c) ? cJSON_GetArraySize(c) : 0;
     if (n < 1 || n > SRV_MAX_CHOICES)
-        return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice must be a list of 1 to %d strings", SRV_MAX_CHOICES);
-    if (r->con.c)
-        return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice with a JSON format: one at a time");
-    if (ends_itself(r, "guided_choice", e)) return -1;
+        return srv_bad(e, 400, p, "invalid_value", "%s must be a list of 1 to %d strings", p, SRV_MAX_CHOICES);
+    if (r->con.c) return srv_bad(e, 400, p, "invalid_value", "%s with a JSON format: one at a time", p);
+    if (ends_itself(r, p, e)) return -1;
     const char *s[SRV_MAX_CHOICES];
     int k = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, c) {
         if (!cJSON_IsString(it) || !it->valuestring[0] || strlen(it->valuestring) > 1024)
-            return srv_bad(e, 400, "guided_choice", "invalid_value", "guided_choice: each choice must be a non-empty string "
-                           "of at most 1024 bytes");
+            return srv_bad(e, 400, p, "invalid_value", "%s: each choice must be a non-empty string of at most 1024 bytes", p);
         s[k++] = it->valuestring;
     }
     return constrain_to(r, glm_constraint_choices(s, k));
 }
 
-/* vLLM's guided_regex: the answer matches a regular expression whole (infer/regex.h). */
-static int guided_regex(const cJSON *g, srv_req *r, api_err *e) {
+/* vLLM's guided_regex (p names the field): the answer matches a regular expression whole (infer/regex.h). */
+static int guided_regex(const cJSON *g, const char *p, srv_req *r, api_err *e) {
     if (!srv_present(g)) return 0;
     if (!cJSON_IsString(g) || !g->valuestring[0] || strlen(g->valuestring) > 4096)
-        return srv_bad(e, 400, "guided_regex", "invalid_type", "guided_regex must be a pattern of 1 to 4096 bytes");
-    if (r->con.c)
-        return srv_bad(e, 400, "guided_regex", "invalid_value", "guided_regex with another constraint: one at a time");
-    if (ends_itself(r, "guided_regex", e)) return -1;
+        return srv_bad(e, 400, p, "invalid_type", "%s must be a pattern of 1 to 4096 bytes", p);
+    if (r->con.c) return srv_bad(e, 400, p, "invalid_value", "%s with another constraint: one at a time", p);
+    if (ends_itself(r, p, e)) return -1;
     char why[320];
     glm_constraint *c = glm_constraint_regex(g->valuestring, why, sizeof why);
-    if (!c) return srv_bad(e, 400, "guided_regex", "unsupported_value", "guided_regex: %s", why);
+    if (!c) return srv_bad(e, 400, p, "unsupported_value", "%s: %s", p, why);
     return constrain_to(r, c);
+}
+
+/* vLLM's structured_outputs (which replaced its guided_* fields): {"json": schema} or {"regex": ...}
+ * or {"choice": [...]} or {"json_object": true}, one of them; grammar, structural_tag and
+ * whitespace_pattern are refused by name. */
+static int structured_outputs(const cJSON *so, srv_req *r, api_err *e) {
+    static const char *const KEYS[] = {"json", "regex", "choice", "json_object"};
+    if (!srv_present(so)) return 0;
+    if (!cJSON_IsObject(so))
+        return srv_bad(e, 400, "structured_outputs", "invalid_type", "structured_outputs must be an object");
+    if (r->con.c)
+        return srv_bad(e, 400, "structured_outputs", "invalid_value", "structured_outputs with response_format or a guided_* "
+                       "field: one constraint at a time");
+    int n = 0;
+    for (const cJSON *k = so->child; k; k = k->next) {
+        int known = 0;
+        for (int i = 0; i < 4; i++) known |= !strcmp(k->string, KEYS[i]);
+        if (!known)
+            return srv_bad(e, 400, "structured_outputs", "unsupported_value", "structured_outputs.%.40s is not supported "
+                           "(json, regex, choice and json_object are)", k->string);
+        n += srv_present(k) && !cJSON_IsFalse(k);
+    }
+    if (n != 1)
+        return srv_bad(e, 400, "structured_outputs", "invalid_value", "structured_outputs needs one of json, regex, choice "
+                       "and json_object");
+    const cJSON *js = srv_field(so, "json"), *jo = srv_field(so, "json_object");
+    if (srv_present(js)) return ends_itself(r, "structured_outputs.json", e) ? -1 : take_schema(js, "structured_outputs", r, e);
+    if (cJSON_IsTrue(jo)) return ends_itself(r, "structured_outputs.json_object", e) ? -1 : constrain_to(r, glm_constraint_json());
+    if (srv_present(jo))
+        return srv_bad(e, 400, "structured_outputs", "invalid_type", "structured_outputs.json_object must be true");
+    return srv_present(srv_field(so, "regex")) ? guided_regex(srv_field(so, "regex"), "structured_outputs", r, e)
+                                               : guided_choice(srv_field(so, "choice"), "structured_outputs", r, e);
 }
 
 /* A GLM-4 call forced by tool_choice (the prompt ends with its name's line): its arguments kept to
@@ -600,8 +629,9 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
     if (srv_present(ie) && !cJSON_IsBool(ie)) { srv_bad(e, 400, "ignore_eos", "invalid_type", "ignore_eos must be a boolean"); goto out; }
     r->ignore_eos = cJSON_IsTrue(ie);
     if (response_format(srv_field(o, "response_format"), srv_field(o, "guided_json"), r, e)) goto out;
-    if (guided_choice(srv_field(o, "guided_choice"), r, e)) goto out;
-    if (guided_regex(srv_field(o, "guided_regex"), r, e)) goto out;
+    if (guided_choice(srv_field(o, "guided_choice"), "guided_choice", r, e)) goto out;
+    if (guided_regex(srv_field(o, "guided_regex"), "guided_regex", r, e)) goto out;
+    if (structured_outputs(srv_field(o, "structured_outputs"), r, e)) goto out;
     glm_err gerr = {0};
     if (glm_gen_cfg_check(&r->g, &gerr)) { srv_bad(e, 400, NULL, "invalid_value", "%s", gerr.msg); goto out; }
     if (chat) {

@@ -25,7 +25,8 @@ exclusiveMaximum on integers and numbers, pattern and format (date-time, date, t
     limit, at it, after a high surrogate, in the middle of a character, bounded numbers, keys,
     finished answers) keeps exactly the tokens whose bytes the recognizer takes, over the tiny
     model's vocabulary and ChatGLM-6B's real one (skipped when ../shared lacks it);
-  * served, vLLM's guided_regex: answers match whole (re.fullmatch); refusals name the field;
+  * served, vLLM's guided_regex: answers match whole (re.fullmatch); refusals name the field; vLLM's
+    structured_outputs (json, regex, choice, json_object) the same, its grammar refused by name;
   * 30 schemas refused, each naming the keyword or the reason (two alternatives of one type, a $ref
     to nowhere or outside, $ref beside other keywords, allOf of two, a pattern with a lookahead or
     too many states, a format not known, pattern with format or with a length, empty ranges,
@@ -452,6 +453,23 @@ def server_checks(Answer):
                 T.check("served_guided_regex_refuses_%s" % want.replace(" ", "_"), st == 400 and
                         b["error"]["param"] in ("guided_regex", "ignore_eos") and want in b["error"]["message"] + b["error"]["param"],
                         "%s %s" % (st, b))
+            # vLLM's structured_outputs (which replaced its guided_* fields)
+            so = [({"choice": ["是", "否"]}, lambda t: t in ("是", "否")), ({"regex": rx}, lambda t: re.fullmatch(rx, t)),
+                  ({"json": s}, lambda t: valid(s, t)), ({"json_object": True}, tc.py_object)]
+            for body, ok in so:
+                outs = tc.answers(S, "回答", 4, False, {"structured_outputs": body, "max_tokens": 200, "logit_bias": bias})
+                stops = [t for t, f in outs or [] if f == "stop"]
+                T.check("served_structured_outputs_%s" % list(body)[0], outs is not None and stops and all(ok(t) for t in stops),
+                        str(outs and outs[:2]))
+            for body, want in (({"structured_outputs": {"grammar": "root ::= x"}}, "grammar is not supported"),
+                               ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "one of json"),
+                               ({"structured_outputs": {"choice": ["a"]}, "guided_regex": "a"}, "one constraint at a time"),
+                               ({"structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": "string",
+                                                                  "format": "uri"}}}}}, "uri is not supported"),
+                               ({"structured_outputs": ["a"]}, "must be an object")):
+                st, b = tc.post(S, dict(body, prompt="x", max_tokens=4))
+                T.check("served_structured_outputs_refuses_%s" % want.replace(" ", "_"), st == 400 and
+                        b["error"]["param"] == "structured_outputs" and want in b["error"]["message"], "%s %s" % (st, b))
             st, b = tc.post(S, {"prompt": "x", "max_tokens": 4, "response_format": {
                 "type": "json_schema", "json_schema": {"name": "x", "schema": REFUSED[0][0]}}})
             T.check("schema_keywords_served_refusal_names_it", st == 400 and b["error"]["param"] == "response_format" and
