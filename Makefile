@@ -146,7 +146,7 @@ ASAN_PY := $(addprefix tests/py/,test_serve.py test_serve_echo.py test_serve_sco
                                  test_serve_thudm_api.py test_glmz1.py test_serve_prefix.py \
                                  test_serve_penalties.py test_serve_chunked.py test_chat_cache.py \
                                  test_prompt_lookup.py test_serve_lookup.py test_serve_constrained.py \
-                                 test_schema_keywords.py test_generate_guided.py test_regex.py)
+                                 test_schema_keywords.py test_generate_guided.py test_regex.py test_serve_tools_glm4.py)
 test-asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" all
 	@BUILD=build-asan PYTHON=$(PYTHON) ONLY_C=1 ASAN_PY="$(ASAN_PY)" bash tests/run.sh
