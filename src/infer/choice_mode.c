@@ -22,9 +22,8 @@ void glm_choice_mask(const glm_text_vocab *v, const char *const *choices, const 
         if (len[k] == n) whole = 1;
         else next[(unsigned char)choices[k][n]] = 1;
     }
-    float end_logit[1 + 4 + 16];
-    int ne = n_ends < (int)(sizeof end_logit / sizeof end_logit[0]) ? n_ends : (int)(sizeof end_logit / sizeof end_logit[0]);
-    for (int k = 0; k < ne; k++) end_logit[k] = ends[k] >= 0 && ends[k] < v->V ? logits[ends[k]] : 0;
+    glm_end_logits kept;
+    glm_ends_save(v->V, ends, n_ends, logits, &kept);
     for (int32_t id = 0; id < v->V; id++) {
         const char *b;
         size_t bl = glm_choice_token_bytes(v, id, n, &b);
@@ -34,6 +33,5 @@ void glm_choice_mask(const glm_text_vocab *v, const char *const *choices, const 
                 ok = len[k] >= n + bl && !memcmp(choices[k], text, n) && !memcmp(choices[k] + n, b, bl);
         if (!ok) logits[id] = GLM_MASKED;
     }
-    for (int k = 0; k < ne; k++) /* the end: where the answer is a choice whole (its logit as it was) */
-        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = whole ? end_logit[k] : GLM_MASKED;
+    glm_ends_put(v->V, ends, &kept, whole, logits); /* the end: where the answer is a choice whole */
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/err.h"
+#include "data/hash.h"
 #include "infer/choice_mode.h"
 #include "infer/regex.h"
 #include "infer/text_vocab.h"
@@ -48,16 +49,10 @@ void glm_regex_dfa_free(glm_regex_dfa *d) {
     free(d);
 }
 
-static uint64_t hash_set(const uint64_t *set, int words) {
-    uint64_t h = 1469598103934665603ull;
-    for (int i = 0; i < words; i++) h = (h ^ set[i]) * 1099511628211ull;
-    return h;
-}
-
 /* The id of the state whose set is `set`, made when new; FULL when there is no room. */
 static int state_of(glm_regex_dfa *d, const uint64_t *set) {
     int w = d->re->words;
-    size_t at = hash_set(set, w) & (size_t)(d->hcap - 1);
+    size_t at = glm_xxh64(set, sizeof *set * (size_t)w, 0) & (size_t)(d->hcap - 1);
     for (;; at = (at + 1) & (size_t)(d->hcap - 1)) {
         int id = d->slot[at];
         if (id < 0) break;
@@ -122,9 +117,8 @@ static int nfa_fits(const glm_regex *re, const uint64_t *set, const glm_regex_te
 
 void glm_regex_mask(const glm_text_vocab *v, const glm_regex *re, glm_regex_dfa *d, const uint64_t *set,
                     const glm_regex_text *t, size_t so_far, const int32_t *ends, int n_ends, float *logits) {
-    float end_logit[32];
-    int ne = n_ends < 32 ? n_ends : 32;
-    for (int k = 0; k < ne; k++) end_logit[k] = ends[k] >= 0 && ends[k] < v->V ? logits[ends[k]] : 0;
+    glm_end_logits kept;
+    glm_ends_save(v->V, ends, n_ends, logits, &kept);
     int s = d ? state_of(d, set) : FULL;
     if (s == FULL && d) { /* a full cache starts again, with the row's state */
         d->n = 0;
@@ -146,7 +140,5 @@ void glm_regex_mask(const glm_text_vocab *v, const glm_regex *re, glm_regex_dfa 
         }
         if (!fits) logits[id] = GLM_MASKED;
     }
-    int whole = !t->need && glm_regex_accepts(re, set);
-    for (int k = 0; k < ne; k++)
-        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = whole ? end_logit[k] : GLM_MASKED;
+    glm_ends_put(v->V, ends, &kept, !t->need && glm_regex_accepts(re, set), logits); /* where the text matches */
 }

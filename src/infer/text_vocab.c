@@ -76,9 +76,8 @@ void glm_text_vocab_free(glm_text_vocab *v) {
 
 
 void glm_text_vocab_mask(const glm_text_vocab *v, const glm_recognizer *r, const int32_t *ends, int n_ends, float *logits) {
-    float end_logit[32];
-    int ne = n_ends < 32 ? n_ends : 32;
-    for (int k = 0; k < ne; k++) end_logit[k] = ends[k] >= 0 && ends[k] < v->V ? logits[ends[k]] : 0;
+    glm_end_logits kept;
+    glm_ends_save(v->V, ends, n_ends, logits, &kept);
     if (r->done) {
         for (int id = 0; id < v->V; id++) logits[id] = GLM_MASKED;
     } else {
@@ -101,6 +100,5 @@ void glm_text_vocab_mask(const glm_text_vocab *v, const glm_recognizer *r, const
                 logits[id] = GLM_MASKED;
         }
     }
-    for (int k = 0; k < ne; k++) /* the end: once the answer is complete */
-        if (ends[k] >= 0 && ends[k] < v->V) logits[ends[k]] = r->done ? end_logit[k] : GLM_MASKED;
+    glm_ends_put(v->V, ends, &kept, r->done, logits); /* the end: once the answer is complete */
 }

@@ -5,6 +5,7 @@
 #define GLM_INFER_TEXT_VOCAB_H
 #include <stddef.h>
 #include <stdint.h>
+#include "core/utf8.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct glm_text_vocab {
@@ -24,28 +25,23 @@ typedef struct glm_text_vocab {
 } glm_text_vocab;
 static inline int glm_json_space(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-/* Well-formed UTF-8 a byte at a time (Unicode's table 3-7: no overlong forms, no surrogates, nothing
- * above U+10FFFF): *need continuation bytes still to come, the next within [*lo, *hi]. Returns -1
- * when c cannot come, 0 when it continues a character, 1 when it is ASCII, 2 when it begins a
- * character of several bytes. */
-static inline int glm_utf8_step(uint8_t *need, uint8_t *lo, uint8_t *hi, unsigned c) {
-    if (*need) {
-        if (c < *lo || c > *hi) return -1;
-        --*need;
-        *lo = 0x80, *hi = 0xBF;
-        return 0;
-    }
-    if (c < 0x80) return 1;
-    unsigned n = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 0;
-    if (!n) return -1;
-    *need = (uint8_t)n;
-    *lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
-    *hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-    return 2;
-}
+/* (UTF-8 a byte at a time: core/utf8.h glm_utf8_step) */
 
+/* The end ids' logits set aside before a mask writes over every token, and put back after: kept
+ * where the answer may end, far below the rest where it may not. */
+#define GLM_MAX_ENDS 32
+typedef struct glm_end_logits { float v[GLM_MAX_ENDS]; int n; } glm_end_logits;
+static inline void glm_ends_save(int V, const int32_t *ends, int n_ends, const float *logits, glm_end_logits *s) {
+    s->n = n_ends < GLM_MAX_ENDS ? n_ends : GLM_MAX_ENDS;
+    for (int k = 0; k < s->n; k++) s->v[k] = ends[k] >= 0 && ends[k] < V ? logits[ends[k]] : 0;
+}
 /* Far below any logit, but finite (an infinite one trips model.chat's invalid-score guard). */
 #define GLM_MASKED (-1e30f)
+
+static inline void glm_ends_put(int V, const int32_t *ends, const glm_end_logits *s, int may_end, float *logits) {
+    for (int k = 0; k < s->n; k++)
+        if (ends[k] >= 0 && ends[k] < V) logits[ends[k]] = may_end ? s->v[k] : GLM_MASKED;
+}
 
 /* A byte-level recognizer as the masks see it (JSON mode's, a schema's). */
 typedef struct glm_recognizer {

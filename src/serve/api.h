@@ -26,13 +26,15 @@ typedef struct srv_tools {
     int on;                    /* tools given and tool_choice not "none": a response may be a call */
     int legacy;                /* given as functions: a call is answered as function_call */
     int glm4;                  /* GLM-4's call format (infer/tools.h), else ChatGLM3's */
-    char *forced;              /* "NAME\n" when tool_choice names the tool: the prompt ends with */
+    char *forced;              /* "NAME\n" when tool_choice names the tool (names[forced_tool]): the prompt ends with */
                                /* that line of the call, the response is the rest of it */
     char **names;              /* [n_names] the tools' names (a streamed response that may still */
     int n_names;               /* become a call is held back) */
-    const cJSON *forced_params; /* the forced tool's "parameters" (in the request's body; NULL: none) */
-    int required_any;          /* tool_choice "required" with several tools (GLM-4): the response is a */
-    const cJSON *list;         /* call of one of them (the list, in the request's body) */
+    int forced_tool;
+    int required_any;          /* tool_choice "required" with several tools (GLM-4): the response is a
+                                * call of one of them */
+    const cJSON *list;         /* the tools as the request's body gives them (their parameters), while
+                                * the request is read */
 } srv_tools;
 void srv_tools_free(srv_tools *t);
 

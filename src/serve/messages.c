@@ -173,7 +173,7 @@ static int assistant_calls(turns *ts, const cJSON *m, const char *text, int glm4
 /* tool_choice (for functions, function_call): "auto", "none", "required" (with one tool), or the
  * tool to call by name ({"type": "function", "function": {"name"}}; for functions {"name"}):
  * t->forced becomes "NAME\n", the call's first line. *none set for "none". */
-static int read_choice(const cJSON *body, const cJSON *list, srv_tools *t, int *none, api_err *e) {
+static int read_choice(const cJSON *body, srv_tools *t, int *none, api_err *e) {
     const char *key = t->legacy && srv_present(srv_field(body, "function_call")) ? "function_call" : "tool_choice";
     const cJSON *tc = srv_field(body, key), *name = NULL;
     *none = 0;
@@ -185,7 +185,6 @@ static int read_choice(const cJSON *body, const cJSON *list, srv_tools *t, int *
             return srv_bad(e, 400, key, "invalid_value", "%s: \"auto\", \"none\", \"required\" or the function to call", key);
         if (t->n_names != 1) { /* GLM-4's calls are kept to one of them (srv_chat_prompt checks the model) */
             t->required_any = t->n_names > 1;
-            t->list = list;
             if (t->n_names > 1) return 0;
             return srv_bad(e, 400, key, "invalid_value", "%s \"required\" without tools", key);
         }
@@ -202,8 +201,7 @@ static int read_choice(const cJSON *body, const cJSON *list, srv_tools *t, int *
     if (k < t->n_names) {
         t->forced = glm_malloc(strlen(t->names[k]) + 2);
         sprintf(t->forced, "%s\n", t->names[k]);
-        const cJSON *it = cJSON_GetArrayItem(list, k), *f = t->legacy ? it : srv_field(it, "function");
-        t->forced_params = srv_field(f, "parameters");
+        t->forced_tool = k;
     } else {
         srv_bad(e, 400, key, "invalid_value", "%s: \"%.60s\" is not one of the request's %s", key, name->valuestring,
                 t->legacy ? "functions" : "tools");
@@ -237,7 +235,8 @@ static int read_tools(const cJSON *body, srv_tools *t, const cJSON **list, api_e
         t->names = glm_realloc(t->names, sizeof *t->names * (size_t)(t->n_names + 1));
         t->names[t->n_names++] = glm_strdup(name->valuestring);
     }
-    if (read_choice(body, l, t, &none, e)) return -1;
+    t->list = l;
+    if (read_choice(body, t, &none, e)) return -1;
     if (t->n_names == 0 || none) return 0;
     t->on = 1;
     *list = l;

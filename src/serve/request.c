@@ -465,7 +465,10 @@ static int structured_outputs(const cJSON *so, srv_req *r, api_err *e) {
 /* A GLM-4 call forced by tool_choice (the prompt ends with its name's line): its arguments kept to
  * the tool's parameters (a JSON Schema; a schema the recognizer cannot keep, or none: any JSON
  * object), unless the request keeps to a constraint of its own or asks to run past the end. */
-static glm_constraint *call_arguments(const cJSON *params) {
+/* Tool k's arguments: its parameters as the request gives them. */
+static glm_constraint *call_arguments(const srv_tools *t, int k) {
+    const cJSON *it = cJSON_GetArrayItem(t->list, k), *f = t->legacy ? it : srv_field(it, "function");
+    const cJSON *params = srv_field(f, "parameters");
     char why[512];
     glm_constraint *c = cJSON_IsObject(params) ? glm_constraint_schema(params, why, sizeof why) : NULL;
     return c ? c : glm_constraint_json();
@@ -474,15 +477,14 @@ static glm_constraint *call_arguments(const cJSON *params) {
 /* ... and "required" with several tools: one of their names' lines, then that tool's arguments. */
 static void forced_call_arguments(const srv_tools *t, srv_req *r) {
     if (!t->on || !t->glm4 || r->con.c || r->ignore_eos || r->min_tokens > 0) return;
-    if (t->forced) { constrain_to(r, call_arguments(t->forced_params)); return; }
+    if (t->forced) { constrain_to(r, call_arguments(t, t->forced_tool)); return; }
     if (!t->required_any) return;
     char **lines = glm_malloc(sizeof *lines * (size_t)t->n_names);
     glm_constraint **args = glm_malloc(sizeof *args * (size_t)t->n_names);
     for (int k = 0; k < t->n_names; k++) {
-        const cJSON *it = cJSON_GetArrayItem(t->list, k), *f = t->legacy ? it : srv_field(it, "function");
         lines[k] = glm_malloc(strlen(t->names[k]) + 2);
         sprintf(lines[k], "%s\n", t->names[k]);
-        args[k] = call_arguments(srv_field(f, "parameters"));
+        args[k] = call_arguments(t, k);
     }
     constrain_to(r, glm_constraint_call((const char *const *)lines, args, t->n_names));
     for (int k = 0; k < t->n_names; k++) { free(lines[k]); glm_constraint_unref(args[k]); }
@@ -640,7 +642,7 @@ int srv_parse_request(srv_server *S, int chat, const char *body, size_t n, api_r
         np = 1;
         if (srv_chat_prompt(S, o, body, n, &pids[0], &q->tools, e)) goto out;
         forced_call_arguments(&q->tools, r);
-        q->tools.forced_params = q->tools.list = NULL; /* (they pointed into the body) */
+        q->tools.list = NULL; /* (it pointed into the body) */
     } else {
         if (completion_prompts(S, srv_field(o, "prompt"), &pids, &ptexts, &np, e)) goto out;
     }

@@ -10,29 +10,19 @@
  * popped (the pair's left part no longer starts there, or the right part no longer ends there). */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer/bpe_bytes.h"
+#include "core/utf8.h"
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
 
 int bpe_utf8_char(const uint8_t *s, size_t n) {
-    uint8_t c = s[0];
-    if (c < 0x80) return 1;
-    int need;
-    uint8_t lo = 0x80, hi = 0xBF; /* the allowed range of the second byte: no overlongs, surrogates, > U+10FFFF */
-    if (c >= 0xC2 && c <= 0xDF) need = 1;
-    else if (c == 0xE0) need = 2, lo = 0xA0;
-    else if (c == 0xED) need = 2, hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) need = 2;
-    else if (c == 0xF0) need = 3, lo = 0x90;
-    else if (c == 0xF4) need = 3, hi = 0x8F;
-    else if (c >= 0xF1 && c <= 0xF3) need = 3;
-    else return -1;
-    for (int k = 1; k <= need; k++) {
-        if ((size_t)k >= n) return -k;
-        uint8_t d = s[k];
-        if (k == 1 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) return -k;
+    uint8_t need = 0, lo = 0, hi = 0;
+    for (size_t k = 0;; k++) {
+        if (k >= n) return -(int)k;
+        int u = glm_utf8_step(&need, &lo, &hi, s[k]);
+        if (u < 0) return k ? -(int)k : -1;
+        if (!need) return (int)k + 1;
     }
-    return need + 1;
 }
 
 int bpe_set_pattern(bpe_bytes *b, const char *pattern, glm_err *err) {
